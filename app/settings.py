@@ -1,0 +1,100 @@
+"""Process settings, read once from the environment (``MAKESPAN_*``).
+
+Every duration is in seconds and says so in its name. Defaults suit one machine;
+docs/configuration.md lists every variable.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+from app.errors import ValidationError
+
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+def _env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError as e:
+        raise ValidationError(name, raw, "must be a number") from e
+    if not value > 0 or value == float("inf"):
+        raise ValidationError(name, raw, "must be a positive finite number")
+    return value
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Runtime settings shared by the producer, planner, GPU workers and observer.
+
+    Attributes:
+        redis_url: ``redis://``, ``rediss://`` (TLS) or ``redis+sentinel://`` URL.
+        key_prefix: every makespan key (and Celery's, through kombu's
+            ``global_keyprefix``) starts with ``{key_prefix}:``.
+        time_scale: wall seconds per workload second for simulated endpoints and
+            transitions (``0.01`` runs a 100 s job in 1 s of wall time).
+        batch_size: most jobs the planner takes in one batch.
+        batch_wait_s: longest the planner waits to fill a batch.
+        lease_ttl_s: a lease not renewed within this many seconds expires and is reclaimed.
+        heartbeat_s: how often a lease holder renews its lease.
+        max_attempts: a job whose lease is reclaimed this many times is failed.
+        max_payload_bytes: largest JSON payload a job may carry.
+        policy: planner policy name used by the live planner.
+        solve_time_limit_s: CP-SAT time limit per batch (policies that use it).
+    """
+
+    redis_url: str = DEFAULT_REDIS_URL
+    key_prefix: str = "makespan"
+    time_scale: float = 1.0
+    batch_size: int = 256
+    batch_wait_s: float = 0.05
+    lease_ttl_s: float = 10.0
+    heartbeat_s: float = 2.0
+    max_attempts: int = 3
+    max_payload_bytes: int = 64 * 1024
+    policy: str = "wspt"
+    solve_time_limit_s: float = 1.0
+    planner_tick_s: float = 0.1
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_env(cls, **overrides: Any) -> "Settings":
+        """Build settings from ``MAKESPAN_*`` variables, then apply ``overrides``."""
+        env = os.environ
+        s = cls(
+            redis_url=env.get("MAKESPAN_REDIS_URL") or DEFAULT_REDIS_URL,
+            key_prefix=env.get("MAKESPAN_KEY_PREFIX") or "makespan",
+            time_scale=_env_float("MAKESPAN_TIME_SCALE", 1.0),
+            batch_size=int(_env_float("MAKESPAN_BATCH_SIZE", 256)),
+            batch_wait_s=_env_float("MAKESPAN_BATCH_WAIT_S", 0.05),
+            lease_ttl_s=_env_float("MAKESPAN_LEASE_TTL_S", 10.0),
+            heartbeat_s=_env_float("MAKESPAN_HEARTBEAT_S", 2.0),
+            max_attempts=int(_env_float("MAKESPAN_MAX_ATTEMPTS", 3)),
+            policy=env.get("MAKESPAN_POLICY") or "wspt",
+            solve_time_limit_s=_env_float("MAKESPAN_SOLVE_TIME_LIMIT_S", 1.0),
+        )
+        known = {f.name for f in fields(cls)}
+        bad = set(overrides) - known
+        if bad:
+            raise ValidationError("settings", sorted(bad), "unknown setting")
+        return replace(s, **overrides)
+
+    def to_env(self) -> dict[str, str]:
+        """The ``MAKESPAN_*`` variables that reproduce these settings in a child process."""
+        return {
+            "MAKESPAN_REDIS_URL": self.redis_url,
+            "MAKESPAN_KEY_PREFIX": self.key_prefix,
+            "MAKESPAN_TIME_SCALE": repr(self.time_scale),
+            "MAKESPAN_BATCH_SIZE": str(self.batch_size),
+            "MAKESPAN_BATCH_WAIT_S": repr(self.batch_wait_s),
+            "MAKESPAN_LEASE_TTL_S": repr(self.lease_ttl_s),
+            "MAKESPAN_HEARTBEAT_S": repr(self.heartbeat_s),
+            "MAKESPAN_MAX_ATTEMPTS": str(self.max_attempts),
+            "MAKESPAN_POLICY": self.policy,
+            "MAKESPAN_SOLVE_TIME_LIMIT_S": repr(self.solve_time_limit_s),
+        }

@@ -1,0 +1,155 @@
+"""Planning data types. Pure dataclasses, no I/O, no Redis.
+
+Time is in workload seconds on one clock (``FleetState.now_s``); the live system and
+the simulator both translate to and from it.
+
+A job holds its GPU group exclusively from the start of its transitions (evict of
+whatever else is resident on those GPUs, then cold start or wake of its endpoint)
+until its service ends; the endpoint then stays resident ("warm") on the group until
+something else evicts it. ``EndpointModel.slots`` is the request concurrency of one
+instance (request leases inside the execute phase), not a count of co-located jobs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class EndpointModel:
+    """What the planner needs to know about an endpoint.
+
+    Attributes:
+        name: endpoint name.
+        tp: tensor-parallel size = GPUs per instance (a gang).
+        memory_mib: memory needed on each GPU of the group, MiB.
+        cold_start_s: time to load the model on a group, s.
+        evict_s: time to stop an instance and free its GPUs, s.
+        wake_s: time to wake a sleeping instance (vLLM sleep mode), s; None if no sleep mode.
+        slots: request concurrency of one instance.
+    """
+
+    name: str
+    tp: int
+    memory_mib: int
+    cold_start_s: float
+    evict_s: float
+    wake_s: float | None = None
+    slots: int = 1
+
+
+@dataclass(frozen=True)
+class PlanJob:
+    """A job as the planner sees it.
+
+    Attributes:
+        id: job id.
+        endpoint: endpoint name.
+        weight: priority weight w_j (8, 4, 2, 1).
+        release_s: submission time r_j, s.
+        service_s: estimated service time p_j, s (transitions excluded).
+        priority: level index 0..3 (0 = CRITICAL).
+        deps: ids of jobs that must complete before this one starts (workload DAG).
+        deadline_s: absolute due time, s, or None.
+        seq: submission sequence number (FIFO tie-break).
+    """
+
+    id: str
+    endpoint: str
+    weight: float
+    release_s: float
+    service_s: float
+    priority: int = 2
+    deps: tuple[str, ...] = ()
+    deadline_s: float | None = None
+    seq: int = 0
+
+
+@dataclass(frozen=True)
+class Gpu:
+    uuid: str
+    host: str
+    index: int
+    memory_mib: int
+
+
+@dataclass
+class FleetState:
+    """The fleet as the planner sees it at ``now_s``.
+
+    Attributes:
+        now_s: planning time, s.
+        gpus: every GPU of the fleet, in host then index order.
+        endpoints: endpoint name -> model.
+        free_at: GPU uuid -> time it becomes free (<= now_s when free now).
+        resident: GPU uuid -> endpoint loaded on it (None or absent: nothing).
+        set_point: GPU uuid -> endpoint resident at the set point.
+        done: ids of jobs already completed (for precedence).
+        end_of: job id -> completion time of jobs running or planned earlier (precedence).
+    """
+
+    now_s: float
+    gpus: list[Gpu]
+    endpoints: dict[str, EndpointModel]
+    free_at: dict[str, float] = field(default_factory=dict)
+    resident: dict[str, str | None] = field(default_factory=dict)
+    set_point: dict[str, str] = field(default_factory=dict)
+    done: frozenset[str] = frozenset()
+    end_of: dict[str, float] = field(default_factory=dict)
+
+    def hosts(self) -> dict[str, list[Gpu]]:
+        out: dict[str, list[Gpu]] = {}
+        for g in self.gpus:
+            out.setdefault(g.host, []).append(g)
+        for gs in out.values():
+            gs.sort(key=lambda g: g.index)
+        return out
+
+    def groups(self, tp: int, memory_mib: int = 0) -> list[tuple[str, ...]]:
+        """Aligned GPU groups of size ``tp`` within one host ({0,1},{2,3} for TP 2 ...),
+        each GPU with at least ``memory_mib``. Hosts whose GPU count is not a multiple of
+        ``tp`` contribute their aligned groups only."""
+        out: list[tuple[str, ...]] = []
+        for _host, gs in self.hosts().items():
+            for start in range(0, len(gs) - tp + 1, tp):
+                grp = gs[start:start + tp]
+                if all(g.memory_mib >= memory_mib for g in grp):
+                    out.append(tuple(g.uuid for g in grp))
+        return out
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """One job placed on one GPU group.
+
+    ``start_s`` is when the group is taken (transitions begin); ``service_start_s`` =
+    ``start_s + transition_s``; ``end_s`` = ``service_start_s + service_s`` = C_j.
+    ``evicts`` lists the endpoints evicted from the group first; ``load`` is
+    ``"cold_start"``, ``"wake"`` or ``"warm"`` (already resident)."""
+
+    job_id: str
+    gpus: tuple[str, ...]
+    start_s: float
+    service_start_s: float
+    end_s: float
+    evicts: tuple[str, ...] = ()
+    load: str = "warm"
+
+    @property
+    def transition_s(self) -> float:
+        return self.service_start_s - self.start_s
+
+
+@dataclass
+class Plan:
+    """A complete plan for a batch: one assignment per job, in start order.
+
+    ``objective`` is Σ w_j (C_j − r_j) in weight·seconds as scored by the evaluator."""
+
+    policy: str
+    assignments: list[Assignment]
+    objective: float = 0.0
+    stats: dict[str, float] = field(default_factory=dict)
+
+    def by_job(self) -> dict[str, Assignment]:
+        return {a.job_id: a for a in self.assignments}
