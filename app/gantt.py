@@ -1,0 +1,343 @@
+"""Gantt charts and text summaries from a run's recorded events.
+
+Input: the recorded events of the live system (the ``P:events`` stream, or a run
+directory's ``events.jsonl``), each a dict such as::
+
+    {"ts": 1718000000.25, "kind": "phase_start", "job": "j-1", "lease": "l-1",
+     "phase": "execute", "gpus": ["GPU-host-a-0"], "host": "host-a",
+     "endpoint": "coder", "priority": "HIGH", "planned_s": 30.0, "time_scale": 0.01}
+
+``ts`` is unix wall time in seconds. A phase becomes a bar from its
+``phase_start`` (or ``restore_start``) to the matching ``phase_end`` (or
+``restore_end``), matched on (lease or job, phase); a phase still open at the end
+of the record is drawn up to the last event and counted as incomplete.
+
+Measures follow the design notes ("Measures"): waits are start − submission,
+makespan is last completion − first submission, utilization is execute
+GPU-seconds / (GPUs × makespan). All times here are wall seconds; divide by the
+events' ``time_scale`` for workload seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+from app.errors import ValidationError
+from app.models import Priority
+
+PHASES = ("evict", "start_endpoint", "execute", "clear", "restore")
+TRANSITION_PHASES = ("evict", "start_endpoint", "clear", "restore")
+PHASE_COLOURS = {
+    "evict": "#f4a582",
+    "start_endpoint": "#92c5de",
+    "execute": "#4daf4a",
+    "clear": "#fee08b",
+    "restore": "#b2abd2",
+}
+PRIORITY_EDGES = {"CRITICAL": "#b2182b", "HIGH": "#e66101", "NORMAL": "#2166ac", "LOW": "#404040"}
+PRIORITY_HATCH = {"CRITICAL": "///", "HIGH": "\\\\", "NORMAL": "", "LOW": ".."}
+_OPEN = {"phase_start", "restore_start"}
+_CLOSE = {"phase_end", "restore_end"}
+
+
+@dataclass(frozen=True)
+class Interval:
+    """One phase on a GPU group, in wall seconds since the first event."""
+
+    phase: str
+    gpus: tuple[str, ...]
+    start_s: float
+    end_s: float
+    job: str | None
+    priority: str | None
+    endpoint: str | None
+    complete: bool
+
+
+def load_events(path: str | Path) -> list[dict[str, Any]]:
+    """Read a JSON-lines events file (blank lines skipped), sorted by ``ts``.
+
+    Raises:
+        ValidationError: a line is not a JSON object with a numeric ``ts`` and a ``kind``
+            (field ``events.jsonl:{line}``).
+    """
+    out: list[dict[str, Any]] = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                ev = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValidationError(f"events.jsonl:{n}", line[:80], "not JSON") from e
+            _check_event(ev, f"events.jsonl:{n}")
+            out.append(ev)
+    out.sort(key=lambda e: e["ts"])
+    return out
+
+
+def read_stream_events(client, stream_key: str, count: int | None = None) -> list[dict[str, Any]]:
+    """Read recorded events from the Redis stream ``stream_key`` (field ``e`` holds JSON).
+
+    ``client`` is a redis-py client (decoded or not). Entries that do not parse are skipped.
+    """
+    out = []
+    for _id, fields in client.xrange(stream_key, count=count):
+        raw = fields.get("e", fields.get(b"e"))
+        if raw is None:
+            continue
+        try:
+            ev = json.loads(raw)
+            _check_event(ev, "stream")
+        except (ValueError, ValidationError):
+            continue
+        out.append(ev)
+    out.sort(key=lambda e: e["ts"])
+    return out
+
+
+def _check_event(ev: Any, where: str) -> None:
+    if not isinstance(ev, dict):
+        raise ValidationError(where, ev, "an event must be a JSON object")
+    if not isinstance(ev.get("ts"), (int, float)) or isinstance(ev.get("ts"), bool):
+        raise ValidationError(f"{where}.ts", ev.get("ts"), "must be unix seconds (a number)")
+    if not isinstance(ev.get("kind"), str):
+        raise ValidationError(f"{where}.kind", ev.get("kind"), "must be a string")
+
+
+def _phase_of(ev: dict[str, Any]) -> str:
+    if ev["kind"] in ("restore_start", "restore_end"):
+        return "restore"
+    return str(ev.get("phase") or "")
+
+
+def _match_key(ev: dict[str, Any]) -> tuple[str, str]:
+    owner = ev.get("lease") or ev.get("job") or ("gpus:" + ",".join(ev.get("gpus") or []))
+    return str(owner), _phase_of(ev)
+
+
+def intervals(events: Iterable[dict[str, Any]]) -> list[Interval]:
+    """Phase intervals from ``events`` (any order), times relative to the first event."""
+    evs = sorted(events, key=lambda e: e["ts"])
+    if not evs:
+        return []
+    t0, t_last = evs[0]["ts"], evs[-1]["ts"]
+    prio: dict[str, str] = {}
+    for ev in evs:
+        if ev.get("job") and ev.get("priority"):
+            prio.setdefault(ev["job"], str(ev["priority"]))
+    open_: dict[tuple[str, str], dict[str, Any]] = {}
+    out: list[Interval] = []
+
+    def close(start: dict[str, Any], end_ts: float, end: dict[str, Any] | None) -> None:
+        job = start.get("job") or (end or {}).get("job")
+        gpus = tuple(start.get("gpus") or (end or {}).get("gpus") or ())
+        out.append(Interval(
+            phase=_phase_of(start), gpus=gpus, start_s=start["ts"] - t0, end_s=end_ts - t0, job=job,
+            priority=start.get("priority") or (prio.get(job) if job else None),
+            endpoint=start.get("endpoint") or (end or {}).get("endpoint"), complete=end is not None))
+
+    for ev in evs:
+        if ev["kind"] in _OPEN:
+            key = _match_key(ev)
+            if key in open_:  # a repeated start (redelivered task): keep the first
+                continue
+            open_[key] = ev
+        elif ev["kind"] in _CLOSE:
+            start = open_.pop(_match_key(ev), None)
+            if start is not None:
+                close(start, ev["ts"], ev)
+    for start in open_.values():
+        close(start, t_last, None)
+    out.sort(key=lambda i: (i.start_s, i.phase))
+    return out
+
+
+def _percentile(values: list[float], q: float) -> float:
+    """Linear-interpolated percentile (numpy's default method), ``q`` in [0, 100]."""
+    if not values:
+        return float("nan")
+    v = sorted(values)
+    pos = (len(v) - 1) * q / 100.0
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
+
+
+def summary_stats(events: list[dict[str, Any]], gpus: list[str] | None = None) -> dict[str, Any]:
+    """Measures of the design notes computed from recorded events (wall seconds).
+
+    Returns a dict: ``jobs`` (counts by kind), ``completed_by_priority``,
+    ``makespan_s``, ``weighted_completion_s``, ``wait_s`` ({priority: {p50, p95, n}}),
+    ``phase_gpu_s`` ({phase: GPU-seconds}), ``phase_count``, ``busy_gpu_s``,
+    ``transition_gpu_s``, ``idle_gpu_s``, ``utilization``, ``gpus``, ``incomplete``,
+    ``drains``, ``time_scale``. ``gpus`` defaults to every GPU named in the events.
+    """
+    evs = sorted(events, key=lambda e: e["ts"])
+    ivs = intervals(evs)
+    gpu_set = list(gpus) if gpus else sorted({g for ev in evs for g in (ev.get("gpus") or [])})
+    kinds = ("submitted", "leased", "completed", "failed", "requeued", "cancelled")
+    jobs = {k: sum(1 for ev in evs if ev["kind"] == k) for k in kinds}
+    submitted: dict[str, float] = {}
+    started: dict[str, float] = {}
+    completed: dict[str, float] = {}
+    prio: dict[str, str] = {}
+    for ev in evs:
+        job = ev.get("job")
+        if not job:
+            continue
+        if ev.get("priority"):
+            prio.setdefault(job, str(ev["priority"]))
+        if ev["kind"] == "submitted":
+            submitted.setdefault(job, ev["ts"])
+        elif ev["kind"] in ("leased", "phase_start") and job not in started:
+            started[job] = ev["ts"]
+        elif ev["kind"] == "completed":
+            completed[job] = ev["ts"]
+    waits: dict[str, list[float]] = {}
+    for job, t_start in started.items():
+        if job in submitted:
+            waits.setdefault(prio.get(job, "NORMAL"), []).append(t_start - submitted[job])
+    wait_s = {p: {"p50": _percentile(w, 50), "p95": _percentile(w, 95), "n": len(w)}
+              for p, w in sorted(waits.items(), key=lambda kv: _prio_rank(kv[0]))}
+    makespan_s = 0.0
+    if completed:
+        first = min(submitted.values()) if submitted else evs[0]["ts"]
+        makespan_s = max(completed.values()) - first
+    weighted = 0.0
+    for job, c in completed.items():
+        if job in submitted:
+            weighted += _weight(prio.get(job)) * (c - submitted[job])
+    phase_gpu_s = {p: 0.0 for p in PHASES}
+    phase_count = {p: 0 for p in PHASES}
+    for iv in ivs:
+        if iv.phase in phase_gpu_s:
+            phase_gpu_s[iv.phase] += (iv.end_s - iv.start_s) * max(1, len(iv.gpus))
+            phase_count[iv.phase] += 1
+    busy = phase_gpu_s["execute"]
+    transition = sum(phase_gpu_s[p] for p in TRANSITION_PHASES)
+    capacity = len(gpu_set) * makespan_s
+    completed_by_priority: dict[str, int] = {}
+    for job in completed:
+        p = prio.get(job, "NORMAL")
+        completed_by_priority[p] = completed_by_priority.get(p, 0) + 1
+    ts = [ev["time_scale"] for ev in evs if isinstance(ev.get("time_scale"), (int, float))]
+    return {
+        "jobs": jobs,
+        "completed_by_priority": dict(sorted(completed_by_priority.items(), key=lambda kv: _prio_rank(kv[0]))),
+        "makespan_s": makespan_s,
+        "weighted_completion_s": weighted,
+        "wait_s": wait_s,
+        "phase_gpu_s": phase_gpu_s,
+        "phase_count": phase_count,
+        "busy_gpu_s": busy,
+        "transition_gpu_s": transition,
+        "idle_gpu_s": max(0.0, capacity - busy - transition),
+        "utilization": busy / capacity if capacity > 0 else 0.0,
+        "gpus": len(gpu_set),
+        "incomplete": sum(1 for iv in ivs if not iv.complete),
+        "drains": sum(1 for ev in evs if ev["kind"] == "drain"),
+        "time_scale": ts[-1] if ts else None,
+    }
+
+
+def _prio_rank(name: str) -> int:
+    return Priority[name].value if name in Priority.__members__ else 99
+
+
+def _weight(name: str | None) -> int:
+    return Priority[name].weight if name in Priority.__members__ else Priority.NORMAL.weight
+
+
+def summarize(events: list[dict[str, Any]], gpus: list[str] | None = None) -> str:
+    """A short plain-text report of :func:`summary_stats` (wall seconds)."""
+    s = summary_stats(events, gpus)
+    j = s["jobs"]
+    lines = [
+        f"events: {len(events)}  GPUs: {s['gpus']}"
+        + (f"  time scale: {s['time_scale']:g} wall s per workload s" if s["time_scale"] else ""),
+        f"jobs: submitted {j['submitted']}, completed {j['completed']}, failed {j['failed']}, "
+        f"requeued {j['requeued']}, cancelled {j['cancelled']}",
+        f"makespan: {s['makespan_s']:.3f} s   weighted completion: {s['weighted_completion_s']:.3f} s",
+        f"utilization: {s['utilization']:.1%}   busy {s['busy_gpu_s']:.3f} GPU-s, "
+        f"transition {s['transition_gpu_s']:.3f} GPU-s, idle {s['idle_gpu_s']:.3f} GPU-s",
+        "phases: " + ", ".join(f"{p} {s['phase_count'][p]}x/{s['phase_gpu_s'][p]:.3f} GPU-s" for p in PHASES),
+    ]
+    if s["completed_by_priority"]:
+        lines.append("completed by priority: " + ", ".join(f"{p} {n}" for p, n in s["completed_by_priority"].items()))
+    for p, w in s["wait_s"].items():
+        lines.append(f"wait {p:<8} p50 {w['p50']:.3f} s  p95 {w['p95']:.3f} s  (n={w['n']})")
+    if s["incomplete"]:
+        lines.append(f"phases still open at the end of the record: {s['incomplete']}")
+    lines.append(f"drain checks: {s['drains']}")
+    return "\n".join(lines)
+
+
+def render_gantt(events: list[dict[str, Any]], out_png: str, gpu_order: list[str] | None = None,
+                 title: str = "") -> str:
+    """Draw one lane per GPU with a bar per phase; return ``out_png``.
+
+    Bars are filled by phase (:data:`PHASE_COLOURS`); their edge colour and hatch show
+    the job's priority (:data:`PRIORITY_EDGES`, :data:`PRIORITY_HATCH`); execute bars
+    wide enough carry ``job/priority-initial``. Phases still open are drawn faded.
+    Failures are red crosses and drain checks dotted vertical lines. x is wall seconds
+    since the first event. GPUs not in ``gpu_order`` are appended in sorted order.
+
+    Raises:
+        ValidationError: ``events`` is empty (field ``events``).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    if not events:
+        raise ValidationError("events", [], "no events to draw")
+    evs = sorted(events, key=lambda e: e["ts"])
+    t0 = evs[0]["ts"]
+    ivs = intervals(evs)
+    seen = sorted({g for iv in ivs for g in iv.gpus} | {g for ev in evs for g in (ev.get("gpus") or [])})
+    lanes = list(gpu_order or []) + [g for g in seen if g not in (gpu_order or [])]
+    if not lanes:
+        lanes = ["(no GPU)"]
+    row = {g: i for i, g in enumerate(lanes)}
+    span = max(evs[-1]["ts"] - t0, 1e-9)
+    fig, ax = plt.subplots(figsize=(12, max(2.5, 0.45 * len(lanes) + 1.4)))
+    for iv in ivs:
+        p = iv.priority or "NORMAL"
+        for g in iv.gpus:
+            ax.barh(row[g], max(iv.end_s - iv.start_s, span * 0.002), left=iv.start_s, height=0.7,
+                    color=PHASE_COLOURS.get(iv.phase, "#cccccc"), edgecolor=PRIORITY_EDGES.get(p, "#000000"),
+                    linewidth=1.2, hatch=PRIORITY_HATCH.get(p, ""), alpha=1.0 if iv.complete else 0.45)
+            if iv.phase == "execute" and (iv.end_s - iv.start_s) > span * 0.06 and iv.job:
+                ax.text(iv.start_s + (iv.end_s - iv.start_s) / 2, row[g], f"{iv.job[-8:]}/{p[0]}",
+                        ha="center", va="center", fontsize=7, clip_on=True,
+                        bbox={"facecolor": "white", "alpha": 0.7, "pad": 1, "linewidth": 0})
+    for ev in evs:
+        if ev["kind"] == "failed":
+            for g in ev.get("gpus") or []:
+                if g in row:
+                    ax.plot(ev["ts"] - t0, row[g], marker="x", color="red", markersize=8)
+        elif ev["kind"] == "drain":
+            ax.axvline(ev["ts"] - t0, color="#666666", linestyle=":", linewidth=0.8)
+    ax.set_yticks(range(len(lanes)))
+    ax.set_yticklabels(lanes, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlim(0, span * 1.01)
+    ax.set_xlabel("wall seconds since first event")
+    ax.set_title(title or "makespan: phases per GPU")
+    ax.grid(axis="x", linestyle=":", linewidth=0.5)
+    phase_handles = [Patch(facecolor=PHASE_COLOURS[p], edgecolor="#000000", label=p) for p in PHASES]
+    prio_handles = [Patch(facecolor="white", edgecolor=PRIORITY_EDGES[p], hatch=PRIORITY_HATCH[p], linewidth=1.2,
+                          label=p) for p in PRIORITY_EDGES]
+    ax.legend(handles=phase_handles + prio_handles, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+              fontsize=8, title="phase / priority", title_fontsize=8)
+    fig.tight_layout()
+    Path(out_png).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_png, dpi=110)
+    plt.close(fig)
+    return str(out_png)

@@ -1,0 +1,120 @@
+"""Gantt chart and summary from recorded events; ``makespan report`` on a run directory."""
+
+from __future__ import annotations
+
+import json
+
+import matplotlib.image as mpimg
+import numpy as np
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from app.cli_observe import register
+from app.errors import ValidationError
+from app.gantt import PHASE_COLOURS, intervals, load_events, render_gantt, summarize, summary_stats
+
+
+def test_intervals_pair_starts_with_ends(events):
+    ivs = intervals(events)
+    j1 = {iv.phase: iv for iv in ivs if iv.job == "j1"}
+    assert set(j1) == {"evict", "start_endpoint", "execute", "clear", "restore"}
+    assert (j1["execute"].start_s, j1["execute"].end_s) == (4.0, 10.0)
+    assert j1["restore"].gpus == ("GPU-host-a-0", "GPU-host-a-1")
+    assert all(iv.complete for iv in ivs)
+
+
+def test_open_phase_runs_to_last_event_and_is_counted(events):
+    cut = [e for e in events if not (e["kind"] == "phase_end" and e.get("job") == "j1" and e["phase"] == "execute")]
+    ivs = intervals(cut)
+    ex = [iv for iv in ivs if iv.job == "j1" and iv.phase == "execute"][0]
+    assert not ex.complete and ex.end_s == 13.5
+    assert summary_stats(cut)["incomplete"] == 1
+
+
+def test_summary_matches_the_known_workload(events, gpus):
+    s = summary_stats(events, gpus)
+    assert s["jobs"]["submitted"] == 3 and s["jobs"]["completed"] == 2 and s["jobs"]["failed"] == 1
+    assert s["makespan_s"] == pytest.approx(13.0)               # completion of j1 - submission of j1
+    assert s["weighted_completion_s"] == pytest.approx(4 * 13 + 1 * 4.5)
+    assert s["wait_s"]["HIGH"]["p50"] == pytest.approx(1.0)
+    assert s["wait_s"]["LOW"]["p50"] == pytest.approx(1.5)
+    assert s["wait_s"]["CRITICAL"]["p50"] == pytest.approx(2.5)
+    assert list(s["wait_s"]) == ["CRITICAL", "HIGH", "LOW"]
+    assert s["busy_gpu_s"] == pytest.approx(6 * 2 + 3 + 0.5)
+    assert s["transition_gpu_s"] == pytest.approx((1 + 2 + 1 + 2) * 2)
+    assert s["utilization"] == pytest.approx(15.5 / (3 * 13.0))
+    assert s["idle_gpu_s"] == pytest.approx(3 * 13.0 - 15.5 - 12)
+    text = summarize(events, gpus)
+    assert "makespan: 13.000 s" in text and "wait HIGH" in text and "failed 1" in text
+
+
+def test_percentiles_interpolate(t0):
+    evs = []
+    for i, w in enumerate([1.0, 2.0, 3.0, 4.0, 5.0]):
+        evs += [{"ts": t0, "kind": "submitted", "job": f"j{i}", "priority": "NORMAL"},
+                {"ts": t0 + w, "kind": "leased", "job": f"j{i}", "priority": "NORMAL"}]
+    w = summary_stats(evs)["wait_s"]["NORMAL"]
+    assert w["p50"] == pytest.approx(3.0) and w["p95"] == pytest.approx(4.8) and w["n"] == 5
+
+
+def _has_colour(img: np.ndarray, hex_colour: str) -> bool:
+    rgb = np.array([int(hex_colour[i:i + 2], 16) / 255 for i in (1, 3, 5)])
+    return bool((np.abs(img[..., :3] - rgb).max(axis=-1) < 0.02).sum() > 50)
+
+
+def test_render_draws_every_phase_colour(tmp_path, events, gpus):
+    png = render_gantt(events, str(tmp_path / "g.png"), gpu_order=gpus, title="known")
+    img = mpimg.imread(png)
+    assert img.shape[0] > 100 and img.shape[1] > 100
+    for phase, colour in PHASE_COLOURS.items():
+        assert _has_colour(img, colour), phase
+
+
+def test_render_without_execute_lacks_its_colour(tmp_path, events):
+    no_exec = [e for e in events if e.get("phase") != "execute"]
+    img = mpimg.imread(render_gantt(no_exec, str(tmp_path / "g.png")))
+    # the legend swatch alone is small; bars are what would pass the >50 pixel threshold
+    big = np.abs(img[..., :3] - np.array([0x4d, 0xaf, 0x4a]) / 255).max(axis=-1) < 0.02
+    assert big.sum() < 400
+
+
+def test_render_rejects_empty(tmp_path):
+    with pytest.raises(ValidationError):
+        render_gantt([], str(tmp_path / "x.png"))
+
+
+def test_load_events_names_bad_line(tmp_path):
+    p = tmp_path / "events.jsonl"
+    p.write_text('{"ts": 1, "kind": "submitted"}\n\nnot json\n')
+    with pytest.raises(ValidationError) as e:
+        load_events(p)
+    assert e.value.field == "events.jsonl:3"
+
+
+def _cli() -> typer.Typer:
+    app = typer.Typer()
+
+    @app.callback()
+    def _root() -> None:
+        """makespan (test root)."""
+
+    register(app)
+    return app
+
+
+def test_report_command_writes_png_and_prints_summary(tmp_path, events):
+    run = tmp_path / "run1"
+    run.mkdir()
+    (run / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    res = CliRunner().invoke(_cli(), ["report", str(run)])
+    assert res.exit_code == 0, res.output
+    assert (run / "gantt.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "makespan: 13.000 s" in res.output
+    res = CliRunner().invoke(_cli(), ["report", str(run), "--json"])
+    assert json.loads(res.output)["jobs"]["completed"] == 2
+
+
+def test_report_command_missing_events(tmp_path):
+    res = CliRunner().invoke(_cli(), ["report", str(tmp_path)])
+    assert res.exit_code == 2
