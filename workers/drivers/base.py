@@ -1,0 +1,82 @@
+"""The endpoint driver interface and the endpoint instance record.
+
+A driver starts, stops, probes and (where the server supports it) sleeps and wakes
+endpoint instances. Drivers: ``simulated`` (a time-scaled sleep, no process),
+``process`` (a real command under a free port with ``CUDA_VISIBLE_DEVICES`` set from
+the GPU UUIDs) and ``vllm`` (builds ``vllm serve`` and runs it as a process). Every
+driver failure is raised as :class:`app.errors.PhaseError` naming the endpoint.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from app.models import EndpointSpec
+
+
+@dataclass
+class Instance:
+    """One running copy of an endpoint on a GPU group.
+
+    Attributes:
+        id: random hex id (the instance registry key, see :mod:`workers.observer`).
+        endpoint: endpoint name; ``gpus``: GPU UUIDs; ``host``: host name (may be "").
+        driver: the driver name that started it; ``time_scale``: wall s per workload s.
+        url: base URL (``http://127.0.0.1:PORT``) for process/vllm, else None.
+        pid / port / log_path: process details (process/vllm), else None.
+        health_path: HTTP path probed by :meth:`EndpointDriver.health`.
+        started_at: unix seconds when it passed its health check.
+        proc: the :class:`subprocess.Popen` when this process spawned it (not serialised).
+    """
+
+    endpoint: str
+    gpus: list[str]
+    driver: str
+    host: str = ""
+    time_scale: float = 1.0
+    url: str | None = None
+    pid: int | None = None
+    port: int | None = None
+    log_path: str | None = None
+    health_path: str = "/health"
+    started_at: float = field(default_factory=time.time)
+    id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    stopped: bool = False
+    proc: Any = field(default=None, repr=False, compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("proc")
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Instance":
+        known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__ and k != "proc"}
+        return cls(**known)
+
+
+@runtime_checkable
+class EndpointDriver(Protocol):
+    """What every endpoint driver provides.
+
+    ``start`` blocks until the instance passes its health check and raises
+    :class:`app.errors.PhaseError` with the reason when it does not (timeout, early
+    exit). ``stop`` is idempotent. ``sleep``/``wake`` raise PhaseError where the
+    endpoint or driver has no sleep mode.
+    """
+
+    name: str
+
+    def start(self, endpoint: EndpointSpec, gpus: list[str], time_scale: float = 1.0,
+              host: str = "") -> Instance: ...
+
+    def stop(self, instance: Instance) -> None: ...
+
+    def health(self, instance: Instance) -> bool: ...
+
+    def sleep(self, instance: Instance, level: int = 1) -> None: ...
+
+    def wake(self, instance: Instance) -> None: ...

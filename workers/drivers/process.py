@@ -1,0 +1,230 @@
+"""The process driver: an endpoint instance is a real child process.
+
+``start`` takes a free loopback port, substitutes placeholders in the fleet file's
+``launch.command`` (``{port}``, ``{model}``, ``{tp}``, ``{python}``, ``{load_time_s}``),
+sets ``CUDA_VISIBLE_DEVICES`` to the comma-joined GPU UUIDs (CUDA accepts UUIDs, so
+the process sees exactly the leased physical GPUs, whatever their indices), starts
+it in its own session with stdout/stderr appended to a kept log file, and polls
+``GET url+health_path`` with exponential backoff (``backoff_initial_s`` doubling up
+to ``backoff_max_s``) until 200 or ``launch.health_timeout_s``. An empty command runs
+:mod:`workers.endpoint_server` with ``--load-time-s = cold_start_s × time_scale``.
+
+``stop`` sends SIGTERM to the process group, waits ``grace_s``, then SIGKILL.
+Launch commands come only from the fleet file (never from a job payload) and are
+run without a shell.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from app.errors import PhaseError
+from app.models import EndpointSpec
+from app.redis_conn import free_port
+from workers.drivers.base import Instance
+
+DEFAULT_GRACE_S = 5.0
+PROBE_TIMEOUT_S = 1.0
+
+
+def default_log_dir() -> Path:
+    """``MAKESPAN_LOG_DIR`` or ``$TMPDIR/makespan-logs`` (created)."""
+    d = Path(os.environ.get("MAKESPAN_LOG_DIR") or Path(tempfile.gettempdir()) / "makespan-logs")
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def _alive(pid: int) -> bool:
+    """True if ``pid`` runs and is not a zombie."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def _tail(path: str | None, n_bytes: int = 600) -> str:
+    if not path:
+        return ""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - n_bytes))
+            return f.read().decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+class ProcessDriver:
+    """Spawn, probe and stop endpoint processes (see module doc).
+
+    Args:
+        grace_s: seconds between SIGTERM and SIGKILL.
+        log_dir: where ``{endpoint}-{instance id}.log`` files are kept.
+        health_timeout_s: overrides ``launch.health_timeout_s`` when given.
+        backoff_initial_s / backoff_max_s: health-probe backoff bounds.
+    """
+
+    name = "process"
+
+    def __init__(self, grace_s: float = DEFAULT_GRACE_S, log_dir: str | Path | None = None,
+                 health_timeout_s: float | None = None, backoff_initial_s: float = 0.05,
+                 backoff_max_s: float = 1.0):
+        self.grace_s = grace_s
+        self.log_dir = Path(log_dir) if log_dir else None
+        self.health_timeout_s = health_timeout_s
+        self.backoff_initial_s = backoff_initial_s
+        self.backoff_max_s = backoff_max_s
+
+    # -- command ---------------------------------------------------------------------
+    def command(self, endpoint: EndpointSpec, port: int, time_scale: float) -> list[str]:
+        """The argv for ``endpoint`` on ``port`` (placeholders substituted)."""
+        cmd = list(endpoint.launch.command) or [
+            "{python}", "-m", "workers.endpoint_server", "--port", "{port}", "--model", "{model}",
+            "--load-time-s", "{load_time_s}"]
+        subs = {"{port}": str(port), "{model}": endpoint.model, "{tp}": str(endpoint.tensor_parallel),
+                "{python}": sys.executable, "{load_time_s}": repr(endpoint.cold_start_s * time_scale)}
+        out = []
+        for arg in cmd:
+            for k, v in subs.items():
+                arg = arg.replace(k, v)
+            out.append(arg)
+        return out
+
+    def extra_env(self, endpoint: EndpointSpec) -> dict[str, str]:
+        """Environment variables added for ``endpoint`` (none here)."""
+        return {}
+
+    # -- lifecycle -------------------------------------------------------------------
+    def start(self, endpoint: EndpointSpec, gpus: list[str], time_scale: float = 1.0,
+              host: str = "") -> Instance:
+        """Spawn and wait for health. Raises :class:`PhaseError` (timeout, early exit,
+        command not found); the process is stopped before the error is raised."""
+        if len(gpus) != endpoint.tensor_parallel:
+            raise PhaseError(f"endpoint {endpoint.name!r}: needs {endpoint.tensor_parallel} GPUs, got {len(gpus)}")
+        port = free_port()
+        argv = self.command(endpoint, port, time_scale)
+        inst = Instance(endpoint.name, list(gpus), self.name, host=host, time_scale=time_scale,
+                        url=f"http://127.0.0.1:{port}", port=port, health_path=endpoint.launch.health_path)
+        inst.log_path = str((self.log_dir or default_log_dir()) / f"{endpoint.name}-{inst.id}.log")
+        env = {**os.environ, **self.extra_env(endpoint), "CUDA_VISIBLE_DEVICES": ",".join(gpus),
+               "PYTHONUNBUFFERED": "1"}
+        try:
+            with open(inst.log_path, "ab") as log:
+                log.write(f"# {time.strftime('%Y-%m-%dT%H:%M:%S')} argv={argv} gpus={gpus}\n".encode())
+                log.flush()
+                inst.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                             env=env, start_new_session=True, cwd=os.getcwd())
+        except OSError as e:
+            raise PhaseError(f"endpoint {endpoint.name!r}: cannot run {argv[0]!r}: {e}") from e
+        inst.pid = inst.proc.pid
+        timeout_s = self.health_timeout_s if self.health_timeout_s is not None else endpoint.launch.health_timeout_s
+        self._wait_healthy(endpoint, inst, timeout_s)
+        inst.started_at = time.time()
+        return inst
+
+    def _wait_healthy(self, endpoint: EndpointSpec, inst: Instance, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        delay_s, probes, last = self.backoff_initial_s, 0, "no answer"
+        while True:
+            if inst.proc is not None and inst.proc.poll() is not None:
+                code = inst.proc.returncode
+                raise PhaseError(f"endpoint {endpoint.name!r}: process exited with code {code} before its "
+                                 f"health check passed; log {inst.log_path}: {_tail(inst.log_path)}")
+            probes += 1
+            ok, last = self._probe(inst)
+            if ok:
+                return
+            now = time.monotonic()
+            if now >= deadline:
+                self.stop(inst)
+                raise PhaseError(f"endpoint {endpoint.name!r}: health check {inst.url}{inst.health_path} did not "
+                                 f"pass within {timeout_s} s after {probes} probes (last: {last}); "
+                                 f"log {inst.log_path}")
+            time.sleep(min(delay_s, max(deadline - now, 0.0)))
+            delay_s = min(delay_s * 2, self.backoff_max_s)
+
+    def _probe(self, inst: Instance) -> tuple[bool, str]:
+        try:
+            resp = httpx.get(f"{inst.url}{inst.health_path}", timeout=PROBE_TIMEOUT_S)
+            return resp.status_code == 200, f"HTTP {resp.status_code}"
+        except httpx.HTTPError as e:
+            return False, type(e).__name__
+
+    def health(self, instance: Instance) -> bool:
+        """True if the process runs and its health route answers 200."""
+        if instance.stopped:
+            return False
+        if instance.proc is not None and instance.proc.poll() is not None:
+            return False
+        if instance.proc is None and instance.pid and not _alive(instance.pid):
+            return False
+        return self._probe(instance)[0]
+
+    def stop(self, instance: Instance) -> None:
+        """SIGTERM the process group, SIGKILL after ``grace_s``; idempotent. The log is kept."""
+        pid = instance.pid
+        if pid is None or instance.stopped:
+            instance.stopped = True
+            return
+        self._signal(pid, signal.SIGTERM)
+        if not self._wait_exit(instance, self.grace_s):
+            self._signal(pid, signal.SIGKILL)
+            self._wait_exit(instance, 5.0)
+        instance.stopped = True
+
+    @staticmethod
+    def _signal(pid: int, sig: int) -> None:
+        try:
+            os.killpg(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+
+    @staticmethod
+    def _wait_exit(instance: Instance, timeout_s: float) -> bool:
+        if instance.proc is not None:
+            try:
+                instance.proc.wait(timeout=timeout_s)
+                return True
+            except subprocess.TimeoutExpired:
+                return False
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if not _alive(instance.pid):
+                return True
+            time.sleep(0.05)
+        return not _alive(instance.pid)
+
+    # -- vLLM sleep mode ---------------------------------------------------------------
+    def sleep(self, instance: Instance, level: int = 1) -> None:
+        """vLLM's ``POST /sleep?level=N``. Raises PhaseError on a non-200 answer."""
+        self._post(instance, f"/sleep?level={int(level)}")
+
+    def wake(self, instance: Instance) -> None:
+        """vLLM's ``POST /wake_up``. Raises PhaseError on a non-200 answer."""
+        self._post(instance, "/wake_up")
+
+    def _post(self, instance: Instance, path: str) -> None:
+        try:
+            resp = httpx.post(f"{instance.url}{path}", timeout=30.0)
+        except httpx.HTTPError as e:
+            raise PhaseError(f"endpoint {instance.endpoint!r}: POST {path} failed: {e}") from e
+        if resp.status_code != 200:
+            raise PhaseError(f"endpoint {instance.endpoint!r}: POST {path} answered HTTP {resp.status_code}")
