@@ -1,0 +1,47 @@
+"""The Celery application: JSON only, late acks, prefetch 1, strict queue order.
+
+Celery's keys live under ``{key_prefix}:celery:`` (kombu ``global_keyprefix``), so
+several makespan deployments (or tests) share one Redis without seeing each other.
+Each GPU host has its own queue ``gpu.{host}``; its worker consumes only that queue.
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+
+from app.keys import Keys
+from app.settings import Settings
+
+# An acks_late task still running past the visibility timeout is delivered again.
+# Phase tasks are idempotent and fenced, and a lost worker is recovered through lease
+# expiry (not redelivery), so a long timeout only bounds how long a stale message lingers.
+VISIBILITY_TIMEOUT_S = 6 * 3600
+
+
+def create_celery(settings: Settings) -> Celery:
+    """A Celery app bound to ``settings.redis_url`` and ``settings.key_prefix``."""
+    keys = Keys(settings.key_prefix)
+    app = Celery("makespan", broker=settings.redis_url, include=["workers.tasks"])
+    app.conf.update(
+        task_serializer="json",
+        accept_content=["json"],
+        result_serializer="json",
+        result_accept_content=["json"],
+        event_serializer="json",
+        task_ignore_result=True,
+        result_backend=None,
+        task_acks_late=True,
+        task_reject_on_worker_lost=False,
+        worker_prefetch_multiplier=1,
+        worker_hijack_root_logger=False,
+        broker_connection_retry_on_startup=True,
+        broker_transport_options={
+            "global_keyprefix": keys.celery_prefix,
+            "visibility_timeout": VISIBILITY_TIMEOUT_S,
+            "queue_order_strategy": "priority",
+        },
+        task_default_queue="gpu.default",
+        worker_send_task_events=True,
+        task_send_sent_event=True,
+    )
+    return app

@@ -1,0 +1,213 @@
+"""The ``makespan`` command line (typer). ``makespan --help`` lists the commands."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from app.errors import MakespanError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="makespan: schedule multi-step GPU workloads on a fleet of GPU hosts.")
+
+FleetOpt = typer.Option(..., "--fleet", help="TOML fleet file (see examples/render-pipeline.toml)")
+
+
+def _settings(**kw):
+    from app.settings import Settings
+
+    return Settings.from_env(**{k: v for k, v in kw.items() if v is not None})
+
+
+def _fail(e: Exception) -> None:
+    typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(2)
+
+
+def _logging(level: str = "INFO") -> None:
+    logging.basicConfig(level=os.environ.get("MAKESPAN_LOG_LEVEL", level),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+@app.command()
+def planner(fleet: Path = FleetOpt, policy: Optional[str] = typer.Option(None, help="planner policy name"),
+            metrics_port: int = typer.Option(0, envvar="MAKESPAN_METRICS_PORT", help="Prometheus port (0: none)")):
+    """Run a planner worker (one leads, others stand by)."""
+    from app.models import load_fleet
+    from app.redis_conn import connect
+    from workers.planner_worker import PlannerWorker
+
+    _logging()
+    try:
+        s = _settings(policy=policy)
+        f = load_fleet(fleet)
+    except MakespanError as e:
+        _fail(e)
+    _start_metrics(metrics_port, "planner")
+    w = PlannerWorker(connect(s.redis_url), s, f)
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda *_: w.stop())
+    try:
+        w.run()
+    except KeyboardInterrupt:
+        w.stop()
+
+
+def _start_metrics(port: int, role: str) -> None:
+    if not port:
+        return
+    try:
+        from app import metrics
+
+        metrics.start_metrics_server(port)
+    except (ImportError, AttributeError) as e:  # pragma: no cover - metrics module optional
+        logging.getLogger("makespan").warning("metrics not available: %s", e)
+
+
+@app.command("gpu-worker")
+def gpu_worker(fleet: Path = FleetOpt, host: str = typer.Option(..., help="host name in the fleet file"),
+               pool: str = typer.Option("threads", help="Celery pool: threads, prefork or solo"),
+               concurrency: int = typer.Option(0, help="worker slots (default: the host's GPU count)"),
+               metrics_port: int = typer.Option(0, envvar="MAKESPAN_METRICS_PORT")):
+    """Run the Celery GPU worker of one host (consumes queue gpu.HOST)."""
+    from app.models import load_fleet
+
+    try:
+        f = load_fleet(fleet)
+    except MakespanError as e:
+        _fail(e)
+    hosts = {h.name: h for h in f.hosts}
+    if host not in hosts:
+        _fail(MakespanError(f"--host {host!r}: not in the fleet ({', '.join(hosts)})"))
+    os.environ["MAKESPAN_FLEET"] = str(Path(fleet).resolve())
+    _start_metrics(metrics_port, "gpu-worker")
+    from workers.tasks import celery
+
+    n = concurrency or len(hosts[host].gpus)
+    celery.worker_main(["worker", "-Q", f"gpu.{host}", "-n", f"gpu-{host}@%h", "-P", pool, "-c", str(n),
+                        "--loglevel", os.environ.get("MAKESPAN_LOG_LEVEL", "WARNING"), "-E",
+                        "--without-gossip", "--without-mingle"])
+
+
+def _producer(fleet: Path):
+    from app.keys import Keys
+    from app.models import load_fleet
+    from app.producer import Producer
+    from app.redis_conn import connect
+
+    s = _settings()
+    return Producer(connect(s.redis_url), Keys(s.key_prefix), load_fleet(fleet), s)
+
+
+@app.command()
+def submit(fleet: Path = FleetOpt, endpoint: str = typer.Option(...), service_s: float = typer.Option(...),
+           priority: str = typer.Option("NORMAL"), payload: str = typer.Option("{}", help="JSON object"),
+           idempotency_key: Optional[str] = typer.Option(None)):
+    """Submit one job; prints its id."""
+    try:
+        try:
+            data = json.loads(payload)
+        except json.JSONDecodeError as e:
+            raise MakespanError(f"--payload: not JSON: {e}") from e
+        job = {"endpoint": endpoint, "service_s": service_s, "priority": priority, "payload": data}
+        if idempotency_key:
+            job["idempotency_key"] = idempotency_key
+        h = _producer(fleet).submit(job)
+    except MakespanError as e:
+        _fail(e)
+    typer.echo(json.dumps({"id": h.id, "created": h.created, "priority": h.priority.name}))
+
+
+@app.command()
+def status(job_id: str, fleet: Path = FleetOpt):
+    """Print a job's record as JSON."""
+    try:
+        typer.echo(json.dumps(_producer(fleet).status(job_id), indent=2))
+    except MakespanError as e:
+        _fail(e)
+
+
+@app.command()
+def cancel(job_id: str, fleet: Path = FleetOpt):
+    """Cancel a job (queued: removed at once; running: stopped at its next phase)."""
+    try:
+        typer.echo(_producer(fleet).cancel(job_id))
+    except MakespanError as e:
+        _fail(e)
+
+
+@app.command()
+def demo(report: Path = typer.Option(Path("report.json"), help="where to write the report JSON"),
+         jobs: int = typer.Option(200, help="trace jobs to submit (besides the render-cards pipeline)"),
+         seed: int = typer.Option(0), policy: Optional[str] = typer.Option(None),
+         run_dir: Optional[Path] = typer.Option(None, help="directory for events, report and Gantt chart")):
+    """The main job on one machine: Redis (yours or an embedded one), a planner and GPU
+    workers for a simulated 8-GPU fleet, a real-trace workload plus the render-cards
+    pipeline; prints the report, writes it and a Gantt chart."""
+    from app.demo import run_demo
+
+    try:
+        out = run_demo(report_path=report, n_jobs=jobs, seed=seed, policy=policy, run_dir=run_dir)
+    except MakespanError as e:
+        _fail(e)
+    raise typer.Exit(0 if out["jobs"]["completed"] == out["jobs"]["submitted"] else 1)
+
+
+@app.command()
+def replay(trace: Path, fleet: Path = FleetOpt, speedup: float = typer.Option(10000.0, help="time compression N×"),
+           report: Path = typer.Option(Path("report.json")), start: int = typer.Option(0, help="first trace row"),
+           limit: int = typer.Option(200, help="trace rows to replay"), seed: int = typer.Option(0),
+           policy: Optional[str] = typer.Option(None), run_dir: Optional[Path] = typer.Option(None)):
+    """Run the live system fed from a trace file, time compressed ``speedup``×."""
+    from app.demo import run_replay
+
+    try:
+        out = run_replay(trace, fleet, speedup=speedup, report_path=report, start=start, limit=limit, seed=seed,
+                         policy=policy, run_dir=run_dir)
+    except MakespanError as e:
+        _fail(e)
+    raise typer.Exit(0 if out["jobs"]["completed"] == out["jobs"]["submitted"] else 1)
+
+
+@app.command()
+def simulate(trace: Path, fleet: Path = FleetOpt, policy: str = typer.Option("wspt"), seed: int = typer.Option(0),
+             report: Optional[Path] = typer.Option(None), start: int = typer.Option(0),
+             limit: Optional[int] = typer.Option(None)):
+    """The planner in virtual time (no Redis) over a trace; prints the report JSON."""
+    try:
+        sim = importlib.import_module("planner.simulator")
+    except ImportError:
+        _fail(MakespanError("the simulator is not built yet"))
+    try:
+        out = sim.run_simulation(str(trace), str(fleet), policy, seed, start=start, limit=limit,
+                                 report_path=str(report) if report else None)
+    except MakespanError as e:
+        _fail(e)
+    typer.echo(json.dumps(out, indent=2))
+
+
+for _mod in ("app.cli_lifecycle", "app.cli_observe", "app.cli_workloads"):
+    try:
+        importlib.import_module(_mod).register(app)
+    except ImportError:
+        pass
+
+
+def main() -> None:
+    try:
+        app()
+    except MakespanError as e:  # pragma: no cover - commands translate their own
+        typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,161 @@
+"""The producer API: :func:`submit`, :func:`status`, :func:`cancel`.
+
+A job is validated completely before anything is written; the write itself (job
+record, idempotency key, queue entry, submitted event) is one Lua script, so a
+rejected job is never partly enqueued and an accepted one is never half-written.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from app import events
+from app.errors import NotFoundError, StoreError, ValidationError
+from app.keys import Keys
+from app.models import FleetSpec, JobSpec, Priority, parse_job
+from app.settings import Settings
+
+# KEYS: idem (or a dummy when no key), seq, job, queue, events
+# ARGV: has_idem, job_id, fields JSON (flat map), event JSON
+_SUBMIT = """
+if ARGV[1] == '1' then
+  local existing = redis.call('GET', KEYS[1])
+  if existing then return {0, existing} end
+end
+local seq = redis.call('INCR', KEYS[2])
+local fields = cjson.decode(ARGV[3])
+local flat = {}
+for k, v in pairs(fields) do table.insert(flat, k); table.insert(flat, tostring(v)) end
+table.insert(flat, 'seq'); table.insert(flat, tostring(seq))
+redis.call('HSET', KEYS[3], unpack(flat))
+redis.call('ZADD', KEYS[4], seq, ARGV[2])
+if ARGV[1] == '1' then redis.call('SET', KEYS[1], ARGV[2]) end
+redis.call('XADD', KEYS[5], 'MAXLEN', '~', '1000000', '*', 'e', ARGV[4])
+return {1, ARGV[2]}
+"""
+
+# KEYS: job, queue(level), events ; ARGV: job_id, event JSON, now
+_CANCEL = """
+local state = redis.call('HGET', KEYS[1], 'state')
+if not state then return 'missing' end
+if state == 'queued' then
+  redis.call('ZREM', KEYS[2], ARGV[1])
+  redis.call('HSET', KEYS[1], 'state', 'cancelled', 'finished_at', ARGV[3], 'reason', 'cancelled while queued')
+  redis.call('XADD', KEYS[3], 'MAXLEN', '~', '1000000', '*', 'e', ARGV[2])
+  return 'cancelled'
+end
+if state == 'leased' or state == 'running' then
+  redis.call('HSET', KEYS[1], 'cancel_requested', '1')
+  return 'cancel_requested'
+end
+return state
+"""
+
+
+@dataclass(frozen=True)
+class JobHandle:
+    """What :func:`submit` returns. ``created`` is False when an existing job with the
+    same idempotency key was returned instead."""
+
+    id: str
+    created: bool
+    priority: Priority
+
+
+class Producer:
+    """Producer bound to one Redis, key prefix and fleet."""
+
+    def __init__(self, r: redis.Redis, keys: Keys, fleet: FleetSpec, settings: Settings | None = None):
+        self.r, self.keys, self.fleet = r, keys, fleet
+        self.settings = settings or Settings()
+        self._submit = r.register_script(_SUBMIT)
+        self._cancel = r.register_script(_CANCEL)
+
+    def submit(self, job: JobSpec | dict[str, Any], traceparent: str | None = None) -> JobHandle:
+        """Validate and enqueue ``job``.
+
+        Returns:
+            JobHandle with the job id (the existing one for a repeated idempotency key).
+        Raises:
+            ValidationError: the job is invalid (nothing was written).
+            StoreError: Redis failed (nothing or everything was written: the script is atomic).
+        """
+        spec = parse_job(job, self.fleet, self.settings.max_payload_bytes)
+        job_id = uuid.uuid4().hex
+        ep = self.fleet.endpoints[spec.endpoint]
+        fields = {
+            "id": job_id, "state": "queued", "endpoint": spec.endpoint, "priority": spec.priority.name,
+            "service_s": repr(spec.service_s), "submitted_at": repr(time.time()), "attempts": 0,
+            "tp": ep.tensor_parallel, "spec": spec.model_dump_json(),
+        }
+        if spec.workload_id:
+            fields["workload_id"] = spec.workload_id
+        if spec.depends_on:
+            fields["deps"] = json.dumps(list(spec.depends_on))
+        if traceparent:
+            fields["traceparent"] = traceparent
+        has_idem = spec.idempotency_key is not None
+        ev = json.dumps({"ts": time.time(), "kind": "submitted", "job": job_id, "endpoint": spec.endpoint,
+                         "priority": spec.priority.name, "planned_s": spec.service_s})
+        keys = [self.keys.idem(spec.idempotency_key) if has_idem else self.keys.seq, self.keys.seq,
+                self.keys.job(job_id), self.keys.queue(spec.priority), self.keys.events]
+        try:
+            created, jid = self._submit(keys=keys, args=["1" if has_idem else "0", job_id, json.dumps(fields), ev])
+        except redis.RedisError as e:
+            raise StoreError(f"submit failed: {e}") from e
+        if not created:
+            prio = Priority[self.r.hget(self.keys.job(jid), "priority") or spec.priority.name]
+            return JobHandle(jid, False, prio)
+        return JobHandle(jid, True, spec.priority)
+
+    def status(self, job_id: str) -> dict[str, Any]:
+        """The job record (state, times, reason, lease, attempts, ...).
+
+        Raises:
+            NotFoundError: no such job (or it was compacted away after its retention).
+        """
+        rec = self.r.hgetall(self.keys.job(job_id))
+        if not rec:
+            raise NotFoundError(f"no job {job_id!r}")
+        rec.pop("spec", None)
+        return rec
+
+    def cancel(self, job_id: str) -> str:
+        """Cancel a job. A queued job is removed from its queue at once (``cancelled``);
+        a running one is asked to stop at its next phase boundary (``cancel_requested``),
+        and its GPUs are released. Returns the outcome or the job's final state.
+
+        Raises:
+            NotFoundError: no such job.
+        """
+        prio = self.r.hget(self.keys.job(job_id), "priority")
+        if prio is None:
+            raise NotFoundError(f"no job {job_id!r}")
+        ev = json.dumps({"ts": time.time(), "kind": "cancelled", "job": job_id, "priority": prio})
+        out = self._cancel(keys=[self.keys.job(job_id), self.keys.queue(prio), self.keys.events],
+                           args=[job_id, ev, repr(time.time())])
+        if out == "missing":
+            raise NotFoundError(f"no job {job_id!r}")
+        return out
+
+    def queue_depths(self) -> dict[str, int]:
+        """Queued jobs per priority level (ZCARD of each queue)."""
+        p = self.r.pipeline(transaction=False)
+        for lvl in Priority:
+            p.zcard(self.keys.queue(lvl))
+        return {lvl.name: n for lvl, n in zip(Priority, p.execute())}
+
+
+def submit(job: JobSpec | dict[str, Any], *, fleet: FleetSpec, settings: Settings | None = None,
+           r: redis.Redis | None = None) -> JobHandle:
+    """Module-level convenience: ``submit({"endpoint": ..., "service_s": ...}, fleet=...)``."""
+    from app.redis_conn import connect
+
+    settings = settings or Settings.from_env()
+    return Producer(r or connect(settings.redis_url), Keys(settings.key_prefix), fleet, settings).submit(job)

@@ -1,0 +1,247 @@
+"""GPU leases: gang acquire, heartbeat renew, fencing check, release and reclaim.
+
+Each operation is one Lua script, so a gang is leased whole or not at all and a job
+is acknowledged (removed from its queue) in the same step that publishes its lease.
+
+Per GPU, ``P:gpu:{uuid}`` holds ``{lease_id}:{token}`` with a PX expiry; the token is
+a fencing token from the monotonic counter ``P:fence`` (Kleppmann, "How to do
+distributed locking", 2016). A holder acts only while every GPU of its gang still
+names its lease and token; a reclaimed or expired lease makes its later writes no-ops.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from app.errors import LeaseError, StaleFencingToken
+from app.keys import Keys
+
+# KEYS: fence, lease, leases, job, queue, running, planner_fence, events, gpu_1..gpu_n
+# ARGV: lease_id, job_id, ttl_ms, now_ms, holder, lease JSON fields, planner_token, event JSON, job_state
+_ACQUIRE = """
+local n = #KEYS - 8
+if ARGV[7] ~= '' and redis.call('GET', KEYS[7]) ~= ARGV[7] then return {0, 'planner_fenced'} end
+if ARGV[9] == 'queued' and not redis.call('ZSCORE', KEYS[5], ARGV[2]) then return {0, 'not_queued'} end
+for i = 1, n do
+  if redis.call('EXISTS', KEYS[8 + i]) == 1 then return {0, 'busy', KEYS[8 + i]} end
+end
+local token = redis.call('INCR', KEYS[1])
+local val = ARGV[1] .. ':' .. token
+for i = 1, n do redis.call('SET', KEYS[8 + i], val, 'PX', ARGV[3]) end
+local fields = cjson.decode(ARGV[6])
+local flat = {'token', tostring(token), 'expires_ms', tostring(tonumber(ARGV[4]) + tonumber(ARGV[3]))}
+for k, v in pairs(fields) do table.insert(flat, k); table.insert(flat, tostring(v)) end
+redis.call('HSET', KEYS[2], unpack(flat))
+redis.call('ZADD', KEYS[3], tonumber(ARGV[4]) + tonumber(ARGV[3]), ARGV[1])
+if ARGV[9] == 'queued' then
+  redis.call('ZREM', KEYS[5], ARGV[2])
+  redis.call('HSET', KEYS[4], 'state', 'leased', 'lease', ARGV[1], 'token', tostring(token),
+             'leased_at', tostring(tonumber(ARGV[4]) / 1000.0))
+  redis.call('ZADD', KEYS[6], ARGV[4], ARGV[2])
+end
+local ev = cjson.decode(ARGV[8]); ev['token'] = token
+redis.call('XADD', KEYS[8], 'MAXLEN', '~', '1000000', '*', 'e', cjson.encode(ev))
+return {1, token}
+"""
+
+# KEYS: lease, leases, gpu_1..gpu_n ; ARGV: lease_id, token, ttl_ms (0 = check only), now_ms
+_RENEW = """
+local want = ARGV[1] .. ':' .. ARGV[2]
+for i = 3, #KEYS do
+  if redis.call('GET', KEYS[i]) ~= want then return 0 end
+end
+local ttl = tonumber(ARGV[3])
+if ttl > 0 then
+  for i = 3, #KEYS do redis.call('PEXPIRE', KEYS[i], ttl) end
+  redis.call('ZADD', KEYS[2], tonumber(ARGV[4]) + ttl, ARGV[1])
+  redis.call('HSET', KEYS[1], 'expires_ms', tostring(tonumber(ARGV[4]) + ttl))
+end
+return 1
+"""
+
+# Fenced write: verify the token on every GPU, then apply ops.
+# KEYS: gpu_1..gpu_n, then the keys ops touch ; ARGV: lease_id, token, n_gpus, ops JSON
+# ops: [[cmd, key_index(1-based into KEYS), args...], ...]  cmd in HSET, SET, DEL, ZREM, ZADD, XADD_E
+_FENCED = """
+local want = ARGV[1] .. ':' .. ARGV[2]
+local n = tonumber(ARGV[3])
+for i = 1, n do
+  if redis.call('GET', KEYS[i]) ~= want then return 0 end
+end
+local ops = cjson.decode(ARGV[4])
+for _, op in ipairs(ops) do
+  local cmd = op[1]; local key = KEYS[op[2]]
+  local args = {}
+  for j = 3, #op do table.insert(args, op[j]) end
+  if cmd == 'XADD_E' then
+    redis.call('XADD', key, 'MAXLEN', '~', '1000000', '*', 'e', args[1])
+  else
+    redis.call(cmd, key, unpack(args))
+  end
+end
+return 1
+"""
+
+# Reclaim one expired lease (its holder stopped renewing).
+# KEYS: lease, leases, running, events ; ARGV: lease_id, now_ms, max_attempts, prefix
+_RECLAIM = """
+local score = redis.call('ZSCORE', KEYS[2], ARGV[1])
+if not score or tonumber(score) > tonumber(ARGV[2]) then return {0, 'live'} end
+local lease = redis.call('HGETALL', KEYS[1])
+local L = {}
+for i = 1, #lease, 2 do L[lease[i]] = lease[i + 1] end
+local want = ARGV[1] .. ':' .. (L['token'] or '')
+local gpus = cjson.decode(L['gpus'] or '[]')
+for _, g in ipairs(gpus) do
+  local gk = ARGV[4] .. ':gpu:' .. g
+  if redis.call('GET', gk) == want then redis.call('DEL', gk) end
+  redis.call('DEL', ARGV[4] .. ':resident:' .. g)
+end
+redis.call('DEL', KEYS[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('DEL', ARGV[4] .. ':busy:' .. ARGV[1])
+redis.call('DEL', ARGV[4] .. ':phase:' .. ARGV[1])
+local job = L['job']
+local outcome = 'released'
+if job and L['kind'] == 'job' then
+  local jk = ARGV[4] .. ':job:' .. job
+  redis.call('ZREM', KEYS[3], job)
+  local state = redis.call('HGET', jk, 'state')
+  if state == 'leased' or state == 'running' then
+    local attempts = redis.call('HINCRBY', jk, 'attempts', 1)
+    if redis.call('HGET', jk, 'cancel_requested') == '1' then
+      redis.call('HSET', jk, 'state', 'cancelled', 'reason', 'cancelled; lease reclaimed', 'finished_at', tostring(tonumber(ARGV[2]) / 1000.0))
+      outcome = 'cancelled'
+    elseif attempts >= tonumber(ARGV[3]) then
+      redis.call('HSET', jk, 'state', 'failed', 'finished_at', tostring(tonumber(ARGV[2]) / 1000.0),
+                 'reason', 'lease expired: its GPU worker stopped renewing it (' .. attempts .. ' attempts)')
+      outcome = 'failed'
+    else
+      local prio = redis.call('HGET', jk, 'priority')
+      local seq = redis.call('HGET', jk, 'seq')
+      redis.call('HSET', jk, 'state', 'queued', 'reason', 'requeued: lease expired (holder lost)')
+      redis.call('HDEL', jk, 'lease', 'token')
+      redis.call('ZADD', ARGV[4] .. ':queue:' .. string.lower(prio), tonumber(seq), job)
+      outcome = 'requeued'
+    end
+  end
+end
+local ev = {ts = tonumber(ARGV[2]) / 1000.0, kind = 'reclaimed', lease = ARGV[1], job = job, outcome = outcome, gpus = gpus}
+redis.call('XADD', KEYS[4], 'MAXLEN', '~', '1000000', '*', 'e', cjson.encode(ev))
+if outcome == 'requeued' or outcome == 'failed' then
+  local ev2 = {ts = tonumber(ARGV[2]) / 1000.0, kind = outcome, job = job, lease = ARGV[1], reason = 'lease expired'}
+  redis.call('XADD', KEYS[4], 'MAXLEN', '~', '1000000', '*', 'e', cjson.encode(ev2))
+end
+return {1, outcome}
+"""
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A published lease. ``token`` is its fencing token."""
+
+    lease_id: str
+    token: int
+    gpus: tuple[str, ...]
+
+
+class LeaseStore:
+    """Lease operations on one Redis and key prefix. Every method is one atomic script."""
+
+    def __init__(self, r: redis.Redis, keys: Keys):
+        self.r, self.keys = r, keys
+        self._acquire = r.register_script(_ACQUIRE)
+        self._renew = r.register_script(_RENEW)
+        self._fenced = r.register_script(_FENCED)
+        self._reclaim = r.register_script(_RECLAIM)
+
+    def acquire(self, lease_id: str, gpus: tuple[str, ...], ttl_s: float, *, job_id: str = "", kind: str = "job",
+                holder: str = "", queue: str = "", planner_token: str = "", info: dict[str, Any] | None = None,
+                event: dict[str, Any] | None = None) -> Lease | None:
+        """Lease ``gpus`` whole or not at all. For ``kind == "job"`` the job must still be
+        queued in ``queue``; it is removed from it (acknowledged) in the same step.
+        ``planner_token`` (when given) must equal the planner fencing counter: a deposed
+        planner cannot publish. Returns None when a GPU is busy or the job is gone.
+
+        Raises:
+            LeaseError: the planner was fenced off (another planner leads now).
+        """
+        fields = {"job": job_id, "kind": kind, "holder": holder, "gpus": json.dumps(list(gpus)),
+                  **(info or {})}
+        ev = {"ts": time.time(), "kind": "leased", "lease": lease_id, "job": job_id or None, "gpus": list(gpus),
+              **(event or {})}
+        keys = [self.keys.fence, self.keys.lease(lease_id), self.keys.leases, self.keys.job(job_id or "-"),
+                queue or self.keys.queue("normal"), self.keys.running, self.keys.planner_fence, self.keys.events,
+                *[self.keys.gpu(g) for g in gpus]]
+        out = self._acquire(keys=keys, args=[lease_id, job_id, int(ttl_s * 1000), now_ms(), holder,
+                                             json.dumps(fields), planner_token, json.dumps(ev),
+                                             "queued" if kind == "job" else "none"])
+        if out[0] == 1:
+            return Lease(lease_id, int(out[1]), tuple(gpus))
+        if out[1] == "planner_fenced":
+            raise LeaseError("planner fencing token is stale: another planner leads")
+        return None
+
+    def renew(self, lease: Lease, ttl_s: float) -> bool:
+        """Extend ``lease`` by ``ttl_s`` if it is still ours; False if stale."""
+        keys = [self.keys.lease(lease.lease_id), self.keys.leases, *[self.keys.gpu(g) for g in lease.gpus]]
+        return bool(self._renew(keys=keys, args=[lease.lease_id, lease.token, int(ttl_s * 1000), now_ms()]))
+
+    def check(self, lease: Lease) -> None:
+        """Raise :class:`StaleFencingToken` unless every GPU still names this lease."""
+        keys = [self.keys.lease(lease.lease_id), self.keys.leases, *[self.keys.gpu(g) for g in lease.gpus]]
+        if not self._renew(keys=keys, args=[lease.lease_id, lease.token, 0, now_ms()]):
+            raise StaleFencingToken(f"lease {lease.lease_id} token {lease.token} is no longer current")
+
+    def fenced(self, lease: Lease, ops: list[tuple]) -> bool:
+        """Apply ``ops`` atomically iff the lease is still current. Each op is
+        ``(cmd, key, *args)`` with cmd in HSET, SET, DEL, ZREM, ZADD, SREM, HDEL, or
+        ``("XADD_E", stream_key, event_json)``. Returns False (nothing applied) if stale."""
+        keys = [self.keys.gpu(g) for g in lease.gpus]
+        enc = []
+        for op in ops:
+            cmd, key, *args = op
+            if key not in keys:
+                keys.append(key)
+            enc.append([cmd, keys.index(key) + 1, *[str(a) for a in args]])
+        return bool(self._fenced(keys=keys, args=[lease.lease_id, lease.token, len(lease.gpus), json.dumps(enc)]))
+
+    def expired(self, at_ms: int | None = None) -> list[str]:
+        return list(self.r.zrangebyscore(self.keys.leases, "-inf", at_ms if at_ms is not None else now_ms()))
+
+    def reclaim(self, lease_id: str, max_attempts: int) -> str:
+        """Reclaim one expired lease: free its GPUs, requeue its job (with its original
+        submission order) or fail it after ``max_attempts``. Returns the outcome."""
+        out = self._reclaim(keys=[self.keys.lease(lease_id), self.keys.leases, self.keys.running, self.keys.events],
+                            args=[lease_id, now_ms(), max_attempts, self.keys.prefix])
+        return out[1]
+
+    def reclaim_expired(self, max_attempts: int) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for lid in self.expired():
+            o = self.reclaim(lid, max_attempts)
+            counts[o] = counts.get(o, 0) + 1
+        return counts
+
+    def active(self) -> list[dict[str, Any]]:
+        out = []
+        for lid in self.r.zrange(self.keys.leases, 0, -1):
+            rec = self.r.hgetall(self.keys.lease(lid))
+            if rec:
+                rec["lease_id"] = lid
+                rec["gpus"] = json.loads(rec.get("gpus", "[]"))
+                out.append(rec)
+        return out
+
+    def gpu_holders(self, gpus: list[str]) -> dict[str, str | None]:
+        vals = self.r.mget([self.keys.gpu(g) for g in gpus]) if gpus else []
+        return dict(zip(gpus, vals))

@@ -1,0 +1,257 @@
+"""Phase logic for one leased GPU group: evict → start endpoint → execute → clear,
+and evict → restore for set-point restores.
+
+Every phase is idempotent (keyed by lease id and phase name in ``P:phase:{lease}``)
+and fenced: it checks its lease's fencing token before acting and commits its
+bookkeeping in one fenced script, so a stale holder's writes are no-ops. While a
+phase runs, a heartbeat thread renews the lease; losing it stops the phase.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from app.errors import PhaseError, StaleFencingToken
+from app.keys import Keys
+from app.models import FleetSpec
+from app.settings import Settings
+from workers.leases import Lease, LeaseStore
+
+log = logging.getLogger("makespan.phases")
+
+JOB_PHASES = ("evict", "start_endpoint", "execute", "clear")
+RESTORE_PHASES = ("evict", "restore")
+
+
+class LeaseHeartbeat:
+    """Renews a lease every ``interval_s`` from a daemon thread until stopped.
+    ``lost`` is set as soon as a renewal finds the lease no longer ours."""
+
+    def __init__(self, store: LeaseStore, lease: Lease, ttl_s: float, interval_s: float):
+        self.store, self.lease, self.ttl_s, self.interval_s = store, lease, ttl_s, interval_s
+        self.lost = threading.Event()
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, name=f"heartbeat-{lease.lease_id}", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                if not self.store.renew(self.lease, self.ttl_s):
+                    self.lost.set()
+                    return
+            except redis.RedisError as e:  # transient: the TTL gives us slack
+                log.warning("lease %s heartbeat failed: %s", self.lease.lease_id, e)
+
+    def __enter__(self) -> "LeaseHeartbeat":
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._t.join(timeout=2)
+
+
+@dataclass
+class PhaseContext:
+    """Everything a phase task needs; travels as the JSON task argument."""
+
+    lease_id: str
+    token: int
+    gpus: list[str]
+    host: str
+    kind: str  # "job" or "restore"
+    endpoint: str
+    job_id: str = ""
+    priority: str = ""
+    service_s: float = 0.0
+    payload: dict | None = None
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "PhaseContext":
+        return cls(**d)
+
+    @property
+    def lease(self) -> Lease:
+        return Lease(self.lease_id, int(self.token), tuple(self.gpus))
+
+
+def instance_value(endpoint: str, gpus: list[str] | tuple[str, ...]) -> str:
+    """Value of ``P:resident:{uuid}``: ``endpoint@uuid1,uuid2`` names one instance."""
+    return f"{endpoint}@{','.join(gpus)}"
+
+
+def parse_instance(value: str | None) -> tuple[str, list[str]] | None:
+    if not value:
+        return None
+    ep, _, gpus = value.partition("@")
+    return ep, gpus.split(",") if gpus else []
+
+
+class PhaseRunner:
+    """Runs phases for one GPU worker process."""
+
+    def __init__(self, r: redis.Redis, settings: Settings, fleet: FleetSpec):
+        self.r, self.settings, self.fleet = r, settings, fleet
+        self.keys = Keys(settings.key_prefix)
+        self.leases = LeaseStore(r, self.keys)
+        try:
+            from workers.agenda import AgendaTracker
+
+            self.agenda = AgendaTracker(r, self.keys)
+        except ImportError:  # pragma: no cover - agenda module missing
+            self.agenda = None
+
+    # -- helpers ---------------------------------------------------------------------
+    def _event(self, kind: str, ctx: PhaseContext, **extra: Any) -> str:
+        body = {"ts": time.time(), "kind": kind, "job": ctx.job_id or None, "lease": ctx.lease_id, "gpus": ctx.gpus,
+                "host": ctx.host, "endpoint": ctx.endpoint, "priority": ctx.priority or None,
+                "time_scale": self.settings.time_scale, **extra}
+        return json.dumps({k: v for k, v in body.items() if v is not None}, separators=(",", ":"))
+
+    def _sleep(self, workload_s: float, hb: LeaseHeartbeat, ctx: PhaseContext | None = None) -> None:
+        """Sleep ``workload_s`` scaled to wall time, waking to notice a lost lease or a cancel."""
+        end = time.monotonic() + workload_s * self.settings.time_scale
+        while True:
+            left = end - time.monotonic()
+            if left <= 0:
+                return
+            if hb.lost.wait(min(left, 0.05)):
+                raise StaleFencingToken(f"lease {hb.lease.lease_id} lost during phase")
+
+    def _done(self, ctx: PhaseContext, phase: str) -> bool:
+        return self.r.hget(self.keys.phase(ctx.lease_id), phase) == "done"
+
+    def _residents(self, gpus: list[str]) -> dict[str, str | None]:
+        vals = self.r.mget([self.keys.resident(g) for g in gpus])
+        return dict(zip(gpus, vals))
+
+    def _transition(self, op: str, ctx: PhaseContext, endpoints: list[str], expected_s: float):
+        if self.agenda is None:
+            from contextlib import nullcontext
+
+            return nullcontext()
+        return self.agenda.register(f"{ctx.lease_id}:{op}", "POSITIVE", endpoints, list(ctx.gpus),
+                                    expected_duration_s=max(expected_s * self.settings.time_scale, 0.001),
+                                    lock_ttl_s=max(self.settings.lease_ttl_s, 1.0))
+
+    # -- the phase entry point -----------------------------------------------------------
+    def run(self, ctx: PhaseContext, phase: str) -> str:
+        """Run one phase. Returns "done", "skipped" (already done: idempotent replay),
+        "stale" (lease no longer ours: nothing done), "cancelled" or "failed"."""
+        lease = ctx.lease
+        try:
+            self.leases.check(lease)
+        except StaleFencingToken:
+            log.info("phase %s of lease %s: stale fencing token, not acting", phase, ctx.lease_id)
+            return "stale"
+        if self._done(ctx, phase):
+            return "skipped"
+        with LeaseHeartbeat(self.leases, lease, self.settings.lease_ttl_s, self.settings.heartbeat_s) as hb:
+            if ctx.kind == "job" and phase != "clear" and self.r.hget(self.keys.job(ctx.job_id), "cancel_requested") == "1":
+                return self._finish(ctx, "cancelled", "cancelled while running")
+            started = time.time()
+            self.leases.fenced(lease, [("XADD_E", self.keys.events, self._event("phase_start", ctx, phase=phase))])
+            try:
+                planned = getattr(self, f"_phase_{phase}")(ctx, hb)
+            except StaleFencingToken:
+                return "stale"
+            except PhaseError as e:
+                return self._finish(ctx, "failed", f"{phase}: {e}")
+            ops = [("HSET", self.keys.phase(ctx.lease_id), phase, "done"),
+                   ("XADD_E", self.keys.events, self._event("phase_end", ctx, phase=phase, planned_s=planned,
+                                                            actual_s=round(time.time() - started, 6)))]
+            if not self.leases.fenced(lease, ops):
+                return "stale"
+        if phase == "clear" or phase == "restore":
+            return self._finish(ctx, "completed", "")
+        return "done"
+
+    # -- phases ------------------------------------------------------------------------
+    def _phase_evict(self, ctx: PhaseContext, hb: LeaseHeartbeat) -> float:
+        residents = self._residents(ctx.gpus)
+        target = ctx.endpoint
+        victims: dict[str, list[str]] = {}
+        for g, v in residents.items():
+            inst = parse_instance(v)
+            if inst is None:
+                continue
+            ep, inst_gpus = inst
+            if ep == target and sorted(inst_gpus) == sorted(ctx.gpus):
+                continue  # the right instance is already here: nothing to evict
+            victims.setdefault(v, inst_gpus)
+        if not victims:
+            return 0.0
+        eps = sorted({parse_instance(v)[0] for v in victims})
+        evict_s = max(self.fleet.endpoints[e].evict_s if e in self.fleet.endpoints else 0.0 for e in eps)
+        with self._transition("evict", ctx, eps, evict_s):
+            self._sleep(evict_s, hb)
+        ops: list[tuple] = []
+        for v, inst_gpus in victims.items():
+            for g in inst_gpus:  # an instance is evicted whole, on every GPU of its group
+                ops.append(("DEL", self.keys.resident(g)))
+        if not self.leases.fenced(ctx.lease, ops):
+            raise StaleFencingToken("lease lost before evict committed")
+        return evict_s
+
+    def _load(self, ctx: PhaseContext, hb: LeaseHeartbeat, endpoint: str) -> float:
+        want = instance_value(endpoint, ctx.gpus)
+        residents = self._residents(ctx.gpus)
+        if all(v == want for v in residents.values()):
+            return 0.0
+        ep = self.fleet.endpoints[endpoint]
+        with self._transition("start", ctx, [endpoint], ep.cold_start_s):
+            self._sleep(ep.cold_start_s, hb)
+        ops = [("SET", self.keys.resident(g), want) for g in ctx.gpus]
+        if not self.leases.fenced(ctx.lease, ops):
+            raise StaleFencingToken("lease lost before start committed")
+        return ep.cold_start_s
+
+    def _phase_start_endpoint(self, ctx: PhaseContext, hb: LeaseHeartbeat) -> float:
+        return self._load(ctx, hb, ctx.endpoint)
+
+    def _phase_restore(self, ctx: PhaseContext, hb: LeaseHeartbeat) -> float:
+        return self._load(ctx, hb, ctx.endpoint)
+
+    def _phase_execute(self, ctx: PhaseContext, hb: LeaseHeartbeat) -> float:
+        busy = self.keys.busy(ctx.lease_id)
+        if not self.leases.fenced(ctx.lease, [("SET", busy, ctx.job_id),
+                                              ("HSET", self.keys.job(ctx.job_id), "state", "running",
+                                               "started_at", repr(time.time()))]):
+            raise StaleFencingToken("lease lost before execute")
+        self._sleep(ctx.service_s, hb, ctx)
+        if not self.leases.fenced(ctx.lease, [("DEL", busy)]):
+            raise StaleFencingToken("lease lost during execute")
+        return ctx.service_s
+
+    def _phase_clear(self, ctx: PhaseContext, hb: LeaseHeartbeat) -> float:
+        # Per-job state on the instance (request leases, caches) is dropped here; the
+        # endpoint itself stays resident (warm) for the next job that needs it.
+        self.r.delete(self.keys.busy(ctx.lease_id))
+        return 0.0
+
+    # -- completion --------------------------------------------------------------------
+    def _finish(self, ctx: PhaseContext, state: str, reason: str) -> str:
+        """Release the lease and, for a job, record its final state — atomically, fenced."""
+        now = time.time()
+        ops: list[tuple] = [("DEL", self.keys.gpu(g)) for g in ctx.gpus]
+        ops += [("DEL", self.keys.lease(ctx.lease_id)), ("ZREM", self.keys.leases, ctx.lease_id),
+                ("DEL", self.keys.phase(ctx.lease_id)), ("DEL", self.keys.busy(ctx.lease_id))]
+        if ctx.kind == "job":
+            ops += [("ZREM", self.keys.running, ctx.job_id),
+                    ("HSET", self.keys.job(ctx.job_id), "state", state, "finished_at", repr(now), "reason", reason)]
+            ops.append(("XADD_E", self.keys.events, self._event(state, ctx, reason=reason or None)))
+        else:
+            ops.append(("XADD_E", self.keys.events, self._event("restore_end", ctx)))
+        # The fenced script checks the GPU keys before deleting them, so order is safe.
+        if not self.leases.fenced(ctx.lease, ops):
+            return "stale"
+        if state != "completed":
+            log.warning("job %s %s: %s", ctx.job_id, state, reason)
+        return state

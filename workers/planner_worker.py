@@ -1,0 +1,307 @@
+"""The planner worker: one active at a time (Redis lock + fencing token), the rest
+stand by and take over within the lock's TTL.
+
+Each tick the leader: reclaims expired leases; forms a batch (strict priority:
+CRITICAL jobs first, then HIGH, NORMAL, LOW; at most ``batch_size``); reads the fleet
+state; calls the pure ``planner.api.plan``; publishes a lease for every job the plan
+starts now (one Lua script per gang: leased whole or not at all, the job acknowledged
+in the same step) and sends its phase chain to the host's queue. Jobs planned for
+later stay queued and are planned again next tick (rolling horizon). When nothing is
+queued or running it restores set points and checks the drain.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import uuid
+from typing import Any
+
+import redis
+from redis.exceptions import LockError, LockNotOwnedError
+
+from app import events
+from app.errors import LeaseError
+from app.keys import Keys
+from app.models import FleetSpec, Priority
+from app.settings import Settings
+from planner.api import plan
+from planner.model import EndpointModel, FleetState, Gpu, PlanJob
+from workers.leases import LeaseStore
+from workers.phases import PhaseContext, instance_value, parse_instance
+
+log = logging.getLogger("makespan.planner")
+
+STATS_KEEP = 10_000
+
+
+def endpoint_models(fleet: FleetSpec) -> dict[str, EndpointModel]:
+    return {n: EndpointModel(n, e.tensor_parallel, e.memory_mib_per_gpu, e.cold_start_s, e.evict_s, e.wake_s, e.slots)
+            for n, e in fleet.endpoints.items()}
+
+
+def fleet_gpus(fleet: FleetSpec) -> list[Gpu]:
+    return [Gpu(g.uuid, h.name, g.index, g.memory_mib) for h in fleet.hosts for g in h.gpus]
+
+
+def set_point_instances(fleet: FleetSpec) -> list[tuple[str, list[str]]]:
+    """(endpoint, GPU UUIDs) of every set-point instance."""
+    hosts = {h.name: h for h in fleet.hosts}
+    out = []
+    for e in fleet.endpoints.values():
+        for sp in e.set_point:
+            by_index = {g.index: g.uuid for g in hosts[sp.host].gpus}
+            out.append((e.name, [by_index[i] for i in sp.gpus]))
+    return out
+
+
+class PlannerWorker:
+    """One planner process. ``run()`` loops until ``stop()``; ``tick()`` is one cycle."""
+
+    def __init__(self, r: redis.Redis, settings: Settings, fleet: FleetSpec, dispatch=None, name: str | None = None):
+        self.r, self.settings, self.fleet = r, settings, fleet
+        self.keys = Keys(settings.key_prefix)
+        self.leases = LeaseStore(r, self.keys)
+        self.name = name or f"planner-{uuid.uuid4().hex[:8]}"
+        self.endpoints = endpoint_models(fleet)
+        self.gpus = fleet_gpus(fleet)
+        self.set_points = set_point_instances(fleet)
+        self._dispatch = dispatch
+        self._stop = threading.Event()
+        self.token = ""
+        self.lost = threading.Event()
+        self._idle_checked = False
+        self.lock_ttl_s = max(settings.lease_ttl_s / 2, 1.0)
+        try:
+            from workers.agenda import AgendaTracker
+
+            self.agenda = AgendaTracker(r, self.keys)
+        except ImportError:  # pragma: no cover
+            self.agenda = None
+
+    # -- leadership ----------------------------------------------------------------------
+    def _lead(self):
+        lock = self.r.lock(self.keys.planner_leader, timeout=self.lock_ttl_s, thread_local=False)
+        while not self._stop.is_set():
+            if lock.acquire(blocking=True, blocking_timeout=self.lock_ttl_s / 4):
+                self.token = str(self.r.incr(self.keys.planner_fence))
+                self.r.set(self.keys.fleet, self.fleet.model_dump_json())
+                log.info("%s leads (planner fencing token %s)", self.name, self.token)
+                events.record(self.r, self.keys.events, "planner_lead", planner=self.name, token=int(self.token))
+                return lock
+        return None
+
+    def _keep_lock(self, lock) -> None:
+        while not self._stop.is_set() and not self.lost.is_set():
+            time.sleep(self.lock_ttl_s / 3)
+            try:
+                lock.extend(self.lock_ttl_s, replace_ttl=True)
+            except (LockNotOwnedError, LockError):
+                log.error("%s lost the planner lock; standing by", self.name)
+                self.lost.set()
+            except redis.RedisError as e:
+                log.warning("planner lock extend failed: %s", e)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(self) -> None:
+        """Stand by until leader, then tick until stopped or deposed (then stand by again)."""
+        while not self._stop.is_set():
+            lock = self._lead()
+            if lock is None:
+                return
+            self.lost.clear()
+            keeper = threading.Thread(target=self._keep_lock, args=(lock,), daemon=True)
+            keeper.start()
+            while not self._stop.is_set() and not self.lost.is_set():
+                try:
+                    busy = self.tick()
+                except LeaseError as e:
+                    log.error("%s: %s", self.name, e)
+                    self.lost.set()
+                    break
+                except redis.RedisError as e:
+                    log.warning("planner tick failed (Redis): %s", e)
+                    busy = False
+                    time.sleep(0.5)
+                if not busy:
+                    self._stop.wait(self.settings.planner_tick_s)
+            try:
+                lock.release()
+            except (LockError, redis.RedisError):
+                pass
+
+    # -- one cycle -----------------------------------------------------------------------
+    def now_s(self) -> float:
+        return time.time() / self.settings.time_scale
+
+    def fleet_state(self) -> tuple[FleetState, set[str]]:
+        uuids = [g.uuid for g in self.gpus]
+        p = self.r.pipeline(transaction=False)
+        p.mget([self.keys.gpu(u) for u in uuids])
+        p.mget([self.keys.resident(u) for u in uuids])
+        held, res = p.execute()
+        now = self.now_s()
+        free_at: dict[str, float] = {}
+        busy: set[str] = set()
+        lease_ids = {v.split(":")[0] for v in held if v}
+        ends: dict[str, float] = {}
+        for lid in lease_ids:
+            pe = self.r.hget(self.keys.lease(lid), "planned_end_s")
+            ends[lid] = float(pe) if pe else now
+        for u, v in zip(uuids, held):
+            if v:
+                busy.add(u)
+                free_at[u] = max(now, ends.get(v.split(":")[0], now))
+            else:
+                free_at[u] = now
+        resident = {}
+        for u, v in zip(uuids, res):
+            inst = parse_instance(v)
+            resident[u] = inst[0] if inst else None
+        sp = self.fleet.set_point_by_gpu()
+        return FleetState(now, self.gpus, self.endpoints, free_at, resident, sp), busy
+
+    def form_batch(self) -> list[PlanJob]:
+        """Up to ``batch_size`` queued jobs, CRITICAL first (strict priority), FIFO within a level."""
+        out: list[PlanJob] = []
+        room = self.settings.batch_size
+        for lvl in Priority:
+            if room <= 0:
+                break
+            ids = self.r.zrange(self.keys.queue(lvl), 0, room - 1)
+            if not ids:
+                continue
+            p = self.r.pipeline(transaction=False)
+            for jid in ids:
+                p.hmget(self.keys.job(jid), "endpoint", "service_s", "submitted_at", "seq", "deps", "state")
+            for jid, (ep, svc, sub, seq, deps, state) in zip(ids, p.execute()):
+                if ep is None or state != "queued":
+                    self.r.zrem(self.keys.queue(lvl), jid)  # stale entry (cancelled or lost record)
+                    continue
+                dl = tuple(json.loads(deps)) if deps else ()
+                if dl and not self._deps_ready(jid, dl):
+                    continue
+                out.append(PlanJob(jid, ep, float(lvl.weight), float(sub) / self.settings.time_scale, float(svc),
+                                   int(lvl), (), None, int(seq)))
+                room -= 1
+        return out
+
+    def _deps_ready(self, jid: str, deps: tuple[str, ...]) -> bool:
+        states = [self.r.hget(self.keys.job(d), "state") for d in deps]
+        if all(s == "completed" for s in states):
+            return True
+        bad = [d for d, s in zip(deps, states) if s in ("failed", "cancelled") or s is None]
+        if bad:
+            prio = self.r.hget(self.keys.job(jid), "priority") or "NORMAL"
+            with self.r.pipeline() as p:
+                p.zrem(self.keys.queue(prio), jid)
+                p.hset(self.keys.job(jid), mapping={"state": "cancelled", "finished_at": repr(time.time()),
+                                                    "reason": f"dependency {bad[0]} did not complete"})
+                events.record(self.r, self.keys.events, "cancelled", pipe=p, job=jid, priority=prio,
+                              reason=f"dependency {bad[0]} did not complete")
+                p.execute()
+        return False
+
+    def tick(self) -> bool:
+        """One planning cycle. Returns True if it dispatched anything."""
+        reclaimed = self.leases.reclaim_expired(self.settings.max_attempts)
+        if reclaimed:
+            log.warning("reclaimed expired leases: %s", reclaimed)
+        if self.agenda is not None:
+            self.agenda.reap()
+        state, busy = self.fleet_state()
+        if len(busy) == len(self.gpus):
+            return False
+        batch = self.form_batch()
+        if not batch:
+            return self._idle(busy)
+        self._idle_checked = False
+        t0 = time.perf_counter()
+        p = plan(batch, state, self.settings.policy)
+        solve_s = time.perf_counter() - t0
+        self.r.rpush(f"{self.keys.prefix}:planner:solve_s", f"{solve_s:.6f}:{len(batch)}")
+        self.r.ltrim(f"{self.keys.prefix}:planner:solve_s", -STATS_KEEP, -1)
+        jobs = {j.id: j for j in batch}
+        taken: set[str] = set(busy)
+        dispatched = 0
+        eps = 1e-6 * max(1.0, abs(state.now_s))
+        for a in sorted(p.assignments, key=lambda a: (a.start_s, a.end_s)):
+            if a.start_s > state.now_s + eps or taken.intersection(a.gpus):
+                continue
+            j = jobs[a.job_id]
+            prio = Priority(j.priority)
+            lid = uuid.uuid4().hex
+            host = self.fleet.host_of(a.gpus[0])
+            lease = self.leases.acquire(
+                lid, a.gpus, self.settings.lease_ttl_s, job_id=j.id, kind="job", holder=host,
+                queue=self.keys.queue(prio), planner_token=self.token,
+                info={"planned_end_s": repr(a.end_s), "endpoint": j.endpoint, "priority": prio.name},
+                event={"endpoint": j.endpoint, "priority": prio.name, "host": host, "load": a.load,
+                       "planned_s": a.end_s - a.start_s})
+            taken.update(a.gpus)
+            if lease is None:
+                continue
+            ctx = PhaseContext(lid, lease.token, list(a.gpus), host, "job", j.endpoint, j.id, prio.name, j.service_s)
+            self._send(ctx, host)
+            dispatched += 1
+        return dispatched > 0
+
+    def _send(self, ctx: PhaseContext, host: str) -> None:
+        if self._dispatch is not None:
+            self._dispatch(ctx, self.keys.host_queue(host))
+        else:
+            from workers.tasks import dispatch
+
+            dispatch(ctx, self.keys.host_queue(host))
+
+    # -- idle: restore set points, then check the drain -----------------------------------
+    def _idle(self, busy: set[str]) -> bool:
+        if self.r.zcard(self.keys.running) or any(self.r.zcard(q) for q in self.keys.queues()):
+            return False
+        restoring = False
+        res = dict(zip([g.uuid for g in self.gpus], self.r.mget([self.keys.resident(g.uuid) for g in self.gpus])))
+        for ep, gpus in self.set_points:
+            want = instance_value(ep, gpus)
+            if all(res.get(g) == want for g in gpus):
+                continue
+            restoring = True
+            if busy.intersection(gpus):
+                continue
+            lid = uuid.uuid4().hex
+            host = self.fleet.host_of(gpus[0])
+            cold = self.fleet.endpoints[ep].cold_start_s
+            lease = self.leases.acquire(lid, tuple(gpus), self.settings.lease_ttl_s, job_id=f"restore:{ep}:{gpus[0]}",
+                                        kind="restore", holder=host, planner_token=self.token,
+                                        info={"planned_end_s": repr(self.now_s() + cold), "endpoint": ep},
+                                        event={"kind": "restore_start", "endpoint": ep, "host": host,
+                                               "planned_s": cold})
+            if lease is not None:
+                busy.update(gpus)
+                self._send(PhaseContext(lid, lease.token, list(gpus), host, "restore", ep), host)
+        if restoring or self.r.zcard(self.keys.leases):
+            self._idle_checked = False
+            return False
+        if not self._idle_checked:
+            self._idle_checked = True
+            self.check_drain()
+        return False
+
+    def check_drain(self) -> dict[str, Any]:
+        """Count what a drained fleet must not hold: leases, agenda entries, busy slots."""
+        gpu_keys = sum(1 for v in self.r.mget([self.keys.gpu(g.uuid) for g in self.gpus]) if v)
+        leases = int(self.r.zcard(self.keys.leases)) + gpu_keys
+        agenda = self.agenda.count() if self.agenda is not None else 0
+        busy_slots = sum(1 for _ in self.r.scan_iter(self.keys.busy_pattern, count=1000))
+        counts = {"leases": leases, "agenda_entries": agenda, "busy_slots": busy_slots}
+        self.r.hset(self.keys.drain, mapping={**counts, "checked_at": repr(time.time())})
+        self.r.hincrby(self.keys.drain, "checks", 1)
+        events.record(self.r, self.keys.events, "drain", **counts)
+        if any(counts.values()):
+            log.error("drain check: left behind %s (leases %s)", counts, self.leases.active())
+        else:
+            log.info("drain check: clean")
+        return counts

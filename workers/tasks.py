@@ -1,0 +1,76 @@
+"""Celery phase tasks. One task per phase so Flower and traces show each phase; a
+job's phases travel as a chain on its host's queue ``gpu.{host}``.
+
+Start a GPU worker with ``makespan gpu-worker --fleet FLEET --host HOST``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from functools import lru_cache
+
+from celery import chain, signals
+
+from app.celery_app import create_celery
+from app.keys import Keys
+from app.models import FleetSpec, load_fleet, parse_fleet
+from app.redis_conn import connect
+from app.settings import Settings
+from workers.phases import JOB_PHASES, RESTORE_PHASES, PhaseContext, PhaseRunner
+
+log = logging.getLogger("makespan.tasks")
+
+settings = Settings.from_env()
+celery = create_celery(settings)
+
+
+@lru_cache(maxsize=1)
+def _fleet() -> FleetSpec:
+    path = os.environ.get("MAKESPAN_FLEET")
+    if path:
+        return load_fleet(path)
+    import json
+
+    raw = connect(settings.redis_url).get(Keys(settings.key_prefix).fleet)
+    if not raw:
+        raise RuntimeError("no fleet: set MAKESPAN_FLEET or start the planner first")
+    return parse_fleet(json.loads(raw))
+
+
+_runner: PhaseRunner | None = None
+
+
+def runner() -> PhaseRunner:
+    global _runner
+    if _runner is None:
+        _runner = PhaseRunner(connect(settings.redis_url), settings, _fleet())
+    return _runner
+
+
+@signals.worker_process_init.connect
+def _reset_after_fork(**_kw) -> None:
+    global _runner
+    _runner = None  # a forked child opens its own Redis connections
+
+
+def _make_phase_task(phase: str):
+    @celery.task(name=f"makespan.{phase}", bind=True, acks_late=True, ignore_result=True)
+    def _task(self, ctx: dict) -> str:
+        c = PhaseContext.from_dict(ctx)
+        out = runner().run(c, phase)
+        if out in ("failed", "cancelled", "stale"):
+            self.request.chain = None  # stop the chain: later phases of this lease must not run
+        return out
+
+    return _task
+
+
+PHASE_TASKS = {p: _make_phase_task(p) for p in ("evict", "start_endpoint", "execute", "clear", "restore")}
+
+
+def dispatch(ctx: PhaseContext, queue: str) -> None:
+    """Send the phase chain of ``ctx`` to ``queue``."""
+    phases = JOB_PHASES if ctx.kind == "job" else RESTORE_PHASES
+    payload = ctx.__dict__.copy()
+    chain(*[PHASE_TASKS[p].si(payload).set(queue=queue) for p in phases]).apply_async()
