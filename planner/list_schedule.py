@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from planner.model import Assignment, EndpointModel, FleetState, Plan, PlanJob
+from planner.replay import Replay
 
 
 def transition(state_resident: dict[str, str | None], group: Sequence[str],
@@ -42,34 +43,20 @@ def list_schedule(policy: str, order: Sequence[PlanJob], state: FleetState,
     one with the earliest completion (ties: lowest transition, then fleet order).
     Jobs whose dependencies are not in the batch nor in ``state.end_of``/``state.done``
     are placed as if their dependencies were complete now."""
-    free_at = {g.uuid: max(state.free_at.get(g.uuid, state.now_s), state.now_s) for g in state.gpus}
-    resident = dict(state.resident)
-    end_of = dict(state.end_of)
+    rep = Replay(state)
     out: list[Assignment] = []
-    groups_cache: dict[tuple[int, int], list[tuple[str, ...]]] = {}
     for job in order:
         ep = state.endpoints[job.endpoint]
-        key = (ep.tp, ep.memory_mib)
-        if key not in groups_cache:
-            groups_cache[key] = state.groups(ep.tp, ep.memory_mib)
-        cands = groups_cache[key]
+        cands = rep.groups(ep)
         if not cands:
             raise ValueError(f"job {job.id}: no GPU group fits endpoint {ep.name}")
-        ready = max([job.release_s, state.now_s] + [end_of.get(d, state.now_s) for d in job.deps])
+        ready = rep.ready(job)
         if group_rule is not None:
-            grp = group_rule(job, cands, free_at, resident)
+            grp = group_rule(job, cands, rep.free_at, rep.resident)
         else:
-            grp = min(cands, key=lambda g: (
-                max([ready] + [free_at[u] for u in g]) + transition(resident, g, ep, state.endpoints)[0],
-                transition(resident, g, ep, state.endpoints)[0]))
-        start = max([ready] + [free_at[u] for u in grp])
-        t_s, evicted, load = transition(resident, grp, ep, state.endpoints)
-        a = Assignment(job.id, grp, start, start + t_s, start + t_s + job.service_s, evicted, load)
-        out.append(a)
-        for u in grp:
-            free_at[u] = a.end_s
-            resident[u] = ep.name
-        end_of[job.id] = a.end_s
+            grp = min(cands, key=lambda g: (max(ready, rep.group_free(g)) + rep.transition(g, ep)[0],
+                                            rep.transition(g, ep)[0]))
+        out.append(rep.place(job, grp))
     out.sort(key=lambda a: (a.start_s, a.end_s))
     return Plan(policy=policy, assignments=out)
 

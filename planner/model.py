@@ -86,6 +86,11 @@ class FleetState:
         set_point: GPU uuid -> endpoint resident at the set point.
         done: ids of jobs already completed (for precedence).
         end_of: job id -> completion time of jobs running or planned earlier (precedence).
+        asleep: GPU uuid -> endpoints sleeping there (sleep mode: reloading them is a
+            wake, ``wake_s``, instead of a cold start).
+        demand: endpoint -> weight of its recent arrivals per planning window (the
+            future-cost term: evicting the last instance of an endpoint in demand costs
+            about that weight × its cold start).
     """
 
     now_s: float
@@ -96,6 +101,8 @@ class FleetState:
     set_point: dict[str, str] = field(default_factory=dict)
     done: frozenset[str] = frozenset()
     end_of: dict[str, float] = field(default_factory=dict)
+    asleep: dict[str, frozenset[str]] = field(default_factory=dict)
+    demand: dict[str, float] = field(default_factory=dict)
 
     def hosts(self) -> dict[str, list[Gpu]]:
         out: dict[str, list[Gpu]] = {}

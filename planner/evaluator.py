@@ -1,0 +1,124 @@
+"""Exact replay and scoring of a plan; every candidate plan goes through :func:`evaluate`.
+
+Checks (an :class:`InfeasiblePlan` names the first violation):
+    * every batch job is placed exactly once, and nothing else is;
+    * the GPU group is an aligned group of the endpoint's TP size within one host whose
+      GPUs all have the endpoint's memory (``FleetState.groups``);
+    * the start is not before the job's release, the planning time, its dependencies'
+      completion, nor the time its GPUs become free (running work, earlier jobs);
+    * the stated transition (evicts, load kind) and the service start / completion agree
+      with the replay (:mod:`planner.replay`) within 1 µs.
+
+Score (used to pick among candidates) = Σ w_j (C_j − r_j) + future cost, where the
+future cost charges ``demand[e] × cold_start_s(e)`` for every endpoint ``e`` with recent
+demand that was resident at the start and holds no GPU when the plan ends (the next
+arrival of ``e`` will pay a cold start). ``Plan.objective`` is the pure Σ w_j (C_j − r_j).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from app.errors import PlannerError
+from planner.model import Assignment, FleetState, Plan, PlanJob
+from planner.replay import Replay
+
+TOL_S = 1e-6
+
+
+class InfeasiblePlan(PlannerError):
+    """A plan violates the model; ``reason`` says how and for which job."""
+
+    def __init__(self, job_id: str, reason: str):
+        self.job_id = job_id
+        self.reason = reason
+        super().__init__(f"job {job_id}: {reason}")
+
+
+def future_cost(rep: Replay, state: FleetState) -> float:
+    """Future-cost term of the score (module doc), weight·s."""
+    if not state.demand:
+        return 0.0
+    had = {e for e in state.resident.values() if e is not None}
+    return sum(d * state.endpoints[e].cold_start_s for e, d in state.demand.items()
+               if d > 0 and e in had and e in state.endpoints and rep.instances(e) == 0)
+
+
+def evaluate(plan: Plan | Sequence[Assignment], batch: Sequence[PlanJob], state: FleetState,
+             policy: str | None = None, check_times: bool = True) -> Plan:
+    """Replay ``plan`` on ``state`` and return it re-derived and scored.
+
+    Args:
+        plan: a plan or its assignments (only ``job_id``, ``gpus`` and ``start_s`` drive the
+            replay; the rest is checked when ``check_times``).
+        batch: the jobs the plan must place.
+        state: fleet state at planning time.
+        policy: name for the returned plan (default: the input plan's).
+        check_times: also require the stated service start, completion, evicts and load
+            kind to equal the replay's.
+
+    Returns:
+        a new :class:`Plan` with replayed assignments in start order, ``objective`` =
+        Σ w_j (C_j − r_j) (weight·s) and ``stats`` {score, future_cost, cold_starts,
+        wakes, evicts}.
+
+    Raises:
+        InfeasiblePlan: the first violation found.
+    """
+    assigns = list(plan.assignments if isinstance(plan, Plan) else plan)
+    name = policy or (plan.policy if isinstance(plan, Plan) else "plan")
+    jobs = {j.id: j for j in batch}
+    seen: set[str] = set()
+    for a in assigns:
+        if a.job_id not in jobs:
+            raise InfeasiblePlan(a.job_id, "not in the batch")
+        if a.job_id in seen:
+            raise InfeasiblePlan(a.job_id, "placed twice")
+        seen.add(a.job_id)
+    missing = [j for j in jobs if j not in seen]
+    if missing:
+        raise InfeasiblePlan(missing[0], f"not placed ({len(missing)} jobs missing)")
+    rep = Replay(state)
+    valid: dict[str, set[tuple[str, ...]]] = {}
+    order = sorted(range(len(assigns)), key=lambda i: (assigns[i].start_s, i))
+    out: list[Assignment] = []
+    total = 0.0
+    for i in order:
+        a = assigns[i]
+        job = jobs[a.job_id]
+        ep = state.endpoints.get(job.endpoint)
+        if ep is None:
+            raise InfeasiblePlan(job.id, f"unknown endpoint {job.endpoint!r}")
+        if ep.name not in valid:
+            valid[ep.name] = set(rep.groups(ep))
+        if tuple(a.gpus) not in valid[ep.name]:
+            raise InfeasiblePlan(job.id, f"GPU group {a.gpus} is not an aligned TP-{ep.tp} group "
+                                         f"with {ep.memory_mib} MiB per GPU")
+        for d in job.deps:
+            if d in jobs and d not in rep.end_of:
+                raise InfeasiblePlan(job.id, f"starts at {a.start_s} before its dependency {d} starts")
+        ready = rep.ready(job)
+        if a.start_s < ready - TOL_S:
+            raise InfeasiblePlan(job.id, f"starts at {a.start_s} before it is ready at {ready} "
+                                         "(release, now or dependencies)")
+        busy = rep.group_free(tuple(a.gpus))
+        if a.start_s < busy - TOL_S:
+            raise InfeasiblePlan(job.id, f"starts at {a.start_s} while its GPUs are busy until {busy}")
+        b = rep.place(job, tuple(a.gpus), a.start_s)
+        if check_times and (abs(b.service_start_s - a.service_start_s) > TOL_S or abs(b.end_s - a.end_s) > TOL_S
+                            or b.load != a.load or tuple(b.evicts) != tuple(a.evicts)):
+            raise InfeasiblePlan(job.id, f"stated times/transition {a.service_start_s, a.end_s, a.load, a.evicts} "
+                                         f"differ from the replay {b.service_start_s, b.end_s, b.load, b.evicts}")
+        total += job.weight * (b.end_s - job.release_s)
+        out.append(b)
+    fc = future_cost(rep, state)
+    stats = {"score": total + fc, "future_cost": fc,
+             "cold_starts": float(sum(1 for b in out if b.load == "cold_start")),
+             "wakes": float(sum(1 for b in out if b.load == "wake")),
+             "evicts": float(sum(len(b.evicts) for b in out))}
+    return Plan(policy=name, assignments=out, objective=total, stats=stats)
+
+
+def score(plan: Plan) -> float:
+    """The selection score of an evaluated plan (objective + future cost)."""
+    return plan.stats.get("score", plan.objective)

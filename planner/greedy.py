@@ -1,0 +1,236 @@
+"""Greedy constructions: fixed baselines and the transition-aware portfolio.
+
+Every construction is list scheduling through :class:`planner.replay.Replay` (one job
+at a time, in an order, on a group chosen by a rule); :func:`portfolio` evaluates each
+member with :func:`planner.evaluator.evaluate` and keeps the best score.
+
+Fixed baselines (issue 3; not to be tuned):
+    * ``fifo``: strict priority level, then submission order; the earliest-free aligned
+      group (ties: fleet order), paying any load.
+    * ``min-evict``: same order; at the time the job can first be dispatched (a group is
+      free), a free group that already holds its model, else the free group whose loaded
+      models have the smallest total evict cost (their cold-start times).
+    * ``wspt``: ascending p_j·tp_j / w_j (Smith 1956 on GPU area); the group that
+      completes the job earliest.
+
+Transition-aware members (Σ w(C − r) decides among them):
+    * group cost = w_j·C_j + α·(weight of queued batch jobs of every endpoint evicted
+      whose last instance this is) × its cold start + β·future cost (recent demand of an
+      endpoint whose last instance is evicted × its cold start), so groups that already
+      hold the model win unless waiting for them costs more;
+    * pull-forward: after a cold start (or wake) of model m, the queued jobs of m released
+      by the time that job completes are placed next (they find m warm);
+    * orders: WSPT on area, and WSPT with the cold start amortised over the batch's jobs
+      of an endpoint that no GPU holds.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+
+from planner.evaluator import evaluate, score
+from planner.list_schedule import fifo_order, topo_stable, wspt_order
+from planner.model import Assignment, EndpointModel, FleetState, Plan, PlanJob
+from planner.replay import Group, Replay
+
+
+def _rule_completion(rep: Replay, job: PlanJob, cands: list[Group], ready: float) -> Group:
+    ep = rep.endpoints[job.endpoint]
+    best, bc, bt = cands[0], float("inf"), float("inf")
+    for g in cands:
+        s = max(ready, rep.group_free(g))
+        if s > bc:
+            continue
+        t = rep.transition_s(g, ep)
+        c = s + t
+        if c < bc or (c == bc and t < bt):
+            best, bc, bt = g, c, t
+    return best
+
+
+def _rule_free(rep: Replay, job: PlanJob, cands: list[Group], ready: float) -> Group:
+    return min(cands, key=lambda g: max(ready, rep.group_free(g)))
+
+
+def _rule_min_evict(rep: Replay, job: PlanJob, cands: list[Group], ready: float) -> Group:
+    t0 = max(ready, min(rep.group_free(g) for g in cands))
+    free = [g for g in cands if rep.group_free(g) <= t0]
+    ep = rep.endpoints[job.endpoint]
+    for g in free:
+        if all(rep.resident[u] == ep.name for u in g):
+            return g
+
+    def evict_cost(g: Group) -> float:
+        return sum(rep.endpoints[e].cold_start_s for e in {rep.resident[u] for u in g} - {None} if e in rep.endpoints)
+    return min(free, key=evict_cost)
+
+
+class _Aware:
+    """Transition-aware group rule; tracks the queued weight per endpoint."""
+
+    def __init__(self, batch: Sequence[PlanJob], state: FleetState, alpha: float, beta: float):
+        self.alpha, self.beta = alpha, beta
+        self.queued: dict[str, float] = {}
+        for j in batch:
+            self.queued[j.endpoint] = self.queued.get(j.endpoint, 0.0) + j.weight
+        self.demand = state.demand
+
+    def placed(self, job: PlanJob) -> None:
+        self.queued[job.endpoint] -= job.weight
+
+    def _penalty(self, e: str, eep_cold_s: float) -> float:
+        return (self.alpha * max(self.queued.get(e, 0.0), 0.0) + self.beta * self.demand.get(e, 0.0)) * eep_cold_s
+
+    def __call__(self, rep: Replay, job: PlanJob, cands: list[Group], ready: float) -> Group:
+        ep = rep.endpoints[job.endpoint]
+        if len(cands[0]) == 1:
+            return self._single(rep, job, ep, cands, ready)
+        w = job.weight
+        best, bc, bt = cands[0], float("inf"), float("inf")
+        res = rep.resident
+        for g in cands:
+            s = max(ready, rep.group_free(g))
+            if w * s > bc:
+                continue
+            t = rep.transition_s(g, ep)
+            cost = w * (s + t)
+            if t > 0:
+                for e in {res[u] for u in g}:
+                    if e is None or e == ep.name:
+                        continue
+                    eep = rep.endpoints.get(e)
+                    if eep is None:
+                        continue
+                    on_g = sum(1 for u in g if res[u] == e)
+                    if rep.instances(e) - on_g < eep.tp:  # its last whole instance goes
+                        cost += self._penalty(e, eep.cold_start_s)
+            if cost < bc or (cost == bc and t < bt):
+                best, bc, bt = g, cost, t
+        return best
+
+    def _single(self, rep: Replay, job: PlanJob, ep: EndpointModel, cands: list[Group], ready: float) -> Group:
+        """Same rule, inlined for single-GPU groups (the common case; a hot loop)."""
+        w, name, cold, wake = job.weight, ep.name, ep.cold_start_s, ep.wake_s
+        fa, res, asl, eps, cnt = rep.free_at, rep.resident, rep.asleep, rep.endpoints, rep.count
+        best, bc, bt = cands[0], float("inf"), float("inf")
+        for g in cands:
+            u = g[0]
+            s = fa[u]
+            if s < ready:
+                s = ready
+            if w * s > bc:
+                continue
+            r = res[u]
+            if r == name:
+                t = 0.0
+                cost = w * s
+            else:
+                eep = eps.get(r) if r is not None else None
+                t = (eep.evict_s if eep is not None else 0.0) + (
+                    wake if wake is not None and name in asl[u] else cold)
+                cost = w * (s + t)
+                if eep is not None and cnt.get(r, 0) - 1 < eep.tp:
+                    cost += self._penalty(r, eep.cold_start_s)  # type: ignore[arg-type]
+            if cost < bc or (cost == bc and t < bt):
+                best, bc, bt = g, cost, t
+        return best
+
+
+def construct(name: str, order: Sequence[PlanJob], state: FleetState, rule: str = "completion",
+              pull: bool = False, alpha: float = 1.0, beta: float = 1.0) -> list[Assignment]:
+    """List-schedule ``order`` with the named group ``rule`` ("completion", "free",
+    "min-evict", "aware"); ``pull`` enables pull-forward after a load. Returns the
+    assignments (complete, in placement order)."""
+    rep = Replay(state)
+    aware = _Aware(order, state, alpha, beta) if rule == "aware" else None
+    fn = aware or {"completion": _rule_completion, "free": _rule_free, "min-evict": _rule_min_evict}[rule]
+    ids = {j.id for j in order}
+    by_ep: dict[str, list[PlanJob]] = {}
+    for j in order:
+        by_ep.setdefault(j.endpoint, []).append(j)
+    cursor = {e: 0 for e in by_ep}
+    placed: set[str] = set()
+    queue, pulled = deque(order), deque()
+    out: list[Assignment] = []
+    while pulled or queue:
+        job = pulled.popleft() if pulled else queue.popleft()
+        if job.id in placed:
+            continue
+        ep = rep.endpoints[job.endpoint]
+        cands = rep.groups(ep)
+        if not cands:
+            raise ValueError(f"job {job.id}: no GPU group fits endpoint {ep.name}")
+        g = fn(rep, job, cands, rep.ready(job))
+        a = rep.place(job, g)
+        out.append(a)
+        placed.add(job.id)
+        if aware is not None:
+            aware.placed(job)
+        if pull and a.load != "warm":
+            lst, i = by_ep[job.endpoint], cursor[job.endpoint]
+            while i < len(lst) and lst[i].id in placed:
+                i += 1
+            cursor[job.endpoint] = i
+            for o in lst[i:]:
+                if o.id not in placed and o.release_s <= a.end_s and \
+                        all(d in placed or d not in ids for d in o.deps):
+                    pulled.append(o)
+    return out
+
+
+def setup_order(jobs: Sequence[PlanJob], state: FleetState) -> list[PlanJob]:
+    """WSPT with each endpoint's cold start amortised over the batch's jobs of it when no
+    GPU holds it: ascending (p_j + s_e / n_e)·tp_j / w_j."""
+    held = {e for e in state.resident.values() if e is not None}
+    n: dict[str, int] = {}
+    for j in jobs:
+        n[j.endpoint] = n.get(j.endpoint, 0) + 1
+    eps = state.endpoints
+
+    def key(j: PlanJob) -> tuple[float, int]:
+        s = 0.0 if j.endpoint in held else eps[j.endpoint].cold_start_s / n[j.endpoint]
+        return ((j.service_s + s) * eps[j.endpoint].tp / j.weight, j.seq)
+    return topo_stable(sorted(jobs, key=key))
+
+
+def fifo(batch: Sequence[PlanJob], state: FleetState) -> Plan:
+    return evaluate(construct("fifo", fifo_order(batch), state, "free"), batch, state, "fifo")
+
+
+def min_evict(batch: Sequence[PlanJob], state: FleetState) -> Plan:
+    return evaluate(construct("min-evict", fifo_order(batch), state, "min-evict"), batch, state, "min-evict")
+
+
+def wspt(batch: Sequence[PlanJob], state: FleetState) -> Plan:
+    return evaluate(construct("wspt", wspt_order(batch, state.endpoints), state), batch, state, "wspt")
+
+
+MEMBERS = ("wspt", "ta-wspt", "ta-wspt-light", "ta-wspt-nopull", "ta-setup", "ta-fifo", "min-evict")
+
+
+def members(batch: Sequence[PlanJob], state: FleetState) -> list[Plan]:
+    """Every portfolio member, evaluated (the baselines are members too)."""
+    w = wspt_order(batch, state.endpoints)
+    s = setup_order(batch, state)
+    f = fifo_order(batch)
+    specs = [("wspt", w, "completion", False, 0.0),
+             ("ta-wspt", w, "aware", True, 1.0),
+             ("ta-wspt-light", w, "aware", True, 0.25),
+             ("ta-wspt-nopull", w, "aware", False, 1.0),
+             ("ta-setup", s, "aware", True, 1.0),
+             ("ta-fifo", f, "aware", True, 1.0),
+             ("min-evict", f, "min-evict", False, 0.0)]
+    return [evaluate(construct(n, o, state, r, p, a), batch, state, n, check_times=False)
+            for n, o, r, p, a in specs]
+
+
+def portfolio(batch: Sequence[PlanJob], state: FleetState) -> Plan:
+    """Best-scored member (ties: first listed); ``stats['member']`` is the winner's index
+    in :data:`MEMBERS`."""
+    plans = members(batch, state)
+    best_i = min(range(len(plans)), key=lambda i: score(plans[i]))
+    best = plans[best_i]
+    best.stats["member"] = float(best_i)
+    best.policy = "portfolio"
+    return best

@@ -1,0 +1,126 @@
+"""The fleet's state while a plan is built or replayed: the one transition rule.
+
+Every construction (greedy, CP-SAT decoding) and the evaluator place jobs through
+:class:`Replay`, so they agree on transitions by construction.
+
+Transition rule (a job holds its group exclusively from ``start_s`` to ``end_s``):
+    * warm: every GPU of the group already holds the job's endpoint → 0 s;
+    * otherwise evict every distinct endpoint resident on the group (in parallel:
+      the largest ``evict_s`` counts; a partially resident copy of the job's own
+      endpoint is evicted too), then load: a wake (``wake_s``) when the endpoint has a
+      sleep mode and is asleep on every GPU of the group, else a cold start;
+    * an evicted endpoint with a sleep mode goes to sleep on the GPUs it left.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from planner.model import Assignment, EndpointModel, FleetState, PlanJob
+
+Group = tuple[str, ...]
+
+
+class Replay:
+    """Mutable copy of a :class:`FleetState` that jobs are placed into, in start order."""
+
+    __slots__ = ("state", "endpoints", "free_at", "resident", "asleep", "end_of", "count", "_groups")
+
+    def __init__(self, state: FleetState):
+        self.state = state
+        self.endpoints = state.endpoints
+        now = state.now_s
+        self.free_at = {g.uuid: max(state.free_at.get(g.uuid, now), now) for g in state.gpus}
+        self.resident: dict[str, str | None] = {g.uuid: state.resident.get(g.uuid) for g in state.gpus}
+        self.asleep: dict[str, frozenset[str]] = {g.uuid: frozenset(state.asleep.get(g.uuid, ())) for g in state.gpus}
+        self.end_of = dict(state.end_of)
+        self.count: dict[str, int] = {}
+        for e in self.resident.values():
+            if e is not None:
+                self.count[e] = self.count.get(e, 0) + 1
+        self._groups: dict[tuple[int, int], list[Group]] = {}
+
+    def copy(self) -> "Replay":
+        r = Replay.__new__(Replay)
+        r.state, r.endpoints = self.state, self.endpoints
+        r.free_at, r.resident, r.asleep = dict(self.free_at), dict(self.resident), dict(self.asleep)
+        r.end_of, r.count, r._groups = dict(self.end_of), dict(self.count), self._groups
+        return r
+
+    def groups(self, ep: EndpointModel) -> list[Group]:
+        key = (ep.tp, ep.memory_mib)
+        if key not in self._groups:
+            self._groups[key] = self.state.groups(ep.tp, ep.memory_mib)
+        return self._groups[key]
+
+    def ready(self, job: PlanJob) -> float:
+        """Earliest start allowed by release, planning time and dependencies."""
+        t = max(job.release_s, self.state.now_s)
+        for d in job.deps:
+            t = max(t, self.end_of.get(d, self.state.now_s))
+        return t
+
+    def group_free(self, group: Group) -> float:
+        if len(group) == 1:
+            return self.free_at[group[0]]
+        return max(self.free_at[u] for u in group)
+
+    def transition_s(self, group: Group, ep: EndpointModel) -> float:
+        """Transition time only (fast path of :meth:`transition` for single GPUs)."""
+        if len(group) == 1:
+            u = group[0]
+            r = self.resident[u]
+            if r == ep.name:
+                return 0.0
+            ev = self.endpoints[r].evict_s if r is not None and r in self.endpoints else 0.0
+            if ep.wake_s is not None and ep.name in self.asleep[u]:
+                return ev + ep.wake_s
+            return ev + ep.cold_start_s
+        return self.transition(group, ep)[0]
+
+    def transition(self, group: Group, ep: EndpointModel) -> tuple[float, tuple[str, ...], str, float]:
+        """(transition_s, evicted endpoints, load kind, evict part in s) of ``ep`` on ``group``."""
+        res = self.resident
+        name = ep.name
+        first = res[group[0]]
+        if first == name and all(res[u] == name for u in group):
+            return 0.0, (), "warm", 0.0
+        evicted = {res[u] for u in group} - {None}
+        evict_s = max((self.endpoints[e].evict_s for e in evicted if e in self.endpoints), default=0.0)
+        if ep.wake_s is not None and all(name in self.asleep[u] for u in group):
+            return evict_s + ep.wake_s, tuple(sorted(evicted)), "wake", evict_s  # type: ignore[arg-type]
+        return evict_s + ep.cold_start_s, tuple(sorted(evicted)), "cold_start", evict_s  # type: ignore[arg-type]
+
+    def place(self, job: PlanJob, group: Group, start_s: float | None = None) -> Assignment:
+        """Place ``job`` on ``group`` at ``start_s`` (default: earliest feasible) and update
+        the state. The caller checks feasibility of an explicit ``start_s``."""
+        ep = self.endpoints[job.endpoint]
+        if start_s is None:
+            start_s = max(self.ready(job), self.group_free(group))
+        t_s, evicted, load, _ = self.transition(group, ep)
+        a = Assignment(job.id, group, start_s, start_s + t_s, start_s + t_s + job.service_s, evicted, load)
+        if load != "warm":
+            for u in group:
+                old = self.resident[u]
+                if old is not None:
+                    self.count[old] -= 1
+                    oep = self.endpoints.get(old)
+                    if oep is not None and oep.wake_s is not None:
+                        self.asleep[u] = self.asleep[u] | {old}
+                self.resident[u] = ep.name
+                if ep.name in self.asleep[u]:
+                    self.asleep[u] = self.asleep[u] - {ep.name}
+            self.count[ep.name] = self.count.get(ep.name, 0) + len(group)
+        for u in group:
+            self.free_at[u] = a.end_s
+        self.end_of[job.id] = a.end_s
+        return a
+
+    def instances(self, endpoint: str) -> int:
+        """GPUs currently holding ``endpoint`` (divide by its TP for whole instances)."""
+        return self.count.get(endpoint, 0)
+
+
+def weighted_completion(assignments: Sequence[Assignment], jobs: dict[str, PlanJob]) -> float:
+    """Σ w_j (C_j − r_j) over ``assignments``, weight·s."""
+    return sum(jobs[a.job_id].weight * (a.end_s - jobs[a.job_id].release_s) for a in assignments)
