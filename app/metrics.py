@@ -1,0 +1,335 @@
+"""Prometheus metrics: event counters and histograms, plus state read from Redis at scrape.
+
+Two kinds of metric (full reference: docs/metrics.md):
+
+- **Events**, recorded where they happen by calling this module's functions
+  (:func:`job_submitted`, :func:`observe_wait`, :func:`observe_solve`, :func:`phase`,
+  :func:`transition`, :func:`incident`, ...). Counters and histograms only, so they sum
+  correctly across prefork children (prometheus-client multiprocess mode).
+- **State**, read from Redis by :class:`RedisStateCollector` when Prometheus scrapes:
+  queue depth per priority (``ZCARD P:queue:{level}``), Celery messages per GPU
+  queue (``LLEN`` of every kombu priority-step list, as Flower counts them), active
+  leases, active agenda entries, the last drain check's leftovers, incident stream
+  length. Any process may serve them; every server reports the same values, so
+  dashboards aggregate them with ``max``.
+
+Labels are low-cardinality: ``priority`` (4 levels), ``phase`` (5), ``kind``
+(transition kinds), ``state`` (busy/transition/idle), ``endpoint`` (fleet
+endpoints), ``queue`` (one per GPU host), ``item`` (3 drain items).
+
+:func:`start_metrics_server` serves ``/metrics``. By default it switches the process
+to multiprocess mode first (a private ``PROMETHEUS_MULTIPROC_DIR`` below the one
+configured, or below the temp dir), so that Celery prefork children forked afterwards
+report through the parent's server; call it before the worker forks.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import shutil
+import tempfile
+import threading
+from typing import Any, Iterable
+
+from app.keys import Keys
+from app.models import Priority
+
+log = logging.getLogger(__name__)
+
+PRIORITIES = tuple(p.name for p in Priority)
+PHASES = ("evict", "start_endpoint", "execute", "clear", "restore")
+GPU_STATES = ("busy", "transition", "idle")
+KOMBU_SEP = "\x06\x16"
+KOMBU_PRIORITY_STEPS = (0, 3, 6, 9)
+WAIT_BUCKETS_S = (0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200)
+SOLVE_BUCKETS_S = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+PHASE_BUCKETS_S = (0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 120, 300, 600, 1800)
+
+_lock = threading.Lock()
+_metrics: "Metrics | None" = None
+_mp_dir: str | None = None
+
+
+class Metrics:
+    """The event metrics of one process, registered on ``registry`` (a private
+    ``CollectorRegistry`` when None)."""
+
+    def __init__(self, registry: Any = None):
+        from prometheus_client import CollectorRegistry, Counter, Histogram
+
+        self.registry = registry if registry is not None else CollectorRegistry()
+        reg = {"registry": self.registry}
+        self.submitted = Counter("makespan_jobs_submitted_total", "Jobs accepted at submit.", ["priority"], **reg)
+        self.completed = Counter("makespan_jobs_completed_total", "Jobs whose phases all finished.", ["priority"],
+                                 **reg)
+        self.failed = Counter("makespan_jobs_failed_total", "Jobs that failed for good.", ["priority"], **reg)
+        self.preempted = Counter("makespan_jobs_preempted_total", "Jobs preempted and requeued.", ["priority"], **reg)
+        self.rejected = Counter("makespan_jobs_rejected_total", "Submissions rejected by validation.", [], **reg)
+        self.wait = Histogram("makespan_job_wait_seconds", "Start minus submission, wall seconds.", ["priority"],
+                              buckets=WAIT_BUCKETS_S, **reg)
+        self.solve = Histogram("makespan_planner_solve_seconds", "Planner time per batch, wall seconds.", [],
+                               buckets=SOLVE_BUCKETS_S, **reg)
+        self.batch = Histogram("makespan_planner_batch_size_jobs", "Jobs per planner batch.", [],
+                               buckets=BATCH_BUCKETS, **reg)
+        self.phase = Histogram("makespan_phase_seconds", "Phase duration on a GPU worker, wall seconds.", ["phase"],
+                               buckets=PHASE_BUCKETS_S, **reg)
+        self.transition = Histogram("makespan_transition_seconds",
+                                    "Transition duration by kind (evict, cold_start, wake, restore, clear), wall s.",
+                                    ["kind"], buckets=PHASE_BUCKETS_S, **reg)
+        self.gpu_seconds = Counter("makespan_gpu_seconds_total",
+                                   "GPU-seconds by state: busy (execute), transition, idle.", ["state"], **reg)
+        self.incidents = Counter("makespan_incidents_total", "Endpoint failures no planned transition explains.",
+                                 ["endpoint"], **reg)
+        self.reclaimed = Counter("makespan_leases_reclaimed_total", "Expired leases reclaimed.", [], **reg)
+
+
+def _m() -> Metrics:
+    global _metrics
+    if _metrics is None:
+        with _lock:
+            if _metrics is None:
+                _metrics = Metrics()
+    return _metrics
+
+
+def _prio(priority: Any) -> str:
+    name = priority.name if isinstance(priority, Priority) else str(priority).upper()
+    return name if name in PRIORITIES else "NORMAL"
+
+
+# -- event functions (call from the code; each is cheap and never raises) ---------------------
+
+def job_submitted(priority: Any) -> None:
+    """A job was accepted (producer)."""
+    _m().submitted.labels(_prio(priority)).inc()
+
+
+def job_rejected() -> None:
+    """A submission failed validation (producer)."""
+    _m().rejected.inc()
+
+
+def job_completed(priority: Any) -> None:
+    """A job's last phase finished (GPU worker or planner)."""
+    _m().completed.labels(_prio(priority)).inc()
+
+
+def job_failed(priority: Any) -> None:
+    """A job failed for good (no further attempt)."""
+    _m().failed.labels(_prio(priority)).inc()
+
+
+def job_preempted(priority: Any) -> None:
+    """A job (of ``priority``, the victim's) was preempted and requeued (planner)."""
+    _m().preempted.labels(_prio(priority)).inc()
+
+
+def observe_wait(priority: Any, wait_s: float) -> None:
+    """Start (lease) minus submission of one job, wall seconds (planner)."""
+    _m().wait.labels(_prio(priority)).observe(max(0.0, float(wait_s)))
+
+
+def observe_solve(solve_s: float, batch_size: int) -> None:
+    """One planner batch: wall seconds spent planning and the number of jobs in it."""
+    m = _m()
+    m.solve.observe(max(0.0, float(solve_s)))
+    m.batch.observe(int(batch_size))
+
+
+def phase(name: str, duration_s: float, gpus: int = 1) -> None:
+    """A phase finished on ``gpus`` GPUs (GPU worker). Adds ``duration_s × gpus`` to
+    ``makespan_gpu_seconds_total{state="busy"}`` for ``execute``, ``"transition"`` otherwise."""
+    m = _m()
+    d = max(0.0, float(duration_s))
+    m.phase.labels(name if name in PHASES else "other").observe(d)
+    m.gpu_seconds.labels("busy" if name == "execute" else "transition").inc(d * max(1, int(gpus)))
+
+
+def transition(kind: str, duration_s: float) -> None:
+    """A transition of ``kind`` (evict, cold_start, wake, restore, clear) took ``duration_s``."""
+    _m().transition.labels(kind).observe(max(0.0, float(duration_s)))
+
+
+def gpu_seconds(state: str, gpu_s: float) -> None:
+    """Add GPU-seconds in ``state`` (busy, transition or idle). The planner adds idle
+    time; :func:`phase` adds busy and transition time."""
+    if state not in GPU_STATES:
+        state = "idle"
+    _m().gpu_seconds.labels(state).inc(max(0.0, float(gpu_s)))
+
+
+def incident(endpoint: str) -> None:
+    """An endpoint failure no POSITIVE agenda entry explains (health observer)."""
+    _m().incidents.labels(endpoint).inc()
+
+
+def lease_reclaimed() -> None:
+    """The planner reclaimed an expired lease."""
+    _m().reclaimed.inc()
+
+
+# -- state read from Redis --------------------------------------------------------------------
+
+def celery_queue_lists(celery_prefix: str, queue: str,
+                       priority_steps: Iterable[int] = KOMBU_PRIORITY_STEPS) -> list[str]:
+    """Redis list keys behind one kombu queue: ``{prefix}{queue}`` and
+    ``{prefix}{queue}\\x06\\x16{step}`` for each non-zero priority step (kombu's
+    Redis transport; Flower counts the same lists)."""
+    return [f"{celery_prefix}{queue}{KOMBU_SEP}{s}" if s else f"{celery_prefix}{queue}" for s in priority_steps]
+
+
+class RedisStateCollector:
+    """A prometheus-client collector reading makespan's state from Redis at scrape time.
+
+    ``client`` is a decoded redis-py client; ``keys`` names the deployment's keys.
+    GPU queues are those of the fleet stored at ``P:fleet`` (``gpu.{host}``) plus any
+    ``gpu.*`` list found under the Celery prefix. A failed read yields
+    ``makespan_redis_up 0`` instead of failing the scrape.
+    """
+
+    def __init__(self, client: Any, keys: Keys, priority_steps: Iterable[int] = KOMBU_PRIORITY_STEPS):
+        self.r, self.keys, self.steps = client, keys, tuple(priority_steps)
+
+    def gpu_queues(self) -> list[str]:
+        names: set[str] = set()
+        raw = self.r.get(self.keys.fleet)
+        if raw:
+            try:
+                names |= {self.keys.host_queue(h["name"]) for h in json.loads(raw).get("hosts", [])}
+            except (ValueError, TypeError, KeyError):
+                pass
+        pre = self.keys.celery_prefix
+        for k in self.r.scan_iter(match=f"{pre}gpu.*", count=1000, _type="list"):
+            names.add(k[len(pre):].split(KOMBU_SEP)[0])
+        return sorted(names)
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        up = GaugeMetricFamily("makespan_redis_up", "1 if the last scrape could read Redis.")
+        try:
+            fams = self._read(GaugeMetricFamily, CounterMetricFamily)
+        except Exception as e:  # noqa: BLE001 - a scrape must answer even when Redis does not
+            log.warning("metrics: cannot read Redis state: %s", e)
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        yield up
+        yield from fams
+
+    def _read(self, Gauge, Counter) -> list[Any]:
+        k = self.keys
+        queues = self.gpu_queues()
+        p = self.r.pipeline(transaction=False)
+        for level in PRIORITIES:
+            p.zcard(k.queue(level))
+        for q in queues:
+            for key in celery_queue_lists(k.celery_prefix, q, self.steps):
+                p.llen(key)
+        p.zcard(k.leases)
+        p.zcard(k.agenda_index)
+        p.hgetall(k.drain)
+        p.xlen(k.incidents)
+        res = iter(p.execute())
+        depth = Gauge("makespan_queue_depth_jobs", "Jobs waiting in each priority queue.", labels=["priority"])
+        for level in PRIORITIES:
+            depth.add_metric([level], next(res))
+        msgs = Gauge("makespan_celery_queue_messages", "Celery messages waiting per GPU queue (all priority-step "
+                     "lists).", labels=["queue"])
+        for q in queues:
+            msgs.add_metric([q], sum(next(res) for _ in self.steps))
+        leases = Gauge("makespan_active_leases", "Live GPU leases.")
+        leases.add_metric([], next(res))
+        agenda = Gauge("makespan_active_agenda_entries", "Open agenda entries (planned transitions).")
+        agenda.add_metric([], next(res))
+        drain_raw = next(res) or {}
+        drain = Gauge("makespan_drain_leftovers", "What the last drain check found left behind.", labels=["item"])
+        for item in ("leases", "agenda_entries", "busy_slots"):
+            drain.add_metric([item], float(drain_raw.get(item, 0) or 0))
+        checks = Counter("makespan_drain_checks", "Drain checks run.")
+        checks.add_metric([], float(drain_raw.get("checks", 0) or 0))
+        inc = Gauge("makespan_incident_stream_entries", "Entries in the incidents stream (capped).")
+        inc.add_metric([], next(res))
+        return [depth, msgs, leases, agenda, drain, checks, inc]
+
+
+# -- serving ----------------------------------------------------------------------------------
+
+def enable_multiprocess(base_dir: str | None = None) -> str:
+    """Switch this process (and children forked later) to multiprocess mode; return the dir.
+
+    Creates a fresh private directory under ``base_dir``, ``$PROMETHEUS_MULTIPROC_DIR``
+    or the temp dir, points ``PROMETHEUS_MULTIPROC_DIR`` at it and removes it at exit.
+    Idempotent. Event metrics created before the switch are recreated.
+    """
+    global _mp_dir, _metrics
+    with _lock:
+        if _mp_dir is not None:
+            return _mp_dir
+        base = base_dir or os.environ.get("PROMETHEUS_MULTIPROC_DIR") or tempfile.gettempdir()
+        os.makedirs(base, exist_ok=True)
+        d = tempfile.mkdtemp(prefix=f"makespan-prom-{os.getpid()}-", dir=base)
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = d
+        from prometheus_client import values
+
+        values.ValueClass = values.get_value_class()
+        _mp_dir, _metrics = d, None
+        owner = os.getpid()
+        atexit.register(lambda: os.getpid() == owner and shutil.rmtree(d, ignore_errors=True))
+        return d
+
+
+def build_registry(client: Any = None, keys: Keys | None = None, multiprocess: bool | None = None) -> Any:
+    """The registry a metrics server exposes: this process's event metrics (or, in
+    multiprocess mode, every process's, through ``MultiProcessCollector``) and, with
+    ``client``, the Redis state."""
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    mp = _mp_dir is not None if multiprocess is None else multiprocess
+    if mp:
+        reg = CollectorRegistry()
+        MultiProcessCollector(reg, path=os.environ["PROMETHEUS_MULTIPROC_DIR"])
+        _m()  # create this process's series files so that zero counters appear
+    else:
+        reg = _m().registry
+    if client is not None:
+        reg.register(RedisStateCollector(client, keys or Keys()))
+    return reg
+
+
+def start_metrics_server(port: int, settings: Any = None, redis_state: bool = True,
+                         multiprocess: bool = True, addr: str = "0.0.0.0") -> Any:
+    """Serve ``/metrics`` on ``addr:port`` from a daemon thread; return the WSGI server
+    (``.server_port`` holds the port bound; ``port=0`` is refused: 0 means no server).
+
+    ``settings`` (default :meth:`app.settings.Settings.from_env`) gives the Redis URL
+    and key prefix of the state collector (``redis_state=False`` leaves it out, e.g.
+    on GPU workers). ``multiprocess`` (default on) calls :func:`enable_multiprocess`
+    first: call this before a prefork worker forks.
+
+    Raises:
+        ValidationError: ``port`` outside 1..65535.
+    """
+    from prometheus_client import start_http_server
+
+    from app.errors import ValidationError
+
+    if not isinstance(port, int) or not 0 < port < 65536:
+        raise ValidationError("MAKESPAN_METRICS_PORT", port, "must be a TCP port 1..65535")
+    if multiprocess:
+        enable_multiprocess()
+    client = keys = None
+    if redis_state:
+        from app.redis_conn import connect
+        from app.settings import Settings
+
+        s = settings or Settings.from_env()
+        client, keys = connect(s.redis_url, socket_timeout=2.0), Keys(s.key_prefix)
+    server, _thread = start_http_server(port, addr=addr, registry=build_registry(client, keys, multiprocess))
+    return server
