@@ -24,6 +24,10 @@ key                                    type    contents
 ``P:events``                           stream  recorded events (submit, lease, phase, ...)
 ``P:drain``                            hash    the last drain check's counts
 ``P:incidents``                        stream  incidents raised by the health observer
+``P:incidents:seen``                   set     agenda op ids already reported as overrunning
+``P:instance:{id}``                    hash    live endpoint instance (see workers.observer)
+``P:instances``                        set     live endpoint instance ids
+``P:observer``                         hash    observer liveness: probe cycle, time (EX ttl)
 ``P:fleet``                            string  the fleet spec JSON the planner runs with
 =====================================  ======  ==============================================
 
@@ -118,6 +122,21 @@ class Keys:
     @property
     def incidents(self) -> str:
         return f"{self.prefix}:incidents"
+
+    @property
+    def incidents_seen(self) -> str:
+        return f"{self.prefix}:incidents:seen"
+
+    def instance(self, instance_id: str) -> str:
+        return f"{self.prefix}:instance:{instance_id}"
+
+    @property
+    def instances(self) -> str:
+        return f"{self.prefix}:instances"
+
+    @property
+    def observer(self) -> str:
+        return f"{self.prefix}:observer"
 
     @property
     def fleet(self) -> str:

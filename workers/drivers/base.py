@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Protocol, runtime_checkable
 
 from app.models import EndpointSpec
@@ -48,9 +48,8 @@ class Instance:
     proc: Any = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d.pop("proc")
-        return d
+        return {f.name: (list(v) if isinstance(v := getattr(self, f.name), list) else v)
+                for f in fields(self) if f.name != "proc"}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Instance":

@@ -1,0 +1,176 @@
+"""Health observer as its own process against real endpoint processes and Redis.
+
+Probe interval 0.3 s; endpoint cold start 20 s × time_scale 0.01 = 0.2 s. "Within two
+probe intervals" is checked in probe cycles (the incident's cycle minus the cycle of
+the instance's last healthy probe), not in wall-clock seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from app.models import load_fleet
+from workers.agenda import AgendaTracker
+from workers.drivers import get_driver
+from workers.drivers.registry import list_instances, register_instance, unregister_instance
+from workers.observer import Observer, list_incidents
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+PROBE_S = 0.3
+FLEET = """
+name = "obs"
+[[hosts]]
+name = "host-a"
+gpu_count = 2
+memory_mib = 81920
+[endpoints.coder]
+model = "coder-model"
+memory_mib_per_gpu = 1000
+cold_start_s = 20
+evict_s = 1
+set_point = [{ host = "host-a", gpus = [0] }]
+[endpoints.coder.launch]
+driver = "process"
+"""
+
+
+@pytest.fixture
+def fleet_path(tmp_path):
+    p = tmp_path / "fleet.toml"
+    p.write_text(FLEET)
+    return p
+
+
+@pytest.fixture
+def driver(tmp_path):
+    return get_driver("process", log_dir=tmp_path, grace_s=2.0)
+
+
+@pytest.fixture
+def observer(redis_url, prefix, fleet_path, tmp_path, r, keys, driver):
+    env = {**os.environ, "MAKESPAN_REDIS_URL": redis_url, "MAKESPAN_KEY_PREFIX": prefix,
+           "MAKESPAN_LOG_DIR": str(tmp_path)}
+    with open(tmp_path / "observer.log", "ab") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "workers.observer", "--fleet", str(fleet_path),
+                                 "--probe-interval-s", str(PROBE_S), "--overrun-factor", "1.5"],
+                                cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    yield proc
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=10)
+    for inst in list_instances(r, keys):  # instances the observer restarted
+        driver.stop(inst)
+
+
+def _cycle(r, keys) -> int:
+    return int(r.hget(keys.observer, "cycle") or 0)
+
+
+def _wait_cycles(r, keys, n: int, timeout_s: float = 20.0) -> int:
+    target = _cycle(r, keys) + n
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if _cycle(r, keys) >= target:
+            return target
+        time.sleep(0.05)
+    raise AssertionError(f"observer did not reach cycle {target}")
+
+
+def _wait_recovered(r, keys, timeout_s: float = 20.0) -> list[dict]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        incs = list_incidents(r, keys)
+        if incs and all(i["recovery"] for i in incs if i["instance_id"]):
+            return incs
+        time.sleep(0.05)
+    raise AssertionError(f"no recovered incident; incidents: {list_incidents(r, keys)}")
+
+
+def _start(r, keys, fleet_path, driver):
+    fleet = load_fleet(fleet_path)
+    inst = driver.start(fleet.endpoints["coder"], ["GPU-host-a-0"], time_scale=0.01, host="host-a")
+    register_instance(r, keys, inst)
+    return inst
+
+
+def test_killed_endpoint_raises_incident_and_recovers(r, keys, fleet_path, driver, observer):
+    inst = _start(r, keys, fleet_path, driver)
+    _wait_cycles(r, keys, 2)
+    os.kill(inst.pid, signal.SIGKILL)
+    inst.proc.wait()
+    [inc] = _wait_recovered(r, keys)
+    assert inc["endpoint"] == "coder" and inc["instance_id"] == inst.id
+    assert inc["failure_mode"] in ("process_exited", "health_check_failed")
+    assert int(inc["cycle"]) - int(inc["last_ok_cycle"]) <= 2  # within two probe intervals
+    assert inc["agenda_context"] == [] and inc["gpus"] == ["GPU-host-a-0"]
+    assert inc["recovery"]["outcome"] == "recovered"
+    [new] = list_instances(r, keys)  # back at the set point: one coder on GPU 0
+    assert new.id == inc["recovery"]["new_instance_id"] != inst.id
+    assert new.gpus == ["GPU-host-a-0"] and new.endpoint == "coder"
+    assert httpx.get(new.url + "/health", timeout=2).status_code == 200
+    assert AgendaTracker(r, keys).count() == 0  # the RESTART_RECOVERY entry was completed
+
+
+def test_no_incident_during_planned_eviction(r, keys, fleet_path, driver, observer):
+    inst = _start(r, keys, fleet_path, driver)
+    _wait_cycles(r, keys, 1)
+    agenda = AgendaTracker(r, keys)
+    with agenda.register("op-evict", "POSITIVE", ["coder"], inst.gpus, 30.0, lock_ttl_s=2.0):
+        driver.stop(inst)  # the planned eviction
+        _wait_cycles(r, keys, 3)  # the observer saw it down, under the entry, three times
+        assert list_incidents(r, keys) == []
+        restored = driver.start(load_fleet(fleet_path).endpoints["coder"], inst.gpus, 0.01, "host-a")
+        pipe = r.pipeline()
+        unregister_instance(r, keys, inst.id, pipe=pipe)
+        register_instance(r, keys, restored, pipe=pipe)
+        pipe.execute()
+    _wait_cycles(r, keys, 2)
+    assert list_incidents(r, keys) == []
+
+
+def test_overrunning_transition_raises_incident_and_recovers(r, keys, fleet_path, driver, observer):
+    inst = _start(r, keys, fleet_path, driver)
+    agenda = AgendaTracker(r, keys)
+    with agenda.register("op-slow", "POSITIVE", ["coder"], inst.gpus, 0.5, lock_ttl_s=2.0):
+        driver.stop(inst)  # evicted, and the holder never restores it
+        [inc] = _wait_recovered(r, keys)
+    assert inc["failure_mode"] == "transition_overrun"
+    assert [c["op_id"] for c in inc["agenda_context"]] == ["op-slow"]
+    assert inc["detected_at"] > inc["agenda_context"][0]["planned_start"] + 1.5 * 0.5
+    assert inc["recovery"]["outcome"] == "recovered"
+    [new] = list_instances(r, keys)
+    assert httpx.get(new.url + "/health", timeout=2).status_code == 200
+
+
+def test_overrun_without_instance_reported_once(r, keys, fleet_path):
+    obs = Observer(r, keys, load_fleet(fleet_path), probe_interval_s=0.1, overrun_factor=1.5)
+    agenda = AgendaTracker(r, keys)
+    with agenda.register("op-late", "POSITIVE", ["coder"], ["GPU-host-a-0"], 0.1):
+        assert obs.probe_once() == []
+        time.sleep(0.2)
+        [inc] = obs.probe_once()
+        assert inc["failure_mode"] == "transition_overrun" and inc["instance_id"] == ""
+        assert obs.probe_once() == []  # once per operation
+    obs.close()
+    assert len(list_incidents(r, keys)) == 1
+
+
+def test_positive_entry_on_other_gpus_does_not_hide_failure(r, keys, fleet_path, tmp_path):
+    fleet = load_fleet(fleet_path)
+    sim = get_driver("simulated")
+    inst = sim.start(fleet.endpoints["coder"], ["GPU-host-a-0"], time_scale=0.0, host="host-a")
+    inst.stopped = True  # a simulated instance that is down
+    register_instance(r, keys, inst)
+    obs = Observer(r, keys, fleet)
+    with AgendaTracker(r, keys).register("op-other", "POSITIVE", ["coder"], ["GPU-host-a-1"], 30.0):
+        [inc] = obs.probe_once()
+    obs.close()
+    assert inc["failure_mode"] == "health_check_failed"
+    [rec] = list_incidents(r, keys)
+    assert rec["recovery"]["outcome"] == "recovered"

@@ -1,0 +1,86 @@
+"""The endpoint instance registry in Redis: what the health observer probes.
+
+Keys (see :mod:`app.keys`): ``P:instance:{id}`` (hash: the fields of
+:class:`workers.drivers.base.Instance`, ``gpus`` as JSON, plus ``state``) and
+``P:instances`` (set of live ids). The GPU worker registers an instance after its
+start phase passes the health check and unregisters it before (or right after) it
+stops it inside a POSITIVE agenda entry; the observer replaces a failed one.
+Every write accepts an optional pipeline, so a phase change and its bookkeeping can
+commit together.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import redis
+
+from app.errors import StoreError
+from app.keys import Keys
+from workers.drivers.base import Instance
+
+
+def _encode(instance: Instance, state: str) -> dict[str, str]:
+    out = {}
+    for k, v in instance.to_dict().items():
+        if v is None:
+            continue
+        out[k] = json.dumps(v) if k == "gpus" else (str(int(v)) if isinstance(v, bool) else str(v))
+    out["state"] = state
+    return out
+
+
+def register_instance(r: redis.Redis, keys: Keys, instance: Instance, state: str = "running",
+                      pipe: Any = None) -> None:
+    """Record ``instance`` as live (``state``: ``running`` or ``failed``)."""
+    p = pipe if pipe is not None else r.pipeline()
+    p.delete(keys.instance(instance.id))
+    p.hset(keys.instance(instance.id), mapping=_encode(instance, state))
+    p.sadd(keys.instances, instance.id)
+    if pipe is None:
+        try:
+            p.execute()
+        except redis.RedisError as e:
+            raise StoreError(f"register instance {instance.id}: {e}") from e
+
+
+def unregister_instance(r: redis.Redis, keys: Keys, instance_id: str, pipe: Any = None) -> None:
+    """Forget an instance (idempotent)."""
+    p = pipe if pipe is not None else r.pipeline()
+    p.srem(keys.instances, instance_id)
+    p.delete(keys.instance(instance_id))
+    if pipe is None:
+        try:
+            p.execute()
+        except redis.RedisError as e:
+            raise StoreError(f"unregister instance {instance_id}: {e}") from e
+
+
+def _decode(h: dict[str, str]) -> tuple[Instance, str]:
+    d: dict[str, Any] = dict(h)
+    state = d.pop("state", "running")
+    d["gpus"] = json.loads(d.get("gpus", "[]"))
+    for k in ("pid", "port"):
+        if k in d:
+            d[k] = int(d[k])
+    for k in ("time_scale", "started_at"):
+        if k in d:
+            d[k] = float(d[k])
+    d["stopped"] = d.get("stopped") in ("1", "True")
+    return Instance.from_dict(d), state
+
+
+def list_instances(r: redis.Redis, keys: Keys, with_state: bool = False) -> list:
+    """Live instances (sorted by endpoint, then id); with ``with_state`` a list of
+    ``(Instance, state)`` pairs."""
+    try:
+        ids = sorted(r.smembers(keys.instances))
+        pipe = r.pipeline(transaction=False)
+        for i in ids:
+            pipe.hgetall(keys.instance(i))
+        rows = [h for h in pipe.execute() if h] if ids else []
+    except redis.RedisError as e:
+        raise StoreError(f"list instances: {e}") from e
+    pairs = sorted((_decode(h) for h in rows), key=lambda p: (p[0].endpoint, p[0].id))
+    return pairs if with_state else [p[0] for p in pairs]

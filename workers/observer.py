@@ -1,0 +1,248 @@
+"""The health observer: tells planned transitions apart from failures.
+
+Runs as its own process (``python -m workers.observer --fleet FILE`` or
+``makespan observer``). Every ``probe_interval_s`` it probes each registered endpoint
+instance (:mod:`workers.drivers.registry`) through its driver and reads the agenda
+(:mod:`workers.agenda`):
+
+* unhealthy while a ``POSITIVE`` entry covers it (same endpoint, a shared GPU): a
+  planned eviction, **no incident**;
+* unhealthy with no covering entry: an incident (``process_exited`` when its pid is
+  gone, else ``health_check_failed``);
+* covered by a ``POSITIVE`` entry that *overruns*, i.e. ``now > planned_start +
+  overrun_factor × (expected_end − planned_start)``: an incident
+  (``transition_overrun``, once per operation id), whatever the probe says;
+* covered by a ``RESTART_RECOVERY`` entry: a recovery is already in progress; skip.
+
+An incident is appended to the ``P:incidents`` stream (``kind=incident``: endpoint,
+instance id, host, GPUs, failure mode, detection time, probe cycle and the cycle of
+the last healthy probe, effect, agenda context as JSON). When the instance is
+unhealthy the observer then drives it back to its set point: a ``RESTART_RECOVERY``
+agenda entry, stop (idempotent), start the same endpoint on the same GPUs with the
+fleet file's spec through its driver, swap the registry record, complete the entry,
+and append a ``kind=recovery`` record (outcome, recovery_s, new instance id).
+Each cycle also reaps agenda entries of dead holders and refreshes ``P:observer``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from app.errors import MakespanError, StoreError
+from app.keys import Keys
+from app.models import FleetSpec
+from app.redis_conn import connect
+from app.settings import Settings
+from workers.agenda import AgendaTracker
+from workers.drivers import get_driver
+from workers.drivers.base import Instance
+from workers.drivers.process import _alive
+from workers.drivers.registry import list_instances, register_instance, unregister_instance
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Observer", "list_incidents", "register_instance", "run_observer", "unregister_instance"]
+
+
+@dataclass
+class Observer:
+    """One observer's state. :meth:`probe_once` is one cycle (tests may call it
+    directly); :func:`run_observer` loops it."""
+
+    r: redis.Redis
+    keys: Keys
+    fleet: FleetSpec
+    probe_interval_s: float = 1.0
+    overrun_factor: float = 1.5
+    lock_ttl_s: float = 10.0
+    cycle: int = 0
+    last_ok_cycle: dict[str, int] = field(default_factory=dict)
+    _drivers: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.agenda = AgendaTracker(self.r, self.keys)
+        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="probe")
+
+    def driver(self, name: str) -> Any:
+        if name not in self._drivers:
+            self._drivers[name] = get_driver(name)
+        return self._drivers[name]
+
+    def probe_once(self) -> list[dict]:
+        """Probe every instance once; returns the incidents raised this cycle."""
+        self.cycle += 1
+        now = time.time()
+        self.agenda.reap()
+        pairs = [(i, s) for i, s in list_instances(self.r, self.keys, with_state=True) if s == "running"]
+        health = list(self._pool.map(lambda p: self._healthy(p[0]), pairs))
+        entries = self.agenda.open_entries()
+        overrun = {e["op_id"] for e in entries if e["mode"] == "POSITIVE"
+                   and now > e["planned_start"] + self.overrun_factor * (e["expected_end"] - e["planned_start"])}
+        fresh = {op for op in overrun if self.r.sadd(self.keys.incidents_seen, op)}
+        reported: set[str] = set()
+        raised = []
+        for (inst, _), ok in zip(pairs, health):
+            if ok:
+                self.last_ok_cycle[inst.id] = self.cycle
+            touching = [e for e in entries if inst.endpoint in e["endpoints"]
+                        and (not e["gpus"] or set(e["gpus"]) & set(inst.gpus))]
+            if any(e["mode"] == "RESTART_RECOVERY" for e in touching):
+                continue
+            positive = [e for e in touching if e["mode"] == "POSITIVE"]
+            late = [e for e in positive if e["op_id"] in overrun]
+            mode = None
+            if late:
+                if any(e["op_id"] in fresh for e in late) or not ok:
+                    mode = "transition_overrun"
+                reported.update(e["op_id"] for e in late)
+            elif not ok and not positive:
+                gone = inst.pid is not None and inst.driver != "simulated" and not _alive(inst.pid)
+                mode = "process_exited" if gone else "health_check_failed"
+            if mode is None:
+                continue
+            inc = self._raise(inst.endpoint, inst, mode, ok, touching, now)
+            raised.append(inc)
+            if not ok:
+                self._recover(inst, inc)
+        for e in entries:  # overruns with no registered instance: report, the live holder restores
+            if e["op_id"] in fresh and e["op_id"] not in reported:
+                for ep in e["endpoints"]:
+                    raised.append(self._raise(ep, None, "transition_overrun", True, [e], now))
+        self.r.hset(self.keys.observer, mapping={"cycle": self.cycle, "at": repr(time.time())})
+        self.r.expire(self.keys.observer, max(int(self.probe_interval_s * 5), 5))
+        return raised
+
+    def _healthy(self, inst: Instance) -> bool:
+        try:
+            return bool(self.driver(inst.driver).health(inst))
+        except MakespanError:
+            return False
+
+    def _raise(self, endpoint: str, inst: Instance | None, mode: str, healthy: bool, touching: list[dict],
+               now: float) -> dict:
+        if inst is None:
+            effect = f"transition of endpoint {endpoint} late; its holder restores the set point"
+        elif healthy:
+            effect = f"endpoint {endpoint} still serving; transition late"
+        else:
+            effect = f"endpoint {endpoint} unavailable on {','.join(inst.gpus)}; restarting it to its set point"
+        context = [{k: e[k] for k in ("op_id", "mode", "planned_start", "expected_end", "lock_alive")}
+                   for e in touching]
+        gpus = inst.gpus if inst else sorted({g for e in touching for g in e["gpus"]})
+        rec = {"kind": "incident", "endpoint": endpoint, "instance_id": inst.id if inst else "",
+               "host": inst.host if inst else "", "gpus": json.dumps(gpus), "failure_mode": mode,
+               "detected_at": repr(now), "cycle": str(self.cycle),
+               "last_ok_cycle": str(self.last_ok_cycle.get(inst.id, 0) if inst else 0),
+               "effect": effect, "agenda_context": json.dumps(context)}
+        rec["incident_id"] = self.r.xadd(self.keys.incidents, rec)
+        log.error("incident %s: %s %s (%s)", rec["incident_id"], endpoint, mode, effect)
+        return rec
+
+    def _recover(self, inst: Instance, inc: dict) -> None:
+        t0 = time.time()
+        spec = self.fleet.endpoints.get(inst.endpoint)
+        out = {"kind": "recovery", "incident_id": inc["incident_id"], "endpoint": inst.endpoint,
+               "old_instance_id": inst.id}
+        if spec is None:
+            out["outcome"] = f"failed: endpoint {inst.endpoint!r} is not in fleet {self.fleet.name!r}"
+        else:
+            driver = self.driver(inst.driver)
+            expected_s = (spec.evict_s + spec.cold_start_s) * inst.time_scale + self.probe_interval_s
+            try:
+                with self.agenda.register(f"recovery-{inst.id}", "RESTART_RECOVERY", [inst.endpoint],
+                                          inst.gpus, expected_s, lock_ttl_s=self.lock_ttl_s) as entry:
+                    driver.stop(inst)
+                    new = driver.start(spec, inst.gpus, inst.time_scale, inst.host)
+                    entry.check()
+                    pipe = self.r.pipeline()
+                    unregister_instance(self.r, self.keys, inst.id, pipe=pipe)
+                    register_instance(self.r, self.keys, new, pipe=pipe)
+                    pipe.execute()
+                out.update(outcome="recovered", new_instance_id=new.id)
+            except MakespanError as e:
+                register_instance(self.r, self.keys, inst, state="failed")
+                out["outcome"] = f"failed: {e}"
+        out["recovered_at"] = repr(time.time())
+        out["recovery_s"] = repr(round(time.time() - t0, 3))
+        self.r.xadd(self.keys.incidents, out)
+        log.warning("recovery of %s after %s: %s", inst.endpoint, inc["incident_id"], out["outcome"])
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False)
+
+
+def run_observer(settings: Settings, fleet: FleetSpec, probe_interval_s: float = 1.0,
+                 overrun_factor: float = 1.5, stop: threading.Event | None = None,
+                 max_cycles: int | None = None) -> int:
+    """Probe until ``stop`` is set, SIGTERM/SIGINT arrives (main thread only) or
+    ``max_cycles`` cycles ran; returns the number of incidents raised. Redis errors
+    are logged and retried on the next cycle (the observer must outlive a Redis restart)."""
+    stop = stop or threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+    r = connect(settings.redis_url)
+    obs = Observer(r, Keys(settings.key_prefix), fleet, probe_interval_s, overrun_factor)
+    raised = 0
+    try:
+        while not stop.is_set() and (max_cycles is None or obs.cycle < max_cycles):
+            t0 = time.monotonic()
+            try:
+                raised += len(obs.probe_once())
+            except (redis.RedisError, StoreError) as e:
+                log.warning("observer cycle %d: Redis unavailable: %s", obs.cycle, e)
+            stop.wait(max(0.0, probe_interval_s - (time.monotonic() - t0)))
+    finally:
+        obs.close()
+        r.close()
+    return raised
+
+
+def list_incidents(r: redis.Redis, keys: Keys, count: int | None = None) -> list[dict]:
+    """Incidents, oldest first, each with its recovery merged in (``recovery``: the
+    recovery record or None). Fields as in the module doc; ``gpus`` and
+    ``agenda_context`` decoded from JSON, times as floats."""
+    try:
+        rows = r.xrange(keys.incidents, count=count)
+    except redis.RedisError as e:
+        raise StoreError(f"list incidents: {e}") from e
+    incidents, by_id = [], {}
+    for sid, rec in rows:
+        if rec.get("kind") == "recovery":
+            if rec.get("incident_id") in by_id:
+                by_id[rec["incident_id"]]["recovery"] = rec
+            continue
+        inc = {**rec, "incident_id": sid, "gpus": json.loads(rec.get("gpus", "[]")),
+               "agenda_context": json.loads(rec.get("agenda_context", "[]")),
+               "detected_at": float(rec.get("detected_at", 0)), "recovery": None}
+        by_id[sid] = inc
+        incidents.append(inc)
+    return incidents
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    from app.models import load_fleet
+
+    p = argparse.ArgumentParser(prog="observer", description="makespan health observer")
+    p.add_argument("--fleet", required=True)
+    p.add_argument("--probe-interval-s", type=float, default=1.0)
+    p.add_argument("--overrun-factor", type=float, default=1.5)
+    a = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    run_observer(Settings.from_env(), load_fleet(a.fleet), a.probe_interval_s, a.overrun_factor)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
