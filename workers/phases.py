@@ -159,14 +159,15 @@ class PhaseRunner:
             started = time.time()
             self.leases.fenced(lease, [("XADD_E", self.keys.events, self._event("phase_start", ctx, phase=phase))])
             try:
-                planned = getattr(self, f"_phase_{phase}")(ctx, hb)
+                extra: dict[str, Any] = {}
+                planned = getattr(self, f"_phase_{phase}")(ctx, hb, extra)
             except StaleFencingToken:
                 return "stale"
             except PhaseError as e:
                 return self._finish(ctx, "failed", f"{phase}: {e}")
             ops = [("HSET", self.keys.phase(ctx.lease_id), phase, "done"),
                    ("XADD_E", self.keys.events, self._event("phase_end", ctx, phase=phase, planned_s=planned,
-                                                            actual_s=round(time.time() - started, 6)))]
+                                                            actual_s=round(time.time() - started, 6), **extra))]
             if not self.leases.fenced(lease, ops):
                 return "stale"
         if phase == "clear" or phase == "restore":
@@ -174,7 +175,7 @@ class PhaseRunner:
         return "done"
 
     # -- phases ------------------------------------------------------------------------
-    def _phase_evict(self, ctx: PhaseContext, hb: LeaseHeartbeat) -> float:
+    def _phase_evict(self, ctx: PhaseContext, hb: LeaseHeartbeat, extra: dict) -> float:
         residents = self._residents(ctx.gpus)
         target = ctx.endpoint
         victims: dict[str, list[str]] = {}
@@ -189,6 +190,7 @@ class PhaseRunner:
         if not victims:
             return 0.0
         eps = sorted({parse_instance(v)[0] for v in victims})
+        extra["evicted"] = eps
         evict_s = max(self.fleet.endpoints[e].evict_s if e in self.fleet.endpoints else 0.0 for e in eps)
         with self._transition("evict", ctx, eps, evict_s):
             self._sleep(evict_s, hb)
@@ -213,13 +215,13 @@ class PhaseRunner:
             raise StaleFencingToken("lease lost before start committed")
         return ep.cold_start_s
 
-    def _phase_start_endpoint(self, ctx: PhaseContext, hb: LeaseHeartbeat) -> float:
+    def _phase_start_endpoint(self, ctx: PhaseContext, hb: LeaseHeartbeat, extra: dict) -> float:
         return self._load(ctx, hb, ctx.endpoint)
 
-    def _phase_restore(self, ctx: PhaseContext, hb: LeaseHeartbeat) -> float:
+    def _phase_restore(self, ctx: PhaseContext, hb: LeaseHeartbeat, extra: dict) -> float:
         return self._load(ctx, hb, ctx.endpoint)
 
-    def _phase_execute(self, ctx: PhaseContext, hb: LeaseHeartbeat) -> float:
+    def _phase_execute(self, ctx: PhaseContext, hb: LeaseHeartbeat, extra: dict) -> float:
         busy = self.keys.busy(ctx.lease_id)
         if not self.leases.fenced(ctx.lease, [("SET", busy, ctx.job_id),
                                               ("HSET", self.keys.job(ctx.job_id), "state", "running",
@@ -230,7 +232,7 @@ class PhaseRunner:
             raise StaleFencingToken("lease lost during execute")
         return ctx.service_s
 
-    def _phase_clear(self, ctx: PhaseContext, hb: LeaseHeartbeat) -> float:
+    def _phase_clear(self, ctx: PhaseContext, hb: LeaseHeartbeat, extra: dict) -> float:
         # Per-job state on the instance (request leases, caches) is dropped here; the
         # endpoint itself stays resident (warm) for the next job that needs it.
         self.r.delete(self.keys.busy(ctx.lease_id))

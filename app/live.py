@@ -1,0 +1,162 @@
+"""Start and stop the live system's processes on one machine (demo, replay, tests).
+
+:class:`LiveSystem` starts planner workers and one GPU worker per host as real child
+processes (``python -m app.cli ...``), waits until the GPU workers consume their
+queues, and stops everything it started (SIGTERM, then SIGKILL after a grace period).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis
+
+from app.errors import MakespanError
+from app.keys import Keys
+from app.models import FleetSpec
+from app.settings import Settings
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen
+    log_path: Path
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+
+@dataclass
+class LiveSystem:
+    """The planner(s) and GPU workers of ``fleet`` as child processes.
+
+    Attributes:
+        fleet_path: TOML fleet file the processes read.
+        settings: passed to every child through ``MAKESPAN_*`` variables.
+        log_dir: each child's stdout/stderr goes to ``log_dir/{name}.log``.
+        planners: planner processes to start (one leads; the rest stand by).
+        pool: Celery pool of the GPU workers (threads, prefork or solo).
+    """
+
+    fleet_path: Path
+    fleet: FleetSpec
+    settings: Settings
+    log_dir: Path
+    planners: int = 1
+    pool: str = "threads"
+    extra_env: dict[str, str] = field(default_factory=dict)
+    procs: list[Proc] = field(default_factory=list)
+
+    def _env(self) -> dict[str, str]:
+        env = {**os.environ, **self.settings.to_env(), **self.extra_env}
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        env.setdefault("MAKESPAN_LOG_LEVEL", "WARNING")
+        return env
+
+    def _spawn(self, name: str, args: list[str]) -> Proc:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log_path = self.log_dir / f"{name}.log"
+        f = open(log_path, "ab")
+        p = subprocess.Popen([sys.executable, "-m", "app.cli", *args], stdout=f, stderr=subprocess.STDOUT,
+                             env=self._env(), start_new_session=True)
+        f.close()
+        proc = Proc(name, p, log_path)
+        self.procs.append(proc)
+        return proc
+
+    def start_planner(self, i: int = 0) -> Proc:
+        return self._spawn(f"planner-{i}", ["planner", "--fleet", str(self.fleet_path)])
+
+    def start_gpu_worker(self, host: str, n: int = 0) -> Proc:
+        return self._spawn(f"gpu-{host}-{n}", ["gpu-worker", "--fleet", str(self.fleet_path), "--host", host,
+                                              "--pool", self.pool])
+
+    def start(self, wait_s: float = 60.0) -> "LiveSystem":
+        for h in self.fleet.hosts:
+            self.start_gpu_worker(h.name)
+        for i in range(self.planners):
+            self.start_planner(i)
+        self.wait_workers(wait_s)
+        return self
+
+    def wait_workers(self, timeout_s: float = 60.0, hosts: list[str] | None = None) -> None:
+        """Wait until a GPU worker consumes each host's queue (Celery's worker ping).
+
+        Raises:
+            MakespanError: a worker died or did not answer within ``timeout_s``.
+        """
+        from app.celery_app import create_celery
+
+        want = {f"gpu-{h}" for h in (hosts or [h.name for h in self.fleet.hosts])}
+        app = create_celery(self.settings)
+        deadline = time.monotonic() + timeout_s
+        try:
+            while time.monotonic() < deadline:
+                for p in self.procs:
+                    if p.name.startswith("gpu-") and not p.alive():
+                        raise MakespanError(f"{p.name} exited with {p.popen.returncode}; see {p.log_path}")
+                replies = app.control.ping(timeout=0.5) or []
+                seen = {name.split("@")[0] for r in replies for name in r}
+                if want <= seen:
+                    return
+            raise MakespanError(f"GPU workers not ready within {timeout_s} s (seen: {sorted(seen)})")
+        finally:
+            app.close()
+
+    def kill(self, name_prefix: str, sig: int = signal.SIGKILL) -> list[Proc]:
+        """Send ``sig`` to every child whose name starts with ``name_prefix`` (its whole
+        process group, so prefork children die too)."""
+        hit = []
+        for p in self.procs:
+            if p.name.startswith(name_prefix) and p.alive():
+                try:
+                    os.killpg(p.popen.pid, sig)
+                except ProcessLookupError:
+                    pass
+                hit.append(p)
+        return hit
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        for p in self.procs:
+            if p.alive():
+                try:
+                    os.killpg(p.popen.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + grace_s
+        for p in self.procs:
+            try:
+                p.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(p.popen.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                p.popen.wait()
+
+    def __enter__(self) -> "LiveSystem":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def delete_prefix(r: redis.Redis, keys: Keys) -> int:
+    """Delete every key of one prefix (a run's own keys, Celery's included)."""
+    n = 0
+    batch: list[str] = []
+    for k in r.scan_iter(keys.all_pattern, count=1000):
+        batch.append(k)
+        if len(batch) >= 500:
+            n += r.delete(*batch)
+            batch.clear()
+    if batch:
+        n += r.delete(*batch)
+    return n

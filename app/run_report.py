@@ -1,0 +1,113 @@
+"""Turn a live run's recorded events and job records into the report JSON.
+
+Wall timestamps become workload seconds: ``(ts − t0) / time_scale`` with ``t0`` the
+first submission, so a live report compares directly with a simulated one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+
+from app.keys import Keys
+from app.models import FleetSpec, Priority
+from planner.measures import JobRecord, build_report, lower_bounds
+from planner.model import PlanJob
+from workers.planner_worker import endpoint_models
+
+
+def drain_counts(r: redis.Redis, keys: Keys, fleet: FleetSpec) -> dict[str, Any]:
+    """Count what a drained fleet must not hold, independently of the planner, and list it."""
+    gpu_keys = [k for k, v in zip(fleet.gpu_uuids(), r.mget([keys.gpu(g) for g in fleet.gpu_uuids()])) if v]
+    leases = r.zrange(keys.leases, 0, -1)
+    agenda = r.zrange(keys.agenda_index, 0, -1)
+    agenda_keys = [k for k in r.scan_iter(f"{keys.prefix}:agenda:*", count=1000)
+                   if k != keys.agenda_index and not k.endswith(":lock")]
+    busy = list(r.scan_iter(keys.busy_pattern, count=1000))
+    return {"leases": len(set(leases)) + len(gpu_keys), "agenda_entries": max(len(agenda), len(agenda_keys)),
+            "busy_slots": len(busy),
+            "left": {"leases": leases, "leased_gpus": gpu_keys, "agenda": agenda, "busy": busy}}
+
+
+def records_from_run(events: list[dict[str, Any]], jobs: dict[str, dict[str, str]], time_scale: float,
+                     t0: float) -> tuple[list[JobRecord], list[tuple[float, float, tuple[str, ...]]]]:
+    """JobRecords (workload seconds from ``t0``) and restore intervals of one run."""
+    def w(ts: float) -> float:
+        return (ts - t0) / time_scale
+
+    by_lease: dict[str, dict[str, Any]] = {}
+    restores = []
+    for e in events:
+        lid = e.get("lease")
+        if not lid:
+            continue
+        L = by_lease.setdefault(lid, {})
+        k = e["kind"]
+        if k in ("leased", "restore_start"):
+            L["start"] = e["ts"]
+            L["gpus"] = tuple(e.get("gpus") or ())
+            if k == "restore_start":
+                L["restore"] = True
+        elif k == "phase_start" and e.get("phase") == "execute":
+            L["svc"] = e["ts"]
+        elif k == "phase_end" and e.get("phase") == "execute":
+            L["end"] = e["ts"]
+        elif k == "phase_end" and e.get("phase") == "start_endpoint":
+            L["load"] = "cold_start" if (e.get("planned_s") or 0) > 0 else "warm"
+        elif k == "phase_end" and e.get("phase") == "evict":
+            L["evicts"] = tuple(e.get("evicted") or ())
+            L["evict_s"] = float(e.get("planned_s") or 0.0)
+        elif k in ("restore_end",):
+            L["end"] = e["ts"]
+    for lid, L in by_lease.items():
+        if L.get("restore") and "end" in L:
+            restores.append((w(L["start"]), w(L["end"]), L.get("gpus", ())))
+    out = []
+    for jid, rec in jobs.items():
+        if rec.get("state") not in ("completed", "failed"):
+            continue
+        prio = Priority[rec["priority"]]
+        sub = w(float(rec["submitted_at"]))
+        L = by_lease.get(rec.get("lease", ""), {})
+        fin = w(float(rec.get("finished_at") or rec["submitted_at"]))
+        start = w(L["start"]) if "start" in L else fin
+        svc = w(L["svc"]) if "svc" in L else start
+        end = w(L["end"]) if "end" in L else fin
+        out.append(JobRecord(jid, rec["endpoint"], int(prio), float(prio.weight), sub, start, max(svc, start),
+                             max(end, svc), tuple(L.get("gpus", ())), L.get("load", "warm"),
+                             L.get("evicts", ()), L.get("evict_s", 0.0),
+                             "completed" if rec["state"] == "completed" else "failed"))
+    return out, restores
+
+
+def live_report(r: redis.Redis, keys: Keys, fleet: FleetSpec, events: list[dict[str, Any]], job_ids: list[str],
+                time_scale: float, policy: str, rejected: int = 0) -> dict[str, Any]:
+    """The design notes' report for one live run (see :func:`planner.measures.build_report`)."""
+    p = r.pipeline(transaction=False)
+    for j in job_ids:
+        p.hgetall(keys.job(j))
+    jobs = {j: rec for j, rec in zip(job_ids, p.execute()) if rec}
+    t0 = min(float(rec["submitted_at"]) for rec in jobs.values()) if jobs else 0.0
+    records, restores = records_from_run(events, jobs, time_scale, t0)
+    solve = [float(x.split(":")[0]) for x in r.lrange(f"{keys.prefix}:planner:solve_s", 0, -1)]
+    drain = drain_counts(r, keys, fleet)
+    eps = endpoint_models(fleet)
+    pj = [PlanJob(rec["id"], rec["endpoint"], float(Priority[rec["priority"]].weight),
+                  (float(rec["submitted_at"]) - t0) / time_scale, float(rec["service_s"]))
+          for rec in jobs.values()]
+    lb = lower_bounds(pj, eps, fleet.gpu_count(), resident=set(fleet.set_point_by_gpu().values()))
+    eligible = {}
+    for name, e in fleet.endpoints.items():
+        eligible[name] = [g.uuid for h in fleet.hosts for g in h.gpus
+                          if g.memory_mib >= e.memory_mib_per_gpu and len(h.gpus) >= e.tensor_parallel]
+    rep = build_report(records, policy=policy, gpus=fleet.gpu_count(), submitted=len(job_ids), rejected=rejected,
+                       preempted=sum(1 for e in events if e["kind"] == "preempted"), restores=restores,
+                       drain={k: drain[k] for k in ("leases", "agenda_entries", "busy_slots")},
+                       solve_times_s=solve, lower_bound_makespan_s=lb["makespan_s"],
+                       lower_bound_weighted_s=lb["weighted_completion_s"], gpu_ids=fleet.gpu_uuids(),
+                       eligible=eligible)
+    rep["jobs"]["cancelled"] = sum(1 for rec in jobs.values() if rec.get("state") == "cancelled")
+    rep["time_scale"] = time_scale
+    rep["drain_left"] = drain["left"]
+    return rep
