@@ -6,9 +6,9 @@ Routes (stdlib :mod:`http.server`, one thread per request):
 
 * ``GET /health``: 503 ``{"status": "loading"}`` for ``--load-time-s`` seconds after
   start, then 200 ``{"status": "ok"}`` (vLLM answers 200 while asleep too).
-* ``POST /v1/completions`` and ``POST /v1/chat/completions``: after ``--latency-ms``
-  a valid OpenAI-shaped response (``object: text_completion`` / ``chat.completion``,
-  ``choices``, ``usage``); 503 while loading or asleep; 400 on a body that is not JSON.
+* ``POST /v1/completions``, ``/v1/chat/completions`` and ``/v1/embeddings``: after
+  ``--latency-ms`` a valid OpenAI-shaped response (``text_completion`` /
+  ``chat.completion`` / a ``list`` of 8-dimensional ``embedding`` vectors, ``usage``); 503 while loading or asleep; 400 on a body that is not JSON.
 * vLLM's sleep mode: ``POST /sleep[?level=1]``, ``POST /wake_up``, ``GET /is_sleeping``
   (``{"is_sleeping": bool}``).
 * ``GET /v1/models``, ``GET /metrics`` (Prometheus text: requests served).
@@ -96,7 +96,7 @@ def _handler(state: EndpointState) -> type[BaseHTTPRequestHandler]:
             elif path == "/wake_up":
                 state.sleeping = False
                 self._send(200, {"is_sleeping": False})
-            elif path in ("/v1/completions", "/v1/chat/completions"):
+            elif path in ("/v1/completions", "/v1/chat/completions", "/v1/embeddings"):
                 if state.loading or state.sleeping:
                     self._send(503, {"error": "loading" if state.loading else "sleeping"})
                     return
@@ -117,6 +117,14 @@ def _handler(state: EndpointState) -> type[BaseHTTPRequestHandler]:
 def _completion(path: str, model: str, body: dict, n: int) -> dict:
     created = int(time.time())
     usage = {"prompt_tokens": 8, "completion_tokens": 8, "total_tokens": 16}
+    if path.endswith("embeddings"):
+        inputs = body.get("input", "")
+        inputs = inputs if isinstance(inputs, list) else [inputs]
+        return {"object": "list", "model": body.get("model", model),
+                "usage": {"prompt_tokens": 8 * len(inputs), "total_tokens": 8 * len(inputs)},
+                "data": [{"object": "embedding", "index": i,
+                          "embedding": [((hash(str(x)) >> k) & 0xFF) / 255.0 for k in range(0, 64, 8)]}
+                         for i, x in enumerate(inputs)]}
     if path.endswith("chat/completions"):
         return {"id": f"chatcmpl-{n}", "object": "chat.completion", "created": created,
                 "model": body.get("model", model), "usage": usage,

@@ -52,8 +52,10 @@ def test_health_loading_then_ok_and_completions(server):
                       json={"messages": [{"role": "user", "content": "hi"}]}, timeout=5).json()
     assert chat["object"] == "chat.completion"
     assert chat["choices"][0]["message"]["role"] == "assistant"
+    emb = httpx.post(url + "/v1/embeddings", json={"input": ["a", "b"]}, timeout=5).json()
+    assert [d["index"] for d in emb["data"]] == [0, 1] and len(emb["data"][0]["embedding"]) == 8
     assert httpx.post(url + "/v1/completions", content=b"not json", timeout=5).status_code == 400
-    assert "endpoint_requests_total 2" in httpx.get(url + "/metrics").text
+    assert "endpoint_requests_total 3" in httpx.get(url + "/metrics").text
 
 
 def test_sleep_and_wake(server):

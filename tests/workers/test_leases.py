@@ -1,0 +1,83 @@
+"""GPU leases on a real Redis: whole gangs, fencing tokens, renewals, reclaim."""
+
+import time
+
+import pytest
+
+from app.errors import LeaseError, StaleFencingToken
+from app.models import Priority, load_fleet
+from app.producer import Producer
+from workers.leases import LeaseStore
+
+
+@pytest.fixture
+def store(r, keys):
+    return LeaseStore(r, keys)
+
+
+@pytest.fixture
+def prod(r, keys, settings):
+    return Producer(r, keys, load_fleet("examples/render-pipeline.toml"), settings)
+
+
+def test_gang_is_leased_whole_or_not_at_all(store, r, keys):
+    a = store.acquire("L1", ("g0", "g1"), 5, kind="restore")
+    assert a is not None
+    b = store.acquire("L2", ("g1", "g2"), 5, kind="restore")  # g1 busy: nothing taken
+    assert b is None
+    assert r.get(keys.gpu("g2")) is None
+    c = store.acquire("L3", ("g2", "g3"), 5, kind="restore")
+    assert c is not None and c.token > a.token  # fencing tokens are monotonic
+
+
+def test_acquire_acknowledges_the_job_atomically(store, prod, r, keys):
+    h = prod.submit({"endpoint": "coder", "service_s": 5, "priority": "HIGH"})
+    lease = store.acquire("L1", ("g0", "g1"), 5, job_id=h.id, queue=keys.queue(Priority.HIGH))
+    assert lease is not None
+    assert r.zcard(keys.queue(Priority.HIGH)) == 0
+    assert r.hget(keys.job(h.id), "state") == "leased"
+    # a job that is no longer queued cannot be leased again
+    assert store.acquire("L2", ("g2", "g3"), 5, job_id=h.id, queue=keys.queue(Priority.HIGH)) is None
+
+
+def test_renew_check_and_stale_token(store, r, keys):
+    lease = store.acquire("L1", ("g0",), 0.3, kind="restore")
+    assert store.renew(lease, 0.3)
+    store.check(lease)
+    time.sleep(0.45)  # expired: the GPU key is gone
+    assert not store.renew(lease, 5)
+    with pytest.raises(StaleFencingToken):
+        store.check(lease)
+    newer = store.acquire("L2", ("g0",), 5, kind="restore")
+    assert newer.token > lease.token
+    # the stale holder's fenced write is a no-op
+    assert store.fenced(lease, [("SET", keys.resident("g0"), "x@g0")]) is False
+    assert r.get(keys.resident("g0")) is None
+    assert store.fenced(newer, [("SET", keys.resident("g0"), "y@g0")]) is True
+
+
+def test_reclaim_requeues_with_original_order_then_fails(store, prod, r, keys):
+    first = prod.submit({"endpoint": "embed", "service_s": 5, "priority": "LOW"})
+    second = prod.submit({"endpoint": "embed", "service_s": 5, "priority": "LOW"})
+    q = keys.queue(Priority.LOW)
+    for attempt in (1, 2):
+        lease = store.acquire(f"L{attempt}", ("g0",), 0.05, job_id=first.id, queue=q)
+        assert lease is not None
+        time.sleep(0.1)
+        outcome = store.reclaim_expired(max_attempts=2)
+        if attempt == 1:
+            assert outcome == {"requeued": 1}
+            assert r.zrange(q, 0, -1) == [first.id, second.id]  # original submission order kept
+        else:
+            assert outcome == {"failed": 1}
+            rec = r.hgetall(keys.job(first.id))
+            assert rec["state"] == "failed" and "lease expired" in rec["reason"]
+    assert r.zcard(keys.leases) == 0 and r.get(keys.gpu("g0")) is None
+
+
+def test_deposed_planner_cannot_publish(store, prod, r, keys):
+    r.set(keys.planner_fence, 5)
+    h = prod.submit({"endpoint": "embed", "service_s": 5})
+    with pytest.raises(LeaseError):
+        store.acquire("L1", ("g0",), 5, job_id=h.id, queue=keys.queue(Priority.NORMAL), planner_token="4")
+    assert r.get(keys.gpu("g0")) is None and r.zcard(keys.queue(Priority.NORMAL)) == 1
