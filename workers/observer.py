@@ -12,7 +12,11 @@ instance (:mod:`workers.drivers.registry`) through its driver and reads the agen
 * covered by a ``POSITIVE`` entry that *overruns*, i.e. ``now > planned_start +
   overrun_factor × (expected_end − planned_start)``: an incident
   (``transition_overrun``, once per operation id), whatever the probe says;
-* covered by a ``RESTART_RECOVERY`` entry: a recovery is already in progress; skip.
+* covered by a ``RESTART_RECOVERY`` entry: a recovery is already in progress; skip;
+* a ``POSITIVE`` entry that overruns with no registered instance under it (the
+  endpoint is evicted): an incident with an empty instance id and no restart (its
+  holder, still alive, restores the set point; a dead holder's entry is reaped and
+  the next restore plans it).
 
 An incident is appended to the ``P:incidents`` stream (``kind=incident``: endpoint,
 instance id, host, GPUs, failure mode, detection time, probe cycle and the cycle of
@@ -21,7 +25,10 @@ unhealthy the observer then drives it back to its set point: a ``RESTART_RECOVER
 agenda entry, stop (idempotent), start the same endpoint on the same GPUs with the
 fleet file's spec through its driver, swap the registry record, complete the entry,
 and append a ``kind=recovery`` record (outcome, recovery_s, new instance id).
-Each cycle also reaps agenda entries of dead holders and refreshes ``P:observer``.
+Each cycle also reaps agenda entries of dead holders and refreshes ``P:observer``
+(``cycle``, ``at``; expires after 5 probe intervals: a liveness key for health checks).
+A recovery runs inside the probe loop, so other instances wait for it (one cold
+start at most); a failed recovery marks the instance ``failed`` (no further probes).
 """
 
 from __future__ import annotations
