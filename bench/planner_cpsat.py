@@ -1,0 +1,66 @@
+"""Benchmark (b): CP-SAT LNS gain over the greedy portfolio per batch, and latency.
+
+Batches are real ITP trace windows (64 or 256 consecutive jobs, times ÷ 20, all queued
+at once: releases kept) on 8 or 32 GPUs; limits 0.2 / 1 / 5 s; prints per size and limit
+the median and max gain (%), never-worse check, and planning time p50/p95 (greedy + LNS).
+Also the greedy portfolio's own latency.
+
+    .venv/bin/python bench/planner_cpsat.py [--limits 0.2,1,5] [--seeds 3]
+"""
+
+import argparse
+import statistics as stt
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from app.traces import read_trace  # noqa: E402
+from planner.cpsat import improve  # noqa: E402
+from planner.evaluator import score  # noqa: E402
+from planner.greedy import portfolio  # noqa: E402
+from planner.measures import percentile  # noqa: E402
+from planner.simulator import fleet_state, to_plan_jobs  # noqa: E402
+from planner_common import ITP, bench_fleet  # noqa: E402
+
+WINDOWS = [(ITP + "cluster02.csv", 1000), (ITP + "cluster05.csv", 500), (ITP + "cluster09.csv", 3000)]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--limits", default="0.2,1,5")
+    ap.add_argument("--seeds", type=int, default=1)
+    a = ap.parse_args()
+    limits = [float(x) for x in a.limits.split(",")]
+    print("| jobs | GPUs | limit (s) | gain median % | gain max % | worse | plan time p50 (s) | p95 (s) | greedy ms p50 |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for n, g in [(64, 8), (256, 32)]:
+        fleet = bench_fleet(g)
+        base = fleet_state(fleet)
+        rows = {lim: ([], [], 0) for lim in limits}
+        greedy_ms = []
+        for path, start in WINDOWS:
+            for seed in range(a.seeds):
+                batch = to_plan_jobs(read_trace(path, fleet, seed=seed, start=start, limit=n), 20.0)
+                t = time.perf_counter()
+                floor = portfolio(batch, base)
+                tg = time.perf_counter() - t
+                greedy_ms.append(tg * 1000)
+                for lim in limits:
+                    t = time.perf_counter()
+                    out = improve(batch, base, floor, time_limit_s=lim, seed=seed)
+                    dt = time.perf_counter() - t + tg
+                    gains, times, worse = rows[lim]
+                    gains.append(100 * (1 - score(out) / score(floor)))
+                    times.append(dt)
+                    rows[lim] = (gains, times, worse + (score(out) > score(floor) + 1e-6))
+        for lim in limits:
+            gains, times, worse = rows[lim]
+            print(f"| {n} | {g} | {lim:g} | {stt.median(gains):.2f} | {max(gains):.2f} | {worse} | "
+                  f"{percentile(times, 50):.2f} | {percentile(times, 95):.2f} | {percentile(greedy_ms, 50):.1f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
