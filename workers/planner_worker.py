@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 import uuid
@@ -64,7 +65,7 @@ class PlannerWorker:
         self.r, self.settings, self.fleet = r, settings, fleet
         self.keys = Keys(settings.key_prefix)
         self.leases = LeaseStore(r, self.keys)
-        self.name = name or f"planner-{uuid.uuid4().hex[:8]}"
+        self.name = name or f"planner-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.endpoints = endpoint_models(fleet)
         self.gpus = fleet_gpus(fleet)
         self.set_points = set_point_instances(fleet)
@@ -89,7 +90,7 @@ class PlannerWorker:
                 self.token = str(self.r.incr(self.keys.planner_fence))
                 self.r.set(self.keys.fleet, self.fleet.model_dump_json())
                 log.info("%s leads (planner fencing token %s)", self.name, self.token)
-                events.record(self.r, self.keys.events, "planner_lead", planner=self.name, token=int(self.token))
+                events.record(self.r, self.keys.events, "planner_lead", planner=self.name, pid=os.getpid(), token=int(self.token))
                 return lock
         return None
 

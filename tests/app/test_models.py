@@ -1,0 +1,90 @@
+"""Validation of fleet files and jobs: every error names the field and the value."""
+
+import math
+
+import pytest
+
+from app.errors import ValidationError
+from app.models import Priority, load_fleet, parse_fleet, parse_job
+
+FLEET = "examples/render-pipeline.toml"
+
+
+@pytest.fixture(scope="module")
+def fleet():
+    return load_fleet(FLEET)
+
+
+def test_example_fleet_has_set_point_and_transitions(fleet):
+    assert fleet.gpu_count() == 8
+    assert set(fleet.set_point_by_gpu().values()) == {"coder", "embed"}
+    assert len(fleet.endpoints) >= 5  # coding, embedding, renderer + at least two more
+
+
+@pytest.mark.parametrize("job,field,fragment", [
+    ({"endpoint": "nope", "service_s": 1}, "job.endpoint", "unknown endpoint"),
+    ({"endpoint": "coder", "service_s": 1, "priority": "URGENT"}, "job.priority", "unknown priority"),
+    ({"endpoint": "coder", "service_s": 0}, "job.service_s", "positive"),
+    ({"endpoint": "coder", "service_s": -3}, "job.service_s", "positive"),
+    ({"endpoint": "coder", "service_s": math.inf}, "job.service_s", "finite"),
+    ({"endpoint": "coder", "service_s": math.nan}, "job.service_s", "finite"),
+    ({"endpoint": "coder", "service_s": 1, "colour": "red"}, "job.colour", "unknown key"),
+    ({"endpoint": "coder", "service_s": 1, "payload": {"x": "a" * 70_000}}, "job.payload", "larger than"),
+    ({"endpoint": "coder", "service_s": 1, "deadline_s": 0}, "job.deadline_s", "positive"),
+])
+def test_invalid_jobs_name_field_and_value(fleet, job, field, fragment):
+    with pytest.raises(ValidationError) as e:
+        parse_job(job, fleet)
+    assert e.value.field == field
+    assert fragment in str(e.value)
+    assert "got" in str(e.value)
+
+
+def _fleet(**endpoint):
+    ep = {"model": "m", "tensor_parallel": 1, "memory_mib_per_gpu": 1000, "cold_start_s": 10, **endpoint}
+    return {"hosts": [{"name": "h", "gpu_count": 8, "memory_mib": 46068}], "endpoints": {"e": ep}}
+
+
+@pytest.mark.parametrize("endpoint,field,fragment", [
+    ({"tensor_parallel": 16}, "endpoints.e.tensor_parallel", "larger than the largest host"),
+    ({"memory_mib_per_gpu": 50_000}, "endpoints.e.memory_mib_per_gpu", "above the largest GPU"),
+    ({"cold_start_s": 0}, "fleet.endpoints.e.cold_start_s", "positive"),
+    ({"cold_start_s": float("inf")}, "fleet.endpoints.e.cold_start_s", "finite"),
+    ({"evict_s": -1}, "fleet.endpoints.e.evict_s", "non-negative"),
+    ({"slots": 0}, "fleet.endpoints.e.slots", "greater than or equal to 1"),
+    ({"flavour": 1}, "fleet.endpoints.e.flavour", "unknown key"),
+    ({"set_point": [{"host": "x", "gpus": [0]}]}, "endpoints.e.set_point.host", "unknown host"),
+])
+def test_invalid_fleets_name_field_and_value(endpoint, field, fragment):
+    with pytest.raises(ValidationError) as e:
+        parse_fleet(_fleet(**endpoint))
+    assert e.value.field == field, str(e.value)
+    assert fragment in str(e.value)
+
+
+def test_fleet_rejects_duplicate_gpu_uuid():
+    data = {"hosts": [{"name": "a", "gpus": [{"uuid": "GPU-1", "memory_mib": 10, "index": 0}]},
+                      {"name": "b", "gpus": [{"uuid": "GPU-1", "memory_mib": 10, "index": 0}]}],
+            "endpoints": {"e": {"model": "m", "memory_mib_per_gpu": 5, "cold_start_s": 1}}}
+    with pytest.raises(ValidationError, match="appears twice"):
+        parse_fleet(data)
+
+
+def test_fleet_file_errors(tmp_path):
+    with pytest.raises(ValidationError, match="no such file"):
+        load_fleet(tmp_path / "missing.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("hosts = [")
+    with pytest.raises(ValidationError, match="not valid TOML"):
+        load_fleet(bad)
+
+
+def test_priorities_weights_and_preemption_rules():
+    assert [p.weight for p in Priority] == [8, 4, 2, 1]
+    assert Priority.CRITICAL.may_preempt(Priority.HIGH)
+    assert Priority.HIGH.may_preempt(Priority.LOW)
+    assert not Priority.HIGH.may_preempt(Priority.CRITICAL)
+    assert not Priority.NORMAL.may_preempt(Priority.LOW)
+    assert Priority.parse("low") is Priority.LOW
+    with pytest.raises(ValidationError):
+        Priority.parse(7)

@@ -1,0 +1,74 @@
+"""Producer API on a real Redis: atomic submit, idempotency, cancel, strict priority."""
+
+import pytest
+
+from app.errors import NotFoundError, ValidationError
+from app.models import Priority, load_fleet
+from app.producer import Producer
+from workers.planner_worker import PlannerWorker
+
+
+@pytest.fixture
+def fleet():
+    return load_fleet("examples/render-pipeline.toml")
+
+
+@pytest.fixture
+def prod(r, keys, fleet, settings):
+    return Producer(r, keys, fleet, settings)
+
+
+def _own_keys(r, prefix):
+    return sorted(r.scan_iter(f"{prefix}:*"))
+
+
+def test_submit_writes_record_queue_and_event(prod, r, keys):
+    h = prod.submit({"endpoint": "coder", "service_s": 30, "priority": "HIGH"})
+    assert h.created and h.priority is Priority.HIGH
+    st = prod.status(h.id)
+    assert st["state"] == "queued" and st["endpoint"] == "coder" and float(st["service_s"]) == 30
+    assert r.zscore(keys.queue(Priority.HIGH), h.id) is not None
+    assert r.xlen(keys.events) == 1
+
+
+def test_same_idempotency_key_returns_existing_job(prod, r, keys):
+    a = prod.submit({"endpoint": "embed", "service_s": 5, "idempotency_key": "batch-7"})
+    b = prod.submit({"endpoint": "embed", "service_s": 5, "idempotency_key": "batch-7"})
+    assert a.created and not b.created and a.id == b.id
+    assert r.zcard(keys.queue(Priority.NORMAL)) == 1
+
+
+@pytest.mark.parametrize("bad", [
+    {"endpoint": "nope", "service_s": 1},
+    {"endpoint": "coder", "service_s": -1},
+    {"endpoint": "coder", "service_s": 1, "priority": "SOON"},
+    {"endpoint": "coder", "service_s": 1, "extra": True},
+    {"endpoint": "coder", "service_s": 1, "payload": {"blob": "x" * 100_000}},
+])
+def test_rejected_job_writes_nothing(prod, r, prefix, bad):
+    with pytest.raises(ValidationError):
+        prod.submit(bad)
+    assert _own_keys(r, prefix) == []
+
+
+def test_cancel_queued_and_unknown(prod, r, keys):
+    h = prod.submit({"endpoint": "chat", "service_s": 9})
+    assert prod.cancel(h.id) == "cancelled"
+    assert r.zcard(keys.queue(Priority.NORMAL)) == 0
+    assert prod.status(h.id)["state"] == "cancelled"
+    with pytest.raises(NotFoundError):
+        prod.cancel("no-such-job")
+    with pytest.raises(NotFoundError):
+        prod.status("no-such-job")
+
+
+def test_critical_behind_1000_low_is_in_next_batch(prod, r, keys, fleet, settings):
+    low = [{"endpoint": "embed", "service_s": 1, "priority": "LOW"} for _ in range(1000)]
+    for j in low:
+        prod.submit(j)
+    crit = prod.submit({"endpoint": "embed", "service_s": 1, "priority": "CRITICAL"})
+    w = PlannerWorker(r, settings, fleet, dispatch=lambda *a: None)
+    batch = w.form_batch()
+    assert len(batch) == settings.batch_size
+    assert batch[0].id == crit.id
+    assert prod.queue_depths() == {"CRITICAL": 1, "HIGH": 0, "NORMAL": 0, "LOW": 1000}

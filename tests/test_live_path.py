@@ -1,0 +1,140 @@
+"""The whole path on real processes: submit → queues → planner → leases → Celery GPU
+workers → drain. Real Redis, real planner and worker processes (simulated endpoints)."""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from app.live import LiveSystem
+from app.models import load_fleet
+from app.producer import Producer
+from app.run_report import drain_counts
+from tests.live import all_events, overlaps, wait_for
+
+FLEET = Path("examples/render-pipeline.toml").resolve()
+TERMINAL = ("completed", "failed", "cancelled")
+
+
+@pytest.fixture
+def fleet():
+    return load_fleet(FLEET)
+
+
+@pytest.fixture
+def system(settings, fleet, tmp_path):
+    sys_ = LiveSystem(FLEET, fleet, settings, tmp_path / "logs")
+    yield sys_
+    sys_.stop()
+
+
+def _states(r, keys, ids):
+    p = r.pipeline(transaction=False)
+    for j in ids:
+        p.hget(keys.job(j), "state")
+    return p.execute()
+
+
+def _wait_done(r, keys, ids, timeout_s):
+    wait_for(lambda: all(s in TERMINAL for s in _states(r, keys, ids)), timeout_s, "jobs to finish", 0.25)
+
+
+def _wait_drained(r, keys, fleet, timeout_s=30):
+    def ok():
+        d = drain_counts(r, keys, fleet)
+        return r.hget(keys.drain, "checks") and not any(d[k] for k in ("leases", "agenda_entries", "busy_slots"))
+    wait_for(ok, timeout_s, "drain to reach zero")
+
+
+def test_200_mixed_jobs_complete_and_drain(r, keys, settings, fleet, system):
+    system.start()
+    prod = Producer(r, keys, fleet, settings)
+    rng = random.Random(7)
+    eps = sorted(fleet.endpoints)
+    ids = []
+    for i in range(200):
+        h = prod.submit({"endpoint": rng.choice(eps), "service_s": rng.uniform(5, 40),
+                         "priority": rng.choice(["CRITICAL", "HIGH", "NORMAL", "LOW"]),
+                         "idempotency_key": f"mixed-{i}"})
+        ids.append(h.id)
+    _wait_done(r, keys, ids, 240)
+    assert _states(r, keys, ids) == ["completed"] * 200
+    _wait_drained(r, keys, fleet)
+    evs = all_events(r, keys)
+    assert overlaps(evs) == []
+    # every endpoint back at its set point
+    from workers.phases import instance_value
+    from workers.planner_worker import set_point_instances
+    for ep, gpus in set_point_instances(fleet):
+        assert r.mget([keys.resident(g) for g in gpus]) == [instance_value(ep, gpus)] * len(gpus)
+    # every job ran its phases in order: evict, start_endpoint, execute, clear
+    phases = {}
+    for e in evs:
+        if e["kind"] == "phase_end" and e.get("job"):
+            phases.setdefault(e["job"], []).append(e["phase"])
+    assert all(phases[j] == ["evict", "start_endpoint", "execute", "clear"] for j in ids)
+
+
+def test_strict_priority_under_load(r, keys, settings, fleet, system):
+    prod = Producer(r, keys, fleet, settings)
+    low = [prod.submit({"endpoint": "embed", "service_s": 50, "priority": "LOW"}).id for _ in range(40)]
+    system.start()
+    wait_for(lambda: sum(1 for s in _states(r, keys, low) if s in ("leased", "running")) >= 6, 30,
+             "LOW jobs to occupy the fleet")
+    crit = prod.submit({"endpoint": "embed", "service_s": 50, "priority": "CRITICAL"}).id
+    t_sub = time.time()
+    wait_for(lambda: r.hget(keys.job(crit), "state") in ("leased", "running", "completed"), 60, "CRITICAL to start")
+    evs = [e for e in all_events(r, keys) if e["kind"] == "leased" and e["ts"] >= t_sub]
+    assert evs[0]["job"] == crit, "the first lease after the CRITICAL job's arrival must be the CRITICAL job"
+
+
+def test_planner_kill_standby_takes_over(r, keys, settings, fleet, tmp_path):
+    sys_ = LiveSystem(FLEET, fleet, settings, tmp_path / "logs", planners=2)
+    try:
+        sys_.start()
+        leads = lambda: [e for e in all_events(r, keys) if e["kind"] == "planner_lead"]
+        first = wait_for(leads, 20, "a planner to lead")[0]
+        prod = Producer(r, keys, fleet, settings)
+        before = [prod.submit({"endpoint": "chat", "service_s": 20}).id for _ in range(5)]
+        _wait_done(r, keys, before, 60)
+        leader = next(p for p in sys_.procs if p.popen.pid == first["pid"])
+        standby = next(p for p in sys_.procs if p.name.startswith("planner-") and p is not leader)
+        sys_.kill(leader.name, signal.SIGKILL)  # its lock is never released: the TTL must run out
+        killed_at = time.time()
+        after = [prod.submit({"endpoint": "chat", "service_s": 20}).id for _ in range(5)]
+        took = wait_for(lambda: [e for e in leads() if e["ts"] > killed_at], 30, "the standby to lead")[0]
+        assert took["pid"] == standby.popen.pid
+        assert took["token"] > first["token"]  # a fresh planner fencing token
+        lock_ttl_s = max(settings.lease_ttl_s / 2, 1.0)
+        assert took["ts"] - killed_at <= lock_ttl_s + 1.0
+        _wait_done(r, keys, after, 60)
+        assert _states(r, keys, before + after) == ["completed"] * 10
+        assert overlaps(all_events(r, keys)) == []
+    finally:
+        sys_.stop()
+
+
+def test_gpu_worker_sigkill_mid_phase_recovers(r, keys, settings, fleet, system):
+    system.start()
+    prod = Producer(r, keys, fleet, settings)
+    job = prod.submit({"endpoint": "embed", "service_s": 400, "priority": "HIGH"}).id  # 4 s of wall time
+    wait_for(lambda: r.hget(keys.job(job), "state") == "running", 30, "the job to execute")
+    host = r.hget(keys.lease(r.hget(keys.job(job), "lease")), "holder")
+    killed = system.kill(f"gpu-{host}", signal.SIGKILL)
+    assert killed
+    t_kill = time.time()
+    system.start_gpu_worker(host, n=1)
+    _wait_done(r, keys, [job], 60)
+    rec = r.hgetall(keys.job(job))
+    assert rec["state"] == "completed"
+    assert int(rec["attempts"]) == 1  # reclaimed once, then ran again
+    evs = all_events(r, keys)
+    reclaimed = [e for e in evs if e["kind"] == "reclaimed" and e.get("job") == job]
+    assert reclaimed and reclaimed[0]["outcome"] == "requeued" and reclaimed[0]["ts"] >= t_kill
+    assert overlaps(evs) == []
+    _wait_drained(r, keys, fleet)
