@@ -45,6 +45,7 @@ def test_makespan_commands_in_docs_exist():
     known = makespan_commands()
     for page in DOCS.glob("*.md"):
         text = page.read_text()
-        subs = re.findall(r"`makespan ([a-z][a-z-]+)", text) + re.findall(r"^\s*makespan ([a-z][a-z-]+)", text, re.M)
+        code = "\n".join(re.findall(r"^```[a-z]*\n(.*?)^```", text, re.M | re.S))
+        subs = re.findall(r"`makespan ([a-z][a-z-]+)", text) + re.findall(r"^\s*makespan ([a-z][a-z-]+)", code, re.M)
         for sub in subs:
             assert sub in known, (page.name, sub)
