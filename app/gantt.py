@@ -308,13 +308,13 @@ def render_gantt(events: list[dict[str, Any]], out_png: str, gpu_order: list[str
     span = max(evs[-1]["ts"] - t0, 1e-9)
     fig, ax = plt.subplots(figsize=(12, max(2.5, 0.45 * len(lanes) + 1.4)))
     for iv in ivs:
-        p = iv.priority or "NORMAL"
+        p = iv.priority or ""  # no job (a set-point restore): plain black edge
         for g in iv.gpus:
             ax.barh(row[g], max(iv.end_s - iv.start_s, span * 0.002), left=iv.start_s, height=0.7,
                     color=PHASE_COLOURS.get(iv.phase, "#cccccc"), edgecolor=PRIORITY_EDGES.get(p, "#000000"),
                     linewidth=1.2, hatch=PRIORITY_HATCH.get(p, ""), alpha=1.0 if iv.complete else 0.45)
             if iv.phase == "execute" and (iv.end_s - iv.start_s) > span * 0.06 and iv.job:
-                ax.text(iv.start_s + (iv.end_s - iv.start_s) / 2, row[g], f"{iv.job[-8:]}/{p[0]}",
+                ax.text(iv.start_s + (iv.end_s - iv.start_s) / 2, row[g], f"{iv.job[-8:]}/{(p or '?')[0]}",
                         ha="center", va="center", fontsize=7, clip_on=True,
                         bbox={"facecolor": "white", "alpha": 0.7, "pad": 1, "linewidth": 0})
     for ev in evs:
