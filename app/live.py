@@ -124,6 +124,7 @@ class LiveSystem:
         return hit
 
     def stop(self, grace_s: float = 10.0) -> None:
+        """Stop every process started here, then every endpoint instance they started."""
         for p in self.procs:
             if p.alive():
                 try:
@@ -140,6 +141,29 @@ class LiveSystem:
                 except ProcessLookupError:
                     pass
                 p.popen.wait()
+        self.stop_instances()
+
+    def stop_instances(self) -> int:
+        """Stop the endpoint processes the GPU workers started (they run in their own
+        sessions, so stopping a worker leaves them running)."""
+        from app.redis_conn import connect
+        from workers.drivers import get_driver
+        from workers.drivers.registry import list_instances, unregister_instance
+
+        keys = Keys(self.settings.key_prefix)
+        try:
+            r = connect(self.settings.redis_url)
+            insts = list_instances(r, keys)
+        except (redis.RedisError, MakespanError):
+            return 0
+        for inst in insts:
+            try:
+                get_driver(inst.driver).stop(inst)
+            except MakespanError:
+                pass
+            unregister_instance(r, keys, inst.id)
+        r.close()
+        return len(insts)
 
     def __enter__(self) -> "LiveSystem":
         return self.start()

@@ -22,6 +22,9 @@ from app.errors import PhaseError, StaleFencingToken
 from app.keys import Keys
 from app.models import FleetSpec
 from app.settings import Settings
+from workers.drivers import get_driver
+from workers.drivers.base import Instance
+from workers.drivers.registry import list_instances, register_instance, unregister_instance
 from workers.leases import Lease, LeaseStore
 
 log = logging.getLogger("makespan.phases")
@@ -192,8 +195,13 @@ class PhaseRunner:
         eps = sorted({parse_instance(v)[0] for v in victims})
         extra["evicted"] = eps
         evict_s = max(self.fleet.endpoints[e].evict_s if e in self.fleet.endpoints else 0.0 for e in eps)
+        victim_gpus = sorted({g for inst_gpus in victims.values() for g in inst_gpus})
         with self._transition("evict", ctx, eps, evict_s):
-            self._sleep(evict_s, hb)
+            running = [i for i in self._instances_on(victim_gpus) if i.endpoint in eps]
+            for inst in running:  # unregister first: the observer must not see a failure
+                self._stop_instance(inst)
+            if not any(i.driver != "simulated" for i in running):
+                self._sleep(evict_s, hb)
         ops: list[tuple] = []
         for v, inst_gpus in victims.items():
             for g in inst_gpus:  # an instance is evicted whole, on every GPU of its group
@@ -209,11 +217,33 @@ class PhaseRunner:
             return 0.0
         ep = self.fleet.endpoints[endpoint]
         with self._transition("start", ctx, [endpoint], ep.cold_start_s):
-            self._sleep(ep.cold_start_s, hb)
+            for old in self._instances_on(ctx.gpus):  # leftovers of a reclaimed lease
+                self._stop_instance(old)
+            if ep.launch.driver == "simulated":
+                self._sleep(ep.cold_start_s, hb)
+                inst = Instance(endpoint, list(ctx.gpus), "simulated", host=ctx.host,
+                                time_scale=self.settings.time_scale)
+            else:  # a real process: spawn, then wait on its HTTP health check
+                inst = get_driver(ep.launch.driver).start(ep, list(ctx.gpus), self.settings.time_scale, ctx.host)
+            if hb.lost.is_set():
+                self._stop_instance(inst)
+                raise StaleFencingToken("lease lost while the endpoint started")
+            register_instance(self.r, self.keys, inst)
         ops = [("SET", self.keys.resident(g), want) for g in ctx.gpus]
         if not self.leases.fenced(ctx.lease, ops):
+            self._stop_instance(inst)
             raise StaleFencingToken("lease lost before start committed")
         return ep.cold_start_s
+
+    def _stop_instance(self, inst: Instance) -> None:
+        unregister_instance(self.r, self.keys, inst.id)
+        try:
+            get_driver(inst.driver).stop(inst)
+        except PhaseError as e:  # already gone: nothing to stop
+            log.warning("stopping %s: %s", inst.endpoint, e)
+
+    def _instances_on(self, gpus: list[str]) -> list[Instance]:
+        return [i for i in list_instances(self.r, self.keys) if set(i.gpus) & set(gpus)]
 
     def _phase_start_endpoint(self, ctx: PhaseContext, hb: LeaseHeartbeat, extra: dict) -> float:
         return self._load(ctx, hb, ctx.endpoint)
