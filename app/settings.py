@@ -46,6 +46,11 @@ class Settings:
         max_payload_bytes: largest JSON payload a job may carry.
         policy: planner policy name used by the live planner.
         solve_time_limit_s: CP-SAT time limit per batch (policies that use it).
+        retention_jobs: most finished-job summaries kept (oldest deleted first).
+        retention_age_s: a finished job's summary and idempotency key live this long.
+        retention_sweep_s: the planner runs a retention sweep at most this often.
+        retention_batch: most jobs one sweep compacts or deletes (bounds its cost).
+        events_max_len: the events stream is trimmed to about this many entries.
     """
 
     redis_url: str = DEFAULT_REDIS_URL
@@ -60,6 +65,11 @@ class Settings:
     policy: str = "wspt"
     solve_time_limit_s: float = 1.0
     planner_tick_s: float = 0.1
+    retention_jobs: int = 10_000
+    retention_age_s: float = 3600.0
+    retention_sweep_s: float = 0.5
+    retention_batch: int = 2_000
+    events_max_len: int = 50_000
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -77,6 +87,11 @@ class Settings:
             max_attempts=int(_env_float("MAKESPAN_MAX_ATTEMPTS", 3)),
             policy=env.get("MAKESPAN_POLICY") or "wspt",
             solve_time_limit_s=_env_float("MAKESPAN_SOLVE_TIME_LIMIT_S", 1.0),
+            retention_jobs=int(_env_float("MAKESPAN_RETENTION_JOBS", 10_000)),
+            retention_age_s=_env_float("MAKESPAN_RETENTION_AGE_S", 3600.0),
+            retention_sweep_s=_env_float("MAKESPAN_RETENTION_SWEEP_S", 0.5),
+            retention_batch=int(_env_float("MAKESPAN_RETENTION_BATCH", 2_000)),
+            events_max_len=int(_env_float("MAKESPAN_EVENTS_MAX_LEN", 50_000)),
         )
         known = {f.name for f in fields(cls)}
         bad = set(overrides) - known
@@ -97,4 +112,9 @@ class Settings:
             "MAKESPAN_MAX_ATTEMPTS": str(self.max_attempts),
             "MAKESPAN_POLICY": self.policy,
             "MAKESPAN_SOLVE_TIME_LIMIT_S": repr(self.solve_time_limit_s),
+            "MAKESPAN_RETENTION_JOBS": str(self.retention_jobs),
+            "MAKESPAN_RETENTION_AGE_S": repr(self.retention_age_s),
+            "MAKESPAN_RETENTION_SWEEP_S": repr(self.retention_sweep_s),
+            "MAKESPAN_RETENTION_BATCH": str(self.retention_batch),
+            "MAKESPAN_EVENTS_MAX_LEN": str(self.events_max_len),
         }

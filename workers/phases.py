@@ -277,6 +277,7 @@ class PhaseRunner:
                 ("DEL", self.keys.phase(ctx.lease_id)), ("DEL", self.keys.busy(ctx.lease_id))]
         if ctx.kind == "job":
             ops += [("ZREM", self.keys.running, ctx.job_id),
+                    ("ZADD", f"{self.keys.prefix}:finished", repr(now), ctx.job_id),  # workers.retention
                     ("HSET", self.keys.job(ctx.job_id), "state", state, "finished_at", repr(now), "reason", reason)]
             ops.append(("XADD_E", self.keys.events, self._event(state, ctx, reason=reason or None)))
         else:

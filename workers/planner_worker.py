@@ -75,6 +75,9 @@ class PlannerWorker:
         self.lost = threading.Event()
         self._idle_checked = False
         self.lock_ttl_s = max(settings.lease_ttl_s / 2, 1.0)
+        from workers.retention import Retention
+
+        self.retention = Retention(r, settings)  # bounded state: at most one sweep per tick
         try:
             from workers.agenda import AgendaTracker
 
@@ -209,6 +212,7 @@ class PlannerWorker:
 
     def tick(self) -> bool:
         """One planning cycle. Returns True if it dispatched anything."""
+        self.retention.maybe_sweep()
         reclaimed = self.leases.reclaim_expired(self.settings.max_attempts)
         if reclaimed:
             log.warning("reclaimed expired leases: %s", reclaimed)

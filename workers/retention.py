@@ -1,0 +1,204 @@
+"""Bounded state: what Redis keeps is bounded by the active jobs, not by history.
+
+Rules (docs/scaling.md states them for operators):
+
+1. A job that reaches a final state (completed, failed, cancelled) is put on the
+   finished index ``P:finished`` (zset, score = finish time, unix s) by whoever
+   finishes it (:meth:`workers.phases.PhaseRunner._finish`, or :func:`mark_finished`).
+2. :func:`sweep` — called by the leading planner once per tick, at most every
+   ``Settings.retention_sweep_s`` — compacts each newly finished job's record
+   ``P:job:{id}`` to a small summary (:data:`SUMMARY_FIELDS`; the spec and payload are
+   dropped), moves it to ``P:retained`` (zset, score = finish time) and gives the
+   record and its idempotency key ``P:idem:{key}`` a TTL of
+   ``Settings.retention_age_s``.
+3. Summaries beyond ``Settings.retention_jobs`` (oldest first) or older than
+   ``Settings.retention_age_s`` are deleted together with their idempotency keys:
+   after that, ``status`` answers NotFoundError and a resubmission with the same
+   idempotency key creates a new job.
+4. The events stream ``P:events`` is trimmed to about ``Settings.events_max_len``
+   entries (XTRIM MAXLEN ~).
+5. Released leases, phase markers and busy slots are deleted by the release itself
+   (``_finish``, reclaim); closed agenda entries by ``AgendaTracker.complete``/``reap``;
+   the planner's solve-time list is capped (``STATS_KEEP``). A sweep also deletes
+   phase/busy markers whose lease no longer exists (a crash between steps).
+
+Every step works on at most ``Settings.retention_batch`` jobs per call, so a sweep's
+cost is bounded however large the backlog; the backlog drains over successive ticks.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import redis
+
+from app.keys import Keys
+from app.settings import Settings
+
+FINAL_STATES = ("completed", "failed", "cancelled")
+SUMMARY_FIELDS = ("id", "state", "endpoint", "priority", "service_s", "submitted_at", "leased_at", "started_at",
+                  "finished_at", "reason", "attempts", "workload_id", "idem")
+
+
+def finished_key(keys: Keys) -> str:
+    """``P:finished``: zset of finished job ids waiting to be compacted, score = finish time (s)."""
+    return f"{keys.prefix}:finished"
+
+
+def retained_key(keys: Keys) -> str:
+    """``P:retained``: zset of compacted job summaries kept for ``status``, score = finish time (s)."""
+    return f"{keys.prefix}:retained"
+
+
+def mark_finished(r: redis.Redis | redis.client.Pipeline, keys: Keys, job_id: str, finished_at_s: float | None = None):
+    """Put ``job_id`` on the finished index (for code paths that finish a job outside
+    ``PhaseRunner._finish``). Works on a client or inside a pipeline."""
+    return r.zadd(finished_key(keys), {job_id: finished_at_s if finished_at_s is not None else time.time()})
+
+
+# Compact one finished job: keep the summary fields, drop the rest, set TTLs.
+# KEYS: job, retained ; ARGV: job_id, finished_at_s, ttl_s, prefix, summary fields...
+_COMPACT = """
+local rec = redis.call('HGETALL', KEYS[1])
+if #rec == 0 then return 0 end
+local R = {}
+for i = 1, #rec, 2 do R[rec[i]] = rec[i + 1] end
+local state = R['state']
+if state ~= 'completed' and state ~= 'failed' and state ~= 'cancelled' then return -1 end
+local idem = R['idem']
+if not idem and R['spec'] then
+  local ok, spec = pcall(cjson.decode, R['spec'])
+  if ok and type(spec) == 'table' and type(spec['idempotency_key']) == 'string' then idem = spec['idempotency_key'] end
+end
+local keep = {}
+for i = 5, #ARGV do keep[ARGV[i]] = true end
+local drop = {}
+for k, _ in pairs(R) do if not keep[k] then table.insert(drop, k) end end
+if #drop > 0 then redis.call('HDEL', KEYS[1], unpack(drop)) end
+if idem then
+  redis.call('HSET', KEYS[1], 'idem', idem)
+  redis.call('EXPIRE', ARGV[4] .. ':idem:' .. idem, ARGV[3])
+end
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
+return 1
+"""
+
+# Delete one retained summary and its idempotency key (only if it still names this job).
+# KEYS: job ; ARGV: job_id, prefix
+_EXPIRE = """
+local idem = redis.call('HGET', KEYS[1], 'idem')
+if idem then
+  local ik = ARGV[2] .. ':idem:' .. idem
+  if redis.call('GET', ik) == ARGV[1] then redis.call('DEL', ik) end
+end
+return redis.call('DEL', KEYS[1])
+"""
+
+
+@dataclass
+class SweepResult:
+    """Counts of one :func:`sweep` call."""
+
+    compacted: int = 0
+    expired: int = 0
+    events_trimmed: int = 0
+    orphans: int = 0
+    pending: int = 0  # finished jobs still waiting for compaction after this call
+    extra: dict = field(default_factory=dict)
+
+
+class Retention:
+    """Retention for one Redis and key prefix; :meth:`maybe_sweep` is the planner's hook."""
+
+    def __init__(self, r: redis.Redis, settings: Settings):
+        self.r, self.settings = r, settings
+        self.keys = Keys(settings.key_prefix)
+        self._compact = r.register_script(_COMPACT)
+        self._expire = r.register_script(_EXPIRE)
+        self._last_s = 0.0
+        self._scan_cursor = 0
+
+    def maybe_sweep(self, now_s: float | None = None) -> SweepResult | None:
+        """Sweep if ``retention_sweep_s`` has passed since the last sweep (monotonic clock)."""
+        t = time.monotonic()
+        if t - self._last_s < self.settings.retention_sweep_s:
+            return None
+        self._last_s = t
+        return self.sweep(now_s)
+
+    def sweep(self, now_s: float | None = None) -> SweepResult:
+        """One bounded retention pass (see the module doc). ``now_s``: unix seconds."""
+        s, k = self.settings, self.keys
+        now = time.time() if now_s is None else now_s
+        out = SweepResult()
+        fin, ret = finished_key(k), retained_key(k)
+        ttl = max(1, int(s.retention_age_s))
+        # 1. compact newly finished jobs (oldest first, at most retention_batch)
+        popped = self.r.zpopmin(fin, s.retention_batch)
+        if popped:
+            p = self.r.pipeline(transaction=False)
+            for jid, score in popped:
+                self._compact(keys=[k.job(jid), ret], args=[jid, repr(score), ttl, k.prefix, *SUMMARY_FIELDS],
+                              client=p)
+            res = p.execute()
+            out.compacted = sum(1 for x in res if x == 1)
+            late = {jid: sc for (jid, sc), x in zip(popped, res) if x == -1}
+            if late:  # marked before its state was written: retry next sweep
+                self.r.zadd(fin, late)
+        # 2. expire summaries by age, then by count (oldest first), bounded per call
+        victims = self.r.zrangebyscore(ret, "-inf", now - s.retention_age_s, start=0, num=s.retention_batch)
+        room = s.retention_batch - len(victims)
+        if room > 0:
+            over = int(self.r.zcard(ret)) - len(victims) - s.retention_jobs
+            if over > 0:
+                victims += self.r.zrange(ret, len(victims), len(victims) + min(over, room) - 1)
+        if victims:
+            p = self.r.pipeline(transaction=False)
+            for jid in victims:
+                self._expire(keys=[k.job(jid)], args=[jid, k.prefix], client=p)
+            p.zrem(ret, *victims)
+            p.execute()
+            out.expired = len(victims)
+        # 3. cap the events stream
+        out.events_trimmed = int(self.r.xtrim(k.events, maxlen=s.events_max_len, approximate=True))
+        # 4. orphan phase/busy markers (their lease is gone), a bounded SCAN step
+        out.orphans = self._orphans()
+        out.pending = int(self.r.zcard(fin))
+        return out
+
+    def _orphans(self) -> int:
+        k = self.keys
+        cur, found = self.r.scan(self._scan_cursor, match=f"{k.prefix}:phase:*", count=self.settings.retention_batch)
+        self._scan_cursor = int(cur)
+        stale = []
+        for key in found:
+            lid = key.rsplit(":", 1)[1]
+            if not self.r.exists(k.lease(lid)):
+                stale += [key, k.busy(lid)]
+        if stale:
+            self.r.delete(*stale)
+        return len(stale) // 2
+
+
+def state_size(r: redis.Redis, keys: Keys) -> dict[str, int]:
+    """Sizes of the structures retention bounds (for tests and the scale benchmark):
+    finished/retained index lengths, events stream length, leases, running."""
+    p = r.pipeline(transaction=False)
+    p.zcard(finished_key(keys))
+    p.zcard(retained_key(keys))
+    p.xlen(keys.events)
+    p.zcard(keys.leases)
+    p.zcard(keys.running)
+    f, ret, ev, le, run = p.execute()
+    return {"finished": f, "retained": ret, "events": ev, "leases": le, "running": run}
+
+
+def summary(r: redis.Redis, keys: Keys, job_id: str) -> dict[str, str]:
+    """A retained job's summary (empty once expired)."""
+    return r.hgetall(keys.job(job_id))
+
+
+__all__ = ["Retention", "SweepResult", "mark_finished", "finished_key", "retained_key", "state_size", "summary",
+           "SUMMARY_FIELDS", "FINAL_STATES"]
