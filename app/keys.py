@@ -29,6 +29,14 @@ key                                    type    contents
 ``P:instances``                        set     live endpoint instance ids
 ``P:observer``                         hash    observer liveness: probe cycle, time (EX ttl)
 ``P:fleet``                            string  the fleet spec JSON the planner runs with
+``P:workload:{id}``                    hash    workload record (see app.workloads)
+``P:workloads``                        zset    workload ids, score = submission time
+``P:workloads:active``                 set     workloads the planner still advances
+``P:reqlease:{instance}``              zset    request leases held on an endpoint instance,
+                                               score = expiry (unix ms); ZCARD <= slots
+``P:reqwait:{instance}``               string  requests waiting for a request lease
+``P:reqpeak:{instance}``               string  most request leases ever held at once
+``P:requests:{job}``                   list    per-request records of a step (JSON: t0, t1, ms, ok)
 =====================================  ======  ==============================================
 
 Celery's own keys are prefixed with ``P:celery:`` through kombu's ``global_keyprefix``.
@@ -141,6 +149,29 @@ class Keys:
     @property
     def fleet(self) -> str:
         return f"{self.prefix}:fleet"
+
+    def workload(self, workload_id: str) -> str:
+        return f"{self.prefix}:workload:{workload_id}"
+
+    @property
+    def workloads(self) -> str:
+        return f"{self.prefix}:workloads"
+
+    @property
+    def workloads_active(self) -> str:
+        return f"{self.prefix}:workloads:active"
+
+    def req_leases(self, instance_id: str) -> str:
+        return f"{self.prefix}:reqlease:{instance_id}"
+
+    def req_waiters(self, instance_id: str) -> str:
+        return f"{self.prefix}:reqwait:{instance_id}"
+
+    def req_peak(self, instance_id: str) -> str:
+        return f"{self.prefix}:reqpeak:{instance_id}"
+
+    def requests(self, job_id: str) -> str:
+        return f"{self.prefix}:requests:{job_id}"
 
     @property
     def celery_prefix(self) -> str:
