@@ -51,6 +51,12 @@ def retained_key(keys: Keys) -> str:
     return f"{keys.prefix}:retained"
 
 
+def tally_key(keys: Keys) -> str:
+    """``P:retention``: hash of finished jobs by final state (completed, failed, cancelled)
+    since the prefix was created, and ``last_finished_s`` (latest finish time compacted)."""
+    return f"{keys.prefix}:retention"
+
+
 def mark_finished(r: redis.Redis | redis.client.Pipeline, keys: Keys, job_id: str, finished_at_s: float | None = None):
     """Put ``job_id`` on the finished index (for code paths that finish a job outside
     ``PhaseRunner._finish``). Works on a client or inside a pipeline."""
@@ -58,7 +64,7 @@ def mark_finished(r: redis.Redis | redis.client.Pipeline, keys: Keys, job_id: st
 
 
 # Compact one finished job: keep the summary fields, drop the rest, set TTLs.
-# KEYS: job, retained ; ARGV: job_id, finished_at_s, ttl_s, prefix, summary fields...
+# KEYS: job, retained, tally ; ARGV: job_id, finished_at_s, ttl_s, prefix, summary fields...
 _COMPACT = """
 local rec = redis.call('HGETALL', KEYS[1])
 if #rec == 0 then return 0 end
@@ -82,6 +88,7 @@ if idem then
 end
 redis.call('EXPIRE', KEYS[1], ARGV[3])
 redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
+redis.call('HINCRBY', KEYS[3], state, 1)
 return 1
 """
 
@@ -140,10 +147,15 @@ class Retention:
         if popped:
             p = self.r.pipeline(transaction=False)
             for jid, score in popped:
-                self._compact(keys=[k.job(jid), ret], args=[jid, repr(score), ttl, k.prefix, *SUMMARY_FIELDS],
+                self._compact(keys=[k.job(jid), ret, tally_key(k)], args=[jid, repr(score), ttl, k.prefix, *SUMMARY_FIELDS],
                               client=p)
             res = p.execute()
             out.compacted = sum(1 for x in res if x == 1)
+            if out.compacted:
+                last = max(sc for (_, sc), x in zip(popped, res) if x == 1)
+                prev = float(self.r.hget(tally_key(k), "last_finished_s") or 0.0)
+                if last > prev:  # only the leading planner sweeps: no race on this field
+                    self.r.hset(tally_key(k), "last_finished_s", repr(last))
             late = {jid: sc for (jid, sc), x in zip(popped, res) if x == -1}
             if late:  # marked before its state was written: retry next sweep
                 self.r.zadd(fin, late)
@@ -191,8 +203,10 @@ def state_size(r: redis.Redis, keys: Keys) -> dict[str, int]:
     p.xlen(keys.events)
     p.zcard(keys.leases)
     p.zcard(keys.running)
-    f, ret, ev, le, run = p.execute()
-    return {"finished": f, "retained": ret, "events": ev, "leases": le, "running": run}
+    p.hgetall(tally_key(keys))
+    f, ret, ev, le, run, tally = p.execute()
+    return {"finished": f, "retained": ret, "events": ev, "leases": le, "running": run,
+            **{st: int(tally.get(st, 0)) for st in FINAL_STATES}}
 
 
 def summary(r: redis.Redis, keys: Keys, job_id: str) -> dict[str, str]:
@@ -200,5 +214,5 @@ def summary(r: redis.Redis, keys: Keys, job_id: str) -> dict[str, str]:
     return r.hgetall(keys.job(job_id))
 
 
-__all__ = ["Retention", "SweepResult", "mark_finished", "finished_key", "retained_key", "state_size", "summary",
+__all__ = ["Retention", "SweepResult", "mark_finished", "finished_key", "retained_key", "state_size", "summary", "tally_key",
            "SUMMARY_FIELDS", "FINAL_STATES"]
