@@ -1,0 +1,103 @@
+"""Request-level execution against the real endpoint program over HTTP: the cap holds
+(also across two senders on one instance), request leases and waiters drain to zero,
+per-request latency is measured, and failures surface as PhaseError."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from app.errors import PhaseError
+from app.redis_conn import free_port
+from tests.live import wait_for
+from workers.requests import RequestRunner, request_drain
+
+
+@pytest.fixture
+def server():
+    port = free_port()
+    p = subprocess.Popen([sys.executable, "-m", "workers.endpoint_server", "--port", str(port), "--latency-ms", "20",
+                          "--model", "m"], stderr=subprocess.DEVNULL)
+    import httpx
+
+    def up():
+        try:
+            return httpx.get(f"http://127.0.0.1:{port}/health", timeout=0.5).status_code == 200
+        except httpx.HTTPError:
+            return False
+    wait_for(up, 10, "endpoint server")
+    yield f"http://127.0.0.1:{port}"
+    p.terminate()
+    p.wait(5)
+
+
+def max_overlap(recs):
+    pts = sorted([(x["t0"], 1) for x in recs] + [(x["t1"], -1) for x in recs], key=lambda p: (p[0], p[1]))
+    cur = best = 0
+    for _, d in pts:
+        cur += d
+        best = max(best, cur)
+    return best
+
+
+def _records(r, keys, job):
+    return [json.loads(x) for x in r.lrange(keys.requests(job), 0, -1)]
+
+
+def test_cap_holds_and_leases_drain(r, keys, server):
+    cap = 3
+    runner = RequestRunner(r, keys, "inst1", server, "m", cap)
+    res = runner.run("job1", {"requests": 20, "prompt": "item {i} of {step}", "step": "s",
+                              "route": "/v1/chat/completions"})
+    recs = _records(r, keys, "job1")
+    assert res.ok == 20 and res.errors == 0 and len(recs) == 20
+    assert sorted(x["i"] for x in recs) == list(range(20))
+    assert all(x["ms"] >= 20 for x in recs)  # the server's latency is measured
+    assert 1 <= max_overlap(recs) <= cap
+    assert int(r.get(keys.req_peak("inst1"))) == cap
+    assert request_drain(r, keys, ["inst1"]) == {"request_leases": 0, "waiters": 0}
+    assert "reply" in recs[0]["text"]
+
+
+def test_two_senders_share_one_cap(r, keys, server):
+    cap = 4
+    out = {}
+
+    def go(job):
+        out[job] = RequestRunner(r, keys, "shared", server, "m", cap).run(job, {"requests": 16})
+
+    ts = [threading.Thread(target=go, args=(j,)) for j in ("a", "b")]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(30)
+    recs = _records(r, keys, "a") + _records(r, keys, "b")
+    assert out["a"].ok == out["b"].ok == 16
+    assert max_overlap(recs) <= cap
+    assert int(r.get(keys.req_peak("shared"))) <= cap
+    assert request_drain(r, keys, ["shared"]) == {"request_leases": 0, "waiters": 0}
+
+
+def test_timeouts_fail_the_step_and_still_drain(r, keys, server):
+    runner = RequestRunner(r, keys, "inst2", server, "m", 2)
+    with pytest.raises(PhaseError, match="requests to .* failed"):
+        runner.run("job2", {"requests": 4, "request_timeout_s": 0.005})
+    assert request_drain(r, keys, ["inst2"]) == {"request_leases": 0, "waiters": 0}
+
+
+def test_stop_sends_no_more(r, keys, server):
+    sent = []
+    runner = RequestRunner(r, keys, "inst3", server, "m", 1, should_stop=lambda: len(sent) >= 2)
+    orig = runner._release
+
+    def rel(m):
+        sent.append(m)
+        orig(m)
+    runner._release = rel
+    res = runner.run("job3", {"requests": 10})
+    assert 2 <= res.sent < 10
+    assert request_drain(r, keys, ["inst3"]) == {"request_leases": 0, "waiters": 0}

@@ -1,0 +1,196 @@
+"""Request-level execution: a step's N model requests against an endpoint instance.
+
+An async OpenAI-compatible client (:class:`httpx.AsyncClient`) sends the requests to
+the instance's URL with at most ``slots`` in flight. Each in-flight request holds a
+*request lease* in Redis: a member of the zset ``P:reqlease:{instance}`` (score =
+expiry, unix ms) added by a Lua script only while ZCARD < slots, so the cap holds
+across every process sending to that instance; expired members (a dead sender) are
+dropped before counting. ``P:reqwait:{instance}`` counts requests waiting for a lease
+and ``P:reqpeak:{instance}`` keeps the most leases ever held at once (the cap check).
+After a batch both the lease zset and the waiter count drain to zero.
+
+Every request is recorded in ``P:requests:{job}`` (JSON: ``i``, ``t0``/``t1`` unix s,
+``ms`` latency, ``ok``, ``status``, ``text`` first 200 characters of the answer) and
+the step's latency summary is returned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import httpx
+import redis
+
+from app.errors import PhaseError
+from app.keys import Keys
+
+REQUEST_LEASE_TTL_S = 30.0  # renewed on completion; a dead sender's lease expires
+POLL_S = 0.002
+KEEP_TEXT = 200
+
+# KEYS: leases zset, peak ; ARGV: member, now_ms, expiry_ms, cap
+_ACQUIRE = """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[2])
+local n = redis.call('ZCARD', KEYS[1])
+if n >= tonumber(ARGV[4]) then return 0 end
+redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1])
+n = n + 1
+local peak = tonumber(redis.call('GET', KEYS[2]) or '0')
+if n > peak then redis.call('SET', KEYS[2], n) end
+return n
+"""
+
+
+@dataclass
+class RequestResult:
+    """Outcome of a step's requests. Latencies in milliseconds."""
+
+    sent: int = 0
+    ok: int = 0
+    errors: int = 0
+    latency_ms: list[float] = field(default_factory=list)
+    peak_in_flight: int = 0
+    first_error: str = ""
+
+    def summary(self) -> dict[str, Any]:
+        lat = sorted(self.latency_ms)
+
+        def q(p: float) -> float:
+            return round(lat[min(len(lat) - 1, int(p * len(lat)))], 3) if lat else 0.0
+        return {"requests": self.sent, "ok": self.ok, "errors": self.errors, "latency_ms_p50": q(0.5),
+                "latency_ms_p95": q(0.95), "latency_ms_max": round(lat[-1], 3) if lat else 0.0,
+                "peak_in_flight": self.peak_in_flight}
+
+
+def _body(route: str, payload: dict[str, Any], i: int, model: str) -> dict[str, Any]:
+    prompt = str(payload.get("prompt", "request {i}")).format(i=i, step=payload.get("step", ""))
+    if route.endswith("embeddings"):
+        return {"model": model, "input": prompt}
+    if route.endswith("chat/completions"):
+        return {"model": model, "messages": [{"role": "user", "content": prompt}],
+                "max_tokens": int(payload.get("max_tokens", 16))}
+    return {"model": model, "prompt": prompt, "max_tokens": int(payload.get("max_tokens", 16))}
+
+
+def _text(route: str, data: dict[str, Any]) -> str:
+    try:
+        if route.endswith("embeddings"):
+            return json.dumps(data["data"][0]["embedding"][:4])
+        ch = data["choices"][0]
+        return ch["message"]["content"] if "message" in ch else ch["text"]
+    except (KeyError, IndexError, TypeError):
+        return ""
+
+
+class RequestRunner:
+    """Sends one step's requests to one endpoint instance under its concurrency cap.
+
+    Args:
+        r, keys: Redis and key builder (request leases, waiter count, records).
+        instance_id / url / model: the endpoint instance to call.
+        slots: the endpoint's concurrency cap.
+        should_stop: polled between requests; True stops sending (lease lost, cancel).
+    """
+
+    def __init__(self, r: redis.Redis, keys: Keys, instance_id: str, url: str, model: str, slots: int,
+                 should_stop: Callable[[], bool] = lambda: False):
+        self.r, self.keys, self.instance_id, self.url, self.model = r, keys, instance_id, url.rstrip("/"), model
+        self.slots, self.should_stop = max(1, int(slots)), should_stop
+        self._acquire = r.register_script(_ACQUIRE)
+
+    # -- request leases (blocking Redis calls, run in the default executor) -------------
+    def _try_acquire(self, member: str) -> int:
+        now = int(time.time() * 1000)
+        return int(self._acquire(keys=[self.keys.req_leases(self.instance_id), self.keys.req_peak(self.instance_id)],
+                                 args=[member, now, now + int(REQUEST_LEASE_TTL_S * 1000), self.slots]))
+
+    async def _lease(self, member: str) -> int:
+        n = self._try_acquire(member)
+        if n:
+            return n
+        self.r.incr(self.keys.req_waiters(self.instance_id))
+        try:
+            while True:
+                await asyncio.sleep(POLL_S)
+                if self.should_stop():
+                    return 0
+                n = self._try_acquire(member)
+                if n:
+                    return n
+        finally:
+            self.r.decr(self.keys.req_waiters(self.instance_id))
+
+    def _release(self, member: str) -> None:
+        self.r.zrem(self.keys.req_leases(self.instance_id), member)
+
+    # -- sending ----------------------------------------------------------------------
+    async def _one(self, client: httpx.AsyncClient, sem: asyncio.Semaphore, i: int, payload: dict[str, Any],
+                   job_id: str, res: RequestResult) -> None:
+        route = payload.get("route", "/v1/completions")
+        async with sem:
+            if self.should_stop():
+                return
+            member = f"{job_id}:{i}:{uuid.uuid4().hex[:6]}"
+            held = await self._lease(member)
+            if not held:
+                return
+            res.peak_in_flight = max(res.peak_in_flight, held)
+            t0 = time.time()
+            status, text, err = 0, "", ""
+            try:
+                resp = await client.post(self.url + route, json=_body(route, payload, i, self.model))
+                status = resp.status_code
+                if status == 200:
+                    text = _text(route, resp.json())
+                else:
+                    err = f"HTTP {status}: {resp.text[:120]}"
+            except (httpx.HTTPError, ValueError) as e:
+                err = f"{type(e).__name__}: {e}"
+            finally:
+                t1 = time.time()  # before the release: [t0, t1] lies inside the lease
+                self._release(member)
+            res.sent += 1
+            ms = (t1 - t0) * 1000.0
+            if err:
+                res.errors += 1
+                res.first_error = res.first_error or err
+            else:
+                res.ok += 1
+                res.latency_ms.append(ms)
+            self.r.rpush(self.keys.requests(job_id), json.dumps(
+                {"i": i, "t0": t0, "t1": t1, "ms": round(ms, 3), "ok": not err, "status": status,
+                 "text": (text or err)[:KEEP_TEXT], "instance": self.instance_id}, separators=(",", ":")))
+
+    async def run_async(self, job_id: str, payload: dict[str, Any]) -> RequestResult:
+        n = int(payload.get("requests", 0))
+        res = RequestResult()
+        timeout = httpx.Timeout(float(payload.get("request_timeout_s", 60.0)))
+        limits = httpx.Limits(max_connections=self.slots, max_keepalive_connections=self.slots)
+        sem = asyncio.Semaphore(self.slots)
+        async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+            await asyncio.gather(*(self._one(client, sem, i, payload, job_id, res) for i in range(n)))
+        return res
+
+    def run(self, job_id: str, payload: dict[str, Any]) -> RequestResult:
+        """Send ``payload["requests"]`` requests; blocks until all finished or stopped.
+
+        Raises:
+            PhaseError: a request failed (HTTP error, timeout); the step fails.
+        """
+        self.r.delete(self.keys.requests(job_id))  # a retried step records afresh
+        res = asyncio.run(self.run_async(job_id, payload))
+        if res.errors:
+            raise PhaseError(f"{res.errors} of {res.sent} requests to {self.url} failed; first: {res.first_error}")
+        return res
+
+
+def request_drain(r: redis.Redis, keys: Keys, instance_ids: list[str]) -> dict[str, int]:
+    """``{"request_leases": n, "waiters": n}`` left on the given instances (target 0)."""
+    leases = sum(int(r.zcard(keys.req_leases(i))) for i in instance_ids)
+    waiters = sum(int(r.get(keys.req_waiters(i)) or 0) for i in instance_ids)
+    return {"request_leases": leases, "waiters": waiters}
