@@ -105,6 +105,7 @@ end
 redis.call('DEL', KEYS[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('DEL', ARGV[4] .. ':busy:' .. ARGV[1])
+local executed = redis.call('HGET', ARGV[4] .. ':phase:' .. ARGV[1], 'execute') == 'done'
 redis.call('DEL', ARGV[4] .. ':phase:' .. ARGV[1])
 local job = L['job']
 local outcome = 'released'
@@ -114,7 +115,11 @@ if job and L['kind'] == 'job' then
   local state = redis.call('HGET', jk, 'state')
   if state == 'leased' or state == 'running' then
     local attempts = redis.call('HINCRBY', jk, 'attempts', 1)
-    if redis.call('HGET', jk, 'cancel_requested') == '1' then
+    if executed then  -- its workload already ran to the end: never run it twice
+      redis.call('HSET', jk, 'state', 'completed', 'finished_at', tostring(tonumber(ARGV[2]) / 1000.0),
+                 'reason', 'completed; lease reclaimed after execute')
+      outcome = 'completed'
+    elseif redis.call('HGET', jk, 'cancel_requested') == '1' then
       redis.call('HSET', jk, 'state', 'cancelled', 'reason', 'cancelled; lease reclaimed', 'finished_at', tostring(tonumber(ARGV[2]) / 1000.0))
       outcome = 'cancelled'
     elseif attempts >= tonumber(ARGV[3]) then
@@ -133,7 +138,7 @@ if job and L['kind'] == 'job' then
 end
 local ev = {ts = tonumber(ARGV[2]) / 1000.0, kind = 'reclaimed', lease = ARGV[1], job = job, outcome = outcome, gpus = gpus}
 redis.call('XADD', KEYS[4], 'MAXLEN', '~', '1000000', '*', 'e', cjson.encode(ev))
-if outcome == 'requeued' or outcome == 'failed' then
+if outcome == 'requeued' or outcome == 'failed' or outcome == 'completed' then
   local ev2 = {ts = tonumber(ARGV[2]) / 1000.0, kind = outcome, job = job, lease = ARGV[1], reason = 'lease expired'}
   redis.call('XADD', KEYS[4], 'MAXLEN', '~', '1000000', '*', 'e', cjson.encode(ev2))
 end

@@ -89,12 +89,17 @@ class PlannerWorker:
     def _lead(self):
         lock = self.r.lock(self.keys.planner_leader, timeout=self.lock_ttl_s, thread_local=False)
         while not self._stop.is_set():
-            if lock.acquire(blocking=True, blocking_timeout=self.lock_ttl_s / 4):
-                self.token = str(self.r.incr(self.keys.planner_fence))
-                self.r.set(self.keys.fleet, self.fleet.model_dump_json())
-                log.info("%s leads (planner fencing token %s)", self.name, self.token)
-                events.record(self.r, self.keys.events, "planner_lead", planner=self.name, pid=os.getpid(), token=int(self.token))
-                return lock
+            try:  # a standby must outlive a Redis restart or a dropped connection
+                if lock.acquire(blocking=True, blocking_timeout=self.lock_ttl_s / 4):
+                    self.token = str(self.r.incr(self.keys.planner_fence))
+                    self.r.set(self.keys.fleet, self.fleet.model_dump_json())
+                    log.info("%s leads (planner fencing token %s)", self.name, self.token)
+                    events.record(self.r, self.keys.events, "planner_lead", planner=self.name, pid=os.getpid(),
+                                  token=int(self.token))
+                    return lock
+            except redis.RedisError as e:
+                log.warning("%s: Redis unavailable while standing by: %s", self.name, e)
+                self._stop.wait(0.2)
         return None
 
     def _keep_lock(self, lock) -> None:

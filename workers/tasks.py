@@ -69,8 +69,44 @@ def _make_phase_task(phase: str):
 PHASE_TASKS = {p: _make_phase_task(p) for p in ("evict", "start_endpoint", "execute", "clear", "restore")}
 
 
+WARM_PHASES = ("execute", "clear")
+
+
+@celery.task(name="makespan.warm_job", bind=True, acks_late=True, ignore_result=True)
+def warm_job(self, ctx: dict) -> str:
+    """Fast path for a warm job: its endpoint instance is already resident on exactly its
+    leased GPUs, so evict and start_endpoint have nothing to do. Runs execute then clear
+    in one task (one broker round trip instead of four); each phase stays idempotent and
+    fenced, so a redelivery replays only what is not done."""
+    c = PhaseContext.from_dict(ctx)
+    out = "done"
+    for phase in WARM_PHASES:
+        out = runner().run(c, phase)
+        if out in ("failed", "cancelled", "stale"):
+            break
+    return out
+
+
+_client: list = []
+
+
+def is_warm(ctx: PhaseContext) -> bool:
+    """True if every GPU of ``ctx`` holds exactly ``ctx.endpoint``'s instance on that group.
+    Read after the lease is published, so no other holder can change it before the task runs."""
+    from workers.phases import instance_value
+
+    if not _client:
+        _client.append(connect(settings.redis_url))
+    keys = Keys(settings.key_prefix)
+    want = instance_value(ctx.endpoint, ctx.gpus)
+    return all(v == want for v in _client[0].mget([keys.resident(g) for g in ctx.gpus]))
+
+
 def dispatch(ctx: PhaseContext, queue: str) -> None:
-    """Send the phase chain of ``ctx`` to ``queue``."""
-    phases = JOB_PHASES if ctx.kind == "job" else RESTORE_PHASES
+    """Send the phase chain of ``ctx`` to ``queue`` (one ``warm_job`` task for a warm job)."""
     payload = ctx.__dict__.copy()
+    if ctx.kind == "job" and is_warm(ctx):
+        warm_job.apply_async(args=(payload,), queue=queue)
+        return
+    phases = JOB_PHASES if ctx.kind == "job" else RESTORE_PHASES
     chain(*[PHASE_TASKS[p].si(payload).set(queue=queue) for p in phases]).apply_async()

@@ -1,0 +1,468 @@
+"""Fault-injection runner: a mixed workload on the live system, faults at seeded random
+moments, and the invariants checked after every run.
+
+Each run starts its own planners (two: one leads, one stands by), one GPU worker per
+host (Celery ``threads`` or ``prefork`` pool, drawn per run) and the health observer,
+all as real processes against a private ``redis-server`` this runner starts with
+append-only persistence (never the shared Redis), under a fresh key prefix. It submits
+a mixed workload and, at seeded random moments, injects faults:
+
+* ``worker_kill``: SIGKILL a GPU worker's process group (a replacement starts at once,
+  as a process supervisor would);
+* ``worker_child_kill``: SIGKILL one prefork pool child (the main process forks another);
+* ``planner_kill`` / ``planner_term``: SIGKILL or SIGTERM the leading planner (the
+  standby takes over; a replacement standby starts);
+* ``observer_kill``: SIGKILL the health observer (a replacement starts);
+* ``redis_drop_clients``: ``CLIENT KILL TYPE normal`` on the run's own Redis;
+* ``redis_restart``: SIGKILL redis-server and start it again on the same port and
+  directory (the append-only file brings the data back).
+
+Invariants checked from Redis and the recorded events (:func:`check_invariants`):
+``lost`` (an accepted job neither completed nor failed with a reason), ``completed_twice``
+(a job with more than one ``completed`` event or execute phase), ``gpu_overlap`` (a GPU
+leased to two holders at once), ``drain`` (leases, agenda entries or busy slots left, or
+no drain check after the last job), ``set_point`` (an endpoint not back at its set
+point) and ``incident`` (an incident with no injected fault in the window before it).
+
+Run: ``.venv/bin/python -m bench.chaos --runs 100 --seed 1`` (prints one line per run,
+then the totals: runs, faults injected per kind, violations per invariant).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+from app.errors import MakespanError, StoreError
+from app.keys import Keys
+from app.live import LiveSystem, Proc, delete_prefix
+from app.models import load_fleet
+from app.producer import Producer
+from app.redis_conn import free_port, ping, redis_server_binary
+from app.run_report import drain_counts
+from app.settings import Settings
+
+FAULTS = ("worker_kill", "worker_child_kill", "planner_kill", "planner_term", "observer_kill",
+          "redis_drop_clients", "redis_restart")
+INVARIANTS = ("lost", "completed_twice", "gpu_overlap", "drain", "set_point", "incident")
+TERMINAL = ("completed", "failed", "cancelled")
+
+# A small fleet (2 hosts × 2 GPUs) with set points on both hosts, so restores happen.
+CHAOS_FLEET = """
+name = "chaos"
+[[hosts]]
+name = "host-a"
+gpu_count = 2
+memory_mib = 81920
+[[hosts]]
+name = "host-b"
+gpu_count = 2
+memory_mib = 81920
+[endpoints.coder]
+model = "coder"
+tensor_parallel = 2
+memory_mib_per_gpu = 62000
+cold_start_s = 40
+evict_s = 10
+set_point = [{ host = "host-a", gpus = [0, 1] }]
+[endpoints.embed]
+model = "embed"
+memory_mib_per_gpu = 6000
+cold_start_s = 20
+evict_s = 3
+set_point = [{ host = "host-b", gpus = [0] }]
+[endpoints.chat]
+model = "chat"
+memory_mib_per_gpu = 24000
+cold_start_s = 30
+evict_s = 5
+[endpoints.summarizer]
+model = "summarizer"
+tensor_parallel = 2
+memory_mib_per_gpu = 40000
+cold_start_s = 40
+evict_s = 8
+"""
+
+
+class RedisServer:
+    """A private redis-server with append-only persistence that can be killed and
+    started again on the same port and directory (so the AOF brings its data back)."""
+
+    def __init__(self, appendfsync: str = "everysec"):
+        self.port = free_port()
+        self.dir = tempfile.mkdtemp(prefix="makespan-chaos-redis-")
+        self.appendfsync = appendfsync
+        self.proc: subprocess.Popen | None = None
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.start()
+
+    def start(self, timeout_s: float = 10.0) -> None:
+        args = [redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--dir", self.dir,
+                "--save", "", "--appendonly", "yes", "--appendfsync", self.appendfsync, "--protected-mode", "yes"]
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise StoreError(f"redis-server exited with code {self.proc.returncode}")
+            if ping(self.url, 0.2):
+                return
+            time.sleep(0.02)
+        raise StoreError(f"redis-server did not answer on port {self.port} within {timeout_s} s")
+
+    def kill(self) -> None:
+        """SIGKILL the server (a crash: no shutdown, no final rewrite)."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def restart(self, down_s: float = 0.0) -> None:
+        self.kill()
+        time.sleep(down_s)
+        self.start()
+
+    def stop(self) -> None:
+        self.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def client(url: str) -> redis.Redis:
+    """A decoded client that rides out a dropped connection or a Redis restart."""
+    return redis.Redis.from_url(url, decode_responses=True, socket_timeout=5,
+                                retry=Retry(ExponentialBackoff(cap=0.5, base=0.02), 40),
+                                retry_on_error=[redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError])
+
+
+@dataclass
+class RunResult:
+    seed: int
+    pool: str
+    accepted: int
+    states: Counter
+    faults: list[tuple[float, str]]
+    violations: dict[str, list[str]]
+    wall_s: float
+    crashed: list[str] = field(default_factory=list)
+
+
+def _events(r: redis.Redis, keys: Keys) -> list[dict]:
+    out = []
+    for _id, f in r.xrange(keys.events):
+        try:
+            out.append(json.loads(f["e"]))
+        except (KeyError, ValueError):
+            continue
+    return out
+
+
+LEASE_ENDS = ("completed", "failed", "cancelled", "restore_end", "reclaimed", "preempted")
+
+
+def lease_overlaps(events: list[dict]) -> list[tuple[str, str, str]]:
+    """(gpu, lease a, lease b) for leases that held a GPU at the same time, from the
+    recorded events (the Redis view): a lease holds its GPUs from ``leased`` (or
+    ``restore_start``) until its first end event (``LEASE_ENDS``), or forever."""
+    start: dict[str, tuple[float, list[str]]] = {}
+    ivs: dict[str, list[tuple[float, float, str]]] = {}
+    for e in events:
+        lid = e.get("lease")
+        if not lid:
+            continue
+        if e["kind"] in ("leased", "restore_start"):
+            start[lid] = (e["ts"], e.get("gpus") or [])
+        elif e["kind"] in LEASE_ENDS and lid in start:
+            t0, gpus = start.pop(lid)
+            for g in gpus:
+                ivs.setdefault(g, []).append((t0, e["ts"], lid))
+    for lid, (t0, gpus) in start.items():
+        for g in gpus:
+            ivs.setdefault(g, []).append((t0, float("inf"), lid))
+    bad = []
+    for g, xs in ivs.items():
+        xs.sort()
+        for (a0, a1, la), (b0, b1, lb) in zip(xs, xs[1:]):
+            if b0 < a1:
+                bad.append((g, la, lb))
+    return bad
+
+
+def check_invariants(r: redis.Redis, keys: Keys, fleet, accepted: list[str], faults: list[tuple[float, str]],
+                     fault_window_s: float) -> dict[str, list[str]]:
+    """Violations per invariant (see module doc); every list empty means a clean run."""
+    from workers.phases import instance_value
+    from workers.planner_worker import set_point_instances
+
+    v: dict[str, list[str]] = {k: [] for k in INVARIANTS}
+    p = r.pipeline(transaction=False)
+    for j in accepted:
+        p.hmget(keys.job(j), "state", "reason")
+    for j, (state, reason) in zip(accepted, p.execute()):
+        if state == "completed":
+            continue
+        if state in ("failed", "cancelled") and reason:
+            continue
+        v["lost"].append(f"{j}: state={state} reason={reason!r}")
+    evs = _events(r, keys)
+    done = Counter(e.get("job") for e in evs if e["kind"] == "completed" and e.get("job"))
+    execd = Counter(e.get("job") for e in evs if e["kind"] == "phase_end" and e.get("phase") == "execute")
+    v["completed_twice"] += [f"{j}: {n} completed events" for j, n in done.items() if n > 1]
+    v["completed_twice"] += [f"{j}: executed {n} times" for j, n in execd.items() if n > 1]
+    v["gpu_overlap"] += [f"{g}: {a} and {b}" for g, a, b in lease_overlaps(evs)]
+    d = drain_counts(r, keys, fleet)
+    left = {k: d[k] for k in ("leases", "agenda_entries", "busy_slots") if d[k]}
+    if left:
+        v["drain"].append(f"left behind {left}: {d['left']}")
+    last_end = max((e["ts"] for e in evs if e["kind"] in TERMINAL), default=0.0)
+    if not any(e["kind"] == "drain" and e["ts"] >= last_end and not any(e.get(k) for k in left) for e in evs):
+        v["drain"].append("no clean drain check after the last job")
+    for ep, gpus in set_point_instances(fleet):
+        have = r.mget([keys.resident(g) for g in gpus])
+        if have != [instance_value(ep, gpus)] * len(gpus):
+            v["set_point"].append(f"{ep} on {gpus}: resident {have}")
+    for _id, rec in r.xrange(keys.incidents):
+        if rec.get("kind") != "incident":
+            continue
+        at = float(rec.get("detected_at") or rec.get("ts") or time.time())
+        if not any(at - fault_window_s <= t <= at for t, _ in faults):
+            v["incident"].append(f"{rec.get('endpoint')} {rec.get('mode') or rec.get('failure_mode')} at {at:.2f}")
+    return v
+
+
+class ChaosRun:
+    """One run: processes, workload, faults, invariants."""
+
+    def __init__(self, srv: RedisServer, fleet_path: Path, seed: int, workdir: Path, jobs: int = 16,
+                 faults: int = 3, duration_s: float = 4.0, time_scale: float = 0.01, timeout_s: float = 60.0):
+        self.srv, self.seed, self.rng = srv, seed, random.Random(seed)
+        self.fleet_path, self.fleet = fleet_path, load_fleet(fleet_path)
+        self.n_jobs, self.n_faults, self.duration_s, self.timeout_s = jobs, faults, duration_s, timeout_s
+        self.pool = self.rng.choice(["threads", "prefork"])
+        self.settings = Settings(redis_url=srv.url, key_prefix=f"chaos-{seed}-{os.getpid()}", time_scale=time_scale,
+                                 lease_ttl_s=2.0, heartbeat_s=0.4, batch_wait_s=0.02, planner_tick_s=0.05,
+                                 max_attempts=5)
+        self.keys = Keys(self.settings.key_prefix)
+        self.system = LiveSystem(fleet_path, self.fleet, self.settings, workdir / f"run-{seed}", planners=2,
+                                 pool=self.pool)
+        self.r = client(srv.url)
+        self.faults: list[tuple[float, str]] = []
+        self.restarts = Counter()
+
+    # -- processes -------------------------------------------------------------------
+    def _start_observer(self) -> Proc:
+        self.system.log_dir.mkdir(parents=True, exist_ok=True)
+        n = self.restarts["observer"]
+        log_path = self.system.log_dir / f"observer-{n}.log"
+        with open(log_path, "ab") as f:
+            p = subprocess.Popen([sys.executable, "-m", "workers.observer", "--fleet", str(self.fleet_path),
+                                  "--probe-interval-s", "0.25"], stdout=f, stderr=subprocess.STDOUT,
+                                 env=self.system._env(), start_new_session=True)
+        proc = Proc(f"observer-{n}", p, log_path)
+        self.system.procs.append(proc)
+        return proc
+
+    def _alive(self, prefix: str) -> list[Proc]:
+        return [p for p in self.system.procs if p.name.startswith(prefix) and p.alive()]
+
+    def _leader(self) -> Proc | None:
+        leads = [e for e in _events(self.r, self.keys) if e["kind"] == "planner_lead"]
+        pids = {p.popen.pid: p for p in self._alive("planner-")}
+        for e in reversed(leads):
+            if e.get("pid") in pids:
+                return pids[e["pid"]]
+        return None
+
+    def _supervise(self) -> None:
+        """Restart what died (what compose's ``restart: unless-stopped`` does)."""
+        for h in self.fleet.hosts:
+            if not self._alive(f"gpu-{h.name}-"):
+                self.restarts[f"gpu-{h.name}"] += 1
+                self.system.start_gpu_worker(h.name, n=self.restarts[f"gpu-{h.name}"])
+        while len(self._alive("planner-")) < 2:
+            self.restarts["planner"] += 1
+            self.system.start_planner(10 + self.restarts["planner"])
+        if not self._alive("observer-"):
+            self.restarts["observer"] += 1
+            self._start_observer()
+
+    # -- faults ------------------------------------------------------------------------
+    def inject(self, kind: str) -> str:
+        """Inject one fault; returns what was hit."""
+        if kind in ("worker_kill", "worker_child_kill"):
+            w = self.rng.choice(self._alive("gpu-") or [None])
+            if w is None:
+                return "no worker"
+            if kind == "worker_child_kill":
+                kids = psutil.Process(w.popen.pid).children(recursive=True) if self.pool == "prefork" else []
+                if kids:
+                    k = self.rng.choice(kids)
+                    os.kill(k.pid, signal.SIGKILL)
+                    return f"{w.name} child {k.pid}"
+            os.killpg(w.popen.pid, signal.SIGKILL)
+            w.popen.wait()
+            return w.name
+        if kind in ("planner_kill", "planner_term"):
+            lead = self._leader() or self.rng.choice(self._alive("planner-") or [None])
+            if lead is None:
+                return "no planner"
+            os.killpg(lead.popen.pid, signal.SIGKILL if kind == "planner_kill" else signal.SIGTERM)
+            return lead.name
+        if kind == "observer_kill":
+            for o in self._alive("observer-"):
+                os.killpg(o.popen.pid, signal.SIGKILL)
+                o.popen.wait()
+                return o.name
+            return "no observer"
+        if kind == "redis_drop_clients":
+            n = self.r.execute_command("CLIENT", "KILL", "TYPE", "normal")
+            return f"{n} clients"
+        if kind == "redis_restart":
+            self.srv.restart(down_s=self.rng.uniform(0.0, 0.5))
+            return "redis-server"
+        raise MakespanError(f"unknown fault {kind!r}")
+
+    # -- the run -----------------------------------------------------------------------
+    def _job(self, i: int) -> dict:
+        eps = sorted(self.fleet.endpoints)
+        return {"endpoint": self.rng.choice(eps), "service_s": self.rng.uniform(10, 80),
+                "priority": self.rng.choice(["CRITICAL", "HIGH", "NORMAL", "LOW"]),
+                "idempotency_key": f"chaos-{self.seed}-{i}"}
+
+    def _submit(self, prod: Producer, job: dict) -> str | None:
+        for _ in range(50):  # a submit that failed may have been applied: the key makes it safe to repeat
+            try:
+                return prod.submit(job).id
+            except StoreError:
+                time.sleep(0.1)
+        return None
+
+    def run(self) -> RunResult:
+        t_start = time.time()
+        crashed: list[str] = []
+        try:
+            self.system.start(wait_s=60)
+            self._start_observer()
+            prod = Producer(self.r, self.keys, self.fleet, self.settings)
+            plan_t = sorted(self.rng.uniform(0.0, self.duration_s) for _ in range(self.n_jobs))
+            fault_t = sorted(self.rng.uniform(0.3, self.duration_s) for _ in range(self.n_faults))
+            kinds = [self.rng.choice(FAULTS) for _ in fault_t]
+            jobs = [self._job(i) for i in range(self.n_jobs)]
+            timeline = sorted([(t, "job", i) for i, t in enumerate(plan_t)] + [(t, "fault", k) for t, k in
+                                                                                zip(fault_t, kinds)])
+            accepted: list[str] = []
+            t0 = time.monotonic()
+            for t, what, arg in timeline:
+                time.sleep(max(0.0, t0 + t - time.monotonic()))
+                if what == "job":
+                    jid = self._submit(prod, jobs[arg])
+                    if jid:
+                        accepted.append(jid)
+                else:
+                    hit = self.inject(arg)
+                    self.faults.append((time.time(), f"{arg}:{hit}"))
+                    time.sleep(0.05)
+                    self._supervise()
+            deadline = time.monotonic() + self.timeout_s
+            settled = False
+            while time.monotonic() < deadline:
+                self._supervise()
+                states = [self.r.hget(self.keys.job(j), "state") for j in accepted]
+                if all(s in TERMINAL for s in states):
+                    d = drain_counts(self.r, self.keys, self.fleet)
+                    if not any(d[k] for k in ("leases", "agenda_entries", "busy_slots")) and self._set_points_ok():
+                        settled = self._drain_checked()
+                        if settled:
+                            break
+                time.sleep(0.2)
+            window_s = self.settings.lease_ttl_s * 3 + 5.0
+            viol = check_invariants(self.r, self.keys, self.fleet, accepted, self.faults, window_s)
+            if any(viol.values()):  # keep the evidence next to the process logs
+                self.system.log_dir.mkdir(parents=True, exist_ok=True)
+                (self.system.log_dir / "events.json").write_text(json.dumps(_events(self.r, self.keys), indent=0))
+            states = Counter(self.r.hget(self.keys.job(j), "state") for j in accepted)
+            crashed = [p.name for p in self.system.procs if not p.alive() and p.popen.returncode not in (0, -9, -15)
+                       and not any(p.name in f for _, f in self.faults)]
+            return RunResult(self.seed, self.pool, len(accepted), states, self.faults, viol,
+                             time.time() - t_start, crashed)
+        finally:
+            self.system.stop(grace_s=5)
+            try:
+                delete_prefix(self.r, self.keys)
+            except redis.RedisError:
+                pass
+            self.r.close()
+
+    def _set_points_ok(self) -> bool:
+        from workers.phases import instance_value
+        from workers.planner_worker import set_point_instances
+
+        return all(self.r.mget([self.keys.resident(g) for g in gpus]) == [instance_value(ep, gpus)] * len(gpus)
+                   for ep, gpus in set_point_instances(self.fleet))
+
+    def _drain_checked(self) -> bool:
+        evs = _events(self.r, self.keys)
+        last_end = max((e["ts"] for e in evs if e["kind"] in TERMINAL + ("restore_end",)), default=0.0)
+        return any(e["kind"] == "drain" and e["ts"] >= last_end for e in evs)
+
+
+def write_fleet(workdir: Path) -> Path:
+    p = workdir / "chaos-fleet.toml"
+    p.write_text(CHAOS_FLEET)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="bench.chaos", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", type=int, default=100)
+    ap.add_argument("--seed", type=int, default=1, help="seed of the first run (run i uses seed + i)")
+    ap.add_argument("--jobs", type=int, default=16, help="jobs per run")
+    ap.add_argument("--faults", type=int, default=3, help="faults per run")
+    ap.add_argument("--duration-s", type=float, default=4.0, help="window in which jobs arrive and faults strike")
+    ap.add_argument("--keep-logs", type=Path, default=None, help="keep process logs under this folder")
+    a = ap.parse_args(argv)
+    workdir = Path(a.keep_logs or tempfile.mkdtemp(prefix="makespan-chaos-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    fleet_path = write_fleet(workdir)
+    srv = RedisServer()
+    totals, faults, jobs, states = Counter(), Counter(), 0, Counter()
+    t0 = time.time()
+    try:
+        for i in range(a.runs):
+            res = ChaosRun(srv, fleet_path, a.seed + i, workdir, a.jobs, a.faults, a.duration_s).run()
+            jobs += res.accepted
+            states.update(res.states)
+            for _, f in res.faults:
+                faults[f.split(":")[0]] += 1
+            bad = {k: len(x) for k, x in res.violations.items() if x}
+            totals.update(bad)
+            print(f"run {i + 1:3d} seed {res.seed} pool {res.pool:8s} jobs {res.accepted} {dict(res.states)} "
+                  f"faults {[f for _, f in res.faults]} {res.wall_s:.1f} s "
+                  f"{'OK' if not bad else 'VIOLATIONS ' + json.dumps(res.violations)}"
+                  f"{' crashed ' + str(res.crashed) if res.crashed else ''}", flush=True)
+    finally:
+        srv.stop()
+        if a.keep_logs is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+    print(f"\nruns {a.runs}  jobs {jobs} {dict(states)}  wall {time.time() - t0:.0f} s")
+    print("faults injected: " + ", ".join(f"{k} {faults[k]}" for k in FAULTS) + f" (total {sum(faults.values())})")
+    print("violations: " + ", ".join(f"{k} {totals[k]}" for k in INVARIANTS) + f" (total {sum(totals.values())})")
+    return 1 if sum(totals.values()) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,64 @@
+"""Regression cases for two faults the chaos runner found.
+
+* A GPU worker killed after its execute phase finished but before clear: the reaper
+  used to requeue the job, so its workload ran twice. Now it completes the job.
+* A standby planner whose Redis went away (restart, dropped connection) used to crash
+  in its lock loop; now it waits and keeps standing by.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from app.models import load_fleet
+from app.producer import Producer
+from app.redis_conn import connect, free_port
+from app.settings import Settings
+from workers.leases import LeaseStore
+from workers.planner_worker import PlannerWorker
+from tests.conftest import FLEET_TOML
+
+
+def _leased_job(r, keys, settings, ttl_s):
+    fleet = load_fleet(FLEET_TOML)
+    jid = Producer(r, keys, fleet, settings).submit({"endpoint": "embed", "service_s": 5, "priority": "HIGH"}).id
+    store = LeaseStore(r, keys)
+    lease = store.acquire("L1", ("GPU-host-a-3",), ttl_s, job_id=jid, kind="job", holder="host-a",
+                          queue=keys.queue("HIGH"))
+    assert lease is not None
+    return jid, store
+
+
+def test_reclaim_after_execute_completes_instead_of_requeueing(r, keys, settings):
+    jid, store = _leased_job(r, keys, settings, ttl_s=0.05)
+    r.hset(keys.phase("L1"), "execute", "done")  # the holder died between execute and clear
+    time.sleep(0.1)
+    assert store.reclaim_expired(settings.max_attempts) == {"completed": 1}
+    rec = r.hgetall(keys.job(jid))
+    assert rec["state"] == "completed" and "after execute" in rec["reason"]
+    assert r.zscore(keys.queue("HIGH"), jid) is None
+    assert r.get(keys.gpu("GPU-host-a-3")) is None
+
+
+def test_reclaim_before_execute_still_requeues(r, keys, settings):
+    jid, store = _leased_job(r, keys, settings, ttl_s=0.05)
+    r.hset(keys.phase("L1"), "start_endpoint", "done")
+    time.sleep(0.1)
+    assert store.reclaim_expired(settings.max_attempts) == {"requeued": 1}
+    assert r.hget(keys.job(jid), "state") == "queued"
+    assert r.zscore(keys.queue("HIGH"), jid) is not None
+
+
+def test_standby_planner_outlives_an_unreachable_redis(prefix):
+    dead = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens here
+    s = Settings(redis_url=dead, key_prefix=prefix, lease_ttl_s=2.0)
+    w = PlannerWorker(connect(dead, socket_connect_timeout=0.1), s, load_fleet(FLEET_TOML))
+    out: list = []
+    t = threading.Thread(target=lambda: out.append(w._lead()), daemon=True)
+    t.start()
+    time.sleep(0.8)
+    assert t.is_alive(), "the standby's lock loop died on a connection error"
+    w.stop()
+    t.join(timeout=5)
+    assert out == [None]
