@@ -95,14 +95,15 @@ class HostSpec(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _expand(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("gpu_count") and not data.get("gpus"):
+        n = data.get("gpu_count") if isinstance(data, dict) else None
+        if isinstance(n, int) and not isinstance(n, bool) and 0 < n <= 64 and not data.get("gpus"):
             mem = data.get("memory_mib")
             if mem is None:
                 raise ValueError("gpu_count needs memory_mib")
             data = dict(data)
             data["gpus"] = [
                 {"uuid": f"GPU-{data.get('name')}-{i}", "memory_mib": mem, "index": i}
-                for i in range(int(data["gpu_count"]))
+                for i in range(n)
             ]
         return data
 
@@ -314,6 +315,13 @@ class JobSpec(BaseModel):
             return Priority.parse(v)
         except ValidationError as e:
             raise ValueError(e.reason) from None
+
+    @field_validator("service_s", "deadline_s", mode="before")
+    @classmethod
+    def _no_bool(cls, v: Any) -> Any:
+        if isinstance(v, bool):  # pydantic would read true as 1 s
+            raise ValueError("must be a number of seconds, not a boolean")
+        return v
 
     @field_validator("service_s")
     @classmethod

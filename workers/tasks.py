@@ -69,14 +69,14 @@ def _make_phase_task(phase: str):
 PHASE_TASKS = {p: _make_phase_task(p) for p in ("evict", "start_endpoint", "execute", "clear", "restore")}
 
 
-WARM_PHASES = ("execute", "clear")
+WARM_PHASES = JOB_PHASES  # evict and start_endpoint find nothing to do, but still record their phase events
 
 
 @celery.task(name="makespan.warm_job", bind=True, acks_late=True, ignore_result=True)
 def warm_job(self, ctx: dict) -> str:
     """Fast path for a warm job: its endpoint instance is already resident on exactly its
-    leased GPUs, so evict and start_endpoint have nothing to do. Runs execute then clear
-    in one task (one broker round trip instead of four); each phase stays idempotent and
+    leased GPUs, so evict and start_endpoint have nothing to do. Runs all four phases in
+    one task (one broker round trip instead of four); each phase stays idempotent and
     fenced, so a redelivery replays only what is not done."""
     c = PhaseContext.from_dict(ctx)
     out = "done"
