@@ -383,6 +383,7 @@ def submit_workload(r: redis.Redis, keys: Keys, fleet: FleetSpec, workload: Work
     now = time.time()
     args: list[str] = []
     job_keys: list[str] = []
+    templates: dict[str, dict[str, Any]] = {}
     for name in wl.topo_order():
         s = wl.by_name()[name]
         ep = fleet.endpoints[s.endpoint]
@@ -402,10 +403,15 @@ def submit_workload(r: redis.Redis, keys: Keys, fleet: FleetSpec, workload: Work
         ev = json.dumps({"ts": now, "kind": "submitted", "job": ids[name], "endpoint": s.endpoint,
                          "priority": wl.priority.name, "planned_s": svc, "workload": wid, "step": name})
         args += [ids[name], json.dumps(fields), ev]
+        templates[name] = fields
         job_keys.append(keys.job(ids[name]))
     wfields = {"id": wid, "name": wl.name, "priority": wl.priority.name, "state": "running",
                "retry_budget": wl.retry_budget, "submitted_at": repr(now), "steps": json.dumps(ids),
-               "deps": json.dumps({s.name: list(s.depends_on) for s in wl.steps}), "spec": wl.model_dump_json()}
+               "deps": json.dumps({s.name: list(s.depends_on) for s in wl.steps}), "spec": wl.model_dump_json(),
+               "history": json.dumps({n: [j] for n, j in ids.items()}),
+               **{f"job:{j}": n for n, j in ids.items()},
+               **{f"tmpl:{n}": json.dumps({k: v for k, v in f.items() if k not in ("id", "deps")})
+                  for n, f in templates.items()}}
     script = r.register_script(_SUBMIT_WORKLOAD)
     k = [keys.seq, keys.queue(wl.priority), keys.events, keys.workload(wid), keys.workloads, keys.workloads_active,
          *job_keys]
@@ -431,49 +437,67 @@ def workload_status(r: redis.Redis, keys: Keys, workload_id: str) -> dict[str, A
     ids = json.loads(rec["steps"])
     p = r.pipeline(transaction=False)
     for jid in ids.values():
-        p.hmget(keys.job(jid), "state", "retries", "reason", "started_at", "finished_at")
+        p.hmget(keys.job(jid), "state", "reason", "started_at", "finished_at")
     steps = {}
+    history = json.loads(rec.get("history") or "{}")
     for (name, jid), row in zip(ids.items(), p.execute()):
-        steps[name] = {"job": jid, "state": row[0], "retries": int(row[1] or 0), "reason": row[2] or "",
-                       "started_at": float(row[3]) if row[3] else None,
-                       "finished_at": float(row[4]) if row[4] else None}
-    out = {k: v for k, v in rec.items() if k not in ("steps", "deps", "spec")}
+        steps[name] = {"job": jid, "state": row[0], "retries": int(rec.get(f"retries:{name}") or 0),
+                       "attempts": history.get(name, [jid]), "reason": row[1] or "",
+                       "started_at": float(row[2]) if row[2] else None,
+                       "finished_at": float(row[3]) if row[3] else None}
+    out = {k: v for k, v in rec.items() if k not in ("steps", "deps", "spec", "history") and ":" not in k}
     out["deps"] = json.loads(rec["deps"])
     out["steps"] = steps
     return out
 
 
 # -- execution: retries, failure, cancellation, completion ------------------------------
-# KEYS: job, queue, events ; ARGV: event JSON, now
-# A failed step goes back to its queue (its original seq: FIFO position kept), once.
+# A failed step is retried as a new job (the failed attempt's record stays as it is,
+# for its history and for retention): the workload's step map and every queued
+# dependant's deps are pointed at the new id in the same script.
+# KEYS: workload, new job, queue, events, seq, finished, then dependant job keys
+# ARGV: step, old id, new id, fields JSON, event JSON, then per dependant its deps JSON
 _RETRY = """
-if redis.call('HGET', KEYS[1], 'state') ~= 'failed' then return 0 end
-local seq = redis.call('HGET', KEYS[1], 'seq')
-redis.call('HINCRBY', KEYS[1], 'retries', 1)
-redis.call('HSET', KEYS[1], 'state', 'queued', 'last_failure', redis.call('HGET', KEYS[1], 'reason') or '',
-           'reason', '', 'requeued_at', ARGV[2])
-redis.call('HDEL', KEYS[1], 'finished_at', 'cancel_requested', 'lease')
-redis.call('ZADD', KEYS[2], seq, redis.call('HGET', KEYS[1], 'id'))
-redis.call('XADD', KEYS[3], 'MAXLEN', '~', '1000000', '*', 'e', ARGV[1])
+if redis.call('HGET', KEYS[1], 'state') ~= 'running' then return 0 end
+local steps = cjson.decode(redis.call('HGET', KEYS[1], 'steps'))
+if steps[ARGV[1]] ~= ARGV[2] then return 0 end
+steps[ARGV[1]] = ARGV[3]
+local hist = cjson.decode(redis.call('HGET', KEYS[1], 'history'))
+table.insert(hist[ARGV[1]], ARGV[3])
+redis.call('HSET', KEYS[1], 'steps', cjson.encode(steps), 'history', cjson.encode(hist), 'job:' .. ARGV[3], ARGV[1])
+redis.call('HINCRBY', KEYS[1], 'retries:' .. ARGV[1], 1)
+local seq = redis.call('INCR', KEYS[5])
+local fields = cjson.decode(ARGV[4])
+local f = {}
+for k, v in pairs(fields) do table.insert(f, k); table.insert(f, tostring(v)) end
+table.insert(f, 'seq'); table.insert(f, tostring(seq))
+redis.call('HSET', KEYS[2], unpack(f))
+redis.call('ZADD', KEYS[3], seq, ARGV[3])
+for i = 7, #KEYS do
+  if redis.call('HGET', KEYS[i], 'state') == 'queued' then redis.call('HSET', KEYS[i], 'deps', ARGV[i - 1]) end
+end
+redis.call('XADD', KEYS[4], 'MAXLEN', '~', '1000000', '*', 'e', ARGV[5])
 return 1
 """
 
-# KEYS: workload, active, events, queue, then job keys ; ARGV: now, reason, final state, then job ids
+# KEYS: workload, active, events, queue, finished index, then job keys
+# ARGV: now, reason, final state, then job ids
 # Queued steps are cancelled at once; leased/running ones are asked to stop at their
 # next phase boundary (the GPU worker then releases their lease).
 _CANCEL_WORKLOAD = """
-local n = #KEYS - 4
+local n = #KEYS - 5
 local out = {0, 0}
 for i = 1, n do
-  local st = redis.call('HGET', KEYS[4 + i], 'state')
+  local st = redis.call('HGET', KEYS[5 + i], 'state')
   if st == 'queued' then
     redis.call('ZREM', KEYS[4], ARGV[3 + i])
-    redis.call('HSET', KEYS[4 + i], 'state', 'cancelled', 'finished_at', ARGV[1], 'reason', ARGV[2])
+    redis.call('HSET', KEYS[5 + i], 'state', 'cancelled', 'finished_at', ARGV[1], 'reason', ARGV[2])
+    redis.call('ZADD', KEYS[5], ARGV[1], ARGV[3 + i])
     redis.call('XADD', KEYS[3], 'MAXLEN', '~', '1000000', '*', 'e',
                cjson.encode({ts = tonumber(ARGV[1]), kind = 'cancelled', job = ARGV[3 + i], reason = ARGV[2]}))
     out[1] = out[1] + 1
   elseif st == 'leased' or st == 'running' then
-    redis.call('HSET', KEYS[4 + i], 'cancel_requested', '1')
+    redis.call('HSET', KEYS[5 + i], 'cancel_requested', '1')
     out[2] = out[2] + 1
   end
 end
@@ -508,7 +532,8 @@ def cancel_workload(r: redis.Redis, keys: Keys, workload_id: str, reason: str = 
 
 def _cancel_steps(r, keys, wid, prio, job_ids, reason, final_state) -> dict[str, int]:
     script = r.register_script(_CANCEL_WORKLOAD)
-    k = [keys.workload(wid), keys.workloads_active, keys.events, keys.queue(prio), *[keys.job(j) for j in job_ids]]
+    k = [keys.workload(wid), keys.workloads_active, keys.events, keys.queue(prio), f"{keys.prefix}:finished",
+         *[keys.job(j) for j in job_ids]]
     a, b = script(keys=k, args=[repr(time.time()), reason, final_state, *job_ids])
     if final_state:
         from app import events
@@ -518,13 +543,18 @@ def _cancel_steps(r, keys, wid, prio, job_ids, reason, final_state) -> dict[str,
 
 
 def retry_pending(r: redis.Redis, keys: Keys, job_id: str) -> bool:
-    """True if ``job_id`` failed but its workload's retry budget will queue it again
-    (so its dependants must wait rather than be cancelled)."""
-    wid, retries, state = r.hmget(keys.job(job_id), "workload_id", "retries", "state")
-    if not wid or state != "failed":
+    """True if ``job_id`` is a failed workload step that was or will be retried (its
+    workload is running and the step's retries are within the budget), so its
+    dependants must wait rather than be cancelled."""
+    wid = r.hget(keys.job(job_id), "workload_id")
+    if not wid:
         return False
-    wstate, budget = r.hmget(keys.workload(wid), "state", "retry_budget")
-    return wstate == "running" and int(retries or 0) < int(budget or 0)
+    wstate, budget, steps, step = r.hmget(keys.workload(wid), "state", "retry_budget", "steps", f"job:{job_id}")
+    if wstate != "running" or not step or not steps:
+        return False
+    if json.loads(steps).get(step) != job_id:
+        return True  # already retried under a new job id
+    return int(r.hget(keys.workload(wid), f"retries:{step}") or 0) < int(budget or 0)
 
 
 def _dependants(deps: dict[str, list[str]], roots: set[str]) -> set[str]:
@@ -554,23 +584,23 @@ def advance_workloads(r: redis.Redis, keys: Keys) -> dict[str, int]:
         wstate, budget, ids, deps, prio = rec[0], int(rec[1] or 0), json.loads(rec[2]), json.loads(rec[3]), rec[4]
         p = r.pipeline(transaction=False)
         for jid in ids.values():
-            p.hmget(keys.job(jid), "state", "retries", "reason")
-        rows = dict(zip(ids, p.execute()))
+            p.hmget(keys.job(jid), "state", "reason")
+        p.hgetall(keys.workload(wid))
+        *jrows, wrec = p.execute()
+        rows = {step: [st, int(wrec.get(f"retries:{step}") or 0), reason]
+                for step, (st, reason) in zip(ids, jrows)}
         dead: set[str] = set()
         for step, (st, retries, reason) in rows.items():
-            if st == "failed" and wstate == "running" and int(retries or 0) < budget:
-                ev = json.dumps({"ts": time.time(), "kind": "retried", "job": ids[step], "workload": wid,
-                                 "step": step, "retry": int(retries or 0) + 1, "reason": reason})
-                if r.register_script(_RETRY)(keys=[keys.job(ids[step]), keys.queue(prio), keys.events],
-                                             args=[ev, repr(time.time())]):
+            if st == "failed" and wstate == "running" and retries < budget:
+                if _retry(r, keys, wid, wrec, step, ids, deps, prio, retries, reason):
                     out["retried"] += 1
-                    rows[step] = ["queued", retries, ""]
+                    rows[step] = ["queued", retries + 1, ""]
             elif st in ("failed", "cancelled"):
                 dead.add(step)
         if dead and wstate == "running":
             victims = _dependants(deps, dead)
             first = sorted(dead)[0]
-            reason = f"step {first} {rows[first][0]} after {int(rows[first][1] or 0)} retries: {rows[first][2]}"
+            reason = f"step {first} {rows[first][0]} after {rows[first][1]} retries: {rows[first][2]}"
             _cancel_steps(r, keys, wid, prio, [ids[s] for s in sorted(victims)], f"dependency {first} did not complete",
                           "")
             with r.pipeline() as pp:
@@ -595,3 +625,20 @@ def advance_workloads(r: redis.Redis, keys: Keys) -> dict[str, int]:
                 pp.execute()
             out["finished"] += 1
     return out
+
+
+def _retry(r, keys, wid, wrec, step, ids, deps, prio, retries, reason) -> bool:
+    new_id = uuid.uuid4().hex
+    now = time.time()
+    fields = {**json.loads(wrec[f"tmpl:{step}"]), "id": new_id, "state": "queued", "submitted_at": repr(now),
+              "retries": retries + 1}
+    new_ids = {**ids, step: new_id}
+    if deps.get(step):
+        fields["deps"] = json.dumps([new_ids[d] for d in deps[step]])
+    dependants = [s for s, ds in deps.items() if step in ds]
+    ev = json.dumps({"ts": now, "kind": "retried", "job": new_id, "previous": ids[step], "workload": wid,
+                     "step": step, "retry": retries + 1, "reason": reason})
+    k = [keys.workload(wid), keys.job(new_id), keys.queue(prio), keys.events, keys.seq, f"{keys.prefix}:finished",
+         *[keys.job(ids[d]) for d in dependants]]
+    a = [step, ids[step], new_id, json.dumps(fields), ev, *[json.dumps([new_ids[x] for x in deps[d]]) for d in dependants]]
+    return bool(r.register_script(_RETRY)(keys=k, args=a))

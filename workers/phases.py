@@ -257,10 +257,52 @@ class PhaseRunner:
                                               ("HSET", self.keys.job(ctx.job_id), "state", "running",
                                                "started_at", repr(time.time()))]):
             raise StaleFencingToken("lease lost before execute")
-        self._sleep(ctx.service_s, hb, ctx)
+        payload = self._payload(ctx)
+        inst = self._request_target(ctx) if payload.get("requests") else None
+        if inst is not None:  # request-level execution against the real endpoint
+            from workers.requests import RequestRunner
+
+            res = RequestRunner(self.r, self.keys, inst.id, inst.url, self.fleet.endpoints[ctx.endpoint].model,
+                                self.fleet.endpoints[ctx.endpoint].slots, self._stopper(ctx, hb)).run(ctx.job_id, payload)
+            if hb.lost.is_set():
+                raise StaleFencingToken(f"lease {ctx.lease_id} lost during phase")
+            if res.sent < int(payload["requests"]):  # stopped early: a cancel was requested
+                raise PhaseError(f"cancelled while running ({res.sent} of {payload['requests']} requests sent)")
+            extra.update(res.summary(), instance=inst.id)
+        else:
+            self._sleep(ctx.service_s, hb, ctx)
         if not self.leases.fenced(ctx.lease, [("DEL", busy)]):
             raise StaleFencingToken("lease lost during execute")
         return ctx.service_s
+
+    def _payload(self, ctx: PhaseContext) -> dict:
+        """The job's payload (from the context, else from the job record's spec)."""
+        if ctx.payload:
+            return ctx.payload
+        raw = self.r.hget(self.keys.job(ctx.job_id), "spec")
+        return (json.loads(raw).get("payload") or {}) if raw else {}
+
+    def _request_target(self, ctx: PhaseContext) -> Instance | None:
+        """The running instance of ``ctx.endpoint`` on exactly these GPUs that has a URL."""
+        for i in self._instances_on(ctx.gpus):
+            if i.endpoint == ctx.endpoint and i.url and sorted(i.gpus) == sorted(ctx.gpus):
+                return i
+        return None
+
+    def _stopper(self, ctx: PhaseContext, hb: LeaseHeartbeat):
+        """A cheap ``should_stop`` for the request runner: lease lost, or a cancel
+        requested (the job record is read at most every 50 ms)."""
+        seen = {"t": 0.0, "stop": False}
+
+        def stop() -> bool:
+            if hb.lost.is_set() or seen["stop"]:
+                return True
+            now = time.monotonic()
+            if now - seen["t"] > 0.05:
+                seen["t"] = now
+                seen["stop"] = self.r.hget(self.keys.job(ctx.job_id), "cancel_requested") == "1"
+            return seen["stop"]
+        return stop
 
     def _phase_clear(self, ctx: PhaseContext, hb: LeaseHeartbeat, extra: dict) -> float:
         # Per-job state on the instance (request leases, caches) is dropped here; the

@@ -178,6 +178,10 @@ class PlannerWorker:
         """Up to ``batch_size`` queued jobs, CRITICAL first (strict priority), FIFO within a level."""
         out: list[PlanJob] = []
         room = self.settings.batch_size
+        if self.r.scard(self.keys.workloads_active):  # workload steps: retries, failure, completion
+            from app.workloads import advance_workloads
+
+            advance_workloads(self.r, self.keys)
         for lvl in Priority:
             if room <= 0:
                 break
@@ -204,6 +208,10 @@ class PlannerWorker:
         if all(s == "completed" for s in states):
             return True
         bad = [d for d, s in zip(deps, states) if s in ("failed", "cancelled") or s is None]
+        if bad and "failed" in states:
+            from app.workloads import retry_pending  # a workload step that will be retried: wait
+
+            bad = [d for d in bad if not retry_pending(self.r, self.keys, d)]
         if bad:
             prio = self.r.hget(self.keys.job(jid), "priority") or "NORMAL"
             with self.r.pipeline() as p:

@@ -1,0 +1,138 @@
+"""Workloads on the live system: real planner and GPU worker processes, real endpoint
+processes over HTTP. Precedence from recorded events, retry budget and cancellation
+of dependants, cancelling a workload, caps and request-lease drain."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from app.live import LiveSystem
+from app.models import load_fleet
+from app.workloads import Workload, cancel_workload, chain, group, submit_workload, workload_status
+from tests.live import all_events, overlaps, wait_for
+
+FLEET = Path(__file__).with_name("fleet.toml").resolve()
+
+
+@pytest.fixture
+def fleet():
+    return load_fleet(FLEET)
+
+
+@pytest.fixture
+def system(settings, fleet, tmp_path):
+    s = LiveSystem(FLEET, fleet, settings, tmp_path / "logs")
+    s.start()
+    yield s
+    s.stop()
+
+
+def _wait_final(r, keys, wid, timeout_s=60):
+    return wait_for(lambda: (st := workload_status(r, keys, wid))["state"] != "running" and
+                    all(x["state"] in ("completed", "failed", "cancelled") for x in st["steps"].values()) and st,
+                    timeout_s, "the workload to finish", 0.1)
+
+
+def _requests(r, keys, job):
+    return [json.loads(x) for x in r.lrange(keys.requests(job), 0, -1)]
+
+
+def _max_overlap(recs):
+    pts = sorted([(x["t0"], 1) for x in recs] + [(x["t1"], -1) for x in recs], key=lambda p: (p[0], p[1]))
+    cur = best = 0
+    for _, d in pts:
+        cur += d
+        best = max(best, cur)
+    return best
+
+
+def _request_drain(r, keys):
+    leases = sum(r.zcard(k) for k in r.scan_iter(f"{keys.prefix}:reqlease:*"))
+    waiters = sum(int(r.get(k) or 0) for k in r.scan_iter(f"{keys.prefix}:reqwait:*"))
+    return leases, waiters
+
+
+def test_diamond_precedence_caps_and_drain(r, keys, settings, fleet, system):
+    wl = Workload("diamond", priority="HIGH")
+    a = wl.step("gen", "gen", requests=12, prompt="item {i}", request_s=0.5)
+    b = wl.step("judge", "judge", requests=6, route="/v1/chat/completions", request_s=8)
+    c = wl.step("embed", "embed", requests=16, route="/v1/embeddings", request_s=0.5)
+    d = wl.step("final", "sim", service_s=5)
+    chain(a, group(b, c), d)
+    wid = submit_workload(r, keys, fleet, wl, settings)
+    st = _wait_final(r, keys, wid)
+    assert st["state"] == "completed", st
+    ids = {n: s["job"] for n, s in st["steps"].items()}
+    evs = all_events(r, keys)
+    leased = {e["job"]: e["ts"] for e in evs if e["kind"] == "leased"}
+    done = {e["job"]: e["ts"] for e in evs if e["kind"] == "completed"}
+    deps = st["deps"]
+    for step, ds in deps.items():
+        for dep in ds:  # no step starts (is leased GPUs) before each dependency completed
+            assert leased[ids[step]] >= done[ids[dep]], (step, dep)
+    # request level: every request of a step after every request of its dependencies
+    recs = {n: _requests(r, keys, ids[n]) for n in ("gen", "judge", "embed")}
+    assert [len(recs[n]) for n in ("gen", "judge", "embed")] == [12, 6, 16]
+    for n in ("judge", "embed"):
+        assert min(x["t0"] for x in recs[n]) >= max(x["t1"] for x in recs["gen"])
+    by_inst = defaultdict(list)
+    for n, rs in recs.items():
+        for x in rs:
+            by_inst[(n, x["instance"])].append(x)
+    for (n, inst), rs in by_inst.items():
+        assert _max_overlap(rs) <= fleet.endpoints[n].slots
+        assert int(r.get(keys.req_peak(inst))) <= fleet.endpoints[n].slots
+    assert all(x["ok"] for rs in recs.values() for x in rs)
+    ends = {e["job"]: e for e in evs if e["kind"] == "phase_end" and e.get("phase") == "execute"}
+    assert ends[ids["judge"]]["requests"] == 6 and ends[ids["judge"]]["latency_ms_p50"] >= 80
+    assert _request_drain(r, keys) == (0, 0)
+    assert overlaps(evs) == []
+    assert any(e["kind"] == "workload_completed" and e["workload"] == wid for e in evs)
+
+
+def test_failed_step_retries_then_fails_workload_and_cancels_dependants(r, keys, settings, fleet, system):
+    wl = Workload("fails", retry_budget=2)
+    a = wl.step("a", "gen", requests=4)
+    b = wl.step("b", "judge", requests=2, request_timeout_s=0.01, after=[a])  # 80 ms > 10 ms timeout
+    wl.step("c", "gen", requests=2, after=[b])
+    wl.step("d", "embed", requests=4)  # independent of the failure
+    wid = submit_workload(r, keys, fleet, wl, settings)
+    st = _wait_final(r, keys, wid)
+    s = st["steps"]
+    assert st["state"] == "failed" and "step b failed" in st["reason"]
+    assert (s["a"]["state"], s["b"]["state"], s["c"]["state"], s["d"]["state"]) == \
+        ("completed", "failed", "cancelled", "completed")
+    assert s["b"]["retries"] == 2
+    evs = all_events(r, keys)
+    attempts = s["b"]["attempts"]
+    assert len(attempts) == 3 and attempts[-1] == s["b"]["job"]
+    assert len([e for e in evs if e["kind"] == "retried" and e.get("workload") == wid and e["step"] == "b"]) == 2
+    assert sorted(e["job"] for e in evs if e["kind"] == "failed" and e.get("job") in attempts) == sorted(attempts)
+    assert not [e for e in evs if e["kind"] == "leased" and e["job"] == s["c"]["job"]]
+    assert len(_requests(r, keys, s["a"]["job"])) == 4  # results of finished steps are kept
+    assert _request_drain(r, keys) == (0, 0)
+    wait_for(lambda: not r.zcard(keys.leases), 10, "leases released")
+
+
+def test_cancel_workload_cancels_queued_and_releases_gpus(r, keys, settings, fleet, system):
+    wl = Workload("long")
+    a = wl.step("long", "judge", requests=200)  # 200 × 80 ms / 2 slots ≈ 8 s
+    wl.step("after1", "gen", requests=2, after=[a])
+    wl.step("after2", "embed", requests=2, after=[a])
+    wid = submit_workload(r, keys, fleet, wl, settings)
+    job = workload_status(r, keys, wid)["steps"]["long"]["job"]
+    wait_for(lambda: r.llen(keys.requests(job)) >= 4, 30, "the long step to send requests")
+    out = cancel_workload(r, keys, wid)
+    assert out == {"cancelled": 2, "cancel_requested": 1}
+    st = _wait_final(r, keys, wid, 30)
+    assert st["state"] == "cancelled"
+    assert st["steps"]["after1"]["state"] == st["steps"]["after2"]["state"] == "cancelled"
+    assert "cancelled while running" in st["steps"]["long"]["reason"]
+    assert r.llen(keys.requests(job)) < 200  # it stopped sending
+    wait_for(lambda: not r.zcard(keys.leases) and not any(r.get(keys.gpu(g)) for g in fleet.gpu_uuids()), 10,
+             "GPUs released")
+    assert _request_drain(r, keys) == (0, 0)
