@@ -156,6 +156,11 @@ class PhaseRunner:
             return "stale"
         if self._done(ctx, phase):
             return "skipped"
+        if not self.r.hsetnx(self.keys.phase(ctx.lease_id), f"{phase}:claimed", "1"):
+            # A second delivery of a phase already running (the broker restores unacked
+            # messages when a connection drops): stop this copy and its chain.
+            log.info("phase %s of lease %s: duplicate delivery, not acting", phase, ctx.lease_id)
+            return "stale"
         with LeaseHeartbeat(self.leases, lease, self.settings.lease_ttl_s, self.settings.heartbeat_s) as hb:
             if ctx.kind == "job" and phase != "clear" and self.r.hget(self.keys.job(ctx.job_id), "cancel_requested") == "1":
                 return self._finish(ctx, "cancelled", "cancelled while running")

@@ -62,3 +62,26 @@ def test_standby_planner_outlives_an_unreachable_redis(prefix):
     w.stop()
     t.join(timeout=5)
     assert out == [None]
+
+
+def test_duplicate_delivery_of_a_running_phase_does_not_run_it_twice(r, keys, settings):
+    """The broker restores unacked messages when a connection drops, so the same phase
+    task can arrive twice while the first copy still runs (found by bench/chaos.py)."""
+    import json
+
+    from workers.phases import PhaseContext, PhaseRunner
+
+    jid, store = _leased_job(r, keys, settings, ttl_s=settings.lease_ttl_s)
+    token = int(r.hget(keys.lease("L1"), "token"))
+    ctx = PhaseContext("L1", token, ["GPU-host-a-3"], "host-a", "job", "embed", jid, "HIGH", 50.0)  # 0.5 s
+    runner = PhaseRunner(r, settings, load_fleet(FLEET_TOML))
+    out: list = []
+    first = threading.Thread(target=lambda: out.append(runner.run(ctx, "execute")))
+    first.start()
+    time.sleep(0.15)
+    second = runner.run(ctx, "execute")
+    first.join(timeout=10)
+    assert (out, second) == (["done"], "stale")
+    ends = [json.loads(f["e"]) for _i, f in r.xrange(keys.events)]
+    assert sum(1 for e in ends if e["kind"] == "phase_end" and e.get("phase") == "execute") == 1
+    assert runner.run(ctx, "execute") == "skipped"  # a late copy after it finished

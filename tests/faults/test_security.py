@@ -1,0 +1,123 @@
+"""Security: JSON-only Celery (pickle refused), Redis AUTH/TLS/Sentinel URLs, Flower
+behind authentication, launch commands only from the fleet file, payload size limit,
+no secret in error output."""
+
+from __future__ import annotations
+
+import inspect
+import pickle
+from pathlib import Path
+
+import pytest
+import redis
+from kombu.exceptions import ContentDisallowed
+from kombu.serialization import dumps, loads, prepare_accept_content
+from typer.testing import CliRunner
+
+from app.celery_app import create_celery
+from app.cli import app as cli_app
+from app.errors import ValidationError
+from app.models import load_fleet, parse_job
+from app.redis_conn import connect, free_port, redacted
+from app.settings import Settings
+from tests.conftest import FLEET_TOML
+
+FLEET = load_fleet(FLEET_TOML)
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_celery_accepts_json_only_and_refuses_pickle():
+    app = create_celery(Settings())
+    c = app.conf
+    assert (c.task_serializer, c.result_serializer, c.event_serializer) == ("json", "json", "json")
+    assert list(c.accept_content) == ["json"] and list(c.result_accept_content) == ["json"]
+    accept = prepare_accept_content(c.accept_content)  # what the worker's consumer checks against
+    ctype, enc, body = dumps({"lease_id": "x"}, serializer="pickle")
+    assert pickle.loads(body) == {"lease_id": "x"}
+    with pytest.raises(ContentDisallowed):
+        loads(body, ctype, enc, accept=accept)
+    ctype, enc, body = dumps({"lease_id": "x"}, serializer="json")
+    assert loads(body, ctype, enc, accept=accept) == {"lease_id": "x"}
+    app.close()
+
+
+def test_redis_url_with_password_and_tls():
+    c = connect("rediss://:s3cret@cache.example:6380/2?ssl_cert_reqs=required")
+    kw = c.connection_pool.connection_kwargs
+    assert c.connection_pool.connection_class is redis.SSLConnection
+    assert (kw["host"], kw["port"], kw["db"], kw["password"]) == ("cache.example", 6380, 2, "s3cret")
+    c = connect("redis://user:pw@10.0.0.5:6379/1")
+    kw = c.connection_pool.connection_kwargs
+    assert c.connection_pool.connection_class is redis.Connection
+    assert (kw["username"], kw["password"], kw["db"]) == ("user", "pw", 1)
+
+
+def test_redis_sentinel_url():
+    c = connect("redis+sentinel://:pw@s1:26379,s2:26380/mymaster/3")
+    pool = c.connection_pool
+    assert pool.service_name == "mymaster"
+    assert pool.connection_kwargs["db"] == 3 and pool.connection_kwargs["password"] == "pw"
+    hosts = [(s.connection_pool.connection_kwargs["host"], s.connection_pool.connection_kwargs["port"])
+             for s in pool.sentinel_manager.sentinels]
+    assert hosts == [("s1", 26379), ("s2", 26380)]
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:6379", "redis+sentinel://s1:26379", "memcached://x"])
+def test_bad_redis_urls_are_refused(url):
+    with pytest.raises(ValidationError) as ei:
+        connect(url)
+    assert ei.value.field == "redis_url"
+
+
+def test_redacted_hides_the_password():
+    assert redacted("redis://:s3cret@h:6379/0") == "redis://:***@h:6379/0"
+    assert redacted("rediss://user:s3cret@h:6380/0") == "rediss://user:***@h:6380/0"
+    assert redacted("redis://h:6379/0") == "redis://h:6379/0"
+
+
+def test_cli_error_does_not_print_the_redis_password(prefix):
+    url = f"redis://:s3cret-pw@127.0.0.1:{free_port()}/0"  # nothing listens: the submit fails
+    res = CliRunner().invoke(cli_app, ["submit", "--fleet", FLEET_TOML, "--endpoint", "chat", "--service-s", "5"],
+                             env={"MAKESPAN_REDIS_URL": url, "MAKESPAN_KEY_PREFIX": prefix})
+    assert res.exit_code != 0
+    assert "s3cret-pw" not in res.output and "s3cret-pw" not in str(res.exception or "")
+
+
+@pytest.mark.parametrize("extra", [{"launch": {"command": ["sh", "-c", "id"]}}, {"command": ["rm", "-rf", "/"]},
+                                   {"model": "evil/model"}, {"tensor_parallel": 8}, {"driver": "process"}])
+def test_no_job_field_can_choose_what_runs(extra):
+    with pytest.raises(ValidationError) as ei:
+        parse_job({"endpoint": "renderer", "service_s": 5, **extra}, FLEET)
+    assert ei.value.reason == "unknown key"
+
+
+def test_endpoint_name_cannot_smuggle_arguments():
+    for ep in ("renderer --evil", "renderer;id", "../renderer", "renderer\n--port=1"):
+        with pytest.raises(ValidationError) as ei:
+            parse_job({"endpoint": ep, "service_s": 5}, FLEET)
+        assert ei.value.field == "job.endpoint"
+
+
+def test_drivers_take_the_launch_spec_from_the_fleet_only():
+    """A driver's start sees the fleet's EndpointSpec, GPUs, time scale and host: no
+    job payload reaches it, so a payload (opaque to makespan) cannot alter argv."""
+    from workers.drivers import get_driver
+
+    for name in ("process", "vllm", "simulated"):
+        params = list(inspect.signature(get_driver(name).start).parameters)
+        assert params[:2] == ["endpoint", "gpus"] and "payload" not in params
+
+
+def test_payload_size_limit():
+    limit = Settings().max_payload_bytes
+    fill = limit - len('{"b": ""}')
+    parse_job({"endpoint": "chat", "service_s": 5, "payload": {"b": "x" * fill}}, FLEET)  # exactly the limit
+    with pytest.raises(ValidationError) as ei:
+        parse_job({"endpoint": "chat", "service_s": 5, "payload": {"b": "x" * (fill + 1)}}, FLEET)
+    assert ei.value.field == "job.payload" and str(limit) in ei.value.reason
+
+
+def test_compose_protects_flower_and_persists_redis():
+    text = (ROOT / "compose" / "compose.yaml").read_text()
+    assert "--basic-auth=" in text
+    assert '"--appendonly", "yes"' in text
