@@ -1,10 +1,40 @@
-"""Shared fleet for the planner benchmarks: 8 endpoints (TP 1/2/4, cold starts 45–240 s,
-one with a sleep mode), hosts of 8 GPUs, a few endpoints at the set point."""
+"""Shared fleet and trace windows for the planner benchmarks.
+
+Fleet: 8 endpoints (TP 1/2/4, cold starts 45–240 s, one with a sleep mode), hosts of 8
+GPUs, a few endpoints at the set point.
+
+Window rule (transition-heavy windows, issue 3; computed from the trace alone — the same
+for every policy and seed):
+    1. candidates are ``n`` consecutive rows starting at rows 0, n, 2n, … of a trace,
+       mapped with seed 0 (TP comes from the row's GPU count, so the test below does
+       not depend on the seed);
+    2. service times are winsorized at the window's 95th percentile (ITP and Alibaba
+       are heavy-tailed: single jobs run for weeks, which would make one job the whole
+       makespan);
+    3. the first candidate whose largest job GPU area ≤ ½ × (window GPU area ÷ GPUs) is
+       the trace's window (no single job outlasts half a GPU's share of the work);
+    4. time scales: service times are divided so that the window's median service time
+       is ``MEDIAN_SERVICE_S`` (300 s, against cold starts of 45–240 s), and submission
+       times are divided so that the offered load Σ p_j·tp_j ÷ (GPUs × arrival span)
+       is ``OFFERED_LOAD`` (1.4: chosen once, for all windows and policies, so that the
+       best policy's measured utilization lands in 70–95 %; 0.9 gave 0.71, 1.1 gave 0.73).
+The resulting utilization, cold starts and model count are printed by the benchmark
+next to the results, so that a reader can check the windows are transition-heavy.
+"""
+
+from __future__ import annotations
+
+import statistics
 
 from app.models import parse_fleet
+from app.traces import read_trace
+from planner.model import PlanJob
 
 ITP = "/work/shared/data/traces/msft-itp-2021/"
 ALIBABA = "/work/shared/data/traces/alibaba-fgd-2023/openb_pod_list_default.csv"
+TRACES = [ITP + "cluster02.csv", ITP + "cluster05.csv", ITP + "cluster09.csv", ALIBABA]
+MEDIAN_SERVICE_S = 300.0
+OFFERED_LOAD = 1.4
 
 
 def bench_fleet(gpus: int):
@@ -22,3 +52,38 @@ def bench_fleet(gpus: int):
     out["m1"]["set_point"] = [{"host": "h0", "gpus": [0]}]
     out["m2"]["set_point"] = [{"host": "h0", "gpus": [1]}]
     return parse_fleet({"name": f"bench{gpus}", "hosts": hosts, "endpoints": out})
+
+
+def _cap(rows) -> float:
+    return statistics.quantiles([j.service_s for j in rows], n=20)[-1]
+
+
+def select_window(path: str, fleet, n: int, gpus: int, max_rows: int = 20000) -> int:
+    """First row of the trace's window (module doc, steps 1–3). Raises ValueError if none."""
+    tp = {k: e.tensor_parallel for k, e in fleet.endpoints.items()}
+    rows = read_trace(path, fleet, seed=0, limit=max_rows)
+    for st in range(0, len(rows) - n + 1, n):
+        js = rows[st:st + n]
+        cap = _cap(js)
+        areas = [min(j.service_s, cap) * tp[j.endpoint] for j in js]
+        if max(areas) <= 0.5 * sum(areas) / gpus:
+            return st
+    raise ValueError(f"{path}: no window of {n} rows passes the rule")
+
+
+def window_jobs(path: str, fleet, start: int, n: int, seed: int, gpus: int) -> tuple[list[PlanJob], dict]:
+    """The window's jobs as planner jobs (module doc, steps 2 and 4) and its scaling
+    {service_scale, arrival_scale, offered_load, models}."""
+    tp = {k: e.tensor_parallel for k, e in fleet.endpoints.items()}
+    js = read_trace(path, fleet, seed=seed, start=start, limit=n)
+    cap = _cap(js)
+    svc = [min(j.service_s, cap) for j in js]
+    s_scale = statistics.median(svc) / MEDIAN_SERVICE_S
+    area = sum(s * tp[j.endpoint] for s, j in zip(svc, js)) / s_scale
+    span = max(j.submit_s for j in js) - min(j.submit_s for j in js)
+    a_scale = span / (area / (gpus * OFFERED_LOAD)) if span > 0 else 1.0
+    t0 = min(j.submit_s for j in js)
+    out = [PlanJob(j.id, j.endpoint, float(j.priority.weight), (j.submit_s - t0) / a_scale, s / s_scale,
+                   int(j.priority), seq=i) for i, (j, s) in enumerate(zip(js, svc))]
+    return out, {"service_scale": s_scale, "arrival_scale": a_scale, "offered_load": OFFERED_LOAD,
+                 "models": len({j.endpoint for j in js})}

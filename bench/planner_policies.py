@@ -1,11 +1,14 @@
 """Benchmark (a): policies in the simulator over real trace windows × seeds.
 
+Windows: the transition-heavy window rule of ``bench/planner_common.py`` (3 ITP clusters
+and the Alibaba pod list; a documented rule, the same for every policy and seed).
+
 Prints, per policy, mean ± stdev over windows × seeds of weighted completion, makespan,
 cold starts, and ratios against fifo / min-evict / wspt and weighted ÷ lower bound.
 ``cpsat-fast`` is the default policy (portfolio + CP-SAT LNS) with a 0.1 s limit per
 batch (the 1 s default makes a replay of hundreds of planning points too long here).
 
-    .venv/bin/python bench/planner_policies.py [--jobs 200] [--gpus 16] [--time-scale 20]
+    .venv/bin/python bench/planner_policies.py [--jobs 200] [--gpus 16] [--seeds 3] [--with-cpsat]
 """
 
 import argparse
@@ -17,13 +20,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from app.traces import read_trace  # noqa: E402
 from planner.api import POLICIES  # noqa: E402
 from planner.cpsat import cpsat_policy  # noqa: E402
 from planner.simulator import simulate  # noqa: E402
-from planner_common import ITP, bench_fleet  # noqa: E402
-
-WINDOWS = [(ITP + "cluster02.csv", 1000), (ITP + "cluster05.csv", 500), (ITP + "cluster09.csv", 3000)]
+from planner_common import TRACES, bench_fleet, select_window, window_jobs  # noqa: E402
 POLS = ["fifo", "min-evict", "wspt", "portfolio", "cpsat-fast"]
 
 
@@ -31,19 +31,24 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--jobs", type=int, default=200)
     ap.add_argument("--gpus", type=int, default=16)
-    ap.add_argument("--time-scale", type=float, default=20.0)
+    ap.add_argument("--policies", default=None, help="comma-separated subset")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--with-cpsat", action="store_true", help="also cpsat-fast (about 75 s per replay here)")
     a = ap.parse_args()
     pols = POLS if a.with_cpsat else POLS[:-1]
+    if a.policies:
+        pols = a.policies.split(",")
     POLICIES["cpsat-fast"] = partial(cpsat_policy, time_limit_s=0.1)
     fleet = bench_fleet(a.gpus)
     res: dict[str, list[dict]] = {p: [] for p in pols}
-    for path, start in WINDOWS:
+    windows = [(path, select_window(path, fleet, a.jobs, a.gpus)) for path in TRACES]
+    for path, start in windows:
         for seed in range(a.seeds):
-            jobs = read_trace(path, fleet, seed=seed, start=start, limit=a.jobs)
+            jobs, info = window_jobs(path, fleet, start, a.jobs, seed, a.gpus)
+            print(f"# {Path(path).stem}@{start} seed={seed} models={info['models']} "
+                  f"service ÷{info['service_scale']:.3g} arrivals ÷{info['arrival_scale']:.3g}", flush=True)
             for p in pols:
-                r = simulate(jobs, fleet, p, seed, time_scale=a.time_scale)
+                r = simulate(jobs, fleet, p, seed)
                 res[p].append(r)
                 print(f"{Path(path).stem}@{start} seed={seed} {p:10s} wc={r['weighted_completion_s']:.4g} "
                       f"mk={r['makespan_s']:.0f} cold={r['transitions']['cold_start']} util={r['utilization']:.2f} "
@@ -51,8 +56,8 @@ def main() -> None:
 
     def ms(xs):
         return f"{stt.mean(xs):.3g} ± {stt.stdev(xs) if len(xs) > 1 else 0:.2g}"
-    print(f"\n{a.jobs} jobs per window, {a.gpus} GPUs, time scale 1/{a.time_scale:g}, "
-          f"{len(WINDOWS)} windows × {a.seeds} seeds")
+    print(f"\n{a.jobs} jobs per window, {a.gpus} GPUs, {len(windows)} windows "
+          f"({', '.join(f'{Path(p).stem}@{s}' for p, s in windows)}) × {a.seeds} seeds")
     print("| policy | weighted completion (s) | makespan (s) | cold starts | util | ÷ fifo | ÷ min-evict | ÷ wspt | ÷ lower bound |")
     print("|---|---|---|---|---|---|---|---|---|")
     for p in pols:

@@ -12,7 +12,12 @@ Checks (an :class:`InfeasiblePlan` names the first violation):
 Score (used to pick among candidates) = Σ w_j (C_j − r_j) + future cost, where the
 future cost charges ``demand[e] × cold_start_s(e)`` for every endpoint ``e`` with recent
 demand that was resident at the start and holds no GPU when the plan ends (the next
-arrival of ``e`` will pay a cold start). ``Plan.objective`` is the pure Σ w_j (C_j − r_j).
+arrival of ``e`` will pay a cold start). When ``state.demand_share`` is given the term is
+the share shortfall instead: Σ_e d_e × cold_start_s(e) × max(0, share_e·G − n_e) / tp_e,
+with G the fleet's GPUs, n_e the GPUs holding ``e`` when the plan ends and d_e =
+``demand[e]`` (mean weight, 1 if absent) — an endpoint left with fewer instances than its
+share of recent work will pay that many more cold starts (a plan that keeps popular
+models loaded scores better). ``Plan.objective`` is the pure Σ w_j (C_j − r_j).
 """
 
 from __future__ import annotations
@@ -37,11 +42,23 @@ class InfeasiblePlan(PlannerError):
 
 def future_cost(rep: Replay, state: FleetState) -> float:
     """Future-cost term of the score (module doc), weight·s."""
+    if state.demand_share:
+        return sum(share_shortfall_cost(state, e, rep.instances(e)) for e in state.demand_share)
     if not state.demand:
         return 0.0
     had = {e for e in state.resident.values() if e is not None}
     return sum(d * state.endpoints[e].cold_start_s for e, d in state.demand.items()
                if d > 0 and e in had and e in state.endpoints and rep.instances(e) == 0)
+
+
+def share_shortfall_cost(state: FleetState, endpoint: str, gpus_holding: int) -> float:
+    """d_e × cold_start_s(e) × max(0, share_e·G − n_e) / tp_e (module doc), weight·s."""
+    ep = state.endpoints.get(endpoint)
+    share = state.demand_share.get(endpoint, 0.0)
+    if ep is None or share <= 0:
+        return 0.0
+    short = share * len(state.gpus) - gpus_holding
+    return state.demand.get(endpoint, 1.0) * ep.cold_start_s * short / ep.tp if short > 0 else 0.0
 
 
 def evaluate(plan: Plan | Sequence[Assignment], batch: Sequence[PlanJob], state: FleetState,

@@ -20,6 +20,11 @@ Transition-aware members (Σ w(C − r) decides among them):
       hold the model win unless waiting for them costs more;
     * pull-forward: after a cold start (or wake) of model m, the queued jobs of m released
       by the time that job completes are placed next (they find m warm);
+    * share-aware (``ta-share*``, when ``FleetState.demand_share`` is known): the group
+      cost adds the change of the evaluator's share-shortfall term caused by the
+      transition (evicting a GPU from an endpoint below its share of recent work costs,
+      loading one below its share earns), so the fleet keeps each model on about its
+      share of GPUs instead of reloading it for every short queue;
     * orders: WSPT on area, and WSPT with the cold start amortised over the batch's jobs
       of an endpoint that no GPU holds.
 """
@@ -29,7 +34,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 
-from planner.evaluator import evaluate, score
+from planner.evaluator import evaluate, score, share_shortfall_cost
 from planner.list_schedule import fifo_order, topo_stable, wspt_order
 from planner.model import Assignment, EndpointModel, FleetState, Plan, PlanJob
 from planner.replay import Group, Replay
@@ -69,8 +74,11 @@ def _rule_min_evict(rep: Replay, job: PlanJob, cands: list[Group], ready: float)
 class _Aware:
     """Transition-aware group rule; tracks the queued weight per endpoint."""
 
-    def __init__(self, batch: Sequence[PlanJob], state: FleetState, alpha: float, beta: float):
+    def __init__(self, batch: Sequence[PlanJob], state: FleetState, alpha: float, beta: float,
+                 share: bool = False):
         self.alpha, self.beta = alpha, beta
+        self.state = state
+        self.share = share and bool(state.demand_share)
         self.queued: dict[str, float] = {}
         for j in batch:
             self.queued[j.endpoint] = self.queued.get(j.endpoint, 0.0) + j.weight
@@ -82,8 +90,26 @@ class _Aware:
     def _penalty(self, e: str, eep_cold_s: float) -> float:
         return (self.alpha * max(self.queued.get(e, 0.0), 0.0) + self.beta * self.demand.get(e, 0.0)) * eep_cold_s
 
+    def _share_delta(self, rep: Replay, g: Group, name: str) -> float:
+        """Change of the share-shortfall term if ``name`` is loaded on ``g``."""
+        st, cnt, res = self.state, rep.count, rep.resident
+        lost: dict[str, int] = {}
+        for u in g:
+            r = res[u]
+            if r is not None and r != name:
+                lost[r] = lost.get(r, 0) + 1
+        d = 0.0
+        for e, k in lost.items():
+            c = cnt.get(e, 0)
+            d += share_shortfall_cost(st, e, c - k) - share_shortfall_cost(st, e, c)
+        c = cnt.get(name, 0)
+        gain = sum(1 for u in g if res[u] != name)
+        return d + share_shortfall_cost(st, name, c + gain) - share_shortfall_cost(st, name, c)
+
     def __call__(self, rep: Replay, job: PlanJob, cands: list[Group], ready: float) -> Group:
         ep = rep.endpoints[job.endpoint]
+        if self.share:
+            return self._by_share(rep, job, ep, cands, ready)
         if len(cands[0]) == 1:
             return self._single(rep, job, ep, cands, ready)
         w = job.weight
@@ -105,6 +131,19 @@ class _Aware:
                     on_g = sum(1 for u in g if res[u] == e)
                     if rep.instances(e) - on_g < eep.tp:  # its last whole instance goes
                         cost += self._penalty(e, eep.cold_start_s)
+            if cost < bc or (cost == bc and t < bt):
+                best, bc, bt = g, cost, t
+        return best
+
+    def _by_share(self, rep: Replay, job: PlanJob, ep: EndpointModel, cands: list[Group], ready: float) -> Group:
+        w = job.weight
+        best, bc, bt = cands[0], float("inf"), float("inf")
+        for g in cands:
+            s = max(ready, rep.group_free(g))
+            t = rep.transition_s(g, ep)
+            cost = w * (s + t)
+            if t > 0:
+                cost += self.beta * self._share_delta(rep, g, ep.name)
             if cost < bc or (cost == bc and t < bt):
                 best, bc, bt = g, cost, t
         return best
@@ -140,10 +179,10 @@ class _Aware:
 def construct(name: str, order: Sequence[PlanJob], state: FleetState, rule: str = "completion",
               pull: bool = False, alpha: float = 1.0, beta: float = 1.0) -> list[Assignment]:
     """List-schedule ``order`` with the named group ``rule`` ("completion", "free",
-    "min-evict", "aware"); ``pull`` enables pull-forward after a load. Returns the
-    assignments (complete, in placement order)."""
+    "min-evict", "aware", "share"); ``pull`` enables pull-forward after a load. Returns
+    the assignments (complete, in placement order)."""
     rep = Replay(state)
-    aware = _Aware(order, state, alpha, beta) if rule == "aware" else None
+    aware = _Aware(order, state, alpha, beta, share=rule == "share") if rule in ("aware", "share") else None
     fn = aware or {"completion": _rule_completion, "free": _rule_free, "min-evict": _rule_min_evict}[rule]
     ids = {j.id for j in order}
     by_ep: dict[str, list[PlanJob]] = {}
@@ -206,7 +245,8 @@ def wspt(batch: Sequence[PlanJob], state: FleetState) -> Plan:
     return evaluate(construct("wspt", wspt_order(batch, state.endpoints), state), batch, state, "wspt")
 
 
-MEMBERS = ("wspt", "ta-wspt", "ta-wspt-light", "ta-wspt-nopull", "ta-setup", "ta-fifo", "min-evict")
+MEMBERS = ("wspt", "ta-wspt", "ta-wspt-light", "ta-wspt-nopull", "ta-setup", "ta-fifo", "min-evict",
+           "ta-share", "ta-share-nopull")
 
 
 def members(batch: Sequence[PlanJob], state: FleetState) -> list[Plan]:
@@ -221,6 +261,8 @@ def members(batch: Sequence[PlanJob], state: FleetState) -> list[Plan]:
              ("ta-setup", s, "aware", True, 1.0),
              ("ta-fifo", f, "aware", True, 1.0),
              ("min-evict", f, "min-evict", False, 0.0)]
+    if state.demand_share:
+        specs += [("ta-share", w, "share", True, 1.0), ("ta-share-nopull", w, "share", False, 1.0)]
     return [evaluate(construct(n, o, state, r, p, a), batch, state, n, check_times=False)
             for n, o, r, p, a in specs]
 

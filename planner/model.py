@@ -91,6 +91,10 @@ class FleetState:
         demand: endpoint -> weight of its recent arrivals per planning window (the
             future-cost term: evicting the last instance of an endpoint in demand costs
             about that weight × its cold start).
+        demand_share: endpoint -> share of the GPU-seconds of recent arrivals (sums to 1;
+            empty: unknown). When given, the future-cost term charges every endpoint's
+            shortfall of resident GPUs against its share of the fleet (module
+            :mod:`planner.evaluator`), not only the loss of its last instance.
     """
 
     now_s: float
@@ -103,6 +107,7 @@ class FleetState:
     end_of: dict[str, float] = field(default_factory=dict)
     asleep: dict[str, frozenset[str]] = field(default_factory=dict)
     demand: dict[str, float] = field(default_factory=dict)
+    demand_share: dict[str, float] = field(default_factory=dict)
 
     def hosts(self) -> dict[str, list[Gpu]]:
         out: dict[str, list[Gpu]] = {}

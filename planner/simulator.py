@@ -13,7 +13,8 @@ Rolling horizon. At a planning point t the simulator
        uncommitted start, whichever is first, but not before ``t + window_s``.
 Committed work is never moved (plan stability). The future-cost term uses
 ``FleetState.demand``: for each endpoint with arrivals in the last ``demand_window_s``,
-their mean weight.
+their mean weight (``demand``), and each endpoint's share of those arrivals' GPU-seconds
+(``demand_share``, p_j·tp_j).
 
 Set-point restore is not simulated (the fleet keeps what the last job loaded), and no
 preemption happens (a committed job runs to completion).
@@ -84,7 +85,7 @@ def simulate(trace_jobs: Sequence[TraceJob] | Sequence[PlanJob], fleet: FleetSpe
             state = FleetState(t, base.gpus, base.endpoints, free_at=dict(committed.free_at),
                                resident=dict(committed.resident), set_point=base.set_point,
                                end_of=committed.end_of, asleep=dict(committed.asleep),
-                               demand=_demand(recent))
+                               demand=_demand(recent), demand_share=_share(recent, base))
             c0 = time.perf_counter()
             p = plan(batch, state, policy)
             solve.append(time.perf_counter() - c0)
@@ -121,6 +122,14 @@ def _demand(recent: deque[PlanJob]) -> dict[str, float]:
         s[0] += j.weight
         s[1] += 1
     return {e: w / c for e, (w, c) in tot.items()}
+
+
+def _share(recent: deque[PlanJob], base: FleetState) -> dict[str, float]:
+    work: dict[str, float] = {}
+    for j in recent:
+        work[j.endpoint] = work.get(j.endpoint, 0.0) + j.service_s * base.endpoints[j.endpoint].tp
+    tot = sum(work.values())
+    return {e: v / tot for e, v in work.items()} if tot > 0 else {}
 
 
 def _record(job: PlanJob, a: Any, base: FleetState) -> JobRecord:
