@@ -12,6 +12,7 @@ import pytest
 
 from app.live import LiveSystem
 from app.models import load_fleet
+from app.workload_report import workload_report
 from app.workloads import Workload, cancel_workload, chain, group, submit_workload, workload_status
 from tests.live import all_events, overlaps, wait_for
 
@@ -92,6 +93,14 @@ def test_diamond_precedence_caps_and_drain(r, keys, settings, fleet, system):
     assert _request_drain(r, keys) == (0, 0)
     assert overlaps(evs) == []
     assert any(e["kind"] == "workload_completed" and e["workload"] == wid for e in evs)
+    rep = workload_report(r, keys, wid, evs)
+    later = max(("judge", "embed"), key=lambda n: done[ids[n]])
+    assert rep["critical_path"] == ["gen", later, "final"]
+    assert rep["makespan_s"] == pytest.approx(max(done.values()) - float(st["submitted_at"]), abs=1e-3)
+    cp = rep["critical_path_s"]
+    assert cp["executing"] > 0 and cp["transition"] > 0
+    assert sum(cp.values()) <= rep["makespan_s"] + 1e-3
+    assert rep["steps"]["judge"]["ready_s"] == pytest.approx(done[ids["gen"]] - float(st["submitted_at"]), abs=1e-3)
 
 
 def test_failed_step_retries_then_fails_workload_and_cancels_dependants(r, keys, settings, fleet, system):

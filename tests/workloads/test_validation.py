@@ -118,3 +118,28 @@ def test_unparsable_file(fleet, tmp_path):
     p.write_text("steps: [unclosed")
     with pytest.raises(ValidationError, match="workload file"):
         load_workload(p, fleet)
+
+
+def test_cli_submit_workload(r, keys, settings, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, **settings.to_env()}
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("steps:\n  - {name: a, endpoint: chat, service_s: 1, depends_on: [b]}\n"
+                   "  - {name: b, endpoint: chat, service_s: 1, depends_on: [a]}\n")
+    p = subprocess.run([sys.executable, "-m", "app.cli", "submit-workload", str(bad), "--fleet", str(FLEET)],
+                       env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "cycle" in p.stderr
+    assert _own_keys(r, keys) == []
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps({"steps": [{"name": "a", "endpoint": "chat", "service_s": 1},
+                                          {"name": "b", "endpoint": "embed", "service_s": 1, "depends_on": ["a"]}]}))
+    p = subprocess.run([sys.executable, "-m", "app.cli", "submit-workload", str(good), "--fleet", str(FLEET)],
+                       env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    wid = p.stdout.strip()
+    p = subprocess.run([sys.executable, "-m", "app.cli", "workload-status", wid], env=env, capture_output=True,
+                       text=True, timeout=60)
+    assert json.loads(p.stdout)["steps"]["b"]["state"] == "queued"

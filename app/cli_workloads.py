@@ -1,0 +1,71 @@
+"""CLI for multi-step workloads: ``makespan submit-workload FILE --fleet FLEET``,
+``makespan workload-status ID`` and ``makespan cancel-workload ID`` (see docs/workloads.md)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from app.errors import MakespanError
+
+
+def register(app: typer.Typer) -> None:
+    """Add the workload commands to the ``makespan`` CLI."""
+
+    def _ctx():
+        from app.keys import Keys
+        from app.redis_conn import connect
+        from app.settings import Settings
+
+        s = Settings.from_env()
+        return s, connect(s.redis_url), Keys(s.key_prefix)
+
+    def _fail(e: Exception) -> None:
+        typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(2)
+
+    @app.command("submit-workload")
+    def submit_workload_cmd(file: Path = typer.Argument(..., help="workload file (YAML or JSON)"),
+                            fleet: Path = typer.Option(..., "--fleet", help="TOML fleet file")):
+        """Validate a workload DAG and enqueue all its steps at once (or none). Prints its id."""
+        from app.models import load_fleet
+        from app.workloads import load_workload, submit_workload
+
+        try:
+            s, r, k = _ctx()
+            f = load_fleet(fleet)
+            wid = submit_workload(r, k, f, load_workload(file, f), s)
+        except MakespanError as e:
+            _fail(e)
+        typer.echo(wid)
+
+    @app.command("workload-status")
+    def workload_status_cmd(workload_id: str, report: bool = typer.Option(False, help="add the workload report")):
+        """A workload's state and its steps (JSON); with --report its makespan, critical
+        path and time waiting / in transitions / executing."""
+        from app.workloads import workload_status
+
+        try:
+            s, r, k = _ctx()
+            out = workload_status(r, k, workload_id)
+            if report:
+                from app.workload_report import workload_report
+
+                out["report"] = workload_report(r, k, workload_id)
+        except MakespanError as e:
+            _fail(e)
+        typer.echo(json.dumps(out, indent=2))
+
+    @app.command("cancel-workload")
+    def cancel_workload_cmd(workload_id: str):
+        """Cancel a workload: queued steps now, running steps at their next phase boundary."""
+        from app.workloads import cancel_workload
+
+        try:
+            s, r, k = _ctx()
+            out = cancel_workload(r, k, workload_id)
+        except MakespanError as e:
+            _fail(e)
+        typer.echo(json.dumps(out))
