@@ -248,10 +248,12 @@ class ChaosRun:
     """One run: processes, workload, faults, invariants."""
 
     def __init__(self, srv: RedisServer, fleet_path: Path, seed: int, workdir: Path, jobs: int = 16,
-                 faults: int = 3, duration_s: float = 4.0, time_scale: float = 0.01, timeout_s: float = 60.0):
+                 faults: int = 3, duration_s: float = 4.0, time_scale: float = 0.01, timeout_s: float = 60.0,
+                 fault_plan: list[str] | None = None):
         self.srv, self.seed, self.rng = srv, seed, random.Random(seed)
         self.fleet_path, self.fleet = fleet_path, load_fleet(fleet_path)
         self.n_jobs, self.n_faults, self.duration_s, self.timeout_s = jobs, faults, duration_s, timeout_s
+        self.fault_plan = fault_plan  # these kinds in this order (else drawn from FAULTS)
         self.pool = self.rng.choice(["threads", "prefork"])
         self.settings = Settings(redis_url=srv.url, key_prefix=f"chaos-{seed}-{os.getpid()}", time_scale=time_scale,
                                  lease_ttl_s=2.0, heartbeat_s=0.4, batch_wait_s=0.02, planner_tick_s=0.05,
@@ -359,8 +361,9 @@ class ChaosRun:
             self._start_observer()
             prod = Producer(self.r, self.keys, self.fleet, self.settings)
             plan_t = sorted(self.rng.uniform(0.0, self.duration_s) for _ in range(self.n_jobs))
-            fault_t = sorted(self.rng.uniform(0.3, self.duration_s) for _ in range(self.n_faults))
-            kinds = [self.rng.choice(FAULTS) for _ in fault_t]
+            n_faults = len(self.fault_plan) if self.fault_plan else self.n_faults
+            fault_t = sorted(self.rng.uniform(0.3, self.duration_s) for _ in range(n_faults))
+            kinds = list(self.fault_plan) if self.fault_plan else [self.rng.choice(FAULTS) for _ in fault_t]
             jobs = [self._job(i) for i in range(self.n_jobs)]
             timeline = sorted([(t, "job", i) for i, t in enumerate(plan_t)] + [(t, "fault", k) for t, k in
                                                                                 zip(fault_t, kinds)])
@@ -435,6 +438,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--duration-s", type=float, default=4.0, help="window in which jobs arrive and faults strike")
     ap.add_argument("--keep-logs", type=Path, default=None, help="keep process logs under this folder")
     a = ap.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop what we started on the way out
     workdir = Path(a.keep_logs or tempfile.mkdtemp(prefix="makespan-chaos-"))
     workdir.mkdir(parents=True, exist_ok=True)
     fleet_path = write_fleet(workdir)
