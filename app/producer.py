@@ -15,7 +15,7 @@ from typing import Any
 
 import redis
 
-from app import events
+from app import events, metrics, telemetry
 from app.errors import NotFoundError, StoreError, ValidationError
 from app.keys import Keys
 from app.models import FleetSpec, JobSpec, Priority, parse_job
@@ -86,7 +86,12 @@ class Producer:
             ValidationError: the job is invalid (nothing was written).
             StoreError: Redis failed (nothing or everything was written: the script is atomic).
         """
-        spec = parse_job(job, self.fleet, self.settings.max_payload_bytes)
+        try:
+            spec = parse_job(job, self.fleet, self.settings.max_payload_bytes)
+        except ValidationError:
+            metrics.job_rejected()
+            raise
+        traceparent = traceparent or telemetry.job_traceparent()
         job_id = uuid.uuid4().hex
         ep = self.fleet.endpoints[spec.endpoint]
         fields = {
@@ -109,6 +114,8 @@ class Producer:
             created, jid = self._submit(keys=keys, args=["1" if has_idem else "0", job_id, json.dumps(fields), ev])
         except redis.RedisError as e:
             raise StoreError(f"submit failed: {e}") from e
+        if created:
+            metrics.job_submitted(spec.priority)
         if not created:
             prio = Priority[self.r.hget(self.keys.job(jid), "priority") or spec.priority.name]
             return JobHandle(jid, False, prio)

@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 from app import events as ev
 
-END_KINDS = ("completed", "failed", "cancelled", "restore_end", "reclaimed")
+END_KINDS = ("completed", "failed", "cancelled", "restore_end", "reclaimed", "preempted")
 
 
 def wait_for(cond: Callable[[], Any], timeout_s: float, what: str, poll_s: float = 0.1) -> Any:

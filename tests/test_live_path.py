@@ -72,12 +72,19 @@ def test_200_mixed_jobs_complete_and_drain(r, keys, settings, fleet, system):
     from workers.planner_worker import set_point_instances
     for ep, gpus in set_point_instances(fleet):
         assert r.mget([keys.resident(g) for g in gpus]) == [instance_value(ep, gpus)] * len(gpus)
-    # every job ran its phases in order: evict, start_endpoint, execute, clear
-    phases = {}
+    # every lease ran its phases in order (a preempted one stops early); the lease that
+    # completed its job ran all four
+    order = ["evict", "start_endpoint", "execute", "clear"]
+    by_lease, final = {}, {}
     for e in evs:
         if e["kind"] == "phase_end" and e.get("job"):
-            phases.setdefault(e["job"], []).append(e["phase"])
-    assert all(phases[j] == ["evict", "start_endpoint", "execute", "clear"] for j in ids)
+            by_lease.setdefault(e["lease"], []).append(e["phase"])
+        if e["kind"] == "completed":
+            final[e["job"]] = e["lease"]
+    assert all(ph == order[:len(ph)] for ph in by_lease.values())
+    assert all(by_lease[final[j]] == order for j in ids)
+    preempted = [e for e in evs if e["kind"] == "preempted"]
+    assert all(e["priority"] in ("HIGH", "NORMAL", "LOW") for e in preempted)
 
 
 def test_strict_priority_under_load(r, keys, settings, fleet, system):
@@ -138,7 +145,9 @@ def test_gpu_worker_sigkill_mid_phase_recovers(r, keys, settings, fleet, system)
     _wait_done(r, keys, [job], 60)
     rec = r.hgetall(keys.job(job))
     assert rec["state"] == "completed"
-    assert int(rec["attempts"]) == 1  # reclaimed once, then ran again
+    # reclaimed at least once (a second time if the restarted worker was not consuming
+    # yet when the job was leased again), then ran to completion
+    assert 1 <= int(rec["attempts"]) < settings.max_attempts
     evs = all_events(r, keys)
     reclaimed = [e for e in evs if e["kind"] == "reclaimed" and e.get("job") == job]
     assert reclaimed and reclaimed[0]["outcome"] == "requeued" and reclaimed[0]["ts"] >= t_kill

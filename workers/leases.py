@@ -250,3 +250,48 @@ class LeaseStore:
     def gpu_holders(self, gpus: list[str]) -> dict[str, str | None]:
         vals = self.r.mget([self.keys.gpu(g) for g in gpus]) if gpus else []
         return dict(zip(gpus, vals))
+
+
+# Preempt one job lease: free its GPUs and put its job back in its queue with its
+# original submission order (design notes, "Preemption"). Not counted as an attempt.
+# KEYS: lease, leases, running, events ; ARGV: lease_id, now_ms, prefix, preemptor job id
+_PREEMPT = """
+local lease = redis.call('HGETALL', KEYS[1])
+if #lease == 0 then return {0, 'gone'} end
+local L = {}
+for i = 1, #lease, 2 do L[lease[i]] = lease[i + 1] end
+if L['kind'] ~= 'job' then return {0, 'not_a_job'} end
+local want = ARGV[1] .. ':' .. (L['token'] or '')
+local gpus = cjson.decode(L['gpus'] or '[]')
+for _, g in ipairs(gpus) do
+  local gk = ARGV[3] .. ':gpu:' .. g
+  if redis.call('GET', gk) == want then redis.call('DEL', gk) end
+end
+redis.call('DEL', KEYS[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('DEL', ARGV[3] .. ':busy:' .. ARGV[1])
+redis.call('DEL', ARGV[3] .. ':phase:' .. ARGV[1])
+local job = L['job']
+local jk = ARGV[3] .. ':job:' .. job
+redis.call('ZREM', KEYS[3], job)
+local prio = redis.call('HGET', jk, 'priority')
+local seq = redis.call('HGET', jk, 'seq')
+redis.call('HSET', jk, 'state', 'queued', 'reason', 'preempted by ' .. ARGV[4])
+redis.call('HDEL', jk, 'lease', 'token')
+redis.call('HINCRBY', jk, 'preemptions', 1)
+redis.call('ZADD', ARGV[3] .. ':queue:' .. string.lower(prio), tonumber(seq), job)
+local ev = {ts = tonumber(ARGV[2]) / 1000.0, kind = 'preempted', lease = ARGV[1], job = job, priority = prio,
+            gpus = gpus, by = ARGV[4]}
+redis.call('XADD', KEYS[4], 'MAXLEN', '~', '1000000', '*', 'e', cjson.encode(ev))
+return {1, 'preempted'}
+"""
+
+
+def preempt(r: redis.Redis, keys: Keys, lease_id: str, by_job: str) -> bool:
+    """Preempt the job holding ``lease_id`` in favour of ``by_job``: its GPUs are freed
+    at once (its holder's later writes fail the fencing check) and it is requeued with
+    its original submission order. Returns False if the lease is gone or not a job's."""
+    script = r.register_script(_PREEMPT)
+    out = script(keys=[keys.lease(lease_id), keys.leases, keys.running, keys.events],
+                 args=[lease_id, now_ms(), keys.prefix, by_job])
+    return out[0] == 1

@@ -18,6 +18,7 @@ from typing import Any
 
 import redis
 
+from app import metrics, telemetry
 from app.errors import PhaseError, StaleFencingToken
 from app.keys import Keys
 from app.models import FleetSpec
@@ -75,6 +76,8 @@ class PhaseContext:
     priority: str = ""
     service_s: float = 0.0
     payload: dict | None = None
+    traceparent: str = ""
+    submitted_at: float = 0.0
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "PhaseContext":
@@ -166,13 +169,18 @@ class PhaseRunner:
                 return self._finish(ctx, "cancelled", "cancelled while running")
             started = time.time()
             self.leases.fenced(lease, [("XADD_E", self.keys.events, self._event("phase_start", ctx, phase=phase))])
+            attrs = {"job_id": ctx.job_id or None, "priority": ctx.priority or None, "endpoint": ctx.endpoint,
+                     "gpus": list(ctx.gpus), "host": ctx.host, "lease_id": ctx.lease_id, "kind": ctx.kind}
             try:
-                extra: dict[str, Any] = {}
-                planned = getattr(self, f"_phase_{phase}")(ctx, hb, extra)
+                with telemetry.phase_span(phase, ctx.traceparent, attrs) as span:
+                    extra: dict[str, Any] = {}
+                    planned = getattr(self, f"_phase_{phase}")(ctx, hb, extra)
+                    span.set_attribute("makespan.planned_s", float(planned))
             except StaleFencingToken:
                 return "stale"
             except PhaseError as e:
                 return self._finish(ctx, "failed", f"{phase}: {e}")
+            self._observe(ctx, phase, planned, time.time() - started)
             ops = [("HSET", self.keys.phase(ctx.lease_id), phase, "done"),
                    ("XADD_E", self.keys.events, self._event("phase_end", ctx, phase=phase, planned_s=planned,
                                                             actual_s=round(time.time() - started, 6), **extra))]
@@ -181,6 +189,16 @@ class PhaseRunner:
         if phase == "clear" or phase == "restore":
             return self._finish(ctx, "completed", "")
         return "done"
+
+    def _observe(self, ctx: PhaseContext, phase: str, planned_s: float, actual_s: float) -> None:
+        """Prometheus: phase duration, transitions by kind, GPU-seconds by state."""
+        metrics.phase(phase, actual_s, len(ctx.gpus))
+        if phase == "execute":
+            metrics.gpu_seconds("busy", actual_s * len(ctx.gpus))
+        elif planned_s > 0:
+            kind = {"evict": "evict", "start_endpoint": "cold_start", "restore": "restore"}.get(phase, phase)
+            metrics.transition(kind, actual_s)
+            metrics.gpu_seconds("transition", actual_s * len(ctx.gpus))
 
     # -- phases ------------------------------------------------------------------------
     def _phase_evict(self, ctx: PhaseContext, hb: LeaseHeartbeat, extra: dict) -> float:
@@ -228,7 +246,7 @@ class PhaseRunner:
                 self._sleep(ep.cold_start_s, hb)
                 inst = Instance(endpoint, list(ctx.gpus), "simulated", host=ctx.host,
                                 time_scale=self.settings.time_scale)
-            else:  # a real process: spawn, then wait on its HTTP health check
+            else:  # a real process: spawn, then wait on its HTTP health check (child spans)
                 inst = get_driver(ep.launch.driver).start(ep, list(ctx.gpus), self.settings.time_scale, ctx.host)
             if hb.lost.is_set():
                 self._stop_instance(inst)
@@ -332,6 +350,12 @@ class PhaseRunner:
         # The fenced script checks the GPU keys before deleting them, so order is safe.
         if not self.leases.fenced(ctx.lease, ops):
             return "stale"
+        if ctx.kind == "job":
+            (metrics.job_completed if state == "completed" else metrics.job_failed)(ctx.priority)
+            telemetry.end_job_span(ctx.traceparent, ctx.submitted_at or now,
+                                   {"job_id": ctx.job_id, "priority": ctx.priority, "endpoint": ctx.endpoint,
+                                    "gpus": list(ctx.gpus), "state": state},
+                                   error=None if state == "completed" else (reason or state))
         if state != "completed":
             log.warning("job %s %s: %s", ctx.job_id, state, reason)
         return state

@@ -23,14 +23,14 @@ from typing import Any
 import redis
 from redis.exceptions import LockError, LockNotOwnedError
 
-from app import events
+from app import events, metrics, telemetry
 from app.errors import LeaseError
 from app.keys import Keys
 from app.models import FleetSpec, Priority
 from app.settings import Settings
 from planner.api import plan
 from planner.model import EndpointModel, FleetState, Gpu, PlanJob
-from workers.leases import LeaseStore
+from workers.leases import LeaseStore, preempt
 from workers.phases import PhaseContext, instance_value, parse_instance
 
 log = logging.getLogger("makespan.planner")
@@ -74,6 +74,7 @@ class PlannerWorker:
         self.token = ""
         self.lost = threading.Event()
         self._idle_checked = False
+        self._meta: dict[str, tuple[str, float]] = {}
         self.lock_ttl_s = max(settings.lease_ttl_s / 2, 1.0)
         from workers.retention import Retention
 
@@ -118,6 +119,7 @@ class PlannerWorker:
 
     def run(self) -> None:
         """Stand by until leader, then tick until stopped or deposed (then stand by again)."""
+        telemetry.instrument_producer("makespan-planner")
         while not self._stop.is_set():
             lock = self._lead()
             if lock is None:
@@ -177,6 +179,7 @@ class PlannerWorker:
     def form_batch(self) -> list[PlanJob]:
         """Up to ``batch_size`` queued jobs, CRITICAL first (strict priority), FIFO within a level."""
         out: list[PlanJob] = []
+        self._meta: dict[str, tuple[str, float]] = {}
         room = self.settings.batch_size
         if self.r.scard(self.keys.workloads_active):  # workload steps: retries, failure, completion
             from app.workloads import advance_workloads
@@ -190,8 +193,9 @@ class PlannerWorker:
                 continue
             p = self.r.pipeline(transaction=False)
             for jid in ids:
-                p.hmget(self.keys.job(jid), "endpoint", "service_s", "submitted_at", "seq", "deps", "state")
-            for jid, (ep, svc, sub, seq, deps, state) in zip(ids, p.execute()):
+                p.hmget(self.keys.job(jid), "endpoint", "service_s", "submitted_at", "seq", "deps", "state",
+                        "traceparent")
+            for jid, (ep, svc, sub, seq, deps, state, tp) in zip(ids, p.execute()):
                 if ep is None or state != "queued":
                     self.r.zrem(self.keys.queue(lvl), jid)  # stale entry (cancelled or lost record)
                     continue
@@ -200,6 +204,7 @@ class PlannerWorker:
                     continue
                 out.append(PlanJob(jid, ep, float(lvl.weight), float(sub) / self.settings.time_scale, float(svc),
                                    int(lvl), (), None, int(seq)))
+                self._meta[jid] = (tp or "", float(sub))
                 room -= 1
         return out
 
@@ -229,44 +234,117 @@ class PlannerWorker:
         reclaimed = self.leases.reclaim_expired(self.settings.max_attempts)
         if reclaimed:
             log.warning("reclaimed expired leases: %s", reclaimed)
+            for _ in range(sum(reclaimed.values())):
+                metrics.lease_reclaimed()
         if self.agenda is not None:
             self.agenda.reap()
         state, busy = self.fleet_state()
-        if len(busy) == len(self.gpus):
-            return False
-        batch = self.form_batch()
+        batch = self.form_batch() if len(busy) < len(self.gpus) or self._may_preempt() else []
         if not batch:
-            return self._idle(busy)
+            return self._idle(busy) if len(busy) < len(self.gpus) else False
         self._idle_checked = False
         t0 = time.perf_counter()
         p = plan(batch, state, self.settings.policy)
         solve_s = time.perf_counter() - t0
+        metrics.observe_solve(solve_s, len(batch))
         self.r.rpush(f"{self.keys.prefix}:planner:solve_s", f"{solve_s:.6f}:{len(batch)}")
         self.r.ltrim(f"{self.keys.prefix}:planner:solve_s", -STATS_KEEP, -1)
         jobs = {j.id: j for j in batch}
         taken: set[str] = set(busy)
-        dispatched = 0
+        dispatched: set[str] = set()
         eps = 1e-6 * max(1.0, abs(state.now_s))
         for a in sorted(p.assignments, key=lambda a: (a.start_s, a.end_s)):
             if a.start_s > state.now_s + eps or taken.intersection(a.gpus):
                 continue
-            j = jobs[a.job_id]
-            prio = Priority(j.priority)
-            lid = uuid.uuid4().hex
-            host = self.fleet.host_of(a.gpus[0])
-            lease = self.leases.acquire(
-                lid, a.gpus, self.settings.lease_ttl_s, job_id=j.id, kind="job", holder=host,
-                queue=self.keys.queue(prio), planner_token=self.token,
-                info={"planned_end_s": repr(a.end_s), "endpoint": j.endpoint, "priority": prio.name},
-                event={"endpoint": j.endpoint, "priority": prio.name, "host": host, "load": a.load,
-                       "planned_s": a.end_s - a.start_s})
             taken.update(a.gpus)
-            if lease is None:
-                continue
-            ctx = PhaseContext(lid, lease.token, list(a.gpus), host, "job", j.endpoint, j.id, prio.name, j.service_s)
+            if self._start(jobs[a.job_id], a.gpus, a.end_s, a.load):
+                dispatched.add(a.job_id)
+        waiting = [j for j in batch if j.id not in dispatched and j.priority <= int(Priority.HIGH)]
+        if waiting:
+            dispatched |= self._preempt_for(waiting, state, taken)
+        return bool(dispatched)
+
+    def _start(self, j: PlanJob, gpus: tuple[str, ...], end_s: float, load: str) -> bool:
+        """Lease ``gpus`` for job ``j`` and send its phase chain. False if the lease failed."""
+        prio = Priority(j.priority)
+        lid = uuid.uuid4().hex
+        host = self.fleet.host_of(gpus[0])
+        tp, sub = self._meta.get(j.id, ("", 0.0))
+        attrs = {"job_id": j.id, "priority": prio.name, "endpoint": j.endpoint, "gpus": list(gpus), "host": host,
+                 "lease_id": lid, "planned_s": end_s - self.now_s()}
+        with telemetry.phase_span("allocate_gpus", tp, attrs):
+            lease = self.leases.acquire(
+                lid, gpus, self.settings.lease_ttl_s, job_id=j.id, kind="job", holder=host,
+                queue=self.keys.queue(prio), planner_token=self.token,
+                info={"planned_end_s": repr(end_s), "endpoint": j.endpoint, "priority": prio.name},
+                event={"endpoint": j.endpoint, "priority": prio.name, "host": host, "load": load,
+                       "planned_s": end_s - self.now_s()})
+        if lease is None:
+            return False
+        if sub:
+            metrics.observe_wait(prio, max(0.0, time.time() - sub))
+        ctx = PhaseContext(lid, lease.token, list(gpus), host, "job", j.endpoint, j.id, prio.name, j.service_s,
+                           traceparent=tp, submitted_at=sub)
+        with telemetry.use_traceparent(tp):
             self._send(ctx, host)
-            dispatched += 1
-        return dispatched > 0
+        return True
+
+    # -- preemption (design notes: CRITICAL preempts HIGH/NORMAL/LOW, HIGH preempts NORMAL/LOW)
+    def _may_preempt(self) -> bool:
+        return bool(self.r.zcard(self.keys.queue(Priority.CRITICAL)) or self.r.zcard(self.keys.queue(Priority.HIGH)))
+
+    def _preempt_for(self, waiting: list[PlanJob], state: FleetState, taken: set[str]) -> set[str]:
+        """For each waiting CRITICAL/HIGH job that no free GPU group can take now, evict
+        the cheapest set of strictly lower-priority job leases covering one of its
+        groups, and lease that group to it in the same tick (so a victim is never
+        re-leased the GPUs it lost before its preemptor starts). No preemption for a job
+        that could start on a free group anyway, for one whose earliest group frees within
+        its endpoint's cold start (preempting would not start it sooner), or whose groups
+        hold no victim set."""
+        holders = self.leases.gpu_holders([g.uuid for g in self.gpus])
+        lease_of = {u: v.split(":")[0] for u, v in holders.items() if v}
+        info: dict[str, dict[str, str]] = {}
+        for lid in set(lease_of.values()):
+            info[lid] = self.r.hgetall(self.keys.lease(lid))
+        started: set[str] = set()
+        for j in sorted(waiting, key=lambda j: (j.priority, j.seq)):
+            ep = self.endpoints[j.endpoint]
+            groups = state.groups(ep.tp, ep.memory_mib)
+            if any(not taken.intersection(g) for g in groups):
+                continue  # a group is free: waiting was the plan's choice, not a lack of GPUs
+            soonest = min((max(state.free_at.get(u, state.now_s) for u in g) for g in groups), default=state.now_s)
+            if soonest - state.now_s <= ep.cold_start_s:
+                continue  # a group frees sooner than a preemption's cold start would: wait
+            best = None
+            for g in groups:
+                victims = {lease_of.get(u) for u in g}
+                if None in victims:
+                    continue  # part of the group was taken this tick
+                recs = [info.get(v) or {} for v in victims]
+                if not all(r.get("kind") == "job" and Priority(j.priority).may_preempt(Priority[r.get("priority", "LOW")])
+                           for r in recs):
+                    continue
+                cost = sum(Priority[r["priority"]].weight for r in recs)
+                if best is None or cost < best[0]:
+                    best = (cost, g, victims)
+            if best is None:
+                continue
+            _, g, victims = best
+            for v in victims:
+                if preempt(self.r, self.keys, v, j.id):
+                    metrics.job_preempted(info[v].get("priority", "LOW"))
+                    log.info("preempted lease %s (%s) for %s job %s", v, info[v].get("priority"),
+                             Priority(j.priority).name, j.id)
+                for u, lid in list(lease_of.items()):
+                    if lid == v:
+                        lease_of.pop(u)
+            ep_end = self.now_s() + ep.cold_start_s + j.service_s
+            if self._start(j, g, ep_end, "cold_start"):
+                started.add(j.id)
+                taken.update(g)
+                for u in g:
+                    lease_of[u] = "__new__"
+        return started
 
     def _send(self, ctx: PhaseContext, host: str) -> None:
         if self._dispatch is not None:

@@ -12,6 +12,7 @@ from functools import lru_cache
 
 from celery import chain, signals
 
+from app import telemetry
 from app.celery_app import create_celery
 from app.keys import Keys
 from app.models import FleetSpec, load_fleet, parse_fleet
@@ -23,6 +24,7 @@ log = logging.getLogger("makespan.tasks")
 
 settings = Settings.from_env()
 celery = create_celery(settings)
+telemetry.instrument_celery(celery, "makespan-gpu-worker")
 
 
 @lru_cache(maxsize=1)

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import httpx
 
+from app import telemetry
 from app.errors import PhaseError
 from app.models import EndpointSpec
 from app.redis_conn import free_port
@@ -124,7 +125,7 @@ class ProcessDriver:
         env = {**os.environ, **self.extra_env(endpoint), "CUDA_VISIBLE_DEVICES": ",".join(gpus),
                "PYTHONUNBUFFERED": "1"}
         try:
-            with open(inst.log_path, "ab") as log:
+            with open(inst.log_path, "ab") as log, telemetry.child_span("process_spawn", {"argv0": argv[0], "port": port}):
                 log.write(f"# {time.strftime('%Y-%m-%dT%H:%M:%S')} argv={argv} gpus={gpus}\n".encode())
                 log.flush()
                 inst.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -133,7 +134,8 @@ class ProcessDriver:
             raise PhaseError(f"endpoint {endpoint.name!r}: cannot run {argv[0]!r}: {e}") from e
         inst.pid = inst.proc.pid
         timeout_s = self.health_timeout_s if self.health_timeout_s is not None else endpoint.launch.health_timeout_s
-        self._wait_healthy(endpoint, inst, timeout_s)
+        with telemetry.child_span("health_check", {"url": inst.url, "timeout_s": timeout_s}):
+            self._wait_healthy(endpoint, inst, timeout_s)
         inst.started_at = time.time()
         return inst
 
