@@ -62,12 +62,14 @@ def planner(fleet: Path = FleetOpt, policy: Optional[str] = typer.Option(None, h
 
 
 def _start_metrics(port: int, role: str) -> None:
+    """Serve /metrics; only the planner also exports the Redis-read state gauges (queue
+    depths, leases, drain) so that they are not scraped twice."""
     if not port:
         return
     try:
         from app import metrics
 
-        metrics.start_metrics_server(port)
+        metrics.start_metrics_server(port, redis_state=(role == "planner"))
     except (ImportError, AttributeError) as e:  # pragma: no cover - metrics module optional
         logging.getLogger("makespan").warning("metrics not available: %s", e)
 

@@ -34,6 +34,7 @@ start at most); a failed recovery marks the instance ``failed`` (no further prob
 from __future__ import annotations
 
 import json
+import os
 import logging
 import signal
 import threading
@@ -151,6 +152,9 @@ class Observer:
                "last_ok_cycle": str(self.last_ok_cycle.get(inst.id, 0) if inst else 0),
                "effect": effect, "agenda_context": json.dumps(context)}
         rec["incident_id"] = self.r.xadd(self.keys.incidents, rec)
+        from app import metrics
+
+        metrics.incident(endpoint)
         log.error("incident %s: %s %s (%s)", rec["incident_id"], endpoint, mode, effect)
         return rec
 
@@ -245,8 +249,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fleet", required=True)
     p.add_argument("--probe-interval-s", type=float, default=1.0)
     p.add_argument("--overrun-factor", type=float, default=1.5)
+    p.add_argument("--metrics-port", type=int, default=int(os.environ.get("MAKESPAN_METRICS_PORT") or 0))
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if a.metrics_port:
+        from app import metrics
+
+        metrics.start_metrics_server(a.metrics_port, redis_state=False)
     run_observer(Settings.from_env(), load_fleet(a.fleet), a.probe_interval_s, a.overrun_factor)
     return 0
 
