@@ -56,6 +56,7 @@ class RequestResult:
     latency_ms: list[float] = field(default_factory=list)
     peak_in_flight: int = 0
     first_error: str = ""
+    records: list[str] = field(default_factory=list)  # JSON per request, pushed once at the end
 
     def summary(self) -> dict[str, Any]:
         lat = sorted(self.latency_ms)
@@ -162,7 +163,7 @@ class RequestRunner:
             else:
                 res.ok += 1
                 res.latency_ms.append(ms)
-            self.r.rpush(self.keys.requests(job_id), json.dumps(
+            res.records.append(json.dumps(
                 {"i": i, "t0": t0, "t1": t1, "ms": round(ms, 3), "ok": not err, "status": status,
                  "text": (text or err)[:KEEP_TEXT], "instance": self.instance_id}, separators=(",", ":")))
 
@@ -184,6 +185,8 @@ class RequestRunner:
         """
         self.r.delete(self.keys.requests(job_id))  # a retried step records afresh
         res = asyncio.run(self.run_async(job_id, payload))
+        if res.records:  # one round trip after the batch, not one per request (keeps slots busy)
+            self.r.rpush(self.keys.requests(job_id), *res.records)
         if res.errors:
             raise PhaseError(f"{res.errors} of {res.sent} requests to {self.url} failed; first: {res.first_error}")
         return res

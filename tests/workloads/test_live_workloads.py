@@ -134,7 +134,9 @@ def test_cancel_workload_cancels_queued_and_releases_gpus(r, keys, settings, fle
     wl.step("after2", "embed", requests=2, after=[a])
     wid = submit_workload(r, keys, fleet, wl, settings)
     job = workload_status(r, keys, wid)["steps"]["long"]["job"]
-    wait_for(lambda: r.llen(keys.requests(job)) >= 4, 30, "the long step to send requests")
+    wait_for(lambda: r.hget(keys.job(job), "state") == "running" and
+             sum(r.zcard(k) for k in r.scan_iter(f"{keys.prefix}:reqlease:*")) > 0, 30,
+             "the long step to hold request leases")
     out = cancel_workload(r, keys, wid)
     assert out == {"cancelled": 2, "cancel_requested": 1}
     st = _wait_final(r, keys, wid, 30)
