@@ -79,6 +79,7 @@ class _Aware:
         self.alpha, self.beta = alpha, beta
         self.state = state
         self.share = share and bool(state.demand_share)
+        self._coef_cache = self._coef() if self.share else {}
         self.queued: dict[str, float] = {}
         for j in batch:
             self.queued[j.endpoint] = self.queued.get(j.endpoint, 0.0) + j.weight
@@ -136,6 +137,8 @@ class _Aware:
         return best
 
     def _by_share(self, rep: Replay, job: PlanJob, ep: EndpointModel, cands: list[Group], ready: float) -> Group:
+        if len(cands[0]) == 1:
+            return self._by_share_single(rep, job, ep, cands, ready)
         w = job.weight
         best, bc, bt = cands[0], float("inf"), float("inf")
         for g in cands:
@@ -144,6 +147,50 @@ class _Aware:
             cost = w * (s + t)
             if t > 0:
                 cost += self.beta * self._share_delta(rep, g, ep.name)
+            if cost < bc or (cost == bc and t < bt):
+                best, bc, bt = g, cost, t
+        return best
+
+    def _coef(self) -> dict[str, tuple[float, float]]:
+        """endpoint -> (d_e·cold_e/tp_e, share_e·G): the shortfall term is coef·max(0, S − n)."""
+        st = self.state
+        g = len(st.gpus)
+        return {e: (st.demand.get(e, 1.0) * st.endpoints[e].cold_start_s / st.endpoints[e].tp, sh * g)
+                for e, sh in st.demand_share.items() if e in st.endpoints and sh > 0}
+
+    def _by_share_single(self, rep: Replay, job: PlanJob, ep: EndpointModel, cands: list[Group],
+                         ready: float) -> Group:
+        """:meth:`_by_share` inlined for single-GPU groups (same costs as ``_share_delta``)."""
+        coef = self._coef_cache
+        w, name, cold, wake, beta = job.weight, ep.name, ep.cold_start_s, ep.wake_s, self.beta
+        fa, res, asl, eps, cnt = rep.free_at, rep.resident, rep.asleep, rep.endpoints, rep.count
+        gain = 0.0
+        if name in coef:
+            k, sh = coef[name]
+            c = cnt.get(name, 0)
+            gain = k * (max(0.0, sh - c - 1) - max(0.0, sh - c))  # ≤ 0: loading earns
+        credit = -beta * gain
+        best, bc, bt = cands[0], float("inf"), float("inf")
+        for g in cands:
+            u = g[0]
+            s = fa[u]
+            if s < ready:
+                s = ready
+            if w * s > bc + credit:
+                continue
+            r = res[u]
+            if r == name:
+                t = 0.0
+                cost = w * s
+            else:
+                eep = eps.get(r) if r is not None else None
+                t = (eep.evict_s if eep is not None else 0.0) + (
+                    wake if wake is not None and name in asl[u] else cold)
+                cost = w * (s + t) + beta * gain
+                if r in coef:
+                    k, sh = coef[r]
+                    c = cnt.get(r, 0)
+                    cost += beta * k * (max(0.0, sh - c + 1) - max(0.0, sh - c))
             if cost < bc or (cost == bc and t < bt):
                 best, bc, bt = g, cost, t
         return best
@@ -245,7 +292,7 @@ def wspt(batch: Sequence[PlanJob], state: FleetState) -> Plan:
     return evaluate(construct("wspt", wspt_order(batch, state.endpoints), state), batch, state, "wspt")
 
 
-MEMBERS = ("wspt", "ta-wspt", "ta-wspt-light", "ta-wspt-nopull", "ta-setup", "ta-fifo", "min-evict",
+MEMBERS = ("wspt", "ta-wspt", "ta-wspt-nopull", "ta-setup", "ta-fifo", "min-evict",
            "ta-share", "ta-share-nopull")
 
 
@@ -256,7 +303,6 @@ def members(batch: Sequence[PlanJob], state: FleetState) -> list[Plan]:
     f = fifo_order(batch)
     specs = [("wspt", w, "completion", False, 0.0),
              ("ta-wspt", w, "aware", True, 1.0),
-             ("ta-wspt-light", w, "aware", True, 0.25),
              ("ta-wspt-nopull", w, "aware", False, 1.0),
              ("ta-setup", s, "aware", True, 1.0),
              ("ta-fifo", f, "aware", True, 1.0),

@@ -39,3 +39,16 @@ def test_share_members_only_with_a_share():
     batch = [PlanJob("j", "a", 1.0, 0.0, 10.0)]
     assert len(members(batch, _state({}))) == len(MEMBERS) - 2
     assert len(members(batch, _state({"a": 0.5, "b": 0.5}))) == len(MEMBERS)
+
+
+def test_replay_does_not_write_into_the_state_history():
+    from planner.replay import Replay
+    st = _state({})
+    st.end_of = {"old": 5.0}
+    rep = Replay(st)
+    rep.place(PlanJob("j", "a", 1.0, 0.0, 10.0, deps=("old",)), ("g2",))
+    assert st.end_of == {"old": 5.0}
+    assert rep.end_of["j"] == 5.0 + 5.0 + 100.0 + 10.0  # after its dependency, evict b, cold start a
+    cp = rep.copy()
+    cp.place(PlanJob("k", "b", 1.0, 0.0, 1.0), ("g3",))
+    assert "k" not in rep.end_of and "k" in cp.end_of
