@@ -19,7 +19,8 @@ def test_short_chaos_run_keeps_every_invariant(tmp_path):
     assert [f.split(":")[0] for _t, f in res.faults] == ["worker_kill", "planner_term", "redis_drop_clients",
                                                           "redis_restart"]
     assert res.accepted == 12
-    assert {k: v for k, v in res.violations.items() if v} == {}
+    bad = {k: v for k, v in res.violations.items() if v}
+    assert bad == {}, f"violations {bad}; faults {res.faults}; states {dict(res.states)}; logs in {tmp_path}"
     assert set(res.violations) == set(INVARIANTS)
     assert sum(res.states.values()) == 12
 
