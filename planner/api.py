@@ -11,6 +11,7 @@ planner/cpsat.py) and ``default`` (= ``cpsat``).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 
 from app.errors import PlannerError
@@ -36,16 +37,34 @@ except ImportError:  # pragma: no cover
 DEFAULT_POLICY = "default"
 
 
-def plan(batch: Sequence[PlanJob], state: FleetState, policy: str = DEFAULT_POLICY) -> Plan:
+def _takes_limit(fn: Policy) -> bool:
+    try:
+        return "time_limit_s" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # pragma: no cover - builtins
+        return False
+
+
+def plan(batch: Sequence[PlanJob], state: FleetState, policy: str = DEFAULT_POLICY, *,
+         time_limit_s: float | None = None) -> Plan:
     """Plan ``batch`` on ``state`` with the named policy.
 
+    Args:
+        time_limit_s: wall-time limit of a time-limited policy (``cpsat``/``default``:
+            the CP-SAT improver's budget after the greedy floor; default 1 s), s. The
+            greedy policies (``fifo``, ``min-evict``, ``wspt``, ``portfolio``) take
+            milliseconds and ignore it. None: the policy's own default.
+
     Raises:
-        PlannerError: unknown policy name.
+        PlannerError: unknown policy name, or a negative ``time_limit_s``.
     """
+    if time_limit_s is not None and time_limit_s < 0:
+        raise PlannerError(f"time_limit_s must be >= 0, got {time_limit_s}")
     try:
         fn = POLICIES[policy]
     except KeyError:
         raise PlannerError(f"unknown policy {policy!r}; known: {', '.join(sorted(POLICIES))}") from None
     if not batch:
         return Plan(policy=policy, assignments=[])
+    if time_limit_s is not None and _takes_limit(fn):
+        return fn(batch, state, time_limit_s=time_limit_s)  # type: ignore[call-arg]
     return fn(batch, state)

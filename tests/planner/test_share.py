@@ -52,3 +52,17 @@ def test_replay_does_not_write_into_the_state_history():
     cp = rep.copy()
     cp.place(PlanJob("k", "b", 1.0, 0.0, 1.0), ("g3",))
     assert "k" not in rep.end_of and "k" in cp.end_of
+
+
+def test_plan_time_limit_keyword():
+    import pytest
+
+    from app.errors import PlannerError
+    from planner.synthetic import instance
+    batch, st = instance(12, 4, models=3, seed=1)
+    fast = plan(batch, st, "cpsat", time_limit_s=0.0)  # no LNS window fits: the greedy floor
+    assert fast.stats["windows"] == 0.0
+    assert abs(fast.objective - plan(batch, st, "portfolio").objective) < 1e-6
+    assert plan(batch, st, "wspt", time_limit_s=0.5).objective == plan(batch, st, "wspt").objective
+    with pytest.raises(PlannerError):
+        plan(batch, st, "cpsat", time_limit_s=-1.0)
