@@ -177,7 +177,8 @@ LEASE_ENDS = ("completed", "failed", "cancelled", "restore_end", "reclaimed", "p
 def lease_overlaps(events: list[dict]) -> list[tuple[str, str, str]]:
     """(gpu, lease a, lease b) for leases that held a GPU at the same time, from the
     recorded events (the Redis view): a lease holds its GPUs from ``leased`` (or
-    ``restore_start``) until its first end event (``LEASE_ENDS``), or forever."""
+    ``restore_start``) until its first end event (``LEASE_ENDS``; for ``reclaimed``, its
+    ``expired_at`` if earlier), or forever."""
     start: dict[str, tuple[float, list[str]]] = {}
     ivs: dict[str, list[tuple[float, float, str]]] = {}
     for e in events:
@@ -188,8 +189,11 @@ def lease_overlaps(events: list[dict]) -> list[tuple[str, str, str]]:
             start[lid] = (e["ts"], e.get("gpus") or [])
         elif e["kind"] in LEASE_ENDS and lid in start:
             t0, gpus = start.pop(lid)
+            # a reclaimed lease stopped holding its GPUs when its keys expired (fencing
+            # refuses its holder from then on), which can be before the reaper ran
+            end = min(e["ts"], e.get("expired_at") or e["ts"])
             for g in gpus:
-                ivs.setdefault(g, []).append((t0, e["ts"], lid))
+                ivs.setdefault(g, []).append((t0, end, lid))
     for lid, (t0, gpus) in start.items():
         for g in gpus:
             ivs.setdefault(g, []).append((t0, float("inf"), lid))

@@ -99,8 +99,11 @@ local want = ARGV[1] .. ':' .. (L['token'] or '')
 local gpus = cjson.decode(L['gpus'] or '[]')
 for _, g in ipairs(gpus) do
   local gk = ARGV[4] .. ':gpu:' .. g
-  if redis.call('GET', gk) == want then redis.call('DEL', gk) end
-  redis.call('DEL', ARGV[4] .. ':resident:' .. g)
+  local cur = redis.call('GET', gk)
+  if cur == want then redis.call('DEL', gk) end
+  -- what is resident is unknown after a holder died mid-transition, unless the GPU key
+  -- expired and a newer lease already holds the GPU: then the marker is the new holder's
+  if cur == want or not cur then redis.call('DEL', ARGV[4] .. ':resident:' .. g) end
 end
 redis.call('DEL', KEYS[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
@@ -136,7 +139,8 @@ if job and L['kind'] == 'job' then
     end
   end
 end
-local ev = {ts = tonumber(ARGV[2]) / 1000.0, kind = 'reclaimed', lease = ARGV[1], job = job, outcome = outcome, gpus = gpus}
+local ev = {ts = tonumber(ARGV[2]) / 1000.0, kind = 'reclaimed', lease = ARGV[1], job = job, outcome = outcome, gpus = gpus,
+            expired_at = tonumber(L['expires_ms'] or ARGV[2]) / 1000.0}
 redis.call('XADD', KEYS[4], 'MAXLEN', '~', '1000000', '*', 'e', cjson.encode(ev))
 if outcome == 'requeued' or outcome == 'failed' or outcome == 'completed' then
   local ev2 = {ts = tonumber(ARGV[2]) / 1000.0, kind = outcome, job = job, lease = ARGV[1], reason = 'lease expired'}

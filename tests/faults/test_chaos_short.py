@@ -31,5 +31,9 @@ def test_overlap_checker_sees_a_double_lease():
            {"ts": 2.0, "kind": "leased", "lease": "b", "gpus": ["g0", "g1"]},
            {"ts": 3.0, "kind": "completed", "lease": "a"},
            {"ts": 4.0, "kind": "preempted", "lease": "b"},
-           {"ts": 4.5, "kind": "leased", "lease": "c", "gpus": ["g1"]}]
+           {"ts": 4.5, "kind": "leased", "lease": "c", "gpus": ["g1"]},
+           # d expired at 6.0 (its holder died); e took the GPU at 6.5; the reaper ran at 7.0
+           {"ts": 5.0, "kind": "leased", "lease": "d", "gpus": ["g2"]},
+           {"ts": 6.5, "kind": "leased", "lease": "e", "gpus": ["g2"]},
+           {"ts": 7.0, "kind": "reclaimed", "lease": "d", "expired_at": 6.0}]
     assert lease_overlaps(evs) == [("g0", "a", "b")]

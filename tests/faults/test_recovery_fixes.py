@@ -85,3 +85,20 @@ def test_duplicate_delivery_of_a_running_phase_does_not_run_it_twice(r, keys, se
     ends = [json.loads(f["e"]) for _i, f in r.xrange(keys.events)]
     assert sum(1 for e in ends if e["kind"] == "phase_end" and e.get("phase") == "execute") == 1
     assert runner.run(ctx, "execute") == "skipped"  # a late copy after it finished
+
+
+def test_late_reclaim_keeps_the_new_holders_resident_marker(r, keys, settings):
+    """The GPU key expired and a newer lease took the GPU before the reaper ran (found by
+    bench/chaos.py): reclaiming the old lease must not wipe what the new holder loaded,
+    and its event says when the old lease really ended."""
+    import json
+
+    jid, store = _leased_job(r, keys, settings, ttl_s=0.05)
+    time.sleep(0.1)  # expired: the GPU key is gone, the lease index still names it
+    assert store.acquire("L2", ("GPU-host-a-3",), 30.0, kind="restore", holder="host-a") is not None
+    r.set(keys.resident("GPU-host-a-3"), "embed@GPU-host-a-3")  # the new holder loaded its endpoint
+    assert store.reclaim_expired(settings.max_attempts) == {"requeued": 1}
+    assert r.get(keys.resident("GPU-host-a-3")) == "embed@GPU-host-a-3"
+    assert r.get(keys.gpu("GPU-host-a-3")).startswith("L2:")
+    ev = next(json.loads(f["e"]) for _i, f in r.xrange(keys.events) if json.loads(f["e"])["kind"] == "reclaimed")
+    assert ev["expired_at"] < ev["ts"]
