@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from app import events as ev
+from app import telemetry
 from app.errors import MakespanError
 from app.keys import Keys
 from app.live import LiveSystem, delete_prefix
@@ -76,6 +77,7 @@ def run_live(trace_jobs: list[TraceJob], fleet_path: Path, *, time_scale: float,
              redis_url: str | None = None, timeout_s: float = 600.0, title: str = "makespan") -> dict[str, Any]:
     """Run ``trace_jobs`` (plus ``extra`` pipeline jobs at t=0) on the live system."""
     fleet = load_fleet(fleet_path)
+    telemetry.instrument_producer("makespan-producer")
     run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
     run_dir = Path(run_dir or Path("runs") / run_id)
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -21,6 +21,7 @@ key                                    type    contents
 ``P:agenda:index``                     zset    open agenda op ids, score = expected end
 ``P:planner:leader``                   string  planner leader lock (redis-py Lock)
 ``P:planner:fence``                    string  planner fencing counter
+``P:planner:wake``                     list    wake-ups for the planner (submit, release)
 ``P:events``                           stream  recorded events (submit, lease, phase, ...)
 ``P:drain``                            hash    the last drain check's counts
 ``P:incidents``                        stream  incidents raised by the health observer
@@ -114,6 +115,11 @@ class Keys:
     @property
     def planner_leader(self) -> str:
         return f"{self.prefix}:planner:leader"
+
+    @property
+    def planner_wake(self) -> str:
+        """List pushed to when a job is submitted or a lease released: wakes the planner."""
+        return f"{self.prefix}:planner:wake"
 
     @property
     def planner_fence(self) -> str:

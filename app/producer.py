@@ -21,7 +21,7 @@ from app.keys import Keys
 from app.models import FleetSpec, JobSpec, Priority, parse_job
 from app.settings import Settings
 
-# KEYS: idem (or a dummy when no key), seq, job, queue, events
+# KEYS: idem (or a dummy when no key), seq, job, queue, events, planner wake list
 # ARGV: has_idem, job_id, fields JSON (flat map), event JSON
 _SUBMIT = """
 if ARGV[1] == '1' then
@@ -37,6 +37,8 @@ redis.call('HSET', KEYS[3], unpack(flat))
 redis.call('ZADD', KEYS[4], seq, ARGV[2])
 if ARGV[1] == '1' then redis.call('SET', KEYS[1], ARGV[2]) end
 redis.call('XADD', KEYS[5], 'MAXLEN', '~', '1000000', '*', 'e', ARGV[4])
+redis.call('RPUSH', KEYS[6], '1')
+redis.call('LTRIM', KEYS[6], -16, -1)
 return {1, ARGV[2]}
 """
 
@@ -109,7 +111,8 @@ class Producer:
         ev = json.dumps({"ts": time.time(), "kind": "submitted", "job": job_id, "endpoint": spec.endpoint,
                          "priority": spec.priority.name, "planned_s": spec.service_s})
         keys = [self.keys.idem(spec.idempotency_key) if has_idem else self.keys.seq, self.keys.seq,
-                self.keys.job(job_id), self.keys.queue(spec.priority), self.keys.events]
+                self.keys.job(job_id), self.keys.queue(spec.priority), self.keys.events,
+                self.keys.planner_wake]
         try:
             created, jid = self._submit(keys=keys, args=["1" if has_idem else "0", job_id, json.dumps(fields), ev])
         except redis.RedisError as e:

@@ -338,7 +338,8 @@ class PhaseRunner:
         """Release the lease and, for a job, record its final state — atomically, fenced."""
         now = time.time()
         ops: list[tuple] = [("DEL", self.keys.gpu(g)) for g in ctx.gpus]
-        ops += [("DEL", self.keys.lease(ctx.lease_id)), ("ZREM", self.keys.leases, ctx.lease_id),
+        ops += [("RPUSH", self.keys.planner_wake, "1"), ("LTRIM", self.keys.planner_wake, -16, -1),
+                ("DEL", self.keys.lease(ctx.lease_id)), ("ZREM", self.keys.leases, ctx.lease_id),
                 ("DEL", self.keys.phase(ctx.lease_id)), ("DEL", self.keys.busy(ctx.lease_id))]
         if ctx.kind == "job":
             ops += [("ZREM", self.keys.running, ctx.job_id),

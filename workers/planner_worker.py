@@ -117,6 +117,14 @@ class PlannerWorker:
     def stop(self) -> None:
         self._stop.set()
 
+    def _wait_for_work(self) -> None:
+        """Sleep until a submission or a lease release wakes us, or one tick passes."""
+        try:
+            if self.r.blpop([self.keys.planner_wake], timeout=self.settings.planner_tick_s):
+                self.r.delete(self.keys.planner_wake)
+        except redis.RedisError:
+            self._stop.wait(self.settings.planner_tick_s)
+
     def run(self) -> None:
         """Stand by until leader, then tick until stopped or deposed (then stand by again)."""
         telemetry.instrument_producer("makespan-planner")
@@ -139,7 +147,7 @@ class PlannerWorker:
                     busy = False
                     time.sleep(0.5)
                 if not busy:
-                    self._stop.wait(self.settings.planner_tick_s)
+                    self._wait_for_work()
             try:
                 lock.release()
             except (LockError, redis.RedisError):

@@ -38,7 +38,7 @@ from app.settings import Settings
 
 FINAL_STATES = ("completed", "failed", "cancelled")
 SUMMARY_FIELDS = ("id", "state", "endpoint", "priority", "service_s", "submitted_at", "leased_at", "started_at",
-                  "finished_at", "reason", "attempts", "workload_id", "idem")
+                  "finished_at", "reason", "attempts", "workload_id", "idem", "lease", "preemptions", "seq")
 
 
 def finished_key(keys: Keys) -> str:
