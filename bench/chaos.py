@@ -44,7 +44,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import psutil
 import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
@@ -144,6 +143,21 @@ class RedisServer:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+def children(pid: int) -> list[int]:
+    """Pids of the direct children of ``pid`` (from /proc; Linux)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == pid:
+            out.append(int(d.name))
+    return sorted(out)
+
+
 def client(url: str) -> redis.Redis:
     """A decoded client that rides out a dropped connection or a Redis restart."""
     return redis.Redis.from_url(url, decode_responses=True, socket_timeout=5,
@@ -229,11 +243,11 @@ class ChaosRun:
             if w is None:
                 return "no worker"
             if kind == "worker_child_kill":
-                kids = psutil.Process(w.popen.pid).children(recursive=True) if self.pool == "prefork" else []
+                kids = children(w.popen.pid) if self.pool == "prefork" else []
                 if kids:
                     k = self.rng.choice(kids)
-                    os.kill(k.pid, signal.SIGKILL)
-                    return f"{w.name} child {k.pid}"
+                    os.kill(k, signal.SIGKILL)
+                    return f"{w.name} child {k}"
             os.killpg(w.popen.pid, signal.SIGKILL)
             w.popen.wait()
             return w.name
