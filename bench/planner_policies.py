@@ -9,6 +9,7 @@ cold starts, and ratios against fifo / min-evict / wspt and weighted ÷ lower bo
 batch (the 1 s default makes a replay of hundreds of planning points too long here).
 
     .venv/bin/python bench/planner_policies.py [--jobs 200] [--gpus 16] [--seeds 3] [--with-cpsat]
+        [--median-service-s 120] [--offered-load 1.4]
 """
 
 import argparse
@@ -23,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from planner.api import POLICIES  # noqa: E402
 from planner.cpsat import cpsat_policy  # noqa: E402
 from planner.simulator import simulate  # noqa: E402
+import planner_common  # noqa: E402
 from planner_common import TRACES, bench_fleet, select_window, window_jobs  # noqa: E402
 POLS = ["fifo", "min-evict", "wspt", "portfolio", "cpsat-fast"]
 
@@ -32,9 +34,12 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=200)
     ap.add_argument("--gpus", type=int, default=16)
     ap.add_argument("--policies", default=None, help="comma-separated subset")
+    ap.add_argument("--median-service-s", type=float, default=planner_common.MEDIAN_SERVICE_S)
+    ap.add_argument("--offered-load", type=float, default=planner_common.OFFERED_LOAD)
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--with-cpsat", action="store_true", help="also cpsat-fast (about 75 s per replay here)")
     a = ap.parse_args()
+    planner_common.MEDIAN_SERVICE_S, planner_common.OFFERED_LOAD = a.median_service_s, a.offered_load
     pols = POLS if a.with_cpsat else POLS[:-1]
     if a.policies:
         pols = a.policies.split(",")
@@ -57,7 +62,8 @@ def main() -> None:
     def ms(xs):
         return f"{stt.mean(xs):.3g} ± {stt.stdev(xs) if len(xs) > 1 else 0:.2g}"
     print(f"\n{a.jobs} jobs per window, {a.gpus} GPUs, {len(windows)} windows "
-          f"({', '.join(f'{Path(p).stem}@{s}' for p, s in windows)}) × {a.seeds} seeds")
+          f"({', '.join(f'{Path(p).stem}@{s}' for p, s in windows)}) × {a.seeds} seeds; "
+          f"median service {a.median_service_s:g} s, offered load {a.offered_load:g}")
     print("| policy | weighted completion (s) | makespan (s) | cold starts | util | ÷ fifo | ÷ min-evict | ÷ wspt | ÷ lower bound |")
     print("|---|---|---|---|---|---|---|---|---|")
     for p in pols:

@@ -25,6 +25,8 @@ Transition-aware members (Σ w(C − r) decides among them):
       transition (evicting a GPU from an endpoint below its share of recent work costs,
       loading one below its share earns), so the fleet keeps each model on about its
       share of GPUs instead of reloading it for every short queue;
+    * partition (:mod:`planner.partition`): residency decided first (GPUs per endpoint
+      by its share of the batch's work and recent demand), WSPT inside;
     * orders: WSPT on area, and WSPT with the cold start amortised over the batch's jobs
       of an endpoint that no GPU holds.
 """
@@ -36,6 +38,7 @@ from collections.abc import Sequence
 
 from planner.evaluator import evaluate, score, share_shortfall_cost
 from planner.list_schedule import fifo_order, topo_stable, wspt_order
+from planner.partition import partition
 from planner.model import Assignment, EndpointModel, FleetState, Plan, PlanJob
 from planner.replay import Group, Replay
 
@@ -293,7 +296,7 @@ def wspt(batch: Sequence[PlanJob], state: FleetState) -> Plan:
 
 
 MEMBERS = ("wspt", "ta-wspt", "ta-wspt-nopull", "ta-setup", "ta-fifo", "min-evict",
-           "ta-share", "ta-share-nopull")
+           "ta-share", "ta-share-nopull", "partition")
 
 
 def members(batch: Sequence[PlanJob], state: FleetState) -> list[Plan]:
@@ -309,8 +312,12 @@ def members(batch: Sequence[PlanJob], state: FleetState) -> list[Plan]:
              ("min-evict", f, "min-evict", False, 0.0)]
     if state.demand_share:
         specs += [("ta-share", w, "share", True, 1.0), ("ta-share-nopull", w, "share", False, 1.0)]
-    return [evaluate(construct(n, o, state, r, p, a), batch, state, n, check_times=False)
-            for n, o, r, p, a in specs]
+    out = [evaluate(construct(n, o, state, r, p, a), batch, state, n, check_times=False)
+           for n, o, r, p, a in specs]
+    part = partition(batch, state)
+    if part is not None:
+        out.append(evaluate(part, batch, state, "partition", check_times=False))
+    return out
 
 
 def portfolio(batch: Sequence[PlanJob], state: FleetState) -> Plan:
@@ -319,6 +326,6 @@ def portfolio(batch: Sequence[PlanJob], state: FleetState) -> Plan:
     plans = members(batch, state)
     best_i = min(range(len(plans)), key=lambda i: score(plans[i]))
     best = plans[best_i]
-    best.stats["member"] = float(best_i)
+    best.stats["member"] = float(MEMBERS.index(best.policy))
     best.policy = "portfolio"
     return best

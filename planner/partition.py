@@ -1,0 +1,105 @@
+"""Partition member of the greedy portfolio: give each endpoint a set of GPU groups for
+the whole batch, then list-schedule inside them.
+
+Why: list scheduling that picks, job by job, the group completing the job earliest
+(``wspt`` and the transition-aware rules) loads a model on whatever GPU frees first
+whenever a cold start is shorter than the wait for a warm instance; over a batch that
+interleaves models this pays one cold start for every second job. Deciding the
+residency first (which model occupies which GPUs for the batch) and sequencing second is
+the classic decomposition for scheduling with family setups (Monma & Potts 1989; Allahverdi
+et al., EJOR 187 (2008) 985–1032, survey of setup scheduling).
+
+Allocation (deterministic):
+    1. work per endpoint W_e = Σ p_j·tp_j of its batch jobs, plus, when the fleet state
+       carries ``demand_share``, share_e × the batch's total work (recent demand keeps a
+       model with no queued job on its share of GPUs);
+    2. GPUs per endpoint by largest remainder of G·W_e/ΣW, in multiples of tp_e, at
+       least one instance for every endpoint with batch jobs (the member is skipped when
+       the fleet cannot hold one instance of each: :func:`allocate` returns None);
+    3. concrete groups: first the groups where the endpoint is already resident (no cold
+       start), then, larger TP first, the aligned groups whose GPUs are all unclaimed,
+       earliest free first.
+Sequencing: WSPT order (ascending p_j·tp_j / w_j); each job on the group of its endpoint
+that completes it earliest. The plan is scored by the evaluator like every member.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from planner.list_schedule import wspt_order
+from planner.model import Assignment, FleetState, PlanJob
+from planner.replay import Group, Replay
+
+
+def allocate(batch: Sequence[PlanJob], state: FleetState) -> dict[str, list[Group]] | None:
+    """Endpoint -> its GPU groups for the batch (module doc), or None when impossible."""
+    eps = state.endpoints
+    work: dict[str, float] = {}
+    for j in batch:
+        work[j.endpoint] = work.get(j.endpoint, 0.0) + j.service_s * eps[j.endpoint].tp
+    needed = set(work)
+    total = sum(work.values())
+    for e, sh in state.demand_share.items():
+        if e in eps and sh > 0:
+            work[e] = work.get(e, 0.0) + sh * total
+    total = sum(work.values())
+    n_gpus = len(state.gpus)
+    if total <= 0 or sum(eps[e].tp for e in needed) > n_gpus:
+        return None
+    # instances by largest remainder, at least one for endpoints with jobs
+    quota = {e: n_gpus * w / total / eps[e].tp for e, w in work.items()}
+    inst = {e: max(int(math.floor(q)), 1 if e in needed else 0) for e, q in quota.items()}
+    used = sum(inst[e] * eps[e].tp for e in inst)
+    while used > n_gpus:  # minimums overshot: take from the most over-served
+        e = max((e for e in inst if inst[e] > (1 if e in needed else 0)), key=lambda e: inst[e] - quota[e])
+        inst[e] -= 1
+        used -= eps[e].tp
+    for e in sorted(quota, key=lambda e: (-(quota[e] - math.floor(quota[e])), e)):
+        if used + eps[e].tp <= n_gpus and inst[e] < math.ceil(quota[e]):
+            inst[e] += 1
+            used += eps[e].tp
+    rep = Replay(state)
+    claimed: set[str] = set()
+    out: dict[str, list[Group]] = {e: [] for e in inst}
+    for e in inst:  # groups already holding e
+        for g in rep.groups(eps[e]):
+            if len(out[e]) >= inst[e]:
+                break
+            if not claimed & set(g) and all(rep.resident[u] == e for u in g):
+                out[e].append(g)
+                claimed.update(g)
+    for e in sorted(inst, key=lambda e: (-eps[e].tp, -work[e], e)):
+        free = [g for g in rep.groups(eps[e]) if not claimed & set(g)]
+        free.sort(key=rep.group_free)
+        for g in free:
+            if len(out[e]) >= inst[e]:
+                break
+            if not claimed & set(g):
+                out[e].append(g)
+                claimed.update(g)
+        if e in needed and not out[e]:
+            return None  # fragmentation: no aligned group left for a needed endpoint
+    return out
+
+
+def partition(batch: Sequence[PlanJob], state: FleetState) -> list[Assignment] | None:
+    """The member's assignments (complete, in placement order), or None when skipped."""
+    alloc = allocate(batch, state)
+    if alloc is None:
+        return None
+    rep = Replay(state)
+    out: list[Assignment] = []
+    for job in wspt_order(batch, state.endpoints):
+        ep = state.endpoints[job.endpoint]
+        ready = rep.ready(job)
+        best, bc = None, math.inf
+        for g in alloc[job.endpoint]:
+            c = max(ready, rep.group_free(g)) + rep.transition_s(g, ep)
+            if c < bc:
+                best, bc = g, c
+        if best is None:
+            return None
+        out.append(rep.place(job, best))
+    return out

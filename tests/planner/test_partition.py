@@ -1,0 +1,37 @@
+"""Partition member: residency first, WSPT inside; complete and feasible plans."""
+
+from planner.evaluator import evaluate
+from planner.greedy import portfolio
+from planner.model import EndpointModel, FleetState, Gpu, PlanJob
+from planner.partition import allocate, partition
+from planner.synthetic import instance
+
+
+def test_allocation_follows_work_and_keeps_residents():
+    gpus = [Gpu(f"g{i}", "h", i, 80_000) for i in range(4)]
+    eps = {"a": EndpointModel("a", 1, 1000, 100.0, 5.0), "b": EndpointModel("b", 1, 1000, 100.0, 5.0)}
+    st = FleetState(0.0, gpus, eps, resident={"g3": "a"})
+    batch = [PlanJob(f"a{i}", "a", 1.0, 0.0, 30.0, seq=i) for i in range(6)] + \
+            [PlanJob(f"b{i}", "b", 1.0, 0.0, 30.0, seq=10 + i) for i in range(2)]
+    alloc = allocate(batch, st)
+    assert sorted(len(v) for v in alloc.values()) == [1, 3]  # 180 : 60 GPU-s of work on 4 GPUs
+    assert ("g3",) in alloc["a"]
+    plan = evaluate(partition(batch, st), batch, st)
+    assert plan.stats["cold_starts"] == 3  # a on two more GPUs, b once; never reloaded
+
+
+def test_skipped_when_the_fleet_cannot_hold_every_model():
+    gpus = [Gpu("g0", "h", 0, 80_000)]
+    eps = {"a": EndpointModel("a", 1, 1000, 10.0, 1.0), "b": EndpointModel("b", 1, 1000, 10.0, 1.0)}
+    st = FleetState(0.0, gpus, eps)
+    batch = [PlanJob("x", "a", 1.0, 0.0, 5.0), PlanJob("y", "b", 1.0, 0.0, 5.0, seq=1)]
+    assert partition(batch, st) is None
+    assert len(portfolio(batch, st).assignments) == 2
+
+
+def test_partition_plans_are_feasible_with_gangs():
+    for seed in range(5):
+        batch, st = instance(40, 16, models=4, seed=seed, spread_s=300, gang=True)
+        out = partition(batch, st)
+        if out is not None:
+            evaluate(out, batch, st)  # raises InfeasiblePlan otherwise
