@@ -355,12 +355,17 @@ class PlannerWorker:
         return started
 
     def _send(self, ctx: PhaseContext, host: str) -> None:
-        if self._dispatch is not None:
-            self._dispatch(ctx, self.keys.host_queue(host))
-        else:
-            from workers.tasks import dispatch
-
-            dispatch(ctx, self.keys.host_queue(host))
+        """Send the phase chain. A publish that fails (broker connection lost mid-send;
+        kombu may raise more than redis errors then) must not kill the planner: the
+        lease is never renewed, so it expires and the reaper requeues the job."""
+        send = self._dispatch
+        if send is None:
+            from workers.tasks import dispatch as send
+        try:
+            send(ctx, self.keys.host_queue(host))
+        except Exception as e:  # noqa: BLE001 - recovered through lease expiry, see above
+            log.error("dispatch of lease %s (job %s) failed: %r; it will expire and be reclaimed",
+                      ctx.lease_id, ctx.job_id or ctx.kind, e)
 
     # -- idle: restore set points, then check the drain -----------------------------------
     def _idle(self, busy: set[str]) -> bool:

@@ -102,3 +102,23 @@ def test_late_reclaim_keeps_the_new_holders_resident_marker(r, keys, settings):
     assert r.get(keys.gpu("GPU-host-a-3")).startswith("L2:")
     ev = next(json.loads(f["e"]) for _i, f in r.xrange(keys.events) if json.loads(f["e"])["kind"] == "reclaimed")
     assert ev["expired_at"] < ev["ts"]
+
+
+def test_failed_dispatch_does_not_kill_the_planner_and_the_job_is_requeued(r, keys, settings):
+    """kombu raised AttributeError from a publish while Redis restarted (found by
+    bench/chaos.py): the planner must keep going; the lease expires and the job returns."""
+    import dataclasses
+
+    def broken(ctx, queue):
+        raise AttributeError("'NoneType' object has no attribute 'client'")
+
+    s = dataclasses.replace(settings, lease_ttl_s=0.3)
+    fleet = load_fleet(FLEET_TOML)
+    jid = Producer(r, keys, fleet, s).submit({"endpoint": "embed", "service_s": 5, "priority": "HIGH"}).id
+    w = PlannerWorker(r, s, fleet, dispatch=broken)
+    w.token = ""
+    w.tick()
+    assert r.hget(keys.job(jid), "state") == "leased"
+    time.sleep(0.4)
+    w.leases.reclaim_expired(s.max_attempts)
+    assert r.hget(keys.job(jid), "state") == "queued" and r.hget(keys.job(jid), "attempts") == "1"
