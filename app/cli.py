@@ -99,18 +99,27 @@ def gpu_worker(fleet: Path = FleetOpt, host: str = typer.Option(..., help="host 
                         "--without-gossip", "--without-mingle"])
 
 
-def _producer(fleet: Path):
+def _producer(fleet: Optional[Path]):
+    """A Producer; without ``--fleet`` the fleet comes from Redis (the planner publishes it)."""
     from app.keys import Keys
-    from app.models import load_fleet
+    from app.models import load_fleet, parse_fleet
     from app.producer import Producer
     from app.redis_conn import connect
 
     s = _settings()
-    return Producer(connect(s.redis_url), Keys(s.key_prefix), load_fleet(fleet), s)
+    r = connect(s.redis_url)
+    keys = Keys(s.key_prefix)
+    if fleet is not None:
+        spec = load_fleet(fleet)
+    else:
+        raw = r.get(keys.fleet)
+        spec = parse_fleet(json.loads(raw)) if raw else None
+    return Producer(r, keys, spec, s)
 
 
 @app.command()
-def submit(fleet: Path = FleetOpt, endpoint: str = typer.Option(...), service_s: float = typer.Option(...),
+def submit(fleet: Optional[Path] = typer.Option(None, "--fleet", help="default: the fleet the planner runs"),
+           endpoint: str = typer.Option(...), service_s: float = typer.Option(...),
            priority: str = typer.Option("NORMAL"), payload: str = typer.Option("{}", help="JSON object"),
            idempotency_key: Optional[str] = typer.Option(None)):
     """Submit one job; prints its id."""
@@ -129,7 +138,7 @@ def submit(fleet: Path = FleetOpt, endpoint: str = typer.Option(...), service_s:
 
 
 @app.command()
-def status(job_id: str, fleet: Path = FleetOpt):
+def status(job_id: str, fleet: Optional[Path] = typer.Option(None, "--fleet", help="not needed to read a job")):
     """Print a job's record as JSON."""
     try:
         typer.echo(json.dumps(_producer(fleet).status(job_id), indent=2))
@@ -138,7 +147,7 @@ def status(job_id: str, fleet: Path = FleetOpt):
 
 
 @app.command()
-def cancel(job_id: str, fleet: Path = FleetOpt):
+def cancel(job_id: str, fleet: Optional[Path] = typer.Option(None, "--fleet", help="not needed to cancel")):
     """Cancel a job (queued: removed at once; running: stopped at its next phase)."""
     try:
         typer.echo(_producer(fleet).cancel(job_id))

@@ -73,7 +73,7 @@ class JobHandle:
 class Producer:
     """Producer bound to one Redis, key prefix and fleet."""
 
-    def __init__(self, r: redis.Redis, keys: Keys, fleet: FleetSpec, settings: Settings | None = None):
+    def __init__(self, r: redis.Redis, keys: Keys, fleet: FleetSpec | None, settings: Settings | None = None):
         self.r, self.keys, self.fleet = r, keys, fleet
         self.settings = settings or Settings()
         self._submit = r.register_script(_SUBMIT)
@@ -88,6 +88,8 @@ class Producer:
             ValidationError: the job is invalid (nothing was written).
             StoreError: Redis failed (nothing or everything was written: the script is atomic).
         """
+        if self.fleet is None:
+            raise ValidationError("fleet", None, "submitting needs a fleet: pass --fleet or start a planner first")
         try:
             spec = parse_job(job, self.fleet, self.settings.max_payload_bytes)
         except ValidationError:

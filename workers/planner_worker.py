@@ -121,6 +121,8 @@ class PlannerWorker:
         """Sleep until a submission or a lease release wakes us, or one tick passes."""
         try:
             if self.r.blpop([self.keys.planner_wake], timeout=self.settings.planner_tick_s):
+                # a batch waits at most batch_wait_s for more arrivals before it is planned
+                self._stop.wait(self.settings.batch_wait_s)
                 self.r.delete(self.keys.planner_wake)
         except redis.RedisError:
             self._stop.wait(self.settings.planner_tick_s)

@@ -72,3 +72,28 @@ def test_critical_behind_1000_low_is_in_next_batch(prod, r, keys, fleet, setting
     assert len(batch) == settings.batch_size
     assert batch[0].id == crit.id
     assert prod.queue_depths() == {"CRITICAL": 1, "HIGH": 0, "NORMAL": 0, "LOW": 1000}
+
+
+def test_cli_submit_status_cancel(redis_url, prefix, r):
+    """The producer side from a shell: submit (with --fleet), then status and cancel
+    without one; bad input exits 2 with the field named and writes nothing."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "MAKESPAN_REDIS_URL": redis_url, "MAKESPAN_KEY_PREFIX": prefix}
+    run = lambda *a: subprocess.run([sys.executable, "-m", "app.cli", *a], env=env, capture_output=True, text=True)
+    out = run("submit", "--fleet", "examples/render-pipeline.toml", "--endpoint", "embed", "--service-s", "12",
+              "--priority", "HIGH", "--idempotency-key", "k1")
+    assert out.returncode == 0, out.stderr
+    job = json.loads(out.stdout)
+    assert job["created"] and job["priority"] == "HIGH"
+    st = run("status", job["id"])
+    assert st.returncode == 0 and json.loads(st.stdout)["state"] == "queued"
+    assert run("cancel", job["id"]).stdout.strip() == "cancelled"
+    before = sorted(r.scan_iter(f"{prefix}:*"))
+    bad = run("submit", "--fleet", "examples/render-pipeline.toml", "--endpoint", "embed", "--service-s", "-1")
+    assert bad.returncode == 2 and "job.service_s" in bad.stderr
+    assert sorted(r.scan_iter(f"{prefix}:*")) == before
+    assert run("status", "nope").returncode == 2
