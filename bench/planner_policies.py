@@ -69,6 +69,8 @@ def main() -> None:
     for p in pols:
         rs = res[p]
         def ratio(base):
+            if base not in res:
+                return "–"
             return ms([r["weighted_completion_s"] / b["weighted_completion_s"] for r, b in zip(rs, res[base])])
         print(f"| {p} | {ms([r['weighted_completion_s'] for r in rs])} | {ms([r['makespan_s'] for r in rs])} | "
               f"{ms([r['transitions']['cold_start'] for r in rs])} | {ms([r['utilization'] for r in rs])} | "

@@ -27,8 +27,9 @@ Transition-aware members (Σ w(C − r) decides among them):
       share of GPUs instead of reloading it for every short queue;
     * partition (:mod:`planner.partition`): residency decided first (GPUs per endpoint
       by its share of the batch's work and recent demand), WSPT inside;
-    * orders: WSPT on area, and WSPT with the cold start amortised over the batch's jobs
-      of an endpoint that no GPU holds.
+    * orders: WSPT on area, and FIFO. (:func:`setup_order`, WSPT with the cold start
+      amortised over the batch's jobs of an endpoint no GPU holds, is no longer a member:
+      it won no batch of the policies benchmark once the partition members existed.)
 """
 
 from __future__ import annotations
@@ -295,28 +296,27 @@ def wspt(batch: Sequence[PlanJob], state: FleetState) -> Plan:
     return evaluate(construct("wspt", wspt_order(batch, state.endpoints), state), batch, state, "wspt")
 
 
-MEMBERS = ("wspt", "ta-wspt", "ta-wspt-nopull", "ta-setup", "ta-fifo", "min-evict",
-           "ta-share", "ta-share-nopull", "partition")
+MEMBERS = ("wspt", "ta-wspt", "ta-wspt-nopull", "ta-fifo", "min-evict",
+           "ta-share", "ta-share-nopull", "partition", "partition-spill")
 
 
 def members(batch: Sequence[PlanJob], state: FleetState) -> list[Plan]:
     """Every portfolio member, evaluated (the baselines are members too)."""
     w = wspt_order(batch, state.endpoints)
-    s = setup_order(batch, state)
     f = fifo_order(batch)
     specs = [("wspt", w, "completion", False, 0.0),
              ("ta-wspt", w, "aware", True, 1.0),
              ("ta-wspt-nopull", w, "aware", False, 1.0),
-             ("ta-setup", s, "aware", True, 1.0),
              ("ta-fifo", f, "aware", True, 1.0),
              ("min-evict", f, "min-evict", False, 0.0)]
     if state.demand_share:
         specs += [("ta-share", w, "share", True, 1.0), ("ta-share-nopull", w, "share", False, 1.0)]
     out = [evaluate(construct(n, o, state, r, p, a), batch, state, n, check_times=False)
            for n, o, r, p, a in specs]
-    part = partition(batch, state)
-    if part is not None:
-        out.append(evaluate(part, batch, state, "partition", check_times=False))
+    for name, spill in (("partition", False), ("partition-spill", True)):
+        part = partition(batch, state, spill)
+        if part is not None:
+            out.append(evaluate(part, batch, state, name, check_times=False))
     return out
 
 

@@ -84,8 +84,13 @@ def allocate(batch: Sequence[PlanJob], state: FleetState) -> dict[str, list[Grou
     return out
 
 
-def partition(batch: Sequence[PlanJob], state: FleetState) -> list[Assignment] | None:
-    """The member's assignments (complete, in placement order), or None when skipped."""
+def partition(batch: Sequence[PlanJob], state: FleetState, spill: bool = False) -> list[Assignment] | None:
+    """The member's assignments (complete, in placement order), or None when skipped.
+
+    ``spill``: a job may also take a group allocated to another endpoint when it would
+    complete there earlier than on its own groups by more than that endpoint's cold start
+    (the reload the other endpoint pays later) — work-conserving when the allocation is
+    uneven."""
     alloc = allocate(batch, state)
     if alloc is None:
         return None
@@ -101,5 +106,16 @@ def partition(batch: Sequence[PlanJob], state: FleetState) -> list[Assignment] |
                 best, bc = g, c
         if best is None:
             return None
+        if spill:
+            for e2, gs in alloc.items():
+                if e2 == job.endpoint:
+                    continue
+                pen = state.endpoints[e2].cold_start_s
+                for g in gs:
+                    if len(g) != ep.tp:
+                        continue
+                    c = max(ready, rep.group_free(g)) + rep.transition_s(g, ep) + pen
+                    if c < bc:
+                        best, bc = g, c
         out.append(rep.place(job, best))
     return out
