@@ -74,8 +74,12 @@ def choose_time_scale(jobs: list[TraceJob], fleet: FleetSpec, target_wall_s: flo
 
 def run_live(trace_jobs: list[TraceJob], fleet_path: Path, *, time_scale: float, report_path: Path | None,
              run_dir: Path | None, policy: str | None, extra: list[dict[str, Any]] | None = None,
-             redis_url: str | None = None, timeout_s: float = 600.0, title: str = "makespan") -> dict[str, Any]:
-    """Run ``trace_jobs`` (plus ``extra`` pipeline jobs at t=0) on the live system."""
+             redis_url: str | None = None, timeout_s: float = 600.0, title: str = "makespan",
+             render_pipeline: bool = False) -> dict[str, Any]:
+    """Run ``trace_jobs`` (plus ``extra`` pipeline jobs at t=0) on the live system.
+    With ``render_pipeline`` the render pipeline of the design notes first runs on its
+    own with real endpoint processes (``makespan render-pipeline``) and its phase
+    timings go into the report under ``render_pipeline``."""
     fleet = load_fleet(fleet_path)
     telemetry.instrument_producer("makespan-producer")
     run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
@@ -91,6 +95,7 @@ def run_live(trace_jobs: list[TraceJob], fleet_path: Path, *, time_scale: float,
     r = connect(url)
     system = LiveSystem(run_dir / "fleet.toml", fleet, settings, run_dir / "logs")
     started = time.monotonic()
+    pipeline = _render_pipeline(settings, fleet_path, run_dir) if render_pipeline else None
     try:
         console.print(f"Starting a planner and {len(fleet.hosts)} GPU workers for {fleet.gpu_count()} simulated GPUs "
                       f"(policy {settings.policy}, time scale {time_scale:.2e} wall s per workload s) ...")
@@ -101,6 +106,8 @@ def run_live(trace_jobs: list[TraceJob], fleet_path: Path, *, time_scale: float,
         ev.dump_jsonl(events, run_dir / "events.jsonl")
         report = live_report(r, keys, fleet, events, job_ids, time_scale, settings.policy, rejected=rejected)
         report["wall_s"] = round(time.monotonic() - started, 2)
+        if pipeline is not None:
+            report["render_pipeline"] = pipeline
         report["run_dir"] = str(run_dir)
         (run_dir / "report.json").write_text(json.dumps(report, indent=2))
         if report_path:
@@ -116,6 +123,21 @@ def run_live(trace_jobs: list[TraceJob], fleet_path: Path, *, time_scale: float,
             r.close()
             if emb:
                 emb.stop()
+
+
+def _render_pipeline(settings: Settings, fleet_path: Path, run_dir: Path) -> dict[str, Any]:
+    from dataclasses import replace
+
+    from app.cli_lifecycle import run_render_pipeline
+
+    console.print("Render pipeline with real endpoint processes (evict coder → start renderer → 20 cards → "
+                  "clear embedding helper → restore coder) ...")
+    rec = run_render_pipeline(replace(settings, time_scale=0.01), fleet_path, log_dir=str(run_dir / "logs"))
+    for ph in rec["phases"]:
+        console.print(f"  {ph['phase']:<16} +{ph['start_s']:6.2f} s  {ph['duration_s']:6.3f} s")
+    console.print(f"  makespan {rec['makespan_s']:.2f} s, {rec['cards']} cards, incidents during the pipeline: "
+                  f"{len(rec['incidents'])}, agenda entries left: {rec['agenda_left']}")
+    return rec
 
 
 def _drive(r, keys: Keys, fleet: FleetSpec, settings: Settings, trace_jobs: list[TraceJob],
@@ -233,7 +255,7 @@ def run_demo(report_path: Path | None = Path("report.json"), n_jobs: int = 200, 
     scale = choose_time_scale(jobs, fleet, target_wall_s)
     run_id = uuid.uuid4().hex[:6]
     return run_live(jobs, DEMO_FLEET, time_scale=scale, report_path=report_path, run_dir=run_dir, policy=policy,
-                    extra=render_cards_pipeline(run_id), title="makespan demo")
+                    extra=render_cards_pipeline(run_id), title="makespan demo", render_pipeline=True)
 
 
 def run_replay(trace: Path, fleet_path: Path, *, speedup: float, report_path: Path | None, start: int = 0,

@@ -122,6 +122,10 @@ class ProcessDriver:
         inst = Instance(endpoint.name, list(gpus), self.name, host=host, time_scale=time_scale,
                         url=f"http://127.0.0.1:{port}", port=port, health_path=endpoint.launch.health_path)
         inst.log_path = str((self.log_dir or default_log_dir()) / f"{endpoint.name}-{inst.id}.log")
+        try:
+            Path(inst.log_path).parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise PhaseError(f"endpoint {endpoint.name!r}: cannot create log directory for {inst.log_path}: {e}") from e
         env = {**os.environ, **self.extra_env(endpoint), "CUDA_VISIBLE_DEVICES": ",".join(gpus),
                "PYTHONUNBUFFERED": "1"}
         try:
