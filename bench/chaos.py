@@ -376,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     fleet_path = write_fleet(workdir)
     srv = RedisServer()
-    totals, faults, jobs, states = Counter(), Counter(), 0, Counter()
+    totals, faults, jobs, states, crashes = Counter(), Counter(), 0, Counter(), 0
     t0 = time.time()
     try:
         for i in range(a.runs):
@@ -387,6 +387,7 @@ def main(argv: list[str] | None = None) -> int:
                 faults[f.split(":")[0]] += 1
             bad = {k: len(x) for k, x in res.violations.items() if x}
             totals.update(bad)
+            crashes += len(res.crashed)
             print(f"run {i + 1:3d} seed {res.seed} pool {res.pool:8s} jobs {res.accepted} {dict(res.states)} "
                   f"faults {[f for _, f in res.faults]} {res.wall_s:.1f} s "
                   f"{'OK' if not bad else 'VIOLATIONS ' + json.dumps(res.violations)}"
@@ -397,6 +398,7 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(workdir, ignore_errors=True)
     print(f"\nruns {a.runs}  jobs {jobs} {dict(states)}  wall {time.time() - t0:.0f} s")
     print("faults injected: " + ", ".join(f"{k} {faults[k]}" for k in FAULTS) + f" (total {sum(faults.values())})")
+    print(f"processes that exited on their own (restarted by the runner's supervisor): {crashes}")
     print("violations: " + ", ".join(f"{k} {totals[k]}" for k in INVARIANTS) + f" (total {sum(totals.values())})")
     return 1 if sum(totals.values()) else 0
 

@@ -24,7 +24,7 @@ import redis
 from redis.exceptions import LockError, LockNotOwnedError
 
 from app import events, metrics, telemetry
-from app.errors import LeaseError
+from app.errors import LeaseError, StoreError
 from app.keys import Keys
 from app.models import FleetSpec, Priority
 from app.settings import Settings
@@ -144,7 +144,7 @@ class PlannerWorker:
                     log.error("%s: %s", self.name, e)
                     self.lost.set()
                     break
-                except redis.RedisError as e:
+                except (redis.RedisError, StoreError) as e:  # StoreError: a wrapped Redis error
                     log.warning("planner tick failed (Redis): %s", e)
                     busy = False
                     time.sleep(0.5)

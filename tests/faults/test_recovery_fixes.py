@@ -122,3 +122,25 @@ def test_failed_dispatch_does_not_kill_the_planner_and_the_job_is_requeued(r, ke
     time.sleep(0.4)
     w.leases.reclaim_expired(s.max_attempts)
     assert r.hget(keys.job(jid), "state") == "queued" and r.hget(keys.job(jid), "attempts") == "1"
+
+
+def test_planner_loop_survives_a_wrapped_redis_error(r, keys, settings):
+    """The agenda reaper wraps a dropped connection in StoreError; the planner's loop
+    exited on it (found by bench/chaos.py). Now a failed tick is retried."""
+    from app.errors import StoreError
+
+    w = PlannerWorker(r, settings, load_fleet(FLEET_TOML), dispatch=lambda *a: None)
+    calls = []
+
+    def flaky_tick():
+        calls.append(1)
+        if len(calls) == 1:
+            raise StoreError("agenda reap: Connection closed by server.")
+        w.stop()
+        return False
+
+    w.tick = flaky_tick
+    t = threading.Thread(target=w.run, daemon=True)
+    t.start()
+    t.join(timeout=10)
+    assert not t.is_alive() and len(calls) == 2
