@@ -223,10 +223,11 @@ def improve(batch: Sequence[PlanJob], state: FleetState, greedy: Plan, time_limi
 
 def cpsat_policy(batch: Sequence[PlanJob], state: FleetState, time_limit_s: float = 1.0, seed: int = 0) -> Plan:
     """Policy ``cpsat`` (= ``default``): greedy portfolio, then :func:`improve`; batches of
-    at most :data:`planner.exact.MAX_EXACT_JOBS` jobs are solved exactly instead."""
+    at most :data:`planner.exact.MAX_EXACT_JOBS` jobs are solved exactly instead (within the
+    same ``time_limit_s``; optimal when ``stats['exact']`` is 1)."""
     floor = portfolio(batch, state)
     if len(batch) <= MAX_EXACT_JOBS:
-        out = exact(batch, state, floor)
+        out = exact(batch, state, floor, time_limit_s=time_limit_s)
         out.policy = "cpsat"
         return out
     return improve(batch, state, floor, time_limit_s=time_limit_s, seed=seed)

@@ -5,11 +5,16 @@ start through :class:`planner.replay.Replay`): for Σ w_j (C_j − r_j), a regul
 with sequence-dependent transitions, some optimal schedule is such a list schedule
 (list-schedule an optimal schedule's jobs in start order on the same groups: by induction
 each starts no later, with the same residents). Pruning: partial cost + Σ over unplaced
-jobs of w_j·(max(ready_j, now) + p_j − r_j) ≥ incumbent.
+jobs of w_j·(max(ready_j, now) + p_j − r_j) ≥ incumbent. Symmetry: hosts whose GPUs are
+in identical states (resident, sleeping endpoints, free time, position by position) are
+interchangeable, so only the first of them is branched on (exact). The search stops at
+``node_limit`` nodes or ``time_limit_s`` wall seconds (then ``stats['exact']`` = 0 and the
+best plan found, never worse than the incumbent, is returned).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 from planner.evaluator import evaluate, score
@@ -19,7 +24,20 @@ from planner.replay import Replay
 MAX_EXACT_JOBS = 7
 
 
-def exact(batch: Sequence[PlanJob], state: FleetState, incumbent: Plan, node_limit: int = 2_000_000) -> Plan:
+def _distinct_groups(rep: Replay, groups: list[tuple[str, ...]], host_of: dict[str, str],
+                     host_gpus: dict[str, list[str]]) -> list[tuple[str, ...]]:
+    """``groups`` less those on a host identical (GPU by GPU) to an earlier host."""
+    sig: dict[str, tuple] = {}
+    for h, us in host_gpus.items():
+        sig[h] = tuple((rep.resident[u], rep.free_at[u], rep.asleep[u]) for u in us)
+    first: dict[tuple, str] = {}
+    for h in host_gpus:
+        first.setdefault(sig[h], h)
+    return [g for g in groups if first[sig[host_of[g[0]]]] == host_of[g[0]]]
+
+
+def exact(batch: Sequence[PlanJob], state: FleetState, incumbent: Plan, node_limit: int = 2_000_000,
+          time_limit_s: float | None = None) -> Plan:
     """Best plan by exhaustive branch and bound, never worse than ``incumbent`` (evaluated).
     ``stats['exact']`` is 1.0 when the search finished (the plan is optimal)."""
     jobs = list(batch)
@@ -27,6 +45,10 @@ def exact(batch: Sequence[PlanJob], state: FleetState, incumbent: Plan, node_lim
     best_seq: list[list[tuple[PlanJob, tuple[str, ...]]]] = [[]]
     nodes = [0]
     ids = {j.id for j in jobs}
+    deadline = time.perf_counter() + time_limit_s if time_limit_s is not None else float("inf")
+    timed_out = [False]
+    host_gpus = {h: [g.uuid for g in gs] for h, gs in state.hosts().items()}
+    host_of = {u: h for h, us in host_gpus.items() for u in us}
 
     def dfs(rep: Replay, left: list[PlanJob], cost: float, seq: list[tuple[PlanJob, tuple[str, ...]]]) -> None:
         if not left:
@@ -34,12 +56,15 @@ def exact(batch: Sequence[PlanJob], state: FleetState, incumbent: Plan, node_lim
                 best_val[0], best_seq[0] = cost, list(seq)
             return
         bound = cost + sum(j.weight * (rep.ready(j) + j.service_s - j.release_s) for j in left)
-        if bound >= best_val[0] - 1e-9 or nodes[0] > node_limit:
+        if bound >= best_val[0] - 1e-9 or nodes[0] > node_limit or timed_out[0]:
+            return
+        if time.perf_counter() > deadline:
+            timed_out[0] = True
             return
         for i, j in enumerate(left):
             if any(d in ids and d not in rep.end_of for d in j.deps):
                 continue
-            for g in rep.groups(state.endpoints[j.endpoint]):
+            for g in _distinct_groups(rep, rep.groups(state.endpoints[j.endpoint]), host_of, host_gpus):
                 nodes[0] += 1
                 r2 = rep.copy()
                 a = r2.place(j, g)
@@ -56,5 +81,5 @@ def exact(batch: Sequence[PlanJob], state: FleetState, incumbent: Plan, node_lim
         out = evaluate(assigns, batch, state, incumbent.policy)
         if score(out) > score(incumbent):
             out = incumbent
-    out.stats["exact"] = 1.0 if nodes[0] <= node_limit else 0.0
+    out.stats["exact"] = 1.0 if nodes[0] <= node_limit and not timed_out[0] else 0.0
     return out

@@ -61,3 +61,23 @@ def test_smiths_rule_on_one_gpu_without_transitions():
     for policy in ("wspt", "portfolio", "default"):
         assert plan(batch, st, policy).objective == pytest.approx(total)
     assert brute_force(batch, st) == pytest.approx(total)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_exact_with_identical_hosts_reaches_the_optimum(seed):
+    """Host symmetry in planner/exact.py: two identical idle hosts are branched on once."""
+    import dataclasses
+    batch, st = small(seed, 5, 4)
+    gpus = [Gpu(f"h{i // 2}-g{i % 2}", f"h{i // 2}", i % 2, 80_000) for i in range(4)]
+    st = dataclasses.replace(st, gpus=gpus, resident={}, free_at={})
+    assert plan(batch, st, "default").objective == pytest.approx(brute_force(batch, st), rel=1e-9)
+
+
+def test_exact_stops_at_its_time_limit_with_the_incumbent():
+    from planner.exact import exact
+    from planner.greedy import portfolio
+    batch, st = small(0, 6, 4)
+    floor = portfolio(batch, st)
+    out = exact(batch, st, floor, time_limit_s=0.0)
+    assert out.stats["exact"] == 0.0
+    assert out.objective <= floor.objective + 1e-9
