@@ -47,8 +47,11 @@ from planner.replay import Group, Replay
 def _rule_completion(rep: Replay, job: PlanJob, cands: list[Group], ready: float) -> Group:
     ep = rep.endpoints[job.endpoint]
     best, bc, bt = cands[0], float("inf"), float("inf")
+    fa = rep.free_at
     for g in cands:
-        s = max(ready, rep.group_free(g))
+        s = fa[g[0]] if len(g) == 1 else rep.group_free(g)
+        if s < ready:
+            s = ready
         if s > bc:
             continue
         t = rep.transition_s(g, ep)

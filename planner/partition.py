@@ -95,7 +95,9 @@ def partition(batch: Sequence[PlanJob], state: FleetState, spill: bool = False) 
     if alloc is None:
         return None
     rep = Replay(state)
+    fa = rep.free_at
     out: list[Assignment] = []
+    spill_groups = {e: [(g, state.endpoints[e].cold_start_s) for g in gs] for e, gs in alloc.items()} if spill else {}
     for job in wspt_order(batch, state.endpoints):
         ep = state.endpoints[job.endpoint]
         ready = rep.ready(job)
@@ -107,14 +109,18 @@ def partition(batch: Sequence[PlanJob], state: FleetState, spill: bool = False) 
         if best is None:
             return None
         if spill:
-            for e2, gs in alloc.items():
+            for e2, gs in spill_groups.items():
                 if e2 == job.endpoint:
                     continue
-                pen = state.endpoints[e2].cold_start_s
-                for g in gs:
+                for g, pen in gs:
                     if len(g) != ep.tp:
                         continue
-                    c = max(ready, rep.group_free(g)) + rep.transition_s(g, ep) + pen
+                    s0 = fa[g[0]] if len(g) == 1 else rep.group_free(g)
+                    if s0 < ready:
+                        s0 = ready
+                    if s0 + pen >= bc:  # cannot win even warm
+                        continue
+                    c = s0 + rep.transition_s(g, ep) + pen
                     if c < bc:
                         best, bc = g, c
         out.append(rep.place(job, best))
