@@ -189,7 +189,7 @@ def replay(trace: Path, fleet: Path = FleetOpt, speedup: float = typer.Option(10
 
 
 @app.command()
-def simulate(trace: Path, fleet: Path = FleetOpt, policy: str = typer.Option("wspt"), seed: int = typer.Option(0),
+def simulate(trace: Path, fleet: Path = FleetOpt, policy: str = typer.Option("portfolio", help="fifo, min-evict, wspt, portfolio, cpsat or default"), seed: int = typer.Option(0),
              report: Optional[Path] = typer.Option(None), start: int = typer.Option(0),
              limit: Optional[int] = typer.Option(None)):
     """The planner in virtual time (no Redis) over a trace; prints the report JSON."""

@@ -62,7 +62,7 @@ class Settings:
     heartbeat_s: float = 2.0
     max_attempts: int = 3
     max_payload_bytes: int = 64 * 1024
-    policy: str = "wspt"
+    policy: str = "portfolio"
     solve_time_limit_s: float = 1.0
     planner_tick_s: float = 0.1
     retention_jobs: int = 10_000
@@ -85,7 +85,7 @@ class Settings:
             lease_ttl_s=_env_float("MAKESPAN_LEASE_TTL_S", 10.0),
             heartbeat_s=_env_float("MAKESPAN_HEARTBEAT_S", 2.0),
             max_attempts=int(_env_float("MAKESPAN_MAX_ATTEMPTS", 3)),
-            policy=env.get("MAKESPAN_POLICY") or "wspt",
+            policy=env.get("MAKESPAN_POLICY") or "portfolio",
             solve_time_limit_s=_env_float("MAKESPAN_SOLVE_TIME_LIMIT_S", 1.0),
             retention_jobs=int(_env_float("MAKESPAN_RETENTION_JOBS", 10_000)),
             retention_age_s=_env_float("MAKESPAN_RETENTION_AGE_S", 3600.0),

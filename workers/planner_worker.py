@@ -29,6 +29,7 @@ from app.keys import Keys
 from app.models import FleetSpec, Priority
 from app.settings import Settings
 from planner.api import plan
+from planner.simulator import _demand, _share
 from planner.model import EndpointModel, FleetState, Gpu, PlanJob
 from workers.leases import LeaseStore, preempt
 from workers.phases import PhaseContext, instance_value, parse_instance
@@ -36,6 +37,8 @@ from workers.phases import PhaseContext, instance_value, parse_instance
 log = logging.getLogger("makespan.planner")
 
 STATS_KEEP = 10_000
+DEMAND_WINDOW_S = 1800.0  # workload seconds of arrivals that define recent demand
+DEMAND_KEEP = 5_000  # most recent arrivals remembered for it
 
 
 def endpoint_models(fleet: FleetSpec) -> dict[str, EndpointModel]:
@@ -75,6 +78,7 @@ class PlannerWorker:
         self.lost = threading.Event()
         self._idle_checked = False
         self._meta: dict[str, tuple[str, float]] = {}
+        self._recent: dict[str, PlanJob] = {}
         self.lock_ttl_s = max(settings.lease_ttl_s / 2, 1.0)
         from workers.retention import Retention
 
@@ -250,11 +254,12 @@ class PlannerWorker:
             self.agenda.reap()
         state, busy = self.fleet_state()
         batch = self.form_batch() if len(busy) < len(self.gpus) or self._may_preempt() else []
+        self._note_demand(batch, state)
         if not batch:
             return self._idle(busy) if len(busy) < len(self.gpus) else False
         self._idle_checked = False
         t0 = time.perf_counter()
-        p = plan(batch, state, self.settings.policy)
+        p = plan(batch, state, self.settings.policy, time_limit_s=self.settings.solve_time_limit_s)
         solve_s = time.perf_counter() - t0
         metrics.observe_solve(solve_s, len(batch))
         self.r.rpush(f"{self.keys.prefix}:planner:solve_s", f"{solve_s:.6f}:{len(batch)}")
@@ -273,6 +278,19 @@ class PlannerWorker:
         if waiting:
             dispatched |= self._preempt_for(waiting, state, taken)
         return bool(dispatched)
+
+    def _note_demand(self, batch: list[PlanJob], state: FleetState) -> None:
+        """Fill the planner's future-cost inputs from arrivals of the last DEMAND_WINDOW_S
+        workload seconds (as the simulator does): demand weight and work share per endpoint."""
+        for j in batch:
+            self._recent.setdefault(j.id, j)
+        horizon = state.now_s - DEMAND_WINDOW_S
+        if len(self._recent) > DEMAND_KEEP or any(j.release_s < horizon for j in self._recent.values()):
+            keep = sorted((j for j in self._recent.values() if j.release_s >= horizon), key=lambda j: j.release_s)
+            self._recent = {j.id: j for j in keep[-DEMAND_KEEP:]}
+        recent = list(self._recent.values())
+        state.demand = _demand(recent)
+        state.demand_share = _share(recent, state)
 
     def _start(self, j: PlanJob, gpus: tuple[str, ...], end_s: float, load: str) -> bool:
         """Lease ``gpus`` for job ``j`` and send its phase chain. False if the lease failed."""
