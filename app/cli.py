@@ -37,7 +37,7 @@ def _logging(level: str = "INFO") -> None:
 
 
 @app.command()
-def planner(fleet: Path = FleetOpt, policy: Optional[str] = typer.Option(None, help="planner policy name"),
+def planner(fleet: Path = FleetOpt, policy: Optional[str] = typer.Option(None, help="planner policy: fifo, min-evict, wspt, portfolio (default), cpsat or default (portfolio + CP-SAT)"),
             metrics_port: int = typer.Option(0, envvar="MAKESPAN_METRICS_PORT", help="Prometheus port (0: none)")):
     """Run a planner worker (one leads, others stand by)."""
     from app.models import load_fleet
@@ -90,6 +90,7 @@ def gpu_worker(fleet: Path = FleetOpt, host: str = typer.Option(..., help="host 
     if host not in hosts:
         _fail(MakespanError(f"--host {host!r}: not in the fleet ({', '.join(hosts)})"))
     os.environ["MAKESPAN_FLEET"] = str(Path(fleet).resolve())
+    os.environ["MAKESPAN_HOST"] = host
     _start_metrics(metrics_port, "gpu-worker")
     from workers.tasks import celery
 
@@ -119,9 +120,11 @@ def _producer(fleet: Optional[Path]):
 
 @app.command()
 def submit(fleet: Optional[Path] = typer.Option(None, "--fleet", help="default: the fleet the planner runs"),
-           endpoint: str = typer.Option(...), service_s: float = typer.Option(...),
-           priority: str = typer.Option("NORMAL"), payload: str = typer.Option("{}", help="JSON object"),
-           idempotency_key: Optional[str] = typer.Option(None)):
+           endpoint: str = typer.Option(..., help="endpoint name from the fleet file"),
+           service_s: float = typer.Option(..., help="estimated service time, seconds"),
+           priority: str = typer.Option("NORMAL", help="CRITICAL, HIGH, NORMAL or LOW"),
+           payload: str = typer.Option("{}", help="JSON object handed to the execute phase"),
+           idempotency_key: Optional[str] = typer.Option(None, help="resubmitting the same key returns the same job")):
     """Submit one job; prints its id."""
     try:
         try:
@@ -158,11 +161,10 @@ def cancel(job_id: str, fleet: Optional[Path] = typer.Option(None, "--fleet", he
 @app.command()
 def demo(report: Path = typer.Option(Path("report.json"), help="where to write the report JSON"),
          jobs: int = typer.Option(200, help="trace jobs to submit (besides the render-cards pipeline)"),
-         seed: int = typer.Option(0), policy: Optional[str] = typer.Option(None),
+         seed: int = typer.Option(0, help="seed of the trace-to-job mapping"),
+         policy: Optional[str] = typer.Option(None, help="planner policy: fifo, min-evict, wspt, portfolio (default), cpsat or default (portfolio + CP-SAT)"),
          run_dir: Optional[Path] = typer.Option(None, help="directory for events, report and Gantt chart")):
-    """The main job on one machine: Redis (yours or an embedded one), a planner and GPU
-    workers for a simulated 8-GPU fleet, a real-trace workload plus the render-cards
-    pipeline; prints the report, writes it and a Gantt chart."""
+    """The main job on one machine: Redis (yours or an embedded one), a planner and GPU workers for a simulated 8-GPU fleet, the render pipeline with real endpoint processes, then a real-trace workload plus the render-cards pipeline (about 80 s of wall time whatever --jobs is: the time scale adapts); prints the report, writes it and a Gantt chart."""
     from app.demo import run_demo
 
     try:
@@ -176,8 +178,10 @@ def demo(report: Path = typer.Option(Path("report.json"), help="where to write t
 def replay(trace: Path, fleet: Path = FleetOpt, speedup: float = typer.Option(10000.0, help="time compression N×"),
            report: Path = typer.Option(Path("report.json")), start: int = typer.Option(0, help="first trace row"),
            limit: int = typer.Option(200, help="trace rows to replay"), seed: int = typer.Option(0),
-           policy: Optional[str] = typer.Option(None), run_dir: Optional[Path] = typer.Option(None)):
-    """Run the live system fed from a trace file, time compressed ``speedup``×."""
+           policy: Optional[str] = typer.Option(None, help="planner policy: fifo, min-evict, wspt, portfolio (default), cpsat or default (portfolio + CP-SAT)"),
+           run_dir: Optional[Path] = typer.Option(None, help="directory for events, report and Gantt chart")):
+    """Run the live system fed from a trace file (ITP, Alibaba or JSON lines),
+    time compressed SPEEDUP times."""
     from app.demo import run_replay
 
     try:

@@ -109,6 +109,9 @@ def _check_event(ev: Any, where: str) -> None:
         raise ValidationError(f"{where}.kind", ev.get("kind"), "must be a string")
 
 
+_LEASE_LOST = ("preempted", "reclaimed")
+
+
 def _phase_of(ev: dict[str, Any]) -> str:
     if ev["kind"] in ("restore_start", "restore_end"):
         return "restore"
@@ -151,6 +154,11 @@ def intervals(events: Iterable[dict[str, Any]]) -> list[Interval]:
             start = open_.pop(_match_key(ev), None)
             if start is not None:
                 close(start, ev["ts"], ev)
+        elif ev["kind"] in _LEASE_LOST and ev.get("lease"):
+            # a preempted or reclaimed lease: its open phase stops here (drawn as incomplete)
+            lost = ev["lease"]
+            for key in [k for k in open_ if k[0] == lost]:
+                close(open_.pop(key), min(ev["ts"], ev.get("expired_at") or ev["ts"]), None)
     for start in open_.values():
         close(start, t_last, None)
     out.sort(key=lambda i: (i.start_s, i.phase))
@@ -179,7 +187,7 @@ def summary_stats(events: list[dict[str, Any]], gpus: list[str] | None = None) -
     evs = sorted(events, key=lambda e: e["ts"])
     ivs = intervals(evs)
     gpu_set = list(gpus) if gpus else sorted({g for ev in evs for g in (ev.get("gpus") or [])})
-    kinds = ("submitted", "leased", "completed", "failed", "requeued", "cancelled")
+    kinds = ("submitted", "leased", "completed", "failed", "requeued", "cancelled", "preempted")
     jobs = {k: sum(1 for ev in evs if ev["kind"] == k) for k in kinds}
     submitted: dict[str, float] = {}
     started: dict[str, float] = {}
@@ -260,7 +268,7 @@ def summarize(events: list[dict[str, Any]], gpus: list[str] | None = None) -> st
         f"events: {len(events)}  GPUs: {s['gpus']}"
         + (f"  time scale: {s['time_scale']:g} wall s per workload s" if s["time_scale"] else ""),
         f"jobs: submitted {j['submitted']}, completed {j['completed']}, failed {j['failed']}, "
-        f"requeued {j['requeued']}, cancelled {j['cancelled']}",
+        f"requeued {j['requeued']}, preempted {j['preempted']}, cancelled {j['cancelled']}",
         f"makespan: {s['makespan_s']:.3f} s   weighted completion: {s['weighted_completion_s']:.3f} s",
         f"utilization: {s['utilization']:.1%}   busy {s['busy_gpu_s']:.3f} GPU-s, "
         f"transition {s['transition_gpu_s']:.3f} GPU-s, idle {s['idle_gpu_s']:.3f} GPU-s",
@@ -271,7 +279,7 @@ def summarize(events: list[dict[str, Any]], gpus: list[str] | None = None) -> st
     for p, w in s["wait_s"].items():
         lines.append(f"wait {p:<8} p50 {w['p50']:.3f} s  p95 {w['p95']:.3f} s  (n={w['n']})")
     if s["incomplete"]:
-        lines.append(f"phases still open at the end of the record: {s['incomplete']}")
+        lines.append(f"phases cut short (preempted or reclaimed lease) or still open at the end: {s['incomplete']}")
     lines.append(f"drain checks: {s['drains']}")
     return "\n".join(lines)
 

@@ -60,6 +60,10 @@ return state
 """
 
 
+_FLOAT_FIELDS = ("service_s", "submitted_at", "leased_at", "started_at", "finished_at")
+_INT_FIELDS = ("seq", "attempts", "tp", "preemptions", "token")
+
+
 @dataclass(frozen=True)
 class JobHandle:
     """What :func:`submit` returns. ``created`` is False when an existing job with the
@@ -136,7 +140,13 @@ class Producer:
         if not rec:
             raise NotFoundError(f"no job {job_id!r}")
         rec.pop("spec", None)
-        return rec
+        for k in _FLOAT_FIELDS:
+            if k in rec:
+                rec[k] = float(rec[k])
+        for k in _INT_FIELDS:
+            if k in rec:
+                rec[k] = int(rec[k])
+        return dict(sorted(rec.items()))
 
     def cancel(self, job_id: str) -> str:
         """Cancel a job. A queued job is removed from its queue at once (``cancelled``);

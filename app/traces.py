@@ -31,6 +31,23 @@ from typing import Any, Iterator
 from app.errors import ValidationError
 from app.models import FleetSpec, Priority
 
+def traces_dir() -> Path:
+    """Where the shared real traces live: ``MAKESPAN_TRACES_DIR`` if set, else
+    ``../shared/data/traces`` beside the repository (the layout CI and sessions use).
+
+    Raises:
+        ValidationError: the folder does not exist (the message says how to point at it).
+    """
+    import os
+
+    env = os.environ.get("MAKESPAN_TRACES_DIR")
+    d = Path(env) if env else Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "traces"
+    if not d.is_dir():
+        raise ValidationError("MAKESPAN_TRACES_DIR", str(d),
+                              "no trace folder there; set MAKESPAN_TRACES_DIR to the data/traces folder")
+    return d
+
+
 ALIBABA_QOS = {"LS": Priority.CRITICAL, "Burstable": Priority.HIGH, "Guaranteed": Priority.NORMAL,
                "BE": Priority.LOW}
 

@@ -30,9 +30,10 @@ import statistics
 from app.models import parse_fleet
 from app.traces import read_trace
 from planner.model import PlanJob
+from app.traces import traces_dir
 
-ITP = "/work/shared/data/traces/msft-itp-2021/"
-ALIBABA = "/work/shared/data/traces/alibaba-fgd-2023/openb_pod_list_default.csv"
+ITP = str(traces_dir() / "msft-itp-2021") + "/"
+ALIBABA = str(traces_dir() / "alibaba-fgd-2023" / "openb_pod_list_default.csv")
 TRACES = [ITP + "cluster02.csv", ITP + "cluster05.csv", ITP + "cluster09.csv", ALIBABA]
 MEDIAN_SERVICE_S = 120.0
 OFFERED_LOAD = 1.4

@@ -18,8 +18,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from planner.tardiness import solve_single_machine  # noqa: E402
+from app.traces import traces_dir
 
-DIR = Path("/work/shared/data/traces/orlib-wt")
+DIR = traces_dir() / "orlib-wt"
 
 
 def load(n: int = 40) -> tuple[list[tuple[list[int], list[int], list[int]]], list[int]]:

@@ -112,3 +112,34 @@ def dispatch(ctx: PhaseContext, queue: str) -> None:
         return
     phases = JOB_PHASES if ctx.kind == "job" else RESTORE_PHASES
     chain(*[PHASE_TASKS[p].si(payload).set(queue=queue) for p in phases]).apply_async()
+
+
+@signals.worker_shutdown.connect
+def _stop_own_endpoints(**_kw) -> None:
+    """On shutdown the GPU worker stops the endpoint processes running on its host (they
+    run in their own sessions and would outlive it) and forgets them, so the planner
+    sees those GPUs empty and loads or restores what it needs next time."""
+    host = os.environ.get("MAKESPAN_HOST")
+    if not host:
+        return
+    from workers.drivers import get_driver
+    from workers.drivers.registry import list_instances, unregister_instance
+    from workers.phases import instance_value
+
+    try:
+        r = connect(settings.redis_url)
+        keys = Keys(settings.key_prefix)
+        for inst in list_instances(r, keys):
+            if inst.host != host or inst.driver == "simulated":
+                continue
+            try:
+                get_driver(inst.driver).stop(inst)
+            except Exception as e:  # noqa: BLE001 - best effort at shutdown
+                log.warning("stopping %s at shutdown: %s", inst.endpoint, e)
+            unregister_instance(r, keys, inst.id)
+            want = instance_value(inst.endpoint, inst.gpus)
+            for g in inst.gpus:
+                if r.get(keys.resident(g)) == want:
+                    r.delete(keys.resident(g))
+    except Exception as e:  # noqa: BLE001 - Redis may already be gone
+        log.warning("endpoint cleanup at shutdown skipped: %s", e)

@@ -7,8 +7,9 @@ import pytest
 from app.models import parse_fleet
 from app.traces import read_trace
 from planner.simulator import run_simulation, simulate
+from app.traces import traces_dir
 
-ITP = "/work/shared/data/traces/msft-itp-2021/cluster02.csv"
+ITP = str(traces_dir() / "msft-itp-2021" / "cluster02.csv")
 FLEET = {
     "name": "t",
     "hosts": [{"name": "a", "gpu_count": 4, "memory_mib": 81920}, {"name": "b", "gpu_count": 4, "memory_mib": 81920}],
