@@ -37,15 +37,19 @@ except ImportError:  # pragma: no cover
 DEFAULT_POLICY = "default"
 
 
-def _takes_limit(fn: Policy) -> bool:
+def _takes(fn: Policy, param: str) -> bool:
     try:
-        return "time_limit_s" in inspect.signature(fn).parameters
+        return param in inspect.signature(fn).parameters
     except (TypeError, ValueError):  # pragma: no cover - builtins
         return False
 
 
+def _takes_limit(fn: Policy) -> bool:
+    return _takes(fn, "time_limit_s")
+
+
 def plan(batch: Sequence[PlanJob], state: FleetState, policy: str = DEFAULT_POLICY, *,
-         time_limit_s: float | None = None) -> Plan:
+         time_limit_s: float | None = None, num_workers: int | None = None) -> Plan:
     """Plan ``batch`` on ``state`` with the named policy.
 
     Args:
@@ -53,18 +57,27 @@ def plan(batch: Sequence[PlanJob], state: FleetState, policy: str = DEFAULT_POLI
             the CP-SAT improver's budget after the greedy floor; default 1 s), s. The
             greedy policies (``fifo``, ``min-evict``, ``wspt``, ``portfolio``) take
             milliseconds and ignore it. None: the policy's own default.
+        num_workers: CP-SAT search workers of a solver policy (``cpsat``/``default``;
+            default 1, deterministic); ignored by the greedy policies. None: the
+            policy's own default.
 
     Raises:
-        PlannerError: unknown policy name, or a negative ``time_limit_s``.
+        PlannerError: unknown policy name, a negative ``time_limit_s``, or
+            ``num_workers`` < 1.
     """
     if time_limit_s is not None and time_limit_s < 0:
         raise PlannerError(f"time_limit_s must be >= 0, got {time_limit_s}")
+    if num_workers is not None and num_workers < 1:
+        raise PlannerError(f"num_workers must be >= 1, got {num_workers}")
     try:
         fn = POLICIES[policy]
     except KeyError:
         raise PlannerError(f"unknown policy {policy!r}; known: {', '.join(sorted(POLICIES))}") from None
     if not batch:
         return Plan(policy=policy, assignments=[])
+    kw: dict[str, float | int] = {}
     if time_limit_s is not None and _takes_limit(fn):
-        return fn(batch, state, time_limit_s=time_limit_s)  # type: ignore[call-arg]
-    return fn(batch, state)
+        kw["time_limit_s"] = time_limit_s
+    if num_workers is not None and _takes(fn, "num_workers"):
+        kw["num_workers"] = num_workers
+    return fn(batch, state, **kw)  # type: ignore[call-arg]

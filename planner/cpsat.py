@@ -37,6 +37,7 @@ from collections.abc import Sequence
 
 from ortools.sat.python import cp_model
 
+from app.errors import PlannerError
 from planner.evaluator import InfeasiblePlan, evaluate, score
 from planner.exact import MAX_EXACT_JOBS, exact
 from planner.greedy import portfolio
@@ -60,7 +61,7 @@ def _decode(inc: Plan, lo: int, hi: int, order: list[str], groups: dict[str, Gro
 
 def _solve_window(inc: Plan, lo: int, hi: int, jobs: dict[str, PlanJob], state: FleetState,
                   time_limit_s: float, seed: int, workers: int, max_groups: int,
-                  verify_hint: bool) -> tuple[list[str], dict[str, Group]] | None:
+                  verify_hint: bool) -> tuple[list[str], dict[str, Group], bool, float] | None:
     rep = Replay(state)
     for a in inc.assignments[:lo]:
         rep.place(jobs[a.job_id], a.gpus, a.start_s)
@@ -179,7 +180,7 @@ def _solve_window(inc: Plan, lo: int, hi: int, jobs: dict[str, PlanJob], state: 
         return None
     groups = {jid: next(g for g in gs if solver.Value(x[(jid, g)])) for jid, gs in cands.items()}
     order = sorted(cands, key=lambda jid: (solver.Value(start[jid]), jid))
-    return order, groups
+    return order, groups, st == cp_model.OPTIMAL, solver.ObjectiveValue()
 
 
 def improve(batch: Sequence[PlanJob], state: FleetState, greedy: Plan, time_limit_s: float = 1.0,
@@ -188,13 +189,19 @@ def improve(batch: Sequence[PlanJob], state: FleetState, greedy: Plan, time_limi
     """LNS over ``greedy`` (an evaluated plan) for ``time_limit_s`` wall seconds.
 
     Returns the best evaluated plan (``policy`` "cpsat"; stats: windows, improved,
-    greedy_score). Never worse than ``greedy`` by score."""
+    greedy_score; windows_optimal = window solves CP-SAT proved optimal; first_window_optimal
+    and first_window_objective = status (1/0) and model objective of the first window, whose
+    model depends only on ``greedy`` and ``seed``, so it is equal for any ``workers`` when
+    proven; proven_optimal = 1 when every window of the sweep was solved and proved optimal
+    — a local optimum per window, not a proof for the whole batch). Never worse than
+    ``greedy`` by score."""
     deadline = time.perf_counter() + time_limit_s
     jobs = {j.id: j for j in batch}
     best = greedy
     n = len(best.assignments)
     rng = random.Random(seed)
-    windows = improved = 0
+    windows = improved = optimal = 0
+    first: tuple[float, float] | None = None
     k = min(window_jobs, n)
     offsets = list(range(0, max(1, n - k + 1), max(1, k // 2)))
     rng.shuffle(offsets)
@@ -207,8 +214,11 @@ def improve(batch: Sequence[PlanJob], state: FleetState, greedy: Plan, time_limi
         windows += 1
         sol = _solve_window(best, lo, hi, jobs, state, min(left, max(0.05, time_limit_s / 4)),
                             seed, workers, max_groups, verify_hint)
+        if first is None:
+            first = (float(sol[2]), sol[3]) if sol is not None else (0.0, math.nan)
         if sol is None:
             continue
+        optimal += int(sol[2])
         try:
             cand = evaluate(_decode(best, lo, hi, sol[0], sol[1], jobs, state), batch, state, "cpsat")
         except InfeasiblePlan:
@@ -217,17 +227,30 @@ def improve(batch: Sequence[PlanJob], state: FleetState, greedy: Plan, time_limi
             best = cand
             improved += 1
     out = Plan("cpsat", list(best.assignments), best.objective, dict(best.stats))
-    out.stats.update({"windows": float(windows), "improved": float(improved), "greedy_score": score(greedy)})
+    out.stats.update({"windows": float(windows), "improved": float(improved), "greedy_score": score(greedy),
+                      "windows_optimal": float(optimal),
+                      "proven_optimal": float(windows > 0 and not offsets and optimal == windows)})
+    if first is not None:
+        out.stats.update({"first_window_optimal": first[0], "first_window_objective": first[1]})
     return out
 
 
-def cpsat_policy(batch: Sequence[PlanJob], state: FleetState, time_limit_s: float = 1.0, seed: int = 0) -> Plan:
-    """Policy ``cpsat`` (= ``default``): greedy portfolio, then :func:`improve`; batches of
-    at most :data:`planner.exact.MAX_EXACT_JOBS` jobs are solved exactly instead (within the
-    same ``time_limit_s``; optimal when ``stats['exact']`` is 1)."""
+def cpsat_policy(batch: Sequence[PlanJob], state: FleetState, time_limit_s: float = 1.0, seed: int = 0,
+                 num_workers: int = 1) -> Plan:
+    """Policy ``cpsat`` (= ``default``): greedy portfolio, then :func:`improve` with
+    ``num_workers`` CP-SAT search workers (default 1: deterministic); batches of at most
+    :data:`planner.exact.MAX_EXACT_JOBS` jobs are solved exactly instead (within the same
+    ``time_limit_s``; optimal when ``stats['exact']`` is 1, also given as
+    ``stats['proven_optimal']``).
+
+    Raises:
+        PlannerError: ``num_workers`` < 1."""
+    if num_workers < 1:
+        raise PlannerError(f"num_workers must be >= 1, got {num_workers}")
     floor = portfolio(batch, state)
     if len(batch) <= MAX_EXACT_JOBS:
         out = exact(batch, state, floor, time_limit_s=time_limit_s)
         out.policy = "cpsat"
+        out.stats["proven_optimal"] = out.stats["exact"]
         return out
-    return improve(batch, state, floor, time_limit_s=time_limit_s, seed=seed)
+    return improve(batch, state, floor, time_limit_s=time_limit_s, seed=seed, workers=num_workers)
