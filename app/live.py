@@ -43,6 +43,9 @@ class LiveSystem:
         log_dir: each child's stdout/stderr goes to ``log_dir/{name}.log``.
         planners: planner processes to start (one leads; the rest stand by).
         pool: Celery pool of the GPU workers (threads, prefork or solo).
+        observer: also start the health observer.
+        metrics_base_port: when set, each process serves /metrics on its own port from
+            this one up (``metrics_ports`` maps process name -> port).
     """
 
     fleet_path: Path
@@ -51,6 +54,9 @@ class LiveSystem:
     log_dir: Path
     planners: int = 1
     pool: str = "threads"
+    observer: bool = True
+    metrics_base_port: int = 0
+    metrics_ports: dict[str, int] = field(default_factory=dict)
     extra_env: dict[str, str] = field(default_factory=dict)
     procs: list[Proc] = field(default_factory=list)
 
@@ -64,8 +70,12 @@ class LiveSystem:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"{name}.log"
         f = open(log_path, "ab")
+        env = self._env()
+        if self.metrics_base_port:
+            port = self.metrics_ports.setdefault(name, self.metrics_base_port + len(self.metrics_ports))
+            env["MAKESPAN_METRICS_PORT"] = str(port)
         p = subprocess.Popen([sys.executable, "-m", "app.cli", *args], stdout=f, stderr=subprocess.STDOUT,
-                             env=self._env(), start_new_session=True)
+                             env=env, start_new_session=True)
         f.close()
         proc = Proc(name, p, log_path)
         self.procs.append(proc)
@@ -78,11 +88,17 @@ class LiveSystem:
         return self._spawn(f"gpu-{host}-{n}", ["gpu-worker", "--fleet", str(self.fleet_path), "--host", host,
                                               "--pool", self.pool])
 
+    def start_observer(self, probe_interval_s: float = 0.5) -> Proc:
+        return self._spawn("observer", ["observer", "--fleet", str(self.fleet_path),
+                                        "--probe-interval-s", repr(probe_interval_s)])
+
     def start(self, wait_s: float = 60.0) -> "LiveSystem":
         for h in self.fleet.hosts:
             self.start_gpu_worker(h.name)
         for i in range(self.planners):
             self.start_planner(i)
+        if self.observer:
+            self.start_observer()
         self.wait_workers(wait_s)
         return self
 

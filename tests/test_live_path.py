@@ -67,6 +67,11 @@ def test_200_mixed_jobs_complete_and_drain(r, keys, settings, fleet, system):
     _wait_drained(r, keys, fleet)
     evs = all_events(r, keys)
     assert overlaps(evs) == []
+    # the health observer ran throughout: no planned eviction or start raised an incident
+    from workers.observer import list_incidents
+    incidents = [i for i in list_incidents(r, keys) if i.get("kind") == "incident"]
+    assert incidents == [], [(i["endpoint"], i["failure_mode"], i["effect"], i["agenda_context"], i["detected_at"])
+                             for i in incidents]
     # every endpoint back at its set point
     from workers.phases import instance_value
     from workers.planner_worker import set_point_instances

@@ -113,6 +113,8 @@ class Observer:
                     mode = "transition_overrun"
                 reported.update(e["op_id"] for e in late)
             elif not ok and not positive:
+                if not self.r.sismember(self.keys.instances, inst.id):
+                    continue  # deregistered after the snapshot: stopped on purpose (evict, restore)
                 gone = inst.pid is not None and inst.driver != "simulated" and not _alive(inst.pid)
                 mode = "process_exited" if gone else "health_check_failed"
             if mode is None:

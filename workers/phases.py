@@ -31,6 +31,7 @@ from workers.leases import Lease, LeaseStore
 log = logging.getLogger("makespan.phases")
 
 JOB_PHASES = ("evict", "start_endpoint", "execute", "clear")
+PROCESS_START_FLOOR_S = 5.0  # least wall time a real endpoint process is given to start
 RESTORE_PHASES = ("evict", "restore")
 
 
@@ -139,12 +140,19 @@ class PhaseRunner:
         return dict(zip(gpus, vals))
 
     def _transition(self, op: str, ctx: PhaseContext, endpoints: list[str], expected_s: float):
+        """A POSITIVE agenda entry for a planned transition expected to take ``expected_s``
+        workload seconds. A real process's start-up (interpreter, imports, port) does not
+        shrink with the time scale, so transitions of process endpoints are expected to
+        take at least PROCESS_START_FLOOR_S of wall time."""
         if self.agenda is None:
             from contextlib import nullcontext
 
             return nullcontext()
+        wall_s = expected_s * self.settings.time_scale
+        if any(self.fleet.endpoints[e].launch.driver != "simulated" for e in endpoints if e in self.fleet.endpoints):
+            wall_s = max(wall_s, PROCESS_START_FLOOR_S)
         return self.agenda.register(f"{ctx.lease_id}:{op}", "POSITIVE", endpoints, list(ctx.gpus),
-                                    expected_duration_s=max(expected_s * self.settings.time_scale, 0.001),
+                                    expected_duration_s=max(wall_s, 0.001),
                                     lock_ttl_s=max(self.settings.lease_ttl_s, 1.0))
 
     # -- the phase entry point -----------------------------------------------------------

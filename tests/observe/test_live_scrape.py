@@ -1,0 +1,63 @@
+"""Scrape the real planner, GPU worker and observer processes after a known workload:
+the counters must match what was submitted and completed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from app.live import LiveSystem
+from app.models import load_fleet
+from app.redis_conn import free_port
+from app.producer import Producer
+from tests.live import wait_for
+
+FLEET = Path("examples/render-pipeline.toml").resolve()
+KNOWN = [("embed", "CRITICAL")] * 2 + [("chat", "NORMAL")] * 3 + [("coder", "LOW")]
+
+
+def _scrape(port: int) -> dict[tuple[str, tuple], float]:
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def _total(samples: dict, name: str, **labels) -> float:
+    want = set(labels.items())
+    return sum(v for (n, ls), v in samples.items() if n == name and want <= set(ls))
+
+
+def test_scrape_matches_a_known_workload(r, keys, settings, tmp_path):
+    fleet = load_fleet(FLEET)
+    base = free_port()
+    system = LiveSystem(FLEET, fleet, settings, tmp_path / "logs", metrics_base_port=base)
+    try:
+        system.start()
+        prod = Producer(r, keys, fleet, settings)
+        ids = [prod.submit({"endpoint": ep, "priority": p, "service_s": 20}).id for ep, p in KNOWN]
+        wait_for(lambda: all(r.hget(keys.job(j), "state") == "completed" for j in ids), 90, "jobs to complete")
+        wait_for(lambda: r.hget(keys.drain, "checks"), 60, "the drain check")
+        ports = system.metrics_ports
+        workers = [_scrape(p) for n, p in ports.items() if n.startswith("gpu-")]
+        planner = _scrape(ports["planner-0"])
+        observer = _scrape(ports["observer"])
+        for prio, n in (("CRITICAL", 2), ("NORMAL", 3), ("LOW", 1), ("HIGH", 0)):
+            done = sum(_total(w, "makespan_jobs_completed_total", priority=prio) for w in workers)
+            assert done == n, (prio, done)
+        assert sum(_total(w, "makespan_phase_seconds_count", phase="execute") for w in workers) == len(KNOWN)
+        assert sum(_total(w, "makespan_gpu_seconds_total", state="busy") for w in workers) > 0
+        assert _total(planner, "makespan_planner_solve_seconds_count") >= 1
+        assert _total(planner, "makespan_planner_batch_size_jobs_sum") >= len(KNOWN)
+        waits = _total(planner, "makespan_job_wait_seconds_count")
+        assert waits == len(KNOWN)
+        for prio in ("CRITICAL", "HIGH", "NORMAL", "LOW"):
+            assert _total(planner, "makespan_queue_depth_jobs", priority=prio) == 0
+        assert _total(planner, "makespan_drain_leftovers") == 0
+        assert _total(observer, "makespan_incidents_total") == 0
+    finally:
+        system.stop()
