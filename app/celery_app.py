@@ -44,4 +44,25 @@ def create_celery(settings: Settings) -> Celery:
         worker_send_task_events=True,
         task_send_sent_event=True,
     )
+    hosts = _fleet_hosts()
+    if hosts:  # declare every host queue, so that Flower lists them before any worker runs
+        from kombu import Queue
+
+        app.conf.task_queues = [Queue("gpu.default")] + [Queue(keys.host_queue(h)) for h in hosts]
     return app
+
+
+def _fleet_hosts() -> list[str]:
+    """Host names of the fleet file named by ``MAKESPAN_FLEET`` (none when unset or unreadable)."""
+    import os
+
+    path = os.environ.get("MAKESPAN_FLEET")
+    if not path:
+        return []
+    from app.errors import ValidationError
+    from app.models import load_fleet
+
+    try:
+        return [h.name for h in load_fleet(path).hosts]
+    except ValidationError:
+        return []
