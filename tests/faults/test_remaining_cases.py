@@ -10,20 +10,26 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import random
 import signal
 import threading
 import time
 
+from app.errors import PlannerError
 from app.live import LiveSystem
-from app.models import load_fleet
+from app.models import Priority, load_fleet
 from app.producer import Producer
 from app.run_report import drain_counts
 from planner.api import plan
 from planner.evaluator import score
+from planner.greedy import portfolio
 from planner.model import FleetState, Plan
 from planner.synthetic import instance
 from tests.conftest import FLEET_TOML
 from tests.live import all_events, overlaps, wait_for
+from workers.leases import LeaseStore
 from workers.planner_worker import PlannerWorker
 
 TERMINAL = ("completed", "failed", "cancelled")
@@ -73,8 +79,6 @@ def test_same_30_job_batch_with_1_and_8_solver_workers():
 
 
 def test_num_workers_is_validated_and_optional():
-    from app.errors import PlannerError
-
     batch, state = instance(12, 4, seed=1)
     base = plan(batch, state, "cpsat", time_limit_s=0.2)  # backward compatible: no num_workers
     assert len(base.assignments) == 12 and "proven_optimal" in base.stats
@@ -98,18 +102,14 @@ def test_large_batch_with_2_s_limit_stays_bounded_and_always_complete():
     greedy time measured here + 5 s. With ``time_limit_s=0`` CP-SAT is given no time and
     returns nothing: the plan is still complete, the greedy floor itself. Running work
     (GPUs busy until later) is never moved in either plan."""
-    import time as _t
-
-    from planner.greedy import portfolio
-
     batch, state = instance(500, 64, models=8, seed=5, spread_s=600.0)
     running = _running(state, {i: 900.0 for i in range(0, 64, 5)})
-    t0 = _t.perf_counter()
+    t0 = time.perf_counter()
     floor = portfolio(batch, state)
-    greedy_s = _t.perf_counter() - t0
-    t0 = _t.perf_counter()
+    greedy_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
     p = plan(batch, state, "default", time_limit_s=2.0)
-    cycle_s = _t.perf_counter() - t0
+    cycle_s = time.perf_counter() - t0
     assert cycle_s <= 2.0 + 3 * greedy_s + 5.0, (cycle_s, greedy_s)
     assert sorted(a.job_id for a in p.assignments) == sorted(j.id for j in batch)
     assert score(p) <= score(floor) + 1e-6 and _moves_running(p, running) == []
@@ -123,11 +123,6 @@ def test_live_tick_keeps_current_leases_when_the_solver_returns_nothing(r, keys,
     """A planner tick (policy ``default``, solve limit 0: CP-SAT returns no solution, the
     greedy floor is used) with two jobs running under leases: their lease records and GPU
     keys are exactly as before, and the tick's new leases avoid their GPUs."""
-    import dataclasses
-
-    from app.models import Priority
-    from workers.leases import LeaseStore
-
     fleet = load_fleet(FLEET_TOML)
     cfg = dataclasses.replace(settings, policy="default", solve_time_limit_s=0.0, lease_ttl_s=60.0)
     prod = Producer(r, keys, fleet, cfg)
@@ -149,8 +144,6 @@ def test_live_tick_keeps_current_leases_when_the_solver_returns_nothing(r, keys,
     mine = {u for gpus in held.values() for u in gpus}
     for lid in r.zrange(keys.leases, 0, -1):
         if lid not in held:
-            import json
-
             assert not mine & set(json.loads(r.hget(keys.lease(lid), "gpus"))), lid
 
 
@@ -161,8 +154,6 @@ def test_200_jobs_while_a_gpu_worker_is_sigtermed_and_restarted_every_2_s(r, key
     new one every 2 s (Celery's warm shutdown lets the old one finish its running tasks;
     the new one may start while it drains). All 200 complete, no GPU was leased to two
     holders at once, and drain reaches zero."""
-    import random
-
     fleet = load_fleet(FLEET_TOML)
     system = LiveSystem(FLEET_TOML, fleet, settings, tmp_path / "logs")
     stop = threading.Event()
@@ -191,7 +182,8 @@ def test_200_jobs_while_a_gpu_worker_is_sigtermed_and_restarted_every_2_s(r, key
             stop.set()
             t.join(10)
         assert len(restarts) >= 3 and all(restarts), restarts  # the faults did happen, to a live worker
-        assert _states(r, keys, ids) == ["completed"] * 200
+        failed = {j: r.hget(keys.job(j), "reason") for j, s in zip(ids, _states(r, keys, ids)) if s != "completed"}
+        assert failed == {}, failed
         def drained():
             d = drain_counts(r, keys, fleet)
             return r.hget(keys.drain, "checks") and not any(d[k] for k in ("leases", "agenda_entries", "busy_slots"))
