@@ -153,8 +153,11 @@ def test_200_jobs_while_a_gpu_worker_is_sigtermed_and_restarted_every_2_s(r, key
     0.4 s). While 200 jobs run, a thread sends SIGTERM to host-a's GPU worker and starts a
     new one every 2 s (Celery's warm shutdown lets the old one finish its running tasks;
     the new one may start while it drains). All 200 complete, no GPU was leased to two
-    holders at once, and drain reaches zero."""
+    holders at once, and drain reaches zero. Leases use the default 10 s TTL: a phase
+    message waiting for the next worker keeps its lease that long (with the fixtures' 3 s
+    TTL a slow worker start made jobs burn their attempt budget)."""
     fleet = load_fleet(FLEET_TOML)
+    settings = dataclasses.replace(settings, lease_ttl_s=10.0, heartbeat_s=1.0)
     system = LiveSystem(FLEET_TOML, fleet, settings, tmp_path / "logs")
     stop = threading.Event()
     restarts: list[int] = []
