@@ -79,6 +79,7 @@ class PlannerWorker:
         self._idle_checked = False
         self._meta: dict[str, tuple[str, float]] = {}
         self._recent: dict[str, PlanJob] = {}
+        self._last_tp: dict[str, str] = {}  # GPU -> traceparent of the last job leased on it
         self.lock_ttl_s = max(settings.lease_ttl_s / 2, 1.0)
         from workers.retention import Retention
 
@@ -313,6 +314,8 @@ class PlannerWorker:
             metrics.observe_wait(prio, max(0.0, time.time() - sub))
         ctx = PhaseContext(lid, lease.token, list(gpus), host, "job", j.endpoint, j.id, prio.name, j.service_s,
                            traceparent=tp, submitted_at=sub)
+        for g in gpus:
+            self._last_tp[g] = tp
         with telemetry.use_traceparent(tp):
             self._send(ctx, host)
         return True
@@ -410,7 +413,13 @@ class PlannerWorker:
                                                "planned_s": cold})
             if lease is not None:
                 busy.update(gpus)
-                self._send(PhaseContext(lid, lease.token, list(gpus), host, "restore", ep), host)
+                # the restore joins the trace of the last job that held these GPUs: its
+                # restore_baseline span closes that job's makespan (submit -> restore)
+                tp = next((self._last_tp[g] for g in gpus if self._last_tp.get(g)), "")
+                with telemetry.use_traceparent(tp):
+                    self._send(PhaseContext(lid, lease.token, list(gpus), host, "restore", ep, traceparent=tp), host)
+                for g in gpus:
+                    self._last_tp.pop(g, None)
         if restoring or self.r.zcard(self.keys.leases):
             self._idle_checked = False
             return False
