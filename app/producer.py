@@ -42,13 +42,14 @@ redis.call('LTRIM', KEYS[6], -16, -1)
 return {1, ARGV[2]}
 """
 
-# KEYS: job, queue(level), events ; ARGV: job_id, event JSON, now
+# KEYS: job, queue(level), events, finished (retention) ; ARGV: job_id, event JSON, now
 _CANCEL = """
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return 'missing' end
 if state == 'queued' then
   redis.call('ZREM', KEYS[2], ARGV[1])
   redis.call('HSET', KEYS[1], 'state', 'cancelled', 'finished_at', ARGV[3], 'reason', 'cancelled while queued')
+  redis.call('ZADD', KEYS[4], tonumber(ARGV[3]), ARGV[1])
   redis.call('XADD', KEYS[3], 'MAXLEN', '~', '1000000', '*', 'e', ARGV[2])
   return 'cancelled'
 end
@@ -126,7 +127,10 @@ class Producer:
         if created:
             metrics.job_submitted(spec.priority)
         if not created:
-            prio = Priority[self.r.hget(self.keys.job(jid), "priority") or spec.priority.name]
+            try:
+                prio = Priority[self.r.hget(self.keys.job(jid), "priority") or spec.priority.name]
+            except redis.RedisError as e:
+                raise StoreError(f"submit: reading existing job {jid}: {e}") from e
             return JobHandle(jid, False, prio)
         return JobHandle(jid, True, spec.priority)
 
@@ -136,7 +140,10 @@ class Producer:
         Raises:
             NotFoundError: no such job (or it was compacted away after its retention).
         """
-        rec = self.r.hgetall(self.keys.job(job_id))
+        try:
+            rec = self.r.hgetall(self.keys.job(job_id))
+        except redis.RedisError as e:
+            raise StoreError(f"status {job_id}: {e}") from e
         if not rec:
             raise NotFoundError(f"no job {job_id!r}")
         rec.pop("spec", None)
@@ -149,18 +156,28 @@ class Producer:
         return dict(sorted(rec.items()))
 
     def cancel(self, job_id: str) -> str:
-        """Cancel a job. A queued job is removed from its queue at once (``cancelled``);
-        a running one is asked to stop at its next phase boundary (``cancel_requested``),
-        and its GPUs are released. Returns the outcome or the job's final state.
+        """Cancel a job. A queued job is removed from its queue at once (``cancelled``).
+        A leased one is marked ``cancel_requested``: a phase that has not started yet is
+        skipped, the job ends ``cancelled`` and its GPUs are released; a phase already
+        running finishes first (a job in its last phase completes). Returns the outcome
+        or the job's final state.
 
         Raises:
             NotFoundError: no such job.
+            StoreError: Redis failed.
         """
+        try:
+            return self._cancel_job(job_id)
+        except redis.RedisError as e:
+            raise StoreError(f"cancel {job_id}: {e}") from e
+
+    def _cancel_job(self, job_id: str) -> str:
         prio = self.r.hget(self.keys.job(job_id), "priority")
         if prio is None:
             raise NotFoundError(f"no job {job_id!r}")
         ev = json.dumps({"ts": time.time(), "kind": "cancelled", "job": job_id, "priority": prio})
-        out = self._cancel(keys=[self.keys.job(job_id), self.keys.queue(prio), self.keys.events],
+        out = self._cancel(keys=[self.keys.job(job_id), self.keys.queue(prio), self.keys.events,
+                                 f"{self.keys.prefix}:finished"],
                            args=[job_id, ev, repr(time.time())])
         if out == "missing":
             raise NotFoundError(f"no job {job_id!r}")
@@ -171,7 +188,10 @@ class Producer:
         p = self.r.pipeline(transaction=False)
         for lvl in Priority:
             p.zcard(self.keys.queue(lvl))
-        return {lvl.name: n for lvl, n in zip(Priority, p.execute())}
+        try:
+            return {lvl.name: n for lvl, n in zip(Priority, p.execute())}
+        except redis.RedisError as e:
+            raise StoreError(f"queue depths: {e}") from e
 
 
 def submit(job: JobSpec | dict[str, Any], *, fleet: FleetSpec, settings: Settings | None = None,

@@ -46,6 +46,8 @@ class Settings:
         max_payload_bytes: largest JSON payload a job may carry.
         policy: planner policy name used by the live planner.
         solve_time_limit_s: CP-SAT time limit per batch (policies that use it).
+        planner_tick_s: longest the planner sleeps between cycles when nothing wakes it
+            (a submission or a lease release wakes it at once).
         retention_jobs: most finished-job summaries kept (oldest deleted first).
         retention_age_s: a finished job's summary and idempotency key live this long.
         retention_sweep_s: the planner runs a retention sweep at most this often.
@@ -87,6 +89,7 @@ class Settings:
             max_attempts=int(_env_float("MAKESPAN_MAX_ATTEMPTS", 3)),
             policy=env.get("MAKESPAN_POLICY") or "portfolio",
             solve_time_limit_s=_env_float("MAKESPAN_SOLVE_TIME_LIMIT_S", 1.0),
+            planner_tick_s=_env_float("MAKESPAN_PLANNER_TICK_S", 0.1),
             retention_jobs=int(_env_float("MAKESPAN_RETENTION_JOBS", 10_000)),
             retention_age_s=_env_float("MAKESPAN_RETENTION_AGE_S", 3600.0),
             retention_sweep_s=_env_float("MAKESPAN_RETENTION_SWEEP_S", 0.5),
@@ -112,6 +115,7 @@ class Settings:
             "MAKESPAN_MAX_ATTEMPTS": str(self.max_attempts),
             "MAKESPAN_POLICY": self.policy,
             "MAKESPAN_SOLVE_TIME_LIMIT_S": repr(self.solve_time_limit_s),
+            "MAKESPAN_PLANNER_TICK_S": repr(self.planner_tick_s),
             "MAKESPAN_RETENTION_JOBS": str(self.retention_jobs),
             "MAKESPAN_RETENTION_AGE_S": repr(self.retention_age_s),
             "MAKESPAN_RETENTION_SWEEP_S": repr(self.retention_sweep_s),

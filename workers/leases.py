@@ -80,6 +80,8 @@ for _, op in ipairs(ops) do
   for j = 3, #op do table.insert(args, op[j]) end
   if cmd == 'XADD_E' then
     redis.call('XADD', key, 'MAXLEN', '~', '1000000', '*', 'e', args[1])
+  elseif cmd == 'DELIFEQ' then
+    if redis.call('GET', key) == args[1] then redis.call('DEL', key) end
   else
     redis.call(cmd, key, unpack(args))
   end
@@ -213,8 +215,10 @@ class LeaseStore:
 
     def fenced(self, lease: Lease, ops: list[tuple]) -> bool:
         """Apply ``ops`` atomically iff the lease is still current. Each op is
-        ``(cmd, key, *args)`` with cmd in HSET, SET, DEL, ZREM, ZADD, SREM, HDEL, or
-        ``("XADD_E", stream_key, event_json)``. Returns False (nothing applied) if stale."""
+        ``(cmd, key, *args)``: any Redis write command (HSET, SET, DEL, ZADD, RPUSH, ...),
+        ``("XADD_E", stream_key, event_json)`` (an event), or ``("DELIFEQ", key, value)``
+        (delete only while the key still holds ``value``). Returns False (nothing
+        applied) if stale."""
         keys = [self.keys.gpu(g) for g in lease.gpus]
         enc = []
         for op in ops:
@@ -258,44 +262,73 @@ class LeaseStore:
 
 # Preempt one job lease: free its GPUs and put its job back in its queue with its
 # original submission order (design notes, "Preemption"). Not counted as an attempt.
-# KEYS: lease, leases, running, events ; ARGV: lease_id, now_ms, prefix, preemptor job id
+# Refused for a job whose execute phase is done (it only has to clear: never run it
+# twice) and for a deposed planner. A job whose cancel was requested is cancelled.
+# KEYS: lease, leases, running, events, planner_fence, finished
+# ARGV: lease_id, now_ms, prefix, preemptor job id, planner token ('' = unchecked)
 _PREEMPT = """
+if ARGV[5] ~= '' and redis.call('GET', KEYS[5]) ~= ARGV[5] then return {0, 'planner_fenced'} end
 local lease = redis.call('HGETALL', KEYS[1])
 if #lease == 0 then return {0, 'gone'} end
 local L = {}
 for i = 1, #lease, 2 do L[lease[i]] = lease[i + 1] end
 if L['kind'] ~= 'job' then return {0, 'not_a_job'} end
+local phases = ARGV[3] .. ':phase:' .. ARGV[1]
+if redis.call('HGET', phases, 'execute') == 'done' then return {0, 'executed'} end
+local started = redis.call('HGET', phases, 'start_endpoint') == 'done'
 local want = ARGV[1] .. ':' .. (L['token'] or '')
 local gpus = cjson.decode(L['gpus'] or '[]')
 for _, g in ipairs(gpus) do
   local gk = ARGV[3] .. ':gpu:' .. g
-  if redis.call('GET', gk) == want then redis.call('DEL', gk) end
+  if redis.call('GET', gk) == want then
+    redis.call('DEL', gk)
+    -- mid-transition, what is resident is unknown: forget it (the next start stops leftovers)
+    if not started then redis.call('DEL', ARGV[3] .. ':resident:' .. g) end
+  end
 end
 redis.call('DEL', KEYS[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('DEL', ARGV[3] .. ':busy:' .. ARGV[1])
-redis.call('DEL', ARGV[3] .. ':phase:' .. ARGV[1])
+redis.call('DEL', phases)
 local job = L['job']
 local jk = ARGV[3] .. ':job:' .. job
+local now_s = tonumber(ARGV[2]) / 1000.0
 redis.call('ZREM', KEYS[3], job)
 local prio = redis.call('HGET', jk, 'priority')
-local seq = redis.call('HGET', jk, 'seq')
-redis.call('HSET', jk, 'state', 'queued', 'reason', 'preempted by ' .. ARGV[4])
-redis.call('HDEL', jk, 'lease', 'token')
-redis.call('HINCRBY', jk, 'preemptions', 1)
-redis.call('ZADD', ARGV[3] .. ':queue:' .. string.lower(prio), tonumber(seq), job)
-local ev = {ts = tonumber(ARGV[2]) / 1000.0, kind = 'preempted', lease = ARGV[1], job = job, priority = prio,
-            gpus = gpus, by = ARGV[4]}
+local outcome = 'preempted'
+if redis.call('HGET', jk, 'cancel_requested') == '1' then
+  redis.call('HSET', jk, 'state', 'cancelled', 'reason', 'cancelled; preempted', 'finished_at', tostring(now_s))
+  redis.call('ZADD', KEYS[6], now_s, job)
+  outcome = 'cancelled'
+else
+  local seq = redis.call('HGET', jk, 'seq')
+  redis.call('HSET', jk, 'state', 'queued', 'reason', 'preempted by ' .. ARGV[4])
+  redis.call('HDEL', jk, 'lease', 'token')
+  redis.call('HINCRBY', jk, 'preemptions', 1)
+  redis.call('ZADD', ARGV[3] .. ':queue:' .. string.lower(prio), tonumber(seq), job)
+end
+local ev = {ts = now_s, kind = 'preempted', lease = ARGV[1], job = job, priority = prio, gpus = gpus,
+            by = ARGV[4], outcome = outcome}
 redis.call('XADD', KEYS[4], 'MAXLEN', '~', '1000000', '*', 'e', cjson.encode(ev))
-return {1, 'preempted'}
+return {1, outcome}
 """
 
 
-def preempt(r: redis.Redis, keys: Keys, lease_id: str, by_job: str) -> bool:
+def preempt(r: redis.Redis, keys: Keys, lease_id: str, by_job: str, planner_token: str = "") -> str:
     """Preempt the job holding ``lease_id`` in favour of ``by_job``: its GPUs are freed
     at once (its holder's later writes fail the fencing check) and it is requeued with
-    its original submission order. Returns False if the lease is gone or not a job's."""
+    its original submission order (or cancelled, if a cancel was requested).
+
+    Returns:
+        ``"preempted"`` or ``"cancelled"``; or why nothing was done: ``"gone"``,
+        ``"not_a_job"``, ``"executed"`` (its workload already ran: it only has to clear).
+    Raises:
+        LeaseError: ``planner_token`` is stale (another planner leads).
+    """
     script = r.register_script(_PREEMPT)
-    out = script(keys=[keys.lease(lease_id), keys.leases, keys.running, keys.events],
-                 args=[lease_id, now_ms(), keys.prefix, by_job])
-    return out[0] == 1
+    out = script(keys=[keys.lease(lease_id), keys.leases, keys.running, keys.events, keys.planner_fence,
+                       f"{keys.prefix}:finished"],
+                 args=[lease_id, now_ms(), keys.prefix, by_job, planner_token])
+    if out[0] == 0 and out[1] == "planner_fenced":
+        raise LeaseError("planner fencing token is stale: another planner leads")
+    return out[1]

@@ -123,7 +123,7 @@ class PhaseRunner:
         return json.dumps({k: v for k, v in body.items() if v is not None}, separators=(",", ":"))
 
     def _sleep(self, workload_s: float, hb: LeaseHeartbeat, ctx: PhaseContext | None = None) -> None:
-        """Sleep ``workload_s`` scaled to wall time, waking to notice a lost lease or a cancel."""
+        """Sleep ``workload_s`` scaled to wall time, waking every 50 ms to notice a lost lease."""
         end = time.monotonic() + workload_s * self.settings.time_scale
         while True:
             left = end - time.monotonic()
@@ -235,8 +235,9 @@ class PhaseRunner:
                 self._sleep(evict_s, hb)
         ops: list[tuple] = []
         for v, inst_gpus in victims.items():
-            for g in inst_gpus:  # an instance is evicted whole, on every GPU of its group
-                ops.append(("DEL", self.keys.resident(g)))
+            for g in inst_gpus:  # an instance is evicted whole, on every GPU of its group;
+                # on a GPU outside this lease only while it still names that instance
+                ops.append(("DELIFEQ", self.keys.resident(g), v))
         if not self.leases.fenced(ctx.lease, ops):
             raise StaleFencingToken("lease lost before evict committed")
         return evict_s

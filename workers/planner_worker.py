@@ -37,6 +37,26 @@ from workers.phases import PhaseContext, instance_value, parse_instance
 log = logging.getLogger("makespan.planner")
 
 STATS_KEEP = 10_000
+SCAN_FACTOR = 4  # queue entries read per level per tick: at most SCAN_FACTOR × batch_size
+
+# Remove a stale queue entry. KEYS: queue, job, planner_fence ; ARGV: job id, planner token
+_DROP_STALE = """
+if redis.call('GET', KEYS[3]) ~= ARGV[2] then return 0 end
+if redis.call('HGET', KEYS[2], 'state') == 'queued' then return 0 end
+return redis.call('ZREM', KEYS[1], ARGV[1])
+"""
+
+# Cancel a queued job whose dependency failed. KEYS: queue, job, planner_fence, events,
+# finished ; ARGV: job id, planner token, now (s), reason, event JSON
+_CANCEL_DEPENDANT = """
+if redis.call('GET', KEYS[3]) ~= ARGV[2] then return 0 end
+if redis.call('HGET', KEYS[2], 'state') ~= 'queued' then return 0 end
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('HSET', KEYS[2], 'state', 'cancelled', 'finished_at', ARGV[3], 'reason', ARGV[4])
+redis.call('ZADD', KEYS[5], tonumber(ARGV[3]), ARGV[1])
+redis.call('XADD', KEYS[4], 'MAXLEN', '~', '1000000', '*', 'e', ARGV[5])
+return 1
+"""
 DEMAND_WINDOW_S = 1800.0  # workload seconds of arrivals that define recent demand
 DEMAND_KEEP = 5_000  # most recent arrivals remembered for it
 
@@ -201,27 +221,41 @@ class PlannerWorker:
 
             advance_workloads(self.r, self.keys)
         for lvl in Priority:
+            offset = 0
+            # read on past steps whose dependencies are not done, so that they never hide
+            # startable jobs behind them (bounded: SCAN_FACTOR batches per level per tick)
+            while room > 0 and offset < SCAN_FACTOR * self.settings.batch_size:
+                ids = self.r.zrange(self.keys.queue(lvl), offset, offset + self.settings.batch_size - 1)
+                if not ids:
+                    break
+                offset += len(ids)
+                room = self._take(lvl, ids, out, room)
+        return out
+
+    def _take(self, lvl: Priority, ids: list[str], out: list[PlanJob], room: int) -> int:
+        p = self.r.pipeline(transaction=False)
+        for jid in ids:
+            p.hmget(self.keys.job(jid), "endpoint", "service_s", "submitted_at", "seq", "deps", "state",
+                    "traceparent")
+        for jid, (ep, svc, sub, seq, deps, state, tp) in zip(ids, p.execute()):
             if room <= 0:
                 break
-            ids = self.r.zrange(self.keys.queue(lvl), 0, room - 1)
-            if not ids:
+            if ep is None or state != "queued":
+                self._drop_stale(self.keys.queue(lvl), jid)  # cancelled or lost record
                 continue
-            p = self.r.pipeline(transaction=False)
-            for jid in ids:
-                p.hmget(self.keys.job(jid), "endpoint", "service_s", "submitted_at", "seq", "deps", "state",
-                        "traceparent")
-            for jid, (ep, svc, sub, seq, deps, state, tp) in zip(ids, p.execute()):
-                if ep is None or state != "queued":
-                    self.r.zrem(self.keys.queue(lvl), jid)  # stale entry (cancelled or lost record)
-                    continue
-                dl = tuple(json.loads(deps)) if deps else ()
-                if dl and not self._deps_ready(jid, dl):
-                    continue
-                out.append(PlanJob(jid, ep, float(lvl.weight), float(sub) / self.settings.time_scale, float(svc),
-                                   int(lvl), (), None, int(seq)))
-                self._meta[jid] = (tp or "", float(sub))
-                room -= 1
-        return out
+            dl = tuple(json.loads(deps)) if deps else ()
+            if dl and not self._deps_ready(jid, dl):
+                continue
+            out.append(PlanJob(jid, ep, float(lvl.weight), float(sub) / self.settings.time_scale, float(svc),
+                               int(lvl), (), None, int(seq)))
+            self._meta[jid] = (tp or "", float(sub))
+            room -= 1
+        return room
+
+    def _drop_stale(self, queue: str, jid: str) -> None:
+        """Remove a queue entry whose job is no longer queued — only while this planner
+        still leads and the job is still not queued (a reaper may have requeued it since)."""
+        self.r.eval(_DROP_STALE, 3, queue, self.keys.job(jid), self.keys.planner_fence, jid, self.token)
 
     def _deps_ready(self, jid: str, deps: tuple[str, ...]) -> bool:
         states = [self.r.hget(self.keys.job(d), "state") for d in deps]
@@ -234,13 +268,11 @@ class PlannerWorker:
             bad = [d for d in bad if not retry_pending(self.r, self.keys, d)]
         if bad:
             prio = self.r.hget(self.keys.job(jid), "priority") or "NORMAL"
-            with self.r.pipeline() as p:
-                p.zrem(self.keys.queue(prio), jid)
-                p.hset(self.keys.job(jid), mapping={"state": "cancelled", "finished_at": repr(time.time()),
-                                                    "reason": f"dependency {bad[0]} did not complete"})
-                events.record(self.r, self.keys.events, "cancelled", pipe=p, job=jid, priority=prio,
-                              reason=f"dependency {bad[0]} did not complete")
-                p.execute()
+            reason = f"dependency {bad[0]} did not complete"
+            ev = json.dumps({"ts": time.time(), "kind": "cancelled", "job": jid, "priority": prio, "reason": reason})
+            self.r.eval(_CANCEL_DEPENDANT, 5, self.keys.queue(prio), self.keys.job(jid), self.keys.planner_fence,
+                        self.keys.events, f"{self.keys.prefix}:finished", jid, self.token, repr(time.time()),
+                        reason, ev)
         return False
 
     def tick(self) -> bool:
@@ -335,8 +367,14 @@ class PlannerWorker:
         holders = self.leases.gpu_holders([g.uuid for g in self.gpus])
         lease_of = {u: v.split(":")[0] for u, v in holders.items() if v}
         info: dict[str, dict[str, str]] = {}
-        for lid in set(lease_of.values()):
-            info[lid] = self.r.hgetall(self.keys.lease(lid))
+        lids = sorted(set(lease_of.values()))
+        p = self.r.pipeline(transaction=False)
+        for lid in lids:
+            p.hgetall(self.keys.lease(lid))
+            p.hget(self.keys.phase(lid), "execute")
+        got = p.execute()
+        info.update({lid: got[2 * i] for i, lid in enumerate(lids)})
+        executed = {lid: got[2 * i + 1] == "done" for i, lid in enumerate(lids)}
         started: set[str] = set()
         for j in sorted(waiting, key=lambda j: (j.priority, j.seq)):
             ep = self.endpoints[j.endpoint]
@@ -351,6 +389,8 @@ class PlannerWorker:
                 victims = {lease_of.get(u) for u in g}
                 if None in victims:
                     continue  # part of the group was taken this tick
+                if any(executed.get(v) for v in victims):
+                    continue  # a victim already ran its workload: it only has to clear
                 recs = [info.get(v) or {} for v in victims]
                 if not all(r.get("kind") == "job" and Priority(j.priority).may_preempt(Priority[r.get("priority", "LOW")])
                            for r in recs):
@@ -361,14 +401,20 @@ class PlannerWorker:
             if best is None:
                 continue
             _, g, victims = best
+            freed = True
             for v in victims:
-                if preempt(self.r, self.keys, v, j.id):
+                outcome = preempt(self.r, self.keys, v, j.id, planner_token=self.token)
+                if outcome in ("preempted", "cancelled"):
                     metrics.job_preempted(info[v].get("priority", "LOW"))
-                    log.info("preempted lease %s (%s) for %s job %s", v, info[v].get("priority"),
-                             Priority(j.priority).name, j.id)
-                for u, lid in list(lease_of.items()):
-                    if lid == v:
-                        lease_of.pop(u)
+                    log.info("preempted lease %s (%s) for %s job %s: %s", v, info[v].get("priority"),
+                             Priority(j.priority).name, j.id, outcome)
+                    for u, lid in list(lease_of.items()):
+                        if lid == v:
+                            lease_of.pop(u)
+                else:
+                    freed = False  # e.g. it finished executing meanwhile: it only has to clear
+            if not freed:
+                continue
             ep_end = self.now_s() + ep.cold_start_s + j.service_s
             if self._start(j, g, ep_end, "cold_start"):
                 started.add(j.id)

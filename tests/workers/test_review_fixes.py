@@ -1,0 +1,82 @@
+"""Regression tests for review findings: preemption never reruns an executed job,
+honours cancels and fencing; batches read past blocked steps; stale-entry cleanup is fenced."""
+
+import dataclasses
+
+import pytest
+
+from app.errors import LeaseError
+from app.models import Priority, load_fleet
+from app.producer import Producer
+from workers.leases import LeaseStore, preempt
+from workers.planner_worker import PlannerWorker
+
+
+@pytest.fixture
+def fleet():
+    return load_fleet("examples/render-pipeline.toml")
+
+
+@pytest.fixture
+def prod(r, keys, fleet, settings):
+    return Producer(r, keys, fleet, settings)
+
+
+def _leased(store, prod, keys, prio="LOW"):
+    h = prod.submit({"endpoint": "embed", "service_s": 5, "priority": prio})
+    lease = store.acquire(f"L-{h.id[:6]}", ("g0",), 30, job_id=h.id, queue=keys.queue(Priority[prio]))
+    return h.id, lease
+
+
+def test_preempt_refuses_a_job_whose_execute_is_done(r, keys, prod):
+    store = LeaseStore(r, keys)
+    jid, lease = _leased(store, prod, keys)
+    r.hset(keys.phase(lease.lease_id), "execute", "done")
+    assert preempt(r, keys, lease.lease_id, "crit") == "executed"
+    assert r.get(keys.gpu("g0")) is not None  # still leased: it only has to clear
+    assert r.hget(keys.job(jid), "state") == "leased"
+
+
+def test_preempt_requeues_or_cancels(r, keys, prod):
+    store = LeaseStore(r, keys)
+    jid, lease = _leased(store, prod, keys)
+    assert preempt(r, keys, lease.lease_id, "crit") == "preempted"
+    assert r.hget(keys.job(jid), "state") == "queued" and r.zscore(keys.queue(Priority.LOW), jid) is not None
+    jid2, lease2 = _leased(store, prod, keys)
+    r.hset(keys.job(jid2), "cancel_requested", "1")
+    assert preempt(r, keys, lease2.lease_id, "crit") == "cancelled"
+    assert r.hget(keys.job(jid2), "state") == "cancelled"
+    assert r.zscore(keys.queue(Priority.LOW), jid2) is None
+    assert r.zscore(f"{keys.prefix}:finished", jid2) is not None  # retention will compact it
+
+
+def test_deposed_planner_cannot_preempt(r, keys, prod):
+    store = LeaseStore(r, keys)
+    jid, lease = _leased(store, prod, keys)
+    r.set(keys.planner_fence, 9)
+    with pytest.raises(LeaseError):
+        preempt(r, keys, lease.lease_id, "crit", planner_token="8")
+    assert r.hget(keys.job(jid), "state") == "leased"
+
+
+def test_batch_reads_past_steps_whose_dependencies_are_not_done(r, keys, prod, fleet, settings):
+    blocker = prod.submit({"endpoint": "embed", "service_s": 5, "priority": "HIGH"}).id
+    r.zrem(keys.queue(Priority.HIGH), blocker)
+    r.hset(keys.job(blocker), "state", "running")  # a dependency still running
+    small = dataclasses.replace(settings, batch_size=4)
+    for _ in range(10):
+        prod.submit({"endpoint": "embed", "service_s": 5, "priority": "LOW", "depends_on": [blocker]})
+    free = prod.submit({"endpoint": "embed", "service_s": 5, "priority": "LOW"}).id
+    w = PlannerWorker(r, small, fleet, dispatch=lambda *a: None)
+    assert [j.id for j in w.form_batch()] == [free]
+
+
+def test_stale_entry_cleanup_keeps_a_requeued_job(r, keys, prod, fleet, settings):
+    jid = prod.submit({"endpoint": "embed", "service_s": 5}).id
+    w = PlannerWorker(r, settings, fleet, dispatch=lambda *a: None)
+    w.token = r.incr(keys.planner_fence) and r.get(keys.planner_fence)
+    w._drop_stale(keys.queue(Priority.NORMAL), jid)  # the job is queued: nothing removed
+    assert r.zscore(keys.queue(Priority.NORMAL), jid) is not None
+    r.hset(keys.job(jid), "state", "cancelled")
+    w._drop_stale(keys.queue(Priority.NORMAL), jid)
+    assert r.zscore(keys.queue(Priority.NORMAL), jid) is None
