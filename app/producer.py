@@ -15,7 +15,7 @@ from typing import Any
 
 import redis
 
-from app import events, metrics, telemetry
+from app import metrics, telemetry
 from app.errors import NotFoundError, StoreError, ValidationError
 from app.keys import Keys
 from app.models import FleetSpec, JobSpec, Priority, parse_job

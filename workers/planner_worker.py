@@ -18,7 +18,6 @@ import os
 import threading
 import time
 import uuid
-from typing import Any
 
 import redis
 from redis.exceptions import LockError, LockNotOwnedError
@@ -31,8 +30,10 @@ from app.settings import Settings
 from planner.api import plan
 from planner.simulator import _demand, _share
 from planner.model import EndpointModel, FleetState, Gpu, PlanJob
-from workers.leases import LeaseStore, preempt
-from workers.phases import PhaseContext, instance_value, parse_instance
+from workers.drain import SetPointMixin
+from workers.leases import LeaseStore
+from workers.preemption import PreemptionMixin
+from workers.phases import PhaseContext, parse_instance
 
 log = logging.getLogger("makespan.planner")
 
@@ -81,7 +82,7 @@ def set_point_instances(fleet: FleetSpec) -> list[tuple[str, list[str]]]:
     return out
 
 
-class PlannerWorker:
+class PlannerWorker(PreemptionMixin, SetPointMixin):
     """One planner process. ``run()`` loops until ``stop()``; ``tick()`` is one cycle."""
 
     def __init__(self, r: redis.Redis, settings: Settings, fleet: FleetSpec, dispatch=None, name: str | None = None):
@@ -352,77 +353,6 @@ class PlannerWorker:
             self._send(ctx, host)
         return True
 
-    # -- preemption (design notes: CRITICAL preempts HIGH/NORMAL/LOW, HIGH preempts NORMAL/LOW)
-    def _may_preempt(self) -> bool:
-        return bool(self.r.zcard(self.keys.queue(Priority.CRITICAL)) or self.r.zcard(self.keys.queue(Priority.HIGH)))
-
-    def _preempt_for(self, waiting: list[PlanJob], state: FleetState, taken: set[str]) -> set[str]:
-        """For each waiting CRITICAL/HIGH job that no free GPU group can take now, evict
-        the cheapest set of strictly lower-priority job leases covering one of its
-        groups, and lease that group to it in the same tick (so a victim is never
-        re-leased the GPUs it lost before its preemptor starts). No preemption for a job
-        that could start on a free group anyway, for one whose earliest group frees within
-        its endpoint's cold start (preempting would not start it sooner), or whose groups
-        hold no victim set."""
-        holders = self.leases.gpu_holders([g.uuid for g in self.gpus])
-        lease_of = {u: v.split(":")[0] for u, v in holders.items() if v}
-        info: dict[str, dict[str, str]] = {}
-        lids = sorted(set(lease_of.values()))
-        p = self.r.pipeline(transaction=False)
-        for lid in lids:
-            p.hgetall(self.keys.lease(lid))
-            p.hget(self.keys.phase(lid), "execute")
-        got = p.execute()
-        info.update({lid: got[2 * i] for i, lid in enumerate(lids)})
-        executed = {lid: got[2 * i + 1] == "done" for i, lid in enumerate(lids)}
-        started: set[str] = set()
-        for j in sorted(waiting, key=lambda j: (j.priority, j.seq)):
-            ep = self.endpoints[j.endpoint]
-            groups = state.groups(ep.tp, ep.memory_mib)
-            if any(not taken.intersection(g) for g in groups):
-                continue  # a group is free: waiting was the plan's choice, not a lack of GPUs
-            soonest = min((max(state.free_at.get(u, state.now_s) for u in g) for g in groups), default=state.now_s)
-            if soonest - state.now_s <= ep.cold_start_s:
-                continue  # a group frees sooner than a preemption's cold start would: wait
-            best = None
-            for g in groups:
-                victims = {lease_of.get(u) for u in g}
-                if None in victims:
-                    continue  # part of the group was taken this tick
-                if any(executed.get(v) for v in victims):
-                    continue  # a victim already ran its workload: it only has to clear
-                recs = [info.get(v) or {} for v in victims]
-                if not all(r.get("kind") == "job" and Priority(j.priority).may_preempt(Priority[r.get("priority", "LOW")])
-                           for r in recs):
-                    continue
-                cost = sum(Priority[r["priority"]].weight for r in recs)
-                if best is None or cost < best[0]:
-                    best = (cost, g, victims)
-            if best is None:
-                continue
-            _, g, victims = best
-            freed = True
-            for v in victims:
-                outcome = preempt(self.r, self.keys, v, j.id, planner_token=self.token)
-                if outcome in ("preempted", "cancelled"):
-                    metrics.job_preempted(info[v].get("priority", "LOW"))
-                    log.info("preempted lease %s (%s) for %s job %s: %s", v, info[v].get("priority"),
-                             Priority(j.priority).name, j.id, outcome)
-                    for u, lid in list(lease_of.items()):
-                        if lid == v:
-                            lease_of.pop(u)
-                else:
-                    freed = False  # e.g. it finished executing meanwhile: it only has to clear
-            if not freed:
-                continue
-            ep_end = self.now_s() + ep.cold_start_s + j.service_s
-            if self._start(j, g, ep_end, "cold_start"):
-                started.add(j.id)
-                taken.update(g)
-                for u in g:
-                    lease_of[u] = "__new__"
-        return started
-
     def _send(self, ctx: PhaseContext, host: str) -> None:
         """Send the phase chain. A publish that fails (broker connection lost mid-send;
         kombu may raise more than redis errors then) must not kill the planner: the
@@ -435,57 +365,3 @@ class PlannerWorker:
         except Exception as e:  # noqa: BLE001 - recovered through lease expiry, see above
             log.error("dispatch of lease %s (job %s) failed: %r; it will expire and be reclaimed",
                       ctx.lease_id, ctx.job_id or ctx.kind, e)
-
-    # -- idle: restore set points, then check the drain -----------------------------------
-    def _idle(self, busy: set[str]) -> bool:
-        if self.r.zcard(self.keys.running) or any(self.r.zcard(q) for q in self.keys.queues()):
-            return False
-        restoring = False
-        res = dict(zip([g.uuid for g in self.gpus], self.r.mget([self.keys.resident(g.uuid) for g in self.gpus])))
-        for ep, gpus in self.set_points:
-            want = instance_value(ep, gpus)
-            if all(res.get(g) == want for g in gpus):
-                continue
-            restoring = True
-            if busy.intersection(gpus):
-                continue
-            lid = uuid.uuid4().hex
-            host = self.fleet.host_of(gpus[0])
-            cold = self.fleet.endpoints[ep].cold_start_s
-            lease = self.leases.acquire(lid, tuple(gpus), self.settings.lease_ttl_s, job_id=f"restore:{ep}:{gpus[0]}",
-                                        kind="restore", holder=host, planner_token=self.token,
-                                        info={"planned_end_s": repr(self.now_s() + cold), "endpoint": ep},
-                                        event={"kind": "restore_start", "endpoint": ep, "host": host,
-                                               "planned_s": cold})
-            if lease is not None:
-                busy.update(gpus)
-                # the restore joins the trace of the last job that held these GPUs: its
-                # restore_baseline span closes that job's makespan (submit -> restore)
-                tp = next((self._last_tp[g] for g in gpus if self._last_tp.get(g)), "")
-                with telemetry.use_traceparent(tp):
-                    self._send(PhaseContext(lid, lease.token, list(gpus), host, "restore", ep, traceparent=tp), host)
-                for g in gpus:
-                    self._last_tp.pop(g, None)
-        if restoring or self.r.zcard(self.keys.leases):
-            self._idle_checked = False
-            return False
-        if not self._idle_checked:
-            self._idle_checked = True
-            self.check_drain()
-        return False
-
-    def check_drain(self) -> dict[str, Any]:
-        """Count what a drained fleet must not hold: leases, agenda entries, busy slots."""
-        gpu_keys = sum(1 for v in self.r.mget([self.keys.gpu(g.uuid) for g in self.gpus]) if v)
-        leases = int(self.r.zcard(self.keys.leases)) + gpu_keys
-        agenda = self.agenda.count() if self.agenda is not None else 0
-        busy_slots = sum(1 for _ in self.r.scan_iter(self.keys.busy_pattern, count=1000))
-        counts = {"leases": leases, "agenda_entries": agenda, "busy_slots": busy_slots}
-        self.r.hset(self.keys.drain, mapping={**counts, "checked_at": repr(time.time())})
-        self.r.hincrby(self.keys.drain, "checks", 1)
-        events.record(self.r, self.keys.events, "drain", **counts)
-        if any(counts.values()):
-            log.error("drain check: left behind %s (leases %s)", counts, self.leases.active())
-        else:
-            log.info("drain check: clean")
-        return counts

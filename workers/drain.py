@@ -1,0 +1,76 @@
+"""Set-point restore and the drain check of the planner worker.
+
+When nothing is queued or running, the leader restores every set-point instance that
+is not resident (a restore lease and an evict → restore chain per GPU group), and once
+the fleet is back at its set point it counts what a drained fleet must not hold:
+leases, agenda entries and busy slots.
+
+Mixed into :class:`workers.planner_worker.PlannerWorker`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from typing import Any
+
+from app import events, telemetry
+from workers.phases import PhaseContext, instance_value
+
+log = logging.getLogger("makespan.planner")
+
+
+class SetPointMixin:
+    def _idle(self, busy: set[str]) -> bool:
+        if self.r.zcard(self.keys.running) or any(self.r.zcard(q) for q in self.keys.queues()):
+            return False
+        restoring = False
+        res = dict(zip([g.uuid for g in self.gpus], self.r.mget([self.keys.resident(g.uuid) for g in self.gpus])))
+        for ep, gpus in self.set_points:
+            want = instance_value(ep, gpus)
+            if all(res.get(g) == want for g in gpus):
+                continue
+            restoring = True
+            if busy.intersection(gpus):
+                continue
+            lid = uuid.uuid4().hex
+            host = self.fleet.host_of(gpus[0])
+            cold = self.fleet.endpoints[ep].cold_start_s
+            lease = self.leases.acquire(lid, tuple(gpus), self.settings.lease_ttl_s, job_id=f"restore:{ep}:{gpus[0]}",
+                                        kind="restore", holder=host, planner_token=self.token,
+                                        info={"planned_end_s": repr(self.now_s() + cold), "endpoint": ep},
+                                        event={"kind": "restore_start", "endpoint": ep, "host": host,
+                                               "planned_s": cold})
+            if lease is not None:
+                busy.update(gpus)
+                # the restore joins the trace of the last job that held these GPUs: its
+                # restore_baseline span closes that job's makespan (submit -> restore)
+                tp = next((self._last_tp[g] for g in gpus if self._last_tp.get(g)), "")
+                with telemetry.use_traceparent(tp):
+                    self._send(PhaseContext(lid, lease.token, list(gpus), host, "restore", ep, traceparent=tp), host)
+                for g in gpus:
+                    self._last_tp.pop(g, None)
+        if restoring or self.r.zcard(self.keys.leases):
+            self._idle_checked = False
+            return False
+        if not self._idle_checked:
+            self._idle_checked = True
+            self.check_drain()
+        return False
+
+    def check_drain(self) -> dict[str, Any]:
+        """Count what a drained fleet must not hold: leases, agenda entries, busy slots."""
+        gpu_keys = sum(1 for v in self.r.mget([self.keys.gpu(g.uuid) for g in self.gpus]) if v)
+        leases = int(self.r.zcard(self.keys.leases)) + gpu_keys
+        agenda = self.agenda.count() if self.agenda is not None else 0
+        busy_slots = sum(1 for _ in self.r.scan_iter(self.keys.busy_pattern, count=1000))
+        counts = {"leases": leases, "agenda_entries": agenda, "busy_slots": busy_slots}
+        self.r.hset(self.keys.drain, mapping={**counts, "checked_at": repr(time.time())})
+        self.r.hincrby(self.keys.drain, "checks", 1)
+        events.record(self.r, self.keys.events, "drain", **counts)
+        if any(counts.values()):
+            log.error("drain check: left behind %s (leases %s)", counts, self.leases.active())
+        else:
+            log.info("drain check: clean")
+        return counts

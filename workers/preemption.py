@@ -1,0 +1,89 @@
+"""Preemption for the planner worker (design notes, "Preemption"): CRITICAL preempts
+HIGH, NORMAL and LOW; HIGH preempts NORMAL and LOW; NORMAL and LOW never preempt.
+
+Mixed into :class:`workers.planner_worker.PlannerWorker`; uses its Redis client,
+keys, endpoints, fencing token and ``_start``.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from app import metrics
+from app.models import Priority
+from planner.model import FleetState, PlanJob
+from workers.leases import preempt
+
+log = logging.getLogger("makespan.planner")
+
+
+class PreemptionMixin:
+    def _may_preempt(self) -> bool:
+        return bool(self.r.zcard(self.keys.queue(Priority.CRITICAL)) or self.r.zcard(self.keys.queue(Priority.HIGH)))
+
+    def _preempt_for(self, waiting: list[PlanJob], state: FleetState, taken: set[str]) -> set[str]:
+        """For each waiting CRITICAL/HIGH job that no free GPU group can take now, evict
+        the cheapest set of strictly lower-priority job leases covering one of its
+        groups, and lease that group to it in the same tick (so a victim is never
+        re-leased the GPUs it lost before its preemptor starts). No preemption for a job
+        that could start on a free group anyway, for one whose earliest group frees within
+        its endpoint's cold start (preempting would not start it sooner), or whose groups
+        hold no victim set."""
+        holders = self.leases.gpu_holders([g.uuid for g in self.gpus])
+        lease_of = {u: v.split(":")[0] for u, v in holders.items() if v}
+        info: dict[str, dict[str, str]] = {}
+        lids = sorted(set(lease_of.values()))
+        p = self.r.pipeline(transaction=False)
+        for lid in lids:
+            p.hgetall(self.keys.lease(lid))
+            p.hget(self.keys.phase(lid), "execute")
+        got = p.execute()
+        info.update({lid: got[2 * i] for i, lid in enumerate(lids)})
+        executed = {lid: got[2 * i + 1] == "done" for i, lid in enumerate(lids)}
+        started: set[str] = set()
+        for j in sorted(waiting, key=lambda j: (j.priority, j.seq)):
+            ep = self.endpoints[j.endpoint]
+            groups = state.groups(ep.tp, ep.memory_mib)
+            if any(not taken.intersection(g) for g in groups):
+                continue  # a group is free: waiting was the plan's choice, not a lack of GPUs
+            soonest = min((max(state.free_at.get(u, state.now_s) for u in g) for g in groups), default=state.now_s)
+            if soonest - state.now_s <= ep.cold_start_s:
+                continue  # a group frees sooner than a preemption's cold start would: wait
+            best = None
+            for g in groups:
+                victims = {lease_of.get(u) for u in g}
+                if None in victims:
+                    continue  # part of the group was taken this tick
+                if any(executed.get(v) for v in victims):
+                    continue  # a victim already ran its workload: it only has to clear
+                recs = [info.get(v) or {} for v in victims]
+                if not all(r.get("kind") == "job" and Priority(j.priority).may_preempt(Priority[r.get("priority", "LOW")])
+                           for r in recs):
+                    continue
+                cost = sum(Priority[r["priority"]].weight for r in recs)
+                if best is None or cost < best[0]:
+                    best = (cost, g, victims)
+            if best is None:
+                continue
+            _, g, victims = best
+            freed = True
+            for v in victims:
+                outcome = preempt(self.r, self.keys, v, j.id, planner_token=self.token)
+                if outcome in ("preempted", "cancelled"):
+                    metrics.job_preempted(info[v].get("priority", "LOW"))
+                    log.info("preempted lease %s (%s) for %s job %s: %s", v, info[v].get("priority"),
+                             Priority(j.priority).name, j.id, outcome)
+                    for u, lid in list(lease_of.items()):
+                        if lid == v:
+                            lease_of.pop(u)
+                else:
+                    freed = False  # e.g. it finished executing meanwhile: it only has to clear
+            if not freed:
+                continue
+            ep_end = self.now_s() + ep.cold_start_s + j.service_s
+            if self._start(j, g, ep_end, "cold_start"):
+                started.add(j.id)
+                taken.update(g)
+                for u in g:
+                    lease_of[u] = "__new__"
+        return started
