@@ -271,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--raw-tasks", type=int, default=20000, help="raw Celery tasks per size (capped at the size)")
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--policy", default="portfolio", help="live planner policy (default: the live default)")
     a = ap.parse_args(argv)
     emb = None
     url = a.redis_url
@@ -282,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         for n in [int(x) for x in a.sizes.split(",")]:
             prefix = f"bench-scale-{uuid.uuid4().hex[:8]}"
             s = Settings(redis_url=url, key_prefix=prefix, time_scale=1e-4, lease_ttl_s=10.0, heartbeat_s=2.0,
-                         batch_size=a.batch_size, planner_tick_s=0.02, retention_sweep_s=0.2)
+                         batch_size=a.batch_size, planner_tick_s=0.02, retention_sweep_s=0.2, policy=a.policy)
             with tempfile.TemporaryDirectory(prefix="scale-") as d:
                 raw = run_raw_celery(replace(s, key_prefix=prefix + "-raw"), a.gpus, min(n, a.raw_tasks), Path(d))
                 delete_prefix(connect(url), Keys(prefix + "-raw"))
