@@ -188,6 +188,18 @@ class LiveSystem:
         self.stop()
 
 
+def wait_for(cond, timeout_s: float, what: str, poll_s: float = 0.1):
+    """Poll ``cond()`` every ``poll_s`` until it returns something truthy (returned);
+    raise :class:`TimeoutError` naming ``what`` after ``timeout_s`` seconds."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        out = cond()
+        if out:
+            return out
+        time.sleep(poll_s)
+    raise TimeoutError(f"timed out after {timeout_s} s waiting for {what}")
+
+
 def delete_prefix(r: redis.Redis, keys: Keys) -> int:
     """Delete every key of one prefix (a run's own keys, Celery's included)."""
     n = 0

@@ -350,6 +350,19 @@ def _translate(err: pydantic.ValidationError, root: str, data: Any) -> Validatio
     return ValidationError(field, first.get("input"), msg)
 
 
+def validate(model: type[BaseModel], data: Any, root: str) -> Any:
+    """``model.model_validate(data)`` (``model`` instances pass through as dumps); any
+    failure is raised as :class:`ValidationError` naming ``root.field`` and the value."""
+    if isinstance(data, model):
+        data = data.model_dump()
+    if not isinstance(data, dict):
+        raise ValidationError(root, data, "must be a mapping")
+    try:
+        return model.model_validate(data)
+    except pydantic.ValidationError as e:
+        raise _translate(e, root, data) from None
+
+
 def parse_fleet(data: dict[str, Any]) -> FleetSpec:
     """Validate a fleet mapping. Raises :class:`ValidationError`."""
     if not isinstance(data, dict):
@@ -378,14 +391,7 @@ def parse_job(data: dict[str, Any] | JobSpec, fleet: FleetSpec, max_payload_byte
     Checks: unknown keys, unknown endpoint or priority, non-positive or non-finite
     durations, payload size (JSON-encoded bytes), and that the endpoint's gang fits
     some host of the fleet (tensor-parallel size and memory per GPU)."""
-    if isinstance(data, JobSpec):
-        data = data.model_dump()
-    if not isinstance(data, dict):
-        raise ValidationError("job", data, "must be a mapping")
-    try:
-        job = JobSpec.model_validate(data)
-    except pydantic.ValidationError as e:
-        raise _translate(e, "job", data) from None
+    job = validate(JobSpec, data, "job")
     if job.endpoint not in fleet.endpoints:
         raise ValidationError("job.endpoint", job.endpoint,
                               f"unknown endpoint; known: {', '.join(sorted(fleet.endpoints))}")

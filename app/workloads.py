@@ -36,13 +36,12 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import pydantic
 import redis
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from app.errors import NotFoundError, StoreError, ValidationError
 from app.keys import Keys
-from app.models import FleetSpec, Priority, _NAME, _translate
+from app.models import _NAME, FleetSpec, Priority, validate
 from app.settings import Settings
 
 ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/embeddings")
@@ -194,14 +193,7 @@ def parse_workload(data: dict[str, Any] | WorkloadSpec, fleet: FleetSpec) -> Wor
         ValidationError: naming the field (``workload.steps.2.endpoint``, ...) and value:
             unknown keys, unknown endpoint, unknown or duplicate step, a cycle.
     """
-    if isinstance(data, WorkloadSpec):
-        data = data.model_dump()
-    if not isinstance(data, dict):
-        raise ValidationError("workload", data, "must be a mapping")
-    try:
-        wl = WorkloadSpec.model_validate(data)
-    except pydantic.ValidationError as e:
-        raise _translate(e, "workload", data) from None
+    wl = validate(WorkloadSpec, data, "workload")
     names: set[str] = set()
     for i, s in enumerate(wl.steps):
         if s.name in names:

@@ -32,7 +32,7 @@ from typing import Any
 import redis
 
 from app.keys import Keys
-from app.live import LiveSystem, delete_prefix
+from app.live import LiveSystem, delete_prefix, wait_for
 from app.models import load_fleet
 from app.producer import Producer
 from app.redis_conn import connect, start_embedded
@@ -147,9 +147,9 @@ def run_makespan(settings: Settings, gpus: int, n_jobs: int, workdir: Path, time
         prod = Producer(r, keys, fleet, settings)
         pids = {p.name.split("-")[0]: p.popen.pid for p in live.procs}
         # warm up: set points restored, one job through every process, then baselines
-        _wait(lambda: r.hget(keys.drain, "checks"), 60, "first drain check")
+        wait_for(lambda: r.hget(keys.drain, "checks"), 60, "first drain check")
         _submit_all(prod, max(warm_jobs, gpus), [])
-        _wait(lambda: state_size(r, keys)["completed"] >= max(warm_jobs, gpus), 60, "warm-up jobs")
+        wait_for(lambda: state_size(r, keys)["completed"] >= max(warm_jobs, gpus), 60, "warm-up jobs")
         base_done = state_size(r, keys)["completed"]
         mem0 = int(r.info("memory")["used_memory"])
         cpu0 = cpu_s(pids["planner"])
@@ -165,11 +165,11 @@ def run_makespan(settings: Settings, gpus: int, n_jobs: int, workdir: Path, time
         if errors:
             raise errors[0]
         done = lambda: sum(state_size(r, keys)[s] for s in ("completed", "failed", "cancelled")) - base_done  # noqa: E731
-        _wait(lambda: done() >= n_jobs, timeout_s, f"{n_jobs} jobs to finish", poll_s=0.2)
+        wait_for(lambda: done() >= n_jobs, timeout_s, f"{n_jobs} jobs to finish", poll_s=0.2)
         last = float(r.hget(tally_key(keys), "last_finished_s"))
         samp.stop()
         cpu1 = cpu_s(pids["planner"])
-        _wait(lambda: int(r.hget(keys.drain, "checks") or 0) > checks0, 60, "drain check after the run")
+        wait_for(lambda: int(r.hget(keys.drain, "checks") or 0) > checks0, 60, "drain check after the run")
         time.sleep(max(settings.retention_sweep_s, settings.planner_tick_s) * 3)  # a few idle sweeps
         size = state_size(r, keys)
         mem1 = int(r.info("memory")["used_memory"])
@@ -188,16 +188,6 @@ def run_makespan(settings: Settings, gpus: int, n_jobs: int, workdir: Path, time
     finally:
         live.stop()
         r.close()
-
-
-def _wait(cond, timeout_s: float, what: str, poll_s: float = 0.05):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        out = cond()
-        if out:
-            return out
-        time.sleep(poll_s)
-    raise TimeoutError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 # -- the yardstick: Celery's raw no-op task on the same Redis ---------------------------
@@ -240,15 +230,15 @@ def run_raw_celery(settings: Settings, concurrency: int, n_tasks: int, workdir: 
     try:
         app = _noop_app()
         r = connect(settings.redis_url)
-        _wait(lambda: app.control.ping(timeout=0.5), 60, "no-op worker")
+        wait_for(lambda: app.control.ping(timeout=0.5), 60, "no-op worker")
         for _ in range(50):
             app.noop.apply_async(queue=NOOP_QUEUE)
-        _wait(lambda: int(r.get(app.counter) or 0) >= 50, 60, "no-op warm-up")
+        wait_for(lambda: int(r.get(app.counter) or 0) >= 50, 60, "no-op warm-up")
         r.set(app.counter, 0)
         t0 = time.time()
         for _ in range(n_tasks):
             app.noop.apply_async(queue=NOOP_QUEUE)
-        _wait(lambda: int(r.get(app.counter) or 0) >= n_tasks, 3600, "no-op tasks", poll_s=0.01)
+        wait_for(lambda: int(r.get(app.counter) or 0) >= n_tasks, 3600, "no-op tasks", poll_s=0.01)
         el = time.time() - t0
         app.close()
         return {"tasks": n_tasks, "tasks_per_s": n_tasks / el, "elapsed_s": el}

@@ -2,20 +2,10 @@
 
 from __future__ import annotations
 
-import time
-from typing import Any, Callable
+from typing import Any
 
 from app import events as ev
-
-
-def wait_for(cond: Callable[[], Any], timeout_s: float, what: str, poll_s: float = 0.1) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        out = cond()
-        if out:
-            return out
-        time.sleep(poll_s)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+from app.live import wait_for  # noqa: F401 - re-exported for the tests
 
 
 def overlaps(events: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
