@@ -78,7 +78,10 @@ def _start_metrics(port: int, role: str) -> None:
 def gpu_worker(fleet: Path = FleetOpt, host: str = typer.Option(..., help="host name in the fleet file"),
                pool: str = typer.Option("threads", help="Celery pool: threads, prefork or solo"),
                concurrency: int = typer.Option(0, help="worker slots (default: the host's GPU count)"),
-               metrics_port: int = typer.Option(0, envvar="MAKESPAN_METRICS_PORT")):
+               metrics_port: int = typer.Option(0, envvar="MAKESPAN_METRICS_PORT"),
+               check_gpus: bool = typer.Option(True, help="refuse to start when NVML shows the fleet file's GPUs "
+                                               "missing, at another index or with less memory (hosts with "
+                                               "explicit gpus; skipped when NVML finds no GPU)")):
     """Run the Celery GPU worker of one host (consumes queue gpu.HOST)."""
     from app.models import load_fleet
 
@@ -89,6 +92,8 @@ def gpu_worker(fleet: Path = FleetOpt, host: str = typer.Option(..., help="host 
     hosts = {h.name: h for h in f.hosts}
     if host not in hosts:
         _fail(MakespanError(f"--host {host!r}: not in the fleet ({', '.join(hosts)})"))
+    if check_gpus:
+        _check_gpus(hosts[host])
     os.environ["MAKESPAN_FLEET"] = str(Path(fleet).resolve())
     os.environ["MAKESPAN_HOST"] = host
     _start_metrics(metrics_port, "gpu-worker")
@@ -98,6 +103,47 @@ def gpu_worker(fleet: Path = FleetOpt, host: str = typer.Option(..., help="host 
     celery.worker_main(["worker", "-Q", f"gpu.{host}", "-n", f"gpu-{host}@%h", "-P", pool, "-c", str(n),
                         "--loglevel", os.environ.get("MAKESPAN_LOG_LEVEL", "WARNING"), "-E",
                         "--without-gossip", "--without-mingle"])
+
+
+def _check_gpus(host_spec) -> None:
+    from workers.discovery import NvmlDiscovery
+    from workers.host_check import check_host
+
+    if host_spec.gpu_count is not None:
+        return  # simulated host: its UUIDs are made up
+    d = NvmlDiscovery()
+    found = d.discover()
+    if not found:
+        typer.echo(f"GPU check skipped for host {host_spec.name!r}: {d.last_error or 'NVML reports no GPU'}", err=True)
+        return
+    problems = check_host(host_spec, found)
+    if problems:
+        _fail(MakespanError("the fleet file does not match this machine's GPUs:\n  " + "\n  ".join(problems)))
+
+
+@app.command()
+def gpus(host_name: str = typer.Option("", "--host-name", help="name for the [[hosts]] entry (default: this "
+                                       "machine's hostname)"),
+         as_json: bool = typer.Option(False, "--json", help="print JSON instead of a fleet-file entry")):
+    """List this machine's GPUs through NVML (CUDA_VISIBLE_DEVICES applied) as a fleet-file host entry."""
+    import json
+    import socket
+    from dataclasses import asdict
+
+    from workers.discovery import NvmlDiscovery
+    from workers.host_check import host_toml
+
+    logging.getLogger("workers.discovery").setLevel(logging.ERROR)  # the reason is printed below
+    d = NvmlDiscovery()
+    found = d.discover()
+    if as_json:
+        typer.echo(json.dumps({"gpus": [asdict(g) for g in found], "error": d.last_error}, indent=2))
+    elif found:
+        name = host_name or socket.gethostname().split(".")[0]
+        typer.echo(host_toml(name, found), nl=False)
+    if not found:
+        typer.echo(d.last_error or "NVML reports no GPU", err=True)
+        raise typer.Exit(1)
 
 
 def _producer(fleet: Optional[Path]):

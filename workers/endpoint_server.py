@@ -5,7 +5,8 @@
 Routes (stdlib :mod:`http.server`, one thread per request):
 
 * ``GET /health``: 503 ``{"status": "loading"}`` for ``--load-time-s`` seconds after
-  start, then 200 ``{"status": "ok"}`` (vLLM answers 200 while asleep too).
+  start, then 200 ``{"status": "ok", "cuda_visible_devices": ...}`` (the GPUs it was
+  launched on, as the driver set them; vLLM answers 200 while asleep too).
 * ``POST /v1/completions``, ``/v1/chat/completions`` and ``/v1/embeddings``: after
   ``--latency-ms`` a valid OpenAI-shaped response (``text_completion`` /
   ``chat.completion`` / a ``list`` of 8-dimensional ``embedding`` vectors, ``usage``); 503 while loading or asleep; 400 on a body that is not JSON.
@@ -76,7 +77,7 @@ def _handler(state: EndpointState) -> type[BaseHTTPRequestHandler]:
                 if state.loading:
                     self._send(503, {"status": "loading"})
                 else:
-                    self._send(200, {"status": "ok"})
+                    self._send(200, {"status": "ok", "cuda_visible_devices": state.gpus})
             elif path == "/is_sleeping":
                 self._send(200, {"is_sleeping": state.sleeping})
             elif path == "/v1/models":
