@@ -50,6 +50,9 @@ class EndpointState:
 def _handler(state: EndpointState) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        # TCP_NODELAY: headers and body go out in two writes; with Nagle on, the body
+        # waits for the client's delayed ACK of the headers (~40 ms per request).
+        disable_nagle_algorithm = True
 
         def log_message(self, fmt: str, *args) -> None:  # one line per request on stderr
             sys.stderr.write("%s %s\n" % (self.log_date_time_string(), fmt % args))
@@ -137,13 +140,19 @@ def _completion(path: str, model: str, body: dict, n: int) -> dict:
                          "logprobs": None}]}
 
 
+class _Server(ThreadingHTTPServer):
+    # socketserver's default listen backlog is 5: a client opening more connections at
+    # once (a step with slots > 5) loses SYNs and waits out the 1 s retransmission.
+    request_queue_size = 128
+
+
 def serve(port: int, model: str = "stub", load_time_s: float = 0.0, latency_ms: float = 0.0,
           host: str = "127.0.0.1", ignore_sigterm: bool = False) -> None:
     """Run the server until SIGTERM/SIGINT (blocking)."""
     import os
 
     state = EndpointState(model, load_time_s, latency_ms, os.environ.get("CUDA_VISIBLE_DEVICES", ""))
-    httpd = ThreadingHTTPServer((host, port), _handler(state))
+    httpd = _Server((host, port), _handler(state))
     httpd.daemon_threads = True
 
     def _stop(signum, frame) -> None:
