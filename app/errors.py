@@ -53,5 +53,10 @@ class PhaseError(MakespanError):
     """A phase (evict, start endpoint, execute, clear, restore) failed."""
 
 
+class PhaseCancelled(PhaseError):
+    """A phase stopped early because its job's cancel was requested (the job ends
+    ``cancelled``, not ``failed``)."""
+
+
 class StoreError(MakespanError):
     """Redis could not be reached or answered an error; wraps the redis-py exception."""

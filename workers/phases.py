@@ -19,7 +19,7 @@ from typing import Any
 import redis
 
 from app import metrics, telemetry
-from app.errors import PhaseError, StaleFencingToken
+from app.errors import PhaseCancelled, PhaseError, StaleFencingToken
 from app.keys import Keys
 from app.models import FleetSpec
 from app.settings import Settings
@@ -186,6 +186,8 @@ class PhaseRunner:
                     span.set_attribute("makespan.planned_s", float(planned))
             except StaleFencingToken:
                 return "stale"
+            except PhaseCancelled as e:
+                return self._finish(ctx, "cancelled", f"{phase}: {e}")
             except PhaseError as e:
                 return self._finish(ctx, "failed", f"{phase}: {e}")
             self._observe(ctx, phase, planned, time.time() - started)
@@ -299,7 +301,7 @@ class PhaseRunner:
             if hb.lost.is_set():
                 raise StaleFencingToken(f"lease {ctx.lease_id} lost during phase")
             if res.sent < int(payload["requests"]):  # stopped early: a cancel was requested
-                raise PhaseError(f"cancelled while running ({res.sent} of {payload['requests']} requests sent)")
+                raise PhaseCancelled(f"cancelled while running ({res.sent} of {payload['requests']} requests sent)")
             extra.update(res.summary(), instance=inst.id)
         else:
             self._sleep(ctx.service_s, hb, ctx)

@@ -143,6 +143,7 @@ def test_cancel_workload_cancels_queued_and_releases_gpus(r, keys, settings, fle
     assert st["state"] == "cancelled"
     assert st["steps"]["after1"]["state"] == st["steps"]["after2"]["state"] == "cancelled"
     assert "cancelled while running" in st["steps"]["long"]["reason"]
+    assert st["steps"]["long"]["state"] == "cancelled"  # a cancel, not a failure
     assert r.llen(keys.requests(job)) < 200  # it stopped sending
     wait_for(lambda: not r.zcard(keys.leases) and not any(r.get(keys.gpu(g)) for g in fleet.gpu_uuids()), 10,
              "GPUs released")
