@@ -167,6 +167,11 @@ class Keys:
     def workloads_active(self) -> str:
         return f"{self.prefix}:workloads:active"
 
+    @property
+    def workloads_done(self) -> str:
+        """zset of finished workload ids, score = finish time (unix s): retention's index."""
+        return f"{self.prefix}:workloads:done"
+
     def req_leases(self, instance_id: str) -> str:
         return f"{self.prefix}:reqlease:{instance_id}"
 

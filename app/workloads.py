@@ -608,8 +608,10 @@ def advance_workloads(r: redis.Redis, keys: Keys) -> dict[str, int]:
             ok = all(row[0] == "completed" for row in rows.values())
             final = wstate if wstate in ("failed", "cancelled") else ("completed" if ok else "failed")
             with r.pipeline() as pp:
-                pp.hset(keys.workload(wid), mapping={"state": final, "finished_at": repr(time.time())})
+                now = time.time()
+                pp.hset(keys.workload(wid), mapping={"state": final, "finished_at": repr(now)})
                 pp.srem(keys.workloads_active, wid)
+                pp.zadd(keys.workloads_done, {wid: now})  # retention deletes it after retention_age_s
                 if wstate == "running":
                     from app import events
 

@@ -15,6 +15,10 @@ Rules (docs/scaling.md states them for operators):
    ``Settings.retention_age_s`` are deleted together with their idempotency keys:
    after that, ``status`` answers NotFoundError and a resubmission with the same
    idempotency key creates a new job.
+   Request records ``P:requests:{job}`` follow their job's summary. Steps of a workload
+   still running keep their summary (no TTL) until the workload is done.
+   Finished workloads (``P:workloads:done``, score = finish time) are deleted by the
+   same age and count limits.
 4. The events stream ``P:events`` is trimmed to about ``Settings.events_max_len``
    entries (XTRIM MAXLEN ~).
 5. Released leases, phase markers and busy slots are deleted by the release itself
@@ -86,15 +90,29 @@ if idem then
   redis.call('HSET', KEYS[1], 'idem', idem)
   redis.call('EXPIRE', ARGV[4] .. ':idem:' .. idem, ARGV[3])
 end
-redis.call('EXPIRE', KEYS[1], ARGV[3])
+-- a step of a running workload keeps its record (dependants read its state) and its
+-- request records until the workload is done; the sweep expires them after that
+local wid = R['workload_id']
+if not (wid and redis.call('SISMEMBER', ARGV[4] .. ':workloads:active', wid) == 1) then
+  redis.call('EXPIRE', KEYS[1], ARGV[3])
+  redis.call('EXPIRE', ARGV[4] .. ':requests:' .. ARGV[1], ARGV[3])
+end
 redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
 redis.call('HINCRBY', KEYS[3], state, 1)
 return 1
 """
 
-# Delete one retained summary and its idempotency key (only if it still names this job).
-# KEYS: job ; ARGV: job_id, prefix
+# Delete one retained summary, its request records and its idempotency key (only if it
+# still names this job) — unless the job is a step of a workload still running: then
+# it moves to the back of the retained index (-1) and is looked at again later.
+# KEYS: job, retained ; ARGV: job_id, prefix, now_s
 _EXPIRE = """
+local wid = redis.call('HGET', KEYS[1], 'workload_id')
+if wid and redis.call('SISMEMBER', ARGV[2] .. ':workloads:active', wid) == 1 then
+  redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
+  return -1
+end
+redis.call('DEL', ARGV[2] .. ':requests:' .. ARGV[1])
 local idem = redis.call('HGET', KEYS[1], 'idem')
 if idem then
   local ik = ARGV[2] .. ':idem:' .. idem
@@ -113,6 +131,7 @@ class SweepResult:
     events_trimmed: int = 0
     orphans: int = 0
     pending: int = 0  # finished jobs still waiting for compaction after this call
+    workloads_expired: int = 0
     extra: dict = field(default_factory=dict)
 
 
@@ -169,16 +188,36 @@ class Retention:
         if victims:
             p = self.r.pipeline(transaction=False)
             for jid in victims:
-                self._expire(keys=[k.job(jid)], args=[jid, k.prefix], client=p)
-            p.zrem(ret, *victims)
-            p.execute()
-            out.expired = len(victims)
+                self._expire(keys=[k.job(jid), ret], args=[jid, k.prefix, repr(now)], client=p)
+            gone = [jid for jid, x in zip(victims, p.execute()) if x != -1]
+            if gone:
+                self.r.zrem(ret, *gone)
+            out.expired = len(gone)
+        # 2b. finished workloads: by age, then by count, oldest first, bounded per call
+        out.workloads_expired = self._expire_workloads(now)
         # 3. cap the events stream
         out.events_trimmed = int(self.r.xtrim(k.events, maxlen=s.events_max_len, approximate=True))
         # 4. orphan phase/busy markers (their lease is gone), a bounded SCAN step
         out.orphans = self._orphans()
         out.pending = int(self.r.zcard(fin))
         return out
+
+    def _expire_workloads(self, now: float) -> int:
+        s, k = self.settings, self.keys
+        done = k.workloads_done
+        victims = self.r.zrangebyscore(done, "-inf", now - s.retention_age_s, start=0, num=s.retention_batch)
+        room = s.retention_batch - len(victims)
+        over = int(self.r.zcard(done)) - len(victims) - s.retention_jobs
+        if room > 0 and over > 0:
+            victims += self.r.zrange(done, len(victims), len(victims) + min(over, room) - 1)
+        if not victims:
+            return 0
+        p = self.r.pipeline(transaction=False)
+        p.delete(*[k.workload(w) for w in victims])
+        p.zrem(k.workloads, *victims)
+        p.zrem(done, *victims)
+        p.execute()
+        return len(victims)
 
     def _orphans(self) -> int:
         k = self.keys

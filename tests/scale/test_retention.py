@@ -57,3 +57,38 @@ def test_age_limit_events_cap_and_unfinished_jobs_wait(r, keys, settings):
     assert not r.exists(keys.job(ids[0])) and r.exists(keys.job(ids[1]))
     assert r.xlen(keys.events) < 300  # trimmed towards events_max_len (approximate: whole nodes)
     assert r.zscore(finished_key(keys), ids[2]) is not None
+
+
+def test_workload_steps_request_records_and_finished_workloads_are_bounded(r, keys, settings):
+    from app.workloads import Workload, advance_workloads, submit_workload, workload_status
+
+    fleet = load_fleet(FLEET_TOML)
+    s = replace(settings, retention_jobs=1, retention_age_s=60.0, retention_batch=100)
+    wl = Workload("wl")
+    a = wl.step("a", "embed", service_s=1)
+    wl.step("b", "embed", service_s=1, after=[a])
+    wid = submit_workload(r, keys, fleet, wl, s)
+    ids = workload_status(r, keys, wid)["steps"]
+    ja, jb = ids["a"]["job"], ids["b"]["job"]
+    other = Producer(r, keys, fleet, s).submit({"endpoint": "embed", "service_s": 1}).id
+    now = time.time()
+    r.rpush(keys.requests(ja), '{"i": 0}')
+    r.rpush(keys.requests(other), '{"i": 0}')
+    _finish(r, keys, ja, now - 120)  # step a done long ago while b still waits: a's state must stay
+    _finish(r, keys, other, now - 100)
+    ret = Retention(r, s)
+    ret.sweep(now)
+    assert r.hget(keys.job(ja), "state") == "completed" and r.ttl(keys.job(ja)) == -1
+    assert r.llen(keys.requests(ja)) == 1 and r.ttl(keys.requests(ja)) == -1  # results of finished steps kept
+    assert not r.exists(keys.job(other)) and not r.exists(keys.requests(other))  # age limit: record and requests
+    ret.sweep(now)
+    assert r.hget(keys.job(ja), "state") == "completed"  # still kept: its workload runs
+    _finish(r, keys, jb, now)
+    assert advance_workloads(r, keys)["finished"] == 1
+    assert workload_status(r, keys, wid)["state"] == "completed"
+    later = now + 61
+    ret.sweep(later)
+    ret.sweep(later)
+    assert not r.exists(keys.workload(wid)) and r.zscore(keys.workloads, wid) is None
+    assert r.zcard(keys.workloads_done) == 0
+    assert not r.exists(keys.job(ja)) and not r.exists(keys.requests(ja))
