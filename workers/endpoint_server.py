@@ -13,6 +13,8 @@ Routes (stdlib :mod:`http.server`, one thread per request):
 * vLLM's sleep mode: ``POST /sleep[?level=1]``, ``POST /wake_up``, ``GET /is_sleeping``
   (``{"is_sleeping": bool}``).
 * ``GET /v1/models``, ``GET /metrics`` (Prometheus text: requests served).
+* ``--hold-gpu-mib N``: allocate N MiB on each visible GPU before serving (torch), as a
+  model server holds its weights; real-GPU tests watch NVML memory with it.
 
 SIGTERM stops it cleanly (exit 0) unless ``--ignore-sigterm`` is given (tests use that
 to check a driver's SIGKILL escalation).
@@ -146,11 +148,34 @@ class _Server(ThreadingHTTPServer):
     request_queue_size = 128
 
 
+def hold_gpu_memory(mib: int) -> object | None:
+    """Allocate ``mib`` MiB on each visible CUDA device (torch), like a model server
+    loading its weights; returns the tensors (keep them alive) or None without torch or
+    CUDA. Used by real-GPU tests to see evictions free memory through NVML."""
+    if mib <= 0:
+        return None
+    try:
+        import torch
+    except ImportError:
+        sys.stderr.write("endpoint_server: --hold-gpu-mib ignored (no torch)\n")
+        return None
+    if not torch.cuda.is_available():
+        sys.stderr.write("endpoint_server: --hold-gpu-mib ignored (no CUDA device visible)\n")
+        return None
+    held = []
+    for d in range(torch.cuda.device_count()):
+        held.append(torch.ones(mib << 20, dtype=torch.uint8, device=f"cuda:{d}"))
+    torch.cuda.synchronize()
+    return held
+
+
 def serve(port: int, model: str = "stub", load_time_s: float = 0.0, latency_ms: float = 0.0,
-          host: str = "127.0.0.1", ignore_sigterm: bool = False) -> None:
-    """Run the server until SIGTERM/SIGINT (blocking)."""
+          host: str = "127.0.0.1", ignore_sigterm: bool = False, hold_gpu_mib: int = 0) -> None:
+    """Run the server until SIGTERM/SIGINT (blocking). With ``hold_gpu_mib`` it first
+    allocates that much memory on each visible GPU (:func:`hold_gpu_memory`)."""
     import os
 
+    weights = hold_gpu_memory(hold_gpu_mib)  # noqa: F841 (held until exit)
     state = EndpointState(model, load_time_s, latency_ms, os.environ.get("CUDA_VISIBLE_DEVICES", ""))
     httpd = _Server((host, port), _handler(state))
     httpd.daemon_threads = True
@@ -177,8 +202,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--load-time-s", type=float, default=0.0)
     p.add_argument("--latency-ms", type=float, default=0.0)
     p.add_argument("--ignore-sigterm", action="store_true")
+    p.add_argument("--hold-gpu-mib", type=int, default=0,
+                   help="allocate this much memory (MiB) on each visible GPU at start (needs torch)")
     a = p.parse_args(argv)
-    serve(a.port, a.model, a.load_time_s, a.latency_ms, a.host, a.ignore_sigterm)
+    serve(a.port, a.model, a.load_time_s, a.latency_ms, a.host, a.ignore_sigterm, a.hold_gpu_mib)
     return 0
 
 
