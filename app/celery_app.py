@@ -14,8 +14,9 @@ from app.settings import Settings
 
 # An acks_late task still running past the visibility timeout is delivered again.
 # Phase tasks are idempotent and fenced, and a lost worker is recovered through lease
-# expiry (not redelivery), so a long timeout only bounds how long a stale message lingers.
-VISIBILITY_TIMEOUT_S = 6 * 3600
+# expiry (not redelivery), so a long timeout (settings.broker_visibility_timeout_s,
+# default 6 h) only bounds how long a stale message lingers. makespan sends no
+# countdown/eta messages: delayed jobs and retry backoffs wait in Redis (workers.delayed).
 
 
 def create_celery(settings: Settings) -> Celery:
@@ -37,7 +38,7 @@ def create_celery(settings: Settings) -> Celery:
         broker_connection_retry_on_startup=True,
         broker_transport_options={
             "global_keyprefix": keys.celery_prefix,
-            "visibility_timeout": VISIBILITY_TIMEOUT_S,
+            "visibility_timeout": settings.broker_visibility_timeout_s,
             "queue_order_strategy": "priority",
         },
         task_default_queue="gpu.default",

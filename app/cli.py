@@ -170,8 +170,9 @@ def submit(fleet: Optional[Path] = typer.Option(None, "--fleet", help="default: 
            service_s: float = typer.Option(..., help="estimated service time, seconds"),
            priority: str = typer.Option("NORMAL", help="CRITICAL, HIGH, NORMAL or LOW"),
            payload: str = typer.Option("{}", help="JSON object handed to the execute phase"),
-           idempotency_key: Optional[str] = typer.Option(None, help="resubmitting the same key returns the same job")):
-    """Submit one job; prints its id."""
+           idempotency_key: Optional[str] = typer.Option(None, help="resubmitting the same key returns the same job"),
+           delay_s: Optional[float] = typer.Option(None, help="queue the job only this many seconds after submission (> 0, at most 30 days); until then it is 'delayed' in Redis, never in a worker")):
+    """Submit one job; prints its id. With --delay-s the job waits in Redis as 'delayed' and is queued when due (cancel works meanwhile)."""
     try:
         try:
             data = json.loads(payload)
@@ -180,6 +181,8 @@ def submit(fleet: Optional[Path] = typer.Option(None, "--fleet", help="default: 
         job = {"endpoint": endpoint, "service_s": service_s, "priority": priority, "payload": data}
         if idempotency_key:
             job["idempotency_key"] = idempotency_key
+        if delay_s is not None:
+            job["delay_s"] = delay_s
         h = _producer(fleet).submit(job)
     except MakespanError as e:
         _fail(e)

@@ -9,6 +9,7 @@ key                                    type    contents
 ``P:job:{id}``                         hash    job record (spec JSON, state, times, reason)
 ``P:idem:{key}``                       string  job id for an idempotency key
 ``P:seq``                              string  monotonic submission counter
+``P:delayed``                          zset    delayed job ids, score = due time (unix s)
 ``P:fence``                            string  monotonic fencing-token counter
 ``P:gpu:{uuid}``                       string  ``{lease_id}:{token}`` of the GPU's lease (PX ttl)
 ``P:lease:{lease_id}``                 hash    lease record: job, gpus, token, holder, expiry
@@ -69,6 +70,11 @@ class Keys:
 
     def idem(self, key: str) -> str:
         return f"{self.prefix}:idem:{key}"
+
+    @property
+    def delayed(self) -> str:
+        """Jobs not due yet (delay_s or a retry backoff), score = due time, unix s."""
+        return f"{self.prefix}:delayed"
 
     @property
     def seq(self) -> str:

@@ -50,6 +50,8 @@ class Priority(enum.IntEnum):
         raise ValidationError(field, value, "unknown priority level; use CRITICAL, HIGH, NORMAL or LOW")
 
 
+MAX_DELAY_S = 30 * 24 * 3600.0  # longest delay_s a job may carry, s
+
 _Strict = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
 
@@ -294,6 +296,8 @@ class JobSpec(BaseModel):
         payload: JSON object handed to the execute phase; size-limited.
         idempotency_key: resubmitting the same key returns the existing job.
         deadline_s: optional due time, seconds after submission.
+        delay_s: optional delay, seconds after submission (at most MAX_DELAY_S): the job
+            is kept as ``delayed`` in Redis and queued only when due.
         workload_id / step / depends_on: set for steps of a multi-step workload.
     """
 
@@ -304,6 +308,7 @@ class JobSpec(BaseModel):
     payload: dict[str, Any] = Field(default_factory=dict)
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=200)
     deadline_s: float | None = None
+    delay_s: float | None = None
     workload_id: str | None = None
     step: str | None = None
     depends_on: tuple[str, ...] = ()
@@ -316,7 +321,7 @@ class JobSpec(BaseModel):
         except ValidationError as e:
             raise ValueError(e.reason) from None
 
-    @field_validator("service_s", "deadline_s", mode="before")
+    @field_validator("service_s", "deadline_s", "delay_s", mode="before")
     @classmethod
     def _no_bool(cls, v: Any) -> Any:
         if isinstance(v, bool):  # pydantic would read true as 1 s
@@ -332,6 +337,16 @@ class JobSpec(BaseModel):
     @classmethod
     def _deadline(cls, v: float | None) -> float | None:
         return None if v is None else _positive_finite(v)
+
+    @field_validator("delay_s")
+    @classmethod
+    def _delay(cls, v: float | None) -> float | None:
+        if v is None:
+            return None
+        v = _positive_finite(v)
+        if v > MAX_DELAY_S:
+            raise ValueError(f"must be at most {MAX_DELAY_S:.0f} s (30 days)")
+        return v
 
 
 def _translate(err: pydantic.ValidationError, root: str, data: Any) -> ValidationError:

@@ -3,6 +3,9 @@
 A job is validated completely before anything is written; the write itself (job
 record, idempotency key, queue entry, submitted event) is one Lua script, so a
 rejected job is never partly enqueued and an accepted one is never half-written.
+A job with ``delay_s`` is written ``delayed`` into ``P:delayed`` (score = due time)
+instead of a queue, in the same script; the planner queues it when due
+(:mod:`workers.delayed`). Nothing reaches Celery before then.
 """
 
 from __future__ import annotations
@@ -21,8 +24,8 @@ from app.keys import Keys
 from app.models import FleetSpec, JobSpec, Priority, parse_job
 from app.settings import Settings
 
-# KEYS: idem (or a dummy when no key), seq, job, queue, events, planner wake list
-# ARGV: has_idem, job_id, fields JSON (flat map), event JSON
+# KEYS: idem (or a dummy when no key), seq, job, queue, events, planner wake list, delayed
+# ARGV: has_idem, job_id, fields JSON (flat map), event JSON, due time (unix s; '' = now)
 _SUBMIT = """
 if ARGV[1] == '1' then
   local existing = redis.call('GET', KEYS[1])
@@ -33,8 +36,16 @@ local fields = cjson.decode(ARGV[3])
 local flat = {}
 for k, v in pairs(fields) do table.insert(flat, k); table.insert(flat, tostring(v)) end
 table.insert(flat, 'seq'); table.insert(flat, tostring(seq))
+if ARGV[5] ~= '' then
+  table.insert(flat, 'state'); table.insert(flat, 'delayed')
+  table.insert(flat, 'not_before'); table.insert(flat, ARGV[5])
+end
 redis.call('HSET', KEYS[3], unpack(flat))
-redis.call('ZADD', KEYS[4], seq, ARGV[2])
+if ARGV[5] ~= '' then
+  redis.call('ZADD', KEYS[7], tonumber(ARGV[5]), ARGV[2])
+else
+  redis.call('ZADD', KEYS[4], seq, ARGV[2])
+end
 if ARGV[1] == '1' then redis.call('SET', KEYS[1], ARGV[2]) end
 redis.call('XADD', KEYS[5], 'MAXLEN', '~', '1000000', '*', 'e', ARGV[4])
 redis.call('RPUSH', KEYS[6], '1')
@@ -42,13 +53,14 @@ redis.call('LTRIM', KEYS[6], -16, -1)
 return {1, ARGV[2]}
 """
 
-# KEYS: job, queue(level), events, finished (retention) ; ARGV: job_id, event JSON, now
+# KEYS: job, queue(level), events, finished (retention), delayed ; ARGV: job_id, event JSON, now
 _CANCEL = """
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return 'missing' end
-if state == 'queued' then
+if state == 'queued' or state == 'delayed' then
   redis.call('ZREM', KEYS[2], ARGV[1])
-  redis.call('HSET', KEYS[1], 'state', 'cancelled', 'finished_at', ARGV[3], 'reason', 'cancelled while queued')
+  redis.call('ZREM', KEYS[5], ARGV[1])
+  redis.call('HSET', KEYS[1], 'state', 'cancelled', 'finished_at', ARGV[3], 'reason', 'cancelled while ' .. state)
   redis.call('ZADD', KEYS[4], tonumber(ARGV[3]), ARGV[1])
   redis.call('XADD', KEYS[3], 'MAXLEN', '~', '1000000', '*', 'e', ARGV[2])
   return 'cancelled'
@@ -61,7 +73,7 @@ return state
 """
 
 
-_FLOAT_FIELDS = ("service_s", "submitted_at", "leased_at", "started_at", "finished_at")
+_FLOAT_FIELDS = ("service_s", "submitted_at", "leased_at", "started_at", "finished_at", "not_before")
 _INT_FIELDS = ("seq", "attempts", "tp", "preemptions", "token")
 
 
@@ -103,9 +115,11 @@ class Producer:
         traceparent = traceparent or telemetry.job_traceparent()
         job_id = uuid.uuid4().hex
         ep = self.fleet.endpoints[spec.endpoint]
+        now = time.time()
+        due = repr(now + spec.delay_s) if spec.delay_s is not None else ""
         fields = {
             "id": job_id, "state": "queued", "endpoint": spec.endpoint, "priority": spec.priority.name,
-            "service_s": repr(spec.service_s), "submitted_at": repr(time.time()), "attempts": 0,
+            "service_s": repr(spec.service_s), "submitted_at": repr(now), "attempts": 0,
             "tp": ep.tensor_parallel, "spec": spec.model_dump_json(),
         }
         if spec.workload_id:
@@ -115,13 +129,14 @@ class Producer:
         if traceparent:
             fields["traceparent"] = traceparent
         has_idem = spec.idempotency_key is not None
-        ev = json.dumps({"ts": time.time(), "kind": "submitted", "job": job_id, "endpoint": spec.endpoint,
-                         "priority": spec.priority.name, "planned_s": spec.service_s})
+        ev = json.dumps({"ts": now, "kind": "submitted", "job": job_id, "endpoint": spec.endpoint,
+                         "priority": spec.priority.name, "planned_s": spec.service_s,
+                         **({"not_before": float(due)} if due else {})})
         keys = [self.keys.idem(spec.idempotency_key) if has_idem else self.keys.seq, self.keys.seq,
                 self.keys.job(job_id), self.keys.queue(spec.priority), self.keys.events,
-                self.keys.planner_wake]
+                self.keys.planner_wake, self.keys.delayed]
         try:
-            created, jid = self._submit(keys=keys, args=["1" if has_idem else "0", job_id, json.dumps(fields), ev])
+            created, jid = self._submit(keys=keys, args=["1" if has_idem else "0", job_id, json.dumps(fields), ev, due])
         except redis.RedisError as e:
             raise StoreError(f"submit failed: {e}") from e
         if created:
@@ -156,7 +171,8 @@ class Producer:
         return dict(sorted(rec.items()))
 
     def cancel(self, job_id: str) -> str:
-        """Cancel a job. A queued job is removed from its queue at once (``cancelled``).
+        """Cancel a job. A queued or delayed job is removed from its queue (or from the
+        delayed set) at once (``cancelled``).
         A leased one is marked ``cancel_requested``: a phase that has not started yet is
         skipped, the job ends ``cancelled`` and its GPUs are released; a phase already
         running finishes first (a job in its last phase completes). Returns the outcome
@@ -177,7 +193,7 @@ class Producer:
             raise NotFoundError(f"no job {job_id!r}")
         ev = json.dumps({"ts": time.time(), "kind": "cancelled", "job": job_id, "priority": prio})
         out = self._cancel(keys=[self.keys.job(job_id), self.keys.queue(prio), self.keys.events,
-                                 f"{self.keys.prefix}:finished"],
+                                 f"{self.keys.prefix}:finished", self.keys.delayed],
                            args=[job_id, ev, repr(time.time())])
         if out == "missing":
             raise NotFoundError(f"no job {job_id!r}")

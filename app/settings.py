@@ -15,6 +15,14 @@ from app.errors import ValidationError
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
+def _env_nonneg(name: str, default: float) -> float:
+    """A ``MAKESPAN_*`` number that may be 0 (unset: ``default``)."""
+    raw = os.environ.get(name)
+    if raw is None or raw == "" or raw.strip() in ("0", "0.0"):
+        return default if raw is None or raw == "" else 0.0
+    return _env_float(name, default)
+
+
 def _env_float(name: str, default: float) -> float:
     raw = os.environ.get(name)
     if raw is None or raw == "":
@@ -43,6 +51,14 @@ class Settings:
         lease_ttl_s: a lease not renewed within this many seconds expires and is reclaimed.
         heartbeat_s: how often a lease holder renews its lease.
         max_attempts: a job whose lease is reclaimed this many times is failed.
+        retry_backoff_s: a job whose lease is reclaimed (fewer than ``max_attempts``
+            times) waits ``retry_backoff_s × 2^(attempts−1)`` seconds, at most
+            ``retry_backoff_max_s``, as a delayed job before it is queued again; 0 (the
+            default): queued again at once.
+        retry_backoff_max_s: longest retry backoff, s.
+        broker_visibility_timeout_s: the Celery Redis transport's visibility timeout: an
+            unacknowledged message older than this is delivered again (phase tasks are
+            idempotent and fenced; delayed jobs never reach the broker before they are due).
         max_payload_bytes: largest JSON payload a job may carry.
         policy: planner policy name used by the live planner.
         solve_time_limit_s: CP-SAT time limit per batch (policies that use it).
@@ -63,6 +79,9 @@ class Settings:
     lease_ttl_s: float = 10.0
     heartbeat_s: float = 2.0
     max_attempts: int = 3
+    retry_backoff_s: float = 0.0
+    retry_backoff_max_s: float = 300.0
+    broker_visibility_timeout_s: float = 6 * 3600.0
     max_payload_bytes: int = 64 * 1024
     policy: str = "portfolio"
     solve_time_limit_s: float = 1.0
@@ -87,6 +106,9 @@ class Settings:
             lease_ttl_s=_env_float("MAKESPAN_LEASE_TTL_S", 10.0),
             heartbeat_s=_env_float("MAKESPAN_HEARTBEAT_S", 2.0),
             max_attempts=int(_env_float("MAKESPAN_MAX_ATTEMPTS", 3)),
+            retry_backoff_s=_env_nonneg("MAKESPAN_RETRY_BACKOFF_S", 0.0),
+            retry_backoff_max_s=_env_float("MAKESPAN_RETRY_BACKOFF_MAX_S", 300.0),
+            broker_visibility_timeout_s=_env_float("MAKESPAN_BROKER_VISIBILITY_TIMEOUT_S", 6 * 3600.0),
             policy=env.get("MAKESPAN_POLICY") or "portfolio",
             solve_time_limit_s=_env_float("MAKESPAN_SOLVE_TIME_LIMIT_S", 1.0),
             planner_tick_s=_env_float("MAKESPAN_PLANNER_TICK_S", 0.1),
@@ -113,6 +135,9 @@ class Settings:
             "MAKESPAN_LEASE_TTL_S": repr(self.lease_ttl_s),
             "MAKESPAN_HEARTBEAT_S": repr(self.heartbeat_s),
             "MAKESPAN_MAX_ATTEMPTS": str(self.max_attempts),
+            "MAKESPAN_RETRY_BACKOFF_S": repr(self.retry_backoff_s),
+            "MAKESPAN_RETRY_BACKOFF_MAX_S": repr(self.retry_backoff_max_s),
+            "MAKESPAN_BROKER_VISIBILITY_TIMEOUT_S": repr(self.broker_visibility_timeout_s),
             "MAKESPAN_POLICY": self.policy,
             "MAKESPAN_SOLVE_TIME_LIMIT_S": repr(self.solve_time_limit_s),
             "MAKESPAN_PLANNER_TICK_S": repr(self.planner_tick_s),

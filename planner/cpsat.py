@@ -39,6 +39,7 @@ from ortools.sat.python import cp_model
 
 from app.errors import PlannerError
 from planner.evaluator import InfeasiblePlan, evaluate, score
+from planner import whole
 from planner.exact import MAX_EXACT_JOBS, exact
 from planner.greedy import portfolio
 from planner.model import Assignment, FleetState, Plan, PlanJob
@@ -192,9 +193,9 @@ def improve(batch: Sequence[PlanJob], state: FleetState, greedy: Plan, time_limi
     greedy_score; windows_optimal = window solves CP-SAT proved optimal; first_window_optimal
     and first_window_objective = status (1/0) and model objective of the first window, whose
     model depends only on ``greedy`` and ``seed``, so it is equal for any ``workers`` when
-    proven; proven_optimal = 1 when every window of the sweep was solved and proved optimal
-    — a local optimum per window, not a proof for the whole batch). Never worse than
-    ``greedy`` by score."""
+    proven; windows_all_optimal = 1 when every window of the sweep was solved and proved
+    optimal — a local optimum per window, not a proof for the whole batch, so
+    proven_optimal is always 0 here). Never worse than ``greedy`` by score."""
     deadline = time.perf_counter() + time_limit_s
     jobs = {j.id: j for j in batch}
     best = greedy
@@ -229,7 +230,8 @@ def improve(batch: Sequence[PlanJob], state: FleetState, greedy: Plan, time_limi
     out = Plan("cpsat", list(best.assignments), best.objective, dict(best.stats))
     out.stats.update({"windows": float(windows), "improved": float(improved), "greedy_score": score(greedy),
                       "windows_optimal": float(optimal),
-                      "proven_optimal": float(windows > 0 and not offsets and optimal == windows)})
+                      "windows_all_optimal": float(windows > 0 and not offsets and optimal == windows),
+                      "proven_optimal": 0.0})
     if first is not None:
         out.stats.update({"first_window_optimal": first[0], "first_window_objective": first[1]})
     return out
@@ -237,11 +239,17 @@ def improve(batch: Sequence[PlanJob], state: FleetState, greedy: Plan, time_limi
 
 def cpsat_policy(batch: Sequence[PlanJob], state: FleetState, time_limit_s: float = 1.0, seed: int = 0,
                  num_workers: int = 1) -> Plan:
-    """Policy ``cpsat`` (= ``default``): greedy portfolio, then :func:`improve` with
-    ``num_workers`` CP-SAT search workers (default 1: deterministic); batches of at most
-    :data:`planner.exact.MAX_EXACT_JOBS` jobs are solved exactly instead (within the same
-    ``time_limit_s``; optimal when ``stats['exact']`` is 1, also given as
-    ``stats['proven_optimal']``).
+    """Policy ``cpsat`` (= ``default``): greedy portfolio, then the best of
+        * batches of at most :data:`planner.exact.MAX_EXACT_JOBS` jobs: exact branch and
+          bound (optimal when ``stats['exact']`` is 1);
+        * batches :func:`planner.whole.applicable` to (≤ :data:`planner.whole.MAX_WHOLE_JOBS`
+          single-GPU jobs without sleep mode): one CP-SAT model of the whole batch, hinted
+          with the greedy plan;
+        * otherwise :func:`improve` (windowed LNS; never a whole-plan proof);
+    each within ``time_limit_s``, with ``num_workers`` CP-SAT search workers (default 1:
+    deterministic), never worse than the greedy plan by score. ``stats['proven_optimal']``
+    is 1 only when the returned plan is proven optimal for the whole batch (objective
+    Σ w_j (C_j − r_j); see :mod:`planner.whole` for how the proof is checked).
 
     Raises:
         PlannerError: ``num_workers`` < 1."""
@@ -252,5 +260,14 @@ def cpsat_policy(batch: Sequence[PlanJob], state: FleetState, time_limit_s: floa
         out = exact(batch, state, floor, time_limit_s=time_limit_s)
         out.policy = "cpsat"
         out.stats["proven_optimal"] = out.stats["exact"]
+        return out
+    if whole.applicable(batch, state):
+        sol = whole.solve(batch, state, floor, time_limit_s=time_limit_s, seed=seed, workers=num_workers)
+        if sol is not None and score(sol) <= score(floor) + 1e-9:
+            sol.stats["greedy_score"] = score(floor)
+            return sol
+        out = Plan("cpsat", list(floor.assignments), floor.objective, dict(floor.stats))
+        out.stats.update({"greedy_score": score(floor), "proven_optimal": 0.0,
+                          "whole_status": sol.stats["whole_status"] if sol is not None else 0.0})
         return out
     return improve(batch, state, floor, time_limit_s=time_limit_s, seed=seed, workers=num_workers)

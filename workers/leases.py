@@ -90,7 +90,9 @@ return 1
 """
 
 # Reclaim one expired lease (its holder stopped renewing).
-# KEYS: lease, leases, running, events ; ARGV: lease_id, now_ms, max_attempts, prefix
+# A requeued job waits as a delayed job (workers.delayed) when a retry backoff is set.
+# KEYS: lease, leases, running, events ; ARGV: lease_id, now_ms, max_attempts, prefix,
+# retry backoff s (0 = queue at once), longest backoff s
 _RECLAIM = """
 local score = redis.call('ZSCORE', KEYS[2], ARGV[1])
 if not score or tonumber(score) > tonumber(ARGV[2]) then return {0, 'live'} end
@@ -134,9 +136,18 @@ if job and L['kind'] == 'job' then
     else
       local prio = redis.call('HGET', jk, 'priority')
       local seq = redis.call('HGET', jk, 'seq')
-      redis.call('HSET', jk, 'state', 'queued', 'reason', 'requeued: lease expired (holder lost)')
+      local backoff = tonumber(ARGV[5] or '0') or 0
       redis.call('HDEL', jk, 'lease', 'token')
-      redis.call('ZADD', ARGV[4] .. ':queue:' .. string.lower(prio), tonumber(seq), job)
+      if backoff > 0 then
+        local wait = math.min(backoff * 2 ^ (attempts - 1), tonumber(ARGV[6]))
+        local due = tonumber(ARGV[2]) / 1000.0 + wait
+        redis.call('HSET', jk, 'state', 'delayed', 'not_before', tostring(due),
+                   'reason', 'requeued: lease expired (holder lost); retry after ' .. wait .. ' s')
+        redis.call('ZADD', ARGV[4] .. ':delayed', due, job)
+      else
+        redis.call('HSET', jk, 'state', 'queued', 'reason', 'requeued: lease expired (holder lost)')
+        redis.call('ZADD', ARGV[4] .. ':queue:' .. string.lower(prio), tonumber(seq), job)
+      end
       outcome = 'requeued'
     end
   end
@@ -231,17 +242,22 @@ class LeaseStore:
     def expired(self, at_ms: int | None = None) -> list[str]:
         return list(self.r.zrangebyscore(self.keys.leases, "-inf", at_ms if at_ms is not None else now_ms()))
 
-    def reclaim(self, lease_id: str, max_attempts: int) -> str:
+    def reclaim(self, lease_id: str, max_attempts: int, retry_backoff_s: float = 0.0,
+                retry_backoff_max_s: float = 300.0) -> str:
         """Reclaim one expired lease: free its GPUs, requeue its job (with its original
-        submission order) or fail it after ``max_attempts``. Returns the outcome."""
+        submission order) or fail it after ``max_attempts``. With ``retry_backoff_s`` > 0
+        the job is requeued as a delayed job due in min(retry_backoff_s × 2^(attempts−1),
+        retry_backoff_max_s) seconds (workers.delayed). Returns the outcome."""
         out = self._reclaim(keys=[self.keys.lease(lease_id), self.keys.leases, self.keys.running, self.keys.events],
-                            args=[lease_id, now_ms(), max_attempts, self.keys.prefix])
+                            args=[lease_id, now_ms(), max_attempts, self.keys.prefix, repr(float(retry_backoff_s)),
+                                  repr(float(retry_backoff_max_s))])
         return out[1]
 
-    def reclaim_expired(self, max_attempts: int) -> dict[str, int]:
+    def reclaim_expired(self, max_attempts: int, retry_backoff_s: float = 0.0,
+                        retry_backoff_max_s: float = 300.0) -> dict[str, int]:
         counts: dict[str, int] = {}
         for lid in self.expired():
-            o = self.reclaim(lid, max_attempts)
+            o = self.reclaim(lid, max_attempts, retry_backoff_s, retry_backoff_max_s)
             counts[o] = counts.get(o, 0) + 1
         return counts
 

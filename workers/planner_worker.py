@@ -105,6 +105,9 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
         from workers.retention import Retention
 
         self.retention = Retention(r, settings)  # bounded state: at most one sweep per tick
+        from workers.delayed import DelayedJobs
+
+        self.delayed = DelayedJobs(r, self.keys)
         try:
             from workers.agenda import AgendaTracker
 
@@ -144,9 +147,10 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
         self._stop.set()
 
     def _wait_for_work(self) -> None:
-        """Sleep until a submission or a lease release wakes us, or one tick passes."""
+        """Sleep until a submission or a lease release wakes us, or one tick passes (less
+        when a delayed job falls due sooner)."""
         try:
-            if self.r.blpop([self.keys.planner_wake], timeout=self.settings.planner_tick_s):
+            if self.r.blpop([self.keys.planner_wake], timeout=self.delayed.wait_s(self.settings.planner_tick_s)):
                 # a batch waits at most batch_wait_s for more arrivals before it is planned
                 self._stop.wait(self.settings.batch_wait_s)
                 self.r.delete(self.keys.planner_wake)
@@ -279,7 +283,9 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
     def tick(self) -> bool:
         """One planning cycle. Returns True if it dispatched anything."""
         self.retention.maybe_sweep()
-        reclaimed = self.leases.reclaim_expired(self.settings.max_attempts)
+        reclaimed = self.leases.reclaim_expired(self.settings.max_attempts, self.settings.retry_backoff_s,
+                                                self.settings.retry_backoff_max_s)
+        self.delayed.promote(self.token)  # due delayed jobs (delay_s, retry backoff) join their queue
         if reclaimed:
             log.warning("reclaimed expired leases: %s", reclaimed)
             for _ in range(sum(reclaimed.values())):

@@ -1,0 +1,93 @@
+"""Delayed jobs against real Redis and the planner worker in-process (dispatch captured):
+kept out of every queue until due, promoted atomically and boundedly, cancellable, and
+used by the reaper's retry backoff."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import pytest
+
+from app.errors import ValidationError
+from app.producer import Producer
+from tests.faults.test_priority_cases import ONE_GPU
+from workers.delayed import DelayedJobs
+from workers.leases import LeaseStore
+from workers.planner_worker import PlannerWorker
+
+
+def _queued(r, keys) -> int:
+    return sum(r.zcard(q) for q in keys.queues())
+
+
+def test_delayed_job_waits_in_redis_then_is_queued_once(r, keys, settings):
+    prod = Producer(r, keys, ONE_GPU, settings)
+    jid = prod.submit({"endpoint": "e", "service_s": 5, "delay_s": 600}).id
+    rec = prod.status(jid)
+    assert rec["state"] == "delayed" and rec["not_before"] >= rec["submitted_at"] + 600 - 1e-3
+    assert _queued(r, keys) == 0 and r.zscore(keys.delayed, jid) == pytest.approx(rec["not_before"])
+    d = DelayedJobs(r, keys)
+    assert d.promote(now=time.time()) == 0 and d.next_due == pytest.approx(rec["not_before"])
+    assert 0 < d.wait_s(1.0) <= 1.0 and d.wait_s(1e6) <= 600
+    assert d.promote(now=rec["not_before"] + 1) == 1
+    assert prod.status(jid)["state"] == "queued" and r.zscore(keys.queue("NORMAL"), jid) == rec["seq"]
+    assert d.promote(now=rec["not_before"] + 2) == 0 and d.next_due is None  # idempotent
+    assert d.count() == 0 and _queued(r, keys) == 1
+
+
+def test_promotion_is_bounded_and_skips_cancelled(r, keys, settings):
+    prod = Producer(r, keys, ONE_GPU, settings)
+    ids = [prod.submit({"endpoint": "e", "service_s": 1, "delay_s": 1 + i / 100}).id for i in range(25)]
+    assert prod.cancel(ids[0]) == "cancelled" and prod.status(ids[0])["reason"] == "cancelled while delayed"
+    assert r.zscore(keys.delayed, ids[0]) is None
+    d = DelayedJobs(r, keys)
+    later = time.time() + 10
+    assert d.promote(now=later, limit=10) == 10 and d.count() == 14
+    assert d.promote(now=later, limit=10) == 10 and d.promote(now=later, limit=10) == 4
+    assert _queued(r, keys) == 24 and prod.status(ids[0])["state"] == "cancelled"
+
+
+def test_a_fenced_off_planner_promotes_nothing(r, keys, settings):
+    prod = Producer(r, keys, ONE_GPU, settings)
+    prod.submit({"endpoint": "e", "service_s": 1, "delay_s": 1})
+    r.set(keys.planner_fence, "7")
+    d = DelayedJobs(r, keys)
+    assert d.promote("6", now=time.time() + 5) == 0 and d.count() == 1
+    assert d.promote("7", now=time.time() + 5) == 1
+
+
+@pytest.mark.parametrize("bad", [0, -5, "soon", True, float("inf"), 31 * 24 * 3600])
+def test_bad_delay_is_rejected_with_the_field_and_nothing_written(r, keys, settings, bad):
+    prod = Producer(r, keys, ONE_GPU, settings)
+    with pytest.raises(ValidationError) as e:
+        prod.submit({"endpoint": "e", "service_s": 1, "delay_s": bad})
+    assert "delay_s" in str(e.value)
+    assert list(r.scan_iter(f"{keys.prefix}:*")) == []
+
+
+def test_planner_queues_a_due_job_and_the_reaper_retries_with_backoff(r, keys, settings):
+    s = dataclasses.replace(settings, retry_backoff_s=30.0, retry_backoff_max_s=45.0, max_attempts=5)
+    sent = []
+    w = PlannerWorker(r, s, ONE_GPU, dispatch=lambda ctx, q: sent.append(ctx))
+    w.token = ""
+    prod = Producer(r, keys, ONE_GPU, s)
+    jid = prod.submit({"endpoint": "e", "service_s": 1, "delay_s": 0.2}).id
+    w.tick()
+    assert sent == [] and prod.status(jid)["state"] == "delayed"
+    time.sleep(0.25)
+    w.tick()
+    assert [c.job_id for c in sent] == [jid]
+    leases = LeaseStore(r, keys)
+    for attempt, wait_s in ((1, 30.0), (2, 45.0)):  # 30 × 2^(attempt−1), at most 45
+        r.zadd(keys.leases, {sent[-1].lease_id: 0})  # its holder stopped renewing: expired
+        t0 = time.time()
+        assert leases.reclaim_expired(s.max_attempts, s.retry_backoff_s, s.retry_backoff_max_s) == {"requeued": 1}
+        rec = prod.status(jid)
+        assert rec["state"] == "delayed" and rec["attempts"] == attempt and _queued(r, keys) == 0
+        assert t0 + wait_s - 1 <= rec["not_before"] <= time.time() + wait_s
+        w.tick()
+        assert len(sent) == attempt  # not dispatched again before it is due
+        w.delayed.promote(now=rec["not_before"] + 0.01)
+        w.tick()
+        assert len(sent) == attempt + 1 and sent[-1].job_id == jid
