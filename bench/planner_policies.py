@@ -75,6 +75,21 @@ def main() -> None:
         print(f"| {p} | {ms([r['weighted_completion_s'] for r in rs])} | {ms([r['makespan_s'] for r in rs])} | "
               f"{ms([r['transitions']['cold_start'] for r in rs])} | {ms([r['utilization'] for r in rs])} | "
               f"{ratio('fifo')} | {ratio('min-evict')} | {ratio('wspt')} | {ms([r['best_over_lower_bound'] for r in rs])} |")
+    print(f"\nPer window (mean over {a.seeds} seeds): weighted completion ÷ fifo / ÷ wspt / cold starts / util")
+    print("| window | " + " | ".join(pols) + " |")
+    print("|---|" + "---|" * len(pols))
+    for w, (path, start) in enumerate(windows):
+        cells = []
+        for p in pols:
+            rs = res[p][w * a.seeds:(w + 1) * a.seeds]
+            f = [b["weighted_completion_s"] for b in res["fifo"][w * a.seeds:(w + 1) * a.seeds]] if "fifo" in res else None
+            ws = [b["weighted_completion_s"] for b in res["wspt"][w * a.seeds:(w + 1) * a.seeds]] if "wspt" in res else None
+            wc = [r["weighted_completion_s"] for r in rs]
+            rf = f"{stt.mean(x / y for x, y in zip(wc, f)):.3f}" if f else "–"
+            rw = f"{stt.mean(x / y for x, y in zip(wc, ws)):.3f}" if ws else "–"
+            cells.append(f"{rf} / {rw} / {stt.mean(r['transitions']['cold_start'] for r in rs):.0f} / "
+                         f"{stt.mean(r['utilization'] for r in rs):.2f}")
+        print(f"| {Path(path).stem}@{start} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

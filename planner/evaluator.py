@@ -11,10 +11,10 @@ Checks (an :class:`InfeasiblePlan` names the first violation):
 
 Score (used to pick among candidates) = Σ w_j (C_j − r_j) + future cost, where the
 future cost charges ``demand[e] × cold_start_s(e)`` for every endpoint ``e`` with recent
-demand that was resident at the start and holds no GPU when the plan ends (the next
+demand that was resident at the start and holds no whole instance when the plan ends (the next
 arrival of ``e`` will pay a cold start). When ``state.demand_share`` is given the term is
 the share shortfall instead: Σ_e d_e × cold_start_s(e) × max(0, share_e·G − n_e) / tp_e,
-with G the fleet's GPUs, n_e the GPUs holding ``e`` when the plan ends and d_e =
+with G the fleet's GPUs, n_e the GPUs in whole instances of ``e`` when the plan ends and d_e =
 ``demand[e]`` (mean weight, 1 if absent) — an endpoint left with fewer instances than its
 share of recent work will pay that many more cold starts (a plan that keeps popular
 models loaded scores better). ``Plan.objective`` is the pure Σ w_j (C_j − r_j).
@@ -43,12 +43,12 @@ class InfeasiblePlan(PlannerError):
 def future_cost(rep: Replay, state: FleetState) -> float:
     """Future-cost term of the score (module doc), weight·s."""
     if state.demand_share:
-        return sum(share_shortfall_cost(state, e, rep.instances(e)) for e in state.demand_share)
+        return sum(share_shortfall_cost(state, e, rep.whole_gpus(e)) for e in state.demand_share)
     if not state.demand:
         return 0.0
     had = {e for e in state.resident.values() if e is not None}
     return sum(d * state.endpoints[e].cold_start_s for e, d in state.demand.items()
-               if d > 0 and e in had and e in state.endpoints and rep.instances(e) == 0)
+               if d > 0 and e in had and e in state.endpoints and rep.whole_gpus(e) == 0)
 
 
 def share_shortfall_cost(state: FleetState, endpoint: str, gpus_holding: int) -> float:

@@ -18,9 +18,17 @@ Transition-aware members (Σ w(C − r) decides among them):
       whose last instance this is) × its cold start + β·future cost (recent demand of an
       endpoint whose last instance is evicted × its cold start), so groups that already
       hold the model win unless waiting for them costs more;
+    * capacity (``cap-*``, γ = :data:`CAPACITY_GAMMA`): the transition seconds t of a
+      candidate group of g GPUs are charged at w_j + γ·g·W_rest/G instead of w_j, where
+      W_rest is the weight of the batch's jobs not yet placed and G the fleet's GPUs — a
+      transition takes t·g GPU-seconds from the fleet, and under a backlog every job still
+      queued waits about t·g/G longer (w_j·C_j alone counts only the job's own delay);
+    * whole instances: evicting one GPU of a TP > 1 instance counts as losing the whole
+      instance (:meth:`planner.replay.Replay.whole_lost`) in the evict penalty and the
+      share term, as in the evaluator's future cost;
     * pull-forward: after a cold start (or wake) of model m, the queued jobs of m released
       by the time that job completes are placed next (they find m warm);
-    * share-aware (``ta-share*``, when ``FleetState.demand_share`` is known): the group
+    * share-aware (``ta-share``, ``cap-share``; when ``FleetState.demand_share`` is known): the group
       cost adds the change of the evaluator's share-shortfall term caused by the
       transition (evicting a GPU from an endpoint below its share of recent work costs,
       loading one below its share earns), so the fleet keeps each model on about its
@@ -29,7 +37,9 @@ Transition-aware members (Σ w(C − r) decides among them):
       by its share of the batch's work and recent demand), WSPT inside;
     * orders: WSPT on area, and FIFO. (:func:`setup_order`, WSPT with the cold start
       amortised over the batch's jobs of an endpoint no GPU holds, is no longer a member:
-      it won no batch of the policies benchmark once the partition members existed.)
+      it won no batch of the policies benchmark once the partition members existed;
+      ``ta-wspt-nopull`` and ``ta-share-nopull`` gave way to ``cap-aware`` and
+      ``cap-share``, the same rules with the capacity term, at the same member count.)
 """
 
 from __future__ import annotations
@@ -82,8 +92,10 @@ class _Aware:
     """Transition-aware group rule; tracks the queued weight per endpoint."""
 
     def __init__(self, batch: Sequence[PlanJob], state: FleetState, alpha: float, beta: float,
-                 share: bool = False):
-        self.alpha, self.beta = alpha, beta
+                 share: bool = False, gamma: float = 0.0):
+        self.alpha, self.beta, self.gamma = alpha, beta, gamma
+        self.wrem = sum(j.weight for j in batch)
+        self.per_gpu = gamma / max(1, len(state.gpus))
         self.state = state
         self.share = share and bool(state.demand_share)
         self._coef_cache = self._coef() if self.share else {}
@@ -94,25 +106,27 @@ class _Aware:
 
     def placed(self, job: PlanJob) -> None:
         self.queued[job.endpoint] -= job.weight
+        self.wrem -= job.weight
+
+    def _capacity(self, job: PlanJob, gpus: int) -> float:
+        """Weight·s per transition second on ``gpus`` GPUs: the GPU-seconds it takes from
+        the fleet delay the batch's unplaced jobs by about that ÷ G each."""
+        return self.per_gpu * gpus * max(self.wrem - job.weight, 0.0)
 
     def _penalty(self, e: str, eep_cold_s: float) -> float:
         return (self.alpha * max(self.queued.get(e, 0.0), 0.0) + self.beta * self.demand.get(e, 0.0)) * eep_cold_s
 
     def _share_delta(self, rep: Replay, g: Group, name: str) -> float:
         """Change of the share-shortfall term if ``name`` is loaded on ``g``."""
-        st, cnt, res = self.state, rep.count, rep.resident
-        lost: dict[str, int] = {}
-        for u in g:
-            r = res[u]
-            if r is not None and r != name:
-                lost[r] = lost.get(r, 0) + 1
+        st, res = self.state, rep.resident
         d = 0.0
-        for e, k in lost.items():
-            c = cnt.get(e, 0)
-            d += share_shortfall_cost(st, e, c - k) - share_shortfall_cost(st, e, c)
-        c = cnt.get(name, 0)
-        gain = sum(1 for u in g if res[u] != name)
-        return d + share_shortfall_cost(st, name, c + gain) - share_shortfall_cost(st, name, c)
+        for e in {res[u] for u in g} - {None, name}:
+            k = rep.whole_lost(g, e)  # type: ignore[arg-type]
+            if k:
+                c = rep.whole_gpus(e)  # type: ignore[arg-type]
+                d += share_shortfall_cost(st, e, c - k) - share_shortfall_cost(st, e, c)  # type: ignore[arg-type]
+        c = rep.whole_gpus(name)
+        return d + share_shortfall_cost(st, name, c + len(g)) - share_shortfall_cost(st, name, c)
 
     def __call__(self, rep: Replay, job: PlanJob, cands: list[Group], ready: float) -> Group:
         ep = rep.endpoints[job.endpoint]
@@ -123,12 +137,13 @@ class _Aware:
         w = job.weight
         best, bc, bt = cands[0], float("inf"), float("inf")
         res = rep.resident
+        wt = w + self._capacity(job, ep.tp)
         for g in cands:
             s = max(ready, rep.group_free(g))
             if w * s > bc:
                 continue
             t = rep.transition_s(g, ep)
-            cost = w * (s + t)
+            cost = w * s + wt * t
             if t > 0:
                 for e in {res[u] for u in g}:
                     if e is None or e == ep.name:
@@ -136,8 +151,8 @@ class _Aware:
                     eep = rep.endpoints.get(e)
                     if eep is None:
                         continue
-                    on_g = sum(1 for u in g if res[u] == e)
-                    if rep.instances(e) - on_g < eep.tp:  # its last whole instance goes
+                    lost = rep.whole_lost(g, e)
+                    if lost and rep.whole_gpus(e) - lost < eep.tp:  # its last whole instance goes
                         cost += self._penalty(e, eep.cold_start_s)
             if cost < bc or (cost == bc and t < bt):
                 best, bc, bt = g, cost, t
@@ -148,10 +163,11 @@ class _Aware:
             return self._by_share_single(rep, job, ep, cands, ready)
         w = job.weight
         best, bc, bt = cands[0], float("inf"), float("inf")
+        wt = w + self._capacity(job, ep.tp)
         for g in cands:
             s = max(ready, rep.group_free(g))
             t = rep.transition_s(g, ep)
-            cost = w * (s + t)
+            cost = w * s + wt * t
             if t > 0:
                 cost += self.beta * self._share_delta(rep, g, ep.name)
             if cost < bc or (cost == bc and t < bt):
@@ -177,6 +193,7 @@ class _Aware:
             c = cnt.get(name, 0)
             gain = k * (max(0.0, sh - c - 1) - max(0.0, sh - c))  # ≤ 0: loading earns
         credit = -beta * gain
+        wt = w + self._capacity(job, 1)
         best, bc, bt = cands[0], float("inf"), float("inf")
         for g in cands:
             u = g[0]
@@ -193,11 +210,16 @@ class _Aware:
                 eep = eps.get(r) if r is not None else None
                 t = (eep.evict_s if eep is not None else 0.0) + (
                     wake if wake is not None and name in asl[u] else cold)
-                cost = w * (s + t) + beta * gain
+                cost = w * s + wt * t + beta * gain
                 if r in coef:
                     k, sh = coef[r]
-                    c = cnt.get(r, 0)
-                    cost += beta * k * (max(0.0, sh - c + 1) - max(0.0, sh - c))
+                    if eep.tp == 1:  # type: ignore[union-attr]
+                        c, lost = cnt.get(r, 0), 1
+                    else:  # a GPU of a TP > 1 instance: the whole instance goes
+                        lost = rep.whole_lost(g, r)
+                        c = rep.whole_gpus(r) if lost else 0
+                    if lost:
+                        cost += beta * k * (max(0.0, sh - c + lost) - max(0.0, sh - c))
             if cost < bc or (cost == bc and t < bt):
                 best, bc, bt = g, cost, t
         return best
@@ -206,6 +228,7 @@ class _Aware:
         """Same rule, inlined for single-GPU groups (the common case; a hot loop)."""
         w, name, cold, wake = job.weight, ep.name, ep.cold_start_s, ep.wake_s
         fa, res, asl, eps, cnt = rep.free_at, rep.resident, rep.asleep, rep.endpoints, rep.count
+        wt = w + self._capacity(job, 1)
         best, bc, bt = cands[0], float("inf"), float("inf")
         for g in cands:
             u = g[0]
@@ -222,21 +245,27 @@ class _Aware:
                 eep = eps.get(r) if r is not None else None
                 t = (eep.evict_s if eep is not None else 0.0) + (
                     wake if wake is not None and name in asl[u] else cold)
-                cost = w * (s + t)
-                if eep is not None and cnt.get(r, 0) - 1 < eep.tp:
-                    cost += self._penalty(r, eep.cold_start_s)  # type: ignore[arg-type]
+                cost = w * s + wt * t
+                if eep is not None:
+                    if eep.tp == 1:
+                        last = cnt.get(r, 0) - 1 < 1
+                    else:
+                        lost = rep.whole_lost(g, r)  # type: ignore[arg-type]
+                        last = bool(lost) and rep.whole_gpus(r) - lost < eep.tp  # type: ignore[arg-type]
+                    if last:
+                        cost += self._penalty(r, eep.cold_start_s)  # type: ignore[arg-type]
             if cost < bc or (cost == bc and t < bt):
                 best, bc, bt = g, cost, t
         return best
 
 
 def construct(name: str, order: Sequence[PlanJob], state: FleetState, rule: str = "completion",
-              pull: bool = False, alpha: float = 1.0, beta: float = 1.0) -> list[Assignment]:
+              pull: bool = False, alpha: float = 1.0, beta: float = 1.0, gamma: float = 0.0) -> list[Assignment]:
     """List-schedule ``order`` with the named group ``rule`` ("completion", "free",
     "min-evict", "aware", "share"); ``pull`` enables pull-forward after a load. Returns
     the assignments (complete, in placement order)."""
     rep = Replay(state)
-    aware = _Aware(order, state, alpha, beta, share=rule == "share") if rule in ("aware", "share") else None
+    aware = _Aware(order, state, alpha, beta, share=rule == "share", gamma=gamma) if rule in ("aware", "share") else None
     fn = aware or {"completion": _rule_completion, "free": _rule_free, "min-evict": _rule_min_evict}[rule]
     ids = {j.id for j in order}
     by_ep: dict[str, list[PlanJob]] = {}
@@ -299,23 +328,25 @@ def wspt(batch: Sequence[PlanJob], state: FleetState) -> Plan:
     return evaluate(construct("wspt", wspt_order(batch, state.endpoints), state), batch, state, "wspt")
 
 
-MEMBERS = ("wspt", "ta-wspt", "ta-wspt-nopull", "ta-fifo", "min-evict",
-           "ta-share", "ta-share-nopull", "partition", "partition-spill")
+MEMBERS = ("wspt", "ta-wspt", "ta-fifo", "min-evict", "cap-aware", "ta-share", "cap-share",
+           "partition", "partition-spill")
+CAPACITY_GAMMA = 2.0  # γ of the cap-* members (module doc); 1 and 4 were no better
 
 
 def members(batch: Sequence[PlanJob], state: FleetState) -> list[Plan]:
     """Every portfolio member, evaluated (the baselines are members too)."""
     w = wspt_order(batch, state.endpoints)
     f = fifo_order(batch)
-    specs = [("wspt", w, "completion", False, 0.0),
-             ("ta-wspt", w, "aware", True, 1.0),
-             ("ta-wspt-nopull", w, "aware", False, 1.0),
-             ("ta-fifo", f, "aware", True, 1.0),
-             ("min-evict", f, "min-evict", False, 0.0)]
+    cap = CAPACITY_GAMMA
+    specs = [("wspt", w, "completion", False, 0.0, 0.0),
+             ("ta-wspt", w, "aware", True, 1.0, 0.0),
+             ("ta-fifo", f, "aware", True, 1.0, 0.0),
+             ("min-evict", f, "min-evict", False, 0.0, 0.0),
+             ("cap-aware", w, "aware", False, 1.0, cap)]
     if state.demand_share:
-        specs += [("ta-share", w, "share", True, 1.0), ("ta-share-nopull", w, "share", False, 1.0)]
-    out = [evaluate(construct(n, o, state, r, p, a), batch, state, n, check_times=False)
-           for n, o, r, p, a in specs]
+        specs += [("ta-share", w, "share", True, 1.0, 0.0), ("cap-share", w, "share", False, 1.0, cap)]
+    out = [evaluate(construct(n, o, state, r, p, a, gamma=g), batch, state, n, check_times=False)
+           for n, o, r, p, a, g in specs]
     for name, spill in (("partition", False), ("partition-spill", True)):
         part = partition(batch, state, spill)
         if part is not None:

@@ -25,7 +25,7 @@ Group = tuple[str, ...]
 class Replay:
     """Mutable copy of a :class:`FleetState` that jobs are placed into, in start order."""
 
-    __slots__ = ("state", "endpoints", "free_at", "resident", "asleep", "end_of", "count", "_groups")
+    __slots__ = ("state", "endpoints", "free_at", "resident", "asleep", "end_of", "count", "_groups", "_group_at")
 
     def __init__(self, state: FleetState):
         self.state = state
@@ -42,12 +42,14 @@ class Replay:
             if e is not None:
                 self.count[e] = self.count.get(e, 0) + 1
         self._groups: dict[tuple[int, int], list[Group]] = {}
+        self._group_at: dict[tuple[int, int], dict[str, Group]] = {}
 
     def copy(self) -> "Replay":
         r = Replay.__new__(Replay)
         r.state, r.endpoints = self.state, self.endpoints
         r.free_at, r.resident, r.asleep = dict(self.free_at), dict(self.resident), dict(self.asleep)
         r.end_of, r.count, r._groups = ChainMap(dict(self.end_of.maps[0]), *self.end_of.maps[1:]), dict(self.count), self._groups
+        r._group_at = self._group_at
         return r
 
     def groups(self, ep: EndpointModel) -> list[Group]:
@@ -122,6 +124,28 @@ class Replay:
     def instances(self, endpoint: str) -> int:
         """GPUs currently holding ``endpoint`` (divide by its TP for whole instances)."""
         return self.count.get(endpoint, 0)
+
+    def whole_gpus(self, endpoint: str) -> int:
+        """GPUs in whole instances of ``endpoint``: aligned TP groups whose every GPU holds
+        it (the rest of a TP > 1 instance that lost a GPU serves nothing)."""
+        ep = self.endpoints.get(endpoint)
+        if ep is None or ep.tp == 1:
+            return self.count.get(endpoint, 0)
+        res = self.resident
+        return ep.tp * sum(1 for g in self.groups(ep) if all(res[u] == endpoint for u in g))
+
+    def whole_lost(self, group: Group, endpoint: str) -> int:
+        """GPUs of whole ``endpoint`` instances that taking ``group`` for another endpoint breaks."""
+        ep = self.endpoints.get(endpoint)
+        res = self.resident
+        if ep is None or ep.tp == 1:
+            return sum(1 for u in group if res[u] == endpoint)
+        key = (ep.tp, ep.memory_mib)
+        at = self._group_at.get(key)
+        if at is None:
+            at = self._group_at[key] = {u: g for g in self.groups(ep) for u in g}
+        hit = {at[u] for u in group if u in at}
+        return ep.tp * sum(1 for g in hit if all(res[u] == endpoint for u in g))
 
 
 def weighted_completion(assignments: Sequence[Assignment], jobs: dict[str, PlanJob]) -> float:
