@@ -5,7 +5,7 @@ Each run starts its own planners (two: one leads, one stands by), one GPU worker
 host (Celery ``threads`` or ``prefork`` pool, drawn per run) and the health observer,
 all as real processes against a private ``redis-server`` this runner starts with
 append-only persistence (never the shared Redis), under a fresh key prefix. It submits
-a mixed workload and, at seeded random moments, injects faults:
+a mixed workload (one job in five delayed by 0.2–2 s) and, at seeded random moments, injects faults:
 
 * ``worker_kill``: SIGKILL a GPU worker's process group (a replacement starts at once,
   as a process supervisor would);
@@ -274,9 +274,12 @@ class ChaosRun:
     # -- the run -----------------------------------------------------------------------
     def _job(self, i: int) -> dict:
         eps = sorted(self.fleet.endpoints)
-        return {"endpoint": self.rng.choice(eps), "service_s": self.rng.uniform(10, 80),
-                "priority": self.rng.choice(["CRITICAL", "HIGH", "NORMAL", "LOW"]),
-                "idempotency_key": f"chaos-{self.seed}-{i}"}
+        job = {"endpoint": self.rng.choice(eps), "service_s": self.rng.uniform(10, 80),
+               "priority": self.rng.choice(["CRITICAL", "HIGH", "NORMAL", "LOW"]),
+               "idempotency_key": f"chaos-{self.seed}-{i}"}
+        if self.rng.random() < 0.2:  # a delayed job: waits in P:delayed through the faults
+            job["delay_s"] = round(self.rng.uniform(0.2, 2.0), 3)
+        return job
 
     def _submit(self, prod: Producer, job: dict) -> str | None:
         for _ in range(50):  # a submit that failed may have been applied: the key makes it safe to repeat
