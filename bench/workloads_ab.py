@@ -1,6 +1,6 @@
 """Workload DAGs: makespan's scheduling vs a per-step barrier baseline, paired A/B.
 
-``python -m bench.workloads_ab [--live] [--reps 2] [--out bench-workloads.json]``
+``python -m bench.workloads_ab [--live] [--reps 2] [--warmup 1] [--out bench-workloads.json]``
 
 A = makespan: the whole DAG is submitted at once; a step starts when its own
 dependencies complete, independent branches run side by side on their endpoints.
@@ -11,7 +11,8 @@ Both run in this process, in ABBA order per repetition; the figure is the ratio 
 wall times A/B, with a 95% confidence interval (Student t on the log ratios of the
 pairs). Per run: wall time, slot utilization per endpoint (busy slot-seconds /
 (slots × span from its first request's start to its last request's end)),
-idle-while-queued, the cap check (most requests in flight per instance, from the
+idle-while-queued (live: slot-seconds an instance's slots sat idle while requests of
+the step it serves had not started, summed over steps; simulator: GPU-seconds), the cap check (most requests in flight per instance, from the
 per-request records, ≤ slots) and the drain check (request leases and waiters left).
 
 Simulator mode (default): the planner's discrete-event simulator
@@ -78,6 +79,22 @@ def slot_util(intervals: dict[str, list[tuple[float, float]]], slots: dict[str, 
         span = max(b for _, b in ivs) - min(a for a, _ in ivs)
         out[ep] = round(sum(b - a for a, b in ivs) / (slots[ep] * span), 4) if span > 0 else 0.0
     return out
+
+
+def idle_while_queued(step_ivs: list[tuple[float, float]], slots: int) -> float:
+    """Slot-seconds of one step's instance left idle while requests of the step had not
+    started yet: ∫ min(slots − in_flight(t), not_started(t))⁺ dt over the step's span
+    (its first request's start to its last request's end; event sweep, exact)."""
+    if not step_ivs:
+        return 0.0
+    pts = sorted({t for iv in step_ivs for t in iv})
+    total = 0.0
+    for a, b in zip(pts, pts[1:]):
+        mid = (a + b) / 2
+        in_flight = sum(1 for t0, t1 in step_ivs if t0 <= mid < t1)
+        waiting = sum(1 for t0, _ in step_ivs if t0 > mid)
+        total += max(0, min(slots - in_flight, waiting)) * (b - a)
+    return total
 
 
 def max_overlap(ivs):
@@ -154,14 +171,18 @@ class Live:
             sts = [self._submit([s], lambda s, d: ()) for s in topo(steps)]
         wall = time.time() - t0
         ivs, inst = defaultdict(list), defaultdict(list)
+        iwq: dict[str, float] = defaultdict(float)
         for st in sts:
             assert st["state"] == "completed", st
             for step, rec in st["steps"].items():
                 ep = next(e for s, e, _, _ in steps if s == step)
+                step_ivs = []
                 for x in self.r.lrange(self.keys.requests(rec["job"]), 0, -1):
                     x = json.loads(x)
                     ivs[ep].append((x["t0"], x["t1"]))
                     inst[(ep, x["instance"])].append((x["t0"], x["t1"]))
+                    step_ivs.append((x["t0"], x["t1"]))
+                iwq[ep] += idle_while_queued(step_ivs, self.fleet.endpoints[ep].slots)
         slots = {e: self.fleet.endpoints[e].slots for e in ivs}
         cap_ok = all(max_overlap(v) <= slots[e] for (e, _), v in inst.items())
         leases = sum(self.r.zcard(k) for k in self.r.scan_iter(f"{self.keys.prefix}:reqlease:*"))
@@ -169,8 +190,8 @@ class Live:
         # idle-while-queued (request level): slot-seconds an endpoint's slots sat idle
         # inside its active span while requests of its steps were already submitted
         util = slot_util(ivs, slots)
-        return {"wall_s": wall, "slot_util": util, "cap_ok": cap_ok, "drain": {"request_leases": leases,
-                                                                                "waiters": waiters}}
+        return {"wall_s": wall, "slot_util": util, "cap_ok": cap_ok, "idle_while_queued_slot_s": sum(iwq.values()),
+                "drain": {"request_leases": leases, "waiters": waiters}}
 
 
 def main(argv=None) -> int:
@@ -179,6 +200,9 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=2, help="ABBA repetitions (4 runs each)")
     ap.add_argument("--out", default="")
     ap.add_argument("--only", default="", help="comma-separated topology names")
+    ap.add_argument("--warmup", type=int, default=1,
+                    help="discarded A and B runs per topology before the measured ones (the first run of a "
+                         "live system pays every endpoint's cold start)")
     a = ap.parse_args(argv)
     from app.models import load_fleet
 
@@ -189,6 +213,9 @@ def main(argv=None) -> int:
     try:
         for name in names:
             runs = {"A": [], "B": []}
+            for _ in range(a.warmup if live else 0):
+                for mode in "AB":
+                    live.run(name, mode)
             for _ in range(a.reps):
                 for mode in "ABBA":
                     runs[mode].append(live.run(name, mode) if live else run_sim(name, mode, fleet))
@@ -202,6 +229,8 @@ def main(argv=None) -> int:
                     row[f"{m}_slot_util"] = {e: round(statistics.median(x["slot_util"][e] for x in runs[m]), 3)
                                              for e in eps}
                     row[f"{m}_cap_ok"] = all(x["cap_ok"] for x in runs[m])
+                    row[f"{m}_idle_while_queued_slot_s"] = round(statistics.median(
+                        x["idle_while_queued_slot_s"] for x in runs[m]), 4)
                     row[f"{m}_drain_zero"] = all(not any(x["drain"].values()) for x in runs[m])
             else:
                 for m in "AB":
@@ -209,6 +238,8 @@ def main(argv=None) -> int:
             results[name] = row
             print(f"{name:16s} A {row['A_wall_s']:.3f}s  B {row['B_wall_s']:.3f}s  ratio {ci['ratio']:.3f} "
                   f"[{ci['lo']:.3f}, {ci['hi']:.3f}]" + (f"  util A {row['A_slot_util']} B {row['B_slot_util']} "
+                                                          f"iwq A {row['A_idle_while_queued_slot_s']:.3f} "
+                                                          f"B {row['B_idle_while_queued_slot_s']:.3f} slot·s "
                                                           f"cap {row['A_cap_ok'] and row['B_cap_ok']} "
                                                           f"drain0 {row['A_drain_zero'] and row['B_drain_zero']}"
                                                           if live else
