@@ -144,14 +144,24 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
         self._stop.set()
 
     def _wait_for_work(self) -> None:
-        """Sleep until a submission or a lease release wakes us, or one tick passes."""
+        """Sleep until a submission or a lease release wakes us, or one tick passes.
+        A batch waits at most ``batch_wait_s`` for more arrivals before it is planned,
+        but only while the queues hold fewer than ``batch_size`` jobs: a full batch
+        cannot grow, and waiting would leave free GPU slots idle."""
         try:
             if self.r.blpop([self.keys.planner_wake], timeout=self.settings.planner_tick_s):
-                # a batch waits at most batch_wait_s for more arrivals before it is planned
-                self._stop.wait(self.settings.batch_wait_s)
+                if self.queued() < self.settings.batch_size:
+                    self._stop.wait(self.settings.batch_wait_s)
                 self.r.delete(self.keys.planner_wake)
         except redis.RedisError:
             self._stop.wait(self.settings.planner_tick_s)
+
+    def queued(self) -> int:
+        """Jobs queued over every priority level (one pipelined ZCARD per level)."""
+        p = self.r.pipeline(transaction=False)
+        for q in self.keys.queues():
+            p.zcard(q)
+        return sum(p.execute())
 
     def run(self) -> None:
         """Stand by until leader, then tick until stopped or deposed (then stand by again)."""
