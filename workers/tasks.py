@@ -71,22 +71,16 @@ def _make_phase_task(phase: str):
 PHASE_TASKS = {p: _make_phase_task(p) for p in ("evict", "start_endpoint", "execute", "clear", "restore")}
 
 
-WARM_PHASES = JOB_PHASES  # evict and start_endpoint find nothing to do, but still record their phase events
-
-
 @celery.task(name="makespan.warm_job", bind=True, acks_late=True, ignore_result=True)
 def warm_job(self, ctx: dict) -> str:
     """Fast path for a warm job: its endpoint instance is already resident on exactly its
     leased GPUs, so evict and start_endpoint have nothing to do. Runs all four phases in
-    one task (one broker round trip instead of four); each phase stays idempotent and
-    fenced, so a redelivery replays only what is not done."""
-    c = PhaseContext.from_dict(ctx)
-    out = "done"
-    for phase in WARM_PHASES:
-        out = runner().run(c, phase)
-        if out in ("failed", "cancelled", "stale"):
-            break
-    return out
+    one task (one broker round trip instead of four) and two fenced Redis scripts
+    (:mod:`workers.warm`); a redelivery, a cancel or a changed GPU falls back to the
+    phase-by-phase path, where each phase stays idempotent and fenced."""
+    from workers.warm import run_warm
+
+    return run_warm(runner(), PhaseContext.from_dict(ctx))
 
 
 _client: list = []
