@@ -1,0 +1,136 @@
+"""Where the time of the scale benchmark goes: one size of :mod:`bench.scale` with a
+Redis command count per job and (when ``py-spy`` is installed) a sampled profile of the
+planner and the GPU worker.
+
+Run: ``.venv/bin/python -m bench.profile_scale --jobs 1000 [--batch-size 16] [--out DIR]``
+
+It prints the bench row, Redis commands per job by command (``INFO commandstats``
+between the start and the end of the measured run, warm-up excluded), the CPU seconds
+per job of every process, and, per profiled process, the functions with the most
+samples (own and cumulative) from ``py-spy record --format raw`` (``DIR/*.txt``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import shutil
+import signal
+import subprocess
+import tempfile
+import uuid
+from dataclasses import replace
+from pathlib import Path
+
+from app.keys import Keys
+from app.live import delete_prefix
+from app.redis_conn import connect, start_embedded
+from app.settings import Settings
+from bench import scale
+
+TOP = 25
+
+
+def _commandstats(r) -> dict[str, int]:
+    return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in r.info("commandstats").items()}
+
+
+def _redis_cpu_s(r) -> float:
+    c = r.info("cpu")
+    return float(c["used_cpu_sys"]) + float(c["used_cpu_user"])
+
+
+def _top(raw: Path, n: int = TOP) -> str:
+    """Own and cumulative sample counts per function of a py-spy raw (collapsed) file."""
+    own: collections.Counter = collections.Counter()
+    cum: collections.Counter = collections.Counter()
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack:
+            continue
+        c = int(count)
+        total += c
+        frames = stack.split(";")
+        own[frames[-1]] += c
+        for f in set(frames):
+            cum[f] += c
+    out = [f"{raw.name}: {total} samples", "  own:"]
+    out += [f"    {100 * c / total:5.1f}%  {f}" for f, c in own.most_common(n)]
+    out += ["  cumulative:"]
+    out += [f"    {100 * c / total:5.1f}%  {f}" for f, c in cum.most_common(n)]
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--jobs", type=int, default=1000)
+    ap.add_argument("--gpus", type=int, default=8)
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--policy", default="portfolio")
+    ap.add_argument("--no-spy", action="store_true", help="skip py-spy (it costs CPU on a small machine)")
+    ap.add_argument("--out", type=Path, default=Path(tempfile.mkdtemp(prefix="profile-scale-")))
+    a = ap.parse_args(argv)
+    a.out.mkdir(parents=True, exist_ok=True)
+    pyspy = None if a.no_spy else shutil.which("py-spy") or (str(Path(scale.sys.executable).parent / "py-spy")
+                                       if (Path(scale.sys.executable).parent / "py-spy").exists() else None)
+    emb = start_embedded()
+    r = connect(emb.url)
+    spies: list[tuple[str, subprocess.Popen]] = []
+    stats: dict[str, dict] = {}
+    cpu: dict[str, tuple[float, float]] = {}
+    orig_start, orig_stop = scale.Sampler.start, scale.Sampler.stop
+
+    def start(self):
+        stats["before"] = _commandstats(r)
+        stats["redis_cpu0"] = _redis_cpu_s(r)
+        cpu.update({n: (scale.cpu_s(p), 0.0) for n, p in self.pids.items()})
+        for name, pid in self.pids.items():
+            if pyspy and name in ("planner", "gpu"):
+                spies.append((name, subprocess.Popen(
+                    [pyspy, "record", "--pid", str(pid), "--rate", "200", "--format", "raw", "--threads",
+                     "--output", str(a.out / f"{name}.txt")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)))
+        return orig_start(self)
+
+    def stop(self):
+        stats["after"] = _commandstats(r)
+        stats["redis_cpu1"] = _redis_cpu_s(r)
+        cpu.update({n: (c0, scale.cpu_s(self.pids[n])) for n, (c0, _) in cpu.items()})
+        for _, sp in spies:
+            sp.send_signal(signal.SIGINT)
+        for _, sp in spies:
+            sp.wait(timeout=60)
+        return orig_stop(self)
+
+    scale.Sampler.start, scale.Sampler.stop = start, stop
+    try:
+        prefix = f"bench-prof-{uuid.uuid4().hex[:8]}"
+        s = Settings(redis_url=emb.url, key_prefix=prefix, time_scale=1e-4, lease_ttl_s=10.0, heartbeat_s=2.0,
+                     batch_size=a.batch_size, planner_tick_s=0.02, retention_sweep_s=0.2, policy=a.policy)
+        with tempfile.TemporaryDirectory(prefix="scale-") as d:
+            raw = scale.run_raw_celery(replace(s, key_prefix=prefix + "-raw"), a.gpus, a.jobs, Path(d))
+            delete_prefix(r, Keys(prefix + "-raw"))
+            ours = scale.run_makespan(s, a.gpus, a.jobs, Path(d))
+        ours["raw_celery_tasks_per_s"] = raw["tasks_per_s"]
+        ours["ratio_to_raw"] = ours["jobs_per_s"] / raw["tasks_per_s"]
+        scale._print_row(ours)
+        b, e = stats["before"], stats["after"]
+        per = {k: (e.get(k, 0) - b.get(k, 0)) / a.jobs for k in e}
+        print(f"Redis commands per job: {sum(per.values()):.1f}")
+        for k, v in sorted(per.items(), key=lambda kv: -kv[1]):
+            if v >= 0.05:
+                print(f"  {k:24s} {v:7.2f}")
+        print("CPU ms per job: " + ", ".join(f"{n}={1000 * (c1 - c0) / a.jobs:.2f}" for n, (c0, c1) in cpu.items())
+              + f", redis={1000 * (stats['redis_cpu1'] - stats['redis_cpu0']) / a.jobs:.2f}")
+        for name, _ in spies:
+            print(_top(a.out / f"{name}.txt"))
+        print(f"profiles in {a.out}")
+    finally:
+        scale.Sampler.start, scale.Sampler.stop = orig_start, orig_stop
+        r.close()
+        emb.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
