@@ -7,13 +7,14 @@ Run: ``.venv/bin/python -m bench.profile_scale --jobs 1000 [--batch-size 16] [--
 It prints the bench row, Redis commands per job by command (``INFO commandstats``
 between the start and the end of the measured run, warm-up excluded), the CPU seconds
 per job of every process, and, per profiled process, the functions with the most
-samples (own and cumulative) from ``py-spy record --format raw`` (``DIR/*.txt``).
+samples while holding the GIL (own and cumulative) from ``py-spy record --gil --format raw`` (``DIR/*.txt``).
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import os
 import shutil
 import signal
 import subprocess
@@ -33,6 +34,14 @@ TOP = 25
 
 def _commandstats(r) -> dict[str, int]:
     return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in r.info("commandstats").items()}
+
+
+def _machine_busy() -> tuple[float, float]:
+    """(busy, total) jiffies of all CPUs (/proc/stat)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    idle = v[3] + v[4]
+    return sum(v) - idle, sum(v)
 
 
 def _redis_cpu_s(r) -> float:
@@ -84,18 +93,21 @@ def main(argv: list[str] | None = None) -> int:
     def start(self):
         stats["before"] = _commandstats(r)
         stats["redis_cpu0"] = _redis_cpu_s(r)
+        stats["machine0"] = _machine_busy()
         cpu.update({n: (scale.cpu_s(p), 0.0) for n, p in self.pids.items()})
+        cpu["bench"] = (scale.cpu_s(os.getpid()), 0.0)
         for name, pid in self.pids.items():
             if pyspy and name in ("planner", "gpu"):
                 spies.append((name, subprocess.Popen(
-                    [pyspy, "record", "--pid", str(pid), "--rate", "200", "--format", "raw", "--threads",
+                    [pyspy, "record", "--pid", str(pid), "--rate", "200", "--format", "raw", "--threads", "--gil",
                      "--output", str(a.out / f"{name}.txt")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)))
         return orig_start(self)
 
     def stop(self):
         stats["after"] = _commandstats(r)
         stats["redis_cpu1"] = _redis_cpu_s(r)
-        cpu.update({n: (c0, scale.cpu_s(self.pids[n])) for n, (c0, _) in cpu.items()})
+        stats["machine1"] = _machine_busy()
+        cpu.update({n: (c0, scale.cpu_s(self.pids.get(n, os.getpid()))) for n, (c0, _) in cpu.items()})
         for _, sp in spies:
             sp.send_signal(signal.SIGINT)
         for _, sp in spies:
@@ -122,6 +134,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {k:24s} {v:7.2f}")
         print("CPU ms per job: " + ", ".join(f"{n}={1000 * (c1 - c0) / a.jobs:.2f}" for n, (c0, c1) in cpu.items())
               + f", redis={1000 * (stats['redis_cpu1'] - stats['redis_cpu0']) / a.jobs:.2f}")
+        (b0, t0), (b1, t1) = stats["machine0"], stats["machine1"]
+        print(f"machine CPU busy during the run: {100 * (b1 - b0) / max(1, t1 - t0):.0f}% of {os.cpu_count()} CPUs "
+              "(every process on the machine)")
         for name, _ in spies:
             print(_top(a.out / f"{name}.txt"))
         print(f"profiles in {a.out}")

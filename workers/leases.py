@@ -21,10 +21,12 @@ import redis
 from app.errors import LeaseError, StaleFencingToken
 from app.keys import Keys
 
-# KEYS: fence, lease, leases, job, queue, running, planner_fence, events, gpu_1..gpu_n
-# ARGV: lease_id, job_id, ttl_ms, now_ms, holder, lease JSON fields, planner_token, event JSON, job_state
+# KEYS: fence, lease, leases, job, queue, running, planner_fence, events, gpu_1..gpu_n[, resident_1..resident_n]
+# ARGV: lease_id, job_id, ttl_ms, now_ms, holder, lease JSON fields, planner_token, event JSON, job_state,
+#       instance value ('' = no resident keys; else the reply says whether every GPU holds that instance)
 _ACQUIRE = """
 local n = #KEYS - 8
+if ARGV[10] ~= '' then n = n / 2 end
 if ARGV[7] ~= '' and redis.call('GET', KEYS[7]) ~= ARGV[7] then return {0, 'planner_fenced'} end
 if ARGV[9] == 'queued' and not redis.call('ZSCORE', KEYS[5], ARGV[2]) then return {0, 'not_queued'} end
 for i = 1, n do
@@ -46,7 +48,14 @@ if ARGV[9] == 'queued' then
 end
 local ev = cjson.decode(ARGV[8]); ev['token'] = token
 redis.call('XADD', KEYS[8], 'MAXLEN', '~', '1000000', '*', 'e', cjson.encode(ev))
-return {1, token}
+local warm = 0
+if ARGV[10] ~= '' then
+  warm = 1
+  for i = 1, n do
+    if redis.call('GET', KEYS[8 + n + i]) ~= ARGV[10] then warm = 0 end
+  end
+end
+return {1, token, warm}
 """
 
 # KEYS: lease, leases, gpu_1..gpu_n ; ARGV: lease_id, token, ttl_ms (0 = check only), now_ms
@@ -163,6 +172,7 @@ class Lease:
     lease_id: str
     token: int
     gpus: tuple[str, ...]
+    warm: bool = False  # every GPU held the instance asked for (``acquire(instance=...)``) when leased
 
 
 class LeaseStore:
@@ -177,11 +187,14 @@ class LeaseStore:
 
     def acquire(self, lease_id: str, gpus: tuple[str, ...], ttl_s: float, *, job_id: str = "", kind: str = "job",
                 holder: str = "", queue: str = "", planner_token: str = "", info: dict[str, Any] | None = None,
-                event: dict[str, Any] | None = None) -> Lease | None:
+                event: dict[str, Any] | None = None, instance: str = "") -> Lease | None:
         """Lease ``gpus`` whole or not at all. For ``kind == "job"`` the job must still be
         queued in ``queue``; it is removed from it (acknowledged) in the same step.
         ``planner_token`` (when given) must equal the planner fencing counter: a deposed
-        planner cannot publish. Returns None when a GPU is busy or the job is gone.
+        planner cannot publish. With ``instance`` (a ``P:resident`` value) the returned
+        lease's ``warm`` says whether every GPU held that instance when it was leased
+        (no other holder can change that while the lease is current). Returns None when
+        a GPU is busy or the job is gone.
 
         Raises:
             LeaseError: the planner was fenced off (another planner leads now).
@@ -192,12 +205,12 @@ class LeaseStore:
               **(event or {})}
         keys = [self.keys.fence, self.keys.lease(lease_id), self.keys.leases, self.keys.job(job_id or "-"),
                 queue or self.keys.queue("normal"), self.keys.running, self.keys.planner_fence, self.keys.events,
-                *[self.keys.gpu(g) for g in gpus]]
+                *[self.keys.gpu(g) for g in gpus], *([self.keys.resident(g) for g in gpus] if instance else [])]
         out = self._acquire(keys=keys, args=[lease_id, job_id, int(ttl_s * 1000), now_ms(), holder,
                                              json.dumps(fields), planner_token, json.dumps(ev),
-                                             "queued" if kind == "job" else "none"])
+                                             "queued" if kind == "job" else "none", instance])
         if out[0] == 1:
-            return Lease(lease_id, int(out[1]), tuple(gpus))
+            return Lease(lease_id, int(out[1]), tuple(gpus), bool(out[2]))
         if out[1] == "planner_fenced":
             raise LeaseError("planner fencing token is stale: another planner leads")
         return None
@@ -238,9 +251,11 @@ class LeaseStore:
                             args=[lease_id, now_ms(), max_attempts, self.keys.prefix])
         return out[1]
 
-    def reclaim_expired(self, max_attempts: int) -> dict[str, int]:
+    def reclaim_expired(self, max_attempts: int, expired: list[str] | None = None) -> dict[str, int]:
+        """Reclaim every expired lease (``expired``: their ids, already read; each is
+        checked again inside its reclaim script). Returns counts by outcome."""
         counts: dict[str, int] = {}
-        for lid in self.expired():
+        for lid in self.expired() if expired is None else expired:
             o = self.reclaim(lid, max_attempts)
             counts[o] = counts.get(o, 0) + 1
         return counts

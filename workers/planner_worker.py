@@ -31,9 +31,10 @@ from planner.api import plan
 from planner.simulator import _demand, _share
 from planner.model import EndpointModel, FleetState, Gpu, PlanJob
 from workers.drain import SetPointMixin
-from workers.leases import LeaseStore
+from workers.leases import LeaseStore, now_ms
+from workers.outbox import Outbox
 from workers.preemption import PreemptionMixin
-from workers.phases import PhaseContext, parse_instance
+from workers.phases import PhaseContext, instance_value, parse_instance
 
 log = logging.getLogger("makespan.planner")
 
@@ -82,6 +83,12 @@ def set_point_instances(fleet: FleetSpec) -> list[tuple[str, list[str]]]:
     return out
 
 
+def _celery_dispatch(ctx: PhaseContext, queue: str, warm: bool | None) -> None:
+    from workers.tasks import dispatch
+
+    dispatch(ctx, queue, warm)
+
+
 class PlannerWorker(PreemptionMixin, SetPointMixin):
     """One planner process. ``run()`` loops until ``stop()``; ``tick()`` is one cycle."""
 
@@ -94,6 +101,7 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
         self.gpus = fleet_gpus(fleet)
         self.set_points = set_point_instances(fleet)
         self._dispatch = dispatch
+        self.outbox = Outbox(_celery_dispatch)
         self._stop = threading.Event()
         self.token = ""
         self.lost = threading.Event()
@@ -186,6 +194,7 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
                     time.sleep(0.5)
                 if not busy:
                     self._wait_for_work()
+            self.outbox.flush()
             try:
                 lock.release()
             except (LockError, redis.RedisError):
@@ -195,20 +204,45 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
     def now_s(self) -> float:
         return time.time() / self.settings.time_scale
 
-    def fleet_state(self) -> tuple[FleetState, set[str]]:
+    def snapshot(self) -> dict:
+        """What every tick reads, in one round trip: expired lease ids, the number of
+        open agenda entries, GPU holders and residents (MGET, fleet order), whether a
+        workload is active, and the first ``batch_size`` ids of every queue (CRITICAL
+        first)."""
         uuids = [g.uuid for g in self.gpus]
         p = self.r.pipeline(transaction=False)
+        p.zrangebyscore(self.keys.leases, "-inf", now_ms())
+        p.zcard(self.keys.agenda_index)
         p.mget([self.keys.gpu(u) for u in uuids])
         p.mget([self.keys.resident(u) for u in uuids])
-        held, res = p.execute()
+        p.scard(self.keys.workloads_active)
+        for q in self.keys.queues():
+            p.zrange(q, 0, self.settings.batch_size - 1)
+        expired, agenda, held, res, workloads, *heads = p.execute()
+        return {"expired": expired, "agenda": agenda, "held": held, "resident": res, "workloads": workloads,
+                "heads": dict(zip(Priority, heads))}
+
+    def fleet_state(self, snap: dict | None = None) -> tuple[FleetState, set[str]]:
+        """The planner's view of the fleet (free times, residents, set point) and the busy
+        GPUs, from ``snap`` (:meth:`snapshot`) or read now."""
+        uuids = [g.uuid for g in self.gpus]
+        if snap is None:
+            p = self.r.pipeline(transaction=False)
+            p.mget([self.keys.gpu(u) for u in uuids])
+            p.mget([self.keys.resident(u) for u in uuids])
+            held, res = p.execute()
+        else:
+            held, res = snap["held"], snap["resident"]
         now = self.now_s()
         free_at: dict[str, float] = {}
         busy: set[str] = set()
-        lease_ids = {v.split(":")[0] for v in held if v}
+        lease_ids = sorted({v.split(":")[0] for v in held if v})
         ends: dict[str, float] = {}
-        for lid in lease_ids:
-            pe = self.r.hget(self.keys.lease(lid), "planned_end_s")
-            ends[lid] = float(pe) if pe else now
+        if lease_ids:
+            p = self.r.pipeline(transaction=False)
+            for lid in lease_ids:
+                p.hget(self.keys.lease(lid), "planned_end_s")
+            ends = {lid: float(pe) if pe else now for lid, pe in zip(lease_ids, p.execute())}
         for u, v in zip(uuids, held):
             if v:
                 busy.add(u)
@@ -222,13 +256,15 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
         sp = self.fleet.set_point_by_gpu()
         return FleetState(now, self.gpus, self.endpoints, free_at, resident, sp), busy
 
-    def form_batch(self) -> list[PlanJob]:
-        """Up to ``batch_size`` queued jobs, CRITICAL first (strict priority), FIFO within a level."""
+    def form_batch(self, heads: dict[Priority, list[str]] | None = None) -> list[PlanJob]:
+        """Up to ``batch_size`` queued jobs, CRITICAL first (strict priority), FIFO within a
+        level. ``heads``: the first ``batch_size`` ids of each queue, already read (they
+        are read again here when a workload pass may have changed the queues)."""
         out: list[PlanJob] = []
         self._meta: dict[str, tuple[str, float]] = {}
         room = self.settings.batch_size
-        if self.r.scard(self.keys.workloads_active):  # workload steps: retries, failure, completion
-            from app.workloads import advance_workloads
+        if heads is None and self.r.scard(self.keys.workloads_active):
+            from app.workloads import advance_workloads  # workload steps: retries, failure, completion
 
             advance_workloads(self.r, self.keys)
         for lvl in Priority:
@@ -236,7 +272,10 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
             # read on past steps whose dependencies are not done, so that they never hide
             # startable jobs behind them (bounded: SCAN_FACTOR batches per level per tick)
             while room > 0 and offset < SCAN_FACTOR * self.settings.batch_size:
-                ids = self.r.zrange(self.keys.queue(lvl), offset, offset + self.settings.batch_size - 1)
+                if offset == 0 and heads is not None:
+                    ids = heads[lvl]
+                else:
+                    ids = self.r.zrange(self.keys.queue(lvl), offset, offset + self.settings.batch_size - 1)
                 if not ids:
                     break
                 offset += len(ids)
@@ -289,15 +328,20 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
     def tick(self) -> bool:
         """One planning cycle. Returns True if it dispatched anything."""
         self.retention.maybe_sweep()
-        reclaimed = self.leases.reclaim_expired(self.settings.max_attempts)
-        if reclaimed:
-            log.warning("reclaimed expired leases: %s", reclaimed)
-            for _ in range(sum(reclaimed.values())):
-                metrics.lease_reclaimed()
-        if self.agenda is not None:
+        snap = self.snapshot()
+        if snap["expired"]:
+            reclaimed = self.leases.reclaim_expired(self.settings.max_attempts, snap["expired"])
+            if reclaimed:
+                log.warning("reclaimed expired leases: %s", reclaimed)
+                for _ in range(sum(reclaimed.values())):
+                    metrics.lease_reclaimed()
+            snap = self.snapshot()  # reclaims freed GPUs and requeued jobs
+        if self.agenda is not None and snap["agenda"]:
             self.agenda.reap()
-        state, busy = self.fleet_state()
-        batch = self.form_batch() if len(busy) < len(self.gpus) or self._may_preempt() else []
+        state, busy = self.fleet_state(snap)
+        heads = None if snap["workloads"] else snap["heads"]
+        may_preempt = bool(snap["heads"][Priority.CRITICAL] or snap["heads"][Priority.HIGH])
+        batch = self.form_batch(heads) if len(busy) < len(self.gpus) or may_preempt else []
         self._note_demand(batch, state)
         if not batch:
             return self._idle(busy) if len(busy) < len(self.gpus) else False
@@ -306,8 +350,10 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
         p = plan(batch, state, self.settings.policy, time_limit_s=self.settings.solve_time_limit_s)
         solve_s = time.perf_counter() - t0
         metrics.observe_solve(solve_s, len(batch))
-        self.r.rpush(f"{self.keys.prefix}:planner:solve_s", f"{solve_s:.6f}:{len(batch)}")
-        self.r.ltrim(f"{self.keys.prefix}:planner:solve_s", -STATS_KEEP, -1)
+        stats = self.r.pipeline(transaction=False)
+        stats.rpush(f"{self.keys.prefix}:planner:solve_s", f"{solve_s:.6f}:{len(batch)}")
+        stats.ltrim(f"{self.keys.prefix}:planner:solve_s", -STATS_KEEP, -1)
+        stats.execute()
         jobs = {j.id: j for j in batch}
         taken: set[str] = set(busy)
         dispatched: set[str] = set()
@@ -350,7 +396,7 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
                 queue=self.keys.queue(prio), planner_token=self.token,
                 info={"planned_end_s": repr(end_s), "endpoint": j.endpoint, "priority": prio.name},
                 event={"endpoint": j.endpoint, "priority": prio.name, "host": host, "load": load,
-                       "planned_s": end_s - self.now_s()})
+                       "planned_s": end_s - self.now_s()}, instance=instance_value(j.endpoint, gpus))
         if lease is None:
             return False
         if sub:
@@ -360,18 +406,20 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
         for g in gpus:
             self._last_tp[g] = tp
         with telemetry.use_traceparent(tp):
-            self._send(ctx, host)
+            self._send(ctx, host, lease.warm)
         return True
 
-    def _send(self, ctx: PhaseContext, host: str) -> None:
-        """Send the phase chain. A publish that fails (broker connection lost mid-send;
-        kombu may raise more than redis errors then) must not kill the planner: the
-        lease is never renewed, so it expires and the reaper requeues the job."""
-        send = self._dispatch
-        if send is None:
-            from workers.tasks import dispatch as send
+    def _send(self, ctx: PhaseContext, host: str, warm: bool | None = None) -> None:
+        """Send the phase chain: through the outbox thread (:mod:`workers.outbox`) to
+        Celery, or at once with an injected ``dispatch``. A publish that fails (broker
+        connection lost mid-send; kombu may raise more than redis errors then) must not
+        kill the planner: the lease is never renewed, so it expires and the reaper
+        requeues the job."""
+        if self._dispatch is None:
+            self.outbox.put(ctx, self.keys.host_queue(host), warm)
+            return
         try:
-            send(ctx, self.keys.host_queue(host))
+            self._dispatch(ctx, self.keys.host_queue(host))
         except Exception as e:  # noqa: BLE001 - recovered through lease expiry, see above
             log.error("dispatch of lease %s (job %s) failed: %r; it will expire and be reclaimed",
                       ctx.lease_id, ctx.job_id or ctx.kind, e)

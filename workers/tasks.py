@@ -98,10 +98,11 @@ def is_warm(ctx: PhaseContext) -> bool:
     return all(v == want for v in _client[0].mget([keys.resident(g) for g in ctx.gpus]))
 
 
-def dispatch(ctx: PhaseContext, queue: str) -> None:
-    """Send the phase chain of ``ctx`` to ``queue`` (one ``warm_job`` task for a warm job)."""
+def dispatch(ctx: PhaseContext, queue: str, warm: bool | None = None) -> None:
+    """Send the phase chain of ``ctx`` to ``queue`` (one ``warm_job`` task for a warm job).
+    ``warm``: known from the lease (``Lease.warm``); None reads the GPUs' residents."""
     payload = ctx.__dict__.copy()
-    if ctx.kind == "job" and is_warm(ctx):
+    if ctx.kind == "job" and (is_warm(ctx) if warm is None else warm):
         warm_job.apply_async(args=(payload,), queue=queue)
         return
     phases = JOB_PHASES if ctx.kind == "job" else RESTORE_PHASES
