@@ -104,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
         return orig_start(self)
 
     def stop(self):
+        solves = [x.split(":") for x in r.lrange(f"{self.keys.prefix}:planner:solve_s", 0, -1)]
+        stats["plans"] = (len(solves), sum(float(t) for t, _ in solves), sum(int(n) for _, n in solves))
         stats["after"] = _commandstats(r)
         stats["redis_cpu1"] = _redis_cpu_s(r)
         stats["machine1"] = _machine_busy()
@@ -134,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {k:24s} {v:7.2f}")
         print("CPU ms per job: " + ", ".join(f"{n}={1000 * (c1 - c0) / a.jobs:.2f}" for n, (c0, c1) in cpu.items())
               + f", redis={1000 * (stats['redis_cpu1'] - stats['redis_cpu0']) / a.jobs:.2f}")
+        n_plans, solve_s, planned = stats["plans"]
+        print(f"plan() calls: {n_plans} ({a.jobs / max(1, n_plans):.1f} jobs started per call, "
+              f"{planned / max(1, n_plans):.1f} jobs planned per call), plan() wall {1000 * solve_s / a.jobs:.2f} ms per job")
         (b0, t0), (b1, t1) = stats["machine0"], stats["machine1"]
         print(f"machine CPU busy during the run: {100 * (b1 - b0) / max(1, t1 - t0):.0f}% of {os.cpu_count()} CPUs "
               "(every process on the machine)")

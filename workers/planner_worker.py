@@ -106,6 +106,7 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
         self.token = ""
         self.lost = threading.Event()
         self._idle_checked = False
+        self.tick_again = False
         self._meta: dict[str, tuple[str, float]] = {}
         self._recent: dict[str, PlanJob] = {}
         self._last_tp: dict[str, str] = {}  # GPU -> traceparent of the last job leased on it
@@ -158,18 +159,15 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
         cannot grow, and waiting would leave free GPU slots idle."""
         try:
             if self.r.blpop([self.keys.planner_wake], timeout=self.settings.planner_tick_s):
-                if self.queued() < self.settings.batch_size:
+                p = self.r.pipeline(transaction=False)
+                for q in self.keys.queues():
+                    p.zcard(q)
+                p.delete(self.keys.planner_wake)  # the coming tick covers every wake-up so far
+                if sum(p.execute()[:-1]) < self.settings.batch_size:
                     self._stop.wait(self.settings.batch_wait_s)
-                self.r.delete(self.keys.planner_wake)
+                    self.r.delete(self.keys.planner_wake)
         except redis.RedisError:
             self._stop.wait(self.settings.planner_tick_s)
-
-    def queued(self) -> int:
-        """Jobs queued over every priority level (one pipelined ZCARD per level)."""
-        p = self.r.pipeline(transaction=False)
-        for q in self.keys.queues():
-            p.zcard(q)
-        return sum(p.execute())
 
     def run(self) -> None:
         """Stand by until leader, then tick until stopped or deposed (then stand by again)."""
@@ -192,7 +190,7 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
                     log.warning("planner tick failed (Redis): %s", e)
                     busy = False
                     time.sleep(0.5)
-                if not busy:
+                if not (busy and self.tick_again):
                     self._wait_for_work()
             self.outbox.flush()
             try:
@@ -326,7 +324,10 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
         return False
 
     def tick(self) -> bool:
-        """One planning cycle. Returns True if it dispatched anything."""
+        """One planning cycle. Returns True if it dispatched anything. ``tick_again``
+        says whether another tick may start more at once (it dispatched, and a GPU is
+        still free or a CRITICAL/HIGH job waits); else the loop sleeps until woken."""
+        self.tick_again = False
         self.retention.maybe_sweep()
         snap = self.snapshot()
         if snap["expired"]:
@@ -338,13 +339,14 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
             snap = self.snapshot()  # reclaims freed GPUs and requeued jobs
         if self.agenda is not None and snap["agenda"]:
             self.agenda.reap()
-        state, busy = self.fleet_state(snap)
+        busy = {g.uuid for g, v in zip(self.gpus, snap["held"]) if v}
         heads = None if snap["workloads"] else snap["heads"]
         may_preempt = bool(snap["heads"][Priority.CRITICAL] or snap["heads"][Priority.HIGH])
         batch = self.form_batch(heads) if len(busy) < len(self.gpus) or may_preempt else []
-        self._note_demand(batch, state)
         if not batch:
             return self._idle(busy) if len(busy) < len(self.gpus) else False
+        state, busy = self.fleet_state(snap)
+        self._note_demand(batch, state)
         self._idle_checked = False
         t0 = time.perf_counter()
         p = plan(batch, state, self.settings.policy, time_limit_s=self.settings.solve_time_limit_s)
@@ -367,6 +369,9 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
         waiting = [j for j in batch if j.id not in dispatched and j.priority <= int(Priority.HIGH)]
         if waiting:
             dispatched |= self._preempt_for(waiting, state, taken)
+        # tick again at once only if another tick may start something: a GPU is still free
+        # or a CRITICAL/HIGH job still waits; else sleep until a release or submission
+        self.tick_again = bool(dispatched) and (len(taken) < len(self.gpus) or bool(waiting))
         return bool(dispatched)
 
     def _note_demand(self, batch: list[PlanJob], state: FleetState) -> None:

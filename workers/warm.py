@@ -109,9 +109,11 @@ def run_warm(runner: PhaseRunner, ctx: PhaseContext) -> str:
 
 
 def _noop_phase(runner: PhaseRunner, ctx: PhaseContext, phase: str, attrs: dict) -> None:
-    """The span and metrics of a phase with nothing to do, as the phase-by-phase path records them."""
-    with telemetry.phase_span(phase, ctx.traceparent, attrs) as span:
-        span.set_attribute("makespan.planned_s", 0.0)
+    """The span (when tracing is on) and metrics of a phase with nothing to do, as the
+    phase-by-phase path records them."""
+    if telemetry.tracing_enabled():
+        with telemetry.phase_span(phase, ctx.traceparent, attrs) as span:
+            span.set_attribute("makespan.planned_s", 0.0)
     runner._observe(ctx, phase, 0.0, 0.0)
 
 
