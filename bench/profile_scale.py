@@ -44,6 +44,43 @@ def _machine_busy() -> tuple[float, float]:
     return sum(v) - idle, sum(v)
 
 
+def _gpu_time(r, keys) -> dict[str, float]:
+    """Median ms of each stretch of a GPU slot's cycle, from the events stream: leased ->
+    first phase_start (Celery publish, queue, worker pick-up), first phase_start ->
+    completed (the phases), completed -> the next leased on that GPU (planner gap)."""
+    from statistics import median
+
+    from app.events import read_all
+
+    leased: dict[str, float] = {}
+    first: dict[str, float] = {}
+    done: dict[str, tuple[float, str]] = {}
+    per_gpu: dict[str, list[tuple[float, str]]] = collections.defaultdict(list)
+    for e in read_all(r, keys.events):
+        lid = e.get("lease")
+        if not lid or not e.get("job") or str(e.get("job")).startswith("restore"):
+            continue
+        if e["kind"] == "leased":
+            leased[lid] = e["ts"]
+            for g in e.get("gpus", []):
+                per_gpu[g].append((e["ts"], "leased"))
+        elif e["kind"] == "phase_start" and lid not in first:
+            first[lid] = e["ts"]
+        elif e["kind"] == "completed":
+            done[lid] = (e["ts"], "")
+            for g in e.get("gpus", []):
+                per_gpu[g].append((e["ts"], "completed"))
+    to_start = [first[lid] - t for lid, t in leased.items() if lid in first]
+    run = [done[lid][0] - first[lid] for lid in first if lid in done]
+    gap = []
+    for evs in per_gpu.values():
+        evs.sort()
+        gap += [b[0] - a[0] for a, b in zip(evs, evs[1:]) if a[1] == "completed" and b[1] == "leased"]
+    return {"leased_to_first_phase": 1000 * median(to_start) if to_start else 0.0,
+            "phases": 1000 * median(run) if run else 0.0,
+            "completed_to_next_lease": 1000 * median(gap) if gap else 0.0}
+
+
 def _redis_cpu_s(r) -> float:
     c = r.info("cpu")
     return float(c["used_cpu_sys"]) + float(c["used_cpu_user"])
@@ -77,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpus", type=int, default=8)
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--policy", default="portfolio")
+    ap.add_argument("--wall", action="store_true", help="py-spy samples every thread, not only the one holding the GIL")
     ap.add_argument("--no-spy", action="store_true", help="skip py-spy (it costs CPU on a small machine)")
     ap.add_argument("--out", type=Path, default=Path(tempfile.mkdtemp(prefix="profile-scale-")))
     a = ap.parse_args(argv)
@@ -99,11 +137,12 @@ def main(argv: list[str] | None = None) -> int:
         for name, pid in self.pids.items():
             if pyspy and name in ("planner", "gpu"):
                 spies.append((name, subprocess.Popen(
-                    [pyspy, "record", "--pid", str(pid), "--rate", "200", "--format", "raw", "--threads", "--gil",
+                    [pyspy, "record", "--pid", str(pid), "--rate", "200", "--format", "raw", "--threads", *([] if a.wall else ["--gil"]),
                      "--output", str(a.out / f"{name}.txt")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)))
         return orig_start(self)
 
     def stop(self):
+        stats["gpu_time"] = _gpu_time(r, self.keys)
         solves = [x.split(":") for x in r.lrange(f"{self.keys.prefix}:planner:solve_s", 0, -1)]
         stats["plans"] = (len(solves), sum(float(t) for t, _ in solves), sum(int(n) for _, n in solves))
         stats["after"] = _commandstats(r)
@@ -136,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {k:24s} {v:7.2f}")
         print("CPU ms per job: " + ", ".join(f"{n}={1000 * (c1 - c0) / a.jobs:.2f}" for n, (c0, c1) in cpu.items())
               + f", redis={1000 * (stats['redis_cpu1'] - stats['redis_cpu0']) / a.jobs:.2f}")
+        print("GPU slot cycle, median ms: " + ", ".join(f"{k}={v:.1f}" for k, v in stats["gpu_time"].items()))
         n_plans, solve_s, planned = stats["plans"]
         print(f"plan() calls: {n_plans} ({a.jobs / max(1, n_plans):.1f} jobs started per call, "
               f"{planned / max(1, n_plans):.1f} jobs planned per call), plan() wall {1000 * solve_s / a.jobs:.2f} ms per job")

@@ -199,6 +199,39 @@ class LeaseStore:
         Raises:
             LeaseError: the planner was fenced off (another planner leads now).
         """
+        keys, args = self._acquire_call(lease_id, gpus, ttl_s, job_id, kind, holder, queue, planner_token, info,
+                                        event, instance)
+        return self._acquired(self._acquire(keys=keys, args=args), lease_id, gpus)
+
+    def acquire_many(self, requests: list[dict[str, Any]]) -> tuple[list[Lease | None], bool]:
+        """Several :meth:`acquire` calls (each a dict of its keyword arguments, with
+        ``lease_id``, ``gpus`` and ``ttl_s``) in one round trip, applied in order; each
+        is its own atomic script, exactly as if called one by one. Returns the leases
+        (None where a GPU was busy or the job gone, and for every call from the first
+        one refused by the planner fence on) and whether the planner fence refused one
+        (the caller then raises :class:`LeaseError` after handling the leases before it).
+        """
+        calls = [self._acquire_call(q["lease_id"], q["gpus"], q["ttl_s"], q.get("job_id", ""), q.get("kind", "job"),
+                                    q.get("holder", ""), q.get("queue", ""), q.get("planner_token", ""),
+                                    q.get("info"), q.get("event"), q.get("instance", "")) for q in requests]
+        p = self.r.pipeline(transaction=False)
+        for keys, args in calls:
+            p.evalsha(self._acquire.sha, len(keys), *keys, *args)
+        outs = p.execute(raise_on_error=False)
+        leases: list[Lease | None] = []
+        for q, (keys, args), out in zip(requests, calls, outs):
+            if isinstance(out, redis.exceptions.NoScriptError):  # not loaded yet (or Redis restarted)
+                out = self._acquire(keys=keys, args=args)
+            elif isinstance(out, Exception):
+                raise out
+            try:
+                leases.append(self._acquired(out, q["lease_id"], q["gpus"]))
+            except LeaseError:
+                return leases + [None] * (len(requests) - len(leases)), True
+        return leases, False
+
+    def _acquire_call(self, lease_id, gpus, ttl_s, job_id, kind, holder, queue, planner_token, info, event,
+                      instance) -> tuple[list[str], list[Any]]:
         fields = {"job": job_id, "kind": kind, "holder": holder, "gpus": json.dumps(list(gpus)),
                   **(info or {})}
         ev = {"ts": time.time(), "kind": "leased", "lease": lease_id, "job": job_id or None, "gpus": list(gpus),
@@ -206,9 +239,11 @@ class LeaseStore:
         keys = [self.keys.fence, self.keys.lease(lease_id), self.keys.leases, self.keys.job(job_id or "-"),
                 queue or self.keys.queue("normal"), self.keys.running, self.keys.planner_fence, self.keys.events,
                 *[self.keys.gpu(g) for g in gpus], *([self.keys.resident(g) for g in gpus] if instance else [])]
-        out = self._acquire(keys=keys, args=[lease_id, job_id, int(ttl_s * 1000), now_ms(), holder,
-                                             json.dumps(fields), planner_token, json.dumps(ev),
-                                             "queued" if kind == "job" else "none", instance])
+        return keys, [lease_id, job_id, int(ttl_s * 1000), now_ms(), holder, json.dumps(fields), planner_token,
+                      json.dumps(ev), "queued" if kind == "job" else "none", instance]
+
+    @staticmethod
+    def _acquired(out: list, lease_id: str, gpus: tuple[str, ...]) -> Lease | None:
         if out[0] == 1:
             return Lease(lease_id, int(out[1]), tuple(gpus), bool(out[2]))
         if out[1] == "planner_fenced":

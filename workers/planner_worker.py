@@ -102,6 +102,7 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
         self.set_points = set_point_instances(fleet)
         self._dispatch = dispatch
         self.outbox = Outbox(_celery_dispatch)
+        self._solve_stats: list[str] = []
         self._stop = threading.Event()
         self.token = ""
         self.lost = threading.Event()
@@ -194,6 +195,9 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
                     self._wait_for_work()
             self.outbox.flush()
             try:
+                p = self.r.pipeline(transaction=False)
+                self._write_solve_stats(p)
+                p.execute()
                 lock.release()
             except (LockError, redis.RedisError):
                 pass
@@ -209,6 +213,7 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
         first)."""
         uuids = [g.uuid for g in self.gpus]
         p = self.r.pipeline(transaction=False)
+        self._write_solve_stats(p)
         p.zrangebyscore(self.keys.leases, "-inf", now_ms())
         p.zcard(self.keys.agenda_index)
         p.mget([self.keys.gpu(u) for u in uuids])
@@ -216,9 +221,17 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
         p.scard(self.keys.workloads_active)
         for q in self.keys.queues():
             p.zrange(q, 0, self.settings.batch_size - 1)
-        expired, agenda, held, res, workloads, *heads = p.execute()
+        expired, agenda, held, res, workloads, *heads = p.execute()[-(5 + len(Priority)):]
         return {"expired": expired, "agenda": agenda, "held": held, "resident": res, "workloads": workloads,
                 "heads": dict(zip(Priority, heads))}
+
+    def _write_solve_stats(self, p) -> None:
+        """Queue the solve times noted since the last call on pipeline ``p`` (the list
+        ``P:planner:solve_s``, ``seconds:batch size``, capped at STATS_KEEP)."""
+        if self._solve_stats:
+            p.rpush(f"{self.keys.prefix}:planner:solve_s", *self._solve_stats)
+            p.ltrim(f"{self.keys.prefix}:planner:solve_s", -STATS_KEEP, -1)
+            self._solve_stats = []
 
     def fleet_state(self, snap: dict | None = None) -> tuple[FleetState, set[str]]:
         """The planner's view of the fleet (free times, residents, set point) and the busy
@@ -352,20 +365,18 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
         p = plan(batch, state, self.settings.policy, time_limit_s=self.settings.solve_time_limit_s)
         solve_s = time.perf_counter() - t0
         metrics.observe_solve(solve_s, len(batch))
-        stats = self.r.pipeline(transaction=False)
-        stats.rpush(f"{self.keys.prefix}:planner:solve_s", f"{solve_s:.6f}:{len(batch)}")
-        stats.ltrim(f"{self.keys.prefix}:planner:solve_s", -STATS_KEEP, -1)
-        stats.execute()
+        self._solve_stats.append(f"{solve_s:.6f}:{len(batch)}")  # written with the next snapshot
         jobs = {j.id: j for j in batch}
         taken: set[str] = set(busy)
         dispatched: set[str] = set()
         eps = 1e-6 * max(1.0, abs(state.now_s))
+        starts = []
         for a in sorted(p.assignments, key=lambda a: (a.start_s, a.end_s)):
             if a.start_s > state.now_s + eps or taken.intersection(a.gpus):
                 continue
             taken.update(a.gpus)
-            if self._start(jobs[a.job_id], a.gpus, a.end_s, a.load):
-                dispatched.add(a.job_id)
+            starts.append((jobs[a.job_id], a.gpus, a.end_s, a.load))
+        dispatched |= self._start_many(starts)
         waiting = [j for j in batch if j.id not in dispatched and j.priority <= int(Priority.HIGH)]
         if waiting:
             dispatched |= self._preempt_for(waiting, state, taken)
@@ -387,23 +398,49 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
         state.demand = _demand(recent)
         state.demand_share = _share(recent, state)
 
+    def _start_many(self, starts: list[tuple[PlanJob, tuple[str, ...], float, str]]) -> set[str]:
+        """Lease and send every (job, gpus, planned end, load) of ``starts``, in order;
+        the leases in one round trip (each its own atomic script) unless tracing is on
+        (then one ``allocate_gpus`` span per lease). Returns the ids of the jobs started.
+
+        Raises:
+            LeaseError: the planner was fenced off (after sending what it leased before).
+        """
+        if len(starts) <= 1 or telemetry.tracing_enabled():
+            return {s[0].id for s in starts if self._start(*s)}
+        reqs = [self._lease_request(*s) for s in starts]
+        leases, fenced = self.leases.acquire_many(reqs)
+        started = {s[0].id for s, q, lease in zip(starts, reqs, leases) if lease is not None and self._started(
+            s[0], s[1], q["holder"], lease)}
+        if fenced:
+            raise LeaseError("planner fencing token is stale: another planner leads")
+        return started
+
+    def _lease_request(self, j: PlanJob, gpus: tuple[str, ...], end_s: float, load: str) -> dict:
+        """The :meth:`LeaseStore.acquire` arguments of a job lease."""
+        prio = Priority(j.priority)
+        host = self.fleet.host_of(gpus[0])
+        return dict(lease_id=uuid.uuid4().hex, gpus=gpus, ttl_s=self.settings.lease_ttl_s, job_id=j.id, kind="job",
+                    holder=host, queue=self.keys.queue(prio), planner_token=self.token,
+                    info={"planned_end_s": repr(end_s), "endpoint": j.endpoint, "priority": prio.name},
+                    event={"endpoint": j.endpoint, "priority": prio.name, "host": host, "load": load,
+                           "planned_s": end_s - self.now_s()}, instance=instance_value(j.endpoint, gpus))
+
     def _start(self, j: PlanJob, gpus: tuple[str, ...], end_s: float, load: str) -> bool:
         """Lease ``gpus`` for job ``j`` and send its phase chain. False if the lease failed."""
-        prio = Priority(j.priority)
-        lid = uuid.uuid4().hex
-        host = self.fleet.host_of(gpus[0])
-        tp, sub = self._meta.get(j.id, ("", 0.0))
-        attrs = {"job_id": j.id, "priority": prio.name, "endpoint": j.endpoint, "gpus": list(gpus), "host": host,
-                 "lease_id": lid, "planned_s": end_s - self.now_s()}
+        q = self._lease_request(j, gpus, end_s, load)
+        tp = self._meta.get(j.id, ("", 0.0))[0]
+        attrs = {"job_id": j.id, "priority": Priority(j.priority).name, "endpoint": j.endpoint, "gpus": list(gpus),
+                 "host": q["holder"], "lease_id": q["lease_id"], "planned_s": end_s - self.now_s()}
         with telemetry.phase_span("allocate_gpus", tp, attrs):
-            lease = self.leases.acquire(
-                lid, gpus, self.settings.lease_ttl_s, job_id=j.id, kind="job", holder=host,
-                queue=self.keys.queue(prio), planner_token=self.token,
-                info={"planned_end_s": repr(end_s), "endpoint": j.endpoint, "priority": prio.name},
-                event={"endpoint": j.endpoint, "priority": prio.name, "host": host, "load": load,
-                       "planned_s": end_s - self.now_s()}, instance=instance_value(j.endpoint, gpus))
-        if lease is None:
-            return False
+            lease = self.leases.acquire(**q)
+        return lease is not None and self._started(j, gpus, q["holder"], lease)
+
+    def _started(self, j: PlanJob, gpus: tuple[str, ...], host: str, lease) -> bool:
+        """After ``lease`` was published for ``j``: metrics, and send its phase chain."""
+        prio = Priority(j.priority)
+        lid = lease.lease_id
+        tp, sub = self._meta.get(j.id, ("", 0.0))
         if sub:
             metrics.observe_wait(prio, max(0.0, time.time() - sub))
         ctx = PhaseContext(lid, lease.token, list(gpus), host, "job", j.endpoint, j.id, prio.name, j.service_s,
