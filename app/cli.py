@@ -67,9 +67,10 @@ GIL_SWITCH_INTERVAL_S = 0.001
 
 def _gil_switch_interval() -> None:
     """Hand the GIL on after at most ``MAKESPAN_GIL_SWITCH_INTERVAL_S`` (default 1 ms,
-    CPython's default is 5 ms). The planner (tick and outbox threads) and the GPU worker
-    (Celery's consumer and pool threads) are chains of short steps across threads; with
-    5 ms slices a job waits for the GIL at each hand-off (docs/scaling.md)."""
+    CPython's default is 5 ms). A job crosses the GPU worker's threads (Celery's consumer,
+    then a pool thread, each with its heartbeat) in short steps; with 5 ms slices it waits
+    for the GIL at each hand-off, and the planner's tick shares its GIL with the lock
+    keeper and the metrics server (docs/scaling.md)."""
     raw = os.environ.get("MAKESPAN_GIL_SWITCH_INTERVAL_S")
     try:
         value = float(raw) if raw else GIL_SWITCH_INTERVAL_S

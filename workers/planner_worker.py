@@ -32,7 +32,6 @@ from planner.simulator import _demand, _share
 from planner.model import EndpointModel, FleetState, Gpu, PlanJob
 from workers.drain import SetPointMixin
 from workers.leases import LeaseStore, now_ms
-from workers.outbox import Outbox
 from workers.preemption import PreemptionMixin
 from workers.phases import PhaseContext, instance_value, parse_instance
 
@@ -83,12 +82,6 @@ def set_point_instances(fleet: FleetSpec) -> list[tuple[str, list[str]]]:
     return out
 
 
-def _celery_dispatch(ctx: PhaseContext, queue: str, warm: bool | None) -> None:
-    from workers.tasks import dispatch
-
-    dispatch(ctx, queue, warm)
-
-
 class PlannerWorker(PreemptionMixin, SetPointMixin):
     """One planner process. ``run()`` loops until ``stop()``; ``tick()`` is one cycle."""
 
@@ -101,7 +94,6 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
         self.gpus = fleet_gpus(fleet)
         self.set_points = set_point_instances(fleet)
         self._dispatch = dispatch
-        self.outbox = Outbox(_celery_dispatch)
         self._solve_stats: list[str] = []
         self._stop = threading.Event()
         self.token = ""
@@ -193,7 +185,6 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
                     time.sleep(0.5)
                 if not (busy and self.tick_again):
                     self._wait_for_work()
-            self.outbox.flush()
             try:
                 p = self.r.pipeline(transaction=False)
                 self._write_solve_stats(p)
@@ -452,16 +443,16 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
         return True
 
     def _send(self, ctx: PhaseContext, host: str, warm: bool | None = None) -> None:
-        """Send the phase chain: through the outbox thread (:mod:`workers.outbox`) to
-        Celery, or at once with an injected ``dispatch``. A publish that fails (broker
-        connection lost mid-send; kombu may raise more than redis errors then) must not
-        kill the planner: the lease is never renewed, so it expires and the reaper
-        requeues the job."""
-        if self._dispatch is None:
-            self.outbox.put(ctx, self.keys.host_queue(host), warm)
-            return
+        """Send the phase chain. A publish that fails (broker connection lost mid-send;
+        kombu may raise more than redis errors then) must not kill the planner: the
+        lease is never renewed, so it expires and the reaper requeues the job."""
         try:
-            self._dispatch(ctx, self.keys.host_queue(host))
+            if self._dispatch is not None:
+                self._dispatch(ctx, self.keys.host_queue(host))
+            else:
+                from workers.tasks import dispatch
+
+                dispatch(ctx, self.keys.host_queue(host), warm)
         except Exception as e:  # noqa: BLE001 - recovered through lease expiry, see above
             log.error("dispatch of lease %s (job %s) failed: %r; it will expire and be reclaimed",
                       ctx.lease_id, ctx.job_id or ctx.kind, e)
