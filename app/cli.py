@@ -51,6 +51,7 @@ def planner(fleet: Path = FleetOpt, policy: Optional[str] = typer.Option(None, h
     except MakespanError as e:
         _fail(e)
     _start_metrics(metrics_port, "planner")
+    _gil_switch_interval()
     w = PlannerWorker(connect(s.redis_url), s, f)
     import signal
 
@@ -59,6 +60,25 @@ def planner(fleet: Path = FleetOpt, policy: Optional[str] = typer.Option(None, h
         w.run()
     except KeyboardInterrupt:
         w.stop()
+
+
+GIL_SWITCH_INTERVAL_S = 0.001
+
+
+def _gil_switch_interval() -> None:
+    """Hand the GIL on after at most ``MAKESPAN_GIL_SWITCH_INTERVAL_S`` (default 1 ms,
+    CPython's default is 5 ms). A job crosses the GPU worker's threads (Celery's consumer,
+    then a pool thread, each with its heartbeat) in short steps; with 5 ms slices it waits
+    for the GIL at each hand-off, and the planner's tick shares its GIL with the lock
+    keeper and the metrics server (docs/scaling.md)."""
+    raw = os.environ.get("MAKESPAN_GIL_SWITCH_INTERVAL_S")
+    try:
+        value = float(raw) if raw else GIL_SWITCH_INTERVAL_S
+    except ValueError:
+        _fail(MakespanError(f"MAKESPAN_GIL_SWITCH_INTERVAL_S={raw!r}: must be a number of seconds"))
+    if not value > 0:
+        _fail(MakespanError(f"MAKESPAN_GIL_SWITCH_INTERVAL_S={raw!r}: must be positive"))
+    sys.setswitchinterval(value)
 
 
 def _start_metrics(port: int, role: str) -> None:
@@ -97,6 +117,7 @@ def gpu_worker(fleet: Path = FleetOpt, host: str = typer.Option(..., help="host 
     os.environ["MAKESPAN_FLEET"] = str(Path(fleet).resolve())
     os.environ["MAKESPAN_HOST"] = host
     _start_metrics(metrics_port, "gpu-worker")
+    _gil_switch_interval()
     from workers.tasks import celery
 
     n = concurrency or len(hosts[host].gpus)

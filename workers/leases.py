@@ -21,10 +21,12 @@ import redis
 from app.errors import LeaseError, StaleFencingToken
 from app.keys import Keys
 
-# KEYS: fence, lease, leases, job, queue, running, planner_fence, events, gpu_1..gpu_n
-# ARGV: lease_id, job_id, ttl_ms, now_ms, holder, lease JSON fields, planner_token, event JSON, job_state
+# KEYS: fence, lease, leases, job, queue, running, planner_fence, events, gpu_1..gpu_n[, resident_1..resident_n]
+# ARGV: lease_id, job_id, ttl_ms, now_ms, holder, lease JSON fields, planner_token, event JSON, job_state,
+#       instance value ('' = no resident keys; else the reply says whether every GPU holds that instance)
 _ACQUIRE = """
 local n = #KEYS - 8
+if ARGV[10] ~= '' then n = n / 2 end
 if ARGV[7] ~= '' and redis.call('GET', KEYS[7]) ~= ARGV[7] then return {0, 'planner_fenced'} end
 if ARGV[9] == 'queued' and not redis.call('ZSCORE', KEYS[5], ARGV[2]) then return {0, 'not_queued'} end
 for i = 1, n do
@@ -46,7 +48,14 @@ if ARGV[9] == 'queued' then
 end
 local ev = cjson.decode(ARGV[8]); ev['token'] = token
 redis.call('XADD', KEYS[8], 'MAXLEN', '~', '1000000', '*', 'e', cjson.encode(ev))
-return {1, token}
+local warm = 0
+if ARGV[10] ~= '' then
+  warm = 1
+  for i = 1, n do
+    if redis.call('GET', KEYS[8 + n + i]) ~= ARGV[10] then warm = 0 end
+  end
+end
+return {1, token, warm}
 """
 
 # KEYS: lease, leases, gpu_1..gpu_n ; ARGV: lease_id, token, ttl_ms (0 = check only), now_ms
@@ -174,6 +183,7 @@ class Lease:
     lease_id: str
     token: int
     gpus: tuple[str, ...]
+    warm: bool = False  # every GPU held the instance asked for (``acquire(instance=...)``) when leased
 
 
 class LeaseStore:
@@ -188,27 +198,65 @@ class LeaseStore:
 
     def acquire(self, lease_id: str, gpus: tuple[str, ...], ttl_s: float, *, job_id: str = "", kind: str = "job",
                 holder: str = "", queue: str = "", planner_token: str = "", info: dict[str, Any] | None = None,
-                event: dict[str, Any] | None = None) -> Lease | None:
+                event: dict[str, Any] | None = None, instance: str = "") -> Lease | None:
         """Lease ``gpus`` whole or not at all. For ``kind == "job"`` the job must still be
         queued in ``queue``; it is removed from it (acknowledged) in the same step.
         ``planner_token`` (when given) must equal the planner fencing counter: a deposed
-        planner cannot publish. Returns None when a GPU is busy or the job is gone.
+        planner cannot publish. With ``instance`` (a ``P:resident`` value) the returned
+        lease's ``warm`` says whether every GPU held that instance when it was leased
+        (no other holder can change that while the lease is current). Returns None when
+        a GPU is busy or the job is gone.
 
         Raises:
             LeaseError: the planner was fenced off (another planner leads now).
         """
+        keys, args = self._acquire_call(lease_id, gpus, ttl_s, job_id, kind, holder, queue, planner_token, info,
+                                        event, instance)
+        return self._acquired(self._acquire(keys=keys, args=args), lease_id, gpus)
+
+    def acquire_many(self, requests: list[dict[str, Any]]) -> tuple[list[Lease | None], bool]:
+        """Several :meth:`acquire` calls (each a dict of its keyword arguments, with
+        ``lease_id``, ``gpus`` and ``ttl_s``) in one round trip, applied in order; each
+        is its own atomic script, exactly as if called one by one. Returns the leases
+        (None where a GPU was busy or the job gone, and for every call from the first
+        one refused by the planner fence on) and whether the planner fence refused one
+        (the caller then raises :class:`LeaseError` after handling the leases before it).
+        """
+        calls = [self._acquire_call(q["lease_id"], q["gpus"], q["ttl_s"], q.get("job_id", ""), q.get("kind", "job"),
+                                    q.get("holder", ""), q.get("queue", ""), q.get("planner_token", ""),
+                                    q.get("info"), q.get("event"), q.get("instance", "")) for q in requests]
+        p = self.r.pipeline(transaction=False)
+        for keys, args in calls:
+            p.evalsha(self._acquire.sha, len(keys), *keys, *args)
+        outs = p.execute(raise_on_error=False)
+        leases: list[Lease | None] = []
+        for q, (keys, args), out in zip(requests, calls, outs):
+            if isinstance(out, redis.exceptions.NoScriptError):  # not loaded yet (or Redis restarted)
+                out = self._acquire(keys=keys, args=args)
+            elif isinstance(out, Exception):
+                raise out
+            try:
+                leases.append(self._acquired(out, q["lease_id"], q["gpus"]))
+            except LeaseError:
+                return leases + [None] * (len(requests) - len(leases)), True
+        return leases, False
+
+    def _acquire_call(self, lease_id, gpus, ttl_s, job_id, kind, holder, queue, planner_token, info, event,
+                      instance) -> tuple[list[str], list[Any]]:
         fields = {"job": job_id, "kind": kind, "holder": holder, "gpus": json.dumps(list(gpus)),
                   **(info or {})}
         ev = {"ts": time.time(), "kind": "leased", "lease": lease_id, "job": job_id or None, "gpus": list(gpus),
               **(event or {})}
         keys = [self.keys.fence, self.keys.lease(lease_id), self.keys.leases, self.keys.job(job_id or "-"),
                 queue or self.keys.queue("normal"), self.keys.running, self.keys.planner_fence, self.keys.events,
-                *[self.keys.gpu(g) for g in gpus]]
-        out = self._acquire(keys=keys, args=[lease_id, job_id, int(ttl_s * 1000), now_ms(), holder,
-                                             json.dumps(fields), planner_token, json.dumps(ev),
-                                             "queued" if kind == "job" else "none"])
+                *[self.keys.gpu(g) for g in gpus], *([self.keys.resident(g) for g in gpus] if instance else [])]
+        return keys, [lease_id, job_id, int(ttl_s * 1000), now_ms(), holder, json.dumps(fields), planner_token,
+                      json.dumps(ev), "queued" if kind == "job" else "none", instance]
+
+    @staticmethod
+    def _acquired(out: list, lease_id: str, gpus: tuple[str, ...]) -> Lease | None:
         if out[0] == 1:
-            return Lease(lease_id, int(out[1]), tuple(gpus))
+            return Lease(lease_id, int(out[1]), tuple(gpus), bool(out[2]))
         if out[1] == "planner_fenced":
             raise LeaseError("planner fencing token is stale: another planner leads")
         return None
@@ -253,10 +301,12 @@ class LeaseStore:
                                   repr(float(retry_backoff_max_s))])
         return out[1]
 
-    def reclaim_expired(self, max_attempts: int, retry_backoff_s: float = 0.0,
-                        retry_backoff_max_s: float = 300.0) -> dict[str, int]:
+    def reclaim_expired(self, max_attempts: int, retry_backoff_s: float = 0.0, retry_backoff_max_s: float = 300.0,
+                        expired: list[str] | None = None) -> dict[str, int]:
+        """Reclaim every expired lease (``expired``: their ids, already read; each is
+        checked again inside its reclaim script). Returns counts by outcome."""
         counts: dict[str, int] = {}
-        for lid in self.expired():
+        for lid in self.expired() if expired is None else expired:
             o = self.reclaim(lid, max_attempts, retry_backoff_s, retry_backoff_max_s)
             counts[o] = counts.get(o, 0) + 1
         return counts

@@ -291,7 +291,15 @@ class PhaseRunner:
                                               ("HSET", self.keys.job(ctx.job_id), "state", "running",
                                                "started_at", repr(time.time()))]):
             raise StaleFencingToken("lease lost before execute")
-        payload = self._payload(ctx)
+        self._workload(ctx, hb, extra, self._payload(ctx))
+        if not self.leases.fenced(ctx.lease, [("DEL", busy)]):
+            raise StaleFencingToken("lease lost during execute")
+        return ctx.service_s
+
+    def _workload(self, ctx: PhaseContext, hb: LeaseHeartbeat, extra: dict, payload: dict) -> None:
+        """The body of execute: the job's requests against its endpoint instance, or a
+        sleep of ``service_s`` (scaled). Raises StaleFencingToken (lease lost) or
+        PhaseError (the workload failed or was cancelled)."""
         inst = self._request_target(ctx) if payload.get("requests") else None
         if inst is not None:  # request-level execution against the real endpoint
             from workers.requests import RequestRunner
@@ -305,9 +313,6 @@ class PhaseRunner:
             extra.update(res.summary(), instance=inst.id)
         else:
             self._sleep(ctx.service_s, hb, ctx)
-        if not self.leases.fenced(ctx.lease, [("DEL", busy)]):
-            raise StaleFencingToken("lease lost during execute")
-        return ctx.service_s
 
     def _payload(self, ctx: PhaseContext) -> dict:
         """The job's payload (from the context, else from the job record's spec)."""
@@ -348,6 +353,13 @@ class PhaseRunner:
     def _finish(self, ctx: PhaseContext, state: str, reason: str) -> str:
         """Release the lease and, for a job, record its final state — atomically, fenced."""
         now = time.time()
+        if not self.leases.fenced(ctx.lease, self._finish_ops(ctx, state, reason, now)):
+            return "stale"
+        return self._finished(ctx, state, reason, now)
+
+    def _finish_ops(self, ctx: PhaseContext, state: str, reason: str, now: float) -> list[tuple]:
+        """The fenced ops of :meth:`_finish` (release, final state, event), for callers
+        that commit them together with ops of their own."""
         ops: list[tuple] = [("DEL", self.keys.gpu(g)) for g in ctx.gpus]
         ops += [("RPUSH", self.keys.planner_wake, "1"), ("LTRIM", self.keys.planner_wake, -16, -1),
                 ("DEL", self.keys.lease(ctx.lease_id)), ("ZREM", self.keys.leases, ctx.lease_id),
@@ -360,8 +372,10 @@ class PhaseRunner:
         else:
             ops.append(("XADD_E", self.keys.events, self._event("restore_end", ctx)))
         # The fenced script checks the GPU keys before deleting them, so order is safe.
-        if not self.leases.fenced(ctx.lease, ops):
-            return "stale"
+        return ops
+
+    def _finished(self, ctx: PhaseContext, state: str, reason: str, now: float) -> str:
+        """After the finish ops committed: metrics, the job span, a warning if not completed."""
         if ctx.kind == "job":
             (metrics.job_completed if state == "completed" else metrics.job_failed)(ctx.priority)
             telemetry.end_job_span(ctx.traceparent, ctx.submitted_at or now,

@@ -31,9 +31,9 @@ from planner.api import plan
 from planner.simulator import _demand, _share
 from planner.model import EndpointModel, FleetState, Gpu, PlanJob
 from workers.drain import SetPointMixin
-from workers.leases import LeaseStore
+from workers.leases import LeaseStore, now_ms
 from workers.preemption import PreemptionMixin
-from workers.phases import PhaseContext, parse_instance
+from workers.phases import PhaseContext, instance_value, parse_instance
 
 log = logging.getLogger("makespan.planner")
 
@@ -94,10 +94,12 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
         self.gpus = fleet_gpus(fleet)
         self.set_points = set_point_instances(fleet)
         self._dispatch = dispatch
+        self._solve_stats: list[str] = []
         self._stop = threading.Event()
         self.token = ""
         self.lost = threading.Event()
         self._idle_checked = False
+        self.tick_again = False
         self._meta: dict[str, tuple[str, float]] = {}
         self._recent: dict[str, PlanJob] = {}
         self._last_tp: dict[str, str] = {}  # GPU -> traceparent of the last job leased on it
@@ -148,12 +150,19 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
 
     def _wait_for_work(self) -> None:
         """Sleep until a submission or a lease release wakes us, or one tick passes (less
-        when a delayed job falls due sooner)."""
+        when a delayed job falls due sooner). A batch waits at most ``batch_wait_s`` for
+        more arrivals before it is planned, but only while the queues hold fewer than
+        ``batch_size`` jobs: a full batch cannot grow, and waiting would leave free GPU
+        slots idle."""
         try:
             if self.r.blpop([self.keys.planner_wake], timeout=self.delayed.wait_s(self.settings.planner_tick_s)):
-                # a batch waits at most batch_wait_s for more arrivals before it is planned
-                self._stop.wait(self.settings.batch_wait_s)
-                self.r.delete(self.keys.planner_wake)
+                p = self.r.pipeline(transaction=False)
+                for q in self.keys.queues():
+                    p.zcard(q)
+                p.delete(self.keys.planner_wake)  # the coming tick covers every wake-up so far
+                if sum(p.execute()[:-1]) < self.settings.batch_size:
+                    self._stop.wait(self.settings.batch_wait_s)
+                    self.r.delete(self.keys.planner_wake)
         except redis.RedisError:
             self._stop.wait(self.settings.planner_tick_s)
 
@@ -178,9 +187,12 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
                     log.warning("planner tick failed (Redis): %s", e)
                     busy = False
                     time.sleep(0.5)
-                if not busy:
+                if not (busy and self.tick_again):
                     self._wait_for_work()
             try:
+                p = self.r.pipeline(transaction=False)
+                self._write_solve_stats(p)
+                p.execute()
                 lock.release()
             except (LockError, redis.RedisError):
                 pass
@@ -189,20 +201,54 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
     def now_s(self) -> float:
         return time.time() / self.settings.time_scale
 
-    def fleet_state(self) -> tuple[FleetState, set[str]]:
+    def snapshot(self) -> dict:
+        """What every tick reads, in one round trip: expired lease ids, the number of
+        open agenda entries, GPU holders and residents (MGET, fleet order), whether a
+        workload is active, and the first ``batch_size`` ids of every queue (CRITICAL
+        first)."""
         uuids = [g.uuid for g in self.gpus]
         p = self.r.pipeline(transaction=False)
+        self._write_solve_stats(p)
+        p.zrangebyscore(self.keys.leases, "-inf", now_ms())
+        p.zcard(self.keys.agenda_index)
         p.mget([self.keys.gpu(u) for u in uuids])
         p.mget([self.keys.resident(u) for u in uuids])
-        held, res = p.execute()
+        p.scard(self.keys.workloads_active)
+        for q in self.keys.queues():
+            p.zrange(q, 0, self.settings.batch_size - 1)
+        expired, agenda, held, res, workloads, *heads = p.execute()[-(5 + len(Priority)):]
+        return {"expired": expired, "agenda": agenda, "held": held, "resident": res, "workloads": workloads,
+                "heads": dict(zip(Priority, heads))}
+
+    def _write_solve_stats(self, p) -> None:
+        """Queue the solve times noted since the last call on pipeline ``p`` (the list
+        ``P:planner:solve_s``, ``seconds:batch size``, capped at STATS_KEEP)."""
+        if self._solve_stats:
+            p.rpush(f"{self.keys.prefix}:planner:solve_s", *self._solve_stats)
+            p.ltrim(f"{self.keys.prefix}:planner:solve_s", -STATS_KEEP, -1)
+            self._solve_stats = []
+
+    def fleet_state(self, snap: dict | None = None) -> tuple[FleetState, set[str]]:
+        """The planner's view of the fleet (free times, residents, set point) and the busy
+        GPUs, from ``snap`` (:meth:`snapshot`) or read now."""
+        uuids = [g.uuid for g in self.gpus]
+        if snap is None:
+            p = self.r.pipeline(transaction=False)
+            p.mget([self.keys.gpu(u) for u in uuids])
+            p.mget([self.keys.resident(u) for u in uuids])
+            held, res = p.execute()
+        else:
+            held, res = snap["held"], snap["resident"]
         now = self.now_s()
         free_at: dict[str, float] = {}
         busy: set[str] = set()
-        lease_ids = {v.split(":")[0] for v in held if v}
+        lease_ids = sorted({v.split(":")[0] for v in held if v})
         ends: dict[str, float] = {}
-        for lid in lease_ids:
-            pe = self.r.hget(self.keys.lease(lid), "planned_end_s")
-            ends[lid] = float(pe) if pe else now
+        if lease_ids:
+            p = self.r.pipeline(transaction=False)
+            for lid in lease_ids:
+                p.hget(self.keys.lease(lid), "planned_end_s")
+            ends = {lid: float(pe) if pe else now for lid, pe in zip(lease_ids, p.execute())}
         for u, v in zip(uuids, held):
             if v:
                 busy.add(u)
@@ -216,13 +262,15 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
         sp = self.fleet.set_point_by_gpu()
         return FleetState(now, self.gpus, self.endpoints, free_at, resident, sp), busy
 
-    def form_batch(self) -> list[PlanJob]:
-        """Up to ``batch_size`` queued jobs, CRITICAL first (strict priority), FIFO within a level."""
+    def form_batch(self, heads: dict[Priority, list[str]] | None = None) -> list[PlanJob]:
+        """Up to ``batch_size`` queued jobs, CRITICAL first (strict priority), FIFO within a
+        level. ``heads``: the first ``batch_size`` ids of each queue, already read (they
+        are read again here when a workload pass may have changed the queues)."""
         out: list[PlanJob] = []
         self._meta: dict[str, tuple[str, float]] = {}
         room = self.settings.batch_size
-        if self.r.scard(self.keys.workloads_active):  # workload steps: retries, failure, completion
-            from app.workloads import advance_workloads
+        if heads is None and self.r.scard(self.keys.workloads_active):
+            from app.workloads import advance_workloads  # workload steps: retries, failure, completion
 
             advance_workloads(self.r, self.keys)
         for lvl in Priority:
@@ -230,7 +278,10 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
             # read on past steps whose dependencies are not done, so that they never hide
             # startable jobs behind them (bounded: SCAN_FACTOR batches per level per tick)
             while room > 0 and offset < SCAN_FACTOR * self.settings.batch_size:
-                ids = self.r.zrange(self.keys.queue(lvl), offset, offset + self.settings.batch_size - 1)
+                if offset == 0 and heads is not None:
+                    ids = heads[lvl]
+                else:
+                    ids = self.r.zrange(self.keys.queue(lvl), offset, offset + self.settings.batch_size - 1)
                 if not ids:
                     break
                 offset += len(ids)
@@ -281,42 +332,54 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
         return False
 
     def tick(self) -> bool:
-        """One planning cycle. Returns True if it dispatched anything."""
+        """One planning cycle. Returns True if it dispatched anything. ``tick_again``
+        says whether another tick may start more at once (it dispatched, and a GPU is
+        still free or a CRITICAL/HIGH job waits); else the loop sleeps until woken."""
+        self.tick_again = False
         self.retention.maybe_sweep()
-        reclaimed = self.leases.reclaim_expired(self.settings.max_attempts, self.settings.retry_backoff_s,
-                                                self.settings.retry_backoff_max_s)
         self.delayed.promote(self.token)  # due delayed jobs (delay_s, retry backoff) join their queue
-        if reclaimed:
-            log.warning("reclaimed expired leases: %s", reclaimed)
-            for _ in range(sum(reclaimed.values())):
-                metrics.lease_reclaimed()
-        if self.agenda is not None:
+        snap = self.snapshot()
+        if snap["expired"]:
+            reclaimed = self.leases.reclaim_expired(self.settings.max_attempts, self.settings.retry_backoff_s,
+                                                    self.settings.retry_backoff_max_s, expired=snap["expired"])
+            if reclaimed:
+                log.warning("reclaimed expired leases: %s", reclaimed)
+                for _ in range(sum(reclaimed.values())):
+                    metrics.lease_reclaimed()
+            snap = self.snapshot()  # reclaims freed GPUs and requeued jobs
+        if self.agenda is not None and snap["agenda"]:
             self.agenda.reap()
-        state, busy = self.fleet_state()
-        batch = self.form_batch() if len(busy) < len(self.gpus) or self._may_preempt() else []
-        self._note_demand(batch, state)
+        busy = {g.uuid for g, v in zip(self.gpus, snap["held"]) if v}
+        heads = None if snap["workloads"] else snap["heads"]
+        may_preempt = bool(snap["heads"][Priority.CRITICAL] or snap["heads"][Priority.HIGH])
+        batch = self.form_batch(heads) if len(busy) < len(self.gpus) or may_preempt else []
         if not batch:
             return self._idle(busy) if len(busy) < len(self.gpus) else False
+        state, busy = self.fleet_state(snap)
+        self._note_demand(batch, state)
         self._idle_checked = False
         t0 = time.perf_counter()
         p = plan(batch, state, self.settings.policy, time_limit_s=self.settings.solve_time_limit_s)
         solve_s = time.perf_counter() - t0
         metrics.observe_solve(solve_s, len(batch))
-        self.r.rpush(f"{self.keys.prefix}:planner:solve_s", f"{solve_s:.6f}:{len(batch)}")
-        self.r.ltrim(f"{self.keys.prefix}:planner:solve_s", -STATS_KEEP, -1)
+        self._solve_stats.append(f"{solve_s:.6f}:{len(batch)}")  # written with the next snapshot
         jobs = {j.id: j for j in batch}
         taken: set[str] = set(busy)
         dispatched: set[str] = set()
         eps = 1e-6 * max(1.0, abs(state.now_s))
+        starts = []
         for a in sorted(p.assignments, key=lambda a: (a.start_s, a.end_s)):
             if a.start_s > state.now_s + eps or taken.intersection(a.gpus):
                 continue
             taken.update(a.gpus)
-            if self._start(jobs[a.job_id], a.gpus, a.end_s, a.load):
-                dispatched.add(a.job_id)
+            starts.append((jobs[a.job_id], a.gpus, a.end_s, a.load))
+        dispatched |= self._start_many(starts)
         waiting = [j for j in batch if j.id not in dispatched and j.priority <= int(Priority.HIGH)]
         if waiting:
             dispatched |= self._preempt_for(waiting, state, taken)
+        # tick again at once only if another tick may start something: a GPU is still free
+        # or a CRITICAL/HIGH job still waits; else sleep until a release or submission
+        self.tick_again = bool(dispatched) and (len(taken) < len(self.gpus) or bool(waiting))
         return bool(dispatched)
 
     def _note_demand(self, batch: list[PlanJob], state: FleetState) -> None:
@@ -332,23 +395,49 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
         state.demand = _demand(recent)
         state.demand_share = _share(recent, state)
 
+    def _start_many(self, starts: list[tuple[PlanJob, tuple[str, ...], float, str]]) -> set[str]:
+        """Lease and send every (job, gpus, planned end, load) of ``starts``, in order;
+        the leases in one round trip (each its own atomic script) unless tracing is on
+        (then one ``allocate_gpus`` span per lease). Returns the ids of the jobs started.
+
+        Raises:
+            LeaseError: the planner was fenced off (after sending what it leased before).
+        """
+        if len(starts) <= 1 or telemetry.tracing_enabled():
+            return {s[0].id for s in starts if self._start(*s)}
+        reqs = [self._lease_request(*s) for s in starts]
+        leases, fenced = self.leases.acquire_many(reqs)
+        started = {s[0].id for s, q, lease in zip(starts, reqs, leases) if lease is not None and self._started(
+            s[0], s[1], q["holder"], lease)}
+        if fenced:
+            raise LeaseError("planner fencing token is stale: another planner leads")
+        return started
+
+    def _lease_request(self, j: PlanJob, gpus: tuple[str, ...], end_s: float, load: str) -> dict:
+        """The :meth:`LeaseStore.acquire` arguments of a job lease."""
+        prio = Priority(j.priority)
+        host = self.fleet.host_of(gpus[0])
+        return dict(lease_id=uuid.uuid4().hex, gpus=gpus, ttl_s=self.settings.lease_ttl_s, job_id=j.id, kind="job",
+                    holder=host, queue=self.keys.queue(prio), planner_token=self.token,
+                    info={"planned_end_s": repr(end_s), "endpoint": j.endpoint, "priority": prio.name},
+                    event={"endpoint": j.endpoint, "priority": prio.name, "host": host, "load": load,
+                           "planned_s": end_s - self.now_s()}, instance=instance_value(j.endpoint, gpus))
+
     def _start(self, j: PlanJob, gpus: tuple[str, ...], end_s: float, load: str) -> bool:
         """Lease ``gpus`` for job ``j`` and send its phase chain. False if the lease failed."""
-        prio = Priority(j.priority)
-        lid = uuid.uuid4().hex
-        host = self.fleet.host_of(gpus[0])
-        tp, sub = self._meta.get(j.id, ("", 0.0))
-        attrs = {"job_id": j.id, "priority": prio.name, "endpoint": j.endpoint, "gpus": list(gpus), "host": host,
-                 "lease_id": lid, "planned_s": end_s - self.now_s()}
+        q = self._lease_request(j, gpus, end_s, load)
+        tp = self._meta.get(j.id, ("", 0.0))[0]
+        attrs = {"job_id": j.id, "priority": Priority(j.priority).name, "endpoint": j.endpoint, "gpus": list(gpus),
+                 "host": q["holder"], "lease_id": q["lease_id"], "planned_s": end_s - self.now_s()}
         with telemetry.phase_span("allocate_gpus", tp, attrs):
-            lease = self.leases.acquire(
-                lid, gpus, self.settings.lease_ttl_s, job_id=j.id, kind="job", holder=host,
-                queue=self.keys.queue(prio), planner_token=self.token,
-                info={"planned_end_s": repr(end_s), "endpoint": j.endpoint, "priority": prio.name},
-                event={"endpoint": j.endpoint, "priority": prio.name, "host": host, "load": load,
-                       "planned_s": end_s - self.now_s()})
-        if lease is None:
-            return False
+            lease = self.leases.acquire(**q)
+        return lease is not None and self._started(j, gpus, q["holder"], lease)
+
+    def _started(self, j: PlanJob, gpus: tuple[str, ...], host: str, lease) -> bool:
+        """After ``lease`` was published for ``j``: metrics, and send its phase chain."""
+        prio = Priority(j.priority)
+        lid = lease.lease_id
+        tp, sub = self._meta.get(j.id, ("", 0.0))
         if sub:
             metrics.observe_wait(prio, max(0.0, time.time() - sub))
         ctx = PhaseContext(lid, lease.token, list(gpus), host, "job", j.endpoint, j.id, prio.name, j.service_s,
@@ -356,18 +445,20 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
         for g in gpus:
             self._last_tp[g] = tp
         with telemetry.use_traceparent(tp):
-            self._send(ctx, host)
+            self._send(ctx, host, lease.warm)
         return True
 
-    def _send(self, ctx: PhaseContext, host: str) -> None:
+    def _send(self, ctx: PhaseContext, host: str, warm: bool | None = None) -> None:
         """Send the phase chain. A publish that fails (broker connection lost mid-send;
         kombu may raise more than redis errors then) must not kill the planner: the
         lease is never renewed, so it expires and the reaper requeues the job."""
-        send = self._dispatch
-        if send is None:
-            from workers.tasks import dispatch as send
         try:
-            send(ctx, self.keys.host_queue(host))
+            if self._dispatch is not None:
+                self._dispatch(ctx, self.keys.host_queue(host))
+            else:
+                from workers.tasks import dispatch
+
+                dispatch(ctx, self.keys.host_queue(host), warm)
         except Exception as e:  # noqa: BLE001 - recovered through lease expiry, see above
             log.error("dispatch of lease %s (job %s) failed: %r; it will expire and be reclaimed",
                       ctx.lease_id, ctx.job_id or ctx.kind, e)

@@ -18,9 +18,6 @@ log = logging.getLogger("makespan.planner")
 
 
 class PreemptionMixin:
-    def _may_preempt(self) -> bool:
-        return bool(self.r.zcard(self.keys.queue(Priority.CRITICAL)) or self.r.zcard(self.keys.queue(Priority.HIGH)))
-
     def _preempt_for(self, waiting: list[PlanJob], state: FleetState, taken: set[str]) -> set[str]:
         """For each waiting CRITICAL/HIGH job that no free GPU group can take now, evict
         the cheapest set of strictly lower-priority job leases covering one of its

@@ -71,22 +71,16 @@ def _make_phase_task(phase: str):
 PHASE_TASKS = {p: _make_phase_task(p) for p in ("evict", "start_endpoint", "execute", "clear", "restore")}
 
 
-WARM_PHASES = JOB_PHASES  # evict and start_endpoint find nothing to do, but still record their phase events
-
-
 @celery.task(name="makespan.warm_job", bind=True, acks_late=True, ignore_result=True)
 def warm_job(self, ctx: dict) -> str:
     """Fast path for a warm job: its endpoint instance is already resident on exactly its
     leased GPUs, so evict and start_endpoint have nothing to do. Runs all four phases in
-    one task (one broker round trip instead of four); each phase stays idempotent and
-    fenced, so a redelivery replays only what is not done."""
-    c = PhaseContext.from_dict(ctx)
-    out = "done"
-    for phase in WARM_PHASES:
-        out = runner().run(c, phase)
-        if out in ("failed", "cancelled", "stale"):
-            break
-    return out
+    one task (one broker round trip instead of four) and two fenced Redis scripts
+    (:mod:`workers.warm`); a redelivery, a cancel or a changed GPU falls back to the
+    phase-by-phase path, where each phase stays idempotent and fenced."""
+    from workers.warm import run_warm
+
+    return run_warm(runner(), PhaseContext.from_dict(ctx))
 
 
 _client: list = []
@@ -104,10 +98,11 @@ def is_warm(ctx: PhaseContext) -> bool:
     return all(v == want for v in _client[0].mget([keys.resident(g) for g in ctx.gpus]))
 
 
-def dispatch(ctx: PhaseContext, queue: str) -> None:
-    """Send the phase chain of ``ctx`` to ``queue`` (one ``warm_job`` task for a warm job)."""
+def dispatch(ctx: PhaseContext, queue: str, warm: bool | None = None) -> None:
+    """Send the phase chain of ``ctx`` to ``queue`` (one ``warm_job`` task for a warm job).
+    ``warm``: known from the lease (``Lease.warm``); None reads the GPUs' residents."""
     payload = ctx.__dict__.copy()
-    if ctx.kind == "job" and is_warm(ctx):
+    if ctx.kind == "job" and (is_warm(ctx) if warm is None else warm):
         warm_job.apply_async(args=(payload,), queue=queue)
         return
     phases = JOB_PHASES if ctx.kind == "job" else RESTORE_PHASES

@@ -81,3 +81,27 @@ def test_deposed_planner_cannot_publish(store, prod, r, keys):
     with pytest.raises(LeaseError):
         store.acquire("L1", ("g0",), 5, job_id=h.id, queue=keys.queue(Priority.NORMAL), planner_token="4")
     assert r.get(keys.gpu("g0")) is None and r.zcard(keys.queue(Priority.NORMAL)) == 1
+
+
+def test_acquire_many_is_acquire_one_by_one_in_one_round_trip(store, prod, r, keys):
+    jobs = [prod.submit({"endpoint": "embed", "service_s": 5, "priority": "HIGH"}).id for _ in range(3)]
+    r.set(keys.resident("g0"), "embed@g0")
+    store._acquire.sha = "0" * 40  # a script Redis does not know: each call falls back and loads it
+    reqs = [dict(lease_id=f"L{i}", gpus=(g,), ttl_s=5, job_id=j, queue=keys.queue(Priority.HIGH),
+                 instance=f"embed@{g}") for i, (j, g) in enumerate(zip(jobs, ("g0", "g1", "g0")))]
+    leases, fenced = store.acquire_many(reqs)
+    assert not fenced
+    assert [lease is not None for lease in leases] == [True, True, False]  # g0 taken by the first
+    assert [lease.warm for lease in leases[:2]] == [True, False]
+    assert r.zrange(keys.queue(Priority.HIGH), 0, -1) == [jobs[2]]
+    assert leases[1].token > leases[0].token
+
+
+def test_acquire_many_stops_at_the_planner_fence(store, prod, r, keys):
+    jobs = [prod.submit({"endpoint": "embed", "service_s": 5, "priority": "HIGH"}).id for _ in range(2)]
+    r.set(keys.planner_fence, "7")
+    reqs = [dict(lease_id=f"L{i}", gpus=(f"g{i}",), ttl_s=5, job_id=j, queue=keys.queue(Priority.HIGH),
+                 planner_token=tok) for i, (j, tok) in enumerate(zip(jobs, ("7", "6")))]
+    leases, fenced = store.acquire_many(reqs)
+    assert fenced and leases[0] is not None and leases[1] is None
+    assert r.hget(keys.job(jobs[1]), "state") == "queued"

@@ -1,0 +1,89 @@
+"""The warm-job fast path (workers/warm.py) leaves the same state and records the same
+events as the phase-by-phase path, and falls back to it whenever a check fails."""
+
+from __future__ import annotations
+
+import json
+
+from app.models import load_fleet
+from app.producer import Producer
+from workers.leases import LeaseStore
+from workers.phases import PhaseContext, PhaseRunner, instance_value
+from workers.warm import run_phases, run_warm
+from tests.conftest import FLEET_TOML
+
+GPU = "GPU-host-a-3"
+
+
+def _warm_leased_job(r, keys, settings, lid="L1"):
+    fleet = load_fleet(FLEET_TOML)
+    jid = Producer(r, keys, fleet, settings).submit({"endpoint": "embed", "service_s": 1, "priority": "HIGH"}).id
+    r.set(keys.resident(GPU), instance_value("embed", [GPU]))
+    lease = LeaseStore(r, keys).acquire(lid, (GPU,), 30.0, job_id=jid, kind="job", holder="host-a",
+                                        queue=keys.queue("HIGH"))
+    assert lease is not None
+    ctx = PhaseContext(lid, lease.token, [GPU], "host-a", "job", "embed", jid, "HIGH", 1.0)
+    return ctx, PhaseRunner(r, settings, fleet)
+
+
+def _job_events(r, keys, jid):
+    out = []
+    for _i, f in r.xrange(keys.events):
+        e = json.loads(f["e"])
+        if e.get("job") == jid and e["kind"] not in ("submitted", "leased"):
+            out.append((e["kind"], e.get("phase")))
+    return out
+
+
+def _after(r, keys, ctx):
+    rec = r.hgetall(keys.job(ctx.job_id))
+    return {"state": rec["state"], "started": "started_at" in rec, "finished": "finished_at" in rec,
+            "gpu": r.get(keys.gpu(GPU)), "lease": r.exists(keys.lease(ctx.lease_id)),
+            "phase": r.exists(keys.phase(ctx.lease_id)), "busy": r.exists(keys.busy(ctx.lease_id)),
+            "running": r.zscore(keys.running, ctx.job_id), "resident": r.get(keys.resident(GPU)),
+            "finished_index": r.zscore(f"{keys.prefix}:finished", ctx.job_id) is not None}
+
+
+def test_fast_path_matches_the_phase_by_phase_path(r, keys, settings):
+    fast, runner = _warm_leased_job(r, keys, settings, "L1")
+    assert run_warm(runner, fast) == "completed"
+    slow, _ = _warm_leased_job(r, keys, settings, "L2")
+    assert run_phases(runner, slow) == "completed"
+    assert _job_events(r, keys, fast.job_id) == _job_events(r, keys, slow.job_id)
+    assert _job_events(r, keys, fast.job_id)[-1] == ("completed", None)
+    assert _after(r, keys, fast) == _after(r, keys, slow)
+    assert _after(r, keys, fast)["state"] == "completed" and _after(r, keys, fast)["gpu"] is None
+
+
+def test_stale_token_writes_nothing(r, keys, settings):
+    ctx, runner = _warm_leased_job(r, keys, settings)
+    ctx.token += 1
+    assert run_warm(runner, ctx) == "stale"
+    assert r.hget(keys.job(ctx.job_id), "state") == "leased"
+    assert not r.exists(keys.phase(ctx.lease_id)) and not r.exists(keys.busy(ctx.lease_id))
+
+
+def test_cancel_requested_falls_back_and_cancels(r, keys, settings):
+    ctx, runner = _warm_leased_job(r, keys, settings)
+    r.hset(keys.job(ctx.job_id), "cancel_requested", "1")
+    assert run_warm(runner, ctx) == "cancelled"
+    assert r.hget(keys.job(ctx.job_id), "state") == "cancelled"
+    assert r.get(keys.gpu(GPU)) is None
+
+
+def test_redelivery_replays_only_what_is_not_done(r, keys, settings):
+    """A second delivery after execute finished (its worker died before clear) only clears."""
+    ctx, runner = _warm_leased_job(r, keys, settings)
+    for p in ("evict", "start_endpoint", "execute"):
+        assert runner.run(ctx, p) == "done"
+    assert run_warm(runner, ctx) == "completed"
+    kinds = _job_events(r, keys, ctx.job_id)
+    assert kinds.count(("phase_end", "execute")) == 1 and kinds[-1] == ("completed", None)
+
+
+def test_instance_gone_falls_back_and_loads_it(r, keys, settings):
+    ctx, runner = _warm_leased_job(r, keys, settings)
+    r.delete(keys.resident(GPU))  # no longer warm when the task runs
+    assert run_warm(runner, ctx) == "completed"
+    assert r.get(keys.resident(GPU)) == instance_value("embed", [GPU])
+    assert ("phase_end", "start_endpoint") in _job_events(r, keys, ctx.job_id)

@@ -1,0 +1,132 @@
+"""The warm-job fast path: a job whose endpoint instance is already resident on exactly
+its leased GPUs runs evict → start_endpoint → execute → clear in two fenced Redis
+scripts instead of some thirty round trips.
+
+1. :data:`_BEGIN` (one script) checks the fencing token on every GPU, that the
+   instance is still resident on all of them, that no phase of this lease has been
+   claimed yet and that no cancel was requested; then it marks evict and
+   start_endpoint done (they have nothing to do), claims execute, records the phase
+   events of both no-op phases and execute's ``phase_start``, sets the busy slot and
+   the job's ``running`` state — the same writes the phase-by-phase path makes.
+2. The workload runs under one lease heartbeat (:meth:`PhaseRunner._workload`).
+3. One fenced commit records execute's ``phase_end``, the clear phase's events, and
+   the release and final state of :meth:`PhaseRunner._finish`.
+
+Whenever a check of step 1 fails for any reason but a stale token (a redelivery that
+finds phases claimed, a cancel, an instance that is no longer resident) nothing has
+been written, and the job goes the phase-by-phase way, which handles every such case.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from app import telemetry
+from app.errors import PhaseError, StaleFencingToken
+from workers.phases import JOB_PHASES, LeaseHeartbeat, PhaseContext, PhaseRunner, instance_value
+
+# KEYS: phase hash, job, events, busy, gpu_1..gpu_n, resident_1..resident_n
+# ARGV: lease_id, token, n, instance value, started_at (unix s), job id, then 5 event JSONs
+_BEGIN = """
+local n = tonumber(ARGV[3])
+local want = ARGV[1] .. ':' .. ARGV[2]
+for i = 1, n do if redis.call('GET', KEYS[4 + i]) ~= want then return {'stale'} end end
+for i = 1, n do if redis.call('GET', KEYS[4 + n + i]) ~= ARGV[4] then return {'cold'} end end
+if redis.call('EXISTS', KEYS[1]) == 1 then return {'replay'} end
+if redis.call('HGET', KEYS[2], 'cancel_requested') == '1' then return {'cancel'} end
+redis.call('HSET', KEYS[1], 'evict:claimed', '1', 'evict', 'done', 'start_endpoint:claimed', '1',
+           'start_endpoint', 'done', 'execute:claimed', '1')
+for i = 7, 11 do redis.call('XADD', KEYS[3], 'MAXLEN', '~', '1000000', '*', 'e', ARGV[i]) end
+redis.call('SET', KEYS[4], ARGV[6])
+redis.call('HSET', KEYS[2], 'state', 'running', 'started_at', ARGV[5])
+return {'ok', redis.call('HGET', KEYS[2], 'spec') or ''}
+"""
+
+
+def _scripts(runner: PhaseRunner):
+    s = getattr(runner, "_warm_begin", None)
+    if s is None:
+        s = runner._warm_begin = runner.r.register_script(_BEGIN)
+    return s
+
+
+def _phase_events(runner: PhaseRunner, ctx: PhaseContext, phases: tuple[str, ...], t0: float) -> list[str]:
+    out = []
+    for p in phases:
+        out.append(runner._event("phase_start", ctx, phase=p))
+        out.append(runner._event("phase_end", ctx, phase=p, planned_s=0.0, actual_s=round(time.time() - t0, 6)))
+    return out
+
+
+def run_warm(runner: PhaseRunner, ctx: PhaseContext) -> str:
+    """Run every phase of a warm job (see the module doc). Returns the final outcome
+    like :meth:`PhaseRunner.run` of the last phase ("completed", "failed",
+    "cancelled", "stale"), or the phase-by-phase path's outcome when it falls back."""
+    k = runner.keys
+    t0 = time.time()
+    evs = _phase_events(runner, ctx, ("evict", "start_endpoint"), t0)
+    evs.append(runner._event("phase_start", ctx, phase="execute"))
+    keys = [k.phase(ctx.lease_id), k.job(ctx.job_id), k.events, k.busy(ctx.lease_id),
+            *[k.gpu(g) for g in ctx.gpus], *[k.resident(g) for g in ctx.gpus]]
+    got = _scripts(runner)(keys=keys, args=[ctx.lease_id, ctx.token, len(ctx.gpus),
+                                            instance_value(ctx.endpoint, ctx.gpus), repr(t0), ctx.job_id, *evs])
+    if got[0] == "stale":
+        return "stale"
+    if got[0] != "ok":
+        return run_phases(runner, ctx)
+    attrs = {"job_id": ctx.job_id, "priority": ctx.priority or None, "endpoint": ctx.endpoint,
+             "gpus": list(ctx.gpus), "host": ctx.host, "lease_id": ctx.lease_id, "kind": ctx.kind}
+    for p in ("evict", "start_endpoint"):
+        _noop_phase(runner, ctx, p, attrs)
+    payload = ctx.payload or _spec_payload(got[1])
+    extra: dict[str, Any] = {}
+    started = time.time()
+    with LeaseHeartbeat(runner.leases, ctx.lease, runner.settings.lease_ttl_s, runner.settings.heartbeat_s) as hb:
+        try:
+            with telemetry.phase_span("execute", ctx.traceparent, attrs) as span:
+                runner._workload(ctx, hb, extra, payload)
+                span.set_attribute("makespan.planned_s", float(ctx.service_s))
+        except StaleFencingToken:
+            return "stale"
+        except PhaseError as e:
+            return runner._finish(ctx, "failed", f"execute: {e}")
+        actual_s = time.time() - started
+        runner._observe(ctx, "execute", ctx.service_s, actual_s)
+        _noop_phase(runner, ctx, "clear", attrs)
+        now = time.time()
+        ops: list[tuple] = [
+            ("XADD_E", k.events, runner._event("phase_end", ctx, phase="execute", planned_s=ctx.service_s,
+                                                actual_s=round(actual_s, 6), **extra)),
+            ("XADD_E", k.events, runner._event("phase_start", ctx, phase="clear")),
+            ("XADD_E", k.events, runner._event("phase_end", ctx, phase="clear", planned_s=0.0,
+                                                actual_s=round(time.time() - now, 6))),
+            *runner._finish_ops(ctx, "completed", "", now)]
+        if not runner.leases.fenced(ctx.lease, ops):
+            return "stale"
+    return runner._finished(ctx, "completed", "", now)
+
+
+def _noop_phase(runner: PhaseRunner, ctx: PhaseContext, phase: str, attrs: dict) -> None:
+    """The span (when tracing is on) and metrics of a phase with nothing to do, as the
+    phase-by-phase path records them."""
+    if telemetry.tracing_enabled():
+        with telemetry.phase_span(phase, ctx.traceparent, attrs) as span:
+            span.set_attribute("makespan.planned_s", 0.0)
+    runner._observe(ctx, phase, 0.0, 0.0)
+
+
+def _spec_payload(raw: str) -> dict:
+    return (json.loads(raw).get("payload") or {}) if raw else {}
+
+
+def run_phases(runner: PhaseRunner, ctx: PhaseContext) -> str:
+    """Every job phase one by one (each idempotent and fenced); stops at the first
+    phase that fails, is cancelled or finds its lease stale."""
+    out = "done"
+    for phase in JOB_PHASES:
+        out = runner.run(ctx, phase)
+        if out in ("failed", "cancelled", "stale"):
+            break
+    return out
