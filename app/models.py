@@ -13,6 +13,7 @@ import json
 import math
 import re
 import tomllib
+import unicodedata
 from pathlib import Path
 from typing import Any
 
@@ -320,6 +321,18 @@ class JobSpec(BaseModel):
             return Priority.parse(v)
         except ValidationError as e:
             raise ValueError(e.reason) from None
+
+    @field_validator("idempotency_key", mode="before")
+    @classmethod
+    def _idem(cls, v: Any) -> Any:
+        # checked before the model's whitespace stripping: a key is an identity, and
+        # "k " silently becoming "k" would return another submitter's job
+        if isinstance(v, str):
+            if v != v.strip():
+                raise ValueError("must not start or end with whitespace")
+            if any(unicodedata.category(c) == "Cc" for c in v):
+                raise ValueError("must not contain control characters")
+        return v
 
     @field_validator("service_s", "deadline_s", "delay_s", mode="before")
     @classmethod

@@ -82,6 +82,17 @@ def test_malformed_job_names_its_field_and_writes_nothing(r, prefix, keys, setti
     assert _keys_of(r, prefix) == before
 
 
+@pytest.mark.parametrize("key", ["k" * 200 + "\x85", " k", "k\t", "a\x00b"])
+def test_idempotency_key_is_taken_verbatim_or_refused(r, prefix, keys, settings, key):
+    # found by hypothesis: a 201-character key ending in U+0085 was stripped to 200 and
+    # accepted; a key is an identity, so it is never rewritten
+    before = _keys_of(r, prefix)
+    with pytest.raises(ValidationError) as ei:
+        Producer(r, keys, FLEET, settings).submit({**VALID_JOB, "idempotency_key": key})
+    assert ei.value.field == "job.idempotency_key"
+    assert _keys_of(r, prefix) == before
+
+
 def test_job_that_is_not_a_mapping_is_refused():
     for bad in (None, [], "chat", 3):
         with pytest.raises(ValidationError) as ei:
