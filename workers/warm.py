@@ -24,7 +24,7 @@ import time
 from typing import Any
 
 from app import telemetry
-from app.errors import PhaseError, StaleFencingToken
+from app.errors import PhaseCancelled, PhaseError, StaleFencingToken
 from workers.phases import JOB_PHASES, LeaseHeartbeat, PhaseContext, PhaseRunner, instance_value
 
 # KEYS: phase hash, job, events, busy, gpu_1..gpu_n, resident_1..resident_n
@@ -90,6 +90,8 @@ def run_warm(runner: PhaseRunner, ctx: PhaseContext) -> str:
                 span.set_attribute("makespan.planned_s", float(ctx.service_s))
         except StaleFencingToken:
             return "stale"
+        except PhaseCancelled as e:  # as PhaseRunner.run: a cancel is not a failure
+            return runner._finish(ctx, "cancelled", f"execute: {e}")
         except PhaseError as e:
             return runner._finish(ctx, "failed", f"execute: {e}")
         actual_s = time.time() - started

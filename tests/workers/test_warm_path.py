@@ -87,3 +87,42 @@ def test_instance_gone_falls_back_and_loads_it(r, keys, settings):
     assert run_warm(runner, ctx) == "completed"
     assert r.get(keys.resident(GPU)) == instance_value("embed", [GPU])
     assert ("phase_end", "start_endpoint") in _job_events(r, keys, ctx.job_id)
+
+
+def test_cancel_during_warm_requests_ends_cancelled_not_failed(r, keys, settings):
+    """A request-level job on the warm path stopped by a cancel ends ``cancelled`` (as on
+    the phase-by-phase path, PhaseCancelled), not ``failed``."""
+    import threading
+    from pathlib import Path
+
+    from tests.live import wait_for
+    from workers.drivers import get_driver
+    from workers.drivers.registry import register_instance, unregister_instance
+
+    fleet = load_fleet(Path(__file__).parents[1] / "workloads" / "fleet.toml")
+    gpu = fleet.gpu_uuids()[0]
+    ep = fleet.endpoints["judge"]  # 80 ms per request, 2 slots: 400 requests take 16 s
+    inst = get_driver(ep.launch.driver).start(ep, [gpu], settings.time_scale, "host-w")
+    try:
+        register_instance(r, keys, inst)
+        r.set(keys.resident(gpu), instance_value("judge", [gpu]))
+        payload = {"requests": 400, "prompt": "r {i}", "route": "/v1/completions", "max_tokens": 1,
+                   "request_timeout_s": 5.0, "step": "s"}
+        jid = Producer(r, keys, fleet, settings).submit({"endpoint": "judge", "service_s": 16, "payload": payload}).id
+        lease = LeaseStore(r, keys).acquire("LC", (gpu,), 30.0, job_id=jid, kind="job", holder="host-w",
+                                            queue=keys.queue("NORMAL"), instance=instance_value("judge", [gpu]))
+        assert lease is not None and lease.warm
+        ctx = PhaseContext("LC", lease.token, [gpu], "host-w", "job", "judge", jid, "NORMAL", 16.0)
+        out: list[str] = []
+        t = threading.Thread(target=lambda: out.append(run_warm(PhaseRunner(r, settings, fleet), ctx)))
+        t.start()
+        wait_for(lambda: r.hget(keys.job(jid), "state") == "running", 10, "the warm job to run", 0.02)
+        r.hset(keys.job(jid), "cancel_requested", "1")
+        t.join(30)
+        assert out == ["cancelled"]
+        rec = r.hgetall(keys.job(jid))
+        assert rec["state"] == "cancelled" and "cancelled while running" in rec["reason"]
+        assert r.get(keys.gpu(gpu)) is None
+    finally:
+        unregister_instance(r, keys, inst.id)
+        get_driver(inst.driver).stop(inst)
