@@ -472,24 +472,26 @@ redis.call('XADD', KEYS[4], 'MAXLEN', '~', '1000000', '*', 'e', ARGV[5])
 return 1
 """
 
-# KEYS: workload, active, events, queue, finished index, then job keys
+# KEYS: workload, active, events, queue, finished index, delayed, then job keys
 # ARGV: now, reason, final state, then job ids
-# Queued steps are cancelled at once; leased/running ones are asked to stop at their
-# next phase boundary (the GPU worker then releases their lease).
+# Queued steps (and delayed ones: waiting out a retry backoff) are cancelled at once;
+# leased/running ones are asked to stop at their next phase boundary (the GPU worker
+# then releases their lease).
 _CANCEL_WORKLOAD = """
-local n = #KEYS - 5
+local n = #KEYS - 6
 local out = {0, 0}
 for i = 1, n do
-  local st = redis.call('HGET', KEYS[5 + i], 'state')
-  if st == 'queued' then
+  local st = redis.call('HGET', KEYS[6 + i], 'state')
+  if st == 'queued' or st == 'delayed' then
     redis.call('ZREM', KEYS[4], ARGV[3 + i])
-    redis.call('HSET', KEYS[5 + i], 'state', 'cancelled', 'finished_at', ARGV[1], 'reason', ARGV[2])
+    redis.call('ZREM', KEYS[6], ARGV[3 + i])
+    redis.call('HSET', KEYS[6 + i], 'state', 'cancelled', 'finished_at', ARGV[1], 'reason', ARGV[2])
     redis.call('ZADD', KEYS[5], ARGV[1], ARGV[3 + i])
     redis.call('XADD', KEYS[3], 'MAXLEN', '~', '1000000', '*', 'e',
                cjson.encode({ts = tonumber(ARGV[1]), kind = 'cancelled', job = ARGV[3 + i], reason = ARGV[2]}))
     out[1] = out[1] + 1
   elseif st == 'leased' or st == 'running' then
-    redis.call('HSET', KEYS[5 + i], 'cancel_requested', '1')
+    redis.call('HSET', KEYS[6 + i], 'cancel_requested', '1')
     out[2] = out[2] + 1
   end
 end
@@ -510,7 +512,7 @@ def _job_ids(r: redis.Redis, keys: Keys, workload_id: str) -> dict[str, str]:
 
 
 def cancel_workload(r: redis.Redis, keys: Keys, workload_id: str, reason: str = "workload cancelled") -> dict[str, int]:
-    """Cancel a workload: queued steps at once, running steps at their next phase
+    """Cancel a workload: queued (and delayed) steps at once, running steps at their next phase
     boundary (their GPUs are then released). Finished steps keep their results.
 
     Returns ``{"cancelled": n queued steps, "cancel_requested": n running steps}``.
@@ -525,7 +527,7 @@ def cancel_workload(r: redis.Redis, keys: Keys, workload_id: str, reason: str = 
 def _cancel_steps(r, keys, wid, prio, job_ids, reason, final_state) -> dict[str, int]:
     script = r.register_script(_CANCEL_WORKLOAD)
     k = [keys.workload(wid), keys.workloads_active, keys.events, keys.queue(prio), f"{keys.prefix}:finished",
-         *[keys.job(j) for j in job_ids]]
+         keys.delayed, *[keys.job(j) for j in job_ids]]
     a, b = script(keys=k, args=[repr(time.time()), reason, final_state, *job_ids])
     if final_state:
         from app import events

@@ -91,3 +91,29 @@ def test_planner_queues_a_due_job_and_the_reaper_retries_with_backoff(r, keys, s
         w.delayed.promote(now=rec["not_before"] + 0.01)
         w.tick()
         assert len(sent) == attempt + 1 and sent[-1].job_id == jid
+
+
+def test_cancel_workload_cancels_a_step_waiting_out_its_retry_backoff(r, keys, settings):
+    """A workload step whose lease was reclaimed with a retry backoff is ``delayed``;
+    cancelling the workload cancels it at once, and it is never queued again."""
+    from app.models import load_fleet
+    from app.workloads import Workload, cancel_workload, submit_workload, workload_status
+    from tests.conftest import FLEET_TOML
+
+    s = dataclasses.replace(settings, retry_backoff_s=0.01, retry_backoff_max_s=0.01)
+    fleet = load_fleet(FLEET_TOML)
+    wl = Workload("backoff")
+    wl.step("a", "embed", service_s=1)
+    wid = submit_workload(r, keys, fleet, wl, s)
+    jid = workload_status(r, keys, wid)["steps"]["a"]["job"]
+    prio = r.hget(keys.job(jid), "priority")
+    leases = LeaseStore(r, keys)
+    gpu = fleet.gpu_uuids()[0]
+    assert leases.acquire("L1", (gpu,), 30.0, job_id=jid, holder="h", queue=keys.queue(prio)) is not None
+    r.zadd(keys.leases, {"L1": 0})  # its holder stopped renewing: expired
+    assert leases.reclaim_expired(s.max_attempts, s.retry_backoff_s, s.retry_backoff_max_s) == {"requeued": 1}
+    assert r.hget(keys.job(jid), "state") == "delayed"
+    cancel_workload(r, keys, wid)
+    assert r.hget(keys.job(jid), "state") == "cancelled" and r.zscore(keys.delayed, jid) is None
+    assert DelayedJobs(r, keys).promote(now=time.time() + 60) == 0
+    assert _queued(r, keys) == 0
