@@ -448,7 +448,7 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
             self._send(ctx, host, lease.warm)
         return True
 
-    def _send(self, ctx: PhaseContext, host: str, warm: bool | None = None) -> None:
+    def _send(self, ctx: PhaseContext, host: str, warm: bool = False) -> None:
         """Send the phase chain. A publish that fails (broker connection lost mid-send;
         kombu may raise more than redis errors then) must not kill the planner: the
         lease is never renewed, so it expires and the reaper requeues the job."""

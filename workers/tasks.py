@@ -83,26 +83,13 @@ def warm_job(self, ctx: dict) -> str:
     return run_warm(runner(), PhaseContext.from_dict(ctx))
 
 
-_client: list = []
-
-
-def is_warm(ctx: PhaseContext) -> bool:
-    """True if every GPU of ``ctx`` holds exactly ``ctx.endpoint``'s instance on that group.
-    Read after the lease is published, so no other holder can change it before the task runs."""
-    from workers.phases import instance_value
-
-    if not _client:
-        _client.append(connect(settings.redis_url))
-    keys = Keys(settings.key_prefix)
-    want = instance_value(ctx.endpoint, ctx.gpus)
-    return all(v == want for v in _client[0].mget([keys.resident(g) for g in ctx.gpus]))
-
-
-def dispatch(ctx: PhaseContext, queue: str, warm: bool | None = None) -> None:
+def dispatch(ctx: PhaseContext, queue: str, warm: bool = False) -> None:
     """Send the phase chain of ``ctx`` to ``queue`` (one ``warm_job`` task for a warm job).
-    ``warm``: known from the lease (``Lease.warm``); None reads the GPUs' residents."""
+    ``warm``: the lease script's answer (``Lease.warm``: every GPU held the job's
+    instance when the lease was published); a job sent cold that is in fact warm only
+    records empty evict and start_endpoint phases."""
     payload = ctx.__dict__.copy()
-    if ctx.kind == "job" and (is_warm(ctx) if warm is None else warm):
+    if ctx.kind == "job" and warm:
         warm_job.apply_async(args=(payload,), queue=queue)
         return
     phases = JOB_PHASES if ctx.kind == "job" else RESTORE_PHASES
