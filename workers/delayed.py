@@ -68,6 +68,11 @@ class DelayedJobs:
         self.next_due = float(out[1]) if out[1] not in ("", b"") else None
         return max(0, int(out[0]))
 
+    def note_due(self, due: float) -> None:
+        """A job was made delayed until ``due`` (unix s) after the last :meth:`promote`
+        (a reclaim with retry backoff): sleep no longer than that either."""
+        self.next_due = due if self.next_due is None else min(self.next_due, due)
+
     def wait_s(self, tick_s: float) -> float:
         """How long the planner may sleep: ``tick_s``, or less when a delayed job falls due
         sooner (at least 1 ms)."""

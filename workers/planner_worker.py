@@ -346,6 +346,9 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
                 log.warning("reclaimed expired leases: %s", reclaimed)
                 for _ in range(sum(reclaimed.values())):
                     metrics.lease_reclaimed()
+            if reclaimed.get("requeued") and self.settings.retry_backoff_s > 0:  # now in P:delayed: wake up
+                self.delayed.note_due(time.time() + min(self.settings.retry_backoff_s,  # when the first is due
+                                                        self.settings.retry_backoff_max_s))
             snap = self.snapshot()  # reclaims freed GPUs and requeued jobs
         if self.agenda is not None and snap["agenda"]:
             self.agenda.reap()

@@ -117,3 +117,19 @@ def test_cancel_workload_cancels_a_step_waiting_out_its_retry_backoff(r, keys, s
     assert r.hget(keys.job(jid), "state") == "cancelled" and r.zscore(keys.delayed, jid) is None
     assert DelayedJobs(r, keys).promote(now=time.time() + 60) == 0
     assert _queued(r, keys) == 0
+
+
+def test_planner_wakes_for_a_retry_backoff_shorter_than_its_tick(r, keys, settings):
+    """A job the reaper made delayed in this tick is due before the next one: the
+    planner's wait ends at its due time, not after a whole ``planner_tick_s``."""
+    s = dataclasses.replace(settings, retry_backoff_s=0.05, retry_backoff_max_s=1.0, planner_tick_s=10.0)
+    sent = []
+    w = PlannerWorker(r, s, ONE_GPU, dispatch=lambda ctx, q: sent.append(ctx))
+    w.token = ""
+    jid = Producer(r, keys, ONE_GPU, s).submit({"endpoint": "e", "service_s": 1}).id
+    w.tick()
+    assert [c.job_id for c in sent] == [jid]
+    r.zadd(keys.leases, {sent[-1].lease_id: 0})  # its holder stopped renewing: expired
+    w.tick()
+    assert r.hget(keys.job(jid), "state") == "delayed"
+    assert w.delayed.wait_s(s.planner_tick_s) <= 0.05
