@@ -34,6 +34,7 @@ key                                    type    contents
 ``P:workload:{id}``                    hash    workload record (see app.workloads)
 ``P:workloads``                        zset    workload ids, score = submission time
 ``P:workloads:active``                 set     workloads the planner still advances
+``P:workloads:done``                   zset    finished workload ids, score = finish time (retention's index)
 ``P:reqlease:{instance}``              zset    request leases held on an endpoint instance,
                                                score = expiry (unix ms); ZCARD <= slots
 ``P:reqwait:{instance}``               string  requests waiting for a request lease
