@@ -159,6 +159,9 @@ if job and L['kind'] == 'job' then
       end
       outcome = 'requeued'
     end
+    if outcome ~= 'requeued' then  -- a final state: on the finished index (workers.retention)
+      redis.call('ZADD', ARGV[4] .. ':finished', tonumber(ARGV[2]) / 1000.0, job)
+    end
   end
 end
 local ev = {ts = tonumber(ARGV[2]) / 1000.0, kind = 'reclaimed', lease = ARGV[1], job = job, outcome = outcome, gpus = gpus,

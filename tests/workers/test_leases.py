@@ -72,6 +72,7 @@ def test_reclaim_requeues_with_original_order_then_fails(store, prod, r, keys):
             assert outcome == {"failed": 1}
             rec = r.hgetall(keys.job(first.id))
             assert rec["state"] == "failed" and "lease expired" in rec["reason"]
+            assert r.zscore(f"{keys.prefix}:finished", first.id) is not None  # retention will compact it
     assert r.zcard(keys.leases) == 0 and r.get(keys.gpu("g0")) is None
 
 
