@@ -18,9 +18,15 @@ DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 def _env_nonneg(name: str, default: float) -> float:
     """A ``MAKESPAN_*`` number that may be 0 (unset: ``default``)."""
     raw = os.environ.get(name)
-    if raw is None or raw == "" or raw.strip() in ("0", "0.0"):
-        return default if raw is None or raw == "" else 0.0
-    return _env_float(name, default)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError as e:
+        raise ValidationError(name, raw, "must be a number") from e
+    if not value >= 0 or value == float("inf"):
+        raise ValidationError(name, raw, "must be a finite number ≥ 0")
+    return value
 
 
 def _env_float(name: str, default: float) -> float:

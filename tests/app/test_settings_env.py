@@ -1,0 +1,20 @@
+"""Settings from MAKESPAN_* variables: numbers that may be zero."""
+
+import pytest
+
+from app.errors import ValidationError
+from app.settings import Settings
+
+
+@pytest.mark.parametrize("raw,value", [("0", 0.0), ("0.00", 0.0), ("2.5", 2.5)])
+def test_retry_backoff_accepts_any_spelling_of_zero(monkeypatch, raw, value):
+    monkeypatch.setenv("MAKESPAN_RETRY_BACKOFF_S", raw)
+    assert Settings.from_env().retry_backoff_s == value
+
+
+@pytest.mark.parametrize("raw", ["-1", "nan", "inf", "soon"])
+def test_retry_backoff_refuses_negative_or_not_finite(monkeypatch, raw):
+    monkeypatch.setenv("MAKESPAN_RETRY_BACKOFF_S", raw)
+    with pytest.raises(ValidationError) as ei:
+        Settings.from_env()
+    assert ei.value.field == "MAKESPAN_RETRY_BACKOFF_S"
