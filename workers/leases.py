@@ -12,6 +12,7 @@ names its lease and token; a reclaimed or expired lease makes its later writes n
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +21,8 @@ import redis
 
 from app.errors import LeaseError, StaleFencingToken
 from app.keys import Keys
+
+log = logging.getLogger(__name__)
 
 # KEYS: fence, lease, leases, job, queue, running, planner_fence, events, gpu_1..gpu_n[, resident_1..resident_n]
 # ARGV: lease_id, job_id, ttl_ms, now_ms, holder, lease JSON fields, planner_token, event JSON, job_state,
@@ -237,7 +240,11 @@ class LeaseStore:
             if isinstance(out, redis.exceptions.NoScriptError):  # not loaded yet (or Redis restarted)
                 out = self._acquire(keys=keys, args=args)
             elif isinstance(out, Exception):
-                raise out
+                # Redis refused this one script (e.g. OOM: refused before it ran, so the
+                # job stays queued for the next tick); the leases around it still count
+                log.warning("lease %s for job %s not taken: %s", q["lease_id"], q.get("job_id"), out)
+                leases.append(None)
+                continue
             try:
                 leases.append(self._acquired(out, q["lease_id"], q["gpus"]))
             except LeaseError:

@@ -106,3 +106,16 @@ def test_acquire_many_stops_at_the_planner_fence(store, prod, r, keys):
     leases, fenced = store.acquire_many(reqs)
     assert fenced and leases[0] is not None and leases[1] is None
     assert r.hget(keys.job(jobs[1]), "state") == "queued"
+
+
+def test_acquire_many_goes_on_past_a_script_redis_refuses(store, prod, r, keys):
+    jobs = [prod.submit({"endpoint": "embed", "service_s": 5, "priority": "HIGH"}).id for _ in range(3)]
+    r.rpush(keys.gpu("g1"), "not a lease")  # WRONGTYPE inside the second script: Redis answers an error
+    reqs = [dict(lease_id=f"L{i}", gpus=(f"g{i}",), ttl_s=5, job_id=j, queue=keys.queue(Priority.HIGH))
+            for i, j in enumerate(jobs)]
+    leases, fenced = store.acquire_many(reqs)
+    assert not fenced
+    assert [lease is not None for lease in leases] == [True, False, True]  # the leases around it stand
+    assert r.zrange(keys.queue(Priority.HIGH), 0, -1) == [jobs[1]]  # the refused one stays queued
+    assert r.hget(keys.job(jobs[1]), "state") == "queued"
+    r.delete(keys.gpu("g1"))
