@@ -96,11 +96,25 @@ def dispatch(ctx: PhaseContext, queue: str, warm: bool = False) -> None:
     chain(*[PHASE_TASKS[p].si(payload).set(queue=queue) for p in phases]).apply_async()
 
 
+@signals.worker_shutting_down.connect
+def _stop_idle_endpoints(**_kw) -> None:
+    """As soon as shutdown begins (SIGTERM, Ctrl-C), stop the endpoint processes of this
+    host that no lease holds: a supervisor's grace period (honcho: 5 s) may run out
+    while Celery's warm shutdown waits, and SIGKILL would orphan them."""
+    _stop_endpoints(idle_only=True)
+
+
 @signals.worker_shutdown.connect
 def _stop_own_endpoints(**_kw) -> None:
     """On shutdown the GPU worker stops the endpoint processes running on its host (they
     run in their own sessions and would outlive it) and forgets them, so the planner
     sees those GPUs empty and loads or restores what it needs next time."""
+    _stop_endpoints(idle_only=False)
+
+
+def _stop_endpoints(idle_only: bool) -> None:
+    """Stop and unregister this host's endpoint processes (``idle_only``: only those on
+    GPUs no lease holds). Best effort: Redis may already be gone."""
     host = os.environ.get("MAKESPAN_HOST")
     if not host:
         return
@@ -114,14 +128,22 @@ def _stop_own_endpoints(**_kw) -> None:
         for inst in list_instances(r, keys):
             if inst.host != host or inst.driver == "simulated":
                 continue
-            try:
-                get_driver(inst.driver).stop(inst)
-            except Exception as e:  # noqa: BLE001 - best effort at shutdown
-                log.warning("stopping %s at shutdown: %s", inst.endpoint, e)
+            if idle_only and any(r.mget([keys.gpu(g) for g in inst.gpus])):
+                continue  # a lease holds its GPUs: a job may be using it
+            # forget it first, as an evict does: the health observer must not see a
+            # registered instance die and restart it
             unregister_instance(r, keys, inst.id)
             want = instance_value(inst.endpoint, inst.gpus)
             for g in inst.gpus:
                 if r.get(keys.resident(g)) == want:
                     r.delete(keys.resident(g))
+            try:
+                get_driver(inst.driver).stop(inst)
+                if inst.pid:
+                    os.waitpid(inst.pid, os.WNOHANG)  # reap it if it was our child (no zombie)
+            except ChildProcessError:
+                pass  # started by an earlier worker process: not ours to reap
+            except Exception as e:  # noqa: BLE001 - best effort at shutdown
+                log.warning("stopping %s at shutdown: %s", inst.endpoint, e)
     except Exception as e:  # noqa: BLE001 - Redis may already be gone
         log.warning("endpoint cleanup at shutdown skipped: %s", e)

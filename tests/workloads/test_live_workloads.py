@@ -148,3 +148,27 @@ def test_cancel_workload_cancels_queued_and_releases_gpus(r, keys, settings, fle
     wait_for(lambda: not r.zcard(keys.leases) and not any(r.get(keys.gpu(g)) for g in fleet.gpu_uuids()), 10,
              "GPUs released")
     assert _request_drain(r, keys) == (0, 0)
+
+
+def test_sigterm_stops_idle_endpoint_processes_before_the_warm_shutdown_ends(r, keys, settings, fleet, system):
+    # A supervisor (honcho: 5 s) may SIGKILL a GPU worker still in Celery's warm shutdown;
+    # idle endpoint processes must be stopped when the shutdown begins, or they are orphaned.
+    import signal
+
+    from app.producer import Producer
+    from workers.drivers.registry import list_instances
+
+    prod = Producer(r, keys, fleet, settings)
+    a = prod.submit({"endpoint": "gen", "service_s": 1, "payload": {"requests": 2}}).id
+    wait_for(lambda: r.hget(keys.job(a), "state") == "completed", 60, "the gen job")
+    [gen] = [i for i in list_instances(r, keys) if i.endpoint == "gen"]
+    long = prod.submit({"endpoint": "sim", "service_s": 6000}).id  # 60 s of wall time: the warm shutdown waits
+    wait_for(lambda: r.hget(keys.job(long), "state") == "running", 60, "the long job to run")
+    [worker] = system.kill("gpu-", signal.SIGTERM)
+
+    from workers.drivers.process import _alive  # a zombie counts as gone
+
+    wait_for(lambda: not _alive(gen.pid) and not any(i.id == gen.id for i in list_instances(r, keys)), 30,
+             "the idle gen endpoint to stop")
+    assert worker.alive()  # still in its warm shutdown (the long job runs): stopped at its start
+    assert r.hget(keys.job(long), "state") == "running"
