@@ -143,7 +143,7 @@ def _check_gpus(host_spec) -> None:
 
 
 @app.command()
-def gpus(host_name: str = typer.Option("", "--host-name", help="name for the [[hosts]] entry (default: this "
+def gpus(host_name: str = typer.Option("", "--host-name", help="name of the fleet-file host entry (default: this "
                                        "machine's hostname)"),
          as_json: bool = typer.Option(False, "--json", help="print JSON instead of a fleet-file entry")):
     """List this machine's GPUs through NVML (CUDA_VISIBLE_DEVICES applied) as a fleet-file host entry."""
@@ -192,8 +192,9 @@ def submit(fleet: Optional[Path] = typer.Option(None, "--fleet", help="default: 
            priority: str = typer.Option("NORMAL", help="CRITICAL, HIGH, NORMAL or LOW"),
            payload: str = typer.Option("{}", help="JSON object handed to the execute phase"),
            idempotency_key: Optional[str] = typer.Option(None, help="resubmitting the same key returns the same job"),
-           delay_s: Optional[float] = typer.Option(None, help="queue the job only this many seconds after submission (> 0, at most 30 days); until then it is 'delayed' in Redis, never in a worker")):
-    """Submit one job; prints its id. With --delay-s the job waits in Redis as 'delayed' and is queued when due (cancel works meanwhile)."""
+           delay_s: Optional[float] = typer.Option(None, help="queue the job only this many seconds after submission (> 0, at most 30 days); until then it is 'delayed' in Redis, never in a worker"),
+           quiet: bool = typer.Option(False, "--quiet", "-q", help="print only the job id (for ID=$(makespan submit ...))")):
+    """Submit one job; prints {"id", "created", "priority"} as JSON (--quiet: the id alone). With --delay-s the job waits in Redis as 'delayed' and is queued when due (cancel works meanwhile)."""
     try:
         try:
             data = json.loads(payload)
@@ -207,7 +208,7 @@ def submit(fleet: Optional[Path] = typer.Option(None, "--fleet", help="default: 
         h = _producer(fleet).submit(job)
     except MakespanError as e:
         _fail(e)
-    typer.echo(json.dumps({"id": h.id, "created": h.created, "priority": h.priority.name}))
+    typer.echo(h.id if quiet else json.dumps({"id": h.id, "created": h.created, "priority": h.priority.name}))
 
 
 @app.command()
@@ -234,7 +235,7 @@ def demo(report: Path = typer.Option(Path("report.json"), help="where to write t
          seed: int = typer.Option(0, help="seed of the trace-to-job mapping"),
          policy: Optional[str] = typer.Option(None, help="planner policy: fifo, min-evict, wspt, portfolio (default), cpsat or default (portfolio + CP-SAT)"),
          run_dir: Optional[Path] = typer.Option(None, help="directory for events, report and Gantt chart")):
-    """The main job on one machine: Redis (yours or an embedded one), a planner and GPU workers for a simulated 8-GPU fleet, the render pipeline with real endpoint processes, then a real-trace workload plus the render-cards pipeline (about 80 s of wall time whatever --jobs is: the time scale adapts); prints the report, writes it and a Gantt chart."""
+    """The main job on one machine: Redis (yours or an embedded one), a planner and GPU workers for a simulated 8-GPU fleet, the render pipeline with real endpoint processes, then a real-trace workload plus the render-cards pipeline (about 90 s of wall time whatever --jobs is: the time scale adapts); prints the report, writes it and a Gantt chart."""
     from app.demo import run_demo
 
     try:

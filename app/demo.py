@@ -111,6 +111,7 @@ def run_live(trace_jobs: list[TraceJob], fleet_path: Path, *, time_scale: float,
         report["run_dir"] = str(run_dir)
         (run_dir / "report.json").write_text(json.dumps(report, indent=2))
         if report_path:
+            Path(report_path).parent.mkdir(parents=True, exist_ok=True)
             Path(report_path).write_text(json.dumps(report, indent=2))
         _gantt(events, fleet, run_dir, title)
         _print_summary(report, run_dir, report_path)

@@ -203,8 +203,8 @@ def build_report(records: Sequence[JobRecord], *, policy: str, gpus: int, submit
                         "wake": sum(1 for r in records if r.load == "wake"),
                         "restore": len(list(restores))},
         "drain": dict(drain) if drain is not None else {"leases": 0, "agenda_entries": 0, "busy_slots": 0},
-        "planner": {"batches": len(solve), "solve_s_p50": percentile(solve, 50) or 0.0,
-                    "solve_s_p95": percentile(solve, 95) or 0.0},
+        "planner": {"batches": len(solve), "solve_s_p50": round(percentile(solve, 50) or 0.0, 6),
+                    "solve_s_p95": round(percentile(solve, 95) or 0.0, 6)},
         "lower_bounds": {"makespan_s": lower_bound_makespan_s, "weighted_completion_s": wsum_lb},
         "best_over_lower_bound": (weighted / wsum_lb) if wsum_lb else None,
     }

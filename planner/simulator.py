@@ -153,5 +153,6 @@ def run_simulation(trace_path: str | Path, fleet_path: str | Path, policy: str, 
     jobs = read_trace(trace_path, fleet, seed=seed, start=start, limit=limit)
     rep = simulate(jobs, fleet, policy, seed, time_scale=time_scale, window_s=window_s)
     if report_path is not None:
+        Path(report_path).parent.mkdir(parents=True, exist_ok=True)
         Path(report_path).write_text(json.dumps(rep, indent=2))
     return rep

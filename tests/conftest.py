@@ -64,3 +64,19 @@ def settings(redis_url, prefix) -> Settings:
 
 
 FLEET_TOML = os.path.join(os.path.dirname(__file__), "..", "examples", "render-pipeline.toml")
+
+
+@pytest.fixture(scope="session")
+def traces():
+    """The shared real traces folder (:func:`app.traces.traces_dir`). When it is missing
+    the tests that read real traces are skipped with the reason, except in CI
+    (``CI=true``), where a missing folder is an error."""
+    from app.errors import ValidationError
+    from app.traces import traces_dir
+
+    try:
+        return traces_dir()
+    except ValidationError as e:
+        if os.environ.get("CI") == "true":
+            raise
+        pytest.skip(f"{e}; tests that read real traces are skipped")

@@ -114,7 +114,7 @@ class NvmlDiscovery:
         except Exception as e:  # NVMLError and its generated subclasses
             if getattr(e, "value", None) == NVML_ERROR_LIBRARY_NOT_FOUND:
                 return self._none("GPU discovery: NVML library not found (no NVIDIA driver on this host); "
-                                  "reporting no GPUs; the fleet file's GPUs are used instead")
+                                  "reporting no GPUs")
             if not isinstance(e, getattr(nvml, "NVMLError", ())):
                 raise
             return self._none(f"GPU discovery: NVML failed ({e}); reporting no GPUs")

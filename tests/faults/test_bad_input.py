@@ -170,6 +170,15 @@ def test_cli_submit_rejects_bad_arguments_without_writing(r, prefix, redis_url, 
     assert _keys_of(r, prefix) == []
 
 
+def test_cli_submit_quiet_prints_the_id_alone(r, prefix, redis_url, keys):
+    env = {"MAKESPAN_REDIS_URL": redis_url, "MAKESPAN_KEY_PREFIX": prefix}
+    res = CliRunner().invoke(cli_app, ["submit", "--fleet", FLEET_TOML, "--endpoint", "chat", "--service-s", "5",
+                                       "--quiet"], env=env)
+    assert res.exit_code == 0, res.output
+    jid = res.output.strip()
+    assert r.hget(keys.job(jid), "state") == "queued"
+
+
 def test_cli_rejects_bad_settings_variable(r, prefix, redis_url):
     env = {"MAKESPAN_REDIS_URL": redis_url, "MAKESPAN_KEY_PREFIX": prefix, "MAKESPAN_LEASE_TTL_S": "-3"}
     res = CliRunner().invoke(cli_app, ["planner", "--fleet", FLEET_TOML], env=env)

@@ -7,9 +7,6 @@ import pytest
 from app.models import parse_fleet
 from app.traces import read_trace
 from planner.simulator import run_simulation, simulate
-from app.traces import traces_dir
-
-ITP = str(traces_dir() / "msft-itp-2021" / "cluster02.csv")
 FLEET = {
     "name": "t",
     "hosts": [{"name": "a", "gpu_count": 4, "memory_mib": 81920}, {"name": "b", "gpu_count": 4, "memory_mib": 81920}],
@@ -23,13 +20,18 @@ FLEET = {
 
 
 @pytest.fixture(scope="module")
+def itp(traces):
+    return str(traces / "msft-itp-2021" / "cluster02.csv")
+
+
+@pytest.fixture(scope="module")
 def fleet():
     return parse_fleet(FLEET)
 
 
 @pytest.mark.parametrize("policy", ["fifo", "portfolio"])
-def test_simulate_trace_window(fleet, policy):
-    jobs = read_trace(ITP, fleet, seed=1, start=2000, limit=80)
+def test_simulate_trace_window(itp, fleet, policy):
+    jobs = read_trace(itp, fleet, seed=1, start=2000, limit=80)
     rep = simulate(jobs, fleet, policy, seed=1, time_scale=20)
     assert rep["jobs"]["submitted"] == 80 and rep["jobs"]["completed"] == 80
     assert rep["makespan_s"] >= rep["lower_bounds"]["makespan_s"] - 1e-6
@@ -43,7 +45,7 @@ def test_simulate_trace_window(fleet, policy):
             assert 0 <= lvl["p50"] <= lvl["p95"]
 
 
-def test_run_simulation_writes_report(tmp_path, fleet):
+def test_run_simulation_writes_report(itp, tmp_path, fleet):
     f = tmp_path / "fleet.toml"
     f.write_text('''name = "t"
 [[hosts]]
@@ -56,7 +58,7 @@ memory_mib_per_gpu = 500
 cold_start_s = 30
 ''')
     out = tmp_path / "r.json"
-    rep = run_simulation(ITP, f, "wspt", seed=0, start=0, limit=20, report_path=out, time_scale=10)
+    rep = run_simulation(itp, f, "wspt", seed=0, start=0, limit=20, report_path=out, time_scale=10)
     assert json.loads(out.read_text())["weighted_completion_s"] == pytest.approx(rep["weighted_completion_s"])
     # one endpoint, cold once per GPU at most
     assert rep["transitions"]["cold_start"] <= 2
