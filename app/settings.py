@@ -17,6 +17,14 @@ DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
 def _env_nonneg(name: str, default: float) -> float:
     """A ``MAKESPAN_*`` number that may be 0 (unset: ``default``)."""
+    return _env_float(name, default, allow_zero=True)
+
+
+def _env_float(name: str, default: float, allow_zero: bool = False) -> float:
+    """A positive finite ``MAKESPAN_*`` number (unset or empty: ``default``).
+
+    Raises:
+        ValidationError: not a number, not finite, or ≤ 0 (< 0 with ``allow_zero``)."""
     raw = os.environ.get(name)
     if raw is None or raw == "":
         return default
@@ -24,21 +32,10 @@ def _env_nonneg(name: str, default: float) -> float:
         value = float(raw)
     except ValueError as e:
         raise ValidationError(name, raw, "must be a number") from e
-    if not value >= 0 or value == float("inf"):
-        raise ValidationError(name, raw, "must be a finite number ≥ 0")
-    return value
-
-
-def _env_float(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = float(raw)
-    except ValueError as e:
-        raise ValidationError(name, raw, "must be a number") from e
-    if not value > 0 or value == float("inf"):
-        raise ValidationError(name, raw, "must be a positive finite number")
+    ok = value >= 0 if allow_zero else value > 0
+    if not ok or value == float("inf"):
+        raise ValidationError(name, raw, "must be a finite number ≥ 0" if allow_zero else
+                              "must be a positive finite number")
     return value
 
 
