@@ -49,7 +49,8 @@ def _takes_limit(fn: Policy) -> bool:
 
 
 def plan(batch: Sequence[PlanJob], state: FleetState, policy: str = DEFAULT_POLICY, *,
-         time_limit_s: float | None = None, num_workers: int | None = None) -> Plan:
+         time_limit_s: float | None = None, num_workers: int | None = None,
+         previous: Plan | None = None) -> Plan:
     """Plan ``batch`` on ``state`` with the named policy.
 
     Args:
@@ -60,6 +61,10 @@ def plan(batch: Sequence[PlanJob], state: FleetState, policy: str = DEFAULT_POLI
         num_workers: CP-SAT search workers of a solver policy (``cpsat``/``default``;
             default 1, deterministic); ignored by the greedy policies. None: the
             policy's own default.
+        previous: the plan of the last planning point (plan stability): a solver policy
+            (``cpsat``/``default``) repairs it to ``batch`` (jobs gone dropped, new jobs
+            appended, :func:`planner.previous.repair`) and starts from it when it scores
+            better than the greedy floor; the greedy policies ignore it.
 
     Raises:
         PlannerError: unknown policy name, a negative ``time_limit_s``, or
@@ -75,9 +80,11 @@ def plan(batch: Sequence[PlanJob], state: FleetState, policy: str = DEFAULT_POLI
         raise PlannerError(f"unknown policy {policy!r}; known: {', '.join(sorted(POLICIES))}") from None
     if not batch:
         return Plan(policy=policy, assignments=[])
-    kw: dict[str, float | int] = {}
+    kw: dict[str, float | int | Plan] = {}
     if time_limit_s is not None and _takes_limit(fn):
         kw["time_limit_s"] = time_limit_s
     if num_workers is not None and _takes(fn, "num_workers"):
         kw["num_workers"] = num_workers
+    if previous is not None and _takes(fn, "previous"):
+        kw["previous"] = previous
     return fn(batch, state, **kw)  # type: ignore[call-arg]

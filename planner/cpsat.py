@@ -43,6 +43,7 @@ from planner import whole
 from planner.exact import MAX_EXACT_JOBS, exact
 from planner.greedy import portfolio
 from planner.model import Assignment, FleetState, Plan, PlanJob
+from planner.previous import start_plan
 from planner.replay import Group, Replay
 
 
@@ -58,6 +59,43 @@ def _decode(inc: Plan, lo: int, hi: int, order: list[str], groups: dict[str, Gro
     for a in a_sorted[hi:]:
         out.append(rep.place(jobs[a.job_id], a.gpus))
     return out
+
+
+def _hint(win: Sequence[Assignment], cands: dict[str, list[Group]], res: dict, x: dict, start: dict,
+          jobs: dict[str, PlanJob], rep: Replay, ti) -> list[tuple[object, int]] | None:
+    """The incumbent window as a complete solution of the window model: its jobs in their
+    start order on their groups, each at the earliest start the model allows (the model's
+    transitions σ are upper bounds of the replay's, so the replay's own times may violate
+    it). None when the model cannot express the incumbent (a group returning to a model
+    after another one: one residency per group and model)."""
+    free = {u: ti(rep.free_at[u]) for a in win for u in a.gpus}
+    opened: dict[tuple[Group, str], list[int]] = {}
+    closed: set[tuple[Group, str]] = set()
+    hint: list[tuple[object, int]] = []
+    for a in win:
+        j = jobs[a.job_id]
+        g, k = tuple(a.gpus), (tuple(a.gpus), j.endpoint)
+        if k in closed or k not in res:
+            return None
+        _p, _s, _e, _iv, sigma, warm = res[k]
+        for k2 in opened:  # another model's residency on these GPUs ends here
+            if k2 != k and set(k2[0]) & set(g):
+                if warm and k2[1] != j.endpoint:
+                    return None
+                closed.add(k2)
+        if k not in opened:
+            opened[k] = [max(free.get(u, 0) for u in g), 0]
+        s0 = max([ti(rep.ready(j)), opened[k][0] + sigma] + [free[u] for u in g] +
+                 [v for d in j.deps if d in start for v in [dict(hint).get(start[d], 0) + int(math.ceil(jobs[d].service_s))]])
+        end = s0 + int(math.ceil(j.service_s))
+        opened[k][1] = end
+        for u in g:
+            free[u] = end
+        hint.append((start[a.job_id], s0))
+        hint += [(x[(a.job_id, c)], int(c == g)) for c in cands[a.job_id]]
+    for k, (p, s, e, *_r) in res.items():
+        hint += [(p, 1), (s, opened[k][0]), (e, opened[k][1])] if k in opened else [(p, 0)]
+    return hint
 
 
 def _solve_window(inc: Plan, lo: int, hi: int, jobs: dict[str, PlanJob], state: FleetState,
@@ -142,28 +180,15 @@ def _solve_window(inc: Plan, lo: int, hi: int, jobs: dict[str, PlanJob], state: 
         m.AddNoOverlap(by_gpu_job[u])
     obj.extend(v[0] * v[4] for v in res.values())
     m.Minimize(sum(obj))
-    # hint: the incumbent window
-    hint: list[tuple[object, int]] = []
-    first_last: dict[tuple[Group, str], list[float]] = {}
-    for a in win:
-        k = (tuple(a.gpus), jobs[a.job_id].endpoint)
-        fl = first_last.setdefault(k, [a.service_start_s, a.end_s])
-        fl[0], fl[1] = min(fl[0], a.service_start_s), max(fl[1], a.end_s)
-        for g in cands[a.job_id]:
-            hint.append((x[(a.job_id, g)], int(g == tuple(a.gpus))))
-        hint.append((start[a.job_id], ti(a.service_start_s)))
-    for k, (p, s, e, *_r) in res.items():
-        if k in first_last:
-            sigma = res[k][4]
-            hint += [(p, 1), (s, max(0, ti(first_last[k][0]) - sigma)), (e, ti(first_last[k][1]))]
-        else:
-            hint.append((p, 0))
+    hint = _hint(win, cands, res, x, start, jobs, rep, ti)
     solver = cp_model.CpSolver()
     prm = solver.parameters
     prm.random_seed = seed
     prm.num_search_workers = workers
     prm.cp_model_probing_level = 0
-    if verify_hint:
+    if hint is None:
+        pass
+    elif verify_hint:
         fixed = m.Clone()
         for v, val in hint:
             fixed.Add(v == val)  # type: ignore[operator]
@@ -184,42 +209,75 @@ def _solve_window(inc: Plan, lo: int, hi: int, jobs: dict[str, PlanJob], state: 
     return order, groups, st == cp_model.OPTIMAL, solver.ObjectiveValue()
 
 
+def _offsets(n: int, k: int, rng: random.Random) -> list[int]:
+    """Window starts of one sweep: every ⌈k/2⌉ jobs and the last window, shuffled."""
+    offs = sorted(set(range(0, max(1, n - k + 1), max(1, k // 2))) | {max(0, n - k)})
+    rng.shuffle(offs)
+    return offs
+
+
 def improve(batch: Sequence[PlanJob], state: FleetState, greedy: Plan, time_limit_s: float = 1.0,
-            seed: int = 0, workers: int = 1, window_jobs: int = 10, max_groups: int = 4,
-            verify_hint: bool = True) -> Plan:
+            seed: int = 0, workers: int = 1, window_jobs: int = 6, max_window_jobs: int = 16,
+            max_groups: int = 4, verify_hint: bool = True, window_limit_s: float | None = None,
+            previous: Plan | None = None) -> Plan:
     """LNS over ``greedy`` (an evaluated plan) for ``time_limit_s`` wall seconds.
 
-    Returns the best evaluated plan (``policy`` "cpsat"; stats: windows, improved,
-    greedy_score; windows_optimal = window solves CP-SAT proved optimal; first_window_optimal
-    and first_window_objective = status (1/0) and model objective of the first window, whose
-    model depends only on ``greedy`` and ``seed``, so it is equal for any ``workers`` when
-    proven; windows_all_optimal = 1 when every window of the sweep was solved and proved
-    optimal — a local optimum per window, not a proof for the whole batch, so
-    proven_optimal is always 0 here). Never worse than ``greedy`` by score."""
+    Sweeps: every window of ``k`` consecutive jobs (start order, half overlapping, in a
+    seeded random order) is solved for at most ``window_limit_s`` (default: the limit
+    ÷ 20, within 0.02–0.25 s) and accepted when the evaluator scores the decoded plan
+    lower. ``k`` starts at ``window_jobs`` and grows by 4 after a sweep that improved
+    nothing, up to ``max_window_jobs``; the search ends at the time limit or after a
+    sweep of the largest windows that improved nothing. ``previous``: a plan of an
+    earlier planning point; repaired to this batch (:func:`planner.previous.repair`)
+    and used as the start when it scores lower than ``greedy``.
+
+    Returns the best evaluated plan (``policy`` "cpsat"; stats: windows, improved, sweeps,
+    window_jobs (the last size), greedy_score, previous_score (NaN without ``previous``),
+    previous_used; windows_optimal = window solves CP-SAT proved optimal;
+    first_window_optimal and first_window_objective = status (1/0) and model objective of
+    the first window, whose model depends only on the start plan and ``seed``, so it is
+    equal for any ``workers`` when proven; windows_all_optimal = 1 when the search ended
+    with a full sweep whose every window was proved optimal — a local optimum per window,
+    not a proof for the whole batch, so proven_optimal is always 0 here). Never worse than
+    ``greedy`` (nor than the repaired ``previous``) by score."""
     deadline = time.perf_counter() + time_limit_s
     jobs = {j.id: j for j in batch}
-    best = greedy
+    best, prev_score, prev_used = start_plan(greedy, previous, batch, state)
     n = len(best.assignments)
     rng = random.Random(seed)
-    windows = improved = optimal = 0
+    per_window = window_limit_s if window_limit_s is not None else min(0.25, max(0.02, time_limit_s / 20))
+    windows = improved = optimal = sweeps = 0
+    sweep_better = sweep_optimal = sweep_windows = 0
     first: tuple[float, float] | None = None
     k = min(window_jobs, n)
-    offsets = list(range(0, max(1, n - k + 1), max(1, k // 2)))
-    rng.shuffle(offsets)
-    while offsets and n >= 2:
+    offsets = _offsets(n, k, rng)
+    all_optimal = False
+    while n >= 2:
+        if not offsets:
+            sweeps += 1
+            all_optimal = sweep_optimal == sweep_windows
+            if not sweep_better:
+                if k >= min(n, max_window_jobs):
+                    break
+                k = min(n, max_window_jobs, k + 4)
+            offsets, sweep_better, sweep_optimal, sweep_windows = _offsets(n, k, rng), 0, 0, 0
         left = deadline - time.perf_counter()
-        if left <= 0.02:
+        if left <= 0.01:
             break
         lo = offsets.pop()
         hi = min(n, lo + k)
         windows += 1
-        sol = _solve_window(best, lo, hi, jobs, state, min(left, max(0.05, time_limit_s / 4)),
-                            seed, workers, max_groups, verify_hint)
+        sweep_windows += 1
+        sol = _solve_window(best, lo, hi, jobs, state, min(left, per_window), seed, workers, max_groups, verify_hint)
         if first is None:
             first = (float(sol[2]), sol[3]) if sol is not None else (0.0, math.nan)
         if sol is None:
             continue
         optimal += int(sol[2])
+        sweep_optimal += int(sol[2])
+        win = best.assignments[lo:hi]
+        if sol[0] == [a.job_id for a in win] and all(sol[1][a.job_id] == tuple(a.gpus) for a in win):
+            continue  # the incumbent window: nothing to decode
         try:
             cand = evaluate(_decode(best, lo, hi, sol[0], sol[1], jobs, state), batch, state, "cpsat")
         except InfeasiblePlan:
@@ -227,18 +285,19 @@ def improve(batch: Sequence[PlanJob], state: FleetState, greedy: Plan, time_limi
         if score(cand) < score(best) - 1e-6:
             best = cand
             improved += 1
+            sweep_better += 1
     out = Plan("cpsat", list(best.assignments), best.objective, dict(best.stats))
     out.stats.update({"windows": float(windows), "improved": float(improved), "greedy_score": score(greedy),
-                      "windows_optimal": float(optimal),
-                      "windows_all_optimal": float(windows > 0 and not offsets and optimal == windows),
-                      "proven_optimal": 0.0})
+                      "sweeps": float(sweeps), "window_jobs": float(k), "windows_optimal": float(optimal),
+                      "windows_all_optimal": float(all_optimal and not offsets),
+                      "previous_score": prev_score, "previous_used": float(prev_used), "proven_optimal": 0.0})
     if first is not None:
         out.stats.update({"first_window_optimal": first[0], "first_window_objective": first[1]})
     return out
 
 
 def cpsat_policy(batch: Sequence[PlanJob], state: FleetState, time_limit_s: float = 1.0, seed: int = 0,
-                 num_workers: int = 1) -> Plan:
+                 num_workers: int = 1, previous: Plan | None = None) -> Plan:
     """Policy ``cpsat`` (= ``default``): greedy portfolio, then the best of
         * batches of at most :data:`planner.exact.MAX_EXACT_JOBS` jobs: exact branch and
           bound (optimal when ``stats['exact']`` is 1);
@@ -247,7 +306,10 @@ def cpsat_policy(batch: Sequence[PlanJob], state: FleetState, time_limit_s: floa
           with the greedy plan;
         * otherwise :func:`improve` (windowed LNS; never a whole-plan proof);
     each within ``time_limit_s``, with ``num_workers`` CP-SAT search workers (default 1:
-    deterministic), never worse than the greedy plan by score. ``stats['proven_optimal']``
+    deterministic), never worse than the greedy plan by score. ``previous`` (the plan of
+    the last planning point) is repaired to ``batch`` (:func:`planner.previous.repair`) and
+    starts every path instead of the greedy plan when it scores lower; then the result is
+    never worse than it either. ``stats['proven_optimal']``
     is 1 only when the returned plan is proven optimal for the whole batch (objective
     Σ w_j (C_j − r_j); see :mod:`planner.whole` for how the proof is checked).
 
@@ -256,18 +318,24 @@ def cpsat_policy(batch: Sequence[PlanJob], state: FleetState, time_limit_s: floa
     if num_workers < 1:
         raise PlannerError(f"num_workers must be >= 1, got {num_workers}")
     floor = portfolio(batch, state)
+    if len(batch) > MAX_EXACT_JOBS and not whole.applicable(batch, state):
+        return improve(batch, state, floor, time_limit_s=time_limit_s, seed=seed, workers=num_workers,
+                       previous=previous)
+    greedy_score = score(floor)
+    floor, prev_score, prev_used = start_plan(floor, previous, batch, state)
+    prev_stats = {"greedy_score": greedy_score, "previous_score": prev_score, "previous_used": float(prev_used)}
     if len(batch) <= MAX_EXACT_JOBS:
         out = exact(batch, state, floor, time_limit_s=time_limit_s)
+        out.stats.update(prev_stats)
         out.policy = "cpsat"
         out.stats["proven_optimal"] = out.stats["exact"]
         return out
-    if whole.applicable(batch, state):
-        sol = whole.solve(batch, state, floor, time_limit_s=time_limit_s, seed=seed, workers=num_workers)
-        if sol is not None and score(sol) <= score(floor) + 1e-9:
-            sol.stats["greedy_score"] = score(floor)
-            return sol
-        out = Plan("cpsat", list(floor.assignments), floor.objective, dict(floor.stats))
-        out.stats.update({"greedy_score": score(floor), "proven_optimal": 0.0,
-                          "whole_status": sol.stats["whole_status"] if sol is not None else 0.0})
-        return out
-    return improve(batch, state, floor, time_limit_s=time_limit_s, seed=seed, workers=num_workers)
+    # whole.applicable (checked above)
+    sol = whole.solve(batch, state, floor, time_limit_s=time_limit_s, seed=seed, workers=num_workers)
+    if sol is not None and score(sol) <= score(floor) + 1e-9:
+        sol.stats.update(prev_stats)
+        return sol
+    out = Plan("cpsat", list(floor.assignments), floor.objective, dict(floor.stats))
+    out.stats.update({**prev_stats, "proven_optimal": 0.0,
+                      "whole_status": sol.stats["whole_status"] if sol is not None else 0.0})
+    return out

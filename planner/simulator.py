@@ -11,6 +11,9 @@ Rolling horizon. At a planning point t the simulator
        (they run as planned: service times are exact in simulation); the rest stay queued;
     4. moves to the next planning point: the next arrival or the earliest planned but
        uncommitted start, whichever is first, but not before ``t + window_s``.
+The uncommitted rest of each plan goes to the next planning point as ``previous``
+(:func:`planner.api.plan`): a solver policy starts from it when, repaired to the new
+batch, it scores better than the greedy floor.
 Committed work is never moved (plan stability). The future-cost term uses
 ``FleetState.demand``: for each endpoint with arrivals in the last ``demand_window_s``,
 their mean weight (``demand``), and each endpoint's share of those arrivals' GPU-seconds
@@ -33,7 +36,7 @@ from app.models import FleetSpec, load_fleet
 from app.traces import TraceJob, read_trace
 from planner.api import plan
 from planner.measures import JobRecord, build_report, lower_bounds
-from planner.model import EndpointModel, FleetState, Gpu, PlanJob
+from planner.model import EndpointModel, FleetState, Gpu, Plan, PlanJob
 from planner.replay import Replay
 
 
@@ -71,6 +74,7 @@ def simulate(trace_jobs: Sequence[TraceJob] | Sequence[PlanJob], fleet: FleetSpe
     recent: deque[PlanJob] = deque()
     records: list[JobRecord] = []
     solve: list[float] = []
+    previous: Plan | None = None  # the last planning point's uncommitted plan
     i, n, t = 0, len(jobs), (jobs[0].release_s if jobs else 0.0)
     while i < n or queue:
         while i < n and jobs[i].release_s <= t:
@@ -87,9 +91,10 @@ def simulate(trace_jobs: Sequence[TraceJob] | Sequence[PlanJob], fleet: FleetSpe
                                end_of=committed.end_of, asleep=dict(committed.asleep),
                                demand=_demand(recent), demand_share=_share(recent, base))
             c0 = time.perf_counter()
-            p = plan(batch, state, policy)
+            p = plan(batch, state, policy, previous=previous)
             solve.append(time.perf_counter() - c0)
             bj = {j.id: j for j in batch}
+            later = []
             for a in sorted(p.assignments, key=lambda a: a.start_s):
                 if a.start_s < t + window_s:
                     job = bj[a.job_id]
@@ -98,6 +103,8 @@ def simulate(trace_jobs: Sequence[TraceJob] | Sequence[PlanJob], fleet: FleetSpe
                     del queue[a.job_id]
                 else:
                     nxt_planned = min(nxt_planned, a.start_s)
+                    later.append(a)
+            previous = Plan(p.policy, later)
         nxt_arrival = jobs[i].release_s if i < n else float("inf")
         nxt = min(nxt_arrival, nxt_planned)
         if nxt == float("inf") and queue:

@@ -29,7 +29,7 @@ from app.models import FleetSpec, Priority
 from app.settings import Settings
 from planner.api import plan
 from planner.simulator import _demand, _share
-from planner.model import EndpointModel, FleetState, Gpu, PlanJob
+from planner.model import EndpointModel, FleetState, Gpu, Plan, PlanJob
 from workers.drain import SetPointMixin
 from workers.leases import LeaseStore, now_ms
 from workers.preemption import PreemptionMixin
@@ -102,6 +102,7 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
         self.tick_again = False
         self._meta: dict[str, tuple[str, float]] = {}
         self._recent: dict[str, PlanJob] = {}
+        self._last_plan: Plan | None = None  # the last tick's plan: a solver policy's start (plan stability)
         self._last_tp: dict[str, str] = {}  # GPU -> traceparent of the last job leased on it
         self.lock_ttl_s = max(settings.lease_ttl_s / 2, 1.0)
         from workers.retention import Retention
@@ -362,7 +363,9 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
         self._note_demand(batch, state)
         self._idle_checked = False
         t0 = time.perf_counter()
-        p = plan(batch, state, self.settings.policy, time_limit_s=self.settings.solve_time_limit_s)
+        p = plan(batch, state, self.settings.policy, time_limit_s=self.settings.solve_time_limit_s,
+                 previous=self._last_plan)
+        self._last_plan = p
         solve_s = time.perf_counter() - t0
         metrics.observe_solve(solve_s, len(batch))
         self._solve_stats.append(f"{solve_s:.6f}:{len(batch)}")  # written with the next snapshot
