@@ -34,11 +34,12 @@ import math
 import random
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
 from app.errors import PlannerError
-from planner.evaluator import InfeasiblePlan, evaluate, score
+from planner.evaluator import InfeasiblePlan, evaluate, future_cost, score
 from planner import whole
 from planner.exact import MAX_EXACT_JOBS, exact
 from planner.greedy import portfolio
@@ -48,17 +49,33 @@ from planner.replay import Group, Replay
 
 
 def _decode(inc: Plan, lo: int, hi: int, order: list[str], groups: dict[str, Group],
-            jobs: dict[str, PlanJob], state: FleetState) -> list[Assignment]:
-    rep = Replay(state)
-    out: list[Assignment] = []
-    a_sorted = inc.assignments
-    for a in a_sorted[:lo]:
-        out.append(rep.place(jobs[a.job_id], a.gpus, a.start_s))
+            jobs: dict[str, PlanJob], prefix: Replay, state: FleetState) -> tuple[list[Assignment], float]:
+    """The incumbent's prefix as is, the window in the model's order and groups, the suffix
+    in its old order and groups, all at their earliest starts; with the plan's score
+    (Σ w_j (C_j − r_j) + future cost, as :func:`planner.evaluator.evaluate` computes it).
+    ``prefix`` is the replay after ``inc.assignments[:lo]`` (not modified)."""
+    rep = prefix.copy()
+    out = list(inc.assignments[:lo])
     for jid in order:
         out.append(rep.place(jobs[jid], groups[jid]))
-    for a in a_sorted[hi:]:
+    for a in inc.assignments[hi:]:
         out.append(rep.place(jobs[a.job_id], a.gpus))
-    return out
+    total = sum(jobs[a.job_id].weight * (a.end_s - jobs[a.job_id].release_s) for a in out)
+    return out, total + future_cost(rep, state)
+
+
+@dataclass
+class _Window:
+    """A solved window: the model's job order and groups, whether CP-SAT proved it, the
+    model objective and the incumbent's (the hint's; inf without a hint), and the replay
+    after the prefix."""
+
+    order: list[str]
+    groups: dict[str, Group]
+    optimal: bool
+    objective: float
+    hint_objective: float
+    prefix: Replay
 
 
 def _hint(win: Sequence[Assignment], cands: dict[str, list[Group]], res: dict, x: dict, start: dict,
@@ -100,7 +117,7 @@ def _hint(win: Sequence[Assignment], cands: dict[str, list[Group]], res: dict, x
 
 def _solve_window(inc: Plan, lo: int, hi: int, jobs: dict[str, PlanJob], state: FleetState,
                   time_limit_s: float, seed: int, workers: int, max_groups: int,
-                  verify_hint: bool) -> tuple[list[str], dict[str, Group], bool, float] | None:
+                  verify_hint: bool) -> _Window | None:
     rep = Replay(state)
     for a in inc.assignments[:lo]:
         rep.place(jobs[a.job_id], a.gpus, a.start_s)
@@ -153,6 +170,7 @@ def _solve_window(inc: Plan, lo: int, hi: int, jobs: dict[str, PlanJob], state: 
     start: dict[str, object] = {}
     by_gpu_job: dict[str, list] = {u: [] for u in gpus}
     obj = []
+    wj: dict[str, tuple[int, int]] = {}
     for jid, gs in cands.items():
         j = jobs[jid]
         pj = int(math.ceil(j.service_s))
@@ -174,7 +192,8 @@ def _solve_window(inc: Plan, lo: int, hi: int, jobs: dict[str, PlanJob], state: 
         for d in j.deps:
             if d in start:
                 m.Add(s >= start[d] + int(math.ceil(jobs[d].service_s)))
-        obj.append(int(round(j.weight * 10)) * (s + pj))
+        wj[jid] = (int(round(j.weight * 10)), pj)
+        obj.append(wj[jid][0] * (s + pj))
     for u in gpus:
         m.AddNoOverlap([res[k][3] for k in by_gpu_res[u]])
         m.AddNoOverlap(by_gpu_job[u])
@@ -206,7 +225,12 @@ def _solve_window(inc: Plan, lo: int, hi: int, jobs: dict[str, PlanJob], state: 
         return None
     groups = {jid: next(g for g in gs if solver.Value(x[(jid, g)])) for jid, gs in cands.items()}
     order = sorted(cands, key=lambda jid: (solver.Value(start[jid]), jid))
-    return order, groups, st == cp_model.OPTIMAL, solver.ObjectiveValue()
+    hint_obj = math.inf
+    if hint is not None:
+        hv = dict(hint)
+        hint_obj = (sum(c * (hv[start[jid]] + pj) for jid, (c, pj) in wj.items())
+                    + sum(v[4] * hv[v[0]] for v in res.values()))
+    return _Window(order, groups, st == cp_model.OPTIMAL, solver.ObjectiveValue(), hint_obj, rep)
 
 
 def _offsets(n: int, k: int, rng: random.Random) -> list[int]:
@@ -218,7 +242,7 @@ def _offsets(n: int, k: int, rng: random.Random) -> list[int]:
 
 def improve(batch: Sequence[PlanJob], state: FleetState, greedy: Plan, time_limit_s: float = 1.0,
             seed: int = 0, workers: int = 1, window_jobs: int = 6, max_window_jobs: int = 16,
-            max_groups: int = 4, verify_hint: bool = True, window_limit_s: float | None = None,
+            max_groups: int = 4, verify_hint: bool = False, window_limit_s: float | None = None,
             previous: Plan | None = None) -> Plan:
     """LNS over ``greedy`` (an evaluated plan) for ``time_limit_s`` wall seconds.
 
@@ -270,16 +294,18 @@ def improve(batch: Sequence[PlanJob], state: FleetState, greedy: Plan, time_limi
         sweep_windows += 1
         sol = _solve_window(best, lo, hi, jobs, state, min(left, per_window), seed, workers, max_groups, verify_hint)
         if first is None:
-            first = (float(sol[2]), sol[3]) if sol is not None else (0.0, math.nan)
+            first = (float(sol.optimal), sol.objective) if sol is not None else (0.0, math.nan)
         if sol is None:
             continue
-        optimal += int(sol[2])
-        sweep_optimal += int(sol[2])
-        win = best.assignments[lo:hi]
-        if sol[0] == [a.job_id for a in win] and all(sol[1][a.job_id] == tuple(a.gpus) for a in win):
-            continue  # the incumbent window: nothing to decode
+        optimal += int(sol.optimal)
+        sweep_optimal += int(sol.optimal)
+        if sol.objective >= sol.hint_objective:
+            continue  # no better than the incumbent window in the model: not decoded
+        assigns, quick = _decode(best, lo, hi, sol.order, sol.groups, jobs, sol.prefix, state)
+        if quick >= score(best) - 1e-6:
+            continue
         try:
-            cand = evaluate(_decode(best, lo, hi, sol[0], sol[1], jobs, state), batch, state, "cpsat")
+            cand = evaluate(assigns, batch, state, "cpsat")
         except InfeasiblePlan:
             continue
         if score(cand) < score(best) - 1e-6:
