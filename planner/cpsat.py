@@ -39,29 +39,14 @@ from dataclasses import dataclass
 from ortools.sat.python import cp_model
 
 from app.errors import PlannerError
-from planner.evaluator import InfeasiblePlan, evaluate, future_cost, score
+from planner.evaluator import InfeasiblePlan, evaluate, score
 from planner import whole
 from planner.exact import MAX_EXACT_JOBS, exact
 from planner.greedy import portfolio
 from planner.model import Assignment, FleetState, Plan, PlanJob
+from planner.local import decode_window, descent
 from planner.previous import start_plan
 from planner.replay import Group, Replay
-
-
-def _decode(inc: Plan, lo: int, hi: int, order: list[str], groups: dict[str, Group],
-            jobs: dict[str, PlanJob], prefix: Replay, state: FleetState) -> tuple[list[Assignment], float]:
-    """The incumbent's prefix as is, the window in the model's order and groups, the suffix
-    in its old order and groups, all at their earliest starts; with the plan's score
-    (Σ w_j (C_j − r_j) + future cost, as :func:`planner.evaluator.evaluate` computes it).
-    ``prefix`` is the replay after ``inc.assignments[:lo]`` (not modified)."""
-    rep = prefix.copy()
-    out = list(inc.assignments[:lo])
-    for jid in order:
-        out.append(rep.place(jobs[jid], groups[jid]))
-    for a in inc.assignments[hi:]:
-        out.append(rep.place(jobs[a.job_id], a.gpus))
-    total = sum(jobs[a.job_id].weight * (a.end_s - jobs[a.job_id].release_s) for a in out)
-    return out, total + future_cost(rep, state)
 
 
 @dataclass
@@ -243,7 +228,7 @@ def _offsets(n: int, k: int, rng: random.Random) -> list[int]:
 def improve(batch: Sequence[PlanJob], state: FleetState, greedy: Plan, time_limit_s: float = 1.0,
             seed: int = 0, workers: int = 1, window_jobs: int = 6, max_window_jobs: int = 16,
             max_groups: int = 4, verify_hint: bool = False, window_limit_s: float | None = None,
-            previous: Plan | None = None) -> Plan:
+            previous: Plan | None = None, local: bool = True) -> Plan:
     """LNS over ``greedy`` (an evaluated plan) for ``time_limit_s`` wall seconds.
 
     Sweeps: every window of ``k`` consecutive jobs (start order, half overlapping, in a
@@ -270,7 +255,7 @@ def improve(batch: Sequence[PlanJob], state: FleetState, greedy: Plan, time_limi
     n = len(best.assignments)
     rng = random.Random(seed)
     per_window = window_limit_s if window_limit_s is not None else min(0.25, max(0.02, time_limit_s / 20))
-    windows = improved = optimal = sweeps = 0
+    windows = improved = optimal = sweeps = moves = 0
     sweep_better = sweep_optimal = sweep_windows = 0
     first: tuple[float, float] | None = None
     k = min(window_jobs, n)
@@ -280,6 +265,10 @@ def improve(batch: Sequence[PlanJob], state: FleetState, greedy: Plan, time_limi
         if not offsets:
             sweeps += 1
             all_optimal = sweep_optimal == sweep_windows
+            if local:
+                best, acc = descent(best, batch, state, deadline)
+                moves += acc
+                sweep_better += acc
             if not sweep_better:
                 if k >= min(n, max_window_jobs):
                     break
@@ -301,7 +290,7 @@ def improve(batch: Sequence[PlanJob], state: FleetState, greedy: Plan, time_limi
         sweep_optimal += int(sol.optimal)
         if sol.objective >= sol.hint_objective:
             continue  # no better than the incumbent window in the model: not decoded
-        assigns, quick = _decode(best, lo, hi, sol.order, sol.groups, jobs, sol.prefix, state)
+        assigns, quick = decode_window(best, lo, hi, sol.order, sol.groups, jobs, sol.prefix, state)
         if quick >= score(best) - 1e-6:
             continue
         try:
@@ -314,7 +303,7 @@ def improve(batch: Sequence[PlanJob], state: FleetState, greedy: Plan, time_limi
             sweep_better += 1
     out = Plan("cpsat", list(best.assignments), best.objective, dict(best.stats))
     out.stats.update({"windows": float(windows), "improved": float(improved), "greedy_score": score(greedy),
-                      "sweeps": float(sweeps), "window_jobs": float(k), "windows_optimal": float(optimal),
+                      "sweeps": float(sweeps), "local_moves": float(moves), "window_jobs": float(k), "windows_optimal": float(optimal),
                       "windows_all_optimal": float(all_optimal and not offsets),
                       "previous_score": prev_score, "previous_used": float(prev_used), "proven_optimal": 0.0})
     if first is not None:

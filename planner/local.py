@@ -1,0 +1,79 @@
+"""Local moves on a plan's sequence, scored by the replay (between CP-SAT windows).
+
+A plan is read as a sequence: its assignments in start order, each with its GPU group.
+:func:`decode_window` rebuilds a plan from that sequence with one slice replaced (prefix
+as is, the slice in a new order and groups, suffix in its old order and groups, all at
+their earliest starts through :class:`planner.replay.Replay`) and returns its score.
+:func:`descent` tries, at each position, a swap with the next job and moves of the job to
+other groups of its endpoint (those holding its model at that point, and the two that
+free earliest), accepting the first move whose plan the evaluator scores lower
+(first-improvement hill climbing; the classic swap/insert neighbourhoods of scheduling
+local search, e.g. Congram, Potts & van de Velde 2002).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from planner.evaluator import InfeasiblePlan, evaluate, future_cost, score
+from planner.model import Assignment, FleetState, Plan, PlanJob
+from planner.replay import Group, Replay
+
+
+def decode_window(inc: Plan, lo: int, hi: int, order: list[str], groups: dict[str, Group],
+                  jobs: dict[str, PlanJob], prefix: Replay, state: FleetState) -> tuple[list[Assignment], float]:
+    """``inc`` with ``inc.assignments[lo:hi]`` replaced by ``order`` on ``groups`` (module
+    doc); returns the assignments and their score (Σ w_j (C_j − r_j) + future cost, as
+    :func:`planner.evaluator.evaluate` computes it, weight·s). ``prefix`` is the replay
+    after ``inc.assignments[:lo]`` (not modified)."""
+    rep = prefix.copy()
+    out = list(inc.assignments[:lo])
+    for jid in order:
+        out.append(rep.place(jobs[jid], groups[jid]))
+    for a in inc.assignments[hi:]:
+        out.append(rep.place(jobs[a.job_id], a.gpus))
+    total = sum(jobs[a.job_id].weight * (a.end_s - jobs[a.job_id].release_s) for a in out)
+    return out, total + future_cost(rep, state)
+
+
+def _moves(inc: Plan, i: int, rep: Replay, jobs: dict[str, PlanJob], state: FleetState):
+    """(lo, hi, order, groups) of the moves at position ``i``."""
+    a = inc.assignments[i]
+    if i + 1 < len(inc.assignments):
+        b = inc.assignments[i + 1]
+        yield i, i + 2, [b.job_id, a.job_id], {a.job_id: a.gpus, b.job_id: b.gpus}
+    ep = state.endpoints[jobs[a.job_id].endpoint]
+    gs = rep.groups(ep)
+    warm = [g for g in gs if all(rep.resident[u] == ep.name for u in g)]
+    early = sorted(gs, key=rep.group_free)[:2]
+    for g in dict.fromkeys(warm + early):
+        if g != tuple(a.gpus):
+            yield i, i + 1, [a.job_id], {a.job_id: g}
+
+
+def descent(best: Plan, batch: Sequence[PlanJob], state: FleetState, deadline: float) -> tuple[Plan, int]:
+    """One first-improvement pass over the positions of ``best`` (an evaluated plan),
+    until ``deadline`` (``time.perf_counter()`` seconds). Returns the best evaluated plan
+    (never worse than ``best``) and the number of accepted moves."""
+    jobs = {j.id: j for j in batch}
+    rep = Replay(state)
+    accepted = i = 0
+    while i < len(best.assignments) and time.perf_counter() < deadline:
+        for lo, hi, order, groups in _moves(best, i, rep, jobs, state):
+            assigns, quick = decode_window(best, lo, hi, order, groups, jobs, rep, state)
+            if quick < score(best) - 1e-6:
+                try:
+                    cand = evaluate(assigns, batch, state, best.policy)
+                except InfeasiblePlan:
+                    continue
+                if score(cand) < score(best) - 1e-6:
+                    best, accepted = cand, accepted + 1
+                    rep = Replay(state)  # the start order may have changed before i
+                    for a in best.assignments[:i]:
+                        rep.place(jobs[a.job_id], a.gpus, a.start_s)
+                    break
+        a = best.assignments[i]
+        rep.place(jobs[a.job_id], a.gpus, a.start_s)
+        i += 1
+    return best, accepted
