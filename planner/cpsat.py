@@ -1,11 +1,17 @@
-"""CP-SAT improver: windowed large-neighbourhood search over the greedy portfolio plan.
+"""CP-SAT improver: local search and windowed large-neighbourhood search over the greedy plan.
 
-Per window (``window_jobs`` consecutive jobs of the incumbent in start order) a
-"residency" model is built and solved (OR-Tools CP-SAT, Perron & Didier 2024); its
-solution is decoded into a whole plan (prefix as is, window in the model's order and
-groups, suffix in its old order and groups, all re-placed through the exact replay) and
-scored by :func:`planner.evaluator.evaluate`. A candidate replaces the incumbent only if
-its score is lower, so the result is never worse than the greedy floor.
+Search (:func:`improve`), all within one wall-time limit: the start plan is the greedy
+portfolio plan, or the previous planning point's plan repaired to this batch when that
+scores lower (:mod:`planner.previous`); then one first-improvement pass of swap/regroup
+moves (:func:`planner.local.descent`); then sweeps of CP-SAT windows, each followed by
+another descent pass. A sweep solves every window of ``k`` consecutive jobs of the
+incumbent (start order, half overlapping, seeded random order); ``k`` grows by 4 after a
+sweep that improved nothing. A window's solution is decoded into a whole plan (prefix as
+is, window in the model's order and groups, suffix in its old order and groups, all
+re-placed through the exact replay, :func:`planner.local.decode_window`) and accepted
+only if :func:`planner.evaluator.evaluate` scores it lower, so the result is never worse
+than the start plan. A solution whose model objective is not below the incumbent's is
+not decoded.
 
 Model of a window (integer seconds, time 0 = planning time):
     data:        window jobs; the GPUs they use; for each job up to ``max_groups``
@@ -14,17 +20,19 @@ Model of a window (integer seconds, time 0 = planning time):
     variables:   optional residency interval R[g,m] "model m resident on group g" (at most
                  one per group and model in a window) whose first σ[g,m] seconds are its
                  transition (0 if g already holds m — then it must come first on g —, else
-                 the largest evict on g + wake or cold start); per job and candidate group
+                 an upper bound of the replay's: the largest evict among g's residents and
+                 the window's endpoints, + wake or cold start); per job and candidate group
                  a presence literal and an optional interval of length p_j;
     constraints: each job on exactly one group, inside a present residency of its model
                  after its transition; no overlap of residencies, nor of jobs, on any GPU;
                  residencies start when their GPUs are free; jobs start after release and
                  in-window dependencies;
     objective:   Σ w_j·C_j + 1 per transition second (a small cost per transition).
-The incumbent window is given as a complete hint; with ``verify_hint`` it is first
-checked by fixing every hinted variable (an infeasible hint fails silently otherwise)
-and dropped if infeasible. Deterministic: fixed ``seed``, ``workers`` search workers
-(default 1), a wall-time limit per solve and overall.
+The incumbent window is given as a complete hint, built to satisfy the model (its jobs in
+order on their groups at the earliest starts the model allows, :func:`_hint`); with
+``verify_hint`` it is also checked by fixing every hinted variable. Deterministic up to
+the wall clock: fixed ``seed``, ``workers`` search workers (default 1); how far the search
+gets depends on the time limit and the machine's speed.
 Running work is never moved: it lives in ``FleetState.free_at``.
 """
 
@@ -261,6 +269,8 @@ def improve(batch: Sequence[PlanJob], state: FleetState, greedy: Plan, time_limi
     k = min(window_jobs, n)
     offsets = _offsets(n, k, rng)
     all_optimal = False
+    if local:
+        best, moves = descent(best, batch, state, deadline)
     while n >= 2:
         if not offsets:
             sweeps += 1
