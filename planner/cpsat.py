@@ -237,26 +237,27 @@ def improve(batch: Sequence[PlanJob], state: FleetState, greedy: Plan, time_limi
             seed: int = 0, workers: int = 1, window_jobs: int = 6, max_window_jobs: int = 16,
             max_groups: int = 4, verify_hint: bool = False, window_limit_s: float | None = None,
             previous: Plan | None = None, local: bool = True) -> Plan:
-    """LNS over ``greedy`` (an evaluated plan) for ``time_limit_s`` wall seconds.
+    """Local search and windowed LNS over ``greedy`` (an evaluated plan) for
+    ``time_limit_s`` wall seconds (module doc).
 
-    Sweeps: every window of ``k`` consecutive jobs (start order, half overlapping, in a
-    seeded random order) is solved for at most ``window_limit_s`` (default: the limit
-    ÷ 20, within 0.02–0.25 s) and accepted when the evaluator scores the decoded plan
-    lower. ``k`` starts at ``window_jobs`` and grows by 4 after a sweep that improved
-    nothing, up to ``max_window_jobs``; the search ends at the time limit or after a
-    sweep of the largest windows that improved nothing. ``previous``: a plan of an
-    earlier planning point; repaired to this batch (:func:`planner.previous.repair`)
-    and used as the start when it scores lower than ``greedy``.
+    Windows of ``k`` jobs (from ``window_jobs``, growing by 4 up to ``max_window_jobs``)
+    are solved for at most ``window_limit_s`` each (default: the limit ÷ 20, within
+    0.02–0.25 s); the search ends at the time limit or after a sweep of the largest
+    windows and a descent pass that improved nothing. ``local``: run the swap/regroup
+    descent (:func:`planner.local.descent`) first and after every sweep. ``previous``: a
+    plan of an earlier planning point; repaired to this batch
+    (:func:`planner.previous.repair`) and used as the start when it scores lower than
+    ``greedy``.
 
-    Returns the best evaluated plan (``policy`` "cpsat"; stats: windows, improved, sweeps,
-    window_jobs (the last size), greedy_score, previous_score (NaN without ``previous``),
-    previous_used; windows_optimal = window solves CP-SAT proved optimal;
-    first_window_optimal and first_window_objective = status (1/0) and model objective of
-    the first window, whose model depends only on the start plan and ``seed``, so it is
-    equal for any ``workers`` when proven; windows_all_optimal = 1 when the search ended
-    with a full sweep whose every window was proved optimal — a local optimum per window,
-    not a proof for the whole batch, so proven_optimal is always 0 here). Never worse than
-    ``greedy`` (nor than the repaired ``previous``) by score."""
+    Returns the best evaluated plan (``policy`` "cpsat"; stats: windows, improved (accepted
+    windows), local_moves (accepted descent moves), sweeps, window_jobs (the last size),
+    greedy_score, previous_score (NaN without ``previous``), previous_used;
+    windows_optimal = window solves CP-SAT proved optimal; first_window_optimal and
+    first_window_objective = status (1/0) and model objective of the first window;
+    windows_all_optimal = 1 when the search ended with a full sweep whose every window was
+    proved optimal — a local optimum per window, not a proof for the whole batch, so
+    proven_optimal is always 0 here). Never worse than ``greedy`` (nor than the repaired
+    ``previous``) by score."""
     deadline = time.perf_counter() + time_limit_s
     jobs = {j.id: j for j in batch}
     best, prev_score, prev_used = start_plan(greedy, previous, batch, state)
