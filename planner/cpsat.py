@@ -2,9 +2,10 @@
 
 Search (:func:`improve`), all within one wall-time limit: the start plan is the greedy
 portfolio plan, or the previous planning point's plan repaired to this batch when that
-scores lower (:mod:`planner.previous`); then one first-improvement pass of swap/regroup
-moves (:func:`planner.local.descent`); then sweeps of CP-SAT windows, each followed by
-another descent pass. A sweep solves every window of ``k`` consecutive jobs of the
+scores lower (:mod:`planner.previous`); then first-improvement passes of swap/regroup
+moves (:func:`planner.local.descent`) until a local optimum of that neighbourhood; then
+sweeps of CP-SAT windows (the larger neighbourhood, to leave it), each followed by
+descent to a local optimum again. A sweep solves every window of ``k`` consecutive jobs of the
 incumbent (start order, half overlapping, seeded random order); ``k`` grows by 4 after a
 sweep that improved nothing. A window's solution is decoded into a whole plan (prefix as
 is, window in the model's order and groups, suffix in its old order and groups, all
@@ -226,6 +227,18 @@ def _solve_window(inc: Plan, lo: int, hi: int, jobs: dict[str, PlanJob], state: 
     return _Window(order, groups, st == cp_model.OPTIMAL, solver.ObjectiveValue(), hint_obj, rep)
 
 
+def _descend(best: Plan, batch: Sequence[PlanJob], state: FleetState, deadline: float) -> tuple[Plan, int]:
+    """Descent passes (:func:`planner.local.descent`) until one accepts no move (a local
+    optimum of the swap/regroup neighbourhood) or the deadline; (plan, moves accepted)."""
+    moves = 0
+    while time.perf_counter() < deadline:
+        best, acc = descent(best, batch, state, deadline)
+        moves += acc
+        if not acc:
+            break
+    return best, moves
+
+
 def _offsets(n: int, k: int, rng: random.Random) -> list[int]:
     """Window starts of one sweep: every ⌈k/2⌉ jobs and the last window, shuffled."""
     offs = sorted(set(range(0, max(1, n - k + 1), max(1, k // 2))) | {max(0, n - k)})
@@ -236,16 +249,17 @@ def _offsets(n: int, k: int, rng: random.Random) -> list[int]:
 def improve(batch: Sequence[PlanJob], state: FleetState, greedy: Plan, time_limit_s: float = 1.0,
             seed: int = 0, workers: int = 1, window_jobs: int = 6, max_window_jobs: int = 16,
             max_groups: int = 4, verify_hint: bool = False, window_limit_s: float | None = None,
-            previous: Plan | None = None, local: bool = True) -> Plan:
+            previous: Plan | None = None, local: bool = True, windows_on: bool = True) -> Plan:
     """Local search and windowed LNS over ``greedy`` (an evaluated plan) for
     ``time_limit_s`` wall seconds (module doc).
 
     Windows of ``k`` jobs (from ``window_jobs``, growing by 4 up to ``max_window_jobs``)
     are solved for at most ``window_limit_s`` each (default: the limit ÷ 20, within
     0.02–0.25 s); the search ends at the time limit or after a sweep of the largest
-    windows and a descent pass that improved nothing. ``local``: run the swap/regroup
-    descent (:func:`planner.local.descent`) first and after every sweep. ``previous``: a
-    plan of an earlier planning point; repaired to this batch
+    windows and the descent after it improved nothing. ``local``: descend with swap/regroup
+    moves (:func:`planner.local.descent`, passes until one accepts nothing) first and
+    after every sweep; ``windows_on`` False: the descent only (a comparison mode, no
+    CP-SAT). ``previous``: a plan of an earlier planning point; repaired to this batch
     (:func:`planner.previous.repair`) and used as the start when it scores lower than
     ``greedy``.
 
@@ -271,13 +285,13 @@ def improve(batch: Sequence[PlanJob], state: FleetState, greedy: Plan, time_limi
     offsets = _offsets(n, k, rng)
     all_optimal = False
     if local:
-        best, moves = descent(best, batch, state, deadline)
-    while n >= 2:
+        best, moves = _descend(best, batch, state, deadline)
+    while n >= 2 and windows_on:
         if not offsets:
             sweeps += 1
             all_optimal = sweep_optimal == sweep_windows
             if local:
-                best, acc = descent(best, batch, state, deadline)
+                best, acc = _descend(best, batch, state, deadline)
                 moves += acc
                 sweep_better += acc
             if not sweep_better:
