@@ -5,9 +5,9 @@ portfolio plan, or the previous planning point's plan repaired to this batch whe
 scores lower (:mod:`planner.previous`); then first-improvement passes of swap/regroup
 moves (:func:`planner.local.descent`) until a local optimum of that neighbourhood; then
 sweeps of CP-SAT windows (the larger neighbourhood, to leave it), each followed by
-descent to a local optimum again. A sweep solves every window of ``k`` consecutive jobs of the
-incumbent (start order, half overlapping, seeded random order); ``k`` grows by 4 after a
-sweep that improved nothing. A window's solution is decoded into a whole plan (prefix as
+descent to a local optimum again. A sweep solves every window of ``k`` consecutive jobs
+of the incumbent (start order, half overlapping, seeded random order); ``k`` grows by 4
+after a sweep that improved nothing. A window's solution is decoded into a whole plan (prefix as
 is, window in the model's order and groups, suffix in its old order and groups, all
 re-placed through the exact replay, :func:`planner.local.decode_window`) and accepted
 only if :func:`planner.evaluator.evaluate` scores it lower, so the result is never worse
