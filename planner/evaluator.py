@@ -9,10 +9,6 @@ Checks (an :class:`InfeasiblePlan` names the first violation):
     * the stated transition (evicts, load kind) and the service start / completion agree
       with the replay (:mod:`planner.replay`) within 1 µs.
 
-Loads without a job (``Plan.loads``, prewarm) are replayed in start order with the
-assignments (a load before an assignment starting at the same time): the group must be an
-aligned group of the endpoint, free at the load's start, and not already holding it.
-
 Score (used to pick among candidates) = Σ w_j (C_j − r_j) + future cost, where the
 future cost charges ``demand[e] × cold_start_s(e)`` for every endpoint ``e`` with recent
 demand that was resident at the start and holds no whole instance when the plan ends (the next
@@ -29,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from app.errors import PlannerError
-from planner.model import Assignment, FleetState, Load, Plan, PlanJob
+from planner.model import Assignment, FleetState, Plan, PlanJob
 from planner.replay import Replay
 
 TOL_S = 1e-6
@@ -102,14 +98,10 @@ def evaluate(plan: Plan | Sequence[Assignment], batch: Sequence[PlanJob], state:
     rep = Replay(state)
     valid: dict[str, set[tuple[str, ...]]] = {}
     order = sorted(range(len(assigns)), key=lambda i: (assigns[i].start_s, i))
-    loads = sorted(plan.loads, key=lambda ld: ld.start_s) if isinstance(plan, Plan) else []
     out: list[Assignment] = []
-    done_loads: list[Load] = []
     total = 0.0
     for i in order:
         a = assigns[i]
-        while len(done_loads) < len(loads) and loads[len(done_loads)].start_s <= a.start_s:
-            done_loads.append(_apply_load(rep, loads[len(done_loads)], state, valid, check_times))
         job = jobs[a.job_id]
         ep = state.endpoints.get(job.endpoint)
         if ep is None:
@@ -136,41 +128,12 @@ def evaluate(plan: Plan | Sequence[Assignment], batch: Sequence[PlanJob], state:
                                          f"differ from the replay {b.service_start_s, b.end_s, b.load, b.evicts}")
         total += job.weight * (b.end_s - job.release_s)
         out.append(b)
-    for ld in loads[len(done_loads):]:
-        done_loads.append(_apply_load(rep, ld, state, valid, check_times))
     fc = future_cost(rep, state)
-    moves = [*out, *done_loads]
     stats = {"score": total + fc, "future_cost": fc,
-             "cold_starts": float(sum(1 for b in moves if b.load == "cold_start")),
-             "wakes": float(sum(1 for b in moves if b.load == "wake")),
-             "evicts": float(sum(len(b.evicts) for b in moves))}
-    if done_loads:
-        stats["prewarm_loads"] = float(len(done_loads))
-    return Plan(policy=name, assignments=out, objective=total, stats=stats, loads=done_loads)
-
-
-def _apply_load(rep: Replay, ld: Load, state: FleetState, valid: dict[str, set[tuple[str, ...]]],
-                check_times: bool) -> Load:
-    """Replay one load without a job (:class:`planner.model.Load`); raises InfeasiblePlan."""
-    who = f"load of {ld.endpoint} on {ld.gpus}"
-    ep = state.endpoints.get(ld.endpoint)
-    if ep is None:
-        raise InfeasiblePlan(who, f"unknown endpoint {ld.endpoint!r}")
-    if ep.name not in valid:
-        valid[ep.name] = set(rep.groups(ep))
-    if tuple(ld.gpus) not in valid[ep.name]:
-        raise InfeasiblePlan(who, f"not an aligned TP-{ep.tp} group with {ep.memory_mib} MiB per GPU")
-    busy = max(rep.group_free(tuple(ld.gpus)), state.now_s)
-    if ld.start_s < busy - TOL_S:
-        raise InfeasiblePlan(who, f"starts at {ld.start_s} before its GPUs are free at {busy}")
-    try:
-        b = rep.load(tuple(ld.gpus), ep, ld.start_s)
-    except ValueError as e:
-        raise InfeasiblePlan(who, str(e)) from e
-    if check_times and (abs(b.ready_s - ld.ready_s) > TOL_S or b.load != ld.load or tuple(b.evicts) != tuple(ld.evicts)):
-        raise InfeasiblePlan(who, f"stated {ld.ready_s, ld.load, ld.evicts} differ from the replay "
-                                  f"{b.ready_s, b.load, b.evicts}")
-    return b
+             "cold_starts": float(sum(1 for b in out if b.load == "cold_start")),
+             "wakes": float(sum(1 for b in out if b.load == "wake")),
+             "evicts": float(sum(len(b.evicts) for b in out))}
+    return Plan(policy=name, assignments=out, objective=total, stats=stats)
 
 
 def score(plan: Plan) -> float:

@@ -152,24 +152,9 @@ class Assignment:
         return self.service_start_s - self.start_s
 
 
-@dataclass(frozen=True)
-class Load:
-    """A load without a job (prewarm): ``endpoint`` is loaded on ``gpus`` from ``start_s``
-    (evict of ``evicts`` first, then cold start or wake) and is resident at ``ready_s``;
-    the GPUs are busy in between. ``load`` is ``"cold_start"`` or ``"wake"``."""
-
-    gpus: tuple[str, ...]
-    endpoint: str
-    start_s: float
-    ready_s: float
-    evicts: tuple[str, ...] = ()
-    load: str = "cold_start"
-
-
 @dataclass
 class Plan:
-    """A complete plan for a batch: one assignment per job, in start order, and the loads
-    without a job (:class:`Load`, prewarm; empty unless a policy adds them).
+    """A complete plan for a batch: one assignment per job, in start order.
 
     ``objective`` is Σ w_j (C_j − r_j) in weight·seconds as scored by the evaluator."""
 
@@ -177,7 +162,6 @@ class Plan:
     assignments: list[Assignment]
     objective: float = 0.0
     stats: dict[str, float] = field(default_factory=dict)
-    loads: list[Load] = field(default_factory=list)
 
     def by_job(self) -> dict[str, Assignment]:
         return {a.job_id: a for a in self.assignments}

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections import ChainMap
 from collections.abc import Sequence
 
-from planner.model import Assignment, EndpointModel, FleetState, Load, PlanJob
+from planner.model import Assignment, EndpointModel, FleetState, PlanJob
 
 Group = tuple[str, ...]
 
@@ -105,38 +105,21 @@ class Replay:
         t_s, evicted, load, _ = self.transition(group, ep)
         a = Assignment(job.id, group, start_s, start_s + t_s, start_s + t_s + job.service_s, evicted, load)
         if load != "warm":
-            self._make_resident(group, ep)
+            for u in group:
+                old = self.resident[u]
+                if old is not None:
+                    self.count[old] -= 1
+                    oep = self.endpoints.get(old)
+                    if oep is not None and oep.wake_s is not None:
+                        self.asleep[u] = self.asleep[u] | {old}
+                self.resident[u] = ep.name
+                if ep.name in self.asleep[u]:
+                    self.asleep[u] = self.asleep[u] - {ep.name}
+            self.count[ep.name] = self.count.get(ep.name, 0) + len(group)
         for u in group:
             self.free_at[u] = a.end_s
         self.end_of[job.id] = a.end_s
         return a
-
-    def load(self, group: Group, ep: EndpointModel, start_s: float) -> Load:
-        """Load ``ep`` on ``group`` at ``start_s`` without a job (prewarm); the GPUs are busy
-        until it is resident. The caller checks that the group is free at ``start_s``.
-
-        Raises:
-            ValueError: ``ep`` is already resident on every GPU of ``group``."""
-        t_s, evicted, load, _ = self.transition(group, ep)
-        if load == "warm":
-            raise ValueError(f"{ep.name} is already resident on {group}")
-        self._make_resident(group, ep)
-        for u in group:
-            self.free_at[u] = start_s + t_s
-        return Load(group, ep.name, start_s, start_s + t_s, evicted, load)
-
-    def _make_resident(self, group: Group, ep: EndpointModel) -> None:
-        for u in group:
-            old = self.resident[u]
-            if old is not None:
-                self.count[old] -= 1
-                oep = self.endpoints.get(old)
-                if oep is not None and oep.wake_s is not None:
-                    self.asleep[u] = self.asleep[u] | {old}
-            self.resident[u] = ep.name
-            if ep.name in self.asleep[u]:
-                self.asleep[u] = self.asleep[u] - {ep.name}
-        self.count[ep.name] = self.count.get(ep.name, 0) + len(group)
 
     def instances(self, endpoint: str) -> int:
         """GPUs currently holding ``endpoint`` (divide by its TP for whole instances)."""

@@ -71,7 +71,6 @@ def simulate(trace_jobs: Sequence[TraceJob] | Sequence[PlanJob], fleet: FleetSpe
     recent: deque[PlanJob] = deque()
     records: list[JobRecord] = []
     solve: list[float] = []
-    restores: list[tuple[float, float, tuple[str, ...]]] = []
     i, n, t = 0, len(jobs), (jobs[0].release_s if jobs else 0.0)
     while i < n or queue:
         while i < n and jobs[i].release_s <= t:
@@ -99,10 +98,6 @@ def simulate(trace_jobs: Sequence[TraceJob] | Sequence[PlanJob], fleet: FleetSpe
                     del queue[a.job_id]
                 else:
                     nxt_planned = min(nxt_planned, a.start_s)
-            for ld in p.loads:  # prewarm: loads without a job
-                if ld.start_s < t + window_s:
-                    b = committed.load(tuple(ld.gpus), base.endpoints[ld.endpoint], max(ld.start_s, t))
-                    restores.append((b.start_s, b.ready_s, tuple(b.gpus)))
         nxt_arrival = jobs[i].release_s if i < n else float("inf")
         nxt = min(nxt_arrival, nxt_planned)
         if nxt == float("inf") and queue:
@@ -112,7 +107,7 @@ def simulate(trace_jobs: Sequence[TraceJob] | Sequence[PlanJob], fleet: FleetSpe
     eligible = {e: {u for g in base.groups(ep.tp, ep.memory_mib) for u in g} for e, ep in base.endpoints.items()}
     lb = lower_bounds(jobs, base.endpoints, len(gpu_ids),
                       resident={e for e in base.resident.values() if e is not None})
-    rep = build_report(records, policy=policy, gpus=len(gpu_ids), submitted=n, solve_times_s=solve, restores=restores,
+    rep = build_report(records, policy=policy, gpus=len(gpu_ids), submitted=n, solve_times_s=solve,
                        lower_bound_makespan_s=lb["makespan_s"], lower_bound_weighted_s=lb["weighted_completion_s"],
                        gpu_ids=gpu_ids, eligible=eligible)
     rep["sim"] = {"wall_s": time.perf_counter() - wall0, "planning_points": len(solve), "window_s": window_s,
