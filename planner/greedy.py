@@ -44,11 +44,13 @@ Transition-aware members (Σ w(C − r) decides among them):
 
 from __future__ import annotations
 
+import math
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 
 from planner.evaluator import evaluate, score, share_shortfall_cost
-from planner.list_schedule import fifo_order, topo_stable, wspt_order
+from planner.list_schedule import fifo_order, pruner, topo_stable, wspt_order
 from planner.partition import partition
 from planner.model import Assignment, EndpointModel, FleetState, Plan, PlanJob
 from planner.replay import Group, Replay
@@ -260,11 +262,14 @@ class _Aware:
 
 
 def construct(name: str, order: Sequence[PlanJob], state: FleetState, rule: str = "completion",
-              pull: bool = False, alpha: float = 1.0, beta: float = 1.0, gamma: float = 0.0) -> list[Assignment]:
+              pull: bool = False, alpha: float = 1.0, beta: float = 1.0, gamma: float = 0.0,
+              bound: float = math.inf) -> list[Assignment] | None:
     """List-schedule ``order`` with the named group ``rule`` ("completion", "free",
     "min-evict", "aware", "share"); ``pull`` enables pull-forward after a load. Returns
-    the assignments (complete, in placement order)."""
+    the assignments (complete, in placement order), or None as soon as the plan provably
+    scores above ``bound`` (:class:`planner.list_schedule.Prune`; never with the default)."""
     rep = Replay(state)
+    prune = pruner(order, state, bound)
     aware = _Aware(order, state, alpha, beta, share=rule == "share", gamma=gamma) if rule in ("aware", "share") else None
     fn = aware or {"completion": _rule_completion, "free": _rule_free, "min-evict": _rule_min_evict}[rule]
     ids = {j.id for j in order}
@@ -285,6 +290,8 @@ def construct(name: str, order: Sequence[PlanJob], state: FleetState, rule: str 
             raise ValueError(f"job {job.id}: no GPU group fits endpoint {ep.name}")
         g = fn(rep, job, cands, rep.ready(job))
         a = rep.place(job, g)
+        if prune is not None and not prune.placed(job, a.end_s):
+            return None
         out.append(a)
         placed.add(job.id)
         if aware is not None:
@@ -331,10 +338,17 @@ def wspt(batch: Sequence[PlanJob], state: FleetState) -> Plan:
 MEMBERS = ("wspt", "ta-wspt", "ta-fifo", "min-evict", "cap-aware", "ta-share", "cap-share",
            "partition", "partition-spill")
 CAPACITY_GAMMA = 2.0  # γ of the cap-* members (module doc); 1 and 4 were no better
+# Order in which :func:`portfolio` builds the members (the most frequent winners in the
+# policies benchmark first, so that their score prunes the others early); the choice
+# does not depend on it.
+BUILD_ORDER = ("cap-share", "ta-share", "cap-aware", "wspt", "partition", "partition-spill",
+               "ta-wspt", "ta-fifo", "min-evict")
+
+Builder = Callable[..., "list[Assignment] | None"]  # called with bound=
 
 
-def members(batch: Sequence[PlanJob], state: FleetState) -> list[Plan]:
-    """Every portfolio member, evaluated (the baselines are members too)."""
+def _builders(batch: Sequence[PlanJob], state: FleetState) -> dict[str, Builder]:
+    """Member name -> its construction, given a score bound (None when pruned or skipped)."""
     w = wspt_order(batch, state.endpoints)
     f = fifo_order(batch)
     cap = CAPACITY_GAMMA
@@ -345,21 +359,46 @@ def members(batch: Sequence[PlanJob], state: FleetState) -> list[Plan]:
              ("cap-aware", w, "aware", False, 1.0, cap)]
     if state.demand_share:
         specs += [("ta-share", w, "share", True, 1.0, 0.0), ("cap-share", w, "share", False, 1.0, cap)]
-    out = [evaluate(construct(n, o, state, r, p, a, gamma=g), batch, state, n, check_times=False)
-           for n, o, r, p, a, g in specs]
+    out: dict[str, Builder] = {
+        n: partial(construct, n, o, state, r, p, a, gamma=g) for n, o, r, p, a, g in specs}
     for name, spill in (("partition", False), ("partition-spill", True)):
-        part = partition(batch, state, spill)
-        if part is not None:
-            out.append(evaluate(part, batch, state, name, check_times=False))
+        out[name] = partial(_partition, batch, state, spill)
     return out
 
 
+def _partition(batch: Sequence[PlanJob], state: FleetState, spill: bool, bound: float) -> list[Assignment] | None:
+    return partition(batch, state, spill, bound=bound)
+
+
+def members(batch: Sequence[PlanJob], state: FleetState) -> list[Plan]:
+    """Every portfolio member, evaluated, in :data:`MEMBERS` order (the baselines are
+    members too; ``partition`` members are absent when the fleet cannot hold them)."""
+    out = []
+    for name, build in _builders(batch, state).items():
+        asg = build(bound=math.inf)
+        if asg is not None:
+            out.append(evaluate(asg, batch, state, name, check_times=False))
+    return sorted(out, key=lambda p: MEMBERS.index(p.policy))
+
+
 def portfolio(batch: Sequence[PlanJob], state: FleetState) -> Plan:
-    """Best-scored member (ties: first listed); ``stats['member']`` is the winner's index
-    in :data:`MEMBERS`."""
-    plans = members(batch, state)
-    best_i = min(range(len(plans)), key=lambda i: score(plans[i]))
-    best = plans[best_i]
-    best.stats["member"] = float(MEMBERS.index(best.policy))
+    """Best-scored member (ties: first in :data:`MEMBERS`); ``stats['member']`` is the
+    winner's index in :data:`MEMBERS`. The same plan as the best of :func:`members`, built
+    in :data:`BUILD_ORDER` with each construction stopped once it provably scores above
+    the best so far (:class:`planner.list_schedule.Prune`)."""
+    builders = _builders(batch, state)
+    best: Plan | None = None
+    rank = (math.inf, len(MEMBERS))
+    for name in BUILD_ORDER:
+        build = builders.get(name)
+        asg = build(bound=rank[0]) if build is not None else None
+        if asg is None:
+            continue
+        p = evaluate(asg, batch, state, name, check_times=False)
+        r = (score(p), MEMBERS.index(name))
+        if r < rank:
+            best, rank = p, r
+    assert best is not None, "the first member built has no bound, so it is never pruned"
+    best.stats["member"] = float(rank[1])
     best.policy = "portfolio"
     return best

@@ -9,6 +9,7 @@ weighted-completion heuristic.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 from planner.model import Assignment, EndpointModel, FleetState, Plan, PlanJob
@@ -93,3 +94,38 @@ def topo_stable(ranked: Sequence[PlanJob]) -> list[PlanJob]:
             raise ValueError(f"dependency cycle among {[j.id for j in rest][:5]}")
         pending = rest
     return out
+
+
+class Prune:
+    """Stops a list-scheduling construction that cannot score below ``bound``.
+
+    Every job j of the batch completes at C_j ≥ max(r_j, now) + p_j (it starts no earlier
+    than it is ready and transitions take ≥ 0 s), and the evaluator's future cost is ≥ 0,
+    so Σ_placed w_j (C_j − r_j) + Σ_unplaced w_j (max(r_j, now) − r_j + p_j) is a lower
+    bound on the score of any completion of the partial plan. :meth:`placed` returns False
+    once that bound exceeds ``bound`` (with a relative margin of 1e-9, so float summation
+    order never prunes a plan that would tie): the construction can then stop, since its
+    plan would lose to the plan that set ``bound``.
+    """
+
+    __slots__ = ("limit", "rest", "done", "now")
+
+    def __init__(self, jobs: Sequence[PlanJob], now_s: float, bound: float):
+        self.now = now_s
+        self.limit = bound + 1e-9 * abs(bound) + 1e-9
+        self.rest = sum(self._least(j) for j in jobs)
+        self.done = 0.0
+
+    def _least(self, j: PlanJob) -> float:
+        return j.weight * (max(j.release_s, self.now) - j.release_s + j.service_s)
+
+    def placed(self, job: PlanJob, end_s: float) -> bool:
+        """Account for ``job`` completing at ``end_s``; False: the plan cannot win."""
+        self.done += job.weight * (end_s - job.release_s)
+        self.rest -= self._least(job)
+        return self.done + self.rest <= self.limit
+
+
+def pruner(jobs: Sequence[PlanJob], state: FleetState, bound: float) -> Prune | None:
+    """A :class:`Prune` for ``bound``, or None when ``bound`` is infinite (nothing to prune)."""
+    return None if math.isinf(bound) else Prune(jobs, state.now_s, bound)
