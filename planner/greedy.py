@@ -269,7 +269,7 @@ def construct(name: str, order: Sequence[PlanJob], state: FleetState, rule: str 
     the assignments (complete, in placement order), or None as soon as the plan provably
     scores above ``bound`` (:class:`planner.list_schedule.Prune`; never with the default)."""
     rep = Replay(state)
-    prune = pruner(order, state, bound)
+    prune = pruner(order, state, bound, rep.free_at)
     aware = _Aware(order, state, alpha, beta, share=rule == "share", gamma=gamma) if rule in ("aware", "share") else None
     fn = aware or {"completion": _rule_completion, "free": _rule_free, "min-evict": _rule_min_evict}[rule]
     ids = {j.id for j in order}
@@ -290,7 +290,7 @@ def construct(name: str, order: Sequence[PlanJob], state: FleetState, rule: str 
             raise ValueError(f"job {job.id}: no GPU group fits endpoint {ep.name}")
         g = fn(rep, job, cands, rep.ready(job))
         a = rep.place(job, g)
-        if prune is not None and not prune.placed(job, a.end_s):
+        if prune is not None and not prune.placed(job, a.gpus, a.end_s):
             return None
         out.append(a)
         placed.add(job.id)

@@ -97,7 +97,7 @@ def partition(batch: Sequence[PlanJob], state: FleetState, spill: bool = False,
     if alloc is None:
         return None
     rep = Replay(state)
-    prune = pruner(batch, state, bound)
+    prune = pruner(batch, state, bound, rep.free_at)
     fa = rep.free_at
     out: list[Assignment] = []
     spill_groups = {e: [(g, state.endpoints[e].cold_start_s) for g in gs] for e, gs in alloc.items()} if spill else {}
@@ -127,7 +127,7 @@ def partition(batch: Sequence[PlanJob], state: FleetState, spill: bool = False,
                     if c < bc:
                         best, bc = g, c
         a = rep.place(job, best)
-        if prune is not None and not prune.placed(job, a.end_s):
+        if prune is not None and not prune.placed(job, a.gpus, a.end_s):
             return None
         out.append(a)
     return out
