@@ -78,8 +78,9 @@ def _rule_free(rep: Replay, job: PlanJob, cands: list[Group], ready: float) -> G
 
 
 def _rule_min_evict(rep: Replay, job: PlanJob, cands: list[Group], ready: float) -> Group:
-    t0 = max(ready, min(rep.group_free(g) for g in cands))
-    free = [g for g in cands if rep.group_free(g) <= t0]
+    free_s = [rep.group_free(g) for g in cands]
+    t0 = max(ready, min(free_s))
+    free = [g for g, f in zip(cands, free_s) if f <= t0]
     ep = rep.endpoints[job.endpoint]
     for g in free:
         if all(rep.resident[u] == ep.name for u in g):
