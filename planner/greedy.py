@@ -279,6 +279,7 @@ def construct(name: str, order: Sequence[PlanJob], state: FleetState, rule: str 
         by_ep.setdefault(j.endpoint, []).append(j)
     cursor = {e: 0 for e in by_ep}
     placed: set[str] = set()
+    pending: set[str] = set()  # pulled, not yet placed
     queue, pulled = deque(order), deque()
     out: list[Assignment] = []
     while pulled or queue:
@@ -295,17 +296,23 @@ def construct(name: str, order: Sequence[PlanJob], state: FleetState, rule: str 
             return None
         out.append(a)
         placed.add(job.id)
+        pending.discard(job.id)
         if aware is not None:
             aware.placed(job)
         if pull and a.load != "warm":
-            lst, i = by_ep[job.endpoint], cursor[job.endpoint]
-            while i < len(lst) and lst[i].id in placed:
+            lst, i, n = by_ep[job.endpoint], cursor[job.endpoint], len(by_ep[job.endpoint])
+            while i < n and lst[i].id in placed:
                 i += 1
             cursor[job.endpoint] = i
-            for o in lst[i:]:
-                if o.id not in placed and o.release_s <= a.end_s and \
-                        all(d in placed or d not in ids for d in o.deps):
-                    pulled.append(o)
+            end = a.end_s
+            for k in range(i, n):  # queued jobs of the endpoint released by then, in order
+                o = lst[k]
+                if o.release_s > end or o.id in placed or o.id in pending:
+                    continue  # (a job already pulled and not placed keeps its place)
+                if o.deps and not all(d in placed or d not in ids for d in o.deps):
+                    continue
+                pulled.append(o)
+                pending.add(o.id)
     return out
 
 
