@@ -35,11 +35,15 @@ Transition-aware members (Σ w(C − r) decides among them):
       share of GPUs instead of reloading it for every short queue;
     * partition (:mod:`planner.partition`): residency decided first (GPUs per endpoint
       by its share of the batch's work and recent demand), WSPT inside;
-    * orders: WSPT on area, and FIFO. (:func:`setup_order`, WSPT with the cold start
+    * orders: WSPT on area, and FIFO. (``setup_order``, WSPT with the cold start
       amortised over the batch's jobs of an endpoint no GPU holds, is no longer a member:
-      it won no batch of the policies benchmark once the partition members existed;
-      ``ta-wspt-nopull`` and ``ta-share-nopull`` gave way to ``cap-aware`` and
+      it won no batch of the policies benchmark once the partition members existed, and
+      was removed; ``ta-wspt-nopull`` and ``ta-share-nopull`` gave way to ``cap-aware`` and
       ``cap-share``, the same rules with the capacity term, at the same member count.)
+
+:func:`portfolio` builds the members best-first and stops a construction once a lower
+bound on its score exceeds the best so far (:class:`planner.list_schedule.Prune`); it
+returns the plan that scoring every member (:func:`members`) would select.
 """
 
 from __future__ import annotations
@@ -50,7 +54,7 @@ from collections.abc import Callable, Sequence
 from functools import partial
 
 from planner.evaluator import evaluate, score, share_shortfall_cost
-from planner.list_schedule import fifo_order, pruner, topo_stable, wspt_order
+from planner.list_schedule import fifo_order, pruner, wspt_order
 from planner.partition import partition
 from planner.model import Assignment, EndpointModel, FleetState, Plan, PlanJob
 from planner.replay import Group, Replay
@@ -316,21 +320,6 @@ def construct(name: str, order: Sequence[PlanJob], state: FleetState, rule: str 
     return out
 
 
-def setup_order(jobs: Sequence[PlanJob], state: FleetState) -> list[PlanJob]:
-    """WSPT with each endpoint's cold start amortised over the batch's jobs of it when no
-    GPU holds it: ascending (p_j + s_e / n_e)·tp_j / w_j."""
-    held = {e for e in state.resident.values() if e is not None}
-    n: dict[str, int] = {}
-    for j in jobs:
-        n[j.endpoint] = n.get(j.endpoint, 0) + 1
-    eps = state.endpoints
-
-    def key(j: PlanJob) -> tuple[float, int]:
-        s = 0.0 if j.endpoint in held else eps[j.endpoint].cold_start_s / n[j.endpoint]
-        return ((j.service_s + s) * eps[j.endpoint].tp / j.weight, j.seq)
-    return topo_stable(sorted(jobs, key=key))
-
-
 def fifo(batch: Sequence[PlanJob], state: FleetState) -> Plan:
     return evaluate(construct("fifo", fifo_order(batch), state, "free"), batch, state, "fifo")
 
@@ -397,16 +386,16 @@ def portfolio(batch: Sequence[PlanJob], state: FleetState) -> Plan:
     builders = _builders(batch, state)
     best: Plan | None = None
     rank = (math.inf, len(MEMBERS))
-    for name in BUILD_ORDER:
-        build = builders.get(name)
-        asg = build(bound=rank[0]) if build is not None else None
+    first = {n: i for i, n in enumerate(BUILD_ORDER)}
+    for name in sorted(builders, key=lambda n: first.get(n, len(first))):  # a member not listed: last
+        asg = builders[name](bound=rank[0])
         if asg is None:
             continue
         p = evaluate(asg, batch, state, name, check_times=False)
         r = (score(p), MEMBERS.index(name))
         if r < rank:
             best, rank = p, r
-    assert best is not None, "the first member built has no bound, so it is never pruned"
+    assert best is not None, "a construction without a bound always completes"
     best.stats["member"] = float(rank[1])
     best.policy = "portfolio"
     return best
