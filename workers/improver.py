@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Sequence
 
+from app import metrics
 from planner.api import plan as run_policy
 from planner.evaluator import InfeasiblePlan, evaluate, score
 from planner.list_schedule import list_schedule
@@ -109,8 +111,10 @@ class BackgroundImprover:
 
     def _solve(self, batch: list[PlanJob], state: FleetState) -> None:
         try:
+            t0 = time.perf_counter()
             out = run_policy(batch, state, self.policy, time_limit_s=self.time_limit_s,
                              num_workers=self.num_workers)
+            metrics.improver("solved", time.perf_counter() - t0)
             with self._lock:
                 self._result = out
         except Exception:  # noqa: BLE001 - the tick's greedy plan stands; say why
@@ -121,8 +125,6 @@ class BackgroundImprover:
 
     def wait_idle(self, timeout_s: float) -> bool:
         """Block until no solve runs (tests, shutdown). Returns whether it is idle."""
-        import time
-
         end = time.monotonic() + timeout_s
         while time.monotonic() < end:
             with self._lock:
@@ -142,5 +144,6 @@ class BackgroundImprover:
         if cand is None or score(cand) >= score(floor) - 1e-6 * max(1.0, abs(score(floor))):
             return floor
         self.stats["adopted"] += 1
+        metrics.improver("adopted")
         cand.stats["greedy_score"] = score(floor)
         return cand
