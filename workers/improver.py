@@ -32,6 +32,7 @@ from planner.model import FleetState, Plan, PlanJob
 from planner.replay import Replay
 
 log = logging.getLogger("makespan.planner")
+HORIZON_FACTOR = 10.0  # solve only when the tick's plan spans at least this many time limits
 
 
 def adapt(previous: Plan, batch: Sequence[PlanJob], state: FleetState) -> Plan | None:
@@ -82,7 +83,8 @@ class BackgroundImprover:
         num_workers: CP-SAT search workers.
 
     ``stats``: ``offered`` (batches solved), ``adopted`` (ticks that used the improved
-    plan), ``busy_skips`` (batches not offered because a solve was running).
+    plan), ``busy_skips`` (batches not offered because a solve was running),
+    ``short_skips`` (batches whose plan ended too soon to be worth a solve).
     """
 
     def __init__(self, policy: str, time_limit_s: float, num_workers: int | None = None):
@@ -91,7 +93,17 @@ class BackgroundImprover:
         self._busy = False
         self._result: Plan | None = None
         self._last_ids: tuple[str, ...] = ()
-        self.stats = {"offered": 0, "adopted": 0, "busy_skips": 0}
+        self.stats = {"offered": 0, "adopted": 0, "busy_skips": 0, "short_skips": 0}
+
+    def worth_solving(self, horizon_s: float) -> bool:
+        """Whether a plan ending ``horizon_s`` wall seconds from now is worth a solve: at
+        least ``HORIZON_FACTOR × time_limit_s`` (a plan whose decisions all fall within a
+        few solve times gains nothing from a solve that a later tick can only adopt after
+        them, e.g. a stream of sub-second jobs). Counts ``short_skips``."""
+        if horizon_s < HORIZON_FACTOR * self.time_limit_s:
+            self.stats["short_skips"] += 1
+            return False
+        return True
 
     def offer(self, batch: Sequence[PlanJob], state: FleetState) -> bool:
         """Start improving ``batch`` on ``state`` unless a solve is running or this batch

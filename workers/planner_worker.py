@@ -398,7 +398,8 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
         """Hand the jobs this tick left queued to the background improver, on the fleet as
         this tick's starts leave it (their GPUs busy until their planned end)."""
         rest = [j for j in batch if j.id not in dispatched]
-        if not rest:
+        horizon_s = (max((a.end_s for a in p.assignments), default=state.now_s) - state.now_s) * self.settings.time_scale
+        if not rest or not self.improver.worth_solving(horizon_s):
             return
         after = FleetState(state.now_s, state.gpus, state.endpoints, free_at=dict(state.free_at),
                            resident=dict(state.resident), set_point=state.set_point, done=state.done,

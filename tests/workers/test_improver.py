@@ -4,6 +4,8 @@ scores better on the tick that uses it."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from app.producer import Producer
 from planner.api import plan
 from planner.evaluator import evaluate, score
@@ -56,6 +58,8 @@ def test_background_improver_adopts_only_a_better_plan():
     assert score(got) == score(best) and imp.stats["adopted"] == 1
     assert got.stats["greedy_score"] == score(floor)
     assert imp.best(best, batch, state) is best  # not strictly better than the floor: floor kept
+    short = BackgroundImprover("default", time_limit_s=5)
+    assert not short.worth_solving(49.0) and short.worth_solving(50.0)  # 10 time limits
     worse = BackgroundImprover("fifo", time_limit_s=1)
     worse.offer(batch, state)
     assert worse.wait_idle(10)
@@ -64,6 +68,7 @@ def test_background_improver_adopts_only_a_better_plan():
 
 def test_live_planner_runs_the_default_policy_with_the_improver(r, keys, settings):
     assert settings.policy == "default"
+    settings = dataclasses.replace(settings, solve_time_limit_s=0.01)  # plans of ~0.46 wall s: ≥ 10 limits
     sent = []
     w = PlannerWorker(r, settings, ONE_GPU, dispatch=lambda ctx, q: sent.append(ctx))
     w.token = ""
