@@ -274,10 +274,12 @@ def _record(job: PlanJob, a: Any, base: FleetState) -> JobRecord:
 
 def run_simulation(trace_path: str | Path, fleet_path: str | Path, policy: str, seed: int = 0, start: int = 0,
                    limit: int | None = None, report_path: str | Path | None = None,
-                   time_scale: float = 1.0, window_s: float = 30.0) -> dict[str, Any]:
+                   time_scale: float = 1.0, window_s: float = 30.0, preemption: bool = True,
+                   restore: bool = True) -> dict[str, Any]:
     """``makespan simulate``: read the fleet (TOML) and the trace (ITP, Alibaba or JSON
     lines; rows ``start`` … ``start+limit`` mapped with ``seed``), simulate, and write
-    the report JSON to ``report_path`` when given. Returns the report.
+    the report JSON to ``report_path`` when given. ``preemption``/``restore``: as
+    :func:`simulate`. Returns the report.
 
     Raises:
         app.errors.ValidationError: bad fleet or trace file.
@@ -285,7 +287,8 @@ def run_simulation(trace_path: str | Path, fleet_path: str | Path, policy: str, 
     """
     fleet = load_fleet(fleet_path)
     jobs = read_trace(trace_path, fleet, seed=seed, start=start, limit=limit)
-    rep = simulate(jobs, fleet, policy, seed, time_scale=time_scale, window_s=window_s)
+    rep = simulate(jobs, fleet, policy, seed, time_scale=time_scale, window_s=window_s, preemption=preemption,
+                   restore=restore)
     if report_path is not None:
         Path(report_path).parent.mkdir(parents=True, exist_ok=True)
         Path(report_path).write_text(json.dumps(rep, indent=2))
