@@ -9,7 +9,8 @@ cold starts, and ratios against fifo / min-evict / wspt and weighted ÷ lower bo
 batch (the 1 s default makes a replay of hundreds of planning points too long here).
 Preemption and set-point restore are on, as in the live planner worker (the simulator's
 defaults); ``--no-preemption`` / ``--no-restore`` switch them off. The summary line
-states which, and the table adds preemptions and restores per replay.
+states which, and the table adds preemptions and restores per replay, then p95 waits
+per priority level.
 
     .venv/bin/python bench/planner_policies.py [--jobs 200] [--gpus 16] [--seeds 3] [--with-cpsat]
         [--median-service-s 120] [--offered-load 1.4] [--no-preemption] [--no-restore]
@@ -84,6 +85,14 @@ def main() -> None:
               f"{ms([r['transitions']['cold_start'] for r in rs])} | {ms([r['utilization'] for r in rs])} | "
               f"{ratio('fifo')} | {ratio('min-evict')} | {ratio('wspt')} | {ms([r['best_over_lower_bound'] for r in rs])} | "
               f"{ms([r['jobs']['preempted'] for r in rs])} | {ms([r['transitions']['restore'] for r in rs])} |")
+    print("\np95 wait per priority level (s), mean over the replays; cut work (preempted GPU-seconds) per replay")
+    print("| policy | CRITICAL | HIGH | NORMAL | LOW | cut GPU-s |")
+    print("|---|---|---|---|---|---|")
+    for p in pols:
+        rs = res[p]
+        lv = [stt.mean(x) if (x := [r["wait_s"][k]["p95"] for r in rs if r["wait_s"][k]["p95"] is not None]) else 0.0
+              for k in ("CRITICAL", "HIGH", "NORMAL", "LOW")]
+        print(f"| {p} | " + " | ".join(f"{v:.0f}" for v in lv) + f" | {stt.mean(r['sim']['preempted_gpu_s'] for r in rs):.0f} |")
     print(f"\nPer window (mean over {a.seeds} seeds): weighted completion ÷ fifo / ÷ wspt / cold starts / util")
     print("| window | " + " | ".join(pols) + " |")
     print("|---|" + "---|" * len(pols))
