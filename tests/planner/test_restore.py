@@ -58,7 +58,8 @@ def test_trace_ends_at_the_set_point(traces):
         "name": "t",
         "hosts": [{"name": "a", "gpu_count": 4, "memory_mib": 81920}],
         "endpoints": {
-            "m1": {"model": "x", "memory_mib_per_gpu": 1000, "cold_start_s": 45, "set_point": [{"host": "a", "gpus": [1]}]},
+            "m1": {"model": "x", "memory_mib_per_gpu": 1000, "cold_start_s": 45,
+                   "set_point": [{"host": "a", "gpus": [1]}]},
             "m2": {"model": "y", "memory_mib_per_gpu": 1000, "cold_start_s": 120, "wake_s": 10},
             "g2": {"model": "w", "tensor_parallel": 2, "memory_mib_per_gpu": 1000, "cold_start_s": 90,
                    "set_point": [{"host": "a", "gpus": [2, 3]}]},
@@ -67,7 +68,8 @@ def test_trace_ends_at_the_set_point(traces):
     jobs = read_trace(str(traces / "msft-itp-2021" / "cluster02.csv"), fleet, seed=1, start=2000, limit=60)
     rep = simulate(jobs, fleet, "portfolio", seed=1, time_scale=20, detail=True)
     sp = set_point_groups(fleet)
-    assert sorted(sp) == [("g2", tuple(fleet.hosts[0].gpus[i].uuid for i in (2, 3))), ("m1", (fleet.hosts[0].gpus[1].uuid,))]
+    uuid = [g.uuid for g in fleet.hosts[0].gpus]
+    assert sorted(sp) == [("g2", (uuid[2], uuid[3])), ("m1", (uuid[1],))]
     assert rep["transitions"]["restore"] >= 1  # m2 ran last on GPU 1
     assert all(rep["schedule"]["resident_end"][u] == ep for ep, g in sp for u in g)
     assert rep["jobs"]["completed"] == 60
