@@ -266,7 +266,9 @@ def replay(trace: Path, fleet: Path = FleetOpt, speedup: float = typer.Option(10
 @app.command()
 def simulate(trace: Path, fleet: Path = FleetOpt, policy: str = typer.Option("portfolio", help="fifo, min-evict, wspt, portfolio, cpsat or default"), seed: int = typer.Option(0),
              report: Optional[Path] = typer.Option(None), start: int = typer.Option(0),
-             limit: Optional[int] = typer.Option(None)):
+             limit: Optional[int] = typer.Option(None),
+             preemption: bool = typer.Option(True, help="CRITICAL/HIGH jobs preempt lower levels, as the live planner does"),
+             restore: bool = typer.Option(True, help="restore the set point when the fleet is idle, as the live planner does")):
     """The planner in virtual time (no Redis) over a trace; prints the report JSON."""
     try:
         sim = importlib.import_module("planner.simulator")
@@ -274,7 +276,7 @@ def simulate(trace: Path, fleet: Path = FleetOpt, policy: str = typer.Option("po
         _fail(MakespanError("the simulator is not built yet"))
     try:
         out = sim.run_simulation(str(trace), str(fleet), policy, seed, start=start, limit=limit,
-                                 report_path=str(report) if report else None)
+                                 report_path=str(report) if report else None, preemption=preemption, restore=restore)
     except MakespanError as e:
         _fail(e)
     typer.echo(json.dumps(out, indent=2))
