@@ -11,6 +11,9 @@ for every policy), which locates the loss in time (the ramp from a nearly empty 
 later).
 
     .venv/bin/python bench/planner_gap.py [--policies fifo,portfolio] [--windows 0,1,2,3] [--seeds 0]
+        [--no-preemption] [--no-restore]
+
+Per weight class, ``jobs`` counts records: a preempted job that re-runs counts again.
 """
 
 import argparse
@@ -63,6 +66,8 @@ def main() -> None:
     ap.add_argument("--seeds", default="0")
     ap.add_argument("--jobs", type=int, default=200)
     ap.add_argument("--gpus", type=int, default=16)
+    ap.add_argument("--no-preemption", action="store_true")
+    ap.add_argument("--no-restore", action="store_true")
     a = ap.parse_args()
     fleet = bench_fleet(a.gpus)
     free = _free_fleet(fleet)
@@ -82,7 +87,8 @@ def main() -> None:
             print(f"== {Path(path).stem}@{start} seed {seed}: Σ w·p = {sum(j.weight * j.service_s for j in jobs):.4g}")
             for p in a.policies.split(",") + ["free-wspt"]:
                 recs.clear()
-                rep = simulate(jobs, free if p == "free-wspt" else fleet, "wspt" if p == "free-wspt" else p, seed)
+                rep = simulate(jobs, free if p == "free-wspt" else fleet, "wspt" if p == "free-wspt" else p, seed,
+                               preemption=not a.no_preemption, restore=not a.no_restore)
                 _summary(p, rep, recs, max(j.release_s for j in jobs) or 1.0)
 
 
