@@ -13,7 +13,8 @@ later).
     .venv/bin/python bench/planner_gap.py [--policies fifo,portfolio] [--windows 0,1,2,3] [--seeds 0]
         [--no-preemption] [--no-restore]
 
-Per weight class, ``jobs`` counts records: a preempted job that re-runs counts again.
+Records are the simulator's final job records (``detail=True``): a preempted job counts
+once, with its last attempt.
 """
 
 import argparse
@@ -24,7 +25,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import planner.simulator as sim  # noqa: E402
+from planner.measures import JobRecord  # noqa: E402
+from planner.model import FleetState  # noqa: E402
 from planner.simulator import fleet_state, simulate  # noqa: E402
 from planner_common import TRACES, bench_fleet, select_window, window_jobs  # noqa: E402
 
@@ -34,7 +36,7 @@ SIXTHS = 6
 def _free_fleet(fleet):
     base = fleet_state(fleet)
     eps = {n: replace(e, cold_start_s=0.0, evict_s=0.0, wake_s=None) for n, e in base.endpoints.items()}
-    return sim.FleetState(0.0, base.gpus, eps, resident=dict(base.resident), set_point=base.set_point)
+    return FleetState(0.0, base.gpus, eps, resident=dict(base.resident), set_point=base.set_point)
 
 
 def _summary(name: str, rep: dict, recs: list, span_s: float) -> None:
@@ -71,14 +73,6 @@ def main() -> None:
     a = ap.parse_args()
     fleet = bench_fleet(a.gpus)
     free = _free_fleet(fleet)
-    recs: list = []
-    record = sim._record
-
-    def keep(job, b, base):
-        r = record(job, b, base)
-        recs.append(r)
-        return r
-    sim._record = keep
     for wi in (int(x) for x in a.windows.split(",")):
         path = TRACES[wi]
         start = select_window(path, fleet, a.jobs, a.gpus)
@@ -86,9 +80,9 @@ def main() -> None:
             jobs, _ = window_jobs(path, fleet, start, a.jobs, seed, a.gpus)
             print(f"== {Path(path).stem}@{start} seed {seed}: Σ w·p = {sum(j.weight * j.service_s for j in jobs):.4g}")
             for p in a.policies.split(",") + ["free-wspt"]:
-                recs.clear()
                 rep = simulate(jobs, free if p == "free-wspt" else fleet, "wspt" if p == "free-wspt" else p, seed,
-                               preemption=not a.no_preemption, restore=not a.no_restore)
+                               preemption=not a.no_preemption, restore=not a.no_restore, detail=True)
+                recs = [JobRecord(**r) for r in rep["schedule"]["jobs"]]
                 _summary(p, rep, recs, max(j.release_s for j in jobs) or 1.0)
 
 
