@@ -37,7 +37,7 @@ def _logging(level: str = "INFO") -> None:
 
 
 @app.command()
-def planner(fleet: Path = FleetOpt, policy: Optional[str] = typer.Option(None, help="planner policy: fifo, min-evict, wspt, portfolio (default), cpsat or default (portfolio + CP-SAT)"),
+def planner(fleet: Path = FleetOpt, policy: Optional[str] = typer.Option(None, help="planner policy: fifo, min-evict, wspt, portfolio, cpsat or default (the default: portfolio per tick + CP-SAT improver off the tick)"),
             metrics_port: int = typer.Option(0, envvar="MAKESPAN_METRICS_PORT", help="Prometheus port (0: none)")):
     """Run a planner worker (one leads, others stand by)."""
     from app.models import load_fleet
@@ -233,7 +233,7 @@ def cancel(job_id: str, fleet: Optional[Path] = typer.Option(None, "--fleet", he
 def demo(report: Path = typer.Option(Path("report.json"), help="where to write the report JSON"),
          jobs: int = typer.Option(200, help="trace jobs to submit (besides the render-cards pipeline)"),
          seed: int = typer.Option(0, help="seed of the trace-to-job mapping"),
-         policy: Optional[str] = typer.Option(None, help="planner policy: fifo, min-evict, wspt, portfolio (default), cpsat or default (portfolio + CP-SAT)"),
+         policy: Optional[str] = typer.Option(None, help="planner policy: fifo, min-evict, wspt, portfolio, cpsat or default (the default: portfolio per tick + CP-SAT improver off the tick)"),
          run_dir: Optional[Path] = typer.Option(None, help="directory for events, report and Gantt chart")):
     """The main job on one machine: Redis (yours or an embedded one), a planner and GPU workers for a simulated 8-GPU fleet, the render pipeline with real endpoint processes, then a real-trace workload plus the render-cards pipeline (about 90 s of wall time whatever --jobs is: the time scale adapts); prints the report, writes it and a Gantt chart."""
     from app.demo import run_demo
@@ -249,7 +249,7 @@ def demo(report: Path = typer.Option(Path("report.json"), help="where to write t
 def replay(trace: Path, fleet: Path = FleetOpt, speedup: float = typer.Option(10000.0, help="time compression N×"),
            report: Path = typer.Option(Path("report.json")), start: int = typer.Option(0, help="first trace row"),
            limit: int = typer.Option(200, help="trace rows to replay"), seed: int = typer.Option(0),
-           policy: Optional[str] = typer.Option(None, help="planner policy: fifo, min-evict, wspt, portfolio (default), cpsat or default (portfolio + CP-SAT)"),
+           policy: Optional[str] = typer.Option(None, help="planner policy: fifo, min-evict, wspt, portfolio, cpsat or default (the default: portfolio per tick + CP-SAT improver off the tick)"),
            run_dir: Optional[Path] = typer.Option(None, help="directory for events, report and Gantt chart")):
     """Run the live system fed from a trace file (ITP, Alibaba or JSON lines),
     time compressed SPEEDUP times."""
@@ -266,7 +266,9 @@ def replay(trace: Path, fleet: Path = FleetOpt, speedup: float = typer.Option(10
 @app.command()
 def simulate(trace: Path, fleet: Path = FleetOpt, policy: str = typer.Option("portfolio", help="fifo, min-evict, wspt, portfolio, cpsat or default"), seed: int = typer.Option(0),
              report: Optional[Path] = typer.Option(None), start: int = typer.Option(0),
-             limit: Optional[int] = typer.Option(None)):
+             limit: Optional[int] = typer.Option(None),
+             preemption: bool = typer.Option(True, help="CRITICAL/HIGH jobs preempt lower levels, as the live planner does"),
+             restore: bool = typer.Option(True, help="restore the set point when the fleet is idle, as the live planner does")):
     """The planner in virtual time (no Redis) over a trace; prints the report JSON."""
     try:
         sim = importlib.import_module("planner.simulator")
@@ -274,7 +276,7 @@ def simulate(trace: Path, fleet: Path = FleetOpt, policy: str = typer.Option("po
         _fail(MakespanError("the simulator is not built yet"))
     try:
         out = sim.run_simulation(str(trace), str(fleet), policy, seed, start=start, limit=limit,
-                                 report_path=str(report) if report else None)
+                                 report_path=str(report) if report else None, preemption=preemption, restore=restore)
     except MakespanError as e:
         _fail(e)
     typer.echo(json.dumps(out, indent=2))

@@ -85,6 +85,13 @@ class Metrics:
         self.incidents = Counter("makespan_incidents_total", "Endpoint failures no planned transition explains.",
                                  ["endpoint"], **reg)
         self.reclaimed = Counter("makespan_leases_reclaimed_total", "Expired leases reclaimed.", [], **reg)
+        self.improver = Counter("makespan_planner_improver_total",
+                                "Background CP-SAT improver: batches solved, plans adopted by a tick.", ["outcome"],
+                                **reg)
+        for outcome in ("solved", "adopted"):
+            self.improver.labels(outcome)  # exported at 0 before the first solve
+        self.improver_solve = Histogram("makespan_planner_improver_seconds",
+                                        "Background improver time per batch, wall seconds.", [], **reg)
 
 
 def _m() -> Metrics:
@@ -138,6 +145,15 @@ def observe_solve(solve_s: float, batch_size: int) -> None:
     m = _m()
     m.solve.observe(max(0.0, float(solve_s)))
     m.batch.observe(int(batch_size))
+
+
+def improver(outcome: str, solve_s: float | None = None) -> None:
+    """The background improver (workers/improver.py) ``solved`` a batch (in ``solve_s``
+    wall seconds) or a tick ``adopted`` its plan over the greedy one."""
+    m = _m()
+    m.improver.labels(outcome if outcome in ("solved", "adopted") else "other").inc()
+    if solve_s is not None:
+        m.improver_solve.observe(max(0.0, float(solve_s)))
 
 
 def phase(name: str, duration_s: float, gpus: int = 1) -> None:

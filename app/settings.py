@@ -64,8 +64,10 @@ class Settings:
             unacknowledged message older than this is delivered again (phase tasks are
             idempotent and fenced; delayed jobs never reach the broker before they are due).
         max_payload_bytes: largest JSON payload a job may carry.
-        policy: planner policy name used by the live planner.
-        solve_time_limit_s: CP-SAT time limit per batch (policies that use it).
+        policy: planner policy name used by the live planner (default ``default``: the
+            greedy portfolio on every tick and the CP-SAT improver on a background thread,
+            whose plan a later tick adopts when it scores better; see workers/improver.py).
+        solve_time_limit_s: CP-SAT time limit per batch (policies that use it), s.
         planner_tick_s: longest the planner sleeps between cycles when nothing wakes it
             (a submission or a lease release wakes it at once).
         retention_jobs: most finished-job summaries kept (oldest deleted first).
@@ -87,7 +89,7 @@ class Settings:
     retry_backoff_max_s: float = 300.0
     broker_visibility_timeout_s: float = 6 * 3600.0
     max_payload_bytes: int = 64 * 1024
-    policy: str = "portfolio"
+    policy: str = "default"
     solve_time_limit_s: float = 1.0
     planner_tick_s: float = 0.1
     retention_jobs: int = 10_000
@@ -113,7 +115,7 @@ class Settings:
             retry_backoff_s=_env_nonneg("MAKESPAN_RETRY_BACKOFF_S", 0.0),
             retry_backoff_max_s=_env_float("MAKESPAN_RETRY_BACKOFF_MAX_S", 300.0),
             broker_visibility_timeout_s=_env_float("MAKESPAN_BROKER_VISIBILITY_TIMEOUT_S", 6 * 3600.0),
-            policy=env.get("MAKESPAN_POLICY") or "portfolio",
+            policy=env.get("MAKESPAN_POLICY") or "default",
             solve_time_limit_s=_env_float("MAKESPAN_SOLVE_TIME_LIMIT_S", 1.0),
             planner_tick_s=_env_float("MAKESPAN_PLANNER_TICK_S", 0.1),
             retention_jobs=int(_env_float("MAKESPAN_RETENTION_JOBS", 10_000)),

@@ -261,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--raw-tasks", type=int, default=20000, help="raw Celery tasks per size (capped at the size)")
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--json", type=Path, default=None)
-    ap.add_argument("--policy", default="portfolio", help="live planner policy (default: the live default)")
+    ap.add_argument("--policy", default="default", help="live planner policy (default: the live default, `default`)")
     a = ap.parse_args(argv)
     emb = None
     url = a.redis_url

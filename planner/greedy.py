@@ -35,20 +35,26 @@ Transition-aware members (Σ w(C − r) decides among them):
       share of GPUs instead of reloading it for every short queue;
     * partition (:mod:`planner.partition`): residency decided first (GPUs per endpoint
       by its share of the batch's work and recent demand), WSPT inside;
-    * orders: WSPT on area, and FIFO. (:func:`setup_order`, WSPT with the cold start
+    * orders: WSPT on area, and FIFO. (``setup_order``, WSPT with the cold start
       amortised over the batch's jobs of an endpoint no GPU holds, is no longer a member:
-      it won no batch of the policies benchmark once the partition members existed;
-      ``ta-wspt-nopull`` and ``ta-share-nopull`` gave way to ``cap-aware`` and
+      it won no batch of the policies benchmark once the partition members existed, and
+      was removed; ``ta-wspt-nopull`` and ``ta-share-nopull`` gave way to ``cap-aware`` and
       ``cap-share``, the same rules with the capacity term, at the same member count.)
+
+:func:`portfolio` builds the members best-first and stops a construction once a lower
+bound on its score exceeds the best so far (:class:`planner.list_schedule.Prune`); it
+returns the plan that scoring every member (:func:`members`) would select.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 
 from planner.evaluator import evaluate, score, share_shortfall_cost
-from planner.list_schedule import fifo_order, topo_stable, wspt_order
+from planner.list_schedule import fifo_order, pruner, wspt_order
 from planner.partition import partition
 from planner.model import Assignment, EndpointModel, FleetState, Plan, PlanJob
 from planner.replay import Group, Replay
@@ -76,8 +82,9 @@ def _rule_free(rep: Replay, job: PlanJob, cands: list[Group], ready: float) -> G
 
 
 def _rule_min_evict(rep: Replay, job: PlanJob, cands: list[Group], ready: float) -> Group:
-    t0 = max(ready, min(rep.group_free(g) for g in cands))
-    free = [g for g in cands if rep.group_free(g) <= t0]
+    free_s = [rep.group_free(g) for g in cands]
+    t0 = max(ready, min(free_s))
+    free = [g for g, f in zip(cands, free_s) if f <= t0]
     ep = rep.endpoints[job.endpoint]
     for g in free:
         if all(rep.resident[u] == ep.name for u in g):
@@ -260,11 +267,14 @@ class _Aware:
 
 
 def construct(name: str, order: Sequence[PlanJob], state: FleetState, rule: str = "completion",
-              pull: bool = False, alpha: float = 1.0, beta: float = 1.0, gamma: float = 0.0) -> list[Assignment]:
+              pull: bool = False, alpha: float = 1.0, beta: float = 1.0, gamma: float = 0.0,
+              bound: float = math.inf) -> list[Assignment] | None:
     """List-schedule ``order`` with the named group ``rule`` ("completion", "free",
     "min-evict", "aware", "share"); ``pull`` enables pull-forward after a load. Returns
-    the assignments (complete, in placement order)."""
+    the assignments (complete, in placement order), or None as soon as the plan provably
+    scores above ``bound`` (:class:`planner.list_schedule.Prune`; never with the default)."""
     rep = Replay(state)
+    prune = pruner(order, state, bound, rep.free_at)
     aware = _Aware(order, state, alpha, beta, share=rule == "share", gamma=gamma) if rule in ("aware", "share") else None
     fn = aware or {"completion": _rule_completion, "free": _rule_free, "min-evict": _rule_min_evict}[rule]
     ids = {j.id for j in order}
@@ -273,6 +283,7 @@ def construct(name: str, order: Sequence[PlanJob], state: FleetState, rule: str 
         by_ep.setdefault(j.endpoint, []).append(j)
     cursor = {e: 0 for e in by_ep}
     placed: set[str] = set()
+    pending: set[str] = set()  # pulled, not yet placed
     queue, pulled = deque(order), deque()
     out: list[Assignment] = []
     while pulled or queue:
@@ -285,35 +296,28 @@ def construct(name: str, order: Sequence[PlanJob], state: FleetState, rule: str 
             raise ValueError(f"job {job.id}: no GPU group fits endpoint {ep.name}")
         g = fn(rep, job, cands, rep.ready(job))
         a = rep.place(job, g)
+        if prune is not None and not prune.placed(job, a.gpus, a.end_s):
+            return None
         out.append(a)
         placed.add(job.id)
+        pending.discard(job.id)
         if aware is not None:
             aware.placed(job)
         if pull and a.load != "warm":
-            lst, i = by_ep[job.endpoint], cursor[job.endpoint]
-            while i < len(lst) and lst[i].id in placed:
+            lst, i, n = by_ep[job.endpoint], cursor[job.endpoint], len(by_ep[job.endpoint])
+            while i < n and lst[i].id in placed:
                 i += 1
             cursor[job.endpoint] = i
-            for o in lst[i:]:
-                if o.id not in placed and o.release_s <= a.end_s and \
-                        all(d in placed or d not in ids for d in o.deps):
-                    pulled.append(o)
+            end = a.end_s
+            for k in range(i, n):  # queued jobs of the endpoint released by then, in order
+                o = lst[k]
+                if o.release_s > end or o.id in placed or o.id in pending:
+                    continue  # (a job already pulled and not placed keeps its place)
+                if o.deps and not all(d in placed or d not in ids for d in o.deps):
+                    continue
+                pulled.append(o)
+                pending.add(o.id)
     return out
-
-
-def setup_order(jobs: Sequence[PlanJob], state: FleetState) -> list[PlanJob]:
-    """WSPT with each endpoint's cold start amortised over the batch's jobs of it when no
-    GPU holds it: ascending (p_j + s_e / n_e)·tp_j / w_j."""
-    held = {e for e in state.resident.values() if e is not None}
-    n: dict[str, int] = {}
-    for j in jobs:
-        n[j.endpoint] = n.get(j.endpoint, 0) + 1
-    eps = state.endpoints
-
-    def key(j: PlanJob) -> tuple[float, int]:
-        s = 0.0 if j.endpoint in held else eps[j.endpoint].cold_start_s / n[j.endpoint]
-        return ((j.service_s + s) * eps[j.endpoint].tp / j.weight, j.seq)
-    return topo_stable(sorted(jobs, key=key))
 
 
 def fifo(batch: Sequence[PlanJob], state: FleetState) -> Plan:
@@ -331,10 +335,17 @@ def wspt(batch: Sequence[PlanJob], state: FleetState) -> Plan:
 MEMBERS = ("wspt", "ta-wspt", "ta-fifo", "min-evict", "cap-aware", "ta-share", "cap-share",
            "partition", "partition-spill")
 CAPACITY_GAMMA = 2.0  # γ of the cap-* members (module doc); 1 and 4 were no better
+# Order in which :func:`portfolio` builds the members (the most frequent winners in the
+# policies benchmark first, so that their score prunes the others early); the choice
+# does not depend on it.
+BUILD_ORDER = ("cap-share", "ta-share", "cap-aware", "wspt", "partition", "partition-spill",
+               "ta-wspt", "ta-fifo", "min-evict")
+
+Builder = Callable[..., "list[Assignment] | None"]  # called with bound=
 
 
-def members(batch: Sequence[PlanJob], state: FleetState) -> list[Plan]:
-    """Every portfolio member, evaluated (the baselines are members too)."""
+def _builders(batch: Sequence[PlanJob], state: FleetState) -> dict[str, Builder]:
+    """Member name -> its construction, given a score bound (None when pruned or skipped)."""
     w = wspt_order(batch, state.endpoints)
     f = fifo_order(batch)
     cap = CAPACITY_GAMMA
@@ -345,21 +356,46 @@ def members(batch: Sequence[PlanJob], state: FleetState) -> list[Plan]:
              ("cap-aware", w, "aware", False, 1.0, cap)]
     if state.demand_share:
         specs += [("ta-share", w, "share", True, 1.0, 0.0), ("cap-share", w, "share", False, 1.0, cap)]
-    out = [evaluate(construct(n, o, state, r, p, a, gamma=g), batch, state, n, check_times=False)
-           for n, o, r, p, a, g in specs]
+    out: dict[str, Builder] = {
+        n: partial(construct, n, o, state, r, p, a, gamma=g) for n, o, r, p, a, g in specs}
     for name, spill in (("partition", False), ("partition-spill", True)):
-        part = partition(batch, state, spill)
-        if part is not None:
-            out.append(evaluate(part, batch, state, name, check_times=False))
+        out[name] = partial(_partition, batch, state, spill)
     return out
 
 
+def _partition(batch: Sequence[PlanJob], state: FleetState, spill: bool, bound: float) -> list[Assignment] | None:
+    return partition(batch, state, spill, bound=bound)
+
+
+def members(batch: Sequence[PlanJob], state: FleetState) -> list[Plan]:
+    """Every portfolio member, evaluated, in :data:`MEMBERS` order (the baselines are
+    members too; ``partition`` members are absent when the fleet cannot hold them)."""
+    out = []
+    for name, build in _builders(batch, state).items():
+        asg = build(bound=math.inf)
+        if asg is not None:
+            out.append(evaluate(asg, batch, state, name, check_times=False))
+    return sorted(out, key=lambda p: MEMBERS.index(p.policy))
+
+
 def portfolio(batch: Sequence[PlanJob], state: FleetState) -> Plan:
-    """Best-scored member (ties: first listed); ``stats['member']`` is the winner's index
-    in :data:`MEMBERS`."""
-    plans = members(batch, state)
-    best_i = min(range(len(plans)), key=lambda i: score(plans[i]))
-    best = plans[best_i]
-    best.stats["member"] = float(MEMBERS.index(best.policy))
+    """Best-scored member (ties: first in :data:`MEMBERS`); ``stats['member']`` is the
+    winner's index in :data:`MEMBERS`. The same plan as the best of :func:`members`, built
+    in :data:`BUILD_ORDER` with each construction stopped once it provably scores above
+    the best so far (:class:`planner.list_schedule.Prune`)."""
+    builders = _builders(batch, state)
+    best: Plan | None = None
+    rank = (math.inf, len(MEMBERS))
+    first = {n: i for i, n in enumerate(BUILD_ORDER)}
+    for name in sorted(builders, key=lambda n: first.get(n, len(first))):  # a member not listed: last
+        asg = builders[name](bound=rank[0])
+        if asg is None:
+            continue
+        p = evaluate(asg, batch, state, name, check_times=False)
+        r = (score(p), MEMBERS.index(name))
+        if r < rank:
+            best, rank = p, r
+    assert best is not None, "a construction without a bound always completes"
+    best.stats["member"] = float(rank[1])
     best.policy = "portfolio"
     return best

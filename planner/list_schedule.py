@@ -9,6 +9,7 @@ weighted-completion heuristic.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 from planner.model import Assignment, EndpointModel, FleetState, Plan, PlanJob
@@ -93,3 +94,53 @@ def topo_stable(ranked: Sequence[PlanJob]) -> list[PlanJob]:
             raise ValueError(f"dependency cycle among {[j.id for j in rest][:5]}")
         pending = rest
     return out
+
+
+class Prune:
+    """Stops a list-scheduling construction that cannot score below ``bound``.
+
+    Lower bound on the score of every completion of a partial plan (placed jobs P,
+    unplaced U): Σ_P w_j (C_j − r_j) + max(S, D), where
+        S = Σ_U w_j (max(r_j, now) − r_j + p_j)   (a job starts no earlier than it is ready),
+        D = Σ_U w_j (m − r_j + p_j)               (m = the earliest time any GPU is free:
+    free times only grow as jobs are placed, so no unplaced job starts before m; D is
+    also valid for a job released after m, whose term it only underestimates), and the
+    evaluator's future cost is ≥ 0. :meth:`placed` returns False once the bound exceeds
+    ``bound`` (with a relative margin of 1e-9, so float summation order never prunes a
+    plan that would tie): that construction would lose to the plan that set ``bound``.
+    """
+
+    __slots__ = ("limit", "now", "done", "s_rest", "w_rest", "wr_rest", "wp_rest", "free_at", "m", "arg")
+
+    def __init__(self, jobs: Sequence[PlanJob], now_s: float, bound: float, free_at: dict[str, float]):
+        self.now, self.free_at = now_s, free_at
+        self.limit = bound + 1e-9 * abs(bound) + 1e-9
+        self.done = 0.0
+        self.s_rest = sum(j.weight * (max(j.release_s, now_s) - j.release_s + j.service_s) for j in jobs)
+        self.w_rest = sum(j.weight for j in jobs)
+        self.wr_rest = sum(j.weight * j.release_s for j in jobs)
+        self.wp_rest = sum(j.weight * j.service_s for j in jobs)
+        self.arg = min(free_at, key=free_at.__getitem__)
+        self.m = free_at[self.arg]
+
+    def placed(self, job: PlanJob, group: Sequence[str], end_s: float) -> bool:
+        """Account for ``job`` placed on ``group``, completing at ``end_s``; False: the plan
+        cannot win."""
+        w, r, p = job.weight, job.release_s, job.service_s
+        self.done += w * (end_s - r)
+        self.s_rest -= w * (max(r, self.now) - r + p)
+        self.w_rest -= w
+        self.wr_rest -= w * r
+        self.wp_rest -= w * p
+        if self.arg in group:
+            fa = self.free_at
+            self.arg = min(fa, key=fa.__getitem__)
+            self.m = fa[self.arg]
+        d = self.m * self.w_rest - self.wr_rest + self.wp_rest
+        return self.done + (d if d > self.s_rest else self.s_rest) <= self.limit
+
+
+def pruner(jobs: Sequence[PlanJob], state: FleetState, bound: float, free_at: dict[str, float]) -> Prune | None:
+    """A :class:`Prune` for ``bound`` over the replay's ``free_at`` (GPU uuid -> s), or None
+    when ``bound`` is infinite (nothing to prune)."""
+    return None if math.isinf(bound) else Prune(jobs, state.now_s, bound, free_at)

@@ -108,6 +108,8 @@ class FleetState:
     asleep: dict[str, frozenset[str]] = field(default_factory=dict)
     demand: dict[str, float] = field(default_factory=dict)
     demand_share: dict[str, float] = field(default_factory=dict)
+    _groups_cache: dict[tuple[int, int, int, int], list[tuple[str, ...]]] = field(
+        default_factory=dict, init=False, repr=False, compare=False)
 
     def hosts(self) -> dict[str, list[Gpu]]:
         out: dict[str, list[Gpu]] = {}
@@ -120,7 +122,15 @@ class FleetState:
     def groups(self, tp: int, memory_mib: int = 0) -> list[tuple[str, ...]]:
         """Aligned GPU groups of size ``tp`` within one host ({0,1},{2,3} for TP 2 ...),
         each GPU with at least ``memory_mib``. Hosts whose GPU count is not a multiple of
-        ``tp`` contribute their aligned groups only."""
+        ``tp`` contribute their aligned groups only. Cached per (tp, memory) for this GPU
+        list (a new list, not one edited in place, is a new fleet); returns a new list."""
+        key = (tp, memory_mib, id(self.gpus), len(self.gpus))
+        hit = self._groups_cache.get(key)
+        if hit is None:
+            hit = self._groups_cache[key] = self._aligned_groups(tp, memory_mib)
+        return list(hit)
+
+    def _aligned_groups(self, tp: int, memory_mib: int) -> list[tuple[str, ...]]:
         out: list[tuple[str, ...]] = []
         for _host, gs in self.hosts().items():
             for start in range(0, len(gs) - tp + 1, tp):

@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from planner.list_schedule import wspt_order
+from planner.list_schedule import pruner, wspt_order
 from planner.model import Assignment, FleetState, PlanJob
 from planner.replay import Group, Replay
 
@@ -84,8 +84,10 @@ def allocate(batch: Sequence[PlanJob], state: FleetState) -> dict[str, list[Grou
     return out
 
 
-def partition(batch: Sequence[PlanJob], state: FleetState, spill: bool = False) -> list[Assignment] | None:
-    """The member's assignments (complete, in placement order), or None when skipped.
+def partition(batch: Sequence[PlanJob], state: FleetState, spill: bool = False,
+              bound: float = math.inf) -> list[Assignment] | None:
+    """The member's assignments (complete, in placement order), or None when skipped or
+    when the plan provably scores above ``bound`` (:class:`planner.list_schedule.Prune`).
 
     ``spill``: a job may also take a group allocated to another endpoint when it would
     complete there earlier than on its own groups by more than that endpoint's cold start
@@ -95,6 +97,7 @@ def partition(batch: Sequence[PlanJob], state: FleetState, spill: bool = False) 
     if alloc is None:
         return None
     rep = Replay(state)
+    prune = pruner(batch, state, bound, rep.free_at)
     fa = rep.free_at
     out: list[Assignment] = []
     spill_groups = {e: [(g, state.endpoints[e].cold_start_s) for g in gs] for e, gs in alloc.items()} if spill else {}
@@ -123,5 +126,8 @@ def partition(batch: Sequence[PlanJob], state: FleetState, spill: bool = False) 
                     c = s0 + rep.transition_s(g, ep) + pen
                     if c < bc:
                         best, bc = g, c
-        out.append(rep.place(job, best))
+        a = rep.place(job, best)
+        if prune is not None and not prune.placed(job, a.gpus, a.end_s):
+            return None
+        out.append(a)
     return out

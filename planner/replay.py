@@ -102,24 +102,60 @@ class Replay:
         ep = self.endpoints[job.endpoint]
         if start_s is None:
             start_s = max(self.ready(job), self.group_free(group))
-        t_s, evicted, load, _ = self.transition(group, ep)
+        if len(group) == 1 and self.resident[group[0]] == ep.name:  # warm single GPU: the common case
+            t_s, evicted, load = 0.0, (), "warm"
+        else:
+            t_s, evicted, load, _ = self.transition(group, ep)
         a = Assignment(job.id, group, start_s, start_s + t_s, start_s + t_s + job.service_s, evicted, load)
         if load != "warm":
-            for u in group:
-                old = self.resident[u]
-                if old is not None:
-                    self.count[old] -= 1
-                    oep = self.endpoints.get(old)
-                    if oep is not None and oep.wake_s is not None:
-                        self.asleep[u] = self.asleep[u] | {old}
-                self.resident[u] = ep.name
-                if ep.name in self.asleep[u]:
-                    self.asleep[u] = self.asleep[u] - {ep.name}
-            self.count[ep.name] = self.count.get(ep.name, 0) + len(group)
+            self._load(group, ep.name)
         for u in group:
             self.free_at[u] = a.end_s
         self.end_of[job.id] = a.end_s
         return a
+
+    def _load(self, group: Group, name: str | None) -> None:
+        """``name`` becomes resident on ``group`` (None: nothing); the evicted endpoints
+        with a sleep mode go to sleep there."""
+        for u in group:
+            old = self.resident[u]
+            if old == name:
+                continue
+            if old is not None:
+                self.count[old] -= 1
+                oep = self.endpoints.get(old)
+                if oep is not None and oep.wake_s is not None:
+                    self.asleep[u] = self.asleep[u] | {old}
+            self.resident[u] = name
+            if name is not None:
+                self.count[name] = self.count.get(name, 0) + 1
+                if name in self.asleep[u]:
+                    self.asleep[u] = self.asleep[u] - {name}
+
+    def restore(self, group: Group, endpoint: str, start_s: float) -> Assignment:
+        """Set-point restore of ``endpoint`` on ``group`` from ``start_s``: the transition
+        rule above with no service (evict what is resident, then cold start or wake).
+        Returns it as an :class:`Assignment` with ``job_id`` ``"restore:<endpoint>:<gpu>"``
+        and ``end_s`` = ``service_start_s``; the GPUs are busy until then."""
+        t_s, evicted, load, _ = self.transition(group, self.endpoints[endpoint])
+        a = Assignment(f"restore:{endpoint}:{group[0]}", group, start_s, start_s + t_s, start_s + t_s, evicted, load)
+        if load != "warm":
+            self._load(group, endpoint)
+        for u in group:
+            self.free_at[u] = a.end_s
+        return a
+
+    def unplace(self, a: Assignment, at_s: float) -> None:
+        """Cut the placed ``a`` short at ``at_s`` (preemption): its GPUs free at ``at_s``
+        and its completion is forgotten. Cut during its transition, the group holds
+        nothing afterwards (what it evicted is gone, its load was abandoned); cut in
+        service, its endpoint stays resident. The caller ensures ``a`` is the last
+        placement on its GPUs and ``a.start_s <= at_s < a.end_s``."""
+        if at_s < a.service_start_s and a.load != "warm":
+            self._load(a.gpus, None)
+        for u in a.gpus:
+            self.free_at[u] = at_s
+        self.end_of.pop(a.job_id, None)
 
     def instances(self, endpoint: str) -> int:
         """GPUs currently holding ``endpoint`` (divide by its TP for whole instances)."""

@@ -9,18 +9,33 @@ Rolling horizon. At a planning point t the simulator
        live system;
     3. commits, in start order, the planned jobs that start before ``t + window_s``
        (they run as planned: service times are exact in simulation); the rest stay queued;
-    4. moves to the next planning point: the next arrival or the earliest planned but
+    4. preemption (``preemption=True``, the live planner worker's rule, shared with it:
+       :func:`planner.preemption.choose_preemption`): each CRITICAL/HIGH job of the
+       batch left uncommitted that no free group can take, and whose earliest group does
+       not free within its cold start, takes the cheapest group held only by running
+       committed jobs of strictly lower levels. The victims are cut at t and go back to
+       the queue with their original submission time and sequence number; a victim
+       restarts from zero (the live system re-runs a preempted job from the start);
+       GPU-seconds it had used are reported as ``sim.preempted_gpu_s`` (not service,
+       not transition). The preemptor is committed on the group at t, so a victim cannot
+       be placed on those GPUs before it starts. After a preemption the queue is planned
+       once more at t (the victims' other GPUs are free). Jobs committed but not yet
+       started, restores, and jobs that other jobs depend on are never victims;
+    5. set-point restore (``restore=True``, as the live planner worker: only when nothing
+       is queued or running): when the queue is empty and the committed work ends before
+       the next arrival, every set-point instance not resident is restored at that time
+       (the transition rule of :mod:`planner.replay`: evict, then cold start or wake).
+       Its GPUs are busy until it ends; the report counts it (``transitions.restore``)
+       and adds its GPU-seconds to transition time;
+    6. moves to the next planning point: the next arrival or the earliest planned but
        uncommitted start, whichever is first, but not before ``t + window_s``.
 The uncommitted rest of each plan goes to the next planning point as ``previous``
 (:func:`planner.api.plan`): a solver policy starts from it when, repaired to the new
 batch, it scores better than the greedy floor.
-Committed work is never moved (plan stability). The future-cost term uses
+Committed work is never moved except by preemption. The future-cost term uses
 ``FleetState.demand``: for each endpoint with arrivals in the last ``demand_window_s``,
 their mean weight (``demand``), and each endpoint's share of those arrivals' GPU-seconds
 (``demand_share``, p_j·tp_j).
-
-Set-point restore is not simulated (the fleet keeps what the last job loaded), and no
-preemption happens (a committed job runs to completion).
 """
 
 from __future__ import annotations
@@ -29,6 +44,7 @@ import json
 import time
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +52,9 @@ from app.models import FleetSpec, load_fleet
 from app.traces import TraceJob, read_trace
 from planner.api import plan
 from planner.measures import JobRecord, build_report, lower_bounds
-from planner.model import EndpointModel, FleetState, Gpu, Plan, PlanJob
-from planner.replay import Replay
+from planner.model import Assignment, EndpointModel, FleetState, Gpu, Plan, PlanJob
+from planner.preemption import Holder, choose_preemption
+from planner.replay import Group, Replay
 
 
 def fleet_state(fleet: FleetSpec, now_s: float = 0.0) -> FleetState:
@@ -57,69 +74,186 @@ def to_plan_jobs(trace_jobs: Sequence[TraceJob], time_scale: float = 1.0) -> lis
 
 def simulate(trace_jobs: Sequence[TraceJob] | Sequence[PlanJob], fleet: FleetSpec | FleetState, policy: str,
              seed: int = 0, *, window_s: float = 30.0, max_batch: int = 256, demand_window_s: float = 1800.0,
-             time_scale: float = 1.0) -> dict[str, Any]:
+             time_scale: float = 1.0, preemption: bool = True, restore: bool = True,
+             detail: bool = False) -> dict[str, Any]:
     """Replay jobs through the planner in virtual time; returns the report dict
-    (:func:`planner.measures.build_report`) plus ``sim`` {wall_s, planning_points,
-    window_s, max_batch, time_scale, seed}.
+    (:func:`planner.measures.build_report`, with ``jobs.preempted`` and the set-point
+    restores) plus ``sim`` {wall_s, planning_points, window_s, max_batch, time_scale, seed,
+    preemption, restore, preempted_gpu_s}.
 
     ``seed`` is recorded (the trace mapping already used it; the planner is deterministic).
+    ``preemption`` and ``restore`` (both on by default, as in the live planner worker)
+    switch the module's preemption step and set-point restore. ``detail`` adds
+    ``schedule`` {jobs: the final job records, restores: (start_s, end_s, gpus),
+    lost: preempted attempts (start_s, cut_s, gpus), preemptions: [{t_s, job, victims,
+    gpus}], resident_end: GPU -> endpoint when everything has ended}.
     """
     wall0 = time.perf_counter()
     base = fleet if isinstance(fleet, FleetState) else fleet_state(fleet)
     jobs = list(trace_jobs) if trace_jobs and isinstance(trace_jobs[0], PlanJob) else \
         to_plan_jobs(trace_jobs, time_scale)  # type: ignore[arg-type]
     jobs.sort(key=lambda j: (j.release_s, j.seq))
-    committed = Replay(base)
-    queue: dict[str, PlanJob] = {}
+    sp = set_point_groups(fleet if isinstance(fleet, FleetSpec) else base)
+    run = _Run(base, policy, window_s, max_batch, jobs, sp if restore else [], preemption)
     recent: deque[PlanJob] = deque()
-    records: list[JobRecord] = []
-    solve: list[float] = []
-    previous: Plan | None = None  # the last planning point's uncommitted plan
     i, n, t = 0, len(jobs), (jobs[0].release_s if jobs else 0.0)
-    while i < n or queue:
+    while i < n or run.queue:
         while i < n and jobs[i].release_s <= t:
-            queue[jobs[i].id] = jobs[i]
+            run.queue[jobs[i].id] = jobs[i]
             recent.append(jobs[i])
             i += 1
         while recent and recent[0].release_s < t - demand_window_s:
             recent.popleft()
-        nxt_planned = float("inf")
-        if queue:
-            batch = sorted(queue.values(), key=lambda j: (j.priority, j.seq))[:max_batch]
-            state = FleetState(t, base.gpus, base.endpoints, free_at=dict(committed.free_at),
-                               resident=dict(committed.resident), set_point=base.set_point,
-                               end_of=committed.end_of, asleep=dict(committed.asleep),
-                               demand=_demand(recent), demand_share=_share(recent, base))
-            c0 = time.perf_counter()
-            p = plan(batch, state, policy, previous=previous)
-            solve.append(time.perf_counter() - c0)
-            bj = {j.id: j for j in batch}
-            later = []
-            for a in sorted(p.assignments, key=lambda a: a.start_s):
-                if a.start_s < t + window_s:
-                    job = bj[a.job_id]
-                    b = committed.place(job, a.gpus, max(a.start_s, t))
-                    records.append(_record(job, b, base))
-                    del queue[a.job_id]
-                else:
-                    nxt_planned = min(nxt_planned, a.start_s)
-                    later.append(a)
-            previous = Plan(p.policy, later)
+        nxt_planned = run.plan_point(t, _demand(recent), _share(recent, base)) if run.queue else float("inf")
         nxt_arrival = jobs[i].release_s if i < n else float("inf")
+        if not run.queue:
+            run.restore_if_idle(t, nxt_arrival)
         nxt = min(nxt_arrival, nxt_planned)
-        if nxt == float("inf") and queue:
+        if nxt == float("inf") and run.queue:
             nxt = t + window_s
-        t = max(t + window_s, nxt) if queue else max(t, nxt)
+        t = max(t + window_s, nxt) if run.queue else max(t, nxt)
     gpu_ids = [g.uuid for g in base.gpus]
     eligible = {e: {u for g in base.groups(ep.tp, ep.memory_mib) for u in g} for e, ep in base.endpoints.items()}
     lb = lower_bounds(jobs, base.endpoints, len(gpu_ids),
                       resident={e for e in base.resident.values() if e is not None})
-    rep = build_report(records, policy=policy, gpus=len(gpu_ids), submitted=n, solve_times_s=solve,
+    rep = build_report(list(run.records.values()), policy=policy, gpus=len(gpu_ids), submitted=n,
+                       preempted=run.preempted, restores=run.restores, solve_times_s=run.solve,
                        lower_bound_makespan_s=lb["makespan_s"], lower_bound_weighted_s=lb["weighted_completion_s"],
                        gpu_ids=gpu_ids, eligible=eligible)
-    rep["sim"] = {"wall_s": time.perf_counter() - wall0, "planning_points": len(solve), "window_s": window_s,
-                  "max_batch": max_batch, "time_scale": time_scale, "seed": seed}
+    rep["sim"] = {"wall_s": time.perf_counter() - wall0, "planning_points": len(run.solve), "window_s": window_s,
+                  "max_batch": max_batch, "time_scale": time_scale, "seed": seed, "preemption": preemption,
+                  "restore": restore, "preempted_gpu_s": sum((b - a) * len(g) for a, b, g in run.lost)}
+    if detail:
+        rep["schedule"] = {"jobs": [asdict(r) for r in run.records.values()], "restores": run.restores,
+                           "lost": run.lost, "preemptions": run.log, "resident_end": dict(run.committed.resident)}
     return rep
+
+
+class _Run:
+    """The committed schedule of one simulation and the steps that change it."""
+
+    def __init__(self, base: FleetState, policy: str, window_s: float, max_batch: int, jobs: list[PlanJob],
+                 set_points: list[tuple[str, Group]], preemption: bool):
+        self.base, self.policy, self.window_s, self.max_batch = base, policy, window_s, max_batch
+        self.set_points, self.preemption = set_points, preemption
+        self.committed = Replay(base)
+        self.previous: Plan | None = None  # the last planning point's uncommitted plan
+        self.queue: dict[str, PlanJob] = {}
+        self.records: dict[str, JobRecord] = {}
+        self.solve: list[float] = []
+        self.placed: dict[str, tuple[PlanJob | None, Assignment]] = {}  # GPU -> its last placement
+        self.restores: list[tuple[float, float, Group]] = []
+        self.lost: list[tuple[float, float, Group]] = []  # preempted attempts (start, cut, GPUs)
+        self.preempted = 0
+        self.log: list[dict[str, Any]] = []
+        self.dependants = {d for j in jobs for d in j.deps}
+
+    def plan_point(self, t: float, demand: dict[str, float], share: dict[str, float]) -> float:
+        """Plan the queue at ``t``, commit what starts before ``t + window_s``, then
+        preempt for CRITICAL/HIGH jobs left waiting; after a preemption plan once more at
+        ``t`` (the victims' other GPUs are free). Returns the earliest uncommitted start."""
+        nxt = float("inf")
+        for _ in range(2):
+            batch = sorted(self.queue.values(), key=lambda j: (j.priority, j.seq))[:self.max_batch]
+            c = self.committed
+            state = FleetState(t, self.base.gpus, self.base.endpoints, free_at=dict(c.free_at),
+                               resident=dict(c.resident), set_point=self.base.set_point, end_of=c.end_of,
+                               asleep=dict(c.asleep), demand=demand, demand_share=share)
+            c0 = time.perf_counter()
+            p = plan(batch, state, self.policy, previous=self.previous)
+            self.solve.append(time.perf_counter() - c0)
+            bj = {j.id: j for j in batch}
+            nxt = float("inf")
+            later = []
+            for a in sorted(p.assignments, key=lambda a: a.start_s):
+                if a.start_s < t + self.window_s:
+                    self._place(bj[a.job_id], a.gpus, max(a.start_s, t))
+                else:
+                    nxt = min(nxt, a.start_s)
+                    later.append(a)
+            self.previous = Plan(p.policy, later)
+            waiting = [j for j in batch if j.id in self.queue and j.priority <= 1]
+            if not (self.preemption and waiting and self._preempt(t, waiting)):
+                break
+        return nxt
+
+    def _place(self, job: PlanJob, gpus: Group, start_s: float) -> Assignment:
+        a = self.committed.place(job, gpus, start_s)
+        self.records[job.id] = _record(job, a, self.base)
+        for u in gpus:
+            self.placed[u] = (job, a)
+        del self.queue[job.id]
+        return a
+
+    def _holder(self, u: str, t: float) -> Holder | None:
+        job, a = self.placed.get(u, (None, None))
+        if a is None or a.end_s <= t:
+            return None
+        if job is None:  # a restore
+            return Holder(a.job_id, 3, False)
+        # not yet started (committed while the queue was empty), or another job needs its completion
+        return Holder(job.id, job.priority, a.start_s <= t and job.id not in self.dependants)
+
+    def _preempt(self, t: float, waiting: list[PlanJob]) -> bool:
+        """The preemption step at ``t`` (:func:`planner.preemption.choose_preemption`);
+        True if anything was preempted."""
+        c = self.committed
+        busy = {u for u, f in c.free_at.items() if f > t}
+        holders = {u: self._holder(u, t) for u in busy}
+        cut = False
+        for j in sorted(waiting, key=lambda j: (j.priority, j.seq)):
+            ep = self.base.endpoints[j.endpoint]
+            best = choose_preemption(j.priority, c.groups(ep), busy, c.free_at, t, ep.cold_start_s, holders)
+            if best is None:
+                continue
+            for v in best.victims:
+                victim, a = self.placed[next(u for u, h in holders.items() if h is not None and h.id == v)]
+                c.unplace(a, t)
+                for u in a.gpus:
+                    holders[u] = None
+                    busy.discard(u)
+                    del self.placed[u]
+                del self.records[v]
+                self.queue[v] = victim
+                self.lost.append((a.start_s, t, a.gpus))
+                self.preempted += 1
+            self._place(j, best.group, t)
+            self.log.append({"t_s": t, "job": j.id, "victims": list(best.victims), "gpus": list(best.group)})
+            busy.update(best.group)
+            holders.update({u: Holder(j.id, j.priority, False) for u in best.group})
+            cut = True
+        return cut
+
+    def restore_if_idle(self, t: float, next_arrival_s: float) -> None:
+        """Set-point restore as the live planner worker does it: once nothing is queued
+        or running (here: when the committed work ends, if no job arrives before), every
+        set-point instance not resident is restored (evict, then cold start or wake)."""
+        idle_at = max([t, *self.committed.free_at.values()])
+        if idle_at >= next_arrival_s:
+            return
+        for ep, g in self.set_points:
+            if all(self.committed.resident[u] == ep for u in g):
+                continue
+            a = self.committed.restore(g, ep, idle_at)
+            self.restores.append((a.start_s, a.end_s, g))
+            for u in g:
+                self.placed[u] = (None, a)
+
+
+def set_point_groups(fleet: FleetSpec | FleetState) -> list[tuple[str, Group]]:
+    """(endpoint, GPU uuids) of every set-point instance: the fleet file's instances, or
+    for a bare :class:`FleetState` its aligned groups whose every GPU's set point is the
+    endpoint."""
+    if isinstance(fleet, FleetSpec):
+        hosts = {h.name: h for h in fleet.hosts}
+        out = []
+        for e in fleet.endpoints.values():
+            for sp in e.set_point:
+                by_index = {g.index: g.uuid for g in hosts[sp.host].gpus}
+                out.append((e.name, tuple(by_index[i] for i in sp.gpus)))
+        return out
+    return [(e, g) for e, ep in fleet.endpoints.items() for g in fleet.groups(ep.tp, ep.memory_mib)
+            if all(fleet.set_point.get(u) == e for u in g)]
 
 
 def _demand(recent: deque[PlanJob]) -> dict[str, float]:
@@ -147,10 +281,12 @@ def _record(job: PlanJob, a: Any, base: FleetState) -> JobRecord:
 
 def run_simulation(trace_path: str | Path, fleet_path: str | Path, policy: str, seed: int = 0, start: int = 0,
                    limit: int | None = None, report_path: str | Path | None = None,
-                   time_scale: float = 1.0, window_s: float = 30.0) -> dict[str, Any]:
+                   time_scale: float = 1.0, window_s: float = 30.0, preemption: bool = True,
+                   restore: bool = True) -> dict[str, Any]:
     """``makespan simulate``: read the fleet (TOML) and the trace (ITP, Alibaba or JSON
     lines; rows ``start`` … ``start+limit`` mapped with ``seed``), simulate, and write
-    the report JSON to ``report_path`` when given. Returns the report.
+    the report JSON to ``report_path`` when given. ``preemption``/``restore``: as
+    :func:`simulate`. Returns the report.
 
     Raises:
         app.errors.ValidationError: bad fleet or trace file.
@@ -158,7 +294,8 @@ def run_simulation(trace_path: str | Path, fleet_path: str | Path, policy: str, 
     """
     fleet = load_fleet(fleet_path)
     jobs = read_trace(trace_path, fleet, seed=seed, start=start, limit=limit)
-    rep = simulate(jobs, fleet, policy, seed, time_scale=time_scale, window_s=window_s)
+    rep = simulate(jobs, fleet, policy, seed, time_scale=time_scale, window_s=window_s, preemption=preemption,
+                   restore=restore)
     if report_path is not None:
         Path(report_path).parent.mkdir(parents=True, exist_ok=True)
         Path(report_path).write_text(json.dumps(rep, indent=2))

@@ -29,8 +29,9 @@ from app.models import FleetSpec, Priority
 from app.settings import Settings
 from planner.api import plan
 from planner.simulator import _demand, _share
-from planner.model import EndpointModel, FleetState, Gpu, Plan, PlanJob
+from planner.model import EndpointModel, FleetState, Gpu, PlanJob
 from workers.drain import SetPointMixin
+from workers.improver import BackgroundImprover
 from workers.leases import LeaseStore, now_ms
 from workers.preemption import PreemptionMixin
 from workers.phases import PhaseContext, instance_value, parse_instance
@@ -60,6 +61,7 @@ return 1
 """
 DEMAND_WINDOW_S = 1800.0  # workload seconds of arrivals that define recent demand
 DEMAND_KEEP = 5_000  # most recent arrivals remembered for it
+SOLVER_POLICIES = ("default", "cpsat")  # run as portfolio per tick + the improver off the tick (workers.improver)
 
 
 def endpoint_models(fleet: FleetSpec) -> dict[str, EndpointModel]:
@@ -102,7 +104,8 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
         self.tick_again = False
         self._meta: dict[str, tuple[str, float]] = {}
         self._recent: dict[str, PlanJob] = {}
-        self._last_plan: Plan | None = None  # the last tick's plan: a solver policy's start (plan stability)
+        self.improver = (BackgroundImprover(settings.policy, settings.solve_time_limit_s)
+                         if settings.policy in SOLVER_POLICIES else None)
         self._last_tp: dict[str, str] = {}  # GPU -> traceparent of the last job leased on it
         self.lock_ttl_s = max(settings.lease_ttl_s / 2, 1.0)
         from workers.retention import Retention
@@ -363,9 +366,10 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
         self._note_demand(batch, state)
         self._idle_checked = False
         t0 = time.perf_counter()
-        p = plan(batch, state, self.settings.policy, time_limit_s=self.settings.solve_time_limit_s,
-                 previous=self._last_plan)
-        self._last_plan = p
+        if self.improver is not None:  # the default policy: greedy floor now, CP-SAT off the tick
+            p = self.improver.best(plan(batch, state, "portfolio"), batch, state)
+        else:
+            p = plan(batch, state, self.settings.policy, time_limit_s=self.settings.solve_time_limit_s)
         solve_s = time.perf_counter() - t0
         metrics.observe_solve(solve_s, len(batch))
         self._solve_stats.append(f"{solve_s:.6f}:{len(batch)}")  # written with the next snapshot
@@ -383,10 +387,32 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
         waiting = [j for j in batch if j.id not in dispatched and j.priority <= int(Priority.HIGH)]
         if waiting:
             dispatched |= self._preempt_for(waiting, state, taken)
+        if self.improver is not None:
+            self._offer_rest(batch, state, p, dispatched)
         # tick again at once only if another tick may start something: a GPU is still free
         # or a CRITICAL/HIGH job still waits; else sleep until a release or submission
         self.tick_again = bool(dispatched) and (len(taken) < len(self.gpus) or bool(waiting))
         return bool(dispatched)
+
+    def _offer_rest(self, batch: list[PlanJob], state: FleetState, p, dispatched: set[str]) -> None:
+        """Hand the jobs this tick left queued to the background improver, on the fleet as
+        this tick's starts leave it (their GPUs busy until their planned end)."""
+        rest = [j for j in batch if j.id not in dispatched]
+        horizon_s = (max((a.end_s for a in p.assignments), default=state.now_s) - state.now_s) * self.settings.time_scale
+        if not rest or not self.improver.worth_solving(horizon_s):
+            return
+        after = FleetState(state.now_s, state.gpus, state.endpoints, free_at=dict(state.free_at),
+                           resident=dict(state.resident), set_point=state.set_point, done=state.done,
+                           end_of=dict(state.end_of), asleep=dict(state.asleep), demand=state.demand,
+                           demand_share=state.demand_share)
+        endpoint_of = {j.id: j.endpoint for j in batch}
+        for a in p.assignments:
+            if a.job_id in dispatched:
+                for u in a.gpus:
+                    after.free_at[u] = a.end_s
+                    after.resident[u] = endpoint_of[a.job_id]
+                after.end_of[a.job_id] = a.end_s
+        self.improver.offer(rest, after)
 
     def _note_demand(self, batch: list[PlanJob], state: FleetState) -> None:
         """Fill the planner's future-cost inputs from arrivals of the last DEMAND_WINDOW_S

@@ -12,6 +12,7 @@ import logging
 from app import metrics
 from app.models import Priority
 from planner.model import FleetState, PlanJob
+from planner.preemption import Holder, choose_preemption
 from workers.leases import preempt
 
 log = logging.getLogger("makespan.planner")
@@ -22,10 +23,11 @@ class PreemptionMixin:
         """For each waiting CRITICAL/HIGH job that no free GPU group can take now, evict
         the cheapest set of strictly lower-priority job leases covering one of its
         groups, and lease that group to it in the same tick (so a victim is never
-        re-leased the GPUs it lost before its preemptor starts). No preemption for a job
-        that could start on a free group anyway, for one whose earliest group frees within
-        its endpoint's cold start (preempting would not start it sooner), or whose groups
-        hold no victim set."""
+        re-leased the GPUs it lost before its preemptor starts). The decision is
+        :func:`planner.preemption.choose_preemption` (shared with the simulator): no
+        preemption for a job that could start on a free group anyway, for one whose
+        earliest group frees within its endpoint's cold start (preempting would not start
+        it sooner), or whose groups hold no victim set."""
         holders = self.leases.gpu_holders([g.uuid for g in self.gpus])
         lease_of = {u: v.split(":")[0] for u, v in holders.items() if v}
         info: dict[str, dict[str, str]] = {}
@@ -37,32 +39,19 @@ class PreemptionMixin:
         got = p.execute()
         info.update({lid: got[2 * i] for i, lid in enumerate(lids)})
         executed = {lid: got[2 * i + 1] == "done" for i, lid in enumerate(lids)}
+        holder: dict[str, Holder | None] = {}
+        for u, lid in lease_of.items():
+            rec = info.get(lid) or {}
+            prio = Priority.__members__.get(rec.get("priority", "LOW"), Priority.LOW)
+            holder[u] = Holder(lid, int(prio), rec.get("kind") == "job" and not executed.get(lid))
         started: set[str] = set()
         for j in sorted(waiting, key=lambda j: (j.priority, j.seq)):
             ep = self.endpoints[j.endpoint]
-            groups = state.groups(ep.tp, ep.memory_mib)
-            if any(not taken.intersection(g) for g in groups):
-                continue  # a group is free: waiting was the plan's choice, not a lack of GPUs
-            soonest = min((max(state.free_at.get(u, state.now_s) for u in g) for g in groups), default=state.now_s)
-            if soonest - state.now_s <= ep.cold_start_s:
-                continue  # a group frees sooner than a preemption's cold start would: wait
-            best = None
-            for g in groups:
-                victims = {lease_of.get(u) for u in g}
-                if None in victims:
-                    continue  # part of the group was taken this tick
-                if any(executed.get(v) for v in victims):
-                    continue  # a victim already ran its workload: it only has to clear
-                recs = [info.get(v) or {} for v in victims]
-                if not all(r.get("kind") == "job" and Priority(j.priority).may_preempt(Priority[r.get("priority", "LOW")])
-                           for r in recs):
-                    continue
-                cost = sum(Priority[r["priority"]].weight for r in recs)
-                if best is None or cost < best[0]:
-                    best = (cost, g, victims)
+            best = choose_preemption(j.priority, state.groups(ep.tp, ep.memory_mib), taken, state.free_at,
+                                     state.now_s, ep.cold_start_s, holder)
             if best is None:
                 continue
-            _, g, victims = best
+            g, victims = best.group, best.victims
             freed = True
             for v in victims:
                 outcome = preempt(self.r, self.keys, v, j.id, planner_token=self.token)
@@ -70,9 +59,9 @@ class PreemptionMixin:
                     metrics.job_preempted(info[v].get("priority", "LOW"))
                     log.info("preempted lease %s (%s) for %s job %s: %s", v, info[v].get("priority"),
                              Priority(j.priority).name, j.id, outcome)
-                    for u, lid in list(lease_of.items()):
-                        if lid == v:
-                            lease_of.pop(u)
+                    for u, h in list(holder.items()):
+                        if h is not None and h.id == v:
+                            holder.pop(u)
                 else:
                     freed = False  # e.g. it finished executing meanwhile: it only has to clear
             if not freed:
@@ -82,5 +71,5 @@ class PreemptionMixin:
                 started.add(j.id)
                 taken.update(g)
                 for u in g:
-                    lease_of[u] = "__new__"
+                    holder[u] = Holder("__new__", j.priority, False)
         return started

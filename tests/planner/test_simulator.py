@@ -62,3 +62,23 @@ cold_start_s = 30
     assert json.loads(out.read_text())["weighted_completion_s"] == pytest.approx(rep["weighted_completion_s"])
     # one endpoint, cold once per GPU at most
     assert rep["transitions"]["cold_start"] <= 2
+
+
+@pytest.mark.parametrize("flags", [[], ["--no-preemption", "--no-restore"]])
+def test_cli_simulate_preemption_and_restore_flags(itp, tmp_path, flags):
+    from typer.testing import CliRunner
+
+    from app.cli import app as cli_app
+
+    out = tmp_path / "r.json"
+    res = CliRunner().invoke(cli_app, ["simulate", itp, "--fleet", "examples/render-pipeline.toml", "--limit", "60",
+                                       "--report", str(out), *flags])
+    assert res.exit_code == 0, res.output
+    rep = json.loads(out.read_text())
+    on = not flags
+    assert rep["sim"]["preemption"] is on and rep["sim"]["restore"] is on
+    assert rep["jobs"]["completed"] == 60
+    if not on:
+        assert rep["jobs"]["preempted"] == 0 and rep["transitions"]["restore"] == 0
+    else:  # this window's CRITICAL/HIGH jobs arrive behind long lower-level jobs
+        assert rep["jobs"]["preempted"] > 0 and rep["transitions"]["restore"] > 0

@@ -1,0 +1,66 @@
+"""The pruned portfolio (best-first construction with a lower bound) returns the plan the
+full portfolio would: the best of every member by score, ties to the first member."""
+
+import math
+import random
+from dataclasses import replace
+
+import pytest
+
+from planner.evaluator import score
+from planner.greedy import MEMBERS, construct, members, portfolio
+from planner.list_schedule import wspt_order
+from planner.model import FleetState, Gpu
+from planner.synthetic import instance
+
+
+def _cases():
+    for seed in range(12):
+        rng = random.Random(seed)
+        batch, st = instance(rng.choice((10, 40, 90)), rng.choice((4, 8, 16)), models=rng.choice((3, 6)),
+                             seed=seed, spread_s=rng.choice((0.0, 300.0)), gang=seed % 3 != 0, wake=seed % 2 == 0)
+        if seed % 2:
+            eps = sorted(st.endpoints)
+            w = [rng.random() for _ in eps]
+            st.demand_share = {e: x / sum(w) for e, x in zip(eps, w)}
+            st.demand = {e: rng.choice((1.0, 8.0)) for e in eps}
+        if seed % 4 == 3:  # dependencies: each job may wait for up to two earlier ones
+            batch = [replace(j, deps=tuple(batch[k].id for k in rng.sample(range(i), min(i, rng.choice((0, 1, 2))))))
+                     for i, j in enumerate(batch)]
+        yield seed, batch, st
+
+
+def _key(p):
+    return [(a.job_id, a.gpus, a.start_s, a.end_s, a.load) for a in p.assignments]
+
+
+@pytest.mark.parametrize("seed,batch,st", list(_cases()))
+def test_pruned_portfolio_is_the_best_member(seed, batch, st):
+    plans = members(batch, st)
+    best = min(plans, key=lambda p: (score(p), MEMBERS.index(p.policy)))
+    got = portfolio(batch, st)
+    assert _key(got) == _key(best)
+    assert got.stats["member"] == MEMBERS.index(best.policy)
+    assert score(got) == score(best)
+
+
+@pytest.mark.parametrize("seed,batch,st", list(_cases())[:6])
+def test_prune_bound_never_exceeds_the_final_score(seed, batch, st):
+    p = {m.policy: m for m in members(batch, st)}["ta-wspt"]
+    order = wspt_order(batch, st.endpoints)
+    # the lower bound is valid: a bound equal to the plan's own score never stops it ...
+    again = construct("ta-wspt", order, st, "aware", True, 1.0, bound=score(p))
+    assert again is not None and sorted(a.job_id for a in again) == sorted(a.job_id for a in p.assignments)
+    # ... and a bound below its weighted completion stops it
+    assert construct("ta-wspt", order, st, "aware", True, 1.0, bound=p.objective * (1 - 1e-6)) is None
+    assert construct("ta-wspt", order, st, "aware", True, 1.0, bound=math.inf) is not None
+
+
+def test_groups_are_cached_per_gpu_list():
+    _, st = instance(4, 8, seed=1)
+    first = st.groups(2, 0)
+    first.append(("x",))  # the caller's copy: the cache is not touched
+    assert st.groups(2, 0) == first[:-1]
+    st.gpus = [Gpu(f"n{i}", "h9", i, 80_000) for i in range(4)]  # a new list is a new fleet
+    assert st.groups(2, 0) == [("n0", "n1"), ("n2", "n3")]
+    assert FleetState(0.0, st.gpus, st.endpoints) == FleetState(0.0, st.gpus, st.endpoints)
