@@ -7,7 +7,10 @@ limit the gain (%) median, mean ± stdev and max, how many batches came out wors
 the floor (must be 0), and planning time p50/p95 (greedy + LNS, wall s); then the greedy
 portfolio's own wall ms p50/p95 per size.
 
-    .venv/bin/python bench/planner_cpsat.py [--limits 0.2,1,5] [--seeds 3]
+    .venv/bin/python bench/planner_cpsat.py [--limits 0.2,1,5] [--seeds 3] [--mode both|descent|windows]
+
+``--mode``: ``both`` (the improver as shipped), ``descent`` (swap/regroup descent only,
+no CP-SAT) or ``windows`` (CP-SAT windows only, no descent) — where the gain comes from.
 """
 
 import argparse
@@ -29,6 +32,7 @@ from planner_common import ITP, bench_fleet  # noqa: E402
 
 WINDOWS = [(ITP + "cluster02.csv", 1000), (ITP + "cluster05.csv", 500), (ITP + "cluster09.csv", 3000)]
 SIZES = [(64, 8), (256, 32)]
+MODES: dict[str, dict[str, bool]] = {"both": {}, "descent": {"windows_on": False}, "windows": {"local": False}}
 
 
 def _row(n: int, g: int, lim: float, gains: list[float], times: list[float], worse: int) -> str:
@@ -41,7 +45,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--limits", default="0.2,1,5")
     ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--mode", choices=sorted(MODES), default="both")
     a = ap.parse_args()
+    mode = MODES[a.mode]
     limits = [float(x) for x in a.limits.split(",")]
     print("| jobs | GPUs | limit (s) | batches | gain median % | gain mean ± stdev % | gain max % | worse "
           "| plan time p50 (s) | p95 (s) |")
@@ -61,7 +67,7 @@ def main() -> None:
                 greedy_ms.append(tg * 1000)
                 for lim in limits:
                     t = time.perf_counter()
-                    out = improve(batch, base, floor, time_limit_s=lim, seed=seed)
+                    out = improve(batch, base, floor, time_limit_s=lim, seed=seed, **mode)
                     dt = time.perf_counter() - t + tg
                     gains, times, worse = rows[lim]
                     gains.append(100 * (1 - score(out) / score(floor)))
