@@ -296,8 +296,8 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
         p = self.r.pipeline(transaction=False)
         for jid in ids:
             p.hmget(self.keys.job(jid), "endpoint", "service_s", "submitted_at", "seq", "deps", "state",
-                    "traceparent")
-        for jid, (ep, svc, sub, seq, deps, state, tp) in zip(ids, p.execute()):
+                    "traceparent", "deadline_s")
+        for jid, (ep, svc, sub, seq, deps, state, tp, due) in zip(ids, p.execute()):
             if room <= 0:
                 break
             if ep is None or state != "queued":
@@ -306,8 +306,9 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
             dl = tuple(json.loads(deps)) if deps else ()
             if dl and not self._deps_ready(jid, dl):
                 continue
-            out.append(PlanJob(jid, ep, float(lvl.weight), float(sub) / self.settings.time_scale, float(svc),
-                               int(lvl), (), None, int(seq)))
+            r_s = float(sub) / self.settings.time_scale  # workload clock; service and deadline are workload s
+            out.append(PlanJob(jid, ep, float(lvl.weight), r_s, float(svc),
+                               int(lvl), (), r_s + float(due) if due else None, int(seq)))
             self._meta[jid] = (tp or "", float(sub))
             room -= 1
         return room
