@@ -84,8 +84,10 @@ def allocate(batch: Sequence[PlanJob], state: FleetState) -> dict[str, list[Grou
     return out
 
 
-def partition(batch: Sequence[PlanJob], state: FleetState, spill: bool = False) -> list[Assignment] | None:
+def partition(batch: Sequence[PlanJob], state: FleetState, spill: bool = False,
+              order: Sequence[PlanJob] | None = None) -> list[Assignment] | None:
     """The member's assignments (complete, in placement order), or None when skipped.
+    ``order``: the sequence to place the jobs in (default: WSPT; dependencies first).
 
     ``spill``: a job may also take a group allocated to another endpoint when it would
     complete there earlier than on its own groups by more than that endpoint's cold start
@@ -98,7 +100,7 @@ def partition(batch: Sequence[PlanJob], state: FleetState, spill: bool = False) 
     fa = rep.free_at
     out: list[Assignment] = []
     spill_groups = {e: [(g, state.endpoints[e].cold_start_s) for g in gs] for e, gs in alloc.items()} if spill else {}
-    for job in wspt_order(batch, state.endpoints):
+    for job in (order if order is not None else wspt_order(batch, state.endpoints)):
         ep = state.endpoints[job.endpoint]
         ready = rep.ready(job)
         best, bc = None, math.inf
