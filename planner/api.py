@@ -42,6 +42,8 @@ except ImportError:  # pragma: no cover
     POLICIES["default"] = greedy.portfolio
 
 DEFAULT_POLICY = "default"
+# what Plan.objective of each policy is (planner.evaluator.OBJECTIVES); absent: weighted_completion
+POLICY_OBJECTIVE: dict[str, str] = {"tardiness-portfolio": "weighted_tardiness", "tardiness": "weighted_tardiness"}
 
 
 def _takes(fn: Policy, param: str) -> bool:
