@@ -97,3 +97,16 @@ def test_without_deadlines_it_orders_by_weighted_completion():
     got = tardiness_portfolio(batch, st)
     assert got.objective == 0.0
     assert got.stats["weighted_completion"] <= plan(batch, st, "portfolio").objective + 1e-9
+
+
+def test_simulator_reports_weighted_tardiness():
+    from planner.simulator import simulate
+    batch, st = instance(20, 4, models=3, seed=2, spread_s=300, gang=False)
+    loose = [dataclasses.replace(j, deadline_s=j.release_s + 1e6) for j in batch]
+    r = simulate(loose, st, "tardiness-portfolio")
+    assert (r["weighted_tardiness_s"], r["tardy_jobs"], r["jobs_with_deadline"]) == (0.0, 0, 20)
+    tight = [dataclasses.replace(j, deadline_s=j.release_s + 1.0) if i % 2 else j for i, j in enumerate(batch)]
+    r = simulate(tight, st, "fifo")
+    # every job with a deadline is late by at least its service time − 1 s
+    assert r["tardy_jobs"] == r["jobs_with_deadline"] == 10
+    assert r["weighted_tardiness_s"] >= sum(j.weight * (j.service_s - 1.0) for j in tight[1::2])
