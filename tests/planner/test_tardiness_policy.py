@@ -110,3 +110,16 @@ def test_simulator_reports_weighted_tardiness():
     # every job with a deadline is late by at least its service time − 1 s
     assert r["tardy_jobs"] == r["jobs_with_deadline"] == 10
     assert r["weighted_tardiness_s"] >= sum(j.weight * (j.service_s - 1.0) for j in tight[1::2])
+
+
+def test_order_search_is_deterministic_for_a_seed_and_never_worse():
+    import time
+    from planner.tardiness_policy import order_search
+    batch, st = instance(25, 4, models=4, seed=7, spread_s=100, gang=True)
+    batch = with_deadlines(batch, 7, k=(1.0, 2.0))
+    floor = tardiness_portfolio(batch, st)
+    runs = [order_search(batch, st, floor, time.perf_counter() + 60, seed=3, max_evals=150) for _ in range(2)]
+    assert runs[0].stats["order_evals"] == 150
+    assert [(a.job_id, a.gpus, a.start_s) for a in runs[0].assignments] == \
+        [(a.job_id, a.gpus, a.start_s) for a in runs[1].assignments]
+    assert score(runs[0]) <= score(floor)
