@@ -190,6 +190,7 @@ def tardiness_policy(batch: Sequence[PlanJob], state: FleetState, time_limit_s: 
                      num_workers: int = 1, max_evals: int = 20_000) -> Plan:
     """Policy ``tardiness`` (module doc): floor, then exact / order search + LNS within
     ``time_limit_s`` s with ``num_workers`` CP-SAT workers. ``stats``: ``floor_score``,
+    ``floor_objective`` (the floor's weighted tardiness),
     ``proven_optimal`` (1: exact search finished, or zero weighted tardiness — optimal in
     the tardiness term, not in the tie-break)."""
     t0 = time.perf_counter()
@@ -209,5 +210,5 @@ def tardiness_policy(batch: Sequence[PlanJob], state: FleetState, time_limit_s: 
         proven = float(out.objective <= 0.0)
         out.stats.update({"order_search_score": ls_score, "order_evals": evals})
     out.policy = "tardiness"
-    out.stats.update({"floor_score": fs, "proven_optimal": proven})
+    out.stats.update({"floor_score": fs, "floor_objective": floor.objective, "proven_optimal": proven})
     return out
