@@ -5,7 +5,8 @@ Windows: the window rule of ``bench/planner_common.py`` on the three ITP cluster
 Deadlines (synthetic, the traces have none): d_j = r_j + k_j·p_j with k_j drawn uniformly
 from [K_LO, K_HI] = [2, 6] by ``random.Random(1000 + seed)`` in submission order
 (p_j the window's scaled service time). Each policy replays the window in the simulator
-(rolling horizon, planner/simulator.py); reported: Σ w_j·max(0, C_j − d_j) (weight·s),
+(rolling horizon, planner/simulator.py; preemption and set-point restore on, as in the
+live worker, unless ``--no-preemption`` / ``--no-restore``); reported: Σ w_j·max(0, C_j − d_j) (weight·s),
 tardy jobs, weighted completion, cold starts, and the weighted-tardiness ratio to fifo
 per replay (mean ± stdev over the 9 replays). Then, per window (seed 0), the window's jobs
 as ONE static batch on the fleet at time 0 (releases kept): weighted tardiness of the
@@ -17,6 +18,7 @@ gain on a batch; one CP-SAT worker).
 (the simulator calls ``plan`` at every planning point; 1 s would take minutes per replay).
 
     .venv/bin/python bench/planner_tardiness.py [--seeds 3] [--policies fifo,portfolio,...]
+        [--no-preemption] [--no-restore] [--static-limit-s 1]
 """
 
 import argparse
@@ -54,6 +56,8 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--policies", default=None, help="comma-separated subset")
     ap.add_argument("--static-limit-s", type=float, default=1.0)
+    ap.add_argument("--no-preemption", dest="preemption", action="store_false", help="simulate without preemption")
+    ap.add_argument("--no-restore", dest="restore", action="store_false", help="simulate without set-point restore")
     a = ap.parse_args()
     POLICIES["cpsat-fast"] = partial(cpsat_policy, time_limit_s=0.1)
     POLICIES["tardiness-fast"] = partial(tardiness_policy, time_limit_s=0.1)
@@ -66,7 +70,7 @@ def main() -> None:
             jobs, _info = window_jobs(path, fleet, start, a.jobs, seed, a.gpus)
             jobs = with_deadlines(jobs, seed)
             for p in pols:
-                r = simulate(jobs, fleet, p, seed)
+                r = simulate(jobs, fleet, p, seed, preemption=a.preemption, restore=a.restore)
                 res[p].append(r)
                 print(f"{Path(path).stem}@{start} seed={seed} {p:20s} wt={r['weighted_tardiness_s']:.4g} "
                       f"tardy={r['tardy_jobs']}/{r['jobs_with_deadline']} wc={r['weighted_completion_s']:.4g} "
@@ -76,7 +80,7 @@ def main() -> None:
         return f"{stt.mean(xs):.3g} ± {stt.stdev(xs) if len(xs) > 1 else 0:.2g}"
     print(f"\n{a.jobs} jobs per window, {a.gpus} GPUs, windows "
           f"{', '.join(f'{Path(p).stem}@{s}' for p, s in windows)} × {a.seeds} seeds; "
-          f"deadlines r + U[{K_LO:g}, {K_HI:g}]·p")
+          f"deadlines r + U[{K_LO:g}, {K_HI:g}]·p; preemption {a.preemption}, restore {a.restore}")
     print("| policy | weighted tardiness (s) | ÷ fifo | ÷ portfolio | tardy jobs | weighted completion (s) "
           "| cold starts |")
     print("|---|---|---|---|---|---|---|")
@@ -99,7 +103,8 @@ def main() -> None:
         wt = "weighted_tardiness_s"
         cells = [f"{stt.mean(r[wt] / b[wt] for r, b in zip(res[p][sl], base)):.3f}" if base else "–" for p in pols]
         print(f"| {Path(path).stem}@{start} | " + " | ".join(cells) + " |")
-    static(windows, fleet, a)
+    if a.static_limit_s > 0:
+        static(windows, fleet, a)
 
 
 def static(windows, fleet, a) -> None:
