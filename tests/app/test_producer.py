@@ -98,12 +98,13 @@ def test_cli_submit_status_cancel(redis_url, prefix, r):
     env = {**os.environ, "MAKESPAN_REDIS_URL": redis_url, "MAKESPAN_KEY_PREFIX": prefix}
     run = lambda *a: subprocess.run([sys.executable, "-m", "app.cli", *a], env=env, capture_output=True, text=True)
     out = run("submit", "--fleet", "examples/render-pipeline.toml", "--endpoint", "embed", "--service-s", "12",
-              "--priority", "HIGH", "--idempotency-key", "k1")
+              "--priority", "HIGH", "--idempotency-key", "k1", "--deadline-s", "60")
     assert out.returncode == 0, out.stderr
     job = json.loads(out.stdout)
     assert job["created"] and job["priority"] == "HIGH"
     st = run("status", job["id"])
     assert st.returncode == 0 and json.loads(st.stdout)["state"] == "queued"
+    assert json.loads(st.stdout)["deadline_s"] == 60.0
     assert run("cancel", job["id"]).stdout.strip() == "cancelled"
     before = sorted(r.scan_iter(f"{prefix}:*"))
     bad = run("submit", "--fleet", "examples/render-pipeline.toml", "--endpoint", "embed", "--service-s", "-1")
