@@ -25,8 +25,8 @@ others never count), and score = that + ε·(Σ_j w_j (C_j − r_j) + future cos
 ε = :data:`TARDINESS_EPS` = 1e-6: weighted completion of every job (deadline or not) is
 a tie-break — among plans of equal weighted tardiness the one finishing work earlier
 wins, and a batch without deadlines is ordered exactly as by weighted completion. With
-integer data and Σ w_j (C_j − r_j) < 1e6 weight·s the tie-break never outweighs one
-weight·s of tardiness. Both sums are in ``stats`` for either objective
+integer data and Σ w_j (C_j − r_j) + future cost < 1e6 weight·s the tie-break never
+outweighs one weight·s of tardiness. Both sums are in ``stats`` for either objective
 (``weighted_tardiness``, ``weighted_completion``).
 """
 
