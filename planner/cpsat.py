@@ -20,7 +20,10 @@ Model of a window (integer seconds, time 0 = planning time):
                  after its transition; no overlap of residencies, nor of jobs, on any GPU;
                  residencies start when their GPUs are free; jobs start after release and
                  in-window dependencies;
-    objective:   Σ w_j·C_j + 1 per transition second (a small cost per transition).
+    objective:   Σ w_j·C_j + 1 per transition second (a small cost per transition);
+                 with ``objective="weighted_tardiness"``, 1000·Σ w_j·T_j (T_j ≥ C_j − d_j,
+                 T_j ≥ 0, jobs with a deadline) is added: tardiness first, the
+                 completion sum as tie-break (the evaluator's score decides acceptance).
 The incumbent window is given as a complete hint; with ``verify_hint`` it is first
 checked by fixing every hinted variable (an infeasible hint fails silently otherwise)
 and dropped if infeasible. Deterministic: fixed ``seed``, ``workers`` search workers
@@ -62,7 +65,8 @@ def _decode(inc: Plan, lo: int, hi: int, order: list[str], groups: dict[str, Gro
 
 def _solve_window(inc: Plan, lo: int, hi: int, jobs: dict[str, PlanJob], state: FleetState,
                   time_limit_s: float, seed: int, workers: int, max_groups: int,
-                  verify_hint: bool) -> tuple[list[str], dict[str, Group], bool, float] | None:
+                  verify_hint: bool, objective: str = "weighted_completion",
+                  ) -> tuple[list[str], dict[str, Group], bool, float] | None:
     rep = Replay(state)
     for a in inc.assignments[:lo]:
         rep.place(jobs[a.job_id], a.gpus, a.start_s)
@@ -137,6 +141,10 @@ def _solve_window(inc: Plan, lo: int, hi: int, jobs: dict[str, PlanJob], state: 
             if d in start:
                 m.Add(s >= start[d] + int(math.ceil(jobs[d].service_s)))
         obj.append(int(round(j.weight * 10)) * (s + pj))
+        if objective == "weighted_tardiness" and j.deadline_s is not None:
+            late = m.NewIntVar(0, horizon, "")
+            m.Add(late >= s + pj - int(math.floor(j.deadline_s - t0)))
+            obj.append(1000 * int(round(j.weight * 10)) * late)
     for u in gpus:
         m.AddNoOverlap([res[k][3] for k in by_gpu_res[u]])
         m.AddNoOverlap(by_gpu_job[u])
@@ -186,7 +194,7 @@ def _solve_window(inc: Plan, lo: int, hi: int, jobs: dict[str, PlanJob], state: 
 
 def improve(batch: Sequence[PlanJob], state: FleetState, greedy: Plan, time_limit_s: float = 1.0,
             seed: int = 0, workers: int = 1, window_jobs: int = 10, max_groups: int = 4,
-            verify_hint: bool = True) -> Plan:
+            verify_hint: bool = True, objective: str = "weighted_completion") -> Plan:
     """LNS over ``greedy`` (an evaluated plan) for ``time_limit_s`` wall seconds.
 
     Returns the best evaluated plan (``policy`` "cpsat"; stats: windows, improved,
@@ -195,7 +203,8 @@ def improve(batch: Sequence[PlanJob], state: FleetState, greedy: Plan, time_limi
     model depends only on ``greedy`` and ``seed``, so it is equal for any ``workers`` when
     proven; windows_all_optimal = 1 when every window of the sweep was solved and proved
     optimal — a local optimum per window, not a proof for the whole batch, so
-    proven_optimal is always 0 here). Never worse than ``greedy`` by score."""
+    proven_optimal is always 0 here). Never worse than ``greedy`` by score, for
+    ``objective`` (:data:`planner.evaluator.OBJECTIVES`; ``greedy`` scored for it too)."""
     deadline = time.perf_counter() + time_limit_s
     jobs = {j.id: j for j in batch}
     best = greedy
@@ -214,14 +223,15 @@ def improve(batch: Sequence[PlanJob], state: FleetState, greedy: Plan, time_limi
         hi = min(n, lo + k)
         windows += 1
         sol = _solve_window(best, lo, hi, jobs, state, min(left, max(0.05, time_limit_s / 4)),
-                            seed, workers, max_groups, verify_hint)
+                            seed, workers, max_groups, verify_hint, objective)
         if first is None:
             first = (float(sol[2]), sol[3]) if sol is not None else (0.0, math.nan)
         if sol is None:
             continue
         optimal += int(sol[2])
         try:
-            cand = evaluate(_decode(best, lo, hi, sol[0], sol[1], jobs, state), batch, state, "cpsat")
+            cand = evaluate(_decode(best, lo, hi, sol[0], sol[1], jobs, state), batch, state, "cpsat",
+                            objective=objective)
         except InfeasiblePlan:
             continue
         if score(cand) < score(best) - 1e-6:

@@ -25,7 +25,7 @@ import time
 from collections.abc import Sequence
 
 from app import metrics
-from planner.api import plan as run_policy
+from planner.api import POLICY_OBJECTIVE, plan as run_policy
 from planner.evaluator import InfeasiblePlan, evaluate, score
 from planner.list_schedule import list_schedule
 from planner.model import FleetState, Plan, PlanJob
@@ -35,12 +35,13 @@ log = logging.getLogger("makespan.planner")
 HORIZON_FACTOR = 10.0  # solve only when the tick's plan spans at least this many time limits
 
 
-def adapt(previous: Plan, batch: Sequence[PlanJob], state: FleetState) -> Plan | None:
+def adapt(previous: Plan, batch: Sequence[PlanJob], state: FleetState,
+          objective: str = "weighted_completion") -> Plan | None:
     """``previous`` replayed on ``state`` for ``batch``: its jobs still in the batch keep
     their start order and GPU group and start as early as the replay allows (release,
     dependencies, GPUs free); jobs it did not plan follow, each on the group completing
-    it earliest, in priority-then-submission order. Returns the evaluated plan (policy
-    ``"improved"``), or None when no job of the batch is in ``previous`` or a kept group
+    it earliest, in priority-then-submission order. Returns the plan evaluated for
+    ``objective`` (policy ``"improved"``), or None when no job of the batch is in ``previous`` or a kept group
     no longer fits its endpoint."""
     jobs = {j.id: j for j in batch}
     kept = [a for a in sorted(previous.assignments, key=lambda a: (a.start_s, a.end_s)) if a.job_id in jobs]
@@ -59,7 +60,7 @@ def adapt(previous: Plan, batch: Sequence[PlanJob], state: FleetState) -> Plan |
         tail = list_schedule("improved", rest, _after(state, rep))
         placed += tail.assignments
     try:
-        return evaluate(Plan("improved", placed), batch, state, "improved")
+        return evaluate(Plan("improved", placed), batch, state, "improved", objective=objective)
     except InfeasiblePlan as e:  # a dependency order the previous plan did not have
         log.debug("improved plan not adaptable: %s", e)
         return None
@@ -74,8 +75,10 @@ def _after(state: FleetState, rep: Replay) -> FleetState:
 
 
 class BackgroundImprover:
-    """One daemon thread running ``policy`` (``default``/``cpsat``) on the batches it is
-    offered, at most one at a time; the newest result is kept for :meth:`best`.
+    """One daemon thread running ``policy`` (``default``/``cpsat``/``tardiness``) on the
+    batches it is offered, at most one at a time; the newest result is kept for
+    :meth:`best`, which compares plans by the policy's objective
+    (:data:`planner.api.POLICY_OBJECTIVE`; the floor must be scored for it too).
 
     Args:
         policy: the solver policy name.
@@ -89,6 +92,7 @@ class BackgroundImprover:
 
     def __init__(self, policy: str, time_limit_s: float, num_workers: int | None = None):
         self.policy, self.time_limit_s, self.num_workers = policy, time_limit_s, num_workers
+        self.objective = POLICY_OBJECTIVE.get(policy, "weighted_completion")
         self._lock = threading.Lock()
         self._busy = False
         self._result: Plan | None = None
@@ -152,7 +156,7 @@ class BackgroundImprover:
             prev = self._result
         if prev is None:
             return floor
-        cand = adapt(prev, batch, state)
+        cand = adapt(prev, batch, state, self.objective)
         if cand is None or score(cand) >= score(floor) - 1e-6 * max(1.0, abs(score(floor))):
             return floor
         self.stats["adopted"] += 1
