@@ -37,7 +37,7 @@ def _logging(level: str = "INFO") -> None:
 
 
 @app.command()
-def planner(fleet: Path = FleetOpt, policy: Optional[str] = typer.Option(None, help="planner policy: fifo, min-evict, wspt, portfolio, cpsat or default (the default: portfolio per tick + CP-SAT improver off the tick)"),
+def planner(fleet: Path = FleetOpt, policy: Optional[str] = typer.Option(None, help="planner policy: fifo, min-evict, wspt, portfolio, cpsat or default (the default: portfolio per tick + CP-SAT improver off the tick); tardiness-portfolio or tardiness for jobs with deadlines"),
             metrics_port: int = typer.Option(0, envvar="MAKESPAN_METRICS_PORT", help="Prometheus port (0: none)")):
     """Run a planner worker (one leads, others stand by)."""
     from app.models import load_fleet
@@ -193,6 +193,7 @@ def submit(fleet: Optional[Path] = typer.Option(None, "--fleet", help="default: 
            payload: str = typer.Option("{}", help="JSON object handed to the execute phase"),
            idempotency_key: Optional[str] = typer.Option(None, help="resubmitting the same key returns the same job"),
            delay_s: Optional[float] = typer.Option(None, help="queue the job only this many seconds after submission (> 0, at most 30 days); until then it is 'delayed' in Redis, never in a worker"),
+           deadline_s: Optional[float] = typer.Option(None, help="due time, seconds after submission (> 0); used by the tardiness policies"),
            quiet: bool = typer.Option(False, "--quiet", "-q", help="print only the job id (for ID=$(makespan submit ...))")):
     """Submit one job; prints {"id", "created", "priority"} as JSON (--quiet: the id alone). With --delay-s the job waits in Redis as 'delayed' and is queued when due (cancel works meanwhile)."""
     try:
@@ -205,6 +206,8 @@ def submit(fleet: Optional[Path] = typer.Option(None, "--fleet", help="default: 
             job["idempotency_key"] = idempotency_key
         if delay_s is not None:
             job["delay_s"] = delay_s
+        if deadline_s is not None:
+            job["deadline_s"] = deadline_s
         h = _producer(fleet).submit(job)
     except MakespanError as e:
         _fail(e)
@@ -233,7 +236,7 @@ def cancel(job_id: str, fleet: Optional[Path] = typer.Option(None, "--fleet", he
 def demo(report: Path = typer.Option(Path("report.json"), help="where to write the report JSON"),
          jobs: int = typer.Option(200, help="trace jobs to submit (besides the render-cards pipeline)"),
          seed: int = typer.Option(0, help="seed of the trace-to-job mapping"),
-         policy: Optional[str] = typer.Option(None, help="planner policy: fifo, min-evict, wspt, portfolio, cpsat or default (the default: portfolio per tick + CP-SAT improver off the tick)"),
+         policy: Optional[str] = typer.Option(None, help="planner policy: fifo, min-evict, wspt, portfolio, cpsat or default (the default: portfolio per tick + CP-SAT improver off the tick); tardiness-portfolio or tardiness for jobs with deadlines"),
          run_dir: Optional[Path] = typer.Option(None, help="directory for events, report and Gantt chart")):
     """The main job on one machine: Redis (yours or an embedded one), a planner and GPU workers for a simulated 8-GPU fleet, the render pipeline with real endpoint processes, then a real-trace workload plus the render-cards pipeline (about 90 s of wall time whatever --jobs is: the time scale adapts); prints the report, writes it and a Gantt chart."""
     from app.demo import run_demo
@@ -249,7 +252,7 @@ def demo(report: Path = typer.Option(Path("report.json"), help="where to write t
 def replay(trace: Path, fleet: Path = FleetOpt, speedup: float = typer.Option(10000.0, help="time compression N×"),
            report: Path = typer.Option(Path("report.json")), start: int = typer.Option(0, help="first trace row"),
            limit: int = typer.Option(200, help="trace rows to replay"), seed: int = typer.Option(0),
-           policy: Optional[str] = typer.Option(None, help="planner policy: fifo, min-evict, wspt, portfolio, cpsat or default (the default: portfolio per tick + CP-SAT improver off the tick)"),
+           policy: Optional[str] = typer.Option(None, help="planner policy: fifo, min-evict, wspt, portfolio, cpsat or default (the default: portfolio per tick + CP-SAT improver off the tick); tardiness-portfolio or tardiness for jobs with deadlines"),
            run_dir: Optional[Path] = typer.Option(None, help="directory for events, report and Gantt chart")):
     """Run the live system fed from a trace file (ITP, Alibaba or JSON lines),
     time compressed SPEEDUP times."""
@@ -264,7 +267,7 @@ def replay(trace: Path, fleet: Path = FleetOpt, speedup: float = typer.Option(10
 
 
 @app.command()
-def simulate(trace: Path, fleet: Path = FleetOpt, policy: str = typer.Option("portfolio", help="fifo, min-evict, wspt, portfolio, cpsat or default"), seed: int = typer.Option(0),
+def simulate(trace: Path, fleet: Path = FleetOpt, policy: str = typer.Option("portfolio", help="fifo, min-evict, wspt, portfolio, cpsat, default, tardiness-portfolio or tardiness"), seed: int = typer.Option(0),
              report: Optional[Path] = typer.Option(None), start: int = typer.Option(0),
              limit: Optional[int] = typer.Option(None),
              preemption: bool = typer.Option(True, help="CRITICAL/HIGH jobs preempt lower levels, as the live planner does"),

@@ -296,7 +296,9 @@ class JobSpec(BaseModel):
         service_s: estimated service time in seconds (positive, finite).
         payload: JSON object handed to the execute phase; size-limited.
         idempotency_key: resubmitting the same key returns the existing job.
-        deadline_s: optional due time, seconds after submission.
+        deadline_s: optional due time, seconds after submission (positive, finite; workload
+            seconds like ``service_s``). The planner sees it as release + deadline_s; only the
+            ``tardiness`` policies use it (Σ w·max(0, C − d)).
         delay_s: optional delay, seconds after submission (at most MAX_DELAY_S): the job
             is kept as ``delayed`` in Redis and queued only when due.
         workload_id / step / depends_on: set for steps of a multi-step workload.

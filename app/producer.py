@@ -73,7 +73,7 @@ return state
 """
 
 
-_FLOAT_FIELDS = ("service_s", "submitted_at", "leased_at", "started_at", "finished_at", "not_before")
+_FLOAT_FIELDS = ("service_s", "deadline_s", "submitted_at", "leased_at", "started_at", "finished_at", "not_before")
 _INT_FIELDS = ("seq", "attempts", "tp", "preemptions", "token")
 
 
@@ -122,6 +122,8 @@ class Producer:
             "service_s": repr(spec.service_s), "submitted_at": repr(now), "attempts": 0,
             "tp": ep.tensor_parallel, "spec": spec.model_dump_json(),
         }
+        if spec.deadline_s is not None:  # due time, workload s after submission (tardiness policies)
+            fields["deadline_s"] = repr(spec.deadline_s)
         if spec.workload_id:
             fields["workload_id"] = spec.workload_id
         if spec.depends_on:

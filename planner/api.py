@@ -6,7 +6,10 @@ through :func:`planner.evaluator.evaluate` (``objective`` = Σ w_j (C_j − r_j)
 
 Names: ``fifo``, ``min-evict``, ``wspt`` (fixed baselines, planner/greedy.py),
 ``portfolio`` (best of the greedy members), ``cpsat`` (portfolio + CP-SAT improver,
-planner/cpsat.py) and ``default`` (= ``cpsat``).
+planner/cpsat.py) and ``default`` (= ``cpsat``). For jobs with deadlines:
+``tardiness-portfolio`` and ``tardiness`` (planner/tardiness_policy.py) minimise the
+weighted tardiness Σ w_j·max(0, C_j − d_j) instead (``Plan.objective`` is then that sum;
+weighted completion is an ε tie-break, see planner/evaluator.py).
 """
 
 from __future__ import annotations
@@ -31,10 +34,16 @@ try:  # CP-SAT is optional at import time (ortools is a dependency, but keep the
 
     POLICIES["cpsat"] = cpsat_policy
     POLICIES["default"] = cpsat_policy
+    from planner.tardiness_policy import tardiness_policy, tardiness_portfolio
+
+    POLICIES["tardiness-portfolio"] = tardiness_portfolio
+    POLICIES["tardiness"] = tardiness_policy
 except ImportError:  # pragma: no cover
     POLICIES["default"] = greedy.portfolio
 
 DEFAULT_POLICY = "default"
+# what Plan.objective of each policy is (planner.evaluator.OBJECTIVES); absent: weighted_completion
+POLICY_OBJECTIVE: dict[str, str] = {"tardiness-portfolio": "weighted_tardiness", "tardiness": "weighted_tardiness"}
 
 
 def _takes(fn: Policy, param: str) -> bool:
@@ -54,8 +63,8 @@ def plan(batch: Sequence[PlanJob], state: FleetState, policy: str = DEFAULT_POLI
     """Plan ``batch`` on ``state`` with the named policy.
 
     Args:
-        time_limit_s: wall-time limit of a time-limited policy (``cpsat``/``default``:
-            the CP-SAT improver's budget after the greedy floor; default 1 s), s. The
+        time_limit_s: wall-time limit of a time-limited policy (``cpsat``/``default``/
+            ``tardiness``: the improver's budget after the greedy floor; default 1 s), s. The
             greedy policies (``fifo``, ``min-evict``, ``wspt``, ``portfolio``) take
             milliseconds and ignore it. None: the policy's own default.
         num_workers: CP-SAT search workers of a solver policy (``cpsat``/``default``;

@@ -28,7 +28,10 @@ Model of a window (integer seconds, time 0 = planning time):
                  after its transition; no overlap of residencies, nor of jobs, on any GPU;
                  residencies start when their GPUs are free; jobs start after release and
                  in-window dependencies;
-    objective:   Σ w_j·C_j + 1 per transition second (a small cost per transition).
+    objective:   Σ w_j·C_j + 1 per transition second (a small cost per transition);
+                 with ``objective="weighted_tardiness"``, 1000·Σ w_j·T_j (T_j ≥ C_j − d_j,
+                 T_j ≥ 0, jobs with a deadline) is added: tardiness first, the
+                 completion sum as tie-break (the evaluator's score decides acceptance).
 The incumbent window is given as a complete hint, built to satisfy the model (its jobs in
 order on their groups at the earliest starts the model allows, :func:`_hint`); with
 ``verify_hint`` it is also checked by fixing every hinted variable. Deterministic up to
@@ -111,7 +114,7 @@ def _hint(win: Sequence[Assignment], cands: dict[str, list[Group]], res: dict, x
 
 def _solve_window(inc: Plan, lo: int, hi: int, jobs: dict[str, PlanJob], state: FleetState,
                   time_limit_s: float, seed: int, workers: int, max_groups: int,
-                  verify_hint: bool) -> _Window | None:
+                  verify_hint: bool, objective: str = "weighted_completion") -> _Window | None:
     rep = Replay(state)
     for a in inc.assignments[:lo]:
         rep.place(jobs[a.job_id], a.gpus, a.start_s)
@@ -165,6 +168,7 @@ def _solve_window(inc: Plan, lo: int, hi: int, jobs: dict[str, PlanJob], state: 
     by_gpu_job: dict[str, list] = {u: [] for u in gpus}
     obj = []
     wj: dict[str, tuple[int, int]] = {}
+    due: dict[str, int] = {}  # model due time of jobs with a deadline (weighted tardiness)
     for jid, gs in cands.items():
         j = jobs[jid]
         pj = int(math.ceil(j.service_s))
@@ -188,6 +192,11 @@ def _solve_window(inc: Plan, lo: int, hi: int, jobs: dict[str, PlanJob], state: 
                 m.Add(s >= start[d] + int(math.ceil(jobs[d].service_s)))
         wj[jid] = (int(round(j.weight * 10)), pj)
         obj.append(wj[jid][0] * (s + pj))
+        if objective == "weighted_tardiness" and j.deadline_s is not None:
+            late = m.NewIntVar(0, horizon, "")
+            due[jid] = int(math.floor(j.deadline_s - t0))
+            m.Add(late >= s + pj - due[jid])
+            obj.append(1000 * wj[jid][0] * late)
     for u in gpus:
         m.AddNoOverlap([res[k][3] for k in by_gpu_res[u]])
         m.AddNoOverlap(by_gpu_job[u])
@@ -223,16 +232,18 @@ def _solve_window(inc: Plan, lo: int, hi: int, jobs: dict[str, PlanJob], state: 
     if hint is not None:
         hv = dict(hint)
         hint_obj = (sum(c * (hv[start[jid]] + pj) for jid, (c, pj) in wj.items())
-                    + sum(v[4] * hv[v[0]] for v in res.values()))
+                    + sum(v[4] * hv[v[0]] for v in res.values())
+                    + sum(1000 * wj[jid][0] * max(0, hv[start[jid]] + wj[jid][1] - d) for jid, d in due.items()))
     return _Window(order, groups, st == cp_model.OPTIMAL, solver.ObjectiveValue(), hint_obj, rep)
 
 
-def _descend(best: Plan, batch: Sequence[PlanJob], state: FleetState, deadline: float) -> tuple[Plan, int]:
+def _descend(best: Plan, batch: Sequence[PlanJob], state: FleetState, deadline: float,
+             objective: str) -> tuple[Plan, int]:
     """Descent passes (:func:`planner.local.descent`) until one accepts no move (a local
     optimum of the swap/regroup neighbourhood) or the deadline; (plan, moves accepted)."""
     moves = 0
     while time.perf_counter() < deadline:
-        best, acc = descent(best, batch, state, deadline)
+        best, acc = descent(best, batch, state, deadline, objective)
         moves += acc
         if not acc:
             break
@@ -249,7 +260,8 @@ def _offsets(n: int, k: int, rng: random.Random) -> list[int]:
 def improve(batch: Sequence[PlanJob], state: FleetState, greedy: Plan, time_limit_s: float = 1.0,
             seed: int = 0, workers: int = 1, window_jobs: int = 6, max_window_jobs: int = 16,
             max_groups: int = 4, verify_hint: bool = False, window_limit_s: float | None = None,
-            previous: Plan | None = None, local: bool = True, windows_on: bool = True) -> Plan:
+            previous: Plan | None = None, local: bool = True, windows_on: bool = True,
+            objective: str = "weighted_completion") -> Plan:
     """Local search and windowed LNS over ``greedy`` (an evaluated plan) for
     ``time_limit_s`` wall seconds (module doc).
 
@@ -271,10 +283,11 @@ def improve(batch: Sequence[PlanJob], state: FleetState, greedy: Plan, time_limi
     windows_all_optimal = 1 when the search ended with a full sweep whose every window was
     proved optimal — a local optimum per window, not a proof for the whole batch, so
     proven_optimal is always 0 here). Never worse than ``greedy`` (nor than the repaired
-    ``previous``) by score."""
+    ``previous``) by score, for ``objective`` (:data:`planner.evaluator.OBJECTIVES`;
+    ``greedy`` scored for it too)."""
     deadline = time.perf_counter() + time_limit_s
     jobs = {j.id: j for j in batch}
-    best, prev_score, prev_used = start_plan(greedy, previous, batch, state)
+    best, prev_score, prev_used = start_plan(greedy, previous, batch, state, objective)
     n = len(best.assignments)
     rng = random.Random(seed)
     per_window = window_limit_s if window_limit_s is not None else min(0.25, max(0.02, time_limit_s / 20))
@@ -285,13 +298,13 @@ def improve(batch: Sequence[PlanJob], state: FleetState, greedy: Plan, time_limi
     offsets = _offsets(n, k, rng)
     all_optimal = False
     if local:
-        best, moves = _descend(best, batch, state, deadline)
+        best, moves = _descend(best, batch, state, deadline, objective)
     while n >= 2 and windows_on:
         if not offsets:
             sweeps += 1
             all_optimal = sweep_optimal == sweep_windows
             if local:
-                best, acc = _descend(best, batch, state, deadline)
+                best, acc = _descend(best, batch, state, deadline, objective)
                 moves += acc
                 sweep_better += acc
             if not sweep_better:
@@ -306,7 +319,8 @@ def improve(batch: Sequence[PlanJob], state: FleetState, greedy: Plan, time_limi
         hi = min(n, lo + k)
         windows += 1
         sweep_windows += 1
-        sol = _solve_window(best, lo, hi, jobs, state, min(left, per_window), seed, workers, max_groups, verify_hint)
+        sol = _solve_window(best, lo, hi, jobs, state, min(left, per_window), seed, workers, max_groups, verify_hint,
+                            objective)
         if first is None:
             first = (float(sol.optimal), sol.objective) if sol is not None else (0.0, math.nan)
         if sol is None:
@@ -315,11 +329,12 @@ def improve(batch: Sequence[PlanJob], state: FleetState, greedy: Plan, time_limi
         sweep_optimal += int(sol.optimal)
         if sol.objective >= sol.hint_objective:
             continue  # no better than the incumbent window in the model: not decoded
-        assigns, quick = decode_window(best, lo, hi, sol.order, sol.groups, jobs, sol.prefix, state)
+        assigns, quick = decode_window(best, lo, hi, sol.order, sol.groups, jobs, sol.prefix, state,
+                                      objective)
         if quick >= score(best) - 1e-6:
             continue
         try:
-            cand = evaluate(assigns, batch, state, "cpsat")
+            cand = evaluate(assigns, batch, state, "cpsat", objective=objective)
         except InfeasiblePlan:
             continue
         if score(cand) < score(best) - 1e-6:

@@ -18,6 +18,16 @@ with G the fleet's GPUs, n_e the GPUs in whole instances of ``e`` when the plan 
 ``demand[e]`` (mean weight, 1 if absent) — an endpoint left with fewer instances than its
 share of recent work will pay that many more cold starts (a plan that keeps popular
 models loaded scores better). ``Plan.objective`` is the pure Σ w_j (C_j − r_j).
+
+Objective ``weighted_tardiness`` (jobs with a deadline, :data:`OBJECTIVES`):
+``Plan.objective`` = Σ_j w_j·max(0, C_j − d_j) over the jobs with ``deadline_s`` d_j (the
+others never count), and score = that + ε·(Σ_j w_j (C_j − r_j) + future cost) with
+ε = :data:`TARDINESS_EPS` = 1e-6: weighted completion of every job (deadline or not) is
+a tie-break — among plans of equal weighted tardiness the one finishing work earlier
+wins, and a batch without deadlines is ordered exactly as by weighted completion. With
+integer data and Σ w_j (C_j − r_j) + future cost < 1e6 weight·s the tie-break never
+outweighs one weight·s of tardiness. Both sums are in ``stats`` for either objective
+(``weighted_tardiness``, ``weighted_completion``).
 """
 
 from __future__ import annotations
@@ -29,6 +39,8 @@ from planner.model import Assignment, FleetState, Plan, PlanJob
 from planner.replay import Replay
 
 TOL_S = 1e-6
+OBJECTIVES = ("weighted_completion", "weighted_tardiness")
+TARDINESS_EPS = 1e-6  # weight of Σ w(C − r) + future cost in the weighted-tardiness score
 
 
 class InfeasiblePlan(PlannerError):
@@ -62,7 +74,8 @@ def share_shortfall_cost(state: FleetState, endpoint: str, gpus_holding: int) ->
 
 
 def evaluate(plan: Plan | Sequence[Assignment], batch: Sequence[PlanJob], state: FleetState,
-             policy: str | None = None, check_times: bool = True) -> Plan:
+             policy: str | None = None, check_times: bool = True,
+             objective: str = "weighted_completion") -> Plan:
     """Replay ``plan`` on ``state`` and return it re-derived and scored.
 
     Args:
@@ -73,15 +86,19 @@ def evaluate(plan: Plan | Sequence[Assignment], batch: Sequence[PlanJob], state:
         policy: name for the returned plan (default: the input plan's).
         check_times: also require the stated service start, completion, evicts and load
             kind to equal the replay's.
+        objective: one of :data:`OBJECTIVES` (module doc).
 
     Returns:
         a new :class:`Plan` with replayed assignments in start order, ``objective`` =
-        Σ w_j (C_j − r_j) (weight·s) and ``stats`` {score, future_cost, cold_starts,
-        wakes, evicts}.
+        Σ w_j (C_j − r_j) or Σ w_j·max(0, C_j − d_j) (weight·s) and ``stats`` {score,
+        future_cost, weighted_completion, weighted_tardiness, cold_starts, wakes, evicts}.
 
     Raises:
         InfeasiblePlan: the first violation found.
+        PlannerError: unknown ``objective``.
     """
+    if objective not in OBJECTIVES:
+        raise PlannerError(f"unknown objective {objective!r}; known: {', '.join(OBJECTIVES)}")
     assigns = list(plan.assignments if isinstance(plan, Plan) else plan)
     name = policy or (plan.policy if isinstance(plan, Plan) else "plan")
     jobs = {j.id: j for j in batch}
@@ -99,7 +116,7 @@ def evaluate(plan: Plan | Sequence[Assignment], batch: Sequence[PlanJob], state:
     valid: dict[str, set[tuple[str, ...]]] = {}
     order = sorted(range(len(assigns)), key=lambda i: (assigns[i].start_s, i))
     out: list[Assignment] = []
-    total = 0.0
+    total = tardy = 0.0
     for i in order:
         a = assigns[i]
         job = jobs[a.job_id]
@@ -127,13 +144,30 @@ def evaluate(plan: Plan | Sequence[Assignment], batch: Sequence[PlanJob], state:
             raise InfeasiblePlan(job.id, f"stated times/transition {a.service_start_s, a.end_s, a.load, a.evicts} "
                                          f"differ from the replay {b.service_start_s, b.end_s, b.load, b.evicts}")
         total += job.weight * (b.end_s - job.release_s)
+        if job.deadline_s is not None and b.end_s > job.deadline_s:
+            tardy += job.weight * (b.end_s - job.deadline_s)
         out.append(b)
     fc = future_cost(rep, state)
-    stats = {"score": total + fc, "future_cost": fc,
+    stats = {"score": total + fc, "future_cost": fc, "weighted_completion": total, "weighted_tardiness": tardy,
              "cold_starts": float(sum(1 for b in out if b.load == "cold_start")),
              "wakes": float(sum(1 for b in out if b.load == "wake")),
              "evicts": float(sum(len(b.evicts) for b in out))}
-    return Plan(policy=name, assignments=out, objective=total, stats=stats)
+    return rescore(Plan(policy=name, assignments=out, objective=total, stats=stats), objective)
+
+
+def rescore(plan: Plan, objective: str) -> Plan:
+    """Set ``plan.objective`` and ``stats['score']`` of an evaluated plan for ``objective``
+    (module doc) from its stats, in place; returns it. Raises PlannerError if unknown."""
+    st = plan.stats
+    if objective == "weighted_completion":
+        plan.objective = st["weighted_completion"]
+        st["score"] = st["weighted_completion"] + st["future_cost"]
+    elif objective == "weighted_tardiness":
+        plan.objective = st["weighted_tardiness"]
+        st["score"] = st["weighted_tardiness"] + TARDINESS_EPS * (st["weighted_completion"] + st["future_cost"])
+    else:
+        raise PlannerError(f"unknown objective {objective!r}; known: {', '.join(OBJECTIVES)}")
+    return plan
 
 
 def score(plan: Plan) -> float:

@@ -10,6 +10,11 @@ in identical states (resident, sleeping endpoints, free time, position by positi
 interchangeable, so only the first of them is branched on (exact). The search stops at
 ``node_limit`` nodes or ``time_limit_s`` wall seconds (then ``stats['exact']`` = 0 and the
 best plan found, never worse than the incumbent, is returned).
+
+With ``objective="weighted_tardiness"`` the searched cost is Σ w_j·max(0, C_j − d_j) +
+ε·Σ w_j (C_j − r_j) (ε = :data:`planner.evaluator.TARDINESS_EPS`; the evaluator's score
+less its future-cost term, as for weighted completion), also regular, so the same list
+schedules suffice; the bound charges each unplaced job its cost at max(ready_j, now) + p_j.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from planner.evaluator import evaluate, score
+from planner.evaluator import TARDINESS_EPS, evaluate, score
 from planner.model import Assignment, FleetState, Plan, PlanJob
 from planner.replay import Replay
 
@@ -36,12 +41,25 @@ def _distinct_groups(rep: Replay, groups: list[tuple[str, ...]], host_of: dict[s
     return [g for g in groups if first[sig[host_of[g[0]]]] == host_of[g[0]]]
 
 
+def job_cost(objective: str):
+    """(job, completion C_j in s) -> its term of the searched cost (module doc), weight·s."""
+    if objective == "weighted_tardiness":
+        def cost(j: PlanJob, end_s: float) -> float:
+            t = j.weight * (end_s - j.deadline_s) if j.deadline_s is not None and end_s > j.deadline_s else 0.0
+            return t + TARDINESS_EPS * j.weight * (end_s - j.release_s)
+        return cost
+    return lambda j, end_s: j.weight * (end_s - j.release_s)
+
+
 def exact(batch: Sequence[PlanJob], state: FleetState, incumbent: Plan, node_limit: int = 2_000_000,
-          time_limit_s: float | None = None) -> Plan:
-    """Best plan by exhaustive branch and bound, never worse than ``incumbent`` (evaluated).
-    ``stats['exact']`` is 1.0 when the search finished (the plan is optimal)."""
+          time_limit_s: float | None = None, objective: str = "weighted_completion") -> Plan:
+    """Best plan by exhaustive branch and bound, never worse than ``incumbent`` (evaluated
+    for the same ``objective``). ``stats['exact']`` is 1.0 when the search finished (the
+    plan is optimal)."""
     jobs = list(batch)
-    best_val = [incumbent.objective]
+    jc = job_cost(objective)
+    best_val = [incumbent.stats["score"] - incumbent.stats["future_cost"] if objective != "weighted_completion"
+                else incumbent.objective]
     best_seq: list[list[tuple[PlanJob, tuple[str, ...]]]] = [[]]
     nodes = [0]
     ids = {j.id for j in jobs}
@@ -55,7 +73,7 @@ def exact(batch: Sequence[PlanJob], state: FleetState, incumbent: Plan, node_lim
             if cost < best_val[0] - 1e-9:
                 best_val[0], best_seq[0] = cost, list(seq)
             return
-        bound = cost + sum(j.weight * (rep.ready(j) + j.service_s - j.release_s) for j in left)
+        bound = cost + sum(jc(j, rep.ready(j) + j.service_s) for j in left)
         if bound >= best_val[0] - 1e-9 or nodes[0] > node_limit or timed_out[0]:
             return
         if time.perf_counter() > deadline:
@@ -69,7 +87,7 @@ def exact(batch: Sequence[PlanJob], state: FleetState, incumbent: Plan, node_lim
                 r2 = rep.copy()
                 a = r2.place(j, g)
                 seq.append((j, g))
-                dfs(r2, left[:i] + left[i + 1:], cost + j.weight * (a.end_s - j.release_s), seq)
+                dfs(r2, left[:i] + left[i + 1:], cost + jc(j, a.end_s), seq)
                 seq.pop()
 
     dfs(Replay(state), jobs, 0.0, [])
@@ -78,7 +96,7 @@ def exact(batch: Sequence[PlanJob], state: FleetState, incumbent: Plan, node_lim
     else:
         rep = Replay(state)
         assigns: list[Assignment] = [rep.place(j, g) for j, g in best_seq[0]]
-        out = evaluate(assigns, batch, state, incumbent.policy)
+        out = evaluate(assigns, batch, state, incumbent.policy, objective=objective)
         if score(out) > score(incumbent):
             out = incumbent
     out.stats["exact"] = 1.0 if nodes[0] <= node_limit and not timed_out[0] else 0.0

@@ -266,6 +266,13 @@ class _Aware:
         return best
 
 
+def aware_rule(batch: Sequence[PlanJob], state: FleetState, alpha: float = 1.0, beta: float = 1.0):
+    """The transition-aware group rule (module doc) for dynamic constructions: call it as
+    ``rule(rep, job, candidate_groups, ready_s) -> group`` and ``rule.placed(job)`` after
+    each placement (it tracks the queued weight per endpoint)."""
+    return _Aware(batch, state, alpha, beta)
+
+
 def construct(name: str, order: Sequence[PlanJob], state: FleetState, rule: str = "completion",
               pull: bool = False, alpha: float = 1.0, beta: float = 1.0, gamma: float = 0.0,
               bound: float = math.inf) -> list[Assignment] | None:

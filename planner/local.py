@@ -16,16 +16,17 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from planner.evaluator import InfeasiblePlan, evaluate, future_cost, score
+from planner.evaluator import InfeasiblePlan, evaluate, future_cost, rescore, score
 from planner.model import Assignment, FleetState, Plan, PlanJob
 from planner.replay import Group, Replay
 
 
 def decode_window(inc: Plan, lo: int, hi: int, order: list[str], groups: dict[str, Group],
-                  jobs: dict[str, PlanJob], prefix: Replay, state: FleetState) -> tuple[list[Assignment], float]:
+                  jobs: dict[str, PlanJob], prefix: Replay, state: FleetState,
+                  objective: str = "weighted_completion") -> tuple[list[Assignment], float]:
     """``inc`` with ``inc.assignments[lo:hi]`` replaced by ``order`` on ``groups`` (module
-    doc); returns the assignments and their score (Σ w_j (C_j − r_j) + future cost, as
-    :func:`planner.evaluator.evaluate` computes it, weight·s). ``prefix`` is the replay
+    doc); returns the assignments and their score for ``objective``, as
+    :func:`planner.evaluator.evaluate` computes it (weight·s). ``prefix`` is the replay
     after ``inc.assignments[:lo]`` (not modified)."""
     rep = prefix.copy()
     out = list(inc.assignments[:lo])
@@ -34,7 +35,13 @@ def decode_window(inc: Plan, lo: int, hi: int, order: list[str], groups: dict[st
     for a in inc.assignments[hi:]:
         out.append(rep.place(jobs[a.job_id], a.gpus))
     total = sum(jobs[a.job_id].weight * (a.end_s - jobs[a.job_id].release_s) for a in out)
-    return out, total + future_cost(rep, state)
+    fc = future_cost(rep, state)
+    if objective == "weighted_completion":
+        return out, total + fc
+    tardy = sum(j.weight * (a.end_s - j.deadline_s) for a in out for j in [jobs[a.job_id]]
+                if j.deadline_s is not None and a.end_s > j.deadline_s)
+    stats = {"weighted_completion": total, "weighted_tardiness": tardy, "future_cost": fc}
+    return out, score(rescore(Plan("x", [], stats=stats), objective))
 
 
 def _moves(inc: Plan, i: int, rep: Replay, jobs: dict[str, PlanJob], state: FleetState):
@@ -52,19 +59,20 @@ def _moves(inc: Plan, i: int, rep: Replay, jobs: dict[str, PlanJob], state: Flee
             yield i, i + 1, [a.job_id], {a.job_id: g}
 
 
-def descent(best: Plan, batch: Sequence[PlanJob], state: FleetState, deadline: float) -> tuple[Plan, int]:
-    """One first-improvement pass over the positions of ``best`` (an evaluated plan),
-    until ``deadline`` (``time.perf_counter()`` seconds). Returns the best evaluated plan
-    (never worse than ``best``) and the number of accepted moves."""
+def descent(best: Plan, batch: Sequence[PlanJob], state: FleetState, deadline: float,
+            objective: str = "weighted_completion") -> tuple[Plan, int]:
+    """One first-improvement pass over the positions of ``best`` (a plan evaluated for
+    ``objective``), until ``deadline`` (``time.perf_counter()`` seconds). Returns the best
+    evaluated plan (never worse than ``best``) and the number of accepted moves."""
     jobs = {j.id: j for j in batch}
     rep = Replay(state)
     accepted = i = 0
     while i < len(best.assignments) and time.perf_counter() < deadline:
         for lo, hi, order, groups in _moves(best, i, rep, jobs, state):
-            assigns, quick = decode_window(best, lo, hi, order, groups, jobs, rep, state)
+            assigns, quick = decode_window(best, lo, hi, order, groups, jobs, rep, state, objective)
             if quick < score(best) - 1e-6:
                 try:
-                    cand = evaluate(assigns, batch, state, best.policy)
+                    cand = evaluate(assigns, batch, state, best.policy, objective=objective)
                 except InfeasiblePlan:
                     continue
                 if score(cand) < score(best) - 1e-6:

@@ -85,9 +85,10 @@ def allocate(batch: Sequence[PlanJob], state: FleetState) -> dict[str, list[Grou
 
 
 def partition(batch: Sequence[PlanJob], state: FleetState, spill: bool = False,
-              bound: float = math.inf) -> list[Assignment] | None:
+              bound: float = math.inf, order: Sequence[PlanJob] | None = None) -> list[Assignment] | None:
     """The member's assignments (complete, in placement order), or None when skipped or
     when the plan provably scores above ``bound`` (:class:`planner.list_schedule.Prune`).
+    ``order``: the sequence to place the jobs in (default: WSPT; dependencies first).
 
     ``spill``: a job may also take a group allocated to another endpoint when it would
     complete there earlier than on its own groups by more than that endpoint's cold start
@@ -101,7 +102,7 @@ def partition(batch: Sequence[PlanJob], state: FleetState, spill: bool = False,
     fa = rep.free_at
     out: list[Assignment] = []
     spill_groups = {e: [(g, state.endpoints[e].cold_start_s) for g in gs] for e, gs in alloc.items()} if spill else {}
-    for job in wspt_order(batch, state.endpoints):
+    for job in (order if order is not None else wspt_order(batch, state.endpoints)):
         ep = state.endpoints[job.endpoint]
         ready = rep.ready(job)
         best, bc = None, math.inf

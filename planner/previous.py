@@ -22,7 +22,8 @@ from planner.model import Assignment, FleetState, Plan, PlanJob
 from planner.replay import Group, Replay
 
 
-def repair(previous: Plan, batch: Sequence[PlanJob], state: FleetState, policy: str = "previous") -> Plan | None:
+def repair(previous: Plan, batch: Sequence[PlanJob], state: FleetState, policy: str = "previous",
+           objective: str = "weighted_completion") -> Plan | None:
     """The previous plan made a complete, evaluated plan of ``batch`` on ``state``.
 
     Args:
@@ -30,6 +31,7 @@ def repair(previous: Plan, batch: Sequence[PlanJob], state: FleetState, policy: 
             ``gpus`` and the start order of its assignments are used).
         batch: the jobs to place now.
         state: the fleet now (running work in ``free_at`` is never moved).
+        objective: what the plan is scored for (:data:`planner.evaluator.OBJECTIVES`).
 
     Returns:
         the evaluated plan (``stats['kept']`` = jobs that kept their group), or None
@@ -56,21 +58,21 @@ def repair(previous: Plan, batch: Sequence[PlanJob], state: FleetState, policy: 
                                                      rep.transition_s(g, ep)))
         out.append(rep.place(job, grp))
     try:
-        plan = evaluate(out, batch, state, policy)
+        plan = evaluate(out, batch, state, policy, objective=objective)
     except InfeasiblePlan:
         return None
     plan.stats["kept"] = float(len(kept))
     return plan
 
 
-def start_plan(floor: Plan, previous: Plan | None, batch: Sequence[PlanJob],
-               state: FleetState) -> tuple[Plan, float, bool]:
+def start_plan(floor: Plan, previous: Plan | None, batch: Sequence[PlanJob], state: FleetState,
+               objective: str = "weighted_completion") -> tuple[Plan, float, bool]:
     """(start, previous score, previous used): the repaired ``previous`` when it scores
-    lower than ``floor`` (an evaluated plan of ``batch``), else ``floor``. The score is
+    lower than ``floor`` (a plan of ``batch`` evaluated for ``objective``), else ``floor``. The score is
     NaN without a (repairable) previous plan."""
     if previous is None:
         return floor, math.nan, False
-    rep = repair(previous, batch, state)
+    rep = repair(previous, batch, state, objective=objective)
     if rep is None:
         return floor, math.nan, False
     if score(rep) < score(floor) - 1e-6:

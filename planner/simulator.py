@@ -79,7 +79,9 @@ def simulate(trace_jobs: Sequence[TraceJob] | Sequence[PlanJob], fleet: FleetSpe
     """Replay jobs through the planner in virtual time; returns the report dict
     (:func:`planner.measures.build_report`, with ``jobs.preempted`` and the set-point
     restores) plus ``sim`` {wall_s, planning_points, window_s, max_batch, time_scale, seed,
-    preemption, restore, preempted_gpu_s}.
+    preemption, restore, preempted_gpu_s} and, for jobs with ``deadline_s``,
+    ``weighted_tardiness_s`` = Σ w_j·max(0, C_j − d_j) (weight·s), ``tardy_jobs`` and
+    ``jobs_with_deadline``.
 
     ``seed`` is recorded (the trace mapping already used it; the planner is deterministic).
     ``preemption`` and ``restore`` (both on by default, as in the live planner worker)
@@ -120,6 +122,9 @@ def simulate(trace_jobs: Sequence[TraceJob] | Sequence[PlanJob], fleet: FleetSpe
                        preempted=run.preempted, restores=run.restores, solve_times_s=run.solve,
                        lower_bound_makespan_s=lb["makespan_s"], lower_bound_weighted_s=lb["weighted_completion_s"],
                        gpu_ids=gpu_ids, eligible=eligible)
+    due = {j.id: j.deadline_s for j in jobs if j.deadline_s is not None}
+    late = [r.weight * (r.end_s - due[r.id]) for r in run.records.values() if r.id in due and r.end_s > due[r.id]]
+    rep["weighted_tardiness_s"], rep["tardy_jobs"], rep["jobs_with_deadline"] = sum(late), len(late), len(due)
     rep["sim"] = {"wall_s": time.perf_counter() - wall0, "planning_points": len(run.solve), "window_s": window_s,
                   "max_batch": max_batch, "time_scale": time_scale, "seed": seed, "preemption": preemption,
                   "restore": restore, "preempted_gpu_s": sum((b - a) * len(g) for a, b, g in run.lost)}

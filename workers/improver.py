@@ -26,7 +26,7 @@ import time
 from collections.abc import Sequence
 
 from app import metrics
-from planner.api import plan as run_policy
+from planner.api import POLICY_OBJECTIVE, plan as run_policy
 from planner.evaluator import score
 from planner.model import FleetState, Plan, PlanJob
 from planner.previous import repair
@@ -35,21 +35,24 @@ log = logging.getLogger("makespan.planner")
 HORIZON_FACTOR = 10.0  # solve only when the tick's plan spans at least this many time limits
 
 
-def adapt(previous: Plan, batch: Sequence[PlanJob], state: FleetState) -> Plan | None:
+def adapt(previous: Plan, batch: Sequence[PlanJob], state: FleetState,
+          objective: str = "weighted_completion") -> Plan | None:
     """``previous`` repaired to ``batch`` on ``state`` (:func:`planner.previous.repair`: its
     jobs still in the batch keep their start order and GPU group and start as early as the
     replay allows; the others follow in WSPT order, each on the group completing it
-    earliest). Returns the evaluated plan (policy ``"improved"``), or None when no job of
-    the batch is in ``previous``."""
+    earliest). Returns the plan evaluated for ``objective`` (policy ``"improved"``), or
+    None when no job of the batch is in ``previous``."""
     ids = {j.id for j in batch}
     if not any(a.job_id in ids for a in previous.assignments):
         return None
-    return repair(previous, batch, state, policy="improved")
+    return repair(previous, batch, state, policy="improved", objective=objective)
 
 
 class BackgroundImprover:
-    """One daemon thread running ``policy`` (``default``/``cpsat``) on the batches it is
-    offered, at most one at a time; the newest result is kept for :meth:`best`.
+    """One daemon thread running ``policy`` (``default``/``cpsat``/``tardiness``) on the
+    batches it is offered, at most one at a time; the newest result is kept for
+    :meth:`best`, which compares plans by the policy's objective
+    (:data:`planner.api.POLICY_OBJECTIVE`; the floor must be scored for it too).
 
     Args:
         policy: the solver policy name.
@@ -63,6 +66,7 @@ class BackgroundImprover:
 
     def __init__(self, policy: str, time_limit_s: float, num_workers: int | None = None):
         self.policy, self.time_limit_s, self.num_workers = policy, time_limit_s, num_workers
+        self.objective = POLICY_OBJECTIVE.get(policy, "weighted_completion")
         self._lock = threading.Lock()
         self._busy = False
         self._result: Plan | None = None
@@ -128,7 +132,7 @@ class BackgroundImprover:
             prev = self._result
         if prev is None:
             return floor
-        cand = adapt(prev, batch, state)
+        cand = adapt(prev, batch, state, self.objective)
         if cand is None or score(cand) >= score(floor) - 1e-6 * max(1.0, abs(score(floor))):
             return floor
         self.stats["adopted"] += 1

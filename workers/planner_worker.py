@@ -61,7 +61,8 @@ return 1
 """
 DEMAND_WINDOW_S = 1800.0  # workload seconds of arrivals that define recent demand
 DEMAND_KEEP = 5_000  # most recent arrivals remembered for it
-SOLVER_POLICIES = ("default", "cpsat")  # run as portfolio per tick + the improver off the tick (workers.improver)
+SOLVER_POLICIES = ("default", "cpsat", "tardiness")  # run as a greedy floor per tick + the improver off the tick
+FLOOR_POLICY = {"tardiness": "tardiness-portfolio"}  # the per-tick floor of a solver policy (else portfolio)
 
 
 def endpoint_models(fleet: FleetSpec) -> dict[str, EndpointModel]:
@@ -296,8 +297,8 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
         p = self.r.pipeline(transaction=False)
         for jid in ids:
             p.hmget(self.keys.job(jid), "endpoint", "service_s", "submitted_at", "seq", "deps", "state",
-                    "traceparent")
-        for jid, (ep, svc, sub, seq, deps, state, tp) in zip(ids, p.execute()):
+                    "traceparent", "deadline_s")
+        for jid, (ep, svc, sub, seq, deps, state, tp, due) in zip(ids, p.execute()):
             if room <= 0:
                 break
             if ep is None or state != "queued":
@@ -306,8 +307,9 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
             dl = tuple(json.loads(deps)) if deps else ()
             if dl and not self._deps_ready(jid, dl):
                 continue
-            out.append(PlanJob(jid, ep, float(lvl.weight), float(sub) / self.settings.time_scale, float(svc),
-                               int(lvl), (), None, int(seq)))
+            r_s = float(sub) / self.settings.time_scale  # workload clock; service and deadline are workload s
+            out.append(PlanJob(jid, ep, float(lvl.weight), r_s, float(svc),
+                               int(lvl), (), r_s + float(due) if due else None, int(seq)))
             self._meta[jid] = (tp or "", float(sub))
             room -= 1
         return room
@@ -366,8 +368,9 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
         self._note_demand(batch, state)
         self._idle_checked = False
         t0 = time.perf_counter()
-        if self.improver is not None:  # the default policy: greedy floor now, CP-SAT off the tick
-            p = self.improver.best(plan(batch, state, "portfolio"), batch, state)
+        if self.improver is not None:  # a solver policy: greedy floor now, CP-SAT off the tick
+            floor = plan(batch, state, FLOOR_POLICY.get(self.settings.policy, "portfolio"))
+            p = self.improver.best(floor, batch, state)
         else:
             p = plan(batch, state, self.settings.policy, time_limit_s=self.settings.solve_time_limit_s)
         solve_s = time.perf_counter() - t0

@@ -44,11 +44,24 @@ def test_same_idempotency_key_returns_existing_job(prod, r, keys):
     {"endpoint": "coder", "service_s": 1, "priority": "SOON"},
     {"endpoint": "coder", "service_s": 1, "extra": True},
     {"endpoint": "coder", "service_s": 1, "payload": {"blob": "x" * 100_000}},
+    {"endpoint": "coder", "service_s": 1, "deadline_s": 0},
+    {"endpoint": "coder", "service_s": 1, "deadline_s": -5},
+    {"endpoint": "coder", "service_s": 1, "deadline_s": True},
 ])
 def test_rejected_job_writes_nothing(prod, r, prefix, bad):
     with pytest.raises(ValidationError):
         prod.submit(bad)
     assert _own_keys(r, prefix) == []
+
+
+def test_deadline_reaches_the_planner_as_release_plus_deadline(prod, fleet, r, settings):
+    h = prod.submit({"endpoint": "coder", "service_s": 30, "deadline_s": 90})
+    none = prod.submit({"endpoint": "coder", "service_s": 30})
+    st = prod.status(h.id)
+    assert st["deadline_s"] == 90.0
+    batch = {j.id: j for j in PlannerWorker(r, settings, fleet, dispatch=lambda *a: None).form_batch()}
+    assert batch[h.id].deadline_s == pytest.approx(batch[h.id].release_s + 90.0)
+    assert batch[none.id].deadline_s is None
 
 
 def test_cancel_queued_and_unknown(prod, r, keys):
@@ -85,12 +98,13 @@ def test_cli_submit_status_cancel(redis_url, prefix, r):
     env = {**os.environ, "MAKESPAN_REDIS_URL": redis_url, "MAKESPAN_KEY_PREFIX": prefix}
     run = lambda *a: subprocess.run([sys.executable, "-m", "app.cli", *a], env=env, capture_output=True, text=True)
     out = run("submit", "--fleet", "examples/render-pipeline.toml", "--endpoint", "embed", "--service-s", "12",
-              "--priority", "HIGH", "--idempotency-key", "k1")
+              "--priority", "HIGH", "--idempotency-key", "k1", "--deadline-s", "60")
     assert out.returncode == 0, out.stderr
     job = json.loads(out.stdout)
     assert job["created"] and job["priority"] == "HIGH"
     st = run("status", job["id"])
     assert st.returncode == 0 and json.loads(st.stdout)["state"] == "queued"
+    assert json.loads(st.stdout)["deadline_s"] == 60.0
     assert run("cancel", job["id"]).stdout.strip() == "cancelled"
     before = sorted(r.scan_iter(f"{prefix}:*"))
     bad = run("submit", "--fleet", "examples/render-pipeline.toml", "--endpoint", "embed", "--service-s", "-1")

@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from planner.api import POLICIES, plan
+from planner.api import POLICIES, POLICY_OBJECTIVE, plan
 from planner.evaluator import InfeasiblePlan, evaluate
 from planner.model import Assignment, EndpointModel, FleetState, Gpu, PlanJob
 from planner.synthetic import instance
@@ -72,7 +72,7 @@ def test_rejects_overlap_memory_missing_and_precedence():
 def test_every_policy_returns_an_evaluated_complete_plan(policy):
     batch, st = instance(30, 8, 5, seed=3, spread_s=200)
     p = plan(batch, st, policy)
-    again = evaluate(p, batch, st)
+    again = evaluate(p, batch, st, objective=POLICY_OBJECTIVE.get(policy, "weighted_completion"))
     assert again.objective == pytest.approx(p.objective)
     assert len(p.assignments) == len(batch)
 

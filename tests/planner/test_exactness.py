@@ -12,9 +12,10 @@ from planner.replay import Replay
 from planner.synthetic import instance
 
 
-def brute_force(batch, state):
-    """Minimum Σ w(C−r) over every order × group choice, each job at its earliest start
-    (an optimal schedule of a regular objective is such a list schedule)."""
+def brute_force(batch, state, cost=None):
+    """Minimum Σ w(C−r) (or Σ ``cost(job, C)``) over every order × group choice, each job at
+    its earliest start (an optimal schedule of a regular objective is such a list schedule)."""
+    cost = cost or (lambda j, end: j.weight * (end - j.release_s))
     rep0 = Replay(state)
     cands = {j.id: rep0.groups(state.endpoints[j.endpoint]) for j in batch}
     best = float("inf")
@@ -27,7 +28,7 @@ def brute_force(batch, state):
                     total = float("inf")
                     break
                 a = rep.place(j, g)
-                total += j.weight * (a.end_s - j.release_s)
+                total += cost(j, a.end_s)
                 if total >= best:
                     break
             best = min(best, total)

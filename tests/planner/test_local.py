@@ -50,3 +50,16 @@ def test_improver_stops_at_the_limit():
     t = time.perf_counter()
     improve(batch, st, floor, time_limit_s=0.3)
     assert time.perf_counter() - t < 0.3 + 0.5  # a contract (stops at the limit), not a speed figure: loose
+
+
+def test_descent_and_improver_on_the_tardiness_objective():
+    batch, st = instance(40, 8, 6, seed=4, spread_s=120)
+    batch = [PlanJob(j.id, j.endpoint, j.weight, j.release_s, j.service_s, j.priority,
+                     deadline_s=j.release_s + 2 * j.service_s if i % 2 else None, seq=j.seq)
+             for i, j in enumerate(batch)]
+    start = evaluate(fifo(batch, st), batch, st, objective="weighted_tardiness")
+    out, _moves = descent(start, batch, st, time.perf_counter() + 5.0, "weighted_tardiness")
+    again = evaluate(out, batch, st, objective="weighted_tardiness")
+    assert score(again) == pytest.approx(score(out)) and score(out) <= score(start) + 1e-9
+    imp = improve(batch, st, start, time_limit_s=0.2, objective="weighted_tardiness", previous=fifo(batch, st))
+    assert score(evaluate(imp, batch, st, objective="weighted_tardiness")) <= score(start) + 1e-9

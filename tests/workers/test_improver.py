@@ -81,3 +81,19 @@ def test_live_planner_runs_the_default_policy_with_the_improver(r, keys, setting
     assert w.improver.wait_idle(10)
     w.tick()  # GPU still leased: nothing starts, the same three are not solved again
     assert len(sent) == 1 and w.improver.stats["offered"] == 1
+
+
+def test_background_improver_for_tardiness_adopts_by_weighted_tardiness(r, settings):
+    import pytest
+    batch, state = instance(6, 2, models=3, seed=4, gang=False)
+    batch = [dataclasses.replace(j, deadline_s=round(j.release_s + 1.5 * j.service_s, 1)) for j in batch]
+    floor = plan(batch, state, "tardiness-portfolio")  # weighted tardiness 1,193.2
+    imp = BackgroundImprover("tardiness", time_limit_s=5)
+    assert imp.objective == "weighted_tardiness"
+    assert imp.offer(batch, state) and imp.wait_idle(30)
+    got = imp.best(floor, batch, state)
+    assert imp.stats["adopted"] == 1
+    assert got.objective == pytest.approx(974.6) and got.objective < floor.objective  # exact search's optimum
+    assert evaluate(got, batch, state, objective="weighted_tardiness").objective == pytest.approx(got.objective)
+    w = PlannerWorker(r, dataclasses.replace(settings, policy="tardiness"), ONE_GPU, dispatch=lambda *a: None)
+    assert w.improver is not None and w.improver.objective == "weighted_tardiness"

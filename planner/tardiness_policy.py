@@ -1,0 +1,214 @@
+"""Policies ``tardiness`` and ``tardiness-portfolio``: weighted tardiness on the whole fleet.
+
+Objective: Σ_j w_j·max(0, C_j − d_j) over the jobs with a deadline d_j (``PlanJob.deadline_s``,
+absolute, s); score = that + ε·(Σ_j w_j (C_j − r_j) + future cost), ε = 1e-6
+(:data:`planner.evaluator.TARDINESS_EPS`; jobs without a deadline count only in that
+tie-break). Scored by :func:`planner.evaluator.evaluate` with
+``objective="weighted_tardiness"`` on the same exact replay as every policy (transitions,
+gangs on aligned TP groups, memory, precedence). ``Plan.objective`` is the pure weighted
+tardiness, weight·s; ``stats`` also carry ``weighted_completion``.
+
+Greedy members (list scheduling through :class:`planner.replay.Replay`, each evaluated):
+    * ``edd``: earliest due date first (jobs without a deadline last, WSPT on area among
+      them), each on the group completing it earliest; ``ta-edd`` / ``ta-edd-nopull``:
+      the same order with the transition-aware group rule (:func:`planner.greedy.aware_rule`:
+      prefers groups already holding the model), with / without pull-forward;
+      ``partition-edd`` / ``partition-spill-edd``: residency per endpoint first
+      (:mod:`planner.partition`), EDD inside;
+    * ``atc-k`` for k in :data:`ATC_K`: Apparent Tardiness Cost list scheduling
+      (Vepsalainen & Morton 1987) with the setup factor of ATCS (Lee, Bhaskaran & Pinedo
+      1997). At t = max(now, earliest time a GPU is free), among the jobs ready by t (none:
+      those ready earliest) the job with the largest
+          I_j = w_j / (p_j·tp_j) · exp(−max(d_j − p_j − s_j − max(t, ready_j), 0) / (k·p̄))
+                · exp(−s_j / (k·s̄))
+      goes next (ties: larger w_j/(p_j·tp_j), then submission), on the group chosen by the
+      transition-aware rule; s_j = 0 when a whole instance of its endpoint is resident,
+      else its cold start; p̄ = mean service time, s̄ = mean cold start of the batch's
+      endpoints; jobs without a deadline have I_j = 0 (so WSPT orders them, after the rest);
+    * every member of :func:`planner.greedy.members` (baselines and portfolio), rescored.
+``tardiness-portfolio`` returns the best score (the floor).
+
+``tardiness`` = floor, then within ``time_limit_s`` (never worse than the floor):
+    * ≤ :data:`planner.exact.MAX_EXACT_JOBS` jobs: exact branch and bound on this objective;
+    * a floor with zero weighted tardiness is returned as is (tardiness-optimal; the
+      tie-break is not searched further);
+    * else order local search for half the budget: the incumbent's jobs in start order,
+      decoded by transition-aware list scheduling and scored by the evaluator; a move takes
+      a tardy job (seeded choice) and swaps it with, or inserts it before, an earlier job;
+      improving moves are kept; after ``4·n`` failed moves the best order is perturbed by
+      2–4 random swaps (iterated local search, Lourenço, Martin & Stützle 2003); at most
+      ``max_evals`` decodes. Then the CP-SAT windowed LNS (:func:`planner.cpsat.improve`)
+      with the tardiness objective for the rest of the budget.
+Deterministic for a seed when ``max_evals`` (not the wall time) ends the local search
+and the LNS gets the same windows (one CP-SAT worker).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Sequence
+
+from planner.cpsat import improve
+from planner.evaluator import evaluate, rescore, score
+from planner.exact import MAX_EXACT_JOBS, exact
+from planner.greedy import aware_rule, construct, members
+from planner.list_schedule import topo_stable
+from planner.model import Assignment, EndpointModel, FleetState, Plan, PlanJob
+from planner.partition import partition
+from planner.replay import Replay
+
+OBJ = "weighted_tardiness"
+ATC_K = (0.5, 1.0, 2.0)  # 0.25 as well: cluster09 seed 1 54.4k → 61.8k weight·s in the benchmark
+MEMBERS = ("edd", "ta-edd", "ta-edd-nopull", "partition-edd", "partition-spill-edd") + \
+    tuple(f"atc-{k:g}" for k in ATC_K)
+
+
+def edd_order(jobs: Sequence[PlanJob], endpoints: dict[str, EndpointModel]) -> list[PlanJob]:
+    """Ascending deadline, then jobs without one by WSPT on area (p_j·tp_j / w_j); ties by
+    submission; dependencies before dependants."""
+    def key(j: PlanJob) -> tuple[float, float, int]:
+        wspt = j.service_s * endpoints[j.endpoint].tp / j.weight
+        return (j.deadline_s, wspt, j.seq) if j.deadline_s is not None else (math.inf, wspt, j.seq)
+    return topo_stable(sorted(jobs, key=key))
+
+
+def atc_construct(batch: Sequence[PlanJob], state: FleetState, k: float) -> list[Assignment]:
+    """ATC/ATCS list scheduling (module doc) with look-ahead ``k``; every job placed once."""
+    rep = Replay(state)
+    rule = aware_rule(batch, state)
+    eps = state.endpoints
+    left = list(batch)
+    ids = {j.id for j in batch}
+    pbar = max(sum(j.service_s for j in left) / len(left), 1e-9)
+    sbar = max(sum(eps[e].cold_start_s for e in {j.endpoint for j in left}) / len({j.endpoint for j in left}), 1e-9)
+    out: list[Assignment] = []
+    placed: set[str] = set()
+    while left:
+        t = max(state.now_s, min(rep.free_at.values()))
+        avail = [j for j in left if all(d in placed or d not in ids for d in j.deps)]
+        ready = {j.id: rep.ready(j) for j in avail}
+        cands = [j for j in avail if ready[j.id] <= t] or \
+            [j for j in avail if ready[j.id] == min(ready.values())]
+        held: dict[str, bool] = {}
+
+        def index(j: PlanJob) -> tuple[float, float, int]:
+            ep = eps[j.endpoint]
+            base = j.weight / max(j.service_s * ep.tp, 1e-9)
+            if j.deadline_s is None:
+                return (0.0, base, -j.seq)
+            if j.endpoint not in held:
+                held[j.endpoint] = rep.whole_gpus(j.endpoint) >= ep.tp
+            s = 0.0 if held[j.endpoint] else ep.cold_start_s
+            slack = max(j.deadline_s - j.service_s - s - max(t, ready[j.id]), 0.0)
+            return (base * math.exp(-slack / (k * pbar) - s / (k * sbar)), base, -j.seq)
+        job = max(cands, key=index)
+        ep = eps[job.endpoint]
+        g = rule(rep, job, rep.groups(ep), ready[job.id])
+        out.append(rep.place(job, g))
+        rule.placed(job)
+        placed.add(job.id)
+        left.remove(job)
+    return out
+
+
+def tardiness_members(batch: Sequence[PlanJob], state: FleetState) -> list[Plan]:
+    """The members of the module doc, evaluated for weighted tardiness."""
+    edd = edd_order(batch, state.endpoints)
+    out = [evaluate(construct(n, edd, state, r, p), batch, state, n, check_times=False, objective=OBJ)
+           for n, r, p in (("edd", "completion", False), ("ta-edd", "aware", True), ("ta-edd-nopull", "aware", False))]
+    for name, spill in (("partition-edd", False), ("partition-spill-edd", True)):
+        part = partition(batch, state, spill, order=edd)
+        if part is not None:
+            out.append(evaluate(part, batch, state, name, check_times=False, objective=OBJ))
+    out += [evaluate(atc_construct(batch, state, k), batch, state, f"atc-{k:g}", check_times=False, objective=OBJ)
+            for k in ATC_K]
+    return out + [rescore(p, OBJ) for p in members(batch, state)]
+
+
+def tardiness_portfolio(batch: Sequence[PlanJob], state: FleetState) -> Plan:
+    """Best-scored member (ties: first listed); ``stats['member']`` is the winner's index in
+    :data:`MEMBERS`, or −1 for a rescored member of the weighted-completion portfolio."""
+    plans = tardiness_members(batch, state)
+    best = min(plans, key=score)
+    best.stats["member"] = float(MEMBERS.index(best.policy)) if best.policy in MEMBERS else -1.0
+    best.policy = "tardiness-portfolio"
+    return best
+
+
+def _decode(order: Sequence[PlanJob], batch: Sequence[PlanJob], state: FleetState) -> Plan:
+    return evaluate(construct("ls", topo_stable(order), state, "aware"), batch, state, "tardiness",
+                    check_times=False, objective=OBJ)
+
+
+def order_search(batch: Sequence[PlanJob], state: FleetState, inc: Plan, deadline: float, seed: int = 0,
+                 max_evals: int = 20_000) -> Plan:
+    """Order local search of the module doc from ``inc``'s start order until the wall-clock
+    ``deadline`` (``time.perf_counter()``) or ``max_evals`` decodes; the best plan by
+    score, never worse than ``inc``."""
+    jobs = {j.id: j for j in batch}
+    rng = random.Random(seed)
+    cur_order = [jobs[a.job_id] for a in inc.assignments]
+    cur = _decode(cur_order, batch, state)
+    best, best_order = (cur, cur_order) if score(cur) < score(inc) else (inc, cur_order)
+    evals, fails, n = 1, 0, len(cur_order)
+    while evals < max_evals and time.perf_counter() < deadline:
+        end = {a.job_id: a.end_s for a in cur.assignments}
+        tardy = [i for i, j in enumerate(cur_order) if i > 0 and j.deadline_s is not None and end[j.id] > j.deadline_s]
+        if not tardy:
+            break
+        i = rng.choice(tardy)
+        k = rng.randrange(i)
+        cand = list(cur_order)
+        if rng.random() < 0.5:
+            cand[i], cand[k] = cand[k], cand[i]
+        else:
+            cand.insert(k, cand.pop(i))
+        c = _decode(cand, batch, state)
+        evals += 1
+        if score(c) < score(cur) - 1e-9:
+            cur, cur_order, fails = c, [jobs[a.job_id] for a in c.assignments], 0
+            if score(cur) < score(best) - 1e-9:
+                best, best_order = cur, cur_order
+        else:
+            fails += 1
+        if fails > 4 * n and evals < max_evals:
+            cand = list(best_order)
+            for _ in range(rng.randint(2, 4)):
+                x, y = rng.randrange(n), rng.randrange(n)
+                cand[x], cand[y] = cand[y], cand[x]
+            cur = _decode(cand, batch, state)
+            cur_order, fails = [jobs[a.job_id] for a in cur.assignments], 0
+            evals += 1
+    out = Plan("tardiness", list(best.assignments), best.objective, dict(best.stats))
+    out.stats["order_evals"] = float(evals)
+    return out
+
+
+def tardiness_policy(batch: Sequence[PlanJob], state: FleetState, time_limit_s: float = 1.0, seed: int = 0,
+                     num_workers: int = 1, max_evals: int = 20_000) -> Plan:
+    """Policy ``tardiness`` (module doc): floor, then exact / order search + LNS within
+    ``time_limit_s`` s with ``num_workers`` CP-SAT workers. ``stats``: ``floor_score``,
+    ``floor_objective`` (the floor's weighted tardiness),
+    ``proven_optimal`` (1: exact search finished, or zero weighted tardiness — optimal in
+    the tardiness term, not in the tie-break)."""
+    t0 = time.perf_counter()
+    floor = tardiness_portfolio(batch, state)
+    fs = score(floor)
+    if len(batch) <= MAX_EXACT_JOBS:
+        out = exact(batch, state, floor, time_limit_s=time_limit_s, objective=OBJ)
+        proven = out.stats["exact"]
+    elif floor.objective <= 0.0:
+        out, proven = Plan("tardiness", list(floor.assignments), floor.objective, dict(floor.stats)), 1.0
+    else:
+        out = order_search(batch, state, floor, t0 + time_limit_s / 2, seed, max_evals)
+        ls_score, evals = score(out), out.stats["order_evals"]
+        left = time_limit_s - (time.perf_counter() - t0)
+        if left > 0.05 and out.objective > 0.0:
+            out = improve(batch, state, out, time_limit_s=left, seed=seed, workers=num_workers, objective=OBJ)
+        proven = float(out.objective <= 0.0)
+        out.stats.update({"order_search_score": ls_score, "order_evals": evals})
+    out.policy = "tardiness"
+    out.stats.update({"floor_score": fs, "floor_objective": floor.objective, "proven_optimal": proven})
+    return out

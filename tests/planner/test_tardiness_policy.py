@@ -1,0 +1,125 @@
+"""Weighted tardiness as a multi-GPU policy (planner/tardiness_policy.py): the evaluator's
+objective, the single-machine optimum on one GPU, exhaustive search on small fleets with
+transitions, and the greedy floor."""
+
+import dataclasses
+import random
+
+import pytest
+
+from app.errors import PlannerError
+from planner.api import plan
+from planner.evaluator import TARDINESS_EPS, evaluate, score
+from planner.model import EndpointModel, FleetState, Gpu, PlanJob
+from planner.synthetic import instance
+from planner.tardiness import solve_single_machine
+from planner.tardiness_policy import tardiness_members, tardiness_policy, tardiness_portfolio
+from tests.planner.test_exactness import brute_force
+
+
+def with_deadlines(batch, seed, k=(1.0, 3.0)):
+    """Deadline d_j = r_j + U(k)·p_j, rounded to 0.1 s (seeded)."""
+    rng = random.Random(seed)
+    return [dataclasses.replace(j, deadline_s=round(j.release_s + rng.uniform(*k) * j.service_s, 1)) for j in batch]
+
+
+def wt40_like(seed, n=10, tf=0.6, rdd=0.6):
+    """One warm GPU, one endpoint, n jobs released at 0: p ~ U[1,100], w ~ U[1,10],
+    d ~ U[P(1 − TF − RDD/2), P(1 − TF + RDD/2)] (the OR-Library wt40 generator)."""
+    rng = random.Random(seed)
+    p = [rng.randint(1, 100) for _ in range(n)]
+    w = [rng.randint(1, 10) for _ in range(n)]
+    tot = sum(p)
+    d = [rng.randint(max(0, int(tot * (1 - tf - rdd / 2))), int(tot * (1 - tf + rdd / 2))) for _ in range(n)]
+    st = FleetState(0.0, [Gpu("g0", "h", 0, 80_000)], {"e": EndpointModel("e", 1, 1000, 60.0, 5.0)},
+                    resident={"g0": "e"})
+    batch = [PlanJob(f"j{i}", "e", float(w[i]), 0.0, float(p[i]), deadline_s=float(d[i]), seq=i) for i in range(n)]
+    return batch, st, (p, w, d)
+
+
+def test_evaluator_scores_weighted_tardiness():
+    eps = {"a": EndpointModel("a", 1, 1000, 10.0, 2.0)}
+    st = FleetState(0.0, [Gpu("g0", "h", 0, 80_000)], eps, resident={"g0": "a"})
+    batch = [PlanJob("x", "a", 2.0, 0.0, 20.0, deadline_s=15.0), PlanJob("y", "a", 3.0, 0.0, 10.0, deadline_s=100.0),
+             PlanJob("z", "a", 5.0, 0.0, 5.0)]
+    p = plan(batch, st, "fifo")  # x 0–20, y 20–30, z 30–35 (same priority: submission order)
+    e = evaluate(p, batch, st, objective="weighted_tardiness")
+    assert e.objective == 2.0 * 5.0  # only x is late; z has no deadline
+    assert e.stats["weighted_completion"] == 2 * 20 + 3 * 30 + 5 * 35
+    assert score(e) == pytest.approx(10.0 + TARDINESS_EPS * (40 + 90 + 175))
+    assert evaluate(p, batch, st).objective == 40 + 90 + 175  # the default objective is unchanged
+    with pytest.raises(PlannerError):
+        evaluate(p, batch, st, objective="makespan")
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_one_gpu_reaches_the_single_machine_optimum(seed):
+    batch, st, (p, w, d) = wt40_like(seed)
+    ref = solve_single_machine(p, w, d, time_limit_s=5.0, ils_fraction=0.1)
+    assert ref.optimal
+    got = tardiness_policy(batch, st, time_limit_s=3.0, max_evals=1500)  # 1500 decodes end the search first
+    assert got.objective == pytest.approx(ref.value)
+    assert evaluate(got, batch, st, objective="weighted_tardiness").objective == pytest.approx(got.objective)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_exhaustive_optimum_with_transitions(seed):
+    n_jobs, n_gpus = (5, 4) if seed % 2 else (6, 2)
+    batch, st = instance(n_jobs, n_gpus, models=3, seed=seed, spread_s=100, gang=True)
+    batch = with_deadlines(batch, seed)
+
+    def cost(j, end):
+        return j.weight * max(0.0, end - j.deadline_s) + TARDINESS_EPS * j.weight * (end - j.release_s)
+    opt = brute_force(batch, st, cost)
+    got = plan(batch, st, "tardiness", time_limit_s=30.0)
+    assert got.stats["proven_optimal"] == 1.0
+    assert score(got) == pytest.approx(opt, rel=1e-12)  # no future cost: state.demand is empty
+    assert got.objective > 0  # the instances are tight enough to be non-trivial
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_never_worse_than_its_floor_or_any_member(seed):
+    batch, st = instance(30, 8, models=5, seed=seed, spread_s=200, gang=True)
+    batch = with_deadlines(batch, seed)
+    floor = tardiness_portfolio(batch, st)
+    assert score(floor) == pytest.approx(min(score(m) for m in tardiness_members(batch, st)))
+    got = plan(batch, st, "tardiness", time_limit_s=0.5)
+    assert score(got) <= score(floor) + 1e-9
+    assert got.stats["floor_score"] == pytest.approx(score(floor))
+    again = evaluate(got, batch, st, objective="weighted_tardiness")
+    assert again.objective == pytest.approx(got.objective) and score(again) == pytest.approx(score(got))
+    for base in ("fifo", "wspt", "portfolio"):
+        assert score(got) <= score(evaluate(plan(batch, st, base), batch, st, objective="weighted_tardiness")) + 1e-9
+
+
+def test_without_deadlines_it_orders_by_weighted_completion():
+    batch, st = instance(12, 4, models=3, seed=5, spread_s=50, gang=False)
+    got = tardiness_portfolio(batch, st)
+    assert got.objective == 0.0
+    assert got.stats["weighted_completion"] <= plan(batch, st, "portfolio").objective + 1e-9
+
+
+def test_simulator_reports_weighted_tardiness():
+    from planner.simulator import simulate
+    batch, st = instance(20, 4, models=3, seed=2, spread_s=300, gang=False)
+    loose = [dataclasses.replace(j, deadline_s=j.release_s + 1e6) for j in batch]
+    r = simulate(loose, st, "tardiness-portfolio")
+    assert (r["weighted_tardiness_s"], r["tardy_jobs"], r["jobs_with_deadline"]) == (0.0, 0, 20)
+    tight = [dataclasses.replace(j, deadline_s=j.release_s + 1.0) if i % 2 else j for i, j in enumerate(batch)]
+    r = simulate(tight, st, "fifo")
+    # every job with a deadline is late by at least its service time − 1 s
+    assert r["tardy_jobs"] == r["jobs_with_deadline"] == 10
+    assert r["weighted_tardiness_s"] >= sum(j.weight * (j.service_s - 1.0) for j in tight[1::2])
+
+
+def test_order_search_is_deterministic_for_a_seed_and_never_worse():
+    import time
+    from planner.tardiness_policy import order_search
+    batch, st = instance(25, 4, models=4, seed=7, spread_s=100, gang=True)
+    batch = with_deadlines(batch, 7, k=(1.0, 2.0))
+    floor = tardiness_portfolio(batch, st)
+    runs = [order_search(batch, st, floor, time.perf_counter() + 60, seed=3, max_evals=150) for _ in range(2)]
+    assert runs[0].stats["order_evals"] == 150
+    assert [(a.job_id, a.gpus, a.start_s) for a in runs[0].assignments] == \
+        [(a.job_id, a.gpus, a.start_s) for a in runs[1].assignments]
+    assert score(runs[0]) <= score(floor)
