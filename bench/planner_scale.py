@@ -103,9 +103,9 @@ def main() -> None:
         cpu = [0.0, 0.0]
         sizes_seen: list[int] = []
 
-        def timed(batch, state, policy, _c=cpu, _s=sizes_seen):
+        def timed(batch, state, policy, _c=cpu, _s=sizes_seen, **kw):
             c, t = time.process_time(), time.perf_counter()
-            out = orig_plan(batch, state, policy)
+            out = orig_plan(batch, state, policy, **kw)
             _c[0] += time.process_time() - c
             _c[1] += time.perf_counter() - t
             _s.append(len(batch))
