@@ -1,0 +1,30 @@
+"""The planner benchmarks run end to end on tiny settings (real trace windows): they call
+the planner's public API, so an API change that breaks them fails here, not in a
+benchmark run hours later. Figures are not checked (benchmarks are not timed tests)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+CASES = {
+    "scale": (["bench/planner_scale.py", "--sizes", "200", "--skip-latency"], "| jobs | planning points"),
+    "policies": (["bench/planner_policies.py", "--seeds", "1", "--policies", "fifo,portfolio"],
+                 "| policy | weighted completion"),
+    "cpsat": (["bench/planner_cpsat.py", "--limits", "0.05", "--seeds", "1"], "| jobs | GPUs | limit"),
+    "tardiness": (["bench/planner_tardiness.py", "--seeds", "1", "--policies", "fifo,tardiness-portfolio",
+                   "--static-limit-s", "0.05"], "tardiness"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_planner_benchmark_runs(name, traces):
+    args, header = CASES[name]
+    out = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert header in out.stdout, out.stdout[-2000:]
