@@ -26,6 +26,7 @@ next to the results, so that a reader can check the windows are transition-heavy
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
 
 from app.models import parse_fleet
 from app.traces import read_trace
@@ -89,3 +90,16 @@ def window_jobs(path: str, fleet, start: int, n: int, seed: int, gpus: int) -> t
                    int(j.priority), seq=i) for i, (j, s) in enumerate(zip(js, svc))]
     return out, {"service_scale": s_scale, "arrival_scale": a_scale, "offered_load": OFFERED_LOAD,
                  "models": len({j.endpoint for j in js})}
+
+
+def mean_sd(xs: Sequence[float]) -> str:
+    """``mean ± stdev`` of a benchmark column (stdev 0 for one value)."""
+    return f"{statistics.mean(xs):.3g} ± {statistics.stdev(xs) if len(xs) > 1 else 0:.2g}"
+
+
+def ratio_cell(res: dict[str, list[dict]], policy: str, base: str, key: str, floor: float = 0.0) -> str:
+    """Mean ± stdev over replays of ``res[policy][i][key] ÷ res[base][i][key]`` (the
+    denominator at least ``floor``), or "–" when ``base`` was not run."""
+    if base not in res:
+        return "–"
+    return mean_sd([r[key] / max(b[key], floor) for r, b in zip(res[policy], res[base])])

@@ -29,7 +29,7 @@ from planner.api import POLICIES  # noqa: E402
 from planner.cpsat import cpsat_policy  # noqa: E402
 from planner.simulator import simulate  # noqa: E402
 import planner_common  # noqa: E402
-from planner_common import TRACES, bench_fleet, select_window, window_jobs  # noqa: E402
+from planner_common import TRACES, bench_fleet, mean_sd, ratio_cell, select_window, window_jobs  # noqa: E402
 POLS = ["fifo", "min-evict", "wspt", "portfolio", "cpsat-fast"]
 
 
@@ -66,8 +66,7 @@ def main() -> None:
                       f"lb_ratio={r['best_over_lower_bound']:.2f} preempted={r['jobs']['preempted']} "
                       f"restores={r['transitions']['restore']} wall={r['sim']['wall_s']:.1f}s", flush=True)
 
-    def ms(xs):
-        return f"{stt.mean(xs):.3g} ± {stt.stdev(xs) if len(xs) > 1 else 0:.2g}"
+    ms = mean_sd
     print(f"\n{a.jobs} jobs per window, {a.gpus} GPUs, {len(windows)} windows "
           f"({', '.join(f'{Path(p).stem}@{s}' for p, s in windows)}) × {a.seeds} seeds; "
           f"median service {a.median_service_s:g} s, offered load {a.offered_load:g}; "
@@ -78,9 +77,7 @@ def main() -> None:
     for p in pols:
         rs = res[p]
         def ratio(base):
-            if base not in res:
-                return "–"
-            return ms([r["weighted_completion_s"] / b["weighted_completion_s"] for r, b in zip(rs, res[base])])
+            return ratio_cell(res, p, base, "weighted_completion_s")
         print(f"| {p} | {ms([r['weighted_completion_s'] for r in rs])} | {ms([r['makespan_s'] for r in rs])} | "
               f"{ms([r['transitions']['cold_start'] for r in rs])} | {ms([r['utilization'] for r in rs])} | "
               f"{ratio('fifo')} | {ratio('min-evict')} | {ratio('wspt')} | {ms([r['best_over_lower_bound'] for r in rs])} | "

@@ -36,7 +36,7 @@ from planner.api import POLICIES  # noqa: E402
 from planner.cpsat import cpsat_policy  # noqa: E402
 from planner.simulator import simulate  # noqa: E402
 from planner.tardiness_policy import tardiness_policy  # noqa: E402
-from planner_common import TRACES, bench_fleet, select_window, window_jobs  # noqa: E402
+from planner_common import TRACES, bench_fleet, mean_sd, ratio_cell, select_window, window_jobs  # noqa: E402
 
 K_LO, K_HI = 2.0, 6.0
 POLS = ["fifo", "portfolio", "tardiness-portfolio", "cpsat-fast", "tardiness-fast"]
@@ -76,8 +76,7 @@ def main() -> None:
                       f"tardy={r['tardy_jobs']}/{r['jobs_with_deadline']} wc={r['weighted_completion_s']:.4g} "
                       f"cold={r['transitions']['cold_start']} wall={r['sim']['wall_s']:.1f}s", flush=True)
 
-    def ms(xs):
-        return f"{stt.mean(xs):.3g} ± {stt.stdev(xs) if len(xs) > 1 else 0:.2g}"
+    ms = mean_sd
     print(f"\n{a.jobs} jobs per window, {a.gpus} GPUs, windows "
           f"{', '.join(f'{Path(p).stem}@{s}' for p, s in windows)} × {a.seeds} seeds; "
           f"deadlines r + U[{K_LO:g}, {K_HI:g}]·p; preemption {a.preemption}, restore {a.restore}")
@@ -88,9 +87,7 @@ def main() -> None:
         rs = res[p]
 
         def ratio(base):
-            if base not in res:
-                return "–"
-            return ms([r["weighted_tardiness_s"] / max(b["weighted_tardiness_s"], 1e-9) for r, b in zip(rs, res[base])])
+            return ratio_cell(res, p, base, "weighted_tardiness_s", floor=1e-9)
         print(f"| {p} | {ms([r['weighted_tardiness_s'] for r in rs])} | {ratio('fifo')} | {ratio('portfolio')} | "
               f"{ms([r['tardy_jobs'] for r in rs])} | {ms([r['weighted_completion_s'] for r in rs])} | "
               f"{ms([r['transitions']['cold_start'] for r in rs])} |")
