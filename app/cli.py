@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -17,6 +18,7 @@ from app.errors import MakespanError
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="makespan: schedule multi-step GPU workloads on a fleet of GPU hosts.")
 
+SIM_PROGRESS_EVERY_S = 5.0  # wall seconds between progress lines of `makespan simulate`
 FleetOpt = typer.Option(..., "--fleet", help="TOML fleet file (see examples/render-pipeline.toml)")
 
 
@@ -268,18 +270,33 @@ def replay(trace: Path, fleet: Path = FleetOpt, speedup: float = typer.Option(10
 
 @app.command()
 def simulate(trace: Path, fleet: Path = FleetOpt, policy: str = typer.Option("portfolio", help="fifo, min-evict, wspt, portfolio, cpsat, default, tardiness-portfolio or tardiness"), seed: int = typer.Option(0),
-             report: Optional[Path] = typer.Option(None), start: int = typer.Option(0),
-             limit: Optional[int] = typer.Option(None),
-             preemption: bool = typer.Option(True, help="CRITICAL/HIGH jobs preempt lower levels, as the live planner does"),
-             restore: bool = typer.Option(True, help="restore the set point when the fleet is idle, as the live planner does")):
-    """The planner in virtual time (no Redis) over a trace; prints the report JSON."""
+             report: Optional[Path] = typer.Option(None, help="write the report JSON here too (folders are created; checked before the run)"),
+             start: int = typer.Option(0, help="first trace row"),
+             limit: Optional[int] = typer.Option(None, help="rows to read (default: all)"),
+             time_scale: float = typer.Option(1.0, help="divide submission and service times by this (ITP jobs run for hours: 20 makes 30-240 s cold starts matter)"),
+             time_limit_s: Optional[float] = typer.Option(None, help="solver policies (default, cpsat, tardiness): time limit per planning point, wall s (default 1 s: a replay takes about 1 s per planning point)"),
+             preemption: bool = typer.Option(True, help="CRITICAL/HIGH jobs preempt lower levels, as the live planner does (victims restart from zero)"),
+             restore: bool = typer.Option(True, help="restore the set point when the fleet is idle, as the live planner does"),
+             quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress lines on stderr")):
+    """The planner in virtual time (no Redis) over a trace; prints the report JSON.
+    Progress goes to stderr every few seconds of a long run."""
     try:
         sim = importlib.import_module("planner.simulator")
     except ImportError:
         _fail(MakespanError("the simulator is not built yet"))
+    last = [time.monotonic()]
+
+    def progress(p: dict) -> None:
+        if quiet or time.monotonic() - last[0] < SIM_PROGRESS_EVERY_S:
+            return
+        last[0] = time.monotonic()
+        typer.echo(f"simulate: {p['planning_points']} planning points, t={p['t_s']:.0f} s, "
+                   f"{p['submitted']} submitted, {p['queued']} queued, {p['completed']} completed, "
+                   f"{p['wall_s']:.0f} s wall", err=True)
     try:
         out = sim.run_simulation(str(trace), str(fleet), policy, seed, start=start, limit=limit,
-                                 report_path=str(report) if report else None, preemption=preemption, restore=restore)
+                                 report_path=str(report) if report else None, preemption=preemption, restore=restore,
+                                 time_scale=time_scale, time_limit_s=time_limit_s, progress=progress)
     except MakespanError as e:
         _fail(e)
     typer.echo(json.dumps(out, indent=2))

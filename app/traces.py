@@ -107,6 +107,12 @@ def read_trace(path: str | Path, fleet: FleetSpec, seed: int = 0, start: int = 0
     p = Path(path)
     if not p.exists():
         raise ValidationError("trace", str(p), "no such file")
+    if not p.is_file():
+        raise ValidationError("trace", str(p), "not a file (give one trace file, e.g. a cluster CSV)")
+    if start < 0:
+        raise ValidationError("start", start, "must be >= 0 (a row index)")
+    if limit is not None and limit < 1:
+        raise ValidationError("limit", limit, "must be >= 1 (rows to read; omit it for all)")
     if p.suffix in (".jsonl", ".ndjson"):
         return _read_jsonl(p, start, limit)
     with p.open(newline="") as f:

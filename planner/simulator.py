@@ -43,14 +43,15 @@ from __future__ import annotations
 import json
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from app.errors import PlannerError, ValidationError
 from app.models import FleetSpec, load_fleet
 from app.traces import TraceJob, read_trace
-from planner.api import plan
+from planner.api import POLICIES, plan
 from planner.measures import JobRecord, build_report, lower_bounds
 from planner.model import Assignment, EndpointModel, FleetState, Gpu, Plan, PlanJob
 from planner.preemption import Holder, choose_preemption
@@ -75,11 +76,12 @@ def to_plan_jobs(trace_jobs: Sequence[TraceJob], time_scale: float = 1.0) -> lis
 def simulate(trace_jobs: Sequence[TraceJob] | Sequence[PlanJob], fleet: FleetSpec | FleetState, policy: str,
              seed: int = 0, *, window_s: float = 30.0, max_batch: int = 256, demand_window_s: float = 1800.0,
              time_scale: float = 1.0, preemption: bool = True, restore: bool = True,
-             detail: bool = False) -> dict[str, Any]:
+             detail: bool = False, time_limit_s: float | None = None,
+             progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Replay jobs through the planner in virtual time; returns the report dict
     (:func:`planner.measures.build_report`, with ``jobs.preempted`` and the set-point
     restores) plus ``sim`` {wall_s, planning_points, window_s, max_batch, time_scale, seed,
-    preemption, restore, preempted_gpu_s} and, for jobs with ``deadline_s``,
+    preemption, restore, time_limit_s, preempted_gpu_s} and, for jobs with ``deadline_s``,
     ``weighted_tardiness_s`` = Σ w_j·max(0, C_j − d_j) (weight·s), ``tardy_jobs`` and
     ``jobs_with_deadline``.
 
@@ -89,6 +91,10 @@ def simulate(trace_jobs: Sequence[TraceJob] | Sequence[PlanJob], fleet: FleetSpe
     ``schedule`` {jobs: the final job records, restores: (start_s, end_s, gpus),
     lost: preempted attempts (start_s, cut_s, gpus), preemptions: [{t_s, job, victims,
     gpus}], resident_end: GPU -> endpoint when everything has ended}.
+    ``time_limit_s``: a solver policy's limit per planning point, wall s (None: the
+    policy's default, 1 s for ``default``/``cpsat``/``tardiness``: a replay then takes
+    about one second per planning point). ``progress``: called after each planning point
+    with {planning_points, t_s, submitted, queued, completed, wall_s}.
     """
     wall0 = time.perf_counter()
     base = fleet if isinstance(fleet, FleetState) else fleet_state(fleet)
@@ -96,7 +102,7 @@ def simulate(trace_jobs: Sequence[TraceJob] | Sequence[PlanJob], fleet: FleetSpe
         to_plan_jobs(trace_jobs, time_scale)  # type: ignore[arg-type]
     jobs.sort(key=lambda j: (j.release_s, j.seq))
     sp = set_point_groups(fleet if isinstance(fleet, FleetSpec) else base)
-    run = _Run(base, policy, window_s, max_batch, jobs, sp if restore else [], preemption)
+    run = _Run(base, policy, window_s, max_batch, jobs, sp if restore else [], preemption, time_limit_s)
     recent: deque[PlanJob] = deque()
     i, n, t = 0, len(jobs), (jobs[0].release_s if jobs else 0.0)
     while i < n or run.queue:
@@ -107,6 +113,9 @@ def simulate(trace_jobs: Sequence[TraceJob] | Sequence[PlanJob], fleet: FleetSpe
         while recent and recent[0].release_s < t - demand_window_s:
             recent.popleft()
         nxt_planned = run.plan_point(t, _demand(recent), _share(recent, base)) if run.queue else float("inf")
+        if progress is not None:
+            progress({"planning_points": len(run.solve), "t_s": t, "submitted": i, "queued": len(run.queue),
+                      "completed": len(run.records), "wall_s": time.perf_counter() - wall0})
         nxt_arrival = jobs[i].release_s if i < n else float("inf")
         if not run.queue:
             run.restore_if_idle(t, nxt_arrival)
@@ -127,7 +136,7 @@ def simulate(trace_jobs: Sequence[TraceJob] | Sequence[PlanJob], fleet: FleetSpe
     rep["weighted_tardiness_s"], rep["tardy_jobs"], rep["jobs_with_deadline"] = sum(late), len(late), len(due)
     rep["sim"] = {"wall_s": time.perf_counter() - wall0, "planning_points": len(run.solve), "window_s": window_s,
                   "max_batch": max_batch, "time_scale": time_scale, "seed": seed, "preemption": preemption,
-                  "restore": restore, "preempted_gpu_s": sum((b - a) * len(g) for a, b, g in run.lost)}
+                  "restore": restore, "time_limit_s": time_limit_s, "preempted_gpu_s": sum((b - a) * len(g) for a, b, g in run.lost)}
     if detail:
         rep["schedule"] = {"jobs": [asdict(r) for r in run.records.values()], "restores": run.restores,
                            "lost": run.lost, "preemptions": run.log, "resident_end": dict(run.committed.resident)}
@@ -138,8 +147,9 @@ class _Run:
     """The committed schedule of one simulation and the steps that change it."""
 
     def __init__(self, base: FleetState, policy: str, window_s: float, max_batch: int, jobs: list[PlanJob],
-                 set_points: list[tuple[str, Group]], preemption: bool):
+                 set_points: list[tuple[str, Group]], preemption: bool, time_limit_s: float | None = None):
         self.base, self.policy, self.window_s, self.max_batch = base, policy, window_s, max_batch
+        self.time_limit_s = time_limit_s
         self.set_points, self.preemption = set_points, preemption
         self.committed = Replay(base)
         self.previous: Plan | None = None  # the last planning point's uncommitted plan
@@ -165,7 +175,7 @@ class _Run:
                                resident=dict(c.resident), set_point=self.base.set_point, end_of=c.end_of,
                                asleep=dict(c.asleep), demand=demand, demand_share=share)
             c0 = time.perf_counter()
-            p = plan(batch, state, self.policy, previous=self.previous)
+            p = plan(batch, state, self.policy, previous=self.previous, time_limit_s=self.time_limit_s)
             self.solve.append(time.perf_counter() - c0)
             bj = {j.id: j for j in batch}
             nxt = float("inf")
@@ -287,21 +297,48 @@ def _record(job: PlanJob, a: Any, base: FleetState) -> JobRecord:
 def run_simulation(trace_path: str | Path, fleet_path: str | Path, policy: str, seed: int = 0, start: int = 0,
                    limit: int | None = None, report_path: str | Path | None = None,
                    time_scale: float = 1.0, window_s: float = 30.0, preemption: bool = True,
-                   restore: bool = True) -> dict[str, Any]:
+                   restore: bool = True, time_limit_s: float | None = None,
+                   progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """``makespan simulate``: read the fleet (TOML) and the trace (ITP, Alibaba or JSON
     lines; rows ``start`` … ``start+limit`` mapped with ``seed``), simulate, and write
-    the report JSON to ``report_path`` when given. ``preemption``/``restore``: as
-    :func:`simulate`. Returns the report.
+    the report JSON to ``report_path`` when given (checked writable before the run, so a
+    long run is not lost to a bad path). ``time_scale`` divides submission and service
+    times; ``preemption``/``restore``/``time_limit_s``/``progress``: as :func:`simulate`.
+    Returns the report.
 
     Raises:
-        app.errors.ValidationError: bad fleet or trace file.
+        app.errors.ValidationError: bad fleet or trace file, no rows in the asked range,
+            ``time_scale`` or ``time_limit_s`` not positive, or a report path that cannot
+            be written.
         app.errors.PlannerError: unknown policy.
     """
+    if not time_scale > 0:
+        raise ValidationError("time_scale", time_scale, "must be > 0")
+    if time_limit_s is not None and not time_limit_s > 0:
+        raise ValidationError("time_limit_s", time_limit_s, "must be > 0")
+    if policy not in POLICIES:
+        raise PlannerError(f"unknown policy {policy!r}; known: {', '.join(sorted(POLICIES))}")
     fleet = load_fleet(fleet_path)
     jobs = read_trace(trace_path, fleet, seed=seed, start=start, limit=limit)
+    if not jobs:
+        raise ValidationError("trace", str(trace_path), f"no rows from row {start} on (the trace is shorter)")
+    out = _writable(report_path) if report_path is not None else None
     rep = simulate(jobs, fleet, policy, seed, time_scale=time_scale, window_s=window_s, preemption=preemption,
-                   restore=restore)
-    if report_path is not None:
-        Path(report_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(report_path).write_text(json.dumps(rep, indent=2))
+                   restore=restore, time_limit_s=time_limit_s, progress=progress)
+    if out is not None:
+        out.write_text(json.dumps(rep, indent=2))
     return rep
+
+
+def _writable(report_path: str | Path) -> Path:
+    """``report_path`` with its folder created; ValidationError when it cannot be written."""
+    p = Path(report_path)
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        if p.is_dir():
+            raise ValidationError("report", str(p), "is a folder; give a file path such as runs/report.json")
+        with p.open("a"):
+            pass
+    except OSError as e:
+        raise ValidationError("report", str(p), f"cannot be written: {e.strerror or e}") from e
+    return p

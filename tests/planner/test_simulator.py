@@ -82,3 +82,51 @@ def test_cli_simulate_preemption_and_restore_flags(itp, tmp_path, flags):
         assert rep["jobs"]["preempted"] == 0 and rep["transitions"]["restore"] == 0
     else:  # this window's CRITICAL/HIGH jobs arrive behind long lower-level jobs
         assert rep["jobs"]["preempted"] > 0 and rep["transitions"]["restore"] > 0
+
+
+@pytest.mark.parametrize("args,field", [
+    (["--limit", "0"], "limit"), (["--limit", "-3"], "limit"), (["--start", "-1"], "start"),
+    (["--start", "999999999"], "no rows from row 999999999"), (["--time-scale", "0"], "time_scale"),
+    (["--time-limit-s", "0"], "time_limit_s"), (["--policy", "bogus"], "unknown policy"),
+])
+def test_cli_simulate_bad_input_is_one_clear_line(itp, tmp_path, args, field):
+    from typer.testing import CliRunner
+
+    from app.cli import app as cli_app
+
+    out = tmp_path / "sub" / "r.json"
+    res = CliRunner().invoke(cli_app, ["simulate", itp, "--fleet", "examples/render-pipeline.toml",
+                                       "--report", str(out), *args])
+    assert res.exit_code == 2, res.output
+    assert field in res.output and "Traceback" not in res.output
+    assert not out.exists()
+
+
+def test_cli_simulate_bad_report_path_fails_before_the_run(itp, tmp_path):
+    from typer.testing import CliRunner
+
+    from app.cli import app as cli_app
+
+    (tmp_path / "afile").write_text("")
+    for bad, why in [(tmp_path / "afile" / "r.json", "cannot be written"), (tmp_path, "is a folder")]:
+        res = CliRunner().invoke(cli_app, ["simulate", itp, "--fleet", "examples/render-pipeline.toml",
+                                           "--limit", "20", "--report", str(bad)])
+        assert res.exit_code == 2 and why in res.output, res.output
+        assert '"weighted_completion_s"' not in res.output  # failed before simulating
+    res = CliRunner().invoke(cli_app, ["simulate", str(tmp_path), "--fleet", "examples/render-pipeline.toml"])
+    assert res.exit_code == 2 and "not a file" in res.output
+
+
+def test_cli_simulate_time_scale_and_limit_reach_the_simulator(itp, tmp_path):
+    from typer.testing import CliRunner
+
+    from app.cli import app as cli_app
+
+    out = tmp_path / "r.json"
+    res = CliRunner().invoke(cli_app, ["simulate", itp, "--fleet", "examples/render-pipeline.toml", "--limit", "30",
+                                       "--policy", "default", "--time-limit-s", "0.02", "--time-scale", "20",
+                                       "--report", str(out), "--quiet"])
+    assert res.exit_code == 0, res.output
+    rep = json.loads(out.read_text())
+    assert rep["sim"]["time_scale"] == 20.0 and rep["jobs"]["completed"] == 30
+    assert rep["sim"]["time_limit_s"] == 0.02
