@@ -58,8 +58,8 @@ def exact(batch: Sequence[PlanJob], state: FleetState, incumbent: Plan, node_lim
     plan is optimal)."""
     jobs = list(batch)
     jc = job_cost(objective)
-    best_val = [incumbent.stats["score"] - incumbent.stats["future_cost"] if objective != "weighted_completion"
-                else incumbent.objective]
+    best_val = [incumbent.stats["weighted_tardiness"] + TARDINESS_EPS * incumbent.stats["weighted_completion"]
+                if objective != "weighted_completion" else incumbent.objective]  # job_cost's sum, no future cost
     best_seq: list[list[tuple[PlanJob, tuple[str, ...]]]] = [[]]
     nodes = [0]
     ids = {j.id for j in jobs}

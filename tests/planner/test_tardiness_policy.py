@@ -77,6 +77,25 @@ def test_exhaustive_optimum_with_transitions(seed):
     assert got.objective > 0  # the instances are tight enough to be non-trivial
 
 
+@pytest.mark.parametrize("seed", [0, 4, 6])
+def test_exhaustive_optimum_with_demand_set(seed):
+    """With ``demand`` set (as in the live worker and the simulator) the plan's score has a
+    future-cost part; the exact search's bound must not mix it into the searched cost."""
+    n_jobs, n_gpus = (5, 4) if seed % 2 else (6, 2)
+    batch, st = instance(n_jobs, n_gpus, models=3, seed=seed, spread_s=100, gang=True)
+    batch = with_deadlines(batch, seed)
+    st.demand = {e: 8.0 for e in st.endpoints}
+    st.demand_share = {e: 1 / len(st.endpoints) for e in st.endpoints}
+
+    def cost(j, end):
+        return j.weight * max(0.0, end - j.deadline_s) + TARDINESS_EPS * j.weight * (end - j.release_s)
+    opt = brute_force(batch, st, cost)
+    got = plan(batch, st, "tardiness", time_limit_s=30.0)
+    assert got.stats["proven_optimal"] == 1.0
+    searched = got.stats["weighted_tardiness"] + TARDINESS_EPS * got.stats["weighted_completion"]
+    assert searched == pytest.approx(opt, rel=1e-9)
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_never_worse_than_its_floor_or_any_member(seed):
     batch, st = instance(30, 8, models=5, seed=seed, spread_s=200, gang=True)
