@@ -193,8 +193,8 @@ def _solve_window(inc: Plan, lo: int, hi: int, jobs: dict[str, PlanJob], state: 
         wj[jid] = (int(round(j.weight * 10)), pj)
         obj.append(wj[jid][0] * (s + pj))
         if objective == "weighted_tardiness" and j.deadline_s is not None:
-            late = m.NewIntVar(0, horizon, "")
             due[jid] = int(math.floor(j.deadline_s - t0))
+            late = m.NewIntVar(0, horizon + max(0, -due[jid]), "")  # a deadline already past: late > horizon
             m.Add(late >= s + pj - due[jid])
             obj.append(1000 * wj[jid][0] * late)
     for u in gpus:

@@ -206,8 +206,10 @@ class _Run:
             return None
         if job is None:  # a restore
             return Holder(a.job_id, 3, False)
-        # not yet started (committed while the queue was empty), or another job needs its completion
-        return Holder(job.id, job.priority, a.start_s <= t and job.id not in self.dependants)
+        # not yet started (committed while the queue was empty), another job needs its completion,
+        # or a later job is committed on one of its GPUs (cutting it would free that GPU under it)
+        last = all(self.placed.get(x, (None, None))[1] is a for x in a.gpus)
+        return Holder(job.id, job.priority, a.start_s <= t and job.id not in self.dependants and last)
 
     def _preempt(self, t: float, waiting: list[PlanJob]) -> bool:
         """The preemption step at ``t`` (:func:`planner.preemption.choose_preemption`);
@@ -217,6 +219,8 @@ class _Run:
         holders = {u: self._holder(u, t) for u in busy}
         cut = False
         for j in sorted(waiting, key=lambda j: (j.priority, j.seq)):
+            if c.ready(j) > t:  # a dependency has not completed: it could not start now anyway
+                continue
             ep = self.base.endpoints[j.endpoint]
             best = choose_preemption(j.priority, c.groups(ep), busy, c.free_at, t, ep.cold_start_s, holders)
             if best is None:

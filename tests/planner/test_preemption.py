@@ -140,3 +140,20 @@ def test_no_job_lost_and_no_gpu_double_booked(seed):
             vr = _rec(rep, v)
             assert not set(vr["gpus"]) & set(p["gpus"]) or vr["start_s"] >= pre["start_s"]
             assert vr["submit_s"] == next(j.release_s for j in jobs if j.id == v)  # original submission
+
+
+def test_a_preemptor_waits_for_its_dependency():
+    """C depends on D, both CRITICAL behind two long LOW jobs: D may preempt at once, C
+    only starts after D completes (the simulator's batch holds jobs whose dependencies
+    are still running; the live batch does not)."""
+    from planner.model import EndpointModel, FleetState, Gpu, PlanJob
+    from planner.simulator import simulate
+
+    eps = {"m1": EndpointModel("m1", 1, 1000, 30.0, 5.0), "m2": EndpointModel("m2", 1, 1000, 60.0, 5.0)}
+    st = FleetState(0.0, [Gpu(f"g{i}", "a", i, 80000) for i in range(2)], eps, set_point={})
+    jobs = [PlanJob("L1", "m2", 1.0, 0.0, 1000.0, 3, seq=0), PlanJob("L2", "m2", 1.0, 0.0, 1000.0, 3, seq=1),
+            PlanJob("D", "m1", 8.0, 100.0, 50.0, 0, seq=2), PlanJob("C", "m1", 8.0, 100.0, 50.0, 0, deps=("D",), seq=3)]
+    rep = simulate(jobs, st, "portfolio", restore=False, detail=True)
+    rec = {r["id"]: r for r in rep["schedule"]["jobs"]}
+    assert rec["C"]["start_s"] >= rec["D"]["end_s"]
+    assert rep["jobs"]["completed"] == 4
