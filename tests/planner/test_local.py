@@ -44,12 +44,14 @@ def test_improver_windows_alone_still_never_worse():
     assert score(out) <= score(floor) + 1e-6
 
 
-def test_improver_stops_at_the_limit():
+def test_improver_with_no_time_left_returns_the_floor_untouched():
+    """The improver checks its deadline before every descent pass and window (the limit
+    itself is measured in bench/planner_cpsat.py: plan time p95 against the limit)."""
     batch, st = instance(200, 32, 8, seed=3, spread_s=300)
     floor = portfolio(batch, st)
-    t = time.perf_counter()
-    improve(batch, st, floor, time_limit_s=0.3)
-    assert time.perf_counter() - t < 0.3 + 0.5  # a contract (stops at the limit), not a speed figure: loose
+    out = improve(batch, st, floor, time_limit_s=0.0)
+    assert out.stats["windows"] == 0 and out.stats["local_moves"] == 0 and out.stats["sweeps"] == 0
+    assert score(out) == score(floor)
 
 
 def test_descent_and_improver_on_the_tardiness_objective():

@@ -49,7 +49,7 @@ def test_a_job_arriving_during_a_restore_waits_for_its_gpus():
     rep = simulate(_two_m2([d]), _state(), "portfolio", detail=True)
     rec = next(r for r in rep["schedule"]["jobs"] if r["id"] == "d")
     assert rep["schedule"]["restores"][0][:2] == (165.0, 200.0)
-    assert rec["gpus"] != ["g0"] or rec["start_s"] >= 200.0
+    assert tuple(rec["gpus"]) != ("g0",) or rec["start_s"] >= 200.0
     assert rep["jobs"]["preempted"] == 0  # a restore is never a victim
 
 
