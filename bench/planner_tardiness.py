@@ -13,7 +13,8 @@ as ONE static batch on the fleet at time 0 (releases kept): weighted tardiness o
 ``tardiness-portfolio`` floor and of ``tardiness`` at ``--static-limit-s`` (the improver's
 gain on a batch; one CP-SAT worker).
 
-``portfolio`` is the live planner's default policy (``MAKESPAN_POLICY``); ``cpsat-fast`` /
+``portfolio`` is the live planner's per-tick floor (its default policy ``default`` runs
+the improver beside it, ``workers/improver.py``); ``cpsat-fast`` /
 ``tardiness-fast`` are ``default`` / ``tardiness`` with a 0.1 s limit per planning point
 (the simulator calls ``plan`` at every planning point; 1 s would take minutes per replay).
 

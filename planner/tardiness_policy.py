@@ -57,6 +57,7 @@ from planner.greedy import aware_rule, construct, members
 from planner.list_schedule import topo_stable
 from planner.model import Assignment, EndpointModel, FleetState, Plan, PlanJob
 from planner.partition import partition
+from planner.previous import start_plan
 from planner.replay import Replay
 
 OBJ = "weighted_tardiness"
@@ -187,9 +188,11 @@ def order_search(batch: Sequence[PlanJob], state: FleetState, inc: Plan, deadlin
 
 
 def tardiness_policy(batch: Sequence[PlanJob], state: FleetState, time_limit_s: float = 1.0, seed: int = 0,
-                     num_workers: int = 1, max_evals: int = 20_000) -> Plan:
+                     num_workers: int = 1, max_evals: int = 20_000, previous: Plan | None = None) -> Plan:
     """Policy ``tardiness`` (module doc): floor, then exact / order search + LNS within
-    ``time_limit_s`` s with ``num_workers`` CP-SAT workers. ``stats``: ``floor_score``,
+    ``time_limit_s`` s with ``num_workers`` CP-SAT workers; the order search starts from
+    ``previous`` repaired to the batch when that scores lower than the floor
+    (:func:`planner.previous.start_plan`). ``stats``: ``floor_score``, ``previous_used``,
     ``floor_objective`` (the floor's weighted tardiness),
     ``proven_optimal`` (1: exact search finished, or zero weighted tardiness — optimal in
     the tardiness term, not in the tie-break)."""
@@ -202,7 +205,9 @@ def tardiness_policy(batch: Sequence[PlanJob], state: FleetState, time_limit_s: 
     elif floor.objective <= 0.0:
         out, proven = Plan("tardiness", list(floor.assignments), floor.objective, dict(floor.stats)), 1.0
     else:
-        out = order_search(batch, state, floor, t0 + time_limit_s / 2, seed, max_evals)
+        start, _prev_score, prev_used = start_plan(floor, previous, batch, state, OBJ)
+        out = order_search(batch, state, start, t0 + time_limit_s / 2, seed, max_evals)
+        out.stats["previous_used"] = float(prev_used)
         ls_score, evals = score(out), out.stats["order_evals"]
         left = time_limit_s - (time.perf_counter() - t0)
         if left > 0.05 and out.objective > 0.0:

@@ -13,9 +13,13 @@ leased again at once), while the CP-SAT improver of the ``default`` policy needs
   time limit, starting from its own last plan when that, repaired to the batch, is better.
 
 So the live worker runs the same planner as the simulator's ``default`` policy, one tick
-late, and a tick never waits for CP-SAT (the solve releases the GIL; building a window's
-model holds it for a few milliseconds). An improved plan can only be adopted when it is
-better on the state of the tick that uses it: it is never worse than the greedy floor.
+late. A tick does not wait for the solve, but it shares the planner process's GIL with
+it: CP-SAT's search releases the GIL, the Python parts (portfolio, repair, descent,
+decoding windows) hold it, so ticks planned while a solve runs take longer (a reviewer
+measured the portfolio on 256 jobs and 32 GPUs at 35 ms median alone, 72 ms beside a
+solve); a process instead of a thread would remove that and is not done. An improved
+plan can only be adopted when it is better on the state of the tick that uses it: it is
+never worse than the greedy floor.
 """
 
 from __future__ import annotations
@@ -111,6 +115,8 @@ class BackgroundImprover:
                 self._result = out
         except Exception:  # noqa: BLE001 - the tick's greedy plan stands; say why
             log.exception("background improver failed; the greedy plan is used")
+            with self._lock:
+                self._last_ids = ()  # the same batch may be offered again
         finally:
             with self._lock:
                 self._busy = False

@@ -4,6 +4,7 @@ transitions, and the greedy floor."""
 
 import dataclasses
 import random
+import time
 
 import pytest
 
@@ -13,7 +14,7 @@ from planner.evaluator import TARDINESS_EPS, evaluate, score
 from planner.model import EndpointModel, FleetState, Gpu, PlanJob
 from planner.synthetic import instance
 from planner.tardiness import solve_single_machine
-from planner.tardiness_policy import tardiness_members, tardiness_policy, tardiness_portfolio
+from planner.tardiness_policy import order_search, tardiness_members, tardiness_policy, tardiness_portfolio
 from tests.planner.test_exactness import brute_force
 
 
@@ -142,3 +143,17 @@ def test_order_search_is_deterministic_for_a_seed_and_never_worse():
     assert [(a.job_id, a.gpus, a.start_s) for a in runs[0].assignments] == \
         [(a.job_id, a.gpus, a.start_s) for a in runs[1].assignments]
     assert score(runs[0]) <= score(floor)
+
+
+def test_previous_plan_is_a_start_when_better():
+    """A previous plan that scores lower than the floor is where the search starts, so the
+    result is never worse than it (plan stability across planning points)."""
+    batch, st = instance(30, 8, models=5, seed=1, spread_s=200, gang=True)
+    batch = with_deadlines(batch, 1)
+    floor = tardiness_portfolio(batch, st)
+    good = order_search(batch, st, floor, time.perf_counter() + 60.0, seed=0, max_evals=300)  # 300 decodes end it
+    assert score(good) < score(floor)  # the search found something the floor did not
+    again = plan(batch, st, "tardiness", time_limit_s=0.01, previous=good)
+    assert again.stats["previous_used"] == 1.0 and score(again) <= score(good) + 1e-6
+    cold = plan(batch, st, "tardiness", time_limit_s=0.01)
+    assert cold.stats["previous_used"] == 0.0
