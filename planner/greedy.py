@@ -60,7 +60,9 @@ from planner.model import Assignment, EndpointModel, FleetState, Plan, PlanJob
 from planner.replay import Group, Replay
 
 
-def _rule_completion(rep: Replay, job: PlanJob, cands: list[Group], ready: float) -> Group:
+def rule_completion(rep: Replay, job: PlanJob, cands: list[Group], ready: float) -> Group:
+    """The candidate group completing ``job`` earliest (ties: shorter transition, then
+    candidate order), starting no earlier than ``ready`` (s)."""
     ep = rep.endpoints[job.endpoint]
     best, bc, bt = cands[0], float("inf"), float("inf")
     fa = rep.free_at
@@ -283,7 +285,7 @@ def construct(name: str, order: Sequence[PlanJob], state: FleetState, rule: str 
     rep = Replay(state)
     prune = pruner(order, state, bound, rep.free_at)
     aware = _Aware(order, state, alpha, beta, share=rule == "share", gamma=gamma) if rule in ("aware", "share") else None
-    fn = aware or {"completion": _rule_completion, "free": _rule_free, "min-evict": _rule_min_evict}[rule]
+    fn = aware or {"completion": rule_completion, "free": _rule_free, "min-evict": _rule_min_evict}[rule]
     ids = {j.id for j in order}
     by_ep: dict[str, list[PlanJob]] = {}
     for j in order:

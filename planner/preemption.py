@@ -24,10 +24,9 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-Group = tuple[str, ...]
+from app.models import Priority
 
-WEIGHT = {0: 8.0, 1: 4.0, 2: 2.0, 3: 1.0}
-"""Priority level index -> weight (CRITICAL 8, HIGH 4, NORMAL 2, LOW 1)."""
+Group = tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -57,8 +56,9 @@ class Preemption:
 
 
 def may_preempt(level: int, other: int) -> bool:
-    """Design notes: CRITICAL preempts HIGH/NORMAL/LOW, HIGH preempts NORMAL/LOW."""
-    return level <= 1 and other > level
+    """Design notes: CRITICAL preempts HIGH/NORMAL/LOW, HIGH preempts NORMAL/LOW
+    (:meth:`app.models.Priority.may_preempt` on level indices)."""
+    return 0 <= level <= 3 and 0 <= other <= 3 and Priority(level).may_preempt(Priority(other))
 
 
 def choose_preemption(level: int, groups: Sequence[Group], busy: Collection[str], free_at: Mapping[str, float],
@@ -89,7 +89,7 @@ def choose_preemption(level: int, groups: Sequence[Group], busy: Collection[str]
         if any(h is None or not h.preemptable or not may_preempt(level, h.priority) for h in hs):
             continue
         victims = {h.id: h.priority for h in hs if h is not None}
-        cost = sum(WEIGHT.get(p, 1.0) for p in victims.values())
+        cost = sum(float(Priority(p).weight) if 0 <= p <= 3 else 1.0 for p in victims.values())
         if best is None or cost < best.cost:
             best = Preemption(g, tuple(sorted(victims)), cost)
     return best

@@ -17,6 +17,7 @@ import math
 from collections.abc import Sequence
 
 from planner.evaluator import InfeasiblePlan, evaluate, score
+from planner.greedy import rule_completion
 from planner.list_schedule import topo_stable, wspt_order
 from planner.model import Assignment, FleetState, Plan, PlanJob
 from planner.replay import Group, Replay
@@ -52,10 +53,7 @@ def repair(previous: Plan, batch: Sequence[PlanJob], state: FleetState, policy: 
     for job in order:
         grp = kept.get(job.id)
         if grp is None:
-            ep = state.endpoints[job.endpoint]
-            ready = rep.ready(job)
-            grp = min(rep.groups(ep), key=lambda g: (max(ready, rep.group_free(g)) + rep.transition_s(g, ep),
-                                                     rep.transition_s(g, ep)))
+            grp = rule_completion(rep, job, rep.groups(state.endpoints[job.endpoint]), rep.ready(job))
         out.append(rep.place(job, grp))
     try:
         plan = evaluate(out, batch, state, policy, objective=objective)
