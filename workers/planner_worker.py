@@ -30,6 +30,7 @@ from app.settings import Settings
 from planner.api import plan
 from planner.simulator import _demand, _share
 from planner.model import EndpointModel, FleetState, Gpu, PlanJob
+from planner.replay import Replay
 from workers.drain import SetPointMixin
 from workers.improver import BackgroundImprover
 from workers.leases import LeaseStore, now_ms
@@ -386,35 +387,37 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
                 continue
             taken.update(a.gpus)
             starts.append((jobs[a.job_id], a.gpus, a.end_s, a.load))
-        dispatched |= self._start_many(starts)
+        started = self._start_many(starts)
+        dispatched |= started
         waiting = [j for j in batch if j.id not in dispatched and j.priority <= int(Priority.HIGH)]
         if waiting:
             dispatched |= self._preempt_for(waiting, state, taken)
         if self.improver is not None:
-            self._offer_rest(batch, state, p, dispatched)
+            self._offer_rest(batch, state, p, started, dispatched)
         # tick again at once only if another tick may start something: a GPU is still free
         # or a CRITICAL/HIGH job still waits; else sleep until a release or submission
         self.tick_again = bool(dispatched) and (len(taken) < len(self.gpus) or bool(waiting))
         return bool(dispatched)
 
-    def _offer_rest(self, batch: list[PlanJob], state: FleetState, p, dispatched: set[str]) -> None:
+    def _offer_rest(self, batch: list[PlanJob], state: FleetState, p, started: set[str],
+                    dispatched: set[str]) -> None:
         """Hand the jobs this tick left queued to the background improver, on the fleet as
-        this tick's starts leave it (their GPUs busy until their planned end)."""
+        the plan's starts of this tick (``started``) leave it, replayed (GPUs busy until
+        their planned end, evicted endpoints asleep where they have a sleep mode). Jobs
+        started by preemption keep the victims' GPUs busy as the state has them."""
         rest = [j for j in batch if j.id not in dispatched]
         horizon_s = (max((a.end_s for a in p.assignments), default=state.now_s) - state.now_s) * self.settings.time_scale
         if not rest or not self.improver.worth_solving(horizon_s):
             return
-        after = FleetState(state.now_s, state.gpus, state.endpoints, free_at=dict(state.free_at),
-                           resident=dict(state.resident), set_point=state.set_point, done=state.done,
-                           end_of=dict(state.end_of), asleep=dict(state.asleep), demand=state.demand,
+        jobs = {j.id: j for j in batch}
+        rep = Replay(state)
+        for a in sorted(p.assignments, key=lambda a: a.start_s):
+            if a.job_id in started:
+                rep.place(jobs[a.job_id], tuple(a.gpus), a.start_s)
+        after = FleetState(state.now_s, state.gpus, state.endpoints, free_at=dict(rep.free_at),
+                           resident=dict(rep.resident), set_point=state.set_point, done=state.done,
+                           end_of=dict(rep.end_of), asleep=dict(rep.asleep), demand=state.demand,
                            demand_share=state.demand_share)
-        endpoint_of = {j.id: j.endpoint for j in batch}
-        for a in p.assignments:
-            if a.job_id in dispatched:
-                for u in a.gpus:
-                    after.free_at[u] = a.end_s
-                    after.resident[u] = endpoint_of[a.job_id]
-                after.end_of[a.job_id] = a.end_s
         self.improver.offer(rest, after)
 
     def _note_demand(self, batch: list[PlanJob], state: FleetState) -> None:
