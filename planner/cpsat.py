@@ -86,6 +86,7 @@ def _hint(win: Sequence[Assignment], cands: dict[str, list[Group]], res: dict, x
     opened: dict[tuple[Group, str], list[int]] = {}
     closed: set[tuple[Group, str]] = set()
     hint: list[tuple[object, int]] = []
+    hinted_start: dict[str, int] = {}  # job id -> its hinted start (the dependencies' ends)
     for a in win:
         j = jobs[a.job_id]
         g, k = tuple(a.gpus), (tuple(a.gpus), j.endpoint)
@@ -100,12 +101,13 @@ def _hint(win: Sequence[Assignment], cands: dict[str, list[Group]], res: dict, x
         if k not in opened:
             opened[k] = [max(free.get(u, 0) for u in g), 0]
         s0 = max([ti(rep.ready(j)), opened[k][0] + sigma] + [free[u] for u in g] +
-                 [v for d in j.deps if d in start for v in [dict(hint).get(start[d], 0) + int(math.ceil(jobs[d].service_s))]])
+                 [hinted_start.get(d, 0) + int(math.ceil(jobs[d].service_s)) for d in j.deps if d in start])
         end = s0 + int(math.ceil(j.service_s))
         opened[k][1] = end
         for u in g:
             free[u] = end
         hint.append((start[a.job_id], s0))
+        hinted_start[a.job_id] = s0
         hint += [(x[(a.job_id, c)], int(c == g)) for c in cands[a.job_id]]
     for k, (p, s, e, *_r) in res.items():
         hint += [(p, 1), (s, opened[k][0]), (e, opened[k][1])] if k in opened else [(p, 0)]
