@@ -48,7 +48,7 @@ def main() -> None:
     ap.add_argument("--with-cpsat", action="store_true", help="also cpsat-fast (about 75 s per replay here)")
     ap.add_argument("--no-preemption", dest="preemption", action="store_false", help="simulate without preemption")
     ap.add_argument("--no-restore", dest="restore", action="store_false", help="simulate without set-point restore")
-    ap.add_argument("--planned-restore", choices=["group", "horizon", "none"], default="group",
+    ap.add_argument("--planned-restore", choices=["group", "horizon", "group-demand", "none"], default="group",
                     help="where plans place restores (none: the idle rule only)")
     a = ap.parse_args()
     planner_common.MEDIAN_SERVICE_S, planner_common.OFFERED_LOAD = a.median_service_s, a.offered_load

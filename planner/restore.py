@@ -26,7 +26,7 @@ from app.errors import PlannerError
 from planner.model import Assignment, FleetState, Plan, PlanJob
 from planner.replay import Group, Replay
 
-RESTORE_AT = ("group", "horizon")
+RESTORE_AT = ("group", "horizon", "group-demand")
 RESTORE_PREFIX = "restore:"
 
 
@@ -77,7 +77,14 @@ def plan_restores(assignments: Sequence[Assignment], batch: Sequence[PlanJob], s
         if all(rep.resident[u] == ep for u in g):
             continue
         free_s = rep.group_free(g)
-        out.append(rep.restore(g, ep, free_s if at == "group" else max(free_s, horizon_s)))
+        if at == "group-demand":
+            from planner.evaluator import future_cost  # the evaluator imports this module
+
+            trial = rep.copy()
+            trial.restore(g, ep, free_s)
+            if future_cost(trial, state) > future_cost(rep, state) + 1e-9:
+                continue  # it would evict what recent demand needs more than the set point
+        out.append(rep.restore(g, ep, max(free_s, horizon_s) if at == "horizon" else free_s))
     return sorted(out, key=lambda a: (a.start_s, a.gpus))
 
 
