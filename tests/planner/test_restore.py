@@ -58,6 +58,10 @@ def test_planned_restore_runs_while_other_gpus_work():
     assert rep["set_point_absent_gpu_s"] == pytest.approx(200.0)
     idle = simulate(_two_m2([c]), _state(), "portfolio", planned_restore=None)
     assert idle["set_point_absent_gpu_s"] == pytest.approx(295.0)
+    # --no-restore: no restores at all; m1 stays absent until the last job ends at 260 s
+    off = simulate(_two_m2([c]), _state(), "portfolio", restore=False, detail=True)
+    assert off["transitions"]["restore"] == 0 and off["schedule"]["restores"] == []
+    assert off["set_point_absent_gpu_s"] == pytest.approx(260.0) and off["sim"]["planned_restore"] is None
 
 
 def test_a_job_arriving_during_a_restore_waits_for_its_gpus():
