@@ -105,5 +105,5 @@ def plan(batch: Sequence[PlanJob], state: FleetState, policy: str = DEFAULT_POLI
         kw["previous"] = previous
     p = fn(batch, state, **kw)  # type: ignore[call-arg]
     if restore_at is not None:
-        p = with_restores(p, batch, state, restore_at, POLICY_OBJECTIVE.get(policy, "weighted_completion"))
+        p = with_restores(p, batch, state, restore_at)
     return p

@@ -62,11 +62,17 @@ def plan_restores(assignments: Sequence[Assignment], batch: Sequence[PlanJob], s
     Raises:
         PlannerError: unknown ``at``.
     """
+    return _restores(assignments, batch, state, at)[0]
+
+
+def _restores(assignments: Sequence[Assignment], batch: Sequence[PlanJob], state: FleetState,
+              at: str) -> tuple[list[Assignment], Replay | None]:
+    """:func:`plan_restores` and the replay it left (restores placed; None: no set point)."""
     if at not in RESTORE_AT:
         raise PlannerError(f"unknown restore placement {at!r}; known: {', '.join(RESTORE_AT)}")
     groups = set_point_groups(state)
     if not groups:
-        return []
+        return [], None
     jobs = {j.id: j for j in batch}
     rep = Replay(state)
     for a in sorted(assignments, key=lambda a: a.start_s):
@@ -85,28 +91,28 @@ def plan_restores(assignments: Sequence[Assignment], batch: Sequence[PlanJob], s
             if future_cost(trial, state) > future_cost(rep, state) + 1e-9:
                 continue  # it would evict what recent demand needs more than the set point
         out.append(rep.restore(g, ep, max(free_s, horizon_s) if at == "horizon" else free_s))
-    return sorted(out, key=lambda a: (a.start_s, a.gpus))
+    return sorted(out, key=lambda a: (a.start_s, a.gpus)), rep
 
 
-def with_restores(plan: Plan, batch: Sequence[PlanJob], state: FleetState, at: str = "group",
-                  objective: str = "weighted_completion") -> Plan:
-    """``plan`` with its restores (:func:`plan_restores`) in ``Plan.restores``, checked by
-    the evaluator (which replays them after the jobs: the future cost then sees the
-    restored set point). Returns a new plan; ``assignments``, ``objective`` and the
-    policy's ``stats`` are kept, ``stats`` gains ``restores`` (count) and
-    ``future_cost_restored`` (the future cost after the restores, weight·s).
+def with_restores(plan: Plan, batch: Sequence[PlanJob], state: FleetState, at: str = "group") -> Plan:
+    """``plan`` (an evaluated plan) with its restores (:func:`plan_restores`) in
+    ``Plan.restores``. They are placed by the replay the evaluator uses, so
+    :func:`planner.evaluator.evaluate` accepts the result (the tests check it; it is not
+    re-run here: the simulator calls this at every planning point). Returns a new plan;
+    ``assignments``, ``objective`` and the policy's ``stats`` are kept, ``stats`` gains
+    ``restores`` (count) and ``future_cost_restored`` (the future cost on the fleet the
+    plan and its restores leave, weight·s).
 
     Raises:
-        PlannerError: unknown ``at``; InfeasiblePlan if the plan itself is infeasible.
+        PlannerError: unknown ``at``.
     """
-    from planner.evaluator import evaluate  # the evaluator imports this module
+    from planner.evaluator import future_cost  # the evaluator imports this module
 
-    restores = plan_restores(plan.assignments, batch, state, at)
-    if not restores:
+    restores, rep = _restores(plan.assignments, batch, state, at)
+    if not restores or rep is None:
         return plan
-    ev = evaluate(Plan(plan.policy, list(plan.assignments), restores=restores), batch, state, objective=objective)
-    stats = dict(plan.stats, restores=float(len(ev.restores)), future_cost_restored=ev.stats["future_cost"])
-    return Plan(plan.policy, list(plan.assignments), plan.objective, stats, restores=ev.restores)
+    stats = dict(plan.stats, restores=float(len(restores)), future_cost_restored=future_cost(rep, state))
+    return Plan(plan.policy, list(plan.assignments), plan.objective, stats, restores=restores)
 
 
 def set_point_absence(events: Mapping[str, Sequence[tuple[float, str | None]]],
