@@ -170,6 +170,7 @@ def _replay_restores(restores: Sequence[Assignment], rep: Replay, state: FleetSt
     overlaps or delays a job). Returns the replayed restores; InfeasiblePlan otherwise."""
     out: list[Assignment] = []
     seen: set[tuple[str, ...]] = set()
+    instances = set(set_point_groups(state)) if restores else set()
     for a in sorted(restores, key=lambda a: (a.start_s, a.gpus)):
         g = tuple(a.gpus)
         if g in seen:
@@ -177,7 +178,7 @@ def _replay_restores(restores: Sequence[Assignment], rep: Replay, state: FleetSt
         seen.add(g)
         ep = state.set_point.get(g[0]) if g else None
         if not is_restore(a) or ep is None or a.job_id != f"{RESTORE_PREFIX}{ep}:{g[0]}" \
-                or (ep, g) not in set_point_groups(state):
+                or (ep, g) not in instances:
             raise InfeasiblePlan(a.job_id, f"not a restore of a set-point instance (GPUs {g})")
         busy = max(rep.group_free(g), state.now_s)
         if a.start_s < busy - TOL_S:

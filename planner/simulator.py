@@ -23,7 +23,7 @@ Rolling horizon. At a planning point t the simulator
        started, restores, and jobs that other jobs depend on are never victims;
     5. set-point restore (``restore=True``): the plan of step 2 holds a restore for every
        set-point instance not resident when its GPUs' planned work ends
-       (``planned_restore`` ``"group"``/``"horizon"``, :mod:`planner.restore`); step 3
+       (``planned_restore``: one of :data:`planner.restore.RESTORE_AT`); step 3
        commits those that start before ``t + window_s`` like jobs (a restore is never
        preempted). The live planner worker's rule stays as the fallback (and is the only
        one with ``planned_restore=None``): when the queue is empty and the committed work
