@@ -8,12 +8,16 @@ cold starts, and ratios against fifo / min-evict / wspt and weighted ÷ lower bo
 ``cpsat-fast`` is the default policy (portfolio + CP-SAT LNS) with a 0.1 s limit per
 batch (the 1 s default makes a replay of hundreds of planning points too long here).
 Preemption and set-point restore are on, as in the live planner worker (the simulator's
-defaults); ``--no-preemption`` / ``--no-restore`` switch them off. The summary line
-states which, and the table adds preemptions and restores per replay, then p95 waits
-per priority level.
+defaults); ``--no-preemption`` / ``--no-restore`` switch them off. Restores are planned
+(``--planned-restore group``, the default: when the group's last planned job ends;
+``horizon``: when the plan's last job ends; ``none``: only the live worker's idle rule,
+the simulator before plans held restores). The summary line states which, and the table
+adds preemptions, restores and set-point absence (GPU-s a set-point instance was not
+resident) per replay, then p95 waits per priority level.
 
     .venv/bin/python bench/planner_policies.py [--jobs 200] [--gpus 16] [--seeds 3] [--with-cpsat]
         [--median-service-s 120] [--offered-load 1.4] [--no-preemption] [--no-restore]
+        [--planned-restore {group,horizon,none}]
 """
 
 import argparse
@@ -44,6 +48,8 @@ def main() -> None:
     ap.add_argument("--with-cpsat", action="store_true", help="also cpsat-fast (about 75 s per replay here)")
     ap.add_argument("--no-preemption", dest="preemption", action="store_false", help="simulate without preemption")
     ap.add_argument("--no-restore", dest="restore", action="store_false", help="simulate without set-point restore")
+    ap.add_argument("--planned-restore", choices=["group", "horizon", "group-demand", "none"], default="group",
+                    help="where plans place restores (none: the idle rule only)")
     a = ap.parse_args()
     planner_common.MEDIAN_SERVICE_S, planner_common.OFFERED_LOAD = a.median_service_s, a.offered_load
     pols = POLS if a.with_cpsat else POLS[:-1]
@@ -59,21 +65,24 @@ def main() -> None:
             print(f"# {Path(path).stem}@{start} seed={seed} models={info['models']} "
                   f"service ÷{info['service_scale']:.3g} arrivals ÷{info['arrival_scale']:.3g}", flush=True)
             for p in pols:
-                r = simulate(jobs, fleet, p, seed, preemption=a.preemption, restore=a.restore)
+                r = simulate(jobs, fleet, p, seed, preemption=a.preemption, restore=a.restore,
+                             planned_restore=None if a.planned_restore == "none" else a.planned_restore)
                 res[p].append(r)
                 print(f"{Path(path).stem}@{start} seed={seed} {p:10s} wc={r['weighted_completion_s']:.4g} "
                       f"mk={r['makespan_s']:.0f} cold={r['transitions']['cold_start']} util={r['utilization']:.2f} "
                       f"lb_ratio={r['best_over_lower_bound']:.2f} preempted={r['jobs']['preempted']} "
-                      f"restores={r['transitions']['restore']} wall={r['sim']['wall_s']:.1f}s", flush=True)
+                      f"restores={r['transitions']['restore']} absent={r['set_point_absent_gpu_s']:.0f} "
+                      f"wall={r['sim']['wall_s']:.1f}s", flush=True)
 
     ms = mean_sd
     print(f"\n{a.jobs} jobs per window, {a.gpus} GPUs, {len(windows)} windows "
           f"({', '.join(f'{Path(p).stem}@{s}' for p, s in windows)}) × {a.seeds} seeds; "
           f"median service {a.median_service_s:g} s, offered load {a.offered_load:g}; "
-          f"preemption {'on' if a.preemption else 'off'}, set-point restore {'on' if a.restore else 'off'}")
+          f"preemption {'on' if a.preemption else 'off'}, set-point restore "
+          f"{'planned ' + a.planned_restore if a.restore else 'off'}")
     print("| policy | weighted completion (s) | makespan (s) | cold starts | util | ÷ fifo | ÷ min-evict | ÷ wspt "
-          "| ÷ lower bound | preemptions | restores |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "| ÷ lower bound | preemptions | restores | set-point absent GPU-s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for p in pols:
         rs = res[p]
         def ratio(base):
@@ -81,7 +90,8 @@ def main() -> None:
         print(f"| {p} | {ms([r['weighted_completion_s'] for r in rs])} | {ms([r['makespan_s'] for r in rs])} | "
               f"{ms([r['transitions']['cold_start'] for r in rs])} | {ms([r['utilization'] for r in rs])} | "
               f"{ratio('fifo')} | {ratio('min-evict')} | {ratio('wspt')} | {ms([r['best_over_lower_bound'] for r in rs])} | "
-              f"{ms([r['jobs']['preempted'] for r in rs])} | {ms([r['transitions']['restore'] for r in rs])} |")
+              f"{ms([r['jobs']['preempted'] for r in rs])} | {ms([r['transitions']['restore'] for r in rs])} | "
+              f"{ms([r['set_point_absent_gpu_s'] for r in rs])} |")
     print("\np95 wait per priority level (s), mean over the replays; cut work (preempted GPU-seconds) per replay")
     print("| policy | CRITICAL | HIGH | NORMAL | LOW | cut GPU-s |")
     print("|---|---|---|---|---|---|")

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from app.errors import PlannerError
 from planner import greedy
 from planner.model import FleetState, Plan, PlanJob
+from planner.restore import RESTORE_AT, with_restores
 
 Policy = Callable[[Sequence[PlanJob], FleetState], Plan]
 
@@ -59,7 +60,7 @@ def _takes_limit(fn: Policy) -> bool:
 
 def plan(batch: Sequence[PlanJob], state: FleetState, policy: str = DEFAULT_POLICY, *,
          time_limit_s: float | None = None, num_workers: int | None = None,
-         previous: Plan | None = None) -> Plan:
+         previous: Plan | None = None, restore_at: str | None = None) -> Plan:
     """Plan ``batch`` on ``state`` with the named policy.
 
     Args:
@@ -74,10 +75,13 @@ def plan(batch: Sequence[PlanJob], state: FleetState, policy: str = DEFAULT_POLI
             (``cpsat``/``default``) repairs it to ``batch`` (jobs gone dropped, new jobs
             appended, :func:`planner.previous.repair`) and starts from it when it scores
             better than the greedy floor; the greedy policies ignore it.
+        restore_at: plan set-point restores after the policy's plan (``Plan.restores``,
+            :func:`planner.restore.with_restores`; ``"group"`` or ``"horizon"``); None:
+            no restores in the plan (the policy's plan as it is).
 
     Raises:
-        PlannerError: unknown policy name, a negative ``time_limit_s``, or
-            ``num_workers`` < 1.
+        PlannerError: unknown policy name or ``restore_at``, a negative ``time_limit_s``,
+            or ``num_workers`` < 1.
     """
     if time_limit_s is not None and time_limit_s < 0:
         raise PlannerError(f"time_limit_s must be >= 0, got {time_limit_s}")
@@ -87,8 +91,11 @@ def plan(batch: Sequence[PlanJob], state: FleetState, policy: str = DEFAULT_POLI
         fn = POLICIES[policy]
     except KeyError:
         raise PlannerError(f"unknown policy {policy!r}; known: {', '.join(sorted(POLICIES))}") from None
+    if restore_at is not None and restore_at not in RESTORE_AT:
+        raise PlannerError(f"unknown restore_at {restore_at!r}; known: {', '.join(RESTORE_AT)}")
     if not batch:
-        return Plan(policy=policy, assignments=[])
+        empty = Plan(policy=policy, assignments=[])
+        return with_restores(empty, batch, state, restore_at) if restore_at is not None else empty
     kw: dict[str, float | int | Plan] = {}
     if time_limit_s is not None and _takes_limit(fn):
         kw["time_limit_s"] = time_limit_s
@@ -96,4 +103,7 @@ def plan(batch: Sequence[PlanJob], state: FleetState, policy: str = DEFAULT_POLI
         kw["num_workers"] = num_workers
     if previous is not None and _takes(fn, "previous"):
         kw["previous"] = previous
-    return fn(batch, state, **kw)  # type: ignore[call-arg]
+    p = fn(batch, state, **kw)  # type: ignore[call-arg]
+    if restore_at is not None:
+        p = with_restores(p, batch, state, restore_at)
+    return p

@@ -7,7 +7,10 @@ Checks (an :class:`InfeasiblePlan` names the first violation):
     * the start is not before the job's release, the planning time, its dependencies'
       completion, nor the time its GPUs become free (running work, earlier jobs);
     * the stated transition (evicts, load kind) and the service start / completion agree
-      with the replay (:mod:`planner.replay`) within 1 µs.
+      with the replay (:mod:`planner.replay`) within 1 µs;
+    * set-point restores (``Plan.restores``, :mod:`planner.restore`) are replayed after
+      the jobs: each restores a set-point instance of the state, starts when every job on
+      its GPUs has ended (never overlapping nor delaying one) and agrees with the replay.
 
 Score (used to pick among candidates) = Σ w_j (C_j − r_j) + future cost, where the
 future cost charges ``demand[e] × cold_start_s(e)`` for every endpoint ``e`` with recent
@@ -37,6 +40,7 @@ from collections.abc import Sequence
 from app.errors import PlannerError
 from planner.model import Assignment, FleetState, Plan, PlanJob
 from planner.replay import Replay
+from planner.restore import RESTORE_PREFIX, is_restore, set_point_groups
 
 TOL_S = 1e-6
 OBJECTIVES = ("weighted_completion", "weighted_tardiness")
@@ -147,12 +151,45 @@ def evaluate(plan: Plan | Sequence[Assignment], batch: Sequence[PlanJob], state:
         if job.deadline_s is not None and b.end_s > job.deadline_s:
             tardy += job.weight * (b.end_s - job.deadline_s)
         out.append(b)
+    restored = _replay_restores(plan.restores if isinstance(plan, Plan) else [], rep, state, check_times)
     fc = future_cost(rep, state)
     stats = {"score": total + fc, "future_cost": fc, "weighted_completion": total, "weighted_tardiness": tardy,
              "cold_starts": float(sum(1 for b in out if b.load == "cold_start")),
              "wakes": float(sum(1 for b in out if b.load == "wake")),
              "evicts": float(sum(len(b.evicts) for b in out))}
-    return rescore(Plan(policy=name, assignments=out, objective=total, stats=stats), objective)
+    if restored:
+        stats["restores"] = float(len(restored))
+    return rescore(Plan(policy=name, assignments=out, objective=total, stats=stats, restores=restored), objective)
+
+
+def _replay_restores(restores: Sequence[Assignment], rep: Replay, state: FleetState,
+                     check_times: bool) -> list[Assignment]:
+    """Replay a plan's set-point restores (:mod:`planner.restore`) after its jobs, in start
+    order: each on a set-point instance of ``state``, not before the planning time, and
+    the last work on its GPUs (it starts when every job there has ended: a restore never
+    overlaps or delays a job). Returns the replayed restores; InfeasiblePlan otherwise."""
+    out: list[Assignment] = []
+    seen: set[tuple[str, ...]] = set()
+    instances = set(set_point_groups(state)) if restores else set()
+    for a in sorted(restores, key=lambda a: (a.start_s, a.gpus)):
+        g = tuple(a.gpus)
+        if g in seen:
+            raise InfeasiblePlan(a.job_id, "restored twice")
+        seen.add(g)
+        ep = state.set_point.get(g[0]) if g else None
+        if not is_restore(a) or ep is None or a.job_id != f"{RESTORE_PREFIX}{ep}:{g[0]}" \
+                or (ep, g) not in instances:
+            raise InfeasiblePlan(a.job_id, f"not a restore of a set-point instance (GPUs {g})")
+        busy = max(rep.group_free(g), state.now_s)
+        if a.start_s < busy - TOL_S:
+            raise InfeasiblePlan(a.job_id, f"restore starts at {a.start_s} while its GPUs are busy until {busy} "
+                                           "(a restore is the last work on its GPUs)")
+        b = rep.restore(g, ep, a.start_s)
+        if check_times and (abs(b.end_s - a.end_s) > TOL_S or b.load != a.load or tuple(b.evicts) != tuple(a.evicts)):
+            raise InfeasiblePlan(a.job_id, f"stated restore {a.end_s, a.load, a.evicts} differs from the replay "
+                                           f"{b.end_s, b.load, b.evicts}")
+        out.append(b)
+    return out
 
 
 def rescore(plan: Plan, objective: str) -> Plan:

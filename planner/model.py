@@ -166,12 +166,16 @@ class Assignment:
 class Plan:
     """A complete plan for a batch: one assignment per job, in start order.
 
-    ``objective`` is Σ w_j (C_j − r_j) in weight·seconds as scored by the evaluator."""
+    ``objective`` is Σ w_j (C_j − r_j) in weight·seconds as scored by the evaluator.
+    ``restores``: set-point restores planned after the last job on their GPUs
+    (:mod:`planner.restore`; ``job_id`` ``"restore:<endpoint>:<gpu>"``); empty unless
+    asked for (:func:`planner.api.plan` ``restore_at``)."""
 
     policy: str
     assignments: list[Assignment]
     objective: float = 0.0
     stats: dict[str, float] = field(default_factory=dict)
+    restores: list[Assignment] = field(default_factory=list)
 
     def by_job(self) -> dict[str, Assignment]:
         return {a.job_id: a for a in self.assignments}

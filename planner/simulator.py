@@ -21,12 +21,16 @@ Rolling horizon. At a planning point t the simulator
        be placed on those GPUs before it starts. After a preemption the queue is planned
        once more at t (the victims' other GPUs are free). Jobs committed but not yet
        started, restores, and jobs that other jobs depend on are never victims;
-    5. set-point restore (``restore=True``, as the live planner worker: only when nothing
-       is queued or running): when the queue is empty and the committed work ends before
-       the next arrival, every set-point instance not resident is restored at that time
-       (the transition rule of :mod:`planner.replay`: evict, then cold start or wake).
-       Its GPUs are busy until it ends; the report counts it (``transitions.restore``)
-       and adds its GPU-seconds to transition time;
+    5. set-point restore (``restore=True``): the plan of step 2 holds a restore for every
+       set-point instance not resident when its GPUs' planned work ends
+       (``planned_restore``: one of :data:`planner.restore.RESTORE_AT`); step 3
+       commits those that start before ``t + window_s`` like jobs (a restore is never
+       preempted). The live planner worker's rule stays as the fallback (and is the only
+       one with ``planned_restore=None``): when the queue is empty and the committed work
+       ends before the next arrival, every set-point instance not resident is restored at
+       that time. Either is the transition rule of :mod:`planner.replay` (evict, then cold
+       start or wake); its GPUs are busy until it ends; the report counts it
+       (``transitions.restore``) and adds its GPU-seconds to transition time;
     6. moves to the next planning point: the next arrival or the earliest planned but
        uncommitted start, whichever is first, but not before ``t + window_s``.
 The uncommitted rest of each plan goes to the next planning point as ``previous``
@@ -56,6 +60,7 @@ from planner.measures import JobRecord, build_report, lower_bounds
 from planner.model import Assignment, EndpointModel, FleetState, Gpu, Plan, PlanJob
 from planner.preemption import Holder, choose_preemption
 from planner.replay import Group, Replay
+from planner.restore import set_point_absence, set_point_groups as restore_groups
 
 
 def fleet_state(fleet: FleetSpec, now_s: float = 0.0) -> FleetState:
@@ -76,18 +81,23 @@ def to_plan_jobs(trace_jobs: Sequence[TraceJob], time_scale: float = 1.0) -> lis
 def simulate(trace_jobs: Sequence[TraceJob] | Sequence[PlanJob], fleet: FleetSpec | FleetState, policy: str,
              seed: int = 0, *, window_s: float = 30.0, max_batch: int = 256, demand_window_s: float = 1800.0,
              time_scale: float = 1.0, preemption: bool = True, restore: bool = True,
-             detail: bool = False, time_limit_s: float | None = None,
+             planned_restore: str | None = "group", detail: bool = False, time_limit_s: float | None = None,
              progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Replay jobs through the planner in virtual time; returns the report dict
     (:func:`planner.measures.build_report`, with ``jobs.preempted`` and the set-point
-    restores) plus ``sim`` {wall_s, planning_points, window_s, max_batch, time_scale, seed,
-    preemption, restore, time_limit_s, preempted_gpu_s} and, for jobs with ``deadline_s``,
+    restores), ``set_point_absent_gpu_s`` (GPU-seconds from the first submission until the
+    last job or restore ends during which a set-point instance was not resident,
+    :func:`planner.restore.set_point_absence`) plus ``sim`` {wall_s, planning_points,
+    window_s, max_batch, time_scale, seed, preemption, restore, planned_restore,
+    time_limit_s, preempted_gpu_s} and, for jobs with ``deadline_s``,
     ``weighted_tardiness_s`` = Σ w_j·max(0, C_j − d_j) (weight·s), ``tardy_jobs`` and
     ``jobs_with_deadline``.
 
     ``seed`` is recorded (the trace mapping already used it; the planner is deterministic).
     ``preemption`` and ``restore`` (both on by default, as in the live planner worker)
-    switch the module's preemption step and set-point restore. ``detail`` adds
+    switch the module's preemption step and set-point restore (``restore=False``: no
+    restores at all); ``planned_restore`` places restores in the plans (step 5; None:
+    only the idle rule, as before plans held restores). ``detail`` adds
     ``schedule`` {jobs: the final job records, restores: (start_s, end_s, gpus),
     lost: preempted attempts (start_s, cut_s, gpus), preemptions: [{t_s, job, victims,
     gpus}], resident_end: GPU -> endpoint when everything has ended}.
@@ -103,6 +113,7 @@ def simulate(trace_jobs: Sequence[TraceJob] | Sequence[PlanJob], fleet: FleetSpe
     jobs.sort(key=lambda j: (j.release_s, j.seq))
     sp = set_point_groups(fleet if isinstance(fleet, FleetSpec) else base)
     run = _Run(base, policy, window_s, max_batch, jobs, sp if restore else [], preemption, time_limit_s)
+    run.restore_at = planned_restore if restore else None
     recent: deque[PlanJob] = deque()
     i, n, t = 0, len(jobs), (jobs[0].release_s if jobs else 0.0)
     while i < n or run.queue:
@@ -131,12 +142,16 @@ def simulate(trace_jobs: Sequence[TraceJob] | Sequence[PlanJob], fleet: FleetSpe
                        preempted=run.preempted, restores=run.restores, solve_times_s=run.solve,
                        lower_bound_makespan_s=lb["makespan_s"], lower_bound_weighted_s=lb["weighted_completion_s"],
                        gpu_ids=gpu_ids, eligible=eligible)
+    end_s = max([*(r.end_s for r in run.records.values()), *(b for _, b, _ in run.restores)], default=0.0)
+    rep["set_point_absent_gpu_s"] = set_point_absence(run.residency, sp, base.resident,
+                                                      jobs[0].release_s if jobs else 0.0, end_s)
     due = {j.id: j.deadline_s for j in jobs if j.deadline_s is not None}
     late = [r.weight * (r.end_s - due[r.id]) for r in run.records.values() if r.id in due and r.end_s > due[r.id]]
     rep["weighted_tardiness_s"], rep["tardy_jobs"], rep["jobs_with_deadline"] = sum(late), len(late), len(due)
     rep["sim"] = {"wall_s": time.perf_counter() - wall0, "planning_points": len(run.solve), "window_s": window_s,
                   "max_batch": max_batch, "time_scale": time_scale, "seed": seed, "preemption": preemption,
-                  "restore": restore, "time_limit_s": time_limit_s, "preempted_gpu_s": sum((b - a) * len(g) for a, b, g in run.lost)}
+                  "restore": restore, "planned_restore": planned_restore if restore else None,
+                  "time_limit_s": time_limit_s, "preempted_gpu_s": sum((b - a) * len(g) for a, b, g in run.lost)}
     if detail:
         rep["schedule"] = {"jobs": [asdict(r) for r in run.records.values()], "restores": run.restores,
                            "lost": run.lost, "preemptions": run.log, "resident_end": dict(run.committed.resident)}
@@ -162,6 +177,9 @@ class _Run:
         self.preempted = 0
         self.log: list[dict[str, Any]] = []
         self.dependants = {d for j in jobs for d in j.deps}
+        self.restore_at: str | None = None  # planned restores (planner.restore.RESTORE_AT), None: idle rule only
+        # GPU -> residency changes (time_s, endpoint or None while in a transition), for set-point absence
+        self.residency: dict[str, list[tuple[float, str | None]]] = {g.uuid: [] for g in base.gpus}
 
     def plan_point(self, t: float, demand: dict[str, float], share: dict[str, float]) -> float:
         """Plan the queue at ``t``, commit what starts before ``t + window_s``, then
@@ -175,7 +193,8 @@ class _Run:
                                resident=dict(c.resident), set_point=self.base.set_point, end_of=c.end_of,
                                asleep=dict(c.asleep), demand=demand, demand_share=share)
             c0 = time.perf_counter()
-            p = plan(batch, state, self.policy, previous=self.previous, time_limit_s=self.time_limit_s)
+            p = plan(batch, state, self.policy, previous=self.previous, time_limit_s=self.time_limit_s,
+                     restore_at=self.restore_at)
             self.solve.append(time.perf_counter() - c0)
             bj = {j.id: j for j in batch}
             nxt = float("inf")
@@ -186,6 +205,9 @@ class _Run:
                 else:
                     nxt = min(nxt, a.start_s)
                     later.append(a)
+            for r in p.restores:  # after every job on their GPUs: those started before r, so are committed
+                if r.start_s < t + self.window_s:
+                    self._restore(tuple(r.gpus), state.set_point[r.gpus[0]], max(r.start_s, t))
             self.previous = Plan(p.policy, later)
             waiting = [j for j in batch if j.id in self.queue and j.priority <= 1]
             if not (self.preemption and waiting and self._preempt(t, waiting)):
@@ -194,6 +216,7 @@ class _Run:
 
     def _place(self, job: PlanJob, gpus: Group, start_s: float) -> Assignment:
         a = self.committed.place(job, gpus, start_s)
+        self._log_residency(a, job.endpoint)
         self.records[job.id] = _record(job, a, self.base)
         for u in gpus:
             self.placed[u] = (job, a)
@@ -228,6 +251,9 @@ class _Run:
             for v in best.victims:
                 victim, a = self.placed[next(u for u, h in holders.items() if h is not None and h.id == v)]
                 c.unplace(a, t)
+                if t < a.service_start_s and a.load != "warm":  # cut in its transition: nothing loaded
+                    for u in a.gpus:
+                        self.residency[u].pop()
                 for u in a.gpus:
                     holders[u] = None
                     busy.discard(u)
@@ -253,16 +279,30 @@ class _Run:
         for ep, g in self.set_points:
             if all(self.committed.resident[u] == ep for u in g):
                 continue
-            a = self.committed.restore(g, ep, idle_at)
-            self.restores.append((a.start_s, a.end_s, g))
-            for u in g:
-                self.placed[u] = (None, a)
+            self._restore(g, ep, idle_at)
+
+    def _restore(self, g: Group, ep: str, start_s: float) -> None:
+        """Commit the restore of set-point ``ep`` on ``g`` at ``start_s`` (never a victim)."""
+        start_s = max(start_s, self.committed.group_free(g))
+        a = self.committed.restore(g, ep, start_s)
+        self._log_residency(a, ep)
+        self.restores.append((a.start_s, a.end_s, g))
+        for u in g:
+            self.placed[u] = (None, a)
+
+    def _log_residency(self, a: Assignment, endpoint: str) -> None:
+        """A committed placement's residency changes: nothing ready from its start while it
+        evicts and loads, ``endpoint`` from its service start (a restore: its end)."""
+        if a.load == "warm":
+            return
+        for u in a.gpus:
+            self.residency[u] += [(a.start_s, None), (a.service_start_s, endpoint)]
 
 
 def set_point_groups(fleet: FleetSpec | FleetState) -> list[tuple[str, Group]]:
     """(endpoint, GPU uuids) of every set-point instance: the fleet file's instances, or
     for a bare :class:`FleetState` its aligned groups whose every GPU's set point is the
-    endpoint."""
+    endpoint (:func:`planner.restore.set_point_groups`)."""
     if isinstance(fleet, FleetSpec):
         hosts = {h.name: h for h in fleet.hosts}
         out = []
@@ -271,8 +311,7 @@ def set_point_groups(fleet: FleetSpec | FleetState) -> list[tuple[str, Group]]:
                 by_index = {g.index: g.uuid for g in hosts[sp.host].gpus}
                 out.append((e.name, tuple(by_index[i] for i in sp.gpus)))
         return out
-    return [(e, g) for e, ep in fleet.endpoints.items() for g in fleet.groups(ep.tp, ep.memory_mib)
-            if all(fleet.set_point.get(u) == e for u in g)]
+    return restore_groups(fleet)
 
 
 def _demand(recent: deque[PlanJob]) -> dict[str, float]:

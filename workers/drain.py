@@ -1,7 +1,10 @@
 """Set-point restore and the drain check of the planner worker.
 
 When nothing is queued or running, the leader restores every set-point instance that
-is not resident (a restore lease and an evict → restore chain per GPU group), and once
+is not resident (a restore lease and an evict → restore chain per GPU group). While jobs
+are queued, it starts the restores of its plan that start now (a set-point group the
+plan leaves idle, free and not at its set point: :meth:`SetPointMixin._restore_planned`).
+Once
 the fleet is back at its set point it counts what a drained fleet must not hold:
 leases, agenda entries and busy slots.
 
@@ -34,23 +37,7 @@ class SetPointMixin:
             restoring = True
             if busy.intersection(gpus):
                 continue
-            lid = uuid.uuid4().hex
-            host = self.fleet.host_of(gpus[0])
-            cold = self.fleet.endpoints[ep].cold_start_s
-            lease = self.leases.acquire(lid, tuple(gpus), self.settings.lease_ttl_s, job_id=f"restore:{ep}:{gpus[0]}",
-                                        kind="restore", holder=host, planner_token=self.token,
-                                        info={"planned_end_s": repr(self.now_s() + cold), "endpoint": ep},
-                                        event={"kind": "restore_start", "endpoint": ep, "host": host,
-                                               "planned_s": cold})
-            if lease is not None:
-                busy.update(gpus)
-                # the restore joins the trace of the last job that held these GPUs: its
-                # restore_baseline span closes that job's makespan (submit -> restore)
-                tp = next((self._last_tp[g] for g in gpus if self._last_tp.get(g)), "")
-                with telemetry.use_traceparent(tp):
-                    self._send(PhaseContext(lid, lease.token, list(gpus), host, "restore", ep, traceparent=tp), host)
-                for g in gpus:
-                    self._last_tp.pop(g, None)
+            self._start_restore(ep, tuple(gpus), busy)
         if restoring or self.r.zcard(self.keys.leases):
             self._idle_checked = False
             return False
@@ -58,6 +45,47 @@ class SetPointMixin:
             self._idle_checked = True
             self.check_drain()
         return False
+
+    def _start_restore(self, ep: str, gpus: tuple[str, ...], busy: set[str]) -> bool:
+        """Lease ``gpus`` for the restore of set-point ``ep`` and send its evict → restore
+        chain; the GPUs join ``busy``. False if the lease failed (GPUs taken meanwhile)."""
+        lid = uuid.uuid4().hex
+        host = self.fleet.host_of(gpus[0])
+        cold = self.fleet.endpoints[ep].cold_start_s
+        lease = self.leases.acquire(lid, gpus, self.settings.lease_ttl_s, job_id=f"restore:{ep}:{gpus[0]}",
+                                    kind="restore", holder=host, planner_token=self.token,
+                                    info={"planned_end_s": repr(self.now_s() + cold), "endpoint": ep},
+                                    event={"kind": "restore_start", "endpoint": ep, "host": host,
+                                           "planned_s": cold})
+        if lease is None:
+            return False
+        busy.update(gpus)
+        # the restore joins the trace of the last job that held these GPUs: its
+        # restore_baseline span closes that job's makespan (submit -> restore)
+        tp = next((self._last_tp[g] for g in gpus if self._last_tp.get(g)), "")
+        with telemetry.use_traceparent(tp):
+            self._send(PhaseContext(lid, lease.token, list(gpus), host, "restore", ep, traceparent=tp), host)
+        for g in gpus:
+            self._last_tp.pop(g, None)
+        return True
+
+    def _restore_planned(self, batch: list, state: Any, p: Any, taken: set[str]) -> int:
+        """Start the plan's set-point restores that start now (planner/restore.py, at the
+        group's last planned job: a group the plan leaves idle, free now and not at its
+        set point), while other jobs are queued. Only when the batch holds every queued
+        job (fewer than ``batch_size``): a job left out of the batch might need the GPUs.
+        Jobs waiting on a dependency are not in the batch and are not considered. Returns
+        the restores started; their GPUs join ``taken``."""
+        if len(batch) >= self.settings.batch_size:
+            return 0
+        from planner.restore import plan_restores
+
+        eps = 1e-6 * max(1.0, abs(state.now_s))
+        n = 0
+        for a in plan_restores(p.assignments, batch, state, "group"):
+            if a.start_s <= state.now_s + eps and not taken.intersection(a.gpus):
+                n += self._start_restore(state.set_point[a.gpus[0]], tuple(a.gpus), taken)
+        return n
 
     def check_drain(self) -> dict[str, Any]:
         """Count what a drained fleet must not hold: leases, agenda entries, busy slots."""

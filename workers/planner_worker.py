@@ -6,8 +6,9 @@ CRITICAL jobs first, then HIGH, NORMAL, LOW; at most ``batch_size``); reads the 
 state; calls the pure ``planner.api.plan``; publishes a lease for every job the plan
 starts now (one Lua script per gang: leased whole or not at all, the job acknowledged
 in the same step) and sends its phase chain to the host's queue. Jobs planned for
-later stay queued and are planned again next tick (rolling horizon). When nothing is
-queued or running it restores set points and checks the drain.
+later stay queued and are planned again next tick (rolling horizon). It starts the
+plan's set-point restores that start now (a set-point group the plan leaves idle); when
+nothing is queued or running it restores every set point and checks the drain.
 """
 
 from __future__ import annotations
@@ -392,6 +393,7 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
         waiting = [j for j in batch if j.id not in dispatched and j.priority <= int(Priority.HIGH)]
         if waiting:
             dispatched |= self._preempt_for(waiting, state, taken)
+        self._restore_planned(batch, state, p, taken)
         if self.improver is not None:
             self._offer_rest(batch, state, p, started, dispatched)
         # tick again at once only if another tick may start something: a GPU is still free

@@ -36,12 +36,32 @@ def test_restore_when_idle_is_counted_and_reaches_the_set_point():
     assert rep["transition_gpu_s"] == pytest.approx(off["transition_gpu_s"] + 35.0)
 
 
-def test_no_restore_while_work_is_queued_or_arrives_first():
-    # c arrives at 150 s, before the fleet idles at 165 s: the restore waits until c is done
+def test_idle_rule_waits_while_work_is_queued_or_arrives_first():
+    # c arrives at 150 s, before the fleet idles at 165 s: the idle rule alone (no planned
+    # restores) waits until c is done
     c = PlanJob("c", "m2", 2.0, 150.0, 100.0, 2, seq=2)
-    rep = simulate(_two_m2([c]), _state(), "portfolio", detail=True)
+    rep = simulate(_two_m2([c]), _state(), "portfolio", planned_restore=None, detail=True)
     end = max(r["end_s"] for r in rep["schedule"]["jobs"])
     assert [r[0] for r in rep["schedule"]["restores"]] == [end]
+    assert rep["sim"]["planned_restore"] is None
+
+
+def test_planned_restore_runs_while_other_gpus_work():
+    # the plan at 150 s puts c on g1 (m2 warm there, free at 160 s) and nothing more on g0:
+    # g0's set point comes back when a ends at 165 s, while c runs until 260 s
+    c = PlanJob("c", "m2", 2.0, 150.0, 100.0, 2, seq=2)
+    rep = simulate(_two_m2([c]), _state(), "portfolio", detail=True)
+    rec = {r["id"]: r for r in rep["schedule"]["jobs"]}
+    assert tuple(rec["c"]["gpus"]) == ("g1",) and rec["c"]["end_s"] == 260.0
+    assert rep["schedule"]["restores"] == [(165.0, 200.0, ("g0",))]
+    # m1 absent on g0 from 0 s (a's evict begins) to 200 s; the idle rule alone: until 295 s
+    assert rep["set_point_absent_gpu_s"] == pytest.approx(200.0)
+    idle = simulate(_two_m2([c]), _state(), "portfolio", planned_restore=None)
+    assert idle["set_point_absent_gpu_s"] == pytest.approx(295.0)
+    # --no-restore: no restores at all; m1 stays absent until the last job ends at 260 s
+    off = simulate(_two_m2([c]), _state(), "portfolio", restore=False, detail=True)
+    assert off["transitions"]["restore"] == 0 and off["schedule"]["restores"] == []
+    assert off["set_point_absent_gpu_s"] == pytest.approx(260.0) and off["sim"]["planned_restore"] is None
 
 
 def test_a_job_arriving_during_a_restore_waits_for_its_gpus():

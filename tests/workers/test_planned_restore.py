@@ -1,0 +1,49 @@
+"""The live planner worker starts a plan's set-point restore while jobs are queued
+(workers/drain.py ``_restore_planned``): in-process against real Redis, dispatch captured."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from app.models import parse_fleet
+from app.producer import Producer
+from workers.phases import instance_value
+from workers.planner_worker import PlannerWorker
+
+FLEET = parse_fleet({"name": "two",
+                     "hosts": [{"name": "a", "gpu_count": 1, "memory_mib": 40000},
+                               {"name": "b", "gpu_count": 1, "memory_mib": 81920}],
+                     "endpoints": {"base": {"model": "b", "memory_mib_per_gpu": 20000, "cold_start_s": 2,
+                                            "set_point": [{"host": "a", "gpus": [0]}]},
+                                   "other": {"model": "o", "memory_mib_per_gpu": 60000, "cold_start_s": 60}}})
+G0, G1 = FLEET.hosts[0].gpus[0].uuid, FLEET.hosts[1].gpus[0].uuid
+
+
+def _run(r, keys, settings, **kw):
+    """GPU 1 (host b) holds ``other`` and GPU 0 (host a) nothing: its set point ``base``
+    is not resident. Two ``other`` jobs are queued; ``other`` fits only host b's memory,
+    so the plan runs both on GPU 1 and leaves GPU 0 idle until the horizon end."""
+    s = dataclasses.replace(settings, policy="portfolio", lease_ttl_s=60.0, **kw)
+    sent = []
+    w = PlannerWorker(r, s, FLEET, dispatch=lambda ctx, q: sent.append(ctx))
+    w.token = ""
+    r.set(keys.resident(G1), instance_value("other", [G1]))
+    prod = Producer(r, keys, FLEET, s)
+    ids = [prod.submit({"endpoint": "other", "service_s": 1, "priority": "NORMAL"}).id for _ in range(2)]
+    w.tick()
+    return sent, ids
+
+
+def test_plan_restore_starts_on_an_idle_set_point_group_while_jobs_wait(r, keys, settings):
+    sent, ids = _run(r, keys, settings)
+    jobs = [c for c in sent if c.kind == "job"]
+    restores = [c for c in sent if c.kind == "restore"]
+    assert len(jobs) == 1 and jobs[0].gpus == [G1]  # the other job waits for GPU 1
+    assert [(c.endpoint, c.gpus) for c in restores] == [("base", [G0])]
+    assert r.get(keys.gpu(G0))  # GPU 0 is leased to the restore
+
+
+def test_no_plan_restore_when_the_batch_may_leave_jobs_out(r, keys, settings):
+    sent, _ = _run(r, keys, settings, batch_size=2)  # a full batch: a queued job beyond it might need GPU 0
+    assert [c.kind for c in sent] == ["job"]
+    assert not r.get(keys.gpu(G0))
