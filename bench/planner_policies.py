@@ -25,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from planner.api import POLICIES  # noqa: E402
+from planner.api import POLICIES, PREEMPTION_FLOOR  # noqa: E402
 from planner.cpsat import cpsat_policy  # noqa: E402
 from planner.simulator import simulate  # noqa: E402
 import planner_common  # noqa: E402
@@ -44,12 +44,18 @@ def main() -> None:
     ap.add_argument("--with-cpsat", action="store_true", help="also cpsat-fast (about 75 s per replay here)")
     ap.add_argument("--no-preemption", dest="preemption", action="store_false", help="simulate without preemption")
     ap.add_argument("--no-restore", dest="restore", action="store_false", help="simulate without set-point restore")
+    ap.add_argument("--plan-preemption", action="store_true",
+                    help="add a row POLICY@plan (preemption scored inside the plan) after each policy that has one; "
+                         "the other rows use the fixed rule")
     a = ap.parse_args()
     planner_common.MEDIAN_SERVICE_S, planner_common.OFFERED_LOAD = a.median_service_s, a.offered_load
     pols = POLS if a.with_cpsat else POLS[:-1]
     if a.policies:
         pols = a.policies.split(",")
     POLICIES["cpsat-fast"] = partial(cpsat_policy, time_limit_s=0.1)
+    PREEMPTION_FLOOR["cpsat-fast"] = "portfolio"
+    if a.plan_preemption:
+        pols = [x for p in pols for x in ([p, p + "@plan"] if p in PREEMPTION_FLOOR else [p])]
     fleet = bench_fleet(a.gpus)
     res: dict[str, list[dict]] = {p: [] for p in pols}
     windows = [(path, select_window(path, fleet, a.jobs, a.gpus)) for path in TRACES]
@@ -59,7 +65,8 @@ def main() -> None:
             print(f"# {Path(path).stem}@{start} seed={seed} models={info['models']} "
                   f"service ÷{info['service_scale']:.3g} arrivals ÷{info['arrival_scale']:.3g}", flush=True)
             for p in pols:
-                r = simulate(jobs, fleet, p, seed, preemption=a.preemption, restore=a.restore)
+                r = simulate(jobs, fleet, p.removesuffix("@plan"), seed, restore=a.restore,
+                             preemption=a.preemption and ("plan" if p.endswith("@plan") else "rule"))
                 res[p].append(r)
                 print(f"{Path(path).stem}@{start} seed={seed} {p:10s} wc={r['weighted_completion_s']:.4g} "
                       f"mk={r['makespan_s']:.0f} cold={r['transitions']['cold_start']} util={r['utilization']:.2f} "
@@ -72,15 +79,15 @@ def main() -> None:
           f"median service {a.median_service_s:g} s, offered load {a.offered_load:g}; "
           f"preemption {'on' if a.preemption else 'off'}, set-point restore {'on' if a.restore else 'off'}")
     print("| policy | weighted completion (s) | makespan (s) | cold starts | util | ÷ fifo | ÷ min-evict | ÷ wspt "
-          "| ÷ lower bound | preemptions | restores |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "| ÷ portfolio | ÷ lower bound | preemptions | restores |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for p in pols:
         rs = res[p]
         def ratio(base):
             return ratio_cell(res, p, base, "weighted_completion_s")
         print(f"| {p} | {ms([r['weighted_completion_s'] for r in rs])} | {ms([r['makespan_s'] for r in rs])} | "
               f"{ms([r['transitions']['cold_start'] for r in rs])} | {ms([r['utilization'] for r in rs])} | "
-              f"{ratio('fifo')} | {ratio('min-evict')} | {ratio('wspt')} | {ms([r['best_over_lower_bound'] for r in rs])} | "
+              f"{ratio('fifo')} | {ratio('min-evict')} | {ratio('wspt')} | {ratio('portfolio')} | {ms([r['best_over_lower_bound'] for r in rs])} | "
               f"{ms([r['jobs']['preempted'] for r in rs])} | {ms([r['transitions']['restore'] for r in rs])} |")
     print("\np95 wait per priority level (s), mean over the replays; cut work (preempted GPU-seconds) per replay")
     print("| policy | CRITICAL | HIGH | NORMAL | LOW | cut GPU-s |")

@@ -10,6 +10,13 @@ planner/cpsat.py) and ``default`` (= ``cpsat``). For jobs with deadlines:
 ``tardiness-portfolio`` and ``tardiness`` (planner/tardiness_policy.py) minimise the
 weighted tardiness Σ w_j·max(0, C_j − d_j) instead (``Plan.objective`` is then that sum;
 weighted completion is an ε tie-break, see planner/evaluator.py).
+
+Plan-level preemption (``plan(..., preemption=True)`` with ``FleetState.running`` given,
+:mod:`planner.preemption_plan`): the policies named in :data:`PREEMPTION_FLOOR` decide
+preemptions by score — each candidate scored with the policy's greedy floor, the best
+improving one taken — and a solver policy then runs once on the chosen branch. The
+returned plan carries ``preemptions``; evaluate it with
+:func:`planner.preemption_plan.evaluate_preemptive`. The fixed baselines never do.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from collections.abc import Callable, Sequence
 
 from app.errors import PlannerError
 from planner import greedy
+from planner import preemption_plan
 from planner.model import FleetState, Plan, PlanJob
 
 Policy = Callable[[Sequence[PlanJob], FleetState], Plan]
@@ -44,6 +52,11 @@ except ImportError:  # pragma: no cover
 DEFAULT_POLICY = "default"
 # what Plan.objective of each policy is (planner.evaluator.OBJECTIVES); absent: weighted_completion
 POLICY_OBJECTIVE: dict[str, str] = {"tardiness-portfolio": "weighted_tardiness", "tardiness": "weighted_tardiness"}
+# policy -> the greedy floor that scores its preemption candidates (plan-level preemption);
+# absent (fifo, min-evict, wspt): no plan-level preemption, callers keep the fixed rule
+PREEMPTION_FLOOR: dict[str, str] = {"portfolio": "portfolio", "cpsat": "portfolio", "default": "portfolio",
+                                    "tardiness-portfolio": "tardiness-portfolio",
+                                    "tardiness": "tardiness-portfolio"}
 
 
 def _takes(fn: Policy, param: str) -> bool:
@@ -59,7 +72,7 @@ def _takes_limit(fn: Policy) -> bool:
 
 def plan(batch: Sequence[PlanJob], state: FleetState, policy: str = DEFAULT_POLICY, *,
          time_limit_s: float | None = None, num_workers: int | None = None,
-         previous: Plan | None = None) -> Plan:
+         previous: Plan | None = None, preemption: bool = False) -> Plan:
     """Plan ``batch`` on ``state`` with the named policy.
 
     Args:
@@ -74,6 +87,8 @@ def plan(batch: Sequence[PlanJob], state: FleetState, policy: str = DEFAULT_POLI
             (``cpsat``/``default``) repairs it to ``batch`` (jobs gone dropped, new jobs
             appended, :func:`planner.previous.repair`) and starts from it when it scores
             better than the greedy floor; the greedy policies ignore it.
+        preemption: decide preemptions inside the plan (module doc) when the policy is
+            in :data:`PREEMPTION_FLOOR` and ``state.running`` is given; ignored otherwise.
 
     Raises:
         PlannerError: unknown policy name, a negative ``time_limit_s``, or
@@ -96,4 +111,22 @@ def plan(batch: Sequence[PlanJob], state: FleetState, policy: str = DEFAULT_POLI
         kw["num_workers"] = num_workers
     if previous is not None and _takes(fn, "previous"):
         kw["previous"] = previous
+    if preemption and state.running and policy in PREEMPTION_FLOOR:
+        return _plan_preemptive(batch, state, policy, fn, kw)
     return fn(batch, state, **kw)  # type: ignore[call-arg]
+
+
+def _plan_preemptive(batch: Sequence[PlanJob], state: FleetState, policy: str, fn: Policy,
+                     kw: dict[str, float | int | Plan]) -> Plan:
+    """Scored preemption with the policy's floor, then the policy on the chosen branch."""
+    floor_name = PREEMPTION_FLOOR[policy]
+    objective = POLICY_OBJECTIVE.get(policy, "weighted_completion")
+    branch = preemption_plan.decide(batch, state, POLICIES[floor_name], objective)
+    if floor_name == policy:
+        rest = branch.plan
+    elif not branch.batch:
+        rest = Plan(policy=policy, assignments=[], stats={"weighted_completion": 0.0, "weighted_tardiness": 0.0,
+                                                          "future_cost": 0.0, "score": 0.0})
+    else:
+        rest = fn(branch.batch, branch.state, **kw)  # type: ignore[call-arg]
+    return preemption_plan.assemble(rest, branch, objective)
