@@ -60,7 +60,7 @@ from planner.replay import Group, Replay
 # what ``preemption=True`` means (module doc, step 4): "rule" = the fixed rule for every
 # policy; "plan" = scored inside the plan for the policies of planner.api.PREEMPTION_FLOOR
 # (portfolio, default/cpsat, tardiness*), the fixed rule for fifo, min-evict and wspt
-DEFAULT_PREEMPTION = "rule"
+DEFAULT_PREEMPTION = "plan"
 
 
 def fleet_state(fleet: FleetSpec, now_s: float = 0.0) -> FleetState:
