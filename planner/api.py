@@ -122,11 +122,13 @@ def _plan_preemptive(batch: Sequence[PlanJob], state: FleetState, policy: str, f
     floor_name = PREEMPTION_FLOOR[policy]
     objective = POLICY_OBJECTIVE.get(policy, "weighted_completion")
     branch = preemption_plan.decide(batch, state, POLICIES[floor_name], objective)
-    if floor_name == policy:
+    if not branch.taken:  # no preemption: plan as without (reuse the floor's plan when it is the policy)
+        if branch.plan is not None and floor_name == policy:
+            return branch.plan
+        return fn(batch, state, **kw)  # type: ignore[call-arg]
+    # a solver policy runs once, on the chosen branch (its batch holds the victims: never empty)
+    if floor_name == policy and branch.plan is not None:
         rest = branch.plan
-    elif not branch.batch:
-        rest = Plan(policy=policy, assignments=[], stats={"weighted_completion": 0.0, "weighted_tardiness": 0.0,
-                                                          "future_cost": 0.0, "score": 0.0})
     else:
         rest = fn(branch.batch, branch.state, **kw)  # type: ignore[call-arg]
     return preemption_plan.assemble(rest, branch, objective)

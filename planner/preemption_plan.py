@@ -139,11 +139,14 @@ def apply(state: FleetState, batch: Sequence[PlanJob], cand: Candidate) -> tuple
 
 @dataclass
 class Branch:
-    """The state, batch and plan of the rest after the preemptions taken so far."""
+    """The state, batch and plan of the rest after the preemptions taken so far.
+
+    ``plan`` is the floor's plan of ``batch`` on ``state``, or None when no waiting job
+    had a candidate (then nothing was planned: the caller plans as without preemption)."""
 
     state: FleetState
     batch: list[PlanJob]
-    plan: Plan
+    plan: Plan | None
     taken: list[PlannedPreemption]
     starts: list[Assignment]  # the preemptors' assignments
     preemptors: list[PlanJob]
@@ -153,11 +156,13 @@ def decide(batch: Sequence[PlanJob], state: FleetState, floor: Planner, objectiv
            per_job: int = PER_JOB, max_jobs: int = MAX_JOBS) -> Branch:
     """Greedy scored preemption (module doc) with ``floor`` planning every branch.
 
-    Returns the chosen branch; ``taken`` is empty when no candidate improves the score
-    (``plan`` is then ``floor(batch, state)``)."""
-    cur = Branch(state, list(batch), floor(batch, state), [], [], [])
-    if not state.running:
+    Returns the chosen branch; ``taken`` is empty when no candidate improves the score.
+    Cost: nothing is planned unless some CRITICAL/HIGH job of the batch has a candidate;
+    then 1 + (candidates scored, at most ``max_jobs × per_job``) floor plans."""
+    cur = Branch(state, list(batch), None, [], [], [])
+    if not state.running or not any(j.priority <= 1 and candidates(j, state, batch, 1) for j in batch):
         return cur
+    cur.plan = floor(batch, state)
     now = state.now_s
     start = {a.job_id: a.start_s for a in cur.plan.assignments}
     waiting = sorted((j for j in batch if j.priority <= 1 and start.get(j.id, now) > now + TOL_S),
