@@ -209,15 +209,16 @@ def _with_fixed(rest: Plan, starts: list[Assignment], jobs: Sequence[PlanJob], o
 
 
 def evaluate_preemptive(plan: Plan, batch: Sequence[PlanJob], state: FleetState,
-                        objective: str = "weighted_completion") -> Plan:
+                        objective: str = "weighted_completion", *, policy: str | None = None,
+                        check_times: bool = True) -> Plan:
     """Replay a plan with ``preemptions`` on ``state`` and score it on all its jobs.
 
     The preemptions apply in order (:func:`apply`; each must be a candidate of the
     module's rules on the state so far, its victims exactly the group's holders); the
     preemptors' assignments must start at ``now_s`` on their groups, and the other
     assignments are evaluated (:func:`planner.evaluator.evaluate`) on the transformed
-    state for the batch less the preemptors plus the victims. A plan without
-    preemptions is evaluated as is.
+    state for the batch less the preemptors plus the victims (``policy``, ``check_times``:
+    as there). A plan without preemptions is evaluated as is.
 
     Returns:
         a new plan (preemptors first, then the rest in start order) whose ``objective`` /
@@ -227,7 +228,7 @@ def evaluate_preemptive(plan: Plan, batch: Sequence[PlanJob], state: FleetState,
         InfeasiblePlan: a preemption breaks the rules, or an assignment is infeasible.
     """
     if not plan.preemptions:
-        return evaluate(plan, batch, state, objective=objective)
+        return evaluate(plan, batch, state, policy, check_times, objective)
     by_job = {a.job_id: a for a in plan.assignments}
     st, rest = state, list(batch)
     starts: list[Assignment] = []
@@ -246,7 +247,8 @@ def evaluate_preemptive(plan: Plan, batch: Sequence[PlanJob], state: FleetState,
         starts.append(a)
         taken.append(pp)
     pre = {a.job_id for a in starts}
-    ev = evaluate([a for a in plan.assignments if a.job_id not in pre], rest, st, plan.policy, objective=objective)
+    ev = evaluate([a for a in plan.assignments if a.job_id not in pre], rest, st, policy or plan.policy,
+                  check_times, objective)
     out = _with_fixed(ev, starts, batch, objective)
     out.preemptions = taken
     return out

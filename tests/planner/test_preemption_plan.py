@@ -131,11 +131,17 @@ def test_victim_is_never_placed_on_its_lost_gpus_before_the_preemptor_starts():
     assert x.victims == ("L",) and x.gpus == ("g0",)
     by = p.by_job()
     assert by["C"].start_s == 100.0 and by["L"].start_s >= by["C"].end_s
+    # planner.evaluator.evaluate replays such a plan on the state its preemptions leave
+    ev = evaluate(p, [crit], state)
+    assert ev.preemptions == p.preemptions and ev.stats["score"] == pytest.approx(p.stats["score"])
+    assert sorted(a.job_id for a in ev.assignments) == ["C", "L"]
     # a tampered plan that gives the victim its GPU back first is refused by the evaluator
     bad = Plan(p.policy, [by["C"], Assignment("L", ("g0",), 100.0, 105.0, 1105.0, ("m1",), "cold_start")],
                preemptions=p.preemptions)
     with pytest.raises(InfeasiblePlan):
         pp.evaluate_preemptive(bad, [crit], state)
+    with pytest.raises(InfeasiblePlan):
+        evaluate(bad, [crit], state)
     # preempting a holder the rules protect is refused too
     locked = _state(100.0, [(low, ["g0"], 0.0, False)], n=1)
     with pytest.raises(InfeasiblePlan, match="preemption rules"):
@@ -222,8 +228,10 @@ def test_simulated_plan_preemption_keeps_the_rules(seed, restore):
         for v in p["victims"]:
             assert level[v] > level[p["job"]]  # CRITICAL over HIGH/NORMAL/LOW, HIGH over NORMAL/LOW
             vr = recs[v]
-            if set(vr["gpus"]) & set(p["gpus"]):
-                assert vr["start_s"] >= pre["start_s"]
+            if set(vr["gpus"]) & set(p["gpus"]):  # not re-placed there before the preemptor took them
+                assert vr["start_s"] >= p["t_s"]
+                if p["job"] not in cut_later:
+                    assert vr["start_s"] >= pre["end_s"] - 1e-6  # nor while the preemptor holds them
             assert not v.startswith("restore:")
     by_gpu: dict[str, list] = {}
     sched = rep["schedule"]
