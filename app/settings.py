@@ -15,6 +15,18 @@ from app.errors import ValidationError
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
+PREEMPTION_MODES = ("plan", "rule")  # Settings.preemption
+
+
+def _env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
+    """The variable ``name`` (unset or empty: ``default``). Raises ValidationError when it
+    is not one of ``choices``."""
+    raw = os.environ.get(name) or default
+    if raw not in choices:
+        raise ValidationError(name, raw, f"must be one of {', '.join(choices)}")
+    return raw
+
+
 def _env_nonneg(name: str, default: float) -> float:
     """A ``MAKESPAN_*`` number that may be 0 (unset: ``default``)."""
     return _env_float(name, default, allow_zero=True)
@@ -122,7 +134,7 @@ class Settings:
             broker_visibility_timeout_s=_env_float("MAKESPAN_BROKER_VISIBILITY_TIMEOUT_S", 6 * 3600.0),
             policy=env.get("MAKESPAN_POLICY") or "default",
             solve_time_limit_s=_env_float("MAKESPAN_SOLVE_TIME_LIMIT_S", 1.0),
-            preemption=env.get("MAKESPAN_PREEMPTION") or "plan",
+            preemption=_env_choice("MAKESPAN_PREEMPTION", "plan", PREEMPTION_MODES),
             planner_tick_s=_env_float("MAKESPAN_PLANNER_TICK_S", 0.1),
             retention_jobs=int(_env_float("MAKESPAN_RETENTION_JOBS", 10_000)),
             retention_age_s=_env_float("MAKESPAN_RETENTION_AGE_S", 3600.0),

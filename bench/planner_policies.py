@@ -13,7 +13,12 @@ states which, and the table adds preemptions and restores per replay, then p95 w
 per priority level.
 
     .venv/bin/python bench/planner_policies.py [--jobs 200] [--gpus 16] [--seeds 3] [--with-cpsat]
-        [--median-service-s 120] [--offered-load 1.4] [--no-preemption] [--no-restore]
+        [--median-service-s 120] [--offered-load 1.4] [--no-preemption] [--no-restore] [--plan-preemption]
+
+The plain rows use the fixed preemption rule (``preemption="rule"``, as before the scored
+decision existed, so older tables stay comparable); ``--plan-preemption`` adds a row
+``POLICY@plan`` (preemption scored inside the plan, planner/preemption_plan.py, the
+simulator's default) after each policy that has one (portfolio, cpsat-fast).
 """
 
 import argparse

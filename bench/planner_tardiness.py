@@ -19,7 +19,11 @@ the improver beside it, ``workers/improver.py``); ``cpsat-fast`` /
 (the simulator calls ``plan`` at every planning point; 1 s would take minutes per replay).
 
     .venv/bin/python bench/planner_tardiness.py [--seeds 3] [--policies fifo,portfolio,...]
-        [--no-preemption] [--no-restore] [--static-limit-s 1]
+        [--no-preemption] [--no-restore] [--static-limit-s 1] [--plan-preemption]
+
+The plain rows use the fixed preemption rule; ``--plan-preemption`` adds ``POLICY@plan``
+rows (preemption scored inside the plan with the policy's objective) after portfolio,
+tardiness-portfolio, cpsat-fast and tardiness-fast.
 """
 
 import argparse

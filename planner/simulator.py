@@ -9,8 +9,15 @@ Rolling horizon. At a planning point t the simulator
        live system;
     3. commits, in start order, the planned jobs that start before ``t + window_s``
        (they run as planned: service times are exact in simulation); the rest stay queued;
-    4. preemption (``preemption=True``, the live planner worker's rule, shared with it:
-       :func:`planner.preemption.choose_preemption`): each CRITICAL/HIGH job of the
+    4. preemption, one of two deciders (``preemption="plan"``, the default, or ``"rule"``;
+       the live planner worker has the same two, ``MAKESPAN_PREEMPTION``):
+       "plan" — for the policies of :data:`planner.api.PREEMPTION_FLOOR` the planning of
+       step 2 itself decides preemptions by score (:mod:`planner.preemption_plan`; the
+       committed jobs holding GPUs at t are passed as ``FleetState.running``); the plan's
+       preemptions are applied at t as below (victims cut and requeued, the preemptor
+       committed on the group at t) before its assignments are committed, and there is
+       no second planning pass. "rule" (and "plan" for fifo, min-evict, wspt) — the
+       fixed rule, :func:`planner.preemption.choose_preemption`: each CRITICAL/HIGH job of the
        batch left uncommitted that no free group can take, and whose earliest group does
        not free within its cold start, takes the cheapest group held only by running
        committed jobs of strictly lower levels. The victims are cut at t and go back to
@@ -91,8 +98,11 @@ def simulate(trace_jobs: Sequence[TraceJob] | Sequence[PlanJob], fleet: FleetSpe
     ``jobs_with_deadline``.
 
     ``seed`` is recorded (the trace mapping already used it; the planner is deterministic).
-    ``preemption`` and ``restore`` (both on by default, as in the live planner worker)
-    switch the module's preemption step and set-point restore. ``detail`` adds
+    ``preemption``: False (off), ``"rule"``, ``"plan"`` or True (= :data:`DEFAULT_PREEMPTION`,
+    ``"plan"``), the module's step 4; ``sim.preemption`` is whether it is on and
+    ``sim.preemption_mode`` which ("off", "rule", "plan"); preemption records of a scored
+    decision carry its ``gain`` (weight·s). ``restore`` (on by default, as in the live
+    planner worker) switches set-point restore. ``detail`` adds
     ``schedule`` {jobs: the final job records, restores: (start_s, end_s, gpus),
     lost: preempted attempts (start_s, cut_s, gpus), preemptions: [{t_s, job, victims,
     gpus}], resident_end: GPU -> endpoint when everything has ended}.

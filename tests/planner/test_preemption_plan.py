@@ -270,3 +270,23 @@ def test_tardiness_floor_is_used_for_tardiness_policies():
     br = pp.decide(batch, state, tardiness_portfolio, "weighted_tardiness")
     p = plan(batch, state, "tardiness-portfolio", preemption=True)
     assert [x.gpus for x in p.preemptions] == [x.gpus for x in br.taken]
+
+
+@pytest.mark.parametrize("mode", ["rule", "plan", "bogus"])
+def test_cli_simulate_preemption_mode(traces, tmp_path, mode):
+    import json
+
+    from typer.testing import CliRunner
+
+    from app.cli import app as cli_app
+
+    out = tmp_path / "r.json"
+    itp = str(traces / "msft-itp-2021" / "cluster02.csv")
+    res = CliRunner().invoke(cli_app, ["simulate", itp, "--fleet", "examples/render-pipeline.toml", "--limit", "60",
+                                       "--report", str(out), "--preemption-mode", mode, "-q"])
+    if mode == "bogus":
+        assert res.exit_code != 0 and "preemption" in res.output
+        return
+    assert res.exit_code == 0, res.output
+    rep = json.loads(out.read_text())
+    assert rep["sim"]["preemption_mode"] == mode and rep["jobs"]["completed"] == 60
