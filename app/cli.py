@@ -276,6 +276,7 @@ def simulate(trace: Path, fleet: Path = FleetOpt, policy: str = typer.Option("po
              time_scale: float = typer.Option(1.0, help="divide submission and service times by this (ITP jobs run for hours: 20 makes 30-240 s cold starts matter)"),
              time_limit_s: Optional[float] = typer.Option(None, help="solver policies (default, cpsat, tardiness): time limit per planning point, wall s (default 1 s: a replay takes about 1 s per planning point)"),
              preemption: bool = typer.Option(True, help="CRITICAL/HIGH jobs preempt lower levels, as the live planner does (victims restart from zero)"),
+             preemption_mode: Optional[str] = typer.Option(None, help="rule: the fixed preemption rule for every policy; plan: portfolio, default/cpsat and tardiness* decide preemptions inside the plan by score (fifo, min-evict, wspt keep the rule); default: the simulator's default"),
              restore: bool = typer.Option(True, help="restore the set point when the fleet is idle, as the live planner does"),
              quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress lines on stderr")):
     """The planner in virtual time (no Redis) over a trace; prints the report JSON.
@@ -295,7 +296,8 @@ def simulate(trace: Path, fleet: Path = FleetOpt, policy: str = typer.Option("po
                    f"{p['wall_s']:.0f} s wall", err=True)
     try:
         out = sim.run_simulation(str(trace), str(fleet), policy, seed, start=start, limit=limit,
-                                 report_path=str(report) if report else None, preemption=preemption, restore=restore,
+                                 report_path=str(report) if report else None,
+                                 preemption=(preemption_mode or True) if preemption else False, restore=restore,
                                  time_scale=time_scale, time_limit_s=time_limit_s, progress=progress)
     except MakespanError as e:
         _fail(e)

@@ -16,8 +16,13 @@ adds preemptions, restores and set-point absence (GPU-s a set-point instance was
 resident) per replay, then p95 waits per priority level.
 
     .venv/bin/python bench/planner_policies.py [--jobs 200] [--gpus 16] [--seeds 3] [--with-cpsat]
-        [--median-service-s 120] [--offered-load 1.4] [--no-preemption] [--no-restore]
-        [--planned-restore {group,horizon,none}]
+        [--median-service-s 120] [--offered-load 1.4] [--no-preemption] [--no-restore] [--plan-preemption]
+        [--planned-restore {group,horizon,group-demand,none}]
+
+The plain rows use the fixed preemption rule (``preemption="rule"``, as before the scored
+decision existed, so older tables stay comparable); ``--plan-preemption`` adds a row
+``POLICY@plan`` (preemption scored inside the plan, planner/preemption_plan.py, the
+simulator's default) after each policy that has one (portfolio, cpsat-fast).
 """
 
 import argparse
@@ -29,7 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from planner.api import POLICIES  # noqa: E402
+from planner.api import POLICIES, PREEMPTION_FLOOR  # noqa: E402
 from planner.cpsat import cpsat_policy  # noqa: E402
 from planner.simulator import simulate  # noqa: E402
 import planner_common  # noqa: E402
@@ -50,12 +55,18 @@ def main() -> None:
     ap.add_argument("--no-restore", dest="restore", action="store_false", help="simulate without set-point restore")
     ap.add_argument("--planned-restore", choices=["group", "horizon", "group-demand", "none"], default="group",
                     help="where plans place restores (none: the idle rule only)")
+    ap.add_argument("--plan-preemption", action="store_true",
+                    help="add a row POLICY@plan (preemption scored inside the plan) after each policy that has one; "
+                         "the other rows use the fixed rule")
     a = ap.parse_args()
     planner_common.MEDIAN_SERVICE_S, planner_common.OFFERED_LOAD = a.median_service_s, a.offered_load
     pols = POLS if a.with_cpsat else POLS[:-1]
     if a.policies:
         pols = a.policies.split(",")
     POLICIES["cpsat-fast"] = partial(cpsat_policy, time_limit_s=0.1)
+    PREEMPTION_FLOOR["cpsat-fast"] = "portfolio"
+    if a.plan_preemption:
+        pols = [x for p in pols for x in ([p, p + "@plan"] if p in PREEMPTION_FLOOR else [p])]
     fleet = bench_fleet(a.gpus)
     res: dict[str, list[dict]] = {p: [] for p in pols}
     windows = [(path, select_window(path, fleet, a.jobs, a.gpus)) for path in TRACES]
@@ -65,7 +76,8 @@ def main() -> None:
             print(f"# {Path(path).stem}@{start} seed={seed} models={info['models']} "
                   f"service ÷{info['service_scale']:.3g} arrivals ÷{info['arrival_scale']:.3g}", flush=True)
             for p in pols:
-                r = simulate(jobs, fleet, p, seed, preemption=a.preemption, restore=a.restore,
+                r = simulate(jobs, fleet, p.removesuffix("@plan"), seed, restore=a.restore,
+                             preemption=a.preemption and ("plan" if p.endswith("@plan") else "rule"),
                              planned_restore=None if a.planned_restore == "none" else a.planned_restore)
                 res[p].append(r)
                 print(f"{Path(path).stem}@{start} seed={seed} {p:10s} wc={r['weighted_completion_s']:.4g} "
@@ -81,15 +93,15 @@ def main() -> None:
           f"preemption {'on' if a.preemption else 'off'}, set-point restore "
           f"{'planned ' + a.planned_restore if a.restore else 'off'}")
     print("| policy | weighted completion (s) | makespan (s) | cold starts | util | ÷ fifo | ÷ min-evict | ÷ wspt "
-          "| ÷ lower bound | preemptions | restores | set-point absent GPU-s |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| ÷ portfolio | ÷ lower bound | preemptions | restores | set-point absent GPU-s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for p in pols:
         rs = res[p]
         def ratio(base):
             return ratio_cell(res, p, base, "weighted_completion_s")
         print(f"| {p} | {ms([r['weighted_completion_s'] for r in rs])} | {ms([r['makespan_s'] for r in rs])} | "
               f"{ms([r['transitions']['cold_start'] for r in rs])} | {ms([r['utilization'] for r in rs])} | "
-              f"{ratio('fifo')} | {ratio('min-evict')} | {ratio('wspt')} | {ms([r['best_over_lower_bound'] for r in rs])} | "
+              f"{ratio('fifo')} | {ratio('min-evict')} | {ratio('wspt')} | {ratio('portfolio')} | {ms([r['best_over_lower_bound'] for r in rs])} | "
               f"{ms([r['jobs']['preempted'] for r in rs])} | {ms([r['transitions']['restore'] for r in rs])} | "
               f"{ms([r['set_point_absent_gpu_s'] for r in rs])} |")
     print("\np95 wait per priority level (s), mean over the replays; cut work (preempted GPU-seconds) per replay")

@@ -19,7 +19,11 @@ the improver beside it, ``workers/improver.py``); ``cpsat-fast`` /
 (the simulator calls ``plan`` at every planning point; 1 s would take minutes per replay).
 
     .venv/bin/python bench/planner_tardiness.py [--seeds 3] [--policies fifo,portfolio,...]
-        [--no-preemption] [--no-restore] [--static-limit-s 1]
+        [--no-preemption] [--no-restore] [--static-limit-s 1] [--plan-preemption]
+
+The plain rows use the fixed preemption rule; ``--plan-preemption`` adds ``POLICY@plan``
+rows (preemption scored inside the plan with the policy's objective) after portfolio,
+tardiness-portfolio, cpsat-fast and tardiness-fast.
 """
 
 import argparse
@@ -33,7 +37,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from planner.api import POLICIES  # noqa: E402
+from planner.api import POLICIES, POLICY_OBJECTIVE, PREEMPTION_FLOOR  # noqa: E402
 from planner.cpsat import cpsat_policy  # noqa: E402
 from planner.simulator import simulate  # noqa: E402
 from planner.tardiness_policy import tardiness_policy  # noqa: E402
@@ -59,10 +63,17 @@ def main() -> None:
     ap.add_argument("--static-limit-s", type=float, default=1.0)
     ap.add_argument("--no-preemption", dest="preemption", action="store_false", help="simulate without preemption")
     ap.add_argument("--no-restore", dest="restore", action="store_false", help="simulate without set-point restore")
+    ap.add_argument("--plan-preemption", action="store_true",
+                    help="add a row POLICY@plan (preemption scored inside the plan) after each policy that has one; "
+                         "the other rows use the fixed rule")
     a = ap.parse_args()
     POLICIES["cpsat-fast"] = partial(cpsat_policy, time_limit_s=0.1)
     POLICIES["tardiness-fast"] = partial(tardiness_policy, time_limit_s=0.1)
+    PREEMPTION_FLOOR.update({"cpsat-fast": "portfolio", "tardiness-fast": "tardiness-portfolio"})
+    POLICY_OBJECTIVE["tardiness-fast"] = "weighted_tardiness"
     pols = a.policies.split(",") if a.policies else POLS
+    if a.plan_preemption:
+        pols = [x for p in pols for x in ([p, p + "@plan"] if p in PREEMPTION_FLOOR else [p])]
     fleet = bench_fleet(a.gpus)
     windows = [(p, select_window(p, fleet, a.jobs, a.gpus)) for p in TRACES[:3]]
     res: dict[str, list[dict]] = {p: [] for p in pols}
@@ -71,7 +82,8 @@ def main() -> None:
             jobs, _info = window_jobs(path, fleet, start, a.jobs, seed, a.gpus)
             jobs = with_deadlines(jobs, seed)
             for p in pols:
-                r = simulate(jobs, fleet, p, seed, preemption=a.preemption, restore=a.restore)
+                r = simulate(jobs, fleet, p.removesuffix("@plan"), seed, restore=a.restore,
+                             preemption=a.preemption and ("plan" if p.endswith("@plan") else "rule"))
                 res[p].append(r)
                 print(f"{Path(path).stem}@{start} seed={seed} {p:20s} wt={r['weighted_tardiness_s']:.4g} "
                       f"tardy={r['tardy_jobs']}/{r['jobs_with_deadline']} wc={r['weighted_completion_s']:.4g} "
@@ -82,8 +94,8 @@ def main() -> None:
           f"{', '.join(f'{Path(p).stem}@{s}' for p, s in windows)} × {a.seeds} seeds; "
           f"deadlines r + U[{K_LO:g}, {K_HI:g}]·p; preemption {a.preemption}, restore {a.restore}")
     print("| policy | weighted tardiness (s) | ÷ fifo | ÷ portfolio | tardy jobs | weighted completion (s) "
-          "| cold starts |")
-    print("|---|---|---|---|---|---|---|")
+          "| cold starts | preemptions |")
+    print("|---|---|---|---|---|---|---|---|")
     for p in pols:
         rs = res[p]
 
@@ -91,7 +103,7 @@ def main() -> None:
             return ratio_cell(res, p, base, "weighted_tardiness_s", floor=1e-9)
         print(f"| {p} | {ms([r['weighted_tardiness_s'] for r in rs])} | {ratio('fifo')} | {ratio('portfolio')} | "
               f"{ms([r['tardy_jobs'] for r in rs])} | {ms([r['weighted_completion_s'] for r in rs])} | "
-              f"{ms([r['transitions']['cold_start'] for r in rs])} |")
+              f"{ms([r['transitions']['cold_start'] for r in rs])} | {ms([r['jobs']['preempted'] for r in rs])} |")
     print(f"\nPer window (mean over {a.seeds} seeds): weighted tardiness ÷ fifo")
     print("| window | " + " | ".join(pols) + " |")
     print("|---|" + "---|" * len(pols))

@@ -10,6 +10,13 @@ planner/cpsat.py) and ``default`` (= ``cpsat``). For jobs with deadlines:
 ``tardiness-portfolio`` and ``tardiness`` (planner/tardiness_policy.py) minimise the
 weighted tardiness Σ w_j·max(0, C_j − d_j) instead (``Plan.objective`` is then that sum;
 weighted completion is an ε tie-break, see planner/evaluator.py).
+
+Plan-level preemption (``plan(..., preemption=True)`` with ``FleetState.running`` given,
+:mod:`planner.preemption_plan`): the policies named in :data:`PREEMPTION_FLOOR` decide
+preemptions by score — each candidate scored with the policy's greedy floor, the best
+improving one taken — and a solver policy then runs once on the chosen branch. The
+returned plan carries ``preemptions``; evaluate it with
+:func:`planner.preemption_plan.evaluate_preemptive`. The fixed baselines never do.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from collections.abc import Callable, Sequence
 
 from app.errors import PlannerError
 from planner import greedy
+from planner import preemption_plan
 from planner.model import FleetState, Plan, PlanJob
 from planner.restore import RESTORE_AT, with_restores
 
@@ -45,6 +53,11 @@ except ImportError:  # pragma: no cover
 DEFAULT_POLICY = "default"
 # what Plan.objective of each policy is (planner.evaluator.OBJECTIVES); absent: weighted_completion
 POLICY_OBJECTIVE: dict[str, str] = {"tardiness-portfolio": "weighted_tardiness", "tardiness": "weighted_tardiness"}
+# policy -> the greedy floor that scores its preemption candidates (plan-level preemption);
+# absent (fifo, min-evict, wspt): no plan-level preemption, callers keep the fixed rule
+PREEMPTION_FLOOR: dict[str, str] = {"portfolio": "portfolio", "cpsat": "portfolio", "default": "portfolio",
+                                    "tardiness-portfolio": "tardiness-portfolio",
+                                    "tardiness": "tardiness-portfolio"}
 
 
 def _takes(fn: Policy, param: str) -> bool:
@@ -60,7 +73,7 @@ def _takes_limit(fn: Policy) -> bool:
 
 def plan(batch: Sequence[PlanJob], state: FleetState, policy: str = DEFAULT_POLICY, *,
          time_limit_s: float | None = None, num_workers: int | None = None,
-         previous: Plan | None = None, restore_at: str | None = None) -> Plan:
+         previous: Plan | None = None, restore_at: str | None = None, preemption: bool = False) -> Plan:
     """Plan ``batch`` on ``state`` with the named policy.
 
     Args:
@@ -78,6 +91,8 @@ def plan(batch: Sequence[PlanJob], state: FleetState, policy: str = DEFAULT_POLI
         restore_at: plan set-point restores after the policy's plan (``Plan.restores``,
             :func:`planner.restore.with_restores`; ``"group"`` or ``"horizon"``); None:
             no restores in the plan (the policy's plan as it is).
+        preemption: decide preemptions inside the plan (module doc) when the policy is
+            in :data:`PREEMPTION_FLOOR` and ``state.running`` is given; ignored otherwise.
 
     Raises:
         PlannerError: unknown policy name or ``restore_at``, a negative ``time_limit_s``,
@@ -103,7 +118,30 @@ def plan(batch: Sequence[PlanJob], state: FleetState, policy: str = DEFAULT_POLI
         kw["num_workers"] = num_workers
     if previous is not None and _takes(fn, "previous"):
         kw["previous"] = previous
+    if preemption and state.running and policy in PREEMPTION_FLOOR:
+        return _plan_preemptive(batch, state, policy, fn, kw, restore_at)
     p = fn(batch, state, **kw)  # type: ignore[call-arg]
+    return with_restores(p, batch, state, restore_at) if restore_at is not None else p
+
+
+def _plan_preemptive(batch: Sequence[PlanJob], state: FleetState, policy: str, fn: Policy,
+                     kw: dict[str, float | int | Plan], restore_at: str | None = None) -> Plan:
+    """Scored preemption with the policy's floor, then the policy on the chosen branch;
+    restores (``restore_at``) are placed on the state the preemptions leave."""
+    floor_name = PREEMPTION_FLOOR[policy]
+    objective = POLICY_OBJECTIVE.get(policy, "weighted_completion")
+    branch = preemption_plan.decide(batch, state, POLICIES[floor_name], objective)
+    if not branch.taken:  # no preemption: plan as without (reuse the floor's plan when it is the policy)
+        if branch.plan is not None and floor_name == policy:
+            p = branch.plan
+        else:
+            p = fn(batch, state, **kw)  # type: ignore[call-arg]
+        return with_restores(p, batch, state, restore_at) if restore_at is not None else p
+    # a solver policy runs once, on the chosen branch (its batch holds the victims: never empty)
+    if floor_name == policy and branch.plan is not None:
+        rest = branch.plan
+    else:
+        rest = fn(branch.batch, branch.state, **kw)  # type: ignore[call-arg]
     if restore_at is not None:
-        p = with_restores(p, batch, state, restore_at)
-    return p
+        rest = with_restores(rest, branch.batch, branch.state, restore_at)
+    return preemption_plan.assemble(rest, branch, objective)

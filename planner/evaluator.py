@@ -92,6 +92,10 @@ def evaluate(plan: Plan | Sequence[Assignment], batch: Sequence[PlanJob], state:
             kind to equal the replay's.
         objective: one of :data:`OBJECTIVES` (module doc).
 
+    A plan with ``preemptions`` (plan-level preemption) is replayed by
+    :func:`planner.preemption_plan.evaluate_preemptive` (its preemptions applied to
+    ``state`` first, checked against the preemption rules; every job it places is scored).
+
     Returns:
         a new :class:`Plan` with replayed assignments in start order, ``objective`` =
         Σ w_j (C_j − r_j) or Σ w_j·max(0, C_j − d_j) (weight·s) and ``stats`` {score,
@@ -103,6 +107,10 @@ def evaluate(plan: Plan | Sequence[Assignment], batch: Sequence[PlanJob], state:
     """
     if objective not in OBJECTIVES:
         raise PlannerError(f"unknown objective {objective!r}; known: {', '.join(OBJECTIVES)}")
+    if isinstance(plan, Plan) and plan.preemptions:  # replayed on the state its preemptions leave
+        from planner.preemption_plan import evaluate_preemptive
+
+        return evaluate_preemptive(plan, batch, state, objective, policy=policy, check_times=check_times)
     assigns = list(plan.assignments if isinstance(plan, Plan) else plan)
     name = policy or (plan.policy if isinstance(plan, Plan) else "plan")
     jobs = {j.id: j for j in batch}

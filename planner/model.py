@@ -73,6 +73,42 @@ class Gpu:
     memory_mib: int
 
 
+@dataclass(frozen=True)
+class RunningJob:
+    """A job holding GPUs at planning time (a preemption candidate's holder).
+
+    Attributes:
+        job: the job as submitted (id, endpoint, weight, release_s, service_s, priority,
+            seq, deadline_s); a preempted job goes back to the batch as this job, restarting
+            from zero.
+        gpus: the GPU group it holds.
+        start_s: when it took the group (transitions began), s.
+        service_start_s: when its service starts / started (``start_s`` + transition), s.
+        end_s: its (estimated) completion, s.
+        preemptable: False for anything that must not be cut short (a job that only has
+            to clear, one other jobs depend on, one not started yet, ...).
+    """
+
+    job: PlanJob
+    gpus: tuple[str, ...]
+    start_s: float
+    service_start_s: float
+    end_s: float
+    preemptable: bool = True
+
+    @property
+    def id(self) -> str:
+        return self.job.id
+
+    @property
+    def priority(self) -> int:
+        return self.job.priority
+
+    @property
+    def weight(self) -> float:
+        return self.job.weight
+
+
 @dataclass
 class FleetState:
     """The fleet as the planner sees it at ``now_s``.
@@ -95,6 +131,11 @@ class FleetState:
             empty: unknown). When given, the future-cost term charges every endpoint's
             shortfall of resident GPUs against its share of the fleet (module
             :mod:`planner.evaluator`), not only the loss of its last instance.
+        running: GPU uuid -> the job running (or in its transition) there now, for
+            preemption decided inside the plan (:mod:`planner.preemption_plan`); empty:
+            unknown, no plan-level preemption. A GPU absent from it holds nothing that
+            may be preempted (free, a restore, ...). ``free_at``/``resident`` already
+            describe these jobs; ``running`` only says who they are.
     """
 
     now_s: float
@@ -108,6 +149,7 @@ class FleetState:
     asleep: dict[str, frozenset[str]] = field(default_factory=dict)
     demand: dict[str, float] = field(default_factory=dict)
     demand_share: dict[str, float] = field(default_factory=dict)
+    running: dict[str, RunningJob] = field(default_factory=dict)
     _groups_cache: dict[tuple[int, int, int, int], list[tuple[str, ...]]] = field(
         default_factory=dict, init=False, repr=False, compare=False)
 
@@ -162,6 +204,20 @@ class Assignment:
         return self.service_start_s - self.start_s
 
 
+@dataclass(frozen=True)
+class PlannedPreemption:
+    """One preemption decided by a plan: at ``at_s`` the running ``victims`` (job ids,
+    sorted) are cut and requeued, and ``job_id`` takes ``gpus`` at once (committed there,
+    so no victim is placed on those GPUs before it starts). ``gain`` = how much the plan
+    score dropped by taking it (objective units, weight·s), > 0."""
+
+    job_id: str
+    victims: tuple[str, ...]
+    gpus: tuple[str, ...]
+    at_s: float
+    gain: float = 0.0
+
+
 @dataclass
 class Plan:
     """A complete plan for a batch: one assignment per job, in start order.
@@ -169,13 +225,20 @@ class Plan:
     ``objective`` is Σ w_j (C_j − r_j) in weight·seconds as scored by the evaluator.
     ``restores``: set-point restores planned after the last job on their GPUs
     (:mod:`planner.restore`; ``job_id`` ``"restore:<endpoint>:<gpu>"``); empty unless
-    asked for (:func:`planner.api.plan` ``restore_at``)."""
+    asked for (:func:`planner.api.plan` ``restore_at``).
+
+    ``preemptions`` (plan-level preemption, :mod:`planner.preemption_plan`): the
+    preemptions the plan decided, in the order they apply at ``now_s``. Each preemptor's
+    assignment (start ``now_s`` on the cleared group) and each victim's new assignment are
+    in ``assignments``; such a plan is evaluated on the transformed state
+    (:func:`planner.preemption_plan.evaluate_preemptive`)."""
 
     policy: str
     assignments: list[Assignment]
     objective: float = 0.0
     stats: dict[str, float] = field(default_factory=dict)
     restores: list[Assignment] = field(default_factory=list)
+    preemptions: list[PlannedPreemption] = field(default_factory=list)
 
     def by_job(self) -> dict[str, Assignment]:
         return {a.job_id: a for a in self.assignments}

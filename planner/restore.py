@@ -112,7 +112,8 @@ def with_restores(plan: Plan, batch: Sequence[PlanJob], state: FleetState, at: s
     if not restores or rep is None:
         return plan
     stats = dict(plan.stats, restores=float(len(restores)), future_cost_restored=future_cost(rep, state))
-    return Plan(plan.policy, list(plan.assignments), plan.objective, stats, restores=restores)
+    return Plan(plan.policy, list(plan.assignments), plan.objective, stats, restores=restores,
+                preemptions=list(plan.preemptions))
 
 
 def set_point_absence(events: Mapping[str, Sequence[tuple[float, str | None]]],

@@ -9,8 +9,15 @@ Rolling horizon. At a planning point t the simulator
        live system;
     3. commits, in start order, the planned jobs that start before ``t + window_s``
        (they run as planned: service times are exact in simulation); the rest stay queued;
-    4. preemption (``preemption=True``, the live planner worker's rule, shared with it:
-       :func:`planner.preemption.choose_preemption`): each CRITICAL/HIGH job of the
+    4. preemption, one of two deciders (``preemption="plan"``, the default, or ``"rule"``;
+       the live planner worker has the same two, ``MAKESPAN_PREEMPTION``):
+       "plan" — for the policies of :data:`planner.api.PREEMPTION_FLOOR` the planning of
+       step 2 itself decides preemptions by score (:mod:`planner.preemption_plan`; the
+       committed jobs holding GPUs at t are passed as ``FleetState.running``); the plan's
+       preemptions are applied at t as below (victims cut and requeued, the preemptor
+       committed on the group at t) before its assignments are committed, and there is
+       no second planning pass. "rule" (and "plan" for fifo, min-evict, wspt) — the
+       fixed rule, :func:`planner.preemption.choose_preemption`: each CRITICAL/HIGH job of the
        batch left uncommitted that no free group can take, and whose earliest group does
        not free within its cold start, takes the cheapest group held only by running
        committed jobs of strictly lower levels. The victims are cut at t and go back to
@@ -55,12 +62,17 @@ from typing import Any
 from app.errors import PlannerError, ValidationError
 from app.models import FleetSpec, load_fleet
 from app.traces import TraceJob, read_trace
-from planner.api import POLICIES, plan
+from planner.api import POLICIES, PREEMPTION_FLOOR, plan
 from planner.measures import JobRecord, build_report, lower_bounds
-from planner.model import Assignment, EndpointModel, FleetState, Gpu, Plan, PlanJob
+from planner.model import Assignment, EndpointModel, FleetState, Gpu, Plan, PlanJob, PlannedPreemption, RunningJob
 from planner.preemption import Holder, choose_preemption
 from planner.replay import Group, Replay
 from planner.restore import set_point_absence, set_point_groups as restore_groups
+
+# what ``preemption=True`` means (module doc, step 4): "rule" = the fixed rule for every
+# policy; "plan" = scored inside the plan for the policies of planner.api.PREEMPTION_FLOOR
+# (portfolio, default/cpsat, tardiness*), the fixed rule for fifo, min-evict and wspt
+DEFAULT_PREEMPTION = "plan"
 
 
 def fleet_state(fleet: FleetSpec, now_s: float = 0.0) -> FleetState:
@@ -80,8 +92,8 @@ def to_plan_jobs(trace_jobs: Sequence[TraceJob], time_scale: float = 1.0) -> lis
 
 def simulate(trace_jobs: Sequence[TraceJob] | Sequence[PlanJob], fleet: FleetSpec | FleetState, policy: str,
              seed: int = 0, *, window_s: float = 30.0, max_batch: int = 256, demand_window_s: float = 1800.0,
-             time_scale: float = 1.0, preemption: bool = True, restore: bool = True,
-             planned_restore: str | None = "group", detail: bool = False, time_limit_s: float | None = None,
+              time_scale: float = 1.0, preemption: bool | str = True, restore: bool = True,
+              planned_restore: str | None = "group", detail: bool = False, time_limit_s: float | None = None,
              progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Replay jobs through the planner in virtual time; returns the report dict
     (:func:`planner.measures.build_report`, with ``jobs.preempted`` and the set-point
@@ -94,10 +106,13 @@ def simulate(trace_jobs: Sequence[TraceJob] | Sequence[PlanJob], fleet: FleetSpe
     ``jobs_with_deadline``.
 
     ``seed`` is recorded (the trace mapping already used it; the planner is deterministic).
-    ``preemption`` and ``restore`` (both on by default, as in the live planner worker)
-    switch the module's preemption step and set-point restore (``restore=False``: no
-    restores at all); ``planned_restore`` places restores in the plans (step 5; None:
-    only the idle rule, as before plans held restores). ``detail`` adds
+    ``preemption``: False (off), ``"rule"``, ``"plan"`` or True (= :data:`DEFAULT_PREEMPTION`,
+    ``"plan"``), the module's step 4; ``sim.preemption`` is whether it is on and
+    ``sim.preemption_mode`` which ("off", "rule", "plan"); preemption records of a scored
+    decision carry its ``gain`` (weight·s). ``restore`` (on by default, as in the live
+    planner worker) switches set-point restore (``restore=False``: no restores at all);
+    ``planned_restore`` places restores in the plans (step 5; None: only the idle rule, as
+    before plans held restores). ``detail`` adds
     ``schedule`` {jobs: the final job records, restores: (start_s, end_s, gpus),
     lost: preempted attempts (start_s, cut_s, gpus), preemptions: [{t_s, job, victims,
     gpus}], resident_end: GPU -> endpoint when everything has ended}.
@@ -112,7 +127,8 @@ def simulate(trace_jobs: Sequence[TraceJob] | Sequence[PlanJob], fleet: FleetSpe
         to_plan_jobs(trace_jobs, time_scale)  # type: ignore[arg-type]
     jobs.sort(key=lambda j: (j.release_s, j.seq))
     sp = set_point_groups(fleet if isinstance(fleet, FleetSpec) else base)
-    run = _Run(base, policy, window_s, max_batch, jobs, sp if restore else [], preemption, time_limit_s)
+    mode = preemption_mode(preemption)
+    run = _Run(base, policy, window_s, max_batch, jobs, sp if restore else [], mode, time_limit_s)
     run.restore_at = planned_restore if restore else None
     recent: deque[PlanJob] = deque()
     i, n, t = 0, len(jobs), (jobs[0].release_s if jobs else 0.0)
@@ -149,7 +165,8 @@ def simulate(trace_jobs: Sequence[TraceJob] | Sequence[PlanJob], fleet: FleetSpe
     late = [r.weight * (r.end_s - due[r.id]) for r in run.records.values() if r.id in due and r.end_s > due[r.id]]
     rep["weighted_tardiness_s"], rep["tardy_jobs"], rep["jobs_with_deadline"] = sum(late), len(late), len(due)
     rep["sim"] = {"wall_s": time.perf_counter() - wall0, "planning_points": len(run.solve), "window_s": window_s,
-                  "max_batch": max_batch, "time_scale": time_scale, "seed": seed, "preemption": preemption,
+                  "max_batch": max_batch, "time_scale": time_scale, "seed": seed, "preemption": bool(mode),
+                  "preemption_mode": mode or "off",
                   "restore": restore, "planned_restore": planned_restore if restore else None,
                   "time_limit_s": time_limit_s, "preempted_gpu_s": sum((b - a) * len(g) for a, b, g in run.lost)}
     if detail:
@@ -162,7 +179,7 @@ class _Run:
     """The committed schedule of one simulation and the steps that change it."""
 
     def __init__(self, base: FleetState, policy: str, window_s: float, max_batch: int, jobs: list[PlanJob],
-                 set_points: list[tuple[str, Group]], preemption: bool, time_limit_s: float | None = None):
+                 set_points: list[tuple[str, Group]], preemption: str, time_limit_s: float | None = None):
         self.base, self.policy, self.window_s, self.max_batch = base, policy, window_s, max_batch
         self.time_limit_s = time_limit_s
         self.set_points, self.preemption = set_points, preemption
@@ -192,14 +209,22 @@ class _Run:
             state = FleetState(t, self.base.gpus, self.base.endpoints, free_at=dict(c.free_at),
                                resident=dict(c.resident), set_point=self.base.set_point, end_of=c.end_of,
                                asleep=dict(c.asleep), demand=demand, demand_share=share)
+            scored = self.preemption == "plan" and self.policy in PREEMPTION_FLOOR
+            if scored:
+                state.running = self._running(t)
             c0 = time.perf_counter()
             p = plan(batch, state, self.policy, previous=self.previous, time_limit_s=self.time_limit_s,
-                     restore_at=self.restore_at)
+                     preemption=scored, restore_at=self.restore_at)
             self.solve.append(time.perf_counter() - c0)
             bj = {j.id: j for j in batch}
+            pre = {pp.job_id for pp in p.preemptions}
+            for pp in p.preemptions:
+                bj.update(self._apply(t, pp, bj[pp.job_id]))
             nxt = float("inf")
             later = []
             for a in sorted(p.assignments, key=lambda a: a.start_s):
+                if a.job_id in pre:
+                    continue
                 if a.start_s < t + self.window_s:
                     self._place(bj[a.job_id], a.gpus, max(a.start_s, t))
                 else:
@@ -210,9 +235,50 @@ class _Run:
                     self._restore(tuple(r.gpus), state.set_point[r.gpus[0]], max(r.start_s, t))
             self.previous = Plan(p.policy, later)
             waiting = [j for j in batch if j.id in self.queue and j.priority <= 1]
-            if not (self.preemption and waiting and self._preempt(t, waiting)):
+            if scored or not (self.preemption and waiting and self._preempt(t, waiting)):
                 break
         return nxt
+
+    def _running(self, t: float) -> dict[str, RunningJob]:
+        """GPU -> the committed job holding it at ``t`` (``FleetState.running``; restores
+        are left out: never victims), preemptable as :meth:`_holder` says."""
+        out: dict[str, RunningJob] = {}
+        for u, f in self.committed.free_at.items():
+            if f <= t:
+                continue
+            job, a = self.placed.get(u, (None, None))
+            h = self._holder(u, t)
+            if job is None or a is None or h is None:
+                continue
+            out[u] = RunningJob(job, tuple(a.gpus), a.start_s, a.service_start_s, a.end_s, h.preemptable)
+        return out
+
+    def _cut(self, t: float, v: str) -> PlanJob:
+        """Preempt the committed job ``v`` at ``t``: cut it, drop its record, requeue it
+        (original release and seq); its used GPU-seconds are lost. Returns it."""
+        u0 = next(u for u, (job, _a) in self.placed.items() if job is not None and job.id == v)
+        victim, a = self.placed[u0]
+        assert victim is not None
+        self.committed.unplace(a, t)
+        if t < a.service_start_s and a.load != "warm":  # cut in its transition: nothing loaded
+            for u in a.gpus:
+                self.residency[u].pop()
+        for u in a.gpus:
+            del self.placed[u]
+        del self.records[v]
+        self.queue[v] = victim
+        self.lost.append((a.start_s, t, a.gpus))
+        self.preempted += 1
+        return victim
+
+    def _apply(self, t: float, pp: PlannedPreemption, job: PlanJob) -> dict[str, PlanJob]:
+        """A plan's preemption at ``t``, as :meth:`_preempt` does it: cut the victims,
+        commit the preemptor on the group at ``t``. Returns the victims by id."""
+        out = {v: self._cut(t, v) for v in pp.victims}
+        self._place(job, tuple(pp.gpus), t)
+        self.log.append({"t_s": t, "job": job.id, "victims": list(pp.victims), "gpus": list(pp.gpus),
+                         "gain": pp.gain})
+        return out
 
     def _place(self, job: PlanJob, gpus: Group, start_s: float) -> Assignment:
         a = self.committed.place(job, gpus, start_s)
@@ -249,19 +315,10 @@ class _Run:
             if best is None:
                 continue
             for v in best.victims:
-                victim, a = self.placed[next(u for u, h in holders.items() if h is not None and h.id == v)]
-                c.unplace(a, t)
-                if t < a.service_start_s and a.load != "warm":  # cut in its transition: nothing loaded
-                    for u in a.gpus:
-                        self.residency[u].pop()
-                for u in a.gpus:
+                for u in [u for u, h in holders.items() if h is not None and h.id == v]:
                     holders[u] = None
                     busy.discard(u)
-                    del self.placed[u]
-                del self.records[v]
-                self.queue[v] = victim
-                self.lost.append((a.start_s, t, a.gpus))
-                self.preempted += 1
+                self._cut(t, v)
             self._place(j, best.group, t)
             self.log.append({"t_s": t, "job": j.id, "victims": list(best.victims), "gpus": list(best.group)})
             busy.update(best.group)
@@ -297,6 +354,18 @@ class _Run:
             return
         for u in a.gpus:
             self.residency[u] += [(a.start_s, None), (a.service_start_s, endpoint)]
+
+
+def preemption_mode(preemption: bool | str | None) -> str:
+    """``simulate``'s ``preemption`` as a mode: "" (off: False/None/"off"), "rule" or
+    "plan" (True: :data:`DEFAULT_PREEMPTION`). Raises ValidationError otherwise."""
+    if preemption is None or preemption is False or preemption == "off":
+        return ""
+    if preemption is True:
+        return DEFAULT_PREEMPTION
+    if preemption in ("rule", "plan"):
+        return str(preemption)
+    raise ValidationError("preemption", preemption, "must be True, False, 'rule', 'plan' or 'off'")
 
 
 def set_point_groups(fleet: FleetSpec | FleetState) -> list[tuple[str, Group]]:
@@ -339,7 +408,7 @@ def _record(job: PlanJob, a: Any, base: FleetState) -> JobRecord:
 
 def run_simulation(trace_path: str | Path, fleet_path: str | Path, policy: str, seed: int = 0, start: int = 0,
                    limit: int | None = None, report_path: str | Path | None = None,
-                   time_scale: float = 1.0, window_s: float = 30.0, preemption: bool = True,
+                   time_scale: float = 1.0, window_s: float = 30.0, preemption: bool | str = True,
                    restore: bool = True, time_limit_s: float | None = None,
                    progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """``makespan simulate``: read the fleet (TOML) and the trace (ITP, Alibaba or JSON

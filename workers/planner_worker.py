@@ -391,8 +391,8 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
         started = self._start_many(starts)
         dispatched |= started
         waiting = [j for j in batch if j.id not in dispatched and j.priority <= int(Priority.HIGH)]
-        if waiting:
-            dispatched |= self._preempt_for(waiting, state, taken)
+        if waiting:  # scored or by the rule (workers/preemption.py)
+            dispatched |= self._preempt(waiting, state, taken, batch, p, started)
         self._restore_planned(batch, state, p, taken)
         if self.improver is not None:
             self._offer_rest(batch, state, p, started, dispatched)

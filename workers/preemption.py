@@ -1,6 +1,16 @@
 """Preemption for the planner worker (design notes, "Preemption"): CRITICAL preempts
 HIGH, NORMAL and LOW; HIGH preempts NORMAL and LOW; NORMAL and LOW never preempt.
 
+Two deciders, one execution path (``preempt`` each victim lease, then ``_start`` the
+preemptor on the cleared group in the same tick, so a victim is never re-leased the GPUs
+it lost before its preemptor starts):
+
+* scored (``Settings.preemption == "plan"`` and the policy in
+  :data:`planner.api.PREEMPTION_FLOOR`): the running holders are read from the leases
+  and job records (``FleetState.running``) and :func:`planner.preemption_plan.decide`
+  trades each candidate preemption against waiting with the policy's greedy floor;
+* the fixed rule (:func:`planner.preemption.choose_preemption`) otherwise.
+
 Mixed into :class:`workers.planner_worker.PlannerWorker`; uses its Redis client,
 keys, endpoints, fencing token and ``_start``.
 """
@@ -11,14 +21,112 @@ import logging
 
 from app import metrics
 from app.models import Priority
-from planner.model import FleetState, PlanJob
+from planner import preemption_plan
+from planner.api import POLICIES, POLICY_OBJECTIVE, PREEMPTION_FLOOR
+from planner.model import FleetState, Plan, PlanJob, RunningJob
 from planner.preemption import Holder, choose_preemption
+from planner.replay import Replay
 from workers.leases import preempt
 
 log = logging.getLogger("makespan.planner")
 
 
 class PreemptionMixin:
+    def _preempt(self, waiting: list[PlanJob], state: FleetState, taken: set[str], batch: list[PlanJob],
+                 p: Plan, started: set[str]) -> set[str]:
+        """Preempt for the ``waiting`` CRITICAL/HIGH jobs (module doc: scored or by the
+        rule). ``batch``: this tick's batch; ``p``: its plan; ``started``: the jobs of
+        ``p`` leased this tick. Returns the preemptors started."""
+        if self.settings.preemption == "plan" and self.settings.policy in PREEMPTION_FLOOR:
+            return self._preempt_scored(batch, state, taken, p, started)
+        return self._preempt_for(waiting, state, taken)
+
+    def _lease_holders(self) -> tuple[dict[str, str], dict[str, dict[str, str]], dict[str, bool]]:
+        """(GPU -> lease id, lease id -> lease record, lease id -> its execute phase is done)."""
+        holders = self.leases.gpu_holders([g.uuid for g in self.gpus])
+        lease_of = {u: v.split(":")[0] for u, v in holders.items() if v}
+        lids = sorted(set(lease_of.values()))
+        p = self.r.pipeline(transaction=False)
+        for lid in lids:
+            p.hgetall(self.keys.lease(lid))
+            p.hget(self.keys.phase(lid), "execute")
+        got = p.execute()
+        info = {lid: got[2 * i] for i, lid in enumerate(lids)}
+        executed = {lid: got[2 * i + 1] == "done" for i, lid in enumerate(lids)}
+        return lease_of, info, executed
+
+    def _running(self, state: FleetState, lease_of: dict[str, str], info: dict[str, dict[str, str]],
+                 executed: dict[str, bool]) -> tuple[dict[str, RunningJob], dict[str, str]]:
+        """``FleetState.running`` from the job leases (a lease whose workload already ran,
+        a restore or a record missing a field is left out: never a victim), and job id ->
+        lease id. Times on the workload clock (wall s ÷ ``time_scale``)."""
+        jobs = {lid: rec["job"] for lid, rec in info.items()
+                if rec.get("kind") == "job" and rec.get("job") and not executed.get(lid)}
+        p = self.r.pipeline(transaction=False)
+        for jid in jobs.values():
+            p.hmget(self.keys.job(jid), "endpoint", "service_s", "submitted_at", "seq", "deadline_s", "leased_at")
+        got = dict(zip(jobs, p.execute()))
+        ts = self.settings.time_scale
+        gpus_of: dict[str, list[str]] = {}
+        for u, lid in lease_of.items():
+            gpus_of.setdefault(lid, []).append(u)
+        order = {g.uuid: i for i, g in enumerate(self.gpus)}
+        out: dict[str, RunningJob] = {}
+        for lid, jid in jobs.items():
+            ep, svc, sub, seq, due, leased = got[lid]
+            prio = Priority.__members__.get(info[lid].get("priority", ""))
+            if None in (ep, svc, sub, leased, prio) or ep not in state.endpoints:
+                continue
+            r_s, start_s = float(sub) / ts, float(leased) / ts
+            end_s = float(info[lid].get("planned_end_s") or state.now_s)
+            job = PlanJob(jid, ep, float(prio.weight), r_s, float(svc), int(prio), (),
+                          r_s + float(due) if due else None, int(seq or 0))
+            gs = tuple(sorted(gpus_of[lid], key=order.__getitem__))
+            rj = RunningJob(job, gs, start_s, max(start_s, end_s - float(svc)), end_s, True)
+            out.update({u: rj for u in gs})
+        return out, {jid: lid for lid, jid in jobs.items()}
+
+    def _preempt_scored(self, batch: list[PlanJob], state: FleetState, taken: set[str], p: Plan,
+                        started: set[str]) -> set[str]:
+        """Scored preemption (:func:`planner.preemption_plan.decide`) of the batch jobs not
+        started, on the fleet as this tick's starts leave them (replayed; the jobs just
+        leased are never victims); each decision is executed like the rule's."""
+        lease_of, info, executed = self._lease_holders()
+        running, lease_by_job = self._running(state, lease_of, info, executed)
+        running = {u: rj for u, rj in running.items() if rj.id not in started}
+        if not running:
+            return set()
+        jobs = {j.id: j for j in batch}
+        rest = [j for j in batch if j.id not in started]
+        rep = Replay(state)
+        for a in sorted(p.assignments, key=lambda a: a.start_s):
+            if a.job_id in started:
+                rep.place(jobs[a.job_id], tuple(a.gpus), a.start_s)
+        after = FleetState(state.now_s, state.gpus, state.endpoints, free_at=dict(rep.free_at),
+                           resident=dict(rep.resident), set_point=state.set_point, done=state.done,
+                           end_of=dict(rep.end_of), asleep=dict(rep.asleep), demand=state.demand,
+                           demand_share=state.demand_share, running=running)
+        policy = self.settings.policy
+        branch = preemption_plan.decide(rest, after, POLICIES[PREEMPTION_FLOOR[policy]],
+                                        POLICY_OBJECTIVE.get(policy, "weighted_completion"))
+        out: set[str] = set()
+        for pp, a in zip(branch.taken, branch.starts):
+            j = jobs[pp.job_id]
+            freed = True
+            for v in pp.victims:
+                lid = lease_by_job[v]
+                outcome = preempt(self.r, self.keys, lid, j.id, planner_token=self.token)
+                if outcome in ("preempted", "cancelled"):
+                    metrics.job_preempted(info[lid].get("priority", "LOW"))
+                    log.info("preempted lease %s (%s) for %s job %s (scored, gain %.3g): %s", lid,
+                             info[lid].get("priority"), Priority(j.priority).name, j.id, pp.gain, outcome)
+                else:
+                    freed = False  # e.g. it finished executing meanwhile: it only has to clear
+            if freed and self._start(j, tuple(pp.gpus), a.end_s, a.load):
+                out.add(j.id)
+                taken.update(pp.gpus)
+        return out
+
     def _preempt_for(self, waiting: list[PlanJob], state: FleetState, taken: set[str]) -> set[str]:
         """For each waiting CRITICAL/HIGH job that no free GPU group can take now, evict
         the cheapest set of strictly lower-priority job leases covering one of its
@@ -28,17 +136,7 @@ class PreemptionMixin:
         preemption for a job that could start on a free group anyway, for one whose
         earliest group frees within its endpoint's cold start (preempting would not start
         it sooner), or whose groups hold no victim set."""
-        holders = self.leases.gpu_holders([g.uuid for g in self.gpus])
-        lease_of = {u: v.split(":")[0] for u, v in holders.items() if v}
-        info: dict[str, dict[str, str]] = {}
-        lids = sorted(set(lease_of.values()))
-        p = self.r.pipeline(transaction=False)
-        for lid in lids:
-            p.hgetall(self.keys.lease(lid))
-            p.hget(self.keys.phase(lid), "execute")
-        got = p.execute()
-        info.update({lid: got[2 * i] for i, lid in enumerate(lids)})
-        executed = {lid: got[2 * i + 1] == "done" for i, lid in enumerate(lids)}
+        lease_of, info, executed = self._lease_holders()
         holder: dict[str, Holder | None] = {}
         for u, lid in lease_of.items():
             rec = info.get(lid) or {}

@@ -18,3 +18,16 @@ def test_retry_backoff_refuses_negative_or_not_finite(monkeypatch, raw):
     with pytest.raises(ValidationError) as ei:
         Settings.from_env()
     assert ei.value.field == "MAKESPAN_RETRY_BACKOFF_S"
+
+
+@pytest.mark.parametrize("raw,mode", [("", "plan"), ("plan", "plan"), ("rule", "rule")])
+def test_preemption_mode_from_env(monkeypatch, raw, mode):
+    monkeypatch.setenv("MAKESPAN_PREEMPTION", raw)
+    assert Settings.from_env().preemption == mode
+
+
+def test_preemption_mode_refuses_unknown(monkeypatch):
+    monkeypatch.setenv("MAKESPAN_PREEMPTION", "sometimes")
+    with pytest.raises(ValidationError) as ei:
+        Settings.from_env()
+    assert ei.value.field == "MAKESPAN_PREEMPTION"

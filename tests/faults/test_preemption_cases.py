@@ -87,3 +87,45 @@ def test_critical_preempts_once_when_every_gpu_is_held_by_low_jobs(r, keys, sett
     assert len(_preempted(r, keys)) == 1  # one victim, no preempt/re-admit loop
     assert r.hget(keys.job(crit), "state") == "leased"
     assert [c.job_id for c in sent] == [crit]
+
+
+def _held_until(r, keys, w, prod, priority, gpu, end_in_s, service_s):
+    """A ``chat`` job of ``priority`` holding ``gpu``, leased now, planned to end in ``end_in_s``."""
+    jid = prod.submit({"endpoint": "chat", "service_s": service_s, "priority": priority}).id
+    lease = LeaseStore(r, keys).acquire(uuid.uuid4().hex, (gpu,), 60.0, job_id=jid, kind="job",
+                                        holder=FLEET.host_of(gpu), queue=keys.queue(priority),
+                                        info={"planned_end_s": repr(w.now_s() + end_in_s), "endpoint": "chat",
+                                              "priority": priority})
+    assert lease is not None
+    return jid
+
+
+@pytest.mark.parametrize("mode", ["plan", "rule"])
+def test_scored_preemption_waits_when_the_victims_loss_is_larger(r, keys, settings, mode):
+    """Every GPU runs a LOW job that ends in 1000 s but would restart a 30000 s service if
+    cut: the scored decision (MAKESPAN_PREEMPTION=plan, the default) lets the CRITICAL job
+    wait (8 × 1000 w·s < 30000 w·s); the fixed rule preempts (1000 s > the 60 s cold start)."""
+    w, prod, sent = _setup(r, keys, dataclasses.replace(settings, preemption=mode))
+    lows = [_held_until(r, keys, w, prod, "LOW", f"GPU-host-{h}-{i}", 1000.0, 30000.0)
+            for h in ("a", "b") for i in range(4)]
+    crit = prod.submit({"endpoint": "chat", "service_s": 10, "priority": "CRITICAL"}).id
+    w.tick()
+    if mode == "plan":
+        assert _preempted(r, keys) == [] and sent == []
+        assert r.hget(keys.job(crit), "state") == "queued"
+        assert all(r.hget(keys.job(j), "state") == "leased" for j in lows)
+    else:
+        assert len(_preempted(r, keys)) == 1 and [c.job_id for c in sent] == [crit]
+
+
+def test_scored_preemption_spares_a_job_that_only_has_to_clear(r, keys, settings):
+    """A LOW lease whose execute phase is done is never a victim of the scored decision."""
+    w, prod, sent = _setup(r, keys, settings)
+    for h in ("a", "b"):
+        for i in range(4):
+            _running(r, keys, w, prod, "chat", "LOW", [f"GPU-host-{h}-{i}"])
+    for lid in {v.split(":")[0] for v in LeaseStore(r, keys).gpu_holders([g.uuid for g in w.gpus]).values() if v}:
+        r.hset(keys.phase(lid), "execute", "done")
+    crit = prod.submit({"endpoint": "chat", "service_s": 10, "priority": "CRITICAL"}).id
+    w.tick()
+    assert _preempted(r, keys) == [] and r.hget(keys.job(crit), "state") == "queued"

@@ -50,7 +50,7 @@ def test_rule_picks_the_cheapest_group_and_skips_free_or_soon_free():
     assert choose_preemption(0, groups, busy, free_at, 0.0, 40.0, part).group == ("g0", "g1")
 
 
-def _sim(jobs, n=2, preemption=True, restore=False, resident=None):
+def _sim(jobs, n=2, preemption="rule", restore=False, resident=None):
     return simulate(jobs, _state(n, resident), "portfolio", preemption=preemption, restore=restore, detail=True)
 
 
