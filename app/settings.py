@@ -13,6 +13,18 @@ from typing import Any
 from app.errors import ValidationError
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+IMPROVER_EXECUTORS = ("process", "thread")  # Settings.improver_executor; the first is the default
+
+
+def _env_choice(name: str, choices: tuple[str, ...]) -> str:
+    """A ``MAKESPAN_*`` value among ``choices`` (unset or empty: the first).
+
+    Raises:
+        ValidationError: any other value."""
+    raw = os.environ.get(name) or choices[0]
+    if raw not in choices:
+        raise ValidationError(name, raw, f"must be one of {', '.join(choices)}")
+    return raw
 
 
 def _env_nonneg(name: str, default: float) -> float:
@@ -68,6 +80,9 @@ class Settings:
             greedy portfolio on every tick and the CP-SAT improver on a background thread,
             whose plan a later tick adopts when it scores better; see workers/improver.py).
         solve_time_limit_s: CP-SAT time limit per batch (policies that use it), s.
+        improver_executor: where the live planner's improver solves: ``process`` (the
+            default: one child process, off the tick's GIL) or ``thread`` (a thread of
+            the planner process; ticks during a solve take longer).
         planner_tick_s: longest the planner sleeps between cycles when nothing wakes it
             (a submission or a lease release wakes it at once).
         retention_jobs: most finished-job summaries kept (oldest deleted first).
@@ -91,6 +106,7 @@ class Settings:
     max_payload_bytes: int = 64 * 1024
     policy: str = "default"
     solve_time_limit_s: float = 1.0
+    improver_executor: str = "process"
     planner_tick_s: float = 0.1
     retention_jobs: int = 10_000
     retention_age_s: float = 3600.0
@@ -117,6 +133,7 @@ class Settings:
             broker_visibility_timeout_s=_env_float("MAKESPAN_BROKER_VISIBILITY_TIMEOUT_S", 6 * 3600.0),
             policy=env.get("MAKESPAN_POLICY") or "default",
             solve_time_limit_s=_env_float("MAKESPAN_SOLVE_TIME_LIMIT_S", 1.0),
+            improver_executor=_env_choice("MAKESPAN_IMPROVER_EXECUTOR", IMPROVER_EXECUTORS),
             planner_tick_s=_env_float("MAKESPAN_PLANNER_TICK_S", 0.1),
             retention_jobs=int(_env_float("MAKESPAN_RETENTION_JOBS", 10_000)),
             retention_age_s=_env_float("MAKESPAN_RETENTION_AGE_S", 3600.0),
@@ -146,6 +163,7 @@ class Settings:
             "MAKESPAN_BROKER_VISIBILITY_TIMEOUT_S": repr(self.broker_visibility_timeout_s),
             "MAKESPAN_POLICY": self.policy,
             "MAKESPAN_SOLVE_TIME_LIMIT_S": repr(self.solve_time_limit_s),
+            "MAKESPAN_IMPROVER_EXECUTOR": self.improver_executor,
             "MAKESPAN_PLANNER_TICK_S": repr(self.planner_tick_s),
             "MAKESPAN_RETENTION_JOBS": str(self.retention_jobs),
             "MAKESPAN_RETENTION_AGE_S": repr(self.retention_age_s),

@@ -1,4 +1,4 @@
-"""Settings from MAKESPAN_* variables: numbers that may be zero."""
+"""Settings from MAKESPAN_* variables: numbers that may be zero, a choice among names."""
 
 import pytest
 
@@ -18,3 +18,14 @@ def test_retry_backoff_refuses_negative_or_not_finite(monkeypatch, raw):
     with pytest.raises(ValidationError) as ei:
         Settings.from_env()
     assert ei.value.field == "MAKESPAN_RETRY_BACKOFF_S"
+
+
+def test_improver_executor_is_process_by_default_and_a_known_name(monkeypatch):
+    monkeypatch.delenv("MAKESPAN_IMPROVER_EXECUTOR", raising=False)
+    assert Settings.from_env().improver_executor == "process"
+    monkeypatch.setenv("MAKESPAN_IMPROVER_EXECUTOR", "thread")
+    assert Settings.from_env().improver_executor == "thread"
+    monkeypatch.setenv("MAKESPAN_IMPROVER_EXECUTOR", "fork")
+    with pytest.raises(ValidationError) as ei:
+        Settings.from_env()
+    assert ei.value.field == "MAKESPAN_IMPROVER_EXECUTOR"
