@@ -14,6 +14,24 @@ from app.errors import ValidationError
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 IMPROVER_EXECUTORS = ("process", "thread")  # Settings.improver_executor; the first is the default
+IMPROVER_NICE_MAX = 19  # the most niceness a process can add on Linux
+
+
+def _env_int(name: str, default: int, lo: int, hi: int) -> int:
+    """A ``MAKESPAN_*`` whole number in [``lo``, ``hi``] (unset or empty: ``default``).
+
+    Raises:
+        ValidationError: not a whole number, or out of range."""
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError as e:
+        raise ValidationError(name, raw, "must be a whole number") from e
+    if not lo <= value <= hi:
+        raise ValidationError(name, raw, f"must be between {lo} and {hi}")
+    return value
 
 
 def _env_choice(name: str, choices: tuple[str, ...]) -> str:
@@ -83,6 +101,8 @@ class Settings:
         improver_executor: where the live planner's improver solves: ``process`` (the
             default: one child process, off the tick's GIL) or ``thread`` (a thread of
             the planner process; ticks during a solve take longer).
+        improver_nice: niceness added to the improver's child process (0–19): on a busy
+            CPU the tick comes first, and the solve gets less done within its limit.
         planner_tick_s: longest the planner sleeps between cycles when nothing wakes it
             (a submission or a lease release wakes it at once).
         retention_jobs: most finished-job summaries kept (oldest deleted first).
@@ -107,6 +127,7 @@ class Settings:
     policy: str = "default"
     solve_time_limit_s: float = 1.0
     improver_executor: str = "process"
+    improver_nice: int = 5
     planner_tick_s: float = 0.1
     retention_jobs: int = 10_000
     retention_age_s: float = 3600.0
@@ -134,6 +155,7 @@ class Settings:
             policy=env.get("MAKESPAN_POLICY") or "default",
             solve_time_limit_s=_env_float("MAKESPAN_SOLVE_TIME_LIMIT_S", 1.0),
             improver_executor=_env_choice("MAKESPAN_IMPROVER_EXECUTOR", IMPROVER_EXECUTORS),
+            improver_nice=_env_int("MAKESPAN_IMPROVER_NICE", 5, 0, IMPROVER_NICE_MAX),
             planner_tick_s=_env_float("MAKESPAN_PLANNER_TICK_S", 0.1),
             retention_jobs=int(_env_float("MAKESPAN_RETENTION_JOBS", 10_000)),
             retention_age_s=_env_float("MAKESPAN_RETENTION_AGE_S", 3600.0),
@@ -164,6 +186,7 @@ class Settings:
             "MAKESPAN_POLICY": self.policy,
             "MAKESPAN_SOLVE_TIME_LIMIT_S": repr(self.solve_time_limit_s),
             "MAKESPAN_IMPROVER_EXECUTOR": self.improver_executor,
+            "MAKESPAN_IMPROVER_NICE": str(self.improver_nice),
             "MAKESPAN_PLANNER_TICK_S": repr(self.planner_tick_s),
             "MAKESPAN_RETENTION_JOBS": str(self.retention_jobs),
             "MAKESPAN_RETENTION_AGE_S": repr(self.retention_age_s),

@@ -45,7 +45,7 @@ from concurrent.futures import BrokenExecutor, Executor, Future, ProcessPoolExec
 
 from app import metrics
 from app.errors import ValidationError
-from app.settings import IMPROVER_EXECUTORS
+from app.settings import IMPROVER_EXECUTORS, IMPROVER_NICE_MAX
 from planner.api import POLICY_OBJECTIVE, plan as run_policy
 from planner.evaluator import score
 from planner.model import FleetState, Plan, PlanJob
@@ -56,10 +56,13 @@ HORIZON_FACTOR = 10.0  # solve only when the tick's plan spans at least this man
 CHILD_START_S = 30.0  # longest wait for a new child to start (imports: about 1.4 s alone), s
 
 
-def _child_init() -> None:
-    """First thing the child process runs: ignore SIGINT (a Ctrl-C reaches the whole
-    process group; the planner then ends the child itself) and exit as soon as the
-    parent process is gone (a SIGKILLed planner cannot end it)."""
+def _child_init(nice: int) -> None:
+    """First thing the child process runs: lower its CPU priority by ``nice`` (0: none),
+    ignore SIGINT (a Ctrl-C reaches the whole process group; the planner then ends the
+    child itself) and exit as soon as the parent process is gone (a SIGKILLed planner
+    cannot end it)."""
+    if nice > 0:
+        os.nice(nice)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     parent = multiprocessing.parent_process()
     if parent is not None:
@@ -113,6 +116,8 @@ class BackgroundImprover:
         time_limit_s: its time limit per batch, s.
         num_workers: CP-SAT search workers.
         executor: ``"process"`` (default) or ``"thread"`` (module doc).
+        child_nice: niceness added to the child process (``process`` only; 0: none;
+            the live planner's is ``Settings.improver_nice``, module doc).
 
     Raises:
         ValidationError: an unknown ``executor``.
@@ -125,11 +130,13 @@ class BackgroundImprover:
     """
 
     def __init__(self, policy: str, time_limit_s: float, num_workers: int | None = None,
-                 executor: str = "process"):
+                 executor: str = "process", child_nice: int = 0):
         if executor not in IMPROVER_EXECUTORS:
             raise ValidationError("improver_executor", executor, f"must be one of {', '.join(IMPROVER_EXECUTORS)}")
+        if not 0 <= child_nice <= IMPROVER_NICE_MAX:
+            raise ValidationError("improver_nice", child_nice, f"must be between 0 and {IMPROVER_NICE_MAX}")
         self.policy, self.time_limit_s, self.num_workers = policy, time_limit_s, num_workers
-        self.executor = executor
+        self.executor, self.child_nice = executor, child_nice
         self.objective = POLICY_OBJECTIVE.get(policy, "weighted_completion")
         self._lock = threading.Lock()
         self._busy = False
@@ -165,7 +172,7 @@ class BackgroundImprover:
                 self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="makespan-improver")
             else:
                 self._pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
-                                                 initializer=_child_init)
+                                                 initializer=_child_init, initargs=(self.child_nice,))
                 self._pid = self._pool.submit(os.getpid)  # runs first: starts the child, learns its pid
         return self._pool
 
@@ -212,7 +219,7 @@ class BackgroundImprover:
             else:
                 self._last_ids = ()  # the same batch may be offered again
                 self._pool_broken = isinstance(err, BrokenExecutor)
-                self.stats["failed"] += 1
+                self.stats["failed"] += 0 if self._closed else 1  # close() abandons a solve: no failure
             closed = self._closed
         if err is None:
             metrics.improver("solved", solve_s)
@@ -252,14 +259,16 @@ class BackgroundImprover:
         pool.shutdown(wait=True, cancel_futures=True)
 
     def wait_idle(self, timeout_s: float) -> bool:
-        """Block until no solve runs (tests, shutdown). Returns whether it is idle."""
+        """Block until no solve runs, at most ``timeout_s`` (0: look once). Returns
+        whether it is idle."""
         end = time.monotonic() + timeout_s
-        while time.monotonic() < end:
+        while True:
             with self._lock:
                 if not self._busy:
                     return True
+            if time.monotonic() >= end:
+                return False
             time.sleep(0.005)
-        return False
 
     def best(self, floor: Plan, batch: Sequence[PlanJob], state: FleetState) -> Plan:
         """``floor`` (the tick's greedy plan), or the latest improved plan adapted to this

@@ -107,7 +107,8 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
         self._meta: dict[str, tuple[str, float]] = {}
         self._recent: dict[str, PlanJob] = {}
         self.improver = (BackgroundImprover(settings.policy, settings.solve_time_limit_s,
-                                            executor=settings.improver_executor)
+                                            executor=settings.improver_executor,
+                                            child_nice=settings.improver_nice)
                          if settings.policy in SOLVER_POLICIES else None)
         self._last_tp: dict[str, str] = {}  # GPU -> traceparent of the last job leased on it
         self.lock_ttl_s = max(settings.lease_ttl_s / 2, 1.0)

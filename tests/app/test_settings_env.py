@@ -29,3 +29,14 @@ def test_improver_executor_is_process_by_default_and_a_known_name(monkeypatch):
     with pytest.raises(ValidationError) as ei:
         Settings.from_env()
     assert ei.value.field == "MAKESPAN_IMPROVER_EXECUTOR"
+
+
+@pytest.mark.parametrize("raw,ok", [("0", True), ("19", True), ("", True), ("20", False), ("-1", False), ("5.5", False)])
+def test_improver_nice_is_a_whole_number_from_0_to_19(monkeypatch, raw, ok):
+    monkeypatch.setenv("MAKESPAN_IMPROVER_NICE", raw)
+    if ok:
+        assert Settings.from_env().improver_nice == (int(raw) if raw else 5)
+    else:
+        with pytest.raises(ValidationError) as ei:
+            Settings.from_env()
+        assert ei.value.field == "MAKESPAN_IMPROVER_NICE"
