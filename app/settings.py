@@ -95,7 +95,7 @@ class Settings:
             idempotent and fenced; delayed jobs never reach the broker before they are due).
         max_payload_bytes: largest JSON payload a job may carry.
         policy: planner policy name used by the live planner (default ``default``: the
-            greedy portfolio on every tick and the CP-SAT improver on a background thread,
+            greedy portfolio on every tick and the CP-SAT improver in a child process,
             whose plan a later tick adopts when it scores better; see workers/improver.py).
         solve_time_limit_s: CP-SAT time limit per batch (policies that use it), s.
         improver_executor: where the live planner's improver solves: ``process`` (the

@@ -15,20 +15,29 @@ leased again at once), while the CP-SAT improver of the ``default`` policy needs
 So the live worker runs the same planner as the simulator's ``default`` policy, one tick
 late. The solve runs in a child process (``executor="process"``, the default: a
 ``ProcessPoolExecutor`` of one worker, started with ``spawn`` — the planner holds Redis
-connections and threads, which a fork would copy) so that its Python parts (portfolio,
-repair, descent, decoding windows) do not take the tick's GIL; ``executor="thread"``
-runs it on a thread of the planner process instead, as before (ticks planned during a
-solve then take about twice as long; figures in docs/planner.md, "The live improver").
-Batch, fleet state and plans cross as pickles (about 45 kB and 1 ms each way for 256
-jobs on 32 GPUs).
+connections and threads, which a fork would copy), so its Python parts (portfolio,
+repair, descent, decoding windows) no longer take the tick's GIL; ``executor="thread"``
+runs it on a thread of the planner process, as before. Batch, fleet state and plans
+cross as pickles (about 45 kB and 1 ms each way for 256 jobs on 32 GPUs).
+
+A process removes the GIL, not the competition for CPU: where the planner's host has a
+spare core the child takes it; where the CPU is busy, the child and the tick share it.
+The child therefore runs at an added niceness (``child_nice``; the live planner's
+``Settings.improver_nice``, default 5), so that the tick comes first and the solve gets
+less done within its limit. On the shared 2-core machine of 2026-11-30 (load 2.4–5.3),
+the portfolio tick on 256 jobs/32 GPUs took, at p50, 1.6–4.0 × its time alone beside a
+thread's solve, 1.7–3.3 × beside a child at nice 0, 1.16–1.77 × at nice 5 and
+1.05–1.35 × at nice 10 (``bench/planner_tick.py --beside-solve``; docs/planner.md, "The
+live improver: thread or process"): there the CPU, not the GIL, was what the tick lacked.
 
 The child starts on the first offer (about 1.4 s of imports, in the child), ignores
 SIGINT (the planner ends it) and exits by itself when the planner process dies (it
 waits on its parent's sentinel). When it dies (killed, out of memory) the solve in
 flight fails: the improver logs it, counts ``failed`` and starts a new child on the
-next offer; the tick keeps its greedy plan. :meth:`BackgroundImprover.close` ends it.
-An improved plan can only be adopted when it is better on the state of the tick that
-uses it: it is never worse than the greedy floor.
+next offer; the tick keeps its greedy plan. :meth:`BackgroundImprover.close` kills a
+solve in flight and joins the child; ``PlannerWorker.run`` calls it on its way out. An
+improved plan can only be adopted when it is better on the state of the tick that uses
+it: it is never worse than the greedy floor.
 """
 
 from __future__ import annotations
