@@ -30,14 +30,18 @@ thread's solve, 1.7–3.3 × beside a child at nice 0, 1.16–1.77 × at nice 5 
 1.05–1.35 × at nice 10 (``bench/planner_tick.py --beside-solve``; docs/planner.md, "The
 live improver: thread or process"): there the CPU, not the GIL, was what the tick lacked.
 
-The child starts on the first offer (about 1.4 s of imports, in the child), ignores
-SIGINT (the planner ends it) and exits by itself when the planner process dies (it
-waits on its parent's sentinel). When it dies (killed, out of memory) the solve in
-flight fails: the improver logs it, counts ``failed`` and starts a new child on the
-next offer; the tick keeps its greedy plan. :meth:`BackgroundImprover.close` kills a
-solve in flight and joins the child; ``PlannerWorker.run`` calls it on its way out. An
-improved plan can only be adopted when it is better on the state of the tick that uses
-it: it is never worse than the greedy floor.
+The child starts on the first offer (about 1.4 s of imports, in the child; about 100 MiB
+resident after a 256-job solve) and, being spawned, imports the program's main module
+again: a script that uses the improver must guard its entry point (``if __name__ ==
+"__main__":``; the CLI, ``python -m app.cli`` and pytest do), or no child starts and
+each offer logs why and leaves the greedy plan. It ignores SIGINT (the planner ends it)
+and exits by itself when the planner process dies (it waits on its parent's sentinel).
+When it dies (killed, out of memory) the solve in flight fails: the improver logs it,
+counts ``failed`` and starts a new child on the next offer; the tick keeps its greedy
+plan. :meth:`BackgroundImprover.close` kills a solve in flight and joins the child;
+``PlannerWorker.run`` calls it on its way out. An improved plan can only be adopted
+when it is better on the state of the tick that uses it: it is never worse than the
+greedy floor.
 """
 
 from __future__ import annotations
@@ -85,7 +89,8 @@ def _exit_with(sentinel: int) -> None:
 
 
 def _pid_of(probe: Future | None, timeout_s: float) -> int | None:
-    """The child's pid from its ``os.getpid`` probe, or None (no probe; it did not run)."""
+    """The child's pid from its ``os.getpid`` probe, or None (no probe, or it did not run
+    within ``timeout_s``)."""
     try:
         return probe.result(timeout_s) if probe is not None else None
     except Exception:  # noqa: BLE001 - a child that died starting has no pid to report
