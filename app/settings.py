@@ -13,18 +13,39 @@ from typing import Any
 from app.errors import ValidationError
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+IMPROVER_EXECUTORS = ("process", "thread")  # Settings.improver_executor; the first is the default
+IMPROVER_NICE_MAX = 19  # the most niceness a process can add on Linux
 
 
-PREEMPTION_MODES = ("plan", "rule")  # Settings.preemption
+def _env_int(name: str, default: int, lo: int, hi: int) -> int:
+    """A ``MAKESPAN_*`` whole number in [``lo``, ``hi``] (unset or empty: ``default``).
+
+    Raises:
+        ValidationError: not a whole number, or out of range."""
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError as e:
+        raise ValidationError(name, raw, "must be a whole number") from e
+    if not lo <= value <= hi:
+        raise ValidationError(name, raw, f"must be between {lo} and {hi}")
+    return value
 
 
-def _env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
-    """The variable ``name`` (unset or empty: ``default``). Raises ValidationError when it
-    is not one of ``choices``."""
-    raw = os.environ.get(name) or default
+def _env_choice(name: str, choices: tuple[str, ...]) -> str:
+    """A ``MAKESPAN_*`` value among ``choices`` (unset or empty: the first).
+
+    Raises:
+        ValidationError: any other value."""
+    raw = os.environ.get(name) or choices[0]
     if raw not in choices:
         raise ValidationError(name, raw, f"must be one of {', '.join(choices)}")
     return raw
+
+
+PREEMPTION_MODES = ("plan", "rule")  # Settings.preemption; the first is the default
 
 
 def _env_nonneg(name: str, default: float) -> float:
@@ -77,13 +98,18 @@ class Settings:
             idempotent and fenced; delayed jobs never reach the broker before they are due).
         max_payload_bytes: largest JSON payload a job may carry.
         policy: planner policy name used by the live planner (default ``default``: the
-            greedy portfolio on every tick and the CP-SAT improver on a background thread,
+            greedy portfolio on every tick and the CP-SAT improver in a child process,
             whose plan a later tick adopts when it scores better; see workers/improver.py).
         solve_time_limit_s: CP-SAT time limit per batch (policies that use it), s.
         preemption: ``"plan"`` (default): the policies of
             :data:`planner.api.PREEMPTION_FLOOR` (portfolio, default/cpsat, tardiness*)
             decide preemptions by score (:mod:`planner.preemption_plan`), the others by the
             fixed rule; ``"rule"``: the fixed rule (:mod:`planner.preemption`) for all.
+        improver_executor: where the live planner's improver solves: ``process`` (the
+            default: one child process, off the tick's GIL) or ``thread`` (a thread of
+            the planner process; ticks during a solve take longer).
+        improver_nice: niceness added to the improver's child process (0–19): on a busy
+            CPU the tick comes first, and the solve gets less done within its limit.
         planner_tick_s: longest the planner sleeps between cycles when nothing wakes it
             (a submission or a lease release wakes it at once).
         retention_jobs: most finished-job summaries kept (oldest deleted first).
@@ -108,6 +134,8 @@ class Settings:
     policy: str = "default"
     solve_time_limit_s: float = 1.0
     preemption: str = "plan"
+    improver_executor: str = "process"
+    improver_nice: int = 5
     planner_tick_s: float = 0.1
     retention_jobs: int = 10_000
     retention_age_s: float = 3600.0
@@ -134,7 +162,9 @@ class Settings:
             broker_visibility_timeout_s=_env_float("MAKESPAN_BROKER_VISIBILITY_TIMEOUT_S", 6 * 3600.0),
             policy=env.get("MAKESPAN_POLICY") or "default",
             solve_time_limit_s=_env_float("MAKESPAN_SOLVE_TIME_LIMIT_S", 1.0),
-            preemption=_env_choice("MAKESPAN_PREEMPTION", "plan", PREEMPTION_MODES),
+            preemption=_env_choice("MAKESPAN_PREEMPTION", PREEMPTION_MODES),
+            improver_executor=_env_choice("MAKESPAN_IMPROVER_EXECUTOR", IMPROVER_EXECUTORS),
+            improver_nice=_env_int("MAKESPAN_IMPROVER_NICE", 5, 0, IMPROVER_NICE_MAX),
             planner_tick_s=_env_float("MAKESPAN_PLANNER_TICK_S", 0.1),
             retention_jobs=int(_env_float("MAKESPAN_RETENTION_JOBS", 10_000)),
             retention_age_s=_env_float("MAKESPAN_RETENTION_AGE_S", 3600.0),
@@ -165,6 +195,8 @@ class Settings:
             "MAKESPAN_POLICY": self.policy,
             "MAKESPAN_SOLVE_TIME_LIMIT_S": repr(self.solve_time_limit_s),
             "MAKESPAN_PREEMPTION": self.preemption,
+            "MAKESPAN_IMPROVER_EXECUTOR": self.improver_executor,
+            "MAKESPAN_IMPROVER_NICE": str(self.improver_nice),
             "MAKESPAN_PLANNER_TICK_S": repr(self.planner_tick_s),
             "MAKESPAN_RETENTION_JOBS": str(self.retention_jobs),
             "MAKESPAN_RETENTION_AGE_S": repr(self.retention_age_s),

@@ -153,6 +153,13 @@ class FleetState:
     _groups_cache: dict[tuple[int, int, int, int], list[tuple[str, ...]]] = field(
         default_factory=dict, init=False, repr=False, compare=False)
 
+    def __getstate__(self) -> dict:
+        """Pickled (to the live improver's child process) without ``_groups_cache``: its
+        keys hold ``id(self.gpus)``, which means nothing in another process."""
+        state = self.__dict__.copy()
+        state["_groups_cache"] = {}
+        return state
+
     def hosts(self) -> dict[str, list[Gpu]]:
         out: dict[str, list[Gpu]] = {}
         for g in self.gpus:

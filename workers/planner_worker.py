@@ -107,7 +107,9 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
         self.tick_again = False
         self._meta: dict[str, tuple[str, float]] = {}
         self._recent: dict[str, PlanJob] = {}
-        self.improver = (BackgroundImprover(settings.policy, settings.solve_time_limit_s)
+        self.improver = (BackgroundImprover(settings.policy, settings.solve_time_limit_s,
+                                            executor=settings.improver_executor,
+                                            child_nice=settings.improver_nice)
                          if settings.policy in SOLVER_POLICIES else None)
         self._last_tp: dict[str, str] = {}  # GPU -> traceparent of the last job leased on it
         self.lock_ttl_s = max(settings.lease_ttl_s / 2, 1.0)
@@ -153,7 +155,15 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
                 log.warning("planner lock extend failed: %s", e)
 
     def stop(self) -> None:
+        """Ask :meth:`run` to return (safe from a signal handler: it only sets an event);
+        ``run`` then ends the improver's child process (:meth:`close`)."""
         self._stop.set()
+
+    def close(self) -> None:
+        """End the background improver and its child process (idempotent). :meth:`run`
+        does it on its way out; a caller that ticks by hand calls it when done."""
+        if self.improver is not None:
+            self.improver.close()
 
     def _wait_for_work(self) -> None:
         """Sleep until a submission or a lease release wakes us, or one tick passes (less
@@ -174,35 +184,44 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
             self._stop.wait(self.settings.planner_tick_s)
 
     def run(self) -> None:
-        """Stand by until leader, then tick until stopped or deposed (then stand by again)."""
+        """Stand by until leader, then tick until stopped or deposed (then stand by again).
+        On the way out (stopped, or an exception such as KeyboardInterrupt) it ends the
+        improver's child process."""
         telemetry.instrument_producer("makespan-planner")
-        while not self._stop.is_set():
-            lock = self._lead()
-            if lock is None:
-                return
-            self.lost.clear()
-            keeper = threading.Thread(target=self._keep_lock, args=(lock,), daemon=True)
-            keeper.start()
-            while not self._stop.is_set() and not self.lost.is_set():
-                try:
-                    busy = self.tick()
-                except LeaseError as e:
-                    log.error("%s: %s", self.name, e)
-                    self.lost.set()
-                    break
-                except (redis.RedisError, StoreError) as e:  # StoreError: a wrapped Redis error
-                    log.warning("planner tick failed (Redis): %s", e)
-                    busy = False
-                    time.sleep(0.5)
-                if not (busy and self.tick_again):
-                    self._wait_for_work()
+        try:
+            while not self._stop.is_set():
+                lock = self._lead()
+                if lock is None:
+                    return
+                self._lead_until_stopped(lock)
+        finally:
+            self.close()
+
+    def _lead_until_stopped(self, lock) -> None:
+        """Tick while leading, until stopped or deposed; then release the lock."""
+        self.lost.clear()
+        keeper = threading.Thread(target=self._keep_lock, args=(lock,), daemon=True)
+        keeper.start()
+        while not self._stop.is_set() and not self.lost.is_set():
             try:
-                p = self.r.pipeline(transaction=False)
-                self._write_solve_stats(p)
-                p.execute()
-                lock.release()
-            except (LockError, redis.RedisError):
-                pass
+                busy = self.tick()
+            except LeaseError as e:
+                log.error("%s: %s", self.name, e)
+                self.lost.set()
+                break
+            except (redis.RedisError, StoreError) as e:  # StoreError: a wrapped Redis error
+                log.warning("planner tick failed (Redis): %s", e)
+                busy = False
+                time.sleep(0.5)
+            if not (busy and self.tick_again):
+                self._wait_for_work()
+        try:
+            p = self.r.pipeline(transaction=False)
+            self._write_solve_stats(p)
+            p.execute()
+            lock.release()
+        except (LockError, redis.RedisError):
+            pass
 
     # -- one cycle -----------------------------------------------------------------------
     def now_s(self) -> float:

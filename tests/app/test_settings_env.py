@@ -1,4 +1,4 @@
-"""Settings from MAKESPAN_* variables: numbers that may be zero."""
+"""Settings from MAKESPAN_* variables: numbers that may be zero, a choice among names."""
 
 import pytest
 
@@ -31,3 +31,25 @@ def test_preemption_mode_refuses_unknown(monkeypatch):
     with pytest.raises(ValidationError) as ei:
         Settings.from_env()
     assert ei.value.field == "MAKESPAN_PREEMPTION"
+
+
+def test_improver_executor_is_process_by_default_and_a_known_name(monkeypatch):
+    monkeypatch.delenv("MAKESPAN_IMPROVER_EXECUTOR", raising=False)
+    assert Settings.from_env().improver_executor == "process"
+    monkeypatch.setenv("MAKESPAN_IMPROVER_EXECUTOR", "thread")
+    assert Settings.from_env().improver_executor == "thread"
+    monkeypatch.setenv("MAKESPAN_IMPROVER_EXECUTOR", "fork")
+    with pytest.raises(ValidationError) as ei:
+        Settings.from_env()
+    assert ei.value.field == "MAKESPAN_IMPROVER_EXECUTOR"
+
+
+@pytest.mark.parametrize("raw,ok", [("0", True), ("19", True), ("", True), ("20", False), ("-1", False), ("5.5", False)])
+def test_improver_nice_is_a_whole_number_from_0_to_19(monkeypatch, raw, ok):
+    monkeypatch.setenv("MAKESPAN_IMPROVER_NICE", raw)
+    if ok:
+        assert Settings.from_env().improver_nice == (int(raw) if raw else 5)
+    else:
+        with pytest.raises(ValidationError) as ei:
+            Settings.from_env()
+        assert ei.value.field == "MAKESPAN_IMPROVER_NICE"

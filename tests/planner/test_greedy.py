@@ -2,6 +2,7 @@
 full portfolio would: the best of every member by score, ties to the first member."""
 
 import math
+import pickle
 import random
 from dataclasses import replace
 
@@ -64,3 +65,13 @@ def test_groups_are_cached_per_gpu_list():
     st.gpus = [Gpu(f"n{i}", "h9", i, 80_000) for i in range(4)]  # a new list is a new fleet
     assert st.groups(2, 0) == [("n0", "n1"), ("n2", "n3")]
     assert FleetState(0.0, st.gpus, st.endpoints) == FleetState(0.0, st.gpus, st.endpoints)
+
+
+def test_pickled_state_leaves_its_groups_cache_behind():
+    """The live improver's child gets the state pickled: the cache (keyed by the id of
+    the GPU list, meaningless in another process) stays behind; the rest crosses."""
+    _, st = instance(4, 8, seed=1)
+    st.groups(2, 0)
+    again = pickle.loads(pickle.dumps(st))
+    assert again == st and again._groups_cache == {} and st._groups_cache
+    assert again.groups(2, 0) == st.groups(2, 0)

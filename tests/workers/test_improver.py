@@ -1,10 +1,20 @@
-"""The default policy in the live planner: greedy per tick, CP-SAT improver on a
-background thread (workers/improver.py); the improved plan is adopted only when it
-scores better on the tick that uses it."""
+"""The default policy in the live planner: greedy per tick, CP-SAT improver in a child
+process (workers/improver.py; or a thread); the improved plan is adopted only when it
+scores better on the tick that uses it. The child is replaced when it dies and ended
+when the planner stops; it ends by itself when the planner process is killed."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import psutil
+import pytest
 
 from app.producer import Producer
 from planner.api import plan
@@ -12,6 +22,7 @@ from planner.evaluator import evaluate, score
 from planner.model import PlanJob
 from planner.synthetic import instance
 from tests.faults.test_priority_cases import ONE_GPU
+from app.errors import ValidationError
 from workers.improver import BackgroundImprover, adapt
 from workers.planner_worker import PlannerWorker
 
@@ -47,9 +58,10 @@ def test_adapt_drops_started_jobs_and_places_new_ones():
     assert adapt(best, [new], state) is None  # nothing of the improved plan is left
 
 
-def test_background_improver_adopts_only_a_better_plan():
+@pytest.mark.parametrize("executor", ["process", "thread"])
+def test_background_improver_adopts_only_a_better_plan(executor):
     batch, state, floor, best = _case()
-    imp = BackgroundImprover("default", time_limit_s=5)
+    imp = BackgroundImprover("default", time_limit_s=5, executor=executor)
     assert imp.best(floor, batch, state) is floor  # nothing solved yet
     assert imp.offer(batch, state)
     assert imp.wait_idle(30)
@@ -60,10 +72,17 @@ def test_background_improver_adopts_only_a_better_plan():
     assert imp.best(best, batch, state) is best  # not strictly better than the floor: floor kept
     short = BackgroundImprover("default", time_limit_s=5)
     assert not short.worth_solving(49.0) and short.worth_solving(50.0)  # 10 time limits
-    worse = BackgroundImprover("fifo", time_limit_s=1)
+    worse = BackgroundImprover("fifo", time_limit_s=1, executor=executor)
     worse.offer(batch, state)
-    assert worse.wait_idle(10)
+    assert worse.wait_idle(30)
     assert worse.best(floor, batch, state) is floor
+    assert (imp.child_pid() is None) == (executor == "thread")
+    imp.close(), worse.close(), short.close()
+    assert not imp.offer(batch[:3], state)  # closed: no further solves
+    with pytest.raises(ValidationError):
+        BackgroundImprover("default", time_limit_s=1, executor="fork")
+    with pytest.raises(ValidationError):
+        BackgroundImprover("default", time_limit_s=1, child_nice=20)
 
 
 def test_live_planner_runs_the_default_policy_with_the_improver(r, keys, settings):
@@ -81,10 +100,10 @@ def test_live_planner_runs_the_default_policy_with_the_improver(r, keys, setting
     assert w.improver.wait_idle(10)
     w.tick()  # GPU still leased: nothing starts, the same three are not solved again
     assert len(sent) == 1 and w.improver.stats["offered"] == 1
+    w.close()
 
 
 def test_background_improver_for_tardiness_adopts_by_weighted_tardiness(r, settings):
-    import pytest
     batch, state = instance(6, 2, models=3, seed=4, gang=False)
     batch = [dataclasses.replace(j, deadline_s=round(j.release_s + 1.5 * j.service_s, 1)) for j in batch]
     floor = plan(batch, state, "tardiness-portfolio")  # weighted tardiness 1,193.2
@@ -95,5 +114,122 @@ def test_background_improver_for_tardiness_adopts_by_weighted_tardiness(r, setti
     assert imp.stats["adopted"] == 1
     assert got.objective == pytest.approx(974.6) and got.objective < floor.objective  # exact search's optimum
     assert evaluate(got, batch, state, objective="weighted_tardiness").objective == pytest.approx(got.objective)
+    imp.close()
     w = PlannerWorker(r, dataclasses.replace(settings, policy="tardiness"), ONE_GPU, dispatch=lambda *a: None)
     assert w.improver is not None and w.improver.objective == "weighted_tardiness"
+
+
+# -- the child process: death, restart, shutdown ----------------------------------------------
+def _gone(pid: int, timeout_s: float) -> bool:
+    """Whether process ``pid`` has exited (and been reaped, or is a zombie of a parent
+    that is not ours to reap) within ``timeout_s``."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE and psutil.Process(pid).ppid() != os.getpid():
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _long_case():
+    """A batch whose solve runs to its time limit (windowed LNS on 96 jobs, 16 GPUs)."""
+    return instance(96, 16, models=6, seed=3, gang=False)
+
+
+def test_improver_replaces_a_child_killed_mid_solve_then_one_killed_idle(caplog):
+    batch, state, floor, best = _case()
+    big, big_state = _long_case()
+    imp = BackgroundImprover("default", time_limit_s=20)
+    try:
+        assert imp.offer(big, big_state)
+        first = imp.child_pid()
+        assert first is not None and first != os.getpid()
+        time.sleep(0.5)  # the child has imported everything (the pid probe ran): it is solving
+        assert not imp.wait_idle(0.0)
+        os.kill(first, signal.SIGKILL)
+        assert imp.wait_idle(10)  # the solve failed at once: not after its 20 s limit
+        assert imp.stats["failed"] == 1 and imp.best(floor, batch, state) is floor
+        assert "child process died mid-solve" in caplog.text
+        assert _gone(first, 10)  # reaped by the pool: no zombie left
+        assert imp.offer(batch, state)  # a new child, on the next offer
+        second = imp.child_pid()
+        assert second not in (None, first) and imp.stats["restarts"] == 1
+        assert imp.wait_idle(30) and imp.stats["failed"] == 1
+        assert score(imp.best(floor, batch, state)) == score(best)  # the new child solved it
+        os.kill(second, signal.SIGKILL)  # idle now: the next offer finds the pool broken
+        assert _gone(second, 10)
+        assert imp.offer(batch[1:], state)
+        third = imp.child_pid()
+        assert third not in (None, first, second) and imp.stats["restarts"] == 2
+        assert imp.wait_idle(30) and imp.stats["failed"] == 1
+    finally:
+        imp.close()
+
+
+def test_close_mid_solve_kills_the_child_at_once():
+    big, big_state = _long_case()
+    imp = BackgroundImprover("default", time_limit_s=20)
+    assert imp.offer(big, big_state)
+    pid = imp.child_pid()
+    time.sleep(0.5)
+    assert pid is not None and not imp.wait_idle(0.0)
+    t0 = time.monotonic()
+    imp.close()
+    assert time.monotonic() - t0 < 5.0  # not the 20 s limit
+    assert _gone(pid, 1.0) and imp.stats["failed"] == 0  # abandoned, not failed
+
+
+def test_planner_worker_stop_ends_its_improver_child(r, keys, settings):
+    """run() in a thread with the improver's child started by a tick; stop() makes run()
+    return, and run() ends and reaps the child."""
+    settings = dataclasses.replace(settings, solve_time_limit_s=0.01)
+    w = PlannerWorker(r, settings, ONE_GPU, dispatch=lambda ctx, q: None)
+    prod = Producer(r, keys, ONE_GPU, settings)
+    for i in range(4):
+        prod.submit({"endpoint": "e", "service_s": 10 + i})
+    t = threading.Thread(target=w.run, daemon=True)
+    t.start()
+    end = time.monotonic() + 30
+    while w.improver.child_pid(0.0) is None and time.monotonic() < end:
+        time.sleep(0.05)
+    pid = w.improver.child_pid()
+    assert pid is not None and psutil.Process(pid).ppid() == os.getpid()
+    assert psutil.Process(pid).nice() == min(19, os.nice(0) + settings.improver_nice)  # the tick first
+    w.stop()
+    t.join(15)
+    assert not t.is_alive()
+    with pytest.raises(psutil.NoSuchProcess):  # exited and reaped: not even a zombie
+        psutil.Process(pid).status()
+
+
+def test_killed_planner_process_leaves_no_improver_child(r, keys, settings, tmp_path):
+    """A planner process (the CLI) is SIGKILLed, its process group spared: its improver
+    child notices the parent is gone and exits by itself."""
+    fleet = tmp_path / "one.toml"
+    fleet.write_text('name = "one"\n[[hosts]]\nname = "h"\ngpu_count = 1\nmemory_mib = 81920\n'
+                     '[endpoints.e]\nmodel = "m"\nmemory_mib_per_gpu = 20000\ncold_start_s = 1\n')
+    s = dataclasses.replace(settings, solve_time_limit_s=0.01)
+    env = {**os.environ, **s.to_env()}
+    cli = [sys.executable, "-c", "from app.cli import app; app()", "planner", "--fleet", str(fleet)]
+    proc = subprocess.Popen(cli, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        prod = Producer(r, keys, ONE_GPU, s)
+        for i in range(4):
+            prod.submit({"endpoint": "e", "service_s": 10 + i})
+        end = time.monotonic() + 60
+        kids: list = []  # the improver's child, and multiprocessing's resource tracker
+        while not any("spawn_main" in " ".join(k.cmdline()) for k in kids) and time.monotonic() < end:
+            assert proc.poll() is None, proc.stderr.read().decode()
+            kids = psutil.Process(proc.pid).children()
+            time.sleep(0.1)
+        assert any("spawn_main" in " ".join(k.cmdline()) for k in kids), kids
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        assert all(_gone(k.pid, 10) for k in kids)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
