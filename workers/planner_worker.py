@@ -355,8 +355,8 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
                 for _ in range(sum(reclaimed.values())):
                     metrics.lease_reclaimed()
             if reclaimed.get("requeued") and self.settings.retry_backoff_s > 0:  # now in P:delayed: wake up
-                self.delayed.note_due(time.time() + min(self.settings.retry_backoff_s,  # when the first is due
-                                                        self.settings.retry_backoff_max_s))
+                first_wait_s = min(self.settings.retry_backoff_s, self.settings.retry_backoff_max_s)
+                self.delayed.note_due(self.delayed.server_now_s() + first_wait_s)  # when the first is due
             snap = self.snapshot()  # reclaims freed GPUs and requeued jobs
         if self.agenda is not None and snap["agenda"]:
             self.agenda.reap()

@@ -14,6 +14,7 @@ import pytest
 
 from app.producer import Producer
 from tests.faults.test_priority_cases import ONE_GPU
+from workers.delayed import DelayedJobs
 from workers.leases import Lease, LeaseStore
 from workers.planner_worker import PlannerWorker
 from workers.requests import RequestRunner
@@ -110,3 +111,19 @@ def test_a_skewed_sender_cannot_drop_a_live_request_lease(r, keys, monkeypatch, 
     with clock(monkeypatch, contender_skew_s):
         assert contender._try_acquire("b") == 0
     assert r.zrange(keys.req_leases("i1"), 0, -1) == ["a"]
+
+def test_a_delayed_job_is_due_on_the_server_clock(r, keys, settings, monkeypatch):
+    """A producer running 60 s ahead and a planner running 60 s behind (and the reverse)
+    queue a delayed job when it is due: not 60 s early, not 120 s late."""
+    prod = Producer(r, keys, ONE_GPU, settings)
+    d = DelayedJobs(r, keys)
+    with clock(monkeypatch, -SKEW_S):
+        early = prod.submit({"endpoint": "e", "service_s": 1, "delay_s": 30}).id
+    with clock(monkeypatch, +SKEW_S):
+        assert d.promote() == 0  # due in 30 s on the server clock
+        late = prod.submit({"endpoint": "e", "service_s": 1, "delay_s": 0.2}).id
+        assert 29.0 <= d.wait_s(1e6) <= 30.0  # the planner sleeps by the server clock
+    time.sleep(0.3)
+    with clock(monkeypatch, -SKEW_S):
+        assert d.promote() == 1
+    assert r.hget(keys.job(late), "state") == "queued" and r.hget(keys.job(early), "state") == "delayed"
