@@ -331,9 +331,10 @@ class LeaseStore:
     def expired(self, pipe: redis.client.Pipeline | None = None) -> list[str] | None:
         """Ids of the leases whose expiry has passed on the Redis server's clock (read
         inside one script: the caller's clock plays no part). With ``pipe`` the read is
-        queued on that pipeline and None returned; its result comes from ``pipe.execute()``."""
+        queued on that pipeline and None returned; its result comes from ``pipe.execute()``
+        (sent as EVAL: no extra SCRIPT EXISTS round trip, no NOSCRIPT after a restart)."""
         if pipe is not None:
-            self._expired(keys=[self.keys.leases], client=pipe)
+            pipe.eval(_EXPIRED, 1, self.keys.leases)
             return None
         return list(self._expired(keys=[self.keys.leases]))
 
