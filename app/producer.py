@@ -3,9 +3,9 @@
 A job is validated completely before anything is written; the write itself (job
 record, idempotency key, queue entry, submitted event) is one Lua script, so a
 rejected job is never partly enqueued and an accepted one is never half-written.
-A job with ``delay_s`` is written ``delayed`` into ``P:delayed`` (score = due time)
-instead of a queue, in the same script; the planner queues it when due
-(:mod:`workers.delayed`). Nothing reaches Celery before then.
+A job with ``delay_s`` is written ``delayed`` into ``P:delayed`` (score = due time,
+the Redis server's clock + ``delay_s``) instead of a queue, in the same script; the
+planner queues it when due (:mod:`workers.delayed`). Nothing reaches Celery before then.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from app.models import FleetSpec, JobSpec, Priority, parse_job
 from app.settings import Settings
 
 # KEYS: idem (or a dummy when no key), seq, job, queue, events, planner wake list, delayed
-# ARGV: has_idem, job_id, fields JSON (flat map), event JSON, due time (unix s; '' = now)
+# ARGV: has_idem, job_id, fields JSON (flat map), event JSON, delay s ('' = queue now)
+# A delayed job's due time (not_before, its P:delayed score) = the Redis server's clock + delay.
 _SUBMIT = """
 if ARGV[1] == '1' then
   local existing = redis.call('GET', KEYS[1])
@@ -36,18 +37,23 @@ local fields = cjson.decode(ARGV[3])
 local flat = {}
 for k, v in pairs(fields) do table.insert(flat, k); table.insert(flat, tostring(v)) end
 table.insert(flat, 'seq'); table.insert(flat, tostring(seq))
+local ev = ARGV[4]
+local due = nil
 if ARGV[5] ~= '' then
+  local t = redis.call('TIME')
+  due = string.format('%.6f', tonumber(t[1]) + tonumber(t[2]) / 1000000 + tonumber(ARGV[5]))
   table.insert(flat, 'state'); table.insert(flat, 'delayed')
-  table.insert(flat, 'not_before'); table.insert(flat, ARGV[5])
+  table.insert(flat, 'not_before'); table.insert(flat, due)
+  local e = cjson.decode(ev); e['not_before'] = tonumber(due); ev = cjson.encode(e)
 end
 redis.call('HSET', KEYS[3], unpack(flat))
-if ARGV[5] ~= '' then
-  redis.call('ZADD', KEYS[7], tonumber(ARGV[5]), ARGV[2])
+if due then
+  redis.call('ZADD', KEYS[7], due, ARGV[2])
 else
   redis.call('ZADD', KEYS[4], seq, ARGV[2])
 end
 if ARGV[1] == '1' then redis.call('SET', KEYS[1], ARGV[2]) end
-redis.call('XADD', KEYS[5], 'MAXLEN', '~', '1000000', '*', 'e', ARGV[4])
+redis.call('XADD', KEYS[5], 'MAXLEN', '~', '1000000', '*', 'e', ev)
 redis.call('RPUSH', KEYS[6], '1')
 redis.call('LTRIM', KEYS[6], -16, -1)
 return {1, ARGV[2]}
@@ -116,7 +122,7 @@ class Producer:
         job_id = uuid.uuid4().hex
         ep = self.fleet.endpoints[spec.endpoint]
         now = time.time()
-        due = repr(now + spec.delay_s) if spec.delay_s is not None else ""
+        delay = repr(float(spec.delay_s)) if spec.delay_s is not None else ""  # due: server clock + delay
         fields = {
             "id": job_id, "state": "queued", "endpoint": spec.endpoint, "priority": spec.priority.name,
             "service_s": repr(spec.service_s), "submitted_at": repr(now), "attempts": 0,
@@ -132,13 +138,12 @@ class Producer:
             fields["traceparent"] = traceparent
         has_idem = spec.idempotency_key is not None
         ev = json.dumps({"ts": now, "kind": "submitted", "job": job_id, "endpoint": spec.endpoint,
-                         "priority": spec.priority.name, "planned_s": spec.service_s,
-                         **({"not_before": float(due)} if due else {})})
+                         "priority": spec.priority.name, "planned_s": spec.service_s})
         keys = [self.keys.idem(spec.idempotency_key) if has_idem else self.keys.seq, self.keys.seq,
                 self.keys.job(job_id), self.keys.queue(spec.priority), self.keys.events,
                 self.keys.planner_wake, self.keys.delayed]
         try:
-            created, jid = self._submit(keys=keys, args=["1" if has_idem else "0", job_id, json.dumps(fields), ev, due])
+            created, jid = self._submit(keys=keys, args=["1" if has_idem else "0", job_id, json.dumps(fields), ev, delay])
         except redis.RedisError as e:
             raise StoreError(f"submit failed: {e}") from e
         if created:

@@ -7,6 +7,16 @@ Per GPU, ``P:gpu:{uuid}`` holds ``{lease_id}:{token}`` with a PX expiry; the tok
 a fencing token from the monotonic counter ``P:fence`` (Kleppmann, "How to do
 distributed locking", 2016). A holder acts only while every GPU of its gang still
 names its lease and token; a reclaimed or expired lease makes its later writes no-ops.
+
+One clock decides lease time: the Redis server's. Each script reads ``TIME`` itself
+(:data:`SERVER_NOW_MS`; allowed in Redis >= 5 scripts, which replicate effects) to
+compute ``expires_ms`` (unix ms, the score in ``P:leases``) on acquire and renew and to
+compare it on :meth:`LeaseStore.expired` and reclaim, exactly as the GPU keys' PX
+expiry runs on that clock. Planner and GPU workers on hosts whose clocks disagree then
+agree on when a lease expires: a planner whose clock runs ahead does not reclaim a live
+lease (the job would run twice), one that runs behind does not leak GPUs for the skew.
+Event timestamps (``ts``, ``leased_at``, ``finished_at``) stay on the caller's clock,
+like every other event; they feed reports, not expiry decisions.
 """
 
 from __future__ import annotations
@@ -24,10 +34,18 @@ from app.keys import Keys
 
 log = logging.getLogger(__name__)
 
+# Lua prelude: ``server_now_ms``, the Redis server's clock in unix ms (one TIME call).
+SERVER_NOW_MS = """
+local server_t = redis.call('TIME')
+local server_now_ms = tonumber(server_t[1]) * 1000 + math.floor(tonumber(server_t[2]) / 1000)
+"""
+
 # KEYS: fence, lease, leases, job, queue, running, planner_fence, events, gpu_1..gpu_n[, resident_1..resident_n]
-# ARGV: lease_id, job_id, ttl_ms, now_ms, holder, lease JSON fields, planner_token, event JSON, job_state,
+# ARGV: lease_id, job_id, ttl_ms, now_ms (caller's clock: leased_at, running score only), holder,
+#       lease JSON fields, planner_token, event JSON, job_state,
 #       instance value ('' = no resident keys; else the reply says whether every GPU holds that instance)
-_ACQUIRE = """
+# expires_ms = server clock + ttl_ms
+_ACQUIRE = SERVER_NOW_MS + """
 local n = #KEYS - 8
 if ARGV[10] ~= '' then n = n / 2 end
 if ARGV[7] ~= '' and redis.call('GET', KEYS[7]) ~= ARGV[7] then return {0, 'planner_fenced'} end
@@ -39,10 +57,11 @@ local token = redis.call('INCR', KEYS[1])
 local val = ARGV[1] .. ':' .. token
 for i = 1, n do redis.call('SET', KEYS[8 + i], val, 'PX', ARGV[3]) end
 local fields = cjson.decode(ARGV[6])
-local flat = {'token', tostring(token), 'expires_ms', tostring(tonumber(ARGV[4]) + tonumber(ARGV[3]))}
+local expires_ms = server_now_ms + tonumber(ARGV[3])
+local flat = {'token', tostring(token), 'expires_ms', tostring(expires_ms)}
 for k, v in pairs(fields) do table.insert(flat, k); table.insert(flat, tostring(v)) end
 redis.call('HSET', KEYS[2], unpack(flat))
-redis.call('ZADD', KEYS[3], tonumber(ARGV[4]) + tonumber(ARGV[3]), ARGV[1])
+redis.call('ZADD', KEYS[3], expires_ms, ARGV[1])
 if ARGV[9] == 'queued' then
   redis.call('ZREM', KEYS[5], ARGV[2])
   redis.call('HSET', KEYS[4], 'state', 'leased', 'lease', ARGV[1], 'token', tostring(token),
@@ -61,8 +80,9 @@ end
 return {1, token, warm}
 """
 
-# KEYS: lease, leases, gpu_1..gpu_n ; ARGV: lease_id, token, ttl_ms (0 = check only), now_ms
-_RENEW = """
+# KEYS: lease, leases, gpu_1..gpu_n ; ARGV: lease_id, token, ttl_ms (0 = check only)
+# expires_ms = server clock + ttl_ms
+_RENEW = SERVER_NOW_MS + """
 local want = ARGV[1] .. ':' .. ARGV[2]
 for i = 3, #KEYS do
   if redis.call('GET', KEYS[i]) ~= want then return 0 end
@@ -70,8 +90,8 @@ end
 local ttl = tonumber(ARGV[3])
 if ttl > 0 then
   for i = 3, #KEYS do redis.call('PEXPIRE', KEYS[i], ttl) end
-  redis.call('ZADD', KEYS[2], tonumber(ARGV[4]) + ttl, ARGV[1])
-  redis.call('HSET', KEYS[1], 'expires_ms', tostring(tonumber(ARGV[4]) + ttl))
+  redis.call('ZADD', KEYS[2], server_now_ms + ttl, ARGV[1])
+  redis.call('HSET', KEYS[1], 'expires_ms', tostring(server_now_ms + ttl))
 end
 return 1
 """
@@ -103,11 +123,12 @@ return 1
 
 # Reclaim one expired lease (its holder stopped renewing).
 # A requeued job waits as a delayed job (workers.delayed) when a retry backoff is set.
-# KEYS: lease, leases, running, events ; ARGV: lease_id, now_ms, max_attempts, prefix,
-# retry backoff s (0 = queue at once), longest backoff s
-_RECLAIM = """
+# KEYS: lease, leases, running, events ; ARGV: lease_id, now_ms (caller's clock: event ts and
+# finished_at only), max_attempts, prefix, retry backoff s (0 = queue at once), longest backoff s
+# Expired means expires_ms <= the server clock; a backoff's due time is on the server clock too.
+_RECLAIM = SERVER_NOW_MS + """
 local score = redis.call('ZSCORE', KEYS[2], ARGV[1])
-if not score or tonumber(score) > tonumber(ARGV[2]) then return {0, 'live'} end
+if not score or tonumber(score) > server_now_ms then return {0, 'live'} end
 local lease = redis.call('HGETALL', KEYS[1])
 local L = {}
 for i = 1, #lease, 2 do L[lease[i]] = lease[i + 1] end
@@ -152,7 +173,7 @@ if job and L['kind'] == 'job' then
       redis.call('HDEL', jk, 'lease', 'token')
       if backoff > 0 then
         local wait = math.min(backoff * 2 ^ (attempts - 1), tonumber(ARGV[6]))
-        local due = tonumber(ARGV[2]) / 1000.0 + wait
+        local due = server_now_ms / 1000.0 + wait
         redis.call('HSET', jk, 'state', 'delayed', 'not_before', tostring(due),
                    'reason', 'requeued: lease expired (holder lost); retry after ' .. wait .. ' s')
         redis.call('ZADD', ARGV[4] .. ':delayed', due, job)
@@ -178,7 +199,15 @@ return {1, outcome}
 """
 
 
+# Lease ids whose expiry has passed on the server clock (candidates: reclaim checks again).
+# KEYS: leases ; ARGV: none
+_EXPIRED = SERVER_NOW_MS + """
+return redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', server_now_ms)
+"""
+
+
 def now_ms() -> int:
+    """The caller's clock in unix ms: event timestamps only, never a lease expiry."""
     return int(time.time() * 1000)
 
 
@@ -201,6 +230,7 @@ class LeaseStore:
         self._renew = r.register_script(_RENEW)
         self._fenced = r.register_script(_FENCED)
         self._reclaim = r.register_script(_RECLAIM)
+        self._expired = r.register_script(_EXPIRED)
 
     def acquire(self, lease_id: str, gpus: tuple[str, ...], ttl_s: float, *, job_id: str = "", kind: str = "job",
                 holder: str = "", queue: str = "", planner_token: str = "", info: dict[str, Any] | None = None,
@@ -272,14 +302,15 @@ class LeaseStore:
         return None
 
     def renew(self, lease: Lease, ttl_s: float) -> bool:
-        """Extend ``lease`` by ``ttl_s`` if it is still ours; False if stale."""
+        """Extend ``lease`` to ``ttl_s`` seconds from now on the Redis server's clock if it
+        is still ours; False if stale."""
         keys = [self.keys.lease(lease.lease_id), self.keys.leases, *[self.keys.gpu(g) for g in lease.gpus]]
-        return bool(self._renew(keys=keys, args=[lease.lease_id, lease.token, int(ttl_s * 1000), now_ms()]))
+        return bool(self._renew(keys=keys, args=[lease.lease_id, lease.token, int(ttl_s * 1000)]))
 
     def check(self, lease: Lease) -> None:
         """Raise :class:`StaleFencingToken` unless every GPU still names this lease."""
         keys = [self.keys.lease(lease.lease_id), self.keys.leases, *[self.keys.gpu(g) for g in lease.gpus]]
-        if not self._renew(keys=keys, args=[lease.lease_id, lease.token, 0, now_ms()]):
+        if not self._renew(keys=keys, args=[lease.lease_id, lease.token, 0]):
             raise StaleFencingToken(f"lease {lease.lease_id} token {lease.token} is no longer current")
 
     def fenced(self, lease: Lease, ops: list[tuple]) -> bool:
@@ -297,8 +328,15 @@ class LeaseStore:
             enc.append([cmd, keys.index(key) + 1, *[str(a) for a in args]])
         return bool(self._fenced(keys=keys, args=[lease.lease_id, lease.token, len(lease.gpus), json.dumps(enc)]))
 
-    def expired(self, at_ms: int | None = None) -> list[str]:
-        return list(self.r.zrangebyscore(self.keys.leases, "-inf", at_ms if at_ms is not None else now_ms()))
+    def expired(self, pipe: redis.client.Pipeline | None = None) -> list[str] | None:
+        """Ids of the leases whose expiry has passed on the Redis server's clock (read
+        inside one script: the caller's clock plays no part). With ``pipe`` the read is
+        queued on that pipeline and None returned; its result comes from ``pipe.execute()``
+        (sent as EVAL: no extra SCRIPT EXISTS round trip, no NOSCRIPT after a restart)."""
+        if pipe is not None:
+            pipe.eval(_EXPIRED, 1, self.keys.leases)
+            return None
+        return list(self._expired(keys=[self.keys.leases]))
 
     def reclaim(self, lease_id: str, max_attempts: int, retry_backoff_s: float = 0.0,
                 retry_backoff_max_s: float = 300.0) -> str:

@@ -34,7 +34,7 @@ from planner.model import EndpointModel, FleetState, Gpu, PlanJob
 from planner.replay import Replay
 from workers.drain import SetPointMixin
 from workers.improver import BackgroundImprover
-from workers.leases import LeaseStore, now_ms
+from workers.leases import LeaseStore
 from workers.preemption import PreemptionMixin
 from workers.phases import PhaseContext, instance_value, parse_instance
 
@@ -228,14 +228,14 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
         return time.time() / self.settings.time_scale
 
     def snapshot(self) -> dict:
-        """What every tick reads, in one round trip: expired lease ids, the number of
-        open agenda entries, GPU holders and residents (MGET, fleet order), whether a
-        workload is active, and the first ``batch_size`` ids of every queue (CRITICAL
-        first)."""
+        """What every tick reads, in one round trip: expired lease ids (on the Redis
+        server's clock), the number of open agenda entries, GPU holders and residents
+        (MGET, fleet order), whether a workload is active, and the first ``batch_size``
+        ids of every queue (CRITICAL first)."""
         uuids = [g.uuid for g in self.gpus]
         p = self.r.pipeline(transaction=False)
         self._write_solve_stats(p)
-        p.zrangebyscore(self.keys.leases, "-inf", now_ms())
+        self.leases.expired(pipe=p)  # on the Redis server's clock
         p.zcard(self.keys.agenda_index)
         p.mget([self.keys.gpu(u) for u in uuids])
         p.mget([self.keys.resident(u) for u in uuids])
@@ -374,8 +374,8 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
                 for _ in range(sum(reclaimed.values())):
                     metrics.lease_reclaimed()
             if reclaimed.get("requeued") and self.settings.retry_backoff_s > 0:  # now in P:delayed: wake up
-                self.delayed.note_due(time.time() + min(self.settings.retry_backoff_s,  # when the first is due
-                                                        self.settings.retry_backoff_max_s))
+                first_wait_s = min(self.settings.retry_backoff_s, self.settings.retry_backoff_max_s)
+                self.delayed.note_due(self.delayed.server_now_s() + first_wait_s)  # when the first is due
             snap = self.snapshot()  # reclaims freed GPUs and requeued jobs
         if self.agenda is not None and snap["agenda"]:
             self.agenda.reap()

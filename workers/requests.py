@@ -3,9 +3,11 @@
 An async OpenAI-compatible client (:class:`httpx.AsyncClient`) sends the requests to
 the instance's URL with at most ``slots`` in flight. Each in-flight request holds a
 *request lease* in Redis: a member of the zset ``P:reqlease:{instance}`` (score =
-expiry, unix ms) added by a Lua script only while ZCARD < slots, so the cap holds
-across every process sending to that instance; expired members (a dead sender) are
-dropped before counting. ``P:reqwait:{instance}`` counts requests waiting for a lease
+expiry, unix ms on the Redis server's clock, read by the script itself) added by a Lua
+script only while ZCARD < slots, so the cap holds across every process sending to that
+instance; expired members (a dead sender) are dropped before counting. Senders on hosts
+whose clocks disagree agree on expiry: one whose clock runs ahead cannot drop another's
+live request lease (which would break the cap). ``P:reqwait:{instance}`` counts requests waiting for a lease
 and ``P:reqpeak:{instance}`` keeps the most leases ever held at once (the cap check).
 After a batch both the lease zset and the waiter count drain to zero.
 
@@ -28,17 +30,18 @@ import redis
 
 from app.errors import PhaseError
 from app.keys import Keys
+from workers.leases import SERVER_NOW_MS
 
 REQUEST_LEASE_TTL_S = 30.0  # renewed on completion; a dead sender's lease expires
 POLL_S = 0.002
 KEEP_TEXT = 200
 
-# KEYS: leases zset, peak ; ARGV: member, now_ms, expiry_ms, cap
-_ACQUIRE = """
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[2])
+# KEYS: leases zset, peak ; ARGV: member, ttl_ms, cap ; expiry = server clock + ttl_ms
+_ACQUIRE = SERVER_NOW_MS + """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', server_now_ms)
 local n = redis.call('ZCARD', KEYS[1])
-if n >= tonumber(ARGV[4]) then return 0 end
-redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1])
+if n >= tonumber(ARGV[3]) then return 0 end
+redis.call('ZADD', KEYS[1], server_now_ms + tonumber(ARGV[2]), ARGV[1])
 n = n + 1
 local peak = tonumber(redis.call('GET', KEYS[2]) or '0')
 if n > peak then redis.call('SET', KEYS[2], n) end
@@ -106,9 +109,8 @@ class RequestRunner:
 
     # -- request leases (blocking Redis calls, run in the default executor) -------------
     def _try_acquire(self, member: str) -> int:
-        now = int(time.time() * 1000)
         return int(self._acquire(keys=[self.keys.req_leases(self.instance_id), self.keys.req_peak(self.instance_id)],
-                                 args=[member, now, now + int(REQUEST_LEASE_TTL_S * 1000), self.slots]))
+                                 args=[member, int(REQUEST_LEASE_TTL_S * 1000), self.slots]))
 
     async def _lease(self, member: str) -> int:
         n = self._try_acquire(member)

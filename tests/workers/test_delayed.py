@@ -28,11 +28,11 @@ def test_delayed_job_waits_in_redis_then_is_queued_once(r, keys, settings):
     assert rec["state"] == "delayed" and rec["not_before"] >= rec["submitted_at"] + 600 - 1e-3
     assert _queued(r, keys) == 0 and r.zscore(keys.delayed, jid) == pytest.approx(rec["not_before"])
     d = DelayedJobs(r, keys)
-    assert d.promote(now=time.time()) == 0 and d.next_due == pytest.approx(rec["not_before"])
+    assert d.promote() == 0 and d.next_due == pytest.approx(rec["not_before"])
     assert 0 < d.wait_s(1.0) <= 1.0 and d.wait_s(1e6) <= 600
-    assert d.promote(now=rec["not_before"] + 1) == 1
+    assert d.promote(ahead_s=601) == 1  # due 600 s after submission (server clock)
     assert prod.status(jid)["state"] == "queued" and r.zscore(keys.queue("NORMAL"), jid) == rec["seq"]
-    assert d.promote(now=rec["not_before"] + 2) == 0 and d.next_due is None  # idempotent
+    assert d.promote(ahead_s=602) == 0 and d.next_due is None  # idempotent
     assert d.count() == 0 and _queued(r, keys) == 1
 
 
@@ -42,9 +42,8 @@ def test_promotion_is_bounded_and_skips_cancelled(r, keys, settings):
     assert prod.cancel(ids[0]) == "cancelled" and prod.status(ids[0])["reason"] == "cancelled while delayed"
     assert r.zscore(keys.delayed, ids[0]) is None
     d = DelayedJobs(r, keys)
-    later = time.time() + 10
-    assert d.promote(now=later, limit=10) == 10 and d.count() == 14
-    assert d.promote(now=later, limit=10) == 10 and d.promote(now=later, limit=10) == 4
+    assert d.promote(limit=10, ahead_s=10) == 10 and d.count() == 14
+    assert d.promote(limit=10, ahead_s=10) == 10 and d.promote(limit=10, ahead_s=10) == 4
     assert _queued(r, keys) == 24 and prod.status(ids[0])["state"] == "cancelled"
 
 
@@ -53,8 +52,8 @@ def test_a_fenced_off_planner_promotes_nothing(r, keys, settings):
     prod.submit({"endpoint": "e", "service_s": 1, "delay_s": 1})
     r.set(keys.planner_fence, "7")
     d = DelayedJobs(r, keys)
-    assert d.promote("6", now=time.time() + 5) == 0 and d.count() == 1
-    assert d.promote("7", now=time.time() + 5) == 1
+    assert d.promote("6", ahead_s=5) == 0 and d.count() == 1
+    assert d.promote("7", ahead_s=5) == 1
 
 
 @pytest.mark.parametrize("bad", [0, -5, "soon", True, float("inf"), 31 * 24 * 3600])
@@ -88,7 +87,7 @@ def test_planner_queues_a_due_job_and_the_reaper_retries_with_backoff(r, keys, s
         assert t0 + wait_s - 1 <= rec["not_before"] <= time.time() + wait_s
         w.tick()
         assert len(sent) == attempt  # not dispatched again before it is due
-        w.delayed.promote(now=rec["not_before"] + 0.01)
+        w.delayed.promote(ahead_s=rec["not_before"] + 0.01 - time.time())  # one host: one clock
         w.tick()
         assert len(sent) == attempt + 1 and sent[-1].job_id == jid
 
@@ -115,7 +114,7 @@ def test_cancel_workload_cancels_a_step_waiting_out_its_retry_backoff(r, keys, s
     assert r.hget(keys.job(jid), "state") == "delayed"
     cancel_workload(r, keys, wid)
     assert r.hget(keys.job(jid), "state") == "cancelled" and r.zscore(keys.delayed, jid) is None
-    assert DelayedJobs(r, keys).promote(now=time.time() + 60) == 0
+    assert DelayedJobs(r, keys).promote(ahead_s=60) == 0
     assert _queued(r, keys) == 0
 
 
