@@ -15,7 +15,8 @@ Transition rule (a job holds its group exclusively from ``start_s`` to ``end_s``
 from __future__ import annotations
 
 from collections import ChainMap
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
+from dataclasses import replace
 
 from planner.model import Assignment, EndpointModel, FleetState, PlanJob
 
@@ -187,3 +188,18 @@ class Replay:
 def weighted_completion(assignments: Sequence[Assignment], jobs: dict[str, PlanJob]) -> float:
     """Σ w_j (C_j − r_j) over ``assignments``, weight·s."""
     return sum(jobs[a.job_id].weight * (a.end_s - jobs[a.job_id].release_s) for a in assignments)
+
+
+def state_after(state: FleetState, jobs: dict[str, PlanJob], assignments: Sequence[Assignment],
+                started: Collection[str], **changes) -> FleetState:
+    """``state`` after the assignments of ``started`` (job ids) are placed in start order
+    (:meth:`Replay.place` at their ``start_s``): GPUs busy until their planned end, their
+    endpoints resident, evicted endpoints asleep where they have a sleep mode, their
+    completions in ``end_of``. ``changes``: other fields to set (``dataclasses.replace``).
+    The live planner worker hands this state to its improver and to scored preemption."""
+    rep = Replay(state)
+    for a in sorted(assignments, key=lambda a: a.start_s):
+        if a.job_id in started:
+            rep.place(jobs[a.job_id], tuple(a.gpus), a.start_s)
+    return replace(state, free_at=dict(rep.free_at), resident=dict(rep.resident), end_of=dict(rep.end_of),
+                   asleep=dict(rep.asleep), **changes)

@@ -31,7 +31,7 @@ from app.settings import Settings
 from planner.api import plan
 from planner.simulator import _demand, _share
 from planner.model import EndpointModel, FleetState, Gpu, PlanJob
-from planner.replay import Replay
+from planner.replay import state_after
 from workers.drain import SetPointMixin
 from workers.improver import BackgroundImprover
 from workers.leases import LeaseStore
@@ -431,15 +431,7 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
         if not rest or not self.improver.worth_solving(horizon_s):
             return
         jobs = {j.id: j for j in batch}
-        rep = Replay(state)
-        for a in sorted(p.assignments, key=lambda a: a.start_s):
-            if a.job_id in started:
-                rep.place(jobs[a.job_id], tuple(a.gpus), a.start_s)
-        after = FleetState(state.now_s, state.gpus, state.endpoints, free_at=dict(rep.free_at),
-                           resident=dict(rep.resident), set_point=state.set_point, done=state.done,
-                           end_of=dict(rep.end_of), asleep=dict(rep.asleep), demand=state.demand,
-                           demand_share=state.demand_share)
-        self.improver.offer(rest, after)
+        self.improver.offer(rest, state_after(state, jobs, p.assignments, started))
 
     def _note_demand(self, batch: list[PlanJob], state: FleetState) -> None:
         """Fill the planner's future-cost inputs from arrivals of the last DEMAND_WINDOW_S

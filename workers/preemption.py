@@ -25,7 +25,7 @@ from planner import preemption_plan
 from planner.api import POLICIES, POLICY_OBJECTIVE, PREEMPTION_FLOOR
 from planner.model import FleetState, Plan, PlanJob, RunningJob
 from planner.preemption import Holder, choose_preemption
-from planner.replay import Replay
+from planner.replay import state_after
 from workers.leases import preempt
 
 log = logging.getLogger("makespan.planner")
@@ -98,14 +98,7 @@ class PreemptionMixin:
             return set()
         jobs = {j.id: j for j in batch}
         rest = [j for j in batch if j.id not in started]
-        rep = Replay(state)
-        for a in sorted(p.assignments, key=lambda a: a.start_s):
-            if a.job_id in started:
-                rep.place(jobs[a.job_id], tuple(a.gpus), a.start_s)
-        after = FleetState(state.now_s, state.gpus, state.endpoints, free_at=dict(rep.free_at),
-                           resident=dict(rep.resident), set_point=state.set_point, done=state.done,
-                           end_of=dict(rep.end_of), asleep=dict(rep.asleep), demand=state.demand,
-                           demand_share=state.demand_share, running=running)
+        after = state_after(state, jobs, p.assignments, started, running=running)
         policy = self.settings.policy
         branch = preemption_plan.decide(rest, after, POLICIES[PREEMPTION_FLOOR[policy]],
                                         POLICY_OBJECTIVE.get(policy, "weighted_completion"))
