@@ -50,7 +50,7 @@ def main() -> None:
     ap.add_argument("--median-service-s", type=float, default=planner_common.MEDIAN_SERVICE_S)
     ap.add_argument("--offered-load", type=float, default=planner_common.OFFERED_LOAD)
     ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--with-cpsat", action="store_true", help="also cpsat-fast (about 75 s per replay here)")
+    ap.add_argument("--with-cpsat", action="store_true", help="also cpsat-fast (5–20 s per replay here)")
     ap.add_argument("--no-preemption", dest="preemption", action="store_false", help="simulate without preemption")
     ap.add_argument("--no-restore", dest="restore", action="store_false", help="simulate without set-point restore")
     ap.add_argument("--planned-restore", choices=["group", "horizon", "group-demand", "none"], default="group",
