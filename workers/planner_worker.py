@@ -275,10 +275,15 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
             for lid in lease_ids:
                 p.hget(self.keys.lease(lid), "planned_end_s")
             ends = {lid: float(pe) if pe else now for lid, pe in zip(lease_ids, p.execute())}
+        # a held GPU whose holder overran its planned end is not free now: it frees at a
+        # release the planner cannot date, so it counts as busy for at least one more tick
+        # (else a plan would start a job "now" on it, the tick would skip that job, and
+        # lower-priority jobs would take the GPUs that are really free)
+        held_min_s = now + self.settings.planner_tick_s / self.settings.time_scale
         for u, v in zip(uuids, held):
             if v:
                 busy.add(u)
-                free_at[u] = max(now, ends.get(v.split(":")[0], now))
+                free_at[u] = max(held_min_s, ends.get(v.split(":")[0], now))
             else:
                 free_at[u] = now
         resident = {}
@@ -407,6 +412,9 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
                 continue
             taken.update(a.gpus)
             starts.append((jobs[a.job_id], a.gpus, a.end_s, a.load))
+        # everything here starts now: lease in priority order (a CRITICAL job's lease is never
+        # issued after a LOW job's of the same tick), then submission order
+        starts.sort(key=lambda s: (s[0].priority, s[0].seq))
         started = self._start_many(starts)
         dispatched |= started
         waiting = [j for j in batch if j.id not in dispatched and j.priority <= int(Priority.HIGH)]
