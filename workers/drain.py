@@ -74,6 +74,8 @@ class SetPointMixin:
         group's last planned job: a group the plan leaves idle, free now and not at its
         set point), while other jobs are queued. Only when the batch holds every queued
         job (fewer than ``batch_size``): a job left out of the batch might need the GPUs.
+        For the same reason the tick does not call it after a preemption requeued victims
+        (they are queued, not in the batch, and may start on those GPUs next tick).
         Jobs waiting on a dependency are not in the batch and are not considered. Returns
         the restores started; their GPUs join ``taken``."""
         if len(batch) >= self.settings.batch_size:
