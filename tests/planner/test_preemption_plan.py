@@ -335,3 +335,20 @@ def test_preemptive_plan_with_restores_is_evaluated_and_committed():
     assert recs["V"]["start_s"] == 100.0 and recs["V"]["gpus"][0].startswith("b")
     assert [(a, tuple(g)) for a, _b, g in sched["restores"]][:1] == [(100.0, ("a1",))]
     assert sched["resident_end"]["a1"] == "m1"
+
+
+def test_evaluate_checks_the_preemptors_stated_times():
+    """check_times covers the preemptor's assignment too: a plan stating a shorter
+    transition or completion for it than the replay is refused (as for any job)."""
+    low = _job("L", "m2", 3, 0.0, 1000, 0)
+    state = _state(100.0, [(low, ["g0"], 0.0, True)], n=1)
+    crit = _job("C", "m1", 0, 100.0, 50, 1)
+    p = plan([crit], state, "portfolio", preemption=True)
+    c = p.by_job()["C"]
+    assert c.load == "cold_start"
+    for bad_c in (dataclasses.replace(c, end_s=c.end_s - 20.0),
+                  dataclasses.replace(c, service_start_s=c.start_s, end_s=c.start_s + 50.0, load="warm")):
+        bad = dataclasses.replace(p, assignments=[bad_c if a.job_id == "C" else a for a in p.assignments])
+        with pytest.raises(InfeasiblePlan, match="C"):
+            pp.evaluate_preemptive(bad, [crit], state)
+        assert pp.evaluate_preemptive(bad, [crit], state, check_times=False).by_job()["C"].end_s == c.end_s
