@@ -93,3 +93,34 @@ def test_no_plan_restore_on_a_group_a_requeued_victim_could_take(r, keys, settin
     w.tick()  # a victim starts on b0 at once; no restore took it in between
     assert [c.kind for c in sent] == ["job", "job"], [(c.kind, c.job_id, c.gpus) for c in sent]
     assert sent[1].job_id in lows and sent[1].gpus == [B0]
+
+
+LATER = parse_fleet({"name": "pair",
+                     "hosts": [{"name": "a", "gpu_count": 2, "memory_mib": 81920}],
+                     "endpoints": {"big": {"model": "g", "memory_mib_per_gpu": 60000, "tensor_parallel": 2,
+                                           "cold_start_s": 5},
+                                   "small": {"model": "s", "memory_mib_per_gpu": 20000, "cold_start_s": 5},
+                                   "base": {"model": "b", "memory_mib_per_gpu": 20000, "cold_start_s": 5,
+                                            "set_point": [{"host": "a", "gpus": [0]}]}}})
+L0, L1 = LATER.hosts[0].gpus[0].uuid, LATER.hosts[0].gpus[1].uuid
+
+
+@pytest.mark.parametrize("time_scale", [1.0, 0.01])
+def test_a_restore_planned_later_is_not_started_now(r, keys, settings, time_scale):
+    """a1 runs a NORMAL job for 100 s more; a NORMAL ``big`` job (TP 2) is planned on
+    a0+a1 after it, so the restore of a0's set point falls after that job, minutes from
+    now. a0 is free, but the restore must not start now (it would delay the big job)."""
+    s = dataclasses.replace(settings, policy="portfolio", lease_ttl_s=60.0, time_scale=time_scale)
+    sent = []
+    w = PlannerWorker(r, s, LATER, dispatch=lambda ctx, q: sent.append(ctx))
+    w.token = ""
+    prod = Producer(r, keys, LATER, s)
+    jid = prod.submit({"endpoint": "small", "service_s": 1000, "priority": "NORMAL"}).id
+    assert LeaseStore(r, keys).acquire(uuid.uuid4().hex, (L1,), 60.0, job_id=jid, kind="job", holder="a",
+                                       queue=keys.queue("NORMAL"),
+                                       info={"planned_end_s": repr(w.now_s() + 100.0), "endpoint": "small",
+                                             "priority": "NORMAL"})
+    big = prod.submit({"endpoint": "big", "service_s": 50, "priority": "NORMAL"}).id
+    w.tick()
+    assert sent == [], [(c.kind, c.gpus) for c in sent]
+    assert r.get(keys.gpu(L0)) is None and r.hget(keys.job(big), "state") == "queued"
