@@ -352,3 +352,18 @@ def test_evaluate_checks_the_preemptors_stated_times():
         with pytest.raises(InfeasiblePlan, match="C"):
             pp.evaluate_preemptive(bad, [crit], state)
         assert pp.evaluate_preemptive(bad, [crit], state, check_times=False).by_job()["C"].end_s == c.end_s
+
+
+@pytest.mark.parametrize("mode", ["rule", "plan"])
+def test_a_victim_cut_while_loading_does_not_wake_later(mode):
+    """V (sleep-mode endpoint) is cut 20 s into its 60 s cold start: its load was abandoned
+    (the live preempt script forgets what is resident), so nothing of it sleeps on the GPU.
+    When it restarts after C it cold starts again (as the plan's state transformation,
+    planner.preemption_plan.apply, assumes) — not a 10 s wake."""
+    eps = {"s": EndpointModel("s", 1, 1000, 60.0, 5.0, wake_s=10.0), "c": EndpointModel("c", 1, 1000, 30.0, 5.0)}
+    base = FleetState(0.0, [Gpu("g0", "a", 0, 80000)], eps, resident={}, set_point={})
+    jobs = [_job("V", "s", 3, 0.0, 1000.0, 0), _job("C", "c", 0, 20.0, 10.0, 1)]
+    rep = simulate(jobs, base, "portfolio", preemption=mode, restore=False, detail=True)
+    recs = {r["id"]: r for r in rep["schedule"]["jobs"]}
+    assert rep["jobs"]["preempted"] == 1 and (recs["C"]["start_s"], recs["C"]["end_s"]) == (20.0, 60.0)
+    assert recs["V"]["load"] == "cold_start" and recs["V"]["end_s"] == pytest.approx(60.0 + 5.0 + 60.0 + 1000.0)
