@@ -215,7 +215,8 @@ def evaluate_preemptive(plan: Plan, batch: Sequence[PlanJob], state: FleetState,
 
     The preemptions apply in order (:func:`apply`; each must be a candidate of the
     module's rules on the state so far, its victims exactly the group's holders); the
-    preemptors' assignments must start at ``now_s`` on their groups, and the other
+    preemptors' assignments must start at ``now_s`` on their groups (with
+    ``check_times``, their stated transition and completion must equal the replay's), and the other
     assignments are evaluated (:func:`planner.evaluator.evaluate`) on the transformed
     state for the batch less the preemptors plus the victims (``policy``, ``check_times``:
     as there). A plan without preemptions is evaluated as is.
@@ -244,6 +245,10 @@ def evaluate_preemptive(plan: Plan, batch: Sequence[PlanJob], state: FleetState,
         got = by_job.get(pp.job_id)
         if got is None or tuple(got.gpus) != a.gpus or abs(got.start_s - a.start_s) > TOL_S:
             raise InfeasiblePlan(pp.job_id, "preemptor's assignment is not its group at now")
+        if check_times and (abs(got.service_start_s - a.service_start_s) > TOL_S or abs(got.end_s - a.end_s) > TOL_S
+                            or got.load != a.load or tuple(got.evicts) != tuple(a.evicts)):
+            raise InfeasiblePlan(pp.job_id, f"stated preemptor {got.service_start_s, got.end_s, got.load, got.evicts} "
+                                            f"differs from the replay {a.service_start_s, a.end_s, a.load, a.evicts}")
         starts.append(a)
         taken.append(pp)
     pre = {a.job_id for a in starts}

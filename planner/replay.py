@@ -151,9 +151,15 @@ class Replay:
         and its completion is forgotten. Cut during its transition, the group holds
         nothing afterwards (what it evicted is gone, its load was abandoned); cut in
         service, its endpoint stays resident. The caller ensures ``a`` is the last
-        placement on its GPUs and ``a.start_s <= at_s < a.end_s``."""
+        placement on its GPUs and ``a.start_s <= at_s < a.end_s``. The abandoned endpoint
+        does not go to sleep there either (it never finished loading; the live preempt
+        script forgets what is resident), as :func:`planner.preemption_plan.apply` assumes."""
         if at_s < a.service_start_s and a.load != "warm":
+            abandoned = {u: self.resident[u] for u in a.gpus}
             self._load(a.gpus, None)
+            for u, e in abandoned.items():
+                if e is not None and e in self.asleep[u]:
+                    self.asleep[u] = self.asleep[u] - {e}
         for u in a.gpus:
             self.free_at[u] = at_s
         self.end_of.pop(a.job_id, None)

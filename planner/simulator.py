@@ -32,7 +32,8 @@ Rolling horizon. At a planning point t the simulator
        set-point instance not resident when its GPUs' planned work ends
        (``planned_restore``: one of :data:`planner.restore.RESTORE_AT`); step 3
        commits those that start before ``t + window_s`` like jobs (a restore is never
-       preempted). The live planner worker's rule stays as the fallback (and is the only
+       preempted), unless the rule of step 4 then preempts (its victims were not in that
+       plan; the pass after it places them and its restores). The live planner worker's rule stays as the fallback (and is the only
        one with ``planned_restore=None``): when the queue is empty and the committed work
        ends before the next arrival, every set-point instance not resident is restored at
        that time. Either is the transition rule of :mod:`planner.replay` (evict, then cold
@@ -230,12 +231,15 @@ class _Run:
                 else:
                     nxt = min(nxt, a.start_s)
                     later.append(a)
-            for r in p.restores:  # after every job on their GPUs: those started before r, so are committed
-                if r.start_s < t + self.window_s:
-                    self._restore(tuple(r.gpus), state.set_point[r.gpus[0]], max(r.start_s, t))
             self.previous = Plan(p.policy, later)
             waiting = [j for j in batch if j.id in self.queue and j.priority <= 1]
             if scored or not (self.preemption and waiting and self._preempt(t, waiting)):
+                # the plan's restores, after every job on their GPUs (those start before r: committed);
+                # not after the rule preempted: its victims, back in the queue, were not in this
+                # plan and may start on those GPUs (the next pass or planning point places them)
+                for r in p.restores:
+                    if r.start_s < t + self.window_s:
+                        self._restore(tuple(r.gpus), state.set_point[r.gpus[0]], max(r.start_s, t))
                 break
         return nxt
 

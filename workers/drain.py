@@ -22,6 +22,7 @@ from app import events, telemetry
 from workers.phases import PhaseContext, instance_value
 
 log = logging.getLogger("makespan.planner")
+NOW_TOL_S = 1e-3  # workload s: a planned restore starting within this of the tick's now starts now
 
 
 class SetPointMixin:
@@ -74,16 +75,20 @@ class SetPointMixin:
         group's last planned job: a group the plan leaves idle, free now and not at its
         set point), while other jobs are queued. Only when the batch holds every queued
         job (fewer than ``batch_size``): a job left out of the batch might need the GPUs.
+        For the same reason the tick does not call it after a preemption requeued victims
+        (they are queued, not in the batch, and may start on those GPUs next tick).
         Jobs waiting on a dependency are not in the batch and are not considered. Returns
         the restores started; their GPUs join ``taken``."""
         if len(batch) >= self.settings.batch_size:
             return 0
         from planner.restore import plan_restores
 
-        eps = 1e-6 * max(1.0, abs(state.now_s))
+        # "now": an idle group's restore starts exactly at state.now_s (its GPUs free now); an
+        # absolute tolerance, as a relative one (1e-6 of a unix time ≈ 1800 s) started restores
+        # planned after a job still waiting for the group, delaying that job
         n = 0
         for a in plan_restores(p.assignments, batch, state, "group"):
-            if a.start_s <= state.now_s + eps and not taken.intersection(a.gpus):
+            if a.start_s <= state.now_s + NOW_TOL_S and not taken.intersection(a.gpus):
                 n += self._start_restore(state.set_point[a.gpus[0]], tuple(a.gpus), taken)
         return n
 

@@ -418,9 +418,11 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
         started = self._start_many(starts)
         dispatched |= started
         waiting = [j for j in batch if j.id not in dispatched and j.priority <= int(Priority.HIGH)]
+        self.requeued_now = 0
         if waiting:  # scored or by the rule (workers/preemption.py)
             dispatched |= self._preempt(waiting, state, taken, batch, p, started)
-        self._restore_planned(batch, state, p, taken)
+        if not self.requeued_now:  # victims back in the queue are not in the batch: p may not leave GPUs idle
+            self._restore_planned(batch, state, p, taken)
         if self.improver is not None:
             self._offer_rest(batch, state, p, started, dispatched)
         # tick again at once only if another tick may start something: a GPU is still free

@@ -32,6 +32,8 @@ log = logging.getLogger("makespan.planner")
 
 
 class PreemptionMixin:
+    requeued_now = 0  # victims put back in their queue this tick (the tick resets it)
+
     def _preempt(self, waiting: list[PlanJob], state: FleetState, taken: set[str], batch: list[PlanJob],
                  p: Plan, started: set[str]) -> set[str]:
         """Preempt for the ``waiting`` CRITICAL/HIGH jobs (module doc: scored or by the
@@ -110,6 +112,7 @@ class PreemptionMixin:
                 lid = lease_by_job[v]
                 outcome = preempt(self.r, self.keys, lid, j.id, planner_token=self.token)
                 if outcome in ("preempted", "cancelled"):
+                    self.requeued_now += outcome == "preempted"
                     metrics.job_preempted(info[lid].get("priority", "LOW"))
                     log.info("preempted lease %s (%s) for %s job %s (scored, gain %.3g): %s", lid,
                              info[lid].get("priority"), Priority(j.priority).name, j.id, pp.gain, outcome)
@@ -147,6 +150,7 @@ class PreemptionMixin:
             for v in victims:
                 outcome = preempt(self.r, self.keys, v, j.id, planner_token=self.token)
                 if outcome in ("preempted", "cancelled"):
+                    self.requeued_now += outcome == "preempted"
                     metrics.job_preempted(info[v].get("priority", "LOW"))
                     log.info("preempted lease %s (%s) for %s job %s: %s", v, info[v].get("priority"),
                              Priority(j.priority).name, j.id, outcome)

@@ -290,3 +290,80 @@ def test_cli_simulate_preemption_mode(traces, tmp_path, mode):
     assert res.exit_code == 0, res.output
     rep = json.loads(out.read_text())
     assert rep["sim"]["preemption_mode"] == mode and rep["jobs"]["completed"] == 60
+
+
+def _two_hosts():
+    """Host a: two 80 GB GPUs; host b: two 40 GB GPUs. ``big`` (TP 1, 60 GB) fits only
+    host a. Set point: a1 -> m1 (resident there now: t2)."""
+    eps = dict(EPS, big=EndpointModel("big", 1, 60000, 30.0, 5.0))
+    gpus = [Gpu("a0", "a", 0, 80000), Gpu("a1", "a", 1, 80000), Gpu("b0", "b", 0, 40000), Gpu("b1", "b", 1, 40000)]
+    return eps, gpus
+
+
+def test_preemptive_plan_with_restores_is_evaluated_and_committed():
+    """A TP-2 LOW job holds host a; a CRITICAL ``big`` job takes a0 from it. The victim
+    restarts on host b (free), a1 is left idle, so its set point m1 is restored at once —
+    on the state the preemption leaves. evaluate / evaluate_preemptive accept the plan
+    and keep its restores; the simulator commits preemption, victim and restore at the
+    same planning point without overlap."""
+    eps, gpus = _two_hosts()
+    low = _job("V", "t2", 3, 0.0, 1000, 0)
+    run = RunningJob(low, ("a0", "a1"), 0.0, 0.0, 1000.0, True)
+    state = FleetState(100.0, gpus, eps, free_at={"a0": 1000.0, "a1": 1000.0}, resident={"a0": "t2", "a1": "t2"},
+                       set_point={"a1": "m1"}, running={"a0": run, "a1": run})
+    crit = _job("C", "big", 0, 100.0, 50, 1)
+    p = plan([crit], state, "portfolio", preemption=True, restore_at="group")
+    assert [(x.job_id, x.victims, x.gpus) for x in p.preemptions] == [("C", ("V",), ("a0",))]
+    by = p.by_job()
+    assert by["C"].start_s == 100.0 and by["V"].gpus[0].startswith("b") and by["V"].start_s == 100.0
+    assert [(r.job_id, r.gpus, r.start_s) for r in p.restores] == [("restore:m1:a1", ("a1",), 100.0)]
+    for ev in (evaluate(p, [crit], state), pp.evaluate_preemptive(p, [crit], state)):
+        assert [r.job_id for r in ev.restores] == ["restore:m1:a1"] and ev.preemptions == p.preemptions
+        assert ev.stats["score"] == pytest.approx(p.stats["score"], rel=1e-9)
+    # a restore stated on the preemptor's GPU while it runs there is refused
+    bad = dataclasses.replace(p, restores=[Assignment("restore:m1:a1", ("a0",), 100.0, 135.0, 135.0, ("big",),
+                                                      "cold_start")])
+    with pytest.raises(InfeasiblePlan):
+        evaluate(bad, [crit], state)
+
+    base = FleetState(0.0, gpus, eps, resident={"a0": "t2", "a1": "t2"}, set_point={"a1": "m1"})
+    rep = simulate([low, crit], base, "portfolio", preemption="plan", restore=True, detail=True)
+    sched = rep["schedule"]
+    assert [(x["t_s"], x["job"], x["victims"]) for x in sched["preemptions"]] == [(100.0, "C", ["V"])]
+    recs = {r["id"]: r for r in sched["jobs"]}
+    assert recs["C"]["start_s"] == 100.0 and tuple(recs["C"]["gpus"]) == ("a0",)
+    assert recs["V"]["start_s"] == 100.0 and recs["V"]["gpus"][0].startswith("b")
+    assert [(a, tuple(g)) for a, _b, g in sched["restores"]][:1] == [(100.0, ("a1",))]
+    assert sched["resident_end"]["a1"] == "m1"
+
+
+def test_evaluate_checks_the_preemptors_stated_times():
+    """check_times covers the preemptor's assignment too: a plan stating a shorter
+    transition or completion for it than the replay is refused (as for any job)."""
+    low = _job("L", "m2", 3, 0.0, 1000, 0)
+    state = _state(100.0, [(low, ["g0"], 0.0, True)], n=1)
+    crit = _job("C", "m1", 0, 100.0, 50, 1)
+    p = plan([crit], state, "portfolio", preemption=True)
+    c = p.by_job()["C"]
+    assert c.load == "cold_start"
+    for bad_c in (dataclasses.replace(c, end_s=c.end_s - 20.0),
+                  dataclasses.replace(c, service_start_s=c.start_s, end_s=c.start_s + 50.0, load="warm")):
+        bad = dataclasses.replace(p, assignments=[bad_c if a.job_id == "C" else a for a in p.assignments])
+        with pytest.raises(InfeasiblePlan, match="C"):
+            pp.evaluate_preemptive(bad, [crit], state)
+        assert pp.evaluate_preemptive(bad, [crit], state, check_times=False).by_job()["C"].end_s == c.end_s
+
+
+@pytest.mark.parametrize("mode", ["rule", "plan"])
+def test_a_victim_cut_while_loading_does_not_wake_later(mode):
+    """V (sleep-mode endpoint) is cut 20 s into its 60 s cold start: its load was abandoned
+    (the live preempt script forgets what is resident), so nothing of it sleeps on the GPU.
+    When it restarts after C it cold starts again (as the plan's state transformation,
+    planner.preemption_plan.apply, assumes) — not a 10 s wake."""
+    eps = {"s": EndpointModel("s", 1, 1000, 60.0, 5.0, wake_s=10.0), "c": EndpointModel("c", 1, 1000, 30.0, 5.0)}
+    base = FleetState(0.0, [Gpu("g0", "a", 0, 80000)], eps, resident={}, set_point={})
+    jobs = [_job("V", "s", 3, 0.0, 1000.0, 0), _job("C", "c", 0, 20.0, 10.0, 1)]
+    rep = simulate(jobs, base, "portfolio", preemption=mode, restore=False, detail=True)
+    recs = {r["id"]: r for r in rep["schedule"]["jobs"]}
+    assert rep["jobs"]["preempted"] == 1 and (recs["C"]["start_s"], recs["C"]["end_s"]) == (20.0, 60.0)
+    assert recs["V"]["load"] == "cold_start" and recs["V"]["end_s"] == pytest.approx(60.0 + 5.0 + 60.0 + 1000.0)

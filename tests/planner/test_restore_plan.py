@@ -136,3 +136,27 @@ def test_set_point_absence_counts_gpu_seconds_of_broken_instances():
     # clipped to [100, 220]: g0 120 s, t2 120 s × 2
     assert set_point_absence(events, sp, initial, 100.0, 220.0) == pytest.approx(120.0 + 240.0)
     assert set_point_absence({}, sp, initial, 0.0, 300.0) == 0.0
+
+
+@pytest.mark.parametrize("mode", ["rule", "plan"])
+def test_simulated_restore_does_not_take_a_gpu_a_requeued_victim_starts_on(mode):
+    """Two LOW ``small`` jobs hold host a's pair; X (on b0, b's only GPU) ends at 50 s and
+    leaves ``other`` there, off b0's set point ``base``. At 100 s a CRITICAL ``big`` (TP 2,
+    60 GB: host a only) preempts both LOW jobs. The plan of the CRITICAL job alone leaves
+    b0 idle (a restore at 100 s) — but a victim can start on b0 at 100 s, and a restore
+    committed before the victims were requeued (the rule's first pass) delayed it."""
+    from planner.simulator import simulate
+
+    eps = {"small": EndpointModel("small", 1, 20000, 5.0, 5.0), "other": EndpointModel("other", 1, 20000, 5.0, 5.0),
+           "base": EndpointModel("base", 1, 20000, 5.0, 5.0), "big": EndpointModel("big", 2, 60000, 5.0, 5.0)}
+    gpus = [Gpu("a0", "a", 0, 80000), Gpu("a1", "a", 1, 80000), Gpu("b0", "b", 0, 40000)]
+    base = FleetState(0.0, gpus, eps, resident={"a0": "small", "a1": "small", "b0": "other"}, set_point={"b0": "base"})
+    jobs = [PlanJob("V1", "small", 1.0, 0.0, 1000.0, 3, seq=0), PlanJob("V2", "small", 1.0, 0.0, 1000.0, 3, seq=1),
+            PlanJob("X", "other", 2.0, 0.0, 50.0, 2, seq=2), PlanJob("C", "big", 8.0, 100.0, 10.0, 0, seq=3)]
+    rep = simulate(jobs, base, "portfolio", preemption=mode, restore=True, detail=True)
+    recs = {r["id"]: r for r in rep["schedule"]["jobs"]}
+    assert tuple(recs["X"]["gpus"]) == ("b0",) and recs["X"]["end_s"] == 50.0
+    assert [(p["t_s"], p["job"], sorted(p["victims"])) for p in rep["schedule"]["preemptions"]] == \
+        [(100.0, "C", ["V1", "V2"])]
+    on_b0 = [v for v in ("V1", "V2") if tuple(recs[v]["gpus"]) == ("b0",)]
+    assert len(on_b0) == 1 and recs[on_b0[0]]["start_s"] == 100.0, rep["schedule"]["restores"]
