@@ -39,9 +39,9 @@ def _logging(level: str = "INFO") -> None:
 
 
 @app.command()
-def planner(fleet: Path = FleetOpt, policy: Optional[str] = typer.Option(None, help="planner policy: fifo, min-evict, wspt, portfolio, cpsat or default (the default: portfolio per tick + CP-SAT improver off the tick); tardiness-portfolio or tardiness for jobs with deadlines"),
+def planner(fleet: Path = FleetOpt, policy: Optional[str] = typer.Option(None, help="planner policy (default: MAKESPAN_POLICY, else default): fifo, min-evict, wspt, portfolio, cpsat or default (portfolio per tick + CP-SAT improver off the tick); tardiness-portfolio or tardiness for jobs with deadlines"),
             metrics_port: int = typer.Option(0, envvar="MAKESPAN_METRICS_PORT", help="Prometheus port (0: none)")):
-    """Run a planner worker (one leads, others stand by)."""
+    """Run a planner worker (one leads, others stand by). Configured by MAKESPAN_* variables, listed in docs/configuration.md: MAKESPAN_POLICY (default: default), MAKESPAN_PREEMPTION (plan or rule), MAKESPAN_IMPROVER_EXECUTOR (process or thread), MAKESPAN_IMPROVER_NICE, MAKESPAN_BATCH_SIZE, ..."""
     from app.models import load_fleet
     from app.redis_conn import connect
     from workers.planner_worker import PlannerWorker
@@ -256,8 +256,7 @@ def replay(trace: Path, fleet: Path = FleetOpt, speedup: float = typer.Option(10
            limit: int = typer.Option(200, help="trace rows to replay"), seed: int = typer.Option(0),
            policy: Optional[str] = typer.Option(None, help="planner policy: fifo, min-evict, wspt, portfolio, cpsat or default (the default: portfolio per tick + CP-SAT improver off the tick); tardiness-portfolio or tardiness for jobs with deadlines"),
            run_dir: Optional[Path] = typer.Option(None, help="directory for events, report and Gantt chart")):
-    """Run the live system fed from a trace file (ITP, Alibaba or JSON lines),
-    time compressed SPEEDUP times."""
+    """Run the live system fed from a trace file (ITP, Alibaba or JSON lines), time compressed SPEEDUP times."""
     from app.demo import run_replay
 
     try:
@@ -274,13 +273,12 @@ def simulate(trace: Path, fleet: Path = FleetOpt, policy: str = typer.Option("po
              start: int = typer.Option(0, help="first trace row"),
              limit: Optional[int] = typer.Option(None, help="rows to read (default: all)"),
              time_scale: float = typer.Option(1.0, help="divide submission and service times by this (ITP jobs run for hours: 20 makes 30-240 s cold starts matter)"),
-             time_limit_s: Optional[float] = typer.Option(None, help="solver policies (default, cpsat, tardiness): time limit per planning point, wall s (default 1 s: a replay takes about 1 s per planning point)"),
+             time_limit_s: Optional[float] = typer.Option(None, show_default="1 s", help="solver policies (default, cpsat, tardiness): time limit per planning point, wall s (a replay takes about that long per planning point)"),
              preemption: bool = typer.Option(True, help="CRITICAL/HIGH jobs preempt lower levels, as the live planner does (victims restart from zero)"),
-             preemption_mode: Optional[str] = typer.Option(None, help="rule: the fixed preemption rule for every policy; plan: portfolio, default/cpsat and tardiness* decide preemptions inside the plan by score (fifo, min-evict, wspt keep the rule); default: the simulator's default"),
-             restore: bool = typer.Option(True, help="restore the set point when the fleet is idle, as the live planner does"),
+             preemption_mode: str = typer.Option("plan", help="plan: portfolio, default/cpsat and tardiness* decide preemptions inside the plan by score (fifo, min-evict, wspt keep the rule), as the live planner does by default (MAKESPAN_PREEMPTION); rule: the fixed preemption rule for every policy"),
+             restore: bool = typer.Option(True, help="set-point restores: planned after a group's last job, and when the fleet is idle, as the live planner does; --no-restore: none at all"),
              quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress lines on stderr")):
-    """The planner in virtual time (no Redis) over a trace; prints the report JSON.
-    Progress goes to stderr every few seconds of a long run."""
+    """The planner in virtual time (no Redis) over a trace; prints the report JSON. Progress goes to stderr every few seconds of a long run."""
     try:
         sim = importlib.import_module("planner.simulator")
     except ImportError:
@@ -297,7 +295,7 @@ def simulate(trace: Path, fleet: Path = FleetOpt, policy: str = typer.Option("po
     try:
         out = sim.run_simulation(str(trace), str(fleet), policy, seed, start=start, limit=limit,
                                  report_path=str(report) if report else None,
-                                 preemption=(preemption_mode or True) if preemption else False, restore=restore,
+                                 preemption=preemption_mode if preemption else False, restore=restore,
                                  time_scale=time_scale, time_limit_s=time_limit_s, progress=progress)
     except MakespanError as e:
         _fail(e)

@@ -43,8 +43,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command("workload-status")
     def workload_status_cmd(workload_id: str, report: bool = typer.Option(False, help="add the workload report")):
-        """A workload's state and its steps (JSON); with --report its makespan, critical
-        path and time waiting / in transitions / executing."""
+        """A workload's state and its steps (JSON); with --report its makespan, critical path and time waiting / in transitions / executing."""
         from app.workloads import workload_status
 
         try:

@@ -90,7 +90,7 @@ def main() -> None:
     print(f"\n{a.jobs} jobs per window, {a.gpus} GPUs, {len(windows)} windows "
           f"({', '.join(f'{Path(p).stem}@{s}' for p, s in windows)}) × {a.seeds} seeds; "
           f"median service {a.median_service_s:g} s, offered load {a.offered_load:g}; "
-          f"preemption {'on' if a.preemption else 'off'}, set-point restore "
+          f"preemption {'on (plain rows: the rule; @plan rows: scored)' if a.preemption else 'off'}, set-point restore "
           f"{'planned ' + a.planned_restore if a.restore else 'off'}")
     print("| policy | weighted completion (s) | makespan (s) | cold starts | util | ÷ fifo | ÷ min-evict | ÷ wspt "
           "| ÷ portfolio | ÷ lower bound | preemptions | restores | set-point absent GPU-s |")
