@@ -19,6 +19,7 @@ import uuid
 from typing import Any
 
 from app import events, telemetry
+from planner.restore import plan_restores
 from workers.phases import PhaseContext, instance_value
 
 log = logging.getLogger("makespan.planner")
@@ -81,8 +82,6 @@ class SetPointMixin:
         the restores started; their GPUs join ``taken``."""
         if len(batch) >= self.settings.batch_size:
             return 0
-        from planner.restore import plan_restores
-
         # "now": an idle group's restore starts exactly at state.now_s (its GPUs free now); an
         # absolute tolerance, as a relative one (1e-6 of a unix time ≈ 1800 s) started restores
         # planned after a job still waiting for the group, delaying that job
