@@ -23,6 +23,9 @@ The plain rows use the fixed preemption rule (``preemption="rule"``, as before t
 decision existed, so older tables stay comparable); ``--plan-preemption`` adds a row
 ``POLICY@plan`` (preemption scored inside the plan, planner/preemption_plan.py, the
 simulator's default) after each policy that has one (portfolio, cpsat-fast).
+``cpsat-fast-floorpre`` (name it in ``--policies``) is cpsat-fast whose CP-SAT windows
+do not decide preemptions (only the greedy floor does): ``cpsat-fast@plan`` against
+``cpsat-fast-floorpre@plan`` in one run measures planner/window_preemption.py.
 """
 
 import argparse
@@ -40,6 +43,13 @@ from planner.simulator import simulate  # noqa: E402
 import planner_common  # noqa: E402
 from planner_common import TRACES, bench_fleet, mean_sd, ratio_cell, select_window, window_jobs  # noqa: E402
 POLS = ["fifo", "min-evict", "wspt", "portfolio", "cpsat-fast"]
+
+
+def cpsat_fast_floor_preemption(batch, state, time_limit_s=0.1, seed=0, num_workers=1, previous=None):
+    """``cpsat-fast`` whose CP-SAT windows never preempt (no ``preemption`` parameter):
+    only the greedy floor decides preemptions, as before planner/window_preemption.py."""
+    return cpsat_policy(batch, state, time_limit_s=time_limit_s, seed=seed, num_workers=num_workers,
+                        previous=previous)
 
 
 def main() -> None:
@@ -65,6 +75,8 @@ def main() -> None:
         pols = a.policies.split(",")
     POLICIES["cpsat-fast"] = partial(cpsat_policy, time_limit_s=0.1)
     PREEMPTION_FLOOR["cpsat-fast"] = "portfolio"
+    POLICIES["cpsat-fast-floorpre"] = cpsat_fast_floor_preemption
+    PREEMPTION_FLOOR["cpsat-fast-floorpre"] = "portfolio"
     if a.plan_preemption:
         pols = [x for p in pols for x in ([p, p + "@plan"] if p in PREEMPTION_FLOOR else [p])]
     fleet = bench_fleet(a.gpus)

@@ -126,22 +126,23 @@ def plan(batch: Sequence[PlanJob], state: FleetState, policy: str = DEFAULT_POLI
 
 def _plan_preemptive(batch: Sequence[PlanJob], state: FleetState, policy: str, fn: Policy,
                      kw: dict[str, float | int | Plan], restore_at: str | None = None) -> Plan:
-    """Scored preemption with the policy's floor, then the policy on the chosen branch;
-    restores (``restore_at``) are placed on the state the preemptions leave."""
+    """Scored preemption with the policy's floor, then the policy on the chosen branch (a
+    solver policy that takes ``preemption`` may cut more jobs there: its CP-SAT windows
+    decide them, :mod:`planner.window_preemption`); restores (``restore_at``) are placed
+    on the state all preemptions leave."""
     floor_name = PREEMPTION_FLOOR[policy]
     objective = POLICY_OBJECTIVE.get(policy, "weighted_completion")
     branch = preemption_plan.decide(batch, state, POLICIES[floor_name], objective)
-    if not branch.taken:  # no preemption: plan as without (reuse the floor's plan when it is the policy)
-        if branch.plan is not None and floor_name == policy:
-            p = branch.plan
-        else:
-            p = fn(batch, state, **kw)  # type: ignore[call-arg]
-        return with_restores(p, batch, state, restore_at) if restore_at is not None else p
-    # a solver policy runs once, on the chosen branch (its batch holds the victims: never empty)
-    if floor_name == policy and branch.plan is not None:
+    if floor_name == policy and branch.plan is not None:  # the floor's plan of the branch is the policy's
         rest = branch.plan
     else:
+        if _takes(fn, "preemption"):  # only this batch's jobs preempt, not the victims just cut
+            kw = {**kw, "preemption": frozenset(j.id for j in batch)}
         rest = fn(branch.batch, branch.state, **kw)  # type: ignore[call-arg]
+    if rest.preemptions:  # taken by the solver, on the branch's state
+        inner, rest = preemption_plan.split(rest, branch.batch, branch.state, objective)
+        branch = preemption_plan.chain(branch, inner)
+        rest.stats["window_preemptions"] = float(len(inner.taken))
     if restore_at is not None:
         rest = with_restores(rest, branch.batch, branch.state, restore_at)
     return preemption_plan.assemble(rest, branch, objective)

@@ -230,10 +230,22 @@ def evaluate_preemptive(plan: Plan, batch: Sequence[PlanJob], state: FleetState,
     """
     if not plan.preemptions:
         return evaluate(plan, batch, state, policy, check_times, objective)
+    branch, ev = split(plan, batch, state, objective, policy=policy, check_times=check_times)
+    out = _with_fixed(ev, branch.starts, batch, objective)
+    out.preemptions = branch.taken
+    return out
+
+
+def split(plan: Plan, batch: Sequence[PlanJob], state: FleetState, objective: str = "weighted_completion", *,
+          policy: str | None = None, check_times: bool = True) -> tuple[Branch, Plan]:
+    """(branch, rest) of a plan with ``preemptions``: the branch after applying them in
+    order (checked as :func:`evaluate_preemptive` says; ``plan`` None) and the other
+    assignments evaluated on its state for its batch. Raises InfeasiblePlan as there."""
     by_job = {a.job_id: a for a in plan.assignments}
     st, rest = state, list(batch)
     starts: list[Assignment] = []
     taken: list[PlannedPreemption] = []
+    preemptors: list[PlanJob] = []
     for pp in plan.preemptions:
         job = next((j for j in rest if j.id == pp.job_id), None)
         if job is None:
@@ -251,9 +263,14 @@ def evaluate_preemptive(plan: Plan, batch: Sequence[PlanJob], state: FleetState,
                                             f"differs from the replay {a.service_start_s, a.end_s, a.load, a.evicts}")
         starts.append(a)
         taken.append(pp)
+        preemptors.append(job)
     pre = {a.job_id for a in starts}
     ev = evaluate(Plan(plan.policy, [a for a in plan.assignments if a.job_id not in pre], restores=list(plan.restores)),
                   rest, st, policy or plan.policy, check_times, objective)
-    out = _with_fixed(ev, starts, batch, objective)
-    out.preemptions = taken
-    return out
+    return Branch(st, rest, None, taken, starts, preemptors), ev
+
+
+def chain(first: Branch, then: Branch) -> Branch:
+    """``then`` (decided on ``first``'s state and batch) after ``first``: one branch."""
+    return Branch(then.state, then.batch, None, first.taken + then.taken, first.starts + then.starts,
+                  first.preemptors + then.preemptors)

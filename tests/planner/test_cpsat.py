@@ -27,7 +27,7 @@ def test_tardiness_windows_stay_feasible_when_deadlines_have_passed():
     window model must still be feasible (its late variable's domain covers it)."""
     import dataclasses
 
-    from planner.cpsat import _solve_window
+    from planner.window_model import solve_window as _solve_window
     from planner.evaluator import evaluate
     from planner.greedy import fifo
 
