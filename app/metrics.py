@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 PRIORITIES = tuple(p.name for p in Priority)
 PHASES = ("evict", "start_endpoint", "execute", "clear", "restore")
 GPU_STATES = ("busy", "transition", "idle")
-IMPROVER_OUTCOMES = ("solved", "failed", "adopted")  # makespan_planner_improver_total{outcome}
+IMPROVER_OUTCOMES = ("solved", "failed", "adopted", "hung")  # makespan_planner_improver_total{outcome}
 KOMBU_SEP = "\x06\x16"
 KOMBU_PRIORITY_STEPS = (0, 3, 6, 9)
 WAIT_BUCKETS_S = (0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200)
@@ -88,7 +88,7 @@ class Metrics:
         self.reclaimed = Counter("makespan_leases_reclaimed_total", "Expired leases reclaimed.", [], **reg)
         self.improver = Counter("makespan_planner_improver_total",
                                 "Background CP-SAT improver: batches solved, solves failed (raised, or its child "
-                                "process died), plans adopted by a tick.", ["outcome"],
+                                "process died), plans adopted by a tick, hung children killed.", ["outcome"],
                                 **reg)
         for outcome in IMPROVER_OUTCOMES:
             self.improver.labels(outcome)  # exported at 0 before the first solve
@@ -151,8 +151,8 @@ def observe_solve(solve_s: float, batch_size: int) -> None:
 
 def improver(outcome: str, solve_s: float | None = None) -> None:
     """The background improver (workers/improver.py) ``solved`` a batch (in ``solve_s``
-    wall seconds), ``failed`` one (it raised, or its child process died), or a tick
-    ``adopted`` its plan over the greedy one."""
+    wall seconds), ``failed`` one (it raised, or its child process died), a tick
+    ``adopted`` its plan over the greedy one, or a ``hung`` child was killed."""
     m = _m()
     m.improver.labels(outcome if outcome in IMPROVER_OUTCOMES else "other").inc()
     if solve_s is not None:

@@ -38,7 +38,12 @@ each offer logs why and leaves the greedy plan. It ignores SIGINT (the planner e
 and exits by itself when the planner process dies (it waits on its parent's sentinel).
 When it dies (killed, out of memory) the solve in flight fails: the improver logs it,
 counts ``failed`` and starts a new child on the next offer; the tick keeps its greedy
-plan. :meth:`BackgroundImprover.close` kills a solve in flight and joins the child;
+plan. A solve still running ``HUNG_FACTOR`` × its time limit + ``HUNG_SLACK_S`` after it
+started (a stopped or wedged child: CP-SAT honours its limit, so a healthy solve ends
+near it) is hung: the next offer kills that child (SIGKILL, counted as ``hung``; the
+solve then fails as above) and a later offer starts a new one, so a wedged child does
+not leave the planner on its greedy plan for good.
+:meth:`BackgroundImprover.close` kills a solve in flight and joins the child;
 ``PlannerWorker.run`` calls it on its way out. An improved plan can only be adopted
 when it is better on the state of the tick that uses it: it is never worse than the
 greedy floor.
@@ -67,6 +72,8 @@ from planner.previous import repair
 log = logging.getLogger("makespan.planner")
 HORIZON_FACTOR = 10.0  # solve only when the tick's plan spans at least this many time limits
 CHILD_START_S = 30.0  # longest wait for a new child to start (imports: about 1.4 s alone), s
+HUNG_FACTOR = 5.0  # a solve running this many time limits (+ HUNG_SLACK_S) is hung: its child is killed
+HUNG_SLACK_S = 60.0  # room for the child's start and the pickles on a loaded host, s
 
 
 def _child_init(nice: int) -> None:
@@ -140,7 +147,8 @@ class BackgroundImprover:
     plan), ``busy_skips`` (batches not offered because a solve was running),
     ``short_skips`` (batches whose plan ended too soon to be worth a solve),
     ``failed`` (solves that raised or whose child died), ``restarts`` (children started
-    after the first).
+    after the first), ``hung`` (children killed for a solve past
+    :meth:`hung_after_s`, module doc).
     """
 
     def __init__(self, policy: str, time_limit_s: float, num_workers: int | None = None,
@@ -160,7 +168,13 @@ class BackgroundImprover:
         self._pid: Future | None = None  # the child's pid (process executor)
         self._result: Plan | None = None
         self._last_ids: tuple[str, ...] = ()
-        self.stats = {"offered": 0, "adopted": 0, "busy_skips": 0, "short_skips": 0, "failed": 0, "restarts": 0}
+        self._started = 0.0  # time.monotonic() when the solve in flight was submitted
+        self.stats = {"offered": 0, "adopted": 0, "busy_skips": 0, "short_skips": 0, "failed": 0, "restarts": 0,
+                      "hung": 0}
+
+    def hung_after_s(self) -> float:
+        """How long a solve may run before it counts as hung (module doc), s."""
+        return HUNG_FACTOR * self.time_limit_s + HUNG_SLACK_S
 
     def worth_solving(self, horizon_s: float) -> bool:
         """Whether a plan ending ``horizon_s`` wall seconds from now is worth a solve: at
@@ -195,11 +209,22 @@ class BackgroundImprover:
         (the same job ids) was the last one offered, or the improver is closed. Returns
         whether a solve started. Never raises for a dead child: it is replaced."""
         ids = tuple(sorted(j.id for j in batch))
+        probe: Future | None = None
         with self._lock:
-            if self._closed or ids == self._last_ids:
+            if self._closed:
                 return False
-            if self._busy:
-                self.stats["busy_skips"] += 1
+            if self._busy:  # checked for a hung solve even when the batch is unchanged
+                if self.executor == "process" and time.monotonic() - self._started > self.hung_after_s():
+                    probe = self._pid
+                elif ids != self._last_ids:
+                    self.stats["busy_skips"] += 1
+                if probe is None:
+                    return False
+        if probe is not None:
+            self._kill_hung(probe)
+            return False
+        with self._lock:
+            if self._closed or self._busy or ids == self._last_ids:
                 return False
             args = (list(batch), state, self.policy, self.time_limit_s, self.num_workers, self._result)
             try:
@@ -213,7 +238,7 @@ class BackgroundImprover:
                 self._pool_broken = self._pool is not None  # try a new child on the next offer
                 self.stats["failed"] += 1
                 return False
-            self._busy, self._last_ids = True, ids
+            self._busy, self._last_ids, self._started = True, ids, time.monotonic()
             self.stats["offered"] += 1
         fut.add_done_callback(self._done)
         return True
@@ -244,6 +269,22 @@ class BackgroundImprover:
                           "used, and the next offer starts a new child", err)
             else:
                 log.error("background improver failed; the greedy plan is used", exc_info=err)
+
+    def _kill_hung(self, probe: Future) -> None:
+        """SIGKILL the child of a hung solve (module doc); its future then fails as a died
+        child's does and the next offer starts a new one."""
+        pid = _pid_of(probe, 0.0)
+        if pid is None:
+            return
+        log.error("background improver: a solve has run over %.0f s (limit %.3g s); killing its child process %d",
+                  self.hung_after_s(), self.time_limit_s, pid)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        with self._lock:
+            self.stats["hung"] += 1
+        metrics.improver("hung")
 
     def child_pid(self, timeout_s: float = CHILD_START_S) -> int | None:
         """The pid of the current child process (waits up to ``timeout_s`` for it to

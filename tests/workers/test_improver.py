@@ -134,6 +134,17 @@ def _gone(pid: int, timeout_s: float) -> bool:
     return False
 
 
+def _eventually(cond, timeout_s: float = 5.0) -> bool:
+    """Whether ``cond()`` holds within ``timeout_s`` (the improver logs a failed solve on
+    its pool thread just after it reports idle)."""
+    end = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.01)
+    return True
+
+
 def _long_case():
     """A batch whose solve runs to its time limit (windowed LNS on 96 jobs, 16 GPUs)."""
     return instance(96, 16, models=6, seed=3, gang=False)
@@ -152,7 +163,7 @@ def test_improver_replaces_a_child_killed_mid_solve_then_one_killed_idle(caplog)
         os.kill(first, signal.SIGKILL)
         assert imp.wait_idle(10)  # the solve failed at once: not after its 20 s limit
         assert imp.stats["failed"] == 1 and imp.best(floor, batch, state) is floor
-        assert "child process died mid-solve" in caplog.text
+        assert _eventually(lambda: "child process died mid-solve" in caplog.text)  # logged after idle
         assert _gone(first, 10)  # reaped by the pool: no zombie left
         assert imp.offer(batch, state)  # a new child, on the next offer
         second = imp.child_pid()
@@ -165,6 +176,37 @@ def test_improver_replaces_a_child_killed_mid_solve_then_one_killed_idle(caplog)
         third = imp.child_pid()
         assert third not in (None, first, second) and imp.stats["restarts"] == 2
         assert imp.wait_idle(30) and imp.stats["failed"] == 1
+    finally:
+        imp.close()
+
+
+def test_hung_child_is_killed_on_the_next_offer_and_replaced(monkeypatch, caplog):
+    """A child stopped mid-solve (SIGSTOP: wedged, not dead) is killed by the first offer
+    after ``hung_after_s`` — the same batch included — and the offer after starts a new one."""
+    import workers.improver as improver
+
+    monkeypatch.setattr(improver, "HUNG_FACTOR", 1.0)
+    monkeypatch.setattr(improver, "HUNG_SLACK_S", 2.0)
+    batch, state, floor, best = _case()
+    big, big_state = _long_case()
+    imp = BackgroundImprover("default", time_limit_s=1.0)
+    try:
+        assert imp.hung_after_s() == 3.0
+        assert imp.offer(big, big_state)
+        first = imp.child_pid()
+        assert first is not None
+        os.kill(first, signal.SIGSTOP)
+        assert not imp.offer(big, big_state) and imp.stats["hung"] == 0  # not hung yet
+        time.sleep(3.2)
+        assert not imp.wait_idle(0.0)  # stopped: its 1 s limit cannot end it
+        assert not imp.offer(big, big_state)  # the same batch: the watchdog still looks
+        assert imp.stats["hung"] == 1 and "killing its child process" in caplog.text
+        assert imp.wait_idle(10) and imp.stats["failed"] == 1
+        assert _gone(first, 10)
+        assert imp.offer(batch, state)
+        second = imp.child_pid()
+        assert second not in (None, first) and imp.stats["restarts"] == 1
+        assert imp.wait_idle(30) and score(imp.best(floor, batch, state)) == score(best)
     finally:
         imp.close()
 
