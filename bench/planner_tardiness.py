@@ -48,6 +48,13 @@ POLS = ["fifo", "portfolio", "tardiness-portfolio", "cpsat-fast", "tardiness-fas
 
 
 
+def tardiness_fast_floor_preemption(batch, state, time_limit_s=0.1, seed=0, num_workers=1, previous=None):
+    """``tardiness-fast`` without the ``preemption`` parameter: only the greedy floor
+    decides preemptions (as before planner/window_preemption.py)."""
+    return tardiness_policy(batch, state, time_limit_s=time_limit_s, seed=seed, num_workers=num_workers,
+                            previous=previous)
+
+
 def with_deadlines(jobs, seed: int):
     """d_j = r_j + k_j·p_j, k_j ~ U[K_LO, K_HI] (module doc)."""
     rng = random.Random(1000 + seed)
@@ -71,6 +78,11 @@ def main() -> None:
     POLICIES["tardiness-fast"] = partial(tardiness_policy, time_limit_s=0.1)
     PREEMPTION_FLOOR.update({"cpsat-fast": "portfolio", "tardiness-fast": "tardiness-portfolio"})
     POLICY_OBJECTIVE["tardiness-fast"] = "weighted_tardiness"
+    # tardiness-fast whose CP-SAT windows do not decide preemptions (only the greedy floor):
+    # name it in --policies to measure planner/window_preemption.py in the same run
+    POLICIES["tardiness-fast-floorpre"] = tardiness_fast_floor_preemption
+    PREEMPTION_FLOOR["tardiness-fast-floorpre"] = "tardiness-portfolio"
+    POLICY_OBJECTIVE["tardiness-fast-floorpre"] = "weighted_tardiness"
     pols = a.policies.split(",") if a.policies else POLS
     if a.plan_preemption:
         pols = [x for p in pols for x in ([p, p + "@plan"] if p in PREEMPTION_FLOOR else [p])]
