@@ -299,6 +299,7 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
         are read again here when a workload pass may have changed the queues)."""
         out: list[PlanJob] = []
         self._meta: dict[str, tuple[str, float]] = {}
+        self.awaited: set[str] = set()  # jobs that a queued job read here still waits on (never victims)
         room = self.settings.batch_size
         if heads is None and self.r.scard(self.keys.workloads_active):
             from app.workloads import advance_workloads  # workload steps: retries, failure, completion
@@ -332,6 +333,7 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
                 continue
             dl = tuple(json.loads(deps)) if deps else ()
             if dl and not self._deps_ready(jid, dl):
+                self.awaited.update(dl)
                 continue
             r_s = float(sub) / self.settings.time_scale  # workload clock; service and deadline are workload s
             out.append(PlanJob(jid, ep, float(lvl.weight), r_s, float(svc),

@@ -11,6 +11,10 @@ it lost before its preemptor starts):
   trades each candidate preemption against waiting with the policy's greedy floor;
 * the fixed rule (:func:`planner.preemption.choose_preemption`) otherwise.
 
+Neither decider cuts a job that a queued job read this tick waits on (a workload step
+whose dependency is still running, ``awaited``): the dependents are outside the batch, so
+no score would count their delay.
+
 Mixed into :class:`workers.planner_worker.PlannerWorker`; uses its Redis client,
 keys, endpoints, fencing token and ``_start``.
 """
@@ -33,6 +37,7 @@ log = logging.getLogger("makespan.planner")
 
 class PreemptionMixin:
     requeued_now = 0  # victims put back in their queue this tick (the tick resets it)
+    awaited: set[str] = set()  # job ids a queued job waits on (form_batch sets it): never victims
 
     def _preempt(self, waiting: list[PlanJob], state: FleetState, taken: set[str], batch: list[PlanJob],
                  p: Plan, started: set[str]) -> set[str]:
@@ -60,8 +65,9 @@ class PreemptionMixin:
     def _running(self, state: FleetState, lease_of: dict[str, str], info: dict[str, dict[str, str]],
                  executed: dict[str, bool]) -> tuple[dict[str, RunningJob], dict[str, str]]:
         """``FleetState.running`` from the job leases (a lease whose workload already ran,
-        a restore or a record missing a field is left out: never a victim), and job id ->
-        lease id. Times on the workload clock (wall s ÷ ``time_scale``)."""
+        a restore or a record missing a field is left out: never a victim; a job that a
+        queued step waits on, ``awaited``, is not preemptable), and job id -> lease id.
+        Times on the workload clock (wall s ÷ ``time_scale``)."""
         jobs = {lid: rec["job"] for lid, rec in info.items()
                 if rec.get("kind") == "job" and rec.get("job") and not executed.get(lid)}
         p = self.r.pipeline(transaction=False)
@@ -84,7 +90,7 @@ class PreemptionMixin:
             job = PlanJob(jid, ep, float(prio.weight), r_s, float(svc), int(prio), (),
                           r_s + float(due) if due else None, int(seq or 0))
             gs = tuple(sorted(gpus_of[lid], key=order.__getitem__))
-            rj = RunningJob(job, gs, start_s, max(start_s, end_s - float(svc)), end_s, True)
+            rj = RunningJob(job, gs, start_s, max(start_s, end_s - float(svc)), end_s, jid not in self.awaited)
             out.update({u: rj for u in gs})
         return out, {jid: lid for lid, jid in jobs.items()}
 
@@ -137,7 +143,8 @@ class PreemptionMixin:
         for u, lid in lease_of.items():
             rec = info.get(lid) or {}
             prio = Priority.__members__.get(rec.get("priority", "LOW"), Priority.LOW)
-            holder[u] = Holder(lid, int(prio), rec.get("kind") == "job" and not executed.get(lid))
+            holder[u] = Holder(lid, int(prio), rec.get("kind") == "job" and not executed.get(lid)
+                               and rec.get("job") not in self.awaited)
         started: set[str] = set()
         for j in sorted(waiting, key=lambda j: (j.priority, j.seq)):
             ep = self.endpoints[j.endpoint]

@@ -129,3 +129,21 @@ def test_scored_preemption_spares_a_job_that_only_has_to_clear(r, keys, settings
     crit = prod.submit({"endpoint": "chat", "service_s": 10, "priority": "CRITICAL"}).id
     w.tick()
     assert _preempted(r, keys) == [] and r.hget(keys.job(crit), "state") == "queued"
+
+
+@pytest.mark.parametrize("mode", ["plan", "rule"])
+def test_a_job_a_queued_step_waits_on_is_never_the_victim(r, keys, settings, mode):
+    """Every GPU runs a LOW job; seven of them are dependencies of queued steps (their
+    dependents wait outside the batch, so no score sees their delay): the CRITICAL job
+    preempts the eighth, under either decider."""
+    w, prod, sent = _setup(r, keys, dataclasses.replace(settings, preemption=mode))
+    lows = [_running(r, keys, w, prod, "chat", "LOW", [f"GPU-host-{h}-{i}"]) for h in ("a", "b") for i in range(4)]
+    free = lows[5]
+    steps = [prod.submit({"endpoint": "chat", "service_s": 10, "priority": "LOW", "depends_on": [j]}).id
+             for j in lows if j != free]
+    crit = prod.submit({"endpoint": "chat", "service_s": 10, "priority": "CRITICAL"}).id
+    w.tick()
+    assert [e["job"] for e in _preempted(r, keys)] == [free]
+    assert [c.job_id for c in sent] == [crit]
+    assert all(r.hget(keys.job(j), "state") == "leased" for j in lows if j != free)
+    assert all(r.hget(keys.job(j), "state") == "queued" for j in steps)
