@@ -45,10 +45,20 @@ def _wait_done(r, keys, ids, timeout_s):
 
 
 def _wait_drained(r, keys, fleet, timeout_s=30):
+    """Wait for the planner's drain check made after the last job ended (it checks only
+    once the fleet is idle and back at its set point: an earlier check, or a moment with
+    no lease between a job's end and its group's restore, is not the end) to find nothing,
+    and for the counts read here to be zero too."""
+    last = max(e["ts"] for e in all_events(r, keys) if e["kind"] in ("completed", "failed", "cancelled"))
+
     def ok():
+        rec = r.hgetall(keys.drain)
+        if not rec.get("checked_at") or float(rec["checked_at"]) < last:
+            return False
         d = drain_counts(r, keys, fleet)
-        return r.hget(keys.drain, "checks") and not any(d[k] for k in ("leases", "agenda_entries", "busy_slots"))
-    wait_for(ok, timeout_s, "drain to reach zero")
+        keys_ = ("leases", "agenda_entries", "busy_slots")
+        return not any(int(rec[k]) for k in keys_) and not any(d[k] for k in keys_)
+    wait_for(ok, timeout_s, "a drain check after the last job to find nothing")
 
 
 def test_200_mixed_jobs_complete_and_drain(r, keys, settings, fleet, system):

@@ -28,7 +28,10 @@ NOW_TOL_S = 1e-3  # workload s: a planned restore starting within this of the ti
 
 class SetPointMixin:
     def _idle(self, busy: set[str]) -> bool:
+        """Restore set points and check the drain once per idle period (module doc). A
+        period ends when work runs or is queued again, so every batch gets its check."""
         if self.r.zcard(self.keys.running) or any(self.r.zcard(q) for q in self.keys.queues()):
+            self._idle_checked = False
             return False
         restoring = False
         res = dict(zip([g.uuid for g in self.gpus], self.r.mget([self.keys.resident(g.uuid) for g in self.gpus])))
