@@ -53,9 +53,9 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from functools import partial
 
-from planner.evaluator import evaluate, score, share_shortfall_cost
+from planner.evaluator import evaluate, evaluate_built, score, share_shortfall_cost
 from planner.list_schedule import fifo_order, pruner, wspt_order
-from planner.partition import partition
+from planner.partition import partition_built
 from planner.model import Assignment, EndpointModel, FleetState, Plan, PlanJob
 from planner.replay import Group, Replay
 
@@ -65,14 +65,29 @@ def rule_completion(rep: Replay, job: PlanJob, cands: list[Group], ready: float)
     candidate order), starting no earlier than ``ready`` (s)."""
     ep = rep.endpoints[job.endpoint]
     best, bc, bt = cands[0], float("inf"), float("inf")
-    fa = rep.free_at
+    fa, res, asl, eps = rep.free_at, rep.resident, rep.asleep, rep.endpoints
+    name, cold, wake = ep.name, ep.cold_start_s, ep.wake_s
     for g in cands:
-        s = fa[g[0]] if len(g) == 1 else rep.group_free(g)
-        if s < ready:
-            s = ready
-        if s > bc:
-            continue
-        t = rep.transition_s(g, ep)
+        if len(g) == 1:  # Replay.transition_s inlined (a hot loop)
+            u = g[0]
+            s = fa[u]
+            if s < ready:
+                s = ready
+            if s > bc:
+                continue
+            r = res[u]
+            if r == name:
+                t = 0.0
+            else:
+                ev = eps[r].evict_s if r is not None and r in eps else 0.0
+                t = ev + wake if wake is not None and name in asl[u] else ev + cold
+        else:
+            s = rep.group_free(g)
+            if s < ready:
+                s = ready
+            if s > bc:
+                continue
+            t = rep.transition_s(g, ep)
         c = s + t
         if c < bc or (c == bc and t < bt):
             best, bc, bt = g, c, t
@@ -84,6 +99,8 @@ def _rule_free(rep: Replay, job: PlanJob, cands: list[Group], ready: float) -> G
 
 
 def _rule_min_evict(rep: Replay, job: PlanJob, cands: list[Group], ready: float) -> Group:
+    if len(cands[0]) == 1:
+        return _min_evict_single(rep, job, cands, ready)
     free_s = [rep.group_free(g) for g in cands]
     t0 = max(ready, min(free_s))
     free = [g for g, f in zip(cands, free_s) if f <= t0]
@@ -95,6 +112,25 @@ def _rule_min_evict(rep: Replay, job: PlanJob, cands: list[Group], ready: float)
     def evict_cost(g: Group) -> float:
         return sum(rep.endpoints[e].cold_start_s for e in {rep.resident[u] for u in g} - {None} if e in rep.endpoints)
     return min(free, key=evict_cost)
+
+
+def _min_evict_single(rep: Replay, job: PlanJob, cands: list[Group], ready: float) -> Group:
+    """:func:`_rule_min_evict` for single-GPU groups (the same choice, without the sets)."""
+    fa, res, eps = rep.free_at, rep.resident, rep.endpoints
+    free_s = [fa[g[0]] for g in cands]
+    t0 = max(ready, min(free_s))
+    name = job.endpoint
+    best, bc = None, 0.0
+    for g, f in zip(cands, free_s):
+        if f > t0:
+            continue
+        r = res[g[0]]
+        if r == name:
+            return g
+        c = eps[r].cold_start_s if r is not None and r in eps else 0.0
+        if best is None or c < bc:
+            best, bc = g, c
+    return best  # type: ignore[return-value]
 
 
 class _Aware:
@@ -282,6 +318,14 @@ def construct(name: str, order: Sequence[PlanJob], state: FleetState, rule: str 
     "min-evict", "aware", "share"); ``pull`` enables pull-forward after a load. Returns
     the assignments (complete, in placement order), or None as soon as the plan provably
     scores above ``bound`` (:class:`planner.list_schedule.Prune`; never with the default)."""
+    built = _construct(order, state, rule, pull, alpha, beta, gamma, bound)
+    return None if built is None else built[0]
+
+
+def _construct(order: Sequence[PlanJob], state: FleetState, rule: str, pull: bool, alpha: float, beta: float,
+               gamma: float, bound: float) -> tuple[list[Assignment], Replay] | None:
+    """:func:`construct`, also returning the :class:`Replay` that placed the assignments
+    (for :func:`planner.evaluator.evaluate_built`)."""
     rep = Replay(state)
     prune = pruner(order, state, bound, rep.free_at)
     aware = _Aware(order, state, alpha, beta, share=rule == "share", gamma=gamma) if rule in ("aware", "share") else None
@@ -295,21 +339,27 @@ def construct(name: str, order: Sequence[PlanJob], state: FleetState, rule: str 
     pending: set[str] = set()  # pulled, not yet placed
     queue, pulled = deque(order), deque()
     out: list[Assignment] = []
+    cands_of: dict[str, list[Group]] = {}
+    fa, now = rep.free_at, state.now_s
     while pulled or queue:
         job = pulled.popleft() if pulled else queue.popleft()
         if job.id in placed:
             continue
-        ep = rep.endpoints[job.endpoint]
-        cands = rep.groups(ep)
-        if not cands:
-            raise ValueError(f"job {job.id}: no GPU group fits endpoint {ep.name}")
-        g = fn(rep, job, cands, rep.ready(job))
-        a = rep.place(job, g)
+        cands = cands_of.get(job.endpoint)
+        if cands is None:
+            ep = rep.endpoints[job.endpoint]
+            cands = cands_of[job.endpoint] = rep.groups(ep)
+            if not cands:
+                raise ValueError(f"job {job.id}: no GPU group fits endpoint {ep.name}")
+        ready = rep.ready(job) if job.deps else max(job.release_s, now)
+        g = fn(rep, job, cands, ready)
+        a = rep.place(job, g, max(ready, fa[g[0]] if len(g) == 1 else rep.group_free(g)))  # = its default start
         if prune is not None and not prune.placed(job, a.gpus, a.end_s):
             return None
         out.append(a)
         placed.add(job.id)
-        pending.discard(job.id)
+        if pending:
+            pending.discard(job.id)
         if aware is not None:
             aware.placed(job)
         if pull and a.load != "warm":
@@ -326,7 +376,7 @@ def construct(name: str, order: Sequence[PlanJob], state: FleetState, rule: str 
                     continue
                 pulled.append(o)
                 pending.add(o.id)
-    return out
+    return out, rep
 
 
 def fifo(batch: Sequence[PlanJob], state: FleetState) -> Plan:
@@ -350,11 +400,12 @@ CAPACITY_GAMMA = 2.0  # γ of the cap-* members (module doc); 1 and 4 were no be
 BUILD_ORDER = ("cap-share", "ta-share", "cap-aware", "wspt", "partition", "partition-spill",
                "ta-wspt", "ta-fifo", "min-evict")
 
-Builder = Callable[..., "list[Assignment] | None"]  # called with bound=
+Builder = Callable[..., "tuple[list[Assignment], Replay] | None"]  # called with bound=
 
 
 def _builders(batch: Sequence[PlanJob], state: FleetState) -> dict[str, Builder]:
-    """Member name -> its construction, given a score bound (None when pruned or skipped)."""
+    """Member name -> its construction, given a score bound: (assignments, the replay that
+    placed them), None when pruned or skipped."""
     w = wspt_order(batch, state.endpoints)
     f = fifo_order(batch)
     cap = CAPACITY_GAMMA
@@ -366,14 +417,15 @@ def _builders(batch: Sequence[PlanJob], state: FleetState) -> dict[str, Builder]
     if state.demand_share:
         specs += [("ta-share", w, "share", True, 1.0, 0.0), ("cap-share", w, "share", False, 1.0, cap)]
     out: dict[str, Builder] = {
-        n: partial(construct, n, o, state, r, p, a, gamma=g) for n, o, r, p, a, g in specs}
+        n: partial(_construct, o, state, r, p, a, 1.0, g) for n, o, r, p, a, g in specs}
     for name, spill in (("partition", False), ("partition-spill", True)):
         out[name] = partial(_partition, batch, state, spill)
     return out
 
 
-def _partition(batch: Sequence[PlanJob], state: FleetState, spill: bool, bound: float) -> list[Assignment] | None:
-    return partition(batch, state, spill, bound=bound)
+def _partition(batch: Sequence[PlanJob], state: FleetState, spill: bool,
+               bound: float) -> tuple[list[Assignment], Replay] | None:
+    return partition_built(batch, state, spill, bound=bound)
 
 
 def members(batch: Sequence[PlanJob], state: FleetState) -> list[Plan]:
@@ -381,9 +433,9 @@ def members(batch: Sequence[PlanJob], state: FleetState) -> list[Plan]:
     members too; ``partition`` members are absent when the fleet cannot hold them)."""
     out = []
     for name, build in _builders(batch, state).items():
-        asg = build(bound=math.inf)
-        if asg is not None:
-            out.append(evaluate(asg, batch, state, name, check_times=False))
+        built = build(bound=math.inf)
+        if built is not None:
+            out.append(evaluate(built[0], batch, state, name, check_times=False))
     return sorted(out, key=lambda p: MEMBERS.index(p.policy))
 
 
@@ -397,10 +449,10 @@ def portfolio(batch: Sequence[PlanJob], state: FleetState) -> Plan:
     rank = (math.inf, len(MEMBERS))
     first = {n: i for i, n in enumerate(BUILD_ORDER)}
     for name in sorted(builders, key=lambda n: first.get(n, len(first))):  # a member not listed: last
-        asg = builders[name](bound=rank[0])
-        if asg is None:
+        built = builders[name](bound=rank[0])
+        if built is None:
             continue
-        p = evaluate(asg, batch, state, name, check_times=False)
+        p = evaluate_built(built[0], built[1], batch, state, name)  # = evaluate(..., check_times=False)
         r = (score(p), MEMBERS.index(name))
         if r < rank:
             best, rank = p, r

@@ -94,6 +94,14 @@ def partition(batch: Sequence[PlanJob], state: FleetState, spill: bool = False,
     complete there earlier than on its own groups by more than that endpoint's cold start
     (the reload the other endpoint pays later) — work-conserving when the allocation is
     uneven."""
+    built = partition_built(batch, state, spill, bound, order)
+    return None if built is None else built[0]
+
+
+def partition_built(batch: Sequence[PlanJob], state: FleetState, spill: bool = False, bound: float = math.inf,
+                    order: Sequence[PlanJob] | None = None) -> tuple[list[Assignment], Replay] | None:
+    """:func:`partition`, also returning the :class:`Replay` that placed the assignments
+    (for :func:`planner.evaluator.evaluate_built`)."""
     alloc = allocate(batch, state)
     if alloc is None:
         return None
@@ -131,4 +139,4 @@ def partition(batch: Sequence[PlanJob], state: FleetState, spill: bool = False,
         if prune is not None and not prune.placed(job, a.gpus, a.end_s):
             return None
         out.append(a)
-    return out
+    return out, rep

@@ -61,9 +61,11 @@ class Replay:
 
     def ready(self, job: PlanJob) -> float:
         """Earliest start allowed by release, planning time and dependencies."""
-        t = max(job.release_s, self.state.now_s)
-        for d in job.deps:
-            t = max(t, self.end_of.get(d, self.state.now_s))
+        now = self.state.now_s
+        t = max(job.release_s, now)
+        if job.deps:
+            for d in job.deps:
+                t = max(t, self.end_of.get(d, now))
         return t
 
     def group_free(self, group: Group) -> float:
@@ -107,12 +109,15 @@ class Replay:
             t_s, evicted, load = 0.0, (), "warm"
         else:
             t_s, evicted, load, _ = self.transition(group, ep)
-        a = Assignment(job.id, group, start_s, start_s + t_s, start_s + t_s + job.service_s, evicted, load)
-        if load != "warm":
-            self._load(group, ep.name)
+            if load != "warm":
+                self._load(group, ep.name)
+        svc = start_s + t_s
+        end = svc + job.service_s
+        a = Assignment(job.id, group, start_s, svc, end, evicted, load)
+        fa = self.free_at
         for u in group:
-            self.free_at[u] = a.end_s
-        self.end_of[job.id] = a.end_s
+            fa[u] = end
+        self.end_of.maps[0][job.id] = end  # what ChainMap.__setitem__ does, without its call
         return a
 
     def _load(self, group: Group, name: str | None) -> None:
