@@ -240,6 +240,7 @@ class _Aware:
         credit = -beta * gain
         wt = w + self._capacity(job, 1)
         best, bc, bt = cands[0], float("inf"), float("inf")
+        evict: dict[str | None, tuple[float, float | None, bool]] = {}  # resident -> _evict_share(...)
         for g in cands:
             u = g[0]
             s = fa[u]
@@ -252,22 +253,37 @@ class _Aware:
                 t = 0.0
                 cost = w * s
             else:
-                eep = eps.get(r) if r is not None else None
-                t = (eep.evict_s if eep is not None else 0.0) + (
-                    wake if wake is not None and name in asl[u] else cold)
+                hit = evict.get(r)
+                if hit is None:
+                    hit = evict[r] = self._evict_share(rep, r)
+                ev, term, gang = hit
+                t = ev + (wake if wake is not None and name in asl[u] else cold)
                 cost = w * s + wt * t + beta * gain
-                if r in coef:
-                    k, sh = coef[r]
-                    if eep.tp == 1:  # type: ignore[union-attr]
-                        c, lost = cnt.get(r, 0), 1
-                    else:  # a GPU of a TP > 1 instance: the whole instance goes
-                        lost = rep.whole_lost(g, r)
-                        c = rep.whole_gpus(r) if lost else 0
+                if term is not None:
+                    cost += term
+                elif gang:  # a GPU of a TP > 1 instance: the whole instance goes
+                    k, sh = coef[r]  # type: ignore[index]
+                    lost = rep.whole_lost(g, r)  # type: ignore[arg-type]
                     if lost:
+                        c = rep.whole_gpus(r)  # type: ignore[arg-type]
                         cost += beta * k * (max(0.0, sh - c + lost) - max(0.0, sh - c))
             if cost < bc or (cost == bc and t < bt):
                 best, bc, bt = g, cost, t
         return best
+
+    def _evict_share(self, rep: Replay, r: str | None) -> tuple[float, float | None, bool]:
+        """(evict_s, share term of evicting one GPU, whether that depends on the group) of
+        the resident ``r`` in :meth:`_by_share_single`: the term for a TP-1 endpoint with a
+        share (None: nothing to add); a TP > 1 one with a share: computed per group."""
+        eep = self.state.endpoints.get(r) if r is not None else None  # type: ignore[arg-type]
+        ev = eep.evict_s if eep is not None else 0.0
+        if r not in self._coef_cache:
+            return ev, None, False
+        if eep.tp != 1:  # type: ignore[union-attr]
+            return ev, None, True
+        k, sh = self._coef_cache[r]  # type: ignore[index]
+        c = rep.count.get(r, 0)  # type: ignore[arg-type]
+        return ev, self.beta * k * (max(0.0, sh - c + 1) - max(0.0, sh - c)), False
 
     def _single(self, rep: Replay, job: PlanJob, ep: EndpointModel, cands: list[Group], ready: float) -> Group:
         """Same rule, inlined for single-GPU groups (the common case; a hot loop)."""
@@ -275,6 +291,7 @@ class _Aware:
         fa, res, asl, eps, cnt = rep.free_at, rep.resident, rep.asleep, rep.endpoints, rep.count
         wt = w + self._capacity(job, 1)
         best, bc, bt = cands[0], float("inf"), float("inf")
+        evict: dict[str | None, tuple[float, float | None, EndpointModel | None]] = {}  # resident -> _evict(...)
         for g in cands:
             u = g[0]
             s = fa[u]
@@ -287,21 +304,33 @@ class _Aware:
                 t = 0.0
                 cost = w * s
             else:
-                eep = eps.get(r) if r is not None else None
-                t = (eep.evict_s if eep is not None else 0.0) + (
-                    wake if wake is not None and name in asl[u] else cold)
+                hit = evict.get(r)
+                if hit is None:
+                    hit = evict[r] = self._evict(rep, r)
+                ev, pen, gang = hit
+                t = ev + (wake if wake is not None and name in asl[u] else cold)
                 cost = w * s + wt * t
-                if eep is not None:
-                    if eep.tp == 1:
-                        last = cnt.get(r, 0) - 1 < 1
-                    else:
-                        lost = rep.whole_lost(g, r)  # type: ignore[arg-type]
-                        last = bool(lost) and rep.whole_gpus(r) - lost < eep.tp  # type: ignore[arg-type]
-                    if last:
-                        cost += self._penalty(r, eep.cold_start_s)  # type: ignore[arg-type]
+                if pen is not None:
+                    cost += pen
+                elif gang is not None:
+                    lost = rep.whole_lost(g, r)  # type: ignore[arg-type]
+                    if lost and rep.whole_gpus(r) - lost < gang.tp:  # type: ignore[arg-type]
+                        cost += self._penalty(r, gang.cold_start_s)  # type: ignore[arg-type]
             if cost < bc or (cost == bc and t < bt):
                 best, bc, bt = g, cost, t
         return best
+
+    def _evict(self, rep: Replay, r: str | None) -> tuple[float, float | None, EndpointModel | None]:
+        """(evict_s, penalty of evicting one GPU, the model when that depends on the group)
+        of the resident ``r`` in :meth:`_single`: the penalty when ``r`` is a TP-1 endpoint
+        on its last GPU (None: nothing to add); a TP > 1 endpoint: checked per group."""
+        eep = rep.endpoints.get(r) if r is not None else None  # type: ignore[arg-type]
+        if eep is None:
+            return 0.0, None, None
+        if eep.tp != 1:
+            return eep.evict_s, None, eep
+        last = rep.count.get(r, 0) - 1 < 1  # type: ignore[arg-type]
+        return eep.evict_s, self._penalty(r, eep.cold_start_s) if last else None, None  # type: ignore[arg-type]
 
 
 def aware_rule(batch: Sequence[PlanJob], state: FleetState, alpha: float = 1.0, beta: float = 1.0):
@@ -331,12 +360,12 @@ def _construct(order: Sequence[PlanJob], state: FleetState, rule: str, pull: boo
     aware = _Aware(order, state, alpha, beta, share=rule == "share", gamma=gamma) if rule in ("aware", "share") else None
     fn = aware or {"completion": rule_completion, "free": _rule_free, "min-evict": _rule_min_evict}[rule]
     ids = {j.id for j in order}
-    by_ep: dict[str, list[PlanJob]] = {}
-    for j in order:
-        by_ep.setdefault(j.endpoint, []).append(j)
-    cursor = {e: 0 for e in by_ep}
+    # pull-forward candidates: per endpoint, its jobs neither placed nor pulled yet, in order
+    waiting: dict[str, dict[str, PlanJob]] = {}
+    if pull:
+        for j in order:
+            waiting.setdefault(j.endpoint, {})[j.id] = j
     placed: set[str] = set()
-    pending: set[str] = set()  # pulled, not yet placed
     queue, pulled = deque(order), deque()
     out: list[Assignment] = []
     cands_of: dict[str, list[Group]] = {}
@@ -358,24 +387,19 @@ def _construct(order: Sequence[PlanJob], state: FleetState, rule: str, pull: boo
             return None
         out.append(a)
         placed.add(job.id)
-        if pending:
-            pending.discard(job.id)
         if aware is not None:
             aware.placed(job)
-        if pull and a.load != "warm":
-            lst, i, n = by_ep[job.endpoint], cursor[job.endpoint], len(by_ep[job.endpoint])
-            while i < n and lst[i].id in placed:
-                i += 1
-            cursor[job.endpoint] = i
-            end = a.end_s
-            for k in range(i, n):  # queued jobs of the endpoint released by then, in order
-                o = lst[k]
-                if o.release_s > end or o.id in placed or o.id in pending:
-                    continue  # (a job already pulled and not placed keeps its place)
-                if o.deps and not all(d in placed or d not in ids for d in o.deps):
-                    continue
-                pulled.append(o)
-                pending.add(o.id)
+        if pull:
+            rest = waiting[job.endpoint]
+            rest.pop(job.id, None)
+            if a.load != "warm":
+                end = a.end_s
+                # queued jobs of the endpoint released by then, in order (a job already
+                # pulled and not placed keeps its place)
+                for o in [o for o in rest.values() if o.release_s <= end
+                          and (not o.deps or all(d in placed or d not in ids for d in o.deps))]:
+                    pulled.append(o)
+                    del rest[o.id]
     return out, rep
 
 
