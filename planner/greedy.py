@@ -382,7 +382,8 @@ def _construct(order: Sequence[PlanJob], state: FleetState, rule: str, pull: boo
                 raise ValueError(f"job {job.id}: no GPU group fits endpoint {ep.name}")
         ready = rep.ready(job) if job.deps else max(job.release_s, now)
         g = fn(rep, job, cands, ready)
-        a = rep.place(job, g, max(ready, fa[g[0]] if len(g) == 1 else rep.group_free(g)))  # = its default start
+        s = fa[g[0]] if len(g) == 1 else rep.group_free(g)
+        a = rep.place(job, g, s if s > ready else ready)  # its default start, max(ready, free)
         if prune is not None and not prune.placed(job, a.gpus, a.end_s):
             return None
         out.append(a)

@@ -91,6 +91,14 @@ class Replay:
         res = self.resident
         name = ep.name
         first = res[group[0]]
+        if len(group) == 1:  # the same rule without the sets (a hot path)
+            if first == name:
+                return 0.0, (), "warm", 0.0
+            ev = self.endpoints[first].evict_s if first is not None and first in self.endpoints else 0.0
+            gone: tuple[str, ...] = () if first is None else (first,)
+            if ep.wake_s is not None and name in self.asleep[group[0]]:
+                return ev + ep.wake_s, gone, "wake", ev
+            return ev + ep.cold_start_s, gone, "cold_start", ev
         if first == name and all(res[u] == name for u in group):
             return 0.0, (), "warm", 0.0
         evicted = {res[u] for u in group} - {None}
