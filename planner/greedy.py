@@ -240,7 +240,7 @@ class _Aware:
         credit = -beta * gain
         wt = w + self._capacity(job, 1)
         best, bc, bt = cands[0], float("inf"), float("inf")
-        evict: dict[str | None, tuple[float, float | None, bool]] = {}  # resident -> _evict_share(...)
+        evict: dict[str | None, tuple[float, float | None, int]] = {}  # resident -> _evict_share(...)
         for g in cands:
             u = g[0]
             s = fa[u]
@@ -256,34 +256,34 @@ class _Aware:
                 hit = evict.get(r)
                 if hit is None:
                     hit = evict[r] = self._evict_share(rep, r)
-                ev, term, gang = hit
+                ev, term, c = hit
                 t = ev + (wake if wake is not None and name in asl[u] else cold)
                 cost = w * s + wt * t + beta * gain
                 if term is not None:
                     cost += term
-                elif gang:  # a GPU of a TP > 1 instance: the whole instance goes
+                elif c >= 0:  # a GPU of a TP > 1 instance: the whole instance goes
                     k, sh = coef[r]  # type: ignore[index]
                     lost = rep.whole_lost(g, r)  # type: ignore[arg-type]
                     if lost:
-                        c = rep.whole_gpus(r)  # type: ignore[arg-type]
                         cost += beta * k * (max(0.0, sh - c + lost) - max(0.0, sh - c))
             if cost < bc or (cost == bc and t < bt):
                 best, bc, bt = g, cost, t
         return best
 
-    def _evict_share(self, rep: Replay, r: str | None) -> tuple[float, float | None, bool]:
-        """(evict_s, share term of evicting one GPU, whether that depends on the group) of
-        the resident ``r`` in :meth:`_by_share_single`: the term for a TP-1 endpoint with a
-        share (None: nothing to add); a TP > 1 one with a share: computed per group."""
+    def _evict_share(self, rep: Replay, r: str | None) -> tuple[float, float | None, int]:
+        """(evict_s, share term of evicting one GPU, GPUs in whole instances) of the resident
+        ``r`` in :meth:`_by_share_single`: the term for a TP-1 endpoint with a share (None:
+        nothing to add); for a TP > 1 one with a share the term depends on the group, and
+        the last item is its :meth:`Replay.whole_gpus` (else -1)."""
         eep = self.state.endpoints.get(r) if r is not None else None  # type: ignore[arg-type]
         ev = eep.evict_s if eep is not None else 0.0
         if r not in self._coef_cache:
-            return ev, None, False
+            return ev, None, -1
         if eep.tp != 1:  # type: ignore[union-attr]
-            return ev, None, True
+            return ev, None, rep.whole_gpus(r)  # type: ignore[arg-type]
         k, sh = self._coef_cache[r]  # type: ignore[index]
         c = rep.count.get(r, 0)  # type: ignore[arg-type]
-        return ev, self.beta * k * (max(0.0, sh - c + 1) - max(0.0, sh - c)), False
+        return ev, self.beta * k * (max(0.0, sh - c + 1) - max(0.0, sh - c)), -1
 
     def _single(self, rep: Replay, job: PlanJob, ep: EndpointModel, cands: list[Group], ready: float) -> Group:
         """Same rule, inlined for single-GPU groups (the common case; a hot loop)."""
@@ -291,7 +291,7 @@ class _Aware:
         fa, res, asl, eps, cnt = rep.free_at, rep.resident, rep.asleep, rep.endpoints, rep.count
         wt = w + self._capacity(job, 1)
         best, bc, bt = cands[0], float("inf"), float("inf")
-        evict: dict[str | None, tuple[float, float | None, EndpointModel | None]] = {}  # resident -> _evict(...)
+        evict: dict[str | None, tuple[float, float | None, EndpointModel | None, int]] = {}  # resident -> _evict(...)
         for g in cands:
             u = g[0]
             s = fa[u]
@@ -307,30 +307,31 @@ class _Aware:
                 hit = evict.get(r)
                 if hit is None:
                     hit = evict[r] = self._evict(rep, r)
-                ev, pen, gang = hit
+                ev, pen, gang, whole = hit
                 t = ev + (wake if wake is not None and name in asl[u] else cold)
                 cost = w * s + wt * t
                 if pen is not None:
                     cost += pen
                 elif gang is not None:
                     lost = rep.whole_lost(g, r)  # type: ignore[arg-type]
-                    if lost and rep.whole_gpus(r) - lost < gang.tp:  # type: ignore[arg-type]
+                    if lost and whole - lost < gang.tp:
                         cost += self._penalty(r, gang.cold_start_s)  # type: ignore[arg-type]
             if cost < bc or (cost == bc and t < bt):
                 best, bc, bt = g, cost, t
         return best
 
-    def _evict(self, rep: Replay, r: str | None) -> tuple[float, float | None, EndpointModel | None]:
-        """(evict_s, penalty of evicting one GPU, the model when that depends on the group)
-        of the resident ``r`` in :meth:`_single`: the penalty when ``r`` is a TP-1 endpoint
-        on its last GPU (None: nothing to add); a TP > 1 endpoint: checked per group."""
+    def _evict(self, rep: Replay, r: str | None) -> tuple[float, float | None, EndpointModel | None, int]:
+        """(evict_s, penalty of evicting one GPU, the model when that depends on the group,
+        its :meth:`Replay.whole_gpus`) of the resident ``r`` in :meth:`_single`: the penalty
+        when ``r`` is a TP-1 endpoint on its last GPU (None: nothing to add); a TP > 1
+        endpoint: checked per group."""
         eep = rep.endpoints.get(r) if r is not None else None  # type: ignore[arg-type]
         if eep is None:
-            return 0.0, None, None
+            return 0.0, None, None, 0
         if eep.tp != 1:
-            return eep.evict_s, None, eep
+            return eep.evict_s, None, eep, rep.whole_gpus(r)  # type: ignore[arg-type]
         last = rep.count.get(r, 0) - 1 < 1  # type: ignore[arg-type]
-        return eep.evict_s, self._penalty(r, eep.cold_start_s) if last else None, None  # type: ignore[arg-type]
+        return eep.evict_s, self._penalty(r, eep.cold_start_s) if last else None, None, 0  # type: ignore[arg-type]
 
 
 def aware_rule(batch: Sequence[PlanJob], state: FleetState, alpha: float = 1.0, beta: float = 1.0):
