@@ -205,27 +205,30 @@ class Aware:
             c = cnt.get(name, 0)
             gain = k * (max(0.0, sh - c - 1) - max(0.0, sh - c))  # ≤ 0: loading earns
         credit = -beta * gain
+        load = beta * gain
         wt = w + self._capacity(job, 1)
         best, bc, bt = cands[0], float("inf"), float("inf")
+        lim = bc + credit  # a group waiting past this cannot win
         evict: dict[str | None, tuple[float, float | None, int]] = {}  # resident -> _evict_share(...)
         for g in cands:
             u = g[0]
             s = fa[u]
             if s < ready:
                 s = ready
-            if w * s > bc + credit:
+            ws = w * s
+            if ws > lim:
                 continue
             r = res[u]
             if r == name:
                 t = 0.0
-                cost = w * s
+                cost = ws
             else:
                 hit = evict.get(r)
                 if hit is None:
                     hit = evict[r] = self._evict_share(rep, r)
                 ev, term, c = hit
                 t = ev + (wake if wake is not None and name in asl[u] else cold)
-                cost = w * s + wt * t + beta * gain
+                cost = ws + wt * t + load
                 if term is not None:
                     cost += term
                 elif c >= 0:  # a GPU of a TP > 1 instance: the whole instance goes
@@ -235,6 +238,7 @@ class Aware:
                         cost += beta * k * (max(0.0, sh - c + lost) - max(0.0, sh - c))
             if cost < bc or (cost == bc and t < bt):
                 best, bc, bt = g, cost, t
+                lim = bc + credit
         return best
 
     def _evict_share(self, rep: Replay, r: str | None) -> tuple[float, float | None, int]:
@@ -264,19 +268,20 @@ class Aware:
             s = fa[u]
             if s < ready:
                 s = ready
-            if w * s > bc:
+            ws = w * s
+            if ws > bc:
                 continue
             r = res[u]
             if r == name:
                 t = 0.0
-                cost = w * s
+                cost = ws
             else:
                 hit = evict.get(r)
                 if hit is None:
                     hit = evict[r] = self._evict(rep, r)
                 ev, pen, gang, whole = hit
                 t = ev + (wake if wake is not None and name in asl[u] else cold)
-                cost = w * s + wt * t
+                cost = ws + wt * t
                 if pen is not None:
                     cost += pen
                 elif gang is not None:
