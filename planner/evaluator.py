@@ -1,4 +1,6 @@
-"""Exact replay and scoring of a plan; every candidate plan goes through :func:`evaluate`.
+"""Exact replay and scoring of a plan; every candidate plan goes through :func:`evaluate`
+(a greedy construction through :func:`evaluate_built`: the same result, from the replay
+that built it).
 
 Checks (an :class:`InfeasiblePlan` names the first violation):
     * every batch job is placed exactly once, and nothing else is;
