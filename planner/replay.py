@@ -21,7 +21,6 @@ from dataclasses import replace
 from planner.model import Assignment, EndpointModel, FleetState, PlanJob
 
 Group = tuple[str, ...]
-_new = object.__new__
 
 
 class Replay:
@@ -122,9 +121,7 @@ class Replay:
                 self._load(group, ep.name)
         svc = start_s + t_s
         end = svc + job.service_s
-        a = _new(Assignment)  # = Assignment(job.id, group, start_s, svc, end, evicted, load), without
-        a.__dict__.update(job_id=job.id, gpus=group, start_s=start_s, service_start_s=svc, end_s=end,
-                          evicts=evicted, load=load)  # the frozen dataclass's per-field __setattr__ (a hot path)
+        a = Assignment(job.id, group, start_s, svc, end, evicted, load)
         fa = self.free_at
         for u in group:
             fa[u] = end
