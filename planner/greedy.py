@@ -205,6 +205,8 @@ def portfolio(batch: Sequence[PlanJob], state: FleetState) -> Plan:
         if r < rank:
             best, rank = p, r
     assert best is not None, "a construction without a bound always completes"
-    best.stats["member"] = float(rank[1])
-    best.policy = "portfolio"
-    return best
+    # the winner goes through the evaluator's own replay (every plan returned is one the
+    # evaluator replayed; the members were scored from their constructions' replays)
+    out = evaluate(best.assignments, batch, state, "portfolio")
+    out.stats["member"] = float(rank[1])
+    return out
