@@ -1,4 +1,6 @@
-"""Exact replay and scoring of a plan; every candidate plan goes through :func:`evaluate`.
+"""Exact replay and scoring of a plan; every candidate plan goes through :func:`evaluate`
+(a greedy construction through :func:`evaluate_built`: the same result, from the replay
+that built it).
 
 Checks (an :class:`InfeasiblePlan` names the first violation):
     * every batch job is placed exactly once, and nothing else is;
@@ -128,7 +130,6 @@ def evaluate(plan: Plan | Sequence[Assignment], batch: Sequence[PlanJob], state:
     valid: dict[str, set[tuple[str, ...]]] = {}
     order = sorted(range(len(assigns)), key=lambda i: (assigns[i].start_s, i))
     out: list[Assignment] = []
-    total = tardy = 0.0
     for i in order:
         a = assigns[i]
         job = jobs[a.job_id]
@@ -155,11 +156,37 @@ def evaluate(plan: Plan | Sequence[Assignment], batch: Sequence[PlanJob], state:
                             or b.load != a.load or tuple(b.evicts) != tuple(a.evicts)):
             raise InfeasiblePlan(job.id, f"stated times/transition {a.service_start_s, a.end_s, a.load, a.evicts} "
                                          f"differ from the replay {b.service_start_s, b.end_s, b.load, b.evicts}")
+        out.append(b)
+    restored = _replay_restores(plan.restores if isinstance(plan, Plan) else [], rep, state, check_times)
+    return _scored(name, out, jobs, rep, state, restored, objective)
+
+
+def evaluate_built(assigns: Sequence[Assignment], rep: Replay, batch: Sequence[PlanJob], state: FleetState,
+                   policy: str) -> Plan:
+    """The plan ``evaluate(assigns, batch, state, policy, check_times=False)`` returns, for
+    assignments that ``rep`` (a :class:`Replay` of ``state``) placed, in this order, each at
+    or after the time its group was free (a list-scheduling construction), without
+    replaying them a second time: every GPU's placements are then in start order (ties:
+    placement order), the order the evaluator replays them in, so its replay would give
+    the same assignments and leave ``rep``'s state. Checks only that every batch job is
+    placed exactly once (:class:`InfeasiblePlan`); the construction ensures the rest."""
+    jobs = {j.id: j for j in batch}
+    if len(assigns) != len(jobs) or len({a.job_id for a in assigns} & jobs.keys()) != len(jobs):
+        evaluate(assigns, batch, state, policy, check_times=False)  # raises, naming the violation
+    order = sorted(range(len(assigns)), key=lambda i: (assigns[i].start_s, i))
+    return _scored(policy, [assigns[i] for i in order], jobs, rep, state, [], "weighted_completion")
+
+
+def _scored(name: str, out: list[Assignment], jobs: dict[str, PlanJob], rep: Replay, state: FleetState,
+            restored: list[Assignment], objective: str) -> Plan:
+    """The scored plan of replayed assignments ``out`` (start order) and restores;
+    ``rep``: the replay after them."""
+    total = tardy = 0.0
+    for b in out:
+        job = jobs[b.job_id]
         total += job.weight * (b.end_s - job.release_s)
         if job.deadline_s is not None and b.end_s > job.deadline_s:
             tardy += job.weight * (b.end_s - job.deadline_s)
-        out.append(b)
-    restored = _replay_restores(plan.restores if isinstance(plan, Plan) else [], rep, state, check_times)
     fc = future_cost(rep, state)
     stats = {"score": total + fc, "future_cost": fc, "weighted_completion": total, "weighted_tardiness": tardy,
              "cold_starts": float(sum(1 for b in out if b.load == "cold_start")),

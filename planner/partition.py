@@ -29,7 +29,7 @@ import math
 from collections.abc import Sequence
 
 from planner.list_schedule import pruner, wspt_order
-from planner.model import Assignment, FleetState, PlanJob
+from planner.model import Assignment, EndpointModel, FleetState, PlanJob
 from planner.replay import Group, Replay
 
 
@@ -94,41 +94,62 @@ def partition(batch: Sequence[PlanJob], state: FleetState, spill: bool = False,
     complete there earlier than on its own groups by more than that endpoint's cold start
     (the reload the other endpoint pays later) — work-conserving when the allocation is
     uneven."""
+    built = partition_built(batch, state, spill, bound, order)
+    return None if built is None else built[0]
+
+
+def partition_built(batch: Sequence[PlanJob], state: FleetState, spill: bool = False, bound: float = math.inf,
+                    order: Sequence[PlanJob] | None = None) -> tuple[list[Assignment], Replay] | None:
+    """:func:`partition`, also returning the :class:`Replay` that placed the assignments
+    (for :func:`planner.evaluator.evaluate_built`)."""
     alloc = allocate(batch, state)
     if alloc is None:
         return None
     rep = Replay(state)
     prune = pruner(batch, state, bound, rep.free_at)
-    fa = rep.free_at
+    fa, res, asl, eps = rep.free_at, rep.resident, rep.asleep, rep.endpoints
     out: list[Assignment] = []
-    spill_groups = {e: [(g, state.endpoints[e].cold_start_s) for g in gs] for e, gs in alloc.items()} if spill else {}
-    for job in (order if order is not None else wspt_order(batch, state.endpoints)):
-        ep = state.endpoints[job.endpoint]
+    spill_groups: dict[int, list[tuple[str, Group, float]]] = {}  # TP -> (endpoint, group, its cold start)
+    if spill:
+        for e, gs in alloc.items():
+            for g in gs:
+                spill_groups.setdefault(len(g), []).append((e, g, eps[e].cold_start_s))
+
+    def transition_s(g: Group, ep: EndpointModel) -> float:
+        """:meth:`Replay.transition_s`, inlined for a single GPU."""
+        if len(g) != 1:
+            return rep.transition_s(g, ep)
+        r = res[g[0]]
+        if r == ep.name:
+            return 0.0
+        ev = eps[r].evict_s if r is not None and r in eps else 0.0
+        return ev + ep.wake_s if ep.wake_s is not None and ep.name in asl[g[0]] else ev + ep.cold_start_s
+
+    for job in (order if order is not None else wspt_order(batch, eps)):
+        ep = eps[job.endpoint]
         ready = rep.ready(job)
         best, bc = None, math.inf
         for g in alloc[job.endpoint]:
-            c = max(ready, rep.group_free(g)) + rep.transition_s(g, ep)
+            s0 = fa[g[0]] if len(g) == 1 else rep.group_free(g)
+            c = (s0 if s0 > ready else ready) + transition_s(g, ep)
             if c < bc:
                 best, bc = g, c
         if best is None:
             return None
         if spill:
-            for e2, gs in spill_groups.items():
+            for e2, g, pen in spill_groups.get(ep.tp, ()):
                 if e2 == job.endpoint:
                     continue
-                for g, pen in gs:
-                    if len(g) != ep.tp:
-                        continue
-                    s0 = fa[g[0]] if len(g) == 1 else rep.group_free(g)
-                    if s0 < ready:
-                        s0 = ready
-                    if s0 + pen >= bc:  # cannot win even warm
-                        continue
-                    c = s0 + rep.transition_s(g, ep) + pen
-                    if c < bc:
-                        best, bc = g, c
+                s0 = fa[g[0]] if len(g) == 1 else rep.group_free(g)
+                if s0 < ready:
+                    s0 = ready
+                if s0 + pen >= bc:  # cannot win even warm
+                    continue
+                c = s0 + transition_s(g, ep) + pen
+                if c < bc:
+                    best, bc = g, c
         a = rep.place(job, best)
         if prune is not None and not prune.placed(job, a.gpus, a.end_s):
             return None
         out.append(a)
-    return out
+    return out, rep

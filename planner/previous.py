@@ -17,10 +17,10 @@ import math
 from collections.abc import Sequence
 
 from planner.evaluator import InfeasiblePlan, evaluate, score
-from planner.greedy import rule_completion
 from planner.list_schedule import topo_stable, wspt_order
 from planner.model import Assignment, FleetState, Plan, PlanJob
 from planner.replay import Group, Replay
+from planner.rules import rule_completion
 
 
 def repair(previous: Plan, batch: Sequence[PlanJob], state: FleetState, policy: str = "previous",

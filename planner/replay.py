@@ -61,9 +61,11 @@ class Replay:
 
     def ready(self, job: PlanJob) -> float:
         """Earliest start allowed by release, planning time and dependencies."""
-        t = max(job.release_s, self.state.now_s)
-        for d in job.deps:
-            t = max(t, self.end_of.get(d, self.state.now_s))
+        now = self.state.now_s
+        t = max(job.release_s, now)
+        if job.deps:
+            for d in job.deps:
+                t = max(t, self.end_of.get(d, now))
         return t
 
     def group_free(self, group: Group) -> float:
@@ -89,6 +91,14 @@ class Replay:
         res = self.resident
         name = ep.name
         first = res[group[0]]
+        if len(group) == 1:  # the same rule without the sets (a hot path)
+            if first == name:
+                return 0.0, (), "warm", 0.0
+            ev = self.endpoints[first].evict_s if first is not None and first in self.endpoints else 0.0
+            gone: tuple[str, ...] = () if first is None else (first,)
+            if ep.wake_s is not None and name in self.asleep[group[0]]:
+                return ev + ep.wake_s, gone, "wake", ev
+            return ev + ep.cold_start_s, gone, "cold_start", ev
         if first == name and all(res[u] == name for u in group):
             return 0.0, (), "warm", 0.0
         evicted = {res[u] for u in group} - {None}
@@ -107,12 +117,15 @@ class Replay:
             t_s, evicted, load = 0.0, (), "warm"
         else:
             t_s, evicted, load, _ = self.transition(group, ep)
-        a = Assignment(job.id, group, start_s, start_s + t_s, start_s + t_s + job.service_s, evicted, load)
-        if load != "warm":
-            self._load(group, ep.name)
+            if load != "warm":
+                self._load(group, ep.name)
+        svc = start_s + t_s
+        end = svc + job.service_s
+        a = Assignment(job.id, group, start_s, svc, end, evicted, load)
+        fa = self.free_at
         for u in group:
-            self.free_at[u] = a.end_s
-        self.end_of[job.id] = a.end_s
+            fa[u] = end
+        self.end_of.maps[0][job.id] = end  # what ChainMap.__setitem__ does, without its call
         return a
 
     def _load(self, group: Group, name: str | None) -> None:

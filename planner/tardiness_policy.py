@@ -11,7 +11,7 @@ tardiness, weight·s; ``stats`` also carry ``weighted_completion``.
 Greedy members (list scheduling through :class:`planner.replay.Replay`, each evaluated):
     * ``edd``: earliest due date first (jobs without a deadline last, WSPT on area among
       them), each on the group completing it earliest; ``ta-edd`` / ``ta-edd-nopull``:
-      the same order with the transition-aware group rule (:func:`planner.greedy.aware_rule`:
+      the same order with the transition-aware group rule (:func:`planner.rules.aware_rule`:
       prefers groups already holding the model), with / without pull-forward;
       ``partition-edd`` / ``partition-spill-edd``: residency per endpoint first
       (:mod:`planner.partition`), EDD inside;
@@ -53,12 +53,13 @@ from collections.abc import Collection, Sequence
 from planner.cpsat import improve
 from planner.evaluator import evaluate, rescore, score
 from planner.exact import MAX_EXACT_JOBS, exact
-from planner.greedy import aware_rule, construct, members
+from planner.greedy import construct, members
 from planner.list_schedule import topo_stable
 from planner.model import Assignment, EndpointModel, FleetState, Plan, PlanJob
 from planner.partition import partition
 from planner.previous import start_plan
 from planner.replay import Replay
+from planner.rules import aware_rule
 
 OBJ = "weighted_tardiness"
 ATC_K = (0.5, 1.0, 2.0)  # 0.25 as well: cluster09 seed 1 54.4k → 61.8k weight·s in the benchmark

@@ -75,3 +75,33 @@ def test_pickled_state_leaves_its_groups_cache_behind():
     again = pickle.loads(pickle.dumps(st))
     assert again == st and again._groups_cache == {} and st._groups_cache
     assert again.groups(2, 0) == st.groups(2, 0)
+
+
+@pytest.mark.parametrize("seed,batch,st", list(_cases()))
+def test_member_scored_from_its_replay_equals_a_fresh_evaluation(seed, batch, st):
+    """``evaluate_built`` (what the portfolio scores members with) gives, field by field,
+    the plan a fresh ``evaluate(..., check_times=False)`` gives."""
+    from planner.evaluator import evaluate, evaluate_built
+    from planner.greedy import _builders
+
+    for name, build in _builders(batch, st).items():
+        built = build(bound=math.inf)
+        if built is None:
+            continue
+        fast = evaluate_built(built[0], built[1], batch, st, name)
+        full = evaluate(built[0], batch, st, name, check_times=False)
+        assert (fast.policy, fast.objective, fast.stats, fast.restores) == \
+            (full.policy, full.objective, full.stats, full.restores), (seed, name)
+        assert [vars(a) for a in fast.assignments] == [vars(a) for a in full.assignments], (seed, name)
+
+
+def test_evaluate_built_rejects_a_missing_job():
+    from planner.evaluator import InfeasiblePlan, evaluate_built
+    from planner.greedy import _construct
+    from planner.replay import Replay
+
+    batch, st = instance(12, 4, seed=1)
+    asg, rep = _construct(wspt_order(batch, st.endpoints), st, "completion", False, 1.0, 1.0, 0.0, math.inf)
+    assert isinstance(rep, Replay)
+    with pytest.raises(InfeasiblePlan):
+        evaluate_built(asg[:-1], rep, batch, st, "wspt")
