@@ -309,7 +309,11 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
             offset = 0
             # read on past steps whose dependencies are not done, so that they never hide
             # startable jobs behind them (bounded: SCAN_FACTOR batches per level per tick)
-            while room > 0 and offset < SCAN_FACTOR * self.settings.batch_size:
+            # with the batch full, the entries are still read (as far) for ``awaited`` alone
+            # when the batch may preempt (it holds a CRITICAL/HIGH job)
+            while offset < SCAN_FACTOR * self.settings.batch_size:
+                if room <= 0 and not any(j.priority <= int(Priority.HIGH) for j in out):
+                    break
                 if offset == 0 and heads is not None:
                     ids = heads[lvl]
                 else:
@@ -326,12 +330,13 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
             p.hmget(self.keys.job(jid), "endpoint", "service_s", "submitted_at", "seq", "deps", "state",
                     "traceparent", "deadline_s")
         for jid, (ep, svc, sub, seq, deps, state, tp, due) in zip(ids, p.execute()):
-            if room <= 0:
-                break
             if ep is None or state != "queued":
                 self._drop_stale(self.keys.queue(lvl), jid)  # cancelled or lost record
                 continue
             dl = tuple(json.loads(deps)) if deps else ()
+            if room <= 0:  # not in the batch: its dependencies are awaited (a done one is never running)
+                self.awaited.update(dl)
+                continue
             if dl and not self._deps_ready(jid, dl):
                 self.awaited.update(dl)
                 continue

@@ -1,0 +1,58 @@
+import math
+import random
+from dataclasses import replace
+
+import pytest
+
+from planner.evaluator import evaluate, evaluate_built
+from planner.greedy import _builders, portfolio
+from planner.synthetic import instance
+
+
+def _case(seed):
+    rng = random.Random(seed)
+    batch, st = instance(rng.choice((5, 12, 30)), rng.choice((4, 8)), models=rng.choice((2, 3, 6)), seed=seed,
+                         spread_s=rng.choice((0.0, 300.0)), gang=seed % 3 != 0, wake=seed % 2 == 0)
+    now = rng.choice((0.0, 50.0))
+    st.now_s = now
+    uu = [g.uuid for g in st.gpus]
+    eps = sorted(st.endpoints)
+    for u in uu:  # running work, partial TP residents, sleeping models
+        if rng.random() < 0.5:
+            st.free_at[u] = now + rng.choice((0.0, rng.uniform(0, 400)))
+        if rng.random() < 0.5:
+            st.resident[u] = rng.choice(eps + [None])
+        if rng.random() < 0.3:
+            st.asleep[u] = frozenset(rng.sample(eps, 1))
+    ext = {f"x{k}": now + rng.uniform(-10, 300) for k in range(3)}
+    st.end_of = dict(ext)
+    out = []
+    for i, j in enumerate(batch):
+        deps = []
+        if i and rng.random() < 0.3:
+            deps.append(batch[rng.randrange(i)].id)
+        if rng.random() < 0.2:
+            deps.append(rng.choice(list(ext)))
+        svc = 0.0 if rng.random() < 0.15 else j.service_s
+        out.append(replace(j, deps=tuple(deps), service_s=svc, release_s=j.release_s + rng.choice((0.0, now))))
+    if seed % 2:
+        w = [rng.random() for _ in eps]
+        st.demand_share = {e: x / sum(w) for e, x in zip(eps, w)}
+        st.demand = {e: rng.choice((1.0, 8.0)) for e in eps}
+    elif seed % 3 == 0:
+        st.demand = {e: rng.choice((0.0, 1.0, 8.0)) for e in eps}
+    return out, st
+
+
+@pytest.mark.parametrize("seed", range(150))
+def test_evaluate_built_equals_evaluate_on_odd_states(seed):
+    batch, st = _case(seed)
+    for name, build in _builders(batch, st).items():
+        built = build(bound=math.inf)
+        if built is None:
+            continue
+        fast = evaluate_built(built[0], built[1], batch, st, name)
+        full = evaluate(built[0], batch, st, name, check_times=False)
+        assert (fast.objective, fast.stats) == (full.objective, full.stats), (seed, name)
+        assert [vars(a) for a in fast.assignments] == [vars(a) for a in full.assignments], (seed, name)
+    portfolio(batch, st)
