@@ -2,7 +2,7 @@ import pytest
 
 from planner import preemption_plan as pp
 from planner.api import POLICIES, POLICY_OBJECTIVE, PREEMPTION_FLOOR, plan
-from tests.review._gen import instance, total
+from tests.planner.preemption_gen import instance, total
 
 
 def _check(p, batch, state, obj):

@@ -10,9 +10,9 @@ from planner.api import plan
 from planner.cpsat import improve
 from planner.greedy import portfolio
 from planner.model import EndpointModel, FleetState, Gpu, PlanJob, RunningJob
-from tests.review._gen import total
-from tests.review.test_review_hint import _Rec
-from tests.review.test_review_preemption import _check
+from tests.planner.preemption_gen import total
+from tests.planner.test_window_hint_feasible import _Rec
+from tests.planner.test_preemption_invariants import _check
 
 EPS = {"m1": EndpointModel("m1", 1, 1000, 30.0, 5.0, wake_s=4.0), "m2": EndpointModel("m2", 1, 1000, 60.0, 5.0),
        "t2": EndpointModel("t2", 2, 1000, 40.0, 5.0, wake_s=6.0), "q4": EndpointModel("q4", 4, 1000, 90.0, 8.0)}

@@ -6,7 +6,7 @@ from planner import window_preemption as wp
 from planner.cpsat import improve
 from planner.greedy import portfolio
 from planner.tardiness_policy import tardiness_portfolio
-from tests.review._gen import instance, total
+from tests.planner.preemption_gen import instance, total
 
 _OK = (cp_model.OPTIMAL, cp_model.FEASIBLE)
 
