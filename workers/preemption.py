@@ -12,8 +12,10 @@ it lost before its preemptor starts):
 * the fixed rule (:func:`planner.preemption.choose_preemption`) otherwise.
 
 Neither decider cuts a job that a queued job read this tick waits on (a workload step
-whose dependency is still running, ``awaited``): the dependents are outside the batch, so
-no score would count their delay.
+whose dependency is still running, ``awaited``; ``form_batch`` reads each queue as far as
+``SCAN_FACTOR`` batches, past a full batch when it may preempt): the dependents are
+outside the batch, so no score would count their delay. A step further back in its
+queue is not seen.
 
 Mixed into :class:`workers.planner_worker.PlannerWorker`; uses its Redis client,
 keys, endpoints, fencing token and ``_start``.
