@@ -70,12 +70,13 @@ def construct(name: str, order: Sequence[PlanJob], state: FleetState, rule: str 
     "min-evict", "aware", "share"); ``pull`` enables pull-forward after a load. Returns
     the assignments (complete, in placement order), or None as soon as the plan provably
     scores above ``bound`` (:class:`planner.list_schedule.Prune`; never with the default)."""
-    built = _construct(order, state, rule, pull, alpha, beta, gamma, bound)
+    built = construct_built(order, state, rule, pull, alpha, beta, gamma, bound)
     return None if built is None else built[0]
 
 
-def _construct(order: Sequence[PlanJob], state: FleetState, rule: str, pull: bool, alpha: float, beta: float,
-               gamma: float, bound: float) -> tuple[list[Assignment], Replay] | None:
+def construct_built(order: Sequence[PlanJob], state: FleetState, rule: str = "completion", pull: bool = False,
+                    alpha: float = 1.0, beta: float = 1.0, gamma: float = 0.0,
+                    bound: float = math.inf) -> tuple[list[Assignment], Replay] | None:
     """:func:`construct`, also returning the :class:`Replay` that placed the assignments
     (for :func:`planner.evaluator.evaluate_built`)."""
     rep = Replay(state)
@@ -165,7 +166,7 @@ def _builders(batch: Sequence[PlanJob], state: FleetState) -> dict[str, Builder]
     if state.demand_share:
         specs += [("ta-share", w, "share", True, 1.0, 0.0), ("cap-share", w, "share", False, 1.0, cap)]
     out: dict[str, Builder] = {
-        n: partial(_construct, o, state, r, p, a, 1.0, g) for n, o, r, p, a, g in specs}
+        n: partial(construct_built, o, state, r, p, a, 1.0, g) for n, o, r, p, a, g in specs}
     for name, spill in (("partition", False), ("partition-spill", True)):
         out[name] = partial(_partition, batch, state, spill)
     return out
@@ -178,12 +179,14 @@ def _partition(batch: Sequence[PlanJob], state: FleetState, spill: bool,
 
 def members(batch: Sequence[PlanJob], state: FleetState) -> list[Plan]:
     """Every portfolio member, evaluated, in :data:`MEMBERS` order (the baselines are
-    members too; ``partition`` members are absent when the fleet cannot hold them)."""
+    members too; ``partition`` members are absent when the fleet cannot hold them); each
+    scored from the replay that built it (:func:`planner.evaluator.evaluate_built`: the
+    plan ``evaluate(..., check_times=False)`` gives)."""
     out = []
     for name, build in _builders(batch, state).items():
         built = build(bound=math.inf)
         if built is not None:
-            out.append(evaluate(built[0], batch, state, name, check_times=False))
+            out.append(evaluate_built(built[0], built[1], batch, state, name))
     return sorted(out, key=lambda p: MEMBERS.index(p.policy))
 
 

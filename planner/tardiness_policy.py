@@ -48,15 +48,17 @@ from __future__ import annotations
 import math
 import random
 import time
+from bisect import insort
 from collections.abc import Collection, Sequence
+from heapq import heappop, heappush
 
 from planner.cpsat import improve
-from planner.evaluator import evaluate, rescore, score
+from planner.evaluator import evaluate, evaluate_built, rescore, score
 from planner.exact import MAX_EXACT_JOBS, exact
-from planner.greedy import construct, members
+from planner.greedy import construct, construct_built, members
 from planner.list_schedule import topo_stable
 from planner.model import Assignment, EndpointModel, FleetState, Plan, PlanJob
-from planner.partition import partition
+from planner.partition import partition_built
 from planner.previous import start_plan
 from planner.replay import Replay
 from planner.rules import aware_rule
@@ -78,65 +80,115 @@ def edd_order(jobs: Sequence[PlanJob], endpoints: dict[str, EndpointModel]) -> l
 
 def atc_construct(batch: Sequence[PlanJob], state: FleetState, k: float) -> list[Assignment]:
     """ATC/ATCS list scheduling (module doc) with look-ahead ``k``; every job placed once."""
+    return atc_built(batch, state, k)[0]
+
+
+def atc_built(batch: Sequence[PlanJob], state: FleetState, k: float) -> tuple[list[Assignment], Replay]:
+    """:func:`atc_construct`, also returning the :class:`Replay` that placed the assignments
+    (for :func:`planner.evaluator.evaluate_built`).
+
+    Incremental, with the choice of recomputing every index at every step: a job's ready
+    time is fixed once its in-batch dependencies are placed (it is computed then); the
+    available jobs are kept by descending w_j/(p_j·tp_j) (ties: batch order), and the scan
+    for the largest index stops at the first job whose w_j/(p_j·tp_j) is below the best
+    index so far (an index never exceeds it: the exponential factors are ≤ 1). Equal
+    indices go to the job earlier in the batch, as ``max`` over the batch order does."""
     rep = Replay(state)
     rule = aware_rule(batch, state)
     eps = state.endpoints
-    left = list(batch)
-    ids = {j.id for j in batch}
-    pbar = max(sum(j.service_s for j in left) / len(left), 1e-9)
-    sbar = max(sum(eps[e].cold_start_s for e in {j.endpoint for j in left}) / len({j.endpoint for j in left}), 1e-9)
-    out: list[Assignment] = []
-    placed: set[str] = set()
-    while left:
-        t = max(state.now_s, min(rep.free_at.values()))
-        avail = [j for j in left if all(d in placed or d not in ids for d in j.deps)]
-        ready = {j.id: rep.ready(j) for j in avail}
-        cands = [j for j in avail if ready[j.id] <= t] or \
-            [j for j in avail if ready[j.id] == min(ready.values())]
-        held: dict[str, bool] = {}
+    jobs = list(batch)
+    n = len(jobs)
+    ids = {j.id: i for i, j in enumerate(jobs)}
+    pbar = max(sum(j.service_s for j in jobs) / n, 1e-9)
+    sbar = max(sum(eps[e].cold_start_s for e in {j.endpoint for j in jobs}) / len({j.endpoint for j in jobs}), 1e-9)
+    kp, ks = k * pbar, k * sbar
+    base = [j.weight / max(j.service_s * eps[j.endpoint].tp, 1e-9) for j in jobs]
+    ready = [0.0] * n
+    waiting = [0] * n  # in-batch dependencies not placed yet
+    dependants: dict[int, list[int]] = {}
+    for i, j in enumerate(jobs):
+        for d in {ids[d] for d in j.deps if d in ids}:
+            waiting[i] += 1
+            dependants.setdefault(d, []).append(i)
+    avail: list[int] = []  # by (−base, batch position)
+    heap: list[tuple[float, int]] = []  # (ready, position) of available jobs; placed ones popped lazily
+    placed = [False] * n
 
-        def index(j: PlanJob) -> tuple[float, float, int]:
-            ep = eps[j.endpoint]
-            base = j.weight / max(j.service_s * ep.tp, 1e-9)
+    def release(i: int) -> None:
+        ready[i] = rep.ready(jobs[i])
+        insort(avail, i, key=lambda x: (-base[x], x))
+        heappush(heap, (ready[i], i))
+
+    for i in range(n):
+        if not waiting[i]:
+            release(i)
+    out: list[Assignment] = []
+    fa, now = rep.free_at, state.now_s
+    while avail:
+        t = max(now, min(fa.values()))
+        while placed[heap[0][1]]:
+            heappop(heap)
+        lim = t if heap[0][0] <= t else heap[0][0]  # candidates: ready by t, else the earliest ready
+        held: dict[str, bool] = {}
+        best: tuple[float, float, int, int] | None = None
+        at = -1
+        for x, i in enumerate(avail):
+            if ready[i] > lim:
+                continue
+            b = base[i]
+            if best is not None and b < best[0]:
+                break
+            j = jobs[i]
             if j.deadline_s is None:
-                return (0.0, base, -j.seq)
-            if j.endpoint not in held:
-                held[j.endpoint] = rep.whole_gpus(j.endpoint) >= ep.tp
-            s = 0.0 if held[j.endpoint] else ep.cold_start_s
-            slack = max(j.deadline_s - j.service_s - s - max(t, ready[j.id]), 0.0)
-            return (base * math.exp(-slack / (k * pbar) - s / (k * sbar)), base, -j.seq)
-        job = max(cands, key=index)
-        ep = eps[job.endpoint]
-        g = rule(rep, job, rep.groups(ep), ready[job.id])
+                key = (0.0, b, -j.seq, -i)
+            else:
+                ep = eps[j.endpoint]
+                h = held.get(j.endpoint)
+                if h is None:
+                    h = held[j.endpoint] = rep.whole_gpus(j.endpoint) >= ep.tp
+                s = 0.0 if h else ep.cold_start_s
+                slack = max(j.deadline_s - j.service_s - s - max(t, ready[i]), 0.0)
+                key = (b * math.exp(-slack / kp - s / ks), b, -j.seq, -i)
+            if best is None or key > best:
+                best, at = key, x
+        i = avail.pop(at)
+        job = jobs[i]
+        g = rule(rep, job, rep.groups(eps[job.endpoint]), ready[i])
         out.append(rep.place(job, g))
         rule.placed(job)
-        placed.add(job.id)
-        left.remove(job)
-    return out
+        placed[i] = True
+        for d in dependants.get(i, ()):
+            waiting[d] -= 1
+            if not waiting[d]:
+                release(d)
+    if len(out) < n:
+        raise ValueError(f"dependency cycle among {[j.id for j, p in zip(jobs, placed) if not p][:5]}")
+    return out, rep
 
 
 def tardiness_members(batch: Sequence[PlanJob], state: FleetState) -> list[Plan]:
-    """The members of the module doc, evaluated for weighted tardiness."""
+    """The members of the module doc, evaluated for weighted tardiness (each scored from
+    the replay that built it, :func:`planner.evaluator.evaluate_built`: the plan
+    ``evaluate(..., check_times=False, objective=OBJ)`` gives)."""
     edd = edd_order(batch, state.endpoints)
-    out = [evaluate(construct(n, edd, state, r, p), batch, state, n, check_times=False, objective=OBJ)
-           for n, r, p in (("edd", "completion", False), ("ta-edd", "aware", True), ("ta-edd-nopull", "aware", False))]
+    built = [(n, construct_built(edd, state, r, p)) for n, r, p in
+             (("edd", "completion", False), ("ta-edd", "aware", True), ("ta-edd-nopull", "aware", False))]
     for name, spill in (("partition-edd", False), ("partition-spill-edd", True)):
-        part = partition(batch, state, spill, order=edd)
-        if part is not None:
-            out.append(evaluate(part, batch, state, name, check_times=False, objective=OBJ))
-    out += [evaluate(atc_construct(batch, state, k), batch, state, f"atc-{k:g}", check_times=False, objective=OBJ)
-            for k in ATC_K]
+        built.append((name, partition_built(batch, state, spill, order=edd)))
+    built += [(f"atc-{k:g}", atc_built(batch, state, k)) for k in ATC_K]
+    out = [rescore(evaluate_built(b[0], b[1], batch, state, n), OBJ) for n, b in built if b is not None]
     return out + [rescore(p, OBJ) for p in members(batch, state)]
 
 
 def tardiness_portfolio(batch: Sequence[PlanJob], state: FleetState) -> Plan:
     """Best-scored member (ties: first listed); ``stats['member']`` is the winner's index in
-    :data:`MEMBERS`, or −1 for a rescored member of the weighted-completion portfolio."""
+    :data:`MEMBERS`, or −1 for a rescored member of the weighted-completion portfolio. The
+    winner goes through the evaluator's own replay (:func:`planner.evaluator.evaluate`)."""
     plans = tardiness_members(batch, state)
     best = min(plans, key=score)
-    best.stats["member"] = float(MEMBERS.index(best.policy)) if best.policy in MEMBERS else -1.0
-    best.policy = "tardiness-portfolio"
-    return best
+    out = evaluate(best.assignments, batch, state, "tardiness-portfolio", objective=OBJ)
+    out.stats["member"] = float(MEMBERS.index(best.policy)) if best.policy in MEMBERS else -1.0
+    return out
 
 
 def _decode(order: Sequence[PlanJob], batch: Sequence[PlanJob], state: FleetState) -> Plan:
