@@ -75,12 +75,13 @@ def construct(name: str, order: Sequence[PlanJob], state: FleetState, rule: str 
 
 
 def construct_built(order: Sequence[PlanJob], state: FleetState, rule: str = "completion", pull: bool = False,
-                    alpha: float = 1.0, beta: float = 1.0, gamma: float = 0.0,
-                    bound: float = math.inf) -> tuple[list[Assignment], Replay] | None:
+                    alpha: float = 1.0, beta: float = 1.0, gamma: float = 0.0, bound: float = math.inf,
+                    objective: str = "weighted_completion") -> tuple[list[Assignment], Replay] | None:
     """:func:`construct`, also returning the :class:`Replay` that placed the assignments
-    (for :func:`planner.evaluator.evaluate_built`)."""
+    (for :func:`planner.evaluator.evaluate_built`); ``bound`` is on the score of
+    ``objective`` (:func:`planner.list_schedule.pruner`)."""
     rep = Replay(state)
-    prune = pruner(order, state, bound, rep.free_at)
+    prune = pruner(order, state, bound, rep.free_at, objective)
     aware = Aware(order, state, alpha, beta, share=rule == "share", gamma=gamma) if rule in ("aware", "share") else None
     fn = aware or {"completion": rule_completion, "free": rule_free, "min-evict": rule_min_evict}[rule]
     ids = {j.id for j in order}
@@ -152,9 +153,10 @@ BUILD_ORDER = ("cap-share", "ta-share", "cap-aware", "wspt", "partition", "parti
 Builder = Callable[..., "tuple[list[Assignment], Replay] | None"]  # called with bound=
 
 
-def _builders(batch: Sequence[PlanJob], state: FleetState) -> dict[str, Builder]:
-    """Member name -> its construction, given a score bound: (assignments, the replay that
-    placed them), None when pruned or skipped."""
+def member_builders(batch: Sequence[PlanJob], state: FleetState,
+              objective: str = "weighted_completion") -> dict[str, Builder]:
+    """Member name -> its construction, given a bound on the score of ``objective``:
+    (assignments, the replay that placed them), None when pruned or skipped."""
     w = wspt_order(batch, state.endpoints)
     f = fifo_order(batch)
     cap = CAPACITY_GAMMA
@@ -166,15 +168,15 @@ def _builders(batch: Sequence[PlanJob], state: FleetState) -> dict[str, Builder]
     if state.demand_share:
         specs += [("ta-share", w, "share", True, 1.0, 0.0), ("cap-share", w, "share", False, 1.0, cap)]
     out: dict[str, Builder] = {
-        n: partial(construct_built, o, state, r, p, a, 1.0, g) for n, o, r, p, a, g in specs}
+        n: partial(construct_built, o, state, r, p, a, 1.0, g, objective=objective) for n, o, r, p, a, g in specs}
     for name, spill in (("partition", False), ("partition-spill", True)):
-        out[name] = partial(_partition, batch, state, spill)
+        out[name] = partial(_partition, batch, state, spill, objective)
     return out
 
 
-def _partition(batch: Sequence[PlanJob], state: FleetState, spill: bool,
+def _partition(batch: Sequence[PlanJob], state: FleetState, spill: bool, objective: str,
                bound: float) -> tuple[list[Assignment], Replay] | None:
-    return partition_built(batch, state, spill, bound=bound)
+    return partition_built(batch, state, spill, bound=bound, objective=objective)
 
 
 def members(batch: Sequence[PlanJob], state: FleetState) -> list[Plan]:
@@ -183,7 +185,7 @@ def members(batch: Sequence[PlanJob], state: FleetState) -> list[Plan]:
     scored from the replay that built it (:func:`planner.evaluator.evaluate_built`: the
     plan ``evaluate(..., check_times=False)`` gives)."""
     out = []
-    for name, build in _builders(batch, state).items():
+    for name, build in member_builders(batch, state).items():
         built = build(bound=math.inf)
         if built is not None:
             out.append(evaluate_built(built[0], built[1], batch, state, name))
@@ -195,7 +197,7 @@ def portfolio(batch: Sequence[PlanJob], state: FleetState) -> Plan:
     winner's index in :data:`MEMBERS`. The same plan as the best of :func:`members`, built
     in :data:`BUILD_ORDER` with each construction stopped once it provably scores above
     the best so far (:class:`planner.list_schedule.Prune`)."""
-    builders = _builders(batch, state)
+    builders = member_builders(batch, state)
     best: Plan | None = None
     rank = (math.inf, len(MEMBERS))
     first = {n: i for i, n in enumerate(BUILD_ORDER)}

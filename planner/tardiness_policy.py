@@ -50,13 +50,16 @@ import random
 import time
 from bisect import insort
 from collections.abc import Collection, Sequence
+from functools import partial
 from heapq import heappop, heappush
 
 from planner.cpsat import improve
 from planner.evaluator import evaluate, evaluate_built, rescore, score
 from planner.exact import MAX_EXACT_JOBS, exact
-from planner.greedy import construct, construct_built, members
-from planner.list_schedule import topo_stable
+from planner.greedy import MEMBERS as GREEDY_MEMBERS
+from planner.greedy import Builder, construct, construct_built
+from planner.greedy import member_builders
+from planner.list_schedule import pruner, topo_stable
 from planner.model import Assignment, EndpointModel, FleetState, Plan, PlanJob
 from planner.partition import partition_built
 from planner.previous import start_plan
@@ -67,6 +70,12 @@ OBJ = "weighted_tardiness"
 ATC_K = (0.5, 1.0, 2.0)  # 0.25 as well: cluster09 seed 1 54.4k → 61.8k weight·s in the benchmark
 MEMBERS = ("edd", "ta-edd", "ta-edd-nopull", "partition-edd", "partition-spill-edd") + \
     tuple(f"atc-{k:g}" for k in ATC_K)
+# Order in which :func:`tardiness_portfolio` builds the members (the most frequent winners
+# on the identity instances of the speed-up first, so that their score prunes the others
+# early); the choice does not depend on it.
+BUILD_ORDER = ("atc-0.5", "edd", "atc-1", "atc-2", "partition-edd", "partition-spill-edd", "ta-edd-nopull",
+               "cap-share", "ta-share", "cap-aware", "ta-fifo", "ta-edd", "min-evict", "wspt", "partition",
+               "partition-spill", "ta-wspt")
 
 
 def edd_order(jobs: Sequence[PlanJob], endpoints: dict[str, EndpointModel]) -> list[PlanJob]:
@@ -80,19 +89,23 @@ def edd_order(jobs: Sequence[PlanJob], endpoints: dict[str, EndpointModel]) -> l
 
 def atc_construct(batch: Sequence[PlanJob], state: FleetState, k: float) -> list[Assignment]:
     """ATC/ATCS list scheduling (module doc) with look-ahead ``k``; every job placed once."""
-    return atc_built(batch, state, k)[0]
+    return atc_built(batch, state, k)[0]  # type: ignore[index]  # never None without a bound
 
 
-def atc_built(batch: Sequence[PlanJob], state: FleetState, k: float) -> tuple[list[Assignment], Replay]:
+def atc_built(batch: Sequence[PlanJob], state: FleetState, k: float,
+              bound: float = math.inf) -> tuple[list[Assignment], Replay] | None:
     """:func:`atc_construct`, also returning the :class:`Replay` that placed the assignments
-    (for :func:`planner.evaluator.evaluate_built`).
+    (for :func:`planner.evaluator.evaluate_built`); None as soon as the plan provably
+    scores above ``bound`` (:class:`planner.list_schedule.TardinessPrune`).
 
     Incremental, with the choice of recomputing every index at every step: a job's ready
     time is fixed once its in-batch dependencies are placed (it is computed then); the
-    available jobs are kept by descending w_j/(p_j·tp_j) (ties: batch order), and the scan
-    for the largest index stops at the first job whose w_j/(p_j·tp_j) is below the best
-    index so far (an index never exceeds it: the exponential factors are ≤ 1). Equal
-    indices go to the job earlier in the batch, as ``max`` over the batch order does."""
+    available jobs are kept in two lists, with and without a deadline, each by descending
+    w_j/(p_j·tp_j), then submission, then batch position. Without a deadline the first
+    candidate of its list has the largest index (0, w_j/(p_j·tp_j), −seq); with one, the
+    scan stops at the first job whose w_j/(p_j·tp_j) is below the best index so far (an
+    index never exceeds it: the exponential factors are ≤ 1). Equal indices go to the job
+    earlier in the batch, as ``max`` over the batch order does."""
     rep = Replay(state)
     rule = aware_rule(batch, state)
     eps = state.endpoints
@@ -110,13 +123,14 @@ def atc_built(batch: Sequence[PlanJob], state: FleetState, k: float) -> tuple[li
         for d in {ids[d] for d in j.deps if d in ids}:
             waiting[i] += 1
             dependants.setdefault(d, []).append(i)
-    avail: list[int] = []  # by (−base, batch position)
+    due: list[int] = []  # available jobs with a deadline, by (−base, seq, batch position)
+    nodue: list[int] = []  # and without one
     heap: list[tuple[float, int]] = []  # (ready, position) of available jobs; placed ones popped lazily
     placed = [False] * n
 
     def release(i: int) -> None:
         ready[i] = rep.ready(jobs[i])
-        insort(avail, i, key=lambda x: (-base[x], x))
+        insort(due if jobs[i].deadline_s is not None else nodue, i, key=lambda x: (-base[x], jobs[x].seq, x))
         heappush(heap, (ready[i], i))
 
     for i in range(n):
@@ -124,37 +138,49 @@ def atc_built(batch: Sequence[PlanJob], state: FleetState, k: float) -> tuple[li
             release(i)
     out: list[Assignment] = []
     fa, now = rep.free_at, state.now_s
-    while avail:
+    prune = pruner(jobs, state, bound, fa, OBJ)
+    while heap:
         t = max(now, min(fa.values()))
         while placed[heap[0][1]]:
             heappop(heap)
+            if not heap:
+                break
+        if not heap:
+            break
         lim = t if heap[0][0] <= t else heap[0][0]  # candidates: ready by t, else the earliest ready
         held: dict[str, bool] = {}
         best: tuple[float, float, int, int] | None = None
-        at = -1
-        for x, i in enumerate(avail):
+        at, src = -1, nodue
+        for x, i in enumerate(nodue):
+            if ready[i] <= lim:
+                best, at = (0.0, base[i], -jobs[i].seq, -i), x
+                break
+        for x, i in enumerate(due):
             if ready[i] > lim:
                 continue
             b = base[i]
             if best is not None and b < best[0]:
                 break
             j = jobs[i]
-            if j.deadline_s is None:
-                key = (0.0, b, -j.seq, -i)
-            else:
-                ep = eps[j.endpoint]
-                h = held.get(j.endpoint)
-                if h is None:
-                    h = held[j.endpoint] = rep.whole_gpus(j.endpoint) >= ep.tp
-                s = 0.0 if h else ep.cold_start_s
-                slack = max(j.deadline_s - j.service_s - s - max(t, ready[i]), 0.0)
-                key = (b * math.exp(-slack / kp - s / ks), b, -j.seq, -i)
+            ep = eps[j.endpoint]
+            h = held.get(j.endpoint)
+            if h is None:
+                h = held[j.endpoint] = rep.whole_gpus(j.endpoint) >= ep.tp
+            s = 0.0 if h else ep.cold_start_s
+            slack = max(j.deadline_s - j.service_s - s - max(t, ready[i]), 0.0)  # type: ignore[operator]
+            v = b * math.exp(-slack / kp - s / ks)
+            if best is not None and v < best[0]:
+                continue
+            key = (v, b, -j.seq, -i)
             if best is None or key > best:
-                best, at = key, x
-        i = avail.pop(at)
+                best, at, src = key, x, due
+        i = src.pop(at)
         job = jobs[i]
         g = rule(rep, job, rep.groups(eps[job.endpoint]), ready[i])
-        out.append(rep.place(job, g))
+        a = rep.place(job, g)
+        if prune is not None and not prune.placed(job, a.gpus, a.end_s):
+            return None
+        out.append(a)
         rule.placed(job)
         placed[i] = True
         for d in dependants.get(i, ()):
@@ -166,26 +192,55 @@ def atc_built(batch: Sequence[PlanJob], state: FleetState, k: float) -> tuple[li
     return out, rep
 
 
-def tardiness_members(batch: Sequence[PlanJob], state: FleetState) -> list[Plan]:
-    """The members of the module doc, evaluated for weighted tardiness (each scored from
-    the replay that built it, :func:`planner.evaluator.evaluate_built`: the plan
-    ``evaluate(..., check_times=False, objective=OBJ)`` gives)."""
+def _builders(batch: Sequence[PlanJob], state: FleetState) -> dict[str, Builder]:
+    """Member name -> its construction given a score bound (``bound=``): (assignments, the
+    replay that placed them), None when pruned or skipped; in listing order (:data:`MEMBERS`,
+    then the weighted-completion members in :data:`planner.greedy.MEMBERS` order)."""
     edd = edd_order(batch, state.endpoints)
-    built = [(n, construct_built(edd, state, r, p)) for n, r, p in
-             (("edd", "completion", False), ("ta-edd", "aware", True), ("ta-edd-nopull", "aware", False))]
+    out: dict[str, Builder] = {n: partial(construct_built, edd, state, r, p, objective=OBJ) for n, r, p in
+                               (("edd", "completion", False), ("ta-edd", "aware", True),
+                                ("ta-edd-nopull", "aware", False))}
     for name, spill in (("partition-edd", False), ("partition-spill-edd", True)):
-        built.append((name, partition_built(batch, state, spill, order=edd)))
-    built += [(f"atc-{k:g}", atc_built(batch, state, k)) for k in ATC_K]
-    out = [rescore(evaluate_built(b[0], b[1], batch, state, n), OBJ) for n, b in built if b is not None]
-    return out + [rescore(p, OBJ) for p in members(batch, state)]
+        out[name] = partial(partition_built, batch, state, spill, order=edd, objective=OBJ)
+    for k in ATC_K:
+        out[f"atc-{k:g}"] = partial(atc_built, batch, state, k)
+    wc = member_builders(batch, state, OBJ)
+    return out | {n: wc[n] for n in GREEDY_MEMBERS if n in wc}
+
+
+def tardiness_members(batch: Sequence[PlanJob], state: FleetState) -> list[Plan]:
+    """The members of the module doc, evaluated for weighted tardiness, in listing order
+    (each scored from the replay that built it, :func:`planner.evaluator.evaluate_built`:
+    the plan ``evaluate(..., check_times=False, objective=OBJ)`` gives)."""
+    out = []
+    for name, build in _builders(batch, state).items():
+        built = build(bound=math.inf)
+        if built is not None:
+            out.append(rescore(evaluate_built(built[0], built[1], batch, state, name), OBJ))
+    return out
 
 
 def tardiness_portfolio(batch: Sequence[PlanJob], state: FleetState) -> Plan:
     """Best-scored member (ties: first listed); ``stats['member']`` is the winner's index in
     :data:`MEMBERS`, or −1 for a rescored member of the weighted-completion portfolio. The
-    winner goes through the evaluator's own replay (:func:`planner.evaluator.evaluate`)."""
-    plans = tardiness_members(batch, state)
-    best = min(plans, key=score)
+    same plan as the best of :func:`tardiness_members`, built in :data:`BUILD_ORDER` with
+    each construction stopped once it provably scores above the best so far
+    (:class:`planner.list_schedule.TardinessPrune`); the winner goes through the
+    evaluator's own replay (:func:`planner.evaluator.evaluate`)."""
+    builders = _builders(batch, state)
+    listed = {n: i for i, n in enumerate(builders)}
+    first = {n: i for i, n in enumerate(BUILD_ORDER)}
+    best: Plan | None = None
+    rank = (math.inf, len(listed))
+    for name in sorted(builders, key=lambda n: first.get(n, len(first))):  # a member not listed: last
+        built = builders[name](bound=rank[0])
+        if built is None:
+            continue
+        p = rescore(evaluate_built(built[0], built[1], batch, state, name), OBJ)
+        r = (score(p), listed[name])
+        if r < rank:
+            best, rank = p, r
+    assert best is not None, "a construction without a bound always completes"
     out = evaluate(best.assignments, batch, state, "tardiness-portfolio", objective=OBJ)
     out.stats["member"] = float(MEMBERS.index(best.policy)) if best.policy in MEMBERS else -1.0
     return out

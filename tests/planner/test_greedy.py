@@ -82,9 +82,9 @@ def test_member_scored_from_its_replay_equals_a_fresh_evaluation(seed, batch, st
     """``evaluate_built`` (what the portfolio scores members with) gives, field by field,
     the plan a fresh ``evaluate(..., check_times=False)`` gives."""
     from planner.evaluator import evaluate, evaluate_built
-    from planner.greedy import _builders
+    from planner.greedy import member_builders
 
-    for name, build in _builders(batch, st).items():
+    for name, build in member_builders(batch, st).items():
         built = build(bound=math.inf)
         if built is None:
             continue
