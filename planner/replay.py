@@ -209,6 +209,9 @@ class Replay:
         at = self._group_at.get(key)
         if at is None:
             at = self._group_at[key] = {u: g for g in self.groups(ep) for u in g}
+        if len(group) == 1:  # the same count for one GPU, without the set
+            g = at.get(group[0])
+            return ep.tp if g is not None and all(res[u] == endpoint for u in g) else 0
         hit = {at[u] for u in group if u in at}
         return ep.tp * sum(1 for g in hit if all(res[u] == endpoint for u in g))
 

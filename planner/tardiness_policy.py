@@ -167,7 +167,10 @@ def atc_built(batch: Sequence[PlanJob], state: FleetState, k: float,
             if h is None:
                 h = held[j.endpoint] = rep.whole_gpus(j.endpoint) >= ep.tp
             s = 0.0 if h else ep.cold_start_s
-            slack = max(j.deadline_s - j.service_s - s - max(t, ready[i]), 0.0)  # type: ignore[operator]
+            r = ready[i]
+            slack = j.deadline_s - j.service_s - s - (r if r > t else t)  # type: ignore[operator]
+            if 0.0 > slack:  # max(slack, 0.0) and max(t, r) above, without the calls
+                slack = 0.0
             v = b * math.exp(-slack / kp - s / ks)
             if best is not None and v < best[0]:
                 continue
