@@ -154,7 +154,7 @@ Builder = Callable[..., "tuple[list[Assignment], Replay] | None"]  # called with
 
 
 def member_builders(batch: Sequence[PlanJob], state: FleetState,
-              objective: str = "weighted_completion") -> dict[str, Builder]:
+                    objective: str = "weighted_completion") -> dict[str, Builder]:
     """Member name -> its construction, given a bound on the score of ``objective``:
     (assignments, the replay that placed them), None when pruned or skipped."""
     w = wspt_order(batch, state.endpoints)

@@ -26,7 +26,12 @@ Greedy members (list scheduling through :class:`planner.replay.Replay`, each eva
       else its cold start; p̄ = mean service time, s̄ = mean cold start of the batch's
       endpoints; jobs without a deadline have I_j = 0 (so WSPT orders them, after the rest);
     * every member of :func:`planner.greedy.members` (baselines and portfolio), rescored.
-``tardiness-portfolio`` returns the best score (the floor).
+``tardiness-portfolio`` returns the best score (the floor): the plan that scoring every
+member (:func:`tardiness_members`) would select, built in :data:`BUILD_ORDER` with each
+construction stopped once a lower bound on its score exceeds the best so far
+(:class:`planner.list_schedule.TardinessPrune`), members scored from the replay that built
+them (:func:`planner.evaluator.evaluate_built`), the winner replayed by
+:func:`planner.evaluator.evaluate`.
 
 ``tardiness`` = floor, then within ``time_limit_s`` (never worse than the floor):
     * ≤ :data:`planner.exact.MAX_EXACT_JOBS` jobs: exact branch and bound on this objective;
@@ -57,8 +62,7 @@ from planner.cpsat import improve
 from planner.evaluator import evaluate, evaluate_built, rescore, score
 from planner.exact import MAX_EXACT_JOBS, exact
 from planner.greedy import MEMBERS as GREEDY_MEMBERS
-from planner.greedy import Builder, construct, construct_built
-from planner.greedy import member_builders
+from planner.greedy import Builder, construct, construct_built, member_builders
 from planner.list_schedule import pruner, topo_stable
 from planner.model import Assignment, EndpointModel, FleetState, Plan, PlanJob
 from planner.partition import partition_built
