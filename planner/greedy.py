@@ -70,16 +70,18 @@ def construct(name: str, order: Sequence[PlanJob], state: FleetState, rule: str 
     "min-evict", "aware", "share"); ``pull`` enables pull-forward after a load. Returns
     the assignments (complete, in placement order), or None as soon as the plan provably
     scores above ``bound`` (:class:`planner.list_schedule.Prune`; never with the default)."""
-    built = _construct(order, state, rule, pull, alpha, beta, gamma, bound)
+    built = construct_built(order, state, rule, pull, alpha, beta, gamma, bound)
     return None if built is None else built[0]
 
 
-def _construct(order: Sequence[PlanJob], state: FleetState, rule: str, pull: bool, alpha: float, beta: float,
-               gamma: float, bound: float) -> tuple[list[Assignment], Replay] | None:
+def construct_built(order: Sequence[PlanJob], state: FleetState, rule: str = "completion", pull: bool = False,
+                    alpha: float = 1.0, beta: float = 1.0, gamma: float = 0.0, bound: float = math.inf,
+                    objective: str = "weighted_completion") -> tuple[list[Assignment], Replay] | None:
     """:func:`construct`, also returning the :class:`Replay` that placed the assignments
-    (for :func:`planner.evaluator.evaluate_built`)."""
+    (for :func:`planner.evaluator.evaluate_built`); ``bound`` is on the score of
+    ``objective`` (:func:`planner.list_schedule.pruner`)."""
     rep = Replay(state)
-    prune = pruner(order, state, bound, rep.free_at)
+    prune = pruner(order, state, bound, rep.free_at, objective)
     aware = Aware(order, state, alpha, beta, share=rule == "share", gamma=gamma) if rule in ("aware", "share") else None
     fn = aware or {"completion": rule_completion, "free": rule_free, "min-evict": rule_min_evict}[rule]
     ids = {j.id for j in order}
@@ -151,9 +153,10 @@ BUILD_ORDER = ("cap-share", "ta-share", "cap-aware", "wspt", "partition", "parti
 Builder = Callable[..., "tuple[list[Assignment], Replay] | None"]  # called with bound=
 
 
-def _builders(batch: Sequence[PlanJob], state: FleetState) -> dict[str, Builder]:
-    """Member name -> its construction, given a score bound: (assignments, the replay that
-    placed them), None when pruned or skipped."""
+def member_builders(batch: Sequence[PlanJob], state: FleetState,
+                    objective: str = "weighted_completion") -> dict[str, Builder]:
+    """Member name -> its construction, given a bound on the score of ``objective``:
+    (assignments, the replay that placed them), None when pruned or skipped."""
     w = wspt_order(batch, state.endpoints)
     f = fifo_order(batch)
     cap = CAPACITY_GAMMA
@@ -165,25 +168,27 @@ def _builders(batch: Sequence[PlanJob], state: FleetState) -> dict[str, Builder]
     if state.demand_share:
         specs += [("ta-share", w, "share", True, 1.0, 0.0), ("cap-share", w, "share", False, 1.0, cap)]
     out: dict[str, Builder] = {
-        n: partial(_construct, o, state, r, p, a, 1.0, g) for n, o, r, p, a, g in specs}
+        n: partial(construct_built, o, state, r, p, a, 1.0, g, objective=objective) for n, o, r, p, a, g in specs}
     for name, spill in (("partition", False), ("partition-spill", True)):
-        out[name] = partial(_partition, batch, state, spill)
+        out[name] = partial(_partition, batch, state, spill, objective)
     return out
 
 
-def _partition(batch: Sequence[PlanJob], state: FleetState, spill: bool,
+def _partition(batch: Sequence[PlanJob], state: FleetState, spill: bool, objective: str,
                bound: float) -> tuple[list[Assignment], Replay] | None:
-    return partition_built(batch, state, spill, bound=bound)
+    return partition_built(batch, state, spill, bound=bound, objective=objective)
 
 
 def members(batch: Sequence[PlanJob], state: FleetState) -> list[Plan]:
     """Every portfolio member, evaluated, in :data:`MEMBERS` order (the baselines are
-    members too; ``partition`` members are absent when the fleet cannot hold them)."""
+    members too; ``partition`` members are absent when the fleet cannot hold them); each
+    scored from the replay that built it (:func:`planner.evaluator.evaluate_built`: the
+    plan ``evaluate(..., check_times=False)`` gives)."""
     out = []
-    for name, build in _builders(batch, state).items():
+    for name, build in member_builders(batch, state).items():
         built = build(bound=math.inf)
         if built is not None:
-            out.append(evaluate(built[0], batch, state, name, check_times=False))
+            out.append(evaluate_built(built[0], built[1], batch, state, name))
     return sorted(out, key=lambda p: MEMBERS.index(p.policy))
 
 
@@ -192,7 +197,7 @@ def portfolio(batch: Sequence[PlanJob], state: FleetState) -> Plan:
     winner's index in :data:`MEMBERS`. The same plan as the best of :func:`members`, built
     in :data:`BUILD_ORDER` with each construction stopped once it provably scores above
     the best so far (:class:`planner.list_schedule.Prune`)."""
-    builders = _builders(batch, state)
+    builders = member_builders(batch, state)
     best: Plan | None = None
     rank = (math.inf, len(MEMBERS))
     first = {n: i for i, n in enumerate(BUILD_ORDER)}

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
+from planner.evaluator import TARDINESS_EPS
 from planner.model import Assignment, EndpointModel, FleetState, Plan, PlanJob
 from planner.replay import Replay
 
@@ -140,7 +141,61 @@ class Prune:
         return self.done + (d if d > self.s_rest else self.s_rest) <= self.limit
 
 
-def pruner(jobs: Sequence[PlanJob], state: FleetState, bound: float, free_at: dict[str, float]) -> Prune | None:
-    """A :class:`Prune` for ``bound`` over the replay's ``free_at`` (GPU uuid -> s), or None
-    when ``bound`` is infinite (nothing to prune)."""
-    return None if math.isinf(bound) else Prune(jobs, state.now_s, bound, free_at)
+class TardinessPrune:
+    """:class:`Prune` for the weighted-tardiness score (:mod:`planner.evaluator`: T + ε·(Σ w_j
+    (C_j − r_j) + future cost)). Lower bound on every completion of a partial plan (placed
+    P, unplaced U): Σ_P c_j(C_j) + Σ_U c_j(max(r_j, now, m) + p_j), where c_j(C) =
+    w_j·max(0, C − d_j) + ε·w_j (C − r_j) (no tardiness term without a deadline) and m is
+    the earliest time any GPU is free when the U-sum was last computed (free times only
+    grow, so no unplaced job completes before that; dependencies and transitions only
+    delay it; the future cost is ≥ 0). The U-sum is recomputed after every
+    :attr:`REFRESH` placements when m has grown; a placed job leaves it with the term it
+    had. Same margin as :class:`Prune`."""
+
+    REFRESH = 16
+
+    __slots__ = ("limit", "now", "free_at", "done", "rest", "left", "terms", "eps", "since", "m")
+
+    def __init__(self, jobs: Sequence[PlanJob], now_s: float, bound: float, free_at: dict[str, float], eps: float):
+        self.now, self.free_at, self.eps = now_s, free_at, eps
+        self.limit = bound + 1e-9 * abs(bound) + 1e-9
+        self.done = 0.0
+        self.left = {j.id: j for j in jobs}  # unplaced jobs
+        self.terms: dict[str, float] = {}  # their terms in ``rest``
+        self.m = -math.inf
+        self.rest, self.since = self._refresh(), 0
+
+    def _cost(self, job: PlanJob, c: float) -> float:
+        w, d = job.weight, job.deadline_s
+        return (w * (c - d) if d is not None and c > d else 0.0) + self.eps * w * (c - job.release_s)
+
+    def _refresh(self) -> float:
+        m = max(self.now, min(self.free_at.values()))
+        if m == self.m:  # the terms left are those of this m
+            return self.rest
+        self.m = m
+        cost = self._cost
+        self.terms = {i: cost(j, (j.release_s if j.release_s > m else m) + j.service_s) for i, j in self.left.items()}
+        return sum(self.terms.values())
+
+    def placed(self, job: PlanJob, group: Sequence[str], end_s: float) -> bool:
+        """Account for ``job`` placed, completing at ``end_s``; False: the plan cannot win."""
+        self.done += self._cost(job, end_s)
+        del self.left[job.id]
+        self.rest -= self.terms.pop(job.id)
+        self.since += 1
+        if self.since >= self.REFRESH:
+            self.rest, self.since = self._refresh(), 0
+        return self.done + self.rest <= self.limit
+
+
+def pruner(jobs: Sequence[PlanJob], state: FleetState, bound: float, free_at: dict[str, float],
+           objective: str = "weighted_completion") -> Prune | TardinessPrune | None:
+    """A :class:`Prune` (``objective`` "weighted_tardiness": :class:`TardinessPrune`) for
+    ``bound`` over the replay's ``free_at`` (GPU uuid -> s), or None when ``bound`` is
+    infinite (nothing to prune)."""
+    if math.isinf(bound):
+        return None
+    if objective == "weighted_tardiness":
+        return TardinessPrune(jobs, state.now_s, bound, free_at, TARDINESS_EPS)
+    return Prune(jobs, state.now_s, bound, free_at)

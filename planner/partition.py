@@ -99,14 +99,16 @@ def partition(batch: Sequence[PlanJob], state: FleetState, spill: bool = False,
 
 
 def partition_built(batch: Sequence[PlanJob], state: FleetState, spill: bool = False, bound: float = math.inf,
-                    order: Sequence[PlanJob] | None = None) -> tuple[list[Assignment], Replay] | None:
+                    order: Sequence[PlanJob] | None = None,
+                    objective: str = "weighted_completion") -> tuple[list[Assignment], Replay] | None:
     """:func:`partition`, also returning the :class:`Replay` that placed the assignments
-    (for :func:`planner.evaluator.evaluate_built`)."""
+    (for :func:`planner.evaluator.evaluate_built`); ``bound`` is on the score of
+    ``objective`` (:func:`planner.list_schedule.pruner`)."""
     alloc = allocate(batch, state)
     if alloc is None:
         return None
     rep = Replay(state)
-    prune = pruner(batch, state, bound, rep.free_at)
+    prune = pruner(batch, state, bound, rep.free_at, objective)
     fa, res, asl, eps = rep.free_at, rep.resident, rep.asleep, rep.endpoints
     out: list[Assignment] = []
     spill_groups: dict[int, list[tuple[str, Group, float]]] = {}  # TP -> (endpoint, group, its cold start)

@@ -26,7 +26,8 @@ Group = tuple[str, ...]
 class Replay:
     """Mutable copy of a :class:`FleetState` that jobs are placed into, in start order."""
 
-    __slots__ = ("state", "endpoints", "free_at", "resident", "asleep", "end_of", "count", "_groups", "_group_at")
+    __slots__ = ("state", "endpoints", "free_at", "resident", "asleep", "end_of", "count", "_groups", "_group_at",
+                 "_whole")
 
     def __init__(self, state: FleetState):
         self.state = state
@@ -44,13 +45,14 @@ class Replay:
                 self.count[e] = self.count.get(e, 0) + 1
         self._groups: dict[tuple[int, int], list[Group]] = {}
         self._group_at: dict[tuple[int, int], dict[str, Group]] = {}
+        self._whole: dict[str, int] = {}  # whole_gpus of TP > 1 endpoints; entries dropped by _load
 
     def copy(self) -> "Replay":
         r = Replay.__new__(Replay)
         r.state, r.endpoints = self.state, self.endpoints
         r.free_at, r.resident, r.asleep = dict(self.free_at), dict(self.resident), dict(self.asleep)
         r.end_of, r.count, r._groups = ChainMap(dict(self.end_of.maps[0]), *self.end_of.maps[1:]), dict(self.count), self._groups
-        r._group_at = self._group_at
+        r._group_at, r._whole = self._group_at, dict(self._whole)
         return r
 
     def groups(self, ep: EndpointModel) -> list[Group]:
@@ -135,6 +137,10 @@ class Replay:
             old = self.resident[u]
             if old == name:
                 continue
+            wh = self._whole
+            if wh:
+                wh.pop(old, None)  # type: ignore[arg-type]
+                wh.pop(name, None)  # type: ignore[arg-type]
             if old is not None:
                 self.count[old] -= 1
                 oep = self.endpoints.get(old)
@@ -187,8 +193,11 @@ class Replay:
         ep = self.endpoints.get(endpoint)
         if ep is None or ep.tp == 1:
             return self.count.get(endpoint, 0)
-        res = self.resident
-        return ep.tp * sum(1 for g in self.groups(ep) if all(res[u] == endpoint for u in g))
+        n = self._whole.get(endpoint)
+        if n is None:
+            res = self.resident
+            n = self._whole[endpoint] = ep.tp * sum(1 for g in self.groups(ep) if all(res[u] == endpoint for u in g))
+        return n
 
     def whole_lost(self, group: Group, endpoint: str) -> int:
         """GPUs of whole ``endpoint`` instances that taking ``group`` for another endpoint breaks."""
@@ -200,6 +209,9 @@ class Replay:
         at = self._group_at.get(key)
         if at is None:
             at = self._group_at[key] = {u: g for g in self.groups(ep) for u in g}
+        if len(group) == 1:  # the same count for one GPU, without the set
+            g = at.get(group[0])
+            return ep.tp if g is not None and all(res[u] == endpoint for u in g) else 0
         hit = {at[u] for u in group if u in at}
         return ep.tp * sum(1 for g in hit if all(res[u] == endpoint for u in g))
 

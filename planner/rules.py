@@ -148,16 +148,24 @@ class Aware:
             return self._single(rep, job, ep, cands, ready)
         w = job.weight
         best, bc, bt = cands[0], float("inf"), float("inf")
-        res = rep.resident
+        fa, res, asl, eps = rep.free_at, rep.resident, rep.asleep, rep.endpoints
+        name, cold, wake = ep.name, ep.cold_start_s, ep.wake_s
         wt = w + self._capacity(job, ep.tp)
-        for g in cands:
-            s = max(ready, rep.group_free(g))
-            if w * s > bc:
+        for g in cands:  # Replay.group_free and Replay.transition_s inlined (gangs: a hot loop)
+            f = max(map(fa.__getitem__, g))
+            s = f if f > ready else ready
+            ws = w * s
+            if ws > bc:
                 continue
-            t = rep.transition_s(g, ep)
-            cost = w * s + wt * t
+            held = {res[u] for u in g}
+            if len(held) == 1 and name in held:
+                t = 0.0
+            else:
+                ev = max((eps[e].evict_s for e in held if e is not None and e in eps), default=0.0)
+                t = ev + wake if wake is not None and all(name in asl[u] for u in g) else ev + cold
+            cost = ws + wt * t
             if t > 0:
-                for e in {res[u] for u in g}:
+                for e in held:
                     if e is None or e == ep.name:
                         continue
                     eep = rep.endpoints.get(e)

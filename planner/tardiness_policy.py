@@ -26,7 +26,12 @@ Greedy members (list scheduling through :class:`planner.replay.Replay`, each eva
       else its cold start; p̄ = mean service time, s̄ = mean cold start of the batch's
       endpoints; jobs without a deadline have I_j = 0 (so WSPT orders them, after the rest);
     * every member of :func:`planner.greedy.members` (baselines and portfolio), rescored.
-``tardiness-portfolio`` returns the best score (the floor).
+``tardiness-portfolio`` returns the best score (the floor): the plan that scoring every
+member (:func:`tardiness_members`) would select, built in :data:`BUILD_ORDER` with each
+construction stopped once a lower bound on its score exceeds the best so far
+(:class:`planner.list_schedule.TardinessPrune`), members scored from the replay that built
+them (:func:`planner.evaluator.evaluate_built`), the winner replayed by
+:func:`planner.evaluator.evaluate`.
 
 ``tardiness`` = floor, then within ``time_limit_s`` (never worse than the floor):
     * ≤ :data:`planner.exact.MAX_EXACT_JOBS` jobs: exact branch and bound on this objective;
@@ -48,15 +53,19 @@ from __future__ import annotations
 import math
 import random
 import time
+from bisect import insort
 from collections.abc import Collection, Sequence
+from functools import partial
+from heapq import heappop, heappush
 
 from planner.cpsat import improve
-from planner.evaluator import evaluate, rescore, score
+from planner.evaluator import evaluate, evaluate_built, rescore, score
 from planner.exact import MAX_EXACT_JOBS, exact
-from planner.greedy import construct, members
-from planner.list_schedule import topo_stable
+from planner.greedy import MEMBERS as GREEDY_MEMBERS
+from planner.greedy import Builder, construct, construct_built, member_builders
+from planner.list_schedule import pruner, topo_stable
 from planner.model import Assignment, EndpointModel, FleetState, Plan, PlanJob
-from planner.partition import partition
+from planner.partition import partition_built
 from planner.previous import start_plan
 from planner.replay import Replay
 from planner.rules import aware_rule
@@ -65,6 +74,12 @@ OBJ = "weighted_tardiness"
 ATC_K = (0.5, 1.0, 2.0)  # 0.25 as well: cluster09 seed 1 54.4k → 61.8k weight·s in the benchmark
 MEMBERS = ("edd", "ta-edd", "ta-edd-nopull", "partition-edd", "partition-spill-edd") + \
     tuple(f"atc-{k:g}" for k in ATC_K)
+# Order in which :func:`tardiness_portfolio` builds the members (the most frequent winners
+# on the identity instances of the speed-up first, so that their score prunes the others
+# early); the choice does not depend on it.
+BUILD_ORDER = ("atc-0.5", "edd", "atc-1", "atc-2", "partition-edd", "partition-spill-edd", "ta-edd-nopull",
+               "cap-share", "ta-share", "cap-aware", "ta-fifo", "ta-edd", "min-evict", "wspt", "partition",
+               "partition-spill", "ta-wspt")
 
 
 def edd_order(jobs: Sequence[PlanJob], endpoints: dict[str, EndpointModel]) -> list[PlanJob]:
@@ -78,65 +93,164 @@ def edd_order(jobs: Sequence[PlanJob], endpoints: dict[str, EndpointModel]) -> l
 
 def atc_construct(batch: Sequence[PlanJob], state: FleetState, k: float) -> list[Assignment]:
     """ATC/ATCS list scheduling (module doc) with look-ahead ``k``; every job placed once."""
+    return atc_built(batch, state, k)[0]  # type: ignore[index]  # never None without a bound
+
+
+def atc_built(batch: Sequence[PlanJob], state: FleetState, k: float,
+              bound: float = math.inf) -> tuple[list[Assignment], Replay] | None:
+    """:func:`atc_construct`, also returning the :class:`Replay` that placed the assignments
+    (for :func:`planner.evaluator.evaluate_built`); None as soon as the plan provably
+    scores above ``bound`` (:class:`planner.list_schedule.TardinessPrune`).
+
+    Incremental, with the choice of recomputing every index at every step: a job's ready
+    time is fixed once its in-batch dependencies are placed (it is computed then); the
+    available jobs are kept in two lists, with and without a deadline, each by descending
+    w_j/(p_j·tp_j), then submission, then batch position. Without a deadline the first
+    candidate of its list has the largest index (0, w_j/(p_j·tp_j), −seq); with one, the
+    scan stops at the first job whose w_j/(p_j·tp_j) is below the best index so far (an
+    index never exceeds it: the exponential factors are ≤ 1). Equal indices go to the job
+    earlier in the batch, as ``max`` over the batch order does."""
     rep = Replay(state)
     rule = aware_rule(batch, state)
     eps = state.endpoints
-    left = list(batch)
-    ids = {j.id for j in batch}
-    pbar = max(sum(j.service_s for j in left) / len(left), 1e-9)
-    sbar = max(sum(eps[e].cold_start_s for e in {j.endpoint for j in left}) / len({j.endpoint for j in left}), 1e-9)
-    out: list[Assignment] = []
-    placed: set[str] = set()
-    while left:
-        t = max(state.now_s, min(rep.free_at.values()))
-        avail = [j for j in left if all(d in placed or d not in ids for d in j.deps)]
-        ready = {j.id: rep.ready(j) for j in avail}
-        cands = [j for j in avail if ready[j.id] <= t] or \
-            [j for j in avail if ready[j.id] == min(ready.values())]
-        held: dict[str, bool] = {}
+    jobs = list(batch)
+    n = len(jobs)
+    ids = {j.id: i for i, j in enumerate(jobs)}
+    pbar = max(sum(j.service_s for j in jobs) / n, 1e-9)
+    sbar = max(sum(eps[e].cold_start_s for e in {j.endpoint for j in jobs}) / len({j.endpoint for j in jobs}), 1e-9)
+    kp, ks = k * pbar, k * sbar
+    base = [j.weight / max(j.service_s * eps[j.endpoint].tp, 1e-9) for j in jobs]
+    ready = [0.0] * n
+    waiting = [0] * n  # in-batch dependencies not placed yet
+    dependants: dict[int, list[int]] = {}
+    for i, j in enumerate(jobs):
+        for d in {ids[d] for d in j.deps if d in ids}:
+            waiting[i] += 1
+            dependants.setdefault(d, []).append(i)
+    due: list[int] = []  # available jobs with a deadline, by (−base, seq, batch position)
+    nodue: list[int] = []  # and without one
+    heap: list[tuple[float, int]] = []  # (ready, position) of available jobs; placed ones popped lazily
+    placed = [False] * n
 
-        def index(j: PlanJob) -> tuple[float, float, int]:
+    def release(i: int) -> None:
+        ready[i] = rep.ready(jobs[i])
+        insort(due if jobs[i].deadline_s is not None else nodue, i, key=lambda x: (-base[x], jobs[x].seq, x))
+        heappush(heap, (ready[i], i))
+
+    for i in range(n):
+        if not waiting[i]:
+            release(i)
+    out: list[Assignment] = []
+    fa, now = rep.free_at, state.now_s
+    prune = pruner(jobs, state, bound, fa, OBJ)
+    while heap:
+        t = max(now, min(fa.values()))
+        while placed[heap[0][1]]:
+            heappop(heap)
+            if not heap:
+                break
+        if not heap:
+            break
+        lim = t if heap[0][0] <= t else heap[0][0]  # candidates: ready by t, else the earliest ready
+        held: dict[str, bool] = {}
+        best: tuple[float, float, int, int] | None = None
+        at, src = -1, nodue
+        for x, i in enumerate(nodue):
+            if ready[i] <= lim:
+                best, at = (0.0, base[i], -jobs[i].seq, -i), x
+                break
+        for x, i in enumerate(due):
+            if ready[i] > lim:
+                continue
+            b = base[i]
+            if best is not None and b < best[0]:
+                break
+            j = jobs[i]
             ep = eps[j.endpoint]
-            base = j.weight / max(j.service_s * ep.tp, 1e-9)
-            if j.deadline_s is None:
-                return (0.0, base, -j.seq)
-            if j.endpoint not in held:
-                held[j.endpoint] = rep.whole_gpus(j.endpoint) >= ep.tp
-            s = 0.0 if held[j.endpoint] else ep.cold_start_s
-            slack = max(j.deadline_s - j.service_s - s - max(t, ready[j.id]), 0.0)
-            return (base * math.exp(-slack / (k * pbar) - s / (k * sbar)), base, -j.seq)
-        job = max(cands, key=index)
-        ep = eps[job.endpoint]
-        g = rule(rep, job, rep.groups(ep), ready[job.id])
-        out.append(rep.place(job, g))
+            h = held.get(j.endpoint)
+            if h is None:
+                h = held[j.endpoint] = rep.whole_gpus(j.endpoint) >= ep.tp
+            s = 0.0 if h else ep.cold_start_s
+            r = ready[i]
+            slack = j.deadline_s - j.service_s - s - (r if r > t else t)  # type: ignore[operator]
+            if 0.0 > slack:  # max(slack, 0.0) and max(t, r) above, without the calls
+                slack = 0.0
+            v = b * math.exp(-slack / kp - s / ks)
+            if best is not None and v < best[0]:
+                continue
+            key = (v, b, -j.seq, -i)
+            if best is None or key > best:
+                best, at, src = key, x, due
+        i = src.pop(at)
+        job = jobs[i]
+        g = rule(rep, job, rep.groups(eps[job.endpoint]), ready[i])
+        a = rep.place(job, g)
+        if prune is not None and not prune.placed(job, a.gpus, a.end_s):
+            return None
+        out.append(a)
         rule.placed(job)
-        placed.add(job.id)
-        left.remove(job)
-    return out
+        placed[i] = True
+        for d in dependants.get(i, ()):
+            waiting[d] -= 1
+            if not waiting[d]:
+                release(d)
+    if len(out) < n:
+        raise ValueError(f"dependency cycle among {[j.id for j, p in zip(jobs, placed) if not p][:5]}")
+    return out, rep
+
+
+def _builders(batch: Sequence[PlanJob], state: FleetState) -> dict[str, Builder]:
+    """Member name -> its construction given a score bound (``bound=``): (assignments, the
+    replay that placed them), None when pruned or skipped; in listing order (:data:`MEMBERS`,
+    then the weighted-completion members in :data:`planner.greedy.MEMBERS` order)."""
+    edd = edd_order(batch, state.endpoints)
+    out: dict[str, Builder] = {n: partial(construct_built, edd, state, r, p, objective=OBJ) for n, r, p in
+                               (("edd", "completion", False), ("ta-edd", "aware", True),
+                                ("ta-edd-nopull", "aware", False))}
+    for name, spill in (("partition-edd", False), ("partition-spill-edd", True)):
+        out[name] = partial(partition_built, batch, state, spill, order=edd, objective=OBJ)
+    for k in ATC_K:
+        out[f"atc-{k:g}"] = partial(atc_built, batch, state, k)
+    wc = member_builders(batch, state, OBJ)
+    return out | {n: wc[n] for n in GREEDY_MEMBERS if n in wc}
 
 
 def tardiness_members(batch: Sequence[PlanJob], state: FleetState) -> list[Plan]:
-    """The members of the module doc, evaluated for weighted tardiness."""
-    edd = edd_order(batch, state.endpoints)
-    out = [evaluate(construct(n, edd, state, r, p), batch, state, n, check_times=False, objective=OBJ)
-           for n, r, p in (("edd", "completion", False), ("ta-edd", "aware", True), ("ta-edd-nopull", "aware", False))]
-    for name, spill in (("partition-edd", False), ("partition-spill-edd", True)):
-        part = partition(batch, state, spill, order=edd)
-        if part is not None:
-            out.append(evaluate(part, batch, state, name, check_times=False, objective=OBJ))
-    out += [evaluate(atc_construct(batch, state, k), batch, state, f"atc-{k:g}", check_times=False, objective=OBJ)
-            for k in ATC_K]
-    return out + [rescore(p, OBJ) for p in members(batch, state)]
+    """The members of the module doc, evaluated for weighted tardiness, in listing order
+    (each scored from the replay that built it, :func:`planner.evaluator.evaluate_built`:
+    the plan ``evaluate(..., check_times=False, objective=OBJ)`` gives)."""
+    out = []
+    for name, build in _builders(batch, state).items():
+        built = build(bound=math.inf)
+        if built is not None:
+            out.append(rescore(evaluate_built(built[0], built[1], batch, state, name), OBJ))
+    return out
 
 
 def tardiness_portfolio(batch: Sequence[PlanJob], state: FleetState) -> Plan:
     """Best-scored member (ties: first listed); ``stats['member']`` is the winner's index in
-    :data:`MEMBERS`, or −1 for a rescored member of the weighted-completion portfolio."""
-    plans = tardiness_members(batch, state)
-    best = min(plans, key=score)
-    best.stats["member"] = float(MEMBERS.index(best.policy)) if best.policy in MEMBERS else -1.0
-    best.policy = "tardiness-portfolio"
-    return best
+    :data:`MEMBERS`, or −1 for a rescored member of the weighted-completion portfolio. The
+    same plan as the best of :func:`tardiness_members`, built in :data:`BUILD_ORDER` with
+    each construction stopped once it provably scores above the best so far
+    (:class:`planner.list_schedule.TardinessPrune`); the winner goes through the
+    evaluator's own replay (:func:`planner.evaluator.evaluate`)."""
+    builders = _builders(batch, state)
+    listed = {n: i for i, n in enumerate(builders)}
+    first = {n: i for i, n in enumerate(BUILD_ORDER)}
+    best: Plan | None = None
+    rank = (math.inf, len(listed))
+    for name in sorted(builders, key=lambda n: first.get(n, len(first))):  # a member not listed: last
+        built = builders[name](bound=rank[0])
+        if built is None:
+            continue
+        p = rescore(evaluate_built(built[0], built[1], batch, state, name), OBJ)
+        r = (score(p), listed[name])
+        if r < rank:
+            best, rank = p, r
+    assert best is not None, "a construction without a bound always completes"
+    out = evaluate(best.assignments, batch, state, "tardiness-portfolio", objective=OBJ)
+    out.stats["member"] = float(MEMBERS.index(best.policy)) if best.policy in MEMBERS else -1.0
+    return out
 
 
 def _decode(order: Sequence[PlanJob], batch: Sequence[PlanJob], state: FleetState) -> Plan:

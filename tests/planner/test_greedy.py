@@ -82,9 +82,9 @@ def test_member_scored_from_its_replay_equals_a_fresh_evaluation(seed, batch, st
     """``evaluate_built`` (what the portfolio scores members with) gives, field by field,
     the plan a fresh ``evaluate(..., check_times=False)`` gives."""
     from planner.evaluator import evaluate, evaluate_built
-    from planner.greedy import _builders
+    from planner.greedy import member_builders
 
-    for name, build in _builders(batch, st).items():
+    for name, build in member_builders(batch, st).items():
         built = build(bound=math.inf)
         if built is None:
             continue
@@ -97,11 +97,11 @@ def test_member_scored_from_its_replay_equals_a_fresh_evaluation(seed, batch, st
 
 def test_evaluate_built_rejects_a_missing_job():
     from planner.evaluator import InfeasiblePlan, evaluate_built
-    from planner.greedy import _construct
+    from planner.greedy import construct_built
     from planner.replay import Replay
 
     batch, st = instance(12, 4, seed=1)
-    asg, rep = _construct(wspt_order(batch, st.endpoints), st, "completion", False, 1.0, 1.0, 0.0, math.inf)
+    asg, rep = construct_built(wspt_order(batch, st.endpoints), st, "completion", False, 1.0, 1.0, 0.0, math.inf)
     assert isinstance(rep, Replay)
     with pytest.raises(InfeasiblePlan):
         evaluate_built(asg[:-1], rep, batch, st, "wspt")

@@ -157,3 +157,89 @@ def test_previous_plan_is_a_start_when_better():
     assert again.stats["previous_used"] == 1.0 and score(again) <= score(good) + 1e-6
     cold = plan(batch, st, "tardiness", time_limit_s=0.01)
     assert cold.stats["previous_used"] == 0.0
+
+
+def _atc_reference(batch, st, k):
+    """ATC as first written (every index recomputed at every step, O(n²)): what the
+    incremental :func:`planner.tardiness_policy.atc_construct` must reproduce."""
+    import math
+
+    from planner.replay import Replay
+    from planner.rules import aware_rule
+    rep, rule, eps = Replay(st), aware_rule(batch, st), st.endpoints
+    left, ids = list(batch), {j.id for j in batch}
+    pbar = max(sum(j.service_s for j in left) / len(left), 1e-9)
+    sbar = max(sum(eps[e].cold_start_s for e in {j.endpoint for j in left}) / len({j.endpoint for j in left}), 1e-9)
+    out, placed = [], set()
+    while left:
+        t = max(st.now_s, min(rep.free_at.values()))
+        avail = [j for j in left if all(d in placed or d not in ids for d in j.deps)]
+        ready = {j.id: rep.ready(j) for j in avail}
+        cands = [j for j in avail if ready[j.id] <= t] or \
+            [j for j in avail if ready[j.id] == min(ready.values())]
+
+        def index(j):
+            ep = eps[j.endpoint]
+            base = j.weight / max(j.service_s * ep.tp, 1e-9)
+            if j.deadline_s is None:
+                return (0.0, base, -j.seq)
+            s = 0.0 if rep.whole_gpus(j.endpoint) >= ep.tp else ep.cold_start_s
+            slack = max(j.deadline_s - j.service_s - s - max(t, ready[j.id]), 0.0)
+            return (base * math.exp(-slack / (k * pbar) - s / (k * sbar)), base, -j.seq)
+        job = max(cands, key=index)
+        out.append(rep.place(job, rule(rep, job, rep.groups(eps[job.endpoint]), ready[job.id])))
+        rule.placed(job)
+        placed.add(job.id)
+        left.remove(job)
+    return out
+
+
+def _varied(seed):
+    """Deadlines on most jobs, some equal submission numbers, dependencies, busy GPUs."""
+    rng = random.Random(seed)
+    batch, st = instance(40, 8, models=4, seed=seed, spread_s=rng.choice((0.0, 300.0)), gang=seed % 2 == 0,
+                         wake=seed % 3 == 0)
+    batch = [dataclasses.replace(j, deadline_s=j.release_s + rng.uniform(2, 6) * j.service_s,
+                                 seq=j.seq if seed % 2 else j.seq // 3) if rng.random() < 0.7 else j for j in batch]
+    batch = [dataclasses.replace(j, deps=(batch[rng.randrange(i)].id,)) if i and rng.random() < 0.2 else j
+             for i, j in enumerate(batch)]
+    st.now_s = 20.0
+    st.free_at = {g.uuid: rng.uniform(0, 300) for g in st.gpus if rng.random() < 0.5}
+    return batch, st
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_incremental_atc_places_as_the_reference(seed):
+    from planner.tardiness_policy import ATC_K, atc_construct
+    batch, st = _varied(seed)
+    for k in ATC_K:
+        assert [vars(a) for a in atc_construct(batch, st, k)] == [vars(a) for a in _atc_reference(batch, st, k)]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_pruned_floor_is_the_best_member(seed):
+    """The floor built best-first with pruning is the first best-scored member of
+    :func:`tardiness_members`, replayed by ``evaluate``."""
+    batch, st = _varied(seed)
+    plans = tardiness_members(batch, st)
+    best = min(plans, key=score)
+    got = tardiness_portfolio(batch, st)
+    assert [vars(a) for a in got.assignments] == [vars(a) for a in best.assignments]
+    assert {k: v for k, v in got.stats.items() if k != "member"} == best.stats and got.objective == best.objective
+
+
+def test_tardiness_prune_bound_never_exceeds_the_final_score():
+    from planner.evaluator import TARDINESS_EPS
+    from planner.list_schedule import TardinessPrune
+    from planner.tardiness_policy import atc_built
+    batch, st = _varied(3)
+    asg, rep = atc_built(batch, st, 1.0)
+    final = next(p for p in tardiness_members(batch, st) if p.policy == "atc-1")
+    free = {g.uuid: max(st.free_at.get(g.uuid, st.now_s), st.now_s) for g in st.gpus}
+    pr = TardinessPrune(batch, st.now_s, score(final), free, TARDINESS_EPS)
+    jobs = {j.id: j for j in batch}
+    for a in asg:  # replaying the construction's placements: the bound stays below the score
+        for u in a.gpus:
+            free[u] = a.end_s
+        assert pr.placed(jobs[a.job_id], a.gpus, a.end_s)
+        assert pr.done + pr.rest <= score(final) * (1 + 1e-12) + 1e-12
