@@ -5,7 +5,7 @@ from dataclasses import replace
 import pytest
 
 from planner.evaluator import evaluate, evaluate_built
-from planner.greedy import _builders, portfolio
+from planner.greedy import member_builders, portfolio
 from planner.synthetic import instance
 
 
@@ -47,7 +47,7 @@ def _case(seed):
 @pytest.mark.parametrize("seed", range(150))
 def test_evaluate_built_equals_evaluate_on_odd_states(seed):
     batch, st = _case(seed)
-    for name, build in _builders(batch, st).items():
+    for name, build in member_builders(batch, st).items():
         built = build(bound=math.inf)
         if built is None:
             continue
