@@ -16,7 +16,8 @@ Score of a plan = the evaluator's score with its preemptions
 (:func:`planner.preemption_plan.evaluate_preemptive`) + the uncut running jobs at their
 own completions (the same jobs on every side). Prints per size the ratio cpsat/window ÷
 cpsat/floor (median, mean, min, max; better / equal / worse batches) and the
-preemptions each took.
+preemptions each took. Per-batch lines go to stderr. The limit is wall time: a rerun
+differs (more on a loaded machine), so compare runs of the same minutes.
 
     .venv/bin/python bench/planner_window_preemption.py [--limit 1] [--seeds 3]
 """
@@ -99,7 +100,7 @@ def main() -> None:
                 vs_floor.append(got["cpsat"] / got["portfolio"])
                 print(f"# {Path(path).stem}@{start} seed={seed} n={n}: " + " ".join(
                     f"{k}={v:.6g}" for k, v in got.items()) + f" preemptions={[pre[k][-1] for k in pre]}",
-                    flush=True)
+                    file=sys.stderr, flush=True)  # progress; stdout holds only the table
         b = sum(r < 1 - 1e-9 for r in ratios)
         w = sum(r > 1 + 1e-9 for r in ratios)
         print(f"| {n} | {g} | {len(ratios)} | {stt.median(ratios):.4f} | {stt.mean(ratios):.4f} | {min(ratios):.4f} | "

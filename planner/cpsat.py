@@ -238,7 +238,8 @@ def cpsat_policy(batch: Sequence[PlanJob], state: FleetState, time_limit_s: floa
     the last planning point) is repaired to ``batch`` (:func:`planner.previous.repair`) and
     starts every path instead of the greedy plan when it scores lower; then the result is
     never worse than it either. ``preemption``: the LNS path also decides preemptions in
-    its first window (:func:`improve`); the exact and whole-batch paths do not.
+    its windows at the plan's first job (:func:`improve`); the exact and whole-batch
+    paths do not.
     ``stats['proven_optimal']``
     is 1 only when the returned plan is proven optimal for the whole batch (objective
     Σ w_j (C_j − r_j); see :mod:`planner.whole` for how the proof is checked).
