@@ -31,7 +31,8 @@ Rolling horizon. At a planning point t the simulator
     5. set-point restore (``restore=True``): the plan of step 2 holds a restore for every
        set-point instance not resident when its GPUs' planned work ends
        (``planned_restore``: one of :data:`planner.restore.RESTORE_AT`); step 3
-       commits those that start before ``t + window_s`` like jobs (a restore is never
+       commits those that start before ``t + window_s`` like jobs, only when the batch
+       holds every queued job (fewer than ``max_batch``, as the live worker; a restore is never
        preempted), unless the rule of step 4 then preempts (its victims were not in that
        plan; the pass after it places them and its restores). The live planner worker's rule stays as the fallback (and is the only
        one with ``planned_restore=None``): when the queue is empty and the committed work
@@ -236,8 +237,9 @@ class _Run:
             if scored or not (self.preemption and waiting and self._preempt(t, waiting)):
                 # the plan's restores, after every job on their GPUs (those start before r: committed);
                 # not after the rule preempted: its victims, back in the queue, were not in this
-                # plan and may start on those GPUs (the next pass or planning point places them)
-                for r in p.restores:
+                # plan and may start on those GPUs (the next pass or planning point places them);
+                # not when the batch is full, as live: a queued job left out may need the GPUs
+                for r in p.restores if len(batch) < self.max_batch else ():
                     if r.start_s < t + self.window_s:
                         self._restore(tuple(r.gpus), state.set_point[r.gpus[0]], max(r.start_s, t))
                 break

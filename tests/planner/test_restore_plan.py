@@ -160,3 +160,23 @@ def test_simulated_restore_does_not_take_a_gpu_a_requeued_victim_starts_on(mode)
         [(100.0, "C", ["V1", "V2"])]
     on_b0 = [v for v in ("V1", "V2") if tuple(recs[v]["gpus"]) == ("b0",)]
     assert len(on_b0) == 1 and recs[on_b0[0]]["start_s"] == 100.0, rep["schedule"]["restores"]
+
+
+def test_simulated_plan_restores_wait_while_the_batch_is_full():
+    """As the live worker: a plan's restores are committed only when the batch holds every
+    queued job. With ``max_batch=1`` and two queued jobs, the plan of the first leaves g1
+    idle, but J2 (not in the batch) needs it: no restore at 0 (it would be evicted again
+    for J2), one after J2."""
+    from planner.simulator import simulate
+
+    eps = {"other": EndpointModel("other", 1, 20000, 5.0, 5.0), "base": EndpointModel("base", 1, 20000, 5.0, 5.0)}
+    gpus = [Gpu("g0", "a", 0, 80000), Gpu("g1", "a", 1, 80000)]
+    base = FleetState(0.0, gpus, eps, resident={"g0": "other", "g1": "other"}, set_point={"g1": "base"})
+    jobs = [PlanJob("J1", "other", 2.0, 0.0, 100.0, 2, seq=0), PlanJob("J2", "other", 2.0, 0.0, 100.0, 2, seq=1)]
+    full = simulate(jobs, base, "portfolio", restore=True, detail=True, max_batch=1)
+    roomy = simulate(jobs, base, "portfolio", restore=True, detail=True, max_batch=256)
+    j2 = {r["id"]: r for r in full["schedule"]["jobs"]}["J2"]
+    assert [tuple(r[2]) for r in full["schedule"]["restores"]] == [("g1",)]
+    assert full["schedule"]["restores"][0][0] >= j2["end_s"]
+    assert full["transitions"]["restore"] == 1
+    assert [(r[0], tuple(r[2])) for r in roomy["schedule"]["restores"]] == [(100.0, ("g1",))]
