@@ -90,6 +90,8 @@ def set_point_instances(fleet: FleetSpec) -> list[tuple[str, list[str]]]:
 class PlannerWorker(PreemptionMixin, SetPointMixin):
     """One planner process. ``run()`` loops until ``stop()``; ``tick()`` is one cycle."""
 
+    _removed = 0  # queue entries removed (stale, cancelled) while form_batch read the current chunk
+
     def __init__(self, r: redis.Redis, settings: Settings, fleet: FleetSpec, dispatch=None, name: str | None = None):
         self.r, self.settings, self.fleet = r, settings, fleet
         self.keys = Keys(settings.key_prefix)
@@ -320,8 +322,9 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
                     ids = self.r.zrange(self.keys.queue(lvl), offset, offset + self.settings.batch_size - 1)
                 if not ids:
                     break
-                offset += len(ids)
+                self._removed = 0
                 room = self._take(lvl, ids, out, room)
+                offset += len(ids) - self._removed  # entries removed meanwhile: the rest moved up
         return out
 
     def _take(self, lvl: Priority, ids: list[str], out: list[PlanJob], room: int) -> int:
@@ -350,7 +353,8 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
     def _drop_stale(self, queue: str, jid: str) -> None:
         """Remove a queue entry whose job is no longer queued — only while this planner
         still leads and the job is still not queued (a reaper may have requeued it since)."""
-        self.r.eval(_DROP_STALE, 3, queue, self.keys.job(jid), self.keys.planner_fence, jid, self.token)
+        self._removed += int(self.r.eval(_DROP_STALE, 3, queue, self.keys.job(jid), self.keys.planner_fence, jid,
+                                         self.token) or 0)
 
     def _deps_ready(self, jid: str, deps: tuple[str, ...]) -> bool:
         states = [self.r.hget(self.keys.job(d), "state") for d in deps]
@@ -365,9 +369,9 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
             prio = self.r.hget(self.keys.job(jid), "priority") or "NORMAL"
             reason = f"dependency {bad[0]} did not complete"
             ev = json.dumps({"ts": time.time(), "kind": "cancelled", "job": jid, "priority": prio, "reason": reason})
-            self.r.eval(_CANCEL_DEPENDANT, 5, self.keys.queue(prio), self.keys.job(jid), self.keys.planner_fence,
-                        self.keys.events, f"{self.keys.prefix}:finished", jid, self.token, repr(time.time()),
-                        reason, ev)
+            self._removed += int(self.r.eval(
+                _CANCEL_DEPENDANT, 5, self.keys.queue(prio), self.keys.job(jid), self.keys.planner_fence,
+                self.keys.events, f"{self.keys.prefix}:finished", jid, self.token, repr(time.time()), reason, ev) or 0)
         return False
 
     def tick(self) -> bool:

@@ -71,6 +71,19 @@ def test_batch_reads_past_steps_whose_dependencies_are_not_done(r, keys, prod, f
     assert [j.id for j in w.form_batch()] == [free]
 
 
+def test_stale_entries_at_the_head_do_not_hide_the_jobs_behind_them(r, keys, prod, fleet, settings):
+    """Removing stale entries shifts the rest of the queue up: the next read must not skip
+    as many live jobs (batch_size 2: two cancelled entries, then two queued jobs)."""
+    small = dataclasses.replace(settings, batch_size=2)
+    ids = [prod.submit({"endpoint": "embed", "service_s": 5, "priority": "LOW"}).id for _ in range(4)]
+    for jid in ids[:2]:
+        r.hset(keys.job(jid), "state", "cancelled")  # left in the queue: stale
+    w = PlannerWorker(r, small, fleet, dispatch=lambda *a: None)
+    w.token = r.incr(keys.planner_fence) and r.get(keys.planner_fence)
+    assert [j.id for j in w.form_batch()] == ids[2:]
+    assert r.zrange(keys.queue(Priority.LOW), 0, -1) == ids[2:]
+
+
 def test_stale_entry_cleanup_keeps_a_requeued_job(r, keys, prod, fleet, settings):
     jid = prod.submit({"endpoint": "embed", "service_s": 5}).id
     w = PlannerWorker(r, settings, fleet, dispatch=lambda *a: None)
