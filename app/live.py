@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -45,7 +46,10 @@ class LiveSystem:
         pool: Celery pool of the GPU workers (threads, prefork or solo).
         observer: also start the health observer.
         metrics_base_port: when set, each process serves /metrics on its own port from
-            this one up (``metrics_ports`` maps process name -> port).
+            this one up, skipping ports already bound on this host (``metrics_ports`` maps
+            process name -> port). A port below the ephemeral range (32768 on Linux) is
+            safest: outgoing connections take ephemeral ports between the check and the
+            child's bind.
     """
 
     fleet_path: Path
@@ -72,7 +76,9 @@ class LiveSystem:
         f = open(log_path, "ab")
         env = self._env()
         if self.metrics_base_port:
-            port = self.metrics_ports.setdefault(name, self.metrics_base_port + len(self.metrics_ports))
+            port = self.metrics_ports.get(name) or _bindable_from(self.metrics_base_port + len(self.metrics_ports),
+                                                                  set(self.metrics_ports.values()))
+            self.metrics_ports[name] = port
             env["MAKESPAN_METRICS_PORT"] = str(port)
         p = subprocess.Popen([sys.executable, "-m", "app.cli", *args], stdout=f, stderr=subprocess.STDOUT,
                              env=env, start_new_session=True)
@@ -212,3 +218,19 @@ def delete_prefix(r: redis.Redis, keys: Keys) -> int:
     if batch:
         n += r.delete(*batch)
     return n
+
+
+def _bindable_from(start: int, taken: set[int]) -> int:
+    """The first port from ``start`` not in ``taken`` that nothing on this host has bound
+    (a process whose metrics port is taken would exit at start). Raises RuntimeError
+    when none is left below 65536."""
+    for port in range(start, 65536):
+        if port in taken:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free TCP port from {start} up for a metrics server")

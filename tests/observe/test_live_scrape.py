@@ -3,6 +3,7 @@ the counters must match what was submitted and completed."""
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import httpx
@@ -10,7 +11,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app.live import LiveSystem
 from app.models import load_fleet
-from app.redis_conn import free_port
 from app.producer import Producer
 from tests.live import wait_for
 
@@ -34,7 +34,7 @@ def _total(samples: dict, name: str, **labels) -> float:
 
 def test_scrape_matches_a_known_workload(r, keys, settings, tmp_path):
     fleet = load_fleet(FLEET)
-    base = free_port()
+    base = random.Random().randrange(20000, 30000)  # below the ephemeral range (LiveSystem skips bound ports)
     system = LiveSystem(FLEET, fleet, settings, tmp_path / "logs", metrics_base_port=base)
     try:
         system.start()
@@ -61,3 +61,27 @@ def test_scrape_matches_a_known_workload(r, keys, settings, tmp_path):
         assert _total(observer, "makespan_incidents_total") == 0
     finally:
         system.stop()
+
+
+def test_metrics_ports_skip_ports_already_bound():
+    """A metrics port another process holds would make that child exit at start: the
+    live system skips it (and ports it gave out already)."""
+    import socket
+
+    from app.live import _bindable_from
+
+    rng = random.Random()
+    for _ in range(20):  # a base whose next port we can hold ourselves
+        base = rng.randrange(20000, 30000)
+        held = socket.socket()
+        try:
+            held.bind(("0.0.0.0", base + 1))
+            break
+        except OSError:
+            held.close()
+    with held:
+        held.listen()
+        got = _bindable_from(base, {base})
+        assert got >= base + 2
+        with socket.socket() as probe:
+            probe.bind(("0.0.0.0", got))  # what it returned is free
