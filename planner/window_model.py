@@ -14,7 +14,10 @@ Model of a window (integer seconds, time 0 = planning time):
                  after its transition; no overlap of residencies, nor of jobs, on any GPU;
                  residencies start when their GPUs are free; jobs start after release and
                  in-window dependencies;
-    objective:   Σ w_j·C_j + 1 per transition second (a small cost per transition);
+    objective:   Σ w_j·C_j + 1 per transition second (a small cost per transition)
+                 + the future cost of the endpoints in recent demand the window leaves
+                 without instances (:mod:`planner.window_future`, an estimate of the
+                 evaluator's term);
                  with ``objective="weighted_tardiness"``, 1000·Σ w_j·T_j (T_j ≥ C_j − d_j,
                  T_j ≥ 0, jobs with a deadline) is added: tardiness first, the
                  completion sum as tie-break (the evaluator's score decides acceptance).
@@ -38,6 +41,7 @@ from dataclasses import dataclass
 from ortools.sat.python import cp_model
 
 from planner import window_preemption as wp
+from planner.window_future import FutureTerm
 from planner.model import Assignment, FleetState, Plan, PlanJob
 from planner.preemption_plan import Candidate
 from planner.replay import Group, Replay
@@ -204,10 +208,16 @@ def solve_window(inc: Plan, lo: int, hi: int, jobs: dict[str, PlanJob], state: F
         m.AddNoOverlap([res[k][3] for k in by_gpu_res[u]] + pv.occupied.get(u, []))
         m.AddNoOverlap(by_gpu_job[u])
     obj.extend(v[0] * v[4] for v in res.values())
+    fut = FutureTerm(m, inc.assignments[hi:], jobs, state, rep, res, gpus)
+    obj.extend(c * v for c, v in fut.terms)
     m.Minimize(sum(obj))
     hint = hint_of(win, cands, res, x, start, jobs, rep, ti)
+    fut_hint = 0
     if hint is not None and pre:
         hint += pv.hint(x, cands, start, ti)
+    if hint is not None and fut.terms:
+        more, fut_hint = fut.hint(dict(hint))
+        hint += more
     solver = cp_model.CpSolver()
     prm = solver.parameters
     prm.random_seed = seed
@@ -245,5 +255,6 @@ def solve_window(inc: Plan, lo: int, hi: int, jobs: dict[str, PlanJob], state: F
 
         hint_obj = (sum(c * end_h(jid) for jid, (c, _pj) in wj.items())
                     + sum(v[4] * hv[v[0]] for v in res.values())
-                    + sum(1000 * wj[jid][0] * max(0, end_h(jid) - d) for jid, d in due.items()))
+                    + sum(1000 * wj[jid][0] * max(0, end_h(jid) - d) for jid, d in due.items())
+                    + fut_hint)
     return Window(order, groups, st == cp_model.OPTIMAL, solver.ObjectiveValue(), hint_obj, rep, taken)
