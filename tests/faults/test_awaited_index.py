@@ -65,6 +65,23 @@ def test_a_step_deeper_than_the_scan_protects_its_running_dependency(r, keys, se
     assert {c.job_id for c in sent} <= set(crit)
 
 
+@pytest.mark.parametrize("mode", ["plan", "rule"])
+def test_a_delayed_job_protects_its_running_dependency(r, keys, settings, mode):
+    """Every GPU runs a LOW job; seven of them are awaited by jobs still delayed (in no
+    queue at all): a CRITICAL job may cut only the other one. (The free one sits in the
+    middle: before the index, the rule cut the first and the scored decision the last.)"""
+    w, prod, _sent = _setup(r, keys, dataclasses.replace(settings, preemption=mode))
+    lows = [_running(r, keys, w, prod, "chat", "LOW", [g]) for g in GPUS]
+    r.zrem(keys.queue(Priority.LOW), *lows)
+    free = lows[3]
+    for j in lows:
+        if j != free:
+            prod.submit({"endpoint": "chat", "service_s": 10, "priority": "LOW", "depends_on": [j], "delay_s": 600})
+    prod.submit({"endpoint": "chat", "service_s": 10, "priority": "CRITICAL"})
+    w.tick()
+    assert {e["job"] for e in _preempted(r, keys)} == {free}
+
+
 def test_entries_go_when_the_step_starts(r, keys, settings):
     """b waits on a and x (one entry in each set); once both completed and the planner
     leased b, no entry is left."""
