@@ -40,6 +40,8 @@ key                                    type    contents
 ``P:reqwait:{instance}``               string  requests waiting for a request lease
 ``P:reqpeak:{instance}``               string  most request leases ever held at once
 ``P:requests:{job}``                   list    per-request records of a step (JSON: t0, t1, ms, ok)
+``P:awaited:{job}``                    set     queued/delayed job ids whose deps name ``job``
+                                               (reverse-dependency index, see app.awaited)
 =====================================  ======  ==============================================
 
 Celery's own keys are prefixed with ``P:celery:`` through kombu's ``global_keyprefix``.
@@ -190,6 +192,14 @@ class Keys:
 
     def requests(self, job_id: str) -> str:
         return f"{self.prefix}:requests:{job_id}"
+
+    def awaited(self, job_id: str) -> str:
+        """Set of the queued or delayed job ids that wait on ``job_id`` (app.awaited)."""
+        return f"{self.prefix}:awaited:{job_id}"
+
+    @property
+    def awaited_pattern(self) -> str:
+        return f"{self.prefix}:awaited:*"
 
     @property
     def celery_prefix(self) -> str:

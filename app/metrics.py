@@ -15,7 +15,7 @@ Two kinds of metric (full reference: docs/metrics.md):
 
 Labels are low-cardinality: ``priority`` (4 levels), ``phase`` (5), ``kind``
 (transition kinds), ``state`` (busy/transition/idle), ``endpoint`` (fleet
-endpoints), ``queue`` (one per GPU host), ``item`` (3 drain items).
+endpoints), ``queue`` (one per GPU host), ``item`` (4 drain items).
 
 :func:`start_metrics_server` serves ``/metrics``. By default it switches the process
 to multiprocess mode first (a private ``PROMETHEUS_MULTIPROC_DIR`` below the one
@@ -268,7 +268,7 @@ class RedisStateCollector:
         agenda.add_metric([], next(res))
         drain_raw = next(res) or {}
         drain = Gauge("makespan_drain_leftovers", "What the last drain check found left behind.", labels=["item"])
-        for item in ("leases", "agenda_entries", "busy_slots"):
+        for item in ("leases", "agenda_entries", "busy_slots", "awaited_entries"):
             drain.add_metric([item], float(drain_raw.get(item, 0) or 0))
         checks = Counter("makespan_drain_checks", "Drain checks run.")
         checks.add_metric([], float(drain_raw.get("checks", 0) or 0))

@@ -19,15 +19,17 @@ from typing import Any
 import redis
 
 from app import metrics, telemetry
+from app.awaited import ADD_LUA, DROP_LUA
 from app.errors import NotFoundError, StoreError, ValidationError
 from app.keys import Keys
 from app.models import FleetSpec, JobSpec, Priority, parse_job
 from app.settings import Settings
 
 # KEYS: idem (or a dummy when no key), seq, job, queue, events, planner wake list, delayed
-# ARGV: has_idem, job_id, fields JSON (flat map), event JSON, delay s ('' = queue now)
+# ARGV: has_idem, job_id, fields JSON (flat map), event JSON, delay s ('' = queue now), key prefix
 # A delayed job's due time (not_before, its P:delayed score) = the Redis server's clock + delay.
-_SUBMIT = """
+# A job with deps joins the reverse-dependency index of each (app.awaited) in the same script.
+_SUBMIT = ADD_LUA + """
 if ARGV[1] == '1' then
   local existing = redis.call('GET', KEYS[1])
   if existing then return {0, existing} end
@@ -47,6 +49,7 @@ if ARGV[5] ~= '' then
   local e = cjson.decode(ev); e['not_before'] = tonumber(due); ev = cjson.encode(e)
 end
 redis.call('HSET', KEYS[3], unpack(flat))
+awaited_add(ARGV[6], ARGV[2], fields['deps'])
 if due then
   redis.call('ZADD', KEYS[7], due, ARGV[2])
 else
@@ -59,13 +62,15 @@ redis.call('LTRIM', KEYS[6], -16, -1)
 return {1, ARGV[2]}
 """
 
-# KEYS: job, queue(level), events, finished (retention), delayed ; ARGV: job_id, event JSON, now
-_CANCEL = """
+# KEYS: job, queue(level), events, finished (retention), delayed ; ARGV: job_id, event JSON, now, key prefix
+# A cancelled queued/delayed job leaves the reverse-dependency index (app.awaited).
+_CANCEL = DROP_LUA + """
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return 'missing' end
 if state == 'queued' or state == 'delayed' then
   redis.call('ZREM', KEYS[2], ARGV[1])
   redis.call('ZREM', KEYS[5], ARGV[1])
+  awaited_drop(ARGV[4], ARGV[1], redis.call('HGET', KEYS[1], 'deps'))
   redis.call('HSET', KEYS[1], 'state', 'cancelled', 'finished_at', ARGV[3], 'reason', 'cancelled while ' .. state)
   redis.call('ZADD', KEYS[4], tonumber(ARGV[3]), ARGV[1])
   redis.call('XADD', KEYS[3], 'MAXLEN', '~', '1000000', '*', 'e', ARGV[2])
@@ -143,7 +148,8 @@ class Producer:
                 self.keys.job(job_id), self.keys.queue(spec.priority), self.keys.events,
                 self.keys.planner_wake, self.keys.delayed]
         try:
-            created, jid = self._submit(keys=keys, args=["1" if has_idem else "0", job_id, json.dumps(fields), ev, delay])
+            args = ["1" if has_idem else "0", job_id, json.dumps(fields), ev, delay, self.keys.prefix]
+            created, jid = self._submit(keys=keys, args=args)
         except redis.RedisError as e:
             raise StoreError(f"submit failed: {e}") from e
         if created:
@@ -201,7 +207,7 @@ class Producer:
         ev = json.dumps({"ts": time.time(), "kind": "cancelled", "job": job_id, "priority": prio})
         out = self._cancel(keys=[self.keys.job(job_id), self.keys.queue(prio), self.keys.events,
                                  f"{self.keys.prefix}:finished", self.keys.delayed],
-                           args=[job_id, ev, repr(time.time())])
+                           args=[job_id, ev, repr(time.time()), self.keys.prefix])
         if out == "missing":
             raise NotFoundError(f"no job {job_id!r}")
         return out

@@ -10,6 +10,7 @@ from typing import Any
 
 import redis
 
+from app.awaited import leaked
 from app.keys import Keys
 from app.models import FleetSpec, Priority
 from planner.measures import JobRecord, build_report, lower_bounds
@@ -18,16 +19,18 @@ from workers.planner_worker import endpoint_models
 
 
 def drain_counts(r: redis.Redis, keys: Keys, fleet: FleetSpec) -> dict[str, Any]:
-    """Count what a drained fleet must not hold, independently of the planner, and list it."""
+    """Count what a drained fleet must not hold, independently of the planner, and list it
+    (``awaited_entries``: reverse-dependency index entries of jobs no longer waiting)."""
     gpu_keys = [k for k, v in zip(fleet.gpu_uuids(), r.mget([keys.gpu(g) for g in fleet.gpu_uuids()])) if v]
     leases = r.zrange(keys.leases, 0, -1)
     agenda = r.zrange(keys.agenda_index, 0, -1)
     agenda_keys = [k for k in r.scan_iter(f"{keys.prefix}:agenda:*", count=1000)
                    if k != keys.agenda_index and not k.endswith(":lock")]
     busy = list(r.scan_iter(keys.busy_pattern, count=1000))
+    awaited = leaked(r, keys)
     return {"leases": len(set(leases)) + len(gpu_keys), "agenda_entries": max(len(agenda), len(agenda_keys)),
-            "busy_slots": len(busy),
-            "left": {"leases": leases, "leased_gpus": gpu_keys, "agenda": agenda, "busy": busy}}
+            "busy_slots": len(busy), "awaited_entries": sum(len(v) for v in awaited.values()),
+            "left": {"leases": leases, "leased_gpus": gpu_keys, "agenda": agenda, "busy": busy, "awaited": awaited}}
 
 
 def records_from_run(events: list[dict[str, Any]], jobs: dict[str, dict[str, str]], time_scale: float,

@@ -39,6 +39,7 @@ from typing import Any
 import redis
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from app.awaited import ADD_LUA, DROP_LUA
 from app.errors import NotFoundError, StoreError, ValidationError
 from app.keys import Keys
 from app.models import _NAME, FleetSpec, Priority, validate
@@ -329,8 +330,9 @@ class Workload:
 
 # -- submit ----------------------------------------------------------------------------
 # KEYS: seq, queue, events, workload, workloads, active ; then one job key per step
-# ARGV: n, workload_id, workload fields JSON, now, then per step: job_id, fields JSON, event JSON
-_SUBMIT_WORKLOAD = """
+# ARGV: n, workload_id, workload fields JSON, now, key prefix, then per step: job_id, fields JSON, event JSON
+# A step with deps joins the reverse-dependency index of each (app.awaited).
+_SUBMIT_WORKLOAD = ADD_LUA + """
 local n = tonumber(ARGV[1])
 for i = 1, n do
   if redis.call('EXISTS', KEYS[6 + i]) == 1 then return 0 end
@@ -342,13 +344,14 @@ redis.call('HSET', KEYS[4], unpack(flat))
 redis.call('ZADD', KEYS[5], ARGV[4], ARGV[2])
 redis.call('SADD', KEYS[6], ARGV[2])
 for i = 1, n do
-  local base = 4 + (i - 1) * 3
+  local base = 5 + (i - 1) * 3
   local seq = redis.call('INCR', KEYS[1])
   local fields = cjson.decode(ARGV[base + 2])
   local f = {}
   for k, v in pairs(fields) do table.insert(f, k); table.insert(f, tostring(v)) end
   table.insert(f, 'seq'); table.insert(f, tostring(seq))
   redis.call('HSET', KEYS[6 + i], unpack(f))
+  awaited_add(ARGV[5], ARGV[base + 1], fields['deps'])
   redis.call('ZADD', KEYS[2], seq, ARGV[base + 1])
   redis.call('XADD', KEYS[3], 'MAXLEN', '~', '1000000', '*', 'e', ARGV[base + 3])
 end
@@ -408,7 +411,7 @@ def submit_workload(r: redis.Redis, keys: Keys, fleet: FleetSpec, workload: Work
     k = [keys.seq, keys.queue(wl.priority), keys.events, keys.workload(wid), keys.workloads, keys.workloads_active,
          *job_keys]
     try:
-        ok = script(keys=k, args=[str(len(job_keys)), wid, json.dumps(wfields), repr(now), *args])
+        ok = script(keys=k, args=[str(len(job_keys)), wid, json.dumps(wfields), repr(now), keys.prefix, *args])
     except redis.RedisError as e:
         raise StoreError(f"submit workload failed: {e}") from e
     if not ok:  # pragma: no cover - uuid4 collision
@@ -448,8 +451,10 @@ def workload_status(r: redis.Redis, keys: Keys, workload_id: str) -> dict[str, A
 # for its history and for retention): the workload's step map and every queued
 # dependant's deps are pointed at the new id in the same script.
 # KEYS: workload, new job, queue, events, seq, finished, then dependant job keys
-# ARGV: step, old id, new id, fields JSON, event JSON, then per dependant its deps JSON
-_RETRY = """
+# ARGV: step, old id, new id, fields JSON, event JSON, key prefix, then per dependant its deps JSON
+# The reverse-dependency index (app.awaited) follows: the new job joins it for its deps, a
+# queued dependant moves from the old id's set to the new id's.
+_RETRY = ADD_LUA + DROP_LUA + """
 if redis.call('HGET', KEYS[1], 'state') ~= 'running' then return 0 end
 local steps = cjson.decode(redis.call('HGET', KEYS[1], 'steps'))
 if steps[ARGV[1]] ~= ARGV[2] then return 0 end
@@ -464,31 +469,38 @@ local f = {}
 for k, v in pairs(fields) do table.insert(f, k); table.insert(f, tostring(v)) end
 table.insert(f, 'seq'); table.insert(f, tostring(seq))
 redis.call('HSET', KEYS[2], unpack(f))
+awaited_add(ARGV[6], ARGV[3], fields['deps'])
 redis.call('ZADD', KEYS[3], seq, ARGV[3])
 for i = 7, #KEYS do
-  if redis.call('HGET', KEYS[i], 'state') == 'queued' then redis.call('HSET', KEYS[i], 'deps', ARGV[i - 1]) end
+  if redis.call('HGET', KEYS[i], 'state') == 'queued' then
+    local waiter = redis.call('HGET', KEYS[i], 'id')
+    awaited_drop(ARGV[6], waiter, redis.call('HGET', KEYS[i], 'deps'))
+    redis.call('HSET', KEYS[i], 'deps', ARGV[i])
+    awaited_add(ARGV[6], waiter, ARGV[i])
+  end
 end
 redis.call('XADD', KEYS[4], 'MAXLEN', '~', '1000000', '*', 'e', ARGV[5])
 return 1
 """
 
 # KEYS: workload, active, events, queue, finished index, delayed, then job keys
-# ARGV: now, reason, final state, then job ids
+# ARGV: now, reason, final state, key prefix, then job ids
 # Queued steps (and delayed ones: waiting out a retry backoff) are cancelled at once;
 # leased/running ones are asked to stop at their next phase boundary (the GPU worker
-# then releases their lease).
-_CANCEL_WORKLOAD = """
+# then releases their lease). A cancelled step leaves the reverse-dependency index (app.awaited).
+_CANCEL_WORKLOAD = DROP_LUA + """
 local n = #KEYS - 6
 local out = {0, 0}
 for i = 1, n do
   local st = redis.call('HGET', KEYS[6 + i], 'state')
   if st == 'queued' or st == 'delayed' then
-    redis.call('ZREM', KEYS[4], ARGV[3 + i])
-    redis.call('ZREM', KEYS[6], ARGV[3 + i])
+    redis.call('ZREM', KEYS[4], ARGV[4 + i])
+    redis.call('ZREM', KEYS[6], ARGV[4 + i])
+    awaited_drop(ARGV[4], ARGV[4 + i], redis.call('HGET', KEYS[6 + i], 'deps'))
     redis.call('HSET', KEYS[6 + i], 'state', 'cancelled', 'finished_at', ARGV[1], 'reason', ARGV[2])
-    redis.call('ZADD', KEYS[5], ARGV[1], ARGV[3 + i])
+    redis.call('ZADD', KEYS[5], ARGV[1], ARGV[4 + i])
     redis.call('XADD', KEYS[3], 'MAXLEN', '~', '1000000', '*', 'e',
-               cjson.encode({ts = tonumber(ARGV[1]), kind = 'cancelled', job = ARGV[3 + i], reason = ARGV[2]}))
+               cjson.encode({ts = tonumber(ARGV[1]), kind = 'cancelled', job = ARGV[4 + i], reason = ARGV[2]}))
     out[1] = out[1] + 1
   elseif st == 'leased' or st == 'running' then
     redis.call('HSET', KEYS[6 + i], 'cancel_requested', '1')
@@ -528,7 +540,7 @@ def _cancel_steps(r, keys, wid, prio, job_ids, reason, final_state) -> dict[str,
     script = r.register_script(_CANCEL_WORKLOAD)
     k = [keys.workload(wid), keys.workloads_active, keys.events, keys.queue(prio), f"{keys.prefix}:finished",
          keys.delayed, *[keys.job(j) for j in job_ids]]
-    a, b = script(keys=k, args=[repr(time.time()), reason, final_state, *job_ids])
+    a, b = script(keys=k, args=[repr(time.time()), reason, final_state, keys.prefix, *job_ids])
     if final_state:
         from app import events
 
@@ -636,5 +648,6 @@ def _retry(r, keys, wid, wrec, step, ids, deps, prio, retries, reason) -> bool:
                      "step": step, "retry": retries + 1, "reason": reason})
     k = [keys.workload(wid), keys.job(new_id), keys.queue(prio), keys.events, keys.seq, f"{keys.prefix}:finished",
          *[keys.job(ids[d]) for d in dependants]]
-    a = [step, ids[step], new_id, json.dumps(fields), ev, *[json.dumps([new_ids[x] for x in deps[d]]) for d in dependants]]
+    a = [step, ids[step], new_id, json.dumps(fields), ev, keys.prefix,
+         *[json.dumps([new_ids[x] for x in deps[d]]) for d in dependants]]
     return bool(r.register_script(_RETRY)(keys=k, args=a))

@@ -3,7 +3,8 @@
 * ``lost``: an accepted job neither completed nor failed/cancelled with a reason;
 * ``completed_twice``: a job with more than one ``completed`` event or execute phase;
 * ``gpu_overlap``: a GPU leased to two holders at once (:func:`lease_overlaps`);
-* ``drain``: leases, agenda entries or busy slots left, or no drain check after the last job;
+* ``drain``: leases, agenda entries, busy slots or leaked reverse-dependency index entries
+  (``awaited_entries``) left, or no drain check after the last job;
 * ``set_point``: a set-point endpoint not resident on its GPUs;
 * ``incident``: an incident with no injected fault in the window before it.
 """
@@ -91,7 +92,7 @@ def check_invariants(r: redis.Redis, keys: Keys, fleet, accepted: list[str], fau
     v["completed_twice"] += [f"{j}: executed {n} times" for j, n in execd.items() if n > 1]
     v["gpu_overlap"] += [f"{g}: {a} and {b}" for g, a, b in lease_overlaps(evs)]
     d = drain_counts(r, keys, fleet)
-    left = {k: d[k] for k in ("leases", "agenda_entries", "busy_slots") if d[k]}
+    left = {k: d[k] for k in ("leases", "agenda_entries", "busy_slots", "awaited_entries") if d[k]}
     if left:
         v["drain"].append(f"left behind {left}: {d['left']}")
     last_end = max((e["ts"] for e in evs if e["kind"] in TERMINAL), default=0.0)

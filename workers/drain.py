@@ -6,7 +6,8 @@ are queued, it starts the restores of its plan that start now (a set-point group
 plan leaves idle, free and not at its set point: :meth:`SetPointMixin._restore_planned`).
 Once
 the fleet is back at its set point it counts what a drained fleet must not hold:
-leases, agenda entries and busy slots.
+leases, agenda entries, busy slots, and reverse-dependency index entries whose waiting
+job is no longer queued or delayed (``awaited_entries``, :func:`app.awaited.leaked`).
 
 Mixed into :class:`workers.planner_worker.PlannerWorker`.
 """
@@ -19,6 +20,7 @@ import uuid
 from typing import Any
 
 from app import events, telemetry
+from app.awaited import leaked
 from planner.restore import plan_restores
 from workers.phases import PhaseContext, instance_value
 
@@ -95,12 +97,14 @@ class SetPointMixin:
         return n
 
     def check_drain(self) -> dict[str, Any]:
-        """Count what a drained fleet must not hold: leases, agenda entries, busy slots."""
+        """Count what a drained fleet must not hold: leases, agenda entries, busy slots,
+        leaked reverse-dependency index entries (module doc)."""
         gpu_keys = sum(1 for v in self.r.mget([self.keys.gpu(g.uuid) for g in self.gpus]) if v)
         leases = int(self.r.zcard(self.keys.leases)) + gpu_keys
         agenda = self.agenda.count() if self.agenda is not None else 0
         busy_slots = sum(1 for _ in self.r.scan_iter(self.keys.busy_pattern, count=1000))
-        counts = {"leases": leases, "agenda_entries": agenda, "busy_slots": busy_slots}
+        awaited = sum(len(v) for v in leaked(self.r, self.keys).values())
+        counts = {"leases": leases, "agenda_entries": agenda, "busy_slots": busy_slots, "awaited_entries": awaited}
         self.r.hset(self.keys.drain, mapping={**counts, "checked_at": repr(time.time())})
         self.r.hincrby(self.keys.drain, "checks", 1)
         events.record(self.r, self.keys.events, "drain", **counts)

@@ -29,6 +29,7 @@ from typing import Any
 
 import redis
 
+from app.awaited import DROP_LUA
 from app.errors import LeaseError, StaleFencingToken
 from app.keys import Keys
 
@@ -43,9 +44,10 @@ local server_now_ms = tonumber(server_t[1]) * 1000 + math.floor(tonumber(server_
 # KEYS: fence, lease, leases, job, queue, running, planner_fence, events, gpu_1..gpu_n[, resident_1..resident_n]
 # ARGV: lease_id, job_id, ttl_ms, now_ms (caller's clock: leased_at, running score only), holder,
 #       lease JSON fields, planner_token, event JSON, job_state,
-#       instance value ('' = no resident keys; else the reply says whether every GPU holds that instance)
+#       instance value ('' = no resident keys; else the reply says whether every GPU holds that instance),
+#       key prefix (a leased job leaves the reverse-dependency index, app.awaited: it waits on nothing now)
 # expires_ms = server clock + ttl_ms
-_ACQUIRE = SERVER_NOW_MS + """
+_ACQUIRE = SERVER_NOW_MS + DROP_LUA + """
 local n = #KEYS - 8
 if ARGV[10] ~= '' then n = n / 2 end
 if ARGV[7] ~= '' and redis.call('GET', KEYS[7]) ~= ARGV[7] then return {0, 'planner_fenced'} end
@@ -64,6 +66,7 @@ redis.call('HSET', KEYS[2], unpack(flat))
 redis.call('ZADD', KEYS[3], expires_ms, ARGV[1])
 if ARGV[9] == 'queued' then
   redis.call('ZREM', KEYS[5], ARGV[2])
+  awaited_drop(ARGV[11], ARGV[2], redis.call('HGET', KEYS[4], 'deps'))
   redis.call('HSET', KEYS[4], 'state', 'leased', 'lease', ARGV[1], 'token', tostring(token),
              'leased_at', tostring(tonumber(ARGV[4]) / 1000.0))
   redis.call('ZADD', KEYS[6], ARGV[4], ARGV[2])
@@ -291,7 +294,7 @@ class LeaseStore:
                 queue or self.keys.queue("normal"), self.keys.running, self.keys.planner_fence, self.keys.events,
                 *[self.keys.gpu(g) for g in gpus], *([self.keys.resident(g) for g in gpus] if instance else [])]
         return keys, [lease_id, job_id, int(ttl_s * 1000), now_ms(), holder, json.dumps(fields), planner_token,
-                      json.dumps(ev), "queued" if kind == "job" else "none", instance]
+                      json.dumps(ev), "queued" if kind == "job" else "none", instance, self.keys.prefix]
 
     @staticmethod
     def _acquired(out: list, lease_id: str, gpus: tuple[str, ...]) -> Lease | None:

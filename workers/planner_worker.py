@@ -24,6 +24,7 @@ import redis
 from redis.exceptions import LockError, LockNotOwnedError
 
 from app import events, metrics, telemetry
+from app.awaited import DROP_LUA
 from app.errors import LeaseError, StoreError
 from app.keys import Keys
 from app.models import FleetSpec, Priority
@@ -50,12 +51,14 @@ if redis.call('HGET', KEYS[2], 'state') == 'queued' then return 0 end
 return redis.call('ZREM', KEYS[1], ARGV[1])
 """
 
-# Cancel a queued job whose dependency failed. KEYS: queue, job, planner_fence, events,
-# finished ; ARGV: job id, planner token, now (s), reason, event JSON
-_CANCEL_DEPENDANT = """
+# Cancel a queued job whose dependency failed (it leaves the reverse-dependency index,
+# app.awaited). KEYS: queue, job, planner_fence, events, finished ; ARGV: job id, planner
+# token, now (s), reason, event JSON, key prefix
+_CANCEL_DEPENDANT = DROP_LUA + """
 if redis.call('GET', KEYS[3]) ~= ARGV[2] then return 0 end
 if redis.call('HGET', KEYS[2], 'state') ~= 'queued' then return 0 end
 redis.call('ZREM', KEYS[1], ARGV[1])
+awaited_drop(ARGV[6], ARGV[1], redis.call('HGET', KEYS[2], 'deps'))
 redis.call('HSET', KEYS[2], 'state', 'cancelled', 'finished_at', ARGV[3], 'reason', ARGV[4])
 redis.call('ZADD', KEYS[5], tonumber(ARGV[3]), ARGV[1])
 redis.call('XADD', KEYS[4], 'MAXLEN', '~', '1000000', '*', 'e', ARGV[5])
@@ -301,7 +304,7 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
         are read again here when a workload pass may have changed the queues)."""
         out: list[PlanJob] = []
         self._meta: dict[str, tuple[str, float]] = {}
-        self.awaited: set[str] = set()  # jobs that a queued job read here still waits on (never victims)
+        self.awaited: set[str] = set()  # deps of the unready steps read here (never victims; plus the index)
         room = self.settings.batch_size
         if heads is None and self.r.scard(self.keys.workloads_active):
             from app.workloads import advance_workloads  # workload steps: retries, failure, completion
@@ -310,12 +313,9 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
         for lvl in Priority:
             offset = 0
             # read on past steps whose dependencies are not done, so that they never hide
-            # startable jobs behind them (bounded: SCAN_FACTOR batches per level per tick)
-            # with the batch full, the entries are still read (as far) for ``awaited`` alone
-            # when the batch may preempt (it holds a CRITICAL/HIGH job)
-            while offset < SCAN_FACTOR * self.settings.batch_size:
-                if room <= 0 and not any(j.priority <= int(Priority.HIGH) for j in out):
-                    break
+            # startable jobs behind them (bounded: SCAN_FACTOR batches per level per tick);
+            # what a step waits on is known at any depth from the index (app.awaited)
+            while room > 0 and offset < SCAN_FACTOR * self.settings.batch_size:
                 if offset == 0 and heads is not None:
                     ids = heads[lvl]
                 else:
@@ -337,8 +337,7 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
                 self._drop_stale(self.keys.queue(lvl), jid)  # cancelled or lost record
                 continue
             dl = tuple(json.loads(deps)) if deps else ()
-            if room <= 0:  # not in the batch: its dependencies are awaited (a done one is never running)
-                self.awaited.update(dl)
+            if room <= 0:  # not in the batch (what it waits on is in the index)
                 continue
             if dl and not self._deps_ready(jid, dl):
                 self.awaited.update(dl)
@@ -371,7 +370,8 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
             ev = json.dumps({"ts": time.time(), "kind": "cancelled", "job": jid, "priority": prio, "reason": reason})
             self._removed += int(self.r.eval(
                 _CANCEL_DEPENDANT, 5, self.keys.queue(prio), self.keys.job(jid), self.keys.planner_fence,
-                self.keys.events, f"{self.keys.prefix}:finished", jid, self.token, repr(time.time()), reason, ev) or 0)
+                self.keys.events, f"{self.keys.prefix}:finished", jid, self.token, repr(time.time()), reason, ev,
+                self.keys.prefix) or 0)
         return False
 
     def tick(self) -> bool:

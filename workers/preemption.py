@@ -11,11 +11,14 @@ it lost before its preemptor starts):
   trades each candidate preemption against waiting with the policy's greedy floor;
 * the fixed rule (:func:`planner.preemption.choose_preemption`) otherwise.
 
-Neither decider cuts a job that a queued job read this tick waits on (a workload step
-whose dependency is still running, ``awaited``; ``form_batch`` reads each queue as far as
-``SCAN_FACTOR`` batches, past a full batch when it may preempt): the dependents are
-outside the batch, so no score would count their delay. A step further back in its
-queue is not seen.
+Neither decider cuts a job that a waiting job waits on (a workload step, or a job
+submitted with ``depends_on``, whose dependency is still running: ``awaited``): the
+dependents are outside the batch, so no score would count their delay. ``awaited`` is
+read from the reverse-dependency index (:mod:`app.awaited`: ``P:awaited:{job}``, kept in
+the same script as every enqueue, lease and cancel of a waiting step) for the jobs
+holding a lease, in the same round trip as the lease records, so a step at any depth
+of any queue (or delayed) protects its dependency; the deps of the unready steps that
+``form_batch`` read this tick are added to it (no extra reads).
 
 Mixed into :class:`workers.planner_worker.PlannerWorker`; uses its Redis client,
 keys, endpoints, fencing token and ``_start``.
@@ -26,6 +29,7 @@ from __future__ import annotations
 import logging
 
 from app import metrics
+from app.awaited import queue_awaited_running
 from app.models import Priority
 from planner import preemption_plan
 from planner.api import POLICIES, POLICY_OBJECTIVE, PREEMPTION_FLOOR
@@ -39,7 +43,7 @@ log = logging.getLogger("makespan.planner")
 
 class PreemptionMixin:
     requeued_now = 0  # victims put back in their queue this tick (the tick resets it)
-    awaited: set[str] = set()  # job ids a queued job waits on (form_batch sets it): never victims
+    awaited: set[str] = set()  # job ids a waiting job waits on (form_batch, then the index): never victims
 
     def _preempt(self, waiting: list[PlanJob], state: FleetState, taken: set[str], batch: list[PlanJob],
                  p: Plan, started: set[str]) -> set[str]:
@@ -51,7 +55,8 @@ class PreemptionMixin:
         return self._preempt_for(waiting, state, taken)
 
     def _lease_holders(self) -> tuple[dict[str, str], dict[str, dict[str, str]], dict[str, bool]]:
-        """(GPU -> lease id, lease id -> lease record, lease id -> its execute phase is done)."""
+        """(GPU -> lease id, lease id -> lease record, lease id -> its execute phase is done).
+        Adds the leased jobs that a waiting job waits on (the index) to ``awaited``."""
         holders = self.leases.gpu_holders([g.uuid for g in self.gpus])
         lease_of = {u: v.split(":")[0] for u, v in holders.items() if v}
         lids = sorted(set(lease_of.values()))
@@ -59,7 +64,9 @@ class PreemptionMixin:
         for lid in lids:
             p.hgetall(self.keys.lease(lid))
             p.hget(self.keys.phase(lid), "execute")
-        got = p.execute()
+        queue_awaited_running(p, self.keys)
+        *got, awaited = p.execute()
+        self.awaited = self.awaited | set(awaited)
         info = {lid: got[2 * i] for i, lid in enumerate(lids)}
         executed = {lid: got[2 * i + 1] == "done" for i, lid in enumerate(lids)}
         return lease_of, info, executed

@@ -1,0 +1,85 @@
+"""The reverse-dependency index: which jobs a waiting step waits on, at any queue depth.
+
+``P:awaited:{job_id}`` (set) holds the ids of the jobs that wait on ``job_id``: every
+job that names ``job_id`` in its ``deps`` and is still ``queued`` or ``delayed`` (a
+workload step, or a job submitted with ``depends_on``). The planner's preemption
+deciders read it for the jobs holding a lease (:func:`queue_awaited_running`, one
+script on the tick's pipeline) and never cut one that a waiting step waits on, however
+far back in its queue that step sits (workers/preemption.py).
+
+Maintenance is atomic with the change of the waiting step, inside the same Lua script
+(the snippets below are prepended to those scripts):
+
+* added (:data:`ADD_LUA`) where a step with deps is written: ``app.producer`` submit,
+  ``app.workloads`` submit and retry (a retry also moves its queued dependants from the
+  failed attempt's id to the new one, as it rewrites their ``deps``);
+* removed (:data:`DROP_LUA`) where it stops waiting: leased (``workers.leases``
+  acquire), cancelled (``app.producer`` cancel, workload cancel and a dependant
+  cancelled by the planner or by a workload's failure). Failing or completing needs a
+  lease first, so its entries are already gone. A leased step that is preempted or
+  reclaimed back into its queue waits on nothing (its deps completed before it was
+  leased) and is not added again.
+
+A member whose job is no longer queued or delayed is a leak: :func:`leaked` counts
+them (the planner's drain check, ``drain_counts``). Keys live under the key prefix;
+like the other scripts here, the snippets build them from the prefix passed in.
+"""
+
+from __future__ import annotations
+
+import redis
+
+from app.keys import Keys
+
+# Lua: ``awaited_add(prefix, job_id, deps_json)`` / ``awaited_drop(prefix, job_id, deps_json)``:
+# SADD / SREM ``job_id`` on ``prefix:awaited:{d}`` for each d of the JSON list (nil or '' = none).
+# SREM of the last member deletes the set.
+ADD_LUA = """
+local function awaited_add(prefix, job, deps_json)
+  if not deps_json or deps_json == '' then return end
+  for _, d in ipairs(cjson.decode(deps_json)) do redis.call('SADD', prefix .. ':awaited:' .. d, job) end
+end
+"""
+DROP_LUA = """
+local function awaited_drop(prefix, job, deps_json)
+  if not deps_json or deps_json == '' then return end
+  for _, d in ipairs(cjson.decode(deps_json)) do redis.call('SREM', prefix .. ':awaited:' .. d, job) end
+end
+"""
+
+# The leased jobs (``P:running``) that a waiting job waits on. KEYS: running ; ARGV: prefix
+_AWAITED_RUNNING = """
+local out = {}
+for _, j in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+  if redis.call('EXISTS', ARGV[1] .. ':awaited:' .. j) == 1 then table.insert(out, j) end
+end
+return out
+"""
+
+
+def queue_awaited_running(p: redis.client.Pipeline, keys: Keys) -> None:
+    """Queue on ``p`` the read of the leased job ids (``P:running``, at most one per GPU)
+    that some queued or delayed job waits on; ``p.execute()`` answers a list of ids.
+    Sent as EVAL: no SCRIPT EXISTS round trip, no NOSCRIPT after a Redis restart."""
+    p.eval(_AWAITED_RUNNING, 1, keys.running, keys.prefix)
+
+
+def waiters(r: redis.Redis, keys: Keys, job_id: str) -> set[str]:
+    """Ids of the queued or delayed jobs that wait on ``job_id``."""
+    return set(r.smembers(keys.awaited(job_id)))
+
+
+def leaked(r: redis.Redis, keys: Keys) -> dict[str, list[str]]:
+    """Index entries whose waiting job is no longer queued or delayed (should be none):
+    ``{awaited job id: [waiting job ids]}``. A SCAN over ``P:awaited:*``: for checks
+    (drain, tests), not for a tick."""
+    out: dict[str, list[str]] = {}
+    for k in r.scan_iter(keys.awaited_pattern, count=1000):
+        members = sorted(r.smembers(k))
+        p = r.pipeline(transaction=False)
+        for m in members:
+            p.hget(keys.job(m), "state")
+        bad = [m for m, st in zip(members, p.execute()) if st not in ("queued", "delayed")]
+        if bad:
+            out[k.rsplit(":", 1)[1]] = bad
+    return out
