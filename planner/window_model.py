@@ -17,7 +17,10 @@ Model of a window (integer seconds, time 0 = planning time):
     objective:   Σ w_j·C_j + 1 per transition second (a small cost per transition);
                  with ``objective="weighted_tardiness"``, 1000·Σ w_j·T_j (T_j ≥ C_j − d_j,
                  T_j ≥ 0, jobs with a deadline) is added: tardiness first, the
-                 completion sum as tie-break (the evaluator's score decides acceptance).
+                 completion sum as tie-break (the evaluator's score decides acceptance);
+                 with ``FleetState.set_point_weight`` > 0, a linear estimate of the
+                 set-point absence caused by residencies that displace a resident
+                 set-point instance (:mod:`planner.window_set_point`).
 The incumbent window is given as a complete hint, built to satisfy the model (its jobs in
 order on their groups at the earliest starts the model allows, :func:`hint_of`); with
 ``verify_hint`` it is also checked by fixing every hinted variable. Deterministic up to
@@ -41,6 +44,7 @@ from planner import window_preemption as wp
 from planner.model import Assignment, FleetState, Plan, PlanJob
 from planner.preemption_plan import Candidate
 from planner.replay import Group, Replay
+from planner.window_set_point import SetPointTerm
 
 
 @dataclass
@@ -204,10 +208,14 @@ def solve_window(inc: Plan, lo: int, hi: int, jobs: dict[str, PlanJob], state: F
         m.AddNoOverlap([res[k][3] for k in by_gpu_res[u]] + pv.occupied.get(u, []))
         m.AddNoOverlap(by_gpu_job[u])
     obj.extend(v[0] * v[4] for v in res.values())
+    spt = SetPointTerm(m, res, rep, state, horizon)  # set_point_weight > 0 only (an estimate)
+    obj.extend(spt.objective())
     m.Minimize(sum(obj))
     hint = hint_of(win, cands, res, x, start, jobs, rep, ti)
     if hint is not None and pre:
         hint += pv.hint(x, cands, start, ti)
+    if hint is not None and spt.items:
+        hint += spt.hint(dict(hint))
     solver = cp_model.CpSolver()
     prm = solver.parameters
     prm.random_seed = seed
@@ -245,5 +253,6 @@ def solve_window(inc: Plan, lo: int, hi: int, jobs: dict[str, PlanJob], state: F
 
         hint_obj = (sum(c * end_h(jid) for jid, (c, _pj) in wj.items())
                     + sum(v[4] * hv[v[0]] for v in res.values())
-                    + sum(1000 * wj[jid][0] * max(0, end_h(jid) - d) for jid, d in due.items()))
+                    + sum(1000 * wj[jid][0] * max(0, end_h(jid) - d) for jid, d in due.items())
+                    + (spt.value(dict(hint)) if spt.items else 0))
     return Window(order, groups, st == cp_model.OPTIMAL, solver.ObjectiveValue(), hint_obj, rep, taken)
