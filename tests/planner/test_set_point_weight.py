@@ -180,3 +180,29 @@ def test_aware_rule_charges_the_absence(rule, tp):
                         demand_share={"b": 1.0} if rule == "share" else {})
         got = construct("x", [PlanJob("j", "b", 1.0, 0.0, 50.0)], st, rule)[0].gpus
         assert got == want, (w, got)
+
+
+@pytest.mark.parametrize("at", ["group", "horizon", "group-demand"])
+def test_the_absence_does_not_depend_on_where_the_plan_puts_its_restores(at):
+    batch, st = _case(3, 1.0)
+    bare = plan(batch, st, "portfolio")
+    p = plan(batch, st, "portfolio", restore_at=at)
+    again = evaluate(p, batch, st)
+    assert p.restores and again.stats["set_point_absent_gpu_s"] == bare.stats["set_point_absent_gpu_s"] > 0
+    assert again.stats["set_point_cost"] == bare.stats["set_point_cost"]
+
+
+def test_plan_level_preemption_keeps_the_weight_on_the_states_it_builds():
+    """preemption_plan.apply builds new FleetStates for a preemption's branch: the weight
+    goes with them (else the branch's plans would be scored without the term)."""
+    from planner.model import RunningJob
+    from planner.preemption_plan import Candidate, apply
+
+    batch, st = _case(5, 2.0)
+    job = batch[0]
+    g = st.groups(st.endpoints[job.endpoint].tp)[0]
+    victim = RunningJob(replace(batch[-1], id="v", priority=3), g, -100.0, -50.0, 500.0)
+    st.running = {u: victim for u in g}
+    st.free_at.update({u: 500.0 for u in g})
+    st2, _rest, _a = apply(st, batch, Candidate(replace(job, priority=0), g, (victim,), 100.0 * len(g)))
+    assert st2.set_point_weight == 2.0
