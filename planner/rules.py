@@ -148,6 +148,8 @@ class Aware:
         hits = self._sp_hits.get(g)
         if hits is None:
             hits = self._sp_hits[g] = list(dict.fromkeys(self.sp_of[u] for u in g if u in self.sp_of))
+        if not hits:
+            return 0.0
         cost = 0.0
         res = rep.resident
         for e, grp in hits:
@@ -209,7 +211,7 @@ class Aware:
                     lost = rep.whole_lost(g, e)
                     if lost and rep.whole_gpus(e) - lost < eep.tp:  # its last whole instance goes
                         cost += self._penalty(e, eep.cold_start_s)
-            if sp_of and any(u in sp_of for u in g):
+            if sp_of:
                 cost += self._set_point(rep, g, name, s, t, job.service_s)
             if cost < bc or (cost == bc and t < bt):
                 best, bc, bt = g, cost, t
@@ -227,7 +229,7 @@ class Aware:
             cost = w * s + wt * t
             if t > 0:
                 cost += self.beta * self._share_delta(rep, g, ep.name)
-            if self.sp_of and any(u in self.sp_of for u in g):
+            if self.sp_of:
                 cost += self._set_point(rep, g, ep.name, s, t, job.service_s)
             if cost < bc or (cost == bc and t < bt):
                 best, bc, bt = g, cost, t
