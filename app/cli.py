@@ -277,6 +277,7 @@ def simulate(trace: Path, fleet: Path = FleetOpt, policy: str = typer.Option("po
              preemption: bool = typer.Option(True, help="CRITICAL/HIGH jobs preempt lower levels, as the live planner does (victims restart from zero)"),
              preemption_mode: str = typer.Option("plan", help="plan: portfolio, default/cpsat and tardiness* decide preemptions inside the plan by score (fifo, min-evict, wspt keep the rule), as the live planner does by default (MAKESPAN_PREEMPTION); rule: the fixed preemption rule for every policy"),
              restore: bool = typer.Option(True, help="set-point restores: planned after a group's last job, and when the fleet is idle, as the live planner does; --no-restore: none at all"),
+             set_point_weight: float = typer.Option(0.0, help="score per GPU-second a set-point instance is absent in a plan (weight·s per GPU-s; 0: not weighed), as MAKESPAN_SET_POINT_WEIGHT for the live planner"),
              quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress lines on stderr")):
     """The planner in virtual time (no Redis) over a trace; prints the report JSON. Progress goes to stderr every few seconds of a long run."""
     try:
@@ -296,7 +297,8 @@ def simulate(trace: Path, fleet: Path = FleetOpt, policy: str = typer.Option("po
         out = sim.run_simulation(str(trace), str(fleet), policy, seed, start=start, limit=limit,
                                  report_path=str(report) if report else None,
                                  preemption=preemption_mode if preemption else False, restore=restore,
-                                 time_scale=time_scale, time_limit_s=time_limit_s, progress=progress)
+                                 time_scale=time_scale, time_limit_s=time_limit_s, progress=progress,
+                                 set_point_weight=set_point_weight)
     except MakespanError as e:
         _fail(e)
     typer.echo(json.dumps(out, indent=2))

@@ -117,6 +117,9 @@ class Settings:
         retention_sweep_s: the planner runs a retention sweep at most this often.
         retention_batch: most jobs one sweep compacts or deletes (bounds its cost).
         events_max_len: the events stream is trimmed to about this many entries.
+        set_point_weight: ``FleetState.set_point_weight`` of the planner's states: score
+            per GPU-second a set-point instance is absent in a plan (weight·s per GPU-s,
+            ≥ 0; 0, the default: not weighed). ``MAKESPAN_SET_POINT_WEIGHT``.
     """
 
     redis_url: str = DEFAULT_REDIS_URL
@@ -142,6 +145,7 @@ class Settings:
     retention_sweep_s: float = 0.5
     retention_batch: int = 2_000
     events_max_len: int = 50_000
+    set_point_weight: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -171,6 +175,7 @@ class Settings:
             retention_sweep_s=_env_float("MAKESPAN_RETENTION_SWEEP_S", 0.5),
             retention_batch=int(_env_float("MAKESPAN_RETENTION_BATCH", 2_000)),
             events_max_len=int(_env_float("MAKESPAN_EVENTS_MAX_LEN", 50_000)),
+            set_point_weight=_env_nonneg("MAKESPAN_SET_POINT_WEIGHT", 0.0),
         )
         known = {f.name for f in fields(cls)}
         bad = set(overrides) - known
@@ -203,4 +208,5 @@ class Settings:
             "MAKESPAN_RETENTION_SWEEP_S": repr(self.retention_sweep_s),
             "MAKESPAN_RETENTION_BATCH": str(self.retention_batch),
             "MAKESPAN_EVENTS_MAX_LEN": str(self.events_max_len),
+            "MAKESPAN_SET_POINT_WEIGHT": repr(self.set_point_weight),
         }

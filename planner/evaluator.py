@@ -24,6 +24,13 @@ with G the fleet's GPUs, n_e the GPUs in whole instances of ``e`` when the plan 
 share of recent work will pay that many more cold starts (a plan that keeps popular
 models loaded scores better). ``Plan.objective`` is the pure Σ w_j (C_j − r_j).
 
+Set-point term (only when ``FleetState.set_point_weight`` w_sp > 0): score += w_sp × the
+set-point absence the plan causes (GPU-s, :func:`planner.restore.planned_absence`: each
+set-point instance from when the plan evicts it, or ``now`` if it is absent already,
+until its restore at ``"group"`` ends), for either objective; ``stats`` gains
+``set_point_absent_gpu_s`` and ``set_point_cost`` (= w_sp × that, weight·s). At w_sp = 0
+nothing is computed and the stats are as before.
+
 Objective ``weighted_tardiness`` (jobs with a deadline, :data:`OBJECTIVES`):
 ``Plan.objective`` = Σ_j w_j·max(0, C_j − d_j) over the jobs with ``deadline_s`` d_j (the
 others never count), and score = that + ε·(Σ_j w_j (C_j − r_j) + future cost) with
@@ -42,7 +49,7 @@ from collections.abc import Sequence
 from app.errors import PlannerError
 from planner.model import Assignment, FleetState, Plan, PlanJob
 from planner.replay import Replay
-from planner.restore import RESTORE_PREFIX, is_restore, set_point_groups
+from planner.restore import RESTORE_PREFIX, is_restore, planned_absence, set_point_groups
 
 TOL_S = 1e-6
 OBJECTIVES = ("weighted_completion", "weighted_tardiness")
@@ -101,7 +108,8 @@ def evaluate(plan: Plan | Sequence[Assignment], batch: Sequence[PlanJob], state:
     Returns:
         a new :class:`Plan` with replayed assignments in start order, ``objective`` =
         Σ w_j (C_j − r_j) or Σ w_j·max(0, C_j − d_j) (weight·s) and ``stats`` {score,
-        future_cost, weighted_completion, weighted_tardiness, cold_starts, wakes, evicts}.
+        future_cost, weighted_completion, weighted_tardiness, cold_starts, wakes, evicts;
+        set_point_absent_gpu_s and set_point_cost when ``state.set_point_weight`` > 0}.
 
     Raises:
         InfeasiblePlan: the first violation found.
@@ -157,8 +165,9 @@ def evaluate(plan: Plan | Sequence[Assignment], batch: Sequence[PlanJob], state:
             raise InfeasiblePlan(job.id, f"stated times/transition {a.service_start_s, a.end_s, a.load, a.evicts} "
                                          f"differ from the replay {b.service_start_s, b.end_s, b.load, b.evicts}")
         out.append(b)
+    absent = planned_absence(out, jobs, rep, state) if state.set_point_weight > 0 else None  # before the restores
     restored = _replay_restores(plan.restores if isinstance(plan, Plan) else [], rep, state, check_times)
-    return _scored(name, out, jobs, rep, state, restored, objective)
+    return _scored(name, out, jobs, rep, state, restored, objective, absent)
 
 
 def evaluate_built(assigns: Sequence[Assignment], rep: Replay, batch: Sequence[PlanJob], state: FleetState,
@@ -174,13 +183,16 @@ def evaluate_built(assigns: Sequence[Assignment], rep: Replay, batch: Sequence[P
     if len(assigns) != len(jobs) or len({a.job_id for a in assigns} & jobs.keys()) != len(jobs):
         evaluate(assigns, batch, state, policy, check_times=False)  # raises, naming the violation
     order = sorted(range(len(assigns)), key=lambda i: (assigns[i].start_s, i))
-    return _scored(policy, [assigns[i] for i in order], jobs, rep, state, [], "weighted_completion")
+    out = [assigns[i] for i in order]
+    absent = planned_absence(out, jobs, rep, state) if state.set_point_weight > 0 else None
+    return _scored(policy, out, jobs, rep, state, [], "weighted_completion", absent)
 
 
 def _scored(name: str, out: list[Assignment], jobs: dict[str, PlanJob], rep: Replay, state: FleetState,
-            restored: list[Assignment], objective: str) -> Plan:
+            restored: list[Assignment], objective: str, absent: float | None = None) -> Plan:
     """The scored plan of replayed assignments ``out`` (start order) and restores;
-    ``rep``: the replay after them."""
+    ``rep``: the replay after them; ``absent``: the plan's set-point absence, GPU-s (None:
+    not weighed, ``set_point_weight`` 0)."""
     total = tardy = 0.0
     for b in out:
         job = jobs[b.job_id]
@@ -194,6 +206,9 @@ def _scored(name: str, out: list[Assignment], jobs: dict[str, PlanJob], rep: Rep
              "evicts": float(sum(len(b.evicts) for b in out))}
     if restored:
         stats["restores"] = float(len(restored))
+    if absent is not None:
+        stats["set_point_absent_gpu_s"] = absent
+        stats["set_point_cost"] = state.set_point_weight * absent
     return rescore(Plan(policy=name, assignments=out, objective=total, stats=stats, restores=restored), objective)
 
 
@@ -239,9 +254,11 @@ def rescore(plan: Plan, objective: str) -> Plan:
         st["score"] = st["weighted_tardiness"] + TARDINESS_EPS * (st["weighted_completion"] + st["future_cost"])
     else:
         raise PlannerError(f"unknown objective {objective!r}; known: {', '.join(OBJECTIVES)}")
+    if "set_point_cost" in st:  # set_point_weight > 0 (module doc), at full weight for either objective
+        st["score"] += st["set_point_cost"]
     return plan
 
 
 def score(plan: Plan) -> float:
-    """The selection score of an evaluated plan (objective + future cost)."""
+    """The selection score of an evaluated plan (objective + future cost + set-point cost)."""
     return plan.stats.get("score", plan.objective)

@@ -15,6 +15,11 @@ With ``objective="weighted_tardiness"`` the searched cost is Σ w_j·max(0, C_j 
 ε·Σ w_j (C_j − r_j) (ε = :data:`planner.evaluator.TARDINESS_EPS`; the evaluator's score
 less its future-cost term, as for weighted completion), also regular, so the same list
 schedules suffice; the bound charges each unplaced job its cost at max(ready_j, now) + p_j.
+
+The search leaves out the score's future cost and set-point cost
+(``FleetState.set_point_weight`` > 0; both ≥ 0, so its bound stays a lower bound of the
+score); the result is compared with the incumbent by the full score, so it is never
+worse than it, but ``stats['exact']`` = 1 then means optimal for the searched cost only.
 """
 
 from __future__ import annotations

@@ -28,6 +28,11 @@ Transition-aware members (Σ w(C − r) decides among them):
     * whole instances: evicting one GPU of a TP > 1 instance counts as losing the whole
       instance (:meth:`planner.replay.Replay.whole_lost`) in the evict penalty and the
       share term, as in the evaluator's future cost;
+    * set point (``FleetState.set_point_weight`` w_sp > 0; the ``ta-*``/``cap-*`` members):
+      a group sharing GPUs with a set-point instance costs w_sp × its GPUs × the absence
+      the placement adds (resident: transition + service + its restore; already absent:
+      how much later its restore can start), :meth:`planner.rules.Aware._set_point`; the
+      evaluator's score, which the portfolio picks by, holds the exact term;
     * pull-forward: after a cold start (or wake) of model m, the queued jobs of m released
       by the time that job completes are placed next (they find m warm);
     * share-aware (``ta-share``, ``cap-share``; when ``FleetState.demand_share`` is known): the group

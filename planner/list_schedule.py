@@ -106,7 +106,8 @@ class Prune:
         D = Σ_U w_j (m − r_j + p_j)               (m = the earliest time any GPU is free:
     free times only grow as jobs are placed, so no unplaced job starts before m; D is
     also valid for a job released after m, whose term it only underestimates), and the
-    evaluator's future cost is ≥ 0. :meth:`placed` returns False once the bound exceeds
+    evaluator's future cost and set-point cost (``FleetState.set_point_weight``) are ≥ 0,
+    so leaving them out keeps it a lower bound. :meth:`placed` returns False once the bound exceeds
     ``bound`` (with a relative margin of 1e-9, so float summation order never prunes a
     plan that would tie): that construction would lose to the plan that set ``bound``.
     """
@@ -148,7 +149,7 @@ class TardinessPrune:
     w_j·max(0, C − d_j) + ε·w_j (C − r_j) (no tardiness term without a deadline) and m is
     the earliest time any GPU is free when the U-sum was last computed (free times only
     grow, so no unplaced job completes before that; dependencies and transitions only
-    delay it; the future cost is ≥ 0). The U-sum is recomputed after every
+    delay it; the future cost and the set-point cost are ≥ 0, left out). The U-sum is recomputed after every
     :attr:`REFRESH` placements when m has grown; a placed job leaves it with the term it
     had. Same margin as :class:`Prune`."""
 

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from planner.evaluator import InfeasiblePlan, evaluate, future_cost, rescore, score
 from planner.model import Assignment, FleetState, Plan, PlanJob
 from planner.replay import Group, Replay
+from planner.restore import planned_absence
 
 
 def decode_window(inc: Plan, lo: int, hi: int, order: list[str], groups: dict[str, Group],
@@ -36,11 +37,14 @@ def decode_window(inc: Plan, lo: int, hi: int, order: list[str], groups: dict[st
         out.append(rep.place(jobs[a.job_id], a.gpus))
     total = sum(jobs[a.job_id].weight * (a.end_s - jobs[a.job_id].release_s) for a in out)
     fc = future_cost(rep, state)
+    # the set-point term (FleetState.set_point_weight > 0) as the evaluator computes it; a
+    # caller comparing this score as a filter would stay valid without it (a term ≥ 0)
+    spc = state.set_point_weight * planned_absence(out, jobs, rep, state) if state.set_point_weight > 0 else 0.0
     if objective == "weighted_completion":
-        return out, total + fc
+        return out, total + fc + spc
     tardy = sum(j.weight * (a.end_s - j.deadline_s) for a in out for j in [jobs[a.job_id]]
                 if j.deadline_s is not None and a.end_s > j.deadline_s)
-    stats = {"weighted_completion": total, "weighted_tardiness": tardy, "future_cost": fc}
+    stats = {"weighted_completion": total, "weighted_tardiness": tardy, "future_cost": fc, "set_point_cost": spc}
     return out, score(rescore(Plan("x", [], stats=stats), objective))
 
 

@@ -12,7 +12,10 @@ instance (request leases inside the execute phase), not a count of co-located jo
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+
+from app.errors import PlannerError
 
 
 @dataclass(frozen=True)
@@ -136,6 +139,14 @@ class FleetState:
             unknown, no plan-level preemption. A GPU absent from it holds nothing that
             may be preempted (free, a restore, ...). ``free_at``/``resident`` already
             describe these jobs; ``running`` only says who they are.
+        set_point_weight: score per GPU-second a set-point instance is absent within the
+            plan's horizon (weight·s per GPU-s, ≥ 0; 0, the default: not weighed, every plan
+            as before). Absence of an instance: from when it stops being resident (``now_s``
+            if it is absent already, else the start of the first transition that evicts
+            it) to the end of its restore as :func:`planner.restore.plan_restores` places
+            it with ``at="group"``; an instance never displaced counts 0
+            (:func:`planner.restore.planned_absence`, :mod:`planner.evaluator`).
+            Raises PlannerError when negative or not finite.
     """
 
     now_s: float
@@ -150,8 +161,15 @@ class FleetState:
     demand: dict[str, float] = field(default_factory=dict)
     demand_share: dict[str, float] = field(default_factory=dict)
     running: dict[str, RunningJob] = field(default_factory=dict)
+    set_point_weight: float = 0.0
     _groups_cache: dict[tuple[int, int, int, int], list[tuple[str, ...]]] = field(
         default_factory=dict, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        w = self.set_point_weight
+        if not (0.0 <= w < math.inf):  # NaN fails too
+            raise PlannerError(f"set_point_weight must be a finite number >= 0 (score per absent "
+                               f"set-point GPU-second), got {w!r}")
 
     def __getstate__(self) -> dict:
         """Pickled (to the live improver's child process) without ``_groups_cache``: its

@@ -78,6 +78,14 @@ def _restores(assignments: Sequence[Assignment], batch: Sequence[PlanJob], state
     for a in sorted(assignments, key=lambda a: a.start_s):
         rep.place(jobs[a.job_id], tuple(a.gpus), a.start_s)
     horizon_s = max([state.now_s, *(a.end_s for a in assignments)])
+    return _place(rep, state, groups, at, horizon_s), rep
+
+
+def _place(rep: Replay, state: FleetState, groups: Sequence[tuple[str, Group]], at: str,
+           horizon_s: float) -> list[Assignment]:
+    """Place the restores of ``groups`` (set-point instances) on ``rep`` (the replay after
+    a plan's jobs; changed in place), ``at`` as :func:`plan_restores` says; returns them
+    in start order."""
     out = []
     for ep, g in groups:
         if all(rep.resident[u] == ep for u in g):
@@ -91,7 +99,53 @@ def _restores(assignments: Sequence[Assignment], batch: Sequence[PlanJob], state
             if future_cost(trial, state) > future_cost(rep, state) + 1e-9:
                 continue  # it would evict what recent demand needs more than the set point
         out.append(rep.restore(g, ep, max(free_s, horizon_s) if at == "horizon" else free_s))
-    return sorted(out, key=lambda a: (a.start_s, a.gpus)), rep
+    return sorted(out, key=lambda a: (a.start_s, a.gpus))
+
+
+def planned_absence(assigns: Sequence[Assignment], endpoint_of: Mapping[str, PlanJob], rep: Replay,
+                    state: FleetState) -> float:
+    """Set-point absence a plan causes within its horizon, GPU-s (``FleetState.set_point_weight``).
+
+    Each set-point instance counts its GPUs from when it stops being resident (``now_s``
+    when ``state.resident`` does not hold it, else the start of the first transition on
+    its GPUs that evicts it) until it is resident again: a later load of its endpoint
+    there (service start), else the end of its restore as :func:`plan_restores` places it
+    with ``at="group"`` (when the plan's last job on its GPUs ends); an instance never
+    displaced counts 0. Measured by :func:`set_point_absence` over [now, the plan's last
+    end], the measure the simulator reports for a whole run.
+
+    Args:
+        assigns: the plan's job assignments, in start order, as ``rep`` placed them
+            (the plan's own ``Plan.restores`` are not read: the restores are always the
+            ``"group"`` ones, so the absence does not depend on where a plan puts them).
+        endpoint_of: job id -> the job (for its endpoint).
+        rep: the replay after ``assigns`` (not changed: restores go on a copy).
+        state: the fleet at planning time.
+
+    Returns:
+        absent GPU-seconds (0 without set points).
+    """
+    groups = set_point_groups(state)
+    if not groups:
+        return 0.0
+    sp = {u for _, g in groups for u in g}
+    events: dict[str, list[tuple[float, str | None]]] = {}
+    end_s = state.now_s
+
+    def note(a: Assignment, endpoint: str) -> None:
+        if a.load == "warm":
+            return  # nothing is evicted nor loaded
+        for u in a.gpus:
+            if u in sp:
+                events.setdefault(u, []).extend(((a.start_s, None), (a.service_start_s, endpoint)))
+
+    for a in assigns:
+        note(a, endpoint_of[a.job_id].endpoint)
+        end_s = max(end_s, a.end_s)
+    for r in _place(rep.copy(), state, groups, "group", end_s):
+        note(r, state.set_point[r.gpus[0]])
+        end_s = max(end_s, r.end_s)
+    return set_point_absence(events, groups, state.resident, state.now_s, end_s)
 
 
 def with_restores(plan: Plan, batch: Sequence[PlanJob], state: FleetState, at: str = "group") -> Plan:

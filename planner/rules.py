@@ -7,7 +7,9 @@ is ready, each returns the group to place it on.
       baselines;
     * :class:`Aware` (``ta-*``, ``cap-*``, and :func:`aware_rule` for other dynamic
       constructions): the transition-aware group cost described in :mod:`planner.greedy`
-      (evict penalty, capacity term, whole instances, share-aware variant).
+      (evict penalty, capacity term, whole instances, share-aware variant; with
+      ``FleetState.set_point_weight`` > 0, the set-point absence a placement adds,
+      :meth:`Aware._set_point`).
 
 The single-GPU cases are inlined (``_single``, ``_by_share_single``,
 ``_min_evict_single``): the hot loops of the portfolio. They make the same choice as the
@@ -21,6 +23,7 @@ from collections.abc import Sequence
 from planner.evaluator import share_shortfall_cost
 from planner.model import EndpointModel, FleetState, PlanJob
 from planner.replay import Group, Replay
+from planner.restore import set_point_groups
 
 
 def rule_completion(rep: Replay, job: PlanJob, cands: list[Group], ready: float) -> Group:
@@ -115,6 +118,11 @@ class Aware:
         for j in batch:
             self.queued[j.endpoint] = self.queued.get(j.endpoint, 0.0) + j.weight
         self.demand = state.demand
+        # set-point term (FleetState.set_point_weight > 0): GPU -> its set-point instance
+        self.spw = state.set_point_weight
+        self.sp_of: dict[str, tuple[str, Group]] = {u: (e, g) for e, g in set_point_groups(state) for u in g} \
+            if self.spw > 0 else {}
+        self._sp_hits: dict[Group, list[tuple[str, Group]]] = {}
 
     def placed(self, job: PlanJob) -> None:
         self.queued[job.endpoint] -= job.weight
@@ -127,6 +135,34 @@ class Aware:
 
     def _penalty(self, e: str, eep_cold_s: float) -> float:
         return (self.alpha * max(self.queued.get(e, 0.0), 0.0) + self.beta * self.demand.get(e, 0.0)) * eep_cold_s
+
+    def _set_point(self, rep: Replay, g: Group, name: str, s: float, t: float, p: float) -> float:
+        """Set-point cost (weight·s) of placing a job of ``name`` on ``g`` from ``s`` (its
+        transition ``t``, service ``p``, s), for every set-point instance I sharing a GPU
+        with ``g`` (none, or another endpoint's group: 0): w_sp × GPUs of I × the absence it
+        adds — I resident: t + p + its restore after the job (evict of ``name``, then wake
+        or cold start of I's endpoint); I already absent: its restore waits for this job,
+        s + t + p − when I's GPUs free now (≥ 0). A job of I's own endpoint on I itself
+        displaces nothing. An estimate (later jobs on the group lengthen the absence, the
+        evaluator's score counts that); 0 when ``g`` holds no set-point GPU."""
+        hits = self._sp_hits.get(g)
+        if hits is None:
+            hits = self._sp_hits[g] = list(dict.fromkeys(self.sp_of[u] for u in g if u in self.sp_of))
+        if not hits:
+            return 0.0
+        cost = 0.0
+        res = rep.resident
+        for e, grp in hits:
+            if e == name and grp == g:
+                continue
+            if all(res[u] == e for u in grp):
+                eep, jep = rep.endpoints[e], rep.endpoints[name]
+                cost += len(grp) * (t + p + jep.evict_s + (eep.wake_s if eep.wake_s is not None else eep.cold_start_s))
+            else:
+                late = s + t + p - rep.group_free(grp)
+                if late > 0:
+                    cost += len(grp) * late
+        return self.spw * cost
 
     def _share_delta(self, rep: Replay, g: Group, name: str) -> float:
         """Change of the share-shortfall term if ``name`` is loaded on ``g``."""
@@ -151,6 +187,7 @@ class Aware:
         fa, res, asl, eps = rep.free_at, rep.resident, rep.asleep, rep.endpoints
         name, cold, wake = ep.name, ep.cold_start_s, ep.wake_s
         wt = w + self._capacity(job, ep.tp)
+        sp_of = self.sp_of
         for g in cands:  # Replay.group_free and Replay.transition_s inlined (gangs: a hot loop)
             f = max(map(fa.__getitem__, g))
             s = f if f > ready else ready
@@ -174,6 +211,8 @@ class Aware:
                     lost = rep.whole_lost(g, e)
                     if lost and rep.whole_gpus(e) - lost < eep.tp:  # its last whole instance goes
                         cost += self._penalty(e, eep.cold_start_s)
+            if sp_of:
+                cost += self._set_point(rep, g, name, s, t, job.service_s)
             if cost < bc or (cost == bc and t < bt):
                 best, bc, bt = g, cost, t
         return best
@@ -190,6 +229,8 @@ class Aware:
             cost = w * s + wt * t
             if t > 0:
                 cost += self.beta * self._share_delta(rep, g, ep.name)
+            if self.sp_of:
+                cost += self._set_point(rep, g, ep.name, s, t, job.service_s)
             if cost < bc or (cost == bc and t < bt):
                 best, bc, bt = g, cost, t
         return best
@@ -215,6 +256,7 @@ class Aware:
         credit = -beta * gain
         load = beta * gain
         wt = w + self._capacity(job, 1)
+        sp_of, p = self.sp_of, job.service_s
         best, bc, bt = cands[0], float("inf"), float("inf")
         lim = bc + credit  # a group waiting past this cannot win
         evict: dict[str | None, tuple[float, float | None, int]] = {}  # resident -> _evict_share(...)
@@ -244,6 +286,8 @@ class Aware:
                     lost = rep.whole_lost(g, r)  # type: ignore[arg-type]
                     if lost:
                         cost += beta * k * (max(0.0, sh - c + lost) - max(0.0, sh - c))
+            if sp_of and u in sp_of:  # ≥ 0: the early skip above stays valid
+                cost += self._set_point(rep, g, name, s, t, p)
             if cost < bc or (cost == bc and t < bt):
                 best, bc, bt = g, cost, t
                 lim = bc + credit
@@ -269,6 +313,7 @@ class Aware:
         w, name, cold, wake = job.weight, ep.name, ep.cold_start_s, ep.wake_s
         fa, res, asl = rep.free_at, rep.resident, rep.asleep
         wt = w + self._capacity(job, 1)
+        sp_of, p = self.sp_of, job.service_s
         best, bc, bt = cands[0], float("inf"), float("inf")
         evict: dict[str | None, tuple[float, float | None, EndpointModel | None, int]] = {}  # resident -> _evict(...)
         for g in cands:
@@ -296,6 +341,8 @@ class Aware:
                     lost = rep.whole_lost(g, r)  # type: ignore[arg-type]
                     if lost and whole - lost < gang.tp:
                         cost += self._penalty(r, gang.cold_start_s)  # type: ignore[arg-type]
+            if sp_of and u in sp_of:  # ≥ 0: the early skip above stays valid
+                cost += self._set_point(rep, g, name, s, t, p)
             if cost < bc or (cost == bc and t < bt):
                 best, bc, bt = g, cost, t
         return best

@@ -57,7 +57,7 @@ import json
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -96,7 +96,8 @@ def simulate(trace_jobs: Sequence[TraceJob] | Sequence[PlanJob], fleet: FleetSpe
              seed: int = 0, *, window_s: float = 30.0, max_batch: int = 256, demand_window_s: float = 1800.0,
               time_scale: float = 1.0, preemption: bool | str = True, restore: bool = True,
               planned_restore: str | None = "group", detail: bool = False, time_limit_s: float | None = None,
-             progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+             progress: Callable[[dict[str, Any]], None] | None = None,
+             set_point_weight: float | None = None) -> dict[str, Any]:
     """Replay jobs through the planner in virtual time; returns the report dict
     (:func:`planner.measures.build_report`, with ``jobs.preempted`` and the set-point
     restores), ``set_point_absent_gpu_s`` (GPU-seconds from the first submission until the
@@ -122,9 +123,15 @@ def simulate(trace_jobs: Sequence[TraceJob] | Sequence[PlanJob], fleet: FleetSpe
     policy's default, 1 s for ``default``/``cpsat``/``tardiness``: a replay then takes
     about one second per planning point). ``progress``: called after each planning point
     with {planning_points, t_s, submitted, queued, completed, wall_s}.
+    ``set_point_weight``: ``FleetState.set_point_weight`` of every planning point's state
+    (score per GPU-s a set-point instance is absent in a plan; None: the given
+    ``FleetState``'s, 0 for a fleet file); reported as ``sim.set_point_weight``.
+    Raises PlannerError when negative or not finite.
     """
     wall0 = time.perf_counter()
     base = fleet if isinstance(fleet, FleetState) else fleet_state(fleet)
+    if set_point_weight is not None:
+        base = replace(base, set_point_weight=set_point_weight)  # validated there
     jobs = list(trace_jobs) if trace_jobs and isinstance(trace_jobs[0], PlanJob) else \
         to_plan_jobs(trace_jobs, time_scale)  # type: ignore[arg-type]
     jobs.sort(key=lambda j: (j.release_s, j.seq))
@@ -170,7 +177,7 @@ def simulate(trace_jobs: Sequence[TraceJob] | Sequence[PlanJob], fleet: FleetSpe
                   "max_batch": max_batch, "time_scale": time_scale, "seed": seed, "preemption": bool(mode),
                   "preemption_mode": mode or "off",
                   "restore": restore, "planned_restore": planned_restore if restore else None,
-                  "time_limit_s": time_limit_s, "preempted_gpu_s": sum((b - a) * len(g) for a, b, g in run.lost)}
+                  "time_limit_s": time_limit_s, "set_point_weight": base.set_point_weight, "preempted_gpu_s": sum((b - a) * len(g) for a, b, g in run.lost)}
     if detail:
         rep["schedule"] = {"jobs": [asdict(r) for r in run.records.values()], "restores": run.restores,
                            "lost": run.lost, "preemptions": run.log, "resident_end": dict(run.committed.resident)}
@@ -210,7 +217,8 @@ class _Run:
             c = self.committed
             state = FleetState(t, self.base.gpus, self.base.endpoints, free_at=dict(c.free_at),
                                resident=dict(c.resident), set_point=self.base.set_point, end_of=c.end_of,
-                               asleep=dict(c.asleep), demand=demand, demand_share=share)
+                               asleep=dict(c.asleep), demand=demand, demand_share=share,
+                               set_point_weight=self.base.set_point_weight)
             scored = self.preemption == "plan" and self.policy in PREEMPTION_FLOOR
             if scored:
                 state.running = self._running(t)
@@ -416,24 +424,28 @@ def run_simulation(trace_path: str | Path, fleet_path: str | Path, policy: str, 
                    limit: int | None = None, report_path: str | Path | None = None,
                    time_scale: float = 1.0, window_s: float = 30.0, preemption: bool | str = True,
                    restore: bool = True, time_limit_s: float | None = None,
-                   progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+                   progress: Callable[[dict[str, Any]], None] | None = None,
+                   set_point_weight: float = 0.0) -> dict[str, Any]:
     """``makespan simulate``: read the fleet (TOML) and the trace (ITP, Alibaba or JSON
     lines; rows ``start`` … ``start+limit`` mapped with ``seed``), simulate, and write
     the report JSON to ``report_path`` when given (checked writable before the run, so a
     long run is not lost to a bad path). ``time_scale`` divides submission and service
-    times; ``preemption``/``restore``/``time_limit_s``/``progress``: as :func:`simulate`.
+    times; ``preemption``/``restore``/``time_limit_s``/``progress``/``set_point_weight``: as
+    :func:`simulate`.
     Returns the report.
 
     Raises:
         app.errors.ValidationError: bad fleet or trace file, no rows in the asked range,
-            ``time_scale`` or ``time_limit_s`` not positive, or a report path that cannot
-            be written.
+            ``time_scale`` or ``time_limit_s`` not positive, ``set_point_weight`` negative
+            or not finite, or a report path that cannot be written.
         app.errors.PlannerError: unknown policy.
     """
     if not time_scale > 0:
         raise ValidationError("time_scale", time_scale, "must be > 0")
     if time_limit_s is not None and not time_limit_s > 0:
         raise ValidationError("time_limit_s", time_limit_s, "must be > 0")
+    if not 0 <= set_point_weight < float("inf"):
+        raise ValidationError("set_point_weight", set_point_weight, "must be a finite number >= 0")
     if policy not in POLICIES:
         raise PlannerError(f"unknown policy {policy!r}; known: {', '.join(sorted(POLICIES))}")
     fleet = load_fleet(fleet_path)
@@ -442,7 +454,7 @@ def run_simulation(trace_path: str | Path, fleet_path: str | Path, policy: str, 
         raise ValidationError("trace", str(trace_path), f"no rows from row {start} on (the trace is shorter)")
     out = _writable(report_path) if report_path is not None else None
     rep = simulate(jobs, fleet, policy, seed, time_scale=time_scale, window_s=window_s, preemption=preemption,
-                   restore=restore, time_limit_s=time_limit_s, progress=progress)
+                   restore=restore, time_limit_s=time_limit_s, progress=progress, set_point_weight=set_point_weight)
     if out is not None:
         out.write_text(json.dumps(rep, indent=2))
     return rep

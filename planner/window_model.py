@@ -20,7 +20,10 @@ Model of a window (integer seconds, time 0 = planning time):
                  evaluator's term);
                  with ``objective="weighted_tardiness"``, 1000·Σ w_j·T_j (T_j ≥ C_j − d_j,
                  T_j ≥ 0, jobs with a deadline) is added: tardiness first, the
-                 completion sum as tie-break (the evaluator's score decides acceptance).
+                 completion sum as tie-break (the evaluator's score decides acceptance);
+                 with ``FleetState.set_point_weight`` > 0, a linear estimate of the
+                 set-point absence caused by residencies that displace a resident
+                 set-point instance (:mod:`planner.window_set_point`).
 The incumbent window is given as a complete hint, built to satisfy the model (its jobs in
 order on their groups at the earliest starts the model allows, :func:`hint_of`); with
 ``verify_hint`` it is also checked by fixing every hinted variable. Deterministic up to
@@ -45,6 +48,7 @@ from planner.window_future import FutureTerm
 from planner.model import Assignment, FleetState, Plan, PlanJob
 from planner.preemption_plan import Candidate
 from planner.replay import Group, Replay
+from planner.window_set_point import SetPointTerm
 
 
 @dataclass
@@ -210,6 +214,8 @@ def solve_window(inc: Plan, lo: int, hi: int, jobs: dict[str, PlanJob], state: F
     obj.extend(v[0] * v[4] for v in res.values())
     fut = FutureTerm(m, inc.assignments[hi:], jobs, state, rep, res, gpus)
     obj.extend(c * v for c, v in fut.terms)
+    spt = SetPointTerm(m, res, rep, state, horizon)  # set_point_weight > 0 only (an estimate)
+    obj.extend(spt.objective())
     m.Minimize(sum(obj))
     hint = hint_of(win, cands, res, x, start, jobs, rep, ti)
     fut_hint = 0
@@ -218,6 +224,8 @@ def solve_window(inc: Plan, lo: int, hi: int, jobs: dict[str, PlanJob], state: F
     if hint is not None and fut.terms:
         more, fut_hint = fut.hint(dict(hint))
         hint += more
+    if hint is not None and spt.items:
+        hint += spt.hint(dict(hint))
     solver = cp_model.CpSolver()
     prm = solver.parameters
     prm.random_seed = seed
@@ -256,5 +264,5 @@ def solve_window(inc: Plan, lo: int, hi: int, jobs: dict[str, PlanJob], state: F
         hint_obj = (sum(c * end_h(jid) for jid, (c, _pj) in wj.items())
                     + sum(v[4] * hv[v[0]] for v in res.values())
                     + sum(1000 * wj[jid][0] * max(0, end_h(jid) - d) for jid, d in due.items())
-                    + fut_hint)
+                    + fut_hint + (spt.value(hv) if spt.items else 0))
     return Window(order, groups, st == cp_model.OPTIMAL, solver.ObjectiveValue(), hint_obj, rep, taken)

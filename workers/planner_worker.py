@@ -296,7 +296,8 @@ class PlannerWorker(PreemptionMixin, SetPointMixin):
             inst = parse_instance(v)
             resident[u] = inst[0] if inst else None
         sp = self.fleet.set_point_by_gpu()
-        return FleetState(now, self.gpus, self.endpoints, free_at, resident, sp), busy
+        return FleetState(now, self.gpus, self.endpoints, free_at, resident, sp,
+                          set_point_weight=self.settings.set_point_weight), busy
 
     def form_batch(self, heads: dict[Priority, list[str]] | None = None) -> list[PlanJob]:
         """Up to ``batch_size`` queued jobs, CRITICAL first (strict priority), FIFO within a

@@ -53,3 +53,22 @@ def test_improver_nice_is_a_whole_number_from_0_to_19(monkeypatch, raw, ok):
         with pytest.raises(ValidationError) as ei:
             Settings.from_env()
         assert ei.value.field == "MAKESPAN_IMPROVER_NICE"
+
+
+@pytest.mark.parametrize("raw, value", [(None, 0.0), ("", 0.0), ("0", 0.0), ("2.5", 2.5)])
+def test_set_point_weight_from_env(monkeypatch, raw, value):
+    if raw is None:
+        monkeypatch.delenv("MAKESPAN_SET_POINT_WEIGHT", raising=False)
+    else:
+        monkeypatch.setenv("MAKESPAN_SET_POINT_WEIGHT", raw)
+    s = Settings.from_env()
+    assert s.set_point_weight == value
+    assert Settings.from_env(**{}).to_env()["MAKESPAN_SET_POINT_WEIGHT"] == repr(value)
+
+
+@pytest.mark.parametrize("raw", ["-1", "inf", "nan", "x"])
+def test_set_point_weight_refuses_negative_or_not_finite(monkeypatch, raw):
+    monkeypatch.setenv("MAKESPAN_SET_POINT_WEIGHT", raw)
+    with pytest.raises(ValidationError) as ei:
+        Settings.from_env()
+    assert ei.value.field == "MAKESPAN_SET_POINT_WEIGHT"

@@ -20,6 +20,8 @@ CASES = {
                        "--plan-preemption"], "| portfolio@plan |"),
     "preemption-cost": (["bench/planner_preemption_cost.py", "--policies", "portfolio"], "| portfolio |"),
     "cpsat": (["bench/planner_cpsat.py", "--limits", "0.05", "--seeds", "1"], "| jobs | GPUs | limit"),
+    "set-point": (["bench/planner_set_point.py", "--seeds", "1", "--windows", "1", "--weights", "0,1", "--wide"],
+                  "| weight | weighted completion"),
     "tardiness": (["bench/planner_tardiness.py", "--seeds", "1", "--policies", "fifo,tardiness-portfolio",
                    "--static-limit-s", "0.05"], "tardiness"),
 }

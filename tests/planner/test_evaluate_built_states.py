@@ -56,3 +56,37 @@ def test_evaluate_built_equals_evaluate_on_odd_states(seed):
         assert (fast.objective, fast.stats) == (full.objective, full.stats), (seed, name)
         assert [vars(a) for a in fast.assignments] == [vars(a) for a in full.assignments], (seed, name)
     portfolio(batch, st)
+
+
+
+def test_evaluate_built_equals_evaluate_with_set_point_weight():
+    """The set-point term (FleetState.set_point_weight > 0) is the same in both: set points
+    on the GPUs' TP-1 residents and on some aligned group per endpoint (TP > 1 instances,
+    resident or absent at planning time)."""
+    weighed = 0
+    for seed in range(60):
+        batch, st = _case(seed)
+        rng = random.Random(1000 + seed)
+        sp = {u: e for u, e in st.resident.items() if e is not None and st.endpoints[e].tp == 1}
+        for e, ep in st.endpoints.items():
+            gs = [g for g in st.groups(ep.tp, ep.memory_mib) if not set(g) & set(sp)]
+            if gs and rng.random() < 0.5:
+                g = rng.choice(gs)
+                sp.update({u: e for u in g})
+                if rng.random() < 0.5:
+                    st.resident.update({u: e for u in g})
+        st.set_point = sp
+        st.set_point_weight = rng.choice((0.1, 1.0, 25.0))
+        for name, build in member_builders(batch, st).items():
+            built = build(bound=math.inf)
+            if built is None:
+                continue
+            fast = evaluate_built(built[0], built[1], batch, st, name)
+            full = evaluate(built[0], batch, st, name, check_times=False)
+            assert (fast.objective, fast.stats) == (full.objective, full.stats), (seed, name)
+            assert full.stats["set_point_cost"] == st.set_point_weight * full.stats["set_point_absent_gpu_s"]
+            assert full.stats["score"] == pytest.approx(full.objective + full.stats["future_cost"]
+                                                        + full.stats["set_point_cost"], rel=1e-12)
+            weighed += full.stats["set_point_absent_gpu_s"] > 0
+        portfolio(batch, st)
+    assert weighed > 100  # the cases do displace set points

@@ -88,6 +88,7 @@ def test_cli_simulate_preemption_and_restore_flags(itp, tmp_path, flags):
     (["--limit", "0"], "limit"), (["--limit", "-3"], "limit"), (["--start", "-1"], "start"),
     (["--start", "999999999"], "no rows from row 999999999"), (["--time-scale", "0"], "time_scale"),
     (["--time-limit-s", "0"], "time_limit_s"), (["--policy", "bogus"], "unknown policy"),
+    (["--set-point-weight", "-1"], "set_point_weight"), (["--set-point-weight", "inf"], "set_point_weight"),
 ])
 def test_cli_simulate_bad_input_is_one_clear_line(itp, tmp_path, args, field):
     from typer.testing import CliRunner
@@ -100,6 +101,18 @@ def test_cli_simulate_bad_input_is_one_clear_line(itp, tmp_path, args, field):
     assert res.exit_code == 2, res.output
     assert field in res.output and "Traceback" not in res.output
     assert not out.exists()
+
+
+def test_cli_simulate_set_point_weight_reaches_the_simulator(itp, tmp_path):
+    from typer.testing import CliRunner
+
+    from app.cli import app as cli_app
+
+    out = tmp_path / "r.json"
+    res = CliRunner().invoke(cli_app, ["simulate", itp, "--fleet", "examples/render-pipeline.toml", "--limit", "20",
+                                       "--set-point-weight", "2.5", "--report", str(out)])
+    assert res.exit_code == 0, res.output
+    assert json.loads(out.read_text())["sim"]["set_point_weight"] == 2.5
 
 
 def test_cli_simulate_bad_report_path_fails_before_the_run(itp, tmp_path):
