@@ -15,6 +15,8 @@ from app.keys import Keys
 from app.models import FleetSpec, Priority
 from planner.measures import JobRecord, build_report, lower_bounds
 from planner.model import PlanJob
+from planner.restore import set_point_absence, set_point_groups
+from planner.simulator import fleet_state
 from workers.planner_worker import endpoint_models
 
 
@@ -84,6 +86,48 @@ def records_from_run(events: list[dict[str, Any]], jobs: dict[str, dict[str, str
     return out, restores
 
 
+def residency_from_run(events: list[dict[str, Any]], time_scale: float,
+                       t0: float) -> dict[str, list[tuple[float, str | None]]]:
+    """Per-GPU residency changes of one live run, in workload seconds from ``t0``, as
+    :func:`planner.restore.set_point_absence` takes them: nothing ready from a lease's
+    start when it evicts or loads (an ``evict`` phase that evicted something, a
+    ``start_endpoint`` phase that cold-started or woke, ``planned_s`` > 0, or a restore),
+    its endpoint from the end of that load (``start_endpoint``'s end, ``restore_end``).
+    A lease cut during its load leaves the GPUs empty (no endpoint ready)."""
+    def w(ts: float) -> float:
+        return (ts - t0) / time_scale
+
+    start: dict[str, float] = {}
+    gpus: dict[str, tuple[str, ...]] = {}
+    restore_ep: dict[str, str] = {}
+    out: dict[str, list[tuple[float, str | None]]] = {}
+
+    def change(lid: str, ts: float, ep: str | None) -> None:
+        for u in gpus.get(lid, ()):
+            out.setdefault(u, []).append((w(ts), ep))
+
+    for e in sorted(events, key=lambda e: e["ts"]):
+        lid, k = e.get("lease"), e["kind"]
+        if not lid:
+            continue
+        if k in ("leased", "restore_start"):
+            start[lid], gpus[lid] = e["ts"], tuple(e.get("gpus") or ())
+            if k == "restore_start":
+                restore_ep[lid] = e.get("endpoint", "")
+                change(lid, e["ts"], None)
+        elif k == "phase_end" and e.get("phase") == "evict" and e.get("evicted") and lid in start:
+            change(lid, start[lid], None)
+        elif k == "phase_end" and e.get("phase") == "start_endpoint" and (e.get("planned_s") or 0) > 0:
+            if lid in start:
+                change(lid, start[lid], None)
+                change(lid, e["ts"], e.get("endpoint"))
+        elif k == "restore_end" and lid in restore_ep:
+            change(lid, e["ts"], restore_ep[lid])
+    for changes in out.values():
+        changes.sort(key=lambda x: x[0])
+    return out
+
+
 def live_report(r: redis.Redis, keys: Keys, fleet: FleetSpec, events: list[dict[str, Any]], job_ids: list[str],
                 time_scale: float, policy: str, rejected: int = 0) -> dict[str, Any]:
     """The design notes' report for one live run (see :func:`planner.measures.build_report`)."""
@@ -110,6 +154,10 @@ def live_report(r: redis.Redis, keys: Keys, fleet: FleetSpec, events: list[dict[
                        solve_times_s=solve, lower_bound_makespan_s=lb["makespan_s"],
                        lower_bound_weighted_s=lb["weighted_completion_s"], gpu_ids=fleet.gpu_uuids(),
                        eligible=eligible)
+    state = fleet_state(fleet)
+    end_s = max([*(x.end_s for x in records), *(b for _, b, _ in restores)], default=0.0)
+    rep["set_point_absent_gpu_s"] = set_point_absence(residency_from_run(events, time_scale, t0),
+                                                      set_point_groups(state), state.resident, 0.0, end_s)
     rep["jobs"]["cancelled"] = sum(1 for rec in jobs.values() if rec.get("state") == "cancelled")
     rep["time_scale"] = time_scale
     rep["drain_left"] = drain["left"]
