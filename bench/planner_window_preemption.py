@@ -10,7 +10,8 @@ seeded U(0, 0.3) of its service ago (resident: its endpoint). Policies, each wit
 
 * ``floor``: ``portfolio`` — the greedy floor's scored decision only;
 * ``cpsat/floor``: ``cpsat`` on the floor's branch, its windows not deciding preemptions;
-* ``cpsat/window``: ``cpsat`` whose windows also decide them (the shipped default).
+* ``cpsat/window``: ``cpsat`` whose windows also decide them, and which may undo the
+  floor's decision (:data:`planner.api.UNDO_SHARE`; the shipped default).
 
 Score of a plan = the evaluator's score with its preemptions
 (:func:`planner.preemption_plan.evaluate_preemptive`) + the uncut running jobs at their
@@ -19,7 +20,13 @@ cpsat/floor (median, mean, min, max; better / equal / worse batches) and the
 preemptions each took. Per-batch lines go to stderr. The limit is wall time: a rerun
 differs (more on a loaded machine), so compare runs of the same minutes.
 
-    .venv/bin/python bench/planner_window_preemption.py [--limit 1] [--seeds 3]
+``--undo-shares 0,0.25,0.25:1``: ``cpsat/window`` once per share of the limit spent
+solving the batch without the floor's preemptions (:data:`planner.api.UNDO_SHARE`; 0: the
+floor's branch only, as before the undo; ``S:W``: also that attempt's first-window share
+:data:`planner.api.UNDO_WINDOW_SHARE` = W), interleaved per batch; a second table gives
+each share ÷ the first one listed, and how often the floor's preemptions were undone.
+
+    .venv/bin/python bench/planner_window_preemption.py [--limit 1] [--seeds 3] [--undo-shares 0,0.25:1]
 """
 
 import argparse
@@ -34,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from app.traces import read_trace  # noqa: E402
 from planner import preemption_plan as pp  # noqa: E402
+from planner import api  # noqa: E402
 from planner.api import POLICIES, PREEMPTION_FLOOR, plan  # noqa: E402
 from planner.cpsat import cpsat_policy  # noqa: E402
 from planner.evaluator import score  # noqa: E402
@@ -79,7 +87,11 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--limit", type=float, default=1.0)
     ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--undo-shares", default=None, help="comma-separated shares of the limit (planner.api.UNDO_SHARE)")
     a = ap.parse_args()
+    default_w = api.UNDO_WINDOW_SHARE
+    shares = a.undo_shares.split(",") if a.undo_shares else [f"{api.UNDO_SHARE}:{api.UNDO_WINDOW_SHARE}"]
+    by_share: list[tuple[int, list[dict[str, tuple[float, float]]]]] = []
     POLICIES["cpsat/floor"] = cpsat_floor_only
     PREEMPTION_FLOOR["cpsat/floor"] = "portfolio"
     print("| jobs | GPUs | batches | window ÷ floor-only median | mean | min | max | better / equal / worse "
@@ -88,14 +100,26 @@ def main() -> None:
     for n, g in SIZES:
         fleet = bench_fleet(g)
         ratios, vs_floor, pre = [], [], {"portfolio": [], "cpsat/floor": [], "cpsat": []}
+        rows: list[dict[str, tuple[float, float]]] = []
+        by_share.append((n, rows))
         for path, start in WINDOWS:
             for seed in range(a.seeds):
                 batch, state = busy_batch(path, start, n, fleet, seed)
                 got = {}
+                row: dict[str, tuple[float, float]] = {}
                 for pol in pre:
-                    p = plan(batch, state, pol, time_limit_s=a.limit, preemption=True)
-                    got[pol] = total(p, batch, state)
+                    for share in (shares if pol == "cpsat" else [shares[-1]]):
+                        head, _, tail = share.partition(":")
+                        api.UNDO_SHARE, api.UNDO_WINDOW_SHARE = float(head), float(tail) if tail else default_w
+                        p = plan(batch, state, pol, time_limit_s=a.limit, preemption=True)
+                        if pol == "cpsat":
+                            row[share] = (total(p, batch, state), p.stats.get("undo_branch", 0.0))
+                    got[pol] = total(p, batch, state)  # cpsat: the last share listed
                     pre[pol].append(len(p.preemptions))
+                rows.append(row)
+                if len(shares) > 1:
+                    print("#   shares: " + " ".join(f"{k}={v[0]:.6g}/undone={v[1]:.0f}" for k, v in row.items()),
+                          file=sys.stderr, flush=True)
                 ratios.append(got["cpsat"] / got["cpsat/floor"])
                 vs_floor.append(got["cpsat"] / got["portfolio"])
                 print(f"# {Path(path).stem}@{start} seed={seed} n={n}: " + " ".join(
@@ -107,6 +131,17 @@ def main() -> None:
               f"{max(ratios):.4f} | {b} / {len(ratios) - b - w} / {w} | "
               + " / ".join(f"{stt.mean(v):.1f}" for v in pre.values()) + f" | {stt.median(vs_floor):.4f} |",
               flush=True)
+
+    if len(shares) > 1:
+        print(f"\n| jobs | undo share | ÷ share {shares[0]} median | mean | min | max | better / equal / worse "
+              "| floor's preemptions undone (batches) |")
+        print("|---|---|---|---|---|---|---|---|")
+        for n, rows in by_share:
+            for share in shares[1:]:
+                r = [row[share][0] / row[shares[0]][0] for row in rows]
+                b, w = sum(x < 1 - 1e-9 for x in r), sum(x > 1 + 1e-9 for x in r)
+                print(f"| {n} | {share} | {stt.median(r):.4f} | {stt.mean(r):.4f} | {min(r):.4f} | {max(r):.4f} | "
+                      f"{b} / {len(r) - b - w} / {w} | {sum(row[share][1] for row in rows):.0f} |", flush=True)
 
 
 if __name__ == "__main__":

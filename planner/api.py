@@ -14,8 +14,19 @@ weighted completion is an ε tie-break, see planner/evaluator.py).
 Plan-level preemption (``plan(..., preemption=True)`` with ``FleetState.running`` given,
 :mod:`planner.preemption_plan`): the policies named in :data:`PREEMPTION_FLOOR` decide
 preemptions by score — each candidate scored with the policy's greedy floor, the best
-improving one taken — and a solver policy then runs once on the chosen branch. The
-returned plan carries ``preemptions``; evaluate it with
+improving one taken — and a solver policy then runs on the chosen branch. When the floor
+took any, a solver policy whose CP-SAT windows decide preemptions (one taking
+``preemption``: ``cpsat``/``default``, ``tardiness``) also solves the batch without them
+(the state as given; its first window may re-take them, take others or none), with
+:data:`UNDO_SHARE` of its time limit (the floor's branch gets the rest; that attempt's
+first CP-SAT window, the one deciding preemptions, may use :data:`UNDO_WINDOW_SHARE` of
+it), and the plan of lower :func:`comparable_score` is returned (ties: the floor's
+branch), so the floor's decision can be undone; never worse than the floor's plan of its
+branch.
+``stats``: ``undo_branch`` (1: the branch without the floor's preemptions won),
+``floor_preemptions_undone`` (the floor's preemptions not in the returned plan),
+``floor_branch_score`` / ``base_branch_score`` (the two comparable scores, weight·s).
+The returned plan carries ``preemptions``; evaluate it with
 :func:`planner.preemption_plan.evaluate_preemptive`. The fixed baselines never do.
 """
 
@@ -27,6 +38,7 @@ from collections.abc import Callable, Sequence
 from app.errors import PlannerError
 from planner import greedy
 from planner import preemption_plan
+from planner.evaluator import score
 from planner.model import FleetState, Plan, PlanJob
 from planner.restore import RESTORE_AT, with_restores
 
@@ -58,6 +70,13 @@ POLICY_OBJECTIVE: dict[str, str] = {"tardiness-portfolio": "weighted_tardiness",
 PREEMPTION_FLOOR: dict[str, str] = {"portfolio": "portfolio", "cpsat": "portfolio", "default": "portfolio",
                                     "tardiness-portfolio": "tardiness-portfolio",
                                     "tardiness": "tardiness-portfolio"}
+# share of a solver policy's time limit spent solving the batch without the floor's
+# preemptions (when the floor took any; the floor's branch gets the rest); 0: never undone
+UNDO_SHARE = 0.1
+# share of that attempt's limit its first CP-SAT window (the one that decides preemptions;
+# planner.cpsat.improve's ``first_window_share``) may use, when the policy takes it; the
+# rest of the attempt (descent, LNS) runs only when that window ends early
+UNDO_WINDOW_SHARE = 1.0
 
 
 def _takes(fn: Policy, param: str) -> bool:
@@ -78,7 +97,8 @@ def plan(batch: Sequence[PlanJob], state: FleetState, policy: str = DEFAULT_POLI
 
     Args:
         time_limit_s: wall-time limit of a time-limited policy (``cpsat``/``default``/
-            ``tardiness``: the improver's budget after the greedy floor; default 1 s), s. The
+            ``tardiness``: the improver's budget after the greedy floor; default 1 s; split
+            between the two branches when ``preemption`` solves both, module doc), s. The
             greedy policies (``fifo``, ``min-evict``, ``wspt``, ``portfolio``) take
             milliseconds and ignore it. None: the policy's own default.
         num_workers: CP-SAT search workers of a solver policy (``cpsat``/``default``;
@@ -124,25 +144,81 @@ def plan(batch: Sequence[PlanJob], state: FleetState, policy: str = DEFAULT_POLI
     return with_restores(p, batch, state, restore_at) if restore_at is not None else p
 
 
-def _plan_preemptive(batch: Sequence[PlanJob], state: FleetState, policy: str, fn: Policy,
-                     kw: dict[str, float | int | Plan], restore_at: str | None = None) -> Plan:
-    """Scored preemption with the policy's floor, then the policy on the chosen branch (a
-    solver policy that takes ``preemption`` may cut more jobs there: its CP-SAT windows
-    decide them, :mod:`planner.window_preemption`); restores (``restore_at``) are placed
-    on the state all preemptions leave."""
-    floor_name = PREEMPTION_FLOOR[policy]
-    objective = POLICY_OBJECTIVE.get(policy, "weighted_completion")
-    branch = preemption_plan.decide(batch, state, POLICIES[floor_name], objective)
-    if floor_name == policy and branch.plan is not None:  # the floor's plan of the branch is the policy's
-        rest = branch.plan
-    else:
-        if _takes(fn, "preemption"):  # only this batch's jobs preempt, not the victims just cut
-            kw = {**kw, "preemption": frozenset(j.id for j in batch)}
-        rest = fn(branch.batch, branch.state, **kw)  # type: ignore[call-arg]
+def _limit_of(fn: Policy, kw: dict[str, float | int | Plan]) -> float | None:
+    """The time limit ``fn`` will run under with ``kw`` (its own default when absent), s."""
+    if "time_limit_s" in kw:
+        return float(kw["time_limit_s"])  # type: ignore[arg-type]
+    try:
+        d = inspect.signature(fn).parameters["time_limit_s"].default
+    except (KeyError, TypeError, ValueError):  # pragma: no cover
+        return None
+    return float(d) if isinstance(d, (int, float)) else None
+
+
+def comparable_score(p: Plan, state: FleetState, objective: str) -> float:
+    """The score of an assembled plan ``p`` (its ``stats['score']``: preemptors, rest,
+    victims) plus the running jobs it does not cut at their original completions
+    (:func:`planner.preemption_plan.fixed_score`), weight·s: the same jobs whatever the
+    plan cuts, so plans of different preemption decisions compare (as
+    :func:`planner.preemption_plan.decide` compares them)."""
+    cut = {v for x in p.preemptions for v in x.victims}
+    kept = {h.id: h for h in state.running.values() if h.id not in cut}
+    return score(p) + preemption_plan.fixed_score([(h.job, h.end_s) for h in kept.values()], objective)
+
+
+def _solve_branch(branch: preemption_plan.Branch, fn: Policy, kw: dict[str, float | int | Plan],
+                  objective: str) -> tuple[Plan, preemption_plan.Branch]:
+    """(rest, branch): ``fn``'s plan of the branch's batch on its state, with the
+    preemptions its windows took split off and chained onto the branch."""
+    rest = fn(branch.batch, branch.state, **kw)  # type: ignore[call-arg]
     if rest.preemptions:  # taken by the solver, on the branch's state
         inner, rest = preemption_plan.split(rest, branch.batch, branch.state, objective)
         branch = preemption_plan.chain(branch, inner)
         rest.stats["window_preemptions"] = float(len(inner.taken))
+    return rest, branch
+
+
+def _plan_preemptive(batch: Sequence[PlanJob], state: FleetState, policy: str, fn: Policy,
+                     kw: dict[str, float | int | Plan], restore_at: str | None = None) -> Plan:
+    """Scored preemption with the policy's floor, then the policy on the chosen branch (a
+    solver policy that takes ``preemption`` may cut more jobs there: its CP-SAT windows
+    decide them, :mod:`planner.window_preemption`). When the floor took preemptions, such
+    a policy also solves the batch without them (the base state, its windows free to
+    re-take them, take others or none) with :data:`UNDO_SHARE` of the time limit, and the
+    plan of lower :func:`comparable_score` is kept (ties: the floor's branch). Restores
+    (``restore_at``) are placed on the state the kept plan's preemptions leave."""
+    floor_name = PREEMPTION_FLOOR[policy]
+    objective = POLICY_OBJECTIVE.get(policy, "weighted_completion")
+    branch = preemption_plan.decide(batch, state, POLICIES[floor_name], objective)
+    undo_stats: dict[str, float] = {}
+    if floor_name == policy and branch.plan is not None:  # the floor's plan of the branch is the policy's
+        rest = branch.plan
+    elif not _takes(fn, "preemption"):
+        rest, branch = _solve_branch(branch, fn, kw, objective)
+    else:
+        kw = {**kw, "preemption": frozenset(j.id for j in batch)}  # not the victims just cut
+        limit = _limit_of(fn, kw)
+        if not branch.taken or UNDO_SHARE <= 0.0 or limit is None:
+            rest, branch = _solve_branch(branch, fn, kw, objective)
+        else:
+            floor_taken = list(branch.taken)
+            rest, branch = _solve_branch(branch, fn, {**kw, "time_limit_s": limit * (1.0 - UNDO_SHARE)}, objective)
+            base = preemption_plan.Branch(state, list(batch), None, [], [], [])
+            kw0 = {**kw, "time_limit_s": limit * UNDO_SHARE}
+            if _takes(fn, "first_window_share"):
+                kw0["first_window_share"] = UNDO_WINDOW_SHARE
+            rest0, base = _solve_branch(base, fn, kw0, objective)
+            s_floor = comparable_score(preemption_plan.assemble(rest, branch, objective), state, objective)
+            s_base = comparable_score(preemption_plan.assemble(rest0, base, objective), state, objective)
+            undone = s_base < s_floor - preemption_plan.MIN_GAIN
+            if undone:
+                rest, branch = rest0, base
+            kept = {(p.job_id, tuple(p.gpus)) for p in branch.taken}
+            undo_stats = {"undo_branch": float(undone), "floor_branch_score": s_floor, "base_branch_score": s_base,
+                          "floor_preemptions_undone": float(sum((p.job_id, tuple(p.gpus)) not in kept
+                                                                for p in floor_taken))}
     if restore_at is not None:
         rest = with_restores(rest, branch.batch, branch.state, restore_at)
-    return preemption_plan.assemble(rest, branch, objective)
+    out = preemption_plan.assemble(rest, branch, objective)
+    out.stats.update(undo_stats)
+    return out

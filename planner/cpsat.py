@@ -67,7 +67,8 @@ def improve(batch: Sequence[PlanJob], state: FleetState, greedy: Plan, time_limi
             seed: int = 0, workers: int = 1, window_jobs: int = 6, max_window_jobs: int = 16,
             max_groups: int = 4, verify_hint: bool = False, window_limit_s: float | None = None,
             previous: Plan | None = None, local: bool = True, windows_on: bool = True,
-            objective: str = "weighted_completion", preemption: bool | Collection[str] = False) -> Plan:
+            objective: str = "weighted_completion", preemption: bool | Collection[str] = False,
+            first_window_share: float = 0.25) -> Plan:
     """Local search and windowed LNS over ``greedy`` (an evaluated plan) for
     ``time_limit_s`` wall seconds (module doc).
 
@@ -96,7 +97,8 @@ def improve(batch: Sequence[PlanJob], state: FleetState, greedy: Plan, time_limi
     the planning point's batch when ``batch`` already holds victims of an earlier
     decision): windows that start at the plan's first job
     also decide preemptions (:mod:`planner.window_preemption`); the first such window is
-    solved before anything else, with a quarter of the limit. A plan that took any is
+    solved before anything else, with ``first_window_share`` of the limit (default a
+    quarter). A plan that took any is
     returned with ``preemptions`` (preemptors first, as
     :func:`planner.preemption_plan.assemble` builds it; ``stats['window_preemptions']``),
     to be evaluated with :func:`planner.preemption_plan.evaluate_preemptive`; never worse
@@ -153,7 +155,8 @@ def improve(batch: Sequence[PlanJob], state: FleetState, greedy: Plan, time_limi
         hi = wp.preemptive_window_end(best, batch, state, k, max_window_jobs, own)
         if hi:
             windows += 1
-            improved += int(solve(0, hi, min(time_limit_s / 4, max(per_window, deadline - time.perf_counter()))))
+            limit_s = min(time_limit_s * first_window_share, max(per_window, deadline - time.perf_counter()))
+            improved += int(solve(0, hi, limit_s))
     if local:
         best, moves = _descend(best, batch, state, deadline, objective)
     while n >= 2 and windows_on:
@@ -225,7 +228,7 @@ def _accept_preemptive(best: Plan, hi: int, sol: Window, state: FleetState, batc
 
 def cpsat_policy(batch: Sequence[PlanJob], state: FleetState, time_limit_s: float = 1.0, seed: int = 0,
                  num_workers: int = 1, previous: Plan | None = None,
-                 preemption: bool | Collection[str] = False) -> Plan:
+                 preemption: bool | Collection[str] = False, first_window_share: float = 0.25) -> Plan:
     """Policy ``cpsat`` (= ``default``): greedy portfolio, then the best of
         * batches of at most :data:`planner.exact.MAX_EXACT_JOBS` jobs: exact branch and
           bound (optimal when ``stats['exact']`` is 1);
@@ -239,7 +242,10 @@ def cpsat_policy(batch: Sequence[PlanJob], state: FleetState, time_limit_s: floa
     starts every path instead of the greedy plan when it scores lower; then the result is
     never worse than it either. ``preemption``: the LNS path also decides preemptions in
     its windows at the plan's first job (:func:`improve`); the exact and whole-batch
-    paths do not.
+    paths do not (``first_window_share``: as there). Under ``plan(..., preemption=True)`` it runs on the greedy floor's
+    branch and, when the floor took preemptions, a second time on the batch without them
+    (each with its share of the limit, :data:`planner.api.UNDO_SHARE`); the caller keeps
+    the better plan (:func:`planner.api.comparable_score`).
     ``stats['proven_optimal']``
     is 1 only when the returned plan is proven optimal for the whole batch (objective
     Σ w_j (C_j − r_j); see :mod:`planner.whole` for how the proof is checked).
@@ -251,7 +257,7 @@ def cpsat_policy(batch: Sequence[PlanJob], state: FleetState, time_limit_s: floa
     floor = portfolio(batch, state)
     if len(batch) > MAX_EXACT_JOBS and not whole.applicable(batch, state):
         return improve(batch, state, floor, time_limit_s=time_limit_s, seed=seed, workers=num_workers,
-                       previous=previous, preemption=preemption)
+                       previous=previous, preemption=preemption, first_window_share=first_window_share)
     greedy_score = score(floor)
     floor, prev_score, prev_used = start_plan(floor, previous, batch, state)
     prev_stats = {"greedy_score": greedy_score, "previous_score": prev_score, "previous_used": float(prev_used)}

@@ -304,13 +304,14 @@ def order_search(batch: Sequence[PlanJob], state: FleetState, inc: Plan, deadlin
 
 def tardiness_policy(batch: Sequence[PlanJob], state: FleetState, time_limit_s: float = 1.0, seed: int = 0,
                      num_workers: int = 1, max_evals: int = 20_000, previous: Plan | None = None,
-                     preemption: bool | Collection[str] = False) -> Plan:
+                     preemption: bool | Collection[str] = False, first_window_share: float = 0.25) -> Plan:
     """Policy ``tardiness`` (module doc): floor, then exact / order search + LNS within
     ``time_limit_s`` s with ``num_workers`` CP-SAT workers; the order search starts from
     ``previous`` repaired to the batch when that scores lower than the floor
     (:func:`planner.previous.start_plan`). ``stats``: ``floor_score``, ``previous_used``,
     ``floor_objective`` (the floor's weighted tardiness), and ``preemption`` as
-    :func:`planner.cpsat.improve` (its windows may cut running jobs),
+    :func:`planner.cpsat.improve` (its windows may cut running jobs; ``first_window_share``
+    as there),
     ``proven_optimal`` (1: exact search finished, or zero weighted tardiness — optimal in
     the tardiness term, not in the tie-break)."""
     t0 = time.perf_counter()
@@ -329,7 +330,7 @@ def tardiness_policy(batch: Sequence[PlanJob], state: FleetState, time_limit_s: 
         left = time_limit_s - (time.perf_counter() - t0)
         if left > 0.05 and out.objective > 0.0:
             out = improve(batch, state, out, time_limit_s=left, seed=seed, workers=num_workers, objective=OBJ,
-                          preemption=preemption)
+                          preemption=preemption, first_window_share=first_window_share)
         proven = float(out.objective <= 0.0)
         out.stats.update({"order_search_score": ls_score, "order_evals": evals})
     out.policy = "tardiness"
