@@ -24,7 +24,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from app import events as ev
 from app import telemetry
-from app.errors import MakespanError
+from app.errors import MakespanError, ValidationError
 from app.keys import Keys
 from app.live import LiveSystem, delete_prefix
 from app.models import FleetSpec, load_fleet
@@ -80,7 +80,13 @@ def run_live(trace_jobs: list[TraceJob], fleet_path: Path, *, time_scale: float,
     With ``render_pipeline`` the render pipeline of the design notes first runs on its
     own with real endpoint processes (``makespan render-pipeline``) and its phase
     timings go into the report under ``render_pipeline``."""
+    from planner.api import POLICIES
+
     fleet = load_fleet(fleet_path)
+    chosen = policy or Settings.from_env().policy
+    if chosen not in POLICIES:
+        raise ValidationError("--policy" if policy else "MAKESPAN_POLICY", chosen,
+                              f"unknown policy; known: {', '.join(sorted(POLICIES))}")
     telemetry.instrument_producer("makespan-producer")
     run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
     run_dir = Path(run_dir or Path("runs") / run_id)
@@ -100,7 +106,7 @@ def run_live(trace_jobs: list[TraceJob], fleet_path: Path, *, time_scale: float,
         console.print(f"Starting a planner and {len(fleet.hosts)} GPU workers for {fleet.gpu_count()} simulated GPUs "
                       f"(policy {settings.policy}, time scale {time_scale:.2e} wall s per workload s) ...")
         system.start()
-        out = _drive(r, keys, fleet, settings, trace_jobs, extra or [], timeout_s, title)
+        out = _drive(r, keys, fleet, settings, trace_jobs, extra or [], timeout_s, title, system)
         job_ids, rejected = out
         events = list(ev.read_all(r, keys.events))
         ev.dump_jsonl(events, run_dir / "events.jsonl")
@@ -142,7 +148,8 @@ def _render_pipeline(settings: Settings, fleet_path: Path, run_dir: Path) -> dic
 
 
 def _drive(r, keys: Keys, fleet: FleetSpec, settings: Settings, trace_jobs: list[TraceJob],
-           extra: list[dict[str, Any]], timeout_s: float, title: str) -> tuple[list[str], int]:
+           extra: list[dict[str, Any]], timeout_s: float, title: str,
+           system: LiveSystem | None = None) -> tuple[list[str], int]:
     prod = Producer(r, keys, fleet, settings)
     ids: list[str] = []
     rejected = 0
@@ -200,6 +207,8 @@ def _drive(r, keys: Keys, fleet: FleetSpec, settings: Settings, trace_jobs: list
                 break
             if time.monotonic() > deadline:
                 raise MakespanError(f"run did not finish within {timeout_s} s: {counts}")
+            if system is not None:
+                system.check_alive()  # a planner or worker that died: fail now, not at the timeout
             time.sleep(0.25)
     with lock:
         return list(ids), rejected
@@ -240,6 +249,8 @@ def _print_summary(rep: dict[str, Any], run_dir: Path, report_path: Path | None)
                   f"transitions {rep['transitions']}")
     console.print("waits p50/p95 (s): " + "  ".join(
         f"{k} {v['p50']:.0f}/{v['p95']:.0f}" for k, v in rep["wait_s"].items() if v.get("p50") is not None))
+    if rep.get("set_point_absent_gpu_s") is not None:
+        console.print(f"set points absent {rep['set_point_absent_gpu_s']:.0f} GPU·s (workload s)")
     console.print(f"drain {rep['drain']}   planner {rep['planner']}   wall {rep['wall_s']} s")
     console.print(f"run directory: {run_dir} (events.jsonl, report.json, gantt.png, logs/)"
                   + (f"; report also at {report_path}" if report_path else ""))
@@ -250,6 +261,8 @@ def run_demo(report_path: Path | None = Path("report.json"), n_jobs: int = 200, 
     """The main job: the render-cards pipeline plus ``n_jobs`` jobs of the shipped ITP
     slice (cluster05), services capped at 1,800 s and inter-arrival times divided by 4
     so the 8-GPU fleet is busy; compressed to about ``target_wall_s`` of wall time."""
+    if n_jobs < 1:
+        raise ValidationError("--jobs", n_jobs, "must be >= 1 (trace jobs to submit besides the render-cards pipeline)")
     fleet = load_fleet(DEMO_FLEET)
     jobs = read_trace(DEMO_TRACE, fleet, seed=seed, limit=n_jobs, max_service_s=1800.0)
     jobs = [TraceJob(j.id, j.submit_s / 4.0, j.service_s, j.endpoint, j.priority, j.num_gpu) for j in jobs]

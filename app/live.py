@@ -108,6 +108,19 @@ class LiveSystem:
         self.wait_workers(wait_s)
         return self
 
+    def check_alive(self) -> None:
+        """Raise :class:`MakespanError` naming the first child that has exited, with the
+        last line of its log (a planner that rejected its settings, a worker that
+        crashed): a run that waits on it would never finish."""
+        for p in self.procs:
+            if not p.alive():
+                try:
+                    lines = [x for x in p.log_path.read_text(errors="replace").splitlines() if x.strip()]
+                except OSError:
+                    lines = []
+                last = lines[-1].strip() if lines else "(empty log)"
+                raise MakespanError(f"{p.name} exited with code {p.popen.returncode}: {last} (log: {p.log_path})")
+
     def wait_workers(self, timeout_s: float = 60.0, hosts: list[str] | None = None) -> None:
         """Wait until a GPU worker consumes each host's queue (Celery's worker ping).
 
