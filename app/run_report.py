@@ -17,7 +17,7 @@ from planner.measures import JobRecord, build_report, lower_bounds
 from planner.model import PlanJob
 from planner.restore import set_point_absence, set_point_groups
 from planner.simulator import fleet_state
-from workers.planner_worker import endpoint_models
+from workers.fleet_view import endpoint_models
 
 
 def drain_counts(r: redis.Redis, keys: Keys, fleet: FleetSpec) -> dict[str, Any]:

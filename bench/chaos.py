@@ -348,7 +348,7 @@ class ChaosRun:
 
     def _set_points_ok(self) -> bool:
         from workers.phases import instance_value
-        from workers.planner_worker import set_point_instances
+        from workers.fleet_view import set_point_instances
 
         return all(self.r.mget([self.keys.resident(g) for g in gpus]) == [instance_value(ep, gpus)] * len(gpus)
                    for ep, gpus in set_point_instances(self.fleet))

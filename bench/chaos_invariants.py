@@ -73,7 +73,7 @@ def check_invariants(r: redis.Redis, keys: Keys, fleet, accepted: list[str], fau
                      fault_window_s: float) -> dict[str, list[str]]:
     """Violations per invariant (see module doc); every list empty means a clean run."""
     from workers.phases import instance_value
-    from workers.planner_worker import set_point_instances
+    from workers.fleet_view import set_point_instances
 
     v: dict[str, list[str]] = {k: [] for k in INVARIANTS}
     p = r.pipeline(transaction=False)

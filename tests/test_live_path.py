@@ -84,7 +84,7 @@ def test_200_mixed_jobs_complete_and_drain(r, keys, settings, fleet, system):
                              for i in incidents]
     # every endpoint back at its set point
     from workers.phases import instance_value
-    from workers.planner_worker import set_point_instances
+    from workers.fleet_view import set_point_instances
     for ep, gpus in set_point_instances(fleet):
         assert r.mget([keys.resident(g) for g in gpus]) == [instance_value(ep, gpus)] * len(gpus)
     # every lease ran its phases in order (a preempted one stops early); the lease that

@@ -29,7 +29,7 @@ import time
 import redis
 
 from app.keys import Keys
-from workers.leases import SERVER_NOW_MS
+from workers.lease_scripts import SERVER_NOW_MS
 
 PROMOTE_BATCH = 1_000  # most due jobs queued per planner tick
 

@@ -30,7 +30,7 @@ import redis
 
 from app.errors import PhaseError
 from app.keys import Keys
-from workers.leases import SERVER_NOW_MS
+from workers.lease_scripts import SERVER_NOW_MS
 
 REQUEST_LEASE_TTL_S = 30.0  # renewed on completion; a dead sender's lease expires
 POLL_S = 0.002

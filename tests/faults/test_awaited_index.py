@@ -15,8 +15,8 @@ from app.models import Priority
 from app.run_report import drain_counts
 from app.workloads import advance_workloads, cancel_workload, submit_workload
 from tests.faults.test_preemption_cases import FLEET, _preempted, _running, _setup
+from workers.batch import SCAN_FACTOR
 from workers.leases import LeaseStore
-from workers.planner_worker import SCAN_FACTOR
 
 GPUS = [f"GPU-host-{h}-{i}" for h in ("a", "b") for i in range(4)]
 
