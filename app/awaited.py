@@ -11,8 +11,8 @@ Maintenance is atomic with the change of the waiting step, inside the same Lua s
 (the snippets below are prepended to those scripts):
 
 * added (:data:`ADD_LUA`) where a step with deps is written: ``app.producer`` submit,
-  ``app.workloads`` submit and retry (a retry also moves its queued dependants from the
-  failed attempt's id to the new one, as it rewrites their ``deps``);
+  ``app.workloads`` submit and ``app.workload_execution`` retry (a retry also moves its
+  queued dependants from the failed attempt's id to the new one, as it rewrites their ``deps``);
 * removed (:data:`DROP_LUA`) where it stops waiting: leased (``workers.leases``
   acquire), cancelled (``app.producer`` cancel, workload cancel and a dependant
   cancelled by the planner or by a workload's failure). Failing or completing needs a

@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import planner.simulator as sim  # noqa: E402
+import planner.simulator_run as sim_run  # noqa: E402
 from app.traces import read_trace  # noqa: E402
 from planner.greedy import portfolio  # noqa: E402
 from planner.measures import percentile  # noqa: E402
@@ -95,7 +96,7 @@ def main() -> None:
     fleet = bench_fleet(a.gpus)
     sizes = [int(x) for x in a.sizes.split(",")]
     jobs_all = stream(fleet, a.gpus, max(sizes), load=a.load, tile=a.tile)
-    orig_plan = sim.plan
+    orig_plan = sim_run.plan
     print("| jobs | planning points | mean batch | planner CPU ms/job | ratio vs first | planner wall ms/job | sim wall s |")
     print("|---|---|---|---|---|---|---|", flush=True)
     first = None
@@ -110,11 +111,11 @@ def main() -> None:
             _c[1] += time.perf_counter() - t
             _s.append(len(batch))
             return out
-        sim.plan = timed
+        sim_run.plan = timed
         try:
             r = simulate(jobs_all[:n], fleet, a.policy, 0)
         finally:
-            sim.plan = orig_plan
+            sim_run.plan = orig_plan
         per = 1000 * cpu[0] / n
         first = first or per
         wall = 1000 * cpu[1] / n

@@ -27,6 +27,7 @@ import sys
 from typing import Any
 
 import planner.simulator as sim
+import planner.simulator_run as sim_run
 from planner.measures import JobRecord, idle_while_queued, union
 from planner.model import EndpointModel, FleetState, Gpu, PlanJob
 
@@ -57,18 +58,18 @@ def workload(gpus: int, seed: int, peer_at_s: float, fanout: int, backlog: int) 
 def _run(jobs: list[PlanJob], state: FleetState, policy: str, window_s: float) -> list[JobRecord]:
     """Simulate and return the per-job records (captured from the simulator's own recorder)."""
     got: list[JobRecord] = []
-    orig = sim._record
+    orig = sim_run._record
 
     def capture(job, a, base):
         rec = orig(job, a, base)
         got.append(rec)
         return rec
 
-    sim._record = capture
+    sim_run._record = capture
     try:
         sim.simulate(jobs, state, policy, window_s=window_s)
     finally:
-        sim._record = orig
+        sim_run._record = orig
     return got
 
 

@@ -49,6 +49,10 @@ Committed work is never moved except by preemption. The future-cost term uses
 ``FleetState.demand``: for each endpoint with arrivals in the last ``demand_window_s``,
 their mean weight (``demand``), and each endpoint's share of those arrivals' GPU-seconds
 (``demand_share``, p_j·tp_j).
+The run state and those steps are :class:`planner.simulator_run._Run`; this module
+holds the driver (:func:`simulate`, :func:`run_simulation`), the report it assembles,
+and the helpers the live planner worker shares (:func:`fleet_state`, ``_demand``,
+``_share``).
 """
 
 from __future__ import annotations
@@ -64,12 +68,12 @@ from typing import Any
 from app.errors import PlannerError, ValidationError
 from app.models import FleetSpec, load_fleet
 from app.traces import TraceJob, read_trace
-from planner.api import POLICIES, PREEMPTION_FLOOR, plan
-from planner.measures import JobRecord, build_report, lower_bounds
-from planner.model import Assignment, EndpointModel, FleetState, Gpu, Plan, PlanJob, PlannedPreemption, RunningJob
-from planner.preemption import Holder, choose_preemption
-from planner.replay import Group, Replay
+from planner.api import POLICIES
+from planner.measures import build_report, lower_bounds
+from planner.model import EndpointModel, FleetState, Gpu, PlanJob
+from planner.replay import Group
 from planner.restore import set_point_absence, set_point_groups as restore_groups
+from planner.simulator_run import _Run
 
 # what ``preemption=True`` means (module doc, step 4): "rule" = the fixed rule for every
 # policy; "plan" = scored inside the plan for the policies of planner.api.PREEMPTION_FLOOR
@@ -184,192 +188,6 @@ def simulate(trace_jobs: Sequence[TraceJob] | Sequence[PlanJob], fleet: FleetSpe
     return rep
 
 
-class _Run:
-    """The committed schedule of one simulation and the steps that change it."""
-
-    def __init__(self, base: FleetState, policy: str, window_s: float, max_batch: int, jobs: list[PlanJob],
-                 set_points: list[tuple[str, Group]], preemption: str, time_limit_s: float | None = None):
-        self.base, self.policy, self.window_s, self.max_batch = base, policy, window_s, max_batch
-        self.time_limit_s = time_limit_s
-        self.set_points, self.preemption = set_points, preemption
-        self.committed = Replay(base)
-        self.previous: Plan | None = None  # the last planning point's uncommitted plan
-        self.queue: dict[str, PlanJob] = {}
-        self.records: dict[str, JobRecord] = {}
-        self.solve: list[float] = []
-        self.placed: dict[str, tuple[PlanJob | None, Assignment]] = {}  # GPU -> its last placement
-        self.restores: list[tuple[float, float, Group]] = []
-        self.lost: list[tuple[float, float, Group]] = []  # preempted attempts (start, cut, GPUs)
-        self.preempted = 0
-        self.log: list[dict[str, Any]] = []
-        self.dependants = {d for j in jobs for d in j.deps}
-        self.restore_at: str | None = None  # planned restores (planner.restore.RESTORE_AT), None: idle rule only
-        # GPU -> residency changes (time_s, endpoint or None while in a transition), for set-point absence
-        self.residency: dict[str, list[tuple[float, str | None]]] = {g.uuid: [] for g in base.gpus}
-
-    def plan_point(self, t: float, demand: dict[str, float], share: dict[str, float]) -> float:
-        """Plan the queue at ``t``, commit what starts before ``t + window_s``, then
-        preempt for CRITICAL/HIGH jobs left waiting; after a preemption plan once more at
-        ``t`` (the victims' other GPUs are free). Returns the earliest uncommitted start."""
-        nxt = float("inf")
-        for _ in range(2):
-            batch = sorted(self.queue.values(), key=lambda j: (j.priority, j.seq))[:self.max_batch]
-            c = self.committed
-            state = FleetState(t, self.base.gpus, self.base.endpoints, free_at=dict(c.free_at),
-                               resident=dict(c.resident), set_point=self.base.set_point, end_of=c.end_of,
-                               asleep=dict(c.asleep), demand=demand, demand_share=share,
-                               set_point_weight=self.base.set_point_weight)
-            scored = self.preemption == "plan" and self.policy in PREEMPTION_FLOOR
-            if scored:
-                state.running = self._running(t)
-            c0 = time.perf_counter()
-            p = plan(batch, state, self.policy, previous=self.previous, time_limit_s=self.time_limit_s,
-                     preemption=scored, restore_at=self.restore_at)
-            self.solve.append(time.perf_counter() - c0)
-            bj = {j.id: j for j in batch}
-            pre = {pp.job_id for pp in p.preemptions}
-            for pp in p.preemptions:
-                bj.update(self._apply(t, pp, bj[pp.job_id]))
-            nxt = float("inf")
-            later = []
-            for a in sorted(p.assignments, key=lambda a: a.start_s):
-                if a.job_id in pre:
-                    continue
-                if a.start_s < t + self.window_s:
-                    self._place(bj[a.job_id], a.gpus, max(a.start_s, t))
-                else:
-                    nxt = min(nxt, a.start_s)
-                    later.append(a)
-            self.previous = Plan(p.policy, later)
-            waiting = [j for j in batch if j.id in self.queue and j.priority <= 1]
-            if scored or not (self.preemption and waiting and self._preempt(t, waiting)):
-                # the plan's restores, after every job on their GPUs (those start before r: committed);
-                # not after the rule preempted: its victims, back in the queue, were not in this
-                # plan and may start on those GPUs (the next pass or planning point places them);
-                # not when the batch is full, as live: a queued job left out may need the GPUs
-                for r in p.restores if len(batch) < self.max_batch else ():
-                    if r.start_s < t + self.window_s:
-                        self._restore(tuple(r.gpus), state.set_point[r.gpus[0]], max(r.start_s, t))
-                break
-        return nxt
-
-    def _running(self, t: float) -> dict[str, RunningJob]:
-        """GPU -> the committed job holding it at ``t`` (``FleetState.running``; restores
-        are left out: never victims), preemptable as :meth:`_holder` says."""
-        out: dict[str, RunningJob] = {}
-        for u, f in self.committed.free_at.items():
-            if f <= t:
-                continue
-            job, a = self.placed.get(u, (None, None))
-            h = self._holder(u, t)
-            if job is None or a is None or h is None:
-                continue
-            out[u] = RunningJob(job, tuple(a.gpus), a.start_s, a.service_start_s, a.end_s, h.preemptable)
-        return out
-
-    def _cut(self, t: float, v: str) -> PlanJob:
-        """Preempt the committed job ``v`` at ``t``: cut it, drop its record, requeue it
-        (original release and seq); its used GPU-seconds are lost. Returns it."""
-        u0 = next(u for u, (job, _a) in self.placed.items() if job is not None and job.id == v)
-        victim, a = self.placed[u0]
-        assert victim is not None
-        self.committed.unplace(a, t)
-        if t < a.service_start_s and a.load != "warm":  # cut in its transition: nothing loaded
-            for u in a.gpus:
-                self.residency[u].pop()
-        for u in a.gpus:
-            del self.placed[u]
-        del self.records[v]
-        self.queue[v] = victim
-        self.lost.append((a.start_s, t, a.gpus))
-        self.preempted += 1
-        return victim
-
-    def _apply(self, t: float, pp: PlannedPreemption, job: PlanJob) -> dict[str, PlanJob]:
-        """A plan's preemption at ``t``, as :meth:`_preempt` does it: cut the victims,
-        commit the preemptor on the group at ``t``. Returns the victims by id."""
-        out = {v: self._cut(t, v) for v in pp.victims}
-        self._place(job, tuple(pp.gpus), t)
-        self.log.append({"t_s": t, "job": job.id, "victims": list(pp.victims), "gpus": list(pp.gpus),
-                         "gain": pp.gain})
-        return out
-
-    def _place(self, job: PlanJob, gpus: Group, start_s: float) -> Assignment:
-        a = self.committed.place(job, gpus, start_s)
-        self._log_residency(a, job.endpoint)
-        self.records[job.id] = _record(job, a, self.base)
-        for u in gpus:
-            self.placed[u] = (job, a)
-        del self.queue[job.id]
-        return a
-
-    def _holder(self, u: str, t: float) -> Holder | None:
-        job, a = self.placed.get(u, (None, None))
-        if a is None or a.end_s <= t:
-            return None
-        if job is None:  # a restore
-            return Holder(a.job_id, 3, False)
-        # not yet started (committed while the queue was empty), another job needs its completion,
-        # or a later job is committed on one of its GPUs (cutting it would free that GPU under it)
-        last = all(self.placed.get(x, (None, None))[1] is a for x in a.gpus)
-        return Holder(job.id, job.priority, a.start_s <= t and job.id not in self.dependants and last)
-
-    def _preempt(self, t: float, waiting: list[PlanJob]) -> bool:
-        """The preemption step at ``t`` (:func:`planner.preemption.choose_preemption`);
-        True if anything was preempted."""
-        c = self.committed
-        busy = {u for u, f in c.free_at.items() if f > t}
-        holders = {u: self._holder(u, t) for u in busy}
-        cut = False
-        for j in sorted(waiting, key=lambda j: (j.priority, j.seq)):
-            if c.ready(j) > t:  # a dependency has not completed: it could not start now anyway
-                continue
-            ep = self.base.endpoints[j.endpoint]
-            best = choose_preemption(j.priority, c.groups(ep), busy, c.free_at, t, ep.cold_start_s, holders)
-            if best is None:
-                continue
-            for v in best.victims:
-                for u in [u for u, h in holders.items() if h is not None and h.id == v]:
-                    holders[u] = None
-                    busy.discard(u)
-                self._cut(t, v)
-            self._place(j, best.group, t)
-            self.log.append({"t_s": t, "job": j.id, "victims": list(best.victims), "gpus": list(best.group)})
-            busy.update(best.group)
-            holders.update({u: Holder(j.id, j.priority, False) for u in best.group})
-            cut = True
-        return cut
-
-    def restore_if_idle(self, t: float, next_arrival_s: float) -> None:
-        """Set-point restore as the live planner worker does it: once nothing is queued
-        or running (here: when the committed work ends, if no job arrives before), every
-        set-point instance not resident is restored (evict, then cold start or wake)."""
-        idle_at = max([t, *self.committed.free_at.values()])
-        if idle_at >= next_arrival_s:
-            return
-        for ep, g in self.set_points:
-            if all(self.committed.resident[u] == ep for u in g):
-                continue
-            self._restore(g, ep, idle_at)
-
-    def _restore(self, g: Group, ep: str, start_s: float) -> None:
-        """Commit the restore of set-point ``ep`` on ``g`` at ``start_s`` (never a victim)."""
-        start_s = max(start_s, self.committed.group_free(g))
-        a = self.committed.restore(g, ep, start_s)
-        self._log_residency(a, ep)
-        self.restores.append((a.start_s, a.end_s, g))
-        for u in g:
-            self.placed[u] = (None, a)
-
-    def _log_residency(self, a: Assignment, endpoint: str) -> None:
-        """A committed placement's residency changes: nothing ready from its start while it
-        evicts and loads, ``endpoint`` from its service start (a restore: its end)."""
-        if a.load == "warm":
-            return
-        for u in a.gpus:
-            self.residency[u] += [(a.start_s, None), (a.service_start_s, endpoint)]
-
-
 def preemption_mode(preemption: bool | str | None) -> str:
     """``simulate``'s ``preemption`` as a mode: "" (off: False/None/"off"), "rule" or
     "plan" (True: :data:`DEFAULT_PREEMPTION`). Raises ValidationError otherwise."""
@@ -412,12 +230,6 @@ def _share(recent: deque[PlanJob], base: FleetState) -> dict[str, float]:
         work[j.endpoint] = work.get(j.endpoint, 0.0) + j.service_s * base.endpoints[j.endpoint].tp
     tot = sum(work.values())
     return {e: v / tot for e, v in work.items()} if tot > 0 else {}
-
-
-def _record(job: PlanJob, a: Any, base: FleetState) -> JobRecord:
-    ev = max((base.endpoints[e].evict_s for e in a.evicts if e in base.endpoints), default=0.0)
-    return JobRecord(job.id, job.endpoint, job.priority, job.weight, job.release_s, a.start_s, a.service_start_s,
-                     a.end_s, tuple(a.gpus), a.load, tuple(a.evicts), ev)
 
 
 def run_simulation(trace_path: str | Path, fleet_path: str | Path, policy: str, seed: int = 0, start: int = 0,

@@ -2,7 +2,7 @@
 
 import pytest
 
-from planner import simulator
+from planner import simulator, simulator_run
 from planner.api import plan
 from planner.cpsat import cpsat_policy, improve
 from planner.evaluator import evaluate, score
@@ -95,7 +95,7 @@ def test_simulator_passes_the_uncommitted_plan(monkeypatch):
         seen.append((state.now_s, previous, out))
         return out
 
-    monkeypatch.setattr(simulator, "plan", spy)
+    monkeypatch.setattr(simulator_run, "plan", spy)  # _Run.plan_point calls it
     simulator.simulate(batch, st, "portfolio", window_s=30.0)
     assert seen[0][1] is None and len(seen) > 2
     for (t0, _p, out0), (_t, prev, _o) in zip(seen, seen[1:]):
