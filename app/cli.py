@@ -13,7 +13,7 @@ from typing import Optional
 
 import typer
 
-from app.errors import MakespanError
+from app.errors import MakespanError, ValidationError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="makespan: schedule multi-step GPU workloads on a fleet of GPU hosts.")
@@ -268,14 +268,14 @@ def replay(trace: Path, fleet: Path = FleetOpt, speedup: float = typer.Option(10
 
 
 @app.command()
-def simulate(trace: Path, fleet: Path = FleetOpt, policy: str = typer.Option("portfolio", help="fifo, min-evict, wspt, portfolio, cpsat, default, tardiness-portfolio or tardiness"), seed: int = typer.Option(0),
+def simulate(trace: Path, fleet: Path = FleetOpt, policy: str = typer.Option("portfolio", help="fifo, min-evict, wspt, portfolio, cpsat, default, tardiness-portfolio or tardiness (default here: portfolio, milliseconds per planning point; the live planner\'s default policy, default = portfolio + CP-SAT improver, takes about --time-limit-s per planning point)"), seed: int = typer.Option(0),
              report: Optional[Path] = typer.Option(None, help="write the report JSON here too (folders are created; checked before the run)"),
              start: int = typer.Option(0, help="first trace row"),
              limit: Optional[int] = typer.Option(None, help="rows to read (default: all)"),
              time_scale: float = typer.Option(1.0, help="divide submission and service times by this (ITP jobs run for hours: 20 makes 30-240 s cold starts matter)"),
              time_limit_s: Optional[float] = typer.Option(None, show_default="1 s", help="solver policies (default, cpsat, tardiness): time limit per planning point, wall s (a replay takes about that long per planning point)"),
              preemption: bool = typer.Option(True, help="CRITICAL/HIGH jobs preempt lower levels, as the live planner does (victims restart from zero)"),
-             preemption_mode: str = typer.Option("plan", help="plan: portfolio, default/cpsat and tardiness* decide preemptions inside the plan by score (fifo, min-evict, wspt keep the rule), as the live planner does by default (MAKESPAN_PREEMPTION); rule: the fixed preemption rule for every policy"),
+             preemption_mode: str = typer.Option("plan", help="plan: portfolio, default/cpsat and tardiness* decide preemptions inside the plan by score (fifo, min-evict, wspt keep the rule), as the live planner does by default (MAKESPAN_PREEMPTION); rule: the fixed preemption rule for every policy; off: no preemption (as --no-preemption)"),
              restore: bool = typer.Option(True, help="set-point restores: planned after a group's last job, and when the fleet is idle, as the live planner does; --no-restore: none at all"),
              set_point_weight: float = typer.Option(0.0, help="score per GPU-second a set-point instance is absent in a plan (weight·s per GPU-s; 0: not weighed), as MAKESPAN_SET_POINT_WEIGHT for the live planner"),
              quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress lines on stderr")):
@@ -293,10 +293,12 @@ def simulate(trace: Path, fleet: Path = FleetOpt, policy: str = typer.Option("po
         typer.echo(f"simulate: {p['planning_points']} planning points, t={p['t_s']:.0f} s, "
                    f"{p['submitted']} submitted, {p['queued']} queued, {p['completed']} completed, "
                    f"{p['wall_s']:.0f} s wall", err=True)
+    if preemption_mode not in ("plan", "rule", "off"):
+        _fail(ValidationError("--preemption-mode", preemption_mode, "must be plan, rule or off"))
     try:
         out = sim.run_simulation(str(trace), str(fleet), policy, seed, start=start, limit=limit,
                                  report_path=str(report) if report else None,
-                                 preemption=preemption_mode if preemption else False, restore=restore,
+                                 preemption=preemption_mode if preemption and preemption_mode != "off" else False, restore=restore,
                                  time_scale=time_scale, time_limit_s=time_limit_s, progress=progress,
                                  set_point_weight=set_point_weight)
     except MakespanError as e:

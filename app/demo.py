@@ -81,12 +81,15 @@ def run_live(trace_jobs: list[TraceJob], fleet_path: Path, *, time_scale: float,
     own with real endpoint processes (``makespan render-pipeline``) and its phase
     timings go into the report under ``render_pipeline``."""
     from planner.api import POLICIES
+    from planner.simulator import writable_report_path
 
     fleet = load_fleet(fleet_path)
     chosen = policy or Settings.from_env().policy
     if chosen not in POLICIES:
         raise ValidationError("--policy" if policy else "MAKESPAN_POLICY", chosen,
                               f"unknown policy; known: {', '.join(sorted(POLICIES))}")
+    if report_path:
+        report_path = writable_report_path(report_path)
     telemetry.instrument_producer("makespan-producer")
     run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
     run_dir = Path(run_dir or Path("runs") / run_id)

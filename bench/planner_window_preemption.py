@@ -20,10 +20,10 @@ cpsat/floor (median, mean, min, max; better / equal / worse batches) and the
 preemptions each took. Per-batch lines go to stderr. The limit is wall time: a rerun
 differs (more on a loaded machine), so compare runs of the same minutes.
 
-``--undo-shares 0,0.25,0.25:1``: ``cpsat/window`` once per share of the limit spent
+``--undo-shares 0,0.25:0.25,0.25:1``: ``cpsat/window`` once per share of the limit spent
 solving the batch without the floor's preemptions (:data:`planner.api.UNDO_SHARE`; 0: the
 floor's branch only, as before the undo; ``S:W``: also that attempt's first-window share
-:data:`planner.api.UNDO_WINDOW_SHARE` = W), interleaved per batch; a second table gives
+:data:`planner.api.UNDO_WINDOW_SHARE` = W; W defaults to its value in planner.api, 1), interleaved per batch; a second table gives
 each share ÷ the first one listed, and how often the floor's preemptions were undone.
 
     .venv/bin/python bench/planner_window_preemption.py [--limit 1] [--seeds 3] [--undo-shares 0,0.25:1]

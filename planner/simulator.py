@@ -264,7 +264,7 @@ def run_simulation(trace_path: str | Path, fleet_path: str | Path, policy: str, 
     jobs = read_trace(trace_path, fleet, seed=seed, start=start, limit=limit)
     if not jobs:
         raise ValidationError("trace", str(trace_path), f"no rows from row {start} on (the trace is shorter)")
-    out = _writable(report_path) if report_path is not None else None
+    out = writable_report_path(report_path) if report_path is not None else None
     rep = simulate(jobs, fleet, policy, seed, time_scale=time_scale, window_s=window_s, preemption=preemption,
                    restore=restore, time_limit_s=time_limit_s, progress=progress, set_point_weight=set_point_weight)
     if out is not None:
@@ -272,8 +272,13 @@ def run_simulation(trace_path: str | Path, fleet_path: str | Path, policy: str, 
     return rep
 
 
-def _writable(report_path: str | Path) -> Path:
-    """``report_path`` with its folder created; ValidationError when it cannot be written."""
+def writable_report_path(report_path: str | Path) -> Path:
+    """``report_path`` with its folder created, checked before a run (``simulate``,
+    ``demo``, ``replay``) so that a bad path fails at once, not after the run.
+
+    Raises:
+        ValidationError: a folder, or a path that cannot be written (``report: ...``).
+    """
     p = Path(report_path)
     try:
         p.parent.mkdir(parents=True, exist_ok=True)

@@ -10,11 +10,13 @@ from app.live import LiveSystem
 from app.models import load_fleet
 
 
-@pytest.mark.parametrize("kw, field", [({"policy": "bogus"}, "--policy"), ({"n_jobs": 0}, "--jobs")])
+@pytest.mark.parametrize("kw, field", [({"policy": "bogus"}, "--policy"), ({"n_jobs": 0}, "--jobs"),
+                                       ({"report_path": "/proc/no-such-dir/r.json"}, "report"),
+                                       ({"report_path": "."}, "report")])
 def test_demo_rejects_bad_options_before_starting(tmp_path, kw, field):
     t0 = time.monotonic()
     with pytest.raises(ValidationError) as e:
-        run_demo(report_path=tmp_path / "r.json", run_dir=tmp_path / "run", **kw)
+        run_demo(**{"report_path": tmp_path / "r.json", "run_dir": tmp_path / "run", **kw})
     assert e.value.field == field
     assert not (tmp_path / "run").exists()  # nothing was started: no run directory, no processes
     assert time.monotonic() - t0 < 30
