@@ -140,7 +140,7 @@ def test_cancel_workload_cancels_queued_and_releases_gpus(r, keys, settings, fle
     out = cancel_workload(r, keys, wid)
     assert out == {"cancelled": 2, "cancel_requested": 1}
     st = _wait_final(r, keys, wid, 30)
-    assert st["state"] == "cancelled"
+    assert st["state"] == "cancelled", json.dumps(st["steps"])  # a step that failed says why (its reason)
     assert st["steps"]["after1"]["state"] == st["steps"]["after2"]["state"] == "cancelled"
     assert "cancelled while running" in st["steps"]["long"]["reason"]
     assert st["steps"]["long"]["state"] == "cancelled"  # a cancel, not a failure
