@@ -153,7 +153,13 @@ def advance_workloads(r: redis.Redis, keys: Keys) -> dict[str, int]:
       every step that depends on it, transitively; independent steps go on;
     * a workload whose steps are all final is closed: ``completed`` when all completed.
 
+    The state is read without a lock; the writes that end a workload are transactions
+    (WATCH on its record) that re-read it, so a cancel that lands between the read and
+    the write is not overwritten with ``failed``.
+
     Returns counts ``{"retried", "failed", "finished"}``."""
+    from app import events
+
     out = {"retried": 0, "failed": 0, "finished": 0}
     for wid in r.smembers(keys.workloads_active):
         rec = r.hmget(keys.workload(wid), "state", "retry_budget", "steps", "deps", "priority")
@@ -182,28 +188,33 @@ def advance_workloads(r: redis.Redis, keys: Keys) -> dict[str, int]:
             reason = f"step {first} {rows[first][0]} after {rows[first][1]} retries: {rows[first][2]}"
             _cancel_steps(r, keys, wid, prio, [ids[s] for s in sorted(victims)], f"dependency {first} did not complete",
                           "")
-            with r.pipeline() as pp:
+
+            def fail(pp) -> bool:  # only a workload still running fails: a cancel may have ended it since the read
+                if pp.hget(keys.workload(wid), "state") != "running":
+                    return False
+                pp.multi()
                 pp.hset(keys.workload(wid), mapping={"state": "failed", "reason": reason,
                                                      "failed_at": repr(time.time())})
-                from app import events
-
                 events.record(r, keys.events, "workload_failed", pipe=pp, workload=wid, step=first, reason=reason)
-                pp.execute()
-            out["failed"] += 1
+                return True
+
+            out["failed"] += int(r.transaction(fail, keys.workload(wid), value_from_callable=True))
             continue
         if all(row[0] in TERMINAL for row in rows.values()):
             ok = all(row[0] == "completed" for row in rows.values())
-            final = wstate if wstate in ("failed", "cancelled") else ("completed" if ok else "failed")
-            with r.pipeline() as pp:
+
+            def finish(pp) -> None:  # the state as it is now, not as read above (a cancel may have set it since)
+                cur = pp.hget(keys.workload(wid), "state")
+                final = cur if cur in ("failed", "cancelled") else ("completed" if ok else "failed")
                 now = time.time()
+                pp.multi()
                 pp.hset(keys.workload(wid), mapping={"state": final, "finished_at": repr(now)})
                 pp.srem(keys.workloads_active, wid)
                 pp.zadd(keys.workloads_done, {wid: now})  # retention deletes it after retention_age_s
-                if wstate == "running":
-                    from app import events
-
+                if cur == "running":
                     events.record(r, keys.events, "workload_" + final, pipe=pp, workload=wid)
-                pp.execute()
+
+            r.transaction(finish, keys.workload(wid))
             out["finished"] += 1
     return out
 
