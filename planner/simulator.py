@@ -277,15 +277,15 @@ def writable_report_path(report_path: str | Path) -> Path:
     ``demo``, ``replay``) so that a bad path fails at once, not after the run.
 
     Raises:
-        ValidationError: a folder, or a path that cannot be written (``report: ...``).
+        ValidationError: a folder, or a path that cannot be written (``--report: ...``).
     """
     p = Path(report_path)
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
         if p.is_dir():
-            raise ValidationError("report", str(p), "is a folder; give a file path such as runs/report.json")
+            raise ValidationError("--report", str(p), "is a folder; give a file path such as runs/report.json")
         with p.open("a"):
             pass
     except OSError as e:
-        raise ValidationError("report", str(p), f"cannot be written: {e.strerror or e}") from e
+        raise ValidationError("--report", str(p), f"cannot be written: {e.strerror or e}") from e
     return p

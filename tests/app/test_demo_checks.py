@@ -11,8 +11,8 @@ from app.models import load_fleet
 
 
 @pytest.mark.parametrize("kw, field", [({"policy": "bogus"}, "--policy"), ({"n_jobs": 0}, "--jobs"),
-                                       ({"report_path": "/proc/no-such-dir/r.json"}, "report"),
-                                       ({"report_path": "."}, "report")])
+                                       ({"report_path": "/proc/no-such-dir/r.json"}, "--report"),
+                                       ({"report_path": "."}, "--report")])
 def test_demo_rejects_bad_options_before_starting(tmp_path, kw, field):
     t0 = time.monotonic()
     with pytest.raises(ValidationError) as e:
