@@ -44,19 +44,23 @@ def _case(seed):
     return out, st
 
 
+def _both_scores(batch, st):
+    """(member name, evaluate_built's plan, evaluate's plan) for every portfolio member
+    that builds a plan on ``st``."""
+    for name, build in member_builders(batch, st).items():
+        built = build(bound=math.inf)
+        if built is not None:
+            yield (name, evaluate_built(built[0], built[1], batch, st, name),
+                   evaluate(built[0], batch, st, name, check_times=False))
+
+
 @pytest.mark.parametrize("seed", range(150))
 def test_evaluate_built_equals_evaluate_on_odd_states(seed):
     batch, st = _case(seed)
-    for name, build in member_builders(batch, st).items():
-        built = build(bound=math.inf)
-        if built is None:
-            continue
-        fast = evaluate_built(built[0], built[1], batch, st, name)
-        full = evaluate(built[0], batch, st, name, check_times=False)
+    for name, fast, full in _both_scores(batch, st):
         assert (fast.objective, fast.stats) == (full.objective, full.stats), (seed, name)
         assert [vars(a) for a in fast.assignments] == [vars(a) for a in full.assignments], (seed, name)
     portfolio(batch, st)
-
 
 
 def test_evaluate_built_equals_evaluate_with_set_point_weight():
@@ -77,12 +81,7 @@ def test_evaluate_built_equals_evaluate_with_set_point_weight():
                     st.resident.update({u: e for u in g})
         st.set_point = sp
         st.set_point_weight = rng.choice((0.1, 1.0, 25.0))
-        for name, build in member_builders(batch, st).items():
-            built = build(bound=math.inf)
-            if built is None:
-                continue
-            fast = evaluate_built(built[0], built[1], batch, st, name)
-            full = evaluate(built[0], batch, st, name, check_times=False)
+        for name, fast, full in _both_scores(batch, st):
             assert (fast.objective, fast.stats) == (full.objective, full.stats), (seed, name)
             assert full.stats["set_point_cost"] == st.set_point_weight * full.stats["set_point_absent_gpu_s"]
             assert full.stats["score"] == pytest.approx(full.objective + full.stats["future_cost"]
