@@ -10,11 +10,11 @@ far back in its queue that step sits (workers/preemption.py).
 Maintenance is atomic with the change of the waiting step, inside the same Lua script
 (the snippets below are prepended to those scripts):
 
-* added (:data:`ADD_LUA`) where a step with deps is written: ``app.producer`` submit,
-  ``app.workloads`` submit and ``app.workload_execution`` retry (a retry also moves its
+* added (:data:`ADD_LUA`) where a step with deps is written: ``makespan.producer`` submit,
+  ``makespan.workloads`` submit and ``makespan.workload_execution`` retry (a retry also moves its
   queued dependants from the failed attempt's id to the new one, as it rewrites their ``deps``);
-* removed (:data:`DROP_LUA`) where it stops waiting: leased (``workers.leases``
-  acquire), cancelled (``app.producer`` cancel, workload cancel and a dependant
+* removed (:data:`DROP_LUA`) where it stops waiting: leased (``makespan.workers.leases``
+  acquire), cancelled (``makespan.producer`` cancel, workload cancel and a dependant
   cancelled by the planner or by a workload's failure). Failing or completing needs a
   lease first, so its entries are already gone. A leased step that is preempted or
   reclaimed back into its queue waits on nothing (its deps completed before it was
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import redis
 
-from app.keys import Keys
+from makespan.keys import Keys
 
 # Lua: ``awaited_add(prefix, job_id, deps_json)`` / ``awaited_drop(prefix, job_id, deps_json)``:
 # SADD / SREM ``job_id`` on ``prefix:awaited:{d}`` for each d of the JSON list (nil or '' = none).

@@ -9,20 +9,20 @@ from __future__ import annotations
 
 from celery import Celery
 
-from app.keys import Keys
-from app.settings import Settings
+from makespan.keys import Keys
+from makespan.settings import Settings
 
 # An acks_late task still running past the visibility timeout is delivered again.
 # Phase tasks are idempotent and fenced, and a lost worker is recovered through lease
 # expiry (not redelivery), so a long timeout (settings.broker_visibility_timeout_s,
 # default 6 h) only bounds how long a stale message lingers. makespan sends no
-# countdown/eta messages: delayed jobs and retry backoffs wait in Redis (workers.delayed).
+# countdown/eta messages: delayed jobs and retry backoffs wait in Redis (makespan.workers.delayed).
 
 
 def create_celery(settings: Settings) -> Celery:
     """A Celery app bound to ``settings.redis_url`` and ``settings.key_prefix``."""
     keys = Keys(settings.key_prefix)
-    app = Celery("makespan", broker=settings.redis_url, include=["workers.tasks"])
+    app = Celery("makespan", broker=settings.redis_url, include=["makespan.workers.tasks"])
     app.conf.update(
         task_serializer="json",
         accept_content=["json"],
@@ -60,8 +60,8 @@ def _fleet_hosts() -> list[str]:
     path = os.environ.get("MAKESPAN_FLEET")
     if not path:
         return []
-    from app.errors import ValidationError
-    from app.models import load_fleet
+    from makespan.errors import ValidationError
+    from makespan.models import load_fleet
 
     try:
         return [h.name for h in load_fleet(path).hosts]

@@ -13,7 +13,7 @@ from typing import Optional
 
 import typer
 
-from app.errors import MakespanError, ValidationError
+from makespan.errors import MakespanError, ValidationError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="makespan: schedule multi-step GPU workloads on a fleet of GPU hosts.")
@@ -23,7 +23,7 @@ FleetOpt = typer.Option(..., "--fleet", help="TOML fleet file (see examples/rend
 
 
 def _settings(**kw):
-    from app.settings import Settings
+    from makespan.settings import Settings
 
     return Settings.from_env(**{k: v for k, v in kw.items() if v is not None})
 
@@ -42,9 +42,9 @@ def _logging(level: str = "INFO") -> None:
 def planner(fleet: Path = FleetOpt, policy: Optional[str] = typer.Option(None, help="planner policy (default: MAKESPAN_POLICY, else default): fifo, min-evict, wspt, portfolio, cpsat or default (portfolio per tick + CP-SAT improver off the tick); tardiness-portfolio or tardiness for jobs with deadlines"),
             metrics_port: int = typer.Option(0, envvar="MAKESPAN_METRICS_PORT", help="Prometheus port (0: none)")):
     """Run a planner worker (one leads, others stand by). Configured by MAKESPAN_* variables, listed in docs/configuration.md: MAKESPAN_POLICY (default: default), MAKESPAN_PREEMPTION (plan or rule), MAKESPAN_IMPROVER_EXECUTOR (process or thread), MAKESPAN_IMPROVER_NICE, MAKESPAN_BATCH_SIZE, ..."""
-    from app.models import load_fleet
-    from app.redis_conn import connect
-    from workers.planner_worker import PlannerWorker
+    from makespan.models import load_fleet
+    from makespan.redis_conn import connect
+    from makespan.workers.planner_worker import PlannerWorker
 
     _logging()
     try:
@@ -89,7 +89,7 @@ def _start_metrics(port: int, role: str) -> None:
     if not port:
         return
     try:
-        from app import metrics
+        from makespan import metrics
 
         metrics.start_metrics_server(port, redis_state=(role == "planner"))
     except (ImportError, AttributeError) as e:  # pragma: no cover - metrics module optional
@@ -105,7 +105,7 @@ def gpu_worker(fleet: Path = FleetOpt, host: str = typer.Option(..., help="host 
                                                "missing, at another index or with less memory (hosts with "
                                                "explicit gpus; skipped when NVML finds no GPU)")):
     """Run the Celery GPU worker of one host (consumes queue gpu.HOST)."""
-    from app.models import load_fleet
+    from makespan.models import load_fleet
 
     try:
         f = load_fleet(fleet)
@@ -120,7 +120,7 @@ def gpu_worker(fleet: Path = FleetOpt, host: str = typer.Option(..., help="host 
     os.environ["MAKESPAN_HOST"] = host
     _start_metrics(metrics_port, "gpu-worker")
     _gil_switch_interval()
-    from workers.tasks import celery
+    from makespan.workers.tasks import celery
 
     n = concurrency or len(hosts[host].gpus)
     celery.worker_main(["worker", "-Q", f"gpu.{host}", "-n", f"gpu-{host}@%h", "-P", pool, "-c", str(n),
@@ -129,8 +129,8 @@ def gpu_worker(fleet: Path = FleetOpt, host: str = typer.Option(..., help="host 
 
 
 def _check_gpus(host_spec) -> None:
-    from workers.discovery import NvmlDiscovery
-    from workers.host_check import check_host
+    from makespan.workers.discovery import NvmlDiscovery
+    from makespan.workers.host_check import check_host
 
     if host_spec.gpu_count is not None:
         return  # simulated host: its UUIDs are made up
@@ -153,10 +153,10 @@ def gpus(host_name: str = typer.Option("", "--host-name", help="name of the flee
     import socket
     from dataclasses import asdict
 
-    from workers.discovery import NvmlDiscovery
-    from workers.host_check import host_toml
+    from makespan.workers.discovery import NvmlDiscovery
+    from makespan.workers.host_check import host_toml
 
-    logging.getLogger("workers.discovery").setLevel(logging.ERROR)  # the reason is printed below
+    logging.getLogger("makespan.workers.discovery").setLevel(logging.ERROR)  # the reason is printed below
     d = NvmlDiscovery()
     found = d.discover()
     if as_json:
@@ -171,10 +171,10 @@ def gpus(host_name: str = typer.Option("", "--host-name", help="name of the flee
 
 def _producer(fleet: Optional[Path]):
     """A Producer; without ``--fleet`` the fleet comes from Redis (the planner publishes it)."""
-    from app.keys import Keys
-    from app.models import load_fleet, parse_fleet
-    from app.producer import Producer
-    from app.redis_conn import connect
+    from makespan.keys import Keys
+    from makespan.models import load_fleet, parse_fleet
+    from makespan.producer import Producer
+    from makespan.redis_conn import connect
 
     s = _settings()
     r = connect(s.redis_url)
@@ -241,7 +241,7 @@ def demo(report: Path = typer.Option(Path("report.json"), help="where to write t
          policy: Optional[str] = typer.Option(None, help="planner policy: fifo, min-evict, wspt, portfolio, cpsat or default (the default: portfolio per tick + CP-SAT improver off the tick); tardiness-portfolio or tardiness for jobs with deadlines"),
          run_dir: Optional[Path] = typer.Option(None, help="directory for events, report and Gantt chart")):
     """The main job on one machine: Redis (yours or an embedded one), a planner and GPU workers for a simulated 8-GPU fleet, the render pipeline with real endpoint processes, then a real-trace workload plus the render-cards pipeline (about 90 s of wall time whatever --jobs is: the time scale adapts); prints the report, writes it and a Gantt chart."""
-    from app.demo import run_demo
+    from makespan.demo import run_demo
 
     try:
         out = run_demo(report_path=report, n_jobs=jobs, seed=seed, policy=policy, run_dir=run_dir)
@@ -257,7 +257,7 @@ def replay(trace: Path, fleet: Path = FleetOpt, speedup: float = typer.Option(10
            policy: Optional[str] = typer.Option(None, help="planner policy: fifo, min-evict, wspt, portfolio, cpsat or default (the default: portfolio per tick + CP-SAT improver off the tick); tardiness-portfolio or tardiness for jobs with deadlines"),
            run_dir: Optional[Path] = typer.Option(None, help="directory for events, report and Gantt chart")):
     """Run the live system fed from a trace file (ITP, Alibaba or JSON lines), time compressed SPEEDUP times."""
-    from app.demo import run_replay
+    from makespan.demo import run_replay
 
     try:
         out = run_replay(trace, fleet, speedup=speedup, report_path=report, start=start, limit=limit, seed=seed,
@@ -281,7 +281,7 @@ def simulate(trace: Path, fleet: Path = FleetOpt, policy: str = typer.Option("po
              quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress lines on stderr")):
     """The planner in virtual time (no Redis) over a trace; prints the report JSON. Progress goes to stderr every few seconds of a long run."""
     try:
-        sim = importlib.import_module("planner.simulator")
+        sim = importlib.import_module("makespan.planner.simulator")
     except ImportError:
         _fail(MakespanError("the simulator is not built yet"))
     last = [time.monotonic()]
@@ -306,7 +306,7 @@ def simulate(trace: Path, fleet: Path = FleetOpt, policy: str = typer.Option("po
     typer.echo(json.dumps(out, indent=2))
 
 
-for _mod in ("app.cli_lifecycle", "app.cli_observe", "app.cli_workloads"):
+for _mod in ("makespan.cli_lifecycle", "makespan.cli_observe", "makespan.cli_workloads"):
     try:
         importlib.import_module(_mod).register(app)
     except ImportError:

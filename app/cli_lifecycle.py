@@ -1,6 +1,6 @@
 """Lifecycle commands of the ``makespan`` CLI and the render pipeline.
 
-``app.cli`` calls :func:`register` on its typer app, adding:
+``makespan.cli`` calls :func:`register` on its typer app, adding:
 
 * ``makespan incidents``: list incidents raised by the health observer.
 * ``makespan observer --fleet FILE``: run the health observer process.
@@ -24,10 +24,10 @@ from typing import Any, Optional
 import httpx
 import typer
 
-from app.errors import MakespanError, PhaseError
-from app.keys import Keys
-from app.models import FleetSpec, load_fleet
-from app.settings import Settings
+from makespan.errors import MakespanError, PhaseError
+from makespan.keys import Keys
+from makespan.models import FleetSpec, load_fleet
+from makespan.settings import Settings
 
 EXAMPLE_FLEET = Path(__file__).resolve().parent.parent / "examples" / "render-pipeline.toml"
 SPAWN_OVERHEAD_S = 2.0  # wall seconds a real process start adds to a time-scaled cold start
@@ -55,7 +55,7 @@ def _set_point_on(fleet: FleetSpec, host: str) -> list[tuple[str, list[str]]]:
 
 def _spawn_observer(settings: Settings, fleet_path: Path, probe_interval_s: float) -> subprocess.Popen:
     env = {**os.environ, **settings.to_env()}
-    return subprocess.Popen([sys.executable, "-m", "workers.observer", "--fleet", str(fleet_path),
+    return subprocess.Popen([sys.executable, "-m", "makespan.workers.observer", "--fleet", str(fleet_path),
                              "--probe-interval-s", repr(probe_interval_s)],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             cwd=str(Path(__file__).resolve().parent.parent))
@@ -83,11 +83,11 @@ def run_render_pipeline(settings: Settings, fleet_path: Path = EXAMPLE_FLEET, ho
         PhaseError: a start failed its health check, or a card request failed.
         LeaseError: the agenda lock was lost mid-pipeline.
     """
-    from app.redis_conn import connect
-    from workers.agenda import AgendaTracker
-    from workers.drivers import get_driver
-    from workers.drivers.registry import list_instances, register_instance, unregister_instance
-    from workers.observer import list_incidents
+    from makespan.redis_conn import connect
+    from makespan.workers.agenda import AgendaTracker
+    from makespan.workers.drivers import get_driver
+    from makespan.workers.drivers.registry import list_instances, register_instance, unregister_instance
+    from makespan.workers.observer import list_incidents
 
     fleet = load_fleet(fleet_path)
     host = host or next(sp.host for sp in fleet.endpoints["coder"].set_point)
@@ -199,7 +199,7 @@ def _execute_cards(render_url: str, embed_url: str, cards: int, slots: int) -> i
 
 # -- commands ----------------------------------------------------------------------------
 def _conn(redis_url: Optional[str], prefix: Optional[str]):
-    from app.redis_conn import connect
+    from makespan.redis_conn import connect
 
     s = Settings.from_env()
     return connect(redis_url or s.redis_url), Keys(prefix or s.key_prefix)
@@ -209,7 +209,7 @@ def incidents(redis_url: Optional[str] = typer.Option(None, "--redis-url", help=
               prefix: Optional[str] = typer.Option(None, "--prefix", help="default: MAKESPAN_KEY_PREFIX"),
               as_json: bool = typer.Option(False, "--json", help="one JSON object per line")) -> None:
     """List incidents raised by the health observer (with their recovery)."""
-    from workers.observer import list_incidents
+    from makespan.workers.observer import list_incidents
 
     try:
         r, keys = _conn(redis_url, prefix)
@@ -237,7 +237,7 @@ def observer(fleet: Path = typer.Option(..., "--fleet", help="TOML fleet file"),
              overrun_factor: float = typer.Option(1.5, "--overrun-factor",
                                                   help="a transition later than factor × its planned length is an incident")) -> None:
     """Run the health observer process (probes endpoint instances; raises incidents)."""
-    from workers.observer import main
+    from makespan.workers.observer import main
 
     raise typer.Exit(main(["--fleet", str(fleet), "--probe-interval-s", repr(probe_interval_s),
                            "--overrun-factor", repr(overrun_factor)]))
@@ -247,7 +247,7 @@ def endpoint_server(port: int = typer.Option(..., "--port"), model: str = typer.
                     load_time_s: float = typer.Option(0.0, "--load-time-s"),
                     latency_ms: float = typer.Option(0.0, "--latency-ms")) -> None:
     """Run the small real endpoint program (OpenAI-compatible routes, vLLM sleep/wake)."""
-    from workers.endpoint_server import serve
+    from makespan.workers.endpoint_server import serve
 
     serve(port, model, load_time_s, latency_ms)
 

@@ -1,9 +1,9 @@
 """Observability commands of the ``makespan`` CLI: ``makespan report RUN_DIR``.
 
-``app.cli`` calls :func:`register` on its typer app. ``report`` reads
+``makespan.cli`` calls :func:`register` on its typer app. ``report`` reads
 ``RUN_DIR/events.jsonl`` (written by ``makespan demo`` and ``makespan replay``), takes
 the GPU lane order from ``RUN_DIR/fleet.toml`` when present, writes
-``RUN_DIR/gantt.png`` and prints the text summary of :func:`app.gantt.summarize`.
+``RUN_DIR/gantt.png`` and prints the text summary of :func:`makespan.gantt.summarize`.
 """
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ from pathlib import Path
 
 import typer
 
-from app.errors import MakespanError
+from makespan.errors import MakespanError
 
 
 def _gpu_order(run_dir: Path) -> list[str] | None:
     fleet_file = run_dir / "fleet.toml"
     if not fleet_file.exists():
         return None
-    from app.models import load_fleet
+    from makespan.models import load_fleet
 
     try:
         return load_fleet(fleet_file).gpu_uuids()
@@ -35,7 +35,7 @@ def report(
     as_json: bool = typer.Option(False, "--json", help="print the summary as one JSON object"),
 ) -> None:
     """Draw RUN_DIR/gantt.png (one lane per GPU) and print a summary of the run."""
-    from app.gantt import load_events, render_gantt, summarize, summary_stats
+    from makespan.gantt import load_events, render_gantt, summarize, summary_stats
 
     events_file = run_dir / "events.jsonl"
     if not events_file.exists():

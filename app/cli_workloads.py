@@ -8,16 +8,16 @@ from pathlib import Path
 
 import typer
 
-from app.errors import MakespanError
+from makespan.errors import MakespanError
 
 
 def register(app: typer.Typer) -> None:
     """Add the workload commands to the ``makespan`` CLI."""
 
     def _ctx():
-        from app.keys import Keys
-        from app.redis_conn import connect
-        from app.settings import Settings
+        from makespan.keys import Keys
+        from makespan.redis_conn import connect
+        from makespan.settings import Settings
 
         s = Settings.from_env()
         return s, connect(s.redis_url), Keys(s.key_prefix)
@@ -30,8 +30,8 @@ def register(app: typer.Typer) -> None:
     def submit_workload_cmd(file: Path = typer.Argument(..., help="workload file (YAML or JSON)"),
                             fleet: Path = typer.Option(..., "--fleet", help="TOML fleet file")):
         """Validate a workload DAG and enqueue all its steps at once (or none). Prints its id."""
-        from app.models import load_fleet
-        from app.workloads import load_workload, submit_workload
+        from makespan.models import load_fleet
+        from makespan.workloads import load_workload, submit_workload
 
         try:
             s, r, k = _ctx()
@@ -44,13 +44,13 @@ def register(app: typer.Typer) -> None:
     @app.command("workload-status")
     def workload_status_cmd(workload_id: str, report: bool = typer.Option(False, help="add the workload report")):
         """A workload's state and its steps (JSON); with --report its makespan, critical path and time waiting / in transitions / executing."""
-        from app.workloads import workload_status
+        from makespan.workloads import workload_status
 
         try:
             s, r, k = _ctx()
             out = workload_status(r, k, workload_id)
             if report:
-                from app.workload_report import workload_report
+                from makespan.workload_report import workload_report
 
                 out["report"] = workload_report(r, k, workload_id)
         except MakespanError as e:
@@ -60,7 +60,7 @@ def register(app: typer.Typer) -> None:
     @app.command("cancel-workload")
     def cancel_workload_cmd(workload_id: str):
         """Cancel a workload: queued steps now, running steps at their next phase boundary."""
-        from app.workloads import cancel_workload
+        from makespan.workloads import cancel_workload
 
         try:
             s, r, k = _ctx()

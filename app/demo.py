@@ -22,17 +22,17 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from app import events as ev
-from app import telemetry
-from app.errors import MakespanError, ValidationError
-from app.keys import Keys
-from app.live import LiveSystem, delete_prefix
-from app.models import FleetSpec, load_fleet
-from app.producer import Producer
-from app.redis_conn import EmbeddedRedis, connect, ping, redacted, start_embedded
-from app.run_report import live_report
-from app.settings import Settings
-from app.traces import TraceJob, read_trace
+from makespan import events as ev
+from makespan import telemetry
+from makespan.errors import MakespanError, ValidationError
+from makespan.keys import Keys
+from makespan.live import LiveSystem, delete_prefix
+from makespan.models import FleetSpec, load_fleet
+from makespan.producer import Producer
+from makespan.redis_conn import EmbeddedRedis, connect, ping, redacted, start_embedded
+from makespan.run_report import live_report
+from makespan.settings import Settings
+from makespan.traces import TraceJob, read_trace
 
 DATA = Path(__file__).parent / "data"
 DEMO_FLEET = DATA / "render-pipeline.toml"
@@ -80,8 +80,8 @@ def run_live(trace_jobs: list[TraceJob], fleet_path: Path, *, time_scale: float,
     With ``render_pipeline`` the render pipeline of the design notes first runs on its
     own with real endpoint processes (``makespan render-pipeline``) and its phase
     timings go into the report under ``render_pipeline``."""
-    from planner.api import POLICIES
-    from planner.simulator import writable_report_path
+    from makespan.planner.api import POLICIES
+    from makespan.planner.simulator import writable_report_path
 
     fleet = load_fleet(fleet_path)
     chosen = policy or Settings.from_env().policy
@@ -138,7 +138,7 @@ def run_live(trace_jobs: list[TraceJob], fleet_path: Path, *, time_scale: float,
 def _render_pipeline(settings: Settings, fleet_path: Path, run_dir: Path) -> dict[str, Any]:
     from dataclasses import replace
 
-    from app.cli_lifecycle import run_render_pipeline
+    from makespan.cli_lifecycle import run_render_pipeline
 
     console.print("Render pipeline with real endpoint processes (evict coder → start renderer → 20 cards → "
                   "clear embedding helper → restore coder) ...")
@@ -234,9 +234,9 @@ def _drained(r, keys: Keys) -> bool:
 
 def _gantt(events, fleet: FleetSpec, run_dir: Path, title: str) -> None:
     try:
-        from app.gantt import render_gantt
+        from makespan.gantt import render_gantt
     except ImportError:  # pragma: no cover
-        console.print("[yellow]Gantt chart skipped: app.gantt not available")
+        console.print("[yellow]Gantt chart skipped: makespan.gantt not available")
         return
     render_gantt(events, str(run_dir / "gantt.png"), gpu_order=fleet.gpu_uuids(), title=title)
 

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from app.errors import ValidationError
-from app.models import Priority
+from makespan.errors import ValidationError
+from makespan.models import Priority
 
 PHASES = ("evict", "start_endpoint", "execute", "clear", "restore")
 TRANSITION_PHASES = ("evict", "start_endpoint", "clear", "restore")

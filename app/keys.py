@@ -1,6 +1,6 @@
 """Every Redis key makespan uses, in one place, under one prefix.
 
-Schema (``P`` is :attr:`app.settings.Settings.key_prefix`, default ``makespan``):
+Schema (``P`` is :attr:`makespan.settings.Settings.key_prefix`, default ``makespan``):
 
 =====================================  ======  ==============================================
 key                                    type    contents
@@ -18,7 +18,7 @@ key                                    type    contents
 ``P:running``                          zset    job ids holding a lease, score = lease time
 ``P:phase:{lease_id}``                 hash    phase -> ``done`` (idempotency of phase tasks)
 ``P:busy:{lease_id}``                  string  a busy endpoint slot (execute phase in progress)
-``P:agenda:{op_id}``                   hash    agenda entry (see workers.agenda)
+``P:agenda:{op_id}``                   hash    agenda entry (see makespan.workers.agenda)
 ``P:agenda:index``                     zset    open agenda op ids, score = expected end
 ``P:planner:leader``                   string  planner leader lock (redis-py Lock)
 ``P:planner:fence``                    string  planner fencing counter
@@ -27,11 +27,11 @@ key                                    type    contents
 ``P:drain``                            hash    the last drain check's counts
 ``P:incidents``                        stream  incidents raised by the health observer
 ``P:incidents:seen``                   set     agenda op ids already reported as overrunning
-``P:instance:{id}``                    hash    live endpoint instance (see workers.observer)
+``P:instance:{id}``                    hash    live endpoint instance (see makespan.workers.observer)
 ``P:instances``                        set     live endpoint instance ids
 ``P:observer``                         hash    observer liveness: probe cycle, time (EX ttl)
 ``P:fleet``                            string  the fleet spec JSON the planner runs with
-``P:workload:{id}``                    hash    workload record (see app.workloads)
+``P:workload:{id}``                    hash    workload record (see makespan.workloads)
 ``P:workloads``                        zset    workload ids, score = submission time
 ``P:workloads:active``                 set     workloads the planner still advances
 ``P:workloads:done``                   zset    finished workload ids, score = finish time (retention's index)
@@ -41,7 +41,7 @@ key                                    type    contents
 ``P:reqpeak:{instance}``               string  most request leases ever held at once
 ``P:requests:{job}``                   list    per-request records of a step (JSON: t0, t1, ms, ok)
 ``P:awaited:{job}``                    set     queued/delayed job ids whose deps name ``job``
-                                               (reverse-dependency index, see app.awaited)
+                                               (reverse-dependency index, see makespan.awaited)
 =====================================  ======  ==============================================
 
 Celery's own keys are prefixed with ``P:celery:`` through kombu's ``global_keyprefix``.
@@ -51,7 +51,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from app.models import Priority
+from makespan.models import Priority
 
 
 @dataclass(frozen=True)
@@ -194,7 +194,7 @@ class Keys:
         return f"{self.prefix}:requests:{job_id}"
 
     def awaited(self, job_id: str) -> str:
-        """Set of the queued or delayed job ids that wait on ``job_id`` (app.awaited)."""
+        """Set of the queued or delayed job ids that wait on ``job_id`` (makespan.awaited)."""
         return f"{self.prefix}:awaited:{job_id}"
 
     @property

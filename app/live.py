@@ -1,7 +1,7 @@
 """Start and stop the live system's processes on one machine (demo, replay, tests).
 
 :class:`LiveSystem` starts planner workers and one GPU worker per host as real child
-processes (``python -m app.cli ...``), waits until the GPU workers consume their
+processes (``python -m makespan.cli ...``), waits until the GPU workers consume their
 queues, and stops everything it started (SIGTERM, then SIGKILL after a grace period).
 """
 
@@ -18,10 +18,10 @@ from pathlib import Path
 
 import redis
 
-from app.errors import MakespanError
-from app.keys import Keys
-from app.models import FleetSpec
-from app.settings import Settings
+from makespan.errors import MakespanError
+from makespan.keys import Keys
+from makespan.models import FleetSpec
+from makespan.settings import Settings
 
 
 @dataclass
@@ -80,7 +80,7 @@ class LiveSystem:
                                                                   set(self.metrics_ports.values()))
             self.metrics_ports[name] = port
             env["MAKESPAN_METRICS_PORT"] = str(port)
-        p = subprocess.Popen([sys.executable, "-m", "app.cli", *args], stdout=f, stderr=subprocess.STDOUT,
+        p = subprocess.Popen([sys.executable, "-m", "makespan.cli", *args], stdout=f, stderr=subprocess.STDOUT,
                              env=env, start_new_session=True)
         f.close()
         proc = Proc(name, p, log_path)
@@ -127,7 +127,7 @@ class LiveSystem:
         Raises:
             MakespanError: a worker died or did not answer within ``timeout_s``.
         """
-        from app.celery_app import create_celery
+        from makespan.celery_app import create_celery
 
         want = {f"gpu-{h}" for h in (hosts or [h.name for h in self.fleet.hosts])}
         app = create_celery(self.settings)
@@ -181,9 +181,9 @@ class LiveSystem:
     def stop_instances(self) -> int:
         """Stop the endpoint processes the GPU workers started (they run in their own
         sessions, so stopping a worker leaves them running)."""
-        from app.redis_conn import connect
-        from workers.drivers import get_driver
-        from workers.drivers.registry import list_instances, unregister_instance
+        from makespan.redis_conn import connect
+        from makespan.workers.drivers import get_driver
+        from makespan.workers.drivers.registry import list_instances, unregister_instance
 
         keys = Keys(self.settings.key_prefix)
         try:

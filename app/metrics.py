@@ -34,8 +34,8 @@ import tempfile
 import threading
 from typing import Any, Iterable
 
-from app.keys import Keys
-from app.models import Priority
+from makespan.keys import Keys
+from makespan.models import Priority
 
 log = logging.getLogger(__name__)
 
@@ -327,7 +327,7 @@ def start_metrics_server(port: int, settings: Any = None, redis_state: bool = Tr
     """Serve ``/metrics`` on ``addr:port`` from a daemon thread; return the WSGI server
     (``.server_port`` holds the port bound; ``port=0`` is refused: 0 means no server).
 
-    ``settings`` (default :meth:`app.settings.Settings.from_env`) gives the Redis URL
+    ``settings`` (default :meth:`makespan.settings.Settings.from_env`) gives the Redis URL
     and key prefix of the state collector (``redis_state=False`` leaves it out, e.g.
     on GPU workers). ``multiprocess`` (default on) calls :func:`enable_multiprocess`
     first: call this before a prefork worker forks.
@@ -337,7 +337,7 @@ def start_metrics_server(port: int, settings: Any = None, redis_state: bool = Tr
     """
     from prometheus_client import start_http_server
 
-    from app.errors import ValidationError
+    from makespan.errors import ValidationError
 
     if not isinstance(port, int) or not 0 < port < 65536:
         raise ValidationError("MAKESPAN_METRICS_PORT", port, "must be a TCP port 1..65535")
@@ -345,8 +345,8 @@ def start_metrics_server(port: int, settings: Any = None, redis_state: bool = Tr
         enable_multiprocess()
     client = keys = None
     if redis_state:
-        from app.redis_conn import connect
-        from app.settings import Settings
+        from makespan.redis_conn import connect
+        from makespan.settings import Settings
 
         s = settings or Settings.from_env()
         client, keys = connect(s.redis_url, socket_timeout=2.0), Keys(s.key_prefix)

@@ -2,7 +2,7 @@
 
 Specs are frozen pydantic models that reject unknown keys. :func:`load_fleet` reads a
 TOML fleet file (see ``examples/render-pipeline.toml`` and docs/configuration.md).
-Every validation failure is raised as :class:`app.errors.ValidationError` naming the
+Every validation failure is raised as :class:`makespan.errors.ValidationError` naming the
 field (a dotted path) and the value.
 """
 
@@ -20,7 +20,7 @@ from typing import Any
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from app.errors import ValidationError
+from makespan.errors import ValidationError
 
 
 class Priority(enum.IntEnum):

@@ -5,7 +5,7 @@ record, idempotency key, queue entry, submitted event) is one Lua script, so a
 rejected job is never partly enqueued and an accepted one is never half-written.
 A job with ``delay_s`` is written ``delayed`` into ``P:delayed`` (score = due time,
 the Redis server's clock + ``delay_s``) instead of a queue, in the same script; the
-planner queues it when due (:mod:`workers.delayed`). Nothing reaches Celery before then.
+planner queues it when due (:mod:`makespan.workers.delayed`). Nothing reaches Celery before then.
 """
 
 from __future__ import annotations
@@ -18,17 +18,17 @@ from typing import Any
 
 import redis
 
-from app import metrics, telemetry
-from app.awaited import ADD_LUA, DROP_LUA
-from app.errors import NotFoundError, StoreError, ValidationError
-from app.keys import Keys
-from app.models import FleetSpec, JobSpec, Priority, parse_job
-from app.settings import Settings
+from makespan import metrics, telemetry
+from makespan.awaited import ADD_LUA, DROP_LUA
+from makespan.errors import NotFoundError, StoreError, ValidationError
+from makespan.keys import Keys
+from makespan.models import FleetSpec, JobSpec, Priority, parse_job
+from makespan.settings import Settings
 
 # KEYS: idem (or a dummy when no key), seq, job, queue, events, planner wake list, delayed
 # ARGV: has_idem, job_id, fields JSON (flat map), event JSON, delay s ('' = queue now), key prefix
 # A delayed job's due time (not_before, its P:delayed score) = the Redis server's clock + delay.
-# A job with deps joins the reverse-dependency index of each (app.awaited) in the same script.
+# A job with deps joins the reverse-dependency index of each (makespan.awaited) in the same script.
 _SUBMIT = ADD_LUA + """
 if ARGV[1] == '1' then
   local existing = redis.call('GET', KEYS[1])
@@ -63,7 +63,7 @@ return {1, ARGV[2]}
 """
 
 # KEYS: job, queue(level), events, finished (retention), delayed ; ARGV: job_id, event JSON, now, key prefix
-# A cancelled queued/delayed job leaves the reverse-dependency index (app.awaited).
+# A cancelled queued/delayed job leaves the reverse-dependency index (makespan.awaited).
 _CANCEL = DROP_LUA + """
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return 'missing' end
@@ -226,7 +226,7 @@ class Producer:
 def submit(job: JobSpec | dict[str, Any], *, fleet: FleetSpec, settings: Settings | None = None,
            r: redis.Redis | None = None) -> JobHandle:
     """Module-level convenience: ``submit({"endpoint": ..., "service_s": ...}, fleet=...)``."""
-    from app.redis_conn import connect
+    from makespan.redis_conn import connect
 
     settings = settings or Settings.from_env()
     return Producer(r or connect(settings.redis_url), Keys(settings.key_prefix), fleet, settings).submit(job)

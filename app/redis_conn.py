@@ -19,7 +19,7 @@ from urllib.parse import urlparse
 
 import redis
 
-from app.errors import StoreError, ValidationError
+from makespan.errors import StoreError, ValidationError
 
 
 def connect(url: str, decode_responses: bool = True, **kw) -> redis.Redis:

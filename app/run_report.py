@@ -10,14 +10,14 @@ from typing import Any
 
 import redis
 
-from app.awaited import leaked
-from app.keys import Keys
-from app.models import FleetSpec, Priority
-from planner.measures import JobRecord, build_report, lower_bounds
-from planner.model import PlanJob
-from planner.restore import set_point_absence, set_point_groups
-from planner.simulator import fleet_state
-from workers.fleet_view import endpoint_models
+from makespan.awaited import leaked
+from makespan.keys import Keys
+from makespan.models import FleetSpec, Priority
+from makespan.planner.measures import JobRecord, build_report, lower_bounds
+from makespan.planner.model import PlanJob
+from makespan.planner.restore import set_point_absence, set_point_groups
+from makespan.planner.simulator import fleet_state
+from makespan.workers.fleet_view import endpoint_models
 
 
 def drain_counts(r: redis.Redis, keys: Keys, fleet: FleetSpec) -> dict[str, Any]:
@@ -89,7 +89,7 @@ def records_from_run(events: list[dict[str, Any]], jobs: dict[str, dict[str, str
 def residency_from_run(events: list[dict[str, Any]], time_scale: float,
                        t0: float) -> dict[str, list[tuple[float, str | None]]]:
     """Per-GPU residency changes of one live run, in workload seconds from ``t0``, as
-    :func:`planner.restore.set_point_absence` takes them: nothing ready from a lease's
+    :func:`makespan.planner.restore.set_point_absence` takes them: nothing ready from a lease's
     start when it evicts or loads (an ``evict`` phase that evicted something, a
     ``start_endpoint`` phase that cold-started or woke, ``planned_s`` > 0, or a restore),
     its endpoint from the end of that load (``start_endpoint``'s end, ``restore_end``).
@@ -130,7 +130,7 @@ def residency_from_run(events: list[dict[str, Any]], time_scale: float,
 
 def live_report(r: redis.Redis, keys: Keys, fleet: FleetSpec, events: list[dict[str, Any]], job_ids: list[str],
                 time_scale: float, policy: str, rejected: int = 0) -> dict[str, Any]:
-    """The design notes' report for one live run (see :func:`planner.measures.build_report`)."""
+    """The design notes' report for one live run (see :func:`makespan.planner.measures.build_report`)."""
     p = r.pipeline(transaction=False)
     for j in job_ids:
         p.hgetall(keys.job(j))

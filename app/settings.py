@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from app.errors import ValidationError
+from makespan.errors import ValidationError
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 IMPROVER_EXECUTORS = ("process", "thread")  # Settings.improver_executor; the first is the default
@@ -102,9 +102,9 @@ class Settings:
             whose plan a later tick adopts when it scores better; see workers/improver.py).
         solve_time_limit_s: CP-SAT time limit per batch (policies that use it), s.
         preemption: ``"plan"`` (default): the policies of
-            :data:`planner.api.PREEMPTION_FLOOR` (portfolio, default/cpsat, tardiness*)
-            decide preemptions by score (:mod:`planner.preemption_plan`), the others by the
-            fixed rule; ``"rule"``: the fixed rule (:mod:`planner.preemption`) for all.
+            :data:`makespan.planner.api.PREEMPTION_FLOOR` (portfolio, default/cpsat, tardiness*)
+            decide preemptions by score (:mod:`makespan.planner.preemption_plan`), the others by the
+            fixed rule; ``"rule"``: the fixed rule (:mod:`makespan.planner.preemption`) for all.
         improver_executor: where the live planner's improver solves: ``process`` (the
             default: one child process, off the tick's GIL) or ``thread`` (a thread of
             the planner process; ticks during a solve take longer).

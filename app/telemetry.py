@@ -54,7 +54,7 @@ from opentelemetry.sdk.trace.export import (BatchSpanProcessor, ConsoleSpanExpor
 from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from app.errors import ValidationError
+from makespan.errors import ValidationError
 
 log = logging.getLogger(__name__)
 

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from app.errors import ValidationError
-from app.models import FleetSpec, Priority
+from makespan.errors import ValidationError
+from makespan.models import FleetSpec, Priority
 
 def traces_dir() -> Path:
     """Where the shared real traces live: ``MAKESPAN_TRACES_DIR`` if set, else
@@ -64,7 +64,7 @@ class TraceJob:
     num_gpu: int
 
     def job_dict(self) -> dict[str, Any]:
-        """Keyword arguments for :func:`app.producer.submit`."""
+        """Keyword arguments for :func:`makespan.producer.submit`."""
         return {"endpoint": self.endpoint, "priority": self.priority.name, "service_s": self.service_s,
                 "idempotency_key": f"trace:{self.id}", "payload": {"trace_job": self.id}}
 

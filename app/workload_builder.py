@@ -3,8 +3,8 @@
 :class:`Workload` collects steps (``.step(name, endpoint, **work)`` returns a
 :class:`StepRef`); :func:`chain` and :func:`group` add the dependencies
 (``chain(a, group(b, c), d)`` is the diamond a -> {b, c} -> d). ``Workload.to_dict()`` is
-the mapping :func:`app.workload_spec.parse_workload` validates, ``Workload.spec(fleet)``
-the validated :class:`app.workload_spec.WorkloadSpec`; :func:`app.workloads.submit_workload`
+the mapping :func:`makespan.workload_spec.parse_workload` validates, ``Workload.spec(fleet)``
+the validated :class:`makespan.workload_spec.WorkloadSpec`; :func:`makespan.workloads.submit_workload`
 takes a ``Workload`` as it is.
 """
 
@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from app.errors import ValidationError
-from app.models import FleetSpec, Priority
-from app.workload_spec import WorkloadSpec, parse_workload
+from makespan.errors import ValidationError
+from makespan.models import FleetSpec, Priority
+from makespan.workload_spec import WorkloadSpec, parse_workload
 
 
 class StepRef:

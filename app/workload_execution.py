@@ -5,7 +5,7 @@ failed step within the budget, fail the workload and cancel its dependants beyon
 close a workload whose steps are all final); :func:`cancel_workload` cancels one on
 request; :func:`retry_pending` tells the planner whether a failed step's dependants must
 wait. The retry and the cancellation are one Lua script each (below). The workload record
-they read and write is described in :mod:`app.workloads`.
+they read and write is described in :mod:`makespan.workloads`.
 """
 
 from __future__ import annotations
@@ -16,16 +16,16 @@ import uuid
 
 import redis
 
-from app.awaited import ADD_LUA, DROP_LUA
-from app.errors import NotFoundError
-from app.keys import Keys
+from makespan.awaited import ADD_LUA, DROP_LUA
+from makespan.errors import NotFoundError
+from makespan.keys import Keys
 
 # A failed step is retried as a new job (the failed attempt's record stays as it is,
 # for its history and for retention): the workload's step map and every queued
 # dependant's deps are pointed at the new id in the same script.
 # KEYS: workload, new job, queue, events, seq, finished, then dependant job keys
 # ARGV: step, old id, new id, fields JSON, event JSON, key prefix, then per dependant its deps JSON
-# The reverse-dependency index (app.awaited) follows: the new job joins it for its deps, a
+# The reverse-dependency index (makespan.awaited) follows: the new job joins it for its deps, a
 # queued dependant moves from the old id's set to the new id's.
 _RETRY = ADD_LUA + DROP_LUA + """
 if redis.call('HGET', KEYS[1], 'state') ~= 'running' then return 0 end
@@ -60,7 +60,7 @@ return 1
 # ARGV: now, reason, final state, key prefix, then job ids
 # Queued steps (and delayed ones: waiting out a retry backoff) are cancelled at once;
 # leased/running ones are asked to stop at their next phase boundary (the GPU worker
-# then releases their lease). A cancelled step leaves the reverse-dependency index (app.awaited).
+# then releases their lease). A cancelled step leaves the reverse-dependency index (makespan.awaited).
 _CANCEL_WORKLOAD = DROP_LUA + """
 local n = #KEYS - 6
 local out = {0, 0}
@@ -115,7 +115,7 @@ def _cancel_steps(r, keys, wid, prio, job_ids, reason, final_state) -> dict[str,
          keys.delayed, *[keys.job(j) for j in job_ids]]
     a, b = script(keys=k, args=[repr(time.time()), reason, final_state, keys.prefix, *job_ids])
     if final_state:
-        from app import events
+        from makespan import events
 
         events.record(r, keys.events, "workload_" + final_state, workload=wid, reason=reason)
     return {"cancelled": int(a), "cancel_requested": int(b)}
@@ -158,7 +158,7 @@ def advance_workloads(r: redis.Redis, keys: Keys) -> dict[str, int]:
     the write is not overwritten with ``failed``.
 
     Returns counts ``{"retried", "failed", "finished"}``."""
-    from app import events
+    from makespan import events
 
     out = {"retried": 0, "failed": 0, "finished": 0}
     for wid in r.smembers(keys.workloads_active):

@@ -21,9 +21,9 @@ from typing import Any
 
 import redis
 
-from app import events as ev
-from app.keys import Keys
-from app.workloads import workload_status
+from makespan import events as ev
+from makespan.keys import Keys
+from makespan.workloads import workload_status
 
 TRANSITION_PHASES = ("evict", "start_endpoint")
 
@@ -51,7 +51,7 @@ def workload_report(r: redis.Redis, keys: Keys, workload_id: str,
     executing_s, attempts, state}}}``; times relative to the workload's submission.
 
     Raises:
-        app.errors.NotFoundError: no such workload."""
+        makespan.errors.NotFoundError: no such workload."""
     st = workload_status(r, keys, workload_id)
     evs = events if events is not None else list(ev.read_all(r, keys.events))
     t0 = float(st["submitted_at"])

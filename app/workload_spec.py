@@ -5,7 +5,7 @@
 :func:`parse_workload` checks a mapping against a fleet (unknown endpoint or step
 reference, a duplicate step, an endpoint that can never fit, a cycle named by
 :func:`find_cycle`) and :func:`load_workload` reads a YAML or JSON file
-(docs/workloads.md shows the format). Every error is :class:`app.errors.ValidationError`
+(docs/workloads.md shows the format). Every error is :class:`makespan.errors.ValidationError`
 naming the field. No I/O beyond reading the file; nothing here touches Redis.
 """
 
@@ -20,8 +20,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from app.errors import ValidationError
-from app.models import _NAME, FleetSpec, Priority, validate
+from makespan.errors import ValidationError
+from makespan.models import _NAME, FleetSpec, Priority, validate
 
 ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/embeddings")
 _Strict = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True)

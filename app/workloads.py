@@ -15,20 +15,20 @@ and submit with :func:`submit_workload` (``makespan submit-workload FILE``).
 
 Validation happens completely before anything is written: unknown keys, an unknown
 endpoint or step reference, a duplicate step, a prompt template that does not format,
-and a cycle (named, e.g. ``a -> b -> c -> a``) are :class:`app.errors.ValidationError`.
+and a cycle (named, e.g. ``a -> b -> c -> a``) are :class:`makespan.errors.ValidationError`.
 The write is one Lua script: every step's job record, its queue entry, the workload
 record and the submitted events, or nothing.
 
-Redis (see :mod:`app.keys`): ``P:workload:{id}`` hash (name, priority, state,
+Redis (see :mod:`makespan.keys`): ``P:workload:{id}`` hash (name, priority, state,
 retry_budget, steps = JSON {step: job id}, deps = JSON {step: [steps]}, times),
 ``P:workloads`` zset (all, by submission time) and ``P:workloads:active`` set (what
 the planner advances, :func:`advance_workloads`).
 
 This module holds the submit script, :func:`submit_workload` and :func:`workload_status`,
 and re-exports the rest of the workload API from where it lives:
-:mod:`app.workload_spec` (``StepSpec``, ``WorkloadSpec``, ``parse_workload``,
-``load_workload``, ``find_cycle``), :mod:`app.workload_builder` (``Workload``, ``chain``,
-``group``) and :mod:`app.workload_execution` (``advance_workloads``, ``cancel_workload``,
+:mod:`makespan.workload_spec` (``StepSpec``, ``WorkloadSpec``, ``parse_workload``,
+``load_workload``, ``find_cycle``), :mod:`makespan.workload_builder` (``Workload``, ``chain``,
+``group``) and :mod:`makespan.workload_execution` (``advance_workloads``, ``cancel_workload``,
 ``retry_pending``, ``TERMINAL``). Import any of them from here.
 """
 
@@ -41,14 +41,14 @@ from typing import Any
 
 import redis
 
-from app.awaited import ADD_LUA
-from app.errors import NotFoundError, StoreError, ValidationError
-from app.keys import Keys
-from app.models import FleetSpec
-from app.settings import Settings
-from app.workload_builder import Chain, Group, StepRef, Workload, chain, group
-from app.workload_execution import TERMINAL, advance_workloads, cancel_workload, retry_pending
-from app.workload_spec import ROUTES, StepSpec, WorkloadSpec, find_cycle, load_workload, parse_workload
+from makespan.awaited import ADD_LUA
+from makespan.errors import NotFoundError, StoreError, ValidationError
+from makespan.keys import Keys
+from makespan.models import FleetSpec
+from makespan.settings import Settings
+from makespan.workload_builder import Chain, Group, StepRef, Workload, chain, group
+from makespan.workload_execution import TERMINAL, advance_workloads, cancel_workload, retry_pending
+from makespan.workload_spec import ROUTES, StepSpec, WorkloadSpec, find_cycle, load_workload, parse_workload
 
 __all__ = ["ROUTES", "TERMINAL", "Chain", "Group", "StepRef", "StepSpec", "Workload", "WorkloadSpec",
            "advance_workloads", "cancel_workload", "chain", "find_cycle", "group", "load_workload",
@@ -58,7 +58,7 @@ __all__ = ["ROUTES", "TERMINAL", "Chain", "Group", "StepRef", "StepSpec", "Workl
 # -- submit ----------------------------------------------------------------------------
 # KEYS: seq, queue, events, workload, workloads, active ; then one job key per step
 # ARGV: n, workload_id, workload fields JSON, now, key prefix, then per step: job_id, fields JSON, event JSON
-# A step with deps joins the reverse-dependency index of each (app.awaited).
+# A step with deps joins the reverse-dependency index of each (makespan.awaited).
 _SUBMIT_WORKLOAD = ADD_LUA + """
 local n = tonumber(ARGV[1])
 for i = 1, n do

@@ -48,14 +48,14 @@ import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
-from app.errors import MakespanError, StoreError
-from app.keys import Keys
-from app.live import LiveSystem, Proc, delete_prefix
-from app.models import load_fleet
-from app.producer import Producer
-from app.redis_conn import free_port, ping, redis_server_binary
-from app.run_report import drain_counts
-from app.settings import Settings
+from makespan.errors import MakespanError, StoreError
+from makespan.keys import Keys
+from makespan.live import LiveSystem, Proc, delete_prefix
+from makespan.models import load_fleet
+from makespan.producer import Producer
+from makespan.redis_conn import free_port, ping, redis_server_binary
+from makespan.run_report import drain_counts
+from makespan.settings import Settings
 from bench.chaos_invariants import INVARIANTS, TERMINAL, _events, check_invariants, lease_overlaps
 
 __all__ = ["FAULTS", "INVARIANTS", "ChaosRun", "RedisServer", "check_invariants", "client", "lease_overlaps",
@@ -204,7 +204,7 @@ class ChaosRun:
         n = self.restarts["observer"]
         log_path = self.system.log_dir / f"observer-{n}.log"
         with open(log_path, "ab") as f:
-            p = subprocess.Popen([sys.executable, "-m", "workers.observer", "--fleet", str(self.fleet_path),
+            p = subprocess.Popen([sys.executable, "-m", "makespan.workers.observer", "--fleet", str(self.fleet_path),
                                   "--probe-interval-s", "0.25"], stdout=f, stderr=subprocess.STDOUT,
                                  env=self.system._env(), start_new_session=True)
         proc = Proc(f"observer-{n}", p, log_path)
@@ -347,8 +347,8 @@ class ChaosRun:
             self.r.close()
 
     def _set_points_ok(self) -> bool:
-        from workers.phases import instance_value
-        from workers.fleet_view import set_point_instances
+        from makespan.workers.phases import instance_value
+        from makespan.workers.fleet_view import set_point_instances
 
         return all(self.r.mget([self.keys.resident(g) for g in gpus]) == [instance_value(ep, gpus)] * len(gpus)
                    for ep, gpus in set_point_instances(self.fleet))

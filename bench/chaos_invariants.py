@@ -17,8 +17,8 @@ from collections import Counter
 
 import redis
 
-from app.keys import Keys
-from app.run_report import drain_counts
+from makespan.keys import Keys
+from makespan.run_report import drain_counts
 
 INVARIANTS = ("lost", "completed_twice", "gpu_overlap", "drain", "set_point", "incident")
 TERMINAL = ("completed", "failed", "cancelled")
@@ -72,8 +72,8 @@ def lease_overlaps(events: list[dict]) -> list[tuple[str, str, str]]:
 def check_invariants(r: redis.Redis, keys: Keys, fleet, accepted: list[str], faults: list[tuple[float, str]],
                      fault_window_s: float) -> dict[str, list[str]]:
     """Violations per invariant (see module doc); every list empty means a clean run."""
-    from workers.phases import instance_value
-    from workers.fleet_view import set_point_instances
+    from makespan.workers.phases import instance_value
+    from makespan.workers.fleet_view import set_point_instances
 
     v: dict[str, list[str]] = {k: [] for k in INVARIANTS}
     p = r.pipeline(transaction=False)

@@ -28,10 +28,10 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
-from app.models import parse_fleet
-from app.traces import read_trace
-from planner.model import PlanJob
-from app.traces import traces_dir
+from makespan.models import parse_fleet
+from makespan.traces import read_trace
+from makespan.planner.model import PlanJob
+from makespan.traces import traces_dir
 
 ITP = str(traces_dir() / "msft-itp-2021") + "/"
 ALIBABA = str(traces_dir() / "alibaba-fgd-2023" / "openb_pod_list_default.csv")

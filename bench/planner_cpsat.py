@@ -22,12 +22,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from app.traces import read_trace  # noqa: E402
-from planner.cpsat import improve  # noqa: E402
-from planner.evaluator import score  # noqa: E402
-from planner.greedy import portfolio  # noqa: E402
-from planner.measures import percentile  # noqa: E402
-from planner.simulator import fleet_state, to_plan_jobs  # noqa: E402
+from makespan.traces import read_trace  # noqa: E402
+from makespan.planner.cpsat import improve  # noqa: E402
+from makespan.planner.evaluator import score  # noqa: E402
+from makespan.planner.greedy import portfolio  # noqa: E402
+from makespan.planner.measures import percentile  # noqa: E402
+from makespan.planner.simulator import fleet_state, to_plan_jobs  # noqa: E402
 from planner_common import ITP, bench_fleet  # noqa: E402
 
 WINDOWS = [(ITP + "cluster02.csv", 1000), (ITP + "cluster05.csv", 500), (ITP + "cluster09.csv", 3000)]

@@ -25,9 +25,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from planner.measures import JobRecord  # noqa: E402
-from planner.model import FleetState  # noqa: E402
-from planner.simulator import fleet_state, simulate  # noqa: E402
+from makespan.planner.measures import JobRecord  # noqa: E402
+from makespan.planner.model import FleetState  # noqa: E402
+from makespan.planner.simulator import fleet_state, simulate  # noqa: E402
 from planner_common import TRACES, bench_fleet, select_window, window_jobs  # noqa: E402
 
 SIXTHS = 6

@@ -22,10 +22,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from planner.model import EndpointModel, FleetState, Gpu, PlanJob  # noqa: E402
-from planner.tardiness import WtResult, solve_single_machine  # noqa: E402
-from planner.tardiness_policy import tardiness_policy  # noqa: E402
-from app.traces import traces_dir  # noqa: E402
+from makespan.planner.model import EndpointModel, FleetState, Gpu, PlanJob  # noqa: E402
+from makespan.planner.tardiness import WtResult, solve_single_machine  # noqa: E402
+from makespan.planner.tardiness_policy import tardiness_policy  # noqa: E402
+from makespan.traces import traces_dir  # noqa: E402
 
 DIR = traces_dir() / "orlib-wt"
 

@@ -37,9 +37,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from planner.api import POLICIES, PREEMPTION_FLOOR  # noqa: E402
-from planner.cpsat import cpsat_policy  # noqa: E402
-from planner.simulator import simulate  # noqa: E402
+from makespan.planner.api import POLICIES, PREEMPTION_FLOOR  # noqa: E402
+from makespan.planner.cpsat import cpsat_policy  # noqa: E402
+from makespan.planner.simulator import simulate  # noqa: E402
 import planner_common  # noqa: E402
 from planner_common import TRACES, bench_fleet, mean_sd, ratio_cell, select_window, window_jobs  # noqa: E402
 POLS = ["fifo", "min-evict", "wspt", "portfolio", "cpsat-fast"]

@@ -1,6 +1,6 @@
 """Cost of preemption decided inside the plan (planner/preemption_plan.py) on one batch.
 
-A synthetic 256-job batch on 32 GPUs (``planner.synthetic.instance``, seed 1), its first 4
+A synthetic 256-job batch on 32 GPUs (``makespan.planner.synthetic.instance``, seed 1), its first 4
 jobs made CRITICAL, every GPU held by a running LOW job (started 50 s ago, 1950 s left):
 wall time of ``plan(batch, state, policy, preemption=False/True)`` (best of 2), and how
 many preemptions the plan takes. The tardiness policy gets deadlines r + 3·p.
@@ -16,9 +16,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from planner.api import plan  # noqa: E402
-from planner.model import PlanJob, RunningJob  # noqa: E402
-from planner.synthetic import instance  # noqa: E402
+from makespan.planner.api import plan  # noqa: E402
+from makespan.planner.model import PlanJob, RunningJob  # noqa: E402
+from makespan.planner.synthetic import instance  # noqa: E402
 
 RUN_S, RAN_S = 2000.0, 50.0  # running LOW jobs: service, and how long they have run
 

@@ -27,13 +27,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import planner.simulator as sim  # noqa: E402
-import planner.simulator_run as sim_run  # noqa: E402
-from app.traces import read_trace  # noqa: E402
-from planner.greedy import portfolio  # noqa: E402
-from planner.measures import percentile  # noqa: E402
-from planner.model import PlanJob  # noqa: E402
-from planner.simulator import fleet_state, simulate, to_plan_jobs  # noqa: E402
+import makespan.planner.simulator as sim  # noqa: E402
+import makespan.planner.simulator_run as sim_run  # noqa: E402
+from makespan.traces import read_trace  # noqa: E402
+from makespan.planner.greedy import portfolio  # noqa: E402
+from makespan.planner.measures import percentile  # noqa: E402
+from makespan.planner.model import PlanJob  # noqa: E402
+from makespan.planner.simulator import fleet_state, simulate, to_plan_jobs  # noqa: E402
 from planner_common import ITP, bench_fleet  # noqa: E402
 
 TRACE = ITP + "cluster09.csv"

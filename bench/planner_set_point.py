@@ -25,10 +25,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from app.models import parse_fleet  # noqa: E402
-from planner.api import POLICIES, PREEMPTION_FLOOR  # noqa: E402
-from planner.cpsat import cpsat_policy  # noqa: E402
-from planner.simulator import simulate  # noqa: E402
+from makespan.models import parse_fleet  # noqa: E402
+from makespan.planner.api import POLICIES, PREEMPTION_FLOOR  # noqa: E402
+from makespan.planner.cpsat import cpsat_policy  # noqa: E402
+from makespan.planner.simulator import simulate  # noqa: E402
 from planner_common import TRACES, bench_fleet, select_window, window_jobs  # noqa: E402
 
 

@@ -37,10 +37,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from planner.api import POLICIES, POLICY_OBJECTIVE, PREEMPTION_FLOOR  # noqa: E402
-from planner.cpsat import cpsat_policy  # noqa: E402
-from planner.simulator import simulate  # noqa: E402
-from planner.tardiness_policy import tardiness_policy  # noqa: E402
+from makespan.planner.api import POLICIES, POLICY_OBJECTIVE, PREEMPTION_FLOOR  # noqa: E402
+from makespan.planner.cpsat import cpsat_policy  # noqa: E402
+from makespan.planner.simulator import simulate  # noqa: E402
+from makespan.planner.tardiness_policy import tardiness_policy  # noqa: E402
 from planner_common import TRACES, bench_fleet, mean_sd, ratio_cell, select_window, window_jobs  # noqa: E402
 
 K_LO, K_HI = 2.0, 6.0
@@ -131,8 +131,8 @@ def main() -> None:
 
 def static(windows, fleet, a) -> None:
     """The improver's gain on one static batch per window (module doc)."""
-    from planner.api import plan
-    from planner.simulator import fleet_state
+    from makespan.planner.api import plan
+    from makespan.planner.simulator import fleet_state
     print(f"\nStatic batch ({a.jobs} jobs, seed 0): weighted tardiness, floor → tardiness at {a.static_limit_s:g} s")
     print("| window | tardiness-portfolio | tardiness | gain % | order-search evals | LNS windows improved |")
     print("|---|---|---|---|---|---|")

@@ -30,15 +30,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from app.traces import read_trace  # noqa: E402
-from planner.api import plan  # noqa: E402
-from planner.evaluator import score  # noqa: E402
-from planner.measures import percentile  # noqa: E402
-from planner.simulator import fleet_state, to_plan_jobs  # noqa: E402
+from makespan.traces import read_trace  # noqa: E402
+from makespan.planner.api import plan  # noqa: E402
+from makespan.planner.evaluator import score  # noqa: E402
+from makespan.planner.measures import percentile  # noqa: E402
+from makespan.planner.simulator import fleet_state, to_plan_jobs  # noqa: E402
 from planner_common import ITP, bench_fleet  # noqa: E402
-from app.cli import GIL_SWITCH_INTERVAL_S  # noqa: E402
-from app.settings import Settings  # noqa: E402
-from workers.improver import BackgroundImprover  # noqa: E402
+from makespan.cli import GIL_SWITCH_INTERVAL_S  # noqa: E402
+from makespan.settings import Settings  # noqa: E402
+from makespan.workers.improver import BackgroundImprover  # noqa: E402
 
 
 def _batches(fleet, n: int) -> list:

@@ -11,19 +11,19 @@ seeded U(0, 0.3) of its service ago (resident: its endpoint). Policies, each wit
 * ``floor``: ``portfolio`` — the greedy floor's scored decision only;
 * ``cpsat/floor``: ``cpsat`` on the floor's branch, its windows not deciding preemptions;
 * ``cpsat/window``: ``cpsat`` whose windows also decide them, and which may undo the
-  floor's decision (:data:`planner.api.UNDO_SHARE`; the shipped default).
+  floor's decision (:data:`makespan.planner.api.UNDO_SHARE`; the shipped default).
 
 Score of a plan = the evaluator's score with its preemptions
-(:func:`planner.preemption_plan.evaluate_preemptive`) + the uncut running jobs at their
+(:func:`makespan.planner.preemption_plan.evaluate_preemptive`) + the uncut running jobs at their
 own completions (the same jobs on every side). Prints per size the ratio cpsat/window ÷
 cpsat/floor (median, mean, min, max; better / equal / worse batches) and the
 preemptions each took. Per-batch lines go to stderr. The limit is wall time: a rerun
 differs (more on a loaded machine), so compare runs of the same minutes.
 
 ``--undo-shares 0,0.25:0.25,0.25:1``: ``cpsat/window`` once per share of the limit spent
-solving the batch without the floor's preemptions (:data:`planner.api.UNDO_SHARE`; 0: the
+solving the batch without the floor's preemptions (:data:`makespan.planner.api.UNDO_SHARE`; 0: the
 floor's branch only, as before the undo; ``S:W``: also that attempt's first-window share
-:data:`planner.api.UNDO_WINDOW_SHARE` = W; W defaults to its value in planner.api, 1), interleaved per batch; a second table gives
+:data:`makespan.planner.api.UNDO_WINDOW_SHARE` = W; W defaults to its value in makespan.planner.api, 1), interleaved per batch; a second table gives
 each share ÷ the first one listed, and how often the floor's preemptions were undone.
 
     .venv/bin/python bench/planner_window_preemption.py [--limit 1] [--seeds 3] [--undo-shares 0,0.25:1]
@@ -39,14 +39,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from app.traces import read_trace  # noqa: E402
-from planner import preemption_plan as pp  # noqa: E402
-from planner import api  # noqa: E402
-from planner.api import POLICIES, PREEMPTION_FLOOR, plan  # noqa: E402
-from planner.cpsat import cpsat_policy  # noqa: E402
-from planner.evaluator import score  # noqa: E402
-from planner.model import RunningJob  # noqa: E402
-from planner.simulator import fleet_state, to_plan_jobs  # noqa: E402
+from makespan.traces import read_trace  # noqa: E402
+from makespan.planner import preemption_plan as pp  # noqa: E402
+from makespan.planner import api  # noqa: E402
+from makespan.planner.api import POLICIES, PREEMPTION_FLOOR, plan  # noqa: E402
+from makespan.planner.cpsat import cpsat_policy  # noqa: E402
+from makespan.planner.evaluator import score  # noqa: E402
+from makespan.planner.model import RunningJob  # noqa: E402
+from makespan.planner.simulator import fleet_state, to_plan_jobs  # noqa: E402
 from planner_cpsat import SIZES, WINDOWS  # noqa: E402
 from planner_common import bench_fleet  # noqa: E402
 
@@ -87,7 +87,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--limit", type=float, default=1.0)
     ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--undo-shares", default=None, help="comma-separated shares of the limit (planner.api.UNDO_SHARE)")
+    ap.add_argument("--undo-shares", default=None, help="comma-separated shares of the limit (makespan.planner.api.UNDO_SHARE)")
     a = ap.parse_args()
     default_w = api.UNDO_WINDOW_SHARE
     shares = a.undo_shares.split(",") if a.undo_shares else [f"{api.UNDO_SHARE}:{api.UNDO_WINDOW_SHARE}"]

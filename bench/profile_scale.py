@@ -23,10 +23,10 @@ import uuid
 from dataclasses import replace
 from pathlib import Path
 
-from app.keys import Keys
-from app.live import delete_prefix
-from app.redis_conn import connect, start_embedded
-from app.settings import Settings
+from makespan.keys import Keys
+from makespan.live import delete_prefix
+from makespan.redis_conn import connect, start_embedded
+from makespan.settings import Settings
 from bench import scale
 
 TOP = 25
@@ -50,7 +50,7 @@ def _gpu_time(r, keys) -> dict[str, float]:
     completed (the phases), completed -> the next leased on that GPU (planner gap)."""
     from statistics import median
 
-    from app.events import read_all
+    from makespan.events import read_all
 
     leased: dict[str, float] = {}
     first: dict[str, float] = {}

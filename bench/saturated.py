@@ -14,7 +14,7 @@ Measures (design notes, "Measures"), over the saturated window [first submission
 last job start] where some job always waits:
 - slot utilization: GPU-seconds held by jobs (transition + service) ÷ (GPUs × window);
 - idle-while-queued: GPU-seconds a GPU sat idle while a job it could serve waited
-  (:func:`planner.measures.idle_while_queued`), and its share of GPU-seconds.
+  (:func:`makespan.planner.measures.idle_while_queued`), and its share of GPU-seconds.
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ import random
 import sys
 from typing import Any
 
-import planner.simulator as sim
-import planner.simulator_run as sim_run
-from planner.measures import JobRecord, idle_while_queued, union
-from planner.model import EndpointModel, FleetState, Gpu, PlanJob
+import makespan.planner.simulator as sim
+import makespan.planner.simulator_run as sim_run
+from makespan.planner.measures import JobRecord, idle_while_queued, union
+from makespan.planner.model import EndpointModel, FleetState, Gpu, PlanJob
 
 
 def workload(gpus: int, seed: int, peer_at_s: float, fanout: int, backlog: int) -> tuple[list[PlanJob], FleetState]:

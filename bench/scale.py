@@ -31,13 +31,13 @@ from typing import Any
 
 import redis
 
-from app.keys import Keys
-from app.live import LiveSystem, delete_prefix, wait_for
-from app.models import load_fleet
-from app.producer import Producer
-from app.redis_conn import connect, start_embedded
-from app.settings import Settings
-from workers.retention import state_size, tally_key
+from makespan.keys import Keys
+from makespan.live import LiveSystem, delete_prefix, wait_for
+from makespan.models import load_fleet
+from makespan.producer import Producer
+from makespan.redis_conn import connect, start_embedded
+from makespan.settings import Settings
+from makespan.workers.retention import state_size, tally_key
 
 SAMPLE_S = 0.02
 NOOP_QUEUE = "bench.noop"
@@ -192,7 +192,7 @@ def run_makespan(settings: Settings, gpus: int, n_jobs: int, workdir: Path, time
 
 # -- the yardstick: Celery's raw no-op task on the same Redis ---------------------------
 def _noop_app():
-    from app.celery_app import create_celery
+    from makespan.celery_app import create_celery
 
     s = Settings.from_env()
     app = create_celery(s)

@@ -16,7 +16,7 @@ the step it serves had not started, summed over steps; simulator: GPU-seconds), 
 per-request records, ≤ slots) and the drain check (request leases and waiters left).
 
 Simulator mode (default): the planner's discrete-event simulator
-(:func:`planner.simulator.simulate`) with each step's service time
+(:func:`makespan.planner.simulator.simulate`) with each step's service time
 ⌈N / slots⌉ × latency; barrier = the same jobs chained in topological order.
 ``--live``: the live system (planner + GPU worker processes, real endpoint processes
 of tests/workloads/fleet.toml: gen 5 ms/request 4 slots, judge 80 ms 2 slots, embed
@@ -108,8 +108,8 @@ def max_overlap(ivs):
 
 # -- simulator ---------------------------------------------------------------------------
 def run_sim(name: str, mode: str, fleet) -> dict:
-    from planner.model import PlanJob
-    from planner.simulator import fleet_state, simulate
+    from makespan.planner.model import PlanJob
+    from makespan.planner.simulator import fleet_state, simulate
 
     steps = TOPOLOGIES[name]
     order = topo(steps)
@@ -126,11 +126,11 @@ def run_sim(name: str, mode: str, fleet) -> dict:
 # -- live --------------------------------------------------------------------------------
 class Live:
     def __init__(self):
-        from app.keys import Keys
-        from app.live import LiveSystem
-        from app.models import load_fleet
-        from app.redis_conn import connect
-        from app.settings import Settings
+        from makespan.keys import Keys
+        from makespan.live import LiveSystem
+        from makespan.models import load_fleet
+        from makespan.redis_conn import connect
+        from makespan.settings import Settings
 
         self.fleet = load_fleet(FLEET)
         self.settings = Settings.from_env(key_prefix=f"bench-wl-{uuid.uuid4().hex[:6]}", time_scale=0.01,
@@ -141,13 +141,13 @@ class Live:
         self.sys.start()
 
     def close(self):
-        from app.live import delete_prefix
+        from makespan.live import delete_prefix
 
         self.sys.stop()
         delete_prefix(self.r, self.keys)
 
     def _wait(self, wid):
-        from app.workloads import workload_status
+        from makespan.workloads import workload_status
 
         while True:
             st = workload_status(self.r, self.keys, wid)
@@ -156,7 +156,7 @@ class Live:
             time.sleep(0.01)
 
     def _submit(self, steps, deps_of):
-        from app.workloads import submit_workload
+        from makespan.workloads import submit_workload
 
         wl = {"name": "bench", "steps": [{"name": s, "endpoint": ep, "requests": n, "request_s": LAT_MS[ep] / 1000,
                                           "depends_on": list(deps_of(s, d))} for s, ep, n, d in steps]}
@@ -204,7 +204,7 @@ def main(argv=None) -> int:
                     help="discarded A and B runs per topology before the measured ones (the first run of a "
                          "live system pays every endpoint's cold start)")
     a = ap.parse_args(argv)
-    from app.models import load_fleet
+    from makespan.models import load_fleet
 
     fleet = load_fleet(FLEET)
     names = [n for n in TOPOLOGIES if not a.only or n in a.only.split(",")]

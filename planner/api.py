@@ -2,7 +2,7 @@
 
 Policies are registered by name in :data:`POLICIES`; the live planner worker and the
 simulator call :func:`plan` and nothing else. Every policy returns a plan that went
-through :func:`planner.evaluator.evaluate` (``objective`` = Σ w_j (C_j − r_j)).
+through :func:`makespan.planner.evaluator.evaluate` (``objective`` = Σ w_j (C_j − r_j)).
 
 Names: ``fifo``, ``min-evict``, ``wspt`` (fixed baselines, planner/greedy.py),
 ``portfolio`` (best of the greedy members), ``cpsat`` (portfolio + CP-SAT improver,
@@ -12,7 +12,7 @@ weighted tardiness Σ w_j·max(0, C_j − d_j) instead (``Plan.objective`` is th
 weighted completion is an ε tie-break, see planner/evaluator.py).
 
 Plan-level preemption (``plan(..., preemption=True)`` with ``FleetState.running`` given,
-:mod:`planner.preemption_plan`): the policies named in :data:`PREEMPTION_FLOOR` decide
+:mod:`makespan.planner.preemption_plan`): the policies named in :data:`PREEMPTION_FLOOR` decide
 preemptions by score — each candidate scored with the policy's greedy floor, the best
 improving one taken — and a solver policy then runs on the chosen branch. When the floor
 took any, a solver policy whose CP-SAT windows decide preemptions (one taking
@@ -27,7 +27,7 @@ branch.
 ``floor_preemptions_undone`` (the floor's preemptions not in the returned plan),
 ``floor_branch_score`` / ``base_branch_score`` (the two comparable scores, weight·s).
 The returned plan carries ``preemptions``; evaluate it with
-:func:`planner.preemption_plan.evaluate_preemptive`. The fixed baselines never do.
+:func:`makespan.planner.preemption_plan.evaluate_preemptive`. The fixed baselines never do.
 """
 
 from __future__ import annotations
@@ -35,12 +35,12 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Sequence
 
-from app.errors import PlannerError
-from planner import greedy
-from planner import preemption_plan
-from planner.evaluator import score
-from planner.model import FleetState, Plan, PlanJob
-from planner.restore import RESTORE_AT, with_restores
+from makespan.errors import PlannerError
+from makespan.planner import greedy
+from makespan.planner import preemption_plan
+from makespan.planner.evaluator import score
+from makespan.planner.model import FleetState, Plan, PlanJob
+from makespan.planner.restore import RESTORE_AT, with_restores
 
 Policy = Callable[[Sequence[PlanJob], FleetState], Plan]
 
@@ -51,11 +51,11 @@ POLICIES: dict[str, Policy] = {
     "portfolio": greedy.portfolio,
 }
 try:  # CP-SAT is optional at import time (ortools is a dependency, but keep the greedy usable)
-    from planner.cpsat import cpsat_policy
+    from makespan.planner.cpsat import cpsat_policy
 
     POLICIES["cpsat"] = cpsat_policy
     POLICIES["default"] = cpsat_policy
-    from planner.tardiness_policy import tardiness_policy, tardiness_portfolio
+    from makespan.planner.tardiness_policy import tardiness_policy, tardiness_portfolio
 
     POLICIES["tardiness-portfolio"] = tardiness_portfolio
     POLICIES["tardiness"] = tardiness_policy
@@ -63,7 +63,7 @@ except ImportError:  # pragma: no cover
     POLICIES["default"] = greedy.portfolio
 
 DEFAULT_POLICY = "default"
-# what Plan.objective of each policy is (planner.evaluator.OBJECTIVES); absent: weighted_completion
+# what Plan.objective of each policy is (makespan.planner.evaluator.OBJECTIVES); absent: weighted_completion
 POLICY_OBJECTIVE: dict[str, str] = {"tardiness-portfolio": "weighted_tardiness", "tardiness": "weighted_tardiness"}
 # policy -> the greedy floor that scores its preemption candidates (plan-level preemption);
 # absent (fifo, min-evict, wspt): no plan-level preemption, callers keep the fixed rule
@@ -74,7 +74,7 @@ PREEMPTION_FLOOR: dict[str, str] = {"portfolio": "portfolio", "cpsat": "portfoli
 # preemptions (when the floor took any; the floor's branch gets the rest); 0: never undone
 UNDO_SHARE = 0.1
 # share of that attempt's limit its first CP-SAT window (the one that decides preemptions;
-# planner.cpsat.improve's ``first_window_share``) may use, when the policy takes it; the
+# makespan.planner.cpsat.improve's ``first_window_share``) may use, when the policy takes it; the
 # rest of the attempt (descent, LNS) runs only when that window ends early
 UNDO_WINDOW_SHARE = 1.0
 
@@ -106,10 +106,10 @@ def plan(batch: Sequence[PlanJob], state: FleetState, policy: str = DEFAULT_POLI
             policy's own default.
         previous: the plan of the last planning point (plan stability): a solver policy
             (``cpsat``/``default``) repairs it to ``batch`` (jobs gone dropped, new jobs
-            appended, :func:`planner.previous.repair`) and starts from it when it scores
+            appended, :func:`makespan.planner.previous.repair`) and starts from it when it scores
             better than the greedy floor; the greedy policies ignore it.
         restore_at: plan set-point restores after the policy's plan (``Plan.restores``,
-            :func:`planner.restore.with_restores`; ``"group"`` or ``"horizon"``); None:
+            :func:`makespan.planner.restore.with_restores`; ``"group"`` or ``"horizon"``); None:
             no restores in the plan (the policy's plan as it is).
         preemption: decide preemptions inside the plan (module doc) when the policy is
             in :data:`PREEMPTION_FLOOR` and ``state.running`` is given; ignored otherwise.
@@ -158,9 +158,9 @@ def _limit_of(fn: Policy, kw: dict[str, float | int | Plan]) -> float | None:
 def comparable_score(p: Plan, state: FleetState, objective: str) -> float:
     """The score of an assembled plan ``p`` (its ``stats['score']``: preemptors, rest,
     victims) plus the running jobs it does not cut at their original completions
-    (:func:`planner.preemption_plan.fixed_score`), weight·s: the same jobs whatever the
+    (:func:`makespan.planner.preemption_plan.fixed_score`), weight·s: the same jobs whatever the
     plan cuts, so plans of different preemption decisions compare (as
-    :func:`planner.preemption_plan.decide` compares them)."""
+    :func:`makespan.planner.preemption_plan.decide` compares them)."""
     cut = {v for x in p.preemptions for v in x.victims}
     kept = {h.id: h for h in state.running.values() if h.id not in cut}
     return score(p) + preemption_plan.fixed_score([(h.job, h.end_s) for h in kept.values()], objective)
@@ -182,7 +182,7 @@ def _plan_preemptive(batch: Sequence[PlanJob], state: FleetState, policy: str, f
                      kw: dict[str, float | int | Plan], restore_at: str | None = None) -> Plan:
     """Scored preemption with the policy's floor, then the policy on the chosen branch (a
     solver policy that takes ``preemption`` may cut more jobs there: its CP-SAT windows
-    decide them, :mod:`planner.window_preemption`). When the floor took preemptions, such
+    decide them, :mod:`makespan.planner.window_preemption`). When the floor took preemptions, such
     a policy also solves the batch without them (the base state, its windows free to
     re-take them, take others or none) with :data:`UNDO_SHARE` of the time limit, and the
     plan of lower :func:`comparable_score` is kept (ties: the floor's branch). Restores

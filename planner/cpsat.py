@@ -2,23 +2,23 @@
 
 Search (:func:`improve`), all within one wall-time limit: the start plan is the greedy
 portfolio plan, or the previous planning point's plan repaired to this batch when that
-scores lower (:mod:`planner.previous`); then first-improvement passes of swap/regroup
-moves (:func:`planner.local.descent`) until a local optimum of that neighbourhood; then
+scores lower (:mod:`makespan.planner.previous`); then first-improvement passes of swap/regroup
+moves (:func:`makespan.planner.local.descent`) until a local optimum of that neighbourhood; then
 sweeps of CP-SAT windows (the larger neighbourhood, to leave it), each followed by
 descent to a local optimum again. A sweep solves every window of ``k`` consecutive jobs
 of the incumbent (start order, half overlapping, seeded random order); ``k`` grows by 4
 after a sweep that improved nothing. A window's solution is decoded into a whole plan (prefix as
 is, window in the model's order and groups, suffix in its old order and groups, all
-re-placed through the exact replay, :func:`planner.local.decode_window`) and accepted
-only if :func:`planner.evaluator.evaluate` scores it lower, so the result is never worse
+re-placed through the exact replay, :func:`makespan.planner.local.decode_window`) and accepted
+only if :func:`makespan.planner.evaluator.evaluate` scores it lower, so the result is never worse
 than the start plan. A solution whose model objective is not below the incumbent's is
 not decoded.
 
 The window model (its variables, constraints and objective) is
-:mod:`planner.window_model`.
+:mod:`makespan.planner.window_model`.
 Running work is never moved: it lives in ``FleetState.free_at``; with ``preemption``,
 windows that start at the plan's first job may also cut running jobs by the design's level
-rules (:mod:`planner.window_preemption`).
+rules (:mod:`makespan.planner.window_preemption`).
 """
 
 from __future__ import annotations
@@ -29,23 +29,23 @@ import time
 from collections.abc import Collection, Sequence
 from dataclasses import replace
 
-from app.errors import PlannerError
-from planner.evaluator import InfeasiblePlan, evaluate, score
-from planner import whole
-from planner.exact import MAX_EXACT_JOBS, exact
-from planner.greedy import portfolio
-from planner.model import FleetState, Plan, PlanJob
-from planner.local import decode_window, descent
-from planner.previous import start_plan
-from planner.preemption_plan import assemble
-from planner import window_preemption as wp
-from planner.replay import Replay
-from planner.window_model import Window, solve_window
+from makespan.errors import PlannerError
+from makespan.planner.evaluator import InfeasiblePlan, evaluate, score
+from makespan.planner import whole
+from makespan.planner.exact import MAX_EXACT_JOBS, exact
+from makespan.planner.greedy import portfolio
+from makespan.planner.model import FleetState, Plan, PlanJob
+from makespan.planner.local import decode_window, descent
+from makespan.planner.previous import start_plan
+from makespan.planner.preemption_plan import assemble
+from makespan.planner import window_preemption as wp
+from makespan.planner.replay import Replay
+from makespan.planner.window_model import Window, solve_window
 
 
 def _descend(best: Plan, batch: Sequence[PlanJob], state: FleetState, deadline: float,
              objective: str) -> tuple[Plan, int]:
-    """Descent passes (:func:`planner.local.descent`) until one accepts no move (a local
+    """Descent passes (:func:`makespan.planner.local.descent`) until one accepts no move (a local
     optimum of the swap/regroup neighbourhood) or the deadline; (plan, moves accepted)."""
     moves = 0
     while time.perf_counter() < deadline:
@@ -76,10 +76,10 @@ def improve(batch: Sequence[PlanJob], state: FleetState, greedy: Plan, time_limi
     are solved for at most ``window_limit_s`` each (default: the limit ÷ 20, within
     0.02–0.25 s); the search ends at the time limit or after a sweep of the largest
     windows and the descent after it improved nothing. ``local``: descend with swap/regroup
-    moves (:func:`planner.local.descent`, passes until one accepts nothing) first and
+    moves (:func:`makespan.planner.local.descent`, passes until one accepts nothing) first and
     after every sweep; ``windows_on`` False: the descent only (a comparison mode, no
     CP-SAT). ``previous``: a plan of an earlier planning point; repaired to this batch
-    (:func:`planner.previous.repair`) and used as the start when it scores lower than
+    (:func:`makespan.planner.previous.repair`) and used as the start when it scores lower than
     ``greedy``.
 
     Returns the best evaluated plan (``policy`` "cpsat"; stats: windows, improved (accepted
@@ -90,18 +90,18 @@ def improve(batch: Sequence[PlanJob], state: FleetState, greedy: Plan, time_limi
     windows_all_optimal = 1 when the search ended with a full sweep whose every window was
     proved optimal — a local optimum per window, not a proof for the whole batch, so
     proven_optimal is always 0 here). Never worse than ``greedy`` (nor than the repaired
-    ``previous``) by score, for ``objective`` (:data:`planner.evaluator.OBJECTIVES`;
+    ``previous``) by score, for ``objective`` (:data:`makespan.planner.evaluator.OBJECTIVES`;
     ``greedy`` scored for it too).
 
     ``preemption`` (with ``state.running``; True, or the ids of the jobs that may preempt —
     the planning point's batch when ``batch`` already holds victims of an earlier
     decision): windows that start at the plan's first job
-    also decide preemptions (:mod:`planner.window_preemption`); the first such window is
+    also decide preemptions (:mod:`makespan.planner.window_preemption`); the first such window is
     solved before anything else, with ``first_window_share`` of the limit (default a
     quarter). A plan that took any is
     returned with ``preemptions`` (preemptors first, as
-    :func:`planner.preemption_plan.assemble` builds it; ``stats['window_preemptions']``),
-    to be evaluated with :func:`planner.preemption_plan.evaluate_preemptive`; never worse
+    :func:`makespan.planner.preemption_plan.assemble` builds it; ``stats['window_preemptions']``),
+    to be evaluated with :func:`makespan.planner.preemption_plan.evaluate_preemptive`; never worse
     than ``greedy`` with the victims counted at their original completions."""
     deadline = time.perf_counter() + time_limit_s
     jobs = {j.id: j for j in batch}
@@ -202,7 +202,7 @@ def improve(batch: Sequence[PlanJob], state: FleetState, greedy: Plan, time_limi
 def _accept_preemptive(best: Plan, hi: int, sol: Window, state: FleetState, batch: Sequence[PlanJob],
                        objective: str) -> tuple[Plan, wp.Taken] | None:
     """A window solution of ``best[0:hi]`` that takes preemptions, decoded on the state
-    after them (:func:`planner.window_preemption.take`): (plan of the rest, the branch)
+    after them (:func:`makespan.planner.window_preemption.take`): (plan of the rest, the branch)
     when the rest's score plus the fixed completions' change is lower than ``best``'s."""
     try:
         t = wp.take(state, batch, sol.taken, objective)
@@ -230,25 +230,25 @@ def cpsat_policy(batch: Sequence[PlanJob], state: FleetState, time_limit_s: floa
                  num_workers: int = 1, previous: Plan | None = None,
                  preemption: bool | Collection[str] = False, first_window_share: float = 0.25) -> Plan:
     """Policy ``cpsat`` (= ``default``): greedy portfolio, then the best of
-        * batches of at most :data:`planner.exact.MAX_EXACT_JOBS` jobs: exact branch and
+        * batches of at most :data:`makespan.planner.exact.MAX_EXACT_JOBS` jobs: exact branch and
           bound (optimal when ``stats['exact']`` is 1);
-        * batches :func:`planner.whole.applicable` to (≤ :data:`planner.whole.MAX_WHOLE_JOBS`
+        * batches :func:`makespan.planner.whole.applicable` to (≤ :data:`makespan.planner.whole.MAX_WHOLE_JOBS`
           single-GPU jobs without sleep mode): one CP-SAT model of the whole batch, hinted
           with the greedy plan;
         * otherwise :func:`improve` (windowed LNS; never a whole-plan proof);
     each within ``time_limit_s``, with ``num_workers`` CP-SAT search workers (default 1:
     deterministic), never worse than the greedy plan by score. ``previous`` (the plan of
-    the last planning point) is repaired to ``batch`` (:func:`planner.previous.repair`) and
+    the last planning point) is repaired to ``batch`` (:func:`makespan.planner.previous.repair`) and
     starts every path instead of the greedy plan when it scores lower; then the result is
     never worse than it either. ``preemption``: the LNS path also decides preemptions in
     its windows at the plan's first job (:func:`improve`); the exact and whole-batch
     paths do not (``first_window_share``: as there). Under ``plan(..., preemption=True)`` it runs on the greedy floor's
     branch and, when the floor took preemptions, a second time on the batch without them
-    (each with its share of the limit, :data:`planner.api.UNDO_SHARE`); the caller keeps
-    the better plan (:func:`planner.api.comparable_score`).
+    (each with its share of the limit, :data:`makespan.planner.api.UNDO_SHARE`); the caller keeps
+    the better plan (:func:`makespan.planner.api.comparable_score`).
     ``stats['proven_optimal']``
     is 1 only when the returned plan is proven optimal for the whole batch (objective
-    Σ w_j (C_j − r_j); see :mod:`planner.whole` for how the proof is checked).
+    Σ w_j (C_j − r_j); see :mod:`makespan.planner.whole` for how the proof is checked).
 
     Raises:
         PlannerError: ``num_workers`` < 1."""

@@ -9,8 +9,8 @@ Checks (an :class:`InfeasiblePlan` names the first violation):
     * the start is not before the job's release, the planning time, its dependencies'
       completion, nor the time its GPUs become free (running work, earlier jobs);
     * the stated transition (evicts, load kind) and the service start / completion agree
-      with the replay (:mod:`planner.replay`) within 1 µs;
-    * set-point restores (``Plan.restores``, :mod:`planner.restore`) are replayed after
+      with the replay (:mod:`makespan.planner.replay`) within 1 µs;
+    * set-point restores (``Plan.restores``, :mod:`makespan.planner.restore`) are replayed after
       the jobs: each restores a set-point instance of the state, starts when every job on
       its GPUs has ended (never overlapping nor delaying one) and agrees with the replay.
 
@@ -25,7 +25,7 @@ share of recent work will pay that many more cold starts (a plan that keeps popu
 models loaded scores better). ``Plan.objective`` is the pure Σ w_j (C_j − r_j).
 
 Set-point term (only when ``FleetState.set_point_weight`` w_sp > 0): score += w_sp × the
-set-point absence the plan causes (GPU-s, :func:`planner.restore.planned_absence`: each
+set-point absence the plan causes (GPU-s, :func:`makespan.planner.restore.planned_absence`: each
 set-point instance from when the plan evicts it, or ``now`` if it is absent already,
 until its restore at ``"group"`` ends), for either objective; ``stats`` gains
 ``set_point_absent_gpu_s`` and ``set_point_cost`` (= w_sp × that, weight·s). At w_sp = 0
@@ -46,10 +46,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from app.errors import PlannerError
-from planner.model import Assignment, FleetState, Plan, PlanJob
-from planner.replay import Replay
-from planner.restore import RESTORE_PREFIX, is_restore, planned_absence, set_point_groups
+from makespan.errors import PlannerError
+from makespan.planner.model import Assignment, FleetState, Plan, PlanJob
+from makespan.planner.replay import Replay
+from makespan.planner.restore import RESTORE_PREFIX, is_restore, planned_absence, set_point_groups
 
 TOL_S = 1e-6
 OBJECTIVES = ("weighted_completion", "weighted_tardiness")
@@ -102,7 +102,7 @@ def evaluate(plan: Plan | Sequence[Assignment], batch: Sequence[PlanJob], state:
         objective: one of :data:`OBJECTIVES` (module doc).
 
     A plan with ``preemptions`` (plan-level preemption) is replayed by
-    :func:`planner.preemption_plan.evaluate_preemptive` (its preemptions applied to
+    :func:`makespan.planner.preemption_plan.evaluate_preemptive` (its preemptions applied to
     ``state`` first, checked against the preemption rules; every job it places is scored).
 
     Returns:
@@ -118,7 +118,7 @@ def evaluate(plan: Plan | Sequence[Assignment], batch: Sequence[PlanJob], state:
     if objective not in OBJECTIVES:
         raise PlannerError(f"unknown objective {objective!r}; known: {', '.join(OBJECTIVES)}")
     if isinstance(plan, Plan) and plan.preemptions:  # replayed on the state its preemptions leave
-        from planner.preemption_plan import evaluate_preemptive
+        from makespan.planner.preemption_plan import evaluate_preemptive
 
         return evaluate_preemptive(plan, batch, state, objective, policy=policy, check_times=check_times)
     assigns = list(plan.assignments if isinstance(plan, Plan) else plan)
@@ -214,7 +214,7 @@ def _scored(name: str, out: list[Assignment], jobs: dict[str, PlanJob], rep: Rep
 
 def _replay_restores(restores: Sequence[Assignment], rep: Replay, state: FleetState,
                      check_times: bool) -> list[Assignment]:
-    """Replay a plan's set-point restores (:mod:`planner.restore`) after its jobs, in start
+    """Replay a plan's set-point restores (:mod:`makespan.planner.restore`) after its jobs, in start
     order: each on a set-point instance of ``state``, not before the planning time, and
     the last work on its GPUs (it starts when every job there has ended: a restore never
     overlaps or delays a job). Returns the replayed restores; InfeasiblePlan otherwise."""

@@ -1,7 +1,7 @@
 """Exact branch and bound for tiny batches (the planner's optimum on ≤ ``MAX_EXACT_JOBS`` jobs).
 
 Searches every list schedule (a job order × a group per job, each job at its earliest
-start through :class:`planner.replay.Replay`): for Σ w_j (C_j − r_j), a regular objective
+start through :class:`makespan.planner.replay.Replay`): for Σ w_j (C_j − r_j), a regular objective
 with sequence-dependent transitions, some optimal schedule is such a list schedule
 (list-schedule an optimal schedule's jobs in start order on the same groups: by induction
 each starts no later, with the same residents). Pruning: partial cost + Σ over unplaced
@@ -12,7 +12,7 @@ interchangeable, so only the first of them is branched on (exact). The search st
 best plan found, never worse than the incumbent, is returned).
 
 With ``objective="weighted_tardiness"`` the searched cost is Σ w_j·max(0, C_j − d_j) +
-ε·Σ w_j (C_j − r_j) (ε = :data:`planner.evaluator.TARDINESS_EPS`; the evaluator's score
+ε·Σ w_j (C_j − r_j) (ε = :data:`makespan.planner.evaluator.TARDINESS_EPS`; the evaluator's score
 less its future-cost term, as for weighted completion), also regular, so the same list
 schedules suffice; the bound charges each unplaced job its cost at max(ready_j, now) + p_j.
 
@@ -27,9 +27,9 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from planner.evaluator import TARDINESS_EPS, evaluate, score
-from planner.model import Assignment, FleetState, Plan, PlanJob
-from planner.replay import Replay
+from makespan.planner.evaluator import TARDINESS_EPS, evaluate, score
+from makespan.planner.model import Assignment, FleetState, Plan, PlanJob
+from makespan.planner.replay import Replay
 
 MAX_EXACT_JOBS = 7
 

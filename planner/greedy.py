@@ -1,9 +1,9 @@
 """Greedy constructions: fixed baselines and the transition-aware portfolio.
 
-Every construction is list scheduling through :class:`planner.replay.Replay` (one job
-at a time, in an order, on a group chosen by a rule, :mod:`planner.rules`);
-:func:`portfolio` scores each member as :func:`planner.evaluator.evaluate` does (with
-:func:`planner.evaluator.evaluate_built`, from the construction's own replay) and keeps
+Every construction is list scheduling through :class:`makespan.planner.replay.Replay` (one job
+at a time, in an order, on a group chosen by a rule, :mod:`makespan.planner.rules`);
+:func:`portfolio` scores each member as :func:`makespan.planner.evaluator.evaluate` does (with
+:func:`makespan.planner.evaluator.evaluate_built`, from the construction's own replay) and keeps
 the best score.
 
 Fixed baselines (issue 3; not to be tuned):
@@ -26,12 +26,12 @@ Transition-aware members (Σ w(C − r) decides among them):
       transition takes t·g GPU-seconds from the fleet, and under a backlog every job still
       queued waits about t·g/G longer (w_j·C_j alone counts only the job's own delay);
     * whole instances: evicting one GPU of a TP > 1 instance counts as losing the whole
-      instance (:meth:`planner.replay.Replay.whole_lost`) in the evict penalty and the
+      instance (:meth:`makespan.planner.replay.Replay.whole_lost`) in the evict penalty and the
       share term, as in the evaluator's future cost;
     * set point (``FleetState.set_point_weight`` w_sp > 0; the ``ta-*``/``cap-*`` members):
       a group sharing GPUs with a set-point instance costs w_sp × its GPUs × the absence
       the placement adds (resident: transition + service + its restore; already absent:
-      how much later its restore can start), :meth:`planner.rules.Aware._set_point`; the
+      how much later its restore can start), :meth:`makespan.planner.rules.Aware._set_point`; the
       evaluator's score, which the portfolio picks by, holds the exact term;
     * pull-forward: after a cold start (or wake) of model m, the queued jobs of m released
       by the time that job completes are placed next (they find m warm);
@@ -40,7 +40,7 @@ Transition-aware members (Σ w(C − r) decides among them):
       transition (evicting a GPU from an endpoint below its share of recent work costs,
       loading one below its share earns), so the fleet keeps each model on about its
       share of GPUs instead of reloading it for every short queue;
-    * partition (:mod:`planner.partition`): residency decided first (GPUs per endpoint
+    * partition (:mod:`makespan.planner.partition`): residency decided first (GPUs per endpoint
       by its share of the batch's work and recent demand), WSPT inside;
     * orders: WSPT on area, and FIFO. (``setup_order``, WSPT with the cold start
       amortised over the batch's jobs of an endpoint no GPU holds, is no longer a member:
@@ -49,7 +49,7 @@ Transition-aware members (Σ w(C − r) decides among them):
       ``cap-share``, the same rules with the capacity term, at the same member count.)
 
 :func:`portfolio` builds the members best-first and stops a construction once a lower
-bound on its score exceeds the best so far (:class:`planner.list_schedule.Prune`); it
+bound on its score exceeds the best so far (:class:`makespan.planner.list_schedule.Prune`); it
 returns the plan that scoring every member (:func:`members`) would select.
 """
 
@@ -60,12 +60,12 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from functools import partial
 
-from planner.evaluator import evaluate, evaluate_built, score
-from planner.list_schedule import fifo_order, pruner, wspt_order
-from planner.partition import partition_built
-from planner.model import Assignment, FleetState, Plan, PlanJob
-from planner.replay import Group, Replay
-from planner.rules import Aware, rule_completion, rule_free, rule_min_evict
+from makespan.planner.evaluator import evaluate, evaluate_built, score
+from makespan.planner.list_schedule import fifo_order, pruner, wspt_order
+from makespan.planner.partition import partition_built
+from makespan.planner.model import Assignment, FleetState, Plan, PlanJob
+from makespan.planner.replay import Group, Replay
+from makespan.planner.rules import Aware, rule_completion, rule_free, rule_min_evict
 
 
 def construct(name: str, order: Sequence[PlanJob], state: FleetState, rule: str = "completion",
@@ -74,7 +74,7 @@ def construct(name: str, order: Sequence[PlanJob], state: FleetState, rule: str 
     """List-schedule ``order`` with the named group ``rule`` ("completion", "free",
     "min-evict", "aware", "share"); ``pull`` enables pull-forward after a load. Returns
     the assignments (complete, in placement order), or None as soon as the plan provably
-    scores above ``bound`` (:class:`planner.list_schedule.Prune`; never with the default)."""
+    scores above ``bound`` (:class:`makespan.planner.list_schedule.Prune`; never with the default)."""
     built = construct_built(order, state, rule, pull, alpha, beta, gamma, bound)
     return None if built is None else built[0]
 
@@ -83,8 +83,8 @@ def construct_built(order: Sequence[PlanJob], state: FleetState, rule: str = "co
                     alpha: float = 1.0, beta: float = 1.0, gamma: float = 0.0, bound: float = math.inf,
                     objective: str = "weighted_completion") -> tuple[list[Assignment], Replay] | None:
     """:func:`construct`, also returning the :class:`Replay` that placed the assignments
-    (for :func:`planner.evaluator.evaluate_built`); ``bound`` is on the score of
-    ``objective`` (:func:`planner.list_schedule.pruner`)."""
+    (for :func:`makespan.planner.evaluator.evaluate_built`); ``bound`` is on the score of
+    ``objective`` (:func:`makespan.planner.list_schedule.pruner`)."""
     rep = Replay(state)
     prune = pruner(order, state, bound, rep.free_at, objective)
     aware = Aware(order, state, alpha, beta, share=rule == "share", gamma=gamma) if rule in ("aware", "share") else None
@@ -187,7 +187,7 @@ def _partition(batch: Sequence[PlanJob], state: FleetState, spill: bool, objecti
 def members(batch: Sequence[PlanJob], state: FleetState) -> list[Plan]:
     """Every portfolio member, evaluated, in :data:`MEMBERS` order (the baselines are
     members too; ``partition`` members are absent when the fleet cannot hold them); each
-    scored from the replay that built it (:func:`planner.evaluator.evaluate_built`: the
+    scored from the replay that built it (:func:`makespan.planner.evaluator.evaluate_built`: the
     plan ``evaluate(..., check_times=False)`` gives)."""
     out = []
     for name, build in member_builders(batch, state).items():
@@ -201,7 +201,7 @@ def portfolio(batch: Sequence[PlanJob], state: FleetState) -> Plan:
     """Best-scored member (ties: first in :data:`MEMBERS`); ``stats['member']`` is the
     winner's index in :data:`MEMBERS`. The same plan as the best of :func:`members`, built
     in :data:`BUILD_ORDER` with each construction stopped once it provably scores above
-    the best so far (:class:`planner.list_schedule.Prune`)."""
+    the best so far (:class:`makespan.planner.list_schedule.Prune`)."""
     builders = member_builders(batch, state)
     best: Plan | None = None
     rank = (math.inf, len(MEMBERS))

@@ -12,9 +12,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
-from planner.evaluator import TARDINESS_EPS
-from planner.model import Assignment, EndpointModel, FleetState, Plan, PlanJob
-from planner.replay import Replay
+from makespan.planner.evaluator import TARDINESS_EPS
+from makespan.planner.model import Assignment, EndpointModel, FleetState, Plan, PlanJob
+from makespan.planner.replay import Replay
 
 
 def transition(state_resident: dict[str, str | None], group: Sequence[str],
@@ -143,7 +143,7 @@ class Prune:
 
 
 class TardinessPrune:
-    """:class:`Prune` for the weighted-tardiness score (:mod:`planner.evaluator`: T + ε·(Σ w_j
+    """:class:`Prune` for the weighted-tardiness score (:mod:`makespan.planner.evaluator`: T + ε·(Σ w_j
     (C_j − r_j) + future cost)). Lower bound on every completion of a partial plan (placed
     P, unplaced U): Σ_P c_j(C_j) + Σ_U c_j(max(r_j, now, m) + p_j), where c_j(C) =
     w_j·max(0, C − d_j) + ε·w_j (C − r_j) (no tardiness term without a deadline) and m is

@@ -3,7 +3,7 @@
 A plan is read as a sequence: its assignments in start order, each with its GPU group.
 :func:`decode_window` rebuilds a plan from that sequence with one slice replaced (prefix
 as is, the slice in a new order and groups, suffix in its old order and groups, all at
-their earliest starts through :class:`planner.replay.Replay`) and returns its score.
+their earliest starts through :class:`makespan.planner.replay.Replay`) and returns its score.
 :func:`descent` tries, at each position, a swap with the next job and moves of the job to
 other groups of its endpoint (those holding its model at that point, and the two that
 free earliest), accepting the first move whose plan the evaluator scores lower
@@ -16,10 +16,10 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from planner.evaluator import InfeasiblePlan, evaluate, future_cost, rescore, score
-from planner.model import Assignment, FleetState, Plan, PlanJob
-from planner.replay import Group, Replay
-from planner.restore import planned_absence
+from makespan.planner.evaluator import InfeasiblePlan, evaluate, future_cost, rescore, score
+from makespan.planner.model import Assignment, FleetState, Plan, PlanJob
+from makespan.planner.replay import Group, Replay
+from makespan.planner.restore import planned_absence
 
 
 def decode_window(inc: Plan, lo: int, hi: int, order: list[str], groups: dict[str, Group],
@@ -27,7 +27,7 @@ def decode_window(inc: Plan, lo: int, hi: int, order: list[str], groups: dict[st
                   objective: str = "weighted_completion") -> tuple[list[Assignment], float]:
     """``inc`` with ``inc.assignments[lo:hi]`` replaced by ``order`` on ``groups`` (module
     doc); returns the assignments and their score for ``objective``, as
-    :func:`planner.evaluator.evaluate` computes it (weight·s). ``prefix`` is the replay
+    :func:`makespan.planner.evaluator.evaluate` computes it (weight·s). ``prefix`` is the replay
     after ``inc.assignments[:lo]`` (not modified)."""
     rep = prefix.copy()
     out = list(inc.assignments[:lo])

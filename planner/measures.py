@@ -24,7 +24,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from planner.model import EndpointModel, PlanJob
+from makespan.planner.model import EndpointModel, PlanJob
 
 LEVELS = ("CRITICAL", "HIGH", "NORMAL", "LOW")
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from app.errors import PlannerError
+from makespan.errors import PlannerError
 
 
 @dataclass(frozen=True)
@@ -133,9 +133,9 @@ class FleetState:
         demand_share: endpoint -> share of the GPU-seconds of recent arrivals (sums to 1;
             empty: unknown). When given, the future-cost term charges every endpoint's
             shortfall of resident GPUs against its share of the fleet (module
-            :mod:`planner.evaluator`), not only the loss of its last instance.
+            :mod:`makespan.planner.evaluator`), not only the loss of its last instance.
         running: GPU uuid -> the job running (or in its transition) there now, for
-            preemption decided inside the plan (:mod:`planner.preemption_plan`); empty:
+            preemption decided inside the plan (:mod:`makespan.planner.preemption_plan`); empty:
             unknown, no plan-level preemption. A GPU absent from it holds nothing that
             may be preempted (free, a restore, ...). ``free_at``/``resident`` already
             describe these jobs; ``running`` only says who they are.
@@ -143,9 +143,9 @@ class FleetState:
             plan's horizon (weight·s per GPU-s, ≥ 0; 0, the default: not weighed, every plan
             as before). Absence of an instance: from when it stops being resident (``now_s``
             if it is absent already, else the start of the first transition that evicts
-            it) to the end of its restore as :func:`planner.restore.plan_restores` places
+            it) to the end of its restore as :func:`makespan.planner.restore.plan_restores` places
             it with ``at="group"``; an instance never displaced counts 0
-            (:func:`planner.restore.planned_absence`, :mod:`planner.evaluator`).
+            (:func:`makespan.planner.restore.planned_absence`, :mod:`makespan.planner.evaluator`).
             Raises PlannerError when negative or not finite.
     """
 
@@ -249,14 +249,14 @@ class Plan:
 
     ``objective`` is Σ w_j (C_j − r_j) in weight·seconds as scored by the evaluator.
     ``restores``: set-point restores planned after the last job on their GPUs
-    (:mod:`planner.restore`; ``job_id`` ``"restore:<endpoint>:<gpu>"``); empty unless
-    asked for (:func:`planner.api.plan` ``restore_at``).
+    (:mod:`makespan.planner.restore`; ``job_id`` ``"restore:<endpoint>:<gpu>"``); empty unless
+    asked for (:func:`makespan.planner.api.plan` ``restore_at``).
 
-    ``preemptions`` (plan-level preemption, :mod:`planner.preemption_plan`): the
+    ``preemptions`` (plan-level preemption, :mod:`makespan.planner.preemption_plan`): the
     preemptions the plan decided, in the order they apply at ``now_s``. Each preemptor's
     assignment (start ``now_s`` on the cleared group) and each victim's new assignment are
     in ``assignments``; such a plan is evaluated on the transformed state
-    (:func:`planner.preemption_plan.evaluate_preemptive`)."""
+    (:func:`makespan.planner.preemption_plan.evaluate_preemptive`)."""
 
     policy: str
     assignments: list[Assignment]

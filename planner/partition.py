@@ -28,9 +28,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from planner.list_schedule import pruner, wspt_order
-from planner.model import Assignment, EndpointModel, FleetState, PlanJob
-from planner.replay import Group, Replay
+from makespan.planner.list_schedule import pruner, wspt_order
+from makespan.planner.model import Assignment, EndpointModel, FleetState, PlanJob
+from makespan.planner.replay import Group, Replay
 
 
 def allocate(batch: Sequence[PlanJob], state: FleetState) -> dict[str, list[Group]] | None:
@@ -87,7 +87,7 @@ def allocate(batch: Sequence[PlanJob], state: FleetState) -> dict[str, list[Grou
 def partition(batch: Sequence[PlanJob], state: FleetState, spill: bool = False,
               bound: float = math.inf, order: Sequence[PlanJob] | None = None) -> list[Assignment] | None:
     """The member's assignments (complete, in placement order), or None when skipped or
-    when the plan provably scores above ``bound`` (:class:`planner.list_schedule.Prune`).
+    when the plan provably scores above ``bound`` (:class:`makespan.planner.list_schedule.Prune`).
     ``order``: the sequence to place the jobs in (default: WSPT; dependencies first).
 
     ``spill``: a job may also take a group allocated to another endpoint when it would
@@ -102,8 +102,8 @@ def partition_built(batch: Sequence[PlanJob], state: FleetState, spill: bool = F
                     order: Sequence[PlanJob] | None = None,
                     objective: str = "weighted_completion") -> tuple[list[Assignment], Replay] | None:
     """:func:`partition`, also returning the :class:`Replay` that placed the assignments
-    (for :func:`planner.evaluator.evaluate_built`); ``bound`` is on the score of
-    ``objective`` (:func:`planner.list_schedule.pruner`)."""
+    (for :func:`makespan.planner.evaluator.evaluate_built`); ``bound`` is on the score of
+    ``objective`` (:func:`makespan.planner.list_schedule.pruner`)."""
     alloc = allocate(batch, state)
     if alloc is None:
         return None

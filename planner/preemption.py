@@ -15,8 +15,8 @@ which GPU group to clear and which holders to preempt, or that none should be:
 
 The caller then preempts the victims and gives the group to the job at once, so a
 victim is never re-leased the GPUs it lost before its preemptor starts. Used by the live
-planner worker (:mod:`workers.preemption`, holders are leases) and the simulator
-(:mod:`planner.simulator`, holders are committed jobs).
+planner worker (:mod:`makespan.workers.preemption`, holders are leases) and the simulator
+(:mod:`makespan.planner.simulator`, holders are committed jobs).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-from app.models import Priority
+from makespan.models import Priority
 
 Group = tuple[str, ...]
 
@@ -57,7 +57,7 @@ class Preemption:
 
 def may_preempt(level: int, other: int) -> bool:
     """Design notes: CRITICAL preempts HIGH/NORMAL/LOW, HIGH preempts NORMAL/LOW
-    (:meth:`app.models.Priority.may_preempt` on level indices)."""
+    (:meth:`makespan.models.Priority.may_preempt` on level indices)."""
     return 0 <= level <= 3 and 0 <= other <= 3 and Priority(level).may_preempt(Priority(other))
 
 

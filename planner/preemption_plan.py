@@ -1,8 +1,8 @@
 """Preemption decided inside the plan, by score (pure: no Redis, no clock).
 
-The fixed rule (:mod:`planner.preemption`) preempts whenever its conditions hold; here a
+The fixed rule (:mod:`makespan.planner.preemption`) preempts whenever its conditions hold; here a
 preemption is a planning decision traded against waiting. Given the batch and a
-:class:`~planner.model.FleetState` whose ``running`` names the jobs holding GPUs now:
+:class:`~makespan.planner.model.FleetState` whose ``running`` names the jobs holding GPUs now:
 
 Candidates (the design rules, "Preemption"): for a waiting job of level CRITICAL (0) or
 HIGH (1) that can start now (released, every dependency done) and that no GPU group free
@@ -20,7 +20,7 @@ group at ``now_s`` (a :class:`RunningJob` that is not preemptable, ``free_at`` i
 nothing else, victims included, is placed there before it starts.
 
 Score (:func:`decide`): with S(P) the evaluator's selection score of a plan of the rest
-(:func:`planner.evaluator.score`, the policy's objective) and F(jobs) the objective of
+(:func:`makespan.planner.evaluator.score`, the policy's objective) and F(jobs) the objective of
 jobs whose completion is fixed (:func:`fixed_score`), a candidate is taken when
     S(P_branch) + F(preemptor at C) < S(P_current) + F(victims at their original C)
 i.e. both sides count the same jobs. For ``weighted_tardiness`` policies F is
@@ -36,11 +36,11 @@ from collections import ChainMap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from app.errors import PlannerError
-from planner.evaluator import TARDINESS_EPS, TOL_S, InfeasiblePlan, evaluate, rescore, score
-from planner.model import Assignment, FleetState, Plan, PlanJob, PlannedPreemption, RunningJob
-from planner.preemption import may_preempt
-from planner.replay import Replay
+from makespan.errors import PlannerError
+from makespan.planner.evaluator import TARDINESS_EPS, TOL_S, InfeasiblePlan, evaluate, rescore, score
+from makespan.planner.model import Assignment, FleetState, Plan, PlanJob, PlannedPreemption, RunningJob
+from makespan.planner.preemption import may_preempt
+from makespan.planner.replay import Replay
 
 Group = tuple[str, ...]
 Planner = Callable[[Sequence[PlanJob], FleetState], Plan]
@@ -218,7 +218,7 @@ def evaluate_preemptive(plan: Plan, batch: Sequence[PlanJob], state: FleetState,
     module's rules on the state so far, its victims exactly the group's holders); the
     preemptors' assignments must start at ``now_s`` on their groups (with
     ``check_times``, their stated transition and completion must equal the replay's), and the other
-    assignments are evaluated (:func:`planner.evaluator.evaluate`) on the transformed
+    assignments are evaluated (:func:`makespan.planner.evaluator.evaluate`) on the transformed
     state for the batch less the preemptors plus the victims (``policy``, ``check_times``:
     as there). A plan without preemptions is evaluated as is.
 

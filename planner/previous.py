@@ -4,11 +4,11 @@ Between two planning points jobs complete or are committed (they leave the batch
 jobs arrive and the fleet moves on. :func:`repair` turns the previous plan into a
 complete plan of the current batch: the jobs still in the batch keep their GPU group and
 their relative start order, re-placed at their earliest feasible start on the current
-fleet state through :class:`planner.replay.Replay` (the one transition rule); jobs that
+fleet state through :class:`makespan.planner.replay.Replay` (the one transition rule); jobs that
 are new (or whose group no longer fits their endpoint) are appended in WSPT order
 (Smith 1956), each on the group that completes it earliest (the list-scheduling rule of
-:mod:`planner.list_schedule`). Dependencies are kept: the order is made topological
-with the fewest moves. The result goes through :func:`planner.evaluator.evaluate`.
+:mod:`makespan.planner.list_schedule`). Dependencies are kept: the order is made topological
+with the fewest moves. The result goes through :func:`makespan.planner.evaluator.evaluate`.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from planner.evaluator import InfeasiblePlan, evaluate, score
-from planner.list_schedule import topo_stable, wspt_order
-from planner.model import Assignment, FleetState, Plan, PlanJob
-from planner.replay import Group, Replay
-from planner.rules import rule_completion
+from makespan.planner.evaluator import InfeasiblePlan, evaluate, score
+from makespan.planner.list_schedule import topo_stable, wspt_order
+from makespan.planner.model import Assignment, FleetState, Plan, PlanJob
+from makespan.planner.replay import Group, Replay
+from makespan.planner.rules import rule_completion
 
 
 def repair(previous: Plan, batch: Sequence[PlanJob], state: FleetState, policy: str = "previous",
@@ -32,7 +32,7 @@ def repair(previous: Plan, batch: Sequence[PlanJob], state: FleetState, policy: 
             ``gpus`` and the start order of its assignments are used).
         batch: the jobs to place now.
         state: the fleet now (running work in ``free_at`` is never moved).
-        objective: what the plan is scored for (:data:`planner.evaluator.OBJECTIVES`).
+        objective: what the plan is scored for (:data:`makespan.planner.evaluator.OBJECTIVES`).
 
     Returns:
         the evaluated plan (``stats['kept']`` = jobs that kept their group), or None

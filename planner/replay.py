@@ -18,7 +18,7 @@ from collections import ChainMap
 from collections.abc import Collection, Sequence
 from dataclasses import replace
 
-from planner.model import Assignment, EndpointModel, FleetState, PlanJob
+from makespan.planner.model import Assignment, EndpointModel, FleetState, PlanJob
 
 Group = tuple[str, ...]
 
@@ -172,7 +172,7 @@ class Replay:
         service, its endpoint stays resident. The caller ensures ``a`` is the last
         placement on its GPUs and ``a.start_s <= at_s < a.end_s``. The abandoned endpoint
         does not go to sleep there either (it never finished loading; the live preempt
-        script forgets what is resident), as :func:`planner.preemption_plan.apply` assumes."""
+        script forgets what is resident), as :func:`makespan.planner.preemption_plan.apply` assumes."""
         if at_s < a.service_start_s and a.load != "warm":
             abandoned = {u: self.resident[u] for u in a.gpus}
             self._load(a.gpus, None)

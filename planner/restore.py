@@ -4,7 +4,7 @@ A *set-point instance* is an aligned GPU group whose every GPU has the same endp
 ``FleetState.set_point`` (:func:`set_point_groups`). After a batch is planned, every
 set-point instance that is not resident when its GPUs' planned work ends gets a restore
 (:func:`plan_restores`): evict whatever the plan left there, then cold start or wake the
-set-point endpoint (the one transition rule, :meth:`planner.replay.Replay.restore`).
+set-point endpoint (the one transition rule, :meth:`makespan.planner.replay.Replay.restore`).
 
 Where a restore goes (``at``, one of :data:`RESTORE_AT`):
     * ``"group"``: when the last planned job on the group's GPUs ends (or when the GPUs
@@ -15,16 +15,16 @@ Either way a restore is the last thing planned on its GPUs, so it never delays a
 job of the plan; restores are never placed between two jobs of a group (a later job on
 those GPUs: no restore there). A restore is an :class:`Assignment` with ``job_id``
 ``"restore:<endpoint>:<first gpu>"``, ``end_s`` = ``service_start_s`` (no service),
-reported in ``Plan.restores`` and replayed by :func:`planner.evaluator.evaluate`.
+reported in ``Plan.restores`` and replayed by :func:`makespan.planner.evaluator.evaluate`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from app.errors import PlannerError
-from planner.model import Assignment, FleetState, Plan, PlanJob
-from planner.replay import Group, Replay
+from makespan.errors import PlannerError
+from makespan.planner.model import Assignment, FleetState, Plan, PlanJob
+from makespan.planner.replay import Group, Replay
 
 RESTORE_AT = ("group", "horizon", "group-demand")
 RESTORE_PREFIX = "restore:"
@@ -92,7 +92,7 @@ def _place(rep: Replay, state: FleetState, groups: Sequence[tuple[str, Group]], 
             continue
         free_s = rep.group_free(g)
         if at == "group-demand":
-            from planner.evaluator import future_cost  # the evaluator imports this module
+            from makespan.planner.evaluator import future_cost  # the evaluator imports this module
 
             trial = rep.copy()
             trial.restore(g, ep, free_s)
@@ -151,7 +151,7 @@ def planned_absence(assigns: Sequence[Assignment], endpoint_of: Mapping[str, Pla
 def with_restores(plan: Plan, batch: Sequence[PlanJob], state: FleetState, at: str = "group") -> Plan:
     """``plan`` (an evaluated plan) with its restores (:func:`plan_restores`) in
     ``Plan.restores``. They are placed by the replay the evaluator uses, so
-    :func:`planner.evaluator.evaluate` accepts the result (the tests check it; it is not
+    :func:`makespan.planner.evaluator.evaluate` accepts the result (the tests check it; it is not
     re-run here: the simulator calls this at every planning point). Returns a new plan;
     ``assignments``, ``objective`` and the policy's ``stats`` are kept, ``stats`` gains
     ``restores`` (count) and ``future_cost_restored`` (the future cost on the fleet the
@@ -160,7 +160,7 @@ def with_restores(plan: Plan, batch: Sequence[PlanJob], state: FleetState, at: s
     Raises:
         PlannerError: unknown ``at``.
     """
-    from planner.evaluator import future_cost  # the evaluator imports this module
+    from makespan.planner.evaluator import future_cost  # the evaluator imports this module
 
     restores, rep = _restores(plan.assignments, batch, state, at)
     if not restores or rep is None:

@@ -1,4 +1,4 @@
-"""Group rules of the greedy constructions (:mod:`planner.greedy`): given the replay, a
+"""Group rules of the greedy constructions (:mod:`makespan.planner.greedy`): given the replay, a
 job, its candidate groups (aligned groups of its TP size, in fleet order) and the time it
 is ready, each returns the group to place it on.
 
@@ -6,7 +6,7 @@ is ready, each returns the group to place it on.
     * :func:`rule_free` (``fifo``) and :func:`rule_min_evict` (``min-evict``): the fixed
       baselines;
     * :class:`Aware` (``ta-*``, ``cap-*``, and :func:`aware_rule` for other dynamic
-      constructions): the transition-aware group cost described in :mod:`planner.greedy`
+      constructions): the transition-aware group cost described in :mod:`makespan.planner.greedy`
       (evict penalty, capacity term, whole instances, share-aware variant; with
       ``FleetState.set_point_weight`` > 0, the set-point absence a placement adds,
       :meth:`Aware._set_point`).
@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from planner.evaluator import share_shortfall_cost
-from planner.model import EndpointModel, FleetState, PlanJob
-from planner.replay import Group, Replay
-from planner.restore import set_point_groups
+from makespan.planner.evaluator import share_shortfall_cost
+from makespan.planner.model import EndpointModel, FleetState, PlanJob
+from makespan.planner.replay import Group, Replay
+from makespan.planner.restore import set_point_groups
 
 
 def rule_completion(rep: Replay, job: PlanJob, cands: list[Group], ready: float) -> Group:

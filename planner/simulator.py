@@ -5,19 +5,19 @@ Rolling horizon. At a planning point t the simulator
     2. plans the queue's first ``max_batch`` jobs (priority level, then submission) on
        the fleet as committed so far (GPUs busy until their committed work ends,
        residents and sleeping endpoints as that work leaves them), with the policy
-       through :func:`planner.api.plan` — the same planner, evaluator and report as the
+       through :func:`makespan.planner.api.plan` — the same planner, evaluator and report as the
        live system;
     3. commits, in start order, the planned jobs that start before ``t + window_s``
        (they run as planned: service times are exact in simulation); the rest stay queued;
     4. preemption, one of two deciders (``preemption="plan"``, the default, or ``"rule"``;
        the live planner worker has the same two, ``MAKESPAN_PREEMPTION``):
-       "plan" — for the policies of :data:`planner.api.PREEMPTION_FLOOR` the planning of
-       step 2 itself decides preemptions by score (:mod:`planner.preemption_plan`; the
+       "plan" — for the policies of :data:`makespan.planner.api.PREEMPTION_FLOOR` the planning of
+       step 2 itself decides preemptions by score (:mod:`makespan.planner.preemption_plan`; the
        committed jobs holding GPUs at t are passed as ``FleetState.running``); the plan's
        preemptions are applied at t as below (victims cut and requeued, the preemptor
        committed on the group at t) before its assignments are committed, and there is
        no second planning pass. "rule" (and "plan" for fifo, min-evict, wspt) — the
-       fixed rule, :func:`planner.preemption.choose_preemption`: each CRITICAL/HIGH job of the
+       fixed rule, :func:`makespan.planner.preemption.choose_preemption`: each CRITICAL/HIGH job of the
        batch left uncommitted that no free group can take, and whose earliest group does
        not free within its cold start, takes the cheapest group held only by running
        committed jobs of strictly lower levels. The victims are cut at t and go back to
@@ -30,26 +30,26 @@ Rolling horizon. At a planning point t the simulator
        started, restores, and jobs that other jobs depend on are never victims;
     5. set-point restore (``restore=True``): the plan of step 2 holds a restore for every
        set-point instance not resident when its GPUs' planned work ends
-       (``planned_restore``: one of :data:`planner.restore.RESTORE_AT`); step 3
+       (``planned_restore``: one of :data:`makespan.planner.restore.RESTORE_AT`); step 3
        commits those that start before ``t + window_s`` like jobs, only when the batch
        holds every queued job (fewer than ``max_batch``, as the live worker; a restore is never
        preempted), unless the rule of step 4 then preempts (its victims were not in that
        plan; the pass after it places them and its restores). The live planner worker's rule stays as the fallback (and is the only
        one with ``planned_restore=None``): when the queue is empty and the committed work
        ends before the next arrival, every set-point instance not resident is restored at
-       that time. Either is the transition rule of :mod:`planner.replay` (evict, then cold
+       that time. Either is the transition rule of :mod:`makespan.planner.replay` (evict, then cold
        start or wake); its GPUs are busy until it ends; the report counts it
        (``transitions.restore``) and adds its GPU-seconds to transition time;
     6. moves to the next planning point: the next arrival or the earliest planned but
        uncommitted start, whichever is first, but not before ``t + window_s``.
 The uncommitted rest of each plan goes to the next planning point as ``previous``
-(:func:`planner.api.plan`): a solver policy starts from it when, repaired to the new
+(:func:`makespan.planner.api.plan`): a solver policy starts from it when, repaired to the new
 batch, it scores better than the greedy floor.
 Committed work is never moved except by preemption. The future-cost term uses
 ``FleetState.demand``: for each endpoint with arrivals in the last ``demand_window_s``,
 their mean weight (``demand``), and each endpoint's share of those arrivals' GPU-seconds
 (``demand_share``, p_j·tp_j).
-The run state and those steps are :class:`planner.simulator_run._Run`; this module
+The run state and those steps are :class:`makespan.planner.simulator_run._Run`; this module
 holds the driver (:func:`simulate`, :func:`run_simulation`), the report it assembles,
 and the helpers the live planner worker shares (:func:`fleet_state`, ``_demand``,
 ``_share``).
@@ -65,18 +65,18 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from app.errors import PlannerError, ValidationError
-from app.models import FleetSpec, load_fleet
-from app.traces import TraceJob, read_trace
-from planner.api import POLICIES
-from planner.measures import build_report, lower_bounds
-from planner.model import EndpointModel, FleetState, Gpu, PlanJob
-from planner.replay import Group
-from planner.restore import set_point_absence, set_point_groups as restore_groups
-from planner.simulator_run import _Run
+from makespan.errors import PlannerError, ValidationError
+from makespan.models import FleetSpec, load_fleet
+from makespan.traces import TraceJob, read_trace
+from makespan.planner.api import POLICIES
+from makespan.planner.measures import build_report, lower_bounds
+from makespan.planner.model import EndpointModel, FleetState, Gpu, PlanJob
+from makespan.planner.replay import Group
+from makespan.planner.restore import set_point_absence, set_point_groups as restore_groups
+from makespan.planner.simulator_run import _Run
 
 # what ``preemption=True`` means (module doc, step 4): "rule" = the fixed rule for every
-# policy; "plan" = scored inside the plan for the policies of planner.api.PREEMPTION_FLOOR
+# policy; "plan" = scored inside the plan for the policies of makespan.planner.api.PREEMPTION_FLOOR
 # (portfolio, default/cpsat, tardiness*), the fixed rule for fifo, min-evict and wspt
 DEFAULT_PREEMPTION = "plan"
 
@@ -103,10 +103,10 @@ def simulate(trace_jobs: Sequence[TraceJob] | Sequence[PlanJob], fleet: FleetSpe
              progress: Callable[[dict[str, Any]], None] | None = None,
              set_point_weight: float | None = None) -> dict[str, Any]:
     """Replay jobs through the planner in virtual time; returns the report dict
-    (:func:`planner.measures.build_report`, with ``jobs.preempted`` and the set-point
+    (:func:`makespan.planner.measures.build_report`, with ``jobs.preempted`` and the set-point
     restores), ``set_point_absent_gpu_s`` (GPU-seconds from the first submission until the
     last job or restore ends during which a set-point instance was not resident,
-    :func:`planner.restore.set_point_absence`) plus ``sim`` {wall_s, planning_points,
+    :func:`makespan.planner.restore.set_point_absence`) plus ``sim`` {wall_s, planning_points,
     window_s, max_batch, time_scale, seed, preemption, restore, planned_restore,
     time_limit_s, preempted_gpu_s} and, for jobs with ``deadline_s``,
     ``weighted_tardiness_s`` = Σ w_j·max(0, C_j − d_j) (weight·s), ``tardy_jobs`` and
@@ -203,7 +203,7 @@ def preemption_mode(preemption: bool | str | None) -> str:
 def set_point_groups(fleet: FleetSpec | FleetState) -> list[tuple[str, Group]]:
     """(endpoint, GPU uuids) of every set-point instance: the fleet file's instances, or
     for a bare :class:`FleetState` its aligned groups whose every GPU's set point is the
-    endpoint (:func:`planner.restore.set_point_groups`)."""
+    endpoint (:func:`makespan.planner.restore.set_point_groups`)."""
     if isinstance(fleet, FleetSpec):
         hosts = {h.name: h for h in fleet.hosts}
         out = []
@@ -247,10 +247,10 @@ def run_simulation(trace_path: str | Path, fleet_path: str | Path, policy: str, 
     Returns the report.
 
     Raises:
-        app.errors.ValidationError: bad fleet or trace file, no rows in the asked range,
+        makespan.errors.ValidationError: bad fleet or trace file, no rows in the asked range,
             ``time_scale`` or ``time_limit_s`` not positive, ``set_point_weight`` negative
             or not finite, or a report path that cannot be written.
-        app.errors.PlannerError: unknown policy.
+        makespan.errors.PlannerError: unknown policy.
     """
     if not time_scale > 0:
         raise ValidationError("time_scale", time_scale, "must be > 0")

@@ -1,11 +1,11 @@
 """One simulation run's committed schedule and the steps that change it (:class:`_Run`).
 
-:func:`planner.simulator.simulate` drives it: at each planning point
-:meth:`_Run.plan_point` plans the queue with :func:`planner.api.plan` (steps 2 to 5 of
-the :mod:`planner.simulator` doc: commit, preempt by the plan's score or the fixed rule,
+:func:`makespan.planner.simulator.simulate` drives it: at each planning point
+:meth:`_Run.plan_point` plans the queue with :func:`makespan.planner.api.plan` (steps 2 to 5 of
+the :mod:`makespan.planner.simulator` doc: commit, preempt by the plan's score or the fixed rule,
 restore the set point) and :meth:`_Run.restore_if_idle` applies the idle restore rule.
-It keeps the committed :class:`planner.replay.Replay`, the queue, one
-:class:`planner.measures.JobRecord` per committed job (:func:`_record`), the restores,
+It keeps the committed :class:`makespan.planner.replay.Replay`, the queue, one
+:class:`makespan.planner.measures.JobRecord` per committed job (:func:`_record`), the restores,
 the preempted attempts and the per-GPU residency changes the report reads. Times are
 virtual seconds; no Redis, no wall clock except the solve times it records.
 """
@@ -15,11 +15,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from planner.api import PREEMPTION_FLOOR, plan
-from planner.measures import JobRecord
-from planner.model import Assignment, FleetState, Plan, PlanJob, PlannedPreemption, RunningJob
-from planner.preemption import Holder, choose_preemption
-from planner.replay import Group, Replay
+from makespan.planner.api import PREEMPTION_FLOOR, plan
+from makespan.planner.measures import JobRecord
+from makespan.planner.model import Assignment, FleetState, Plan, PlanJob, PlannedPreemption, RunningJob
+from makespan.planner.preemption import Holder, choose_preemption
+from makespan.planner.replay import Group, Replay
 
 
 class _Run:
@@ -41,7 +41,7 @@ class _Run:
         self.preempted = 0
         self.log: list[dict[str, Any]] = []
         self.dependants = {d for j in jobs for d in j.deps}
-        self.restore_at: str | None = None  # planned restores (planner.restore.RESTORE_AT), None: idle rule only
+        self.restore_at: str | None = None  # planned restores (makespan.planner.restore.RESTORE_AT), None: idle rule only
         # GPU -> residency changes (time_s, endpoint or None while in a transition), for set-point absence
         self.residency: dict[str, list[tuple[float, str | None]]] = {g.uuid: [] for g in base.gpus}
 
@@ -153,7 +153,7 @@ class _Run:
         return Holder(job.id, job.priority, a.start_s <= t and job.id not in self.dependants and last)
 
     def _preempt(self, t: float, waiting: list[PlanJob]) -> bool:
-        """The preemption step at ``t`` (:func:`planner.preemption.choose_preemption`);
+        """The preemption step at ``t`` (:func:`makespan.planner.preemption.choose_preemption`);
         True if anything was preempted."""
         c = self.committed
         busy = {u for u, f in c.free_at.items() if f > t}

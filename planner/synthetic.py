@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import random
 
-from planner.model import EndpointModel, FleetState, Gpu, PlanJob
+from makespan.planner.model import EndpointModel, FleetState, Gpu, PlanJob
 
 WEIGHTS = (8.0, 4.0, 2.0, 1.0)
 

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
-from app.errors import PlannerError
-from planner.model import Assignment, FleetState, Plan, PlanJob
+from makespan.errors import PlannerError
+from makespan.planner.model import Assignment, FleetState, Plan, PlanJob
 
 
 @dataclass

@@ -2,19 +2,19 @@
 
 Objective: Σ_j w_j·max(0, C_j − d_j) over the jobs with a deadline d_j (``PlanJob.deadline_s``,
 absolute, s); score = that + ε·(Σ_j w_j (C_j − r_j) + future cost), ε = 1e-6
-(:data:`planner.evaluator.TARDINESS_EPS`; jobs without a deadline count only in that
-tie-break). Scored by :func:`planner.evaluator.evaluate` with
+(:data:`makespan.planner.evaluator.TARDINESS_EPS`; jobs without a deadline count only in that
+tie-break). Scored by :func:`makespan.planner.evaluator.evaluate` with
 ``objective="weighted_tardiness"`` on the same exact replay as every policy (transitions,
 gangs on aligned TP groups, memory, precedence). ``Plan.objective`` is the pure weighted
 tardiness, weight·s; ``stats`` also carry ``weighted_completion``.
 
-Greedy members (list scheduling through :class:`planner.replay.Replay`, each evaluated):
+Greedy members (list scheduling through :class:`makespan.planner.replay.Replay`, each evaluated):
     * ``edd``: earliest due date first (jobs without a deadline last, WSPT on area among
       them), each on the group completing it earliest; ``ta-edd`` / ``ta-edd-nopull``:
-      the same order with the transition-aware group rule (:func:`planner.rules.aware_rule`:
+      the same order with the transition-aware group rule (:func:`makespan.planner.rules.aware_rule`:
       prefers groups already holding the model), with / without pull-forward;
       ``partition-edd`` / ``partition-spill-edd``: residency per endpoint first
-      (:mod:`planner.partition`), EDD inside;
+      (:mod:`makespan.planner.partition`), EDD inside;
     * ``atc-k`` for k in :data:`ATC_K`: Apparent Tardiness Cost list scheduling
       (Vepsalainen & Morton 1987) with the setup factor of ATCS (Lee, Bhaskaran & Pinedo
       1997). At t = max(now, earliest time a GPU is free), among the jobs ready by t (none:
@@ -25,16 +25,16 @@ Greedy members (list scheduling through :class:`planner.replay.Replay`, each eva
       transition-aware rule; s_j = 0 when a whole instance of its endpoint is resident,
       else its cold start; p̄ = mean service time, s̄ = mean cold start of the batch's
       endpoints; jobs without a deadline have I_j = 0 (so WSPT orders them, after the rest);
-    * every member of :func:`planner.greedy.members` (baselines and portfolio), rescored.
+    * every member of :func:`makespan.planner.greedy.members` (baselines and portfolio), rescored.
 ``tardiness-portfolio`` returns the best score (the floor): the plan that scoring every
 member (:func:`tardiness_members`) would select, built in :data:`BUILD_ORDER` with each
 construction stopped once a lower bound on its score exceeds the best so far
-(:class:`planner.list_schedule.TardinessPrune`), members scored from the replay that built
-them (:func:`planner.evaluator.evaluate_built`), the winner replayed by
-:func:`planner.evaluator.evaluate`.
+(:class:`makespan.planner.list_schedule.TardinessPrune`), members scored from the replay that built
+them (:func:`makespan.planner.evaluator.evaluate_built`), the winner replayed by
+:func:`makespan.planner.evaluator.evaluate`.
 
 ``tardiness`` = floor, then within ``time_limit_s`` (never worse than the floor):
-    * ≤ :data:`planner.exact.MAX_EXACT_JOBS` jobs: exact branch and bound on this objective;
+    * ≤ :data:`makespan.planner.exact.MAX_EXACT_JOBS` jobs: exact branch and bound on this objective;
     * a floor with zero weighted tardiness is returned as is (tardiness-optimal; the
       tie-break is not searched further);
     * else order local search for half the budget: the incumbent's jobs in start order,
@@ -42,7 +42,7 @@ them (:func:`planner.evaluator.evaluate_built`), the winner replayed by
       a tardy job (seeded choice) and swaps it with, or inserts it before, an earlier job;
       improving moves are kept; after ``4·n`` failed moves the best order is perturbed by
       2–4 random swaps (iterated local search, Lourenço, Martin & Stützle 2003); at most
-      ``max_evals`` decodes. Then the CP-SAT windowed LNS (:func:`planner.cpsat.improve`)
+      ``max_evals`` decodes. Then the CP-SAT windowed LNS (:func:`makespan.planner.cpsat.improve`)
       with the tardiness objective for the rest of the budget.
 Deterministic for a seed when ``max_evals`` (not the wall time) ends the local search
 and the LNS gets the same windows (one CP-SAT worker).
@@ -58,17 +58,17 @@ from collections.abc import Collection, Sequence
 from functools import partial
 from heapq import heappop, heappush
 
-from planner.cpsat import improve
-from planner.evaluator import evaluate, evaluate_built, rescore, score
-from planner.exact import MAX_EXACT_JOBS, exact
-from planner.greedy import MEMBERS as GREEDY_MEMBERS
-from planner.greedy import Builder, construct, construct_built, member_builders
-from planner.list_schedule import pruner, topo_stable
-from planner.model import Assignment, EndpointModel, FleetState, Plan, PlanJob
-from planner.partition import partition_built
-from planner.previous import start_plan
-from planner.replay import Replay
-from planner.rules import aware_rule
+from makespan.planner.cpsat import improve
+from makespan.planner.evaluator import evaluate, evaluate_built, rescore, score
+from makespan.planner.exact import MAX_EXACT_JOBS, exact
+from makespan.planner.greedy import MEMBERS as GREEDY_MEMBERS
+from makespan.planner.greedy import Builder, construct, construct_built, member_builders
+from makespan.planner.list_schedule import pruner, topo_stable
+from makespan.planner.model import Assignment, EndpointModel, FleetState, Plan, PlanJob
+from makespan.planner.partition import partition_built
+from makespan.planner.previous import start_plan
+from makespan.planner.replay import Replay
+from makespan.planner.rules import aware_rule
 
 OBJ = "weighted_tardiness"
 ATC_K = (0.5, 1.0, 2.0)  # 0.25 as well: cluster09 seed 1 54.4k → 61.8k weight·s in the benchmark
@@ -99,8 +99,8 @@ def atc_construct(batch: Sequence[PlanJob], state: FleetState, k: float) -> list
 def atc_built(batch: Sequence[PlanJob], state: FleetState, k: float,
               bound: float = math.inf) -> tuple[list[Assignment], Replay] | None:
     """:func:`atc_construct`, also returning the :class:`Replay` that placed the assignments
-    (for :func:`planner.evaluator.evaluate_built`); None as soon as the plan provably
-    scores above ``bound`` (:class:`planner.list_schedule.TardinessPrune`).
+    (for :func:`makespan.planner.evaluator.evaluate_built`); None as soon as the plan provably
+    scores above ``bound`` (:class:`makespan.planner.list_schedule.TardinessPrune`).
 
     Incremental, with the choice of recomputing every index at every step: a job's ready
     time is fixed once its in-batch dependencies are placed (it is computed then); the
@@ -202,7 +202,7 @@ def atc_built(batch: Sequence[PlanJob], state: FleetState, k: float,
 def _builders(batch: Sequence[PlanJob], state: FleetState) -> dict[str, Builder]:
     """Member name -> its construction given a score bound (``bound=``): (assignments, the
     replay that placed them), None when pruned or skipped; in listing order (:data:`MEMBERS`,
-    then the weighted-completion members in :data:`planner.greedy.MEMBERS` order)."""
+    then the weighted-completion members in :data:`makespan.planner.greedy.MEMBERS` order)."""
     edd = edd_order(batch, state.endpoints)
     out: dict[str, Builder] = {n: partial(construct_built, edd, state, r, p, objective=OBJ) for n, r, p in
                                (("edd", "completion", False), ("ta-edd", "aware", True),
@@ -217,7 +217,7 @@ def _builders(batch: Sequence[PlanJob], state: FleetState) -> dict[str, Builder]
 
 def tardiness_members(batch: Sequence[PlanJob], state: FleetState) -> list[Plan]:
     """The members of the module doc, evaluated for weighted tardiness, in listing order
-    (each scored from the replay that built it, :func:`planner.evaluator.evaluate_built`:
+    (each scored from the replay that built it, :func:`makespan.planner.evaluator.evaluate_built`:
     the plan ``evaluate(..., check_times=False, objective=OBJ)`` gives)."""
     out = []
     for name, build in _builders(batch, state).items():
@@ -232,8 +232,8 @@ def tardiness_portfolio(batch: Sequence[PlanJob], state: FleetState) -> Plan:
     :data:`MEMBERS`, or −1 for a rescored member of the weighted-completion portfolio. The
     same plan as the best of :func:`tardiness_members`, built in :data:`BUILD_ORDER` with
     each construction stopped once it provably scores above the best so far
-    (:class:`planner.list_schedule.TardinessPrune`); the winner goes through the
-    evaluator's own replay (:func:`planner.evaluator.evaluate`)."""
+    (:class:`makespan.planner.list_schedule.TardinessPrune`); the winner goes through the
+    evaluator's own replay (:func:`makespan.planner.evaluator.evaluate`)."""
     builders = _builders(batch, state)
     listed = {n: i for i, n in enumerate(builders)}
     first = {n: i for i, n in enumerate(BUILD_ORDER)}
@@ -308,9 +308,9 @@ def tardiness_policy(batch: Sequence[PlanJob], state: FleetState, time_limit_s: 
     """Policy ``tardiness`` (module doc): floor, then exact / order search + LNS within
     ``time_limit_s`` s with ``num_workers`` CP-SAT workers; the order search starts from
     ``previous`` repaired to the batch when that scores lower than the floor
-    (:func:`planner.previous.start_plan`). ``stats``: ``floor_score``, ``previous_used``,
+    (:func:`makespan.planner.previous.start_plan`). ``stats``: ``floor_score``, ``previous_used``,
     ``floor_objective`` (the floor's weighted tardiness), and ``preemption`` as
-    :func:`planner.cpsat.improve` (its windows may cut running jobs; ``first_window_share``
+    :func:`makespan.planner.cpsat.improve` (its windows may cut running jobs; ``first_window_share``
     as there),
     ``proven_optimal`` (1: exact search finished, or zero weighted tardiness — optimal in
     the tardiness term, not in the tie-break)."""

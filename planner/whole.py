@@ -2,7 +2,7 @@
 
 Applies to batches of at most :data:`MAX_WHOLE_JOBS` jobs whose endpoints all run on
 one GPU (TP 1) and have no sleep mode (:func:`applicable`); the windowed improver
-(:mod:`planner.cpsat`) handles the rest and proves nothing about a whole plan.
+(:mod:`makespan.planner.cpsat`) handles the rest and proves nothing about a whole plan.
 
 Model — a relaxation of the replay (integer units of ``1/scale`` s, 0 = planning time):
     data:        per job j: ready time a_j (release, now, dependencies outside the batch),
@@ -22,7 +22,7 @@ Model — a relaxation of the replay (integer units of ``1/scale`` s, 0 = planni
 Proof. Every plan the replay can produce is a solution (when every datum lies on the
 unit), so the model's optimum is a lower bound on the best plan. The solution is decoded
 (GPU per job, service-start order) and replayed at earliest starts through
-:class:`planner.replay.Replay` and scored by :func:`planner.evaluator.evaluate`. When
+:class:`makespan.planner.replay.Replay` and scored by :func:`makespan.planner.evaluator.evaluate`. When
 CP-SAT proves OPTIMAL and the decoded plan's Σ w_j (C_j − r_j) equals the model optimum
 (converted: objective / scale − Σ w_j (r_j − now)), the plan is optimal: lower bound =
 plan. Otherwise (a relaxed solution the replay cannot realise, or data off every unit of
@@ -42,9 +42,9 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
-from planner.evaluator import evaluate
-from planner.model import FleetState, Plan, PlanJob
-from planner.replay import Replay
+from makespan.planner.evaluator import evaluate
+from makespan.planner.model import FleetState, Plan, PlanJob
+from makespan.planner.replay import Replay
 
 MAX_WHOLE_JOBS = 40
 SCALES = (1, 10, 100, 1000)

@@ -1,6 +1,6 @@
-"""The future-cost term of the CP-SAT window model (:mod:`planner.window_model`).
+"""The future-cost term of the CP-SAT window model (:mod:`makespan.planner.window_model`).
 
-The evaluator's score (:mod:`planner.evaluator`) charges a plan for the endpoints in recent
+The evaluator's score (:mod:`makespan.planner.evaluator`) charges a plan for the endpoints in recent
 demand that it leaves without instances when it ends: ``demand[e] × cold_start_s(e)`` for
 an endpoint that was resident at the start and holds no whole instance at the end, or,
 with ``FleetState.demand_share``, ``d_e × cold_start_s(e) × max(0, share_e·G − n_e) / tp_e``
@@ -10,7 +10,7 @@ does not rely on the acceptance test alone to find that out.
 
 What the window decides. The plan's end state on a GPU is set by the last job placed on
 it. GPUs that a job after the window uses (the suffix keeps its groups when a window is
-decoded, :func:`planner.local.decode_window`) and GPUs outside the window end as the
+decoded, :func:`makespan.planner.local.decode_window`) and GPUs outside the window end as the
 incumbent plan leaves them: a constant. On the rest (``W``: window GPUs no later job
 uses) the window's residencies decide. For each endpoint e in demand and each group g ⊆ W
 of e's size that holds e after the window's prefix, or on which the window may load e, a
@@ -32,10 +32,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from planner.model import Assignment, FleetState, PlanJob
-from planner.replay import Group, Replay
+from makespan.planner.model import Assignment, FleetState, PlanJob
+from makespan.planner.replay import Group, Replay
 
-SCALE = 10  # the window model's objective unit: weights × 10 (planner.window_model)
+SCALE = 10  # the window model's objective unit: weights × 10 (makespan.planner.window_model)
 SHARE_SCALE = 10  # GPU counts of the share form in tenths
 
 
@@ -49,7 +49,7 @@ class FutureTerm:
         state: the fleet at planning time (``demand``, ``demand_share``, ``resident``).
         rep: the replay after the window's prefix.
         res: the window's residencies, (group, endpoint) -> (presence, start, end,
-            interval, σ, warm) as :func:`planner.window_model.solve_window` builds them.
+            interval, σ, warm) as :func:`makespan.planner.window_model.solve_window` builds them.
         gpus: the window's GPUs.
 
     ``terms`` are (coefficient, variable) pairs for the objective; empty when the state

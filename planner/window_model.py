@@ -1,4 +1,4 @@
-"""The CP-SAT model of one LNS window of :mod:`planner.cpsat` (:func:`solve_window`).
+"""The CP-SAT model of one LNS window of :mod:`makespan.planner.cpsat` (:func:`solve_window`).
 
 Model of a window (integer seconds, time 0 = planning time):
     data:        window jobs; the GPUs they use; for each job up to ``max_groups``
@@ -16,14 +16,14 @@ Model of a window (integer seconds, time 0 = planning time):
                  in-window dependencies;
     objective:   Σ w_j·C_j + 1 per transition second (a small cost per transition)
                  + the future cost of the endpoints in recent demand the window leaves
-                 without instances (:mod:`planner.window_future`, an estimate of the
+                 without instances (:mod:`makespan.planner.window_future`, an estimate of the
                  evaluator's term);
                  with ``objective="weighted_tardiness"``, 1000·Σ w_j·T_j (T_j ≥ C_j − d_j,
                  T_j ≥ 0, jobs with a deadline) is added: tardiness first, the
                  completion sum as tie-break (the evaluator's score decides acceptance);
                  with ``FleetState.set_point_weight`` > 0, a linear estimate of the
                  set-point absence caused by residencies that displace a resident
-                 set-point instance (:mod:`planner.window_set_point`).
+                 set-point instance (:mod:`makespan.planner.window_set_point`).
 The incumbent window is given as a complete hint, built to satisfy the model (its jobs in
 order on their groups at the earliest starts the model allows, :func:`hint_of`); with
 ``verify_hint`` it is also checked by fixing every hinted variable. Deterministic up to
@@ -31,7 +31,7 @@ the wall clock: fixed ``seed``, ``workers`` search workers (default 1); how far 
 gets depends on the time limit and the machine's speed.
 
 With preemption candidates (``pre``, a window at the plan's first job only), the model
-also holds the variables and constraints of :mod:`planner.window_preemption` (take a
+also holds the variables and constraints of :mod:`makespan.planner.window_preemption` (take a
 candidate or not; victims kept until their end or restarted in the window).
 """
 
@@ -43,12 +43,12 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
-from planner import window_preemption as wp
-from planner.window_future import FutureTerm
-from planner.model import Assignment, FleetState, Plan, PlanJob
-from planner.preemption_plan import Candidate
-from planner.replay import Group, Replay
-from planner.window_set_point import SetPointTerm
+from makespan.planner import window_preemption as wp
+from makespan.planner.window_future import FutureTerm
+from makespan.planner.model import Assignment, FleetState, Plan, PlanJob
+from makespan.planner.preemption_plan import Candidate
+from makespan.planner.replay import Group, Replay
+from makespan.planner.window_set_point import SetPointTerm
 
 
 @dataclass
@@ -110,7 +110,7 @@ def solve_window(inc: Plan, lo: int, hi: int, jobs: dict[str, PlanJob], state: F
                   verify_hint: bool, objective: str = "weighted_completion",
                   pre: Sequence[Candidate] = ()) -> Window | None:
     """Build and solve the model of ``inc.assignments[lo:hi]`` (module doc); ``pre``:
-    preemption candidates to model (``lo`` = 0 only, :mod:`planner.window_preemption`)."""
+    preemption candidates to model (``lo`` = 0 only, :mod:`makespan.planner.window_preemption`)."""
     rep = Replay(state)
     for a in inc.assignments[:lo]:
         rep.place(jobs[a.job_id], a.gpus, a.start_s)

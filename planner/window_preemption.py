@@ -1,13 +1,13 @@
-"""Preemption as a decision of the CP-SAT window model (:mod:`planner.cpsat`).
+"""Preemption as a decision of the CP-SAT window model (:mod:`makespan.planner.cpsat`).
 
-The greedy decider (:mod:`planner.preemption_plan`) scores each candidate with a whole
+The greedy decider (:mod:`makespan.planner.preemption_plan`) scores each candidate with a whole
 greedy plan, one job at a time. Here candidates become variables of the first window of
 the windowed LNS (the window that starts at the plan's first job, so the running jobs
 are the window's only predecessors) and CP-SAT weighs them jointly with the placement of
 the window's jobs.
 
 Model additions, for the candidates ``c`` (preemptor ``P_c``, group ``G_c``, victims
-``V_c``; :func:`planner.preemption_plan.candidates`, the design's level rules) of the
+``V_c``; :func:`makespan.planner.preemption_plan.candidates`, the design's level rules) of the
 window's jobs whose victims are all past their transition:
     variables:   ``y_c`` (take c); per victim v: ``keep_v`` (not cut) and, as a window
                  job, an optional start and candidate-group literals (present iff cut);
@@ -20,10 +20,10 @@ window's jobs whose victims are all past their transition:
                  from zero (full service time) on one of its groups;
     objective:   a kept victim counts w_v·E_v, a cut one w_v·C_v (and their tardiness with
                  the tardiness objective), so both branches count the same jobs — the
-                 comparison of :func:`planner.preemption_plan.decide`.
+                 comparison of :func:`makespan.planner.preemption_plan.decide`.
 Residencies on a victim's GPUs may start at 0 (the GPU is free at now once the victim is
 cut). A solution that takes candidates is decoded by applying them to the state
-(:func:`planner.preemption_plan.apply`) and re-placing the rest through the exact replay;
+(:func:`makespan.planner.preemption_plan.apply`) and re-placing the rest through the exact replay;
 it is accepted only when the evaluator's score of the rest plus the preemptors' fixed
 completions is below the incumbent's plus the victims' original completions.
 """
@@ -33,9 +33,9 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 
-from planner.evaluator import TOL_S
-from planner.model import Assignment, FleetState, Plan, PlanJob, PlannedPreemption
-from planner.preemption_plan import Candidate, Branch, apply, candidates, fixed_score
+from makespan.planner.evaluator import TOL_S
+from makespan.planner.model import Assignment, FleetState, Plan, PlanJob, PlannedPreemption
+from makespan.planner.preemption_plan import Candidate, Branch, apply, candidates, fixed_score
 
 PER_JOB = 2  # candidate groups per waiting job offered to the model
 
@@ -73,7 +73,7 @@ def preemptive_window_end(inc: Plan, batch: Sequence[PlanJob], state: FleetState
 
 def decodings(inc: Plan, hi: int, order: list[str], groups: dict, taken: "Taken") -> list[tuple[Plan, list[str], dict]]:
     """Ways to read a window solution that took preemptions, as (incumbent to splice,
-    window order, groups) for :func:`planner.local.decode_window` with ``lo`` = 0: the
+    window order, groups) for :func:`makespan.planner.local.decode_window` with ``lo`` = 0: the
     model's order and groups; the victims first, each back on the GPUs it held; the
     victims last (after the jobs behind the window), on those GPUs. The model sees only
     the window's jobs, so where a restarted victim goes is also tried outside it: a
@@ -104,7 +104,7 @@ class Taken:
 def take(state: FleetState, batch: Sequence[PlanJob], cands: Sequence[Candidate], objective: str) -> Taken:
     """Apply ``cands`` (disjoint victims, in preemptor level-then-submission order) to
     ``state``/``batch``. ``fixed_delta`` is what the fixed completions add to the score
-    (:func:`planner.preemption_plan.fixed_score`, weight·s)."""
+    (:func:`makespan.planner.preemption_plan.fixed_score`, weight·s)."""
     out = Taken(state, list(batch))
     for c in sorted(cands, key=lambda c: (c.job.priority, c.job.seq, c.job.id)):
         live = {x.group: x for x in candidates(c.job, out.state, out.batch, per_job=10 ** 6)}
@@ -124,7 +124,7 @@ def take(state: FleetState, batch: Sequence[PlanJob], cands: Sequence[Candidate]
 
 def branch_of(taken: Sequence[Taken]) -> Branch | None:
     """The branch of every preemption the improver took (for
-    :func:`planner.preemption_plan.assemble`); None when it took none."""
+    :func:`makespan.planner.preemption_plan.assemble`); None when it took none."""
     if not taken:
         return None
     last = taken[-1]

@@ -1,10 +1,10 @@
-"""Set-point term of the CP-SAT window model (:mod:`planner.window_model`), when
+"""Set-point term of the CP-SAT window model (:mod:`makespan.planner.window_model`), when
 ``FleetState.set_point_weight`` w_sp > 0.
 
 An estimate, linear in the model's variables, of the set-point absence
-(:func:`planner.restore.planned_absence`) that the window's placements cause by
+(:func:`makespan.planner.restore.planned_absence`) that the window's placements cause by
 displacing a set-point instance that is resident when the window starts (after the
-plan's prefix): every residency interval R[g,m] of the model (:mod:`planner.window_model`)
+plan's prefix): every residency interval R[g,m] of the model (:mod:`makespan.planner.window_model`)
 with m not the instance's endpoint on a group g sharing GPUs with the instance costs,
 when present,
 
@@ -16,7 +16,7 @@ after its last window job. The model's objective is in tenths of weight·s (its 
 are ``round(10·w_j)``), so c is on that scale (at least 1 when w_sp > 0).
 
 What the estimate leaves out (the evaluator's exact score decides acceptance of every
-decoded window, :mod:`planner.cpsat`): two residencies displacing the same instance in a
+decoded window, :mod:`makespan.planner.cpsat`): two residencies displacing the same instance in a
 window are both charged (the absence counts once); jobs after the window on those GPUs
 lengthen the absence; displacing an instance that is already absent (delaying its
 restore) and reloading its endpoint there (ending an absence early) are not modelled.
@@ -28,9 +28,9 @@ import math
 
 from ortools.sat.python import cp_model
 
-from planner.model import FleetState
-from planner.replay import Group, Replay
-from planner.restore import set_point_groups
+from makespan.planner.model import FleetState
+from makespan.planner.replay import Group, Replay
+from makespan.planner.restore import set_point_groups
 
 
 class SetPointTerm:

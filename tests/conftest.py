@@ -13,9 +13,9 @@ import uuid
 
 import pytest
 
-from app.keys import Keys
-from app.redis_conn import connect, ping, start_embedded
-from app.settings import DEFAULT_REDIS_URL, Settings
+from makespan.keys import Keys
+from makespan.redis_conn import connect, ping, start_embedded
+from makespan.settings import DEFAULT_REDIS_URL, Settings
 
 
 @pytest.fixture(scope="session")
@@ -68,11 +68,11 @@ FLEET_TOML = os.path.join(os.path.dirname(__file__), "..", "examples", "render-p
 
 @pytest.fixture(scope="session")
 def traces():
-    """The shared real traces folder (:func:`app.traces.traces_dir`). When it is missing
+    """The shared real traces folder (:func:`makespan.traces.traces_dir`). When it is missing
     the tests that read real traces are skipped with the reason, except in CI
     (``CI=true``), where a missing folder is an error."""
-    from app.errors import ValidationError
-    from app.traces import traces_dir
+    from makespan.errors import ValidationError
+    from makespan.traces import traces_dir
 
     try:
         return traces_dir()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from app import events as ev
-from app.live import wait_for  # noqa: F401 - re-exported for the tests
+from makespan import events as ev
+from makespan.live import wait_for  # noqa: F401 - re-exported for the tests
 
 
 def overlaps(events: list[dict[str, Any]]) -> list[tuple[str, str, str]]:

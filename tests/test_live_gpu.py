@@ -20,14 +20,14 @@ from pathlib import Path
 
 import pytest
 
-from app.live import LiveSystem
-from app.models import load_fleet
-from app.producer import Producer
-from app.run_report import drain_counts
+from makespan.live import LiveSystem
+from makespan.models import load_fleet
+from makespan.producer import Producer
+from makespan.run_report import drain_counts
 from tests.live import all_events, overlaps, wait_for
-from workers.discovery import DiscoveredGpu, NvmlDiscovery
-from workers.host_check import host_toml
-from workers.phases import parse_instance
+from makespan.workers.discovery import DiscoveredGpu, NvmlDiscovery
+from makespan.workers.host_check import host_toml
+from makespan.workers.phases import parse_instance
 
 FAKE = os.environ.get("MAKESPAN_TEST_FAKE_GPU") == "1"
 
@@ -48,7 +48,7 @@ BASE_MIB, SWAP_MIB = 8192, 16384  # GPU memory each endpoint process really hold
 
 
 def _endpoint(name: str, hold_mib: int, set_point: str = "") -> str:
-    cmd = ["{python}", "-m", "workers.endpoint_server", "--port", "{port}", "--model", "{model}",
+    cmd = ["{python}", "-m", "makespan.workers.endpoint_server", "--port", "{port}", "--model", "{model}",
            "--load-time-s", "{load_time_s}", "--latency-ms", "5", "--hold-gpu-mib", str(hold_mib)]
     # The fleet promises more memory per GPU than both processes hold, so the planner
     # cannot keep both resident on one GPU and has to evict: the swap this test watches.

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from app.live import LiveSystem
-from app.models import load_fleet
-from app.producer import Producer
-from app.run_report import drain_counts
+from makespan.live import LiveSystem
+from makespan.models import load_fleet
+from makespan.producer import Producer
+from makespan.run_report import drain_counts
 from tests.live import all_events, overlaps, wait_for
 
 FLEET = Path("examples/render-pipeline.toml").resolve()
@@ -78,13 +78,13 @@ def test_200_mixed_jobs_complete_and_drain(r, keys, settings, fleet, system):
     evs = all_events(r, keys)
     assert overlaps(evs) == []
     # the health observer ran throughout: no planned eviction or start raised an incident
-    from workers.observer import list_incidents
+    from makespan.workers.observer import list_incidents
     incidents = [i for i in list_incidents(r, keys) if i.get("kind") == "incident"]
     assert incidents == [], [(i["endpoint"], i["failure_mode"], i["effect"], i["agenda_context"], i["detected_at"])
                              for i in incidents]
     # every endpoint back at its set point
-    from workers.phases import instance_value
-    from workers.fleet_view import set_point_instances
+    from makespan.workers.phases import instance_value
+    from makespan.workers.fleet_view import set_point_instances
     for ep, gpus in set_point_instances(fleet):
         assert r.mget([keys.resident(g) for g in gpus]) == [instance_value(ep, gpus)] * len(gpus)
     # every lease ran its phases in order (a preempted one stops early); the lease that

@@ -5,7 +5,7 @@ An *agenda entry* records a transition that is happening on purpose (design note
 planned start and expected end (unix seconds). The health observer reads the agenda
 to tell a planned eviction (mode ``POSITIVE``: no incident) from a failure.
 
-Keys (see :mod:`app.keys`):
+Keys (see :mod:`makespan.keys`):
 
 * ``P:agenda:{op_id}`` (hash): ``op_id, mode, endpoints (JSON list), gpus (JSON list),
   planned_start, expected_end, lock_ttl_s, holder`` (the holder's lock token).
@@ -32,8 +32,8 @@ from typing import Any
 import redis
 from redis.exceptions import LockError
 
-from app.errors import LeaseError, StoreError, ValidationError
-from app.keys import Keys
+from makespan.errors import LeaseError, StoreError, ValidationError
+from makespan.keys import Keys
 
 log = logging.getLogger(__name__)
 

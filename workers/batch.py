@@ -1,20 +1,20 @@
 """Batch formation for the planner worker: which queued jobs a tick plans.
 
 :meth:`BatchMixin.form_batch` takes up to ``batch_size`` queued jobs as
-:class:`planner.model.PlanJob` (release and deadline in workload seconds), CRITICAL
+:class:`makespan.planner.model.PlanJob` (release and deadline in workload seconds), CRITICAL
 first (strict priority), FIFO (``seq``) within a level. It reads each queue
 (``P:queue:{level}``) in chunks of ``batch_size``, at most ``SCAN_FACTOR`` chunks per
 level per tick, past steps whose dependencies are not done (their dependencies join
 ``awaited``: never preemption victims). When workloads are active and the queue heads
 were not read with the tick's snapshot, it first runs one workload pass
-(:func:`app.workloads.advance_workloads`). On the way it drops queue entries whose job
+(:func:`makespan.workloads.advance_workloads`). On the way it drops queue entries whose job
 is no longer queued (``_DROP_STALE``) and cancels queued jobs whose dependency failed,
 was cancelled or is gone, unless a failed workload step will be retried
 (``_CANCEL_DEPENDANT``); both scripts are fenced by the planner token, so a deposed
 planner changes nothing. It also notes each taken job's traceparent and
 submission time (unix s) in ``_meta``.
 
-Mixed into :class:`workers.planner_worker.PlannerWorker`; uses its Redis client, keys,
+Mixed into :class:`makespan.workers.planner_worker.PlannerWorker`; uses its Redis client, keys,
 settings and fencing token.
 """
 
@@ -23,9 +23,9 @@ from __future__ import annotations
 import json
 import time
 
-from app.awaited import DROP_LUA
-from app.models import Priority
-from planner.model import PlanJob
+from makespan.awaited import DROP_LUA
+from makespan.models import Priority
+from makespan.planner.model import PlanJob
 
 SCAN_FACTOR = 4  # queue entries read per level per tick: at most SCAN_FACTOR × batch_size
 
@@ -37,7 +37,7 @@ return redis.call('ZREM', KEYS[1], ARGV[1])
 """
 
 # Cancel a queued job whose dependency failed (it leaves the reverse-dependency index,
-# app.awaited). KEYS: queue, job, planner_fence, events, finished ; ARGV: job id, planner
+# makespan.awaited). KEYS: queue, job, planner_fence, events, finished ; ARGV: job id, planner
 # token, now (s), reason, event JSON, key prefix
 _CANCEL_DEPENDANT = DROP_LUA + """
 if redis.call('GET', KEYS[3]) ~= ARGV[2] then return 0 end
@@ -63,14 +63,14 @@ class BatchMixin:
         self.awaited: set[str] = set()  # deps of the unready steps read here (never victims; plus the index)
         room = self.settings.batch_size
         if heads is None and self.r.scard(self.keys.workloads_active):
-            from app.workloads import advance_workloads  # workload steps: retries, failure, completion
+            from makespan.workloads import advance_workloads  # workload steps: retries, failure, completion
 
             advance_workloads(self.r, self.keys)
         for lvl in Priority:
             offset = 0
             # read on past steps whose dependencies are not done, so that they never hide
             # startable jobs behind them (bounded: SCAN_FACTOR batches per level per tick);
-            # what a step waits on is known at any depth from the index (app.awaited)
+            # what a step waits on is known at any depth from the index (makespan.awaited)
             while room > 0 and offset < SCAN_FACTOR * self.settings.batch_size:
                 if offset == 0 and heads is not None:
                     ids = heads[lvl]
@@ -117,7 +117,7 @@ class BatchMixin:
             return True
         bad = [d for d, s in zip(deps, states) if s in ("failed", "cancelled") or s is None]
         if bad and "failed" in states:
-            from app.workloads import retry_pending  # a workload step that will be retried: wait
+            from makespan.workloads import retry_pending  # a workload step that will be retried: wait
 
             bad = [d for d in bad if not retry_pending(self.r, self.keys, d)]
         if bad:

@@ -1,7 +1,7 @@
 """Delayed jobs: kept in Redis until due, then queued by the planner.
 
-A job submitted with ``delay_s`` (app.producer) and a job whose lease was reclaimed while
-``retry_backoff_s`` > 0 (workers.leases) are ``delayed``: their id sits in ``P:delayed``
+A job submitted with ``delay_s`` (makespan.producer) and a job whose lease was reclaimed while
+``retry_backoff_s`` > 0 (makespan.workers.leases) are ``delayed``: their id sits in ``P:delayed``
 (a sorted set scored by due time, unix s) and their record holds ``not_before``. Nothing
 about them reaches Celery: a GPU worker holds no message, no countdown/eta, for a job
 that is not due — the known failure of Celery countdowns on the Redis transport (a
@@ -14,8 +14,8 @@ job) and marks them ``queued``, only while the planner still leads and only jobs
 ``delayed`` (a cancelled one is just dropped from the set): idempotent, atomic, bounded.
 It returns the next due time, so the planner sleeps no longer than that.
 
-Due times are on the Redis server's clock (unix s): the submit script (app.producer)
-and the reclaim script (workers.leases) compute them from ``TIME``, and the promote
+Due times are on the Redis server's clock (unix s): the submit script (makespan.producer)
+and the reclaim script (makespan.workers.leases) compute them from ``TIME``, and the promote
 script compares them with ``TIME``, so a producer, a GPU host and a planner whose clocks
 disagree still queue a job when it is due, not the skew early or late. The planner's
 sleep (:meth:`DelayedJobs.wait_s`) converts to its own clock with the offset measured
@@ -28,8 +28,8 @@ import time
 
 import redis
 
-from app.keys import Keys
-from workers.lease_scripts import SERVER_NOW_MS
+from makespan.keys import Keys
+from makespan.workers.lease_scripts import SERVER_NOW_MS
 
 PROMOTE_BATCH = 1_000  # most due jobs queued per planner tick
 

@@ -32,7 +32,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
-from app.models import FleetSpec, GpuSpec
+from makespan.models import FleetSpec, GpuSpec
 
 log = logging.getLogger(__name__)
 

@@ -7,9 +7,9 @@ plan leaves idle, free and not at its set point: :meth:`SetPointMixin._restore_p
 Once
 the fleet is back at its set point it counts what a drained fleet must not hold:
 leases, agenda entries, busy slots, and reverse-dependency index entries whose waiting
-job is no longer queued or delayed (``awaited_entries``, :func:`app.awaited.leaked`).
+job is no longer queued or delayed (``awaited_entries``, :func:`makespan.awaited.leaked`).
 
-Mixed into :class:`workers.planner_worker.PlannerWorker`.
+Mixed into :class:`makespan.workers.planner_worker.PlannerWorker`.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ import time
 import uuid
 from typing import Any
 
-from app import events, telemetry
-from app.awaited import leaked
-from planner.restore import plan_restores
-from workers.phases import PhaseContext, instance_value
+from makespan import events, telemetry
+from makespan.awaited import leaked
+from makespan.planner.restore import plan_restores
+from makespan.workers.phases import PhaseContext, instance_value
 
 log = logging.getLogger("makespan.planner")
 NOW_TOL_S = 1e-3  # workload s: a planned restore starting within this of the tick's now starts now

@@ -1,6 +1,6 @@
 """A small real endpoint program: an OpenAI-compatible model server stand-in.
 
-``python -m workers.endpoint_server --port P --load-time-s T --latency-ms L --model NAME``
+``python -m makespan.workers.endpoint_server --port P --load-time-s T --latency-ms L --model NAME``
 
 Routes (stdlib :mod:`http.server`, one thread per request):
 

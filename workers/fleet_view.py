@@ -4,22 +4,22 @@
   :func:`set_point_instances` (pure; also used by reports and benches).
 * :meth:`FleetViewMixin.snapshot`: everything a tick reads, in one round trip (it also
   writes the solve times noted since the last call, ``_write_solve_stats``).
-* :meth:`FleetViewMixin.fleet_state`: the :class:`planner.model.FleetState` (free times
+* :meth:`FleetViewMixin.fleet_state`: the :class:`makespan.planner.model.FleetState` (free times
   and ``now_s`` in workload seconds, residents, set point) and the busy GPUs.
 * :meth:`FleetViewMixin._note_demand`: the future-cost inputs (demand weight and work
   share per endpoint) from the arrivals of the last ``DEMAND_WINDOW_S`` workload seconds,
   as the simulator computes them.
 
-Mixed into :class:`workers.planner_worker.PlannerWorker`; uses its Redis client, leases,
+Mixed into :class:`makespan.workers.planner_worker.PlannerWorker`; uses its Redis client, leases,
 keys, settings, fleet, GPUs, endpoints, ``_solve_stats``, ``_recent`` and ``now_s``.
 """
 
 from __future__ import annotations
 
-from app.models import FleetSpec, Priority
-from planner.simulator import _demand, _share
-from planner.model import EndpointModel, FleetState, Gpu, PlanJob
-from workers.phases import parse_instance
+from makespan.models import FleetSpec, Priority
+from makespan.planner.simulator import _demand, _share
+from makespan.planner.model import EndpointModel, FleetState, Gpu, PlanJob
+from makespan.workers.phases import parse_instance
 
 STATS_KEEP = 10_000  # solve-time records kept in P:planner:solve_s
 DEMAND_WINDOW_S = 1800.0  # workload seconds of arrivals that define recent demand

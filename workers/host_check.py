@@ -5,7 +5,7 @@ The fleet file is the one source of what a GPU worker may lease; this module mak
 sure it matches the machine the worker runs on before any lease is taken:
 
 * every GPU the fleet lists for the host must be visible to this process (NVML,
-  honouring ``CUDA_VISIBLE_DEVICES``; see :mod:`workers.discovery`), by UUID;
+  honouring ``CUDA_VISIBLE_DEVICES``; see :mod:`makespan.workers.discovery`), by UUID;
 * its physical NVML index must match the fleet's ``index`` (set points name GPUs
   by index);
 * its total memory (MiB) must be at least the fleet's ``memory_mib`` (the fleet's
@@ -19,8 +19,8 @@ caller decides (the GPU worker logs it and goes on, so CPU-only test fleets run)
 
 from __future__ import annotations
 
-from app.models import HostSpec
-from workers.discovery import DiscoveredGpu
+from makespan.models import HostSpec
+from makespan.workers.discovery import DiscoveredGpu
 
 
 def check_host(host: HostSpec, found: list[DiscoveredGpu]) -> list[str]:

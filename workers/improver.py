@@ -33,7 +33,7 @@ live improver: thread or process"): there the CPU, not the GIL, was what the tic
 The child starts on the first offer (about 1.4 s of imports, in the child; about 100 MiB
 resident after a 256-job solve) and, being spawned, imports the program's main module
 again: a script that uses the improver must guard its entry point (``if __name__ ==
-"__main__":``; the CLI, ``python -m app.cli`` and pytest do), or no child starts and
+"__main__":``; the CLI, ``python -m makespan.cli`` and pytest do), or no child starts and
 each offer logs why and leaves the greedy plan. It ignores SIGINT (the planner ends it)
 and exits by itself when the planner process dies (it waits on its parent's sentinel).
 When it dies (killed, out of memory) the solve in flight fails: the improver logs it,
@@ -61,13 +61,13 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import BrokenExecutor, Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 
-from app import metrics
-from app.errors import ValidationError
-from app.settings import IMPROVER_EXECUTORS, IMPROVER_NICE_MAX
-from planner.api import POLICY_OBJECTIVE, plan as run_policy
-from planner.evaluator import score
-from planner.model import FleetState, Plan, PlanJob
-from planner.previous import repair
+from makespan import metrics
+from makespan.errors import ValidationError
+from makespan.settings import IMPROVER_EXECUTORS, IMPROVER_NICE_MAX
+from makespan.planner.api import POLICY_OBJECTIVE, plan as run_policy
+from makespan.planner.evaluator import score
+from makespan.planner.model import FleetState, Plan, PlanJob
+from makespan.planner.previous import repair
 
 log = logging.getLogger("makespan.planner")
 HORIZON_FACTOR = 10.0  # solve only when the tick's plan spans at least this many time limits
@@ -115,7 +115,7 @@ def _solve(batch: list[PlanJob], state: FleetState, policy: str, time_limit_s: f
 
 def adapt(previous: Plan, batch: Sequence[PlanJob], state: FleetState,
           objective: str = "weighted_completion") -> Plan | None:
-    """``previous`` repaired to ``batch`` on ``state`` (:func:`planner.previous.repair`: its
+    """``previous`` repaired to ``batch`` on ``state`` (:func:`makespan.planner.previous.repair`: its
     jobs still in the batch keep their start order and GPU group and start as early as the
     replay allows; the others follow in WSPT order, each on the group completing it
     earliest). Returns the plan evaluated for ``objective`` (policy ``"improved"``), or
@@ -130,7 +130,7 @@ class BackgroundImprover:
     """Runs ``policy`` (``default``/``cpsat``/``tardiness``) on the batches it is offered,
     at most one at a time, in one child process (or thread); the newest result is kept
     for :meth:`best`, which compares plans by the policy's objective
-    (:data:`planner.api.POLICY_OBJECTIVE`; the floor must be scored for it too).
+    (:data:`makespan.planner.api.POLICY_OBJECTIVE`; the floor must be scored for it too).
 
     Args:
         policy: the solver policy name.

@@ -1,11 +1,11 @@
-"""The Lua scripts of the GPU leases (:mod:`workers.leases`), one per atomic operation.
+"""The Lua scripts of the GPU leases (:mod:`makespan.workers.leases`), one per atomic operation.
 
 Each script's comment gives its KEYS and ARGV. ``P`` is the key prefix; times in
 ``*_ms`` are unix milliseconds, in ``*_s`` seconds.
 
 * :data:`SERVER_NOW_MS`: the prelude that reads the Redis server's clock (``TIME``) into
   ``server_now_ms``; every lease expiry is computed and compared on it (also used by
-  :mod:`workers.delayed` and :mod:`workers.requests`).
+  :mod:`makespan.workers.delayed` and :mod:`makespan.workers.requests`).
 * ``_ACQUIRE``: gang acquire (whole or not at all), acknowledging the job in the same step.
 * ``_RENEW``: heartbeat renew, or the fencing check alone (``ttl_ms`` 0).
 * ``_FENCED``: a list of writes applied only while the lease is current.
@@ -13,12 +13,12 @@ Each script's comment gives its KEYS and ARGV. ``P`` is the key prefix; times in
 * ``_EXPIRED``: the ids of the leases expired on the server's clock.
 * ``_PREEMPT``: preempt one job lease (its job requeued, not counted as an attempt).
 
-Text only: :class:`workers.leases.LeaseStore` and :func:`workers.leases.preempt` run them.
+Text only: :class:`makespan.workers.leases.LeaseStore` and :func:`makespan.workers.leases.preempt` run them.
 """
 
 from __future__ import annotations
 
-from app.awaited import DROP_LUA
+from makespan.awaited import DROP_LUA
 
 # Lua prelude: ``server_now_ms``, the Redis server's clock in unix ms (one TIME call).
 SERVER_NOW_MS = """
@@ -30,7 +30,7 @@ local server_now_ms = tonumber(server_t[1]) * 1000 + math.floor(tonumber(server_
 # ARGV: lease_id, job_id, ttl_ms, now_ms (caller's clock: leased_at, running score only), holder,
 #       lease JSON fields, planner_token, event JSON, job_state,
 #       instance value ('' = no resident keys; else the reply says whether every GPU holds that instance),
-#       key prefix (a leased job leaves the reverse-dependency index, app.awaited: it waits on nothing now)
+#       key prefix (a leased job leaves the reverse-dependency index, makespan.awaited: it waits on nothing now)
 # expires_ms = server clock + ttl_ms
 _ACQUIRE = SERVER_NOW_MS + DROP_LUA + """
 local n = #KEYS - 8
@@ -110,7 +110,7 @@ return 1
 """
 
 # Reclaim one expired lease (its holder stopped renewing).
-# A requeued job waits as a delayed job (workers.delayed) when a retry backoff is set.
+# A requeued job waits as a delayed job (makespan.workers.delayed) when a retry backoff is set.
 # KEYS: lease, leases, running, events ; ARGV: lease_id, now_ms (caller's clock: event ts and
 # finished_at only), max_attempts, prefix, retry backoff s (0 = queue at once), longest backoff s
 # Expired means expires_ms <= the server clock; a backoff's due time is on the server clock too.
@@ -171,7 +171,7 @@ if job and L['kind'] == 'job' then
       end
       outcome = 'requeued'
     end
-    if outcome ~= 'requeued' then  -- a final state: on the finished index (workers.retention)
+    if outcome ~= 'requeued' then  -- a final state: on the finished index (makespan.workers.retention)
       redis.call('ZADD', ARGV[4] .. ':finished', tonumber(ARGV[2]) / 1000.0, job)
     end
   end

@@ -9,7 +9,7 @@ distributed locking", 2016). A holder acts only while every GPU of its gang stil
 names its lease and token; a reclaimed or expired lease makes its later writes no-ops.
 
 One clock decides lease time: the Redis server's. Each script reads ``TIME`` itself
-(:data:`workers.lease_scripts.SERVER_NOW_MS`; allowed in Redis >= 5 scripts, which
+(:data:`makespan.workers.lease_scripts.SERVER_NOW_MS`; allowed in Redis >= 5 scripts, which
 replicate effects) to compute ``expires_ms`` (unix ms, the score in ``P:leases``) on
 acquire and renew and to compare it on :meth:`LeaseStore.expired` and reclaim, exactly as the GPU keys' PX
 expiry runs on that clock. Planner and GPU workers on hosts whose clocks disagree then
@@ -19,7 +19,7 @@ Event timestamps (``ts``, ``leased_at``, ``finished_at``) stay on the caller's c
 like every other event; they feed reports, not expiry decisions.
 
 This module holds the Python side (:class:`Lease`, :class:`LeaseStore`, :func:`preempt`);
-the scripts' text, with their KEYS and ARGV, is in :mod:`workers.lease_scripts`.
+the scripts' text, with their KEYS and ARGV, is in :mod:`makespan.workers.lease_scripts`.
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ from typing import Any
 
 import redis
 
-from app.errors import LeaseError, StaleFencingToken
-from app.keys import Keys
-from workers.lease_scripts import _ACQUIRE, _EXPIRED, _FENCED, _PREEMPT, _RECLAIM, _RENEW
+from makespan.errors import LeaseError, StaleFencingToken
+from makespan.keys import Keys
+from makespan.workers.lease_scripts import _ACQUIRE, _EXPIRED, _FENCED, _PREEMPT, _RECLAIM, _RENEW
 
 log = logging.getLogger(__name__)
 
@@ -176,7 +176,7 @@ class LeaseStore:
         """Reclaim one expired lease: free its GPUs, requeue its job (with its original
         submission order) or fail it after ``max_attempts``. With ``retry_backoff_s`` > 0
         the job is requeued as a delayed job due in min(retry_backoff_s × 2^(attempts−1),
-        retry_backoff_max_s) seconds (workers.delayed). Returns the outcome."""
+        retry_backoff_max_s) seconds (makespan.workers.delayed). Returns the outcome."""
         out = self._reclaim(keys=[self.keys.lease(lease_id), self.keys.leases, self.keys.running, self.keys.events],
                             args=[lease_id, now_ms(), max_attempts, self.keys.prefix, repr(float(retry_backoff_s)),
                                   repr(float(retry_backoff_max_s))])

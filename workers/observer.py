@@ -1,9 +1,9 @@
 """The health observer: tells planned transitions apart from failures.
 
-Runs as its own process (``python -m workers.observer --fleet FILE`` or
+Runs as its own process (``python -m makespan.workers.observer --fleet FILE`` or
 ``makespan observer``). Every ``probe_interval_s`` it probes each registered endpoint
-instance (:mod:`workers.drivers.registry`) through its driver and reads the agenda
-(:mod:`workers.agenda`):
+instance (:mod:`makespan.workers.drivers.registry`) through its driver and reads the agenda
+(:mod:`makespan.workers.agenda`):
 
 * unhealthy while a ``POSITIVE`` entry covers it (same endpoint, a shared GPU): a
   planned eviction, **no incident**;
@@ -45,16 +45,16 @@ from typing import Any
 
 import redis
 
-from app.errors import MakespanError, StoreError
-from app.keys import Keys
-from app.models import FleetSpec
-from app.redis_conn import connect
-from app.settings import Settings
-from workers.agenda import AgendaTracker
-from workers.drivers import get_driver
-from workers.drivers.base import Instance
-from workers.drivers.process import _alive
-from workers.drivers.registry import list_instances, register_instance, unregister_instance
+from makespan.errors import MakespanError, StoreError
+from makespan.keys import Keys
+from makespan.models import FleetSpec
+from makespan.redis_conn import connect
+from makespan.settings import Settings
+from makespan.workers.agenda import AgendaTracker
+from makespan.workers.drivers import get_driver
+from makespan.workers.drivers.base import Instance
+from makespan.workers.drivers.process import _alive
+from makespan.workers.drivers.registry import list_instances, register_instance, unregister_instance
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +154,7 @@ class Observer:
                "last_ok_cycle": str(self.last_ok_cycle.get(inst.id, 0) if inst else 0),
                "effect": effect, "agenda_context": json.dumps(context)}
         rec["incident_id"] = self.r.xadd(self.keys.incidents, rec)
-        from app import metrics
+        from makespan import metrics
 
         metrics.incident(endpoint)
         log.error("incident %s: %s %s (%s)", rec["incident_id"], endpoint, mode, effect)
@@ -245,7 +245,7 @@ def list_incidents(r: redis.Redis, keys: Keys, count: int | None = None) -> list
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    from app.models import load_fleet
+    from makespan.models import load_fleet
 
     p = argparse.ArgumentParser(prog="observer", description="makespan health observer")
     p.add_argument("--fleet", required=True)
@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if a.metrics_port:
-        from app import metrics
+        from makespan import metrics
 
         metrics.start_metrics_server(a.metrics_port, redis_state=False)
     run_observer(Settings.from_env(), load_fleet(a.fleet), a.probe_interval_s, a.overrun_factor)

@@ -18,15 +18,15 @@ from typing import Any
 
 import redis
 
-from app import metrics, telemetry
-from app.errors import PhaseCancelled, PhaseError, StaleFencingToken
-from app.keys import Keys
-from app.models import FleetSpec
-from app.settings import Settings
-from workers.drivers import get_driver
-from workers.drivers.base import Instance
-from workers.drivers.registry import list_instances, register_instance, unregister_instance
-from workers.leases import Lease, LeaseStore
+from makespan import metrics, telemetry
+from makespan.errors import PhaseCancelled, PhaseError, StaleFencingToken
+from makespan.keys import Keys
+from makespan.models import FleetSpec
+from makespan.settings import Settings
+from makespan.workers.drivers import get_driver
+from makespan.workers.drivers.base import Instance
+from makespan.workers.drivers.registry import list_instances, register_instance, unregister_instance
+from makespan.workers.leases import Lease, LeaseStore
 
 log = logging.getLogger("makespan.phases")
 
@@ -109,7 +109,7 @@ class PhaseRunner:
         self.keys = Keys(settings.key_prefix)
         self.leases = LeaseStore(r, self.keys)
         try:
-            from workers.agenda import AgendaTracker
+            from makespan.workers.agenda import AgendaTracker
 
             self.agenda = AgendaTracker(r, self.keys)
         except ImportError:  # pragma: no cover - agenda module missing
@@ -302,7 +302,7 @@ class PhaseRunner:
         PhaseError (the workload failed or was cancelled)."""
         inst = self._request_target(ctx) if payload.get("requests") else None
         if inst is not None:  # request-level execution against the real endpoint
-            from workers.requests import RequestRunner
+            from makespan.workers.requests import RequestRunner
 
             res = RequestRunner(self.r, self.keys, inst.id, inst.url, self.fleet.endpoints[ctx.endpoint].model,
                                 self.fleet.endpoints[ctx.endpoint].slots, self._stopper(ctx, hb)).run(ctx.job_id, payload)
@@ -366,7 +366,7 @@ class PhaseRunner:
                 ("DEL", self.keys.phase(ctx.lease_id)), ("DEL", self.keys.busy(ctx.lease_id))]
         if ctx.kind == "job":
             ops += [("ZREM", self.keys.running, ctx.job_id),
-                    ("ZADD", f"{self.keys.prefix}:finished", repr(now), ctx.job_id),  # workers.retention
+                    ("ZADD", f"{self.keys.prefix}:finished", repr(now), ctx.job_id),  # makespan.workers.retention
                     ("HSET", self.keys.job(ctx.job_id), "state", state, "finished_at", repr(now), "reason", reason)]
             ops.append(("XADD_E", self.keys.events, self._event(state, ctx, reason=reason or None)))
         else:

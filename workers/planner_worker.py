@@ -3,7 +3,7 @@ stand by and take over within the lock's TTL.
 
 Each tick the leader: reclaims expired leases; forms a batch (strict priority:
 CRITICAL jobs first, then HIGH, NORMAL, LOW; at most ``batch_size``); reads the fleet
-state; calls the pure ``planner.api.plan``; publishes a lease for every job the plan
+state; calls the pure ``makespan.planner.api.plan``; publishes a lease for every job the plan
 starts now (one Lua script per gang: leased whole or not at all, the job acknowledged
 in the same step) and sends its phase chain to the host's queue. Jobs planned for
 later stay queued and are planned again next tick (rolling horizon). It starts the
@@ -13,12 +13,12 @@ nothing is queued or running it restores every set point and checks the drain.
 This module holds :class:`PlannerWorker`'s leadership (lock, fencing token, standby),
 its run loop and the tick itself; the tick's parts are mixins, one module each:
 
-* :mod:`workers.batch` (``BatchMixin``): the batch, read from the queues;
-* :mod:`workers.fleet_view` (``FleetViewMixin``): the tick's snapshot, the fleet state
+* :mod:`makespan.workers.batch` (``BatchMixin``): the batch, read from the queues;
+* :mod:`makespan.workers.fleet_view` (``FleetViewMixin``): the tick's snapshot, the fleet state
   and demand inputs (and the fleet spec → planner model helpers);
-* :mod:`workers.starts` (``StartMixin``): leasing planned jobs and sending their phases;
-* :mod:`workers.preemption` (``PreemptionMixin``): preempting for CRITICAL/HIGH jobs;
-* :mod:`workers.drain` (``SetPointMixin``): set-point restores and the drain check.
+* :mod:`makespan.workers.starts` (``StartMixin``): leasing planned jobs and sending their phases;
+* :mod:`makespan.workers.preemption` (``PreemptionMixin``): preempting for CRITICAL/HIGH jobs;
+* :mod:`makespan.workers.drain` (``SetPointMixin``): set-point restores and the drain check.
 """
 
 from __future__ import annotations
@@ -32,21 +32,21 @@ import uuid
 import redis
 from redis.exceptions import LockError, LockNotOwnedError
 
-from app import events, metrics, telemetry
-from app.errors import LeaseError, StoreError
-from app.keys import Keys
-from app.models import FleetSpec, Priority
-from app.settings import Settings
-from planner.api import plan
-from planner.model import FleetState, PlanJob
-from planner.replay import state_after
-from workers.batch import BatchMixin
-from workers.drain import SetPointMixin
-from workers.fleet_view import FleetViewMixin, endpoint_models, fleet_gpus, set_point_instances
-from workers.improver import BackgroundImprover
-from workers.leases import LeaseStore
-from workers.preemption import PreemptionMixin
-from workers.starts import StartMixin
+from makespan import events, metrics, telemetry
+from makespan.errors import LeaseError, StoreError
+from makespan.keys import Keys
+from makespan.models import FleetSpec, Priority
+from makespan.settings import Settings
+from makespan.planner.api import plan
+from makespan.planner.model import FleetState, PlanJob
+from makespan.planner.replay import state_after
+from makespan.workers.batch import BatchMixin
+from makespan.workers.drain import SetPointMixin
+from makespan.workers.fleet_view import FleetViewMixin, endpoint_models, fleet_gpus, set_point_instances
+from makespan.workers.improver import BackgroundImprover
+from makespan.workers.leases import LeaseStore
+from makespan.workers.preemption import PreemptionMixin
+from makespan.workers.starts import StartMixin
 
 log = logging.getLogger("makespan.planner")
 
@@ -80,14 +80,14 @@ class PlannerWorker(BatchMixin, FleetViewMixin, StartMixin, PreemptionMixin, Set
                          if settings.policy in SOLVER_POLICIES else None)
         self._last_tp: dict[str, str] = {}  # GPU -> traceparent of the last job leased on it
         self.lock_ttl_s = max(settings.lease_ttl_s / 2, 1.0)
-        from workers.retention import Retention
+        from makespan.workers.retention import Retention
 
         self.retention = Retention(r, settings)  # bounded state: at most one sweep per tick
-        from workers.delayed import DelayedJobs
+        from makespan.workers.delayed import DelayedJobs
 
         self.delayed = DelayedJobs(r, self.keys)
         try:
-            from workers.agenda import AgendaTracker
+            from makespan.workers.agenda import AgendaTracker
 
             self.agenda = AgendaTracker(r, self.keys)
         except ImportError:  # pragma: no cover

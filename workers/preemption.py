@@ -6,21 +6,21 @@ preemptor on the cleared group in the same tick, so a victim is never re-leased 
 it lost before its preemptor starts):
 
 * scored (``Settings.preemption == "plan"`` and the policy in
-  :data:`planner.api.PREEMPTION_FLOOR`): the running holders are read from the leases
-  and job records (``FleetState.running``) and :func:`planner.preemption_plan.decide`
+  :data:`makespan.planner.api.PREEMPTION_FLOOR`): the running holders are read from the leases
+  and job records (``FleetState.running``) and :func:`makespan.planner.preemption_plan.decide`
   trades each candidate preemption against waiting with the policy's greedy floor;
-* the fixed rule (:func:`planner.preemption.choose_preemption`) otherwise.
+* the fixed rule (:func:`makespan.planner.preemption.choose_preemption`) otherwise.
 
 Neither decider cuts a job that a waiting job waits on (a workload step, or a job
 submitted with ``depends_on``, whose dependency is still running: ``awaited``): the
 dependents are outside the batch, so no score would count their delay. ``awaited`` is
-read from the reverse-dependency index (:mod:`app.awaited`: ``P:awaited:{job}``, kept in
+read from the reverse-dependency index (:mod:`makespan.awaited`: ``P:awaited:{job}``, kept in
 the same script as every enqueue, lease and cancel of a waiting step) for the jobs
 holding a lease, in the same round trip as the lease records, so a step at any depth
 of any queue (or delayed) protects its dependency; the deps of the unready steps that
 ``form_batch`` read this tick are added to it (no extra reads).
 
-Mixed into :class:`workers.planner_worker.PlannerWorker`; uses its Redis client,
+Mixed into :class:`makespan.workers.planner_worker.PlannerWorker`; uses its Redis client,
 keys, endpoints, fencing token and ``_start``.
 """
 
@@ -28,15 +28,15 @@ from __future__ import annotations
 
 import logging
 
-from app import metrics
-from app.awaited import queue_awaited_running
-from app.models import Priority
-from planner import preemption_plan
-from planner.api import POLICIES, POLICY_OBJECTIVE, PREEMPTION_FLOOR
-from planner.model import FleetState, Plan, PlanJob, RunningJob
-from planner.preemption import Holder, choose_preemption
-from planner.replay import state_after
-from workers.leases import preempt
+from makespan import metrics
+from makespan.awaited import queue_awaited_running
+from makespan.models import Priority
+from makespan.planner import preemption_plan
+from makespan.planner.api import POLICIES, POLICY_OBJECTIVE, PREEMPTION_FLOOR
+from makespan.planner.model import FleetState, Plan, PlanJob, RunningJob
+from makespan.planner.preemption import Holder, choose_preemption
+from makespan.planner.replay import state_after
+from makespan.workers.leases import preempt
 
 log = logging.getLogger("makespan.planner")
 
@@ -105,7 +105,7 @@ class PreemptionMixin:
 
     def _preempt_scored(self, batch: list[PlanJob], state: FleetState, taken: set[str], p: Plan,
                         started: set[str]) -> set[str]:
-        """Scored preemption (:func:`planner.preemption_plan.decide`) of the batch jobs not
+        """Scored preemption (:func:`makespan.planner.preemption_plan.decide`) of the batch jobs not
         started, on the fleet as this tick's starts leave them (replayed; the jobs just
         leased are never victims); each decision is executed like the rule's."""
         lease_of, info, executed = self._lease_holders()
@@ -143,7 +143,7 @@ class PreemptionMixin:
         the cheapest set of strictly lower-priority job leases covering one of its
         groups, and lease that group to it in the same tick (so a victim is never
         re-leased the GPUs it lost before its preemptor starts). The decision is
-        :func:`planner.preemption.choose_preemption` (shared with the simulator): no
+        :func:`makespan.planner.preemption.choose_preemption` (shared with the simulator): no
         preemption for a job that could start on a free group anyway, for one whose
         earliest group frees within its endpoint's cold start (preempting would not start
         it sooner), or whose groups hold no victim set."""

@@ -28,9 +28,9 @@ from typing import Any, Callable
 import httpx
 import redis
 
-from app.errors import PhaseError
-from app.keys import Keys
-from workers.lease_scripts import SERVER_NOW_MS
+from makespan.errors import PhaseError
+from makespan.keys import Keys
+from makespan.workers.lease_scripts import SERVER_NOW_MS
 
 REQUEST_LEASE_TTL_S = 30.0  # renewed on completion; a dead sender's lease expires
 POLL_S = 0.002

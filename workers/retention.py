@@ -4,7 +4,7 @@ Rules (docs/scaling.md states them for operators):
 
 1. A job that reaches a final state (completed, failed, cancelled) is put on the
    finished index ``P:finished`` (zset, score = finish time, unix s) by whoever
-   finishes it (:meth:`workers.phases.PhaseRunner._finish`, or :func:`mark_finished`).
+   finishes it (:meth:`makespan.workers.phases.PhaseRunner._finish`, or :func:`mark_finished`).
 2. :func:`sweep` — called by the leading planner once per tick, at most every
    ``Settings.retention_sweep_s`` — compacts each newly finished job's record
    ``P:job:{id}`` to a small summary (:data:`SUMMARY_FIELDS`; the spec and payload are
@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 
 import redis
 
-from app.keys import Keys
-from app.settings import Settings
+from makespan.keys import Keys
+from makespan.settings import Settings
 
 FINAL_STATES = ("completed", "failed", "cancelled")
 SUMMARY_FIELDS = ("id", "state", "endpoint", "priority", "service_s", "submitted_at", "leased_at", "started_at",

@@ -1,16 +1,16 @@
 """Starting planned jobs for the planner worker: lease, then send the phase chain.
 
 :meth:`StartMixin._start_many` leases every (job, GPUs, planned end in workload s, load)
-that a tick starts now, in order: one :meth:`workers.leases.LeaseStore.acquire_many`
+that a tick starts now, in order: one :meth:`makespan.workers.leases.LeaseStore.acquire_many`
 round trip (each lease its own atomic script, the job acknowledged in the same step),
 or one ``allocate_gpus`` span per lease when tracing is on (:meth:`StartMixin._start`,
 also the preemption and restore paths' way to start one job). For every lease
 published, ``_started`` records the wait metric and sends the job's phase chain to its
-host's queue (``_send``: the injected ``dispatch`` or :func:`workers.tasks.dispatch`).
+host's queue (``_send``: the injected ``dispatch`` or :func:`makespan.workers.tasks.dispatch`).
 A send that fails is logged, not raised: the lease is never renewed, so it expires and
 the reaper requeues the job.
 
-Mixed into :class:`workers.planner_worker.PlannerWorker`; uses its leases, keys,
+Mixed into :class:`makespan.workers.planner_worker.PlannerWorker`; uses its leases, keys,
 settings, fleet, fencing token, ``_meta`` and ``now_s``.
 """
 
@@ -20,11 +20,11 @@ import logging
 import time
 import uuid
 
-from app import metrics, telemetry
-from app.errors import LeaseError
-from app.models import Priority
-from planner.model import PlanJob
-from workers.phases import PhaseContext, instance_value
+from makespan import metrics, telemetry
+from makespan.errors import LeaseError
+from makespan.models import Priority
+from makespan.planner.model import PlanJob
+from makespan.workers.phases import PhaseContext, instance_value
 
 log = logging.getLogger("makespan.planner")
 
@@ -91,7 +91,7 @@ class StartMixin:
             if self._dispatch is not None:
                 self._dispatch(ctx, self.keys.host_queue(host))
             else:
-                from workers.tasks import dispatch
+                from makespan.workers.tasks import dispatch
 
                 dispatch(ctx, self.keys.host_queue(host), warm)
         except Exception as e:  # noqa: BLE001 - recovered through lease expiry, see above

@@ -12,13 +12,13 @@ from functools import lru_cache
 
 from celery import chain, signals
 
-from app import telemetry
-from app.celery_app import create_celery
-from app.keys import Keys
-from app.models import FleetSpec, load_fleet, parse_fleet
-from app.redis_conn import connect
-from app.settings import Settings
-from workers.phases import JOB_PHASES, RESTORE_PHASES, PhaseContext, PhaseRunner
+from makespan import telemetry
+from makespan.celery_app import create_celery
+from makespan.keys import Keys
+from makespan.models import FleetSpec, load_fleet, parse_fleet
+from makespan.redis_conn import connect
+from makespan.settings import Settings
+from makespan.workers.phases import JOB_PHASES, RESTORE_PHASES, PhaseContext, PhaseRunner
 
 log = logging.getLogger("makespan.tasks")
 
@@ -76,9 +76,9 @@ def warm_job(self, ctx: dict) -> str:
     """Fast path for a warm job: its endpoint instance is already resident on exactly its
     leased GPUs, so evict and start_endpoint have nothing to do. Runs all four phases in
     one task (one broker round trip instead of four) and two fenced Redis scripts
-    (:mod:`workers.warm`); a redelivery, a cancel or a changed GPU falls back to the
+    (:mod:`makespan.workers.warm`); a redelivery, a cancel or a changed GPU falls back to the
     phase-by-phase path, where each phase stays idempotent and fenced."""
-    from workers.warm import run_warm
+    from makespan.workers.warm import run_warm
 
     return run_warm(runner(), PhaseContext.from_dict(ctx))
 
@@ -118,9 +118,9 @@ def _stop_endpoints(idle_only: bool) -> None:
     host = os.environ.get("MAKESPAN_HOST")
     if not host:
         return
-    from workers.drivers import get_driver
-    from workers.drivers.registry import list_instances, unregister_instance
-    from workers.phases import instance_value
+    from makespan.workers.drivers import get_driver
+    from makespan.workers.drivers.registry import list_instances, unregister_instance
+    from makespan.workers.phases import instance_value
 
     try:
         r = connect(settings.redis_url)

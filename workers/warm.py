@@ -23,9 +23,9 @@ import json
 import time
 from typing import Any
 
-from app import telemetry
-from app.errors import PhaseCancelled, PhaseError, StaleFencingToken
-from workers.phases import JOB_PHASES, LeaseHeartbeat, PhaseContext, PhaseRunner, instance_value
+from makespan import telemetry
+from makespan.errors import PhaseCancelled, PhaseError, StaleFencingToken
+from makespan.workers.phases import JOB_PHASES, LeaseHeartbeat, PhaseContext, PhaseRunner, instance_value
 
 # KEYS: phase hash, job, events, busy, gpu_1..gpu_n, resident_1..resident_n
 # ARGV: lease_id, token, n, instance value, started_at (unix s), job id, then 5 event JSONs

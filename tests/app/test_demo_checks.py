@@ -4,10 +4,10 @@ import time
 
 import pytest
 
-from app.demo import DEMO_FLEET, run_demo
-from app.errors import MakespanError, ValidationError
-from app.live import LiveSystem
-from app.models import load_fleet
+from makespan.demo import DEMO_FLEET, run_demo
+from makespan.errors import MakespanError, ValidationError
+from makespan.live import LiveSystem
+from makespan.models import load_fleet
 
 
 @pytest.mark.parametrize("kw, field", [({"policy": "bogus"}, "--policy"), ({"n_jobs": 0}, "--jobs"),

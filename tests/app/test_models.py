@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from app.errors import ValidationError
-from app.models import Priority, load_fleet, parse_fleet, parse_job
+from makespan.errors import ValidationError
+from makespan.models import Priority, load_fleet, parse_fleet, parse_job
 
 FLEET = "examples/render-pipeline.toml"
 

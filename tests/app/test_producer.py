@@ -2,10 +2,10 @@
 
 import pytest
 
-from app.errors import NotFoundError, ValidationError
-from app.models import Priority, load_fleet
-from app.producer import Producer
-from workers.planner_worker import PlannerWorker
+from makespan.errors import NotFoundError, ValidationError
+from makespan.models import Priority, load_fleet
+from makespan.producer import Producer
+from makespan.workers.planner_worker import PlannerWorker
 
 
 @pytest.fixture
@@ -96,7 +96,7 @@ def test_cli_submit_status_cancel(redis_url, prefix, r):
     import sys
 
     env = {**os.environ, "MAKESPAN_REDIS_URL": redis_url, "MAKESPAN_KEY_PREFIX": prefix}
-    run = lambda *a: subprocess.run([sys.executable, "-m", "app.cli", *a], env=env, capture_output=True, text=True)
+    run = lambda *a: subprocess.run([sys.executable, "-m", "makespan.cli", *a], env=env, capture_output=True, text=True)
     out = run("submit", "--fleet", "examples/render-pipeline.toml", "--endpoint", "embed", "--service-s", "12",
               "--priority", "HIGH", "--idempotency-key", "k1", "--deadline-s", "60")
     assert out.returncode == 0, out.stderr

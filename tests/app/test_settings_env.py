@@ -2,8 +2,8 @@
 
 import pytest
 
-from app.errors import ValidationError
-from app.settings import Settings
+from makespan.errors import ValidationError
+from makespan.settings import Settings
 
 
 @pytest.mark.parametrize("raw,value", [("0", 0.0), ("0.00", 0.0), ("2.5", 2.5)])

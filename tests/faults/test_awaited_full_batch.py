@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 
-from app.models import Priority
+from makespan.models import Priority
 from tests.faults.test_preemption_cases import _preempted, _running, _setup
 
 

@@ -10,13 +10,13 @@ import uuid
 
 import pytest
 
-from app.awaited import leaked, waiters
-from app.models import Priority
-from app.run_report import drain_counts
-from app.workloads import advance_workloads, cancel_workload, submit_workload
+from makespan.awaited import leaked, waiters
+from makespan.models import Priority
+from makespan.run_report import drain_counts
+from makespan.workloads import advance_workloads, cancel_workload, submit_workload
 from tests.faults.test_preemption_cases import FLEET, _preempted, _running, _setup
-from workers.batch import SCAN_FACTOR
-from workers.leases import LeaseStore
+from makespan.workers.batch import SCAN_FACTOR
+from makespan.workers.leases import LeaseStore
 
 GPUS = [f"GPU-host-{h}-{i}" for h in ("a", "b") for i in range(4)]
 

@@ -16,10 +16,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
 from typer.testing import CliRunner
 
-from app.cli import app as cli_app
-from app.errors import ValidationError
-from app.models import load_fleet, parse_fleet, parse_job
-from app.producer import Producer
+from makespan.cli import app as cli_app
+from makespan.errors import ValidationError
+from makespan.models import load_fleet, parse_fleet, parse_job
+from makespan.producer import Producer
 from tests.conftest import FLEET_TOML
 
 FLEET = load_fleet(FLEET_TOML)

@@ -11,10 +11,10 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from app.live import LiveSystem, delete_prefix
-from app.models import load_fleet
-from app.producer import Producer
-from app.run_report import drain_counts
+from makespan.live import LiveSystem, delete_prefix
+from makespan.models import load_fleet
+from makespan.producer import Producer
+from makespan.run_report import drain_counts
 from tests.live import all_events, wait_for
 
 FLEET = """name = "one"

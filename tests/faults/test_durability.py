@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import json
 
-from app.keys import Keys
-from app.models import load_fleet
-from app.producer import Producer
-from app.settings import Settings
+from makespan.keys import Keys
+from makespan.models import load_fleet
+from makespan.producer import Producer
+from makespan.settings import Settings
 from bench.chaos import RedisServer, client
 from tests.conftest import FLEET_TOML
 

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from app.errors import ValidationError
-from app.models import load_fleet
-from app.producer import Producer
-from workers.leases import LeaseStore
-from workers.planner_worker import PlannerWorker
+from makespan.errors import ValidationError
+from makespan.models import load_fleet
+from makespan.producer import Producer
+from makespan.workers.leases import LeaseStore
+from makespan.workers.planner_worker import PlannerWorker
 
 FLEET = load_fleet(Path("examples/render-pipeline.toml"))
 

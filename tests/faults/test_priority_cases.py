@@ -8,10 +8,10 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from app.models import parse_fleet
-from app.producer import Producer
-from workers.phases import PhaseRunner
-from workers.planner_worker import PlannerWorker
+from makespan.models import parse_fleet
+from makespan.producer import Producer
+from makespan.workers.phases import PhaseRunner
+from makespan.workers.planner_worker import PlannerWorker
 
 ONE_GPU = parse_fleet({"name": "one", "hosts": [{"name": "h", "gpu_count": 1, "memory_mib": 81920}],
                        "endpoints": {"e": {"model": "m", "memory_mib_per_gpu": 20000, "cold_start_s": 1}}})

@@ -11,12 +11,12 @@ from __future__ import annotations
 import threading
 import time
 
-from app.models import load_fleet
-from app.producer import Producer
-from app.redis_conn import connect, free_port
-from app.settings import Settings
-from workers.leases import LeaseStore
-from workers.planner_worker import PlannerWorker
+from makespan.models import load_fleet
+from makespan.producer import Producer
+from makespan.redis_conn import connect, free_port
+from makespan.settings import Settings
+from makespan.workers.leases import LeaseStore
+from makespan.workers.planner_worker import PlannerWorker
 from tests.conftest import FLEET_TOML
 
 
@@ -69,7 +69,7 @@ def test_duplicate_delivery_of_a_running_phase_does_not_run_it_twice(r, keys, se
     task can arrive twice while the first copy still runs (found by bench/chaos.py)."""
     import json
 
-    from workers.phases import PhaseContext, PhaseRunner
+    from makespan.workers.phases import PhaseContext, PhaseRunner
 
     jid, store = _leased_job(r, keys, settings, ttl_s=settings.lease_ttl_s)
     token = int(r.hget(keys.lease("L1"), "token"))
@@ -127,7 +127,7 @@ def test_failed_dispatch_does_not_kill_the_planner_and_the_job_is_requeued(r, ke
 def test_planner_loop_survives_a_wrapped_redis_error(r, keys, settings):
     """The agenda reaper wraps a dropped connection in StoreError; the planner's loop
     exited on it (found by bench/chaos.py). Now a failed tick is retried."""
-    from app.errors import StoreError
+    from makespan.errors import StoreError
 
     w = PlannerWorker(r, settings, load_fleet(FLEET_TOML), dispatch=lambda *a: None)
     calls = []

@@ -16,15 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from app.errors import ValidationError
-from app.live import LiveSystem
-from app.metrics import RedisStateCollector
-from app.models import load_fleet, parse_fleet, parse_job
-from app.producer import Producer
-from app.run_report import drain_counts
-from planner.api import plan
+from makespan.errors import ValidationError
+from makespan.live import LiveSystem
+from makespan.metrics import RedisStateCollector
+from makespan.models import load_fleet, parse_fleet, parse_job
+from makespan.producer import Producer
+from makespan.run_report import drain_counts
+from makespan.planner.api import plan
 from tests.live import all_events, overlaps, wait_for
-from workers.planner_worker import PlannerWorker
+from makespan.workers.planner_worker import PlannerWorker
 
 TERMINAL = ("completed", "failed", "cancelled")
 
@@ -132,7 +132,7 @@ def test_memory_admission_on_one_46068_mib_gpu(r, keys, settings):
     than the "at most 23 by memory" bound (23 × 2,000 ≤ 46,068 < 24 × 2,000). An endpoint
     whose memory exceeds the GPU is refused by the fleet, and the plan never overlaps
     two jobs on the GPU."""
-    from planner.model import FleetState, Gpu
+    from makespan.planner.model import FleetState, Gpu
 
     fleet = parse_fleet({"name": "one", "hosts": [{"name": "h", "gpu_count": 1, "memory_mib": 46068}],
                          "endpoints": {"e": {"model": "m", "memory_mib_per_gpu": 2000, "cold_start_s": 1,

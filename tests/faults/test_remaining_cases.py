@@ -17,20 +17,20 @@ import signal
 import threading
 import time
 
-from app.errors import PlannerError
-from app.live import LiveSystem
-from app.models import Priority, load_fleet
-from app.producer import Producer
-from app.run_report import drain_counts
-from planner.api import plan
-from planner.evaluator import score
-from planner.greedy import portfolio
-from planner.model import FleetState, Plan
-from planner.synthetic import instance
+from makespan.errors import PlannerError
+from makespan.live import LiveSystem
+from makespan.models import Priority, load_fleet
+from makespan.producer import Producer
+from makespan.run_report import drain_counts
+from makespan.planner.api import plan
+from makespan.planner.evaluator import score
+from makespan.planner.greedy import portfolio
+from makespan.planner.model import FleetState, Plan
+from makespan.planner.synthetic import instance
 from tests.conftest import FLEET_TOML
 from tests.live import all_events, overlaps, wait_for
-from workers.leases import LeaseStore
-from workers.planner_worker import PlannerWorker
+from makespan.workers.leases import LeaseStore
+from makespan.workers.planner_worker import PlannerWorker
 
 TERMINAL = ("completed", "failed", "cancelled")
 

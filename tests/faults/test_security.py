@@ -14,12 +14,12 @@ from kombu.exceptions import ContentDisallowed
 from kombu.serialization import dumps, loads, prepare_accept_content
 from typer.testing import CliRunner
 
-from app.celery_app import create_celery
-from app.cli import app as cli_app
-from app.errors import ValidationError
-from app.models import load_fleet, parse_job
-from app.redis_conn import connect, free_port, redacted
-from app.settings import Settings
+from makespan.celery_app import create_celery
+from makespan.cli import app as cli_app
+from makespan.errors import ValidationError
+from makespan.models import load_fleet, parse_job
+from makespan.redis_conn import connect, free_port, redacted
+from makespan.settings import Settings
 from tests.conftest import FLEET_TOML
 
 FLEET = load_fleet(FLEET_TOML)
@@ -101,7 +101,7 @@ def test_endpoint_name_cannot_smuggle_arguments():
 def test_drivers_take_the_launch_spec_from_the_fleet_only():
     """A driver's start sees the fleet's EndpointSpec, GPUs, time scale and host: no
     job payload reaches it, so a payload (opaque to makespan) cannot alter argv."""
-    from workers.drivers import get_driver
+    from makespan.workers.drivers import get_driver
 
     for name in ("process", "vllm", "simulated"):
         params = list(inspect.signature(get_driver(name).start).parameters)

@@ -16,8 +16,8 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 
 
 def makespan_commands() -> set[str]:
-    """Subcommand names of the real ``makespan`` CLI (``app.cli:app``)."""
-    from app.cli import app
+    """Subcommand names of the real ``makespan`` CLI (``makespan.cli:app``)."""
+    from makespan.cli import app
 
     return set(typer.main.get_command(app).commands)
 
@@ -88,7 +88,7 @@ def shell_commands(line: str) -> list[list[str]]:
 def have_redis_server() -> bool:
     if shutil.which("redis-server"):
         return True
-    from app.redis_conn import redis_server_binary
+    from makespan.redis_conn import redis_server_binary
 
     try:
         redis_server_binary()

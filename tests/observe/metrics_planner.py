@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 import time
 
-from app import metrics
+from makespan import metrics
 
 if __name__ == "__main__":
     metrics.start_metrics_server(int(sys.argv[1]), addr="127.0.0.1")

@@ -8,7 +8,7 @@ import sys
 
 from celery import Celery
 
-from app import metrics
+from makespan import metrics
 
 app = Celery("metrics-test", broker=os.environ.get("TRACE_TEST_BROKER", "redis://127.0.0.1:6379/0"))
 app.conf.update(

@@ -13,9 +13,9 @@ import yaml
 from compose_spec import ComposeSpecification
 from honcho.environ import parse_procfile
 
-from app.keys import Keys
-from app.metrics import Metrics, RedisStateCollector
-from app.models import load_fleet
+from makespan.keys import Keys
+from makespan.metrics import Metrics, RedisStateCollector
+from makespan.models import load_fleet
 
 from .deploy_checks import (ROOT, check_project_command, have_redis_server, makespan_commands, option,
                             shell_commands, strip_env)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from app.settings import Settings
+from makespan.settings import Settings
 
 from .deploy_checks import ROOT, makespan_commands
 from .test_deploy import _exported_names
@@ -28,7 +28,7 @@ def test_metric_reference_matches_the_code(r, keys):
 
 
 def test_span_names_documented():
-    from app.telemetry import CHILD_SPAN_NAMES, PHASE_SPAN_NAMES, SPAN_ALLOCATE, SPAN_MAKESPAN
+    from makespan.telemetry import CHILD_SPAN_NAMES, PHASE_SPAN_NAMES, SPAN_ALLOCATE, SPAN_MAKESPAN
 
     text = (DOCS / "metrics.md").read_text()
     for name in [SPAN_MAKESPAN, SPAN_ALLOCATE, *PHASE_SPAN_NAMES.values(), *CHILD_SPAN_NAMES]:

@@ -13,8 +13,8 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
-from app.metrics import RedisStateCollector
-from app.redis_conn import free_port
+from makespan.metrics import RedisStateCollector
+from makespan.redis_conn import free_port
 
 from .deploy_checks import ROOT
 
@@ -55,7 +55,7 @@ def _stop(p: subprocess.Popen) -> None:
 
 def test_flower_queue_lengths_equal_our_gauge_and_list_workers(env, r, keys):
     # 5 messages on gpu.default over three priority steps (0, 3 -> "\x06\x163", 9 -> "\x06\x169")
-    send = ("from workers.tasks import celery\n"
+    send = ("from makespan.workers.tasks import celery\n"
             "for p in (0, 0, 3, 9, 9):\n"
             "    celery.send_task('makespan.noop', queue='gpu.default', priority=p)\n")
     subprocess.run([sys.executable, "-c", send], cwd=ROOT, env=env, check=True, timeout=60)
@@ -67,7 +67,7 @@ def test_flower_queue_lengths_equal_our_gauge_and_list_workers(env, r, keys):
     assert ours == 5
 
     port = free_port()
-    flower = subprocess.Popen([sys.executable, "-m", "celery", "-A", "workers.tasks:celery", "flower",
+    flower = subprocess.Popen([sys.executable, "-m", "celery", "-A", "makespan.workers.tasks:celery", "flower",
                                f"--port={port}", "--address=127.0.0.1", f"--basic-auth={AUTH[0]}:{AUTH[1]}",
                                "--persistent=False", "--inspect_timeout=2000"],
                               cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -78,7 +78,7 @@ def test_flower_queue_lengths_equal_our_gauge_and_list_workers(env, r, keys):
         theirs = {q["name"]: q["messages"] for q in lengths["active_queues"]}
         assert theirs["gpu.default"] == ours
         assert httpx.get(f"{base}/api/workers", timeout=3.0).status_code == 401, "basic auth enforced"
-        worker = subprocess.Popen([sys.executable, "-m", "celery", "-A", "workers.tasks:celery", "worker", "-P", "solo",
+        worker = subprocess.Popen([sys.executable, "-m", "celery", "-A", "makespan.workers.tasks:celery", "worker", "-P", "solo",
                                    "-Q", "gpu.flower-test", "-n", "flower-test@%h", "--without-mingle",
                                    "--without-gossip", "-E", "-l", "WARNING"],
                                   cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

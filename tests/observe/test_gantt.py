@@ -10,9 +10,9 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from app.cli_observe import register
-from app.errors import ValidationError
-from app.gantt import PHASE_COLOURS, intervals, load_events, render_gantt, summarize, summary_stats
+from makespan.cli_observe import register
+from makespan.errors import ValidationError
+from makespan.gantt import PHASE_COLOURS, intervals, load_events, render_gantt, summarize, summary_stats
 
 
 def test_intervals_pair_starts_with_ends(events):

@@ -2,10 +2,10 @@
 
 import pytest
 
-from app.models import parse_fleet
-from app.run_report import live_report, residency_from_run
-from planner.restore import set_point_absence, set_point_groups
-from planner.simulator import fleet_state
+from makespan.models import parse_fleet
+from makespan.run_report import live_report, residency_from_run
+from makespan.planner.restore import set_point_absence, set_point_groups
+from makespan.planner.simulator import fleet_state
 
 FLEET = parse_fleet({
     "name": "t",

@@ -9,9 +9,9 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.live import LiveSystem
-from app.models import load_fleet
-from app.producer import Producer
+from makespan.live import LiveSystem
+from makespan.models import load_fleet
+from makespan.producer import Producer
 from tests.live import wait_for
 
 FLEET = Path("examples/render-pipeline.toml").resolve()
@@ -68,7 +68,7 @@ def test_metrics_ports_skip_ports_already_bound():
     live system skips it (and ports it gave out already)."""
     import socket
 
-    from app.live import _bindable_from
+    from makespan.live import _bindable_from
 
     rng = random.Random()
     for _ in range(20):  # a base whose next port we can hold ourselves

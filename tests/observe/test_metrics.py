@@ -14,8 +14,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.metrics import KOMBU_SEP, celery_queue_lists
-from app.redis_conn import free_port
+from makespan.metrics import KOMBU_SEP, celery_queue_lists
+from makespan.redis_conn import free_port
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent.parent
@@ -103,7 +103,7 @@ def test_planner_scrape_shows_state_and_events(redis_url, prefix, keys, r):
 def test_scrape_answers_with_redis_down(tmp_path):
     code = ("import httpx, sys\n"
             "from app import metrics\n"
-            "from app.settings import Settings\n"
+            "from makespan.settings import Settings\n"
             "s = Settings(redis_url='redis://127.0.0.1:1/0')\n"
             "srv = metrics.start_metrics_server(int(sys.argv[1]), settings=s, addr='127.0.0.1')\n"
             "print(httpx.get(f'http://127.0.0.1:{sys.argv[1]}/metrics').text)\n")

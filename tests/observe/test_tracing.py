@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from app.errors import ValidationError
-from app.telemetry import build_provider, exporter_names, parse_traceparent
+from makespan.errors import ValidationError
+from makespan.telemetry import build_provider, exporter_names, parse_traceparent
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent.parent

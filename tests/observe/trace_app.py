@@ -10,7 +10,7 @@ import os
 
 from celery import Celery
 
-from app.telemetry import child_span, end_job_span, instrument_celery, phase_span
+from makespan.telemetry import child_span, end_job_span, instrument_celery, phase_span
 
 app = Celery("trace-test", broker=os.environ.get("TRACE_TEST_BROKER", "redis://127.0.0.1:6379/0"))
 app.conf.update(

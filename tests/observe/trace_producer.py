@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import time
 
-from app.telemetry import instrument_producer, job_traceparent, phase_span, shutdown_tracing, use_traceparent
+from makespan.telemetry import instrument_producer, job_traceparent, phase_span, shutdown_tracing, use_traceparent
 
 if __name__ == "__main__":
     assert instrument_producer("test-planner")

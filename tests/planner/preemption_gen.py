@@ -1,9 +1,9 @@
 """Random small instances with running jobs (review5)."""
 import random
 
-from planner import preemption_plan as pp
-from planner.evaluator import score
-from planner.model import FleetState, Gpu, RunningJob
+from makespan.planner import preemption_plan as pp
+from makespan.planner.evaluator import score
+from makespan.planner.model import FleetState, Gpu, RunningJob
 from tests.planner.test_preemption_plan import EPS, W, _job
 
 

@@ -1,9 +1,9 @@
 """Capacity term of the cap-* greedy members and whole-instance counting of TP > 1 endpoints."""
 
-from planner.evaluator import evaluate
-from planner.greedy import construct
-from planner.model import EndpointModel, FleetState, Gpu, PlanJob
-from planner.replay import Replay
+from makespan.planner.evaluator import evaluate
+from makespan.planner.greedy import construct
+from makespan.planner.model import EndpointModel, FleetState, Gpu, PlanJob
+from makespan.planner.replay import Replay
 
 
 def _state():

@@ -3,10 +3,10 @@ running work untouched."""
 
 import pytest
 
-from planner.cpsat import improve
-from planner.evaluator import evaluate, score
-from planner.greedy import portfolio
-from planner.synthetic import instance
+from makespan.planner.cpsat import improve
+from makespan.planner.evaluator import evaluate, score
+from makespan.planner.greedy import portfolio
+from makespan.planner.synthetic import instance
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -27,9 +27,9 @@ def test_tardiness_windows_stay_feasible_when_deadlines_have_passed():
     window model must still be feasible (its late variable's domain covers it)."""
     import dataclasses
 
-    from planner.window_model import solve_window as _solve_window
-    from planner.evaluator import evaluate
-    from planner.greedy import fifo
+    from makespan.planner.window_model import solve_window as _solve_window
+    from makespan.planner.evaluator import evaluate
+    from makespan.planner.greedy import fifo
 
     batch, st = instance(40, 8, 6, seed=4, spread_s=120)
     past = [dataclasses.replace(j, deadline_s=j.release_s + 2 * j.service_s - 5000.0) for j in batch]

@@ -4,9 +4,9 @@ from dataclasses import replace
 
 import pytest
 
-from planner.evaluator import evaluate, evaluate_built
-from planner.greedy import member_builders, portfolio
-from planner.synthetic import instance
+from makespan.planner.evaluator import evaluate, evaluate_built
+from makespan.planner.greedy import member_builders, portfolio
+from makespan.planner.synthetic import instance
 
 
 def _case(seed):

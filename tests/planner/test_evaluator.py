@@ -4,10 +4,10 @@ import dataclasses
 
 import pytest
 
-from planner.api import POLICIES, POLICY_OBJECTIVE, plan
-from planner.evaluator import InfeasiblePlan, evaluate
-from planner.model import Assignment, EndpointModel, FleetState, Gpu, PlanJob
-from planner.synthetic import instance
+from makespan.planner.api import POLICIES, POLICY_OBJECTIVE, plan
+from makespan.planner.evaluator import InfeasiblePlan, evaluate
+from makespan.planner.model import Assignment, EndpointModel, FleetState, Gpu, PlanJob
+from makespan.planner.synthetic import instance
 
 
 def _state():

@@ -5,11 +5,11 @@ import itertools
 
 import pytest
 
-from planner.api import plan
-from planner.evaluator import evaluate
-from planner.model import EndpointModel, FleetState, Gpu, PlanJob
-from planner.replay import Replay
-from planner.synthetic import instance
+from makespan.planner.api import plan
+from makespan.planner.evaluator import evaluate
+from makespan.planner.model import EndpointModel, FleetState, Gpu, PlanJob
+from makespan.planner.replay import Replay
+from makespan.planner.synthetic import instance
 
 
 def brute_force(batch, state, cost=None):
@@ -75,8 +75,8 @@ def test_exact_with_identical_hosts_reaches_the_optimum(seed):
 
 
 def test_exact_stops_at_its_time_limit_with_the_incumbent():
-    from planner.exact import exact
-    from planner.greedy import portfolio
+    from makespan.planner.exact import exact
+    from makespan.planner.greedy import portfolio
     batch, st = small(0, 6, 4)
     floor = portfolio(batch, st)
     out = exact(batch, st, floor, time_limit_s=0.0)

@@ -8,11 +8,11 @@ from dataclasses import replace
 
 import pytest
 
-from planner.evaluator import score
-from planner.greedy import MEMBERS, construct, members, portfolio
-from planner.list_schedule import wspt_order
-from planner.model import FleetState, Gpu
-from planner.synthetic import instance
+from makespan.planner.evaluator import score
+from makespan.planner.greedy import MEMBERS, construct, members, portfolio
+from makespan.planner.list_schedule import wspt_order
+from makespan.planner.model import FleetState, Gpu
+from makespan.planner.synthetic import instance
 
 
 def _cases():
@@ -81,8 +81,8 @@ def test_pickled_state_leaves_its_groups_cache_behind():
 def test_member_scored_from_its_replay_equals_a_fresh_evaluation(seed, batch, st):
     """``evaluate_built`` (what the portfolio scores members with) gives, field by field,
     the plan a fresh ``evaluate(..., check_times=False)`` gives."""
-    from planner.evaluator import evaluate, evaluate_built
-    from planner.greedy import member_builders
+    from makespan.planner.evaluator import evaluate, evaluate_built
+    from makespan.planner.greedy import member_builders
 
     for name, build in member_builders(batch, st).items():
         built = build(bound=math.inf)
@@ -96,9 +96,9 @@ def test_member_scored_from_its_replay_equals_a_fresh_evaluation(seed, batch, st
 
 
 def test_evaluate_built_rejects_a_missing_job():
-    from planner.evaluator import InfeasiblePlan, evaluate_built
-    from planner.greedy import construct_built
-    from planner.replay import Replay
+    from makespan.planner.evaluator import InfeasiblePlan, evaluate_built
+    from makespan.planner.greedy import construct_built
+    from makespan.planner.replay import Replay
 
     batch, st = instance(12, 4, seed=1)
     asg, rep = construct_built(wspt_order(batch, st.endpoints), st, "completion", False, 1.0, 1.0, 0.0, math.inf)

@@ -4,13 +4,13 @@ import time
 
 import pytest
 
-from planner.cpsat import improve
-from planner.evaluator import evaluate, score
-from planner.greedy import fifo, portfolio
-from planner.list_schedule import list_schedule
-from planner.local import descent
-from planner.model import EndpointModel, FleetState, Gpu, PlanJob
-from planner.synthetic import instance
+from makespan.planner.cpsat import improve
+from makespan.planner.evaluator import evaluate, score
+from makespan.planner.greedy import fifo, portfolio
+from makespan.planner.list_schedule import list_schedule
+from makespan.planner.local import descent
+from makespan.planner.model import EndpointModel, FleetState, Gpu, PlanJob
+from makespan.planner.synthetic import instance
 
 
 def test_descent_swaps_a_heavy_short_job_forward():

@@ -4,9 +4,9 @@ import itertools
 
 import pytest
 
-from planner.measures import (JobRecord, build_report, idle_while_queued, lower_bounds, minus_length,
+from makespan.planner.measures import (JobRecord, build_report, idle_while_queued, lower_bounds, minus_length,
                               percentile, union)
-from planner.model import EndpointModel, PlanJob
+from makespan.planner.model import EndpointModel, PlanJob
 
 EP = {"e": EndpointModel("e", tp=1, memory_mib=1, cold_start_s=5.0, evict_s=1.0)}
 

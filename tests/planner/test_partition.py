@@ -1,10 +1,10 @@
 """Partition member: residency first, WSPT inside; complete and feasible plans."""
 
-from planner.evaluator import evaluate
-from planner.greedy import portfolio
-from planner.model import EndpointModel, FleetState, Gpu, PlanJob
-from planner.partition import allocate, partition
-from planner.synthetic import instance
+from makespan.planner.evaluator import evaluate
+from makespan.planner.greedy import portfolio
+from makespan.planner.model import EndpointModel, FleetState, Gpu, PlanJob
+from makespan.planner.partition import allocate, partition
+from makespan.planner.synthetic import instance
 
 
 def test_allocation_follows_work_and_keeps_residents():

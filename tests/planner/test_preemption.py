@@ -1,12 +1,12 @@
-"""Preemption: the shared rule (planner.preemption) and the simulator's use of it."""
+"""Preemption: the shared rule (makespan.planner.preemption) and the simulator's use of it."""
 
 import random
 
 import pytest
 
-from planner.model import EndpointModel, FleetState, Gpu, PlanJob
-from planner.preemption import Holder, choose_preemption, may_preempt
-from planner.simulator import simulate
+from makespan.planner.model import EndpointModel, FleetState, Gpu, PlanJob
+from makespan.planner.preemption import Holder, choose_preemption, may_preempt
+from makespan.planner.simulator import simulate
 
 EPS = {"m1": EndpointModel("m1", 1, 1000, 30.0, 5.0), "m2": EndpointModel("m2", 1, 1000, 60.0, 5.0),
        "m3": EndpointModel("m3", 1, 1000, 120.0, 5.0), "t2": EndpointModel("t2", 2, 1000, 40.0, 5.0)}
@@ -146,8 +146,8 @@ def test_a_preemptor_waits_for_its_dependency():
     """C depends on D, both CRITICAL behind two long LOW jobs: D may preempt at once, C
     only starts after D completes (the simulator's batch holds jobs whose dependencies
     are still running; the live batch does not)."""
-    from planner.model import EndpointModel, FleetState, Gpu, PlanJob
-    from planner.simulator import simulate
+    from makespan.planner.model import EndpointModel, FleetState, Gpu, PlanJob
+    from makespan.planner.simulator import simulate
 
     eps = {"m1": EndpointModel("m1", 1, 1000, 30.0, 5.0), "m2": EndpointModel("m2", 1, 1000, 60.0, 5.0)}
     st = FleetState(0.0, [Gpu(f"g{i}", "a", i, 80000) for i in range(2)], eps, set_point={})

@@ -1,7 +1,7 @@
 import pytest
 
-from planner import preemption_plan as pp
-from planner.api import POLICIES, POLICY_OBJECTIVE, PREEMPTION_FLOOR, plan
+from makespan.planner import preemption_plan as pp
+from makespan.planner.api import POLICIES, POLICY_OBJECTIVE, PREEMPTION_FLOOR, plan
 from tests.planner.preemption_gen import instance, total
 
 

@@ -1,4 +1,4 @@
-"""Preemption decided inside the plan, by score (planner.preemption_plan, plan(preemption=True),
+"""Preemption decided inside the plan, by score (makespan.planner.preemption_plan, plan(preemption=True),
 simulate(preemption="plan"))."""
 
 import dataclasses
@@ -8,13 +8,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from planner import preemption_plan as pp
-from planner.api import plan
-from planner.evaluator import InfeasiblePlan, evaluate, score
-from planner.greedy import portfolio
-from planner.model import Assignment, EndpointModel, FleetState, Gpu, Plan, PlanJob, RunningJob
-from planner.simulator import simulate
-from planner.tardiness_policy import tardiness_portfolio
+from makespan.planner import preemption_plan as pp
+from makespan.planner.api import plan
+from makespan.planner.evaluator import InfeasiblePlan, evaluate, score
+from makespan.planner.greedy import portfolio
+from makespan.planner.model import Assignment, EndpointModel, FleetState, Gpu, Plan, PlanJob, RunningJob
+from makespan.planner.simulator import simulate
+from makespan.planner.tardiness_policy import tardiness_portfolio
 
 EPS = {"m1": EndpointModel("m1", 1, 1000, 30.0, 5.0), "m2": EndpointModel("m2", 1, 1000, 60.0, 5.0),
        "t2": EndpointModel("t2", 2, 1000, 40.0, 5.0)}
@@ -131,7 +131,7 @@ def test_victim_is_never_placed_on_its_lost_gpus_before_the_preemptor_starts():
     assert x.victims == ("L",) and x.gpus == ("g0",)
     by = p.by_job()
     assert by["C"].start_s == 100.0 and by["L"].start_s >= by["C"].end_s
-    # planner.evaluator.evaluate replays such a plan on the state its preemptions leave
+    # makespan.planner.evaluator.evaluate replays such a plan on the state its preemptions leave
     ev = evaluate(p, [crit], state)
     assert ev.preemptions == p.preemptions and ev.stats["score"] == pytest.approx(p.stats["score"])
     assert sorted(a.job_id for a in ev.assignments) == ["C", "L"]
@@ -278,7 +278,7 @@ def test_cli_simulate_preemption_mode(traces, tmp_path, mode):
 
     from typer.testing import CliRunner
 
-    from app.cli import app as cli_app
+    from makespan.cli import app as cli_app
 
     out = tmp_path / "r.json"
     itp = str(traces / "msft-itp-2021" / "cluster02.csv")
@@ -359,7 +359,7 @@ def test_a_victim_cut_while_loading_does_not_wake_later(mode):
     """V (sleep-mode endpoint) is cut 20 s into its 60 s cold start: its load was abandoned
     (the live preempt script forgets what is resident), so nothing of it sleeps on the GPU.
     When it restarts after C it cold starts again (as the plan's state transformation,
-    planner.preemption_plan.apply, assumes) — not a 10 s wake."""
+    makespan.planner.preemption_plan.apply, assumes) — not a 10 s wake."""
     eps = {"s": EndpointModel("s", 1, 1000, 60.0, 5.0, wake_s=10.0), "c": EndpointModel("c", 1, 1000, 30.0, 5.0)}
     base = FleetState(0.0, [Gpu("g0", "a", 0, 80000)], eps, resident={}, set_point={})
     jobs = [_job("V", "s", 3, 0.0, 1000.0, 0), _job("C", "c", 0, 20.0, 10.0, 1)]

@@ -5,11 +5,11 @@ import random
 import pytest
 from ortools.sat.python import cp_model
 
-from planner import window_model
-from planner.api import plan
-from planner.cpsat import improve
-from planner.greedy import portfolio
-from planner.model import EndpointModel, FleetState, Gpu, PlanJob, RunningJob
+from makespan.planner import window_model
+from makespan.planner.api import plan
+from makespan.planner.cpsat import improve
+from makespan.planner.greedy import portfolio
+from makespan.planner.model import EndpointModel, FleetState, Gpu, PlanJob, RunningJob
 from tests.planner.preemption_gen import total
 from tests.planner.test_window_hint_feasible import _Rec
 from tests.planner.test_preemption_invariants import _check

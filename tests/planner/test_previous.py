@@ -2,14 +2,14 @@
 
 import pytest
 
-from planner import simulator, simulator_run
-from planner.api import plan
-from planner.cpsat import cpsat_policy, improve
-from planner.evaluator import evaluate, score
-from planner.greedy import fifo, portfolio
-from planner.model import Assignment, FleetState, Plan, PlanJob
-from planner.previous import repair
-from planner.synthetic import instance
+from makespan.planner import simulator, simulator_run
+from makespan.planner.api import plan
+from makespan.planner.cpsat import cpsat_policy, improve
+from makespan.planner.evaluator import evaluate, score
+from makespan.planner.greedy import fifo, portfolio
+from makespan.planner.model import Assignment, FleetState, Plan, PlanJob
+from makespan.planner.previous import repair
+from makespan.planner.synthetic import instance
 
 
 def _next_point(batch, st, gone: int, new: int):

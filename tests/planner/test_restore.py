@@ -3,13 +3,13 @@ preemptions leave (GPUs busy restoring, a preempted job back in the batch)."""
 
 import pytest
 
-from app.models import parse_fleet
-from app.traces import read_trace
-from planner.api import plan
-from planner.evaluator import evaluate
-from planner.model import EndpointModel, FleetState, Gpu, PlanJob
-from planner.replay import Replay
-from planner.simulator import set_point_groups, simulate
+from makespan.models import parse_fleet
+from makespan.traces import read_trace
+from makespan.planner.api import plan
+from makespan.planner.evaluator import evaluate
+from makespan.planner.model import EndpointModel, FleetState, Gpu, PlanJob
+from makespan.planner.replay import Replay
+from makespan.planner.simulator import set_point_groups, simulate
 
 EPS = {"m1": EndpointModel("m1", 1, 1000, 30.0, 5.0), "m2": EndpointModel("m2", 1, 1000, 60.0, 5.0),
        "t2": EndpointModel("t2", 2, 1000, 40.0, 5.0)}

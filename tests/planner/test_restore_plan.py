@@ -5,12 +5,12 @@ import dataclasses
 
 import pytest
 
-from app.errors import PlannerError
-from planner.api import plan
-from planner.evaluator import InfeasiblePlan, evaluate
-from planner.model import EndpointModel, FleetState, Gpu, Plan, PlanJob
-from planner.replay import Replay
-from planner.restore import plan_restores, set_point_absence, set_point_groups
+from makespan.errors import PlannerError
+from makespan.planner.api import plan
+from makespan.planner.evaluator import InfeasiblePlan, evaluate
+from makespan.planner.model import EndpointModel, FleetState, Gpu, Plan, PlanJob
+from makespan.planner.replay import Replay
+from makespan.planner.restore import plan_restores, set_point_absence, set_point_groups
 
 EPS = {"m1": EndpointModel("m1", 1, 1000, 30.0, 5.0), "m2": EndpointModel("m2", 1, 1000, 60.0, 5.0),
        "t2": EndpointModel("t2", 2, 1000, 40.0, 5.0, wake_s=10.0)}
@@ -145,7 +145,7 @@ def test_simulated_restore_does_not_take_a_gpu_a_requeued_victim_starts_on(mode)
     60 GB: host a only) preempts both LOW jobs. The plan of the CRITICAL job alone leaves
     b0 idle (a restore at 100 s) — but a victim can start on b0 at 100 s, and a restore
     committed before the victims were requeued (the rule's first pass) delayed it."""
-    from planner.simulator import simulate
+    from makespan.planner.simulator import simulate
 
     eps = {"small": EndpointModel("small", 1, 20000, 5.0, 5.0), "other": EndpointModel("other", 1, 20000, 5.0, 5.0),
            "base": EndpointModel("base", 1, 20000, 5.0, 5.0), "big": EndpointModel("big", 2, 60000, 5.0, 5.0)}
@@ -167,7 +167,7 @@ def test_simulated_plan_restores_wait_while_the_batch_is_full():
     queued job. With ``max_batch=1`` and two queued jobs, the plan of the first leaves g1
     idle, but J2 (not in the batch) needs it: no restore at 0 (it would be evicted again
     for J2), one after J2."""
-    from planner.simulator import simulate
+    from makespan.planner.simulator import simulate
 
     eps = {"other": EndpointModel("other", 1, 20000, 5.0, 5.0), "base": EndpointModel("base", 1, 20000, 5.0, 5.0)}
     gpus = [Gpu("g0", "a", 0, 80000), Gpu("g1", "a", 1, 80000)]

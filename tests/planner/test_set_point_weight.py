@@ -8,17 +8,17 @@ from dataclasses import replace
 
 import pytest
 
-from app.errors import PlannerError
-from planner.api import plan
-from planner.cpsat import improve
-from planner.evaluator import evaluate, score
-from planner.greedy import construct, portfolio
-from planner.model import EndpointModel, FleetState, Gpu, PlanJob
-from planner.replay import Replay
-from planner.restore import planned_absence
-from planner.simulator import simulate
-from planner.synthetic import instance
-from planner import window_model
+from makespan.errors import PlannerError
+from makespan.planner.api import plan
+from makespan.planner.cpsat import improve
+from makespan.planner.evaluator import evaluate, score
+from makespan.planner.greedy import construct, portfolio
+from makespan.planner.model import EndpointModel, FleetState, Gpu, PlanJob
+from makespan.planner.replay import Replay
+from makespan.planner.restore import planned_absence
+from makespan.planner.simulator import simulate
+from makespan.planner.synthetic import instance
+from makespan.planner import window_model
 
 EPS = {"sp": EndpointModel("sp", 1, 1000, 100.0, 5.0), "b": EndpointModel("b", 1, 1000, 100.0, 5.0),
        "t2": EndpointModel("t2", 2, 1000, 40.0, 5.0, wake_s=10.0)}
@@ -195,8 +195,8 @@ def test_the_absence_does_not_depend_on_where_the_plan_puts_its_restores(at):
 def test_plan_level_preemption_keeps_the_weight_on_the_states_it_builds():
     """preemption_plan.apply builds new FleetStates for a preemption's branch: the weight
     goes with them (else the branch's plans would be scored without the term)."""
-    from planner.model import RunningJob
-    from planner.preemption_plan import Candidate, apply
+    from makespan.planner.model import RunningJob
+    from makespan.planner.preemption_plan import Candidate, apply
 
     batch, st = _case(5, 2.0)
     job = batch[0]

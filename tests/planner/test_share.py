@@ -1,9 +1,9 @@
 """Share-shortfall future cost (FleetState.demand_share) and the share-aware greedy members."""
 
-from planner.api import plan
-from planner.evaluator import evaluate, share_shortfall_cost
-from planner.greedy import MEMBERS, members
-from planner.model import EndpointModel, FleetState, Gpu, PlanJob
+from makespan.planner.api import plan
+from makespan.planner.evaluator import evaluate, share_shortfall_cost
+from makespan.planner.greedy import MEMBERS, members
+from makespan.planner.model import EndpointModel, FleetState, Gpu, PlanJob
 
 
 def _state(share):
@@ -42,7 +42,7 @@ def test_share_members_only_with_a_share():
 
 
 def test_replay_does_not_write_into_the_state_history():
-    from planner.replay import Replay
+    from makespan.planner.replay import Replay
     st = _state({})
     st.end_of = {"old": 5.0}
     rep = Replay(st)
@@ -57,8 +57,8 @@ def test_replay_does_not_write_into_the_state_history():
 def test_plan_time_limit_keyword():
     import pytest
 
-    from app.errors import PlannerError
-    from planner.synthetic import instance
+    from makespan.errors import PlannerError
+    from makespan.planner.synthetic import instance
     batch, st = instance(12, 4, models=3, seed=1)
     fast = plan(batch, st, "cpsat", time_limit_s=0.0)  # no LNS window fits: the greedy floor
     assert fast.stats["windows"] == 0.0

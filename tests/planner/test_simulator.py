@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from app.models import parse_fleet
-from app.traces import read_trace
-from planner.simulator import run_simulation, simulate
+from makespan.models import parse_fleet
+from makespan.traces import read_trace
+from makespan.planner.simulator import run_simulation, simulate
 FLEET = {
     "name": "t",
     "hosts": [{"name": "a", "gpu_count": 4, "memory_mib": 81920}, {"name": "b", "gpu_count": 4, "memory_mib": 81920}],
@@ -68,7 +68,7 @@ cold_start_s = 30
 def test_cli_simulate_preemption_and_restore_flags(itp, tmp_path, flags):
     from typer.testing import CliRunner
 
-    from app.cli import app as cli_app
+    from makespan.cli import app as cli_app
 
     out = tmp_path / "r.json"
     res = CliRunner().invoke(cli_app, ["simulate", itp, "--fleet", "examples/render-pipeline.toml", "--limit", "60",
@@ -93,7 +93,7 @@ def test_cli_simulate_preemption_and_restore_flags(itp, tmp_path, flags):
 def test_cli_simulate_bad_input_is_one_clear_line(itp, tmp_path, args, field):
     from typer.testing import CliRunner
 
-    from app.cli import app as cli_app
+    from makespan.cli import app as cli_app
 
     out = tmp_path / "sub" / "r.json"
     res = CliRunner().invoke(cli_app, ["simulate", itp, "--fleet", "examples/render-pipeline.toml",
@@ -106,7 +106,7 @@ def test_cli_simulate_bad_input_is_one_clear_line(itp, tmp_path, args, field):
 def test_cli_simulate_set_point_weight_reaches_the_simulator(itp, tmp_path):
     from typer.testing import CliRunner
 
-    from app.cli import app as cli_app
+    from makespan.cli import app as cli_app
 
     out = tmp_path / "r.json"
     res = CliRunner().invoke(cli_app, ["simulate", itp, "--fleet", "examples/render-pipeline.toml", "--limit", "20",
@@ -118,7 +118,7 @@ def test_cli_simulate_set_point_weight_reaches_the_simulator(itp, tmp_path):
 def test_cli_simulate_bad_report_path_fails_before_the_run(itp, tmp_path):
     from typer.testing import CliRunner
 
-    from app.cli import app as cli_app
+    from makespan.cli import app as cli_app
 
     (tmp_path / "afile").write_text("")
     for bad, why in [(tmp_path / "afile" / "r.json", "cannot be written"), (tmp_path, "is a folder")]:
@@ -133,7 +133,7 @@ def test_cli_simulate_bad_report_path_fails_before_the_run(itp, tmp_path):
 def test_cli_simulate_time_scale_and_limit_reach_the_simulator(itp, tmp_path):
     from typer.testing import CliRunner
 
-    from app.cli import app as cli_app
+    from makespan.cli import app as cli_app
 
     out = tmp_path / "r.json"
     res = CliRunner().invoke(cli_app, ["simulate", itp, "--fleet", "examples/render-pipeline.toml", "--limit", "30",

@@ -6,9 +6,9 @@ import random
 
 import pytest
 
-from app.errors import PlannerError
-from planner.model import EndpointModel, FleetState, Gpu, PlanJob
-from planner.tardiness import solve_single_machine, tardiness_plan, weighted_tardiness
+from makespan.errors import PlannerError
+from makespan.planner.model import EndpointModel, FleetState, Gpu, PlanJob
+from makespan.planner.tardiness import solve_single_machine, tardiness_plan, weighted_tardiness
 
 
 @pytest.mark.parametrize("seed", range(4))

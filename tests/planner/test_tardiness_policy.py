@@ -8,13 +8,13 @@ import time
 
 import pytest
 
-from app.errors import PlannerError
-from planner.api import plan
-from planner.evaluator import TARDINESS_EPS, evaluate, score
-from planner.model import EndpointModel, FleetState, Gpu, PlanJob
-from planner.synthetic import instance
-from planner.tardiness import solve_single_machine
-from planner.tardiness_policy import order_search, tardiness_members, tardiness_policy, tardiness_portfolio
+from makespan.errors import PlannerError
+from makespan.planner.api import plan
+from makespan.planner.evaluator import TARDINESS_EPS, evaluate, score
+from makespan.planner.model import EndpointModel, FleetState, Gpu, PlanJob
+from makespan.planner.synthetic import instance
+from makespan.planner.tardiness import solve_single_machine
+from makespan.planner.tardiness_policy import order_search, tardiness_members, tardiness_policy, tardiness_portfolio
 from tests.planner.test_exactness import brute_force
 
 
@@ -120,7 +120,7 @@ def test_without_deadlines_it_orders_by_weighted_completion():
 
 
 def test_simulator_reports_weighted_tardiness():
-    from planner.simulator import simulate
+    from makespan.planner.simulator import simulate
     batch, st = instance(20, 4, models=3, seed=2, spread_s=300, gang=False)
     loose = [dataclasses.replace(j, deadline_s=j.release_s + 1e6) for j in batch]
     r = simulate(loose, st, "tardiness-portfolio")
@@ -134,7 +134,7 @@ def test_simulator_reports_weighted_tardiness():
 
 def test_order_search_is_deterministic_for_a_seed_and_never_worse():
     import time
-    from planner.tardiness_policy import order_search
+    from makespan.planner.tardiness_policy import order_search
     batch, st = instance(25, 4, models=4, seed=7, spread_s=100, gang=True)
     batch = with_deadlines(batch, 7, k=(1.0, 2.0))
     floor = tardiness_portfolio(batch, st)
@@ -161,11 +161,11 @@ def test_previous_plan_is_a_start_when_better():
 
 def _atc_reference(batch, st, k):
     """ATC as first written (every index recomputed at every step, O(n²)): what the
-    incremental :func:`planner.tardiness_policy.atc_construct` must reproduce."""
+    incremental :func:`makespan.planner.tardiness_policy.atc_construct` must reproduce."""
     import math
 
-    from planner.replay import Replay
-    from planner.rules import aware_rule
+    from makespan.planner.replay import Replay
+    from makespan.planner.rules import aware_rule
     rep, rule, eps = Replay(st), aware_rule(batch, st), st.endpoints
     left, ids = list(batch), {j.id for j in batch}
     pbar = max(sum(j.service_s for j in left) / len(left), 1e-9)
@@ -210,7 +210,7 @@ def _varied(seed):
 
 @pytest.mark.parametrize("seed", range(6))
 def test_incremental_atc_places_as_the_reference(seed):
-    from planner.tardiness_policy import ATC_K, atc_construct
+    from makespan.planner.tardiness_policy import ATC_K, atc_construct
     batch, st = _varied(seed)
     for k in ATC_K:
         assert [vars(a) for a in atc_construct(batch, st, k)] == [vars(a) for a in _atc_reference(batch, st, k)]
@@ -229,9 +229,9 @@ def test_pruned_floor_is_the_best_member(seed):
 
 
 def test_tardiness_prune_bound_never_exceeds_the_final_score():
-    from planner.evaluator import TARDINESS_EPS
-    from planner.list_schedule import TardinessPrune
-    from planner.tardiness_policy import atc_built
+    from makespan.planner.evaluator import TARDINESS_EPS
+    from makespan.planner.list_schedule import TardinessPrune
+    from makespan.planner.tardiness_policy import atc_built
     batch, st = _varied(3)
     asg, rep = atc_built(batch, st, 1.0)
     final = next(p for p in tardiness_members(batch, st) if p.policy == "atc-1")

@@ -1,14 +1,14 @@
 """The solver policies may undo the greedy floor's preemption decision
-(planner.api._plan_preemptive: the floor's branch and the batch without its preemptions
+(makespan.planner.api._plan_preemptive: the floor's branch and the batch without its preemptions
 are both solved, the plan of lower comparable score is returned)."""
 
 import pytest
 
-from planner import api
-from planner import preemption_plan as pp
-from planner.api import comparable_score, plan
-from planner.evaluator import score
-from planner.model import EndpointModel, FleetState, Gpu, PlanJob, RunningJob
+from makespan.planner import api
+from makespan.planner import preemption_plan as pp
+from makespan.planner.api import comparable_score, plan
+from makespan.planner.evaluator import score
+from makespan.planner.model import EndpointModel, FleetState, Gpu, PlanJob, RunningJob
 from tests.planner.preemption_gen import instance, total
 
 EPS = {"small": EndpointModel("small", 1, 20000, 30.0, 5.0), "big": EndpointModel("big", 1, 60000, 30.0, 5.0)}

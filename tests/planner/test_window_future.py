@@ -3,9 +3,9 @@
 import pytest
 from ortools.sat.python import cp_model
 
-from planner import window_model
-from planner.evaluator import evaluate, score
-from planner.model import Assignment, EndpointModel, FleetState, Gpu, PlanJob
+from makespan.planner import window_model
+from makespan.planner.evaluator import evaluate, score
+from makespan.planner.model import Assignment, EndpointModel, FleetState, Gpu, PlanJob
 
 EPS = {"a": EndpointModel("a", 1, 1000, 60.0, 5.0), "b": EndpointModel("b", 1, 1000, 30.0, 5.0),
        "c": EndpointModel("c", 1, 1000, 30.0, 5.0)}
@@ -60,8 +60,8 @@ def test_without_demand_the_window_keeps_the_earlier_completion():
 def test_hint_with_the_term_is_feasible(monkeypatch, seed, share):
     """With demand, every window hint (term variables included) is a solution of its model."""
     from tests.planner.preemption_gen import instance
-    from planner.cpsat import improve
-    from planner.greedy import portfolio
+    from makespan.planner.cpsat import improve
+    from makespan.planner.greedy import portfolio
 
     state, batch = instance(seed)
     eps = sorted(state.endpoints)

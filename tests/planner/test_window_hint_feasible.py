@@ -1,11 +1,11 @@
 import pytest
 from ortools.sat.python import cp_model
 
-from planner import window_model
-from planner import window_preemption as wp
-from planner.cpsat import improve
-from planner.greedy import portfolio
-from planner.tardiness_policy import tardiness_portfolio
+from makespan.planner import window_model
+from makespan.planner import window_preemption as wp
+from makespan.planner.cpsat import improve
+from makespan.planner.greedy import portfolio
+from makespan.planner.tardiness_policy import tardiness_portfolio
 from tests.planner.preemption_gen import instance, total
 
 _OK = (cp_model.OPTIMAL, cp_model.FEASIBLE)

@@ -1,17 +1,17 @@
-"""Preemption decided inside the CP-SAT window model (planner.window_preemption via
-planner.cpsat.improve(preemption=True) and plan(..., "cpsat", preemption=True))."""
+"""Preemption decided inside the CP-SAT window model (makespan.planner.window_preemption via
+makespan.planner.cpsat.improve(preemption=True) and plan(..., "cpsat", preemption=True))."""
 
 import random
 
 import pytest
 
-from planner import preemption_plan as pp
-from planner import window_preemption as wp
-from planner.api import plan
-from planner.cpsat import improve
-from planner.window_model import solve_window as _solve_window
-from planner.evaluator import score
-from planner.greedy import portfolio
+from makespan.planner import preemption_plan as pp
+from makespan.planner import window_preemption as wp
+from makespan.planner.api import plan
+from makespan.planner.cpsat import improve
+from makespan.planner.window_model import solve_window as _solve_window
+from makespan.planner.evaluator import score
+from makespan.planner.greedy import portfolio
 from tests.planner.test_preemption_plan import _job, _state
 
 OBJ = "weighted_completion"

@@ -6,9 +6,9 @@ import json
 import time
 from dataclasses import replace
 
-from app.producer import Producer
-from app.models import load_fleet
-from workers.retention import SUMMARY_FIELDS, Retention, finished_key, mark_finished, retained_key
+from makespan.producer import Producer
+from makespan.models import load_fleet
+from makespan.workers.retention import SUMMARY_FIELDS, Retention, finished_key, mark_finished, retained_key
 from tests.conftest import FLEET_TOML
 
 
@@ -60,7 +60,7 @@ def test_age_limit_events_cap_and_unfinished_jobs_wait(r, keys, settings):
 
 
 def test_workload_steps_request_records_and_finished_workloads_are_bounded(r, keys, settings):
-    from app.workloads import Workload, advance_workloads, submit_workload, workload_status
+    from makespan.workloads import Workload, advance_workloads, submit_workload, workload_status
 
     fleet = load_fleet(FLEET_TOML)
     s = replace(settings, retention_jobs=1, retention_age_s=60.0, retention_batch=100)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from app.keys import Keys
+from makespan.keys import Keys
 from bench.scale import run_makespan
-from workers.retention import retained_key
+from makespan.workers.retention import retained_key
 
 
 def test_1k_jobs_drain_and_state_stays_bounded(r, settings, tmp_path):

@@ -1,4 +1,4 @@
-"""A fake of the pynvml API subset that workers.discovery uses (no GPU on CI hosts).
+"""A fake of the pynvml API subset that makespan.workers.discovery uses (no GPU on CI hosts).
 
 Build one with a list of GPUs; a GPU with ``mig`` slices reports MIG mode enabled.
 ``library_missing=True`` makes ``nvmlInit`` raise like a host without the driver.

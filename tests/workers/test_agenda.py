@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from app.errors import LeaseError, ValidationError
-from workers.agenda import AgendaTracker
+from makespan.errors import LeaseError, ValidationError
+from makespan.workers.agenda import AgendaTracker
 
 
 def test_register_complete_and_queries(r, keys):

@@ -9,12 +9,12 @@ import time
 
 import pytest
 
-from app.errors import ValidationError
-from app.producer import Producer
+from makespan.errors import ValidationError
+from makespan.producer import Producer
 from tests.faults.test_priority_cases import ONE_GPU
-from workers.delayed import DelayedJobs
-from workers.leases import LeaseStore
-from workers.planner_worker import PlannerWorker
+from makespan.workers.delayed import DelayedJobs
+from makespan.workers.leases import LeaseStore
+from makespan.workers.planner_worker import PlannerWorker
 
 
 def _queued(r, keys) -> int:
@@ -97,8 +97,8 @@ def test_planner_queues_a_due_job_and_the_reaper_retries_with_backoff(r, keys, s
 def test_cancel_workload_cancels_a_step_waiting_out_its_retry_backoff(r, keys, settings):
     """A workload step whose lease was reclaimed with a retry backoff is ``delayed``;
     cancelling the workload cancels it at once, and it is never queued again."""
-    from app.models import load_fleet
-    from app.workloads import Workload, cancel_workload, submit_workload, workload_status
+    from makespan.models import load_fleet
+    from makespan.workloads import Workload, cancel_workload, submit_workload, workload_status
     from tests.conftest import FLEET_TOML
 
     s = dataclasses.replace(settings, retry_backoff_s=0.01, retry_backoff_max_s=0.01)

@@ -7,9 +7,9 @@ import os
 
 import pytest
 
-from app.models import load_fleet
+from makespan.models import load_fleet
 from fake_nvml import FakeGpu, FakeNvml, four_gpu_host
-from workers.discovery import NvmlDiscovery, discover_gpus, gpus_for_host
+from makespan.workers.discovery import NvmlDiscovery, discover_gpus, gpus_for_host
 
 FLEET = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "render-pipeline.toml")
 
@@ -61,7 +61,7 @@ def test_mig_device_reported_as_slices():
 def test_no_library_reports_no_gpus_and_falls_back_to_fleet(caplog):
     nvml = FakeNvml([], library_missing=True)
     d = NvmlDiscovery(nvml)
-    with caplog.at_level(logging.WARNING, logger="workers.discovery"):
+    with caplog.at_level(logging.WARNING, logger="makespan.workers.discovery"):
         assert d.discover(use_env=False) == []
     assert "NVML library not found" in caplog.text and d.last_error
     fleet = load_fleet(FLEET)

@@ -10,10 +10,10 @@ import time
 import httpx
 import pytest
 
-from app.errors import PhaseError, ValidationError
-from app.models import EndpointSpec, LaunchSpec
-from workers.drivers import get_driver
-from workers.drivers.process import _alive
+from makespan.errors import PhaseError, ValidationError
+from makespan.models import EndpointSpec, LaunchSpec
+from makespan.workers.drivers import get_driver
+from makespan.workers.drivers.process import _alive
 
 
 def _spec(name="renderer", cold_start_s=30.0, tp=1, **launch) -> EndpointSpec:
@@ -45,7 +45,7 @@ def test_process_driver_spawns_with_gpu_uuids_and_stops(tmp_path):
 
 def test_sigterm_ignored_escalates_to_sigkill(tmp_path):
     d = get_driver("process", log_dir=tmp_path, grace_s=0.5)
-    cmd = ("{python}", "-m", "workers.endpoint_server", "--port", "{port}", "--ignore-sigterm")
+    cmd = ("{python}", "-m", "makespan.workers.endpoint_server", "--port", "{port}", "--ignore-sigterm")
     inst = d.start(_spec(command=cmd), ["GPU-x"], time_scale=0.01)
     d.stop(inst)
     assert inst.proc.returncode == -9
@@ -64,7 +64,7 @@ def test_stop_by_pid_without_handle(tmp_path):
 
 def test_health_check_that_never_passes_raises_phase_error(tmp_path):
     d = get_driver("process", log_dir=tmp_path, health_timeout_s=1.0, grace_s=0.5, backoff_initial_s=0.05)
-    cmd = ("{python}", "-m", "workers.endpoint_server", "--port", "{port}", "--load-time-s", "3600")
+    cmd = ("{python}", "-m", "makespan.workers.endpoint_server", "--port", "{port}", "--load-time-s", "3600")
     t0 = time.monotonic()
     with pytest.raises(PhaseError, match=r"did not pass within 1.0 s after \d+ probes \(last: HTTP 503\)") as ei:
         d.start(_spec(command=cmd), ["GPU-x"])

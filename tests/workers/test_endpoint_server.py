@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from app.redis_conn import free_port
+from makespan.redis_conn import free_port
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 
@@ -33,7 +33,7 @@ def _wait_status(url: str, want: int, timeout_s: float = 10.0) -> list[int]:
 @pytest.fixture
 def server():
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "workers.endpoint_server", "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "makespan.workers.endpoint_server", "--port", str(port),
                              "--load-time-s", "0.8", "--latency-ms", "20", "--model", "cards-v2"],
                             cwd=ROOT, stderr=subprocess.DEVNULL)
     yield f"http://127.0.0.1:{port}", proc

@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
-from app.models import parse_fleet
+from makespan.models import parse_fleet
 from fake_nvml import FakeGpu, FakeNvml, four_gpu_host
-from workers.discovery import NvmlDiscovery
-from workers.host_check import check_host, host_toml
+from makespan.workers.discovery import NvmlDiscovery
+from makespan.workers.host_check import check_host, host_toml
 
 ENDPOINTS = {"m": {"model": "m", "tensor_parallel": 1, "memory_mib_per_gpu": 1000, "cold_start_s": 1,
                    "evict_s": 1, "slots": 1}}
@@ -60,7 +60,7 @@ def test_simulated_hosts_are_not_checked():
 
 def test_gpus_command_without_nvml_says_why(monkeypatch):
     # No NVIDIA driver on CI hosts: exit 1 and the reason on stderr, nothing on stdout.
-    p = subprocess.run([sys.executable, "-m", "app.cli", "gpus"], capture_output=True, text=True, timeout=60)
+    p = subprocess.run([sys.executable, "-m", "makespan.cli", "gpus"], capture_output=True, text=True, timeout=60)
     if p.returncode == 0:
         pytest.skip("this machine has GPUs (tests/workers/test_nvml_real.py covers it)")
     assert p.returncode == 1 and p.stdout == ""

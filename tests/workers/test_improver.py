@@ -16,15 +16,15 @@ import time
 import psutil
 import pytest
 
-from app.producer import Producer
-from planner.api import plan
-from planner.evaluator import evaluate, score
-from planner.model import PlanJob
-from planner.synthetic import instance
+from makespan.producer import Producer
+from makespan.planner.api import plan
+from makespan.planner.evaluator import evaluate, score
+from makespan.planner.model import PlanJob
+from makespan.planner.synthetic import instance
 from tests.faults.test_priority_cases import ONE_GPU
-from app.errors import ValidationError
-from workers.improver import BackgroundImprover, adapt
-from workers.planner_worker import PlannerWorker
+from makespan.errors import ValidationError
+from makespan.workers.improver import BackgroundImprover, adapt
+from makespan.workers.planner_worker import PlannerWorker
 
 SEED = 25  # a 6-job, 2-GPU batch where the portfolio is 2,841.3 and the optimum 1,927.0
 
@@ -183,7 +183,7 @@ def test_improver_replaces_a_child_killed_mid_solve_then_one_killed_idle(caplog)
 def test_hung_child_is_killed_on_the_next_offer_and_replaced(monkeypatch, caplog):
     """A child stopped mid-solve (SIGSTOP: wedged, not dead) is killed by the first offer
     after ``hung_after_s`` — the same batch included — and the offer after starts a new one."""
-    import workers.improver as improver
+    import makespan.workers.improver as improver
 
     monkeypatch.setattr(improver, "HUNG_FACTOR", 1.0)
     monkeypatch.setattr(improver, "HUNG_SLACK_S", 2.0)
@@ -255,7 +255,7 @@ def test_killed_planner_process_leaves_no_improver_child(r, keys, settings, tmp_
                      '[endpoints.e]\nmodel = "m"\nmemory_mib_per_gpu = 20000\ncold_start_s = 1\n')
     s = dataclasses.replace(settings, solve_time_limit_s=0.01)
     env = {**os.environ, **s.to_env()}
-    cli = [sys.executable, "-c", "from app.cli import app; app()", "planner", "--fleet", str(fleet)]
+    cli = [sys.executable, "-c", "from makespan.cli import app; app()", "planner", "--fleet", str(fleet)]
     proc = subprocess.Popen(cli, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         prod = Producer(r, keys, ONE_GPU, s)

@@ -12,12 +12,12 @@ import time
 
 import pytest
 
-from app.producer import Producer
+from makespan.producer import Producer
 from tests.faults.test_priority_cases import ONE_GPU
-from workers.delayed import DelayedJobs
-from workers.leases import Lease, LeaseStore
-from workers.planner_worker import PlannerWorker
-from workers.requests import RequestRunner
+from makespan.workers.delayed import DelayedJobs
+from makespan.workers.leases import Lease, LeaseStore
+from makespan.workers.planner_worker import PlannerWorker
+from makespan.workers.requests import RequestRunner
 
 SKEW_S = 60.0
 _REAL_TIME = time.time

@@ -4,10 +4,10 @@ import time
 
 import pytest
 
-from app.errors import LeaseError, StaleFencingToken
-from app.models import Priority, load_fleet
-from app.producer import Producer
-from workers.leases import LeaseStore
+from makespan.errors import LeaseError, StaleFencingToken
+from makespan.models import Priority, load_fleet
+from makespan.producer import Producer
+from makespan.workers.leases import LeaseStore
 
 
 @pytest.fixture

@@ -18,8 +18,8 @@ import tomllib
 import httpx
 import pytest
 
-from workers.discovery import NvmlDiscovery
-from workers.host_check import check_host, host_toml
+from makespan.workers.discovery import NvmlDiscovery
+from makespan.workers.host_check import check_host, host_toml
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 
@@ -47,7 +47,7 @@ def _child(code: str, env: dict[str, str]) -> str:
     return p.stdout.strip()
 
 
-DISCOVER = ("import json; from workers.discovery import NvmlDiscovery; "
+DISCOVER = ("import json; from makespan.workers.discovery import NvmlDiscovery; "
             "print(json.dumps([g.uuid for g in NvmlDiscovery().discover()]))")
 
 
@@ -87,7 +87,7 @@ def test_discovery_works_again_in_a_forked_child():
 
 def test_written_host_entry_passes_the_check_and_an_overpromise_fails():
     fleet = tomllib.loads('name = "real"\n' + host_toml("gpu-host", GPUS) + ENDPOINT_TOML)
-    from app.models import parse_fleet
+    from makespan.models import parse_fleet
 
     host = parse_fleet(fleet).hosts[0]
     assert check_host(host, GPUS) == []
@@ -101,15 +101,15 @@ def test_gpu_worker_refuses_a_fleet_that_does_not_match(tmp_path):
     path = tmp_path / "fleet.toml"
     path.write_text(f'name = "real"\n[[hosts]]\nname = "gpu-host"\ngpus = [{{ uuid = "{g.uuid}", '
                     f'index = {g.index}, memory_mib = {g.memory_mib * 2} }}]\n' + ENDPOINT_TOML)
-    p = subprocess.run([sys.executable, "-m", "app.cli", "gpu-worker", "--fleet", str(path), "--host", "gpu-host"],
+    p = subprocess.run([sys.executable, "-m", "makespan.cli", "gpu-worker", "--fleet", str(path), "--host", "gpu-host"],
                        capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert p.returncode == 2, (p.stdout, p.stderr)
     assert "promises memory_mib" in p.stderr and g.uuid in p.stderr
 
 
 def test_process_endpoint_is_launched_on_the_leased_gpu_by_uuid(tmp_path):
-    from app.models import parse_fleet
-    from workers.drivers.process import ProcessDriver
+    from makespan.models import parse_fleet
+    from makespan.workers.drivers.process import ProcessDriver
 
     gpu = GPUS[-1]
     ep = parse_fleet(tomllib.loads('name = "real"\n' + host_toml("gpu-host", [gpu]) + ENDPOINT_TOML)).endpoints["m"]
@@ -135,7 +135,7 @@ def test_process_endpoint_is_launched_on_the_leased_gpu_by_uuid(tmp_path):
 def test_used_memory_rises_under_allocation_while_total_stays():
     pytest.importorskip("torch")
     gpu = GPUS[0]
-    code = ("import json, torch; from workers.discovery import NvmlDiscovery; d = NvmlDiscovery();"
+    code = ("import json, torch; from makespan.workers.discovery import NvmlDiscovery; d = NvmlDiscovery();"
             "before = d.discover()[0]; x = torch.empty(4 << 30, dtype=torch.uint8, device='cuda');"
             "torch.cuda.synchronize(); after = d.discover()[0];"
             "print(json.dumps([before.memory_mib, before.used_mib, after.memory_mib, after.used_mib]))")

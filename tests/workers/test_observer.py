@@ -16,11 +16,11 @@ import time
 import httpx
 import pytest
 
-from app.models import load_fleet
-from workers.agenda import AgendaTracker
-from workers.drivers import get_driver
-from workers.drivers.registry import list_instances, register_instance, unregister_instance
-from workers.observer import Observer, list_incidents
+from makespan.models import load_fleet
+from makespan.workers.agenda import AgendaTracker
+from makespan.workers.drivers import get_driver
+from makespan.workers.drivers.registry import list_instances, register_instance, unregister_instance
+from makespan.workers.observer import Observer, list_incidents
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 PROBE_S = 0.3
@@ -58,7 +58,7 @@ def observer(redis_url, prefix, fleet_path, tmp_path, r, keys, driver):
     env = {**os.environ, "MAKESPAN_REDIS_URL": redis_url, "MAKESPAN_KEY_PREFIX": prefix,
            "MAKESPAN_LOG_DIR": str(tmp_path)}
     with open(tmp_path / "observer.log", "ab") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "workers.observer", "--fleet", str(fleet_path),
+        proc = subprocess.Popen([sys.executable, "-m", "makespan.workers.observer", "--fleet", str(fleet_path),
                                  "--probe-interval-s", str(PROBE_S), "--overrun-factor", "1.5"],
                                 cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     yield proc

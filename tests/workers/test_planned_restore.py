@@ -8,11 +8,11 @@ import uuid
 
 import pytest
 
-from app.models import parse_fleet
-from app.producer import Producer
-from workers.leases import LeaseStore
-from workers.phases import instance_value
-from workers.planner_worker import PlannerWorker
+from makespan.models import parse_fleet
+from makespan.producer import Producer
+from makespan.workers.leases import LeaseStore
+from makespan.workers.phases import instance_value
+from makespan.workers.planner_worker import PlannerWorker
 
 FLEET = parse_fleet({"name": "two",
                      "hosts": [{"name": "a", "gpu_count": 1, "memory_mib": 40000},

@@ -7,8 +7,8 @@ from typer.testing import CliRunner
 
 import typer
 
-from app.cli_lifecycle import PHASES, register, run_render_pipeline
-from workers.drivers.registry import list_instances
+from makespan.cli_lifecycle import PHASES, register, run_render_pipeline
+from makespan.workers.drivers.registry import list_instances
 
 
 def test_render_pipeline_phase_order_and_no_incident(settings, r, keys, tmp_path):

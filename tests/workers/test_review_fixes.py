@@ -5,11 +5,11 @@ import dataclasses
 
 import pytest
 
-from app.errors import LeaseError
-from app.models import Priority, load_fleet
-from app.producer import Producer
-from workers.leases import LeaseStore, preempt
-from workers.planner_worker import PlannerWorker
+from makespan.errors import LeaseError
+from makespan.models import Priority, load_fleet
+from makespan.producer import Producer
+from makespan.workers.leases import LeaseStore, preempt
+from makespan.workers.planner_worker import PlannerWorker
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@
 import dataclasses
 
 from tests.faults.test_priority_cases import ONE_GPU
-from workers.planner_worker import PlannerWorker
+from makespan.workers.planner_worker import PlannerWorker
 
 
 def test_fleet_state_carries_the_set_point_weight(r, settings):

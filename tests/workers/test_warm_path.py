@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 
-from app.models import load_fleet
-from app.producer import Producer
-from workers.leases import LeaseStore
-from workers.phases import PhaseContext, PhaseRunner, instance_value
-from workers.warm import run_phases, run_warm
+from makespan.models import load_fleet
+from makespan.producer import Producer
+from makespan.workers.leases import LeaseStore
+from makespan.workers.phases import PhaseContext, PhaseRunner, instance_value
+from makespan.workers.warm import run_phases, run_warm
 from tests.conftest import FLEET_TOML
 
 GPU = "GPU-host-a-3"
@@ -96,8 +96,8 @@ def test_cancel_during_warm_requests_ends_cancelled_not_failed(r, keys, settings
     from pathlib import Path
 
     from tests.live import wait_for
-    from workers.drivers import get_driver
-    from workers.drivers.registry import register_instance, unregister_instance
+    from makespan.workers.drivers import get_driver
+    from makespan.workers.drivers.registry import register_instance, unregister_instance
 
     fleet = load_fleet(Path(__file__).parents[1] / "workloads" / "fleet.toml")
     gpu = fleet.gpu_uuids()[0]

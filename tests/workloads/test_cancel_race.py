@@ -1,7 +1,7 @@
 """advance_workloads vs a cancel that lands between its read and its write."""
 
-from app.models import load_fleet
-from app.workloads import Workload, advance_workloads, cancel_workload, submit_workload, workload_status
+from makespan.models import load_fleet
+from makespan.workloads import Workload, advance_workloads, cancel_workload, submit_workload, workload_status
 from tests.conftest import FLEET_TOML
 
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from app.live import LiveSystem
-from app.models import load_fleet
-from app.workload_report import workload_report
-from app.workloads import Workload, cancel_workload, chain, group, submit_workload, workload_status
+from makespan.live import LiveSystem
+from makespan.models import load_fleet
+from makespan.workload_report import workload_report
+from makespan.workloads import Workload, cancel_workload, chain, group, submit_workload, workload_status
 from tests.live import all_events, overlaps, wait_for
 
 FLEET = Path(__file__).with_name("fleet.toml").resolve()
@@ -155,8 +155,8 @@ def test_sigterm_stops_idle_endpoint_processes_before_the_warm_shutdown_ends(r, 
     # idle endpoint processes must be stopped when the shutdown begins, or they are orphaned.
     import signal
 
-    from app.producer import Producer
-    from workers.drivers.registry import list_instances
+    from makespan.producer import Producer
+    from makespan.workers.drivers.registry import list_instances
 
     prod = Producer(r, keys, fleet, settings)
     a = prod.submit({"endpoint": "gen", "service_s": 1, "payload": {"requests": 2}}).id
@@ -166,7 +166,7 @@ def test_sigterm_stops_idle_endpoint_processes_before_the_warm_shutdown_ends(r, 
     wait_for(lambda: r.hget(keys.job(long), "state") == "running", 60, "the long job to run")
     [worker] = system.kill("gpu-", signal.SIGTERM)
 
-    from workers.drivers.process import _alive  # a zombie counts as gone
+    from makespan.workers.drivers.process import _alive  # a zombie counts as gone
 
     wait_for(lambda: not _alive(gen.pid) and not any(i.id == gen.id for i in list_instances(r, keys)), 30,
              "the idle gen endpoint to stop")

@@ -11,16 +11,16 @@ import threading
 
 import pytest
 
-from app.errors import PhaseError
-from app.redis_conn import free_port
+from makespan.errors import PhaseError
+from makespan.redis_conn import free_port
 from tests.live import wait_for
-from workers.requests import RequestRunner, request_drain
+from makespan.workers.requests import RequestRunner, request_drain
 
 
 @pytest.fixture
 def server():
     port = free_port()
-    p = subprocess.Popen([sys.executable, "-m", "workers.endpoint_server", "--port", str(port), "--latency-ms", "20",
+    p = subprocess.Popen([sys.executable, "-m", "makespan.workers.endpoint_server", "--port", str(port), "--latency-ms", "20",
                           "--model", "m"], stderr=subprocess.DEVNULL)
     import httpx
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from app.errors import ValidationError
-from app.models import load_fleet
-from app.workloads import (Workload, chain, find_cycle, group, load_workload, parse_workload, submit_workload,
+from makespan.errors import ValidationError
+from makespan.models import load_fleet
+from makespan.workloads import (Workload, chain, find_cycle, group, load_workload, parse_workload, submit_workload,
                            workload_status)
 
 FLEET = Path("examples/render-pipeline.toml").resolve()
@@ -129,17 +129,17 @@ def test_cli_submit_workload(r, keys, settings, tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("steps:\n  - {name: a, endpoint: chat, service_s: 1, depends_on: [b]}\n"
                    "  - {name: b, endpoint: chat, service_s: 1, depends_on: [a]}\n")
-    p = subprocess.run([sys.executable, "-m", "app.cli", "submit-workload", str(bad), "--fleet", str(FLEET)],
+    p = subprocess.run([sys.executable, "-m", "makespan.cli", "submit-workload", str(bad), "--fleet", str(FLEET)],
                        env=env, capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "cycle" in p.stderr
     assert _own_keys(r, keys) == []
     good = tmp_path / "good.json"
     good.write_text(json.dumps({"steps": [{"name": "a", "endpoint": "chat", "service_s": 1},
                                           {"name": "b", "endpoint": "embed", "service_s": 1, "depends_on": ["a"]}]}))
-    p = subprocess.run([sys.executable, "-m", "app.cli", "submit-workload", str(good), "--fleet", str(FLEET)],
+    p = subprocess.run([sys.executable, "-m", "makespan.cli", "submit-workload", str(good), "--fleet", str(FLEET)],
                        env=env, capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     wid = p.stdout.strip()
-    p = subprocess.run([sys.executable, "-m", "app.cli", "workload-status", wid], env=env, capture_output=True,
+    p = subprocess.run([sys.executable, "-m", "makespan.cli", "workload-status", wid], env=env, capture_output=True,
                        text=True, timeout=60)
     assert json.loads(p.stdout)["steps"]["b"]["state"] == "queued"

@@ -1,12 +1,12 @@
 """Endpoint drivers: ``simulated``, ``process`` and ``vllm`` behind one interface
-(:class:`workers.drivers.base.EndpointDriver`)."""
+(:class:`makespan.workers.drivers.base.EndpointDriver`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from app.errors import ValidationError
-from workers.drivers.base import EndpointDriver, Instance
+from makespan.errors import ValidationError
+from makespan.workers.drivers.base import EndpointDriver, Instance
 
 DRIVERS = ("simulated", "process", "vllm")
 
@@ -19,15 +19,15 @@ def get_driver(name: str, **options: Any) -> EndpointDriver:
         ValidationError: unknown driver name.
     """
     if name == "simulated":
-        from workers.drivers.simulated import SimulatedDriver
+        from makespan.workers.drivers.simulated import SimulatedDriver
 
         return SimulatedDriver()
     if name == "process":
-        from workers.drivers.process import ProcessDriver
+        from makespan.workers.drivers.process import ProcessDriver
 
         return ProcessDriver(**options)
     if name == "vllm":
-        from workers.drivers.vllm import VllmDriver
+        from makespan.workers.drivers.vllm import VllmDriver
 
         return VllmDriver(**options)
     raise ValidationError("launch.driver", name, f"unknown driver; use one of {', '.join(DRIVERS)}")

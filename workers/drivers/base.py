@@ -4,7 +4,7 @@ A driver starts, stops, probes and (where the server supports it) sleeps and wak
 endpoint instances. Drivers: ``simulated`` (a time-scaled sleep, no process),
 ``process`` (a real command under a free port with ``CUDA_VISIBLE_DEVICES`` set from
 the GPU UUIDs) and ``vllm`` (builds ``vllm serve`` and runs it as a process). Every
-driver failure is raised as :class:`app.errors.PhaseError` naming the endpoint.
+driver failure is raised as :class:`makespan.errors.PhaseError` naming the endpoint.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import uuid
 from dataclasses import dataclass, field, fields
 from typing import Any, Protocol, runtime_checkable
 
-from app.models import EndpointSpec
+from makespan.models import EndpointSpec
 
 
 @dataclass
@@ -22,7 +22,7 @@ class Instance:
     """One running copy of an endpoint on a GPU group.
 
     Attributes:
-        id: random hex id (the instance registry key, see :mod:`workers.observer`).
+        id: random hex id (the instance registry key, see :mod:`makespan.workers.observer`).
         endpoint: endpoint name; ``gpus``: GPU UUIDs; ``host``: host name (may be "").
         driver: the driver name that started it; ``time_scale``: wall s per workload s.
         url: base URL (``http://127.0.0.1:PORT``) for process/vllm, else None.
@@ -62,7 +62,7 @@ class EndpointDriver(Protocol):
     """What every endpoint driver provides.
 
     ``start`` blocks until the instance passes its health check and raises
-    :class:`app.errors.PhaseError` with the reason when it does not (timeout, early
+    :class:`makespan.errors.PhaseError` with the reason when it does not (timeout, early
     exit). ``stop`` is idempotent. ``sleep``/``wake`` raise PhaseError where the
     endpoint or driver has no sleep mode.
     """

@@ -7,7 +7,7 @@ the process sees exactly the leased physical GPUs, whatever their indices), star
 it in its own session with stdout/stderr appended to a kept log file, and polls
 ``GET url+health_path`` with exponential backoff (``backoff_initial_s`` doubling up
 to ``backoff_max_s``) until 200 or ``launch.health_timeout_s``. An empty command runs
-:mod:`workers.endpoint_server` with ``--load-time-s = cold_start_s × time_scale``.
+:mod:`makespan.workers.endpoint_server` with ``--load-time-s = cold_start_s × time_scale``.
 
 ``stop`` sends SIGTERM to the process group, waits ``grace_s``, then SIGKILL.
 Launch commands come only from the fleet file (never from a job payload) and are
@@ -26,11 +26,11 @@ from pathlib import Path
 
 import httpx
 
-from app import telemetry
-from app.errors import PhaseError
-from app.models import EndpointSpec
-from app.redis_conn import free_port
-from workers.drivers.base import Instance
+from makespan import telemetry
+from makespan.errors import PhaseError
+from makespan.models import EndpointSpec
+from makespan.redis_conn import free_port
+from makespan.workers.drivers.base import Instance
 
 DEFAULT_GRACE_S = 5.0
 PROBE_TIMEOUT_S = 1.0
@@ -95,7 +95,7 @@ class ProcessDriver:
     def command(self, endpoint: EndpointSpec, port: int, time_scale: float) -> list[str]:
         """The argv for ``endpoint`` on ``port`` (placeholders substituted)."""
         cmd = list(endpoint.launch.command) or [
-            "{python}", "-m", "workers.endpoint_server", "--port", "{port}", "--model", "{model}",
+            "{python}", "-m", "makespan.workers.endpoint_server", "--port", "{port}", "--model", "{model}",
             "--load-time-s", "{load_time_s}"]
         subs = {"{port}": str(port), "{model}": endpoint.model, "{tp}": str(endpoint.tensor_parallel),
                 "{python}": sys.executable, "{load_time_s}": repr(endpoint.cold_start_s * time_scale)}

@@ -1,7 +1,7 @@
 """The endpoint instance registry in Redis: what the health observer probes.
 
-Keys (see :mod:`app.keys`): ``P:instance:{id}`` (hash: the fields of
-:class:`workers.drivers.base.Instance`, ``gpus`` as JSON, plus ``state``) and
+Keys (see :mod:`makespan.keys`): ``P:instance:{id}`` (hash: the fields of
+:class:`makespan.workers.drivers.base.Instance`, ``gpus`` as JSON, plus ``state``) and
 ``P:instances`` (set of live ids). The GPU worker registers an instance after its
 start phase passes the health check and unregisters it before (or right after) it
 stops it inside a POSITIVE agenda entry; the observer replaces a failed one.
@@ -16,9 +16,9 @@ from typing import Any
 
 import redis
 
-from app.errors import StoreError
-from app.keys import Keys
-from workers.drivers.base import Instance
+from makespan.errors import StoreError
+from makespan.keys import Keys
+from makespan.workers.drivers.base import Instance
 
 
 def _encode(instance: Instance, state: str) -> dict[str, str]:

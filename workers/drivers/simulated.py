@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import time
 
-from app.errors import PhaseError
-from app.models import EndpointSpec
-from workers.drivers.base import Instance
+from makespan.errors import PhaseError
+from makespan.models import EndpointSpec
+from makespan.workers.drivers.base import Instance
 
 
 class SimulatedDriver:

@@ -11,10 +11,10 @@ Source: vLLM docs, "OpenAI-compatible server" and "Sleep mode".
 
 from __future__ import annotations
 
-from app.errors import PhaseError
-from app.models import EndpointSpec
-from workers.drivers.base import Instance
-from workers.drivers.process import ProcessDriver
+from makespan.errors import PhaseError
+from makespan.models import EndpointSpec
+from makespan.workers.drivers.base import Instance
+from makespan.workers.drivers.process import ProcessDriver
 
 
 class VllmDriver(ProcessDriver):
