@@ -101,6 +101,9 @@ def gpu_worker(fleet: Path = FleetOpt, host: str = typer.Option(..., help="host 
                pool: str = typer.Option("threads", help="Celery pool: threads, prefork or solo"),
                concurrency: int = typer.Option(0, help="worker slots (default: the host's GPU count)"),
                metrics_port: int = typer.Option(0, envvar="MAKESPAN_METRICS_PORT"),
+               workloads: str = typer.Option("", envvar="MAKESPAN_WORKLOADS",
+                                             help="comma-separated modules that define @makespan.workload functions "
+                                                  "(imported at start, as celery -A does)"),
                check_gpus: bool = typer.Option(True, help="refuse to start when NVML shows the fleet file's GPUs "
                                                "missing, at another index or with less memory (hosts with "
                                                "explicit gpus; skipped when NVML finds no GPU)")):
@@ -118,6 +121,14 @@ def gpu_worker(fleet: Path = FleetOpt, host: str = typer.Option(..., help="host 
         _check_gpus(hosts[host])
     os.environ["MAKESPAN_FLEET"] = str(Path(fleet).resolve())
     os.environ["MAKESPAN_HOST"] = host
+    if workloads:
+        os.environ["MAKESPAN_WORKLOADS"] = workloads
+        from makespan.registry import load_modules
+
+        try:
+            load_modules(workloads)  # a module that does not import fails here, in one line
+        except MakespanError as e:
+            _fail(e)
     _start_metrics(metrics_port, "gpu-worker")
     _gil_switch_interval()
     from makespan.workers.tasks import celery

@@ -60,3 +60,38 @@ class PhaseCancelled(PhaseError):
 
 class StoreError(MakespanError):
     """Redis could not be reached or answered an error; wraps the redis-py exception."""
+
+
+class WorkloadError(MakespanError):
+    """A workload function raised: :meth:`makespan.client.Job.result` re-raises its error.
+
+    Attributes:
+        job_id: the job whose function raised.
+        error_type: the exception's qualified class name (``"ValueError"``, ``"mymod.MyError"``).
+        message: ``str()`` of the exception.
+        traceback: the formatted traceback from the GPU worker (text; empty when the
+            failure was not an exception, e.g. a result over the size limit).
+        attempt: the attempt (1-based) whose failure this is.
+    """
+
+    def __init__(self, job_id: str, error_type: str, message: str, traceback: str = "", attempt: int = 1):
+        self.job_id, self.error_type, self.message = job_id, error_type, message
+        self.traceback, self.attempt = traceback, attempt
+        super().__init__(f"job {job_id} failed (attempt {attempt}): {error_type}: {message}")
+
+
+class JobCancelled(MakespanError):
+    """:meth:`makespan.client.Job.result` of a job that ended ``cancelled``."""
+
+
+class JobFailed(MakespanError):
+    """:meth:`makespan.client.Job.result` of a job that failed without a workload error
+    of its own (its lease was lost too often, a phase failed): ``reason`` says why."""
+
+    def __init__(self, job_id: str, state: str, reason: str):
+        self.job_id, self.state, self.reason = job_id, state, reason
+        super().__init__(f"job {job_id} {state}: {reason}")
+
+
+class ResultTimeout(MakespanError):
+    """:meth:`makespan.client.Job.result` / ``wait`` ran out of ``timeout_s`` before the job ended."""

@@ -42,6 +42,15 @@ key                                    type    contents
 ``P:requests:{job}``                   list    per-request records of a step (JSON: t0, t1, ms, ok)
 ``P:awaited:{job}``                    set     queued/delayed job ids whose deps name ``job``
                                                (reverse-dependency index, see makespan.awaited)
+``P:fleet:version``                    string  sha256 (16 hex) of the published ``P:fleet`` JSON
+``P:result:{job}``                     string  a job's result or error JSON (EX result TTL;
+                                               see makespan.results)
+``P:fn:{name}``                        string  a workload function's definition JSON (endpoint,
+                                               helpers, retries, ...; see makespan.registry)
+``P:fn:live:{name}``                   string  a live GPU worker registered ``name`` (EX ttl)
+``P:fns``                              set     workload function names ever registered
+``P:exec:{workload}:{endpoint}``       list    latest execute times, workload s (learned
+                                               service time, see makespan.estimates)
 =====================================  ======  ==============================================
 
 Celery's own keys are prefixed with ``P:celery:`` through kombu's ``global_keyprefix``.
@@ -192,6 +201,32 @@ class Keys:
 
     def requests(self, job_id: str) -> str:
         return f"{self.prefix}:requests:{job_id}"
+
+    @property
+    def fleet_version(self) -> str:
+        """sha256 prefix of the fleet JSON in :attr:`fleet` (written with it by the planner)."""
+        return f"{self.prefix}:fleet:version"
+
+    def result(self, job_id: str) -> str:
+        """A job's result (or error) JSON, written once with its last phase's commit."""
+        return f"{self.prefix}:result:{job_id}"
+
+    def fn(self, name: str) -> str:
+        """A workload function's published definition (JSON, no TTL)."""
+        return f"{self.prefix}:fn:{name}"
+
+    def fn_live(self, name: str) -> str:
+        """Present (EX ttl) while at least one live GPU worker registers workload ``name``."""
+        return f"{self.prefix}:fn:live:{name}"
+
+    @property
+    def fns(self) -> str:
+        """Set of every workload function name a GPU worker has registered."""
+        return f"{self.prefix}:fns"
+
+    def exec_times(self, workload: str, endpoint: str) -> str:
+        """List of the latest execute times (workload s) of ``workload`` on ``endpoint``."""
+        return f"{self.prefix}:exec:{workload}:{endpoint}"
 
     def awaited(self, job_id: str) -> str:
         """Set of the queued or delayed job ids that wait on ``job_id`` (makespan.awaited)."""

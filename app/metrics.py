@@ -48,6 +48,8 @@ KOMBU_PRIORITY_STEPS = (0, 3, 6, 9)
 WAIT_BUCKETS_S = (0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200)
 SOLVE_BUCKETS_S = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+ESTIMATE_ERROR_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10)
+WORKLOAD_OUTCOMES = ("ok", "error", "retried", "cancelled")
 PHASE_BUCKETS_S = (0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 120, 300, 600, 1800)
 
 _lock = threading.Lock()
@@ -94,6 +96,17 @@ class Metrics:
             self.improver.labels(outcome)  # exported at 0 before the first solve
         self.improver_solve = Histogram("makespan_planner_improver_seconds",
                                         "Background improver time per batch, wall seconds.", [], **reg)
+        # workload functions (makespan.registry): runs by outcome, progress, estimate error
+        self.workload_runs = Counter("makespan_workload_runs_total",
+                                     "Workload function runs by outcome: ok, error (raised, timed out, result "
+                                     "refused), retried (an error with retries left), cancelled.",
+                                     ["workload", "outcome"], **reg)
+        self.workload_progress = Counter("makespan_workload_progress_units_total",
+                                         "Units of work reported done through ctx.progress.", ["workload"], **reg)
+        self.estimate_error = Histogram("makespan_estimate_error_ratio",
+                                        "|actual − planned| ÷ actual execute time of workload function runs "
+                                        "(planned: the job's service_s, learned or given).", ["workload"],
+                                        buckets=ESTIMATE_ERROR_BUCKETS, **reg)
 
 
 def _m() -> Metrics:
@@ -189,6 +202,21 @@ def incident(endpoint: str) -> None:
 def lease_reclaimed() -> None:
     """The planner reclaimed an expired lease."""
     _m().reclaimed.inc()
+
+
+def workload_run(workload: str, outcome: str, planned_s: float | None = None, actual_s: float | None = None) -> None:
+    """A workload function's run ended with ``outcome`` (ok, error, retried, cancelled);
+    with ``planned_s``/``actual_s`` (workload seconds) its estimate error is observed."""
+    m = _m()
+    m.workload_runs.labels(workload, outcome if outcome in WORKLOAD_OUTCOMES else "error").inc()
+    if planned_s is not None and actual_s is not None and actual_s > 0:
+        m.estimate_error.labels(workload).observe(abs(actual_s - planned_s) / actual_s)
+
+
+def workload_progress(workload: str, units_done: float, _total: float) -> None:
+    """``units_done`` more units of ``workload`` reported done (``ctx.progress``)."""
+    if units_done > 0:
+        _m().workload_progress.labels(workload).inc(units_done)
 
 
 # -- state read from Redis --------------------------------------------------------------------

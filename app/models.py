@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pydantic
+import pydantic_core
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from makespan.errors import ValidationError
@@ -293,8 +294,14 @@ class JobSpec(BaseModel):
     Attributes:
         endpoint: name of an endpoint of the fleet.
         priority: CRITICAL, HIGH, NORMAL or LOW.
-        service_s: estimated service time in seconds (positive, finite).
+        service_s: estimated service time in seconds (positive, finite). Optional for a
+            job that names a workload function: the producer then plans it with the
+            learned estimate of (workload, endpoint) (:mod:`makespan.estimates`).
         payload: JSON object handed to the execute phase; size-limited.
+        workload: name of a ``@makespan.workload`` function that a live GPU worker
+            registered (:mod:`makespan.registry`); None: the execute phase sleeps
+            ``service_s`` or sends the payload's templated requests (simulations).
+        args / kwargs: the function's JSON arguments (size-limited with the payload).
         idempotency_key: resubmitting the same key returns the existing job.
         deadline_s: optional due time, seconds after submission (positive, finite; workload
             seconds like ``service_s``). The planner sees it as release + deadline_s; only the
@@ -307,8 +314,11 @@ class JobSpec(BaseModel):
     model_config = _Strict
     endpoint: str
     priority: Priority = Priority.NORMAL
-    service_s: float
+    service_s: float | None = None
     payload: dict[str, Any] = Field(default_factory=dict)
+    workload: str | None = Field(default=None, min_length=1, max_length=200)
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = Field(default_factory=dict)
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=200)
     deadline_s: float | None = None
     delay_s: float | None = None
@@ -345,8 +355,8 @@ class JobSpec(BaseModel):
 
     @field_validator("service_s")
     @classmethod
-    def _service(cls, v: float) -> float:
-        return _positive_finite(v)
+    def _service(cls, v: float | None) -> float | None:
+        return None if v is None else _positive_finite(v)
 
     @field_validator("deadline_s")
     @classmethod
@@ -428,10 +438,39 @@ def parse_job(data: dict[str, Any] | JobSpec, fleet: FleetSpec, max_payload_byte
     ok, why = fleet.can_ever_fit(job.endpoint)
     if not ok:
         raise ValidationError("job.endpoint", job.endpoint, why)
-    try:
-        size = len(json.dumps(job.payload, allow_nan=False).encode())
-    except (TypeError, ValueError) as e:
-        raise ValidationError("job.payload", "<payload>", f"must be JSON-serialisable: {e}") from None
+    if job.service_s is None and job.workload is None:
+        raise ValidationError("job.service_s", None, "required (a positive number of seconds) unless the job "
+                                                     "names a workload function, whose service time is learned")
+    size = 0
+    for name, value in (("payload", job.payload), ("args", list(job.args)), ("kwargs", job.kwargs)):
+        size += json_size(value, f"job.{name}")
     if size > max_payload_bytes:
-        raise ValidationError("job.payload", f"{size} bytes", f"larger than the limit of {max_payload_bytes} bytes")
+        raise ValidationError("job.payload", f"{size} bytes", f"payload, args and kwargs together are larger than "
+                                                              f"the limit of {max_payload_bytes} bytes")
+    try:  # what the producer writes: must encode too (pydantic's own depth limit, surrogates)
+        job.model_dump_json()
+    except (ValueError, TypeError, RecursionError, pydantic_core.PydanticSerializationError) as e:
+        raise ValidationError("job", "<job>", f"cannot be encoded as JSON: {e}") from None
     return job
+
+
+def json_size(value: Any, field: str) -> int:
+    """Bytes of ``value`` encoded as strict UTF-8 JSON (no NaN or infinity, no lone
+    surrogates, no objects JSON cannot carry).
+
+    Raises:
+        ValidationError: naming ``field`` when it cannot be encoded."""
+    try:
+        return len(json.dumps(value, allow_nan=False, ensure_ascii=False).encode("utf-8"))
+    except (TypeError, ValueError, RecursionError, UnicodeEncodeError) as e:
+        reason = "nested too deeply" if isinstance(e, RecursionError) else str(e)
+        raise ValidationError(field, f"<{type(value).__name__}>", f"must be JSON (no pickle): {reason}") from None
+
+
+def fleet_version(fleet: FleetSpec) -> str:
+    """A short content hash of a fleet (sha256 of its canonical JSON, 16 hex digits): the
+    planner publishes it beside the fleet (``Keys.fleet_version``) and a producer that
+    brings its own fleet file is checked against it."""
+    import hashlib
+
+    return hashlib.sha256(fleet.model_dump_json().encode()).hexdigest()[:16]

@@ -107,8 +107,10 @@ class Producer:
         self._submit = r.register_script(_SUBMIT)
         self._cancel = r.register_script(_CANCEL)
 
-    def submit(self, job: JobSpec | dict[str, Any], traceparent: str | None = None) -> JobHandle:
-        """Validate and enqueue ``job``.
+    def submit(self, job: JobSpec | dict[str, Any], traceparent: str | None = None,
+               extra_fields: dict[str, Any] | None = None) -> JobHandle:
+        """Validate and enqueue ``job``. ``extra_fields`` are written into the job record
+        with it (``service_estimated`` from :class:`makespan.client.Client`).
 
         Returns:
             JobHandle with the job id (the existing one for a repeated idempotency key).
@@ -137,6 +139,10 @@ class Producer:
             fields["deadline_s"] = repr(spec.deadline_s)
         if spec.workload_id:
             fields["workload_id"] = spec.workload_id
+        if spec.workload:
+            fields["fn"] = spec.workload
+        if extra_fields:
+            fields.update(extra_fields)
         if spec.depends_on:
             fields["deps"] = json.dumps(list(spec.depends_on))
         if traceparent:

@@ -120,6 +120,24 @@ class Settings:
         set_point_weight: ``FleetState.set_point_weight`` of the planner's states: score
             per GPU-second a set-point instance is absent in a plan (weight·s per GPU-s,
             ≥ 0; 0, the default: not weighed). ``MAKESPAN_SET_POINT_WEIGHT``.
+
+    Workload functions and their results (:mod:`makespan.registry`, :mod:`makespan.results`):
+
+    Attributes:
+        workload_modules: comma-separated modules a GPU worker imports at start to
+            register ``@makespan.workload`` functions (``MAKESPAN_WORKLOADS``; the
+            ``--workloads`` option of ``makespan gpu-worker`` sets it).
+        result_max_bytes: largest JSON-encoded result a workload function may return;
+            a larger one fails the job with an error that says to store the data
+            elsewhere and return a reference (default 1 MiB).
+        result_ttl_s: how long a job's result (or error) is kept in Redis, s.
+        cancel_grace_s: wall seconds a workload function has to return after its
+            ``ctx.cancelled`` is set (cancel, timeout or lease loss) before it is stopped
+            by an exception raised in its thread.
+        default_service_s: planning estimate of a job submitted without ``service_s``
+            whose workload declares no ``expected_s``, until enough runs were measured.
+        estimate_min_runs: measured runs of a (workload, endpoint) before their median
+            replaces the prior as the planning estimate.
     """
 
     redis_url: str = DEFAULT_REDIS_URL
@@ -146,6 +164,13 @@ class Settings:
     retention_batch: int = 2_000
     events_max_len: int = 50_000
     set_point_weight: float = 0.0
+    # workload functions and results
+    workload_modules: str = ""
+    result_max_bytes: int = 1024 * 1024
+    result_ttl_s: float = 7 * 24 * 3600.0
+    cancel_grace_s: float = 10.0
+    default_service_s: float = 60.0
+    estimate_min_runs: int = 3
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -176,6 +201,12 @@ class Settings:
             retention_batch=int(_env_float("MAKESPAN_RETENTION_BATCH", 2_000)),
             events_max_len=int(_env_float("MAKESPAN_EVENTS_MAX_LEN", 50_000)),
             set_point_weight=_env_nonneg("MAKESPAN_SET_POINT_WEIGHT", 0.0),
+            workload_modules=env.get("MAKESPAN_WORKLOADS", ""),
+            result_max_bytes=_env_int("MAKESPAN_RESULT_MAX_BYTES", 1024 * 1024, 1, 512 * 1024 * 1024),
+            result_ttl_s=_env_float("MAKESPAN_RESULT_TTL_S", 7 * 24 * 3600.0),
+            cancel_grace_s=_env_float("MAKESPAN_CANCEL_GRACE_S", 10.0),
+            default_service_s=_env_float("MAKESPAN_DEFAULT_SERVICE_S", 60.0),
+            estimate_min_runs=_env_int("MAKESPAN_ESTIMATE_MIN_RUNS", 3, 1, 10_000),
         )
         known = {f.name for f in fields(cls)}
         bad = set(overrides) - known
@@ -209,4 +240,10 @@ class Settings:
             "MAKESPAN_RETENTION_BATCH": str(self.retention_batch),
             "MAKESPAN_EVENTS_MAX_LEN": str(self.events_max_len),
             "MAKESPAN_SET_POINT_WEIGHT": repr(self.set_point_weight),
+            "MAKESPAN_WORKLOADS": self.workload_modules,
+            "MAKESPAN_RESULT_MAX_BYTES": str(self.result_max_bytes),
+            "MAKESPAN_RESULT_TTL_S": repr(self.result_ttl_s),
+            "MAKESPAN_CANCEL_GRACE_S": repr(self.cancel_grace_s),
+            "MAKESPAN_DEFAULT_SERVICE_S": repr(self.default_service_s),
+            "MAKESPAN_ESTIMATE_MIN_RUNS": str(self.estimate_min_runs),
         }

@@ -26,6 +26,10 @@ from makespan.settings import Settings
 from makespan.workers.drivers import get_driver
 from makespan.workers.drivers.base import Instance
 from makespan.workers.drivers.registry import list_instances, register_instance, unregister_instance
+from makespan.estimates import record_ops
+from makespan.registry import REGISTRY
+from makespan.results import encode_error
+from makespan.workers.functions import WorkloadContext, WorkloadFailed, lookup, progress_writer, run_function
 from makespan.workers.leases import Lease, LeaseStore
 
 log = logging.getLogger("makespan.phases")
@@ -33,6 +37,7 @@ log = logging.getLogger("makespan.phases")
 JOB_PHASES = ("evict", "start_endpoint", "execute", "clear")
 PROCESS_START_FLOOR_S = 5.0  # least wall time a real endpoint process is given to start
 RESTORE_PHASES = ("evict", "restore")
+STOPS_CHAIN = ("failed", "cancelled", "stale", "retried")  # phase outcomes after which no later phase runs
 
 
 class LeaseHeartbeat:
@@ -158,7 +163,8 @@ class PhaseRunner:
     # -- the phase entry point -----------------------------------------------------------
     def run(self, ctx: PhaseContext, phase: str) -> str:
         """Run one phase. Returns "done", "skipped" (already done: idempotent replay),
-        "stale" (lease no longer ours: nothing done), "cancelled" or "failed"."""
+        "stale" (lease no longer ours: nothing done), "cancelled", "failed" or "retried"
+        (a workload function failed and its job waits for its next try)."""
         lease = ctx.lease
         try:
             self.leases.check(lease)
@@ -188,10 +194,13 @@ class PhaseRunner:
                 return "stale"
             except PhaseCancelled as e:
                 return self._finish(ctx, "cancelled", f"{phase}: {e}")
+            except WorkloadFailed as e:
+                return self._workload_failed(ctx, e)
             except PhaseError as e:
                 return self._finish(ctx, "failed", f"{phase}: {e}")
             self._observe(ctx, phase, planned, time.time() - started)
-            ops = [("HSET", self.keys.phase(ctx.lease_id), phase, "done"),
+            extra_ops = extra.pop("_ops", [])
+            ops = [*extra_ops, ("HSET", self.keys.phase(ctx.lease_id), phase, "done"),
                    ("XADD_E", self.keys.events, self._event("phase_end", ctx, phase=phase, planned_s=planned,
                                                             actual_s=round(time.time() - started, 6), **extra))]
             if not self.leases.fenced(lease, ops):
@@ -280,7 +289,48 @@ class PhaseRunner:
         return [i for i in list_instances(self.r, self.keys) if set(i.gpus) & set(gpus)]
 
     def _phase_start_endpoint(self, ctx: PhaseContext, hb: LeaseHeartbeat, extra: dict) -> float:
-        return self._load(ctx, hb, ctx.endpoint)
+        planned = self._load(ctx, hb, ctx.endpoint)
+        helpers = self._helpers(ctx)
+        if helpers:
+            planned += self._start_helpers(ctx, hb, helpers, extra)
+        return planned
+
+    def _helpers(self, ctx: PhaseContext) -> tuple[str, ...]:
+        """The helper endpoints of the job's workload function (:class:`makespan.registry.WorkloadDef`)."""
+        if ctx.kind != "job":
+            return ()
+        name = self.r.hget(self.keys.job(ctx.job_id), "fn")
+        definition = REGISTRY.get(name) if name else None
+        return definition.helpers if definition is not None else ()
+
+    def _start_helpers(self, ctx: PhaseContext, hb: LeaseHeartbeat, helpers: tuple[str, ...], extra: dict) -> float:
+        """Start each helper endpoint on the first GPUs of the lease (its own tensor-parallel
+        size), beside the main instance, under one POSITIVE agenda entry; the instance ids
+        go into the lease's phase hash so the clear phase stops exactly these. A helper
+        already running there (a replayed phase) is kept."""
+        started: list[str] = []
+        planned = max(self.fleet.endpoints[h].cold_start_s for h in helpers)
+        with self._transition("start_helpers", ctx, list(helpers), planned):
+            for name in helpers:
+                spec = self.fleet.endpoints[name]
+                gpus = list(ctx.gpus[:spec.tensor_parallel])
+                running = [i for i in self._instances_on(gpus) if i.endpoint == name and sorted(i.gpus) == sorted(gpus)]
+                if running:
+                    started.append(running[0].id)
+                    continue
+                if spec.launch.driver == "simulated":
+                    self._sleep(spec.cold_start_s, hb)
+                    inst = Instance(name, gpus, "simulated", host=ctx.host, time_scale=self.settings.time_scale)
+                else:
+                    inst = get_driver(spec.launch.driver).start(spec, gpus, self.settings.time_scale, ctx.host)
+                register_instance(self.r, self.keys, inst)
+                started.append(inst.id)
+                if hb.lost.is_set():
+                    raise StaleFencingToken("lease lost while a helper endpoint started")
+        if not self.leases.fenced(ctx.lease, [("HSET", self.keys.phase(ctx.lease_id), "helpers", json.dumps(started))]):
+            raise StaleFencingToken("lease lost before the helpers were recorded")
+        extra["helpers"] = list(helpers)
+        return planned
 
     def _phase_restore(self, ctx: PhaseContext, hb: LeaseHeartbeat, extra: dict) -> float:
         return self._load(ctx, hb, ctx.endpoint)
@@ -291,15 +341,21 @@ class PhaseRunner:
                                               ("HSET", self.keys.job(ctx.job_id), "state", "running",
                                                "started_at", repr(time.time()))]):
             raise StaleFencingToken("lease lost before execute")
-        self._workload(ctx, hb, extra, self._payload(ctx))
+        spec = self._spec(ctx)
+        self._workload(ctx, hb, extra, ctx.payload or spec.get("payload") or {}, spec)
         if not self.leases.fenced(ctx.lease, [("DEL", busy)]):
             raise StaleFencingToken("lease lost during execute")
         return ctx.service_s
 
-    def _workload(self, ctx: PhaseContext, hb: LeaseHeartbeat, extra: dict, payload: dict) -> None:
-        """The body of execute: the job's requests against its endpoint instance, or a
-        sleep of ``service_s`` (scaled). Raises StaleFencingToken (lease lost) or
-        PhaseError (the workload failed or was cancelled)."""
+    def _workload(self, ctx: PhaseContext, hb: LeaseHeartbeat, extra: dict, payload: dict,
+                  spec: dict | None = None) -> None:
+        """The body of execute: the job's workload function (``spec["workload"]``, see
+        :meth:`_run_function`), else the payload's requests against its endpoint
+        instance, else a sleep of ``service_s`` (scaled). Raises StaleFencingToken (lease
+        lost), PhaseCancelled, WorkloadFailed or PhaseError."""
+        if spec and spec.get("workload"):
+            self._run_function(ctx, hb, extra, spec)
+            return
         inst = self._request_target(ctx) if payload.get("requests") else None
         if inst is not None:  # request-level execution against the real endpoint
             from makespan.workers.requests import RequestRunner
@@ -314,12 +370,98 @@ class PhaseRunner:
         else:
             self._sleep(ctx.service_s, hb, ctx)
 
-    def _payload(self, ctx: PhaseContext) -> dict:
-        """The job's payload (from the context, else from the job record's spec)."""
-        if ctx.payload:
-            return ctx.payload
+    def _spec(self, ctx: PhaseContext) -> dict:
+        """The job's spec (the validated submit, JSON) from its record."""
         raw = self.r.hget(self.keys.job(ctx.job_id), "spec")
-        return (json.loads(raw).get("payload") or {}) if raw else {}
+        return json.loads(raw) if raw else {}
+
+    # -- workload functions ------------------------------------------------------------
+    def _run_function(self, ctx: PhaseContext, hb: LeaseHeartbeat, extra: dict, spec: dict) -> None:
+        """Run the job's workload function (:mod:`makespan.workers.functions`). Its result,
+        the measured run (:mod:`makespan.estimates`) and the run's record fields go into
+        ``extra["_ops"]``: :meth:`run` commits them with the phase's ``done`` in one
+        fenced script, so a result is stored once, by the attempt that holds the lease."""
+        name = spec["workload"]
+        definition = lookup(name, ctx.host)
+        attempts, tries = self.r.hmget(self.keys.job(ctx.job_id), "attempts", "tries")
+        attempt = 1 + int(attempts or 0) + int(tries or 0)
+        urls = {i.endpoint: i.url for i in self._instances_on(ctx.gpus) if i.url and set(i.gpus) <= set(ctx.gpus)}
+        target = self._request_target(ctx)
+        wctx = WorkloadContext(job_id=ctx.job_id, priority=ctx.priority, attempt=attempt, workload=name,
+                               gpus=list(ctx.gpus), host=ctx.host, endpoint=ctx.endpoint,
+                               endpoint_url=target.url if target else None, endpoint_urls=urls,
+                               time_scale=self.settings.time_scale)
+        wctx._progress = progress_writer(self.r, self.keys, ctx.job_id, name)
+        if urls:
+            wctx._requests = self._requests_sender(ctx, hb, wctx)
+        try:
+            result, wall_s = run_function(definition, wctx, list(spec.get("args") or ()), dict(spec.get("kwargs") or {}),
+                                          r=self.r, keys=self.keys, lease_lost=hb.lost,
+                                          grace_s=self.settings.cancel_grace_s,
+                                          result_max_bytes=self.settings.result_max_bytes)
+        except PhaseCancelled:
+            metrics.workload_run(name, "cancelled")
+            raise
+        actual_s = wall_s / self.settings.time_scale  # workload seconds, as service_s
+        metrics.workload_run(name, "ok", ctx.service_s, actual_s)
+        extra.update(workload=name, attempt=attempt, execute_s=round(actual_s, 6))
+        ttl_ms = int(self.settings.result_ttl_s * 1000)
+        extra["_ops"] = [("SET", self.keys.result(ctx.job_id), result, "PX", ttl_ms),
+                         ("HSET", self.keys.job(ctx.job_id), "result_attempt", attempt),
+                         *record_ops(self.keys, name, ctx.endpoint, actual_s)]
+
+    def _requests_sender(self, ctx: PhaseContext, hb: LeaseHeartbeat, wctx: WorkloadContext):
+        """``ctx.requests`` of one run: :class:`makespan.workers.requests.RequestRunner` on
+        the leased instance (or a helper's), under the endpoint's request-lease cap."""
+        from makespan.workers.requests import RequestRunner
+
+        def send(items: list, *, route: str, max_tokens: int, timeout_s: float, raw: bool, endpoint: str | None) -> list:
+            name = endpoint or ctx.endpoint
+            inst = next((i for i in self._instances_on(ctx.gpus) if i.endpoint == name and i.url), None)
+            if inst is None:
+                raise PhaseError(f"ctx.requests: no instance of {name!r} on GPUs {', '.join(ctx.gpus)}")
+            spec = self.fleet.endpoints[name]
+            stop = lambda: hb.lost.is_set() or wctx.cancelled.is_set()  # noqa: E731
+            payload = {"items": items, "route": route, "max_tokens": max_tokens, "request_timeout_s": timeout_s,
+                       "raw": raw}
+            res = RequestRunner(self.r, self.keys, inst.id, inst.url, spec.model, spec.slots, stop).run(ctx.job_id, payload)
+            if res.sent < len(items):
+                raise PhaseCancelled(f"stopped after {res.sent} of {len(items)} requests")
+            return [res.answers.get(i) for i in range(len(items))]
+        return send
+
+    def _workload_failed(self, ctx: PhaseContext, failure: WorkloadFailed) -> str:
+        """A workload function's run failed: retry it (a delayed job, backoff on the Redis
+        server's clock) while its retries last and the failure is retryable, else fail
+        the job and store the error as its result (:mod:`makespan.results`)."""
+        spec = self._spec(ctx)
+        name = spec.get("workload", "")
+        definition = REGISTRY.get(name)
+        attempts, tries = self.r.hmget(self.keys.job(ctx.job_id), "attempts", "tries")
+        tries_done = int(tries or 0)
+        attempt = 1 + int(attempts or 0) + tries_done
+        reason = f"execute: {failure.error_type}: {failure.message}"[:2000]
+        if definition is not None and failure.retryable and tries_done < definition.retries:
+            metrics.workload_run(name, "retried")
+            wait_s = definition.retry_backoff_s * 2 ** tries_done
+            seconds, micros = self.r.time()  # due on the Redis server's clock, as every delayed job
+            due = seconds + micros / 1e6 + wait_s
+            self._stop_helpers(ctx)
+            ops = self._release_ops(ctx) + [
+                ("ZREM", self.keys.running, ctx.job_id),
+                ("HDEL", self.keys.job(ctx.job_id), "lease", "token"),
+                ("HINCRBY", self.keys.job(ctx.job_id), "tries", 1),
+                ("HSET", self.keys.job(ctx.job_id), "state", "delayed", "not_before", repr(due),
+                 "reason", f"retry {tries_done + 1} of {definition.retries} in {wait_s:g} s after {reason}",
+                 "last_error", reason),
+                ("ZADD", self.keys.delayed, repr(due), ctx.job_id),
+                ("XADD_E", self.keys.events, self._event("retry_scheduled", ctx, attempt=attempt, reason=reason,
+                                                         not_before=due))]
+            return "retried" if self.leases.fenced(ctx.lease, ops) else "stale"
+        metrics.workload_run(name or "unknown", "error")
+        error = encode_error(failure.error_type, failure.message, failure.traceback_text, attempt)
+        ttl_ms = int(self.settings.result_ttl_s * 1000)
+        return self._finish(ctx, "failed", reason, extra_ops=[("SET", self.keys.result(ctx.job_id), error, "PX", ttl_ms)])
 
     def _request_target(self, ctx: PhaseContext) -> Instance | None:
         """The running instance of ``ctx.endpoint`` on exactly these GPUs that has a URL."""
@@ -345,25 +487,58 @@ class PhaseRunner:
 
     def _phase_clear(self, ctx: PhaseContext, hb: LeaseHeartbeat, extra: dict) -> float:
         # Per-job state on the instance (request leases, caches) is dropped here; the
-        # endpoint itself stays resident (warm) for the next job that needs it.
+        # endpoint itself stays resident (warm) for the next job that needs it. Helper
+        # endpoints the start phase started for this job are stopped (the design notes'
+        # clear_embeddings), unregistered first so the observer sees no failure.
         self.r.delete(self.keys.busy(ctx.lease_id))
-        return 0.0
+        raw = self.r.hget(self.keys.phase(ctx.lease_id), "helpers")
+        ids = set(json.loads(raw)) if raw else set()
+        if not ids:
+            return 0.0
+        helpers = [i for i in self._instances_on(ctx.gpus) if i.id in ids]
+        evict_s = max((self.fleet.endpoints[i.endpoint].evict_s for i in helpers), default=0.0)
+        with self._transition("clear", ctx, sorted({i.endpoint for i in helpers}), evict_s):
+            for inst in helpers:
+                self._stop_instance(inst)
+            if helpers and all(i.driver == "simulated" for i in helpers):
+                self._sleep(evict_s, hb)
+        extra["cleared"] = sorted({i.endpoint for i in helpers})
+        return evict_s
 
     # -- completion --------------------------------------------------------------------
-    def _finish(self, ctx: PhaseContext, state: str, reason: str) -> str:
-        """Release the lease and, for a job, record its final state — atomically, fenced."""
+    def _finish(self, ctx: PhaseContext, state: str, reason: str, extra_ops: list[tuple] | None = None) -> str:
+        """Release the lease and, for a job, record its final state — atomically, fenced
+        (with ``extra_ops``, e.g. the stored error of a failed workload function)."""
         now = time.time()
-        if not self.leases.fenced(ctx.lease, self._finish_ops(ctx, state, reason, now)):
+        if ctx.kind == "job":
+            self._stop_helpers(ctx)
+        if not self.leases.fenced(ctx.lease, [*(extra_ops or []), *self._finish_ops(ctx, state, reason, now)]):
             return "stale"
         return self._finished(ctx, state, reason, now)
+
+    def _stop_helpers(self, ctx: PhaseContext) -> None:
+        """Stop the helper endpoints started for this lease (a job that ends before its
+        clear phase: cancelled, failed, retried). Best effort: leftovers on these GPUs are
+        stopped by the next start phase there anyway."""
+        try:
+            raw = self.r.hget(self.keys.phase(ctx.lease_id), "helpers")
+            ids = set(json.loads(raw)) if raw else set()
+            for inst in [i for i in self._instances_on(ctx.gpus) if i.id in ids]:
+                self._stop_instance(inst)
+        except redis.RedisError as e:
+            log.warning("job %s: helper endpoints not stopped: %s", ctx.job_id, e)
+
+    def _release_ops(self, ctx: PhaseContext) -> list[tuple]:
+        """Fenced ops that free the lease's GPUs and forget the lease (and wake the planner)."""
+        ops: list[tuple] = [("DEL", self.keys.gpu(g)) for g in ctx.gpus]
+        return ops + [("RPUSH", self.keys.planner_wake, "1"), ("LTRIM", self.keys.planner_wake, -16, -1),
+                      ("DEL", self.keys.lease(ctx.lease_id)), ("ZREM", self.keys.leases, ctx.lease_id),
+                      ("DEL", self.keys.phase(ctx.lease_id)), ("DEL", self.keys.busy(ctx.lease_id))]
 
     def _finish_ops(self, ctx: PhaseContext, state: str, reason: str, now: float) -> list[tuple]:
         """The fenced ops of :meth:`_finish` (release, final state, event), for callers
         that commit them together with ops of their own."""
-        ops: list[tuple] = [("DEL", self.keys.gpu(g)) for g in ctx.gpus]
-        ops += [("RPUSH", self.keys.planner_wake, "1"), ("LTRIM", self.keys.planner_wake, -16, -1),
-                ("DEL", self.keys.lease(ctx.lease_id)), ("ZREM", self.keys.leases, ctx.lease_id),
-                ("DEL", self.keys.phase(ctx.lease_id)), ("DEL", self.keys.busy(ctx.lease_id))]
+        ops = self._release_ops(ctx)
         if ctx.kind == "job":
             ops += [("ZREM", self.keys.running, ctx.job_id),
                     ("ZADD", f"{self.keys.prefix}:finished", repr(now), ctx.job_id),  # makespan.workers.retention

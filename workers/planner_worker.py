@@ -35,7 +35,7 @@ from redis.exceptions import LockError, LockNotOwnedError
 from makespan import events, metrics, telemetry
 from makespan.errors import LeaseError, StoreError
 from makespan.keys import Keys
-from makespan.models import FleetSpec, Priority
+from makespan.models import FleetSpec, Priority, fleet_version
 from makespan.settings import Settings
 from makespan.planner.api import plan
 from makespan.planner.model import FleetState, PlanJob
@@ -100,7 +100,8 @@ class PlannerWorker(BatchMixin, FleetViewMixin, StartMixin, PreemptionMixin, Set
             try:  # a standby must outlive a Redis restart or a dropped connection
                 if lock.acquire(blocking=True, blocking_timeout=self.lock_ttl_s / 4):
                     self.token = str(self.r.incr(self.keys.planner_fence))
-                    self.r.set(self.keys.fleet, self.fleet.model_dump_json())
+                    self.r.mset({self.keys.fleet: self.fleet.model_dump_json(),
+                                 self.keys.fleet_version: fleet_version(self.fleet)})
                     log.info("%s leads (planner fencing token %s)", self.name, self.token)
                     events.record(self.r, self.keys.events, "planner_lead", planner=self.name, pid=os.getpid(),
                                   token=int(self.token))

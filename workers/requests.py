@@ -60,6 +60,7 @@ class RequestResult:
     peak_in_flight: int = 0
     first_error: str = ""
     records: list[str] = field(default_factory=list)  # JSON per request, pushed once at the end
+    answers: dict[int, Any] = field(default_factory=dict)  # request index -> answer (ctx.requests only)
 
     def summary(self) -> dict[str, Any]:
         lat = sorted(self.latency_ms)
@@ -72,7 +73,13 @@ class RequestResult:
 
 
 def _body(route: str, payload: dict[str, Any], i: int, model: str) -> dict[str, Any]:
-    prompt = str(payload.get("prompt", "request {i}")).format(i=i, step=payload.get("step", ""))
+    items = payload.get("items")
+    if items is not None and isinstance(items[i], dict):  # a whole request body (ctx.requests)
+        return {**items[i], "model": items[i].get("model", model)}
+    if items is not None:
+        prompt = str(items[i])
+    else:
+        prompt = str(payload.get("prompt", "request {i}")).format(i=i, step=payload.get("step", ""))
     if route.endswith("embeddings"):
         return {"model": model, "input": prompt}
     if route.endswith("chat/completions"):
@@ -89,6 +96,18 @@ def _text(route: str, data: dict[str, Any]) -> str:
         return ch["message"]["content"] if "message" in ch else ch["text"]
     except (KeyError, IndexError, TypeError):
         return ""
+
+
+def _answer(route: str, data: dict[str, Any]) -> Any:
+    """The whole answer of one response (``ctx.requests``): the embedding vector, the chat
+    message's content or the completion's text."""
+    try:
+        if route.endswith("embeddings"):
+            return data["data"][0]["embedding"]
+        ch = data["choices"][0]
+        return ch["message"]["content"] if "message" in ch else ch["text"]
+    except (KeyError, IndexError, TypeError):
+        return None
 
 
 class RequestRunner:
@@ -149,7 +168,10 @@ class RequestRunner:
                 resp = await client.post(self.url + route, json=_body(route, payload, i, self.model))
                 status = resp.status_code
                 if status == 200:
-                    text = _text(route, resp.json())
+                    data = resp.json()
+                    text = _text(route, data)
+                    if "items" in payload:  # ctx.requests keeps every whole answer
+                        res.answers[i] = data if payload.get("raw") else _answer(route, data)
                 else:
                     err = f"HTTP {status}: {resp.text[:120]}"
             except (httpx.HTTPError, ValueError) as e:
@@ -170,7 +192,7 @@ class RequestRunner:
                  "text": (text or err)[:KEEP_TEXT], "instance": self.instance_id}, separators=(",", ":")))
 
     async def run_async(self, job_id: str, payload: dict[str, Any]) -> RequestResult:
-        n = int(payload.get("requests", 0))
+        n = len(payload["items"]) if "items" in payload else int(payload.get("requests", 0))
         res = RequestResult()
         timeout = httpx.Timeout(float(payload.get("request_timeout_s", 60.0)))
         limits = httpx.Limits(max_connections=self.slots, max_keepalive_connections=self.slots)

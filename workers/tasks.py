@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from functools import lru_cache
 
 from celery import chain, signals
@@ -18,13 +19,18 @@ from makespan.keys import Keys
 from makespan.models import FleetSpec, load_fleet, parse_fleet
 from makespan.redis_conn import connect
 from makespan.settings import Settings
-from makespan.workers.phases import JOB_PHASES, RESTORE_PHASES, PhaseContext, PhaseRunner
+from makespan.errors import StoreError
+from makespan.registry import LIVE_TTL_S, REGISTRY, load_modules, publish
+from makespan.workers.phases import JOB_PHASES, RESTORE_PHASES, STOPS_CHAIN, PhaseContext, PhaseRunner
 
 log = logging.getLogger("makespan.tasks")
 
 settings = Settings.from_env()
 celery = create_celery(settings)
 telemetry.instrument_celery(celery, "makespan-gpu-worker")
+# User modules with @makespan.workload functions (``--workloads``, MAKESPAN_WORKLOADS), imported
+# here so that the worker and every pool child hold the same registry, as ``celery -A`` does.
+WORKLOADS = load_modules(settings.workload_modules) if settings.workload_modules else []
 
 
 @lru_cache(maxsize=1)
@@ -61,7 +67,7 @@ def _make_phase_task(phase: str):
     def _task(self, ctx: dict) -> str:
         c = PhaseContext.from_dict(ctx)
         out = runner().run(c, phase)
-        if out in ("failed", "cancelled", "stale"):
+        if out in STOPS_CHAIN:
             self.request.chain = None  # stop the chain: later phases of this lease must not run
         return out
 
@@ -94,6 +100,56 @@ def dispatch(ctx: PhaseContext, queue: str, warm: bool = False) -> None:
         return
     phases = JOB_PHASES if ctx.kind == "job" else RESTORE_PHASES
     chain(*[PHASE_TASKS[p].si(payload).set(queue=queue) for p in phases]).apply_async()
+
+
+class RegistryPublisher:
+    """Publishes this worker's workload functions (:func:`makespan.registry.publish`) at
+    start and every ``LIVE_TTL_S / 3`` from a daemon thread, so producers can tell which
+    names a live worker runs. Stops with the worker; the names then expire."""
+
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="makespan-registry", daemon=True)
+
+    def start(self) -> None:
+        self._publish()  # before the first task: a submit right after start must pass
+        self._thread.start()
+
+    def _publish(self) -> None:
+        try:
+            publish(connect(settings.redis_url), Keys(settings.key_prefix), list(REGISTRY.values()))
+        except StoreError as e:  # Redis away: the names expire, submits are refused until it is back
+            log.warning("publishing workload functions failed: %s", e)
+
+    def _run(self) -> None:
+        while not self._stop.wait(LIVE_TTL_S / 3):
+            self._publish()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+_publisher: RegistryPublisher | None = None
+
+
+@signals.worker_ready.connect
+def _publish_registry(**_kw) -> None:
+    global _publisher
+    if REGISTRY and _publisher is None:
+        _check_helpers()
+        _publisher = RegistryPublisher()
+        _publisher.start()
+
+
+def _check_helpers() -> None:
+    """Every endpoint a registered workload names must be in the fleet (a typo would
+    otherwise fail each job at run time)."""
+    endpoints = set(_fleet().endpoints)
+    for d in REGISTRY.values():
+        for name in (d.endpoint, *d.helpers):
+            if name is not None and name not in endpoints:
+                log.error("workload %s names endpoint %r, which the fleet does not have (%s)", d.name, name,
+                          ", ".join(sorted(endpoints)))
 
 
 @signals.worker_shutting_down.connect

@@ -25,7 +25,8 @@ from typing import Any
 
 from makespan import telemetry
 from makespan.errors import PhaseCancelled, PhaseError, StaleFencingToken
-from makespan.workers.phases import JOB_PHASES, LeaseHeartbeat, PhaseContext, PhaseRunner, instance_value
+from makespan.workers.functions import WorkloadFailed
+from makespan.workers.phases import JOB_PHASES, STOPS_CHAIN, LeaseHeartbeat, PhaseContext, PhaseRunner, instance_value
 
 # KEYS: phase hash, job, events, busy, gpu_1..gpu_n, resident_1..resident_n
 # ARGV: lease_id, token, n, instance value, started_at (unix s), job id, then 5 event JSONs
@@ -65,6 +66,8 @@ def run_warm(runner: PhaseRunner, ctx: PhaseContext) -> str:
     like :meth:`PhaseRunner.run` of the last phase ("completed", "failed",
     "cancelled", "stale"), or the phase-by-phase path's outcome when it falls back."""
     k = runner.keys
+    if runner._helpers(ctx):  # helper endpoints start and stop in their phases
+        return run_phases(runner, ctx)
     t0 = time.time()
     evs = _phase_events(runner, ctx, ("evict", "start_endpoint"), t0)
     evs.append(runner._event("phase_start", ctx, phase="execute"))
@@ -80,25 +83,30 @@ def run_warm(runner: PhaseRunner, ctx: PhaseContext) -> str:
              "gpus": list(ctx.gpus), "host": ctx.host, "lease_id": ctx.lease_id, "kind": ctx.kind}
     for p in ("evict", "start_endpoint"):
         _noop_phase(runner, ctx, p, attrs)
-    payload = ctx.payload or _spec_payload(got[1])
+    spec = json.loads(got[1]) if got[1] else {}
+    payload = ctx.payload or spec.get("payload") or {}
     extra: dict[str, Any] = {}
     started = time.time()
     with LeaseHeartbeat(runner.leases, ctx.lease, runner.settings.lease_ttl_s, runner.settings.heartbeat_s) as hb:
         try:
             with telemetry.phase_span("execute", ctx.traceparent, attrs) as span:
-                runner._workload(ctx, hb, extra, payload)
+                runner._workload(ctx, hb, extra, payload, spec)
                 span.set_attribute("makespan.planned_s", float(ctx.service_s))
         except StaleFencingToken:
             return "stale"
         except PhaseCancelled as e:  # as PhaseRunner.run: a cancel is not a failure
             return runner._finish(ctx, "cancelled", f"execute: {e}")
+        except WorkloadFailed as e:
+            return runner._workload_failed(ctx, e)
         except PhaseError as e:
             return runner._finish(ctx, "failed", f"execute: {e}")
         actual_s = time.time() - started
         runner._observe(ctx, "execute", ctx.service_s, actual_s)
         _noop_phase(runner, ctx, "clear", attrs)
         now = time.time()
+        extra_ops = extra.pop("_ops", [])
         ops: list[tuple] = [
+            *extra_ops,
             ("XADD_E", k.events, runner._event("phase_end", ctx, phase="execute", planned_s=ctx.service_s,
                                                 actual_s=round(actual_s, 6), **extra)),
             ("XADD_E", k.events, runner._event("phase_start", ctx, phase="clear")),
@@ -119,16 +127,12 @@ def _noop_phase(runner: PhaseRunner, ctx: PhaseContext, phase: str, attrs: dict)
     runner._observe(ctx, phase, 0.0, 0.0)
 
 
-def _spec_payload(raw: str) -> dict:
-    return (json.loads(raw).get("payload") or {}) if raw else {}
-
-
 def run_phases(runner: PhaseRunner, ctx: PhaseContext) -> str:
     """Every job phase one by one (each idempotent and fenced); stops at the first
     phase that fails, is cancelled or finds its lease stale."""
     out = "done"
     for phase in JOB_PHASES:
         out = runner.run(ctx, phase)
-        if out in ("failed", "cancelled", "stale"):
+        if out in STOPS_CHAIN:
             break
     return out

@@ -1,0 +1,325 @@
+"""The client API: ``makespan.connect()`` → :class:`Client` → :class:`Job`.
+
+::
+
+    import makespan
+
+    client = makespan.connect()                       # MAKESPAN_REDIS_URL by default
+    job = client.submit("render_cards", cards, priority="HIGH")
+    print(job.result(timeout_s=600))                  # the function's return value
+
+The fleet comes from Redis, where the planner publishes it at start with its version
+(``P:fleet``, ``P:fleet:version``), so a producer needs no fleet file; one passed to
+:func:`connect` is checked against the published one. A workload name must have been
+registered by a live GPU worker (:mod:`makespan.registry`); its definition gives the
+default endpoint and the planning estimate when ``service_s`` is not given
+(:mod:`makespan.estimates`). Everything is validated before anything is written
+(:class:`makespan.errors.ValidationError`); the write itself is the one atomic submit
+script of :class:`makespan.producer.Producer`, the layer underneath.
+
+Waiting calls (:meth:`Job.result`, :meth:`Job.wait`) poll the job record with a
+backoff from 10 ms to 250 ms; :meth:`Job.result_async` and :meth:`Job.wait_async` are
+their asyncio twins (redis-py's asyncio client, no thread per waiter).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import redis
+import redis.asyncio
+
+from makespan.errors import (JobCancelled, JobFailed, NotFoundError, ResultTimeout, StoreError, ValidationError,
+                             WorkloadError)
+from makespan.keys import Keys
+from makespan.models import FleetSpec, Priority, fleet_version, load_fleet, parse_fleet
+from makespan.producer import Producer
+from makespan.registry import WorkloadDef, live_definition
+from makespan.results import REFERENCE
+from makespan.settings import Settings
+
+FINAL_STATES = ("completed", "failed", "cancelled")
+_POLL_MIN_S, _POLL_MAX_S = 0.01, 0.25
+ASYNC_SOCKET_TIMEOUT_S = 5.0  # the asyncio waiter's socket and connect timeout
+
+
+def connect(url: str | None = None, *, fleet: str | Path | FleetSpec | None = None, key_prefix: str | None = None,
+            settings: Settings | None = None) -> "Client":
+    """A :class:`Client` on the Redis at ``url`` (default ``MAKESPAN_REDIS_URL``, else
+    ``redis://127.0.0.1:6379/0``).
+
+    Args:
+        fleet: a fleet file or spec to check against the one the planner published
+            (a mismatch is a ValidationError at the first submit); when no planner has
+            published one yet, submits are validated against this one.
+        key_prefix: the deployment's key prefix (default ``MAKESPAN_KEY_PREFIX`` or ``makespan``).
+    Raises:
+        ValidationError: a bad URL or fleet file.
+    """
+    from makespan.redis_conn import connect as redis_connect
+
+    base = settings or Settings.from_env()
+    overrides: dict[str, Any] = {}
+    if url:
+        overrides["redis_url"] = url
+    if key_prefix:
+        overrides["key_prefix"] = key_prefix
+    if overrides:
+        from dataclasses import replace
+
+        base = replace(base, **overrides)
+    spec = load_fleet(fleet) if isinstance(fleet, (str, Path)) else fleet
+    return Client(redis_connect(base.redis_url), base, spec)
+
+
+class Client:
+    """Producer side of one makespan deployment (one Redis, one key prefix).
+
+    Thread-safe (redis-py's connection pool); create one per process."""
+
+    def __init__(self, r: redis.Redis, settings: Settings, fleet: FleetSpec | None = None):
+        self.r, self.settings = r, settings
+        self.keys = Keys(settings.key_prefix)
+        self._own_fleet = fleet
+        self._fleet: FleetSpec | None = None
+        self._fleet_version: str | None = None
+        self._producer = Producer(r, self.keys, None, settings)
+
+    # -- the fleet ----------------------------------------------------------------------
+    def fleet(self) -> FleetSpec:
+        """The fleet the planner published (re-read when its version changes), else the
+        one given to :func:`connect`.
+
+        Raises:
+            ValidationError: no planner has published a fleet and none was given, or the
+                given one differs from the published one.
+            StoreError: Redis failed."""
+        try:
+            version = self.r.get(self.keys.fleet_version)
+            if version is None or version != self._fleet_version:
+                raw = self.r.get(self.keys.fleet)
+                self._fleet = parse_fleet(json.loads(raw)) if raw else None
+                self._fleet_version = version if raw else None
+        except redis.RedisError as e:
+            raise StoreError(f"reading the published fleet: {e}") from e
+        published = self._fleet
+        if published is None:
+            if self._own_fleet is None:
+                raise ValidationError("fleet", None, "no planner has published a fleet yet: start `makespan planner "
+                                                     "--fleet FILE`, or pass fleet= to makespan.connect()")
+            return self._own_fleet
+        if self._own_fleet is not None and fleet_version(self._own_fleet) != fleet_version(published):
+            raise ValidationError("fleet", self._own_fleet.name,
+                                  f"differs from the fleet the planner published (version {fleet_version(published)}, "
+                                  f"given {fleet_version(self._own_fleet)}): use the planner's fleet file or omit fleet=")
+        return published
+
+    # -- submit -------------------------------------------------------------------------
+    def submit(self, workload: "str | WorkloadDef", *args: Any, priority: Priority | str | int = "NORMAL",
+               endpoint: str | None = None, idempotency_key: str | None = None,
+               depends_on: "list[str | Job] | tuple[str | Job, ...]" = (), delay_s: float | None = None,
+               service_s: float | None = None, deadline_s: float | None = None, **kwargs: Any) -> "Job":
+        """Submit a call of ``workload(*args, **kwargs)`` (a registered name, or the
+        :class:`~makespan.registry.WorkloadDef` the decorator returned).
+
+        A :class:`Job` among the top-level ``args``/``kwargs`` is passed as that job's
+        result value, and the new job depends on it. Keyword arguments named like this
+        method's options are taken as options.
+
+        Args:
+            priority: CRITICAL, HIGH, NORMAL (default) or LOW.
+            endpoint: the endpoint to run on (default: the workload's own).
+            idempotency_key: a repeated key returns the existing job (``job.created`` False).
+            depends_on: jobs (or ids) that must complete first.
+            delay_s: queue the job only this many seconds from now.
+            service_s: planning estimate, workload seconds (default: learned, see
+                :mod:`makespan.estimates`).
+            deadline_s: due time, seconds after submission (tardiness policies).
+        Returns:
+            The :class:`Job`.
+        Raises:
+            ValidationError: unknown workload or endpoint, no live worker registered the
+                workload, arguments that are not JSON or too large, ... (nothing written).
+            StoreError: Redis failed.
+        """
+        name = workload.name if isinstance(workload, WorkloadDef) else workload
+        if not isinstance(name, str) or not name:
+            raise ValidationError("workload", workload, "must be a workload name or a @makespan.workload function")
+        definition = live_definition(self.r, self.keys, name)
+        endpoint = endpoint or definition.get("endpoint")
+        if not endpoint:
+            raise ValidationError("endpoint", None, f"workload {name!r} has no default endpoint: pass endpoint=")
+        deps = [d.id if isinstance(d, Job) else d for d in depends_on]
+        call_args = [self._argument(a, deps) for a in args]
+        call_kwargs = {k: self._argument(v, deps) for k, v in kwargs.items()}
+        estimated = service_s is None
+        if estimated:
+            from makespan.estimates import estimate_s
+
+            prior = definition.get("expected_s") or self.settings.default_service_s
+            service_s, _runs = estimate_s(self.r, self.keys, name, endpoint, float(prior), self.settings.estimate_min_runs)
+        job: dict[str, Any] = {"endpoint": endpoint, "priority": priority, "service_s": service_s, "workload": name,
+                               "args": call_args, "kwargs": call_kwargs}
+        if idempotency_key is not None:
+            job["idempotency_key"] = idempotency_key
+        if deps:
+            job["depends_on"] = list(dict.fromkeys(deps))
+        if delay_s is not None:
+            job["delay_s"] = delay_s
+        if deadline_s is not None:
+            job["deadline_s"] = deadline_s
+        self._producer.fleet = self.fleet()
+        handle = self._producer.submit(job, extra_fields={"service_estimated": 1} if estimated else None)
+        return Job(self, handle.id, created=handle.created)
+
+    @staticmethod
+    def _argument(value: Any, deps: list[str]) -> Any:
+        if isinstance(value, Job):
+            deps.append(value.id)
+            return {REFERENCE: value.id}
+        return value
+
+    def job(self, job_id: str) -> "Job":
+        """A handle on an existing job (its existence is checked by its first call)."""
+        return Job(self, job_id)
+
+    def close(self) -> None:
+        """Close the Redis connections."""
+        self.r.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class Job:
+    """A submitted job: its id, and calls to follow it.
+
+    Attributes:
+        id: the job id (32 hex digits).
+        created: False when :meth:`Client.submit` returned an existing job of the same
+            idempotency key.
+    """
+
+    def __init__(self, client: Client, job_id: str, created: bool = True):
+        self.client, self.id, self.created = client, job_id, created
+
+    def __repr__(self) -> str:
+        return f"Job({self.id!r})"
+
+    def status(self) -> dict[str, Any]:
+        """The job record: ``state`` (queued, delayed, leased, running, completed, failed,
+        cancelled), times (unix s), ``attempts``, ``reason``, progress fields.
+
+        Raises:
+            NotFoundError: no such job (or it expired after its retention)."""
+        return self.client._producer.status(self.id)
+
+    @property
+    def state(self) -> str:
+        return str(self.status()["state"])
+
+    def cancel(self) -> str:
+        """Cancel: a queued or delayed job at once; a running one's function sees
+        ``ctx.cancelled`` and is stopped after ``Settings.cancel_grace_s``. Returns the
+        outcome (``cancelled``, ``cancel_requested``) or the final state."""
+        return self.client._producer.cancel(self.id)
+
+    def wait(self, timeout_s: float | None = None) -> str:
+        """Block until the job ends; returns its final state.
+
+        Raises:
+            ResultTimeout: ``timeout_s`` passed first.
+            NotFoundError: no such job."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        pause = _POLL_MIN_S
+        while True:
+            state = self._state()
+            if state in FINAL_STATES:
+                return state
+            if deadline is not None and time.monotonic() >= deadline:
+                raise ResultTimeout(f"job {self.id} still {state} after {timeout_s} s")
+            time.sleep(pause if deadline is None else max(0.0, min(pause, deadline - time.monotonic())))
+            pause = min(pause * 1.5, _POLL_MAX_S)
+
+    def result(self, timeout_s: float | None = None) -> Any:
+        """Wait for the job and return its function's return value.
+
+        Raises:
+            WorkloadError: the function raised (type, message, traceback) on its last attempt.
+            JobCancelled: the job was cancelled.
+            JobFailed: it failed without an error of its function (e.g. its lease expired
+                ``max_attempts`` times, or the result was over the size limit).
+            ResultTimeout: ``timeout_s`` passed first.
+            NotFoundError: no such job."""
+        return self._outcome(self.wait(timeout_s))
+
+    def _state(self) -> str:
+        try:
+            state = self.client.r.hget(self.client.keys.job(self.id), "state")
+        except redis.RedisError as e:
+            raise StoreError(f"job {self.id}: {e}") from e
+        if state is None:
+            raise NotFoundError(f"no job {self.id!r}")
+        return state
+
+    def _outcome(self, state: str) -> Any:
+        from makespan.results import read
+
+        rec = read(self.client.r, self.client.keys, self.id)
+        if state == "completed":
+            if rec is None or not rec.get("ok"):
+                return None  # a job without a workload function (or whose result expired)
+            return rec.get("value")
+        if state == "cancelled":
+            raise JobCancelled(f"job {self.id} was cancelled: {self._reason()}")
+        if rec is not None and not rec.get("ok"):
+            err = rec.get("error") or {}
+            raise WorkloadError(self.id, err.get("type", "Error"), err.get("message", ""), err.get("traceback", ""),
+                                int(rec.get("attempt", 1)))
+        raise JobFailed(self.id, state, self._reason())
+
+    def _reason(self) -> str:
+        try:
+            return self.client.r.hget(self.client.keys.job(self.id), "reason") or ""
+        except redis.RedisError as e:
+            raise StoreError(f"job {self.id}: {e}") from e
+
+    # -- asyncio twins ------------------------------------------------------------------
+    async def wait_async(self, timeout_s: float | None = None) -> str:
+        """:meth:`wait` for asyncio (redis-py's asyncio client; cancellable)."""
+        url = self.client.settings.redis_url
+        if url.startswith("redis+sentinel://"):  # redis-py's asyncio Sentinel is not wired here: a thread waits
+            return await asyncio.to_thread(self.wait, timeout_s)
+        aredis = redis.asyncio.Redis.from_url(url, decode_responses=True, socket_timeout=ASYNC_SOCKET_TIMEOUT_S,
+                                              socket_connect_timeout=ASYNC_SOCKET_TIMEOUT_S, socket_keepalive=True)
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout_s is None else loop.time() + timeout_s
+        pause = _POLL_MIN_S
+        try:
+            while True:
+                try:
+                    state = await aredis.hget(self.client.keys.job(self.id), "state")
+                except redis.RedisError as e:
+                    raise StoreError(f"job {self.id}: {e}") from e
+                if state is None:
+                    raise NotFoundError(f"no job {self.id!r}")
+                if state in FINAL_STATES:
+                    return state
+                if deadline is not None and loop.time() >= deadline:
+                    raise ResultTimeout(f"job {self.id} still {state} after {timeout_s} s")
+                await asyncio.sleep(pause)
+                pause = min(pause * 1.5, _POLL_MAX_S)
+        finally:
+            await aredis.aclose()
+
+    async def result_async(self, timeout_s: float | None = None) -> Any:
+        """:meth:`result` for asyncio."""
+        state = await self.wait_async(timeout_s)
+        return await asyncio.to_thread(self._outcome, state)

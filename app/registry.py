@@ -1,0 +1,176 @@
+"""Workload functions: ``@makespan.workload`` and the registry GPU workers publish.
+
+A workload function is user code that a job runs in its execute phase, on the GPUs the
+planner leased for it, after the transitions the plan needed (evict, start or wake the
+endpoint)::
+
+    import makespan
+
+    @makespan.workload(endpoint="renderer", retries=2, expected_s=30)
+    def render_cards(ctx, cards):
+        ...                       # ctx: makespan.workers.functions.WorkloadContext
+        return {"rendered": len(cards)}
+
+The decorator registers the function in this process's :data:`REGISTRY` under its name
+(default ``module.qualname``, as Celery names tasks) and returns a :class:`WorkloadDef`,
+which is still callable like the function. A GPU worker imports the modules named by
+``--workloads`` (``MAKESPAN_WORKLOADS``), the way ``celery -A`` does, and publishes the
+definitions to Redis (:func:`publish`) with a liveness key per name that it renews; a
+producer (:class:`makespan.client.Client`) rejects a workload name that no live worker
+registered. Arguments and results are JSON only (no pickle).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from makespan.errors import StoreError, ValidationError
+from makespan.keys import Keys
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:\-]{0,199}$")
+LIVE_TTL_S = 30.0  # a worker renews its names every LIVE_TTL_S / 3
+
+
+@dataclass(frozen=True)
+class WorkloadDef:
+    """A registered workload function and how its jobs run.
+
+    Attributes:
+        name: the name producers submit (unique per deployment).
+        fn: ``fn(ctx, *args, **kwargs)``, returning a JSON value.
+        endpoint: the endpoint its jobs run on unless the submit names another; None:
+            the submit must name one.
+        helpers: endpoints a job needs beside its main one (see docs/workloads.md: they
+            are started on the job's GPUs after the main endpoint and stopped by the
+            clear phase).
+        retries: how often a job whose function raised is run again (0: never).
+        retry_backoff_s: the wait before retry n is ``retry_backoff_s × 2^(n−1)`` s.
+        timeout_s: wall seconds the function may run; then its ``ctx.cancelled`` is set
+            and the job fails (and is retried while retries are left). None: no limit.
+        expected_s: the planning estimate until enough runs were measured
+            (:mod:`makespan.estimates`), workload seconds.
+    """
+
+    name: str
+    fn: Callable[..., Any] = field(compare=False)
+    endpoint: str | None = None
+    helpers: tuple[str, ...] = ()
+    retries: int = 0
+    retry_backoff_s: float = 1.0
+    timeout_s: float | None = None
+    expected_s: float | None = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    def describe(self) -> dict[str, Any]:
+        """The JSON definition published to Redis (everything but the code)."""
+        return {"name": self.name, "endpoint": self.endpoint, "helpers": list(self.helpers),
+                "retries": self.retries, "retry_backoff_s": self.retry_backoff_s,
+                "timeout_s": self.timeout_s, "expected_s": self.expected_s,
+                "module": getattr(self.fn, "__module__", None)}
+
+
+REGISTRY: dict[str, WorkloadDef] = {}
+
+
+def _seconds(value: Any, field_name: str, allow_none: bool) -> float | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValidationError(f"workload.{field_name}", value, "must be a positive, finite number of seconds")
+    return float(value)
+
+
+def workload(endpoint: str | None = None, *, helpers: Iterable[str] = (), name: str | None = None, retries: int = 0,
+             retry_backoff_s: float = 1.0, timeout_s: float | None = None,
+             expected_s: float | None = None) -> Callable[[Callable[..., Any]], WorkloadDef]:
+    """Register a workload function (see the module docstring).
+
+    Raises:
+        ValidationError: a bad option (negative retries, a non-positive time, a name
+            with characters other than letters, digits and ``_.:-``), or a second,
+            different function under a name already registered in this process."""
+    if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= 100:
+        raise ValidationError("workload.retries", retries, "must be a whole number from 0 to 100")
+    backoff = _seconds(retry_backoff_s, "retry_backoff_s", allow_none=False)
+    timeout = _seconds(timeout_s, "timeout_s", allow_none=True)
+    expected = _seconds(expected_s, "expected_s", allow_none=True)
+    helper_names = tuple(helpers)
+    if endpoint is not None and endpoint in helper_names:
+        raise ValidationError("workload.helpers", helper_names, "must not name the main endpoint")
+
+    def register(fn: Callable[..., Any]) -> WorkloadDef:
+        if not callable(fn):
+            raise ValidationError("workload", fn, "decorates a function")
+        wname = name or f"{fn.__module__}.{fn.__qualname__}"
+        if not _NAME.match(wname):
+            raise ValidationError("workload.name", wname, "use letters, digits and '_.:-' (at most 200)")
+        definition = WorkloadDef(wname, fn, endpoint, helper_names, retries, float(backoff or 1.0), timeout, expected)
+        old = REGISTRY.get(wname)
+        if old is not None and getattr(old.fn, "__code__", None) is not getattr(fn, "__code__", None):
+            raise ValidationError("workload.name", wname, f"already registered by {old.fn.__module__}")
+        REGISTRY[wname] = definition
+        return definition
+
+    return register
+
+
+def load_modules(modules: str | Iterable[str]) -> list[str]:
+    """Import the user modules that define workload functions (``"a.b,c"`` or a list).
+
+    Returns:
+        The names registered after the imports.
+    Raises:
+        ValidationError: a module cannot be imported (the import error is chained)."""
+    names = [m.strip() for m in (modules.split(",") if isinstance(modules, str) else modules) if m.strip()]
+    for module in names:
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            raise ValidationError("workloads", module, f"cannot import: {e}") from e
+    return sorted(REGISTRY)
+
+
+def publish(r: redis.Redis, keys: Keys, definitions: Iterable[WorkloadDef], ttl_s: float = LIVE_TTL_S) -> None:
+    """Publish ``definitions`` and mark each name live for ``ttl_s`` (a GPU worker calls
+    this at start and every ``ttl_s / 3``).
+
+    Raises:
+        StoreError: Redis failed."""
+    pipe = r.pipeline(transaction=False)
+    for d in definitions:
+        pipe.set(keys.fn(d.name), json.dumps(d.describe()))
+        pipe.set(keys.fn_live(d.name), "1", px=int(ttl_s * 1000))
+        pipe.sadd(keys.fns, d.name)
+    try:
+        pipe.execute()
+    except redis.RedisError as e:
+        raise StoreError(f"publishing workload functions: {e}") from e
+
+
+def live_definition(r: redis.Redis, keys: Keys, name: str) -> dict[str, Any]:
+    """The published definition of ``name``, if a live GPU worker registered it.
+
+    Raises:
+        ValidationError: no live worker registered ``name`` (the message lists the live names).
+        StoreError: Redis failed."""
+    try:
+        live, raw = r.exists(keys.fn_live(name)), r.get(keys.fn(name))
+        if live and raw:
+            return json.loads(raw)
+        known = sorted(r.smembers(keys.fns))
+        alive = [n for n, ok in zip(known, r.mget([keys.fn_live(n) for n in known]) if known else []) if ok]
+    except redis.RedisError as e:
+        raise StoreError(f"reading workload function {name!r}: {e}") from e
+    hint = f"live now: {', '.join(alive)}" if alive else "no GPU worker has registered any workload function"
+    raise ValidationError("workload", name, "no live GPU worker registered this workload; start one with "
+                                            f"`makespan gpu-worker --workloads MODULE` ({hint})")

@@ -1,0 +1,240 @@
+"""Running a workload function in the execute phase (:mod:`makespan.registry` defines them).
+
+:func:`run_function` calls ``fn(ctx, *args, **kwargs)`` in a thread of its own while the
+phase's thread watches three things every 50 ms: the lease (the heartbeat keeps renewing
+it; a lost lease stops the call), a cancel requested on the job record, and the
+workload's ``timeout_s``. Any of them sets ``ctx.cancelled``; a function that has not
+returned ``Settings.cancel_grace_s`` later is stopped by :class:`WorkloadStopped`
+raised in its thread (``PyThreadState_SetAsyncExc``: it lands at the next Python
+bytecode, so a call blocked inside C code is stopped once it returns to Python).
+
+Outcomes: the encoded result (:func:`makespan.results.encode_value`), or
+:class:`WorkloadFailed` (an exception, a timeout, a result that is too large or not
+JSON), :class:`makespan.errors.PhaseCancelled` or :class:`makespan.errors.StaleFencingToken`.
+The phase runner commits the result, a retry or the failure (workers/phases.py).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from makespan import metrics
+from makespan.errors import PhaseCancelled, PhaseError, StaleFencingToken
+from makespan.keys import Keys
+from makespan.registry import REGISTRY, WorkloadDef
+from makespan.results import ResultNotJson, ResultTooLarge, encode_value, resolve_references
+
+log = logging.getLogger("makespan.functions")
+WATCH_S = 0.05  # how often the phase thread checks lease, cancel and timeout
+PROGRESS_EVERY_S = 0.2  # most one progress write per this many seconds (the last one always)
+
+
+class WorkloadStopped(BaseException):
+    """Raised inside a workload function's thread that ignored ``ctx.cancelled`` for
+    longer than the grace period. A BaseException, so ``except Exception`` in user
+    code does not swallow it."""
+
+
+class WorkloadFailed(PhaseError):
+    """A workload function's run failed: ``retryable`` says whether its retries apply
+    (an exception or a timeout: yes; a result over the size limit or not JSON: no)."""
+
+    def __init__(self, error_type: str, message: str, traceback_text: str = "", retryable: bool = True):
+        self.error_type, self.message, self.traceback_text, self.retryable = error_type, message, traceback_text, retryable
+        super().__init__(f"{error_type}: {message}")
+
+
+@dataclass
+class WorkloadContext:
+    """What a workload function gets as its first argument.
+
+    Attributes:
+        job_id / priority / attempt: the job, its level (``"HIGH"``) and this attempt (1-based).
+        workload: the function's registered name.
+        gpus: the leased GPU UUIDs, in lease order.
+        cuda_visible_devices: ``",".join(gpus)``: set it as ``CUDA_VISIBLE_DEVICES`` in
+            a child process (CUDA accepts GPU UUIDs there).
+        host: the GPU host's name in the fleet.
+        endpoint: the endpoint the job runs on.
+        endpoint_url: base URL of the endpoint instance leased for the job (None for a
+            simulated endpoint, which has no server).
+        endpoint_urls: base URL of every endpoint instance on the leased GPUs (the main
+            endpoint and its helpers), by endpoint name.
+        time_scale: wall seconds per workload second of this worker (1 in production;
+            below 1 in demos and tests that compress time).
+        cancelled: set when the job is cancelled, times out or loses its lease: return soon.
+    """
+
+    job_id: str
+    priority: str
+    attempt: int
+    workload: str
+    gpus: list[str]
+    host: str
+    endpoint: str
+    endpoint_url: str | None
+    endpoint_urls: dict[str, str]
+    time_scale: float = 1.0
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    _progress: Callable[[float, float, str | None], None] | None = field(default=None, repr=False)
+    _requests: Callable[..., list[Any]] | None = field(default=None, repr=False)
+
+    @property
+    def cuda_visible_devices(self) -> str:
+        return ",".join(self.gpus)
+
+    def progress(self, done: float, total: float, note: str | None = None) -> None:
+        """Report progress (``done`` of ``total`` units): shown by ``makespan status``,
+        :meth:`makespan.client.Job.status` (``progress_done``/``progress_total``/
+        ``progress_note``) and the metric ``makespan_workload_progress``. Writes are
+        throttled to one per 0.2 s (the last one of a run is always written)."""
+        if self._progress is not None:
+            self._progress(float(done), float(total), note)
+
+    def requests(self, prompts: Sequence[str | dict[str, Any]], *, route: str = "/v1/completions",
+                 max_tokens: int = 16, timeout_s: float = 60.0, raw: bool = False,
+                 endpoint: str | None = None) -> list[Any]:
+        """Send one OpenAI-compatible request per prompt to the leased endpoint instance
+        (or ``endpoint``'s instance among :attr:`endpoint_urls`) under the endpoint's
+        concurrency cap, shared with every other sender through request leases
+        (:mod:`makespan.workers.requests`).
+
+        Args:
+            prompts: strings (a ``prompt``, chat ``content`` or embedding ``input``), or
+                whole request bodies (dicts; ``model`` is filled in).
+            route: ``/v1/completions``, ``/v1/chat/completions`` or ``/v1/embeddings``.
+            raw: return each response's JSON instead of its text (the completion's text,
+                the chat message's content, or the embedding vector).
+        Returns:
+            One answer per prompt, in order.
+        Raises:
+            makespan.errors.PhaseError: no instance to send to, or a request failed.
+        """
+        if self._requests is None:
+            raise PhaseError("ctx.requests: this job's endpoint has no server instance (a simulated endpoint)")
+        return self._requests(list(prompts), route=route, max_tokens=max_tokens, timeout_s=timeout_s, raw=raw,
+                              endpoint=endpoint)
+
+
+def lookup(name: str, host: str) -> WorkloadDef:
+    """The registered function ``name``.
+
+    Raises:
+        WorkloadFailed: not registered in this GPU worker (not retryable)."""
+    definition = REGISTRY.get(name)
+    if definition is None:
+        raise WorkloadFailed("makespan.UnknownWorkload",
+                             f"workload {name!r} is not registered on the GPU worker of host {host!r}; start it with "
+                             f"--workloads naming the module that defines it (registered here: "
+                             f"{', '.join(sorted(REGISTRY)) or 'none'})", retryable=False)
+    return definition
+
+
+def _raise_in_thread(thread: threading.Thread) -> bool:
+    ident = thread.ident
+    if ident is None:
+        return False
+    return ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(WorkloadStopped)) == 1
+
+
+def run_function(definition: WorkloadDef, ctx: WorkloadContext, args: list[Any], kwargs: dict[str, Any], *,
+                 r: redis.Redis, keys: Keys, lease_lost: threading.Event, grace_s: float,
+                 result_max_bytes: int) -> tuple[str, float]:
+    """Call the function (see the module doc) and return (result JSON, wall seconds).
+
+    Raises:
+        StaleFencingToken: the lease was lost (the job will be reclaimed: not a failure).
+        PhaseCancelled: a cancel was requested while it ran.
+        WorkloadFailed: it raised, timed out, or returned a value that cannot be stored.
+    """
+    args, kwargs = resolve_references(r, keys, args, kwargs)
+    outcome: dict[str, Any] = {}
+
+    def call() -> None:
+        try:
+            outcome["value"] = definition.fn(ctx, *args, **kwargs)
+        except WorkloadStopped:
+            outcome["stopped"] = True
+        except BaseException as e:  # noqa: BLE001 - user code: every failure is reported
+            outcome["error"] = (f"{type(e).__module__}.{type(e).__qualname__}".removeprefix("builtins."), str(e),
+                                traceback.format_exc())
+
+    started = time.monotonic()
+    thread = threading.Thread(target=call, name=f"workload-{ctx.job_id[:8]}", daemon=True)
+    thread.start()
+    why = ""
+    stop_at = None
+    cancel_checked = 0.0
+    while thread.is_alive():
+        thread.join(WATCH_S)
+        if not thread.is_alive():
+            break
+        now = time.monotonic()
+        if not why:
+            if lease_lost.is_set():
+                why = "lease"
+            elif definition.timeout_s is not None and now - started > definition.timeout_s:
+                why = "timeout"
+            elif now - cancel_checked > 2 * WATCH_S:
+                cancel_checked = now
+                if r.hget(keys.job(ctx.job_id), "cancel_requested") == "1":
+                    why = "cancel"
+            if why:
+                ctx.cancelled.set()
+                stop_at = now + grace_s
+        elif stop_at is not None and now >= stop_at:
+            log.warning("job %s: workload %s ignored ctx.cancelled for %.1f s: stopping it", ctx.job_id,
+                        definition.name, grace_s)
+            _raise_in_thread(thread)
+            thread.join(1.0)
+            stop_at = None  # one try: a thread stuck in C code is left to finish as a daemon
+            if thread.is_alive():
+                break
+    wall_s = time.monotonic() - started
+    if why == "lease" or lease_lost.is_set():
+        raise StaleFencingToken("lease lost while the workload function ran")
+    if why == "cancel":
+        raise PhaseCancelled(f"cancelled while running (workload {definition.name} "
+                             f"{'stopped after the grace period' if outcome.get('stopped') else 'returned'})")
+    if why == "timeout":
+        raise WorkloadFailed("makespan.WorkloadTimeout", f"ran longer than timeout_s={definition.timeout_s} s")
+    if "error" in outcome:
+        error_type, message, tb = outcome["error"]
+        raise WorkloadFailed(error_type, message, tb)
+    if outcome.get("stopped") or "value" not in outcome:
+        raise WorkloadFailed("makespan.WorkloadStopped", "the function was stopped before it returned")
+    try:
+        return encode_value(outcome["value"], ctx.attempt, wall_s, result_max_bytes), wall_s
+    except (ResultTooLarge, ResultNotJson) as e:
+        raise WorkloadFailed(f"makespan.{type(e).__name__}", str(e), retryable=False) from None
+
+
+def progress_writer(r: redis.Redis, keys: Keys, job_id: str, workload: str) -> Callable[[float, float, str | None], None]:
+    """The ``ctx.progress`` of one run: a throttled HSET of ``progress_*`` on the job record."""
+    last = {"t": 0.0, "done": 0.0}
+
+    def write(done: float, total: float, note: str | None) -> None:
+        now = time.monotonic()
+        final = total > 0 and done >= total
+        if not final and now - last["t"] < PROGRESS_EVERY_S:
+            return
+        metrics.workload_progress(workload, done - last["done"], total)
+        last["t"], last["done"] = now, done
+        fields: dict[str, Any] = {"progress_done": repr(done), "progress_total": repr(total), "progress_at": repr(time.time())}
+        if note is not None:
+            fields["progress_note"] = str(note)[:200]
+        try:
+            r.hset(keys.job(job_id), mapping=fields)
+        except redis.RedisError as e:  # progress is best effort: never fail the run for it
+            log.warning("job %s: progress not written: %s", job_id, e)
+
+    return write
