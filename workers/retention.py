@@ -15,7 +15,8 @@ Rules (docs/scaling.md states them for operators):
    ``Settings.retention_age_s`` are deleted together with their idempotency keys:
    after that, ``status`` answers NotFoundError and a resubmission with the same
    idempotency key creates a new job.
-   Request records ``P:requests:{job}`` follow their job's summary. Steps of a workload
+   Request records ``P:requests:{job}`` and results ``P:result:{job}`` follow their job's
+   summary (a result also has its own TTL, ``Settings.result_ttl_s``). Steps of a workload
    still running keep their summary (no TTL) until the workload is done.
    Finished workloads (``P:workloads:done``, score = finish time) are deleted by the
    same age and count limits.
@@ -42,7 +43,11 @@ from makespan.settings import Settings
 
 FINAL_STATES = ("completed", "failed", "cancelled")
 SUMMARY_FIELDS = ("id", "state", "endpoint", "priority", "service_s", "submitted_at", "leased_at", "started_at",
-                  "finished_at", "reason", "attempts", "workload_id", "idem", "lease", "preemptions", "seq")
+                  "finished_at", "reason", "attempts", "workload_id", "idem", "lease", "preemptions", "seq",
+                  # workload functions (makespan.registry): name, retries made, the attempt whose result
+                  # is stored, planned-by-estimate flag, last progress, last retried error
+                  "fn", "tries", "result_attempt", "service_estimated", "progress_done", "progress_total",
+                  "progress_note", "last_error")
 
 
 def finished_key(keys: Keys) -> str:
@@ -113,6 +118,7 @@ if wid and redis.call('SISMEMBER', ARGV[2] .. ':workloads:active', wid) == 1 the
   return -1
 end
 redis.call('DEL', ARGV[2] .. ':requests:' .. ARGV[1])
+redis.call('DEL', ARGV[2] .. ':result:' .. ARGV[1])  -- makespan.results: a result goes with its summary
 local idem = redis.call('HGET', KEYS[1], 'idem')
 if idem then
   local ik = ARGV[2] .. ':idem:' .. idem

@@ -1,0 +1,227 @@
+"""Workload functions end to end: real planner and GPU worker processes that load
+``tests.workloads.fns`` (``--workloads``), real endpoint processes over HTTP, results
+and errors through :func:`makespan.connect`'s client."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import time
+import uuid
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+import makespan
+from makespan.keys import Keys
+from makespan.live import LiveSystem, delete_prefix
+from makespan.models import load_fleet
+from makespan.redis_conn import connect
+from tests.live import all_events, wait_for
+
+FLEET = Path(__file__).with_name("fleet.toml").resolve()
+
+
+@pytest.fixture(scope="module")
+def marks(tmp_path_factory):
+    return tmp_path_factory.mktemp("marks")
+
+
+@pytest.fixture(scope="module")
+def live(redis_url, tmp_path_factory, marks):
+    """One live system for the module (its own key prefix): planner + GPU worker with
+    the test functions, a 1,000-byte result limit and a 0.5 s cancel grace period."""
+    prefix = f"mst-fn-{uuid.uuid4().hex[:8]}"
+    settings = makespan.settings.Settings(
+        redis_url=redis_url, key_prefix=prefix, time_scale=0.01, lease_ttl_s=3.0, heartbeat_s=0.5,
+        batch_wait_s=0.02, planner_tick_s=0.05, workload_modules="tests.workloads.fns", result_max_bytes=1000,
+        cancel_grace_s=0.5)
+    system = LiveSystem(FLEET, load_fleet(FLEET), settings, tmp_path_factory.mktemp("logs"), observer=False,
+                        extra_env={"MAKESPAN_TEST_MARK_DIR": str(marks)})
+    system.start()
+    client = makespan.connect(redis_url, key_prefix=prefix)
+    wait_for(lambda: client.r.exists(client.keys.fn_live("add")), 30, "the worker to publish its functions")
+    yield system, client
+    system.stop()
+    r = connect(redis_url)
+    delete_prefix(r, Keys(prefix))
+    r.close()
+
+
+def _marks(marks: Path, job, what: str) -> list[int]:
+    path = marks / f"{job.id}.{what}"
+    return [int(x) for x in path.read_text().split()] if path.exists() else []
+
+
+def _no_leases(client) -> bool:
+    return client.r.zcard(client.keys.leases) == 0
+
+
+def test_submit_returns_the_functions_result_with_its_context(live):
+    _, client = live
+    job = client.submit("add", 2, 3, priority="HIGH")
+    out = job.result(timeout_s=60)
+    assert out["sum"] == 5 and out["attempt"] == 1 and out["priority"] == "HIGH"
+    assert len(out["gpus"]) == 1 and out["cuda"] == out["gpus"][0]
+    assert out["url"] is None  # a simulated endpoint has no server
+    assert job.status()["state"] == "completed"
+    assert client.job(job.id).result(timeout_s=1) == out  # by id, from another handle
+
+
+def test_an_exception_comes_back_with_its_type_message_and_traceback(live):
+    _, client = live
+    job = client.submit("boom", "the card is missing")
+    with pytest.raises(makespan.WorkloadError) as err:
+        job.result(timeout_s=60)
+    assert err.value.error_type == "ValueError" and err.value.message == "the card is missing"
+    assert "raise ValueError(message)" in err.value.traceback and err.value.attempt == 1
+    assert job.status()["state"] == "failed"
+
+
+def test_a_result_over_the_limit_fails_the_job_and_says_where_to_put_it(live):
+    _, client = live
+    with pytest.raises(makespan.WorkloadError) as err:
+        client.submit("big", 5000).result(timeout_s=60)
+    assert err.value.error_type == "makespan.ResultTooLarge"
+    assert "over the limit of 1000 bytes" in err.value.message and "return a reference" in err.value.message
+    assert client.submit("big", 100).result(timeout_s=60) == "x" * 100
+
+
+def test_cancel_mid_run_reaches_the_function_and_ends_cancelled(live, marks):
+    _, client = live
+    job = client.submit("wait_for_cancel")
+    wait_for(lambda: _marks(marks, job, "started"), 60, "the function to start")
+    wait_for(lambda: job.status().get("progress_total") == 10.0, 10, "its progress to show")
+    assert job.status()["progress_note"] == "waiting"
+    assert job.cancel() == "cancel_requested"
+    assert job.wait(timeout_s=30) == "cancelled"
+    assert _marks(marks, job, "saw_cancel") == [1]
+    with pytest.raises(makespan.JobCancelled):
+        job.result(timeout_s=1)
+    wait_for(lambda: _no_leases(client), 10, "its lease to be released")
+
+
+def test_a_function_that_ignores_cancel_is_stopped_after_the_grace_period(live, marks):
+    _, client = live
+    job = client.submit("ignore_cancel")
+    wait_for(lambda: _marks(marks, job, "started"), 60, "the function to start")
+    job.cancel()
+    assert job.wait(timeout_s=30) == "cancelled"
+    assert "stopped after the grace period" in job.status()["reason"]
+    time.sleep(0.3)
+    assert _marks(marks, job, "ran_to_the_end") == []
+
+
+def test_retries_follow_the_definition_with_backoff(live, marks):
+    _, client = live
+    job = client.submit("flaky", 2)  # retries=2: attempts 1 and 2 fail, 3 succeeds
+    assert job.result(timeout_s=60) == {"attempt": 3}
+    assert _marks(marks, job, "ran") == [1, 2, 3]
+    evs = [e for e in all_events(client.r, client.keys) if e.get("job") == job.id and e["kind"] == "retry_scheduled"]
+    assert [e["attempt"] for e in evs] == [1, 2]
+    waits = [e["not_before"] - e["ts"] for e in evs]
+    assert waits[0] == pytest.approx(0.2, abs=0.1) and waits[1] == pytest.approx(0.4, abs=0.1)  # 0.2 × 2^n
+    failing = client.submit("flaky", 5)
+    with pytest.raises(makespan.WorkloadError) as err:
+        failing.result(timeout_s=60)
+    assert err.value.attempt == 3 and "attempt 3 fails" in err.value.message
+
+
+def test_an_unknown_workload_name_is_rejected_and_nothing_is_written(live):
+    _, client = live
+    before = client.r.get(client.keys.seq)
+    with pytest.raises(makespan.ValidationError) as err:
+        client.submit("no_such_workload", 1)
+    assert "no live GPU worker registered this workload" in str(err.value) and "add" in str(err.value)
+    with pytest.raises(makespan.ValidationError):
+        client.submit("add", float("nan"), 1)  # not JSON
+    with pytest.raises(makespan.ValidationError):
+        client.submit("add", "\ud800", 1)  # a lone surrogate
+    assert client.r.get(client.keys.seq) == before
+
+
+def test_a_dag_of_functions_passes_results_to_the_next_step(live):
+    _, client = live
+    first = client.submit("add", 20, 22)
+    second = client.submit("concat", "answer=", first, "!")
+    assert json.loads(client.r.hget(client.keys.job(second.id), "deps")) == [first.id]
+    out = second.result(timeout_s=60)
+    assert out.startswith("answer={") and "'sum': 42" in out and out.endswith("!")
+    starts = {e["job"]: e["ts"] for e in all_events(client.r, client.keys)
+              if e["kind"] == "phase_start" and e.get("phase") == "execute" and e.get("job") in (first.id, second.id)}
+    assert starts[first.id] < starts[second.id]
+
+
+def test_requests_and_a_helper_endpoint_started_and_cleared(live):
+    _, client = live
+    answers = client.submit("prompts", ["a", "b", "c"]).result(timeout_s=90)
+    assert len(answers) == 3 and all(a.startswith("completion ") and a.endswith(" from gen") for a in answers)
+    out = client.submit("gen_and_embed", ["x", "y"]).result(timeout_s=90)
+    assert out["urls"] == ["embed", "gen"] and out["dims"] == [8, 8] and len(out["texts"]) == 2
+    from makespan.workers.drivers.registry import list_instances
+
+    assert [i.endpoint for i in list_instances(client.r, client.keys) if i.endpoint == "embed"] == []
+
+
+def test_asyncio_twins(live):
+    _, client = live
+    job = client.submit("add", 1, 2)
+    assert asyncio.run(job.result_async(timeout_s=60))["sum"] == 3
+    assert asyncio.run(job.wait_async(timeout_s=1)) == "completed"
+
+
+def test_learned_service_time_converges_on_a_fixed_execute_time(live):
+    """fixed_time sleeps 0.1 wall s = 10 workload s at time scale 0.01; its prior is 5 s.
+    After 20 runs the planning estimate's error is at most 10 % (p50 of the last 10)."""
+    _, client = live
+    errors = []
+    for _ in range(20):
+        job = client.submit("fixed_time", 0.1)
+        planned = float(client.r.hget(client.keys.job(job.id), "service_s"))
+        assert client.r.hget(client.keys.job(job.id), "service_estimated") == "1"
+        job.result(timeout_s=60)
+        rec = json.loads(client.r.get(client.keys.result(job.id)))
+        actual = rec["execute_s"] / 0.01
+        errors.append(abs(actual - planned) / actual)
+    assert errors[0] > 0.3  # the prior (5 s) against about 10 s
+    assert statistics.median(errors[-10:]) <= 0.10, errors
+
+
+def test_a_fleet_that_differs_from_the_published_one_is_refused(live, tmp_path):
+    system, client = live
+    other = tmp_path / "other.toml"
+    other.write_text(FLEET.read_text().replace("slots = 4", "slots = 5"))
+    mismatched = makespan.connect(client.settings.redis_url, key_prefix=client.keys.prefix, fleet=other)
+    with pytest.raises(makespan.ValidationError) as err:
+        mismatched.submit("add", 1, 1)
+    assert "differs from the fleet the planner published" in str(err.value)
+    same = makespan.connect(client.settings.redis_url, key_prefix=client.keys.prefix, fleet=FLEET)
+    assert same.submit("add", 1, 1).result(timeout_s=60)["sum"] == 2
+
+
+def test_sigkill_mid_run_runs_again_and_stores_one_result(settings, r, keys, tmp_path):
+    """SIGKILL of the GPU worker while the function runs: the lease expires, the job runs
+    again as attempt 2 on a new worker, and the stored result is attempt 2's."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    s = replace(settings, workload_modules="tests.workloads.fns")
+    system = LiveSystem(FLEET, load_fleet(FLEET), s, tmp_path / "logs", observer=False,
+                        extra_env={"MAKESPAN_TEST_MARK_DIR": str(marks)})
+    system.start()
+    try:
+        client = makespan.connect(s.redis_url, key_prefix=s.key_prefix)
+        wait_for(lambda: client.r.exists(client.keys.fn_live("slow_first")), 30, "the functions to be published")
+        job = client.submit("slow_first", 30)
+        wait_for(lambda: _marks(marks, job, "ran"), 60, "the first attempt to start")
+        assert system.kill("gpu-")
+        system.start_gpu_worker("host-w", 1)
+        assert job.result(timeout_s=90) == {"attempt": 2}
+        assert _marks(marks, job, "ran") == [1, 2]
+        assert r.hget(keys.job(job.id), "result_attempt") == "2"
+        assert int(r.hget(keys.job(job.id), "attempts")) == 1
+        assert json.loads(r.get(keys.result(job.id)))["attempt"] == 2
+    finally:
+        system.stop()
+
