@@ -199,17 +199,32 @@ def _producer(fleet: Optional[Path]):
 
 
 @app.command()
-def submit(fleet: Optional[Path] = typer.Option(None, "--fleet", help="default: the fleet the planner runs"),
-           endpoint: str = typer.Option(..., help="endpoint name from the fleet file"),
-           service_s: float = typer.Option(..., help="estimated service time, seconds"),
+def submit(workload: Optional[str] = typer.Argument(None, help="a workload function's name (registered by a live "
+                                                                 "GPU worker's --workloads); omit for a plain job "
+                                                                 "of --service-s on --endpoint"),
+           call_args: str = typer.Option("[]", "--args", help="JSON list of the function's positional arguments"),
+           call_kwargs: str = typer.Option("{}", "--kwargs", help="JSON object of the function's keyword arguments"),
+           fleet: Optional[Path] = typer.Option(None, "--fleet", help="default: the fleet the planner runs"),
+           endpoint: Optional[str] = typer.Option(None, help="endpoint name from the fleet file (default: the "
+                                                             "workload's own)"),
+           service_s: Optional[float] = typer.Option(None, help="estimated service time, seconds (default for a "
+                                                                "workload: learned from its runs)"),
            priority: str = typer.Option("NORMAL", help="CRITICAL, HIGH, NORMAL or LOW"),
            payload: str = typer.Option("{}", help="JSON object handed to the execute phase"),
            idempotency_key: Optional[str] = typer.Option(None, help="resubmitting the same key returns the same job"),
            delay_s: Optional[float] = typer.Option(None, help="queue the job only this many seconds after submission (> 0, at most 30 days); until then it is 'delayed' in Redis, never in a worker"),
            deadline_s: Optional[float] = typer.Option(None, help="due time, seconds after submission (> 0); used by the tardiness policies"),
            quiet: bool = typer.Option(False, "--quiet", "-q", help="print only the job id (for ID=$(makespan submit ...))")):
-    """Submit one job; prints {"id", "created", "priority"} as JSON (--quiet: the id alone). With --delay-s the job waits in Redis as 'delayed' and is queued when due (cancel works meanwhile)."""
+    """Submit one job; prints {"id", "created", "priority"} as JSON (--quiet: the id alone). With a WORKLOAD name
+    the job calls that function with --args/--kwargs (see `makespan result ID`). With --delay-s the job waits in
+    Redis as 'delayed' and is queued when due (cancel works meanwhile)."""
+    if workload is not None:
+        _submit_call(workload, call_args, call_kwargs, fleet, endpoint, service_s, priority, idempotency_key, delay_s,
+                     deadline_s, quiet)
+        return
     try:
+        if endpoint is None or service_s is None:
+            raise MakespanError("a plain job needs --endpoint and --service-s (or name a WORKLOAD function)")
         try:
             data = json.loads(payload)
         except json.JSONDecodeError as e:
@@ -221,10 +236,67 @@ def submit(fleet: Optional[Path] = typer.Option(None, "--fleet", help="default: 
             job["delay_s"] = delay_s
         if deadline_s is not None:
             job["deadline_s"] = deadline_s
+        from makespan import telemetry
+
+        telemetry.setup_tracing("makespan-cli")  # the job's trace ids (nothing is exported at submit)
         h = _producer(fleet).submit(job)
     except MakespanError as e:
         _fail(e)
     typer.echo(h.id if quiet else json.dumps({"id": h.id, "created": h.created, "priority": h.priority.name}))
+
+
+def _submit_call(workload: str, call_args: str, call_kwargs: str, fleet: Optional[Path], endpoint: Optional[str],
+                 service_s: Optional[float], priority: str, idempotency_key: Optional[str], delay_s: Optional[float],
+                 deadline_s: Optional[float], quiet: bool) -> None:
+    """``makespan submit WORKLOAD``: the same call as ``makespan.connect().submit(...)``."""
+    from makespan.client import Client
+
+    try:
+        try:
+            args, kwargs = json.loads(call_args), json.loads(call_kwargs)
+        except json.JSONDecodeError as e:
+            raise MakespanError(f"--args/--kwargs: not JSON: {e}") from e
+        if not isinstance(args, list) or not isinstance(kwargs, dict):
+            raise MakespanError("--args must be a JSON list and --kwargs a JSON object")
+        s = _settings()
+        from makespan.models import load_fleet
+        from makespan.redis_conn import connect
+
+        client = Client(connect(s.redis_url), s, load_fleet(fleet) if fleet else None)
+        from makespan import telemetry
+
+        telemetry.setup_tracing("makespan-cli")  # the job's trace ids (nothing is exported at submit)
+        job = client.submit(workload, *args, endpoint=endpoint, service_s=service_s, priority=priority,
+                            idempotency_key=idempotency_key, delay_s=delay_s, deadline_s=deadline_s, **kwargs)
+    except MakespanError as e:
+        _fail(e)
+    typer.echo(job.id if quiet else json.dumps({"id": job.id, "created": job.created, "priority": priority.upper()}))
+
+
+@app.command()
+def result(job_id: str, timeout_s: Optional[float] = typer.Option(None, help="wait at most this long (default: "
+                                                                            "until the job ends)"),
+           no_wait: bool = typer.Option(False, "--no-wait", help="print what is stored now; do not wait")):
+    """Print a job's result as JSON (its workload function's return value). A function's error prints its type,
+    message and traceback and exits 1; a cancelled or failed job exits 1 with its reason."""
+    from makespan.client import Client
+    from makespan.errors import JobCancelled, JobFailed, WorkloadError
+    from makespan.redis_conn import connect
+
+    s = _settings()
+    job = Client(connect(s.redis_url), s).job(job_id)
+    try:
+        value = job.result(timeout_s=0 if no_wait else timeout_s)
+    except WorkloadError as e:
+        typer.echo(e.traceback.rstrip() or f"{e.error_type}: {e.message}", err=True)
+        typer.echo(f"job {job_id} failed (attempt {e.attempt}): {e.error_type}: {e.message}", err=True)
+        raise typer.Exit(1)
+    except (JobCancelled, JobFailed) as e:
+        typer.echo(str(e), err=True)
+        raise typer.Exit(1)
+    except MakespanError as e:
+        _fail(e)
+    typer.echo(json.dumps(value, indent=2, ensure_ascii=False))
 
 
 @app.command()

@@ -183,7 +183,7 @@ if outcome == 'requeued' or outcome == 'failed' or outcome == 'completed' then
   local ev2 = {ts = tonumber(ARGV[2]) / 1000.0, kind = outcome, job = job, lease = ARGV[1], reason = 'lease expired'}
   redis.call('XADD', KEYS[4], 'MAXLEN', '~', '1000000', '*', 'e', cjson.encode(ev2))
 end
-return {1, outcome}
+return {1, outcome, job or ''}
 """
 
 # Lease ids whose expiry has passed on the server clock (candidates: reclaim checks again).

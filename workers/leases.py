@@ -180,7 +180,23 @@ class LeaseStore:
         out = self._reclaim(keys=[self.keys.lease(lease_id), self.keys.leases, self.keys.running, self.keys.events],
                             args=[lease_id, now_ms(), max_attempts, self.keys.prefix, repr(float(retry_backoff_s)),
                                   repr(float(retry_backoff_max_s))])
+        if out[1] in ("completed", "failed", "cancelled") and len(out) > 2 and out[2]:
+            self._end_job_span(out[2], out[1])
         return out[1]
+
+    def _end_job_span(self, job_id: str, state: str) -> None:
+        """The job's ``makespan`` root span, for a job the reclaim ended (its GPU worker,
+        which normally ends it, died): one trace per job, whoever finishes it."""
+        from makespan import telemetry
+
+        if not telemetry.tracing_enabled():
+            return
+        tp, submitted, prio, endpoint, reason = self.r.hmget(self.keys.job(job_id), "traceparent", "submitted_at",
+                                                              "priority", "endpoint", "reason")
+        if tp:
+            telemetry.end_job_span(tp, float(submitted or time.time()),
+                                   {"job_id": job_id, "priority": prio, "endpoint": endpoint, "state": state},
+                                   error=None if state == "completed" else (reason or state))
 
     def reclaim_expired(self, max_attempts: int, retry_backoff_s: float = 0.0, retry_backoff_max_s: float = 300.0,
                         expired: list[str] | None = None) -> dict[str, int]:

@@ -225,3 +225,53 @@ def test_sigkill_mid_run_runs_again_and_stores_one_result(settings, r, keys, tmp
     finally:
         system.stop()
 
+
+
+def test_a_job_submitted_from_the_cli_is_one_trace_with_its_root_span(settings, tmp_path):
+    """``makespan submit WORKLOAD`` gives the job a traceparent: its phase spans and its
+    ``makespan`` root span (ended by the GPU worker) share one trace."""
+    import subprocess
+    import sys
+
+    trace_file = tmp_path / "spans.jsonl"
+    env = {"OTEL_TRACES_EXPORTER": "file", "MAKESPAN_TRACE_FILE": str(trace_file)}
+    s = replace(settings, workload_modules="tests.workloads.fns")
+    system = LiveSystem(FLEET, load_fleet(FLEET), s, tmp_path / "logs", observer=False, extra_env=env)
+    system.start()
+    try:
+        client = makespan.connect(s.redis_url, key_prefix=s.key_prefix)
+        wait_for(lambda: client.r.exists(client.keys.fn_live("add")), 30, "the functions to be published")
+        out = subprocess.run([sys.executable, "-m", "makespan.cli", "submit", "add", "--args", "[4, 5]", "-q"],
+                             env={**system._env(), **env}, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        job = client.job(out.stdout.strip())
+        tp = client.r.hget(client.keys.job(job.id), "traceparent")  # read before retention compacts the record
+        assert job.result(timeout_s=60)["sum"] == 9
+        res = subprocess.run([sys.executable, "-m", "makespan.cli", "result", job.id], env=system._env(),
+                             capture_output=True, text=True, timeout=60)
+        assert res.returncode == 0 and json.loads(res.stdout)["sum"] == 9, res.stderr
+        assert tp and tp.startswith("00-")
+
+        def spans():
+            if not trace_file.exists():
+                return []
+            rows = [json.loads(x) for x in trace_file.read_text().splitlines() if x.strip()]
+            return [x for x in rows if x["attributes"].get("makespan.job_id") == job.id]
+        wait_for(lambda: any(x["name"] == "makespan" for x in spans()), 30, "the job's root span")
+        mine = spans()
+        assert {x["trace_id"] for x in mine} == {tp.split("-")[1]}
+        assert {"makespan", "execute_workload"} <= {x["name"] for x in mine}
+    finally:
+        system.stop()
+
+
+def test_makespan_result_prints_a_workload_error_and_exits_1(live):
+    import subprocess
+    import sys
+
+    system, client = live
+    job = client.submit("boom", "no cards")
+    job.wait(timeout_s=60)
+    res = subprocess.run([sys.executable, "-m", "makespan.cli", "result", job.id], env=system._env(),
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 1 and "ValueError: no cards" in res.stderr and "Traceback" in res.stderr
