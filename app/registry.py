@@ -132,6 +132,11 @@ def load_modules(modules: str | Iterable[str]) -> list[str]:
     Raises:
         ValidationError: a module cannot be imported (the import error is chained)."""
     names = [m.strip() for m in (modules.split(",") if isinstance(modules, str) else modules) if m.strip()]
+    import os
+    import sys
+
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())  # as `celery -A` does: the user's modules sit where the worker starts
     for module in names:
         try:
             importlib.import_module(module)
