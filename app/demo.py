@@ -26,9 +26,8 @@ from makespan import events as ev
 from makespan import telemetry
 from makespan.errors import MakespanError, ValidationError
 from makespan.keys import Keys
-from makespan.live import LiveSystem, delete_prefix
+from makespan.live import LiveSystem, delete_prefix, wait_for
 from makespan.models import FleetSpec, load_fleet
-from makespan.producer import Producer
 from makespan.redis_conn import EmbeddedRedis, connect, ping, redacted, start_embedded
 from makespan.run_report import live_report
 from makespan.settings import Settings
@@ -53,15 +52,15 @@ def _redis(url: str | None) -> tuple[str, EmbeddedRedis | None]:
 
 
 def render_cards_pipeline(run_id: str) -> list[dict[str, Any]]:
-    """The render-cards pipeline of the design notes as two dependent HIGH jobs:
-    render 20 cards on the renderer (15 s each), then embed them (60 s)."""
-    return [
-        {"key": f"{run_id}:render", "job": {"endpoint": "renderer", "priority": "HIGH", "service_s": 20 * 15.0,
-                                            "payload": {"pipeline": "render-cards", "cards": 20}}},
-        {"key": f"{run_id}:embed", "after": f"{run_id}:render",
-         "job": {"endpoint": "embed", "priority": "HIGH", "service_s": 60.0,
-                 "payload": {"pipeline": "render-cards", "step": "embed", "cards": 20}}},
-    ]
+    """The render-cards pipeline of the design notes as one call of the example workload
+    function ``render_cards`` (:mod:`makespan.examples.render_cards`): 20 cards rendered on
+    the renderer endpoint (a real process) with the ``embed`` helper started beside it
+    and cleared after execute. Planned at 15 s a card."""
+    return [{"key": f"{run_id}:render-cards", "workload": "render_cards", "args": [20],
+             "options": {"priority": "HIGH", "service_s": 20 * 15.0}}]
+
+
+DEMO_WORKLOADS = "makespan.examples.render_cards,makespan.examples.trace_jobs"  # what the demo's GPU workers load
 
 
 def choose_time_scale(jobs: list[TraceJob], fleet: FleetSpec, target_wall_s: float) -> float:
@@ -97,9 +96,11 @@ def run_live(trace_jobs: list[TraceJob], fleet_path: Path, *, time_scale: float,
     shutil.copyfile(fleet_path, run_dir / "fleet.toml")
     url, emb = _redis(redis_url)
     base = Settings.from_env()
+    modules = ",".join(m for m in (DEMO_WORKLOADS, base.workload_modules) if m)
     settings = Settings.from_env(redis_url=url, key_prefix=f"{base.key_prefix}-run-{run_id}",
                                  time_scale=time_scale, policy=policy or base.policy,
-                                 lease_ttl_s=max(5.0, base.lease_ttl_s), heartbeat_s=1.0, planner_tick_s=0.05)
+                                 lease_ttl_s=max(5.0, base.lease_ttl_s), heartbeat_s=1.0, planner_tick_s=0.05,
+                                 workload_modules=modules)
     keys = Keys(settings.key_prefix)
     r = connect(url)
     system = LiveSystem(run_dir / "fleet.toml", fleet, settings, run_dir / "logs")
@@ -153,18 +154,16 @@ def _render_pipeline(settings: Settings, fleet_path: Path, run_dir: Path) -> dic
 def _drive(r, keys: Keys, fleet: FleetSpec, settings: Settings, trace_jobs: list[TraceJob],
            extra: list[dict[str, Any]], timeout_s: float, title: str,
            system: LiveSystem | None = None) -> tuple[list[str], int]:
-    prod = Producer(r, keys, fleet, settings)
+    from makespan.client import Client
+
+    client = Client(r, settings, fleet)  # the public API, as any producer submits
+    wait_for(lambda: r.exists(keys.fn_live("trace_job")), 60, "the GPU workers to publish their workload functions")
     ids: list[str] = []
     rejected = 0
     lock = threading.Lock()
-    by_key: dict[str, str] = {}
     for x in extra:
-        job = dict(x["job"], idempotency_key=x["key"])
-        if "after" in x:
-            job["depends_on"] = [by_key[x["after"]]]
-        h = prod.submit(job)
-        by_key[x["key"]] = h.id
-        ids.append(h.id)
+        job = client.submit(x["workload"], *x.get("args", ()), idempotency_key=x["key"], **x.get("options", {}))
+        ids.append(job.id)
     t0 = time.monotonic()
     done_submitting = threading.Event()
 
@@ -175,7 +174,8 @@ def _drive(r, keys: Keys, fleet: FleetSpec, settings: Settings, trace_jobs: list
             if delay > 0:
                 time.sleep(delay)
             try:
-                h = prod.submit(tj.job_dict())
+                h = client.submit("trace_job", tj.service_s, row=tj.id, endpoint=tj.endpoint, priority=tj.priority,
+                                  service_s=tj.service_s, idempotency_key=f"trace:{tj.id}")
                 with lock:
                     ids.append(h.id)
             except MakespanError as e:
@@ -272,7 +272,7 @@ def run_demo(report_path: Path | None = Path("report.json"), n_jobs: int = 200, 
     scale = choose_time_scale(jobs, fleet, target_wall_s)
     run_id = uuid.uuid4().hex[:6]
     return run_live(jobs, DEMO_FLEET, time_scale=scale, report_path=report_path, run_dir=run_dir, policy=policy,
-                    extra=render_cards_pipeline(run_id), title="makespan demo", render_pipeline=True)
+                    extra=render_cards_pipeline(run_id), title="makespan demo")
 
 
 def run_replay(trace: Path, fleet_path: Path, *, speedup: float, report_path: Path | None, start: int = 0,

@@ -161,4 +161,25 @@ def live_report(r: redis.Redis, keys: Keys, fleet: FleetSpec, events: list[dict[
     rep["jobs"]["cancelled"] = sum(1 for rec in jobs.values() if rec.get("state") == "cancelled")
     rep["time_scale"] = time_scale
     rep["drain_left"] = drain["left"]
+    rep["estimate_error"] = estimate_errors(events)
     return rep
+
+
+def estimate_errors(events: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Planned vs actual execute time of workload-function runs, per workload: ``{name:
+    {"runs", "p50", "p90"}}`` of |actual − planned| ÷ actual, from the execute phases'
+    ``phase_end`` events (``planned_s``: the job's service_s, learned or given;
+    ``execute_s``: measured, workload seconds). Same quantile rule as the waits."""
+    by_workload: dict[str, list[float]] = {}
+    for e in events:
+        if e.get("kind") == "phase_end" and e.get("phase") == "execute" and e.get("workload"):
+            actual = float(e.get("execute_s") or 0.0)
+            if actual > 0:
+                by_workload.setdefault(e["workload"], []).append(abs(actual - float(e.get("planned_s") or 0.0)) / actual)
+    out = {}
+    for name, errs in sorted(by_workload.items()):
+        errs.sort()
+        def q(frac: float) -> float:
+            return round(errs[min(len(errs) - 1, int(frac * len(errs)))], 4)
+        out[name] = {"runs": len(errs), "p50": q(0.5), "p90": q(0.9)}
+    return out
