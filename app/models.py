@@ -441,9 +441,10 @@ def parse_job(data: dict[str, Any] | JobSpec, fleet: FleetSpec, max_payload_byte
     if job.service_s is None and job.workload is None:
         raise ValidationError("job.service_s", None, "required (a positive number of seconds) unless the job "
                                                      "names a workload function, whose service time is learned")
-    size = 0
-    for name, value in (("payload", job.payload), ("args", list(job.args)), ("kwargs", job.kwargs)):
-        size += json_size(value, f"job.{name}")
+    size = json_size(job.payload, "job.payload")
+    for name, value in (("args", list(job.args)), ("kwargs", job.kwargs)):
+        if value:  # empty ones are not written
+            size += json_size(value, f"job.{name}")
     if size > max_payload_bytes:
         raise ValidationError("job.payload", f"{size} bytes", f"payload, args and kwargs together are larger than "
                                                               f"the limit of {max_payload_bytes} bytes")

@@ -2,7 +2,9 @@
 simulated endpoints, for growing job counts, against Celery's raw no-op throughput on
 the same Redis in the same run.
 
-Run: ``.venv/bin/python -m bench.scale --sizes 1000,10000 [--gpus 8] [--redis-url URL]``
+Run: ``.venv/bin/python -m bench.scale --sizes 1000,10000 [--gpus 8] [--redis-url URL] [--modes plain,function]``
+(``function``: the jobs are calls of a no-op workload function submitted with
+``makespan.connect``'s client, each storing its result).
 (without ``--redis-url`` it starts a private redis-server, so memory figures are ours).
 
 Per size it prints: jobs/s end to end (first submit → last finish), the ratio to raw
@@ -124,18 +126,28 @@ class Sampler:
                 pass
 
 
-def _submit_all(prod: Producer, n: int, errors: list) -> None:
+def _submit_all(prod: Producer, n: int, errors: list, client: Any = None) -> None:
+    """``n`` no-op jobs: plain jobs through the Producer, or (``client``) calls of the
+    no-op workload function ``bench.noop`` through :class:`makespan.client.Client`."""
     try:
         for _ in range(n):
-            prod.submit({"endpoint": ENDPOINT, "service_s": 0.01, "priority": "NORMAL"})
+            if client is not None:
+                client.submit("bench.noop", service_s=0.01)
+            else:
+                prod.submit({"endpoint": ENDPOINT, "service_s": 0.01, "priority": "NORMAL"})
     except Exception as e:  # reported by the caller
         errors.append(e)
 
 
 def run_makespan(settings: Settings, gpus: int, n_jobs: int, workdir: Path, timeout_s: float = 3600.0,
-                 warm_jobs: int = 0) -> dict[str, Any]:
+                 warm_jobs: int = 0, function: bool = False) -> dict[str, Any]:
     """Drain ``n_jobs`` no-op jobs through a live planner + one GPU worker; the figures of
-    one size (see module doc). Keys of ``settings.key_prefix`` are left for the caller."""
+    one size (see module doc). ``function``: the jobs call the no-op workload function
+    ``bench.noop`` (submitted with makespan.connect's client, result stored). Keys of
+    ``settings.key_prefix`` are left for the caller."""
+    if function:
+        settings = replace(settings, workload_modules="bench.noop_fns")
+    workdir.mkdir(parents=True, exist_ok=True)
     fleet_path = workdir / "fleet.toml"
     fleet_path.write_text(fleet_toml(gpus))
     fleet = load_fleet(fleet_path)
@@ -145,10 +157,16 @@ def run_makespan(settings: Settings, gpus: int, n_jobs: int, workdir: Path, time
     live.start(wait_s=120)
     try:
         prod = Producer(r, keys, fleet, settings)
+        client = None
+        if function:
+            from makespan.client import Client
+
+            client = Client(r, settings, fleet)
+            wait_for(lambda: r.exists(keys.fn_live("bench.noop")), 60, "the no-op function to be published")
         pids = {p.name.split("-")[0]: p.popen.pid for p in live.procs}
         # warm up: set points restored, one job through every process, then baselines
         wait_for(lambda: r.hget(keys.drain, "checks"), 60, "first drain check")
-        _submit_all(prod, max(warm_jobs, gpus), [])
+        _submit_all(prod, max(warm_jobs, gpus), [], client)
         wait_for(lambda: state_size(r, keys)["completed"] >= max(warm_jobs, gpus), 60, "warm-up jobs")
         base_done = state_size(r, keys)["completed"]
         mem0 = int(r.info("memory")["used_memory"])
@@ -158,7 +176,7 @@ def run_makespan(settings: Settings, gpus: int, n_jobs: int, workdir: Path, time
         samp = Sampler(r, keys, gpu_ids, pids).start()
         errors: list = []
         t0 = time.time()
-        th = threading.Thread(target=_submit_all, args=(prod, n_jobs, errors), daemon=True)
+        th = threading.Thread(target=_submit_all, args=(prod, n_jobs, errors, client), daemon=True)
         th.start()
         th.join()
         submit_s = time.time() - t0
@@ -262,7 +280,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--policy", default="default", help="live planner policy (default: the live default, `default`)")
+    ap.add_argument("--modes", default="plain", help="comma list: plain (jobs without a function: execute sleeps "
+                                                     "service_s) and/or function (calls of a no-op workload function)")
     a = ap.parse_args(argv)
+    modes = [m.strip() for m in a.modes.split(",") if m.strip()]
+    if not modes or set(modes) - {"plain", "function"}:
+        ap.error("--modes: use plain and/or function")
     emb = None
     url = a.redis_url
     if url is None:
@@ -277,12 +300,15 @@ def main(argv: list[str] | None = None) -> int:
             with tempfile.TemporaryDirectory(prefix="scale-") as d:
                 raw = run_raw_celery(replace(s, key_prefix=prefix + "-raw"), a.gpus, min(n, a.raw_tasks), Path(d))
                 delete_prefix(connect(url), Keys(prefix + "-raw"))
-                ours = run_makespan(s, a.gpus, n, Path(d))
-            ours["raw_celery_tasks_per_s"] = raw["tasks_per_s"]
-            ours["ratio_to_raw"] = ours["jobs_per_s"] / raw["tasks_per_s"]
-            rows.append(ours)
-            _print_row(ours)
-            delete_prefix(connect(url), Keys(prefix))
+                for mode in modes:
+                    ours = run_makespan(replace(s, key_prefix=f"{prefix}-{mode}"), a.gpus, n, Path(d) / mode,
+                                        function=mode == "function")
+                    ours["mode"] = mode
+                    ours["raw_celery_tasks_per_s"] = raw["tasks_per_s"]
+                    ours["ratio_to_raw"] = ours["jobs_per_s"] / raw["tasks_per_s"]
+                    rows.append(ours)
+                    _print_row(ours)
+                    delete_prefix(connect(url), Keys(f"{prefix}-{mode}"))
     finally:
         if emb is not None:
             emb.stop()
@@ -292,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _print_row(o: dict[str, Any]) -> None:
-    print(f"jobs={o['jobs']} completed={o['completed']} jobs/s={o['jobs_per_s']:.1f} "
+    print(f"mode={o.get('mode', 'plain')} jobs={o['jobs']} completed={o['completed']} jobs/s={o['jobs_per_s']:.1f} "
           f"raw_celery/s={o['raw_celery_tasks_per_s']:.1f} ratio={o['ratio_to_raw']:.2f} "
           f"redis_used_mib={o['redis_used_memory_mib']:.1f} (growth {o['redis_growth_mib']:+.1f}) "
           f"rss_growth_mib={ {k: round(v, 1) for k, v in o['rss_growth_mib'].items()} } "
