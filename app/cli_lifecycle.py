@@ -29,7 +29,7 @@ from makespan.keys import Keys
 from makespan.models import FleetSpec, load_fleet
 from makespan.settings import Settings
 
-EXAMPLE_FLEET = Path(__file__).resolve().parent.parent / "examples" / "render-pipeline.toml"
+from makespan.examples import FLEET as EXAMPLE_FLEET  # noqa: E402 - the render-pipeline fleet
 SPAWN_OVERHEAD_S = 2.0  # wall seconds a real process start adds to a time-scaled cold start
 PHASES = ("allocate", "evict_coder", "start_renderer", "start_embed", "execute_cards", "clear_embed",
           "restore_coder", "agenda_complete")

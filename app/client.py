@@ -90,16 +90,18 @@ class Client:
         self._producer = Producer(r, self.keys, None, settings)
 
     # -- the fleet ----------------------------------------------------------------------
-    def fleet(self) -> FleetSpec:
-        """The fleet the planner published (re-read when its version changes), else the
-        one given to :func:`connect`.
+    def fleet(self, version: str | None = "") -> FleetSpec:
+        """The fleet the planner published (re-read when its version changes; ``version``:
+        the published version when the caller has just read it), else the one given to
+        :func:`connect`.
 
         Raises:
             ValidationError: no planner has published a fleet and none was given, or the
                 given one differs from the published one.
             StoreError: Redis failed."""
         try:
-            version = self.r.get(self.keys.fleet_version)
+            if version == "":
+                version = self.r.get(self.keys.fleet_version)
             if version is None or version != self._fleet_version:
                 raw = self.r.get(self.keys.fleet)
                 self._fleet = parse_fleet(json.loads(raw)) if raw else None
@@ -149,7 +151,7 @@ class Client:
         name = workload.name if isinstance(workload, WorkloadDef) else workload
         if not isinstance(name, str) or not name:
             raise ValidationError("workload", workload, "must be a workload name or a @makespan.workload function")
-        definition = live_definition(self.r, self.keys, name)
+        definition, (version,) = live_definition(self.r, self.keys, name, [self.keys.fleet_version])
         endpoint = endpoint or definition.get("endpoint")
         if not endpoint:
             raise ValidationError("endpoint", None, f"workload {name!r} has no default endpoint: pass endpoint=")
@@ -172,7 +174,7 @@ class Client:
             job["delay_s"] = delay_s
         if deadline_s is not None:
             job["deadline_s"] = deadline_s
-        self._producer.fleet = self.fleet()
+        self._producer.fleet = self.fleet(version)
         handle = self._producer.submit(job, extra_fields={"service_estimated": 1} if estimated else None)
         return Job(self, handle.id, created=handle.created)
 

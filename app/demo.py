@@ -25,6 +25,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from makespan import events as ev
 from makespan import telemetry
 from makespan.errors import MakespanError, ValidationError
+from makespan.examples import FLEET as EXAMPLE_FLEET
 from makespan.keys import Keys
 from makespan.live import LiveSystem, delete_prefix, wait_for
 from makespan.models import FleetSpec, load_fleet
@@ -34,7 +35,7 @@ from makespan.settings import Settings
 from makespan.traces import TraceJob, read_trace
 
 DATA = Path(__file__).parent / "data"
-DEMO_FLEET = DATA / "render-pipeline.toml"
+DEMO_FLEET = EXAMPLE_FLEET
 DEMO_TRACE = DATA / "itp-cluster05-head400.csv"
 TERMINAL = ("completed", "failed", "cancelled")
 

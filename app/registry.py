@@ -162,16 +162,17 @@ def publish(r: redis.Redis, keys: Keys, definitions: Iterable[WorkloadDef], ttl_
         raise StoreError(f"publishing workload functions: {e}") from e
 
 
-def live_definition(r: redis.Redis, keys: Keys, name: str) -> dict[str, Any]:
-    """The published definition of ``name``, if a live GPU worker registered it.
+def live_definition(r: redis.Redis, keys: Keys, name: str, also: list[str] = ()) -> tuple[dict[str, Any], list[Any]]:
+    """The published definition of ``name``, if a live GPU worker registered it, and the
+    values of the keys ``also`` (read in the same round trip).
 
     Raises:
         ValidationError: no live worker registered ``name`` (the message lists the live names).
         StoreError: Redis failed."""
     try:
-        live, raw = r.exists(keys.fn_live(name)), r.get(keys.fn(name))
+        live, raw, *extra = r.mget([keys.fn_live(name), keys.fn(name), *also])
         if live and raw:
-            return json.loads(raw)
+            return json.loads(raw), extra
         known = sorted(r.smembers(keys.fns))
         alive = [n for n, ok in zip(known, r.mget([keys.fn_live(n) for n in known]) if known else []) if ok]
     except redis.RedisError as e:

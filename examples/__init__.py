@@ -4,3 +4,7 @@
 * :mod:`makespan.examples.batch_judge`: N prompts through a judge endpoint.
 * :mod:`makespan.examples.trace_jobs`: the stand-in for a trace job (the demo's load).
 """
+
+from pathlib import Path
+
+FLEET = Path(__file__).with_name("render-pipeline.toml")  # the render-pipeline fleet (8 simulated GPUs)

@@ -385,8 +385,9 @@ class PhaseRunner:
         definition = lookup(name, ctx.host)
         attempts, tries = self.r.hmget(self.keys.job(ctx.job_id), "attempts", "tries")
         attempt = 1 + int(attempts or 0) + int(tries or 0)
-        urls = {i.endpoint: i.url for i in self._instances_on(ctx.gpus) if i.url and set(i.gpus) <= set(ctx.gpus)}
-        target = self._request_target(ctx)
+        here = [i for i in self._instances_on(ctx.gpus) if i.url and set(i.gpus) <= set(ctx.gpus)]
+        urls = {i.endpoint: i.url for i in here}
+        target = next((i for i in here if i.endpoint == ctx.endpoint and sorted(i.gpus) == sorted(ctx.gpus)), None)
         wctx = WorkloadContext(job_id=ctx.job_id, priority=ctx.priority, attempt=attempt, workload=name,
                                gpus=list(ctx.gpus), host=ctx.host, endpoint=ctx.endpoint,
                                endpoint_url=target.url if target else None, endpoint_urls=urls,

@@ -105,9 +105,10 @@ def test_readme_example_runs_beside_a_users_own_app_workers_and_planner(user_ven
                 continue
             time.sleep(0.5)
             deadline = time.monotonic() + 90
-            while True:  # the worker publishes its functions once it is ready
+            while True:  # the planner publishes the fleet once it leads, the worker its functions once ready
                 out = subprocess.run(cmd.split(), cwd=user_project, env=env, capture_output=True, text=True, timeout=120)
-                if out.returncode == 0 or "no live GPU worker" not in out.stderr or time.monotonic() > deadline:
+                starting = "no live GPU worker" in out.stderr or "no planner has published" in out.stderr
+                if out.returncode == 0 or not starting or time.monotonic() > deadline:
                     break
                 for p in procs:
                     assert p.poll() is None, p.stderr.read()
