@@ -17,6 +17,7 @@ The phase runner commits the result, a retry or the failure (workers/phases.py).
 from __future__ import annotations
 
 import ctypes
+import json
 import logging
 import threading
 import time
@@ -218,8 +219,32 @@ def run_function(definition: WorkloadDef, ctx: WorkloadContext, args: list[Any],
         raise WorkloadFailed(f"makespan.{type(e).__name__}", str(e), retryable=False) from None
 
 
-def progress_writer(r: redis.Redis, keys: Keys, job_id: str, workload: str) -> Callable[[float, float, str | None], None]:
-    """The ``ctx.progress`` of one run: a throttled HSET of ``progress_*`` on the job record."""
+def celery_progress_emitter() -> Callable[[dict[str, Any]], None] | None:
+    """A sender of ``task-progress`` events for the Celery task running in this thread
+    (Flower shows the task in state ``PROGRESS`` with the progress as its ``result``
+    until it ends), callable from any thread; None outside a Celery task. The task's
+    request is read here, in the task's own thread (``Task.request`` is thread-local)."""
+    from celery import current_task
+
+    task = current_task._get_current_object() if current_task else None
+    request = getattr(task, "request", None)
+    if task is None or request is None or not request.id or not request.hostname:
+        return None
+    app, task_id, hostname = task.app, request.id, request.hostname
+
+    def emit(progress: dict[str, Any]) -> None:
+        try:
+            with app.events.default_dispatcher(hostname=hostname) as dispatcher:
+                dispatcher.send("task-progress", uuid=task_id, result=json.dumps(progress), retry=False)
+        except Exception as e:  # noqa: BLE001 - monitoring is best effort
+            log.debug("task-progress event not sent: %s", e)
+    return emit
+
+
+def progress_writer(r: redis.Redis, keys: Keys, job_id: str, workload: str,
+                    emit: Callable[[dict[str, Any]], None] | None = None) -> Callable[[float, float, str | None], None]:
+    """The ``ctx.progress`` of one run: a throttled HSET of ``progress_*`` on the job
+    record, the progress counter, and (``emit``) a Celery ``task-progress`` event for Flower."""
     last = {"t": 0.0, "done": 0.0}
 
     def write(done: float, total: float, note: str | None) -> None:
@@ -236,5 +261,7 @@ def progress_writer(r: redis.Redis, keys: Keys, job_id: str, workload: str) -> C
             r.hset(keys.job(job_id), mapping=fields)
         except redis.RedisError as e:  # progress is best effort: never fail the run for it
             log.warning("job %s: progress not written: %s", job_id, e)
+        if emit is not None:
+            emit({"job_id": job_id, "done": done, "total": total, "note": note})
 
     return write

@@ -29,7 +29,8 @@ from makespan.workers.drivers.registry import list_instances, register_instance,
 from makespan.estimates import record_ops
 from makespan.registry import REGISTRY
 from makespan.results import encode_error
-from makespan.workers.functions import WorkloadContext, WorkloadFailed, lookup, progress_writer, run_function
+from makespan.workers.functions import (WorkloadContext, WorkloadFailed, celery_progress_emitter, lookup,
+                                        progress_writer, run_function)
 from makespan.workers.leases import Lease, LeaseStore
 
 log = logging.getLogger("makespan.phases")
@@ -392,7 +393,7 @@ class PhaseRunner:
                                gpus=list(ctx.gpus), host=ctx.host, endpoint=ctx.endpoint,
                                endpoint_url=target.url if target else None, endpoint_urls=urls,
                                time_scale=self.settings.time_scale)
-        wctx._progress = progress_writer(self.r, self.keys, ctx.job_id, name)
+        wctx._progress = progress_writer(self.r, self.keys, ctx.job_id, name, celery_progress_emitter())
         if urls:
             wctx._requests = self._requests_sender(ctx, hb, wctx)
         try:

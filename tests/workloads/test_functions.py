@@ -275,3 +275,49 @@ def test_makespan_result_prints_a_workload_error_and_exits_1(live):
     res = subprocess.run([sys.executable, "-m", "makespan.cli", "result", job.id], env=system._env(),
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 1 and "ValueError: no cards" in res.stderr and "Traceback" in res.stderr
+
+
+def test_progress_reaches_flower_while_the_function_runs(live, marks, tmp_path):
+    """ctx.progress sends a Celery task-progress event: Flower shows the execute task in
+    state PROGRESS with the progress as its result while the function runs."""
+    import subprocess
+    import sys
+
+    import httpx
+
+    from makespan.redis_conn import free_port
+
+    system, client = live
+    port = free_port()
+    auth = ("ops", "pw-test")
+    flower = subprocess.Popen([sys.executable, "-m", "celery", "-A", "makespan.workers.tasks:celery", "flower",
+                               f"--port={port}", "--address=127.0.0.1", f"--basic-auth={auth[0]}:{auth[1]}",
+                               "--persistent=False"], env=system._env(), stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    try:
+        def tasks():
+            try:
+                resp = httpx.get(f"http://127.0.0.1:{port}/api/tasks", auth=auth, timeout=3.0)
+                return resp.json() if resp.status_code == 200 else None
+            except httpx.HTTPError:
+                return None
+        wait_for(lambda: tasks() is not None, 30, "Flower to answer")
+        time.sleep(1.0)  # Flower's event receiver is connected
+        job = client.submit("wait_for_cancel")
+        wait_for(lambda: _marks(marks, job, "started"), 60, "the function to start")
+
+        def progressing():
+            return [t for t in (tasks() or {}).values()
+                    if t.get("state") == "PROGRESS" and job.id in str(t.get("result"))]
+        found = wait_for(progressing, 30, "Flower to show the task's progress")
+        progress = json.loads(found[0]["result"])
+        assert progress == {"job_id": job.id, "done": 1.0, "total": 10.0, "note": "waiting"}
+        assert found[0]["name"] in ("makespan.execute", "makespan.warm_job")
+        job.cancel()
+        assert job.wait(timeout_s=30) == "cancelled"
+    finally:
+        flower.terminate()
+        try:
+            flower.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            flower.kill()
