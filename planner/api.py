@@ -158,12 +158,16 @@ def _limit_of(fn: Policy, kw: dict[str, float | int | Plan]) -> float | None:
 def comparable_score(p: Plan, state: FleetState, objective: str) -> float:
     """The score of an assembled plan ``p`` (its ``stats['score']``: preemptors, rest,
     victims) plus the running jobs it does not cut at their original completions
-    (:func:`makespan.planner.preemption_plan.fixed_score`), weight·s: the same jobs whatever the
-    plan cuts, so plans of different preemption decisions compare (as
-    :func:`makespan.planner.preemption_plan.decide` compares them)."""
+    (:func:`makespan.planner.preemption_plan.fixed_score`), plus the work the jobs it cuts
+    already did (:data:`makespan.planner.preemption_plan.LOST_WORK_WEIGHT` × w·(now − start)),
+    weight·s: the same jobs whatever the plan cuts, so plans of different preemption
+    decisions compare (as :func:`makespan.planner.preemption_plan.decide` compares them)."""
     cut = {v for x in p.preemptions for v in x.victims}
     kept = {h.id: h for h in state.running.values() if h.id not in cut}
-    return score(p) + preemption_plan.fixed_score([(h.job, h.end_s) for h in kept.values()], objective)
+    lost = {h.id: h for h in state.running.values() if h.id in cut}  # their work done so far is thrown away
+    return (score(p) + preemption_plan.fixed_score([(h.job, h.end_s) for h in kept.values()], objective)
+            + preemption_plan.LOST_WORK_WEIGHT * sum(h.weight * max(0.0, state.now_s - h.start_s)
+                                                     for h in lost.values()))
 
 
 def _solve_branch(branch: preemption_plan.Branch, fn: Policy, kw: dict[str, float | int | Plan],
