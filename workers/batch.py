@@ -106,6 +106,9 @@ class BatchMixin:
         self._own_level: dict[str, Priority] = {}  # job id -> its submitted level (queue, lease, metrics)
         self.awaited: set[str] = set()  # deps of the unready steps read here (never victims; plus the index)
         self._unready_level: dict[str, int] = {}  # dependency id -> highest level of an unready step seen on it
+        self._unready: dict[str, tuple[str, ...]] = {}  # unready steps read -> their deps (wait reasons)
+        self._left_out: dict[str, tuple[Priority, int]] = {}  # read, queued, not taken -> (level, queue position)
+        self._requeued: set[str] = set()  # taken jobs whose record says they were preempted
         room = self.settings.batch_size
         if heads is None and self.r.scard(self.keys.workloads_active):
             from makespan.workloads import advance_workloads  # workload steps: retries, failure, completion
@@ -124,7 +127,7 @@ class BatchMixin:
                 if not ids:
                     break
                 self._removed = 0
-                room = self._take(lvl, ids, out, room)
+                room = self._take(lvl, ids, out, room, offset)
                 offset += len(ids) - self._removed  # entries removed meanwhile: the rest moved up
         self._pull_dependencies(out)
         return self._inherit(out)
@@ -172,6 +175,7 @@ class BatchMixin:
                     continue
                 if room <= 0:
                     continue
+                self._left_out.pop(jid, None)
                 out.append(self._plan_job(jid, Priority[prio], ep, svc, sub, seq, tp, due))
                 have.add(jid)
                 room -= 1
@@ -187,24 +191,28 @@ class BatchMixin:
         return PlanJob(jid, ep, float(lvl.weight), r_s, float(svc), int(lvl), (),
                        r_s + float(due) if due else None, int(seq))
 
-    def _take(self, lvl: Priority, ids: list[str], out: list[PlanJob], room: int) -> int:
+    def _take(self, lvl: Priority, ids: list[str], out: list[PlanJob], room: int, offset: int = 0) -> int:
         p = self.r.pipeline(transaction=False)
         for jid in ids:
             p.hmget(self.keys.job(jid), "endpoint", "service_s", "submitted_at", "seq", "deps", "state",
-                    "traceparent", "deadline_s")
-        for jid, (ep, svc, sub, seq, deps, state, tp, due) in zip(ids, p.execute()):
+                    "traceparent", "deadline_s", "reason")
+        for i, (jid, (ep, svc, sub, seq, deps, state, tp, due, why)) in enumerate(zip(ids, p.execute())):
             if ep is None or state != "queued":
                 self._drop_stale(self.keys.queue(lvl), jid)  # cancelled or lost record
                 continue
             dl = tuple(json.loads(deps)) if deps else ()
             if room <= 0:  # not in the batch (what it waits on is in the index)
+                self._left_out[jid] = (lvl, offset + i)
                 continue
             if dl and not self._deps_ready(jid, dl):
                 self.awaited.update(dl)
+                self._unready[jid] = dl
                 for d in dl:
                     self._unready_level[d] = min(self._unready_level.get(d, 4), int(lvl))
                 continue
             out.append(self._plan_job(jid, lvl, ep, svc, sub, seq, tp, due))
+            if why and why.startswith("preempted by"):
+                self._requeued.add(jid)
             room -= 1
         return room
 

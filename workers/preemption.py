@@ -49,6 +49,7 @@ log = logging.getLogger("makespan.planner")
 
 class PreemptionMixin:
     requeued_now = 0  # victims put back in their queue this tick (the tick resets it)
+    victims_now: list[str] = []  # job ids of those victims (their wait reason: preempted_requeued)
     awaited: set[str] = set()  # job ids a waiting job waits on (form_batch, then the index): never victims
 
     def _preempt(self, waiting: list[PlanJob], state: FleetState, taken: set[str], batch: list[PlanJob],
@@ -152,6 +153,8 @@ class PreemptionMixin:
                 outcome = preempt(self.r, self.keys, lid, j.id, planner_token=self.token)
                 if outcome in ("preempted", "cancelled"):
                     self.requeued_now += outcome == "preempted"
+                    if outcome == "preempted":
+                        self.victims_now = [*self.victims_now, v]
                     metrics.job_preempted(info[lid].get("priority", "LOW"))
                     log.info("preempted lease %s (%s) for %s job %s (scored, gain %.3g): %s", lid,
                              info[lid].get("priority"), Priority(j.priority).name, j.id, pp.gain, outcome)
@@ -192,6 +195,8 @@ class PreemptionMixin:
                 outcome = preempt(self.r, self.keys, v, j.id, planner_token=self.token)
                 if outcome in ("preempted", "cancelled"):
                     self.requeued_now += outcome == "preempted"
+                    if outcome == "preempted" and info[v].get("job"):
+                        self.victims_now = [*self.victims_now, info[v]["job"]]
                     metrics.job_preempted(info[v].get("priority", "LOW"))
                     log.info("preempted lease %s (%s) for %s job %s: %s", v, info[v].get("priority"),
                              Priority(j.priority).name, j.id, outcome)
