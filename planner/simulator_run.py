@@ -29,10 +29,13 @@ class _Run:
     def __init__(self, base: FleetState, policy: str, window_s: float, max_batch: int, jobs: list[PlanJob],
                  set_points: list[tuple[str, Group]], preemption: str, time_limit_s: float | None = None,
                  preemption_budget: int = DEFAULT_PREEMPTION_BUDGET,
-                 preemption_min_runtime_s: float = DEFAULT_MIN_RUNTIME_S):
+                 preemption_min_runtime_s: float = DEFAULT_MIN_RUNTIME_S,
+                 reservation_after_s: float | None = None):
         self.base, self.policy, self.window_s, self.max_batch = base, policy, window_s, max_batch
         self.preemption_budget, self.preemption_min_runtime_s = preemption_budget, preemption_min_runtime_s
         self.cut_count: dict[str, int] = {}  # job id -> times it was preempted (the budget)
+        self.reservation_after_s = reservation_after_s  # the aging bound (makespan.planner.reservation)
+        self.reserved_points = 0  # planning points whose plan held a reservation
         self.time_limit_s = time_limit_s
         self.set_points, self.preemption = set_points, preemption
         self.committed = Replay(base)
@@ -67,7 +70,8 @@ class _Run:
                 state.running = self._running(t)
             c0 = time.perf_counter()
             p = plan(batch, state, self.policy, previous=self.previous, time_limit_s=self.time_limit_s,
-                     preemption=scored, restore_at=self.restore_at)
+                     preemption=scored, restore_at=self.restore_at, reserve_after_s=self.reservation_after_s)
+            self.reserved_points += int(p.stats.get("reserved", 0.0))
             self.solve.append(time.perf_counter() - c0)
             bj = {j.id: j for j in batch}
             pre = {pp.job_id for pp in p.preemptions}

@@ -2,8 +2,11 @@
 stand by and take over within the lock's TTL.
 
 Each tick the leader: reclaims expired leases; forms a batch (strict priority:
-CRITICAL jobs first, then HIGH, NORMAL, LOW; at most ``batch_size``); reads the fleet
-state; calls the pure ``makespan.planner.api.plan``; publishes a lease for every job the plan
+CRITICAL jobs first, then HIGH, NORMAL, LOW; at most ``batch_size``; a job that a
+higher-level job waits on is planned at that level); reads the fleet state; calls the
+pure ``makespan.planner.api.plan``, then honours the aged job's reservation
+(``MAKESPAN_RESERVATION_AFTER_S``, :func:`makespan.planner.reservation.enforce`: only jobs that
+end before it backfill its group); publishes a lease for every job the plan
 starts now (one Lua script per gang: leased whole or not at all, the job acknowledged
 in the same step) and sends its phase chain to the host's queue. Jobs planned for
 later stay queued and are planned again next tick (rolling horizon). It starts the
@@ -38,7 +41,8 @@ from makespan.errors import LeaseError, StoreError
 from makespan.keys import Keys
 from makespan.models import FleetSpec, Priority, fleet_version
 from makespan.settings import Settings
-from makespan.planner.api import plan
+from makespan.planner.api import POLICY_OBJECTIVE, plan
+from makespan.planner.reservation import enforce
 from makespan.planner.model import FleetState, Plan, PlanJob
 from makespan.planner.replay import state_after
 from makespan.workers.batch import BatchMixin
@@ -237,6 +241,10 @@ class PlannerWorker(BatchMixin, FleetViewMixin, StartMixin, PreemptionMixin, Set
             p = self.improver.best(floor, batch, state)
         else:
             p = plan(batch, state, self.settings.policy, time_limit_s=self.settings.solve_time_limit_s)
+        # no starvation: the aged job's reservation, backfilled (makespan.planner.reservation)
+        p, res = enforce(p, batch, state, self.settings.reservation_after_s,
+                         POLICY_OBJECTIVE.get(self.settings.policy, "weighted_completion"))
+        self.reservations = {x.job_id: x for x in res}
         solve_s = time.perf_counter() - t0
         metrics.observe_solve(solve_s, len(batch))
         self._solve_stats.append(f"{solve_s:.6f}:{len(batch)}")  # written with the next snapshot

@@ -81,8 +81,7 @@ class WaitReasonMixin:
         res = self.reservations.get(j.id)
         if res is not None:
             return "reserved", f"GPUs {','.join(res.gpus)} reserved for it from the ETA (waited past the aging bound)"
-        blocking = [r for r in self.reservations.values() if a is not None and r.job_id != j.id
-                    and set(r.gpus) & set(a.gpus) and a.start_s >= r.start_s - 1e-6]
+        blocking = [r for r in self.reservations.values() if j.id in r.deferred]
         if j.id in self._requeued:
             return "preempted_requeued", "preempted; queued again, restarts from zero"
         if blocking:
