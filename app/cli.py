@@ -389,7 +389,7 @@ def simulate(trace: Path, fleet: Path = FleetOpt, policy: str = typer.Option("po
     typer.echo(json.dumps(out, indent=2))
 
 
-for _mod in ("makespan.cli_lifecycle", "makespan.cli_observe", "makespan.cli_workloads"):
+for _mod in ("makespan.cli_lifecycle", "makespan.cli_observe", "makespan.cli_workloads", "makespan.cli_why"):
     try:
         importlib.import_module(_mod).register(app)
     except ImportError:

@@ -138,6 +138,19 @@ class Settings:
             whose workload declares no ``expected_s``, until enough runs were measured.
         estimate_min_runs: measured runs of a (workload, endpoint) before their median
             replaces the prior as the planning estimate.
+
+    Guarantees (issue 19; docs/planner.md "Guarantees"):
+
+    Attributes:
+        preemption_budget: times one job may be preempted; a job preempted that often is
+            never a victim again (default 2; a negative number: no budget).
+            ``MAKESPAN_PREEMPTION_BUDGET``.
+        preemption_min_runtime_s: workload seconds a job holds its GPUs before it may be
+            preempted (default 0: at once). ``MAKESPAN_PREEMPTION_MIN_RUNTIME_S``.
+        reservation_after_s: aging bound, workload s: a queued job that has waited this long
+            and still cannot start gets a reservation of its earliest feasible group
+            (others backfill it only when they end before the reservation); default 600.
+            ``MAKESPAN_RESERVATION_AFTER_S``.
     """
 
     redis_url: str = DEFAULT_REDIS_URL
@@ -171,6 +184,11 @@ class Settings:
     cancel_grace_s: float = 10.0
     default_service_s: float = 60.0
     estimate_min_runs: int = 3
+    # -- guarantees (issue 19; docs/planner.md "Guarantees") --
+    preemption_budget: int = 2
+    preemption_min_runtime_s: float = 0.0
+    reservation_after_s: float = 600.0
+    # --
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -208,6 +226,7 @@ class Settings:
             default_service_s=_env_float("MAKESPAN_DEFAULT_SERVICE_S", 60.0),
             estimate_min_runs=_env_int("MAKESPAN_ESTIMATE_MIN_RUNS", 3, 1, 10_000),
         )
+        s = replace(s, **_guarantees_from_env())
         known = {f.name for f in fields(cls)}
         bad = set(overrides) - known
         if bad:
@@ -246,4 +265,30 @@ class Settings:
             "MAKESPAN_CANCEL_GRACE_S": repr(self.cancel_grace_s),
             "MAKESPAN_DEFAULT_SERVICE_S": repr(self.default_service_s),
             "MAKESPAN_ESTIMATE_MIN_RUNS": str(self.estimate_min_runs),
+            **_guarantees_to_env(self),
         }
+
+
+# -- guarantees (issue 19): their MAKESPAN_* variables --
+def _guarantees_from_env() -> dict[str, Any]:
+    """The guarantee settings from ``MAKESPAN_*`` (unset: the defaults).
+
+    Raises:
+        ValidationError: a value that is not a number (the budget: not an integer), or a
+            negative runtime / aging bound."""
+    raw = os.environ.get("MAKESPAN_PREEMPTION_BUDGET")
+    budget = 2
+    if raw not in (None, ""):
+        try:
+            budget = int(raw)
+        except ValueError as e:
+            raise ValidationError("MAKESPAN_PREEMPTION_BUDGET", raw, "must be an integer") from e
+    return {"preemption_budget": budget,
+            "preemption_min_runtime_s": _env_nonneg("MAKESPAN_PREEMPTION_MIN_RUNTIME_S", 0.0),
+            "reservation_after_s": _env_nonneg("MAKESPAN_RESERVATION_AFTER_S", 600.0)}
+
+
+def _guarantees_to_env(s: "Settings") -> dict[str, str]:
+    return {"MAKESPAN_PREEMPTION_BUDGET": str(s.preemption_budget),
+            "MAKESPAN_PREEMPTION_MIN_RUNTIME_S": repr(s.preemption_min_runtime_s),
+            "MAKESPAN_RESERVATION_AFTER_S": repr(s.reservation_after_s)}

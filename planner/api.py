@@ -37,7 +37,7 @@ from collections.abc import Callable, Sequence
 
 from makespan.errors import PlannerError
 from makespan.planner import greedy
-from makespan.planner import preemption_plan
+from makespan.planner import preemption_plan, reservation
 from makespan.planner.evaluator import score
 from makespan.planner.model import FleetState, Plan, PlanJob
 from makespan.planner.restore import RESTORE_AT, with_restores
@@ -92,7 +92,8 @@ def _takes_limit(fn: Policy) -> bool:
 
 def plan(batch: Sequence[PlanJob], state: FleetState, policy: str = DEFAULT_POLICY, *,
          time_limit_s: float | None = None, num_workers: int | None = None,
-         previous: Plan | None = None, restore_at: str | None = None, preemption: bool = False) -> Plan:
+         previous: Plan | None = None, restore_at: str | None = None, preemption: bool = False,
+         reserve_after_s: float | None = None) -> Plan:
     """Plan ``batch`` on ``state`` with the named policy.
 
     Args:
@@ -113,6 +114,10 @@ def plan(batch: Sequence[PlanJob], state: FleetState, policy: str = DEFAULT_POLI
             no restores in the plan (the policy's plan as it is).
         preemption: decide preemptions inside the plan (module doc) when the policy is
             in :data:`PREEMPTION_FLOOR` and ``state.running`` is given; ignored otherwise.
+        reserve_after_s: the aging bound, s: a job that has waited this long gets a
+            reservation with backfill (:func:`makespan.planner.reservation.enforce`, applied to the
+            policy's plan, before restores; the plan's ``stats['reserved']`` = 1 when a job
+            holds one); None (the default): no reservations, the policy's plan as it is.
 
     Raises:
         PlannerError: unknown policy name or ``restore_at``, a negative ``time_limit_s``,
@@ -139,9 +144,20 @@ def plan(batch: Sequence[PlanJob], state: FleetState, policy: str = DEFAULT_POLI
     if previous is not None and _takes(fn, "previous"):
         kw["previous"] = previous
     if preemption and state.running and policy in PREEMPTION_FLOOR:
-        return _plan_preemptive(batch, state, policy, fn, kw, restore_at)
+        return _plan_preemptive(batch, state, policy, fn, kw, restore_at, reserve_after_s)
     p = fn(batch, state, **kw)  # type: ignore[call-arg]
+    p = _reserve(p, batch, state, policy, reserve_after_s)
     return with_restores(p, batch, state, restore_at) if restore_at is not None else p
+
+
+def _reserve(p: Plan, batch: Sequence[PlanJob], state: FleetState, policy: str, after_s: float | None) -> Plan:
+    """``p`` with the aged job's reservation honoured (:mod:`makespan.planner.reservation`)."""
+    if after_s is None:
+        return p
+    out, res = reservation.enforce(p, batch, state, after_s, POLICY_OBJECTIVE.get(policy, "weighted_completion"))
+    if res:
+        out.stats["reserved"] = 1.0
+    return out
 
 
 def _limit_of(fn: Policy, kw: dict[str, float | int | Plan]) -> float | None:
@@ -158,12 +174,16 @@ def _limit_of(fn: Policy, kw: dict[str, float | int | Plan]) -> float | None:
 def comparable_score(p: Plan, state: FleetState, objective: str) -> float:
     """The score of an assembled plan ``p`` (its ``stats['score']``: preemptors, rest,
     victims) plus the running jobs it does not cut at their original completions
-    (:func:`makespan.planner.preemption_plan.fixed_score`), weight·s: the same jobs whatever the
-    plan cuts, so plans of different preemption decisions compare (as
-    :func:`makespan.planner.preemption_plan.decide` compares them)."""
+    (:func:`makespan.planner.preemption_plan.fixed_score`), plus the work the jobs it cuts
+    already did (:data:`makespan.planner.preemption_plan.LOST_WORK_WEIGHT` × w·(now − start)),
+    weight·s: the same jobs whatever the plan cuts, so plans of different preemption
+    decisions compare (as :func:`makespan.planner.preemption_plan.decide` compares them)."""
     cut = {v for x in p.preemptions for v in x.victims}
     kept = {h.id: h for h in state.running.values() if h.id not in cut}
-    return score(p) + preemption_plan.fixed_score([(h.job, h.end_s) for h in kept.values()], objective)
+    lost = {h.id: h for h in state.running.values() if h.id in cut}  # their work done so far is thrown away
+    return (score(p) + preemption_plan.fixed_score([(h.job, h.end_s) for h in kept.values()], objective)
+            + preemption_plan.LOST_WORK_WEIGHT * sum(h.weight * max(0.0, state.now_s - h.start_s)
+                                                     for h in lost.values()))
 
 
 def _solve_branch(branch: preemption_plan.Branch, fn: Policy, kw: dict[str, float | int | Plan],
@@ -179,7 +199,8 @@ def _solve_branch(branch: preemption_plan.Branch, fn: Policy, kw: dict[str, floa
 
 
 def _plan_preemptive(batch: Sequence[PlanJob], state: FleetState, policy: str, fn: Policy,
-                     kw: dict[str, float | int | Plan], restore_at: str | None = None) -> Plan:
+                     kw: dict[str, float | int | Plan], restore_at: str | None = None,
+                     reserve_after_s: float | None = None) -> Plan:
     """Scored preemption with the policy's floor, then the policy on the chosen branch (a
     solver policy that takes ``preemption`` may cut more jobs there: its CP-SAT windows
     decide them, :mod:`makespan.planner.window_preemption`). When the floor took preemptions, such
@@ -217,6 +238,7 @@ def _plan_preemptive(batch: Sequence[PlanJob], state: FleetState, policy: str, f
             undo_stats = {"undo_branch": float(undone), "floor_branch_score": s_floor, "base_branch_score": s_base,
                           "floor_preemptions_undone": float(sum((p.job_id, tuple(p.gpus)) not in kept
                                                                 for p in floor_taken))}
+    rest = _reserve(rest, branch.batch, branch.state, policy, reserve_after_s)
     if restore_at is not None:
         rest = with_restores(rest, branch.batch, branch.state, restore_at)
     out = preemption_plan.assemble(rest, branch, objective)

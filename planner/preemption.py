@@ -8,10 +8,18 @@ which GPU group to clear and which holders to preempt, or that none should be:
       plan's choice, not a lack of GPUs);
     * none when its earliest group frees within its endpoint's cold start (preempting
       would not start it sooner: the preemptor pays a cold start on the cleared group);
-    * a group is a candidate only when every GPU of it is held by a preemptable holder
-      (a job still before the end of its workload, not a restore) of a strictly lower
-      level; among candidates the one whose victims have the smallest total priority
-      weight wins (the first such group in ``groups`` order on ties).
+    * a group is a candidate when every GPU of it is either free now or held by a
+      preemptable holder (a job still before the end of its workload, not a restore) of a
+      strictly lower level, and at least one is held (a group partly free and partly held
+      by lower-priority work is a candidate); among candidates the one whose victims have
+      the smallest total priority weight wins (the first such group in ``groups`` order on
+      ties).
+
+Bounded (docs/planner.md, "Guarantees"): a holder is preemptable only while its job was
+preempted fewer than the budget's times (``Settings.preemption_budget``, default
+:data:`DEFAULT_PREEMPTION_BUDGET`) and has run at least the minimum runtime
+(``Settings.preemption_min_runtime_s``, default :data:`DEFAULT_MIN_RUNTIME_S`);
+:func:`victim_allowed` is that test, applied by every caller where it builds holders.
 
 The caller then preempts the victims and gives the group to the job at once, so a
 victim is never re-leased the GPUs it lost before its preemptor starts. Used by the live
@@ -27,6 +35,16 @@ from dataclasses import dataclass
 from makespan.models import Priority
 
 Group = tuple[str, ...]
+DEFAULT_PREEMPTION_BUDGET = 2  # times one job may be preempted (Settings.preemption_budget)
+DEFAULT_MIN_RUNTIME_S = 0.0  # s a job runs before it may be preempted (Settings.preemption_min_runtime_s)
+
+
+def victim_allowed(preemptions: int, ran_s: float, budget: int = DEFAULT_PREEMPTION_BUDGET,
+                   min_runtime_s: float = DEFAULT_MIN_RUNTIME_S) -> bool:
+    """Whether a running job may be preempted (module doc, "Bounded"): it was preempted
+    ``preemptions`` times before (< ``budget``) and has held its GPUs for ``ran_s`` s
+    (≥ ``min_runtime_s``). A ``budget`` < 0 means no budget."""
+    return (budget < 0 or preemptions < budget) and ran_s >= min_runtime_s - 1e-9
 
 
 @dataclass(frozen=True)
@@ -74,7 +92,8 @@ def choose_preemption(level: int, groups: Sequence[Group], busy: Collection[str]
         now_s: the planning time, s.
         cold_start_s: the job's endpoint cold start, s.
         holders: GPU uuid -> what holds it now (None or absent: nothing preemptable
-            holds it, e.g. it was free or was taken in this planning step).
+            holds it, e.g. it was free or was taken in this planning step; a GPU not in
+            ``busy`` is free whatever it says).
     """
     if level > 1 or not groups:
         return None
@@ -85,7 +104,7 @@ def choose_preemption(level: int, groups: Sequence[Group], busy: Collection[str]
         return None
     best: Preemption | None = None
     for g in groups:
-        hs = [holders.get(u) for u in g]
+        hs = [holders.get(u) for u in g if u in busy]  # the free GPUs of a partly free group need no victim
         if any(h is None or not h.preemptable or not may_preempt(level, h.priority) for h in hs):
             continue
         victims = {h.id: h.priority for h in hs if h is not None}

@@ -6,12 +6,15 @@ preemption is a planning decision traded against waiting. Given the batch and a
 
 Candidates (the design rules, "Preemption"): for a waiting job of level CRITICAL (0) or
 HIGH (1) that can start now (released, every dependency done) and that no GPU group free
-now can take, a GPU group of its endpoint every GPU of which is held by a running,
-started, preemptable job of a strictly lower level (CRITICAL preempts HIGH/NORMAL/LOW,
-HIGH preempts NORMAL/LOW) that no batch job depends on. The victims are every job
-holding a GPU of the group (all their GPUs are freed). At most ``per_job`` candidates
-per job: the smallest lost victim work first (Σ (now − start_v)·GPUs_v, GPU·s), then the
-smallest Σ victim weight, then group order.
+now can take, a GPU group of its endpoint every GPU of which is free now or held by a
+running, started, preemptable job of a strictly lower level (CRITICAL preempts
+HIGH/NORMAL/LOW, HIGH preempts NORMAL/LOW) that no batch job depends on, at least one
+held (a group partly free and partly held by lower-priority work is a candidate). The
+victims are every job holding a GPU of the group (all their GPUs are freed). At most
+``per_job`` candidates per job: the smallest lost victim work first
+(Σ (now − start_v)·GPUs_v, GPU·s), then the smallest Σ victim weight, then group order.
+Whether a running job is preemptable at all (the per-job budget, the minimum runtime)
+is the caller's ``RunningJob.preemptable`` (:func:`makespan.planner.preemption.victim_allowed`).
 
 Transformation (:func:`apply`): the victims' GPUs free at ``now_s`` (a victim cut in its
 transition leaves nothing resident); the victims become batch jobs (same id, release,
@@ -23,7 +26,9 @@ Score (:func:`decide`): with S(P) the evaluator's selection score of a plan of t
 (:func:`makespan.planner.evaluator.score`, the policy's objective) and F(jobs) the objective of
 jobs whose completion is fixed (:func:`fixed_score`), a candidate is taken when
     S(P_branch) + F(preemptor at C) < S(P_current) + F(victims at their original C)
-i.e. both sides count the same jobs. For ``weighted_tardiness`` policies F is
+i.e. both sides count the same jobs, and the work the victims already did is a cost
+of its own: the left side adds :data:`LOST_WORK_WEIGHT` × Σ w_v·(now − start_v) (the
+victims' time on their GPUs thrown away, weighted by their weight; weight·s). For ``weighted_tardiness`` policies F is
 Σ w·max(0, C − d) + ε·Σ w·(C − r): a preemption that saves a deadline can win, one whose
 victims' lateness costs more is refused. Greedy: per waiting CRITICAL/HIGH job (level,
 then submission order; at most ``max_jobs`` jobs whose plan start is later than now),
@@ -47,6 +52,7 @@ Planner = Callable[[Sequence[PlanJob], FleetState], Plan]
 PER_JOB = 2  # candidate groups scored per waiting job
 MAX_JOBS = 3  # waiting CRITICAL/HIGH jobs tried per planning point
 MIN_GAIN = 1e-6  # weight·s: a candidate must improve the score by more than this
+LOST_WORK_WEIGHT = 1.0  # cost per victim weight·s of work already done (thrown away by the preemption)
 
 
 @dataclass(frozen=True)
@@ -57,6 +63,12 @@ class Candidate:
     group: Group
     victims: tuple[RunningJob, ...]
     lost_gpu_s: float
+
+
+def lost_work_cost(c: Candidate, now_s: float) -> float:
+    """The cost of the work ``c``'s victims already did by ``now_s`` (module doc,
+    "Score"), weight·s: :data:`LOST_WORK_WEIGHT` × Σ w_v·(now − start_v)."""
+    return LOST_WORK_WEIGHT * sum(v.weight * max(0.0, now_s - v.start_s) for v in c.victims)
 
 
 def fixed_score(done: Sequence[tuple[PlanJob, float]], objective: str) -> float:
@@ -93,8 +105,8 @@ def candidates(job: PlanJob, state: FleetState, batch: Sequence[PlanJob], per_jo
     needed = {d for j in batch for d in j.deps}
     out: list[tuple[float, float, int, Candidate]] = []
     for i, g in enumerate(groups):
-        hs = [state.running.get(u) for u in g]
-        if any(h is None or not _victim_ok(h, job, state, needed) for h in hs):
+        hs = [state.running.get(u) for u in g if state.free_at.get(u, now) > now + TOL_S]  # free GPUs: no victim
+        if not hs or any(h is None or not _victim_ok(h, job, state, needed) for h in hs):
             continue
         victims = {h.id: h for h in hs if h is not None}
         vs = tuple(victims[v] for v in sorted(victims))
@@ -175,7 +187,7 @@ def decide(batch: Sequence[PlanJob], state: FleetState, floor: Planner, objectiv
             st, rest, a = apply(cur.state, cur.batch, c)
             p = floor(rest, st)
             gain = (s_cur + fixed_score([(v.job, v.end_s) for v in c.victims], objective)
-                    - score(p) - fixed_score([(job, a.end_s)], objective))
+                    - score(p) - fixed_score([(job, a.end_s)], objective) - lost_work_cost(c, now))
             if gain > MIN_GAIN and (best is None or gain > best[0]):
                 pp = PlannedPreemption(job.id, tuple(v.id for v in c.victims), c.group, now, gain)
                 best = (gain, Branch(st, rest, p, cur.taken + [pp], cur.starts + [a], cur.preemptors + [job]))

@@ -19,15 +19,17 @@ Rolling horizon. At a planning point t the simulator
        no second planning pass. "rule" (and "plan" for fifo, min-evict, wspt) — the
        fixed rule, :func:`makespan.planner.preemption.choose_preemption`: each CRITICAL/HIGH job of the
        batch left uncommitted that no free group can take, and whose earliest group does
-       not free within its cold start, takes the cheapest group held only by running
-       committed jobs of strictly lower levels. The victims are cut at t and go back to
+       not free within its cold start, takes the cheapest group whose GPUs are free or
+       held by running committed jobs of strictly lower levels (at least one held). The victims are cut at t and go back to
        the queue with their original submission time and sequence number; a victim
        restarts from zero (the live system re-runs a preempted job from the start);
        GPU-seconds it had used are reported as ``sim.preempted_gpu_s`` (not service,
        not transition). The preemptor is committed on the group at t, so a victim cannot
        be placed on those GPUs before it starts. After a preemption the queue is planned
        once more at t (the victims' other GPUs are free). Jobs committed but not yet
-       started, restores, and jobs that other jobs depend on are never victims;
+       started, restores, and jobs that other jobs depend on are never victims; nor is a
+       job already preempted ``preemption_budget`` times, or one that has held its GPUs
+       for less than ``preemption_min_runtime_s`` (:func:`makespan.planner.preemption.victim_allowed`);
     5. set-point restore (``restore=True``): the plan of step 2 holds a restore for every
        set-point instance not resident when its GPUs' planned work ends
        (``planned_restore``: one of :data:`makespan.planner.restore.RESTORE_AT`); step 3
@@ -71,6 +73,8 @@ from makespan.traces import TraceJob, read_trace
 from makespan.planner.api import POLICIES
 from makespan.planner.measures import build_report, lower_bounds
 from makespan.planner.model import EndpointModel, FleetState, Gpu, PlanJob
+from makespan.planner.preemption import DEFAULT_MIN_RUNTIME_S, DEFAULT_PREEMPTION_BUDGET
+from makespan.planner.reservation import DEFAULT_RESERVATION_AFTER_S
 from makespan.planner.replay import Group
 from makespan.planner.restore import set_point_absence, set_point_groups as restore_groups
 from makespan.planner.simulator_run import _Run
@@ -101,14 +105,17 @@ def simulate(trace_jobs: Sequence[TraceJob] | Sequence[PlanJob], fleet: FleetSpe
               time_scale: float = 1.0, preemption: bool | str = True, restore: bool = True,
               planned_restore: str | None = "group", detail: bool = False, time_limit_s: float | None = None,
              progress: Callable[[dict[str, Any]], None] | None = None,
-             set_point_weight: float | None = None) -> dict[str, Any]:
+             set_point_weight: float | None = None, preemption_budget: int = DEFAULT_PREEMPTION_BUDGET,
+             preemption_min_runtime_s: float = DEFAULT_MIN_RUNTIME_S,
+             reservation_after_s: float | None = DEFAULT_RESERVATION_AFTER_S) -> dict[str, Any]:
     """Replay jobs through the planner in virtual time; returns the report dict
     (:func:`makespan.planner.measures.build_report`, with ``jobs.preempted`` and the set-point
     restores), ``set_point_absent_gpu_s`` (GPU-seconds from the first submission until the
     last job or restore ends during which a set-point instance was not resident,
     :func:`makespan.planner.restore.set_point_absence`) plus ``sim`` {wall_s, planning_points,
     window_s, max_batch, time_scale, seed, preemption, restore, planned_restore,
-    time_limit_s, preempted_gpu_s} and, for jobs with ``deadline_s``,
+    time_limit_s, preempted_gpu_s, preemption_budget, preemption_min_runtime_s} and, for
+    jobs with ``deadline_s``,
     ``weighted_tardiness_s`` = Σ w_j·max(0, C_j − d_j) (weight·s), ``tardy_jobs`` and
     ``jobs_with_deadline``.
 
@@ -130,7 +137,12 @@ def simulate(trace_jobs: Sequence[TraceJob] | Sequence[PlanJob], fleet: FleetSpe
     ``set_point_weight``: ``FleetState.set_point_weight`` of every planning point's state
     (score per GPU-s a set-point instance is absent in a plan; None: the given
     ``FleetState``'s, 0 for a fleet file); reported as ``sim.set_point_weight``.
-    Raises PlannerError when negative or not finite.
+    Raises PlannerError when negative or not finite. ``preemption_budget`` (times one job
+    may be preempted; < 0: unbounded) and ``preemption_min_runtime_s`` (s a job holds its
+    GPUs before it may be preempted): step 4's bounds, as ``Settings`` has them live.
+    ``reservation_after_s``: the aging bound of step 2's plans (a job waiting this long
+    gets a reservation with backfill, :mod:`makespan.planner.reservation`; None: none), reported
+    with ``sim.reserved_points`` (planning points whose plan held one).
     """
     wall0 = time.perf_counter()
     base = fleet if isinstance(fleet, FleetState) else fleet_state(fleet)
@@ -141,7 +153,8 @@ def simulate(trace_jobs: Sequence[TraceJob] | Sequence[PlanJob], fleet: FleetSpe
     jobs.sort(key=lambda j: (j.release_s, j.seq))
     sp = set_point_groups(fleet if isinstance(fleet, FleetSpec) else base)
     mode = preemption_mode(preemption)
-    run = _Run(base, policy, window_s, max_batch, jobs, sp if restore else [], mode, time_limit_s)
+    run = _Run(base, policy, window_s, max_batch, jobs, sp if restore else [], mode, time_limit_s,
+               preemption_budget, preemption_min_runtime_s, reservation_after_s)
     run.restore_at = planned_restore if restore else None
     recent: deque[PlanJob] = deque()
     i, n, t = 0, len(jobs), (jobs[0].release_s if jobs else 0.0)
@@ -181,7 +194,9 @@ def simulate(trace_jobs: Sequence[TraceJob] | Sequence[PlanJob], fleet: FleetSpe
                   "max_batch": max_batch, "time_scale": time_scale, "seed": seed, "preemption": bool(mode),
                   "preemption_mode": mode or "off",
                   "restore": restore, "planned_restore": planned_restore if restore else None,
-                  "time_limit_s": time_limit_s, "set_point_weight": base.set_point_weight, "preempted_gpu_s": sum((b - a) * len(g) for a, b, g in run.lost)}
+                  "time_limit_s": time_limit_s, "set_point_weight": base.set_point_weight, "preempted_gpu_s": sum((b - a) * len(g) for a, b, g in run.lost),
+                  "preemption_budget": preemption_budget, "preemption_min_runtime_s": preemption_min_runtime_s,
+                  "reservation_after_s": reservation_after_s, "reserved_points": run.reserved_points}
     if detail:
         rep["schedule"] = {"jobs": [asdict(r) for r in run.records.values()], "restores": run.restores,
                            "lost": run.lost, "preemptions": run.log, "resident_end": dict(run.committed.resident)}

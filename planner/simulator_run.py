@@ -18,7 +18,8 @@ from typing import Any
 from makespan.planner.api import PREEMPTION_FLOOR, plan
 from makespan.planner.measures import JobRecord
 from makespan.planner.model import Assignment, FleetState, Plan, PlanJob, PlannedPreemption, RunningJob
-from makespan.planner.preemption import Holder, choose_preemption
+from makespan.planner.preemption import (DEFAULT_MIN_RUNTIME_S, DEFAULT_PREEMPTION_BUDGET, Holder,
+                                         choose_preemption, victim_allowed)
 from makespan.planner.replay import Group, Replay
 
 
@@ -26,8 +27,15 @@ class _Run:
     """The committed schedule of one simulation and the steps that change it."""
 
     def __init__(self, base: FleetState, policy: str, window_s: float, max_batch: int, jobs: list[PlanJob],
-                 set_points: list[tuple[str, Group]], preemption: str, time_limit_s: float | None = None):
+                 set_points: list[tuple[str, Group]], preemption: str, time_limit_s: float | None = None,
+                 preemption_budget: int = DEFAULT_PREEMPTION_BUDGET,
+                 preemption_min_runtime_s: float = DEFAULT_MIN_RUNTIME_S,
+                 reservation_after_s: float | None = None):
         self.base, self.policy, self.window_s, self.max_batch = base, policy, window_s, max_batch
+        self.preemption_budget, self.preemption_min_runtime_s = preemption_budget, preemption_min_runtime_s
+        self.cut_count: dict[str, int] = {}  # job id -> times it was preempted (the budget)
+        self.reservation_after_s = reservation_after_s  # the aging bound (makespan.planner.reservation)
+        self.reserved_points = 0  # planning points whose plan held a reservation
         self.time_limit_s = time_limit_s
         self.set_points, self.preemption = set_points, preemption
         self.committed = Replay(base)
@@ -62,7 +70,8 @@ class _Run:
                 state.running = self._running(t)
             c0 = time.perf_counter()
             p = plan(batch, state, self.policy, previous=self.previous, time_limit_s=self.time_limit_s,
-                     preemption=scored, restore_at=self.restore_at)
+                     preemption=scored, restore_at=self.restore_at, reserve_after_s=self.reservation_after_s)
+            self.reserved_points += int(p.stats.get("reserved", 0.0))
             self.solve.append(time.perf_counter() - c0)
             bj = {j.id: j for j in batch}
             pre = {pp.job_id for pp in p.preemptions}
@@ -121,6 +130,7 @@ class _Run:
         self.queue[v] = victim
         self.lost.append((a.start_s, t, a.gpus))
         self.preempted += 1
+        self.cut_count[v] = self.cut_count.get(v, 0) + 1
         return victim
 
     def _apply(self, t: float, pp: PlannedPreemption, job: PlanJob) -> dict[str, PlanJob]:
@@ -150,7 +160,9 @@ class _Run:
         # not yet started (committed while the queue was empty), another job needs its completion,
         # or a later job is committed on one of its GPUs (cutting it would free that GPU under it)
         last = all(self.placed.get(x, (None, None))[1] is a for x in a.gpus)
-        return Holder(job.id, job.priority, a.start_s <= t and job.id not in self.dependants and last)
+        bounded = victim_allowed(self.cut_count.get(job.id, 0), t - a.start_s, self.preemption_budget,
+                                 self.preemption_min_runtime_s)  # the per-job budget and the minimum runtime
+        return Holder(job.id, job.priority, a.start_s <= t and job.id not in self.dependants and last and bounded)
 
     def _preempt(self, t: float, waiting: list[PlanJob]) -> bool:
         """The preemption step at ``t`` (:func:`makespan.planner.preemption.choose_preemption`);

@@ -25,7 +25,8 @@ Residencies on a victim's GPUs may start at 0 (the GPU is free at now once the v
 cut). A solution that takes candidates is decoded by applying them to the state
 (:func:`makespan.planner.preemption_plan.apply`) and re-placing the rest through the exact replay;
 it is accepted only when the evaluator's score of the rest plus the preemptors' fixed
-completions is below the incumbent's plus the victims' original completions.
+completions plus the victims' lost work (:func:`makespan.planner.preemption_plan.lost_work_cost`)
+is below the incumbent's plus the victims' original completions.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from dataclasses import dataclass, field, replace
 
 from makespan.planner.evaluator import TOL_S
 from makespan.planner.model import Assignment, FleetState, Plan, PlanJob, PlannedPreemption
-from makespan.planner.preemption_plan import Candidate, Branch, apply, candidates, fixed_score
+from makespan.planner.preemption_plan import Candidate, Branch, apply, candidates, fixed_score, lost_work_cost
 
 PER_JOB = 2  # candidate groups per waiting job offered to the model
 
@@ -118,7 +119,8 @@ def take(state: FleetState, batch: Sequence[PlanJob], cands: Sequence[Candidate]
         out.preemptions.append(PlannedPreemption(c.job.id, tuple(v.id for v in cur.victims), cur.group,
                                                  state.now_s, 0.0))
         out.fixed_delta += (fixed_score([(c.job, a.end_s)], objective)
-                            - fixed_score([(v.job, v.end_s) for v in cur.victims], objective))
+                            - fixed_score([(v.job, v.end_s) for v in cur.victims], objective)
+                            + lost_work_cost(cur, state.now_s))
     return out
 
 

@@ -14,12 +14,24 @@ was cancelled or is gone, unless a failed workload step will be retried
 planner changes nothing. It also notes each taken job's traceparent and
 submission time (unix s) in ``_meta``.
 
+Priority through dependencies (docs/planner.md "Guarantees"): a job that a
+higher-priority queued or delayed job waits on, directly or through a chain of
+``depends_on`` / DAG steps, is planned at the highest level waiting on it (its
+``PlanJob.weight`` and ``priority``), for as long as that dependant waits. The dependants
+come from the reverse-dependency index ``P:awaited:{job}`` (:mod:`makespan.awaited`), walked
+upward in one script per tick (:data:`_INHERITED`); a cancelled dependant leaves the index,
+so its inheritance is gone at the next tick. A dependency of an unready step seen in the
+batch's scan is pulled into the batch at the step's level even when its own queue is not
+read this tick (:meth:`BatchMixin._pull_dependencies`). ``_own_level`` keeps each job's
+submitted level: its queue, lease and metrics use that one.
+
 Mixed into :class:`makespan.workers.planner_worker.PlannerWorker`; uses its Redis client, keys,
 settings and fencing token.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 
@@ -28,6 +40,37 @@ from makespan.models import Priority
 from makespan.planner.model import PlanJob
 
 SCAN_FACTOR = 4  # queue entries read per level per tick: at most SCAN_FACTOR × batch_size
+MAX_DEP_DEPTH = 8  # levels of depends_on followed down from an unready step to pull its dependencies in
+MAX_WAITERS_WALKED = 1000  # dependants read per job when walking P:awaited upward (bounds the script)
+
+# The highest level (0 = CRITICAL .. 3 = LOW; 4: none) of the queued or delayed jobs that
+# wait on each job, at any depth of the P:awaited index. ARGV: prefix, job ids...
+_INHERITED = """
+local prefix = ARGV[1]
+local cap = tonumber(ARGV[2])
+local rank = {CRITICAL = 0, HIGH = 1, NORMAL = 2, LOW = 3}
+local out = {}
+for i = 3, #ARGV do
+  local best, seen, frontier, walked = 4, {}, {ARGV[i]}, 0
+  while #frontier > 0 and walked < cap and best > 0 do
+    local nxt = {}
+    for _, j in ipairs(frontier) do
+      for _, w in ipairs(redis.call('SMEMBERS', prefix .. ':awaited:' .. j)) do
+        if not seen[w] and walked < cap then
+          seen[w] = true
+          walked = walked + 1
+          local k = rank[redis.call('HGET', prefix .. ':job:' .. w, 'priority') or '']
+          if k and k < best then best = k end
+          table.insert(nxt, w)
+        end
+      end
+    end
+    frontier = nxt
+  end
+  out[#out + 1] = best
+end
+return out
+"""
 
 # Remove a stale queue entry. KEYS: queue, job, planner_fence ; ARGV: job id, planner token
 _DROP_STALE = """
@@ -60,7 +103,12 @@ class BatchMixin:
         are read again here when a workload pass may have changed the queues)."""
         out: list[PlanJob] = []
         self._meta: dict[str, tuple[str, float]] = {}
+        self._own_level: dict[str, Priority] = {}  # job id -> its submitted level (queue, lease, metrics)
         self.awaited: set[str] = set()  # deps of the unready steps read here (never victims; plus the index)
+        self._unready_level: dict[str, int] = {}  # dependency id -> highest level of an unready step seen on it
+        self._unready: dict[str, tuple[str, ...]] = {}  # unready steps read -> their deps (wait reasons)
+        self._left_out: dict[str, tuple[Priority, int]] = {}  # read, queued, not taken -> (level, queue position)
+        self._requeued: set[str] = set()  # taken jobs whose record says they were preempted
         room = self.settings.batch_size
         if heads is None and self.r.scard(self.keys.workloads_active):
             from makespan.workloads import advance_workloads  # workload steps: retries, failure, completion
@@ -79,29 +127,92 @@ class BatchMixin:
                 if not ids:
                     break
                 self._removed = 0
-                room = self._take(lvl, ids, out, room)
+                room = self._take(lvl, ids, out, room, offset)
                 offset += len(ids) - self._removed  # entries removed meanwhile: the rest moved up
-        return out
+        self._pull_dependencies(out)
+        return self._inherit(out)
 
-    def _take(self, lvl: Priority, ids: list[str], out: list[PlanJob], room: int) -> int:
+    def _inherit(self, out: list[PlanJob]) -> list[PlanJob]:
+        """``out`` with each job raised to the highest level waiting on it (P:awaited)."""
+        if not out:
+            return out
+        best = self.r.eval(_INHERITED, 0, self.keys.prefix, MAX_WAITERS_WALKED, *(j.id for j in out))
+        res = []
+        for j, lvl in zip(out, best):
+            lvl = int(lvl)
+            if lvl < j.priority:
+                j = dataclasses.replace(j, priority=lvl, weight=max(j.weight, float(Priority(lvl).weight)))
+            res.append(j)
+        return res
+
+    def _pull_dependencies(self, out: list[PlanJob]) -> None:
+        """Append to ``out`` the queued, ready jobs that the unready steps read this tick wait
+        on (down chains of queued dependencies, at most :data:`MAX_DEP_DEPTH` levels) and
+        that are not in it yet, so a LOW job a CRITICAL step waits on is planned although the
+        LOW queue is not read this tick. At most ``batch_size`` such jobs."""
+        have = {j.id for j in out}
+        frontier = [d for d in self._unready_level if d not in have]
+        seen = set(frontier)
+        room = self.settings.batch_size
+        for _ in range(MAX_DEP_DEPTH):
+            if not frontier or room <= 0:
+                return
+            p = self.r.pipeline(transaction=False)
+            for jid in frontier:
+                p.hmget(self.keys.job(jid), "endpoint", "service_s", "submitted_at", "seq", "deps", "state",
+                        "traceparent", "deadline_s", "priority")
+            nxt = []
+            for jid, (ep, svc, sub, seq, deps, state, tp, due, prio) in zip(frontier, p.execute()):
+                if ep is None or state != "queued" or prio not in Priority.__members__:
+                    continue
+                dl = tuple(json.loads(deps)) if deps else ()
+                if dl and not all(self.r.hget(self.keys.job(d), "state") == "completed" for d in dl):
+                    self.awaited.update(dl)
+                    for d in dl:
+                        if d not in seen and d not in have:
+                            seen.add(d)
+                            nxt.append(d)
+                    continue
+                if room <= 0:
+                    continue
+                self._left_out.pop(jid, None)
+                out.append(self._plan_job(jid, Priority[prio], ep, svc, sub, seq, tp, due))
+                have.add(jid)
+                room -= 1
+            frontier = nxt
+
+    def _plan_job(self, jid: str, lvl: Priority, ep: str, svc: str, sub: str, seq: str, tp: str | None,
+                  due: str | None) -> PlanJob:
+        """The PlanJob of a queued job at its own level (its meta and level noted), from its
+        record's fields (strings as Redis answers them)."""
+        r_s = float(sub) / self.settings.time_scale  # workload clock; service and deadline are workload s
+        self._meta[jid] = (tp or "", float(sub))
+        self._own_level[jid] = lvl
+        return PlanJob(jid, ep, float(lvl.weight), r_s, float(svc), int(lvl), (),
+                       r_s + float(due) if due else None, int(seq))
+
+    def _take(self, lvl: Priority, ids: list[str], out: list[PlanJob], room: int, offset: int = 0) -> int:
         p = self.r.pipeline(transaction=False)
         for jid in ids:
             p.hmget(self.keys.job(jid), "endpoint", "service_s", "submitted_at", "seq", "deps", "state",
-                    "traceparent", "deadline_s")
-        for jid, (ep, svc, sub, seq, deps, state, tp, due) in zip(ids, p.execute()):
+                    "traceparent", "deadline_s", "reason")
+        for i, (jid, (ep, svc, sub, seq, deps, state, tp, due, why)) in enumerate(zip(ids, p.execute())):
             if ep is None or state != "queued":
                 self._drop_stale(self.keys.queue(lvl), jid)  # cancelled or lost record
                 continue
             dl = tuple(json.loads(deps)) if deps else ()
             if room <= 0:  # not in the batch (what it waits on is in the index)
+                self._left_out[jid] = (lvl, offset + i)
                 continue
             if dl and not self._deps_ready(jid, dl):
                 self.awaited.update(dl)
+                self._unready[jid] = dl
+                for d in dl:
+                    self._unready_level[d] = min(self._unready_level.get(d, 4), int(lvl))
                 continue
-            r_s = float(sub) / self.settings.time_scale  # workload clock; service and deadline are workload s
-            out.append(PlanJob(jid, ep, float(lvl.weight), r_s, float(svc),
-                               int(lvl), (), r_s + float(due) if due else None, int(seq)))
-            self._meta[jid] = (tp or "", float(sub))
+            out.append(self._plan_job(jid, lvl, ep, svc, sub, seq, tp, due))
+            if why and why.startswith("preempted by"):
+                self._requeued.add(jid)
             room -= 1
         return room
 

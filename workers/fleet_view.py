@@ -90,11 +90,16 @@ class FleetViewMixin:
         busy: set[str] = set()
         lease_ids = sorted({v.split(":")[0] for v in held if v})
         ends: dict[str, float] = {}
+        job_of: dict[str, str] = {}
         if lease_ids:
             p = self.r.pipeline(transaction=False)
             for lid in lease_ids:
-                p.hget(self.keys.lease(lid), "planned_end_s")
-            ends = {lid: float(pe) if pe else now for lid, pe in zip(lease_ids, p.execute())}
+                p.hmget(self.keys.lease(lid), "planned_end_s", "job")
+            got = p.execute()
+            ends = {lid: float(pe) if pe else now for lid, (pe, _j) in zip(lease_ids, got)}
+            job_of = {lid: j for lid, (_pe, j) in zip(lease_ids, got) if j}
+        self._lease_job = {u: job_of[v.split(":")[0]] for u, v in zip(uuids, held)
+                           if v and v.split(":")[0] in job_of}  # GPU -> job holding it (wait reasons)
         # a held GPU whose holder overran its planned end is not free now: it frees at a
         # release the planner cannot date, so it counts as busy for at least one more tick
         # (else a plan would start a job "now" on it, the tick would skip that job, and

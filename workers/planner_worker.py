@@ -2,8 +2,11 @@
 stand by and take over within the lock's TTL.
 
 Each tick the leader: reclaims expired leases; forms a batch (strict priority:
-CRITICAL jobs first, then HIGH, NORMAL, LOW; at most ``batch_size``); reads the fleet
-state; calls the pure ``makespan.planner.api.plan``; publishes a lease for every job the plan
+CRITICAL jobs first, then HIGH, NORMAL, LOW; at most ``batch_size``; a job that a
+higher-level job waits on is planned at that level); reads the fleet state; calls the
+pure ``makespan.planner.api.plan``, then honours the aged job's reservation
+(``MAKESPAN_RESERVATION_AFTER_S``, :func:`makespan.planner.reservation.enforce`: only jobs that
+end before it backfill its group); publishes a lease for every job the plan
 starts now (one Lua script per gang: leased whole or not at all, the job acknowledged
 in the same step) and sends its phase chain to the host's queue. Jobs planned for
 later stay queued and are planned again next tick (rolling horizon). It starts the
@@ -18,7 +21,8 @@ its run loop and the tick itself; the tick's parts are mixins, one module each:
   and demand inputs (and the fleet spec → planner model helpers);
 * :mod:`makespan.workers.starts` (``StartMixin``): leasing planned jobs and sending their phases;
 * :mod:`makespan.workers.preemption` (``PreemptionMixin``): preempting for CRITICAL/HIGH jobs;
-* :mod:`makespan.workers.drain` (``SetPointMixin``): set-point restores and the drain check.
+* :mod:`makespan.workers.drain` (``SetPointMixin``): set-point restores and the drain check;
+* :mod:`makespan.workers.wait_reasons` (``WaitReasonMixin``): each waiting job's reason and ETA.
 """
 
 from __future__ import annotations
@@ -37,8 +41,9 @@ from makespan.errors import LeaseError, StoreError
 from makespan.keys import Keys
 from makespan.models import FleetSpec, Priority, fleet_version
 from makespan.settings import Settings
-from makespan.planner.api import plan
-from makespan.planner.model import FleetState, PlanJob
+from makespan.planner.api import POLICY_OBJECTIVE, plan
+from makespan.planner.reservation import enforce
+from makespan.planner.model import FleetState, Plan, PlanJob
 from makespan.planner.replay import state_after
 from makespan.workers.batch import BatchMixin
 from makespan.workers.drain import SetPointMixin
@@ -47,6 +52,7 @@ from makespan.workers.improver import BackgroundImprover
 from makespan.workers.leases import LeaseStore
 from makespan.workers.preemption import PreemptionMixin
 from makespan.workers.starts import StartMixin
+from makespan.workers.wait_reasons import WaitReasonMixin
 
 log = logging.getLogger("makespan.planner")
 
@@ -54,7 +60,7 @@ SOLVER_POLICIES = ("default", "cpsat", "tardiness")  # run as a greedy floor per
 FLOOR_POLICY = {"tardiness": "tardiness-portfolio"}  # the per-tick floor of a solver policy (else portfolio)
 
 
-class PlannerWorker(BatchMixin, FleetViewMixin, StartMixin, PreemptionMixin, SetPointMixin):
+class PlannerWorker(BatchMixin, FleetViewMixin, StartMixin, PreemptionMixin, SetPointMixin, WaitReasonMixin):
     """One planner process. ``run()`` loops until ``stop()``; ``tick()`` is one cycle."""
 
     def __init__(self, r: redis.Redis, settings: Settings, fleet: FleetSpec, dispatch=None, name: str | None = None):
@@ -200,6 +206,7 @@ class PlannerWorker(BatchMixin, FleetViewMixin, StartMixin, PreemptionMixin, Set
         says whether another tick may start more at once (it dispatched, and a GPU is
         still free or a CRITICAL/HIGH job waits); else the loop sleeps until woken."""
         self.tick_again = False
+        self.victims_now = []
         self.retention.maybe_sweep()
         self.delayed.promote(self.token)  # due delayed jobs (delay_s, retry backoff) join their queue
         snap = self.snapshot()
@@ -219,8 +226,11 @@ class PlannerWorker(BatchMixin, FleetViewMixin, StartMixin, PreemptionMixin, Set
         busy = {g.uuid for g, v in zip(self.gpus, snap["held"]) if v}
         heads = None if snap["workloads"] else snap["heads"]
         may_preempt = bool(snap["heads"][Priority.CRITICAL] or snap["heads"][Priority.HIGH])
-        batch = self.form_batch(heads) if len(busy) < len(self.gpus) or may_preempt else []
+        formed = len(busy) < len(self.gpus) or may_preempt
+        batch = self.form_batch(heads) if formed else []
         if not batch:
+            if formed and (self._unready or self._left_out):  # only unready steps read: say why they wait
+                self._write_wait_reasons([], self.fleet_state(snap)[0], Plan(self.settings.policy, []), set())
             return self._idle(busy) if len(busy) < len(self.gpus) else False
         state, busy = self.fleet_state(snap)
         self._note_demand(batch, state)
@@ -231,6 +241,10 @@ class PlannerWorker(BatchMixin, FleetViewMixin, StartMixin, PreemptionMixin, Set
             p = self.improver.best(floor, batch, state)
         else:
             p = plan(batch, state, self.settings.policy, time_limit_s=self.settings.solve_time_limit_s)
+        # no starvation: the aged job's reservation, backfilled (makespan.planner.reservation)
+        p, res = enforce(p, batch, state, self.settings.reservation_after_s,
+                         POLICY_OBJECTIVE.get(self.settings.policy, "weighted_completion"))
+        self.reservations = {x.job_id: x for x in res}
         solve_s = time.perf_counter() - t0
         metrics.observe_solve(solve_s, len(batch))
         self._solve_stats.append(f"{solve_s:.6f}:{len(batch)}")  # written with the next snapshot
@@ -250,13 +264,14 @@ class PlannerWorker(BatchMixin, FleetViewMixin, StartMixin, PreemptionMixin, Set
         started = self._start_many(starts)
         dispatched |= started
         waiting = [j for j in batch if j.id not in dispatched and j.priority <= int(Priority.HIGH)]
-        self.requeued_now = 0
+        self.requeued_now, self.victims_now = 0, []
         if waiting:  # scored or by the rule (workers/preemption.py)
             dispatched |= self._preempt(waiting, state, taken, batch, p, started)
         if not self.requeued_now:  # victims back in the queue are not in the batch: p may not leave GPUs idle
             self._restore_planned(batch, state, p, taken)
         if self.improver is not None:
             self._offer_rest(batch, state, p, started, dispatched)
+        self._write_wait_reasons(batch, state, p, dispatched)  # one script: reason and ETA of each job left waiting
         # tick again at once only if another tick may start something: a GPU is still free
         # or a CRITICAL/HIGH job still waits; else sleep until a release or submission
         self.tick_again = bool(dispatched) and (len(taken) < len(self.gpus) or bool(waiting))

@@ -20,6 +20,12 @@ holding a lease, in the same round trip as the lease records, so a step at any d
 of any queue (or delayed) protects its dependency; the deps of the unready steps that
 ``form_batch`` read this tick are added to it (no extra reads).
 
+Both deciders take every group partly free and partly held by lower-priority work as a
+candidate, and both are bounded (docs/planner.md, "Guarantees"): a job preempted
+``Settings.preemption_budget`` times (the record's ``preemptions`` count) or leased less
+than ``Settings.preemption_min_runtime_s`` ago is not preemptable
+(:func:`makespan.planner.preemption.victim_allowed`).
+
 Mixed into :class:`makespan.workers.planner_worker.PlannerWorker`; uses its Redis client,
 keys, endpoints, fencing token and ``_start``.
 """
@@ -34,7 +40,7 @@ from makespan.models import Priority
 from makespan.planner import preemption_plan
 from makespan.planner.api import POLICIES, POLICY_OBJECTIVE, PREEMPTION_FLOOR
 from makespan.planner.model import FleetState, Plan, PlanJob, RunningJob
-from makespan.planner.preemption import Holder, choose_preemption
+from makespan.planner.preemption import Holder, choose_preemption, victim_allowed
 from makespan.planner.replay import state_after
 from makespan.workers.leases import preempt
 
@@ -43,6 +49,7 @@ log = logging.getLogger("makespan.planner")
 
 class PreemptionMixin:
     requeued_now = 0  # victims put back in their queue this tick (the tick resets it)
+    victims_now: list[str] = []  # job ids of those victims (their wait reason: preempted_requeued)
     awaited: set[str] = set()  # job ids a waiting job waits on (form_batch, then the index): never victims
 
     def _preempt(self, waiting: list[PlanJob], state: FleetState, taken: set[str], batch: list[PlanJob],
@@ -81,7 +88,8 @@ class PreemptionMixin:
                 if rec.get("kind") == "job" and rec.get("job") and not executed.get(lid)}
         p = self.r.pipeline(transaction=False)
         for jid in jobs.values():
-            p.hmget(self.keys.job(jid), "endpoint", "service_s", "submitted_at", "seq", "deadline_s", "leased_at")
+            p.hmget(self.keys.job(jid), "endpoint", "service_s", "submitted_at", "seq", "deadline_s", "leased_at",
+                    "preemptions")
         got = dict(zip(jobs, p.execute()))
         ts = self.settings.time_scale
         gpus_of: dict[str, list[str]] = {}
@@ -90,7 +98,7 @@ class PreemptionMixin:
         order = {g.uuid: i for i, g in enumerate(self.gpus)}
         out: dict[str, RunningJob] = {}
         for lid, jid in jobs.items():
-            ep, svc, sub, seq, due, leased = got[lid]
+            ep, svc, sub, seq, due, leased, cuts = got[lid]
             prio = Priority.__members__.get(info[lid].get("priority", ""))
             if None in (ep, svc, sub, leased, prio) or ep not in state.endpoints:
                 continue
@@ -99,9 +107,26 @@ class PreemptionMixin:
             job = PlanJob(jid, ep, float(prio.weight), r_s, float(svc), int(prio), (),
                           r_s + float(due) if due else None, int(seq or 0))
             gs = tuple(sorted(gpus_of[lid], key=order.__getitem__))
-            rj = RunningJob(job, gs, start_s, max(start_s, end_s - float(svc)), end_s, jid not in self.awaited)
+            ok = jid not in self.awaited and self._bounded(cuts, state.now_s - start_s)
+            rj = RunningJob(job, gs, start_s, max(start_s, end_s - float(svc)), end_s, ok)
             out.update({u: rj for u in gs})
         return out, {jid: lid for lid, jid in jobs.items()}
+
+    def _bounded(self, cuts: str | None, ran_s: float) -> bool:
+        """Whether a job preempted ``cuts`` times (its record's count) that has held its
+        GPUs ``ran_s`` workload s is within the preemption bounds (module doc)."""
+        return victim_allowed(int(cuts or 0), ran_s, self.settings.preemption_budget,
+                              self.settings.preemption_min_runtime_s)
+
+    def _holder_bounds(self, info: dict[str, dict[str, str]]) -> dict[str, bool]:
+        """Lease id -> whether its job is within the preemption bounds (one round trip)."""
+        lids = [lid for lid, rec in info.items() if rec.get("kind") == "job" and rec.get("job")]
+        p = self.r.pipeline(transaction=False)
+        for lid in lids:
+            p.hmget(self.keys.job(info[lid]["job"]), "preemptions", "leased_at")
+        now = self.now_s()
+        return {lid: leased is not None and self._bounded(cuts, now - float(leased) / self.settings.time_scale)
+                for lid, (cuts, leased) in zip(lids, p.execute() if lids else [])}
 
     def _preempt_scored(self, batch: list[PlanJob], state: FleetState, taken: set[str], p: Plan,
                         started: set[str]) -> set[str]:
@@ -128,6 +153,8 @@ class PreemptionMixin:
                 outcome = preempt(self.r, self.keys, lid, j.id, planner_token=self.token)
                 if outcome in ("preempted", "cancelled"):
                     self.requeued_now += outcome == "preempted"
+                    if outcome == "preempted":
+                        self.victims_now = [*self.victims_now, v]
                     metrics.job_preempted(info[lid].get("priority", "LOW"))
                     log.info("preempted lease %s (%s) for %s job %s (scored, gain %.3g): %s", lid,
                              info[lid].get("priority"), Priority(j.priority).name, j.id, pp.gain, outcome)
@@ -148,12 +175,13 @@ class PreemptionMixin:
         earliest group frees within its endpoint's cold start (preempting would not start
         it sooner), or whose groups hold no victim set."""
         lease_of, info, executed = self._lease_holders()
+        bounded = self._holder_bounds(info)
         holder: dict[str, Holder | None] = {}
         for u, lid in lease_of.items():
             rec = info.get(lid) or {}
             prio = Priority.__members__.get(rec.get("priority", "LOW"), Priority.LOW)
             holder[u] = Holder(lid, int(prio), rec.get("kind") == "job" and not executed.get(lid)
-                               and rec.get("job") not in self.awaited)
+                               and rec.get("job") not in self.awaited and bounded.get(lid, False))
         started: set[str] = set()
         for j in sorted(waiting, key=lambda j: (j.priority, j.seq)):
             ep = self.endpoints[j.endpoint]
@@ -167,6 +195,8 @@ class PreemptionMixin:
                 outcome = preempt(self.r, self.keys, v, j.id, planner_token=self.token)
                 if outcome in ("preempted", "cancelled"):
                     self.requeued_now += outcome == "preempted"
+                    if outcome == "preempted" and info[v].get("job"):
+                        self.victims_now = [*self.victims_now, info[v]["job"]]
                     metrics.job_preempted(info[v].get("priority", "LOW"))
                     log.info("preempted lease %s (%s) for %s job %s: %s", v, info[v].get("priority"),
                              Priority(j.priority).name, j.id, outcome)

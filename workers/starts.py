@@ -48,9 +48,15 @@ class StartMixin:
             raise LeaseError("planner fencing token is stale: another planner leads")
         return started
 
+    def _own_priority(self, j: PlanJob) -> Priority:
+        """The level ``j`` was submitted at (its queue and record), which may be below the
+        level it is planned at (priority through dependencies, :mod:`makespan.workers.batch`)."""
+        own = getattr(self, "_own_level", {}).get(j.id)
+        return own if own is not None else Priority(j.priority)
+
     def _lease_request(self, j: PlanJob, gpus: tuple[str, ...], end_s: float, load: str) -> dict:
         """The :meth:`LeaseStore.acquire` arguments of a job lease."""
-        prio = Priority(j.priority)
+        prio = self._own_priority(j)
         host = self.fleet.host_of(gpus[0])
         return dict(lease_id=uuid.uuid4().hex, gpus=gpus, ttl_s=self.settings.lease_ttl_s, job_id=j.id, kind="job",
                     holder=host, queue=self.keys.queue(prio), planner_token=self.token,
@@ -62,7 +68,7 @@ class StartMixin:
         """Lease ``gpus`` for job ``j`` and send its phase chain. False if the lease failed."""
         q = self._lease_request(j, gpus, end_s, load)
         tp = self._meta.get(j.id, ("", 0.0))[0]
-        attrs = {"job_id": j.id, "priority": Priority(j.priority).name, "endpoint": j.endpoint, "gpus": list(gpus),
+        attrs = {"job_id": j.id, "priority": self._own_priority(j).name, "endpoint": j.endpoint, "gpus": list(gpus),
                  "host": q["holder"], "lease_id": q["lease_id"], "planned_s": end_s - self.now_s()}
         with telemetry.phase_span("allocate_gpus", tp, attrs):
             lease = self.leases.acquire(**q)
@@ -70,7 +76,7 @@ class StartMixin:
 
     def _started(self, j: PlanJob, gpus: tuple[str, ...], host: str, lease) -> bool:
         """After ``lease`` was published for ``j``: metrics, and send its phase chain."""
-        prio = Priority(j.priority)
+        prio = self._own_priority(j)
         lid = lease.lease_id
         tp, sub = self._meta.get(j.id, ("", 0.0))
         if sub:

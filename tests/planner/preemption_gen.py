@@ -53,9 +53,11 @@ def instance(seed, deadlines=False, deps=False, transit=True):
 
 
 def total(p, batch, state, objective):
-    """Score of p (with preemptions) on every job it touches plus uncut running jobs at their ends."""
+    """Score of p (with preemptions) on every job it touches plus uncut running jobs at their
+    ends, plus the work the cut ones already did (``LOST_WORK_WEIGHT`` × w·(now − start))."""
     cut = {v for x in p.preemptions for v in x.victims}
     ev = pp.evaluate_preemptive(p, batch, state, objective)
     hold = {h.id: h for h in state.running.values()}
     kept = [(h.job, h.end_s) for h in hold.values() if h.id not in cut]
-    return score(ev) + pp.fixed_score(kept, objective), ev
+    lost = pp.LOST_WORK_WEIGHT * sum(h.weight * max(0.0, state.now_s - h.start_s) for h in hold.values() if h.id in cut)
+    return score(ev) + pp.fixed_score(kept, objective) + lost, ev

@@ -42,7 +42,8 @@ def _state(now_s, running, n=2, resident=None):
 
 def _branch_total(state, batch, cands, chosen, floor, objective):
     """Score of one branch by the evaluator on the same set of jobs: the batch plus every
-    possible victim (at its original completion unless ``chosen`` cuts it)."""
+    possible victim (at its original completion unless ``chosen`` cuts it), plus the work
+    the cut victims already did (``lost_work_cost``, issue 19)."""
     every = {v.id: v for c in cands for v in c.victims}
     if chosen is None:
         p = evaluate(floor(batch, state), batch, state, objective=objective)
@@ -54,7 +55,8 @@ def _branch_total(state, batch, cands, chosen, floor, objective):
             pp.PlannedPreemption(chosen.job.id, tuple(v.id for v in chosen.victims), chosen.group, state.now_s)])
         p = pp.evaluate_preemptive(full, batch, state, objective)
         cut = {v.id for v in chosen.victims}
-    return score(p) + pp.fixed_score([(v.job, v.end_s) for k, v in every.items() if k not in cut], objective)
+    lost = pp.lost_work_cost(chosen, state.now_s) if chosen is not None else 0.0
+    return lost + score(p) + pp.fixed_score([(v.job, v.end_s) for k, v in every.items() if k not in cut], objective)
 
 
 def _tiny(seed):

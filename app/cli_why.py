@@ -1,0 +1,162 @@
+"""CLI: why a job waits and until when (``makespan why ID``) and a listing of jobs with
+their reasons (``makespan jobs [--state S --endpoint E --priority P]``). The reason codes
+and the record fields are :mod:`makespan.wait_reasons`'s (docs/concepts.md)."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+from typing import Any
+
+import typer
+
+from makespan.errors import MakespanError, NotFoundError, ValidationError
+
+WAITING = ("queued", "delayed")
+LISTED_STATES = ("queued", "delayed", "leased")
+
+
+def explain(r, keys, settings, job_id: str) -> dict[str, Any]:
+    """``{id, state, priority, endpoint, reason, detail, eta, eta_in_s, as_of_s}`` of one job
+    (``reason`` None when it is not waiting; ETA in unix s on the Redis server's clock).
+
+    Raises:
+        NotFoundError: no such job."""
+    rec = r.hgetall(keys.job(job_id))
+    if not rec:
+        raise NotFoundError(f"no job {job_id!r}")
+    return _explain_rec(r, keys, settings, job_id, rec, *_context(r, keys))
+
+
+def _context(r, keys) -> tuple[bool, float]:
+    sec, usec = r.time()
+    return bool(r.exists(keys.planner_leader)), sec + usec / 1e6
+
+
+def _explain_rec(r, keys, settings, job_id: str, rec: dict[str, str], leads: bool, now_s: float) -> dict[str, Any]:
+    from makespan.wait_reasons import reason_of
+
+    out: dict[str, Any] = {"id": job_id, "state": rec.get("state"), "priority": rec.get("priority"),
+                           "endpoint": rec.get("endpoint"), "reason": None, "detail": "", "eta": None,
+                           "eta_in_s": None, "as_of_s": None}
+    if rec.get("state") not in WAITING:
+        if rec.get("reason"):
+            out["detail"] = rec["reason"]
+        return out
+    pos = r.zrank(keys.queue(rec.get("priority") or "NORMAL"), job_id) if rec.get("state") == "queued" else None
+    stale = max(settings.lease_ttl_s / 2, 1.0)
+    reason, detail, eta = reason_of(rec, planner_leads=leads, server_now_s=now_s, queue_position=pos,
+                                    stale_after_s=stale)
+    out.update(reason=reason, detail=detail, eta=eta, eta_in_s=None if eta is None else round(eta - now_s, 3))
+    if rec.get("wait_at") and reason not in ("no_planner", "delayed_until", "retry_backoff"):
+        out["as_of_s"] = round(now_s - float(rec["wait_at"]), 3)
+    return out
+
+
+def _when(eta: float | None, in_s: float | None) -> str:
+    if eta is None:
+        return "no ETA"
+    t = _dt.datetime.fromtimestamp(eta, tz=_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+    return f"ETA {t} (in {max(0.0, in_s or 0.0):.0f} s)"
+
+
+def line(x: dict[str, Any]) -> str:
+    """The one-line form of :func:`explain`'s answer."""
+    if x["reason"] is None:
+        return f"{x['id']}: {x['state']}" + (f" ({x['detail']})" if x["detail"] else "")
+    return f"{x['id']}: {x['state']}, {x['reason']}, {_when(x['eta'], x['eta_in_s'])}"
+
+
+def list_jobs(r, keys, settings, states: tuple[str, ...] = WAITING, endpoint: str | None = None,
+              priority: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+    """The jobs in ``states`` (queued: every queue, CRITICAL first, FIFO; delayed: by due
+    time; leased: by lease) filtered by endpoint and priority, at most ``limit``, each as
+    :func:`explain` answers. Reads at most ``limit`` ids per source past the filters'
+    rejects (a bounded scan, ``4 × limit``).
+
+    Raises:
+        ValidationError: an unknown state or priority."""
+    from makespan.models import Priority
+
+    bad = [s for s in states if s not in LISTED_STATES]
+    if bad:
+        raise ValidationError("state", bad[0], f"must be one of {', '.join(LISTED_STATES)}")
+    if priority is not None and priority.upper() not in Priority.__members__:
+        raise ValidationError("priority", priority, f"must be one of {', '.join(Priority.__members__)}")
+    ids: list[str] = []
+    scan = 4 * limit
+    for st in states:
+        if st == "queued":
+            levels = [Priority[priority.upper()]] if priority else list(Priority)
+            for lvl in levels:
+                ids += r.zrange(keys.queue(lvl), 0, scan - 1)
+        elif st == "delayed":
+            ids += r.zrange(keys.delayed, 0, scan - 1)
+        else:
+            ids += r.zrange(keys.running, 0, scan - 1)
+    p = r.pipeline(transaction=False)
+    for j in ids:
+        p.hgetall(keys.job(j))
+    leads, now_s = _context(r, keys)
+    out = []
+    for j, rec in zip(ids, p.execute()):
+        if not rec or rec.get("state") not in states:
+            continue
+        if endpoint and rec.get("endpoint") != endpoint or priority and rec.get("priority") != priority.upper():
+            continue
+        out.append(_explain_rec(r, keys, settings, j, rec, leads, now_s))
+        if len(out) >= limit:
+            break
+    return out
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``why`` and ``jobs`` to the ``makespan`` CLI."""
+
+    def _ctx():
+        from makespan.keys import Keys
+        from makespan.redis_conn import connect
+        from makespan.settings import Settings
+
+        s = Settings.from_env()
+        return s, connect(s.redis_url), Keys(s.key_prefix)
+
+    def _fail(e: Exception) -> None:
+        typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(2)
+
+    @app.command("why")
+    def why_cmd(job_id: str, as_json: bool = typer.Option(False, "--json", help="print the answer as JSON")):
+        """Why a job waits and until when: one line (state, reason code, ETA), then the detail."""
+        try:
+            s, r, k = _ctx()
+            x = explain(r, k, s, job_id)
+        except MakespanError as e:
+            _fail(e)
+        if as_json:
+            typer.echo(json.dumps(x))
+            return
+        typer.echo(line(x))
+        if x["reason"] is not None:
+            typer.echo(f"  {x['detail']}" if x["detail"] else "  (no detail)")
+            if x["as_of_s"] is not None:
+                typer.echo(f"  as of {x['as_of_s']:.1f} s ago (the planner's last tick that read it)")
+
+    @app.command("jobs")
+    def jobs_cmd(state: list[str] = typer.Option(None, "--state", help="queued, delayed or leased (repeatable); "
+                                                                         "default: queued and delayed"),
+                 endpoint: str = typer.Option(None, "--endpoint"), priority: str = typer.Option(None, "--priority"),
+                 limit: int = typer.Option(100, "--limit", min=1),
+                 as_json: bool = typer.Option(False, "--json", help="print JSON lines")):
+        """Jobs with their state, reason and ETA (one line each)."""
+        try:
+            s, r, k = _ctx()
+            rows = list_jobs(r, k, s, tuple(state) if state else WAITING, endpoint, priority, limit)
+        except MakespanError as e:
+            _fail(e)
+        for x in rows:
+            if as_json:
+                typer.echo(json.dumps(x))
+            else:
+                typer.echo(f"{x['id']}  {x['priority'] or '-':8} {x['endpoint'] or '-':14} {x['state']:8} "
+                           f"{x['reason'] or '-':22} {_when(x['eta'], x['eta_in_s']) if x['reason'] else ''}")

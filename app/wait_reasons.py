@@ -1,0 +1,72 @@
+"""Why a job waits, and until when: the fixed set of reason codes (docs/concepts.md,
+"Why is my job waiting?").
+
+The live planner writes, at every tick that plans, onto the record of each job of its
+batch that it did not start (and of the queued jobs its scan read but left out of the
+batch, and of the unready steps it read), in one script (:mod:`makespan.workers.wait_reasons`):
+
+* ``wait_reason``: one code of :data:`REASONS`;
+* ``wait_detail``: one line saying what it waits for (GPUs and their holders, the
+  dependency, the reservation, the queue position ...);
+* ``wait_eta``: the planned start in the current plan, unix s on the Redis server's clock
+  ('' when the plan has none, e.g. a step whose dependency has no planned end);
+* ``wait_at``: when it was written, unix s on the Redis server's clock.
+
+Only a job still ``queued`` is written. A delayed job's reason needs no planner: it is
+read from its record (``not_before``; ``attempts`` > 0: a retry backoff). A queued job
+with no fresh entry while no planner leads is ``no_planner``; one the planner has not read
+yet is ``behind_batch`` (:func:`reason_of`, used by ``makespan why`` / ``makespan jobs``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# code -> what it means (docs/concepts.md lists the same)
+REASONS: dict[str, str] = {
+    "waiting_for_gpus": "every group its endpoint can use is busy (or planned for other jobs) until the ETA; "
+                        "the detail names the GPUs and what holds them",
+    "waiting_for_dependency": "a job it depends on (depends_on or a workload step) has not completed",
+    "reserved": "it waited past the aging bound: its earliest feasible group is reserved for it from the ETA "
+                "(only jobs that end before then may use those GPUs)",
+    "behind_reservation": "the GPUs it could use now are reserved for a job that has waited longer",
+    "waiting_for_memory": "GPUs of its group size are free, but none with the memory its endpoint needs",
+    "delayed_until": "submitted with delay_s: queued at the ETA (not_before)",
+    "preempted_requeued": "it was preempted and is queued again (it restarts from zero)",
+    "retry_backoff": "its lease was reclaimed (worker lost); it waits out the retry backoff until the ETA",
+    "no_planner": "no planner leads: nothing is planned until one does",
+    "behind_batch": "queued behind the planner's batch (batch_size jobs by priority, FIFO): the detail gives "
+                    "its queue position",
+}
+FIELDS = ("wait_reason", "wait_detail", "wait_eta", "wait_at")
+
+
+def reason_of(rec: dict[str, Any], *, planner_leads: bool, server_now_s: float, queue_position: int | None,
+              stale_after_s: float) -> tuple[str, str, float | None]:
+    """(reason, detail, ETA unix s or None) of a queued or delayed job record ``rec``
+    (as :meth:`makespan.producer.Producer.status` returns it, or raw strings).
+
+    ``planner_leads``: the planner's leader lock is held; ``server_now_s``: the Redis
+    server's clock; ``queue_position``: its 0-based rank in its queue (None: unknown);
+    ``stale_after_s``: a planner entry older than this while no planner leads is not
+    trusted (``no_planner``).
+
+    Raises:
+        ValueError: the job is neither queued nor delayed."""
+    state = rec.get("state")
+    if state == "delayed":
+        due = float(rec.get("not_before") or 0.0) or None
+        if int(rec.get("attempts") or 0) > 0:
+            return "retry_backoff", f"attempt {int(rec['attempts']) + 1} after a reclaimed lease", due
+        return "delayed_until", "submitted with delay_s", due
+    if state != "queued":
+        raise ValueError(f"job is {state}, not waiting")
+    at = float(rec.get("wait_at") or 0.0)
+    fresh = bool(at) and server_now_s - at <= stale_after_s
+    if not planner_leads and not fresh:
+        return "no_planner", "no planner holds the leader lock", None
+    if not rec.get("wait_reason"):
+        pos = "" if queue_position is None else f"position {queue_position + 1} in the {rec.get('priority', '?')} queue"
+        return "behind_batch", pos or "not read by the planner yet", None
+    eta = rec.get("wait_eta")
+    return str(rec["wait_reason"]), str(rec.get("wait_detail") or ""), float(eta) if eta not in (None, "") else None

@@ -1,0 +1,79 @@
+"""Priority through dependencies (issue 19 point 3): a job that a higher-weight job waits
+on is planned with the highest weight waiting on it, for as long as that dependant waits.
+
+One GPU, the planner worker in-process on a real Redis (dispatch captured, phases
+finished by the phase runner's own completion step)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from makespan.models import parse_fleet
+from makespan.producer import Producer
+from makespan.workers.phases import PhaseRunner
+from makespan.workers.planner_worker import PlannerWorker
+
+ONE_GPU = parse_fleet({"name": "one", "hosts": [{"name": "h", "gpu_count": 1, "memory_mib": 81920}],
+                       "endpoints": {"e": {"model": "m", "memory_mib_per_gpu": 20000, "cold_start_s": 1}}})
+
+
+def _setup(r, settings, **kw):
+    s = dataclasses.replace(settings, lease_ttl_s=60.0, **kw)
+    sent = []
+    w = PlannerWorker(r, s, ONE_GPU, dispatch=lambda ctx, q: sent.append(ctx))
+    return w, Producer(r, w.keys, ONE_GPU, s), PhaseRunner(r, s, ONE_GPU), sent
+
+
+def _run_all(w, runner, sent, n):
+    """Tick, finish what was dispatched, until ``n`` jobs were dispatched (bounded)."""
+    for _ in range(4 * n):
+        w.tick()
+        if len(sent) >= n:
+            break
+        if sent and runner.r.hget(w.keys.job(sent[-1].job_id), "state") == "leased":
+            assert runner._finish(sent[-1], "completed", "") == "completed"
+    return [c.job_id for c in sent]
+
+
+@pytest.mark.parametrize("policy", ["portfolio", "default"])
+def test_critical_behind_a_low_dependency_starts_right_after_it(r, settings, policy):
+    """LOW ``L``, 10 NORMAL, then CRITICAL ``C`` depends_on=[L]: L inherits C's weight and
+    runs first, C second (before the fix: the 10 NORMAL, then L, then C twelfth)."""
+    w, prod, runner, sent = _setup(r, settings, policy=policy)
+    try:
+        low = prod.submit({"endpoint": "e", "service_s": 5, "priority": "LOW"}).id
+        normal = [prod.submit({"endpoint": "e", "service_s": 5, "priority": "NORMAL"}).id for _ in range(10)]
+        crit = prod.submit({"endpoint": "e", "service_s": 5, "priority": "CRITICAL", "depends_on": [low]}).id
+        order = _run_all(w, runner, sent, 12)
+    finally:
+        w.close()
+    assert order[:2] == [low, crit], order
+    assert set(order[2:]) == set(normal)
+
+
+def test_cancelling_the_dependant_drops_the_inheritance(r, settings):
+    """The same queue, C cancelled before the first tick: L is planned as LOW again (the
+    10 NORMAL first, L last)."""
+    w, prod, runner, sent = _setup(r, settings, policy="portfolio")
+    low = prod.submit({"endpoint": "e", "service_s": 5, "priority": "LOW"}).id
+    normal = [prod.submit({"endpoint": "e", "service_s": 5, "priority": "NORMAL"}).id for _ in range(10)]
+    crit = prod.submit({"endpoint": "e", "service_s": 5, "priority": "CRITICAL", "depends_on": [low]}).id
+    batch = {j.id: j for j in w.form_batch()}
+    assert batch[low].weight == 8.0 and batch[low].priority == 0  # inherited from C
+    prod.cancel(crit)
+    batch = {j.id: j for j in w.form_batch()}
+    assert batch[low].weight == 1.0 and batch[low].priority == 3
+    order = _run_all(w, runner, sent, 11)
+    assert order[-1] == low and set(order[:10]) == set(normal)
+
+
+def test_inheritance_passes_down_a_chain(r, settings):
+    """C (CRITICAL) waits on B (NORMAL) which waits on L (LOW): L is planned as CRITICAL."""
+    w, prod, runner, sent = _setup(r, settings, policy="portfolio")
+    low = prod.submit({"endpoint": "e", "service_s": 5, "priority": "LOW"}).id
+    mid = prod.submit({"endpoint": "e", "service_s": 5, "priority": "NORMAL", "depends_on": [low]}).id
+    prod.submit({"endpoint": "e", "service_s": 5, "priority": "CRITICAL", "depends_on": [mid]})
+    batch = {j.id: j for j in w.form_batch()}
+    assert batch[low].weight == 8.0 and mid not in batch

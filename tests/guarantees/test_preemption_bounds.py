@@ -1,0 +1,167 @@
+"""Preemption that finds every candidate, and is bounded (issue 19 point 2).
+
+* A HIGH TP-8 gang whose group is half free and half held by a LOW job preempts it (both
+  preemption modes; before: groups with a free GPU were never candidates).
+* A LOW job under a stream of short CRITICAL jobs is preempted at most the budget
+  (``preemption_budget``, default 2; before: 27 times)."""
+
+from __future__ import annotations
+
+import pytest
+
+from makespan.models import parse_fleet
+from makespan.planner.api import plan
+from makespan.planner.model import PlanJob, RunningJob
+from makespan.planner.preemption import Holder, choose_preemption
+from makespan.planner.simulator import fleet_state, simulate
+
+EIGHT = parse_fleet({"name": "eight", "hosts": [{"name": "h", "gpu_count": 8, "memory_mib": 81920}],
+                     "endpoints": {"small": {"model": "s", "tensor_parallel": 4, "memory_mib_per_gpu": 1000,
+                                             "cold_start_s": 30},
+                                   "big": {"model": "b", "tensor_parallel": 8, "memory_mib_per_gpu": 1000,
+                                           "cold_start_s": 30}}})
+ONE = parse_fleet({"name": "one", "hosts": [{"name": "h", "gpu_count": 1, "memory_mib": 81920}],
+                   "endpoints": {"e": {"model": "m", "memory_mib_per_gpu": 1000, "cold_start_s": 10}}})
+
+LOW, HIGH, CRITICAL = 3, 1, 0
+W = {0: 8.0, 1: 4.0, 2: 2.0, 3: 1.0}
+
+
+def _job(jid, ep, prio, release_s, service_s, seq):
+    return PlanJob(jid, ep, W[prio], release_s, service_s, prio, seq=seq)
+
+
+def _half_held_state(now_s=100.0):
+    """The 8-GPU host at ``now_s``: a LOW TP-4 job on GPUs 0-3 since t=0 (ends at 1000 s)."""
+    st = fleet_state(EIGHT, now_s)
+    low = _job("low", "small", LOW, 0.0, 970.0, 0)
+    held = tuple(g.uuid for g in st.gpus[:4])
+    rj = RunningJob(low, held, 0.0, 30.0, 1000.0)
+    for u in held:
+        st.free_at[u] = 1000.0
+        st.resident[u] = "small"
+        st.running[u] = rj
+    return st, held
+
+
+@pytest.mark.parametrize("policy", ["portfolio", "default"])
+def test_scored_preemption_takes_a_half_free_group(policy):
+    st, held = _half_held_state()
+    high = _job("high", "big", HIGH, 100.0, 300.0, 1)
+    p = plan([high], st, policy, preemption=True, time_limit_s=0.5)
+    assert [(x.job_id, x.victims) for x in p.preemptions] == [("high", ("low",))]
+    assert p.by_job()["high"].start_s == pytest.approx(100.0)
+
+
+def test_rule_preemption_takes_a_half_free_group():
+    st, held = _half_held_state()
+    ep = st.endpoints["big"]
+    holders = {u: Holder("low", LOW) for u in held}
+    best = choose_preemption(HIGH, st.groups(ep.tp, ep.memory_mib), set(held), st.free_at, st.now_s,
+                             ep.cold_start_s, holders)
+    assert best is not None and best.victims == ("low",)
+
+
+@pytest.mark.parametrize("mode", ["plan", "rule"])
+def test_simulated_high_gang_preempts_the_low_job_leaving_gpus_free(mode):
+    jobs = [_job("low", "small", LOW, 0.0, 1000.0, 0), _job("high", "big", HIGH, 100.0, 300.0, 1)]
+    rep = simulate(jobs, EIGHT, "portfolio", preemption=mode, restore=False, detail=True)
+    starts = {r["id"]: r["start_s"] for r in rep["schedule"]["jobs"]}
+    assert rep["jobs"]["preempted"] == 1
+    assert starts["high"] < 200.0  # before: 1000 s, when the LOW job ended
+
+
+def _thrash_jobs():
+    jobs = [_job("low", "e", LOW, 0.0, 1000.0, 0)]
+    jobs += [_job(f"c{i}", "e", CRITICAL, 400.0 * i, 50.0, i) for i in range(1, 28)]  # every 400 s for 3 h
+    return jobs
+
+
+@pytest.mark.parametrize("mode", ["plan", "rule"])
+def test_a_low_job_is_preempted_at_most_the_budget(mode):
+    rep = simulate(_thrash_jobs(), ONE, "portfolio", preemption=mode, restore=False, detail=True)
+    cut = [e for e in rep["schedule"]["preemptions"] if "low" in e["victims"]]
+    assert 1 <= len(cut) <= 2  # the default budget
+    low_end = next(r["end_s"] for r in rep["schedule"]["jobs"] if r["id"] == "low")
+    assert low_end < 400.0 * 27  # it finishes while the stream still runs
+
+
+@pytest.mark.parametrize("mode", ["plan", "rule"])
+def test_min_runtime_protects_a_job_that_just_started(mode):
+    rep = simulate(_thrash_jobs(), ONE, "portfolio", preemption=mode, restore=False, detail=True,
+                   preemption_min_runtime_s=500.0)
+    starts = [e["t_s"] for e in rep["schedule"]["preemptions"] if "low" in e["victims"]]
+    assert all(t >= 500.0 for t in starts)
+
+
+# -- the live planner worker (in-process, real Redis, dispatch captured) --
+
+def _live(r, settings, mode, **kw):
+    import dataclasses
+
+    from makespan.producer import Producer
+    from makespan.workers.planner_worker import PlannerWorker
+
+    s = dataclasses.replace(settings, lease_ttl_s=60.0, preemption=mode, policy="portfolio", **kw)
+    sent = []
+    w = PlannerWorker(r, s, EIGHT, dispatch=lambda ctx, q: sent.append(ctx))
+    return w, Producer(r, w.keys, EIGHT, s), sent
+
+
+def _lease_low(r, w, prod, gpus, service_s=1000.0, priority="LOW"):
+    import uuid
+
+    from makespan.workers.leases import LeaseStore
+
+    jid = prod.submit({"endpoint": "small", "service_s": service_s, "priority": priority}).id
+    lease = LeaseStore(r, w.keys).acquire(uuid.uuid4().hex, tuple(gpus), 60.0, job_id=jid, kind="job", holder="h",
+                                          queue=w.keys.queue(priority),
+                                          info={"planned_end_s": repr(w.now_s() + service_s), "endpoint": "small",
+                                                "priority": priority})
+    assert lease is not None
+    return jid
+
+
+def _preempted(r, keys):
+    import json
+
+    return [json.loads(f["e"]) for _i, f in r.xrange(keys.events) if json.loads(f["e"])["kind"] == "preempted"]
+
+
+@pytest.mark.parametrize("mode", ["plan", "rule"])
+def test_live_high_gang_preempts_a_low_job_holding_half_the_host(r, settings, mode):
+    w, prod, sent = _live(r, settings, mode)
+    low = _lease_low(r, w, prod, [f"GPU-h-{i}" for i in range(4)])
+    high = prod.submit({"endpoint": "big", "service_s": 300, "priority": "HIGH"}).id
+    for _ in range(3):
+        w.tick()
+    assert [e["job"] for e in _preempted(r, w.keys)] == [low]
+    assert [c.job_id for c in sent] == [high] and len(sent[0].gpus) == 8
+
+
+@pytest.mark.parametrize("mode", ["plan", "rule"])
+def test_live_job_past_its_budget_is_not_preempted(r, settings, mode):
+    """A LOW and a NORMAL TP-4 job fill the host; a HIGH TP-4 job comes. The LOW one (the
+    cheaper cut: the pick without a budget) was preempted twice before: the NORMAL one
+    is cut instead."""
+    import time
+
+    w, prod, sent = _live(r, settings, mode)
+    spent = _lease_low(r, w, prod, [f"GPU-h-{i}" for i in range(4)])
+    fresh = _lease_low(r, w, prod, [f"GPU-h-{i}" for i in range(4, 8)], priority="NORMAL")
+    r.hset(w.keys.job(spent), "preemptions", 2)  # preempted twice before: the default budget is spent
+    for j in (spent, fresh):
+        r.hset(w.keys.job(j), "leased_at", repr(time.time() - 0.5))  # both ran 50 workload s
+    prod.submit({"endpoint": "small", "service_s": 300, "priority": "HIGH"})
+    w.tick()
+    assert [e["job"] for e in _preempted(r, w.keys)] == [fresh]
+    assert r.hget(w.keys.job(spent), "state") == "leased"
+
+
+@pytest.mark.parametrize("mode", ["plan", "rule"])
+def test_live_min_runtime_protects_a_job_just_leased(r, settings, mode):
+    w, prod, sent = _live(r, settings, mode, preemption_min_runtime_s=1e6)
+    low = _lease_low(r, w, prod, [f"GPU-h-{i}" for i in range(4)])
+    prod.submit({"endpoint": "big", "service_s": 300, "priority": "HIGH"})
+    w.tick()
+    assert _preempted(r, w.keys) == [] and r.hget(w.keys.job(low), "state") == "leased"

@@ -1,0 +1,163 @@
+"""A reason and an ETA for every waiting job (issue 19 point 5): every code of
+makespan.wait_reasons.REASONS is reachable through the live planner (in-process ticks on a
+real Redis) or the job's own record, and ``makespan why`` prints it."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import uuid
+
+import pytest
+from typer.testing import CliRunner
+
+from makespan.cli import app as cli_app
+from makespan.models import parse_fleet
+from makespan.producer import Producer
+from makespan.wait_reasons import REASONS
+from makespan.workers.leases import LeaseStore
+from makespan.workers.planner_worker import PlannerWorker
+
+FLEET = parse_fleet({"name": "two", "hosts": [{"name": "a", "gpu_count": 1, "memory_mib": 81920},
+                                             {"name": "b", "gpu_count": 1, "memory_mib": 20000}],
+                     "endpoints": {"e": {"model": "m", "memory_mib_per_gpu": 10000, "cold_start_s": 1},
+                                   "big": {"model": "b", "memory_mib_per_gpu": 40000, "cold_start_s": 1}}})
+ONE = parse_fleet({"name": "one", "hosts": [{"name": "h", "gpu_count": 1, "memory_mib": 81920}],
+                   "endpoints": {"e": {"model": "m", "memory_mib_per_gpu": 10000, "cold_start_s": 1}}})
+SEEN: set[str] = set()
+
+
+@pytest.fixture
+def env(monkeypatch, settings):
+    monkeypatch.setenv("MAKESPAN_REDIS_URL", settings.redis_url)
+    monkeypatch.setenv("MAKESPAN_KEY_PREFIX", settings.key_prefix)
+
+
+def _setup(r, settings, fleet=ONE, **kw):
+    s = dataclasses.replace(settings, lease_ttl_s=60.0, policy="portfolio", **kw)
+    sent = []
+    w = PlannerWorker(r, s, fleet, dispatch=lambda ctx, q: sent.append(ctx))
+    return w, Producer(r, w.keys, fleet, s), sent
+
+
+def _lease(r, w, prod, gpu, priority="LOW", service_s=1000.0, ttl_s=60.0, endpoint="e"):
+    jid = prod.submit({"endpoint": endpoint, "service_s": service_s, "priority": priority}).id
+    lease = LeaseStore(r, w.keys).acquire(uuid.uuid4().hex, (gpu,), ttl_s, job_id=jid, kind="job",
+                                          holder=w.fleet.host_of(gpu), queue=w.keys.queue(priority),
+                                          info={"planned_end_s": repr(w.now_s() + service_s), "endpoint": endpoint,
+                                                "priority": priority})
+    assert lease is not None
+    return jid
+
+
+def _why(jid, reason):
+    res = CliRunner().invoke(cli_app, ["why", jid])
+    assert res.exit_code == 0, res.output
+    first, *rest = res.output.splitlines()
+    assert first.startswith(f"{jid}: ") and f", {reason}, " in first, res.output
+    assert rest and rest[0].strip()  # the detail line
+    SEEN.add(reason)
+    return res.output
+
+
+def test_waiting_for_gpus_names_the_holder_and_an_eta(r, settings, env):
+    w, prod, sent = _setup(r, settings)
+    first = prod.submit({"endpoint": "e", "service_s": 100, "priority": "NORMAL"}).id
+    second = prod.submit({"endpoint": "e", "service_s": 100, "priority": "NORMAL"}).id
+    w.tick()
+    assert [c.job_id for c in sent] == [first]
+    out = _why(second, "waiting_for_gpus")
+    assert first in out and "ETA " in out
+    rec = r.hgetall(w.keys.job(second))
+    sec, usec = r.time()
+    # planned after the first job: its cold start and 100 s of service, 0.01 wall s per workload s
+    assert float(rec["wait_eta"]) - (sec + usec / 1e6) == pytest.approx(1.01, abs=0.3)
+    res = CliRunner().invoke(cli_app, ["jobs", "--state", "queued", "--endpoint", "e", "--priority", "NORMAL"])
+    assert res.exit_code == 0 and second in res.output and "waiting_for_gpus" in res.output
+
+
+def test_waiting_for_dependency(r, settings, env):
+    w, prod, sent = _setup(r, settings)
+    a = prod.submit({"endpoint": "e", "service_s": 100, "priority": "NORMAL"}).id
+    b = prod.submit({"endpoint": "e", "service_s": 100, "priority": "NORMAL", "depends_on": [a]}).id
+    w.tick()
+    assert a in _why(b, "waiting_for_dependency")
+
+
+def test_waiting_for_memory(r, settings, env):
+    w, prod, sent = _setup(r, settings, FLEET)
+    _lease(r, w, prod, "GPU-a-0")
+    big = prod.submit({"endpoint": "big", "service_s": 100, "priority": "NORMAL"}).id
+    w.tick()
+    assert sent == []
+    assert "40000 MiB" in _why(big, "waiting_for_memory")
+
+
+def test_behind_batch_with_its_queue_position(r, settings, env):
+    w, prod, sent = _setup(r, settings, batch_size=1)
+    ids = [prod.submit({"endpoint": "e", "service_s": 100, "priority": "LOW"}).id for _ in range(3)]
+    r.set(w.keys.planner_leader, w.name)  # as a leading planner holds it (ticked by hand here)
+    w.tick()
+    assert "position 2 in the LOW queue" in _why(ids[2], "behind_batch")  # the first one left
+
+
+def test_preempted_requeued(r, settings, env):
+    w, prod, sent = _setup(r, settings)
+    low = _lease(r, w, prod, "GPU-h-0")
+    crit = prod.submit({"endpoint": "e", "service_s": 10, "priority": "CRITICAL"}).id
+    w.tick()
+    assert [c.job_id for c in sent] == [crit]
+    _why(low, "preempted_requeued")
+
+
+def test_delayed_until_and_retry_backoff(r, settings, env):
+    w, prod, sent = _setup(r, settings)
+    later = prod.submit({"endpoint": "e", "service_s": 10, "priority": "LOW", "delay_s": 600}).id
+    assert "in 6" in _why(later, "delayed_until")  # about 600 s (the due time is on the server's clock)
+    lost = _lease(r, w, prod, "GPU-h-0", ttl_s=0.05)
+    time.sleep(0.2)
+    assert w.leases.reclaim_expired(3, retry_backoff_s=30.0) == {"requeued": 1}
+    _why(lost, "retry_backoff")
+
+
+def test_no_planner_then_behind_batch(r, settings, env):
+    w, prod, sent = _setup(r, settings)
+    jid = prod.submit({"endpoint": "e", "service_s": 10, "priority": "LOW"}).id
+    _why(jid, "no_planner")  # nothing leads and nothing planned it
+    r.set(w.keys.planner_leader, "someone")
+    assert "position 1 in the LOW queue" in _why(jid, "behind_batch")
+
+
+TWO_BY_FOUR = parse_fleet({"name": "two-by-four", "hosts": [{"name": "a", "gpu_count": 4, "memory_mib": 81920},
+                                                             {"name": "b", "gpu_count": 4, "memory_mib": 81920}],
+                           "endpoints": {"e": {"model": "m", "memory_mib_per_gpu": 1000, "cold_start_s": 20},
+                                         "four": {"model": "g", "tensor_parallel": 4, "memory_mib_per_gpu": 1000,
+                                                  "cold_start_s": 20}}})
+
+
+def test_live_reservation_with_backfill(r, settings, env):
+    """The live worker honours the aged gang's reservation (host a from +400 s, when its
+    last running job ends): a 500 s job that would take the free GPU a-0 now is held back
+    (behind_reservation), a 50 s job that ends before the reservation backfills it."""
+    w, prod, sent = _setup(r, settings, TWO_BY_FOUR)
+    ends = {"a": [None, 100.0, 200.0, 400.0], "b": [450.0, 500.0, 550.0, 600.0]}
+    for h, xs in ends.items():
+        for i, end_s in enumerate(xs):
+            if end_s is not None:
+                _lease(r, w, prod, f"GPU-{h}-{i}", priority="NORMAL", service_s=end_s)
+    gang = prod.submit({"endpoint": "four", "service_s": 600, "priority": "NORMAL"}).id
+    aged_s = settings.reservation_after_s + 100.0  # submitted that long ago (workload s)
+    r.hset(w.keys.job(gang), "submitted_at", repr(time.time() - aged_s * settings.time_scale))
+    long_ = prod.submit({"endpoint": "e", "service_s": 500, "priority": "NORMAL"}).id
+    w.tick()
+    assert sent == [], "the 500 s job would end after the reservation: not started"
+    assert "GPU-a-0" in _why(gang, "reserved")
+    assert gang in _why(long_, "behind_reservation")
+    short = prod.submit({"endpoint": "e", "service_s": 50, "priority": "NORMAL"}).id
+    w.tick()
+    assert [(c.job_id, c.gpus) for c in sent] == [(short, ["GPU-a-0"])]  # backfilled
+
+
+def test_every_reason_code_was_shown():
+    """Runs last in this module: the codes the tests above reached, against the fixed set."""
+    assert SEEN == set(REASONS)
