@@ -85,7 +85,7 @@ return state
 
 
 _FLOAT_FIELDS = ("service_s", "deadline_s", "submitted_at", "leased_at", "started_at", "finished_at", "not_before",
-                 "progress_done", "progress_total", "progress_at")
+                 "progress_done", "progress_total", "progress_at", "wait_eta", "wait_at")
 _INT_FIELDS = ("seq", "attempts", "tp", "preemptions", "token", "tries", "result_attempt", "service_estimated")
 
 
