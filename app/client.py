@@ -36,13 +36,12 @@ import redis.asyncio
 from makespan.errors import (JobCancelled, JobFailed, NotFoundError, ResultTimeout, StoreError, ValidationError,
                              WorkloadError)
 from makespan.keys import Keys
-from makespan.models import FleetSpec, Priority, fleet_version, load_fleet, parse_fleet
+from makespan.models import FINAL_STATES, FleetSpec, Priority, fleet_version, load_fleet, parse_fleet
 from makespan.producer import Producer
 from makespan.registry import WorkloadDef, live_definition
 from makespan.results import REFERENCE
 from makespan.settings import Settings
 
-FINAL_STATES = ("completed", "failed", "cancelled")
 _POLL_MIN_S, _POLL_MAX_S = 0.01, 0.25
 ASYNC_SOCKET_TIMEOUT_S = 5.0  # the asyncio waiter's socket and connect timeout
 

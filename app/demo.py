@@ -28,7 +28,7 @@ from makespan.errors import MakespanError, ValidationError
 from makespan.examples import FLEET as EXAMPLE_FLEET
 from makespan.keys import Keys
 from makespan.live import LiveSystem, delete_prefix, wait_for
-from makespan.models import FleetSpec, load_fleet
+from makespan.models import FINAL_STATES, FleetSpec, load_fleet
 from makespan.redis_conn import EmbeddedRedis, connect, ping, redacted, start_embedded
 from makespan.run_report import live_report
 from makespan.settings import Settings
@@ -37,7 +37,7 @@ from makespan.traces import TraceJob, read_trace
 DATA = Path(__file__).parent / "data"
 DEMO_FLEET = EXAMPLE_FLEET
 DEMO_TRACE = DATA / "itp-cluster05-head400.csv"
-TERMINAL = ("completed", "failed", "cancelled")
+TERMINAL = FINAL_STATES
 
 console = Console(stderr=True)
 

@@ -52,6 +52,8 @@ class Priority(enum.IntEnum):
         raise ValidationError(field, value, "unknown priority level; use CRITICAL, HIGH, NORMAL or LOW")
 
 
+FINAL_STATES = ("completed", "failed", "cancelled")  # a job in one of these states never changes again
+
 MAX_DELAY_S = 30 * 24 * 3600.0  # longest delay_s a job may carry, s
 
 _Strict = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True)

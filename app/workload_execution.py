@@ -19,6 +19,7 @@ import redis
 from makespan.awaited import ADD_LUA, DROP_LUA
 from makespan.errors import NotFoundError
 from makespan.keys import Keys
+from makespan.models import FINAL_STATES
 
 # A failed step is retried as a new job (the failed attempt's record stays as it is,
 # for its history and for retention): the workload's step map and every queued
@@ -86,7 +87,7 @@ end
 return out
 """
 
-TERMINAL = ("completed", "failed", "cancelled")
+TERMINAL = FINAL_STATES
 
 
 def _job_ids(r: redis.Redis, keys: Keys, workload_id: str) -> dict[str, str]:

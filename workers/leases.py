@@ -34,6 +34,7 @@ import redis
 
 from makespan.errors import LeaseError, StaleFencingToken
 from makespan.keys import Keys
+from makespan.models import FINAL_STATES
 from makespan.workers.lease_scripts import _ACQUIRE, _EXPIRED, _FENCED, _PREEMPT, _RECLAIM, _RENEW
 
 log = logging.getLogger(__name__)
@@ -180,7 +181,7 @@ class LeaseStore:
         out = self._reclaim(keys=[self.keys.lease(lease_id), self.keys.leases, self.keys.running, self.keys.events],
                             args=[lease_id, now_ms(), max_attempts, self.keys.prefix, repr(float(retry_backoff_s)),
                                   repr(float(retry_backoff_max_s))])
-        if out[1] in ("completed", "failed", "cancelled") and len(out) > 2 and out[2]:
+        if out[1] in FINAL_STATES and len(out) > 2 and out[2]:
             self._end_job_span(out[2], out[1])
         return out[1]
 

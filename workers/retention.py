@@ -39,9 +39,9 @@ from dataclasses import dataclass, field
 import redis
 
 from makespan.keys import Keys
+from makespan.models import FINAL_STATES
 from makespan.settings import Settings
 
-FINAL_STATES = ("completed", "failed", "cancelled")
 SUMMARY_FIELDS = ("id", "state", "endpoint", "priority", "service_s", "submitted_at", "leased_at", "started_at",
                   "finished_at", "reason", "attempts", "workload_id", "idem", "lease", "preemptions", "seq",
                   # workload functions (makespan.registry): name, retries made, the attempt whose result
