@@ -13,6 +13,7 @@ from typing import Optional
 
 import typer
 
+from makespan.cli_support import fail as _fail
 from makespan.errors import MakespanError, ValidationError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -28,9 +29,6 @@ def _settings(**kw):
     return Settings.from_env(**{k: v for k, v in kw.items() if v is not None})
 
 
-def _fail(e: Exception) -> None:
-    typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
-    raise typer.Exit(2)
 
 
 def _logging(level: str = "INFO") -> None:

@@ -11,6 +11,7 @@ from typing import Any
 import typer
 
 from makespan.errors import MakespanError, NotFoundError, ValidationError
+from makespan.cli_support import context, fail
 
 WAITING = ("queued", "delayed")
 LISTED_STATES = ("queued", "delayed", "leased")
@@ -110,20 +111,11 @@ def list_jobs(r, keys, settings, states: tuple[str, ...] = WAITING, endpoint: st
     return out
 
 
+
 def register(app: typer.Typer) -> None:
     """Add ``why`` and ``jobs`` to the ``makespan`` CLI."""
 
-    def _ctx():
-        from makespan.keys import Keys
-        from makespan.redis_conn import connect
-        from makespan.settings import Settings
-
-        s = Settings.from_env()
-        return s, connect(s.redis_url), Keys(s.key_prefix)
-
-    def _fail(e: Exception) -> None:
-        typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
-        raise typer.Exit(2)
+    _ctx, _fail = context, fail
 
     @app.command("why")
     def why_cmd(job_id: str, as_json: bool = typer.Option(False, "--json", help="print the answer as JSON")):

@@ -9,22 +9,14 @@ from pathlib import Path
 import typer
 
 from makespan.errors import MakespanError
+from makespan.cli_support import context, fail
+
 
 
 def register(app: typer.Typer) -> None:
     """Add the workload commands to the ``makespan`` CLI."""
 
-    def _ctx():
-        from makespan.keys import Keys
-        from makespan.redis_conn import connect
-        from makespan.settings import Settings
-
-        s = Settings.from_env()
-        return s, connect(s.redis_url), Keys(s.key_prefix)
-
-    def _fail(e: Exception) -> None:
-        typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
-        raise typer.Exit(2)
+    _ctx, _fail = context, fail
 
     @app.command("submit-workload")
     def submit_workload_cmd(file: Path = typer.Argument(..., help="workload file (YAML or JSON)"),

@@ -40,6 +40,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from bench.workloads_ab import ratio_ci, topo  # the same topological order and paired interval
+
 FLEET_TOML = """
 name = "bench-fn-ab"
 [[hosts]]
@@ -58,7 +60,6 @@ CELLS: dict[str, list[tuple[str, str, int, tuple[str, ...]]]] = {
                     ("t", "embed", 1, ("x", "y", "z"))],
     "bottleneck": [("j", "judge", 2, ()), ("g", "gen", 4, ()), ("e", "embed", 3, ("g",)), ("f", "gen", 1, ("j", "e"))],
 }
-T_95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23, 11: 2.20}
 
 
 def fleet_toml() -> str:
@@ -71,29 +72,9 @@ def fleet_toml() -> str:
     return FLEET_TOML.format(endpoints="\n".join(eps))
 
 
-def topo(steps):
-    done, out = set(), []
-    while len(out) < len(steps):
-        for s in steps:
-            if s[0] not in done and all(d in done for d in s[3]):
-                out.append(s)
-                done.add(s[0])
-    return out
-
-
 def ideal_s(endpoint: str, requests: int) -> float:
     lat, slots = ENDPOINTS[endpoint]
     return math.ceil(requests / slots) * lat / 1000.0
-
-
-def ratio_ci(pairs: list[tuple[float, float]]) -> dict[str, float]:
-    """Geometric-mean ratio A/B with a 95 % Student-t interval on the paired log ratios."""
-    logs = [math.log(a / b) for a, b in pairs if a > 0 and b > 0]
-    m = statistics.fmean(logs)
-    if len(logs) < 2:
-        return {"ratio": math.exp(m), "lo": math.exp(m), "hi": math.exp(m), "n": len(logs)}
-    h = T_95.get(len(logs) - 1, 2.0) * statistics.stdev(logs) / math.sqrt(len(logs))
-    return {"ratio": math.exp(m), "lo": math.exp(m - h), "hi": math.exp(m + h), "n": len(logs)}
 
 
 class Bench:
