@@ -17,6 +17,8 @@ from makespan.settings import Settings
 # expiry (not redelivery), so a long timeout (settings.broker_visibility_timeout_s,
 # default 6 h) only bounds how long a stale message lingers. makespan sends no
 # countdown/eta messages: delayed jobs and retry backoffs wait in Redis (makespan.workers.delayed).
+# There is no result backend (task_ignore_result, result_backend None): results live in
+# makespan's own keys, written through makespan.redis_conn.connect clients.
 
 
 def create_celery(settings: Settings) -> Celery:
@@ -36,11 +38,8 @@ def create_celery(settings: Settings) -> Celery:
         worker_prefetch_multiplier=1,
         worker_hijack_root_logger=False,
         broker_connection_retry_on_startup=True,
-        broker_transport_options={
-            "global_keyprefix": keys.celery_prefix,
-            "visibility_timeout": settings.broker_visibility_timeout_s,
-            "queue_order_strategy": "priority",
-        },
+        broker_connection_timeout=settings.redis_connect_timeout_s,
+        broker_transport_options=broker_transport_options(settings),
         task_default_queue="gpu.default",
         worker_send_task_events=True,
         task_send_sent_event=True,
@@ -51,6 +50,26 @@ def create_celery(settings: Settings) -> Celery:
 
         app.conf.task_queues = [Queue("gpu.default")] + [Queue(keys.host_queue(h)) for h in hosts]
     return app
+
+
+def broker_transport_options(settings: Settings) -> dict:
+    """kombu Redis transport options: makespan's key prefix, visibility timeout and strict
+    queue order, and the same connection bounds as every makespan Redis client
+    (:func:`makespan.redis_conn.client_options`): a publish or a consume on a half-open
+    connection raises after ``settings.redis_socket_timeout_s`` (kombu then reconnects)
+    instead of blocking forever. ``retry_on_timeout`` stays off: a publish retried after a
+    timeout could be delivered twice (phase tasks are fenced, but a retry is kombu's job,
+    through its reconnect)."""
+    from makespan.redis_conn import client_options
+
+    keys = Keys(settings.key_prefix)
+    return {
+        "global_keyprefix": keys.celery_prefix,
+        "visibility_timeout": settings.broker_visibility_timeout_s,
+        "queue_order_strategy": "priority",
+        **client_options(settings),
+        "retry_on_timeout": False,
+    }
 
 
 def _fleet_hosts() -> list[str]:

@@ -15,22 +15,67 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 import redis
 
 from makespan.errors import StoreError, ValidationError
+from makespan.settings import REDIS_KEEPALIVE_PROBES, Settings, redis_bounds_from_env
 
 
-def connect(url: str, decode_responses: bool = True, **kw) -> redis.Redis:
-    """Open a client for ``url`` (see module doc for the schemes).
+def client_options(settings: Settings | None = None) -> dict[str, Any]:
+    """redis-py connection keyword arguments that bound every wait on Redis.
+
+    From ``settings`` (else from the ``MAKESPAN_REDIS_*_S`` variables alone):
+    ``socket_timeout`` and ``socket_connect_timeout`` (s), ``socket_keepalive`` with
+    ``socket_keepalive_options`` (TCP_KEEPIDLE/TCP_KEEPINTVL/TCP_KEEPCNT where the
+    platform has them) and ``health_check_interval`` (s). A command on a half-open
+    connection raises ``redis.TimeoutError`` after ``socket_timeout`` instead of waiting
+    forever, and an idle dead connection is found by keepalive.
+
+    Raises:
+        ValidationError: a ``MAKESPAN_REDIS_*_S`` value that is not a positive number.
+    """
+    b = (dict(redis_socket_timeout_s=settings.redis_socket_timeout_s,
+              redis_connect_timeout_s=settings.redis_connect_timeout_s,
+              redis_keepalive_idle_s=settings.redis_keepalive_idle_s,
+              redis_health_check_interval_s=settings.redis_health_check_interval_s)
+         if settings is not None else redis_bounds_from_env())
+    return {
+        "socket_timeout": b["redis_socket_timeout_s"],
+        "socket_connect_timeout": b["redis_connect_timeout_s"],
+        "socket_keepalive": True,
+        "socket_keepalive_options": keepalive_options(b["redis_keepalive_idle_s"]),
+        "health_check_interval": max(1, int(b["redis_health_check_interval_s"])),
+    }
+
+
+def keepalive_options(idle_s: float) -> dict[int, int]:
+    """``socket_keepalive_options`` for redis-py and kombu: first probe after ``idle_s``
+    idle seconds, then every ``idle_s / 2`` (at least 1 s), dropped after
+    :data:`makespan.settings.REDIS_KEEPALIVE_PROBES` unanswered probes. Empty where the
+    platform lacks these socket options."""
+    opts: dict[int, int] = {}
+    for name, value in (("TCP_KEEPIDLE", max(1, int(idle_s))), ("TCP_KEEPINTVL", max(1, int(idle_s / 2))),
+                        ("TCP_KEEPCNT", REDIS_KEEPALIVE_PROBES)):
+        if hasattr(socket, name):
+            opts[getattr(socket, name)] = value
+    return opts
+
+
+def connect(url: str, decode_responses: bool = True, *, settings: Settings | None = None, **kw) -> redis.Redis:
+    """Open a client for ``url`` (see module doc for the schemes), with the bounds of
+    :func:`client_options` (from ``settings``, else from the environment); keyword
+    arguments in ``kw`` override them.
 
     Raises:
         ValidationError: unsupported scheme or malformed Sentinel URL.
     """
     u = urlparse(url)
+    opts = {**client_options(settings), **kw}
     if u.scheme in ("redis", "rediss", "unix"):
-        return redis.Redis.from_url(url, decode_responses=decode_responses, health_check_interval=30, **kw)
+        return redis.Redis.from_url(url, decode_responses=decode_responses, **opts)
     if u.scheme == "redis+sentinel":
         from redis.sentinel import Sentinel
 
@@ -42,8 +87,10 @@ def connect(url: str, decode_responses: bool = True, **kw) -> redis.Redis:
         if not path:
             raise ValidationError("redis_url", url, "a Sentinel URL needs /service_name[/db]")
         db = int(path[1]) if len(path) > 1 else 0
-        sentinel = Sentinel(hosts, password=u.password, socket_timeout=5)
-        return sentinel.master_for(path[0], db=db, password=u.password, decode_responses=decode_responses, **kw)
+        sentinel_opts = {k: v for k, v in opts.items() if k != "health_check_interval"}
+        sentinel = Sentinel(hosts, password=u.password, sentinel_kwargs=sentinel_opts,
+                            **sentinel_opts)
+        return sentinel.master_for(path[0], db=db, password=u.password, decode_responses=decode_responses, **opts)
     raise ValidationError("redis_url", url, "scheme must be redis://, rediss://, unix:// or redis+sentinel://")
 
 

@@ -47,6 +47,44 @@ def _env_choice(name: str, choices: tuple[str, ...]) -> str:
 
 PREEMPTION_MODES = ("plan", "rule")  # Settings.preemption; the first is the default
 
+# Bounds on every Redis connection (redis-py clients and kombu's broker), in seconds.
+DEFAULT_REDIS_SOCKET_TIMEOUT_S = 5.0
+DEFAULT_REDIS_CONNECT_TIMEOUT_S = 5.0
+DEFAULT_REDIS_KEEPALIVE_IDLE_S = 10.0
+DEFAULT_REDIS_HEALTH_CHECK_INTERVAL_S = 25.0  # kombu's own default for its checks
+REDIS_KEEPALIVE_PROBES = 3  # unanswered TCP keepalive probes before the kernel drops a connection
+
+
+def redis_bounds_from_env() -> dict[str, float]:
+    """The Redis connection bounds of :class:`Settings` from ``MAKESPAN_REDIS_*_S``
+    (``redis_socket_timeout_s``, ``redis_connect_timeout_s``, ``redis_keepalive_idle_s``,
+    ``redis_health_check_interval_s``; seconds). Read alone by
+    :func:`makespan.redis_conn.connect`, which is called without settings.
+
+    Raises:
+        ValidationError: a value that is not a positive finite number."""
+    return {
+        "redis_socket_timeout_s": _env_float("MAKESPAN_REDIS_SOCKET_TIMEOUT_S", DEFAULT_REDIS_SOCKET_TIMEOUT_S),
+        "redis_connect_timeout_s": _env_float("MAKESPAN_REDIS_CONNECT_TIMEOUT_S", DEFAULT_REDIS_CONNECT_TIMEOUT_S),
+        "redis_keepalive_idle_s": _env_float("MAKESPAN_REDIS_KEEPALIVE_IDLE_S", DEFAULT_REDIS_KEEPALIVE_IDLE_S),
+        "redis_health_check_interval_s": _env_float("MAKESPAN_REDIS_HEALTH_CHECK_INTERVAL_S",
+                                                    DEFAULT_REDIS_HEALTH_CHECK_INTERVAL_S),
+    }
+
+
+def _env_bool(name: str) -> bool:
+    """A ``MAKESPAN_*`` switch: ``1``/``true``/``yes``/``on`` or ``0``/``false``/``no``/``off``
+    (any case; unset or empty: False).
+
+    Raises:
+        ValidationError: any other value."""
+    raw = (os.environ.get(name) or "").strip().lower()
+    if raw in ("", "0", "false", "no", "off"):
+        return False
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    raise ValidationError(name, raw, "must be 1 or 0 (true/false, yes/no, on/off)")
+
 
 def _env_nonneg(name: str, default: float) -> float:
     """A ``MAKESPAN_*`` number that may be 0 (unset: ``default``)."""
@@ -151,6 +189,25 @@ class Settings:
             and still cannot start gets a reservation of its earliest feasible group
             (others backfill it only when they end before the reservation); default 600.
             ``MAKESPAN_RESERVATION_AFTER_S``.
+
+    Redis connection bounds and start checks (:mod:`makespan.redis_conn`):
+
+    Attributes:
+        redis_socket_timeout_s: longest one Redis command (and one kombu broker command)
+            waits for its reply before it raises a timeout: a half-open connection fails
+            within this bound instead of blocking forever. ``MAKESPAN_REDIS_SOCKET_TIMEOUT_S``.
+        redis_connect_timeout_s: longest a new Redis connection may take to open.
+            ``MAKESPAN_REDIS_CONNECT_TIMEOUT_S``.
+        redis_keepalive_idle_s: TCP keepalive on every Redis connection: the first probe
+            after this many idle seconds, then one every half of it, and the connection is
+            dropped after :data:`REDIS_KEEPALIVE_PROBES` unanswered probes.
+            ``MAKESPAN_REDIS_KEEPALIVE_IDLE_S``.
+        redis_health_check_interval_s: a pooled connection idle longer than this is
+            checked with PING before it is used (redis-py and kombu
+            ``health_check_interval``). ``MAKESPAN_REDIS_HEALTH_CHECK_INTERVAL_S``.
+        allow_evicting_redis: start even when Redis's ``maxmemory-policy`` is not
+            ``noeviction`` (a loud warning instead of a refusal; evicted lease keys break
+            mutual exclusion). ``MAKESPAN_ALLOW_EVICTING_REDIS=1``.
     """
 
     redis_url: str = DEFAULT_REDIS_URL
@@ -189,6 +246,11 @@ class Settings:
     preemption_min_runtime_s: float = 0.0
     reservation_after_s: float = 600.0
     # --
+    redis_socket_timeout_s: float = DEFAULT_REDIS_SOCKET_TIMEOUT_S
+    redis_connect_timeout_s: float = DEFAULT_REDIS_CONNECT_TIMEOUT_S
+    redis_keepalive_idle_s: float = DEFAULT_REDIS_KEEPALIVE_IDLE_S
+    redis_health_check_interval_s: float = DEFAULT_REDIS_HEALTH_CHECK_INTERVAL_S
+    allow_evicting_redis: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -225,6 +287,8 @@ class Settings:
             cancel_grace_s=_env_float("MAKESPAN_CANCEL_GRACE_S", 10.0),
             default_service_s=_env_float("MAKESPAN_DEFAULT_SERVICE_S", 60.0),
             estimate_min_runs=_env_int("MAKESPAN_ESTIMATE_MIN_RUNS", 3, 1, 10_000),
+            **redis_bounds_from_env(),
+            allow_evicting_redis=_env_bool("MAKESPAN_ALLOW_EVICTING_REDIS"),
         )
         s = replace(s, **_guarantees_from_env())
         known = {f.name for f in fields(cls)}
@@ -266,6 +330,11 @@ class Settings:
             "MAKESPAN_DEFAULT_SERVICE_S": repr(self.default_service_s),
             "MAKESPAN_ESTIMATE_MIN_RUNS": str(self.estimate_min_runs),
             **_guarantees_to_env(self),
+            "MAKESPAN_REDIS_SOCKET_TIMEOUT_S": repr(self.redis_socket_timeout_s),
+            "MAKESPAN_REDIS_CONNECT_TIMEOUT_S": repr(self.redis_connect_timeout_s),
+            "MAKESPAN_REDIS_KEEPALIVE_IDLE_S": repr(self.redis_keepalive_idle_s),
+            "MAKESPAN_REDIS_HEALTH_CHECK_INTERVAL_S": repr(self.redis_health_check_interval_s),
+            "MAKESPAN_ALLOW_EVICTING_REDIS": "1" if self.allow_evicting_redis else "0",
         }
 
 

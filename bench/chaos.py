@@ -160,7 +160,9 @@ def children(pid: int) -> list[int]:
 
 def client(url: str) -> redis.Redis:
     """A decoded client that rides out a dropped connection or a Redis restart."""
-    return redis.Redis.from_url(url, decode_responses=True, socket_timeout=5,
+    from makespan.redis_conn import client_options
+
+    return redis.Redis.from_url(url, decode_responses=True, **client_options(),
                                 retry=Retry(ExponentialBackoff(cap=0.5, base=0.02), 40),
                                 retry_on_error=[redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError])
 

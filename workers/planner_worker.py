@@ -146,7 +146,9 @@ class PlannerWorker(BatchMixin, FleetViewMixin, StartMixin, PreemptionMixin, Set
         ``batch_size`` jobs: a full batch cannot grow, and waiting would leave free GPU
         slots idle."""
         try:
-            if self.r.blpop([self.keys.planner_wake], timeout=self.delayed.wait_s(self.settings.planner_tick_s)):
+            # a blocking read must end before the socket timeout, which would raise
+            wait_s = min(self.delayed.wait_s(self.settings.planner_tick_s), self.settings.redis_socket_timeout_s / 2)
+            if self.r.blpop([self.keys.planner_wake], timeout=wait_s):
                 p = self.r.pipeline(transaction=False)
                 for q in self.keys.queues():
                     p.zcard(q)
