@@ -23,6 +23,8 @@ from makespan.settings import Settings
 
 def create_celery(settings: Settings) -> Celery:
     """A Celery app bound to ``settings.redis_url`` and ``settings.key_prefix``."""
+    from makespan.workers import startup_checks  # noqa: F401 - its worker_init check (evicting Redis)
+
     keys = Keys(settings.key_prefix)
     app = Celery("makespan", broker=settings.redis_url, include=["makespan.workers.tasks"])
     app.conf.update(

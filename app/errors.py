@@ -95,3 +95,12 @@ class JobFailed(MakespanError):
 
 class ResultTimeout(MakespanError):
     """:meth:`makespan.client.Job.result` / ``wait`` ran out of ``timeout_s`` before the job ended."""
+
+
+class RedisConfigError(StoreError):
+    """Redis is configured in a way that breaks makespan's guarantees (an evicting
+    ``maxmemory-policy``); the process refuses to run. Attributes: ``setting``, ``value``."""
+
+    def __init__(self, setting: str, value: str, reason: str):
+        self.setting, self.value = setting, value
+        super().__init__(f"Redis {setting} is {value!r}: {reason}")

@@ -12,6 +12,9 @@ key                                    type    contents
 ``P:delayed``                          zset    delayed job ids, score = due time (unix s)
 ``P:fence``                            string  monotonic fencing-token counter
 ``P:gpu:{uuid}``                       string  ``{lease_id}:{token}`` of the GPU's lease (PX ttl)
+``P:gpu_owner``                        hash    ``P:gpu:{uuid}`` -> lease id that last took it (no TTL: a
+                                               GPU whose ``P:gpu`` key is lost stays refused
+                                               while that lease is live in ``P:leases``)
 ``P:lease:{lease_id}``                 hash    lease record: job, gpus, token, holder, expiry
 ``P:leases``                           zset    live lease ids, score = expiry (unix ms)
 ``P:resident:{uuid}``                  string  endpoint loaded on this GPU (absent: empty)
@@ -98,6 +101,10 @@ class Keys:
 
     def gpu(self, uuid: str) -> str:
         return f"{self.prefix}:gpu:{uuid}"
+
+    @property
+    def gpu_owner(self) -> str:
+        return f"{self.prefix}:gpu_owner"
 
     def lease(self, lease_id: str) -> str:
         return f"{self.prefix}:lease:{lease_id}"

@@ -7,6 +7,7 @@ URLs: ``redis://[:password@]host:port/db``, ``rediss://`` (TLS; add
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import socket
@@ -20,8 +21,13 @@ from urllib.parse import urlparse
 
 import redis
 
-from makespan.errors import StoreError, ValidationError
+from makespan.errors import RedisConfigError, StoreError, ValidationError
 from makespan.settings import REDIS_KEEPALIVE_PROBES, Settings, redis_bounds_from_env
+
+log = logging.getLogger(__name__)
+
+SAFE_EVICTION_POLICY = "noeviction"
+EXIT_REFUSED = 3  # exit code of a process that refused to start (e.g. on an evicting Redis)
 
 
 def client_options(settings: Settings | None = None) -> dict[str, Any]:
@@ -92,6 +98,43 @@ def connect(url: str, decode_responses: bool = True, *, settings: Settings | Non
                             **sentinel_opts)
         return sentinel.master_for(path[0], db=db, password=u.password, decode_responses=decode_responses, **opts)
     raise ValidationError("redis_url", url, "scheme must be redis://, rediss://, unix:// or redis+sentinel://")
+
+
+def check_eviction_policy(r: redis.Redis, settings: Settings, process: str = "makespan") -> str:
+    """Refuse an evicting Redis: called as the planner, a GPU worker and the observer start.
+
+    Under any ``maxmemory-policy`` but ``noeviction``, memory pressure may delete keys
+    that carry a TTL (``volatile-*`` picks exactly the lease and lock keys), and a GPU
+    whose key was evicted looks free. Returns the policy (``"unknown"`` where ``CONFIG
+    GET`` is refused, as on some managed Redis services: a warning is logged, not a
+    refusal). With ``settings.allow_evicting_redis`` an evicting policy is logged as a
+    loud warning and returned.
+
+    Raises:
+        RedisConfigError: the policy evicts and no override is set.
+        redis.RedisError: Redis did not answer (the caller decides whether to wait).
+    """
+    try:
+        cfg = r.config_get("maxmemory-policy")
+        raw = cfg.get("maxmemory-policy", cfg.get(b"maxmemory-policy"))
+        policy = (raw.decode() if isinstance(raw, bytes) else str(raw)) if raw else "unknown"
+    except redis.ResponseError as e:  # CONFIG disabled or renamed (managed Redis)
+        log.warning("%s: cannot read Redis maxmemory-policy (%s); make sure it is %s: an evicting policy "
+                    "can delete lease keys and lease one GPU twice", process, e, SAFE_EVICTION_POLICY)
+        return "unknown"
+    if policy == "unknown":
+        log.warning("%s: Redis reports no maxmemory-policy; make sure it is %s", process, SAFE_EVICTION_POLICY)
+    elif policy != SAFE_EVICTION_POLICY:
+        if not settings.allow_evicting_redis:
+            raise RedisConfigError("maxmemory-policy", policy,
+                                   f"{process} refuses to run: under memory pressure Redis may evict lease and "
+                                   f"lock keys and lease one GPU twice; set it to {SAFE_EVICTION_POLICY} "
+                                   "(CONFIG SET maxmemory-policy noeviction, or in redis.conf), or set "
+                                   "MAKESPAN_ALLOW_EVICTING_REDIS=1 if you know better")
+        log.warning("!!! %s: Redis maxmemory-policy is %r, not %s; running anyway because "
+                    "MAKESPAN_ALLOW_EVICTING_REDIS is set: evicted lease keys can lease one GPU twice !!!",
+                    process, policy, SAFE_EVICTION_POLICY)
+    return policy
 
 
 def redacted(url: str) -> str:

@@ -26,23 +26,37 @@ local server_t = redis.call('TIME')
 local server_now_ms = tonumber(server_t[1]) * 1000 + math.floor(tonumber(server_t[2]) / 1000)
 """
 
-# KEYS: fence, lease, leases, job, queue, running, planner_fence, events, gpu_1..gpu_n[, resident_1..resident_n]
+# KEYS: fence, lease, leases, job, queue, running, planner_fence, events, gpu_owner,
+#       gpu_1..gpu_n[, resident_1..resident_n]
 # ARGV: lease_id, job_id, ttl_ms, now_ms (caller's clock: leased_at, running score only), holder,
 #       lease JSON fields, planner_token, event JSON, job_state,
 #       instance value ('' = no resident keys; else the reply says whether every GPU holds that instance),
 #       key prefix (a leased job leaves the reverse-dependency index, makespan.awaited: it waits on nothing now)
 # expires_ms = server clock + ttl_ms
+# A GPU is busy while its gpu key exists, or while the lease gpu_owner names for it is
+# still live in leases (expiry on the server clock in the future): a gpu key lost to
+# eviction or a manual DEL never lets a second lease onto a GPU whose lease still runs.
 _ACQUIRE = SERVER_NOW_MS + DROP_LUA + """
-local n = #KEYS - 8
+local n = #KEYS - 9
 if ARGV[10] ~= '' then n = n / 2 end
 if ARGV[7] ~= '' and redis.call('GET', KEYS[7]) ~= ARGV[7] then return {0, 'planner_fenced'} end
 if ARGV[9] == 'queued' and not redis.call('ZSCORE', KEYS[5], ARGV[2]) then return {0, 'not_queued'} end
 for i = 1, n do
-  if redis.call('EXISTS', KEYS[8 + i]) == 1 then return {0, 'busy', KEYS[8 + i]} end
+  if redis.call('EXISTS', KEYS[9 + i]) == 1 then return {0, 'busy', KEYS[9 + i]} end
+  local owner = redis.call('HGET', KEYS[9], KEYS[9 + i])
+  if owner then
+    local owner_expires = redis.call('ZSCORE', KEYS[3], owner)
+    if owner_expires and tonumber(owner_expires) > server_now_ms then
+      return {0, 'owned', KEYS[9 + i], owner}
+    end
+  end
 end
 local token = redis.call('INCR', KEYS[1])
 local val = ARGV[1] .. ':' .. token
-for i = 1, n do redis.call('SET', KEYS[8 + i], val, 'PX', ARGV[3]) end
+for i = 1, n do
+  redis.call('SET', KEYS[9 + i], val, 'PX', ARGV[3])
+  redis.call('HSET', KEYS[9], KEYS[9 + i], ARGV[1])
+end
 local fields = cjson.decode(ARGV[6])
 local expires_ms = server_now_ms + tonumber(ARGV[3])
 local flat = {'token', tostring(token), 'expires_ms', tostring(expires_ms)}
@@ -62,7 +76,7 @@ local warm = 0
 if ARGV[10] ~= '' then
   warm = 1
   for i = 1, n do
-    if redis.call('GET', KEYS[8 + n + i]) ~= ARGV[10] then warm = 0 end
+    if redis.call('GET', KEYS[9 + n + i]) ~= ARGV[10] then warm = 0 end
   end
 end
 return {1, token, warm}

@@ -123,7 +123,7 @@ class LeaseStore:
               **(event or {})}
         keys = [self.keys.fence, self.keys.lease(lease_id), self.keys.leases, self.keys.job(job_id or "-"),
                 queue or self.keys.queue("normal"), self.keys.running, self.keys.planner_fence, self.keys.events,
-                *[self.keys.gpu(g) for g in gpus], *([self.keys.resident(g) for g in gpus] if instance else [])]
+                self.keys.gpu_owner, *[self.keys.gpu(g) for g in gpus], *([self.keys.resident(g) for g in gpus] if instance else [])]
         return keys, [lease_id, job_id, int(ttl_s * 1000), now_ms(), holder, json.dumps(fields), planner_token,
                       json.dumps(ev), "queued" if kind == "job" else "none", instance, self.keys.prefix]
 
@@ -133,6 +133,9 @@ class LeaseStore:
             return Lease(lease_id, int(out[1]), tuple(gpus), bool(out[2]))
         if out[1] == "planner_fenced":
             raise LeaseError("planner fencing token is stale: another planner leads")
+        if out[1] == "owned":  # the GPU key is gone but its lease is live: evicted or deleted by hand?
+            log.warning("lease %s refused: %s has no key but lease %s still holds it (was the key evicted? "
+                        "Redis maxmemory-policy must be noeviction)", lease_id, out[2], out[3])
         return None
 
     def renew(self, lease: Lease, ttl_s: float) -> bool:

@@ -37,6 +37,7 @@ import json
 import os
 import logging
 import signal
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -45,10 +46,10 @@ from typing import Any
 
 import redis
 
-from makespan.errors import MakespanError, StoreError
+from makespan.errors import MakespanError, RedisConfigError, StoreError
 from makespan.keys import Keys
 from makespan.models import FleetSpec
-from makespan.redis_conn import connect
+from makespan.redis_conn import EXIT_REFUSED, check_eviction_policy, connect
 from makespan.settings import Settings
 from makespan.workers.agenda import AgendaTracker
 from makespan.workers.drivers import get_driver
@@ -198,12 +199,23 @@ def run_observer(settings: Settings, fleet: FleetSpec, probe_interval_s: float =
                  max_cycles: int | None = None) -> int:
     """Probe until ``stop`` is set, SIGTERM/SIGINT arrives (main thread only) or
     ``max_cycles`` cycles ran; returns the number of incidents raised. Redis errors
-    are logged and retried on the next cycle (the observer must outlive a Redis restart)."""
+    are logged and retried on the next cycle (the observer must outlive a Redis restart).
+
+    Raises:
+        RedisConfigError: Redis evicts keys (``maxmemory-policy``) and
+            ``settings.allow_evicting_redis`` is not set (checked at start)."""
     stop = stop or threading.Event()
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
-    r = connect(settings.redis_url)
+    r = connect(settings.redis_url, settings=settings)
+    try:
+        check_eviction_policy(r, settings, process="observer")
+    except redis.RedisError as e:  # not reachable yet: the loop below waits for it
+        log.warning("observer: maxmemory-policy not checked, Redis did not answer: %s", e)
+    except RedisConfigError:
+        r.close()
+        raise
     obs = Observer(r, Keys(settings.key_prefix), fleet, probe_interval_s, overrun_factor)
     raised = 0
     try:
@@ -258,7 +270,12 @@ def main(argv: list[str] | None = None) -> int:
         from makespan import metrics
 
         metrics.start_metrics_server(a.metrics_port, redis_state=False)
-    run_observer(Settings.from_env(), load_fleet(a.fleet), a.probe_interval_s, a.overrun_factor)
+    try:
+        run_observer(Settings.from_env(), load_fleet(a.fleet), a.probe_interval_s, a.overrun_factor)
+    except RedisConfigError as e:
+        log.error("%s", e)
+        print(f"makespan observer: {e}", file=sys.stderr, flush=True)
+        return EXIT_REFUSED
     return 0
 
 

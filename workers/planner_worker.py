@@ -37,9 +37,10 @@ import redis
 from redis.exceptions import LockError, LockNotOwnedError
 
 from makespan import events, metrics, telemetry
-from makespan.errors import LeaseError, StoreError
+from makespan.errors import LeaseError, RedisConfigError, StoreError
 from makespan.keys import Keys
 from makespan.models import FleetSpec, Priority, fleet_version
+from makespan.redis_conn import check_eviction_policy
 from makespan.settings import Settings
 from makespan.planner.api import POLICY_OBJECTIVE, plan
 from makespan.planner.reservation import enforce
@@ -105,6 +106,7 @@ class PlannerWorker(BatchMixin, FleetViewMixin, StartMixin, PreemptionMixin, Set
         while not self._stop.is_set():
             try:  # a standby must outlive a Redis restart or a dropped connection
                 if lock.acquire(blocking=True, blocking_timeout=self.lock_ttl_s / 4):
+                    self._check_redis_config(lock)
                     self.token = str(self.r.incr(self.keys.planner_fence))
                     self.r.mset({self.keys.fleet: self.fleet.model_dump_json(),
                                  self.keys.fleet_version: fleet_version(self.fleet)})
@@ -116,6 +118,22 @@ class PlannerWorker(BatchMixin, FleetViewMixin, StartMixin, PreemptionMixin, Set
                 log.warning("%s: Redis unavailable while standing by: %s", self.name, e)
                 self._stop.wait(0.2)
         return None
+
+    def _check_redis_config(self, lock) -> None:
+        """Checked each time this planner comes to lead (a failover may have promoted a
+        Redis configured differently): an evicting ``maxmemory-policy`` makes it give the
+        lock back and raise.
+
+        Raises:
+            RedisConfigError: an evicting policy and no ``allow_evicting_redis``."""
+        try:
+            check_eviction_policy(self.r, self.settings, process=f"planner {self.name}")
+        except RedisConfigError:
+            try:
+                lock.release()
+            except (LockError, redis.RedisError):
+                pass
+            raise
 
     def _keep_lock(self, lock) -> None:
         while not self._stop.is_set() and not self.lost.is_set():

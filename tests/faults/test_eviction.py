@@ -1,0 +1,166 @@
+"""Issue 18, failure 3: an evicting Redis must not lease one GPU twice.
+
+* A ``P:gpu:<uuid>`` key lost while its lease is live (evicted, or deleted by hand here)
+  does not free the GPU: a second acquire is refused until that lease ends.
+* The planner, a GPU worker and the observer refuse to start on a Redis whose
+  ``maxmemory-policy`` evicts (a private redis-server started with ``volatile-ttl``;
+  the shared Redis's configuration is never changed), unless
+  ``MAKESPAN_ALLOW_EVICTING_REDIS=1``, which logs a warning.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+import pytest
+
+from makespan.errors import RedisConfigError
+from makespan.models import load_fleet
+from makespan.redis_conn import EXIT_REFUSED, check_eviction_policy, connect, free_port, redis_server_binary
+from makespan.settings import Settings
+from makespan.workers.leases import LeaseStore
+from makespan.workers.planner_worker import PlannerWorker
+
+from tests.conftest import FLEET_TOML
+
+ROOT = Path(__file__).resolve().parents[2]
+START_TIMEOUT_S = 60  # a refusing process ends long before this; it only stops a hang
+
+
+def test_a_lost_gpu_key_does_not_free_a_leased_gpu(r, keys):
+    store = LeaseStore(r, keys)
+    first = store.acquire("L1", ("g0", "g1"), 30, kind="restore")
+    assert first is not None
+    r.delete(keys.gpu("g1"))  # what volatile-ttl eviction does under memory pressure
+    assert store.acquire("L2", ("g1",), 30, kind="restore") is None
+    assert store.acquire("L3", ("g1", "g2"), 30, kind="restore") is None
+    assert r.get(keys.gpu("g2")) is None  # refused whole: nothing taken
+    assert r.zscore(keys.leases, "L2") is None
+    # once the first lease ends, the GPU is free again
+    r.zrem(keys.leases, "L1")
+    assert store.acquire("L4", ("g1",), 30, kind="restore") is not None
+
+
+def test_an_expired_lease_does_not_hold_its_gpu(r, keys):
+    store = LeaseStore(r, keys)
+    assert store.acquire("L1", ("g0",), 30, kind="restore") is not None
+    r.delete(keys.gpu("g0"))
+    r.zadd(keys.leases, {"L1": 1})  # expired on the server clock (the reaper's business)
+    assert store.acquire("L2", ("g0",), 30, kind="restore") is not None
+
+
+@pytest.fixture(scope="module")
+def evicting_redis():
+    """A private redis-server with ``maxmemory-policy volatile-ttl``."""
+    port = free_port()
+    d = tempfile.mkdtemp(prefix="makespan-evicting-")
+    proc = subprocess.Popen([redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--dir", d,
+                             "--save", "", "--appendonly", "no", "--maxmemory", "64mb",
+                             "--maxmemory-policy", "volatile-ttl"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    url = f"redis://127.0.0.1:{port}/0"
+    c = connect(url)
+    for _ in range(200):
+        try:
+            if c.ping():
+                break
+        except Exception:  # noqa: BLE001 - not up yet
+            import time
+
+            time.sleep(0.05)
+    yield url
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+def test_check_refuses_an_evicting_policy_and_honours_the_override(evicting_redis, caplog):
+    r = connect(evicting_redis)
+    with pytest.raises(RedisConfigError) as ei:
+        check_eviction_policy(r, Settings(redis_url=evicting_redis))
+    assert ei.value.value == "volatile-ttl" and "noeviction" in str(ei.value)
+    with caplog.at_level(logging.WARNING):
+        assert check_eviction_policy(r, Settings(redis_url=evicting_redis, allow_evicting_redis=True)) == "volatile-ttl"
+    assert "MAKESPAN_ALLOW_EVICTING_REDIS" in caplog.text
+
+
+def test_check_passes_on_the_shared_noeviction_redis(r):
+    assert check_eviction_policy(r, Settings()) == "noeviction"
+
+
+def _env(url: str, **extra: str) -> dict[str, str]:
+    env = {**os.environ, "MAKESPAN_REDIS_URL": url, "MAKESPAN_KEY_PREFIX": "mst-evict", "MAKESPAN_FLEET": FLEET_TOML,
+           "MAKESPAN_HOST": "gpu-a", **extra}
+    env.pop("MAKESPAN_ALLOW_EVICTING_REDIS", None) if "MAKESPAN_ALLOW_EVICTING_REDIS" not in extra else None
+    return env
+
+
+def _host() -> str:
+    return load_fleet(FLEET_TOML).hosts[0].name
+
+
+def test_planner_refuses_an_evicting_redis(evicting_redis):
+    w = PlannerWorker(connect(evicting_redis), Settings(redis_url=evicting_redis, key_prefix="mst-evict"),
+                      load_fleet(FLEET_TOML))
+    raised: list[BaseException] = []
+
+    def body():
+        try:
+            w.run()
+        except BaseException as e:  # noqa: BLE001 - reported below
+            raised.append(e)
+
+    t = threading.Thread(target=body, daemon=True)
+    t.start()
+    t.join(START_TIMEOUT_S)
+    w.stop()
+    t.join(10)
+    assert raised and isinstance(raised[0], RedisConfigError), raised
+    assert connect(evicting_redis).get("mst-evict:planner:leader") is None  # the lock was given back
+
+
+def test_planner_command_exits_non_zero(evicting_redis):
+    p = subprocess.run([sys.executable, "-m", "makespan.cli", "planner", "--fleet", FLEET_TOML],
+                       env=_env(evicting_redis), capture_output=True, text=True, timeout=START_TIMEOUT_S, cwd=ROOT)
+    assert p.returncode != 0
+    assert "maxmemory-policy" in p.stderr + p.stdout
+
+
+def test_observer_exits_non_zero(evicting_redis):
+    p = subprocess.run([sys.executable, "-m", "makespan.workers.observer", "--fleet", FLEET_TOML],
+                       env=_env(evicting_redis), capture_output=True, text=True, timeout=START_TIMEOUT_S, cwd=ROOT)
+    assert p.returncode == EXIT_REFUSED, p.stderr
+    assert "volatile-ttl" in p.stderr
+
+
+def test_gpu_worker_exits_non_zero(evicting_redis):
+    p = subprocess.run([sys.executable, "-m", "celery", "-A", "makespan.workers.tasks", "worker", "-P", "solo",
+                        "-Q", f"gpu.{_host()}", "--without-mingle", "--without-gossip"],
+                       env=_env(evicting_redis), capture_output=True, text=True, timeout=START_TIMEOUT_S, cwd=ROOT)
+    assert p.returncode == EXIT_REFUSED, p.stderr[-2000:]
+    assert "volatile-ttl" in p.stderr
+
+
+def test_gpu_worker_starts_with_the_override(evicting_redis):
+    """With the override the worker starts (and is stopped here by SIGTERM)."""
+    p = subprocess.Popen([sys.executable, "-m", "celery", "-A", "makespan.workers.tasks", "worker", "-P", "solo",
+                          "-Q", f"gpu.{_host()}", "--without-mingle", "--without-gossip", "-l", "INFO"],
+                         env=_env(evicting_redis, MAKESPAN_ALLOW_EVICTING_REDIS="1"), stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    hang_guard = threading.Timer(START_TIMEOUT_S, p.kill)
+    hang_guard.start()
+    lines = []
+    for line in p.stdout:
+        lines.append(line)
+        if "ready" in line:
+            break
+    hang_guard.cancel()
+    p.terminate()
+    p.wait(timeout=START_TIMEOUT_S)
+    out = "".join(lines)
+    assert "ready" in out and "volatile-ttl" in out, out[-2000:]
