@@ -18,9 +18,18 @@ the default imports ``pynvml`` lazily) and reports GPUs keyed by UUID:
   and memory), never as the whole GPU.
 * NVML is initialised once per process and again in a forked child
   (``os.register_at_fork``): NVML handles do not survive ``fork``.
+* each field is read on its own: a field NVML cannot give for one GPU (``NotSupported``,
+  value 3, as ``nvmlDeviceGetMemoryInfo`` on unified-memory GPUs such as the GB10, or
+  any other NVML error) is reported unknown for that GPU (``memory_mib``/``used_mib``
+  None, ``name`` empty), with a message in :attr:`DiscoveredGpu.notes` and
+  :attr:`NvmlDiscovery.warnings`; it never hides the GPU or the host. A GPU whose memory
+  is unknown takes its ``memory_mib`` from the fleet file (:func:`gpus_for_host`; a
+  clear :class:`makespan.errors.ValidationError` when the fleet file has none). Only a
+  GPU whose UUID NVML cannot read is left out (nothing could lease it), with a message.
 * no NVML library (``NVMLError_LibraryNotFound``, value 12), no ``pynvml`` module,
-  or any other NVML error: an empty list and one clear log line, never a crash;
-  :func:`gpus_for_host` then falls back to the fleet file's GPUs.
+  or an NVML error that stops the listing itself (``nvmlInit``, ``nvmlDeviceGetCount``):
+  an empty list and one clear log line, never a crash; :func:`gpus_for_host` then falls
+  back to the fleet file's GPUs.
 """
 
 from __future__ import annotations
@@ -32,10 +41,12 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
+from makespan.errors import ValidationError
 from makespan.models import FleetSpec, GpuSpec
 
 log = logging.getLogger(__name__)
 
+NVML_ERROR_NOT_SUPPORTED = 3
 NVML_ERROR_LIBRARY_NOT_FOUND = 12
 _MIB = 1024 * 1024
 _live: "weakref.WeakSet[NvmlDiscovery]" = weakref.WeakSet()
@@ -55,19 +66,33 @@ class DiscoveredGpu:
 
     Attributes:
         uuid: ``GPU-…`` or ``MIG-…``; index: physical NVML index (a slice: its parent's).
-        memory_mib / used_mib: total and used memory (MiB).
-        name: product name; mig_parent: the parent GPU's UUID for a MIG slice.
+        memory_mib / used_mib: total and used memory (MiB); None: NVML could not say
+            (see ``notes``).
+        name: product name ('' when NVML could not say); mig_parent: the parent GPU's
+            UUID for a MIG slice.
+        notes: one message per field NVML could not report for this GPU.
     """
 
     uuid: str
-    memory_mib: int
+    memory_mib: int | None
     index: int
     name: str = ""
-    used_mib: int = 0
+    used_mib: int | None = 0
     mig_parent: str | None = None
+    notes: tuple[str, ...] = ()
 
-    def to_spec(self) -> GpuSpec:
-        return GpuSpec(uuid=self.uuid, memory_mib=self.memory_mib, index=self.index)
+    def to_spec(self, memory_mib: int | None = None) -> GpuSpec:
+        """A :class:`GpuSpec`; ``memory_mib`` (MiB, e.g. the fleet file's) is used when
+        NVML could not report it.
+
+        Raises:
+            ValidationError: the memory is unknown and no ``memory_mib`` is given."""
+        mem = self.memory_mib if self.memory_mib is not None else memory_mib
+        if mem is None:
+            raise ValidationError(f"gpus.{self.uuid}.memory_mib", None,
+                                  "NVML cannot report this GPU's memory (" + "; ".join(self.notes) +
+                                  "): give memory_mib for it in the fleet file")
+        return GpuSpec(uuid=self.uuid, memory_mib=mem, index=self.index)
 
 
 def _text(v: Any) -> str:
@@ -82,6 +107,7 @@ class NvmlDiscovery:
         self._initialised_pid: int | None = None
         self._lock = threading.Lock()
         self.last_error: str | None = None
+        self.warnings: list[str] = []  # per-field messages of the last discover()
         _live.add(self)
 
     def _module(self) -> Any:
@@ -108,6 +134,7 @@ class NvmlDiscovery:
         except ImportError as e:
             return self._none(f"GPU discovery: the pynvml module (nvidia-ml-py) is not installed ({e}); "
                               "reporting no GPUs")
+        self.warnings = []
         try:
             self._ensure_init(nvml)
             devices = self._all_devices(nvml)
@@ -126,27 +153,53 @@ class NvmlDiscovery:
         log.warning(msg)
         return []
 
-    def _memory(self, nvml: Any, handle: Any) -> tuple[int, int]:
+    def _field(self, nvml: Any, what: str, label: str, fn, *args) -> tuple[Any, str | None]:
+        """``fn(*args)``, or (None, message) when NVML raises for this field alone."""
+        try:
+            return fn(*args), None
+        except Exception as e:
+            if not isinstance(e, getattr(nvml, "NVMLError", ())):
+                raise
+            why = "not supported" if getattr(e, "value", None) == NVML_ERROR_NOT_SUPPORTED else str(e)
+            msg = f"GPU discovery: {label}: NVML cannot report {what} ({why}); reported unknown"
+            self.warnings.append(msg)
+            log.warning(msg)
+            return None, msg
+
+    def _memory(self, nvml: Any, handle: Any, label: str) -> tuple[int | None, int | None, str | None]:
+        """(total MiB, used MiB, message): both None with a message when NVML cannot say."""
         v2 = getattr(nvml, "nvmlMemory_v2", None)
         info = None
         if v2 is not None:
             try:
                 info = nvml.nvmlDeviceGetMemoryInfo(handle, version=v2)
             except (TypeError, getattr(nvml, "NVMLError", TypeError)):
-                info = None  # an older driver without the v2 entry point
+                info = None  # an older driver without the v2 entry point (or no memory info: tried below)
         if info is None:
-            info = nvml.nvmlDeviceGetMemoryInfo(handle)
-        return int(info.total) // _MIB, int(info.used) // _MIB
+            info, msg = self._field(nvml, "its memory (nvmlDeviceGetMemoryInfo)", label,
+                                    nvml.nvmlDeviceGetMemoryInfo, handle)
+            if info is None:
+                return None, None, msg
+        return int(info.total) // _MIB, int(info.used) // _MIB, None
 
     def _all_devices(self, nvml: Any) -> list[tuple[DiscoveredGpu, list[DiscoveredGpu]]]:
-        """Every physical GPU with its MIG slices (empty list when MIG is off)."""
+        """Every physical GPU with its MIG slices (empty list when MIG is off). A GPU
+        whose handle or UUID NVML cannot give is left out (with a warning)."""
         out = []
         for i in range(int(nvml.nvmlDeviceGetCount())):
-            h = nvml.nvmlDeviceGetHandleByIndex(i)
-            uuid = _text(nvml.nvmlDeviceGetUUID(h))
-            total, used = self._memory(nvml, h)
-            name = _text(nvml.nvmlDeviceGetName(h)) if hasattr(nvml, "nvmlDeviceGetName") else ""
-            gpu = DiscoveredGpu(uuid, total, i, name, used)
+            h, _ = self._field(nvml, "its handle", f"GPU index {i}", nvml.nvmlDeviceGetHandleByIndex, i)
+            uuid = None if h is None else self._field(nvml, "its UUID; left out", f"GPU index {i}",
+                                                      nvml.nvmlDeviceGetUUID, h)[0]
+            if uuid is None:
+                continue
+            uuid = _text(uuid)
+            label = f"GPU {uuid} (index {i})"
+            total, used, mem_note = self._memory(nvml, h, label)
+            name, name_note = ("", None)
+            if hasattr(nvml, "nvmlDeviceGetName"):
+                name, name_note = self._field(nvml, "its name", label, nvml.nvmlDeviceGetName, h)
+            notes = tuple(n for n in (mem_note, name_note) if n)
+            gpu = DiscoveredGpu(uuid, total, i, _text(name) if name else "", used, notes=notes)
             out.append((gpu, self._mig_slices(nvml, h, gpu)))
         return out
 
@@ -167,9 +220,13 @@ class NvmlDiscovery:
                 if isinstance(e, getattr(nvml, "NVMLError", ())):
                     continue  # no slice configured at this position
                 raise
-            total, used = self._memory(nvml, mh)
-            slices.append(DiscoveredGpu(_text(nvml.nvmlDeviceGetUUID(mh)), total, parent.index,
-                                        parent.name, used, parent.uuid))
+            uuid, _ = self._field(nvml, "a MIG slice's UUID; left out", f"GPU {parent.uuid} slice {j}",
+                                  nvml.nvmlDeviceGetUUID, mh)
+            if uuid is None:
+                continue
+            total, used, note = self._memory(nvml, mh, f"MIG slice {_text(uuid)}")
+            slices.append(DiscoveredGpu(_text(uuid), total, parent.index, parent.name, used, parent.uuid,
+                                        notes=(note,) if note else ()))
         return slices
 
 
@@ -197,20 +254,28 @@ def _select(devices: list[tuple[DiscoveredGpu, list[DiscoveredGpu]]], visible: s
 
 
 def discover_gpus(nvml: Any = None, visible: str | None = None) -> list[GpuSpec]:
-    """This host's GPUs as :class:`GpuSpec` records ([] without NVML)."""
+    """This host's GPUs as :class:`GpuSpec` records ([] without NVML).
+
+    Raises:
+        ValidationError: NVML cannot report a GPU's memory (use :func:`gpus_for_host`,
+            which takes it from the fleet file)."""
     return [g.to_spec() for g in NvmlDiscovery(nvml).discover(visible)]
 
 
 def gpus_for_host(fleet: FleetSpec, host: str, nvml: Any = None, visible: str | None = None) -> list[GpuSpec]:
     """Discovered GPUs of this host, or the fleet file's GPUs for ``host`` when NVML
-    reports none (no driver, simulated fleets).
+    reports none (no driver, simulated fleets). A discovered GPU whose memory NVML
+    cannot report takes ``memory_mib`` from the fleet file's entry with its UUID.
 
     Raises:
         KeyError: ``host`` is not in the fleet and NVML found no GPU.
+        ValidationError: a GPU's memory is unknown to NVML and the fleet file does not
+            list that GPU (field ``gpus.<uuid>.memory_mib``).
     """
-    found = discover_gpus(nvml, visible)
+    found = NvmlDiscovery(nvml).discover(visible)
+    listed = {g.uuid: g for h in fleet.hosts if h.name == host for g in h.gpus}
     if found:
-        return found
+        return [g.to_spec(listed[g.uuid].memory_mib if g.uuid in listed else None) for g in found]
     for h in fleet.hosts:
         if h.name == host:
             log.info("GPU discovery: using the fleet file's %d GPUs for host %s", len(h.gpus), host)

@@ -10,7 +10,10 @@ sure it matches the machine the worker runs on before any lease is taken:
   by index);
 * its total memory (MiB) must be at least the fleet's ``memory_mib`` (the fleet's
   promise is what the planner packs against; used memory is not compared, so an
-  idle GPU showing a few hundred MiB used still fits).
+  idle GPU showing a few hundred MiB used still fits). Where NVML cannot report a
+  GPU's memory (unified-memory GPUs), the fleet's ``memory_mib`` is taken as given;
+  :func:`host_toml` then leaves ``memory_mib`` out with a comment, so the written
+  entry fails to load (naming the field) until someone fills it in.
 
 Simulated hosts (``gpu_count`` in the fleet file) are not checked: their UUIDs are
 made up. When NVML reports no GPU at all (no driver), nothing can be checked and the
@@ -36,7 +39,8 @@ def check_host(host: HostSpec, found: list[DiscoveredGpu]) -> list[str]:
     if host.gpu_count is not None:
         return []  # simulated host
     by_uuid = {g.uuid: g for g in found}
-    seen = ", ".join(f"{g.uuid} (index {g.index}, {g.memory_mib} MiB)" for g in found) or "none"
+    seen = ", ".join(f"{g.uuid} (index {g.index}, "
+                     f"{'unknown' if g.memory_mib is None else g.memory_mib} MiB)" for g in found) or "none"
     problems = []
     for g in host.gpus:
         d = by_uuid.get(g.uuid)
@@ -47,6 +51,8 @@ def check_host(host: HostSpec, found: list[DiscoveredGpu]) -> list[str]:
         if d.index != g.index:
             problems.append(f"host {host.name!r}: GPU {g.uuid} has NVML index {d.index}, the fleet file says "
                             f"index {g.index} (set points name GPUs by index)")
+        if d.memory_mib is None:
+            continue  # NVML cannot say (d.notes): the fleet file's memory_mib is taken as given
         if d.memory_mib < g.memory_mib:
             problems.append(f"host {host.name!r}: GPU {g.uuid} has {d.memory_mib} MiB, the fleet file promises "
                             f"memory_mib = {g.memory_mib}")
@@ -62,6 +68,11 @@ def host_toml(name: str, found: list[DiscoveredGpu]) -> str:
         if g.mig_parent:
             parts.append(f"MIG slice of {g.mig_parent}")
         note = f"  # {', '.join(parts)}" if parts else ""
+        if g.memory_mib is None:  # NVML cannot say: a person must give it
+            parts.append("memory_mib unknown to NVML: add memory_mib = <MiB> by hand")
+            note = f"  # {', '.join(parts)}"
+            lines.append(f'  {{ uuid = "{g.uuid}", index = {g.index} }},{note}')
+            continue
         lines.append(f'  {{ uuid = "{g.uuid}", index = {g.index}, memory_mib = {g.memory_mib} }},{note}')
     lines.append("]")
     return "\n".join(lines) + "\n"

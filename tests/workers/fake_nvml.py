@@ -94,3 +94,22 @@ def four_gpu_host(mig_on: int | None = None) -> FakeNvml:
     if mig_on is not None:
         gpus[mig_on].mig = [FakeGpu(f"MIG-{mig_on}-slice-{j}", 16384) for j in range(2)]
     return FakeNvml(gpus)
+
+
+class NVMLError_NotSupported(NVMLError):  # noqa: N801 (pynvml's name)
+    def __init__(self):
+        super().__init__(3)
+
+
+class UnifiedMemoryNvml(FakeNvml):
+    """A host like DGX Spark / GB10: ``nvmlDeviceGetMemoryInfo`` raises NotSupported on
+    the GPUs named in ``no_memory`` (every other call works)."""
+
+    def __init__(self, gpus: list[FakeGpu], no_memory: set[str]):
+        super().__init__(gpus)
+        self.no_memory = no_memory
+
+    def nvmlDeviceGetMemoryInfo(self, h, version=None):
+        if h.uuid in self.no_memory:
+            raise NVMLError_NotSupported()
+        return super().nvmlDeviceGetMemoryInfo(h, version)
