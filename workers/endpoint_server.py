@@ -5,7 +5,7 @@
 Routes (stdlib :mod:`http.server`, one thread per request):
 
 * ``GET /health``: 503 ``{"status": "loading"}`` for ``--load-time-s`` seconds after
-  start, then 200 ``{"status": "ok", "cuda_visible_devices": ...}`` (the GPUs it was
+  start, then 200 ``{"status": "ok", "cuda_visible_devices": ..., "children": [pids]}`` (the GPUs it was
   launched on, as the driver set them; vLLM answers 200 while asleep too).
 * ``POST /v1/completions``, ``/v1/chat/completions`` and ``/v1/embeddings``: after
   ``--latency-ms`` a valid OpenAI-shaped response (``text_completion`` /
@@ -17,7 +17,10 @@ Routes (stdlib :mod:`http.server`, one thread per request):
   model server holds its weights; real-GPU tests watch NVML memory with it.
 
 SIGTERM stops it cleanly (exit 0) unless ``--ignore-sigterm`` is given (tests use that
-to check a driver's SIGKILL escalation).
+to check a driver's SIGKILL escalation). ``--spawn-child-ignoring-sigterm N`` starts N
+child processes in its process group that ignore SIGTERM and run until killed, as a
+model server's engine and tensor-parallel workers can outlive their API server; their
+pids are in ``/health`` (``children``).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ class EndpointState:
         self.gpus = gpus
         self.sleeping = False
         self.served = 0
+        self.children: list[int] = []  # pids of --spawn-child-ignoring-sigterm children
         self.lock = threading.Lock()
 
     @property
@@ -82,7 +86,8 @@ def _handler(state: EndpointState) -> type[BaseHTTPRequestHandler]:
                 if state.loading:
                     self._send(503, {"status": "loading"})
                 else:
-                    self._send(200, {"status": "ok", "cuda_visible_devices": state.gpus})
+                    self._send(200, {"status": "ok", "cuda_visible_devices": state.gpus,
+                                     "children": state.children})
             elif path == "/is_sleeping":
                 self._send(200, {"is_sleeping": state.sleeping})
             elif path == "/v1/models":
@@ -169,14 +174,33 @@ def hold_gpu_memory(mib: int) -> object | None:
     return held
 
 
+# A child that ignores SIGTERM and runs until SIGKILL (it stays in its parent's process group).
+_STUBBORN_CHILD = ("import signal, time\n"
+                   "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                   "while True: time.sleep(3600)\n")
+
+
+def spawn_stubborn_children(n: int) -> list[int]:
+    """Start ``n`` children that ignore SIGTERM (in this process group); their pids."""
+    import subprocess
+
+    return [subprocess.Popen([sys.executable, "-c", _STUBBORN_CHILD], stdin=subprocess.DEVNULL).pid
+            for _ in range(n)]
+
+
 def serve(port: int, model: str = "stub", load_time_s: float = 0.0, latency_ms: float = 0.0,
-          host: str = "127.0.0.1", ignore_sigterm: bool = False, hold_gpu_mib: int = 0) -> None:
+          host: str = "127.0.0.1", ignore_sigterm: bool = False, hold_gpu_mib: int = 0,
+          children_ignoring_sigterm: int = 0) -> None:
     """Run the server until SIGTERM/SIGINT (blocking). With ``hold_gpu_mib`` it first
-    allocates that much memory on each visible GPU (:func:`hold_gpu_memory`)."""
+    allocates that much memory on each visible GPU (:func:`hold_gpu_memory`); with
+    ``children_ignoring_sigterm`` it starts that many children that ignore SIGTERM
+    (:func:`spawn_stubborn_children`)."""
     import os
 
     weights = hold_gpu_memory(hold_gpu_mib)  # noqa: F841 (held until exit)
+    children = spawn_stubborn_children(children_ignoring_sigterm)
     state = EndpointState(model, load_time_s, latency_ms, os.environ.get("CUDA_VISIBLE_DEVICES", ""))
+    state.children = children
     httpd = _Server((host, port), _handler(state))
     httpd.daemon_threads = True
 
@@ -202,10 +226,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--load-time-s", type=float, default=0.0)
     p.add_argument("--latency-ms", type=float, default=0.0)
     p.add_argument("--ignore-sigterm", action="store_true")
+    p.add_argument("--spawn-child-ignoring-sigterm", type=int, default=0, metavar="N",
+                   help="start N child processes that ignore SIGTERM (they outlive this server)")
     p.add_argument("--hold-gpu-mib", type=int, default=0,
                    help="allocate this much memory (MiB) on each visible GPU at start (needs torch)")
     a = p.parse_args(argv)
-    serve(a.port, a.model, a.load_time_s, a.latency_ms, a.host, a.ignore_sigterm, a.hold_gpu_mib)
+    serve(a.port, a.model, a.load_time_s, a.latency_ms, a.host, a.ignore_sigterm, a.hold_gpu_mib,
+          a.spawn_child_ignoring_sigterm)
     return 0
 
 

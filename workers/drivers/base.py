@@ -57,6 +57,30 @@ class Instance:
         return cls(**known)
 
 
+@dataclass(frozen=True)
+class StopReport:
+    """What stopping an instance's processes took (:meth:`ProcessDriver.stop`).
+
+    Attributes:
+        pid: the instance's leader pid (its process group and session id); None: no process.
+        terminated: pids that ended after SIGTERM within the grace period.
+        killed: ``(pid, command line)`` of every process still alive after the grace
+            period, each sent SIGKILL (empty when the group ended on SIGTERM).
+        left: pids still alive after SIGKILL and its wait (should be empty; a process in
+            uninterruptible sleep, e.g. a GPU driver call, can linger).
+    """
+
+    pid: int | None = None
+    terminated: tuple[int, ...] = ()
+    killed: tuple[tuple[int, str], ...] = ()
+    left: tuple[int, ...] = ()
+
+    @property
+    def clean(self) -> bool:
+        """True when the whole group ended on SIGTERM (nothing killed, nothing left)."""
+        return not self.killed and not self.left
+
+
 @runtime_checkable
 class EndpointDriver(Protocol):
     """What every endpoint driver provides.
@@ -72,7 +96,7 @@ class EndpointDriver(Protocol):
     def start(self, endpoint: EndpointSpec, gpus: list[str], time_scale: float = 1.0,
               host: str = "") -> Instance: ...
 
-    def stop(self, instance: Instance) -> None: ...
+    def stop(self, instance: Instance) -> "StopReport | None": ...
 
     def health(self, instance: Instance) -> bool: ...
 

@@ -9,13 +9,18 @@ it in its own session with stdout/stderr appended to a kept log file, and polls
 to ``backoff_max_s``) until 200 or ``launch.health_timeout_s``. An empty command runs
 :mod:`makespan.workers.endpoint_server` with ``--load-time-s = cold_start_s × time_scale``.
 
-``stop`` sends SIGTERM to the process group, waits ``grace_s``, then SIGKILL.
-Launch commands come only from the fleet file (never from a job payload) and are
+``stop`` sends SIGTERM to the instance's whole process group (and session: children
+that moved to a process group of their own within it are found too), waits up to
+``grace_s`` for every member to end, then SIGKILLs each one still alive (a model
+server's engine or tensor-parallel workers that ignore SIGTERM and would keep their
+GPU memory), checks the group is empty, and returns a :class:`StopReport` of what it
+had to kill (logged as a warning). Launch commands come only from the fleet file (never from a job payload) and are
 run without a shell.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -30,9 +35,13 @@ from makespan import telemetry
 from makespan.errors import PhaseError
 from makespan.models import EndpointSpec
 from makespan.redis_conn import free_port
-from makespan.workers.drivers.base import Instance
+from makespan.workers.drivers.base import Instance, StopReport
+
+log = logging.getLogger(__name__)
 
 DEFAULT_GRACE_S = 5.0
+KILL_WAIT_S = 5.0  # longest stop() waits for SIGKILLed members to disappear
+GROUP_POLL_S = 0.05
 PROBE_TIMEOUT_S = 1.0
 
 
@@ -56,6 +65,39 @@ def _alive(pid: int) -> bool:
         return stat.rsplit(")", 1)[1].split()[0] != "Z"
     except (OSError, IndexError):
         return True
+
+
+def group_members(leader_pid: int) -> list[int]:
+    """Live (not zombie) processes whose process group or session is ``leader_pid``'s
+    (an endpoint is started as the leader of its own session), read from ``/proc``;
+    sorted pids, the leader included while it runs. Empty where ``/proc`` is absent."""
+    out = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return out
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{name}/stat").read_text()
+        except OSError:
+            continue  # ended meanwhile
+        rest = stat.rsplit(")", 1)[-1].split()
+        if len(rest) < 4 or rest[0] == "Z":
+            continue
+        pgrp, session = int(rest[2]), int(rest[3])
+        if leader_pid in (pgrp, session):
+            out.append(int(name))
+    return sorted(out)
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return ""
+    return raw.replace(b"\0", b" ").decode(errors="replace").strip()
 
 
 def _tail(path: str | None, n_bytes: int = 600) -> str:
@@ -181,17 +223,58 @@ class ProcessDriver:
             return False
         return self._probe(instance)[0]
 
-    def stop(self, instance: Instance) -> None:
-        """SIGTERM the process group, SIGKILL after ``grace_s``; idempotent. The log is kept."""
+    def stop(self, instance: Instance) -> StopReport:
+        """Stop the instance's whole process group: SIGTERM to every member, up to
+        ``grace_s`` for all of them to end, then SIGKILL to each one left, and a check
+        that the group is empty; idempotent (a second call reports nothing). The log is
+        kept. Returns what it had to kill (see :class:`StopReport`); anything killed is
+        logged as a warning, anything left after SIGKILL as an error."""
         pid = instance.pid
         if pid is None or instance.stopped:
             instance.stopped = True
-            return
+            return StopReport(pid)
+        before = set(group_members(pid)) | {pid}
         self._signal(pid, signal.SIGTERM)
-        if not self._wait_exit(instance, self.grace_s):
+        for m in before - {pid}:
+            self._signal_one(m, signal.SIGTERM)  # members in another group of the session
+        remaining = self._wait_group(instance, time.monotonic() + self.grace_s)
+        killed = tuple((m, _cmdline(m)) for m in remaining)
+        if remaining:
             self._signal(pid, signal.SIGKILL)
-            self._wait_exit(instance, 5.0)
+            for m in remaining:
+                self._signal_one(m, signal.SIGKILL)
+            remaining = self._wait_group(instance, time.monotonic() + KILL_WAIT_S)
         instance.stopped = True
+        report = StopReport(pid, tuple(sorted(before - {m for m, _ in killed} - set(remaining))), killed,
+                            tuple(remaining))
+        if killed:
+            log.warning("endpoint %s (pid %d): %d process(es) of its group outlived SIGTERM by %.1f s and were "
+                        "SIGKILLed: %s", instance.endpoint, pid, len(killed), self.grace_s,
+                        "; ".join(f"{m} {c[:120]}" for m, c in killed))
+        if remaining:
+            log.error("endpoint %s (pid %d): processes %s still alive after SIGKILL", instance.endpoint, pid,
+                      list(remaining))
+        return report
+
+    def _wait_group(self, instance: Instance, deadline: float) -> list[int]:
+        """Poll until no member of the instance's group runs or ``deadline`` (monotonic
+        s) passes, reaping the leader when it is our child; the members still alive."""
+        while True:
+            if instance.proc is not None:
+                instance.proc.poll()  # reap the leader: a zombie is not a member
+            members = group_members(instance.pid)
+            if not members and instance.proc is None and _alive(instance.pid):
+                members = [instance.pid]  # no /proc: the leader alone is known
+            if not members or time.monotonic() >= deadline:
+                return members
+            time.sleep(GROUP_POLL_S)
+
+    @staticmethod
+    def _signal_one(pid: int, sig: int) -> None:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
 
     @staticmethod
     def _signal(pid: int, sig: int) -> None:
@@ -202,21 +285,6 @@ class ProcessDriver:
                 os.kill(pid, sig)
             except ProcessLookupError:
                 pass
-
-    @staticmethod
-    def _wait_exit(instance: Instance, timeout_s: float) -> bool:
-        if instance.proc is not None:
-            try:
-                instance.proc.wait(timeout=timeout_s)
-                return True
-            except subprocess.TimeoutExpired:
-                return False
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if not _alive(instance.pid):
-                return True
-            time.sleep(0.05)
-        return not _alive(instance.pid)
 
     # -- vLLM sleep mode ---------------------------------------------------------------
     def sleep(self, instance: Instance, level: int = 1) -> None:
