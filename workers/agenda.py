@@ -2,7 +2,9 @@
 
 An *agenda entry* records a transition that is happening on purpose (design notes,
 "agenda entry"): an operation id, a mode, the endpoints and GPUs it touches, its
-planned start and expected end (unix seconds). The health observer reads the agenda
+planned start and expected end (unix seconds on the Redis server's clock, read with
+``TIME`` in the script that writes the entry, as leases are: a holder whose clock is
+skewed writes the same entry as one whose clock is right). The health observer reads the agenda
 to tell a planned eviction (mode ``POSITIVE``: no incident) from a failure.
 
 Keys (see :mod:`makespan.keys`):
@@ -39,15 +41,21 @@ log = logging.getLogger(__name__)
 
 MODES = ("POSITIVE", "FAILURE", "RESTART_RECOVERY")
 
-# KEYS: entry hash, index zset, lock key. ARGV: op_id, token, fields JSON.
-# Writes the entry only while the caller owns the lock.
+# KEYS: entry hash, index zset, lock key. ARGV: op_id, token, fields JSON, expected duration s.
+# Writes the entry only while the caller owns the lock; planned_start is the Redis
+# server's clock (TIME) and expected_end = planned_start + duration, so the holder's own
+# clock never enters an entry. Returns {1, planned_start} or 0.
 _PUBLISH = """
 if redis.call('GET', KEYS[3]) ~= ARGV[2] then return 0 end
+local t = redis.call('TIME')
+local start_s = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local f = cjson.decode(ARGV[3])
+f['planned_start'] = string.format('%.6f', start_s)
+f['expected_end'] = string.format('%.6f', start_s + tonumber(ARGV[4]))
 redis.call('DEL', KEYS[1])
 for k, v in pairs(f) do redis.call('HSET', KEYS[1], k, v) end
 redis.call('ZADD', KEYS[2], tonumber(f['expected_end']), ARGV[1])
-return 1
+return {1, f['planned_start']}
 """
 
 # KEYS: entry hash, index zset, lock key. ARGV: op_id, token.
@@ -72,6 +80,18 @@ return 1
 """
 
 
+def server_now_s(r: redis.Redis) -> float:
+    """The Redis server's clock in unix seconds (one ``TIME``).
+
+    Raises:
+        StoreError: Redis failed."""
+    try:
+        sec, usec = r.time()
+    except redis.RedisError as e:
+        raise StoreError(f"Redis TIME: {e}") from e
+    return int(sec) + int(usec) / 1_000_000
+
+
 @dataclass
 class AgendaEntry:
     """One open agenda entry held by this process; a context manager whose exit
@@ -79,7 +99,7 @@ class AgendaEntry:
 
     Attributes:
         op_id, mode, endpoints, gpus: as registered.
-        planned_start / expected_end: unix seconds.
+        planned_start / expected_end: unix seconds on the Redis server's clock.
         lost: set (from the heartbeat thread) once this holder no longer owns the lock.
         completed: True once :meth:`AgendaTracker.complete` removed the entry.
     """
@@ -153,7 +173,10 @@ class AgendaTracker:
         """Open an entry and take its lock.
 
         Args:
-            expected_duration_s: planned length; ``expected_end = now + expected_duration_s``.
+            expected_duration_s: planned length; ``planned_start`` is the Redis server's
+                clock when the entry is written and ``expected_end = planned_start +
+                expected_duration_s`` (this process's clock is not used: skew between
+                hosts changes nothing).
             lock_ttl_s: lock expiry; the heartbeat extends it every ``lock_ttl_s / 3`` s.
             heartbeat: start the heartbeat thread (False: the caller extends, or not).
 
@@ -174,19 +197,17 @@ class AgendaTracker:
         try:
             if not lock.acquire(blocking=False):
                 raise LeaseError(f"agenda entry {op_id!r} is held by another live holder")
-            now = time.time()
-            entry = AgendaEntry(op_id, mode, list(endpoints), list(gpus), now,
-                                now + expected_duration_s, lock_ttl_s, lock, self)
+            entry = AgendaEntry(op_id, mode, list(endpoints), list(gpus), 0.0, 0.0, lock_ttl_s, lock, self)
             fields = {"op_id": op_id, "mode": mode, "endpoints": json.dumps(entry.endpoints),
-                      "gpus": json.dumps(entry.gpus), "planned_start": repr(now),
-                      "expected_end": repr(entry.expected_end), "lock_ttl_s": repr(lock_ttl_s),
-                      "holder": entry.token}
-            ok = self._publish(keys=[self.keys.agenda(op_id), self.keys.agenda_index, self.lock_key(op_id)],
-                               args=[op_id, entry.token, json.dumps(fields)])
+                      "gpus": json.dumps(entry.gpus), "lock_ttl_s": repr(lock_ttl_s), "holder": entry.token}
+            out = self._publish(keys=[self.keys.agenda(op_id), self.keys.agenda_index, self.lock_key(op_id)],
+                                args=[op_id, entry.token, json.dumps(fields), repr(float(expected_duration_s))])
         except redis.RedisError as e:
             raise StoreError(f"agenda register {op_id!r}: {e}") from e
-        if not ok:
+        if not out:
             raise LeaseError(f"agenda entry {op_id!r}: lock expired before the entry was written")
+        entry.planned_start = float(out[1])
+        entry.expected_end = entry.planned_start + expected_duration_s
         if heartbeat:
             entry._thread = threading.Thread(target=self._beat, args=(entry,), daemon=True,
                                              name=f"agenda-heartbeat-{op_id}")
@@ -199,6 +220,14 @@ class AgendaTracker:
             if not entry.extend():
                 log.warning("agenda %s: lock lost; holder stops acting", entry.op_id)
                 return
+
+    def server_now_s(self) -> float:
+        """The Redis server's clock (``TIME``), unix seconds: the clock agenda entries
+        are written and compared on.
+
+        Raises:
+            StoreError: Redis failed."""
+        return server_now_s(self.r)
 
     def owns(self, entry: AgendaEntry) -> bool:
         """True if ``entry``'s holder still owns its lock (one GET)."""

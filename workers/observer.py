@@ -10,7 +10,9 @@ instance (:mod:`makespan.workers.drivers.registry`) through its driver and reads
 * unhealthy with no covering entry: an incident (``process_exited`` when its pid is
   gone, else ``health_check_failed``);
 * covered by a ``POSITIVE`` entry that *overruns*, i.e. ``now > planned_start +
-  overrun_factor × (expected_end − planned_start)``: an incident
+  overrun_factor × (expected_end − planned_start)``, every time on the Redis server's
+  clock (``TIME``; the agenda writes its entries on it), so skew between the observer's
+  and the holders' hosts changes nothing: an incident
   (``transition_overrun``, once per operation id), whatever the probe says;
 * covered by a ``RESTART_RECOVERY`` entry: a recovery is already in progress; skip;
 * a ``POSITIVE`` entry that overruns with no registered instance under it (the
@@ -89,13 +91,14 @@ class Observer:
     def probe_once(self) -> list[dict]:
         """Probe every instance once; returns the incidents raised this cycle."""
         self.cycle += 1
-        now = time.time()
+        now = time.time()  # incident timestamps (reports), as events
         self.agenda.reap()
         pairs = [(i, s) for i, s in list_instances(self.r, self.keys, with_state=True) if s == "running"]
         health = list(self._pool.map(lambda p: self._healthy(p[0]), pairs))
         entries = self.agenda.open_entries()
+        server_now = self.agenda.server_now_s()  # entries are on the Redis clock: compare on it
         overrun = {e["op_id"] for e in entries if e["mode"] == "POSITIVE"
-                   and now > e["planned_start"] + self.overrun_factor * (e["expected_end"] - e["planned_start"])}
+                   and server_now > e["planned_start"] + self.overrun_factor * (e["expected_end"] - e["planned_start"])}
         fresh = {op for op in overrun if self.r.sadd(self.keys.incidents_seen, op)}
         reported: set[str] = set()
         raised = []
