@@ -175,17 +175,25 @@ def hold_gpu_memory(mib: int) -> object | None:
 
 
 # A child that ignores SIGTERM and runs until SIGKILL (it stays in its parent's process group).
-_STUBBORN_CHILD = ("import signal, time\n"
+_STUBBORN_CHILD = ("import signal, sys, time\n"
                    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                   "sys.stdout.write('ready\\n'); sys.stdout.flush(); sys.stdout.close()\n"
                    "while True: time.sleep(3600)\n")
 
 
 def spawn_stubborn_children(n: int) -> list[int]:
-    """Start ``n`` children that ignore SIGTERM (in this process group); their pids."""
+    """Start ``n`` children that ignore SIGTERM (in this process group) and wait until
+    each one ignores it (before the server answers healthy); their pids."""
     import subprocess
 
-    return [subprocess.Popen([sys.executable, "-c", _STUBBORN_CHILD], stdin=subprocess.DEVNULL).pid
-            for _ in range(n)]
+    pids = []
+    for _ in range(n):
+        child = subprocess.Popen([sys.executable, "-c", _STUBBORN_CHILD], stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.PIPE)
+        child.stdout.readline()  # 'ready': SIGTERM is ignored from now on
+        child.stdout.close()
+        pids.append(child.pid)
+    return pids
 
 
 def serve(port: int, model: str = "stub", load_time_s: float = 0.0, latency_ms: float = 0.0,
