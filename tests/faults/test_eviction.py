@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -77,6 +78,7 @@ def evicting_redis():
     yield url
     proc.terminate()
     proc.wait(timeout=10)
+    shutil.rmtree(d, ignore_errors=True)
 
 
 def test_check_refuses_an_evicting_policy_and_honours_the_override(evicting_redis, caplog):
