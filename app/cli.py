@@ -14,7 +14,7 @@ from typing import Optional
 import typer
 
 from makespan.cli_support import fail as _fail
-from makespan.errors import MakespanError, ValidationError
+from makespan.errors import MakespanError, RedisConfigError, ValidationError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="makespan: schedule multi-step GPU workloads on a fleet of GPU hosts.")
@@ -60,6 +60,8 @@ def planner(fleet: Path = FleetOpt, policy: Optional[str] = typer.Option(None, h
         w.run()
     except KeyboardInterrupt:
         w.stop()
+    except RedisConfigError as e:  # an evicting maxmemory-policy: one line, exit 2
+        _fail(e)
 
 
 GIL_SWITCH_INTERVAL_S = 0.001

@@ -43,7 +43,6 @@ from makespan.results import REFERENCE
 from makespan.settings import Settings
 
 _POLL_MIN_S, _POLL_MAX_S = 0.01, 0.25
-ASYNC_SOCKET_TIMEOUT_S = 5.0  # the asyncio waiter's socket and connect timeout
 
 
 def connect(url: str | None = None, *, fleet: str | Path | FleetSpec | None = None, key_prefix: str | None = None,
@@ -298,8 +297,9 @@ class Job:
         url = self.client.settings.redis_url
         if url.startswith("redis+sentinel://"):  # redis-py's asyncio Sentinel is not wired here: a thread waits
             return await asyncio.to_thread(self.wait, timeout_s)
-        aredis = redis.asyncio.Redis.from_url(url, decode_responses=True, socket_timeout=ASYNC_SOCKET_TIMEOUT_S,
-                                              socket_connect_timeout=ASYNC_SOCKET_TIMEOUT_S, socket_keepalive=True)
+        from makespan.redis_conn import client_options
+
+        aredis = redis.asyncio.Redis.from_url(url, decode_responses=True, **client_options(self.client.settings))
         loop = asyncio.get_running_loop()
         deadline = None if timeout_s is None else loop.time() + timeout_s
         pause = _POLL_MIN_S
