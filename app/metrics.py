@@ -43,6 +43,7 @@ PRIORITIES = tuple(p.name for p in Priority)
 PHASES = ("evict", "start_endpoint", "execute", "clear", "restore")
 GPU_STATES = ("busy", "transition", "idle")
 IMPROVER_OUTCOMES = ("solved", "failed", "adopted", "hung")  # makespan_planner_improver_total{outcome}
+TRANSITION_KINDS = ("evict", "cold_start", "wake", "restore", "clear")  # makespan_transition_seconds{kind}
 KOMBU_SEP = "\x06\x16"
 KOMBU_PRIORITY_STEPS = (0, 3, 6, 9)
 WAIT_BUCKETS_S = (0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200)
@@ -92,8 +93,6 @@ class Metrics:
                                 "Background CP-SAT improver: batches solved, solves failed (raised, or its child "
                                 "process died), plans adopted by a tick, hung children killed.", ["outcome"],
                                 **reg)
-        for outcome in IMPROVER_OUTCOMES:
-            self.improver.labels(outcome)  # exported at 0 before the first solve
         self.improver_solve = Histogram("makespan_planner_improver_seconds",
                                         "Background improver time per batch, wall seconds.", [], **reg)
         # workload functions (makespan.registry): runs by outcome, progress, estimate error
@@ -107,6 +106,29 @@ class Metrics:
                                         "|actual − planned| ÷ actual execute time of workload function runs "
                                         "(planned: the job's service_s, learned or given).", ["workload"],
                                         buckets=ESTIMATE_ERROR_BUCKETS, **reg)
+        self._declare_known_labels()
+
+    def _declare_known_labels(self) -> None:
+        """Create every series whose label values are known in advance, so that a quiet
+        fleet exports 0 (a labelled series otherwise appears only at its first increment,
+        and a dashboard shows 'No data'). Endpoints come from the fleet:
+        :meth:`declare_endpoints`."""
+        for prio in PRIORITIES:
+            for family in (self.submitted, self.completed, self.failed, self.preempted, self.wait):
+                family.labels(prio)
+        for name in PHASES:
+            self.phase.labels(name)
+        for kind in TRANSITION_KINDS:
+            self.transition.labels(kind)
+        for state in GPU_STATES:
+            self.gpu_seconds.labels(state)
+        for outcome in IMPROVER_OUTCOMES:
+            self.improver.labels(outcome)
+
+    def declare_endpoints(self, endpoints: Iterable[str]) -> None:
+        """Export ``makespan_incidents_total{endpoint}`` at 0 for each endpoint name."""
+        for name in endpoints:
+            self.incidents.labels(str(name))
 
 
 def _m() -> Metrics:
@@ -199,6 +221,28 @@ def incident(endpoint: str) -> None:
     _m().incidents.labels(endpoint).inc()
 
 
+def declare_endpoints(endpoints: Iterable[str]) -> None:
+    """Export the per-endpoint counters at 0 for every endpoint of the fleet (names), so
+    a fleet with no incident yet shows 0 rather than no series. Idempotent."""
+    _m().declare_endpoints(endpoints)
+
+
+def fleet_endpoints_from_env() -> list[str]:
+    """Endpoint names of the fleet file at ``$MAKESPAN_FLEET`` (set by ``makespan
+    gpu-worker`` and the Procfile's Flower); empty when it is unset or unreadable."""
+    path = os.environ.get("MAKESPAN_FLEET")
+    if not path:
+        return []
+    from makespan.errors import MakespanError
+    from makespan.models import load_fleet
+
+    try:
+        return sorted(load_fleet(path).endpoints)
+    except (MakespanError, OSError) as e:
+        log.warning("metrics: cannot read the fleet at MAKESPAN_FLEET=%s: %s", path, e)
+        return []
+
+
 def lease_reclaimed() -> None:
     """The planner reclaimed an expired lease."""
     _m().reclaimed.inc()
@@ -246,8 +290,10 @@ class RedisStateCollector:
         raw = self.r.get(self.keys.fleet)
         if raw:
             try:
-                names |= {self.keys.host_queue(h["name"]) for h in json.loads(raw).get("hosts", [])}
-            except (ValueError, TypeError, KeyError):
+                spec = json.loads(raw)
+                names |= {self.keys.host_queue(h["name"]) for h in spec.get("hosts", [])}
+                declare_endpoints(spec.get("endpoints", {}))  # the next scrape shows them at 0
+            except (ValueError, TypeError, KeyError, AttributeError):
                 pass
         pre = self.keys.celery_prefix
         for k in self.r.scan_iter(match=f"{pre}gpu.*", count=1000, _type="list"):
@@ -351,14 +397,17 @@ def build_registry(client: Any = None, keys: Keys | None = None, multiprocess: b
 
 
 def start_metrics_server(port: int, settings: Any = None, redis_state: bool = True,
-                         multiprocess: bool = True, addr: str = "0.0.0.0") -> Any:
+                         multiprocess: bool = True, addr: str = "0.0.0.0",
+                         endpoints: Iterable[str] | None = None) -> Any:
     """Serve ``/metrics`` on ``addr:port`` from a daemon thread; return the WSGI server
     (``.server_port`` holds the port bound; ``port=0`` is refused: 0 means no server).
 
     ``settings`` (default :meth:`makespan.settings.Settings.from_env`) gives the Redis URL
     and key prefix of the state collector (``redis_state=False`` leaves it out, e.g.
     on GPU workers). ``multiprocess`` (default on) calls :func:`enable_multiprocess`
-    first: call this before a prefork worker forks.
+    first: call this before a prefork worker forks. ``endpoints`` (default: those of the
+    fleet at ``$MAKESPAN_FLEET``; the state collector adds those of ``P:fleet``) are
+    exported at 0 in the per-endpoint counters (:func:`declare_endpoints`).
 
     Raises:
         ValidationError: ``port`` outside 1..65535.
@@ -371,6 +420,7 @@ def start_metrics_server(port: int, settings: Any = None, redis_state: bool = Tr
         raise ValidationError("MAKESPAN_METRICS_PORT", port, "must be a TCP port 1..65535")
     if multiprocess:
         enable_multiprocess()
+    declare_endpoints(fleet_endpoints_from_env() if endpoints is None else endpoints)
     client = keys = None
     if redis_state:
         from makespan.redis_conn import connect

@@ -144,3 +144,33 @@ def test_worker_children_report_through_parent(redis_url, prefix, r, pool):
     assert m[("makespan_gpu_seconds_total", (("state", "transition"),))] == pytest.approx(6 * 0.25 * 2)
     assert m[("makespan_transition_seconds_count", (("kind", "evict"),))] == 6
     assert m[("makespan_phase_seconds_count", (("phase", "execute"),))] == 6
+
+
+def test_labelled_counters_start_at_zero_for_every_known_label(monkeypatch, r, keys):
+    """A quiet fleet exports 0 for every priority, phase, transition kind and endpoint
+    (a labelled series otherwise appears only at its first increment: 'No data')."""
+    from prometheus_client import CollectorRegistry
+
+    from makespan.metrics import PRIORITIES, TRANSITION_KINDS, Metrics, RedisStateCollector
+
+    m = Metrics(CollectorRegistry())
+    for prio in PRIORITIES:
+        for name in ("makespan_jobs_failed_total", "makespan_jobs_preempted_total",
+                     "makespan_jobs_completed_total", "makespan_jobs_submitted_total"):
+            assert m.registry.get_sample_value(name, {"priority": prio}) == 0, (name, prio)
+        assert m.registry.get_sample_value("makespan_job_wait_seconds_count", {"priority": prio}) == 0
+    for kind in TRANSITION_KINDS:
+        assert m.registry.get_sample_value("makespan_transition_seconds_count", {"kind": kind}) == 0
+    assert m.registry.get_sample_value("makespan_incidents_total", {"endpoint": "chat"}) is None
+    m.declare_endpoints(["chat", "coder"])
+    assert m.registry.get_sample_value("makespan_incidents_total", {"endpoint": "chat"}) == 0
+
+    # the planner's state collector declares the endpoints of the fleet stored at P:fleet
+    import makespan.metrics as metrics_mod
+
+    monkeypatch.setattr(metrics_mod, "_metrics", Metrics(CollectorRegistry()))
+    r.set(keys.fleet, json.dumps({"hosts": [{"name": "h"}], "endpoints": {"judge": {}, "embed": {}}}))
+    list(RedisStateCollector(r, keys).collect())
+    reg = metrics_mod._metrics.registry
+    assert reg.get_sample_value("makespan_incidents_total", {"endpoint": "judge"}) == 0
+    assert reg.get_sample_value("makespan_incidents_total", {"endpoint": "embed"}) == 0
