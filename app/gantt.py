@@ -40,6 +40,11 @@ PHASE_COLOURS = {
 }
 PRIORITY_EDGES = {"CRITICAL": "#b2182b", "HIGH": "#e66101", "NORMAL": "#2166ac", "LOW": "#404040"}
 PRIORITY_HATCH = {"CRITICAL": "///", "HIGH": "\\\\", "NORMAL": "", "LOW": ".."}
+# endpoint colours, given to a run's endpoints in sorted name order: matplotlib's tab10
+# without its green (too close to the execute phase), plus a dark blue
+ENDPOINT_PALETTE = ("#1f77b4", "#ff7f0e", "#9467bd", "#d62728", "#8c564b", "#e377c2", "#17becf", "#bcbd22",
+                    "#7f7f7f", "#393b79")
+NO_ENDPOINT = "(none)"
 _OPEN = {"phase_start", "restore_start"}
 _CLOSE = {"phase_end", "restore_end"}
 
@@ -284,15 +289,44 @@ def summarize(events: list[dict[str, Any]], gpus: list[str] | None = None) -> st
     return "\n".join(lines)
 
 
+def endpoint_colours(endpoints: Iterable[str | None]) -> dict[str, str]:
+    """endpoint name -> colour: :data:`ENDPOINT_PALETTE` in sorted name order (cycled
+    past ten endpoints); a phase with no endpoint is keyed :data:`NO_ENDPOINT`, grey."""
+    names = sorted({e for e in endpoints if e})
+    out = {n: ENDPOINT_PALETTE[i % len(ENDPOINT_PALETTE)] for i, n in enumerate(names)}
+    out[NO_ENDPOINT] = "#bdbdbd"
+    return out
+
+
 def render_gantt(events: list[dict[str, Any]], out_png: str, gpu_order: list[str] | None = None,
                  title: str = "") -> str:
     """Draw one lane per GPU with a bar per phase; return ``out_png``.
 
-    Bars are filled by phase (:data:`PHASE_COLOURS`); their edge colour and hatch show
-    the job's priority (:data:`PRIORITY_EDGES`, :data:`PRIORITY_HATCH`); execute bars
-    wide enough carry ``job/priority-initial``. Phases still open are drawn faded.
-    Failures are red crosses and drain checks dotted vertical lines. x is wall seconds
-    since the first event. GPUs not in ``gpu_order`` are appended in sorted order.
+    Bars are filled by phase (:data:`PHASE_COLOURS`) over a band along their lower
+    third coloured by endpoint (:func:`endpoint_colours`); their edge colour and hatch
+    show the job's priority (:data:`PRIORITY_EDGES`, :data:`PRIORITY_HATCH`). Execute
+    bars wide enough carry ``endpoint job/priority-initial``, other bars wide enough the
+    endpoint. Phases still open are drawn faded. Failures are red crosses and drain
+    checks dotted vertical lines. x is wall seconds since the first event. GPUs not in
+    ``gpu_order`` are appended in sorted order. Two legends: phase / priority, and
+    endpoint (one entry per endpoint of the run).
+
+    Raises:
+        ValidationError: ``events`` is empty (field ``events``).
+    """
+    fig = gantt_figure(events, gpu_order, title)
+    import matplotlib.pyplot as plt
+
+    Path(out_png).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_png, dpi=110)
+    plt.close(fig)
+    return str(out_png)
+
+
+def gantt_figure(events: list[dict[str, Any]], gpu_order: list[str] | None = None, title: str = "") -> Any:
+    """The matplotlib ``Figure`` :func:`render_gantt` saves (its one axes holds both
+    legends: ``ax.get_legend()`` is the endpoint legend, the phase / priority legend is
+    an extra artist). The caller closes it (``plt.close(fig)``).
 
     Raises:
         ValidationError: ``events`` is empty (field ``events``).
@@ -314,17 +348,26 @@ def render_gantt(events: list[dict[str, Any]], out_png: str, gpu_order: list[str
         lanes = ["(no GPU)"]
     row = {g: i for i, g in enumerate(lanes)}
     span = max(evs[-1]["ts"] - t0, 1e-9)
+    ep_colour = endpoint_colours(iv.endpoint for iv in ivs)
     fig, ax = plt.subplots(figsize=(12, max(2.5, 0.45 * len(lanes) + 1.4)))
     for iv in ivs:
         p = iv.priority or ""  # no job (a set-point restore): plain black edge
+        width = max(iv.end_s - iv.start_s, span * 0.002)
+        alpha = 1.0 if iv.complete else 0.45
         for g in iv.gpus:
-            ax.barh(row[g], max(iv.end_s - iv.start_s, span * 0.002), left=iv.start_s, height=0.7,
+            ax.barh(row[g], width, left=iv.start_s, height=0.7,
                     color=PHASE_COLOURS.get(iv.phase, "#cccccc"), edgecolor=PRIORITY_EDGES.get(p, "#000000"),
-                    linewidth=1.2, hatch=PRIORITY_HATCH.get(p, ""), alpha=1.0 if iv.complete else 0.45)
-            if iv.phase == "execute" and (iv.end_s - iv.start_s) > span * 0.06 and iv.job:
-                ax.text(iv.start_s + (iv.end_s - iv.start_s) / 2, row[g], f"{iv.job[-8:]}/{(p or '?')[0]}",
-                        ha="center", va="center", fontsize=7, clip_on=True,
-                        bbox={"facecolor": "white", "alpha": 0.7, "pad": 1, "linewidth": 0})
+                    linewidth=1.2, hatch=PRIORITY_HATCH.get(p, ""), alpha=alpha)
+            ax.barh(row[g] + 0.35 - 0.12, width, left=iv.start_s, height=0.24,  # endpoint band, lower third
+                    color=ep_colour[iv.endpoint or NO_ENDPOINT], linewidth=0, alpha=alpha)
+            if (iv.end_s - iv.start_s) > span * 0.06:
+                text = iv.endpoint or ""
+                if iv.phase == "execute" and iv.job:
+                    text = f"{iv.endpoint or '?'} {iv.job[-8:]}/{(p or '?')[0]}"
+                if text:
+                    ax.text(iv.start_s + (iv.end_s - iv.start_s) / 2, row[g] - 0.08, text,
+                            ha="center", va="center", fontsize=7, clip_on=True,
+                            bbox={"facecolor": "white", "alpha": 0.7, "pad": 1, "linewidth": 0})
     for ev in evs:
         if ev["kind"] == "failed":
             for g in ev.get("gpus") or []:
@@ -342,10 +385,13 @@ def render_gantt(events: list[dict[str, Any]], out_png: str, gpu_order: list[str
     phase_handles = [Patch(facecolor=PHASE_COLOURS[p], edgecolor="#000000", label=p) for p in PHASES]
     prio_handles = [Patch(facecolor="white", edgecolor=PRIORITY_EDGES[p], hatch=PRIORITY_HATCH[p], linewidth=1.2,
                           label=p) for p in PRIORITY_EDGES]
-    ax.legend(handles=phase_handles + prio_handles, loc="upper left", bbox_to_anchor=(1.01, 1.0),
-              fontsize=8, title="phase / priority", title_fontsize=8)
+    phase_legend = ax.legend(handles=phase_handles + prio_handles, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                             fontsize=8, title="phase / priority", title_fontsize=8)
+    ax.add_artist(phase_legend)
+    used = sorted({iv.endpoint for iv in ivs if iv.endpoint}) + ([NO_ENDPOINT] if any(
+        not iv.endpoint for iv in ivs) else [])
+    ep_handles = [Patch(facecolor=ep_colour[e], edgecolor="none", label=e) for e in used]
+    ax.legend(handles=ep_handles, loc="upper left", bbox_to_anchor=(1.16, 1.0), fontsize=8, title="endpoint",
+              title_fontsize=8)
     fig.tight_layout()
-    Path(out_png).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_png, dpi=110)
-    plt.close(fig)
-    return str(out_png)
+    return fig

@@ -118,3 +118,30 @@ def test_report_command_writes_png_and_prints_summary(tmp_path, events):
 def test_report_command_missing_events(tmp_path):
     res = CliRunner().invoke(_cli(), ["report", str(tmp_path)])
     assert res.exit_code == 2
+
+
+def test_gantt_has_a_legend_by_endpoint_with_the_bar_colours(events, gpus):
+    """The known run's three endpoints each have a legend entry, in the colour of the
+    endpoint band drawn under their bars; execute bars are labelled with the endpoint."""
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import to_hex
+
+    from makespan.gantt import endpoint_colours, gantt_figure
+
+    fig = gantt_figure(events, gpus, "known")
+    try:
+        ax = fig.axes[0]
+        legend = ax.get_legend()
+        assert legend.get_title().get_text() == "endpoint"
+        entries = {t.get_text(): to_hex(h.get_facecolor()) for t, h in zip(legend.get_texts(), legend.legend_handles)}
+        colours = endpoint_colours(["judge", "embed", "chat"])
+        assert entries == {e: colours[e] for e in ("chat", "embed", "judge")}
+        assert len(set(entries.values())) == 3
+        bar_colours = {to_hex(p.get_facecolor()) for p in ax.patches}
+        assert set(entries.values()) <= bar_colours
+        labels = {t.get_text() for t in ax.texts}
+        assert {"judge j1/H", "embed j2/L"} <= labels, labels
+        phase_legend = next(a for a in ax.artists if a is not legend)
+        assert {t.get_text() for t in phase_legend.get_texts()} >= set(PHASE_COLOURS)
+    finally:
+        plt.close(fig)
