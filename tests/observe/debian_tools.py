@@ -87,3 +87,36 @@ class Prometheus:
         """scrape URL -> health (up, down, unknown) of every active target."""
         body = httpx.get(f"{self.base}/api/v1/targets", timeout=10).json()
         return {t["scrapeUrl"]: t["health"] for t in body["data"]["activeTargets"]}
+
+
+class Chromium:
+    """Debian's ``chromium`` in headless mode, one process per page load, with its own
+    profile directory (so concurrent runs do not share a profile lock)."""
+
+    def __init__(self, binary: str, profile_dir: Path, window: tuple[int, int] = (1400, 900)):
+        self.binary, self.profile, self.window = binary, Path(profile_dir), window
+
+    def _run(self, url: str, extra: list[str], budget_ms: int, timeout_s: float) -> subprocess.CompletedProcess:
+        self.profile.mkdir(parents=True, exist_ok=True)
+        args = [self.binary, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--no-first-run", "--hide-scrollbars", f"--user-data-dir={self.profile}",
+                f"--window-size={self.window[0]},{self.window[1]}", f"--virtual-time-budget={budget_ms}",
+                *extra, url]
+        return subprocess.run(args, capture_output=True, timeout=timeout_s, check=False)
+
+    def dump_dom(self, url: str, budget_ms: int = 8000, timeout_s: float = 90.0) -> str:
+        """The page's DOM after its scripts ran for ``budget_ms`` of virtual time."""
+        res = self._run(url, ["--dump-dom"], budget_ms, timeout_s)
+        dom = res.stdout.decode("utf-8", "replace")
+        assert res.returncode == 0 and dom.strip(), (
+            f"chromium --dump-dom {url}: rc {res.returncode}, stderr {res.stderr.decode(errors='replace')[-1500:]}")
+        return dom
+
+    def screenshot(self, url: str, out_png: Path, budget_ms: int = 8000, timeout_s: float = 90.0) -> Path:
+        """A PNG of the page after ``budget_ms`` of virtual time; returns ``out_png``."""
+        out_png = Path(out_png)
+        out_png.parent.mkdir(parents=True, exist_ok=True)
+        res = self._run(url, [f"--screenshot={out_png}"], budget_ms, timeout_s)
+        assert res.returncode == 0 and out_png.exists() and out_png.read_bytes()[:4] == b"\x89PNG", (
+            f"chromium --screenshot {url}: rc {res.returncode}, stderr {res.stderr.decode(errors='replace')[-1500:]}")
+        return out_png
