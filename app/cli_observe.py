@@ -1,9 +1,13 @@
-"""Observability commands of the ``makespan`` CLI: ``makespan report RUN_DIR``.
+"""Observability commands of the ``makespan`` CLI: ``makespan report RUN_DIR`` and
+``makespan dashboard``.
 
 ``makespan.cli`` calls :func:`register` on its typer app. ``report`` reads
 ``RUN_DIR/events.jsonl`` (written by ``makespan demo`` and ``makespan replay``), takes
 the GPU lane order from ``RUN_DIR/fleet.toml`` when present, writes
 ``RUN_DIR/gantt.png`` and prints the text summary of :func:`makespan.gantt.summarize`.
+``dashboard`` serves the live, read-only web view of :mod:`makespan.dashboard`
+(docs/dashboard.md) for the deployment named by ``MAKESPAN_REDIS_URL`` and
+``MAKESPAN_KEY_PREFIX``.
 """
 
 from __future__ import annotations
@@ -59,6 +63,37 @@ def report(
         typer.echo(f"gantt chart: {png}")
 
 
+def dashboard(
+    port: int = typer.Option(9180, "--port", help="TCP port to serve on"),
+    host: str = typer.Option("127.0.0.1", "--host", help="address to bind (0.0.0.0: every interface)"),
+    basic_auth: str = typer.Option("", "--basic-auth", help="user:password[,user2:password2] (as Flower's); "
+                                   "default: no auth"),
+    url_prefix: str = typer.Option("", "--url-prefix", help="serve under /PREFIX/ (behind a reverse proxy)"),
+    window_min: float = typer.Option(10.0, "--window-min", help="minutes of history in the Gantt"),
+    refresh_s: float = typer.Option(1.0, "--refresh-s", help="seconds between live updates (server-sent events)"),
+    fleet: Path = typer.Option(None, "--fleet", help="fleet file (default: the one the planner stored in Redis)"),
+) -> None:
+    """Serve the live read-only dashboard: GPU lanes with the plan ahead, queue, endpoints, incidents."""
+    from makespan.dashboard.app import DashboardConfig, serve
+    from makespan.settings import Settings
+
+    try:
+        s = Settings.from_env()
+        spec = None
+        if fleet is not None:
+            from makespan.models import load_fleet
+
+            spec = load_fleet(fleet)
+        cfg = DashboardConfig(redis_url=s.redis_url, key_prefix=s.key_prefix, window_s=window_min * 60.0,
+                              refresh_s=refresh_s, basic_auth=basic_auth, url_prefix=url_prefix, fleet=spec)
+        serve(cfg, host, port, announce=lambda url: typer.echo(
+            f"makespan dashboard on {url} (Redis {s.redis_url}, key prefix {s.key_prefix})", err=True))
+    except MakespanError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from e
+
+
 def register(app: typer.Typer) -> None:
-    """Add the ``report`` command to ``app``."""
+    """Add the ``report`` and ``dashboard`` commands to ``app``."""
     app.command("report")(report)
+    app.command("dashboard")(dashboard)

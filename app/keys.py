@@ -28,6 +28,8 @@ key                                    type    contents
 ``P:planner:wake``                     list    wake-ups for the planner (submit, release)
 ``P:events``                           stream  recorded events (submit, lease, phase, ...)
 ``P:drain``                            hash    the last drain check's counts
+``P:plan``                             string  the leading planner's last plan, JSON (see
+                                               makespan.workers.plan_view; EX ttl)
 ``P:incidents``                        stream  incidents raised by the health observer
 ``P:incidents:seen``                   set     agenda op ids already reported as overrunning
 ``P:instance:{id}``                    hash    live endpoint instance (see makespan.workers.observer)
@@ -157,6 +159,11 @@ class Keys:
     @property
     def drain(self) -> str:
         return f"{self.prefix}:drain"
+
+    @property
+    def plan(self) -> str:
+        """The leading planner's last plan as JSON (:mod:`makespan.workers.plan_view`)."""
+        return f"{self.prefix}:plan"
 
     @property
     def incidents(self) -> str:

@@ -51,6 +51,7 @@ from makespan.workers.drain import SetPointMixin
 from makespan.workers.fleet_view import FleetViewMixin, endpoint_models, fleet_gpus, set_point_instances
 from makespan.workers.improver import BackgroundImprover
 from makespan.workers.leases import LeaseStore
+from makespan.workers.plan_view import publish_plan
 from makespan.workers.preemption import PreemptionMixin
 from makespan.workers.starts import StartMixin
 from makespan.workers.wait_reasons import WaitReasonMixin
@@ -268,6 +269,7 @@ class PlannerWorker(BatchMixin, FleetViewMixin, StartMixin, PreemptionMixin, Set
         solve_s = time.perf_counter() - t0
         metrics.observe_solve(solve_s, len(batch))
         self._solve_stats.append(f"{solve_s:.6f}:{len(batch)}")  # written with the next snapshot
+        publish_plan(self.r, self.keys, p, batch, state.now_s, self.settings.time_scale)  # P:plan, for the dashboard
         jobs = {j.id: j for j in batch}
         taken: set[str] = set(busy)
         dispatched: set[str] = set()

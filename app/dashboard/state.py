@@ -1,0 +1,380 @@
+"""The dashboard's view of a makespan deployment: one JSON snapshot read from Redis.
+
+Read-only: every read goes through :class:`makespan.keys.Keys` and nothing is written.
+:func:`snapshot` builds what the page draws (shape below; times are unix wall seconds);
+:func:`job_detail` what the job page shows. Sources:
+
+* lanes: the fleet spec the planner stored at ``P:fleet`` (or the one passed in), each
+  GPU's holder ``P:gpu:{uuid}`` and resident ``P:resident:{uuid}``, the set point;
+* bars of the last ``window_s``: phase intervals of the ``P:events`` stream
+  (:func:`makespan.gantt.intervals`), an open phase drawn up to now;
+* the plan ahead: ``P:plan`` (:mod:`makespan.workers.plan_view`), assignments of jobs
+  still waiting;
+* the queue: ``P:queue:{level}`` and ``P:delayed`` with each job's record; the reason is
+  the record's ``reason`` when set, else what the plan says (planned start, GPUs) or
+  why nothing is planned (delayed, waiting on dependencies, beyond the last batch);
+* endpoints: instances per endpoint from the residents, loading / evicting from open
+  phases, asleep for an endpoint with a sleep mode evicted and not resident, the
+  instance registry's state; transitions in progress: the open agenda entries;
+* incidents (``P:incidents``, recoveries merged) and the last drain check (``P:drain``).
+
+Shape of :func:`snapshot`::
+
+    {"now", "window_s", "fleet": {"name", "hosts"},
+     "lanes": [{"gpu", "host", "index", "set_point", "resident", "lease"}],
+     "bars": [{"gpu", "job", "endpoint", "priority", "phase", "start", "end", "open"}],
+     "planned": [{"gpu", "job", "endpoint", "priority", "start", "service_start", "end", "load"}],
+     "queue": [{"job", "priority", "endpoint", "state", "submitted_at", "wait_s", "attempts", "reason", "eta"}],
+     "endpoints": [{"name", "slots", "wake_s", "cold_start_s", "set_point", "instances": [{"gpus", "host", "state"}]}],
+     "agenda": [{"op_id", "mode", "endpoints", "gpus", "planned_start", "expected_end", "overdue"}],
+     "incidents": [{"incident_id", "endpoint", "host", "gpus", "failure_mode", "detected_at", "effect", "recovery"}],
+     "drain": {"checks", "checked_at", "leases", "agenda_entries", "busy_slots", "awaited_entries"} | None,
+     "plan": {"at", "policy", "batch"} | None, "counts": {"queued", "delayed", "running", "leases"}}
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import redis
+
+from makespan.errors import StoreError
+from makespan.gantt import intervals
+from makespan.keys import Keys
+from makespan.models import FleetSpec, Priority
+
+QUEUE_LIMIT = 500  # waiting jobs listed per priority
+EVENTS_LIMIT = 50_000  # most events read for one snapshot
+INCIDENTS_LIMIT = 50
+JOB_EVENTS_SCAN = 20_000  # newest events searched for one job's page
+
+
+def _f(v: Any) -> float | None:
+    try:
+        return float(v) if v not in (None, "") else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _fleet(r: redis.Redis, keys: Keys, fleet: FleetSpec | None) -> dict[str, Any] | None:
+    if fleet is not None:
+        return json.loads(fleet.model_dump_json())
+    raw = r.get(keys.fleet)
+    return json.loads(raw) if raw else None
+
+
+def _gpus(fleet: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    for h in fleet.get("hosts", []):
+        for g in h.get("gpus") or []:
+            out.append({"gpu": g["uuid"], "host": h["name"], "index": g.get("index", 0)})
+    return out
+
+
+def _set_point(fleet: dict[str, Any]) -> dict[str, str]:
+    """GPU uuid -> set-point endpoint."""
+    by_host = {h["name"]: {g.get("index"): g["uuid"] for g in h.get("gpus") or []} for h in fleet.get("hosts", [])}
+    out = {}
+    for name, ep in (fleet.get("endpoints") or {}).items():
+        for sp in ep.get("set_point") or []:
+            for i in sp.get("gpus", []):
+                u = by_host.get(sp.get("host"), {}).get(i)
+                if u:
+                    out[u] = name
+    return out
+
+
+def _events_since(r: redis.Redis, keys: Keys, since: float) -> list[dict[str, Any]]:
+    rows = r.xrange(keys.events, min=f"{max(0, int(since * 1000))}-0", max="+", count=EVENTS_LIMIT)
+    out = []
+    for _sid, fields in rows:
+        try:
+            ev = json.loads(fields.get("e", ""))
+        except ValueError:
+            continue
+        if isinstance(ev, dict) and isinstance(ev.get("ts"), (int, float)) and isinstance(ev.get("kind"), str):
+            out.append(ev)
+    out.sort(key=lambda e: e["ts"])
+    return out
+
+
+def _bars(evs: list[dict[str, Any]], now: float, since: float) -> list[dict[str, Any]]:
+    if not evs:
+        return []
+    t0, t_last = evs[0]["ts"], evs[-1]["ts"]
+    out = []
+    for iv in intervals(evs):
+        start, end = t0 + iv.start_s, t0 + iv.end_s
+        still_open = not iv.complete and abs(end - t_last) < 1e-9
+        if still_open:
+            end = now
+        if end < since:
+            continue
+        for g in iv.gpus:
+            out.append({"gpu": g, "job": iv.job, "endpoint": iv.endpoint, "priority": iv.priority, "phase": iv.phase,
+                        "start": max(start, since), "end": end, "open": still_open})
+    return out
+
+
+def _incidents(r: redis.Redis, keys: Keys) -> list[dict[str, Any]]:
+    rows = r.xrevrange(keys.incidents, count=INCIDENTS_LIMIT * 2)
+    recoveries = {rec.get("incident_id"): rec for _sid, rec in rows if rec.get("kind") == "recovery"}
+    out = []
+    for sid, rec in rows:
+        if rec.get("kind") == "recovery":
+            continue
+        try:
+            gpus = json.loads(rec.get("gpus", "[]"))
+        except ValueError:
+            gpus = []
+        rcv = recoveries.get(sid)
+        out.append({"incident_id": sid, "endpoint": rec.get("endpoint"), "host": rec.get("host"), "gpus": gpus,
+                    "instance_id": rec.get("instance_id"), "failure_mode": rec.get("failure_mode"),
+                    "detected_at": _f(rec.get("detected_at")), "effect": rec.get("effect"),
+                    "recovery": None if rcv is None else {"outcome": rcv.get("outcome"),
+                                                           "recovery_s": _f(rcv.get("recovery_s"))}})
+    return out[:INCIDENTS_LIMIT]
+
+
+def _agenda(r: redis.Redis, keys: Keys, now: float) -> list[dict[str, Any]]:
+    ids = r.zrange(keys.agenda_index, 0, -1)
+    if not ids:
+        return []
+    p = r.pipeline(transaction=False)
+    for op in ids:
+        p.hgetall(keys.agenda(op))
+    out = []
+    for op, h in zip(ids, p.execute()):
+        if not h:
+            continue
+        try:
+            eps, gpus = json.loads(h.get("endpoints", "[]")), json.loads(h.get("gpus", "[]"))
+        except ValueError:
+            eps, gpus = [], []
+        end = _f(h.get("expected_end"))
+        out.append({"op_id": op, "mode": h.get("mode"), "endpoints": eps, "gpus": gpus,
+                    "planned_start": _f(h.get("planned_start")), "expected_end": end,
+                    "overdue": bool(end is not None and end < now)})
+    return out
+
+
+def _plan(r: redis.Redis, keys: Keys) -> dict[str, Any] | None:
+    raw = r.get(keys.plan)
+    if not raw:
+        return None
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+_JOB_FIELDS = ("state", "endpoint", "priority", "submitted_at", "attempts", "reason", "service_s", "deps",
+               "due_at", "workload_id")
+
+
+def _queue(r: redis.Redis, keys: Keys, plan: dict[str, Any] | None, now: float) -> list[dict[str, Any]]:
+    p = r.pipeline(transaction=False)
+    for prio in Priority:
+        p.zrange(keys.queue(prio), 0, QUEUE_LIMIT - 1)
+    p.zrange(keys.delayed, 0, QUEUE_LIMIT - 1, withscores=True)
+    *queued, delayed = p.execute()
+    ids = [j for q in queued for j in q]
+    due = {j: s for j, s in delayed}
+    ids += [j for j in due if j not in ids]
+    if not ids:
+        return []
+    p = r.pipeline(transaction=False)
+    for j in ids:
+        p.hmget(keys.job(j), _JOB_FIELDS)
+    planned = {a["job"]: a for a in (plan or {}).get("assignments", [])}
+    batch = (plan or {}).get("batch")
+    out = []
+    for j, vals in zip(ids, p.execute()):
+        rec = dict(zip(_JOB_FIELDS, vals))
+        sub = _f(rec["submitted_at"])
+        a = planned.get(j)
+        eta = a["start"] if a else (due.get(j) if j in due else None)
+        reason = rec["reason"] or ""
+        if not reason:
+            if j in due:
+                reason = f"delayed until {time.strftime('%H:%M:%S', time.localtime(due[j]))} (delay or retry backoff)"
+            elif rec["deps"]:
+                reason = "waits for its dependencies: " + ", ".join(json.loads(rec["deps"]))[:200]
+            elif a:
+                when = "now" if a["start"] <= now + 0.5 else f"in {a['start'] - now:.1f} s"
+                reason = f"planned on {','.join(a['gpus'])} {when} ({a.get('load') or 'warm'})"
+            elif plan is None:
+                reason = "no plan published yet (planner not leading, or idle)"
+            else:
+                reason = f"not in the last plan (batch of {batch} jobs)"
+        out.append({"job": j, "priority": rec["priority"], "endpoint": rec["endpoint"],
+                    "state": rec["state"] or ("delayed" if j in due else "queued"), "submitted_at": sub,
+                    "wait_s": (now - sub) if sub else None, "attempts": int(rec["attempts"] or 0),
+                    "service_s": _f(rec["service_s"]), "reason": reason, "eta": eta,
+                    "gpus": a["gpus"] if a else []})
+    rank = {p.name: p.value for p in Priority}
+    out.sort(key=lambda q: (rank.get(q["priority"] or "", 9), q["submitted_at"] or 0))
+    return out
+
+
+def _endpoints(fleet: dict[str, Any], residents: dict[str, str | None], bars: list[dict[str, Any]],
+               registry: list[dict[str, str]]) -> list[dict[str, Any]]:
+    groups: dict[str, dict[str, Any]] = {}
+    gpu_host = {g["gpu"]: g["host"] for g in _gpus(fleet)}
+    for _gpu, val in residents.items():
+        ep, _, gpu_list = (val or "").partition("@")  # P:resident value: endpoint@uuid1,uuid2
+        if ep:
+            gpus = gpu_list.split(",") if gpu_list else []
+            groups.setdefault(f"{ep}@{','.join(gpus)}", {"endpoint": ep, "gpus": gpus,
+                                                         "host": gpu_host.get(gpus[0]) if gpus else None,
+                                                         "state": "resident"})
+    evicted: set[str] = set()
+    for b in bars:
+        if not b["endpoint"]:
+            continue
+        if b["open"] and b["phase"] in ("start_endpoint", "restore"):
+            key = f"{b['endpoint']}@loading@{b['gpu']}"
+            groups.setdefault(key, {"endpoint": b["endpoint"], "gpus": [], "host": gpu_host.get(b["gpu"]),
+                                    "state": "loading"})["gpus"].append(b["gpu"])
+        elif b["phase"] == "evict":
+            evicted.add(b["endpoint"])
+    failed = {(x.get("endpoint"), x.get("gpus")) for x in registry if x.get("state") == "failed"}
+    out = []
+    for name, ep in sorted((fleet.get("endpoints") or {}).items()):
+        insts = [g for g in groups.values() if g["endpoint"] == name]
+        for g in insts:
+            if (name, json.dumps(g["gpus"])) in failed:
+                g["state"] = "failed"
+        if not any(g["state"] == "resident" for g in insts) and (ep.get("wake_s") or 0) > 0 and name in evicted:
+            insts.append({"endpoint": name, "gpus": [], "host": None, "state": "asleep"})
+        sp = [f"{s.get('host')}:{','.join(str(i) for i in s.get('gpus', []))}" for s in ep.get("set_point") or []]
+        out.append({"name": name, "slots": ep.get("slots"), "wake_s": ep.get("wake_s"),
+                    "cold_start_s": ep.get("cold_start_s"), "tensor_parallel": ep.get("tensor_parallel"),
+                    "set_point": sp, "instances": sorted(insts, key=lambda g: (g["state"], g["gpus"]))})
+    return out
+
+
+def _registry(r: redis.Redis, keys: Keys) -> list[dict[str, str]]:
+    ids = sorted(r.smembers(keys.instances))
+    if not ids:
+        return []
+    p = r.pipeline(transaction=False)
+    for i in ids:
+        p.hgetall(keys.instance(i))
+    return [h for h in p.execute() if h]
+
+
+def snapshot(r: redis.Redis, keys: Keys, fleet: FleetSpec | None = None, window_s: float = 600.0,
+             now: float | None = None) -> dict[str, Any]:
+    """The dashboard's JSON-ready view (module doc for the shape). ``r`` is a decoded
+    redis-py client; ``fleet`` defaults to the spec stored at ``P:fleet`` (lanes are
+    empty until a planner stored one); ``window_s``: seconds of history drawn.
+
+    Raises:
+        StoreError: Redis could not be read.
+    """
+    now = time.time() if now is None else now
+    since = now - window_s
+    try:
+        spec = _fleet(r, keys, fleet)
+        gpus = _gpus(spec) if spec else []
+        uuids = [g["gpu"] for g in gpus]
+        p = r.pipeline(transaction=False)
+        p.mget([keys.gpu(u) for u in uuids] or [keys.fleet])
+        p.mget([keys.resident(u) for u in uuids] or [keys.fleet])
+        p.hgetall(keys.drain)
+        p.zcard(keys.running)
+        p.zcard(keys.leases)
+        held, res, drain, running, leases = p.execute()
+        evs = _events_since(r, keys, since - window_s)  # a margin: phases open since before the window
+        bars = _bars(evs, now, since)
+        plan = _plan(r, keys)
+        queue = _queue(r, keys, plan, now)
+        agenda = _agenda(r, keys, now)
+        incidents = _incidents(r, keys)
+        registry = _registry(r, keys)
+    except redis.RedisError as e:
+        raise StoreError(f"dashboard snapshot: {e}") from e
+    sp = _set_point(spec) if spec else {}
+    residents = dict(zip(uuids, res)) if uuids else {}
+    lanes = [{**g, "set_point": sp.get(g["gpu"]), "resident": (residents.get(g["gpu"]) or "").partition("@")[0] or None,
+              "lease": (h or "").partition(":")[0] or None} for g, h in zip(gpus, held)]
+    waiting = {q["job"] for q in queue}
+    planned = []
+    for a in (plan or {}).get("assignments", []):
+        if a["job"] in waiting and a["end"] >= now:
+            for g in a["gpus"]:
+                planned.append({"gpu": g, "job": a["job"], "endpoint": a.get("endpoint"),
+                                "priority": a.get("priority"), "start": max(a["start"], now),
+                                "service_start": a.get("service_start"), "end": a["end"], "load": a.get("load")})
+    drain_view = None
+    if drain:
+        drain_view = {k: (_f(v) if k != "checks" else int(v)) for k, v in drain.items()}
+    return {
+        "now": now, "window_s": window_s,
+        "fleet": {"name": spec.get("name") if spec else None, "hosts": [h["name"] for h in (spec or {}).get("hosts", [])]},
+        "lanes": lanes, "bars": bars, "planned": planned, "queue": queue,
+        "endpoints": _endpoints(spec, residents, bars, registry) if spec else [],
+        "agenda": agenda, "incidents": incidents, "drain": drain_view,
+        "plan": None if plan is None else {"at": plan.get("at"), "policy": plan.get("policy"),
+                                          "batch": plan.get("batch")},
+        "counts": {"queued": sum(1 for q in queue if q["state"] != "delayed"),
+                   "delayed": sum(1 for q in queue if q["state"] == "delayed"), "running": running,
+                   "leases": leases},
+    }
+
+
+def job_detail(r: redis.Redis, keys: Keys, job_id: str) -> dict[str, Any] | None:
+    """One job for the job page, or None when ``P:job:{id}`` does not exist:
+    ``{"job", "record" (the hash, ``spec`` decoded), "phases": [{"phase", "gpus",
+    "start", "end", "open"}], "events": [...], "result"}``. ``result`` is read from
+    ``Keys.result(job_id)`` where the deployment's keys define it (string JSON or hash),
+    else None.
+
+    Raises:
+        StoreError: Redis could not be read.
+    """
+    try:
+        rec = r.hgetall(keys.job(job_id))
+        if not rec:
+            return None
+        rows = r.xrevrange(keys.events, count=JOB_EVENTS_SCAN)
+        result = None
+        result_key = getattr(keys, "result", None)
+        if callable(result_key):
+            k = result_key(job_id)
+            kind = r.type(k)
+            if kind == "string":
+                raw = r.get(k)
+                try:
+                    result = json.loads(raw)
+                except (TypeError, ValueError):
+                    result = raw
+            elif kind == "hash":
+                result = r.hgetall(k)
+    except redis.RedisError as e:
+        raise StoreError(f"job {job_id}: {e}") from e
+    evs = []
+    for _sid, fields in rows:
+        try:
+            ev = json.loads(fields.get("e", ""))
+        except ValueError:
+            continue
+        if isinstance(ev, dict) and ev.get("job") == job_id and isinstance(ev.get("ts"), (int, float)):
+            evs.append(ev)
+    evs.sort(key=lambda e: e["ts"])
+    phases = []
+    if evs:
+        t0 = evs[0]["ts"]
+        for iv in intervals(evs):
+            phases.append({"phase": iv.phase, "gpus": list(iv.gpus), "start": t0 + iv.start_s, "end": t0 + iv.end_s,
+                           "complete": iv.complete})
+    if rec.get("spec"):
+        try:
+            rec["spec"] = json.loads(rec["spec"])
+        except ValueError:
+            pass
+    return {"job": job_id, "record": rec, "phases": phases, "events": evs, "result": result}

@@ -1,0 +1,279 @@
+// makespan dashboard: draws the snapshot of /api/state, then every server-sent "state"
+// event of /api/stream. No library, nothing fetched from elsewhere; URLs are relative
+// so the page works behind a path prefix.
+"use strict";
+
+// same order and colours as makespan.gantt.ENDPOINT_PALETTE (sorted endpoint names)
+const PALETTE = ["#1f77b4", "#ff7f0e", "#9467bd", "#d62728", "#8c564b", "#e377c2", "#17becf", "#bcbd22",
+                 "#7f7f7f", "#393b79"];
+const PRIORITY_COLOURS = {CRITICAL: "#b2182b", HIGH: "#e66101", NORMAL: "#2166ac", LOW: "#404040"};
+const TRANSITIONS = new Set(["evict", "start_endpoint", "clear", "restore"]);
+const SVG = "http://www.w3.org/2000/svg";
+
+function el(tag, attrs, ...children) {
+  const node = tag.startsWith("svg:") ? document.createElementNS(SVG, tag.slice(4)) : document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === null || v === undefined) continue;
+    if (k === "text") node.textContent = v;
+    else node.setAttribute(k, v);
+  }
+  for (const c of children) if (c !== null && c !== undefined) node.append(c);
+  return node;
+}
+
+function clock(t) {
+  if (t === null || t === undefined) return "";
+  const d = new Date(t * 1000);
+  return d.toLocaleTimeString([], {hour12: false}) + "." + String(d.getMilliseconds()).padStart(3, "0").slice(0, 1);
+}
+
+function secs(s) {
+  if (s === null || s === undefined) return "";
+  if (s < 60) return s.toFixed(1) + " s";
+  if (s < 3600) return (s / 60).toFixed(1) + " min";
+  return (s / 3600).toFixed(1) + " h";
+}
+
+// a URL relative to this page, without the credentials a page URL may carry (fetch
+// refuses those; the browser still sends the basic auth it used for the page)
+function api(rel) {
+  const u = new URL(rel, location.href);
+  u.username = "";
+  u.password = "";
+  return u.href;
+}
+
+function short(id) { return id ? String(id).slice(-8) : ""; }
+
+function colours(state) {
+  const names = state.endpoints.map(e => e.name).sort();
+  const out = {};
+  names.forEach((n, i) => { out[n] = PALETTE[i % PALETTE.length]; });
+  return out;
+}
+
+// -- Gantt ------------------------------------------------------------------------------
+function drawGantt(state, colour) {
+  const box = document.getElementById("gantt");
+  const lanes = state.lanes;
+  const width = Math.max(box.clientWidth || 1200, 600);
+  const label = 170, laneH = 30, top = 22;
+  const height = top + lanes.length * laneH + 8;
+  const t0 = state.now - state.window_s;
+  const planEnd = Math.max(state.now, ...state.planned.map(p => p.end));
+  const ahead = Math.min(Math.max(planEnd - state.now, state.window_s * 0.25), state.window_s);
+  const t1 = state.now + ahead;
+  const x = t => label + (Math.min(Math.max(t, t0), t1) - t0) / (t1 - t0) * (width - label - 8);
+  const svg = el("svg:svg", {width, height, id: "gantt-svg", role: "img", "aria-label": "GPU lanes"});
+  svg.append(el("svg:defs", {}, el("svg:pattern", {id: "shade", width: 6, height: 6, patternUnits: "userSpaceOnUse",
+    patternTransform: "rotate(45)"}, el("svg:rect", {width: 3, height: 6, fill: "rgba(255,255,255,0.55)"}))));
+  // time axis: ticks every "nice" step
+  const span = t1 - t0, steps = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600];
+  const step = steps.find(s => span / s <= 10) || 3600;
+  for (let t = Math.ceil(t0 / step) * step; t <= t1; t += step) {
+    svg.append(el("svg:line", {x1: x(t), x2: x(t), y1: top - 4, y2: height, class: "tick"}));
+    svg.append(el("svg:text", {x: x(t), y: 12, class: "tick-label", "text-anchor": "middle",
+      text: t <= state.now ? "-" + secs(state.now - t).replace(".0", "") : "+" + secs(t - state.now).replace(".0", "")}));
+  }
+  const byGpu = {};
+  lanes.forEach((l, i) => { byGpu[l.gpu] = i; });
+  lanes.forEach((lane, i) => {
+    const y = top + i * laneH;
+    const g = el("svg:g", {class: "lane", "data-gpu": lane.gpu, "data-host": lane.host,
+      "data-set-point": lane.set_point || "", "data-resident": lane.resident || ""});
+    g.append(el("svg:rect", {x: 0, y, width, height: laneH, class: i % 2 ? "lane-bg odd" : "lane-bg"}));
+    g.append(el("svg:text", {x: 4, y: y + 13, class: "lane-label", text: `${lane.host} · GPU ${lane.index}`}));
+    g.append(el("svg:text", {x: 4, y: y + 25, class: "lane-sub",
+      text: (lane.resident ? "now " + lane.resident : "empty") + (lane.set_point ? " · sp " + lane.set_point : "")}));
+    // the set point: the baseline the lane returns to
+    if (lane.set_point) {
+      g.append(el("svg:rect", {x: label, y: y + laneH - 5, width: width - label - 8, height: 3,
+        fill: colour[lane.set_point] || "#999", class: "set-point", "data-endpoint": lane.set_point}));
+    } else {
+      g.append(el("svg:line", {x1: label, x2: width - 8, y1: y + laneH - 3.5, y2: y + laneH - 3.5, class: "no-set-point"}));
+    }
+    svg.append(g);
+  });
+  const bar = (b, planned) => {
+    const i = byGpu[b.gpu];
+    if (i === undefined) return;
+    const y = top + i * laneH + 3, h = laneH - 10;
+    const x0 = x(b.start), w = Math.max(x(b.end) - x0, 1.5);
+    const fill = colour[b.endpoint] || "#bdbdbd";
+    const g = el("svg:g", {class: planned ? "bar planned" : "bar", "data-job": b.job || "", "data-phase": b.phase || "",
+      "data-endpoint": b.endpoint || "", "data-priority": b.priority || ""});
+    const title = el("svg:title", {text: `${b.job ? "job " + b.job : "set point"} · ${b.endpoint || "?"} · ` +
+      `${planned ? "planned (" + (b.load || "warm") + ")" : b.phase} · ${b.priority || ""} · ` +
+      `${clock(b.start)}–${clock(b.end)}`});
+    g.append(title);
+    g.append(el("svg:rect", {x: x0, y, width: w, height: h, fill, "fill-opacity": planned ? 0.35 : 1,
+      stroke: PRIORITY_COLOURS[b.priority] || "#333", "stroke-width": planned ? 1.5 : 1,
+      "stroke-dasharray": planned ? "4 2" : null}));
+    if (!planned && TRANSITIONS.has(b.phase)) {
+      g.append(el("svg:rect", {x: x0, y, width: w, height: h, fill: "url(#shade)", class: "shade"}));
+    }
+    if (b.priority) {  // priority mark: a triangle at the bar's start in the priority's colour
+      g.append(el("svg:path", {d: `M${x0},${y} l7,0 l-7,7 z`, fill: PRIORITY_COLOURS[b.priority] || "#333",
+        class: "prio-mark"}));
+    }
+    if (w > 46 && (b.phase === "execute" || planned)) {
+      g.append(el("svg:text", {x: x0 + 9, y: y + h / 2 + 4, class: "bar-label",
+        text: `${short(b.job)}${b.priority ? "·" + b.priority[0] : ""}`}));
+    }
+    svg.append(g);
+  };
+  state.bars.forEach(b => bar(b, false));
+  state.planned.forEach(b => bar(b, true));
+  svg.append(el("svg:line", {x1: x(state.now), x2: x(state.now), y1: top - 6, y2: height, class: "now"}));
+  svg.append(el("svg:text", {x: x(state.now) + 3, y: top - 8, class: "now-label", text: "now"}));
+  box.replaceChildren(svg);
+  const legend = document.getElementById("legend");
+  legend.replaceChildren(...Object.entries(colour).map(([n, c]) =>
+      el("span", {class: "chip", "data-endpoint": n}, el("i", {style: `background:${c}`}), n)),
+    ...Object.entries(PRIORITY_COLOURS).map(([p, c]) =>
+      el("span", {class: "chip"}, el("i", {class: "tri", style: `border-top-color:${c}`}), p)),
+    el("span", {class: "chip"}, el("i", {class: "shaded"}), "transition"),
+    el("span", {class: "chip"}, el("i", {class: "dashed"}), "planned"));
+}
+
+// -- tables -------------------------------------------------------------------------------
+function drawQueue(state) {
+  const text = document.getElementById("queue-filter").value.trim().toLowerCase();
+  const prio = document.getElementById("queue-priority").value;
+  const rows = state.queue.filter(q => (!prio || q.priority === prio) && (!text ||
+    [q.job, q.endpoint, q.reason, q.state, q.priority].join(" ").toLowerCase().includes(text)));
+  document.getElementById("queue-count").textContent =
+    `${rows.length} shown of ${state.queue.length} waiting`;
+  document.querySelector("#queue tbody").replaceChildren(...rows.map(q => el("tr",
+    {class: "queued-job", "data-job": q.job, "data-priority": q.priority, "data-endpoint": q.endpoint},
+    el("td", {}, el("span", {class: "prio", style: `background:${PRIORITY_COLOURS[q.priority] || "#666"}`,
+      text: q.priority})),
+    el("td", {}, el("a", {href: "job/" + encodeURIComponent(q.job), title: q.job, text: short(q.job)})),
+    el("td", {text: q.endpoint}), el("td", {text: q.state}), el("td", {text: secs(q.wait_s)}),
+    el("td", {text: q.attempts}),
+    el("td", {text: q.eta ? (q.eta <= state.now ? "now" : "+" + secs(q.eta - state.now)) : "unknown"}),
+    el("td", {class: "reason", text: q.reason}))));
+}
+
+function drawEndpoints(state, colour) {
+  const agendaByEp = {};
+  state.agenda.forEach(a => a.endpoints.forEach(e => { (agendaByEp[e] = agendaByEp[e] || []).push(a); }));
+  document.querySelector("#endpoints tbody").replaceChildren(...state.endpoints.map(ep => el("tr",
+    {class: "endpoint", "data-endpoint": ep.name},
+    el("td", {}, el("i", {class: "swatch", style: `background:${colour[ep.name]}`}), ep.name),
+    el("td", {text: ep.set_point.join(" ") || "—"}),
+    el("td", {}, ...ep.instances.map(inst => el("span", {class: "inst " + inst.state, "data-state": inst.state,
+      text: `${inst.state}${inst.gpus.length ? " " + inst.gpus.map(g => g.replace(/^GPU-/, "")).join(",") : ""}`})),
+      ...(agendaByEp[ep.name] || []).map(a => el("span", {class: "inst transition",
+        text: `${a.mode.toLowerCase()} ${a.op_id.slice(0, 18)}`})),
+      ep.instances.length || agendaByEp[ep.name] ? null : el("span", {class: "none", text: "not loaded"})))));
+  document.querySelector("#agenda tbody").replaceChildren(...(state.agenda.length ? state.agenda.map(a => el("tr",
+    {class: "agenda-entry" + (a.overdue ? " overdue" : ""), "data-op": a.op_id},
+    el("td", {text: a.op_id}), el("td", {text: a.mode}), el("td", {text: a.endpoints.join(", ")}),
+    el("td", {text: a.gpus.map(g => g.replace(/^GPU-/, "")).join(",")}),
+    el("td", {text: clock(a.expected_end) + (a.overdue ? " (overdue)" : "")}))) :
+    [el("tr", {}, el("td", {colspan: 5, class: "none", text: "none"}))]));
+  document.getElementById("incidents").replaceChildren(...(state.incidents.length ? state.incidents.map(i => el("li",
+    {class: "incident", "data-incident": i.incident_id, "data-endpoint": i.endpoint},
+    el("b", {text: `${i.endpoint} · ${i.failure_mode}`}), ` at ${clock(i.detected_at)} on ${i.host || "?"} `,
+    el("span", {class: "effect", text: i.effect || ""}),
+    i.recovery ? el("span", {class: "recovery", text: ` → ${i.recovery.outcome}` +
+      (i.recovery.recovery_s !== null ? ` in ${secs(i.recovery.recovery_s)}` : "")}) : null)) :
+    [el("li", {class: "none", text: "no incident"})]));
+  const d = state.drain;
+  document.getElementById("drain").replaceChildren(d ? el("div", {class: "drain" + (["leases", "agenda_entries",
+    "busy_slots", "awaited_entries"].some(k => d[k]) ? " bad" : " ok"), "data-checks": d.checks},
+    `${d.checks} checks · last ${clock(d.checked_at)}: leases ${d.leases ?? 0}, agenda ${d.agenda_entries ?? 0}, ` +
+    `busy slots ${d.busy_slots ?? 0}, awaited ${d.awaited_entries ?? 0}`) :
+    el("div", {class: "none", text: "no drain check yet"}));
+}
+
+function render(state, source) {
+  const colour = colours(state);
+  document.getElementById("fleet-name").textContent = state.fleet.name ? "· " + state.fleet.name : "";
+  document.getElementById("window-min").textContent = (state.window_s / 60).toFixed(0);
+  const c = state.counts;
+  document.getElementById("counts").textContent =
+    `${state.lanes.length} GPUs · ${c.running} running · ${c.queued} queued · ${c.delayed} delayed · ` +
+    `${state.incidents.length} incidents` + (state.plan ? ` · plan ${state.plan.policy} at ${clock(state.plan.at)}` : "");
+  drawGantt(state, colour);
+  drawQueue(state);
+  drawEndpoints(state, colour);
+  const body = document.body;
+  body.dataset.updates = String(Number(body.dataset.updates) + 1);
+  body.dataset.source = source;
+  body.dataset.snapshotAt = String(state.now);
+  document.getElementById("status").textContent = `${source === "sse" ? "live" : "loaded"} · ${clock(state.now)}`;
+  document.getElementById("live-dot").className = "dot " + (source === "sse" ? "live" : "");
+  window.lastState = state;
+}
+
+function dashboard() {
+  // the first picture at once; a live update that came first is newer: keep it
+  fetch(api("api/state"), {cache: "no-store"}).then(r => r.json()).then(s => {
+    if (!s.error && document.body.dataset.source !== "sse") render(s, "fetch");
+  }).catch(err => { document.getElementById("status").textContent = "cannot load the state: " + err; });
+  // ?updates=N: stop after N live updates (a still page for a screenshot or a headless
+  // browser, which waits for open connections to end); default: live until closed
+  const maxUpdates = Number(new URLSearchParams(location.search).get("updates") || 0);
+  let live = 0;
+  const stream = new EventSource(api("api/stream"));
+  stream.addEventListener("state", e => {
+    render(JSON.parse(e.data), "sse");
+    live += 1;
+    if (maxUpdates && live >= maxUpdates) {
+      stream.close();
+      document.getElementById("status").textContent += ` · stopped after ${live} live updates`;
+      document.body.dataset.live = "stopped";
+    }
+  });
+  stream.addEventListener("failure", e => {
+    document.getElementById("status").textContent = "Redis unavailable: " + JSON.parse(e.data).error;
+  });
+  stream.onerror = () => {
+    document.getElementById("status").textContent = "reconnecting…";
+    document.getElementById("live-dot").className = "dot";
+  };
+  for (const id of ["queue-filter", "queue-priority"]) {
+    document.getElementById(id).addEventListener("input", () => window.lastState && drawQueue(window.lastState));
+  }
+  window.addEventListener("resize", () => window.lastState && render(window.lastState, document.body.dataset.source));
+}
+
+// -- job page -------------------------------------------------------------------------------
+function jobPage() {
+  const id = decodeURIComponent(location.pathname.replace(/\/+$/, "").split("/").pop());
+  document.getElementById("job-id").textContent = id;
+  fetch(api("../api/job/" + encodeURIComponent(id)), {cache: "no-store"}).then(r => r.json()).then(doc => {
+    if (doc.error) { document.getElementById("status").textContent = doc.error; return; }
+    const rec = doc.record;
+    const fields = ["state", "endpoint", "priority", "service_s", "attempts", "preemptions", "submitted_at",
+                    "leased_at", "started_at", "finished_at", "lease", "workload_id", "reason"];
+    const times = new Set(["submitted_at", "leased_at", "started_at", "finished_at"]);
+    document.querySelector("#record tbody").replaceChildren(...fields.filter(f => rec[f] !== undefined && rec[f] !== "")
+      .map(f => el("tr", {"data-field": f}, el("th", {text: f}),
+        el("td", {text: times.has(f) ? `${clock(Number(rec[f]))} (${rec[f]})` : rec[f]}))));
+    document.querySelector("#phases tbody").replaceChildren(...doc.phases.map(p => el("tr", {class: "phase",
+      "data-phase": p.phase}, el("td", {text: p.phase}), el("td", {text: p.gpus.join(", ")}),
+      el("td", {text: clock(p.start)}), el("td", {text: clock(p.end)}), el("td", {text: (p.end - p.start).toFixed(3)}),
+      el("td", {text: p.complete ? "yes" : "no"}))));
+    if (doc.result !== null && doc.result !== undefined) {
+      document.getElementById("result-section").hidden = false;
+      document.getElementById("result").textContent = JSON.stringify(doc.result, null, 2);
+    }
+    if (rec.state === "failed" || rec.state === "cancelled") {
+      document.getElementById("error-section").hidden = false;
+      document.getElementById("error").textContent = `${rec.state}: ${rec.reason || "(no reason recorded)"}`;
+    }
+    document.querySelector("#events tbody").replaceChildren(...doc.events.map(e => {
+      const {ts, kind, job, ...rest} = e;
+      return el("tr", {}, el("td", {text: clock(ts)}), el("td", {text: kind}),
+        el("td", {class: "details", text: JSON.stringify(rest)}));
+    }));
+    document.getElementById("status").textContent = `${rec.state} · ${doc.phases.length} phases`;
+    document.body.dataset.loaded = "1";
+  }).catch(err => { document.getElementById("status").textContent = "cannot load the job: " + err; });
+}
+
+if (document.getElementById("gantt")) dashboard();
+else if (document.getElementById("phases")) jobPage();

@@ -1,0 +1,169 @@
+"""``makespan dashboard``: the read-only web view of the fleet.
+
+The app against a real Redis (basic auth, path prefix, read-only routes, the shipped
+assets, the snapshot's queue reasons and the plan ahead), and the whole thing in a real
+browser: a live system (planner, both GPU workers, observer) with every GPU held and
+jobs queued, ``makespan dashboard`` as its own process, Debian's headless ``chromium``
+loading the page (``--dump-dom`` after a server-sent update, and ``--screenshot``): a
+lane for every GPU, the queued jobs listed, an incident shown after one is caused, and a
+job page.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import json
+import re
+import time
+
+import httpx
+import pytest
+from starlette.testclient import TestClient
+
+from makespan.dashboard.app import DashboardConfig, create_app
+from makespan.dashboard.state import job_detail, snapshot
+from makespan.errors import ValidationError
+from makespan.live import LiveSystem
+from makespan.models import load_fleet
+from makespan.producer import Producer
+from makespan.redis_conn import free_port
+from tests.live import wait_for
+
+from . import dashboard_live as dl
+from .debian_tools import Chromium, require_tool
+
+
+@pytest.fixture
+def fleet():
+    return load_fleet(dl.FLEET)
+
+
+def _client(redis_url, keys, r, **kw) -> TestClient:
+    cfg = DashboardConfig(redis_url=redis_url, key_prefix=keys.prefix, **kw)
+    return TestClient(create_app(cfg, client=r))
+
+
+def test_assets_ship_in_the_package_and_fetch_nothing_from_elsewhere():
+    static = importlib.resources.files("makespan.dashboard") / "static"
+    for name in ("index.html", "job.html", "dashboard.js", "dashboard.css"):
+        text = (static / name).read_text()
+        urls = set(re.findall(r"https?://[^\s\"')]+", text)) - {"http://www.w3.org/2000/svg"}
+        assert not urls, (name, urls)
+
+
+def test_basic_auth_prefix_and_read_only(redis_url, keys, r, fleet):
+    r.set(keys.fleet, fleet.model_dump_json())
+    c = _client(redis_url, keys, r, basic_auth="ops:secret,second:pw", url_prefix="/ops/fleet/")
+    assert c.get("/ops/fleet/api/state").status_code == 401
+    resp = c.get("/ops/fleet/api/state", auth=("ops", "wrong"))
+    assert resp.status_code == 401 and resp.headers["www-authenticate"].startswith("Basic")
+    assert c.get("/ops/fleet/api/state", auth=("second", "pw")).status_code == 200
+    page = c.get("/ops/fleet/", auth=("ops", "secret"))
+    assert page.status_code == 200 and 'src="static/dashboard.js"' in page.text
+    assert c.get("/ops/fleet/static/dashboard.js", auth=("ops", "secret")).status_code == 200
+    assert c.get("/ops/fleet", auth=("ops", "secret"), follow_redirects=False).status_code in (302, 307)
+    assert c.get("/api/state", auth=("ops", "secret"), follow_redirects=False).status_code == 404
+    for method in ("post", "put", "delete"):
+        assert getattr(c, method)("/ops/fleet/api/state", auth=("ops", "secret")).status_code == 405
+    assert c.get("/ops/fleet/api/job/nope", auth=("ops", "secret")).status_code == 404
+    with pytest.raises(ValidationError):
+        DashboardConfig(redis_url=redis_url, basic_auth="nopassword").credentials()
+    with pytest.raises(ValidationError):
+        create_app(DashboardConfig(redis_url=redis_url, url_prefix="a/../b"), client=r)
+
+
+def test_snapshot_lists_waiting_jobs_with_the_plans_eta(r, keys, settings, fleet):
+    """No planner runs here: the plan is written as the planner's plan_view writes it."""
+    from makespan.planner.model import Assignment, Plan, PlanJob
+    from makespan.workers.plan_view import publish_plan
+
+    r.set(keys.fleet, fleet.model_dump_json())
+    prod = Producer(r, keys, fleet, settings)
+    a = prod.submit({"endpoint": "chat", "priority": "HIGH", "service_s": 100}).id
+    b = prod.submit({"endpoint": "judge", "priority": "LOW", "service_s": 50}).id
+    now = time.time()
+    empty = snapshot(r, keys, now=now)
+    assert [q["job"] for q in empty["queue"]] == [a, b]
+    assert all("no plan published" in q["reason"] for q in empty["queue"])
+    assert [ln["gpu"] for ln in empty["lanes"]] == fleet.gpu_uuids()
+    assert {ln["gpu"]: ln["set_point"] for ln in empty["lanes"]}["GPU-host-a-2"] == "embed"
+    now_s = now / settings.time_scale
+    plan = Plan("portfolio", [Assignment(a, ("GPU-host-a-3",), now_s + 100, now_s + 160, now_s + 260, (), "cold_start")])
+    batch = [PlanJob(a, "chat", 4.0, now_s, 100.0, priority=1, seq=1),
+             PlanJob(b, "judge", 1.0, now_s, 50.0, priority=3, seq=2)]
+    publish_plan(r, keys, plan, batch, now_s, settings.time_scale)
+    s = snapshot(r, keys, now=now)
+    qa, qb = s["queue"]
+    assert qa["eta"] == pytest.approx(now + 100 * settings.time_scale, abs=0.05)
+    assert "planned on GPU-host-a-3" in qa["reason"] and qa["gpus"] == ["GPU-host-a-3"]
+    assert qb["eta"] is None and "not in the last plan" in qb["reason"]
+    [bar] = s["planned"]
+    assert (bar["gpu"], bar["job"], bar["endpoint"], bar["priority"]) == ("GPU-host-a-3", a, "chat", "HIGH")
+    assert s["plan"]["policy"] == "portfolio" and s["counts"]["queued"] == 2
+    assert job_detail(r, keys, a)["record"]["state"] == "queued"
+    assert job_detail(r, keys, "missing") is None
+
+
+def _lanes(dom: str) -> list[str]:
+    return re.findall(r'<g class="lane" data-gpu="([^"]+)"', dom)
+
+
+def _queued(dom: str) -> set[str]:
+    return set(re.findall(r'<tr class="queued-job" data-job="([^"]+)"', dom))
+
+
+def _body(dom: str) -> dict[str, str]:
+    tag = re.search(r"<body([^>]*)>", dom).group(1)
+    return dict(re.findall(r'data-([a-z-]+)="([^"]*)"', tag))
+
+
+def test_dashboard_in_a_real_browser_against_the_live_system(r, keys, settings, fleet, tmp_path):
+    browser = Chromium(require_tool("chromium"), tmp_path / "profile", window=(1500, 1000))
+    system = LiveSystem(dl.FLEET, fleet, settings, tmp_path / "logs")
+    port = free_port()
+    dash = None
+    try:
+        system.start()
+        fillers, waiting = dl.fill_fleet(r, keys, fleet, settings)
+        dash = dl.start_dashboard(settings, port, tmp_path / "dashboard.log")
+        assert httpx.get(f"http://127.0.0.1:{port}/{dl.URL_PREFIX}/", timeout=5).status_code == 401
+
+        before = dl.queued_ids(r, keys)
+        dom = browser.dump_dom(dl.page_url(port), budget_ms=3000)
+        after = dl.queued_ids(r, keys)
+        body = _body(dom)
+        assert body.get("source") == "sse" and int(body["updates"]) >= 1, body  # drawn by a server-sent update
+        assert _lanes(dom) == fleet.gpu_uuids()  # a lane for every GPU, in fleet order
+        shown = _queued(dom)
+        assert before & after, "jobs stayed queued while the page loaded"
+        assert before & after <= shown <= before | after, (shown, before, after)
+        assert shown <= set(waiting) | set(fillers)
+        rows = re.findall(r'<tr class="queued-job".*?</tr>', dom)
+        assert all('class="reason">' in row and 'class="reason"></td>' not in row for row in rows)  # a reason each
+        assert re.search(r'<g class="bar(?: planned)?" data-job="[0-9a-f]+" data-phase="execute"', dom), \
+            "running jobs drawn on the lanes"
+        for ep in fleet.endpoints:
+            assert f'<tr class="endpoint" data-endpoint="{ep}">' in dom
+        assert "resident" in dom and 'class="incident"' not in dom
+
+        incident = dl.cause_incident(r, keys)
+        time.sleep(1.0)  # one refresh
+        dom = browser.dump_dom(dl.page_url(port), budget_ms=3000)
+        assert _body(dom).get("source") == "sse"
+        shown_incidents = re.findall(r'<li class="incident" data-incident="[^"]+" data-endpoint="([^"]+)"', dom)
+        assert incident["endpoint"] == "renderer" and "renderer" in shown_incidents, dom[-4000:]
+
+        shot = browser.screenshot(dl.page_url(port), tmp_path / "dashboard.png", budget_ms=3000)
+        assert shot.stat().st_size > 20_000  # a drawn page, not a blank one
+
+        job = fillers[0]
+        page = browser.dump_dom(dl.page_url(port, f"job/{job}", live_updates=0), budget_ms=3000)
+        assert _body(page).get("loaded") == "1", page[:1500]
+        assert job in page and '<tr class="phase" data-phase="execute">' in page
+        state = json.loads(httpx.get(f"http://127.0.0.1:{port}/{dl.URL_PREFIX}/api/job/{job}",
+                                     auth=(dl.USER, dl.PASSWORD), timeout=5).text)["record"]["state"]
+        assert f"<td>{state}</td>" in page
+    finally:
+        if dash is not None:
+            dl.stop(dash)
+        system.stop()
