@@ -26,6 +26,8 @@ import base64
 import binascii
 import json
 import secrets
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -148,8 +150,16 @@ def create_app(cfg: DashboardConfig, client: Any = None) -> Any:
         client = connect(cfg.redis_url, socket_timeout=5.0)
     keys = Keys(cfg.key_prefix)
 
+    cache: dict[str, Any] = {"at": 0.0, "state": None}
+    cache_lock = threading.Lock()
+
     def read_state() -> dict[str, Any]:
-        return snapshot(client, keys, cfg.fleet, cfg.window_s)
+        """One snapshot per half refresh at most, shared by every open page."""
+        with cache_lock:
+            if cache["state"] is None or time.monotonic() - cache["at"] >= cfg.refresh_s / 2:
+                cache["state"] = snapshot(client, keys, cfg.fleet, cfg.window_s)
+                cache["at"] = time.monotonic()
+            return cache["state"]
 
     async def index(request):
         return FileResponse(STATIC_DIR / "index.html", headers={"Cache-Control": "no-store"})

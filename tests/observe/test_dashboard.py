@@ -11,15 +11,15 @@ job page.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.resources
 import json
 import re
+import threading
 import time
 
 import httpx
 import pytest
-from starlette.testclient import TestClient
-
 from makespan.dashboard.app import DashboardConfig, create_app
 from makespan.dashboard.state import job_detail, snapshot
 from makespan.errors import ValidationError
@@ -38,9 +38,24 @@ def fleet():
     return load_fleet(dl.FLEET)
 
 
-def _client(redis_url, keys, r, **kw) -> TestClient:
+@contextlib.contextmanager
+def _served(redis_url, keys, r, **kw):
+    """The app served by a real uvicorn on a free port (a thread); yields an httpx client."""
+    import uvicorn
+
     cfg = DashboardConfig(redis_url=redis_url, key_prefix=keys.prefix, **kw)
-    return TestClient(create_app(cfg, client=r))
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(cfg, client=r), host="127.0.0.1", port=port,
+                                           log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: server.started, 20, "uvicorn to start")
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
+            yield client
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
 
 
 def test_assets_ship_in_the_package_and_fetch_nothing_from_elsewhere():
@@ -53,7 +68,15 @@ def test_assets_ship_in_the_package_and_fetch_nothing_from_elsewhere():
 
 def test_basic_auth_prefix_and_read_only(redis_url, keys, r, fleet):
     r.set(keys.fleet, fleet.model_dump_json())
-    c = _client(redis_url, keys, r, basic_auth="ops:secret,second:pw", url_prefix="/ops/fleet/")
+    with _served(redis_url, keys, r, basic_auth="ops:secret,second:pw", url_prefix="/ops/fleet/") as c:
+        _check_auth_and_routes(c)
+    with pytest.raises(ValidationError):
+        DashboardConfig(redis_url=redis_url, basic_auth="nopassword").credentials()
+    with pytest.raises(ValidationError):
+        create_app(DashboardConfig(redis_url=redis_url, url_prefix="a/../b"), client=r)
+
+
+def _check_auth_and_routes(c: httpx.Client) -> None:
     assert c.get("/ops/fleet/api/state").status_code == 401
     resp = c.get("/ops/fleet/api/state", auth=("ops", "wrong"))
     assert resp.status_code == 401 and resp.headers["www-authenticate"].startswith("Basic")
@@ -61,15 +84,17 @@ def test_basic_auth_prefix_and_read_only(redis_url, keys, r, fleet):
     page = c.get("/ops/fleet/", auth=("ops", "secret"))
     assert page.status_code == 200 and 'src="static/dashboard.js"' in page.text
     assert c.get("/ops/fleet/static/dashboard.js", auth=("ops", "secret")).status_code == 200
-    assert c.get("/ops/fleet", auth=("ops", "secret"), follow_redirects=False).status_code in (302, 307)
-    assert c.get("/api/state", auth=("ops", "secret"), follow_redirects=False).status_code == 404
+    assert c.get("/ops/fleet", auth=("ops", "secret")).status_code in (302, 307)
+    assert c.get("/api/state", auth=("ops", "secret")).status_code == 404
     for method in ("post", "put", "delete"):
         assert getattr(c, method)("/ops/fleet/api/state", auth=("ops", "secret")).status_code == 405
     assert c.get("/ops/fleet/api/job/nope", auth=("ops", "secret")).status_code == 404
-    with pytest.raises(ValidationError):
-        DashboardConfig(redis_url=redis_url, basic_auth="nopassword").credentials()
-    with pytest.raises(ValidationError):
-        create_app(DashboardConfig(redis_url=redis_url, url_prefix="a/../b"), client=r)
+    with c.stream("GET", "/ops/fleet/api/stream", auth=("ops", "secret")) as resp:  # server-sent events
+        assert resp.headers["content-type"].startswith("text/event-stream")
+        lines = resp.iter_lines()
+        event = next(line for line in lines if line.startswith("event:"))
+        data = next(lines)
+        assert event == "event: state" and json.loads(data.removeprefix("data: "))["lanes"]
 
 
 def test_snapshot_lists_waiting_jobs_with_the_plans_eta(r, keys, settings, fleet):

@@ -72,6 +72,7 @@ function drawGantt(state, colour) {
   const step = steps.find(s => span / s <= 10) || 3600;
   for (let t = Math.ceil(t0 / step) * step; t <= t1; t += step) {
     svg.append(el("svg:line", {x1: x(t), x2: x(t), y1: top - 4, y2: height, class: "tick"}));
+    if (Math.abs(x(t) - x(state.now)) < 44) continue;  // leave room for the "now" label
     svg.append(el("svg:text", {x: x(t), y: 12, class: "tick-label", "text-anchor": "middle",
       text: t <= state.now ? "-" + secs(state.now - t).replace(".0", "") : "+" + secs(t - state.now).replace(".0", "")}));
   }
@@ -125,7 +126,7 @@ function drawGantt(state, colour) {
   state.bars.forEach(b => bar(b, false));
   state.planned.forEach(b => bar(b, true));
   svg.append(el("svg:line", {x1: x(state.now), x2: x(state.now), y1: top - 6, y2: height, class: "now"}));
-  svg.append(el("svg:text", {x: x(state.now) + 3, y: top - 8, class: "now-label", text: "now"}));
+  svg.append(el("svg:text", {x: x(state.now), y: 12, class: "now-label", "text-anchor": "middle", text: "now"}));
   box.replaceChildren(svg);
   const legend = document.getElementById("legend");
   legend.replaceChildren(...Object.entries(colour).map(([n, c]) =>
