@@ -112,7 +112,8 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 def main(out_png: str) -> None:  # pragma: no cover - run by hand for docs/dashboard.png
-    """Run the live system, fill it, cause an incident, screenshot the dashboard."""
+    """Run the live system, fill it, cause an incident, screenshot the dashboard (to
+    ``out_png``) and a finished job's page (beside it, ``-job`` added to the name)."""
     import shutil
     import uuid
 
@@ -141,9 +142,11 @@ def main(out_png: str) -> None:  # pragma: no cover - run by hand for docs/dashb
         cause_incident(r, keys)
         dash = start_dashboard(settings, port, work / "dashboard.log")
         time.sleep(2)
-        Chromium(shutil.which("chromium") or "chromium", work / "profile", window=(1500, 1000)).screenshot(
-            page_url(port), Path(out_png), budget_ms=3000)
-        print(out_png)
+        browser = Chromium(shutil.which("chromium") or "chromium", work / "profile", window=(1500, 1000))
+        browser.screenshot(page_url(port), Path(out_png), budget_ms=3000)
+        job_png = Path(out_png).with_name(Path(out_png).stem + "-job.png")  # a finished job's page
+        browser.screenshot(page_url(port, f"job/{first[-1]}", live_updates=0), job_png, budget_ms=3000)
+        print(out_png, job_png)
     finally:
         if dash is not None:
             stop(dash)
