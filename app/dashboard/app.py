@@ -51,6 +51,8 @@ class DashboardConfig:
         basic_auth: ``"user:password[,user2:password2]"`` or empty for none.
         url_prefix: path prefix, e.g. ``"makespan"`` serves ``/makespan/``.
         fleet: the fleet spec; default: the one the planner stored at ``P:fleet``.
+        stale_after_s: a planner's wait reason older than this while no planner leads
+            reads ``no_planner`` (``makespan why`` uses half the lease TTL).
     """
 
     redis_url: str
@@ -60,6 +62,7 @@ class DashboardConfig:
     basic_auth: str = ""
     url_prefix: str = ""
     fleet: FleetSpec | None = None
+    stale_after_s: float = 1.5
 
     def credentials(self) -> list[tuple[str, str]]:
         """(user, password) pairs of ``basic_auth``.
@@ -157,7 +160,8 @@ def create_app(cfg: DashboardConfig, client: Any = None) -> Any:
         """One snapshot per half refresh at most, shared by every open page."""
         with cache_lock:
             if cache["state"] is None or time.monotonic() - cache["at"] >= cfg.refresh_s / 2:
-                cache["state"] = snapshot(client, keys, cfg.fleet, cfg.window_s)
+                cache["state"] = snapshot(client, keys, cfg.fleet, cfg.window_s,
+                                          stale_after_s=cfg.stale_after_s)
                 cache["at"] = time.monotonic()
             return cache["state"]
 

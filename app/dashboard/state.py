@@ -10,9 +10,9 @@ Read-only: every read goes through :class:`makespan.keys.Keys` and nothing is wr
   (:func:`makespan.gantt.intervals`), an open phase drawn up to now;
 * the plan ahead: ``P:plan`` (:mod:`makespan.workers.plan_view`), assignments of jobs
   still waiting;
-* the queue: ``P:queue:{level}`` and ``P:delayed`` with each job's record; the reason is
-  the record's ``reason`` when set, else what the plan says (planned start, GPUs) or
-  why nothing is planned (delayed, waiting on dependencies, beyond the last batch);
+* the queue: ``P:queue:{level}`` and ``P:delayed`` with each job's record; the reason
+  code, detail and ETA the planner wrote on it (:mod:`makespan.wait_reasons`, as
+  ``makespan why``), the last plan's start as the ETA of a job it has not written yet;
 * endpoints: instances per endpoint from the residents, loading / evicting from open
   phases, asleep for an endpoint with a sleep mode evicted and not resident, the
   instance registry's state; transitions in progress: the open agenda entries;
@@ -24,7 +24,8 @@ Shape of :func:`snapshot`::
      "lanes": [{"gpu", "host", "index", "set_point", "resident", "lease"}],
      "bars": [{"gpu", "job", "endpoint", "priority", "phase", "start", "end", "open"}],
      "planned": [{"gpu", "job", "endpoint", "priority", "start", "service_start", "end", "load"}],
-     "queue": [{"job", "priority", "endpoint", "state", "submitted_at", "wait_s", "attempts", "reason", "eta"}],
+     "queue": [{"job", "priority", "endpoint", "state", "submitted_at", "wait_s", "attempts", "reason_code",
+                "reason", "eta", "gpus"}],
      "endpoints": [{"name", "slots", "wake_s", "cold_start_s", "set_point", "instances": [{"gpus", "host", "state"}]}],
      "agenda": [{"op_id", "mode", "endpoints", "gpus", "planned_start", "expected_end", "overdue"}],
      "incidents": [{"incident_id", "endpoint", "host", "gpus", "failure_mode", "detected_at", "effect", "recovery"}],
@@ -172,48 +173,57 @@ def _plan(r: redis.Redis, keys: Keys) -> dict[str, Any] | None:
 
 
 _JOB_FIELDS = ("state", "endpoint", "priority", "submitted_at", "attempts", "reason", "service_s", "deps",
-               "due_at", "workload_id")
+               "not_before", "workload_id", "wait_reason", "wait_detail", "wait_eta", "wait_at")
 
 
-def _queue(r: redis.Redis, keys: Keys, plan: dict[str, Any] | None, now: float) -> list[dict[str, Any]]:
+def _queue(r: redis.Redis, keys: Keys, plan: dict[str, Any] | None, now: float,
+           stale_after_s: float) -> list[dict[str, Any]]:
+    """Waiting jobs, CRITICAL first then by submission. The reason and ETA are the
+    planner's (:func:`makespan.wait_reasons.reason_of`, as ``makespan why`` gives
+    them); a queued job the planner gave no reason yet falls back to what the last
+    published plan says of it."""
+    from makespan.wait_reasons import reason_of
+
     p = r.pipeline(transaction=False)
     for prio in Priority:
         p.zrange(keys.queue(prio), 0, QUEUE_LIMIT - 1)
     p.zrange(keys.delayed, 0, QUEUE_LIMIT - 1, withscores=True)
-    *queued, delayed = p.execute()
+    p.exists(keys.planner_leader)
+    p.time()
+    *queued, delayed, leads, (sec, usec) = p.execute()
+    server_now = sec + usec / 1e6
+    position = {j: i for q in queued for i, j in enumerate(q)}
     ids = [j for q in queued for j in q]
     due = {j: s for j, s in delayed}
-    ids += [j for j in due if j not in ids]
+    ids += [j for j in due if j not in position]
     if not ids:
         return []
     p = r.pipeline(transaction=False)
     for j in ids:
         p.hmget(keys.job(j), _JOB_FIELDS)
     planned = {a["job"]: a for a in (plan or {}).get("assignments", [])}
-    batch = (plan or {}).get("batch")
     out = []
     for j, vals in zip(ids, p.execute()):
-        rec = dict(zip(_JOB_FIELDS, vals))
-        sub = _f(rec["submitted_at"])
+        rec = {k: v for k, v in zip(_JOB_FIELDS, vals) if v is not None}
+        if not rec.get("state"):
+            continue  # gone between the two reads
+        if j in due and not rec.get("not_before"):
+            rec["not_before"] = repr(due[j])
+        try:
+            code, detail, eta = reason_of(rec, planner_leads=bool(leads), server_now_s=server_now,
+                                          queue_position=position.get(j), stale_after_s=stale_after_s)
+        except ValueError:  # started or finished between the two reads
+            continue
         a = planned.get(j)
-        eta = a["start"] if a else (due.get(j) if j in due else None)
-        reason = rec["reason"] or ""
-        if not reason:
-            if j in due:
-                reason = f"delayed until {time.strftime('%H:%M:%S', time.localtime(due[j]))} (delay or retry backoff)"
-            elif rec["deps"]:
-                reason = "waits for its dependencies: " + ", ".join(json.loads(rec["deps"]))[:200]
-            elif a:
-                when = "now" if a["start"] <= now + 0.5 else f"in {a['start'] - now:.1f} s"
-                reason = f"planned on {','.join(a['gpus'])} {when} ({a.get('load') or 'warm'})"
-            elif plan is None:
-                reason = "no plan published yet (planner not leading, or idle)"
-            else:
-                reason = f"not in the last plan (batch of {batch} jobs)"
-        out.append({"job": j, "priority": rec["priority"], "endpoint": rec["endpoint"],
-                    "state": rec["state"] or ("delayed" if j in due else "queued"), "submitted_at": sub,
-                    "wait_s": (now - sub) if sub else None, "attempts": int(rec["attempts"] or 0),
-                    "service_s": _f(rec["service_s"]), "reason": reason, "eta": eta,
+        if eta is None and a and code == "behind_batch":
+            eta = a["start"]
+        if eta is not None:
+            eta += now - server_now  # the server's clock -> this machine's
+        sub = _f(rec.get("submitted_at"))
+        out.append({"job": j, "priority": rec.get("priority"), "endpoint": rec.get("endpoint"),
+                    "state": rec["state"], "submitted_at": sub, "wait_s": (now - sub) if sub else None,
+                    "attempts": int(rec.get("attempts") or 0), "service_s": _f(rec.get("service_s")),
+                    "reason_code": code, "reason": f"{code}: {detail}" if detail else code, "eta": eta,
                     "gpus": a["gpus"] if a else []})
     rank = {p.name: p.value for p in Priority}
     out.sort(key=lambda q: (rank.get(q["priority"] or "", 9), q["submitted_at"] or 0))
@@ -268,10 +278,12 @@ def _registry(r: redis.Redis, keys: Keys) -> list[dict[str, str]]:
 
 
 def snapshot(r: redis.Redis, keys: Keys, fleet: FleetSpec | None = None, window_s: float = 600.0,
-             now: float | None = None) -> dict[str, Any]:
+             now: float | None = None, stale_after_s: float = 1.5) -> dict[str, Any]:
     """The dashboard's JSON-ready view (module doc for the shape). ``r`` is a decoded
     redis-py client; ``fleet`` defaults to the spec stored at ``P:fleet`` (lanes are
-    empty until a planner stored one); ``window_s``: seconds of history drawn.
+    empty until a planner stored one); ``window_s``: seconds of history drawn;
+    ``stale_after_s``: a planner's wait reason older than this while no planner leads is
+    not trusted (``no_planner``; ``makespan why`` uses half the lease TTL).
 
     Raises:
         StoreError: Redis could not be read.
@@ -292,7 +304,7 @@ def snapshot(r: redis.Redis, keys: Keys, fleet: FleetSpec | None = None, window_
         evs = _events_since(r, keys, since - window_s)  # a margin: phases open since before the window
         bars = _bars(evs, now, since)
         plan = _plan(r, keys)
-        queue = _queue(r, keys, plan, now)
+        queue = _queue(r, keys, plan, now, stale_after_s)
         agenda = _agenda(r, keys, now)
         incidents = _incidents(r, keys)
         registry = _registry(r, keys)
@@ -330,9 +342,9 @@ def snapshot(r: redis.Redis, keys: Keys, fleet: FleetSpec | None = None, window_
 def job_detail(r: redis.Redis, keys: Keys, job_id: str) -> dict[str, Any] | None:
     """One job for the job page, or None when ``P:job:{id}`` does not exist:
     ``{"job", "record" (the hash, ``spec`` decoded), "phases": [{"phase", "gpus",
-    "start", "end", "open"}], "events": [...], "result"}``. ``result`` is read from
-    ``Keys.result(job_id)`` where the deployment's keys define it (string JSON or hash),
-    else None.
+    "start", "end", "complete"}], "events": [...], "result"}``. ``result`` is the JSON
+    of ``P:result:{id}`` (:mod:`makespan.results`: ``{"ok": true, "value": ...}`` or
+    ``{"ok": false, "error": {...}}``), None when there is none.
 
     Raises:
         StoreError: Redis could not be read.
@@ -342,21 +354,13 @@ def job_detail(r: redis.Redis, keys: Keys, job_id: str) -> dict[str, Any] | None
         if not rec:
             return None
         rows = r.xrevrange(keys.events, count=JOB_EVENTS_SCAN)
-        result = None
-        result_key = getattr(keys, "result", None)
-        if callable(result_key):
-            k = result_key(job_id)
-            kind = r.type(k)
-            if kind == "string":
-                raw = r.get(k)
-                try:
-                    result = json.loads(raw)
-                except (TypeError, ValueError):
-                    result = raw
-            elif kind == "hash":
-                result = r.hgetall(k)
+        raw = r.get(keys.result(job_id))
     except redis.RedisError as e:
         raise StoreError(f"job {job_id}: {e}") from e
+    try:
+        result = json.loads(raw) if raw else None
+    except ValueError:
+        result = raw
     evs = []
     for _sid, fields in rows:
         try:

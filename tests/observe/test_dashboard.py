@@ -109,7 +109,7 @@ def test_snapshot_lists_waiting_jobs_with_the_plans_eta(r, keys, settings, fleet
     now = time.time()
     empty = snapshot(r, keys, now=now)
     assert [q["job"] for q in empty["queue"]] == [a, b]
-    assert all("no plan published" in q["reason"] for q in empty["queue"])
+    assert all(q["reason_code"] == "no_planner" and q["eta"] is None for q in empty["queue"])
     assert [ln["gpu"] for ln in empty["lanes"]] == fleet.gpu_uuids()
     assert {ln["gpu"]: ln["set_point"] for ln in empty["lanes"]}["GPU-host-a-2"] == "embed"
     now_s = now / settings.time_scale
@@ -117,15 +117,25 @@ def test_snapshot_lists_waiting_jobs_with_the_plans_eta(r, keys, settings, fleet
     batch = [PlanJob(a, "chat", 4.0, now_s, 100.0, priority=1, seq=1),
              PlanJob(b, "judge", 1.0, now_s, 50.0, priority=3, seq=2)]
     publish_plan(r, keys, plan, batch, now_s, settings.time_scale)
+    r.set(keys.planner_leader, "test")  # a planner leads, but has written no wait reason yet
     s = snapshot(r, keys, now=now)
     qa, qb = s["queue"]
-    assert qa["eta"] == pytest.approx(now + 100 * settings.time_scale, abs=0.05)
-    assert "planned on GPU-host-a-3" in qa["reason"] and qa["gpus"] == ["GPU-host-a-3"]
-    assert qb["eta"] is None and "not in the last plan" in qb["reason"]
+    assert qa["reason_code"] == "behind_batch" and qa["gpus"] == ["GPU-host-a-3"]
+    assert qa["eta"] == pytest.approx(now + 100 * settings.time_scale, abs=0.1)  # the plan's start
+    assert qb["eta"] is None and qb["reason"] == "behind_batch: position 1 in the LOW queue"
+    # the planner's own reason and ETA (makespan.wait_reasons) win over the plan's
+    sec, usec = r.time()
+    r.hset(keys.job(b), mapping={"wait_reason": "waiting_for_gpus", "wait_detail": "GPU-host-b-0 held by x",
+                                 "wait_eta": repr(sec + 30.0), "wait_at": repr(sec + usec / 1e6)})
+    qb = snapshot(r, keys, now=now)["queue"][1]
+    assert qb["reason"] == "waiting_for_gpus: GPU-host-b-0 held by x"
+    assert qb["eta"] == pytest.approx(now + 30.0, abs=1.5)
     [bar] = s["planned"]
     assert (bar["gpu"], bar["job"], bar["endpoint"], bar["priority"]) == ("GPU-host-a-3", a, "chat", "HIGH")
     assert s["plan"]["policy"] == "portfolio" and s["counts"]["queued"] == 2
-    assert job_detail(r, keys, a)["record"]["state"] == "queued"
+    assert job_detail(r, keys, a)["record"]["state"] == "queued" and job_detail(r, keys, a)["result"] is None
+    r.set(keys.result(a), json.dumps({"ok": True, "value": {"cards": 3}, "attempt": 1, "execute_s": 0.5}))
+    assert job_detail(r, keys, a)["result"]["value"] == {"cards": 3}
     assert job_detail(r, keys, "missing") is None
 
 

@@ -258,13 +258,18 @@ function jobPage() {
       "data-phase": p.phase}, el("td", {text: p.phase}), el("td", {text: p.gpus.join(", ")}),
       el("td", {text: clock(p.start)}), el("td", {text: clock(p.end)}), el("td", {text: (p.end - p.start).toFixed(3)}),
       el("td", {text: p.complete ? "yes" : "no"}))));
-    if (doc.result !== null && doc.result !== undefined) {
+    // P:result:{job} (makespan.results): {"ok": true, "value": ...} or {"ok": false, "error": {...}}
+    const res = doc.result;
+    if (res !== null && res !== undefined && !(typeof res === "object" && res.ok === false)) {
       document.getElementById("result-section").hidden = false;
-      document.getElementById("result").textContent = JSON.stringify(doc.result, null, 2);
+      document.getElementById("result").textContent =
+        JSON.stringify(typeof res === "object" && "value" in res ? res.value : res, null, 2);
     }
-    if (rec.state === "failed" || rec.state === "cancelled") {
+    const err = res && typeof res === "object" && res.ok === false ? res.error : null;
+    if (err || rec.state === "failed" || rec.state === "cancelled") {
       document.getElementById("error-section").hidden = false;
-      document.getElementById("error").textContent = `${rec.state}: ${rec.reason || "(no reason recorded)"}`;
+      document.getElementById("error").textContent = `${rec.state}: ${rec.reason || "(no reason recorded)"}` +
+        (err ? `\n${err.type || "error"}: ${err.message || ""}\n${err.traceback || ""}` : "");
     }
     document.querySelector("#events tbody").replaceChildren(...doc.events.map(e => {
       const {ts, kind, job, ...rest} = e;
