@@ -150,9 +150,9 @@ function drawQueue(state) {
     el("td", {}, el("span", {class: "prio", style: `background:${PRIORITY_COLOURS[q.priority] || "#666"}`,
       text: q.priority})),
     el("td", {}, el("a", {href: "job/" + encodeURIComponent(q.job), title: q.job, text: short(q.job)})),
-    el("td", {text: q.endpoint}), el("td", {text: q.state}), el("td", {text: secs(q.wait_s)}),
-    el("td", {text: q.attempts}),
-    el("td", {text: q.eta ? (q.eta <= state.now ? "now" : "+" + secs(q.eta - state.now)) : "unknown"}),
+    el("td", {text: q.endpoint}), el("td", {text: q.state}), el("td", {class: "num", text: secs(q.wait_s)}),
+    el("td", {class: "num", text: q.attempts}),
+    el("td", {class: "num", text: q.eta ? (q.eta <= state.now ? "now" : "+" + secs(q.eta - state.now)) : "unknown"}),
     el("td", {class: "reason", text: q.reason}))));
 }
 
