@@ -3,8 +3,9 @@ and evict → restore for set-point restores.
 
 Every phase is idempotent (keyed by lease id and phase name in ``P:phase:{lease}``)
 and fenced: it checks its lease's fencing token before acting and commits its
-bookkeeping in one fenced script, so a stale holder's writes are no-ops. While a
-phase runs, a heartbeat thread renews the lease; losing it stops the phase.
+bookkeeping in one fenced script, so a stale holder's writes are no-ops. A phase
+renews its lease as it starts (a message may have waited in its queue for most of the
+TTL), then a heartbeat thread renews it while it runs; losing it stops the phase.
 """
 
 from __future__ import annotations
@@ -167,9 +168,9 @@ class PhaseRunner:
         "stale" (lease no longer ours: nothing done), "cancelled", "failed" or "retried"
         (a workload function failed and its job waits for its next try)."""
         lease = ctx.lease
-        try:
-            self.leases.check(lease)
-        except StaleFencingToken:
+        # Renew as the phase starts (not one heartbeat interval in): a message that waited
+        # in the queue longer than TTL minus the heartbeat interval must still find its lease.
+        if not self.leases.renew(lease, self.settings.lease_ttl_s):
             log.info("phase %s of lease %s: stale fencing token, not acting", phase, ctx.lease_id)
             return "stale"
         if self._done(ctx, phase):

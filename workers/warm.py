@@ -2,6 +2,7 @@
 its leased GPUs runs evict → start_endpoint → execute → clear in two fenced Redis
 scripts instead of some thirty round trips.
 
+0. The lease is renewed (as every phase renews it as it starts).
 1. :data:`_BEGIN` (one script) checks the fencing token on every GPU, that the
    instance is still resident on all of them, that no phase of this lease has been
    claimed yet and that no cancel was requested; then it marks evict and
@@ -68,6 +69,10 @@ def run_warm(runner: PhaseRunner, ctx: PhaseContext) -> str:
     k = runner.keys
     if runner._helpers(ctx):  # helper endpoints start and stop in their phases
         return run_phases(runner, ctx)
+    # Renew as the job starts, as PhaseRunner.run does (the message may have waited in the
+    # queue for most of the TTL); a lease no longer ours writes nothing.
+    if not runner.leases.renew(ctx.lease, runner.settings.lease_ttl_s):
+        return "stale"
     t0 = time.time()
     evs = _phase_events(runner, ctx, ("evict", "start_endpoint"), t0)
     evs.append(runner._event("phase_start", ctx, phase="execute"))
