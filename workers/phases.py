@@ -269,7 +269,7 @@ class PhaseRunner:
                 inst = Instance(endpoint, list(ctx.gpus), "simulated", host=ctx.host,
                                 time_scale=self.settings.time_scale)
             else:  # a real process: spawn, then wait on its HTTP health check (child spans)
-                inst = get_driver(ep.launch.driver).start(ep, list(ctx.gpus), self.settings.time_scale, ctx.host)
+                inst = self._start_process(ep, list(ctx.gpus), ctx)
             if hb.lost.is_set():
                 self._stop_instance(inst)
                 raise StaleFencingToken("lease lost while the endpoint started")
@@ -279,6 +279,26 @@ class PhaseRunner:
             self._stop_instance(inst)
             raise StaleFencingToken("lease lost before start committed")
         return ep.cold_start_s
+
+    def _start_process(self, spec, gpus: list[str], ctx: PhaseContext) -> Instance:
+        """Start a process endpoint, registered as ``starting`` from the moment it is
+        spawned (:mod:`makespan.workers.drivers.registry`): a worker killed or stopped
+        during its health check leaves a tracked process, which the next worker's start
+        sweep (:mod:`makespan.workers.orphans`) stops. The caller registers it ``running``.
+        Raises PhaseError (the process is stopped and forgotten first)."""
+        spawned: list[Instance] = []
+
+        def track(inst: Instance) -> None:
+            spawned.append(inst)
+            register_instance(self.r, self.keys, inst, state="starting")
+
+        try:
+            return get_driver(spec.launch.driver).start(spec, gpus, self.settings.time_scale, ctx.host,
+                                                        on_spawn=track)
+        except PhaseError:
+            for inst in spawned:
+                self._stop_instance(inst)
+            raise
 
     def _stop_instance(self, inst: Instance) -> None:
         unregister_instance(self.r, self.keys, inst.id)
@@ -324,7 +344,7 @@ class PhaseRunner:
                     self._sleep(spec.cold_start_s, hb)
                     inst = Instance(name, gpus, "simulated", host=ctx.host, time_scale=self.settings.time_scale)
                 else:
-                    inst = get_driver(spec.launch.driver).start(spec, gpus, self.settings.time_scale, ctx.host)
+                    inst = self._start_process(spec, gpus, ctx)
                 register_instance(self.r, self.keys, inst)
                 started.append(inst.id)
                 if hb.lost.is_set():
@@ -353,13 +373,22 @@ class PhaseRunner:
                   spec: dict | None = None) -> None:
         """The body of execute: the job's workload function (``spec["workload"]``, see
         :meth:`_run_function`), else the payload's requests against its endpoint
-        instance, else a sleep of ``service_s`` (scaled). Raises StaleFencingToken (lease
+        instance, else a sleep of ``service_s`` (scaled). A job planned on a process
+        endpoint never runs without it: when no live instance of it is on its GPUs (its
+        process was stopped or died after the start phase) execute fails with that
+        reason instead of "succeeding" by sleeping. Raises StaleFencingToken (lease
         lost), PhaseCancelled, WorkloadFailed or PhaseError."""
+        planned = self.fleet.endpoints.get(ctx.endpoint)
+        needs_process = planned is not None and planned.launch.driver != "simulated"
+        inst = self._request_target(ctx) if needs_process or payload.get("requests") else None
+        if needs_process and inst is None:
+            raise PhaseError(f"no live instance of endpoint {ctx.endpoint!r} on GPUs {', '.join(ctx.gpus)}, which "
+                             "the job was planned on (its process was stopped or died after the start phase); "
+                             "not running the job without it")
         if spec and spec.get("workload"):
             self._run_function(ctx, hb, extra, spec)
             return
-        inst = self._request_target(ctx) if payload.get("requests") else None
-        if inst is not None:  # request-level execution against the real endpoint
+        if inst is not None and payload.get("requests"):  # request-level execution against the real endpoint
             from makespan.workers.requests import RequestRunner
 
             res = RequestRunner(self.r, self.keys, inst.id, inst.url, self.fleet.endpoints[ctx.endpoint].model,
@@ -467,9 +496,13 @@ class PhaseRunner:
         return self._finish(ctx, "failed", reason, extra_ops=[("SET", self.keys.result(ctx.job_id), error, "PX", ttl_ms)])
 
     def _request_target(self, ctx: PhaseContext) -> Instance | None:
-        """The running instance of ``ctx.endpoint`` on exactly these GPUs that has a URL."""
-        for i in self._instances_on(ctx.gpus):
-            if i.endpoint == ctx.endpoint and i.url and sorted(i.gpus) == sorted(ctx.gpus):
+        """The running instance of ``ctx.endpoint`` on exactly these GPUs that has a URL
+        and, for a process, whose process is alive (endpoints run on the worker's host)."""
+        from makespan.workers.drivers.process import pid_alive
+
+        for i, state in list_instances(self.r, self.keys, with_state=True):
+            if (state == "running" and i.endpoint == ctx.endpoint and i.url and sorted(i.gpus) == sorted(ctx.gpus)
+                    and (not i.pid or pid_alive(i.pid))):
                 return i
         return None
 

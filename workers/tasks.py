@@ -164,13 +164,34 @@ def _stop_idle_endpoints(**_kw) -> None:
 def _stop_own_endpoints(**_kw) -> None:
     """On shutdown the GPU worker stops the endpoint processes running on its host (they
     run in their own sessions and would outlive it) and forgets them, so the planner
-    sees those GPUs empty and loads or restores what it needs next time."""
-    _stop_endpoints(idle_only=False)
+    sees those GPUs empty and loads or restores what it needs next time — except those
+    on GPUs a live lease holds: that lease's later phases (queued on this host, run by
+    the next worker) need them. If no worker comes back, the lease expires, its reclaim
+    forgets the resident markers and the next start phase or worker start sweep
+    (:mod:`makespan.workers.orphans`) stops them."""
+    _stop_endpoints(idle_only=True)
+
+
+@signals.worker_init.connect
+def _sweep_orphans(**_kw) -> None:
+    """Before consuming: stop and report the endpoint processes an earlier worker of this
+    host left behind (:func:`makespan.workers.orphans.sweep`). Best effort: a Redis that
+    does not answer yet is logged."""
+    host = os.environ.get("MAKESPAN_HOST")
+    if not host:
+        return
+    from makespan.workers.orphans import sweep
+
+    try:
+        sweep(connect(settings.redis_url), Keys(settings.key_prefix), host)
+    except Exception as e:  # noqa: BLE001 - a start must not fail on the sweep
+        log.warning("orphan sweep at start skipped: %s", e)
 
 
 def _stop_endpoints(idle_only: bool) -> None:
     """Stop and unregister this host's endpoint processes (``idle_only``: only those on
-    GPUs no lease holds). Best effort: Redis may already be gone."""
+    GPUs no live lease holds: a GPU key exists while its lease is live). Best effort:
+    Redis may already be gone."""
     host = os.environ.get("MAKESPAN_HOST")
     if not host:
         return

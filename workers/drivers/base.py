@@ -29,6 +29,9 @@ class Instance:
         pid / port / log_path: process details (process/vllm), else None.
         health_path: HTTP path probed by :meth:`EndpointDriver.health`.
         started_at: unix seconds when it passed its health check.
+        owner_pid: pid of the GPU worker process that spawned it (a process whose owner
+            is gone is an orphan unless a lease or a resident marker still names it:
+            :mod:`makespan.workers.orphans`).
         proc: the :class:`subprocess.Popen` when this process spawned it (not serialised).
     """
 
@@ -45,6 +48,7 @@ class Instance:
     started_at: float = field(default_factory=time.time)
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     stopped: bool = False
+    owner_pid: int | None = None
     proc: Any = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
@@ -85,7 +89,8 @@ class StopReport:
 class EndpointDriver(Protocol):
     """What every endpoint driver provides.
 
-    ``start`` blocks until the instance passes its health check and raises
+    ``start`` blocks until the instance passes its health check (a driver that spawns a
+    process calls ``on_spawn(instance)`` as soon as it exists) and raises
     :class:`makespan.errors.PhaseError` with the reason when it does not (timeout, early
     exit). ``stop`` is idempotent. ``sleep``/``wake`` raise PhaseError where the
     endpoint or driver has no sleep mode.
@@ -94,7 +99,7 @@ class EndpointDriver(Protocol):
     name: str
 
     def start(self, endpoint: EndpointSpec, gpus: list[str], time_scale: float = 1.0,
-              host: str = "") -> Instance: ...
+              host: str = "", on_spawn: Any = None) -> Instance: ...
 
     def stop(self, instance: Instance) -> "StopReport | None": ...
 

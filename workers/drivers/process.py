@@ -28,6 +28,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 import httpx
 
@@ -65,6 +66,9 @@ def _alive(pid: int) -> bool:
         return stat.rsplit(")", 1)[1].split()[0] != "Z"
     except (OSError, IndexError):
         return True
+
+
+pid_alive = _alive  # the public name, for the phases and the orphan sweep
 
 
 def group_members(leader_pid: int) -> list[int]:
@@ -154,9 +158,13 @@ class ProcessDriver:
 
     # -- lifecycle -------------------------------------------------------------------
     def start(self, endpoint: EndpointSpec, gpus: list[str], time_scale: float = 1.0,
-              host: str = "") -> Instance:
-        """Spawn and wait for health. Raises :class:`PhaseError` (timeout, early exit,
-        command not found); the process is stopped before the error is raised."""
+              host: str = "", on_spawn: Callable[[Instance], None] | None = None) -> Instance:
+        """Spawn and wait for health. ``on_spawn(instance)`` is called right after the
+        process is spawned, before its health check (the GPU worker registers it as
+        ``starting`` there, so it is tracked from its first moment); the instance's
+        ``owner_pid`` is this process. Raises :class:`PhaseError` (timeout, early exit,
+        command not found, ``on_spawn`` failed); the process group is stopped before the
+        error is raised."""
         if len(gpus) != endpoint.tensor_parallel:
             raise PhaseError(f"endpoint {endpoint.name!r}: needs {endpoint.tensor_parallel} GPUs, got {len(gpus)}")
         port = free_port()
@@ -179,9 +187,21 @@ class ProcessDriver:
         except OSError as e:
             raise PhaseError(f"endpoint {endpoint.name!r}: cannot run {argv[0]!r}: {e}") from e
         inst.pid = inst.proc.pid
+        inst.owner_pid = os.getpid()
+        if on_spawn is not None:
+            try:
+                on_spawn(inst)
+            except Exception as e:  # noqa: BLE001 - an untracked process must not run on
+                self.stop(inst)
+                raise PhaseError(f"endpoint {endpoint.name!r}: spawned process {inst.pid} could not be recorded "
+                                 f"({type(e).__name__}: {e}); stopped it") from e
         timeout_s = self.health_timeout_s if self.health_timeout_s is not None else endpoint.launch.health_timeout_s
-        with telemetry.child_span("health_check", {"url": inst.url, "timeout_s": timeout_s}):
-            self._wait_healthy(endpoint, inst, timeout_s)
+        try:
+            with telemetry.child_span("health_check", {"url": inst.url, "timeout_s": timeout_s}):
+                self._wait_healthy(endpoint, inst, timeout_s)
+        except BaseException:
+            self.stop(inst)  # early exit or timeout: no member of its group may stay behind
+            raise
         inst.started_at = time.time()
         return inst
 

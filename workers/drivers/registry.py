@@ -2,9 +2,11 @@
 
 Keys (see :mod:`makespan.keys`): ``P:instance:{id}`` (hash: the fields of
 :class:`makespan.workers.drivers.base.Instance`, ``gpus`` as JSON, plus ``state``) and
-``P:instances`` (set of live ids). The GPU worker registers an instance after its
-start phase passes the health check and unregisters it before (or right after) it
-stops it inside a POSITIVE agenda entry; the observer replaces a failed one.
+``P:instances`` (set of live ids). The GPU worker registers an instance the moment its
+process is spawned, as ``starting`` (so no stop, kill or crash of the worker can leave an
+untracked process on a GPU), as ``running`` once its health check passes, and
+unregisters it before (or right after) it stops it inside a POSITIVE agenda entry; the
+observer probes only ``running`` ones and replaces a failed one.
 Every write accepts an optional pipeline, so a phase change and its bookkeeping can
 commit together.
 """
@@ -33,7 +35,7 @@ def _encode(instance: Instance, state: str) -> dict[str, str]:
 
 def register_instance(r: redis.Redis, keys: Keys, instance: Instance, state: str = "running",
                       pipe: Any = None) -> None:
-    """Record ``instance`` as live (``state``: ``running`` or ``failed``)."""
+    """Record ``instance`` as live (``state``: ``starting``, ``running`` or ``failed``)."""
     p = pipe if pipe is not None else r.pipeline()
     p.delete(keys.instance(instance.id))
     p.hset(keys.instance(instance.id), mapping=_encode(instance, state))
@@ -61,7 +63,7 @@ def _decode(h: dict[str, str]) -> tuple[Instance, str]:
     d: dict[str, Any] = dict(h)
     state = d.pop("state", "running")
     d["gpus"] = json.loads(d.get("gpus", "[]"))
-    for k in ("pid", "port"):
+    for k in ("pid", "port", "owner_pid"):
         if k in d:
             d[k] = int(d[k])
     for k in ("time_scale", "started_at"):

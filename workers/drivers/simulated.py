@@ -21,7 +21,7 @@ class SimulatedDriver:
         self._specs: dict[str, EndpointSpec] = {}
 
     def start(self, endpoint: EndpointSpec, gpus: list[str], time_scale: float = 1.0,
-              host: str = "") -> Instance:
+              host: str = "", on_spawn=None) -> Instance:  # no process: nothing to track early
         if len(gpus) != endpoint.tensor_parallel:
             raise PhaseError(f"endpoint {endpoint.name!r}: needs {endpoint.tensor_parallel} GPUs, got {len(gpus)}")
         time.sleep(endpoint.cold_start_s * time_scale)

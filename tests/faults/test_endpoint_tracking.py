@@ -1,0 +1,169 @@
+"""Issue 18, failure 7 (and must-contain 8): endpoints across GPU worker restarts.
+
+* A worker stopped (SIGTERM, warm shutdown) right after a start phase must not stop the
+  endpoint its lease's later phases need: the next worker runs execute against it and
+  the job's 20 requests are all sent.
+* execute never "succeeds" without the endpoint it was planned on: with the instance
+  gone, the job fails with that reason (it used to sleep and record ``completed``).
+* An endpoint process is tracked from the moment it is spawned: a worker SIGKILLed
+  during the start phase's health check leaves a ``starting`` record, and the next
+  worker's start sweep stops the orphan and reports it (log and ``endpoint_orphan``).
+
+Real GPU worker processes, real endpoint processes (makespan.workers.endpoint_server),
+no planner: the test takes the lease itself and sends the phases to the host's queue.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+from dataclasses import replace
+
+import pytest
+from celery import chain
+
+from makespan.celery_app import create_celery
+from makespan.live import LiveSystem
+from makespan.models import load_fleet
+from makespan.producer import Producer
+from makespan.workers.drivers.registry import list_instances, unregister_instance
+from makespan.workers.leases import LeaseStore
+from makespan.workers.phases import PhaseContext
+from tests.live import all_events, wait_for
+
+HOST = "h1"
+
+
+def pid_alive(pid: int) -> bool:
+    """The process runs and is not a zombie (read here, not from the code under test)."""
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+TTL_S = 30.0  # outlives the gap between the two workers (nothing renews it then)
+FLEET = """
+name = "tracking"
+[[hosts]]
+name = "h1"
+gpu_count = 1
+memory_mib = 40000
+[endpoints.real]
+model = "real/model"
+memory_mib_per_gpu = 20000
+cold_start_s = {cold_start_s}
+evict_s = 1
+launch = {{ driver = "process", health_timeout_s = 60 }}
+"""
+TERMINAL = ("completed", "failed", "cancelled")
+
+
+def _system(tmp_path, settings, cold_start_s: float):
+    path = tmp_path / "fleet.toml"
+    path.write_text(FLEET.format(cold_start_s=cold_start_s))
+    fleet = load_fleet(path)
+    s = replace(settings, lease_ttl_s=TTL_S, heartbeat_s=1.0)
+    return LiveSystem(path, fleet, s, tmp_path / "logs", planners=0, observer=False), fleet, s
+
+
+def _lease(r, keys, fleet, s, payload=None):
+    gpu = fleet.hosts[0].gpus[0].uuid
+    job = Producer(r, keys, fleet, s).submit({"endpoint": "real", "service_s": 10, "priority": "HIGH",
+                                              "payload": payload or {}}).id
+    lease = LeaseStore(r, keys).acquire("L1", (gpu,), TTL_S, job_id=job, kind="job", holder=HOST,
+                                        queue=keys.queue("HIGH"))
+    assert lease is not None
+    return PhaseContext("L1", lease.token, [gpu], HOST, "job", "real", job, "HIGH", 10.0)
+
+
+def _send(s, keys, ctx, phases):
+    app = create_celery(s)
+    try:
+        chain(*[app.signature(f"makespan.{p}", args=(ctx.__dict__,), immutable=True).set(queue=keys.host_queue(HOST))
+                for p in phases], app=app).apply_async()
+    finally:
+        app.close()
+
+
+def _phase_done(r, keys, ctx, phase):
+    return r.hget(keys.phase(ctx.lease_id), phase) == "done"
+
+
+def _worker(system, n):
+    system.procs = [p for p in system.procs if p.alive()]  # an earlier worker that ended is no failure here
+    proc = system.start_gpu_worker(HOST, n)
+    system.wait_workers(60, hosts=[HOST])
+    return proc
+
+
+def test_worker_shutdown_keeps_the_endpoint_its_live_lease_needs(r, keys, settings, tmp_path):
+    system, fleet, s = _system(tmp_path, settings, cold_start_s=10)
+    ctx = _lease(r, keys, fleet, s, payload={"requests": 20, "prompt": "p {i}", "max_tokens": 4})
+    try:
+        first = _worker(system, 0)
+        _send(s, keys, ctx, ("evict", "start_endpoint"))
+        wait_for(lambda: _phase_done(r, keys, ctx, "start_endpoint"), 30, "the start phase")
+        [inst] = list_instances(r, keys)
+        first.popen.send_signal(signal.SIGTERM)  # the worker alone: a warm shutdown
+        first.popen.wait(timeout=30)
+        assert pid_alive(inst.pid), "the shutdown stopped the endpoint that lease L1 still needs"
+        assert [i.id for i in list_instances(r, keys)] == [inst.id]
+        _worker(system, 1)
+        _send(s, keys, ctx, ("execute", "clear"))
+        wait_for(lambda: r.hget(keys.job(ctx.job_id), "state") in TERMINAL, 30, "the job to end")
+        assert r.hget(keys.job(ctx.job_id), "state") == "completed", r.hget(keys.job(ctx.job_id), "reason")
+        [end] = [e for e in all_events(r, keys) if e["kind"] == "phase_end" and e.get("phase") == "execute"]
+        assert end["requests"] == 20 and end["ok"] == 20 and end["instance"] == inst.id
+    finally:
+        system.stop()
+
+
+def test_execute_without_its_endpoint_fails_with_the_reason(r, keys, settings, tmp_path):
+    system, fleet, s = _system(tmp_path, settings, cold_start_s=10)
+    ctx = _lease(r, keys, fleet, s, payload={"requests": 20, "prompt": "p {i}", "max_tokens": 4})
+    try:
+        _worker(system, 0)
+        _send(s, keys, ctx, ("evict", "start_endpoint"))
+        wait_for(lambda: _phase_done(r, keys, ctx, "start_endpoint"), 30, "the start phase")
+        [inst] = list_instances(r, keys)
+        from makespan.workers.drivers import get_driver
+
+        get_driver("process").stop(inst)  # the endpoint is gone before execute runs
+        unregister_instance(r, keys, inst.id)
+        _send(s, keys, ctx, ("execute", "clear"))
+        wait_for(lambda: r.hget(keys.job(ctx.job_id), "state") in TERMINAL, 30, "the job to end")
+        rec = r.hgetall(keys.job(ctx.job_id))
+        assert rec["state"] == "failed", "execute 'succeeded' without the endpoint it was planned on"
+        assert "no live instance of endpoint 'real'" in rec["reason"]
+        assert r.get(keys.gpu(ctx.gpus[0])) is None  # the lease was released with the failure
+    finally:
+        system.stop()
+
+
+def test_endpoint_spawned_by_a_killed_worker_is_tracked_and_stopped_by_the_next(r, keys, settings, tmp_path):
+    # 1500 workload s x 0.01 = a 15 s load: the worker is killed during the health check
+    system, fleet, s = _system(tmp_path, settings, cold_start_s=1500)
+    ctx = _lease(r, keys, fleet, s)
+    try:
+        _worker(system, 0)
+        _send(s, keys, ctx, ("evict", "start_endpoint"))
+        rows = wait_for(lambda: list_instances(r, keys, with_state=True), 30,
+                        "the spawned endpoint to be registered before its health check passes")
+        [(inst, state)] = rows
+        assert state == "starting" and inst.pid and pid_alive(inst.pid) and inst.owner_pid
+        system.kill("gpu-")  # SIGKILL to the worker's whole process group; the endpoint has its own session
+        time.sleep(0.5)
+        assert pid_alive(inst.pid)  # orphaned, but tracked
+        _worker(system, 1)
+        wait_for(lambda: not pid_alive(inst.pid), 30, "the next worker to stop the orphan")
+        assert list_instances(r, keys) == []
+        [ev] = [e for e in all_events(r, keys) if e["kind"] == "endpoint_orphan"]
+        assert ev["instance"] == inst.id and ev["action"] == "stopped" and ev["pid"] == inst.pid
+        assert ev["reason"] == "starting, its worker is gone"
+        log = (tmp_path / "logs" / f"gpu-{HOST}-1.log").read_text()
+        assert "left by a worker that is gone" in log and inst.id in log
+    finally:
+        system.stop()

@@ -1,0 +1,100 @@
+"""The GPU worker's start sweep: endpoint processes an earlier worker left on this host.
+
+Every endpoint process is registered from the moment it is spawned (state ``starting``,
+then ``running``; :mod:`makespan.workers.drivers.registry`) with ``owner_pid``, the GPU
+worker process that spawned it. A worker that was SIGKILLed, or whose whole process group
+was signalled during a start phase, leaves such records behind. As a GPU worker starts,
+before it consumes, :func:`sweep` looks at every registered process instance of its host
+whose owner is gone (not alive, and not this process):
+
+* its process is dead: the record (and any resident marker naming it on a GPU no lease
+  holds) is forgotten — ``reason`` ``process gone``;
+* it is still ``starting``: nobody will finish its start (a redelivered start phase finds
+  the phase claimed and stops): its process group is stopped and the record forgotten —
+  ``reason`` ``starting, its worker is gone``;
+* it is ``running`` but neither a live lease holds its GPUs nor a resident marker names it:
+  nothing will use or stop it — stopped and forgotten, ``reason`` ``untracked``.
+
+A running instance that a live lease still needs (its job's execute runs on this worker
+next), or that its GPUs' resident markers name (a warm endpoint the planner plans on), is
+kept. Each instance handled is logged as a warning and recorded as one ``endpoint_orphan``
+event (``instance``, ``endpoint``, ``gpus``, ``host``, ``pid``, ``reason``, ``action``
+``stopped`` or ``forgotten``, ``killed``: pids SIGKILLed after the grace period).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import redis
+
+from makespan import events
+from makespan.errors import MakespanError
+from makespan.keys import Keys
+from makespan.workers.drivers import get_driver
+from makespan.workers.drivers.base import Instance
+from makespan.workers.drivers.process import pid_alive
+from makespan.workers.drivers.registry import list_instances, unregister_instance
+
+log = logging.getLogger("makespan.orphans")
+
+
+def _resident_value(inst: Instance) -> str:
+    from makespan.workers.phases import instance_value
+
+    return instance_value(inst.endpoint, inst.gpus)
+
+
+def _verdict(r: redis.Redis, keys: Keys, inst: Instance, state: str) -> str | None:
+    """Why ``inst`` is an orphan to handle, or None to keep it."""
+    if inst.owner_pid and (inst.owner_pid == os.getpid() or pid_alive(inst.owner_pid)):
+        return None  # its worker runs (this one, or another on this host)
+    if not inst.pid or not pid_alive(inst.pid):
+        return "process gone"
+    if state == "starting":
+        return "starting, its worker is gone"
+    leased = any(r.mget([keys.gpu(g) for g in inst.gpus]))
+    resident = all(v == _resident_value(inst) for v in r.mget([keys.resident(g) for g in inst.gpus]))
+    if leased or resident:
+        return None
+    return "untracked"
+
+
+def sweep(r: redis.Redis, keys: Keys, host: str) -> list[dict[str, Any]]:
+    """Find, stop and forget the orphaned endpoint processes of ``host`` (module doc).
+    Returns the ``endpoint_orphan`` events recorded, one per instance handled.
+
+    Raises:
+        redis.RedisError / StoreError: Redis did not answer (the caller logs it).
+    """
+    out = []
+    for inst, state in list_instances(r, keys, with_state=True):
+        if inst.host != host or inst.driver == "simulated":
+            continue
+        reason = _verdict(r, keys, inst, state)
+        if reason is None:
+            continue
+        killed: list[int] = []
+        action = "forgotten"
+        if reason != "process gone":
+            try:
+                report = get_driver(inst.driver).stop(inst)
+                killed = [pid for pid, _cmd in getattr(report, "killed", ())]
+                action = "stopped"
+            except MakespanError as e:
+                log.warning("orphan %s of %s: stop failed: %s", inst.id, inst.endpoint, e)
+        unregister_instance(r, keys, inst.id)
+        want = _resident_value(inst)
+        for g in inst.gpus:  # a marker on a leased GPU is its holder's to change
+            if r.get(keys.resident(g)) == want and not r.exists(keys.gpu(g)):
+                r.delete(keys.resident(g))
+        fields = {"instance": inst.id, "endpoint": inst.endpoint, "gpus": list(inst.gpus), "host": host,
+                  "pid": inst.pid, "reason": reason, "action": action, "killed": killed}
+        events.record(r, keys.events, "endpoint_orphan", **fields)
+        log.warning("GPU worker on %s found endpoint %s (instance %s, pid %s, GPUs %s) left by a worker that is "
+                    "gone: %s; %s%s", host, inst.endpoint, inst.id, inst.pid, ",".join(inst.gpus), reason, action,
+                    f" (SIGKILLed {killed})" if killed else "")
+        out.append({"kind": "endpoint_orphan", **fields})
+    return out
