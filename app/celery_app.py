@@ -25,8 +25,13 @@ def create_celery(settings: Settings) -> Celery:
     """A Celery app bound to ``settings.redis_url`` and ``settings.key_prefix``."""
     from makespan.workers import startup_checks  # noqa: F401 - its worker_init check (evicting Redis)
 
+    from makespan.broker import broker_url
+
     keys = Keys(settings.key_prefix)
-    app = Celery("makespan", broker=settings.redis_url, include=["makespan.workers.tasks"])
+    url, transport = broker_url(settings.redis_url)  # role changes reconnect (makespan.broker)
+    app = Celery("makespan", broker=url, include=["makespan.workers.tasks"])
+    if transport:
+        app.conf.broker_transport = transport
     app.conf.update(
         task_serializer="json",
         accept_content=["json"],
@@ -62,16 +67,22 @@ def broker_transport_options(settings: Settings) -> dict:
     instead of blocking forever. ``retry_on_timeout`` stays off: a publish retried after a
     timeout could be delivered twice (phase tasks are fenced, but a retry is kombu's job,
     through its reconnect)."""
+    from makespan.broker import sentinel_master
     from makespan.redis_conn import client_options
 
     keys = Keys(settings.key_prefix)
-    return {
+    opts = {
         "global_keyprefix": keys.celery_prefix,
         "visibility_timeout": settings.broker_visibility_timeout_s,
         "queue_order_strategy": "priority",
         **client_options(settings),
         "retry_on_timeout": False,
     }
+    master = sentinel_master(settings.redis_url)
+    if master:  # kombu's Sentinel transport: the service name, and the same bounds towards each Sentinel
+        opts["master_name"] = master
+        opts["sentinel_kwargs"] = {k: v for k, v in client_options(settings).items() if k != "health_check_interval"}
+    return opts
 
 
 def _fleet_hosts() -> list[str]:

@@ -134,9 +134,27 @@ def gpu_worker(fleet: Path = FleetOpt, host: str = typer.Option(..., help="host 
     from makespan.workers.tasks import celery
 
     n = concurrency or len(hosts[host].gpus)
-    celery.worker_main(["worker", "-Q", f"gpu.{host}", "-n", f"gpu-{host}@%h", "-P", pool, "-c", str(n),
-                        "--loglevel", os.environ.get("MAKESPAN_LOG_LEVEL", "WARNING"), "-E",
-                        "--without-gossip", "--without-mingle"])
+    code = _celery_worker(celery, ["worker", "-Q", f"gpu.{host}", "-n", f"gpu-{host}@%h", "-P", pool, "-c", str(n),
+                                   "--loglevel", os.environ.get("MAKESPAN_LOG_LEVEL", "WARNING"), "-E",
+                                   "--without-gossip", "--without-mingle"])
+    if code:
+        raise typer.Exit(code)
+
+
+def _celery_worker(app, argv: list[str]) -> int:
+    """Run ``celery worker`` for ``app`` as ``app.worker_main`` does, but return the
+    worker's exit code: ``worker_main`` and ``app.start`` drop it (click's non-standalone
+    ``main`` returns it), so a worker that stopped on an unrecoverable error (Celery
+    logs ``Unrecoverable error`` and sets exit code 1) exited 0, and a restart-on-failure
+    supervisor left it down."""
+    from celery.bin.celery import celery as celery_command
+
+    celery_command.params[0].default = app
+    try:
+        code = celery_command.main(args=argv, standalone_mode=False)
+    finally:
+        celery_command.params[0].default = None
+    return code if isinstance(code, int) else 0
 
 
 def _check_gpus(host_spec) -> None:

@@ -123,7 +123,9 @@ end
 return 1
 """
 
-# Reclaim one expired lease (its holder stopped renewing).
+# Reclaim one expired lease (its holder stopped renewing). The job's attempt counts only
+# when a phase of the lease was claimed (P:phase:{lease} not empty); otherwise it is queued
+# again at once, attempts unchanged.
 # A requeued job waits as a delayed job (makespan.workers.delayed) when a retry backoff is set.
 # KEYS: lease, leases, running, events ; ARGV: lease_id, now_ms (caller's clock: event ts and
 # finished_at only), max_attempts, prefix, retry backoff s (0 = queue at once), longest backoff s
@@ -148,6 +150,10 @@ redis.call('DEL', KEYS[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('DEL', ARGV[4] .. ':busy:' .. ARGV[1])
 local executed = redis.call('HGET', ARGV[4] .. ':phase:' .. ARGV[1], 'execute') == 'done'
+-- an attempt counts only once a phase of it started (claimed it): a lease that expired
+-- while no consumer was alive for its host (a Redis role change, an outage, a dead
+-- worker) did not try the job and must not burn its attempts
+local tried = redis.call('HLEN', ARGV[4] .. ':phase:' .. ARGV[1]) > 0
 redis.call('DEL', ARGV[4] .. ':phase:' .. ARGV[1])
 local job = L['job']
 local outcome = 'released'
@@ -156,7 +162,8 @@ if job and L['kind'] == 'job' then
   redis.call('ZREM', KEYS[3], job)
   local state = redis.call('HGET', jk, 'state')
   if state == 'leased' or state == 'running' then
-    local attempts = redis.call('HINCRBY', jk, 'attempts', 1)
+    local attempts = tonumber(redis.call('HGET', jk, 'attempts') or '0')
+    if tried then attempts = redis.call('HINCRBY', jk, 'attempts', 1) end
     if executed then  -- its workload already ran to the end: never run it twice
       redis.call('HSET', jk, 'state', 'completed', 'finished_at', tostring(tonumber(ARGV[2]) / 1000.0),
                  'reason', 'completed; lease reclaimed after execute')
@@ -164,7 +171,7 @@ if job and L['kind'] == 'job' then
     elseif redis.call('HGET', jk, 'cancel_requested') == '1' then
       redis.call('HSET', jk, 'state', 'cancelled', 'reason', 'cancelled; lease reclaimed', 'finished_at', tostring(tonumber(ARGV[2]) / 1000.0))
       outcome = 'cancelled'
-    elseif attempts >= tonumber(ARGV[3]) then
+    elseif tried and attempts >= tonumber(ARGV[3]) then
       redis.call('HSET', jk, 'state', 'failed', 'finished_at', tostring(tonumber(ARGV[2]) / 1000.0),
                  'reason', 'lease expired: its GPU worker stopped renewing it (' .. attempts .. ' attempts)')
       outcome = 'failed'
@@ -173,7 +180,11 @@ if job and L['kind'] == 'job' then
       local seq = redis.call('HGET', jk, 'seq')
       local backoff = tonumber(ARGV[5] or '0') or 0
       redis.call('HDEL', jk, 'lease', 'token')
-      if backoff > 0 then
+      if not tried then
+        redis.call('HSET', jk, 'state', 'queued',
+                   'reason', 'requeued: lease expired before any phase started (no consumer for its host); not an attempt')
+        redis.call('ZADD', ARGV[4] .. ':queue:' .. string.lower(prio), tonumber(seq), job)
+      elseif backoff > 0 then
         local wait = math.min(backoff * 2 ^ (attempts - 1), tonumber(ARGV[6]))
         local due = server_now_ms / 1000.0 + wait
         redis.call('HSET', jk, 'state', 'delayed', 'not_before', tostring(due),
@@ -191,6 +202,7 @@ if job and L['kind'] == 'job' then
   end
 end
 local ev = {ts = tonumber(ARGV[2]) / 1000.0, kind = 'reclaimed', lease = ARGV[1], job = job, outcome = outcome, gpus = gpus,
+            attempt_counted = tried,
             expired_at = tonumber(L['expires_ms'] or ARGV[2]) / 1000.0}
 redis.call('XADD', KEYS[4], 'MAXLEN', '~', '1000000', '*', 'e', cjson.encode(ev))
 if outcome == 'requeued' or outcome == 'failed' or outcome == 'completed' then

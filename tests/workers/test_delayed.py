@@ -81,6 +81,7 @@ def test_planner_queues_a_due_job_and_the_reaper_retries_with_backoff(r, keys, s
     assert [c.job_id for c in sent] == [jid]
     leases = LeaseStore(r, keys)
     for attempt, wait_s in ((1, 30.0), (2, 45.0)):  # 30 × 2^(attempt−1), at most 45
+        r.hset(keys.phase(sent[-1].lease_id), "evict:claimed", "1")  # a phase started: an attempt
         r.zadd(keys.leases, {sent[-1].lease_id: 0})  # its holder stopped renewing: expired
         t0 = time.time()
         assert leases.reclaim_expired(s.max_attempts, s.retry_backoff_s, s.retry_backoff_max_s) == {"requeued": 1}
@@ -111,6 +112,7 @@ def test_cancel_workload_cancels_a_step_waiting_out_its_retry_backoff(r, keys, s
     leases = LeaseStore(r, keys)
     gpu = fleet.gpu_uuids()[0]
     assert leases.acquire("L1", (gpu,), 30.0, job_id=jid, holder="h", queue=keys.queue(prio)) is not None
+    r.hset(keys.phase("L1"), "evict:claimed", "1")  # a phase started: an attempt
     r.zadd(keys.leases, {"L1": 0})  # its holder stopped renewing: expired
     assert leases.reclaim_expired(s.max_attempts, s.retry_backoff_s, s.retry_backoff_max_s) == {"requeued": 1}
     assert r.hget(keys.job(jid), "state") == "delayed"
@@ -130,6 +132,7 @@ def test_planner_wakes_for_a_retry_backoff_shorter_than_its_tick(r, keys, settin
     jid = Producer(r, keys, ONE_GPU, s).submit({"endpoint": "e", "service_s": 1}).id
     w.tick()
     assert [c.job_id for c in sent] == [jid]
+    r.hset(keys.phase(sent[-1].lease_id), "evict:claimed", "1")  # a phase started: an attempt
     r.zadd(keys.leases, {sent[-1].lease_id: 0})  # its holder stopped renewing: expired
     w.tick()
     assert r.hget(keys.job(jid), "state") == "delayed"

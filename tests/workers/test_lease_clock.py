@@ -56,6 +56,7 @@ def _leased_and_renewed(r, keys, settings, monkeypatch, planner_skew_s, worker_s
     ctx = sent[0]
     with clock(monkeypatch, worker_skew_s):  # the worker's heartbeat
         assert LeaseStore(r, keys).renew(Lease(ctx.lease_id, ctx.token, tuple(ctx.gpus)), ttl_s)
+    r.hset(keys.phase(ctx.lease_id), "evict:claimed", "1")  # its first phase started: an attempt
     return w, jid, sent
 
 

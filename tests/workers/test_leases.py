@@ -1,5 +1,6 @@
 """GPU leases on a real Redis: whole gangs, fencing tokens, renewals, reclaim."""
 
+import json
 import time
 
 import pytest
@@ -63,6 +64,7 @@ def test_reclaim_requeues_with_original_order_then_fails(store, prod, r, keys):
     for attempt in (1, 2):
         lease = store.acquire(f"L{attempt}", ("g0",), 0.05, job_id=first.id, queue=q)
         assert lease is not None
+        r.hset(keys.phase(lease.lease_id), "evict:claimed", "1")  # a phase of it started: an attempt
         time.sleep(0.1)
         outcome = store.reclaim_expired(max_attempts=2)
         if attempt == 1:
@@ -74,6 +76,22 @@ def test_reclaim_requeues_with_original_order_then_fails(store, prod, r, keys):
             assert rec["state"] == "failed" and "lease expired" in rec["reason"]
             assert r.zscore(f"{keys.prefix}:finished", first.id) is not None  # retention will compact it
     assert r.zcard(keys.leases) == 0 and r.get(keys.gpu("g0")) is None
+
+
+def test_a_lease_that_expired_before_any_phase_started_is_not_an_attempt(store, prod, r, keys):
+    """Issue 18, failure 2: leases that expire while no consumer is alive for their host
+    (no phase ever claimed) requeue the job with its attempts untouched, however often."""
+    job = prod.submit({"endpoint": "embed", "service_s": 5, "priority": "LOW"})
+    q = keys.queue(Priority.LOW)
+    for n in range(4):  # more than max_attempts
+        assert store.acquire(f"N{n}", ("g0",), 0.05, job_id=job.id, queue=q) is not None
+        time.sleep(0.1)
+        assert store.reclaim_expired(max_attempts=2) == {"requeued": 1}
+    rec = r.hgetall(keys.job(job.id))
+    assert rec["state"] == "queued" and rec["attempts"] == "0" and "not an attempt" in rec["reason"]
+    assert r.zrange(q, 0, -1) == [job.id]
+    reclaimed = [json.loads(f["e"]) for _i, f in r.xrange(keys.events)]
+    assert [e["attempt_counted"] for e in reclaimed if e["kind"] == "reclaimed"] == [False] * 4
 
 
 def test_deposed_planner_cannot_publish(store, prod, r, keys):

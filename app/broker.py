@@ -1,0 +1,145 @@
+"""The Celery broker: kombu's Redis transports, made to survive a Redis role change.
+
+When a Redis primary becomes a replica (``REPLICAOF``, a Sentinel failover demoting it,
+a managed service's maintenance) it ends every blocked ``BRPOP`` with the error
+``UNBLOCKED force unblock from blocking operation, instance state changed``, and writes
+answer ``READONLY``. kombu 5.7 takes both for channel errors (``redis.ResponseError``),
+not connection errors: Celery's consumer does not reconnect, the worker logs
+``Unrecoverable error: … UNBLOCKED`` and stops (kombu PR #2204 discusses the same
+error). The transports here turn exactly those replies (and ``MASTERDOWN``, ``LOADING``) into
+``redis.ConnectionError`` after dropping the socket (in the connection class, so every
+command of the broker's clients is covered), so the consumer reconnects with
+its usual backoff (to the same address, or, through Sentinel, to the new primary) and
+resumes consuming. Any other ``ResponseError`` stays what it was.
+
+:func:`broker_url` maps makespan's Redis URL to kombu's: ``redis://`` and ``unix://``
+use :class:`Transport`; ``redis+sentinel://h1:p1,h2:p2/service/db`` becomes
+``sentinel://h1:p1/db;sentinel://h2:p2/db`` with :class:`SentinelTransport` and the
+service as kombu's ``master_name`` (:func:`sentinel_master`); ``rediss://`` keeps
+kombu's own transport (TLS options come with the URL).
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlparse
+
+import logging
+
+import redis
+from redis import sentinel as redis_sentinel
+from kombu.transport import redis as kombu_redis
+from kombu.transport import virtual
+
+log = logging.getLogger("makespan.broker")
+
+ROLE_CHANGE_REPLIES = ("UNBLOCKED", "READONLY", "MASTERDOWN")  # error prefixes redis-py keeps in the message
+
+
+def role_change(error: BaseException) -> bool:
+    """True for a Redis reply that means "this server is not (or no longer) a writable
+    primary": the client should reconnect rather than give up. redis-py maps
+    ``READONLY`` and ``MASTERDOWN`` to their own classes (and strips the prefix), and
+    leaves ``UNBLOCKED`` a plain ``ResponseError`` with the prefix in its message."""
+    if isinstance(error, (redis.exceptions.ReadOnlyError, redis.exceptions.MasterDownError)):
+        return True
+    return isinstance(error, redis.ResponseError) and str(error).split(" ", 1)[0] in ROLE_CHANGE_REPLIES
+
+
+class _ReconnectOnRoleChange:
+    """Connection mixin: a role-change reply (:func:`role_change`) drops the socket and is
+    raised as ``redis.ConnectionError``, on every command: a consumer's ``BRPOP``, the
+    mutex of kombu's ``restore_visible``, an ack. A refused write was not applied, so
+    kombu's reconnect and redis-py's retry may send it again."""
+
+    def read_response(self, *args, **kwargs):
+        try:
+            return super().read_response(*args, **kwargs)
+        except redis.ResponseError as e:
+            if not role_change(e):
+                raise
+            self.disconnect()
+            raise redis.ConnectionError(f"Redis role changed: {e}") from e
+
+
+class RoleAwareConnection(_ReconnectOnRoleChange, redis.Connection):
+    pass
+
+
+class RoleAwareSSLConnection(_ReconnectOnRoleChange, redis.SSLConnection):
+    pass
+
+
+class RoleAwareSentinelConnection(_ReconnectOnRoleChange, redis_sentinel.SentinelManagedConnection):
+    pass
+
+
+class RoleAwareSentinelSSLConnection(_ReconnectOnRoleChange, redis_sentinel.SentinelManagedSSLConnection):
+    pass
+
+
+class QoS(kombu_redis.QoS):
+    """An ack (or reject) whose Redis write fails on a lost connection (a role change, an
+    outage) still frees its prefetch slot. kombu's own QoS skips the local bookkeeping
+    when the write raises: with ``worker_prefetch_multiplier=1`` the consumer then never
+    fetched again, alive but idle. The message stays in kombu's unacked index in Redis
+    and comes back after the visibility timeout; every phase task is idempotent and
+    fenced, so its replay is a no-op."""
+
+    def ack(self, delivery_tag):
+        try:
+            self._remove_from_indices(delivery_tag).execute()
+        except redis.ConnectionError as e:
+            log.warning("ack of %s not written to Redis (%s): it is redelivered after the visibility timeout",
+                        delivery_tag, e)
+        virtual.QoS.ack(self, delivery_tag)
+
+    def reject(self, delivery_tag, requeue=False):
+        try:
+            super().reject(delivery_tag, requeue=requeue)
+        except redis.ConnectionError as e:
+            log.warning("reject of %s not written to Redis (%s)", delivery_tag, e)
+            virtual.QoS.ack(self, delivery_tag)
+
+
+class Channel(kombu_redis.Channel):
+    QoS = QoS
+    connection_class = RoleAwareConnection
+    connection_class_ssl = RoleAwareSSLConnection
+
+
+class Transport(kombu_redis.Transport):
+    Channel = Channel
+
+
+class SentinelChannel(kombu_redis.SentinelChannel):
+    QoS = QoS
+    connection_class = RoleAwareSentinelConnection
+    connection_class_ssl = RoleAwareSentinelSSLConnection
+
+
+class SentinelTransport(kombu_redis.SentinelTransport):
+    Channel = SentinelChannel
+
+
+def broker_url(redis_url: str) -> tuple[str, str | None]:
+    """kombu's broker URL and transport (a class path, None for kombu's default) for
+    makespan's ``redis_url`` (see the module doc)."""
+    u = urlparse(redis_url)
+    if u.scheme in ("redis", "unix"):
+        return redis_url, "makespan.broker:Transport"
+    if u.scheme == "redis+sentinel":
+        hosts = u.netloc.split("@")[-1].split(",")
+        auth = u.netloc.split("@")[0] + "@" if "@" in u.netloc else ""
+        path = [p for p in u.path.split("/") if p]
+        db = path[1] if len(path) > 1 else "0"
+        return ";".join(f"sentinel://{auth}{h}/{db}" for h in hosts), "makespan.broker:SentinelTransport"
+    return redis_url, None
+
+
+def sentinel_master(redis_url: str) -> str | None:
+    """The Sentinel service name of a ``redis+sentinel://`` URL (kombu's ``master_name``)."""
+    u = urlparse(redis_url)
+    if u.scheme != "redis+sentinel":
+        return None
+    path = [p for p in u.path.split("/") if p]
+    return path[0] if path else None

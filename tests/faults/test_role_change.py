@@ -1,0 +1,107 @@
+"""Issue 18, failures 2 and 9: GPU workers and the observer survive a Redis role change.
+
+On a private Redis (never the shared one): a planner, two GPU workers and the observer
+run; the Redis becomes a replica of an unreachable primary for 3 s (``REPLICAOF``: every
+blocked ``BRPOP`` ends with ``UNBLOCKED``, every write answers ``READONLY``), then a
+primary again (``REPLICAOF NO ONE``). The GPU workers used to log ``Unrecoverable error:
+… UNBLOCKED`` and exit 0, and the jobs submitted afterwards failed as their leases
+expired with no consumer. Now every process is still running, the jobs submitted
+before and after all complete, and a worker that really cannot go on (its Redis user
+loses the right to ``BRPOP``) exits non-zero.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from makespan.keys import Keys
+from makespan.live import LiveSystem
+from makespan.models import load_fleet
+from makespan.producer import Producer
+from makespan.redis_conn import connect, free_port, start_embedded
+from makespan.settings import Settings
+from tests.live import wait_for
+
+FLEET = """
+name = "role-change"
+[[hosts]]
+name = "h1"
+gpu_count = 1
+memory_mib = 40000
+[[hosts]]
+name = "h2"
+gpu_count = 1
+memory_mib = 40000
+[endpoints.sim]
+model = "sim/model"
+memory_mib_per_gpu = 20000
+cold_start_s = 10
+evict_s = 1
+"""
+TERMINAL = ("completed", "failed", "cancelled")
+
+
+@pytest.fixture
+def private_redis():
+    emb = start_embedded()
+    try:
+        yield emb
+    finally:
+        emb.stop()
+
+
+@pytest.fixture
+def live(private_redis, tmp_path):
+    path = tmp_path / "fleet.toml"
+    path.write_text(FLEET)
+    fleet = load_fleet(path)
+    s = Settings(redis_url=private_redis.url, key_prefix="rolechange", time_scale=0.01, lease_ttl_s=3.0,
+                 heartbeat_s=0.5, batch_wait_s=0.02, planner_tick_s=0.05, redis_socket_timeout_s=2.0,
+                 redis_connect_timeout_s=1.0)
+    system = LiveSystem(path, fleet, s, tmp_path / "logs", planners=1, observer=True)
+    system.start()
+    try:
+        yield system, fleet, s
+    finally:
+        system.stop()
+
+
+def _states(r, keys, ids):
+    return [r.hget(keys.job(j), "state") for j in ids]
+
+
+def test_workers_and_observer_survive_a_role_change(live, private_redis):
+    system, fleet, s = live
+    r, keys = connect(s.redis_url), Keys(s.key_prefix)
+    prod = Producer(r, keys, fleet, s)
+    before = [prod.submit({"endpoint": "sim", "service_s": 100}).id for _ in range(2)]
+    wait_for(lambda: all(x in ("running", "leased") + TERMINAL for x in _states(r, keys, before)), 30,
+             "the first jobs to be leased")
+    r.execute_command("REPLICAOF", "127.0.0.1", str(free_port()))  # a primary nobody answers on
+    time.sleep(3.0)
+    r.execute_command("REPLICAOF", "NO", "ONE")
+    time.sleep(2.0)
+    dead = [(p.name, p.popen.returncode) for p in system.procs if not p.alive()]
+    assert dead == [], f"processes ended on the role change: {dead}"
+    after = [prod.submit({"endpoint": "sim", "service_s": 10}).id for _ in range(4)]
+    try:
+        wait_for(lambda: all(x in TERMINAL for x in _states(r, keys, before + after)), 90, "every job to end", 0.2)
+    except TimeoutError:
+        logs = {p.name: p.log_path.read_text(errors="replace")[-3000:] for p in system.procs}
+        pytest.fail(f"jobs did not end: {[(j, r.hgetall(keys.job(j))) for j in before + after]}; logs: {logs}")
+    assert _states(r, keys, before + after) == ["completed"] * 6, \
+        [(j, r.hget(keys.job(j), "reason")) for j in before + after]
+    assert [p.name for p in system.procs if not p.alive()] == []
+
+
+def test_a_gpu_worker_that_cannot_go_on_exits_non_zero(live, private_redis):
+    system, fleet, s = live
+    r = connect(s.redis_url)
+    r.execute_command("ACL", "SETUSER", "default", "-brpop")  # its consumer can never read its queue again
+    workers = [p for p in system.procs if p.name.startswith("gpu-")]
+    for p in workers:
+        p.popen.wait(timeout=60)
+    assert [p.popen.returncode for p in workers] == [1, 1], \
+        "a GPU worker stopped on an unrecoverable error with exit code 0: a restart-on-failure supervisor leaves it down"
