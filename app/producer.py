@@ -159,6 +159,8 @@ class Producer:
             created, jid = self._submit(keys=keys, args=args)
         except redis.RedisError as e:
             raise StoreError(f"submit failed: {e}") from e
+        if created and self.settings.submit_wait_replicas > 0:
+            self._wait_replicas(jid)
         if created:
             metrics.job_submitted(spec.priority)
         if not created:
@@ -168,6 +170,22 @@ class Producer:
                 raise StoreError(f"submit: reading existing job {jid}: {e}") from e
             return JobHandle(jid, False, prio)
         return JobHandle(jid, True, spec.priority)
+
+    def _wait_replicas(self, job_id: str) -> None:
+        """Redis ``WAIT``: block until ``settings.submit_wait_replicas`` replicas hold every
+        write of this connection (the submit script's included), at most
+        ``settings.submit_wait_timeout_s``. Raises StoreError when fewer acknowledged:
+        the job is on the primary but could be lost in a failover."""
+        want = self.settings.submit_wait_replicas
+        timeout_ms = max(1, int(self.settings.submit_wait_timeout_s * 1000))
+        try:
+            acked = int(self.r.execute_command("WAIT", want, timeout_ms))
+        except redis.RedisError as e:
+            raise StoreError(f"submit of job {job_id}: waiting for {want} replica(s) failed: {e}") from e
+        if acked < want:
+            raise StoreError(f"submit of job {job_id}: only {acked} of {want} replica(s) acknowledged it within "
+                             f"{self.settings.submit_wait_timeout_s} s (MAKESPAN_SUBMIT_WAIT_REPLICAS); it is written "
+                             "on the primary but may be lost if the primary fails now")
 
     def status(self, job_id: str) -> dict[str, Any]:
         """The job record (state, times, reason, lease, attempts, ...).

@@ -208,6 +208,13 @@ class Settings:
         allow_evicting_redis: start even when Redis's ``maxmemory-policy`` is not
             ``noeviction`` (a loud warning instead of a refusal; evicted lease keys break
             mutual exclusion). ``MAKESPAN_ALLOW_EVICTING_REDIS=1``.
+        submit_wait_replicas: after writing a job, a submit waits (Redis ``WAIT``) until
+            this many replicas acknowledged it, so an acknowledged job survives a
+            failover; 0: no wait (replication is asynchronous: a job acknowledged just
+            before the primary dies can be lost). ``MAKESPAN_SUBMIT_WAIT_REPLICAS``.
+        submit_wait_timeout_s: longest that wait; fewer acknowledgements by then make
+            the submit raise :class:`makespan.errors.StoreError` (the job is written on
+            the primary, not yet known safe). ``MAKESPAN_SUBMIT_WAIT_TIMEOUT_S``.
     """
 
     redis_url: str = DEFAULT_REDIS_URL
@@ -251,6 +258,8 @@ class Settings:
     redis_keepalive_idle_s: float = DEFAULT_REDIS_KEEPALIVE_IDLE_S
     redis_health_check_interval_s: float = DEFAULT_REDIS_HEALTH_CHECK_INTERVAL_S
     allow_evicting_redis: bool = False
+    submit_wait_replicas: int = 0
+    submit_wait_timeout_s: float = 1.0
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -289,6 +298,8 @@ class Settings:
             estimate_min_runs=_env_int("MAKESPAN_ESTIMATE_MIN_RUNS", 3, 1, 10_000),
             **redis_bounds_from_env(),
             allow_evicting_redis=_env_bool("MAKESPAN_ALLOW_EVICTING_REDIS"),
+            submit_wait_replicas=_env_int("MAKESPAN_SUBMIT_WAIT_REPLICAS", 0, 0, 100),
+            submit_wait_timeout_s=_env_float("MAKESPAN_SUBMIT_WAIT_TIMEOUT_S", 1.0),
         )
         s = replace(s, **_guarantees_from_env())
         known = {f.name for f in fields(cls)}
@@ -335,6 +346,8 @@ class Settings:
             "MAKESPAN_REDIS_KEEPALIVE_IDLE_S": repr(self.redis_keepalive_idle_s),
             "MAKESPAN_REDIS_HEALTH_CHECK_INTERVAL_S": repr(self.redis_health_check_interval_s),
             "MAKESPAN_ALLOW_EVICTING_REDIS": "1" if self.allow_evicting_redis else "0",
+            "MAKESPAN_SUBMIT_WAIT_REPLICAS": str(self.submit_wait_replicas),
+            "MAKESPAN_SUBMIT_WAIT_TIMEOUT_S": repr(self.submit_wait_timeout_s),
         }
 
 

@@ -138,10 +138,28 @@ def test_prometheus_and_grafana_agree(compose, prometheus):
     assert graf[prov["providers"][0]["options"]["path"]] == "./grafana/dashboards"
 
 
+def _default(value: str) -> str:
+    """The default of a compose ``${VAR:-default}`` interpolation (else the value itself)."""
+    m = re.fullmatch(r"\$\{[A-Z_]+:-(.*)\}", value)
+    return m.group(1) if m else value
+
+
 def test_redis_urls_point_at_the_redis_service(compose):
     for name in MAKESPAN_SERVICES:
-        url = urlparse(compose["services"][name]["environment"]["MAKESPAN_REDIS_URL"])
+        url = urlparse(_default(compose["services"][name]["environment"]["MAKESPAN_REDIS_URL"]))
         assert url.hostname == "redis" and url.port in published(compose["services"]["redis"])
+
+
+def test_sentinel_profile_has_a_replica_and_three_sentinels_of_the_primary(compose):
+    svc = compose["services"]
+    assert "--replicaof" in svc["redis-replica"]["command"] and "redis" in svc["redis-replica"]["command"]
+    for name in ("sentinel-1", "sentinel-2", "sentinel-3"):
+        assert svc[name]["profiles"] == ["sentinel"]
+        assert "sentinel monitor makespan redis 6379 2" in " ".join(svc[name]["entrypoint"])
+    # the Sentinel URL the file's header documents names exactly these services
+    header = (COMPOSE_DIR / "compose.yaml").read_text()
+    hosts = re.search(r"redis\+sentinel://([^/]+)/makespan/0", header).group(1).split(",")
+    assert sorted(h.split(":")[0] for h in hosts) == ["sentinel-1", "sentinel-2", "sentinel-3"]
 
 
 def _exported_names(r, keys: Keys) -> set[str]:
