@@ -66,6 +66,7 @@ def test_critical_whose_worker_died_is_redelivered_ahead_of_50_low(r, keys, sett
     crit = prod.submit({"endpoint": "e", "service_s": 5, "priority": "CRITICAL"}).id
     w.tick()
     assert [c.job_id for c in sent] == [crit]
+    r.hset(keys.phase(sent[0].lease_id), "evict:claimed", "1")  # its first phase started: an attempt
     low = [prod.submit({"endpoint": "e", "service_s": 5, "priority": "LOW"}).id for _ in range(50)]
     time.sleep(0.4)  # the worker was SIGKILLed: no heartbeat, the lease expires
     w.tick()  # reclaims (requeued with its original order) and leases again in the same cycle

@@ -47,6 +47,7 @@ def _lease(r, w, prod, gpu, priority="LOW", service_s=1000.0, ttl_s=60.0, endpoi
                                           info={"planned_end_s": repr(w.now_s() + service_s), "endpoint": endpoint,
                                                 "priority": priority})
     assert lease is not None
+    r.hset(w.keys.phase(lease.lease_id), "evict:claimed", "1")  # its worker started it: a reclaim is an attempt
     return jid
 
 
