@@ -12,6 +12,9 @@ Definitions follow the design notes ("Measures"); times are workload seconds.
   and not started; computed per GPU by an interval sweep.
 * wait p50/p95 per priority level: ``start_s − submit_s`` (linear-interpolation
   percentiles; ``None`` where a level had no job).
+* ETA error per priority level (:func:`eta_error`, the simulator): actual start − the ETA
+  the job got at submit (its planned start in the first plan that held it), s; > 0: it
+  started later than first told. p50/p90 and the signed mean.
 
 Lower bounds (:func:`lower_bounds`) are proved in their docstrings.
 """
@@ -208,6 +211,18 @@ def build_report(records: Sequence[JobRecord], *, policy: str, gpus: int, submit
         "lower_bounds": {"makespan_s": lower_bound_makespan_s, "weighted_completion_s": wsum_lb},
         "best_over_lower_bound": (weighted / wsum_lb) if wsum_lb else None,
     }
+
+
+def eta_error(records: Sequence[JobRecord], eta_at_submit: Mapping[str, float]) -> dict[str, dict[str, Any]]:
+    """ETA error per priority level: ``start_s − eta_at_submit[id]`` (s) of every record
+    with an ETA. Returns ``{level: {"n", "p50", "p90", "mean"}}`` for every level of
+    :data:`LEVELS` (``None`` figures where the level had no such job)."""
+    errs: dict[str, list[float]] = {k: [] for k in LEVELS}
+    for r in records:
+        if r.id in eta_at_submit:
+            errs[LEVELS[min(max(int(r.priority), 0), 3)]].append(r.start_s - eta_at_submit[r.id])
+    return {k: {"n": len(v), "p50": percentile(v, 50), "p90": percentile(v, 90),
+                "mean": sum(v) / len(v) if v else None} for k, v in errs.items()}
 
 
 def lower_bounds(jobs: Sequence[PlanJob], endpoints: Mapping[str, EndpointModel], gpus: int | Sequence[Any],

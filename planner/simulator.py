@@ -71,7 +71,7 @@ from makespan.errors import PlannerError, ValidationError
 from makespan.models import FleetSpec, load_fleet
 from makespan.traces import TraceJob, read_trace
 from makespan.planner.api import POLICIES
-from makespan.planner.measures import build_report, lower_bounds
+from makespan.planner.measures import build_report, eta_error, lower_bounds
 from makespan.planner.model import EndpointModel, FleetState, Gpu, PlanJob
 from makespan.planner.preemption import DEFAULT_MIN_RUNTIME_S, DEFAULT_PREEMPTION_BUDGET
 from makespan.planner.reservation import DEFAULT_RESERVATION_AFTER_S
@@ -114,7 +114,12 @@ def simulate(trace_jobs: Sequence[TraceJob] | Sequence[PlanJob], fleet: FleetSpe
     last job or restore ends during which a set-point instance was not resident,
     :func:`makespan.planner.restore.set_point_absence`) plus ``sim`` {wall_s, planning_points,
     window_s, max_batch, time_scale, seed, preemption, restore, planned_restore,
-    time_limit_s, preempted_gpu_s, preemption_budget, preemption_min_runtime_s} and, for
+    time_limit_s, preempted_gpu_s, preemption_budget, preemption_min_runtime_s},
+    ``eta_error_s`` {level: {n, p50, p90, mean}}: actual start − ETA at submit, s
+    (:func:`makespan.planner.measures.eta_error`; a job's ETA is its planned start in a
+    planning point's plan, the one a live job carries as ``wait_eta``; its ETA at submit is
+    the one of the first plan that held it: the first planning point at or after its
+    submission, unless the batch was full then) and, for
     jobs with ``deadline_s``,
     ``weighted_tardiness_s`` = Σ w_j·max(0, C_j − d_j) (weight·s), ``tardy_jobs`` and
     ``jobs_with_deadline``.
@@ -129,7 +134,8 @@ def simulate(trace_jobs: Sequence[TraceJob] | Sequence[PlanJob], fleet: FleetSpe
     before plans held restores). ``detail`` adds
     ``schedule`` {jobs: the final job records, restores: (start_s, end_s, gpus),
     lost: preempted attempts (start_s, cut_s, gpus), preemptions: [{t_s, job, victims,
-    gpus}], resident_end: GPU -> endpoint when everything has ended}.
+    gpus}], resident_end: GPU -> endpoint when everything has ended, etas: job id ->
+    [[planning point t_s, ETA s], …] at every planning point whose plan held it}.
     ``time_limit_s``: a solver policy's limit per planning point, wall s (None: the
     policy's default, 1 s for ``default``/``cpsat``/``tardiness``: a replay then takes
     about one second per planning point). ``progress``: called after each planning point
@@ -187,6 +193,7 @@ def simulate(trace_jobs: Sequence[TraceJob] | Sequence[PlanJob], fleet: FleetSpe
     end_s = max([*(r.end_s for r in run.records.values()), *(b for _, b, _ in run.restores)], default=0.0)
     rep["set_point_absent_gpu_s"] = set_point_absence(run.residency, sp, base.resident,
                                                       jobs[0].release_s if jobs else 0.0, end_s)
+    rep["eta_error_s"] = eta_error(list(run.records.values()), {k: h[0][1] for k, h in run.etas.items() if h})
     due = {j.id: j.deadline_s for j in jobs if j.deadline_s is not None}
     late = [r.weight * (r.end_s - due[r.id]) for r in run.records.values() if r.id in due and r.end_s > due[r.id]]
     rep["weighted_tardiness_s"], rep["tardy_jobs"], rep["jobs_with_deadline"] = sum(late), len(late), len(due)
@@ -199,7 +206,8 @@ def simulate(trace_jobs: Sequence[TraceJob] | Sequence[PlanJob], fleet: FleetSpe
                   "reservation_after_s": reservation_after_s, "reserved_points": run.reserved_points}
     if detail:
         rep["schedule"] = {"jobs": [asdict(r) for r in run.records.values()], "restores": run.restores,
-                           "lost": run.lost, "preemptions": run.log, "resident_end": dict(run.committed.resident)}
+                           "lost": run.lost, "preemptions": run.log, "resident_end": dict(run.committed.resident),
+                           "etas": {k: [list(x) for x in h] for k, h in run.etas.items()}}
     return rep
 
 

@@ -36,6 +36,9 @@ class _Run:
         self.cut_count: dict[str, int] = {}  # job id -> times it was preempted (the budget)
         self.reservation_after_s = reservation_after_s  # the aging bound (makespan.planner.reservation)
         self.reserved_points = 0  # planning points whose plan held a reservation
+        # job id -> [(planning point t, planned start)], one entry per planning point whose plan held it
+        # (the ETA a live job carries); the first entry is its ETA at submit
+        self.etas: dict[str, list[tuple[float, float]]] = {}
         self.time_limit_s = time_limit_s
         self.set_points, self.preemption = set_points, preemption
         self.committed = Replay(base)
@@ -73,6 +76,7 @@ class _Run:
                      preemption=scored, restore_at=self.restore_at, reserve_after_s=self.reservation_after_s)
             self.reserved_points += int(p.stats.get("reserved", 0.0))
             self.solve.append(time.perf_counter() - c0)
+            self._record_etas(t, p)
             bj = {j.id: j for j in batch}
             pre = {pp.job_id for pp in p.preemptions}
             for pp in p.preemptions:
@@ -99,6 +103,18 @@ class _Run:
                         self._restore(tuple(r.gpus), state.set_point[r.gpus[0]], max(r.start_s, t))
                 break
         return nxt
+
+    def _record_etas(self, t: float, p: Plan) -> None:
+        """Each queued job's planned start in ``p`` (a planned preemptor: ``at_s``), at ``t``;
+        a second plan at the same point replaces the first's entry."""
+        planned = {a.job_id: a.start_s for a in p.assignments}
+        planned.update({pp.job_id: pp.at_s for pp in p.preemptions})
+        for jid, eta in planned.items():
+            h = self.etas.setdefault(jid, [])
+            if h and h[-1][0] == t:
+                h[-1] = (t, eta)
+            else:
+                h.append((t, eta))
 
     def _running(self, t: float) -> dict[str, RunningJob]:
         """GPU -> the committed job holding it at ``t`` (``FleetState.running``; restores
