@@ -118,7 +118,8 @@ def solve_window(inc: Plan, lo: int, hi: int, jobs: dict[str, PlanJob], state: F
     victims = {v.id: v for c in pre for v in c.victims}
     jobs = {**jobs, **{v.id: v.job for v in victims.values()}} if victims else jobs
     cut_gpus = {u for v in victims.values() for u in v.gpus}
-    gpus = {u for a in win for u in a.gpus} | cut_gpus
+    # a candidate's group may hold GPUs that are free now (a partly free group, issue 19): in the model too
+    gpus = {u for a in win for u in a.gpus} | cut_gpus | {u for c in pre for u in c.group}
     t0 = state.now_s
     eps = state.endpoints
 
