@@ -26,6 +26,8 @@ key                                    type    contents
 ``P:planner:leader``                   string  planner leader lock (redis-py Lock)
 ``P:planner:fence``                    string  planner fencing counter
 ``P:planner:wake``                     list    wake-ups for the planner (submit, release)
+``P:planner:reasons``                  hash    wait reason code -> queued jobs the planner's last
+                                               reason write gave it (see makespan.wait_reasons)
 ``P:events``                           stream  recorded events (submit, lease, phase, ...)
 ``P:drain``                            hash    the last drain check's counts
 ``P:plan``                             string  the leading planner's last plan, JSON (see
@@ -151,6 +153,11 @@ class Keys:
     @property
     def planner_fence(self) -> str:
         return f"{self.prefix}:planner:fence"
+
+    @property
+    def wait_reason_counts(self) -> str:
+        """Hash: wait reason code -> queued jobs with it as of the planner's last write."""
+        return f"{self.prefix}:planner:reasons"
 
     @property
     def events(self) -> str:

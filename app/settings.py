@@ -189,6 +189,11 @@ class Settings:
             and still cannot start gets a reservation of its earliest feasible group
             (others backfill it only when they end before the reservation); default 600.
             ``MAKESPAN_RESERVATION_AFTER_S``.
+        fast_lane: the fast lane's levels, ``LEVEL[:FACTOR]`` comma-separated: no job of
+            such a level is planned to complete later than FACTOR (≥ 1, default 1) × the
+            response time strict priority would give it from the same state
+            (:mod:`makespan.planner.fast_lane`); default ``"CRITICAL"``, ``""``: off.
+            ``MAKESPAN_FAST_LANE``.
 
     Redis connection bounds and start checks (:mod:`makespan.redis_conn`):
 
@@ -252,6 +257,7 @@ class Settings:
     preemption_budget: int = 2
     preemption_min_runtime_s: float = 0.0
     reservation_after_s: float = 600.0
+    fast_lane: str = "CRITICAL"
     # --
     redis_socket_timeout_s: float = DEFAULT_REDIS_SOCKET_TIMEOUT_S
     redis_connect_timeout_s: float = DEFAULT_REDIS_CONNECT_TIMEOUT_S
@@ -261,6 +267,12 @@ class Settings:
     submit_wait_replicas: int = 0
     submit_wait_timeout_s: float = 1.0
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def fast_lane_levels(self) -> dict[int, float]:
+        """:attr:`fast_lane` as priority level (0 = CRITICAL) -> wait factor, for
+        :func:`makespan.planner.fast_lane.enforce`."""
+        return fast_lane_levels(self.fast_lane)
 
     @classmethod
     def from_env(cls, **overrides: Any) -> "Settings":
@@ -367,10 +379,47 @@ def _guarantees_from_env() -> dict[str, Any]:
             raise ValidationError("MAKESPAN_PREEMPTION_BUDGET", raw, "must be an integer") from e
     return {"preemption_budget": budget,
             "preemption_min_runtime_s": _env_nonneg("MAKESPAN_PREEMPTION_MIN_RUNTIME_S", 0.0),
-            "reservation_after_s": _env_nonneg("MAKESPAN_RESERVATION_AFTER_S", 600.0)}
+            "reservation_after_s": _env_nonneg("MAKESPAN_RESERVATION_AFTER_S", 600.0),
+            "fast_lane": _env_lane("MAKESPAN_FAST_LANE", "CRITICAL")}
+
+
+def fast_lane_levels(names: str) -> dict[int, float]:
+    """``"CRITICAL,HIGH:1.25"`` -> {0: 1.0, 1: 1.25} (level -> wait factor ≥ 1, default 1);
+    ``""``: {}. Raises ValidationError on an unknown level or a factor below 1."""
+    from makespan.models import Priority
+
+    out: dict[int, float] = {}
+    for item in (x.strip() for x in names.split(",")):
+        if not item:
+            continue
+        n, _, f = item.partition(":")
+        n = n.strip().upper()
+        if n not in Priority.__members__:
+            raise ValidationError("fast_lane", names, f"levels are {', '.join(Priority.__members__)}")
+        try:
+            factor = float(f) if f.strip() else 1.0
+        except ValueError as e:
+            raise ValidationError("fast_lane", names, "a factor (LEVEL:FACTOR) must be a number") from e
+        if not 1.0 <= factor < float("inf"):
+            raise ValidationError("fast_lane", names, "a factor (LEVEL:FACTOR) must be a finite number >= 1")
+        out[int(Priority[n])] = factor
+    return dict(sorted(out.items()))
+
+
+def _env_lane(name: str, default: str) -> str:
+    """A ``MAKESPAN_FAST_LANE`` value (unset: ``default``; empty: off), checked."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    try:
+        fast_lane_levels(raw)
+    except ValidationError as e:
+        raise ValidationError(name, raw, e.reason) from e
+    return raw
 
 
 def _guarantees_to_env(s: "Settings") -> dict[str, str]:
     return {"MAKESPAN_PREEMPTION_BUDGET": str(s.preemption_budget),
             "MAKESPAN_PREEMPTION_MIN_RUNTIME_S": repr(s.preemption_min_runtime_s),
-            "MAKESPAN_RESERVATION_AFTER_S": repr(s.reservation_after_s)}
+            "MAKESPAN_RESERVATION_AFTER_S": repr(s.reservation_after_s),
+            "MAKESPAN_FAST_LANE": s.fast_lane}

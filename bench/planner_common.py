@@ -63,15 +63,26 @@ def _cap(rows) -> float:
 
 def select_window(path: str, fleet, n: int, gpus: int, max_rows: int = 20000) -> int:
     """First row of the trace's window (module doc, steps 1–3). Raises ValueError if none."""
-    tp = {k: e.tensor_parallel for k, e in fleet.endpoints.items()}
+    return select_windows(path, fleet, n, gpus, 1, max_rows)[0]
+
+
+def select_windows(path: str, fleet, n: int, gpus: int, k: int, max_rows: int = 20000) -> list[int]:
+    """First rows of the trace's first ``k`` windows that pass the rule (module doc,
+    steps 1–3; ``k`` = 1: :func:`select_window`). Raises ValueError if none passes."""
+    tp = {name: e.tensor_parallel for name, e in fleet.endpoints.items()}
     rows = read_trace(path, fleet, seed=0, limit=max_rows)
+    out: list[int] = []
     for st in range(0, len(rows) - n + 1, n):
         js = rows[st:st + n]
         cap = _cap(js)
         areas = [min(j.service_s, cap) * tp[j.endpoint] for j in js]
         if max(areas) <= 0.5 * sum(areas) / gpus:
-            return st
-    raise ValueError(f"{path}: no window of {n} rows passes the rule")
+            out.append(st)
+            if len(out) >= k:
+                break
+    if not out:
+        raise ValueError(f"{path}: no window of {n} rows passes the rule")
+    return out
 
 
 def window_jobs(path: str, fleet, start: int, n: int, seed: int, gpus: int) -> tuple[list[PlanJob], dict]:

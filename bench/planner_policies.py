@@ -17,7 +17,19 @@ resident) per replay, then p95 waits per priority level.
 
     .venv/bin/python bench/planner_policies.py [--jobs 200] [--gpus 16] [--seeds 3] [--with-cpsat]
         [--median-service-s 120] [--offered-load 1.4] [--no-preemption] [--no-restore] [--plan-preemption]
-        [--planned-restore {group,horizon,group-demand,none}]
+        [--planned-restore {group,horizon,group-demand,none}] [--reservation-after-s S|off]
+        [--lane LEVELS|off] [--fifo-plain] [--windows-per-trace 1] [--procs 1] [--json-out PATH]
+
+``--reservation-after-s``: the aging bound of every replay (no starvation,
+planner/reservation.py; default: the simulator's, ``off``: no reservations).
+``--lane LEVELS``: the fast lane of every replay (planner/fast_lane.py; e.g. ``CRITICAL``,
+``CRITICAL,HIGH:1.25``; ``off``; default: the simulator's). ``--fifo-plain``: the fifo row
+without reservations and lane (strict priority as it is: the baseline of issue 19 point 4).
+``--windows-per-trace K``: the first K windows of each trace that pass the rule (default 1:
+the developers' 4 windows). ``--procs N``: replays of N (window, seed) pairs at once.
+The per-class table gives, per policy, the p95 wait of CRITICAL and HIGH ÷ fifo's on the
+same replay (median and worst over the replays, and worst over the windows of the mean
+over seeds); a replay where fifo's p95 is 0 counts 1.0 when the policy's is 0 too, else inf.
 
 The plain rows use the fixed preemption rule (``preemption="rule"``, as before the scored
 decision existed, so older tables stay comparable); ``--plan-preemption`` adds a row
@@ -29,6 +41,9 @@ do not decide preemptions (only the greedy floor does): ``cpsat-fast@plan`` agai
 """
 
 import argparse
+import json
+import math
+import multiprocessing
 import statistics as stt
 import sys
 from functools import partial
@@ -40,8 +55,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from makespan.planner.api import POLICIES, PREEMPTION_FLOOR  # noqa: E402
 from makespan.planner.cpsat import cpsat_policy  # noqa: E402
 from makespan.planner.simulator import simulate  # noqa: E402
+from makespan.settings import fast_lane_levels  # noqa: E402
 import planner_common  # noqa: E402
-from planner_common import TRACES, bench_fleet, mean_sd, ratio_cell, select_window, window_jobs  # noqa: E402
+from planner_common import TRACES, bench_fleet, mean_sd, ratio_cell, select_windows, window_jobs  # noqa: E402
 POLS = ["fifo", "min-evict", "wspt", "portfolio", "cpsat-fast"]
 
 
@@ -50,6 +66,60 @@ def cpsat_fast_floor_preemption(batch, state, time_limit_s=0.1, seed=0, num_work
     only the greedy floor decides preemptions, as before planner/window_preemption.py."""
     return cpsat_policy(batch, state, time_limit_s=time_limit_s, seed=seed, num_workers=num_workers,
                         previous=previous)
+
+
+def _replay(arg):
+    """All policies on one (trace, window start, seed): (header line, {policy: report})."""
+    path, start, seed, a, pols = arg
+    fleet = bench_fleet(a.gpus)
+    planner_common.MEDIAN_SERVICE_S, planner_common.OFFERED_LOAD = a.median_service_s, a.offered_load
+    jobs, info = window_jobs(path, fleet, start, a.jobs, seed, a.gpus)
+    lines = [f"# {Path(path).stem}@{start} seed={seed} models={info['models']} "
+             f"service ÷{info['service_scale']:.3g} arrivals ÷{info['arrival_scale']:.3g}"]
+    out = {}
+    for p in pols:
+        r = simulate(jobs, fleet, p.removesuffix("@plan"), seed, restore=a.restore,
+                     preemption=a.preemption and ("plan" if p.endswith("@plan") else "rule"),
+                     planned_restore=None if a.planned_restore == "none" else a.planned_restore,
+                     **(_PLAIN if a.fifo_plain and p == "fifo" else
+                        {**_reservation_kw(a.reservation_after_s), **_lane_kw(a.lane)}))
+        out[p] = r
+        lines.append(f"{Path(path).stem}@{start} seed={seed} {p:10s} wc={r['weighted_completion_s']:.4g} "
+                     f"mk={r['makespan_s']:.0f} cold={r['transitions']['cold_start']} util={r['utilization']:.2f} "
+                     f"lb_ratio={r['best_over_lower_bound']:.2f} preempted={r['jobs']['preempted']} "
+                     f"restores={r['transitions']['restore']} absent={r['set_point_absent_gpu_s']:.0f} "
+                     f"reserved_points={r['sim']['reserved_points']} lane_points={r['sim'].get('lane_points', 0)} wall={r['sim']['wall_s']:.1f}s")
+    return "\n".join(lines), out
+
+
+def p95_ratio(r: dict, b: dict, level: str) -> float | None:
+    """p95 wait of ``level`` in report ``r`` ÷ that in the fifo report ``b`` (None: the
+    level had no job; fifo 0: 1.0 when ``r``'s is 0 too, else inf)."""
+    pa, pb = r["wait_s"][level]["p95"], b["wait_s"][level]["p95"]
+    if pa is None or pb is None:
+        return None
+    if pb <= 1e-6:
+        return 1.0 if pa <= 1e-6 else math.inf
+    return pa / pb
+
+
+def _reservation_arg(v: str) -> str | float:
+    return "off" if v == "off" else float(v)
+
+
+_PLAIN = {"reservation_after_s": None, "lane_levels": ()}  # strict priority as it is: no aging, no lane
+
+
+def _lane_kw(v: str | None) -> dict:
+    """``simulate``'s fast-lane keyword for ``--lane`` (None: its default; off: none)."""
+    if v is None:
+        return {}
+    return {"lane_levels": () if v == "off" else fast_lane_levels(v)}
+
+
+def _reservation_kw(v: str | float | None) -> dict:
+    """``simulate``'s reservation keyword for ``--reservation-after-s`` (None: its default)."""
+    return {} if v is None else {"reservation_after_s": None if v == "off" else v}
 
 
 def main() -> None:
@@ -68,6 +138,17 @@ def main() -> None:
     ap.add_argument("--plan-preemption", action="store_true",
                     help="add a row POLICY@plan (preemption scored inside the plan) after each policy that has one; "
                          "the other rows use the fixed rule")
+    ap.add_argument("--reservation-after-s", type=_reservation_arg, default=None,
+                    help="aging bound of every replay, s, or off (default: the simulator's)")
+    ap.add_argument("--lane", default=None,
+                    help="fast-lane levels of every replay (e.g. CRITICAL or CRITICAL,HIGH), or off "
+                         "(default: the simulator's)")
+    ap.add_argument("--fifo-plain", action="store_true",
+                    help="run fifo without reservations and fast lane (strict priority as it is), "
+                         "whatever --reservation-after-s / --lane say")
+    ap.add_argument("--windows-per-trace", type=int, default=1)
+    ap.add_argument("--procs", type=int, default=1, help="(window, seed) replays run at once")
+    ap.add_argument("--json-out", default=None, help="write every replay's summary figures here")
     a = ap.parse_args()
     planner_common.MEDIAN_SERVICE_S, planner_common.OFFERED_LOAD = a.median_service_s, a.offered_load
     pols = POLS if a.with_cpsat else POLS[:-1]
@@ -81,29 +162,34 @@ def main() -> None:
         pols = [x for p in pols for x in ([p, p + "@plan"] if p in PREEMPTION_FLOOR else [p])]
     fleet = bench_fleet(a.gpus)
     res: dict[str, list[dict]] = {p: [] for p in pols}
-    windows = [(path, select_window(path, fleet, a.jobs, a.gpus)) for path in TRACES]
-    for path, start in windows:
-        for seed in range(a.seeds):
-            jobs, info = window_jobs(path, fleet, start, a.jobs, seed, a.gpus)
-            print(f"# {Path(path).stem}@{start} seed={seed} models={info['models']} "
-                  f"service ÷{info['service_scale']:.3g} arrivals ÷{info['arrival_scale']:.3g}", flush=True)
-            for p in pols:
-                r = simulate(jobs, fleet, p.removesuffix("@plan"), seed, restore=a.restore,
-                             preemption=a.preemption and ("plan" if p.endswith("@plan") else "rule"),
-                             planned_restore=None if a.planned_restore == "none" else a.planned_restore)
-                res[p].append(r)
-                print(f"{Path(path).stem}@{start} seed={seed} {p:10s} wc={r['weighted_completion_s']:.4g} "
-                      f"mk={r['makespan_s']:.0f} cold={r['transitions']['cold_start']} util={r['utilization']:.2f} "
-                      f"lb_ratio={r['best_over_lower_bound']:.2f} preempted={r['jobs']['preempted']} "
-                      f"restores={r['transitions']['restore']} absent={r['set_point_absent_gpu_s']:.0f} "
-                      f"wall={r['sim']['wall_s']:.1f}s", flush=True)
+    windows = [(path, st) for path in TRACES for st in select_windows(path, fleet, a.jobs, a.gpus, a.windows_per_trace)]
+    args = [(path, start, seed, a, pols) for path, start in windows for seed in range(a.seeds)]
+    if a.procs > 1:
+        with multiprocessing.get_context("fork").Pool(a.procs) as pool:
+            done = pool.map(_replay, args, chunksize=1)
+    else:
+        done = map(_replay, args)
+    for text, out in done:
+        print(text, flush=True)
+        for p in pols:
+            res[p].append(out[p])
+    if a.json_out:
+        keep = ("weighted_completion_s", "makespan_s", "utilization", "wait_s", "transitions", "jobs", "sim",
+                "eta_error_s")
+        Path(a.json_out).write_text(json.dumps({"args": {k: v for k, v in vars(a).items()},
+                                                "windows": [f"{Path(p).stem}@{s}" for p, s in windows],
+                                                "results": {p: [{k: r.get(k) for k in keep} for r in rs]
+                                                            for p, rs in res.items()}}, default=str))
 
     ms = mean_sd
+    rsv = a.reservation_after_s
     print(f"\n{a.jobs} jobs per window, {a.gpus} GPUs, {len(windows)} windows "
           f"({', '.join(f'{Path(p).stem}@{s}' for p, s in windows)}) × {a.seeds} seeds; "
           f"median service {a.median_service_s:g} s, offered load {a.offered_load:g}; "
           f"preemption {'on (plain rows: the rule; @plan rows: scored)' if a.preemption else 'off'}, set-point restore "
-          f"{'planned ' + a.planned_restore if a.restore else 'off'}")
+          f"{'planned ' + a.planned_restore if a.restore else 'off'}; reservation aging bound "
+          f"{'simulator default' if rsv is None else rsv if rsv == 'off' else f'{rsv:g} s'}; fast lane "
+          f"{a.lane or 'simulator default'}{'; fifo plain (no reservations, no lane)' if a.fifo_plain else ''}")
     print("| policy | weighted completion (s) | makespan (s) | cold starts | util | ÷ fifo | ÷ min-evict | ÷ wspt "
           "| ÷ portfolio | ÷ lower bound | preemptions | restores | set-point absent GPU-s |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -124,6 +210,35 @@ def main() -> None:
         lv = [stt.mean(x) if (x := [r["wait_s"][k]["p95"] for r in rs if r["wait_s"][k]["p95"] is not None]) else 0.0
               for k in ("CRITICAL", "HIGH", "NORMAL", "LOW")]
         print(f"| {p} | " + " | ".join(f"{v:.0f}" for v in lv) + f" | {stt.mean(r['sim']['preempted_gpu_s'] for r in rs):.0f} |")
+    if "fifo" in res:
+        print("\np95 wait ÷ fifo's on the same replay, per class: median / worst over the replays; "
+              "worst window (mean over its seeds)")
+        print("| policy | CRITICAL median | CRITICAL worst | CRITICAL worst window | HIGH median | HIGH worst "
+              "| HIGH worst window |")
+        print("|---|---|---|---|---|---|---|")
+        for p in pols:
+            cells = []
+            for lvl in ("CRITICAL", "HIGH"):
+                xs = [x for r, b in zip(res[p], res["fifo"]) if (x := p95_ratio(r, b, lvl)) is not None]
+                per_w = []
+                for w in range(len(windows)):
+                    ys = [x for r, b in zip(res[p][w * a.seeds:(w + 1) * a.seeds],
+                                            res["fifo"][w * a.seeds:(w + 1) * a.seeds])
+                          if (x := p95_ratio(r, b, lvl)) is not None]
+                    if ys:
+                        per_w.append(stt.mean(ys))
+                cells += [f"{stt.median(xs):.2f}" if xs else "–", f"{max(xs):.2f}" if xs else "–",
+                          f"{max(per_w):.2f}" if per_w else "–"]
+            print(f"| {p} | " + " | ".join(cells) + " |")
+    print("\nETA error (actual start − ETA at submit, s) per class: p50 / p90, mean over the replays")
+    print("| policy | CRITICAL | HIGH | NORMAL | LOW |")
+    print("|---|---|---|---|---|")
+    for p in pols:
+        cells = []
+        for lvl in ("CRITICAL", "HIGH", "NORMAL", "LOW"):
+            e = [r["eta_error_s"][lvl] for r in res[p] if r.get("eta_error_s") and r["eta_error_s"][lvl]["n"]]
+            cells.append(f"{stt.mean(x['p50'] for x in e):.0f} / {stt.mean(x['p90'] for x in e):.0f}" if e else "–")
+        print(f"| {p} | " + " | ".join(cells) + " |")
     print(f"\nPer window (mean over {a.seeds} seeds): weighted completion ÷ fifo / ÷ wspt / cold starts / util; "
           "last column: the lower bound ÷ fifo, below which no policy can go on that window")
     print("| window | " + " | ".join(pols) + " | lower bound ÷ fifo |")

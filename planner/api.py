@@ -37,7 +37,7 @@ from collections.abc import Callable, Sequence
 
 from makespan.errors import PlannerError
 from makespan.planner import greedy
-from makespan.planner import preemption_plan, reservation
+from makespan.planner import fast_lane, preemption_plan, reservation
 from makespan.planner.evaluator import score
 from makespan.planner.model import FleetState, Plan, PlanJob
 from makespan.planner.restore import RESTORE_AT, with_restores
@@ -93,7 +93,7 @@ def _takes_limit(fn: Policy) -> bool:
 def plan(batch: Sequence[PlanJob], state: FleetState, policy: str = DEFAULT_POLICY, *,
          time_limit_s: float | None = None, num_workers: int | None = None,
          previous: Plan | None = None, restore_at: str | None = None, preemption: bool = False,
-         reserve_after_s: float | None = None) -> Plan:
+         reserve_after_s: float | None = None, lane_levels: fast_lane.Levels = ()) -> Plan:
     """Plan ``batch`` on ``state`` with the named policy.
 
     Args:
@@ -118,6 +118,10 @@ def plan(batch: Sequence[PlanJob], state: FleetState, policy: str = DEFAULT_POLI
             reservation with backfill (:func:`makespan.planner.reservation.enforce`, applied to the
             policy's plan, before restores; the plan's ``stats['reserved']`` = 1 when a job
             holds one); None (the default): no reservations, the policy's plan as it is.
+        lane_levels: the fast lane's priority levels, or level -> wait factor
+            (:mod:`makespan.planner.fast_lane`: no job of these levels planned to wait longer
+            than the factor × what strict priority would give it from ``state``; applied after the reservation; ``stats['fast_lane_late']`` = how
+            many the policy had put later); () (the default): none.
 
     Raises:
         PlannerError: unknown policy name or ``restore_at``, a negative ``time_limit_s``,
@@ -144,9 +148,9 @@ def plan(batch: Sequence[PlanJob], state: FleetState, policy: str = DEFAULT_POLI
     if previous is not None and _takes(fn, "previous"):
         kw["previous"] = previous
     if preemption and state.running and policy in PREEMPTION_FLOOR:
-        return _plan_preemptive(batch, state, policy, fn, kw, restore_at, reserve_after_s)
+        return _plan_preemptive(batch, state, policy, fn, kw, restore_at, reserve_after_s, lane_levels)
     p = fn(batch, state, **kw)  # type: ignore[call-arg]
-    p = _reserve(p, batch, state, policy, reserve_after_s)
+    p = _lane(_reserve(p, batch, state, policy, reserve_after_s), batch, state, policy, lane_levels)
     return with_restores(p, batch, state, restore_at) if restore_at is not None else p
 
 
@@ -158,6 +162,22 @@ def _reserve(p: Plan, batch: Sequence[PlanJob], state: FleetState, policy: str, 
     if res:
         out.stats["reserved"] = 1.0
     return out
+
+
+def _lane(p: Plan, batch: Sequence[PlanJob], state: FleetState, policy: str, levels: fast_lane.Levels) -> Plan:
+    """``p`` with the fast lane's levels no later than strict priority (:mod:`makespan.planner.fast_lane`;
+    the re-plan of the other jobs: :func:`lane_replan`)."""
+    if not levels:
+        return p
+    return fast_lane.enforce(p, batch, state, levels, objective=POLICY_OBJECTIVE.get(policy, "weighted_completion"),
+                             replan=lane_replan(policy))[0]
+
+
+def lane_replan(policy: str) -> Policy:
+    """The policy that re-plans the other jobs around the fast lane's placements: the
+    policy's greedy floor (:data:`PREEMPTION_FLOOR`, ``portfolio`` for the solver policies),
+    or the policy itself when it has none (the fixed baselines)."""
+    return POLICIES[PREEMPTION_FLOOR.get(policy, policy if policy in POLICIES else "portfolio")]
 
 
 def _limit_of(fn: Policy, kw: dict[str, float | int | Plan]) -> float | None:
@@ -200,7 +220,7 @@ def _solve_branch(branch: preemption_plan.Branch, fn: Policy, kw: dict[str, floa
 
 def _plan_preemptive(batch: Sequence[PlanJob], state: FleetState, policy: str, fn: Policy,
                      kw: dict[str, float | int | Plan], restore_at: str | None = None,
-                     reserve_after_s: float | None = None) -> Plan:
+                     reserve_after_s: float | None = None, lane_levels: fast_lane.Levels = ()) -> Plan:
     """Scored preemption with the policy's floor, then the policy on the chosen branch (a
     solver policy that takes ``preemption`` may cut more jobs there: its CP-SAT windows
     decide them, :mod:`makespan.planner.window_preemption`). When the floor took preemptions, such
@@ -239,6 +259,7 @@ def _plan_preemptive(batch: Sequence[PlanJob], state: FleetState, policy: str, f
                           "floor_preemptions_undone": float(sum((p.job_id, tuple(p.gpus)) not in kept
                                                                 for p in floor_taken))}
     rest = _reserve(rest, branch.batch, branch.state, policy, reserve_after_s)
+    rest = _lane(rest, branch.batch, branch.state, policy, lane_levels)
     if restore_at is not None:
         rest = with_restores(rest, branch.batch, branch.state, restore_at)
     out = preemption_plan.assemble(rest, branch, objective)

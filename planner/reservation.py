@@ -12,8 +12,11 @@ aged job gets its reservation when this one has started).
 the plan's start order on a :class:`makespan.planner.replay.Replay` of the state:
 
 1. **backfill**: each other job in the plan's order is placed at its earliest time on
-   its planned group, if that group has no GPU of the reserved group, or if it ends by
-   the reservation's start there; otherwise it is deferred;
+   its planned group, if that group has no GPU of the reserved group, if it ends by
+   the reservation's start there, or if it is of a higher level than the reserved job
+   (a reservation never makes a job wait for a lower level: a HIGH job is not deferred
+   behind an aged NORMAL one, as a CRITICAL/HIGH preemption may take the group too);
+   otherwise it is deferred;
 2. the reserved job is placed on its group at the reservation's start (nothing placed
    in step 1 ends after it on those GPUs);
 3. the deferred jobs, in the plan's order, each on the group of its endpoint where it
@@ -23,7 +26,7 @@ The result is evaluated (:func:`makespan.planner.evaluator.evaluate`): a feasibl
 the same batch. When the plan already starts the aged job by its reservation, or no job
 is aged, the plan is returned unchanged.
 
-The bound: a job with no higher-level job preempting into its group starts at most
+The bound: a job with no higher-level job taking (or preempting into) its group starts at most
 ``after_s`` + the remaining time of the work running on its earliest group when it aged
 (the backfilled jobs end before the reservation) + its transition after it was
 released. The live planner (:mod:`makespan.workers.planner_worker`) and the simulator
@@ -108,7 +111,7 @@ def enforce(p: Plan, batch: Sequence[PlanJob], state: FleetState, after_s: float
         if j.id == job.id:
             continue
         g = tuple(a.gpus)
-        if reserved.isdisjoint(g):
+        if reserved.isdisjoint(g) or j.priority < job.priority:  # a higher level is never held back
             out.append(rep.place(j, g))
             continue
         trial = rep.copy().place(j, g)

@@ -74,6 +74,7 @@ from makespan.planner.api import POLICIES
 from makespan.planner.measures import build_report, eta_error, lower_bounds
 from makespan.planner.model import EndpointModel, FleetState, Gpu, PlanJob
 from makespan.planner.preemption import DEFAULT_MIN_RUNTIME_S, DEFAULT_PREEMPTION_BUDGET
+from makespan.planner.fast_lane import DEFAULT_LANE_LEVELS, Levels, factors
 from makespan.planner.reservation import DEFAULT_RESERVATION_AFTER_S
 from makespan.planner.replay import Group
 from makespan.planner.restore import set_point_absence, set_point_groups as restore_groups
@@ -107,7 +108,8 @@ def simulate(trace_jobs: Sequence[TraceJob] | Sequence[PlanJob], fleet: FleetSpe
              progress: Callable[[dict[str, Any]], None] | None = None,
              set_point_weight: float | None = None, preemption_budget: int = DEFAULT_PREEMPTION_BUDGET,
              preemption_min_runtime_s: float = DEFAULT_MIN_RUNTIME_S,
-             reservation_after_s: float | None = DEFAULT_RESERVATION_AFTER_S) -> dict[str, Any]:
+             reservation_after_s: float | None = DEFAULT_RESERVATION_AFTER_S,
+             lane_levels: Levels = ()) -> dict[str, Any]:
     """Replay jobs through the planner in virtual time; returns the report dict
     (:func:`makespan.planner.measures.build_report`, with ``jobs.preempted`` and the set-point
     restores), ``set_point_absent_gpu_s`` (GPU-seconds from the first submission until the
@@ -148,7 +150,9 @@ def simulate(trace_jobs: Sequence[TraceJob] | Sequence[PlanJob], fleet: FleetSpe
     GPUs before it may be preempted): step 4's bounds, as ``Settings`` has them live.
     ``reservation_after_s``: the aging bound of step 2's plans (a job waiting this long
     gets a reservation with backfill, :mod:`makespan.planner.reservation`; None: none), reported
-    with ``sim.reserved_points`` (planning points whose plan held one).
+    with ``sim.reserved_points`` (planning points whose plan held one). ``lane_levels``:
+    the fast lane's priority levels, or level -> wait factor (:mod:`makespan.planner.fast_lane`,
+    default :data:`makespan.planner.fast_lane.DEFAULT_LANE_LEVELS`; (): none), reported with ``sim.lane_points`` (planning points whose plan it rebuilt).
     """
     wall0 = time.perf_counter()
     base = fleet if isinstance(fleet, FleetState) else fleet_state(fleet)
@@ -160,7 +164,7 @@ def simulate(trace_jobs: Sequence[TraceJob] | Sequence[PlanJob], fleet: FleetSpe
     sp = set_point_groups(fleet if isinstance(fleet, FleetSpec) else base)
     mode = preemption_mode(preemption)
     run = _Run(base, policy, window_s, max_batch, jobs, sp if restore else [], mode, time_limit_s,
-               preemption_budget, preemption_min_runtime_s, reservation_after_s)
+               preemption_budget, preemption_min_runtime_s, reservation_after_s, factors(lane_levels))
     run.restore_at = planned_restore if restore else None
     recent: deque[PlanJob] = deque()
     i, n, t = 0, len(jobs), (jobs[0].release_s if jobs else 0.0)
@@ -203,7 +207,8 @@ def simulate(trace_jobs: Sequence[TraceJob] | Sequence[PlanJob], fleet: FleetSpe
                   "restore": restore, "planned_restore": planned_restore if restore else None,
                   "time_limit_s": time_limit_s, "set_point_weight": base.set_point_weight, "preempted_gpu_s": sum((b - a) * len(g) for a, b, g in run.lost),
                   "preemption_budget": preemption_budget, "preemption_min_runtime_s": preemption_min_runtime_s,
-                  "reservation_after_s": reservation_after_s, "reserved_points": run.reserved_points}
+                  "reservation_after_s": reservation_after_s, "reserved_points": run.reserved_points,
+                  "lane_levels": {str(k): v for k, v in run.lane_levels.items()}, "lane_points": run.lane_points}
     if detail:
         rep["schedule"] = {"jobs": [asdict(r) for r in run.records.values()], "restores": run.restores,
                            "lost": run.lost, "preemptions": run.log, "resident_end": dict(run.committed.resident),

@@ -42,7 +42,8 @@ from makespan.keys import Keys
 from makespan.models import FleetSpec, Priority, fleet_version
 from makespan.redis_conn import check_eviction_policy
 from makespan.settings import Settings
-from makespan.planner.api import POLICY_OBJECTIVE, plan
+from makespan.planner.api import POLICY_OBJECTIVE, lane_replan, plan
+from makespan.planner import fast_lane
 from makespan.planner.reservation import enforce
 from makespan.planner.model import FleetState, Plan, PlanJob
 from makespan.planner.replay import state_after
@@ -252,6 +253,8 @@ class PlannerWorker(BatchMixin, FleetViewMixin, StartMixin, PreemptionMixin, Set
         if not batch:
             if formed and (self._unready or self._left_out):  # only unready steps read: say why they wait
                 self._write_wait_reasons([], self.fleet_state(snap)[0], Plan(self.settings.policy, []), set())
+            elif formed:  # nothing queued: no job waits for any reason
+                self._clear_reason_counts()
             return self._idle(busy) if len(busy) < len(self.gpus) else False
         state, busy = self.fleet_state(snap)
         self._note_demand(batch, state)
@@ -266,6 +269,10 @@ class PlannerWorker(BatchMixin, FleetViewMixin, StartMixin, PreemptionMixin, Set
         p, res = enforce(p, batch, state, self.settings.reservation_after_s,
                          POLICY_OBJECTIVE.get(self.settings.policy, "weighted_completion"))
         self.reservations = {x.job_id: x for x in res}
+        # no class worse off than strict priority: the fast lane's levels (makespan.planner.fast_lane)
+        p, _late = fast_lane.enforce(p, batch, state, self.settings.fast_lane_levels,
+                                     objective=POLICY_OBJECTIVE.get(self.settings.policy, "weighted_completion"),
+                                     replan=lane_replan(self.settings.policy))
         solve_s = time.perf_counter() - t0
         metrics.observe_solve(solve_s, len(batch))
         self._solve_stats.append(f"{solve_s:.6f}:{len(batch)}")  # written with the next snapshot

@@ -10,6 +10,10 @@ free now but none with its memory is), else ``waiting_for_gpus`` naming the GPUs
 planned group and what holds them (a lease's job, or the jobs planned there before it).
 The ETA is the plan's start converted to the Redis server's clock
 (``(start − now) × time_scale`` + the server clock the delayed-job promote measured).
+The same script replaces ``P:planner:reasons`` (:attr:`makespan.keys.Keys.wait_reason_counts`)
+with the count of jobs per reason it wrote, which Prometheus exports as
+``makespan_queued_jobs_by_reason{reason}`` (:class:`makespan.metrics.RedisStateCollector`);
+a tick that forms an empty batch clears it (:meth:`WaitReasonMixin._clear_reason_counts`).
 
 Mixed into :class:`makespan.workers.planner_worker.PlannerWorker`.
 """
@@ -22,20 +26,28 @@ from makespan.models import Priority
 from makespan.planner.model import FleetState, Plan, PlanJob
 from makespan.workers.lease_scripts import SERVER_NOW_MS
 
-# KEYS: planner_fence ; ARGV: planner token ('' = unchecked), prefix, then (job id, reason, detail, eta) × n.
-# Writes only records still 'queued'. Returns how many were written (-1: fenced off).
+# KEYS: planner_fence, reason counts hash ; ARGV: planner token ('' = unchecked), prefix, then
+# (job id, reason, detail, eta) × n. Writes only records still 'queued'; the counts hash is replaced by
+# the reasons written (a job written twice counts once, with its last reason). Returns how many were
+# written (-1: fenced off).
 _WRITE = SERVER_NOW_MS + """
 if ARGV[1] ~= '' and redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
 local at = string.format('%.3f', server_now_ms / 1000.0)
 local n = 0
+local last = {}
 for i = 3, #ARGV, 4 do
   local jk = ARGV[2] .. ':job:' .. ARGV[i]
   if redis.call('HGET', jk, 'state') == 'queued' then
     redis.call('HSET', jk, 'wait_reason', ARGV[i + 1], 'wait_detail', ARGV[i + 2], 'wait_eta', ARGV[i + 3],
                'wait_at', at)
+    last[ARGV[i]] = ARGV[i + 1]
     n = n + 1
   end
 end
+local counts = {}
+for _, reason in pairs(last) do counts[reason] = (counts[reason] or 0) + 1 end
+redis.call('DEL', KEYS[2])
+for reason, c in pairs(counts) do redis.call('HSET', KEYS[2], reason, c) end
 return n
 """
 
@@ -46,6 +58,7 @@ class WaitReasonMixin:
     _left_out: dict[str, tuple[Priority, int]] = {}  # queued, read, not in the batch -> (level, position)
     _lease_job: dict[str, str] = {}  # GPU -> job id of the lease holding it (fleet_state)
     reservations: dict = {}  # job id -> makespan.planner.reservation.Reservation (this tick's)
+    _reason_counts_written = True  # P:planner:reasons may hold counts (cleared by the next write without rows)
 
     def _server_eta(self, start_s: float, now_s: float) -> str:
         """A plan time (workload s) as unix s on the Redis server's clock."""
@@ -73,8 +86,17 @@ class WaitReasonMixin:
         for jid, (lvl, pos) in self._left_out.items():
             rows += [jid, "behind_batch", f"position {pos + 1} in the {lvl.name} queue; the batch holds "
                                           f"{self.settings.batch_size} jobs", ""]
-        if rows:
-            self.r.eval(_WRITE, 1, self.keys.planner_fence, self.token, self.keys.prefix, *rows)
+        if rows or self._reason_counts_written:
+            self._reason_counts_written = bool(rows)
+            self.r.eval(_WRITE, 2, self.keys.planner_fence, self.keys.wait_reason_counts, self.token,
+                        self.keys.prefix, *rows)
+
+    def _clear_reason_counts(self) -> None:
+        """Nothing queued was read: the reason counts go to zero (once, not every idle tick)."""
+        if self._reason_counts_written:
+            self._reason_counts_written = False
+            self.r.eval(_WRITE, 2, self.keys.planner_fence, self.keys.wait_reason_counts, self.token,
+                        self.keys.prefix)
 
     def _batch_reason(self, j: PlanJob, state: FleetState, p: Plan, a) -> tuple[str, str]:
         now = state.now_s
