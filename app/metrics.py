@@ -328,6 +328,7 @@ class RedisStateCollector:
         p.zcard(k.agenda_index)
         p.hgetall(k.drain)
         p.xlen(k.incidents)
+        p.hgetall(k.wait_reason_counts)
         res = iter(p.execute())
         depth = Gauge("makespan_queue_depth_jobs", "Jobs waiting in each priority queue.", labels=["priority"])
         for level in PRIORITIES:
@@ -348,7 +349,14 @@ class RedisStateCollector:
         checks.add_metric([], float(drain_raw.get("checks", 0) or 0))
         inc = Gauge("makespan_incident_stream_entries", "Entries in the incidents stream (capped).")
         inc.add_metric([], next(res))
-        return [depth, msgs, leases, agenda, drain, checks, inc]
+        from makespan.wait_reasons import REASONS
+
+        by_reason_raw = next(res) or {}
+        by_reason = Gauge("makespan_queued_jobs_by_reason", "Queued jobs per wait reason, as the planner's last "
+                          "reason write found them (the fixed codes of makespan.wait_reasons).", labels=["reason"])
+        for code in REASONS:
+            by_reason.add_metric([code], float(by_reason_raw.get(code, 0) or 0))
+        return [depth, msgs, leases, agenda, drain, checks, inc, by_reason]
 
 
 # -- serving ----------------------------------------------------------------------------------

@@ -1,0 +1,60 @@
+"""Prometheus counts queued jobs by wait reason (issue 19 point 5), bounded labels: the
+live planner's reason write replaces ``P:planner:reasons`` with per-reason counts, and
+:class:`makespan.metrics.RedisStateCollector` exports ``makespan_queued_jobs_by_reason``
+with every code of :data:`makespan.wait_reasons.REASONS` (0 when none). In-process planner
+ticks on a real Redis; the collector scraped through prometheus-client."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from prometheus_client import CollectorRegistry, generate_latest
+
+from makespan.metrics import RedisStateCollector
+from makespan.models import parse_fleet
+from makespan.producer import Producer
+from makespan.wait_reasons import REASONS
+from makespan.workers.phases import PhaseRunner
+from makespan.workers.planner_worker import PlannerWorker
+
+ONE = parse_fleet({"name": "one", "hosts": [{"name": "h", "gpu_count": 1, "memory_mib": 81920}],
+                   "endpoints": {"e": {"model": "m", "memory_mib_per_gpu": 10000, "cold_start_s": 1}}})
+
+
+def _scrape(r, keys) -> dict[str, float]:
+    reg = CollectorRegistry()
+    reg.register(RedisStateCollector(r, keys))
+    out = {}
+    for line in generate_latest(reg).decode().splitlines():
+        if line.startswith("makespan_queued_jobs_by_reason{"):
+            label = line.split('reason="', 1)[1].split('"', 1)[0]
+            out[label] = float(line.split()[-1])
+    return out
+
+
+def test_queued_jobs_by_reason_counted_and_cleared(r, settings):
+    s = dataclasses.replace(settings, lease_ttl_s=60.0, policy="portfolio")
+    sent = []
+    w = PlannerWorker(r, s, ONE, dispatch=lambda ctx, q: sent.append(ctx))
+    try:
+        prod = Producer(r, w.keys, ONE, s)
+        assert _scrape(r, w.keys) == {code: 0.0 for code in REASONS}  # before any tick: every code at 0
+        first = prod.submit({"endpoint": "e", "service_s": 100, "priority": "NORMAL"}).id
+        waiting = [prod.submit({"endpoint": "e", "service_s": 100, "priority": "NORMAL"}).id for _ in range(2)]
+        dep = prod.submit({"endpoint": "e", "service_s": 100, "priority": "NORMAL", "depends_on": [first]}).id
+        w.tick()
+        assert [c.job_id for c in sent] == [first]
+        assert r.hgetall(w.keys.wait_reason_counts) == {"waiting_for_gpus": "2", "waiting_for_dependency": "1"}
+        got = _scrape(r, w.keys)
+        assert set(got) == set(REASONS)  # bounded: the fixed codes, nothing else
+        assert got["waiting_for_gpus"] == 2.0 and got["waiting_for_dependency"] == 1.0
+        assert sum(got.values()) == 3.0
+        # the first job ends, the rest are cancelled: the next tick finds nothing queued
+        assert PhaseRunner(r, s, ONE)._finish(sent[0], "completed", "") == "completed"
+        for jid in waiting + [dep]:
+            prod.cancel(jid)
+        w.tick()
+        assert r.exists(w.keys.wait_reason_counts) == 0
+        assert _scrape(r, w.keys) == {code: 0.0 for code in REASONS}
+    finally:
+        w.close()
