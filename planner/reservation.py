@@ -43,7 +43,7 @@ from makespan.planner.model import Assignment, FleetState, Plan, PlanJob
 from makespan.planner.replay import Replay
 
 Group = tuple[str, ...]
-DEFAULT_RESERVATION_AFTER_S = 600.0  # the aging bound, s (Settings.reservation_after_s)
+DEFAULT_RESERVATION_AFTER_S = 3600.0  # the aging bound, s (Settings.reservation_after_s; bench/RESULTS.md)
 
 
 @dataclass(frozen=True)

@@ -109,7 +109,7 @@ def simulate(trace_jobs: Sequence[TraceJob] | Sequence[PlanJob], fleet: FleetSpe
              set_point_weight: float | None = None, preemption_budget: int = DEFAULT_PREEMPTION_BUDGET,
              preemption_min_runtime_s: float = DEFAULT_MIN_RUNTIME_S,
              reservation_after_s: float | None = DEFAULT_RESERVATION_AFTER_S,
-             lane_levels: Levels = ()) -> dict[str, Any]:
+             lane_levels: Levels = DEFAULT_LANE_LEVELS) -> dict[str, Any]:
     """Replay jobs through the planner in virtual time; returns the report dict
     (:func:`makespan.planner.measures.build_report`, with ``jobs.preempted`` and the set-point
     restores), ``set_point_absent_gpu_s`` (GPU-seconds from the first submission until the
