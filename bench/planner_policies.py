@@ -88,7 +88,8 @@ def _replay(arg):
                      f"mk={r['makespan_s']:.0f} cold={r['transitions']['cold_start']} util={r['utilization']:.2f} "
                      f"lb_ratio={r['best_over_lower_bound']:.2f} preempted={r['jobs']['preempted']} "
                      f"restores={r['transitions']['restore']} absent={r['set_point_absent_gpu_s']:.0f} "
-                     f"reserved_points={r['sim']['reserved_points']} lane_points={r['sim'].get('lane_points', 0)} wall={r['sim']['wall_s']:.1f}s")
+                     f"reserved_points={r['sim']['reserved_points']} lane_points={r['sim'].get('lane_points', 0)} "
+                     f"wall={r['sim']['wall_s']:.1f}s")
     return "\n".join(lines), out
 
 

@@ -118,10 +118,11 @@ def plan(batch: Sequence[PlanJob], state: FleetState, policy: str = DEFAULT_POLI
             reservation with backfill (:func:`makespan.planner.reservation.enforce`, applied to the
             policy's plan, before restores; the plan's ``stats['reserved']`` = 1 when a job
             holds one); None (the default): no reservations, the policy's plan as it is.
-        lane_levels: the fast lane's priority levels, or level -> wait factor
-            (:mod:`makespan.planner.fast_lane`: no job of these levels planned to wait longer
-            than the factor × what strict priority would give it from ``state``; applied after the reservation; ``stats['fast_lane_late']`` = how
-            many the policy had put later); () (the default): none.
+        lane_levels: the fast lane's priority levels, or level -> factor
+            (:mod:`makespan.planner.fast_lane`: no job of these levels planned to complete
+            later than release + factor × the response time strict priority would give it
+            from ``state``; applied after the reservation; ``stats['fast_lane_late']`` =
+            how many the policy had planned later); () (the default): none.
 
     Raises:
         PlannerError: unknown policy name or ``restore_at``, a negative ``time_limit_s``,
