@@ -58,6 +58,10 @@ key                                    type    contents
 ``P:fns``                              set     workload function names ever registered
 ``P:exec:{workload}:{endpoint}``       list    latest execute times, workload s (learned
                                                service time, see makespan.estimates)
+``P:transition:{ep}:{host}:{kind}``    list    latest measured durations, workload s, of one
+                                               transition kind (evict, sleep, wake, cold_start,
+                                               restore) of an endpoint on a host, newest first
+                                               (learned durations, see makespan.estimates)
 =====================================  ======  ==============================================
 
 Celery's own keys are prefixed with ``P:celery:`` through kombu's ``global_keyprefix``.
@@ -248,6 +252,15 @@ class Keys:
     def exec_times(self, workload: str, endpoint: str) -> str:
         """List of the latest execute times (workload s) of ``workload`` on ``endpoint``."""
         return f"{self.prefix}:exec:{workload}:{endpoint}"
+
+    def transition_times(self, endpoint: str, host: str, kind: str) -> str:
+        """List of the latest measured durations (workload s) of ``kind`` transitions of
+        ``endpoint`` on ``host``, newest first."""
+        return f"{self.prefix}:transition:{endpoint}:{host}:{kind}"
+
+    def transition_pattern(self) -> str:
+        """SCAN pattern of every :meth:`transition_times` list."""
+        return f"{self.prefix}:transition:*"
 
     def awaited(self, job_id: str) -> str:
         """Set of the queued or delayed job ids that wait on ``job_id`` (makespan.awaited)."""

@@ -163,6 +163,7 @@ class EndpointSpec(BaseModel):
     cold_start_s: float
     evict_s: float = 5.0
     wake_s: float | None = None
+    sleep_level: int = Field(default=1, ge=1, le=2)
     slots: int = Field(default=1, ge=1, le=4096)
     set_point: tuple[SetPointGroup, ...] = ()
     launch: LaunchSpec = LaunchSpec()

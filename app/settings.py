@@ -196,6 +196,20 @@ class Settings:
             (:mod:`makespan.planner.fast_lane`); default ``"CRITICAL"``, ``""``: off.
             ``MAKESPAN_FAST_LANE``.
 
+    Transitions (issue 20; :mod:`makespan.estimates`):
+
+    Attributes:
+        transition_min_observations: measured transitions of one (endpoint, kind) before
+            their running quantile replaces the fleet file's figure (per host: that
+            host's own once it has this many, else the other hosts'). Default 5.
+            ``MAKESPAN_TRANSITION_MIN_OBSERVATIONS``.
+        transition_quantile: the quantile of the measured window that becomes the
+            planned duration (a high one: a transition planned too short makes every
+            later start late). Default 0.9. ``MAKESPAN_TRANSITION_QUANTILE``.
+        simulated_slowdown: ``host=factor,...``: the simulated driver's transitions on
+            these hosts take the fleet file's figure × factor (a slow disk, for benches
+            and tests of learned durations; empty: none). ``MAKESPAN_SIMULATED_SLOWDOWN``.
+
     Redis connection bounds and start checks (:mod:`makespan.redis_conn`):
 
     Attributes:
@@ -259,6 +273,10 @@ class Settings:
     preemption_min_runtime_s: float = 0.0
     reservation_after_s: float = 3600.0
     fast_lane: str = "CRITICAL"
+    # -- transitions (issue 20) --
+    transition_min_observations: int = 5
+    transition_quantile: float = 0.9
+    simulated_slowdown: str = ""
     # --
     redis_socket_timeout_s: float = DEFAULT_REDIS_SOCKET_TIMEOUT_S
     redis_connect_timeout_s: float = DEFAULT_REDIS_CONNECT_TIMEOUT_S
@@ -314,12 +332,19 @@ class Settings:
             submit_wait_replicas=_env_int("MAKESPAN_SUBMIT_WAIT_REPLICAS", 0, 0, 100),
             submit_wait_timeout_s=_env_float("MAKESPAN_SUBMIT_WAIT_TIMEOUT_S", 1.0),
         )
-        s = replace(s, **_guarantees_from_env())
+        s = replace(s, **_guarantees_from_env(), **_transitions_from_env())
         known = {f.name for f in fields(cls)}
         bad = set(overrides) - known
         if bad:
             raise ValidationError("settings", sorted(bad), "unknown setting")
         return replace(s, **overrides)
+
+    def slowdown_by_host(self) -> dict[str, float]:
+        """``simulated_slowdown`` parsed: host name -> factor (> 0).
+
+        Raises:
+            ValidationError: not ``host=factor`` pairs with positive finite factors."""
+        return parse_slowdown(self.simulated_slowdown)
 
     def to_env(self) -> dict[str, str]:
         """The ``MAKESPAN_*`` variables that reproduce these settings in a child process."""
@@ -354,6 +379,7 @@ class Settings:
             "MAKESPAN_DEFAULT_SERVICE_S": repr(self.default_service_s),
             "MAKESPAN_ESTIMATE_MIN_RUNS": str(self.estimate_min_runs),
             **_guarantees_to_env(self),
+            **_transitions_to_env(self),
             "MAKESPAN_REDIS_SOCKET_TIMEOUT_S": repr(self.redis_socket_timeout_s),
             "MAKESPAN_REDIS_CONNECT_TIMEOUT_S": repr(self.redis_connect_timeout_s),
             "MAKESPAN_REDIS_KEEPALIVE_IDLE_S": repr(self.redis_keepalive_idle_s),
@@ -424,3 +450,45 @@ def _guarantees_to_env(s: "Settings") -> dict[str, str]:
             "MAKESPAN_PREEMPTION_MIN_RUNTIME_S": repr(s.preemption_min_runtime_s),
             "MAKESPAN_RESERVATION_AFTER_S": repr(s.reservation_after_s),
             "MAKESPAN_FAST_LANE": s.fast_lane}
+
+
+# -- transitions (issue 20): their MAKESPAN_* variables --
+def parse_slowdown(raw: str, name: str = "MAKESPAN_SIMULATED_SLOWDOWN") -> dict[str, float]:
+    """``host=factor,host=factor`` -> {host: factor}; empty -> {}.
+
+    Raises:
+        ValidationError: a pair without ``=``, or a factor that is not a positive finite number."""
+    out: dict[str, float] = {}
+    for part in (p.strip() for p in (raw or "").split(",")):
+        if not part:
+            continue
+        host, sep, value = part.partition("=")
+        try:
+            factor = float(value)
+        except ValueError:
+            factor = -1.0
+        if not sep or not host.strip() or not (0.0 < factor < float("inf")):
+            raise ValidationError(name, raw, "must be host=factor pairs (factor > 0), comma-separated")
+        out[host.strip()] = factor
+    return out
+
+
+def _transitions_from_env() -> dict[str, Any]:
+    """The transition settings from ``MAKESPAN_*`` (unset: the defaults).
+
+    Raises:
+        ValidationError: a minimum outside 1..10000, a quantile outside (0, 1], or a bad
+            slowdown list."""
+    q = _env_float("MAKESPAN_TRANSITION_QUANTILE", 0.9)
+    if not 0.0 < q <= 1.0:
+        raise ValidationError("MAKESPAN_TRANSITION_QUANTILE", q, "must be in (0, 1]")
+    slow = os.environ.get("MAKESPAN_SIMULATED_SLOWDOWN", "")
+    parse_slowdown(slow)
+    return {"transition_min_observations": _env_int("MAKESPAN_TRANSITION_MIN_OBSERVATIONS", 5, 1, 10_000),
+            "transition_quantile": q, "simulated_slowdown": slow}
+
+
+def _transitions_to_env(s: "Settings") -> dict[str, str]:
+    return {"MAKESPAN_TRANSITION_MIN_OBSERVATIONS": str(s.transition_min_observations),
+            "MAKESPAN_TRANSITION_QUANTILE": repr(s.transition_quantile),
+            "MAKESPAN_SIMULATED_SLOWDOWN": s.simulated_slowdown}

@@ -10,11 +10,21 @@ Routes (stdlib :mod:`http.server`, one thread per request):
 * ``POST /v1/completions``, ``/v1/chat/completions`` and ``/v1/embeddings``: after
   ``--latency-ms`` a valid OpenAI-shaped response (``text_completion`` /
   ``chat.completion`` / a ``list`` of 8-dimensional ``embedding`` vectors, ``usage``); 503 while loading or asleep; 400 on a body that is not JSON.
-* vLLM's sleep mode: ``POST /sleep[?level=1]``, ``POST /wake_up``, ``GET /is_sleeping``
-  (``{"is_sleeping": bool}``).
-* ``GET /v1/models``, ``GET /metrics`` (Prometheus text: requests served).
+* vLLM's sleep mode (vLLM docs, "Sleep Mode"; routes of ``vllm serve`` under
+  ``VLLM_SERVER_DEV_MODE=1``): ``POST /sleep?level=N`` (1 by default), ``POST /wake_up``,
+  ``GET /is_sleeping`` (``{"is_sleeping": bool}``). Both levels are emulated: a sleep
+  takes ``--sleep-s`` and releases the GPU memory held with ``--hold-gpu-mib``; level 1
+  also holds ``--sleep-ram-mib`` MiB of host RAM (a bytearray, as vLLM keeps the weights
+  in CPU memory), level 2 holds none. A wake takes ``--wake-s``, re-allocates the GPU
+  memory and frees the RAM. ``--fail-wake`` makes every wake answer 500 (tests of the
+  worker's fallback to a cold start). ``/health`` answers 200 while asleep, as vLLM's does.
+* ``GET /v1/models``, ``GET /metrics`` (Prometheus text: requests served, sleeping,
+  sleep level, host RAM held asleep in MiB).
 * ``--hold-gpu-mib N``: allocate N MiB on each visible GPU before serving (torch), as a
   model server holds its weights; real-GPU tests watch NVML memory with it.
+* vLLM's command line is accepted too: ``endpoint_server serve MODEL --port P
+  [--tensor-parallel-size N --enable-sleep-mode ...]`` (unknown vLLM flags are ignored),
+  so the ``vllm`` driver preset can run it as its executable.
 
 SIGTERM stops it cleanly (exit 0) unless ``--ignore-sigterm`` is given (tests use that
 to check a driver's SIGKILL escalation). ``--spawn-child-ignoring-sigterm N`` starts N
@@ -32,7 +42,7 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import urlparse
+from urllib.parse import parse_qs, urlparse
 
 
 class EndpointState:
@@ -44,6 +54,15 @@ class EndpointState:
         self.latency_s = latency_ms / 1000.0
         self.gpus = gpus
         self.sleeping = False
+        self.sleep_level = 0  # 0 awake, else the level it sleeps at
+        self.sleep_s = 0.0
+        self.wake_s = 0.0
+        self.sleep_ram_mib = 0
+        self.fail_wake = False
+        self.hold_gpu_mib = 0
+        self.gpu_memory: object | None = None  # tensors held on the GPUs (hold_gpu_memory)
+        self.host_ram: bytearray | None = None  # level-1 sleeper's "weights" in host RAM
+        self.transition_lock = threading.Lock()  # one sleep or wake at a time
         self.served = 0
         self.children: list[int] = []  # pids of --spawn-child-ignoring-sigterm children
         self.lock = threading.Lock()
@@ -51,6 +70,33 @@ class EndpointState:
     @property
     def loading(self) -> bool:
         return time.monotonic() < self.ready_at
+
+    def sleep(self, level: int) -> None:
+        """Go to sleep at ``level`` (1 or 2), taking ``sleep_s``: the GPU memory is released;
+        level 1 keeps ``sleep_ram_mib`` MiB of host RAM. Asleep already: nothing changes."""
+        with self.transition_lock:
+            if self.sleeping:
+                return
+            time.sleep(self.sleep_s)
+            self.gpu_memory = None
+            release_gpu_memory()
+            if level == 1 and self.sleep_ram_mib > 0:
+                self.host_ram = bytearray(self.sleep_ram_mib << 20)  # zero-filled: the pages are touched
+            self.sleeping, self.sleep_level = True, level
+
+    def wake(self) -> bool:
+        """Wake, taking ``wake_s``: GPU memory allocated again, host RAM freed. False (still
+        asleep) with ``fail_wake``."""
+        with self.transition_lock:
+            if not self.sleeping:
+                return True
+            time.sleep(self.wake_s)
+            if self.fail_wake:
+                return False
+            self.gpu_memory = hold_gpu_memory(self.hold_gpu_mib)
+            self.host_ram = None
+            self.sleeping, self.sleep_level = False, 0
+            return True
 
 
 def _handler(state: EndpointState) -> type[BaseHTTPRequestHandler]:
@@ -93,19 +139,29 @@ def _handler(state: EndpointState) -> type[BaseHTTPRequestHandler]:
             elif path == "/v1/models":
                 self._send(200, {"object": "list", "data": [{"id": state.model, "object": "model"}]})
             elif path == "/metrics":
+                ram = len(state.host_ram) >> 20 if state.host_ram is not None else 0
                 self._send(200, f"endpoint_requests_total {state.served}\n"
-                                f"endpoint_sleeping {int(state.sleeping)}\n", "text/plain")
+                                f"endpoint_sleeping {int(state.sleeping)}\n"
+                                f"endpoint_sleep_level {state.sleep_level}\n"
+                                f"endpoint_sleep_ram_mib {ram}\n", "text/plain")
             else:
                 self._send(404, {"error": "not found"})
 
         def do_POST(self) -> None:  # noqa: N802
-            path = urlparse(self.path).path
+            url = urlparse(self.path)
+            path = url.path
             body = self._body()
             if path == "/sleep":
-                state.sleeping = True
+                level = parse_qs(url.query).get("level", ["1"])[0]
+                if level not in ("1", "2"):
+                    self._send(400, {"error": f"sleep level must be 1 or 2, got {level!r}"})
+                    return
+                state.sleep(int(level))
                 self._send(200, {"is_sleeping": True})
             elif path == "/wake_up":
-                state.sleeping = False
+                if not state.wake():
+                    self._send(500, {"error": "wake failed (--fail-wake)"})
+                    return
                 self._send(200, {"is_sleeping": False})
             elif path in ("/v1/completions", "/v1/chat/completions", "/v1/embeddings"):
                 if state.loading or state.sleeping:
@@ -174,6 +230,15 @@ def hold_gpu_memory(mib: int) -> object | None:
     return held
 
 
+def release_gpu_memory() -> None:
+    """Return the CUDA caching allocator's free blocks to the driver (after the tensors of
+    :func:`hold_gpu_memory` are dropped), so NVML sees the memory released; no-op without
+    torch or CUDA."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 # A child that ignores SIGTERM and runs until SIGKILL (it stays in its parent's process group).
 _STUBBORN_CHILD = ("import signal, sys, time\n"
                    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
@@ -198,16 +263,20 @@ def spawn_stubborn_children(n: int) -> list[int]:
 
 def serve(port: int, model: str = "stub", load_time_s: float = 0.0, latency_ms: float = 0.0,
           host: str = "127.0.0.1", ignore_sigterm: bool = False, hold_gpu_mib: int = 0,
-          children_ignoring_sigterm: int = 0) -> None:
+          children_ignoring_sigterm: int = 0, sleep_s: float = 0.0, wake_s: float = 0.0,
+          sleep_ram_mib: int = 0, fail_wake: bool = False) -> None:
     """Run the server until SIGTERM/SIGINT (blocking). With ``hold_gpu_mib`` it first
     allocates that much memory on each visible GPU (:func:`hold_gpu_memory`); with
     ``children_ignoring_sigterm`` it starts that many children that ignore SIGTERM
-    (:func:`spawn_stubborn_children`)."""
+    (:func:`spawn_stubborn_children`). ``sleep_s``/``wake_s`` (wall s), ``sleep_ram_mib``
+    and ``fail_wake``: the sleep-mode emulation (module doc)."""
     import os
 
-    weights = hold_gpu_memory(hold_gpu_mib)  # noqa: F841 (held until exit)
     children = spawn_stubborn_children(children_ignoring_sigterm)
     state = EndpointState(model, load_time_s, latency_ms, os.environ.get("CUDA_VISIBLE_DEVICES", ""))
+    state.gpu_memory = hold_gpu_memory(hold_gpu_mib)  # held until exit or sleep
+    state.hold_gpu_mib, state.sleep_s, state.wake_s = hold_gpu_mib, sleep_s, wake_s
+    state.sleep_ram_mib, state.fail_wake = sleep_ram_mib, fail_wake
     state.children = children
     httpd = _Server((host, port), _handler(state))
     httpd.daemon_threads = True
@@ -238,9 +307,22 @@ def main(argv: list[str] | None = None) -> int:
                    help="start N child processes that ignore SIGTERM (they outlive this server)")
     p.add_argument("--hold-gpu-mib", type=int, default=0,
                    help="allocate this much memory (MiB) on each visible GPU at start (needs torch)")
-    a = p.parse_args(argv)
+    p.add_argument("--sleep-s", type=float, default=0.0, help="wall seconds a POST /sleep takes")
+    p.add_argument("--wake-s", type=float, default=0.0, help="wall seconds a POST /wake_up takes")
+    p.add_argument("--sleep-ram-mib", type=int, default=0,
+                   help="host RAM (MiB) a level-1 sleeper holds (its weights offloaded to CPU memory)")
+    p.add_argument("--fail-wake", action="store_true", help="every POST /wake_up answers 500")
+    args = list(sys.argv[1:] if argv is None else argv)
+    vllm_style = bool(args) and args[0] == "serve"  # the vllm driver's command line
+    if vllm_style:
+        p.add_argument("serve")
+        p.add_argument("served_model")
+        a, _unknown = p.parse_known_args(args)
+        a.model = a.served_model
+    else:
+        a = p.parse_args(args)
     serve(a.port, a.model, a.load_time_s, a.latency_ms, a.host, a.ignore_sigterm, a.hold_gpu_mib,
-          a.spawn_child_ignoring_sigterm)
+          a.spawn_child_ignoring_sigterm, a.sleep_s, a.wake_s, a.sleep_ram_mib, a.fail_wake)
     return 0
 
 

@@ -20,14 +20,16 @@ from typing import Any
 import redis
 
 from makespan import metrics, telemetry
-from makespan.errors import PhaseCancelled, PhaseError, StaleFencingToken
+from makespan.errors import PhaseCancelled, PhaseError, StaleFencingToken, StoreError
 from makespan.keys import Keys
 from makespan.models import FleetSpec
 from makespan.settings import Settings
 from makespan.workers.drivers import get_driver
 from makespan.workers.drivers.base import Instance
-from makespan.workers.drivers.registry import list_instances, register_instance, unregister_instance
-from makespan.estimates import record_ops
+from makespan.workers.drivers.registry import (list_instances, register_instance, set_instance_state,
+                                               unregister_instance)
+from makespan.estimates import (prior_s, read_transition_windows, record_ops,
+                                 transition_estimate, transition_record_ops)
 from makespan.registry import REGISTRY
 from makespan.results import encode_error
 from makespan.workers.functions import (WorkloadContext, WorkloadFailed, celery_progress_emitter, lookup,
@@ -115,6 +117,8 @@ class PhaseRunner:
         self.r, self.settings, self.fleet = r, settings, fleet
         self.keys = Keys(settings.key_prefix)
         self.leases = LeaseStore(r, self.keys)
+        self._drivers: dict[str, Any] = {}  # driver name -> driver (see _driver)
+        self._slowdown = settings.slowdown_by_host()  # simulated transitions' host factors
         try:
             from makespan.workers.agenda import AgendaTracker
 
@@ -216,13 +220,91 @@ class PhaseRunner:
         metrics.phase(phase, actual_s, len(ctx.gpus))
         if phase == "execute":
             metrics.gpu_seconds("busy", actual_s * len(ctx.gpus))
-        elif planned_s > 0:
-            kind = {"evict": "evict", "start_endpoint": "cold_start", "restore": "restore"}.get(phase, phase)
-            metrics.transition(kind, actual_s)
+        elif planned_s > 0:  # each transition's own metric is observed where it ran (_timed)
+            if phase == "clear":
+                metrics.transition("clear", actual_s)
             metrics.gpu_seconds("transition", actual_s * len(ctx.gpus))
+
+    # -- transitions: sleep, wake, stop, cold start (issue 20) ---------------------------
+    def _sleep_capable(self, endpoint: str) -> bool:
+        """The planner's rule (:mod:`makespan.planner.replay`): an endpoint with a ``wake_s``
+        has a sleep mode; its evicted instances sleep and its loads there are wakes."""
+        spec = self.fleet.endpoints.get(endpoint)
+        return spec is not None and spec.wake_s is not None
+
+    def _driver(self, name: str):
+        """The driver of ``name``, one object per runner (the simulated one keeps which
+        instances sleep; its transitions take no time here: the phases sleep, scaled)."""
+        if name not in self._drivers:
+            self._drivers[name] = get_driver(name)
+        return self._drivers[name]
+
+    def _sim_s(self, endpoint: str, kind: str, host: str) -> float:
+        """Workload seconds a simulated ``kind`` transition of ``endpoint`` takes on ``host``:
+        the fleet file's figure × ``Settings.simulated_slowdown`` of that host."""
+        spec = self.fleet.endpoints.get(endpoint)
+        if spec is None:
+            return 0.0
+        return prior_s(spec, kind) * self._slowdown.get(host, 1.0)
+
+    def _planned_s(self, endpoint: str, kind: str, host: str) -> float:
+        """The planned duration (workload s) of ``kind`` for ``endpoint`` on ``host``: the
+        learned estimate (:func:`makespan.estimates.transition_estimate`), the fleet
+        file's figure until enough were measured (or when Redis fails)."""
+        spec = self.fleet.endpoints.get(endpoint)
+        if spec is None:
+            return 0.0
+        prior = prior_s(spec, kind)
+        try:
+            windows = read_transition_windows(self.r, self.keys, [endpoint], [h.name for h in self.fleet.hosts])
+        except StoreError as e:
+            log.warning("learned durations of %s not read, planning with the fleet file's: %s", endpoint, e)
+            return prior
+        return transition_estimate(windows, endpoint, host, kind, prior, self.settings.transition_min_observations,
+                                   self.settings.transition_quantile).seconds
+
+    def _timed(self, ctx: PhaseContext, extra: dict, kind: str, endpoint: str, planned_s: float,
+               wall_s: float) -> None:
+        """Note one executed transition: its measured duration (workload s) goes into the
+        phase's fenced commit (``extra["_ops"]``, learned durations) and its event
+        (``extra["transitions"]``); the transition metrics are observed."""
+        actual_s = wall_s / self.settings.time_scale if self.settings.time_scale > 0 else wall_s
+        extra.setdefault("_ops", []).extend(transition_record_ops(self.keys, endpoint, ctx.host, kind, actual_s))
+        extra.setdefault("transitions", []).append({"kind": kind, "endpoint": endpoint,
+                                                    "planned_s": round(planned_s, 6), "actual_s": round(actual_s, 6)})
+        metrics.transition(kind, wall_s, planned_s, actual_s)
+
+    def _put_to_sleep(self, inst: Instance, hb: LeaseHeartbeat) -> str | None:
+        """Sleep ``inst`` at its endpoint's ``sleep_level`` and mark it ``asleep`` in the
+        registry; None, or why it could not (the caller stops it instead)."""
+        level = self.fleet.endpoints[inst.endpoint].sleep_level
+        try:
+            self._driver(inst.driver).sleep(inst, level)
+        except PhaseError as e:
+            return str(e)
+        set_instance_state(self.r, self.keys, inst.id, "asleep", sleep_level=level)
+        return None
+
+    def _wake_up(self, inst: Instance, ctx: PhaseContext, hb: LeaseHeartbeat) -> str | None:
+        """Wake the sleeping ``inst`` and mark it ``running``; None, or why it could not."""
+        if inst.driver == "simulated":
+            self._sleep(self._sim_s(inst.endpoint, "wake", ctx.host), hb)
+        try:
+            self._driver(inst.driver).wake(inst)
+        except PhaseError as e:
+            return str(e)
+        set_instance_state(self.r, self.keys, inst.id, "running")
+        return None
 
     # -- phases ------------------------------------------------------------------------
     def _phase_evict(self, ctx: PhaseContext, hb: LeaseHeartbeat, extra: dict) -> float:
+        """Evict every other instance resident on the lease's GPUs (whole, on every GPU of
+        its group): an endpoint with a sleep mode is put to sleep (it stays registered,
+        ``asleep``, and wakes cheaply later), any other is stopped; a sleep that fails
+        falls back to a stop (``sleep_failed`` in the event). Event fields: ``evicted``
+        (every endpoint displaced), ``slept`` (those asleep now), ``transition``
+        (``sleep`` when all slept, else ``evict``), ``transitions`` (each one's kind,
+        planned and measured workload s)."""
         residents = self._residents(ctx.gpus)
         target = ctx.endpoint
         victims: dict[str, list[str]] = {}
@@ -237,15 +319,38 @@ class PhaseRunner:
         if not victims:
             return 0.0
         eps = sorted({parse_instance(v)[0] for v in victims})
+        sleepy = {e for e in eps if self._sleep_capable(e)}
         extra["evicted"] = eps
-        evict_s = max(self.fleet.endpoints[e].evict_s if e in self.fleet.endpoints else 0.0 for e in eps)
+        kind_of = {e: "sleep" if e in sleepy else "evict" for e in eps}
+        planned = {e: self._planned_s(e, kind_of[e], ctx.host) for e in eps}
+        evict_s = max(planned.values())
         victim_gpus = sorted({g for inst_gpus in victims.values() for g in inst_gpus})
-        with self._transition("evict", ctx, eps, evict_s):
+        slept: set[str] = set()
+        failed: list[str] = []
+        with self._transition("sleep" if sleepy == set(eps) else "evict", ctx, eps, evict_s):
             running = [i for i in self._instances_on(victim_gpus) if i.endpoint in eps]
-            for inst in running:  # unregister first: the observer must not see a failure
-                self._stop_instance(inst)
+            t0 = time.monotonic()
+            took: dict[str, float] = {}
+            for inst in running:
+                t1 = time.monotonic()
+                why = self._put_to_sleep(inst, hb) if inst.endpoint in sleepy else None
+                if inst.endpoint not in sleepy or why is not None:
+                    if why is not None:
+                        failed.append(f"{inst.endpoint}: {why}")
+                        kind_of[inst.endpoint] = "evict"
+                    self._stop_instance(inst)  # unregister first: the observer must not see a failure
+                else:
+                    slept.add(inst.endpoint)
+                took[inst.endpoint] = max(took.get(inst.endpoint, 0.0), time.monotonic() - t1)
             if not any(i.driver != "simulated" for i in running):
-                self._sleep(evict_s, hb)
+                self._sleep(max(self._sim_s(e, kind_of[e], ctx.host) for e in eps), hb)
+                took = {e: time.monotonic() - t0 for e in eps}
+        for e in eps:
+            self._timed(ctx, extra, kind_of[e], e, planned[e], took.get(e, time.monotonic() - t0))
+        extra["slept"] = sorted(slept)
+        extra["transition"] = "sleep" if slept == set(eps) else "evict"
+        if failed:
+            extra["sleep_failed"] = "; ".join(failed)[:1000]
         ops: list[tuple] = []
         for v, inst_gpus in victims.items():
             for g in inst_gpus:  # an instance is evicted whole, on every GPU of its group;
@@ -255,30 +360,64 @@ class PhaseRunner:
             raise StaleFencingToken("lease lost before evict committed")
         return evict_s
 
-    def _load(self, ctx: PhaseContext, hb: LeaseHeartbeat, endpoint: str) -> float:
+    def _load(self, ctx: PhaseContext, hb: LeaseHeartbeat, endpoint: str, extra: dict | None = None) -> float:
+        """Make ``endpoint`` ready on exactly the lease's GPUs: nothing when it is resident;
+        a wake when an instance of it sleeps on exactly these GPUs (``transition`` =
+        ``wake``); else a cold start (``cold_start``), also when the wake fails (the
+        sleeper is stopped first; ``wake_failed`` in the event says why). Running
+        leftovers on these GPUs are stopped, and so are sleepers of ``endpoint`` on an
+        overlapping group (the planner forgets them there too); other sleepers stay."""
+        extra = extra if extra is not None else {}
         want = instance_value(endpoint, ctx.gpus)
         residents = self._residents(ctx.gpus)
         if all(v == want for v in residents.values()):
             return 0.0
         ep = self.fleet.endpoints[endpoint]
-        with self._transition("start", ctx, [endpoint], ep.cold_start_s):
-            for old in self._instances_on(ctx.gpus):  # leftovers of a reclaimed lease
-                self._stop_instance(old)
-            if ep.launch.driver == "simulated":
-                self._sleep(ep.cold_start_s, hb)
-                inst = Instance(endpoint, list(ctx.gpus), "simulated", host=ctx.host,
-                                time_scale=self.settings.time_scale)
-            else:  # a real process: spawn, then wait on its HTTP health check (child spans)
-                inst = self._start_process(ep, list(ctx.gpus), ctx)
-            if hb.lost.is_set():
-                self._stop_instance(inst)
-                raise StaleFencingToken("lease lost while the endpoint started")
-            register_instance(self.r, self.keys, inst)
+        restore = ctx.kind == "restore"
+        sleepers = [i for i in self._sleepers_on(ctx.gpus) if i.endpoint == endpoint]
+        exact = next((i for i in sleepers if sorted(i.gpus) == sorted(ctx.gpus)), None)
+        inst: Instance | None = None
+        if exact is not None:
+            planned = self._planned_s(endpoint, "wake", ctx.host)
+            with self._transition("wake", ctx, [endpoint], planned):
+                for old in self._instances_on(ctx.gpus):  # leftovers of a reclaimed lease
+                    self._stop_instance(old)
+                t0 = time.monotonic()
+                why = self._wake_up(exact, ctx, hb)
+                if why is None:
+                    inst = exact
+                    self._timed(ctx, extra, "wake", endpoint, planned, time.monotonic() - t0)
+                    extra["transition"] = "wake"
+                else:
+                    log.warning("wake of %s on %s failed, cold start instead: %s", endpoint, ",".join(ctx.gpus), why)
+                    extra["wake_failed"] = why[:1000]
+                    self._stop_instance(exact)
+                if hb.lost.is_set():
+                    raise StaleFencingToken("lease lost while the endpoint woke")
+        if inst is None:
+            kind = "restore" if restore else "cold_start"
+            planned = self._planned_s(endpoint, kind, ctx.host)
+            with self._transition("start", ctx, [endpoint], planned):
+                for old in [*self._instances_on(ctx.gpus), *(i for i in sleepers if i is not exact)]:
+                    self._stop_instance(old)  # leftovers of a reclaimed lease; a sleeper cut in two
+                t0 = time.monotonic()
+                if ep.launch.driver == "simulated":
+                    self._sleep(self._sim_s(endpoint, kind, ctx.host), hb)
+                    inst = Instance(endpoint, list(ctx.gpus), "simulated", host=ctx.host,
+                                    time_scale=self.settings.time_scale)
+                else:  # a real process: spawn, then wait on its HTTP health check (child spans)
+                    inst = self._start_process(ep, list(ctx.gpus), ctx)
+                if hb.lost.is_set():
+                    self._stop_instance(inst)
+                    raise StaleFencingToken("lease lost while the endpoint started")
+                register_instance(self.r, self.keys, inst)
+                self._timed(ctx, extra, kind, endpoint, planned, time.monotonic() - t0)
+                extra["transition"] = "cold_start"
         ops = [("SET", self.keys.resident(g), want) for g in ctx.gpus]
         if not self.leases.fenced(ctx.lease, ops):
             self._stop_instance(inst)
             raise StaleFencingToken("lease lost before start committed")
-        return ep.cold_start_s
+        return planned
 
     def _start_process(self, spec, gpus: list[str], ctx: PhaseContext) -> Instance:
         """Start a process endpoint, registered as ``starting`` from the moment it is
@@ -303,15 +442,22 @@ class PhaseRunner:
     def _stop_instance(self, inst: Instance) -> None:
         unregister_instance(self.r, self.keys, inst.id)
         try:
-            get_driver(inst.driver).stop(inst)
+            self._driver(inst.driver).stop(inst)
         except PhaseError as e:  # already gone: nothing to stop
             log.warning("stopping %s: %s", inst.endpoint, e)
 
     def _instances_on(self, gpus: list[str]) -> list[Instance]:
-        return [i for i in list_instances(self.r, self.keys) if set(i.gpus) & set(gpus)]
+        """Registered instances on any of ``gpus`` that are not asleep (running or failed)."""
+        return [i for i, st in list_instances(self.r, self.keys, with_state=True)
+                if st != "asleep" and set(i.gpus) & set(gpus)]
+
+    def _sleepers_on(self, gpus: list[str]) -> list[Instance]:
+        """Registered instances asleep on any of ``gpus``."""
+        return [i for i, st in list_instances(self.r, self.keys, with_state=True)
+                if st == "asleep" and set(i.gpus) & set(gpus)]
 
     def _phase_start_endpoint(self, ctx: PhaseContext, hb: LeaseHeartbeat, extra: dict) -> float:
-        planned = self._load(ctx, hb, ctx.endpoint)
+        planned = self._load(ctx, hb, ctx.endpoint, extra)
         helpers = self._helpers(ctx)
         if helpers:
             planned += self._start_helpers(ctx, hb, helpers, extra)
@@ -355,7 +501,7 @@ class PhaseRunner:
         return planned
 
     def _phase_restore(self, ctx: PhaseContext, hb: LeaseHeartbeat, extra: dict) -> float:
-        return self._load(ctx, hb, ctx.endpoint)
+        return self._load(ctx, hb, ctx.endpoint, extra)
 
     def _phase_execute(self, ctx: PhaseContext, hb: LeaseHeartbeat, extra: dict) -> float:
         busy = self.keys.busy(ctx.lease_id)

@@ -13,7 +13,8 @@ DRIVERS = ("simulated", "process", "vllm")
 
 def get_driver(name: str, **options: Any) -> EndpointDriver:
     """A driver by name; ``options`` go to its constructor (process/vllm: ``grace_s``,
-    ``log_dir``, ``health_timeout_s``, backoff bounds).
+    ``log_dir``, ``health_timeout_s``, backoff bounds; simulated: ``endpoints``,
+    ``slowdown``).
 
     Raises:
         ValidationError: unknown driver name.
@@ -21,7 +22,7 @@ def get_driver(name: str, **options: Any) -> EndpointDriver:
     if name == "simulated":
         from makespan.workers.drivers.simulated import SimulatedDriver
 
-        return SimulatedDriver()
+        return SimulatedDriver(**options)
     if name == "process":
         from makespan.workers.drivers.process import ProcessDriver
 

@@ -92,8 +92,14 @@ class EndpointDriver(Protocol):
     ``start`` blocks until the instance passes its health check (a driver that spawns a
     process calls ``on_spawn(instance)`` as soon as it exists) and raises
     :class:`makespan.errors.PhaseError` with the reason when it does not (timeout, early
-    exit). ``stop`` is idempotent. ``sleep``/``wake`` raise PhaseError where the
-    endpoint or driver has no sleep mode.
+    exit). ``stop`` is idempotent.
+
+    Sleep mode (vLLM's, see :mod:`makespan.workers.drivers.vllm`): ``sleep(instance,
+    level)`` puts a running instance to sleep at ``level`` 1 (weights kept in host RAM)
+    or 2 (weights dropped) and returns when it sleeps; ``wake(instance)`` returns when
+    it serves again; ``is_sleeping(instance)`` asks it. Each raises PhaseError where the
+    endpoint or driver has no sleep mode, or the server refuses or does not answer (the
+    GPU worker then falls back to stop, or to stop + cold start for a wake).
     """
 
     name: str
@@ -108,3 +114,5 @@ class EndpointDriver(Protocol):
     def sleep(self, instance: Instance, level: int = 1) -> None: ...
 
     def wake(self, instance: Instance) -> None: ...
+
+    def is_sleeping(self, instance: Instance) -> bool: ...

@@ -1,13 +1,20 @@
 """The process driver: an endpoint instance is a real child process.
 
 ``start`` takes a free loopback port, substitutes placeholders in the fleet file's
-``launch.command`` (``{port}``, ``{model}``, ``{tp}``, ``{python}``, ``{load_time_s}``),
+``launch.command`` (``{port}``, ``{model}``, ``{tp}``, ``{python}``, ``{load_time_s}``,
+``{sleep_s}``, ``{wake_s}``: wall seconds, the fleet file's ``evict_s``/``wake_s`` × time scale),
 sets ``CUDA_VISIBLE_DEVICES`` to the comma-joined GPU UUIDs (CUDA accepts UUIDs, so
 the process sees exactly the leased physical GPUs, whatever their indices), starts
 it in its own session with stdout/stderr appended to a kept log file, and polls
 ``GET url+health_path`` with exponential backoff (``backoff_initial_s`` doubling up
 to ``backoff_max_s``) until 200 or ``launch.health_timeout_s``. An empty command runs
-:mod:`makespan.workers.endpoint_server` with ``--load-time-s = cold_start_s × time_scale``.
+:mod:`makespan.workers.endpoint_server` with ``--load-time-s = cold_start_s × time_scale``
+(and ``--sleep-s``/``--wake-s`` from ``evict_s``/``wake_s`` × time_scale: its sleep mode).
+
+Sleep mode (``sleep``/``wake``/``is_sleeping``): vLLM's HTTP routes ``POST /sleep?level=N``,
+``POST /wake_up`` and ``GET /is_sleeping`` (vLLM docs, "Sleep Mode"; served by ``vllm
+serve --enable-sleep-mode`` with ``VLLM_SERVER_DEV_MODE=1``, and by the bundled endpoint
+server).
 
 ``stop`` sends SIGTERM to the instance's whole process group (and session: children
 that moved to a process group of their own within it are found too), waits up to
@@ -44,6 +51,7 @@ DEFAULT_GRACE_S = 5.0
 KILL_WAIT_S = 5.0  # longest stop() waits for SIGKILLed members to disappear
 GROUP_POLL_S = 0.05
 PROBE_TIMEOUT_S = 1.0
+SLEEP_TIMEOUT_S = 600.0  # longest a sleep or wake request may take (a large model's level-2 wake)
 
 
 def default_log_dir() -> Path:
@@ -142,9 +150,11 @@ class ProcessDriver:
         """The argv for ``endpoint`` on ``port`` (placeholders substituted)."""
         cmd = list(endpoint.launch.command) or [
             "{python}", "-m", "makespan.workers.endpoint_server", "--port", "{port}", "--model", "{model}",
-            "--load-time-s", "{load_time_s}"]
+            "--load-time-s", "{load_time_s}", "--sleep-s", "{sleep_s}", "--wake-s", "{wake_s}"]
+        wake_s = endpoint.wake_s if endpoint.wake_s is not None else endpoint.cold_start_s
         subs = {"{port}": str(port), "{model}": endpoint.model, "{tp}": str(endpoint.tensor_parallel),
-                "{python}": sys.executable, "{load_time_s}": repr(endpoint.cold_start_s * time_scale)}
+                "{python}": sys.executable, "{load_time_s}": repr(endpoint.cold_start_s * time_scale),
+                "{sleep_s}": repr(endpoint.evict_s * time_scale), "{wake_s}": repr(wake_s * time_scale)}
         out = []
         for arg in cmd:
             for k, v in subs.items():
@@ -308,16 +318,34 @@ class ProcessDriver:
 
     # -- vLLM sleep mode ---------------------------------------------------------------
     def sleep(self, instance: Instance, level: int = 1) -> None:
-        """vLLM's ``POST /sleep?level=N``. Raises PhaseError on a non-200 answer."""
+        """vLLM's ``POST /sleep?level=N`` (level 1: weights offloaded to host RAM, KV cache
+        dropped; level 2: both dropped). Returns once the server answered. Raises
+        PhaseError: level not 1 or 2, no answer, or a non-200 answer (no sleep mode)."""
+        if level not in (1, 2):
+            raise PhaseError(f"endpoint {instance.endpoint!r}: sleep level must be 1 or 2, got {level}")
         self._post(instance, f"/sleep?level={int(level)}")
 
     def wake(self, instance: Instance) -> None:
-        """vLLM's ``POST /wake_up``. Raises PhaseError on a non-200 answer."""
+        """vLLM's ``POST /wake_up``. Raises PhaseError on no answer or a non-200 answer."""
         self._post(instance, "/wake_up")
+
+    def is_sleeping(self, instance: Instance) -> bool:
+        """vLLM's ``GET /is_sleeping`` (``{"is_sleeping": bool}``). Raises PhaseError on no
+        answer, a non-200 answer or a body without that field."""
+        path = "/is_sleeping"
+        try:
+            resp = httpx.get(f"{instance.url}{path}", timeout=PROBE_TIMEOUT_S * 5)
+            value = resp.json().get("is_sleeping") if resp.status_code == 200 else None
+        except (httpx.HTTPError, ValueError, AttributeError) as e:
+            raise PhaseError(f"endpoint {instance.endpoint!r}: GET {path} failed: {e}") from e
+        if not isinstance(value, bool):
+            raise PhaseError(f"endpoint {instance.endpoint!r}: GET {path} answered HTTP {resp.status_code} "
+                             f"without a boolean is_sleeping")
+        return value
 
     def _post(self, instance: Instance, path: str) -> None:
         try:
-            resp = httpx.post(f"{instance.url}{path}", timeout=30.0)
+            resp = httpx.post(f"{instance.url}{path}", timeout=SLEEP_TIMEOUT_S)
         except httpx.HTTPError as e:
             raise PhaseError(f"endpoint {instance.endpoint!r}: POST {path} failed: {e}") from e
         if resp.status_code != 200:

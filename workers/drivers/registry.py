@@ -4,9 +4,11 @@ Keys (see :mod:`makespan.keys`): ``P:instance:{id}`` (hash: the fields of
 :class:`makespan.workers.drivers.base.Instance`, ``gpus`` as JSON, plus ``state``) and
 ``P:instances`` (set of live ids). The GPU worker registers an instance the moment its
 process is spawned, as ``starting`` (so no stop, kill or crash of the worker can leave an
-untracked process on a GPU), as ``running`` once its health check passes, and
-unregisters it before (or right after) it stops it inside a POSITIVE agenda entry; the
-observer probes only ``running`` ones and replaces a failed one.
+untracked process on a GPU), as ``running`` once its health check passes, as ``asleep``
+while it sleeps (sleep mode: registered, not serving, not probed, not in
+``P:resident:{uuid}``; ``sleep_level`` says how), and unregisters it before (or right
+after) it stops it inside a POSITIVE agenda entry; the observer probes only ``running``
+ones and replaces a failed one.
 Every write accepts an optional pipeline, so a phase change and its bookkeeping can
 commit together.
 """
@@ -18,9 +20,14 @@ from typing import Any
 
 import redis
 
-from makespan.errors import StoreError
+from makespan.errors import StoreError, ValidationError
 from makespan.keys import Keys
 from makespan.workers.drivers.base import Instance
+
+
+INSTANCE_STATES = ("starting", "running", "asleep", "failed")
+# HSET only while the hash exists: an instance unregistered meanwhile is not recreated half
+_SET_IF_EXISTS = "if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('HSET', KEYS[1], unpack(ARGV)) return 1 end return 0"
 
 
 def _encode(instance: Instance, state: str) -> dict[str, str]:
@@ -35,7 +42,7 @@ def _encode(instance: Instance, state: str) -> dict[str, str]:
 
 def register_instance(r: redis.Redis, keys: Keys, instance: Instance, state: str = "running",
                       pipe: Any = None) -> None:
-    """Record ``instance`` as live (``state``: ``starting``, ``running`` or ``failed``)."""
+    """Record ``instance`` as live (``state``: ``starting``, ``running``, ``asleep`` or ``failed``)."""
     p = pipe if pipe is not None else r.pipeline()
     p.delete(keys.instance(instance.id))
     p.hset(keys.instance(instance.id), mapping=_encode(instance, state))
@@ -45,6 +52,27 @@ def register_instance(r: redis.Redis, keys: Keys, instance: Instance, state: str
             p.execute()
         except redis.RedisError as e:
             raise StoreError(f"register instance {instance.id}: {e}") from e
+
+
+def set_instance_state(r: redis.Redis, keys: Keys, instance_id: str, state: str, pipe: Any = None,
+                       **fields: Any) -> None:
+    """Set a registered instance's ``state`` (``running``, ``asleep`` or ``failed``) and
+    ``fields`` (e.g. ``sleep_level``); nothing when the instance is not registered.
+
+    Raises:
+        ValidationError: an unknown state. StoreError: Redis failed."""
+    if state not in INSTANCE_STATES:
+        raise ValidationError("state", state, f"instance state must be one of {', '.join(INSTANCE_STATES)}")
+    mapping = {"state": state, **{k: str(v) for k, v in fields.items()}}
+    args = [x for kv in mapping.items() for x in kv]
+    script = r.register_script(_SET_IF_EXISTS)
+    if pipe is not None:  # redis-py loads the script when the pipeline runs
+        script(keys=[keys.instance(instance_id)], args=args, client=pipe)
+        return
+    try:
+        script(keys=[keys.instance(instance_id)], args=args)
+    except redis.RedisError as e:
+        raise StoreError(f"set state of instance {instance_id}: {e}") from e
 
 
 def unregister_instance(r: redis.Redis, keys: Keys, instance_id: str, pipe: Any = None) -> None:

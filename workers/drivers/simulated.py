@@ -1,13 +1,18 @@
 """The simulated driver: transitions are time-scaled sleeps, no process runs.
 
 ``start`` sleeps ``cold_start_s × time_scale``; ``stop`` sleeps ``evict_s × time_scale``;
+``sleep`` sleeps ``evict_s × time_scale`` (the planner prices a sleep as an evict);
 ``wake`` sleeps ``wake_s × time_scale`` (``cold_start_s`` when the endpoint has no
-``wake_s``). Health is "not stopped" (in this process only).
+``wake_s``). Each duration is multiplied by ``slowdown[host]`` when given (a host whose
+disk is slower than the fleet file says: the benches of learned durations use it).
+Health is "not stopped", ``is_sleeping`` "slept and not woken" (in this driver object
+only: a driver is one worker process's view).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 
 from makespan.errors import PhaseError
 from makespan.models import EndpointSpec
@@ -15,16 +20,29 @@ from makespan.workers.drivers.base import Instance
 
 
 class SimulatedDriver:
+    """Args:
+        endpoints: endpoint name -> spec, for the durations of ``stop``/``sleep``/``wake``
+            of instances this object did not start (read back from the registry).
+        slowdown: host name -> factor (> 0) applied to every duration on that host."""
+
     name = "simulated"
 
-    def __init__(self) -> None:
-        self._specs: dict[str, EndpointSpec] = {}
+    def __init__(self, endpoints: Mapping[str, EndpointSpec] | None = None,
+                 slowdown: Mapping[str, float] | None = None) -> None:
+        self._specs: dict[str, EndpointSpec] = dict(endpoints or {})
+        self._slowdown = dict(slowdown or {})
+        self._sleeping: set[str] = set()
+
+    def duration_s(self, instance_or_host: Instance | str, value_s: float) -> float:
+        """``value_s`` (workload s) as this driver takes it on a host: × the host's slowdown."""
+        host = instance_or_host if isinstance(instance_or_host, str) else instance_or_host.host
+        return value_s * self._slowdown.get(host, 1.0)
 
     def start(self, endpoint: EndpointSpec, gpus: list[str], time_scale: float = 1.0,
               host: str = "", on_spawn=None) -> Instance:  # no process: nothing to track early
         if len(gpus) != endpoint.tensor_parallel:
             raise PhaseError(f"endpoint {endpoint.name!r}: needs {endpoint.tensor_parallel} GPUs, got {len(gpus)}")
-        time.sleep(endpoint.cold_start_s * time_scale)
+        time.sleep(self.duration_s(host, endpoint.cold_start_s) * time_scale)
         self._specs[endpoint.name] = endpoint
         return Instance(endpoint.name, list(gpus), self.name, host=host, time_scale=time_scale)
 
@@ -32,17 +50,31 @@ class SimulatedDriver:
         if instance.stopped:
             return
         spec = self._specs.get(instance.endpoint)
-        time.sleep((spec.evict_s if spec else 0.0) * instance.time_scale)
+        time.sleep(self.duration_s(instance, spec.evict_s if spec else 0.0) * instance.time_scale)
         instance.stopped = True
+        self._sleeping.discard(instance.id)
 
     def health(self, instance: Instance) -> bool:
         return not instance.stopped
 
     def sleep(self, instance: Instance, level: int = 1) -> None:
+        """Sleep ``evict_s`` (scaled). Raises PhaseError: level not 1 or 2, or stopped."""
+        if level not in (1, 2):
+            raise PhaseError(f"endpoint {instance.endpoint!r}: sleep level must be 1 or 2, got {level}")
+        if instance.stopped:
+            raise PhaseError(f"endpoint {instance.endpoint!r}: instance {instance.id} is stopped")
         spec = self._specs.get(instance.endpoint)
-        time.sleep((spec.evict_s if spec else 0.0) * instance.time_scale)
+        time.sleep(self.duration_s(instance, spec.evict_s if spec else 0.0) * instance.time_scale)
+        self._sleeping.add(instance.id)
 
     def wake(self, instance: Instance) -> None:
+        """Sleep ``wake_s`` (else ``cold_start_s``; scaled). Raises PhaseError when stopped."""
+        if instance.stopped:
+            raise PhaseError(f"endpoint {instance.endpoint!r}: instance {instance.id} is stopped")
         spec = self._specs.get(instance.endpoint)
         wake_s = (spec.wake_s or spec.cold_start_s) if spec else 0.0
-        time.sleep(wake_s * instance.time_scale)
+        time.sleep(self.duration_s(instance, wake_s) * instance.time_scale)
+        self._sleeping.discard(instance.id)
+
+    def is_sleeping(self, instance: Instance) -> bool:
+        return instance.id in self._sleeping
