@@ -5,7 +5,10 @@
 * :meth:`FleetViewMixin.snapshot`: everything a tick reads, in one round trip (it also
   writes the solve times noted since the last call, ``_write_solve_stats``).
 * :meth:`FleetViewMixin.fleet_state`: the :class:`makespan.planner.model.FleetState` (free times
-  and ``now_s`` in workload seconds, residents, set point) and the busy GPUs.
+  and ``now_s`` in workload seconds, residents, set point, the endpoints asleep on each GPU
+  from the instance registry, so the planner plans the wake the worker will do) and the
+  busy GPUs; the endpoint models' durations are the learned ones
+  (:func:`learned_endpoint_models`, refreshed every LEARNED_REFRESH_S).
 * :meth:`FleetViewMixin._note_demand`: the future-cost inputs (demand weight and work
   share per endpoint) from the arrivals of the last ``DEMAND_WINDOW_S`` workload seconds,
   as the simulator computes them.
@@ -16,19 +19,52 @@ keys, settings, fleet, GPUs, endpoints, ``_solve_stats``, ``_recent`` and ``now_
 
 from __future__ import annotations
 
+from makespan.errors import StoreError
+from makespan.estimates import Windows, prior_s, read_transition_windows, transition_estimate
 from makespan.models import FleetSpec, Priority
 from makespan.planner.simulator import _demand, _share
 from makespan.planner.model import EndpointModel, FleetState, Gpu, PlanJob
+from makespan.workers.drivers.base import Instance
+from makespan.workers.drivers.registry import list_instances
 from makespan.workers.phases import parse_instance
 
 STATS_KEEP = 10_000  # solve-time records kept in P:planner:solve_s
 DEMAND_WINDOW_S = 1800.0  # workload seconds of arrivals that define recent demand
 DEMAND_KEEP = 5_000  # most recent arrivals remembered for it
+LEARNED_REFRESH_S = 2.0  # wall seconds between reads of the learned transition durations
 
 
 def endpoint_models(fleet: FleetSpec) -> dict[str, EndpointModel]:
+    """The fleet file's endpoints as the planner models them (the fleet file's durations)."""
     return {n: EndpointModel(n, e.tensor_parallel, e.memory_mib_per_gpu, e.cold_start_s, e.evict_s, e.wake_s, e.slots)
             for n, e in fleet.endpoints.items()}
+
+
+def learned_endpoint_models(fleet: FleetSpec, windows: Windows, min_observations: int,
+                            q: float) -> dict[str, EndpointModel]:
+    """:func:`endpoint_models` with learned durations (:mod:`makespan.estimates`): each
+    endpoint's cold start, evict (its sleep, for an endpoint with a sleep mode: that is
+    how its instances leave) and wake are the running quantile ``q`` over every host's
+    measured window once it holds ``min_observations``, else the fleet file's figure."""
+    out = {}
+    for n, e in fleet.endpoints.items():
+        def est(kind: str) -> float:
+            return transition_estimate(windows, n, None, kind, prior_s(e, kind), min_observations, q).seconds
+        wake = est("wake") if e.wake_s is not None else None
+        out[n] = EndpointModel(n, e.tensor_parallel, e.memory_mib_per_gpu, est("cold_start"),
+                               est("sleep" if e.wake_s is not None else "evict"), wake, e.slots)
+    return out
+
+
+def asleep_by_gpu(instances: list[tuple[Instance, str]]) -> dict[str, frozenset[str]]:
+    """GPU uuid -> endpoints with an instance ``asleep`` there (the instance registry, as
+    :func:`makespan.workers.drivers.registry.list_instances` ``with_state`` lists it)."""
+    out: dict[str, set[str]] = {}
+    for inst, state in instances:
+        if state == "asleep":
+            for u in inst.gpus:
+                out.setdefault(u, set()).add(inst.endpoint)
+    return {u: frozenset(v) for u, v in out.items()}
 
 
 def fleet_gpus(fleet: FleetSpec) -> list[Gpu]:
@@ -116,8 +152,26 @@ class FleetViewMixin:
             inst = parse_instance(v)
             resident[u] = inst[0] if inst else None
         sp = self.fleet.set_point_by_gpu()
-        return FleetState(now, self.gpus, self.endpoints, free_at, resident, sp,
+        self._refresh_learned()
+        asleep = asleep_by_gpu(list_instances(self.r, self.keys, with_state=True))
+        return FleetState(now, self.gpus, self.endpoints, free_at, resident, sp, asleep=asleep,
                           set_point_weight=self.settings.set_point_weight), busy
+
+    def _refresh_learned(self) -> None:
+        """Every LEARNED_REFRESH_S (wall): ``self.endpoints`` from the learned transition
+        durations (:func:`learned_endpoint_models`); kept as they were when Redis fails."""
+        import time
+
+        now = time.monotonic()
+        if now - getattr(self, "_learned_at", -LEARNED_REFRESH_S) < LEARNED_REFRESH_S:
+            return
+        self._learned_at = now
+        try:
+            windows = read_transition_windows(self.r, self.keys, self.fleet.endpoints, [h.name for h in self.fleet.hosts])
+        except StoreError:
+            return
+        self.endpoints = learned_endpoint_models(self.fleet, windows, self.settings.transition_min_observations,
+                                                 self.settings.transition_quantile)
 
     def _note_demand(self, batch: list[PlanJob], state: FleetState) -> None:
         """Fill the planner's future-cost inputs from arrivals of the last DEMAND_WINDOW_S

@@ -1,0 +1,173 @@
+"""The GPU worker's phases sleep and wake (issue 20 point 1): an evicted instance of an
+endpoint with a sleep mode sleeps (registered ``asleep``, no longer in
+``P:resident``), a job that needs it on exactly those GPUs wakes it (the same process),
+a failing wake falls back to stop + cold start (recorded), the live planner's fleet
+state sees the sleeper, and the health observer raises no incident for any of it.
+Real Redis, the bundled endpoint server as a real process, real HTTP."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+
+import pytest
+
+from makespan.models import FleetSpec
+from makespan.producer import Producer
+from makespan.workers.drivers.base import Instance
+from makespan.workers.drivers.process import _alive
+from makespan.workers.drivers.registry import list_instances, register_instance
+from makespan.workers.leases import LeaseStore
+from makespan.workers.observer import Observer, list_incidents
+from makespan.workers.phases import PhaseContext, PhaseRunner, instance_value
+from makespan.workers.warm import run_phases
+
+GPU = "GPU-host-a-0"
+SERVER = [sys.executable, "-m", "makespan.workers.endpoint_server", "--port", "{port}", "--model", "{model}",
+          "--sleep-s", "{sleep_s}", "--wake-s", "{wake_s}"]
+
+
+def _fleet(chat_command=SERVER, chat_driver="process") -> FleetSpec:
+    return FleetSpec.model_validate({
+        "name": "sleepy",
+        "hosts": [{"name": "host-a", "gpu_count": 2, "memory_mib": 81920}],
+        "endpoints": {
+            "chat": {"model": "meta-llama/Llama-3.1-8B-Instruct", "memory_mib_per_gpu": 24000, "cold_start_s": 60,
+                     "evict_s": 5, "wake_s": 8, "slots": 4,
+                     "launch": {"driver": chat_driver, "command": chat_command if chat_driver != "simulated" else [],
+                                "health_timeout_s": 60}},
+            "embed": {"model": "BAAI/bge-large-en-v1.5", "memory_mib_per_gpu": 6000, "cold_start_s": 30,
+                      "evict_s": 3},
+        }})
+
+
+class Jobs:
+    """Submit a job, lease it on GPU and run all its phases, as a GPU worker would."""
+
+    def __init__(self, r, keys, settings, fleet):
+        self.r, self.keys, self.fleet = r, keys, fleet
+        self.prod = Producer(r, keys, fleet, settings)
+        self.runner = PhaseRunner(r, settings, fleet)
+        self.n = 0
+
+    def run(self, endpoint: str) -> PhaseContext:
+        self.n += 1
+        jid = self.prod.submit({"endpoint": endpoint, "service_s": 1, "priority": "HIGH"}).id
+        lid = f"L{self.n}"
+        lease = LeaseStore(self.r, self.keys).acquire(lid, (GPU,), 30.0, job_id=jid, kind="job", holder="host-a",
+                                                      queue=self.keys.queue("HIGH"))
+        assert lease is not None
+        ctx = PhaseContext(lid, lease.token, [GPU], "host-a", "job", endpoint, jid, "HIGH", 1.0)
+        assert run_phases(self.runner, ctx) == "completed"
+        return ctx
+
+    def phase_end(self, ctx: PhaseContext, phase: str) -> dict:
+        for _i, f in self.r.xrange(self.keys.events):
+            e = json.loads(f["e"])
+            if e["kind"] == "phase_end" and e.get("lease") == ctx.lease_id and e.get("phase") == phase:
+                return e
+        raise AssertionError(f"no phase_end of {phase} for {ctx.lease_id}")
+
+    def instances(self) -> list[tuple[Instance, str]]:
+        return list_instances(self.r, self.keys, with_state=True)
+
+
+@pytest.fixture
+def cleanup(r, keys):
+    yield
+    from makespan.workers.drivers import get_driver
+
+    for inst in list_instances(r, keys):
+        if inst.driver != "simulated":
+            get_driver(inst.driver).stop(inst)
+
+
+def test_evicted_sleeper_sleeps_and_is_woken_in_place(r, keys, settings, cleanup):
+    fleet = _fleet()
+    jobs = Jobs(r, keys, settings, fleet)
+    obs = Observer(r, keys, fleet, probe_interval_s=0.05)
+    stop = threading.Event()
+    probes = threading.Thread(target=lambda: [obs.probe_once() or stop.wait(0.05) for _ in iter(stop.is_set, True)],
+                              daemon=True)
+    probes.start()
+    try:
+        first = jobs.run("chat")
+        assert jobs.phase_end(first, "start_endpoint")["transition"] == "cold_start"
+        (chat, state), = jobs.instances()
+        assert state == "running" and _alive(chat.pid)
+
+        second = jobs.run("embed")  # evicts chat: it sleeps
+        ev = jobs.phase_end(second, "evict")
+        assert ev["evicted"] == ["chat"] and ev["slept"] == ["chat"] and ev["transition"] == "sleep"
+        assert [t["kind"] for t in ev["transitions"]] == ["sleep"]
+        states = {i.endpoint: (s, i.pid) for i, s in jobs.instances()}
+        assert states["chat"] == ("asleep", chat.pid)
+        assert r.hget(keys.instance(chat.id), "sleep_level") == "1"
+        assert r.get(keys.resident(GPU)) == instance_value("embed", [GPU])  # P:resident: the ready instance only
+
+        # the live planner's fleet state plans the wake it will get
+        from makespan.workers.planner_worker import PlannerWorker
+
+        state_, _busy = PlannerWorker(r, settings, fleet).fleet_state()
+        assert state_.asleep.get(GPU) == frozenset({"chat"})
+
+        third = jobs.run("chat")  # embed is stopped, chat woken: the same process
+        ev = jobs.phase_end(third, "start_endpoint")
+        assert ev["transition"] == "wake" and "wake_failed" not in ev
+        assert [t["kind"] for t in ev["transitions"]] == ["wake"]
+        assert jobs.phase_end(third, "evict")["transition"] == "evict"
+        (woken, state), = jobs.instances()
+        assert (woken.id, woken.pid, state) == (chat.id, chat.pid, "running")
+        assert r.get(keys.resident(GPU)) == instance_value("chat", [GPU])
+    finally:
+        stop.set()
+        probes.join(5)
+        obs.close()
+    incidents = [i for i in list_incidents(r, keys) if i.get("kind") == "incident"]
+    assert incidents == []
+
+
+def test_failing_wake_falls_back_to_a_cold_start(r, keys, settings, cleanup):
+    jobs = Jobs(r, keys, settings, _fleet(chat_command=[*SERVER, "--fail-wake"]))
+    jobs.run("chat")
+    (chat, _), = jobs.instances()
+    jobs.run("embed")
+    third = jobs.run("chat")
+    ev = jobs.phase_end(third, "start_endpoint")
+    assert ev["transition"] == "cold_start"
+    assert "wake_up answered HTTP 500" in ev["wake_failed"]
+    (fresh, state), = jobs.instances()
+    assert state == "running" and fresh.id != chat.id and fresh.pid != chat.pid
+    assert not _alive(chat.pid)  # the sleeper that would not wake was stopped
+    assert r.get(keys.resident(GPU)) == instance_value("chat", [GPU])
+
+
+def test_simulated_sleeper_wakes_and_records_its_durations(r, keys, settings):
+    jobs = Jobs(r, keys, settings, _fleet(chat_driver="simulated"))
+    jobs.run("chat")
+    jobs.run("embed")
+    (sleeper, state), = [(i, s) for i, s in jobs.instances() if i.endpoint == "chat"]
+    assert state == "asleep"
+    ctx = jobs.run("chat")
+    ev = jobs.phase_end(ctx, "start_endpoint")
+    assert ev["transition"] == "wake"
+    (t,) = ev["transitions"]
+    assert t["planned_s"] == 8.0 and t["actual_s"] >= 8.0  # wake_s, scaled, measured in workload s
+    assert [i.id for i, s in jobs.instances() if s == "running"] == [sleeper.id]
+    for kind, n in (("cold_start", 2), ("sleep", 1), ("evict", 1), ("wake", 1)):
+        got = sum(r.llen(keys.transition_times(e, "host-a", kind)) for e in ("chat", "embed"))
+        assert got == n, kind
+
+
+def test_sleeper_of_another_endpoint_is_kept_by_a_cold_start(r, keys, settings):
+    """A cold start on GPUs where another endpoint sleeps leaves the sleeper alone (the
+    planner keeps it asleep there); a non-sleep-capable leftover is stopped."""
+    jobs = Jobs(r, keys, settings, _fleet(chat_driver="simulated"))
+    jobs.run("chat")
+    jobs.run("embed")
+    register_instance(r, keys, Instance("embed", [GPU], "simulated", host="host-a"))  # a stray leftover
+    r.delete(keys.resident(GPU))
+    jobs.run("embed")
+    got = sorted((i.endpoint, s) for i, s in jobs.instances())
+    assert got == [("chat", "asleep"), ("embed", "running")]
