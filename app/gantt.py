@@ -38,6 +38,14 @@ PHASE_COLOURS = {
     "clear": "#fee08b",
     "restore": "#b2abd2",
 }
+# A transition phase's bar takes the colour of what it did (the phase_end event's
+# ``transition`` field): a sleep instead of a stop, a wake instead of a cold start.
+TRANSITION_COLOURS = {
+    "sleep": "#fdb863",
+    "wake": "#5ab4ac",
+    "cold_start": "#92c5de",
+}
+TRANSITIONS = tuple(TRANSITION_COLOURS)
 PRIORITY_EDGES = {"CRITICAL": "#b2182b", "HIGH": "#e66101", "NORMAL": "#2166ac", "LOW": "#404040"}
 PRIORITY_HATCH = {"CRITICAL": "///", "HIGH": "\\\\", "NORMAL": "", "LOW": ".."}
 # endpoint colours, given to a run's endpoints in sorted name order: matplotlib's tab10
@@ -61,6 +69,7 @@ class Interval:
     priority: str | None
     endpoint: str | None
     complete: bool
+    transition: str | None = None  # sleep, wake, cold_start (or evict) where the phase said so
 
 
 def load_events(path: str | Path) -> list[dict[str, Any]]:
@@ -147,7 +156,8 @@ def intervals(events: Iterable[dict[str, Any]]) -> list[Interval]:
         out.append(Interval(
             phase=_phase_of(start), gpus=gpus, start_s=start["ts"] - t0, end_s=end_ts - t0, job=job,
             priority=start.get("priority") or (prio.get(job) if job else None),
-            endpoint=start.get("endpoint") or (end or {}).get("endpoint"), complete=end is not None))
+            endpoint=start.get("endpoint") or (end or {}).get("endpoint"), complete=end is not None,
+            transition=(end or {}).get("transition")))
 
     for ev in evs:
         if ev["kind"] in _OPEN:
@@ -185,7 +195,8 @@ def summary_stats(events: list[dict[str, Any]], gpus: list[str] | None = None) -
 
     Returns a dict: ``jobs`` (counts by kind), ``completed_by_priority``,
     ``makespan_s``, ``weighted_completion_s``, ``wait_s`` ({priority: {p50, p95, n}}),
-    ``phase_gpu_s`` ({phase: GPU-seconds}), ``phase_count``, ``busy_gpu_s``,
+    ``phase_gpu_s`` ({phase: GPU-seconds}), ``phase_count``, ``transition_count``
+    ({sleep, wake, cold_start: phases that did that}), ``busy_gpu_s``,
     ``transition_gpu_s``, ``idle_gpu_s``, ``utilization``, ``gpus``, ``incomplete``,
     ``drains``, ``time_scale``. ``gpus`` defaults to every GPU named in the events.
     """
@@ -226,10 +237,13 @@ def summary_stats(events: list[dict[str, Any]], gpus: list[str] | None = None) -
             weighted += _weight(prio.get(job)) * (c - submitted[job])
     phase_gpu_s = {p: 0.0 for p in PHASES}
     phase_count = {p: 0 for p in PHASES}
+    transition_count = {t: 0 for t in TRANSITIONS}
     for iv in ivs:
         if iv.phase in phase_gpu_s:
             phase_gpu_s[iv.phase] += (iv.end_s - iv.start_s) * max(1, len(iv.gpus))
             phase_count[iv.phase] += 1
+        if iv.transition in transition_count:
+            transition_count[iv.transition] += 1
     busy = phase_gpu_s["execute"]
     transition = sum(phase_gpu_s[p] for p in TRANSITION_PHASES)
     capacity = len(gpu_set) * makespan_s
@@ -246,6 +260,7 @@ def summary_stats(events: list[dict[str, Any]], gpus: list[str] | None = None) -
         "wait_s": wait_s,
         "phase_gpu_s": phase_gpu_s,
         "phase_count": phase_count,
+        "transition_count": transition_count,
         "busy_gpu_s": busy,
         "transition_gpu_s": transition,
         "idle_gpu_s": max(0.0, capacity - busy - transition),
@@ -278,6 +293,7 @@ def summarize(events: list[dict[str, Any]], gpus: list[str] | None = None) -> st
         f"utilization: {s['utilization']:.1%}   busy {s['busy_gpu_s']:.3f} GPU-s, "
         f"transition {s['transition_gpu_s']:.3f} GPU-s, idle {s['idle_gpu_s']:.3f} GPU-s",
         "phases: " + ", ".join(f"{p} {s['phase_count'][p]}x/{s['phase_gpu_s'][p]:.3f} GPU-s" for p in PHASES),
+        "transitions: " + ", ".join(f"{t} {n}x" for t, n in s["transition_count"].items()),
     ]
     if s["completed_by_priority"]:
         lines.append("completed by priority: " + ", ".join(f"{p} {n}" for p, n in s["completed_by_priority"].items()))
@@ -302,7 +318,9 @@ def render_gantt(events: list[dict[str, Any]], out_png: str, gpu_order: list[str
                  title: str = "") -> str:
     """Draw one lane per GPU with a bar per phase; return ``out_png``.
 
-    Bars are filled by phase (:data:`PHASE_COLOURS`) over a band along their lower
+    Bars are filled by phase (:data:`PHASE_COLOURS`; a transition phase by what it did
+    where its event says, :data:`TRANSITION_COLOURS`: sleep, wake, cold start, in the
+    legend when present) over a band along their lower
     third coloured by endpoint (:func:`endpoint_colours`); their edge colour and hatch
     show the job's priority (:data:`PRIORITY_EDGES`, :data:`PRIORITY_HATCH`). Execute
     bars wide enough carry ``endpoint job/priority-initial``, other bars wide enough the
@@ -356,7 +374,8 @@ def gantt_figure(events: list[dict[str, Any]], gpu_order: list[str] | None = Non
         alpha = 1.0 if iv.complete else 0.45
         for g in iv.gpus:
             ax.barh(row[g], width, left=iv.start_s, height=0.7,
-                    color=PHASE_COLOURS.get(iv.phase, "#cccccc"), edgecolor=PRIORITY_EDGES.get(p, "#000000"),
+                    color=TRANSITION_COLOURS.get(iv.transition or "", PHASE_COLOURS.get(iv.phase, "#cccccc")),
+                    edgecolor=PRIORITY_EDGES.get(p, "#000000"),
                     linewidth=1.2, hatch=PRIORITY_HATCH.get(p, ""), alpha=alpha)
             ax.barh(row[g] + 0.35 - 0.12, width, left=iv.start_s, height=0.24,  # endpoint band, lower third
                     color=ep_colour[iv.endpoint or NO_ENDPOINT], linewidth=0, alpha=alpha)
@@ -383,6 +402,8 @@ def gantt_figure(events: list[dict[str, Any]], gpu_order: list[str] | None = Non
     ax.set_title(title or "makespan: phases per GPU")
     ax.grid(axis="x", linestyle=":", linewidth=0.5)
     phase_handles = [Patch(facecolor=PHASE_COLOURS[p], edgecolor="#000000", label=p) for p in PHASES]
+    phase_handles += [Patch(facecolor=TRANSITION_COLOURS[t], edgecolor="#000000", label=t.replace("_", " "))
+                      for t in TRANSITIONS if any(iv.transition == t for iv in ivs)]
     prio_handles = [Patch(facecolor="white", edgecolor=PRIORITY_EDGES[p], hatch=PRIORITY_HATCH[p], linewidth=1.2,
                           label=p) for p in PRIORITY_EDGES]
     phase_legend = ax.legend(handles=phase_handles + prio_handles, loc="upper left", bbox_to_anchor=(1.01, 1.0),

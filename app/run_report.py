@@ -59,9 +59,10 @@ def records_from_run(events: list[dict[str, Any]], jobs: dict[str, dict[str, str
         elif k == "phase_end" and e.get("phase") == "execute":
             L["end"] = e["ts"]
         elif k == "phase_end" and e.get("phase") == "start_endpoint":
-            L["load"] = "cold_start" if (e.get("planned_s") or 0) > 0 else "warm"
+            L["load"] = e.get("transition") or ("cold_start" if (e.get("planned_s") or 0) > 0 else "warm")
         elif k == "phase_end" and e.get("phase") == "evict":
             L["evicts"] = tuple(e.get("evicted") or ())
+            L["sleeps"] = tuple(e.get("slept") or ())
             L["evict_s"] = float(e.get("planned_s") or 0.0)
         elif k in ("restore_end",):
             L["end"] = e["ts"]
@@ -82,7 +83,7 @@ def records_from_run(events: list[dict[str, Any]], jobs: dict[str, dict[str, str
         out.append(JobRecord(jid, rec["endpoint"], int(prio), float(prio.weight), sub, start, max(svc, start),
                              max(end, svc), tuple(L.get("gpus", ())), L.get("load", "warm"),
                              L.get("evicts", ()), L.get("evict_s", 0.0),
-                             "completed" if rec["state"] == "completed" else "failed"))
+                             "completed" if rec["state"] == "completed" else "failed", L.get("sleeps", ())))
     return out, restores
 
 
@@ -162,7 +163,34 @@ def live_report(r: redis.Redis, keys: Keys, fleet: FleetSpec, events: list[dict[
     rep["time_scale"] = time_scale
     rep["drain_left"] = drain["left"]
     rep["estimate_error"] = estimate_errors(events)
+    rep["transition_error"] = transition_errors(events)
+    rep["transitions"]["wake_failed"] = sum(1 for e in events if e.get("kind") == "phase_end" and e.get("wake_failed"))
+    rep["transitions"]["sleep_failed"] = sum(1 for e in events if e.get("kind") == "phase_end" and e.get("sleep_failed"))
     return rep
+
+
+def transition_errors(events: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Planned vs actual duration of executed transitions, per kind (evict, sleep, wake,
+    cold_start, restore): ``{kind: {"n", "p50", "p90", "planned_s_p50", "actual_s_p50"}}``
+    with the error |actual − planned| ÷ actual, from the ``transitions`` lists of the
+    phases' ``phase_end`` events (workload seconds; planned: the learned figure, or the
+    fleet file's until learned)."""
+    by_kind: dict[str, list[tuple[float, float]]] = {}
+    for e in events:
+        if e.get("kind") == "phase_end":
+            for t in e.get("transitions") or ():
+                actual = float(t.get("actual_s") or 0.0)
+                if actual > 0:
+                    by_kind.setdefault(t["kind"], []).append((float(t.get("planned_s") or 0.0), actual))
+    out = {}
+    for kind, pairs in sorted(by_kind.items()):
+        errs = sorted(abs(a - p) / a for p, a in pairs)
+        def q(xs: list[float], frac: float) -> float:
+            xs = sorted(xs)
+            return round(xs[min(len(xs) - 1, int(frac * len(xs)))], 4)
+        out[kind] = {"n": len(pairs), "p50": q(errs, 0.5), "p90": q(errs, 0.9),
+                     "planned_s_p50": q([p for p, _ in pairs], 0.5), "actual_s_p50": q([a for _, a in pairs], 0.5)}
+    return out
 
 
 def estimate_errors(events: list[dict[str, Any]]) -> dict[str, dict[str, float]]:

@@ -41,7 +41,9 @@ class JobRecord:
 
     ``start_s`` is when its GPUs were taken (transitions begin); ``service_start_s``
     when the endpoint was ready; ``end_s`` = C_j. ``evict_s`` is the part of the
-    transition spent evicting. ``load`` is ``"warm"``, ``"cold_start"`` or ``"wake"``."""
+    transition spent evicting. ``load`` is ``"warm"``, ``"cold_start"`` or ``"wake"``.
+    ``evicts``: the endpoints its transition displaced (stopped or put to sleep);
+    ``sleeps``: those of them put to sleep (sleep mode)."""
 
     id: str
     endpoint: str
@@ -56,6 +58,7 @@ class JobRecord:
     evicts: tuple[str, ...] = ()
     evict_s: float = 0.0
     status: str = "completed"
+    sleeps: tuple[str, ...] = ()
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -202,6 +205,7 @@ def build_report(records: Sequence[JobRecord], *, policy: str, gpus: int, submit
         "idle_while_queued_gpu_s": idle_while_queued(records, gpu_ids, eligible, restores),
         "wait_s": {k: {"p50": percentile(v, 50), "p95": percentile(v, 95)} for k, v in waits.items()},
         "transitions": {"evict": sum(len(r.evicts) for r in records),
+                        "sleep": sum(len(r.sleeps) for r in records),
                         "cold_start": sum(1 for r in records if r.load == "cold_start"),
                         "wake": sum(1 for r in records if r.load == "wake"),
                         "restore": len(list(restores))},

@@ -242,5 +242,6 @@ class _Run:
 
 def _record(job: PlanJob, a: Any, base: FleetState) -> JobRecord:
     ev = max((base.endpoints[e].evict_s for e in a.evicts if e in base.endpoints), default=0.0)
+    sleeps = tuple(e for e in a.evicts if e in base.endpoints and base.endpoints[e].wake_s is not None)
     return JobRecord(job.id, job.endpoint, job.priority, job.weight, job.release_s, a.start_s, a.service_start_s,
-                     a.end_s, tuple(a.gpus), a.load, tuple(a.evicts), ev)
+                     a.end_s, tuple(a.gpus), a.load, tuple(a.evicts), ev, sleeps=sleeps)

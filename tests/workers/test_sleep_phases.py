@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -171,3 +172,24 @@ def test_sleeper_of_another_endpoint_is_kept_by_a_cold_start(r, keys, settings):
     jobs.run("embed")
     got = sorted((i.endpoint, s) for i, s in jobs.instances())
     assert got == [("chat", "asleep"), ("embed", "running")]
+
+
+def test_gantt_and_report_tell_sleep_wake_and_cold_start_apart(r, keys, settings, tmp_path):
+    from makespan.gantt import TRANSITION_COLOURS, intervals, render_gantt, summary_stats
+    from makespan.run_report import live_report
+    from tests.live import all_events
+
+    fleet = _fleet(chat_driver="simulated")
+    jobs = Jobs(r, keys, settings, fleet)
+    ctxs = [jobs.run(ep) for ep in ("chat", "embed", "chat")]
+    events = all_events(r, keys)
+    assert summary_stats(events)["transition_count"] == {"sleep": 1, "wake": 1, "cold_start": 2}
+    by_phase = {(iv.phase, iv.transition) for iv in intervals(events)}
+    assert {("evict", "sleep"), ("evict", "evict"), ("start_endpoint", "wake"),
+            ("start_endpoint", "cold_start")} <= by_phase
+    assert set(TRANSITION_COLOURS) == {"sleep", "wake", "cold_start"}
+    assert Path(render_gantt(events, str(tmp_path / "g.png"))).stat().st_size > 0
+    rep = live_report(r, keys, fleet, events, [c.job_id for c in ctxs], settings.time_scale, settings.policy)
+    assert {k: rep["transitions"][k] for k in ("evict", "sleep", "cold_start", "wake")} == \
+        {"evict": 2, "sleep": 1, "cold_start": 2, "wake": 1}
+    assert rep["transition_error"]["wake"]["n"] == 1
