@@ -407,7 +407,8 @@ def simulate(trace: Path, fleet: Path = FleetOpt, policy: str = typer.Option("po
     typer.echo(json.dumps(out, indent=2))
 
 
-for _mod in ("makespan.cli_lifecycle", "makespan.cli_observe", "makespan.cli_workloads", "makespan.cli_why"):
+for _mod in ("makespan.cli_lifecycle", "makespan.cli_observe", "makespan.cli_workloads", "makespan.cli_why",
+             "makespan.cli_transitions"):
     try:
         importlib.import_module(_mod).register(app)
     except ImportError:

@@ -245,11 +245,16 @@ def observer(fleet: Path = typer.Option(..., "--fleet", help="TOML fleet file"),
 
 def endpoint_server(port: int = typer.Option(..., "--port"), model: str = typer.Option("stub", "--model"),
                     load_time_s: float = typer.Option(0.0, "--load-time-s"),
-                    latency_ms: float = typer.Option(0.0, "--latency-ms")) -> None:
+                    latency_ms: float = typer.Option(0.0, "--latency-ms"),
+                    hold_gpu_mib: int = typer.Option(0, "--hold-gpu-mib", help="GPU memory held while awake (torch)"),
+                    sleep_s: float = typer.Option(0.0, "--sleep-s", help="wall s a POST /sleep takes"),
+                    wake_s: float = typer.Option(0.0, "--wake-s", help="wall s a POST /wake_up takes"),
+                    sleep_ram_mib: int = typer.Option(0, "--sleep-ram-mib", help="host RAM a level-1 sleeper holds")) -> None:
     """Run the small real endpoint program (OpenAI-compatible routes, vLLM sleep/wake)."""
     from makespan.workers.endpoint_server import serve
 
-    serve(port, model, load_time_s, latency_ms)
+    serve(port, model, load_time_s, latency_ms, hold_gpu_mib=hold_gpu_mib, sleep_s=sleep_s, wake_s=wake_s,
+          sleep_ram_mib=sleep_ram_mib)
 
 
 def render_pipeline(fleet: Path = typer.Option(EXAMPLE_FLEET, "--fleet", help="fleet with coder, embed, renderer"),

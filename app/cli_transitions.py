@@ -1,0 +1,82 @@
+"""``makespan transitions``: configured vs learned vs last duration of every transition
+kind of every endpoint (:mod:`makespan.estimates`), per host and over all hosts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from makespan.errors import MakespanError
+from makespan.estimates import TRANSITION_KINDS, prior_s, read_transition_windows, transition_estimate
+from makespan.keys import Keys
+from makespan.models import FleetSpec
+from makespan.settings import Settings
+
+
+def transition_table(r: Any, keys: Keys, fleet: FleetSpec, settings: Settings) -> list[dict[str, Any]]:
+    """One row per (endpoint, kind, host) that applies — ``host`` ``"*"`` is the planner's
+    figure over every host — with ``configured_s`` (the fleet file), ``learned_s`` (the
+    figure planned now: see :func:`makespan.estimates.transition_estimate`), ``source``
+    (learned, others, prior), ``observations`` and ``last_s`` (the latest measured on that
+    host; None: none). Workload seconds. Kinds an endpoint cannot have are left out
+    (sleep and wake without a sleep mode). Raises StoreError: Redis failed."""
+    hosts = [h.name for h in fleet.hosts]
+    windows = read_transition_windows(r, keys, fleet.endpoints, hosts)
+    rows = []
+    for name, spec in sorted(fleet.endpoints.items()):
+        for kind in TRANSITION_KINDS:
+            if kind in ("sleep", "wake") and spec.wake_s is None:
+                continue
+            prior = prior_s(spec, kind)
+            for host in ["*", *hosts]:
+                est = transition_estimate(windows, name, None if host == "*" else host, kind, prior,
+                                          settings.transition_min_observations, settings.transition_quantile)
+                last = None
+                if host == "*":
+                    lasts = [windows[(name, h, kind)][0] for h in hosts if windows.get((name, h, kind))]
+                    last = lasts[-1] if lasts else None
+                else:
+                    last = est.last_s
+                rows.append({"endpoint": name, "kind": kind, "host": host, "configured_s": prior,
+                             "learned_s": round(est.seconds, 3), "source": est.source,
+                             "observations": est.observations, "last_s": None if last is None else round(last, 3)})
+    return rows
+
+
+def transitions(fleet: Path = typer.Option(..., "--fleet", help="TOML fleet file"),
+                redis_url: Optional[str] = typer.Option(None, "--redis-url", help="default: MAKESPAN_REDIS_URL"),
+                prefix: Optional[str] = typer.Option(None, "--prefix", help="default: MAKESPAN_KEY_PREFIX"),
+                as_json: bool = typer.Option(False, "--json", help="one JSON object per line")) -> None:
+    """Transition durations per endpoint and kind (evict, sleep, wake, cold_start, restore):
+    configured (fleet file) vs learned (what is planned now: the running p90 of measured
+    ones once there are enough, MAKESPAN_TRANSITION_MIN_OBSERVATIONS) vs the last measured;
+    host * is the planner's figure over all hosts. Workload seconds."""
+    from makespan.models import load_fleet
+    from makespan.redis_conn import connect
+
+    try:
+        s = Settings.from_env()
+        spec = load_fleet(fleet)
+        r = connect(redis_url or s.redis_url)
+        rows = transition_table(r, Keys(prefix or s.key_prefix), spec, s)
+    except MakespanError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from e
+    if as_json:
+        for row in rows:
+            typer.echo(json.dumps(row, sort_keys=True))
+        return
+    typer.echo(f"{'endpoint':<14} {'kind':<11} {'host':<12} {'configured_s':>12} {'learned_s':>10} {'source':<8} "
+               f"{'n':>4} {'last_s':>8}")
+    for x in rows:
+        last = "-" if x["last_s"] is None else f"{x['last_s']:.3f}"
+        typer.echo(f"{x['endpoint']:<14} {x['kind']:<11} {x['host']:<12} {x['configured_s']:>12.3f} "
+                   f"{x['learned_s']:>10.3f} {x['source']:<8} {x['observations']:>4} {last:>8}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``transitions``."""
+    app.command("transitions")(transitions)
