@@ -147,3 +147,28 @@ def test_observer_overrun_rule_uses_the_learned_duration(r, keys, settings, lear
         obs.close()
     overruns = [i for i in list_incidents(r, keys) if i.get("failure_mode") == "transition_overrun"]
     assert (len(overruns) > 0) is (not learned), overruns
+
+
+def test_makespan_transitions_prints_configured_learned_and_last(r, keys, settings, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import FLEET_TOML
+
+    for x in (70.0, 72.0, 71.0, 75.0, 73.0):
+        for op in transition_record_ops(keys, "chat", "host-b", "wake", x / 8):
+            getattr(r, op[0].lower())(*op[1:])
+    env = {**os.environ, **settings.to_env()}
+    out = subprocess.run([sys.executable, "-m", "makespan.cli", "transitions", "--fleet", FLEET_TOML, "--json"],
+                         capture_output=True, text=True, env=env, timeout=60, check=True).stdout
+    rows = {(x["endpoint"], x["kind"], x["host"]): x for x in map(json.loads, out.splitlines())}
+    b = rows[("chat", "wake", "host-b")]
+    assert (b["configured_s"], b["source"], b["observations"], b["last_s"]) == (8.0, "learned", 5, 9.125)
+    assert b["learned_s"] == pytest.approx(quantile([x / 8 for x in (70, 72, 71, 75, 73)], 0.9), abs=1e-3)
+    assert rows[("chat", "wake", "host-a")]["source"] == "others"
+    assert rows[("coder", "cold_start", "*")]["source"] == "prior"
+    assert ("coder", "wake", "*") not in rows  # no sleep mode: no wake row
+    text = subprocess.run([sys.executable, "-m", "makespan.cli", "transitions", "--fleet", FLEET_TOML],
+                          capture_output=True, text=True, env=env, timeout=60, check=True).stdout
+    assert "configured_s" in text.splitlines()[0] and "learned_s" in text and "last_s" in text
