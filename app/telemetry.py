@@ -67,7 +67,7 @@ PHASE_SPAN_NAMES = {
     "clear": "clear_embeddings",
     "restore": "restore_baseline",
 }
-CHILD_SPAN_NAMES = ("process_spawn", "health_check")
+CHILD_SPAN_NAMES = ("process_spawn", "health_check", "endpoint_sleep", "endpoint_wake", "endpoint_stop")
 SCOPE = "makespan"
 TRACE_FILE_ENV = "MAKESPAN_TRACE_FILE"
 

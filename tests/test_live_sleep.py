@@ -47,12 +47,13 @@ def system(settings, tmp_path):
     path = tmp_path / "sleepy.toml"
     path.write_text(FLEET_TOML)
     fleet = load_fleet(path)
-    sys_ = LiveSystem(path, fleet, settings, tmp_path / "logs")
+    sys_ = LiveSystem(path, fleet, settings, tmp_path / "logs",
+                      extra_env={"OTEL_TRACES_EXPORTER": "file", "MAKESPAN_TRACE_FILE": str(tmp_path / "spans.jsonl")})
     yield sys_
     sys_.stop()
 
 
-def test_live_run_wakes_what_it_put_to_sleep(r, keys, settings, system):
+def test_live_run_wakes_what_it_put_to_sleep(r, keys, settings, system, tmp_path):
     system.start()
     fleet = system.fleet
     prod = Producer(r, keys, fleet, settings)
@@ -73,3 +74,7 @@ def test_live_run_wakes_what_it_put_to_sleep(r, keys, settings, system):
     assert set(rep["transition_error"]) >= {"wake", "sleep", "cold_start", "evict"}
     incidents = [i for i in list_incidents(r, keys) if i.get("kind") == "incident"]
     assert incidents == [], [(i["endpoint"], i["failure_mode"], i["effect"]) for i in incidents]
+    import json
+
+    spans = [json.loads(x)["name"] for x in (tmp_path / "spans.jsonl").read_text().splitlines() if x.strip()]
+    assert spans.count("endpoint_sleep") == 2 and spans.count("endpoint_wake") == 2, sorted(set(spans))

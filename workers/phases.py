@@ -279,7 +279,9 @@ class PhaseRunner:
         registry; None, or why it could not (the caller stops it instead)."""
         level = self.fleet.endpoints[inst.endpoint].sleep_level
         try:
-            self._driver(inst.driver).sleep(inst, level)
+            with telemetry.child_span("endpoint_sleep", {"endpoint": inst.endpoint, "instance": inst.id,
+                                                         "level": level}):
+                self._driver(inst.driver).sleep(inst, level)
         except PhaseError as e:
             return str(e)
         set_instance_state(self.r, self.keys, inst.id, "asleep", sleep_level=level)
@@ -287,12 +289,15 @@ class PhaseRunner:
 
     def _wake_up(self, inst: Instance, ctx: PhaseContext, hb: LeaseHeartbeat) -> str | None:
         """Wake the sleeping ``inst`` and mark it ``running``; None, or why it could not."""
-        if inst.driver == "simulated":
-            self._sleep(self._sim_s(inst.endpoint, "wake", ctx.host), hb)
-        try:
-            self._driver(inst.driver).wake(inst)
-        except PhaseError as e:
-            return str(e)
+        with telemetry.child_span("endpoint_wake", {"endpoint": inst.endpoint, "instance": inst.id}) as span:
+            if inst.driver == "simulated":
+                self._sleep(self._sim_s(inst.endpoint, "wake", ctx.host), hb)
+            try:
+                self._driver(inst.driver).wake(inst)
+            except PhaseError as e:
+                span.set_attribute("makespan.outcome", "failed")
+                return str(e)
+            span.set_attribute("makespan.outcome", "woken")
         set_instance_state(self.r, self.keys, inst.id, "running")
         return None
 
@@ -442,7 +447,8 @@ class PhaseRunner:
     def _stop_instance(self, inst: Instance) -> None:
         unregister_instance(self.r, self.keys, inst.id)
         try:
-            self._driver(inst.driver).stop(inst)
+            with telemetry.child_span("endpoint_stop", {"endpoint": inst.endpoint, "instance": inst.id}):
+                self._driver(inst.driver).stop(inst)
         except PhaseError as e:  # already gone: nothing to stop
             log.warning("stopping %s: %s", inst.endpoint, e)
 
