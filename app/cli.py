@@ -183,7 +183,7 @@ def gpus(host_name: str = typer.Option("", "--host-name", help="name of the flee
     from dataclasses import asdict
 
     from makespan.workers.discovery import NvmlDiscovery
-    from makespan.workers.host_check import host_toml
+    from makespan.workers.host_check import host_memory_mib, host_toml
 
     logging.getLogger("makespan.workers.discovery").setLevel(logging.ERROR)  # the reason is printed below
     d = NvmlDiscovery()
@@ -192,7 +192,7 @@ def gpus(host_name: str = typer.Option("", "--host-name", help="name of the flee
         typer.echo(json.dumps({"gpus": [asdict(g) for g in found], "error": d.last_error}, indent=2))
     elif found:
         name = host_name or socket.gethostname().split(".")[0]
-        typer.echo(host_toml(name, found), nl=False)
+        typer.echo(host_toml(name, found, host_memory_mib()), nl=False)
     if not found:
         typer.echo(d.last_error or "NVML reports no GPU", err=True)
         raise typer.Exit(1)

@@ -90,6 +90,8 @@ class HostSpec(BaseModel):
     gpus: tuple[GpuSpec, ...] = ()
     gpu_count: int | None = Field(default=None, ge=1, le=64)
     memory_mib: int | None = Field(default=None, gt=0)
+    host_memory_mib: int | None = Field(default=None, gt=0, description="host RAM sleepers may hold (level 1 "
+                                        "keeps weights there), MiB; None: no budget")
 
     @field_validator("name")
     @classmethod
@@ -118,6 +120,9 @@ class HostSpec(BaseModel):
         if not self.gpus:
             raise ValueError("a host needs gpus or gpu_count")
         return self
+
+
+SLEEP_GPU_MEMORY_DEFAULT_MIB = 512  # what a sleeping vLLM instance keeps per GPU (CUDA context, buffers)
 
 
 class LaunchSpec(BaseModel):
@@ -164,9 +169,32 @@ class EndpointSpec(BaseModel):
     evict_s: float = 5.0
     wake_s: float | None = None
     sleep_level: int = Field(default=1, ge=1, le=2)
+    sleep_gpu_memory_mib: int | None = Field(default=None, ge=0, description="GPU memory per GPU a sleeping "
+                                             "instance still holds; None: min(512, memory_mib_per_gpu)")
+    sleep_host_memory_mib: int | None = Field(default=None, ge=0, description="host RAM a level-1 sleeper holds; "
+                                              "None: its weights, memory_mib_per_gpu × tensor_parallel")
     slots: int = Field(default=1, ge=1, le=4096)
     set_point: tuple[SetPointGroup, ...] = ()
     launch: LaunchSpec = LaunchSpec()
+
+    @property
+    def asleep_gpu_mib(self) -> int:
+        """GPU memory per GPU one sleeping instance holds, MiB (0 without a sleep mode)."""
+        if self.wake_s is None:
+            return 0
+        if self.sleep_gpu_memory_mib is not None:
+            return min(self.sleep_gpu_memory_mib, self.memory_mib_per_gpu)
+        return min(SLEEP_GPU_MEMORY_DEFAULT_MIB, self.memory_mib_per_gpu)
+
+    @property
+    def asleep_ram_mib(self) -> int:
+        """Host RAM one sleeping instance holds, MiB: level 1 its weights (or
+        ``sleep_host_memory_mib``), level 2 none (0 without a sleep mode)."""
+        if self.wake_s is None or self.sleep_level == 2:
+            return 0
+        if self.sleep_host_memory_mib is not None:
+            return self.sleep_host_memory_mib
+        return self.memory_mib_per_gpu * self.tensor_parallel
 
     @field_validator("cold_start_s")
     @classmethod
@@ -263,6 +291,10 @@ class FleetSpec(BaseModel):
                 if g.uuid == uuid:
                     return h.name
         raise KeyError(uuid)
+
+    def host_ram_budgets(self) -> dict[str, int]:
+        """Host name -> ``host_memory_mib`` (the RAM sleepers may hold), for hosts that give one."""
+        return {h.name: h.host_memory_mib for h in self.hosts if h.host_memory_mib is not None}
 
     def set_point_by_gpu(self) -> dict[str, str]:
         """GPU UUID -> endpoint name resident at the set point."""

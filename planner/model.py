@@ -30,6 +30,10 @@ class EndpointModel:
         evict_s: time to stop an instance and free its GPUs, s.
         wake_s: time to wake a sleeping instance (vLLM sleep mode), s; None if no sleep mode.
         slots: request concurrency of one instance.
+        asleep_gpu_mib: GPU memory a sleeping instance still holds on each of its GPUs,
+            MiB (small but not zero: CUDA context, buffers); 0: not modelled.
+        asleep_ram_mib: host RAM a sleeping instance holds (level 1 keeps its weights
+            there; level 2: 0), MiB, against its host's budget (``FleetState.host_ram_mib``).
     """
 
     name: str
@@ -39,6 +43,8 @@ class EndpointModel:
     evict_s: float
     wake_s: float | None = None
     slots: int = 1
+    asleep_gpu_mib: int = 0
+    asleep_ram_mib: int = 0
 
 
 @dataclass(frozen=True)
@@ -139,6 +145,9 @@ class FleetState:
             unknown, no plan-level preemption. A GPU absent from it holds nothing that
             may be preempted (free, a restore, ...). ``free_at``/``resident`` already
             describe these jobs; ``running`` only says who they are.
+        host_ram_mib: host name -> host RAM sleepers may hold there, MiB (the fleet file's
+            ``host_memory_mib``); a host absent from it: no budget. An instance that would
+            go to sleep beyond the budget is stopped instead (:mod:`makespan.planner.replay`).
         set_point_weight: score per GPU-second a set-point instance is absent within the
             plan's horizon (weight·s per GPU-s, ≥ 0; 0, the default: not weighed, every plan
             as before). Absence of an instance: from when it stops being resident (``now_s``
@@ -162,6 +171,7 @@ class FleetState:
     demand_share: dict[str, float] = field(default_factory=dict)
     running: dict[str, RunningJob] = field(default_factory=dict)
     set_point_weight: float = 0.0
+    host_ram_mib: dict[str, int] = field(default_factory=dict)
     _groups_cache: dict[tuple[int, int, int, int], list[tuple[str, ...]]] = field(
         default_factory=dict, init=False, repr=False, compare=False)
 

@@ -9,7 +9,11 @@ Transition rule (a job holds its group exclusively from ``start_s`` to ``end_s``
       the largest ``evict_s`` counts; a partially resident copy of the job's own
       endpoint is evicted too), then load: a wake (``wake_s``) when the endpoint has a
       sleep mode and is asleep on every GPU of the group, else a cold start;
-    * an evicted endpoint with a sleep mode goes to sleep on the GPUs it left.
+    * an evicted endpoint with a sleep mode goes to sleep on the GPUs it left, if what a
+      sleeper holds fits (host RAM against its host's budget, GPU memory beside the new
+      resident and the other sleepers); else it is stopped. Loading an endpoint on a GPU
+      stops the sleepers that no longer fit beside it (:mod:`makespan.planner.sleepers`;
+      only where some endpoint holds something asleep or a host has a RAM budget).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import replace
 
 from makespan.planner.model import Assignment, EndpointModel, FleetState, PlanJob
+from makespan.planner.sleepers import may_sleep, sleepers_kept
 
 Group = tuple[str, ...]
 
@@ -27,7 +32,7 @@ class Replay:
     """Mutable copy of a :class:`FleetState` that jobs are placed into, in start order."""
 
     __slots__ = ("state", "endpoints", "free_at", "resident", "asleep", "end_of", "count", "_groups", "_group_at",
-                 "_whole")
+                 "_whole", "ram_used", "_costed", "_mem", "_host")
 
     def __init__(self, state: FleetState):
         self.state = state
@@ -46,6 +51,16 @@ class Replay:
         self._groups: dict[tuple[int, int], list[Group]] = {}
         self._group_at: dict[tuple[int, int], dict[str, Group]] = {}
         self._whole: dict[str, int] = {}  # whole_gpus of TP > 1 endpoints; entries dropped by _load
+        # what sleepers hold (makespan.planner.sleepers): modelled only where something is held
+        self._costed = bool(state.host_ram_mib) or any(
+            e.asleep_gpu_mib or e.asleep_ram_mib for e in state.endpoints.values())
+        self._mem = {g.uuid: g.memory_mib for g in state.gpus}
+        self._host = {g.uuid: g.host for g in state.gpus}
+        self.ram_used: dict[str, float] = {}  # host -> RAM its sleepers hold, MiB
+        if self._costed:
+            for u, names in self.asleep.items():
+                for e in names:
+                    self.ram_used[self._host[u]] = self.ram_used.get(self._host[u], 0.0) + self._ram_share(e)
 
     def copy(self) -> "Replay":
         r = Replay.__new__(Replay)
@@ -53,7 +68,21 @@ class Replay:
         r.free_at, r.resident, r.asleep = dict(self.free_at), dict(self.resident), dict(self.asleep)
         r.end_of, r.count, r._groups = ChainMap(dict(self.end_of.maps[0]), *self.end_of.maps[1:]), dict(self.count), self._groups
         r._group_at, r._whole = self._group_at, dict(self._whole)
+        r.ram_used, r._costed, r._mem, r._host = dict(self.ram_used), self._costed, self._mem, self._host
         return r
+
+    def _ram_share(self, endpoint: str) -> float:
+        """Host RAM one GPU's part of a sleeping ``endpoint`` instance holds, MiB."""
+        ep = self.endpoints.get(endpoint)
+        return ep.asleep_ram_mib / ep.tp if ep is not None else 0.0
+
+    def _drop_asleep(self, u: str, endpoint: str) -> None:
+        """``endpoint`` no longer sleeps on GPU ``u`` (woken, stopped or abandoned)."""
+        if endpoint in self.asleep[u]:
+            self.asleep[u] = self.asleep[u] - {endpoint}
+            if self._costed:
+                h = self._host[u]
+                self.ram_used[h] = self.ram_used.get(h, 0.0) - self._ram_share(endpoint)
 
     def groups(self, ep: EndpointModel) -> list[Group]:
         key = (ep.tp, ep.memory_mib)
@@ -132,7 +161,11 @@ class Replay:
 
     def _load(self, group: Group, name: str | None) -> None:
         """``name`` becomes resident on ``group`` (None: nothing); the evicted endpoints
-        with a sleep mode go to sleep there."""
+        with a sleep mode go to sleep there (where what sleepers hold is modelled: if
+        they fit, and sleepers that no longer fit beside ``name`` are stopped)."""
+        if self._costed:
+            self._load_costed(group, name)
+            return
         for u in group:
             old = self.resident[u]
             if old == name:
@@ -151,6 +184,47 @@ class Replay:
                 self.count[name] = self.count.get(name, 0) + 1
                 if name in self.asleep[u]:
                     self.asleep[u] = self.asleep[u] - {name}
+
+    def _load_costed(self, group: Group, name: str | None) -> None:
+        """:meth:`_load` with the memory sleepers hold (:mod:`makespan.planner.sleepers`)."""
+        eps = self.endpoints
+        going: dict[str, list[str]] = {}  # displaced endpoints with a sleep mode -> GPUs they left
+        for u in group:
+            old = self.resident[u]
+            if old == name:
+                continue
+            wh = self._whole
+            if wh:
+                wh.pop(old, None)  # type: ignore[arg-type]
+                wh.pop(name, None)  # type: ignore[arg-type]
+            if old is not None:
+                self.count[old] -= 1
+                oep = eps.get(old)
+                if oep is not None and oep.wake_s is not None:
+                    going.setdefault(old, []).append(u)
+            self.resident[u] = name
+            if name is not None:
+                self.count[name] = self.count.get(name, 0) + 1
+                self._drop_asleep(u, name)
+        need = eps[name].memory_mib if name is not None and name in eps else 0
+        room: dict[str, float] = {}
+        for u in group:  # sleepers that no longer fit beside the new resident are stopped
+            held = {e: eps[e].asleep_gpu_mib for e in self.asleep[u] if e in eps}
+            kept = sleepers_kept(self._mem[u] - need, held)
+            for e in set(held) - kept:
+                self._drop_asleep(u, e)
+            room[u] = self._mem[u] - need - sum(held[e] for e in kept)
+        budgets = self.state.host_ram_mib
+        for old in sorted(going):
+            us, oep = going[old], eps[old]
+            host = self._host[us[0]]
+            share = self._ram_share(old)
+            if may_sleep(self.ram_used.get(host, 0.0), budgets.get(host), share * len(us),
+                         min(room[u] for u in us), oep.asleep_gpu_mib):
+                for u in us:
+                    self.asleep[u] = self.asleep[u] | {old}
+                    room[u] -= oep.asleep_gpu_mib
+                self.ram_used[host] = self.ram_used.get(host, 0.0) + share * len(us)
 
     def restore(self, group: Group, endpoint: str, start_s: float) -> Assignment:
         """Set-point restore of ``endpoint`` on ``group`` from ``start_s``: the transition
@@ -177,8 +251,8 @@ class Replay:
             abandoned = {u: self.resident[u] for u in a.gpus}
             self._load(a.gpus, None)
             for u, e in abandoned.items():
-                if e is not None and e in self.asleep[u]:
-                    self.asleep[u] = self.asleep[u] - {e}
+                if e is not None:
+                    self._drop_asleep(u, e)
         for u in a.gpus:
             self.free_at[u] = at_s
         self.end_of.pop(a.job_id, None)

@@ -69,7 +69,7 @@ class _Run:
             state = FleetState(t, self.base.gpus, self.base.endpoints, free_at=dict(c.free_at),
                                resident=dict(c.resident), set_point=self.base.set_point, end_of=c.end_of,
                                asleep=dict(c.asleep), demand=demand, demand_share=share,
-                               set_point_weight=self.base.set_point_weight)
+                               set_point_weight=self.base.set_point_weight, host_ram_mib=self.base.host_ram_mib)
             scored = self.preemption == "plan" and self.policy in PREEMPTION_FLOOR
             if scored:
                 state.running = self._running(t)

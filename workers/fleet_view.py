@@ -36,7 +36,8 @@ LEARNED_REFRESH_S = 2.0  # wall seconds between reads of the learned transition 
 
 def endpoint_models(fleet: FleetSpec) -> dict[str, EndpointModel]:
     """The fleet file's endpoints as the planner models them (the fleet file's durations)."""
-    return {n: EndpointModel(n, e.tensor_parallel, e.memory_mib_per_gpu, e.cold_start_s, e.evict_s, e.wake_s, e.slots)
+    return {n: EndpointModel(n, e.tensor_parallel, e.memory_mib_per_gpu, e.cold_start_s, e.evict_s, e.wake_s, e.slots,
+                             e.asleep_gpu_mib, e.asleep_ram_mib)
             for n, e in fleet.endpoints.items()}
 
 
@@ -52,7 +53,8 @@ def learned_endpoint_models(fleet: FleetSpec, windows: Windows, min_observations
             return transition_estimate(windows, n, None, kind, prior_s(e, kind), min_observations, q).seconds
         wake = est("wake") if e.wake_s is not None else None
         out[n] = EndpointModel(n, e.tensor_parallel, e.memory_mib_per_gpu, est("cold_start"),
-                               est("sleep" if e.wake_s is not None else "evict"), wake, e.slots)
+                               est("sleep" if e.wake_s is not None else "evict"), wake, e.slots,
+                               e.asleep_gpu_mib, e.asleep_ram_mib)
     return out
 
 
@@ -155,7 +157,8 @@ class FleetViewMixin:
         self._refresh_learned()
         asleep = asleep_by_gpu(list_instances(self.r, self.keys, with_state=True))
         return FleetState(now, self.gpus, self.endpoints, free_at, resident, sp, asleep=asleep,
-                          set_point_weight=self.settings.set_point_weight), busy
+                          set_point_weight=self.settings.set_point_weight,
+                          host_ram_mib=self.fleet.host_ram_budgets()), busy
 
     def _refresh_learned(self) -> None:
         """Every LEARNED_REFRESH_S (wall): ``self.endpoints`` from the learned transition

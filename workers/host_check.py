@@ -59,10 +59,31 @@ def check_host(host: HostSpec, found: list[DiscoveredGpu]) -> list[str]:
     return problems
 
 
-def host_toml(name: str, found: list[DiscoveredGpu]) -> str:
+SLEEPER_RAM_SHARE = 0.5  # of a host's RAM, the budget makespan gpus proposes for sleepers
+
+
+def host_memory_mib(meminfo: str = "/proc/meminfo") -> int | None:
+    """This host's RAM (``MemTotal``), MiB; None where ``/proc/meminfo`` cannot say."""
+    try:
+        with open(meminfo) as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) // 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def host_toml(name: str, found: list[DiscoveredGpu], ram_mib: int | None = None) -> str:
     """A ``[[hosts]]`` entry for the fleet file listing ``found`` (UUID, physical
-    index, total memory in MiB), e.g. for ``makespan gpus --host-name NAME``."""
-    lines = ["[[hosts]]", f'name = "{name}"', "gpus = ["]
+    index, total memory in MiB), e.g. for ``makespan gpus --host-name NAME``. With
+    ``ram_mib`` (the host's RAM) it proposes ``host_memory_mib``, the RAM level-1 sleepers
+    may hold there: SLEEPER_RAM_SHARE of it."""
+    lines = ["[[hosts]]", f'name = "{name}"']
+    if ram_mib:
+        lines.append(f"host_memory_mib = {int(ram_mib * SLEEPER_RAM_SHARE)}  # RAM sleepers may hold: half of this "
+                     f"host's {ram_mib} MiB (sleep level 1 keeps weights in RAM); edit to taste")
+    lines.append("gpus = [")
     for g in found:
         parts = [g.name] if g.name else []
         if g.mig_parent:

@@ -25,6 +25,7 @@ from makespan.keys import Keys
 from makespan.models import FleetSpec
 from makespan.settings import Settings
 from makespan.workers.drivers import get_driver
+from makespan.planner.sleepers import may_sleep, sleepers_kept
 from makespan.workers.drivers.base import Instance
 from makespan.workers.drivers.registry import (list_instances, register_instance, set_instance_state,
                                                unregister_instance)
@@ -119,6 +120,7 @@ class PhaseRunner:
         self.leases = LeaseStore(r, self.keys)
         self._drivers: dict[str, Any] = {}  # driver name -> driver (see _driver)
         self._slowdown = settings.slowdown_by_host()  # simulated transitions' host factors
+        self._gpu_memory = {g.uuid: g.memory_mib for h in fleet.hosts for g in h.gpus}
         try:
             from makespan.workers.agenda import AgendaTracker
 
@@ -274,6 +276,54 @@ class PhaseRunner:
                                                     "planned_s": round(planned_s, 6), "actual_s": round(actual_s, 6)})
         metrics.transition(kind, wall_s, planned_s, actual_s)
 
+    def _gpu_mib(self, uuid: str) -> int:
+        return self._gpu_memory.get(uuid, 0)
+
+    def _sleeper_room(self, gpus: list[str], ctx: PhaseContext, sleepers: list[Instance]) -> dict[str, float]:
+        """GPU MiB left for more sleepers on each of ``gpus`` once the lease's endpoint (on
+        the lease's GPUs) and the ``sleepers`` kept beside it (:func:`sleepers_kept`) are counted."""
+        eps = self.fleet.endpoints
+        room = {}
+        for u in gpus:
+            need = eps[ctx.endpoint].memory_mib_per_gpu if u in ctx.gpus and ctx.endpoint in eps else 0
+            held = {i.endpoint: eps[i.endpoint].asleep_gpu_mib for i in sleepers if u in i.gpus and i.endpoint in eps}
+            kept = sleepers_kept(self._gpu_mib(u) - need, held)
+            room[u] = self._gpu_mib(u) - need - sum(held[e] for e in kept)
+        return room
+
+    def _may_sleep(self, inst: Instance, ctx: PhaseContext) -> str | None:
+        """None if ``inst`` may sleep by the planner's rule (:mod:`makespan.planner.sleepers`):
+        its host RAM fits the host's ``host_memory_mib`` beside the sleepers registered
+        there and its GPU memory fits beside what loads in its place; else why not."""
+        eps = self.fleet.endpoints
+        spec = eps[inst.endpoint]
+        asleep = [i for i, st in list_instances(self.r, self.keys, with_state=True) if st == "asleep"]
+        used = sum(eps[i.endpoint].asleep_ram_mib for i in asleep if i.host == ctx.host and i.endpoint in eps)
+        budget = self.fleet.host_ram_budgets().get(ctx.host)
+        room = self._sleeper_room(list(inst.gpus), ctx, [i for i in asleep if set(i.gpus) & set(inst.gpus)])
+        if may_sleep(used, budget, spec.asleep_ram_mib, min(room.values(), default=0.0), spec.asleep_gpu_mib):
+            return None
+        if budget is not None and used + spec.asleep_ram_mib > budget:
+            return f"host RAM for sleepers: {used} + {spec.asleep_ram_mib} MiB over {ctx.host}'s {budget} MiB"
+        return f"GPU memory: {spec.asleep_gpu_mib} MiB asleep does not fit beside {ctx.endpoint}"
+
+    def _stop_unfitting_sleepers(self, ctx: PhaseContext, endpoint: str, extra: dict) -> None:
+        """Stop the sleepers on the lease's GPUs that no longer fit beside ``endpoint`` (the
+        planner's rule, largest first); their names go into ``extra["sleepers_stopped"]``."""
+        sleepers = [i for i in self._sleepers_on(ctx.gpus) if i.endpoint != endpoint]
+        if not sleepers:
+            return
+        eps, need = self.fleet.endpoints, self.fleet.endpoints[endpoint].memory_mib_per_gpu
+        gone: set[str] = set()
+        for u in ctx.gpus:
+            held = {i.endpoint: eps[i.endpoint].asleep_gpu_mib for i in sleepers if u in i.gpus and i.endpoint in eps}
+            gone |= set(held) - sleepers_kept(self._gpu_mib(u) - need, held)
+        for inst in sleepers:
+            if inst.endpoint in gone:
+                self._stop_instance(inst)
+        if gone:
+            extra["sleepers_stopped"] = sorted(gone)
+
     def _put_to_sleep(self, inst: Instance, hb: LeaseHeartbeat) -> str | None:
         """Sleep ``inst`` at its endpoint's ``sleep_level`` and mark it ``asleep`` in the
         registry; None, or why it could not (the caller stops it instead)."""
@@ -338,6 +388,15 @@ class PhaseRunner:
             took: dict[str, float] = {}
             for inst in running:
                 t1 = time.monotonic()
+                why = self._may_sleep(inst, ctx) if inst.endpoint in sleepy else None
+                if why is not None:
+                    log.info("%s on %s not put to sleep: %s", inst.endpoint, ",".join(inst.gpus), why)
+                    sleepy_stopped = extra.setdefault("sleep_skipped", [])
+                    sleepy_stopped.append(f"{inst.endpoint}: {why}")
+                    kind_of[inst.endpoint] = "evict"
+                    self._stop_instance(inst)
+                    took[inst.endpoint] = max(took.get(inst.endpoint, 0.0), time.monotonic() - t1)
+                    continue
                 why = self._put_to_sleep(inst, hb) if inst.endpoint in sleepy else None
                 if inst.endpoint not in sleepy or why is not None:
                     if why is not None:
@@ -361,6 +420,8 @@ class PhaseRunner:
             for g in inst_gpus:  # an instance is evicted whole, on every GPU of its group;
                 # on a GPU outside this lease only while it still names that instance
                 ops.append(("DELIFEQ", self.keys.resident(g), v))
+        if "sleep_skipped" in extra:
+            extra["sleep_skipped"] = "; ".join(extra["sleep_skipped"])[:1000]
         if not self.leases.fenced(ctx.lease, ops):
             raise StaleFencingToken("lease lost before evict committed")
         return evict_s
@@ -387,6 +448,7 @@ class PhaseRunner:
             with self._transition("wake", ctx, [endpoint], planned):
                 for old in self._instances_on(ctx.gpus):  # leftovers of a reclaimed lease
                     self._stop_instance(old)
+                self._stop_unfitting_sleepers(ctx, endpoint, extra)
                 t0 = time.monotonic()
                 why = self._wake_up(exact, ctx, hb)
                 if why is None:
@@ -405,6 +467,7 @@ class PhaseRunner:
             with self._transition("start", ctx, [endpoint], planned):
                 for old in [*self._instances_on(ctx.gpus), *(i for i in sleepers if i is not exact)]:
                     self._stop_instance(old)  # leftovers of a reclaimed lease; a sleeper cut in two
+                self._stop_unfitting_sleepers(ctx, endpoint, extra)
                 t0 = time.monotonic()
                 if ep.launch.driver == "simulated":
                     self._sleep(self._sim_s(endpoint, kind, ctx.host), hb)

@@ -51,15 +51,16 @@ class Jobs:
         self.prod = Producer(r, keys, fleet, settings)
         self.runner = PhaseRunner(r, settings, fleet)
         self.n = 0
+        self.gpu = GPU
 
     def run(self, endpoint: str) -> PhaseContext:
         self.n += 1
         jid = self.prod.submit({"endpoint": endpoint, "service_s": 1, "priority": "HIGH"}).id
         lid = f"L{self.n}"
-        lease = LeaseStore(self.r, self.keys).acquire(lid, (GPU,), 30.0, job_id=jid, kind="job", holder="host-a",
-                                                      queue=self.keys.queue("HIGH"))
+        lease = LeaseStore(self.r, self.keys).acquire(lid, (self.gpu,), 30.0, job_id=jid, kind="job",
+                                                      holder="host-a", queue=self.keys.queue("HIGH"))
         assert lease is not None
-        ctx = PhaseContext(lid, lease.token, [GPU], "host-a", "job", endpoint, jid, "HIGH", 1.0)
+        ctx = PhaseContext(lid, lease.token, [self.gpu], "host-a", "job", endpoint, jid, "HIGH", 1.0)
         assert run_phases(self.runner, ctx) == "completed"
         return ctx
 
@@ -193,3 +194,42 @@ def test_gantt_and_report_tell_sleep_wake_and_cold_start_apart(r, keys, settings
     assert {k: rep["transitions"][k] for k in ("evict", "sleep", "cold_start", "wake")} == \
         {"evict": 2, "sleep": 1, "cold_start": 2, "wake": 1}
     assert rep["transition_error"]["wake"]["n"] == 1
+
+
+def _ram_fleet(host_memory_mib: int) -> FleetSpec:
+    sim = {"memory_mib_per_gpu": 24000, "cold_start_s": 60, "evict_s": 5, "wake_s": 8}
+    return FleetSpec.model_validate({
+        "name": "ram",
+        "hosts": [{"name": "host-a", "gpu_count": 2, "memory_mib": 81920, "host_memory_mib": host_memory_mib}],
+        "endpoints": {"chat": {"model": "m/chat", **sim}, "chat2": {"model": "m/chat2", **sim},
+                      "embed": {"model": "m/embed", "memory_mib_per_gpu": 6000, "cold_start_s": 30, "evict_s": 3},
+                      "big": {"model": "m/big", "memory_mib_per_gpu": 81800, "cold_start_s": 30, "evict_s": 3}}})
+
+
+def test_worker_keeps_sleepers_within_the_host_ram_budget(r, keys, settings):
+    """Issue 20 point 2, live side: one level-1 sleeper's RAM (24000 MiB) fits host-a's
+    budget of 30000 MiB, a second does not: it is stopped (``sleep_skipped``), as the
+    planner's replay decides."""
+    jobs = Jobs(r, keys, settings, _ram_fleet(30000))
+    g1 = "GPU-host-a-1"
+    jobs.run("chat")
+    jobs.gpu = g1
+    jobs.run("chat2")
+    jobs.gpu = GPU
+    jobs.run("embed")  # chat sleeps on GPU 0
+    jobs.gpu = g1
+    ctx = jobs.run("embed")  # chat2 would take the sleepers to 48000 MiB: stopped
+    ev = jobs.phase_end(ctx, "evict")
+    assert ev["slept"] == [] and ev["transition"] == "evict"
+    assert "host RAM for sleepers" in ev["sleep_skipped"]
+    assert sorted((i.endpoint, s) for i, s in jobs.instances()) == [("chat", "asleep"), ("embed", "running"),
+                                                                    ("embed", "running")]
+
+
+def test_worker_stops_a_sleeper_that_no_longer_fits_beside_the_new_resident(r, keys, settings):
+    jobs = Jobs(r, keys, settings, _ram_fleet(10**6))
+    jobs.run("chat")
+    jobs.run("embed")  # chat asleep beside embed (512 MiB)
+    ctx = jobs.run("big")  # 81800 + 512 > 81920: chat is stopped
+    assert jobs.phase_end(ctx, "start_endpoint")["sleepers_stopped"] == ["chat"]
+    assert [(i.endpoint, s) for i, s in jobs.instances()] == [("big", "running")]
