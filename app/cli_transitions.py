@@ -21,7 +21,7 @@ def transition_table(r: Any, keys: Keys, fleet: FleetSpec, settings: Settings) -
     figure over every host — with ``configured_s`` (the fleet file), ``learned_s`` (the
     figure planned now: see :func:`makespan.estimates.transition_estimate`), ``source``
     (learned, others, prior), ``observations`` and ``last_s`` (the latest measured on that
-    host; None: none). Workload seconds. Kinds an endpoint cannot have are left out
+    host; for ``"*"`` the latest of the last host in fleet order that has one; None: none). Workload seconds. Kinds an endpoint cannot have are left out
     (sleep and wake without a sleep mode). Raises StoreError: Redis failed."""
     hosts = [h.name for h in fleet.hosts]
     windows = read_transition_windows(r, keys, fleet.endpoints, hosts)
