@@ -71,6 +71,9 @@ def test_live_run_wakes_what_it_put_to_sleep(r, keys, settings, system, tmp_path
     # back; embed (no sleep mode): stopped, so cold-started both times
     assert t["wake"] == 2 and t["sleep"] == 2 and t["cold_start"] == 3 and t["evict"] == 4, t
     assert t["wake_failed"] == 0 and t["sleep_failed"] == 0, t
+    # the planner planned those wakes (its fleet state has the sleepers from the registry)
+    planned = [e.get("load") for e in events if e["kind"] == "leased" and e.get("job") in ids]
+    assert planned == ["cold_start", "cold_start", "wake", "cold_start", "wake"], planned
     assert set(rep["transition_error"]) >= {"wake", "sleep", "cold_start", "evict"}
     incidents = [i for i in list_incidents(r, keys) if i.get("kind") == "incident"]
     assert incidents == [], [(i["endpoint"], i["failure_mode"], i["effect"]) for i in incidents]
