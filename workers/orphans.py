@@ -13,7 +13,9 @@ whose owner is gone (not alive, and not this process):
   the phase claimed and stops): its process group is stopped and the record forgotten —
   ``reason`` ``starting, its worker is gone``;
 * it is ``running`` but neither a live lease holds its GPUs nor a resident marker names it:
-  nothing will use or stop it — stopped and forgotten, ``reason`` ``untracked``.
+  nothing will use or stop it — stopped and forgotten, ``reason`` ``untracked``;
+* it is ``asleep`` (sleep mode, issue 20): kept — the planner counts on waking it, and
+  any worker of the host wakes it over HTTP.
 
 A running instance that a live lease still needs (its job's execute runs on this worker
 next), or that its GPUs' resident markers name (a warm endpoint the planner plans on), is
@@ -55,6 +57,8 @@ def _verdict(r: redis.Redis, keys: Keys, inst: Instance, state: str) -> str | No
         return "process gone"
     if state == "starting":
         return "starting, its worker is gone"
+    if state == "asleep":
+        return None  # a sleeper (sleep mode) is woken over HTTP by whichever worker needs it
     leased = any(r.mget([keys.gpu(g) for g in inst.gpus]))
     resident = all(v == _resident_value(inst) for v in r.mget([keys.resident(g) for g in inst.gpus]))
     if leased or resident:

@@ -233,3 +233,24 @@ def test_worker_stops_a_sleeper_that_no_longer_fits_beside_the_new_resident(r, k
     ctx = jobs.run("big")  # 81800 + 512 > 81920: chat is stopped
     assert jobs.phase_end(ctx, "start_endpoint")["sleepers_stopped"] == ["chat"]
     assert [(i.endpoint, s) for i, s in jobs.instances()] == [("big", "running")]
+
+
+def test_start_sweep_of_a_new_worker_keeps_a_sleeper(r, keys, settings, cleanup):
+    """A GPU worker restarts: its start sweep (workers/orphans.py) stops processes nobody
+    tracks, but keeps a sleeper, which the planner counts on waking."""
+    import subprocess
+
+    from makespan.workers.orphans import sweep
+
+    jobs = Jobs(r, keys, settings, _fleet())
+    jobs.run("chat")
+    jobs.run("embed")
+    (chat, state), = [(i, s) for i, s in jobs.instances() if i.endpoint == "chat"]
+    assert state == "asleep"
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    r.hset(keys.instance(chat.id), "owner_pid", str(gone.pid))  # its worker is gone
+    assert [e for e in sweep(r, keys, "host-a") if e.get("instance") == chat.id] == []
+    assert [(i.id, s) for i, s in jobs.instances() if i.endpoint == "chat"] == [(chat.id, "asleep")]
+    assert _alive(chat.pid)
+    assert jobs.phase_end(jobs.run("chat"), "start_endpoint")["transition"] == "wake"
