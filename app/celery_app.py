@@ -31,7 +31,16 @@ def create_celery(settings: Settings) -> Celery:
     url, transport = broker_url(settings.redis_url)  # role changes reconnect (makespan.broker)
     app = Celery("makespan", broker=url, include=["makespan.workers.tasks"])
     if transport:
-        app.conf.broker_transport = transport
+        scheme = url.split(";")[0].split("://")[0]
+        if scheme in ("redis", "sentinel"):
+            # kombu's own alias for the scheme now names makespan's transport: the broker URL
+            # keeps its scheme, so Flower (which picks its broker client by scheme) and
+            # `celery -A` tools still read the queues
+            from kombu.transport import TRANSPORT_ALIASES
+
+            TRANSPORT_ALIASES[scheme] = transport
+        else:
+            app.conf.broker_transport = transport
     app.conf.update(
         task_serializer="json",
         accept_content=["json"],
