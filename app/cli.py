@@ -292,6 +292,33 @@ def _submit_call(workload: str, call_args: str, call_kwargs: str, fleet: Optiona
 
 
 @app.command()
+def ready(workloads: list[str] = typer.Argument(None, help="workload function names that must be registered by a "
+                                                          "live GPU worker"),
+          timeout_s: float = typer.Option(60.0, help="give up after this long")):
+    """Wait until a planner has published the fleet and live GPU workers have registered WORKLOADS
+    (for scripts: `makespan ready NAME && python submit.py`). Exits 0 when ready, 1 with what is missing."""
+    from makespan.keys import Keys
+    from makespan.redis_conn import connect
+
+    s = _settings()
+    r, keys = connect(s.redis_url), Keys(s.key_prefix)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            missing = ([] if r.exists(keys.fleet) else ["a planner (no fleet published)"]) + [
+                f"workload {name!r}" for name in workloads or [] if not r.exists(keys.fn_live(name))]
+        except Exception as e:  # noqa: BLE001 - Redis not reachable yet: wait for it too
+            missing = [f"Redis ({e})"]
+        if not missing:
+            typer.echo("ready")
+            return
+        if time.monotonic() >= deadline:
+            typer.echo(f"not ready after {timeout_s:g} s: waiting for {', '.join(missing)}", err=True)
+            raise typer.Exit(1)
+        time.sleep(0.2)
+
+
+@app.command()
 def result(job_id: str, timeout_s: Optional[float] = typer.Option(None, help="wait at most this long (default: "
                                                                             "until the job ends)"),
            no_wait: bool = typer.Option(False, "--no-wait", help="print what is stored now; do not wait")):

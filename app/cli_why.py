@@ -14,7 +14,7 @@ from makespan.errors import MakespanError, NotFoundError, ValidationError
 from makespan.cli_support import context, fail
 
 WAITING = ("queued", "delayed")
-LISTED_STATES = ("queued", "delayed", "leased")
+LISTED_STATES = ("queued", "delayed", "leased", "running")  # running: leased and in its execute phase
 
 
 def explain(r, keys, settings, job_id: str) -> dict[str, Any]:
@@ -93,7 +93,7 @@ def list_jobs(r, keys, settings, states: tuple[str, ...] = WAITING, endpoint: st
                 ids += r.zrange(keys.queue(lvl), 0, scan - 1)
         elif st == "delayed":
             ids += r.zrange(keys.delayed, 0, scan - 1)
-        else:
+        elif "leased" not in states or st == "leased":  # P:running holds leased and running jobs: read it once
             ids += r.zrange(keys.running, 0, scan - 1)
     p = r.pipeline(transaction=False)
     for j in ids:
@@ -101,7 +101,7 @@ def list_jobs(r, keys, settings, states: tuple[str, ...] = WAITING, endpoint: st
     leads, now_s = _context(r, keys)
     out = []
     for j, rec in zip(ids, p.execute()):
-        if not rec or rec.get("state") not in states:
+        if not rec or rec.get("state") not in states and not (rec.get("state") == "running" and "leased" in states):
             continue
         if endpoint and rec.get("endpoint") != endpoint or priority and rec.get("priority") != priority.upper():
             continue
@@ -135,7 +135,7 @@ def register(app: typer.Typer) -> None:
                 typer.echo(f"  as of {x['as_of_s']:.1f} s ago (the planner's last tick that read it)")
 
     @app.command("jobs")
-    def jobs_cmd(state: list[str] = typer.Option(None, "--state", help="queued, delayed or leased (repeatable); "
+    def jobs_cmd(state: list[str] = typer.Option(None, "--state", help="queued, delayed, leased (leased or running) or running (repeatable); "
                                                                          "default: queued and delayed"),
                  endpoint: str = typer.Option(None, "--endpoint"), priority: str = typer.Option(None, "--priority"),
                  limit: int = typer.Option(100, "--limit", min=1),
@@ -146,6 +146,8 @@ def register(app: typer.Typer) -> None:
             rows = list_jobs(r, k, s, tuple(state) if state else WAITING, endpoint, priority, limit)
         except MakespanError as e:
             _fail(e)
+        if not rows and not as_json:
+            typer.echo(f"no job {' or '.join(state or WAITING)}", err=True)
         for x in rows:
             if as_json:
                 typer.echo(json.dumps(x))

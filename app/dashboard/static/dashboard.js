@@ -43,7 +43,7 @@ function api(rel) {
   return u.href;
 }
 
-function short(id) { return id ? String(id).slice(-8) : ""; }
+function short(id) { return id ? String(id).slice(0, 8) : ""; }  // a prefix, as one types it
 
 function colours(state) {
   const names = state.endpoints.map(e => e.name).sort();
