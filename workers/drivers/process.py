@@ -295,6 +295,11 @@ class ProcessDriver:
             members = group_members(instance.pid)
             if not members and instance.proc is None and _alive(instance.pid):
                 members = [instance.pid]  # no /proc: the leader alone is known
+            if not members and instance.proc is not None:
+                try:  # it may have ended between poll() and the scan (a zombie is no member): reap it now
+                    instance.proc.wait(timeout=max(0.0, deadline - time.monotonic()) + GROUP_POLL_S)
+                except subprocess.TimeoutExpired:
+                    members = [instance.pid]
             if not members or time.monotonic() >= deadline:
                 return members
             time.sleep(GROUP_POLL_S)
