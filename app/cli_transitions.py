@@ -14,6 +14,7 @@ from makespan.estimates import TRANSITION_KINDS, prior_s, read_transition_window
 from makespan.keys import Keys
 from makespan.models import FleetSpec
 from makespan.settings import Settings
+from makespan.cli_support import fail
 
 
 def transition_table(r: Any, keys: Keys, fleet: FleetSpec, settings: Settings) -> list[dict[str, Any]]:
@@ -63,8 +64,7 @@ def transitions(fleet: Path = typer.Option(..., "--fleet", help="TOML fleet file
         r = connect(redis_url or s.redis_url)
         rows = transition_table(r, Keys(prefix or s.key_prefix), spec, s)
     except MakespanError as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2) from e
+        fail(e)
     if as_json:
         for row in rows:
             typer.echo(json.dumps(row, sort_keys=True))

@@ -153,21 +153,13 @@ def critical_stream():
 
 
 def _windows(path, fleet, n, gpus, k):
-    from bench.planner_common import _cap
-    from makespan.traces import read_trace
+    """The bench's window rule (bench/planner_common.py ``select_windows``); [] when none passes."""
+    from bench.planner_common import select_windows
 
-    tp = {e: x.tensor_parallel for e, x in fleet.endpoints.items()}
-    rows = read_trace(path, fleet, seed=0, limit=20000)
-    out = []
-    for st in range(0, len(rows) - n + 1, n):
-        js = rows[st:st + n]
-        cap = _cap(js)
-        areas = [min(j.service_s, cap) * tp[j.endpoint] for j in js]
-        if max(areas) <= 0.5 * sum(areas) / gpus:
-            out.append(st)
-            if len(out) >= k:
-                break
-    return out
+    try:
+        return select_windows(str(path), fleet, n, gpus, k)
+    except ValueError:
+        return []
 
 
 def class_ratios(seeds: int, windows: int, policy: str = "portfolio"):
