@@ -409,7 +409,7 @@ def simulate(trace: Path, fleet: Path = FleetOpt, policy: str = typer.Option("po
              quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress lines on stderr")):
     """The planner in virtual time (no Redis) over a trace; prints the report JSON. Progress goes to stderr every few seconds of a long run."""
     try:
-        sim = importlib.import_module("makespan.planner.simulator")
+        sim = importlib.import_module("makespan.simulation")
     except ImportError:
         _fail(MakespanError("the simulator is not built yet"))
     last = [time.monotonic()]

@@ -22,7 +22,7 @@ from __future__ import annotations
 from makespan.errors import StoreError
 from makespan.estimates import Windows, prior_s, read_transition_windows, transition_estimate
 from makespan.models import FleetSpec, Priority
-from makespan.planner.simulator import _demand, _share
+from makespan.planner.simulator import recent_demand, recent_share
 from makespan.planner.model import EndpointModel, FleetState, Gpu, PlanJob
 from makespan.workers.drivers.base import Instance
 from makespan.workers.drivers.registry import list_instances
@@ -186,5 +186,5 @@ class FleetViewMixin:
             keep = sorted((j for j in self._recent.values() if j.release_s >= horizon), key=lambda j: j.release_s)
             self._recent = {j.id: j for j in keep[-DEMAND_KEEP:]}
         recent = list(self._recent.values())
-        state.demand = _demand(recent)
-        state.demand_share = _share(recent, state)
+        state.demand = recent_demand(recent)
+        state.demand_share = recent_share(recent, state)

@@ -56,7 +56,7 @@ from makespan.settings import Settings
 from makespan.workers.agenda import AgendaTracker
 from makespan.workers.drivers import get_driver
 from makespan.workers.drivers.base import Instance
-from makespan.workers.drivers.process import _alive
+from makespan.workers.drivers.process import pid_alive
 from makespan.workers.drivers.registry import list_instances, register_instance, unregister_instance
 
 log = logging.getLogger(__name__)
@@ -119,7 +119,7 @@ class Observer:
             elif not ok and not positive:
                 if not self.r.sismember(self.keys.instances, inst.id):
                     continue  # deregistered after the snapshot: stopped on purpose (evict, restore)
-                gone = inst.pid is not None and inst.driver != "simulated" and not _alive(inst.pid)
+                gone = inst.pid is not None and inst.driver != "simulated" and not pid_alive(inst.pid)
                 mode = "process_exited" if gone else "health_check_failed"
             if mode is None:
                 continue
