@@ -335,10 +335,10 @@ def result(job_id: str, timeout_s: Optional[float] = typer.Option(None, help="wa
     except WorkloadError as e:
         typer.echo(e.traceback.rstrip() or f"{e.error_type}: {e.message}", err=True)
         typer.echo(f"job {job_id} failed (attempt {e.attempt}): {e.error_type}: {e.message}", err=True)
-        raise typer.Exit(1)
+        raise typer.Exit(1) from e
     except (JobCancelled, JobFailed) as e:
         typer.echo(str(e), err=True)
-        raise typer.Exit(1)
+        raise typer.Exit(1) from e
     except MakespanError as e:
         _fail(e)
     typer.echo(json.dumps(value, indent=2, ensure_ascii=False))

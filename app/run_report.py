@@ -66,7 +66,7 @@ def records_from_run(events: list[dict[str, Any]], jobs: dict[str, dict[str, str
             L["evict_s"] = float(e.get("planned_s") or 0.0)
         elif k in ("restore_end",):
             L["end"] = e["ts"]
-    for lid, L in by_lease.items():
+    for L in by_lease.values():
         if L.get("restore") and "end" in L:
             restores.append((w(L["start"]), w(L["end"]), L.get("gpus", ())))
     out = []

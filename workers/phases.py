@@ -363,7 +363,7 @@ class PhaseRunner:
         residents = self._residents(ctx.gpus)
         target = ctx.endpoint
         victims: dict[str, list[str]] = {}
-        for g, v in residents.items():
+        for v in residents.values():
             inst = parse_instance(v)
             if inst is None:
                 continue
