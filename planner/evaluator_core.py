@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from makespan.errors import PlannerError
-from makespan.planner.future_cost import future_cost, share_shortfall_cost
+from makespan.planner.future_cost import future_cost
 from makespan.planner.model import Assignment, FleetState, Plan, PlanJob
 from makespan.planner.replay import Replay
 from makespan.planner.restore import RESTORE_PREFIX, is_restore, planned_absence, set_point_groups
