@@ -14,8 +14,8 @@ import json
 import logging
 import threading
 import time
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -359,7 +359,7 @@ class PhaseRunner:
         set_instance_state(self.r, self.keys, inst.id, "asleep", sleep_level=level)
         return None
 
-    def _wake_up(self, inst: Instance, ctx: PhaseContext, hb: LeaseHeartbeat) -> str | None:
+    def _wake_up(self, inst: Instance, hb: LeaseHeartbeat) -> str | None:
         """Wake the sleeping ``inst`` and mark it ``running``; None, or why it could not."""
         with telemetry.child_span("endpoint_wake", {"endpoint": inst.endpoint, "instance": inst.id}) as span:
             try:
@@ -472,7 +472,7 @@ class PhaseRunner:
                     self._stop_instance(old)
                 self._stop_unfitting_sleepers(ctx, endpoint, extra)
                 t0 = time.monotonic()
-                why = self._wake_up(exact, ctx, hb)
+                why = self._wake_up(exact, hb)
                 if why is None:
                     inst = exact
                     self._timed(ctx, extra, "wake", endpoint, planned, time.monotonic() - t0)
