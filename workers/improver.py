@@ -64,7 +64,7 @@ from concurrent.futures import BrokenExecutor, Executor, Future, ProcessPoolExec
 from makespan import metrics
 from makespan.errors import ValidationError
 from makespan.settings import IMPROVER_EXECUTORS, IMPROVER_NICE_MAX
-from makespan.planner.api import POLICY_OBJECTIVE, plan as run_policy
+from makespan.planner.api import REGISTRY, plan as run_policy
 from makespan.planner.evaluator import score
 from makespan.planner.model import FleetState, Plan, PlanJob
 from makespan.planner.previous import repair
@@ -130,10 +130,10 @@ class BackgroundImprover:
     """Runs ``policy`` (``default``/``cpsat``/``tardiness``) on the batches it is offered,
     at most one at a time, in one child process (or thread); the newest result is kept
     for :meth:`best`, which compares plans by the policy's objective
-    (:data:`makespan.planner.api.POLICY_OBJECTIVE`; the floor must be scored for it too).
+    (:attr:`makespan.planner.policies.Policy.objective`; the floor must be scored for it too).
 
     Args:
-        policy: the solver policy name.
+        policy: the name of a policy with :attr:`makespan.planner.policies.Policy.improver`.
         time_limit_s: its time limit per batch, s.
         num_workers: CP-SAT search workers.
         executor: ``"process"`` (default) or ``"thread"`` (module doc).
@@ -159,7 +159,7 @@ class BackgroundImprover:
             raise ValidationError("improver_nice", child_nice, f"must be between 0 and {IMPROVER_NICE_MAX}")
         self.policy, self.time_limit_s, self.num_workers = policy, time_limit_s, num_workers
         self.executor, self.child_nice = executor, child_nice
-        self.objective = POLICY_OBJECTIVE.get(policy, "weighted_completion")
+        self.objective = REGISTRY.lookup(policy).objective
         self._lock = threading.Lock()
         self._busy = False
         self._closed = False
