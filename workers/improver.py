@@ -27,7 +27,7 @@ The child therefore runs at an added niceness (``child_nice``; the live planner'
 less done within its limit. On the shared 2-core machine of 2026-11-30 (load 2.4–5.3),
 the portfolio tick on 256 jobs/32 GPUs took, at p50, 1.6–4.0 × its time alone beside a
 thread's solve, 1.7–3.3 × beside a child at nice 0, 1.16–1.77 × at nice 5 and
-1.05–1.35 × at nice 10 (``bench/planner_tick.py --beside-solve``; docs/planner.md, "The
+1.05–1.35 × at nice 10 (``bench/planner_tick.py --beside-solve``; bench/RESULTS.md, "The
 live improver: thread or process"): there the CPU, not the GIL, was what the tick lacked.
 
 The child starts on the first offer (about 1.4 s of imports, in the child; about 100 MiB
