@@ -15,7 +15,7 @@ import typer
 
 from makespan.cli_support import fail as _fail
 from makespan.errors import MakespanError, RedisConfigError, ValidationError
-from makespan.planner.policies import DEFAULT_POLICY, REGISTRY
+from makespan.planner.policies import DEFAULT_POLICY, POLICY_REGISTRY
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="makespan: schedule multi-step GPU workloads on a fleet of GPU hosts.")
@@ -23,12 +23,12 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 SIM_PROGRESS_EVERY_S = 5.0  # wall seconds between progress lines of `makespan simulate`
 FleetOpt = typer.Option(..., "--fleet", help="TOML fleet file (see examples/render-pipeline.toml)")
 # policy help, generated from the registry (makespan.planner.policies): names and one-line descriptions
-LIVE_POLICY_HELP = f"planner policy (default: MAKESPAN_POLICY, else {DEFAULT_POLICY}): {REGISTRY.help_text()}"
+LIVE_POLICY_HELP = f"planner policy (default: MAKESPAN_POLICY, else {DEFAULT_POLICY}): {POLICY_REGISTRY.help_text()}"
 SIMULATE_POLICY = "portfolio"  # `makespan simulate`'s default: milliseconds per planning point
-_TIMED = ", ".join(p.name for p in REGISTRY.values() if p.time_limit_s is not None)
-_SCORED = ", ".join(p.name for p in REGISTRY.values() if p.floor is not None)
-_RULED = ", ".join(p.name for p in REGISTRY.values() if p.floor is None)
-SIMULATE_POLICY_HELP = (f"{REGISTRY.help_text()} (default here: {SIMULATE_POLICY}; the time-limited policies, "
+_TIMED = ", ".join(p.name for p in POLICY_REGISTRY.values() if p.time_limit_s is not None)
+_SCORED = ", ".join(p.name for p in POLICY_REGISTRY.values() if p.floor is not None)
+_RULED = ", ".join(p.name for p in POLICY_REGISTRY.values() if p.floor is None)
+SIMULATE_POLICY_HELP = (f"{POLICY_REGISTRY.help_text()} (default here: {SIMULATE_POLICY}; the time-limited policies, "
                         f"{_TIMED}, take about --time-limit-s per planning point)")
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from makespan.errors import ValidationError
-from makespan.planner.policies import DEFAULT_POLICY, REGISTRY
+from makespan.planner.policies import DEFAULT_POLICY, POLICY_REGISTRY
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 IMPROVER_EXECUTORS = ("process", "thread")  # Settings.improver_executor; the first is the default
@@ -50,13 +50,13 @@ PREEMPTION_MODES = ("plan", "rule")  # Settings.preemption; the first is the def
 
 
 def check_policy(name: str, field_name: str = "MAKESPAN_POLICY") -> str:
-    """``name`` when it names a policy of :data:`makespan.planner.policies.REGISTRY`.
+    """``name`` when it names a policy of :data:`makespan.planner.policies.POLICY_REGISTRY`.
 
     Raises:
         ValidationError: any other name (``field_name`` is the field; the reason lists
             the known names)."""
-    if name not in REGISTRY:
-        raise ValidationError(field_name, name, f"unknown policy; known: {', '.join(REGISTRY.names())}")
+    if name not in POLICY_REGISTRY:
+        raise ValidationError(field_name, name, f"unknown policy; known: {', '.join(POLICY_REGISTRY.names())}")
     return name
 
 # Bounds on every Redis connection (redis-py clients and kombu's broker), in seconds.
@@ -148,7 +148,7 @@ class Settings:
             idempotent and fenced; delayed jobs never reach the broker before they are due).
         max_payload_bytes: largest JSON payload a job may carry.
         policy: planner policy name used by the live planner, one of
-            :data:`makespan.planner.policies.REGISTRY` (``MAKESPAN_POLICY``; another name
+            :data:`makespan.planner.policies.POLICY_REGISTRY` (``MAKESPAN_POLICY``; another name
             fails :meth:`from_env` with the list; default ``default``: the greedy portfolio
             on every tick and the CP-SAT improver in a child process, whose plan a later
             tick adopts when it scores better; see workers/improver.py).
@@ -313,7 +313,7 @@ class Settings:
 
         Raises:
             ValidationError: a variable or override out of its range, an unknown
-                override name, or a policy not in :data:`makespan.planner.policies.REGISTRY`
+                override name, or a policy not in :data:`makespan.planner.policies.POLICY_REGISTRY`
                 (the message lists the known names)."""
         env = os.environ
         s = cls(

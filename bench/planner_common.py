@@ -40,7 +40,7 @@ from makespan.traces import read_trace
 from dataclasses import replace
 
 from makespan.planner.model import PlanJob
-from makespan.planner.policies import REGISTRY
+from makespan.planner.policies import POLICY_REGISTRY
 from makespan.traces import traces_dir
 
 ITP = str(traces_dir() / "msft-itp-2021") + "/"
@@ -48,16 +48,16 @@ ALIBABA = str(traces_dir() / "alibaba-fgd-2023" / "openb_pod_list_default.csv")
 TRACES = [ITP + "cluster02.csv", ITP + "cluster05.csv", ITP + "cluster09.csv", ALIBABA]
 MEDIAN_SERVICE_S = 120.0
 FAST_LIMIT_S = 0.1  # the *-fast variants' time limit per planning point, s
-BENCH_POLICIES = REGISTRY.with_policies(
-    replace(REGISTRY["cpsat"], name="cpsat-fast", improver=False, time_limit_s=FAST_LIMIT_S,
+BENCH_POLICIES = POLICY_REGISTRY.with_policies(
+    replace(POLICY_REGISTRY["cpsat"], name="cpsat-fast", improver=False, time_limit_s=FAST_LIMIT_S,
             description=f"cpsat at {FAST_LIMIT_S} s per planning point"),
-    replace(REGISTRY["cpsat"], name="cpsat-fast-floorpre", improver=False, time_limit_s=FAST_LIMIT_S,
+    replace(POLICY_REGISTRY["cpsat"], name="cpsat-fast-floorpre", improver=False, time_limit_s=FAST_LIMIT_S,
             window_preemption=False, description="cpsat-fast whose CP-SAT windows never preempt"),
-    replace(REGISTRY["tardiness"], name="tardiness-fast", improver=False, time_limit_s=FAST_LIMIT_S,
+    replace(POLICY_REGISTRY["tardiness"], name="tardiness-fast", improver=False, time_limit_s=FAST_LIMIT_S,
             description=f"tardiness at {FAST_LIMIT_S} s per planning point"),
-    replace(REGISTRY["tardiness"], name="tardiness-fast-floorpre", improver=False, time_limit_s=FAST_LIMIT_S,
+    replace(POLICY_REGISTRY["tardiness"], name="tardiness-fast-floorpre", improver=False, time_limit_s=FAST_LIMIT_S,
             window_preemption=False, description="tardiness-fast whose CP-SAT windows never preempt"),
-    replace(REGISTRY["cpsat"], name="cpsat/floor", improver=False, window_preemption=False,
+    replace(POLICY_REGISTRY["cpsat"], name="cpsat/floor", improver=False, window_preemption=False,
             description="cpsat whose CP-SAT windows never preempt"),
 )
 OFFERED_LOAD = 1.4

@@ -1,7 +1,7 @@
 """``plan(batch, fleet_state, policy) -> Plan``: the one entry point of the planner.
 
 Policies are :class:`makespan.planner.policies.Policy` objects in one registry,
-:data:`makespan.planner.policies.REGISTRY` (their names, objectives, floors, descriptions
+:data:`makespan.planner.policies.POLICY_REGISTRY` (their names, objectives, floors, descriptions
 and solvers); the live planner worker and the simulator call :func:`plan` and nothing
 else. Every policy returns a plan that went through
 :func:`makespan.planner.evaluator.evaluate` (``objective`` = Σ w_j (C_j − r_j)).
@@ -41,10 +41,10 @@ from makespan.errors import PlannerError
 from makespan.planner import fast_lane, preemption_plan, reservation
 from makespan.planner.evaluator import score
 from makespan.planner.model import FleetState, Plan, PlanJob
-from makespan.planner.policies import DEFAULT_POLICY, REGISTRY, Policy, SolveOptions
+from makespan.planner.policies import DEFAULT_POLICY, POLICY_REGISTRY, Policy, SolveOptions
 from makespan.planner.restore import RESTORE_AT, with_restores
 
-__all__ = ["DEFAULT_POLICY", "REGISTRY", "Policy", "SolveOptions", "UNDO_SHARE", "UNDO_WINDOW_SHARE",
+__all__ = ["DEFAULT_POLICY", "POLICY_REGISTRY", "Policy", "SolveOptions", "UNDO_SHARE", "UNDO_WINDOW_SHARE",
            "comparable_score", "lane_replan", "plan"]
 
 # share of a solver policy's time limit spent solving the batch without the floor's
@@ -61,7 +61,7 @@ def plan(batch: Sequence[PlanJob], state: FleetState, policy: str | Policy = DEF
          previous: Plan | None = None, restore_at: str | None = None, preemption: bool = False,
          reserve_after_s: float | None = None, lane_levels: fast_lane.Levels = ()) -> Plan:
     """Plan ``batch`` on ``state`` with ``policy``: a name in
-    :data:`makespan.planner.policies.REGISTRY`, or a :class:`Policy` (a benchmark's variant;
+    :data:`makespan.planner.policies.POLICY_REGISTRY`, or a :class:`Policy` (a benchmark's variant;
     its floor is looked up in the registry).
 
     Args:
@@ -101,7 +101,7 @@ def plan(batch: Sequence[PlanJob], state: FleetState, policy: str | Policy = DEF
         raise PlannerError(f"time_limit_s must be >= 0, got {time_limit_s}")
     if num_workers is not None and num_workers < 1:
         raise PlannerError(f"num_workers must be >= 1, got {num_workers}")
-    chosen = REGISTRY.lookup(policy)
+    chosen = POLICY_REGISTRY.lookup(policy)
     if restore_at is not None and restore_at not in RESTORE_AT:
         raise PlannerError(f"unknown restore_at {restore_at!r}; known: {', '.join(RESTORE_AT)}")
     if not batch:
@@ -140,8 +140,8 @@ def lane_replan(policy: str | Policy) -> Callable[[Sequence[PlanJob], FleetState
 
     Raises:
         PlannerError: an unknown policy name."""
-    chosen = REGISTRY.lookup(policy)
-    return (REGISTRY.floor_of(chosen) or chosen).solve
+    chosen = POLICY_REGISTRY.lookup(policy)
+    return (POLICY_REGISTRY.floor_of(chosen) or chosen).solve
 
 
 def comparable_score(p: Plan, state: FleetState, objective: str) -> float:
@@ -181,7 +181,7 @@ def _plan_preemptive(batch: Sequence[PlanJob], state: FleetState, policy: Policy
     re-take them, take others or none) with :data:`UNDO_SHARE` of the time limit, and the
     plan of lower :func:`comparable_score` is kept (ties: the floor's branch). Restores
     (``restore_at``) are placed on the state the kept plan's preemptions leave."""
-    floor = REGISTRY.floor_of(policy)
+    floor = POLICY_REGISTRY.floor_of(policy)
     assert floor is not None  # plan() calls this only for a policy with a floor
     objective = policy.objective
     branch = preemption_plan.decide(batch, state, floor.solve, objective)

@@ -1,4 +1,4 @@
-"""The planner's policies as objects, in one registry (:data:`REGISTRY`).
+"""The planner's policies as objects, in one registry (:data:`POLICY_REGISTRY`).
 
 A :class:`Policy` carries every fact the rest of makespan needs about it: its name, the
 objective its ``Plan.objective`` measures, its floor (the policy whose plan it must not
@@ -256,8 +256,8 @@ _CPSAT = [
 ]
 
 if importlib.util.find_spec("ortools") is not None:
-    REGISTRY = PolicyRegistry([*_GREEDY, *_CPSAT])
+    POLICY_REGISTRY = PolicyRegistry([*_GREEDY, *_CPSAT])
 else:  # pragma: no cover - ortools is a dependency; the greedy policies stay usable without it
-    REGISTRY = PolicyRegistry([*_GREEDY, Policy(DEFAULT_POLICY, "weighted_completion", "portfolio", False,
+    POLICY_REGISTRY = PolicyRegistry([*_GREEDY, Policy(DEFAULT_POLICY, "weighted_completion", "portfolio", False,
                                                 "= portfolio (ortools is not installed)", _portfolio)])
 """Every shipped policy. Read-only; build variants with :meth:`PolicyRegistry.with_policies`."""

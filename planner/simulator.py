@@ -72,7 +72,7 @@ from makespan.models import FleetSpec, load_fleet
 from makespan.traces import TraceJob, read_trace
 from makespan.planner.measures import build_report, eta_error, lower_bounds
 from makespan.planner.model import EndpointModel, FleetState, Gpu, PlanJob
-from makespan.planner.policies import REGISTRY, Policy
+from makespan.planner.policies import POLICY_REGISTRY, Policy
 from makespan.planner.preemption import DEFAULT_MIN_RUNTIME_S, DEFAULT_PREEMPTION_BUDGET
 from makespan.planner.fast_lane import DEFAULT_LANE_LEVELS, Levels, factors
 from makespan.planner.reservation import DEFAULT_RESERVATION_AFTER_S
@@ -127,7 +127,7 @@ def simulate(trace_jobs: Sequence[TraceJob] | Sequence[PlanJob], fleet: FleetSpe
     ``weighted_tardiness_s`` = Σ w_j·max(0, C_j − d_j) (weight·s), ``tardy_jobs`` and
     ``jobs_with_deadline``.
 
-    ``policy``: a name in :data:`makespan.planner.policies.REGISTRY` or a
+    ``policy``: a name in :data:`makespan.planner.policies.POLICY_REGISTRY` or a
     :class:`makespan.planner.policies.Policy` (a benchmark's variant); the report carries
     its name. Raises PlannerError on an unknown name.
     ``seed`` is recorded (the trace mapping already used it; the planner is deterministic).
@@ -159,7 +159,7 @@ def simulate(trace_jobs: Sequence[TraceJob] | Sequence[PlanJob], fleet: FleetSpe
     default :data:`makespan.planner.fast_lane.DEFAULT_LANE_LEVELS`; (): none), reported with ``sim.lane_points`` (planning points whose plan it rebuilt).
     """
     wall0 = time.perf_counter()
-    chosen = REGISTRY.lookup(policy)
+    chosen = POLICY_REGISTRY.lookup(policy)
     base = fleet if isinstance(fleet, FleetState) else fleet_state(fleet)
     if set_point_weight is not None:
         base = replace(base, set_point_weight=set_point_weight)  # validated there
@@ -291,7 +291,7 @@ def run_simulation(trace_path: str | Path, fleet_path: str | Path, policy: str, 
         raise ValidationError("time_limit_s", time_limit_s, "must be > 0")
     if not 0 <= set_point_weight < float("inf"):
         raise ValidationError("set_point_weight", set_point_weight, "must be a finite number >= 0")
-    REGISTRY.lookup(policy)  # an unknown name fails before the files are read
+    POLICY_REGISTRY.lookup(policy)  # an unknown name fails before the files are read
     fleet = load_fleet(fleet_path)
     jobs = read_trace(trace_path, fleet, seed=seed, start=start, limit=limit)
     if not jobs:

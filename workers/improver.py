@@ -64,9 +64,10 @@ from concurrent.futures import BrokenExecutor, Executor, Future, ProcessPoolExec
 from makespan import metrics
 from makespan.errors import ValidationError
 from makespan.settings import IMPROVER_EXECUTORS, IMPROVER_NICE_MAX
-from makespan.planner.api import REGISTRY, plan as run_policy
+from makespan.planner.api import plan as run_policy
 from makespan.planner.evaluator import score
 from makespan.planner.model import FleetState, Plan, PlanJob
+from makespan.planner.policies import POLICY_REGISTRY
 from makespan.planner.previous import repair
 
 log = logging.getLogger("makespan.planner")
@@ -159,7 +160,7 @@ class BackgroundImprover:
             raise ValidationError("improver_nice", child_nice, f"must be between 0 and {IMPROVER_NICE_MAX}")
         self.policy, self.time_limit_s, self.num_workers = policy, time_limit_s, num_workers
         self.executor, self.child_nice = executor, child_nice
-        self.objective = REGISTRY.lookup(policy).objective
+        self.objective = POLICY_REGISTRY.lookup(policy).objective
         self._lock = threading.Lock()
         self._busy = False
         self._closed = False

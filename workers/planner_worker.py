@@ -42,10 +42,11 @@ from makespan.keys import Keys
 from makespan.models import FleetSpec, Priority, fleet_version
 from makespan.redis_conn import check_eviction_policy
 from makespan.settings import Settings
-from makespan.planner.api import REGISTRY, lane_replan, plan
+from makespan.planner.api import lane_replan, plan
 from makespan.planner import fast_lane
 from makespan.planner.reservation import enforce
 from makespan.planner.model import FleetState, Plan, PlanJob
+from makespan.planner.policies import POLICY_REGISTRY
 from makespan.planner.replay import state_after
 from makespan.workers.batch import BatchMixin
 from makespan.workers.drain import SetPointMixin
@@ -84,7 +85,7 @@ class PlannerWorker(BatchMixin, FleetViewMixin, StartMixin, PreemptionMixin, Set
         self.improver = (BackgroundImprover(settings.policy, settings.solve_time_limit_s,
                                             executor=settings.improver_executor,
                                             child_nice=settings.improver_nice)
-                         if REGISTRY.lookup(settings.policy).improver else None)
+                         if POLICY_REGISTRY.lookup(settings.policy).improver else None)
         self._last_tp: dict[str, str] = {}  # GPU -> traceparent of the last job leased on it
         self.lock_ttl_s = max(settings.lease_ttl_s / 2, 1.0)
         from makespan.workers.retention import Retention
@@ -258,9 +259,9 @@ class PlannerWorker(BatchMixin, FleetViewMixin, StartMixin, PreemptionMixin, Set
         self._note_demand(batch, state)
         self._idle_checked = False
         t0 = time.perf_counter()
-        policy = REGISTRY.lookup(self.settings.policy)
+        policy = POLICY_REGISTRY.lookup(self.settings.policy)
         if self.improver is not None:  # a solver policy: greedy floor now, CP-SAT off the tick
-            floor = plan(batch, state, REGISTRY.floor_of(policy) or policy)
+            floor = plan(batch, state, POLICY_REGISTRY.floor_of(policy) or policy)
             p = self.improver.best(floor, batch, state)
         else:
             p = plan(batch, state, self.settings.policy, time_limit_s=self.settings.solve_time_limit_s)

@@ -38,8 +38,8 @@ from makespan import metrics
 from makespan.awaited import queue_awaited_running
 from makespan.models import Priority
 from makespan.planner import preemption_plan
-from makespan.planner.api import REGISTRY
 from makespan.planner.model import FleetState, Plan, PlanJob, RunningJob
+from makespan.planner.policies import POLICY_REGISTRY
 from makespan.planner.preemption import Holder, choose_preemption, victim_allowed
 from makespan.planner.replay import state_after
 from makespan.workers.leases import preempt
@@ -57,7 +57,7 @@ class PreemptionMixin:
         """Preempt for the ``waiting`` CRITICAL/HIGH jobs (module doc: scored or by the
         rule). ``batch``: this tick's batch; ``p``: its plan; ``started``: the jobs of
         ``p`` leased this tick. Returns the preemptors started."""
-        if self.settings.preemption == "plan" and REGISTRY.lookup(self.settings.policy).floor is not None:
+        if self.settings.preemption == "plan" and POLICY_REGISTRY.lookup(self.settings.policy).floor is not None:
             return self._preempt_scored(batch, state, taken, p, started)
         return self._preempt_for(waiting, state, taken)
 
@@ -141,8 +141,8 @@ class PreemptionMixin:
         jobs = {j.id: j for j in batch}
         rest = [j for j in batch if j.id not in started]
         after = state_after(state, jobs, p.assignments, started, running=running)
-        policy = REGISTRY.lookup(self.settings.policy)
-        floor = REGISTRY.floor_of(policy)
+        policy = POLICY_REGISTRY.lookup(self.settings.policy)
+        floor = POLICY_REGISTRY.floor_of(policy)
         assert floor is not None  # _preempt scores only for a policy with a floor
         branch = preemption_plan.decide(rest, after, floor.solve, policy.objective)
         out: set[str] = set()

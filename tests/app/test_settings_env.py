@@ -75,9 +75,9 @@ def test_set_point_weight_refuses_negative_or_not_finite(monkeypatch, raw):
 
 
 def test_policy_from_env_is_a_registered_name(monkeypatch):
-    from makespan.planner.policies import REGISTRY
+    from makespan.planner.policies import POLICY_REGISTRY
 
-    for name in REGISTRY:
+    for name in POLICY_REGISTRY:
         monkeypatch.setenv("MAKESPAN_POLICY", name)
         assert Settings.from_env().policy == name
     monkeypatch.delenv("MAKESPAN_POLICY")
@@ -85,13 +85,13 @@ def test_policy_from_env_is_a_registered_name(monkeypatch):
 
 
 def test_unknown_policy_fails_with_the_list_of_names(monkeypatch):
-    from makespan.planner.policies import REGISTRY
+    from makespan.planner.policies import POLICY_REGISTRY
 
     monkeypatch.setenv("MAKESPAN_POLICY", "bogus")
     with pytest.raises(ValidationError) as ei:
         Settings.from_env()
     assert ei.value.field == "MAKESPAN_POLICY"
-    assert ", ".join(REGISTRY.names()) in ei.value.reason
+    assert ", ".join(POLICY_REGISTRY.names()) in ei.value.reason
     monkeypatch.delenv("MAKESPAN_POLICY")
     with pytest.raises(ValidationError) as ei:
         Settings.from_env(policy="bogus")  # the CLI's --policy
@@ -106,7 +106,7 @@ def test_planner_with_an_unknown_policy_fails_at_start_listing_the_names(tmp_pat
     import sys
     from pathlib import Path
 
-    from makespan.planner.policies import REGISTRY
+    from makespan.planner.policies import POLICY_REGISTRY
 
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "MAKESPAN_POLICY": "bogus",
@@ -116,5 +116,5 @@ def test_planner_with_an_unknown_policy_fails_at_start_listing_the_names(tmp_pat
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2, (out.stdout, out.stderr)
     assert "MAKESPAN_POLICY: unknown policy" in out.stderr
-    assert f"known: {', '.join(REGISTRY.names())}" in out.stderr
+    assert f"known: {', '.join(POLICY_REGISTRY.names())}" in out.stderr
     assert "Traceback" not in out.stderr

@@ -14,7 +14,7 @@ from makespan.errors import PlannerError
 from makespan.planner import greedy
 from makespan.planner.api import plan
 from makespan.planner.evaluator import OBJECTIVES
-from makespan.planner.policies import REGISTRY, Policy, PolicyRegistry, SolveOptions
+from makespan.planner.policies import POLICY_REGISTRY, Policy, PolicyRegistry, SolveOptions
 from makespan.planner.synthetic import instance
 from tests.planner.preemption_gen import instance as preemptive_instance
 
@@ -33,42 +33,42 @@ def _recording(name: str, seen: list[SolveOptions], **facts) -> Policy:
 
 
 def test_every_policy_states_its_facts():
-    assert REGISTRY.names()[:4] == ("fifo", "min-evict", "wspt", "portfolio")
-    for policy in REGISTRY.values():
+    assert POLICY_REGISTRY.names()[:4] == ("fifo", "min-evict", "wspt", "portfolio")
+    for policy in POLICY_REGISTRY.values():
         assert policy.objective in OBJECTIVES
-        assert policy.floor is None or policy.floor in REGISTRY
+        assert policy.floor is None or policy.floor in POLICY_REGISTRY
         assert policy.description and "\n" not in policy.description
         if policy.improver:  # the live planner plans each tick with the floor
             assert policy.floor is not None and policy.time_limit_s is not None
-    assert [p.name for p in REGISTRY.values() if p.improver] == ["cpsat", "default", "tardiness"]
-    assert REGISTRY["tardiness"].floor == "tardiness-portfolio"
-    assert {REGISTRY[n].floor for n in ("fifo", "min-evict", "wspt")} == {None}
+    assert [p.name for p in POLICY_REGISTRY.values() if p.improver] == ["cpsat", "default", "tardiness"]
+    assert POLICY_REGISTRY["tardiness"].floor == "tardiness-portfolio"
+    assert {POLICY_REGISTRY[n].floor for n in ("fifo", "min-evict", "wspt")} == {None}
 
 
 def test_registry_is_read_only_and_a_copy_leaves_it_unchanged():
     with pytest.raises(TypeError):
-        REGISTRY["fast"] = REGISTRY["cpsat"]  # type: ignore[index]
-    fast = replace(REGISTRY["cpsat"], name="cpsat-fast", time_limit_s=0.1)
-    copy = REGISTRY.with_policies(fast, replace(REGISTRY["fifo"], description="changed"))
-    assert "cpsat-fast" in copy and "cpsat-fast" not in REGISTRY
-    assert copy.names() == (*REGISTRY.names(), "cpsat-fast")
-    assert copy["fifo"].description == "changed" != REGISTRY["fifo"].description
+        POLICY_REGISTRY["fast"] = POLICY_REGISTRY["cpsat"]  # type: ignore[index]
+    fast = replace(POLICY_REGISTRY["cpsat"], name="cpsat-fast", time_limit_s=0.1)
+    copy = POLICY_REGISTRY.with_policies(fast, replace(POLICY_REGISTRY["fifo"], description="changed"))
+    assert "cpsat-fast" in copy and "cpsat-fast" not in POLICY_REGISTRY
+    assert copy.names() == (*POLICY_REGISTRY.names(), "cpsat-fast")
+    assert copy["fifo"].description == "changed" != POLICY_REGISTRY["fifo"].description
 
 
 def test_a_registry_refuses_duplicates_and_unknown_floors():
     with pytest.raises(PlannerError, match="registered twice"):
-        PolicyRegistry([REGISTRY["fifo"], REGISTRY["fifo"]])
+        PolicyRegistry([POLICY_REGISTRY["fifo"], POLICY_REGISTRY["fifo"]])
     with pytest.raises(PlannerError, match="floor 'portfolio' is not registered"):
-        PolicyRegistry([REGISTRY["cpsat"]])
+        PolicyRegistry([POLICY_REGISTRY["cpsat"]])
     with pytest.raises(PlannerError, match="unknown objective"):
-        replace(REGISTRY["fifo"], objective="makespan")
+        replace(POLICY_REGISTRY["fifo"], objective="makespan")
 
 
 def test_unknown_policy_names_the_known_ones():
     batch, state = instance(6, 2, 2, seed=1)
     with pytest.raises(PlannerError) as ei:
         plan(batch, state, "bogus")
-    assert str(ei.value) == f"unknown policy 'bogus'; known: {', '.join(REGISTRY.names())}"
+    assert str(ei.value) == f"unknown policy 'bogus'; known: {', '.join(POLICY_REGISTRY.names())}"
 
 
 def test_plan_passes_the_options_it_was_given_and_the_policy_default_limit():
@@ -129,7 +129,7 @@ def test_cli_help_lists_every_policy_from_the_registry():
         res = CliRunner().invoke(cli_app, [command, "--help"], env={"COLUMNS": "2000", "TERMINAL_WIDTH": "2000"})
         assert res.exit_code == 0, res.output
         text = " ".join(re.sub(r"[│╭╮╰╯─]", " ", res.output).split())
-        for policy in REGISTRY.values():
+        for policy in POLICY_REGISTRY.values():
             assert f"{policy.name} ({policy.description})" in text, (command, policy.name)
 
 
@@ -138,8 +138,8 @@ def test_user_page_lists_every_policy_with_its_description():
     with its description, objective and floor."""
     text = (ROOT / "docs" / "planner.md").read_text()
     rows = re.findall(r"^\| `([a-z-]+)` \| (.+?) \| `([a-z_]+)` \| (.+?) \|", text, re.M)
-    assert [r[0] for r in rows] == list(REGISTRY.names())
+    assert [r[0] for r in rows] == list(POLICY_REGISTRY.names())
     for name, description, objective, floor in rows:
-        policy = REGISTRY[name]
+        policy = POLICY_REGISTRY[name]
         assert description == policy.description and objective == policy.objective
         assert floor == (f"`{policy.floor}`" if policy.floor else "–"), name
