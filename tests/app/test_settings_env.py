@@ -118,3 +118,17 @@ def test_planner_with_an_unknown_policy_fails_at_start_listing_the_names(tmp_pat
     assert "MAKESPAN_POLICY: unknown policy" in out.stderr
     assert f"known: {', '.join(POLICY_REGISTRY.names())}" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_planner_worker_with_an_unknown_policy_fails_when_built(r, settings):
+    """Settings built without from_env (dataclasses.replace) still cannot start a planner
+    that would die on its first job: the worker looks its policy up when it is built."""
+    import dataclasses
+
+    from makespan.errors import PlannerError
+    from makespan.planner.policies import POLICY_REGISTRY
+    from makespan.workers.planner_worker import PlannerWorker
+    from tests.faults.test_priority_cases import ONE_GPU
+
+    with pytest.raises(PlannerError, match=", ".join(POLICY_REGISTRY.names())):
+        PlannerWorker(r, dataclasses.replace(settings, policy="bogus"), ONE_GPU, dispatch=lambda *a: None)
