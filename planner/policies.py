@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from makespan.errors import PlannerError
@@ -132,8 +132,7 @@ class Policy:
         :func:`makespan.planner.evaluator.evaluate` (``Plan.objective`` in :attr:`objective`).
         ``options.time_limit_s`` None: :attr:`time_limit_s`."""
         if options.time_limit_s is None and self.time_limit_s is not None:
-            options = SolveOptions(self.time_limit_s, options.num_workers, options.previous, options.preemptors,
-                                   options.first_window_share)
+            options = replace(options, time_limit_s=self.time_limit_s)
         return self.solver(batch, state, options)
 
 
