@@ -40,7 +40,7 @@ from makespan.awaited import queue_awaited_running
 from makespan.models import Priority
 from makespan.planner import preemption_plan
 from makespan.planner.api import POLICIES, POLICY_OBJECTIVE, PREEMPTION_FLOOR
-from makespan.planner.model import FleetState, Plan, PlanJob, RunningJob
+from makespan.planner.model import FleetState, PlanJob, RunningJob
 from makespan.planner.preemption import Holder, choose_preemption, victim_allowed
 from makespan.planner.replay import state_after
 from makespan.workers.leases import preempt
