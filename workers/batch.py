@@ -150,20 +150,20 @@ class _BatchScan:
             from makespan.workloads import advance_workloads  # workload steps: retries, failure, completion
 
             advance_workloads(self.r, self.keys)
-        for lvl in Priority:
+        for level in Priority:
             offset = 0
             # read on past steps whose dependencies are not done, so that they never hide
             # startable jobs behind them (bounded: SCAN_FACTOR batches per level per tick);
             # what a step waits on is known at any depth from the index (makespan.awaited)
             while room > 0 and offset < SCAN_FACTOR * self.settings.batch_size:
                 if offset == 0 and heads is not None:
-                    ids = list(heads[lvl])
+                    ids = list(heads[level])
                 else:
-                    ids = self.r.zrange(self.keys.queue(lvl), offset, offset + self.settings.batch_size - 1)
+                    ids = self.r.zrange(self.keys.queue(level), offset, offset + self.settings.batch_size - 1)
                 if not ids:
                     break
                 self.removed = 0
-                room = self.take(lvl, ids, jobs, room, offset)
+                room = self.take(level, ids, jobs, room, offset)
                 offset += len(ids) - self.removed  # entries removed meanwhile: the rest moved up
         self.pull_dependencies(jobs)
         self.out.jobs = self.inherit(jobs)
@@ -173,102 +173,107 @@ class _BatchScan:
         """``jobs`` with each job raised to the highest level waiting on it (P:awaited)."""
         if not jobs:
             return jobs
-        best = self.r.eval(_INHERITED, 0, self.keys.prefix, MAX_WAITERS_WALKED, *(j.id for j in jobs))
-        res = []
-        for j, lvl in zip(jobs, best):
-            lvl = int(lvl)
-            if lvl < j.priority:
-                j = dataclasses.replace(j, priority=lvl, weight=max(j.weight, float(Priority(lvl).weight)))
-            res.append(j)
-        return res
+        best = self.r.eval(_INHERITED, 0, self.keys.prefix, MAX_WAITERS_WALKED, *(job.id for job in jobs))
+        raised = []
+        for job, level in zip(jobs, best):
+            level = int(level)
+            if level < job.priority:
+                job = dataclasses.replace(job, priority=level, weight=max(job.weight, float(Priority(level).weight)))
+            raised.append(job)
+        return raised
 
     def pull_dependencies(self, jobs: list[PlanJob]) -> None:
         """Append to ``jobs`` the queued, ready jobs that the unready steps read this tick wait
         on (down chains of queued dependencies, at most :data:`MAX_DEP_DEPTH` levels) and
         that are not in it yet, so a LOW job a CRITICAL step waits on is planned although the
         LOW queue is not read this tick. At most ``batch_size`` such jobs."""
-        have = {j.id for j in jobs}
-        frontier = [d for d in self.out.unready_level if d not in have]
+        have = {job.id for job in jobs}
+        frontier = [dep for dep in self.out.unready_level if dep not in have]
         seen = set(frontier)
         room = self.settings.batch_size
         for _ in range(MAX_DEP_DEPTH):
             if not frontier or room <= 0:
                 return
-            p = self.r.pipeline(transaction=False)
-            for jid in frontier:
-                p.hmget(self.keys.job(jid), "endpoint", "service_s", "submitted_at", "seq", "deps", "state",
-                        "traceparent", "deadline_s", "priority")
-            nxt = []
-            for jid, (ep, svc, sub, seq, deps, state, tp, due, prio) in zip(frontier, p.execute()):
-                if ep is None or state != "queued" or prio not in Priority.__members__:
+            pipe = self.r.pipeline(transaction=False)
+            for job_id in frontier:
+                pipe.hmget(self.keys.job(job_id), "endpoint", "service_s", "submitted_at", "seq", "deps", "state",
+                           "traceparent", "deadline_s", "priority")
+            next_frontier = []
+            for job_id, fields in zip(frontier, pipe.execute()):
+                endpoint, service, submitted, seq, deps_json, state, traceparent, due, priority_name = fields
+                if endpoint is None or state != "queued" or priority_name not in Priority.__members__:
                     continue
-                dl = tuple(json.loads(deps)) if deps else ()
-                if dl and not all(self.r.hget(self.keys.job(d), "state") == "completed" for d in dl):
-                    self.out.awaited.update(dl)
-                    for d in dl:
-                        if d not in seen and d not in have:
-                            seen.add(d)
-                            nxt.append(d)
+                deps_of = tuple(json.loads(deps_json)) if deps_json else ()
+                if deps_of and not all(self.r.hget(self.keys.job(dep), "state") == "completed" for dep in deps_of):
+                    self.out.awaited.update(deps_of)
+                    for dep in deps_of:
+                        if dep not in seen and dep not in have:
+                            seen.add(dep)
+                            next_frontier.append(dep)
                     continue
                 if room <= 0:
                     continue
-                self.out.left_out.pop(jid, None)
-                jobs.append(self.plan_job(jid, Priority[prio], ep, svc, sub, seq, tp, due))
-                have.add(jid)
+                self.out.left_out.pop(job_id, None)
+                jobs.append(self.plan_job(job_id, Priority[priority_name], endpoint, service, submitted, seq,
+                                          traceparent, due))
+                have.add(job_id)
                 room -= 1
-            frontier = nxt
+            frontier = next_frontier
 
-    def plan_job(self, jid: str, lvl: Priority, ep: str, svc: str, sub: str, seq: str, tp: str | None,
-                 due: str | None) -> PlanJob:
+    def plan_job(self, job_id: str, level: Priority, endpoint: str, service: str, submitted: str, seq: str,
+                 traceparent: str | None, due: str | None) -> PlanJob:
         """The PlanJob of a queued job at its own level (its meta and level noted), from its
         record's fields (strings as Redis answers them)."""
-        r_s = float(sub) / self.settings.time_scale  # workload clock; service and deadline are workload s
-        self.out.meta[jid] = (tp or "", float(sub))
-        self.out.own_level[jid] = lvl
-        return PlanJob(jid, ep, float(lvl.weight), r_s, float(svc), int(lvl), (),
-                       r_s + float(due) if due else None, int(seq))
+        release_s = float(submitted) / self.settings.time_scale  # workload clock; service, deadline: workload s
+        self.out.meta[job_id] = (traceparent or "", float(submitted))
+        self.out.own_level[job_id] = level
+        return PlanJob(job_id, endpoint, float(level.weight), release_s, float(service), int(level), (),
+                       release_s + float(due) if due else None, int(seq))
 
-    def take(self, lvl: Priority, ids: list[str], jobs: list[PlanJob], room: int, offset: int = 0) -> int:
-        p = self.r.pipeline(transaction=False)
-        for jid in ids:
-            p.hmget(self.keys.job(jid), "endpoint", "service_s", "submitted_at", "seq", "deps", "state",
-                    "traceparent", "deadline_s", "reason")
-        for i, (jid, (ep, svc, sub, seq, deps, state, tp, due, why)) in enumerate(zip(ids, p.execute())):
-            if ep is None or state != "queued":
-                self.removed += drop_stale(self.env, self.token, self.keys.queue(lvl), jid)  # cancelled or lost
+    def take(self, level: Priority, ids: list[str], jobs: list[PlanJob], room: int, offset: int = 0) -> int:
+        pipe = self.r.pipeline(transaction=False)
+        for job_id in ids:
+            pipe.hmget(self.keys.job(job_id), "endpoint", "service_s", "submitted_at", "seq", "deps", "state",
+                       "traceparent", "deadline_s", "reason")
+        for position, (job_id, fields) in enumerate(zip(ids, pipe.execute())):
+            endpoint, service, submitted, seq, deps_json, state, traceparent, due, reason = fields
+            if endpoint is None or state != "queued":
+                self.removed += drop_stale(self.env, self.token, self.keys.queue(level), job_id)  # cancelled or lost
                 continue
-            dl = tuple(json.loads(deps)) if deps else ()
+            deps_of = tuple(json.loads(deps_json)) if deps_json else ()
             if room <= 0:  # not in the batch (what it waits on is in the index)
-                self.out.left_out[jid] = (lvl, offset + i)
+                self.out.left_out[job_id] = (level, offset + position)
                 continue
-            if dl and not self.deps_ready(jid, dl):
-                self.out.awaited.update(dl)
-                self.out.unready[jid] = dl
-                for d in dl:
-                    self.out.unready_level[d] = min(self.out.unready_level.get(d, 4), int(lvl))
+            if deps_of and not self.deps_ready(job_id, deps_of):
+                self.out.awaited.update(deps_of)
+                self.out.unready[job_id] = deps_of
+                for dep in deps_of:
+                    self.out.unready_level[dep] = min(self.out.unready_level.get(dep, 4), int(level))
                 continue
-            jobs.append(self.plan_job(jid, lvl, ep, svc, sub, seq, tp, due))
-            if why and why.startswith("preempted by"):
-                self.out.requeued.add(jid)
+            jobs.append(self.plan_job(job_id, level, endpoint, service, submitted, seq, traceparent, due))
+            if reason and reason.startswith("preempted by"):
+                self.out.requeued.add(job_id)
             room -= 1
         return room
 
-    def deps_ready(self, jid: str, deps: tuple[str, ...]) -> bool:
-        states = [self.r.hget(self.keys.job(d), "state") for d in deps]
-        if all(s == "completed" for s in states):
+    def deps_ready(self, job_id: str, deps: tuple[str, ...]) -> bool:
+        states = [self.r.hget(self.keys.job(dep), "state") for dep in deps]
+        if all(dep_state == "completed" for dep_state in states):
             return True
-        bad = [d for d, s in zip(deps, states) if s in ("failed", "cancelled") or s is None]
+        bad = [dep for dep, dep_state in zip(deps, states)
+               if dep_state in ("failed", "cancelled") or dep_state is None]
         if bad and "failed" in states:
             from makespan.workloads import retry_pending  # a workload step that will be retried: wait
 
-            bad = [d for d in bad if not retry_pending(self.r, self.keys, d)]
+            bad = [dep for dep in bad if not retry_pending(self.r, self.keys, dep)]
         if bad:
-            prio = self.r.hget(self.keys.job(jid), "priority") or "NORMAL"
+            priority_name = self.r.hget(self.keys.job(job_id), "priority") or "NORMAL"
             reason = f"dependency {bad[0]} did not complete"
             now = self.env.clock.now()
-            ev = json.dumps({"ts": now, "kind": "cancelled", "job": jid, "priority": prio, "reason": reason})
+            event = json.dumps({"ts": now, "kind": "cancelled", "job": job_id, "priority": priority_name,
+                                "reason": reason})
             self.removed += int(self.r.eval(
-                _CANCEL_DEPENDANT, 5, self.keys.queue(prio), self.keys.job(jid), self.keys.planner_fence,
-                self.keys.events, f"{self.keys.prefix}:finished", jid, self.token, repr(now), reason, ev,
+                _CANCEL_DEPENDANT, 5, self.keys.queue(priority_name), self.keys.job(job_id), self.keys.planner_fence,
+                self.keys.events, f"{self.keys.prefix}:finished", job_id, self.token, repr(now), reason, event,
                 self.keys.prefix) or 0)
         return False

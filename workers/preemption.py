@@ -60,7 +60,7 @@ class Preempt:
     def run(self, ctx: TickContext) -> None:
         if not ctx.batch:
             return
-        ctx.waiting = [j for j in ctx.batch if j.id not in ctx.dispatched and j.priority <= int(Priority.HIGH)]
+        ctx.waiting = [job for job in ctx.batch if job.id not in ctx.dispatched and job.priority <= int(Priority.HIGH)]
         ctx.requeued_now, ctx.victims = 0, []
         if not ctx.waiting:
             return
@@ -77,16 +77,16 @@ def _lease_holders(ctx: TickContext) -> tuple[dict[str, str], dict[str, dict[str
     job waits on, from the index)."""
     env = ctx.env
     holders = env.leases.gpu_holders([g.uuid for g in env.gpus])
-    lease_of = {u: v.split(":")[0] for u, v in holders.items() if v}
-    lids = sorted(set(lease_of.values()))
-    p = env.r.pipeline(transaction=False)
-    for lid in lids:
-        p.hgetall(env.keys.lease(lid))
-        p.hget(env.keys.phase(lid), "execute")
-    queue_awaited_running(p, env.keys)
-    *got, awaited = p.execute()
-    info = {lid: got[2 * i] for i, lid in enumerate(lids)}
-    executed = {lid: got[2 * i + 1] == "done" for i, lid in enumerate(lids)}
+    lease_of = {gpu: holder.split(":")[0] for gpu, holder in holders.items() if holder}
+    lease_ids = sorted(set(lease_of.values()))
+    pipe = env.r.pipeline(transaction=False)
+    for lease_id in lease_ids:
+        pipe.hgetall(env.keys.lease(lease_id))
+        pipe.hget(env.keys.phase(lease_id), "execute")
+    queue_awaited_running(pipe, env.keys)
+    *got, awaited = pipe.execute()
+    info = {lease_id: got[2 * n] for n, lease_id in enumerate(lease_ids)}
+    executed = {lease_id: got[2 * n + 1] == "done" for n, lease_id in enumerate(lease_ids)}
     return lease_of, info, executed, ctx.formed.awaited | set(awaited)
 
 
@@ -97,34 +97,34 @@ def _running(ctx: TickContext, state: FleetState, lease_of: dict[str, str], info
     queued step waits on, ``awaited``, is not preemptable), and job id -> lease id.
     Times on the workload clock (wall s ÷ ``time_scale``)."""
     env = ctx.env
-    jobs = {lid: rec["job"] for lid, rec in info.items()
-            if rec.get("kind") == "job" and rec.get("job") and not executed.get(lid)}
-    p = env.r.pipeline(transaction=False)
-    for jid in jobs.values():
-        p.hmget(env.keys.job(jid), "endpoint", "service_s", "submitted_at", "seq", "deadline_s", "leased_at",
-                "preemptions")
-    got = dict(zip(jobs, p.execute()))
-    ts = env.settings.time_scale
+    jobs = {lease_id: rec["job"] for lease_id, rec in info.items()
+            if rec.get("kind") == "job" and rec.get("job") and not executed.get(lease_id)}
+    pipe = env.r.pipeline(transaction=False)
+    for job_id in jobs.values():
+        pipe.hmget(env.keys.job(job_id), "endpoint", "service_s", "submitted_at", "seq", "deadline_s", "leased_at",
+                   "preemptions")
+    got = dict(zip(jobs, pipe.execute()))
+    time_scale = env.settings.time_scale
     gpus_of: dict[str, list[str]] = {}
-    for u, lid in lease_of.items():
-        gpus_of.setdefault(lid, []).append(u)
-    order = {g.uuid: i for i, g in enumerate(env.gpus)}
+    for gpu, lease_id in lease_of.items():
+        gpus_of.setdefault(lease_id, []).append(gpu)
+    order = {gpu.uuid: n for n, gpu in enumerate(env.gpus)}
     out: dict[str, RunningJob] = {}
-    for lid, jid in jobs.items():
-        ep, svc, sub, seq, due, leased, cuts = got[lid]
-        prio = Priority.__members__.get(info[lid].get("priority", ""))
-        if None in (ep, svc, sub, leased, prio) or ep not in state.endpoints:
+    for lease_id, job_id in jobs.items():
+        endpoint, service, submitted, seq, due, leased, cuts = got[lease_id]
+        prio = Priority.__members__.get(info[lease_id].get("priority", ""))
+        if None in (endpoint, service, submitted, leased, prio) or endpoint not in state.endpoints:
             continue
         assert prio is not None
-        r_s, start_s = float(sub) / ts, float(leased) / ts
-        end_s = float(info[lid].get("planned_end_s") or state.now_s)
-        job = PlanJob(jid, ep, float(prio.weight), r_s, float(svc), int(prio), (),
-                      r_s + float(due) if due else None, int(seq or 0))
-        gs = tuple(sorted(gpus_of[lid], key=order.__getitem__))
-        ok = jid not in awaited and _bounded(ctx, cuts, state.now_s - start_s)
-        rj = RunningJob(job, gs, start_s, max(start_s, end_s - float(svc)), end_s, ok)
-        out.update({u: rj for u in gs})
-    return out, {jid: lid for lid, jid in jobs.items()}
+        release_s, start_s = float(submitted) / time_scale, float(leased) / time_scale
+        end_s = float(info[lease_id].get("planned_end_s") or state.now_s)
+        job = PlanJob(job_id, endpoint, float(prio.weight), release_s, float(service), int(prio), (),
+                      release_s + float(due) if due else None, int(seq or 0))
+        group = tuple(sorted(gpus_of[lease_id], key=order.__getitem__))
+        preemptable = job_id not in awaited and _bounded(ctx, cuts, state.now_s - start_s)
+        running = RunningJob(job, group, start_s, max(start_s, end_s - float(service)), end_s, preemptable)
+        out.update({gpu: running for gpu in group})
+    return out, {job_id: lease_id for lease_id, job_id in jobs.items()}
 
 
 def _bounded(ctx: TickContext, cuts: str | None, ran_s: float) -> bool:
@@ -137,13 +137,13 @@ def _bounded(ctx: TickContext, cuts: str | None, ran_s: float) -> bool:
 def _holder_bounds(ctx: TickContext, info: dict[str, dict[str, str]]) -> dict[str, bool]:
     """Lease id -> whether its job is within the preemption bounds (one round trip)."""
     env = ctx.env
-    lids = [lid for lid, rec in info.items() if rec.get("kind") == "job" and rec.get("job")]
-    p = env.r.pipeline(transaction=False)
-    for lid in lids:
-        p.hmget(env.keys.job(info[lid]["job"]), "preemptions", "leased_at")
+    lease_ids = [lease_id for lease_id, rec in info.items() if rec.get("kind") == "job" and rec.get("job")]
+    pipe = env.r.pipeline(transaction=False)
+    for lease_id in lease_ids:
+        pipe.hmget(env.keys.job(info[lease_id]["job"]), "preemptions", "leased_at")
     now = env.now_s()
-    return {lid: leased is not None and _bounded(ctx, cuts, now - float(leased) / env.settings.time_scale)
-            for lid, (cuts, leased) in zip(lids, p.execute() if lids else [])}
+    return {lease_id: leased is not None and _bounded(ctx, cuts, now - float(leased) / env.settings.time_scale)
+            for lease_id, (cuts, leased) in zip(lease_ids, pipe.execute() if lease_ids else [])}
 
 
 def _note_preempted(ctx: TickContext, outcome: str, victim_job: str | None, victim_priority: str) -> None:
@@ -162,31 +162,31 @@ def _preempt_scored(ctx: TickContext) -> set[str]:
     assert state is not None and plan is not None, "PlanBatch runs before Preempt"
     lease_of, info, executed, awaited = _lease_holders(ctx)
     running, lease_by_job = _running(ctx, state, lease_of, info, executed, awaited)
-    running = {u: rj for u, rj in running.items() if rj.id not in started}
+    running = {gpu: job for gpu, job in running.items() if job.id not in started}
     if not running:
         return set()
-    jobs = {j.id: j for j in ctx.batch}
-    rest = [j for j in ctx.batch if j.id not in started]
+    jobs = {job.id: job for job in ctx.batch}
+    rest = [job for job in ctx.batch if job.id not in started]
     after = state_after(state, jobs, plan.assignments, started, running=running)
     policy = env.settings.policy
     branch = preemption_plan.decide(rest, after, POLICIES[PREEMPTION_FLOOR[policy]],
                                     POLICY_OBJECTIVE.get(policy, "weighted_completion"))
     out: set[str] = set()
-    for pp, a in zip(branch.taken, branch.starts):
-        j = jobs[pp.job_id]
+    for decision, start in zip(branch.taken, branch.starts):
+        job = jobs[decision.job_id]
         freed = True
-        for v in pp.victims:
-            lid = lease_by_job[v]
-            outcome = preempt(env.r, env.keys, lid, j.id, planner_token=ctx.token)
+        for victim in decision.victims:
+            lease_id = lease_by_job[victim]
+            outcome = preempt(env.r, env.keys, lease_id, job.id, planner_token=ctx.token)
             if outcome in ("preempted", "cancelled"):
-                _note_preempted(ctx, outcome, v, info[lid].get("priority", "LOW"))
-                log.info("preempted lease %s (%s) for %s job %s (scored, gain %.3g): %s", lid,
-                         info[lid].get("priority"), Priority(j.priority).name, j.id, pp.gain, outcome)
+                _note_preempted(ctx, outcome, victim, info[lease_id].get("priority", "LOW"))
+                log.info("preempted lease %s (%s) for %s job %s (scored, gain %.3g): %s", lease_id,
+                         info[lease_id].get("priority"), Priority(job.priority).name, job.id, decision.gain, outcome)
             else:
                 freed = False  # e.g. it finished executing meanwhile: it only has to clear
-        if freed and start_job(ctx, j, tuple(pp.gpus), a.end_s, a.load):
-            out.add(j.id)
-            ctx.taken.update(pp.gpus)
+        if freed and start_job(ctx, job, tuple(decision.gpus), start.end_s, start.load):
+            out.add(job.id)
+            ctx.taken.update(decision.gpus)
     return out
 
 
@@ -204,37 +204,37 @@ def _preempt_by_rule(ctx: TickContext) -> set[str]:
     lease_of, info, executed, awaited = _lease_holders(ctx)
     bounded = _holder_bounds(ctx, info)
     holder: dict[str, Holder | None] = {}
-    for u, lid in lease_of.items():
-        rec = info.get(lid) or {}
+    for gpu, lease_id in lease_of.items():
+        rec = info.get(lease_id) or {}
         prio = Priority.__members__.get(rec.get("priority", "LOW"), Priority.LOW)
-        holder[u] = Holder(lid, int(prio), rec.get("kind") == "job" and not executed.get(lid)
-                           and rec.get("job") not in awaited and bounded.get(lid, False))
+        holder[gpu] = Holder(lease_id, int(prio), rec.get("kind") == "job" and not executed.get(lease_id)
+                             and rec.get("job") not in awaited and bounded.get(lease_id, False))
     started: set[str] = set()
-    for j in sorted(ctx.waiting, key=lambda j: (j.priority, j.seq)):
-        ep = ctx.kept.endpoints[j.endpoint]
-        best = choose_preemption(j.priority, state.groups(ep.tp, ep.memory_mib), ctx.taken, state.free_at,
-                                 state.now_s, ep.cold_start_s, holder)
+    for job in sorted(ctx.waiting, key=lambda waiting: (waiting.priority, waiting.seq)):
+        model = ctx.kept.endpoints[job.endpoint]
+        best = choose_preemption(job.priority, state.groups(model.tp, model.memory_mib), ctx.taken, state.free_at,
+                                 state.now_s, model.cold_start_s, holder)
         if best is None:
             continue
-        g, victims = best.group, best.victims
+        group, victims = best.group, best.victims
         freed = True
-        for v in victims:
-            outcome = preempt(env.r, env.keys, v, j.id, planner_token=ctx.token)
+        for victim in victims:
+            outcome = preempt(env.r, env.keys, victim, job.id, planner_token=ctx.token)
             if outcome in ("preempted", "cancelled"):
-                _note_preempted(ctx, outcome, info[v].get("job"), info[v].get("priority", "LOW"))
-                log.info("preempted lease %s (%s) for %s job %s: %s", v, info[v].get("priority"),
-                         Priority(j.priority).name, j.id, outcome)
-                for u, h in list(holder.items()):
-                    if h is not None and h.id == v:
-                        holder.pop(u)
+                _note_preempted(ctx, outcome, info[victim].get("job"), info[victim].get("priority", "LOW"))
+                log.info("preempted lease %s (%s) for %s job %s: %s", victim, info[victim].get("priority"),
+                         Priority(job.priority).name, job.id, outcome)
+                for gpu, held_by in list(holder.items()):
+                    if held_by is not None and held_by.id == victim:
+                        holder.pop(gpu)
             else:
                 freed = False  # e.g. it finished executing meanwhile: it only has to clear
         if not freed:
             continue
-        ep_end = env.now_s() + ep.cold_start_s + j.service_s
-        if start_job(ctx, j, g, ep_end, "cold_start"):
-            started.add(j.id)
-            ctx.taken.update(g)
-            for u in g:
-                holder[u] = Holder("__new__", j.priority, False)
+        end_s = env.now_s() + model.cold_start_s + job.service_s
+        if start_job(ctx, job, group, end_s, "cold_start"):
+            started.add(job.id)
+            ctx.taken.update(group)
+            for gpu in group:
+                holder[gpu] = Holder("__new__", job.priority, False)
     return started
