@@ -51,9 +51,9 @@ class RestorePlanned:
         # "now": an idle group's restore starts exactly at state.now_s (its GPUs free now); an
         # absolute tolerance, as a relative one (1e-6 of a unix time ≈ 1800 s) started restores
         # planned after a job still waiting for the group, delaying that job
-        for a in plan_restores(plan.assignments, ctx.batch, state, "group"):
-            if a.start_s <= state.now_s + NOW_TOL_S and not ctx.taken.intersection(a.gpus):
-                start_restore(ctx, state.set_point[a.gpus[0]], tuple(a.gpus), ctx.taken)
+        for assignment in plan_restores(plan.assignments, ctx.batch, state, "group"):
+            if assignment.start_s <= state.now_s + NOW_TOL_S and not ctx.taken.intersection(assignment.gpus):
+                start_restore(ctx, state.set_point[assignment.gpus[0]], tuple(assignment.gpus), ctx.taken)
 
 
 class SetPointsAndDrain:
@@ -67,20 +67,21 @@ class SetPointsAndDrain:
         if ctx.batch or len(ctx.held_gpus) >= len(ctx.env.gpus):
             return
         env, kept = ctx.env, ctx.kept
-        if env.r.zcard(env.keys.running) or any(env.r.zcard(q) for q in env.keys.queues()):
+        if env.r.zcard(env.keys.running) or any(env.r.zcard(queue) for queue in env.keys.queues()):
             kept.idle_checked = False
             return
         restoring = False
         busy = set(ctx.held_gpus)
-        res = dict(zip([g.uuid for g in env.gpus], env.r.mget([env.keys.resident(g.uuid) for g in env.gpus])))
-        for ep, gpus in env.set_points:
-            want = instance_value(ep, gpus)
-            if all(res.get(g) == want for g in gpus):
+        uuids = [gpu.uuid for gpu in env.gpus]
+        residents = dict(zip(uuids, env.r.mget([env.keys.resident(gpu) for gpu in uuids])))
+        for endpoint, gpus in env.set_points:
+            want = instance_value(endpoint, gpus)
+            if all(residents.get(gpu) == want for gpu in gpus):
                 continue
             restoring = True
             if busy.intersection(gpus):
                 continue
-            start_restore(ctx, ep, tuple(gpus), busy)
+            start_restore(ctx, endpoint, tuple(gpus), busy)
         if restoring or env.r.zcard(env.keys.leases):
             kept.idle_checked = False
             return
@@ -89,27 +90,28 @@ class SetPointsAndDrain:
             check_drain(env)
 
 
-def start_restore(ctx: TickContext, ep: str, gpus: tuple[str, ...], busy: set[str]) -> bool:
+def start_restore(ctx: TickContext, endpoint: str, gpus: tuple[str, ...], busy: set[str]) -> bool:
     """Lease ``gpus`` for the restore of set-point ``ep`` and send its evict → restore
     chain; the GPUs join ``busy``. False if the lease failed (GPUs taken meanwhile)."""
     env, last_tp = ctx.env, ctx.kept.last_traceparent
-    lid = uuid.uuid4().hex
+    lease_id = uuid.uuid4().hex
     host = env.fleet.host_of(gpus[0])
-    cold = env.fleet.endpoints[ep].cold_start_s
-    lease = env.leases.acquire(lid, gpus, env.settings.lease_ttl_s, job_id=f"restore:{ep}:{gpus[0]}",
+    cold = env.fleet.endpoints[endpoint].cold_start_s
+    lease = env.leases.acquire(lease_id, gpus, env.settings.lease_ttl_s, job_id=f"restore:{endpoint}:{gpus[0]}",
                                kind="restore", holder=host, planner_token=ctx.token,
-                               info={"planned_end_s": repr(env.now_s() + cold), "endpoint": ep},
-                               event={"kind": "restore_start", "endpoint": ep, "host": host, "planned_s": cold})
+                               info={"planned_end_s": repr(env.now_s() + cold), "endpoint": endpoint},
+                               event={"kind": "restore_start", "endpoint": endpoint, "host": host, "planned_s": cold})
     if lease is None:
         return False
     busy.update(gpus)
     # the restore joins the trace of the last job that held these GPUs: its
     # restore_baseline span closes that job's makespan (submit -> restore)
-    tp = next((last_tp[g] for g in gpus if last_tp.get(g)), "")
-    with telemetry.use_traceparent(tp):
-        send(env, PhaseContext(lid, lease.token, list(gpus), host, "restore", ep, traceparent=tp), host)
-    for g in gpus:
-        last_tp.pop(g, None)
+    traceparent = next((last_tp[gpu] for gpu in gpus if last_tp.get(gpu)), "")
+    with telemetry.use_traceparent(traceparent):
+        send(env, PhaseContext(lease_id, lease.token, list(gpus), host, "restore", endpoint, traceparent=traceparent),
+             host)
+    for gpu in gpus:
+        last_tp.pop(gpu, None)
     return True
 
 
@@ -117,11 +119,11 @@ def check_drain(env: TickEnv) -> dict[str, Any]:
     """Count what a drained fleet must not hold: leases, agenda entries, busy slots,
     leaked reverse-dependency index entries (module doc); written to ``P:drain`` and as
     a ``drain`` event. Returns the counts by name."""
-    gpu_keys = sum(1 for v in env.r.mget([env.keys.gpu(g.uuid) for g in env.gpus]) if v)
+    gpu_keys = sum(1 for holder in env.r.mget([env.keys.gpu(gpu.uuid) for gpu in env.gpus]) if holder)
     leases = int(env.r.zcard(env.keys.leases)) + gpu_keys
     agenda = env.agenda.count() if env.agenda is not None else 0
     busy_slots = sum(1 for _ in env.r.scan_iter(env.keys.busy_pattern, count=1000))
-    awaited = sum(len(v) for v in leaked(env.r, env.keys).values())
+    awaited = sum(len(entries) for entries in leaked(env.r, env.keys).values())
     counts = {"leases": leases, "agenda_entries": agenda, "busy_slots": busy_slots, "awaited_entries": awaited}
     env.r.hset(env.keys.drain, mapping={**counts, "checked_at": repr(env.clock.now())})
     env.r.hincrby(env.keys.drain, "checks", 1)

@@ -138,27 +138,27 @@ def read_snapshot(env: TickEnv, kept: CrossTickState) -> Snapshot:
 
     Raises:
         redis.RedisError: Redis failed."""
-    uuids = [g.uuid for g in env.gpus]
-    p = env.r.pipeline(transaction=False)
-    queue_solve_stats(p, env.keys, kept)
-    env.leases.expired(pipe=p)  # on the Redis server's clock
-    p.zcard(env.keys.agenda_index)
-    p.mget([env.keys.gpu(u) for u in uuids])
-    p.mget([env.keys.resident(u) for u in uuids])
-    p.scard(env.keys.workloads_active)
-    for q in env.keys.queues():
-        p.zrange(q, 0, env.settings.batch_size - 1)
-    expired, agenda, held, res, workloads, *heads = p.execute()[-(5 + len(Priority)):]
-    return Snapshot(tuple(expired or ()), int(agenda), tuple(held), tuple(res), int(workloads),
-                    MappingProxyType({lvl: tuple(ids) for lvl, ids in zip(Priority, heads)}))
+    uuids = [gpu.uuid for gpu in env.gpus]
+    pipe = env.r.pipeline(transaction=False)
+    queue_solve_stats(pipe, env.keys, kept)
+    env.leases.expired(pipe=pipe)  # on the Redis server's clock
+    pipe.zcard(env.keys.agenda_index)
+    pipe.mget([env.keys.gpu(gpu) for gpu in uuids])
+    pipe.mget([env.keys.resident(gpu) for gpu in uuids])
+    pipe.scard(env.keys.workloads_active)
+    for queue in env.keys.queues():
+        pipe.zrange(queue, 0, env.settings.batch_size - 1)
+    expired, agenda, held, residents, workloads, *heads = pipe.execute()[-(5 + len(Priority)):]
+    return Snapshot(tuple(expired or ()), int(agenda), tuple(held), tuple(residents), int(workloads),
+                    MappingProxyType({level: tuple(ids) for level, ids in zip(Priority, heads)}))
 
 
-def queue_solve_stats(p: redis.client.Pipeline, keys: Keys, kept: CrossTickState) -> None:
+def queue_solve_stats(pipe: redis.client.Pipeline, keys: Keys, kept: CrossTickState) -> None:
     """Queue the solve times noted since the last call on pipeline ``p`` (the list
     ``P:planner:solve_s``, ``seconds:batch size``, capped at STATS_KEEP) and forget them."""
     if kept.solve_stats:
-        p.rpush(f"{keys.prefix}:planner:solve_s", *kept.solve_stats)
-        p.ltrim(f"{keys.prefix}:planner:solve_s", -STATS_KEEP, -1)
+        pipe.rpush(f"{keys.prefix}:planner:solve_s", *kept.solve_stats)
+        pipe.ltrim(f"{keys.prefix}:planner:solve_s", -STATS_KEEP, -1)
         kept.solve_stats = []
 
 
@@ -173,16 +173,16 @@ class FleetView:
 
 def read_fleet_gpus(env: TickEnv) -> tuple[tuple[str | None, ...], tuple[str | None, ...]]:
     """(GPU holders, residents), fleet order, read now (one round trip)."""
-    uuids = [g.uuid for g in env.gpus]
-    p = env.r.pipeline(transaction=False)
-    p.mget([env.keys.gpu(u) for u in uuids])
-    p.mget([env.keys.resident(u) for u in uuids])
-    held, res = p.execute()
-    return tuple(held), tuple(res)
+    uuids = [gpu.uuid for gpu in env.gpus]
+    pipe = env.r.pipeline(transaction=False)
+    pipe.mget([env.keys.gpu(gpu) for gpu in uuids])
+    pipe.mget([env.keys.resident(gpu) for gpu in uuids])
+    held, residents = pipe.execute()
+    return tuple(held), tuple(residents)
 
 
 def read_fleet_state(env: TickEnv, kept: CrossTickState, held: tuple[str | None, ...],
-                     res: tuple[str | None, ...]) -> FleetView:
+                     residents: tuple[str | None, ...]) -> FleetView:
     """The planner's view of the fleet (free times and ``now_s`` in workload s, residents,
     set point, the endpoints asleep on each GPU), the busy GPUs and each held GPU's job,
     from the GPU holders ``held`` and residents ``res`` (fleet order, as the snapshot or
@@ -190,41 +190,42 @@ def read_fleet_state(env: TickEnv, kept: CrossTickState, held: tuple[str | None,
 
     Raises:
         redis.RedisError: Redis failed."""
-    uuids = [g.uuid for g in env.gpus]
+    uuids = [gpu.uuid for gpu in env.gpus]
     now = env.now_s()
     free_at: dict[str, float] = {}
     busy: set[str] = set()
-    lease_ids = sorted({v.split(":")[0] for v in held if v})
+    lease_ids = sorted({holder.split(":")[0] for holder in held if holder})
     ends: dict[str, float] = {}
     job_of: dict[str, str] = {}
     if lease_ids:
-        p = env.r.pipeline(transaction=False)
-        for lid in lease_ids:
-            p.hmget(env.keys.lease(lid), "planned_end_s", "job")
-        got = p.execute()
-        ends = {lid: float(pe) if pe else now for lid, (pe, _j) in zip(lease_ids, got)}
-        job_of = {lid: j for lid, (_pe, j) in zip(lease_ids, got) if j}
-    lease_job = {u: job_of[v.split(":")[0]] for u, v in zip(uuids, held)
-                 if v and v.split(":")[0] in job_of}  # GPU -> job holding it (wait reasons)
+        pipe = env.r.pipeline(transaction=False)
+        for lease_id in lease_ids:
+            pipe.hmget(env.keys.lease(lease_id), "planned_end_s", "job")
+        got = pipe.execute()
+        ends = {lease_id: float(planned_end) if planned_end else now
+                for lease_id, (planned_end, _job) in zip(lease_ids, got)}
+        job_of = {lease_id: job for lease_id, (_planned_end, job) in zip(lease_ids, got) if job}
+    lease_job = {gpu: job_of[holder.split(":")[0]] for gpu, holder in zip(uuids, held)
+                 if holder and holder.split(":")[0] in job_of}  # GPU -> job holding it (wait reasons)
     # a held GPU whose holder overran its planned end is not free now: it frees at a
     # release the planner cannot date, so it counts as busy for at least one more tick
     # (else a plan would start a job "now" on it, the tick would skip that job, and
     # lower-priority jobs would take the GPUs that are really free)
     held_min_s = now + env.settings.planner_tick_s / env.settings.time_scale
-    for u, v in zip(uuids, held):
-        if v:
-            busy.add(u)
-            free_at[u] = max(held_min_s, ends.get(v.split(":")[0], now))
+    for gpu, holder in zip(uuids, held):
+        if holder:
+            busy.add(gpu)
+            free_at[gpu] = max(held_min_s, ends.get(holder.split(":")[0], now))
         else:
-            free_at[u] = now
+            free_at[gpu] = now
     resident = {}
-    for u, v in zip(uuids, res):
-        inst = parse_instance(v)
-        resident[u] = inst[0] if inst else None
-    sp = env.fleet.set_point_by_gpu()
+    for gpu, value in zip(uuids, residents):
+        instance = parse_instance(value)
+        resident[gpu] = instance[0] if instance else None
+    set_point = env.fleet.set_point_by_gpu()
     refresh_learned(env, kept)
     asleep = asleep_by_gpu(list_instances(env.r, env.keys, with_state=True))
-    state = FleetState(now, list(env.gpus), kept.endpoints, free_at, resident, sp, asleep=asleep,
+    state = FleetState(now, list(env.gpus), kept.endpoints, free_at, resident, set_point, asleep=asleep,
                        set_point_weight=env.settings.set_point_weight, host_ram_mib=env.fleet.host_ram_budgets())
     return FleetView(state, busy, lease_job)
 
@@ -248,12 +249,13 @@ def note_demand(kept: CrossTickState, batch: list[PlanJob], state: FleetState) -
     """Fill the planner's future-cost inputs (``state.demand``, ``state.demand_share``) from
     arrivals of the last DEMAND_WINDOW_S workload seconds (as the simulator does): demand
     weight and work share per endpoint. ``kept.recent_jobs`` remembers the arrivals."""
-    for j in batch:
-        kept.recent_jobs.setdefault(j.id, j)
+    for job in batch:
+        kept.recent_jobs.setdefault(job.id, job)
     horizon = state.now_s - DEMAND_WINDOW_S
-    if len(kept.recent_jobs) > DEMAND_KEEP or any(j.release_s < horizon for j in kept.recent_jobs.values()):
-        keep = sorted((j for j in kept.recent_jobs.values() if j.release_s >= horizon), key=lambda j: j.release_s)
-        kept.recent_jobs = {j.id: j for j in keep[-DEMAND_KEEP:]}
+    if len(kept.recent_jobs) > DEMAND_KEEP or any(job.release_s < horizon for job in kept.recent_jobs.values()):
+        keep = sorted((job for job in kept.recent_jobs.values() if job.release_s >= horizon),
+                      key=lambda job: job.release_s)
+        kept.recent_jobs = {job.id: job for job in keep[-DEMAND_KEEP:]}
     recent = list(kept.recent_jobs.values())
     state.demand = _demand(recent)
     state.demand_share = _share(recent, state)

@@ -102,7 +102,7 @@ class PlannerWorker:
             pass
         self.env = TickEnv(r, settings, fleet, self.keys, self.leases, self.delayed, self.retention, self.agenda,
                            tuple(fleet_gpus(fleet)),
-                           tuple((ep, tuple(gpus)) for ep, gpus in set_point_instances(fleet)),
+                           tuple((endpoint, tuple(gpus)) for endpoint, gpus in set_point_instances(fleet)),
                            self.clock, dispatch)
         improver = (BackgroundImprover(settings.policy, settings.solve_time_limit_s,
                                        executor=settings.improver_executor, child_nice=settings.improver_nice)

@@ -47,17 +47,17 @@ class StartPlanned:
             return
         assert ctx.plan is not None and ctx.fleet_state is not None, "PlanBatch runs before StartPlanned"
         now_s = ctx.fleet_state.now_s
-        jobs = {j.id: j for j in ctx.batch}
+        jobs = {job.id: job for job in ctx.batch}
         ctx.taken = set(ctx.held_gpus)
         eps = 1e-6 * max(1.0, abs(now_s))
         starts: list[Start] = []
-        for a in sorted(ctx.plan.assignments, key=lambda a: (a.start_s, a.end_s)):
-            if a.start_s > now_s + eps or ctx.taken.intersection(a.gpus):
+        for assignment in sorted(ctx.plan.assignments, key=lambda planned: (planned.start_s, planned.end_s)):
+            if assignment.start_s > now_s + eps or ctx.taken.intersection(assignment.gpus):
                 continue
-            ctx.taken.update(a.gpus)
-            starts.append((jobs[a.job_id], a.gpus, a.end_s, a.load))
+            ctx.taken.update(assignment.gpus)
+            starts.append((jobs[assignment.job_id], assignment.gpus, assignment.end_s, assignment.load))
         # everything here starts now: lease in priority order, then submission order
-        starts.sort(key=lambda s: (s[0].priority, s[0].seq))
+        starts.sort(key=lambda start: (start[0].priority, start[0].seq))
         ctx.started = start_many(ctx, starts)
         ctx.dispatched |= ctx.started
 
@@ -71,11 +71,11 @@ def start_many(ctx: TickContext, starts: list[Start]) -> set[str]:
         LeaseError: the planner was fenced off (after sending what it leased before).
     """
     if len(starts) <= 1 or telemetry.tracing_enabled():
-        return {s[0].id for s in starts if start_job(ctx, *s)}
-    reqs = [_lease_request(ctx, *s) for s in starts]
-    leases, fenced = ctx.env.leases.acquire_many(reqs)
-    started = {s[0].id for s, q, lease in zip(starts, reqs, leases) if lease is not None and _after_lease(
-        ctx, s[0], s[1], q["holder"], lease)}
+        return {start[0].id for start in starts if start_job(ctx, *start)}
+    requests = [_lease_request(ctx, *start) for start in starts]
+    leases, fenced = ctx.env.leases.acquire_many(requests)
+    started = {start[0].id for start, request, lease in zip(starts, requests, leases)
+               if lease is not None and _after_lease(ctx, start[0], start[1], request["holder"], lease)}
     if fenced:
         raise LeaseError("planner fencing token is stale: another planner leads")
     return started
@@ -91,38 +91,39 @@ def own_priority(ctx: TickContext, job: PlanJob) -> Priority:
 def _lease_request(ctx: TickContext, job: PlanJob, gpus: tuple[str, ...], end_s: float, load: str) -> dict[str, Any]:
     """The :meth:`LeaseStore.acquire` arguments of a job lease."""
     env = ctx.env
-    prio = own_priority(ctx, job)
+    priority = own_priority(ctx, job)
     host = env.fleet.host_of(gpus[0])
     return dict(lease_id=uuid.uuid4().hex, gpus=gpus, ttl_s=env.settings.lease_ttl_s, job_id=job.id, kind="job",
-                holder=host, queue=env.keys.queue(prio), planner_token=ctx.token,
-                info={"planned_end_s": repr(end_s), "endpoint": job.endpoint, "priority": prio.name},
-                event={"endpoint": job.endpoint, "priority": prio.name, "host": host, "load": load,
+                holder=host, queue=env.keys.queue(priority), planner_token=ctx.token,
+                info={"planned_end_s": repr(end_s), "endpoint": job.endpoint, "priority": priority.name},
+                event={"endpoint": job.endpoint, "priority": priority.name, "host": host, "load": load,
                        "planned_s": end_s - env.now_s()}, instance=instance_value(job.endpoint, gpus))
 
 
 def start_job(ctx: TickContext, job: PlanJob, gpus: tuple[str, ...], end_s: float, load: str) -> bool:
     """Lease ``gpus`` for ``job`` (planned to end at ``end_s``, workload s) and send its
     phase chain. False if the lease failed (a GPU taken meanwhile, the job gone)."""
-    q = _lease_request(ctx, job, gpus, end_s, load)
-    tp = ctx.formed.meta.get(job.id, ("", 0.0))[0]
+    request = _lease_request(ctx, job, gpus, end_s, load)
+    traceparent = ctx.formed.meta.get(job.id, ("", 0.0))[0]
     attrs = {"job_id": job.id, "priority": own_priority(ctx, job).name, "endpoint": job.endpoint,
-             "gpus": list(gpus), "host": q["holder"], "lease_id": q["lease_id"], "planned_s": end_s - ctx.env.now_s()}
-    with telemetry.phase_span("allocate_gpus", tp, attrs):
-        lease = ctx.env.leases.acquire(**q)
-    return lease is not None and _after_lease(ctx, job, gpus, q["holder"], lease)
+             "gpus": list(gpus), "host": request["holder"], "lease_id": request["lease_id"],
+             "planned_s": end_s - ctx.env.now_s()}
+    with telemetry.phase_span("allocate_gpus", traceparent, attrs):
+        lease = ctx.env.leases.acquire(**request)
+    return lease is not None and _after_lease(ctx, job, gpus, request["holder"], lease)
 
 
 def _after_lease(ctx: TickContext, job: PlanJob, gpus: tuple[str, ...], host: str, lease: Lease) -> bool:
     """After ``lease`` was published for ``job``: metrics, and send its phase chain."""
-    prio = own_priority(ctx, job)
-    tp, sub = ctx.formed.meta.get(job.id, ("", 0.0))
-    if sub:
-        metrics.observe_wait(prio, max(0.0, ctx.env.clock.now() - sub))
-    phase_ctx = PhaseContext(lease.lease_id, lease.token, list(gpus), host, "job", job.endpoint, job.id, prio.name,
-                             job.service_s, traceparent=tp, submitted_at=sub)
-    for g in gpus:
-        ctx.kept.last_traceparent[g] = tp
-    with telemetry.use_traceparent(tp):
+    priority = own_priority(ctx, job)
+    traceparent, submitted = ctx.formed.meta.get(job.id, ("", 0.0))
+    if submitted:
+        metrics.observe_wait(priority, max(0.0, ctx.env.clock.now() - submitted))
+    phase_ctx = PhaseContext(lease.lease_id, lease.token, list(gpus), host, "job", job.endpoint, job.id, priority.name,
+                             job.service_s, traceparent=traceparent, submitted_at=submitted)
+    for gpu in gpus:
+        ctx.kept.last_traceparent[gpu] = traceparent
+    with telemetry.use_traceparent(traceparent):
         send(ctx.env, phase_ctx, host, lease.warm)
     return True
 

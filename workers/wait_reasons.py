@@ -74,30 +74,31 @@ def _server_eta(ctx: TickContext, start_s: float, now_s: float) -> str:
     return f"{env.delayed.server_now_s() + (start_s - now_s) * env.settings.time_scale:.3f}"
 
 
-def _write(ctx: TickContext, batch: list[PlanJob], p: Plan) -> None:
+def _write(ctx: TickContext, batch: list[PlanJob], plan: Plan) -> None:
     """Write the reason and ETA of every job this tick read and did not start (module doc)."""
     env, state = ctx.env, ctx.fleet_state
     assert state is not None, "ReadFleet runs before WriteWaitReasons"
     now = state.now_s
-    by_job = p.by_job()
+    by_job = plan.by_job()
     rows: list[str] = []
-    for j in batch:
-        if j.id in ctx.dispatched:
+    for job in batch:
+        if job.id in ctx.dispatched:
             continue
-        a = by_job.get(j.id)
-        reason, detail = _batch_reason(ctx, j, state, p, a)
-        rows += [j.id, reason, detail, _server_eta(ctx, a.start_s, now) if a is not None else ""]
-    planned_end = {a.job_id: a.end_s for a in p.assignments}
-    running_end = {jid: state.free_at.get(u, now) for u, jid in ctx.lease_job.items()}
-    for jid, deps in ctx.formed.unready.items():
-        ends = [planned_end.get(d, running_end.get(d)) for d in deps]
+        assignment = by_job.get(job.id)
+        reason, detail = _batch_reason(ctx, job, state, plan, assignment)
+        eta = _server_eta(ctx, assignment.start_s, now) if assignment is not None else ""
+        rows += [job.id, reason, detail, eta]
+    planned_end = {assignment.job_id: assignment.end_s for assignment in plan.assignments}
+    running_end = {job_id: state.free_at.get(gpu, now) for gpu, job_id in ctx.lease_job.items()}
+    for job_id, deps in ctx.formed.unready.items():
+        ends = [planned_end.get(dep, running_end.get(dep)) for dep in deps]
         known = [end for end in ends if end is not None]
         eta = _server_eta(ctx, max(known), now) if ends and len(known) == len(ends) else ""
-        rows += [jid, "waiting_for_dependency", "waits on " + ", ".join(deps), eta]
-    for jid in ctx.victims:  # preempted this tick, back in their queue
-        rows += [jid, "preempted_requeued", "preempted this tick; queued again, restarts from zero", ""]
-    for jid, (lvl, pos) in ctx.formed.left_out.items():
-        rows += [jid, "behind_batch", f"position {pos + 1} in the {lvl.name} queue; the batch holds "
+        rows += [job_id, "waiting_for_dependency", "waits on " + ", ".join(deps), eta]
+    for job_id in ctx.victims:  # preempted this tick, back in their queue
+        rows += [job_id, "preempted_requeued", "preempted this tick; queued again, restarts from zero", ""]
+    for job_id, (level, position) in ctx.formed.left_out.items():
+        rows += [job_id, "behind_batch", f"position {position + 1} in the {level.name} queue; the batch holds "
                                       f"{env.settings.batch_size} jobs", ""]
     if rows or ctx.kept.reason_counts_written:
         ctx.kept.reason_counts_written = bool(rows)
@@ -112,35 +113,39 @@ def _clear_reason_counts(ctx: TickContext) -> None:
         env.r.eval(_WRITE, 2, env.keys.planner_fence, env.keys.wait_reason_counts, ctx.token, env.keys.prefix)
 
 
-def _batch_reason(ctx: TickContext, j: PlanJob, state: FleetState, p: Plan, a: Assignment | None) -> tuple[str, str]:
-    """(reason, detail) of batch job ``j`` that this tick did not start; ``a``: its assignment in ``p``."""
+def _batch_reason(ctx: TickContext, job: PlanJob, state: FleetState, plan: Plan,
+                  assignment: Assignment | None) -> tuple[str, str]:
+    """(reason, detail) of batch job ``job`` that this tick did not start; ``assignment``: its
+    assignment in ``plan`` (None: not placed)."""
     now = state.now_s
     reservations: dict[str, Reservation] = ctx.reservations
-    res = reservations.get(j.id)
-    if res is not None:
-        return "reserved", f"GPUs {','.join(res.gpus)} reserved for it from the ETA (waited past the aging bound)"
-    blocking = [r for r in reservations.values() if j.id in r.deferred]
-    if j.id in ctx.formed.requeued:
+    own_reservation = reservations.get(job.id)
+    if own_reservation is not None:
+        return "reserved", (f"GPUs {','.join(own_reservation.gpus)} reserved for it from the ETA "
+                            "(waited past the aging bound)")
+    blocking = [reservation for reservation in reservations.values() if job.id in reservation.deferred]
+    if job.id in ctx.formed.requeued:
         return "preempted_requeued", "preempted; queued again, restarts from zero"
     if blocking:
-        r = blocking[0]
-        return "behind_reservation", f"GPUs {','.join(r.gpus)} are reserved for job {r.job_id}"
-    ep = state.endpoints.get(j.endpoint)
-    if ep is not None:
-        fits = state.groups(ep.tp, ep.memory_mib)
-        free = lambda g: all(state.free_at.get(u, now) <= now + 1e-6 for u in g)  # noqa: E731
-        if not any(free(g) for g in fits) and any(free(g) for g in state.groups(ep.tp, 0) if g not in fits):
-            return "waiting_for_memory", (f"a group of {ep.tp} GPU(s) is free, but none with "
-                                          f"{ep.memory_mib} MiB per GPU")
-    if a is None:
+        reservation = blocking[0]
+        return "behind_reservation", f"GPUs {','.join(reservation.gpus)} are reserved for job {reservation.job_id}"
+    model = state.endpoints.get(job.endpoint)
+    if model is not None:
+        fits = state.groups(model.tp, model.memory_mib)
+        free = lambda group: all(state.free_at.get(gpu, now) <= now + 1e-6 for gpu in group)  # noqa: E731
+        others = [group for group in state.groups(model.tp, 0) if group not in fits]
+        if not any(free(group) for group in fits) and any(free(group) for group in others):
+            return "waiting_for_memory", (f"a group of {model.tp} GPU(s) is free, but none with "
+                                          f"{model.memory_mib} MiB per GPU")
+    if assignment is None:
         return "waiting_for_gpus", "not placed by this plan"
     holders = []
-    for u in a.gpus:
-        if state.free_at.get(u, now) > now + 1e-6 and u in ctx.lease_job:
-            holders.append(f"job {ctx.lease_job[u]}")
-    before = [b for b in p.assignments if b.job_id != j.id and set(b.gpus) & set(a.gpus)
-              and b.end_s <= a.start_s + 1e-6]
+    for gpu in assignment.gpus:
+        if state.free_at.get(gpu, now) > now + 1e-6 and gpu in ctx.lease_job:
+            holders.append(f"job {ctx.lease_job[gpu]}")
+    before = [other for other in plan.assignments if other.job_id != job.id
+              and set(other.gpus) & set(assignment.gpus) and other.end_s <= assignment.start_s + 1e-6]
     if before:
-        holders.append(f"job {max(before, key=lambda b: b.end_s).job_id} (planned)")
+        holders.append(f"job {max(before, key=lambda other: other.end_s).job_id} (planned)")
     held = f", held by {', '.join(dict.fromkeys(holders))}" if holders else ""
-    return "waiting_for_gpus", f"planned on GPUs {','.join(a.gpus)}{held}"
+    return "waiting_for_gpus", f"planned on GPUs {','.join(assignment.gpus)}{held}"

@@ -145,7 +145,7 @@ class PlanBatch:
         else:
             chosen = plan(batch, state, settings.policy, time_limit_s=settings.solve_time_limit_s)
         chosen, reservations = enforce(chosen, batch, state, settings.reservation_after_s, objective)
-        ctx.reservations = {x.job_id: x for x in reservations}
+        ctx.reservations = {reservation.job_id: reservation for reservation in reservations}
         chosen, _late = fast_lane.enforce(chosen, batch, state, settings.fast_lane_levels, objective=objective,
                                           replan=lane_replan(settings.policy))
         solve_s = env.clock.monotonic() - started_at_s
@@ -169,12 +169,12 @@ class OfferRest:
         if improver is None or not ctx.batch:
             return
         assert state is not None and plan_now is not None, "PlanBatch runs before OfferRest"
-        rest = [j for j in ctx.batch if j.id not in ctx.dispatched]
-        horizon_s = ((max((a.end_s for a in plan_now.assignments), default=state.now_s) - state.now_s)
-                     * ctx.env.settings.time_scale)
+        rest = [job for job in ctx.batch if job.id not in ctx.dispatched]
+        last_end_s = max((assignment.end_s for assignment in plan_now.assignments), default=state.now_s)
+        horizon_s = (last_end_s - state.now_s) * ctx.env.settings.time_scale
         if not rest or not improver.worth_solving(horizon_s):
             return
-        jobs = {j.id: j for j in ctx.batch}
+        jobs = {job.id: job for job in ctx.batch}
         improver.offer(rest, state_after(state, jobs, plan_now.assignments, ctx.started))
 
 
