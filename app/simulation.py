@@ -12,9 +12,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from makespan.errors import PlannerError, ValidationError
+from makespan.errors import ValidationError
 from makespan.models import load_fleet
-from makespan.planner.api import POLICIES
+from makespan.planner.policies import POLICY_REGISTRY
 from makespan.planner.simulator import simulate, writable_report_path
 from makespan.traces import read_trace
 
@@ -45,8 +45,7 @@ def run_simulation(trace_path: str | Path, fleet_path: str | Path, policy: str, 
         raise ValidationError("time_limit_s", time_limit_s, "must be > 0")
     if not 0 <= set_point_weight < float("inf"):
         raise ValidationError("set_point_weight", set_point_weight, "must be a finite number >= 0")
-    if policy not in POLICIES:
-        raise PlannerError(f"unknown policy {policy!r}; known: {', '.join(sorted(POLICIES))}")
+    POLICY_REGISTRY.lookup(policy)  # an unknown name fails before the files are read
     fleet = load_fleet(fleet_path)
     jobs = read_trace(trace_path, fleet, seed=seed, start=start, limit=limit)
     if not jobs:

@@ -4,7 +4,9 @@ imported across packages."""
 
 from __future__ import annotations
 
+import json
 import shutil
+import subprocess
 import sys
 import tomllib
 from pathlib import Path
@@ -47,7 +49,7 @@ def test_the_import_contracts_are_kept():
     ("planner/probe_shell.py", "from makespan.traces import read_trace", "layers"),  # planner -> shell
     ("app/errors.py", "import makespan.models", "layers"),  # core -> infrastructure
     ("planner/probe_io.py", "import redis", "forbidden"),  # planner -> an I/O library
-    ("planner/restore.py", "from makespan.planner import evaluator", "acyclic_siblings"),  # a cycle
+    ("planner/restore.py", "from makespan.planner import evaluator", "acyclic_siblings"),  # a planner cycle
 ])
 def test_a_forbidden_import_breaks_its_contract(tmp_path, module_path, added_import, contract_type):
     sources = copy_sources(tmp_path / "src")
@@ -86,3 +88,38 @@ def test_a_private_import_across_packages_is_found(tmp_path):
     probe.write_text("from makespan.planner.simulator import _demand\n")
     assert structure.private_imports(structure.load_modules(layout_root)) == [
         "makespan.workers.probe: from makespan.planner.simulator import _demand"]
+
+
+CYCLES_OF_LAYOUT = """
+import json, sys
+sys.path.insert(0, sys.argv[2])
+import structure
+graph_edges = structure.edges(structure.import_graph(structure.Path(sys.argv[1])))
+print(json.dumps(structure.cycles(graph_edges)))
+"""
+
+
+def module_cycles(layout_root: Path) -> list[list[str]]:
+    """Module-level import cycles of an assembled package (in a fresh interpreter: grimp's
+    graph is built from the copy, which must not replace this process's makespan)."""
+    completed = subprocess.run([sys.executable, "-c", CYCLES_OF_LAYOUT, str(layout_root), str(REPO_ROOT / "bench")],
+                               capture_output=True, text=True, check=True)
+    return json.loads(completed.stdout)
+
+
+def test_no_module_level_import_cycle_in_the_planner_or_the_workers(tmp_path):
+    layout_root = tmp_path / "layout"
+    package_layout.assemble(REPO_ROOT, layout_root)
+    inside = [cycle for cycle in module_cycles(layout_root)
+              if any(structure.in_package(module, package) for module in cycle
+                     for package in (structure.PLANNER_PACKAGE, structure.WORKERS_PACKAGE))]
+    assert inside == []
+
+
+def test_a_module_level_cycle_in_the_workers_is_found(tmp_path):
+    layout_root = tmp_path / "layout"
+    package_layout.assemble(REPO_ROOT, layout_root)
+    workers = layout_root / "makespan" / "workers"
+    (workers / "probe_a.py").write_text("def f():\n    from makespan.workers import probe_b  # function-level\n")
+    (workers / "probe_b.py").write_text("from makespan.workers import probe_a\n")
+    assert ["makespan.workers.probe_a", "makespan.workers.probe_b"] in module_cycles(layout_root)
