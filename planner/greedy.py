@@ -60,10 +60,12 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from functools import partial
 
+from makespan.planner import placement_index
 from makespan.planner.evaluator import evaluate, evaluate_built, score
 from makespan.planner.list_schedule import fifo_order, pruner, wspt_order
 from makespan.planner.partition import partition_built
-from makespan.planner.model import Assignment, FleetState, Plan, PlanJob
+from makespan.planner.model import Assignment, EndpointModel, FleetState, Plan, PlanJob
+from makespan.planner.placement_index import GroupIndex
 from makespan.planner.replay import Group, Replay
 from makespan.planner.rules import Aware, rule_completion, rule_free, rule_min_evict
 
@@ -99,6 +101,9 @@ def construct_built(order: Sequence[PlanJob], state: FleetState, rule: str = "co
     queue, pulled = deque(order), deque()
     out: list[Assignment] = []
     cands_of: dict[str, list[Group]] = {}
+    # candidate index per group key (placement_index: a bounded scan on a large fleet)
+    index_of: dict[str, GroupIndex | None] = {}
+    indexes: list[GroupIndex] = []
     fa, now = rep.free_at, state.now_s
     while pulled or queue:
         job = pulled.popleft() if pulled else queue.popleft()
@@ -110,10 +115,14 @@ def construct_built(order: Sequence[PlanJob], state: FleetState, rule: str = "co
             cands = cands_of[job.endpoint] = rep.groups(ep)
             if not cands:
                 raise ValueError(f"job {job.id}: no GPU group fits endpoint {ep.name}")
+            index_of[job.endpoint] = _index_for(rep, ep, cands, index_of, indexes)
         ready = rep.ready(job) if job.deps else max(job.release_s, now)
-        g = fn(rep, job, cands, ready)
+        index = index_of[job.endpoint]
+        g = fn(rep, job, cands if index is None else index.candidates(ready), ready)
         s = fa[g[0]] if len(g) == 1 else rep.group_free(g)
         a = rep.place(job, g, s if s > ready else ready)  # its default start, max(ready, free)
+        for index in indexes:
+            index.touch(g)
         if prune is not None and not prune.placed(job, a.gpus, a.end_s):
             return None
         out.append(a)
@@ -132,6 +141,21 @@ def construct_built(order: Sequence[PlanJob], state: FleetState, rule: str = "co
                     pulled.append(o)
                     del rest[o.id]
     return out, rep
+
+
+def _index_for(rep: Replay, ep: EndpointModel, cands: list[Group], index_of: dict[str, GroupIndex | None],
+               indexes: list[GroupIndex]) -> GroupIndex | None:
+    """The candidate index of ``ep``'s groups (shared by endpoints of the same TP and
+    memory), or None when the list is scanned whole (:func:`placement_index.enabled`)."""
+    if not placement_index.enabled(len(cands)):
+        return None
+    for other, index in index_of.items():
+        oep = rep.endpoints[other]
+        if index is not None and (oep.tp, oep.memory_mib) == (ep.tp, ep.memory_mib):
+            return index
+    index = GroupIndex(rep, cands)
+    indexes.append(index)
+    return index
 
 
 def fifo(batch: Sequence[PlanJob], state: FleetState) -> Plan:
