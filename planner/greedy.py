@@ -63,7 +63,7 @@ from functools import partial
 from makespan.planner import placement_index
 from makespan.planner.evaluator import evaluate, evaluate_built, score
 from makespan.planner.list_schedule import fifo_order, pruner, wspt_order
-from makespan.planner.partition import partition_built
+from makespan.planner.partition import allocate, partition_built
 from makespan.planner.model import Assignment, EndpointModel, FleetState, Plan, PlanJob
 from makespan.planner.placement_index import GroupIndex
 from makespan.planner.replay import Group, Replay
@@ -198,14 +198,20 @@ def member_builders(batch: Sequence[PlanJob], state: FleetState,
         specs += [("ta-share", w, "share", True, 1.0, 0.0), ("cap-share", w, "share", False, 1.0, cap)]
     out: dict[str, Builder] = {
         n: partial(construct_built, o, state, r, p, a, 1.0, g, objective=objective) for n, o, r, p, a, g in specs}
+    shared: dict[str, dict[str, list[Group]] | None] = {}  # the batch's allocation, computed once for both
     for name, spill in (("partition", False), ("partition-spill", True)):
-        out[name] = partial(_partition, batch, state, spill, objective)
+        out[name] = partial(_partition, batch, state, spill, objective, shared)
     return out
 
 
 def _partition(batch: Sequence[PlanJob], state: FleetState, spill: bool, objective: str,
-               bound: float) -> tuple[list[Assignment], Replay] | None:
-    return partition_built(batch, state, spill, bound=bound, objective=objective)
+               shared: dict[str, dict[str, list[Group]] | None], bound: float) -> tuple[list[Assignment], Replay] | None:
+    if "alloc" not in shared:
+        shared["alloc"] = allocate(batch, state)
+    alloc = shared["alloc"]
+    if alloc is None:
+        return None
+    return partition_built(batch, state, spill, bound=bound, objective=objective, alloc=alloc)
 
 
 def members(batch: Sequence[PlanJob], state: FleetState) -> list[Plan]:
@@ -221,12 +227,22 @@ def members(batch: Sequence[PlanJob], state: FleetState) -> list[Plan]:
     return sorted(out, key=lambda p: MEMBERS.index(p.policy))
 
 
+def _same_as_earlier(batch: Sequence[PlanJob], state: FleetState) -> list[str]:
+    """Members that build the same plan as a member earlier in :data:`MEMBERS` on this
+    batch, so they cannot be selected (ties go to the earlier one): ``ta-fifo`` when the
+    FIFO order is the WSPT order (``ta-wspt``'s construction, same rule and arguments)."""
+    same_order = [j.id for j in wspt_order(batch, state.endpoints)] == [j.id for j in fifo_order(batch)]
+    return ["ta-fifo"] if same_order else []
+
+
 def portfolio(batch: Sequence[PlanJob], state: FleetState) -> Plan:
     """Best-scored member (ties: first in :data:`MEMBERS`); ``stats['member']`` is the
     winner's index in :data:`MEMBERS`. The same plan as the best of :func:`members`, built
     in :data:`BUILD_ORDER` with each construction stopped once it provably scores above
     the best so far (:class:`makespan.planner.list_schedule.Prune`)."""
     builders = member_builders(batch, state)
+    for name in _same_as_earlier(batch, state):
+        builders.pop(name, None)
     best: Plan | None = None
     rank = (math.inf, len(MEMBERS))
     first = {n: i for i, n in enumerate(BUILD_ORDER)}

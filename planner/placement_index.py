@@ -94,6 +94,29 @@ def signature(rep: Replay, group: Group, set_point: frozenset[str] | dict[str, s
     return held, lost, common
 
 
+_LAYOUTS: dict[tuple, tuple[dict[str, list[int]], dict[str, list[int]]]] = {}
+_LAYOUTS_MAX = 16
+
+
+def _layout(groups: list[Group], host: dict[str, str]) -> tuple[dict[str, list[int]], dict[str, list[int]]]:
+    """(GPU -> positions of the groups holding it, host -> positions of its groups) of a
+    candidate list; read-only, cached for the last :data:`_LAYOUTS_MAX` lists (the
+    members of a portfolio index the same lists)."""
+    key = (tuple(groups), tuple(host[g[0]] for g in groups))
+    hit = _LAYOUTS.get(key)
+    if hit is None:
+        at_gpu: dict[str, list[int]] = {}
+        at_host: dict[str, list[int]] = {}
+        for i, g in enumerate(groups):
+            for u in g:
+                at_gpu.setdefault(u, []).append(i)
+            at_host.setdefault(host[g[0]], []).append(i)
+        if len(_LAYOUTS) >= _LAYOUTS_MAX:
+            del _LAYOUTS[next(iter(_LAYOUTS))]
+        hit = _LAYOUTS[key] = (at_gpu, at_host)
+    return hit
+
+
 class GroupIndex:
     """Candidate groups (``groups``, in candidate order) of one replay, bucketed by
     signature; ``tags`` (optional, one per group) join the signature (partition's spill
@@ -111,20 +134,27 @@ class GroupIndex:
         self.sig: list[Signature | None] = []
         self.buckets: dict[Signature, list[int]] = {}
         self.fixed: list[int] = []  # positions of set-point groups: always candidates
-        self.at_gpu: dict[str, list[int]] = {}
-        self.at_host: dict[str, list[int]] = {}
-        host = rep._host
+        self.at_gpu, self.at_host = _layout(self.groups, rep._host)
+        res, asl, sp, tags = rep.resident, rep.asleep, self.set_point, self.tags
+        sigs = self.sig
+        idle: list[int] = []
         for i, g in enumerate(self.groups):
+            if tags is None and len(g) == 1:  # the common case inlined: an idle single GPU
+                u = g[0]
+                if res[u] is None and not asl[u] and u not in sp:
+                    sigs.append(_IDLE)
+                    idle.append(i)
+                    continue
             s = self._signature(i)
-            self.sig.append(s)
+            sigs.append(s)
             if s is None:
                 self.fixed.append(i)
             else:
                 self.buckets.setdefault(s, []).append(i)
-            for u in g:
-                self.at_gpu.setdefault(u, []).append(i)
-            self.at_host.setdefault(host[g[0]], []).append(i)
-        self.seen_res = {u: rep.resident[u] for u in self.at_gpu}
+        if idle:
+            self.buckets.setdefault(_IDLE, [])
+            self.buckets[_IDLE] = sorted(self.buckets[_IDLE] + idle)
+        self.seen_res = {u: res[u] for u in self.at_gpu}
         eps = rep.endpoints
         self.wide_tp = {e for e, ep in eps.items() if ep.tp > 1}
 
