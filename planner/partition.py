@@ -73,12 +73,14 @@ def allocate(batch: Sequence[PlanJob], state: FleetState) -> dict[str, list[Grou
             if res[g[0]] == e and all(res[u] == e for u in g) and not any(u in claimed for u in g):
                 out[e].append(g)
                 claimed.update(g)
+    by_free: dict[tuple[int, int], list[Group]] = {}  # a key's groups, earliest free first (ties: fleet order)
     for e in sorted(inst, key=lambda e: (-eps[e].tp, -work[e], e)):
         if len(out[e]) >= inst[e]:
             continue
-        free = [g for g in rep.groups(eps[e]) if not any(u in claimed for u in g)]
-        free.sort(key=rep.group_free)
-        for g in free:
+        key = (eps[e].tp, eps[e].memory_mib)
+        if key not in by_free:
+            by_free[key] = sorted(rep.groups(eps[e]), key=rep.group_free)
+        for g in by_free[key]:  # the unclaimed ones, in that order
             if len(out[e]) >= inst[e]:
                 break
             if not any(u in claimed for u in g):

@@ -72,9 +72,11 @@ def enabled(n_groups: int) -> bool:
 _IDLE = (frozenset((None,)), (), frozenset())  # nothing resident, nothing asleep
 
 
-def signature(rep: Replay, group: Group, set_point: frozenset[str] | dict[str, str]) -> Signature | None:
+def signature(rep: Replay, group: Group, set_point: frozenset[str] | dict[str, str],
+              wide: frozenset[str] | set[str] | None = None) -> Signature | None:
     """What a group rule's cost depends on besides the group's start (module doc), or None
-    for a group holding a set-point GPU (never merged with another)."""
+    for a group holding a set-point GPU (never merged with another). ``wide``: the
+    endpoints with TP > 1 (None: looked up)."""
     res, asl = rep.resident, rep.asleep
     if len(group) == 1:
         u = group[0]
@@ -84,7 +86,10 @@ def signature(rep: Replay, group: Group, set_point: frozenset[str] | dict[str, s
         a = asl[u]
         if r is None:
             return _IDLE if not a else (frozenset((None,)), (), a)
-        return frozenset((r,)), ((r, rep.whole_lost(group, r)),), a
+        if wide is None:
+            wide = {e for e, ep in rep.endpoints.items() if ep.tp > 1}
+        # a TP-1 (or unknown) resident: its one GPU; TP > 1: whole instances broken
+        return frozenset((r,)), ((r, rep.whole_lost(group, r) if r in wide else 1),), a
     for u in group:
         if u in set_point:
             return None
@@ -94,37 +99,14 @@ def signature(rep: Replay, group: Group, set_point: frozenset[str] | dict[str, s
     return held, lost, common
 
 
-_LAYOUTS: dict[tuple, tuple[dict[str, list[int]], dict[str, list[int]]]] = {}
-_LAYOUTS_MAX = 16
-
-
-def _layout(groups: list[Group], host: dict[str, str]) -> tuple[dict[str, list[int]], dict[str, list[int]]]:
-    """(GPU -> positions of the groups holding it, host -> positions of its groups) of a
-    candidate list; read-only, cached for the last :data:`_LAYOUTS_MAX` lists (the
-    members of a portfolio index the same lists)."""
-    key = (tuple(groups), tuple(host[g[0]] for g in groups))
-    hit = _LAYOUTS.get(key)
-    if hit is None:
-        at_gpu: dict[str, list[int]] = {}
-        at_host: dict[str, list[int]] = {}
-        for i, g in enumerate(groups):
-            for u in g:
-                at_gpu.setdefault(u, []).append(i)
-            at_host.setdefault(host[g[0]], []).append(i)
-        if len(_LAYOUTS) >= _LAYOUTS_MAX:
-            del _LAYOUTS[next(iter(_LAYOUTS))]
-        hit = _LAYOUTS[key] = (at_gpu, at_host)
-    return hit
-
-
 class GroupIndex:
     """Candidate groups (``groups``, in candidate order) of one replay, bucketed by
     signature; ``tags`` (optional, one per group) join the signature (partition's spill
     groups: the endpoint each is allocated to). Keep it current with :meth:`touch` after
     every placement on the replay."""
 
-    __slots__ = ("rep", "groups", "tags", "set_point", "sig", "buckets", "fixed", "at_gpu", "at_host", "seen_res",
-                 "wide_tp")
+    __slots__ = ("rep", "groups", "tags", "set_point", "sig", "buckets", "stairs", "fixed", "at_gpu", "at_host",
+                 "seen_res", "wide_tp")
 
     def __init__(self, rep: Replay, groups: Sequence[Group], tags: Sequence[str] | None = None):
         self.rep = rep
@@ -132,58 +114,77 @@ class GroupIndex:
         self.tags = list(tags) if tags is not None else None
         self.set_point = rep.state.set_point
         self.sig: list[Signature | None] = []
-        self.buckets: dict[Signature, list[int]] = {}
+        self.buckets: dict[Signature, list[int]] = {}  # signature -> its positions, ascending
+        # signature -> its staircase (positions, negated free times), absent when stale
+        self.stairs: dict[Signature, tuple[list[int], list[float]]] = {}
         self.fixed: list[int] = []  # positions of set-point groups: always candidates
-        self.at_gpu, self.at_host = _layout(self.groups, rep._host)
-        res, asl, sp, tags = rep.resident, rep.asleep, self.set_point, self.tags
-        sigs = self.sig
-        idle: list[int] = []
-        for i, g in enumerate(self.groups):
-            if tags is None and len(g) == 1:  # the common case inlined: an idle single GPU
-                u = g[0]
-                if res[u] is None and not asl[u] and u not in sp:
-                    sigs.append(_IDLE)
-                    idle.append(i)
-                    continue
-            s = self._signature(i)
-            sigs.append(s)
+        groups = self.groups
+        self.at_gpu = {u: i for i, g in enumerate(groups) for u in g}  # the groups of a list are disjoint
+        self.at_host: dict[str, list[int]] | None = None  # host -> positions, built when first needed
+        self.wide_tp = {e for e, ep in rep.endpoints.items() if ep.tp > 1}
+        if len(self.at_gpu) != sum(map(len, groups)):
+            raise ValueError("the groups of a GroupIndex must be disjoint")
+        res, asl, sp = rep.resident, rep.asleep, self.set_point
+        n = len(groups)
+        # idle groups (nothing resident or asleep, no set-point GPU) at C speed: one signature
+        busy = [i for i, g in enumerate(groups) if any(res[u] is not None or asl[u] or u in sp for u in g)]
+        idle = list(range(n)) if not busy else sorted(set(range(n)).difference(busy))
+        self.sig = [None] * n
+        if self.tags is None:
+            self.sig = [_IDLE] * n
+            if idle:
+                self.buckets[_IDLE] = idle
+        else:
+            for i in idle:
+                s = self.sig[i] = (self.tags[i],) + _IDLE
+                self.buckets.setdefault(s, []).append(i)
+        for i in busy:
+            s = self.sig[i] = self._signature(i)
             if s is None:
                 self.fixed.append(i)
             else:
-                self.buckets.setdefault(s, []).append(i)
-        if idle:
-            self.buckets.setdefault(_IDLE, [])
-            self.buckets[_IDLE] = sorted(self.buckets[_IDLE] + idle)
+                bisect.insort(self.buckets.setdefault(s, []), i)
         self.seen_res = {u: res[u] for u in self.at_gpu}
-        eps = rep.endpoints
-        self.wide_tp = {e for e, ep in eps.items() if ep.tp > 1}
 
     def _signature(self, i: int) -> Signature | None:
-        s = signature(self.rep, self.groups[i], self.set_point)
+        s = signature(self.rep, self.groups[i], self.set_point, self.wide_tp)
         if s is None or self.tags is None:
             return s
         return (self.tags[i],) + s
 
     def touch(self, gpus: Sequence[str]) -> None:
-        """The replay placed work on ``gpus``: re-derive the signatures it may change."""
+        """The replay placed work on ``gpus`` (their free times, residents and sleepers may
+        have changed): re-derive the signatures that may change, and mark the staircases
+        of the buckets involved stale."""
         at = self.at_gpu
         hit = [u for u in gpus if u in at]
         if not hit:
             return
-        res, seen, wide = self.rep.resident, self.seen_res, self.wide_tp
+        res, seen, wide, sigs, stairs = self.rep.resident, self.seen_res, self.wide_tp, self.sig, self.stairs
         spread = False
         for u in hit:
             old, new = seen[u], res[u]
             if old in wide or new in wide:
                 spread = True
             seen[u] = new
-        if spread:
+        moved = {at[u] for u in hit}  # groups whose free time changed
+        for i in moved:
+            if sigs[i] is not None:
+                stairs.pop(sigs[i], None)  # type: ignore[arg-type]
+        if spread:  # whole-instance counts reach across the groups of the host
             host = self.rep._host
-            todo = {i for h in {host[u] for u in hit} for i in self.at_host[h]}
+            if self.at_host is None:
+                self.at_host = {}
+                for i, g in enumerate(self.groups):
+                    self.at_host.setdefault(host[g[0]], []).append(i)
+            groups = self.groups
+            # a group's whole-instance counts change only where it holds a TP > 1 endpoint
+            todo: set[int] = moved | {i for h in {host[u] for u in hit} for i in self.at_host[h]
+                                      if any(res[u] in wide for u in groups[i])}
         else:
-            todo = {i for u in hit for i in at[u]}
+            todo = moved
         for i in todo:
-            old_sig = self.sig[i]
+            old_sig = sigs[i]
             if old_sig is None:
                 continue  # a set-point group stays a fixed candidate
             new_sig = self._signature(i)
@@ -194,25 +195,42 @@ class GroupIndex:
             if not bucket:
                 del self.buckets[old_sig]
             bisect.insort(self.buckets.setdefault(new_sig, []), i)  # type: ignore[arg-type]
-            self.sig[i] = new_sig
+            sigs[i] = new_sig
+            stairs.pop(old_sig, None)
+            stairs.pop(new_sig, None)  # type: ignore[arg-type]
+
+    def _staircase(self, sig: Signature) -> tuple[list[int], list[float]]:
+        """The record lows of free time over the bucket in position order (each free
+        strictly before every earlier member), as (positions, negated free times, both
+        ascending); stops at a group free at the planning time (nothing frees earlier)."""
+        fa, groups, floor = self.rep.free_at, self.groups, self.rep.state.now_s
+        pos: list[int] = []
+        neg: list[float] = []
+        low = float("inf")
+        for i in self.buckets[sig]:
+            g = groups[i]
+            f = fa[g[0]] if len(g) == 1 else max(map(fa.__getitem__, g))
+            if f < low:
+                pos.append(i)
+                neg.append(-f)
+                low = f
+                if f <= floor:
+                    break
+        hit = self.stairs[sig] = (pos, neg)
+        return hit
 
     def positions(self, ready_s: float) -> list[int]:
         """Positions (in candidate order) of the groups a rule must look at for a job
-        ready at ``ready_s`` (module doc): the rest are dominated."""
-        fa = self.rep.free_at
-        groups = self.groups
+        ready at ``ready_s`` (module doc): per signature, the record lows of free time
+        up to the first group free by ``ready_s``; the rest are dominated."""
         out = list(self.fixed)
-        for bucket in self.buckets.values():
-            low = float("inf")
-            for i in bucket:
-                g = groups[i]
-                f = fa[g[0]] if len(g) == 1 else max(map(fa.__getitem__, g))
-                if f <= ready_s:
-                    out.append(i)
-                    break
-                if f < low:
-                    out.append(i)
-                    low = f
+        stairs = self.stairs
+        key = -ready_s
+        for sig in self.buckets:
+            hit = stairs.get(sig)
+            pos, neg = hit if hit is not None else self._staircase(sig)
+            k = bisect.bisect_left(neg, key)  # pos[:k] are free after ready_s, pos[k] by it
+            out.extend(pos[:k + 1])
         out.sort()
         return out
 
