@@ -25,11 +25,12 @@ it picks on the full list (``tests/planner/test_placement_index.py`` checks it o
 fleets and batches). An idle group (nothing resident, nothing asleep, free now) is the
 common case on a large fleet: one signature, and only its first group is a candidate.
 
-Cost per query: one comparison per group of a signature that is busy past ``ready`` and
-precedes its first free group, plus the rule's own work on the candidates kept. After
-each placement :meth:`GroupIndex.touch` re-derives the signatures of the groups sharing a
-GPU with the placed group (all groups of the host when an endpoint with TP > 1 is
-involved, whose whole-instance counts reach across groups).
+Cost per query: a bisection per signature in its staircase (the record lows, kept per
+signature and rebuilt when one of its groups changes), plus the rule's own work on the
+candidates kept. After each placement :meth:`GroupIndex.touch` records the GPUs placed
+on; the next query re-derives the signatures of the groups sharing one of them (and of
+the host's groups holding an endpoint with TP > 1 when one is involved: whole-instance
+counts reach across groups).
 
 :func:`full_scan` switches the index off (every candidate scanned, the code before the
 index), for the benchmark's side-by-side runs and the property test.
@@ -106,7 +107,7 @@ class GroupIndex:
     every placement on the replay."""
 
     __slots__ = ("rep", "groups", "tags", "set_point", "sig", "buckets", "stairs", "fixed", "at_gpu", "at_host",
-                 "seen_res", "wide_tp")
+                 "seen_res", "wide_tp", "pending")
 
     def __init__(self, rep: Replay, groups: Sequence[Group], tags: Sequence[str] | None = None):
         self.rep = rep
@@ -118,6 +119,7 @@ class GroupIndex:
         # signature -> its staircase (positions, negated free times), absent when stale
         self.stairs: dict[Signature, tuple[list[int], list[float]]] = {}
         self.fixed: list[int] = []  # positions of set-point groups: always candidates
+        self.pending: list[str] = []  # GPUs touched since the last query
         groups = self.groups
         self.at_gpu = {u: i for i, g in enumerate(groups) for u in g}  # the groups of a list are disjoint
         self.at_host: dict[str, list[int]] | None = None  # host -> positions, built when first needed
@@ -154,10 +156,16 @@ class GroupIndex:
 
     def touch(self, gpus: Sequence[str]) -> None:
         """The replay placed work on ``gpus`` (their free times, residents and sleepers may
-        have changed): re-derive the signatures that may change, and mark the staircases
+        have changed). Recorded only; the next :meth:`positions` re-derives what changed
+        (touches between two queries coalesce: what matters is the state since the last)."""
+        self.pending.extend(gpus)
+
+    def _flush(self) -> None:
+        """Re-derive the signatures the pending touches may change and mark the staircases
         of the buckets involved stale."""
         at = self.at_gpu
-        hit = [u for u in gpus if u in at]
+        hit = list({u: None for u in self.pending if u in at})
+        self.pending.clear()
         if not hit:
             return
         res, seen, wide, sigs, stairs = self.rep.resident, self.seen_res, self.wide_tp, self.sig, self.stairs
@@ -223,6 +231,8 @@ class GroupIndex:
         """Positions (in candidate order) of the groups a rule must look at for a job
         ready at ``ready_s`` (module doc): per signature, the record lows of free time
         up to the first group free by ``ready_s``; the rest are dominated."""
+        if self.pending:
+            self._flush()
         out = list(self.fixed)
         stairs = self.stairs
         key = -ready_s
