@@ -15,7 +15,7 @@ batch is planned by
       on top of the floor).
 
 Prints per size the wall ms p50/p95 (and the portfolio's CPU ms p50, steadier on a loaded
-machine), old ÷ new, new ÷ new at 32 GPUs, whether the portfolio's plans are identical
+machine), old ÷ new, new ÷ new at 256 jobs / 32 GPUs, whether the portfolio's plans are identical
 (they must be: the index chooses what the full scan chooses) and the default policy's
 weighted completion new ÷ old (the improver is time-limited, so it may differ).
 
@@ -97,21 +97,21 @@ def main() -> None:
     sizes = [tuple(int(x) for x in s.split("x")) for s in a.sizes.split(",")]
     print(f"portfolio: {a.seeds} mapping(s) x {len(WINDOWS)} windows per size; default policy: "
           f"{a.default_seeds} x {len(WINDOWS)}, limit {a.limit:g} s, 1 worker; ms\n")
-    print("| jobs / GPUs | portfolio old p50 / p95 | new p50 / p95 | old ÷ new (p50) | new CPU p50 "
-          "| new ÷ new at 32 GPUs (p50) | identical plans | default old p50 / p95 | new p50 / p95 "
-          "| default WC new ÷ old |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| jobs / GPUs | portfolio old wall p50 / p95 | new wall p50 / p95 | old ÷ new (wall p50) "
+          "| old CPU p50 | new CPU p50 | old ÷ new (CPU) | new ÷ new at 256 / 32 (wall; CPU) | identical plans "
+          "| default old wall p50 / p95 | new p50 / p95 | default WC new ÷ old |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     base = None
     for n, g in sizes:
         r = run_size(n, g, a.seeds, a.default_seeds, a.limit)
-        p50 = _p(r["new_wall"], 50)
+        p50, c50, o50 = _p(r["new_wall"], 50), _p(r["new_cpu"], 50), _p(r["old_cpu"], 50)
         if (n, g) == (256, 32):
-            base = p50
-        rel = f"{p50 / base:.2f}" if base else "–"
+            base = (p50, c50)
+        rel = f"{p50 / base[0]:.2f}; {c50 / base[1]:.2f}" if base else "–"
         wc = (f"{min(r['wc_ratio']):.4f}–{max(r['wc_ratio']):.4f}" if r["wc_ratio"] else "–")
         print(f"| {n} / {g} | {_p(r['old_wall'], 50):.0f} / {_p(r['old_wall'], 95):.0f} "
               f"| {p50:.0f} / {_p(r['new_wall'], 95):.0f} | {_p(r['old_wall'], 50) / p50:.1f} "
-              f"| {_p(r['new_cpu'], 50):.0f} | {rel} | {r['identical']}/{r['batches']} "
+              f"| {o50:.0f} | {c50:.0f} | {o50 / c50:.1f} | {rel} | {r['identical']}/{r['batches']} "
               f"| {_p(r['dold'], 50):.0f} / {_p(r['dold'], 95):.0f} | {_p(r['dnew'], 50):.0f} / {_p(r['dnew'], 95):.0f} "
               f"| {wc} |", flush=True)
 

@@ -97,7 +97,8 @@ def partition(batch: Sequence[PlanJob], state: FleetState, spill: bool = False,
     when the plan provably scores above ``bound`` (:class:`makespan.planner.list_schedule.Prune`).
     ``order``: the sequence to place the jobs in (default: WSPT; dependencies first).
 
-    ``spill``: a job may also take a group allocated to another endpoint when it would
+    ``spill``: a job may also take a group allocated to another endpoint (of its TP, whose
+    GPUs have the memory it needs) when it would
     complete there earlier than on its own groups by more than that endpoint's cold start
     (the reload the other endpoint pays later) — work-conserving when the allocation is
     uneven."""
@@ -121,14 +122,16 @@ def partition_built(batch: Sequence[PlanJob], state: FleetState, spill: bool = F
     prune = pruner(batch, state, bound, rep.free_at, objective)
     fa, res, asl, eps = rep.free_at, rep.resident, rep.asleep, rep.endpoints
     out: list[Assignment] = []
-    spill_groups: dict[int, list[tuple[str, Group, float]]] = {}  # TP -> (endpoint, group, its cold start)
+    # TP -> (endpoint, group, its cold start, the group's smallest GPU memory in MiB)
+    spill_groups: dict[int, list[tuple[str, Group, float, int]]] = {}
     if spill:
+        mem = rep._mem
         for e, gs in alloc.items():
             for g in gs:
-                spill_groups.setdefault(len(g), []).append((e, g, eps[e].cold_start_s))
+                spill_groups.setdefault(len(g), []).append((e, g, eps[e].cold_start_s, min(mem[u] for u in g)))
     # candidate indexes (placement_index: a bounded scan on a large fleet), kept current below
     own_index = {e: GroupIndex(rep, gs) for e, gs in alloc.items() if placement_index.enabled(len(gs))}
-    spill_index = {tp: GroupIndex(rep, [g for _, g, _ in sg], [e for e, _, _ in sg])
+    spill_index = {tp: GroupIndex(rep, [g for _, g, _, _ in sg], [(e, m) for e, _, _, m in sg])
                    for tp, sg in spill_groups.items() if placement_index.enabled(len(sg))}
     indexes = [*own_index.values(), *spill_index.values()]
 
@@ -157,8 +160,8 @@ def partition_built(batch: Sequence[PlanJob], state: FleetState, spill: bool = F
         if spill:
             sg = spill_groups.get(ep.tp, [])
             si = spill_index.get(ep.tp)
-            for e2, g, pen in sg if si is None else [sg[i] for i in si.positions(ready)]:
-                if e2 == job.endpoint:
+            for e2, g, pen, gpu_mib in sg if si is None else [sg[i] for i in si.positions(ready)]:
+                if e2 == job.endpoint or gpu_mib < ep.memory_mib:  # its own, or too small for it
                     continue
                 s0 = fa[g[0]] if len(g) == 1 else rep.group_free(g)
                 if s0 < ready:
