@@ -112,7 +112,8 @@ def main() -> None:
         print(f"| {n} / {g} | {_p(r['old_wall'], 50):.0f} / {_p(r['old_wall'], 95):.0f} "
               f"| {p50:.0f} / {_p(r['new_wall'], 95):.0f} | {_p(r['old_wall'], 50) / p50:.1f} "
               f"| {o50:.0f} | {c50:.0f} | {o50 / c50:.1f} | {rel} | {r['identical']}/{r['batches']} "
-              f"| {_p(r['dold'], 50):.0f} / {_p(r['dold'], 95):.0f} | {_p(r['dnew'], 50):.0f} / {_p(r['dnew'], 95):.0f} "
+              f"| {_p(r['dold'], 50):.0f} / {_p(r['dold'], 95):.0f} "
+              f"| {_p(r['dnew'], 50):.0f} / {_p(r['dnew'], 95):.0f} "
               f"| {wc} |", flush=True)
 
 

@@ -205,7 +205,8 @@ def member_builders(batch: Sequence[PlanJob], state: FleetState,
 
 
 def _partition(batch: Sequence[PlanJob], state: FleetState, spill: bool, objective: str,
-               shared: dict[str, dict[str, list[Group]] | None], bound: float) -> tuple[list[Assignment], Replay] | None:
+               shared: dict[str, dict[str, list[Group]] | None],
+               bound: float) -> tuple[list[Assignment], Replay] | None:
     if "alloc" not in shared:
         shared["alloc"] = allocate(batch, state)
     alloc = shared["alloc"]

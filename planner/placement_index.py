@@ -39,7 +39,7 @@ index), for the benchmark's side-by-side runs and the property test.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterator, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 from contextlib import contextmanager
 
 from makespan.planner.replay import Group, Replay
@@ -104,14 +104,15 @@ def signature(rep: Replay, group: Group, set_point: frozenset[str] | dict[str, s
 
 class GroupIndex:
     """Candidate groups (``groups``, in candidate order) of one replay, bucketed by
-    signature; ``tags`` (optional, one per group) join the signature (partition's spill
-    groups: the endpoint each is allocated to). Keep it current with :meth:`touch` after
-    every placement on the replay."""
+    signature; ``tags`` (optional, one per group, hashable) join the signature (partition's
+    spill groups: the endpoint each is allocated to and its smallest GPU memory). The
+    groups must be disjoint (ValueError otherwise), as an aligned group list is. Keep it
+    current with :meth:`touch` after every placement on the replay."""
 
     __slots__ = ("rep", "groups", "tags", "set_point", "sig", "buckets", "stairs", "fixed", "at_gpu", "at_host",
                  "seen_res", "wide_tp", "pending")
 
-    def __init__(self, rep: Replay, groups: Sequence[Group], tags: Sequence[str] | None = None):
+    def __init__(self, rep: Replay, groups: Sequence[Group], tags: Sequence[Hashable] | None = None):
         self.rep = rep
         self.groups = list(groups)
         self.tags = list(tags) if tags is not None else None

@@ -44,7 +44,8 @@ def test_spill_never_takes_a_group_too_small_for_the_job():
     gpus = [Gpu("a0", "a", 0, 40_000), Gpu("a1", "a", 1, 40_000), Gpu("b0", "b", 0, 80_000), Gpu("b1", "b", 1, 80_000)]
     eps = {"small": EndpointModel("small", 1, 20_000, 30.0, 2.0), "big": EndpointModel("big", 1, 60_000, 30.0, 2.0)}
     st = FleetState(0.0, gpus, eps)
-    batch = [PlanJob(f"b{i}", "big", 1.0, 0.0, 100.0, seq=i) for i in range(3)] + [PlanJob("s", "small", 1.0, 0.0, 1.0, seq=3)]
+    batch = [PlanJob(f"b{i}", "big", 1.0, 0.0, 100.0, seq=i) for i in range(3)] + \
+        [PlanJob("s", "small", 1.0, 0.0, 1.0, seq=3)]
     assert allocate(batch, st) == {"big": [("b0",), ("b1",)], "small": [("a0",)]}
     out = partition(batch, st, spill=True)
     assert out is not None

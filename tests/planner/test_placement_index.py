@@ -41,7 +41,8 @@ def fleets_and_batches(draw):
     for k in range(n_eps):
         tp = draw(st.sampled_from((1, 1, 1, 2, 4)))
         eps[f"e{k}"] = EndpointModel(f"e{k}", tp, draw(st.sampled_from((20_000, 60_000))),
-                                     draw(st.sampled_from((30.0, 45.0, 90.0, 120.5))), draw(st.sampled_from((2.0, 5.0))),
+                                     draw(st.sampled_from((30.0, 45.0, 90.0, 120.5))),
+                                     draw(st.sampled_from((2.0, 5.0))),
                                      wake_s=draw(st.sampled_from((None, None, 10.0))))
     names = sorted(eps)
     now = draw(st.sampled_from((0.0, 100.0)))
