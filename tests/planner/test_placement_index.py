@@ -6,12 +6,14 @@ small fleets exercise it too."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from makespan.models import parse_fleet
 from makespan.planner import placement_index
 from makespan.planner.greedy import construct_built, fifo, member_builders, portfolio
 from makespan.planner.list_schedule import fifo_order
@@ -19,6 +21,8 @@ from makespan.planner.model import EndpointModel, FleetState, Gpu, PlanJob
 from makespan.planner.placement_index import GroupIndex
 from makespan.planner.replay import Replay
 from makespan.planner.rules import Aware, rule_completion, rule_min_evict
+from makespan.planner.simulator import simulate
+from makespan.traces import read_trace
 
 # times on a 1/8 s grid: sums stay exact, so equal starts are equal floats (ties are
 # frequent, which is what the tie-break check needs) -- and off-grid values below
@@ -172,3 +176,35 @@ def test_idle_fleet_keeps_one_idle_candidate():
     order = fifo_order([job])
     built = construct_built(order, state, "completion")
     assert built is not None and built[0][0].gpus == ("h3-g1",)  # warm, as the full scan picks
+
+
+def _without_wall_times(report: dict) -> dict:
+    out = json.loads(json.dumps(report, default=str))
+    out["sim"].pop("wall_s", None)
+    out["planner"] = {k: v for k, v in out["planner"].items() if not k.startswith("solve_s")}
+    return out
+
+
+def test_simulator_report_is_unchanged_by_the_index(traces):
+    """A simulated trace window (preemption, restores, reservations, fast lane: every
+    planning point through the portfolio) gives the same report, byte for byte but the
+    planner's wall times, with the index on every list and with the full scan."""
+    fleet = parse_fleet({
+        "name": "t",
+        "hosts": [{"name": "a", "gpu_count": 4, "memory_mib": 81920},
+                  {"name": "b", "gpu_count": 4, "memory_mib": 40960}],
+        "endpoints": {
+            "m1": {"model": "x", "memory_mib_per_gpu": 1000, "cold_start_s": 45,
+                   "set_point": [{"host": "a", "gpus": [0]}]},
+            "m2": {"model": "y", "memory_mib_per_gpu": 1000, "cold_start_s": 120, "wake_s": 10},
+            "m3": {"model": "z", "memory_mib_per_gpu": 50000, "cold_start_s": 200},
+            "g2": {"model": "w", "tensor_parallel": 2, "memory_mib_per_gpu": 1000, "cold_start_s": 90},
+        },
+    })
+    jobs = read_trace(str(traces / "msft-itp-2021" / "cluster02.csv"), fleet, seed=1, start=2000, limit=60)
+    indexed = simulate(jobs, fleet, "portfolio", seed=1, time_scale=20)
+    with placement_index.full_scan():
+        scanned = simulate(jobs, fleet, "portfolio", seed=1, time_scale=20)
+    assert indexed["jobs"]["completed"] == 60
+    assert json.dumps(_without_wall_times(indexed), sort_keys=True) == json.dumps(_without_wall_times(scanned),
+                                                                                   sort_keys=True)
