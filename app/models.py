@@ -22,6 +22,7 @@ import pydantic_core
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from makespan.errors import ValidationError
+from makespan.store.states import FINAL_STATES as _STORE_FINAL_STATES
 
 
 class Priority(enum.IntEnum):
@@ -52,7 +53,8 @@ class Priority(enum.IntEnum):
         raise ValidationError(field, value, "unknown priority level; use CRITICAL, HIGH, NORMAL or LOW")
 
 
-FINAL_STATES = ("completed", "failed", "cancelled")  # a job in one of these states never changes again
+# a job in one of these states never changes again: ("completed", "failed", "cancelled"), from makespan.store.states
+FINAL_STATES = _STORE_FINAL_STATES
 
 MAX_DELAY_S = 30 * 24 * 3600.0  # longest delay_s a job may carry, s
 

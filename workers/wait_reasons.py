@@ -24,33 +24,7 @@ import time
 
 from makespan.models import Priority
 from makespan.planner.model import FleetState, Plan, PlanJob
-from makespan.workers.lease_scripts import SERVER_NOW_MS
-
-# KEYS: planner_fence, reason counts hash ; ARGV: planner token ('' = unchecked), prefix, then
-# (job id, reason, detail, eta) × n. Writes only records still 'queued'; the counts hash is replaced by
-# the reasons written (a job written twice counts once, with its last reason). Returns how many were
-# written (-1: fenced off).
-_WRITE = SERVER_NOW_MS + """
-if ARGV[1] ~= '' and redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
-local at = string.format('%.3f', server_now_ms / 1000.0)
-local n = 0
-local last = {}
-for i = 3, #ARGV, 4 do
-  local jk = ARGV[2] .. ':job:' .. ARGV[i]
-  if redis.call('HGET', jk, 'state') == 'queued' then
-    redis.call('HSET', jk, 'wait_reason', ARGV[i + 1], 'wait_detail', ARGV[i + 2], 'wait_eta', ARGV[i + 3],
-               'wait_at', at)
-    last[ARGV[i]] = ARGV[i + 1]
-    n = n + 1
-  end
-end
-local counts = {}
-for _, reason in pairs(last) do counts[reason] = (counts[reason] or 0) + 1 end
-redis.call('DEL', KEYS[2])
-for reason, c in pairs(counts) do redis.call('HSET', KEYS[2], reason, c) end
-return n
-"""
-
+from makespan.store import JobStore
 
 class WaitReasonMixin:
     _requeued: set[str] = set()  # batch jobs whose record says they were preempted (form_batch)
@@ -88,15 +62,13 @@ class WaitReasonMixin:
                                           f"{self.settings.batch_size} jobs", ""]
         if rows or self._reason_counts_written:
             self._reason_counts_written = bool(rows)
-            self.r.eval(_WRITE, 2, self.keys.planner_fence, self.keys.wait_reason_counts, self.token,
-                        self.keys.prefix, *rows)
+            JobStore(self.r, self.keys).write_wait_reasons(self.token, rows)
 
     def _clear_reason_counts(self) -> None:
         """Nothing queued was read: the reason counts go to zero (once, not every idle tick)."""
         if self._reason_counts_written:
             self._reason_counts_written = False
-            self.r.eval(_WRITE, 2, self.keys.planner_fence, self.keys.wait_reason_counts, self.token,
-                        self.keys.prefix)
+            JobStore(self.r, self.keys).write_wait_reasons(self.token, [])
 
     def _batch_reason(self, j: PlanJob, state: FleetState, p: Plan, a) -> tuple[str, str]:
         now = state.now_s
