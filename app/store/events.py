@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from typing import Any, cast
 
 import redis
 
@@ -59,7 +59,7 @@ class EventLog:
         Raises:
             StoreError: Redis failed."""
         try:
-            rows = self.r.xrange(self.keys.events, min=after_id, count=count)
+            rows = cast("list[tuple[str, dict[str, str]]]", self.r.xrange(self.keys.events, min=after_id, count=count))
         except redis.RedisError as e:
             raise store_error(e, "read events") from e
         return [(str(entry_id), json.loads(fields["e"])) for entry_id, fields in rows]

@@ -17,7 +17,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import redis
 
@@ -284,14 +284,15 @@ class LeaseStore:
 
         Raises:
             StoreError: Redis failed."""
-        out = []
+        out: list[dict[str, Any]] = []
         try:
-            for lease_id in self.r.zrange(self.keys.leases, 0, -1):
-                rec = self.r.hgetall(self.keys.lease(lease_id))
-                if rec:
-                    rec["lease_id"] = lease_id
-                    rec["gpus"] = json.loads(rec.get("gpus", "[]"))
-                    out.append(rec)
+            # a decode_responses client: str replies (redis-py types them bytes | str)
+            for lease_id in cast("list[str]", self.r.zrange(self.keys.leases, 0, -1)):
+                stored = cast("dict[str, Any]", self.r.hgetall(self.keys.lease(lease_id)))
+                if stored:
+                    stored["lease_id"] = lease_id
+                    stored["gpus"] = json.loads(stored.get("gpus", "[]"))
+                    out.append(stored)
         except redis.RedisError as e:
             raise store_error(e, "read leases") from e
         return out
@@ -302,7 +303,7 @@ class LeaseStore:
         Raises:
             StoreError: Redis failed."""
         try:
-            vals = self.r.mget([self.keys.gpu(g) for g in gpus]) if gpus else []
+            holders: list[Any] = list(self.r.mget([self.keys.gpu(g) for g in gpus])) if gpus else []
         except redis.RedisError as e:
             raise store_error(e, "read GPU holders") from e
-        return dict(zip(gpus, vals))
+        return dict(zip(gpus, holders))
