@@ -18,6 +18,7 @@ import redis
 
 from makespan.keys import Keys
 from makespan.store.scripts import script
+from makespan.store.states import JobState
 
 
 class JobStore:
@@ -38,9 +39,10 @@ class JobStore:
     # -- producer ------------------------------------------------------------------------
     def submit(self, job_id: str, fields: dict[str, Any], event_json: str, queue_key: str,
                idempotency_key: str | None = None, delay_s: float | None = None) -> tuple[bool, str]:
-        """Write a validated job (state ``queued``, or ``delayed`` with ``delay_s``: due at the
+        """Write a validated job (``fields`` as its record; state ``queued``, or ``delayed`` with ``delay_s``: due at the
         server clock + ``delay_s`` seconds). Returns ``(created, job id)``: for a repeated
         idempotency key ``(False, the existing job's id)``."""
+        fields = {**fields, "state": JobState.QUEUED.value}  # submit.lua makes it delayed with a delay
         delay = repr(float(delay_s)) if delay_s is not None else ""
         idem = self.keys.idem(idempotency_key) if idempotency_key else self.keys.seq  # unused without a key
         out = self._run("submit", [idem, self.keys.seq, self.keys.job(job_id), queue_key, self.keys.events,
@@ -62,7 +64,7 @@ class JobStore:
         topological order). False (nothing written) when a job id already exists."""
         args: list[str] = []
         for job_id, fields, event_json in steps:
-            args += [job_id, json.dumps(fields), event_json]
+            args += [job_id, json.dumps({**fields, "state": JobState.QUEUED.value}), event_json]
         keys = [self.keys.seq, queue_key, self.keys.events, self.keys.workload(workload_id), self.keys.workloads,
                 self.keys.workloads_active, *[self.keys.job(job_id) for job_id, _, _ in steps]]
         return bool(self._run("submit_workload", keys, [str(len(steps)), workload_id, json.dumps(workload_fields),
@@ -74,7 +76,8 @@ class JobStore:
         each). False when the workload is not running or the step was already retried."""
         keys = [self.keys.workload(workload_id), self.keys.job(new_job_id), queue_key, self.keys.events,
                 self.keys.seq, *[self.keys.job(job_id) for job_id, _ in dependants]]
-        args = [step, old_job_id, new_job_id, json.dumps(fields), event_json, self.keys.script_prefix,
+        args = [step, old_job_id, new_job_id, json.dumps({**fields, "state": JobState.QUEUED.value}), event_json,
+                self.keys.script_prefix,
                 *[deps for _, deps in dependants]]
         return bool(self._run("retry_step", keys, args))
 
