@@ -30,6 +30,7 @@ key                                    type    contents
 ``P:retention``                        hash    finished jobs by final state, last_finished_s
 ``P:planner:leader``                   string  planner leader lock (redis-py Lock)
 ``P:planner:fence``                    string  planner fencing counter
+``P:planner:solve_s``                  list    the planner's latest solve times (fleet_view)
 ``P:planner:wake``                     list    wake-ups for the planner (submit, release)
 ``P:planner:reasons``                  hash    wait reason code -> queued jobs the planner's last
                                                reason write gave it (see makespan.wait_reasons)
@@ -146,6 +147,11 @@ class Keys:
     def phase(self, lease_id: str) -> str:
         return f"{self.prefix}:phase:{lease_id}"
 
+    @property
+    def phase_pattern(self) -> str:
+        """SCAN pattern of every :meth:`phase` hash."""
+        return f"{self.prefix}:phase:*"
+
     def busy(self, lease_id: str) -> str:
         return f"{self.prefix}:busy:{lease_id}"
 
@@ -155,6 +161,11 @@ class Keys:
 
     def agenda(self, op_id: str) -> str:
         return f"{self.prefix}:agenda:{op_id}"
+
+    @property
+    def agenda_pattern(self) -> str:
+        """SCAN pattern of every agenda key (entries, locks, the index)."""
+        return f"{self.prefix}:agenda:*"
 
     def agenda_lock(self, op_id: str) -> str:
         """The lock of agenda entry ``op_id`` (redis-py Lock)."""
@@ -187,6 +198,11 @@ class Keys:
     def planner_wake(self) -> str:
         """List pushed to when a job is submitted or a lease released: wakes the planner."""
         return f"{self.prefix}:planner:wake"
+
+    @property
+    def planner_solve_times(self) -> str:
+        """list of the planner's latest solve times (``"{seconds}:{batch size}"`` entries)."""
+        return f"{self.prefix}:planner:solve_s"
 
     @property
     def planner_fence(self) -> str:

@@ -108,8 +108,8 @@ class FleetViewMixin:
         """Queue the solve times noted since the last call on pipeline ``p`` (the list
         ``P:planner:solve_s``, ``seconds:batch size``, capped at STATS_KEEP)."""
         if self._solve_stats:
-            p.rpush(f"{self.keys.prefix}:planner:solve_s", *self._solve_stats)
-            p.ltrim(f"{self.keys.prefix}:planner:solve_s", -STATS_KEEP, -1)
+            p.rpush(self.keys.planner_solve_times, *self._solve_stats)
+            p.ltrim(self.keys.planner_solve_times, -STATS_KEEP, -1)
             self._solve_stats = []
 
     def fleet_state(self, snap: dict | None = None) -> tuple[FleetState, set[str]]:

@@ -170,7 +170,7 @@ class Retention:
 
     def _orphans(self) -> int:
         k = self.keys
-        cur, found = self.r.scan(self._scan_cursor, match=f"{k.prefix}:phase:*", count=self.settings.retention_batch)
+        cur, found = self.r.scan(self._scan_cursor, match=k.phase_pattern, count=self.settings.retention_batch)
         self._scan_cursor = int(cur)
         stale = []
         for key in found:

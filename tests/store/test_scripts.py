@@ -147,3 +147,16 @@ def test_the_store_imports_only_the_core():
             for name in names:
                 if name.startswith("makespan") and not name.startswith("makespan.store"):
                     assert name in allowed, f"{path.name} imports {name}"
+
+
+def test_every_key_is_built_by_keys():
+    """No module outside makespan.keys formats a key from the prefix itself."""
+    offenders = []
+    for folder in ("app", "workers", "planner"):
+        for path in (ROOT / folder).rglob("*.py"):
+            if path == ROOT / "app" / "keys.py":
+                continue
+            for number, line in enumerate(path.read_text().splitlines(), 1):
+                if re.search(r"""f["'][^"']*\{[\w.]*\bprefix\}:""", line) or ".agenda(" in line and '+ ":' in line:
+                    offenders.append(f"{path.relative_to(ROOT)}:{number}")
+    assert offenders == []
