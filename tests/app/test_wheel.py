@@ -49,6 +49,10 @@ def test_the_wheel_has_one_top_level_package_and_ships_py_typed(wheel):
     # the store's Lua scripts travel as package data: every one in the checkout is in the wheel
     lua = sorted(p.name for p in (ROOT / "app" / "store" / "lua").glob("*.lua"))
     assert lua and all(f"makespan/store/lua/{name}" in names for name in lua)
+    # the built-in endpoint drivers are declared in the makespan.drivers entry-point group
+    [points] = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+    text = zipfile.ZipFile(wheel).read(points).decode()
+    assert "[makespan.drivers]" in text and "simulated = makespan.workers.drivers.simulated:SimulatedDriver" in text
 
 
 @pytest.fixture(scope="module")
