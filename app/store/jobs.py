@@ -12,7 +12,8 @@ pipeline's ``execute()`` raises instead).
 from __future__ import annotations
 
 import json
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import redis
 

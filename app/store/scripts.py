@@ -139,7 +139,7 @@ def store_error(error: redis.RedisError, what: str) -> StoreError:
         _TRANSLATED[kind] = cls
     try:
         out = cls(f"{what}: {error}")
-    except Exception:  # a redis-py class whose constructor wants more (cluster redirects)
+    except (TypeError, ValueError, IndexError):  # a redis-py class whose constructor wants more (cluster redirects)
         out = StoreError(f"{what}: {error}")
     out.__cause__ = error
     return out
@@ -179,7 +179,7 @@ class StoreScript:
         pipe.eval(self.text, len(keys), *keys, *args)
 
 
-_REGISTERED: "weakref.WeakKeyDictionary[Any, dict[tuple[str, int], StoreScript]]" = weakref.WeakKeyDictionary()
+_REGISTERED: weakref.WeakKeyDictionary[Any, dict[tuple[str, int], StoreScript]] = weakref.WeakKeyDictionary()
 
 
 def script(client: redis.Redis, name: str, events_max_len: int | None = None) -> StoreScript:

@@ -153,7 +153,7 @@ def test_finish_job_op_refuses_a_state_that_is_not_final(keys):
 
 
 def test_begin_warm_from_the_leased_state(r, keys):
-    leases, lease = leased_job(r, keys, JobState.LEASED)
+    _, lease = leased_job(r, keys, JobState.LEASED)
     r.set(keys.resident("g0"), "inst")
     got = JobStore(r, keys).begin_warm("L1", lease.token, ("g0",), "j1", "inst", 5.0, ["{}"] * 5)
     assert got[0] == "ok"
