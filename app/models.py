@@ -22,9 +22,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from makespan.errors import ValidationError
 from makespan.priorities import Priority  # re-exported: its home is the core module makespan.priorities
+from makespan.store.states import FINAL_STATES as _STORE_FINAL_STATES
 
 
-FINAL_STATES = ("completed", "failed", "cancelled")  # a job in one of these states never changes again
+# a job in one of these states never changes again: ("completed", "failed", "cancelled"), from makespan.store.states
+FINAL_STATES = _STORE_FINAL_STATES
 
 MAX_DELAY_S = 30 * 24 * 3600.0  # longest delay_s a job may carry, s
 

@@ -157,8 +157,8 @@ def queue_solve_stats(pipe: redis.client.Pipeline, keys: Keys, kept: CrossTickSt
     """Queue the solve times noted since the last call on pipeline ``p`` (the list
     ``P:planner:solve_s``, ``seconds:batch size``, capped at STATS_KEEP) and forget them."""
     if kept.solve_stats:
-        pipe.rpush(f"{keys.prefix}:planner:solve_s", *kept.solve_stats)
-        pipe.ltrim(f"{keys.prefix}:planner:solve_s", -STATS_KEEP, -1)
+        pipe.rpush(keys.planner_solve_times, *kept.solve_stats)
+        pipe.ltrim(keys.planner_solve_times, -STATS_KEEP, -1)
         kept.solve_stats = []
 
 
