@@ -112,6 +112,7 @@ def partition_built(batch: Sequence[PlanJob], state: FleetState, spill: bool = F
     fa, res, asl, eps = rep.free_at, rep.resident, rep.asleep, rep.endpoints
     out: list[Assignment] = []
     spill_groups: dict[int, list[tuple[str, Group, float]]] = {}  # TP -> (endpoint, group, its cold start)
+    memory_of = {g.uuid: g.memory_mib for g in state.gpus}
     if spill:
         for e, gs in alloc.items():
             for g in gs:
@@ -140,8 +141,8 @@ def partition_built(batch: Sequence[PlanJob], state: FleetState, spill: bool = F
             return None
         if spill:
             for e2, g, pen in spill_groups.get(ep.tp, ()):
-                if e2 == job.endpoint:
-                    continue
+                if e2 == job.endpoint or any(memory_of[u] < ep.memory_mib for u in g):
+                    continue  # its own groups, or one without the memory this endpoint needs
                 s0 = fa[g[0]] if len(g) == 1 else rep.group_free(g)
                 if s0 < ready:
                     s0 = ready

@@ -25,12 +25,14 @@ from makespan.models import FleetSpec, Priority
 from makespan.planner.simulator import _demand, _share
 from makespan.planner.model import EndpointModel, FleetState, Gpu, PlanJob
 from makespan.workers.drivers.base import Instance
+from makespan.workers import host_liveness
 from makespan.workers.drivers.registry import list_instances
 from makespan.workers.phases import parse_instance
 
 STATS_KEEP = 10_000  # solve-time records kept in P:planner:solve_s
 DEMAND_WINDOW_S = 1800.0  # workload seconds of arrivals that define recent demand
 DEMAND_KEEP = 5_000  # most recent arrivals remembered for it
+DOWN_FREE_AFTER_S = 86_400.0  # workload s: a host without a live GPU worker is planned free only this late
 LEARNED_REFRESH_S = 2.0  # wall seconds between reads of the learned transition durations
 
 
@@ -85,6 +87,8 @@ def set_point_instances(fleet: FleetSpec) -> list[tuple[str, list[str]]]:
 
 
 class FleetViewMixin:
+    _down_hosts: set[str] = set()  # hosts without a live GPU worker, as the last fleet_state read them
+
     def snapshot(self) -> dict:
         """What every tick reads, in one round trip: expired lease ids (on the Redis
         server's clock), the number of open agenda entries, GPU holders and residents
@@ -100,9 +104,16 @@ class FleetViewMixin:
         p.scard(self.keys.workloads_active)
         for q in self.keys.queues():
             p.zrange(q, 0, self.settings.batch_size - 1)
-        expired, agenda, held, res, workloads, *heads = p.execute()[-(5 + len(Priority)):]
+        n_live = host_liveness.queue_reads(p, self.keys, self._host_names())
+        *rest, seen, live = p.execute()[-(5 + len(Priority) + n_live):]
+        expired, agenda, held, res, workloads, *heads = rest
+        down = host_liveness.down_hosts(self._host_names(), seen, live)
         return {"expired": expired, "agenda": agenda, "held": held, "resident": res, "workloads": workloads,
-                "heads": dict(zip(Priority, heads))}
+                "heads": dict(zip(Priority, heads)), "down_hosts": down,
+                "down": host_liveness.gpus_of(self.fleet, down)}
+
+    def _host_names(self) -> list[str]:
+        return [h.name for h in self.fleet.hosts]
 
     def _write_solve_stats(self, p) -> None:
         """Queue the solve times noted since the last call on pipeline ``p`` (the list
@@ -114,15 +125,22 @@ class FleetViewMixin:
 
     def fleet_state(self, snap: dict | None = None) -> tuple[FleetState, set[str]]:
         """The planner's view of the fleet (free times, residents, set point) and the busy
-        GPUs, from ``snap`` (:meth:`snapshot`) or read now."""
+        GPUs, from ``snap`` (:meth:`snapshot`) or read now. The GPUs of a host that lost its
+        GPU worker (:mod:`makespan.workers.host_liveness`) count as busy and free only
+        DOWN_FREE_AFTER_S from now: nothing is leased there, and a plan places there
+        only a job that no other host can run (it waits with reason ``host_down``)."""
         uuids = [g.uuid for g in self.gpus]
         if snap is None:
             p = self.r.pipeline(transaction=False)
             p.mget([self.keys.gpu(u) for u in uuids])
             p.mget([self.keys.resident(u) for u in uuids])
-            held, res = p.execute()
+            host_liveness.queue_reads(p, self.keys, self._host_names())
+            held, res, seen, live = p.execute()
+            self._down_hosts = host_liveness.down_hosts(self._host_names(), seen, live)
         else:
             held, res = snap["held"], snap["resident"]
+            self._down_hosts = snap["down_hosts"]
+        down = host_liveness.gpus_of(self.fleet, self._down_hosts)
         now = self.now_s()
         free_at: dict[str, float] = {}
         busy: set[str] = set()
@@ -156,6 +174,10 @@ class FleetViewMixin:
         sp = self.fleet.set_point_by_gpu()
         self._refresh_learned()
         asleep = asleep_by_gpu(list_instances(self.r, self.keys, with_state=True))
+        if down:  # the dead-host gate: busy, and free only in a day (other hosts are preferred)
+            busy |= down
+            for u in down:
+                free_at[u] = max(free_at[u], now + DOWN_FREE_AFTER_S)
         return FleetState(now, self.gpus, self.endpoints, free_at, resident, sp, asleep=asleep,
                           set_point_weight=self.settings.set_point_weight,
                           host_ram_mib=self.fleet.host_ram_budgets()), busy

@@ -245,10 +245,11 @@ class PlannerWorker(BatchMixin, FleetViewMixin, StartMixin, PreemptionMixin, Set
             snap = self.snapshot()  # reclaims freed GPUs and requeued jobs
         if self.agenda is not None and snap["agenda"]:
             self.agenda.reap()
-        busy = {g.uuid for g, v in zip(self.gpus, snap["held"]) if v}
+        # held GPUs, and those of hosts without a live GPU worker (workers/host_liveness.py)
+        busy = {g.uuid for g, v in zip(self.gpus, snap["held"]) if v} | snap["down"]
         heads = None if snap["workloads"] else snap["heads"]
         may_preempt = bool(snap["heads"][Priority.CRITICAL] or snap["heads"][Priority.HIGH])
-        formed = len(busy) < len(self.gpus) or may_preempt
+        formed = len(busy) < len(self.gpus) or may_preempt or bool(snap["down"])  # down: say why jobs wait
         batch = self.form_batch(heads) if formed else []
         if not batch:
             if formed and (self._unready or self._left_out):  # only unready steps read: say why they wait

@@ -5,7 +5,8 @@ tick read (its batch, the queued jobs its scan left out, the unready steps).
 :meth:`WaitReasonMixin._write_wait_reasons` derives each not-started batch job's reason
 from the tick's plan: ``reserved`` / ``behind_reservation`` (the tick's reservations,
 :mod:`makespan.planner.reservation`), ``preempted_requeued`` (its record says it was
-preempted and it has not started since), ``waiting_for_memory`` (a group of its size is
+preempted and it has not started since), ``host_down`` (planned on a host without a live
+GPU worker: :mod:`makespan.workers.host_liveness`), ``waiting_for_memory`` (a group of its size is
 free now but none with its memory is), else ``waiting_for_gpus`` naming the GPUs of its
 planned group and what holds them (a lease's job, or the jobs planned there before it).
 The ETA is the plan's start converted to the Redis server's clock
@@ -57,6 +58,7 @@ class WaitReasonMixin:
     _unready: dict[str, tuple[str, ...]] = {}  # unready steps read -> their deps (form_batch)
     _left_out: dict[str, tuple[Priority, int]] = {}  # queued, read, not in the batch -> (level, position)
     _lease_job: dict[str, str] = {}  # GPU -> job id of the lease holding it (fleet_state)
+    _down_hosts: set[str] = set()  # hosts without a live GPU worker (fleet_state)
     reservations: dict = {}  # job id -> makespan.planner.reservation.Reservation (this tick's)
     _reason_counts_written = True  # P:planner:reasons may hold counts (cleared by the next write without rows)
 
@@ -109,6 +111,9 @@ class WaitReasonMixin:
         if blocking:
             r = blocking[0]
             return "behind_reservation", f"GPUs {','.join(r.gpus)} are reserved for job {r.job_id}"
+        if a is not None and self._down_hosts and self.fleet.host_of(a.gpus[0]) in self._down_hosts:
+            return "host_down", (f"planned on host {self.fleet.host_of(a.gpus[0])}, which no GPU worker consumes "
+                                 f"now; nothing is leased there until one is back")
         ep = state.endpoints.get(j.endpoint)
         if ep is not None:
             fits = state.groups(ep.tp, ep.memory_mib)

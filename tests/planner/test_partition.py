@@ -35,3 +35,15 @@ def test_partition_plans_are_feasible_with_gangs():
         out = partition(batch, st)
         if out is not None:
             evaluate(out, batch, st)  # raises InfeasiblePlan otherwise
+
+
+def test_spill_never_takes_a_group_without_the_memory():
+    """A job may spill onto another endpoint's group only if that group has its memory:
+    the big model's only GPU is busy for a long time, the small GPU is free, and the
+    spill used to place the big model there (an infeasible plan the evaluator refused)."""
+    gpus = [Gpu("big-gpu", "a", 0, 81_920), Gpu("small-gpu", "b", 0, 20_000)]
+    eps = {"big": EndpointModel("big", 1, 40_000, 1.0, 0.0), "e": EndpointModel("e", 1, 10_000, 1.0, 0.0)}
+    st = FleetState(0.0, gpus, eps, free_at={"big-gpu": 1000.0, "small-gpu": 0.0})
+    batch = [PlanJob("x", "big", 2.0, 0.0, 100.0, seq=1), PlanJob("y", "e", 2.0, 0.0, 100.0, seq=2)]
+    plan = evaluate(partition(batch, st, spill=True), batch, st)  # raised InfeasiblePlan before
+    assert {a.job_id: a.gpus for a in plan.assignments} == {"x": ("big-gpu",), "y": ("small-gpu",)}
