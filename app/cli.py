@@ -55,7 +55,13 @@ def planner(fleet: Path = FleetOpt, policy: Optional[str] = typer.Option(None, h
     w = PlannerWorker(connect(s.redis_url), s, f)
     import signal
 
-    signal.signal(signal.SIGTERM, lambda *_: w.stop())
+    from makespan import shutdown
+
+    def _on_sigterm(*_a) -> None:
+        w.stop()
+        shutdown.arm(s.shutdown_grace_s, "planner")  # the SIGTERM bound
+
+    signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         w.run()
     except KeyboardInterrupt:

@@ -209,8 +209,14 @@ def run_observer(settings: Settings, fleet: FleetSpec, probe_interval_s: float =
             ``settings.allow_evicting_redis`` is not set (checked at start)."""
     stop = stop or threading.Event()
     if threading.current_thread() is threading.main_thread():
+        from makespan import shutdown
+
+        def _on_signal(*_a) -> None:
+            stop.set()
+            shutdown.arm(settings.shutdown_grace_s, "observer")  # the SIGTERM bound
+
         for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: stop.set())
+            signal.signal(sig, _on_signal)
     r = connect(settings.redis_url, settings=settings)
     try:
         check_eviction_policy(r, settings, process="observer")

@@ -172,7 +172,12 @@ def _announce_host(**_kw) -> None:
 
 @signals.worker_shutting_down.connect
 def _withdraw_host(**_kw) -> None:
-    """Shutdown begins: this host gets no new leases from now on (not after the TTL)."""
+    """Shutdown begins: the SIGTERM bound's watchdog starts (:mod:`makespan.shutdown`: a
+    phase still running after ``shutdown_grace_s`` is cut off, its lease reclaimed), and
+    this host gets no new leases from now on (not after the liveness TTL)."""
+    from makespan import shutdown
+
+    shutdown.arm(settings.shutdown_grace_s, "gpu-worker")
     if _heartbeat is not None:
         _heartbeat.stop()
 
