@@ -107,8 +107,31 @@ class Channel(kombu_redis.Channel):
     connection_class_ssl = RoleAwareSSLConnection
 
 
+def _supports_batch_publish(transport) -> bool:
+    """kombu 5.7's ``Transport.supports_batch_publish``, reading ``transport.client`` once.
+
+    kombu reads ``self.client`` twice; a connection closed by another thread in between
+    (``Connection._do_close_transport`` sets ``client = None`` while a Redis outage makes
+    Celery reset its connections) raised ``AttributeError: 'NoneType' object has no
+    attribute 'hostname'`` from a publish, and a GPU worker died of it in a 60 s outage
+    (issue 18, failure 9). A closed transport answers False: the publish goes out at
+    once, fails as a connection error, and Celery's retry reconnects."""
+    client = transport.client
+    if client is None or not kombu_redis._batch_publish_retry_safe(client.transport_options):
+        return False
+    hostname = client.hostname or ""
+    if "://" not in hostname:
+        return True
+    *_, query = kombu_redis._parse_url(hostname)
+    return kombu_redis._batch_publish_retry_safe(query)
+
+
 class Transport(kombu_redis.Transport):
     Channel = Channel
+
+    @property
+    def supports_batch_publish(self) -> bool:
+        return _supports_batch_publish(self)
 
 
 class SentinelChannel(kombu_redis.SentinelChannel):
@@ -119,6 +142,10 @@ class SentinelChannel(kombu_redis.SentinelChannel):
 
 class SentinelTransport(kombu_redis.SentinelTransport):
     Channel = SentinelChannel
+
+    @property
+    def supports_batch_publish(self) -> bool:
+        return _supports_batch_publish(self)
 
 
 def broker_url(redis_url: str) -> tuple[str, str | None]:

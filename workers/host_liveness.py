@@ -124,6 +124,7 @@ class HostHeartbeat:
         self.r, self.keys, self.host, self.ttl_s = r, keys, host, ttl_s
         self.consumer = consumer or consumer_id()
         self._stop = threading.Event()
+        self._failing = False
         self._thread = threading.Thread(target=self._run, name="makespan-host-liveness", daemon=True)
 
     def start(self) -> None:
@@ -134,7 +135,14 @@ class HostHeartbeat:
         try:
             announce(self.r, self.keys, self.host, self.consumer, self.ttl_s)
         except redis.RedisError as e:  # the key expires: the planner stops leasing here until we are back
-            log.warning("announcing host %s as consumed failed: %s", self.host, e)
+            if not self._failing:  # once per outage, not every renewal
+                log.warning("announcing host %s as consumed failed (retrying every %.1f s): %s", self.host,
+                            self.ttl_s * RENEW_FRACTION, e)
+            self._failing = True
+            return
+        if self._failing:
+            log.warning("host %s announced as consumed again", self.host)
+        self._failing = False
 
     def _run(self) -> None:
         while not self._stop.wait(self.ttl_s * RENEW_FRACTION):

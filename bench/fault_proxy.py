@@ -1,9 +1,12 @@
-"""A TCP proxy for tests that can silence the connections open through it.
+"""A TCP proxy between makespan's processes and Redis, for fault injection (the chaos
+runner, bench/chaos.py, and tests/faults/test_half_open.py).
 
-:meth:`SilentProxy.silence_open` makes every connection open at that moment half-open:
-the proxy keeps both sockets open and reads what either side sends, but forwards
-nothing, so a client waits for a reply that never comes (as behind a NAT or a firewall
-that dropped its state). Connections opened afterwards work normally.
+* :meth:`SilentProxy.silence_open` makes every connection open at that moment half-open:
+  the proxy keeps both sockets open and reads what either side sends, but forwards
+  nothing, so a client waits for a reply that never comes (as behind a NAT or a firewall
+  that dropped its state). Connections opened afterwards work normally.
+* :attr:`SilentProxy.latency_s` (seconds, 0: none) delays every chunk forwarded from
+  Redis to its client by that much while it is set (a slow or congested network).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import select
 import socket
 import threading
+import time
 
 
 class _Pair:
@@ -38,6 +42,7 @@ class SilentProxy:
         self._pairs: list[_Pair] = []
         self._lock = threading.Lock()
         self._stopped = threading.Event()
+        self.latency_s = 0.0
         threading.Thread(target=self._accept, daemon=True, name="silent-proxy-accept").start()
 
     def url(self, db: int = 0) -> str:
@@ -50,6 +55,12 @@ class SilentProxy:
             for p in live:
                 p.muted = True
         return len(live)
+
+    def open_count(self) -> int:
+        """Connections open through the proxy now."""
+        with self._lock:
+            self._pairs = [p for p in self._pairs if not p.closed]
+            return len(self._pairs)
 
     def close(self) -> None:
         self._stopped.set()
@@ -85,6 +96,8 @@ class SilentProxy:
                         pair.close()
                         return
                     if not pair.muted:
+                        if self.latency_s > 0 and s is pair.upstream:
+                            time.sleep(self.latency_s)
                         peer[s].sendall(data)
         except OSError:
             pair.close()
