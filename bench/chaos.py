@@ -244,7 +244,10 @@ class ChaosRun:
         self.settings = Settings(redis_url=self.proxy.url(), key_prefix=f"chaos-{seed}-{os.getpid()}",
                                  time_scale=time_scale, lease_ttl_s=2.0, heartbeat_s=0.4, batch_wait_s=0.02,
                                  planner_tick_s=0.05, max_attempts=5, redis_socket_timeout_s=2.0,
-                                 redis_connect_timeout_s=1.0, shutdown_grace_s=SHUTDOWN_GRACE_S)
+                                 redis_connect_timeout_s=1.0, shutdown_grace_s=SHUTDOWN_GRACE_S,
+                                 # a half-open pub/sub (remote control) connection is dropped after 2 unanswered
+                                 # health checks: within ~6 s here, not the ~75 s of the 25 s default
+                                 redis_health_check_interval_s=2.0)
         self.keys = Keys(self.settings.key_prefix)
         self.workdir = workdir
         self.system = LiveSystem(fleet_path, self.fleet, self.settings, workdir / f"run-{seed}", planners=2,
@@ -516,6 +519,7 @@ class ChaosRun:
                     self.faults.append((time.time(), f"{arg}:{hit}"))
                     time.sleep(0.05)
                     self._supervise()
+            self._probe_liveness(prod)  # the faults are over: every process must answer within its bound
             deadline = time.monotonic() + self.timeout_s
             settled = False
             while time.monotonic() < deadline:
@@ -528,7 +532,6 @@ class ChaosRun:
                         if settled:
                             break
                 time.sleep(0.2)
-            self._probe_liveness(prod)
             self.extra["orphan"] += self._orphans()
             window_s = self.settings.lease_ttl_s * 3 + 5.0
             viol = check_invariants(self.r, self.keys, self.fleet, accepted, self.faults, window_s)
