@@ -101,7 +101,27 @@ class QoS(kombu_redis.QoS):
             virtual.QoS.ack(self, delivery_tag)
 
 
-class Channel(kombu_redis.Channel):
+class _ClosedTransportGuard:
+    """Channel mixin: a channel whose transport was already closed (``client`` None) raises
+    ``redis.ConnectionError`` when it needs a new Redis pool, not ``AttributeError``.
+
+    In an outage Celery's consumer closes its broker connection
+    (``on_connection_error_after_connected``); closing the channel restores its unacked
+    messages (``restore_unacked_once``), which builds a client from the transport's
+    ``client``: when that connection's transport had been closed already, kombu 5.7 raised
+    ``AttributeError: 'NoneType' object has no attribute 'hostname'``, which is no
+    connection error, so the worker stopped (``Unrecoverable error``; issue 18, failure 9,
+    seen again in the chaos runner's ``redis_restart``). As a connection error it is
+    ignored there and the consumer reconnects; the messages not restored now come back
+    through kombu's visibility-timeout restore (every phase task is idempotent and fenced)."""
+
+    def _connparams(self, asynchronous=False):
+        if self.connection.client is None:
+            raise redis.ConnectionError("the broker connection of this channel is closed")
+        return super()._connparams(asynchronous=asynchronous)
+
+
+class Channel(_ClosedTransportGuard, kombu_redis.Channel):
     QoS = QoS
     connection_class = RoleAwareConnection
     connection_class_ssl = RoleAwareSSLConnection
@@ -134,7 +154,7 @@ class Transport(kombu_redis.Transport):
         return _supports_batch_publish(self)
 
 
-class SentinelChannel(kombu_redis.SentinelChannel):
+class SentinelChannel(_ClosedTransportGuard, kombu_redis.SentinelChannel):
     QoS = QoS
     connection_class = RoleAwareSentinelConnection
     connection_class_ssl = RoleAwareSentinelSSLConnection

@@ -121,3 +121,25 @@ def test_processes_ride_out_a_redis_outage_or_exit_non_zero(tmp_path):
     finally:
         system.stop()
         srv.stop()
+
+
+@pytest.mark.parametrize("transport_cls", [Transport])
+def test_closing_a_channel_of_a_closed_transport_is_a_connection_error(redis_url, transport_cls):
+    """The crash the chaos runner's ``redis_restart`` found (gpu-worker ``Unrecoverable
+    error: AttributeError("'NoneType' object has no attribute 'hostname'")``): Celery's
+    consumer closes its connection after an outage; closing the channel restores its
+    unacked messages through a new pool built from the transport's ``client``, which was
+    already None. It must be a connection error, which ``ignore_errors`` (Celery's close)
+    swallows, so the consumer reconnects instead of the worker stopping."""
+    from kombu.common import ignore_errors
+
+    conn = Connection(redis_url, transport=transport_cls)
+    try:
+        channel = conn.default_channel
+        dict.__setitem__(channel.qos._delivered, "tag-1", None)  # a message it holds unacked
+        conn.transport.client = None  # that connection's transport is closed
+        channel._pool = None  # the pool was reset by the connection error
+        ignore_errors(conn, channel.close)  # kombu 5.7: AttributeError 'hostname', the worker stopped
+    finally:
+        conn.transport.client = conn
+        ignore_errors(conn, conn.release)
