@@ -53,15 +53,9 @@ def planner(fleet: Path = FleetOpt, policy: Optional[str] = typer.Option(None, h
     _start_metrics(metrics_port, "planner")
     _gil_switch_interval()
     w = PlannerWorker(connect(s.redis_url), s, f)
-    import signal
-
     from makespan import shutdown
 
-    def _on_sigterm(*_a) -> None:
-        w.stop()
-        shutdown.arm(s.shutdown_grace_s, "planner")  # the SIGTERM bound
-
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    shutdown.on_sigterm(s.shutdown_grace_s, "planner", w.stop)  # the SIGTERM bound
     try:
         w.run()
     except KeyboardInterrupt:

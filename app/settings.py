@@ -242,7 +242,7 @@ class Settings:
             within this time, a stopped one at once. ``MAKESPAN_WORKER_LIVENESS_TTL_S``.
         shutdown_grace_s: every makespan process (planner, GPU worker, observer,
             dashboard) ends within this many seconds (+ 1 s) of SIGTERM: a clean
-            shutdown still running then is cut off with exit code 4
+            shutdown still running then is cut off with exit code 1 and every thread's traceback on stderr
             (:mod:`makespan.shutdown`). ``MAKESPAN_SHUTDOWN_GRACE_S``.
     """
 
