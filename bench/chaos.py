@@ -16,9 +16,11 @@ a mixed workload (one job in five delayed by 0.2–2 s) and, at seeded random mo
 * ``redis_drop_clients``: ``CLIENT KILL TYPE normal`` on the run's own Redis;
 * ``redis_restart``: SIGKILL redis-server and start it again on the same port and
   directory (the append-only file brings the data back);
-* ``proxy_half_open``: every process reaches Redis through a TCP proxy
-  (:mod:`bench.fault_proxy`); this fault makes every connection open through it
-  half-open (nothing forwarded, both sockets kept open), new ones work;
+* ``proxy_half_open``: in a run that draws a proxy fault, every process reaches Redis
+  through a TCP proxy in a process of its own (:mod:`bench.fault_proxy`), and the run's
+  time scale is at least 0.03 (the hop's own latency would otherwise make 0.05 s
+  transitions overrun); this fault makes every connection open through it half-open
+  (nothing forwarded, both sockets kept open), new ones work;
 * ``proxy_latency``: the proxy delays every reply by 20–200 ms for 0.5–2 s;
 * ``redis_role_change``: ``REPLICAOF`` a primary nobody answers on for 0.5–2 s, then
   ``REPLICAOF NO ONE`` (blocked reads end ``UNBLOCKED``, writes answer ``READONLY``);
@@ -95,6 +97,8 @@ FAULTS = ("worker_kill", "worker_child_kill", "planner_kill", "planner_term", "o
 SHUTDOWN_GRACE_S = 5.0  # the processes' MAKESPAN_SHUTDOWN_GRACE_S in a run
 PROBE_S = 30.0  # longest a liveness probe may take after the faults (a loaded 2-core machine)
 PROBE_SLACK_S = 2.0  # added to the SIGTERM bound when judging a process wedged (a loaded machine)
+PROXY_FAULTS = ("proxy_half_open", "proxy_latency")
+PROXY_TIME_SCALE = 0.03  # the time scale of a run through the proxy (PROXY_FAULTS drawn)
 STUBBORN = "stubborn"  # the endpoint of endpoint_stubborn (a process whose child ignores SIGTERM); no random job uses it
 # put first on a skewed worker's PYTHONPATH: its wall clock (time.time, time.time_ns) is shifted
 SKEW_SITECUSTOMIZE = """import os as _os, time as _time
@@ -241,9 +245,15 @@ class ChaosRun:
         self.n_jobs, self.n_faults, self.duration_s, self.timeout_s = jobs, faults, duration_s, timeout_s
         self.fault_plan = fault_plan  # these kinds in this order (else drawn from FAULTS)
         self.pool = self.rng.choice(["threads", "prefork"])
-        self.proxy = ProxyProcess(srv.port)  # every process reaches Redis through it; the runner does not
-        self.settings = Settings(redis_url=self.proxy.url(), key_prefix=f"chaos-{seed}-{os.getpid()}",
-                                 time_scale=time_scale, lease_ttl_s=2.0, heartbeat_s=0.4, batch_wait_s=0.02,
+        self.kinds = list(fault_plan) if fault_plan else [self.rng.choice(FAULTS) for _ in range(faults)]
+        # a run that draws a proxy fault sends every process through the proxy (the runner itself connects
+        # directly), at a time scale of at least PROXY_TIME_SCALE: the proxy's own hop adds a few ms to each
+        # Redis round trip, enough to make a 0.05 s transition "overrun" long after the fault
+        self.proxy = ProxyProcess(srv.port) if any(k in PROXY_FAULTS for k in self.kinds) else None
+        if self.proxy is not None:
+            time_scale = max(time_scale, PROXY_TIME_SCALE)
+        self.settings = Settings(redis_url=self.proxy.url() if self.proxy else srv.url,
+                                 key_prefix=f"chaos-{seed}-{os.getpid()}", time_scale=time_scale, lease_ttl_s=2.0, heartbeat_s=0.4, batch_wait_s=0.02,
                                  planner_tick_s=0.05, max_attempts=5, redis_socket_timeout_s=2.0,
                                  redis_connect_timeout_s=1.0, shutdown_grace_s=SHUTDOWN_GRACE_S,
                                  # a half-open pub/sub (remote control) connection is dropped after 2 unanswered
@@ -501,9 +511,8 @@ class ChaosRun:
             self._start_observer()
             prod = Producer(self.r, self.keys, self.fleet, self.settings)
             plan_t = sorted(self.rng.uniform(0.0, self.duration_s) for _ in range(self.n_jobs))
-            n_faults = len(self.fault_plan) if self.fault_plan else self.n_faults
-            fault_t = sorted(self.rng.uniform(0.3, self.duration_s) for _ in range(n_faults))
-            kinds = list(self.fault_plan) if self.fault_plan else [self.rng.choice(FAULTS) for _ in fault_t]
+            fault_t = sorted(self.rng.uniform(0.3, self.duration_s) for _ in self.kinds)
+            kinds = self.kinds
             jobs = [self._job(i) for i in range(self.n_jobs)]
             timeline = sorted([(t, "job", i) for i, t in enumerate(plan_t)] + [(t, "fault", k) for t, k in
                                                                                 zip(fault_t, kinds)])
@@ -551,7 +560,8 @@ class ChaosRun:
             for t in self._timers:
                 t.cancel()
             self.system.stop(grace_s=5)
-            self.proxy.close()
+            if self.proxy is not None:
+                self.proxy.close()
             try:
                 self.r.config_set("maxmemory-policy", "noeviction")
                 delete_prefix(self.r, self.keys)
