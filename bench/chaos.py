@@ -416,11 +416,18 @@ class ChaosRun:
         try:
             want = {f"gpu-{h.name}" for h in self.fleet.hosts}
             seen: set[str] = set()
+            last_error: Exception | None = None
             deadline = time.monotonic() + PROBE_S
             while time.monotonic() < deadline and not want <= seen:
-                seen |= {n.split("@")[0] for rep in (app.control.ping(timeout=1.0) or []) for n in rep}
+                try:
+                    seen |= {n.split("@")[0] for rep in (app.control.ping(timeout=1.0) or []) for n in rep}
+                except (redis.RedisError, OSError) as e:  # the probe's own connection died in the faults: again
+                    app.pool.force_close_all()
+                    time.sleep(0.2)
+                    last_error = e
             if not want <= seen:
-                self.extra["wedged"].append(f"GPU workers not answering ping: {sorted(want - seen)}")
+                self.extra["wedged"].append(f"GPU workers not answering ping: {sorted(want - seen)} "
+                                            f"(last probe error: {last_error})")
         finally:
             app.close()
         cycle0 = self.r.hget(self.keys.observer, "cycle")
