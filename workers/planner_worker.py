@@ -42,10 +42,11 @@ from makespan.keys import Keys
 from makespan.models import FleetSpec, Priority, fleet_version
 from makespan.redis_conn import check_eviction_policy
 from makespan.settings import Settings
-from makespan.planner.api import POLICY_OBJECTIVE, lane_replan, plan
+from makespan.planner.api import lane_replan, plan
 from makespan.planner import fast_lane
 from makespan.planner.reservation import enforce
 from makespan.planner.model import FleetState, Plan, PlanJob
+from makespan.planner.policies import POLICY_REGISTRY
 from makespan.planner.replay import state_after
 from makespan.workers.batch import BatchMixin
 from makespan.workers.drain import SetPointMixin
@@ -59,8 +60,6 @@ from makespan.workers.wait_reasons import WaitReasonMixin
 
 log = logging.getLogger("makespan.planner")
 
-SOLVER_POLICIES = ("default", "cpsat", "tardiness")  # run as a greedy floor per tick + the improver off the tick
-FLOOR_POLICY = {"tardiness": "tardiness-portfolio"}  # the per-tick floor of a solver policy (else portfolio)
 
 
 class PlannerWorker(BatchMixin, FleetViewMixin, StartMixin, PreemptionMixin, SetPointMixin, WaitReasonMixin):
@@ -86,7 +85,7 @@ class PlannerWorker(BatchMixin, FleetViewMixin, StartMixin, PreemptionMixin, Set
         self.improver = (BackgroundImprover(settings.policy, settings.solve_time_limit_s,
                                             executor=settings.improver_executor,
                                             child_nice=settings.improver_nice)
-                         if settings.policy in SOLVER_POLICIES else None)
+                         if POLICY_REGISTRY.lookup(settings.policy).improver else None)
         self._last_tp: dict[str, str] = {}  # GPU -> traceparent of the last job leased on it
         self.lock_ttl_s = max(settings.lease_ttl_s / 2, 1.0)
         from makespan.workers.retention import Retention
@@ -261,19 +260,18 @@ class PlannerWorker(BatchMixin, FleetViewMixin, StartMixin, PreemptionMixin, Set
         self._note_demand(batch, state)
         self._idle_checked = False
         t0 = time.perf_counter()
+        policy = POLICY_REGISTRY.lookup(self.settings.policy)
         if self.improver is not None:  # a solver policy: greedy floor now, CP-SAT off the tick
-            floor = plan(batch, state, FLOOR_POLICY.get(self.settings.policy, "portfolio"))
+            floor = plan(batch, state, POLICY_REGISTRY.floor_of(policy) or policy)
             p = self.improver.best(floor, batch, state)
         else:
             p = plan(batch, state, self.settings.policy, time_limit_s=self.settings.solve_time_limit_s)
         # no starvation: the aged job's reservation, backfilled (makespan.planner.reservation)
-        p, res = enforce(p, batch, state, self.settings.reservation_after_s,
-                         POLICY_OBJECTIVE.get(self.settings.policy, "weighted_completion"))
+        p, res = enforce(p, batch, state, self.settings.reservation_after_s, policy.objective)
         self.reservations = {x.job_id: x for x in res}
         # no class worse off than strict priority: the fast lane's levels (makespan.planner.fast_lane)
         p, _late = fast_lane.enforce(p, batch, state, self.settings.fast_lane_levels,
-                                     objective=POLICY_OBJECTIVE.get(self.settings.policy, "weighted_completion"),
-                                     replan=lane_replan(self.settings.policy))
+                                     objective=policy.objective, replan=lane_replan(policy))
         solve_s = time.perf_counter() - t0
         metrics.observe_solve(solve_s, len(batch))
         self._solve_stats.append(f"{solve_s:.6f}:{len(batch)}")  # written with the next snapshot

@@ -5,8 +5,8 @@ Two deciders, one execution path (``preempt`` each victim lease, then ``_start``
 preemptor on the cleared group in the same tick, so a victim is never re-leased the GPUs
 it lost before its preemptor starts):
 
-* scored (``Settings.preemption == "plan"`` and the policy in
-  :data:`makespan.planner.api.PREEMPTION_FLOOR`): the running holders are read from the leases
+* scored (``Settings.preemption == "plan"`` and a policy with a floor,
+  :attr:`makespan.planner.policies.Policy.floor`): the running holders are read from the leases
   and job records (``FleetState.running``) and :func:`makespan.planner.preemption_plan.decide`
   trades each candidate preemption against waiting with the policy's greedy floor;
 * the fixed rule (:func:`makespan.planner.preemption.choose_preemption`) otherwise.
@@ -38,8 +38,8 @@ from makespan import metrics
 from makespan.awaited import queue_awaited_running
 from makespan.models import Priority
 from makespan.planner import preemption_plan
-from makespan.planner.api import POLICIES, POLICY_OBJECTIVE, PREEMPTION_FLOOR
 from makespan.planner.model import FleetState, Plan, PlanJob, RunningJob
+from makespan.planner.policies import POLICY_REGISTRY
 from makespan.planner.preemption import Holder, choose_preemption, victim_allowed
 from makespan.planner.replay import state_after
 from makespan.workers.leases import preempt
@@ -57,7 +57,7 @@ class PreemptionMixin:
         """Preempt for the ``waiting`` CRITICAL/HIGH jobs (module doc: scored or by the
         rule). ``batch``: this tick's batch; ``p``: its plan; ``started``: the jobs of
         ``p`` leased this tick. Returns the preemptors started."""
-        if self.settings.preemption == "plan" and self.settings.policy in PREEMPTION_FLOOR:
+        if self.settings.preemption == "plan" and POLICY_REGISTRY.lookup(self.settings.policy).floor is not None:
             return self._preempt_scored(batch, state, taken, p, started)
         return self._preempt_for(waiting, state, taken)
 
@@ -141,9 +141,10 @@ class PreemptionMixin:
         jobs = {j.id: j for j in batch}
         rest = [j for j in batch if j.id not in started]
         after = state_after(state, jobs, p.assignments, started, running=running)
-        policy = self.settings.policy
-        branch = preemption_plan.decide(rest, after, POLICIES[PREEMPTION_FLOOR[policy]],
-                                        POLICY_OBJECTIVE.get(policy, "weighted_completion"))
+        policy = POLICY_REGISTRY.lookup(self.settings.policy)
+        floor = POLICY_REGISTRY.floor_of(policy)
+        assert floor is not None  # _preempt scores only for a policy with a floor
+        branch = preemption_plan.decide(rest, after, floor.solve, policy.objective)
         out: set[str] = set()
         for pp, a in zip(branch.taken, branch.starts):
             j = jobs[pp.job_id]
