@@ -421,8 +421,9 @@ class ChaosRun:
             while time.monotonic() < deadline and not want <= seen:
                 try:
                     seen |= {n.split("@")[0] for rep in (app.control.ping(timeout=1.0) or []) for n in rep}
-                except (redis.RedisError, OSError) as e:  # the probe's own connection died in the faults: again
-                    app.pool.force_close_all()
+                except (redis.RedisError, OSError) as e:  # the probe's own connection died in the faults: a new one
+                    app.close()
+                    app = create_celery(replace(self.settings, redis_url=self.srv.url))
                     time.sleep(0.2)
                     last_error = e
             if not want <= seen:
