@@ -101,17 +101,60 @@ class QoS(kombu_redis.QoS):
             virtual.QoS.ack(self, delivery_tag)
 
 
-class Channel(kombu_redis.Channel):
+class _ClosedTransportGuard:
+    """Channel mixin: a channel whose transport was already closed (``client`` None) raises
+    ``redis.ConnectionError`` when it needs a new Redis pool, not ``AttributeError``.
+
+    In an outage Celery's consumer closes its broker connection
+    (``on_connection_error_after_connected``); closing the channel restores its unacked
+    messages (``restore_unacked_once``), which builds a client from the transport's
+    ``client``: when that connection's transport had been closed already, kombu 5.7 raised
+    ``AttributeError: 'NoneType' object has no attribute 'hostname'``, which is no
+    connection error, so the worker stopped (``Unrecoverable error``; issue 18, failure 9,
+    seen again in the chaos runner's ``redis_restart``). As a connection error it is
+    ignored there and the consumer reconnects; the messages not restored now come back
+    through kombu's visibility-timeout restore (every phase task is idempotent and fenced)."""
+
+    def _connparams(self, asynchronous=False):
+        if self.connection.client is None:
+            raise redis.ConnectionError("the broker connection of this channel is closed")
+        return super()._connparams(asynchronous=asynchronous)
+
+
+class Channel(_ClosedTransportGuard, kombu_redis.Channel):
     QoS = QoS
     connection_class = RoleAwareConnection
     connection_class_ssl = RoleAwareSSLConnection
 
 
+def _supports_batch_publish(transport) -> bool:
+    """kombu 5.7's ``Transport.supports_batch_publish``, reading ``transport.client`` once.
+
+    kombu reads ``self.client`` twice; a connection closed by another thread in between
+    (``Connection._do_close_transport`` sets ``client = None`` while a Redis outage makes
+    Celery reset its connections) raised ``AttributeError: 'NoneType' object has no
+    attribute 'hostname'`` from a publish, and a GPU worker died of it in a 60 s outage
+    (issue 18, failure 9). A closed transport answers False: the publish goes out at
+    once, fails as a connection error, and Celery's retry reconnects."""
+    client = transport.client
+    if client is None or not kombu_redis._batch_publish_retry_safe(client.transport_options):
+        return False
+    hostname = client.hostname or ""
+    if "://" not in hostname:
+        return True
+    *_, query = kombu_redis._parse_url(hostname)
+    return kombu_redis._batch_publish_retry_safe(query)
+
+
 class Transport(kombu_redis.Transport):
     Channel = Channel
 
+    @property
+    def supports_batch_publish(self) -> bool:
+        return _supports_batch_publish(self)
 
-class SentinelChannel(kombu_redis.SentinelChannel):
+
+class SentinelChannel(_ClosedTransportGuard, kombu_redis.SentinelChannel):
     QoS = QoS
     connection_class = RoleAwareSentinelConnection
     connection_class_ssl = RoleAwareSentinelSSLConnection
@@ -119,6 +162,10 @@ class SentinelChannel(kombu_redis.SentinelChannel):
 
 class SentinelTransport(kombu_redis.SentinelTransport):
     Channel = SentinelChannel
+
+    @property
+    def supports_batch_publish(self) -> bool:
+        return _supports_batch_publish(self)
 
 
 def broker_url(redis_url: str) -> tuple[str, str | None]:

@@ -62,9 +62,9 @@ def planner(fleet: Path = FleetOpt, policy: Optional[str] = typer.Option(None, h
     _start_metrics(metrics_port, "planner")
     _gil_switch_interval()
     w = PlannerWorker(connect(s.redis_url), s, f)
-    import signal
+    from makespan import shutdown
 
-    signal.signal(signal.SIGTERM, lambda *_: w.stop())
+    shutdown.on_sigterm(s.shutdown_grace_s, "planner", w.stop)  # the SIGTERM bound
     try:
         w.run()
     except KeyboardInterrupt:

@@ -88,7 +88,8 @@ def dashboard(
                               refresh_s=refresh_s, basic_auth=basic_auth, url_prefix=url_prefix, fleet=spec,
                               stale_after_s=max(s.lease_ttl_s / 2, 1.0))  # as `makespan why`
         serve(cfg, host, port, announce=lambda url: typer.echo(
-            f"makespan dashboard on {url} (Redis {s.redis_url}, key prefix {s.key_prefix})", err=True))
+            f"makespan dashboard on {url} (Redis {s.redis_url}, key prefix {s.key_prefix})", err=True),
+            shutdown_grace_s=s.shutdown_grace_s)
     except MakespanError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from e

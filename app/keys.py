@@ -43,6 +43,11 @@ key                                    type    contents
 ``P:instance:{id}``                    hash    live endpoint instance (see makespan.workers.observer)
 ``P:instances``                        set     live endpoint instance ids
 ``P:observer``                         hash    observer liveness: probe cycle, time (EX ttl)
+``P:host:live:{host}``                 string  consumer id of a live GPU worker of ``host`` (PX ttl,
+                                               renewed by it; see makespan.workers.host_liveness)
+``P:hosts:seen``                       hash    host -> consumer id of the last GPU worker that
+                                               announced itself there (no TTL: a host seen once and
+                                               without a live key now has lost its consumer)
 ``P:fleet``                            string  the fleet spec JSON the planner runs with
 ``P:workload:{id}``                    hash    workload record (see makespan.workloads)
 ``P:workloads``                        zset    workload ids, score = submission time
@@ -244,6 +249,16 @@ class Keys:
     @property
     def observer(self) -> str:
         return f"{self.prefix}:observer"
+
+    def host_live(self, host: str) -> str:
+        """Present (PX ttl, the Redis server's clock) while a GPU worker consumes ``host``'s
+        queue; the value is that worker's consumer id."""
+        return f"{self.prefix}:host:live:{host}"
+
+    @property
+    def hosts_seen(self) -> str:
+        """Hash: host -> consumer id of the last GPU worker that announced itself there."""
+        return f"{self.prefix}:hosts:seen"
 
     @property
     def fleet(self) -> str:

@@ -70,11 +70,11 @@ class LiveSystem:
         env.setdefault("MAKESPAN_LOG_LEVEL", "WARNING")
         return env
 
-    def _spawn(self, name: str, args: list[str]) -> Proc:
+    def _spawn(self, name: str, args: list[str], env_extra: dict[str, str] | None = None) -> Proc:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"{name}.log"
         f = open(log_path, "ab")
-        env = self._env()
+        env = {**self._env(), **(env_extra or {})}
         if self.metrics_base_port:
             port = self.metrics_ports.get(name) or _bindable_from(self.metrics_base_port + len(self.metrics_ports),
                                                                   set(self.metrics_ports.values()))
@@ -90,9 +90,11 @@ class LiveSystem:
     def start_planner(self, i: int = 0) -> Proc:
         return self._spawn(f"planner-{i}", ["planner", "--fleet", str(self.fleet_path)])
 
-    def start_gpu_worker(self, host: str, n: int = 0) -> Proc:
+    def start_gpu_worker(self, host: str, n: int = 0, env_extra: dict[str, str] | None = None) -> Proc:
+        """Start the GPU worker ``gpu-{host}-{n}``; ``env_extra``: variables for this
+        process only (over :attr:`extra_env`)."""
         return self._spawn(f"gpu-{host}-{n}", ["gpu-worker", "--fleet", str(self.fleet_path), "--host", host,
-                                              "--pool", self.pool])
+                                              "--pool", self.pool], env_extra)
 
     def start_observer(self, probe_interval_s: float = 0.5) -> Proc:
         return self._spawn("observer", ["observer", "--fleet", str(self.fleet_path),

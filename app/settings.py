@@ -249,6 +249,15 @@ class Settings:
         submit_wait_timeout_s: longest that wait; fewer acknowledgements by then make
             the submit raise :class:`makespan.errors.StoreError` (the job is written on
             the primary, not yet known safe). ``MAKESPAN_SUBMIT_WAIT_TIMEOUT_S``.
+        worker_liveness_ttl_s: a GPU worker announces its host as consumed with a key of
+            this TTL (seconds, on the Redis server's clock), renewed every quarter of it;
+            a host seen once whose key has expired gets no new leases until a worker is
+            back (:mod:`makespan.workers.host_liveness`). A SIGKILLed worker is noticed
+            within this time, a stopped one at once. ``MAKESPAN_WORKER_LIVENESS_TTL_S``.
+        shutdown_grace_s: every makespan process (planner, GPU worker, observer,
+            dashboard) ends within this many seconds (+ 1 s) of SIGTERM: a clean
+            shutdown still running then is cut off with exit code 1 and every thread's traceback on stderr
+            (:mod:`makespan.shutdown`). ``MAKESPAN_SHUTDOWN_GRACE_S``.
     """
 
     redis_url: str = DEFAULT_REDIS_URL
@@ -299,6 +308,8 @@ class Settings:
     allow_evicting_redis: bool = False
     submit_wait_replicas: int = 0
     submit_wait_timeout_s: float = 1.0
+    worker_liveness_ttl_s: float = 10.0
+    shutdown_grace_s: float = 20.0
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -350,6 +361,8 @@ class Settings:
             allow_evicting_redis=_env_bool("MAKESPAN_ALLOW_EVICTING_REDIS"),
             submit_wait_replicas=_env_int("MAKESPAN_SUBMIT_WAIT_REPLICAS", 0, 0, 100),
             submit_wait_timeout_s=_env_float("MAKESPAN_SUBMIT_WAIT_TIMEOUT_S", 1.0),
+            worker_liveness_ttl_s=_env_float("MAKESPAN_WORKER_LIVENESS_TTL_S", 10.0),
+            shutdown_grace_s=_env_float("MAKESPAN_SHUTDOWN_GRACE_S", 20.0),
         )
         s = replace(s, **_guarantees_from_env(), **_transitions_from_env())
         known = {f.name for f in fields(cls)}
@@ -408,6 +421,8 @@ class Settings:
             "MAKESPAN_ALLOW_EVICTING_REDIS": "1" if self.allow_evicting_redis else "0",
             "MAKESPAN_SUBMIT_WAIT_REPLICAS": str(self.submit_wait_replicas),
             "MAKESPAN_SUBMIT_WAIT_TIMEOUT_S": repr(self.submit_wait_timeout_s),
+            "MAKESPAN_WORKER_LIVENESS_TTL_S": repr(self.worker_liveness_ttl_s),
+            "MAKESPAN_SHUTDOWN_GRACE_S": repr(self.shutdown_grace_s),
         }
 
 

@@ -34,6 +34,8 @@ REASONS: dict[str, str] = {
     "delayed_until": "submitted with delay_s: queued at the ETA (not_before)",
     "preempted_requeued": "it was preempted and is queued again (it restarts from zero)",
     "retry_backoff": "its lease was reclaimed (worker lost); it waits out the retry backoff until the ETA",
+    "host_down": "the hosts it could run on have no live GPU worker (stopped or dead): nothing is leased there "
+                 "until one is back; the detail names them",
     "no_planner": "no planner leads: nothing is planned until one does",
     "behind_batch": "queued behind the planner's batch (batch_size jobs by priority, FIFO): the detail gives "
                     "its queue position",

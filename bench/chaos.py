@@ -15,17 +15,45 @@ a mixed workload (one job in five delayed by 0.2–2 s) and, at seeded random mo
 * ``observer_kill``: SIGKILL the health observer (a replacement starts);
 * ``redis_drop_clients``: ``CLIENT KILL TYPE normal`` on the run's own Redis;
 * ``redis_restart``: SIGKILL redis-server and start it again on the same port and
-  directory (the append-only file brings the data back).
+  directory (the append-only file brings the data back);
+* ``proxy_half_open``: in a run that draws a proxy fault, every process reaches Redis
+  through a TCP proxy in a process of its own (:mod:`bench.fault_proxy`), and the run's
+  time scale is at least 0.03 (the hop's own latency would otherwise make 0.05 s
+  transitions overrun); this fault makes every connection open through it half-open
+  (nothing forwarded, both sockets kept open), new ones work;
+* ``proxy_latency``: the proxy delays every reply by 20–200 ms for 0.5–2 s;
+* ``redis_role_change``: ``REPLICAOF`` a primary nobody answers on for 0.5–2 s, then
+  ``REPLICAOF NO ONE`` (blocked reads end ``UNBLOCKED``, writes answer ``READONLY``);
+* ``eviction_policy``: Redis's ``maxmemory-policy`` set to an evicting one while a new
+  GPU worker starts: it must refuse (exit code 3; invariant ``eviction_refused``), then
+  ``noeviction`` again;
+* ``worker_clock_skew``: a GPU worker is replaced by one whose wall clock is 30–120 s
+  ahead or behind (``time.time`` shifted by a ``sitecustomize`` on its ``PYTHONPATH``,
+  :data:`SKEW_SITECUSTOMIZE`); it keeps running for the rest of the run;
+* ``endpoint_stubborn``: a job for endpoint ``stubborn``, a real process (the process
+  driver) whose child ignores SIGTERM: it must be stopped with its child (invariant
+  ``orphan``).
+
+A Sentinel failover is not in the mix (a primary, a replica and three sentinels per run
+are too heavy for hundreds of runs); ``tests/faults/test_sentinel.py`` runs it.
 
 Invariants checked from Redis and the recorded events (:func:`check_invariants`):
 ``lost`` (an accepted job neither completed nor failed with a reason), ``completed_twice``
 (a job with more than one ``completed`` event or execute phase), ``gpu_overlap`` (a GPU
 leased to two holders at once), ``drain`` (leases, agenda entries or busy slots left, or
 no drain check after the last job), ``set_point`` (an endpoint not back at its set
-point) and ``incident`` (an incident with no injected fault in the window before it).
+point), ``incident`` (an incident with no injected fault in the window before it), and
+after the faults end: ``wedged`` (a process that fails its liveness probe: a GPU worker
+that does not answer Celery's ping, an observer whose probe cycle does not advance, a
+probe job that does not complete, or a process still running ``shutdown_grace_s`` + 1 s
+after SIGTERM), ``eviction_refused`` (a process that started on an evicting Redis) and
+``orphan`` (an endpoint process of the run that no registered instance accounts for).
+Event times are read from the stream ids (the Redis server's clock), so a skewed
+worker's own clock does not move them.
 
 Run: ``.venv/bin/python -m bench.chaos --runs 100 --seed 1`` (prints one line per run,
-then the totals: runs, faults injected per kind, violations per invariant).
+then the totals: runs, faults injected per kind, violations per invariant; also when
+stopped early by SIGTERM or Ctrl-C). ``--faults 6`` draws six faults per run.
 """
 
 from __future__ import annotations
@@ -39,15 +67,17 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
+from bench.fault_proxy import ProxyProcess
 from makespan.errors import MakespanError, StoreError
 from makespan.keys import Keys
 from makespan.live import LiveSystem, Proc, delete_prefix
@@ -62,7 +92,23 @@ __all__ = ["FAULTS", "INVARIANTS", "ChaosRun", "RedisServer", "check_invariants"
            "write_fleet"]
 
 FAULTS = ("worker_kill", "worker_child_kill", "planner_kill", "planner_term", "observer_kill",
-          "redis_drop_clients", "redis_restart")
+          "redis_drop_clients", "redis_restart", "proxy_half_open", "proxy_latency", "redis_role_change",
+          "eviction_policy", "worker_clock_skew", "endpoint_stubborn")
+SHUTDOWN_GRACE_S = 5.0  # the processes' MAKESPAN_SHUTDOWN_GRACE_S in a run
+PROBE_S = 30.0  # longest a liveness probe may take after the faults (a loaded 2-core machine)
+PROBE_SLACK_S = 2.0  # added to the SIGTERM bound when judging a process wedged (a loaded machine)
+PROXY_FAULTS = ("proxy_half_open", "proxy_latency")
+PROXY_TIME_SCALE = 0.03  # the time scale of a run through the proxy (PROXY_FAULTS drawn)
+STUBBORN = "stubborn"  # the endpoint of endpoint_stubborn (a process whose child ignores SIGTERM); no random job uses it
+# put first on a skewed worker's PYTHONPATH: its wall clock (time.time, time.time_ns) is shifted
+SKEW_SITECUSTOMIZE = """import os as _os, time as _time
+_off = float(_os.environ.get("MAKESPAN_CHAOS_CLOCK_OFFSET_S") or 0.0)
+if _off:
+    _real, _real_ns = _time.time, _time.time_ns
+    _time.time = lambda: _real() + _off
+    _time.time_ns = lambda: _real_ns() + int(_off * 1e9)
+"""
+EXIT_REFUSED = 3  # makespan.redis_conn.EXIT_REFUSED: a process that refused an evicting Redis
 
 # A small fleet (2 hosts × 2 GPUs) with set points on both hosts, so restores happen.
 CHAOS_FLEET = """
@@ -99,6 +145,15 @@ tensor_parallel = 2
 memory_mib_per_gpu = 40000
 cold_start_s = 40
 evict_s = 8
+[endpoints.stubborn]
+model = "stubborn"
+memory_mib_per_gpu = 6000
+cold_start_s = 20
+evict_s = 3
+[endpoints.stubborn.launch]
+driver = "process"
+command = ["{python}", "-m", "makespan.workers.endpoint_server", "--port", "{port}", "--model", "stubborn",
+           "--spawn-child-ignoring-sigterm", "1"]
 """
 
 
@@ -190,15 +245,29 @@ class ChaosRun:
         self.n_jobs, self.n_faults, self.duration_s, self.timeout_s = jobs, faults, duration_s, timeout_s
         self.fault_plan = fault_plan  # these kinds in this order (else drawn from FAULTS)
         self.pool = self.rng.choice(["threads", "prefork"])
-        self.settings = Settings(redis_url=srv.url, key_prefix=f"chaos-{seed}-{os.getpid()}", time_scale=time_scale,
-                                 lease_ttl_s=2.0, heartbeat_s=0.4, batch_wait_s=0.02, planner_tick_s=0.05,
-                                 max_attempts=5)
+        self.kinds = list(fault_plan) if fault_plan else [self.rng.choice(FAULTS) for _ in range(faults)]
+        # a run that draws a proxy fault sends every process through the proxy (the runner itself connects
+        # directly), at a time scale of at least PROXY_TIME_SCALE: the proxy's own hop adds a few ms to each
+        # Redis round trip, enough to make a 0.05 s transition "overrun" long after the fault
+        self.proxy = ProxyProcess(srv.port) if any(k in PROXY_FAULTS for k in self.kinds) else None
+        if self.proxy is not None:
+            time_scale = max(time_scale, PROXY_TIME_SCALE)
+        self.settings = Settings(redis_url=self.proxy.url() if self.proxy else srv.url,
+                                 key_prefix=f"chaos-{seed}-{os.getpid()}", time_scale=time_scale, lease_ttl_s=2.0, heartbeat_s=0.4, batch_wait_s=0.02,
+                                 planner_tick_s=0.05, max_attempts=5, redis_socket_timeout_s=2.0,
+                                 redis_connect_timeout_s=1.0, shutdown_grace_s=SHUTDOWN_GRACE_S,
+                                 # a half-open pub/sub (remote control) connection is dropped after 2 unanswered
+                                 # health checks: within ~6 s here, not the ~75 s of the 25 s default
+                                 redis_health_check_interval_s=2.0)
         self.keys = Keys(self.settings.key_prefix)
+        self.workdir = workdir
         self.system = LiveSystem(fleet_path, self.fleet, self.settings, workdir / f"run-{seed}", planners=2,
                                  pool=self.pool)
         self.r = client(srv.url)
         self.faults: list[tuple[float, str]] = []
         self.restarts = Counter()
+        self.extra: dict[str, list[str]] = {"wedged": [], "eviction_refused": [], "orphan": []}
+        self._timers: list[threading.Timer] = []
 
     # -- processes -------------------------------------------------------------------
     def _start_observer(self) -> Proc:
@@ -271,11 +340,161 @@ class ChaosRun:
         if kind == "redis_restart":
             self.srv.restart(down_s=self.rng.uniform(0.0, 0.5))
             return "redis-server"
+        if kind == "proxy_half_open":
+            return f"{self.proxy.silence_open()} connections"
+        if kind == "proxy_latency":
+            latency_s, for_s = self.rng.uniform(0.02, 0.2), self.rng.uniform(0.5, 2.0)
+            self.proxy.set_latency(latency_s)
+            t = threading.Timer(for_s, lambda: self.proxy.set_latency(0.0))
+            t.daemon = True
+            t.start()
+            self._timers.append(t)
+            return f"{latency_s * 1000:.0f} ms for {for_s:.1f} s"
+        if kind == "redis_role_change":
+            down_s = self.rng.uniform(0.5, 2.0)
+            self.r.execute_command("REPLICAOF", "127.0.0.1", str(free_port()))  # a primary nobody answers on
+            time.sleep(down_s)
+            self.r.execute_command("REPLICAOF", "NO", "ONE")
+            return f"replica for {down_s:.1f} s"
+        if kind == "eviction_policy":
+            return self._evicting_policy_probe()
+        if kind == "worker_clock_skew":
+            return self._skewed_worker()
+        if kind == "endpoint_stubborn":
+            prod = Producer(self.r, self.keys, self.fleet, self.settings)
+            jid = self._submit(prod, {"endpoint": STUBBORN, "service_s": self.rng.uniform(5, 30),
+                                      "priority": self.rng.choice(["HIGH", "NORMAL"]),
+                                      "idempotency_key": f"chaos-{self.seed}-stubborn-{len(self.faults)}"})
+            if jid:
+                self.accepted.append(jid)
+            return f"job {jid}"
         raise MakespanError(f"unknown fault {kind!r}")
+
+    def _evicting_policy_probe(self) -> str:
+        """Set an evicting ``maxmemory-policy``, start a GPU worker (it must refuse: exit
+        code 3 within PROBE_S), then ``noeviction`` again."""
+        policy = self.rng.choice(["volatile-ttl", "allkeys-lru", "volatile-lru"])
+        host = self.rng.choice(self.fleet.hosts).name
+        self.r.config_set("maxmemory-policy", policy)
+        try:
+            probe = self.system._spawn(f"probe-evict-{len(self.faults)}", [
+                "gpu-worker", "--fleet", str(self.fleet_path), "--host", host, "--pool", "solo"])
+            try:
+                code = probe.popen.wait(timeout=PROBE_S)
+            except subprocess.TimeoutExpired:
+                os.killpg(probe.popen.pid, signal.SIGKILL)
+                probe.popen.wait()
+                code = None
+        finally:
+            self.r.config_set("maxmemory-policy", "noeviction")
+        if code != EXIT_REFUSED:
+            self.extra["eviction_refused"].append(f"a GPU worker on {policy} ended with {code}, not {EXIT_REFUSED}")
+        return f"{policy}: worker exit {code}"
+
+    def _skewed_worker(self) -> str:
+        """Replace one host's GPU worker by one whose clock is 30–120 s off."""
+        host = self.rng.choice(self.fleet.hosts).name
+        offset_s = self.rng.choice([-1, 1]) * self.rng.uniform(30.0, 120.0)
+        for w in self._alive(f"gpu-{host}-"):
+            os.killpg(w.popen.pid, signal.SIGKILL)
+            w.popen.wait()
+        site = self.workdir / "skew-site"
+        site.mkdir(parents=True, exist_ok=True)
+        (site / "sitecustomize.py").write_text(SKEW_SITECUSTOMIZE)
+        path = os.pathsep.join(x for x in (str(site), os.environ.get("PYTHONPATH", "")) if x)
+        self.restarts[f"gpu-{host}"] += 1
+        self.system.start_gpu_worker(host, n=self.restarts[f"gpu-{host}"],
+                                     env_extra={"PYTHONPATH": path, "MAKESPAN_CHAOS_CLOCK_OFFSET_S": repr(offset_s)})
+        return f"gpu-{host} clock {offset_s:+.0f} s"
+
+    # -- after the faults: no process wedged, no orphan ----------------------------------
+    def _probe_liveness(self, prod: Producer) -> None:
+        """Every process answers within its bound once the faults are over (module doc)."""
+        from makespan.celery_app import create_celery
+
+        app = create_celery(replace(self.settings, redis_url=self.srv.url))
+        try:
+            want = {f"gpu-{h.name}" for h in self.fleet.hosts}
+            seen: set[str] = set()
+            last_error: Exception | None = None
+            deadline = time.monotonic() + PROBE_S
+            while time.monotonic() < deadline and not want <= seen:
+                try:
+                    seen |= {n.split("@")[0] for rep in (app.control.ping(timeout=1.0) or []) for n in rep}
+                except (redis.RedisError, OSError) as e:  # the probe's own connection died in the faults: a new one
+                    app.close()
+                    app = create_celery(replace(self.settings, redis_url=self.srv.url))
+                    time.sleep(0.2)
+                    last_error = e
+            if not want <= seen:
+                self.extra["wedged"].append(f"GPU workers not answering ping: {sorted(want - seen)} "
+                                            f"(last probe error: {last_error})")
+        finally:
+            app.close()
+        cycle0 = self.r.hget(self.keys.observer, "cycle")
+        deadline = time.monotonic() + PROBE_S
+        while time.monotonic() < deadline and self.r.hget(self.keys.observer, "cycle") == cycle0:
+            time.sleep(0.1)
+        if self.r.hget(self.keys.observer, "cycle") == cycle0:
+            self.extra["wedged"].append(f"observer's probe cycle stuck at {cycle0}")
+        jid = self._submit(prod, {"endpoint": "embed", "service_s": 1.0, "priority": "CRITICAL",
+                                  "idempotency_key": f"chaos-{self.seed}-probe"})
+        deadline = time.monotonic() + PROBE_S
+        while time.monotonic() < deadline and self.r.hget(self.keys.job(jid), "state") not in TERMINAL:
+            self._supervise()
+            time.sleep(0.1)
+        if jid is None or self.r.hget(self.keys.job(jid), "state") != "completed":
+            self.extra["wedged"].append(f"probe job {jid}: {self.r.hgetall(self.keys.job(jid)) if jid else 'refused'}")
+        if jid:
+            self.accepted.append(jid)
+
+    def _orphans(self) -> list[str]:
+        """Endpoint processes of this run (its key prefix in their environment) outside the
+        process group of every registered instance."""
+        from makespan.workers.drivers.registry import list_instances
+
+        groups = {inst.pid for inst in list_instances(self.r, self.keys) if inst.pid}
+        out = []
+        for d in Path("/proc").iterdir():
+            if not d.name.isdigit():
+                continue
+            try:
+                cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                if "makespan.workers.endpoint_server" not in cmd:
+                    continue
+                env = (d / "environ").read_bytes().split(b"\0")
+                pgid = os.getpgid(int(d.name))
+            except (OSError, ProcessLookupError):
+                continue
+            if f"MAKESPAN_KEY_PREFIX={self.keys.prefix}".encode() in env and pgid not in groups:
+                out.append(f"pid {d.name} (group {pgid}): {cmd[:120]}")
+        return out
+
+    def _stop_timed(self) -> None:
+        """SIGTERM every process still running; one still running ``shutdown_grace_s`` + 1 s
+        (+ PROBE_SLACK_S for a loaded machine) later is wedged (then SIGKILLed)."""
+        alive = [p for p in self.system.procs if p.alive()]
+        for p in alive:
+            try:
+                os.killpg(p.popen.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + SHUTDOWN_GRACE_S + 1.0 + PROBE_SLACK_S
+        for p in alive:
+            try:
+                p.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.extra["wedged"].append(f"{p.name} still running {SHUTDOWN_GRACE_S + 1.0 + PROBE_SLACK_S} s "
+                                            f"after SIGTERM")
+                try:
+                    os.killpg(p.popen.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                p.popen.wait()
 
     # -- the run -----------------------------------------------------------------------
     def _job(self, i: int) -> dict:
-        eps = sorted(self.fleet.endpoints)
+        eps = sorted(e for e in self.fleet.endpoints if e != STUBBORN)
         job = {"endpoint": self.rng.choice(eps), "service_s": self.rng.uniform(10, 80),
                "priority": self.rng.choice(["CRITICAL", "HIGH", "NORMAL", "LOW"]),
                "idempotency_key": f"chaos-{self.seed}-{i}"}
@@ -294,18 +513,18 @@ class ChaosRun:
     def run(self) -> RunResult:
         t_start = time.time()
         crashed: list[str] = []
+        self.accepted: list[str] = []
         try:
             self.system.start(wait_s=60)
             self._start_observer()
             prod = Producer(self.r, self.keys, self.fleet, self.settings)
             plan_t = sorted(self.rng.uniform(0.0, self.duration_s) for _ in range(self.n_jobs))
-            n_faults = len(self.fault_plan) if self.fault_plan else self.n_faults
-            fault_t = sorted(self.rng.uniform(0.3, self.duration_s) for _ in range(n_faults))
-            kinds = list(self.fault_plan) if self.fault_plan else [self.rng.choice(FAULTS) for _ in fault_t]
+            fault_t = sorted(self.rng.uniform(0.3, self.duration_s) for _ in self.kinds)
+            kinds = self.kinds
             jobs = [self._job(i) for i in range(self.n_jobs)]
             timeline = sorted([(t, "job", i) for i, t in enumerate(plan_t)] + [(t, "fault", k) for t, k in
                                                                                 zip(fault_t, kinds)])
-            accepted: list[str] = []
+            accepted = self.accepted
             t0 = time.monotonic()
             for t, what, arg in timeline:
                 time.sleep(max(0.0, t0 + t - time.monotonic()))
@@ -318,6 +537,7 @@ class ChaosRun:
                     self.faults.append((time.time(), f"{arg}:{hit}"))
                     time.sleep(0.05)
                     self._supervise()
+            self._probe_liveness(prod)  # the faults are over: every process must answer within its bound
             deadline = time.monotonic() + self.timeout_s
             settled = False
             while time.monotonic() < deadline:
@@ -330,19 +550,28 @@ class ChaosRun:
                         if settled:
                             break
                 time.sleep(0.2)
+            self.extra["orphan"] += self._orphans()
             window_s = self.settings.lease_ttl_s * 3 + 5.0
             viol = check_invariants(self.r, self.keys, self.fleet, accepted, self.faults, window_s)
+            self._stop_timed()
+            for k, xs in self.extra.items():
+                viol[k] = viol.get(k, []) + xs
             if any(viol.values()):  # keep the evidence next to the process logs
                 self.system.log_dir.mkdir(parents=True, exist_ok=True)
                 (self.system.log_dir / "events.json").write_text(json.dumps(_events(self.r, self.keys), indent=0))
             states = Counter(self.r.hget(self.keys.job(j), "state") for j in accepted)
             crashed = [p.name for p in self.system.procs if not p.alive() and p.popen.returncode not in (0, -9, -15)
-                       and not any(p.name in f for _, f in self.faults)]
+                       and not p.name.startswith("probe-") and not any(p.name in f for _, f in self.faults)]
             return RunResult(self.seed, self.pool, len(accepted), states, self.faults, viol,
                              time.time() - t_start, crashed)
         finally:
+            for t in self._timers:
+                t.cancel()
             self.system.stop(grace_s=5)
+            if self.proxy is not None:
+                self.proxy.close()
             try:
+                self.r.config_set("maxmemory-policy", "noeviction")
                 delete_prefix(self.r, self.keys)
             except redis.RedisError:
                 pass
@@ -381,7 +610,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     fleet_path = write_fleet(workdir)
     srv = RedisServer()
-    totals, faults, jobs, states, crashes = Counter(), Counter(), 0, Counter(), 0
+    totals, faults, jobs, states, crashes, done = Counter(), Counter(), 0, Counter(), 0, 0
     t0 = time.time()
     try:
         for i in range(a.runs):
@@ -393,6 +622,7 @@ def main(argv: list[str] | None = None) -> int:
             bad = {k: len(x) for k, x in res.violations.items() if x}
             totals.update(bad)
             crashes += len(res.crashed)
+            done += 1
             print(f"run {i + 1:3d} seed {res.seed} pool {res.pool:8s} jobs {res.accepted} {dict(res.states)} "
                   f"faults {[f for _, f in res.faults]} {res.wall_s:.1f} s "
                   f"{'OK' if not bad else 'VIOLATIONS ' + json.dumps(res.violations)}"
@@ -401,10 +631,12 @@ def main(argv: list[str] | None = None) -> int:
         srv.stop()
         if a.keep_logs is None:
             shutil.rmtree(workdir, ignore_errors=True)
-    print(f"\nruns {a.runs}  jobs {jobs} {dict(states)}  wall {time.time() - t0:.0f} s")
-    print("faults injected: " + ", ".join(f"{k} {faults[k]}" for k in FAULTS) + f" (total {sum(faults.values())})")
-    print(f"processes that exited on their own (restarted by the runner's supervisor): {crashes}")
-    print("violations: " + ", ".join(f"{k} {totals[k]}" for k in INVARIANTS) + f" (total {sum(totals.values())})")
+        # the totals of the runs done, also when stopped early (SIGTERM, Ctrl-C)
+        print(f"\nruns {done}/{a.runs}  jobs {jobs} {dict(states)}  wall {time.time() - t0:.0f} s")
+        print("faults injected: " + ", ".join(f"{k} {faults[k]}" for k in FAULTS) + f" (total {sum(faults.values())})")
+        print(f"processes that exited on their own (restarted by the runner's supervisor): {crashes}")
+        print("violations: " + ", ".join(f"{k} {totals[k]}" for k in INVARIANTS) + f" (total {sum(totals.values())})",
+              flush=True)
     return 1 if sum(totals.values()) else 0
 
 

@@ -6,7 +6,9 @@
 * ``drain``: leases, agenda entries, busy slots or leaked reverse-dependency index entries
   (``awaited_entries``) left, or no drain check after the last job;
 * ``set_point``: a set-point endpoint not resident on its GPUs;
-* ``incident``: an incident with no injected fault in the window before it.
+* ``incident``: an incident with no injected fault in the window before it;
+* ``wedged``, ``eviction_refused``, ``orphan``: judged by the runner after the faults
+  (bench/chaos.py); :func:`check_invariants` leaves them empty.
 """
 
 from __future__ import annotations
@@ -20,17 +22,25 @@ import redis
 from makespan.keys import Keys
 from makespan.run_report import drain_counts
 
-INVARIANTS = ("lost", "completed_twice", "gpu_overlap", "drain", "set_point", "incident")
+INVARIANTS = ("lost", "completed_twice", "gpu_overlap", "drain", "set_point", "incident", "wedged",
+              "eviction_refused", "orphan")
+RUNNER_CHECKED = ("wedged", "eviction_refused", "orphan")  # judged by the runner itself (bench/chaos.py), empty here
 TERMINAL = ("completed", "failed", "cancelled")
 
 
 def _events(r: redis.Redis, keys: Keys) -> list[dict]:
+    """The run's events, oldest first, each ``ts`` the time of its stream id (unix s on the
+    Redis server's clock, not the recording process's: a worker with a skewed clock must
+    not move its events); ``recorded_ts``: the process's own."""
     out = []
-    for _id, f in r.xrange(keys.events):
+    for entry_id, f in r.xrange(keys.events):
         try:
-            out.append(json.loads(f["e"]))
+            e = json.loads(f["e"])
         except (KeyError, ValueError):
             continue
+        e["recorded_ts"] = e.get("ts")
+        e["ts"] = int(entry_id.split("-")[0]) / 1000.0
+        out.append(e)
     return out
 
 

@@ -57,10 +57,11 @@ class FormBatch:
     def run(self, ctx: TickContext) -> None:
         snapshot = ctx.snapshot
         assert snapshot is not None, "ReadSnapshot runs before FormBatch"
-        ctx.held_gpus = snapshot.held_gpus(ctx.env.gpus)
+        ctx.held_gpus = snapshot.unavailable_gpus(ctx.env.gpus)  # held, or on a host without a GPU worker
         heads = snapshot.queue_heads
         may_preempt = bool(heads[Priority.CRITICAL] or heads[Priority.HIGH])
-        ctx.batch_formed = len(ctx.held_gpus) < len(ctx.env.gpus) or may_preempt
+        # a host is down: form the batch anyway, so its jobs' wait reasons say why they wait
+        ctx.batch_formed = len(ctx.held_gpus) < len(ctx.env.gpus) or may_preempt or bool(snapshot.down_gpus)
         if ctx.batch_formed:
             ctx.formed = form_batch(ctx.env, ctx.token, None if snapshot.workloads_active else heads)
 

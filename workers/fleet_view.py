@@ -31,6 +31,7 @@ from makespan.estimates import Windows, prior_s, read_transition_windows, transi
 from makespan.models import FleetSpec, Priority
 from makespan.planner.simulator import recent_demand, recent_share
 from makespan.planner.model import EndpointModel, FleetState, Gpu, PlanJob
+from makespan.workers import host_liveness
 from makespan.workers.drivers.base import Instance
 from makespan.workers.drivers.registry import list_instances
 from makespan.keys import Keys
@@ -40,6 +41,7 @@ from makespan.workers.tick.context import CrossTickState, Snapshot, TickContext,
 STATS_KEEP = 10_000  # solve-time records kept in P:planner:solve_s
 DEMAND_WINDOW_S = 1800.0  # workload seconds of arrivals that define recent demand
 DEMAND_KEEP = 5_000  # most recent arrivals remembered for it
+DOWN_FREE_AFTER_S = 86_400.0  # workload s: a host without a live GPU worker is planned free only this late
 LEARNED_REFRESH_S = 2.0  # wall seconds between reads of the learned transition durations
 
 
@@ -115,7 +117,7 @@ class ReadFleet:
             return
         snapshot = ctx.snapshot
         assert snapshot is not None, "ReadSnapshot runs before ReadFleet"
-        view = read_fleet_state(ctx.env, ctx.kept, snapshot.gpu_holders, snapshot.residents)
+        view = read_fleet_state(ctx.env, ctx.kept, snapshot.gpu_holders, snapshot.residents, snapshot.down_gpus)
         ctx.fleet_state, ctx.lease_job = view.state, view.lease_job
 
 
@@ -148,9 +150,14 @@ def read_snapshot(env: TickEnv, kept: CrossTickState) -> Snapshot:
     pipe.scard(env.keys.workloads_active)
     for queue in env.keys.queues():
         pipe.zrange(queue, 0, env.settings.batch_size - 1)
-    expired, agenda, held, residents, workloads, *heads = pipe.execute()[-(5 + len(Priority)):]
+    hosts = [host.name for host in env.fleet.hosts]
+    liveness_reads = host_liveness.queue_reads(pipe, env.keys, hosts)
+    *rest, seen, live = pipe.execute()[-(5 + len(Priority) + liveness_reads):]
+    expired, agenda, held, residents, workloads, *heads = rest
+    down = host_liveness.down_hosts(hosts, seen, live)
     return Snapshot(tuple(expired or ()), int(agenda), tuple(held), tuple(residents), int(workloads),
-                    MappingProxyType({level: tuple(ids) for level, ids in zip(Priority, heads)}))
+                    MappingProxyType({level: tuple(ids) for level, ids in zip(Priority, heads)}),
+                    frozenset(down), frozenset(host_liveness.gpus_of(env.fleet, down)))
 
 
 def queue_solve_stats(pipe: redis.client.Pipeline, keys: Keys, kept: CrossTickState) -> None:
@@ -182,11 +189,15 @@ def read_fleet_gpus(env: TickEnv) -> tuple[tuple[str | None, ...], tuple[str | N
 
 
 def read_fleet_state(env: TickEnv, kept: CrossTickState, held: tuple[str | None, ...],
-                     residents: tuple[str | None, ...]) -> FleetView:
+                     residents: tuple[str | None, ...], down_gpus: frozenset[str] | set[str] = frozenset()) -> FleetView:
     """The planner's view of the fleet (free times and ``now_s`` in workload s, residents,
     set point, the endpoints asleep on each GPU), the busy GPUs and each held GPU's job,
     from the GPU holders ``held`` and residents ``res`` (fleet order, as the snapshot or
     :func:`read_fleet_gpus` read them). Refreshes ``kept.endpoints`` (:func:`refresh_learned`).
+    ``down_gpus``: the GPUs of hosts that lost their GPU worker
+    (:mod:`makespan.workers.host_liveness`): they count as busy and free only
+    DOWN_FREE_AFTER_S from now, so nothing is leased there and a plan places there only a
+    job that no other host can run (it waits with reason ``host_down``).
 
     Raises:
         redis.RedisError: Redis failed."""
@@ -225,6 +236,10 @@ def read_fleet_state(env: TickEnv, kept: CrossTickState, held: tuple[str | None,
     set_point = env.fleet.set_point_by_gpu()
     refresh_learned(env, kept)
     asleep = asleep_by_gpu(list_instances(env.r, env.keys, with_state=True))
+    if down_gpus:  # the dead-host gate: busy, and free only in a day (other hosts are preferred)
+        busy |= set(down_gpus)
+        for gpu in down_gpus:
+            free_at[gpu] = max(free_at[gpu], now + DOWN_FREE_AFTER_S)
     state = FleetState(now, list(env.gpus), kept.endpoints, free_at, resident, set_point, asleep=asleep,
                        set_point_weight=env.settings.set_point_weight, host_ram_mib=env.fleet.host_ram_budgets())
     return FleetView(state, busy, lease_job)

@@ -215,9 +215,12 @@ def run_observer(settings: Settings, fleet: FleetSpec, probe_interval_s: float =
         RedisConfigError: Redis evicts keys (``maxmemory-policy``) and
             ``settings.allow_evicting_redis`` is not set (checked at start)."""
     stop = stop or threading.Event()
+    restore_signals = None
     if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: stop.set())
+        from makespan import shutdown
+
+        signal.signal(signal.SIGINT, lambda *_: stop.set())
+        restore_signals = shutdown.on_sigterm(settings.shutdown_grace_s, "observer", stop.set)  # the SIGTERM bound
     r = connect(settings.redis_url, settings=settings)
     try:
         check_eviction_policy(r, settings, process="observer")
@@ -225,6 +228,8 @@ def run_observer(settings: Settings, fleet: FleetSpec, probe_interval_s: float =
         log.warning("observer: maxmemory-policy not checked, Redis did not answer: %s", e)
     except RedisConfigError:
         r.close()
+        if restore_signals is not None:
+            restore_signals()
         raise
     obs = Observer(r, Keys(settings.key_prefix), fleet, probe_interval_s, overrun_factor)
     raised = 0
@@ -239,6 +244,8 @@ def run_observer(settings: Settings, fleet: FleetSpec, probe_interval_s: float =
     finally:
         obs.close()
         r.close()
+        if restore_signals is not None:
+            restore_signals()
     return raised
 
 

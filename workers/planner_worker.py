@@ -45,6 +45,7 @@ from makespan.workers.batch import form_batch
 from makespan.workers.drain import check_drain
 from makespan.workers.fleet_view import (endpoint_models, fleet_gpus, queue_solve_stats, read_fleet_gpus,
                                          read_fleet_state, set_point_instances)
+from makespan.workers import host_liveness
 from makespan.workers.improver import BackgroundImprover
 from makespan.workers.leases import LeaseStore
 from makespan.workers.tick.clock import Clock, SystemClock
@@ -263,7 +264,8 @@ class PlannerWorker:
         """The planner's view of the fleet read now, and the busy GPUs
         (:func:`makespan.workers.fleet_view.read_fleet_state`)."""
         held, res = read_fleet_gpus(self.env)
-        view = read_fleet_state(self.env, self.kept, held, res)
+        down = host_liveness.read_down_hosts(self.r, self.keys, [host.name for host in self.fleet.hosts])
+        view = read_fleet_state(self.env, self.kept, held, res, host_liveness.gpus_of(self.fleet, down))
         return view.state, view.busy
 
     def check_drain(self) -> dict[str, Any]:

@@ -152,6 +152,36 @@ def _check_helpers() -> None:
                           ", ".join(sorted(endpoints)))
 
 
+_heartbeat = None  # makespan.workers.host_liveness.HostHeartbeat of this worker's host
+
+
+@signals.worker_ready.connect
+def _announce_host(**_kw) -> None:
+    """Once consuming: announce this host's queue as consumed (the dead-host gate,
+    :mod:`makespan.workers.host_liveness`) until shutdown."""
+    global _heartbeat
+    host = os.environ.get("MAKESPAN_HOST")
+    if not host or _heartbeat is not None:
+        return
+    from makespan.workers.host_liveness import HostHeartbeat
+
+    _heartbeat = HostHeartbeat(connect(settings.redis_url, settings=settings), Keys(settings.key_prefix), host,
+                               settings.worker_liveness_ttl_s)
+    _heartbeat.start()
+
+
+@signals.worker_shutting_down.connect
+def _withdraw_host(**_kw) -> None:
+    """Shutdown begins: the SIGTERM bound's watchdog starts (:mod:`makespan.shutdown`: a
+    phase still running after ``shutdown_grace_s`` is cut off, its lease reclaimed), and
+    this host gets no new leases from now on (not after the liveness TTL)."""
+    from makespan import shutdown
+
+    shutdown.arm(settings.shutdown_grace_s, "gpu-worker")
+    if _heartbeat is not None:
+        _heartbeat.stop()
+
+
 @signals.worker_shutting_down.connect
 def _stop_idle_endpoints(**_kw) -> None:
     """As soon as shutdown begins (SIGTERM, Ctrl-C), stop the endpoint processes of this

@@ -5,7 +5,8 @@ tick read (its batch, the queued jobs its scan left out, the unready steps).
 The :class:`WriteWaitReasons` step derives each not-started batch job's reason
 from the tick's plan: ``reserved`` / ``behind_reservation`` (the tick's reservations,
 :mod:`makespan.planner.reservation`), ``preempted_requeued`` (its record says it was
-preempted and it has not started since), ``waiting_for_memory`` (a group of its size is
+preempted and it has not started since), ``host_down`` (planned on a host without a live
+GPU worker: :mod:`makespan.workers.host_liveness`), ``waiting_for_memory`` (a group of its size is
 free now but none with its memory is), else ``waiting_for_gpus`` naming the GPUs of its
 planned group and what holds them (a lease's job, or the jobs planned there before it).
 The ETA is the plan's start converted to the Redis server's clock
@@ -104,6 +105,11 @@ def _batch_reason(ctx: TickContext, job: PlanJob, state: FleetState, plan: Plan,
     if blocking:
         reservation = blocking[0]
         return "behind_reservation", f"GPUs {','.join(reservation.gpus)} are reserved for job {reservation.job_id}"
+    down_hosts = ctx.snapshot.down_hosts if ctx.snapshot is not None else frozenset()
+    if assignment is not None and down_hosts and ctx.env.fleet.host_of(assignment.gpus[0]) in down_hosts:
+        host = ctx.env.fleet.host_of(assignment.gpus[0])
+        return "host_down", (f"planned on host {host}, which no GPU worker consumes now; nothing is leased "
+                             "there until one is back")
     model = state.endpoints.get(job.endpoint)
     if model is not None:
         fits = state.groups(model.tp, model.memory_mib)

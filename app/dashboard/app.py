@@ -222,17 +222,30 @@ def create_app(cfg: DashboardConfig, client: Any = None) -> Any:
 
 
 def serve(cfg: DashboardConfig, host: str = "127.0.0.1", port: int = 9180,
-          announce: Callable[[str], None] | None = None) -> None:
+          announce: Callable[[str], None] | None = None, shutdown_grace_s: float = 20.0) -> None:
     """Run the dashboard with uvicorn until interrupted; ``announce`` gets its URL first.
+    On SIGTERM/SIGINT it ends within ``shutdown_grace_s`` (+ 1 s): open streams get half of
+    it to close (uvicorn's ``timeout_graceful_shutdown``), then :mod:`makespan.shutdown`'s
+    watchdog ends the process.
 
     Raises:
         ValidationError: ``port`` outside 1..65535, or a bad ``cfg`` (:func:`create_app`).
     """
     import uvicorn
 
+    from makespan import shutdown
+
     if not isinstance(port, int) or not 0 < port < 65536:
         raise ValidationError("--port", port, "must be a TCP port 1..65535")
     asgi = create_app(cfg)
+
+    class _BoundedServer(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:  # uvicorn's own SIGTERM/SIGINT handler
+            shutdown.arm(shutdown_grace_s, "dashboard")
+            super().handle_exit(sig, frame)
+
+    config = uvicorn.Config(asgi, host=host, port=port, log_level="warning", access_log=False,
+                            timeout_graceful_shutdown=max(shutdown_grace_s / 2, 0.1))
     if announce is not None:
         announce(f"http://{host}:{port}{cfg.prefix_path()}/")
-    uvicorn.run(asgi, host=host, port=port, log_level="warning", access_log=False)
+    _BoundedServer(config).run()

@@ -20,7 +20,7 @@ from makespan.celery_app import create_celery
 from makespan.redis_conn import connect
 from makespan.settings import Settings
 
-from tests.faults.silent_proxy import SilentProxy
+from bench.fault_proxy import SilentProxy
 
 SOCKET_TIMEOUT_S = 0.5
 # A command may time out once (socket timeout), then redis-py or kombu reconnects and

@@ -129,6 +129,25 @@ def test_no_planner_then_behind_batch(r, settings, env):
     assert "position 1 in the LOW queue" in _why(jid, "behind_batch")
 
 
+def test_host_down(r, settings, env):
+    """Host a (the only one with the memory of ``big``) lost its GPU worker: ``big`` is not
+    leased and says why; ``e`` goes to host b; once a worker announces a again, ``big`` starts."""
+    from makespan.workers.host_liveness import announce, withdraw
+
+    w, prod, sent = _setup(r, settings, FLEET)
+    for h in ("a", "b"):
+        announce(r, w.keys, h, f"worker-{h}", 60.0)
+    assert withdraw(r, w.keys, "a", "worker-a")  # its worker stopped
+    big = prod.submit({"endpoint": "big", "service_s": 100, "priority": "NORMAL"}).id
+    small = prod.submit({"endpoint": "e", "service_s": 100, "priority": "NORMAL"}).id
+    w.tick()
+    assert [(c.job_id, c.gpus) for c in sent] == [(small, ["GPU-b-0"])]
+    assert "planned on host a" in _why(big, "host_down")
+    announce(r, w.keys, "a", "worker-a2", 60.0)
+    w.tick()
+    assert [(c.job_id, c.gpus) for c in sent][1:] == [(big, ["GPU-a-0"])]
+
+
 TWO_BY_FOUR = parse_fleet({"name": "two-by-four", "hosts": [{"name": "a", "gpu_count": 4, "memory_mib": 81920},
                                                              {"name": "b", "gpu_count": 4, "memory_mib": 81920}],
                            "endpoints": {"e": {"model": "m", "memory_mib_per_gpu": 1000, "cold_start_s": 20},

@@ -52,3 +52,15 @@ def test_spill_never_takes_a_group_too_small_for_the_job():
     assert {a.job_id: a.gpus for a in out}["b2"] in (("b0",), ("b1",))
     evaluate(out, batch, st)  # every group valid for its job
     evaluate(portfolio(batch, st).assignments, batch, st)
+
+
+def test_spill_never_takes_a_group_without_the_memory():
+    """A job may spill onto another endpoint's group only if that group has its memory:
+    the big model's only GPU is busy for a long time, the small GPU is free, and the
+    spill used to place the big model there (an infeasible plan the evaluator refused)."""
+    gpus = [Gpu("big-gpu", "a", 0, 81_920), Gpu("small-gpu", "b", 0, 20_000)]
+    eps = {"big": EndpointModel("big", 1, 40_000, 1.0, 0.0), "e": EndpointModel("e", 1, 10_000, 1.0, 0.0)}
+    st = FleetState(0.0, gpus, eps, free_at={"big-gpu": 1000.0, "small-gpu": 0.0})
+    batch = [PlanJob("x", "big", 2.0, 0.0, 100.0, seq=1), PlanJob("y", "e", 2.0, 0.0, 100.0, seq=2)]
+    plan = evaluate(partition(batch, st, spill=True), batch, st)  # raised InfeasiblePlan before
+    assert {a.job_id: a.gpus for a in plan.assignments} == {"x": ("big-gpu",), "y": ("small-gpu",)}

@@ -48,10 +48,17 @@ class Snapshot:
     residents: tuple[str | None, ...]
     workloads_active: int  # active workloads (a workload pass may change the queues)
     queue_heads: Mapping[Priority, tuple[str, ...]]  # first batch_size ids of each queue, CRITICAL first
+    down_hosts: frozenset[str] = frozenset()  # hosts without a live GPU worker (makespan.workers.host_liveness)
+    down_gpus: frozenset[str] = frozenset()  # UUIDs of the GPUs of down_hosts
 
     def held_gpus(self, gpus: tuple[Gpu, ...]) -> set[str]:
         """UUIDs of the GPUs a lease holds (``gpus``: the fleet order of the snapshot)."""
         return {gpu.uuid for gpu, holder in zip(gpus, self.gpu_holders) if holder}
+
+    def unavailable_gpus(self, gpus: tuple[Gpu, ...]) -> set[str]:
+        """The GPUs no new lease may take: those a lease holds and those of a host without a
+        live GPU worker (the dead-host gate, :mod:`makespan.workers.host_liveness`)."""
+        return self.held_gpus(gpus) | self.down_gpus
 
 
 @dataclass

@@ -1,0 +1,88 @@
+"""The SIGTERM bound: every makespan process ends within ``shutdown_grace_s`` (+ 1 s) of
+SIGTERM (docs/operations.md, "Stopping processes").
+
+Each process first shuts down cleanly (the planner finishes its tick and releases its
+lock, a GPU worker stops consuming and lets its running phases finish, the observer ends
+its probe cycle, the dashboard closes its streams). :func:`arm` starts, when SIGTERM
+arrives (:func:`on_sigterm` sees it at once, whatever the main thread is doing), a
+watchdog that ends the process with :data:`EXIT_SHUTDOWN_TIMEOUT` if the clean shutdown
+has not finished after ``grace_s`` seconds: a phase still running (a long execute) is
+cut off; its lease then expires and is reclaimed, as a lost worker's is.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable
+
+log = logging.getLogger("makespan.shutdown")
+
+EXIT_SHUTDOWN_TIMEOUT = 1  # exit code of a process whose clean shutdown outlasted its grace period (faulthandler's)
+
+_armed = False
+_lock = threading.Lock()
+
+
+def arm(grace_s: float, process: str) -> bool:
+    """Start (once per process) the watchdog: ``faulthandler.dump_traceback_later`` with
+    ``exit=True``, a C thread that needs no GIL, so it fires also while the interpreter
+    finalizes or a C call holds the GIL: after ``grace_s`` seconds (wall clock) it writes
+    every thread's traceback to stderr (where the shutdown was stuck) and ends the process
+    with :data:`EXIT_SHUTDOWN_TIMEOUT`. Safe to call from a signal handler or a Celery
+    signal. Returns True if this call armed it."""
+    global _armed
+    with _lock:
+        if _armed:
+            return False
+        _armed = True
+    # the process's own stderr (fd 2): Celery replaces sys.stderr with a logging proxy that has no fd
+    err = sys.__stderr__
+    try:
+        print(f"makespan {process}: SIGTERM; ending within {grace_s:g} s (MAKESPAN_SHUTDOWN_GRACE_S), else exit "
+              f"code {EXIT_SHUTDOWN_TIMEOUT} with every thread's traceback below", file=err, flush=True)
+        faulthandler.dump_traceback_later(grace_s, repeat=False, file=err, exit=True)
+    except (AttributeError, OSError, RuntimeError, ValueError) as e:  # no usable fd 2: a Python timer instead
+        log.warning("faulthandler watchdog unavailable (%s); a thread timer ends the process instead", e)
+        timer = threading.Timer(grace_s, os._exit, args=(EXIT_SHUTDOWN_TIMEOUT,))
+        timer.daemon = True
+        timer.start()
+    return True
+
+
+def on_sigterm(grace_s: float, process: str, stop: Callable[[], None]) -> Callable[[], None]:
+    """In the main thread: make SIGTERM call ``stop`` (from the main thread, as Python runs
+    signal handlers) and arm the watchdog (:func:`arm`) at once, from a helper thread, even
+    while the main thread is inside a long C call (a blocking Redis read, a solver): the
+    C-level handler writes the signal to a wakeup pipe (``signal.set_wakeup_fd``) that the
+    helper thread reads. Not for a process whose event loop owns the wakeup fd (uvicorn:
+    the dashboard arms from its own handler). Returns a function that puts the previous
+    handler and wakeup fd back (for a caller that returns instead of exiting)."""
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    old_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    old_handler = signal.signal(signal.SIGTERM, lambda *_a: stop())
+
+    def restore() -> None:
+        signal.signal(signal.SIGTERM, old_handler)
+        signal.set_wakeup_fd(old_fd)
+        os.close(write_fd)  # the helper thread's read returns b'' and it ends
+
+    def _watch() -> None:
+        while True:
+            try:
+                got = os.read(read_fd, 64)
+            except OSError:
+                return
+            if not got:
+                return
+            if int(signal.SIGTERM) in got:
+                arm(grace_s, process)
+                return
+
+    threading.Thread(target=_watch, name="makespan-sigterm-watch", daemon=True).start()
+    return restore

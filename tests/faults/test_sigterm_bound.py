@@ -1,0 +1,124 @@
+"""Issue 18, must-contain 1 (second half): SIGTERM ends every makespan process within a
+stated time, ``MAKESPAN_SHUTDOWN_GRACE_S`` + 1 s (docs/operations.md, "Stopping processes").
+
+Each process kind runs as a real process, mid-work, on the shared Redis (this test's key
+prefix), with a 3 s grace period: the planner while jobs are queued and running, the
+observer while it probes, the dashboard with a server-sent-events stream open, and a GPU
+worker in the middle of a job's execute phase that would run for 1000 s. The clean ones
+exit 0 (the dashboard: by the SIGTERM uvicorn re-raises after its clean shutdown) or, when
+their clean shutdown outlasts the grace period on a loaded machine, by the watchdog; the
+GPU worker's running phase outlasts the grace period, so it is cut off by the watchdog
+(exit code 1; before, its warm shutdown waited for the whole phase), and the job's lease
+is then reclaimed as a lost worker's is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from makespan.live import LiveSystem
+from makespan.models import load_fleet
+from makespan.producer import Producer
+from makespan.redis_conn import free_port
+from makespan.shutdown import EXIT_SHUTDOWN_TIMEOUT
+from tests.live import wait_for
+
+GRACE_S = 3.0
+BOUND_S = GRACE_S + 1.0  # the stated bound
+FLEET = """
+name = "sigterm"
+[[hosts]]
+name = "h1"
+gpu_count = 1
+memory_mib = 40000
+[[hosts]]
+name = "h2"
+gpu_count = 1
+memory_mib = 40000
+[endpoints.sim]
+model = "sim/model"
+memory_mib_per_gpu = 20000
+cold_start_s = 5
+evict_s = 1
+"""
+
+
+def _sigterm_and_time(popen: subprocess.Popen) -> tuple[float, int]:
+    """SIGTERM the process group of ``popen``; (seconds until it exited, its exit code)."""
+    t0 = time.monotonic()
+    os.killpg(popen.pid, signal.SIGTERM)
+    try:
+        code = popen.wait(timeout=BOUND_S + 30)
+    except subprocess.TimeoutExpired:
+        os.killpg(popen.pid, signal.SIGKILL)
+        popen.wait()
+        pytest.fail(f"still running {BOUND_S + 30} s after SIGTERM (bound {BOUND_S} s)")
+    return time.monotonic() - t0, code
+
+
+@pytest.fixture
+def live(r, keys, settings, tmp_path):
+    path = tmp_path / "fleet.toml"
+    path.write_text(FLEET)
+    fleet = load_fleet(path)
+    s = dataclasses.replace(settings, shutdown_grace_s=GRACE_S)
+    system = LiveSystem(path, fleet, s, tmp_path / "logs", planners=1, observer=True)
+    system.start()
+    try:
+        yield system, fleet, s
+    finally:
+        system.stop()
+
+
+def test_every_process_kind_ends_within_the_bound_mid_work(r, keys, live, tmp_path):
+    system, fleet, s = live
+    prod = Producer(r, keys, fleet, s)
+    long_job = prod.submit({"endpoint": "sim", "service_s": 100_000}).id  # 1000 wall s at time_scale 0.01
+    queued = [prod.submit({"endpoint": "sim", "service_s": 100_000}).id for _ in range(3)]
+    wait_for(lambda: r.hget(keys.phase(r.hget(keys.job(long_job), "lease") or "-"), "execute:claimed"), 60,
+             "the long job's execute phase to start")
+    holder = f"gpu-{r.hget(keys.lease(r.hget(keys.job(long_job), 'lease')), 'holder')}-0"  # its GPU worker
+    port = free_port()
+    dash_log = open(tmp_path / "dashboard.log", "wb")
+    dashboard = subprocess.Popen([sys.executable, "-m", "makespan.cli", "dashboard", "--port", str(port)],
+                                 env={**os.environ, **s.to_env()}, stdout=dash_log, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
+    dash_log.close()
+    try:
+        stream = wait_for(lambda: _open_stream(port), 30, "the dashboard's event stream")
+        assert stream.readline()  # the stream is live: its first line came
+        procs = {p.name: p.popen for p in system.procs}
+        results = {"dashboard": _sigterm_and_time(dashboard)}
+        stream.close()
+        for name in ("observer", "planner-0", "gpu-h2-0", "gpu-h1-0"):
+            results[name] = _sigterm_and_time(procs[name])
+    finally:
+        if dashboard.poll() is None:
+            os.killpg(dashboard.pid, signal.SIGKILL)
+            dashboard.wait()
+    slow = {n: round(t, 2) for n, (t, _c) in results.items() if t > BOUND_S}
+    assert slow == {}, f"processes past the {BOUND_S} s bound after SIGTERM: {slow} (all: {results})"
+    codes = {n: c for n, (_t, c) in results.items()}
+    assert codes[holder] == EXIT_SHUTDOWN_TIMEOUT, codes  # its running execute phase was cut off
+    # the other GPU worker may be mid-phase too (a queued job started there): cut off or clean
+    # uvicorn re-raises the SIGTERM it captured once its clean shutdown is done: -15 is clean there;
+    # the watchdog's code when a clean shutdown (the interpreter's finalization included) outlasted the grace
+    assert all(c in ((0, -signal.SIGTERM, EXIT_SHUTDOWN_TIMEOUT) if n == "dashboard" else (0, EXIT_SHUTDOWN_TIMEOUT))
+               for n, c in codes.items() if not n.startswith("gpu-")), codes
+    print("seconds from SIGTERM to exit:", {n: round(t, 2) for n, (t, _c) in results.items()})
+    assert all(r.hget(keys.job(j), "state") != "completed" for j in [long_job, *queued])  # all were mid-work
+
+
+def _open_stream(port: int):
+    try:
+        return urllib.request.urlopen(f"http://127.0.0.1:{port}/api/stream", timeout=10)
+    except OSError:
+        return None

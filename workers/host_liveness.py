@@ -1,0 +1,159 @@
+"""Which hosts have a live GPU worker: the dead-host gate (issue 18, must-contain 8).
+
+A GPU worker announces, from the moment it consumes until it shuts down, that its host's
+queue has a consumer: :class:`HostHeartbeat` sets ``P:host:live:{host}``
+(:meth:`makespan.keys.Keys.host_live`, value: the worker's consumer id) with a TTL of
+``worker_liveness_ttl_s`` on the Redis server's clock (``SET … PX``), renews it every
+quarter of that, and records the host in ``P:hosts:seen``. On shutdown it deletes the key
+if it still holds its own id, so a stopped worker is noticed at once; a SIGKILLed one
+within the TTL.
+
+The planner reads both in its tick's snapshot (:func:`queue_reads`, :func:`down_hosts`): a
+host **seen** once whose live key is absent has lost its consumer, and its GPUs are
+unavailable for new leases (jobs go to other hosts, or wait with reason ``host_down``)
+until a worker announces itself again. A host never seen (no GPU worker has run there yet,
+or a planner driven by hand in a test) is not gated: its jobs are leased and wait in its
+queue, as before.
+
+Several workers of one host share the key: the last to renew names itself; a worker that
+stops while another still runs may leave the host looking down for up to a quarter TTL
+(until the other's next renewal).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import uuid
+from collections.abc import Iterable
+
+import redis
+
+from makespan.keys import Keys
+from makespan.models import FleetSpec
+
+log = logging.getLogger("makespan.host_liveness")
+
+RENEW_FRACTION = 0.25  # a worker renews its key every RENEW_FRACTION × TTL
+
+
+def consumer_id() -> str:
+    """A fresh id naming this worker process: ``{hostname}:{pid}:{random hex}``."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def announce(r: redis.Redis, keys: Keys, host: str, consumer: str, ttl_s: float) -> None:
+    """Mark ``host`` as consumed by ``consumer`` for ``ttl_s`` seconds (server clock).
+
+    Raises:
+        redis.RedisError: Redis did not take the write."""
+    p = r.pipeline(transaction=True)
+    p.set(keys.host_live(host), consumer, px=max(1, int(ttl_s * 1000)))
+    p.hset(keys.hosts_seen, host, consumer)
+    p.execute()
+
+
+def withdraw(r: redis.Redis, keys: Keys, host: str, consumer: str) -> bool:
+    """Delete ``host``'s live key if ``consumer`` still holds it (WATCH/MULTI, no script).
+    Returns True if it was deleted.
+
+    Raises:
+        redis.RedisError: Redis did not answer."""
+    key = keys.host_live(host)
+    deleted = False
+
+    def _cad(pipe) -> None:
+        nonlocal deleted
+        holder = pipe.get(key)
+        pipe.multi()
+        if holder == consumer:
+            pipe.delete(key)
+            deleted = True
+
+    r.transaction(_cad, key)
+    return deleted
+
+
+def queue_reads(pipe, keys: Keys, hosts: Iterable[str]) -> int:
+    """Queue on ``pipe`` the reads :func:`down_hosts` needs (``P:hosts:seen`` and the live
+    key of each host, in ``hosts`` order); returns how many results they add (2)."""
+    pipe.hgetall(keys.hosts_seen)
+    pipe.mget([keys.host_live(h) for h in hosts])
+    return 2
+
+
+def down_hosts(hosts: list[str], seen: dict[str, str], live: list[str | None]) -> set[str]:
+    """The hosts of ``hosts`` seen once (``seen``: ``P:hosts:seen``) whose live key is
+    absent now (``live``: the MGET of :func:`queue_reads`, ``hosts`` order)."""
+    return {h for h, v in zip(hosts, live) if v is None and h in seen}
+
+
+def read_down_hosts(r: redis.Redis, keys: Keys, hosts: list[str]) -> set[str]:
+    """:func:`down_hosts` read now (one round trip).
+
+    Raises:
+        redis.RedisError: Redis did not answer."""
+    p = r.pipeline(transaction=False)
+    queue_reads(p, keys, hosts)
+    seen, live = p.execute()
+    return down_hosts(hosts, seen, live)
+
+
+def gpus_of(fleet: FleetSpec, hosts: set[str]) -> set[str]:
+    """GPU uuids of ``hosts``."""
+    return {g.uuid for h in fleet.hosts if h.name in hosts for g in h.gpus}
+
+
+def hosts_that_fit(fleet: FleetSpec, hosts: set[str], tensor_parallel: int, memory_mib: int) -> list[str]:
+    """The hosts of ``hosts`` (fleet order) with at least ``tensor_parallel`` GPUs of at
+    least ``memory_mib`` MiB each: where a job of that shape could run if they were up."""
+    return [h.name for h in fleet.hosts if h.name in hosts
+            and sum(1 for g in h.gpus if g.memory_mib >= memory_mib) >= tensor_parallel]
+
+
+class HostHeartbeat:
+    """A GPU worker's announcement of its host (module doc), from a daemon thread.
+
+    ``start()`` announces at once (a Redis that does not answer is logged; the thread
+    retries every renewal) and renews every ``ttl_s × RENEW_FRACTION``; ``stop()`` ends
+    the thread and withdraws the key (best effort)."""
+
+    def __init__(self, r: redis.Redis, keys: Keys, host: str, ttl_s: float, consumer: str | None = None) -> None:
+        self.r, self.keys, self.host, self.ttl_s = r, keys, host, ttl_s
+        self.consumer = consumer or consumer_id()
+        self._stop = threading.Event()
+        self._failing = False
+        self._thread = threading.Thread(target=self._run, name="makespan-host-liveness", daemon=True)
+
+    def start(self) -> None:
+        self._announce()
+        self._thread.start()
+
+    def _announce(self) -> None:
+        try:
+            announce(self.r, self.keys, self.host, self.consumer, self.ttl_s)
+        except redis.RedisError as e:  # the key expires: the planner stops leasing here until we are back
+            if not self._failing:  # once per outage, not every renewal
+                log.warning("announcing host %s as consumed failed (retrying every %.1f s): %s", self.host,
+                            self.ttl_s * RENEW_FRACTION, e)
+            self._failing = True
+            return
+        if self._failing:
+            log.warning("host %s announced as consumed again", self.host)
+        self._failing = False
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.ttl_s * RENEW_FRACTION):
+            self._announce()
+
+    def stop(self) -> None:
+        """Stop renewing and delete the key if it is still ours (idempotent)."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        try:
+            withdraw(self.r, self.keys, self.host, self.consumer)
+        except redis.RedisError as e:
+            log.warning("withdrawing host %s failed (its key expires within %s s): %s", self.host, self.ttl_s, e)
