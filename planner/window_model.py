@@ -108,9 +108,12 @@ def hint_of(win: Sequence[Assignment], cands: dict[str, list[Group]], res: dict,
 def solve_window(inc: Plan, lo: int, hi: int, jobs: dict[str, PlanJob], state: FleetState,
                   time_limit_s: float, seed: int, workers: int, max_groups: int,
                   verify_hint: bool, objective: str = "weighted_completion",
-                  pre: Sequence[Candidate] = ()) -> Window | None:
+                  pre: Sequence[Candidate] = (), deterministic_s: float | None = None) -> Window | None:
     """Build and solve the model of ``inc.assignments[lo:hi]`` (module doc); ``pre``:
-    preemption candidates to model (``lo`` = 0 only, :mod:`makespan.planner.window_preemption`)."""
+    preemption candidates to model (``lo`` = 0 only, :mod:`makespan.planner.window_preemption`).
+    CP-SAT stops at ``time_limit_s`` wall seconds or, when given, ``deterministic_s`` of
+    its deterministic time (a measure of work done, the same on a fast or a loaded host),
+    whichever comes first."""
     rep = Replay(state)
     for a in inc.assignments[:lo]:
         rep.place(jobs[a.job_id], a.gpus, a.start_s)
@@ -247,6 +250,8 @@ def solve_window(inc: Plan, lo: int, hi: int, jobs: dict[str, PlanJob], state: F
         for v, val in hint:
             m.AddHint(v, val)
     prm.max_time_in_seconds = max(0.01, time_limit_s)
+    if deterministic_s is not None:
+        prm.max_deterministic_time = deterministic_s
     st = solver.Solve(m)
     if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None

@@ -60,8 +60,11 @@ def test_retry_delay_longer_than_visibility_timeout_runs_once_more(r, keys, sett
     reaper retries the job after a 4 s backoff — twice the broker's 2 s visibility timeout
     (kombu redelivers any unacknowledged message older than that). The execute phase
     starts exactly twice (the killed attempt and the retry), ends once, and the job
-    completes once with one reclaimed attempt."""
-    s = dataclasses.replace(settings, broker_visibility_timeout_s=2.0, retry_backoff_s=4.0, lease_ttl_s=2.0,
+    completes once with one reclaimed attempt. The lease lives 6 s (12 heartbeats): the
+    retry's lease must not expire under a live worker whose heartbeats a loaded host
+    delays (a 2 s lease did, and the retry was reclaimed a second time); the lease TTL
+    does not enter the visibility-timeout case, only how soon the killed one is reclaimed."""
+    s = dataclasses.replace(settings, broker_visibility_timeout_s=2.0, retry_backoff_s=4.0, lease_ttl_s=6.0,
                             max_attempts=3)
     system = _system(tmp_path, s)
     prod = Producer(r, keys, system.fleet, s)
@@ -70,7 +73,7 @@ def test_retry_delay_longer_than_visibility_timeout_runs_once_more(r, keys, sett
         jid = prod.submit({"endpoint": "e", "service_s": 300}).id  # execute: 3 s of wall time
         wait_for(lambda: _kinds(all_events(r, keys), jid, "phase_start", "execute"), 60, "the first execute")
         system.kill("gpu-h-0")
-        wait_for(lambda: prod.status(jid)["state"] == "delayed", 30, "the retry to be delayed")
+        wait_for(lambda: prod.status(jid)["state"] == "delayed", 60, "the retry to be delayed")
         assert r.zcard(keys.delayed) == 1 and _celery_messages(r, keys) <= 1  # at most the killed one's unacked
         system.start_gpu_worker("h", 1)
         wait_for(lambda: prod.status(jid)["state"] in ("completed", "failed"), 90, "the retry to finish")

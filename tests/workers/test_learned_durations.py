@@ -129,7 +129,8 @@ def test_observer_overrun_rule_uses_the_learned_duration(r, keys, settings, lear
             for op in transition_record_ops(keys, "alpha", "host-a", "cold_start", 120.0):
                 getattr(r, op[0].lower())(*op[1:])
     swaps = Swaps(r, keys, s, fleet, "host-a")
-    obs = Observer(r, keys, fleet, probe_interval_s=0.05, overrun_factor=1.5)
+    obs = Observer(r, keys, fleet, probe_interval_s=0.05, overrun_factor=1.5,
+                   min_overrun_slack_s=0.0)  # the factor rule alone: 0.6 s planned against 1.2 s
     stop = threading.Event()
 
     def probe() -> None:
