@@ -38,7 +38,7 @@ from makespan.errors import (JobCancelled, JobFailed, NotFoundError, ResultTimeo
 from makespan.keys import Keys
 from makespan.models import FINAL_STATES, FleetSpec, Priority, fleet_version, load_fleet, parse_fleet
 from makespan.producer import Producer
-from makespan.registry import WorkloadDef, live_definition
+from makespan.registry import WorkloadDef, check_call, live_definition
 from makespan.results import REFERENCE
 from makespan.settings import Settings
 
@@ -143,7 +143,8 @@ class Client:
             The :class:`Job`.
         Raises:
             ValidationError: unknown workload or endpoint, no live worker registered the
-                workload, arguments that are not JSON or too large, ... (nothing written).
+                workload, arguments that do not bind to the function's parameters,
+                arguments that are not JSON or too large, ... (nothing written).
             StoreError: Redis failed.
         """
         name = workload.name if isinstance(workload, WorkloadDef) else workload
@@ -156,6 +157,7 @@ class Client:
         deps = [d.id if isinstance(d, Job) else d for d in depends_on]
         call_args = [self._argument(a, deps) for a in args]
         call_kwargs = {k: self._argument(v, deps) for k, v in kwargs.items()}
+        check_call(definition, call_args, call_kwargs)
         estimated = service_s is None
         if estimated:
             from makespan.estimates import estimate_s

@@ -23,6 +23,7 @@ registered. Arguments and results are JSON only (no pickle).
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import math
 import re
@@ -76,7 +77,54 @@ class WorkloadDef:
         return {"name": self.name, "endpoint": self.endpoint, "helpers": list(self.helpers),
                 "retries": self.retries, "retry_backoff_s": self.retry_backoff_s,
                 "timeout_s": self.timeout_s, "expected_s": self.expected_s,
-                "module": getattr(self.fn, "__module__", None)}
+                "module": getattr(self.fn, "__module__", None), "parameters": describe_parameters(self.fn)}
+
+
+def describe_parameters(fn: Callable[..., Any]) -> list[dict[str, Any]] | None:
+    """The parameters a submit must bind, after the first (``ctx``): a list of
+    ``{"name", "kind", "required"}`` with ``kind`` one of :class:`inspect.Parameter`'s
+    kind names (``POSITIONAL_OR_KEYWORD``, ``VAR_POSITIONAL``, ...). None when the
+    function has no inspectable signature (a builtin): then nothing is checked."""
+    try:
+        parameters = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    if parameters and parameters[0].kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD):
+        parameters = parameters[1:]  # ctx, passed by the GPU worker
+    variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    return [{"name": p.name, "kind": p.kind.name,
+             "required": p.default is inspect.Parameter.empty and p.kind not in variadic}
+            for p in parameters]
+
+
+def check_call(definition: dict[str, Any], args: list[Any] | tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Check that ``args``/``kwargs`` bind to the published parameters of a workload
+    (``definition`` as :func:`live_definition` returns it), as Python would bind them
+    at run time, so a wrong call is refused at submit instead of failing (and using up
+    a retry) on the GPU worker. A definition published without parameters (a worker
+    of an older makespan) is not checked.
+
+    Raises:
+        ValidationError: the arguments do not bind (the message is Python's: a missing
+            or unexpected argument, too many positional ones)."""
+    published = definition.get("parameters")
+    if published is None:
+        return
+    try:
+        signature = inspect.Signature([
+            inspect.Parameter(p["name"], getattr(inspect.Parameter, p["kind"]),
+                              default=inspect.Parameter.empty if p["required"] else None)
+            for p in published])
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return  # a description this version cannot read: the worker checks at run time
+    try:
+        signature.bind(*args, **kwargs)
+    except TypeError as e:
+        stars = {"VAR_POSITIONAL": "*", "VAR_KEYWORD": "**"}
+        shown = ", ".join(stars.get(p["kind"], "") + p["name"] + ("" if p["required"] or p["kind"] in stars else "=…")
+                          for p in published)
+        raise ValidationError("args", {"args": len(args), "kwargs": sorted(kwargs)},
+                              f"do not match {definition.get('name')}(ctx, {shown}): {e}") from None
 
 
 REGISTRY: dict[str, WorkloadDef] = {}

@@ -43,6 +43,7 @@ def live(redis_url, tmp_path_factory, marks):
     system.start()
     client = makespan.connect(redis_url, key_prefix=prefix)
     wait_for(lambda: client.r.exists(client.keys.fn_live("add")), 30, "the worker to publish its functions")
+    wait_for(lambda: client.r.exists(client.keys.fleet_version), 30, "the planner to publish the fleet")
     yield system, client
     system.stop()
     r = connect(redis_url)
@@ -140,6 +141,20 @@ def test_an_unknown_workload_name_is_rejected_and_nothing_is_written(live):
     with pytest.raises(makespan.ValidationError):
         client.submit("add", "\ud800", 1)  # a lone surrogate
     assert client.r.get(client.keys.seq) == before
+
+
+def test_arguments_that_do_not_bind_are_refused_at_submit_and_nothing_is_written(live):
+    _, client = live
+    before = client.r.get(client.keys.seq)
+    for args, kwargs, message in [((1,), {}, "missing a required argument: 'b'"),
+                                  ((1, 2, 3), {}, "too many positional arguments"),
+                                  ((1,), {"c": 2}, "missing a required argument: 'b'"),
+                                  ((1, 2), {"c": 3}, "unexpected keyword argument 'c'")]:
+        with pytest.raises(makespan.ValidationError) as err:
+            client.submit("add", *args, **kwargs)
+        assert message in str(err.value) and "add(ctx, a, b)" in str(err.value)
+    assert client.r.get(client.keys.seq) == before
+    assert client.submit("add", a=1, b=2).result(timeout_s=60)["sum"] == 3  # keywords bind too
 
 
 def test_a_dag_of_functions_passes_results_to_the_next_step(live):
