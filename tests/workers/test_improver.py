@@ -279,7 +279,7 @@ def test_killed_planner_process_leaves_no_improver_child(r, keys, settings, tmp_
         prod = Producer(r, keys, ONE_GPU, s)
         for i in range(4):
             prod.submit({"endpoint": "e", "service_s": 10 + i})
-        end = time.monotonic() + 60
+        end = time.monotonic() + 180  # bounds on a hang: a CLI start and a spawned child on a loaded host
         kids: list = []  # the improver's child, and multiprocessing's resource tracker
         while not any("spawn_main" in " ".join(k.cmdline()) for k in kids) and time.monotonic() < end:
             assert proc.poll() is None, proc.stderr.read().decode()
@@ -288,7 +288,7 @@ def test_killed_planner_process_leaves_no_improver_child(r, keys, settings, tmp_
         assert any("spawn_main" in " ".join(k.cmdline()) for k in kids), kids
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(10)
-        assert all(_gone(k.pid, 10) for k in kids)
+        assert all(_gone(k.pid, 60) for k in kids)
     finally:
         if proc.poll() is None:
             proc.kill()
