@@ -110,7 +110,9 @@ def test_bench_b_a_host_twice_as_slow_is_learned(r, keys, settings):
     before = _errors([t for v in by_ep.values() for t in v[:5]])  # planned with the prior
     after = _errors([t for v in by_ep.values() for t in v[20:]])  # after 20 observations each
     assert all(t["planned_s"] == 10.0 for v in by_ep.values() for t in v[:5])
-    assert quantile(before, 0.5) == pytest.approx(0.5, abs=0.05)
+    # at least the slowdown's 50% off: the actual cold starts are wall time, which a loaded
+    # host only lengthens (0.64 at a load of 18 on 2 cores), so the bound is one-sided
+    assert quantile(before, 0.5) >= 0.45
     assert after and quantile(after, 0.5) <= 0.10, after
     # the live planner's model of these endpoints now carries the slow host's figure
     w = read_transition_windows(r, keys, ["alpha", "beta"], ["host-a", "host-b"])
