@@ -129,11 +129,15 @@ class LaunchSpec(BaseModel):
     """How an endpoint instance is started. Only the fleet file sets this: no job
     payload can choose what runs.
 
-    ``driver``: ``simulated`` (time-scaled sleep), ``process`` (``command`` is run with
-    ``{port}`` substituted and ``CUDA_VISIBLE_DEVICES`` set) or ``vllm`` (builds
-    ``vllm serve``)."""
+    ``driver``: a registered driver (:mod:`makespan.driver_registry`): ``simulated``
+    (time-scaled sleep), ``process`` (``command`` is run with ``{port}`` substituted and
+    ``CUDA_VISIBLE_DEVICES`` set), ``vllm`` (builds ``vllm serve``) or one a package adds
+    through the ``makespan.drivers`` entry points. The fields below are common to every
+    driver (one that does not need a field ignores it); any other key is the chosen
+    driver's own option, validated against its ``options_model`` (an unknown key is an
+    error naming the driver's options); :meth:`driver_options` returns them."""
 
-    model_config = _Strict
+    model_config = ConfigDict(extra="allow", frozen=True, str_strip_whitespace=True)
     driver: str = "simulated"
     command: tuple[str, ...] = ()
     health_path: str = "/health"
@@ -144,9 +148,27 @@ class LaunchSpec(BaseModel):
     @field_validator("driver")
     @classmethod
     def _driver(cls, v: str) -> str:
-        if v not in ("simulated", "process", "vllm"):
-            raise ValueError("driver must be simulated, process or vllm")
+        from makespan.driver_registry import DRIVERS  # lazily: the registry loads drivers, which import models
+
+        if v not in DRIVERS:
+            raise ValueError(DRIVERS.unknown(v).reason)
         return v
+
+    @model_validator(mode="after")
+    def _driver_options(self) -> "LaunchSpec":
+        if self.model_extra:  # only then is the driver's class needed (models may still be importing)
+            self.driver_options()
+        return self
+
+    def driver_options(self) -> BaseModel:
+        """The chosen driver's own ``launch`` keys, validated against its ``options_model``.
+
+        Raises:
+            ValueError: an option the driver does not know, or a bad value.
+            ValidationError: the driver cannot be loaded."""
+        from makespan.driver_registry import DRIVERS
+
+        return DRIVERS.check_launch_options(self.driver, dict(self.model_extra or {}))
 
 
 class SetPointGroup(BaseModel):

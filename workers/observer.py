@@ -60,9 +60,8 @@ from makespan.models import FleetSpec
 from makespan.redis_conn import EXIT_REFUSED, check_eviction_policy, connect
 from makespan.settings import Settings
 from makespan.workers.agenda import AgendaTracker
-from makespan.workers.drivers import get_driver
+from makespan.workers.drivers import capabilities, get_driver
 from makespan.workers.drivers.base import Instance
-from makespan.workers.drivers.process import _alive
 from makespan.workers.drivers.registry import list_instances, register_instance, unregister_instance
 
 log = logging.getLogger(__name__)
@@ -126,7 +125,7 @@ class Observer:
             elif not ok and not positive:
                 if not self.r.sismember(self.keys.instances, inst.id):
                     continue  # deregistered after the snapshot: stopped on purpose (evict, restore)
-                gone = inst.pid is not None and inst.driver != "simulated" and not _alive(inst.pid)
+                gone = self._exited(inst)
                 mode = "process_exited" if gone else "health_check_failed"
             if mode is None:
                 continue
@@ -149,6 +148,14 @@ class Observer:
         Redis server time, s."""
         planned_s = entry["expected_end"] - entry["planned_start"]
         return entry["expected_end"] + max((self.overrun_factor - 1.0) * planned_s, self.min_overrun_slack_s)
+
+    def _exited(self, inst: Instance) -> bool:
+        """True when ``inst``'s driver can tell its process ended and it has (a failed
+        probe is then ``process_exited``, not ``health_check_failed``)."""
+        try:
+            return capabilities(inst.driver).reports_alive and not self.driver(inst.driver).is_alive(inst)
+        except MakespanError:
+            return False
 
     def _healthy(self, inst: Instance) -> bool:
         try:

@@ -35,9 +35,9 @@ import redis
 from makespan import events
 from makespan.errors import MakespanError
 from makespan.keys import Keys
-from makespan.workers.drivers import get_driver
+from makespan.driver_registry import DRIVERS
+from makespan.workers.drivers import get_driver, process_alive
 from makespan.workers.drivers.base import Instance
-from makespan.workers.drivers.process import pid_alive
 from makespan.workers.drivers.registry import list_instances, unregister_instance
 
 log = logging.getLogger("makespan.orphans")
@@ -49,11 +49,18 @@ def _resident_value(inst: Instance) -> str:
     return instance_value(inst.endpoint, inst.gpus)
 
 
+def spawns_process(driver: str) -> bool:
+    """True unless ``driver`` is known not to spawn processes (an unknown one, e.g. a
+    plugin since uninstalled, is handled as a process: its stop fails and is logged)."""
+    cls = DRIVERS.get(driver)
+    return cls is None or cls.capabilities.spawns_process
+
+
 def _verdict(r: redis.Redis, keys: Keys, inst: Instance, state: str) -> str | None:
     """Why ``inst`` is an orphan to handle, or None to keep it."""
-    if inst.owner_pid and (inst.owner_pid == os.getpid() or pid_alive(inst.owner_pid)):
+    if inst.owner_pid and (inst.owner_pid == os.getpid() or process_alive(inst.owner_pid)):
         return None  # its worker runs (this one, or another on this host)
-    if not inst.pid or not pid_alive(inst.pid):
+    if not inst.pid or not process_alive(inst.pid):
         return "process gone"
     if state == "starting":
         return "starting, its worker is gone"
@@ -75,7 +82,7 @@ def sweep(r: redis.Redis, keys: Keys, host: str) -> list[dict[str, Any]]:
     """
     out = []
     for inst, state in list_instances(r, keys, with_state=True):
-        if inst.host != host or inst.driver == "simulated":
+        if inst.host != host or not spawns_process(inst.driver):
             continue
         reason = _verdict(r, keys, inst, state)
         if reason is None:

@@ -14,6 +14,7 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,9 +25,9 @@ from makespan.errors import PhaseCancelled, PhaseError, StaleFencingToken, Store
 from makespan.keys import Keys
 from makespan.models import FleetSpec
 from makespan.settings import Settings
-from makespan.workers.drivers import get_driver
+from makespan.driver_registry import DRIVERS, DriverCapabilities, DriverContext, no_wait
 from makespan.planner.sleepers import may_sleep, sleepers_kept
-from makespan.workers.drivers.base import Instance
+from makespan.workers.drivers.base import EndpointDriver, Instance
 from makespan.workers.drivers.registry import (list_instances, register_instance, set_instance_state,
                                                unregister_instance)
 from makespan.estimates import (prior_s, read_transition_windows, record_ops,
@@ -40,9 +41,20 @@ from makespan.workers.leases import Lease, LeaseStore
 log = logging.getLogger("makespan.phases")
 
 JOB_PHASES = ("evict", "start_endpoint", "execute", "clear")
-PROCESS_START_FLOOR_S = 5.0  # least wall time a real endpoint process is given to start
 RESTORE_PHASES = ("evict", "restore")
 STOPS_CHAIN = ("failed", "cancelled", "stale", "retried")  # phase outcomes after which no later phase runs
+
+
+class DeferredWaits:
+    """Notes the modelled waits of transitions that run as one (an evict of several
+    instances: the planner prices it as its longest), to be spent once, as the longest."""
+
+    def __init__(self) -> None:
+        self.longest_s = 0.0
+
+    def add(self, wall_s: float) -> None:
+        """Note a modelled wait of ``wall_s`` wall seconds (the driver's ``wait``)."""
+        self.longest_s = max(self.longest_s, wall_s)
 
 
 class LeaseHeartbeat:
@@ -118,8 +130,7 @@ class PhaseRunner:
         self.r, self.settings, self.fleet = r, settings, fleet
         self.keys = Keys(settings.key_prefix)
         self.leases = LeaseStore(r, self.keys)
-        self._drivers: dict[str, Any] = {}  # driver name -> driver (see _driver)
-        self._slowdown = settings.slowdown_by_host()  # simulated transitions' host factors
+        self._slowdown = settings.slowdown_by_host()  # modelled transitions' host factors
         self._gpu_memory = {g.uuid: g.memory_mib for h in fleet.hosts for g in h.gpus}
         try:
             from makespan.workers.agenda import AgendaTracker
@@ -137,7 +148,13 @@ class PhaseRunner:
 
     def _sleep(self, workload_s: float, hb: LeaseHeartbeat, ctx: PhaseContext | None = None) -> None:
         """Sleep ``workload_s`` scaled to wall time, waking every 50 ms to notice a lost lease."""
-        end = time.monotonic() + workload_s * self.settings.time_scale
+        self._wait_wall(workload_s * self.settings.time_scale, hb)
+
+    @staticmethod
+    def _wait_wall(wall_s: float, hb: LeaseHeartbeat) -> None:
+        """Wait ``wall_s`` wall seconds, waking every 50 ms to notice a lost lease.
+        Raises StaleFencingToken: the lease was lost meanwhile."""
+        end = time.monotonic() + wall_s
         while True:
             left = end - time.monotonic()
             if left <= 0:
@@ -154,16 +171,16 @@ class PhaseRunner:
 
     def _transition(self, op: str, ctx: PhaseContext, endpoints: list[str], expected_s: float):
         """A POSITIVE agenda entry for a planned transition expected to take ``expected_s``
-        workload seconds. A real process's start-up (interpreter, imports, port) does not
-        shrink with the time scale, so transitions of process endpoints are expected to
-        take at least PROCESS_START_FLOOR_S of wall time."""
+        workload seconds, and at least the largest ``min_transition_wall_s`` of the
+        endpoints' drivers in wall time (a real process's start-up: interpreter, imports,
+        port; it does not shrink with the time scale)."""
         if self.agenda is None:
             from contextlib import nullcontext
 
             return nullcontext()
-        wall_s = expected_s * self.settings.time_scale
-        if any(self.fleet.endpoints[e].launch.driver != "simulated" for e in endpoints if e in self.fleet.endpoints):
-            wall_s = max(wall_s, PROCESS_START_FLOOR_S)
+        floor_s = max((self._capabilities(self.fleet.endpoints[e].launch.driver).min_transition_wall_s
+                       for e in endpoints if e in self.fleet.endpoints), default=0.0)
+        wall_s = max(expected_s * self.settings.time_scale, floor_s)
         return self.agenda.register(f"{ctx.lease_id}:{op}", "POSITIVE", endpoints, list(ctx.gpus),
                                     expected_duration_s=max(wall_s, 0.001),
                                     lock_ttl_s=max(self.settings.lease_ttl_s, 1.0))
@@ -234,20 +251,22 @@ class PhaseRunner:
         spec = self.fleet.endpoints.get(endpoint)
         return spec is not None and spec.wake_s is not None
 
-    def _driver(self, name: str):
-        """The driver of ``name``, one object per runner (the simulated one keeps which
-        instances sleep; its transitions take no time here: the phases sleep, scaled)."""
-        if name not in self._drivers:
-            self._drivers[name] = get_driver(name)
-        return self._drivers[name]
+    def _driver(self, name: str, wait: Callable[[float], None] = no_wait) -> EndpointDriver:
+        """Driver ``name`` for one transition, its modelled waits (a driver whose
+        transitions are waits, e.g. ``simulated``: the fleet file's figure × the host's
+        ``Settings.simulated_slowdown`` × the time scale) spent by ``wait``: a
+        lease-aware wait (:meth:`_paced`), a :class:`DeferredWaits` ``add``, or
+        :func:`no_wait` (a stop no transition is priced for: a leftover, a sleeper that
+        no longer fits). A driver that does real work ignores it."""
+        return DRIVERS.create(name, context=DriverContext(self.fleet.endpoints, self._slowdown, wait))
 
-    def _sim_s(self, endpoint: str, kind: str, host: str) -> float:
-        """Workload seconds a simulated ``kind`` transition of ``endpoint`` takes on ``host``:
-        the fleet file's figure × ``Settings.simulated_slowdown`` of that host."""
-        spec = self.fleet.endpoints.get(endpoint)
-        if spec is None:
-            return 0.0
-        return prior_s(spec, kind) * self._slowdown.get(host, 1.0)
+    def _paced(self, hb: LeaseHeartbeat) -> Callable[[float], None]:
+        """A driver's ``wait`` that stops with StaleFencingToken when the lease is lost."""
+        return lambda wall_s: self._wait_wall(wall_s, hb)
+
+    @staticmethod
+    def _capabilities(driver: str) -> DriverCapabilities:
+        return DRIVERS.capabilities(driver)
 
     def _planned_s(self, endpoint: str, kind: str, host: str) -> float:
         """The planned duration (workload s) of ``kind`` for ``endpoint`` on ``host``: the
@@ -324,26 +343,27 @@ class PhaseRunner:
         if gone:
             extra["sleepers_stopped"] = sorted(gone)
 
-    def _put_to_sleep(self, inst: Instance, hb: LeaseHeartbeat) -> str | None:
-        """Sleep ``inst`` at its endpoint's ``sleep_level`` and mark it ``asleep`` in the
-        registry; None, or why it could not (the caller stops it instead)."""
+    def _put_to_sleep(self, inst: Instance, wait: Callable[[float], None]) -> str | None:
+        """Sleep ``inst`` at its endpoint's ``sleep_level`` (modelled waits spent by
+        ``wait``) and mark it ``asleep`` in the registry; None, or why it could not (the
+        caller stops it instead)."""
         level = self.fleet.endpoints[inst.endpoint].sleep_level
+        if level not in self._capabilities(inst.driver).sleep_levels:
+            return f"driver {inst.driver!r} has no sleep level {level}"
         try:
             with telemetry.child_span("endpoint_sleep", {"endpoint": inst.endpoint, "instance": inst.id,
                                                          "level": level}):
-                self._driver(inst.driver).sleep(inst, level)
+                self._driver(inst.driver, wait).sleep(inst, level)
         except PhaseError as e:
             return str(e)
         set_instance_state(self.r, self.keys, inst.id, "asleep", sleep_level=level)
         return None
 
-    def _wake_up(self, inst: Instance, ctx: PhaseContext, hb: LeaseHeartbeat) -> str | None:
+    def _wake_up(self, inst: Instance, hb: LeaseHeartbeat) -> str | None:
         """Wake the sleeping ``inst`` and mark it ``running``; None, or why it could not."""
         with telemetry.child_span("endpoint_wake", {"endpoint": inst.endpoint, "instance": inst.id}) as span:
-            if inst.driver == "simulated":
-                self._sleep(self._sim_s(inst.endpoint, "wake", ctx.host), hb)
             try:
-                self._driver(inst.driver).wake(inst)
+                self._driver(inst.driver, self._paced(hb)).wake(inst)
             except PhaseError as e:
                 span.set_attribute("makespan.outcome", "failed")
                 return str(e)
@@ -384,6 +404,7 @@ class PhaseRunner:
         failed: list[str] = []
         with self._transition("sleep" if sleepy == set(eps) else "evict", ctx, eps, evict_s):
             running = [i for i in self._instances_on(victim_gpus) if i.endpoint in eps]
+            modelled = DeferredWaits()  # the victims' modelled transitions run as one: the longest
             t0 = time.monotonic()
             took: dict[str, float] = {}
             for inst in running:
@@ -394,20 +415,21 @@ class PhaseRunner:
                     sleepy_stopped = extra.setdefault("sleep_skipped", [])
                     sleepy_stopped.append(f"{inst.endpoint}: {why}")
                     kind_of[inst.endpoint] = "evict"
-                    self._stop_instance(inst)
+                    self._stop_instance(inst, modelled.add)
                     took[inst.endpoint] = max(took.get(inst.endpoint, 0.0), time.monotonic() - t1)
                     continue
-                why = self._put_to_sleep(inst, hb) if inst.endpoint in sleepy else None
+                why = self._put_to_sleep(inst, modelled.add) if inst.endpoint in sleepy else None
                 if inst.endpoint not in sleepy or why is not None:
                     if why is not None:
                         failed.append(f"{inst.endpoint}: {why}")
                         kind_of[inst.endpoint] = "evict"
-                    self._stop_instance(inst)  # unregister first: the observer must not see a failure
+                    self._stop_instance(inst, modelled.add)  # unregister first: the observer must not see a failure
                 else:
                     slept.add(inst.endpoint)
                 took[inst.endpoint] = max(took.get(inst.endpoint, 0.0), time.monotonic() - t1)
-            if not any(i.driver != "simulated" for i in running):
-                self._sleep(max(self._sim_s(e, kind_of[e], ctx.host) for e in eps), hb)
+            if not any(self._capabilities(i.driver).spawns_process for i in running):
+                # all modelled: the evict takes the longest (a real stop's own time stands otherwise)
+                self._wait_wall(modelled.longest_s, hb)
                 took = {e: time.monotonic() - t0 for e in eps}
         for e in eps:
             self._timed(ctx, extra, kind_of[e], e, planned[e], took.get(e, time.monotonic() - t0))
@@ -450,7 +472,7 @@ class PhaseRunner:
                     self._stop_instance(old)
                 self._stop_unfitting_sleepers(ctx, endpoint, extra)
                 t0 = time.monotonic()
-                why = self._wake_up(exact, ctx, hb)
+                why = self._wake_up(exact, hb)
                 if why is None:
                     inst = exact
                     self._timed(ctx, extra, "wake", endpoint, planned, time.monotonic() - t0)
@@ -469,12 +491,9 @@ class PhaseRunner:
                     self._stop_instance(old)  # leftovers of a reclaimed lease; a sleeper cut in two
                 self._stop_unfitting_sleepers(ctx, endpoint, extra)
                 t0 = time.monotonic()
-                if ep.launch.driver == "simulated":
-                    self._sleep(self._sim_s(endpoint, kind, ctx.host), hb)
-                    inst = Instance(endpoint, list(ctx.gpus), "simulated", host=ctx.host,
-                                    time_scale=self.settings.time_scale)
-                else:  # a real process: spawn, then wait on its HTTP health check (child spans)
-                    inst = self._start_process(ep, list(ctx.gpus), ctx)
+                # a real process: spawn, then wait on its HTTP health check (child spans);
+                # a modelled one: the driver's wait of its cold start, scaled
+                inst = self._start_instance(ep, list(ctx.gpus), ctx, hb)
                 if hb.lost.is_set():
                     self._stop_instance(inst)
                     raise StaleFencingToken("lease lost while the endpoint started")
@@ -487,12 +506,14 @@ class PhaseRunner:
             raise StaleFencingToken("lease lost before start committed")
         return planned
 
-    def _start_process(self, spec, gpus: list[str], ctx: PhaseContext) -> Instance:
-        """Start a process endpoint, registered as ``starting`` from the moment it is
-        spawned (:mod:`makespan.workers.drivers.registry`): a worker killed or stopped
+    def _start_instance(self, spec, gpus: list[str], ctx: PhaseContext, hb: LeaseHeartbeat) -> Instance:
+        """Start an instance of endpoint ``spec`` with its driver (modelled waits spent
+        lease-aware). A spawned process is registered as ``starting`` from the moment it
+        exists (:mod:`makespan.workers.drivers.registry`): a worker killed or stopped
         during its health check leaves a tracked process, which the next worker's start
         sweep (:mod:`makespan.workers.orphans`) stops. The caller registers it ``running``.
-        Raises PhaseError (the process is stopped and forgotten first)."""
+        Raises PhaseError (a spawned process is stopped and forgotten first) or
+        StaleFencingToken (the lease was lost during a modelled wait)."""
         spawned: list[Instance] = []
 
         def track(inst: Instance) -> None:
@@ -500,18 +521,19 @@ class PhaseRunner:
             register_instance(self.r, self.keys, inst, state="starting")
 
         try:
-            return get_driver(spec.launch.driver).start(spec, gpus, self.settings.time_scale, ctx.host,
-                                                        on_spawn=track)
+            return self._driver(spec.launch.driver, self._paced(hb)).start(
+                spec, gpus, self.settings.time_scale, ctx.host, on_spawn=track)
         except PhaseError:
             for inst in spawned:
                 self._stop_instance(inst)
             raise
 
-    def _stop_instance(self, inst: Instance) -> None:
+    def _stop_instance(self, inst: Instance, wait: Callable[[float], None] = no_wait) -> None:
+        """Unregister ``inst``, then stop it (its modelled waits spent by ``wait``)."""
         unregister_instance(self.r, self.keys, inst.id)
         try:
             with telemetry.child_span("endpoint_stop", {"endpoint": inst.endpoint, "instance": inst.id}):
-                self._driver(inst.driver).stop(inst)
+                self._driver(inst.driver, wait).stop(inst)
         except PhaseError as e:  # already gone: nothing to stop
             log.warning("stopping %s: %s", inst.endpoint, e)
 
@@ -555,11 +577,7 @@ class PhaseRunner:
                 if running:
                     started.append(running[0].id)
                     continue
-                if spec.launch.driver == "simulated":
-                    self._sleep(spec.cold_start_s, hb)
-                    inst = Instance(name, gpus, "simulated", host=ctx.host, time_scale=self.settings.time_scale)
-                else:
-                    inst = self._start_process(spec, gpus, ctx)
+                inst = self._start_instance(spec, gpus, ctx, hb)
                 register_instance(self.r, self.keys, inst)
                 started.append(inst.id)
                 if hb.lost.is_set():
@@ -594,7 +612,7 @@ class PhaseRunner:
         reason instead of "succeeding" by sleeping. Raises StaleFencingToken (lease
         lost), PhaseCancelled, WorkloadFailed or PhaseError."""
         planned = self.fleet.endpoints.get(ctx.endpoint)
-        needs_process = planned is not None and planned.launch.driver != "simulated"
+        needs_process = planned is not None and self._capabilities(planned.launch.driver).spawns_process
         inst = self._request_target(ctx) if needs_process or payload.get("requests") else None
         if needs_process and inst is None:
             raise PhaseError(f"no live instance of endpoint {ctx.endpoint!r} on GPUs {', '.join(ctx.gpus)}, which "
@@ -712,12 +730,11 @@ class PhaseRunner:
 
     def _request_target(self, ctx: PhaseContext) -> Instance | None:
         """The running instance of ``ctx.endpoint`` on exactly these GPUs that has a URL
-        and, for a process, whose process is alive (endpoints run on the worker's host)."""
-        from makespan.workers.drivers.process import pid_alive
-
+        and whose driver does not know it dead (a process: alive; endpoints run on the
+        worker's host)."""
         for i, state in list_instances(self.r, self.keys, with_state=True):
             if (state == "running" and i.endpoint == ctx.endpoint and i.url and sorted(i.gpus) == sorted(ctx.gpus)
-                    and (not i.pid or pid_alive(i.pid))):
+                    and self._driver(i.driver).is_alive(i)):
                 return i
         return None
 
@@ -749,10 +766,11 @@ class PhaseRunner:
         helpers = [i for i in self._instances_on(ctx.gpus) if i.id in ids]
         evict_s = max((self.fleet.endpoints[i.endpoint].evict_s for i in helpers), default=0.0)
         with self._transition("clear", ctx, sorted({i.endpoint for i in helpers}), evict_s):
+            modelled = DeferredWaits()  # the helpers' modelled stops run as one: the longest
             for inst in helpers:
-                self._stop_instance(inst)
-            if helpers and all(i.driver == "simulated" for i in helpers):
-                self._sleep(evict_s, hb)
+                self._stop_instance(inst, modelled.add)
+            if helpers and not any(self._capabilities(i.driver).spawns_process for i in helpers):
+                self._wait_wall(modelled.longest_s, hb)
         extra["cleared"] = sorted({i.endpoint for i in helpers})
         return evict_s
 

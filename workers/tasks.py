@@ -197,13 +197,14 @@ def _stop_endpoints(idle_only: bool) -> None:
         return
     from makespan.workers.drivers import get_driver
     from makespan.workers.drivers.registry import list_instances, unregister_instance
+    from makespan.workers.orphans import spawns_process
     from makespan.workers.phases import instance_value
 
     try:
         r = connect(settings.redis_url)
         keys = Keys(settings.key_prefix)
         for inst in list_instances(r, keys):
-            if inst.host != host or inst.driver == "simulated":
+            if inst.host != host or not spawns_process(inst.driver):
                 continue
             if idle_only and any(r.mget([keys.gpu(g) for g in inst.gpus])):
                 continue  # a lease holds its GPUs: a job may be using it

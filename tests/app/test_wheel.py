@@ -46,6 +46,10 @@ def test_the_wheel_has_one_top_level_package_and_ships_py_typed(wheel):
     assert tops == {"makespan"}
     assert "makespan/py.typed" in names and "makespan/planner/api.py" in names
     assert "makespan/workers/tasks.py" in names and "makespan/examples/render_cards.py" in names
+    # the built-in endpoint drivers are declared in the makespan.drivers entry-point group
+    [points] = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+    text = zipfile.ZipFile(wheel).read(points).decode()
+    assert "[makespan.drivers]" in text and "simulated = makespan.workers.drivers.simulated:SimulatedDriver" in text
 
 
 @pytest.fixture(scope="module")

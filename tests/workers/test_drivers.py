@@ -13,7 +13,7 @@ import pytest
 from makespan.errors import PhaseError, ValidationError
 from makespan.models import EndpointSpec, LaunchSpec
 from makespan.workers.drivers import get_driver
-from makespan.workers.drivers.process import _alive
+from makespan.workers.drivers import process_alive
 
 
 def _spec(name="renderer", cold_start_s=30.0, tp=1, **launch) -> EndpointSpec:
@@ -49,7 +49,7 @@ def test_sigterm_ignored_escalates_to_sigkill(tmp_path):
     inst = d.start(_spec(command=cmd), ["GPU-x"], time_scale=0.01)
     d.stop(inst)
     assert inst.proc.returncode == -9
-    assert not _alive(inst.pid)
+    assert not process_alive(inst.pid)
 
 
 def test_stop_by_pid_without_handle(tmp_path):
@@ -59,7 +59,7 @@ def test_stop_by_pid_without_handle(tmp_path):
     assert d.health(inst)
     d.stop(inst)
     proc.wait(timeout=5)
-    assert not _alive(inst.pid)
+    assert not process_alive(inst.pid)
 
 
 def test_health_check_that_never_passes_raises_phase_error(tmp_path):

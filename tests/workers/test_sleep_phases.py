@@ -17,7 +17,7 @@ import pytest
 from makespan.models import FleetSpec
 from makespan.producer import Producer
 from makespan.workers.drivers.base import Instance
-from makespan.workers.drivers.process import _alive
+from makespan.workers.drivers import process_alive
 from makespan.workers.drivers.registry import list_instances, register_instance
 from makespan.workers.leases import LeaseStore
 from makespan.workers.observer import Observer, list_incidents
@@ -97,7 +97,7 @@ def test_evicted_sleeper_sleeps_and_is_woken_in_place(r, keys, settings, cleanup
         first = jobs.run("chat")
         assert jobs.phase_end(first, "start_endpoint")["transition"] == "cold_start"
         (chat, state), = jobs.instances()
-        assert state == "running" and _alive(chat.pid)
+        assert state == "running" and process_alive(chat.pid)
 
         second = jobs.run("embed")  # evicts chat: it sleeps
         ev = jobs.phase_end(second, "evict")
@@ -141,7 +141,7 @@ def test_failing_wake_falls_back_to_a_cold_start(r, keys, settings, cleanup):
     assert "wake_up answered HTTP 500" in ev["wake_failed"]
     (fresh, state), = jobs.instances()
     assert state == "running" and fresh.id != chat.id and fresh.pid != chat.pid
-    assert not _alive(chat.pid)  # the sleeper that would not wake was stopped
+    assert not process_alive(chat.pid)  # the sleeper that would not wake was stopped
     assert r.get(keys.resident(GPU)) == instance_value("chat", [GPU])
 
 
@@ -252,5 +252,5 @@ def test_start_sweep_of_a_new_worker_keeps_a_sleeper(r, keys, settings, cleanup)
     r.hset(keys.instance(chat.id), "owner_pid", str(gone.pid))  # its worker is gone
     assert [e for e in sweep(r, keys, "host-a") if e.get("instance") == chat.id] == []
     assert [(i.id, s) for i, s in jobs.instances() if i.endpoint == "chat"] == [(chat.id, "asleep")]
-    assert _alive(chat.pid)
+    assert process_alive(chat.pid)
     assert jobs.phase_end(jobs.run("chat"), "start_endpoint")["transition"] == "wake"

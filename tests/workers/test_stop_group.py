@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from makespan.models import EndpointSpec, LaunchSpec
-from makespan.workers.drivers import get_driver
-from makespan.workers.drivers.process import _alive, group_members
+from makespan.workers.drivers import get_driver, process_alive
+from makespan.workers.drivers.process import group_members
 
 STUBBORN = ("{python}", "-m", "makespan.workers.endpoint_server", "--port", "{port}",
             "--spawn-child-ignoring-sigterm", "2")
@@ -48,7 +48,7 @@ def test_children_ignoring_sigterm_are_killed_and_reported(tmp_path, caplog, kil
     assert len(children) == 2 and set(children) <= set(group_members(inst.pid))
     with caplog.at_level(logging.WARNING, logger="makespan.workers.drivers.process"):
         report = d.stop(inst)
-    assert not any(_alive(c) for c in children), "a child that ignored SIGTERM outlived stop()"
+    assert not any(process_alive(c) for c in children), "a child that ignored SIGTERM outlived stop()"
     assert group_members(inst.pid) == []
     assert inst.proc.returncode == 0  # the leader itself ended on SIGTERM
     assert sorted(p for p, _ in report.killed) == sorted(children)
@@ -76,5 +76,5 @@ def test_stop_by_pid_kills_children_too(tmp_path, killer):
     proc, inst.proc = inst.proc, None
     report = d.stop(inst)
     proc.wait(timeout=10)
-    assert not any(_alive(c) for c in children)
+    assert not any(process_alive(c) for c in children)
     assert sorted(p for p, _ in report.killed) == sorted(children)

@@ -261,12 +261,14 @@ def test_a_job_submitted_from_the_cli_is_one_trace_with_its_root_span(settings, 
                              env={**system._env(), **env}, capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stderr
         job = client.job(out.stdout.strip())
-        tp = client.r.hget(client.keys.job(job.id), "traceparent")  # read before retention compacts the record
+        # read before retention compacts the record; on a loaded machine the job may already
+        # be done and compacted by now, and then only the spans carry the trace id
+        tp = client.r.hget(client.keys.job(job.id), "traceparent")
         assert job.result(timeout_s=60)["sum"] == 9
         res = subprocess.run([sys.executable, "-m", "makespan.cli", "result", job.id], env=system._env(),
                              capture_output=True, text=True, timeout=60)
         assert res.returncode == 0 and json.loads(res.stdout)["sum"] == 9, res.stderr
-        assert tp and tp.startswith("00-")
+        assert tp is None or tp.startswith("00-")
 
         def spans():
             if not trace_file.exists():
@@ -275,7 +277,8 @@ def test_a_job_submitted_from_the_cli_is_one_trace_with_its_root_span(settings, 
             return [x for x in rows if x["attributes"].get("makespan.job_id") == job.id]
         wait_for(lambda: any(x["name"] == "makespan" for x in spans()), 30, "the job's root span")
         mine = spans()
-        assert {x["trace_id"] for x in mine} == {tp.split("-")[1]}
+        trace_ids = {x["trace_id"] for x in mine}
+        assert len(trace_ids) == 1 and (tp is None or trace_ids == {tp.split("-")[1]})
         assert {"makespan", "execute_workload"} <= {x["name"] for x in mine}
     finally:
         system.stop()

@@ -166,9 +166,9 @@ def test_sigterm_stops_idle_endpoint_processes_before_the_warm_shutdown_ends(r, 
     wait_for(lambda: r.hget(keys.job(long), "state") == "running", 60, "the long job to run")
     [worker] = system.kill("gpu-", signal.SIGTERM)
 
-    from makespan.workers.drivers.process import _alive  # a zombie counts as gone
+    from makespan.workers.drivers import process_alive  # a zombie counts as gone
 
-    wait_for(lambda: not _alive(gen.pid) and not any(i.id == gen.id for i in list_instances(r, keys)), 30,
+    wait_for(lambda: not process_alive(gen.pid) and not any(i.id == gen.id for i in list_instances(r, keys)), 30,
              "the idle gen endpoint to stop")
     assert worker.alive()  # still in its warm shutdown (the long job runs): stopped at its start
     assert r.hget(keys.job(long), "state") == "running"

@@ -1,37 +1,32 @@
-"""Endpoint drivers: ``simulated``, ``process`` and ``vllm`` behind one interface
-(:class:`makespan.workers.drivers.base.EndpointDriver`)."""
+"""Endpoint drivers behind one interface (:class:`makespan.workers.drivers.base.EndpointDriver`):
+the built-in ``simulated``, ``process`` and ``vllm``, and any a package adds through the
+``makespan.drivers`` entry-point group (:mod:`makespan.driver_registry`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from makespan.errors import ValidationError
+from makespan.driver_registry import DRIVERS, DriverCapabilities, DriverContext
 from makespan.workers.drivers.base import EndpointDriver, Instance
+from makespan.workers.drivers.pids import process_alive
 
-DRIVERS = ("simulated", "process", "vllm")
 
-
-def get_driver(name: str, **options: Any) -> EndpointDriver:
-    """A driver by name; ``options`` go to its constructor (process/vllm: ``grace_s``,
-    ``log_dir``, ``health_timeout_s``, backoff bounds; simulated: ``endpoints``,
-    ``slowdown``).
+def get_driver(name: str, context: DriverContext | None = None, **options: Any) -> EndpointDriver:
+    """A new driver ``name`` (:meth:`makespan.driver_registry.DriverRegistry.create`);
+    ``options`` go to its constructor (process/vllm: ``grace_s``, ``log_dir``,
+    ``health_timeout_s``, backoff bounds; simulated: ``endpoints``, ``slowdown``).
 
     Raises:
-        ValidationError: unknown driver name.
+        ValidationError: unknown driver name (field ``launch.driver``; the reason lists
+            the known drivers), or an option the driver does not take.
     """
-    if name == "simulated":
-        from makespan.workers.drivers.simulated import SimulatedDriver
-
-        return SimulatedDriver(**options)
-    if name == "process":
-        from makespan.workers.drivers.process import ProcessDriver
-
-        return ProcessDriver(**options)
-    if name == "vllm":
-        from makespan.workers.drivers.vllm import VllmDriver
-
-        return VllmDriver(**options)
-    raise ValidationError("launch.driver", name, f"unknown driver; use one of {', '.join(DRIVERS)}")
+    return DRIVERS.create(name, context=context, **options)
 
 
-__all__ = ["DRIVERS", "EndpointDriver", "Instance", "get_driver"]
+def capabilities(name: str) -> DriverCapabilities:
+    """What driver ``name`` can do. Raises ValidationError: unknown driver name."""
+    return DRIVERS.capabilities(name)
+
+
+__all__ = ["DRIVERS", "DriverCapabilities", "DriverContext", "EndpointDriver", "Instance", "capabilities",
+           "get_driver", "process_alive"]

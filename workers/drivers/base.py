@@ -3,8 +3,11 @@
 A driver starts, stops, probes and (where the server supports it) sleeps and wakes
 endpoint instances. Drivers: ``simulated`` (a time-scaled sleep, no process),
 ``process`` (a real command under a free port with ``CUDA_VISIBLE_DEVICES`` set from
-the GPU UUIDs) and ``vllm`` (builds ``vllm serve`` and runs it as a process). Every
-driver failure is raised as :class:`makespan.errors.PhaseError` naming the endpoint.
+the GPU UUIDs) and ``vllm`` (builds ``vllm serve`` and runs it as a process); more come
+from the ``makespan.drivers`` entry-point group (:mod:`makespan.driver_registry`, and
+docs/drivers.md for writing one). Each driver class says what it can do in a frozen
+:class:`DriverCapabilities`; callers ask those, never the name. Every driver failure is
+raised as :class:`makespan.errors.PhaseError` naming the endpoint.
 """
 
 from __future__ import annotations
@@ -12,8 +15,11 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass, field, fields
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
+from pydantic import BaseModel, ConfigDict
+
+from makespan.driver_registry import DriverCapabilities, DriverContext
 from makespan.models import EndpointSpec
 
 
@@ -85,9 +91,26 @@ class StopReport:
         return not self.killed and not self.left
 
 
+class NoLaunchOptions(BaseModel):
+    """The ``options_model`` of a driver with no ``launch`` keys of its own (it reads only
+    the common ones of :class:`makespan.models.LaunchSpec`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
 @runtime_checkable
 class EndpointDriver(Protocol):
     """What every endpoint driver provides.
+
+    Class attributes: ``name`` (what a fleet file's ``launch.driver`` says),
+    ``capabilities`` (:class:`DriverCapabilities`: what callers may ask of it) and
+    ``options_model`` (a pydantic model, ``extra="forbid"``, of the driver's own
+    ``launch`` keys beyond the common ones; :class:`NoLaunchOptions` when none; an
+    endpoint reads its validated options with ``endpoint.launch.driver_options()``). The
+    registry makes a driver as ``cls(context=DriverContext | None, **options)``.
+
+    ``is_alive(instance)``: False only when the driver knows the instance's process has
+    ended (meaningful where ``capabilities.reports_alive``; otherwise "not stopped").
 
     ``start`` blocks until the instance passes its health check (a driver that spawns a
     process calls ``on_spawn(instance)`` as soon as it exists) and raises
@@ -102,7 +125,9 @@ class EndpointDriver(Protocol):
     GPU worker then falls back to stop, or to stop + cold start for a wake).
     """
 
-    name: str
+    name: ClassVar[str]
+    capabilities: ClassVar[DriverCapabilities]
+    options_model: ClassVar[type[BaseModel]]
 
     def start(self, endpoint: EndpointSpec, gpus: list[str], time_scale: float = 1.0,
               host: str = "", on_spawn: Any = None) -> Instance: ...
@@ -111,8 +136,13 @@ class EndpointDriver(Protocol):
 
     def health(self, instance: Instance) -> bool: ...
 
+    def is_alive(self, instance: Instance) -> bool: ...
+
     def sleep(self, instance: Instance, level: int = 1) -> None: ...
 
     def wake(self, instance: Instance) -> None: ...
 
     def is_sleeping(self, instance: Instance) -> bool: ...
+
+
+__all__ = ["DriverCapabilities", "DriverContext", "EndpointDriver", "Instance", "NoLaunchOptions", "StopReport"]

@@ -43,7 +43,8 @@ from makespan import telemetry
 from makespan.errors import PhaseError
 from makespan.models import EndpointSpec
 from makespan.redis_conn import free_port
-from makespan.workers.drivers.base import Instance, StopReport
+from makespan.workers.drivers.base import DriverCapabilities, DriverContext, Instance, NoLaunchOptions, StopReport
+from makespan.workers.drivers.pids import process_alive
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,7 @@ KILL_WAIT_S = 5.0  # longest stop() waits for SIGKILLed members to disappear
 GROUP_POLL_S = 0.05
 PROBE_TIMEOUT_S = 1.0
 SLEEP_TIMEOUT_S = 600.0  # longest a sleep or wake request may take (a large model's level-2 wake)
+PROCESS_START_FLOOR_S = 5.0  # least wall time a transition of a real endpoint process is given
 
 
 def default_log_dir() -> Path:
@@ -61,22 +63,7 @@ def default_log_dir() -> Path:
     return d
 
 
-def _alive(pid: int) -> bool:
-    """True if ``pid`` runs and is not a zombie."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
-
-
-pid_alive = _alive  # the public name, for the phases and the orphan sweep
+pid_alive = _alive = process_alive  # earlier names of process_alive, kept for existing callers
 
 
 def group_members(leader_pid: int) -> list[int]:
@@ -132,13 +119,18 @@ class ProcessDriver:
         log_dir: where ``{endpoint}-{instance id}.log`` files are kept.
         health_timeout_s: overrides ``launch.health_timeout_s`` when given.
         backoff_initial_s / backoff_max_s: health-probe backoff bounds.
+        context: the registry's :class:`DriverContext` (unused: a real process takes
+            the time it takes).
     """
 
     name = "process"
+    capabilities = DriverCapabilities(spawns_process=True, sleep_levels=(1, 2), reports_alive=True,
+                                      min_transition_wall_s=PROCESS_START_FLOOR_S)
+    options_model = NoLaunchOptions
 
     def __init__(self, grace_s: float = DEFAULT_GRACE_S, log_dir: str | Path | None = None,
                  health_timeout_s: float | None = None, backoff_initial_s: float = 0.05,
-                 backoff_max_s: float = 1.0):
+                 backoff_max_s: float = 1.0, context: DriverContext | None = None):
         self.grace_s = grace_s
         self.log_dir = Path(log_dir) if log_dir else None
         self.health_timeout_s = health_timeout_s
@@ -249,9 +241,14 @@ class ProcessDriver:
             return False
         if instance.proc is not None and instance.proc.poll() is not None:
             return False
-        if instance.proc is None and instance.pid and not _alive(instance.pid):
+        if instance.proc is None and instance.pid and not process_alive(instance.pid):
             return False
         return self._probe(instance)[0]
+
+    def is_alive(self, instance: Instance) -> bool:
+        """False once the instance's process has ended (True while it runs, or when no
+        pid is recorded: nothing known to have ended)."""
+        return instance.pid is None or process_alive(instance.pid)
 
     def stop(self, instance: Instance) -> StopReport:
         """Stop the instance's whole process group: SIGTERM to every member, up to
@@ -293,7 +290,7 @@ class ProcessDriver:
             if instance.proc is not None:
                 instance.proc.poll()  # reap the leader: a zombie is not a member
             members = group_members(instance.pid)
-            if not members and instance.proc is None and _alive(instance.pid):
+            if not members and instance.proc is None and process_alive(instance.pid):
                 members = [instance.pid]  # no /proc: the leader alone is known
             if not members and instance.proc is not None:
                 try:  # it may have ended between poll() and the scan (a zombie is no member): reap it now

@@ -7,6 +7,10 @@
 disk is slower than the fleet file says: the benches of learned durations use it).
 Health is "not stopped", ``is_sleeping`` "slept and not woken" (in this driver object
 only: a driver is one worker process's view).
+
+Every duration is spent through the context's ``wait`` (:class:`DriverContext`; default
+:func:`time.sleep`): the phase runner passes one that stops when its lease is lost, or
+one that only notes the duration where several transitions run as one (an evict).
 """
 
 from __future__ import annotations
@@ -16,21 +20,29 @@ from collections.abc import Mapping
 
 from makespan.errors import PhaseError
 from makespan.models import EndpointSpec
-from makespan.workers.drivers.base import Instance
+from makespan.workers.drivers.base import DriverCapabilities, DriverContext, Instance, NoLaunchOptions
 
 
 class SimulatedDriver:
     """Args:
         endpoints: endpoint name -> spec, for the durations of ``stop``/``sleep``/``wake``
-            of instances this object did not start (read back from the registry).
-        slowdown: host name -> factor (> 0) applied to every duration on that host."""
+            of instances this object did not start (read back from the registry); added
+            to ``context.endpoints``.
+        slowdown: host name -> factor (> 0) applied to every duration on that host
+            (over ``context.slowdown_by_host``).
+        context: the registry's :class:`DriverContext` (endpoints, slowdown, wait)."""
 
     name = "simulated"
+    capabilities = DriverCapabilities(spawns_process=False, sleep_levels=(1, 2), reports_alive=False,
+                                      min_transition_wall_s=0.0)
+    options_model = NoLaunchOptions
 
     def __init__(self, endpoints: Mapping[str, EndpointSpec] | None = None,
-                 slowdown: Mapping[str, float] | None = None) -> None:
-        self._specs: dict[str, EndpointSpec] = dict(endpoints or {})
-        self._slowdown = dict(slowdown or {})
+                 slowdown: Mapping[str, float] | None = None, context: DriverContext | None = None) -> None:
+        context = context or DriverContext()
+        self._specs: dict[str, EndpointSpec] = {**context.endpoints, **(endpoints or {})}
+        self._slowdown = {**context.slowdown_by_host, **(slowdown or {})}
+        self._wait = context.wait or time.sleep
         self._sleeping: set[str] = set()
 
     def duration_s(self, instance_or_host: Instance | str, value_s: float) -> float:
@@ -42,7 +54,7 @@ class SimulatedDriver:
               host: str = "", on_spawn=None) -> Instance:  # no process: nothing to track early
         if len(gpus) != endpoint.tensor_parallel:
             raise PhaseError(f"endpoint {endpoint.name!r}: needs {endpoint.tensor_parallel} GPUs, got {len(gpus)}")
-        time.sleep(self.duration_s(host, endpoint.cold_start_s) * time_scale)
+        self._wait(self.duration_s(host, endpoint.cold_start_s) * time_scale)
         self._specs[endpoint.name] = endpoint
         return Instance(endpoint.name, list(gpus), self.name, host=host, time_scale=time_scale)
 
@@ -50,11 +62,15 @@ class SimulatedDriver:
         if instance.stopped:
             return
         spec = self._specs.get(instance.endpoint)
-        time.sleep(self.duration_s(instance, spec.evict_s if spec else 0.0) * instance.time_scale)
+        self._wait(self.duration_s(instance, spec.evict_s if spec else 0.0) * instance.time_scale)
         instance.stopped = True
         self._sleeping.discard(instance.id)
 
     def health(self, instance: Instance) -> bool:
+        return not instance.stopped
+
+    def is_alive(self, instance: Instance) -> bool:
+        """No process: alive while not stopped."""
         return not instance.stopped
 
     def sleep(self, instance: Instance, level: int = 1) -> None:
@@ -64,7 +80,7 @@ class SimulatedDriver:
         if instance.stopped:
             raise PhaseError(f"endpoint {instance.endpoint!r}: instance {instance.id} is stopped")
         spec = self._specs.get(instance.endpoint)
-        time.sleep(self.duration_s(instance, spec.evict_s if spec else 0.0) * instance.time_scale)
+        self._wait(self.duration_s(instance, spec.evict_s if spec else 0.0) * instance.time_scale)
         self._sleeping.add(instance.id)
 
     def wake(self, instance: Instance) -> None:
@@ -73,7 +89,7 @@ class SimulatedDriver:
             raise PhaseError(f"endpoint {instance.endpoint!r}: instance {instance.id} is stopped")
         spec = self._specs.get(instance.endpoint)
         wake_s = (spec.wake_s or spec.cold_start_s) if spec else 0.0
-        time.sleep(self.duration_s(instance, wake_s) * instance.time_scale)
+        self._wait(self.duration_s(instance, wake_s) * instance.time_scale)
         self._sleeping.discard(instance.id)
 
     def is_sleeping(self, instance: Instance) -> bool:
