@@ -57,8 +57,9 @@ class SearchEffort:
 
     Attributes:
         deterministic_s: CP-SAT ``max_deterministic_time`` of each model solve (the
-            whole-batch model, each LNS window), deterministic s (CP-SAT's count of work
-            done, about a second of one core's search, the same under any load).
+            whole-batch model, each LNS window), deterministic s (CP-SAT's measure of the
+            work done, in units loosely like seconds of a fast core; the same under any
+            load: the 30-job whole-batch proof takes 0.115 of them, bench/RESULTS.md).
         windows: the LNS solves at most this many windows (None: until its own end, a
             sweep of the largest windows that improved nothing).
 
