@@ -113,7 +113,8 @@ def solve_window(inc: Plan, lo: int, hi: int, jobs: dict[str, PlanJob], state: F
     preemption candidates to model (``lo`` = 0 only, :mod:`makespan.planner.window_preemption`).
     CP-SAT stops at ``time_limit_s`` wall seconds or, when given, ``deterministic_s`` of
     its deterministic time (a measure of work done, the same on a fast or a loaded host),
-    whichever comes first."""
+    whichever comes first; ``verify_hint``'s check of the hint gets 0.05 wall s, or with
+    ``deterministic_s`` the same limits as the solve."""
     rep = Replay(state)
     for a in inc.assignments[:lo]:
         rep.place(jobs[a.job_id], a.gpus, a.start_s)
@@ -241,7 +242,11 @@ def solve_window(inc: Plan, lo: int, hi: int, jobs: dict[str, PlanJob], state: F
         fixed = m.Clone()
         for v, val in hint:
             fixed.Add(v == val)  # type: ignore[operator]
-        prm.max_time_in_seconds = min(0.05, time_limit_s)
+        if deterministic_s is None:
+            prm.max_time_in_seconds = min(0.05, time_limit_s)
+        else:  # bounded by work: the check too, so that a loaded host cannot end it first
+            prm.max_time_in_seconds = max(0.01, time_limit_s)
+            prm.max_deterministic_time = deterministic_s
         ok = solver.Solve(fixed) in (cp_model.OPTIMAL, cp_model.FEASIBLE)
         if ok:
             for v, val in hint:
