@@ -98,12 +98,14 @@ class Observer:
     def probe_once(self) -> list[dict]:
         """Probe every instance once; returns the incidents raised this cycle."""
         self.cycle += 1
-        now = time.time()  # incident timestamps (reports), as events
         self.agenda.reap()
         pairs = [(i, s) for i, s in list_instances(self.r, self.keys, with_state=True) if s == "running"]
         health = list(self._pool.map(lambda p: self._healthy(p[0]), pairs))
         entries = self.agenda.open_entries()
         server_now = self.agenda.server_now_s()  # entries are on the Redis clock: compare on it
+        # incident timestamps (reports), as events: when this cycle judges, after its probes
+        # (seconds on a loaded host), not when it began
+        now = time.time()
         overrun = {e["op_id"] for e in entries if e["mode"] == "POSITIVE" and server_now > self.late_after(e)}
         fresh = {op for op in overrun if self.r.sadd(self.keys.incidents_seen, op)}
         reported: set[str] = set()
