@@ -15,9 +15,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from makespan.planner.api import PREEMPTION_FLOOR, plan
+from makespan.planner.api import plan
 from makespan.planner.measures import JobRecord
 from makespan.planner.model import Assignment, FleetState, Plan, PlanJob, PlannedPreemption, RunningJob
+from makespan.planner.policies import Policy
 from makespan.planner.preemption import (DEFAULT_MIN_RUNTIME_S, DEFAULT_PREEMPTION_BUDGET, Holder,
                                          choose_preemption, victim_allowed)
 from makespan.planner.replay import Group, Replay
@@ -26,7 +27,7 @@ from makespan.planner.replay import Group, Replay
 class _Run:
     """The committed schedule of one simulation and the steps that change it."""
 
-    def __init__(self, base: FleetState, policy: str, window_s: float, max_batch: int, jobs: list[PlanJob],
+    def __init__(self, base: FleetState, policy: Policy, window_s: float, max_batch: int, jobs: list[PlanJob],
                  set_points: list[tuple[str, Group]], preemption: str, time_limit_s: float | None = None,
                  preemption_budget: int = DEFAULT_PREEMPTION_BUDGET,
                  preemption_min_runtime_s: float = DEFAULT_MIN_RUNTIME_S,
@@ -70,7 +71,7 @@ class _Run:
                                resident=dict(c.resident), set_point=self.base.set_point, end_of=c.end_of,
                                asleep=dict(c.asleep), demand=demand, demand_share=share,
                                set_point_weight=self.base.set_point_weight, host_ram_mib=self.base.host_ram_mib)
-            scored = self.preemption == "plan" and self.policy in PREEMPTION_FLOOR
+            scored = self.preemption == "plan" and self.policy.floor is not None
             if scored:
                 state.running = self._running(t)
             c0 = time.perf_counter()

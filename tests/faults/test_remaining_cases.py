@@ -22,7 +22,7 @@ from makespan.live import LiveSystem
 from makespan.models import Priority, load_fleet
 from makespan.producer import Producer
 from makespan.run_report import drain_counts
-from makespan.planner.api import POLICIES, plan
+from makespan.planner.api import plan
 from makespan.planner.cpsat import SearchEffort, cpsat_policy
 from makespan.planner.evaluator import score
 from makespan.planner.greedy import portfolio
@@ -62,13 +62,12 @@ def test_same_30_job_batch_with_1_and_8_solver_workers():
     each worker count must prove, and the optimum must beat the greedy floor. The solve is
     bounded by CP-SAT's deterministic time (5 deterministic s; the proof takes about 0.12
     with one worker and 0.3 with two), not by wall time: on a loaded host a 2 s wall limit
-    ended every run before its proof. 120 s of wall time is a backstop only. The policy
-    function is the one ``plan(batch, state, "cpsat", ...)`` runs. Bounded by work, one
+    ended every run before its proof. 120 s of wall time is a backstop only. ``cpsat_policy``
+    is what the ``cpsat`` policy's solve runs (planner/policies.py). Bounded by work, one
     worker's search is deterministic: its 5 plans are the same plan (so 5 runs, not 20,
     show what 20 did). Every plan is
     complete, never worse than the greedy floor, and never places a job on a running
     job's GPU before that GPU is free; the fleet state (running work) is left as it was."""
-    assert POLICIES["cpsat"] is cpsat_policy
     batch, state = instance(30, 8, models=3, seed=1, spread_s=8000.0, gang=False)
     running = _running(state, {0: 500.0, 7: 300.0})
     before = dict(state.free_at)
