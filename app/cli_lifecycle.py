@@ -235,12 +235,15 @@ def incidents(redis_url: Optional[str] = typer.Option(None, "--redis-url", help=
 def observer(fleet: Path = typer.Option(..., "--fleet", help="TOML fleet file"),
              probe_interval_s: float = typer.Option(1.0, "--probe-interval-s"),
              overrun_factor: float = typer.Option(1.5, "--overrun-factor",
-                                                  help="a transition later than factor × its planned length is an incident")) -> None:
+                                                  help="a transition later than factor × its planned length is an incident"),
+             min_overrun_slack_s: float = typer.Option(2.0, "--min-overrun-slack-s",
+                                                       help="least slack past a transition's expected end before it "
+                                                            "is late, s (the scheduling jitter of a loaded host)")) -> None:
     """Run the health observer process (probes endpoint instances; raises incidents)."""
     from makespan.workers.observer import main
 
     raise typer.Exit(main(["--fleet", str(fleet), "--probe-interval-s", repr(probe_interval_s),
-                           "--overrun-factor", repr(overrun_factor)]))
+                           "--overrun-factor", repr(overrun_factor), "--min-overrun-slack-s", repr(min_overrun_slack_s)]))
 
 
 def endpoint_server(port: int = typer.Option(..., "--port"), model: str = typer.Option("stub", "--model"),

@@ -16,6 +16,14 @@ not decoded.
 
 The window model (its variables, constraints and objective) is
 :mod:`makespan.planner.window_model`.
+
+Limits. By default every step is bounded by wall time, which is what a live planner
+needs (an answer within its budget) but makes the result depend on the machine's speed
+and load. With a :class:`SearchEffort` the search is bounded by the work it does
+instead — CP-SAT's deterministic time per model and a number of LNS windows — and the
+wall time limit is only a backstop: for tests and benches that judge the quality of a
+result (with one CP-SAT worker the result is then the same on a fast and on a loaded
+host, as long as the backstop is not reached).
 Running work is never moved: it lives in ``FleetState.free_at``; with ``preemption``,
 windows that start at the plan's first job may also cut running jobs by the design's level
 rules (:mod:`makespan.planner.window_preemption`).
@@ -27,7 +35,7 @@ import math
 import random
 import time
 from collections.abc import Collection, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from makespan.errors import PlannerError
 from makespan.planner.evaluator import InfeasiblePlan, evaluate, score
@@ -41,6 +49,27 @@ from makespan.planner.preemption_plan import assemble
 from makespan.planner import window_preemption as wp
 from makespan.planner.replay import Replay
 from makespan.planner.window_model import Window, solve_window
+
+
+@dataclass(frozen=True)
+class SearchEffort:
+    """A search bounded by the work it does, not by wall time (module doc, "Limits").
+
+    Attributes:
+        deterministic_s: CP-SAT ``max_deterministic_time`` of each model solve (the
+            whole-batch model, each LNS window), deterministic s (CP-SAT's measure of the
+            work done, in units loosely like seconds of a fast core; the same under any
+            load: the 30-job whole-batch proof takes 0.115 of them, bench/RESULTS.md).
+        windows: the LNS solves at most this many windows (None: until its own end, a
+            sweep of the largest windows that improved nothing).
+
+    With an effort, the descent runs to its local optimum, the exact search to its node
+    limit and the LNS windows to ``deterministic_s`` each; ``time_limit_s`` still ends
+    every step (a backstop against a search that never ends, not a budget).
+    """
+
+    deterministic_s: float = 1.0
+    windows: int | None = None
 
 
 def _descend(best: Plan, batch: Sequence[PlanJob], state: FleetState, deadline: float,
@@ -68,9 +97,11 @@ def improve(batch: Sequence[PlanJob], state: FleetState, greedy: Plan, time_limi
             max_groups: int = 4, verify_hint: bool = False, window_limit_s: float | None = None,
             previous: Plan | None = None, local: bool = True, windows_on: bool = True,
             objective: str = "weighted_completion", preemption: bool | Collection[str] = False,
-            first_window_share: float = 0.25) -> Plan:
+            first_window_share: float = 0.25, effort: SearchEffort | None = None) -> Plan:
     """Local search and windowed LNS over ``greedy`` (an evaluated plan) for
-    ``time_limit_s`` wall seconds (module doc).
+    ``time_limit_s`` wall seconds (module doc), or, with ``effort``, for that work
+    (:class:`SearchEffort`; ``time_limit_s`` is then a backstop and ``window_limit_s``
+    is ignored).
 
     Windows of ``k`` jobs (from ``window_jobs``, growing by 4 up to ``max_window_jobs``)
     are solved for at most ``window_limit_s`` each (default: the limit ÷ 20, within
@@ -109,6 +140,10 @@ def improve(batch: Sequence[PlanJob], state: FleetState, greedy: Plan, time_limi
     n = len(best.assignments)
     rng = random.Random(seed)
     per_window = window_limit_s if window_limit_s is not None else min(0.25, max(0.02, time_limit_s / 20))
+    if effort is not None:
+        per_window = time_limit_s  # the backstop: each window ends at its deterministic time
+    window_deterministic_s = effort.deterministic_s if effort is not None else None
+    max_windows = effort.windows if effort is not None and effort.windows is not None else math.inf
     windows = improved = optimal = sweeps = moves = 0
     sweep_better = sweep_optimal = sweep_windows = 0
     first: tuple[float, float] | None = None
@@ -125,7 +160,7 @@ def improve(batch: Sequence[PlanJob], state: FleetState, greedy: Plan, time_limi
         nonlocal best, state, batch, jobs, n
         pre = wp.window_candidates(best, lo, hi, batch, state, eligible=own) if preemption else []
         sol = solve_window(best, lo, hi, jobs, state, limit_s, seed, workers, max_groups, verify_hint,
-                            objective, pre)
+                            objective, pre, deterministic_s=window_deterministic_s)
         sols.append(sol)
         if sol is None or sol.objective >= sol.hint_objective:
             return False  # no better than the incumbent window in the model: not decoded
@@ -156,10 +191,12 @@ def improve(batch: Sequence[PlanJob], state: FleetState, greedy: Plan, time_limi
         if hi:
             windows += 1
             limit_s = min(time_limit_s * first_window_share, max(per_window, deadline - time.perf_counter()))
+            if effort is not None:
+                limit_s = max(0.01, deadline - time.perf_counter())
             improved += int(solve(0, hi, limit_s))
     if local:
         best, moves = _descend(best, batch, state, deadline, objective)
-    while n >= 2 and windows_on:
+    while n >= 2 and windows_on and windows < max_windows:
         if not offsets:
             sweeps += 1
             all_optimal = sweep_optimal == sweep_windows
@@ -228,7 +265,8 @@ def _accept_preemptive(best: Plan, hi: int, sol: Window, state: FleetState, batc
 
 def cpsat_policy(batch: Sequence[PlanJob], state: FleetState, time_limit_s: float = 1.0, seed: int = 0,
                  num_workers: int = 1, previous: Plan | None = None,
-                 preemption: bool | Collection[str] = False, first_window_share: float = 0.25) -> Plan:
+                 preemption: bool | Collection[str] = False, first_window_share: float = 0.25,
+                 effort: SearchEffort | None = None) -> Plan:
     """Policy ``cpsat`` (= ``default``): greedy portfolio, then the best of
         * batches of at most :data:`makespan.planner.exact.MAX_EXACT_JOBS` jobs: exact branch and
           bound (optimal when ``stats['exact']`` is 1);
@@ -245,7 +283,8 @@ def cpsat_policy(batch: Sequence[PlanJob], state: FleetState, time_limit_s: floa
     paths do not (``first_window_share``: as there). Under ``plan(..., preemption=True)`` it runs on the greedy floor's
     branch and, when the floor took preemptions, a second time on the batch without them
     (each with its share of the limit, :data:`makespan.planner.api.UNDO_SHARE`); the caller keeps
-    the better plan (:func:`makespan.planner.api.comparable_score`).
+    the better plan (:func:`makespan.planner.api.comparable_score`). ``effort``: bound
+    each path by its work instead (:class:`SearchEffort`; ``time_limit_s`` a backstop).
     ``stats['proven_optimal']``
     is 1 only when the returned plan is proven optimal for the whole batch (objective
     Σ w_j (C_j − r_j); see :mod:`makespan.planner.whole` for how the proof is checked).
@@ -257,7 +296,8 @@ def cpsat_policy(batch: Sequence[PlanJob], state: FleetState, time_limit_s: floa
     floor = portfolio(batch, state)
     if len(batch) > MAX_EXACT_JOBS and not whole.applicable(batch, state):
         return improve(batch, state, floor, time_limit_s=time_limit_s, seed=seed, workers=num_workers,
-                       previous=previous, preemption=preemption, first_window_share=first_window_share)
+                       previous=previous, preemption=preemption, first_window_share=first_window_share,
+                       effort=effort)
     greedy_score = score(floor)
     floor, prev_score, prev_used = start_plan(floor, previous, batch, state)
     prev_stats = {"greedy_score": greedy_score, "previous_score": prev_score, "previous_used": float(prev_used)}
@@ -268,7 +308,8 @@ def cpsat_policy(batch: Sequence[PlanJob], state: FleetState, time_limit_s: floa
         out.stats["proven_optimal"] = out.stats["exact"]
         return out
     # whole.applicable (checked above)
-    sol = whole.solve(batch, state, floor, time_limit_s=time_limit_s, seed=seed, workers=num_workers)
+    sol = whole.solve(batch, state, floor, time_limit_s=time_limit_s, seed=seed, workers=num_workers,
+                      deterministic_s=effort.deterministic_s if effort is not None else None)
     if sol is not None and score(sol) <= score(floor) + 1e-9:
         sol.stats.update(prev_stats)
         return sol

@@ -45,7 +45,9 @@ them (:func:`makespan.planner.evaluator.evaluate_built`), the winner replayed by
       ``max_evals`` decodes. Then the CP-SAT windowed LNS (:func:`makespan.planner.cpsat.improve`)
       with the tardiness objective for the rest of the budget.
 Deterministic for a seed when ``max_evals`` (not the wall time) ends the local search
-and the LNS gets the same windows (one CP-SAT worker).
+and the LNS gets the same windows (one CP-SAT worker): pass a
+:class:`makespan.planner.cpsat.SearchEffort` (``effort``) to bound the search by work
+only, the time limit then a backstop (the order search may use all of it).
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ from collections.abc import Collection, Sequence
 from functools import partial
 from heapq import heappop, heappush
 
-from makespan.planner.cpsat import improve
+from makespan.planner.cpsat import SearchEffort, improve
 from makespan.planner.evaluator import evaluate, evaluate_built, rescore, score
 from makespan.planner.exact import MAX_EXACT_JOBS, exact
 from makespan.planner.greedy import MEMBERS as GREEDY_MEMBERS
@@ -304,9 +306,11 @@ def order_search(batch: Sequence[PlanJob], state: FleetState, inc: Plan, deadlin
 
 def tardiness_policy(batch: Sequence[PlanJob], state: FleetState, time_limit_s: float = 1.0, seed: int = 0,
                      num_workers: int = 1, max_evals: int = 20_000, previous: Plan | None = None,
-                     preemption: bool | Collection[str] = False, first_window_share: float = 0.25) -> Plan:
+                     preemption: bool | Collection[str] = False, first_window_share: float = 0.25,
+                     effort: SearchEffort | None = None) -> Plan:
     """Policy ``tardiness`` (module doc): floor, then exact / order search + LNS within
-    ``time_limit_s`` s with ``num_workers`` CP-SAT workers; the order search starts from
+    ``time_limit_s`` s with ``num_workers`` CP-SAT workers (with ``effort``: bounded by
+    ``max_evals`` and the effort, ``time_limit_s`` a backstop); the order search starts from
     ``previous`` repaired to the batch when that scores lower than the floor
     (:func:`makespan.planner.previous.start_plan`). ``stats``: ``floor_score``, ``previous_used``,
     ``floor_objective`` (the floor's weighted tardiness), and ``preemption`` as
@@ -324,13 +328,14 @@ def tardiness_policy(batch: Sequence[PlanJob], state: FleetState, time_limit_s: 
         out, proven = Plan("tardiness", list(floor.assignments), floor.objective, dict(floor.stats)), 1.0
     else:
         start, _prev_score, prev_used = start_plan(floor, previous, batch, state, OBJ)
-        out = order_search(batch, state, start, t0 + time_limit_s / 2, seed, max_evals)
+        order_deadline = t0 + (time_limit_s if effort is not None else time_limit_s / 2)
+        out = order_search(batch, state, start, order_deadline, seed, max_evals)
         out.stats["previous_used"] = float(prev_used)
         ls_score, evals = score(out), out.stats["order_evals"]
         left = time_limit_s - (time.perf_counter() - t0)
         if left > 0.05 and out.objective > 0.0:
             out = improve(batch, state, out, time_limit_s=left, seed=seed, workers=num_workers, objective=OBJ,
-                          preemption=preemption, first_window_share=first_window_share)
+                          preemption=preemption, first_window_share=first_window_share, effort=effort)
         proven = float(out.objective <= 0.0)
         out.stats.update({"order_search_score": ls_score, "order_evals": evals})
     out.policy = "tardiness"

@@ -170,7 +170,7 @@ def _model(d: _Data, state: FleetState) -> tuple[cp_model.CpModel, list, dict]:
 
 
 def solve(batch: Sequence[PlanJob], state: FleetState, hint: Plan | None = None, time_limit_s: float = 1.0,
-          seed: int = 0, workers: int = 1) -> Plan | None:
+          seed: int = 0, workers: int = 1, deterministic_s: float | None = None) -> Plan | None:
     """Solve ``batch`` as one model (module doc); ``batch`` must be :func:`applicable`.
 
     Args:
@@ -178,6 +178,9 @@ def solve(batch: Sequence[PlanJob], state: FleetState, hint: Plan | None = None,
         time_limit_s: CP-SAT wall-time limit, s.
         seed: CP-SAT ``random_seed``.
         workers: requested search workers (:func:`search_workers` are used).
+        deterministic_s: when given, CP-SAT also stops after this much deterministic
+            time (its measure of work done, the same on a fast or a loaded host; with
+            one worker the whole search is then reproducible), deterministic s.
 
     Returns:
         the decoded, evaluated plan (policy "cpsat"), or None when CP-SAT found no
@@ -202,6 +205,8 @@ def solve(batch: Sequence[PlanJob], state: FleetState, hint: Plan | None = None,
     prm.random_seed = seed
     prm.num_workers = search_workers(workers)
     prm.max_time_in_seconds = max(0.01, time_limit_s)
+    if deterministic_s is not None:
+        prm.max_deterministic_time = deterministic_s
     st = solver.Solve(m)
     if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None

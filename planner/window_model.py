@@ -126,7 +126,7 @@ def hint_of(win: Sequence[Assignment], cands: dict[str, list[Group]], res: dict,
 def solve_window(inc: Plan, lo: int, hi: int, jobs: dict[str, PlanJob], state: FleetState,
                   time_limit_s: float, seed: int, workers: int, max_groups: int,
                   verify_hint: bool, objective: str = "weighted_completion",
-                  pre: Sequence[Candidate] = ()) -> Window | None:
+                  pre: Sequence[Candidate] = (), deterministic_s: float | None = None) -> Window | None:
     """Build and solve the model of ``inc.assignments[lo:hi]`` (module doc).
 
     Args:
@@ -142,6 +142,9 @@ def solve_window(inc: Plan, lo: int, hi: int, jobs: dict[str, PlanJob], state: F
         objective: "weighted_completion" or "weighted_tardiness" (module doc).
         pre: preemption candidates to model (``lo`` = 0 only,
             :mod:`makespan.planner.window_preemption`).
+        deterministic_s: when given, CP-SAT also stops after this much deterministic
+            time (a measure of work done, the same on a fast or a loaded host), and
+            ``verify_hint``'s check gets the same limits instead of 0.05 wall s.
 
     Returns:
         the solved :class:`Window`, or None when CP-SAT finds no solution in the limit.
@@ -165,7 +168,7 @@ def solve_window(inc: Plan, lo: int, hi: int, jobs: dict[str, PlanJob], state: F
     model.minimize(sum(objective_terms))
     hint, future_hint = _hint(data, residencies, job_vars, future, set_point, pre)
     solver = cp_model.CpSolver()
-    status = _solve(model, solver, hint, seed, workers, time_limit_s, verify_hint)
+    status = _solve(model, solver, hint, seed, workers, time_limit_s, verify_hint, deterministic_s)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
     return _decode(solver, status, data, residencies, job_vars, hint, future_hint, set_point, pre)
@@ -356,7 +359,7 @@ def _hint(data: _WindowData, residencies: dict[tuple[Group, str], Residency], jo
 
 
 def _solve(model: cp_model.CpModel, solver: cp_model.CpSolver, hint: list[tuple[object, int]] | None, seed: int,
-           workers: int, time_limit_s: float, verify_hint: bool) -> int:
+           workers: int, time_limit_s: float, verify_hint: bool, deterministic_s: float | None = None) -> int:
     """Solve with the hint (checked first with ``verify_hint``: kept only when the model
     with it fixed is feasible within 0.05 s); returns CP-SAT's status."""
     parameters = solver.parameters
@@ -367,7 +370,11 @@ def _solve(model: cp_model.CpModel, solver: cp_model.CpSolver, hint: list[tuple[
         fixed = model.clone()
         for variable, value in hint:
             fixed.add(variable == value)  # type: ignore[operator]
-        parameters.max_time_in_seconds = min(0.05, time_limit_s)
+        if deterministic_s is None:
+            parameters.max_time_in_seconds = min(0.05, time_limit_s)
+        else:  # bounded by work: the check too, so that a loaded host cannot end it first
+            parameters.max_time_in_seconds = max(0.01, time_limit_s)
+            parameters.max_deterministic_time = deterministic_s
         if solver.Solve(fixed) in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             for variable, value in hint:
                 model.add_hint(variable, value)
@@ -375,6 +382,8 @@ def _solve(model: cp_model.CpModel, solver: cp_model.CpSolver, hint: list[tuple[
         for variable, value in hint:
             model.add_hint(variable, value)
     parameters.max_time_in_seconds = max(0.01, time_limit_s)
+    if deterministic_s is not None:
+        parameters.max_deterministic_time = deterministic_s
     return solver.Solve(model)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from makespan import events as ev
@@ -18,3 +19,28 @@ def overlaps(events: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
 
 def all_events(r, keys) -> list[dict[str, Any]]:
     return list(ev.read_all(r, keys.events))
+
+
+def wait_worker_consuming(settings, pid: int, timeout_s: float = 120.0, stop=None) -> bool:
+    """Wait until the Celery GPU worker whose process id is ``pid`` answers a broadcast
+    (it consumes its queue): the readiness of one process, where several workers of a
+    host share a node name. ``timeout_s`` bounds a hang (a worker start is seconds alone
+    and tens of seconds on a loaded host), s. ``stop`` (a ``threading.Event``): give up
+    when it is set. Returns True once it answers, False when ``stop`` was set first.
+
+    Raises:
+        AssertionError: no answer from ``pid`` within ``timeout_s``."""
+    from makespan.celery_app import create_celery
+
+    app = create_celery(settings)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            if stop is not None and stop.is_set():
+                return False
+            replies = app.control.broadcast("stats", reply=True, timeout=0.5) or []
+            if any(stats.get("pid") == pid for reply in replies for stats in reply.values()):
+                return True
+    finally:
+        app.close()
+    raise AssertionError(f"GPU worker {pid} did not consume within {timeout_s} s")

@@ -42,7 +42,10 @@ plan. A solve still running ``HUNG_FACTOR`` × its time limit + ``HUNG_SLACK_S``
 started (a stopped or wedged child: CP-SAT honours its limit, so a healthy solve ends
 near it) is hung: the next offer kills that child (SIGKILL, counted as ``hung``; the
 solve then fails as above) and a later offer starts a new one, so a wedged child does
-not leave the planner on its greedy plan for good.
+not leave the planner on its greedy plan for good. A solve counts as started when it
+was submitted *and* its child had started (the child's pid probe answered): a child's
+start (imports; tens of seconds on a loaded host) is not solve time. The watchdog reads
+the improver's clock (``clock``, default ``time.monotonic``; tests pass their own).
 :meth:`BackgroundImprover.close` kills a solve in flight and joins the child;
 ``PlannerWorker.run`` calls it on its way out. An improved plan can only be adopted
 when it is better on the state of the tick that uses it: it is never worse than the
@@ -58,7 +61,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import BrokenExecutor, Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 
 from makespan import metrics
@@ -140,6 +143,7 @@ class BackgroundImprover:
         executor: ``"process"`` (default) or ``"thread"`` (module doc).
         child_nice: niceness added to the child process (``process`` only; 0: none;
             the live planner's is ``Settings.improver_nice``, module doc).
+        clock: the hung-solve watchdog's clock, s (monotonic; default ``time.monotonic``).
 
     Raises:
         ValidationError: an unknown ``executor``.
@@ -153,13 +157,13 @@ class BackgroundImprover:
     """
 
     def __init__(self, policy: str, time_limit_s: float, num_workers: int | None = None,
-                 executor: str = "process", child_nice: int = 0):
+                 executor: str = "process", child_nice: int = 0, clock: Callable[[], float] = time.monotonic):
         if executor not in IMPROVER_EXECUTORS:
             raise ValidationError("improver_executor", executor, f"must be one of {', '.join(IMPROVER_EXECUTORS)}")
         if not 0 <= child_nice <= IMPROVER_NICE_MAX:
             raise ValidationError("improver_nice", child_nice, f"must be between 0 and {IMPROVER_NICE_MAX}")
         self.policy, self.time_limit_s, self.num_workers = policy, time_limit_s, num_workers
-        self.executor, self.child_nice = executor, child_nice
+        self.executor, self.child_nice, self._clock = executor, child_nice, clock
         self.objective = POLICY_REGISTRY.lookup(policy).objective
         self._lock = threading.Lock()
         self._busy = False
@@ -169,7 +173,8 @@ class BackgroundImprover:
         self._pid: Future | None = None  # the child's pid (process executor)
         self._result: Plan | None = None
         self._last_ids: tuple[str, ...] = ()
-        self._started = 0.0  # time.monotonic() when the solve in flight was submitted
+        self._started = 0.0  # clock() when the solve in flight was submitted
+        self._child_ready_at: float | None = None  # clock() when the current child answered its pid probe
         self.stats = {"offered": 0, "adopted": 0, "busy_skips": 0, "short_skips": 0, "failed": 0, "restarts": 0,
                       "hung": 0}
 
@@ -202,7 +207,9 @@ class BackgroundImprover:
             else:
                 self._pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
                                                  initializer=_child_init, initargs=(self.child_nice,))
+                self._child_ready_at = None
                 self._pid = self._pool.submit(os.getpid)  # runs first: starts the child, learns its pid
+                self._pid.add_done_callback(self._child_ready)
         return self._pool
 
     def offer(self, batch: Sequence[PlanJob], state: FleetState) -> bool:
@@ -215,7 +222,7 @@ class BackgroundImprover:
             if self._closed:
                 return False
             if self._busy:  # checked for a hung solve even when the batch is unchanged
-                if self.executor == "process" and time.monotonic() - self._started > self.hung_after_s():
+                if self.executor == "process" and self._solving_s() > self.hung_after_s():
                     probe = self._pid
                 elif ids != self._last_ids:
                     self.stats["busy_skips"] += 1
@@ -239,10 +246,26 @@ class BackgroundImprover:
                 self._pool_broken = self._pool is not None  # try a new child on the next offer
                 self.stats["failed"] += 1
                 return False
-            self._busy, self._last_ids, self._started = True, ids, time.monotonic()
+            self._busy, self._last_ids, self._started = True, ids, self._clock()
             self.stats["offered"] += 1
         fut.add_done_callback(self._done)
         return True
+
+    def _child_ready(self, probe: Future) -> None:
+        """The child answered its pid probe (in the pool's thread): it has started. A plain
+        attribute write, without the lock: the callback may run in the thread that holds it."""
+        if not probe.cancelled() and probe.exception() is None:
+            self._child_ready_at = self._clock()
+
+    def _solving_s(self) -> float:
+        """How long the solve in flight has run (caller holds ``_lock``), s: since it was
+        submitted or its child started, whichever is later; 0 while its child is starting."""
+        ready_at = self._child_ready_at
+        if ready_at is None and self._pid is not None and self._pid.done() and not self._pid.cancelled():
+            ready_at = self._child_ready_at = self._clock()  # answered; its callback has not run yet
+        if ready_at is None:
+            return 0.0
+        return self._clock() - max(self._started, ready_at)
 
     def _done(self, fut: Future) -> None:
         """A solve ended (in the pool's own thread): keep its plan, or say why there is none."""

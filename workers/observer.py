@@ -9,11 +9,17 @@ instance (:mod:`makespan.workers.drivers.registry`) through its driver and reads
   planned eviction, **no incident**;
 * unhealthy with no covering entry: an incident (``process_exited`` when its pid is
   gone, else ``health_check_failed``);
-* covered by a ``POSITIVE`` entry that *overruns*, i.e. ``now > planned_start +
-  overrun_factor × (expected_end − planned_start)``, every time on the Redis server's
-  clock (``TIME``; the agenda writes its entries on it), so skew between the observer's
-  and the holders' hosts changes nothing: an incident
-  (``transition_overrun``, once per operation id), whatever the probe says;
+* covered by a ``POSITIVE`` entry that *overruns*, i.e. ``now > expected_end +
+  max((overrun_factor − 1) × (expected_end − planned_start), min_overrun_slack_s)``,
+  every time on the Redis server's clock (``TIME``; the agenda writes its entries on
+  it), so skew between the observer's and the holders' hosts changes nothing: an
+  incident (``transition_overrun``, once per operation id), whatever the probe says.
+  The slack has a floor in seconds (``min_overrun_slack_s``, default
+  :data:`MIN_OVERRUN_SLACK_S`): a transition's holder is a process that the host
+  schedules, and on a loaded host it runs late by the scheduling jitter (seconds at a
+  load of 3 per core) whatever the transition's length, so a factor alone would call a
+  short transition late for that jitter — a time-scaled 30 ms one had 15 ms of slack.
+  A factor bounds long transitions, the floor short ones;
 * covered by a ``RESTART_RECOVERY`` entry: a recovery is already in progress; skip;
 * a ``POSITIVE`` entry that overruns with no registered instance under it (the
   endpoint is evicted): an incident with an empty instance id and no restart (its
@@ -59,6 +65,7 @@ from makespan.workers.drivers.base import Instance
 from makespan.workers.drivers.registry import list_instances, register_instance, unregister_instance
 
 log = logging.getLogger(__name__)
+MIN_OVERRUN_SLACK_S = 2.0  # the least slack past a transition's expected end before it is late, s (module doc)
 
 __all__ = ["Observer", "list_incidents", "register_instance", "run_observer", "unregister_instance"]
 
@@ -74,6 +81,7 @@ class Observer:
     probe_interval_s: float = 1.0
     overrun_factor: float = 1.5
     lock_ttl_s: float = 10.0
+    min_overrun_slack_s: float = MIN_OVERRUN_SLACK_S
     cycle: int = 0
     last_ok_cycle: dict[str, int] = field(default_factory=dict)
     _drivers: dict[str, Any] = field(default_factory=dict)
@@ -90,14 +98,15 @@ class Observer:
     def probe_once(self) -> list[dict]:
         """Probe every instance once; returns the incidents raised this cycle."""
         self.cycle += 1
-        now = time.time()  # incident timestamps (reports), as events
         self.agenda.reap()
         pairs = [(i, s) for i, s in list_instances(self.r, self.keys, with_state=True) if s == "running"]
         health = list(self._pool.map(lambda p: self._healthy(p[0]), pairs))
         entries = self.agenda.open_entries()
         server_now = self.agenda.server_now_s()  # entries are on the Redis clock: compare on it
-        overrun = {e["op_id"] for e in entries if e["mode"] == "POSITIVE"
-                   and server_now > e["planned_start"] + self.overrun_factor * (e["expected_end"] - e["planned_start"])}
+        # incident timestamps (reports), as events: when this cycle judges, after its probes
+        # (seconds on a loaded host), not when it began
+        now = time.time()
+        overrun = {e["op_id"] for e in entries if e["mode"] == "POSITIVE" and server_now > self.late_after(e)}
         fresh = {op for op in overrun if self.r.sadd(self.keys.incidents_seen, op)}
         reported: set[str] = set()
         raised = []
@@ -133,6 +142,14 @@ class Observer:
         self.r.hset(self.keys.observer, mapping={"cycle": self.cycle, "at": repr(time.time())})
         self.r.expire(self.keys.observer, max(int(self.probe_interval_s * 5), 5))
         return raised
+
+    def late_after(self, entry: dict) -> float:
+        """When the ``POSITIVE`` agenda ``entry`` (``planned_start``, ``expected_end``: Redis
+        server time, s) overruns: its expected end plus the slack of the module doc (the
+        larger of ``(overrun_factor − 1) ×`` its planned length and ``min_overrun_slack_s``),
+        Redis server time, s."""
+        planned_s = entry["expected_end"] - entry["planned_start"]
+        return entry["expected_end"] + max((self.overrun_factor - 1.0) * planned_s, self.min_overrun_slack_s)
 
     def _exited(self, inst: Instance) -> bool:
         """True when ``inst``'s driver can tell its process ended and it has (a failed
@@ -206,10 +223,12 @@ class Observer:
 
 def run_observer(settings: Settings, fleet: FleetSpec, probe_interval_s: float = 1.0,
                  overrun_factor: float = 1.5, stop: threading.Event | None = None,
-                 max_cycles: int | None = None) -> int:
+                 max_cycles: int | None = None, min_overrun_slack_s: float = MIN_OVERRUN_SLACK_S) -> int:
     """Probe until ``stop`` is set, SIGTERM/SIGINT arrives (main thread only) or
     ``max_cycles`` cycles ran; returns the number of incidents raised. Redis errors
     are logged and retried on the next cycle (the observer must outlive a Redis restart).
+    ``overrun_factor`` and ``min_overrun_slack_s`` (s) say when a transition is late
+    (module doc).
 
     Raises:
         RedisConfigError: Redis evicts keys (``maxmemory-policy``) and
@@ -231,7 +250,8 @@ def run_observer(settings: Settings, fleet: FleetSpec, probe_interval_s: float =
         if restore_signals is not None:
             restore_signals()
         raise
-    obs = Observer(r, Keys(settings.key_prefix), fleet, probe_interval_s, overrun_factor)
+    obs = Observer(r, Keys(settings.key_prefix), fleet, probe_interval_s, overrun_factor,
+                   min_overrun_slack_s=min_overrun_slack_s)
     raised = 0
     try:
         while not stop.is_set() and (max_cycles is None or obs.cycle < max_cycles):
@@ -280,6 +300,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fleet", required=True)
     p.add_argument("--probe-interval-s", type=float, default=1.0)
     p.add_argument("--overrun-factor", type=float, default=1.5)
+    p.add_argument("--min-overrun-slack-s", type=float, default=MIN_OVERRUN_SLACK_S,
+                   help="least slack past a transition's expected end before it is late, s")
     p.add_argument("--metrics-port", type=int, default=int(os.environ.get("MAKESPAN_METRICS_PORT") or 0))
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -288,7 +310,8 @@ def main(argv: list[str] | None = None) -> int:
 
         metrics.start_metrics_server(a.metrics_port, redis_state=False)
     try:
-        run_observer(Settings.from_env(), load_fleet(a.fleet), a.probe_interval_s, a.overrun_factor)
+        run_observer(Settings.from_env(), load_fleet(a.fleet), a.probe_interval_s, a.overrun_factor,
+                     min_overrun_slack_s=a.min_overrun_slack_s)
     except RedisConfigError as e:
         log.error("%s", e)
         print(f"makespan observer: {e}", file=sys.stderr, flush=True)

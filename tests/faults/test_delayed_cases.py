@@ -9,13 +9,15 @@ processes): delayed jobs and retry backoffs never become Celery countdown/eta me
 from __future__ import annotations
 
 import dataclasses
+import os
+import signal
 from pathlib import Path
 
 from makespan.live import LiveSystem, delete_prefix
 from makespan.models import load_fleet
 from makespan.producer import Producer
 from makespan.run_report import drain_counts
-from tests.live import all_events, wait_for
+from tests.live import all_events, wait_for, wait_worker_consuming
 
 FLEET = """name = "one"
 [[hosts]]
@@ -57,25 +59,43 @@ def _kinds(evs, job, kind, phase=None):
 
 def test_retry_delay_longer_than_visibility_timeout_runs_once_more(r, keys, settings, tmp_path):
     """The GPU worker is SIGKILLed during the job's execute phase; its lease expires and the
-    reaper retries the job after a 4 s backoff — twice the broker's 2 s visibility timeout
-    (kombu redelivers any unacknowledged message older than that). The execute phase
-    starts exactly twice (the killed attempt and the retry), ends once, and the job
-    completes once with one reclaimed attempt."""
-    s = dataclasses.replace(settings, broker_visibility_timeout_s=2.0, retry_backoff_s=4.0, lease_ttl_s=2.0,
+    reaper retries the job after a 10 s backoff — five times the broker's 2 s visibility
+    timeout (kombu redelivers any unacknowledged message older than that). The execute
+    phase starts exactly twice (the killed attempt and the retry), ends once, and the job
+    completes once with one reclaimed attempt.
+
+    The test owns the retry's clock: once the job is delayed the planner is stopped
+    (SIGSTOP), so the delay cannot end before the new GPU worker consumes — a worker start
+    takes seconds alone and tens on a loaded host, and a retry leased to a host with no
+    worker yet had its lease expire too (a second reclaim). While the planner is stopped
+    the new worker runs through the visibility timeout: the killed attempt's message is
+    redelivered to it and refused (stale token), and nothing else is in the broker. The
+    lease lives 6 s (12 heartbeats), so a loaded host's late heartbeat does not lose it."""
+    s = dataclasses.replace(settings, broker_visibility_timeout_s=2.0, retry_backoff_s=10.0, lease_ttl_s=6.0,
                             max_attempts=3)
     system = _system(tmp_path, s)
     prod = Producer(r, keys, system.fleet, s)
+    planner = None
     try:
         system.start()
+        planner = next(p for p in system.procs if p.name.startswith("planner-"))
         jid = prod.submit({"endpoint": "e", "service_s": 300}).id  # execute: 3 s of wall time
         wait_for(lambda: _kinds(all_events(r, keys), jid, "phase_start", "execute"), 60, "the first execute")
         system.kill("gpu-h-0")
-        wait_for(lambda: prod.status(jid)["state"] == "delayed", 30, "the retry to be delayed")
+        wait_for(lambda: prod.status(jid)["state"] == "delayed", 60, "the retry to be delayed", 0.02)
+        os.kill(planner.popen.pid, signal.SIGSTOP)  # the retry's delay cannot end until SIGCONT
+        assert prod.status(jid)["state"] == "delayed", "promoted before the planner stopped"
         assert r.zcard(keys.delayed) == 1 and _celery_messages(r, keys) <= 1  # at most the killed one's unacked
-        system.start_gpu_worker("h", 1)
-        wait_for(lambda: prod.status(jid)["state"] in ("completed", "failed"), 90, "the retry to finish")
+        worker = system.start_gpu_worker("h", 1)
+        wait_worker_consuming(s, worker.popen.pid)
+        wait_for(lambda: _celery_messages(r, keys) == 0, 60, "the killed attempt's message to be redelivered")
+        assert prod.status(jid)["state"] == "delayed" and r.zcard(keys.delayed) == 1
+        os.kill(planner.popen.pid, signal.SIGCONT)
+        wait_for(lambda: prod.status(jid)["state"] in ("completed", "failed"), 120, "the retry to finish")
         wait_for(lambda: _celery_messages(r, keys) == 0, 30, "the broker to hold nothing")  # redeliveries done
     finally:
+        if planner is not None and planner.alive():
+            os.kill(planner.popen.pid, signal.SIGCONT)
         system.stop()
     evs = all_events(r, keys)
     rec = prod.status(jid)

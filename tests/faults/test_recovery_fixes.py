@@ -18,6 +18,7 @@ from makespan.settings import Settings
 from makespan.workers.leases import LeaseStore
 from makespan.workers.planner_worker import PlannerWorker
 from tests.conftest import FLEET_TOML
+from tests.live import wait_for
 
 
 def _leased_job(r, keys, settings, ttl_s):
@@ -73,12 +74,15 @@ def test_duplicate_delivery_of_a_running_phase_does_not_run_it_twice(r, keys, se
 
     jid, store = _leased_job(r, keys, settings, ttl_s=settings.lease_ttl_s)
     token = int(r.hget(keys.lease("L1"), "token"))
-    ctx = PhaseContext("L1", token, ["GPU-host-a-3"], "host-a", "job", "embed", jid, "HIGH", 50.0)  # 0.5 s
+    ctx = PhaseContext("L1", token, ["GPU-host-a-3"], "host-a", "job", "embed", jid, "HIGH", 300.0)  # 3 s
     runner = PhaseRunner(r, settings, load_fleet(FLEET_TOML))
     out: list = []
     first = threading.Thread(target=lambda: out.append(runner.run(ctx, "execute")))
     first.start()
-    time.sleep(0.15)
+    # the first copy has claimed the phase and runs it for 3 s (a window a loaded host's
+    # scheduling cannot close; a fixed 0.15 s sleep could end before the first copy began)
+    wait_for(lambda: r.hget(keys.phase("L1"), "execute:claimed") == "1", 30, "the first copy to claim the phase",
+             0.01)
     second = runner.run(ctx, "execute")
     first.join(timeout=10)
     assert (out, second) == (["done"], "stale")

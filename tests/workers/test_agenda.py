@@ -67,9 +67,12 @@ def test_expired_holder_does_not_delete_new_holders_entry(r, keys):
 
 
 def test_heartbeat_keeps_entry_through_long_phase(r, keys):
+    """A phase of 2.5 lock TTLs: the heartbeat (every third of the TTL) keeps the entry.
+    The TTL is 1.5 s, not less: a loaded host delays the heartbeat thread by up to a
+    second, and a 0.5 s lock expired under it."""
     t = AgendaTracker(r, keys)
-    with t.register("op-3", "POSITIVE", ["coder"], [], 3.0, lock_ttl_s=0.5) as e:
-        time.sleep(3.0)
+    with t.register("op-3", "POSITIVE", ["coder"], [], 4.0, lock_ttl_s=1.5) as e:
+        time.sleep(3.75)
         e.check()
         assert not e.lost
         assert t.reap() == 0

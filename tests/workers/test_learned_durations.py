@@ -110,7 +110,9 @@ def test_bench_b_a_host_twice_as_slow_is_learned(r, keys, settings):
     before = _errors([t for v in by_ep.values() for t in v[:5]])  # planned with the prior
     after = _errors([t for v in by_ep.values() for t in v[20:]])  # after 20 observations each
     assert all(t["planned_s"] == 10.0 for v in by_ep.values() for t in v[:5])
-    assert quantile(before, 0.5) == pytest.approx(0.5, abs=0.05)
+    # at least the slowdown's 50% off: the actual cold starts are wall time, which a loaded
+    # host only lengthens (0.64 at a load of 18 on 2 cores), so the bound is one-sided
+    assert quantile(before, 0.5) >= 0.45
     assert after and quantile(after, 0.5) <= 0.10, after
     # the live planner's model of these endpoints now carries the slow host's figure
     w = read_transition_windows(r, keys, ["alpha", "beta"], ["host-a", "host-b"])
@@ -129,7 +131,8 @@ def test_observer_overrun_rule_uses_the_learned_duration(r, keys, settings, lear
             for op in transition_record_ops(keys, "alpha", "host-a", "cold_start", 120.0):
                 getattr(r, op[0].lower())(*op[1:])
     swaps = Swaps(r, keys, s, fleet, "host-a")
-    obs = Observer(r, keys, fleet, probe_interval_s=0.05, overrun_factor=1.5)
+    obs = Observer(r, keys, fleet, probe_interval_s=0.05, overrun_factor=1.5,
+                   min_overrun_slack_s=0.0)  # the factor rule alone: 0.6 s planned against 1.2 s
     stop = threading.Event()
 
     def probe() -> None:

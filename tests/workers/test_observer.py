@@ -17,10 +17,10 @@ import httpx
 import pytest
 
 from makespan.models import load_fleet
-from makespan.workers.agenda import AgendaTracker
+from makespan.workers.agenda import AgendaTracker, server_now_s
 from makespan.workers.drivers import get_driver
 from makespan.workers.drivers.registry import list_instances, register_instance, unregister_instance
-from makespan.workers.observer import Observer, list_incidents
+from makespan.workers.observer import MIN_OVERRUN_SLACK_S, Observer, list_incidents
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 PROBE_S = 0.3
@@ -142,18 +142,37 @@ def test_overrunning_transition_raises_incident_and_recovers(r, keys, fleet_path
         [inc] = _wait_recovered(r, keys)
     assert inc["failure_mode"] == "transition_overrun"
     assert [c["op_id"] for c in inc["agenda_context"]] == ["op-slow"]
-    assert inc["detected_at"] > inc["agenda_context"][0]["planned_start"] + 1.5 * 0.5
+    # late only past the slack's floor: 0.5 s planned, max(0.5 × 0.5 s, 2 s) of slack
+    assert inc["detected_at"] > inc["agenda_context"][0]["planned_start"] + 0.5 + MIN_OVERRUN_SLACK_S
     assert inc["recovery"]["outcome"] == "recovered"
     [new] = list_instances(r, keys)
     assert httpx.get(new.url + "/health", timeout=2).status_code == 200
 
 
+def test_overrun_slack_is_the_factor_with_a_floor_in_seconds(r, keys, fleet_path):
+    """A transition is late past its expected end plus the larger of (factor − 1) × its
+    planned length and the floor: the floor for a short (time-scaled) transition, whose
+    holder a loaded host runs late by its scheduling jitter; the factor for a long one."""
+    obs = Observer(r, keys, load_fleet(fleet_path), overrun_factor=1.5)
+    short = {"planned_start": 1000.0, "expected_end": 1000.03}  # a 3 s cold start × time scale 0.01
+    long = {"planned_start": 1000.0, "expected_end": 1060.0}
+    assert obs.late_after(short) == pytest.approx(1000.03 + MIN_OVERRUN_SLACK_S)
+    assert obs.late_after(long) == pytest.approx(1060.0 + 30.0)
+    no_floor = Observer(r, keys, load_fleet(fleet_path), overrun_factor=1.5, min_overrun_slack_s=0.0)
+    assert no_floor.late_after(short) == pytest.approx(1000.045)
+    obs.close(), no_floor.close()
+
+
 def test_overrun_without_instance_reported_once(r, keys, fleet_path):
-    obs = Observer(r, keys, load_fleet(fleet_path), probe_interval_s=0.1, overrun_factor=1.5)
+    obs = Observer(r, keys, load_fleet(fleet_path), probe_interval_s=0.1, overrun_factor=1.5,
+                   min_overrun_slack_s=0.0)
     agenda = AgendaTracker(r, keys)
-    with agenda.register("op-late", "POSITIVE", ["coder"], ["GPU-host-a-0"], 0.1):
-        assert obs.probe_once() == []
-        time.sleep(0.2)
+    with agenda.register("op-on-time", "POSITIVE", ["coder"], ["GPU-host-a-0"], 30.0):
+        assert obs.probe_once() == []  # within its 30 s
+    with agenda.register("op-late", "POSITIVE", ["coder"], ["GPU-host-a-0"], 0.1) as entry:
+        late_after = obs.late_after({"planned_start": entry.planned_start, "expected_end": entry.planned_start + 0.1})
+        while server_now_s(r) <= late_after:  # past the overrun point on the Redis clock
+            time.sleep(0.02)
         [inc] = obs.probe_once()
         assert inc["failure_mode"] == "transition_overrun" and inc["instance_id"] == ""
         assert obs.probe_once() == []  # once per operation
