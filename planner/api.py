@@ -41,6 +41,7 @@ from makespan.planner import fast_lane, preemption_plan, reservation
 from makespan.planner.evaluator import score
 from makespan.planner.model import FleetState, Plan, PlanJob
 from makespan.planner.restore import RESTORE_AT, with_restores
+from makespan.planner.sleepers import with_rule, with_upcoming
 
 Policy = Callable[[Sequence[PlanJob], FleetState], Plan]
 
@@ -148,6 +149,7 @@ def plan(batch: Sequence[PlanJob], state: FleetState, policy: str = DEFAULT_POLI
         kw["num_workers"] = num_workers
     if previous is not None and _takes(fn, "previous"):
         kw["previous"] = previous
+    state = with_rule(with_upcoming(state, batch), policy)  # the transition choice's forecast and rule
     if preemption and state.running and policy in PREEMPTION_FLOOR:
         return _plan_preemptive(batch, state, policy, fn, kw, restore_at, reserve_after_s, lane_levels)
     p = fn(batch, state, **kw)  # type: ignore[call-arg]

@@ -50,6 +50,7 @@ from makespan.errors import PlannerError
 from makespan.planner.model import Assignment, FleetState, Plan, PlanJob
 from makespan.planner.replay import Replay
 from makespan.planner.restore import RESTORE_PREFIX, is_restore, planned_absence, set_point_groups
+from makespan.planner.sleepers import with_rule, with_upcoming
 
 TOL_S = 1e-6
 OBJECTIVES = ("weighted_completion", "weighted_tardiness")
@@ -134,6 +135,7 @@ def evaluate(plan: Plan | Sequence[Assignment], batch: Sequence[PlanJob], state:
     missing = [j for j in jobs if j not in seen]
     if missing:
         raise InfeasiblePlan(missing[0], f"not placed ({len(missing)} jobs missing)")
+    state = with_rule(with_upcoming(state, batch), name)  # the transition choice as the plan made it
     rep = Replay(state)
     valid: dict[str, set[tuple[str, ...]]] = {}
     order = sorted(range(len(assigns)), key=lambda i: (assigns[i].start_s, i))

@@ -90,7 +90,7 @@ def fleet_state(fleet: FleetSpec, now_s: float = 0.0) -> FleetState:
     """The planner's view of a fleet file at its set point."""
     gpus = [Gpu(g.uuid, h.name, g.index, g.memory_mib) for h in fleet.hosts for g in sorted(h.gpus, key=lambda g: g.index)]
     eps = {n: EndpointModel(n, e.tensor_parallel, e.memory_mib_per_gpu, e.cold_start_s, e.evict_s, e.wake_s, e.slots,
-                            e.asleep_gpu_mib, e.asleep_ram_mib)
+                            e.asleep_gpu_mib, e.asleep_ram_mib, e.sleep_options)
            for n, e in fleet.endpoints.items()}
     sp = fleet.set_point_by_gpu()
     return FleetState(now_s, gpus, eps, resident=dict(sp), set_point=dict(sp), host_ram_mib=fleet.host_ram_budgets())
