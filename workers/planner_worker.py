@@ -287,6 +287,8 @@ class PlannerWorker(BatchMixin, FleetViewMixin, StartMixin, PreemptionMixin, Set
                 continue
             taken.update(a.gpus)
             starts.append((jobs[a.job_id], a.gpus, a.end_s, a.load))
+        # the plan's transition choice per start (issue 20 point 3), read by StartMixin._started
+        self._planned_sleep = {a.job_id: dict(a.sleep_levels) for a in p.assignments if a.sleep_levels}
         # everything here starts now: lease in priority order (a CRITICAL job's lease is never
         # issued after a LOW job's of the same tick), then submission order
         starts.sort(key=lambda s: (s[0].priority, s[0].seq))

@@ -81,8 +81,9 @@ class StartMixin:
         tp, sub = self._meta.get(j.id, ("", 0.0))
         if sub:
             metrics.observe_wait(prio, max(0.0, time.time() - sub))
+        levels = getattr(self, "_planned_sleep", {}).get(j.id)  # the plan's transition choice
         ctx = PhaseContext(lid, lease.token, list(gpus), host, "job", j.endpoint, j.id, prio.name, j.service_s,
-                           traceparent=tp, submitted_at=sub)
+                           traceparent=tp, submitted_at=sub, sleep_levels=levels)
         for g in gpus:
             self._last_tp[g] = tp
         with telemetry.use_traceparent(tp):
