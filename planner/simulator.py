@@ -210,6 +210,8 @@ def simulate(trace_jobs: Sequence[TraceJob] | Sequence[PlanJob], fleet: FleetSpe
                   "preemption_budget": preemption_budget, "preemption_min_runtime_s": preemption_min_runtime_s,
                   "reservation_after_s": reservation_after_s, "reserved_points": run.reserved_points,
                   "lane_levels": {str(k): v for k, v in run.lane_levels.items()}, "lane_points": run.lane_points}
+    if base.host_ram_mib:  # fleets with a RAM budget for sleepers (issue 20): its peak against the budget
+        rep["host_ram"] = {"peak_mib": run.ram_peak_mib, "budget_mib": dict(base.host_ram_mib)}
     if detail:
         rep["schedule"] = {"jobs": [asdict(r) for r in run.records.values()], "restores": run.restores,
                            "lost": run.lost, "preemptions": run.log, "resident_end": dict(run.committed.resident),

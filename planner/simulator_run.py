@@ -45,6 +45,7 @@ class _Run:
         self.time_limit_s = time_limit_s
         self.set_points, self.preemption = set_points, preemption
         self.committed = Replay(base)
+        self.ram_peak_mib = 0.0  # the most host RAM one host's sleepers held after a placement, MiB
         self.previous: Plan | None = None  # the last planning point's uncommitted plan
         self.queue: dict[str, PlanJob] = {}
         self.records: dict[str, JobRecord] = {}
@@ -169,6 +170,8 @@ class _Run:
 
     def _place(self, job: PlanJob, gpus: Group, start_s: float) -> Assignment:
         a = self.committed.place(job, gpus, start_s)
+        if self.committed.ram_used:  # host RAM its sleepers hold, MiB (only where it is modelled)
+            self.ram_peak_mib = max(self.ram_peak_mib, max(self.committed.ram_used.values()))
         self._log_residency(a, job.endpoint)
         self.records[job.id] = _record(job, a, self.base)
         for u in gpus:
