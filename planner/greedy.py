@@ -66,7 +66,7 @@ from makespan.planner.partition import partition_built
 from makespan.planner.model import Assignment, FleetState, Plan, PlanJob
 from makespan.planner.replay import Group, Replay
 from makespan.planner.rules import Aware, rule_completion, rule_free, rule_min_evict
-from makespan.planner.sleepers import with_rule, with_upcoming
+from makespan.planner.sleepers import with_rule
 
 
 def construct(name: str, order: Sequence[PlanJob], state: FleetState, rule: str = "completion",
@@ -136,12 +136,12 @@ def construct_built(order: Sequence[PlanJob], state: FleetState, rule: str = "co
 
 
 def fifo(batch: Sequence[PlanJob], state: FleetState) -> Plan:
-    state = with_rule(with_upcoming(state, batch), "fifo")  # it stops displaced sleepers (issue 20)
+    state = with_rule(state, "fifo")  # it stops displaced sleepers (issue 20)
     return evaluate(construct("fifo", fifo_order(batch), state, "free"), batch, state, "fifo")
 
 
 def min_evict(batch: Sequence[PlanJob], state: FleetState) -> Plan:
-    state = with_rule(with_upcoming(state, batch), "min-evict")  # it stops displaced sleepers (issue 20)
+    state = with_rule(state, "min-evict")  # it stops displaced sleepers (issue 20)
     return evaluate(construct("min-evict", fifo_order(batch), state, "min-evict"), batch, state, "min-evict")
 
 

@@ -8,7 +8,7 @@ import pytest
 from makespan.planner.api import plan
 from makespan.planner.evaluator import evaluate
 from makespan.planner.model import EndpointModel, FleetState, Gpu, PlanJob
-from makespan.planner.sleepers import HOLD_COST_PER_GIB, choose_level
+from makespan.planner.sleepers import HOLD_COST_PER_GIB, choose_level, with_upcoming
 
 COLD_S, WAKE1_S, WAKE2_S, EVICT_S = 60.0, 2.0, 6.0, 3.0
 RAM_MIB = 20_000
@@ -43,7 +43,7 @@ def test_needed_again_in_30s_sleeps_and_never_needed_again_is_stopped(policy):
     assert a["b1"].sleep_levels == (("a", 1),)  # a is needed again at 30 s: level 1, the fastest wake
     assert a["a1"].load == "wake" and a["a1"].sleep_levels == (("b", 0),)  # b is never needed again: stopped
     assert a["a1"].transition_s == pytest.approx(EVICT_S + WAKE1_S)
-    evaluate(p, batch, state)  # the evaluator replays the same choice (raises if it differs)
+    evaluate(p, batch, with_upcoming(state, batch))  # the evaluator replays the same choice (raises if not)
 
 
 def test_ram_budget_forces_level_2():
