@@ -15,12 +15,21 @@ import typer
 
 from makespan.cli_support import fail as _fail
 from makespan.errors import MakespanError, RedisConfigError, ValidationError
+from makespan.planner.policies import DEFAULT_POLICY, POLICY_REGISTRY
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="makespan: schedule multi-step GPU workloads on a fleet of GPU hosts.")
 
 SIM_PROGRESS_EVERY_S = 5.0  # wall seconds between progress lines of `makespan simulate`
 FleetOpt = typer.Option(..., "--fleet", help="TOML fleet file (see examples/render-pipeline.toml)")
+# policy help, generated from the registry (makespan.planner.policies): names and one-line descriptions
+LIVE_POLICY_HELP = f"planner policy (default: MAKESPAN_POLICY, else {DEFAULT_POLICY}): {POLICY_REGISTRY.help_text()}"
+SIMULATE_POLICY = "portfolio"  # `makespan simulate`'s default: milliseconds per planning point
+_TIMED = ", ".join(p.name for p in POLICY_REGISTRY.values() if p.time_limit_s is not None)
+_SCORED = ", ".join(p.name for p in POLICY_REGISTRY.values() if p.floor is not None)
+_RULED = ", ".join(p.name for p in POLICY_REGISTRY.values() if p.floor is None)
+SIMULATE_POLICY_HELP = (f"{POLICY_REGISTRY.help_text()} (default here: {SIMULATE_POLICY}; the time-limited policies, "
+                        f"{_TIMED}, take about --time-limit-s per planning point)")
 
 
 def _settings(**kw):
@@ -37,7 +46,7 @@ def _logging(level: str = "INFO") -> None:
 
 
 @app.command()
-def planner(fleet: Path = FleetOpt, policy: Optional[str] = typer.Option(None, help="planner policy (default: MAKESPAN_POLICY, else default): fifo, min-evict, wspt, portfolio, cpsat or default (portfolio per tick + CP-SAT improver off the tick); tardiness-portfolio or tardiness for jobs with deadlines"),
+def planner(fleet: Path = FleetOpt, policy: Optional[str] = typer.Option(None, help=LIVE_POLICY_HELP),
             metrics_port: int = typer.Option(0, envvar="MAKESPAN_METRICS_PORT", help="Prometheus port (0: none)")):
     """Run a planner worker (one leads, others stand by). Configured by MAKESPAN_* variables, listed in docs/configuration.md: MAKESPAN_POLICY (default: default), MAKESPAN_PREEMPTION (plan or rule), MAKESPAN_IMPROVER_EXECUTOR (process or thread), MAKESPAN_IMPROVER_NICE, MAKESPAN_BATCH_SIZE, ..."""
     from makespan.models import load_fleet
@@ -366,7 +375,7 @@ def cancel(job_id: str, fleet: Optional[Path] = typer.Option(None, "--fleet", he
 def demo(report: Path = typer.Option(Path("report.json"), help="where to write the report JSON"),
          jobs: int = typer.Option(200, help="trace jobs to submit (besides the render-cards pipeline)"),
          seed: int = typer.Option(0, help="seed of the trace-to-job mapping"),
-         policy: Optional[str] = typer.Option(None, help="planner policy: fifo, min-evict, wspt, portfolio, cpsat or default (the default: portfolio per tick + CP-SAT improver off the tick); tardiness-portfolio or tardiness for jobs with deadlines"),
+         policy: Optional[str] = typer.Option(None, help=LIVE_POLICY_HELP),
          run_dir: Optional[Path] = typer.Option(None, help="directory for events, report and Gantt chart")):
     """The main job on one machine: Redis (yours or an embedded one), a planner and GPU workers for a simulated 8-GPU fleet, the render pipeline with real endpoint processes, then a real-trace workload plus the render-cards pipeline (about 90 s of wall time whatever --jobs is: the time scale adapts); prints the report, writes it and a Gantt chart."""
     from makespan.demo import run_demo
@@ -382,7 +391,7 @@ def demo(report: Path = typer.Option(Path("report.json"), help="where to write t
 def replay(trace: Path, fleet: Path = FleetOpt, speedup: float = typer.Option(10000.0, help="time compression N×"),
            report: Path = typer.Option(Path("report.json")), start: int = typer.Option(0, help="first trace row"),
            limit: int = typer.Option(200, help="trace rows to replay"), seed: int = typer.Option(0),
-           policy: Optional[str] = typer.Option(None, help="planner policy: fifo, min-evict, wspt, portfolio, cpsat or default (the default: portfolio per tick + CP-SAT improver off the tick); tardiness-portfolio or tardiness for jobs with deadlines"),
+           policy: Optional[str] = typer.Option(None, help=LIVE_POLICY_HELP),
            run_dir: Optional[Path] = typer.Option(None, help="directory for events, report and Gantt chart")):
     """Run the live system fed from a trace file (ITP, Alibaba or JSON lines), time compressed SPEEDUP times."""
     from makespan.demo import run_replay
@@ -396,14 +405,14 @@ def replay(trace: Path, fleet: Path = FleetOpt, speedup: float = typer.Option(10
 
 
 @app.command()
-def simulate(trace: Path, fleet: Path = FleetOpt, policy: str = typer.Option("portfolio", help="fifo, min-evict, wspt, portfolio, cpsat, default, tardiness-portfolio or tardiness (default here: portfolio, milliseconds per planning point; the live planner\'s default policy, default = portfolio + CP-SAT improver, takes about --time-limit-s per planning point)"), seed: int = typer.Option(0),
+def simulate(trace: Path, fleet: Path = FleetOpt, policy: str = typer.Option(SIMULATE_POLICY, help=SIMULATE_POLICY_HELP), seed: int = typer.Option(0),
              report: Optional[Path] = typer.Option(None, help="write the report JSON here too (folders are created; checked before the run)"),
              start: int = typer.Option(0, help="first trace row"),
              limit: Optional[int] = typer.Option(None, help="rows to read (default: all)"),
              time_scale: float = typer.Option(1.0, help="divide submission and service times by this (ITP jobs run for hours: 20 makes 30-240 s cold starts matter)"),
-             time_limit_s: Optional[float] = typer.Option(None, show_default="1 s", help="solver policies (default, cpsat, tardiness): time limit per planning point, wall s (a replay takes about that long per planning point)"),
+             time_limit_s: Optional[float] = typer.Option(None, show_default="1 s", help=f"time-limited policies ({_TIMED}): time limit per planning point, wall s (a replay takes about that long per planning point)"),
              preemption: bool = typer.Option(True, help="CRITICAL/HIGH jobs preempt lower levels, as the live planner does (victims restart from zero)"),
-             preemption_mode: str = typer.Option("plan", help="plan: portfolio, default/cpsat and tardiness* decide preemptions inside the plan by score (fifo, min-evict, wspt keep the rule), as the live planner does by default (MAKESPAN_PREEMPTION); rule: the fixed preemption rule for every policy; off: no preemption (as --no-preemption)"),
+             preemption_mode: str = typer.Option("plan", help=f"plan: {_SCORED} decide preemptions inside the plan by score ({_RULED} keep the rule), as the live planner does by default (MAKESPAN_PREEMPTION); rule: the fixed preemption rule for every policy; off: no preemption (as --no-preemption)"),
              restore: bool = typer.Option(True, help="set-point restores: planned after a group's last job, and when the fleet is idle, as the live planner does; --no-restore: none at all"),
              set_point_weight: float = typer.Option(0.0, help="score per GPU-second a set-point instance is absent in a plan (weight·s per GPU-s; 0: not weighed), as MAKESPAN_SET_POINT_WEIGHT for the live planner"),
              quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress lines on stderr")):

@@ -31,7 +31,7 @@ from makespan.live import LiveSystem, delete_prefix, wait_for
 from makespan.models import FINAL_STATES, FleetSpec, load_fleet
 from makespan.redis_conn import EmbeddedRedis, connect, ping, redacted, start_embedded
 from makespan.run_report import live_report
-from makespan.settings import Settings
+from makespan.settings import Settings, check_policy
 from makespan.traces import TraceJob, read_trace
 
 DATA = Path(__file__).parent / "data"
@@ -80,14 +80,10 @@ def run_live(trace_jobs: list[TraceJob], fleet_path: Path, *, time_scale: float,
     With ``render_pipeline`` the render pipeline of the design notes first runs on its
     own with real endpoint processes (``makespan render-pipeline``) and its phase
     timings go into the report under ``render_pipeline``."""
-    from makespan.planner.api import POLICIES
     from makespan.planner.simulator import writable_report_path
 
     fleet = load_fleet(fleet_path)
-    chosen = policy or Settings.from_env().policy
-    if chosen not in POLICIES:
-        raise ValidationError("--policy" if policy else "MAKESPAN_POLICY", chosen,
-                              f"unknown policy; known: {', '.join(sorted(POLICIES))}")
+    chosen = check_policy(policy, "--policy") if policy else Settings.from_env().policy  # from_env checks it
     if report_path:
         report_path = writable_report_path(report_path)
     telemetry.instrument_producer("makespan-producer")

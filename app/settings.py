@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from makespan.errors import ValidationError
+from makespan.planner.policies import DEFAULT_POLICY, POLICY_REGISTRY
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 IMPROVER_EXECUTORS = ("process", "thread")  # Settings.improver_executor; the first is the default
@@ -46,6 +47,17 @@ def _env_choice(name: str, choices: tuple[str, ...]) -> str:
 
 
 PREEMPTION_MODES = ("plan", "rule")  # Settings.preemption; the first is the default
+
+
+def check_policy(name: str, field_name: str = "MAKESPAN_POLICY") -> str:
+    """``name`` when it names a policy of :data:`makespan.planner.policies.POLICY_REGISTRY`.
+
+    Raises:
+        ValidationError: any other name (``field_name`` is the field; the reason lists
+            the known names)."""
+    if name not in POLICY_REGISTRY:
+        raise ValidationError(field_name, name, f"unknown policy; known: {', '.join(POLICY_REGISTRY.names())}")
+    return name
 
 # Bounds on every Redis connection (redis-py clients and kombu's broker), in seconds.
 DEFAULT_REDIS_SOCKET_TIMEOUT_S = 5.0
@@ -135,12 +147,14 @@ class Settings:
             unacknowledged message older than this is delivered again (phase tasks are
             idempotent and fenced; delayed jobs never reach the broker before they are due).
         max_payload_bytes: largest JSON payload a job may carry.
-        policy: planner policy name used by the live planner (default ``default``: the
-            greedy portfolio on every tick and the CP-SAT improver in a child process,
-            whose plan a later tick adopts when it scores better; see workers/improver.py).
+        policy: planner policy name used by the live planner, one of
+            :data:`makespan.planner.policies.POLICY_REGISTRY` (``MAKESPAN_POLICY``; another name
+            fails :meth:`from_env` with the list; default ``default``: the greedy portfolio
+            on every tick and the CP-SAT improver in a child process, whose plan a later
+            tick adopts when it scores better; see workers/improver.py).
         solve_time_limit_s: CP-SAT time limit per batch (policies that use it), s.
-        preemption: ``"plan"`` (default): the policies of
-            :data:`makespan.planner.api.PREEMPTION_FLOOR` (portfolio, default/cpsat, tardiness*)
+        preemption: ``"plan"`` (default): the policies with a floor
+            (:attr:`makespan.planner.policies.Policy.floor`: portfolio, default/cpsat, tardiness*)
             decide preemptions by score (:mod:`makespan.planner.preemption_plan`), the others by the
             fixed rule; ``"rule"``: the fixed rule (:mod:`makespan.planner.preemption`) for all.
         improver_executor: where the live planner's improver solves: ``process`` (the
@@ -249,7 +263,7 @@ class Settings:
     retry_backoff_max_s: float = 300.0
     broker_visibility_timeout_s: float = 6 * 3600.0
     max_payload_bytes: int = 64 * 1024
-    policy: str = "default"
+    policy: str = DEFAULT_POLICY
     solve_time_limit_s: float = 1.0
     preemption: str = "plan"
     improver_executor: str = "process"
@@ -295,7 +309,12 @@ class Settings:
 
     @classmethod
     def from_env(cls, **overrides: Any) -> "Settings":
-        """Build settings from ``MAKESPAN_*`` variables, then apply ``overrides``."""
+        """Build settings from ``MAKESPAN_*`` variables, then apply ``overrides``.
+
+        Raises:
+            ValidationError: a variable or override out of its range, an unknown
+                override name, or a policy not in :data:`makespan.planner.policies.POLICY_REGISTRY`
+                (the message lists the known names)."""
         env = os.environ
         s = cls(
             redis_url=env.get("MAKESPAN_REDIS_URL") or DEFAULT_REDIS_URL,
@@ -309,7 +328,7 @@ class Settings:
             retry_backoff_s=_env_nonneg("MAKESPAN_RETRY_BACKOFF_S", 0.0),
             retry_backoff_max_s=_env_float("MAKESPAN_RETRY_BACKOFF_MAX_S", 300.0),
             broker_visibility_timeout_s=_env_float("MAKESPAN_BROKER_VISIBILITY_TIMEOUT_S", 6 * 3600.0),
-            policy=env.get("MAKESPAN_POLICY") or "default",
+            policy=check_policy(env.get("MAKESPAN_POLICY") or DEFAULT_POLICY),
             solve_time_limit_s=_env_float("MAKESPAN_SOLVE_TIME_LIMIT_S", 1.0),
             preemption=_env_choice("MAKESPAN_PREEMPTION", PREEMPTION_MODES),
             improver_executor=_env_choice("MAKESPAN_IMPROVER_EXECUTOR", IMPROVER_EXECUTORS),
@@ -337,6 +356,8 @@ class Settings:
         bad = set(overrides) - known
         if bad:
             raise ValidationError("settings", sorted(bad), "unknown setting")
+        if "policy" in overrides:
+            check_policy(overrides["policy"], "policy")
         return replace(s, **overrides)
 
     def slowdown_by_host(self) -> dict[str, float]:

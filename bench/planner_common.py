@@ -21,6 +21,13 @@ for every policy and seed):
        best policy's measured utilization lands in 70–95 %).
 The resulting utilization, cold starts and model count are printed by the benchmark
 next to the results, so that a reader can check the windows are transition-heavy.
+
+Policies: :data:`BENCH_POLICIES` is a copy of the planner's registry plus the benchmarks'
+variants (the shipped registry is never changed): ``cpsat-fast`` / ``tardiness-fast``
+(0.1 s per planning point), ``cpsat-fast-floorpre`` / ``tardiness-fast-floorpre`` (the
+same, whose CP-SAT windows never preempt: only the greedy floor decides preemptions, as
+before planner/window_preemption.py) and ``cpsat/floor`` (``cpsat`` at its own limit,
+windows never preempt).
 """
 
 from __future__ import annotations
@@ -30,13 +37,29 @@ from collections.abc import Sequence
 
 from makespan.models import parse_fleet
 from makespan.traces import read_trace
+from dataclasses import replace
+
 from makespan.planner.model import PlanJob
+from makespan.planner.policies import POLICY_REGISTRY
 from makespan.traces import traces_dir
 
 ITP = str(traces_dir() / "msft-itp-2021") + "/"
 ALIBABA = str(traces_dir() / "alibaba-fgd-2023" / "openb_pod_list_default.csv")
 TRACES = [ITP + "cluster02.csv", ITP + "cluster05.csv", ITP + "cluster09.csv", ALIBABA]
 MEDIAN_SERVICE_S = 120.0
+FAST_LIMIT_S = 0.1  # the *-fast variants' time limit per planning point, s
+BENCH_POLICIES = POLICY_REGISTRY.with_policies(
+    replace(POLICY_REGISTRY["cpsat"], name="cpsat-fast", improver=False, time_limit_s=FAST_LIMIT_S,
+            description=f"cpsat at {FAST_LIMIT_S} s per planning point"),
+    replace(POLICY_REGISTRY["cpsat"], name="cpsat-fast-floorpre", improver=False, time_limit_s=FAST_LIMIT_S,
+            window_preemption=False, description="cpsat-fast whose CP-SAT windows never preempt"),
+    replace(POLICY_REGISTRY["tardiness"], name="tardiness-fast", improver=False, time_limit_s=FAST_LIMIT_S,
+            description=f"tardiness at {FAST_LIMIT_S} s per planning point"),
+    replace(POLICY_REGISTRY["tardiness"], name="tardiness-fast-floorpre", improver=False, time_limit_s=FAST_LIMIT_S,
+            window_preemption=False, description="tardiness-fast whose CP-SAT windows never preempt"),
+    replace(POLICY_REGISTRY["cpsat"], name="cpsat/floor", improver=False, window_preemption=False,
+            description="cpsat whose CP-SAT windows never preempt"),
+)
 OFFERED_LOAD = 1.4
 
 

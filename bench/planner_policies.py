@@ -46,26 +46,16 @@ import math
 import multiprocessing
 import statistics as stt
 import sys
-from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from makespan.planner.api import POLICIES, PREEMPTION_FLOOR  # noqa: E402
-from makespan.planner.cpsat import cpsat_policy  # noqa: E402
 from makespan.planner.simulator import simulate  # noqa: E402
 from makespan.settings import fast_lane_levels  # noqa: E402
 import planner_common  # noqa: E402
-from planner_common import TRACES, bench_fleet, mean_sd, ratio_cell, select_windows, window_jobs  # noqa: E402
+from planner_common import BENCH_POLICIES, TRACES, bench_fleet, mean_sd, ratio_cell, select_windows, window_jobs  # noqa: E402
 POLS = ["fifo", "min-evict", "wspt", "portfolio", "cpsat-fast"]
-
-
-def cpsat_fast_floor_preemption(batch, state, time_limit_s=0.1, seed=0, num_workers=1, previous=None):
-    """``cpsat-fast`` whose CP-SAT windows never preempt (no ``preemption`` parameter):
-    only the greedy floor decides preemptions, as before planner/window_preemption.py."""
-    return cpsat_policy(batch, state, time_limit_s=time_limit_s, seed=seed, num_workers=num_workers,
-                        previous=previous)
 
 
 def _replay(arg):
@@ -78,7 +68,7 @@ def _replay(arg):
              f"service ÷{info['service_scale']:.3g} arrivals ÷{info['arrival_scale']:.3g}"]
     out = {}
     for p in pols:
-        r = simulate(jobs, fleet, p.removesuffix("@plan"), seed, restore=a.restore,
+        r = simulate(jobs, fleet, BENCH_POLICIES.lookup(p.removesuffix("@plan")), seed, restore=a.restore,
                      preemption=a.preemption and ("plan" if p.endswith("@plan") else "rule"),
                      planned_restore=None if a.planned_restore == "none" else a.planned_restore,
                      **(_PLAIN if a.fifo_plain and p == "fifo" else
@@ -155,12 +145,8 @@ def main() -> None:
     pols = POLS if a.with_cpsat else POLS[:-1]
     if a.policies:
         pols = a.policies.split(",")
-    POLICIES["cpsat-fast"] = partial(cpsat_policy, time_limit_s=0.1)
-    PREEMPTION_FLOOR["cpsat-fast"] = "portfolio"
-    POLICIES["cpsat-fast-floorpre"] = cpsat_fast_floor_preemption
-    PREEMPTION_FLOOR["cpsat-fast-floorpre"] = "portfolio"
     if a.plan_preemption:
-        pols = [x for p in pols for x in ([p, p + "@plan"] if p in PREEMPTION_FLOOR else [p])]
+        pols = [x for p in pols for x in ([p, p + "@plan"] if BENCH_POLICIES.lookup(p).floor else [p])]
     fleet = bench_fleet(a.gpus)
     res: dict[str, list[dict]] = {p: [] for p in pols}
     windows = [(path, st) for path in TRACES for st in select_windows(path, fleet, a.jobs, a.gpus, a.windows_per_trace)]

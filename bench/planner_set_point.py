@@ -19,17 +19,14 @@ same replay (same run).
 import argparse
 import statistics as stt
 import sys
-from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from makespan.models import parse_fleet  # noqa: E402
-from makespan.planner.api import POLICIES, PREEMPTION_FLOOR  # noqa: E402
-from makespan.planner.cpsat import cpsat_policy  # noqa: E402
 from makespan.planner.simulator import simulate  # noqa: E402
-from planner_common import TRACES, bench_fleet, select_window, window_jobs  # noqa: E402
+from planner_common import BENCH_POLICIES, TRACES, bench_fleet, select_window, window_jobs  # noqa: E402
 
 
 def wide_fleet(gpus: int):
@@ -63,8 +60,6 @@ def main() -> None:
     ap.add_argument("--weights", default="0,0.1,1,10")
     ap.add_argument("--wide", action="store_true", help="8 set-point GPUs of 16 (module doc)")
     a = ap.parse_args()
-    POLICIES["cpsat-fast"] = partial(cpsat_policy, time_limit_s=0.1)
-    PREEMPTION_FLOOR["cpsat-fast"] = "portfolio"
     weights = [float(x) for x in a.weights.split(",")]
     if weights[0] != 0.0:
         raise SystemExit("the first weight must be 0 (the ratios' base)")
@@ -76,7 +71,7 @@ def main() -> None:
         for seed in range(a.seeds):
             jobs, _info = window_jobs(path, fleet, start, a.jobs, seed, a.gpus)
             for w in weights:
-                r = _row(simulate(jobs, fleet, a.policy, seed, set_point_weight=w))
+                r = _row(simulate(jobs, fleet, BENCH_POLICIES.lookup(a.policy), seed, set_point_weight=w))
                 res[w].append(r)
                 print(f"{Path(path).stem}@{start} seed={seed} w={w:g} wc={r['weighted_completion_s']:.5g} "
                       f"absent={r['set_point_absent_gpu_s']:.0f} restores={r['restores']} cold={r['cold']} "

@@ -31,28 +31,17 @@ import dataclasses
 import random
 import statistics as stt
 import sys
-from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from makespan.planner.api import POLICIES, POLICY_OBJECTIVE, PREEMPTION_FLOOR  # noqa: E402
-from makespan.planner.cpsat import cpsat_policy  # noqa: E402
 from makespan.planner.simulator import simulate  # noqa: E402
-from makespan.planner.tardiness_policy import tardiness_policy  # noqa: E402
-from planner_common import TRACES, bench_fleet, mean_sd, ratio_cell, select_window, window_jobs  # noqa: E402
+from planner_common import BENCH_POLICIES, TRACES, bench_fleet, mean_sd, ratio_cell, select_window, window_jobs  # noqa: E402
 
 K_LO, K_HI = 2.0, 6.0
 POLS = ["fifo", "portfolio", "tardiness-portfolio", "cpsat-fast", "tardiness-fast"]
 
-
-
-def tardiness_fast_floor_preemption(batch, state, time_limit_s=0.1, seed=0, num_workers=1, previous=None):
-    """``tardiness-fast`` without the ``preemption`` parameter: only the greedy floor
-    decides preemptions (as before planner/window_preemption.py)."""
-    return tardiness_policy(batch, state, time_limit_s=time_limit_s, seed=seed, num_workers=num_workers,
-                            previous=previous)
 
 
 def with_deadlines(jobs, seed: int):
@@ -74,18 +63,9 @@ def main() -> None:
                     help="add a row POLICY@plan (preemption scored inside the plan) after each policy that has one; "
                          "the other rows use the fixed rule")
     a = ap.parse_args()
-    POLICIES["cpsat-fast"] = partial(cpsat_policy, time_limit_s=0.1)
-    POLICIES["tardiness-fast"] = partial(tardiness_policy, time_limit_s=0.1)
-    PREEMPTION_FLOOR.update({"cpsat-fast": "portfolio", "tardiness-fast": "tardiness-portfolio"})
-    POLICY_OBJECTIVE["tardiness-fast"] = "weighted_tardiness"
-    # tardiness-fast whose CP-SAT windows do not decide preemptions (only the greedy floor):
-    # name it in --policies to measure planner/window_preemption.py in the same run
-    POLICIES["tardiness-fast-floorpre"] = tardiness_fast_floor_preemption
-    PREEMPTION_FLOOR["tardiness-fast-floorpre"] = "tardiness-portfolio"
-    POLICY_OBJECTIVE["tardiness-fast-floorpre"] = "weighted_tardiness"
     pols = a.policies.split(",") if a.policies else POLS
     if a.plan_preemption:
-        pols = [x for p in pols for x in ([p, p + "@plan"] if p in PREEMPTION_FLOOR else [p])]
+        pols = [x for p in pols for x in ([p, p + "@plan"] if BENCH_POLICIES.lookup(p).floor else [p])]
     fleet = bench_fleet(a.gpus)
     windows = [(p, select_window(p, fleet, a.jobs, a.gpus)) for p in TRACES[:3]]
     res: dict[str, list[dict]] = {p: [] for p in pols}
@@ -94,7 +74,7 @@ def main() -> None:
             jobs, _info = window_jobs(path, fleet, start, a.jobs, seed, a.gpus)
             jobs = with_deadlines(jobs, seed)
             for p in pols:
-                r = simulate(jobs, fleet, p.removesuffix("@plan"), seed, restore=a.restore,
+                r = simulate(jobs, fleet, BENCH_POLICIES.lookup(p.removesuffix("@plan")), seed, restore=a.restore,
                              preemption=a.preemption and ("plan" if p.endswith("@plan") else "rule"))
                 res[p].append(r)
                 print(f"{Path(path).stem}@{start} seed={seed} {p:20s} wt={r['weighted_tardiness_s']:.4g} "

@@ -42,19 +42,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from makespan.traces import read_trace  # noqa: E402
 from makespan.planner import preemption_plan as pp  # noqa: E402
 from makespan.planner import api  # noqa: E402
-from makespan.planner.api import POLICIES, PREEMPTION_FLOOR, plan  # noqa: E402
-from makespan.planner.cpsat import cpsat_policy  # noqa: E402
+from makespan.planner.api import plan  # noqa: E402
 from makespan.planner.evaluator import score  # noqa: E402
 from makespan.planner.model import RunningJob  # noqa: E402
 from makespan.planner.simulator import fleet_state, to_plan_jobs  # noqa: E402
 from planner_cpsat import SIZES, WINDOWS  # noqa: E402
-from planner_common import bench_fleet  # noqa: E402
-
-
-def cpsat_floor_only(batch, state, time_limit_s=1.0, seed=0, num_workers=1, previous=None):
-    """``cpsat`` without the ``preemption`` parameter: its windows never preempt."""
-    return cpsat_policy(batch, state, time_limit_s=time_limit_s, seed=seed, num_workers=num_workers,
-                        previous=previous)
+from planner_common import BENCH_POLICIES, bench_fleet  # noqa: E402
 
 
 def busy_batch(path: str, start: int, n: int, fleet, seed: int):
@@ -92,8 +85,6 @@ def main() -> None:
     default_w = api.UNDO_WINDOW_SHARE
     shares = a.undo_shares.split(",") if a.undo_shares else [f"{api.UNDO_SHARE}:{api.UNDO_WINDOW_SHARE}"]
     by_share: list[tuple[int, list[dict[str, tuple[float, float]]]]] = []
-    POLICIES["cpsat/floor"] = cpsat_floor_only
-    PREEMPTION_FLOOR["cpsat/floor"] = "portfolio"
     print("| jobs | GPUs | batches | window ÷ floor-only median | mean | min | max | better / equal / worse "
           "| preemptions floor / cpsat-floor / cpsat-window (mean) | window ÷ portfolio@plan median |")
     print("|---|---|---|---|---|---|---|---|---|---|")
@@ -111,7 +102,7 @@ def main() -> None:
                     for share in (shares if pol == "cpsat" else [shares[-1]]):
                         head, _, tail = share.partition(":")
                         api.UNDO_SHARE, api.UNDO_WINDOW_SHARE = float(head), float(tail) if tail else default_w
-                        p = plan(batch, state, pol, time_limit_s=a.limit, preemption=True)
+                        p = plan(batch, state, BENCH_POLICIES.lookup(pol), time_limit_s=a.limit, preemption=True)
                         if pol == "cpsat":
                             row[share] = (total(p, batch, state), p.stats.get("undo_branch", 0.0))
                     got[pol] = total(p, batch, state)  # cpsat: the last share listed

@@ -3,5 +3,6 @@
 Modules:
     model      -- planning data types (jobs, GPU groups, fleet state, plans)
     evaluator  -- replays a plan exactly and scores it
-    policies   -- named policies (fifo, min-evict, wspt, ...) behind one Protocol
+    policies   -- the policies (fifo, min-evict, wspt, ...) as Policy objects in one registry
+    api        -- plan(batch, state, policy), the entry point
 """

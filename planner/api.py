@@ -1,8 +1,10 @@
 """``plan(batch, fleet_state, policy) -> Plan``: the one entry point of the planner.
 
-Policies are registered by name in :data:`POLICIES`; the live planner worker and the
-simulator call :func:`plan` and nothing else. Every policy returns a plan that went
-through :func:`makespan.planner.evaluator.evaluate` (``objective`` = Σ w_j (C_j − r_j)).
+Policies are :class:`makespan.planner.policies.Policy` objects in one registry,
+:data:`makespan.planner.policies.POLICY_REGISTRY` (their names, objectives, floors, descriptions
+and solvers); the live planner worker and the simulator call :func:`plan` and nothing
+else. Every policy returns a plan that went through
+:func:`makespan.planner.evaluator.evaluate` (``objective`` = Σ w_j (C_j − r_j)).
 
 Names: ``fifo``, ``min-evict``, ``wspt`` (fixed baselines, planner/greedy.py),
 ``portfolio`` (best of the greedy members), ``cpsat`` (portfolio + CP-SAT improver,
@@ -12,11 +14,11 @@ weighted tardiness Σ w_j·max(0, C_j − d_j) instead (``Plan.objective`` is th
 weighted completion is an ε tie-break, see planner/evaluator.py).
 
 Plan-level preemption (``plan(..., preemption=True)`` with ``FleetState.running`` given,
-:mod:`makespan.planner.preemption_plan`): the policies named in :data:`PREEMPTION_FLOOR` decide
+:mod:`makespan.planner.preemption_plan`): the policies with a floor (:attr:`Policy.floor`) decide
 preemptions by score — each candidate scored with the policy's greedy floor, the best
 improving one taken — and a solver policy then runs on the chosen branch. When the floor
-took any, a solver policy whose CP-SAT windows decide preemptions (one taking
-``preemption``: ``cpsat``/``default``, ``tardiness``) also solves the batch without them
+took any, a solver policy whose CP-SAT windows decide preemptions
+(:attr:`Policy.window_preemption`: ``cpsat``/``default``, ``tardiness``) also solves the batch without them
 (the state as given; its first window may re-take them, take others or none), with
 :data:`UNDO_SHARE` of its time limit (the floor's branch gets the rest; that attempt's
 first CP-SAT window, the one deciding preemptions, may use :data:`UNDO_WINDOW_SHARE` of
@@ -32,45 +34,20 @@ The returned plan carries ``preemptions``; evaluate it with
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from makespan.errors import PlannerError
-from makespan.planner import greedy
 from makespan.planner import fast_lane, preemption_plan, reservation
 from makespan.planner.evaluator import score
 from makespan.planner.model import FleetState, Plan, PlanJob
+from makespan.planner.policies import DEFAULT_POLICY, POLICY_REGISTRY, Policy, SolveOptions
 from makespan.planner.restore import RESTORE_AT, with_restores
 from makespan.planner.sleepers import with_rule, with_upcoming
 
-Policy = Callable[[Sequence[PlanJob], FleetState], Plan]
+__all__ = ["DEFAULT_POLICY", "POLICY_REGISTRY", "Policy", "SolveOptions", "UNDO_SHARE", "UNDO_WINDOW_SHARE",
+           "comparable_score", "lane_replan", "plan"]
 
-POLICIES: dict[str, Policy] = {
-    "fifo": greedy.fifo,
-    "min-evict": greedy.min_evict,
-    "wspt": greedy.wspt,
-    "portfolio": greedy.portfolio,
-}
-try:  # CP-SAT is optional at import time (ortools is a dependency, but keep the greedy usable)
-    from makespan.planner.cpsat import cpsat_policy
-
-    POLICIES["cpsat"] = cpsat_policy
-    POLICIES["default"] = cpsat_policy
-    from makespan.planner.tardiness_policy import tardiness_policy, tardiness_portfolio
-
-    POLICIES["tardiness-portfolio"] = tardiness_portfolio
-    POLICIES["tardiness"] = tardiness_policy
-except ImportError:  # pragma: no cover
-    POLICIES["default"] = greedy.portfolio
-
-DEFAULT_POLICY = "default"
-# what Plan.objective of each policy is (makespan.planner.evaluator.OBJECTIVES); absent: weighted_completion
-POLICY_OBJECTIVE: dict[str, str] = {"tardiness-portfolio": "weighted_tardiness", "tardiness": "weighted_tardiness"}
-# policy -> the greedy floor that scores its preemption candidates (plan-level preemption);
-# absent (fifo, min-evict, wspt): no plan-level preemption, callers keep the fixed rule
-PREEMPTION_FLOOR: dict[str, str] = {"portfolio": "portfolio", "cpsat": "portfolio", "default": "portfolio",
-                                    "tardiness-portfolio": "tardiness-portfolio",
-                                    "tardiness": "tardiness-portfolio"}
 # share of a solver policy's time limit spent solving the batch without the floor's
 # preemptions (when the floor took any; the floor's branch gets the rest); 0: never undone
 UNDO_SHARE = 0.1
@@ -80,32 +57,24 @@ UNDO_SHARE = 0.1
 UNDO_WINDOW_SHARE = 1.0
 
 
-def _takes(fn: Policy, param: str) -> bool:
-    try:
-        return param in inspect.signature(fn).parameters
-    except (TypeError, ValueError):  # pragma: no cover - builtins
-        return False
-
-
-def _takes_limit(fn: Policy) -> bool:
-    return _takes(fn, "time_limit_s")
-
-
-def plan(batch: Sequence[PlanJob], state: FleetState, policy: str = DEFAULT_POLICY, *,
+def plan(batch: Sequence[PlanJob], state: FleetState, policy: str | Policy = DEFAULT_POLICY, *,
          time_limit_s: float | None = None, num_workers: int | None = None,
          previous: Plan | None = None, restore_at: str | None = None, preemption: bool = False,
          reserve_after_s: float | None = None, lane_levels: fast_lane.Levels = ()) -> Plan:
-    """Plan ``batch`` on ``state`` with the named policy.
+    """Plan ``batch`` on ``state`` with ``policy``: a name in
+    :data:`makespan.planner.policies.POLICY_REGISTRY`, or a :class:`Policy` (a benchmark's variant;
+    its floor is looked up in the registry).
 
     Args:
         time_limit_s: wall-time limit of a time-limited policy (``cpsat``/``default``/
-            ``tardiness``: the improver's budget after the greedy floor; default 1 s; split
-            between the two branches when ``preemption`` solves both, module doc), s. The
-            greedy policies (``fifo``, ``min-evict``, ``wspt``, ``portfolio``) take
+            ``tardiness``: the improver's budget after the greedy floor; default
+            :attr:`Policy.time_limit_s`, 1 s; split between the two branches when
+            ``preemption`` solves both, module doc), s. The greedy policies (``fifo``,
+            ``min-evict``, ``wspt``, ``portfolio``, ``tardiness-portfolio``) take
             milliseconds and ignore it. None: the policy's own default.
-        num_workers: CP-SAT search workers of a solver policy (``cpsat``/``default``;
-            default 1, deterministic); ignored by the greedy policies. None: the
-            policy's own default.
+        num_workers: CP-SAT search workers of a solver policy (``cpsat``/``default``/
+            ``tardiness``; default 1, deterministic); ignored by the greedy policies. None:
+            the policy's own default.
         previous: the plan of the last planning point (plan stability): a solver policy
             (``cpsat``/``default``) repairs it to ``batch`` (jobs gone dropped, new jobs
             appended, :func:`makespan.planner.previous.repair`) and starts from it when it scores
@@ -113,8 +82,8 @@ def plan(batch: Sequence[PlanJob], state: FleetState, policy: str = DEFAULT_POLI
         restore_at: plan set-point restores after the policy's plan (``Plan.restores``,
             :func:`makespan.planner.restore.with_restores`; ``"group"`` or ``"horizon"``); None:
             no restores in the plan (the policy's plan as it is).
-        preemption: decide preemptions inside the plan (module doc) when the policy is
-            in :data:`PREEMPTION_FLOOR` and ``state.running`` is given; ignored otherwise.
+        preemption: decide preemptions inside the plan (module doc) when the policy has a
+            floor (:attr:`Policy.floor`) and ``state.running`` is given; ignored otherwise.
         reserve_after_s: the aging bound, s: a job that has waited this long gets a
             reservation with backfill (:func:`makespan.planner.reservation.enforce`, applied to the
             policy's plan, before restores; the plan's ``stats['reserved']`` = 1 when a job
@@ -126,72 +95,55 @@ def plan(batch: Sequence[PlanJob], state: FleetState, policy: str = DEFAULT_POLI
             how many the policy had planned later); () (the default): none.
 
     Raises:
-        PlannerError: unknown policy name or ``restore_at``, a negative ``time_limit_s``,
-            or ``num_workers`` < 1.
+        PlannerError: unknown policy name (the message lists the known ones) or
+            ``restore_at``, a negative ``time_limit_s``, or ``num_workers`` < 1.
     """
     if time_limit_s is not None and time_limit_s < 0:
         raise PlannerError(f"time_limit_s must be >= 0, got {time_limit_s}")
     if num_workers is not None and num_workers < 1:
         raise PlannerError(f"num_workers must be >= 1, got {num_workers}")
-    try:
-        fn = POLICIES[policy]
-    except KeyError:
-        raise PlannerError(f"unknown policy {policy!r}; known: {', '.join(sorted(POLICIES))}") from None
+    chosen = POLICY_REGISTRY.lookup(policy)
     if restore_at is not None and restore_at not in RESTORE_AT:
         raise PlannerError(f"unknown restore_at {restore_at!r}; known: {', '.join(RESTORE_AT)}")
     if not batch:
-        empty = Plan(policy=policy, assignments=[])
+        empty = Plan(policy=chosen.name, assignments=[])
         return with_restores(empty, batch, state, restore_at) if restore_at is not None else empty
-    kw: dict[str, float | int | Plan] = {}
-    if time_limit_s is not None and _takes_limit(fn):
-        kw["time_limit_s"] = time_limit_s
-    if num_workers is not None and _takes(fn, "num_workers"):
-        kw["num_workers"] = num_workers
-    if previous is not None and _takes(fn, "previous"):
-        kw["previous"] = previous
-    state = with_rule(with_upcoming(state, batch), policy)  # the transition choice's forecast and rule
-    if preemption and state.running and policy in PREEMPTION_FLOOR:
-        return _plan_preemptive(batch, state, policy, fn, kw, restore_at, reserve_after_s, lane_levels)
-    p = fn(batch, state, **kw)  # type: ignore[call-arg]
-    p = _lane(_reserve(p, batch, state, policy, reserve_after_s), batch, state, policy, lane_levels)
+    state = with_rule(with_upcoming(state, batch), chosen.name)  # the transition choice's forecast and rule
+    options = SolveOptions(time_limit_s=time_limit_s, num_workers=num_workers, previous=previous)
+    if preemption and state.running and chosen.floor is not None:
+        return _plan_preemptive(batch, state, chosen, options, restore_at, reserve_after_s, lane_levels)
+    p = chosen.solve(batch, state, options)
+    p = _lane(_reserve(p, batch, state, chosen, reserve_after_s), batch, state, chosen, lane_levels)
     return with_restores(p, batch, state, restore_at) if restore_at is not None else p
 
 
-def _reserve(p: Plan, batch: Sequence[PlanJob], state: FleetState, policy: str, after_s: float | None) -> Plan:
+def _reserve(p: Plan, batch: Sequence[PlanJob], state: FleetState, policy: Policy, after_s: float | None) -> Plan:
     """``p`` with the aged job's reservation honoured (:mod:`makespan.planner.reservation`)."""
     if after_s is None:
         return p
-    out, res = reservation.enforce(p, batch, state, after_s, POLICY_OBJECTIVE.get(policy, "weighted_completion"))
+    out, res = reservation.enforce(p, batch, state, after_s, policy.objective)
     if res:
         out.stats["reserved"] = 1.0
     return out
 
 
-def _lane(p: Plan, batch: Sequence[PlanJob], state: FleetState, policy: str, levels: fast_lane.Levels) -> Plan:
+def _lane(p: Plan, batch: Sequence[PlanJob], state: FleetState, policy: Policy, levels: fast_lane.Levels) -> Plan:
     """``p`` with the fast lane's levels no later than strict priority (:mod:`makespan.planner.fast_lane`;
     the re-plan of the other jobs: :func:`lane_replan`)."""
     if not levels:
         return p
-    return fast_lane.enforce(p, batch, state, levels, objective=POLICY_OBJECTIVE.get(policy, "weighted_completion"),
-                             replan=lane_replan(policy))[0]
+    return fast_lane.enforce(p, batch, state, levels, objective=policy.objective, replan=lane_replan(policy))[0]
 
 
-def lane_replan(policy: str) -> Policy:
-    """The policy that re-plans the other jobs around the fast lane's placements: the
-    policy's greedy floor (:data:`PREEMPTION_FLOOR`, ``portfolio`` for the solver policies),
-    or the policy itself when it has none (the fixed baselines)."""
-    return POLICIES[PREEMPTION_FLOOR.get(policy, policy if policy in POLICIES else "portfolio")]
+def lane_replan(policy: str | Policy) -> Callable[[Sequence[PlanJob], FleetState], Plan]:
+    """``(batch, state) -> Plan``: the policy that re-plans the other jobs around the fast
+    lane's placements: the policy's floor (:attr:`Policy.floor`, ``portfolio`` for the
+    ``cpsat`` policies), or the policy itself when it has none (the fixed baselines).
 
-
-def _limit_of(fn: Policy, kw: dict[str, float | int | Plan]) -> float | None:
-    """The time limit ``fn`` will run under with ``kw`` (its own default when absent), s."""
-    if "time_limit_s" in kw:
-        return float(kw["time_limit_s"])  # type: ignore[arg-type]
-    try:
-        d = inspect.signature(fn).parameters["time_limit_s"].default
-    except (KeyError, TypeError, ValueError):  # pragma: no cover
-        return None
-    return float(d) if isinstance(d, (int, float)) else None
+    Raises:
+        PlannerError: an unknown policy name."""
+    chosen = POLICY_REGISTRY.lookup(policy)
+    return (POLICY_REGISTRY.floor_of(chosen) or chosen).solve
 
 
 def comparable_score(p: Plan, state: FleetState, objective: str) -> float:
@@ -209,11 +161,11 @@ def comparable_score(p: Plan, state: FleetState, objective: str) -> float:
                                                      for h in lost.values()))
 
 
-def _solve_branch(branch: preemption_plan.Branch, fn: Policy, kw: dict[str, float | int | Plan],
+def _solve_branch(branch: preemption_plan.Branch, policy: Policy, options: SolveOptions,
                   objective: str) -> tuple[Plan, preemption_plan.Branch]:
-    """(rest, branch): ``fn``'s plan of the branch's batch on its state, with the
+    """(rest, branch): ``policy``'s plan of the branch's batch on its state, with the
     preemptions its windows took split off and chained onto the branch."""
-    rest = fn(branch.batch, branch.state, **kw)  # type: ignore[call-arg]
+    rest = policy.solve(branch.batch, branch.state, options)
     if rest.preemptions:  # taken by the solver, on the branch's state
         inner, rest = preemption_plan.split(rest, branch.batch, branch.state, objective)
         branch = preemption_plan.chain(branch, inner)
@@ -221,37 +173,37 @@ def _solve_branch(branch: preemption_plan.Branch, fn: Policy, kw: dict[str, floa
     return rest, branch
 
 
-def _plan_preemptive(batch: Sequence[PlanJob], state: FleetState, policy: str, fn: Policy,
-                     kw: dict[str, float | int | Plan], restore_at: str | None = None,
-                     reserve_after_s: float | None = None, lane_levels: fast_lane.Levels = ()) -> Plan:
+def _plan_preemptive(batch: Sequence[PlanJob], state: FleetState, policy: Policy, options: SolveOptions,
+                     restore_at: str | None = None, reserve_after_s: float | None = None,
+                     lane_levels: fast_lane.Levels = ()) -> Plan:
     """Scored preemption with the policy's floor, then the policy on the chosen branch (a
-    solver policy that takes ``preemption`` may cut more jobs there: its CP-SAT windows
+    policy with :attr:`Policy.window_preemption` may cut more jobs there: its CP-SAT windows
     decide them, :mod:`makespan.planner.window_preemption`). When the floor took preemptions, such
     a policy also solves the batch without them (the base state, its windows free to
     re-take them, take others or none) with :data:`UNDO_SHARE` of the time limit, and the
     plan of lower :func:`comparable_score` is kept (ties: the floor's branch). Restores
     (``restore_at``) are placed on the state the kept plan's preemptions leave."""
-    floor_name = PREEMPTION_FLOOR[policy]
-    objective = POLICY_OBJECTIVE.get(policy, "weighted_completion")
-    branch = preemption_plan.decide(batch, state, POLICIES[floor_name], objective)
+    floor = POLICY_REGISTRY.floor_of(policy)
+    assert floor is not None  # plan() calls this only for a policy with a floor
+    objective = policy.objective
+    branch = preemption_plan.decide(batch, state, floor.solve, objective)
     undo_stats: dict[str, float] = {}
-    if floor_name == policy and branch.plan is not None:  # the floor's plan of the branch is the policy's
+    if floor.name == policy.name and branch.plan is not None:  # the floor's plan of the branch is the policy's
         rest = branch.plan
-    elif not _takes(fn, "preemption"):
-        rest, branch = _solve_branch(branch, fn, kw, objective)
+    elif not policy.window_preemption:
+        rest, branch = _solve_branch(branch, policy, options, objective)
     else:
-        kw = {**kw, "preemption": frozenset(j.id for j in batch)}  # not the victims just cut
-        limit = _limit_of(fn, kw)
+        options = replace(options, preemptors=frozenset(j.id for j in batch))  # not the victims just cut
+        limit = options.time_limit_s if options.time_limit_s is not None else policy.time_limit_s
         if not branch.taken or UNDO_SHARE <= 0.0 or limit is None:
-            rest, branch = _solve_branch(branch, fn, kw, objective)
+            rest, branch = _solve_branch(branch, policy, options, objective)
         else:
             floor_taken = list(branch.taken)
-            rest, branch = _solve_branch(branch, fn, {**kw, "time_limit_s": limit * (1.0 - UNDO_SHARE)}, objective)
+            rest, branch = _solve_branch(branch, policy, replace(options, time_limit_s=limit * (1.0 - UNDO_SHARE)),
+                                         objective)
             base = preemption_plan.Branch(state, list(batch), None, [], [], [])
-            kw0 = {**kw, "time_limit_s": limit * UNDO_SHARE}
-            if _takes(fn, "first_window_share"):
-                kw0["first_window_share"] = UNDO_WINDOW_SHARE
-            rest0, base = _solve_branch(base, fn, kw0, objective)
+            undo_options = replace(options, time_limit_s=limit * UNDO_SHARE, first_window_share=UNDO_WINDOW_SHARE)
+            rest0, base = _solve_branch(base, policy, undo_options, objective)
             s_floor = comparable_score(preemption_plan.assemble(rest, branch, objective), state, objective)
             s_base = comparable_score(preemption_plan.assemble(rest0, base, objective), state, objective)
             undone = s_base < s_floor - preemption_plan.MIN_GAIN

@@ -60,10 +60,12 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from functools import partial
 
+from makespan.planner import placement_index
 from makespan.planner.evaluator import evaluate, evaluate_built, score
 from makespan.planner.list_schedule import fifo_order, pruner, wspt_order
-from makespan.planner.partition import partition_built
-from makespan.planner.model import Assignment, FleetState, Plan, PlanJob
+from makespan.planner.partition import allocate, partition_built
+from makespan.planner.model import Assignment, EndpointModel, FleetState, Plan, PlanJob
+from makespan.planner.placement_index import GroupIndex
 from makespan.planner.replay import Group, Replay
 from makespan.planner.rules import Aware, rule_completion, rule_free, rule_min_evict
 from makespan.planner.sleepers import with_rule
@@ -100,6 +102,9 @@ def construct_built(order: Sequence[PlanJob], state: FleetState, rule: str = "co
     queue, pulled = deque(order), deque()
     out: list[Assignment] = []
     cands_of: dict[str, list[Group]] = {}
+    # candidate index per group key (placement_index: a bounded scan on a large fleet)
+    index_of: dict[str, GroupIndex | None] = {}
+    indexes: list[GroupIndex] = []
     fa, now = rep.free_at, state.now_s
     while pulled or queue:
         job = pulled.popleft() if pulled else queue.popleft()
@@ -111,10 +116,14 @@ def construct_built(order: Sequence[PlanJob], state: FleetState, rule: str = "co
             cands = cands_of[job.endpoint] = rep.groups(ep)
             if not cands:
                 raise ValueError(f"job {job.id}: no GPU group fits endpoint {ep.name}")
+            index_of[job.endpoint] = _index_for(rep, ep, cands, index_of, indexes)
         ready = rep.ready(job) if job.deps else max(job.release_s, now)
-        g = fn(rep, job, cands, ready)
+        index = index_of[job.endpoint]
+        g = fn(rep, job, cands if index is None else index.candidates(ready), ready)
         s = fa[g[0]] if len(g) == 1 else rep.group_free(g)
         a = rep.place(job, g, s if s > ready else ready)  # its default start, max(ready, free)
+        for index in indexes:
+            index.touch(g)
         if prune is not None and not prune.placed(job, a.gpus, a.end_s):
             return None
         out.append(a)
@@ -133,6 +142,21 @@ def construct_built(order: Sequence[PlanJob], state: FleetState, rule: str = "co
                     pulled.append(o)
                     del rest[o.id]
     return out, rep
+
+
+def _index_for(rep: Replay, ep: EndpointModel, cands: list[Group], index_of: dict[str, GroupIndex | None],
+               indexes: list[GroupIndex]) -> GroupIndex | None:
+    """The candidate index of ``ep``'s groups (shared by endpoints of the same TP and
+    memory), or None when the list is scanned whole (:func:`placement_index.enabled`)."""
+    if not placement_index.enabled(len(cands)):
+        return None
+    for other, index in index_of.items():
+        oep = rep.endpoints[other]
+        if index is not None and (oep.tp, oep.memory_mib) == (ep.tp, ep.memory_mib):
+            return index
+    index = GroupIndex(rep, cands)
+    indexes.append(index)
+    return index
 
 
 def fifo(batch: Sequence[PlanJob], state: FleetState) -> Plan:
@@ -177,14 +201,21 @@ def member_builders(batch: Sequence[PlanJob], state: FleetState,
         specs += [("ta-share", w, "share", True, 1.0, 0.0), ("cap-share", w, "share", False, 1.0, cap)]
     out: dict[str, Builder] = {
         n: partial(construct_built, o, state, r, p, a, 1.0, g, objective=objective) for n, o, r, p, a, g in specs}
+    shared: dict[str, dict[str, list[Group]] | None] = {}  # the batch's allocation, computed once for both
     for name, spill in (("partition", False), ("partition-spill", True)):
-        out[name] = partial(_partition, batch, state, spill, objective)
+        out[name] = partial(_partition, batch, state, spill, objective, shared)
     return out
 
 
 def _partition(batch: Sequence[PlanJob], state: FleetState, spill: bool, objective: str,
+               shared: dict[str, dict[str, list[Group]] | None],
                bound: float) -> tuple[list[Assignment], Replay] | None:
-    return partition_built(batch, state, spill, bound=bound, objective=objective)
+    if "alloc" not in shared:
+        shared["alloc"] = allocate(batch, state)
+    alloc = shared["alloc"]
+    if alloc is None:
+        return None
+    return partition_built(batch, state, spill, bound=bound, objective=objective, alloc=alloc)
 
 
 def members(batch: Sequence[PlanJob], state: FleetState) -> list[Plan]:
@@ -200,12 +231,22 @@ def members(batch: Sequence[PlanJob], state: FleetState) -> list[Plan]:
     return sorted(out, key=lambda p: MEMBERS.index(p.policy))
 
 
+def _same_as_earlier(batch: Sequence[PlanJob], state: FleetState) -> list[str]:
+    """Members that build the same plan as a member earlier in :data:`MEMBERS` on this
+    batch, so they cannot be selected (ties go to the earlier one): ``ta-fifo`` when the
+    FIFO order is the WSPT order (``ta-wspt``'s construction, same rule and arguments)."""
+    same_order = [j.id for j in wspt_order(batch, state.endpoints)] == [j.id for j in fifo_order(batch)]
+    return ["ta-fifo"] if same_order else []
+
+
 def portfolio(batch: Sequence[PlanJob], state: FleetState) -> Plan:
     """Best-scored member (ties: first in :data:`MEMBERS`); ``stats['member']`` is the
     winner's index in :data:`MEMBERS`. The same plan as the best of :func:`members`, built
     in :data:`BUILD_ORDER` with each construction stopped once it provably scores above
     the best so far (:class:`makespan.planner.list_schedule.Prune`)."""
     builders = member_builders(batch, state)
+    for name in _same_as_earlier(batch, state):
+        builders.pop(name, None)
     best: Plan | None = None
     rank = (math.inf, len(MEMBERS))
     first = {n: i for i, n in enumerate(BUILD_ORDER)}

@@ -9,6 +9,7 @@ weighted-completion heuristic.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Callable, Sequence
 
@@ -112,7 +113,7 @@ class Prune:
     plan that would tie): that construction would lose to the plan that set ``bound``.
     """
 
-    __slots__ = ("limit", "now", "done", "s_rest", "w_rest", "wr_rest", "wp_rest", "free_at", "m", "arg")
+    __slots__ = ("limit", "now", "done", "s_rest", "w_rest", "wr_rest", "wp_rest", "free_at", "m", "heap")
 
     def __init__(self, jobs: Sequence[PlanJob], now_s: float, bound: float, free_at: dict[str, float]):
         self.now, self.free_at = now_s, free_at
@@ -122,8 +123,11 @@ class Prune:
         self.w_rest = sum(j.weight for j in jobs)
         self.wr_rest = sum(j.weight * j.release_s for j in jobs)
         self.wp_rest = sum(j.weight * j.service_s for j in jobs)
-        self.arg = min(free_at, key=free_at.__getitem__)
-        self.m = free_at[self.arg]
+        # m = min(free_at.values()), kept with a heap of (free time, GPU) entries: one
+        # pushed per GPU placed on, stale ones (the GPU's free time moved on) popped
+        self.heap = [(f, u) for u, f in free_at.items()]
+        heapq.heapify(self.heap)
+        self.m = self.heap[0][0]
 
     def placed(self, job: PlanJob, group: Sequence[str], end_s: float) -> bool:
         """Account for ``job`` placed on ``group``, completing at ``end_s``; False: the plan
@@ -134,10 +138,12 @@ class Prune:
         self.w_rest -= w
         self.wr_rest -= w * r
         self.wp_rest -= w * p
-        if self.arg in group:
-            fa = self.free_at
-            self.arg = min(fa, key=fa.__getitem__)
-            self.m = fa[self.arg]
+        fa, heap = self.free_at, self.heap
+        for u in group:
+            heapq.heappush(heap, (fa[u], u))
+        while heap[0][0] != fa[heap[0][1]]:
+            heapq.heappop(heap)
+        self.m = heap[0][0]
         d = self.m * self.w_rest - self.wr_rest + self.wp_rest
         return self.done + (d if d > self.s_rest else self.s_rest) <= self.limit
 

@@ -28,8 +28,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from makespan.planner import placement_index
 from makespan.planner.list_schedule import pruner, wspt_order
 from makespan.planner.model import Assignment, EndpointModel, FleetState, PlanJob
+from makespan.planner.placement_index import GroupIndex
 from makespan.planner.replay import Group, Replay
 
 
@@ -63,20 +65,25 @@ def allocate(batch: Sequence[PlanJob], state: FleetState) -> dict[str, list[Grou
     rep = Replay(state)
     claimed: set[str] = set()
     out: dict[str, list[Group]] = {e: [] for e in inst}
+    res = rep.resident
     for e in inst:  # groups already holding e
         for g in rep.groups(eps[e]):
             if len(out[e]) >= inst[e]:
                 break
-            if not claimed & set(g) and all(rep.resident[u] == e for u in g):
+            if res[g[0]] == e and all(res[u] == e for u in g) and not any(u in claimed for u in g):
                 out[e].append(g)
                 claimed.update(g)
+    by_free: dict[tuple[int, int], list[Group]] = {}  # a key's groups, earliest free first (ties: fleet order)
     for e in sorted(inst, key=lambda e: (-eps[e].tp, -work[e], e)):
-        free = [g for g in rep.groups(eps[e]) if not claimed & set(g)]
-        free.sort(key=rep.group_free)
-        for g in free:
+        if len(out[e]) >= inst[e]:
+            continue
+        key = (eps[e].tp, eps[e].memory_mib)
+        if key not in by_free:
+            by_free[key] = sorted(rep.groups(eps[e]), key=rep.group_free)
+        for g in by_free[key]:  # the unclaimed ones, in that order
             if len(out[e]) >= inst[e]:
                 break
-            if not claimed & set(g):
+            if not any(u in claimed for u in g):
                 out[e].append(g)
                 claimed.update(g)
         if e in needed and not out[e]:
@@ -90,7 +97,8 @@ def partition(batch: Sequence[PlanJob], state: FleetState, spill: bool = False,
     when the plan provably scores above ``bound`` (:class:`makespan.planner.list_schedule.Prune`).
     ``order``: the sequence to place the jobs in (default: WSPT; dependencies first).
 
-    ``spill``: a job may also take a group allocated to another endpoint when it would
+    ``spill``: a job may also take a group allocated to another endpoint (of its TP, whose
+    GPUs have the memory it needs) when it would
     complete there earlier than on its own groups by more than that endpoint's cold start
     (the reload the other endpoint pays later) — work-conserving when the allocation is
     uneven."""
@@ -100,22 +108,32 @@ def partition(batch: Sequence[PlanJob], state: FleetState, spill: bool = False,
 
 def partition_built(batch: Sequence[PlanJob], state: FleetState, spill: bool = False, bound: float = math.inf,
                     order: Sequence[PlanJob] | None = None,
-                    objective: str = "weighted_completion") -> tuple[list[Assignment], Replay] | None:
+                    objective: str = "weighted_completion",
+                    alloc: dict[str, list[Group]] | None = None) -> tuple[list[Assignment], Replay] | None:
     """:func:`partition`, also returning the :class:`Replay` that placed the assignments
     (for :func:`makespan.planner.evaluator.evaluate_built`); ``bound`` is on the score of
-    ``objective`` (:func:`makespan.planner.list_schedule.pruner`)."""
-    alloc = allocate(batch, state)
+    ``objective`` (:func:`makespan.planner.list_schedule.pruner`). ``alloc``: the batch's
+    :func:`allocate` when the caller has it already (None: computed here)."""
+    if alloc is None:
+        alloc = allocate(batch, state)
     if alloc is None:
         return None
     rep = Replay(state)
     prune = pruner(batch, state, bound, rep.free_at, objective)
     fa, res, asl, eps = rep.free_at, rep.resident, rep.asleep, rep.endpoints
     out: list[Assignment] = []
-    spill_groups: dict[int, list[tuple[str, Group, float]]] = {}  # TP -> (endpoint, group, its cold start)
+    # TP -> (endpoint, group, its cold start, the group's smallest GPU memory in MiB)
+    spill_groups: dict[int, list[tuple[str, Group, float, int]]] = {}
     if spill:
+        mem = rep._mem
         for e, gs in alloc.items():
             for g in gs:
-                spill_groups.setdefault(len(g), []).append((e, g, eps[e].cold_start_s))
+                spill_groups.setdefault(len(g), []).append((e, g, eps[e].cold_start_s, min(mem[u] for u in g)))
+    # candidate indexes (placement_index: a bounded scan on a large fleet), kept current below
+    own_index = {e: GroupIndex(rep, gs) for e, gs in alloc.items() if placement_index.enabled(len(gs))}
+    spill_index = {tp: GroupIndex(rep, [g for _, g, _, _ in sg], [(e, m) for e, _, _, m in sg])
+                   for tp, sg in spill_groups.items() if placement_index.enabled(len(sg))}
+    indexes = [*own_index.values(), *spill_index.values()]
 
     def transition_s(g: Group, ep: EndpointModel) -> float:
         """:meth:`Replay.transition_s`, inlined for a single GPU."""
@@ -131,7 +149,8 @@ def partition_built(batch: Sequence[PlanJob], state: FleetState, spill: bool = F
         ep = eps[job.endpoint]
         ready = rep.ready(job)
         best, bc = None, math.inf
-        for g in alloc[job.endpoint]:
+        own = own_index.get(job.endpoint)
+        for g in alloc[job.endpoint] if own is None else own.candidates(ready):
             s0 = fa[g[0]] if len(g) == 1 else rep.group_free(g)
             c = (s0 if s0 > ready else ready) + transition_s(g, ep)
             if c < bc:
@@ -139,8 +158,10 @@ def partition_built(batch: Sequence[PlanJob], state: FleetState, spill: bool = F
         if best is None:
             return None
         if spill:
-            for e2, g, pen in spill_groups.get(ep.tp, ()):
-                if e2 == job.endpoint:
+            sg = spill_groups.get(ep.tp, [])
+            si = spill_index.get(ep.tp)
+            for e2, g, pen, gpu_mib in sg if si is None else [sg[i] for i in si.positions(ready)]:
+                if e2 == job.endpoint or gpu_mib < ep.memory_mib:  # its own, or too small for it
                     continue
                 s0 = fa[g[0]] if len(g) == 1 else rep.group_free(g)
                 if s0 < ready:
@@ -151,6 +172,8 @@ def partition_built(batch: Sequence[PlanJob], state: FleetState, spill: bool = F
                 if c < bc:
                     best, bc = g, c
         a = rep.place(job, best)
+        for index in indexes:
+            index.touch(best)
         if prune is not None and not prune.placed(job, a.gpus, a.end_s):
             return None
         out.append(a)

@@ -28,10 +28,30 @@ from collections import ChainMap
 from collections.abc import Collection, Sequence
 from dataclasses import replace
 
-from makespan.planner.model import Assignment, EndpointModel, FleetState, PlanJob
+from makespan.planner.model import Assignment, EndpointModel, FleetState, Gpu, PlanJob
 from makespan.planner.sleepers import choose_level, forecast_weight, may_sleep, sleepers_kept
 
 Group = tuple[str, ...]
+
+
+_NOTHING: frozenset[str] = frozenset()
+_LAYOUTS: dict[int, tuple[list[Gpu], tuple[list[str], dict[str, int], dict[str, str]]]] = {}
+_LAYOUTS_MAX = 8
+
+
+def _layout(gpus: list[Gpu]) -> tuple[list[str], dict[str, int], dict[str, str]]:
+    """(uuids in fleet order, GPU -> memory MiB, GPU -> host) of a fleet's GPU list,
+    read-only; cached for the last :data:`_LAYOUTS_MAX` lists by identity (as
+    :meth:`FleetState.groups`: a new list, not one edited in place, is a new fleet; the
+    entry holds the list, so its id is not reused while cached)."""
+    hit = _LAYOUTS.get(id(gpus))
+    if hit is not None and hit[0] is gpus and len(hit[1][0]) == len(gpus):
+        return hit[1]
+    out = ([g.uuid for g in gpus], {g.uuid: g.memory_mib for g in gpus}, {g.uuid: g.host for g in gpus})
+    if len(_LAYOUTS) >= _LAYOUTS_MAX:
+        del _LAYOUTS[next(iter(_LAYOUTS))]
+    _LAYOUTS[id(gpus)] = (gpus, out)
+    return out
 
 
 class Replay:
@@ -44,9 +64,21 @@ class Replay:
         self.state = state
         self.endpoints = state.endpoints
         now = state.now_s
-        self.free_at = {g.uuid: max(state.free_at.get(g.uuid, now), now) for g in state.gpus}
-        self.resident: dict[str, str | None] = {g.uuid: state.resident.get(g.uuid) for g in state.gpus}
-        self.asleep: dict[str, frozenset[str]] = {g.uuid: frozenset(state.asleep.get(g.uuid, ())) for g in state.gpus}
+        uuids, self._mem, self._host = _layout(state.gpus)
+        # GPU -> max(state's free time, now), resident (None: nothing), asleep; built from
+        # defaults and the state's entries (fleet order, as a comprehension over the GPUs)
+        self.free_at = dict.fromkeys(uuids, now)
+        for u, f in state.free_at.items():
+            if f > now and u in self.free_at:
+                self.free_at[u] = f
+        self.resident: dict[str, str | None] = dict.fromkeys(uuids)
+        for u, r in state.resident.items():
+            if u in self.resident:
+                self.resident[u] = r
+        self.asleep: dict[str, frozenset[str]] = dict.fromkeys(uuids, _NOTHING)
+        for u, names in state.asleep.items():
+            if u in self.asleep:
+                self.asleep[u] = frozenset(names)
         # completion times placed here, over the state's (not copied: O(1) per replay even
         # when the simulator's history holds 100k jobs)
         self.end_of: ChainMap[str, float] = ChainMap({}, state.end_of)
@@ -60,8 +92,6 @@ class Replay:
         # what sleepers hold (makespan.planner.sleepers): modelled only where something is held
         self._costed = bool(state.host_ram_mib) or any(
             e.asleep_gpu_mib or e.asleep_ram_mib for e in state.endpoints.values())
-        self._mem = {g.uuid: g.memory_mib for g in state.gpus}
-        self._host = {g.uuid: g.host for g in state.gpus}
         self.ram_used: dict[str, float] = {}  # host -> RAM its sleepers hold, MiB
         # (GPU, endpoint) -> sleep level of sleepers of endpoints with sleep_options
         self.level: dict[tuple[str, str], int] = dict(state.asleep_level)

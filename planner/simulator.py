@@ -11,7 +11,7 @@ Rolling horizon. At a planning point t the simulator
        (they run as planned: service times are exact in simulation); the rest stay queued;
     4. preemption, one of two deciders (``preemption="plan"``, the default, or ``"rule"``;
        the live planner worker has the same two, ``MAKESPAN_PREEMPTION``):
-       "plan" — for the policies of :data:`makespan.planner.api.PREEMPTION_FLOOR` the planning of
+       "plan" — for the policies with a floor (:attr:`makespan.planner.policies.Policy.floor`) the planning of
        step 2 itself decides preemptions by score (:mod:`makespan.planner.preemption_plan`; the
        committed jobs holding GPUs at t are passed as ``FleetState.running``); the plan's
        preemptions are applied at t as below (victims cut and requeued, the preemptor
@@ -67,12 +67,12 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from makespan.errors import PlannerError, ValidationError
+from makespan.errors import ValidationError
 from makespan.models import FleetSpec, load_fleet
 from makespan.traces import TraceJob, read_trace
-from makespan.planner.api import POLICIES
 from makespan.planner.measures import build_report, eta_error, lower_bounds
 from makespan.planner.model import EndpointModel, FleetState, Gpu, PlanJob
+from makespan.planner.policies import POLICY_REGISTRY, Policy
 from makespan.planner.preemption import DEFAULT_MIN_RUNTIME_S, DEFAULT_PREEMPTION_BUDGET
 from makespan.planner.fast_lane import DEFAULT_LANE_LEVELS, Levels, factors
 from makespan.planner.reservation import DEFAULT_RESERVATION_AFTER_S
@@ -81,7 +81,7 @@ from makespan.planner.restore import set_point_absence, set_point_groups as rest
 from makespan.planner.simulator_run import _Run
 
 # what ``preemption=True`` means (module doc, step 4): "rule" = the fixed rule for every
-# policy; "plan" = scored inside the plan for the policies of makespan.planner.api.PREEMPTION_FLOOR
+# policy; "plan" = scored inside the plan for the policies with a floor (makespan.planner.policies)
 # (portfolio, default/cpsat, tardiness*), the fixed rule for fifo, min-evict and wspt
 DEFAULT_PREEMPTION = "plan"
 
@@ -102,7 +102,7 @@ def to_plan_jobs(trace_jobs: Sequence[TraceJob], time_scale: float = 1.0) -> lis
                     int(t.priority), seq=i) for i, t in enumerate(trace_jobs)]
 
 
-def simulate(trace_jobs: Sequence[TraceJob] | Sequence[PlanJob], fleet: FleetSpec | FleetState, policy: str,
+def simulate(trace_jobs: Sequence[TraceJob] | Sequence[PlanJob], fleet: FleetSpec | FleetState, policy: str | Policy,
              seed: int = 0, *, window_s: float = 30.0, max_batch: int = 256, demand_window_s: float = 1800.0,
               time_scale: float = 1.0, preemption: bool | str = True, restore: bool = True,
               planned_restore: str | None = "group", detail: bool = False, time_limit_s: float | None = None,
@@ -127,6 +127,9 @@ def simulate(trace_jobs: Sequence[TraceJob] | Sequence[PlanJob], fleet: FleetSpe
     ``weighted_tardiness_s`` = Σ w_j·max(0, C_j − d_j) (weight·s), ``tardy_jobs`` and
     ``jobs_with_deadline``.
 
+    ``policy``: a name in :data:`makespan.planner.policies.POLICY_REGISTRY` or a
+    :class:`makespan.planner.policies.Policy` (a benchmark's variant); the report carries
+    its name. Raises PlannerError on an unknown name.
     ``seed`` is recorded (the trace mapping already used it; the planner is deterministic).
     ``preemption``: False (off), ``"rule"``, ``"plan"`` or True (= :data:`DEFAULT_PREEMPTION`,
     ``"plan"``), the module's step 4; ``sim.preemption`` is whether it is on and
@@ -156,6 +159,7 @@ def simulate(trace_jobs: Sequence[TraceJob] | Sequence[PlanJob], fleet: FleetSpe
     default :data:`makespan.planner.fast_lane.DEFAULT_LANE_LEVELS`; (): none), reported with ``sim.lane_points`` (planning points whose plan it rebuilt).
     """
     wall0 = time.perf_counter()
+    chosen = POLICY_REGISTRY.lookup(policy)
     base = fleet if isinstance(fleet, FleetState) else fleet_state(fleet)
     if set_point_weight is not None:
         base = replace(base, set_point_weight=set_point_weight)  # validated there
@@ -164,7 +168,7 @@ def simulate(trace_jobs: Sequence[TraceJob] | Sequence[PlanJob], fleet: FleetSpe
     jobs.sort(key=lambda j: (j.release_s, j.seq))
     sp = set_point_groups(fleet if isinstance(fleet, FleetSpec) else base)
     mode = preemption_mode(preemption)
-    run = _Run(base, policy, window_s, max_batch, jobs, sp if restore else [], mode, time_limit_s,
+    run = _Run(base, chosen, window_s, max_batch, jobs, sp if restore else [], mode, time_limit_s,
                preemption_budget, preemption_min_runtime_s, reservation_after_s, factors(lane_levels))
     run.restore_at = planned_restore if restore else None
     recent: deque[PlanJob] = deque()
@@ -191,7 +195,7 @@ def simulate(trace_jobs: Sequence[TraceJob] | Sequence[PlanJob], fleet: FleetSpe
     eligible = {e: {u for g in base.groups(ep.tp, ep.memory_mib) for u in g} for e, ep in base.endpoints.items()}
     lb = lower_bounds(jobs, base.endpoints, len(gpu_ids),
                       resident={e for e in base.resident.values() if e is not None})
-    rep = build_report(list(run.records.values()), policy=policy, gpus=len(gpu_ids), submitted=n,
+    rep = build_report(list(run.records.values()), policy=chosen.name, gpus=len(gpu_ids), submitted=n,
                        preempted=run.preempted, restores=run.restores, solve_times_s=run.solve,
                        lower_bound_makespan_s=lb["makespan_s"], lower_bound_weighted_s=lb["weighted_completion_s"],
                        gpu_ids=gpu_ids, eligible=eligible)
@@ -289,8 +293,7 @@ def run_simulation(trace_path: str | Path, fleet_path: str | Path, policy: str, 
         raise ValidationError("time_limit_s", time_limit_s, "must be > 0")
     if not 0 <= set_point_weight < float("inf"):
         raise ValidationError("set_point_weight", set_point_weight, "must be a finite number >= 0")
-    if policy not in POLICIES:
-        raise PlannerError(f"unknown policy {policy!r}; known: {', '.join(sorted(POLICIES))}")
+    POLICY_REGISTRY.lookup(policy)  # an unknown name fails before the files are read
     fleet = load_fleet(fleet_path)
     jobs = read_trace(trace_path, fleet, seed=seed, start=start, limit=limit)
     if not jobs:

@@ -15,9 +15,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from makespan.planner.api import PREEMPTION_FLOOR, plan
+from makespan.planner.api import plan
 from makespan.planner.measures import JobRecord
 from makespan.planner.model import Assignment, FleetState, Plan, PlanJob, PlannedPreemption, RunningJob
+from makespan.planner.policies import Policy
 from makespan.planner.preemption import (DEFAULT_MIN_RUNTIME_S, DEFAULT_PREEMPTION_BUDGET, Holder,
                                          choose_preemption, victim_allowed)
 from makespan.planner.replay import Group, Replay
@@ -27,7 +28,7 @@ from makespan.planner.sleepers import with_rule, with_upcoming
 class _Run:
     """The committed schedule of one simulation and the steps that change it."""
 
-    def __init__(self, base: FleetState, policy: str, window_s: float, max_batch: int, jobs: list[PlanJob],
+    def __init__(self, base: FleetState, policy: Policy, window_s: float, max_batch: int, jobs: list[PlanJob],
                  set_points: list[tuple[str, Group]], preemption: str, time_limit_s: float | None = None,
                  preemption_budget: int = DEFAULT_PREEMPTION_BUDGET,
                  preemption_min_runtime_s: float = DEFAULT_MIN_RUNTIME_S,
@@ -74,9 +75,9 @@ class _Run:
                                set_point_weight=self.base.set_point_weight, host_ram_mib=self.base.host_ram_mib,
                                asleep_level=dict(c.level))
             # the committed replay chooses transitions as this plan does (its forecast and rule)
-            c.state = with_rule(with_upcoming(state, batch), self.policy) if c.level or any(
+            c.state = with_rule(with_upcoming(state, batch), self.policy.name) if c.level or any(
                 e.sleep_options for e in state.endpoints.values()) else c.state
-            scored = self.preemption == "plan" and self.policy in PREEMPTION_FLOOR
+            scored = self.preemption == "plan" and self.policy.floor is not None
             if scored:
                 state.running = self._running(t)
             c0 = time.perf_counter()

@@ -1,6 +1,6 @@
 """Batch formation for the planner worker: which queued jobs a tick plans.
 
-:meth:`BatchMixin.form_batch` takes up to ``batch_size`` queued jobs as
+:func:`form_batch` takes up to ``batch_size`` queued jobs as
 :class:`makespan.planner.model.PlanJob` (release and deadline in workload seconds), CRITICAL
 first (strict priority), FIFO (``seq``) within a level. It reads each queue
 (``P:queue:{level}``) in chunks of ``batch_size``, at most ``SCAN_FACTOR`` chunks per
@@ -12,7 +12,7 @@ is no longer queued (``_DROP_STALE``) and cancels queued jobs whose dependency f
 was cancelled or is gone, unless a failed workload step will be retried
 (``_CANCEL_DEPENDANT``); both scripts are fenced by the planner token, so a deposed
 planner changes nothing. It also notes each taken job's traceparent and
-submission time (unix s) in ``_meta``.
+submission time (unix s) in ``FormedBatch.meta``.
 
 Priority through dependencies (docs/planner.md "Guarantees"): a job that a
 higher-priority queued or delayed job waits on, directly or through a chain of
@@ -22,22 +22,26 @@ come from the reverse-dependency index ``P:awaited:{job}`` (:mod:`makespan.await
 upward in one script per tick (:data:`_INHERITED`); a cancelled dependant leaves the index,
 so its inheritance is gone at the next tick. A dependency of an unready step seen in the
 batch's scan is pulled into the batch at the step's level even when its own queue is not
-read this tick (:meth:`BatchMixin._pull_dependencies`). ``_own_level`` keeps each job's
+read this tick (``_BatchScan.pull_dependencies``). ``FormedBatch.own_level`` keeps each job's
 submitted level: its queue, lease and metrics use that one.
 
-Mixed into :class:`makespan.workers.planner_worker.PlannerWorker`; uses its Redis client, keys,
-settings and fencing token.
+The tick's step is :class:`FormBatch` (:data:`makespan.workers.tick.steps.TICK_STEPS`); the
+scan itself is :func:`form_batch`, which returns a
+:class:`makespan.workers.tick.context.FormedBatch` (the jobs, and what the scan learned: the
+traceparents and submission times, the submitted levels, ``awaited``, the unready steps,
+the jobs left out, the jobs preempted before).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import time
+from typing import Mapping, Sequence
 
 from makespan.awaited import DROP_LUA
 from makespan.models import Priority
 from makespan.planner.model import PlanJob
+from makespan.workers.tick.context import FormedBatch, TickContext, TickEnv
 
 SCAN_FACTOR = 4  # queue entries read per level per tick: at most SCAN_FACTOR × batch_size
 MAX_DEP_DEPTH = 8  # levels of depends_on followed down from an unready step to pull its dependencies in
@@ -94,149 +98,182 @@ return 1
 """
 
 
-class BatchMixin:
-    _removed = 0  # queue entries removed (stale, cancelled) while form_batch read the current chunk
+class FormBatch:
+    """Step: the tick's batch. Formed only when a GPU is free at the snapshot or a
+    CRITICAL/HIGH job heads its queue (it may preempt); else the batch stays empty.
+    Writes ``held_gpus``, ``batch_formed`` and ``formed``."""
 
-    def form_batch(self, heads: dict[Priority, list[str]] | None = None) -> list[PlanJob]:
-        """Up to ``batch_size`` queued jobs, CRITICAL first (strict priority), FIFO within a
-        level. ``heads``: the first ``batch_size`` ids of each queue, already read (they
-        are read again here when a workload pass may have changed the queues)."""
-        out: list[PlanJob] = []
-        self._meta: dict[str, tuple[str, float]] = {}
-        self._own_level: dict[str, Priority] = {}  # job id -> its submitted level (queue, lease, metrics)
-        self.awaited: set[str] = set()  # deps of the unready steps read here (never victims; plus the index)
-        self._unready_level: dict[str, int] = {}  # dependency id -> highest level of an unready step seen on it
-        self._unready: dict[str, tuple[str, ...]] = {}  # unready steps read -> their deps (wait reasons)
-        self._left_out: dict[str, tuple[Priority, int]] = {}  # read, queued, not taken -> (level, queue position)
-        self._requeued: set[str] = set()  # taken jobs whose record says they were preempted
+    name = "form batch"
+
+    def run(self, ctx: TickContext) -> None:
+        snapshot = ctx.snapshot
+        assert snapshot is not None, "ReadSnapshot runs before FormBatch"
+        ctx.held_gpus = snapshot.held_gpus(ctx.env.gpus)
+        heads = snapshot.queue_heads
+        may_preempt = bool(heads[Priority.CRITICAL] or heads[Priority.HIGH])
+        ctx.batch_formed = len(ctx.held_gpus) < len(ctx.env.gpus) or may_preempt
+        if ctx.batch_formed:
+            ctx.formed = form_batch(ctx.env, ctx.token, None if snapshot.workloads_active else heads)
+
+
+def form_batch(env: TickEnv, token: str, heads: Mapping[Priority, Sequence[str]] | None = None) -> FormedBatch:
+    """Up to ``batch_size`` queued jobs, CRITICAL first (strict priority), FIFO within a
+    level (module doc). ``heads``: the first ``batch_size`` ids of each queue, already
+    read (None: read here, after a workload pass when workloads are active). ``token``:
+    the planner's fencing token for the fenced drop and cancel scripts.
+
+    Raises:
+        redis.RedisError: Redis failed (the planner loop treats it as a failed tick)."""
+    return _BatchScan(env, token).form(heads)
+
+
+def drop_stale(env: TickEnv, token: str, queue: str, job_id: str) -> int:
+    """Remove the entry ``job_id`` of ``queue`` whose job is no longer queued — only while
+    the planner with ``token`` still leads and the job is still not queued (a reaper may
+    have requeued it since). Returns the entries removed (0 or 1)."""
+    return int(env.r.eval(_DROP_STALE, 3, queue, env.keys.job(job_id), env.keys.planner_fence, job_id, token) or 0)
+
+
+class _BatchScan:
+    """One :func:`form_batch` call: the scan's running state and the batch it builds."""
+
+    def __init__(self, env: TickEnv, token: str):
+        self.env, self.token = env, token
+        self.r, self.keys, self.settings = env.r, env.keys, env.settings
+        self.out = FormedBatch()
+        self.removed = 0  # queue entries removed (stale, cancelled) while the current chunk was read
+
+    def form(self, heads: Mapping[Priority, Sequence[str]] | None) -> FormedBatch:
+        jobs = self.out.jobs
         room = self.settings.batch_size
         if heads is None and self.r.scard(self.keys.workloads_active):
             from makespan.workloads import advance_workloads  # workload steps: retries, failure, completion
 
             advance_workloads(self.r, self.keys)
-        for lvl in Priority:
+        for level in Priority:
             offset = 0
             # read on past steps whose dependencies are not done, so that they never hide
             # startable jobs behind them (bounded: SCAN_FACTOR batches per level per tick);
             # what a step waits on is known at any depth from the index (makespan.awaited)
             while room > 0 and offset < SCAN_FACTOR * self.settings.batch_size:
                 if offset == 0 and heads is not None:
-                    ids = heads[lvl]
+                    ids = list(heads[level])
                 else:
-                    ids = self.r.zrange(self.keys.queue(lvl), offset, offset + self.settings.batch_size - 1)
+                    ids = self.r.zrange(self.keys.queue(level), offset, offset + self.settings.batch_size - 1)
                 if not ids:
                     break
-                self._removed = 0
-                room = self._take(lvl, ids, out, room, offset)
-                offset += len(ids) - self._removed  # entries removed meanwhile: the rest moved up
-        self._pull_dependencies(out)
-        return self._inherit(out)
+                self.removed = 0
+                room = self.take(level, ids, jobs, room, offset)
+                offset += len(ids) - self.removed  # entries removed meanwhile: the rest moved up
+        self.pull_dependencies(jobs)
+        self.out.jobs = self.inherit(jobs)
+        return self.out
 
-    def _inherit(self, out: list[PlanJob]) -> list[PlanJob]:
-        """``out`` with each job raised to the highest level waiting on it (P:awaited)."""
-        if not out:
-            return out
-        best = self.r.eval(_INHERITED, 0, self.keys.prefix, MAX_WAITERS_WALKED, *(j.id for j in out))
-        res = []
-        for j, lvl in zip(out, best):
-            lvl = int(lvl)
-            if lvl < j.priority:
-                j = dataclasses.replace(j, priority=lvl, weight=max(j.weight, float(Priority(lvl).weight)))
-            res.append(j)
-        return res
+    def inherit(self, jobs: list[PlanJob]) -> list[PlanJob]:
+        """``jobs`` with each job raised to the highest level waiting on it (P:awaited)."""
+        if not jobs:
+            return jobs
+        best = self.r.eval(_INHERITED, 0, self.keys.prefix, MAX_WAITERS_WALKED, *(job.id for job in jobs))
+        raised = []
+        for job, level in zip(jobs, best):
+            level = int(level)
+            if level < job.priority:
+                job = dataclasses.replace(job, priority=level, weight=max(job.weight, float(Priority(level).weight)))
+            raised.append(job)
+        return raised
 
-    def _pull_dependencies(self, out: list[PlanJob]) -> None:
-        """Append to ``out`` the queued, ready jobs that the unready steps read this tick wait
+    def pull_dependencies(self, jobs: list[PlanJob]) -> None:
+        """Append to ``jobs`` the queued, ready jobs that the unready steps read this tick wait
         on (down chains of queued dependencies, at most :data:`MAX_DEP_DEPTH` levels) and
         that are not in it yet, so a LOW job a CRITICAL step waits on is planned although the
         LOW queue is not read this tick. At most ``batch_size`` such jobs."""
-        have = {j.id for j in out}
-        frontier = [d for d in self._unready_level if d not in have]
+        have = {job.id for job in jobs}
+        frontier = [dep for dep in self.out.unready_level if dep not in have]
         seen = set(frontier)
         room = self.settings.batch_size
         for _ in range(MAX_DEP_DEPTH):
             if not frontier or room <= 0:
                 return
-            p = self.r.pipeline(transaction=False)
-            for jid in frontier:
-                p.hmget(self.keys.job(jid), "endpoint", "service_s", "submitted_at", "seq", "deps", "state",
-                        "traceparent", "deadline_s", "priority")
-            nxt = []
-            for jid, (ep, svc, sub, seq, deps, state, tp, due, prio) in zip(frontier, p.execute()):
-                if ep is None or state != "queued" or prio not in Priority.__members__:
+            pipe = self.r.pipeline(transaction=False)
+            for job_id in frontier:
+                pipe.hmget(self.keys.job(job_id), "endpoint", "service_s", "submitted_at", "seq", "deps", "state",
+                           "traceparent", "deadline_s", "priority")
+            next_frontier = []
+            for job_id, fields in zip(frontier, pipe.execute()):
+                endpoint, service, submitted, seq, deps_json, state, traceparent, due, priority_name = fields
+                if endpoint is None or state != "queued" or priority_name not in Priority.__members__:
                     continue
-                dl = tuple(json.loads(deps)) if deps else ()
-                if dl and not all(self.r.hget(self.keys.job(d), "state") == "completed" for d in dl):
-                    self.awaited.update(dl)
-                    for d in dl:
-                        if d not in seen and d not in have:
-                            seen.add(d)
-                            nxt.append(d)
+                deps_of = tuple(json.loads(deps_json)) if deps_json else ()
+                if deps_of and not all(self.r.hget(self.keys.job(dep), "state") == "completed" for dep in deps_of):
+                    self.out.awaited.update(deps_of)
+                    for dep in deps_of:
+                        if dep not in seen and dep not in have:
+                            seen.add(dep)
+                            next_frontier.append(dep)
                     continue
                 if room <= 0:
                     continue
-                self._left_out.pop(jid, None)
-                out.append(self._plan_job(jid, Priority[prio], ep, svc, sub, seq, tp, due))
-                have.add(jid)
+                self.out.left_out.pop(job_id, None)
+                jobs.append(self.plan_job(job_id, Priority[priority_name], endpoint, service, submitted, seq,
+                                          traceparent, due))
+                have.add(job_id)
                 room -= 1
-            frontier = nxt
+            frontier = next_frontier
 
-    def _plan_job(self, jid: str, lvl: Priority, ep: str, svc: str, sub: str, seq: str, tp: str | None,
-                  due: str | None) -> PlanJob:
+    def plan_job(self, job_id: str, level: Priority, endpoint: str, service: str, submitted: str, seq: str,
+                 traceparent: str | None, due: str | None) -> PlanJob:
         """The PlanJob of a queued job at its own level (its meta and level noted), from its
         record's fields (strings as Redis answers them)."""
-        r_s = float(sub) / self.settings.time_scale  # workload clock; service and deadline are workload s
-        self._meta[jid] = (tp or "", float(sub))
-        self._own_level[jid] = lvl
-        return PlanJob(jid, ep, float(lvl.weight), r_s, float(svc), int(lvl), (),
-                       r_s + float(due) if due else None, int(seq))
+        release_s = float(submitted) / self.settings.time_scale  # workload clock; service, deadline: workload s
+        self.out.meta[job_id] = (traceparent or "", float(submitted))
+        self.out.own_level[job_id] = level
+        return PlanJob(job_id, endpoint, float(level.weight), release_s, float(service), int(level), (),
+                       release_s + float(due) if due else None, int(seq))
 
-    def _take(self, lvl: Priority, ids: list[str], out: list[PlanJob], room: int, offset: int = 0) -> int:
-        p = self.r.pipeline(transaction=False)
-        for jid in ids:
-            p.hmget(self.keys.job(jid), "endpoint", "service_s", "submitted_at", "seq", "deps", "state",
-                    "traceparent", "deadline_s", "reason")
-        for i, (jid, (ep, svc, sub, seq, deps, state, tp, due, why)) in enumerate(zip(ids, p.execute())):
-            if ep is None or state != "queued":
-                self._drop_stale(self.keys.queue(lvl), jid)  # cancelled or lost record
+    def take(self, level: Priority, ids: list[str], jobs: list[PlanJob], room: int, offset: int = 0) -> int:
+        pipe = self.r.pipeline(transaction=False)
+        for job_id in ids:
+            pipe.hmget(self.keys.job(job_id), "endpoint", "service_s", "submitted_at", "seq", "deps", "state",
+                       "traceparent", "deadline_s", "reason")
+        for position, (job_id, fields) in enumerate(zip(ids, pipe.execute())):
+            endpoint, service, submitted, seq, deps_json, state, traceparent, due, reason = fields
+            if endpoint is None or state != "queued":
+                self.removed += drop_stale(self.env, self.token, self.keys.queue(level), job_id)  # cancelled or lost
                 continue
-            dl = tuple(json.loads(deps)) if deps else ()
+            deps_of = tuple(json.loads(deps_json)) if deps_json else ()
             if room <= 0:  # not in the batch (what it waits on is in the index)
-                self._left_out[jid] = (lvl, offset + i)
+                self.out.left_out[job_id] = (level, offset + position)
                 continue
-            if dl and not self._deps_ready(jid, dl):
-                self.awaited.update(dl)
-                self._unready[jid] = dl
-                for d in dl:
-                    self._unready_level[d] = min(self._unready_level.get(d, 4), int(lvl))
+            if deps_of and not self.deps_ready(job_id, deps_of):
+                self.out.awaited.update(deps_of)
+                self.out.unready[job_id] = deps_of
+                for dep in deps_of:
+                    self.out.unready_level[dep] = min(self.out.unready_level.get(dep, 4), int(level))
                 continue
-            out.append(self._plan_job(jid, lvl, ep, svc, sub, seq, tp, due))
-            if why and why.startswith("preempted by"):
-                self._requeued.add(jid)
+            jobs.append(self.plan_job(job_id, level, endpoint, service, submitted, seq, traceparent, due))
+            if reason and reason.startswith("preempted by"):
+                self.out.requeued.add(job_id)
             room -= 1
         return room
 
-    def _drop_stale(self, queue: str, jid: str) -> None:
-        """Remove a queue entry whose job is no longer queued — only while this planner
-        still leads and the job is still not queued (a reaper may have requeued it since)."""
-        self._removed += int(self.r.eval(_DROP_STALE, 3, queue, self.keys.job(jid), self.keys.planner_fence, jid,
-                                         self.token) or 0)
-
-    def _deps_ready(self, jid: str, deps: tuple[str, ...]) -> bool:
-        states = [self.r.hget(self.keys.job(d), "state") for d in deps]
-        if all(s == "completed" for s in states):
+    def deps_ready(self, job_id: str, deps: tuple[str, ...]) -> bool:
+        states = [self.r.hget(self.keys.job(dep), "state") for dep in deps]
+        if all(dep_state == "completed" for dep_state in states):
             return True
-        bad = [d for d, s in zip(deps, states) if s in ("failed", "cancelled") or s is None]
+        bad = [dep for dep, dep_state in zip(deps, states)
+               if dep_state in ("failed", "cancelled") or dep_state is None]
         if bad and "failed" in states:
             from makespan.workloads import retry_pending  # a workload step that will be retried: wait
 
-            bad = [d for d in bad if not retry_pending(self.r, self.keys, d)]
+            bad = [dep for dep in bad if not retry_pending(self.r, self.keys, dep)]
         if bad:
-            prio = self.r.hget(self.keys.job(jid), "priority") or "NORMAL"
+            priority_name = self.r.hget(self.keys.job(job_id), "priority") or "NORMAL"
             reason = f"dependency {bad[0]} did not complete"
-            ev = json.dumps({"ts": time.time(), "kind": "cancelled", "job": jid, "priority": prio, "reason": reason})
-            self._removed += int(self.r.eval(
-                _CANCEL_DEPENDANT, 5, self.keys.queue(prio), self.keys.job(jid), self.keys.planner_fence,
-                self.keys.events, f"{self.keys.prefix}:finished", jid, self.token, repr(time.time()), reason, ev,
+            now = self.env.clock.now()
+            event = json.dumps({"ts": now, "kind": "cancelled", "job": job_id, "priority": priority_name,
+                                "reason": reason})
+            self.removed += int(self.r.eval(
+                _CANCEL_DEPENDANT, 5, self.keys.queue(priority_name), self.keys.job(job_id), self.keys.planner_fence,
+                self.keys.events, f"{self.keys.prefix}:finished", job_id, self.token, repr(now), reason, event,
                 self.keys.prefix) or 0)
         return False

@@ -2,22 +2,29 @@
 
 * Fleet spec → planner model: :func:`endpoint_models`, :func:`fleet_gpus`,
   :func:`set_point_instances` (pure; also used by reports and benches).
-* :meth:`FleetViewMixin.snapshot`: everything a tick reads, in one round trip (it also
-  writes the solve times noted since the last call, ``_write_solve_stats``).
-* :meth:`FleetViewMixin.fleet_state`: the :class:`makespan.planner.model.FleetState` (free times
+* :func:`read_snapshot` (the :class:`ReadSnapshot` step): everything a tick reads, in one
+  round trip, as a frozen :class:`makespan.workers.tick.context.Snapshot` (it also writes
+  the solve times noted since the last call, :func:`queue_solve_stats`).
+* :func:`read_fleet_state` (the :class:`ReadFleet` step): the
+  :class:`makespan.planner.model.FleetState` (free times
   and ``now_s`` in workload seconds, residents, set point, the endpoints asleep on each GPU
   from the instance registry, so the planner plans the wake the worker will do) and the
   busy GPUs; the endpoint models' durations are the learned ones
   (:func:`learned_endpoint_models`, refreshed every LEARNED_REFRESH_S).
-* :meth:`FleetViewMixin._note_demand`: the future-cost inputs (demand weight and work
+* :func:`note_demand` (the :class:`NoteDemand` step): the future-cost inputs (demand weight and work
   share per endpoint) from the arrivals of the last ``DEMAND_WINDOW_S`` workload seconds,
   as the simulator computes them.
 
-Mixed into :class:`makespan.workers.planner_worker.PlannerWorker`; uses its Redis client, leases,
-keys, settings, fleet, GPUs, endpoints, ``_solve_stats``, ``_recent`` and ``now_s``.
+What lives across ticks (the learned models and when they were read, the solve times
+not yet written, the recent arrivals) is in :class:`makespan.workers.tick.context.CrossTickState`.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from types import MappingProxyType
+
+import redis
 
 from makespan.errors import StoreError
 from makespan.estimates import Windows, prior_s, read_transition_windows, transition_estimate
@@ -26,7 +33,9 @@ from makespan.planner.simulator import _demand, _share
 from makespan.planner.model import EndpointModel, FleetState, Gpu, PlanJob
 from makespan.workers.drivers.base import Instance
 from makespan.workers.drivers.registry import list_instances
+from makespan.keys import Keys
 from makespan.workers.phases import parse_instance
+from makespan.workers.tick.context import CrossTickState, Snapshot, TickContext, TickEnv
 
 STATS_KEEP = 10_000  # solve-time records kept in P:planner:solve_s
 DEMAND_WINDOW_S = 1800.0  # workload seconds of arrivals that define recent demand
@@ -85,107 +94,169 @@ def set_point_instances(fleet: FleetSpec) -> list[tuple[str, list[str]]]:
     return out
 
 
-class FleetViewMixin:
-    def snapshot(self) -> dict:
-        """What every tick reads, in one round trip: expired lease ids (on the Redis
-        server's clock), the number of open agenda entries, GPU holders and residents
-        (MGET, fleet order), whether a workload is active, and the first ``batch_size``
-        ids of every queue (CRITICAL first)."""
-        uuids = [g.uuid for g in self.gpus]
-        p = self.r.pipeline(transaction=False)
-        self._write_solve_stats(p)
-        self.leases.expired(pipe=p)  # on the Redis server's clock
-        p.zcard(self.keys.agenda_index)
-        p.mget([self.keys.gpu(u) for u in uuids])
-        p.mget([self.keys.resident(u) for u in uuids])
-        p.scard(self.keys.workloads_active)
-        for q in self.keys.queues():
-            p.zrange(q, 0, self.settings.batch_size - 1)
-        expired, agenda, held, res, workloads, *heads = p.execute()[-(5 + len(Priority)):]
-        return {"expired": expired, "agenda": agenda, "held": held, "resident": res, "workloads": workloads,
-                "heads": dict(zip(Priority, heads))}
+class ReadSnapshot:
+    """Step: read the tick's :class:`Snapshot` (:func:`read_snapshot`) into ``ctx.snapshot``."""
 
-    def _write_solve_stats(self, p) -> None:
-        """Queue the solve times noted since the last call on pipeline ``p`` (the list
-        ``P:planner:solve_s``, ``seconds:batch size``, capped at STATS_KEEP)."""
-        if self._solve_stats:
-            p.rpush(f"{self.keys.prefix}:planner:solve_s", *self._solve_stats)
-            p.ltrim(f"{self.keys.prefix}:planner:solve_s", -STATS_KEEP, -1)
-            self._solve_stats = []
+    name = "read snapshot"
 
-    def fleet_state(self, snap: dict | None = None) -> tuple[FleetState, set[str]]:
-        """The planner's view of the fleet (free times, residents, set point) and the busy
-        GPUs, from ``snap`` (:meth:`snapshot`) or read now."""
-        uuids = [g.uuid for g in self.gpus]
-        if snap is None:
-            p = self.r.pipeline(transaction=False)
-            p.mget([self.keys.gpu(u) for u in uuids])
-            p.mget([self.keys.resident(u) for u in uuids])
-            held, res = p.execute()
+    def run(self, ctx: TickContext) -> None:
+        ctx.snapshot = read_snapshot(ctx.env, ctx.kept)
+
+
+class ReadFleet:
+    """Step: the planner's view of the fleet (:func:`read_fleet_state`) into
+    ``ctx.fleet_state`` and ``ctx.lease_job``, when the tick plans a batch or writes the
+    wait reasons of the unready steps and the jobs left out of an empty batch."""
+
+    name = "read fleet"
+
+    def run(self, ctx: TickContext) -> None:
+        formed = ctx.formed
+        if not (ctx.batch or (ctx.batch_formed and (formed.unready or formed.left_out))):
+            return
+        snapshot = ctx.snapshot
+        assert snapshot is not None, "ReadSnapshot runs before ReadFleet"
+        view = read_fleet_state(ctx.env, ctx.kept, snapshot.gpu_holders, snapshot.residents)
+        ctx.fleet_state, ctx.lease_job = view.state, view.lease_job
+
+
+class NoteDemand:
+    """Step: the fleet state's future-cost inputs (:func:`note_demand`), when there is a batch."""
+
+    name = "note demand"
+
+    def run(self, ctx: TickContext) -> None:
+        if ctx.batch:
+            assert ctx.fleet_state is not None, "ReadFleet runs before NoteDemand"
+            note_demand(ctx.kept, ctx.batch, ctx.fleet_state)
+
+
+def read_snapshot(env: TickEnv, kept: CrossTickState) -> Snapshot:
+    """What every tick reads, in one round trip: expired lease ids (on the Redis server's
+    clock), the number of open agenda entries, GPU holders and residents (MGET, fleet
+    order), whether a workload is active, and the first ``batch_size`` ids of every queue
+    (CRITICAL first). The same round trip writes the solve times in ``kept``.
+
+    Raises:
+        redis.RedisError: Redis failed."""
+    uuids = [gpu.uuid for gpu in env.gpus]
+    pipe = env.r.pipeline(transaction=False)
+    queue_solve_stats(pipe, env.keys, kept)
+    env.leases.expired(pipe=pipe)  # on the Redis server's clock
+    pipe.zcard(env.keys.agenda_index)
+    pipe.mget([env.keys.gpu(gpu) for gpu in uuids])
+    pipe.mget([env.keys.resident(gpu) for gpu in uuids])
+    pipe.scard(env.keys.workloads_active)
+    for queue in env.keys.queues():
+        pipe.zrange(queue, 0, env.settings.batch_size - 1)
+    expired, agenda, held, residents, workloads, *heads = pipe.execute()[-(5 + len(Priority)):]
+    return Snapshot(tuple(expired or ()), int(agenda), tuple(held), tuple(residents), int(workloads),
+                    MappingProxyType({level: tuple(ids) for level, ids in zip(Priority, heads)}))
+
+
+def queue_solve_stats(pipe: redis.client.Pipeline, keys: Keys, kept: CrossTickState) -> None:
+    """Queue the solve times noted since the last call on pipeline ``p`` (the list
+    ``P:planner:solve_s``, ``seconds:batch size``, capped at STATS_KEEP) and forget them."""
+    if kept.solve_stats:
+        pipe.rpush(f"{keys.prefix}:planner:solve_s", *kept.solve_stats)
+        pipe.ltrim(f"{keys.prefix}:planner:solve_s", -STATS_KEEP, -1)
+        kept.solve_stats = []
+
+
+@dataclass(frozen=True)
+class FleetView:
+    """:func:`read_fleet_state`'s answer."""
+
+    state: FleetState
+    busy: set[str]  # UUIDs of the GPUs a lease holds
+    lease_job: dict[str, str]  # GPU UUID -> id of the job whose lease holds it (wait reasons)
+
+
+def read_fleet_gpus(env: TickEnv) -> tuple[tuple[str | None, ...], tuple[str | None, ...]]:
+    """(GPU holders, residents), fleet order, read now (one round trip)."""
+    uuids = [gpu.uuid for gpu in env.gpus]
+    pipe = env.r.pipeline(transaction=False)
+    pipe.mget([env.keys.gpu(gpu) for gpu in uuids])
+    pipe.mget([env.keys.resident(gpu) for gpu in uuids])
+    held, residents = pipe.execute()
+    return tuple(held), tuple(residents)
+
+
+def read_fleet_state(env: TickEnv, kept: CrossTickState, held: tuple[str | None, ...],
+                     residents: tuple[str | None, ...]) -> FleetView:
+    """The planner's view of the fleet (free times and ``now_s`` in workload s, residents,
+    set point, the endpoints asleep on each GPU), the busy GPUs and each held GPU's job,
+    from the GPU holders ``held`` and residents ``res`` (fleet order, as the snapshot or
+    :func:`read_fleet_gpus` read them). Refreshes ``kept.endpoints`` (:func:`refresh_learned`).
+
+    Raises:
+        redis.RedisError: Redis failed."""
+    uuids = [gpu.uuid for gpu in env.gpus]
+    now = env.now_s()
+    free_at: dict[str, float] = {}
+    busy: set[str] = set()
+    lease_ids = sorted({holder.split(":")[0] for holder in held if holder})
+    ends: dict[str, float] = {}
+    job_of: dict[str, str] = {}
+    if lease_ids:
+        pipe = env.r.pipeline(transaction=False)
+        for lease_id in lease_ids:
+            pipe.hmget(env.keys.lease(lease_id), "planned_end_s", "job")
+        got = pipe.execute()
+        ends = {lease_id: float(planned_end) if planned_end else now
+                for lease_id, (planned_end, _job) in zip(lease_ids, got)}
+        job_of = {lease_id: job for lease_id, (_planned_end, job) in zip(lease_ids, got) if job}
+    lease_job = {gpu: job_of[holder.split(":")[0]] for gpu, holder in zip(uuids, held)
+                 if holder and holder.split(":")[0] in job_of}  # GPU -> job holding it (wait reasons)
+    # a held GPU whose holder overran its planned end is not free now: it frees at a
+    # release the planner cannot date, so it counts as busy for at least one more tick
+    # (else a plan would start a job "now" on it, the tick would skip that job, and
+    # lower-priority jobs would take the GPUs that are really free)
+    held_min_s = now + env.settings.planner_tick_s / env.settings.time_scale
+    for gpu, holder in zip(uuids, held):
+        if holder:
+            busy.add(gpu)
+            free_at[gpu] = max(held_min_s, ends.get(holder.split(":")[0], now))
         else:
-            held, res = snap["held"], snap["resident"]
-        now = self.now_s()
-        free_at: dict[str, float] = {}
-        busy: set[str] = set()
-        lease_ids = sorted({v.split(":")[0] for v in held if v})
-        ends: dict[str, float] = {}
-        job_of: dict[str, str] = {}
-        if lease_ids:
-            p = self.r.pipeline(transaction=False)
-            for lid in lease_ids:
-                p.hmget(self.keys.lease(lid), "planned_end_s", "job")
-            got = p.execute()
-            ends = {lid: float(pe) if pe else now for lid, (pe, _j) in zip(lease_ids, got)}
-            job_of = {lid: j for lid, (_pe, j) in zip(lease_ids, got) if j}
-        self._lease_job = {u: job_of[v.split(":")[0]] for u, v in zip(uuids, held)
-                           if v and v.split(":")[0] in job_of}  # GPU -> job holding it (wait reasons)
-        # a held GPU whose holder overran its planned end is not free now: it frees at a
-        # release the planner cannot date, so it counts as busy for at least one more tick
-        # (else a plan would start a job "now" on it, the tick would skip that job, and
-        # lower-priority jobs would take the GPUs that are really free)
-        held_min_s = now + self.settings.planner_tick_s / self.settings.time_scale
-        for u, v in zip(uuids, held):
-            if v:
-                busy.add(u)
-                free_at[u] = max(held_min_s, ends.get(v.split(":")[0], now))
-            else:
-                free_at[u] = now
-        resident = {}
-        for u, v in zip(uuids, res):
-            inst = parse_instance(v)
-            resident[u] = inst[0] if inst else None
-        sp = self.fleet.set_point_by_gpu()
-        self._refresh_learned()
-        asleep = asleep_by_gpu(list_instances(self.r, self.keys, with_state=True))
-        return FleetState(now, self.gpus, self.endpoints, free_at, resident, sp, asleep=asleep,
-                          set_point_weight=self.settings.set_point_weight,
-                          host_ram_mib=self.fleet.host_ram_budgets()), busy
+            free_at[gpu] = now
+    resident = {}
+    for gpu, value in zip(uuids, residents):
+        instance = parse_instance(value)
+        resident[gpu] = instance[0] if instance else None
+    set_point = env.fleet.set_point_by_gpu()
+    refresh_learned(env, kept)
+    asleep = asleep_by_gpu(list_instances(env.r, env.keys, with_state=True))
+    state = FleetState(now, list(env.gpus), kept.endpoints, free_at, resident, set_point, asleep=asleep,
+                       set_point_weight=env.settings.set_point_weight, host_ram_mib=env.fleet.host_ram_budgets())
+    return FleetView(state, busy, lease_job)
 
-    def _refresh_learned(self) -> None:
-        """Every LEARNED_REFRESH_S (wall): ``self.endpoints`` from the learned transition
-        durations (:func:`learned_endpoint_models`); kept as they were when Redis fails."""
-        import time
 
-        now = time.monotonic()
-        if now - getattr(self, "_learned_at", -LEARNED_REFRESH_S) < LEARNED_REFRESH_S:
-            return
-        self._learned_at = now
-        try:
-            windows = read_transition_windows(self.r, self.keys, self.fleet.endpoints, [h.name for h in self.fleet.hosts])
-        except StoreError:
-            return
-        self.endpoints = learned_endpoint_models(self.fleet, windows, self.settings.transition_min_observations,
-                                                 self.settings.transition_quantile)
+def refresh_learned(env: TickEnv, kept: CrossTickState) -> None:
+    """Every LEARNED_REFRESH_S (``env.clock.monotonic``): ``kept.endpoints`` from the learned
+    transition durations (:func:`learned_endpoint_models`); kept as they were when Redis fails."""
+    now = env.clock.monotonic()
+    if now - kept.learned_at_s < LEARNED_REFRESH_S:
+        return
+    kept.learned_at_s = now
+    try:
+        windows = read_transition_windows(env.r, env.keys, env.fleet.endpoints, [h.name for h in env.fleet.hosts])
+    except StoreError:
+        return
+    kept.endpoints = learned_endpoint_models(env.fleet, windows, env.settings.transition_min_observations,
+                                             env.settings.transition_quantile)
 
-    def _note_demand(self, batch: list[PlanJob], state: FleetState) -> None:
-        """Fill the planner's future-cost inputs from arrivals of the last DEMAND_WINDOW_S
-        workload seconds (as the simulator does): demand weight and work share per endpoint."""
-        for j in batch:
-            self._recent.setdefault(j.id, j)
-        horizon = state.now_s - DEMAND_WINDOW_S
-        if len(self._recent) > DEMAND_KEEP or any(j.release_s < horizon for j in self._recent.values()):
-            keep = sorted((j for j in self._recent.values() if j.release_s >= horizon), key=lambda j: j.release_s)
-            self._recent = {j.id: j for j in keep[-DEMAND_KEEP:]}
-        recent = list(self._recent.values())
-        state.demand = _demand(recent)
-        state.demand_share = _share(recent, state)
+
+def note_demand(kept: CrossTickState, batch: list[PlanJob], state: FleetState) -> None:
+    """Fill the planner's future-cost inputs (``state.demand``, ``state.demand_share``) from
+    arrivals of the last DEMAND_WINDOW_S workload seconds (as the simulator does): demand
+    weight and work share per endpoint. ``kept.recent_jobs`` remembers the arrivals."""
+    for job in batch:
+        kept.recent_jobs.setdefault(job.id, job)
+    horizon = state.now_s - DEMAND_WINDOW_S
+    if len(kept.recent_jobs) > DEMAND_KEEP or any(job.release_s < horizon for job in kept.recent_jobs.values()):
+        keep = sorted((job for job in kept.recent_jobs.values() if job.release_s >= horizon),
+                      key=lambda job: job.release_s)
+        kept.recent_jobs = {job.id: job for job in keep[-DEMAND_KEEP:]}
+    recent = list(kept.recent_jobs.values())
+    state.demand = _demand(recent)
+    state.demand_share = _share(recent, state)

@@ -27,7 +27,7 @@ The child therefore runs at an added niceness (``child_nice``; the live planner'
 less done within its limit. On the shared 2-core machine of 2026-11-30 (load 2.4–5.3),
 the portfolio tick on 256 jobs/32 GPUs took, at p50, 1.6–4.0 × its time alone beside a
 thread's solve, 1.7–3.3 × beside a child at nice 0, 1.16–1.77 × at nice 5 and
-1.05–1.35 × at nice 10 (``bench/planner_tick.py --beside-solve``; docs/planner.md, "The
+1.05–1.35 × at nice 10 (``bench/planner_tick.py --beside-solve``; bench/RESULTS.md, "The
 live improver: thread or process"): there the CPU, not the GIL, was what the tick lacked.
 
 The child starts on the first offer (about 1.4 s of imports, in the child; about 100 MiB
@@ -64,9 +64,10 @@ from concurrent.futures import BrokenExecutor, Executor, Future, ProcessPoolExec
 from makespan import metrics
 from makespan.errors import ValidationError
 from makespan.settings import IMPROVER_EXECUTORS, IMPROVER_NICE_MAX
-from makespan.planner.api import POLICY_OBJECTIVE, plan as run_policy
+from makespan.planner.api import plan as run_policy
 from makespan.planner.evaluator import score
 from makespan.planner.model import FleetState, Plan, PlanJob
+from makespan.planner.policies import POLICY_REGISTRY
 from makespan.planner.previous import repair
 
 log = logging.getLogger("makespan.planner")
@@ -130,10 +131,10 @@ class BackgroundImprover:
     """Runs ``policy`` (``default``/``cpsat``/``tardiness``) on the batches it is offered,
     at most one at a time, in one child process (or thread); the newest result is kept
     for :meth:`best`, which compares plans by the policy's objective
-    (:data:`makespan.planner.api.POLICY_OBJECTIVE`; the floor must be scored for it too).
+    (:attr:`makespan.planner.policies.Policy.objective`; the floor must be scored for it too).
 
     Args:
-        policy: the solver policy name.
+        policy: the name of a policy with :attr:`makespan.planner.policies.Policy.improver`.
         time_limit_s: its time limit per batch, s.
         num_workers: CP-SAT search workers.
         executor: ``"process"`` (default) or ``"thread"`` (module doc).
@@ -159,7 +160,7 @@ class BackgroundImprover:
             raise ValidationError("improver_nice", child_nice, f"must be between 0 and {IMPROVER_NICE_MAX}")
         self.policy, self.time_limit_s, self.num_workers = policy, time_limit_s, num_workers
         self.executor, self.child_nice = executor, child_nice
-        self.objective = POLICY_OBJECTIVE.get(policy, "weighted_completion")
+        self.objective = POLICY_REGISTRY.lookup(policy).objective
         self._lock = threading.Lock()
         self._busy = False
         self._closed = False

@@ -13,16 +13,13 @@ later stay queued and are planned again next tick (rolling horizon). It starts t
 plan's set-point restores that start now (a set-point group the plan leaves idle); when
 nothing is queued or running it restores every set point and checks the drain.
 
-This module holds :class:`PlannerWorker`'s leadership (lock, fencing token, standby),
-its run loop and the tick itself; the tick's parts are mixins, one module each:
-
-* :mod:`makespan.workers.batch` (``BatchMixin``): the batch, read from the queues;
-* :mod:`makespan.workers.fleet_view` (``FleetViewMixin``): the tick's snapshot, the fleet state
-  and demand inputs (and the fleet spec → planner model helpers);
-* :mod:`makespan.workers.starts` (``StartMixin``): leasing planned jobs and sending their phases;
-* :mod:`makespan.workers.preemption` (``PreemptionMixin``): preempting for CRITICAL/HIGH jobs;
-* :mod:`makespan.workers.drain` (``SetPointMixin``): set-point restores and the drain check;
-* :mod:`makespan.workers.wait_reasons` (``WaitReasonMixin``): each waiting job's reason and ETA.
+This module holds :class:`PlannerWorker`: leadership (lock, fencing token, standby), its
+run loop and the step list. A tick is the steps of
+:data:`makespan.workers.tick.steps.TICK_STEPS`, run in that order over one fresh
+:class:`makespan.workers.tick.context.TickContext` (the worker's fixed parts, its
+:class:`~makespan.workers.tick.context.CrossTickState`, the fencing token); the table in
+:mod:`makespan.workers.tick.steps` names each step and its module. The worker's clock is
+injected (``clock=``, a :class:`makespan.workers.tick.clock.Clock`; default the system clock).
 """
 
 from __future__ import annotations
@@ -32,62 +29,64 @@ import os
 import threading
 import time
 import uuid
+from typing import TYPE_CHECKING, Any
 
 import redis
 from redis.exceptions import LockError, LockNotOwnedError
 
-from makespan import events, metrics, telemetry
+from makespan import events, telemetry
 from makespan.errors import LeaseError, RedisConfigError, StoreError
 from makespan.keys import Keys
 from makespan.models import FleetSpec, Priority, fleet_version
+from makespan.planner.model import FleetState, PlanJob
 from makespan.redis_conn import check_eviction_policy
 from makespan.settings import Settings
-from makespan.planner.api import POLICY_OBJECTIVE, lane_replan, plan
-from makespan.planner import fast_lane
-from makespan.planner.reservation import enforce
-from makespan.planner.model import FleetState, Plan, PlanJob
-from makespan.planner.replay import state_after
-from makespan.workers.batch import BatchMixin
-from makespan.workers.drain import SetPointMixin
-from makespan.workers.fleet_view import FleetViewMixin, endpoint_models, fleet_gpus, set_point_instances
+from makespan.workers.batch import form_batch
+from makespan.workers.drain import check_drain
+from makespan.workers.fleet_view import (endpoint_models, fleet_gpus, queue_solve_stats, read_fleet_gpus,
+                                         read_fleet_state, set_point_instances)
 from makespan.workers.improver import BackgroundImprover
 from makespan.workers.leases import LeaseStore
-from makespan.workers.plan_view import publish_plan
-from makespan.workers.preemption import PreemptionMixin
-from makespan.workers.starts import StartMixin
-from makespan.workers.wait_reasons import WaitReasonMixin
+from makespan.workers.tick.clock import Clock, SystemClock
+from makespan.workers.tick.context import CrossTickState, Dispatch, TickContext, TickEnv
+from makespan.planner.policies import POLICY_REGISTRY
+from makespan.workers.tick.steps import TICK_STEPS, Step
+
+if TYPE_CHECKING:  # pragma: no cover - types only
+    from makespan.workers.agenda import AgendaTracker
 
 log = logging.getLogger("makespan.planner")
 
-SOLVER_POLICIES = ("default", "cpsat", "tardiness")  # run as a greedy floor per tick + the improver off the tick
-FLOOR_POLICY = {"tardiness": "tardiness-portfolio"}  # the per-tick floor of a solver policy (else portfolio)
+__all__ = ["PlannerWorker"]
 
 
-class PlannerWorker(BatchMixin, FleetViewMixin, StartMixin, PreemptionMixin, SetPointMixin, WaitReasonMixin):
-    """One planner process. ``run()`` loops until ``stop()``; ``tick()`` is one cycle."""
+class PlannerWorker:
+    """One planner process. ``run()`` loops until ``stop()``; ``tick()`` is one cycle.
 
-    def __init__(self, r: redis.Redis, settings: Settings, fleet: FleetSpec, dispatch=None, name: str | None = None):
+    Args:
+        r: the Redis client (``decode_responses=True``).
+        settings: the planner's settings.
+        fleet: the fleet file.
+        dispatch: sends a phase chain to a host queue (tests capture it); default
+            :func:`makespan.workers.tasks.dispatch`.
+        name: this planner's name in events and logs (default ``planner-{pid}-{hex}``).
+        clock: the planner's clock (:class:`makespan.workers.tick.clock.Clock`; tests pass a
+            ``ManualClock``); default :class:`~makespan.workers.tick.clock.SystemClock`.
+    """
+
+    steps: tuple[Step, ...] = TICK_STEPS  # the tick, in order (makespan.workers.tick.steps)
+
+    def __init__(self, r: redis.Redis, settings: Settings, fleet: FleetSpec, dispatch: Dispatch | None = None,
+                 name: str | None = None, clock: Clock | None = None):
         self.r, self.settings, self.fleet = r, settings, fleet
+        self.clock: Clock = clock if clock is not None else SystemClock()
         self.keys = Keys(settings.key_prefix)
         self.leases = LeaseStore(r, self.keys)
         self.name = name or f"planner-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-        self.endpoints = endpoint_models(fleet)
-        self.gpus = fleet_gpus(fleet)
-        self.set_points = set_point_instances(fleet)
-        self._dispatch = dispatch
-        self._solve_stats: list[str] = []
         self._stop = threading.Event()
-        self.token = ""
+        self.token = ""  # the fencing token while leading ('' = unchecked: tests tick by hand)
         self.lost = threading.Event()
-        self._idle_checked = False
-        self.tick_again = False
-        self._meta: dict[str, tuple[str, float]] = {}
-        self._recent: dict[str, PlanJob] = {}
-        self.improver = (BackgroundImprover(settings.policy, settings.solve_time_limit_s,
-                                            executor=settings.improver_executor,
-                                            child_nice=settings.improver_nice)
-                         if settings.policy in SOLVER_POLICIES else None)
-        self._last_tp: dict[str, str] = {}  # GPU -> traceparent of the last job leased on it
+        self.tick_again = False  # the last tick may be followed at once by another (tick doc)
         self.lock_ttl_s = max(settings.lease_ttl_s / 2, 1.0)
         from makespan.workers.retention import Retention
 
@@ -95,12 +94,26 @@ class PlannerWorker(BatchMixin, FleetViewMixin, StartMixin, PreemptionMixin, Set
         from makespan.workers.delayed import DelayedJobs
 
         self.delayed = DelayedJobs(r, self.keys)
+        self.agenda: AgendaTracker | None = None
         try:
             from makespan.workers.agenda import AgendaTracker
 
             self.agenda = AgendaTracker(r, self.keys)
         except ImportError:  # pragma: no cover
-            self.agenda = None
+            pass
+        self.env = TickEnv(r, settings, fleet, self.keys, self.leases, self.delayed, self.retention, self.agenda,
+                           tuple(fleet_gpus(fleet)),
+                           tuple((endpoint, tuple(gpus)) for endpoint, gpus in set_point_instances(fleet)),
+                           self.clock, dispatch)
+        improver = (BackgroundImprover(settings.policy, settings.solve_time_limit_s,
+                                       executor=settings.improver_executor, child_nice=settings.improver_nice)
+                    if POLICY_REGISTRY.lookup(settings.policy).improver else None)
+        self.kept = CrossTickState(endpoints=endpoint_models(fleet), improver=improver)
+
+    @property
+    def improver(self) -> BackgroundImprover | None:
+        """The background improver of a solver policy (None for the others)."""
+        return self.kept.improver
 
     # -- leadership ----------------------------------------------------------------------
     def _lead(self):
@@ -213,7 +226,7 @@ class PlannerWorker(BatchMixin, FleetViewMixin, StartMixin, PreemptionMixin, Set
                 self._wait_for_work()
         try:
             p = self.r.pipeline(transaction=False)
-            self._write_solve_stats(p)
+            queue_solve_stats(p, self.keys, self.kept)
             p.execute()
             lock.release()
         except (LockError, redis.RedisError):
@@ -221,103 +234,38 @@ class PlannerWorker(BatchMixin, FleetViewMixin, StartMixin, PreemptionMixin, Set
 
     # -- one cycle -----------------------------------------------------------------------
     def now_s(self) -> float:
-        return time.time() / self.settings.time_scale
+        """The workload clock, s (the clock's unix time ÷ ``time_scale``)."""
+        return self.env.now_s()
 
     def tick(self) -> bool:
-        """One planning cycle. Returns True if it dispatched anything. ``tick_again``
-        says whether another tick may start more at once (it dispatched, and a GPU is
-        still free or a CRITICAL/HIGH job waits); else the loop sleeps until woken."""
+        """One planning cycle: the steps of :attr:`steps` over a fresh context. Returns True
+        if it dispatched anything. ``tick_again`` says whether another tick may start more
+        at once (it dispatched, and a GPU is still free or a CRITICAL/HIGH job waits); else
+        the loop sleeps until woken.
+
+        Raises:
+            LeaseError: the planner was fenced off (another planner leads).
+            redis.RedisError, StoreError: Redis failed."""
         self.tick_again = False
-        self.victims_now = []
-        self.retention.maybe_sweep()
-        self.delayed.promote(self.token)  # due delayed jobs (delay_s, retry backoff) join their queue
-        snap = self.snapshot()
-        if snap["expired"]:
-            reclaimed = self.leases.reclaim_expired(self.settings.max_attempts, self.settings.retry_backoff_s,
-                                                    self.settings.retry_backoff_max_s, expired=snap["expired"])
-            if reclaimed:
-                log.warning("reclaimed expired leases: %s", reclaimed)
-                for _ in range(sum(reclaimed.values())):
-                    metrics.lease_reclaimed()
-            if reclaimed.get("requeued") and self.settings.retry_backoff_s > 0:  # now in P:delayed: wake up
-                first_wait_s = min(self.settings.retry_backoff_s, self.settings.retry_backoff_max_s)
-                self.delayed.note_due(self.delayed.server_now_s() + first_wait_s)  # when the first is due
-            snap = self.snapshot()  # reclaims freed GPUs and requeued jobs
-        if self.agenda is not None and snap["agenda"]:
-            self.agenda.reap()
-        busy = {g.uuid for g, v in zip(self.gpus, snap["held"]) if v}
-        heads = None if snap["workloads"] else snap["heads"]
-        may_preempt = bool(snap["heads"][Priority.CRITICAL] or snap["heads"][Priority.HIGH])
-        formed = len(busy) < len(self.gpus) or may_preempt
-        batch = self.form_batch(heads) if formed else []
-        if not batch:
-            if formed and (self._unready or self._left_out):  # only unready steps read: say why they wait
-                self._write_wait_reasons([], self.fleet_state(snap)[0], Plan(self.settings.policy, []), set())
-            elif formed:  # nothing queued: no job waits for any reason
-                self._clear_reason_counts()
-            return self._idle(busy) if len(busy) < len(self.gpus) else False
-        state, busy = self.fleet_state(snap)
-        self._note_demand(batch, state)
-        self._idle_checked = False
-        t0 = time.perf_counter()
-        if self.improver is not None:  # a solver policy: greedy floor now, CP-SAT off the tick
-            floor = plan(batch, state, FLOOR_POLICY.get(self.settings.policy, "portfolio"))
-            p = self.improver.best(floor, batch, state)
-        else:
-            p = plan(batch, state, self.settings.policy, time_limit_s=self.settings.solve_time_limit_s)
-        # no starvation: the aged job's reservation, backfilled (makespan.planner.reservation)
-        p, res = enforce(p, batch, state, self.settings.reservation_after_s,
-                         POLICY_OBJECTIVE.get(self.settings.policy, "weighted_completion"))
-        self.reservations = {x.job_id: x for x in res}
-        # no class worse off than strict priority: the fast lane's levels (makespan.planner.fast_lane)
-        p, _late = fast_lane.enforce(p, batch, state, self.settings.fast_lane_levels,
-                                     objective=POLICY_OBJECTIVE.get(self.settings.policy, "weighted_completion"),
-                                     replan=lane_replan(self.settings.policy))
-        solve_s = time.perf_counter() - t0
-        metrics.observe_solve(solve_s, len(batch))
-        self._solve_stats.append(f"{solve_s:.6f}:{len(batch)}")  # written with the next snapshot
-        publish_plan(self.r, self.keys, p, batch, state.now_s, self.settings.time_scale)  # P:plan, for the dashboard
-        jobs = {j.id: j for j in batch}
-        taken: set[str] = set(busy)
-        dispatched: set[str] = set()
-        eps = 1e-6 * max(1.0, abs(state.now_s))
-        starts = []
-        for a in sorted(p.assignments, key=lambda a: (a.start_s, a.end_s)):
-            if a.start_s > state.now_s + eps or taken.intersection(a.gpus):
-                continue
-            taken.update(a.gpus)
-            starts.append((jobs[a.job_id], a.gpus, a.end_s, a.load))
-        # the plan's transition choice per start (issue 20 point 3), read by StartMixin._started
-        self._planned_sleep = {a.job_id: dict(a.sleep_levels) for a in p.assignments if a.sleep_levels}
-        # everything here starts now: lease in priority order (a CRITICAL job's lease is never
-        # issued after a LOW job's of the same tick), then submission order
-        starts.sort(key=lambda s: (s[0].priority, s[0].seq))
-        started = self._start_many(starts)
-        dispatched |= started
-        waiting = [j for j in batch if j.id not in dispatched and j.priority <= int(Priority.HIGH)]
-        self.requeued_now, self.victims_now = 0, []
-        if waiting:  # scored or by the rule (workers/preemption.py)
-            dispatched |= self._preempt(waiting, state, taken, batch, p, started)
-        if not self.requeued_now:  # victims back in the queue are not in the batch: p may not leave GPUs idle
-            self._restore_planned(batch, state, p, taken)
-        if self.improver is not None:
-            self._offer_rest(batch, state, p, started, dispatched)
-        self._write_wait_reasons(batch, state, p, dispatched)  # one script: reason and ETA of each job left waiting
-        # tick again at once only if another tick may start something: a GPU is still free
-        # or a CRITICAL/HIGH job still waits; else sleep until a release or submission
-        self.tick_again = bool(dispatched) and (len(taken) < len(self.gpus) or bool(waiting))
-        return bool(dispatched)
+        ctx = TickContext(self.env, self.kept, self.token)
+        for step in self.steps:
+            step.run(ctx)
+        self.tick_again = ctx.tick_again()
+        return bool(ctx.dispatched)
 
-    def _offer_rest(self, batch: list[PlanJob], state: FleetState, p, started: set[str],
-                    dispatched: set[str]) -> None:
-        """Hand the jobs this tick left queued to the background improver, on the fleet as
-        the plan's starts of this tick (``started``) leave it, replayed (GPUs busy until
-        their planned end, evicted endpoints asleep where they have a sleep mode). Jobs
-        started by preemption keep the victims' GPUs busy as the state has them."""
-        rest = [j for j in batch if j.id not in dispatched]
-        horizon_s = (max((a.end_s for a in p.assignments), default=state.now_s) - state.now_s) * self.settings.time_scale
-        if not rest or not self.improver.worth_solving(horizon_s):
-            return
-        jobs = {j.id: j for j in batch}
-        self.improver.offer(rest, state_after(state, jobs, p.assignments, started))
+    # -- one part of a tick, by hand (tools and tests) ----------------------------------
+    def form_batch(self, heads: dict[Priority, list[str]] | None = None) -> list[PlanJob]:
+        """The batch a tick would form now (:func:`makespan.workers.batch.form_batch`), with
+        this planner's token (its fenced drops and cancels apply)."""
+        return form_batch(self.env, self.token, heads).jobs
 
+    def fleet_state(self) -> tuple[FleetState, set[str]]:
+        """The planner's view of the fleet read now, and the busy GPUs
+        (:func:`makespan.workers.fleet_view.read_fleet_state`)."""
+        held, res = read_fleet_gpus(self.env)
+        view = read_fleet_state(self.env, self.kept, held, res)
+        return view.state, view.busy
+
+    def check_drain(self) -> dict[str, Any]:
+        """Count what a drained fleet must not hold (:func:`makespan.workers.drain.check_drain`)."""
+        return check_drain(self.env)

@@ -5,8 +5,8 @@ Two deciders, one execution path (``preempt`` each victim lease, then ``_start``
 preemptor on the cleared group in the same tick, so a victim is never re-leased the GPUs
 it lost before its preemptor starts):
 
-* scored (``Settings.preemption == "plan"`` and the policy in
-  :data:`makespan.planner.api.PREEMPTION_FLOOR`): the running holders are read from the leases
+* scored (``Settings.preemption == "plan"`` and a policy with a floor,
+  :attr:`makespan.planner.policies.Policy.floor`): the running holders are read from the leases
   and job records (``FleetState.running``) and :func:`makespan.planner.preemption_plan.decide`
   trades each candidate preemption against waiting with the policy's greedy floor;
 * the fixed rule (:func:`makespan.planner.preemption.choose_preemption`) otherwise.
@@ -26,8 +26,9 @@ candidate, and both are bounded (docs/planner.md, "Guarantees"): a job preempted
 than ``Settings.preemption_min_runtime_s`` ago is not preemptable
 (:func:`makespan.planner.preemption.victim_allowed`).
 
-Mixed into :class:`makespan.workers.planner_worker.PlannerWorker`; uses its Redis client,
-keys, endpoints, fencing token and ``_start``.
+The tick's step is :class:`Preempt`; it starts each preemptor with
+:func:`makespan.workers.starts.start_job` and notes the victims in the tick's context
+(``requeued_now``, ``victims``: their wait reason is ``preempted_requeued``).
 """
 
 from __future__ import annotations
@@ -38,179 +39,203 @@ from makespan import metrics
 from makespan.awaited import queue_awaited_running
 from makespan.models import Priority
 from makespan.planner import preemption_plan
-from makespan.planner.api import POLICIES, POLICY_OBJECTIVE, PREEMPTION_FLOOR
-from makespan.planner.model import FleetState, Plan, PlanJob, RunningJob
+from makespan.planner.policies import POLICY_REGISTRY
+from makespan.planner.model import FleetState, PlanJob, RunningJob
 from makespan.planner.preemption import Holder, choose_preemption, victim_allowed
 from makespan.planner.replay import state_after
 from makespan.workers.leases import preempt
+from makespan.workers.starts import start_job
+from makespan.workers.tick.context import TickContext
 
 log = logging.getLogger("makespan.planner")
 
 
-class PreemptionMixin:
-    requeued_now = 0  # victims put back in their queue this tick (the tick resets it)
-    victims_now: list[str] = []  # job ids of those victims (their wait reason: preempted_requeued)
-    awaited: set[str] = set()  # job ids a waiting job waits on (form_batch, then the index): never victims
+class Preempt:
+    """Step: preempt for the batch's CRITICAL/HIGH jobs that the plan's starts left
+    waiting (module doc). Writes ``waiting``, ``requeued_now`` and ``victims``; extends
+    ``taken`` and ``dispatched`` with the preemptors started."""
 
-    def _preempt(self, waiting: list[PlanJob], state: FleetState, taken: set[str], batch: list[PlanJob],
-                 p: Plan, started: set[str]) -> set[str]:
-        """Preempt for the ``waiting`` CRITICAL/HIGH jobs (module doc: scored or by the
-        rule). ``batch``: this tick's batch; ``p``: its plan; ``started``: the jobs of
-        ``p`` leased this tick. Returns the preemptors started."""
-        if self.settings.preemption == "plan" and self.settings.policy in PREEMPTION_FLOOR:
-            return self._preempt_scored(batch, state, taken, p, started)
-        return self._preempt_for(waiting, state, taken)
+    name = "preempt"
 
-    def _lease_holders(self) -> tuple[dict[str, str], dict[str, dict[str, str]], dict[str, bool]]:
-        """(GPU -> lease id, lease id -> lease record, lease id -> its execute phase is done).
-        Adds the leased jobs that a waiting job waits on (the index) to ``awaited``."""
-        holders = self.leases.gpu_holders([g.uuid for g in self.gpus])
-        lease_of = {u: v.split(":")[0] for u, v in holders.items() if v}
-        lids = sorted(set(lease_of.values()))
-        p = self.r.pipeline(transaction=False)
-        for lid in lids:
-            p.hgetall(self.keys.lease(lid))
-            p.hget(self.keys.phase(lid), "execute")
-        queue_awaited_running(p, self.keys)
-        *got, awaited = p.execute()
-        self.awaited = self.awaited | set(awaited)
-        info = {lid: got[2 * i] for i, lid in enumerate(lids)}
-        executed = {lid: got[2 * i + 1] == "done" for i, lid in enumerate(lids)}
-        return lease_of, info, executed
+    def run(self, ctx: TickContext) -> None:
+        if not ctx.batch:
+            return
+        ctx.waiting = [job for job in ctx.batch if job.id not in ctx.dispatched and job.priority <= int(Priority.HIGH)]
+        ctx.requeued_now, ctx.victims = 0, []
+        if not ctx.waiting:
+            return
+        settings = ctx.env.settings
+        if settings.preemption == "plan" and POLICY_REGISTRY.lookup(settings.policy).floor is not None:
+            ctx.dispatched |= _preempt_scored(ctx)
+        else:
+            ctx.dispatched |= _preempt_by_rule(ctx)
 
-    def _running(self, state: FleetState, lease_of: dict[str, str], info: dict[str, dict[str, str]],
-                 executed: dict[str, bool]) -> tuple[dict[str, RunningJob], dict[str, str]]:
-        """``FleetState.running`` from the job leases (a lease whose workload already ran,
-        a restore or a record missing a field is left out: never a victim; a job that a
-        queued step waits on, ``awaited``, is not preemptable), and job id -> lease id.
-        Times on the workload clock (wall s ÷ ``time_scale``)."""
-        jobs = {lid: rec["job"] for lid, rec in info.items()
-                if rec.get("kind") == "job" and rec.get("job") and not executed.get(lid)}
-        p = self.r.pipeline(transaction=False)
-        for jid in jobs.values():
-            p.hmget(self.keys.job(jid), "endpoint", "service_s", "submitted_at", "seq", "deadline_s", "leased_at",
-                    "preemptions")
-        got = dict(zip(jobs, p.execute()))
-        ts = self.settings.time_scale
-        gpus_of: dict[str, list[str]] = {}
-        for u, lid in lease_of.items():
-            gpus_of.setdefault(lid, []).append(u)
-        order = {g.uuid: i for i, g in enumerate(self.gpus)}
-        out: dict[str, RunningJob] = {}
-        for lid, jid in jobs.items():
-            ep, svc, sub, seq, due, leased, cuts = got[lid]
-            prio = Priority.__members__.get(info[lid].get("priority", ""))
-            if None in (ep, svc, sub, leased, prio) or ep not in state.endpoints:
-                continue
-            r_s, start_s = float(sub) / ts, float(leased) / ts
-            end_s = float(info[lid].get("planned_end_s") or state.now_s)
-            job = PlanJob(jid, ep, float(prio.weight), r_s, float(svc), int(prio), (),
-                          r_s + float(due) if due else None, int(seq or 0))
-            gs = tuple(sorted(gpus_of[lid], key=order.__getitem__))
-            ok = jid not in self.awaited and self._bounded(cuts, state.now_s - start_s)
-            rj = RunningJob(job, gs, start_s, max(start_s, end_s - float(svc)), end_s, ok)
-            out.update({u: rj for u in gs})
-        return out, {jid: lid for lid, jid in jobs.items()}
 
-    def _bounded(self, cuts: str | None, ran_s: float) -> bool:
-        """Whether a job preempted ``cuts`` times (its record's count) that has held its
-        GPUs ``ran_s`` workload s is within the preemption bounds (module doc)."""
-        return victim_allowed(int(cuts or 0), ran_s, self.settings.preemption_budget,
-                              self.settings.preemption_min_runtime_s)
+def _lease_holders(ctx: TickContext) -> tuple[dict[str, str], dict[str, dict[str, str]], dict[str, bool], set[str]]:
+    """(GPU -> lease id, lease id -> lease record, lease id -> its execute phase is done,
+    the jobs never to preempt: ``awaited`` of the batch plus the leased jobs that a waiting
+    job waits on, from the index)."""
+    env = ctx.env
+    holders = env.leases.gpu_holders([g.uuid for g in env.gpus])
+    lease_of = {gpu: holder.split(":")[0] for gpu, holder in holders.items() if holder}
+    lease_ids = sorted(set(lease_of.values()))
+    pipe = env.r.pipeline(transaction=False)
+    for lease_id in lease_ids:
+        pipe.hgetall(env.keys.lease(lease_id))
+        pipe.hget(env.keys.phase(lease_id), "execute")
+    queue_awaited_running(pipe, env.keys)
+    *got, awaited = pipe.execute()
+    info = {lease_id: got[2 * n] for n, lease_id in enumerate(lease_ids)}
+    executed = {lease_id: got[2 * n + 1] == "done" for n, lease_id in enumerate(lease_ids)}
+    return lease_of, info, executed, ctx.formed.awaited | set(awaited)
 
-    def _holder_bounds(self, info: dict[str, dict[str, str]]) -> dict[str, bool]:
-        """Lease id -> whether its job is within the preemption bounds (one round trip)."""
-        lids = [lid for lid, rec in info.items() if rec.get("kind") == "job" and rec.get("job")]
-        p = self.r.pipeline(transaction=False)
-        for lid in lids:
-            p.hmget(self.keys.job(info[lid]["job"]), "preemptions", "leased_at")
-        now = self.now_s()
-        return {lid: leased is not None and self._bounded(cuts, now - float(leased) / self.settings.time_scale)
-                for lid, (cuts, leased) in zip(lids, p.execute() if lids else [])}
 
-    def _preempt_scored(self, batch: list[PlanJob], state: FleetState, taken: set[str], p: Plan,
-                        started: set[str]) -> set[str]:
-        """Scored preemption (:func:`makespan.planner.preemption_plan.decide`) of the batch jobs not
-        started, on the fleet as this tick's starts leave them (replayed; the jobs just
-        leased are never victims); each decision is executed like the rule's."""
-        lease_of, info, executed = self._lease_holders()
-        running, lease_by_job = self._running(state, lease_of, info, executed)
-        running = {u: rj for u, rj in running.items() if rj.id not in started}
-        if not running:
-            return set()
-        jobs = {j.id: j for j in batch}
-        rest = [j for j in batch if j.id not in started]
-        after = state_after(state, jobs, p.assignments, started, running=running)
-        policy = self.settings.policy
-        branch = preemption_plan.decide(rest, after, POLICIES[PREEMPTION_FLOOR[policy]],
-                                        POLICY_OBJECTIVE.get(policy, "weighted_completion"))
-        out: set[str] = set()
-        for pp, a in zip(branch.taken, branch.starts):
-            j = jobs[pp.job_id]
-            freed = True
-            for v in pp.victims:
-                lid = lease_by_job[v]
-                outcome = preempt(self.r, self.keys, lid, j.id, planner_token=self.token)
-                if outcome in ("preempted", "cancelled"):
-                    self.requeued_now += outcome == "preempted"
-                    if outcome == "preempted":
-                        self.victims_now = [*self.victims_now, v]
-                    metrics.job_preempted(info[lid].get("priority", "LOW"))
-                    log.info("preempted lease %s (%s) for %s job %s (scored, gain %.3g): %s", lid,
-                             info[lid].get("priority"), Priority(j.priority).name, j.id, pp.gain, outcome)
-                else:
-                    freed = False  # e.g. it finished executing meanwhile: it only has to clear
-            if freed and self._start(j, tuple(pp.gpus), a.end_s, a.load):
-                out.add(j.id)
-                taken.update(pp.gpus)
-        return out
+def _running(ctx: TickContext, state: FleetState, lease_of: dict[str, str], info: dict[str, dict[str, str]],
+             executed: dict[str, bool], awaited: set[str]) -> tuple[dict[str, RunningJob], dict[str, str]]:
+    """``FleetState.running`` from the job leases (a lease whose workload already ran,
+    a restore or a record missing a field is left out: never a victim; a job that a
+    queued step waits on, ``awaited``, is not preemptable), and job id -> lease id.
+    Times on the workload clock (wall s ÷ ``time_scale``)."""
+    env = ctx.env
+    jobs = {lease_id: rec["job"] for lease_id, rec in info.items()
+            if rec.get("kind") == "job" and rec.get("job") and not executed.get(lease_id)}
+    pipe = env.r.pipeline(transaction=False)
+    for job_id in jobs.values():
+        pipe.hmget(env.keys.job(job_id), "endpoint", "service_s", "submitted_at", "seq", "deadline_s", "leased_at",
+                   "preemptions")
+    got = dict(zip(jobs, pipe.execute()))
+    time_scale = env.settings.time_scale
+    gpus_of: dict[str, list[str]] = {}
+    for gpu, lease_id in lease_of.items():
+        gpus_of.setdefault(lease_id, []).append(gpu)
+    order = {gpu.uuid: n for n, gpu in enumerate(env.gpus)}
+    out: dict[str, RunningJob] = {}
+    for lease_id, job_id in jobs.items():
+        endpoint, service, submitted, seq, due, leased, cuts = got[lease_id]
+        prio = Priority.__members__.get(info[lease_id].get("priority", ""))
+        if None in (endpoint, service, submitted, leased, prio) or endpoint not in state.endpoints:
+            continue
+        assert prio is not None
+        release_s, start_s = float(submitted) / time_scale, float(leased) / time_scale
+        end_s = float(info[lease_id].get("planned_end_s") or state.now_s)
+        job = PlanJob(job_id, endpoint, float(prio.weight), release_s, float(service), int(prio), (),
+                      release_s + float(due) if due else None, int(seq or 0))
+        group = tuple(sorted(gpus_of[lease_id], key=order.__getitem__))
+        preemptable = job_id not in awaited and _bounded(ctx, cuts, state.now_s - start_s)
+        running = RunningJob(job, group, start_s, max(start_s, end_s - float(service)), end_s, preemptable)
+        out.update({gpu: running for gpu in group})
+    return out, {job_id: lease_id for lease_id, job_id in jobs.items()}
 
-    def _preempt_for(self, waiting: list[PlanJob], state: FleetState, taken: set[str]) -> set[str]:
-        """For each waiting CRITICAL/HIGH job that no free GPU group can take now, evict
-        the cheapest set of strictly lower-priority job leases covering one of its
-        groups, and lease that group to it in the same tick (so a victim is never
-        re-leased the GPUs it lost before its preemptor starts). The decision is
-        :func:`makespan.planner.preemption.choose_preemption` (shared with the simulator): no
-        preemption for a job that could start on a free group anyway, for one whose
-        earliest group frees within its endpoint's cold start (preempting would not start
-        it sooner), or whose groups hold no victim set."""
-        lease_of, info, executed = self._lease_holders()
-        bounded = self._holder_bounds(info)
-        holder: dict[str, Holder | None] = {}
-        for u, lid in lease_of.items():
-            rec = info.get(lid) or {}
-            prio = Priority.__members__.get(rec.get("priority", "LOW"), Priority.LOW)
-            holder[u] = Holder(lid, int(prio), rec.get("kind") == "job" and not executed.get(lid)
-                               and rec.get("job") not in self.awaited and bounded.get(lid, False))
-        started: set[str] = set()
-        for j in sorted(waiting, key=lambda j: (j.priority, j.seq)):
-            ep = self.endpoints[j.endpoint]
-            best = choose_preemption(j.priority, state.groups(ep.tp, ep.memory_mib), taken, state.free_at,
-                                     state.now_s, ep.cold_start_s, holder)
-            if best is None:
-                continue
-            g, victims = best.group, best.victims
-            freed = True
-            for v in victims:
-                outcome = preempt(self.r, self.keys, v, j.id, planner_token=self.token)
-                if outcome in ("preempted", "cancelled"):
-                    self.requeued_now += outcome == "preempted"
-                    if outcome == "preempted" and info[v].get("job"):
-                        self.victims_now = [*self.victims_now, info[v]["job"]]
-                    metrics.job_preempted(info[v].get("priority", "LOW"))
-                    log.info("preempted lease %s (%s) for %s job %s: %s", v, info[v].get("priority"),
-                             Priority(j.priority).name, j.id, outcome)
-                    for u, h in list(holder.items()):
-                        if h is not None and h.id == v:
-                            holder.pop(u)
-                else:
-                    freed = False  # e.g. it finished executing meanwhile: it only has to clear
-            if not freed:
-                continue
-            ep_end = self.now_s() + ep.cold_start_s + j.service_s
-            if self._start(j, g, ep_end, "cold_start"):
-                started.add(j.id)
-                taken.update(g)
-                for u in g:
-                    holder[u] = Holder("__new__", j.priority, False)
-        return started
+
+def _bounded(ctx: TickContext, cuts: str | None, ran_s: float) -> bool:
+    """Whether a job preempted ``cuts`` times (its record's count) that has held its
+    GPUs ``ran_s`` workload s is within the preemption bounds (module doc)."""
+    settings = ctx.env.settings
+    return victim_allowed(int(cuts or 0), ran_s, settings.preemption_budget, settings.preemption_min_runtime_s)
+
+
+def _holder_bounds(ctx: TickContext, info: dict[str, dict[str, str]]) -> dict[str, bool]:
+    """Lease id -> whether its job is within the preemption bounds (one round trip)."""
+    env = ctx.env
+    lease_ids = [lease_id for lease_id, rec in info.items() if rec.get("kind") == "job" and rec.get("job")]
+    pipe = env.r.pipeline(transaction=False)
+    for lease_id in lease_ids:
+        pipe.hmget(env.keys.job(info[lease_id]["job"]), "preemptions", "leased_at")
+    now = env.now_s()
+    return {lease_id: leased is not None and _bounded(ctx, cuts, now - float(leased) / env.settings.time_scale)
+            for lease_id, (cuts, leased) in zip(lease_ids, pipe.execute() if lease_ids else [])}
+
+
+def _note_preempted(ctx: TickContext, outcome: str, victim_job: str | None, victim_priority: str) -> None:
+    """Count a victim lease that ``preempt`` ended with ``outcome`` (preempted or cancelled)."""
+    ctx.requeued_now += outcome == "preempted"
+    if outcome == "preempted" and victim_job:
+        ctx.victims = [*ctx.victims, victim_job]
+    metrics.job_preempted(victim_priority)
+
+
+def _preempt_scored(ctx: TickContext) -> set[str]:
+    """Scored preemption (:func:`makespan.planner.preemption_plan.decide`) of the batch jobs not
+    started, on the fleet as this tick's starts leave them (replayed; the jobs just
+    leased are never victims); each decision is executed like the rule's."""
+    env, state, plan, started = ctx.env, ctx.fleet_state, ctx.plan, ctx.started
+    assert state is not None and plan is not None, "PlanBatch runs before Preempt"
+    lease_of, info, executed, awaited = _lease_holders(ctx)
+    running, lease_by_job = _running(ctx, state, lease_of, info, executed, awaited)
+    running = {gpu: job for gpu, job in running.items() if job.id not in started}
+    if not running:
+        return set()
+    jobs = {job.id: job for job in ctx.batch}
+    rest = [job for job in ctx.batch if job.id not in started]
+    after = state_after(state, jobs, plan.assignments, started, running=running)
+    policy = POLICY_REGISTRY.lookup(env.settings.policy)
+    floor = POLICY_REGISTRY.floor_of(policy)
+    assert floor is not None  # preempt scores only for a policy with a floor
+    branch = preemption_plan.decide(rest, after, floor.solve, policy.objective)
+    out: set[str] = set()
+    for decision, start in zip(branch.taken, branch.starts):
+        job = jobs[decision.job_id]
+        freed = True
+        for victim in decision.victims:
+            lease_id = lease_by_job[victim]
+            outcome = preempt(env.r, env.keys, lease_id, job.id, planner_token=ctx.token)
+            if outcome in ("preempted", "cancelled"):
+                _note_preempted(ctx, outcome, victim, info[lease_id].get("priority", "LOW"))
+                log.info("preempted lease %s (%s) for %s job %s (scored, gain %.3g): %s", lease_id,
+                         info[lease_id].get("priority"), Priority(job.priority).name, job.id, decision.gain, outcome)
+            else:
+                freed = False  # e.g. it finished executing meanwhile: it only has to clear
+        if freed and start_job(ctx, job, tuple(decision.gpus), start.end_s, start.load):
+            out.add(job.id)
+            ctx.taken.update(decision.gpus)
+    return out
+
+
+def _preempt_by_rule(ctx: TickContext) -> set[str]:
+    """For each waiting CRITICAL/HIGH job that no free GPU group can take now, evict
+    the cheapest set of strictly lower-priority job leases covering one of its
+    groups, and lease that group to it in the same tick (so a victim is never
+    re-leased the GPUs it lost before its preemptor starts). The decision is
+    :func:`makespan.planner.preemption.choose_preemption` (shared with the simulator): no
+    preemption for a job that could start on a free group anyway, for one whose
+    earliest group frees within its endpoint's cold start (preempting would not start
+    it sooner), or whose groups hold no victim set."""
+    env, state = ctx.env, ctx.fleet_state
+    assert state is not None, "ReadFleet runs before Preempt"
+    lease_of, info, executed, awaited = _lease_holders(ctx)
+    bounded = _holder_bounds(ctx, info)
+    holder: dict[str, Holder | None] = {}
+    for gpu, lease_id in lease_of.items():
+        rec = info.get(lease_id) or {}
+        prio = Priority.__members__.get(rec.get("priority", "LOW"), Priority.LOW)
+        holder[gpu] = Holder(lease_id, int(prio), rec.get("kind") == "job" and not executed.get(lease_id)
+                             and rec.get("job") not in awaited and bounded.get(lease_id, False))
+    started: set[str] = set()
+    for job in sorted(ctx.waiting, key=lambda waiting: (waiting.priority, waiting.seq)):
+        model = ctx.kept.endpoints[job.endpoint]
+        best = choose_preemption(job.priority, state.groups(model.tp, model.memory_mib), ctx.taken, state.free_at,
+                                 state.now_s, model.cold_start_s, holder)
+        if best is None:
+            continue
+        group, victims = best.group, best.victims
+        freed = True
+        for victim in victims:
+            outcome = preempt(env.r, env.keys, victim, job.id, planner_token=ctx.token)
+            if outcome in ("preempted", "cancelled"):
+                _note_preempted(ctx, outcome, info[victim].get("job"), info[victim].get("priority", "LOW"))
+                log.info("preempted lease %s (%s) for %s job %s: %s", victim, info[victim].get("priority"),
+                         Priority(job.priority).name, job.id, outcome)
+                for gpu, held_by in list(holder.items()):
+                    if held_by is not None and held_by.id == victim:
+                        holder.pop(gpu)
+            else:
+                freed = False  # e.g. it finished executing meanwhile: it only has to clear
+        if not freed:
+            continue
+        end_s = env.now_s() + model.cold_start_s + job.service_s
+        if start_job(ctx, job, group, end_s, "cold_start"):
+            started.add(job.id)
+            ctx.taken.update(group)
+            for gpu in group:
+                holder[gpu] = Holder("__new__", job.priority, False)
+    return started

@@ -1,106 +1,156 @@
 """Starting planned jobs for the planner worker: lease, then send the phase chain.
 
-:meth:`StartMixin._start_many` leases every (job, GPUs, planned end in workload s, load)
-that a tick starts now, in order: one :meth:`makespan.workers.leases.LeaseStore.acquire_many`
-round trip (each lease its own atomic script, the job acknowledged in the same step),
-or one ``allocate_gpus`` span per lease when tracing is on (:meth:`StartMixin._start`,
-also the preemption and restore paths' way to start one job). For every lease
-published, ``_started`` records the wait metric and sends the job's phase chain to its
-host's queue (``_send``: the injected ``dispatch`` or :func:`makespan.workers.tasks.dispatch`).
-A send that fails is logged, not raised: the lease is never renewed, so it expires and
-the reaper requeues the job.
+The tick's step is :class:`StartPlanned`: every assignment of the plan that starts now
+on GPUs not yet taken, leased in priority order (a CRITICAL job's lease is never issued
+after a LOW job's of the same tick), then submission order.
 
-Mixed into :class:`makespan.workers.planner_worker.PlannerWorker`; uses its leases, keys,
-settings, fleet, fencing token, ``_meta`` and ``now_s``.
+:func:`start_many` leases every (job, GPUs, planned end in workload s, load) in order:
+one :meth:`makespan.workers.leases.LeaseStore.acquire_many` round trip (each lease its
+own atomic script, the job acknowledged in the same step), or one ``allocate_gpus`` span
+per lease when tracing is on (:func:`start_job`, also the preemption path's way to start
+one job). For every lease published, ``_after_lease`` records the wait metric and sends
+the job's phase chain to its host's queue (:func:`send`: the injected ``dispatch`` or
+:func:`makespan.workers.tasks.dispatch`). A send that fails is logged, not raised: the
+lease is never renewed, so it expires and the reaper requeues the job.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 import uuid
+from typing import Any
 
 from makespan import metrics, telemetry
 from makespan.errors import LeaseError
 from makespan.models import Priority
 from makespan.planner.model import PlanJob
+from makespan.workers.leases import Lease
 from makespan.workers.phases import PhaseContext, instance_value
+from makespan.workers.tick.context import TickContext, TickEnv
 
 log = logging.getLogger("makespan.planner")
 
+Start = tuple[PlanJob, tuple[str, ...], float, str]  # (job, GPU UUIDs, planned end in workload s, load)
 
-class StartMixin:
-    def _start_many(self, starts: list[tuple[PlanJob, tuple[str, ...], float, str]]) -> set[str]:
-        """Lease and send every (job, gpus, planned end, load) of ``starts``, in order;
-        the leases in one round trip (each its own atomic script) unless tracing is on
-        (then one ``allocate_gpus`` span per lease). Returns the ids of the jobs started.
 
-        Raises:
-            LeaseError: the planner was fenced off (after sending what it leased before).
-        """
-        if len(starts) <= 1 or telemetry.tracing_enabled():
-            return {s[0].id for s in starts if self._start(*s)}
-        reqs = [self._lease_request(*s) for s in starts]
-        leases, fenced = self.leases.acquire_many(reqs)
-        started = {s[0].id for s, q, lease in zip(starts, reqs, leases) if lease is not None and self._started(
-            s[0], s[1], q["holder"], lease)}
-        if fenced:
-            raise LeaseError("planner fencing token is stale: another planner leads")
-        return started
+class StartPlanned:
+    """Step: lease and send the plan's assignments that start now (module doc). Extends
+    ``taken`` with their GPUs and writes ``started`` and ``dispatched``.
 
-    def _own_priority(self, j: PlanJob) -> Priority:
-        """The level ``j`` was submitted at (its queue and record), which may be below the
-        level it is planned at (priority through dependencies, :mod:`makespan.workers.batch`)."""
-        own = getattr(self, "_own_level", {}).get(j.id)
-        return own if own is not None else Priority(j.priority)
+    Raises:
+        LeaseError: the planner was fenced off (after sending what it leased before)."""
 
-    def _lease_request(self, j: PlanJob, gpus: tuple[str, ...], end_s: float, load: str) -> dict:
-        """The :meth:`LeaseStore.acquire` arguments of a job lease."""
-        prio = self._own_priority(j)
-        host = self.fleet.host_of(gpus[0])
-        return dict(lease_id=uuid.uuid4().hex, gpus=gpus, ttl_s=self.settings.lease_ttl_s, job_id=j.id, kind="job",
-                    holder=host, queue=self.keys.queue(prio), planner_token=self.token,
-                    info={"planned_end_s": repr(end_s), "endpoint": j.endpoint, "priority": prio.name},
-                    event={"endpoint": j.endpoint, "priority": prio.name, "host": host, "load": load,
-                           "planned_s": end_s - self.now_s()}, instance=instance_value(j.endpoint, gpus))
+    name = "start"
 
-    def _start(self, j: PlanJob, gpus: tuple[str, ...], end_s: float, load: str) -> bool:
-        """Lease ``gpus`` for job ``j`` and send its phase chain. False if the lease failed."""
-        q = self._lease_request(j, gpus, end_s, load)
-        tp = self._meta.get(j.id, ("", 0.0))[0]
-        attrs = {"job_id": j.id, "priority": self._own_priority(j).name, "endpoint": j.endpoint, "gpus": list(gpus),
-                 "host": q["holder"], "lease_id": q["lease_id"], "planned_s": end_s - self.now_s()}
-        with telemetry.phase_span("allocate_gpus", tp, attrs):
-            lease = self.leases.acquire(**q)
-        return lease is not None and self._started(j, gpus, q["holder"], lease)
+    def run(self, ctx: TickContext) -> None:
+        if not ctx.batch:
+            return
+        assert ctx.plan is not None and ctx.fleet_state is not None, "PlanBatch runs before StartPlanned"
+        now_s = ctx.fleet_state.now_s
+        jobs = {job.id: job for job in ctx.batch}
+        ctx.taken = set(ctx.held_gpus)
+        eps = 1e-6 * max(1.0, abs(now_s))
+        starts: list[Start] = []
+        for assignment in sorted(ctx.plan.assignments, key=lambda planned: (planned.start_s, planned.end_s)):
+            if assignment.start_s > now_s + eps or ctx.taken.intersection(assignment.gpus):
+                continue
+            ctx.taken.update(assignment.gpus)
+            starts.append((jobs[assignment.job_id], assignment.gpus, assignment.end_s, assignment.load))
+        # everything here starts now: lease in priority order, then submission order
+        starts.sort(key=lambda start: (start[0].priority, start[0].seq))
+        ctx.started = start_many(ctx, starts)
+        ctx.dispatched |= ctx.started
 
-    def _started(self, j: PlanJob, gpus: tuple[str, ...], host: str, lease) -> bool:
-        """After ``lease`` was published for ``j``: metrics, and send its phase chain."""
-        prio = self._own_priority(j)
-        lid = lease.lease_id
-        tp, sub = self._meta.get(j.id, ("", 0.0))
-        if sub:
-            metrics.observe_wait(prio, max(0.0, time.time() - sub))
-        levels = getattr(self, "_planned_sleep", {}).get(j.id)  # the plan's transition choice
-        ctx = PhaseContext(lid, lease.token, list(gpus), host, "job", j.endpoint, j.id, prio.name, j.service_s,
-                           traceparent=tp, submitted_at=sub, sleep_levels=levels)
-        for g in gpus:
-            self._last_tp[g] = tp
-        with telemetry.use_traceparent(tp):
-            self._send(ctx, host, lease.warm)
-        return True
 
-    def _send(self, ctx: PhaseContext, host: str, warm: bool = False) -> None:
-        """Send the phase chain. A publish that fails (broker connection lost mid-send;
-        kombu may raise more than redis errors then) must not kill the planner: the
-        lease is never renewed, so it expires and the reaper requeues the job."""
-        try:
-            if self._dispatch is not None:
-                self._dispatch(ctx, self.keys.host_queue(host))
-            else:
-                from makespan.workers.tasks import dispatch
+def start_many(ctx: TickContext, starts: list[Start]) -> set[str]:
+    """Lease and send every (job, gpus, planned end, load) of ``starts``, in order;
+    the leases in one round trip (each its own atomic script) unless tracing is on
+    (then one ``allocate_gpus`` span per lease). Returns the ids of the jobs started.
 
-                dispatch(ctx, self.keys.host_queue(host), warm)
-        except Exception as e:  # noqa: BLE001 - recovered through lease expiry, see above
-            log.error("dispatch of lease %s (job %s) failed: %r; it will expire and be reclaimed",
-                      ctx.lease_id, ctx.job_id or ctx.kind, e)
+    Raises:
+        LeaseError: the planner was fenced off (after sending what it leased before).
+    """
+    if len(starts) <= 1 or telemetry.tracing_enabled():
+        return {start[0].id for start in starts if start_job(ctx, *start)}
+    requests = [_lease_request(ctx, *start) for start in starts]
+    leases, fenced = ctx.env.leases.acquire_many(requests)
+    started = {start[0].id for start, request, lease in zip(starts, requests, leases)
+               if lease is not None and _after_lease(ctx, start[0], start[1], request["holder"], lease)}
+    if fenced:
+        raise LeaseError("planner fencing token is stale: another planner leads")
+    return started
+
+
+def own_priority(ctx: TickContext, job: PlanJob) -> Priority:
+    """The level ``job`` was submitted at (its queue and record), which may be below the
+    level it is planned at (priority through dependencies, :mod:`makespan.workers.batch`)."""
+    own = ctx.formed.own_level.get(job.id)
+    return own if own is not None else Priority(job.priority)
+
+
+def _lease_request(ctx: TickContext, job: PlanJob, gpus: tuple[str, ...], end_s: float, load: str) -> dict[str, Any]:
+    """The :meth:`LeaseStore.acquire` arguments of a job lease."""
+    env = ctx.env
+    priority = own_priority(ctx, job)
+    host = env.fleet.host_of(gpus[0])
+    return dict(lease_id=uuid.uuid4().hex, gpus=gpus, ttl_s=env.settings.lease_ttl_s, job_id=job.id, kind="job",
+                holder=host, queue=env.keys.queue(priority), planner_token=ctx.token,
+                info={"planned_end_s": repr(end_s), "endpoint": job.endpoint, "priority": priority.name},
+                event={"endpoint": job.endpoint, "priority": priority.name, "host": host, "load": load,
+                       "planned_s": end_s - env.now_s()}, instance=instance_value(job.endpoint, gpus))
+
+
+def start_job(ctx: TickContext, job: PlanJob, gpus: tuple[str, ...], end_s: float, load: str) -> bool:
+    """Lease ``gpus`` for ``job`` (planned to end at ``end_s``, workload s) and send its
+    phase chain. False if the lease failed (a GPU taken meanwhile, the job gone)."""
+    request = _lease_request(ctx, job, gpus, end_s, load)
+    traceparent = ctx.formed.meta.get(job.id, ("", 0.0))[0]
+    attrs = {"job_id": job.id, "priority": own_priority(ctx, job).name, "endpoint": job.endpoint,
+             "gpus": list(gpus), "host": request["holder"], "lease_id": request["lease_id"],
+             "planned_s": end_s - ctx.env.now_s()}
+    with telemetry.phase_span("allocate_gpus", traceparent, attrs):
+        lease = ctx.env.leases.acquire(**request)
+    return lease is not None and _after_lease(ctx, job, gpus, request["holder"], lease)
+
+
+def _after_lease(ctx: TickContext, job: PlanJob, gpus: tuple[str, ...], host: str, lease: Lease) -> bool:
+    """After ``lease`` was published for ``job``: metrics, and send its phase chain."""
+    priority = own_priority(ctx, job)
+    traceparent, submitted = ctx.formed.meta.get(job.id, ("", 0.0))
+    if submitted:
+        metrics.observe_wait(priority, max(0.0, ctx.env.clock.now() - submitted))
+    phase_ctx = PhaseContext(lease.lease_id, lease.token, list(gpus), host, "job", job.endpoint, job.id, priority.name,
+                             job.service_s, traceparent=traceparent, submitted_at=submitted,
+                             sleep_levels=planned_sleep_levels(ctx, job.id))
+    for gpu in gpus:
+        ctx.kept.last_traceparent[gpu] = traceparent
+    with telemetry.use_traceparent(traceparent):
+        send(ctx.env, phase_ctx, host, lease.warm)
+    return True
+
+
+def planned_sleep_levels(ctx: TickContext, job_id: str) -> dict[str, int] | None:
+    """The tick plan's transition choice for ``job_id``'s evicts (``Assignment.sleep_levels``,
+    issue 20 point 3): endpoint -> sleep level, 0 = stop; None when the plan did not choose."""
+    if ctx.plan is None:
+        return None
+    for assignment in ctx.plan.assignments:
+        if assignment.job_id == job_id:
+            return dict(assignment.sleep_levels) if assignment.sleep_levels else None
+    return None
+
+
+def send(env: TickEnv, phase_ctx: PhaseContext, host: str, warm: bool = False) -> None:
+    """Send the phase chain ``phase_ctx`` to ``host``'s queue. A publish that fails (broker
+    connection lost mid-send; kombu may raise more than redis errors then) must not kill
+    the planner: the lease is never renewed, so it expires and the reaper requeues the job."""
+    try:
+        if env.dispatch is not None:
+            env.dispatch(phase_ctx, env.keys.host_queue(host))
+        else:
+            from makespan.workers.tasks import dispatch
+
+            dispatch(phase_ctx, env.keys.host_queue(host), warm)
+    except Exception as e:  # noqa: BLE001 - recovered through lease expiry, see above
+        log.error("dispatch of lease %s (job %s) failed: %r; it will expire and be reclaimed",
+                  phase_ctx.lease_id, phase_ctx.job_id or phase_ctx.kind, e)

@@ -2,7 +2,7 @@
 worker: one fenced script per planning tick (:data:`_WRITE`), only for the jobs that
 tick read (its batch, the queued jobs its scan left out, the unready steps).
 
-:meth:`WaitReasonMixin._write_wait_reasons` derives each not-started batch job's reason
+The :class:`WriteWaitReasons` step derives each not-started batch job's reason
 from the tick's plan: ``reserved`` / ``behind_reservation`` (the tick's reservations,
 :mod:`makespan.planner.reservation`), ``preempted_requeued`` (its record says it was
 preempted and it has not started since), ``waiting_for_memory`` (a group of its size is
@@ -13,18 +13,15 @@ The ETA is the plan's start converted to the Redis server's clock
 The same script replaces ``P:planner:reasons`` (:attr:`makespan.keys.Keys.wait_reason_counts`)
 with the count of jobs per reason it wrote, which Prometheus exports as
 ``makespan_queued_jobs_by_reason{reason}`` (:class:`makespan.metrics.RedisStateCollector`);
-a tick that forms an empty batch clears it (:meth:`WaitReasonMixin._clear_reason_counts`).
-
-Mixed into :class:`makespan.workers.planner_worker.PlannerWorker`.
+a tick that forms an empty batch clears it (once: ``CrossTickState.reason_counts_written``).
 """
 
 from __future__ import annotations
 
-import time
-
-from makespan.models import Priority
-from makespan.planner.model import FleetState, Plan, PlanJob
+from makespan.planner.model import Assignment, FleetState, Plan, PlanJob
+from makespan.planner.reservation import Reservation
 from makespan.workers.lease_scripts import SERVER_NOW_MS
+from makespan.workers.tick.context import TickContext
 
 # KEYS: planner_fence, reason counts hash ; ARGV: planner token ('' = unchecked), prefix, then
 # (job id, reason, detail, eta) × n. Writes only records still 'queued'; the counts hash is replaced by
@@ -52,79 +49,103 @@ return n
 """
 
 
-class WaitReasonMixin:
-    _requeued: set[str] = set()  # batch jobs whose record says they were preempted (form_batch)
-    _unready: dict[str, tuple[str, ...]] = {}  # unready steps read -> their deps (form_batch)
-    _left_out: dict[str, tuple[Priority, int]] = {}  # queued, read, not in the batch -> (level, position)
-    _lease_job: dict[str, str] = {}  # GPU -> job id of the lease holding it (fleet_state)
-    reservations: dict = {}  # job id -> makespan.planner.reservation.Reservation (this tick's)
-    _reason_counts_written = True  # P:planner:reasons may hold counts (cleared by the next write without rows)
+class WriteWaitReasons:
+    """Step: write the reason and ETA of every job the tick read and did not start
+    (module doc): with a batch, from its plan; with an empty batch formed while unready
+    steps or jobs left out were read, for those; with an empty batch and nothing read,
+    the reason counts go to zero (once, not every idle tick)."""
 
-    def _server_eta(self, start_s: float, now_s: float) -> str:
-        """A plan time (workload s) as unix s on the Redis server's clock."""
-        return f"{time.time() + self.delayed.server_offset_s + (start_s - now_s) * self.settings.time_scale:.3f}"
+    name = "wait reasons"
 
-    def _write_wait_reasons(self, batch: list[PlanJob], state: FleetState, p: Plan, dispatched: set[str]) -> None:
-        """Write the reason and ETA of every job this tick read and did not start (module doc)."""
-        now = state.now_s
-        by_job = p.by_job()
-        rows: list[str] = []
-        for j in batch:
-            if j.id in dispatched:
-                continue
-            a = by_job.get(j.id)
-            reason, detail = self._batch_reason(j, state, p, a)
-            rows += [j.id, reason, detail, self._server_eta(a.start_s, now) if a is not None else ""]
-        planned_end = {a.job_id: a.end_s for a in p.assignments}
-        running_end = {jid: state.free_at.get(u, now) for u, jid in self._lease_job.items()}
-        for jid, deps in self._unready.items():
-            ends = [planned_end.get(d, running_end.get(d)) for d in deps]
-            eta = self._server_eta(max(ends), now) if ends and None not in ends else ""
-            rows += [jid, "waiting_for_dependency", "waits on " + ", ".join(deps), eta]
-        for jid in getattr(self, "victims_now", []):  # preempted this tick, back in their queue
-            rows += [jid, "preempted_requeued", "preempted this tick; queued again, restarts from zero", ""]
-        for jid, (lvl, pos) in self._left_out.items():
-            rows += [jid, "behind_batch", f"position {pos + 1} in the {lvl.name} queue; the batch holds "
-                                          f"{self.settings.batch_size} jobs", ""]
-        if rows or self._reason_counts_written:
-            self._reason_counts_written = bool(rows)
-            self.r.eval(_WRITE, 2, self.keys.planner_fence, self.keys.wait_reason_counts, self.token,
-                        self.keys.prefix, *rows)
+    def run(self, ctx: TickContext) -> None:
+        if ctx.batch:
+            assert ctx.plan is not None, "PlanBatch runs before WriteWaitReasons"
+            _write(ctx, ctx.batch, ctx.plan)
+        elif ctx.batch_formed and (ctx.formed.unready or ctx.formed.left_out):  # only unready steps read
+            _write(ctx, [], Plan(ctx.env.settings.policy, []))
+        elif ctx.batch_formed:  # nothing queued: no job waits for any reason
+            _clear_reason_counts(ctx)
 
-    def _clear_reason_counts(self) -> None:
-        """Nothing queued was read: the reason counts go to zero (once, not every idle tick)."""
-        if self._reason_counts_written:
-            self._reason_counts_written = False
-            self.r.eval(_WRITE, 2, self.keys.planner_fence, self.keys.wait_reason_counts, self.token,
-                        self.keys.prefix)
 
-    def _batch_reason(self, j: PlanJob, state: FleetState, p: Plan, a) -> tuple[str, str]:
-        now = state.now_s
-        res = self.reservations.get(j.id)
-        if res is not None:
-            return "reserved", f"GPUs {','.join(res.gpus)} reserved for it from the ETA (waited past the aging bound)"
-        blocking = [r for r in self.reservations.values() if j.id in r.deferred]
-        if j.id in self._requeued:
-            return "preempted_requeued", "preempted; queued again, restarts from zero"
-        if blocking:
-            r = blocking[0]
-            return "behind_reservation", f"GPUs {','.join(r.gpus)} are reserved for job {r.job_id}"
-        ep = state.endpoints.get(j.endpoint)
-        if ep is not None:
-            fits = state.groups(ep.tp, ep.memory_mib)
-            free = lambda g: all(state.free_at.get(u, now) <= now + 1e-6 for u in g)  # noqa: E731
-            if not any(free(g) for g in fits) and any(free(g) for g in state.groups(ep.tp, 0) if g not in fits):
-                return "waiting_for_memory", (f"a group of {ep.tp} GPU(s) is free, but none with "
-                                              f"{ep.memory_mib} MiB per GPU")
-        if a is None:
-            return "waiting_for_gpus", "not placed by this plan"
-        holders = []
-        for u in a.gpus:
-            if state.free_at.get(u, now) > now + 1e-6 and u in self._lease_job:
-                holders.append(f"job {self._lease_job[u]}")
-        before = [b for b in p.assignments if b.job_id != j.id and set(b.gpus) & set(a.gpus)
-                  and b.end_s <= a.start_s + 1e-6]
-        if before:
-            holders.append(f"job {max(before, key=lambda b: b.end_s).job_id} (planned)")
-        held = f", held by {', '.join(dict.fromkeys(holders))}" if holders else ""
-        return "waiting_for_gpus", f"planned on GPUs {','.join(a.gpus)}{held}"
+def _server_eta(ctx: TickContext, start_s: float, now_s: float) -> str:
+    """A plan time (workload s) as unix s on the Redis server's clock (as the delayed-job
+    promote measured it)."""
+    env = ctx.env
+    return f"{env.delayed.server_now_s() + (start_s - now_s) * env.settings.time_scale:.3f}"
+
+
+def _write(ctx: TickContext, batch: list[PlanJob], plan: Plan) -> None:
+    """Write the reason and ETA of every job this tick read and did not start (module doc)."""
+    env, state = ctx.env, ctx.fleet_state
+    assert state is not None, "ReadFleet runs before WriteWaitReasons"
+    now = state.now_s
+    by_job = plan.by_job()
+    rows: list[str] = []
+    for job in batch:
+        if job.id in ctx.dispatched:
+            continue
+        assignment = by_job.get(job.id)
+        reason, detail = _batch_reason(ctx, job, state, plan, assignment)
+        eta = _server_eta(ctx, assignment.start_s, now) if assignment is not None else ""
+        rows += [job.id, reason, detail, eta]
+    planned_end = {assignment.job_id: assignment.end_s for assignment in plan.assignments}
+    running_end = {job_id: state.free_at.get(gpu, now) for gpu, job_id in ctx.lease_job.items()}
+    for job_id, deps in ctx.formed.unready.items():
+        ends = [planned_end.get(dep, running_end.get(dep)) for dep in deps]
+        known = [end for end in ends if end is not None]
+        eta = _server_eta(ctx, max(known), now) if ends and len(known) == len(ends) else ""
+        rows += [job_id, "waiting_for_dependency", "waits on " + ", ".join(deps), eta]
+    for job_id in ctx.victims:  # preempted this tick, back in their queue
+        rows += [job_id, "preempted_requeued", "preempted this tick; queued again, restarts from zero", ""]
+    for job_id, (level, position) in ctx.formed.left_out.items():
+        rows += [job_id, "behind_batch", f"position {position + 1} in the {level.name} queue; the batch holds "
+                                      f"{env.settings.batch_size} jobs", ""]
+    if rows or ctx.kept.reason_counts_written:
+        ctx.kept.reason_counts_written = bool(rows)
+        env.r.eval(_WRITE, 2, env.keys.planner_fence, env.keys.wait_reason_counts, ctx.token, env.keys.prefix, *rows)
+
+
+def _clear_reason_counts(ctx: TickContext) -> None:
+    """Nothing queued was read: the reason counts go to zero (once, not every idle tick)."""
+    env = ctx.env
+    if ctx.kept.reason_counts_written:
+        ctx.kept.reason_counts_written = False
+        env.r.eval(_WRITE, 2, env.keys.planner_fence, env.keys.wait_reason_counts, ctx.token, env.keys.prefix)
+
+
+def _batch_reason(ctx: TickContext, job: PlanJob, state: FleetState, plan: Plan,
+                  assignment: Assignment | None) -> tuple[str, str]:
+    """(reason, detail) of batch job ``job`` that this tick did not start; ``assignment``: its
+    assignment in ``plan`` (None: not placed)."""
+    now = state.now_s
+    reservations: dict[str, Reservation] = ctx.reservations
+    own_reservation = reservations.get(job.id)
+    if own_reservation is not None:
+        return "reserved", (f"GPUs {','.join(own_reservation.gpus)} reserved for it from the ETA "
+                            "(waited past the aging bound)")
+    blocking = [reservation for reservation in reservations.values() if job.id in reservation.deferred]
+    if job.id in ctx.formed.requeued:
+        return "preempted_requeued", "preempted; queued again, restarts from zero"
+    if blocking:
+        reservation = blocking[0]
+        return "behind_reservation", f"GPUs {','.join(reservation.gpus)} are reserved for job {reservation.job_id}"
+    model = state.endpoints.get(job.endpoint)
+    if model is not None:
+        fits = state.groups(model.tp, model.memory_mib)
+        free = lambda group: all(state.free_at.get(gpu, now) <= now + 1e-6 for gpu in group)  # noqa: E731
+        others = [group for group in state.groups(model.tp, 0) if group not in fits]
+        if not any(free(group) for group in fits) and any(free(group) for group in others):
+            return "waiting_for_memory", (f"a group of {model.tp} GPU(s) is free, but none with "
+                                          f"{model.memory_mib} MiB per GPU")
+    if assignment is None:
+        return "waiting_for_gpus", "not placed by this plan"
+    holders = []
+    for gpu in assignment.gpus:
+        if state.free_at.get(gpu, now) > now + 1e-6 and gpu in ctx.lease_job:
+            holders.append(f"job {ctx.lease_job[gpu]}")
+    before = [other for other in plan.assignments if other.job_id != job.id
+              and set(other.gpus) & set(assignment.gpus) and other.end_s <= assignment.start_s + 1e-6]
+    if before:
+        holders.append(f"job {max(before, key=lambda other: other.end_s).job_id} (planned)")
+    held = f", held by {', '.join(dict.fromkeys(holders))}" if holders else ""
+    return "waiting_for_gpus", f"planned on GPUs {','.join(assignment.gpus)}{held}"

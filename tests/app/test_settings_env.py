@@ -72,3 +72,63 @@ def test_set_point_weight_refuses_negative_or_not_finite(monkeypatch, raw):
     with pytest.raises(ValidationError) as ei:
         Settings.from_env()
     assert ei.value.field == "MAKESPAN_SET_POINT_WEIGHT"
+
+
+def test_policy_from_env_is_a_registered_name(monkeypatch):
+    from makespan.planner.policies import POLICY_REGISTRY
+
+    for name in POLICY_REGISTRY:
+        monkeypatch.setenv("MAKESPAN_POLICY", name)
+        assert Settings.from_env().policy == name
+    monkeypatch.delenv("MAKESPAN_POLICY")
+    assert Settings.from_env().policy == "default"
+
+
+def test_unknown_policy_fails_with_the_list_of_names(monkeypatch):
+    from makespan.planner.policies import POLICY_REGISTRY
+
+    monkeypatch.setenv("MAKESPAN_POLICY", "bogus")
+    with pytest.raises(ValidationError) as ei:
+        Settings.from_env()
+    assert ei.value.field == "MAKESPAN_POLICY"
+    assert ", ".join(POLICY_REGISTRY.names()) in ei.value.reason
+    monkeypatch.delenv("MAKESPAN_POLICY")
+    with pytest.raises(ValidationError) as ei:
+        Settings.from_env(policy="bogus")  # the CLI's --policy
+    assert ei.value.field == "policy"
+
+
+def test_planner_with_an_unknown_policy_fails_at_start_listing_the_names(tmp_path):
+    """``MAKESPAN_POLICY=bogus makespan planner`` exits at once (before it connects to
+    Redis or leases a job) with one line naming every registered policy."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from makespan.planner.policies import POLICY_REGISTRY
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "MAKESPAN_POLICY": "bogus",
+           "MAKESPAN_REDIS_URL": "redis://127.0.0.1:1/0"}  # nothing listens there: a start that got further would hang or fail differently
+    out = subprocess.run([sys.executable, "-m", "makespan.cli", "planner", "--fleet",
+                          str(root / "examples" / "render-pipeline.toml")],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    assert "MAKESPAN_POLICY: unknown policy" in out.stderr
+    assert f"known: {', '.join(POLICY_REGISTRY.names())}" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_planner_worker_with_an_unknown_policy_fails_when_built(r, settings):
+    """Settings built without from_env (dataclasses.replace) still cannot start a planner
+    that would die on its first job: the worker looks its policy up when it is built."""
+    import dataclasses
+
+    from makespan.errors import PlannerError
+    from makespan.planner.policies import POLICY_REGISTRY
+    from makespan.workers.planner_worker import PlannerWorker
+    from tests.faults.test_priority_cases import ONE_GPU
+
+    with pytest.raises(PlannerError, match=", ".join(POLICY_REGISTRY.names())):
+        PlannerWorker(r, dataclasses.replace(settings, policy="bogus"), ONE_GPU, dispatch=lambda *a: None)

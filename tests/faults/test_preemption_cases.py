@@ -124,7 +124,7 @@ def test_scored_preemption_spares_a_job_that_only_has_to_clear(r, keys, settings
     for h in ("a", "b"):
         for i in range(4):
             _running(r, keys, w, prod, "chat", "LOW", [f"GPU-host-{h}-{i}"])
-    for lid in {v.split(":")[0] for v in LeaseStore(r, keys).gpu_holders([g.uuid for g in w.gpus]).values() if v}:
+    for lid in {v.split(":")[0] for v in LeaseStore(r, keys).gpu_holders([g.uuid for g in w.env.gpus]).values() if v}:
         r.hset(keys.phase(lid), "execute", "done")
     crit = prod.submit({"endpoint": "chat", "service_s": 10, "priority": "CRITICAL"}).id
     w.tick()

@@ -49,3 +49,19 @@ def test_makespan_commands_in_docs_exist():
         subs = re.findall(r"`makespan ([a-z][a-z-]+)", text) + re.findall(r"^\s*makespan ([a-z][a-z-]+)", code, re.M)
         for sub in subs:
             assert sub in known, (page.name, sub)
+
+
+def test_references_to_planner_page_sections_exist():
+    """A reference to a section of the planner page (docs/planner.md, then the section's
+    name in double quotes) in the docs, the README or the code names a heading of that
+    page: a section moved to bench/RESULTS.md must take its references along."""
+    headings = re.findall(r"^#+ (.+)$", (DOCS / "planner.md").read_text(), re.M)
+    pages = [*DOCS.glob("*.md"), ROOT / "README.md", *ROOT.glob("bench/*.py"),
+             *(p for d in ("app", "planner", "workers", "tests") for p in (ROOT / d).rglob("*.py"))]
+    checked = 0
+    for page in pages:
+        text = " ".join(page.read_text().split())
+        for section in re.findall(r'docs/planner\.md,? "([^"]+)"', text):
+            checked += 1
+            assert any(h.startswith(section.rstrip(".")) for h in headings), (page.name, section)
+    assert checked >= 5  # the configuration page alone names five

@@ -22,6 +22,8 @@ CASES = {
     "cpsat": (["bench/planner_cpsat.py", "--limits", "0.05", "--seeds", "1"], "| jobs | GPUs | limit"),
     "set-point": (["bench/planner_set_point.py", "--seeds", "1", "--windows", "1", "--weights", "0,1", "--wide"],
                   "| weight | weighted completion"),
+    "fleet-scale": (["bench/planner_fleet_scale.py", "--seeds", "1", "--default-seeds", "0", "--sizes", "64x16,64x32"],
+                    "| jobs / GPUs | portfolio old"),
     "tardiness": (["bench/planner_tardiness.py", "--seeds", "1", "--policies", "fifo,tardiness-portfolio",
                    "--static-limit-s", "0.05"], "tardiness"),
 }

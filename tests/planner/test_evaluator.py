@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from makespan.planner.api import POLICIES, POLICY_OBJECTIVE, plan
+from makespan.planner.api import POLICY_REGISTRY, plan
 from makespan.planner.evaluator import InfeasiblePlan, evaluate
 from makespan.planner.model import Assignment, EndpointModel, FleetState, Gpu, PlanJob
 from makespan.planner.synthetic import instance
@@ -68,11 +68,11 @@ def test_rejects_overlap_memory_missing_and_precedence():
                  [PlanJob("g", "a", 1.0, 0.0, 10.0)], st)
 
 
-@pytest.mark.parametrize("policy", sorted(POLICIES))
+@pytest.mark.parametrize("policy", sorted(POLICY_REGISTRY))
 def test_every_policy_returns_an_evaluated_complete_plan(policy):
     batch, st = instance(30, 8, 5, seed=3, spread_s=200)
     p = plan(batch, st, policy)
-    again = evaluate(p, batch, st, objective=POLICY_OBJECTIVE.get(policy, "weighted_completion"))
+    again = evaluate(p, batch, st, objective=POLICY_REGISTRY[policy].objective)
     assert again.objective == pytest.approx(p.objective)
     assert len(p.assignments) == len(batch)
 

@@ -35,3 +35,20 @@ def test_partition_plans_are_feasible_with_gangs():
         out = partition(batch, st)
         if out is not None:
             evaluate(out, batch, st)  # raises InfeasiblePlan otherwise
+
+
+def test_spill_never_takes_a_group_too_small_for_the_job():
+    """A job spills only onto groups with the memory its endpoint needs: here the big
+    endpoint's third job would complete earliest on the small endpoint's 40 GB GPU (it
+    did before the check, and the portfolio's final replay raised InfeasiblePlan)."""
+    gpus = [Gpu("a0", "a", 0, 40_000), Gpu("a1", "a", 1, 40_000), Gpu("b0", "b", 0, 80_000), Gpu("b1", "b", 1, 80_000)]
+    eps = {"small": EndpointModel("small", 1, 20_000, 30.0, 2.0), "big": EndpointModel("big", 1, 60_000, 30.0, 2.0)}
+    st = FleetState(0.0, gpus, eps)
+    batch = [PlanJob(f"b{i}", "big", 1.0, 0.0, 100.0, seq=i) for i in range(3)] + \
+        [PlanJob("s", "small", 1.0, 0.0, 1.0, seq=3)]
+    assert allocate(batch, st) == {"big": [("b0",), ("b1",)], "small": [("a0",)]}
+    out = partition(batch, st, spill=True)
+    assert out is not None
+    assert {a.job_id: a.gpus for a in out}["b2"] in (("b0",), ("b1",))
+    evaluate(out, batch, st)  # every group valid for its job
+    evaluate(portfolio(batch, st).assignments, batch, st)

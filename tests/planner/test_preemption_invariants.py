@@ -1,7 +1,7 @@
 import pytest
 
 from makespan.planner import preemption_plan as pp
-from makespan.planner.api import POLICIES, POLICY_OBJECTIVE, PREEMPTION_FLOOR, plan
+from makespan.planner.api import POLICY_REGISTRY, plan
 from tests.planner.preemption_gen import instance, total
 
 
@@ -29,9 +29,9 @@ def _check(p, batch, state, obj):
 def test_random_preemptive_plans_replay_and_beat_the_floor_branch(policy, limit, seed):
     tard = policy == "tardiness"
     state, batch = instance(seed, deadlines=tard, deps=seed % 3 == 0)
-    obj = POLICY_OBJECTIVE.get(policy, "weighted_completion")
+    obj = POLICY_REGISTRY[policy].objective
     p = plan(batch, state, policy, preemption=True, time_limit_s=limit)
     tot = _check(p, batch, state, obj)
-    floor = plan(batch, state, PREEMPTION_FLOOR[policy], preemption=True)
+    floor = plan(batch, state, POLICY_REGISTRY[policy].floor, preemption=True)
     ftot = _check(floor, batch, state, obj)
     assert tot <= ftot + 1e-6 * max(1.0, abs(ftot))

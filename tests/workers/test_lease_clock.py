@@ -1,7 +1,9 @@
 """Lease time on one clock, the Redis server's: a planner or GPU worker whose clock is
-skewed by ±60 s (``time.time`` patched in the process while it acts) neither reclaims a
-live lease early nor keeps an expired one. Also request leases (the endpoint cap) and
-delayed jobs' due times. Real Redis, the real planner tick (dispatch captured)."""
+skewed by ±60 s neither reclaims a live lease early nor keeps an expired one. The
+planner's clock is injected (a ``ManualClock`` set off the real time); the lease store's
+and the GPU worker's calls run with ``time.time`` patched in the process while they act.
+Also request leases (the endpoint cap) and delayed jobs' due times. Real Redis, the real
+planner tick (dispatch captured)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from makespan.workers.delayed import DelayedJobs
 from makespan.workers.leases import Lease, LeaseStore
 from makespan.workers.planner_worker import PlannerWorker
 from makespan.workers.requests import RequestRunner
+from makespan.workers.tick.clock import ManualClock
 
 SKEW_S = 60.0
 _REAL_TIME = time.time
@@ -43,30 +46,33 @@ SKEWS = [(+SKEW_S, 0.0), (-SKEW_S, 0.0), (0.0, +SKEW_S), (0.0, -SKEW_S)]
 
 
 def _leased_and_renewed(r, keys, settings, monkeypatch, planner_skew_s, worker_skew_s, ttl_s):
-    """The planner (its clock) leases one job; its GPU worker (its clock) renews the lease
-    once with ``ttl_s``. Returns the planner, the job id and the captured dispatches."""
+    """The planner (its clock: ``planner_skew_s`` off, injected) leases one job; its GPU
+    worker (its clock) renews the lease once with ``ttl_s``. Returns the planner, its
+    clock, the job id and the captured dispatches."""
     s = dataclasses.replace(settings, lease_ttl_s=ttl_s)
     sent = []
-    w = PlannerWorker(r, s, ONE_GPU, dispatch=lambda ctx, q: sent.append(ctx))
+    planner_clock = ManualClock(_REAL_TIME() + planner_skew_s)
+    w = PlannerWorker(r, s, ONE_GPU, dispatch=lambda ctx, q: sent.append(ctx), clock=planner_clock)
     w.token = ""
     jid = Producer(r, keys, ONE_GPU, s).submit({"endpoint": "e", "service_s": 1}).id
-    with clock(monkeypatch, planner_skew_s):
-        w.tick()
+    w.tick()
     assert [c.job_id for c in sent] == [jid]
     ctx = sent[0]
     with clock(monkeypatch, worker_skew_s):  # the worker's heartbeat
         assert LeaseStore(r, keys).renew(Lease(ctx.lease_id, ctx.token, tuple(ctx.gpus)), ttl_s)
     r.hset(keys.phase(ctx.lease_id), "evict:claimed", "1")  # its first phase started: an attempt
-    return w, jid, sent
+    return w, planner_clock, jid, sent
 
 
 @pytest.mark.parametrize("planner_skew_s,worker_skew_s", SKEWS)
 def test_a_live_lease_is_not_reclaimed_whatever_the_clocks(r, keys, settings, monkeypatch,
                                                            planner_skew_s, worker_skew_s):
-    w, jid, sent = _leased_and_renewed(r, keys, settings, monkeypatch, planner_skew_s, worker_skew_s, ttl_s=5.0)
-    with clock(monkeypatch, planner_skew_s):
+    w, _clock, jid, sent = _leased_and_renewed(r, keys, settings, monkeypatch, planner_skew_s, worker_skew_s,
+                                               ttl_s=5.0)
+    with clock(monkeypatch, planner_skew_s):  # the planner process's lease store
         assert w.leases.expired() == []
-        w.tick()
+    w.tick()
+    with clock(monkeypatch, planner_skew_s):
         assert w.leases.reclaim_expired(max_attempts=3) == {}
     assert _reclaimed(r, keys, jid) == [] and len(sent) == 1
     assert r.hget(keys.job(jid), "state") == "leased" and r.hget(keys.job(jid), "attempts") == "0"
@@ -76,12 +82,14 @@ def test_a_live_lease_is_not_reclaimed_whatever_the_clocks(r, keys, settings, mo
 @pytest.mark.parametrize("planner_skew_s,worker_skew_s", SKEWS)
 def test_an_expired_lease_is_reclaimed_whatever_the_clocks(r, keys, settings, monkeypatch,
                                                            planner_skew_s, worker_skew_s):
-    w, jid, sent = _leased_and_renewed(r, keys, settings, monkeypatch, planner_skew_s, worker_skew_s, ttl_s=0.3)
+    w, planner_clock, jid, sent = _leased_and_renewed(r, keys, settings, monkeypatch, planner_skew_s,
+                                                      worker_skew_s, ttl_s=0.3)
     time.sleep(0.5)  # the worker stopped renewing: its GPU key (PX, server clock) is gone
+    planner_clock.advance(0.5)
     assert r.get(keys.gpu(sent[0].gpus[0])) is None
-    with clock(monkeypatch, planner_skew_s):
+    with clock(monkeypatch, planner_skew_s):  # the planner process's lease store
         assert w.leases.expired() == [sent[0].lease_id]
-        w.tick()  # reaps, requeues and leases the job again
+    w.tick()  # reaps, requeues and leases the job again
     assert [e["outcome"] for e in _reclaimed(r, keys, jid)] == ["requeued"]
     assert r.hget(keys.job(jid), "attempts") == "1" and [c.job_id for c in sent] == [jid, jid]
 

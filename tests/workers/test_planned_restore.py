@@ -1,5 +1,5 @@
 """The live planner worker starts a plan's set-point restore while jobs are queued
-(workers/drain.py ``_restore_planned``): in-process against real Redis, dispatch captured."""
+(workers/drain.py ``RestorePlanned``): in-process against real Redis, dispatch captured."""
 
 from __future__ import annotations
 

@@ -8,6 +8,7 @@ import pytest
 from makespan.errors import LeaseError
 from makespan.models import Priority, load_fleet
 from makespan.producer import Producer
+from makespan.workers.batch import drop_stale
 from makespan.workers.leases import LeaseStore, preempt
 from makespan.workers.planner_worker import PlannerWorker
 
@@ -88,8 +89,8 @@ def test_stale_entry_cleanup_keeps_a_requeued_job(r, keys, prod, fleet, settings
     jid = prod.submit({"endpoint": "embed", "service_s": 5}).id
     w = PlannerWorker(r, settings, fleet, dispatch=lambda *a: None)
     w.token = r.incr(keys.planner_fence) and r.get(keys.planner_fence)
-    w._drop_stale(keys.queue(Priority.NORMAL), jid)  # the job is queued: nothing removed
+    drop_stale(w.env, w.token, keys.queue(Priority.NORMAL), jid)  # the job is queued: nothing removed
     assert r.zscore(keys.queue(Priority.NORMAL), jid) is not None
     r.hset(keys.job(jid), "state", "cancelled")
-    w._drop_stale(keys.queue(Priority.NORMAL), jid)
+    drop_stale(w.env, w.token, keys.queue(Priority.NORMAL), jid)
     assert r.zscore(keys.queue(Priority.NORMAL), jid) is None

@@ -1,0 +1,69 @@
+"""The planner worker's clock, injected (Kueue's ``WithClock`` is the model).
+
+Every reading of the planner's own clock on the tick's path goes through a
+:class:`Clock`: ``now()`` (unix seconds: the workload clock ``now_s`` is it divided by
+``time_scale``, event timestamps, waiting times) and ``monotonic()`` (seconds from an
+arbitrary origin: durations such as a solve's, refresh intervals). Production uses
+:class:`SystemClock`; a test passes a :class:`ManualClock` and moves it with
+:meth:`ManualClock.advance` instead of patching ``time.time`` or sleeping.
+
+Times on the Redis server's clock (lease expiry, delayed jobs' due times) are not read
+here: the scripts read ``TIME`` themselves.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Protocol
+
+
+class Clock(Protocol):
+    """What the planner worker asks of a clock."""
+
+    def now(self) -> float:
+        """Unix time, s."""
+        ...
+
+    def monotonic(self) -> float:
+        """A monotonic time, s, from an arbitrary origin (only differences mean anything)."""
+        ...
+
+
+class SystemClock:
+    """This host's clock: ``time.time`` and ``time.monotonic``."""
+
+    def now(self) -> float:
+        return time.time()
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+
+class ManualClock:
+    """A clock that moves only when told to (tests).
+
+    Args:
+        now_s: the unix time it starts at, s (e.g. ``time.time() + 60`` for a planner
+            whose clock runs a minute ahead of the Redis server's).
+        monotonic_s: the monotonic reading it starts at, s.
+    """
+
+    def __init__(self, now_s: float, monotonic_s: float = 0.0):
+        self._now_s = float(now_s)
+        self._monotonic_s = float(monotonic_s)
+
+    def now(self) -> float:
+        return self._now_s
+
+    def monotonic(self) -> float:
+        return self._monotonic_s
+
+    def advance(self, seconds: float) -> None:
+        """Move both readings forward by ``seconds``.
+
+        Raises:
+            ValueError: ``seconds`` is negative (a monotonic clock never goes back)."""
+        if seconds < 0:
+            raise ValueError(f"a clock only moves forward, got {seconds!r} s")
+        self._now_s += seconds
+        self._monotonic_s += seconds

@@ -1,0 +1,140 @@
+"""What the planner tick's steps read and write, declared.
+
+* :class:`Snapshot`: what a tick reads in one round trip (frozen);
+* :class:`FormedBatch`: the batch and what forming it learned about the queues;
+* :class:`TickEnv`: the worker's fixed parts (Redis, settings, fleet, stores, clock);
+* :class:`CrossTickState`: the only state that lives from one tick to the next;
+* :class:`TickContext`: one tick's data, passed explicitly to every step's ``run``.
+
+Times: ``*_s`` fields on :class:`makespan.planner.model.FleetState` and plans are workload
+seconds (wall seconds ÷ ``time_scale``); :meth:`TickEnv.now_s` is the workload clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Mapping
+
+import redis
+
+from makespan.keys import Keys
+from makespan.models import FleetSpec, Priority
+from makespan.planner.model import EndpointModel, FleetState, Gpu, Plan, PlanJob
+from makespan.settings import Settings
+from makespan.workers.tick.clock import Clock
+
+if TYPE_CHECKING:  # pragma: no cover - types only
+    from makespan.planner.reservation import Reservation
+    from makespan.workers.agenda import AgendaTracker
+    from makespan.workers.delayed import DelayedJobs
+    from makespan.workers.improver import BackgroundImprover
+    from makespan.workers.leases import LeaseStore
+    from makespan.workers.phases import PhaseContext
+    from makespan.workers.retention import Retention
+
+Dispatch = Callable[["PhaseContext", str], None]  # (phase chain, host queue name): sends it
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What every tick reads, in one round trip (:func:`makespan.workers.fleet_view.read_snapshot`).
+
+    ``gpu_holders`` and ``residents`` are in fleet order (:attr:`TickEnv.gpus`): a GPU
+    key's ``lease id:token`` or None, a resident key's instance value or None."""
+
+    expired_leases: tuple[str, ...]  # ids of leases expired on the Redis server's clock
+    agenda_entries: int  # open agenda entries
+    gpu_holders: tuple[str | None, ...]
+    residents: tuple[str | None, ...]
+    workloads_active: int  # active workloads (a workload pass may change the queues)
+    queue_heads: Mapping[Priority, tuple[str, ...]]  # first batch_size ids of each queue, CRITICAL first
+
+    def held_gpus(self, gpus: tuple[Gpu, ...]) -> set[str]:
+        """UUIDs of the GPUs a lease holds (``gpus``: the fleet order of the snapshot)."""
+        return {gpu.uuid for gpu, holder in zip(gpus, self.gpu_holders) if holder}
+
+
+@dataclass
+class FormedBatch:
+    """A batch (:func:`makespan.workers.batch.form_batch`) and what its scan learned.
+    Written once by that function; read-only for the steps after it."""
+
+    jobs: list[PlanJob] = field(default_factory=list)
+    meta: dict[str, tuple[str, float]] = field(default_factory=dict)  # job -> (traceparent, submitted unix s)
+    own_level: dict[str, Priority] = field(default_factory=dict)  # job -> its submitted level (queue, lease)
+    awaited: set[str] = field(default_factory=set)  # deps of the unready steps read (never victims)
+    unready_level: dict[str, int] = field(default_factory=dict)  # dep -> highest level of a step waiting on it
+    unready: dict[str, tuple[str, ...]] = field(default_factory=dict)  # unready step -> its deps
+    left_out: dict[str, tuple[Priority, int]] = field(default_factory=dict)  # read, not taken -> (level, position)
+    requeued: set[str] = field(default_factory=set)  # taken jobs whose record says they were preempted
+
+
+@dataclass(frozen=True)
+class TickEnv:
+    """The planner worker's fixed parts, shared by every tick (built once by the worker)."""
+
+    r: redis.Redis
+    settings: Settings
+    fleet: FleetSpec
+    keys: Keys
+    leases: LeaseStore
+    delayed: DelayedJobs
+    retention: Retention
+    agenda: AgendaTracker | None
+    gpus: tuple[Gpu, ...]  # fleet order
+    set_points: tuple[tuple[str, tuple[str, ...]], ...]  # (endpoint, GPU UUIDs) of each set-point instance
+    clock: Clock
+    dispatch: Dispatch | None = None  # None: makespan.workers.tasks.dispatch
+
+    def now_s(self) -> float:
+        """The workload clock, s: the clock's unix time ÷ ``time_scale``."""
+        return self.clock.now() / self.settings.time_scale
+
+
+@dataclass
+class CrossTickState:
+    """Everything a tick leaves for the next ones (one owner each, named per field)."""
+
+    endpoints: dict[str, EndpointModel]  # the learned endpoint models (fleet_view.refresh_learned)
+    improver: BackgroundImprover | None = None  # the solver policies' background improver (plan step)
+    learned_at_s: float = float("-inf")  # clock.monotonic() of the last learned-models read (fleet_view)
+    solve_stats: list[str] = field(default_factory=list)  # "solve s:batch size" not yet written (fleet_view)
+    recent_jobs: dict[str, PlanJob] = field(default_factory=dict)  # arrivals behind the demand (fleet_view)
+    idle_checked: bool = False  # the drain was checked in this idle period (drain)
+    reason_counts_written: bool = True  # P:planner:reasons may hold counts (wait_reasons)
+    last_traceparent: dict[str, str] = field(default_factory=dict)  # GPU -> last job's traceparent (starts)
+
+
+@dataclass
+class TickContext:
+    """One tick's data, passed to each step's ``run`` in :data:`makespan.workers.tick.steps.TICK_STEPS`
+    order. Each field names the step that writes it; later steps only read it (except
+    the GPU sets ``taken``, ``started``, ``dispatched``, which every starting step extends)."""
+
+    env: TickEnv
+    kept: CrossTickState
+    token: str  # the planner's fencing token for this tick ('' = unchecked, tests)
+    snapshot: Snapshot | None = None  # ReadSnapshot (again by ReclaimExpired when it reclaimed)
+    held_gpus: set[str] = field(default_factory=set)  # FormBatch: GPUs a lease held at the snapshot
+    batch_formed: bool = False  # FormBatch: a batch was formed (a GPU free, or CRITICAL/HIGH queued)
+    formed: FormedBatch = field(default_factory=FormedBatch)  # FormBatch
+    fleet_state: FleetState | None = None  # ReadFleet (demand filled by NoteDemand)
+    lease_job: dict[str, str] = field(default_factory=dict)  # ReadFleet: GPU -> job of the lease holding it
+    plan: Plan | None = None  # PlanBatch: the plan after the reservation and the fast lane
+    reservations: dict[str, Reservation] = field(default_factory=dict)  # PlanBatch: job -> its reservation
+    taken: set[str] = field(default_factory=set)  # GPUs held or leased this tick (StartPlanned on)
+    started: set[str] = field(default_factory=set)  # StartPlanned: jobs of the plan leased this tick
+    dispatched: set[str] = field(default_factory=set)  # jobs leased this tick (starts and preemptions)
+    waiting: list[PlanJob] = field(default_factory=list)  # Preempt: CRITICAL/HIGH batch jobs not started
+    requeued_now: int = 0  # Preempt: victims put back in their queue
+    victims: list[str] = field(default_factory=list)  # Preempt: job ids of those victims
+
+    @property
+    def batch(self) -> list[PlanJob]:
+        """This tick's batch (empty when none was formed)."""
+        return self.formed.jobs
+
+    def tick_again(self) -> bool:
+        """Whether another tick may start more at once: it dispatched, and a GPU is still
+        free or a CRITICAL/HIGH job still waits (else the loop sleeps until woken)."""
+        return bool(self.dispatched) and (len(self.taken) < len(self.env.gpus) or bool(self.waiting))

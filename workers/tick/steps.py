@@ -1,0 +1,199 @@
+"""The planner tick's steps, and :data:`TICK_STEPS`: the one place that lists them in the
+order the tick runs them.
+
+Each step is an object with a ``name`` and ``run(ctx)``; it reads what the steps before
+it wrote to the :class:`~makespan.workers.tick.context.TickContext` and decides itself
+whether it applies (a step that needs a batch does nothing without one). The small
+steps live here; the larger ones beside their helpers:
+
+=============================  ==============================================  ====================
+step                           what it does                                    module
+=============================  ==============================================  ====================
+``SweepRetention``             at most one bounded sweep of finished state     here
+``PromoteDelayed``             due delayed jobs join their queue               here
+``ReadSnapshot``               one round trip: leases, GPUs, queue heads       ``fleet_view``
+``ReclaimExpired``             expired leases reclaimed; snapshot read again   here
+``ReapAgenda``                 agenda entries reaped                           here
+``FormBatch``                  the batch, strict priority                      ``batch``
+``ReadFleet``                  the planner's FleetState                        ``fleet_view``
+``NoteDemand``                 future-cost inputs from recent arrivals         ``fleet_view``
+``PlanBatch``                  plan, reservation, fast lane, published         here
+``StartPlanned``               lease and send what starts now                  ``starts``
+``Preempt``                    preempt for waiting CRITICAL/HIGH jobs          ``preemption``
+``RestorePlanned``             the plan's set-point restores that start now    ``drain``
+``OfferRest``                  the jobs left queued go to the improver         here
+``WriteWaitReasons``           each waiting job's reason and ETA               ``wait_reasons``
+``SetPointsAndDrain``          idle: restore set points, check the drain       ``drain``
+=============================  ==============================================  ====================
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Protocol
+
+from makespan import metrics
+from makespan.planner import fast_lane
+from makespan.planner.api import lane_replan, plan
+from makespan.planner.policies import POLICY_REGISTRY
+from makespan.planner.replay import state_after
+from makespan.planner.reservation import enforce
+from makespan.workers.batch import FormBatch
+from makespan.workers.drain import RestorePlanned, SetPointsAndDrain
+from makespan.workers.fleet_view import NoteDemand, ReadFleet, ReadSnapshot, read_snapshot
+from makespan.workers.plan_view import publish_plan
+from makespan.workers.preemption import Preempt
+from makespan.workers.starts import StartPlanned
+from makespan.workers.tick.context import TickContext
+from makespan.workers.wait_reasons import WriteWaitReasons
+
+log = logging.getLogger("makespan.planner")
+
+
+
+class Step(Protocol):
+    """One part of the tick."""
+
+    name: str
+
+    def run(self, ctx: TickContext) -> None:
+        """Do this step's part of the tick on ``ctx`` (read what earlier steps wrote).
+
+        Raises:
+            LeaseError: the planner was fenced off (the loop stands by).
+            redis.RedisError, StoreError: Redis failed (the loop counts a failed tick)."""
+        ...
+
+
+class SweepRetention:
+    """Step: bounded state, at most one retention sweep per tick (:mod:`makespan.workers.retention`)."""
+
+    name = "sweep retention"
+
+    def run(self, ctx: TickContext) -> None:
+        ctx.env.retention.maybe_sweep()
+
+
+class PromoteDelayed:
+    """Step: due delayed jobs (``delay_s``, retry backoff) join their queue (fenced by the token)."""
+
+    name = "promote delayed"
+
+    def run(self, ctx: TickContext) -> None:
+        ctx.env.delayed.promote(ctx.token)
+
+
+class ReclaimExpired:
+    """Step: reclaim the leases the snapshot found expired (requeue, delay or fail their
+    jobs), then read the snapshot again (the reclaims freed GPUs and requeued jobs)."""
+
+    name = "reclaim expired leases"
+
+    def run(self, ctx: TickContext) -> None:
+        snapshot = ctx.snapshot
+        assert snapshot is not None, "ReadSnapshot runs before ReclaimExpired"
+        if not snapshot.expired_leases:
+            return
+        env, settings = ctx.env, ctx.env.settings
+        reclaimed = env.leases.reclaim_expired(settings.max_attempts, settings.retry_backoff_s,
+                                               settings.retry_backoff_max_s, expired=list(snapshot.expired_leases))
+        if reclaimed:
+            log.warning("reclaimed expired leases: %s", reclaimed)
+            for _ in range(sum(reclaimed.values())):
+                metrics.lease_reclaimed()
+        if reclaimed.get("requeued") and settings.retry_backoff_s > 0:  # now in P:delayed: wake up
+            first_wait_s = min(settings.retry_backoff_s, settings.retry_backoff_max_s)
+            env.delayed.note_due(env.delayed.server_now_s() + first_wait_s)  # when the first is due
+        ctx.snapshot = read_snapshot(env, ctx.kept)
+
+
+class ReapAgenda:
+    """Step: reap the agenda (:mod:`makespan.workers.agenda`) when the snapshot saw open entries."""
+
+    name = "reap agenda"
+
+    def run(self, ctx: TickContext) -> None:
+        assert ctx.snapshot is not None, "ReadSnapshot runs before ReapAgenda"
+        if ctx.env.agenda is not None and ctx.snapshot.agenda_entries:
+            ctx.env.agenda.reap()
+
+
+class PlanBatch:
+    """Step: the batch's plan. A solver policy plans its greedy floor now and takes the
+    background improver's better plan when it has one; the others call ``plan`` with the
+    solve limit. Then the aged job's reservation (:func:`makespan.planner.reservation.enforce`,
+    backfilled) and the fast lane's levels (:func:`makespan.planner.fast_lane.enforce`: no class
+    worse off than strict priority). The solve time is observed and kept for the next
+    snapshot; the plan is published for the dashboard (``P:plan``). Writes ``plan`` and
+    ``reservations``; a planned batch ends the idle period (``kept.idle_checked``)."""
+
+    name = "plan"
+
+    def run(self, ctx: TickContext) -> None:
+        if not ctx.batch:
+            return
+        env, kept, state, batch = ctx.env, ctx.kept, ctx.fleet_state, ctx.batch
+        assert state is not None, "ReadFleet runs before PlanBatch"
+        settings = env.settings
+        kept.idle_checked = False
+        policy = POLICY_REGISTRY.lookup(settings.policy)
+        objective = policy.objective
+        started_at_s = env.clock.monotonic()
+        if kept.improver is not None:  # a solver policy: greedy floor now, CP-SAT off the tick
+            floor = plan(batch, state, POLICY_REGISTRY.floor_of(policy) or policy)
+            chosen = kept.improver.best(floor, batch, state)
+        else:
+            chosen = plan(batch, state, settings.policy, time_limit_s=settings.solve_time_limit_s)
+        chosen, reservations = enforce(chosen, batch, state, settings.reservation_after_s, objective)
+        ctx.reservations = {reservation.job_id: reservation for reservation in reservations}
+        chosen, _late = fast_lane.enforce(chosen, batch, state, settings.fast_lane_levels, objective=objective,
+                                          replan=lane_replan(policy))
+        solve_s = env.clock.monotonic() - started_at_s
+        metrics.observe_solve(solve_s, len(batch))
+        kept.solve_stats.append(f"{solve_s:.6f}:{len(batch)}")  # written with the next snapshot
+        publish_plan(env.r, env.keys, chosen, batch, state.now_s, settings.time_scale)  # P:plan, for the dashboard
+        ctx.plan = chosen
+
+
+class OfferRest:
+    """Step, for a solver policy: hand the jobs this tick left queued to the background
+    improver, on the fleet as the plan's starts of this tick (``started``) leave it,
+    replayed (GPUs busy until their planned end, evicted endpoints asleep where they
+    have a sleep mode). Jobs started by preemption keep the victims' GPUs busy as the
+    state has them. Only when the plan's horizon makes a solve worth it."""
+
+    name = "offer the rest to the improver"
+
+    def run(self, ctx: TickContext) -> None:
+        improver, state, plan_now = ctx.kept.improver, ctx.fleet_state, ctx.plan
+        if improver is None or not ctx.batch:
+            return
+        assert state is not None and plan_now is not None, "PlanBatch runs before OfferRest"
+        rest = [job for job in ctx.batch if job.id not in ctx.dispatched]
+        last_end_s = max((assignment.end_s for assignment in plan_now.assignments), default=state.now_s)
+        horizon_s = (last_end_s - state.now_s) * ctx.env.settings.time_scale
+        if not rest or not improver.worth_solving(horizon_s):
+            return
+        jobs = {job.id: job for job in ctx.batch}
+        improver.offer(rest, state_after(state, jobs, plan_now.assignments, ctx.started))
+
+
+TICK_STEPS: tuple[Step, ...] = (
+    SweepRetention(),
+    PromoteDelayed(),
+    ReadSnapshot(),
+    ReclaimExpired(),
+    ReapAgenda(),
+    FormBatch(),
+    ReadFleet(),
+    NoteDemand(),
+    PlanBatch(),
+    StartPlanned(),
+    Preempt(),
+    RestorePlanned(),
+    OfferRest(),
+    WriteWaitReasons(),
+    SetPointsAndDrain(),
+)
+"""The tick, in order (module doc's table). :class:`makespan.workers.planner_worker.PlannerWorker`
+runs them over one fresh context per tick."""
