@@ -8,12 +8,12 @@ script on the tick's pipeline) and never cut one that a waiting step waits on, h
 far back in its queue that step sits (workers/preemption.py).
 
 Maintenance is atomic with the change of the waiting step, inside the same Lua script
-(the snippets below are prepended to those scripts):
+(``awaited_add`` / ``awaited_drop`` of the store's ``makespan/store/lua/lib.lua``):
 
-* added (:data:`ADD_LUA`) where a step with deps is written: ``makespan.producer`` submit,
+* added (``awaited_add``) where a step with deps is written: ``makespan.producer`` submit,
   ``makespan.workloads`` submit and ``makespan.workload_execution`` retry (a retry also moves its
   queued dependants from the failed attempt's id to the new one, as it rewrites their ``deps``);
-* removed (:data:`DROP_LUA`) where it stops waiting: leased (``makespan.workers.leases``
+* removed (``awaited_drop``) where it stops waiting: leased (``makespan.workers.leases``
   acquire), cancelled (``makespan.producer`` cancel, workload cancel and a dependant
   cancelled by the planner or by a workload's failure). Failing or completing needs a
   lease first, so its entries are already gone. A leased step that is preempted or
@@ -22,7 +22,7 @@ Maintenance is atomic with the change of the waiting step, inside the same Lua s
 
 A member whose job is no longer queued or delayed is a leak: :func:`leaked` counts
 them (the planner's drain check, ``drain_counts``). Keys live under the key prefix;
-like the other scripts here, the snippets build them from the prefix passed in.
+the library builds them from the prefix passed in (:attr:`makespan.keys.Keys.script_prefix`).
 """
 
 from __future__ import annotations
@@ -30,38 +30,13 @@ from __future__ import annotations
 import redis
 
 from makespan.keys import Keys
-
-# Lua: ``awaited_add(prefix, job_id, deps_json)`` / ``awaited_drop(prefix, job_id, deps_json)``:
-# SADD / SREM ``job_id`` on ``prefix:awaited:{d}`` for each d of the JSON list (nil or '' = none).
-# SREM of the last member deletes the set.
-ADD_LUA = """
-local function awaited_add(prefix, job, deps_json)
-  if not deps_json or deps_json == '' then return end
-  for _, d in ipairs(cjson.decode(deps_json)) do redis.call('SADD', prefix .. ':awaited:' .. d, job) end
-end
-"""
-DROP_LUA = """
-local function awaited_drop(prefix, job, deps_json)
-  if not deps_json or deps_json == '' then return end
-  for _, d in ipairs(cjson.decode(deps_json)) do redis.call('SREM', prefix .. ':awaited:' .. d, job) end
-end
-"""
-
-# The leased jobs (``P:running``) that a waiting job waits on. KEYS: running ; ARGV: prefix
-_AWAITED_RUNNING = """
-local out = {}
-for _, j in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
-  if redis.call('EXISTS', ARGV[1] .. ':awaited:' .. j) == 1 then table.insert(out, j) end
-end
-return out
-"""
-
+from makespan.store import JobState, JobStore
 
 def queue_awaited_running(p: redis.client.Pipeline, keys: Keys) -> None:
     """Queue on ``p`` the read of the leased job ids (``P:running``, at most one per GPU)
     that some queued or delayed job waits on; ``p.execute()`` answers a list of ids.
     Sent as EVAL: no SCRIPT EXISTS round trip, no NOSCRIPT after a Redis restart."""
-    p.eval(_AWAITED_RUNNING, 1, keys.running, keys.prefix)
+    JobStore(p, keys).queue_awaited_running(p)
 
 
 def waiters(r: redis.Redis, keys: Keys, job_id: str) -> set[str]:
@@ -79,7 +54,7 @@ def leaked(r: redis.Redis, keys: Keys) -> dict[str, list[str]]:
         p = r.pipeline(transaction=False)
         for m in members:
             p.hget(keys.job(m), "state")
-        bad = [m for m, st in zip(members, p.execute()) if st not in ("queued", "delayed")]
+        bad = [m for m, st in zip(members, p.execute()) if st not in (JobState.QUEUED.value, JobState.DELAYED.value)]
         if bad:
             out[k.rsplit(":", 1)[1]] = bad
     return out

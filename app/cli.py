@@ -344,10 +344,10 @@ def result(job_id: str, timeout_s: Optional[float] = typer.Option(None, help="wa
     except WorkloadError as e:
         typer.echo(e.traceback.rstrip() or f"{e.error_type}: {e.message}", err=True)
         typer.echo(f"job {job_id} failed (attempt {e.attempt}): {e.error_type}: {e.message}", err=True)
-        raise typer.Exit(1)
+        raise typer.Exit(1) from e
     except (JobCancelled, JobFailed) as e:
         typer.echo(str(e), err=True)
-        raise typer.Exit(1)
+        raise typer.Exit(1) from e
     except MakespanError as e:
         _fail(e)
     typer.echo(json.dumps(value, indent=2, ensure_ascii=False))
@@ -418,7 +418,7 @@ def simulate(trace: Path, fleet: Path = FleetOpt, policy: str = typer.Option(SIM
              quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress lines on stderr")):
     """The planner in virtual time (no Redis) over a trace; prints the report JSON. Progress goes to stderr every few seconds of a long run."""
     try:
-        sim = importlib.import_module("makespan.planner.simulator")
+        sim = importlib.import_module("makespan.simulation")
     except ImportError:
         _fail(MakespanError("the simulator is not built yet"))
     last = [time.monotonic()]

@@ -83,7 +83,10 @@ def run_live(trace_jobs: list[TraceJob], fleet_path: Path, *, time_scale: float,
     from makespan.planner.simulator import writable_report_path
 
     fleet = load_fleet(fleet_path)
-    chosen = check_policy(policy, "--policy") if policy else Settings.from_env().policy  # from_env checks it
+    if policy:  # an unknown policy fails before anything starts
+        check_policy(policy, "--policy")
+    else:
+        Settings.from_env()  # checks MAKESPAN_POLICY
     if report_path:
         report_path = writable_report_path(report_path)
     telemetry.instrument_producer("makespan-producer")

@@ -17,15 +17,20 @@ from typing import Any
 
 import redis
 
-MAX_EVENTS = 1_000_000  # approximate cap of the stream (XADD MAXLEN ~)
+from makespan.store import events as _store_events
+
+MAX_EVENTS = _store_events.DEFAULT_EVENTS_MAX_LEN  # approximate cap of the stream (Settings.events_max_len's default)
 
 
 def record(r: redis.Redis, key: str, kind: str, pipe: Any = None, **fields: Any) -> None:
-    """Append one event; with ``pipe`` the XADD joins that pipeline's transaction."""
+    """Append one event to the stream ``key`` (the store's :func:`makespan.store.events.append`);
+    with ``pipe`` the XADD joins that pipeline's transaction.
+
+    Raises:
+        StoreError: Redis failed (without ``pipe``)."""
     body = {"ts": time.time(), "kind": kind}
     body.update({k: v for k, v in fields.items() if v is not None})
-    target = pipe if pipe is not None else r
-    target.xadd(key, {"e": json.dumps(body, separators=(",", ":"))}, maxlen=MAX_EVENTS, approximate=True)
+    _store_events.append(pipe if pipe is not None else r, key, body, MAX_EVENTS)
 
 
 def read_all(r: redis.Redis, key: str, batch: int = 10_000) -> Iterator[dict[str, Any]]:

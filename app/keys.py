@@ -23,8 +23,14 @@ key                                    type    contents
 ``P:busy:{lease_id}``                  string  a busy endpoint slot (execute phase in progress)
 ``P:agenda:{op_id}``                   hash    agenda entry (see makespan.workers.agenda)
 ``P:agenda:index``                     zset    open agenda op ids, score = expected end
+``P:agenda:{op_id}:lock``              string  the agenda entry's lock (redis-py Lock)
+``P:finished``                         zset    finished job ids not compacted yet, score =
+                                               finish time (makespan.workers.retention)
+``P:retained``                         zset    compacted job summaries, score = finish time
+``P:retention``                        hash    finished jobs by final state, last_finished_s
 ``P:planner:leader``                   string  planner leader lock (redis-py Lock)
 ``P:planner:fence``                    string  planner fencing counter
+``P:planner:solve_s``                  list    the planner's latest solve times (fleet_view)
 ``P:planner:wake``                     list    wake-ups for the planner (submit, release)
 ``P:planner:reasons``                  hash    wait reason code -> queued jobs the planner's last
                                                reason write gave it (see makespan.wait_reasons)
@@ -64,6 +70,11 @@ key                                    type    contents
                                                (learned durations, see makespan.estimates)
 =====================================  ======  ==============================================
 
+Lua scripts (:mod:`makespan.store`) that must build per-id keys from ids they read
+(a lease's GPUs, a job's queue) build them from ONE prefix argument,
+:attr:`Keys.script_prefix`, with the builders of ``makespan/store/lua/lib.lua``, which
+mirror the methods here (a test compares them).
+
 Celery's own keys are prefixed with ``P:celery:`` through kombu's ``global_keyprefix``.
 """
 
@@ -79,6 +90,11 @@ class Keys:
     """Key builder for one key prefix (one makespan deployment or one test)."""
 
     prefix: str = "makespan"
+
+    @property
+    def script_prefix(self) -> str:
+        """The prefix a Lua script builds per-id keys from (``lib.lua``'s ``key_*`` builders)."""
+        return self.prefix
 
     def queue(self, level: Priority | str) -> str:
         name = level.name if isinstance(level, Priority) else str(level).upper()
@@ -131,6 +147,11 @@ class Keys:
     def phase(self, lease_id: str) -> str:
         return f"{self.prefix}:phase:{lease_id}"
 
+    @property
+    def phase_pattern(self) -> str:
+        """SCAN pattern of every :meth:`phase` hash."""
+        return f"{self.prefix}:phase:*"
+
     def busy(self, lease_id: str) -> str:
         return f"{self.prefix}:busy:{lease_id}"
 
@@ -140,6 +161,30 @@ class Keys:
 
     def agenda(self, op_id: str) -> str:
         return f"{self.prefix}:agenda:{op_id}"
+
+    @property
+    def agenda_pattern(self) -> str:
+        """SCAN pattern of every agenda key (entries, locks, the index)."""
+        return f"{self.prefix}:agenda:*"
+
+    def agenda_lock(self, op_id: str) -> str:
+        """The lock of agenda entry ``op_id`` (redis-py Lock)."""
+        return f"{self.prefix}:agenda:{op_id}:lock"
+
+    @property
+    def finished(self) -> str:
+        """zset of finished job ids waiting for compaction, score = finish time (unix s)."""
+        return f"{self.prefix}:finished"
+
+    @property
+    def retained(self) -> str:
+        """zset of compacted job summaries, score = finish time (unix s)."""
+        return f"{self.prefix}:retained"
+
+    @property
+    def retention_tally(self) -> str:
+        """hash of finished jobs by final state, and ``last_finished_s``."""
+        return f"{self.prefix}:retention"
 
     @property
     def agenda_index(self) -> str:
@@ -153,6 +198,11 @@ class Keys:
     def planner_wake(self) -> str:
         """List pushed to when a job is submitted or a lease released: wakes the planner."""
         return f"{self.prefix}:planner:wake"
+
+    @property
+    def planner_solve_times(self) -> str:
+        """list of the planner's latest solve times (``"{seconds}:{batch size}"`` entries)."""
+        return f"{self.prefix}:planner:solve_s"
 
     @property
     def planner_fence(self) -> str:

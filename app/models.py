@@ -1,4 +1,4 @@
-"""Domain model: priorities, fleet (hosts, GPUs, endpoints) and jobs, with validation.
+"""Domain model: fleet (hosts, GPUs, endpoints) and jobs, with validation.
 
 Specs are frozen pydantic models that reject unknown keys. :func:`load_fleet` reads a
 TOML fleet file (see ``examples/render-pipeline.toml`` and docs/configuration.md).
@@ -8,7 +8,6 @@ field (a dotted path) and the value.
 
 from __future__ import annotations
 
-import enum
 import json
 import math
 import re
@@ -22,37 +21,12 @@ import pydantic_core
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from makespan.errors import ValidationError
+from makespan.priorities import Priority  # re-exported: its home is the core module makespan.priorities
+from makespan.store.states import FINAL_STATES as _STORE_FINAL_STATES
 
 
-class Priority(enum.IntEnum):
-    """Priority levels; the value is the level index (0 is the most urgent)."""
-
-    CRITICAL = 0
-    HIGH = 1
-    NORMAL = 2
-    LOW = 3
-
-    @property
-    def weight(self) -> int:
-        """Weight w_j in the objective Σ w_j (C_j − r_j): 8, 4, 2, 1."""
-        return {0: 8, 1: 4, 2: 2, 3: 1}[int(self)]
-
-    def may_preempt(self, other: "Priority") -> bool:
-        """Design notes: CRITICAL preempts HIGH/NORMAL/LOW, HIGH preempts NORMAL/LOW."""
-        return self <= Priority.HIGH and other > self
-
-    @classmethod
-    def parse(cls, value: "Priority | str | int", field: str = "priority") -> "Priority":
-        if isinstance(value, Priority):
-            return value
-        if isinstance(value, str) and value.upper() in cls.__members__:
-            return cls[value.upper()]
-        if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 3:
-            return cls(value)
-        raise ValidationError(field, value, "unknown priority level; use CRITICAL, HIGH, NORMAL or LOW")
-
-
-FINAL_STATES = ("completed", "failed", "cancelled")  # a job in one of these states never changes again
+# a job in one of these states never changes again: ("completed", "failed", "cancelled"), from makespan.store.states
+FINAL_STATES = _STORE_FINAL_STATES
 
 MAX_DELAY_S = 30 * 24 * 3600.0  # longest delay_s a job may carry, s
 

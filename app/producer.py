@@ -19,70 +19,11 @@ from typing import Any
 import redis
 
 from makespan import metrics, telemetry
-from makespan.awaited import ADD_LUA, DROP_LUA
 from makespan.errors import NotFoundError, StoreError, ValidationError
 from makespan.keys import Keys
 from makespan.models import FleetSpec, JobSpec, Priority, parse_job
 from makespan.settings import Settings
-
-# KEYS: idem (or a dummy when no key), seq, job, queue, events, planner wake list, delayed
-# ARGV: has_idem, job_id, fields JSON (flat map), event JSON, delay s ('' = queue now), key prefix
-# A delayed job's due time (not_before, its P:delayed score) = the Redis server's clock + delay.
-# A job with deps joins the reverse-dependency index of each (makespan.awaited) in the same script.
-_SUBMIT = ADD_LUA + """
-if ARGV[1] == '1' then
-  local existing = redis.call('GET', KEYS[1])
-  if existing then return {0, existing} end
-end
-local seq = redis.call('INCR', KEYS[2])
-local fields = cjson.decode(ARGV[3])
-local flat = {}
-for k, v in pairs(fields) do table.insert(flat, k); table.insert(flat, tostring(v)) end
-table.insert(flat, 'seq'); table.insert(flat, tostring(seq))
-local ev = ARGV[4]
-local due = nil
-if ARGV[5] ~= '' then
-  local t = redis.call('TIME')
-  due = string.format('%.6f', tonumber(t[1]) + tonumber(t[2]) / 1000000 + tonumber(ARGV[5]))
-  table.insert(flat, 'state'); table.insert(flat, 'delayed')
-  table.insert(flat, 'not_before'); table.insert(flat, due)
-  local e = cjson.decode(ev); e['not_before'] = tonumber(due); ev = cjson.encode(e)
-end
-redis.call('HSET', KEYS[3], unpack(flat))
-awaited_add(ARGV[6], ARGV[2], fields['deps'])
-if due then
-  redis.call('ZADD', KEYS[7], due, ARGV[2])
-else
-  redis.call('ZADD', KEYS[4], seq, ARGV[2])
-end
-if ARGV[1] == '1' then redis.call('SET', KEYS[1], ARGV[2]) end
-redis.call('XADD', KEYS[5], 'MAXLEN', '~', '1000000', '*', 'e', ev)
-redis.call('RPUSH', KEYS[6], '1')
-redis.call('LTRIM', KEYS[6], -16, -1)
-return {1, ARGV[2]}
-"""
-
-# KEYS: job, queue(level), events, finished (retention), delayed ; ARGV: job_id, event JSON, now, key prefix
-# A cancelled queued/delayed job leaves the reverse-dependency index (makespan.awaited).
-_CANCEL = DROP_LUA + """
-local state = redis.call('HGET', KEYS[1], 'state')
-if not state then return 'missing' end
-if state == 'queued' or state == 'delayed' then
-  redis.call('ZREM', KEYS[2], ARGV[1])
-  redis.call('ZREM', KEYS[5], ARGV[1])
-  awaited_drop(ARGV[4], ARGV[1], redis.call('HGET', KEYS[1], 'deps'))
-  redis.call('HSET', KEYS[1], 'state', 'cancelled', 'finished_at', ARGV[3], 'reason', 'cancelled while ' .. state)
-  redis.call('ZADD', KEYS[4], tonumber(ARGV[3]), ARGV[1])
-  redis.call('XADD', KEYS[3], 'MAXLEN', '~', '1000000', '*', 'e', ARGV[2])
-  return 'cancelled'
-end
-if state == 'leased' or state == 'running' then
-  redis.call('HSET', KEYS[1], 'cancel_requested', '1')
-  return 'cancel_requested'
-end
-return state
-"""
-
+from makespan.store import JobState, JobStore
 
 _FLOAT_FIELDS = ("service_s", "deadline_s", "submitted_at", "leased_at", "started_at", "finished_at", "not_before",
                  "progress_done", "progress_total", "progress_at", "wait_eta", "wait_at")
@@ -105,8 +46,7 @@ class Producer:
     def __init__(self, r: redis.Redis, keys: Keys, fleet: FleetSpec | None, settings: Settings | None = None):
         self.r, self.keys, self.fleet = r, keys, fleet
         self.settings = settings or Settings()
-        self._submit = r.register_script(_SUBMIT)
-        self._cancel = r.register_script(_CANCEL)
+        self.jobs = JobStore(r, keys, self.settings.events_max_len)
 
     def submit(self, job: JobSpec | dict[str, Any], traceparent: str | None = None,
                extra_fields: dict[str, Any] | None = None) -> JobHandle:
@@ -130,9 +70,8 @@ class Producer:
         job_id = uuid.uuid4().hex
         ep = self.fleet.endpoints[spec.endpoint]
         now = time.time()
-        delay = repr(float(spec.delay_s)) if spec.delay_s is not None else ""  # due: server clock + delay
         fields = {
-            "id": job_id, "state": "queued", "endpoint": spec.endpoint, "priority": spec.priority.name,
+            "id": job_id, "state": JobState.QUEUED.value, "endpoint": spec.endpoint, "priority": spec.priority.name,
             "service_s": repr(spec.service_s), "submitted_at": repr(now), "attempts": 0,
             "tp": ep.tensor_parallel, "spec": spec.model_dump_json(),
         }
@@ -148,17 +87,11 @@ class Producer:
             fields["deps"] = json.dumps(list(spec.depends_on))
         if traceparent:
             fields["traceparent"] = traceparent
-        has_idem = spec.idempotency_key is not None
         ev = json.dumps({"ts": now, "kind": "submitted", "job": job_id, "endpoint": spec.endpoint,
                          "priority": spec.priority.name, "planned_s": spec.service_s})
-        keys = [self.keys.idem(spec.idempotency_key) if has_idem else self.keys.seq, self.keys.seq,
-                self.keys.job(job_id), self.keys.queue(spec.priority), self.keys.events,
-                self.keys.planner_wake, self.keys.delayed]
-        try:
-            args = ["1" if has_idem else "0", job_id, json.dumps(fields), ev, delay, self.keys.prefix]
-            created, jid = self._submit(keys=keys, args=args)
-        except redis.RedisError as e:
-            raise StoreError(f"submit failed: {e}") from e
+        # a delayed job is due at the server clock + delay_s
+        created, jid = self.jobs.submit(job_id, fields, ev, self.keys.queue(spec.priority), spec.idempotency_key,
+                                        spec.delay_s)
         if created and self.settings.submit_wait_replicas > 0:
             self._wait_replicas(jid)
         if created:
@@ -230,9 +163,7 @@ class Producer:
         if prio is None:
             raise NotFoundError(f"no job {job_id!r}")
         ev = json.dumps({"ts": time.time(), "kind": "cancelled", "job": job_id, "priority": prio})
-        out = self._cancel(keys=[self.keys.job(job_id), self.keys.queue(prio), self.keys.events,
-                                 f"{self.keys.prefix}:finished", self.keys.delayed],
-                           args=[job_id, ev, repr(time.time()), self.keys.prefix])
+        out = self.jobs.cancel(job_id, self.keys.queue(prio), ev, time.time())
         if out == "missing":
             raise NotFoundError(f"no job {job_id!r}")
         return out

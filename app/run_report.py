@@ -26,7 +26,7 @@ def drain_counts(r: redis.Redis, keys: Keys, fleet: FleetSpec) -> dict[str, Any]
     gpu_keys = [k for k, v in zip(fleet.gpu_uuids(), r.mget([keys.gpu(g) for g in fleet.gpu_uuids()])) if v]
     leases = r.zrange(keys.leases, 0, -1)
     agenda = r.zrange(keys.agenda_index, 0, -1)
-    agenda_keys = [k for k in r.scan_iter(f"{keys.prefix}:agenda:*", count=1000)
+    agenda_keys = [k for k in r.scan_iter(keys.agenda_pattern, count=1000)
                    if k != keys.agenda_index and not k.endswith(":lock")]
     busy = list(r.scan_iter(keys.busy_pattern, count=1000))
     awaited = leaked(r, keys)
@@ -66,7 +66,7 @@ def records_from_run(events: list[dict[str, Any]], jobs: dict[str, dict[str, str
             L["evict_s"] = float(e.get("planned_s") or 0.0)
         elif k in ("restore_end",):
             L["end"] = e["ts"]
-    for lid, L in by_lease.items():
+    for L in by_lease.values():
         if L.get("restore") and "end" in L:
             restores.append((w(L["start"]), w(L["end"]), L.get("gpus", ())))
     out = []
@@ -138,7 +138,7 @@ def live_report(r: redis.Redis, keys: Keys, fleet: FleetSpec, events: list[dict[
     jobs = {j: rec for j, rec in zip(job_ids, p.execute()) if rec}
     t0 = min(float(rec["submitted_at"]) for rec in jobs.values()) if jobs else 0.0
     records, restores = records_from_run(events, jobs, time_scale, t0)
-    solve = [float(x.split(":")[0]) for x in r.lrange(f"{keys.prefix}:planner:solve_s", 0, -1)]
+    solve = [float(x.split(":")[0]) for x in r.lrange(keys.planner_solve_times, 0, -1)]
     drain = drain_counts(r, keys, fleet)
     eps = endpoint_models(fleet)
     pj = [PlanJob(rec["id"], rec["endpoint"], float(Priority[rec["priority"]].weight),

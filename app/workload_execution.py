@@ -4,7 +4,7 @@
 failed step within the budget, fail the workload and cancel its dependants beyond it,
 close a workload whose steps are all final); :func:`cancel_workload` cancels one on
 request; :func:`retry_pending` tells the planner whether a failed step's dependants must
-wait. The retry and the cancellation are one Lua script each (below). The workload record
+wait. The retry and the cancellation are one Lua script each (:class:`makespan.store.JobStore`). The workload record
 they read and write is described in :mod:`makespan.workloads`.
 """
 
@@ -16,76 +16,10 @@ import uuid
 
 import redis
 
-from makespan.awaited import ADD_LUA, DROP_LUA
 from makespan.errors import NotFoundError
 from makespan.keys import Keys
 from makespan.models import FINAL_STATES
-
-# A failed step is retried as a new job (the failed attempt's record stays as it is,
-# for its history and for retention): the workload's step map and every queued
-# dependant's deps are pointed at the new id in the same script.
-# KEYS: workload, new job, queue, events, seq, finished, then dependant job keys
-# ARGV: step, old id, new id, fields JSON, event JSON, key prefix, then per dependant its deps JSON
-# The reverse-dependency index (makespan.awaited) follows: the new job joins it for its deps, a
-# queued dependant moves from the old id's set to the new id's.
-_RETRY = ADD_LUA + DROP_LUA + """
-if redis.call('HGET', KEYS[1], 'state') ~= 'running' then return 0 end
-local steps = cjson.decode(redis.call('HGET', KEYS[1], 'steps'))
-if steps[ARGV[1]] ~= ARGV[2] then return 0 end
-steps[ARGV[1]] = ARGV[3]
-local hist = cjson.decode(redis.call('HGET', KEYS[1], 'history'))
-table.insert(hist[ARGV[1]], ARGV[3])
-redis.call('HSET', KEYS[1], 'steps', cjson.encode(steps), 'history', cjson.encode(hist), 'job:' .. ARGV[3], ARGV[1])
-redis.call('HINCRBY', KEYS[1], 'retries:' .. ARGV[1], 1)
-local seq = redis.call('INCR', KEYS[5])
-local fields = cjson.decode(ARGV[4])
-local f = {}
-for k, v in pairs(fields) do table.insert(f, k); table.insert(f, tostring(v)) end
-table.insert(f, 'seq'); table.insert(f, tostring(seq))
-redis.call('HSET', KEYS[2], unpack(f))
-awaited_add(ARGV[6], ARGV[3], fields['deps'])
-redis.call('ZADD', KEYS[3], seq, ARGV[3])
-for i = 7, #KEYS do
-  if redis.call('HGET', KEYS[i], 'state') == 'queued' then
-    local waiter = redis.call('HGET', KEYS[i], 'id')
-    awaited_drop(ARGV[6], waiter, redis.call('HGET', KEYS[i], 'deps'))
-    redis.call('HSET', KEYS[i], 'deps', ARGV[i])
-    awaited_add(ARGV[6], waiter, ARGV[i])
-  end
-end
-redis.call('XADD', KEYS[4], 'MAXLEN', '~', '1000000', '*', 'e', ARGV[5])
-return 1
-"""
-
-# KEYS: workload, active, events, queue, finished index, delayed, then job keys
-# ARGV: now, reason, final state, key prefix, then job ids
-# Queued steps (and delayed ones: waiting out a retry backoff) are cancelled at once;
-# leased/running ones are asked to stop at their next phase boundary (the GPU worker
-# then releases their lease). A cancelled step leaves the reverse-dependency index (makespan.awaited).
-_CANCEL_WORKLOAD = DROP_LUA + """
-local n = #KEYS - 6
-local out = {0, 0}
-for i = 1, n do
-  local st = redis.call('HGET', KEYS[6 + i], 'state')
-  if st == 'queued' or st == 'delayed' then
-    redis.call('ZREM', KEYS[4], ARGV[4 + i])
-    redis.call('ZREM', KEYS[6], ARGV[4 + i])
-    awaited_drop(ARGV[4], ARGV[4 + i], redis.call('HGET', KEYS[6 + i], 'deps'))
-    redis.call('HSET', KEYS[6 + i], 'state', 'cancelled', 'finished_at', ARGV[1], 'reason', ARGV[2])
-    redis.call('ZADD', KEYS[5], ARGV[1], ARGV[4 + i])
-    redis.call('XADD', KEYS[3], 'MAXLEN', '~', '1000000', '*', 'e',
-               cjson.encode({ts = tonumber(ARGV[1]), kind = 'cancelled', job = ARGV[4 + i], reason = ARGV[2]}))
-    out[1] = out[1] + 1
-  elseif st == 'leased' or st == 'running' then
-    redis.call('HSET', KEYS[6 + i], 'cancel_requested', '1')
-    out[2] = out[2] + 1
-  end
-end
-if ARGV[3] ~= '' then
-  redis.call('HSET', KEYS[1], 'state', ARGV[3], 'reason', ARGV[2], 'finished_at', ARGV[1])
-end
-return out
-"""
+from makespan.store import JobState, JobStore
 
 TERMINAL = FINAL_STATES
 
@@ -111,10 +45,7 @@ def cancel_workload(r: redis.Redis, keys: Keys, workload_id: str, reason: str = 
 
 
 def _cancel_steps(r, keys, wid, prio, job_ids, reason, final_state) -> dict[str, int]:
-    script = r.register_script(_CANCEL_WORKLOAD)
-    k = [keys.workload(wid), keys.workloads_active, keys.events, keys.queue(prio), f"{keys.prefix}:finished",
-         keys.delayed, *[keys.job(j) for j in job_ids]]
-    a, b = script(keys=k, args=[repr(time.time()), reason, final_state, keys.prefix, *job_ids])
+    a, b = JobStore(r, keys).cancel_steps(wid, keys.queue(prio), job_ids, reason, final_state, time.time())
     if final_state:
         from makespan import events
 
@@ -223,7 +154,7 @@ def advance_workloads(r: redis.Redis, keys: Keys) -> dict[str, int]:
 def _retry(r, keys, wid, wrec, step, ids, deps, prio, retries, reason) -> bool:
     new_id = uuid.uuid4().hex
     now = time.time()
-    fields = {**json.loads(wrec[f"tmpl:{step}"]), "id": new_id, "state": "queued", "submitted_at": repr(now),
+    fields = {**json.loads(wrec[f"tmpl:{step}"]), "id": new_id, "state": JobState.QUEUED.value, "submitted_at": repr(now),
               "retries": retries + 1}
     new_ids = {**ids, step: new_id}
     if deps.get(step):
@@ -231,8 +162,5 @@ def _retry(r, keys, wid, wrec, step, ids, deps, prio, retries, reason) -> bool:
     dependants = [s for s, ds in deps.items() if step in ds]
     ev = json.dumps({"ts": now, "kind": "retried", "job": new_id, "previous": ids[step], "workload": wid,
                      "step": step, "retry": retries + 1, "reason": reason})
-    k = [keys.workload(wid), keys.job(new_id), keys.queue(prio), keys.events, keys.seq, f"{keys.prefix}:finished",
-         *[keys.job(ids[d]) for d in dependants]]
-    a = [step, ids[step], new_id, json.dumps(fields), ev, keys.prefix,
-         *[json.dumps([new_ids[x] for x in deps[d]]) for d in dependants]]
-    return bool(r.register_script(_RETRY)(keys=k, args=a))
+    return JobStore(r, keys).retry_step(wid, step, ids[step], new_id, fields, ev, keys.queue(prio),
+                                        [(ids[d], json.dumps([new_ids[x] for x in deps[d]])) for d in dependants])

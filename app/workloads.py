@@ -41,11 +41,11 @@ from typing import Any
 
 import redis
 
-from makespan.awaited import ADD_LUA
 from makespan.errors import NotFoundError, StoreError, ValidationError
 from makespan.keys import Keys
 from makespan.models import FleetSpec
 from makespan.settings import Settings
+from makespan.store import JobState, JobStore
 from makespan.workload_builder import Chain, Group, StepRef, Workload, chain, group
 from makespan.workload_execution import TERMINAL, advance_workloads, cancel_workload, retry_pending
 from makespan.workload_spec import ROUTES, StepSpec, WorkloadSpec, find_cycle, load_workload, parse_workload
@@ -56,36 +56,6 @@ __all__ = ["ROUTES", "TERMINAL", "Chain", "Group", "StepRef", "StepSpec", "Workl
 
 
 # -- submit ----------------------------------------------------------------------------
-# KEYS: seq, queue, events, workload, workloads, active ; then one job key per step
-# ARGV: n, workload_id, workload fields JSON, now, key prefix, then per step: job_id, fields JSON, event JSON
-# A step with deps joins the reverse-dependency index of each (makespan.awaited).
-_SUBMIT_WORKLOAD = ADD_LUA + """
-local n = tonumber(ARGV[1])
-for i = 1, n do
-  if redis.call('EXISTS', KEYS[6 + i]) == 1 then return 0 end
-end
-local wl = cjson.decode(ARGV[3])
-local flat = {}
-for k, v in pairs(wl) do table.insert(flat, k); table.insert(flat, tostring(v)) end
-redis.call('HSET', KEYS[4], unpack(flat))
-redis.call('ZADD', KEYS[5], ARGV[4], ARGV[2])
-redis.call('SADD', KEYS[6], ARGV[2])
-for i = 1, n do
-  local base = 5 + (i - 1) * 3
-  local seq = redis.call('INCR', KEYS[1])
-  local fields = cjson.decode(ARGV[base + 2])
-  local f = {}
-  for k, v in pairs(fields) do table.insert(f, k); table.insert(f, tostring(v)) end
-  table.insert(f, 'seq'); table.insert(f, tostring(seq))
-  redis.call('HSET', KEYS[6 + i], unpack(f))
-  awaited_add(ARGV[5], ARGV[base + 1], fields['deps'])
-  redis.call('ZADD', KEYS[2], seq, ARGV[base + 1])
-  redis.call('XADD', KEYS[3], 'MAXLEN', '~', '1000000', '*', 'e', ARGV[base + 3])
-end
-return 1
-"""
-
-
 def submit_workload(r: redis.Redis, keys: Keys, fleet: FleetSpec, workload: WorkloadSpec | dict[str, Any] | Workload,
                     settings: Settings | None = None) -> str:
     """Validate ``workload`` completely, then enqueue all its steps atomically.
@@ -103,8 +73,7 @@ def submit_workload(r: redis.Redis, keys: Keys, fleet: FleetSpec, workload: Work
     wid = uuid.uuid4().hex
     ids = {s.name: uuid.uuid4().hex for s in wl.steps}
     now = time.time()
-    args: list[str] = []
-    job_keys: list[str] = []
+    steps: list[tuple[str, dict[str, Any], str]] = []
     templates: dict[str, dict[str, Any]] = {}
     for name in wl.topo_order():
         s = wl.by_name()[name]
@@ -117,16 +86,15 @@ def submit_workload(r: redis.Redis, keys: Keys, fleet: FleetSpec, workload: Work
         if size > settings.max_payload_bytes:
             raise ValidationError(f"workload.steps.{name}.prompt", f"{size} bytes",
                                   f"payload larger than the limit of {settings.max_payload_bytes} bytes")
-        fields = {"id": ids[name], "state": "queued", "endpoint": s.endpoint, "priority": wl.priority.name,
+        fields = {"id": ids[name], "state": JobState.QUEUED.value, "endpoint": s.endpoint, "priority": wl.priority.name,
                   "service_s": repr(svc), "submitted_at": repr(now), "attempts": 0, "tp": ep.tensor_parallel,
                   "spec": json.dumps(spec), "workload_id": wid, "step": name, "retries": 0}
         if s.depends_on:
             fields["deps"] = json.dumps([ids[d] for d in s.depends_on])
         ev = json.dumps({"ts": now, "kind": "submitted", "job": ids[name], "endpoint": s.endpoint,
                          "priority": wl.priority.name, "planned_s": svc, "workload": wid, "step": name})
-        args += [ids[name], json.dumps(fields), ev]
+        steps.append((ids[name], fields, ev))
         templates[name] = fields
-        job_keys.append(keys.job(ids[name]))
     wfields = {"id": wid, "name": wl.name, "priority": wl.priority.name, "state": "running",
                "retry_budget": wl.retry_budget, "submitted_at": repr(now), "steps": json.dumps(ids),
                "deps": json.dumps({s.name: list(s.depends_on) for s in wl.steps}), "spec": wl.model_dump_json(),
@@ -134,13 +102,7 @@ def submit_workload(r: redis.Redis, keys: Keys, fleet: FleetSpec, workload: Work
                **{f"job:{j}": n for n, j in ids.items()},
                **{f"tmpl:{n}": json.dumps({k: v for k, v in f.items() if k not in ("id", "deps")})
                   for n, f in templates.items()}}
-    script = r.register_script(_SUBMIT_WORKLOAD)
-    k = [keys.seq, keys.queue(wl.priority), keys.events, keys.workload(wid), keys.workloads, keys.workloads_active,
-         *job_keys]
-    try:
-        ok = script(keys=k, args=[str(len(job_keys)), wid, json.dumps(wfields), repr(now), keys.prefix, *args])
-    except redis.RedisError as e:
-        raise StoreError(f"submit workload failed: {e}") from e
+    ok = JobStore(r, keys, settings.events_max_len).submit_workload(wid, wfields, now, keys.queue(wl.priority), steps)
     if not ok:  # pragma: no cover - uuid4 collision
         raise StoreError("submit workload: a job id already exists")
     return wid

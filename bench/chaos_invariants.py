@@ -63,7 +63,7 @@ def lease_overlaps(events: list[dict]) -> list[tuple[str, str, str]]:
     bad = []
     for g, xs in ivs.items():
         xs.sort()
-        for (a0, a1, la), (b0, b1, lb) in zip(xs, xs[1:]):
+        for (_a0, a1, la), (b0, _b1, lb) in zip(xs, xs[1:]):
             if b0 < a1:
                 bad.append((g, la, lb))
     return bad

@@ -20,7 +20,8 @@ if len(sys.argv) != 3:
 a, b = load(sys.argv[1]), load(sys.argv[2])
 for pol in ["fifo", "min-evict", "wspt", "portfolio", "cpsat-fast"]:
     ks = [k for k in a if k[2] == pol and k in b]
-    if not ks: continue
+    if not ks:
+        continue
     r = [b[k]["wc"] / a[k]["wc"] for k in ks]
     print(f"{pol:10s} n={len(ks)} wc b/a mean {st.mean(r):.4f} min {min(r):.4f} max {max(r):.4f} | "
           f"makespan {st.mean(a[k]['mk'] for k in ks):.0f} -> {st.mean(b[k]['mk'] for k in ks):.0f} | "

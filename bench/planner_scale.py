@@ -52,7 +52,7 @@ def stream(fleet, gpus: int, n: int, load: float = 0.9, tile: int = 1000) -> lis
     out: list[PlanJob] = []
     k = 0
     while len(out) < n:
-        for i, (r, s) in enumerate(zip(rows, svc)):
+        for r, s in zip(rows, svc):
             if len(out) >= n:
                 break
             out.append(PlanJob(f"{r.id}#{k}", r.endpoint, float(r.priority.weight), r.submit_s / a_scale + k * span_s,

@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-from makespan.models import Priority
+from makespan.priorities import Priority
 
 Group = tuple[str, ...]
 DEFAULT_PREEMPTION_BUDGET = 2  # times one job may be preempted (Settings.preemption_budget)
@@ -75,7 +75,7 @@ class Preemption:
 
 def may_preempt(level: int, other: int) -> bool:
     """Design notes: CRITICAL preempts HIGH/NORMAL/LOW, HIGH preempts NORMAL/LOW
-    (:meth:`makespan.models.Priority.may_preempt` on level indices)."""
+    (:meth:`makespan.priorities.Priority.may_preempt` on level indices)."""
     return 0 <= level <= 3 and 0 <= other <= 3 and Priority(level).may_preempt(Priority(other))
 
 

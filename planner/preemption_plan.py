@@ -42,7 +42,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from makespan.errors import PlannerError
-from makespan.planner.evaluator import TARDINESS_EPS, TOL_S, InfeasiblePlan, evaluate, rescore, score
+from makespan.planner.evaluator_core import (TARDINESS_EPS, TOL_S, InfeasiblePlan, evaluate_without_preemptions,
+                                             rescore, score)
 from makespan.planner.model import Assignment, FleetState, Plan, PlanJob, PlannedPreemption, RunningJob
 from makespan.planner.preemption import may_preempt
 from makespan.planner.replay import Replay
@@ -245,7 +246,7 @@ def evaluate_preemptive(plan: Plan, batch: Sequence[PlanJob], state: FleetState,
         InfeasiblePlan: a preemption breaks the rules, or an assignment is infeasible.
     """
     if not plan.preemptions:
-        return evaluate(plan, batch, state, policy, check_times, objective)
+        return evaluate_without_preemptions(plan, batch, state, policy, check_times, objective)
     branch, ev = split(plan, batch, state, objective, policy=policy, check_times=check_times)
     out = _with_fixed(ev, branch.starts, batch, objective)
     out.preemptions = branch.taken
@@ -281,7 +282,7 @@ def split(plan: Plan, batch: Sequence[PlanJob], state: FleetState, objective: st
         taken.append(pp)
         preemptors.append(job)
     pre = {a.job_id for a in starts}
-    ev = evaluate(Plan(plan.policy, [a for a in plan.assignments if a.job_id not in pre], restores=list(plan.restores)),
+    ev = evaluate_without_preemptions(Plan(plan.policy, [a for a in plan.assignments if a.job_id not in pre], restores=list(plan.restores)),
                   rest, st, policy or plan.policy, check_times, objective)
     return Branch(st, rest, None, taken, starts, preemptors), ev
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections import ChainMap
 from collections.abc import Collection, Sequence
 from dataclasses import replace
+from typing import Any
 
 from makespan.planner.model import Assignment, EndpointModel, FleetState, Gpu, PlanJob
 from makespan.planner.sleepers import choose_level, forecast_weight, may_sleep, sleepers_kept
@@ -100,7 +101,7 @@ class Replay:
                 for e in names:
                     self.ram_used[self._host[u]] = self.ram_used.get(self._host[u], 0.0) + self._ram_share(e, u)
 
-    def copy(self) -> "Replay":
+    def copy(self) -> Replay:
         r = Replay.__new__(Replay)
         r.state, r.endpoints = self.state, self.endpoints
         r.free_at, r.resident, r.asleep = dict(self.free_at), dict(self.resident), dict(self.asleep)
@@ -214,6 +215,7 @@ class Replay:
         if start_s is None:
             start_s = max(self.ready(job), self.group_free(group))
         levels: tuple[tuple[str, int], ...] = ()
+        evicted: tuple[str, ...]
         if len(group) == 1 and self.resident[group[0]] == ep.name:  # warm single GPU: the common case
             t_s, evicted, load = 0.0, (), "warm"
         else:
@@ -392,7 +394,7 @@ def weighted_completion(assignments: Sequence[Assignment], jobs: dict[str, PlanJ
 
 
 def state_after(state: FleetState, jobs: dict[str, PlanJob], assignments: Sequence[Assignment],
-                started: Collection[str], **changes) -> FleetState:
+                started: Collection[str], **changes: Any) -> FleetState:
     """``state`` after the assignments of ``started`` (job ids) are placed in start order
     (:meth:`Replay.place` at their ``start_s``): GPUs busy until their planned end, their
     endpoints resident, evicted endpoints asleep where they have a sleep mode, their

@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from makespan.errors import PlannerError
+from makespan.planner.future_cost import future_cost
 from makespan.planner.model import Assignment, FleetState, Plan, PlanJob
 from makespan.planner.replay import Group, Replay
 
@@ -92,8 +93,6 @@ def _place(rep: Replay, state: FleetState, groups: Sequence[tuple[str, Group]], 
             continue
         free_s = rep.group_free(g)
         if at == "group-demand":
-            from makespan.planner.evaluator import future_cost  # the evaluator imports this module
-
             trial = rep.copy()
             trial.restore(g, ep, free_s)
             if future_cost(trial, state) > future_cost(rep, state) + 1e-9:
@@ -160,8 +159,6 @@ def with_restores(plan: Plan, batch: Sequence[PlanJob], state: FleetState, at: s
     Raises:
         PlannerError: unknown ``at``.
     """
-    from makespan.planner.evaluator import future_cost  # the evaluator imports this module
-
     restores, rep = _restores(plan.assignments, batch, state, at)
     if not restores or rep is None:
         return plan

@@ -53,23 +53,22 @@ their mean weight (``demand``), and each endpoint's share of those arrivals' GPU
 (``demand_share``, p_j·tp_j).
 The run state and those steps are :class:`makespan.planner.simulator_run._Run`; this module
 holds the driver (:func:`simulate`, :func:`run_simulation`), the report it assembles,
-and the helpers the live planner worker shares (:func:`fleet_state`, ``_demand``,
-``_share``).
+and the helpers the live planner worker shares (:func:`fleet_state`, :func:`recent_demand`,
+:func:`recent_share`). Reading a fleet file and a trace (``makespan simulate``) is the
+application's :func:`makespan.simulation.run_simulation`.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 from makespan.errors import ValidationError
-from makespan.models import FleetSpec, load_fleet
-from makespan.traces import TraceJob, read_trace
+from makespan.planner.fleet_input import FleetDescription, TraceRow
 from makespan.planner.measures import build_report, eta_error, lower_bounds
 from makespan.planner.model import EndpointModel, FleetState, Gpu, PlanJob
 from makespan.planner.policies import POLICY_REGISTRY, Policy
@@ -86,7 +85,7 @@ from makespan.planner.simulator_run import _Run
 DEFAULT_PREEMPTION = "plan"
 
 
-def fleet_state(fleet: FleetSpec, now_s: float = 0.0) -> FleetState:
+def fleet_state(fleet: FleetDescription, now_s: float = 0.0) -> FleetState:
     """The planner's view of a fleet file at its set point."""
     gpus = [Gpu(g.uuid, h.name, g.index, g.memory_mib) for h in fleet.hosts for g in sorted(h.gpus, key=lambda g: g.index)]
     eps = {n: EndpointModel(n, e.tensor_parallel, e.memory_mib_per_gpu, e.cold_start_s, e.evict_s, e.wake_s, e.slots,
@@ -96,13 +95,13 @@ def fleet_state(fleet: FleetSpec, now_s: float = 0.0) -> FleetState:
     return FleetState(now_s, gpus, eps, resident=dict(sp), set_point=dict(sp), host_ram_mib=fleet.host_ram_budgets())
 
 
-def to_plan_jobs(trace_jobs: Sequence[TraceJob], time_scale: float = 1.0) -> list[PlanJob]:
+def to_plan_jobs(trace_jobs: Sequence[TraceRow], time_scale: float = 1.0) -> list[PlanJob]:
     """Trace jobs → planner jobs (weight from the priority level; times ÷ ``time_scale``)."""
     return [PlanJob(t.id, t.endpoint, float(t.priority.weight), t.submit_s / time_scale, t.service_s / time_scale,
                     int(t.priority), seq=i) for i, t in enumerate(trace_jobs)]
 
 
-def simulate(trace_jobs: Sequence[TraceJob] | Sequence[PlanJob], fleet: FleetSpec | FleetState, policy: str | Policy,
+def simulate(trace_jobs: Sequence[TraceRow] | Sequence[PlanJob], fleet: FleetDescription | FleetState, policy: str | Policy,
              seed: int = 0, *, window_s: float = 30.0, max_batch: int = 256, demand_window_s: float = 1800.0,
               time_scale: float = 1.0, preemption: bool | str = True, restore: bool = True,
               planned_restore: str | None = "group", detail: bool = False, time_limit_s: float | None = None,
@@ -166,7 +165,7 @@ def simulate(trace_jobs: Sequence[TraceJob] | Sequence[PlanJob], fleet: FleetSpe
     jobs = list(trace_jobs) if trace_jobs and isinstance(trace_jobs[0], PlanJob) else \
         to_plan_jobs(trace_jobs, time_scale)  # type: ignore[arg-type]
     jobs.sort(key=lambda j: (j.release_s, j.seq))
-    sp = set_point_groups(fleet if isinstance(fleet, FleetSpec) else base)
+    sp = set_point_groups(base if isinstance(fleet, FleetState) else fleet)
     mode = preemption_mode(preemption)
     run = _Run(base, chosen, window_s, max_batch, jobs, sp if restore else [], mode, time_limit_s,
                preemption_budget, preemption_min_runtime_s, reservation_after_s, factors(lane_levels))
@@ -180,7 +179,7 @@ def simulate(trace_jobs: Sequence[TraceJob] | Sequence[PlanJob], fleet: FleetSpe
             i += 1
         while recent and recent[0].release_s < t - demand_window_s:
             recent.popleft()
-        nxt_planned = run.plan_point(t, _demand(recent), _share(recent, base)) if run.queue else float("inf")
+        nxt_planned = run.plan_point(t, recent_demand(recent), recent_share(recent, base)) if run.queue else float("inf")
         if progress is not None:
             progress({"planning_points": len(run.solve), "t_s": t, "submitted": i, "queued": len(run.queue),
                       "completed": len(run.records), "wall_s": time.perf_counter() - wall0})
@@ -235,11 +234,11 @@ def preemption_mode(preemption: bool | str | None) -> str:
     raise ValidationError("preemption", preemption, "must be True, False, 'rule', 'plan' or 'off'")
 
 
-def set_point_groups(fleet: FleetSpec | FleetState) -> list[tuple[str, Group]]:
+def set_point_groups(fleet: FleetDescription | FleetState) -> list[tuple[str, Group]]:
     """(endpoint, GPU uuids) of every set-point instance: the fleet file's instances, or
     for a bare :class:`FleetState` its aligned groups whose every GPU's set point is the
     endpoint (:func:`makespan.planner.restore.set_point_groups`)."""
-    if isinstance(fleet, FleetSpec):
+    if not isinstance(fleet, FleetState):
         hosts = {h.name: h for h in fleet.hosts}
         out = []
         for e in fleet.endpoints.values():
@@ -250,7 +249,8 @@ def set_point_groups(fleet: FleetSpec | FleetState) -> list[tuple[str, Group]]:
     return restore_groups(fleet)
 
 
-def _demand(recent: deque[PlanJob]) -> dict[str, float]:
+def recent_demand(recent: Iterable[PlanJob]) -> dict[str, float]:
+    """``FleetState.demand``: endpoint -> mean weight of the ``recent`` arrivals for it."""
     tot: dict[str, list[float]] = {}
     for j in recent:
         s = tot.setdefault(j.endpoint, [0.0, 0.0])
@@ -259,7 +259,9 @@ def _demand(recent: deque[PlanJob]) -> dict[str, float]:
     return {e: w / c for e, (w, c) in tot.items()}
 
 
-def _share(recent: deque[PlanJob], base: FleetState) -> dict[str, float]:
+def recent_share(recent: Iterable[PlanJob], base: FleetState) -> dict[str, float]:
+    """``FleetState.demand_share``: endpoint -> its share (0–1) of the ``recent`` arrivals'
+    GPU-seconds (service s × tensor-parallel GPUs of ``base``'s endpoint); {} when none."""
     work: dict[str, float] = {}
     for j in recent:
         work[j.endpoint] = work.get(j.endpoint, 0.0) + j.service_s * base.endpoints[j.endpoint].tp
@@ -267,43 +269,8 @@ def _share(recent: deque[PlanJob], base: FleetState) -> dict[str, float]:
     return {e: v / tot for e, v in work.items()} if tot > 0 else {}
 
 
-def run_simulation(trace_path: str | Path, fleet_path: str | Path, policy: str, seed: int = 0, start: int = 0,
-                   limit: int | None = None, report_path: str | Path | None = None,
-                   time_scale: float = 1.0, window_s: float = 30.0, preemption: bool | str = True,
-                   restore: bool = True, time_limit_s: float | None = None,
-                   progress: Callable[[dict[str, Any]], None] | None = None,
-                   set_point_weight: float = 0.0) -> dict[str, Any]:
-    """``makespan simulate``: read the fleet (TOML) and the trace (ITP, Alibaba or JSON
-    lines; rows ``start`` … ``start+limit`` mapped with ``seed``), simulate, and write
-    the report JSON to ``report_path`` when given (checked writable before the run, so a
-    long run is not lost to a bad path). ``time_scale`` divides submission and service
-    times; ``preemption``/``restore``/``time_limit_s``/``progress``/``set_point_weight``: as
-    :func:`simulate`.
-    Returns the report.
-
-    Raises:
-        makespan.errors.ValidationError: bad fleet or trace file, no rows in the asked range,
-            ``time_scale`` or ``time_limit_s`` not positive, ``set_point_weight`` negative
-            or not finite, or a report path that cannot be written.
-        makespan.errors.PlannerError: unknown policy.
-    """
-    if not time_scale > 0:
-        raise ValidationError("time_scale", time_scale, "must be > 0")
-    if time_limit_s is not None and not time_limit_s > 0:
-        raise ValidationError("time_limit_s", time_limit_s, "must be > 0")
-    if not 0 <= set_point_weight < float("inf"):
-        raise ValidationError("set_point_weight", set_point_weight, "must be a finite number >= 0")
-    POLICY_REGISTRY.lookup(policy)  # an unknown name fails before the files are read
-    fleet = load_fleet(fleet_path)
-    jobs = read_trace(trace_path, fleet, seed=seed, start=start, limit=limit)
-    if not jobs:
-        raise ValidationError("trace", str(trace_path), f"no rows from row {start} on (the trace is shorter)")
-    out = writable_report_path(report_path) if report_path is not None else None
-    rep = simulate(jobs, fleet, policy, seed, time_scale=time_scale, window_s=window_s, preemption=preemption,
-                   restore=restore, time_limit_s=time_limit_s, progress=progress, set_point_weight=set_point_weight)
-    if out is not None:
-        out.write_text(json.dumps(rep, indent=2))
-    return rep
+# the names before they were public (workers.fleet_view imported these); new code uses the public ones
+_demand, _share = recent_demand, recent_share
 
 
 def writable_report_path(report_path: str | Path) -> Path:

@@ -125,7 +125,9 @@ def test_planner_kill_standby_takes_over(r, keys, settings, fleet, tmp_path):
     sys_ = LiveSystem(FLEET, fleet, settings, tmp_path / "logs", planners=2)
     try:
         sys_.start()
-        leads = lambda: [e for e in all_events(r, keys) if e["kind"] == "planner_lead"]
+        def leads():
+            return [e for e in all_events(r, keys) if e["kind"] == "planner_lead"]
+
         first = wait_for(leads, 20, "a planner to lead")[0]
         prod = Producer(r, keys, fleet, settings)
         before = [prod.submit({"endpoint": "chat", "service_s": 20}).id for _ in range(5)]

@@ -36,49 +36,11 @@ from redis.exceptions import LockError
 
 from makespan.errors import LeaseError, StoreError, ValidationError
 from makespan.keys import Keys
+from makespan.store.scripts import script
 
 log = logging.getLogger(__name__)
 
 MODES = ("POSITIVE", "FAILURE", "RESTART_RECOVERY")
-
-# KEYS: entry hash, index zset, lock key. ARGV: op_id, token, fields JSON, expected duration s.
-# Writes the entry only while the caller owns the lock; planned_start is the Redis
-# server's clock (TIME) and expected_end = planned_start + duration, so the holder's own
-# clock never enters an entry. Returns {1, planned_start} or 0.
-_PUBLISH = """
-if redis.call('GET', KEYS[3]) ~= ARGV[2] then return 0 end
-local t = redis.call('TIME')
-local start_s = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local f = cjson.decode(ARGV[3])
-f['planned_start'] = string.format('%.6f', start_s)
-f['expected_end'] = string.format('%.6f', start_s + tonumber(ARGV[4]))
-redis.call('DEL', KEYS[1])
-for k, v in pairs(f) do redis.call('HSET', KEYS[1], k, v) end
-redis.call('ZADD', KEYS[2], tonumber(f['expected_end']), ARGV[1])
-return {1, f['planned_start']}
-"""
-
-# KEYS: entry hash, index zset, lock key. ARGV: op_id, token.
-# Deletes the entry if the caller wrote it and the lock is the caller's or is gone.
-_COMPLETE = """
-local lock = redis.call('GET', KEYS[3])
-if lock and lock ~= ARGV[2] then return 0 end
-local holder = redis.call('HGET', KEYS[1], 'holder')
-if holder and holder ~= ARGV[2] then return 0 end
-redis.call('DEL', KEYS[1])
-redis.call('ZREM', KEYS[2], ARGV[1])
-if lock then redis.call('DEL', KEYS[3]) end
-return 1
-"""
-
-# KEYS: entry hash, index zset, lock key. ARGV: op_id. Reaps an entry whose lock is gone.
-_REAP = """
-if redis.call('EXISTS', KEYS[3]) == 1 then return 0 end
-redis.call('DEL', KEYS[1])
-redis.call('ZREM', KEYS[2], ARGV[1])
-return 1
-"""
-
 
 def server_now_s(r: redis.Redis) -> float:
     """The Redis server's clock in unix seconds (one ``TIME``).
@@ -159,12 +121,12 @@ class AgendaTracker:
     def __init__(self, r: redis.Redis, keys: Keys):
         self.r = r
         self.keys = keys
-        self._publish = r.register_script(_PUBLISH)
-        self._complete = r.register_script(_COMPLETE)
-        self._reap = r.register_script(_REAP)
+        self._publish = script(r, "agenda_publish")
+        self._complete = script(r, "agenda_complete")
+        self._reap = script(r, "agenda_reap")
 
     def lock_key(self, op_id: str) -> str:
-        return self.keys.agenda(op_id) + ":lock"
+        return self.keys.agenda_lock(op_id)
 
     # -- holder side -------------------------------------------------------------
     def register(self, op_id: str, mode: str, endpoints: list[str], gpus: list[str],

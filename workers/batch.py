@@ -8,9 +8,9 @@ level per tick, past steps whose dependencies are not done (their dependencies j
 ``awaited``: never preemption victims). When workloads are active and the queue heads
 were not read with the tick's snapshot, it first runs one workload pass
 (:func:`makespan.workloads.advance_workloads`). On the way it drops queue entries whose job
-is no longer queued (``_DROP_STALE``) and cancels queued jobs whose dependency failed,
+is no longer queued (``drop_stale.lua``) and cancels queued jobs whose dependency failed,
 was cancelled or is gone, unless a failed workload step will be retried
-(``_CANCEL_DEPENDANT``); both scripts are fenced by the planner token, so a deposed
+(``cancel_dependant.lua``); both scripts are fenced by the planner token, so a deposed
 planner changes nothing. It also notes each taken job's traceparent and
 submission time (unix s) in ``FormedBatch.meta``.
 
@@ -19,7 +19,7 @@ higher-priority queued or delayed job waits on, directly or through a chain of
 ``depends_on`` / DAG steps, is planned at the highest level waiting on it (its
 ``PlanJob.weight`` and ``priority``), for as long as that dependant waits. The dependants
 come from the reverse-dependency index ``P:awaited:{job}`` (:mod:`makespan.awaited`), walked
-upward in one script per tick (:data:`_INHERITED`); a cancelled dependant leaves the index,
+upward in one script per tick (``inherited_levels.lua``); a cancelled dependant leaves the index,
 so its inheritance is gone at the next tick. A dependency of an unready step seen in the
 batch's scan is pulled into the batch at the step's level even when its own queue is not
 read this tick (``_BatchScan.pull_dependencies``). ``FormedBatch.own_level`` keeps each job's
@@ -38,65 +38,14 @@ import dataclasses
 import json
 from typing import Mapping, Sequence
 
-from makespan.awaited import DROP_LUA
 from makespan.models import Priority
 from makespan.planner.model import PlanJob
+from makespan.store import JobStore
 from makespan.workers.tick.context import FormedBatch, TickContext, TickEnv
 
 SCAN_FACTOR = 4  # queue entries read per level per tick: at most SCAN_FACTOR × batch_size
 MAX_DEP_DEPTH = 8  # levels of depends_on followed down from an unready step to pull its dependencies in
 MAX_WAITERS_WALKED = 1000  # dependants read per job when walking P:awaited upward (bounds the script)
-
-# The highest level (0 = CRITICAL .. 3 = LOW; 4: none) of the queued or delayed jobs that
-# wait on each job, at any depth of the P:awaited index. ARGV: prefix, job ids...
-_INHERITED = """
-local prefix = ARGV[1]
-local cap = tonumber(ARGV[2])
-local rank = {CRITICAL = 0, HIGH = 1, NORMAL = 2, LOW = 3}
-local out = {}
-for i = 3, #ARGV do
-  local best, seen, frontier, walked = 4, {}, {ARGV[i]}, 0
-  while #frontier > 0 and walked < cap and best > 0 do
-    local nxt = {}
-    for _, j in ipairs(frontier) do
-      for _, w in ipairs(redis.call('SMEMBERS', prefix .. ':awaited:' .. j)) do
-        if not seen[w] and walked < cap then
-          seen[w] = true
-          walked = walked + 1
-          local k = rank[redis.call('HGET', prefix .. ':job:' .. w, 'priority') or '']
-          if k and k < best then best = k end
-          table.insert(nxt, w)
-        end
-      end
-    end
-    frontier = nxt
-  end
-  out[#out + 1] = best
-end
-return out
-"""
-
-# Remove a stale queue entry. KEYS: queue, job, planner_fence ; ARGV: job id, planner token
-_DROP_STALE = """
-if redis.call('GET', KEYS[3]) ~= ARGV[2] then return 0 end
-if redis.call('HGET', KEYS[2], 'state') == 'queued' then return 0 end
-return redis.call('ZREM', KEYS[1], ARGV[1])
-"""
-
-# Cancel a queued job whose dependency failed (it leaves the reverse-dependency index,
-# makespan.awaited). KEYS: queue, job, planner_fence, events, finished ; ARGV: job id, planner
-# token, now (s), reason, event JSON, key prefix
-_CANCEL_DEPENDANT = DROP_LUA + """
-if redis.call('GET', KEYS[3]) ~= ARGV[2] then return 0 end
-if redis.call('HGET', KEYS[2], 'state') ~= 'queued' then return 0 end
-redis.call('ZREM', KEYS[1], ARGV[1])
-awaited_drop(ARGV[6], ARGV[1], redis.call('HGET', KEYS[2], 'deps'))
-redis.call('HSET', KEYS[2], 'state', 'cancelled', 'finished_at', ARGV[3], 'reason', ARGV[4])
-redis.call('ZADD', KEYS[5], tonumber(ARGV[3]), ARGV[1])
-redis.call('XADD', KEYS[4], 'MAXLEN', '~', '1000000', '*', 'e', ARGV[5])
-return 1
-"""
-
 
 class FormBatch:
     """Step: the tick's batch. Formed only when a GPU is free at the snapshot or a
@@ -131,7 +80,7 @@ def drop_stale(env: TickEnv, token: str, queue: str, job_id: str) -> int:
     """Remove the entry ``job_id`` of ``queue`` whose job is no longer queued — only while
     the planner with ``token`` still leads and the job is still not queued (a reaper may
     have requeued it since). Returns the entries removed (0 or 1)."""
-    return int(env.r.eval(_DROP_STALE, 3, queue, env.keys.job(job_id), env.keys.planner_fence, job_id, token) or 0)
+    return JobStore(env.r, env.keys).drop_stale(queue, job_id, token)
 
 
 class _BatchScan:
@@ -173,7 +122,7 @@ class _BatchScan:
         """``jobs`` with each job raised to the highest level waiting on it (P:awaited)."""
         if not jobs:
             return jobs
-        best = self.r.eval(_INHERITED, 0, self.keys.prefix, MAX_WAITERS_WALKED, *(job.id for job in jobs))
+        best = JobStore(self.r, self.keys).inherited_levels([job.id for job in jobs], MAX_WAITERS_WALKED)
         raised = []
         for job, level in zip(jobs, best):
             level = int(level)
@@ -272,8 +221,6 @@ class _BatchScan:
             now = self.env.clock.now()
             event = json.dumps({"ts": now, "kind": "cancelled", "job": job_id, "priority": priority_name,
                                 "reason": reason})
-            self.removed += int(self.r.eval(
-                _CANCEL_DEPENDANT, 5, self.keys.queue(priority_name), self.keys.job(job_id), self.keys.planner_fence,
-                self.keys.events, f"{self.keys.prefix}:finished", job_id, self.token, repr(now), reason, event,
-                self.keys.prefix) or 0)
+            self.removed += JobStore(self.r, self.keys).cancel_dependant(job_id, self.keys.queue(priority_name),
+                                                                         self.token, now, reason, event)
         return False

@@ -29,43 +29,16 @@ import time
 import redis
 
 from makespan.keys import Keys
-from makespan.workers.lease_scripts import SERVER_NOW_MS
+from makespan.store import JobStore
 
 PROMOTE_BATCH = 1_000  # most due jobs queued per planner tick
-
-# KEYS: delayed, planner_fence, events ; ARGV: event ts (caller's clock, unix s), limit, prefix,
-# planner token ('' = unchecked), ahead_s (due by server clock + ahead_s; tests only, else '0')
-# Returns {queued count, next due time or '', server clock (unix s, as a string)};
-# {-1, '', server clock} when the planner is fenced off.
-_PROMOTE = SERVER_NOW_MS + """
-local server_now_s = string.format('%.6f', server_now_ms / 1000.0)
-if ARGV[4] ~= '' and redis.call('GET', KEYS[2]) ~= ARGV[4] then return {-1, '', server_now_s} end
-local by = server_now_ms / 1000.0 + tonumber(ARGV[5])
-local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', by, 'LIMIT', 0, tonumber(ARGV[2]))
-local n = 0
-for _, id in ipairs(due) do
-  redis.call('ZREM', KEYS[1], id)
-  local jk = ARGV[3] .. ':job:' .. id
-  local rec = redis.call('HMGET', jk, 'state', 'priority', 'seq')
-  if rec[1] == 'delayed' then
-    redis.call('HSET', jk, 'state', 'queued')
-    redis.call('ZADD', ARGV[3] .. ':queue:' .. string.lower(rec[2]), tonumber(rec[3]), id)
-    local ev = {ts = tonumber(ARGV[1]), kind = 'promoted', job = id, priority = rec[2]}
-    redis.call('XADD', KEYS[3], 'MAXLEN', '~', '1000000', '*', 'e', cjson.encode(ev))
-    n = n + 1
-  end
-end
-local nxt = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-return {n, nxt[2] or '', server_now_s}
-"""
-
 
 class DelayedJobs:
     """Promotion of due delayed jobs on one Redis and key prefix."""
 
     def __init__(self, r: redis.Redis, keys: Keys):
         self.r, self.keys = r, keys
-        self._promote = r.register_script(_PROMOTE)
+        self.jobs = JobStore(r, keys)
         self.next_due: float | None = None  # unix s (server clock) of the earliest job still delayed
         self.server_offset_s = 0.0  # server clock − this host's clock, s, measured at the last promote
 
@@ -77,14 +50,13 @@ class DelayedJobs:
 
         Raises:
             ValueError: ``ahead_s`` is negative or not finite.
-            redis.RedisError: Redis failed (the planner loop treats it as a failed tick)."""
+            StoreError: Redis failed (also a redis.RedisError: the planner loop treats it as a failed tick)."""
         if not 0.0 <= ahead_s < float("inf"):
             raise ValueError(f"ahead_s must be finite and >= 0, got {ahead_s!r}")
-        out = self._promote(keys=[self.keys.delayed, self.keys.planner_fence, self.keys.events],
-                            args=[repr(time.time()), limit, self.keys.prefix, planner_token, repr(float(ahead_s))])
-        self.server_offset_s = float(out[2]) - time.time()
-        self.next_due = float(out[1]) if out[1] not in ("", b"") else None
-        return max(0, int(out[0]))
+        queued, next_due, server_now = self.jobs.promote_delayed(time.time(), limit, planner_token, ahead_s)
+        self.server_offset_s = float(server_now) - time.time()
+        self.next_due = float(next_due) if next_due else None
+        return max(0, queued)
 
     def server_now_s(self) -> float:
         """The Redis server's clock (unix s) as estimated on this host from the offset

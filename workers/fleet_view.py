@@ -29,7 +29,7 @@ import redis
 from makespan.errors import StoreError
 from makespan.estimates import Windows, prior_s, read_transition_windows, transition_estimate
 from makespan.models import FleetSpec, Priority
-from makespan.planner.simulator import _demand, _share
+from makespan.planner.simulator import recent_demand, recent_share
 from makespan.planner.model import EndpointModel, FleetState, Gpu, PlanJob
 from makespan.workers.drivers.base import Instance
 from makespan.workers.drivers.registry import list_instances
@@ -158,8 +158,8 @@ def queue_solve_stats(pipe: redis.client.Pipeline, keys: Keys, kept: CrossTickSt
     """Queue the solve times noted since the last call on pipeline ``p`` (the list
     ``P:planner:solve_s``, ``seconds:batch size``, capped at STATS_KEEP) and forget them."""
     if kept.solve_stats:
-        pipe.rpush(f"{keys.prefix}:planner:solve_s", *kept.solve_stats)
-        pipe.ltrim(f"{keys.prefix}:planner:solve_s", -STATS_KEEP, -1)
+        pipe.rpush(keys.planner_solve_times, *kept.solve_stats)
+        pipe.ltrim(keys.planner_solve_times, -STATS_KEEP, -1)
         kept.solve_stats = []
 
 
@@ -258,5 +258,5 @@ def note_demand(kept: CrossTickState, batch: list[PlanJob], state: FleetState) -
                       key=lambda job: job.release_s)
         kept.recent_jobs = {job.id: job for job in keep[-DEMAND_KEEP:]}
     recent = list(kept.recent_jobs.values())
-    state.demand = _demand(recent)
-    state.demand_share = _share(recent, state)
+    state.demand = recent_demand(recent)
+    state.demand_share = recent_share(recent, state)

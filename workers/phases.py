@@ -36,7 +36,7 @@ from makespan.registry import REGISTRY
 from makespan.results import encode_error
 from makespan.workers.functions import (WorkloadContext, WorkloadFailed, celery_progress_emitter, lookup,
                                         progress_writer, run_function)
-from makespan.workers.leases import Lease, LeaseStore
+from makespan.workers.leases import Lease, LeaseStore, delay_job_op, finish_job_op, start_job_op
 
 log = logging.getLogger("makespan.phases")
 
@@ -132,7 +132,7 @@ class PhaseRunner:
     def __init__(self, r: redis.Redis, settings: Settings, fleet: FleetSpec):
         self.r, self.settings, self.fleet = r, settings, fleet
         self.keys = Keys(settings.key_prefix)
-        self.leases = LeaseStore(r, self.keys)
+        self.leases = LeaseStore(r, self.keys, settings.events_max_len)
         self._slowdown = settings.slowdown_by_host()  # modelled transitions' host factors
         self._gpu_memory = {g.uuid: g.memory_mib for h in fleet.hosts for g in h.gpus}
         try:
@@ -394,7 +394,7 @@ class PhaseRunner:
         residents = self._residents(ctx.gpus)
         target = ctx.endpoint
         victims: dict[str, list[str]] = {}
-        for g, v in residents.items():
+        for v in residents.values():
             inst = parse_instance(v)
             if inst is None:
                 continue
@@ -606,8 +606,7 @@ class PhaseRunner:
     def _phase_execute(self, ctx: PhaseContext, hb: LeaseHeartbeat, extra: dict) -> float:
         busy = self.keys.busy(ctx.lease_id)
         if not self.leases.fenced(ctx.lease, [("SET", busy, ctx.job_id),
-                                              ("HSET", self.keys.job(ctx.job_id), "state", "running",
-                                               "started_at", repr(time.time()))]):
+                                              start_job_op(self.keys, ctx.job_id, time.time())]):
             raise StaleFencingToken("lease lost before execute")
         spec = self._spec(ctx)
         self._workload(ctx, hb, extra, ctx.payload or spec.get("payload") or {}, spec)
@@ -729,10 +728,8 @@ class PhaseRunner:
                 ("ZREM", self.keys.running, ctx.job_id),
                 ("HDEL", self.keys.job(ctx.job_id), "lease", "token"),
                 ("HINCRBY", self.keys.job(ctx.job_id), "tries", 1),
-                ("HSET", self.keys.job(ctx.job_id), "state", "delayed", "not_before", repr(due),
-                 "reason", f"retry {tries_done + 1} of {definition.retries} in {wait_s:g} s after {reason}",
-                 "last_error", reason),
-                ("ZADD", self.keys.delayed, repr(due), ctx.job_id),
+                delay_job_op(self.keys, ctx.job_id, due,
+                             f"retry {tries_done + 1} of {definition.retries} in {wait_s:g} s after {reason}", reason),
                 ("XADD_E", self.keys.events, self._event("retry_scheduled", ctx, attempt=attempt, reason=reason,
                                                          not_before=due))]
             return "retried" if self.leases.fenced(ctx.lease, ops) else "stale"
@@ -822,9 +819,7 @@ class PhaseRunner:
         that commit them together with ops of their own."""
         ops = self._release_ops(ctx)
         if ctx.kind == "job":
-            ops += [("ZREM", self.keys.running, ctx.job_id),
-                    ("ZADD", f"{self.keys.prefix}:finished", repr(now), ctx.job_id),  # makespan.workers.retention
-                    ("HSET", self.keys.job(ctx.job_id), "state", state, "finished_at", repr(now), "reason", reason)]
+            ops.append(finish_job_op(self.keys, ctx.job_id, state, now, reason))  # lib.lua finish_job
             ops.append(("XADD_E", self.keys.events, self._event(state, ctx, reason=reason or None)))
         else:
             ops.append(("XADD_E", self.keys.events, self._event("restore_end", ctx)))

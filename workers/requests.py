@@ -30,24 +30,11 @@ import redis
 
 from makespan.errors import PhaseError
 from makespan.keys import Keys
-from makespan.workers.lease_scripts import SERVER_NOW_MS
+from makespan.store.scripts import script
 
 REQUEST_LEASE_TTL_S = 30.0  # renewed on completion; a dead sender's lease expires
 POLL_S = 0.002
 KEEP_TEXT = 200
-
-# KEYS: leases zset, peak ; ARGV: member, ttl_ms, cap ; expiry = server clock + ttl_ms
-_ACQUIRE = SERVER_NOW_MS + """
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', server_now_ms)
-local n = redis.call('ZCARD', KEYS[1])
-if n >= tonumber(ARGV[3]) then return 0 end
-redis.call('ZADD', KEYS[1], server_now_ms + tonumber(ARGV[2]), ARGV[1])
-n = n + 1
-local peak = tonumber(redis.call('GET', KEYS[2]) or '0')
-if n > peak then redis.call('SET', KEYS[2], n) end
-return n
-"""
-
 
 @dataclass
 class RequestResult:
@@ -124,7 +111,7 @@ class RequestRunner:
                  should_stop: Callable[[], bool] = lambda: False):
         self.r, self.keys, self.instance_id, self.url, self.model = r, keys, instance_id, url.rstrip("/"), model
         self.slots, self.should_stop = max(1, int(slots)), should_stop
-        self._acquire = r.register_script(_ACQUIRE)
+        self._acquire = script(r, "request_lease")
 
     # -- request leases (blocking Redis calls, run in the default executor) -------------
     def _try_acquire(self, member: str) -> int:

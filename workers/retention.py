@@ -41,6 +41,7 @@ import redis
 from makespan.keys import Keys
 from makespan.models import FINAL_STATES
 from makespan.settings import Settings
+from makespan.store import JobStore
 
 SUMMARY_FIELDS = ("id", "state", "endpoint", "priority", "service_s", "submitted_at", "leased_at", "started_at",
                   "finished_at", "reason", "attempts", "workload_id", "idem", "lease", "preemptions", "seq",
@@ -52,80 +53,24 @@ SUMMARY_FIELDS = ("id", "state", "endpoint", "priority", "service_s", "submitted
 
 def finished_key(keys: Keys) -> str:
     """``P:finished``: zset of finished job ids waiting to be compacted, score = finish time (s)."""
-    return f"{keys.prefix}:finished"
+    return keys.finished
 
 
 def retained_key(keys: Keys) -> str:
     """``P:retained``: zset of compacted job summaries kept for ``status``, score = finish time (s)."""
-    return f"{keys.prefix}:retained"
+    return keys.retained
 
 
 def tally_key(keys: Keys) -> str:
     """``P:retention``: hash of finished jobs by final state (completed, failed, cancelled)
     since the prefix was created, and ``last_finished_s`` (latest finish time compacted)."""
-    return f"{keys.prefix}:retention"
+    return keys.retention_tally
 
 
 def mark_finished(r: redis.Redis | redis.client.Pipeline, keys: Keys, job_id: str, finished_at_s: float | None = None):
     """Put ``job_id`` on the finished index (for code paths that finish a job outside
     ``PhaseRunner._finish``). Works on a client or inside a pipeline."""
     return r.zadd(finished_key(keys), {job_id: finished_at_s if finished_at_s is not None else time.time()})
-
-
-# Compact one finished job: keep the summary fields, drop the rest, set TTLs.
-# KEYS: job, retained, tally ; ARGV: job_id, finished_at_s, ttl_s, prefix, summary fields...
-_COMPACT = """
-local rec = redis.call('HGETALL', KEYS[1])
-if #rec == 0 then return 0 end
-local R = {}
-for i = 1, #rec, 2 do R[rec[i]] = rec[i + 1] end
-local state = R['state']
-if state ~= 'completed' and state ~= 'failed' and state ~= 'cancelled' then return -1 end
-local idem = R['idem']
-if not idem and R['spec'] then
-  local ok, spec = pcall(cjson.decode, R['spec'])
-  if ok and type(spec) == 'table' and type(spec['idempotency_key']) == 'string' then idem = spec['idempotency_key'] end
-end
-local keep = {}
-for i = 5, #ARGV do keep[ARGV[i]] = true end
-local drop = {}
-for k, _ in pairs(R) do if not keep[k] then table.insert(drop, k) end end
-if #drop > 0 then redis.call('HDEL', KEYS[1], unpack(drop)) end
-if idem then
-  redis.call('HSET', KEYS[1], 'idem', idem)
-  redis.call('EXPIRE', ARGV[4] .. ':idem:' .. idem, ARGV[3])
-end
--- a step of a running workload keeps its record (dependants read its state) and its
--- request records until the workload is done; the sweep expires them after that
-local wid = R['workload_id']
-if not (wid and redis.call('SISMEMBER', ARGV[4] .. ':workloads:active', wid) == 1) then
-  redis.call('EXPIRE', KEYS[1], ARGV[3])
-  redis.call('EXPIRE', ARGV[4] .. ':requests:' .. ARGV[1], ARGV[3])
-end
-redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
-redis.call('HINCRBY', KEYS[3], state, 1)
-return 1
-"""
-
-# Delete one retained summary, its request records and its idempotency key (only if it
-# still names this job) — unless the job is a step of a workload still running: then
-# it moves to the back of the retained index (-1) and is looked at again later.
-# KEYS: job, retained ; ARGV: job_id, prefix, now_s
-_EXPIRE = """
-local wid = redis.call('HGET', KEYS[1], 'workload_id')
-if wid and redis.call('SISMEMBER', ARGV[2] .. ':workloads:active', wid) == 1 then
-  redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
-  return -1
-end
-redis.call('DEL', ARGV[2] .. ':requests:' .. ARGV[1])
-redis.call('DEL', ARGV[2] .. ':result:' .. ARGV[1])  -- makespan.results: a result goes with its summary
-local idem = redis.call('HGET', KEYS[1], 'idem')
-if idem then
-  local ik = ARGV[2] .. ':idem:' .. idem
-  if redis.call('GET', ik) == ARGV[1] then redis.call('DEL', ik) end
-end
-return redis.call('DEL', KEYS[1])
-"""
 
 
 @dataclass
@@ -147,8 +92,7 @@ class Retention:
     def __init__(self, r: redis.Redis, settings: Settings):
         self.r, self.settings = r, settings
         self.keys = Keys(settings.key_prefix)
-        self._compact = r.register_script(_COMPACT)
-        self._expire = r.register_script(_EXPIRE)
+        self.jobs = JobStore(r, self.keys, settings.events_max_len)
         self._last_s = 0.0
         self._scan_cursor = 0
 
@@ -172,8 +116,7 @@ class Retention:
         if popped:
             p = self.r.pipeline(transaction=False)
             for jid, score in popped:
-                self._compact(keys=[k.job(jid), ret, tally_key(k)], args=[jid, repr(score), ttl, k.prefix, *SUMMARY_FIELDS],
-                              client=p)
+                self.jobs.compact_finished(jid, score, ttl, SUMMARY_FIELDS, client=p)
             res = p.execute()
             out.compacted = sum(1 for x in res if x == 1)
             if out.compacted:
@@ -194,7 +137,7 @@ class Retention:
         if victims:
             p = self.r.pipeline(transaction=False)
             for jid in victims:
-                self._expire(keys=[k.job(jid), ret], args=[jid, k.prefix, repr(now)], client=p)
+                self.jobs.expire_retained(jid, now, client=p)
             gone = [jid for jid, x in zip(victims, p.execute()) if x != -1]
             if gone:
                 self.r.zrem(ret, *gone)
@@ -227,7 +170,7 @@ class Retention:
 
     def _orphans(self) -> int:
         k = self.keys
-        cur, found = self.r.scan(self._scan_cursor, match=f"{k.prefix}:phase:*", count=self.settings.retention_batch)
+        cur, found = self.r.scan(self._scan_cursor, match=k.phase_pattern, count=self.settings.retention_batch)
         self._scan_cursor = int(cur)
         stale = []
         for key in found:

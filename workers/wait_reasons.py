@@ -1,5 +1,5 @@
 """Writing each waiting job's reason and ETA (:mod:`makespan.wait_reasons`) for the planner
-worker: one fenced script per planning tick (:data:`_WRITE`), only for the jobs that
+worker: one fenced script per planning tick (``write_wait_reasons.lua``), only for the jobs that
 tick read (its batch, the queued jobs its scan left out, the unready steps).
 
 The :class:`WriteWaitReasons` step derives each not-started batch job's reason
@@ -20,33 +20,8 @@ from __future__ import annotations
 
 from makespan.planner.model import Assignment, FleetState, Plan, PlanJob
 from makespan.planner.reservation import Reservation
-from makespan.workers.lease_scripts import SERVER_NOW_MS
+from makespan.store import JobStore
 from makespan.workers.tick.context import TickContext
-
-# KEYS: planner_fence, reason counts hash ; ARGV: planner token ('' = unchecked), prefix, then
-# (job id, reason, detail, eta) × n. Writes only records still 'queued'; the counts hash is replaced by
-# the reasons written (a job written twice counts once, with its last reason). Returns how many were
-# written (-1: fenced off).
-_WRITE = SERVER_NOW_MS + """
-if ARGV[1] ~= '' and redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
-local at = string.format('%.3f', server_now_ms / 1000.0)
-local n = 0
-local last = {}
-for i = 3, #ARGV, 4 do
-  local jk = ARGV[2] .. ':job:' .. ARGV[i]
-  if redis.call('HGET', jk, 'state') == 'queued' then
-    redis.call('HSET', jk, 'wait_reason', ARGV[i + 1], 'wait_detail', ARGV[i + 2], 'wait_eta', ARGV[i + 3],
-               'wait_at', at)
-    last[ARGV[i]] = ARGV[i + 1]
-    n = n + 1
-  end
-end
-local counts = {}
-for _, reason in pairs(last) do counts[reason] = (counts[reason] or 0) + 1 end
-redis.call('DEL', KEYS[2])
-for reason, c in pairs(counts) do redis.call('HSET', KEYS[2], reason, c) end
-return n
-"""
 
 
 class WriteWaitReasons:
@@ -102,7 +77,7 @@ def _write(ctx: TickContext, batch: list[PlanJob], plan: Plan) -> None:
                                       f"{env.settings.batch_size} jobs", ""]
     if rows or ctx.kept.reason_counts_written:
         ctx.kept.reason_counts_written = bool(rows)
-        env.r.eval(_WRITE, 2, env.keys.planner_fence, env.keys.wait_reason_counts, ctx.token, env.keys.prefix, *rows)
+        JobStore(env.r, env.keys).write_wait_reasons(ctx.token, rows)
 
 
 def _clear_reason_counts(ctx: TickContext) -> None:
@@ -110,7 +85,7 @@ def _clear_reason_counts(ctx: TickContext) -> None:
     env = ctx.env
     if ctx.kept.reason_counts_written:
         ctx.kept.reason_counts_written = False
-        env.r.eval(_WRITE, 2, env.keys.planner_fence, env.keys.wait_reason_counts, ctx.token, env.keys.prefix)
+        JobStore(env.r, env.keys).write_wait_reasons(ctx.token, [])
 
 
 def _batch_reason(ctx: TickContext, job: PlanJob, state: FleetState, plan: Plan,

@@ -26,33 +26,9 @@ from typing import Any
 
 from makespan import telemetry
 from makespan.errors import PhaseCancelled, PhaseError, StaleFencingToken
+from makespan.store import JobStore
 from makespan.workers.functions import WorkloadFailed
 from makespan.workers.phases import JOB_PHASES, STOPS_CHAIN, LeaseHeartbeat, PhaseContext, PhaseRunner, instance_value
-
-# KEYS: phase hash, job, events, busy, gpu_1..gpu_n, resident_1..resident_n
-# ARGV: lease_id, token, n, instance value, started_at (unix s), job id, then 5 event JSONs
-_BEGIN = """
-local n = tonumber(ARGV[3])
-local want = ARGV[1] .. ':' .. ARGV[2]
-for i = 1, n do if redis.call('GET', KEYS[4 + i]) ~= want then return {'stale'} end end
-for i = 1, n do if redis.call('GET', KEYS[4 + n + i]) ~= ARGV[4] then return {'cold'} end end
-if redis.call('EXISTS', KEYS[1]) == 1 then return {'replay'} end
-if redis.call('HGET', KEYS[2], 'cancel_requested') == '1' then return {'cancel'} end
-redis.call('HSET', KEYS[1], 'evict:claimed', '1', 'evict', 'done', 'start_endpoint:claimed', '1',
-           'start_endpoint', 'done', 'execute:claimed', '1')
-for i = 7, 11 do redis.call('XADD', KEYS[3], 'MAXLEN', '~', '1000000', '*', 'e', ARGV[i]) end
-redis.call('SET', KEYS[4], ARGV[6])
-redis.call('HSET', KEYS[2], 'state', 'running', 'started_at', ARGV[5])
-return {'ok', redis.call('HGET', KEYS[2], 'spec') or ''}
-"""
-
-
-def _scripts(runner: PhaseRunner):
-    s = getattr(runner, "_warm_begin", None)
-    if s is None:
-        s = runner._warm_begin = runner.r.register_script(_BEGIN)
-    return s
-
 
 def _phase_events(runner: PhaseRunner, ctx: PhaseContext, phases: tuple[str, ...], t0: float) -> list[str]:
     out = []
@@ -76,10 +52,8 @@ def run_warm(runner: PhaseRunner, ctx: PhaseContext) -> str:
     t0 = time.time()
     evs = _phase_events(runner, ctx, ("evict", "start_endpoint"), t0)
     evs.append(runner._event("phase_start", ctx, phase="execute"))
-    keys = [k.phase(ctx.lease_id), k.job(ctx.job_id), k.events, k.busy(ctx.lease_id),
-            *[k.gpu(g) for g in ctx.gpus], *[k.resident(g) for g in ctx.gpus]]
-    got = _scripts(runner)(keys=keys, args=[ctx.lease_id, ctx.token, len(ctx.gpus),
-                                            instance_value(ctx.endpoint, ctx.gpus), repr(t0), ctx.job_id, *evs])
+    got = JobStore(runner.r, k, runner.settings.events_max_len).begin_warm(
+        ctx.lease_id, ctx.token, ctx.gpus, ctx.job_id, instance_value(ctx.endpoint, ctx.gpus), t0, evs)
     if got[0] == "stale":
         return "stale"
     if got[0] != "ok":

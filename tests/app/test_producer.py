@@ -96,7 +96,9 @@ def test_cli_submit_status_cancel(redis_url, prefix, r):
     import sys
 
     env = {**os.environ, "MAKESPAN_REDIS_URL": redis_url, "MAKESPAN_KEY_PREFIX": prefix}
-    run = lambda *a: subprocess.run([sys.executable, "-m", "makespan.cli", *a], env=env, capture_output=True, text=True)
+    def run(*cli_args):
+        return subprocess.run([sys.executable, "-m", "makespan.cli", *cli_args], env=env, capture_output=True, text=True)
+
     out = run("submit", "--fleet", "examples/render-pipeline.toml", "--endpoint", "embed", "--service-s", "12",
               "--priority", "HIGH", "--idempotency-key", "k1", "--deadline-s", "60")
     assert out.returncode == 0, out.stderr

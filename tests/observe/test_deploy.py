@@ -216,7 +216,7 @@ def test_procfile_commands_exist(procfile):
 
 def test_procfile_runs_a_gpu_worker_per_fleet_host_with_distinct_ports(procfile):
     hosts, ports, fleets = [], [], set()
-    for name, line in procfile.items():
+    for line in procfile.values():
         env, argv = strip_env(shell_commands(line)[-1])
         if "MAKESPAN_METRICS_PORT" in env:
             ports.append(env["MAKESPAN_METRICS_PORT"])

@@ -244,7 +244,7 @@ def test_simulated_plan_preemption_keeps_the_rules(seed, restore):
             by_gpu.setdefault(u, []).append((a, b))
     for u, xs in by_gpu.items():
         xs.sort()
-        for (a1, b1), (a2, _b2) in zip(xs, xs[1:]):
+        for (_a1, b1), (a2, _b2) in zip(xs, xs[1:]):
             assert a2 >= b1 - 1e-6, f"{u} double-booked"
 
 

@@ -6,7 +6,9 @@ import pytest
 
 from makespan.models import parse_fleet
 from makespan.traces import read_trace
-from makespan.planner.simulator import run_simulation, simulate
+from makespan.planner.simulator import simulate
+from makespan.simulation import run_simulation
+
 FLEET = {
     "name": "t",
     "hosts": [{"name": "a", "gpu_count": 4, "memory_mib": 81920}, {"name": "b", "gpu_count": 4, "memory_mib": 81920}],

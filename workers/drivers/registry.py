@@ -22,12 +22,11 @@ import redis
 
 from makespan.errors import StoreError, ValidationError
 from makespan.keys import Keys
+from makespan.store.scripts import script as store_script
 from makespan.workers.drivers.base import Instance
 
 
 INSTANCE_STATES = ("starting", "running", "asleep", "failed")
-# HSET only while the hash exists: an instance unregistered meanwhile is not recreated half
-_SET_IF_EXISTS = "if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('HSET', KEYS[1], unpack(ARGV)) return 1 end return 0"
 
 
 def _encode(instance: Instance, state: str) -> dict[str, str]:
@@ -65,7 +64,7 @@ def set_instance_state(r: redis.Redis, keys: Keys, instance_id: str, state: str,
         raise ValidationError("state", state, f"instance state must be one of {', '.join(INSTANCE_STATES)}")
     mapping = {"state": state, **{k: str(v) for k, v in fields.items()}}
     args = [x for kv in mapping.items() for x in kv]
-    script = r.register_script(_SET_IF_EXISTS)
+    script = store_script(r, "instance_set_if_exists")  # HSET only while the hash exists
     if pipe is not None:  # redis-py loads the script when the pipeline runs
         script(keys=[keys.instance(instance_id)], args=args, client=pipe)
         return

@@ -1,0 +1,159 @@
+"""The job lifecycle outside leases: submit, cancel, workload steps, delayed promotion,
+the planner's queue upkeep, retention, the warm path's start. One Lua script each
+(``makespan/store/lua``, KEYS and ARGV in each header); keys come from
+:class:`makespan.keys.Keys`, per-id keys a script builds itself from
+:attr:`~makespan.keys.Keys.script_prefix`.
+
+:class:`JobStore` is the seam the live code calls. Every method raises
+:class:`makespan.errors.StoreError` when Redis fails (with ``client=`` a pipeline, the
+pipeline's ``execute()`` raises instead).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import redis
+
+from makespan.keys import Keys
+from makespan.store.scripts import script
+from makespan.store.states import JobState
+
+
+class JobStore:
+    """Job-record scripts on one Redis and key prefix.
+
+    Args:
+        r: a client with ``decode_responses=True``.
+        keys: the deployment's key builder.
+        events_max_len: the events stream cap (Settings.events_max_len; None: its default).
+    """
+
+    def __init__(self, r: redis.Redis, keys: Keys, events_max_len: int | None = None):
+        self.r, self.keys, self.events_max_len = r, keys, events_max_len
+
+    def _run(self, name: str, keys: Sequence[str], args: Sequence[Any], client: Any = None) -> Any:
+        return script(self.r, name, self.events_max_len)(keys=list(keys), args=list(args), client=client)
+
+    # -- producer ------------------------------------------------------------------------
+    def submit(self, job_id: str, fields: dict[str, Any], event_json: str, queue_key: str,
+               idempotency_key: str | None = None, delay_s: float | None = None) -> tuple[bool, str]:
+        """Write a validated job (``fields`` as its record; state ``queued``, or ``delayed`` with ``delay_s``: due at the
+        server clock + ``delay_s`` seconds). Returns ``(created, job id)``: for a repeated
+        idempotency key ``(False, the existing job's id)``."""
+        fields = {**fields, "state": JobState.QUEUED.value}  # submit.lua makes it delayed with a delay
+        delay = repr(float(delay_s)) if delay_s is not None else ""
+        idem = self.keys.idem(idempotency_key) if idempotency_key else self.keys.seq  # unused without a key
+        out = self._run("submit", [idem, self.keys.seq, self.keys.job(job_id), queue_key, self.keys.events,
+                                   self.keys.planner_wake, self.keys.delayed],
+                        ["1" if idempotency_key else "0", job_id, json.dumps(fields), event_json, delay,
+                         self.keys.script_prefix])
+        return out[0] == 1, str(out[1])
+
+    def cancel(self, job_id: str, queue_key: str, event_json: str, now_s: float) -> str:
+        """Cancel a job: ``"cancelled"`` (it was queued or delayed), ``"cancel_requested"``
+        (leased or running: its GPU worker stops it), ``"missing"``, or its final state."""
+        return str(self._run("cancel", [self.keys.job(job_id), queue_key, self.keys.events, self.keys.delayed],
+                             [job_id, event_json, repr(now_s), self.keys.script_prefix]))
+
+    # -- workloads -----------------------------------------------------------------------
+    def submit_workload(self, workload_id: str, workload_fields: dict[str, Any], now_s: float, queue_key: str,
+                        steps: Sequence[tuple[str, dict[str, Any], str]]) -> bool:
+        """Write a workload and its steps (``(job id, fields, submitted event JSON)`` each, in
+        topological order). False (nothing written) when a job id already exists."""
+        args: list[str] = []
+        for job_id, fields, event_json in steps:
+            args += [job_id, json.dumps({**fields, "state": JobState.QUEUED.value}), event_json]
+        keys = [self.keys.seq, queue_key, self.keys.events, self.keys.workload(workload_id), self.keys.workloads,
+                self.keys.workloads_active, *[self.keys.job(job_id) for job_id, _, _ in steps]]
+        return bool(self._run("submit_workload", keys, [str(len(steps)), workload_id, json.dumps(workload_fields),
+                                                        repr(now_s), self.keys.script_prefix, *args]))
+
+    def retry_step(self, workload_id: str, step: str, old_job_id: str, new_job_id: str, fields: dict[str, Any],
+                   event_json: str, queue_key: str, dependants: Sequence[tuple[str, str]]) -> bool:
+        """Retry a failed step as ``new_job_id`` (``dependants``: ``(job id, new deps JSON)``
+        each). False when the workload is not running or the step was already retried."""
+        keys = [self.keys.workload(workload_id), self.keys.job(new_job_id), queue_key, self.keys.events,
+                self.keys.seq, *[self.keys.job(job_id) for job_id, _ in dependants]]
+        args = [step, old_job_id, new_job_id, json.dumps({**fields, "state": JobState.QUEUED.value}), event_json,
+                self.keys.script_prefix,
+                *[deps for _, deps in dependants]]
+        return bool(self._run("retry_step", keys, args))
+
+    def cancel_steps(self, workload_id: str, queue_key: str, job_ids: Sequence[str], reason: str,
+                     workload_state: str, now_s: float) -> tuple[int, int]:
+        """Cancel steps of a workload (queued and delayed ones at once, leased and running
+        ones at their next phase boundary); ``workload_state`` ('' = unchanged) ends the
+        workload too. Returns ``(cancelled now, cancel requested)``."""
+        keys = [self.keys.workload(workload_id), self.keys.events, queue_key, self.keys.delayed,
+                *[self.keys.job(job_id) for job_id in job_ids]]
+        cancelled, requested = self._run("cancel_steps", keys, [repr(now_s), reason, workload_state,
+                                                                self.keys.script_prefix, *job_ids])
+        return int(cancelled), int(requested)
+
+    # -- planner ---------------------------------------------------------------------------
+    def promote_delayed(self, event_ts_s: float, limit: int, planner_token: str = "",
+                        ahead_s: float = 0.0) -> tuple[int, str, str]:
+        """Queue up to ``limit`` delayed jobs due on the server clock (+ ``ahead_s``).
+        Returns ``(queued count or -1 when fenced off, next due time (unix s) or '',
+        server clock (unix s))``, times as text."""
+        out = self._run("promote_delayed", [self.keys.delayed, self.keys.planner_fence, self.keys.events],
+                        [repr(event_ts_s), limit, self.keys.script_prefix, planner_token, repr(float(ahead_s))])
+        return int(out[0]), str(out[1]), str(out[2])
+
+    def drop_stale(self, queue_key: str, job_id: str, planner_token: str) -> int:
+        """Remove a queue entry whose job is no longer queued (only while the planner leads):
+        1 when removed, else 0."""
+        return int(self._run("drop_stale", [queue_key, self.keys.job(job_id), self.keys.planner_fence],
+                             [job_id, planner_token]) or 0)
+
+    def cancel_dependant(self, job_id: str, queue_key: str, planner_token: str, now_s: float, reason: str,
+                         event_json: str) -> int:
+        """Cancel a queued job whose dependency failed (only while the planner leads):
+        1 when cancelled, else 0."""
+        return int(self._run("cancel_dependant", [queue_key, self.keys.job(job_id), self.keys.planner_fence,
+                                                  self.keys.events],
+                             [job_id, planner_token, repr(now_s), reason, event_json, self.keys.script_prefix]) or 0)
+
+    def inherited_levels(self, job_ids: Sequence[str], most_walked: int) -> list[int]:
+        """Per job id, the highest level (0 = CRITICAL .. 3 = LOW; 4: none) of the queued or
+        delayed jobs waiting on it at any depth (at most ``most_walked`` read per job)."""
+        return [int(x) for x in self._run("inherited_levels", [], [self.keys.script_prefix, most_walked, *job_ids])]
+
+    def write_wait_reasons(self, planner_token: str, rows: Sequence[str]) -> int:
+        """Write ``rows`` (``job id, reason, detail, eta`` repeated) on the records still
+        queued and replace the reason counts. Returns how many were written (-1: fenced off)."""
+        return int(self._run("write_wait_reasons", [self.keys.planner_fence, self.keys.wait_reason_counts],
+                             [planner_token, self.keys.script_prefix, *rows]))
+
+    def queue_awaited_running(self, pipe: Any) -> None:
+        """Queue on ``pipe`` (as EVAL) the read of the leased job ids that a queued or
+        delayed job waits on; ``pipe.execute()`` answers a list of ids."""
+        script(self.r, "awaited_running", self.events_max_len).queue_eval(pipe, [self.keys.running],
+                                                                           [self.keys.script_prefix])
+
+    # -- retention -----------------------------------------------------------------------
+    def compact_finished(self, job_id: str, finished_at_s: float, ttl_s: int, summary_fields: Sequence[str],
+                         client: Any = None) -> Any:
+        """Compact a finished job to ``summary_fields`` with TTLs: 1, 0 (no record) or -1
+        (not final yet); with ``client`` (a pipeline) queued there."""
+        return self._run("compact_finished", [self.keys.job(job_id), self.keys.retained, self.keys.retention_tally],
+                         [job_id, repr(finished_at_s), ttl_s, self.keys.script_prefix, *summary_fields], client)
+
+    def expire_retained(self, job_id: str, now_s: float, client: Any = None) -> Any:
+        """Delete a retained summary (-1: kept, its workload still runs); with ``client``
+        queued there."""
+        return self._run("expire_retained", [self.keys.job(job_id), self.keys.retained],
+                         [job_id, self.keys.script_prefix, repr(now_s)], client)
+
+    # -- GPU worker ------------------------------------------------------------------------
+    def begin_warm(self, lease_id: str, token: int, gpus: Sequence[str], job_id: str, instance_value: str,
+                   started_at_s: float, phase_events: Sequence[str]) -> list[str]:
+        """The warm path's first step (``begin_warm.lua``): ``['ok', spec JSON]`` or
+        ``[why]`` with why in stale, cold, replay, cancel."""
+        keys = [self.keys.phase(lease_id), self.keys.job(job_id), self.keys.events, self.keys.busy(lease_id),
+                *[self.keys.gpu(g) for g in gpus], *[self.keys.resident(g) for g in gpus]]
+        return list(self._run("begin_warm", keys, [lease_id, token, len(gpus), instance_value, repr(started_at_s),
+                                                   job_id, *phase_events]))

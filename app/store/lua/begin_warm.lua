@@ -1,0 +1,32 @@
+-- begin_warm.lua: the warm path's first step (makespan.workers.warm): when every GPU of the
+-- lease still names it and already holds the endpoint's instance, mark evict and
+-- start_endpoint done, claim execute and set the job running, in one step.
+-- Library: lib
+-- Transitions: leased -> running
+--
+-- KEYS[1]  P:phase:{lease}
+-- KEYS[2]  P:job:{id}
+-- KEYS[3]  P:events
+-- KEYS[4]  P:busy:{lease}
+-- KEYS[5..4+n]      P:gpu:{uuid} of each GPU
+-- KEYS[5+n..4+2n]   P:resident:{uuid} of each GPU
+-- ARGV[1]  lease id
+-- ARGV[2]  fencing token
+-- ARGV[3]  n, the GPU count
+-- ARGV[4]  instance value the GPUs must hold
+-- ARGV[5]  started_at, unix s
+-- ARGV[6]  job id
+-- ARGV[7..11]  five phase events, JSON
+-- Returns {'ok', spec JSON or ''} or {why} with why in stale, cold, replay, cancel.
+local n = tonumber(ARGV[3])
+local want = ARGV[1] .. ':' .. ARGV[2]
+for i = 1, n do if redis.call('GET', KEYS[4 + i]) ~= want then return {'stale'} end end
+for i = 1, n do if redis.call('GET', KEYS[4 + n + i]) ~= ARGV[4] then return {'cold'} end end
+if redis.call('EXISTS', KEYS[1]) == 1 then return {'replay'} end
+if redis.call('HGET', KEYS[2], 'cancel_requested') == '1' then return {'cancel'} end
+redis.call('HSET', KEYS[1], 'evict:claimed', '1', 'evict', 'done', 'start_endpoint:claimed', '1',
+           'start_endpoint', 'done', 'execute:claimed', '1')
+for i = 7, 11 do append_event(KEYS[3], ARGV[i]) end
+redis.call('SET', KEYS[4], ARGV[6])
+redis.call('HSET', KEYS[2], 'state', 'running', 'started_at', ARGV[5])
+return {'ok', redis.call('HGET', KEYS[2], 'spec') or ''}

@@ -1,0 +1,111 @@
+-- lib.lua: the store's shared Lua library, prepended to every script whose header says
+-- "Library: lib" (makespan.store.scripts loads it). Only `local` functions: a script
+-- that does not call one pays nothing.
+--
+-- Keys: per-id keys (a job, a GPU, a lease's phases, ...) are built here, and only here,
+-- from ONE prefix argument P (makespan.keys.Keys.script_prefix, e.g. "makespan"); each
+-- builder mirrors the Keys method of the same name (a test compares them).
+-- Times: *_ms unix milliseconds, *_s unix seconds; the events stream cap EVENTS_MAX_LEN is
+-- makespan.settings.Settings.events_max_len, written in by the loader.
+-- Job states written here: finish_job (completed | failed | cancelled), requeue_job (queued),
+-- delay_job (delayed); the allowed transitions are makespan.store.states.TRANSITIONS.
+
+local EVENTS_MAX_LEN = '__EVENTS_MAX_LEN__'
+
+-- the Redis server's clock in unix ms (one TIME call): every lease expiry is on it
+local function server_now_ms()
+  local server_t = redis.call('TIME')
+  return tonumber(server_t[1]) * 1000 + math.floor(tonumber(server_t[2]) / 1000)
+end
+
+local function key_job(prefix, job_id) return prefix .. ':job:' .. job_id end
+local function key_queue(prefix, priority_name) return prefix .. ':queue:' .. string.lower(priority_name) end
+local function key_delayed(prefix) return prefix .. ':delayed' end
+local function key_running(prefix) return prefix .. ':running' end
+local function key_finished(prefix) return prefix .. ':finished' end
+local function key_gpu(prefix, uuid) return prefix .. ':gpu:' .. uuid end
+local function key_resident(prefix, uuid) return prefix .. ':resident:' .. uuid end
+local function key_phase(prefix, lease_id) return prefix .. ':phase:' .. lease_id end
+local function key_busy(prefix, lease_id) return prefix .. ':busy:' .. lease_id end
+local function key_awaited(prefix, job_id) return prefix .. ':awaited:' .. job_id end
+local function key_idem(prefix, idem) return prefix .. ':idem:' .. idem end
+local function key_requests(prefix, job_id) return prefix .. ':requests:' .. job_id end
+local function key_result(prefix, job_id) return prefix .. ':result:' .. job_id end
+local function key_workloads_active(prefix) return prefix .. ':workloads:active' end
+
+-- append one event (its JSON text) to the stream, trimmed to about EVENTS_MAX_LEN entries
+local function append_event(stream_key, event_json)
+  redis.call('XADD', stream_key, 'MAXLEN', '~', EVENTS_MAX_LEN, '*', 'e', event_json)
+end
+
+-- the reverse-dependency index (makespan.awaited): SADD / SREM job_id on P:awaited:{d}
+-- for each d of the JSON list deps_json (nil or '' = none); SREM of the last member deletes the set
+local function awaited_add(prefix, job_id, deps_json)
+  if not deps_json or deps_json == '' then return end
+  for _, d in ipairs(cjson.decode(deps_json)) do redis.call('SADD', key_awaited(prefix, d), job_id) end
+end
+local function awaited_drop(prefix, job_id, deps_json)
+  if not deps_json or deps_json == '' then return end
+  for _, d in ipairs(cjson.decode(deps_json)) do redis.call('SREM', key_awaited(prefix, d), job_id) end
+end
+
+-- finish a job: its final state (completed | failed | cancelled), finish time (unix s, as
+-- text) and reason; it leaves P:running and joins the finished index (makespan.workers.retention)
+local function finish_job(prefix, job_id, state, finished_at_s, reason)
+  redis.call('ZREM', key_running(prefix), job_id)
+  redis.call('HSET', key_job(prefix, job_id), 'state', state, 'finished_at', finished_at_s, 'reason', reason)
+  redis.call('ZADD', key_finished(prefix), tonumber(finished_at_s), job_id)
+end
+
+-- put a job back in its priority queue at its submission seq; it holds no lease any more.
+-- reason nil: the reason field is left as it is. Returns the job's priority name.
+local function requeue_job(prefix, job_id, reason)
+  local jk = key_job(prefix, job_id)
+  local rec = redis.call('HMGET', jk, 'priority', 'seq')
+  redis.call('HDEL', jk, 'lease', 'token')
+  if reason then
+    redis.call('HSET', jk, 'state', 'queued', 'reason', reason)
+  else
+    redis.call('HSET', jk, 'state', 'queued')
+  end
+  redis.call('ZADD', key_queue(prefix, rec[1]), tonumber(rec[2]), job_id)
+  return rec[1]
+end
+
+-- make a job wait until due_s (unix s, server clock) on P:delayed; it holds no lease any more
+local function delay_job(prefix, job_id, due_s, reason)
+  local jk = key_job(prefix, job_id)
+  redis.call('HDEL', jk, 'lease', 'token')
+  redis.call('HSET', jk, 'state', 'delayed', 'not_before', tostring(due_s), 'reason', reason)
+  redis.call('ZADD', key_delayed(prefix), due_s, job_id)
+end
+
+-- free the GPUs of a lease: each P:gpu:{g} that still names it (want = lease_id .. ':' .. token)
+-- is deleted; P:resident:{g} is forgotten when the GPU was freed here and forget_if_freed, or
+-- when its key was already gone and forget_if_gone
+local function free_gpus(prefix, want, gpus, forget_if_freed, forget_if_gone)
+  for _, g in ipairs(gpus) do
+    local gk = key_gpu(prefix, g)
+    local cur = redis.call('GET', gk)
+    local freed = cur == want
+    if freed then redis.call('DEL', gk) end
+    if (freed and forget_if_freed) or (not cur and forget_if_gone) then
+      redis.call('DEL', key_resident(prefix, g))
+    end
+  end
+end
+
+-- forget a lease: its record, its P:leases entry, its busy slot and its phase hash
+local function drop_lease(prefix, lease_key, leases_key, lease_id)
+  redis.call('DEL', lease_key)
+  redis.call('ZREM', leases_key, lease_id)
+  redis.call('DEL', key_busy(prefix, lease_id))
+  redis.call('DEL', key_phase(prefix, lease_id))
+end
+
+-- a hash reply (HGETALL) as a Lua table
+local function hash_table(flat)
+  local out = {}
+  for i = 1, #flat, 2 do out[flat[i]] = flat[i + 1] end
+  return out
+end

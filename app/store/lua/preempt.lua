@@ -1,0 +1,50 @@
+-- preempt.lua: preempt one job lease: free its GPUs and put its job back in its queue
+-- with its original submission order (design notes, "Preemption"); not an attempt.
+-- Refused for a job whose execute phase is done (it only has to clear: never run it
+-- twice) and for a deposed planner. A job whose cancel was requested is cancelled.
+-- Library: lib
+-- Transitions: leased -> queued, running -> queued, leased -> cancelled, running -> cancelled
+--
+-- KEYS[1]  P:lease:{id}
+-- KEYS[2]  P:leases
+-- KEYS[3]  P:running
+-- KEYS[4]  P:events
+-- KEYS[5]  P:planner:fence
+-- ARGV[1]  lease id
+-- ARGV[2]  now_ms, the caller's clock (event ts, finished_at)
+-- ARGV[3]  P, the key prefix (the job, its queue, the lease's GPUs, phases, busy slot)
+-- ARGV[4]  the preemptor's job id
+-- ARGV[5]  planner token ('' = unchecked)
+-- Returns {1, 'preempted' | 'cancelled'} or {0, why} with why in planner_fenced, gone,
+-- not_a_job, executed.
+local prefix = ARGV[3]
+if ARGV[5] ~= '' and redis.call('GET', KEYS[5]) ~= ARGV[5] then return {0, 'planner_fenced'} end
+local lease = redis.call('HGETALL', KEYS[1])
+if #lease == 0 then return {0, 'gone'} end
+local L = hash_table(lease)
+if L['kind'] ~= 'job' then return {0, 'not_a_job'} end
+local phases = key_phase(prefix, ARGV[1])
+if redis.call('HGET', phases, 'execute') == 'done' then return {0, 'executed'} end
+local started = redis.call('HGET', phases, 'start_endpoint') == 'done'
+local want = ARGV[1] .. ':' .. (L['token'] or '')
+local gpus = cjson.decode(L['gpus'] or '[]')
+-- mid-transition, what is resident is unknown: forget it (the next start stops leftovers)
+free_gpus(prefix, want, gpus, not started, false)
+drop_lease(prefix, KEYS[1], KEYS[2], ARGV[1])
+local job = L['job']
+local jk = key_job(prefix, job)
+local now_s = tonumber(ARGV[2]) / 1000.0
+redis.call('ZREM', KEYS[3], job)
+local prio = redis.call('HGET', jk, 'priority')
+local outcome = 'preempted'
+if redis.call('HGET', jk, 'cancel_requested') == '1' then
+  finish_job(prefix, job, 'cancelled', tostring(now_s), 'cancelled; preempted')
+  outcome = 'cancelled'
+else
+  requeue_job(prefix, job, 'preempted by ' .. ARGV[4])
+  redis.call('HINCRBY', jk, 'preemptions', 1)
+end
+local ev = {ts = now_s, kind = 'preempted', lease = ARGV[1], job = job, priority = prio, gpus = gpus,
+            by = ARGV[4], outcome = outcome}
+append_event(KEYS[4], cjson.encode(ev))
+return {1, outcome}

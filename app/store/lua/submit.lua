@@ -1,0 +1,49 @@
+-- submit.lua: write one validated job: its record, idempotency key, queue entry (or
+-- P:delayed entry) and submitted event, atomically.
+-- Library: lib
+-- Transitions: new -> queued, new -> delayed
+--
+-- KEYS[1]  P:idem:{key} (any key when ARGV[1] is not '1')
+-- KEYS[2]  P:seq
+-- KEYS[3]  P:job:{id}
+-- KEYS[4]  P:queue:{level}
+-- KEYS[5]  P:events
+-- KEYS[6]  P:planner:wake
+-- KEYS[7]  P:delayed
+-- ARGV[1]  '1' when the job has an idempotency key
+-- ARGV[2]  job id
+-- ARGV[3]  the record's fields, JSON object (state queued)
+-- ARGV[4]  the submitted event, JSON
+-- ARGV[5]  delay s ('' = queue now); due time (not_before) = server clock + delay
+-- ARGV[6]  P, the key prefix (a job with deps joins the reverse-dependency index)
+-- Returns {1, job id}, or {0, existing job id} for a repeated idempotency key.
+if ARGV[1] == '1' then
+  local existing = redis.call('GET', KEYS[1])
+  if existing then return {0, existing} end
+end
+local seq = redis.call('INCR', KEYS[2])
+local fields = cjson.decode(ARGV[3])
+local flat = {}
+for k, v in pairs(fields) do table.insert(flat, k); table.insert(flat, tostring(v)) end
+table.insert(flat, 'seq'); table.insert(flat, tostring(seq))
+local ev = ARGV[4]
+local due = nil
+if ARGV[5] ~= '' then
+  local t = redis.call('TIME')
+  due = string.format('%.6f', tonumber(t[1]) + tonumber(t[2]) / 1000000 + tonumber(ARGV[5]))
+  table.insert(flat, 'state'); table.insert(flat, 'delayed')
+  table.insert(flat, 'not_before'); table.insert(flat, due)
+  local e = cjson.decode(ev); e['not_before'] = tonumber(due); ev = cjson.encode(e)
+end
+redis.call('HSET', KEYS[3], unpack(flat))
+awaited_add(ARGV[6], ARGV[2], fields['deps'])
+if due then
+  redis.call('ZADD', KEYS[7], due, ARGV[2])
+else
+  redis.call('ZADD', KEYS[4], seq, ARGV[2])
+end
+if ARGV[1] == '1' then redis.call('SET', KEYS[1], ARGV[2]) end
+append_event(KEYS[5], ev)
+redis.call('RPUSH', KEYS[6], '1')
+redis.call('LTRIM', KEYS[6], -16, -1)
+return {1, ARGV[2]}

@@ -1,0 +1,42 @@
+-- submit_workload.lua: write a validated workload and every one of its steps (jobs),
+-- atomically.
+-- Library: lib
+-- Transitions: new -> queued
+--
+-- KEYS[1]  P:seq
+-- KEYS[2]  P:queue:{level}
+-- KEYS[3]  P:events
+-- KEYS[4]  P:workload:{id}
+-- KEYS[5]  P:workloads
+-- KEYS[6]  P:workloads:active
+-- KEYS[7..6+n]  P:job:{id} of each step
+-- ARGV[1]  n, the step count
+-- ARGV[2]  workload id
+-- ARGV[3]  the workload's fields, JSON object
+-- ARGV[4]  now, unix s (the P:workloads score)
+-- ARGV[5]  P, the key prefix (a step with deps joins the reverse-dependency index)
+-- ARGV[6..5+3n]  per step: job id, fields JSON (state queued), submitted event JSON
+-- Returns 1, or 0 when a job id already exists (nothing written).
+local n = tonumber(ARGV[1])
+for i = 1, n do
+  if redis.call('EXISTS', KEYS[6 + i]) == 1 then return 0 end
+end
+local wl = cjson.decode(ARGV[3])
+local flat = {}
+for k, v in pairs(wl) do table.insert(flat, k); table.insert(flat, tostring(v)) end
+redis.call('HSET', KEYS[4], unpack(flat))
+redis.call('ZADD', KEYS[5], ARGV[4], ARGV[2])
+redis.call('SADD', KEYS[6], ARGV[2])
+for i = 1, n do
+  local base = 5 + (i - 1) * 3
+  local seq = redis.call('INCR', KEYS[1])
+  local fields = cjson.decode(ARGV[base + 2])
+  local f = {}
+  for k, v in pairs(fields) do table.insert(f, k); table.insert(f, tostring(v)) end
+  table.insert(f, 'seq'); table.insert(f, tostring(seq))
+  redis.call('HSET', KEYS[6 + i], unpack(f))
+  awaited_add(ARGV[5], ARGV[base + 1], fields['deps'])
+  redis.call('ZADD', KEYS[2], seq, ARGV[base + 1])
+  append_event(KEYS[3], ARGV[base + 3])
+end
+return 1

@@ -1,0 +1,162 @@
+"""The store's Lua scripts as files: headers, one loader, the shared library, the events cap,
+keys built from one prefix, and redis-py errors translated at the boundary."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+import redis
+
+from makespan.errors import StoreError
+from makespan.keys import Keys
+from makespan.store import EventLog, JobStore
+from makespan.store import scripts as store_scripts
+
+ROOT = Path(__file__).resolve().parents[2]
+LUA_DIR = ROOT / "app" / "store" / "lua"
+NAMES = store_scripts.script_names()
+
+
+def body_of(name: str) -> str:
+    """The script's text after its header comment."""
+    lines = store_scripts.source(name).splitlines()
+    return "\n".join(lines[len(store_scripts.header_lines(name)):])
+
+
+def test_every_lua_file_is_a_listed_script_or_the_library():
+    on_disk = sorted(p.stem for p in LUA_DIR.glob("*.lua"))
+    assert on_disk == sorted([*NAMES, store_scripts.LIBRARY])
+    assert len(NAMES) == 25
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_header_names_every_key_and_argument_the_script_uses(name):
+    head = store_scripts.header(name)
+    used = {kind: {int(i) for i in re.findall(rf"\b{kind}\[(\d+)\]", body_of(name))} for kind in ("KEYS", "ARGV")}
+    for kind, declared_lines in (("KEYS", head.keys), ("ARGV", head.argv)):
+        exact = {int(m) for line in declared_lines for m in re.findall(rf"^{kind}\[(\d+)\]", line)}
+        ranges = [int(m) for line in declared_lines for m in re.findall(rf"^{kind}\[(\d+)\.\.", line)]
+        open_ended = any(re.match(rf"^{kind}\s", line) for line in declared_lines)  # "ARGV  field, value, ..."
+        for index in used[kind]:
+            assert index in exact or any(start <= index for start in ranges) or open_ended, \
+                f"{name}.lua uses {kind}[{index}] but its header does not name it"
+    assert head.keys or "KEYS: none" in "\n".join(store_scripts.header_lines(name)) or not used["KEYS"]
+
+
+def test_no_lua_is_left_outside_the_store():
+    offenders = []
+    for folder in ("app", "workers", "planner"):
+        for path in (ROOT / folder).rglob("*.py"):
+            if "store" in path.relative_to(ROOT).parts[:2]:
+                continue
+            text = path.read_text()
+            if re.search(r"redis\.call\(|register_script\(|\.eval\(|\.evalsha\(", text):
+                offenders.append(str(path.relative_to(ROOT)))
+    assert offenders == []
+
+
+def test_only_the_library_appends_events_and_its_cap_is_not_hard_coded():
+    for name in NAMES:
+        assert "'XADD'" not in store_scripts.source(name), f"{name}.lua: use lib.lua's append_event"
+        assert "MAXLEN" not in store_scripts.source(name)
+    lib = store_scripts.source(store_scripts.LIBRARY)
+    assert lib.count("'XADD'") == 1 and "'__EVENTS_MAX_LEN__'" in lib
+    assert "'1234'" in store_scripts.text("submit", 1234) and "__EVENTS_MAX_LEN__" not in store_scripts.text("submit")
+    with pytest.raises(ValueError):
+        store_scripts.text("submit", 0)
+
+
+def test_finishing_a_job_is_written_once_in_lua():
+    """The final-state HSET lives in lib.lua's finish_job alone; scripts call it."""
+    finals = ("completed", "failed", "cancelled")
+    for name in NAMES:
+        writes = re.findall(r"'state',\s*'(\w+)'", body_of(name))
+        assert not set(writes) & set(finals), f"{name}.lua writes a final state itself: call finish_job"
+    lib = store_scripts.source(store_scripts.LIBRARY)
+    assert len(re.findall(r"HSET', key_job\(prefix, job_id\), 'state', state", lib)) == 1
+
+
+def test_a_script_is_registered_once_per_client_and_cap(r):
+    first = store_scripts.script(r, "acquire")
+    assert store_scripts.script(r, "acquire") is first
+    assert store_scripts.script(r, "acquire", 10) is not first
+    assert first.sha == store_scripts.script(r, "acquire", store_scripts.DEFAULT_EVENTS_MAX_LEN).sha
+
+
+def test_the_library_key_builders_equal_keys(r, keys):
+    probe = store_scripts.text("expired") + "\n-- probe\n"
+    probe = probe.split("return redis.call")[0] + (
+        "return {key_job(ARGV[1], 'j1'), key_queue(ARGV[1], 'HIGH'), key_delayed(ARGV[1]), key_running(ARGV[1]),"
+        " key_finished(ARGV[1]), key_gpu(ARGV[1], 'GPU-0'), key_resident(ARGV[1], 'GPU-0'), key_phase(ARGV[1], 'L1'),"
+        " key_busy(ARGV[1], 'L1'), key_awaited(ARGV[1], 'j1'), key_idem(ARGV[1], 'k'), key_requests(ARGV[1], 'j1'),"
+        " key_result(ARGV[1], 'j1'), key_workloads_active(ARGV[1])}")
+    built = r.eval(probe, 0, keys.script_prefix)
+    assert built == [keys.job("j1"), keys.queue("HIGH"), keys.delayed, keys.running, keys.finished, keys.gpu("GPU-0"),
+                     keys.resident("GPU-0"), keys.phase("L1"), keys.busy("L1"), keys.awaited("j1"), keys.idem("k"),
+                     keys.requests("j1"), keys.result("j1"), keys.workloads_active]
+
+
+def test_the_events_cap_comes_from_the_setting(r, keys):
+    cap = 10
+    jobs = JobStore(r, keys, events_max_len=cap)
+    for i in range(400):  # Lua: submit.lua appends through lib.lua's append_event
+        jobs.submit(f"j{i}", {"id": f"j{i}", "state": "queued", "priority": "NORMAL"}, '{"kind":"submitted"}',
+                    keys.queue("NORMAL"))
+    # MAXLEN ~ trims whole stream nodes (100 entries each): far fewer than 400 remain
+    assert r.xlen(keys.events) <= 200
+    log = EventLog(r, Keys(keys.prefix + "-py"), events_max_len=cap)
+    try:
+        for i in range(400):
+            log.record("probe", n=i)
+        assert log.length() <= 200
+        assert log.read(count=1)[0][1]["kind"] == "probe"
+    finally:
+        r.delete(log.keys.events)
+
+
+def test_redis_errors_leave_the_store_as_store_error(keys):
+    dead = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2, decode_responses=True)
+    with pytest.raises(StoreError) as caught:
+        JobStore(dead, keys).cancel("j1", keys.queue("NORMAL"), "{}", 0.0)
+    # ... and still a redis-py ConnectionError for callers that catch that
+    assert isinstance(caught.value, redis.ConnectionError)
+    assert isinstance(caught.value.__cause__, redis.ConnectionError)
+    with pytest.raises(StoreError):
+        EventLog(dead, keys).record("probe")
+
+
+def test_a_script_error_is_a_store_error(r, keys):
+    r.set(keys.job("j1"), "not a hash")  # HGET on a string: WRONGTYPE inside the script
+    with pytest.raises(StoreError) as caught:
+        JobStore(r, keys).cancel("j1", keys.queue("NORMAL"), "{}", 0.0)
+    assert isinstance(caught.value, redis.ResponseError)
+
+
+def test_the_store_imports_only_the_core():
+    allowed = {"makespan.keys", "makespan.errors", "makespan.models", "makespan.settings"}
+    for path in (ROOT / "app" / "store").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            for name in names:
+                if name.startswith("makespan") and not name.startswith("makespan.store"):
+                    assert name in allowed, f"{path.name} imports {name}"
+
+
+def test_every_key_is_built_by_keys():
+    """No module outside makespan.keys formats a key from the prefix itself."""
+    offenders = []
+    for folder in ("app", "workers", "planner"):
+        for path in (ROOT / folder).rglob("*.py"):
+            if path == ROOT / "app" / "keys.py":
+                continue
+            for number, line in enumerate(path.read_text().splitlines(), 1):
+                if re.search(r"""f["'][^"']*\{[\w.]*\bprefix\}:""", line) or ".agenda(" in line and '+ ":' in line:
+                    offenders.append(f"{path.relative_to(ROOT)}:{number}")
+    assert offenders == []

@@ -1,0 +1,168 @@
+"""Every store script against the JobState transitions table.
+
+Two checks: statically, each script's header declares its transitions, every one of them is in
+:data:`makespan.store.states.TRANSITIONS`, and the states the script's text writes (directly or
+through lib.lua's helpers) are exactly the declared targets; dynamically, each script that
+changes job state is run on a real Redis from every state and the change it makes is allowed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from makespan.models import FINAL_STATES
+from makespan.store import TRANSITIONS, JobState, JobStore
+from makespan.store import scripts as store_scripts
+from makespan.store.leases import LeaseStore, delay_job_op, finish_job_op, start_job_op
+from makespan.store.states import allowed
+
+STATE_VALUES = {s.value for s in JobState}
+# lib.lua helpers (and fenced.lua op names) and the state each one writes
+HELPER_WRITES = {"requeue_job(": "queued", "delay_job(": "delayed", "'START_JOB'": "running",
+                 "'DELAY_JOB'": "delayed"}
+
+
+def source_state(name: str) -> JobState | None:
+    return None if name == "new" else JobState(name)
+
+
+def written_states(name: str) -> tuple[set[str], bool]:
+    """The job states the script's text writes, and whether it also writes a whole record
+    from the caller's fields (a submit: its state is checked at run time below)."""
+    body = store_scripts.source(name)
+    body = "\n".join(body.splitlines()[len(store_scripts.header_lines(name)):])
+    out = set(re.findall(r"'state',\s*'(\w+)'", body))
+    out |= set(re.findall(r"finish_job\([^,]+,[^,]+,\s*'(\w+)'", body))
+    out |= set(re.findall(r"table\.insert\(flat, 'state'\); table\.insert\(flat, '(\w+)'\)", body))
+    out |= {state for call, state in HELPER_WRITES.items() if call in body}
+    if "finish_job(ARGV[5], args[1], args[2]" in body:  # fenced.lua FINISH_JOB: finish_job_op allows finals only
+        out |= set(FINAL_STATES)
+    from_fields = bool(re.search(r"redis\.call\('HSET', KEYS\[[^]]+\], unpack\((flat|f)\)\)", body))
+    return out & STATE_VALUES, from_fields
+
+
+def test_final_states_come_from_the_enum():
+    assert FINAL_STATES == ("completed", "failed", "cancelled")
+    assert all(TRANSITIONS[JobState(s)] == frozenset() for s in FINAL_STATES)
+    assert [s.value for s in JobState] == ["queued", "delayed", "leased", "running", "completed", "failed",
+                                           "cancelled"]
+    assert JobState.QUEUED == "queued" and f"{JobState.LEASED}" == "leased"
+
+
+@pytest.mark.parametrize("name", store_scripts.script_names())
+def test_declared_transitions_are_in_the_table_and_match_what_the_script_writes(name):
+    declared = store_scripts.header(name).transitions
+    for source, target in declared:
+        assert allowed(source_state(source), JobState(target)), f"{name}.lua: {source} -> {target} not allowed"
+    written, from_fields = written_states(name)
+    targets = {target for _, target in declared}
+    assert written <= targets, f"{name}.lua writes {written - targets} without declaring it"
+    assert targets - written <= ({"queued"} if from_fields else set()), f"{name}.lua declares {targets - written}"
+
+
+# -- at run time, from every state ------------------------------------------------------------
+ALL_STATES = list(JobState)
+
+
+def job_in(r, keys, state: JobState, job_id: str = "j1") -> None:
+    r.hset(keys.job(job_id), mapping={"id": job_id, "state": state.value, "priority": "NORMAL", "seq": "7",
+                                      "attempts": "0"})
+
+
+def leased_job(r, keys, state: JobState, *, phases: dict[str, str] | None = None) -> tuple:
+    """A job whose lease L1 holds GPU g0, its record then set to ``state``."""
+    leases = LeaseStore(r, keys)
+    job_in(r, keys, JobState.QUEUED)
+    r.zadd(keys.queue("NORMAL"), {"j1": 7})
+    lease = leases.acquire("L1", ("g0",), 30.0, job_id="j1", queue=keys.queue("NORMAL"))
+    assert lease is not None
+    r.hset(keys.job("j1"), "state", state.value)
+    if phases:
+        r.hset(keys.phase("L1"), mapping=phases)
+    return leases, lease
+
+
+def state_of(r, keys, job_id: str = "j1") -> JobState:
+    return JobState(r.hget(keys.job(job_id), "state"))
+
+
+def assert_allowed(before: JobState, after: JobState) -> None:
+    assert after == before or allowed(before, after), f"{before.value} -> {after.value}"
+
+
+@pytest.mark.parametrize("before", ALL_STATES)
+def test_cancel_from_every_state(r, keys, before):
+    job_in(r, keys, before)
+    JobStore(r, keys).cancel("j1", keys.queue("NORMAL"), "{}", 100.0)
+    assert_allowed(before, state_of(r, keys))
+
+
+@pytest.mark.parametrize("before", ALL_STATES)
+def test_promote_from_every_state(r, keys, before):
+    job_in(r, keys, before)
+    r.zadd(keys.delayed, {"j1": 0})
+    JobStore(r, keys).promote_delayed(100.0, 10)
+    after = state_of(r, keys)
+    assert_allowed(before, after)
+    assert (after == JobState.QUEUED) == (before in (JobState.DELAYED, JobState.QUEUED))
+
+
+@pytest.mark.parametrize("before", ALL_STATES)
+def test_cancel_dependant_from_every_state(r, keys, before):
+    job_in(r, keys, before)
+    token = str(r.incr(keys.planner_fence))
+    JobStore(r, keys).cancel_dependant("j1", keys.queue("NORMAL"), token, 100.0, "dependency failed", "{}")
+    assert_allowed(before, state_of(r, keys))
+
+
+@pytest.mark.parametrize("before", ALL_STATES)
+@pytest.mark.parametrize("phases", [None, {"evict": "done"}, {"execute": "done"}])
+def test_reclaim_from_every_state(r, keys, before, phases):
+    leases, _ = leased_job(r, keys, before, phases=phases)
+    r.zadd(keys.leases, {"L1": 0})  # expired on any clock
+    leases.reclaim("L1", max_attempts=1)
+    assert_allowed(before, state_of(r, keys))
+
+
+# the states a job holding a lease is in: preempt.lua trusts the lease (it does not read the job's
+# state), so from a state no leased job has it would requeue the job; no script makes that state
+@pytest.mark.parametrize("before", [JobState.LEASED, JobState.RUNNING])
+def test_preempt_from_the_leased_states(r, keys, before):
+    leases, _ = leased_job(r, keys, before)
+    leases.preempt("L1", "j2")
+    assert_allowed(before, state_of(r, keys))
+
+
+@pytest.mark.parametrize("before", [JobState.LEASED, JobState.RUNNING])  # the states a lease holds its job in
+@pytest.mark.parametrize("op", ["start", "delay", "completed", "failed", "cancelled"])
+def test_fenced_state_ops_from_the_leased_states(r, keys, before, op):
+    leases, lease = leased_job(r, keys, before)
+    built = {"start": lambda: start_job_op(keys, "j1", 5.0), "delay": lambda: delay_job_op(keys, "j1", 9.0, "r", "e")}
+    assert leases.fenced(lease, [built.get(op, lambda: finish_job_op(keys, "j1", op, 6.0, "r"))()])
+    assert_allowed(before, state_of(r, keys))
+
+
+def test_finish_job_op_refuses_a_state_that_is_not_final(keys):
+    with pytest.raises(ValueError):
+        finish_job_op(keys, "j1", JobState.QUEUED, 1.0, "")
+    with pytest.raises(ValueError):
+        finish_job_op(keys, "j1", "bogus", 1.0, "")
+
+
+def test_begin_warm_from_the_leased_state(r, keys):
+    _, lease = leased_job(r, keys, JobState.LEASED)
+    r.set(keys.resident("g0"), "inst")
+    got = JobStore(r, keys).begin_warm("L1", lease.token, ("g0",), "j1", "inst", 5.0, ["{}"] * 5)
+    assert got[0] == "ok"
+    assert_allowed(JobState.LEASED, state_of(r, keys))
+
+
+def test_submits_write_queued_or_delayed_from_no_record(r, keys):
+    jobs = JobStore(r, keys)
+    jobs.submit("j1", {"id": "j1", "state": "queued", "priority": "NORMAL"}, "{}", keys.queue("NORMAL"))
+    jobs.submit("j2", {"id": "j2", "state": "queued", "priority": "NORMAL"}, json.dumps({"kind": "submitted"}),
+                keys.queue("NORMAL"), delay_s=60.0)
+    assert allowed(None, state_of(r, keys, "j1")) and state_of(r, keys, "j2") == JobState.DELAYED
