@@ -165,6 +165,8 @@ class EndpointSpec(BaseModel):
     evict_s: float = 5.0
     wake_s: float | None = None
     sleep_level: int = Field(default=1, ge=1, le=2)
+    wake_level2_s: float | None = Field(default=None, gt=0, description="wake time from sleep level 2, s; "
+                                        "set (with sleep_level 1): the plan chooses level 1, level 2 or stop")
     sleep_gpu_memory_mib: int | None = Field(default=None, ge=0, description="GPU memory per GPU a sleeping "
                                              "instance still holds; None: min(512, memory_mib_per_gpu)")
     sleep_host_memory_mib: int | None = Field(default=None, ge=0, description="host RAM a level-1 sleeper holds; "
@@ -191,6 +193,18 @@ class EndpointSpec(BaseModel):
         if self.sleep_host_memory_mib is not None:
             return self.sleep_host_memory_mib
         return self.memory_mib_per_gpu * self.tensor_parallel
+
+    @property
+    def sleep_options(self) -> tuple[tuple[int, float, int], ...]:
+        """The sleep levels the plan may choose among (``EndpointModel.sleep_options``):
+        ``(level, wake_s, host RAM MiB held)``, the configured ``sleep_level`` first, level 2
+        too when ``wake_level2_s`` is given; () without a sleep mode."""
+        if self.wake_s is None:
+            return ()
+        first = (self.sleep_level, self.wake_s, self.asleep_ram_mib)
+        if self.sleep_level == 1 and self.wake_level2_s is not None:
+            return (first, (2, self.wake_level2_s, 0))
+        return (first,)
 
     @field_validator("cold_start_s")
     @classmethod

@@ -43,6 +43,7 @@ from makespan.planner.evaluator import score
 from makespan.planner.model import FleetState, Plan, PlanJob
 from makespan.planner.policies import DEFAULT_POLICY, POLICY_REGISTRY, Policy, SolveOptions
 from makespan.planner.restore import RESTORE_AT, with_restores
+from makespan.planner.sleepers import with_rule, with_upcoming
 
 __all__ = ["DEFAULT_POLICY", "POLICY_REGISTRY", "Policy", "SolveOptions", "UNDO_SHARE", "UNDO_WINDOW_SHARE",
            "comparable_score", "lane_replan", "plan"]
@@ -107,6 +108,7 @@ def plan(batch: Sequence[PlanJob], state: FleetState, policy: str | Policy = DEF
     if not batch:
         empty = Plan(policy=chosen.name, assignments=[])
         return with_restores(empty, batch, state, restore_at) if restore_at is not None else empty
+    state = with_rule(with_upcoming(state, batch), chosen.name)  # the transition choice's forecast and rule
     options = SolveOptions(time_limit_s=time_limit_s, num_workers=num_workers, previous=previous)
     if preemption and state.running and chosen.floor is not None:
         return _plan_preemptive(batch, state, chosen, options, restore_at, reserve_after_s, lane_levels)

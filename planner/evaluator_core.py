@@ -16,6 +16,7 @@ from makespan.planner.future_cost import future_cost
 from makespan.planner.model import Assignment, FleetState, Plan, PlanJob
 from makespan.planner.replay import Replay
 from makespan.planner.restore import RESTORE_PREFIX, is_restore, planned_absence, set_point_groups
+from makespan.planner.sleepers import with_rule
 
 TOL_S = 1e-6
 OBJECTIVES = ("weighted_completion", "weighted_tardiness")
@@ -41,7 +42,12 @@ def evaluate_without_preemptions(plan: Plan | Sequence[Assignment], batch: Seque
             replay; the rest is checked when ``check_times``).
         batch: the jobs the plan must place.
         state: fleet state at planning time.
-        policy: name for the returned plan (default: the input plan's).
+        policy: name for the returned plan (default: the input plan's); ``fifo`` and
+            ``min-evict`` replay with ``transition_rule`` ``"stop"``
+            (:func:`makespan.planner.sleepers.with_rule`). ``state`` is replayed as given: a
+            plan :func:`makespan.planner.api.plan` made on a fleet with ``sleep_options`` is
+            replayed on the state with the forecast it was made with (``with_upcoming(state,
+            batch)``, what ``plan`` passes its policy).
         check_times: also require the stated service start, completion, evicts and load
             kind to equal the replay's.
         objective: one of :data:`OBJECTIVES` (:mod:`makespan.planner.evaluator`).
@@ -76,6 +82,7 @@ def evaluate_without_preemptions(plan: Plan | Sequence[Assignment], batch: Seque
     missing = [j for j in jobs if j not in seen]
     if missing:
         raise InfeasiblePlan(missing[0], f"not placed ({len(missing)} jobs missing)")
+    state = with_rule(state, name)  # fifo and min-evict stop displaced sleepers (the transition choice)
     rep = Replay(state)
     valid: dict[str, set[tuple[str, ...]]] = {}
     order = sorted(range(len(assigns)), key=lambda i: (assigns[i].start_s, i))

@@ -68,6 +68,7 @@ from makespan.planner.model import Assignment, EndpointModel, FleetState, Plan, 
 from makespan.planner.placement_index import GroupIndex
 from makespan.planner.replay import Group, Replay
 from makespan.planner.rules import Aware, rule_completion, rule_free, rule_min_evict
+from makespan.planner.sleepers import with_rule
 
 
 def construct(name: str, order: Sequence[PlanJob], state: FleetState, rule: str = "completion",
@@ -159,10 +160,12 @@ def _index_for(rep: Replay, ep: EndpointModel, cands: list[Group], index_of: dic
 
 
 def fifo(batch: Sequence[PlanJob], state: FleetState) -> Plan:
+    state = with_rule(state, "fifo")  # it stops displaced sleepers (issue 20)
     return evaluate(construct("fifo", fifo_order(batch), state, "free"), batch, state, "fifo")
 
 
 def min_evict(batch: Sequence[PlanJob], state: FleetState) -> Plan:
+    state = with_rule(state, "min-evict")  # it stops displaced sleepers (issue 20)
     return evaluate(construct("min-evict", fifo_order(batch), state, "min-evict"), batch, state, "min-evict")
 
 

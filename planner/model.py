@@ -34,6 +34,12 @@ class EndpointModel:
             MiB (small but not zero: CUDA context, buffers); 0: not modelled.
         asleep_ram_mib: host RAM a sleeping instance holds (level 1 keeps its weights
             there; level 2: 0), MiB, against its host's budget (``FleetState.host_ram_mib``).
+        sleep_options: the sleep levels the plan may choose among for a displaced
+            instance (issue 20 point 3), each ``(level, wake_s, host RAM MiB held)``, level
+            1 or 2, wake in s; the first is the level a sleeper of unknown level is assumed
+            at. Empty (the default): no choice, the fixed rule (every displaced instance
+            that fits sleeps at the endpoint's one level, ``wake_s``/``asleep_ram_mib``).
+            Chosen by :func:`makespan.planner.sleepers.choose_level`.
     """
 
     name: str
@@ -45,6 +51,7 @@ class EndpointModel:
     slots: int = 1
     asleep_gpu_mib: int = 0
     asleep_ram_mib: int = 0
+    sleep_options: tuple[tuple[int, float, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -156,6 +163,17 @@ class FleetState:
             it with ``at="group"``; an instance never displaced counts 0
             (:func:`makespan.planner.restore.planned_absence`, :mod:`makespan.planner.evaluator`).
             Raises PlannerError when negative or not finite.
+        asleep_level: (GPU uuid, endpoint) -> the sleep level (1 or 2) of that sleeper; absent:
+            the first of the endpoint's ``sleep_options`` (only read for endpoints with options).
+        upcoming: endpoint -> ``(release_s, weight)`` of the batch's jobs of that endpoint,
+            the forecast of needing it again that the transition choice reads
+            (:func:`makespan.planner.sleepers.with_upcoming` fills it from the batch;
+            empty: the recent ``demand`` only).
+        transition_rule: ``"score"`` (the default): the plan chooses sleep level 1, level 2
+            or stop for each displaced instance of an endpoint with ``sleep_options``
+            (:func:`makespan.planner.sleepers.choose_level`); ``"stop"``: such instances are
+            stopped (the fixed baselines ``fifo`` and ``min-evict``, set by
+            :func:`makespan.planner.api.plan`). Endpoints without options keep the fixed rule.
     """
 
     now_s: float
@@ -172,6 +190,9 @@ class FleetState:
     running: dict[str, RunningJob] = field(default_factory=dict)
     set_point_weight: float = 0.0
     host_ram_mib: dict[str, int] = field(default_factory=dict)
+    asleep_level: dict[tuple[str, str], int] = field(default_factory=dict)
+    upcoming: dict[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
+    transition_rule: str = "score"
     _groups_cache: dict[tuple[int, int, int, int], list[tuple[str, ...]]] = field(
         default_factory=dict, init=False, repr=False, compare=False)
 
@@ -224,7 +245,10 @@ class Assignment:
     ``start_s`` is when the group is taken (transitions begin); ``service_start_s`` =
     ``start_s + transition_s``; ``end_s`` = ``service_start_s + service_s`` = C_j.
     ``evicts`` lists the endpoints evicted from the group first; ``load`` is
-    ``"cold_start"``, ``"wake"`` or ``"warm"`` (already resident)."""
+    ``"cold_start"``, ``"wake"`` or ``"warm"`` (already resident). ``sleep_levels``: for
+    evicted endpoints with ``sleep_options``, ``(endpoint, level)`` with the level the plan
+    chose (0: stopped), sorted; empty for the fixed rule (the worker then uses the fleet
+    file's ``sleep_level``)."""
 
     job_id: str
     gpus: tuple[str, ...]
@@ -233,6 +257,7 @@ class Assignment:
     end_s: float
     evicts: tuple[str, ...] = ()
     load: str = "warm"
+    sleep_levels: tuple[tuple[str, int], ...] = field(default=(), repr=False, compare=False)
 
     @property
     def transition_s(self) -> float:

@@ -139,7 +139,8 @@ def apply(state: FleetState, batch: Sequence[PlanJob], cand: Candidate) -> tuple
     mid = FleetState(now, state.gpus, state.endpoints, free_at=free_at, resident=resident,
                      set_point=state.set_point, done=state.done, end_of=state.end_of, asleep=state.asleep,
                      demand=state.demand, demand_share=state.demand_share, set_point_weight=state.set_point_weight,
-                     host_ram_mib=state.host_ram_mib)
+                     host_ram_mib=state.host_ram_mib, asleep_level=state.asleep_level, upcoming=state.upcoming,
+                     transition_rule=state.transition_rule)
     rep = Replay(mid)
     a = rep.place(cand.job, cand.group, now)
     for u in cand.group:
@@ -147,7 +148,8 @@ def apply(state: FleetState, batch: Sequence[PlanJob], cand: Candidate) -> tuple
     out = FleetState(now, state.gpus, state.endpoints, free_at=rep.free_at, resident=rep.resident,
                      set_point=state.set_point, done=state.done, end_of=ChainMap({cand.job.id: a.end_s}, state.end_of),
                      asleep=rep.asleep, demand=state.demand, demand_share=state.demand_share, running=running,
-                     set_point_weight=state.set_point_weight, host_ram_mib=state.host_ram_mib)
+                     set_point_weight=state.set_point_weight, host_ram_mib=state.host_ram_mib,
+                     asleep_level=dict(rep.level), upcoming=state.upcoming, transition_rule=state.transition_rule)
     rest = [j for j in batch if j.id != cand.job.id] + [v.job for v in cand.victims]
     return out, rest, a
 

@@ -14,6 +14,12 @@ Transition rule (a job holds its group exclusively from ``start_s`` to ``end_s``
       resident and the other sleepers); else it is stopped. Loading an endpoint on a GPU
       stops the sleepers that no longer fit beside it (:mod:`makespan.planner.sleepers`;
       only where some endpoint holds something asleep or a host has a RAM budget).
+    * the transition choice (issue 20 point 3): a displaced endpoint with
+      ``sleep_options`` sleeps at the level :func:`makespan.planner.sleepers.choose_level`
+      scores best, or is stopped (``FleetState.transition_rule`` ``"stop"``: always
+      stopped); its wake then costs that level's ``wake_s`` and, at level 1, its RAM counts
+      against the host's budget. The choice is made where the instance is displaced, so
+      every construction and the evaluator make the same one.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from dataclasses import replace
 from typing import Any
 
 from makespan.planner.model import Assignment, EndpointModel, FleetState, Gpu, PlanJob
-from makespan.planner.sleepers import may_sleep, sleepers_kept
+from makespan.planner.sleepers import choose_level, forecast_weight, may_sleep, sleepers_kept
 
 Group = tuple[str, ...]
 
@@ -53,7 +59,7 @@ class Replay:
     """Mutable copy of a :class:`FleetState` that jobs are placed into, in start order."""
 
     __slots__ = ("state", "endpoints", "free_at", "resident", "asleep", "end_of", "count", "_groups", "_group_at",
-                 "_whole", "ram_used", "_costed", "_mem", "_host")
+                 "_whole", "ram_used", "_costed", "_mem", "_host", "level")
 
     def __init__(self, state: FleetState):
         self.state = state
@@ -88,10 +94,12 @@ class Replay:
         self._costed = bool(state.host_ram_mib) or any(
             e.asleep_gpu_mib or e.asleep_ram_mib for e in state.endpoints.values())
         self.ram_used: dict[str, float] = {}  # host -> RAM its sleepers hold, MiB
+        # (GPU, endpoint) -> sleep level of sleepers of endpoints with sleep_options
+        self.level: dict[tuple[str, str], int] = dict(state.asleep_level)
         if self._costed:
             for u, names in self.asleep.items():
                 for e in names:
-                    self.ram_used[self._host[u]] = self.ram_used.get(self._host[u], 0.0) + self._ram_share(e)
+                    self.ram_used[self._host[u]] = self.ram_used.get(self._host[u], 0.0) + self._ram_share(e, u)
 
     def copy(self) -> Replay:
         r = Replay.__new__(Replay)
@@ -100,12 +108,31 @@ class Replay:
         r.end_of, r.count, r._groups = ChainMap(dict(self.end_of.maps[0]), *self.end_of.maps[1:]), dict(self.count), self._groups
         r._group_at, r._whole = self._group_at, dict(self._whole)
         r.ram_used, r._costed, r._mem, r._host = dict(self.ram_used), self._costed, self._mem, self._host
+        r.level = dict(self.level)
         return r
 
-    def _ram_share(self, endpoint: str) -> float:
-        """Host RAM one GPU's part of a sleeping ``endpoint`` instance holds, MiB."""
+    def _option(self, u: str, ep: EndpointModel) -> tuple[int, float, int]:
+        """The ``sleep_options`` entry of ``ep`` sleeping on GPU ``u`` (its level's)."""
+        level = self.level.get((u, ep.name))
+        for option in ep.sleep_options:
+            if option[0] == level:
+                return option
+        return ep.sleep_options[0]
+
+    def _ram_share(self, endpoint: str, u: str | None = None) -> float:
+        """Host RAM one GPU's part of a sleeping ``endpoint`` instance (on GPU ``u``) holds, MiB."""
         ep = self.endpoints.get(endpoint)
-        return ep.asleep_ram_mib / ep.tp if ep is not None else 0.0
+        if ep is None:
+            return 0.0
+        if ep.sleep_options and u is not None:
+            return self._option(u, ep)[2] / ep.tp
+        return ep.asleep_ram_mib / ep.tp
+
+    def _wake_s(self, u: str, ep: EndpointModel) -> float:
+        """Wake time of ``ep`` sleeping on GPU ``u``, s (its level's with ``sleep_options``)."""
+        if ep.sleep_options:
+            return self._option(u, ep)[1]
+        return ep.wake_s  # type: ignore[return-value]
 
     def _drop_asleep(self, u: str, endpoint: str) -> None:
         """``endpoint`` no longer sleeps on GPU ``u`` (woken, stopped or abandoned)."""
@@ -113,7 +140,18 @@ class Replay:
             self.asleep[u] = self.asleep[u] - {endpoint}
             if self._costed:
                 h = self._host[u]
-                self.ram_used[h] = self.ram_used.get(h, 0.0) - self._ram_share(endpoint)
+                self.ram_used[h] = self.ram_used.get(h, 0.0) - self._ram_share(endpoint, u)
+            self.level.pop((u, endpoint), None)
+
+    def _choose(self, oep: EndpointModel, at_s: float | None, fits) -> int:
+        """The level (0: stop) the displaced ``oep`` goes to at ``at_s``: the transition
+        choice (module doc); ``fits(level, ram_mib)``: what it holds fits there."""
+        st = self.state
+        if st.transition_rule == "stop":
+            return 0
+        now = st.now_s
+        need = forecast_weight(oep.name, now if at_s is None else at_s, now, st.demand, st.upcoming)
+        return choose_level(oep.sleep_options, oep.cold_start_s, oep.asleep_gpu_mib * oep.tp, need, fits)
 
     def groups(self, ep: EndpointModel) -> list[Group]:
         key = (ep.tp, ep.memory_mib)
@@ -144,7 +182,7 @@ class Replay:
                 return 0.0
             ev = self.endpoints[r].evict_s if r is not None and r in self.endpoints else 0.0
             if ep.wake_s is not None and ep.name in self.asleep[u]:
-                return ev + ep.wake_s
+                return ev + (self._wake_s(u, ep) if ep.sleep_options else ep.wake_s)
             return ev + ep.cold_start_s
         return self.transition(group, ep)[0]
 
@@ -159,14 +197,15 @@ class Replay:
             ev = self.endpoints[first].evict_s if first is not None and first in self.endpoints else 0.0
             gone: tuple[str, ...] = () if first is None else (first,)
             if ep.wake_s is not None and name in self.asleep[group[0]]:
-                return ev + ep.wake_s, gone, "wake", ev
+                return ev + (self._wake_s(group[0], ep) if ep.sleep_options else ep.wake_s), gone, "wake", ev
             return ev + ep.cold_start_s, gone, "cold_start", ev
         if first == name and all(res[u] == name for u in group):
             return 0.0, (), "warm", 0.0
         evicted = {res[u] for u in group} - {None}
         evict_s = max((self.endpoints[e].evict_s for e in evicted if e in self.endpoints), default=0.0)
         if ep.wake_s is not None and all(name in self.asleep[u] for u in group):
-            return evict_s + ep.wake_s, tuple(sorted(evicted)), "wake", evict_s  # type: ignore[arg-type]
+            wake_s = max(self._wake_s(u, ep) for u in group) if ep.sleep_options else ep.wake_s
+            return evict_s + wake_s, tuple(sorted(evicted)), "wake", evict_s  # type: ignore[arg-type]
         return evict_s + ep.cold_start_s, tuple(sorted(evicted)), "cold_start", evict_s  # type: ignore[arg-type]
 
     def place(self, job: PlanJob, group: Group, start_s: float | None = None) -> Assignment:
@@ -175,29 +214,34 @@ class Replay:
         ep = self.endpoints[job.endpoint]
         if start_s is None:
             start_s = max(self.ready(job), self.group_free(group))
+        levels: tuple[tuple[str, int], ...] = ()
         evicted: tuple[str, ...]
         if len(group) == 1 and self.resident[group[0]] == ep.name:  # warm single GPU: the common case
             t_s, evicted, load = 0.0, (), "warm"
         else:
             t_s, evicted, load, _ = self.transition(group, ep)
             if load != "warm":
-                self._load(group, ep.name)
+                levels = self._load(group, ep.name, start_s)
         svc = start_s + t_s
         end = svc + job.service_s
-        a = Assignment(job.id, group, start_s, svc, end, evicted, load)
+        a = Assignment(job.id, group, start_s, svc, end, evicted, load, levels) if levels else \
+            Assignment(job.id, group, start_s, svc, end, evicted, load)
         fa = self.free_at
         for u in group:
             fa[u] = end
         self.end_of.maps[0][job.id] = end  # what ChainMap.__setitem__ does, without its call
         return a
 
-    def _load(self, group: Group, name: str | None) -> None:
-        """``name`` becomes resident on ``group`` (None: nothing); the evicted endpoints
-        with a sleep mode go to sleep there (where what sleepers hold is modelled: if
-        they fit, and sleepers that no longer fit beside ``name`` are stopped)."""
+    def _load(self, group: Group, name: str | None, at_s: float | None = None) -> tuple[tuple[str, int], ...]:
+        """``name`` becomes resident on ``group`` (None: nothing) at ``at_s`` (None: now);
+        the evicted endpoints with a sleep mode go to sleep there (where what sleepers
+        hold is modelled: if they fit, and sleepers that no longer fit beside ``name`` are
+        stopped; with ``sleep_options``: at the level chosen, or stopped). Returns the
+        choice for the evicted endpoints with ``sleep_options``: sorted (endpoint, level,
+        0 = stopped)."""
         if self._costed:
-            self._load_costed(group, name)
-            return
+            return self._load_costed(group, name, at_s)
+        chosen: dict[str, int] = {}
         for u in group:
             old = self.resident[u]
             if old == name:
@@ -210,14 +254,23 @@ class Replay:
                 self.count[old] -= 1
                 oep = self.endpoints.get(old)
                 if oep is not None and oep.wake_s is not None:
-                    self.asleep[u] = self.asleep[u] | {old}
+                    if not oep.sleep_options:
+                        self.asleep[u] = self.asleep[u] | {old}
+                    else:
+                        if old not in chosen:
+                            chosen[old] = self._choose(oep, at_s, lambda level, ram_mib: True)
+                        if chosen[old]:
+                            self.asleep[u] = self.asleep[u] | {old}
+                            self.level[(u, old)] = chosen[old]
             self.resident[u] = name
             if name is not None:
                 self.count[name] = self.count.get(name, 0) + 1
                 if name in self.asleep[u]:
                     self.asleep[u] = self.asleep[u] - {name}
+                    self.level.pop((u, name), None)
+        return tuple(sorted(chosen.items())) if chosen else ()
 
-    def _load_costed(self, group: Group, name: str | None) -> None:
+    def _load_costed(self, group: Group, name: str | None, at_s: float | None) -> tuple[tuple[str, int], ...]:
         """:meth:`_load` with the memory sleepers hold (:mod:`makespan.planner.sleepers`)."""
         eps = self.endpoints
         going: dict[str, list[str]] = {}  # displaced endpoints with a sleep mode -> GPUs they left
@@ -247,9 +300,21 @@ class Replay:
                 self._drop_asleep(u, e)
             room[u] = self._mem[u] - need - sum(held[e] for e in kept)
         budgets = self.state.host_ram_mib
+        chosen: dict[str, int] = {}
         for old in sorted(going):
             us, oep = going[old], eps[old]
             host = self._host[us[0]]
+            if oep.sleep_options:
+                used, budget, gpu_room = self.ram_used.get(host, 0.0), budgets.get(host), min(room[u] for u in us)
+                level = chosen[old] = self._choose(oep, at_s, lambda _level, ram_mib: may_sleep(
+                    used, budget, ram_mib / oep.tp * len(us), gpu_room, oep.asleep_gpu_mib))
+                if level:
+                    for u in us:
+                        self.asleep[u] = self.asleep[u] | {old}
+                        self.level[(u, old)] = level
+                        room[u] -= oep.asleep_gpu_mib
+                    self.ram_used[host] = used + self._ram_share(old, us[0]) * len(us)
+                continue
             share = self._ram_share(old)
             if may_sleep(self.ram_used.get(host, 0.0), budgets.get(host), share * len(us),
                          min(room[u] for u in us), oep.asleep_gpu_mib):
@@ -257,6 +322,7 @@ class Replay:
                     self.asleep[u] = self.asleep[u] | {old}
                     room[u] -= oep.asleep_gpu_mib
                 self.ram_used[host] = self.ram_used.get(host, 0.0) + share * len(us)
+        return tuple(sorted(chosen.items())) if chosen else ()
 
     def restore(self, group: Group, endpoint: str, start_s: float) -> Assignment:
         """Set-point restore of ``endpoint`` on ``group`` from ``start_s``: the transition
@@ -264,9 +330,9 @@ class Replay:
         Returns it as an :class:`Assignment` with ``job_id`` ``"restore:<endpoint>:<gpu>"``
         and ``end_s`` = ``service_start_s``; the GPUs are busy until then."""
         t_s, evicted, load, _ = self.transition(group, self.endpoints[endpoint])
-        a = Assignment(f"restore:{endpoint}:{group[0]}", group, start_s, start_s + t_s, start_s + t_s, evicted, load)
-        if load != "warm":
-            self._load(group, endpoint)
+        levels = self._load(group, endpoint, start_s) if load != "warm" else ()
+        a = Assignment(f"restore:{endpoint}:{group[0]}", group, start_s, start_s + t_s, start_s + t_s, evicted, load,
+                       levels)
         for u in group:
             self.free_at[u] = a.end_s
         return a
@@ -281,7 +347,7 @@ class Replay:
         script forgets what is resident), as :func:`makespan.planner.preemption_plan.apply` assumes."""
         if at_s < a.service_start_s and a.load != "warm":
             abandoned = {u: self.resident[u] for u in a.gpus}
-            self._load(a.gpus, None)
+            self._load(a.gpus, None, at_s)
             for u, e in abandoned.items():
                 if e is not None:
                     self._drop_asleep(u, e)
@@ -339,4 +405,4 @@ def state_after(state: FleetState, jobs: dict[str, PlanJob], assignments: Sequen
         if a.job_id in started:
             rep.place(jobs[a.job_id], tuple(a.gpus), a.start_s)
     return replace(state, free_at=dict(rep.free_at), resident=dict(rep.resident), end_of=dict(rep.end_of),
-                   asleep=dict(rep.asleep), **changes)
+                   asleep=dict(rep.asleep), **({"asleep_level": dict(rep.level)} if rep.level else {}), **changes)

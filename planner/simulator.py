@@ -89,7 +89,7 @@ def fleet_state(fleet: FleetDescription, now_s: float = 0.0) -> FleetState:
     """The planner's view of a fleet file at its set point."""
     gpus = [Gpu(g.uuid, h.name, g.index, g.memory_mib) for h in fleet.hosts for g in sorted(h.gpus, key=lambda g: g.index)]
     eps = {n: EndpointModel(n, e.tensor_parallel, e.memory_mib_per_gpu, e.cold_start_s, e.evict_s, e.wake_s, e.slots,
-                            e.asleep_gpu_mib, e.asleep_ram_mib)
+                            e.asleep_gpu_mib, e.asleep_ram_mib, e.sleep_options)
            for n, e in fleet.endpoints.items()}
     sp = fleet.set_point_by_gpu()
     return FleetState(now_s, gpus, eps, resident=dict(sp), set_point=dict(sp), host_ram_mib=fleet.host_ram_budgets())
@@ -213,6 +213,8 @@ def simulate(trace_jobs: Sequence[TraceRow] | Sequence[PlanJob], fleet: FleetDes
                   "preemption_budget": preemption_budget, "preemption_min_runtime_s": preemption_min_runtime_s,
                   "reservation_after_s": reservation_after_s, "reserved_points": run.reserved_points,
                   "lane_levels": {str(k): v for k, v in run.lane_levels.items()}, "lane_points": run.lane_points}
+    if base.host_ram_mib:  # fleets with a RAM budget for sleepers (issue 20): its peak against the budget
+        rep["host_ram"] = {"peak_mib": run.ram_peak_mib, "budget_mib": dict(base.host_ram_mib)}
     if detail:
         rep["schedule"] = {"jobs": [asdict(r) for r in run.records.values()], "restores": run.restores,
                            "lost": run.lost, "preemptions": run.log, "resident_end": dict(run.committed.resident),

@@ -22,6 +22,7 @@ from makespan.planner.policies import Policy
 from makespan.planner.preemption import (DEFAULT_MIN_RUNTIME_S, DEFAULT_PREEMPTION_BUDGET, Holder,
                                          choose_preemption, victim_allowed)
 from makespan.planner.replay import Group, Replay
+from makespan.planner.sleepers import with_rule, with_upcoming
 
 
 class _Run:
@@ -45,6 +46,7 @@ class _Run:
         self.time_limit_s = time_limit_s
         self.set_points, self.preemption = set_points, preemption
         self.committed = Replay(base)
+        self.ram_peak_mib = 0.0  # the most host RAM one host's sleepers held after a placement, MiB
         self.previous: Plan | None = None  # the last planning point's uncommitted plan
         self.queue: dict[str, PlanJob] = {}
         self.records: dict[str, JobRecord] = {}
@@ -70,7 +72,11 @@ class _Run:
             state = FleetState(t, self.base.gpus, self.base.endpoints, free_at=dict(c.free_at),
                                resident=dict(c.resident), set_point=self.base.set_point, end_of=c.end_of,
                                asleep=dict(c.asleep), demand=demand, demand_share=share,
-                               set_point_weight=self.base.set_point_weight, host_ram_mib=self.base.host_ram_mib)
+                               set_point_weight=self.base.set_point_weight, host_ram_mib=self.base.host_ram_mib,
+                               asleep_level=dict(c.level))
+            # the committed replay chooses transitions as this plan does (its forecast and rule)
+            c.state = with_rule(with_upcoming(state, batch), self.policy.name) if c.level or any(
+                e.sleep_options for e in state.endpoints.values()) else c.state
             scored = self.preemption == "plan" and self.policy.floor is not None
             if scored:
                 state.running = self._running(t)
@@ -165,6 +171,8 @@ class _Run:
 
     def _place(self, job: PlanJob, gpus: Group, start_s: float) -> Assignment:
         a = self.committed.place(job, gpus, start_s)
+        if self.committed.ram_used:  # host RAM its sleepers hold, MiB (only where it is modelled)
+            self.ram_peak_mib = max(self.ram_peak_mib, max(self.committed.ram_used.values()))
         self._log_residency(a, job.endpoint)
         self.records[job.id] = _record(job, a, self.base)
         for u in gpus:
@@ -243,6 +251,8 @@ class _Run:
 
 def _record(job: PlanJob, a: Any, base: FleetState) -> JobRecord:
     ev = max((base.endpoints[e].evict_s for e in a.evicts if e in base.endpoints), default=0.0)
-    sleeps = tuple(e for e in a.evicts if e in base.endpoints and base.endpoints[e].wake_s is not None)
+    chosen = dict(getattr(a, "sleep_levels", ()))
+    sleeps = tuple(e for e in a.evicts if e in base.endpoints and base.endpoints[e].wake_s is not None
+                   and chosen.get(e, 1) > 0)
     return JobRecord(job.id, job.endpoint, job.priority, job.weight, job.release_s, a.start_s, a.service_start_s,
                      a.end_s, tuple(a.gpus), a.load, tuple(a.evicts), ev, sleeps=sleeps)

@@ -48,7 +48,7 @@ LEARNED_REFRESH_S = 2.0  # wall seconds between reads of the learned transition 
 def endpoint_models(fleet: FleetSpec) -> dict[str, EndpointModel]:
     """The fleet file's endpoints as the planner models them (the fleet file's durations)."""
     return {n: EndpointModel(n, e.tensor_parallel, e.memory_mib_per_gpu, e.cold_start_s, e.evict_s, e.wake_s, e.slots,
-                             e.asleep_gpu_mib, e.asleep_ram_mib)
+                             e.asleep_gpu_mib, e.asleep_ram_mib, e.sleep_options)
             for n, e in fleet.endpoints.items()}
 
 
@@ -63,9 +63,10 @@ def learned_endpoint_models(fleet: FleetSpec, windows: Windows, min_observations
         def est(kind: str) -> float:
             return transition_estimate(windows, n, None, kind, prior_s(e, kind), min_observations, q).seconds
         wake = est("wake") if e.wake_s is not None else None
+        options = tuple((level, wake if i == 0 else wake_s, ram) for i, (level, wake_s, ram) in enumerate(e.sleep_options))
         out[n] = EndpointModel(n, e.tensor_parallel, e.memory_mib_per_gpu, est("cold_start"),
                                est("sleep" if e.wake_s is not None else "evict"), wake, e.slots,
-                               e.asleep_gpu_mib, e.asleep_ram_mib)
+                               e.asleep_gpu_mib, e.asleep_ram_mib, options)
     return out
 
 

@@ -101,6 +101,9 @@ class PhaseContext:
     payload: dict | None = None
     traceparent: str = ""
     submitted_at: float = 0.0
+    # the plan's transition choice (issue 20 point 3, ``Assignment.sleep_levels``): evicted
+    # endpoint -> sleep level 1 or 2, 0 = stop; an endpoint absent: the fleet file's sleep_level
+    sleep_levels: dict[str, int] | None = None
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "PhaseContext":
@@ -310,20 +313,28 @@ class PhaseRunner:
             room[u] = self._gpu_mib(u) - need - sum(held[e] for e in kept)
         return room
 
+    def _planned_level(self, ctx: PhaseContext, endpoint: str) -> int:
+        """The sleep level the plan chose for the evicted ``endpoint`` (0: stop it); the
+        fleet file's ``sleep_level`` when the plan did not choose."""
+        planned = (ctx.sleep_levels or {}).get(endpoint)
+        return int(planned) if planned is not None else self.fleet.endpoints[endpoint].sleep_level
+
     def _may_sleep(self, inst: Instance, ctx: PhaseContext) -> str | None:
         """None if ``inst`` may sleep by the planner's rule (:mod:`makespan.planner.sleepers`):
         its host RAM fits the host's ``host_memory_mib`` beside the sleepers registered
         there and its GPU memory fits beside what loads in its place; else why not."""
         eps = self.fleet.endpoints
         spec = eps[inst.endpoint]
+        # a level-2 sleeper holds no host RAM (the plan may choose level 2 for a level-1 endpoint)
+        ram_mib = spec.asleep_ram_mib if self._planned_level(ctx, inst.endpoint) == spec.sleep_level else 0
         asleep = [i for i, st in list_instances(self.r, self.keys, with_state=True) if st == "asleep"]
         used = sum(eps[i.endpoint].asleep_ram_mib for i in asleep if i.host == ctx.host and i.endpoint in eps)
         budget = self.fleet.host_ram_budgets().get(ctx.host)
         room = self._sleeper_room(list(inst.gpus), ctx, [i for i in asleep if set(i.gpus) & set(inst.gpus)])
-        if may_sleep(used, budget, spec.asleep_ram_mib, min(room.values(), default=0.0), spec.asleep_gpu_mib):
+        if may_sleep(used, budget, ram_mib, min(room.values(), default=0.0), spec.asleep_gpu_mib):
             return None
-        if budget is not None and used + spec.asleep_ram_mib > budget:
-            return f"host RAM for sleepers: {used} + {spec.asleep_ram_mib} MiB over {ctx.host}'s {budget} MiB"
+        if budget is not None and used + ram_mib > budget:
+            return f"host RAM for sleepers: {used} + {ram_mib} MiB over {ctx.host}'s {budget} MiB"
         return f"GPU memory: {spec.asleep_gpu_mib} MiB asleep does not fit beside {ctx.endpoint}"
 
     def _stop_unfitting_sleepers(self, ctx: PhaseContext, endpoint: str, extra: dict) -> None:
@@ -343,11 +354,11 @@ class PhaseRunner:
         if gone:
             extra["sleepers_stopped"] = sorted(gone)
 
-    def _put_to_sleep(self, inst: Instance, wait: Callable[[float], None]) -> str | None:
-        """Sleep ``inst`` at its endpoint's ``sleep_level`` (modelled waits spent by
-        ``wait``) and mark it ``asleep`` in the registry; None, or why it could not (the
-        caller stops it instead)."""
-        level = self.fleet.endpoints[inst.endpoint].sleep_level
+    def _put_to_sleep(self, inst: Instance, wait: Callable[[float], None], level: int | None = None) -> str | None:
+        """Sleep ``inst`` at ``level`` (the plan's choice; None: its endpoint's
+        ``sleep_level``; modelled waits spent by ``wait``) and mark it ``asleep`` in the
+        registry; None, or why it could not (the caller stops it instead)."""
+        level = level if level is not None else self.fleet.endpoints[inst.endpoint].sleep_level
         if level not in self._capabilities(inst.driver).sleep_levels:
             return f"driver {inst.driver!r} has no sleep level {level}"
         try:
@@ -394,7 +405,8 @@ class PhaseRunner:
         if not victims:
             return 0.0
         eps = sorted({parse_instance(v)[0] for v in victims})
-        sleepy = {e for e in eps if self._sleep_capable(e)}
+        # the sleep-capable endpoints the plan did not choose to stop (Assignment.sleep_levels)
+        sleepy = {e for e in eps if self._sleep_capable(e) and self._planned_level(ctx, e) > 0}
         extra["evicted"] = eps
         kind_of = {e: "sleep" if e in sleepy else "evict" for e in eps}
         planned = {e: self._planned_s(e, kind_of[e], ctx.host) for e in eps}
@@ -418,7 +430,8 @@ class PhaseRunner:
                     self._stop_instance(inst, modelled.add)
                     took[inst.endpoint] = max(took.get(inst.endpoint, 0.0), time.monotonic() - t1)
                     continue
-                why = self._put_to_sleep(inst, modelled.add) if inst.endpoint in sleepy else None
+                why = self._put_to_sleep(inst, modelled.add, self._planned_level(ctx, inst.endpoint)) \
+                    if inst.endpoint in sleepy else None
                 if inst.endpoint not in sleepy or why is not None:
                     if why is not None:
                         failed.append(f"{inst.endpoint}: {why}")

@@ -120,12 +120,24 @@ def _after_lease(ctx: TickContext, job: PlanJob, gpus: tuple[str, ...], host: st
     if submitted:
         metrics.observe_wait(priority, max(0.0, ctx.env.clock.now() - submitted))
     phase_ctx = PhaseContext(lease.lease_id, lease.token, list(gpus), host, "job", job.endpoint, job.id, priority.name,
-                             job.service_s, traceparent=traceparent, submitted_at=submitted)
+                             job.service_s, traceparent=traceparent, submitted_at=submitted,
+                             sleep_levels=planned_sleep_levels(ctx, job.id))
     for gpu in gpus:
         ctx.kept.last_traceparent[gpu] = traceparent
     with telemetry.use_traceparent(traceparent):
         send(ctx.env, phase_ctx, host, lease.warm)
     return True
+
+
+def planned_sleep_levels(ctx: TickContext, job_id: str) -> dict[str, int] | None:
+    """The tick plan's transition choice for ``job_id``'s evicts (``Assignment.sleep_levels``,
+    issue 20 point 3): endpoint -> sleep level, 0 = stop; None when the plan did not choose."""
+    if ctx.plan is None:
+        return None
+    for assignment in ctx.plan.assignments:
+        if assignment.job_id == job_id:
+            return dict(assignment.sleep_levels) if assignment.sleep_levels else None
+    return None
 
 
 def send(env: TickEnv, phase_ctx: PhaseContext, host: str, warm: bool = False) -> None:

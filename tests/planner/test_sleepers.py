@@ -77,13 +77,17 @@ FLEET = {
 
 
 def test_fleet_file_budget_reaches_the_simulator_and_costs_wakes():
-    jobs = [PlanJob(f"j{i}", ep, 2.0, i * 200.0, 50.0, 2, seq=i) for i, ep in enumerate(["a", "b", "c", "c"] * 6)]
-    free = simulate(jobs, FleetSpec.model_validate(FLEET), "fifo", restore=False)
+    # a, then b, then two c at once: both sleepers are displaced together (two sleepers' RAM)
+    offset_s = {0: 0.0, 1: 200.0, 2: 400.0, 3: 400.0}
+    jobs = [PlanJob(f"j{i}", ep, 2.0, (i // 4) * 800.0 + offset_s[i % 4], 50.0, 2, seq=i)
+            for i, ep in enumerate(["a", "b", "c", "c"] * 6)]
+    # portfolio, a policy that chooses transitions: fifo stops every displaced instance (issue 20 point 3)
+    free = simulate(jobs, FleetSpec.model_validate(FLEET), "portfolio", restore=False)
     tight = FleetSpec.model_validate({**FLEET, "hosts": [{**FLEET["hosts"][0], "host_memory_mib": 24000}]})
     st = fleet_state(tight)
     assert st.host_ram_mib == {"h": 24000} and st.endpoints["a"].asleep_ram_mib == 24000
     assert st.endpoints["a"].asleep_gpu_mib == 512 and st.endpoints["c"].asleep_gpu_mib == 0
-    budget = simulate(jobs, tight, "fifo", restore=False)
+    budget = simulate(jobs, tight, "portfolio", restore=False)
     assert budget["transitions"]["wake"] < free["transitions"]["wake"], (budget["transitions"], free["transitions"])
     assert budget["transitions"]["cold_start"] > free["transitions"]["cold_start"]
 

@@ -53,14 +53,15 @@ class Jobs:
         self.n = 0
         self.gpu = GPU
 
-    def run(self, endpoint: str) -> PhaseContext:
+    def run(self, endpoint: str, sleep_levels: dict[str, int] | None = None) -> PhaseContext:
         self.n += 1
         jid = self.prod.submit({"endpoint": endpoint, "service_s": 1, "priority": "HIGH"}).id
         lid = f"L{self.n}"
         lease = LeaseStore(self.r, self.keys).acquire(lid, (self.gpu,), 30.0, job_id=jid, kind="job",
                                                       holder="host-a", queue=self.keys.queue("HIGH"))
         assert lease is not None
-        ctx = PhaseContext(lid, lease.token, [self.gpu], "host-a", "job", endpoint, jid, "HIGH", 1.0)
+        ctx = PhaseContext(lid, lease.token, [self.gpu], "host-a", "job", endpoint, jid, "HIGH", 1.0,
+                           sleep_levels=sleep_levels)
         assert run_phases(self.runner, ctx) == "completed"
         return ctx
 
@@ -254,3 +255,20 @@ def test_start_sweep_of_a_new_worker_keeps_a_sleeper(r, keys, settings, cleanup)
     assert [(i.id, s) for i, s in jobs.instances() if i.endpoint == "chat"] == [(chat.id, "asleep")]
     assert process_alive(chat.pid)
     assert jobs.phase_end(jobs.run("chat"), "start_endpoint")["transition"] == "wake"
+
+
+@pytest.mark.parametrize("planned_level", [2, 0])
+def test_the_planned_transition_reaches_the_worker(r, keys, settings, cleanup, planned_level):
+    """The plan's choice (Assignment.sleep_levels, issue 20 point 3) travels in the phase
+    context: level 2 on an endpoint configured at level 1 sleeps it at level 2; 0 stops it."""
+    jobs = Jobs(r, keys, settings, _fleet())
+    jobs.run("chat")
+    (chat, _state), = jobs.instances()
+    ev = jobs.phase_end(jobs.run("embed", sleep_levels={"chat": planned_level}), "evict")
+    states = {i.endpoint: s for i, s in jobs.instances()}
+    if planned_level:
+        assert ev["slept"] == ["chat"] and ev["transition"] == "sleep"
+        assert states["chat"] == "asleep" and r.hget(keys.instance(chat.id), "sleep_level") == str(planned_level)
+    else:
+        assert ev["slept"] == [] and ev["transition"] == "evict" and [t["kind"] for t in ev["transitions"]] == ["evict"]
+        assert "chat" not in states and not process_alive(chat.pid)

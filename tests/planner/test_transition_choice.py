@@ -1,0 +1,90 @@
+"""The plan chooses the transition of each displaced instance (issue 20 point 3): sleep
+level 1, level 2 or stop, by its score (makespan.planner.sleepers.choose_level)."""
+
+from __future__ import annotations
+
+import pytest
+
+from makespan.planner.api import plan
+from makespan.planner.evaluator import evaluate
+from makespan.planner.model import EndpointModel, FleetState, Gpu, PlanJob
+from makespan.planner.sleepers import HOLD_COST_PER_GIB, choose_level, with_upcoming
+
+COLD_S, WAKE1_S, WAKE2_S, EVICT_S = 60.0, 2.0, 6.0, 3.0
+RAM_MIB = 20_000
+
+
+def _endpoint(name: str, levels: tuple[int, ...] = (1, 2)) -> EndpointModel:
+    options = tuple(o for o in ((1, WAKE1_S, RAM_MIB), (2, WAKE2_S, 0)) if o[0] in levels)
+    return EndpointModel(name, 1, 20_000, COLD_S, EVICT_S, wake_s=options[0][1], asleep_gpu_mib=500,
+                         asleep_ram_mib=options[0][2], sleep_options=options)
+
+
+def _case(ram_budget_mib: int | None = None, levels: tuple[int, ...] = (1, 2)):
+    """One GPU holding ``a`` at 0; ``b`` arrives at 1 s and displaces it; ``a`` is needed
+    again at 30 s (and displaces ``b``, never needed again). (A job queued at the planning
+    time counts as needing its endpoint for the whole plan, so ``b`` arrives after it.)"""
+    eps = {"a": _endpoint("a", levels), "b": _endpoint("b", levels)}
+    state = FleetState(0.0, [Gpu("g0", "h", 0, 80_000)], eps, resident={"g0": "a"},
+                       host_ram_mib={"h": ram_budget_mib} if ram_budget_mib is not None else {})
+    batch = [PlanJob("b1", "b", 8.0, 1.0, 10.0, 0, seq=0), PlanJob("a1", "a", 1.0, 30.0, 10.0, 3, seq=1)]
+    return batch, state
+
+
+def _by_job(p):
+    return {a.job_id: a for a in p.assignments}
+
+
+@pytest.mark.parametrize("policy", ["portfolio", "default"])
+def test_needed_again_in_30s_sleeps_and_never_needed_again_is_stopped(policy):
+    batch, state = _case()
+    p = plan(batch, state, policy, time_limit_s=0.5)
+    a = _by_job(p)
+    assert a["b1"].sleep_levels == (("a", 1),)  # a is needed again at 30 s: level 1, the fastest wake
+    assert a["a1"].load == "wake" and a["a1"].sleep_levels == (("b", 0),)  # b is never needed again: stopped
+    assert a["a1"].transition_s == pytest.approx(EVICT_S + WAKE1_S)
+    evaluate(p, batch, with_upcoming(state, batch))  # the evaluator replays the same choice (raises if not)
+
+
+def test_ram_budget_forces_level_2():
+    batch, state = _case(ram_budget_mib=RAM_MIB - 1)
+    a = _by_job(plan(batch, state, "portfolio"))
+    assert a["b1"].sleep_levels == (("a", 2),)
+    assert a["a1"].load == "wake" and a["a1"].transition_s == pytest.approx(EVICT_S + WAKE2_S)
+
+
+def test_ram_budget_without_level_2_stops():
+    batch, state = _case(ram_budget_mib=RAM_MIB - 1, levels=(1,))
+    a = _by_job(plan(batch, state, "portfolio"))
+    assert a["b1"].sleep_levels == (("a", 0),)
+    assert a["a1"].load == "cold_start" and a["a1"].transition_s == pytest.approx(EVICT_S + COLD_S)
+
+
+@pytest.mark.parametrize("policy", ["fifo", "min-evict"])
+def test_fixed_baselines_stop(policy):
+    batch, state = _case()
+    p = plan(batch, state, policy)
+    a = _by_job(p)
+    assert a["b1"].sleep_levels == (("a", 0),) and a["a1"].load == "cold_start"
+    evaluate(p, batch, state)
+
+
+def test_recent_demand_keeps_a_sleeper_without_queued_work():
+    batch, state = _case()
+    state.demand = {"b": 1.0}  # b is not in the batch after 30 s, but arrives often
+    a = _by_job(plan(batch, state, "portfolio"))
+    assert a["a1"].sleep_levels == (("b", 1),)
+
+
+def test_choose_level_scores_memory_held_against_the_cold_start_saved():
+    options = ((1, WAKE1_S, RAM_MIB), (2, WAKE2_S, 0))
+    fits_all = lambda level, ram_mib: True  # noqa: E731
+    # level 1 holds 20 GiB more RAM than level 2 for a 4 s faster wake: worth it from
+    # need × 4 s > 0.1 × 20000/1024 weight·s, a need of about 0.49
+    ram_gib = RAM_MIB / 1024
+    threshold = HOLD_COST_PER_GIB * ram_gib / (WAKE2_S - WAKE1_S)
+    assert choose_level(options, COLD_S, 500, threshold * 1.1, fits_all) == 1
+    assert choose_level(options, COLD_S, 500, threshold * 0.9, fits_all) == 2
+    assert choose_level(options, COLD_S, 500, 0.0, fits_all) == 0
+    assert choose_level(options, COLD_S, 500, 1.0, lambda level, ram_mib: ram_mib == 0) == 2
+    assert choose_level(options, COLD_S, 500, 1.0, lambda level, ram_mib: False) == 0
