@@ -9,7 +9,6 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -46,7 +45,7 @@ def _logging(level: str = "INFO") -> None:
 
 
 @app.command()
-def planner(fleet: Path = FleetOpt, policy: Optional[str] = typer.Option(None, help=LIVE_POLICY_HELP),
+def planner(fleet: Path = FleetOpt, policy: str | None = typer.Option(None, help=LIVE_POLICY_HELP),
             metrics_port: int = typer.Option(0, envvar="MAKESPAN_METRICS_PORT", help="Prometheus port (0: none)")):
     """Run a planner worker (one leads, others stand by). Configured by MAKESPAN_* variables, listed in docs/configuration.md: MAKESPAN_POLICY (default: default), MAKESPAN_PREEMPTION (plan or rule), MAKESPAN_IMPROVER_EXECUTOR (process or thread), MAKESPAN_IMPROVER_NICE, MAKESPAN_BATCH_SIZE, ..."""
     from makespan.models import load_fleet
@@ -207,7 +206,7 @@ def gpus(host_name: str = typer.Option("", "--host-name", help="name of the flee
         raise typer.Exit(1)
 
 
-def _producer(fleet: Optional[Path]):
+def _producer(fleet: Path | None):
     """A Producer; without ``--fleet`` the fleet comes from Redis (the planner publishes it)."""
     from makespan.keys import Keys
     from makespan.models import load_fleet, parse_fleet
@@ -226,21 +225,21 @@ def _producer(fleet: Optional[Path]):
 
 
 @app.command()
-def submit(workload: Optional[str] = typer.Argument(None, help="a workload function's name (registered by a live "
+def submit(workload: str | None = typer.Argument(None, help="a workload function's name (registered by a live "
                                                                  "GPU worker's --workloads); omit for a plain job "
                                                                  "of --service-s on --endpoint"),
            call_args: str = typer.Option("[]", "--args", help="JSON list of the function's positional arguments"),
            call_kwargs: str = typer.Option("{}", "--kwargs", help="JSON object of the function's keyword arguments"),
-           fleet: Optional[Path] = typer.Option(None, "--fleet", help="default: the fleet the planner runs"),
-           endpoint: Optional[str] = typer.Option(None, help="endpoint name from the fleet file (default: the "
+           fleet: Path | None = typer.Option(None, "--fleet", help="default: the fleet the planner runs"),
+           endpoint: str | None = typer.Option(None, help="endpoint name from the fleet file (default: the "
                                                              "workload's own)"),
-           service_s: Optional[float] = typer.Option(None, help="estimated service time, seconds (default for a "
+           service_s: float | None = typer.Option(None, help="estimated service time, seconds (default for a "
                                                                 "workload: learned from its runs)"),
            priority: str = typer.Option("NORMAL", help="CRITICAL, HIGH, NORMAL or LOW"),
            payload: str = typer.Option("{}", help="JSON object handed to the execute phase"),
-           idempotency_key: Optional[str] = typer.Option(None, help="resubmitting the same key returns the same job"),
-           delay_s: Optional[float] = typer.Option(None, help="queue the job only this many seconds after submission (> 0, at most 30 days); until then it is 'delayed' in Redis, never in a worker"),
-           deadline_s: Optional[float] = typer.Option(None, help="due time, seconds after submission (> 0); used by the tardiness policies"),
+           idempotency_key: str | None = typer.Option(None, help="resubmitting the same key returns the same job"),
+           delay_s: float | None = typer.Option(None, help="queue the job only this many seconds after submission (> 0, at most 30 days); until then it is 'delayed' in Redis, never in a worker"),
+           deadline_s: float | None = typer.Option(None, help="due time, seconds after submission (> 0); used by the tardiness policies"),
            quiet: bool = typer.Option(False, "--quiet", "-q", help="print only the job id (for ID=$(makespan submit ...))")):
     """Submit one job; prints {"id", "created", "priority"} as JSON (--quiet: the id alone). With a WORKLOAD name
     the job calls that function with --args/--kwargs (see `makespan result ID`). With --delay-s the job waits in
@@ -272,9 +271,9 @@ def submit(workload: Optional[str] = typer.Argument(None, help="a workload funct
     typer.echo(h.id if quiet else json.dumps({"id": h.id, "created": h.created, "priority": h.priority.name}))
 
 
-def _submit_call(workload: str, call_args: str, call_kwargs: str, fleet: Optional[Path], endpoint: Optional[str],
-                 service_s: Optional[float], priority: str, idempotency_key: Optional[str], delay_s: Optional[float],
-                 deadline_s: Optional[float], quiet: bool) -> None:
+def _submit_call(workload: str, call_args: str, call_kwargs: str, fleet: Path | None, endpoint: str | None,
+                 service_s: float | None, priority: str, idempotency_key: str | None, delay_s: float | None,
+                 deadline_s: float | None, quiet: bool) -> None:
     """``makespan submit WORKLOAD``: the same call as ``makespan.connect().submit(...)``."""
     from makespan.client import Client
 
@@ -328,7 +327,7 @@ def ready(workloads: list[str] = typer.Argument(None, help="workload function na
 
 
 @app.command()
-def result(job_id: str, timeout_s: Optional[float] = typer.Option(None, help="wait at most this long (default: "
+def result(job_id: str, timeout_s: float | None = typer.Option(None, help="wait at most this long (default: "
                                                                             "until the job ends)"),
            no_wait: bool = typer.Option(False, "--no-wait", help="print what is stored now; do not wait")):
     """Print a job's result as JSON (its workload function's return value). A function's error prints its type,
@@ -354,7 +353,7 @@ def result(job_id: str, timeout_s: Optional[float] = typer.Option(None, help="wa
 
 
 @app.command()
-def status(job_id: str, fleet: Optional[Path] = typer.Option(None, "--fleet", help="not needed to read a job")):
+def status(job_id: str, fleet: Path | None = typer.Option(None, "--fleet", help="not needed to read a job")):
     """Print a job's record as JSON."""
     try:
         typer.echo(json.dumps(_producer(fleet).status(job_id), indent=2))
@@ -363,7 +362,7 @@ def status(job_id: str, fleet: Optional[Path] = typer.Option(None, "--fleet", he
 
 
 @app.command()
-def cancel(job_id: str, fleet: Optional[Path] = typer.Option(None, "--fleet", help="not needed to cancel")):
+def cancel(job_id: str, fleet: Path | None = typer.Option(None, "--fleet", help="not needed to cancel")):
     """Cancel a job (queued: removed at once; running: stopped at its next phase)."""
     try:
         typer.echo(_producer(fleet).cancel(job_id))
@@ -375,8 +374,8 @@ def cancel(job_id: str, fleet: Optional[Path] = typer.Option(None, "--fleet", he
 def demo(report: Path = typer.Option(Path("report.json"), help="where to write the report JSON"),
          jobs: int = typer.Option(200, help="trace jobs to submit (besides the render-cards pipeline)"),
          seed: int = typer.Option(0, help="seed of the trace-to-job mapping"),
-         policy: Optional[str] = typer.Option(None, help=LIVE_POLICY_HELP),
-         run_dir: Optional[Path] = typer.Option(None, help="directory for events, report and Gantt chart")):
+         policy: str | None = typer.Option(None, help=LIVE_POLICY_HELP),
+         run_dir: Path | None = typer.Option(None, help="directory for events, report and Gantt chart")):
     """The main job on one machine: Redis (yours or an embedded one), a planner and GPU workers for a simulated 8-GPU fleet, the render pipeline with real endpoint processes, then a real-trace workload plus the render-cards pipeline (about 90 s of wall time whatever --jobs is: the time scale adapts); prints the report, writes it and a Gantt chart."""
     from makespan.demo import run_demo
 
@@ -391,8 +390,8 @@ def demo(report: Path = typer.Option(Path("report.json"), help="where to write t
 def replay(trace: Path, fleet: Path = FleetOpt, speedup: float = typer.Option(10000.0, help="time compression N×"),
            report: Path = typer.Option(Path("report.json")), start: int = typer.Option(0, help="first trace row"),
            limit: int = typer.Option(200, help="trace rows to replay"), seed: int = typer.Option(0),
-           policy: Optional[str] = typer.Option(None, help=LIVE_POLICY_HELP),
-           run_dir: Optional[Path] = typer.Option(None, help="directory for events, report and Gantt chart")):
+           policy: str | None = typer.Option(None, help=LIVE_POLICY_HELP),
+           run_dir: Path | None = typer.Option(None, help="directory for events, report and Gantt chart")):
     """Run the live system fed from a trace file (ITP, Alibaba or JSON lines), time compressed SPEEDUP times."""
     from makespan.demo import run_replay
 
@@ -406,11 +405,11 @@ def replay(trace: Path, fleet: Path = FleetOpt, speedup: float = typer.Option(10
 
 @app.command()
 def simulate(trace: Path, fleet: Path = FleetOpt, policy: str = typer.Option(SIMULATE_POLICY, help=SIMULATE_POLICY_HELP), seed: int = typer.Option(0),
-             report: Optional[Path] = typer.Option(None, help="write the report JSON here too (folders are created; checked before the run)"),
+             report: Path | None = typer.Option(None, help="write the report JSON here too (folders are created; checked before the run)"),
              start: int = typer.Option(0, help="first trace row"),
-             limit: Optional[int] = typer.Option(None, help="rows to read (default: all)"),
+             limit: int | None = typer.Option(None, help="rows to read (default: all)"),
              time_scale: float = typer.Option(1.0, help="divide submission and service times by this (ITP jobs run for hours: 20 makes 30-240 s cold starts matter)"),
-             time_limit_s: Optional[float] = typer.Option(None, show_default="1 s", help=f"time-limited policies ({_TIMED}): time limit per planning point, wall s (a replay takes about that long per planning point)"),
+             time_limit_s: float | None = typer.Option(None, show_default="1 s", help=f"time-limited policies ({_TIMED}): time limit per planning point, wall s (a replay takes about that long per planning point)"),
              preemption: bool = typer.Option(True, help="CRITICAL/HIGH jobs preempt lower levels, as the live planner does (victims restart from zero)"),
              preemption_mode: str = typer.Option("plan", help=f"plan: {_SCORED} decide preemptions inside the plan by score ({_RULED} keep the rule), as the live planner does by default (MAKESPAN_PREEMPTION); rule: the fixed preemption rule for every policy; off: no preemption (as --no-preemption)"),
              restore: bool = typer.Option(True, help="set-point restores: planned after a group's last job, and when the fleet is idle, as the live planner does; --no-restore: none at all"),

@@ -19,7 +19,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import httpx
 import typer
@@ -198,15 +198,15 @@ def _execute_cards(render_url: str, embed_url: str, cards: int, slots: int) -> i
 
 
 # -- commands ----------------------------------------------------------------------------
-def _conn(redis_url: Optional[str], prefix: Optional[str]):
+def _conn(redis_url: str | None, prefix: str | None):
     from makespan.redis_conn import connect
 
     s = Settings.from_env()
     return connect(redis_url or s.redis_url), Keys(prefix or s.key_prefix)
 
 
-def incidents(redis_url: Optional[str] = typer.Option(None, "--redis-url", help="default: MAKESPAN_REDIS_URL"),
-              prefix: Optional[str] = typer.Option(None, "--prefix", help="default: MAKESPAN_KEY_PREFIX"),
+def incidents(redis_url: str | None = typer.Option(None, "--redis-url", help="default: MAKESPAN_REDIS_URL"),
+              prefix: str | None = typer.Option(None, "--prefix", help="default: MAKESPAN_KEY_PREFIX"),
               as_json: bool = typer.Option(False, "--json", help="one JSON object per line")) -> None:
     """List incidents raised by the health observer (with their recovery)."""
     from makespan.workers.observer import list_incidents
@@ -261,7 +261,7 @@ def endpoint_server(port: int = typer.Option(..., "--port"), model: str = typer.
 
 
 def render_pipeline(fleet: Path = typer.Option(EXAMPLE_FLEET, "--fleet", help="fleet with coder, embed, renderer"),
-                    host: Optional[str] = typer.Option(None, "--host", help="default: the coder's first set-point host"),
+                    host: str | None = typer.Option(None, "--host", help="default: the coder's first set-point host"),
                     time_scale: float = typer.Option(0.01, "--time-scale", help="wall s per modelled s of cold starts"),
                     cards: int = typer.Option(20, "--cards"),
                     card_latency_ms: float = typer.Option(50.0, "--card-latency-ms"),

@@ -14,7 +14,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from makespan.settings import Settings
 
 
-def context() -> "tuple[Settings, redis.Redis, Keys]":
+def context() -> tuple[Settings, redis.Redis, Keys]:
     """Settings from the environment, a Redis client and the key builder."""
     from makespan.keys import Keys
     from makespan.redis_conn import connect

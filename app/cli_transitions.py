@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
@@ -48,8 +48,8 @@ def transition_table(r: Any, keys: Keys, fleet: FleetSpec, settings: Settings) -
 
 
 def transitions(fleet: Path = typer.Option(..., "--fleet", help="TOML fleet file"),
-                redis_url: Optional[str] = typer.Option(None, "--redis-url", help="default: MAKESPAN_REDIS_URL"),
-                prefix: Optional[str] = typer.Option(None, "--prefix", help="default: MAKESPAN_KEY_PREFIX"),
+                redis_url: str | None = typer.Option(None, "--redis-url", help="default: MAKESPAN_REDIS_URL"),
+                prefix: str | None = typer.Option(None, "--prefix", help="default: MAKESPAN_KEY_PREFIX"),
                 as_json: bool = typer.Option(False, "--json", help="one JSON object per line")) -> None:
     """Transition durations per endpoint and kind (evict, sleep, wake, cold_start, restore):
     configured (fleet file) vs learned (what is planned now: the running p90 of measured

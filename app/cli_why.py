@@ -57,7 +57,7 @@ def _explain_rec(r, keys, settings, job_id: str, rec: dict[str, str], leads: boo
 def _when(eta: float | None, in_s: float | None) -> str:
     if eta is None:
         return "no ETA"
-    t = _dt.datetime.fromtimestamp(eta, tz=_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+    t = _dt.datetime.fromtimestamp(eta, tz=_dt.UTC).strftime("%Y-%m-%d %H:%M:%SZ")
     return f"ETA {t} (in {max(0.0, in_s or 0.0):.0f} s)"
 
 

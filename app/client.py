@@ -46,7 +46,7 @@ _POLL_MIN_S, _POLL_MAX_S = 0.01, 0.25
 
 
 def connect(url: str | None = None, *, fleet: str | Path | FleetSpec | None = None, key_prefix: str | None = None,
-            settings: Settings | None = None) -> "Client":
+            settings: Settings | None = None) -> Client:
     """A :class:`Client` on the Redis at ``url`` (default ``MAKESPAN_REDIS_URL``, else
     ``redis://127.0.0.1:6379/0``).
 
@@ -119,10 +119,10 @@ class Client:
         return published
 
     # -- submit -------------------------------------------------------------------------
-    def submit(self, workload: "str | WorkloadDef", *args: Any, priority: Priority | str | int = "NORMAL",
+    def submit(self, workload: str | WorkloadDef, *args: Any, priority: Priority | str | int = "NORMAL",
                endpoint: str | None = None, idempotency_key: str | None = None,
-               depends_on: "list[str | Job] | tuple[str | Job, ...]" = (), delay_s: float | None = None,
-               service_s: float | None = None, deadline_s: float | None = None, **kwargs: Any) -> "Job":
+               depends_on: list[str | Job] | tuple[str | Job, ...] = (), delay_s: float | None = None,
+               service_s: float | None = None, deadline_s: float | None = None, **kwargs: Any) -> Job:
         """Submit a call of ``workload(*args, **kwargs)`` (a registered name, or the
         :class:`~makespan.registry.WorkloadDef` the decorator returned).
 
@@ -185,7 +185,7 @@ class Client:
             return {REFERENCE: value.id}
         return value
 
-    def job(self, job_id: str) -> "Job":
+    def job(self, job_id: str) -> Job:
         """A handle on an existing job (its existence is checked by its first call)."""
         return Job(self, job_id)
 
@@ -193,7 +193,7 @@ class Client:
         """Close the Redis connections."""
         self.r.close()
 
-    def __enter__(self) -> "Client":
+    def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *exc: Any) -> None:

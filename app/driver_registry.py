@@ -106,7 +106,7 @@ class DriverContext:
             :class:`makespan.errors.StaleFencingToken`), or one that only notes it.
     """
 
-    endpoints: Mapping[str, "EndpointSpec"] = field(default_factory=dict)
+    endpoints: Mapping[str, EndpointSpec] = field(default_factory=dict)
     slowdown_by_host: Mapping[str, float] = field(default_factory=dict)
     wait: Callable[[float], None] | None = None
 

@@ -24,7 +24,8 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
+from collections.abc import Iterable
 
 from makespan.errors import ValidationError
 from makespan.models import Priority

@@ -100,7 +100,7 @@ class LiveSystem:
         return self._spawn("observer", ["observer", "--fleet", str(self.fleet_path),
                                         "--probe-interval-s", repr(probe_interval_s)])
 
-    def start(self, wait_s: float = 60.0) -> "LiveSystem":
+    def start(self, wait_s: float = 60.0) -> LiveSystem:
         for h in self.fleet.hosts:
             self.start_gpu_worker(h.name)
         for i in range(self.planners):
@@ -202,7 +202,7 @@ class LiveSystem:
         r.close()
         return len(insts)
 
-    def __enter__(self) -> "LiveSystem":
+    def __enter__(self) -> LiveSystem:
         return self.start()
 
     def __exit__(self, *exc) -> None:

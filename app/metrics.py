@@ -32,7 +32,8 @@ import os
 import shutil
 import tempfile
 import threading
-from typing import Any, Iterable
+from typing import Any
+from collections.abc import Iterable
 
 from makespan.keys import Keys
 from makespan.models import Priority
@@ -54,7 +55,7 @@ WORKLOAD_OUTCOMES = ("ok", "error", "retried", "cancelled")
 PHASE_BUCKETS_S = (0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 120, 300, 600, 1800)
 
 _lock = threading.Lock()
-_metrics: "Metrics | None" = None
+_metrics: Metrics | None = None
 _mp_dir: str | None = None
 
 

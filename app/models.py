@@ -90,7 +90,7 @@ class HostSpec(BaseModel):
         return data
 
     @model_validator(mode="after")
-    def _check(self) -> "HostSpec":
+    def _check(self) -> HostSpec:
         if not self.gpus:
             raise ValueError("a host needs gpus or gpu_count")
         return self
@@ -129,7 +129,7 @@ class LaunchSpec(BaseModel):
         return v
 
     @model_validator(mode="after")
-    def _driver_options(self) -> "LaunchSpec":
+    def _driver_options(self) -> LaunchSpec:
         if self.model_extra:  # only then is the driver's class needed (models may still be importing)
             self.driver_options()
         return self
@@ -249,7 +249,7 @@ class FleetSpec(BaseModel):
         return data
 
     @model_validator(mode="after")
-    def _check(self) -> "FleetSpec":
+    def _check(self) -> FleetSpec:
         seen: set[str] = set()
         for h in self.hosts:
             for g in h.gpus:

@@ -319,7 +319,7 @@ class Settings:
         return fast_lane_levels(self.fast_lane)
 
     @classmethod
-    def from_env(cls, **overrides: Any) -> "Settings":
+    def from_env(cls, **overrides: Any) -> Settings:
         """Build settings from ``MAKESPAN_*`` variables, then apply ``overrides``.
 
         Raises:
@@ -481,7 +481,7 @@ def _env_lane(name: str, default: str) -> str:
     return raw
 
 
-def _guarantees_to_env(s: "Settings") -> dict[str, str]:
+def _guarantees_to_env(s: Settings) -> dict[str, str]:
     return {"MAKESPAN_PREEMPTION_BUDGET": str(s.preemption_budget),
             "MAKESPAN_PREEMPTION_MIN_RUNTIME_S": repr(s.preemption_min_runtime_s),
             "MAKESPAN_RESERVATION_AFTER_S": repr(s.reservation_after_s),
@@ -524,7 +524,7 @@ def _transitions_from_env() -> dict[str, Any]:
             "transition_quantile": q, "simulated_slowdown": slow}
 
 
-def _transitions_to_env(s: "Settings") -> dict[str, str]:
+def _transitions_to_env(s: Settings) -> dict[str, str]:
     return {"MAKESPAN_TRANSITION_MIN_OBSERVATIONS": str(s.transition_min_observations),
             "MAKESPAN_TRANSITION_QUANTILE": repr(s.transition_quantile),
             "MAKESPAN_SIMULATED_SLOWDOWN": s.simulated_slowdown}

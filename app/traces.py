@@ -26,7 +26,8 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 from makespan.errors import ValidationError
 from makespan.models import FleetSpec, Priority

@@ -21,16 +21,16 @@ from makespan.workload_spec import WorkloadSpec, parse_workload
 class StepRef:
     """A step of a :class:`Workload` under construction (returned by ``Workload.step``)."""
 
-    def __init__(self, wl: "Workload", name: str):
+    def __init__(self, wl: Workload, name: str):
         self.wl, self.name = wl, name
 
-    def heads(self) -> list["StepRef"]:
+    def heads(self) -> list[StepRef]:
         return [self]
 
-    def tails(self) -> list["StepRef"]:
+    def tails(self) -> list[StepRef]:
         return [self]
 
-    def after(self, *others: "StepRef | Group") -> "StepRef":
+    def after(self, *others: StepRef | Group) -> StepRef:
         """Make this step depend on ``others`` (every tail of a group or chain). Returns self."""
         for o in others:
             for t in o.tails():
@@ -44,7 +44,7 @@ class StepRef:
 class Group:
     """Steps (or chains) that run in parallel, as Celery canvas ``group``."""
 
-    def __init__(self, *members: "StepRef | Group"):
+    def __init__(self, *members: StepRef | Group):
         self.members = members
 
     def heads(self) -> list[StepRef]:

@@ -79,7 +79,7 @@ class StepSpec(BaseModel):
         return v
 
     @model_validator(mode="after")
-    def _work(self) -> "StepSpec":
+    def _work(self) -> StepSpec:
         if self.requests is None and self.service_s is None:
             raise ValueError("a step needs requests or service_s")
         return self

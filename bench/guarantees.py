@@ -25,7 +25,6 @@ Scenarios (simulator unless said; ``portfolio`` and ``default`` where named):
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import statistics
 import sys

@@ -7,7 +7,9 @@ A → B. Reads the per-replay lines (``… wc=… mk=… cold=… restores=… a
     .venv/bin/python bench/planner_policies.py --planned-restore group > b.txt
     .venv/bin/python bench/planner_policies_diff.py a.txt b.txt
 """
-import re, sys, statistics as st
+import re
+import sys
+import statistics as st
 def load(path):
     out = {}
     for line in open(path):

@@ -84,7 +84,7 @@ class Sampler:
     rss_peak: dict[str, float] = field(default_factory=dict)
     _stop: threading.Event = field(default_factory=threading.Event)
 
-    def start(self) -> "Sampler":
+    def start(self) -> Sampler:
         self.rss0 = {n: rss_mib(p) for n, p in self.pids.items()}
         self.rss_peak = dict(self.rss0)
         self._t = threading.Thread(target=self._run, daemon=True)

@@ -25,7 +25,7 @@ Transition rule (a job holds its group exclusively from ``start_s`` to ``end_s``
 from __future__ import annotations
 
 from collections import ChainMap
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -143,7 +143,7 @@ class Replay:
                 self.ram_used[h] = self.ram_used.get(h, 0.0) - self._ram_share(endpoint, u)
             self.level.pop((u, endpoint), None)
 
-    def _choose(self, oep: EndpointModel, at_s: float | None, fits) -> int:
+    def _choose(self, oep: EndpointModel, at_s: float | None, fits: Callable[[int, float], bool]) -> int:
         """The level (0: stop) the displaced ``oep`` goes to at ``at_s``: the transition
         choice (module doc); ``fits(level, ram_mib)``: what it holds fits there."""
         st = self.state
@@ -404,5 +404,7 @@ def state_after(state: FleetState, jobs: dict[str, PlanJob], assignments: Sequen
     for a in sorted(assignments, key=lambda a: a.start_s):
         if a.job_id in started:
             rep.place(jobs[a.job_id], tuple(a.gpus), a.start_s)
+    if rep.level:
+        changes = {"asleep_level": dict(rep.level), **changes}
     return replace(state, free_at=dict(rep.free_at), resident=dict(rep.resident), end_of=dict(rep.end_of),
-                   asleep=dict(rep.asleep), **({"asleep_level": dict(rep.level)} if rep.level else {}), **changes)
+                   asleep=dict(rep.asleep), **changes)

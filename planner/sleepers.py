@@ -90,7 +90,7 @@ def choose_level(options: tuple[tuple[int, float, int], ...], cold_start_s: floa
     return best_level
 
 
-def with_upcoming(state: "FleetState", batch: Iterable["PlanJob"]) -> "FleetState":
+def with_upcoming(state: FleetState, batch: Iterable[PlanJob]) -> FleetState:
     """``state`` with ``upcoming`` filled from ``batch`` (endpoint -> sorted ``(release_s,
     weight)``) when some endpoint has ``sleep_options`` and it is not filled yet; else
     ``state`` itself (plans on fleets without a choice stay as they were)."""
@@ -102,7 +102,7 @@ def with_upcoming(state: "FleetState", batch: Iterable["PlanJob"]) -> "FleetStat
     return replace(state, upcoming={e: tuple(sorted(v)) for e, v in out.items()})
 
 
-def with_rule(state: "FleetState", policy: str) -> "FleetState":
+def with_rule(state: FleetState, policy: str) -> FleetState:
     """``state`` with the transition rule of ``policy``: ``"stop"`` for the fixed baselines
     (:data:`STOPPING_POLICIES`) on fleets with ``sleep_options``; else ``state`` itself."""
     if policy in STOPPING_POLICIES and state.transition_rule != "stop" and any(

@@ -72,7 +72,7 @@ def preemptive_window_end(inc: Plan, batch: Sequence[PlanJob], state: FleetState
     return 0 if not idx else min(len(inc.assignments), max(k, idx[-1] + 1))
 
 
-def decodings(inc: Plan, hi: int, order: list[str], groups: dict, taken: "Taken") -> list[tuple[Plan, list[str], dict]]:
+def decodings(inc: Plan, hi: int, order: list[str], groups: dict, taken: Taken) -> list[tuple[Plan, list[str], dict]]:
     """Ways to read a window solution that took preemptions, as (incumbent to splice,
     window order, groups) for :func:`makespan.planner.local.decode_window` with ``lo`` = 0: the
     model's order and groups; the victims first, each back on the GPUs it held; the

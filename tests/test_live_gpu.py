@@ -16,7 +16,6 @@ import os
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 

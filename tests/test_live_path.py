@@ -3,7 +3,6 @@ workers → drain. Real Redis, real planner and worker processes (simulated endp
 
 from __future__ import annotations
 
-import json
 import random
 import signal
 import time

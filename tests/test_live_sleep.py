@@ -6,7 +6,6 @@ report shows the wakes the plan counted on, and the observer raises no incident.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import pytest
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,7 +73,7 @@ class AgendaEntry:
     expected_end: float
     lock_ttl_s: float
     lock: Any
-    tracker: "AgendaTracker"
+    tracker: AgendaTracker
     lost: bool = False
     completed: bool = False
     _stop: threading.Event = field(default_factory=threading.Event, repr=False)
@@ -103,7 +102,7 @@ class AgendaEntry:
             log.warning("agenda %s: heartbeat failed: %s", self.op_id, e)
             return True
 
-    def __enter__(self) -> "AgendaEntry":
+    def __enter__(self) -> AgendaEntry:
         return self
 
     def __exit__(self, *exc: Any) -> None:

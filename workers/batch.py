@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from makespan.models import Priority
 from makespan.planner.model import PlanJob

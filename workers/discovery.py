@@ -49,7 +49,7 @@ log = logging.getLogger(__name__)
 NVML_ERROR_NOT_SUPPORTED = 3
 NVML_ERROR_LIBRARY_NOT_FOUND = 12
 _MIB = 1024 * 1024
-_live: "weakref.WeakSet[NvmlDiscovery]" = weakref.WeakSet()
+_live: weakref.WeakSet[NvmlDiscovery] = weakref.WeakSet()
 
 
 def _after_fork_in_child() -> None:

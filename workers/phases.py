@@ -76,7 +76,7 @@ class LeaseHeartbeat:
             except redis.RedisError as e:  # transient: the TTL gives us slack
                 log.warning("lease %s heartbeat failed: %s", self.lease.lease_id, e)
 
-    def __enter__(self) -> "LeaseHeartbeat":
+    def __enter__(self) -> LeaseHeartbeat:
         self._t.start()
         return self
 
@@ -106,7 +106,7 @@ class PhaseContext:
     sleep_levels: dict[str, int] | None = None
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "PhaseContext":
+    def from_dict(cls, d: dict[str, Any]) -> PhaseContext:
         return cls(**d)
 
     @property

@@ -23,7 +23,8 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Any, Iterable
+from typing import Any
+from collections.abc import Iterable
 
 import redis
 

@@ -30,7 +30,8 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from makespan.errors import ValidationError
 from makespan.keys import Keys

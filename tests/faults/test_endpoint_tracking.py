@@ -15,13 +15,10 @@ no planner: the test takes the lease itself and sends the phases to the host's q
 
 from __future__ import annotations
 
-import json
 import signal
-import sys
 import time
 from dataclasses import replace
 
-import pytest
 from celery import chain
 
 from makespan.celery_app import create_celery

@@ -9,9 +9,7 @@ SIGKILLed mid-phase in tests/test_live_path.py.
 from __future__ import annotations
 
 import json
-import signal
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -19,7 +17,7 @@ import pytest
 from makespan.errors import ValidationError
 from makespan.live import LiveSystem
 from makespan.metrics import RedisStateCollector
-from makespan.models import load_fleet, parse_fleet, parse_job
+from makespan.models import load_fleet, parse_fleet
 from makespan.producer import Producer
 from makespan.run_report import drain_counts
 from makespan.planner.api import plan
@@ -132,7 +130,6 @@ def test_memory_admission_on_one_46068_mib_gpu(r, keys, settings):
     than the "at most 23 by memory" bound (23 × 2,000 ≤ 46,068 < 24 × 2,000). An endpoint
     whose memory exceeds the GPU is refused by the fleet, and the plan never overlaps
     two jobs on the GPU."""
-    from makespan.planner.model import FleetState, Gpu
 
     fleet = parse_fleet({"name": "one", "hosts": [{"name": "h", "gpu_count": 1, "memory_mib": 46068}],
                          "endpoints": {"e": {"model": "m", "memory_mib_per_gpu": 2000, "cold_start_s": 1,

@@ -45,7 +45,7 @@ class Prometheus:
                       "      - targets: [" + ", ".join(f'"{t}"' for t in targets) + "]"]
         return "\n".join(lines) + "\n"
 
-    def __enter__(self) -> "Prometheus":
+    def __enter__(self) -> Prometheus:
         self.dir.mkdir(parents=True, exist_ok=True)
         cfg = self.dir / "prometheus.yml"
         cfg.write_text(self._config())

@@ -4,7 +4,7 @@ import random
 from makespan.planner import preemption_plan as pp
 from makespan.planner.evaluator import score
 from makespan.planner.model import FleetState, Gpu, RunningJob
-from tests.planner.test_preemption_plan import EPS, W, _job
+from tests.planner.test_preemption_plan import EPS, _job
 
 
 def instance(seed, deadlines=False, deps=False, transit=True):

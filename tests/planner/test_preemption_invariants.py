@@ -1,6 +1,5 @@
 import pytest
 
-from makespan.planner import preemption_plan as pp
 from makespan.planner.api import POLICY_REGISTRY, plan
 from tests.planner.preemption_gen import instance, total
 

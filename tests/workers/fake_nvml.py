@@ -31,7 +31,7 @@ class FakeGpu:
     total_mib: int
     used_mib: int = 0
     reserved_mib: int = 0  # v1 'used' includes it, v2 does not
-    mig: list["FakeGpu"] = field(default_factory=list)
+    mig: list[FakeGpu] = field(default_factory=list)
 
 
 class FakeNvml:

@@ -62,7 +62,7 @@ class Instance:
                 for f in fields(self) if f.name != "proc"}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Instance":
+    def from_dict(cls, d: dict[str, Any]) -> Instance:
         known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__ and k != "proc"}
         return cls(**known)
 
@@ -132,7 +132,7 @@ class EndpointDriver(Protocol):
     def start(self, endpoint: EndpointSpec, gpus: list[str], time_scale: float = 1.0,
               host: str = "", on_spawn: Any = None) -> Instance: ...
 
-    def stop(self, instance: Instance) -> "StopReport | None": ...
+    def stop(self, instance: Instance) -> StopReport | None: ...
 
     def health(self, instance: Instance) -> bool: ...
 

@@ -13,7 +13,8 @@ seconds (wall seconds ÷ ``time_scale``); :meth:`TickEnv.now_s` is the workload 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Mapping
+from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
 
 import redis
 
