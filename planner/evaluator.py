@@ -53,7 +53,10 @@ from makespan.planner.model import Assignment, FleetState, Plan, PlanJob
 from makespan.planner.preemption_plan import evaluate_preemptive
 
 __all__ = ["OBJECTIVES", "TARDINESS_EPS", "TOL_S", "InfeasiblePlan", "evaluate", "evaluate_built",
-           "evaluate_without_preemptions", "future_cost", "rescore", "score", "share_shortfall_cost"]
+           "evaluate_retimed", "evaluate_without_preemptions", "future_cost", "rescore", "score",
+           "share_shortfall_cost"]
+
+RETIME_ROUNDS = 3  # re-timing passes evaluate_retimed tries before it gives up
 
 
 def evaluate(plan: Plan | Sequence[Assignment], batch: Sequence[PlanJob], state: FleetState,
@@ -88,3 +91,37 @@ def evaluate(plan: Plan | Sequence[Assignment], batch: Sequence[PlanJob], state:
     if isinstance(plan, Plan) and plan.preemptions:  # replayed on the state its preemptions leave
         return evaluate_preemptive(plan, batch, state, objective, policy=policy, check_times=check_times)
     return evaluate_without_preemptions(plan, batch, state, policy, check_times, objective)
+
+
+def evaluate_retimed(assignments: Sequence[Assignment], batch: Sequence[PlanJob], state: FleetState,
+                     policy: str, objective: str = "weighted_completion") -> Plan | None:
+    """The plan of ``assignments`` (no preemptions) evaluated with its times re-derived, or
+    None when no consistent timing was found.
+
+    A construction places jobs in its own order and the evaluator replays them in start
+    order. Where a transition depends on that order (which sleepers a host's RAM budget
+    still holds, :mod:`makespan.planner.sleepers`: a wake in the construction can be a cold
+    start in the replay), a start can fall before its GPUs are free in the replay
+    (:class:`InfeasiblePlan`). Then the jobs are placed again at their earliest times in
+    start order on their groups (:class:`makespan.planner.replay.Replay`) and evaluated,
+    up to RETIME_ROUNDS times: the groups and the order are kept, the times are the
+    replay's.
+
+    Returns:
+        the evaluated plan (``stats['retimed']``: the passes it took, absent when none), or None."""
+    from makespan.planner.replay import Replay
+
+    jobs = {job.id: job for job in batch}
+    current = list(assignments)
+    for round_number in range(RETIME_ROUNDS + 1):
+        try:
+            out = evaluate_without_preemptions(current, batch, state, policy, False, objective)
+        except InfeasiblePlan:
+            replay = Replay(state)
+            current = [replay.place(jobs[a.job_id], tuple(a.gpus))
+                       for a in sorted(current, key=lambda a: (a.start_s, a.end_s))]
+            continue
+        if round_number:
+            out.stats["retimed"] = float(round_number)
+        return out
+    return None

@@ -49,7 +49,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-from makespan.planner.evaluator import TOL_S, evaluate, score
+from makespan.planner.evaluator import TOL_S, evaluate_retimed, score
 from makespan.planner.model import Assignment, FleetState, Plan, PlanJob
 from makespan.planner.replay import Replay, state_after
 
@@ -145,7 +145,12 @@ def enforce(p: Plan, batch: Sequence[PlanJob], state: FleetState, levels: Levels
         for a in sorted(p.assignments, key=lambda a: (a.start_s, a.end_s)):
             if a.job_id not in forced:
                 out.append(rep.place(jobs[a.job_id], tuple(a.gpus)))
-        ev = evaluate(Plan(p.policy, out), batch, state, p.policy, check_times=False, objective=objective)
+        rebuilt = evaluate_retimed(out, batch, state, p.policy, objective)
+        if rebuilt is None:  # no consistent rebuild (evaluate_retimed): the policy's plan, feasible, stands
+            p.stats["fast_lane_late"] = float(n_late)
+            p.stats["fast_lane_unrebuilt"] = 1.0
+            return p, n_late
+        ev = rebuilt
         late = late_in(ev)
         if not late:
             break
@@ -153,9 +158,8 @@ def enforce(p: Plan, batch: Sequence[PlanJob], state: FleetState, levels: Levels
     if replan is not None and rest and not late:
         q = replan(rest, state_after(state, jobs, first, forced))
         if not q.preemptions:
-            alt = evaluate(Plan(p.policy, list(first) + list(q.assignments)), batch, state, p.policy,
-                           check_times=False, objective=objective)
-            if score(alt) < score(ev) and not late_in(alt):
+            alt = evaluate_retimed(list(first) + list(q.assignments), batch, state, p.policy, objective)
+            if alt is not None and score(alt) < score(ev) and not late_in(alt):
                 alt.stats["fast_lane_replanned"] = 1.0
                 ev = alt
     ev.stats["fast_lane_late"] = float(n_late)

@@ -61,7 +61,7 @@ from collections.abc import Callable, Sequence
 from functools import partial
 
 from makespan.planner import placement_index
-from makespan.planner.evaluator import evaluate, evaluate_built, score
+from makespan.planner.evaluator import InfeasiblePlan, evaluate, evaluate_built, evaluate_retimed, score
 from makespan.planner.list_schedule import fifo_order, pruner, wspt_order
 from makespan.planner.partition import allocate, partition_built
 from makespan.planner.model import Assignment, EndpointModel, FleetState, Plan, PlanJob
@@ -261,6 +261,12 @@ def portfolio(batch: Sequence[PlanJob], state: FleetState) -> Plan:
     assert best is not None, "a construction without a bound always completes"
     # the winner goes through the evaluator's own replay (every plan returned is one the
     # evaluator replayed; the members were scored from their constructions' replays)
-    out = evaluate(best.assignments, batch, state, "portfolio")
+    try:
+        out = evaluate(best.assignments, batch, state, "portfolio")
+    except InfeasiblePlan:  # an order-dependent transition (a host RAM budget): re-timed in start order
+        retimed = evaluate_retimed(best.assignments, batch, state, "portfolio")
+        if retimed is None:
+            raise
+        out = retimed
     out.stats["member"] = float(rank[1])
     return out

@@ -38,7 +38,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from makespan.planner.evaluator import TOL_S, evaluate
+from makespan.planner.evaluator import TOL_S, evaluate_retimed
 from makespan.planner.model import Assignment, FleetState, Plan, PlanJob
 from makespan.planner.replay import Replay
 
@@ -124,6 +124,9 @@ def enforce(p: Plan, batch: Sequence[PlanJob], state: FleetState, after_s: float
         ep = state.endpoints[j.endpoint]
         g = min(rep.groups(ep), key=lambda g: max(rep.ready(j), rep.group_free(g)) + rep.transition_s(g, ep))
         out.append(rep.place(j, g))
-    ev = evaluate(Plan(p.policy, out), batch, state, p.policy, check_times=False, objective=objective)
+    ev = evaluate_retimed(out, batch, state, p.policy, objective)
+    if ev is None:  # no consistent timing of the rebuild (evaluate_retimed): the policy's plan stands
+        p.stats["reservation_unrebuilt"] = 1.0
+        return p, [res]
     ev.stats["reservation_deferred"] = float(len(deferred))
     return ev, [replace(res, deferred=tuple(j.id for j in deferred))]

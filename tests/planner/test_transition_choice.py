@@ -88,3 +88,24 @@ def test_choose_level_scores_memory_held_against_the_cold_start_saved():
     assert choose_level(options, COLD_S, 500, 0.0, fits_all) == 0
     assert choose_level(options, COLD_S, 500, 1.0, lambda level, ram_mib: ram_mib == 0) == 2
     assert choose_level(options, COLD_S, 500, 1.0, lambda level, ram_mib: False) == 0
+
+
+@pytest.mark.parametrize("jobs", [140, 200])
+def test_a_host_ram_budget_never_makes_an_infeasible_plan(jobs):
+    """Whether a displaced instance may sleep depends on the RAM the host's other sleepers
+    hold, so a construction (placing in its own order) and the evaluator (replaying in start
+    order) could disagree: a wake in the construction was a cold start in the replay, and
+    the portfolio (140 jobs) and the aging reservation (200 jobs) raised InfeasiblePlan on
+    this Alibaba window with half of the endpoints sleep-capable and a host RAM budget
+    (bench/swap_heavy.py). The plans are now re-timed in start order
+    (makespan.planner.evaluator.evaluate_retimed) and every job completes."""
+    pytest.importorskip("bench.swap_heavy")
+    from bench.planner_common import ALIBABA, window_jobs
+    from bench.swap_heavy import window_fleet
+    from makespan.planner.simulator import simulate
+
+    fleet = window_fleet(16, True)
+    assert fleet.host_ram_budgets()  # the case needs a host RAM budget
+    window, _ = window_jobs(ALIBABA, fleet, 400, jobs, 0, 16)
+    report = simulate(window, fleet, "portfolio", 0)
+    assert report["jobs"]["completed"] == jobs and report["jobs"]["failed"] == 0
