@@ -57,6 +57,13 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 1 or args[0] not in ("imports", "types"):
         print(__doc__, file=sys.stderr)
         return 2
+    import importlib.util
+
+    tool = {"imports": "importlinter", "types": "mypy"}[args[0]]
+    if importlib.util.find_spec(tool) is None:
+        print(f"error: {tool} is not installed in {sys.executable}'s environment; the checks need the "
+              "test extra: pip install -e '.[test]'", file=sys.stderr)
+        return 2
     completed = run_check(args[0])
     print(completed.stdout, end="")
     return completed.returncode

@@ -153,7 +153,8 @@ class PlannerWorker:
 
     def _keep_lock(self, lock) -> None:
         while not self._stop.is_set() and not self.lost.is_set():
-            time.sleep(self.lock_ttl_s / 3)
+            if self._stop.wait(self.lock_ttl_s / 3):
+                return  # stopping: the loop releases the lock, an extend now would read as a lost lock
             try:
                 lock.extend(self.lock_ttl_s, replace_ttl=True)
             except (LockNotOwnedError, LockError):

@@ -62,7 +62,9 @@ def _write(ctx: TickContext, batch: list[PlanJob], plan: Plan) -> None:
             continue
         assignment = by_job.get(job.id)
         reason, detail = _batch_reason(ctx, job, state, plan, assignment)
-        eta = _server_eta(ctx, assignment.start_s, now) if assignment is not None else ""
+        # a job planned on a host without a GPU worker has no ETA: that host's free time is a
+        # placeholder (fleet_view.DOWN_FREE_AFTER_S), not a forecast
+        eta = _server_eta(ctx, assignment.start_s, now) if assignment is not None and reason != "host_down" else ""
         rows += [job.id, reason, detail, eta]
     planned_end = {assignment.job_id: assignment.end_s for assignment in plan.assignments}
     running_end = {job_id: state.free_at.get(gpu, now) for gpu, job_id in ctx.lease_job.items()}
