@@ -103,8 +103,8 @@ def test_a_killed_pool_leader_is_replaced_by_its_standby_while_the_other_pool_go
     fleet, s, system = _system(tmp_path, settings)
     system.start(wait_s=120)
     try:
-        standby = system.start_planner(1, "a")
         wait_for(lambda: _leads(r, keys, "a") and _leads(r, keys, "b"), 60, "a leader in each pool")
+        standby = system.start_planner(1, "a")  # stands by: pool a's lock is held
         prod = Producer(r, keys, fleet, s)
         first = [prod.submit({"endpoint": ep, "service_s": 20}).id for ep in ("onlya", "onlyb") for _ in range(6)]
         wait_for(lambda: _all_completed(r, keys, first), 120, "the first jobs of both pools to complete")
