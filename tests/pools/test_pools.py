@@ -175,3 +175,18 @@ def test_without_pools_submit_and_keys_are_unchanged(r, settings, keys):
     fleet = parse_fleet(fleet_data(pools=False))
     job = Producer(r, keys, fleet, settings).submit({"endpoint": "both", "service_s": 5}).id
     assert r.hget(keys.job(job), "pool") is None and r.zscore(keys.queue("NORMAL"), job) is not None
+
+
+def test_the_dashboard_and_why_read_every_pool(r, settings, keys):
+    from makespan.cli_why import explain, list_jobs
+    from makespan.dashboard.state import snapshot
+
+    workers, prod, _sent = _planners(r, settings)
+    r.set(keys.fleet, FLEET.model_dump_json())  # what a leading planner publishes
+    jobs = [prod.submit({"endpoint": ep, "service_s": 5}).id for ep in ("onlya", "onlya", "onlya", "onlyb")]
+    workers["a"].tick()  # two of pool a's jobs start, the third waits; pool b has not ticked
+    view = snapshot(r, keys)
+    assert {(q["job"], q["pool"]) for q in view["queue"]} >= {(jobs[3], "b")}
+    assert sorted(p["name"] for p in view["pools"]) == ["a", "b"] and view["plan"]["batch"] == 3
+    assert [j["id"] for j in list_jobs(r, keys, settings, ("queued",))].count(jobs[3]) == 1
+    assert explain(r, keys, settings, jobs[3])["state"] == "queued"
