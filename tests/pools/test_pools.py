@@ -190,3 +190,32 @@ def test_the_dashboard_and_why_read_every_pool(r, settings, keys):
     assert sorted(p["name"] for p in view["pools"]) == ["a", "b"] and view["plan"]["batch"] == 3
     assert [j["id"] for j in list_jobs(r, keys, settings, ("queued",))].count(jobs[3]) == 1
     assert explain(r, keys, settings, jobs[3])["state"] == "queued"
+
+
+def test_a_workloads_steps_go_to_their_pools_and_a_cancel_takes_them_out(r, settings, keys):
+    from makespan.workloads import cancel_workload, submit_workload, workload_status
+
+    wl = {"name": "w", "steps": [{"name": "first", "endpoint": "onlya", "service_s": 1},
+                                 {"name": "second", "endpoint": "onlyb", "service_s": 1, "depends_on": ["first"]}]}
+    wid = submit_workload(r, keys, FLEET, wl, settings)
+    steps = workload_status(r, keys, wid)["steps"]
+    first, second = steps["first"]["job"], steps["second"]["job"]
+    assert r.zscore(keys.for_pool("a").queue("NORMAL"), first) is not None
+    assert r.zscore(keys.for_pool("b").queue("NORMAL"), second) is not None
+    assert r.hget(keys.job(second), "pool") == "b" and r.zcard(keys.queue("NORMAL")) == 0
+    assert cancel_workload(r, keys, wid)["cancelled"] == 2
+    assert r.zcard(keys.for_pool("a").queue("NORMAL")) == 0 and r.zcard(keys.for_pool("b").queue("NORMAL")) == 0
+
+
+def test_a_pool_planners_metrics_label_its_pools_gauges(r, settings, keys):
+    from makespan.metrics import RedisStateCollector
+
+    prod = Producer(r, keys, FLEET, settings)
+    for _ in range(3):
+        prod.submit({"endpoint": "onlyb", "service_s": 5, "priority": "HIGH"})
+    families = {f.name: f for f in RedisStateCollector(r, keys.for_pool("b")).collect()}
+    depth = {(s.labels["priority"], s.labels["pool"]): s.value for s in families["makespan_queue_depth_jobs"].samples}
+    assert depth[("HIGH", "b")] == 3 and depth[("NORMAL", "b")] == 0
+    assert all("pool" in s.labels for s in families["makespan_queued_jobs_by_reason"].samples)
+    plain = {f.name: f for f in RedisStateCollector(r, keys).collect()}  # the implicit pool: no pool label
+    assert all("pool" not in s.labels for s in plain["makespan_queue_depth_jobs"].samples)
