@@ -46,7 +46,10 @@ def _logging(level: str = "INFO") -> None:
 
 @app.command()
 def planner(fleet: Path = FleetOpt, policy: str | None = typer.Option(None, help=LIVE_POLICY_HELP),
-            metrics_port: int = typer.Option(0, envvar="MAKESPAN_METRICS_PORT", help="Prometheus port (0: none)")):
+            metrics_port: int = typer.Option(0, envvar="MAKESPAN_METRICS_PORT", help="Prometheus port (0: none)"),
+            pool: str | None = typer.Option(None, envvar="MAKESPAN_POOL", help="the pool this planner plans, for a "
+                                            "fleet file with [[pools]] (required there; one leader per pool, "
+                                            "docs/scaling.md \"Pools\")")):
     """Run a planner worker (one leads, others stand by). Configured by MAKESPAN_* variables, listed in docs/configuration.md: MAKESPAN_POLICY (default: default), MAKESPAN_PREEMPTION (plan or rule), MAKESPAN_IMPROVER_EXECUTOR (process or thread), MAKESPAN_IMPROVER_NICE, MAKESPAN_BATCH_SIZE, ..."""
     from makespan.models import load_fleet
     from makespan.redis_conn import connect
@@ -56,11 +59,11 @@ def planner(fleet: Path = FleetOpt, policy: str | None = typer.Option(None, help
     try:
         s = _settings(policy=policy)
         f = load_fleet(fleet)
+        w = PlannerWorker(connect(s.redis_url), s, f, pool=pool)
     except MakespanError as e:
         _fail(e)
-    _start_metrics(metrics_port, "planner")
+    _start_metrics(metrics_port, "planner", pool)
     _gil_switch_interval()
-    w = PlannerWorker(connect(s.redis_url), s, f)
     from makespan import shutdown
 
     shutdown.on_sigterm(s.shutdown_grace_s, "planner", w.stop)  # the SIGTERM bound
@@ -91,15 +94,16 @@ def _gil_switch_interval() -> None:
     sys.setswitchinterval(value)
 
 
-def _start_metrics(port: int, role: str) -> None:
+def _start_metrics(port: int, role: str, pool: str | None = None) -> None:
     """Serve /metrics; only the planner also exports the Redis-read state gauges (queue
-    depths, leases, drain) so that they are not scraped twice."""
+    depths, leases, drain) so that they are not scraped twice; a pool's planner, those of
+    its pool (labelled ``pool``)."""
     if not port:
         return
     try:
         from makespan import metrics
 
-        metrics.start_metrics_server(port, redis_state=(role == "planner"))
+        metrics.start_metrics_server(port, redis_state=(role == "planner"), pool=pool)
     except (ImportError, AttributeError) as e:  # pragma: no cover - metrics module optional
         logging.getLogger("makespan").warning("metrics not available: %s", e)
 

@@ -12,6 +12,7 @@ import typer
 
 from makespan.errors import MakespanError, NotFoundError, ValidationError
 from makespan.cli_support import context, fail
+from makespan.pools import published_pools
 
 WAITING = ("queued", "delayed")
 LISTED_STATES = ("queued", "delayed", "leased", "running")  # running: leased and in its execute phase
@@ -26,7 +27,7 @@ def explain(r, keys, settings, job_id: str) -> dict[str, Any]:
     rec = r.hgetall(keys.job(job_id))
     if not rec:
         raise NotFoundError(f"no job {job_id!r}")
-    return _explain_rec(r, keys, settings, job_id, rec, *_context(r, keys))
+    return _explain_rec(r, keys, settings, job_id, rec, *_context(r, keys.for_pool(rec.get("pool"))))
 
 
 def _context(r, keys) -> tuple[bool, float]:
@@ -44,7 +45,8 @@ def _explain_rec(r, keys, settings, job_id: str, rec: dict[str, str], leads: boo
         if rec.get("reason"):
             out["detail"] = rec["reason"]
         return out
-    pos = r.zrank(keys.queue(rec.get("priority") or "NORMAL"), job_id) if rec.get("state") == "queued" else None
+    queue = keys.for_pool(rec.get("pool")).queue(rec.get("priority") or "NORMAL")  # its pool's queue
+    pos = r.zrank(queue, job_id) if rec.get("state") == "queued" else None
     stale = max(settings.lease_ttl_s / 2, 1.0)
     reason, detail, eta = reason_of(rec, planner_leads=leads, server_now_s=now_s, queue_position=pos,
                                     stale_after_s=stale)
@@ -89,8 +91,9 @@ def list_jobs(r, keys, settings, states: tuple[str, ...] = WAITING, endpoint: st
     for st in states:
         if st == "queued":
             levels = [Priority[priority.upper()]] if priority else list(Priority)
-            for lvl in levels:
-                ids += r.zrange(keys.queue(lvl), 0, scan - 1)
+            for pool in published_pools(r, keys):
+                for lvl in levels:
+                    ids += r.zrange(keys.for_pool(pool).queue(lvl), 0, scan - 1)
         elif st == "delayed":
             ids += r.zrange(keys.delayed, 0, scan - 1)
         elif "leased" not in states or st == "leased":  # P:running holds leased and running jobs: read it once
@@ -98,14 +101,18 @@ def list_jobs(r, keys, settings, states: tuple[str, ...] = WAITING, endpoint: st
     p = r.pipeline(transaction=False)
     for j in ids:
         p.hgetall(keys.job(j))
-    leads, now_s = _context(r, keys)
+    leads_by_pool: dict[str | None, bool] = {}
+    now_s = 0.0
     out = []
     for j, rec in zip(ids, p.execute()):
         if not rec or rec.get("state") not in states and not (rec.get("state") == "running" and "leased" in states):
             continue
         if endpoint and rec.get("endpoint") != endpoint or priority and rec.get("priority") != priority.upper():
             continue
-        out.append(_explain_rec(r, keys, settings, j, rec, leads, now_s))
+        pool = rec.get("pool")
+        if pool not in leads_by_pool:  # one read per pool: does its planner lead now
+            leads_by_pool[pool], now_s = _context(r, keys.for_pool(pool))
+        out.append(_explain_rec(r, keys, settings, j, rec, leads_by_pool[pool], now_s))
         if len(out) >= limit:
             break
     return out

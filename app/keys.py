@@ -75,6 +75,22 @@ key                                    type    contents
                                                (learned durations, see makespan.estimates)
 =====================================  ======  ==============================================
 
+Pools (design notes, "pool"; ``[[pools]]`` in the fleet file): the keys of one pool's
+planner and queues are built by ``Keys(prefix, pool=NAME)`` (:meth:`Keys.for_pool`) and
+live under ``P:pool:{name}:`` instead of ``P:`` — ``queue:{level}``, ``planner:leader``,
+``planner:fence``, ``planner:wake``, ``planner:solve_s``, ``planner:reasons``, ``drain``,
+``plan`` and ``offer`` (below). Everything else (jobs, leases, GPUs, events, the delayed
+set, ...) is shared by every pool. A fleet without pools has one implicit pool whose keys
+are the ``P:`` ones above, unchanged. A job record in a named pool carries ``pool``.
+
+=====================================  ======  ==============================================
+``P:pool:{name}:offer``                string  JSON the pool's leading planner writes each tick
+                                               (PX ttl): free GPUs, idle warm endpoints, GPU
+                                               count, time; read by the producer to route a job
+                                               whose endpoint several pools serve
+                                               (:mod:`makespan.pools`)
+=====================================  ======  ==============================================
+
 Lua scripts (:mod:`makespan.store`) that must build per-id keys from ids they read
 (a lease's GPUs, a job's queue) build them from ONE prefix argument,
 :attr:`Keys.script_prefix`, with the builders of ``makespan/store/lua/lib.lua``, which
@@ -92,9 +108,25 @@ from makespan.models import Priority
 
 @dataclass(frozen=True)
 class Keys:
-    """Key builder for one key prefix (one makespan deployment or one test)."""
+    """Key builder for one key prefix (one makespan deployment or one test) and, for the
+    pool-scoped keys, one pool (None: the implicit pool of a fleet without pools)."""
 
     prefix: str = "makespan"
+    pool: str | None = None
+
+    def for_pool(self, pool: str | None) -> Keys:
+        """These keys for pool ``pool`` (None or '': the implicit pool)."""
+        return Keys(self.prefix, pool or None)
+
+    @property
+    def _scoped(self) -> str:
+        """Where the pool-scoped keys live: ``P`` for the implicit pool, else ``P:pool:{name}``."""
+        return self.prefix if self.pool is None else f"{self.prefix}:pool:{self.pool}"
+
+    @property
+    def pool_offer(self) -> str:
+        """What this pool's leading planner offers now (JSON, PX ttl; :mod:`makespan.pools`)."""
+        return f"{self._scoped}:offer"
 
     @property
     def script_prefix(self) -> str:
@@ -103,7 +135,7 @@ class Keys:
 
     def queue(self, level: Priority | str) -> str:
         name = level.name if isinstance(level, Priority) else str(level).upper()
-        return f"{self.prefix}:queue:{name.lower()}"
+        return f"{self._scoped}:queue:{name.lower()}"
 
     def queues(self) -> list[str]:
         """The four queues in strict priority order (CRITICAL first)."""
@@ -197,26 +229,26 @@ class Keys:
 
     @property
     def planner_leader(self) -> str:
-        return f"{self.prefix}:planner:leader"
+        return f"{self._scoped}:planner:leader"
 
     @property
     def planner_wake(self) -> str:
         """List pushed to when a job is submitted or a lease released: wakes the planner."""
-        return f"{self.prefix}:planner:wake"
+        return f"{self._scoped}:planner:wake"
 
     @property
     def planner_solve_times(self) -> str:
         """list of the planner's latest solve times (``"{seconds}:{batch size}"`` entries)."""
-        return f"{self.prefix}:planner:solve_s"
+        return f"{self._scoped}:planner:solve_s"
 
     @property
     def planner_fence(self) -> str:
-        return f"{self.prefix}:planner:fence"
+        return f"{self._scoped}:planner:fence"
 
     @property
     def wait_reason_counts(self) -> str:
         """Hash: wait reason code -> queued jobs with it as of the planner's last write."""
-        return f"{self.prefix}:planner:reasons"
+        return f"{self._scoped}:planner:reasons"
 
     @property
     def events(self) -> str:
@@ -224,12 +256,12 @@ class Keys:
 
     @property
     def drain(self) -> str:
-        return f"{self.prefix}:drain"
+        return f"{self._scoped}:drain"
 
     @property
     def plan(self) -> str:
         """The leading planner's last plan as JSON (:mod:`makespan.workers.plan_view`)."""
-        return f"{self.prefix}:plan"
+        return f"{self._scoped}:plan"
 
     @property
     def incidents(self) -> str:

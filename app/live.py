@@ -42,7 +42,8 @@ class LiveSystem:
         fleet_path: TOML fleet file the processes read.
         settings: passed to every child through ``MAKESPAN_*`` variables.
         log_dir: each child's stdout/stderr goes to ``log_dir/{name}.log``.
-        planners: planner processes to start (one leads; the rest stand by).
+        planners: planner processes to start (one leads; the rest stand by); per pool for
+            a fleet with pools (``planner-{pool}-{i}``, each run with ``--pool``).
         pool: Celery pool of the GPU workers (threads, prefork or solo).
         observer: also start the health observer.
         metrics_base_port: when set, each process serves /metrics on its own port from
@@ -87,8 +88,11 @@ class LiveSystem:
         self.procs.append(proc)
         return proc
 
-    def start_planner(self, i: int = 0) -> Proc:
-        return self._spawn(f"planner-{i}", ["planner", "--fleet", str(self.fleet_path)])
+    def start_planner(self, i: int = 0, pool: str | None = None) -> Proc:
+        """Start planner ``planner-{i}``, or ``planner-{pool}-{i}`` for pool ``pool``."""
+        if pool is None:
+            return self._spawn(f"planner-{i}", ["planner", "--fleet", str(self.fleet_path)])
+        return self._spawn(f"planner-{pool}-{i}", ["planner", "--fleet", str(self.fleet_path), "--pool", pool])
 
     def start_gpu_worker(self, host: str, n: int = 0, env_extra: dict[str, str] | None = None) -> Proc:
         """Start the GPU worker ``gpu-{host}-{n}``; ``env_extra``: variables for this
@@ -103,8 +107,9 @@ class LiveSystem:
     def start(self, wait_s: float = 60.0) -> LiveSystem:
         for h in self.fleet.hosts:
             self.start_gpu_worker(h.name)
-        for i in range(self.planners):
-            self.start_planner(i)
+        for pool in self.fleet.pool_names() or [None]:
+            for i in range(self.planners):
+                self.start_planner(i, pool)
         if self.observer:
             self.start_observer()
         self.wait_workers(wait_s)

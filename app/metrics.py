@@ -343,9 +343,13 @@ class RedisStateCollector:
         p.xlen(k.incidents)
         p.hgetall(k.wait_reason_counts)
         res = iter(p.execute())
-        depth = Gauge("makespan_queue_depth_jobs", "Jobs waiting in each priority queue.", labels=["priority"])
+        # a pool's planner (Keys.for_pool) labels what is its pool's own with `pool`
+        pool = [k.pool] if k.pool else []
+        pool_label = ["pool"] if k.pool else []
+        depth = Gauge("makespan_queue_depth_jobs", "Jobs waiting in each priority queue.",
+                      labels=["priority", *pool_label])
         for level in PRIORITIES:
-            depth.add_metric([level], next(res))
+            depth.add_metric([level, *pool], next(res))
         msgs = Gauge("makespan_celery_queue_messages", "Celery messages waiting per GPU queue (all priority-step "
                      "lists).", labels=["queue"])
         for q in queues:
@@ -355,20 +359,22 @@ class RedisStateCollector:
         agenda = Gauge("makespan_active_agenda_entries", "Open agenda entries (planned transitions).")
         agenda.add_metric([], next(res))
         drain_raw = next(res) or {}
-        drain = Gauge("makespan_drain_leftovers", "What the last drain check found left behind.", labels=["item"])
+        drain = Gauge("makespan_drain_leftovers", "What the last drain check found left behind.",
+                      labels=["item", *pool_label])
         for item in ("leases", "agenda_entries", "busy_slots", "awaited_entries"):
-            drain.add_metric([item], float(drain_raw.get(item, 0) or 0))
-        checks = Counter("makespan_drain_checks", "Drain checks run.")
-        checks.add_metric([], float(drain_raw.get("checks", 0) or 0))
+            drain.add_metric([item, *pool], float(drain_raw.get(item, 0) or 0))
+        checks = Counter("makespan_drain_checks", "Drain checks run.", labels=pool_label)
+        checks.add_metric(pool, float(drain_raw.get("checks", 0) or 0))
         inc = Gauge("makespan_incident_stream_entries", "Entries in the incidents stream (capped).")
         inc.add_metric([], next(res))
         from makespan.wait_reasons import REASONS
 
         by_reason_raw = next(res) or {}
         by_reason = Gauge("makespan_queued_jobs_by_reason", "Queued jobs per wait reason, as the planner's last "
-                          "reason write found them (the fixed codes of makespan.wait_reasons).", labels=["reason"])
+                          "reason write found them (the fixed codes of makespan.wait_reasons).",
+                          labels=["reason", *pool_label])
         for code in REASONS:
-            by_reason.add_metric([code], float(by_reason_raw.get(code, 0) or 0))
+            by_reason.add_metric([code, *pool], float(by_reason_raw.get(code, 0) or 0))
         return [depth, msgs, leases, agenda, drain, checks, inc, by_reason]
 
 
@@ -419,7 +425,7 @@ def build_registry(client: Any = None, keys: Keys | None = None, multiprocess: b
 
 def start_metrics_server(port: int, settings: Any = None, redis_state: bool = True,
                          multiprocess: bool = True, addr: str = "0.0.0.0",
-                         endpoints: Iterable[str] | None = None) -> Any:
+                         endpoints: Iterable[str] | None = None, pool: str | None = None) -> Any:
     """Serve ``/metrics`` on ``addr:port`` from a daemon thread; return the WSGI server
     (``.server_port`` holds the port bound; ``port=0`` is refused: 0 means no server).
 
@@ -428,7 +434,9 @@ def start_metrics_server(port: int, settings: Any = None, redis_state: bool = Tr
     on GPU workers). ``multiprocess`` (default on) calls :func:`enable_multiprocess`
     first: call this before a prefork worker forks. ``endpoints`` (default: those of the
     fleet at ``$MAKESPAN_FLEET``; the state collector adds those of ``P:fleet``) are
-    exported at 0 in the per-endpoint counters (:func:`declare_endpoints`).
+    exported at 0 in the per-endpoint counters (:func:`declare_endpoints`). ``pool``: the
+    planner's pool (a fleet with pools): the state collector reads that pool's queues, drain
+    check and wait reasons and labels them ``pool``.
 
     Raises:
         ValidationError: ``port`` outside 1..65535.
@@ -448,6 +456,6 @@ def start_metrics_server(port: int, settings: Any = None, redis_state: bool = Tr
         from makespan.settings import Settings
 
         s = settings or Settings.from_env()
-        client, keys = connect(s.redis_url, socket_timeout=2.0), Keys(s.key_prefix)
+        client, keys = connect(s.redis_url, socket_timeout=2.0), Keys(s.key_prefix, pool)
     server, _thread = start_http_server(port, addr=addr, registry=build_registry(client, keys, multiprocess))
     return server

@@ -229,13 +229,33 @@ class EndpointSpec(BaseModel):
         return v
 
 
+class PoolSpec(BaseModel):
+    """A pool (design notes, "pool"): a set of hosts with its own leader-locked planner
+    (``makespan planner --pool NAME``) and the endpoints it serves. ``endpoints`` empty:
+    every endpoint of the fleet whose gang fits one of the pool's hosts."""
+
+    model_config = _Strict
+    name: str
+    hosts: tuple[str, ...] = Field(min_length=1)
+    endpoints: tuple[str, ...] = ()
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _NAME.match(v):
+            raise ValueError("pool names use letters, digits, '.', '_' and '-' (at most 64)")
+        return v
+
+
 class FleetSpec(BaseModel):
-    """Hosts, their GPUs and the endpoints that may run on them."""
+    """Hosts, their GPUs and the endpoints that may run on them; optionally split into
+    ``pools`` (every host in exactly one; none declared: one implicit pool, the whole fleet)."""
 
     model_config = _Strict
     name: str = "fleet"
     hosts: tuple[HostSpec, ...] = Field(min_length=1)
     endpoints: dict[str, EndpointSpec] = Field(min_length=1)
+    pools: tuple[PoolSpec, ...] = ()
 
     @model_validator(mode="before")
     @classmethod
@@ -286,7 +306,93 @@ class FleetSpec(BaseModel):
                         raise _FleetFieldError(f"endpoints.{e.name}.set_point.gpus", i,
                                                f"already in the set point of {used[(sp.host, i)]}")
                     used[(sp.host, i)] = e.name
+        self._check_pools(hosts)
         return self
+
+    def _check_pools(self, hosts: dict[str, HostSpec]) -> None:
+        """Pools, when declared: unique names, every host in exactly one, known endpoints
+        whose gang fits one of the pool's hosts, every endpoint served by some pool."""
+        if not self.pools:
+            return
+        owner: dict[str, str] = {}
+        names: set[str] = set()
+        for pool in self.pools:
+            if pool.name in names:
+                raise _FleetFieldError("pools.name", pool.name, "pool names must be unique")
+            names.add(pool.name)
+            for host in pool.hosts:
+                if host not in hosts:
+                    raise _FleetFieldError(f"pools.{pool.name}.hosts", host,
+                                           f"unknown host; known: {', '.join(sorted(hosts))}")
+                if host in owner:
+                    raise _FleetFieldError(f"pools.{pool.name}.hosts", host,
+                                           f"already in pool {owner[host]!r}: a host belongs to exactly one pool")
+                owner[host] = pool.name
+            for endpoint in pool.endpoints:
+                if endpoint not in self.endpoints:
+                    raise _FleetFieldError(f"pools.{pool.name}.endpoints", endpoint,
+                                           f"unknown endpoint; known: {', '.join(sorted(self.endpoints))}")
+                if not _fits_some(self.endpoints[endpoint], [hosts[h] for h in pool.hosts]):
+                    raise _FleetFieldError(f"pools.{pool.name}.endpoints", endpoint,
+                                           "no host of the pool has the endpoint's tensor_parallel GPUs with its "
+                                           "memory_mib_per_gpu")
+        missing = sorted(set(hosts) - set(owner))
+        if missing:
+            raise _FleetFieldError("pools", missing, "every host must be in exactly one pool when pools are "
+                                                           f"declared; in none: {', '.join(missing)}")
+        unserved = sorted(e for e in self.endpoints if not self.pools_serving(e))
+        if unserved:
+            raise _FleetFieldError("pools", unserved, f"no pool serves endpoint(s) {', '.join(unserved)}")
+        for e in self.endpoints.values():
+            for sp in e.set_point:
+                if self.pool_of_host(sp.host) not in self.pools_serving(e.name):
+                    raise _FleetFieldError(f"endpoints.{e.name}.set_point.host", sp.host,
+                                           f"in pool {self.pool_of_host(sp.host)!r}, which does not serve {e.name!r}")
+
+    # -- pools -----------------------------------------------------------------------
+    def pool_names(self) -> list[str]:
+        """The declared pools' names, in file order ([] for the implicit pool)."""
+        return [pool.name for pool in self.pools]
+
+    def pool(self, name: str) -> PoolSpec:
+        """The pool called ``name``. Raises :class:`ValidationError` naming the known ones."""
+        for pool in self.pools:
+            if pool.name == name:
+                return pool
+        known = ", ".join(self.pool_names()) or "none: this fleet declares no pools"
+        raise ValidationError("pool", name, f"unknown pool; known: {known}")
+
+    def pool_of_host(self, host: str) -> str | None:
+        """The pool ``host`` belongs to (None for the implicit pool)."""
+        for pool in self.pools:
+            if host in pool.hosts:
+                return pool.name
+        return None
+
+    def pool_endpoints(self, name: str) -> list[str]:
+        """The endpoints pool ``name`` serves (its ``endpoints``, or every one that fits)."""
+        pool = self.pool(name)
+        if pool.endpoints:
+            return list(pool.endpoints)
+        own = [h for h in self.hosts if h.name in pool.hosts]
+        return [e.name for e in self.endpoints.values() if _fits_some(e, own)]
+
+    def pools_serving(self, endpoint: str) -> list[str]:
+        """The pools that serve ``endpoint``, file order ([] without pools: the implicit pool)."""
+        return [pool.name for pool in self.pools if endpoint in self.pool_endpoints(pool.name)]
+
+    def pool_fleet(self, name: str) -> FleetSpec:
+        """The fleet one pool's planner runs on: the pool's hosts, the endpoints it serves
+        (set points kept on its own hosts only), no pools."""
+        pool = self.pool(name)
+        served = set(self.pool_endpoints(name))
+        endpoints = {}
+        for endpoint in self.endpoints.values():
+            if endpoint.name in served:
+                kept = tuple(sp for sp in endpoint.set_point if sp.host in pool.hosts)
+                endpoints[endpoint.name] = endpoint.model_copy(update={"set_point": kept})
+        hosts = tuple(h for h in self.hosts if h.name in pool.hosts)
+        return FleetSpec(name=f"{self.name}/{name}", hosts=hosts, endpoints=endpoints)
 
     # -- derived views -------------------------------------------------------------
     def gpu_uuids(self) -> list[str]:
@@ -325,6 +431,12 @@ class FleetSpec(BaseModel):
                 return True, ""
         return False, (f"endpoint {endpoint!r} needs {e.tensor_parallel} GPUs with "
                        f"{e.memory_mib_per_gpu} MiB each on one host; no host has them")
+
+
+def _fits_some(endpoint: EndpointSpec, hosts: list[HostSpec]) -> bool:
+    """Whether one of ``hosts`` has ``tensor_parallel`` GPUs with the endpoint's memory."""
+    return any(sum(g.memory_mib >= endpoint.memory_mib_per_gpu for g in h.gpus) >= endpoint.tensor_parallel
+               for h in hosts)
 
 
 class _FleetFieldError(ValueError):

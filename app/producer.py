@@ -18,7 +18,7 @@ from typing import Any
 
 import redis
 
-from makespan import metrics, telemetry
+from makespan import metrics, pools, telemetry
 from makespan.errors import NotFoundError, StoreError, ValidationError
 from makespan.keys import Keys
 from makespan.models import FleetSpec, JobSpec, Priority, parse_job
@@ -47,6 +47,15 @@ class Producer:
         self.r, self.keys, self.fleet = r, keys, fleet
         self.settings = settings or Settings()
         self.jobs = JobStore(r, keys, self.settings.events_max_len)
+        self._pool_stores: dict[str, JobStore] = {}  # pool -> its JobStore (its queues and planner wake-up)
+
+    def _store(self, pool: str | None) -> JobStore:
+        """The JobStore whose keys are pool ``pool``'s (None: the implicit pool's)."""
+        if pool is None:
+            return self.jobs
+        if pool not in self._pool_stores:
+            self._pool_stores[pool] = JobStore(self.r, self.keys.for_pool(pool), self.settings.events_max_len)
+        return self._pool_stores[pool]
 
     def submit(self, job: JobSpec | dict[str, Any], traceparent: str | None = None,
                extra_fields: dict[str, Any] | None = None) -> JobHandle:
@@ -87,11 +96,14 @@ class Producer:
             fields["deps"] = json.dumps(list(spec.depends_on))
         if traceparent:
             fields["traceparent"] = traceparent
+        pool = pools.route(self.r, self.keys, self.fleet, spec.endpoint, spec.priority)  # None: no pools
+        if pool is not None:
+            fields["pool"] = pool
         ev = json.dumps({"ts": now, "kind": "submitted", "job": job_id, "endpoint": spec.endpoint,
                          "priority": spec.priority.name, "planned_s": spec.service_s})
         # a delayed job is due at the server clock + delay_s
-        created, jid = self.jobs.submit(job_id, fields, ev, self.keys.queue(spec.priority), spec.idempotency_key,
-                                        spec.delay_s)
+        created, jid = self._store(pool).submit(job_id, fields, ev, self.keys.for_pool(pool).queue(spec.priority),
+                                                spec.idempotency_key, spec.delay_s)
         if created and self.settings.submit_wait_replicas > 0:
             self._wait_replicas(jid)
         if created:
@@ -159,22 +171,25 @@ class Producer:
             raise StoreError(f"cancel {job_id}: {e}") from e
 
     def _cancel_job(self, job_id: str) -> str:
-        prio = self.r.hget(self.keys.job(job_id), "priority")
+        prio, pool = self.r.hmget(self.keys.job(job_id), "priority", "pool")
         if prio is None:
             raise NotFoundError(f"no job {job_id!r}")
         ev = json.dumps({"ts": time.time(), "kind": "cancelled", "job": job_id, "priority": prio})
-        out = self.jobs.cancel(job_id, self.keys.queue(prio), ev, time.time())
+        out = self.jobs.cancel(job_id, self.keys.for_pool(pool).queue(prio), ev, time.time())
         if out == "missing":
             raise NotFoundError(f"no job {job_id!r}")
         return out
 
     def queue_depths(self) -> dict[str, int]:
-        """Queued jobs per priority level (ZCARD of each queue)."""
+        """Queued jobs per priority level (ZCARD of each queue; summed over the pools)."""
         p = self.r.pipeline(transaction=False)
-        for lvl in Priority:
-            p.zcard(self.keys.queue(lvl))
+        scopes = [self.keys.for_pool(pool) for pool in (self.fleet.pool_names() if self.fleet else [])] or [self.keys]
+        for keys in scopes:
+            for lvl in Priority:
+                p.zcard(keys.queue(lvl))
         try:
-            return {lvl.name: n for lvl, n in zip(Priority, p.execute())}
+            depths = p.execute()
+            return {lvl.name: sum(depths[i::len(Priority)]) for i, lvl in enumerate(Priority)}
         except redis.RedisError as e:
             raise StoreError(f"queue depths: {e}") from e
 

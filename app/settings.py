@@ -162,6 +162,9 @@ class Settings:
             the planner process; ticks during a solve take longer).
         improver_nice: niceness added to the improver's child process (0–19): on a busy
             CPU the tick comes first, and the solve gets less done within its limit.
+        pool_offer_ttl_s: how long a pool's planner's offer (free GPUs, idle warm endpoints)
+            stays valid for routing (makespan.pools); a pool whose leader stopped writing one is
+            skipped by the routing of jobs that another pool can take.
         planner_tick_s: longest the planner sleeps between cycles when nothing wakes it
             (a submission or a lease release wakes it at once).
         retention_jobs: most finished-job summaries kept (oldest deleted first).
@@ -278,6 +281,7 @@ class Settings:
     improver_executor: str = "process"
     improver_nice: int = 5
     planner_tick_s: float = 0.1
+    pool_offer_ttl_s: float = 5.0
     retention_jobs: int = 10_000
     retention_age_s: float = 3600.0
     retention_sweep_s: float = 0.5
@@ -345,6 +349,7 @@ class Settings:
             improver_executor=_env_choice("MAKESPAN_IMPROVER_EXECUTOR", IMPROVER_EXECUTORS),
             improver_nice=_env_int("MAKESPAN_IMPROVER_NICE", 5, 0, IMPROVER_NICE_MAX),
             planner_tick_s=_env_float("MAKESPAN_PLANNER_TICK_S", 0.1),
+            pool_offer_ttl_s=_env_float("MAKESPAN_POOL_OFFER_TTL_S", 5.0),
             retention_jobs=int(_env_float("MAKESPAN_RETENTION_JOBS", 10_000)),
             retention_age_s=_env_float("MAKESPAN_RETENTION_AGE_S", 3600.0),
             retention_sweep_s=_env_float("MAKESPAN_RETENTION_SWEEP_S", 0.5),
@@ -400,6 +405,7 @@ class Settings:
             "MAKESPAN_IMPROVER_EXECUTOR": self.improver_executor,
             "MAKESPAN_IMPROVER_NICE": str(self.improver_nice),
             "MAKESPAN_PLANNER_TICK_S": repr(self.planner_tick_s),
+            "MAKESPAN_POOL_OFFER_TTL_S": repr(self.pool_offer_ttl_s),
             "MAKESPAN_RETENTION_JOBS": str(self.retention_jobs),
             "MAKESPAN_RETENTION_AGE_S": repr(self.retention_age_s),
             "MAKESPAN_RETENTION_SWEEP_S": repr(self.retention_sweep_s),

@@ -162,5 +162,6 @@ def _retry(r, keys, wid, wrec, step, ids, deps, prio, retries, reason) -> bool:
     dependants = [s for s, ds in deps.items() if step in ds]
     ev = json.dumps({"ts": now, "kind": "retried", "job": new_id, "previous": ids[step], "workload": wid,
                      "step": step, "retry": retries + 1, "reason": reason})
-    return JobStore(r, keys).retry_step(wid, step, ids[step], new_id, fields, ev, keys.queue(prio),
+    return JobStore(r, keys).retry_step(wid, step, ids[step], new_id, fields, ev,
+                                        keys.for_pool(fields.get("pool")).queue(prio),
                                         [(ids[d], json.dumps([new_ids[x] for x in deps[d]])) for d in dependants])

@@ -41,6 +41,7 @@ from typing import Any
 
 import redis
 
+from makespan import pools
 from makespan.errors import NotFoundError, StoreError, ValidationError
 from makespan.keys import Keys
 from makespan.models import FleetSpec
@@ -91,6 +92,9 @@ def submit_workload(r: redis.Redis, keys: Keys, fleet: FleetSpec, workload: Work
                   "spec": json.dumps(spec), "workload_id": wid, "step": name, "retries": 0}
         if s.depends_on:
             fields["deps"] = json.dumps([ids[d] for d in s.depends_on])
+        pool = pools.route(r, keys, fleet, s.endpoint, wl.priority)  # None: the fleet has no pools
+        if pool is not None:
+            fields["pool"] = pool
         ev = json.dumps({"ts": now, "kind": "submitted", "job": ids[name], "endpoint": s.endpoint,
                          "priority": wl.priority.name, "planned_s": svc, "workload": wid, "step": name})
         steps.append((ids[name], fields, ev))

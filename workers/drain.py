@@ -67,7 +67,9 @@ class SetPointsAndDrain:
         if ctx.batch or len(ctx.held_gpus) >= len(ctx.env.gpus):
             return
         env, kept = ctx.env, ctx.kept
-        if env.r.zcard(env.keys.running) or any(env.r.zcard(queue) for queue in env.keys.queues()):
+        # a pool's planner (Keys.for_pool) judges its own pool: its GPUs and its queues
+        working = bool(ctx.held_gpus) if env.keys.pool is not None else env.r.zcard(env.keys.running)
+        if working or any(env.r.zcard(queue) for queue in env.keys.queues()):
             kept.idle_checked = False
             return
         restoring = False
@@ -82,7 +84,7 @@ class SetPointsAndDrain:
             if busy.intersection(gpus):
                 continue
             start_restore(ctx, endpoint, tuple(gpus), busy)
-        if restoring or env.r.zcard(env.keys.leases):
+        if restoring or env.r.zcard(env.keys.leases):  # the drain check counts the whole fleet: all idle
             kept.idle_checked = False
             return
         if not kept.idle_checked:

@@ -135,6 +135,9 @@ class PhaseRunner:
         self.leases = LeaseStore(r, self.keys, settings.events_max_len)
         self._slowdown = settings.slowdown_by_host()  # modelled transitions' host factors
         self._gpu_memory = {g.uuid: g.memory_mib for h in fleet.hosts for g in h.gpus}
+        # a release wakes the planner of the GPUs' pool (the implicit pool's without pools)
+        self._wake_key = {g.uuid: self.keys.for_pool(fleet.pool_of_host(h.name)).planner_wake
+                          for h in fleet.hosts for g in h.gpus}
         try:
             from makespan.workers.agenda import AgendaTracker
 
@@ -810,7 +813,8 @@ class PhaseRunner:
     def _release_ops(self, ctx: PhaseContext) -> list[tuple]:
         """Fenced ops that free the lease's GPUs and forget the lease (and wake the planner)."""
         ops: list[tuple] = [("DEL", self.keys.gpu(g)) for g in ctx.gpus]
-        return ops + [("RPUSH", self.keys.planner_wake, "1"), ("LTRIM", self.keys.planner_wake, -16, -1),
+        wake = self._wake_key.get(ctx.gpus[0], self.keys.planner_wake) if ctx.gpus else self.keys.planner_wake
+        return ops + [("RPUSH", wake, "1"), ("LTRIM", wake, -16, -1),
                       ("DEL", self.keys.lease(ctx.lease_id)), ("ZREM", self.keys.leases, ctx.lease_id),
                       ("DEL", self.keys.phase(ctx.lease_id)), ("DEL", self.keys.busy(ctx.lease_id))]
 

@@ -35,7 +35,7 @@ import redis
 from redis.exceptions import LockError, LockNotOwnedError
 
 from makespan import events, telemetry
-from makespan.errors import LeaseError, RedisConfigError, StoreError
+from makespan.errors import LeaseError, RedisConfigError, StoreError, ValidationError
 from makespan.keys import Keys
 from makespan.models import FleetSpec, Priority, fleet_version
 from makespan.planner.model import FleetState, PlanJob
@@ -48,6 +48,7 @@ from makespan.workers.fleet_view import (endpoint_models, fleet_gpus, queue_solv
 from makespan.workers import host_liveness
 from makespan.workers.improver import BackgroundImprover
 from makespan.workers.leases import LeaseStore
+from makespan.workers.pool_offer import PublishPoolOffer
 from makespan.workers.tick.clock import Clock, SystemClock
 from makespan.workers.tick.context import CrossTickState, Dispatch, TickContext, TickEnv
 from makespan.planner.policies import POLICY_REGISTRY
@@ -73,15 +74,30 @@ class PlannerWorker:
         name: this planner's name in events and logs (default ``planner-{pid}-{hex}``).
         clock: the planner's clock (:class:`makespan.workers.tick.clock.Clock`; tests pass a
             ``ManualClock``); default :class:`~makespan.workers.tick.clock.SystemClock`.
+        pool: the pool this planner plans (a fleet with ``[[pools]]``: required): it plans
+            and leases only that pool's hosts (``fleet.pool_fleet(pool)``), with that pool's
+            queues, lock and fencing token (``Keys.for_pool``), and publishes the pool's offer
+            each tick (:mod:`makespan.workers.pool_offer`). None: the fleet has no pools.
+
+    Raises:
+        ValidationError: ``pool`` is not one of the fleet's pools, or the fleet declares
+            pools and ``pool`` is None.
     """
 
     steps: tuple[Step, ...] = TICK_STEPS  # the tick, in order (makespan.workers.tick.steps)
 
     def __init__(self, r: redis.Redis, settings: Settings, fleet: FleetSpec, dispatch: Dispatch | None = None,
-                 name: str | None = None, clock: Clock | None = None):
+                 name: str | None = None, clock: Clock | None = None, pool: str | None = None):
+        self.pool, self.whole_fleet = pool, fleet  # the whole fleet is what producers read (P:fleet)
+        if pool is None and fleet.pools:
+            raise ValidationError("pool", None, f"the fleet declares pools ({', '.join(fleet.pool_names())}): "
+                                                "run one planner per pool with --pool NAME")
+        fleet = fleet.pool_fleet(pool) if pool is not None else fleet
         self.r, self.settings, self.fleet = r, settings, fleet
         self.clock: Clock = clock if clock is not None else SystemClock()
-        self.keys = Keys(settings.key_prefix)
+        self.keys = Keys(settings.key_prefix).for_pool(pool)
+        if pool is not None:
+            self.steps = (*self.steps, PublishPoolOffer(pool))
         self.leases = LeaseStore(r, self.keys)
         self.name = name or f"planner-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self._stop = threading.Event()
@@ -124,11 +140,12 @@ class PlannerWorker:
                 if lock.acquire(blocking=True, blocking_timeout=self.lock_ttl_s / 4):
                     self._check_redis_config(lock)
                     self.token = str(self.r.incr(self.keys.planner_fence))
-                    self.r.mset({self.keys.fleet: self.fleet.model_dump_json(),
-                                 self.keys.fleet_version: fleet_version(self.fleet)})
-                    log.info("%s leads (planner fencing token %s)", self.name, self.token)
+                    self.r.mset({self.keys.fleet: self.whole_fleet.model_dump_json(),
+                                 self.keys.fleet_version: fleet_version(self.whole_fleet)})
+                    log.info("%s leads %s(planner fencing token %s)", self.name,
+                             f"pool {self.pool} " if self.pool else "", self.token)
                     events.record(self.r, self.keys.events, "planner_lead", planner=self.name, pid=os.getpid(),
-                                  token=int(self.token))
+                                  token=int(self.token), **({"pool": self.pool} if self.pool else {}))
                     return lock
             except redis.RedisError as e:
                 log.warning("%s: Redis unavailable while standing by: %s", self.name, e)

@@ -30,7 +30,12 @@ Shape of :func:`snapshot`::
      "agenda": [{"op_id", "mode", "endpoints", "gpus", "planned_start", "expected_end", "overdue"}],
      "incidents": [{"incident_id", "endpoint", "host", "gpus", "failure_mode", "detected_at", "effect", "recovery"}],
      "drain": {"checks", "checked_at", "leases", "agenda_entries", "busy_slots", "awaited_entries"} | None,
-     "plan": {"at", "policy", "batch"} | None, "counts": {"queued", "delayed", "running", "leases"}}
+     "plan": {"at", "policy", "batch"} | None, "counts": {"queued", "delayed", "running", "leases"},
+     "pools": [{"name", "leads", "queued", "drain"}]}  # [] without pools
+
+A fleet with pools (``[[pools]]``): the plan is every pool's ``P:pool:{name}:plan`` together,
+the queue every pool's queues (each job with its ``pool``), ``drain`` the latest pool check,
+and ``pools`` each pool's leader, queued jobs and last drain check.
 """
 
 from __future__ import annotations
@@ -230,6 +235,32 @@ def _queue(r: redis.Redis, keys: Keys, plan: dict[str, Any] | None, now: float,
     return out
 
 
+def _pools(r: redis.Redis, keys: Keys, names: list[str], now: float,
+           stale_after_s: float) -> tuple[dict[str, Any] | None, list[dict[str, Any]], list[dict[str, Any]]]:
+    """A fleet with pools: every pool's plan (assignments together), its waiting jobs (each
+    with its ``pool``; all sorted as :func:`_queue` sorts them), and per pool ``{name,
+    leads, queued, drain, drain_at}``."""
+    plans, queue, pools = [], [], []
+    for name in names:
+        scoped = keys.for_pool(name)
+        plan = _plan(r, scoped)
+        waiting = _queue(r, scoped, plan, now, stale_after_s)
+        queue += [{**q, "pool": name} for q in waiting]
+        if plan:
+            plans.append(plan)
+        drain = r.hgetall(scoped.drain)
+        pools.append({"name": name, "leads": bool(r.exists(scoped.planner_leader)), "queued": len(waiting),
+                      "drain": drain, "drain_at": _f(drain.get("checked_at"))})
+    rank = {p.name: p.value for p in Priority}
+    queue.sort(key=lambda q: (rank.get(q["priority"] or "", 9), q["submitted_at"] or 0))
+    merged = None
+    if plans:
+        merged = {**plans[0], "batch": sum(int(p.get("batch") or 0) for p in plans),
+                  "assignments": [a for p in plans for a in p.get("assignments", [])],
+                  "restores": [x for p in plans for x in p.get("restores", [])]}
+    return merged, queue, pools
+
+
 def _endpoints(fleet: dict[str, Any], residents: dict[str, str | None], bars: list[dict[str, Any]],
                registry: list[dict[str, str]]) -> list[dict[str, Any]]:
     groups: dict[str, dict[str, Any]] = {}
@@ -303,8 +334,14 @@ def snapshot(r: redis.Redis, keys: Keys, fleet: FleetSpec | None = None, window_
         held, res, drain, running, leases = p.execute()
         evs = _events_since(r, keys, since - window_s)  # a margin: phases open since before the window
         bars = _bars(evs, now, since)
-        plan = _plan(r, keys)
-        queue = _queue(r, keys, plan, now, stale_after_s)
+        pool_names = [str(pool["name"]) for pool in (spec or {}).get("pools", [])]
+        if pool_names:  # a fleet with pools: each pool's plan, queues, leader and drain check
+            plan, queue, pools = _pools(r, keys, pool_names, now, stale_after_s)
+            drain = next((pool["drain"] for pool in sorted(pools, key=lambda x: -(x["drain_at"] or 0))), drain)
+        else:
+            plan = _plan(r, keys)
+            queue = _queue(r, keys, plan, now, stale_after_s)
+            pools = []
         agenda = _agenda(r, keys, now)
         incidents = _incidents(r, keys)
         registry = _registry(r, keys)
@@ -331,6 +368,7 @@ def snapshot(r: redis.Redis, keys: Keys, fleet: FleetSpec | None = None, window_
         "lanes": lanes, "bars": bars, "planned": planned, "queue": queue,
         "endpoints": _endpoints(spec, residents, bars, registry) if spec else [],
         "agenda": agenda, "incidents": incidents, "drain": drain_view,
+        "pools": [{k: v for k, v in pool.items() if k != "drain_at"} for pool in pools],
         "plan": None if plan is None else {"at": plan.get("at"), "policy": plan.get("policy"),
                                           "batch": plan.get("batch")},
         "counts": {"queued": sum(1 for q in queue if q["state"] != "delayed"),

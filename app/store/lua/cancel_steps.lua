@@ -6,7 +6,7 @@
 --
 -- KEYS[1]  P:workload:{id}
 -- KEYS[2]  P:events
--- KEYS[3]  P:queue:{level}
+-- KEYS[3]  P:queue:{level}  (a step whose record names a pool: that pool's queue, built from ARGV[4])
 -- KEYS[4]  P:delayed
 -- KEYS[5..4+n]  P:job:{id} of each step to cancel
 -- ARGV[1]  now, unix s (finished_at)
@@ -20,7 +20,12 @@ local out = {0, 0}
 for i = 1, n do
   local st = redis.call('HGET', KEYS[4 + i], 'state')
   if st == 'queued' or st == 'delayed' then
-    redis.call('ZREM', KEYS[3], ARGV[4 + i])
+    local pool = redis.call('HGET', KEYS[4 + i], 'pool')
+    if pool then  -- a step of a named pool is in that pool's queue (makespan.pools)
+      redis.call('ZREM', key_queue(ARGV[4], redis.call('HGET', KEYS[4 + i], 'priority'), pool), ARGV[4 + i])
+    else
+      redis.call('ZREM', KEYS[3], ARGV[4 + i])
+    end
     redis.call('ZREM', KEYS[4], ARGV[4 + i])
     awaited_drop(ARGV[4], ARGV[4 + i], redis.call('HGET', KEYS[4 + i], 'deps'))
     finish_job(ARGV[4], ARGV[4 + i], 'cancelled', ARGV[1], ARGV[2])

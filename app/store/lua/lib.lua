@@ -19,7 +19,15 @@ local function server_now_ms()
 end
 
 local function key_job(prefix, job_id) return prefix .. ':job:' .. job_id end
-local function key_queue(prefix, priority_name) return prefix .. ':queue:' .. string.lower(priority_name) end
+-- a queue of the implicit pool (pool nil or '') or of a named pool (makespan.keys.Keys.for_pool)
+local function key_scoped(prefix, pool)
+  if pool and pool ~= '' then return prefix .. ':pool:' .. pool end
+  return prefix
+end
+local function key_queue(prefix, priority_name, pool)
+  return key_scoped(prefix, pool) .. ':queue:' .. string.lower(priority_name)
+end
+local function key_planner_wake(prefix, pool) return key_scoped(prefix, pool) .. ':planner:wake' end
 local function key_delayed(prefix) return prefix .. ':delayed' end
 local function key_running(prefix) return prefix .. ':running' end
 local function key_finished(prefix) return prefix .. ':finished' end
@@ -57,18 +65,24 @@ local function finish_job(prefix, job_id, state, finished_at_s, reason)
   redis.call('ZADD', key_finished(prefix), tonumber(finished_at_s), job_id)
 end
 
--- put a job back in its priority queue at its submission seq; it holds no lease any more.
+-- put a job back in its priority queue (of its pool: the record's `pool`, none for the
+-- implicit pool) at its submission seq; it holds no lease any more. A job of a named pool
+-- also wakes that pool's planner (another pool's planner may be the one requeueing it).
 -- reason nil: the reason field is left as it is. Returns the job's priority name.
 local function requeue_job(prefix, job_id, reason)
   local jk = key_job(prefix, job_id)
-  local rec = redis.call('HMGET', jk, 'priority', 'seq')
+  local rec = redis.call('HMGET', jk, 'priority', 'seq', 'pool')
   redis.call('HDEL', jk, 'lease', 'token')
   if reason then
     redis.call('HSET', jk, 'state', 'queued', 'reason', reason)
   else
     redis.call('HSET', jk, 'state', 'queued')
   end
-  redis.call('ZADD', key_queue(prefix, rec[1]), tonumber(rec[2]), job_id)
+  redis.call('ZADD', key_queue(prefix, rec[1], rec[3]), tonumber(rec[2]), job_id)
+  if rec[3] and rec[3] ~= '' then
+    redis.call('RPUSH', key_planner_wake(prefix, rec[3]), '1')
+    redis.call('LTRIM', key_planner_wake(prefix, rec[3]), -16, -1)
+  end
   return rec[1]
 end
 

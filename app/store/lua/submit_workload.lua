@@ -4,7 +4,7 @@
 -- Transitions: new -> queued
 --
 -- KEYS[1]  P:seq
--- KEYS[2]  P:queue:{level}
+-- KEYS[2]  P:queue:{level}  (a step whose fields name a pool: that pool's queue, built from ARGV[5])
 -- KEYS[3]  P:events
 -- KEYS[4]  P:workload:{id}
 -- KEYS[5]  P:workloads
@@ -14,7 +14,7 @@
 -- ARGV[2]  workload id
 -- ARGV[3]  the workload's fields, JSON object
 -- ARGV[4]  now, unix s (the P:workloads score)
--- ARGV[5]  P, the key prefix (a step with deps joins the reverse-dependency index)
+-- ARGV[5]  P, the key prefix (a step with deps joins the reverse-dependency index; pool queues)
 -- ARGV[6..5+3n]  per step: job id, fields JSON (state queued), submitted event JSON
 -- Returns 1, or 0 when a job id already exists (nothing written).
 local n = tonumber(ARGV[1])
@@ -36,7 +36,11 @@ for i = 1, n do
   table.insert(f, 'seq'); table.insert(f, tostring(seq))
   redis.call('HSET', KEYS[6 + i], unpack(f))
   awaited_add(ARGV[5], ARGV[base + 1], fields['deps'])
-  redis.call('ZADD', KEYS[2], seq, ARGV[base + 1])
+  if fields['pool'] then  -- a step routed to a named pool joins that pool's queue (makespan.pools)
+    redis.call('ZADD', key_queue(ARGV[5], fields['priority'], fields['pool']), seq, ARGV[base + 1])
+  else
+    redis.call('ZADD', KEYS[2], seq, ARGV[base + 1])
+  end
   append_event(KEYS[3], ARGV[base + 3])
 end
 return 1

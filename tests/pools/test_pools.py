@@ -1,0 +1,221 @@
+"""Pools (issue 21 point 3): the fleet file's ``[[pools]]``, the routing rule, and one planner
+per pool on the same Redis (real Redis, the real tick, dispatch captured)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+
+import pytest
+
+from makespan.errors import ValidationError
+from makespan.keys import Keys
+from makespan.models import parse_fleet
+from makespan.pools import PoolChoice, PoolOffer, choose_pool
+from makespan.producer import Producer
+from makespan.workers.planner_worker import PlannerWorker
+from makespan.workers.tick.clock import ManualClock
+
+
+def fleet_data(pools=True) -> dict:
+    """Hosts a1, a2 (pool a) and b1, b2 (pool b), one 80 GB GPU each; ``onlya`` and
+    ``onlyb`` served by one pool, ``both`` by both."""
+    data = {
+        "name": "two-pools",
+        "hosts": [{"name": h, "gpu_count": 1, "memory_mib": 80000} for h in ("a1", "a2", "b1", "b2")],
+        "endpoints": {name: {"model": f"sim/{name}", "memory_mib_per_gpu": 10000, "cold_start_s": 5, "evict_s": 1}
+                      for name in ("onlya", "onlyb", "both")},
+    }
+    if pools:
+        data["pools"] = [{"name": "a", "hosts": ["a1", "a2"], "endpoints": ["onlya", "both"]},
+                         {"name": "b", "hosts": ["b1", "b2"], "endpoints": ["onlyb", "both"]}]
+    return data
+
+
+FLEET = parse_fleet(fleet_data())
+
+
+# -- the fleet file ------------------------------------------------------------------------
+
+def test_pools_split_the_fleet_and_each_pool_fleet_holds_only_its_hosts():
+    assert FLEET.pool_names() == ["a", "b"]
+    assert FLEET.pools_serving("both") == ["a", "b"] and FLEET.pools_serving("onlyb") == ["b"]
+    sub = FLEET.pool_fleet("a")
+    assert [h.name for h in sub.hosts] == ["a1", "a2"] and sorted(sub.endpoints) == ["both", "onlya"]
+    assert sub.pools == () and FLEET.pool_of_host("b2") == "b"
+    no_pools = parse_fleet(fleet_data(pools=False))
+    assert no_pools.pools_serving("both") == [] and no_pools.pool_of_host("a1") is None
+
+
+def test_a_pool_without_endpoints_serves_every_endpoint_that_fits_its_hosts():
+    data = fleet_data()
+    data["pools"][1] = {"name": "b", "hosts": ["b1", "b2"]}
+    assert parse_fleet(data).pool_endpoints("b") == ["onlya", "onlyb", "both"]
+
+
+@pytest.mark.parametrize(("change", "field", "words"), [
+    (lambda d: d["pools"][1]["hosts"].append("a1"), "pools.b.hosts", "already in pool 'a'"),
+    (lambda d: d["pools"][1]["hosts"].remove("b2"), "pools", "in none: b2"),
+    (lambda d: d["pools"][0]["hosts"].append("zz"), "pools.a.hosts", "unknown host"),
+    (lambda d: d["pools"][0]["endpoints"].append("nope"), "pools.a.endpoints", "unknown endpoint"),
+    (lambda d: d["pools"][1].update(name="a"), "pools.name", "unique"),
+    (lambda d: d["pools"][1].update(name="b:x"), "fleet.pools.1.name", "pool names use"),
+    (lambda d: d["pools"][1].update(endpoints=["both"]), "pools", "no pool serves endpoint(s) onlyb"),
+    (lambda d: d["pools"][0].update(hosts=[]), "fleet.pools.0.hosts", "at least 1"),
+])
+def test_fleet_pool_errors_name_the_field_and_the_reason(change, field, words):
+    data = fleet_data()
+    change(data)
+    with pytest.raises(ValidationError) as err:
+        parse_fleet(data)
+    assert err.value.field == field and words in str(err.value), str(err.value)
+
+
+def test_an_endpoint_whose_gang_fits_no_host_of_the_pool_is_refused():
+    data = fleet_data()
+    data["hosts"].append({"name": "a3", "gpu_count": 2, "memory_mib": 80000})
+    data["pools"][0]["hosts"].append("a3")
+    data["endpoints"]["wide"] = {"model": "sim/wide", "memory_mib_per_gpu": 10000, "cold_start_s": 5,
+                                 "tensor_parallel": 2}
+    data["pools"][1]["endpoints"].append("wide")
+    with pytest.raises(ValidationError, match="pools.b.endpoints: no host of the pool has"):
+        parse_fleet(data)
+
+
+def test_a_planner_needs_pool_on_a_fleet_with_pools(r, settings):
+    with pytest.raises(ValidationError, match="run one planner per pool with --pool NAME"):
+        PlannerWorker(r, settings, FLEET)
+    with pytest.raises(ValidationError, match="unknown pool; known: a, b"):
+        PlannerWorker(r, settings, FLEET, pool="c")
+    with pytest.raises(ValidationError, match="this fleet declares no pools"):
+        PlannerWorker(r, settings, parse_fleet(fleet_data(pools=False)), pool="a")
+
+
+def test_pool_keys_are_scoped_and_the_implicit_pool_keeps_todays_keys():
+    keys = Keys("p")
+    assert keys.queue("HIGH") == "p:queue:high" and keys.planner_leader == "p:planner:leader"
+    west = keys.for_pool("west")
+    assert west.queue("HIGH") == "p:pool:west:queue:high" and west.planner_fence == "p:pool:west:planner:fence"
+    assert west.job("j") == keys.job("j") and west.leases == keys.leases and west.delayed == keys.delayed
+    assert keys.for_pool(None) == keys and keys.for_pool("") == keys
+
+
+# -- the routing rule ----------------------------------------------------------------------
+
+def _offer(pool, free=None, warm=None) -> PoolOffer:
+    return PoolOffer(pool, 2, free or {}, warm or {}, 0.0)
+
+
+def test_the_rule_prefers_a_pool_that_can_start_it_now_then_warm_then_least_loaded():
+    busy_a = PoolChoice("a", 2, _offer("a"), ahead=0, queued=0)
+    free_b = PoolChoice("b", 2, _offer("b", free={"b1": [0]}), ahead=0, queued=0)
+    assert choose_pool(FLEET, "both", [busy_a, free_b]) == "b"
+    # a free pool whose queue at this level already holds as many jobs as it has room: not "now"
+    crowded_b = dataclasses.replace(free_b, ahead=1, queued=1)
+    assert choose_pool(FLEET, "both", [busy_a, crowded_b]) == "a"  # least loaded: 2/2 held vs (1 + 1)/2
+    warm_a = PoolChoice("a", 2, _offer("a", free={"a1": [0]}, warm={"both": 1}), ahead=0, queued=0)
+    roomy_b = PoolChoice("b", 2, _offer("b", free={"b1": [0], "b2": [0]}), ahead=0, queued=0)
+    assert choose_pool(FLEET, "both", [roomy_b, warm_a]) == "a"  # warm first
+    assert choose_pool(FLEET, "both", [dataclasses.replace(warm_a, offer=_offer("a", free={"a1": [0]})),
+                                       roomy_b]) == "b"  # more room
+    dead_b = PoolChoice("b", 2, None, ahead=0, queued=0)
+    assert choose_pool(FLEET, "both", [busy_a, dead_b]) == "a"  # a pool without a live offer is skipped
+    assert choose_pool(FLEET, "both", [PoolChoice("a", 2, None, 0, 5), dead_b]) == "b"  # none live: least queued
+
+
+# -- planners per pool on one Redis ----------------------------------------------------------
+
+def _planners(r, settings):
+    s = dataclasses.replace(settings, policy="portfolio", lease_ttl_s=60.0)
+    sent: dict[str, list] = {"a": [], "b": []}
+    clock = ManualClock(time.time() + 3600.0)  # every job is released
+    workers = {pool: PlannerWorker(r, s, FLEET, dispatch=lambda ctx, q, pool=pool: sent[pool].append((ctx, q)),
+                                   clock=clock, pool=pool) for pool in ("a", "b")}
+    return workers, Producer(r, Keys(s.key_prefix), FLEET, s), sent
+
+
+def test_each_pools_planner_plans_its_own_queue_on_its_own_hosts(r, settings, keys):
+    workers, prod, sent = _planners(r, settings)
+    for_a = [prod.submit({"endpoint": "onlya", "service_s": 5}).id for _ in range(3)]
+    for_b = [prod.submit({"endpoint": "onlyb", "service_s": 5}).id for _ in range(3)]
+    assert r.zcard(keys.for_pool("a").queue("NORMAL")) == 3 and r.zcard(keys.queue("NORMAL")) == 0
+    assert {r.hget(keys.job(j), "pool") for j in for_a} == {"a"}
+    workers["a"].tick()
+    assert {ctx.job_id for ctx, _q in sent["a"]} <= set(for_a) and len(sent["a"]) == 2  # two GPUs in pool a
+    assert {q for _ctx, q in sent["a"]} <= {"gpu.a1", "gpu.a2"}
+    assert r.zcard(keys.for_pool("b").queue("NORMAL")) == 3  # pool b's planner has not ticked
+    workers["b"].tick()
+    assert {ctx.job_id for ctx, _q in sent["b"]} <= set(for_b) and {q for _c, q in sent["b"]} <= {"gpu.b1", "gpu.b2"}
+    offer = json.loads(r.get(keys.for_pool("a").pool_offer))
+    assert offer["pool"] == "a" and offer["free"] == {} and offer["gpus"] == 2  # both GPUs leased this tick
+
+
+def test_a_both_pools_job_goes_to_the_pool_with_free_gpus_and_a_reclaim_requeues_it_there(r, settings, keys):
+    workers, prod, sent = _planners(r, settings)
+    for _ in range(2):
+        prod.submit({"endpoint": "onlya", "service_s": 5})
+    workers["a"].tick()  # pool a's two GPUs are leased; its offer says so
+    workers["b"].tick()  # pool b is idle: its offer has two free GPUs
+    job = prod.submit({"endpoint": "both", "service_s": 5}).id
+    assert r.hget(keys.job(job), "pool") == "b"
+    workers["b"].tick()
+    ((ctx, queue),) = sent["b"]
+    assert ctx.job_id == job and queue in ("gpu.b1", "gpu.b2")
+    # its lease expires (no GPU worker here): whichever planner reclaims it, it goes back to pool b's queue
+    r.zadd(keys.leases, {ctx.lease_id: 1})
+    workers["a"].tick()
+    assert r.hget(keys.job(job), "state") == "queued"
+    assert r.zscore(keys.for_pool("b").queue("NORMAL"), job) is not None
+    assert r.zscore(keys.for_pool("a").queue("NORMAL"), job) is None
+    assert r.llen(keys.for_pool("b").planner_wake) >= 1  # pool b's planner is woken
+
+
+def test_without_pools_submit_and_keys_are_unchanged(r, settings, keys):
+    fleet = parse_fleet(fleet_data(pools=False))
+    job = Producer(r, keys, fleet, settings).submit({"endpoint": "both", "service_s": 5}).id
+    assert r.hget(keys.job(job), "pool") is None and r.zscore(keys.queue("NORMAL"), job) is not None
+
+
+def test_the_dashboard_and_why_read_every_pool(r, settings, keys):
+    from makespan.cli_why import explain, list_jobs
+    from makespan.dashboard.state import snapshot
+
+    workers, prod, _sent = _planners(r, settings)
+    r.set(keys.fleet, FLEET.model_dump_json())  # what a leading planner publishes
+    jobs = [prod.submit({"endpoint": ep, "service_s": 5}).id for ep in ("onlya", "onlya", "onlya", "onlyb")]
+    workers["a"].tick()  # two of pool a's jobs start, the third waits; pool b has not ticked
+    view = snapshot(r, keys)
+    assert {(q["job"], q["pool"]) for q in view["queue"]} >= {(jobs[3], "b")}
+    assert sorted(p["name"] for p in view["pools"]) == ["a", "b"] and view["plan"]["batch"] == 3
+    assert [j["id"] for j in list_jobs(r, keys, settings, ("queued",))].count(jobs[3]) == 1
+    assert explain(r, keys, settings, jobs[3])["state"] == "queued"
+
+
+def test_a_workloads_steps_go_to_their_pools_and_a_cancel_takes_them_out(r, settings, keys):
+    from makespan.workloads import cancel_workload, submit_workload, workload_status
+
+    wl = {"name": "w", "steps": [{"name": "first", "endpoint": "onlya", "service_s": 1},
+                                 {"name": "second", "endpoint": "onlyb", "service_s": 1, "depends_on": ["first"]}]}
+    wid = submit_workload(r, keys, FLEET, wl, settings)
+    steps = workload_status(r, keys, wid)["steps"]
+    first, second = steps["first"]["job"], steps["second"]["job"]
+    assert r.zscore(keys.for_pool("a").queue("NORMAL"), first) is not None
+    assert r.zscore(keys.for_pool("b").queue("NORMAL"), second) is not None
+    assert r.hget(keys.job(second), "pool") == "b" and r.zcard(keys.queue("NORMAL")) == 0
+    assert cancel_workload(r, keys, wid)["cancelled"] == 2
+    assert r.zcard(keys.for_pool("a").queue("NORMAL")) == 0 and r.zcard(keys.for_pool("b").queue("NORMAL")) == 0
+
+
+def test_a_pool_planners_metrics_label_its_pools_gauges(r, settings, keys):
+    from makespan.metrics import RedisStateCollector
+
+    prod = Producer(r, keys, FLEET, settings)
+    for _ in range(3):
+        prod.submit({"endpoint": "onlyb", "service_s": 5, "priority": "HIGH"})
+    families = {f.name: f for f in RedisStateCollector(r, keys.for_pool("b")).collect()}
+    depth = {(s.labels["priority"], s.labels["pool"]): s.value for s in families["makespan_queue_depth_jobs"].samples}
+    assert depth[("HIGH", "b")] == 3 and depth[("NORMAL", "b")] == 0
+    assert all("pool" in s.labels for s in families["makespan_queued_jobs_by_reason"].samples)
+    plain = {f.name: f for f in RedisStateCollector(r, keys).collect()}  # the implicit pool: no pool label
+    assert all("pool" not in s.labels for s in plain["makespan_queue_depth_jobs"].samples)
