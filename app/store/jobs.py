@@ -19,7 +19,7 @@ import redis
 
 from makespan.keys import Keys
 from makespan.store.scripts import script
-from makespan.store.states import JobState
+from makespan.job_states import JobState
 
 
 class JobStore:

@@ -24,7 +24,7 @@ import redis
 from makespan.errors import LeaseError, StaleFencingToken
 from makespan.keys import Keys
 from makespan.store.scripts import script, store_error
-from makespan.store.states import JobState
+from makespan.job_states import JobState
 
 log = logging.getLogger("makespan.workers.leases")
 
