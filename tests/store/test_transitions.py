@@ -18,6 +18,7 @@ from makespan.store import TRANSITIONS, JobState, JobStore
 from makespan.store import scripts as store_scripts
 from makespan.store.leases import LeaseStore, delay_job_op, finish_job_op, start_job_op
 from makespan.store.states import allowed
+from tests.store.test_scripts import literal_job_state_writes
 
 STATE_VALUES = {s.value for s in JobState}
 # lib.lua helpers (and fenced.lua op names) and the state each one writes
@@ -34,7 +35,7 @@ def written_states(name: str) -> tuple[set[str], bool]:
     from the caller's fields (a submit: its state is checked at run time below)."""
     body = store_scripts.source(name)
     body = "\n".join(body.splitlines()[len(store_scripts.header_lines(name)):])
-    out = set(re.findall(r"'state',\s*'(\w+)'", body))
+    out = literal_job_state_writes(name)  # less a workload record's state (not a job's)
     out |= set(re.findall(r"finish_job\([^,]+,[^,]+,\s*'(\w+)'", body))
     out |= set(re.findall(r"table\.insert\(flat, 'state'\); table\.insert\(flat, '(\w+)'\)", body))
     out |= {state for call, state in HELPER_WRITES.items() if call in body}
