@@ -63,7 +63,7 @@ def test_live_swap_heavy_wakes_the_sleepers_it_planned(r, keys, settings, system
         first = len(ids)
         ids += [prod.submit({"endpoint": name, "service_s": 10, "priority": "NORMAL" if name == "A" else "LOW",
                              "idempotency_key": f"swap-{first + i}"}).id for i, name in enumerate(wave)]
-        wait_for(lambda: all(r.hget(keys.job(j), "state") in ("completed", "failed") for j in ids), 240,
+        wait_for(lambda ids=ids: all(r.hget(keys.job(j), "state") in ("completed", "failed") for j in ids), 240,
                  f"wave {wave} to finish", 0.2)
     assert [r.hget(keys.job(j), "state") for j in ids] == ["completed"] * len(ids)
     events = all_events(r, keys)
