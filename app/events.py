@@ -17,20 +17,34 @@ from typing import Any
 
 import redis
 
-from makespan.store import events as _store_events
+from makespan.redis_conn import store_error
+from makespan.settings import Settings
 
-MAX_EVENTS = _store_events.DEFAULT_EVENTS_MAX_LEN  # approximate cap of the stream (Settings.events_max_len's default)
+MAX_EVENTS: int = Settings().events_max_len  # approximate cap of the stream (the setting's default, 50,000)
+
+
+def append(target: Any, stream_key: str, body: dict[str, Any], max_len: int) -> None:
+    """XADD ``body`` as compact JSON to ``stream_key`` on ``target`` (a client or a
+    pipeline), trimmed to about ``max_len`` entries. The one writer of the stream's entry
+    format (:class:`makespan.store.EventLog` and :func:`record` call it).
+
+    Raises:
+        StoreError: Redis failed (on a client; a pipeline raises at ``execute()``)."""
+    try:
+        target.xadd(stream_key, {"e": json.dumps(body, separators=(",", ":"))}, maxlen=max_len, approximate=True)
+    except redis.RedisError as e:
+        raise store_error(e, f"append event to {stream_key}") from e
 
 
 def record(r: redis.Redis, key: str, kind: str, pipe: Any = None, **fields: Any) -> None:
-    """Append one event to the stream ``key`` (the store's :func:`makespan.store.events.append`);
+    """Append one event to the stream ``key`` (:func:`append`);
     with ``pipe`` the XADD joins that pipeline's transaction.
 
     Raises:
         StoreError: Redis failed (without ``pipe``)."""
     body = {"ts": time.time(), "kind": kind}
     body.update({k: v for k, v in fields.items() if v is not None})
-    _store_events.append(pipe if pipe is not None else r, key, body, MAX_EVENTS)
+    append(pipe if pipe is not None else r, key, body, MAX_EVENTS)
 
 
 def read_all(r: redis.Redis, key: str, batch: int = 10_000) -> Iterator[dict[str, Any]]:

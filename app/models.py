@@ -22,11 +22,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from makespan.errors import ValidationError
 from makespan.priorities import Priority  # re-exported: its home is the core module makespan.priorities
-from makespan.store.states import FINAL_STATES as _STORE_FINAL_STATES
+from makespan.job_states import FINAL_STATES as _FINAL_STATES
 
 
-# a job in one of these states never changes again: ("completed", "failed", "cancelled"), from makespan.store.states
-FINAL_STATES = _STORE_FINAL_STATES
+# a job in one of these states never changes again: ("completed", "failed", "cancelled"), from makespan.job_states
+FINAL_STATES = _FINAL_STATES
 
 MAX_DELAY_S = 30 * 24 * 3600.0  # longest delay_s a job may carry, s
 

@@ -223,3 +223,28 @@ def start_embedded(port: int | None = None, appendonly: bool = False, timeout_s:
         time.sleep(0.05)
     proc.kill()
     raise StoreError(f"embedded redis-server did not answer on port {port} within {timeout_s} s")
+
+
+_TRANSLATED: dict[type, type] = {}  # redis-py error class -> its StoreError subclass
+
+
+def store_error(error: redis.RedisError, what: str) -> StoreError:
+    """``error`` as a :class:`StoreError` (``__cause__`` = ``error``) whose class also
+    derives from ``type(error)``: callers that catch ``StoreError`` and callers that still
+    catch the redis-py class (``redis.ConnectionError``, ``redis.RedisError``) both see it.
+    The store's modules (:mod:`makespan.store.scripts` re-exports it) and the events
+    stream's writer (:mod:`makespan.events`) translate with it."""
+    kind = type(error)
+    cls = _TRANSLATED.get(kind)
+    if cls is None:
+        try:
+            cls = type(f"Store{kind.__name__}", (StoreError, kind), {"__module__": __name__})
+        except TypeError:  # an incompatible layout: the plain StoreError
+            cls = StoreError
+        _TRANSLATED[kind] = cls
+    try:
+        out = cls(f"{what}: {error}")
+    except (TypeError, ValueError, IndexError):  # a redis-py class whose constructor wants more (cluster redirects)
+        out = StoreError(f"{what}: {error}")
+    out.__cause__ = error
+    return out

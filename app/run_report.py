@@ -207,7 +207,7 @@ def estimate_errors(events: list[dict[str, Any]]) -> dict[str, dict[str, float]]
     out = {}
     for name, errs in sorted(by_workload.items()):
         errs.sort()
-        def q(frac: float) -> float:
+        def q(frac: float, errs: list[float] = errs) -> float:
             return round(errs[min(len(errs) - 1, int(frac * len(errs)))], 4)
         out[name] = {"runs": len(errs), "p50": q(0.5), "p90": q(0.9)}
     return out

@@ -85,25 +85,21 @@ def advance_workloads(r: redis.Redis, keys: Keys) -> dict[str, int]:
       every step that depends on it, transitively; independent steps go on;
     * a workload whose steps are all final is closed: ``completed`` when all completed.
 
-    The state is read without a lock; the writes that end a workload are transactions
-    (WATCH on its record) that re-read it, so a cancel that lands between the read and
-    the write is not overwritten with ``failed``.
+    The state is read without a lock; the writes that end a workload are store scripts
+    (:meth:`JobStore.fail_workload`, :meth:`JobStore.finish_workload`) that re-read it, so
+    a cancel that lands between the read and the write is not overwritten with ``failed``.
 
-    Returns counts ``{"retried", "failed", "finished"}``."""
-    from makespan import events
-
+    Returns counts ``{"retried", "failed", "finished"}``.
+    Raises StoreError: Redis failed."""
+    store = JobStore(r, keys)
     out = {"retried": 0, "failed": 0, "finished": 0}
-    for wid in r.smembers(keys.workloads_active):
-        rec = r.hmget(keys.workload(wid), "state", "retry_budget", "steps", "deps", "priority")
+    for wid in store.active_workloads():
+        rec = store.workload_fields(wid, ("state", "retry_budget", "steps", "deps", "priority"))
         if rec[2] is None:
-            r.srem(keys.workloads_active, wid)
+            store.drop_active_workload(wid)
             continue
         wstate, budget, ids, deps, prio = rec[0], int(rec[1] or 0), json.loads(rec[2]), json.loads(rec[3]), rec[4]
-        p = r.pipeline(transaction=False)
-        for jid in ids.values():
-            p.hmget(keys.job(jid), "state", "reason")
-        p.hgetall(keys.workload(wid))
-        *jrows, wrec = p.execute()
+        jrows, wrec = store.workload_steps(wid, list(ids.values()))
         rows = {step: [st, int(wrec.get(f"retries:{step}") or 0), reason]
                 for step, (st, reason) in zip(ids, jrows)}
         dead: set[str] = set()
@@ -120,33 +116,15 @@ def advance_workloads(r: redis.Redis, keys: Keys) -> dict[str, int]:
             reason = f"step {first} {rows[first][0]} after {rows[first][1]} retries: {rows[first][2]}"
             _cancel_steps(r, keys, wid, prio, [ids[s] for s in sorted(victims)], f"dependency {first} did not complete",
                           "")
-
-            def fail(pp) -> bool:  # only a workload still running fails: a cancel may have ended it since the read
-                if pp.hget(keys.workload(wid), "state") != "running":
-                    return False
-                pp.multi()
-                pp.hset(keys.workload(wid), mapping={"state": "failed", "reason": reason,
-                                                     "failed_at": repr(time.time())})
-                events.record(r, keys.events, "workload_failed", pipe=pp, workload=wid, step=first, reason=reason)
-                return True
-
-            out["failed"] += int(r.transaction(fail, keys.workload(wid), value_from_callable=True))
+            now = time.time()
+            event = json.dumps({"ts": now, "kind": "workload_failed", "workload": wid, "step": first, "reason": reason},
+                               separators=(",", ":"))
+            # only a workload still running fails: a cancel may have ended it since the read
+            out["failed"] += int(store.fail_workload(wid, reason, now, event))
             continue
         if all(row[0] in TERMINAL for row in rows.values()):
-            ok = all(row[0] == "completed" for row in rows.values())
-
-            def finish(pp) -> None:  # the state as it is now, not as read above (a cancel may have set it since)
-                cur = pp.hget(keys.workload(wid), "state")
-                final = cur if cur in ("failed", "cancelled") else ("completed" if ok else "failed")
-                now = time.time()
-                pp.multi()
-                pp.hset(keys.workload(wid), mapping={"state": final, "finished_at": repr(now)})
-                pp.srem(keys.workloads_active, wid)
-                pp.zadd(keys.workloads_done, {wid: now})  # retention deletes it after retention_age_s
-                if cur == "running":
-                    events.record(r, keys.events, "workload_" + final, pipe=pp, workload=wid)
-
-            r.transaction(finish, keys.workload(wid))
+            # the state as it is then, not as read above (a cancel may have set it since)
+            store.finish_workload(wid, all(row[0] == "completed" for row in rows.values()), time.time())
             out["finished"] += 1
     return out
 

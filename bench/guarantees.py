@@ -113,7 +113,7 @@ def inversion(policies=("portfolio", "default")):
                      batch_wait_s=0.02, planner_tick_s=0.05, policy=pol)
         r = connect(url)
         sent = []
-        w = PlannerWorker(r, s, fleet, dispatch=lambda ctx, q: sent.append(ctx))
+        w = PlannerWorker(r, s, fleet, dispatch=lambda ctx, q, sent=sent: sent.append(ctx))
         try:
             prod, runner = Producer(r, Keys(prefix), fleet, s), PhaseRunner(r, s, fleet)
             low = prod.submit({"endpoint": "e", "service_s": 5, "priority": "LOW"}).id

@@ -64,20 +64,20 @@ def run_size(n: int, gpus: int, seeds: int, default_seeds: int, limit_s: float) 
     for path, start in WINDOWS:
         for seed in range(seeds):
             batch = to_plan_jobs(read_trace(path, fleet, seed=seed, start=start, limit=n), 20.0)
-            new, wall, cpu = _timed(lambda: portfolio(batch, state))
+            new, wall, cpu = _timed(lambda batch=batch: portfolio(batch, state))
             out["new_wall"].append(wall)
             out["new_cpu"].append(cpu)
             with placement_index.full_scan():
-                old, wall, cpu = _timed(lambda: portfolio(batch, state))
+                old, wall, cpu = _timed(lambda batch=batch: portfolio(batch, state))
             out["old_wall"].append(wall)
             out["old_cpu"].append(cpu)
             out["identical"] += _key(new) == _key(old) and new.stats == old.stats
             out["batches"] += 1
             if seed < default_seeds:
-                dn, wall, _ = _timed(lambda: plan(batch, state, "default", time_limit_s=limit_s, num_workers=1))
+                dn, wall, _ = _timed(lambda batch=batch: plan(batch, state, "default", time_limit_s=limit_s, num_workers=1))
                 out["dnew"].append(wall)
                 with placement_index.full_scan():
-                    do, wall, _ = _timed(lambda: plan(batch, state, "default", time_limit_s=limit_s, num_workers=1))
+                    do, wall, _ = _timed(lambda batch=batch: plan(batch, state, "default", time_limit_s=limit_s, num_workers=1))
                 out["dold"].append(wall)
                 out["wc_ratio"].append(dn.stats["weighted_completion"] / do.stats["weighted_completion"])
     return out

@@ -182,7 +182,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for p in pols:
         rs = res[p]
-        def ratio(base):
+        def ratio(base, p=p):
             return ratio_cell(res, p, base, "weighted_completion_s")
         print(f"| {p} | {ms([r['weighted_completion_s'] for r in rs])} | {ms([r['makespan_s'] for r in rs])} | "
               f"{ms([r['transitions']['cold_start'] for r in rs])} | {ms([r['utilization'] for r in rs])} | "

@@ -91,7 +91,7 @@ def main() -> None:
     for p in pols:
         rs = res[p]
 
-        def ratio(base):
+        def ratio(base, p=p):
             return ratio_cell(res, p, base, "weighted_tardiness_s", floor=1e-9)
         print(f"| {p} | {ms([r['weighted_tardiness_s'] for r in rs])} | {ratio('fifo')} | {ratio('portfolio')} | "
               f"{ms([r['tardy_jobs'] for r in rs])} | {ms([r['weighted_completion_s'] for r in rs])} | "

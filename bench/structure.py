@@ -59,7 +59,7 @@ STORE_PACKAGE = "makespan.store"
 PLANNER_PACKAGE = "makespan.planner"
 WORKERS_PACKAGE = "makespan.workers"
 # the core every layer may import (pyproject's [tool.importlinter] names the same modules)
-CORE_MODULES = ("makespan.errors", "makespan.priorities", "makespan.planning_types")
+CORE_MODULES = ("makespan.errors", "makespan.priorities", "makespan.job_states", "makespan.planning_types")
 SHORT_NAME_MAX_CHARS = 3
 IGNORED_PARAMETERS = {"self", "cls", "_"}
 LUA_CALL = re.compile(r"redis\.p?call\(")

@@ -306,8 +306,11 @@ class Replay:
             host = self._host[us[0]]
             if oep.sleep_options:
                 used, budget, gpu_room = self.ram_used.get(host, 0.0), budgets.get(host), min(room[u] for u in us)
-                level = chosen[old] = self._choose(oep, at_s, lambda _level, ram_mib: may_sleep(
-                    used, budget, ram_mib / oep.tp * len(us), gpu_room, oep.asleep_gpu_mib))
+
+                def fits(_level: int, ram_mib: float, used: float = used, budget: int | None = budget,
+                         oep: EndpointModel = oep, width: int = len(us), gpu_room: float = gpu_room) -> bool:
+                    return may_sleep(used, budget, ram_mib / oep.tp * width, gpu_room, oep.asleep_gpu_mib)
+                level = chosen[old] = self._choose(oep, at_s, fits)
                 if level:
                     for u in us:
                         self.asleep[u] = self.asleep[u] | {old}

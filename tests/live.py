@@ -2,11 +2,25 @@
 
 from __future__ import annotations
 
+import signal
 import time
 from typing import Any
 
 from makespan import events as ev
+from makespan.live import LiveSystem
 from makespan.live import wait_for  # noqa: F401 - re-exported for the tests
+
+
+def stop_checked(system: LiveSystem) -> None:
+    """Stop a live system whose test has made its checks: SIGKILL every process it started
+    (each process group, so pool children too), then stop the endpoint processes they
+    registered (:meth:`LiveSystem.stop`). No graceful shutdown is waited for: a GPU worker's
+    warm shutdown waits for its running phase and then stops its idle endpoints, seconds per
+    test that check nothing here. How processes end on SIGTERM is checked where it is the
+    point (tests/faults/test_sigterm_bound.py, the SIGTERM cases of test_live_workloads and
+    the faults tests)."""
+    system.kill("", signal.SIGKILL)
+    system.stop()
 
 
 def overlaps(events: list[dict[str, Any]]) -> list[tuple[str, str, str]]:

@@ -14,7 +14,7 @@ from makespan.live import LiveSystem
 from makespan.models import load_fleet
 from makespan.producer import Producer
 from makespan.run_report import drain_counts
-from tests.live import all_events, overlaps, wait_for
+from tests.live import all_events, overlaps, stop_checked, wait_for
 
 FLEET = Path("examples/render-pipeline.toml").resolve()
 TERMINAL = ("completed", "failed", "cancelled")
@@ -29,7 +29,7 @@ def fleet():
 def system(settings, fleet, tmp_path):
     sys_ = LiveSystem(FLEET, fleet, settings, tmp_path / "logs")
     yield sys_
-    sys_.stop()
+    stop_checked(sys_)
 
 
 def _states(r, keys, ids):
@@ -145,7 +145,7 @@ def test_planner_kill_standby_takes_over(r, keys, settings, fleet, tmp_path):
         assert _states(r, keys, before + after) == ["completed"] * 10
         assert overlaps(all_events(r, keys)) == []
     finally:
-        sys_.stop()
+        stop_checked(sys_)
 
 
 def test_gpu_worker_sigkill_mid_phase_recovers(r, keys, settings, fleet, system):

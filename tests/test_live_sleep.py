@@ -14,7 +14,7 @@ from makespan.models import load_fleet
 from makespan.producer import Producer
 from makespan.run_report import live_report
 from makespan.workers.observer import list_incidents
-from tests.live import all_events, wait_for
+from tests.live import all_events, stop_checked, wait_for
 
 FLEET_TOML = f"""
 name = "sleepy"
@@ -49,7 +49,7 @@ def system(settings, tmp_path):
     sys_ = LiveSystem(path, fleet, settings, tmp_path / "logs",
                       extra_env={"OTEL_TRACES_EXPORTER": "file", "MAKESPAN_TRACE_FILE": str(tmp_path / "spans.jsonl")})
     yield sys_
-    sys_.stop()
+    stop_checked(sys_)
 
 
 def test_live_run_wakes_what_it_put_to_sleep(r, keys, settings, system, tmp_path):

@@ -18,7 +18,7 @@ from makespan.planner.synthetic import SWAP_PATTERN
 from makespan.producer import Producer
 from makespan.run_report import live_report
 from makespan.workers.observer import list_incidents
-from tests.live import all_events, wait_for
+from tests.live import all_events, stop_checked, wait_for
 
 SERVER = (f'["{sys.executable}", "-m", "makespan.workers.endpoint_server", "--port", "{{port}}", "--model", '
           f'"{{model}}", "--load-time-s", "{{load_time_s}}", "--sleep-s", "{{sleep_s}}", "--wake-s", "{{wake_s}}", '
@@ -48,7 +48,7 @@ def system(settings, tmp_path):
     path.write_text(FLEET_TOML)
     sys_ = LiveSystem(path, load_fleet(path), settings, tmp_path / "logs")
     yield sys_
-    sys_.stop()
+    stop_checked(sys_)
 
 
 def test_live_swap_heavy_wakes_the_sleepers_it_planned(r, keys, settings, system):
@@ -63,7 +63,7 @@ def test_live_swap_heavy_wakes_the_sleepers_it_planned(r, keys, settings, system
         first = len(ids)
         ids += [prod.submit({"endpoint": name, "service_s": 10, "priority": "NORMAL" if name == "A" else "LOW",
                              "idempotency_key": f"swap-{first + i}"}).id for i, name in enumerate(wave)]
-        wait_for(lambda: all(r.hget(keys.job(j), "state") in ("completed", "failed") for j in ids), 240,
+        wait_for(lambda ids=ids: all(r.hget(keys.job(j), "state") in ("completed", "failed") for j in ids), 240,
                  f"wave {wave} to finish", 0.2)
     assert [r.hget(keys.job(j), "state") for j in ids] == ["completed"] * len(ids)
     events = all_events(r, keys)

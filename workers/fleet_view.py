@@ -28,7 +28,7 @@ import redis
 
 from makespan.errors import StoreError
 from makespan.estimates import Windows, prior_s, read_transition_windows, transition_estimate
-from makespan.models import FleetSpec, Priority
+from makespan.models import EndpointSpec, FleetSpec, Priority
 from makespan.planner.simulator import recent_demand, recent_share
 from makespan.planner.model import EndpointModel, FleetState, Gpu, PlanJob
 from makespan.workers import host_liveness
@@ -60,7 +60,7 @@ def learned_endpoint_models(fleet: FleetSpec, windows: Windows, min_observations
     measured window once it holds ``min_observations``, else the fleet file's figure."""
     out = {}
     for n, e in fleet.endpoints.items():
-        def est(kind: str) -> float:
+        def est(kind: str, n: str = n, e: EndpointSpec = e) -> float:
             return transition_estimate(windows, n, None, kind, prior_s(e, kind), min_observations, q).seconds
         wake = est("wake") if e.wake_s is not None else None
         options = tuple((level, wake if i == 0 else wake_s, ram) for i, (level, wake_s, ram) in enumerate(e.sleep_options))

@@ -2,7 +2,7 @@
 
 Each event is one stream entry with a single field ``e`` holding a JSON object (see
 docs/metrics.md). Lua scripts append through ``lib.lua``'s ``append_event`` with the same
-cap; Python code through :class:`EventLog`.
+cap; Python code through :class:`EventLog` (which writes with :func:`makespan.events.append`).
 """
 
 from __future__ import annotations
@@ -13,20 +13,9 @@ from typing import Any, cast
 
 import redis
 
+from makespan.events import append  # re-exported: the stream's entry format has one writer
 from makespan.keys import Keys
 from makespan.store.scripts import DEFAULT_EVENTS_MAX_LEN, store_error
-
-
-def append(target: Any, stream_key: str, body: dict[str, Any], max_len: int) -> None:
-    """XADD ``body`` as compact JSON to ``stream_key`` on ``target`` (a client or a
-    pipeline), trimmed to about ``max_len`` entries.
-
-    Raises:
-        StoreError: Redis failed (on a client; a pipeline raises at ``execute()``)."""
-    try:
-        target.xadd(stream_key, {"e": json.dumps(body, separators=(",", ":"))}, maxlen=max_len, approximate=True)
-    except redis.RedisError as e:
-        raise store_error(e, f"append event to {stream_key}") from e
 
 
 class EventLog:

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import redis
 
 from makespan.keys import Keys
-from makespan.store.scripts import script
-from makespan.store.states import JobState
+from makespan.store.scripts import script, store_error
+from makespan.job_states import JobState
 
 
 class JobStore:
@@ -92,6 +92,77 @@ class JobStore:
         cancelled, requested = self._run("cancel_steps", keys, [repr(now_s), reason, workload_state,
                                                                 self.keys.script_prefix, *job_ids])
         return int(cancelled), int(requested)
+
+    # -- the planner's pass over active workloads (makespan.workload_execution) -------------
+    def active_workloads(self) -> set[str]:
+        """The ids of the workloads the planner still advances (``P:workloads:active``).
+
+        Raises:
+            StoreError: Redis failed."""
+        try:
+            return cast("set[str]", self.r.smembers(self.keys.workloads_active))
+        except redis.RedisError as e:
+            raise store_error(e, "read active workloads") from e
+
+    def workload_fields(self, workload_id: str, fields: Sequence[str]) -> list[str | None]:
+        """``fields`` of the workload's record (None for a missing field or record).
+
+        Raises:
+            StoreError: Redis failed."""
+        try:
+            return cast("list[str | None]", self.r.hmget(self.keys.workload(workload_id), list(fields)))
+        except redis.RedisError as e:
+            raise store_error(e, f"read workload {workload_id}") from e
+
+    def workload_steps(self, workload_id: str,
+                       job_ids: Sequence[str]) -> tuple[list[tuple[str | None, str | None]], dict[str, str]]:
+        """Each step job's ``(state, reason)`` (as ``job_ids``) and the workload's whole
+        record, read in one round trip (no transaction: the writes re-check what they need).
+
+        Raises:
+            StoreError: Redis failed."""
+        try:
+            pipe = self.r.pipeline(transaction=False)
+            for job_id in job_ids:
+                pipe.hmget(self.keys.job(job_id), "state", "reason")
+            pipe.hgetall(self.keys.workload(workload_id))
+            *rows, record = pipe.execute()
+        except redis.RedisError as e:
+            raise store_error(e, f"read the steps of workload {workload_id}") from e
+        return [(state, reason) for state, reason in rows], record
+
+    def drop_active_workload(self, workload_id: str) -> None:
+        """Take a workload whose record is gone out of ``P:workloads:active``.
+
+        Raises:
+            StoreError: Redis failed."""
+        try:
+            self.r.srem(self.keys.workloads_active, workload_id)
+        except redis.RedisError as e:
+            raise store_error(e, f"drop workload {workload_id} from the active set") from e
+
+    def fail_workload(self, workload_id: str, reason: str, failed_at_s: float, event_json: str) -> bool:
+        """Fail a workload that is still running (see ``fail_workload.lua``); ``event_json``
+        is its ``workload_failed`` event. False when it is no longer running (a cancel ended
+        it since it was read): it is left as it is.
+
+        Raises:
+            StoreError: Redis failed."""
+        return bool(self._run("fail_workload", [self.keys.workload(workload_id), self.keys.events],
+                              [reason, repr(failed_at_s), event_json]))
+
+    def finish_workload(self, workload_id: str, all_completed: bool, now_s: float) -> str:
+        """Close a workload whose steps are all final (see ``finish_workload.lua``): a
+        running one ends ``completed`` when ``all_completed``, else ``failed``; a failed or
+        cancelled one keeps its state. It moves from the active set to the done index.
+
+        Returns:
+            Its final state, or ``""`` when its record is gone.
+        Raises:
+            StoreError: Redis failed."""
+        return str(self._run("finish_workload", [self.keys.workload(workload_id), self.keys.workloads_active,
+                                                 self.keys.workloads_done, self.keys.events],
+                             [workload_id, "1" if all_completed else "0", repr(now_s)]))
 
     # -- planner ---------------------------------------------------------------------------
     def promote_delayed(self, event_ts_s: float, limit: int, planner_token: str = "",

@@ -24,7 +24,7 @@ import redis
 from makespan.errors import LeaseError, StaleFencingToken
 from makespan.keys import Keys
 from makespan.store.scripts import script, store_error
-from makespan.store.states import JobState
+from makespan.job_states import JobState
 
 log = logging.getLogger("makespan.workers.leases")
 
@@ -267,7 +267,9 @@ class LeaseStore:
 
         Returns:
             ``"preempted"`` or ``"cancelled"``; or why nothing was done: ``"gone"``,
-            ``"not_a_job"``, ``"executed"`` (its workload already ran: it only has to clear).
+            ``"not_a_job"``, ``"not_leased"`` (its job is in neither state a lease holds a
+            job in: queued, delayed or final), ``"executed"`` (its workload already ran: it
+            only has to clear).
         Raises:
             LeaseError: ``planner_token`` is stale (another planner leads).
             StoreError: Redis failed.

@@ -26,7 +26,7 @@ from typing import Any
 import redis
 from redis.commands.core import Script
 
-from makespan.errors import StoreError
+from makespan.redis_conn import store_error  # re-exported: the store's modules translate with it
 from makespan.settings import Settings
 
 LIBRARY = "lib"
@@ -120,29 +120,6 @@ def text(name: str, events_max_len: int = DEFAULT_EVENTS_MAX_LEN) -> str:
     if not header(name).library:
         return source(name)
     return source(LIBRARY).replace(_CAP_MARK, f"'{events_max_len}'") + "\n" + source(name)
-
-
-_TRANSLATED: dict[type, type] = {}
-
-
-def store_error(error: redis.RedisError, what: str) -> StoreError:
-    """``error`` as a :class:`StoreError` (``__cause__`` = ``error``) whose class also
-    derives from ``type(error)``: callers that catch ``StoreError`` and callers that still
-    catch the redis-py class (``redis.ConnectionError``, ``redis.RedisError``) both see it."""
-    kind = type(error)
-    cls = _TRANSLATED.get(kind)
-    if cls is None:
-        try:
-            cls = type(f"Store{kind.__name__}", (StoreError, kind), {"__module__": __name__})
-        except TypeError:  # an incompatible layout: the plain StoreError
-            cls = StoreError
-        _TRANSLATED[kind] = cls
-    try:
-        out = cls(f"{what}: {error}")
-    except (TypeError, ValueError, IndexError):  # a redis-py class whose constructor wants more (cluster redirects)
-        out = StoreError(f"{what}: {error}")
-    out.__cause__ = error
-    return out
 
 
 class StoreScript:

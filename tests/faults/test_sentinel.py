@@ -100,7 +100,7 @@ def sentinel_set(tmp_path):
         _wait(lambda: rep.info("replication").get("master_link_status") == "up", 30, "the replica to sync")
         for port in sentinels:
             s = redis.Redis(port=port, decode_responses=True)
-            _wait(lambda: s.sentinel_master(SERVICE)["num-other-sentinels"] == 2
+            _wait(lambda s=s: s.sentinel_master(SERVICE)["num-other-sentinels"] == 2
                   and s.sentinel_master(SERVICE)["num-slaves"] == 1, 30, "the Sentinels to see each other")
         url = "redis+sentinel://" + ",".join(f"127.0.0.1:{p}" for p in sentinels) + f"/{SERVICE}/0"
         info = {"url": url, "primary": servers["primary"], "primary_port": primary, "replica_port": replica}

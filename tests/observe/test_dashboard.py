@@ -27,7 +27,7 @@ from makespan.live import LiveSystem
 from makespan.models import load_fleet
 from makespan.producer import Producer
 from makespan.redis_conn import free_port
-from tests.live import wait_for
+from tests.live import stop_checked, wait_for
 
 from . import dashboard_live as dl
 from .debian_tools import Chromium, require_tool
@@ -201,4 +201,4 @@ def test_dashboard_in_a_real_browser_against_the_live_system(r, keys, settings, 
     finally:
         if dash is not None:
             dl.stop(dash)
-        system.stop()
+        stop_checked(system)

@@ -16,7 +16,7 @@ from makespan.live import LiveSystem
 from makespan.models import load_fleet
 from makespan.producer import Producer
 from makespan.redis_conn import free_port
-from tests.live import wait_for
+from tests.live import stop_checked, wait_for
 
 from .debian_tools import Chromium, require_tool
 from .deploy_checks import ROOT
@@ -85,7 +85,7 @@ def test_flower_pages_show_gpu_workers_queues_and_execute_tasks(r, keys, setting
     finally:
         if flower is not None:
             _stop(flower)
-        system.stop()
+        stop_checked(system)
 
 
 def _task_rows(dom: str) -> list[dict[str, str]]:

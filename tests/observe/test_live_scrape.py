@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from makespan.live import LiveSystem
 from makespan.models import load_fleet
 from makespan.producer import Producer
-from tests.live import wait_for
+from tests.live import stop_checked, wait_for
 
 FLEET = Path("examples/render-pipeline.toml").resolve()
 KNOWN = [("embed", "CRITICAL")] * 2 + [("chat", "NORMAL")] * 3 + [("coder", "LOW")]
@@ -60,7 +60,7 @@ def test_scrape_matches_a_known_workload(r, keys, settings, tmp_path):
         assert _total(planner, "makespan_drain_leftovers") == 0
         assert _total(observer, "makespan_incidents_total") == 0
     finally:
-        system.stop()
+        stop_checked(system)
 
 
 def test_metrics_ports_skip_ports_already_bound():

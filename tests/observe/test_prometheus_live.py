@@ -16,7 +16,7 @@ from makespan.live import LiveSystem
 from makespan.models import load_fleet
 from makespan.producer import Producer
 from makespan.redis_conn import free_port
-from tests.live import wait_for
+from tests.live import stop_checked, wait_for
 
 from .debian_tools import Prometheus, require_tool
 from .deploy_checks import ROOT
@@ -91,4 +91,4 @@ def test_every_dashboard_expression_returns_series_while_jobs_run(r, keys, setti
             assert r.zcard(keys.running) > 0 or r.zcard(keys.leases) > 0, "jobs were running during the check"
     finally:
         stop.set()
-        system.stop()
+        stop_checked(system)

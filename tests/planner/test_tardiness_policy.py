@@ -183,7 +183,7 @@ def _atc_reference(batch, st, k):
         cands = [j for j in avail if ready[j.id] <= t] or \
             [j for j in avail if ready[j.id] == min(ready.values())]
 
-        def index(j):
+        def index(j, t=t, ready=ready):
             ep = eps[j.endpoint]
             base = j.weight / max(j.service_s * ep.tp, 1e-9)
             if j.deadline_s is None:

@@ -125,6 +125,53 @@ def test_compact_and_expire_a_finished_job(jobs, r, keys):
 
 
 # -- LeaseStore ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("current", ["running", "cancelled", "failed", "completed"])
+def test_fail_workload_fails_only_a_running_workload(jobs, r, keys, current):
+    r.hset(keys.workload("w1"), mapping={"state": current, "steps": "{}"})
+    event = json.dumps({"ts": 5.0, "kind": "workload_failed", "workload": "w1"})
+    assert jobs.fail_workload("w1", "step a failed", 5.0, event) == (current == "running")
+    record = r.hgetall(keys.workload("w1"))
+    if current == "running":
+        assert (record["state"], record["reason"], float(record["failed_at"])) == ("failed", "step a failed", 5.0)
+        assert [e["kind"] for e in events(r, keys)] == ["workload_failed"]
+    else:
+        assert record == {"state": current, "steps": "{}"} and events(r, keys) == []
+
+
+@pytest.mark.parametrize(("current", "all_completed", "final"), [
+    ("running", True, "completed"), ("running", False, "failed"),
+    ("failed", True, "failed"), ("cancelled", True, "cancelled"), ("cancelled", False, "cancelled")])
+def test_finish_workload_closes_it_as_it_is_now(jobs, r, keys, current, all_completed, final):
+    r.hset(keys.workload("w1"), mapping={"state": current, "steps": "{}"})
+    r.sadd(keys.workloads_active, "w1", "w2")
+    assert jobs.finish_workload("w1", all_completed, 1764691200.123456) == final
+    assert r.hget(keys.workload("w1"), "state") == final
+    assert r.hget(keys.workload("w1"), "finished_at") == "1764691200.123456"
+    assert r.smembers(keys.workloads_active) == {"w2"}
+    assert r.zscore(keys.workloads_done, "w1") == pytest.approx(1764691200.123456)
+    expected = [{"ts": 1764691200.123456, "kind": f"workload_{final}", "workload": "w1"}] if current == "running" else []
+    assert events(r, keys) == expected  # an event only when the pass ended it (a cancel recorded its own)
+
+
+def test_finish_workload_whose_record_is_gone_only_leaves_the_active_set(jobs, r, keys):
+    r.sadd(keys.workloads_active, "w1")
+    assert jobs.finish_workload("w1", True, 5.0) == ""
+    assert not r.exists(keys.workload("w1")) and r.scard(keys.workloads_active) == 0
+    assert r.zscore(keys.workloads_done, "w1") is None
+
+
+def test_workload_reads(jobs, r, keys):
+    r.hset(keys.workload("w1"), mapping={"state": "running", "retries:a": "1"})
+    r.hset(keys.job("j1"), mapping={"state": "failed", "reason": "boom"})
+    r.sadd(keys.workloads_active, "w1")
+    assert jobs.active_workloads() == {"w1"}
+    assert jobs.workload_fields("w1", ("state", "steps")) == ["running", None]
+    rows, record = jobs.workload_steps("w1", ["j1", "j2"])
+    assert rows == [("failed", "boom"), (None, None)] and record["retries:a"] == "1"
+    jobs.drop_active_workload("w1")
+    assert jobs.active_workloads() == set()
+
+
 def test_a_lease_acknowledges_its_job_and_fences_its_holder(jobs, leases, r, keys):
     submit(jobs, keys, "j1")
     lease = leases.acquire("L1", ("g0", "g1"), 30.0, job_id="j1", queue=keys.queue("NORMAL"))

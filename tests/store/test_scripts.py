@@ -26,10 +26,36 @@ def body_of(name: str) -> str:
     return "\n".join(lines[len(store_scripts.header_lines(name)):])
 
 
+def workload_key_indices(name: str) -> set[int]:
+    """The KEYS indices the script's header names as a workload record (``P:workload:{id}``):
+    a workload's ``state`` field is not a job's."""
+    return {int(index) for line in store_scripts.header(name).keys
+            for index in re.findall(r"^KEYS\[(\d+)\]\s+P:workload:", line)}
+
+
+def literal_job_state_writes(name: str) -> set[str]:
+    """The states the script's text writes as a literal ``'state', '<value>'`` pair, less
+    those written on a workload record (a line that HSETs one of its KEYS)."""
+    workload_keys = workload_key_indices(name)
+    out: set[str] = set()
+    for line in body_of(name).splitlines():
+        if any(re.search(rf"'HSET', KEYS\[{index}\]", line) for index in workload_keys):
+            continue
+        out |= set(re.findall(r"'state',\s*'(\w+)'", line))
+    return out
+
+
+def test_workload_records_are_told_apart_from_job_records():
+    assert workload_key_indices("fail_workload") == {1} and workload_key_indices("finish_workload") == {1}
+    assert literal_job_state_writes("fail_workload") == set()
+    assert workload_key_indices("preempt") == set()
+    assert "running" in literal_job_state_writes("fenced")  # a job's state on a job key still counts
+
+
 def test_every_lua_file_is_a_listed_script_or_the_library():
     on_disk = sorted(p.stem for p in LUA_DIR.glob("*.lua"))
     assert on_disk == sorted([*NAMES, store_scripts.LIBRARY])
-    assert len(NAMES) == 25
+    assert len(NAMES) == 27
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -73,8 +99,8 @@ def test_finishing_a_job_is_written_once_in_lua():
     """The final-state HSET lives in lib.lua's finish_job alone; scripts call it."""
     finals = ("completed", "failed", "cancelled")
     for name in NAMES:
-        writes = re.findall(r"'state',\s*'(\w+)'", body_of(name))
-        assert not set(writes) & set(finals), f"{name}.lua writes a final state itself: call finish_job"
+        writes = literal_job_state_writes(name)
+        assert not writes & set(finals), f"{name}.lua writes a final state itself: call finish_job"
     lib = store_scripts.source(store_scripts.LIBRARY)
     assert len(re.findall(r"HSET', key_job\(prefix, job_id\), 'state', state", lib)) == 1
 
@@ -136,7 +162,8 @@ def test_a_script_error_is_a_store_error(r, keys):
 
 
 def test_the_store_imports_only_the_core():
-    allowed = {"makespan.keys", "makespan.errors", "makespan.models", "makespan.settings"}
+    allowed = {"makespan.keys", "makespan.errors", "makespan.job_states", "makespan.models", "makespan.settings",
+               "makespan.redis_conn", "makespan.events"}
     for path in (ROOT / "app" / "store").glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             names = []

@@ -18,6 +18,7 @@ from makespan.store import TRANSITIONS, JobState, JobStore
 from makespan.store import scripts as store_scripts
 from makespan.store.leases import LeaseStore, delay_job_op, finish_job_op, start_job_op
 from makespan.store.states import allowed
+from tests.store.test_scripts import literal_job_state_writes
 
 STATE_VALUES = {s.value for s in JobState}
 # lib.lua helpers (and fenced.lua op names) and the state each one writes
@@ -34,7 +35,7 @@ def written_states(name: str) -> tuple[set[str], bool]:
     from the caller's fields (a submit: its state is checked at run time below)."""
     body = store_scripts.source(name)
     body = "\n".join(body.splitlines()[len(store_scripts.header_lines(name)):])
-    out = set(re.findall(r"'state',\s*'(\w+)'", body))
+    out = literal_job_state_writes(name)  # less a workload record's state (not a job's)
     out |= set(re.findall(r"finish_job\([^,]+,[^,]+,\s*'(\w+)'", body))
     out |= set(re.findall(r"table\.insert\(flat, 'state'\); table\.insert\(flat, '(\w+)'\)", body))
     out |= {state for call, state in HELPER_WRITES.items() if call in body}
@@ -127,13 +128,26 @@ def test_reclaim_from_every_state(r, keys, before, phases):
     assert_allowed(before, state_of(r, keys))
 
 
-# the states a job holding a lease is in: preempt.lua trusts the lease (it does not read the job's
-# state), so from a state no leased job has it would requeue the job; no script makes that state
-@pytest.mark.parametrize("before", [JobState.LEASED, JobState.RUNNING])
-def test_preempt_from_the_leased_states(r, keys, before):
+@pytest.mark.parametrize("before", ALL_STATES)
+def test_preempt_from_every_state(r, keys, before):
+    """preempt.lua moves a leased or running job back to its queue; from any other state
+    (no TRANSITIONS entry leads from it to queued) it refuses and changes nothing."""
     leases, _ = leased_job(r, keys, before)
-    leases.preempt("L1", "j2")
-    assert_allowed(before, state_of(r, keys))
+    events_before = r.xlen(keys.events)
+    outcome = leases.preempt("L1", "j2")
+    after = state_of(r, keys)
+    assert_allowed(before, after)
+    if before in (JobState.LEASED, JobState.RUNNING):
+        assert (outcome, after) == ("preempted", JobState.QUEUED)
+        assert not r.exists(keys.lease("L1"))
+    else:
+        assert (outcome, after) == ("not_leased", before)
+        assert r.hget(keys.lease("L1"), "job") == "j1"  # the lease and its GPU stay with their holder
+        assert r.zscore(keys.leases, "L1") is not None
+        assert r.get(keys.gpu("g0")) is not None
+        assert r.zscore(keys.queue("NORMAL"), "j1") is None
+        assert r.xlen(keys.events) == events_before
+        assert r.hget(keys.job("j1"), "preemptions") is None
 
 
 @pytest.mark.parametrize("before", [JobState.LEASED, JobState.RUNNING])  # the states a lease holds its job in

@@ -19,7 +19,7 @@ from makespan.keys import Keys
 from makespan.live import LiveSystem, delete_prefix
 from makespan.models import load_fleet
 from makespan.redis_conn import connect
-from tests.live import all_events, wait_for
+from tests.live import all_events, stop_checked, wait_for
 
 FLEET = Path(__file__).with_name("fleet.toml").resolve()
 
@@ -45,7 +45,7 @@ def live(redis_url, tmp_path_factory, marks):
     wait_for(lambda: client.r.exists(client.keys.fn_live("add")), 30, "the worker to publish its functions")
     wait_for(lambda: client.r.exists(client.keys.fleet_version), 30, "the planner to publish the fleet")
     yield system, client
-    system.stop()
+    stop_checked(system)
     r = connect(redis_url)
     delete_prefix(r, Keys(prefix))
     r.close()
@@ -239,7 +239,7 @@ def test_sigkill_mid_run_runs_again_and_stores_one_result(settings, r, keys, tmp
         assert int(r.hget(keys.job(job.id), "attempts")) == 1
         assert json.loads(r.get(keys.result(job.id)))["attempt"] == 2
     finally:
-        system.stop()
+        stop_checked(system)
 
 
 
@@ -281,7 +281,7 @@ def test_a_job_submitted_from_the_cli_is_one_trace_with_its_root_span(settings, 
         assert len(trace_ids) == 1 and (tp is None or trace_ids == {tp.split("-")[1]})
         assert {"makespan", "execute_workload"} <= {x["name"] for x in mine}
     finally:
-        system.stop()
+        stop_checked(system)
 
 
 def test_makespan_result_prints_a_workload_error_and_exits_1(live):

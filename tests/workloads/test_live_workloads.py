@@ -14,7 +14,7 @@ from makespan.live import LiveSystem
 from makespan.models import load_fleet
 from makespan.workload_report import workload_report
 from makespan.workloads import Workload, cancel_workload, chain, group, submit_workload, workload_status
-from tests.live import all_events, overlaps, wait_for
+from tests.live import all_events, overlaps, stop_checked, wait_for
 
 FLEET = Path(__file__).with_name("fleet.toml").resolve()
 
@@ -29,7 +29,7 @@ def system(settings, fleet, tmp_path):
     s = LiveSystem(FLEET, fleet, settings, tmp_path / "logs")
     s.start()
     yield s
-    s.stop()
+    stop_checked(s)
 
 
 def _wait_final(r, keys, wid, timeout_s=60):

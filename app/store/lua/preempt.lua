@@ -1,7 +1,10 @@
 -- preempt.lua: preempt one job lease: free its GPUs and put its job back in its queue
 -- with its original submission order (design notes, "Preemption"); not an attempt.
 -- Refused for a job whose execute phase is done (it only has to clear: never run it
--- twice) and for a deposed planner. A job whose cancel was requested is cancelled.
+-- twice), for a job that is not leased or running (TRANSITIONS has no way from another
+-- state to queued or cancelled by a preemption: nothing is changed, the lease stays with
+-- its holder or the reclaim) and for a deposed planner. A job whose cancel was requested
+-- is cancelled.
 -- Library: lib
 -- Transitions: leased -> queued, running -> queued, leased -> cancelled, running -> cancelled
 --
@@ -16,13 +19,15 @@
 -- ARGV[4]  the preemptor's job id
 -- ARGV[5]  planner token ('' = unchecked)
 -- Returns {1, 'preempted' | 'cancelled'} or {0, why} with why in planner_fenced, gone,
--- not_a_job, executed.
+-- not_a_job, not_leased, executed.
 local prefix = ARGV[3]
 if ARGV[5] ~= '' and redis.call('GET', KEYS[5]) ~= ARGV[5] then return {0, 'planner_fenced'} end
 local lease = redis.call('HGETALL', KEYS[1])
 if #lease == 0 then return {0, 'gone'} end
 local L = hash_table(lease)
-if L['kind'] ~= 'job' then return {0, 'not_a_job'} end
+if L['kind'] ~= 'job' or not L['job'] then return {0, 'not_a_job'} end
+local job_state = redis.call('HGET', key_job(prefix, L['job']), 'state')
+if job_state ~= 'leased' and job_state ~= 'running' then return {0, 'not_leased'} end
 local phases = key_phase(prefix, ARGV[1])
 if redis.call('HGET', phases, 'execute') == 'done' then return {0, 'executed'} end
 local started = redis.call('HGET', phases, 'start_endpoint') == 'done'
