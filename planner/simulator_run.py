@@ -17,7 +17,7 @@ from typing import Any
 
 from makespan.planner.api import plan
 from makespan.planner.measures import JobRecord
-from makespan.planner.model import Assignment, FleetState, Plan, PlanJob, PlannedPreemption, RunningJob
+from makespan.planner.model import Assignment, EndpointModel, FleetState, Plan, PlanJob, PlannedPreemption, RunningJob
 from makespan.planner.policies import Policy
 from makespan.planner.preemption import (DEFAULT_MIN_RUNTIME_S, DEFAULT_PREEMPTION_BUDGET, Holder,
                                          choose_preemption, victim_allowed)
@@ -254,5 +254,12 @@ def _record(job: PlanJob, a: Any, base: FleetState) -> JobRecord:
     chosen = dict(getattr(a, "sleep_levels", ()))
     sleeps = tuple(e for e in a.evicts if e in base.endpoints and base.endpoints[e].wake_s is not None
                    and chosen.get(e, 1) > 0)
+    levels = tuple(chosen.get(e) or _configured_level(base.endpoints[e]) for e in sleeps)
     return JobRecord(job.id, job.endpoint, job.priority, job.weight, job.release_s, a.start_s, a.service_start_s,
-                     a.end_s, tuple(a.gpus), a.load, tuple(a.evicts), ev, sleeps=sleeps)
+                     a.end_s, tuple(a.gpus), a.load, tuple(a.evicts), ev, sleeps=sleeps, sleep_levels=levels)
+
+
+def _configured_level(endpoint: EndpointModel) -> int:
+    """The level an endpoint the plan did not choose for sleeps at: its first sleep option's
+    (the fleet file's ``sleep_level``); 1 for a model without options."""
+    return endpoint.sleep_options[0][0] if endpoint.sleep_options else 1

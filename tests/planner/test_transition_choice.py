@@ -109,3 +109,20 @@ def test_a_host_ram_budget_never_makes_an_infeasible_plan(jobs):
     window, _ = window_jobs(ALIBABA, fleet, 400, jobs, 0, 16)
     report = simulate(window, fleet, "portfolio", 0)
     assert report["jobs"]["completed"] == jobs and report["jobs"]["failed"] == 0
+
+
+@pytest.mark.parametrize(("ram_budget_mib", "level"), [(None, 1), (RAM_MIB - 1, 2)])
+def test_the_simulator_report_counts_sleeps_per_level(ram_budget_mib, level):
+    """The report's ``transitions`` split ``sleep`` by level (``sleep_level1``,
+    ``sleep_level2``). In virtual time ``a1`` is not known when ``b1`` displaces ``a`` (no
+    demand for ``a`` yet: stopped); ``a1`` then displaces ``b``, in recent demand: it sleeps
+    at level 1, or at level 2 when the host RAM budget leaves no room for its weights."""
+    from makespan.planner.simulator import simulate
+
+    batch, state = _case(ram_budget_mib=ram_budget_mib)
+    rep = simulate(batch, state, "portfolio", 0, restore=False, detail=True)
+    tr = rep["transitions"]
+    assert tr["sleep"] == 1
+    assert (tr["sleep_level1"], tr["sleep_level2"]) == ((1, 0) if level == 1 else (0, 1))
+    a1 = next(j for j in rep["schedule"]["jobs"] if j["id"] == "a1")
+    assert (a1["sleeps"], a1["sleep_levels"]) == (("b",), (level,))
