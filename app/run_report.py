@@ -167,6 +167,11 @@ def live_report(r: redis.Redis, keys: Keys, fleet: FleetSpec, events: list[dict[
     rep["drain_left"] = drain["left"]
     rep["estimate_error"] = estimate_errors(events)
     rep["transition_error"] = transition_errors(events)
+    # prewarms (issue 20 point 5) run as restore leases: counted apart, their GPU-s stay in
+    ended = {e.get("lease") for e in events if e.get("kind") == "restore_end"}
+    prewarms = sum(1 for e in events if e.get("kind") == "restore_start" and e.get("prewarm") and e.get("lease") in ended)
+    rep["transitions"]["restore"] -= prewarms
+    rep["transitions"]["prewarm"] = prewarms
     rep["transitions"]["wake_failed"] = sum(1 for e in events if e.get("kind") == "phase_end" and e.get("wake_failed"))
     rep["transitions"]["sleep_failed"] = sum(1 for e in events if e.get("kind") == "phase_end" and e.get("sleep_failed"))
     return rep

@@ -86,3 +86,39 @@ def test_the_live_report_and_the_summary_count_sleeps_per_level(r, keys, setting
     assert (tr["sleep"], tr["sleep_level1"], tr["sleep_level2"], tr["wake"]) == (2, 1, 1, 1)
     assert summary_stats(events)["sleep_level_count"] == {"level1": 1, "level2": 1}
     assert "sleeps by level: level1 1x, level2 1x" in summarize(events)
+
+
+def test_the_live_planner_prewarms_a_sleeper_when_prewarm_is_on(r, keys, settings):
+    """``MAKESPAN_PREWARM``: on an idle GPU where chat (in more recent demand) sleeps under
+    code, the planner tick leases a restore that wakes chat (the same instance) and puts
+    code to sleep; off, the same tick does nothing."""
+    import dataclasses
+
+    from makespan.planner.model import PlanJob
+    from makespan.run_report import live_report
+    from makespan.workers.warm import run_phases
+    from tests.live import all_events
+
+    fleet = _fleet()
+    jobs = Jobs(r, keys, settings, fleet)
+    first = jobs.run("chat")
+    second = jobs.run("code", sleep_levels={"chat": 1})  # chat sleeps under code on GPU 0
+    [(chat, _level)] = list_sleepers(r, keys)
+    recent = {f"j{i}": PlanJob(f"j{i}", e, 2.0, 0.0, 10.0, 2) for i, e in enumerate(["chat", "chat", "code"])}
+    for prewarm, want in ((False, []), (True, [("restore", "chat", [GPU])])):
+        sent: list = []
+        worker = PlannerWorker(r, dataclasses.replace(settings, prewarm=prewarm), fleet,
+                               dispatch=lambda ctx, queue, sent=sent: sent.append(ctx))
+        worker.token = ""
+        worker.kept.recent_jobs = dict(recent)
+        worker.tick()
+        assert [(c.kind, c.endpoint, c.gpus) for c in sent] == want
+    assert run_phases(jobs.runner, sent[0]) == "completed"
+    assert [(i.id, lvl) for i, lvl in list_sleepers(r, keys)] == [(i.id, 1) for i, _ in jobs.instances()
+                                                                  if i.endpoint == "code"]
+    assert [(i.id, s) for i, s in jobs.instances() if i.endpoint == "chat"] == [(chat.id, "running")]
+    events = all_events(r, keys)
+    [start] = [e for e in events if e["kind"] == "restore_start"]
+    assert start["prewarm"] is True and start["planned_s"] == 4  # planned as a wake
+    rep = live_report(r, keys, fleet, events, [first.job_id, second.job_id], settings.time_scale, settings.policy)
+    assert (rep["transitions"]["prewarm"], rep["transitions"]["restore"]) == (1, 0)
