@@ -226,7 +226,7 @@ class Settings:
         prewarm: the planner wakes a sleeping instance on an idle GPU group ahead of
             forecast demand (:mod:`makespan.planner.prewarm`; a restore lease whose start
             phase wakes it). Default off: measured no better than not prewarming
-            (bench/RESULTS.md, "Issue 20 point 5"). ``MAKESPAN_PREWARM`` (1/0).
+            (bench/RESULTS.md, "Issue 20 (a) with 3 seeds"). ``MAKESPAN_PREWARM`` (1/0).
 
     Redis connection bounds and start checks (:mod:`makespan.redis_conn`):
 
