@@ -225,8 +225,9 @@ class Settings:
             and tests of learned durations; empty: none). ``MAKESPAN_SIMULATED_SLOWDOWN``.
         prewarm: the planner wakes a sleeping instance on an idle GPU group ahead of
             forecast demand (:mod:`makespan.planner.prewarm`; a restore lease whose start
-            phase wakes it). Default off: measured no better than not prewarming
-            (bench/RESULTS.md, "Issue 20 (a) with 3 seeds"). ``MAKESPAN_PREWARM`` (1/0).
+            phase wakes it). Default off: no better than not prewarming on the
+            swap-heavy scenario and the trace windows, 0.2–0.4 % better only on sparse
+            traffic (bench/RESULTS.md, "Issue 20 (a) with 3 seeds"). ``MAKESPAN_PREWARM`` (1/0).
 
     Redis connection bounds and start checks (:mod:`makespan.redis_conn`):
 
