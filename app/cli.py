@@ -418,6 +418,7 @@ def simulate(trace: Path, fleet: Path = FleetOpt, policy: str = typer.Option(SIM
              preemption_mode: str = typer.Option("plan", help=f"plan: {_SCORED} decide preemptions inside the plan by score ({_RULED} keep the rule), as the live planner does by default (MAKESPAN_PREEMPTION); rule: the fixed preemption rule for every policy; off: no preemption (as --no-preemption)"),
              restore: bool = typer.Option(True, help="set-point restores: planned after a group's last job, and when the fleet is idle, as the live planner does; --no-restore: none at all"),
              set_point_weight: float = typer.Option(0.0, help="score per GPU-second a set-point instance is absent in a plan (weight·s per GPU-s; 0: not weighed), as MAKESPAN_SET_POINT_WEIGHT for the live planner"),
+             prewarm: bool = typer.Option(False, help="wake sleepers on idle GPU groups ahead of demand, as MAKESPAN_PREWARM=1 for the live planner (transitions.prewarm)"),
              quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress lines on stderr")):
     """The planner in virtual time (no Redis) over a trace; prints the report JSON. Progress goes to stderr every few seconds of a long run."""
     try:
@@ -440,7 +441,7 @@ def simulate(trace: Path, fleet: Path = FleetOpt, policy: str = typer.Option(SIM
                                  report_path=str(report) if report else None,
                                  preemption=preemption_mode if preemption and preemption_mode != "off" else False, restore=restore,
                                  time_scale=time_scale, time_limit_s=time_limit_s, progress=progress,
-                                 set_point_weight=set_point_weight)
+                                 set_point_weight=set_point_weight, prewarm=prewarm)
     except MakespanError as e:
         _fail(e)
     typer.echo(json.dumps(out, indent=2))

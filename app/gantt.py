@@ -197,7 +197,9 @@ def summary_stats(events: list[dict[str, Any]], gpus: list[str] | None = None) -
     Returns a dict: ``jobs`` (counts by kind), ``completed_by_priority``,
     ``makespan_s``, ``weighted_completion_s``, ``wait_s`` ({priority: {p50, p95, n}}),
     ``phase_gpu_s`` ({phase: GPU-seconds}), ``phase_count``, ``transition_count``
-    ({sleep, wake, cold_start: phases that did that}), ``busy_gpu_s``,
+    ({sleep, wake, cold_start: phases that did that}), ``sleep_level_count``
+    ({level1, level2: instances put to sleep at that level, from the evict phases'
+    ``slept_levels``}), ``busy_gpu_s``,
     ``transition_gpu_s``, ``idle_gpu_s``, ``utilization``, ``gpus``, ``incomplete``,
     ``drains``, ``time_scale``. ``gpus`` defaults to every GPU named in the events.
     """
@@ -245,6 +247,12 @@ def summary_stats(events: list[dict[str, Any]], gpus: list[str] | None = None) -
             phase_count[iv.phase] += 1
         if iv.transition in transition_count:
             transition_count[iv.transition] += 1
+    sleep_level_count = {"level1": 0, "level2": 0}
+    for ev in evs:
+        if ev["kind"] == "phase_end" and ev.get("phase") == "evict":
+            for level in (ev.get("slept_levels") or {}).values():
+                if f"level{level}" in sleep_level_count:
+                    sleep_level_count[f"level{level}"] += 1
     busy = phase_gpu_s["execute"]
     transition = sum(phase_gpu_s[p] for p in TRANSITION_PHASES)
     capacity = len(gpu_set) * makespan_s
@@ -262,6 +270,7 @@ def summary_stats(events: list[dict[str, Any]], gpus: list[str] | None = None) -
         "phase_gpu_s": phase_gpu_s,
         "phase_count": phase_count,
         "transition_count": transition_count,
+        "sleep_level_count": sleep_level_count,
         "busy_gpu_s": busy,
         "transition_gpu_s": transition,
         "idle_gpu_s": max(0.0, capacity - busy - transition),
@@ -294,7 +303,8 @@ def summarize(events: list[dict[str, Any]], gpus: list[str] | None = None) -> st
         f"utilization: {s['utilization']:.1%}   busy {s['busy_gpu_s']:.3f} GPU-s, "
         f"transition {s['transition_gpu_s']:.3f} GPU-s, idle {s['idle_gpu_s']:.3f} GPU-s",
         "phases: " + ", ".join(f"{p} {s['phase_count'][p]}x/{s['phase_gpu_s'][p]:.3f} GPU-s" for p in PHASES),
-        "transitions: " + ", ".join(f"{t} {n}x" for t, n in s["transition_count"].items()),
+        "transitions: " + ", ".join(f"{t} {n}x" for t, n in s["transition_count"].items())
+        + "   sleeps by level: " + ", ".join(f"{k} {n}x" for k, n in s["sleep_level_count"].items()),
     ]
     if s["completed_by_priority"]:
         lines.append("completed by priority: " + ", ".join(f"{p} {n}" for p, n in s["completed_by_priority"].items()))

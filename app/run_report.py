@@ -63,6 +63,8 @@ def records_from_run(events: list[dict[str, Any]], jobs: dict[str, dict[str, str
         elif k == "phase_end" and e.get("phase") == "evict":
             L["evicts"] = tuple(e.get("evicted") or ())
             L["sleeps"] = tuple(e.get("slept") or ())
+            levels = e.get("slept_levels") or {}
+            L["sleep_levels"] = tuple(int(levels[s]) for s in L["sleeps"]) if set(L["sleeps"]) <= set(levels) else ()
             L["evict_s"] = float(e.get("planned_s") or 0.0)
         elif k in ("restore_end",):
             L["end"] = e["ts"]
@@ -83,7 +85,8 @@ def records_from_run(events: list[dict[str, Any]], jobs: dict[str, dict[str, str
         out.append(JobRecord(jid, rec["endpoint"], int(prio), float(prio.weight), sub, start, max(svc, start),
                              max(end, svc), tuple(L.get("gpus", ())), L.get("load", "warm"),
                              L.get("evicts", ()), L.get("evict_s", 0.0),
-                             "completed" if rec["state"] == "completed" else "failed", L.get("sleeps", ())))
+                             "completed" if rec["state"] == "completed" else "failed", L.get("sleeps", ()),
+                             L.get("sleep_levels", ())))
     return out, restores
 
 
@@ -164,6 +167,11 @@ def live_report(r: redis.Redis, keys: Keys, fleet: FleetSpec, events: list[dict[
     rep["drain_left"] = drain["left"]
     rep["estimate_error"] = estimate_errors(events)
     rep["transition_error"] = transition_errors(events)
+    # prewarms (issue 20 point 5) run as restore leases: counted apart, their GPU-s stay in
+    ended = {e.get("lease") for e in events if e.get("kind") == "restore_end"}
+    prewarms = sum(1 for e in events if e.get("kind") == "restore_start" and e.get("prewarm") and e.get("lease") in ended)
+    rep["transitions"]["restore"] -= prewarms
+    rep["transitions"]["prewarm"] = prewarms
     rep["transitions"]["wake_failed"] = sum(1 for e in events if e.get("kind") == "phase_end" and e.get("wake_failed"))
     rep["transitions"]["sleep_failed"] = sum(1 for e in events if e.get("kind") == "phase_end" and e.get("sleep_failed"))
     return rep

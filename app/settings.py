@@ -226,6 +226,11 @@ class Settings:
         simulated_slowdown: ``host=factor,...``: the simulated driver's transitions on
             these hosts take the fleet file's figure × factor (a slow disk, for benches
             and tests of learned durations; empty: none). ``MAKESPAN_SIMULATED_SLOWDOWN``.
+        prewarm: the planner wakes a sleeping instance on an idle GPU group ahead of
+            forecast demand (:mod:`makespan.planner.prewarm`; a restore lease whose start
+            phase wakes it). Default off: no better than not prewarming on the
+            swap-heavy scenario and the trace windows, 0.2–0.4 % better only on sparse
+            traffic (bench/RESULTS.md, "Issue 20 (a) with 3 seeds"). ``MAKESPAN_PREWARM`` (1/0).
 
     Redis connection bounds and start checks (:mod:`makespan.redis_conn`):
 
@@ -304,6 +309,7 @@ class Settings:
     transition_min_observations: int = 5
     transition_quantile: float = 0.9
     simulated_slowdown: str = ""
+    prewarm: bool = False
     # --
     redis_socket_timeout_s: float = DEFAULT_REDIS_SOCKET_TIMEOUT_S
     redis_connect_timeout_s: float = DEFAULT_REDIS_CONNECT_TIMEOUT_S
@@ -527,10 +533,10 @@ def _transitions_from_env() -> dict[str, Any]:
     slow = os.environ.get("MAKESPAN_SIMULATED_SLOWDOWN", "")
     parse_slowdown(slow)
     return {"transition_min_observations": _env_int("MAKESPAN_TRANSITION_MIN_OBSERVATIONS", 5, 1, 10_000),
-            "transition_quantile": q, "simulated_slowdown": slow}
+            "transition_quantile": q, "simulated_slowdown": slow, "prewarm": _env_bool("MAKESPAN_PREWARM")}
 
 
 def _transitions_to_env(s: Settings) -> dict[str, str]:
     return {"MAKESPAN_TRANSITION_MIN_OBSERVATIONS": str(s.transition_min_observations),
             "MAKESPAN_TRANSITION_QUANTILE": repr(s.transition_quantile),
-            "MAKESPAN_SIMULATED_SLOWDOWN": s.simulated_slowdown}
+            "MAKESPAN_SIMULATED_SLOWDOWN": s.simulated_slowdown, "MAKESPAN_PREWARM": "1" if s.prewarm else "0"}

@@ -24,12 +24,12 @@ def run_simulation(trace_path: str | Path, fleet_path: str | Path, policy: str, 
                    time_scale: float = 1.0, window_s: float = 30.0, preemption: bool | str = True,
                    restore: bool = True, time_limit_s: float | None = None,
                    progress: Callable[[dict[str, Any]], None] | None = None,
-                   set_point_weight: float = 0.0) -> dict[str, Any]:
+                   set_point_weight: float = 0.0, prewarm: bool = False) -> dict[str, Any]:
     """``makespan simulate``: read the fleet (TOML) and the trace (ITP, Alibaba or JSON
     lines; rows ``start`` … ``start+limit`` mapped with ``seed``), simulate, and write
     the report JSON to ``report_path`` when given (checked writable before the run, so a
     long run is not lost to a bad path). ``time_scale`` divides submission and service
-    times; ``preemption``/``restore``/``time_limit_s``/``progress``/``set_point_weight``: as
+    times; ``preemption``/``restore``/``time_limit_s``/``progress``/``set_point_weight``/``prewarm``: as
     :func:`makespan.planner.simulator.simulate`.
     Returns the report.
 
@@ -52,7 +52,8 @@ def run_simulation(trace_path: str | Path, fleet_path: str | Path, policy: str, 
         raise ValidationError("trace", str(trace_path), f"no rows from row {start} on (the trace is shorter)")
     out = writable_report_path(report_path) if report_path is not None else None
     rep = simulate(jobs, fleet, policy, seed, time_scale=time_scale, window_s=window_s, preemption=preemption,
-                   restore=restore, time_limit_s=time_limit_s, progress=progress, set_point_weight=set_point_weight)
+                   restore=restore, time_limit_s=time_limit_s, progress=progress, set_point_weight=set_point_weight,
+                   prewarm=prewarm)
     if out is not None:
         out.write_text(json.dumps(rep, indent=2))
     return rep

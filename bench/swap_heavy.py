@@ -12,12 +12,19 @@ Scenarios:
       ÷ 4 at level 2; m4 keeps its level-1 wake of 20 s), 160 GiB of RAM for sleepers per host.
 
 Policies: ``fifo`` and ``min-evict`` (they stop every displaced instance), ``default``
-(CP-SAT on the portfolio floor; chooses the transition), and ``default`` on the same fleet
-with sleep disabled (no endpoint has a sleep mode). Columns: weighted completion
-(weight·s) and ÷ fifo, cold starts, cold starts avoided (the sleep-disabled default's cold
-starts − this run's), sleeps, wakes, and the host RAM peak of sleepers against its budget.
+(CP-SAT on the portfolio floor; chooses the transition), ``default + prewarm`` (the same
+with the simulator's ``prewarm``: wake sleepers on idle groups ahead of demand, issue 20
+point 5, :mod:`makespan.planner.prewarm`), and ``default`` on the same fleet with sleep
+disabled (no endpoint has a sleep mode); ``portfolio`` with and without prewarm, the
+same comparison without CP-SAT's wall-clock limit (deterministic: the default's CP-SAT
+runs 0.1 s of wall time per planning point, so its result moves with the machine's
+load). Columns: weighted completion (weight·s) and ÷ fifo, ÷ without prewarm (a prewarm
+row against the same policy without it), cold starts, cold
+starts avoided (the sleep-disabled default's cold starts − this run's), sleeps (at level
+1 / level 2), wakes, prewarms, and the host RAM peak of sleepers against its budget.
 
-Run: ``.venv/bin/python bench/swap_heavy.py [--seeds 3] [--windows 1] [--time-limit-s 0.1]``.
+Run: ``.venv/bin/python bench/swap_heavy.py [--seeds 3] [--windows 1] [--time-limit-s 0.1]
+[--gap-s 6] [--traces 4]``.
 """
 
 from __future__ import annotations
@@ -35,8 +42,11 @@ from makespan.planner.evaluator import InfeasiblePlan  # noqa: E402
 from makespan.planner.simulator import simulate  # noqa: E402
 from makespan.planner.synthetic import swap_heavy, swap_heavy_fleet  # noqa: E402
 
-RUNS = (("fifo", "fifo", True), ("min-evict", "min-evict", True), ("default", "default", True),
-        ("default, sleep disabled", "default", False))
+# (row, policy, sleep mode on, prewarm)
+RUNS = (("fifo", "fifo", True, False), ("min-evict", "min-evict", True, False), ("default", "default", True, False),
+        ("default + prewarm", "default", True, True), ("default, sleep disabled", "default", False, False),
+        ("portfolio", "portfolio", True, False), ("portfolio + prewarm", "portfolio", True, True))
+PREWARM_PAIRS = {"default + prewarm": "default", "portfolio + prewarm": "portfolio"}
 WINDOW_SLEEPY = {"m1", "m3", "m5", "t2"}
 WINDOW_HOST_RAM_MIB = 160 * 1024
 
@@ -62,44 +72,53 @@ def _row(rep: dict) -> dict:
     tr = rep["transitions"]
     ram = rep.get("host_ram", {})
     return {"wc": rep["weighted_completion_s"], "cold": tr["cold_start"], "sleep": tr["sleep"], "wake": tr["wake"],
+            "l1": tr["sleep_level1"], "l2": tr["sleep_level2"], "prewarm": tr.get("prewarm", 0),
             "ram_peak": ram.get("peak_mib", 0.0), "ram_budget": min(ram.get("budget_mib", {0: 0}).values())}
 
 
 def _table(title: str, results: dict[str, list[dict]]) -> None:
     print(f"\n### {title}\n")
-    print("| policy | weighted completion (weight·s) | ÷ fifo | cold starts | cold starts avoided | sleeps | wakes "
-          "| host RAM peak / budget (MiB) |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| policy | weighted completion (weight·s) | ÷ fifo | ÷ without prewarm | cold starts | cold starts avoided "
+          "| sleeps (L1 / L2) | wakes | prewarms | host RAM peak / budget (MiB) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     base, nosleep = results["fifo"], results["default, sleep disabled"]
     for name, rows in results.items():
         ratio = statistics.mean(r["wc"] / b["wc"] for r, b in zip(rows, base))
+        pair = PREWARM_PAIRS.get(name)
+        vs_without = f"{statistics.mean(r['wc'] / d['wc'] for r, d in zip(rows, results[pair])):.4f}" if pair else "—"
         avoided = statistics.mean(n["cold"] - r["cold"] for r, n in zip(rows, nosleep))
-        mean = {k: statistics.mean(r[k] for r in rows) for k in ("wc", "cold", "sleep", "wake")}
+        mean = {k: statistics.mean(r[k] for r in rows) for k in ("wc", "cold", "sleep", "wake", "l1", "l2", "prewarm")}
         peak = max(r["ram_peak"] for r in rows)
-        print(f"| {name} | {mean['wc']:.0f} | {ratio:.3f} | {mean['cold']:.1f} | {avoided:.1f} | {mean['sleep']:.1f} "
-              f"| {mean['wake']:.1f} | {peak:.0f} / {rows[0]['ram_budget']} |")
+        print(f"| {name} | {mean['wc']:.0f} | {ratio:.3f} | {vs_without} | {mean['cold']:.1f} | {avoided:.1f} "
+              f"| {mean['sleep']:.1f} ({mean['l1']:.1f} / {mean['l2']:.1f}) | {mean['wake']:.1f} "
+              f"| {mean['prewarm']:.1f} | {peak:.0f} / {rows[0]['ram_budget']} |")
+    print()
+    for name, pair in PREWARM_PAIRS.items():
+        wins = [(r["wc"] < d["wc"] - 1e-6) - (r["wc"] > d["wc"] + 1e-6) for r, d in zip(results[name], results[pair])]
+        print(f"{name} vs {pair}, per replay: {wins.count(1)} better, {wins.count(0)} equal, {wins.count(-1)} worse")
 
 
-def swap_heavy_table(seeds: int, rounds: int, time_limit_s: float) -> None:
-    results: dict[str, list[dict]] = {name: [] for name, _, _ in RUNS}
+def swap_heavy_table(seeds: int, rounds: int, time_limit_s: float, gap_s: float) -> None:
+    results: dict[str, list[dict]] = {name: [] for name, _, _, _ in RUNS}
     for seed in range(seeds):
-        jobs = swap_heavy(rounds, seed)
-        for name, policy, sleep in RUNS:
+        jobs = swap_heavy(rounds, seed, gap_s=gap_s)
+        for name, policy, sleep, prewarm in RUNS:
             fleet = parse_fleet(swap_heavy_fleet(sleepy="ACE" if sleep else ""))
-            results[name].append(_row(simulate(jobs, fleet, policy, seed, restore=False, time_limit_s=time_limit_s)))
-    _table(f"swap-heavy: {len(swap_heavy(rounds, 0))} requests, 5 models, 3 GPUs, A/C/E sleep-capable, "
-           f"{seeds} seeds", results)
+            results[name].append(_row(simulate(jobs, fleet, policy, seed, restore=False, time_limit_s=time_limit_s,
+                                               prewarm=prewarm)))
+    _table(f"swap-heavy: {len(swap_heavy(rounds, 0))} requests, one every {gap_s:g} s on average, 5 models, 3 GPUs, "
+           f"A/C/E sleep-capable, {seeds} seeds", results)
 
 
-def window_table(seeds: int, windows: int, time_limit_s: float) -> None:
+def window_table(seeds: int, windows: int, time_limit_s: float, traces: int = 4, n: int = 200) -> None:
     from bench.planner_common import TRACES, select_windows, window_jobs
 
-    gpus, n = 16, 200
+    gpus = 16
     plain = window_fleet(gpus, True)
-    results: dict[str, list[dict]] = {name: [] for name, _, _ in RUNS}
+    results: dict[str, list[dict]] = {name: [] for name, _, _, _ in RUNS}
     count = 0
     failed: list[str] = []
-    for path in TRACES:
+    for path in TRACES[:traces]:
         try:
             starts = select_windows(str(path), plain, n, gpus, windows)
         except (ValueError, OSError):
@@ -109,9 +128,10 @@ def window_table(seeds: int, windows: int, time_limit_s: float) -> None:
                 jobs, _ = window_jobs(path, plain, st, n, seed, gpus)
                 rows = {}
                 try:
-                    for name, policy, sleep in RUNS:
+                    for name, policy, sleep, prewarm in RUNS:
                         fleet = window_fleet(gpus, sleep)
-                        rows[name] = _row(simulate(jobs, fleet, policy, seed, time_limit_s=time_limit_s))
+                        rows[name] = _row(simulate(jobs, fleet, policy, seed, time_limit_s=time_limit_s,
+                                                   prewarm=prewarm))
                 except InfeasiblePlan as e:  # a planner bug: reported, the window left out of the table
                     failed.append(f"{Path(path).name} row {st} seed {seed}, {name}: {e}")
                     continue
@@ -131,12 +151,17 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=12, help="repeats of the interleaved pattern (swap-heavy)")
     ap.add_argument("--windows", type=int, default=1, help="windows per trace (4 traces)")
     ap.add_argument("--time-limit-s", type=float, default=0.1, help="default's CP-SAT limit per planning point, s")
+    ap.add_argument("--gap-s", type=float, default=6.0, help="mean gap between swap-heavy requests, s")
+    ap.add_argument("--traces", type=int, default=4, help="how many of the 4 traces (ITP 02/05/09, Alibaba)")
+    ap.add_argument("--jobs", type=int, default=200, help="jobs per trace window")
     ap.add_argument("--skip-traces", action="store_true")
+    ap.add_argument("--skip-swap-heavy", action="store_true")
     args = ap.parse_args()
     t0 = time.perf_counter()
-    swap_heavy_table(args.seeds, args.rounds, args.time_limit_s)
+    if not args.skip_swap_heavy:
+        swap_heavy_table(args.seeds, args.rounds, args.time_limit_s, args.gap_s)
     if not args.skip_traces:
-        window_table(args.seeds, args.windows, args.time_limit_s)
+        window_table(args.seeds, args.windows, args.time_limit_s, args.traces, args.jobs)
     print(f"\n({time.perf_counter() - t0:.0f} s)")
 
 

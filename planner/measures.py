@@ -43,7 +43,8 @@ class JobRecord:
     when the endpoint was ready; ``end_s`` = C_j. ``evict_s`` is the part of the
     transition spent evicting. ``load`` is ``"warm"``, ``"cold_start"`` or ``"wake"``.
     ``evicts``: the endpoints its transition displaced (stopped or put to sleep);
-    ``sleeps``: those of them put to sleep (sleep mode)."""
+    ``sleeps``: those of them put to sleep (sleep mode); ``sleep_levels``: the sleep
+    level (1 or 2) of each of ``sleeps``, in the same order (empty: not recorded)."""
 
     id: str
     endpoint: str
@@ -59,6 +60,7 @@ class JobRecord:
     evict_s: float = 0.0
     status: str = "completed"
     sleeps: tuple[str, ...] = ()
+    sleep_levels: tuple[int, ...] = ()
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -206,6 +208,8 @@ def build_report(records: Sequence[JobRecord], *, policy: str, gpus: int, submit
         "wait_s": {k: {"p50": percentile(v, 50), "p95": percentile(v, 95)} for k, v in waits.items()},
         "transitions": {"evict": sum(len(r.evicts) for r in records),
                         "sleep": sum(len(r.sleeps) for r in records),
+                        "sleep_level1": sum(r.sleep_levels.count(1) for r in records),
+                        "sleep_level2": sum(r.sleep_levels.count(2) for r in records),
                         "cold_start": sum(1 for r in records if r.load == "cold_start"),
                         "wake": sum(1 for r in records if r.load == "wake"),
                         "restore": len(list(restores))},

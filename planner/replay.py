@@ -134,6 +134,11 @@ class Replay:
             return self._option(u, ep)[1]
         return ep.wake_s  # type: ignore[return-value]
 
+    def group_wake_s(self, group: Group, ep: EndpointModel) -> float:
+        """Wake time of ``ep`` asleep on every GPU of ``group``, s: with ``sleep_options``
+        the wake of the level it sleeps at (the slowest GPU's), else its ``wake_s``."""
+        return max(self._wake_s(u, ep) for u in group) if ep.sleep_options else ep.wake_s  # type: ignore[return-value]
+
     def _drop_asleep(self, u: str, endpoint: str) -> None:
         """``endpoint`` no longer sleeps on GPU ``u`` (woken, stopped or abandoned)."""
         if endpoint in self.asleep[u]:
@@ -204,8 +209,7 @@ class Replay:
         evicted = {res[u] for u in group} - {None}
         evict_s = max((self.endpoints[e].evict_s for e in evicted if e in self.endpoints), default=0.0)
         if ep.wake_s is not None and all(name in self.asleep[u] for u in group):
-            wake_s = max(self._wake_s(u, ep) for u in group) if ep.sleep_options else ep.wake_s
-            return evict_s + wake_s, tuple(sorted(evicted)), "wake", evict_s  # type: ignore[arg-type]
+            return evict_s + self.group_wake_s(group, ep), tuple(sorted(evicted)), "wake", evict_s  # type: ignore[arg-type]
         return evict_s + ep.cold_start_s, tuple(sorted(evicted)), "cold_start", evict_s  # type: ignore[arg-type]
 
     def place(self, job: PlanJob, group: Group, start_s: float | None = None) -> Assignment:

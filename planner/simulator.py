@@ -109,7 +109,7 @@ def simulate(trace_jobs: Sequence[TraceRow] | Sequence[PlanJob], fleet: FleetDes
              set_point_weight: float | None = None, preemption_budget: int = DEFAULT_PREEMPTION_BUDGET,
              preemption_min_runtime_s: float = DEFAULT_MIN_RUNTIME_S,
              reservation_after_s: float | None = DEFAULT_RESERVATION_AFTER_S,
-             lane_levels: Levels = DEFAULT_LANE_LEVELS) -> dict[str, Any]:
+             lane_levels: Levels = DEFAULT_LANE_LEVELS, prewarm: bool = False) -> dict[str, Any]:
     """Replay jobs through the planner in virtual time; returns the report dict
     (:func:`makespan.planner.measures.build_report`, with ``jobs.preempted`` and the set-point
     restores), ``set_point_absent_gpu_s`` (GPU-seconds from the first submission until the
@@ -156,6 +156,10 @@ def simulate(trace_jobs: Sequence[TraceRow] | Sequence[PlanJob], fleet: FleetDes
     with ``sim.reserved_points`` (planning points whose plan held one). ``lane_levels``:
     the fast lane's priority levels, or level -> wait factor (:mod:`makespan.planner.fast_lane`,
     default :data:`makespan.planner.fast_lane.DEFAULT_LANE_LEVELS`; (): none), reported with ``sim.lane_points`` (planning points whose plan it rebuilt).
+    ``prewarm``: after each planning point (and when the queue is empty), wake sleepers on
+    idle groups ahead of forecast demand (:mod:`makespan.planner.prewarm`, as the live
+    ``Settings.prewarm``); counted in ``transitions.prewarm``, their GPU-seconds in
+    ``transition_gpu_s``; reported as ``sim.prewarm``.
     """
     wall0 = time.perf_counter()
     chosen = POLICY_REGISTRY.lookup(policy)
@@ -170,6 +174,7 @@ def simulate(trace_jobs: Sequence[TraceRow] | Sequence[PlanJob], fleet: FleetDes
     run = _Run(base, chosen, window_s, max_batch, jobs, sp if restore else [], mode, time_limit_s,
                preemption_budget, preemption_min_runtime_s, reservation_after_s, factors(lane_levels))
     run.restore_at = planned_restore if restore else None
+    run.prewarm = prewarm
     recent: deque[PlanJob] = deque()
     i, n, t = 0, len(jobs), (jobs[0].release_s if jobs else 0.0)
     while i < n or run.queue:
@@ -189,15 +194,20 @@ def simulate(trace_jobs: Sequence[TraceRow] | Sequence[PlanJob], fleet: FleetDes
         nxt = min(nxt_arrival, nxt_planned)
         if nxt == float("inf") and run.queue:
             nxt = t + window_s
-        t = max(t + window_s, nxt) if run.queue else max(t, nxt)
+        t_next = max(t + window_s, nxt) if run.queue else max(t, nxt)
+        if prewarm and t_next > t:
+            run.prewarm_point(t, recent_share(recent, base), t_next)
+        t = t_next
     gpu_ids = [g.uuid for g in base.gpus]
     eligible = {e: {u for g in base.groups(ep.tp, ep.memory_mib) for u in g} for e, ep in base.endpoints.items()}
     lb = lower_bounds(jobs, base.endpoints, len(gpu_ids),
                       resident={e for e in base.resident.values() if e is not None})
     rep = build_report(list(run.records.values()), policy=chosen.name, gpus=len(gpu_ids), submitted=n,
-                       preempted=run.preempted, restores=run.restores, solve_times_s=run.solve,
+                       preempted=run.preempted, restores=run.restores + run.prewarms, solve_times_s=run.solve,
                        lower_bound_makespan_s=lb["makespan_s"], lower_bound_weighted_s=lb["weighted_completion_s"],
                        gpu_ids=gpu_ids, eligible=eligible)
+    rep["transitions"]["restore"] = len(run.restores)  # the prewarms were passed beside them for their GPU-s
+    rep["transitions"]["prewarm"] = len(run.prewarms)
     end_s = max([*(r.end_s for r in run.records.values()), *(b for _, b, _ in run.restores)], default=0.0)
     rep["set_point_absent_gpu_s"] = set_point_absence(run.residency, sp, base.resident,
                                                       jobs[0].release_s if jobs else 0.0, end_s)
@@ -212,7 +222,8 @@ def simulate(trace_jobs: Sequence[TraceRow] | Sequence[PlanJob], fleet: FleetDes
                   "time_limit_s": time_limit_s, "set_point_weight": base.set_point_weight, "preempted_gpu_s": sum((b - a) * len(g) for a, b, g in run.lost),
                   "preemption_budget": preemption_budget, "preemption_min_runtime_s": preemption_min_runtime_s,
                   "reservation_after_s": reservation_after_s, "reserved_points": run.reserved_points,
-                  "lane_levels": {str(k): v for k, v in run.lane_levels.items()}, "lane_points": run.lane_points}
+                  "lane_levels": {str(k): v for k, v in run.lane_levels.items()}, "lane_points": run.lane_points,
+                  "prewarm": prewarm}
     if base.host_ram_mib:  # fleets with a RAM budget for sleepers (issue 20): its peak against the budget
         rep["host_ram"] = {"peak_mib": run.ram_peak_mib, "budget_mib": dict(base.host_ram_mib)}
     if detail:

@@ -17,8 +17,9 @@ from typing import Any
 
 from makespan.planner.api import plan
 from makespan.planner.measures import JobRecord
-from makespan.planner.model import Assignment, FleetState, Plan, PlanJob, PlannedPreemption, RunningJob
+from makespan.planner.model import Assignment, EndpointModel, FleetState, Plan, PlanJob, PlannedPreemption, RunningJob
 from makespan.planner.policies import Policy
+from makespan.planner.prewarm import prewarm_wakes
 from makespan.planner.preemption import (DEFAULT_MIN_RUNTIME_S, DEFAULT_PREEMPTION_BUDGET, Holder,
                                          choose_preemption, victim_allowed)
 from makespan.planner.replay import Group, Replay
@@ -53,6 +54,8 @@ class _Run:
         self.solve: list[float] = []
         self.placed: dict[str, tuple[PlanJob | None, Assignment]] = {}  # GPU -> its last placement
         self.restores: list[tuple[float, float, Group]] = []
+        self.prewarm = False  # wake sleepers on idle groups ahead of demand (makespan.planner.prewarm)
+        self.prewarms: list[tuple[float, float, Group]] = []
         self.lost: list[tuple[float, float, Group]] = []  # preempted attempts (start, cut, GPUs)
         self.preempted = 0
         self.log: list[dict[str, Any]] = []
@@ -231,6 +234,25 @@ class _Run:
                 continue
             self._restore(g, ep, idle_at)
 
+    def prewarm_point(self, t: float, share: dict[str, float], until_s: float) -> None:
+        """Commit the prewarms of :func:`makespan.planner.prewarm.prewarm_wakes` at ``t``
+        (groups free before ``until_s``, the next planning point; the uncommitted plan's
+        GPUs excluded): each a restore-like wake, never a victim, counted in ``prewarms``."""
+        c = self.committed
+        state = FleetState(t, self.base.gpus, self.base.endpoints, free_at=dict(c.free_at), resident=dict(c.resident),
+                           set_point=self.base.set_point, asleep=dict(c.asleep), demand_share=share,
+                           asleep_level=dict(c.level))
+        later = self.previous.assignments if self.previous is not None and self.queue else []
+        planned = {u for a in later for u in a.gpus}
+        for pw in prewarm_wakes(state, planned, {j.endpoint for j in self.queue.values()}, until_s):
+            a = c.restore(pw.gpus, pw.endpoint, max(pw.start_s, c.group_free(pw.gpus)))
+            self._log_residency(a, pw.endpoint)
+            self.prewarms.append((a.start_s, a.end_s, pw.gpus))
+            for u in pw.gpus:
+                self.placed[u] = (None, a)
+            if c.ram_used:
+                self.ram_peak_mib = max(self.ram_peak_mib, max(c.ram_used.values()))
+
     def _restore(self, g: Group, ep: str, start_s: float) -> None:
         """Commit the restore of set-point ``ep`` on ``g`` at ``start_s`` (never a victim)."""
         start_s = max(start_s, self.committed.group_free(g))
@@ -254,5 +276,12 @@ def _record(job: PlanJob, a: Any, base: FleetState) -> JobRecord:
     chosen = dict(getattr(a, "sleep_levels", ()))
     sleeps = tuple(e for e in a.evicts if e in base.endpoints and base.endpoints[e].wake_s is not None
                    and chosen.get(e, 1) > 0)
+    levels = tuple(chosen.get(e) or _configured_level(base.endpoints[e]) for e in sleeps)
     return JobRecord(job.id, job.endpoint, job.priority, job.weight, job.release_s, a.start_s, a.service_start_s,
-                     a.end_s, tuple(a.gpus), a.load, tuple(a.evicts), ev, sleeps=sleeps)
+                     a.end_s, tuple(a.gpus), a.load, tuple(a.evicts), ev, sleeps=sleeps, sleep_levels=levels)
+
+
+def _configured_level(endpoint: EndpointModel) -> int:
+    """The level an endpoint the plan did not choose for sleeps at: its first sleep option's
+    (the fleet file's ``sleep_level``); 1 for a model without options."""
+    return endpoint.sleep_options[0][0] if endpoint.sleep_options else 1

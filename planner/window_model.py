@@ -261,14 +261,18 @@ def _add_residencies(model: cp_model.CpModel, data: _WindowData) -> tuple[dict[t
 
 def _transition_s(data: _WindowData, group: Group, name: str) -> int:
     """σ[g,m] of a group that does not hold ``name``: the largest evict among its residents
-    and the window's endpoints, + wake (asleep on every GPU of it) or cold start; s."""
+    and the window's endpoints, + wake (asleep on every GPU of it at the window's start:
+    the wake of the level it sleeps at, as the replay times it) or cold start; s. A model
+    that a job inside the window puts to sleep is priced as a cold start when loaded again
+    in the same window (the window's residencies do not model sleeps they cause; the
+    decoded plan is re-timed by the replay, which wakes it)."""
     endpoints = data.replay.endpoints
     endpoint = endpoints[name]
     evict_s = max((endpoints[resident].evict_s for gpu in group for resident in [data.replay.resident[gpu]]
                    if resident in endpoints), default=0.0)
     evict_s = max([evict_s] + [endpoints[data.jobs[job_id].endpoint].evict_s for job_id in data.candidates])
     if endpoint.wake_s is not None and all(name in data.replay.asleep[gpu] for gpu in group):
-        load_s = endpoint.wake_s  # asleep on every GPU of the group: a wake
+        load_s = data.replay.group_wake_s(group, endpoint)  # asleep on every GPU of the group: its level's wake
     else:
         load_s = endpoint.cold_start_s
     return int(math.ceil(evict_s + load_s))

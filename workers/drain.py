@@ -92,17 +92,25 @@ class SetPointsAndDrain:
             check_drain(env)
 
 
-def start_restore(ctx: TickContext, endpoint: str, gpus: tuple[str, ...], busy: set[str]) -> bool:
+def start_restore(ctx: TickContext, endpoint: str, gpus: tuple[str, ...], busy: set[str],
+                  prewarm: bool = False) -> bool:
     """Lease ``gpus`` for the restore of set-point ``ep`` and send its evict → restore
-    chain; the GPUs join ``busy``. False if the lease failed (GPUs taken meanwhile)."""
+    chain; the GPUs join ``busy``. False if the lease failed (GPUs taken meanwhile).
+    ``prewarm``: the same chain wakes a sleeper ahead of demand
+    (:mod:`makespan.workers.prewarm`): planned at its wake time, ``prewarm`` in the
+    ``restore_start`` event."""
     env, last_tp = ctx.env, ctx.kept.last_traceparent
     lease_id = uuid.uuid4().hex
     host = env.fleet.host_of(gpus[0])
-    cold = env.fleet.endpoints[endpoint].cold_start_s
+    spec = env.fleet.endpoints[endpoint]
+    load_s = spec.wake_s if prewarm and spec.wake_s is not None else spec.cold_start_s
+    event = {"kind": "restore_start", "endpoint": endpoint, "host": host, "planned_s": load_s}
+    if prewarm:
+        event["prewarm"] = True
     lease = env.leases.acquire(lease_id, gpus, env.settings.lease_ttl_s, job_id=f"restore:{endpoint}:{gpus[0]}",
                                kind="restore", holder=host, planner_token=ctx.token,
-                               info={"planned_end_s": repr(env.now_s() + cold), "endpoint": endpoint},
-                               event={"kind": "restore_start", "endpoint": endpoint, "host": host, "planned_s": cold})
+                               info={"planned_end_s": repr(env.now_s() + load_s), "endpoint": endpoint},
+                               event=event)
     if lease is None:
         return False
     busy.update(gpus)

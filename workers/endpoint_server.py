@@ -19,7 +19,10 @@ Routes (stdlib :mod:`http.server`, one thread per request):
   memory and frees the RAM. ``--fail-wake`` makes every wake answer 500 (tests of the
   worker's fallback to a cold start). ``/health`` answers 200 while asleep, as vLLM's does.
 * ``GET /v1/models``, ``GET /metrics`` (Prometheus text: requests served, sleeping,
-  sleep level, host RAM held asleep in MiB).
+  sleep level, host RAM held asleep in MiB, ``endpoint_gpu_memory_mib``: the MiB per GPU
+  it holds by its own accounting — ``--hold-gpu-mib`` awake, 0 asleep — and
+  ``endpoint_gpu_memory_allocated``: 1 when torch really allocated it on a GPU, 0 when
+  the figure is the CPU-only emulation's).
 * ``--hold-gpu-mib N``: allocate N MiB on each visible GPU before serving (torch), as a
   model server holds its weights; real-GPU tests watch NVML memory with it.
 * vLLM's command line is accepted too: ``endpoint_server serve MODEL --port P
@@ -61,6 +64,7 @@ class EndpointState:
         self.fail_wake = False
         self.hold_gpu_mib = 0
         self.gpu_memory: object | None = None  # tensors held on the GPUs (hold_gpu_memory)
+        self.gpu_mib_held = 0  # MiB per GPU held by its own accounting (emulated without torch)
         self.host_ram: bytearray | None = None  # level-1 sleeper's "weights" in host RAM
         self.transition_lock = threading.Lock()  # one sleep or wake at a time
         self.served = 0
@@ -80,6 +84,7 @@ class EndpointState:
             time.sleep(self.sleep_s)
             self.gpu_memory = None
             release_gpu_memory()
+            self.gpu_mib_held = 0
             if level == 1 and self.sleep_ram_mib > 0:
                 self.host_ram = bytearray(self.sleep_ram_mib << 20)  # zero-filled: the pages are touched
             self.sleeping, self.sleep_level = True, level
@@ -94,6 +99,7 @@ class EndpointState:
             if self.fail_wake:
                 return False
             self.gpu_memory = hold_gpu_memory(self.hold_gpu_mib)
+            self.gpu_mib_held = self.hold_gpu_mib
             self.host_ram = None
             self.sleeping, self.sleep_level = False, 0
             return True
@@ -143,7 +149,9 @@ def _handler(state: EndpointState) -> type[BaseHTTPRequestHandler]:
                 self._send(200, f"endpoint_requests_total {state.served}\n"
                                 f"endpoint_sleeping {int(state.sleeping)}\n"
                                 f"endpoint_sleep_level {state.sleep_level}\n"
-                                f"endpoint_sleep_ram_mib {ram}\n", "text/plain")
+                                f"endpoint_sleep_ram_mib {ram}\n"
+                                f"endpoint_gpu_memory_mib {state.gpu_mib_held}\n"
+                                f"endpoint_gpu_memory_allocated {int(state.gpu_memory is not None)}\n", "text/plain")
             else:
                 self._send(404, {"error": "not found"})
 
@@ -276,6 +284,7 @@ def serve(port: int, model: str = "stub", load_time_s: float = 0.0, latency_ms: 
     state = EndpointState(model, load_time_s, latency_ms, os.environ.get("CUDA_VISIBLE_DEVICES", ""))
     state.gpu_memory = hold_gpu_memory(hold_gpu_mib)  # held until exit or sleep
     state.hold_gpu_mib, state.sleep_s, state.wake_s = hold_gpu_mib, sleep_s, wake_s
+    state.gpu_mib_held = hold_gpu_mib
     state.sleep_ram_mib, state.fail_wake = sleep_ram_mib, fail_wake
     state.children = children
     httpd = _Server((host, port), _handler(state))

@@ -8,7 +8,8 @@
 * :func:`read_fleet_state` (the :class:`ReadFleet` step): the
   :class:`makespan.planner.model.FleetState` (free times
   and ``now_s`` in workload seconds, residents, set point, the endpoints asleep on each GPU
-  from the instance registry, so the planner plans the wake the worker will do) and the
+  and the level each sleeps at, from the instance registry, so the planner plans the wake
+  the worker will do and counts the host RAM its sleepers really hold) and the
   busy GPUs; the endpoint models' durations are the learned ones
   (:func:`learned_endpoint_models`, refreshed every LEARNED_REFRESH_S).
 * :func:`note_demand` (the :class:`NoteDemand` step): the future-cost inputs (demand weight and work
@@ -33,7 +34,7 @@ from makespan.planner.simulator import recent_demand, recent_share
 from makespan.planner.model import EndpointModel, FleetState, Gpu, PlanJob
 from makespan.workers import host_liveness
 from makespan.workers.drivers.base import Instance
-from makespan.workers.drivers.registry import list_instances
+from makespan.workers.drivers.registry import list_sleepers
 from makespan.keys import Keys
 from makespan.workers.phases import parse_instance
 from makespan.workers.tick.context import CrossTickState, Snapshot, TickContext, TickEnv
@@ -79,6 +80,15 @@ def asleep_by_gpu(instances: list[tuple[Instance, str]]) -> dict[str, frozenset[
             for u in inst.gpus:
                 out.setdefault(u, set()).add(inst.endpoint)
     return {u: frozenset(v) for u, v in out.items()}
+
+
+def sleep_levels_by_gpu(sleepers: list[tuple[Instance, int | None]]) -> dict[tuple[str, str], int]:
+    """(GPU uuid, endpoint) -> the sleep level (1 or 2) the GPU worker put that sleeper to
+    sleep at (:func:`makespan.workers.drivers.registry.list_sleepers`), the
+    ``FleetState.asleep_level`` the plan reads for its wake time and the host RAM it holds;
+    a sleeper with no recorded level is left out (the plan then assumes the endpoint's
+    first sleep option)."""
+    return {(u, inst.endpoint): level for inst, level in sleepers if level is not None for u in inst.gpus}
 
 
 def fleet_gpus(fleet: FleetSpec) -> list[Gpu]:
@@ -236,13 +246,15 @@ def read_fleet_state(env: TickEnv, kept: CrossTickState, held: tuple[str | None,
         resident[gpu] = instance[0] if instance else None
     set_point = env.fleet.set_point_by_gpu()
     refresh_learned(env, kept)
-    asleep = asleep_by_gpu(list_instances(env.r, env.keys, with_state=True))
+    sleepers = list_sleepers(env.r, env.keys)
+    asleep = asleep_by_gpu([(inst, "asleep") for inst, _level in sleepers])
     if down_gpus:  # the dead-host gate: busy, and free only in a day (other hosts are preferred)
         busy |= set(down_gpus)
         for gpu in down_gpus:
             free_at[gpu] = max(free_at[gpu], now + DOWN_FREE_AFTER_S)
     state = FleetState(now, list(env.gpus), kept.endpoints, free_at, resident, set_point, asleep=asleep,
-                       set_point_weight=env.settings.set_point_weight, host_ram_mib=env.fleet.host_ram_budgets())
+                       set_point_weight=env.settings.set_point_weight, host_ram_mib=env.fleet.host_ram_budgets(),
+                       asleep_level=sleep_levels_by_gpu(sleepers))
     return FleetView(state, busy, lease_job)
 
 

@@ -28,8 +28,8 @@ from makespan.settings import Settings
 from makespan.driver_registry import DRIVERS, DriverCapabilities, DriverContext, no_wait
 from makespan.planner.sleepers import may_sleep, sleepers_kept
 from makespan.workers.drivers.base import EndpointDriver, Instance
-from makespan.workers.drivers.registry import (list_instances, register_instance, set_instance_state,
-                                               unregister_instance)
+from makespan.workers.drivers.registry import (list_instances, list_sleepers, register_instance,
+                                               set_instance_state, unregister_instance)
 from makespan.estimates import (prior_s, read_transition_windows, record_ops,
                                  transition_estimate, transition_record_ops)
 from makespan.registry import REGISTRY
@@ -330,8 +330,11 @@ class PhaseRunner:
         spec = eps[inst.endpoint]
         # a level-2 sleeper holds no host RAM (the plan may choose level 2 for a level-1 endpoint)
         ram_mib = spec.asleep_ram_mib if self._planned_level(ctx, inst.endpoint) == spec.sleep_level else 0
-        asleep = [i for i, st in list_instances(self.r, self.keys, with_state=True) if st == "asleep"]
-        used = sum(eps[i.endpoint].asleep_ram_mib for i in asleep if i.host == ctx.host and i.endpoint in eps)
+        sleepers = list_sleepers(self.r, self.keys)
+        asleep = [i for i, _level in sleepers]
+        # what each sleeper holds at the level it really sleeps at (a level-2 sleeper: no RAM)
+        used = sum(eps[i.endpoint].asleep_ram_mib for i, level in sleepers
+                   if i.host == ctx.host and i.endpoint in eps and level in (None, eps[i.endpoint].sleep_level))
         budget = self.fleet.host_ram_budgets().get(ctx.host)
         room = self._sleeper_room(list(inst.gpus), ctx, [i for i in asleep if set(i.gpus) & set(inst.gpus)])
         if may_sleep(used, budget, ram_mib, min(room.values(), default=0.0), spec.asleep_gpu_mib):
@@ -391,7 +394,8 @@ class PhaseRunner:
         its group): an endpoint with a sleep mode is put to sleep (it stays registered,
         ``asleep``, and wakes cheaply later), any other is stopped; a sleep that fails
         falls back to a stop (``sleep_failed`` in the event). Event fields: ``evicted``
-        (every endpoint displaced), ``slept`` (those asleep now), ``transition``
+        (every endpoint displaced), ``slept`` (those asleep now), ``slept_levels``
+        (endpoint -> the sleep level 1 or 2 it sleeps at, when any slept), ``transition``
         (``sleep`` when all slept, else ``evict``), ``transitions`` (each one's kind,
         planned and measured workload s)."""
         residents = self._residents(ctx.gpus)
@@ -450,6 +454,8 @@ class PhaseRunner:
         for e in eps:
             self._timed(ctx, extra, kind_of[e], e, planned[e], took.get(e, time.monotonic() - t0))
         extra["slept"] = sorted(slept)
+        if slept:  # the level each sleeps at (the report counts sleeps per level)
+            extra["slept_levels"] = {e: self._planned_level(ctx, e) for e in sorted(slept)}
         extra["transition"] = "sleep" if slept == set(eps) else "evict"
         if failed:
             extra["sleep_failed"] = "; ".join(failed)[:1000]

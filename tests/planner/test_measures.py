@@ -29,7 +29,8 @@ def test_report_hand_computed():
     assert rep["wait_s"]["CRITICAL"] == {"p50": 0.0, "p95": 0.0}
     assert rep["wait_s"]["LOW"]["p50"] == 20
     assert rep["wait_s"]["HIGH"] == {"p50": None, "p95": None}
-    assert rep["transitions"] == {"evict": 0, "sleep": 0, "cold_start": 1, "wake": 0, "restore": 0}
+    assert rep["transitions"] == {"evict": 0, "sleep": 0, "sleep_level1": 0, "sleep_level2": 0, "cold_start": 1, "wake": 0,
+                                "restore": 0}
     assert rep["jobs"] == {"submitted": 2, "completed": 2, "failed": 0, "rejected": 0, "preempted": 0}
     for key in ("policy", "gpus", "drain", "planner", "lower_bounds", "best_over_lower_bound"):
         assert key in rep

@@ -117,6 +117,20 @@ def test_cli_simulate_set_point_weight_reaches_the_simulator(itp, tmp_path):
     assert json.loads(out.read_text())["sim"]["set_point_weight"] == 2.5
 
 
+def test_cli_simulate_prewarm_reaches_the_simulator(itp, tmp_path):
+    from typer.testing import CliRunner
+
+    from makespan.cli import app as cli_app
+
+    for flag, on in (("--prewarm", True), ("--no-prewarm", False)):
+        out = tmp_path / f"r{flag}.json"
+        res = CliRunner().invoke(cli_app, ["simulate", itp, "--fleet", "examples/render-pipeline.toml", "--limit", "20",
+                                           flag, "--report", str(out)])
+        assert res.exit_code == 0, res.output
+        rep = json.loads(out.read_text())
+        assert rep["sim"]["prewarm"] is on and "prewarm" in rep["transitions"]
+
+
 def test_cli_simulate_bad_report_path_fails_before_the_run(itp, tmp_path):
     from typer.testing import CliRunner
 

@@ -109,3 +109,37 @@ def test_a_host_ram_budget_never_makes_an_infeasible_plan(jobs):
     window, _ = window_jobs(ALIBABA, fleet, 400, jobs, 0, 16)
     report = simulate(window, fleet, "portfolio", 0)
     assert report["jobs"]["completed"] == jobs and report["jobs"]["failed"] == 0
+
+
+@pytest.mark.parametrize(("ram_budget_mib", "level"), [(None, 1), (RAM_MIB - 1, 2)])
+def test_the_simulator_report_counts_sleeps_per_level(ram_budget_mib, level):
+    """The report's ``transitions`` split ``sleep`` by level (``sleep_level1``,
+    ``sleep_level2``). In virtual time ``a1`` is not known when ``b1`` displaces ``a`` (no
+    demand for ``a`` yet: stopped); ``a1`` then displaces ``b``, in recent demand: it sleeps
+    at level 1, or at level 2 when the host RAM budget leaves no room for its weights."""
+    from makespan.planner.simulator import simulate
+
+    batch, state = _case(ram_budget_mib=ram_budget_mib)
+    rep = simulate(batch, state, "portfolio", 0, restore=False, detail=True)
+    tr = rep["transitions"]
+    assert tr["sleep"] == 1
+    assert (tr["sleep_level1"], tr["sleep_level2"]) == ((1, 0) if level == 1 else (0, 1))
+    a1 = next(j for j in rep["schedule"]["jobs"] if j["id"] == "a1")
+    assert (a1["sleeps"], a1["sleep_levels"]) == (("b",), (level,))
+
+
+@pytest.mark.parametrize("level", [1, 2])
+def test_the_cpsat_window_prices_a_wake_at_the_level_it_sleeps_at(level):
+    """The CP-SAT window model's transition of a group where the job's model sleeps is the
+    wake of the level it sleeps at (as the replay times it), not the first option's."""
+    from makespan.planner.window_model import _transition_s, _window_data
+
+    eps = {"a": _endpoint("a"), "b": _endpoint("b")}
+    state = FleetState(0.0, [Gpu("g0", "h", 0, 80_000)], eps, resident={"g0": "b"},
+                       asleep={"g0": frozenset({"a"})}, asleep_level={("g0", "a"): level})
+    batch = [PlanJob("a1", "a", 2.0, 0.0, 10.0, 2, seq=0)]
+    incumbent = plan(batch, state, "portfolio")
+    wake_s = WAKE1_S if level == 1 else WAKE2_S
+    assert incumbent.assignments[0].transition_s == pytest.approx(EVICT_S + wake_s)  # the replay's timing
+    data = _window_data(incumbent, 0, 1, {j.id: j for j in batch}, state, 4, ())
+    assert _transition_s(data, ("g0",), "a") == EVICT_S + wake_s

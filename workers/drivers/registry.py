@@ -100,16 +100,36 @@ def _decode(h: dict[str, str]) -> tuple[Instance, str]:
     return Instance.from_dict(d), state
 
 
-def list_instances(r: redis.Redis, keys: Keys, with_state: bool = False) -> list:
-    """Live instances (sorted by endpoint, then id); with ``with_state`` a list of
-    ``(Instance, state)`` pairs."""
+def _rows(r: redis.Redis, keys: Keys, what: str) -> list[dict[str, str]]:
+    """The hashes of every registered instance (one round trip after the id set)."""
     try:
         ids = sorted(r.smembers(keys.instances))
         pipe = r.pipeline(transaction=False)
         for i in ids:
             pipe.hgetall(keys.instance(i))
-        rows = [h for h in pipe.execute() if h] if ids else []
+        return [h for h in pipe.execute() if h] if ids else []
     except redis.RedisError as e:
-        raise StoreError(f"list instances: {e}") from e
-    pairs = sorted((_decode(h) for h in rows), key=lambda p: (p[0].endpoint, p[0].id))
+        raise StoreError(f"{what}: {e}") from e
+
+
+def list_instances(r: redis.Redis, keys: Keys, with_state: bool = False) -> list:
+    """Live instances (sorted by endpoint, then id); with ``with_state`` a list of
+    ``(Instance, state)`` pairs."""
+    pairs = sorted((_decode(h) for h in _rows(r, keys, "list instances")), key=lambda p: (p[0].endpoint, p[0].id))
     return pairs if with_state else [p[0] for p in pairs]
+
+
+def list_sleepers(r: redis.Redis, keys: Keys) -> list[tuple[Instance, int | None]]:
+    """The instances ``asleep`` now (sorted by endpoint, then id), each with the sleep level
+    (1 or 2) the GPU worker put it to sleep at (its ``sleep_level`` field, written by
+    :func:`set_instance_state` when it slept); None where none was recorded.
+
+    Raises:
+        StoreError: Redis failed."""
+    out = []
+    for h in _rows(r, keys, "list sleepers"):
+        if h.get("state") != "asleep":
+            continue
+        level = h.get("sleep_level")
+        out.append((_decode(h)[0], int(level) if level in ("1", "2") else None))
+    return sorted(out, key=lambda p: (p[0].endpoint, p[0].id))

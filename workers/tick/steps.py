@@ -24,6 +24,7 @@ step                           what it does                                    m
 ``OfferRest``                  the jobs left queued go to the improver         here
 ``WriteWaitReasons``           each waiting job's reason and ETA               ``wait_reasons``
 ``SetPointsAndDrain``          idle: restore set points, check the drain       ``drain``
+``PrewarmSleepers``            idle groups: wake sleepers ahead of demand      ``prewarm``
 =============================  ==============================================  ====================
 """
 
@@ -43,6 +44,7 @@ from makespan.workers.drain import RestorePlanned, SetPointsAndDrain
 from makespan.workers.fleet_view import NoteDemand, ReadFleet, ReadSnapshot, read_snapshot
 from makespan.workers.plan_view import publish_plan
 from makespan.workers.preemption import Preempt
+from makespan.workers.prewarm import PrewarmSleepers
 from makespan.workers.starts import StartPlanned
 from makespan.workers.tick.context import TickContext
 from makespan.workers.wait_reasons import WriteWaitReasons
@@ -194,6 +196,7 @@ TICK_STEPS: tuple[Step, ...] = (
     OfferRest(),
     WriteWaitReasons(),
     SetPointsAndDrain(),
+    PrewarmSleepers(),
 )
 """The tick, in order (module doc's table). :class:`makespan.workers.planner_worker.PlannerWorker`
 runs them over one fresh context per tick."""
