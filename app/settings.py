@@ -209,6 +209,10 @@ class Settings:
             response time strict priority would give it from the same state
             (:mod:`makespan.planner.fast_lane`); default ``"CRITICAL"``, ``""``: off.
             ``MAKESPAN_FAST_LANE``.
+        critical_lane: the leading planner places a CRITICAL job the moment it is
+            submitted, without waiting for the tick (:mod:`makespan.workers.critical_lane`: a
+            warm idle instance, a free group, or a preemption of lower-priority work; the
+            next tick reconciles); default on. ``MAKESPAN_CRITICAL_LANE`` (``0``: off).
 
     Transitions (issue 20; :mod:`makespan.estimates`):
 
@@ -296,6 +300,7 @@ class Settings:
     preemption_min_runtime_s: float = 0.0
     reservation_after_s: float = 3600.0
     fast_lane: str = "CRITICAL"
+    critical_lane: bool = True
     # -- transitions (issue 20) --
     transition_min_observations: int = 5
     transition_quantile: float = 0.9
@@ -443,7 +448,10 @@ def _guarantees_from_env() -> dict[str, Any]:
     return {"preemption_budget": budget,
             "preemption_min_runtime_s": _env_nonneg("MAKESPAN_PREEMPTION_MIN_RUNTIME_S", 0.0),
             "reservation_after_s": _env_nonneg("MAKESPAN_RESERVATION_AFTER_S", 3600.0),
-            "fast_lane": _env_lane("MAKESPAN_FAST_LANE", "CRITICAL")}
+            "fast_lane": _env_lane("MAKESPAN_FAST_LANE", "CRITICAL"),
+            # unset or empty: on (the default)
+            "critical_lane": (os.environ.get("MAKESPAN_CRITICAL_LANE") or "1").strip() == "1"
+            or _env_bool("MAKESPAN_CRITICAL_LANE")}
 
 
 def fast_lane_levels(names: str) -> dict[int, float]:
@@ -485,7 +493,8 @@ def _guarantees_to_env(s: Settings) -> dict[str, str]:
     return {"MAKESPAN_PREEMPTION_BUDGET": str(s.preemption_budget),
             "MAKESPAN_PREEMPTION_MIN_RUNTIME_S": repr(s.preemption_min_runtime_s),
             "MAKESPAN_RESERVATION_AFTER_S": repr(s.reservation_after_s),
-            "MAKESPAN_FAST_LANE": s.fast_lane}
+            "MAKESPAN_FAST_LANE": s.fast_lane,
+            "MAKESPAN_CRITICAL_LANE": "1" if s.critical_lane else "0"}
 
 
 # -- transitions (issue 20): their MAKESPAN_* variables --
