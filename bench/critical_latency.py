@@ -73,6 +73,10 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
+def _median(values: list[float]) -> float | None:
+    return round(statistics.median(values), 1) if values else None
+
+
 def _job_times(r, keys: Keys, job_ids: set[str]) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {job_id: {} for job_id in job_ids}
     for e in ev.read_all(r, keys.events):
@@ -153,6 +157,8 @@ def run_case(base: Settings, gpus: int, lane: bool, samples: int, workdir: Path)
                 "during_tick": sum(1 for e in lanes if e.get("during_tick")),
                 "lane_place_ms_p50": round(statistics.median([e["took_ms"] for e in lanes if "took_ms" in e]), 1)
                 if any("took_ms" in e for e in lanes) else None,
+                "lane_read_ms_p50": _median([e["read_ms"] for e in lanes if "read_ms" in e]),
+                "lane_chosen_ms_p50": _median([e["chosen_ms"] for e in lanes if "chosen_ms" in e]),
                 "tick_solve_ms_p50": round(statistics.median(solves), 1) if solves else None,
                 "outcomes": sorted({e.get("outcome", "-") for e in lanes}),
             })
@@ -166,10 +172,11 @@ def run_case(base: Settings, gpus: int, lane: bool, samples: int, workdir: Path)
 
 def table(rows: list[dict[str, Any]]) -> str:
     head = ("| GPUs | lane | load | samples | p50 ms | p95 ms | max ms | placed by lane | of them during a tick "
-            "| lane placement p50 ms | tick solve p50 ms (256 jobs) |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
+            "| lane: read / chosen / sent p50 ms | tick solve p50 ms (256 jobs) |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
     return head + "".join(
         f"| {x['gpus']} | {'on' if x['lane'] else 'off'} | {x['load']} | {x['samples']} | {x['p50_ms']} | "
-        f"{x['p95_ms']} | {x['max_ms']} | {x['by_lane']} | {x['during_tick']} | {x['lane_place_ms_p50']} | "
+        f"{x['p95_ms']} | {x['max_ms']} | {x['by_lane']} | {x['during_tick']} | "
+        f"{x.get('lane_read_ms_p50')} / {x.get('lane_chosen_ms_p50')} / {x['lane_place_ms_p50']} | "
         f"{x['tick_solve_ms_p50']} |\n" for x in rows)
 
 

@@ -17,7 +17,9 @@ planner therefore runs :class:`CriticalLane`, one thread beside its tick loop:
    (:func:`makespan.workers.starts.start_job`: ``acquire.lua`` under the leader's fencing
    token, the job acknowledged in the same step) and sends the phase chain, exactly as a
    tick's start;
-4. it records a ``critical_lane`` event (job, outcome, GPUs, ``took_ms``, ``during_tick``).
+4. it records a ``critical_lane`` event (job, outcome, GPUs, ``during_tick``, and the
+   milliseconds from the pop to the state read, ``read_ms``, to the placement chosen,
+   ``chosen_ms``, and to the phase chain sent, ``took_ms``).
 
 Safety: leases need no coordination with the tick (the acquire script refuses a job that
 is no longer queued and a GPU a lease holds: the loser of a race leases nothing). A
@@ -47,7 +49,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import redis
 
@@ -86,11 +88,15 @@ class LaneOutcome:
             or the job was leased meanwhile).
         gpus: the group leased (empty when none).
         victims: lease ids preempted for it.
+        read_ms, chosen_ms: milliseconds from the start of :meth:`CriticalLane.place` to the
+            state read and to the placement chosen (0: not reached).
     """
 
     outcome: str
     gpus: tuple[str, ...] = ()
     victims: tuple[str, ...] = ()
+    read_ms: float = 0.0
+    chosen_ms: float = 0.0
 
     @property
     def leased(self) -> bool:
@@ -166,20 +172,20 @@ class CriticalLane:
         else:
             out = LaneOutcome("not_queued")
             try:
-                out = self._place(job_id)
+                out = self._place(job_id, started)
             finally:
                 self.kept.claims.release((job_id,), settled=out.leased)
         took_ms = (time.monotonic() - started) * 1000.0
         self.placed += out.leased
         events.record(self.env.r, self.env.keys.events, "critical_lane", job=job_id, outcome=out.outcome,
                       gpus=list(out.gpus) or None, victims=list(out.victims) or None, took_ms=round(took_ms, 3),
-                      during_tick=during_tick)
+                      read_ms=round(out.read_ms, 3), chosen_ms=round(out.chosen_ms, 3), during_tick=during_tick)
         if out.leased:
             log.info("critical lane: job %s %s on %s in %.1f ms%s", job_id, out.outcome, ",".join(out.gpus), took_ms,
                      " (a tick was running)" if during_tick else "")
         return out
 
-    def _place(self, job_id: str) -> LaneOutcome:
+    def _place(self, job_id: str, started: float) -> LaneOutcome:
         env, uuids = self.env, [gpu.uuid for gpu in self.env.gpus]
         hosts = [host.name for host in env.fleet.hosts]
         pipe = env.r.pipeline(transaction=False)
@@ -188,6 +194,7 @@ class CriticalLane:
         pipe.mget([env.keys.resident(gpu) for gpu in uuids])
         host_liveness.queue_reads(pipe, env.keys, hosts)
         record, holders, resident_values, seen, live = pipe.execute()
+        read_ms = (time.monotonic() - started) * 1000.0
         job = _plan_job(job_id, dict(zip(_JOB_FIELDS, record)), env.settings.time_scale)
         if isinstance(job, str):
             return LaneOutcome(job)
@@ -213,7 +220,9 @@ class CriticalLane:
             placement = self._preemption(ctx, args, now_s, model.cold_start_s, down)
             if placement is None:
                 return LaneOutcome("no_group")
-        return self._lease(ctx, job, placement, now_s, model.cold_start_s)
+        chosen_ms = (time.monotonic() - started) * 1000.0
+        out = self._lease(ctx, job, placement, now_s, model.cold_start_s)
+        return replace(out, read_ms=read_ms, chosen_ms=chosen_ms)
 
     def _preemption(self, ctx: TickContext, args: tuple, now_s: float, cold_start_s: float,
                     down: set[str]) -> CriticalPlacement | None:
