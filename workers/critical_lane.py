@@ -157,6 +157,8 @@ class CriticalLane:
                 return
             except (redis.RedisError, StoreError) as e:  # the job stays queued: the tick plans it
                 log.warning("critical lane: placing %s failed (Redis): %s", got[1], e)
+            except Exception:  # noqa: BLE001 - any other failure leaves the job queued for the tick; the lane goes on
+                log.exception("critical lane: placing %s failed; the tick will plan it", got[1])
 
     def place(self, job_id: str) -> LaneOutcome:
         """Place ``job_id`` now if it is a queued CRITICAL job (module doc) and record the
