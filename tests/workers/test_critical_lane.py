@@ -208,3 +208,21 @@ def test_claims_keep_the_tick_off_a_job_the_lane_holds_or_leased():
     started = time.monotonic()
     threading.Timer(0.05, claims.release, args=(["b"],)).start()
     assert claims.take("b", 5.0) and time.monotonic() - started < 5.0
+
+
+@pytest.mark.parametrize("preemption", ["plan", "rule"])
+def test_the_ticks_preempt_step_never_preempts_for_a_job_the_lane_settled(r, settings, preemption):
+    """The tick's batch may still hold a CRITICAL job the lane leased a moment ago: its
+    Preempt step (both deciders) must not cut a victim for it. Here the job is left queued
+    and only marked settled, so without the claims the step would preempt a LOW lease."""
+    w, prod, sent = _worker(r, settings, preemption=preemption)
+    pairs = [ALL_GPUS[n:n + 2] for n in range(0, 8, 2)]
+    _hold_with_low_jobs(r, w, prod, pairs)
+    job = prod.submit({"endpoint": "summarizer", "service_s": 5, "priority": "CRITICAL"}).id
+    w.kept.claims.take(job, 0.0)
+    w.kept.claims.release([job], settled=True)
+    w.tick()
+    assert not sent and r.zcard(w.keys.queue("LOW")) == 0  # no victim requeued
+    w.kept.claims = JobClaims()  # not settled: the same tick preempts for it
+    w.tick()
+    assert [c.job_id for c in sent] == [job] and r.zcard(w.keys.queue("LOW")) == 1
