@@ -30,16 +30,6 @@ _FLOAT_FIELDS = ("service_s", "deadline_s", "submitted_at", "leased_at", "starte
 _INT_FIELDS = ("seq", "attempts", "tp", "preemptions", "token", "tries", "result_attempt", "service_estimated")
 
 
-@dataclass(frozen=True)
-class JobHandle:
-    """What :func:`submit` returns. ``created`` is False when an existing job with the
-    same idempotency key was returned instead."""
-
-    id: str
-    created: bool
-    priority: Priority
-
-
 SPEC_IN_RECORD = frozenset({"endpoint", "priority", "service_s", "deadline_s", "workload_id", "depends_on"})
 """Spec fields the job record holds as fields of its own (``deps`` for ``depends_on``):
 :func:`record_spec` leaves them out of the ``spec`` JSON."""
@@ -53,6 +43,16 @@ def record_spec(spec: JobSpec) -> str:
     ``bench/queued_bytes.py``); readers take ``payload``, ``workload``, ``args``, ``kwargs``
     and ``idempotency_key`` from it, missing meaning the default."""
     return spec.model_dump_json(exclude_defaults=True, exclude=set(SPEC_IN_RECORD))
+
+
+@dataclass(frozen=True)
+class JobHandle:
+    """What :func:`submit` returns. ``created`` is False when an existing job with the
+    same idempotency key was returned instead."""
+
+    id: str
+    created: bool
+    priority: Priority
 
 
 class Producer:

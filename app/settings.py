@@ -209,10 +209,6 @@ class Settings:
             response time strict priority would give it from the same state
             (:mod:`makespan.planner.fast_lane`); default ``"CRITICAL"``, ``""``: off.
             ``MAKESPAN_FAST_LANE``.
-        critical_lane: the leading planner places a CRITICAL job the moment it is
-            submitted, without waiting for the tick (:mod:`makespan.workers.critical_lane`: a
-            warm idle instance, a free group, or a preemption of lower-priority work; the
-            next tick reconciles); default on. ``MAKESPAN_CRITICAL_LANE`` (``0``: off).
 
     Transitions (issue 20; :mod:`makespan.estimates`):
 
@@ -262,6 +258,10 @@ class Settings:
             dashboard) ends within this many seconds (+ 1 s) of SIGTERM: a clean
             shutdown still running then is cut off with exit code 1 and every thread's traceback on stderr
             (:mod:`makespan.shutdown`). ``MAKESPAN_SHUTDOWN_GRACE_S``.
+        critical_lane: the leading planner places a CRITICAL job the moment it is
+            submitted, without waiting for the tick (:mod:`makespan.workers.critical_lane`: a
+            warm idle instance, a free group, or a preemption of lower-priority work; the
+            next tick reconciles); default on. ``MAKESPAN_CRITICAL_LANE`` (``0``: off).
     """
 
     redis_url: str = DEFAULT_REDIS_URL
@@ -300,7 +300,6 @@ class Settings:
     preemption_min_runtime_s: float = 0.0
     reservation_after_s: float = 3600.0
     fast_lane: str = "CRITICAL"
-    critical_lane: bool = True
     # -- transitions (issue 20) --
     transition_min_observations: int = 5
     transition_quantile: float = 0.9
@@ -315,6 +314,7 @@ class Settings:
     submit_wait_timeout_s: float = 1.0
     worker_liveness_ttl_s: float = 10.0
     shutdown_grace_s: float = 20.0
+    critical_lane: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -368,6 +368,8 @@ class Settings:
             submit_wait_timeout_s=_env_float("MAKESPAN_SUBMIT_WAIT_TIMEOUT_S", 1.0),
             worker_liveness_ttl_s=_env_float("MAKESPAN_WORKER_LIVENESS_TTL_S", 10.0),
             shutdown_grace_s=_env_float("MAKESPAN_SHUTDOWN_GRACE_S", 20.0),
+            # unset or empty: on (the default)
+            critical_lane=_env_bool("MAKESPAN_CRITICAL_LANE") if env.get("MAKESPAN_CRITICAL_LANE", "").strip() else True,
         )
         s = replace(s, **_guarantees_from_env(), **_transitions_from_env())
         known = {f.name for f in fields(cls)}
@@ -428,6 +430,7 @@ class Settings:
             "MAKESPAN_SUBMIT_WAIT_TIMEOUT_S": repr(self.submit_wait_timeout_s),
             "MAKESPAN_WORKER_LIVENESS_TTL_S": repr(self.worker_liveness_ttl_s),
             "MAKESPAN_SHUTDOWN_GRACE_S": repr(self.shutdown_grace_s),
+            "MAKESPAN_CRITICAL_LANE": "1" if self.critical_lane else "0",
         }
 
 
@@ -448,10 +451,7 @@ def _guarantees_from_env() -> dict[str, Any]:
     return {"preemption_budget": budget,
             "preemption_min_runtime_s": _env_nonneg("MAKESPAN_PREEMPTION_MIN_RUNTIME_S", 0.0),
             "reservation_after_s": _env_nonneg("MAKESPAN_RESERVATION_AFTER_S", 3600.0),
-            "fast_lane": _env_lane("MAKESPAN_FAST_LANE", "CRITICAL"),
-            # unset or empty: on (the default)
-            "critical_lane": (os.environ.get("MAKESPAN_CRITICAL_LANE") or "1").strip() == "1"
-            or _env_bool("MAKESPAN_CRITICAL_LANE")}
+            "fast_lane": _env_lane("MAKESPAN_FAST_LANE", "CRITICAL")}
 
 
 def fast_lane_levels(names: str) -> dict[int, float]:
@@ -493,8 +493,7 @@ def _guarantees_to_env(s: Settings) -> dict[str, str]:
     return {"MAKESPAN_PREEMPTION_BUDGET": str(s.preemption_budget),
             "MAKESPAN_PREEMPTION_MIN_RUNTIME_S": repr(s.preemption_min_runtime_s),
             "MAKESPAN_RESERVATION_AFTER_S": repr(s.reservation_after_s),
-            "MAKESPAN_FAST_LANE": s.fast_lane,
-            "MAKESPAN_CRITICAL_LANE": "1" if s.critical_lane else "0"}
+            "MAKESPAN_FAST_LANE": s.fast_lane}
 
 
 # -- transitions (issue 20): their MAKESPAN_* variables --
