@@ -157,8 +157,18 @@ class CriticalLane:
                 return
             except (redis.RedisError, StoreError) as e:  # the job stays queued: the tick plans it
                 log.warning("critical lane: placing %s failed (Redis): %s", got[1], e)
-            except Exception:  # noqa: BLE001 - any other failure leaves the job queued for the tick; the lane goes on
+                self._record_failure(got[1], e)
+            except Exception as e:  # noqa: BLE001 - any other failure leaves the job queued for the tick; the lane goes on
                 log.exception("critical lane: placing %s failed; the tick will plan it", got[1])
+                self._record_failure(got[1], e)
+
+    def _record_failure(self, job_id: str, error: BaseException) -> None:
+        """A ``critical_lane`` event with outcome ``error`` (best effort: Redis may be what failed)."""
+        try:
+            events.record(self.env.r, self.env.keys.events, "critical_lane", job=job_id, outcome="error",
+                          error=f"{type(error).__name__}: {error}"[:300], during_tick=self._tick_running())
+        except (redis.RedisError, StoreError):
+            pass
 
     def place(self, job_id: str) -> LaneOutcome:
         """Place ``job_id`` now if it is a queued CRITICAL job (module doc) and record the
