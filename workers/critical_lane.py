@@ -85,7 +85,8 @@ class LaneOutcome:
         outcome: ``warm``, ``cold_start`` or ``preempted`` (leased and sent); or why not:
             ``not_queued`` (gone, leased or not CRITICAL), ``deps``, ``no_group``, ``claimed``
             (the tick's Preempt step held it past :data:`CLAIM_WAIT_S`), ``lost_race`` (a GPU
-            or the job was leased meanwhile).
+            or the job was leased meanwhile). (The thread's event says ``error`` when placing
+            raised; the job then stays queued for the tick.)
         gpus: the group leased (empty when none).
         victims: lease ids preempted for it.
         read_ms, chosen_ms: milliseconds from the start of :meth:`CriticalLane.place` to the
