@@ -32,6 +32,8 @@ key                                    type    contents
 ``P:planner:fence``                    string  planner fencing counter
 ``P:planner:solve_s``                  list    the planner's latest solve times (fleet_view)
 ``P:planner:wake``                     list    wake-ups for the planner (submit, release)
+``P:planner:critical``                 list    ids of CRITICAL jobs just submitted, for the leader's
+                                               critical lane (makespan.workers.critical_lane)
 ``P:planner:reasons``                  hash    wait reason code -> queued jobs the planner's last
                                                reason write gave it (see makespan.wait_reasons)
 ``P:events``                           stream  recorded events (submit, lease, phase, ...)
@@ -235,6 +237,12 @@ class Keys:
     def planner_wake(self) -> str:
         """List pushed to when a job is submitted or a lease released: wakes the planner."""
         return f"{self._scoped}:planner:wake"
+
+    @property
+    def planner_critical(self) -> str:
+        """List of CRITICAL job ids just submitted (RPUSH by submit, at most the last 256):
+        the leading planner's critical lane pops them (:mod:`makespan.workers.critical_lane`)."""
+        return f"{self.prefix}:planner:critical"
 
     @property
     def planner_solve_times(self) -> str:

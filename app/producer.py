@@ -30,6 +30,21 @@ _FLOAT_FIELDS = ("service_s", "deadline_s", "submitted_at", "leased_at", "starte
 _INT_FIELDS = ("seq", "attempts", "tp", "preemptions", "token", "tries", "result_attempt", "service_estimated")
 
 
+SPEC_IN_RECORD = frozenset({"endpoint", "priority", "service_s", "deadline_s", "workload_id", "depends_on"})
+"""Spec fields the job record holds as fields of its own (``deps`` for ``depends_on``):
+:func:`record_spec` leaves them out of the ``spec`` JSON."""
+
+
+def record_spec(spec: JobSpec) -> str:
+    """The ``spec`` field of a job record: the validated spec as compact JSON, without the
+    fields the record holds itself (:data:`SPEC_IN_RECORD`) and without defaults (``{}``
+    for a job with neither payload, function, arguments nor idempotency key). Small enough
+    that a plain job's record stays a compact listpack hash in Redis (issue 21 point 4:
+    ``bench/queued_bytes.py``); readers take ``payload``, ``workload``, ``args``, ``kwargs``
+    and ``idempotency_key`` from it, missing meaning the default."""
+    return spec.model_dump_json(exclude_defaults=True, exclude=set(SPEC_IN_RECORD))
+
+
 @dataclass(frozen=True)
 class JobHandle:
     """What :func:`submit` returns. ``created`` is False when an existing job with the
@@ -77,12 +92,11 @@ class Producer:
             raise
         traceparent = traceparent or telemetry.job_traceparent()
         job_id = uuid.uuid4().hex
-        ep = self.fleet.endpoints[spec.endpoint]
         now = time.time()
         fields = {
             "id": job_id, "state": JobState.QUEUED.value, "endpoint": spec.endpoint, "priority": spec.priority.name,
             "service_s": repr(spec.service_s), "submitted_at": repr(now), "attempts": 0,
-            "tp": ep.tensor_parallel, "spec": spec.model_dump_json(),
+            "spec": record_spec(spec),
         }
         if spec.deadline_s is not None:  # due time, workload s after submission (tardiness policies)
             fields["deadline_s"] = repr(spec.deadline_s)

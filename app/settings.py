@@ -266,6 +266,10 @@ class Settings:
             dashboard) ends within this many seconds (+ 1 s) of SIGTERM: a clean
             shutdown still running then is cut off with exit code 1 and every thread's traceback on stderr
             (:mod:`makespan.shutdown`). ``MAKESPAN_SHUTDOWN_GRACE_S``.
+        critical_lane: the leading planner places a CRITICAL job the moment it is
+            submitted, without waiting for the tick (:mod:`makespan.workers.critical_lane`: a
+            warm idle instance, a free group, or a preemption of lower-priority work; the
+            next tick reconciles); default on. ``MAKESPAN_CRITICAL_LANE`` (``0``: off).
     """
 
     redis_url: str = DEFAULT_REDIS_URL
@@ -320,6 +324,7 @@ class Settings:
     submit_wait_timeout_s: float = 1.0
     worker_liveness_ttl_s: float = 10.0
     shutdown_grace_s: float = 20.0
+    critical_lane: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -374,6 +379,8 @@ class Settings:
             submit_wait_timeout_s=_env_float("MAKESPAN_SUBMIT_WAIT_TIMEOUT_S", 1.0),
             worker_liveness_ttl_s=_env_float("MAKESPAN_WORKER_LIVENESS_TTL_S", 10.0),
             shutdown_grace_s=_env_float("MAKESPAN_SHUTDOWN_GRACE_S", 20.0),
+            # unset or empty: on (the default)
+            critical_lane=_env_bool("MAKESPAN_CRITICAL_LANE") if env.get("MAKESPAN_CRITICAL_LANE", "").strip() else True,
         )
         s = replace(s, **_guarantees_from_env(), **_transitions_from_env())
         known = {f.name for f in fields(cls)}
@@ -435,6 +442,7 @@ class Settings:
             "MAKESPAN_SUBMIT_WAIT_TIMEOUT_S": repr(self.submit_wait_timeout_s),
             "MAKESPAN_WORKER_LIVENESS_TTL_S": repr(self.worker_liveness_ttl_s),
             "MAKESPAN_SHUTDOWN_GRACE_S": repr(self.shutdown_grace_s),
+            "MAKESPAN_CRITICAL_LANE": "1" if self.critical_lane else "0",
         }
 
 

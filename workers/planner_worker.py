@@ -13,6 +13,10 @@ later stay queued and are planned again next tick (rolling horizon). It starts t
 plan's set-point restores that start now (a set-point group the plan leaves idle); when
 nothing is queued or running it restores every set point and checks the drain.
 
+While it leads, a CRITICAL job submitted meanwhile does not wait for the tick: the
+critical lane (:mod:`makespan.workers.critical_lane`, a thread of this process, under the
+same fencing token) places it at once and the next tick reconciles.
+
 This module holds :class:`PlannerWorker`: leadership (lock, fencing token, standby), its
 run loop and the step list. A tick is the steps of
 :data:`makespan.workers.tick.steps.TICK_STEPS`, run in that order over one fresh
@@ -42,6 +46,7 @@ from makespan.planner.model import FleetState, PlanJob
 from makespan.redis_conn import check_eviction_policy
 from makespan.settings import Settings
 from makespan.workers.batch import form_batch
+from makespan.workers.critical_lane import CriticalLane
 from makespan.workers.drain import check_drain
 from makespan.workers.fleet_view import (endpoint_models, fleet_gpus, queue_solve_stats, read_fleet_gpus,
                                          read_fleet_state, set_point_instances)
@@ -104,6 +109,8 @@ class PlannerWorker:
         self.token = ""  # the fencing token while leading ('' = unchecked: tests tick by hand)
         self.lost = threading.Event()
         self.tick_again = False  # the last tick may be followed at once by another (tick doc)
+        self.ticking = threading.Event()  # set while a tick runs (the critical lane's events say so)
+        self.lane: CriticalLane | None = None  # the critical lane while leading (Settings.critical_lane)
         self.lock_ttl_s = max(settings.lease_ttl_s / 2, 1.0)
         from makespan.workers.retention import Retention
 
@@ -230,6 +237,31 @@ class PlannerWorker:
         self.lost.clear()
         keeper = threading.Thread(target=self._keep_lock, args=(lock,), daemon=True)
         keeper.start()
+        self.lane = self._start_lane()
+        try:
+            self._tick_until_deposed()
+        finally:
+            if self.lane is not None:
+                self.lane.stop(timeout_s=self.settings.redis_socket_timeout_s)
+                self.lane = None
+        try:
+            p = self.r.pipeline(transaction=False)
+            queue_solve_stats(p, self.keys, self.kept)
+            p.execute()
+            lock.release()
+        except (LockError, redis.RedisError):
+            pass
+
+    def _start_lane(self) -> CriticalLane | None:
+        """The critical lane of this leadership (:mod:`makespan.workers.critical_lane`), started;
+        None when ``Settings.critical_lane`` is off."""
+        if not self.settings.critical_lane:
+            return None
+        lane = CriticalLane(self.env, self.kept, self.token, self.ticking.is_set)
+        lane.start()
+        return lane
+
+    def _tick_until_deposed(self) -> None:
         while not self._stop.is_set() and not self.lost.is_set():
             try:
                 busy = self.tick()
@@ -243,13 +275,6 @@ class PlannerWorker:
                 time.sleep(0.5)
             if not (busy and self.tick_again):
                 self._wait_for_work()
-        try:
-            p = self.r.pipeline(transaction=False)
-            queue_solve_stats(p, self.keys, self.kept)
-            p.execute()
-            lock.release()
-        except (LockError, redis.RedisError):
-            pass
 
     # -- one cycle -----------------------------------------------------------------------
     def now_s(self) -> float:
@@ -267,8 +292,12 @@ class PlannerWorker:
             redis.RedisError, StoreError: Redis failed."""
         self.tick_again = False
         ctx = TickContext(self.env, self.kept, self.token)
-        for step in self.steps:
-            step.run(ctx)
+        self.ticking.set()
+        try:
+            for step in self.steps:
+                step.run(ctx)
+        finally:
+            self.ticking.clear()
         self.tick_again = ctx.tick_again()
         return bool(ctx.dispatched)
 

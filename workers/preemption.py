@@ -60,18 +60,24 @@ class Preempt:
     def run(self, ctx: TickContext) -> None:
         if not ctx.batch:
             return
-        ctx.waiting = [job for job in ctx.batch if job.id not in ctx.dispatched and job.priority <= int(Priority.HIGH)]
+        waiting = [job for job in ctx.batch if job.id not in ctx.dispatched and job.priority <= int(Priority.HIGH)]
         ctx.requeued_now, ctx.victims = 0, []
-        if not ctx.waiting:
-            return
-        settings = ctx.env.settings
-        if settings.preemption == "plan" and POLICY_REGISTRY.lookup(settings.policy).floor is not None:
-            ctx.dispatched |= _preempt_scored(ctx)
-        else:
-            ctx.dispatched |= _preempt_by_rule(ctx)
+        # the critical lane decides for the jobs it holds (makespan.workers.tick.claims)
+        held = ctx.kept.claims.take_free(job.id for job in waiting)
+        ctx.waiting = [job for job in waiting if job.id in held]
+        try:
+            if not ctx.waiting:
+                return
+            settings = ctx.env.settings
+            if settings.preemption == "plan" and POLICY_REGISTRY.lookup(settings.policy).floor is not None:
+                ctx.dispatched |= _preempt_scored(ctx)
+            else:
+                ctx.dispatched |= _preempt_by_rule(ctx)
+        finally:
+            ctx.kept.claims.release(held)
 
 
-def _lease_holders(ctx: TickContext) -> tuple[dict[str, str], dict[str, dict[str, str]], dict[str, bool], set[str]]:
+def lease_holders(ctx: TickContext) -> tuple[dict[str, str], dict[str, dict[str, str]], dict[str, bool], set[str]]:
     """(GPU -> lease id, lease id -> lease record, lease id -> its execute phase is done,
     the jobs never to preempt: ``awaited`` of the batch plus the leased jobs that a waiting
     job waits on, from the index)."""
@@ -134,7 +140,7 @@ def _bounded(ctx: TickContext, cuts: str | None, ran_s: float) -> bool:
     return victim_allowed(int(cuts or 0), ran_s, settings.preemption_budget, settings.preemption_min_runtime_s)
 
 
-def _holder_bounds(ctx: TickContext, info: dict[str, dict[str, str]]) -> dict[str, bool]:
+def within_bounds(ctx: TickContext, info: dict[str, dict[str, str]]) -> dict[str, bool]:
     """Lease id -> whether its job is within the preemption bounds (one round trip)."""
     env = ctx.env
     lease_ids = [lease_id for lease_id, rec in info.items() if rec.get("kind") == "job" and rec.get("job")]
@@ -160,7 +166,7 @@ def _preempt_scored(ctx: TickContext) -> set[str]:
     leased are never victims); each decision is executed like the rule's."""
     env, state, plan, started = ctx.env, ctx.fleet_state, ctx.plan, ctx.started
     assert state is not None and plan is not None, "PlanBatch runs before Preempt"
-    lease_of, info, executed, awaited = _lease_holders(ctx)
+    lease_of, info, executed, awaited = lease_holders(ctx)
     running, lease_by_job = _running(ctx, state, lease_of, info, executed, awaited)
     running = {gpu: job for gpu, job in running.items() if job.id not in started}
     if not running:
@@ -173,7 +179,10 @@ def _preempt_scored(ctx: TickContext) -> set[str]:
     assert floor is not None  # preempt scores only for a policy with a floor
     branch = preemption_plan.decide(rest, after, floor.solve, policy.objective)
     out: set[str] = set()
+    held = {job.id for job in ctx.waiting}  # not those the critical lane holds or leased
     for decision, start in zip(branch.taken, branch.starts):
+        if decision.job_id not in held:
+            continue
         job = jobs[decision.job_id]
         freed = True
         for victim in decision.victims:
@@ -202,8 +211,8 @@ def _preempt_by_rule(ctx: TickContext) -> set[str]:
     it sooner), or whose groups hold no victim set."""
     env, state = ctx.env, ctx.fleet_state
     assert state is not None, "ReadFleet runs before Preempt"
-    lease_of, info, executed, awaited = _lease_holders(ctx)
-    bounded = _holder_bounds(ctx, info)
+    lease_of, info, executed, awaited = lease_holders(ctx)
+    bounded = within_bounds(ctx, info)
     holder: dict[str, Holder | None] = {}
     for gpu, lease_id in lease_of.items():
         rec = info.get(lease_id) or {}

@@ -46,10 +46,11 @@ class JobStore:
         fields = {**fields, "state": JobState.QUEUED.value}  # submit.lua makes it delayed with a delay
         delay = repr(float(delay_s)) if delay_s is not None else ""
         idem = self.keys.idem(idempotency_key) if idempotency_key else self.keys.seq  # unused without a key
+        critical = "1" if queue_key == self.keys.queue("CRITICAL") else "0"
         out = self._run("submit", [idem, self.keys.seq, self.keys.job(job_id), queue_key, self.keys.events,
-                                   self.keys.planner_wake, self.keys.delayed],
+                                   self.keys.planner_wake, self.keys.delayed, self.keys.planner_critical],
                         ["1" if idempotency_key else "0", job_id, json.dumps(fields), event_json, delay,
-                         self.keys.script_prefix])
+                         self.keys.script_prefix, critical])
         return out[0] == 1, str(out[1])
 
     def cancel(self, job_id: str, queue_key: str, event_json: str, now_s: float) -> str:

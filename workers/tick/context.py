@@ -22,6 +22,7 @@ from makespan.keys import Keys
 from makespan.models import FleetSpec, Priority
 from makespan.planner.model import EndpointModel, FleetState, Gpu, Plan, PlanJob
 from makespan.settings import Settings
+from makespan.workers.tick.claims import JobClaims
 from makespan.workers.tick.clock import Clock
 
 if TYPE_CHECKING:  # pragma: no cover - types only
@@ -111,6 +112,8 @@ class CrossTickState:
     idle_checked: bool = False  # the drain was checked in this idle period (drain)
     reason_counts_written: bool = True  # P:planner:reasons may hold counts (wait_reasons)
     last_traceparent: dict[str, str] = field(default_factory=dict)  # GPU -> last job's traceparent (starts)
+    claims: JobClaims = field(default_factory=JobClaims)  # jobs Preempt or the critical lane decides for now
+    starting_gpus: frozenset[str] = frozenset()  # GPUs the last plan starts a job on now (PlanBatch; critical lane)
 
 
 @dataclass

@@ -152,6 +152,8 @@ class PlanBatch:
                                           replan=lane_replan(policy))
         solve_s = env.clock.monotonic() - started_at_s
         metrics.observe_solve(solve_s, len(batch))
+        kept.starting_gpus = frozenset(gpu for assignment in chosen.assignments  # the critical lane avoids them
+                                       if assignment.start_s <= state.now_s + 1e-6 for gpu in assignment.gpus)
         kept.solve_stats.append(f"{solve_s:.6f}:{len(batch)}")  # written with the next snapshot
         publish_plan(env.r, env.keys, chosen, batch, state.now_s, settings.time_scale)  # P:plan, for the dashboard
         ctx.plan = chosen

@@ -10,12 +10,14 @@
 -- KEYS[5]  P:events
 -- KEYS[6]  P:planner:wake
 -- KEYS[7]  P:delayed
+-- KEYS[8]  P:planner:critical (the critical lane's arrivals)
 -- ARGV[1]  '1' when the job has an idempotency key
 -- ARGV[2]  job id
 -- ARGV[3]  the record's fields, JSON object (state queued)
 -- ARGV[4]  the submitted event, JSON
 -- ARGV[5]  delay s ('' = queue now); due time (not_before) = server clock + delay
 -- ARGV[6]  P, the key prefix (a job with deps joins the reverse-dependency index)
+-- ARGV[7]  '1' when the job is CRITICAL: a queued one is also pushed on KEYS[8] (last 256 kept)
 -- Returns {1, job id}, or {0, existing job id} for a repeated idempotency key.
 if ARGV[1] == '1' then
   local existing = redis.call('GET', KEYS[1])
@@ -46,4 +48,8 @@ if ARGV[1] == '1' then redis.call('SET', KEYS[1], ARGV[2]) end
 append_event(KEYS[5], ev)
 redis.call('RPUSH', KEYS[6], '1')
 redis.call('LTRIM', KEYS[6], -16, -1)
+if ARGV[7] == '1' and not due then
+  redis.call('RPUSH', KEYS[8], ARGV[2])
+  redis.call('LTRIM', KEYS[8], -256, -1)
+end
 return {1, ARGV[2]}

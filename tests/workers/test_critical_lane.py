@@ -1,0 +1,228 @@
+"""The critical lane (makespan.workers.critical_lane, issue 21 point 2): a CRITICAL job is
+leased the moment it is submitted, on a warm idle instance, a free group or by preempting
+LOW work, without waiting for the tick. Real Redis, the real lease and preempt scripts,
+the lane's real thread; dispatch is captured here (the live test with GPU worker processes
+is tests/workers/test_critical_lane_live.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+
+import pytest
+
+from makespan import events as ev
+from makespan.models import load_fleet
+from makespan.producer import Producer
+from makespan.workers.critical_lane import CriticalLane
+from makespan.workers.phases import instance_value
+from makespan.workers.planner_worker import PlannerWorker
+from makespan.workers.tick.claims import JobClaims
+from makespan.workers.tick.steps import TICK_STEPS
+from tests.conftest import FLEET_TOML
+from tests.live import wait_for
+
+FLEET = load_fleet(FLEET_TOML)  # render-pipeline: 8 GPUs on host-a and host-b
+ALL_GPUS = [gpu.uuid for host in FLEET.hosts for gpu in host.gpus]
+
+
+def _worker(r, settings, **changes):
+    sent: list = []
+    s = dataclasses.replace(settings, lease_ttl_s=60.0, **changes)
+    w = PlannerWorker(r, s, FLEET, dispatch=lambda ctx, queue: sent.append(ctx))
+    w.token = ""
+    return w, Producer(r, w.keys, FLEET, s), sent
+
+
+def _lane(w) -> CriticalLane:
+    return CriticalLane(w.env, w.kept, w.token, w.ticking.is_set)
+
+
+def _lane_events(r, keys, job_id):
+    return [e for e in ev.read_all(r, keys.events) if e["kind"] == "critical_lane" and e["job"] == job_id]
+
+
+def _hold_with_low_jobs(r, w, prod, gpus_by_lease):
+    """Lease each GPU group of ``gpus_by_lease`` to a LOW job (running long); returns the lease ids."""
+    leases = []
+    for n, gpus in enumerate(gpus_by_lease):
+        jid = prod.submit({"endpoint": "renderer", "service_s": 3600, "priority": "LOW"}).id
+        lease = w.leases.acquire(f"low-{n}", tuple(gpus), 60.0, job_id=jid, kind="job", holder="host-a",
+                                 queue=w.keys.queue("LOW"),
+                                 info={"planned_end_s": repr(w.now_s() + 3600), "endpoint": "renderer",
+                                       "priority": "LOW"})
+        assert lease is not None
+        leases.append(f"low-{n}")
+    return leases
+
+
+def test_a_warm_idle_instance_is_leased_at_once_then_a_free_group(r, settings):
+    w, prod, sent = _worker(r, settings)
+    warm_gpu = "GPU-host-b-3"
+    r.set(w.keys.resident(warm_gpu), instance_value("embed", [warm_gpu]))
+    r.set(w.keys.resident("GPU-host-a-0"), instance_value("coder", ["GPU-host-a-0", "GPU-host-a-1"]))
+    r.set(w.keys.resident("GPU-host-a-1"), instance_value("coder", ["GPU-host-a-0", "GPU-host-a-1"]))
+    lane = _lane(w)
+    lane.start()
+    try:
+        first = prod.submit({"endpoint": "embed", "service_s": 5, "priority": "CRITICAL"}).id
+        wait_for(lambda: len(sent) == 1, 10, "the lane to lease the first CRITICAL job", 0.01)
+        second = prod.submit({"endpoint": "embed", "service_s": 5, "priority": "CRITICAL"}).id
+        wait_for(lambda: len(sent) == 2, 10, "the lane to lease the second CRITICAL job", 0.01)
+    finally:
+        lane.stop(5)
+    assert [c.job_id for c in sent] == [first, second]
+    assert sent[0].gpus == [warm_gpu]  # the warm instance, though host-a comes first
+    assert _lane_events(r, w.keys, first)[0]["outcome"] == "warm"
+    # cold: a free GPU with nothing to evict (not the coder's), in fleet order
+    assert sent[1].gpus == ["GPU-host-a-2"] and _lane_events(r, w.keys, second)[0]["outcome"] == "cold_start"
+    for job_id in (first, second):
+        assert r.hget(w.keys.job(job_id), "state") == "leased"
+        assert r.zscore(w.keys.queue("CRITICAL"), job_id) is None
+        assert _lane_events(r, w.keys, job_id)[0]["during_tick"] is False
+    # the next tick reconciles: it sees the leases, plans nothing for these jobs
+    w.tick()
+    assert [c.job_id for c in sent if c.kind == "job"] == [first, second]
+
+
+def test_every_gpu_held_by_low_work_preempts_the_cheapest_group(r, settings):
+    w, prod, sent = _worker(r, settings)
+    pairs = [ALL_GPUS[n:n + 2] for n in range(0, 8, 2)]
+    leases = _hold_with_low_jobs(r, w, prod, pairs)
+    victims_jobs = {lease: r.hget(w.keys.lease(lease), "job") for lease in leases}
+    job = prod.submit({"endpoint": "summarizer", "service_s": 5, "priority": "CRITICAL"}).id  # TP 2
+    out = _lane(w).place(r.lpop(w.keys.planner_critical))
+    assert out.outcome == "preempted" and len(out.victims) == 1
+    (victim,) = out.victims
+    assert tuple(out.gpus) == tuple(pairs[leases.index(victim)])
+    assert [c.job_id for c in sent] == [job] and sent[0].gpus == list(out.gpus)
+    assert r.hget(w.keys.job(job), "state") == "leased"
+    # the victim is back in its queue, its GPUs are the CRITICAL job's
+    victim_job = victims_jobs[victim]
+    assert r.hget(w.keys.job(victim_job), "state") == "queued"
+    assert r.zscore(w.keys.queue("LOW"), victim_job) is not None
+    assert all(r.get(w.keys.gpu(gpu)).split(":")[0] == sent[0].lease_id for gpu in out.gpus)
+
+
+def test_critical_work_is_never_preempted_and_the_job_stays_queued_for_the_tick(r, settings):
+    w, prod, sent = _worker(r, settings)
+    for n, gpu in enumerate(ALL_GPUS):
+        jid = prod.submit({"endpoint": "embed", "service_s": 3600, "priority": "CRITICAL"}).id
+        r.lpop(w.keys.planner_critical)
+        assert w.leases.acquire(f"crit-{n}", (gpu,), 60.0, job_id=jid, kind="job", holder="host-a",
+                                queue=w.keys.queue("CRITICAL"), info={"priority": "CRITICAL"}) is not None
+    job = prod.submit({"endpoint": "embed", "service_s": 5, "priority": "CRITICAL"}).id
+    out = _lane(w).place(r.lpop(w.keys.planner_critical))
+    assert out.outcome == "no_group" and not sent
+    assert r.hget(w.keys.job(job), "state") == "queued" and r.zscore(w.keys.queue("CRITICAL"), job) is not None
+
+
+def test_a_stale_fencing_token_leases_nothing(r, settings):
+    from makespan.errors import LeaseError
+
+    w, prod, sent = _worker(r, settings)
+    r.set(w.keys.planner_fence, "7")
+    job = prod.submit({"endpoint": "embed", "service_s": 5, "priority": "CRITICAL"}).id
+    lane = CriticalLane(w.env, w.kept, "6", w.ticking.is_set)  # another planner leads now (token 7)
+    with pytest.raises(LeaseError):
+        lane.place(r.lpop(w.keys.planner_critical))
+    assert not sent and r.hget(w.keys.job(job), "state") == "queued"
+    assert not any(r.exists(w.keys.gpu(gpu)) for gpu in ALL_GPUS)
+
+
+def test_only_queued_critical_jobs_without_dependencies_take_the_lane(r, settings):
+    w, prod, sent = _worker(r, settings)
+    lane = _lane(w)
+    normal = prod.submit({"endpoint": "embed", "service_s": 5, "priority": "NORMAL"}).id
+    assert r.llen(w.keys.planner_critical) == 0  # only CRITICAL submits are pushed
+    assert lane.place(normal).outcome == "not_queued"
+    dep = prod.submit({"endpoint": "embed", "service_s": 5, "priority": "CRITICAL"}).id
+    r.lpop(w.keys.planner_critical)
+    waiting = prod.submit({"endpoint": "embed", "service_s": 5, "priority": "CRITICAL", "depends_on": [dep]}).id
+    r.lpop(w.keys.planner_critical)
+    assert lane.place(waiting).outcome == "deps"
+    assert lane.place(dep).leased
+    assert lane.place(dep).outcome == "not_queued"  # a second pop of the same id: leased once
+    assert [c.job_id for c in sent] == [dep]
+
+
+def _jobs(sent):
+    return [c for c in sent if c.kind == "job"]
+
+
+class _Gate:
+    """A tick step that blocks until released: a tick held in progress, deterministically."""
+
+    name = "gate"
+
+    def __init__(self) -> None:
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def run(self, ctx) -> None:
+        if ctx.batch and not self.entered.is_set():  # the first tick with a batch only
+            self.entered.set()
+            assert self.release.wait(60), "the test never released the tick"
+
+
+def test_a_critical_job_is_leased_while_a_tick_is_in_progress(r, settings):
+    """The tick's plan is held (a gate step after planning, before its starts); the CRITICAL
+    job submitted meanwhile is leased by the lane, and the tick, released, leases nothing
+    twice: every GPU has one lease at a time, the CRITICAL job one lease."""
+    w, prod, sent = _worker(r, settings, batch_wait_s=0.0)
+    gate = _Gate()
+    at = [step.name for step in TICK_STEPS].index("start")
+    w.steps = (*TICK_STEPS[:at], gate, *TICK_STEPS[at:])
+    for _ in range(40):
+        prod.submit({"endpoint": "embed", "service_s": 600, "priority": "LOW"})
+    runner = threading.Thread(target=w.run, daemon=True)
+    runner.start()
+    try:
+        assert gate.entered.wait(60), "the tick never reached its starts"
+        job = prod.submit({"endpoint": "embed", "service_s": 5, "priority": "CRITICAL"}).id
+        wait_for(lambda: r.hget(w.keys.job(job), "state") == "leased", 10, "the lane to lease the job", 0.01)
+        assert w.ticking.is_set() and not gate.release.is_set()  # the tick is still in progress
+        (event,) = _lane_events(r, w.keys, job)
+        assert event["during_tick"] is True and event["outcome"] in ("warm", "cold_start")
+        gate.release.set()
+        wait_for(lambda: len(_jobs(sent)) == len(ALL_GPUS), 20, "the released tick to start the LOW jobs", 0.02)
+    finally:
+        gate.release.set()
+        w.stop()
+        runner.join(10)
+    sent = _jobs(sent)
+    assert [c.job_id for c in sent].count(job) == 1
+    holders = [r.get(w.keys.gpu(gpu)) for gpu in ALL_GPUS]
+    assert all(holders) and len({h.split(":")[0] for h in holders}) == len(ALL_GPUS)  # one lease per GPU
+    assert sent[0].job_id == job  # the lane went first, while the tick was held
+
+
+def test_claims_keep_the_tick_off_a_job_the_lane_holds_or_leased():
+    claims = JobClaims()
+    assert claims.take("a", 0.0)
+    assert claims.take_free(["a", "b"]) == {"b"}  # the lane holds a: the tick takes only b
+    assert not claims.take("b", 0.01)  # the lane waits while the tick holds b
+    claims.release(["a"], settled=True)  # the lane leased a
+    claims.release(["b"])
+    assert claims.take_free(["a", "b"]) == {"b"}  # a stays the lane's: the tick never preempts for it
+    started = time.monotonic()
+    threading.Timer(0.05, claims.release, args=(["b"],)).start()
+    assert claims.take("b", 5.0) and time.monotonic() - started < 5.0
+
+
+@pytest.mark.parametrize("preemption", ["plan", "rule"])
+def test_the_ticks_preempt_step_never_preempts_for_a_job_the_lane_settled(r, settings, preemption):
+    """The tick's batch may still hold a CRITICAL job the lane leased a moment ago: its
+    Preempt step (both deciders) must not cut a victim for it. Here the job is left queued
+    and only marked settled, so without the claims the step would preempt a LOW lease."""
+    w, prod, sent = _worker(r, settings, preemption=preemption)
+    pairs = [ALL_GPUS[n:n + 2] for n in range(0, 8, 2)]
+    _hold_with_low_jobs(r, w, prod, pairs)
+    job = prod.submit({"endpoint": "summarizer", "service_s": 5, "priority": "CRITICAL"}).id
+    w.kept.claims.take(job, 0.0)
+    w.kept.claims.release([job], settled=True)
+    w.tick()
+    assert not sent and r.zcard(w.keys.queue("LOW")) == 0  # no victim requeued
+    w.kept.claims = JobClaims()  # not settled: the same tick preempts for it
+    w.tick()
+    assert [c.job_id for c in sent] == [job] and r.zcard(w.keys.queue("LOW")) == 1
