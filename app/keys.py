@@ -80,8 +80,8 @@ key                                    type    contents
 Pools (design notes, "pool"; ``[[pools]]`` in the fleet file): the keys of one pool's
 planner and queues are built by ``Keys(prefix, pool=NAME)`` (:meth:`Keys.for_pool`) and
 live under ``P:pool:{name}:`` instead of ``P:`` — ``queue:{level}``, ``planner:leader``,
-``planner:fence``, ``planner:wake``, ``planner:solve_s``, ``planner:reasons``, ``drain``,
-``plan`` and ``offer`` (below). Everything else (jobs, leases, GPUs, events, the delayed
+``planner:fence``, ``planner:wake``, ``planner:critical``, ``planner:solve_s``,
+``planner:reasons``, ``drain``, ``plan`` and ``offer`` (below). Everything else (jobs, leases, GPUs, events, the delayed
 set, ...) is shared by every pool. A fleet without pools has one implicit pool whose keys
 are the ``P:`` ones above, unchanged. A job record in a named pool carries ``pool``.
 
@@ -242,7 +242,7 @@ class Keys:
     def planner_critical(self) -> str:
         """List of CRITICAL job ids just submitted (RPUSH by submit, at most the last 256):
         the leading planner's critical lane pops them (:mod:`makespan.workers.critical_lane`)."""
-        return f"{self.prefix}:planner:critical"
+        return f"{self._scoped}:planner:critical"
 
     @property
     def planner_solve_times(self) -> str:
