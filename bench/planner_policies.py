@@ -28,7 +28,7 @@ the lane levels bounded on start (``off``: all on completion; default: the simul
 without reservations and lane (strict priority as it is: the baseline of issue 19 point 4).
 ``--also-lane-start SPEC``: each policy but fifo also with ``--lane-start SPEC`` (a row
 ``POLICY start=SPEC``; ``off``: the completion-bounded lane of before, to compare before and
-after in one run). ``--windows-per-trace K``: the first K windows of each trace that pass the rule (default 1:
+after in one run; several separated by ``;``, ``SPEC|LANE`` also sets that row's lane levels). ``--windows-per-trace K``: the first K windows of each trace that pass the rule (default 1:
 the developers' 4 windows). ``--procs N``: replays of N (window, seed) pairs at once.
 The per-class table gives, per policy, the p95 wait of CRITICAL and HIGH ÷ fifo's on the
 same replay (median and worst over the replays, and worst over the windows of the mean
@@ -71,12 +71,13 @@ def _replay(arg):
              f"service ÷{info['service_scale']:.3g} arrivals ÷{info['arrival_scale']:.3g}"]
     out = {}
     for p in pols:
-        name, _, other_start = p.partition(" start=")  # a row of --also-lane-start: that start bound
+        name, _, other = p.partition(" start=")  # a row of --also-lane-start: that start bound (and lane)
+        other_start, _, other_lane = other.partition(" lane=")
         r = simulate(jobs, fleet, BENCH_POLICIES.lookup(name.removesuffix("@plan")), seed, restore=a.restore,
                      preemption=a.preemption and ("plan" if name.endswith("@plan") else "rule"),
                      planned_restore=None if a.planned_restore == "none" else a.planned_restore,
                      **(_PLAIN if a.fifo_plain and p == "fifo" else
-                        {**_reservation_kw(a.reservation_after_s), **_lane_kw(a.lane),
+                        {**_reservation_kw(a.reservation_after_s), **_lane_kw(other_lane or a.lane),
                          **_start_kw(other_start or a.lane_start)}))
         out[p] = r
         lines.append(f"{Path(path).stem}@{start} seed={seed} {p:10s} wc={r['weighted_completion_s']:.4g} "
@@ -151,7 +152,8 @@ def main() -> None:
                          "lane level bounded on completion (default: the simulator's)")
     ap.add_argument("--also-lane-start", default=None,
                     help="add a row 'POLICY start=SPEC' after each row but fifo, with that start bound "
-                         "(e.g. off: the lane before start bounds), to compare in one run")
+                         "(e.g. off: the lane before start bounds), to compare in one run; several: "
+                         "SPEC;SPEC; SPEC|LANE also sets the row's lane levels")
     ap.add_argument("--fifo-plain", action="store_true",
                     help="run fifo without reservations and fast lane (strict priority as it is), "
                          "whatever --reservation-after-s / --lane say")
@@ -166,7 +168,10 @@ def main() -> None:
     if a.plan_preemption:
         pols = [x for p in pols for x in ([p, p + "@plan"] if BENCH_POLICIES.lookup(p).floor else [p])]
     if a.also_lane_start:
-        pols = [x for p in pols for x in ([p] if p == "fifo" else [p, f"{p} start={a.also_lane_start}"])]
+        extra = [e.split("|") for e in a.also_lane_start.split(";")]  # START or START|LANE
+        pols = [x for p in pols for x in ([p] if p == "fifo" else
+                                          [p, *(f"{p} start={e[0]}" + (f" lane={e[1]}" if len(e) > 1 else "")
+                                                for e in extra)])]
     fleet = bench_fleet(a.gpus)
     res: dict[str, list[dict]] = {p: [] for p in pols}
     windows = [(path, st) for path in TRACES for st in select_windows(path, fleet, a.jobs, a.gpus, a.windows_per_trace)]
