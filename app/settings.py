@@ -212,6 +212,12 @@ class Settings:
             response time strict priority would give it from the same state
             (:mod:`makespan.planner.fast_lane`); default ``"CRITICAL"``, ``""``: off.
             ``MAKESPAN_FAST_LANE``.
+        fast_lane_start: the lane levels whose *start* the lane bounds instead of their
+            completion, ``LEVEL:GRACE_S`` comma-separated: no job of such a level is planned
+            to start later than release + FACTOR × (strict priority's start − release) +
+            GRACE_S (s ≥ 0); default ``"CRITICAL:30"`` (bench/RESULTS.md, "Start-bounded
+            lane"), ``""``: every lane level bounded on completion. A level listed here
+            must be in :attr:`fast_lane`. ``MAKESPAN_FAST_LANE_START``.
 
     Transitions (issue 20; :mod:`makespan.estimates`):
 
@@ -309,6 +315,7 @@ class Settings:
     preemption_min_runtime_s: float = 0.0
     reservation_after_s: float = 3600.0
     fast_lane: str = "CRITICAL"
+    fast_lane_start: str = "CRITICAL:30"
     # -- transitions (issue 20) --
     transition_min_observations: int = 5
     transition_quantile: float = 0.9
@@ -332,6 +339,12 @@ class Settings:
         """:attr:`fast_lane` as priority level (0 = CRITICAL) -> wait factor, for
         :func:`makespan.planner.fast_lane.enforce`."""
         return fast_lane_levels(self.fast_lane)
+
+    @property
+    def fast_lane_start_grace(self) -> dict[int, float]:
+        """:attr:`fast_lane_start` as priority level -> grace s, for
+        :func:`makespan.planner.fast_lane.enforce`'s ``start_grace_s``."""
+        return fast_lane_start_grace(self.fast_lane_start)
 
     @classmethod
     def from_env(cls, **overrides: Any) -> Settings:
@@ -463,7 +476,9 @@ def _guarantees_from_env() -> dict[str, Any]:
     return {"preemption_budget": budget,
             "preemption_min_runtime_s": _env_nonneg("MAKESPAN_PREEMPTION_MIN_RUNTIME_S", 0.0),
             "reservation_after_s": _env_nonneg("MAKESPAN_RESERVATION_AFTER_S", 3600.0),
-            "fast_lane": _env_lane("MAKESPAN_FAST_LANE", "CRITICAL")}
+            "fast_lane": _env_lane("MAKESPAN_FAST_LANE", "CRITICAL"),
+            "fast_lane_start": _env_lane_start("MAKESPAN_FAST_LANE_START", "CRITICAL:30",
+                                               os.environ.get("MAKESPAN_FAST_LANE", "CRITICAL"))}
 
 
 def fast_lane_levels(names: str) -> dict[int, float]:
@@ -489,6 +504,48 @@ def fast_lane_levels(names: str) -> dict[int, float]:
     return dict(sorted(out.items()))
 
 
+def fast_lane_start_grace(names: str, lane: str | None = None) -> dict[int, float]:
+    """``"CRITICAL:30,HIGH:60"`` -> {0: 30.0, 1: 60.0} (level -> grace s ≥ 0, the levels
+    whose start the fast lane bounds); ``""``: {}. With ``lane`` (a :attr:`Settings.fast_lane`
+    value), every level must be one of its levels. Raises ValidationError on an unknown
+    level, a missing, negative or non-finite grace, or a level not in ``lane``."""
+    from makespan.models import Priority
+
+    out: dict[int, float] = {}
+    for item in (x.strip() for x in names.split(",")):
+        if not item:
+            continue
+        n, sep, g = item.partition(":")
+        n = n.strip().upper()
+        if n not in Priority.__members__:
+            raise ValidationError("fast_lane_start", names, f"levels are {', '.join(Priority.__members__)}")
+        try:
+            grace = float(g) if sep else float("nan")
+        except ValueError as e:
+            raise ValidationError("fast_lane_start", names, "a grace (LEVEL:GRACE_S) must be a number") from e
+        if not 0.0 <= grace < float("inf"):
+            raise ValidationError("fast_lane_start", names,
+                                  "each level needs a grace, LEVEL:GRACE_S, a finite number of seconds >= 0")
+        if lane is not None and int(Priority[n]) not in fast_lane_levels(lane):
+            raise ValidationError("fast_lane_start", names, f"{n} is not a fast-lane level ({lane!r})")
+        out[int(Priority[n])] = grace
+    return dict(sorted(out.items()))
+
+
+def _env_lane_start(name: str, default: str, lane: str) -> str:
+    """A ``MAKESPAN_FAST_LANE_START`` value (unset: ``default``, restricted to ``lane``'s
+    levels; empty: off), checked against ``lane``."""
+    raw = os.environ.get(name)
+    if raw is None:
+        lanes = fast_lane_levels(lane)
+        return ",".join(x for x in default.split(",") if x and fast_lane_levels(x.split(":")[0]).keys() <= lanes.keys())
+    try:
+        fast_lane_start_grace(raw, lane)
+    except ValidationError as e:
+        raise ValidationError(name, raw, e.reason) from e
+    return raw
+
+
 def _env_lane(name: str, default: str) -> str:
     """A ``MAKESPAN_FAST_LANE`` value (unset: ``default``; empty: off), checked."""
     raw = os.environ.get(name)
@@ -505,7 +562,8 @@ def _guarantees_to_env(s: Settings) -> dict[str, str]:
     return {"MAKESPAN_PREEMPTION_BUDGET": str(s.preemption_budget),
             "MAKESPAN_PREEMPTION_MIN_RUNTIME_S": repr(s.preemption_min_runtime_s),
             "MAKESPAN_RESERVATION_AFTER_S": repr(s.reservation_after_s),
-            "MAKESPAN_FAST_LANE": s.fast_lane}
+            "MAKESPAN_FAST_LANE": s.fast_lane,
+            "MAKESPAN_FAST_LANE_START": s.fast_lane_start}
 
 
 # -- transitions (issue 20): their MAKESPAN_* variables --

@@ -18,14 +18,17 @@ resident) per replay, then p95 waits per priority level.
     .venv/bin/python bench/planner_policies.py [--jobs 200] [--gpus 16] [--seeds 3] [--with-cpsat]
         [--median-service-s 120] [--offered-load 1.4] [--no-preemption] [--no-restore] [--plan-preemption]
         [--planned-restore {group,horizon,group-demand,none}] [--reservation-after-s S|off]
-        [--lane LEVELS|off] [--fifo-plain] [--windows-per-trace 1] [--procs 1] [--json-out PATH]
+        [--lane LEVELS|off] [--lane-start LEVEL:GRACE_S,...|off] [--fifo-plain] [--windows-per-trace 1] [--procs 1] [--json-out PATH]
 
 ``--reservation-after-s``: the aging bound of every replay (no starvation,
 planner/reservation.py; default: the simulator's, ``off``: no reservations).
 ``--lane LEVELS``: the fast lane of every replay (planner/fast_lane.py; e.g. ``CRITICAL``,
-``CRITICAL,HIGH:1.25``; ``off``; default: the simulator's). ``--fifo-plain``: the fifo row
+``CRITICAL,HIGH:1.25``; ``off``; default: the simulator's). ``--lane-start LEVEL:GRACE_S,…``:
+the lane levels bounded on start (``off``: all on completion; default: the simulator's). ``--fifo-plain``: the fifo row
 without reservations and lane (strict priority as it is: the baseline of issue 19 point 4).
-``--windows-per-trace K``: the first K windows of each trace that pass the rule (default 1:
+``--also-lane-start SPEC``: each policy but fifo also with ``--lane-start SPEC`` (a row
+``POLICY start=SPEC``; ``off``: the completion-bounded lane of before, to compare before and
+after in one run; several separated by ``;``, ``SPEC|LANE`` also sets that row's lane levels). ``--windows-per-trace K``: the first K windows of each trace that pass the rule (default 1:
 the developers' 4 windows). ``--procs N``: replays of N (window, seed) pairs at once.
 The per-class table gives, per policy, the p95 wait of CRITICAL and HIGH ÷ fifo's on the
 same replay (median and worst over the replays, and worst over the windows of the mean
@@ -52,7 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from makespan.planner.simulator import simulate  # noqa: E402
-from makespan.settings import fast_lane_levels  # noqa: E402
+from makespan.settings import fast_lane_levels, fast_lane_start_grace  # noqa: E402
 import planner_common  # noqa: E402
 from planner_common import BENCH_POLICIES, TRACES, bench_fleet, mean_sd, ratio_cell, select_windows, window_jobs  # noqa: E402
 POLS = ["fifo", "min-evict", "wspt", "portfolio", "cpsat-fast"]
@@ -68,11 +71,14 @@ def _replay(arg):
              f"service ÷{info['service_scale']:.3g} arrivals ÷{info['arrival_scale']:.3g}"]
     out = {}
     for p in pols:
-        r = simulate(jobs, fleet, BENCH_POLICIES.lookup(p.removesuffix("@plan")), seed, restore=a.restore,
-                     preemption=a.preemption and ("plan" if p.endswith("@plan") else "rule"),
+        name, _, other = p.partition(" start=")  # a row of --also-lane-start: that start bound (and lane)
+        other_start, _, other_lane = other.partition(" lane=")
+        r = simulate(jobs, fleet, BENCH_POLICIES.lookup(name.removesuffix("@plan")), seed, restore=a.restore,
+                     preemption=a.preemption and ("plan" if name.endswith("@plan") else "rule"),
                      planned_restore=None if a.planned_restore == "none" else a.planned_restore,
                      **(_PLAIN if a.fifo_plain and p == "fifo" else
-                        {**_reservation_kw(a.reservation_after_s), **_lane_kw(a.lane)}))
+                        {**_reservation_kw(a.reservation_after_s), **_lane_kw(other_lane or a.lane),
+                         **_start_kw(other_start or a.lane_start)}))
         out[p] = r
         lines.append(f"{Path(path).stem}@{start} seed={seed} {p:10s} wc={r['weighted_completion_s']:.4g} "
                      f"mk={r['makespan_s']:.0f} cold={r['transitions']['cold_start']} util={r['utilization']:.2f} "
@@ -108,6 +114,13 @@ def _lane_kw(v: str | None) -> dict:
     return {"lane_levels": () if v == "off" else fast_lane_levels(v)}
 
 
+def _start_kw(v: str | None) -> dict:
+    """``simulate``'s ``lane_start_grace_s`` for ``--lane-start`` (None: its default; off: none)."""
+    if v is None:
+        return {}
+    return {"lane_start_grace_s": {} if v == "off" else fast_lane_start_grace(v)}
+
+
 def _reservation_kw(v: str | float | None) -> dict:
     """``simulate``'s reservation keyword for ``--reservation-after-s`` (None: its default)."""
     return {} if v is None else {"reservation_after_s": None if v == "off" else v}
@@ -134,6 +147,13 @@ def main() -> None:
     ap.add_argument("--lane", default=None,
                     help="fast-lane levels of every replay (e.g. CRITICAL or CRITICAL,HIGH), or off "
                          "(default: the simulator's)")
+    ap.add_argument("--lane-start", default=None,
+                    help="the lane levels bounded on start, LEVEL:GRACE_S,... (e.g. CRITICAL:30), or off: every "
+                         "lane level bounded on completion (default: the simulator's)")
+    ap.add_argument("--also-lane-start", default=None,
+                    help="add a row 'POLICY start=SPEC' after each row but fifo, with that start bound "
+                         "(e.g. off: the lane before start bounds), to compare in one run; several: "
+                         "SPEC;SPEC; SPEC|LANE also sets the row's lane levels")
     ap.add_argument("--fifo-plain", action="store_true",
                     help="run fifo without reservations and fast lane (strict priority as it is), "
                          "whatever --reservation-after-s / --lane say")
@@ -147,6 +167,11 @@ def main() -> None:
         pols = a.policies.split(",")
     if a.plan_preemption:
         pols = [x for p in pols for x in ([p, p + "@plan"] if BENCH_POLICIES.lookup(p).floor else [p])]
+    if a.also_lane_start:
+        extra = [e.split("|") for e in a.also_lane_start.split(";")]  # START or START|LANE
+        pols = [x for p in pols for x in ([p] if p == "fifo" else
+                                          [p, *(f"{p} start={e[0]}" + (f" lane={e[1]}" if len(e) > 1 else "")
+                                                for e in extra)])]
     fleet = bench_fleet(a.gpus)
     res: dict[str, list[dict]] = {p: [] for p in pols}
     windows = [(path, st) for path in TRACES for st in select_windows(path, fleet, a.jobs, a.gpus, a.windows_per_trace)]
@@ -176,7 +201,7 @@ def main() -> None:
           f"preemption {'on (plain rows: the rule; @plan rows: scored)' if a.preemption else 'off'}, set-point restore "
           f"{'planned ' + a.planned_restore if a.restore else 'off'}; reservation aging bound "
           f"{'simulator default' if rsv is None else rsv if rsv == 'off' else f'{rsv:g} s'}; fast lane "
-          f"{a.lane or 'simulator default'}{'; fifo plain (no reservations, no lane)' if a.fifo_plain else ''}")
+          f"{a.lane or 'simulator default'}, bounded on start: {a.lane_start or 'simulator default'}{'; fifo plain (no reservations, no lane)' if a.fifo_plain else ''}")
     print("| policy | weighted completion (s) | makespan (s) | cold starts | util | ÷ fifo | ÷ min-evict | ÷ wspt "
           "| ÷ portfolio | ÷ lower bound | preemptions | restores | set-point absent GPU-s |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")

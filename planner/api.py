@@ -60,7 +60,8 @@ UNDO_WINDOW_SHARE = 1.0
 def plan(batch: Sequence[PlanJob], state: FleetState, policy: str | Policy = DEFAULT_POLICY, *,
          time_limit_s: float | None = None, num_workers: int | None = None,
          previous: Plan | None = None, restore_at: str | None = None, preemption: bool = False,
-         reserve_after_s: float | None = None, lane_levels: fast_lane.Levels = ()) -> Plan:
+         reserve_after_s: float | None = None, lane_levels: fast_lane.Levels = (),
+         lane_start_grace_s: fast_lane.Grace | None = None) -> Plan:
     """Plan ``batch`` on ``state`` with ``policy``: a name in
     :data:`makespan.planner.policies.POLICY_REGISTRY`, or a :class:`Policy` (a benchmark's variant;
     its floor is looked up in the registry).
@@ -93,6 +94,10 @@ def plan(batch: Sequence[PlanJob], state: FleetState, policy: str | Policy = DEF
             later than release + factor × the response time strict priority would give it
             from ``state``; applied after the reservation; ``stats['fast_lane_late']`` =
             how many the policy had planned later); () (the default): none.
+        lane_start_grace_s: the lane levels bounded on their start instead of their
+            completion, level -> grace s (:mod:`makespan.planner.fast_lane`, "Start bound":
+            no such job planned to start later than release + factor × strict priority's
+            wait + grace); None (the default): every lane level bounded on completion.
 
     Raises:
         PlannerError: unknown policy name (the message lists the known ones) or
@@ -111,9 +116,9 @@ def plan(batch: Sequence[PlanJob], state: FleetState, policy: str | Policy = DEF
     state = with_rule(with_upcoming(state, batch), chosen.name)  # the transition choice's forecast and rule
     options = SolveOptions(time_limit_s=time_limit_s, num_workers=num_workers, previous=previous)
     if preemption and state.running and chosen.floor is not None:
-        return _plan_preemptive(batch, state, chosen, options, restore_at, reserve_after_s, lane_levels)
+        return _plan_preemptive(batch, state, chosen, options, restore_at, reserve_after_s, lane_levels, lane_start_grace_s)
     p = chosen.solve(batch, state, options)
-    p = _lane(_reserve(p, batch, state, chosen, reserve_after_s), batch, state, chosen, lane_levels)
+    p = _lane(_reserve(p, batch, state, chosen, reserve_after_s), batch, state, chosen, lane_levels, lane_start_grace_s)
     return with_restores(p, batch, state, restore_at) if restore_at is not None else p
 
 
@@ -127,12 +132,14 @@ def _reserve(p: Plan, batch: Sequence[PlanJob], state: FleetState, policy: Polic
     return out
 
 
-def _lane(p: Plan, batch: Sequence[PlanJob], state: FleetState, policy: Policy, levels: fast_lane.Levels) -> Plan:
+def _lane(p: Plan, batch: Sequence[PlanJob], state: FleetState, policy: Policy, levels: fast_lane.Levels,
+          start_grace_s: fast_lane.Grace | None = None) -> Plan:
     """``p`` with the fast lane's levels no later than strict priority (:mod:`makespan.planner.fast_lane`;
     the re-plan of the other jobs: :func:`lane_replan`)."""
     if not levels:
         return p
-    return fast_lane.enforce(p, batch, state, levels, objective=policy.objective, replan=lane_replan(policy))[0]
+    return fast_lane.enforce(p, batch, state, levels, objective=policy.objective, replan=lane_replan(policy),
+                             start_grace_s=start_grace_s)[0]
 
 
 def lane_replan(policy: str | Policy) -> Callable[[Sequence[PlanJob], FleetState], Plan]:
@@ -175,7 +182,7 @@ def _solve_branch(branch: preemption_plan.Branch, policy: Policy, options: Solve
 
 def _plan_preemptive(batch: Sequence[PlanJob], state: FleetState, policy: Policy, options: SolveOptions,
                      restore_at: str | None = None, reserve_after_s: float | None = None,
-                     lane_levels: fast_lane.Levels = ()) -> Plan:
+                     lane_levels: fast_lane.Levels = (), lane_start_grace_s: fast_lane.Grace | None = None) -> Plan:
     """Scored preemption with the policy's floor, then the policy on the chosen branch (a
     policy with :attr:`Policy.window_preemption` may cut more jobs there: its CP-SAT windows
     decide them, :mod:`makespan.planner.window_preemption`). When the floor took preemptions, such
@@ -214,7 +221,7 @@ def _plan_preemptive(batch: Sequence[PlanJob], state: FleetState, policy: Policy
                           "floor_preemptions_undone": float(sum((p.job_id, tuple(p.gpus)) not in kept
                                                                 for p in floor_taken))}
     rest = _reserve(rest, branch.batch, branch.state, policy, reserve_after_s)
-    rest = _lane(rest, branch.batch, branch.state, policy, lane_levels)
+    rest = _lane(rest, branch.batch, branch.state, policy, lane_levels, lane_start_grace_s)
     if restore_at is not None:
         rest = with_restores(rest, branch.batch, branch.state, restore_at)
     out = preemption_plan.assemble(rest, branch, objective)

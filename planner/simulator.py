@@ -73,7 +73,7 @@ from makespan.planner.measures import build_report, eta_error, lower_bounds
 from makespan.planner.model import EndpointModel, FleetState, Gpu, PlanJob
 from makespan.planner.policies import POLICY_REGISTRY, Policy
 from makespan.planner.preemption import DEFAULT_MIN_RUNTIME_S, DEFAULT_PREEMPTION_BUDGET
-from makespan.planner.fast_lane import DEFAULT_LANE_LEVELS, Levels, factors
+from makespan.planner.fast_lane import DEFAULT_LANE_LEVELS, DEFAULT_START_GRACE, Grace, Levels, factors
 from makespan.planner.reservation import DEFAULT_RESERVATION_AFTER_S
 from makespan.planner.replay import Group
 from makespan.planner.restore import set_point_absence, set_point_groups as restore_groups
@@ -109,7 +109,8 @@ def simulate(trace_jobs: Sequence[TraceRow] | Sequence[PlanJob], fleet: FleetDes
              set_point_weight: float | None = None, preemption_budget: int = DEFAULT_PREEMPTION_BUDGET,
              preemption_min_runtime_s: float = DEFAULT_MIN_RUNTIME_S,
              reservation_after_s: float | None = DEFAULT_RESERVATION_AFTER_S,
-             lane_levels: Levels = DEFAULT_LANE_LEVELS, prewarm: bool = False) -> dict[str, Any]:
+             lane_levels: Levels = DEFAULT_LANE_LEVELS, lane_start_grace_s: Grace = DEFAULT_START_GRACE,
+             prewarm: bool = False) -> dict[str, Any]:
     """Replay jobs through the planner in virtual time; returns the report dict
     (:func:`makespan.planner.measures.build_report`, with ``jobs.preempted`` and the set-point
     restores), ``set_point_absent_gpu_s`` (GPU-seconds from the first submission until the
@@ -160,6 +161,10 @@ def simulate(trace_jobs: Sequence[TraceRow] | Sequence[PlanJob], fleet: FleetDes
     idle groups ahead of forecast demand (:mod:`makespan.planner.prewarm`, as the live
     ``Settings.prewarm``); counted in ``transitions.prewarm``, their GPU-seconds in
     ``transition_gpu_s``; reported as ``sim.prewarm``.
+    ``lane_start_grace_s``: the lane levels bounded on start, level -> grace s (default
+    :data:`makespan.planner.fast_lane.DEFAULT_START_GRACE`, as ``Settings.fast_lane_start``;
+    {}: every lane level bounded on completion), reported as ``sim.lane_start_grace_s``
+    when not empty.
     """
     wall0 = time.perf_counter()
     chosen = POLICY_REGISTRY.lookup(policy)
@@ -172,7 +177,7 @@ def simulate(trace_jobs: Sequence[TraceRow] | Sequence[PlanJob], fleet: FleetDes
     sp = set_point_groups(base if isinstance(fleet, FleetState) else fleet)
     mode = preemption_mode(preemption)
     run = _Run(base, chosen, window_s, max_batch, jobs, sp if restore else [], mode, time_limit_s,
-               preemption_budget, preemption_min_runtime_s, reservation_after_s, factors(lane_levels))
+               preemption_budget, preemption_min_runtime_s, reservation_after_s, factors(lane_levels), dict(lane_start_grace_s))
     run.restore_at = planned_restore if restore else None
     run.prewarm = prewarm
     recent: deque[PlanJob] = deque()
@@ -223,7 +228,8 @@ def simulate(trace_jobs: Sequence[TraceRow] | Sequence[PlanJob], fleet: FleetDes
                   "preemption_budget": preemption_budget, "preemption_min_runtime_s": preemption_min_runtime_s,
                   "reservation_after_s": reservation_after_s, "reserved_points": run.reserved_points,
                   "lane_levels": {str(k): v for k, v in run.lane_levels.items()}, "lane_points": run.lane_points,
-                  "prewarm": prewarm}
+                  "prewarm": prewarm,
+                  **({"lane_start_grace_s": {str(k): v for k, v in lane_start_grace_s.items()}} if lane_start_grace_s else {})}
     if base.host_ram_mib:  # fleets with a RAM budget for sleepers (issue 20): its peak against the budget
         rep["host_ram"] = {"peak_mib": run.ram_peak_mib, "budget_mib": dict(base.host_ram_mib)}
     if detail:

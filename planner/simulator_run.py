@@ -33,13 +33,15 @@ class _Run:
                  set_points: list[tuple[str, Group]], preemption: str, time_limit_s: float | None = None,
                  preemption_budget: int = DEFAULT_PREEMPTION_BUDGET,
                  preemption_min_runtime_s: float = DEFAULT_MIN_RUNTIME_S,
-                 reservation_after_s: float | None = None, lane_levels: dict[int, float] | None = None):
+                 reservation_after_s: float | None = None, lane_levels: dict[int, float] | None = None,
+                 lane_start_grace_s: dict[int, float] | None = None):
         self.base, self.policy, self.window_s, self.max_batch = base, policy, window_s, max_batch
         self.preemption_budget, self.preemption_min_runtime_s = preemption_budget, preemption_min_runtime_s
         self.cut_count: dict[str, int] = {}  # job id -> times it was preempted (the budget)
         self.reservation_after_s = reservation_after_s  # the aging bound (makespan.planner.reservation)
         self.reserved_points = 0  # planning points whose plan held a reservation
         self.lane_levels = dict(lane_levels or {})  # the fast lane: level -> wait factor (makespan.planner.fast_lane)
+        self.lane_start_grace_s = dict(lane_start_grace_s or {})  # lane levels bounded on start: grace s
         self.lane_points = 0  # planning points whose plan the fast lane rebuilt
         # job id -> [(planning point t, planned start)], one entry per planning point whose plan held it
         # (the ETA a live job carries); the first entry is its ETA at submit
@@ -86,7 +88,7 @@ class _Run:
             c0 = time.perf_counter()
             p = plan(batch, state, self.policy, previous=self.previous, time_limit_s=self.time_limit_s,
                      preemption=scored, restore_at=self.restore_at, reserve_after_s=self.reservation_after_s,
-                     lane_levels=self.lane_levels)
+                     lane_levels=self.lane_levels, lane_start_grace_s=self.lane_start_grace_s)
             self.reserved_points += int(p.stats.get("reserved", 0.0))
             self.lane_points += int(p.stats.get("fast_lane_late", 0.0) > 0)
             self.solve.append(time.perf_counter() - c0)

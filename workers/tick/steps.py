@@ -149,7 +149,7 @@ class PlanBatch:
         chosen, reservations = enforce(chosen, batch, state, settings.reservation_after_s, objective)
         ctx.reservations = {reservation.job_id: reservation for reservation in reservations}
         chosen, _late = fast_lane.enforce(chosen, batch, state, settings.fast_lane_levels, objective=objective,
-                                          replan=lane_replan(policy))
+                                          replan=lane_replan(policy), start_grace_s=settings.fast_lane_start_grace)
         solve_s = env.clock.monotonic() - started_at_s
         metrics.observe_solve(solve_s, len(batch))
         kept.starting_gpus = frozenset(gpu for assignment in chosen.assignments  # the critical lane avoids them
