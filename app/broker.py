@@ -121,7 +121,26 @@ class _ClosedTransportGuard:
         return super()._connparams(asynchronous=asynchronous)
 
 
-class Channel(_ClosedTransportGuard, kombu_redis.Channel):
+class _ReusedClient:
+    """Channel mixin: one Redis client object per connection pool, reused by every
+    publish, ack and event of the channel (``conn_or_acquire``). kombu 5.7 builds a new
+    ``redis.Redis`` (with its table of response callbacks) for each such command; on the
+    shared pool that costs more CPU than the command (profiled in bench/RESULTS.md,
+    "live path throughput"). Same pool, same connections: only the wrapper is kept. A
+    client is thread-safe on its pool; the asynchronous (consumer) client is left to kombu."""
+
+    def _create_client(self, asynchronous=False):
+        if asynchronous:
+            return super()._create_client(asynchronous=True)
+        pool = self.pool
+        kept = getattr(self, "_reused_client", None)
+        if kept is None or kept[0] is not pool:  # a new pool (reconnect): a client on it
+            kept = (pool, super()._create_client())
+            self._reused_client = kept
+        return kept[1]
+
+
+class Channel(_ReusedClient, _ClosedTransportGuard, kombu_redis.Channel):
     QoS = QoS
     connection_class = RoleAwareConnection
     connection_class_ssl = RoleAwareSSLConnection
@@ -154,7 +173,7 @@ class Transport(kombu_redis.Transport):
         return _supports_batch_publish(self)
 
 
-class SentinelChannel(_ClosedTransportGuard, kombu_redis.SentinelChannel):
+class SentinelChannel(_ReusedClient, _ClosedTransportGuard, kombu_redis.SentinelChannel):
     QoS = QoS
     connection_class = RoleAwareSentinelConnection
     connection_class_ssl = RoleAwareSentinelSSLConnection

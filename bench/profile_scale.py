@@ -2,7 +2,7 @@
 Redis command count per job and (when ``py-spy`` is installed) a sampled profile of the
 planner and the GPU worker.
 
-Run: ``.venv/bin/python -m bench.profile_scale --jobs 1000 [--batch-size 16] [--out DIR]``
+Run: ``.venv/bin/python -m bench.profile_scale --jobs 1000 [--batch-size 16] [--function] [--out DIR]``
 
 It prints the bench row, Redis commands per job by command (``INFO commandstats``
 between the start and the end of the measured run, warm-up excluded), the CPU seconds
@@ -113,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=1000)
     ap.add_argument("--gpus", type=int, default=8)
     ap.add_argument("--batch-size", type=int, default=64)
-    ap.add_argument("--policy", default="portfolio")
+    ap.add_argument("--policy", default="default")
+    ap.add_argument("--function", action="store_true", help="the jobs call the no-op workload function (bench.scale's function mode)")
     ap.add_argument("--wall", action="store_true", help="py-spy samples every thread, not only the one holding the GIL")
     ap.add_argument("--no-spy", action="store_true", help="skip py-spy (it costs CPU on a small machine)")
     ap.add_argument("--out", type=Path, default=Path(tempfile.mkdtemp(prefix="profile-scale-")))
@@ -163,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="scale-") as d:
             raw = scale.run_raw_celery(replace(s, key_prefix=prefix + "-raw"), a.gpus, a.jobs, Path(d))
             delete_prefix(r, Keys(prefix + "-raw"))
-            ours = scale.run_makespan(s, a.gpus, a.jobs, Path(d))
+            ours = scale.run_makespan(s, a.gpus, a.jobs, Path(d), function=a.function)
         ours["raw_celery_tasks_per_s"] = raw["tasks_per_s"]
         ours["ratio_to_raw"] = ours["jobs_per_s"] / raw["tasks_per_s"]
         scale._print_row(ours)

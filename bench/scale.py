@@ -7,6 +7,11 @@ Run: ``.venv/bin/python -m bench.scale --sizes 1000,10000 [--gpus 8] [--redis-ur
 ``makespan.connect``'s client, each storing its result).
 (without ``--redis-url`` it starts a private redis-server, so memory figures are ours).
 
+The yardstick is Celery as it ships: its worker and publisher use kombu's own Redis
+transport (``--raw-transport kombu``, the default); ``--raw-transport makespan`` runs it on
+:mod:`makespan.broker`'s transport instead, which since 2026-12-02 reuses one Redis client
+per channel and so makes raw Celery itself faster (bench/RESULTS.md, "live path throughput").
+
 Per size it prints: jobs/s end to end (first submit → last finish), the ratio to raw
 Celery no-op tasks/s (same worker flags, pool and concurrency, same Redis, same
 submit-while-draining shape), Redis ``used_memory`` after drain (and its growth over
@@ -42,6 +47,7 @@ from makespan.settings import Settings
 from makespan.workers.retention import state_size, tally_key
 
 SAMPLE_S = 0.02
+STOCK_TRANSPORT = "kombu.transport.redis:Transport"  # the raw Celery yardstick's broker transport (--raw-transport kombu)
 NOOP_QUEUE = "bench.noop"
 ENDPOINT = "noop"
 
@@ -215,6 +221,8 @@ def _noop_app():
     s = Settings.from_env()
     app = create_celery(s)
     app.conf.include = []
+    if os.environ.get("MAKESPAN_BENCH_RAW_TRANSPORT", "kombu") == "kombu":  # Celery as it ships (module doc)
+        app.conf.broker_transport = STOCK_TRANSPORT
     counter = f"{s.key_prefix}:bench:noop_done"
     client: list[redis.Redis] = []
 
@@ -232,9 +240,13 @@ def _noop_app():
 noop_app = _noop_app() if os.environ.get("MAKESPAN_BENCH_NOOP") == "1" else None
 
 
-def run_raw_celery(settings: Settings, concurrency: int, n_tasks: int, workdir: Path) -> dict[str, Any]:
+def run_raw_celery(settings: Settings, concurrency: int, n_tasks: int, workdir: Path,
+                   transport: str = "kombu") -> dict[str, Any]:
     """Raw Celery: ``n_tasks`` no-op tasks (each one INCR) submitted while one worker
-    (threads pool, ``concurrency``, -E, the makespan Celery config) drains them."""
+    (threads pool, ``concurrency``, -E, the makespan Celery config) drains them.
+    ``transport``: ``kombu`` (kombu's own Redis transport, Celery as it ships) or
+    ``makespan`` (:mod:`makespan.broker`'s, which the live system uses)."""
+    os.environ["MAKESPAN_BENCH_RAW_TRANSPORT"] = transport  # this process's publisher and the worker's
     env = {**os.environ, **settings.to_env(), "MAKESPAN_BENCH_NOOP": "1", "PYTHONUNBUFFERED": "1"}
     log = open(workdir / "noop-worker.log", "ab")
     w = subprocess.Popen([sys.executable, "-m", "celery", "-A", "bench.scale:noop_app", "worker", "-Q", NOOP_QUEUE,
@@ -278,6 +290,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--redis-url", default=None, help="default: a private embedded redis-server")
     ap.add_argument("--raw-tasks", type=int, default=20000, help="raw Celery tasks per size (capped at the size)")
     ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--raw-transport", default="kombu", choices=("kombu", "makespan"),
+                    help="the raw Celery yardstick's broker transport: kombu's own (Celery as it ships; default) "
+                         "or makespan.broker's (the live system's: it reuses one Redis client per channel)")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--policy", default="default", help="live planner policy (default: the live default, `default`)")
     ap.add_argument("--modes", default="plain", help="comma list: plain (jobs without a function: execute sleeps "
@@ -298,13 +313,15 @@ def main(argv: list[str] | None = None) -> int:
             s = Settings(redis_url=url, key_prefix=prefix, time_scale=1e-4, lease_ttl_s=10.0, heartbeat_s=2.0,
                          batch_size=a.batch_size, planner_tick_s=0.02, retention_sweep_s=0.2, policy=a.policy)
             with tempfile.TemporaryDirectory(prefix="scale-") as d:
-                raw = run_raw_celery(replace(s, key_prefix=prefix + "-raw"), a.gpus, min(n, a.raw_tasks), Path(d))
+                raw = run_raw_celery(replace(s, key_prefix=prefix + "-raw"), a.gpus, min(n, a.raw_tasks), Path(d),
+                                     a.raw_transport)
                 delete_prefix(connect(url), Keys(prefix + "-raw"))
                 for mode in modes:
                     ours = run_makespan(replace(s, key_prefix=f"{prefix}-{mode}"), a.gpus, n, Path(d) / mode,
                                         function=mode == "function")
                     ours["mode"] = mode
                     ours["raw_celery_tasks_per_s"] = raw["tasks_per_s"]
+                    ours["raw_transport"] = a.raw_transport
                     ours["ratio_to_raw"] = ours["jobs_per_s"] / raw["tasks_per_s"]
                     rows.append(ours)
                     _print_row(ours)

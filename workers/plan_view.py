@@ -4,8 +4,8 @@ The planner keeps the plan of a tick only in memory (jobs planned for later stay
 and are planned again next tick). :func:`publish_plan` writes the plan of the tick to
 ``P:plan`` (:attr:`makespan.keys.Keys.plan`) as one JSON string, so that a reader
 (``makespan dashboard``, :mod:`makespan.dashboard.state`) can draw the plan ahead and
-give each waiting job an ETA. Called by :meth:`makespan.workers.planner_worker.PlannerWorker.tick`
-right after ``plan(...)``. Shape (times unix wall seconds, converted from the plan's
+give each waiting job an ETA. Called by the tick's ``PublishPlan`` step
+(:mod:`makespan.workers.tick.steps`), once the plan's starts are leased and sent. Shape (times unix wall seconds, converted from the plan's
 workload seconds with ``time_scale``)::
 
     {"at": 1718000000.1, "policy": "portfolio", "time_scale": 0.01, "batch": 12,

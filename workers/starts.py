@@ -17,7 +17,10 @@ lease is never renewed, so it expires and the reaper requeues the job.
 from __future__ import annotations
 
 import logging
+import sys
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from makespan import metrics, telemetry
@@ -74,8 +77,9 @@ def start_many(ctx: TickContext, starts: list[Start]) -> set[str]:
         return {start[0].id for start in starts if start_job(ctx, *start)}
     requests = [_lease_request(ctx, *start) for start in starts]
     leases, fenced = ctx.env.leases.acquire_many(requests)
-    started = {start[0].id for start, request, lease in zip(starts, requests, leases)
-               if lease is not None and _after_lease(ctx, start[0], start[1], request["holder"], lease)}
+    with publishing(ctx.env) as producer:  # every phase chain of this round in one write
+        started = {start[0].id for start, request, lease in zip(starts, requests, leases)
+                   if lease is not None and _after_lease(ctx, start[0], start[1], request["holder"], lease, producer)}
     if fenced:
         raise LeaseError("planner fencing token is stale: another planner leads")
     return started
@@ -113,8 +117,10 @@ def start_job(ctx: TickContext, job: PlanJob, gpus: tuple[str, ...], end_s: floa
     return lease is not None and _after_lease(ctx, job, gpus, request["holder"], lease)
 
 
-def _after_lease(ctx: TickContext, job: PlanJob, gpus: tuple[str, ...], host: str, lease: Lease) -> bool:
-    """After ``lease`` was published for ``job``: metrics, and send its phase chain."""
+def _after_lease(ctx: TickContext, job: PlanJob, gpus: tuple[str, ...], host: str, lease: Lease,
+                 producer: Any = None) -> bool:
+    """After ``lease`` was published for ``job``: metrics, and send its phase chain
+    (``producer``: :func:`publishing`'s, or None)."""
     priority = own_priority(ctx, job)
     traceparent, submitted = ctx.formed.meta.get(job.id, ("", 0.0))
     if submitted:
@@ -125,7 +131,7 @@ def _after_lease(ctx: TickContext, job: PlanJob, gpus: tuple[str, ...], host: st
     for gpu in gpus:
         ctx.kept.last_traceparent[gpu] = traceparent
     with telemetry.use_traceparent(traceparent):
-        send(ctx.env, phase_ctx, host, lease.warm)
+        send(ctx.env, phase_ctx, host, lease.warm, producer)
     return True
 
 
@@ -140,17 +146,48 @@ def planned_sleep_levels(ctx: TickContext, job_id: str) -> dict[str, int] | None
     return None
 
 
-def send(env: TickEnv, phase_ctx: PhaseContext, host: str, warm: bool = False) -> None:
-    """Send the phase chain ``phase_ctx`` to ``host``'s queue. A publish that fails (broker
-    connection lost mid-send; kombu may raise more than redis errors then) must not kill
-    the planner: the lease is never renewed, so it expires and the reaper requeues the job."""
+@contextmanager
+def publishing(env: TickEnv) -> Iterator[Any]:
+    """A producer for :func:`send` whose messages reach the broker in one write when the
+    block ends (:func:`makespan.workers.tasks.publish_batch`): a tick's phase chains cost
+    one round trip, not one per message. None with an injected ``dispatch`` (tests). A
+    write that fails is logged, not raised: as with :func:`send`, those leases are never
+    renewed, so they expire and the reaper requeues their jobs."""
+    if env.dispatch is not None:
+        yield None
+        return
+    from makespan.workers.tasks import publish_batch
+
+    batch = publish_batch()
+    try:
+        producer = batch.__enter__()
+    except Exception as e:  # noqa: BLE001 - no producer: each send takes one from the pool
+        log.warning("no batched publish this round (%r): sending one by one", e)
+        yield None
+        return
+    try:
+        yield producer
+    except BaseException:
+        batch.__exit__(*sys.exc_info())  # discards what was not written; the error goes on
+        raise
+    try:
+        batch.__exit__(None, None, None)  # the one write
+    except Exception as e:  # noqa: BLE001 - recovered through lease expiry, see above
+        log.error("sending this round's phase chains failed: %r; their leases will expire and be reclaimed", e)
+
+
+def send(env: TickEnv, phase_ctx: PhaseContext, host: str, warm: bool = False, producer: Any = None) -> None:
+    """Send the phase chain ``phase_ctx`` to ``host``'s queue (``producer``: a batch's from
+    :func:`publishing`, or None). A publish that fails (broker connection lost mid-send;
+    kombu may raise more than redis errors then) must not kill the planner: the lease is
+    never renewed, so it expires and the reaper requeues the job."""
     try:
         if env.dispatch is not None:
             env.dispatch(phase_ctx, env.keys.host_queue(host))
         else:
             from makespan.workers.tasks import dispatch
 
-            dispatch(phase_ctx, env.keys.host_queue(host), warm)
+            dispatch(phase_ctx, env.keys.host_queue(host), warm, producer)
     except Exception as e:  # noqa: BLE001 - recovered through lease expiry, see above
         log.error("dispatch of lease %s (job %s) failed: %r; it will expire and be reclaimed",
                   phase_ctx.lease_id, phase_ctx.job_id or phase_ctx.kind, e)

@@ -9,7 +9,10 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import lru_cache
+from typing import Any
 
 from celery import chain, signals
 
@@ -89,17 +92,28 @@ def warm_job(self, ctx: dict) -> str:
     return run_warm(runner(), PhaseContext.from_dict(ctx))
 
 
-def dispatch(ctx: PhaseContext, queue: str, warm: bool = False) -> None:
+def dispatch(ctx: PhaseContext, queue: str, warm: bool = False, producer=None) -> None:
     """Send the phase chain of ``ctx`` to ``queue`` (one ``warm_job`` task for a warm job).
     ``warm``: the lease script's answer (``Lease.warm``: every GPU held the job's
     instance when the lease was published); a job sent cold that is in fact warm only
-    records empty evict and start_endpoint phases."""
+    records empty evict and start_endpoint phases. ``producer``: a kombu producer to send
+    with (:func:`publish_batch`'s, whose messages go out together); None: one from the pool."""
     payload = ctx.__dict__.copy()
     if ctx.kind == "job" and warm:
-        warm_job.apply_async(args=(payload,), queue=queue)
+        warm_job.apply_async(args=(payload,), queue=queue, producer=producer)
         return
     phases = JOB_PHASES if ctx.kind == "job" else RESTORE_PHASES
-    chain(*[PHASE_TASKS[p].si(payload).set(queue=queue) for p in phases]).apply_async()
+    chain(*[PHASE_TASKS[p].si(payload).set(queue=queue) for p in phases]).apply_async(producer=producer)
+
+
+@contextmanager
+def publish_batch() -> Iterator[Any]:
+    """A kombu producer whose publishes (the task messages and their ``task-sent``
+    events) are buffered and written to Redis in one pipeline when the block ends
+    (kombu's ``Producer.batch``). A failed write raises when the block ends and loses the
+    whole batch; each job's lease then expires and is reclaimed, as after a failed send."""
+    with celery.producer_or_acquire() as producer, producer.batch():
+        yield producer
 
 
 class RegistryPublisher:

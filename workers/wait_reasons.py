@@ -57,11 +57,13 @@ def _write(ctx: TickContext, batch: list[PlanJob], plan: Plan) -> None:
     now = state.now_s
     by_job = plan.by_job()
     rows: list[str] = []
+    memory_waits: dict[tuple[int, int], bool] = {}  # (tp, MiB per GPU) -> only a group without the memory is free
+    on_gpu = _positions_on_gpu(plan)
     for job in batch:
         if job.id in ctx.dispatched:
             continue
         assignment = by_job.get(job.id)
-        reason, detail = _batch_reason(ctx, job, state, plan, assignment)
+        reason, detail = _batch_reason(ctx, job, state, plan, assignment, memory_waits, on_gpu)
         # a job planned on a host without a GPU worker has no ETA: that host's free time is a
         # placeholder (fleet_view.DOWN_FREE_AFTER_S), not a forecast
         eta = _server_eta(ctx, assignment.start_s, now) if assignment is not None and reason != "host_down" else ""
@@ -92,9 +94,13 @@ def _clear_reason_counts(ctx: TickContext) -> None:
 
 
 def _batch_reason(ctx: TickContext, job: PlanJob, state: FleetState, plan: Plan,
-                  assignment: Assignment | None) -> tuple[str, str]:
+                  assignment: Assignment | None, memory_waits: dict[tuple[int, int], bool] | None = None,
+                  on_gpu: dict[str, list[int]] | None = None) -> tuple[str, str]:
     """(reason, detail) of batch job ``job`` that this tick did not start; ``assignment``: its
-    assignment in ``plan`` (None: not placed)."""
+    assignment in ``plan`` (None: not placed). ``memory_waits``: the tick's answers of the
+    memory check per (tensor-parallel size, MiB per GPU), filled here (one fleet scan per
+    endpoint shape per tick, not per job). ``on_gpu``: GPU -> positions in ``plan.assignments``
+    of the assignments on it (:func:`_positions_on_gpu`; None: scan the plan)."""
     now = state.now_s
     reservations: dict[str, Reservation] = ctx.reservations
     own_reservation = reservations.get(job.id)
@@ -114,10 +120,14 @@ def _batch_reason(ctx: TickContext, job: PlanJob, state: FleetState, plan: Plan,
                              "there until one is back")
     model = state.endpoints.get(job.endpoint)
     if model is not None:
-        fits = state.groups(model.tp, model.memory_mib)
-        free = lambda group: all(state.free_at.get(gpu, now) <= now + 1e-6 for gpu in group)  # noqa: E731
-        others = [group for group in state.groups(model.tp, 0) if group not in fits]
-        if not any(free(group) for group in fits) and any(free(group) for group in others):
+        shape = (model.tp, model.memory_mib)
+        if memory_waits is None or shape not in memory_waits:
+            waits = _waits_for_memory(state, model.tp, model.memory_mib)
+            if memory_waits is not None:
+                memory_waits[shape] = waits
+        else:
+            waits = memory_waits[shape]
+        if waits:
             return "waiting_for_memory", (f"a group of {model.tp} GPU(s) is free, but none with "
                                           f"{model.memory_mib} MiB per GPU")
     if assignment is None:
@@ -126,9 +136,38 @@ def _batch_reason(ctx: TickContext, job: PlanJob, state: FleetState, plan: Plan,
     for gpu in assignment.gpus:
         if state.free_at.get(gpu, now) > now + 1e-6 and gpu in ctx.lease_job:
             holders.append(f"job {ctx.lease_job[gpu]}")
-    before = [other for other in plan.assignments if other.job_id != job.id
-              and set(other.gpus) & set(assignment.gpus) and other.end_s <= assignment.start_s + 1e-6]
+    before = [other for other in _sharing(plan, assignment, on_gpu) if other.job_id != job.id
+              and other.end_s <= assignment.start_s + 1e-6]
     if before:
         holders.append(f"job {max(before, key=lambda other: other.end_s).job_id} (planned)")
     held = f", held by {', '.join(dict.fromkeys(holders))}" if holders else ""
     return "waiting_for_gpus", f"planned on GPUs {','.join(assignment.gpus)}{held}"
+
+
+def _waits_for_memory(state: FleetState, tp: int, memory_mib: int) -> bool:
+    """Whether no group of ``tp`` GPUs with ``memory_mib`` MiB each is free now while a group
+    of ``tp`` GPUs without that memory is."""
+    now = state.now_s
+    fits = state.groups(tp, memory_mib)
+    free = lambda group: all(state.free_at.get(gpu, now) <= now + 1e-6 for gpu in group)  # noqa: E731
+    others = [group for group in state.groups(tp, 0) if group not in fits]
+    return not any(free(group) for group in fits) and any(free(group) for group in others)
+
+
+def _positions_on_gpu(plan: Plan) -> dict[str, list[int]]:
+    """GPU uuid -> positions in ``plan.assignments`` of the assignments that use it, ascending."""
+    out: dict[str, list[int]] = {}
+    for position, assignment in enumerate(plan.assignments):
+        for gpu in assignment.gpus:
+            out.setdefault(gpu, []).append(position)
+    return out
+
+
+def _sharing(plan: Plan, assignment: Assignment, on_gpu: dict[str, list[int]] | None) -> list[Assignment]:
+    """The assignments of ``plan`` that share a GPU with ``assignment`` (itself included), in
+    plan order (``on_gpu``: :func:`_positions_on_gpu` of ``plan``; None: a scan)."""
+    if on_gpu is None:
+        mine = set(assignment.gpus)
+        return [other for other in plan.assignments if mine.intersection(other.gpus)]
+    positions = sorted({position for gpu in assignment.gpus for position in on_gpu.get(gpu, ())})
+    return [plan.assignments[position] for position in positions]

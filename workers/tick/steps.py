@@ -17,9 +17,10 @@ step                           what it does                                    m
 ``FormBatch``                  the batch, strict priority                      ``batch``
 ``ReadFleet``                  the planner's FleetState                        ``fleet_view``
 ``NoteDemand``                 future-cost inputs from recent arrivals         ``fleet_view``
-``PlanBatch``                  plan, reservation, fast lane, published         here
+``PlanBatch``                  plan, reservation, fast lane                    here
 ``StartPlanned``               lease and send what starts now                  ``starts``
 ``Preempt``                    preempt for waiting CRITICAL/HIGH jobs          ``preemption``
+``PublishPlan``                the plan to ``P:plan`` for the dashboard        here
 ``RestorePlanned``             the plan's set-point restores that start now    ``drain``
 ``OfferRest``                  the jobs left queued go to the improver         here
 ``WriteWaitReasons``           each waiting job's reason and ETA               ``wait_reasons``
@@ -126,7 +127,7 @@ class PlanBatch:
     solve limit. Then the aged job's reservation (:func:`makespan.planner.reservation.enforce`,
     backfilled) and the fast lane's levels (:func:`makespan.planner.fast_lane.enforce`: no class
     worse off than strict priority). The solve time is observed and kept for the next
-    snapshot; the plan is published for the dashboard (``P:plan``). Writes ``plan`` and
+    snapshot. Writes ``plan`` (published for the dashboard by :class:`PublishPlan`) and
     ``reservations``; a planned batch ends the idle period (``kept.idle_checked``)."""
 
     name = "plan"
@@ -155,8 +156,21 @@ class PlanBatch:
         kept.starting_gpus = frozenset(gpu for assignment in chosen.assignments  # the critical lane avoids them
                                        if assignment.start_s <= state.now_s + 1e-6 for gpu in assignment.gpus)
         kept.solve_stats.append(f"{solve_s:.6f}:{len(batch)}")  # written with the next snapshot
-        publish_plan(env.r, env.keys, chosen, batch, state.now_s, settings.time_scale)  # P:plan, for the dashboard
-        ctx.plan = chosen
+        ctx.plan = chosen  # published for the dashboard by PublishPlan, once the starts are leased
+
+
+class PublishPlan:
+    """Step: the tick's plan to ``P:plan`` for the dashboard (:func:`makespan.workers.plan_view.publish_plan`),
+    after the starts and preemptions are leased and sent: the JSON document is off the
+    path from the plan to the GPUs."""
+
+    name = "publish plan"
+
+    def run(self, ctx: TickContext) -> None:
+        if not ctx.batch or ctx.plan is None or ctx.fleet_state is None:
+            return
+        env = ctx.env
+        publish_plan(env.r, env.keys, ctx.plan, ctx.batch, ctx.fleet_state.now_s, env.settings.time_scale)
 
 
 class OfferRest:
@@ -194,6 +208,7 @@ TICK_STEPS: tuple[Step, ...] = (
     PlanBatch(),
     StartPlanned(),
     Preempt(),
+    PublishPlan(),
     RestorePlanned(),
     OfferRest(),
     WriteWaitReasons(),
