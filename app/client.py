@@ -166,6 +166,8 @@ class Client:
             service_s, _runs = estimate_s(self.r, self.keys, name, endpoint, float(prior), self.settings.estimate_min_runs)
         job: dict[str, Any] = {"endpoint": endpoint, "priority": priority, "service_s": service_s, "workload": name,
                                "args": call_args, "kwargs": call_kwargs}
+        if definition.get("helpers"):  # placed with the job: priced and checked against the fleet
+            job["helpers"] = list(definition["helpers"])
         if idempotency_key is not None:
             job["idempotency_key"] = idempotency_key
         if deps:

@@ -81,6 +81,8 @@ class Producer:
             fields["workload_id"] = spec.workload_id
         if spec.workload:
             fields["fn"] = spec.workload
+        if spec.helpers:  # the planner reads them with the job (makespan.workers.batch)
+            fields["helpers"] = json.dumps(list(spec.helpers))
         if extra_fields:
             fields.update(extra_fields)
         if spec.depends_on:

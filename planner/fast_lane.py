@@ -50,6 +50,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 from makespan.planner.evaluator import TOL_S, evaluate_retimed, score
+from makespan.planner.helpers import helpers_start_s
 from makespan.planner.model import Assignment, FleetState, Plan, PlanJob
 from makespan.planner.replay import Replay, state_after
 
@@ -80,11 +81,13 @@ def lane_plan(batch: Sequence[PlanJob], state: FleetState,
     allowed: dict[str, float] = {}
     for j in lane:
         ep = state.endpoints.get(j.endpoint)
-        if ep is None or not rep.groups(ep):
+        if ep is None or not rep.job_groups(j):
             continue
         g_strict, g_best = _groups(rep, j)
         r = rep.ready(j)
         strict_end = max(r, rep.group_free(g_strict)) + rep.transition_s(g_strict, ep) + j.service_s
+        if j.helpers:
+            strict_end += helpers_start_s(j.helpers, rep.endpoints)
         allowed[j.id] = j.release_s + fac[j.priority] * (strict_end - j.release_s)
         out.append(rep.place(j, g_best))
     return rep, out, allowed
@@ -95,7 +98,7 @@ def _groups(rep: Replay, j: PlanJob) -> tuple[tuple[str, ...], tuple[str, ...]]:
     order; the lane's group: earliest completion, ties: earliest start) of ``j`` on ``rep``."""
     ep = rep.endpoints[j.endpoint]
     r = rep.ready(j)
-    cand = [(max(r, rep.group_free(g)), rep.transition_s(g, ep), i, g) for i, g in enumerate(rep.groups(ep))]
+    cand = [(max(r, rep.group_free(g)), rep.transition_s(g, ep), i, g) for i, g in enumerate(rep.job_groups(j))]
     strict = min(cand, key=lambda c: (c[0], c[1], c[2]))[3]
     best = min(cand, key=lambda c: (c[0] + c[1], c[0], c[2]))[3]
     return strict, best
