@@ -243,6 +243,18 @@ def holder_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
+def live_names(r: redis.Redis, keys: Keys) -> list[str]:
+    """The workload function names a live GPU worker registers now, sorted.
+
+    Raises:
+        StoreError: Redis failed."""
+    try:
+        known = sorted(r.smembers(keys.fns))
+        return [n for n, ok in zip(known, r.mget([keys.fn_live(n) for n in known]) if known else []) if ok]
+    except redis.RedisError as e:
+        raise StoreError(f"reading the live workload functions: {e}") from e
+
+
 def live_definition(r: redis.Redis, keys: Keys, name: str, also: list[str] = ()) -> tuple[dict[str, Any], list[Any]]:
     """The published definition of ``name``, if a live GPU worker registered it, and the
     values of the keys ``also`` (read in the same round trip).
@@ -254,10 +266,9 @@ def live_definition(r: redis.Redis, keys: Keys, name: str, also: list[str] = ())
         live, raw, *extra = r.mget([keys.fn_live(name), keys.fn(name), *also])
         if live and raw:
             return json.loads(raw), extra
-        known = sorted(r.smembers(keys.fns))
-        alive = [n for n, ok in zip(known, r.mget([keys.fn_live(n) for n in known]) if known else []) if ok]
-    except redis.RedisError as e:
-        raise StoreError(f"reading workload function {name!r}: {e}") from e
+        alive = live_names(r, keys)
+    except (redis.RedisError, StoreError) as e:
+        raise StoreError(f"reading workload function {name!r}: {e}") from (e.__cause__ or e)
     hint = f"live now: {', '.join(alive)}" if alive else "no GPU worker has registered any workload function"
     raise ValidationError("workload", name, "no live GPU worker registered this workload; start one with "
                                             f"`makespan gpu-worker --workloads MODULE` ({hint})")

@@ -67,7 +67,8 @@ def test_submit_returns_the_functions_result_with_its_context(live):
     assert out["sum"] == 5 and out["attempt"] == 1 and out["priority"] == "HIGH"
     assert len(out["gpus"]) == 1 and out["cuda"] == out["gpus"][0]
     assert out["url"] is None  # a simulated endpoint has no server
-    assert job.status()["state"] == "completed"
+    st = job.status()
+    assert st["state"] == "completed" and st["attempts"] == st["result_attempt"] == 1  # not attempts 0 beside 1
     assert client.job(job.id).result(timeout_s=1) == out  # by id, from another handle
 
 
