@@ -17,7 +17,7 @@ Names: :func:`connect`, :class:`Client`, :class:`Job` (:mod:`makespan.client`);
 :class:`WorkloadContext` (:mod:`makespan.workers.functions`); the errors
 :class:`MakespanError`, :class:`ValidationError`, :class:`WorkloadError`,
 :class:`JobCancelled`, :class:`JobFailed`, :class:`ResultTimeout`, :class:`NotFoundError`,
-:class:`StoreError` (:mod:`makespan.errors`); :class:`Priority`. They are imported on
+:class:`StoreError`, :class:`RedisUnreachable` (:mod:`makespan.errors`); :class:`Priority`. They are imported on
 first use, so ``import makespan.planner`` stays free of Redis and Celery.
 """
 
