@@ -326,8 +326,33 @@ def ready(workloads: list[str] = typer.Argument(None, help="workload function na
             return
         if time.monotonic() >= deadline:
             typer.echo(f"not ready after {timeout_s:g} s: waiting for {', '.join(missing)}", err=True)
+            _hint_live_names(r, keys, [name for name in workloads or [] if f"workload {name!r}" in missing])
             raise typer.Exit(1)
         time.sleep(0.2)
+
+
+def _hint_live_names(r, keys, absent: list[str]) -> None:
+    """After ``ready`` timed out on ``absent`` workload names: print the live names (and
+    the closest one to each absent name), to stderr."""
+    if not absent:
+        return
+    import difflib
+
+    from makespan.registry import live_names
+
+    try:
+        alive = live_names(r, keys)
+    except MakespanError:
+        return
+    if not alive:
+        typer.echo("no GPU worker has registered any workload function (start one with `makespan gpu-worker "
+                   "--workloads MODULE`)", err=True)
+        return
+    typer.echo(f"live workload functions: {', '.join(alive)}", err=True)
+    for name in absent:
+        close = difflib.get_close_matches(name, alive, n=1)
+        if close:
+            typer.echo(f"did you mean {close[0]!r} instead of {name!r}?", err=True)
 
 
 @app.command()

@@ -15,7 +15,9 @@ from makespan.cli_support import context, fail
 from makespan.pools import published_pools
 
 WAITING = ("queued", "delayed")
-LISTED_STATES = ("queued", "delayed", "leased", "running")  # running: leased and in its execute phase
+FINISHED = ("completed", "failed", "cancelled")  # listed from P:finished, the latest first, until compaction
+LISTED_STATES = ("queued", "delayed", "leased", "running", *FINISHED)  # running: leased and in its execute phase
+HEADER = f"{'ID':32}  {'PRIORITY':8} {'ENDPOINT':14} {'STATE':9} {'REASON':22} ETA"
 
 
 def explain(r, keys, settings, job_id: str) -> dict[str, Any]:
@@ -73,7 +75,9 @@ def line(x: dict[str, Any]) -> str:
 def list_jobs(r, keys, settings, states: tuple[str, ...] = WAITING, endpoint: str | None = None,
               priority: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
     """The jobs in ``states`` (queued: every queue, CRITICAL first, FIFO; delayed: by due
-    time; leased: by lease) filtered by endpoint and priority, at most ``limit``, each as
+    time; leased: by lease; completed, failed, cancelled: the latest finished first, while
+    their records are kept, see docs/operations.md on retention) filtered by endpoint and
+    priority, at most ``limit``, each as
     :func:`explain` answers. Reads at most ``limit`` ids per source past the filters'
     rejects (a bounded scan, ``4 × limit``).
 
@@ -96,6 +100,9 @@ def list_jobs(r, keys, settings, states: tuple[str, ...] = WAITING, endpoint: st
                     ids += r.zrange(keys.for_pool(pool).queue(lvl), 0, scan - 1)
         elif st == "delayed":
             ids += r.zrange(keys.delayed, 0, scan - 1)
+        elif st in FINISHED:
+            if st == next(s for s in states if s in FINISHED):  # P:finished holds all three: read it once
+                ids += r.zrevrange(keys.finished, 0, scan - 1)
         elif "leased" not in states or st == "leased":  # P:running holds leased and running jobs: read it once
             ids += r.zrange(keys.running, 0, scan - 1)
     p = r.pipeline(transaction=False)
@@ -142,7 +149,8 @@ def register(app: typer.Typer) -> None:
                 typer.echo(f"  as of {x['as_of_s']:.1f} s ago (the planner's last tick that read it)")
 
     @app.command("jobs")
-    def jobs_cmd(state: list[str] = typer.Option(None, "--state", help="queued, delayed, leased (leased or running) or running (repeatable); "
+    def jobs_cmd(state: list[str] = typer.Option(None, "--state", help="queued, delayed, leased (leased or running), running, "
+                                                                         "completed, failed or cancelled (repeatable); "
                                                                          "default: queued and delayed"),
                  endpoint: str = typer.Option(None, "--endpoint"), priority: str = typer.Option(None, "--priority"),
                  limit: int = typer.Option(100, "--limit", min=1),
@@ -155,9 +163,11 @@ def register(app: typer.Typer) -> None:
             _fail(e)
         if not rows and not as_json:
             typer.echo(f"no job {' or '.join(state or WAITING)}", err=True)
+        if rows and not as_json:
+            typer.echo(HEADER)
         for x in rows:
             if as_json:
                 typer.echo(json.dumps(x))
             else:
-                typer.echo(f"{x['id']}  {x['priority'] or '-':8} {x['endpoint'] or '-':14} {x['state']:8} "
+                typer.echo(f"{x['id']:32}  {x['priority'] or '-':8} {x['endpoint'] or '-':14} {x['state']:9} "
                            f"{x['reason'] or '-':22} {_when(x['eta'], x['eta_in_s']) if x['reason'] else ''}")

@@ -33,7 +33,7 @@ from typing import Any
 import redis
 import redis.asyncio
 
-from makespan.errors import (JobCancelled, JobFailed, NotFoundError, ResultTimeout, StoreError, ValidationError,
+from makespan.errors import (JobCancelled, JobFailed, NotFoundError, RedisUnreachable, ResultTimeout, StoreError, ValidationError,
                              WorkloadError)
 from makespan.keys import Keys
 from makespan.models import FINAL_STATES, FleetSpec, Priority, fleet_version, load_fleet, parse_fleet
@@ -57,6 +57,8 @@ def connect(url: str | None = None, *, fleet: str | Path | FleetSpec | None = No
         key_prefix: the deployment's key prefix (default ``MAKESPAN_KEY_PREFIX`` or ``makespan``).
     Raises:
         ValidationError: a bad URL or fleet file.
+        RedisUnreachable: no Redis answers at the URL (the message names it and
+            ``MAKESPAN_REDIS_URL``).
     """
     from makespan.redis_conn import connect as redis_connect
 
@@ -71,7 +73,21 @@ def connect(url: str | None = None, *, fleet: str | Path | FleetSpec | None = No
 
         base = replace(base, **overrides)
     spec = load_fleet(fleet) if isinstance(fleet, (str, Path)) else fleet
-    return Client(redis_connect(base.redis_url), base, spec)
+    r = redis_connect(base.redis_url)
+    try:
+        r.ping()
+    except (redis.ConnectionError, redis.TimeoutError) as e:
+        r.close()
+        raise unreachable(base.redis_url, e) from None
+    return Client(r, base, spec)
+
+
+def unreachable(url: str, error: BaseException) -> RedisUnreachable:
+    """The :class:`RedisUnreachable` of a redis-py connection ``error`` at ``url``."""
+    from makespan.redis_conn import redacted
+
+    reason = str(error).split(". ")[-1].strip().rstrip(".") or type(error).__name__
+    return RedisUnreachable(redacted(url), reason)
 
 
 class Client:
@@ -147,6 +163,17 @@ class Client:
                 arguments that are not JSON or too large, ... (nothing written).
             StoreError: Redis failed.
         """
+        try:
+            return self._submit(workload, args, priority, endpoint, idempotency_key, depends_on, delay_s, service_s,
+                                deadline_s, kwargs)
+        except StoreError as e:
+            if isinstance(e.__cause__, (redis.ConnectionError, redis.TimeoutError)):
+                raise unreachable(self.settings.redis_url, e.__cause__) from None
+            raise
+
+    def _submit(self, workload: str | WorkloadDef, args: tuple[Any, ...], priority: Priority | str | int,
+                endpoint: str | None, idempotency_key: str | None, depends_on: list[str | Job] | tuple[str | Job, ...],
+                delay_s: float | None, service_s: float | None, deadline_s: float | None, kwargs: dict[str, Any]) -> Job:
         name = workload.name if isinstance(workload, WorkloadDef) else workload
         if not isinstance(name, str) or not name:
             raise ValidationError("workload", workload, "must be a workload name or a @makespan.workload function")
@@ -166,6 +193,8 @@ class Client:
             service_s, _runs = estimate_s(self.r, self.keys, name, endpoint, float(prior), self.settings.estimate_min_runs)
         job: dict[str, Any] = {"endpoint": endpoint, "priority": priority, "service_s": service_s, "workload": name,
                                "args": call_args, "kwargs": call_kwargs}
+        if definition.get("helpers"):  # placed with the job: priced and checked against the fleet
+            job["helpers"] = list(definition["helpers"])
         if idempotency_key is not None:
             job["idempotency_key"] = idempotency_key
         if deps:

@@ -62,6 +62,20 @@ class StoreError(MakespanError):
     """Redis could not be reached or answered an error; wraps the redis-py exception."""
 
 
+class RedisUnreachable(StoreError):
+    """No Redis answered at the deployment's URL (connection refused, unknown host,
+    timeout): the message names the URL (password redacted) and ``MAKESPAN_REDIS_URL``.
+
+    Attributes:
+        url: the URL tried, password redacted.
+    """
+
+    def __init__(self, url: str, reason: str):
+        self.url = url
+        super().__init__(f"cannot reach Redis at {url} ({reason}): start Redis there, or set MAKESPAN_REDIS_URL "
+                         "(or makespan.connect(url=...)) to your makespan deployment's Redis")
+
+
 class WorkloadError(MakespanError):
     """A workload function raised: :meth:`makespan.client.Job.result` re-raises its error.
 

@@ -349,6 +349,12 @@ class Keys:
         """Present (EX ttl) while at least one live GPU worker registers workload ``name``."""
         return f"{self.prefix}:fn:live:{name}"
 
+    def fn_holders(self, name: str) -> str:
+        """Zset of the GPU workers holding workload ``name`` (holder id -> its mark's expiry,
+        server clock ms); a worker that stops cleanly leaves it, and the last one deletes
+        :meth:`fn_live`."""
+        return f"{self.prefix}:fn:holders:{name}"
+
     @property
     def fns(self) -> str:
         """Set of every workload function name a GPU worker has registered."""

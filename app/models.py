@@ -13,6 +13,7 @@ import math
 import re
 import tomllib
 import unicodedata
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -432,6 +433,34 @@ class FleetSpec(BaseModel):
         return False, (f"endpoint {endpoint!r} needs {e.tensor_parallel} GPUs with "
                        f"{e.memory_mib_per_gpu} MiB each on one host; no host has them")
 
+    def can_ever_fit_with(self, endpoint: str, helpers: Sequence[str]) -> tuple[bool, str]:
+        """Whether some aligned GPU group of ``endpoint`` (its tensor-parallel size, GPUs
+        in index order on one host, as the planner groups them) also holds its ``helpers``:
+        each helper starts on the group's first GPUs (its own tensor-parallel size), so GPU
+        ``i`` needs the endpoint's memory plus that of every helper wider than ``i``, MiB.
+        Returns (True, "") or (False, the reason). Every name must be an endpoint of the fleet."""
+        main = self.endpoints[endpoint]
+        tp = main.tensor_parallel
+        wide = [h for h in helpers if self.endpoints[h].tensor_parallel > tp]
+        if wide:
+            return False, (f"helper {wide[0]!r} needs {self.endpoints[wide[0]].tensor_parallel} GPUs, more than the "
+                           f"{tp} of {endpoint!r} it starts on")
+        need = [main.memory_mib_per_gpu] * tp
+        for h in helpers:
+            for position in range(self.endpoints[h].tensor_parallel):
+                need[position] += self.endpoints[h].memory_mib_per_gpu
+        for host in self.hosts:
+            gpus = sorted(host.gpus, key=lambda g: g.index)
+            for start in range(0, len(gpus) - tp + 1, tp):
+                if all(g.memory_mib >= mib for g, mib in zip(gpus[start:start + tp], need)):
+                    return True, ""
+        parts = ", ".join(f"{h} {self.endpoints[h].memory_mib_per_gpu} MiB on its first "
+                          f"{self.endpoints[h].tensor_parallel} GPU(s)" for h in helpers)
+        largest = max((g.memory_mib for host in self.hosts for g in host.gpus), default=0)
+        return False, (f"endpoint {endpoint!r} ({main.memory_mib_per_gpu} MiB per GPU) with its helpers ({parts}) "
+                       f"needs {', '.join(str(mib) for mib in need)} MiB on the GPUs of one aligned TP-{tp} group; "
+                       f"no group of the fleet has that much (largest GPU: {largest} MiB)")
+
 
 def _fits_some(endpoint: EndpointSpec, hosts: list[HostSpec]) -> bool:
     """Whether one of ``hosts`` has ``tensor_parallel`` GPUs with the endpoint's memory."""
@@ -466,6 +495,10 @@ class JobSpec(BaseModel):
         delay_s: optional delay, seconds after submission (at most MAX_DELAY_S): the job
             is kept as ``delayed`` in Redis and queued only when due.
         workload_id / step / depends_on: set for steps of a multi-step workload.
+        helpers: endpoints started beside ``endpoint`` on the job's GPUs (a workload
+            function's ``helpers``, which :meth:`makespan.client.Client.submit` copies from
+            the published definition); the planner prices their cold start and places the
+            job only where they fit beside it.
     """
 
     model_config = _Strict
@@ -482,6 +515,7 @@ class JobSpec(BaseModel):
     workload_id: str | None = None
     step: str | None = None
     depends_on: tuple[str, ...] = ()
+    helpers: tuple[str, ...] = ()
 
     @field_validator("priority", mode="before")
     @classmethod
@@ -595,6 +629,16 @@ def parse_job(data: dict[str, Any] | JobSpec, fleet: FleetSpec, max_payload_byte
     ok, why = fleet.can_ever_fit(job.endpoint)
     if not ok:
         raise ValidationError("job.endpoint", job.endpoint, why)
+    if job.helpers:
+        for name in job.helpers:
+            if name not in fleet.endpoints:
+                raise ValidationError("job.helpers", name, f"unknown endpoint; known: {', '.join(sorted(fleet.endpoints))}")
+        if job.endpoint in job.helpers or len(set(job.helpers)) != len(job.helpers):
+            raise ValidationError("job.helpers", list(job.helpers), "must not repeat a name nor name the main endpoint "
+                                                                    f"{job.endpoint!r}")
+        ok, why = fleet.can_ever_fit_with(job.endpoint, job.helpers)
+        if not ok:
+            raise ValidationError("job.helpers", list(job.helpers), why)
     if job.service_s is None and job.workload is None:
         raise ValidationError("job.service_s", None, "required (a positive number of seconds) unless the job "
                                                      "names a workload function, whose service time is learned")

@@ -55,6 +55,22 @@ class JobHandle:
     priority: Priority
 
 
+def attempts_made(rec: dict[str, Any]) -> int:
+    """Attempts a job made so far, from its record (ints already parsed): the stored
+    result's attempt when there is one; else the reclaimed and retried attempts, plus the
+    one in progress (leased, running) or that ended it (completed; failed, unless the
+    reclaim of its last lease failed it: that attempt is among the reclaimed ones)."""
+    if rec.get("result_attempt"):
+        return int(rec["result_attempt"])
+    done = int(rec.get("attempts") or 0) + int(rec.get("tries") or 0)
+    state = rec.get("state")
+    if state in ("leased", "running", "completed"):
+        return done + 1
+    if state == "failed" and "lease expired" not in str(rec.get("reason") or ""):
+        return done + 1
+    return done
+
+
 class Producer:
     """Producer bound to one Redis, key prefix and fleet."""
 
@@ -104,6 +120,8 @@ class Producer:
             fields["workload_id"] = spec.workload_id
         if spec.workload:
             fields["fn"] = spec.workload
+        if spec.helpers:  # the planner reads them with the job (makespan.workers.batch)
+            fields["helpers"] = json.dumps(list(spec.helpers))
         if extra_fields:
             fields.update(extra_fields)
         if spec.depends_on:
@@ -147,7 +165,11 @@ class Producer:
                              "on the primary but may be lost if the primary fails now")
 
     def status(self, job_id: str) -> dict[str, Any]:
-        """The job record (state, times, reason, lease, attempts, ...).
+        """The job record (state, times, reason, lease, attempts, ...). ``attempts`` is the
+        number of attempts made so far (0 before the first lease; the same count as
+        ``result_attempt`` once a result is stored); ``reclaimed_attempts`` counts those
+        whose lease was lost (its GPU worker died or stopped renewing it) and
+        ``tries``, failed runs of a workload function that were retried.
 
         Raises:
             NotFoundError: no such job (or it was compacted away after its retention).
@@ -165,6 +187,8 @@ class Producer:
         for k in _INT_FIELDS:
             if k in rec:
                 rec[k] = int(rec[k])
+        rec["reclaimed_attempts"] = rec.get("attempts", 0)
+        rec["attempts"] = attempts_made(rec)
         return dict(sorted(rec.items()))
 
     def cancel(self, job_id: str) -> str:

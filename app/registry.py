@@ -35,6 +35,7 @@ import redis
 
 from makespan.errors import StoreError, ValidationError
 from makespan.keys import Keys
+from makespan.store.scripts import script as store_script
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:\-]{0,199}$")
 LIVE_TTL_S = 30.0  # a worker renews its names every LIVE_TTL_S / 3
@@ -193,21 +194,65 @@ def load_modules(modules: str | Iterable[str]) -> list[str]:
     return sorted(REGISTRY)
 
 
-def publish(r: redis.Redis, keys: Keys, definitions: Iterable[WorkloadDef], ttl_s: float = LIVE_TTL_S) -> None:
-    """Publish ``definitions`` and mark each name live for ``ttl_s`` (a GPU worker calls
-    this at start and every ``ttl_s / 3``).
+def publish(r: redis.Redis, keys: Keys, definitions: Iterable[WorkloadDef], ttl_s: float = LIVE_TTL_S,
+            holder: str = "") -> None:
+    """Publish ``definitions`` and mark each name live for ``ttl_s``, with ``holder`` (the
+    GPU worker's id, :func:`holder_id`) among its holders (a GPU worker calls this at start
+    and every ``ttl_s / 3``; :func:`withdraw` when it stops).
 
     Raises:
         StoreError: Redis failed."""
+    hold = store_script(r, "fn_hold")
     pipe = r.pipeline(transaction=False)
     for d in definitions:
         pipe.set(keys.fn(d.name), json.dumps(d.describe()))
-        pipe.set(keys.fn_live(d.name), "1", px=int(ttl_s * 1000))
+        hold(keys=[keys.fn_live(d.name), keys.fn_holders(d.name)], args=[holder, int(ttl_s * 1000)], client=pipe)
         pipe.sadd(keys.fns, d.name)
     try:
         pipe.execute()
     except redis.RedisError as e:
         raise StoreError(f"publishing workload functions: {e}") from e
+
+
+def withdraw(r: redis.Redis, keys: Keys, names: Iterable[str], holder: str) -> list[str]:
+    """``holder`` (a GPU worker that stops cleanly) no longer holds ``names``: each name
+    whose other holders' marks have all expired stops being live at once, so a submit is
+    refused now rather than accepted until the TTL runs out.
+
+    Returns:
+        The names no longer live (sorted).
+    Raises:
+        StoreError: Redis failed."""
+    gone = store_script(r, "fn_withdraw")
+    pipe = r.pipeline(transaction=False)
+    names = sorted(names)
+    for name in names:
+        gone(keys=[keys.fn_live(name), keys.fn_holders(name)], args=[holder], client=pipe)
+    try:
+        return [name for name, ended in zip(names, pipe.execute()) if ended]
+    except redis.RedisError as e:
+        raise StoreError(f"withdrawing workload functions: {e}") from e
+
+
+def holder_id() -> str:
+    """A GPU worker process's holder id: host name, pid and a random suffix."""
+    import os
+    import socket
+    import uuid
+
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def live_names(r: redis.Redis, keys: Keys) -> list[str]:
+    """The workload function names a live GPU worker registers now, sorted.
+
+    Raises:
+        StoreError: Redis failed."""
+    try:
+        known = sorted(r.smembers(keys.fns))
+        return [n for n, ok in zip(known, r.mget([keys.fn_live(n) for n in known]) if known else []) if ok]
+    except redis.RedisError as e:
+        raise StoreError(f"reading the live workload functions: {e}") from e
 
 
 def live_definition(r: redis.Redis, keys: Keys, name: str, also: list[str] = ()) -> tuple[dict[str, Any], list[Any]]:
@@ -221,10 +266,9 @@ def live_definition(r: redis.Redis, keys: Keys, name: str, also: list[str] = ())
         live, raw, *extra = r.mget([keys.fn_live(name), keys.fn(name), *also])
         if live and raw:
             return json.loads(raw), extra
-        known = sorted(r.smembers(keys.fns))
-        alive = [n for n, ok in zip(known, r.mget([keys.fn_live(n) for n in known]) if known else []) if ok]
-    except redis.RedisError as e:
-        raise StoreError(f"reading workload function {name!r}: {e}") from e
+        alive = live_names(r, keys)
+    except (redis.RedisError, StoreError) as e:
+        raise StoreError(f"reading workload function {name!r}: {e}") from (e.__cause__ or e)
     hint = f"live now: {', '.join(alive)}" if alive else "no GPU worker has registered any workload function"
     raise ValidationError("workload", name, "no live GPU worker registered this workload; start one with "
                                             f"`makespan gpu-worker --workloads MODULE` ({hint})")

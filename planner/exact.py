@@ -87,7 +87,7 @@ def exact(batch: Sequence[PlanJob], state: FleetState, incumbent: Plan, node_lim
         for i, j in enumerate(left):
             if any(d in ids and d not in rep.end_of for d in j.deps):
                 continue
-            for g in _distinct_groups(rep, rep.groups(state.endpoints[j.endpoint]), host_of, host_gpus):
+            for g in _distinct_groups(rep, rep.job_groups(j), host_of, host_gpus):
                 nodes[0] += 1
                 r2 = rep.copy()
                 a = r2.place(j, g)

@@ -59,6 +59,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 from makespan.planner.evaluator import TOL_S, evaluate_retimed, score
+from makespan.planner.helpers import helpers_start_s
 from makespan.planner.model import Assignment, FleetState, Plan, PlanJob
 from makespan.planner.replay import Replay, state_after
 
@@ -93,7 +94,7 @@ def lane_plan(batch: Sequence[PlanJob], state: FleetState, levels: Levels,
     allowed: dict[str, float] = {}
     for j in lane:
         ep = state.endpoints.get(j.endpoint)
-        if ep is None or not rep.groups(ep):
+        if ep is None or not rep.job_groups(j):
             continue
         g_strict, g_best = _groups(rep, j)
         r = rep.ready(j)
@@ -103,6 +104,8 @@ def lane_plan(batch: Sequence[PlanJob], state: FleetState, levels: Levels,
             g_best = _groups(rep, j, allowed[j.id])[1]
         else:
             strict_end = strict_start + rep.transition_s(g_strict, ep) + j.service_s
+            if j.helpers:
+                strict_end += helpers_start_s(j.helpers, rep.endpoints)
             allowed[j.id] = j.release_s + fac[j.priority] * (strict_end - j.release_s)
         out.append(rep.place(j, g_best))
     return rep, out, allowed
@@ -115,7 +118,7 @@ def _groups(rep: Replay, j: PlanJob, start_by: float | None = None) -> tuple[tup
     when ``start_by`` is at least its start) of ``j`` on ``rep``."""
     ep = rep.endpoints[j.endpoint]
     r = rep.ready(j)
-    cand = [(max(r, rep.group_free(g)), rep.transition_s(g, ep), i, g) for i, g in enumerate(rep.groups(ep))]
+    cand = [(max(r, rep.group_free(g)), rep.transition_s(g, ep), i, g) for i, g in enumerate(rep.job_groups(j))]
     strict = min(cand, key=lambda c: (c[0], c[1], c[2]))
     if start_by is not None:
         cand = [c for c in cand if c[0] <= start_by + TOL_S] or [strict]

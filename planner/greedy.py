@@ -110,15 +110,17 @@ def construct_built(order: Sequence[PlanJob], state: FleetState, rule: str = "co
         job = pulled.popleft() if pulled else queue.popleft()
         if job.id in placed:
             continue
-        cands = cands_of.get(job.endpoint)
+        kind = job.endpoint if not job.helpers else f"{job.endpoint}+{'+'.join(job.helpers)}"
+        cands = cands_of.get(kind)
         if cands is None:
             ep = rep.endpoints[job.endpoint]
-            cands = cands_of[job.endpoint] = rep.groups(ep)
+            cands = cands_of[kind] = rep.job_groups(job)
             if not cands:
-                raise ValueError(f"job {job.id}: no GPU group fits endpoint {ep.name}")
-            index_of[job.endpoint] = _index_for(rep, ep, cands, index_of, indexes)
+                raise ValueError(f"job {job.id}: no GPU group fits endpoint {ep.name}"
+                                 + (f" with its helpers {', '.join(job.helpers)}" if job.helpers else ""))
+            index_of[kind] = _index_for(rep, ep, cands, index_of, indexes)
         ready = rep.ready(job) if job.deps else max(job.release_s, now)
-        index = index_of[job.endpoint]
+        index = index_of[kind]
         g = fn(rep, job, cands if index is None else index.candidates(ready), ready)
         s = fa[g[0]] if len(g) == 1 else rep.group_free(g)
         a = rep.place(job, g, s if s > ready else ready)  # its default start, max(ready, free)

@@ -50,7 +50,7 @@ def list_schedule(policy: str, order: Sequence[PlanJob], state: FleetState,
     out: list[Assignment] = []
     for job in order:
         ep = state.endpoints[job.endpoint]
-        cands = rep.groups(ep)
+        cands = rep.job_groups(job)
         if not cands:
             raise ValueError(f"job {job.id}: no GPU group fits endpoint {ep.name}")
         ready = rep.ready(job)

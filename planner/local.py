@@ -55,7 +55,7 @@ def _moves(inc: Plan, i: int, rep: Replay, jobs: dict[str, PlanJob], state: Flee
         b = inc.assignments[i + 1]
         yield i, i + 2, [b.job_id, a.job_id], {a.job_id: a.gpus, b.job_id: b.gpus}
     ep = state.endpoints[jobs[a.job_id].endpoint]
-    gs = rep.groups(ep)
+    gs = rep.job_groups(jobs[a.job_id])
     warm = [g for g in gs if all(rep.resident[u] == ep.name for u in g)]
     early = sorted(gs, key=rep.group_free)[:2]
     for g in dict.fromkeys(warm + early):

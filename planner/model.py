@@ -68,6 +68,10 @@ class PlanJob:
         deps: ids of jobs that must complete before this one starts (workload DAG).
         deadline_s: absolute due time, s, or None.
         seq: submission sequence number (FIFO tie-break).
+        helpers: endpoints the job needs beside ``endpoint``, started on its GPUs after it
+            and stopped after execute (a workload function's ``helpers``): each placement
+            pays their cold starts and their memory must fit beside ``endpoint``
+            (:mod:`makespan.planner.helpers`); empty: none.
     """
 
     id: str
@@ -79,6 +83,7 @@ class PlanJob:
     deps: tuple[str, ...] = ()
     deadline_s: float | None = None
     seq: int = 0
+    helpers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

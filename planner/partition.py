@@ -150,7 +150,10 @@ def partition_built(batch: Sequence[PlanJob], state: FleetState, spill: bool = F
         ready = rep.ready(job)
         best, bc = None, math.inf
         own = own_index.get(job.endpoint)
+        fit = set(rep.job_groups(job)) if job.helpers else None  # groups where its helpers fit too
         for g in alloc[job.endpoint] if own is None else own.candidates(ready):
+            if fit is not None and g not in fit:
+                continue
             s0 = fa[g[0]] if len(g) == 1 else rep.group_free(g)
             c = (s0 if s0 > ready else ready) + transition_s(g, ep)
             if c < bc:
@@ -161,8 +164,8 @@ def partition_built(batch: Sequence[PlanJob], state: FleetState, spill: bool = F
             sg = spill_groups.get(ep.tp, [])
             si = spill_index.get(ep.tp)
             for e2, g, pen, gpu_mib in sg if si is None else [sg[i] for i in si.positions(ready)]:
-                if e2 == job.endpoint or gpu_mib < ep.memory_mib:  # its own, or too small for it
-                    continue
+                if e2 == job.endpoint or gpu_mib < ep.memory_mib or (fit is not None and g not in fit):
+                    continue  # its own, or too small for it (or its helpers)
                 s0 = fa[g[0]] if len(g) == 1 else rep.group_free(g)
                 if s0 < ready:
                     s0 = ready

@@ -45,7 +45,7 @@ def repair(previous: Plan, batch: Sequence[PlanJob], state: FleetState, policy: 
     kept: dict[str, Group] = {}
     for a in sorted(previous.assignments, key=lambda a: (a.start_s, a.end_s)):
         job = jobs.get(a.job_id)
-        if job is not None and a.job_id not in kept and tuple(a.gpus) in rep.groups(state.endpoints[job.endpoint]):
+        if job is not None and a.job_id not in kept and tuple(a.gpus) in rep.job_groups(job):
             kept[a.job_id] = tuple(a.gpus)
     new = wspt_order([j for j in batch if j.id not in kept], state.endpoints)
     order = topo_stable([jobs[i] for i in kept] + new)
@@ -53,7 +53,7 @@ def repair(previous: Plan, batch: Sequence[PlanJob], state: FleetState, policy: 
     for job in order:
         grp = kept.get(job.id)
         if grp is None:
-            grp = rule_completion(rep, job, rep.groups(state.endpoints[job.endpoint]), rep.ready(job))
+            grp = rule_completion(rep, job, rep.job_groups(job), rep.ready(job))
         out.append(rep.place(job, grp))
     try:
         plan = evaluate(out, batch, state, policy, objective=objective)

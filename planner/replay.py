@@ -20,6 +20,10 @@ Transition rule (a job holds its group exclusively from ``start_s`` to ``end_s``
       stopped); its wake then costs that level's ``wake_s`` and, at level 1, its RAM counts
       against the host's budget. The choice is made where the instance is displaced, so
       every construction and the evaluator make the same one.
+    * a job with ``helpers`` (:mod:`makespan.planner.helpers`) then pays their cold starts
+      as part of its transition (the main endpoint's load kind is unchanged, "warm"
+      included) and is placed only on groups where they fit beside it
+      (:meth:`Replay.job_groups`).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from typing import Any
 
+from makespan.planner.helpers import group_fits, helpers_start_s, need_mib, too_wide
 from makespan.planner.model import Assignment, EndpointModel, FleetState, Gpu, PlanJob
 from makespan.planner.sleepers import choose_level, forecast_weight, may_sleep, sleepers_kept
 
@@ -59,7 +64,7 @@ class Replay:
     """Mutable copy of a :class:`FleetState` that jobs are placed into, in start order."""
 
     __slots__ = ("state", "endpoints", "free_at", "resident", "asleep", "end_of", "count", "_groups", "_group_at",
-                 "_whole", "ram_used", "_costed", "_mem", "_host", "level")
+                 "_whole", "ram_used", "_costed", "_mem", "_host", "level", "_job_groups")
 
     def __init__(self, state: FleetState):
         self.state = state
@@ -89,6 +94,8 @@ class Replay:
                 self.count[e] = self.count.get(e, 0) + 1
         self._groups: dict[tuple[int, int], list[Group]] = {}
         self._group_at: dict[tuple[int, int], dict[str, Group]] = {}
+        # (endpoint, helpers) -> its groups where the helpers fit too (job_groups)
+        self._job_groups: dict[tuple[str, tuple[str, ...]], list[Group]] = {}
         self._whole: dict[str, int] = {}  # whole_gpus of TP > 1 endpoints; entries dropped by _load
         # what sleepers hold (makespan.planner.sleepers): modelled only where something is held
         self._costed = bool(state.host_ram_mib) or any(
@@ -106,7 +113,7 @@ class Replay:
         r.state, r.endpoints = self.state, self.endpoints
         r.free_at, r.resident, r.asleep = dict(self.free_at), dict(self.resident), dict(self.asleep)
         r.end_of, r.count, r._groups = ChainMap(dict(self.end_of.maps[0]), *self.end_of.maps[1:]), dict(self.count), self._groups
-        r._group_at, r._whole = self._group_at, dict(self._whole)
+        r._group_at, r._whole, r._job_groups = self._group_at, dict(self._whole), self._job_groups
         r.ram_used, r._costed, r._mem, r._host = dict(self.ram_used), self._costed, self._mem, self._host
         r.level = dict(self.level)
         return r
@@ -163,6 +170,21 @@ class Replay:
         if key not in self._groups:
             self._groups[key] = self.state.groups(ep.tp, ep.memory_mib)
         return self._groups[key]
+
+    def job_groups(self, job: PlanJob) -> list[Group]:
+        """The groups ``job`` may take: its endpoint's (:meth:`groups`), less those where its
+        helpers do not fit beside it (:func:`makespan.planner.helpers.group_fits`); the same
+        list object as :meth:`groups` for a job without helpers. Read-only."""
+        ep = self.endpoints[job.endpoint]
+        if not job.helpers:
+            return self.groups(ep)
+        key = (job.endpoint, job.helpers)
+        hit = self._job_groups.get(key)
+        if hit is None:
+            need = need_mib(ep, job.helpers, self.endpoints)
+            hit = self._job_groups[key] = [] if too_wide(ep, job.helpers, self.endpoints) else \
+                [g for g in self.groups(ep) if group_fits(g, need, self._mem)]
+        return hit
 
     def ready(self, job: PlanJob) -> float:
         """Earliest start allowed by release, planning time and dependencies."""
@@ -226,6 +248,8 @@ class Replay:
             t_s, evicted, load, _ = self.transition(group, ep)
             if load != "warm":
                 levels = self._load(group, ep.name, start_s)
+        if job.helpers:  # started after the main endpoint, in every placement
+            t_s += helpers_start_s(job.helpers, self.endpoints)
         svc = start_s + t_s
         end = svc + job.service_s
         a = Assignment(job.id, group, start_s, svc, end, evicted, load, levels) if levels else \

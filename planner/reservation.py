@@ -76,7 +76,7 @@ def reservation_for(job: PlanJob, state: FleetState) -> Reservation | None:
         return None
     now = state.now_s
     best: tuple[float, Group] | None = None
-    for g in state.groups(ep.tp, ep.memory_mib):
+    for g in state.groups(ep.tp, ep.memory_mib) if not job.helpers else Replay(state).job_groups(job):
         t = max(now, job.release_s, *(state.free_at.get(u, now) for u in g))
         if best is None or t < best[0] - TOL_S:
             best = (t, g)
@@ -122,7 +122,7 @@ def enforce(p: Plan, batch: Sequence[PlanJob], state: FleetState, after_s: float
     out.append(rep.place(job, res.gpus, max(res.start_s, rep.group_free(res.gpus), rep.ready(job))))
     for j in deferred:
         ep = state.endpoints[j.endpoint]
-        g = min(rep.groups(ep), key=lambda g: max(rep.ready(j), rep.group_free(g)) + rep.transition_s(g, ep))
+        g = min(rep.job_groups(j), key=lambda g: max(rep.ready(j), rep.group_free(g)) + rep.transition_s(g, ep))
         out.append(rep.place(j, g))
     ev = evaluate_retimed(out, batch, state, p.policy, objective)
     if ev is None:  # no consistent timing of the rebuild (evaluate_retimed): the policy's plan stands

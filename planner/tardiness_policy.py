@@ -185,7 +185,7 @@ def atc_built(batch: Sequence[PlanJob], state: FleetState, k: float,
                 best, at, src = key, x, due
         i = src.pop(at)
         job = jobs[i]
-        g = rule(rep, job, rep.groups(eps[job.endpoint]), ready[i])
+        g = rule(rep, job, rep.job_groups(job), ready[i])
         a = rep.place(job, g)
         if prune is not None and not prune.placed(job, a.gpus, a.end_s):
             return None

@@ -45,6 +45,7 @@ from typing import NamedTuple
 from ortools.sat.python import cp_model
 
 from makespan.planner import window_preemption as wp
+from makespan.planner.helpers import held_s
 from makespan.planner.window_future import FutureTerm
 from makespan.planner.model import Assignment, FleetState, Plan, PlanJob, RunningJob
 from makespan.planner.preemption_plan import Candidate
@@ -96,6 +97,7 @@ def hint_of(win: Sequence[Assignment], cands: dict[str, list[Group]], res: dict,
     closed: set[tuple[Group, str]] = set()
     hint: list[tuple[object, int]] = []
     hinted_start: dict[str, int] = {}  # job id -> its hinted start (the dependencies' ends)
+    eps = rep.endpoints
     for a in win:
         j = jobs[a.job_id]
         g, k = tuple(a.gpus), (tuple(a.gpus), j.endpoint)
@@ -110,8 +112,8 @@ def hint_of(win: Sequence[Assignment], cands: dict[str, list[Group]], res: dict,
         if k not in opened:
             opened[k] = [max(free.get(u, 0) for u in g), 0]
         s0 = max([ti(rep.ready(j)), opened[k][0] + sigma] + [free[u] for u in g] +
-                 [hinted_start.get(d, 0) + int(math.ceil(jobs[d].service_s)) for d in j.deps if d in start])
-        end = s0 + int(math.ceil(j.service_s))
+                 [hinted_start.get(d, 0) + int(math.ceil(held_s(jobs[d], eps))) for d in j.deps if d in start])
+        end = s0 + int(math.ceil(held_s(j, eps)))
         opened[k][1] = end
         for u in g:
             free[u] = end
@@ -215,7 +217,7 @@ def _window_data(inc: Plan, lo: int, hi: int, jobs: dict[str, PlanJob], state: F
     placed = [(assignment.job_id, tuple(assignment.gpus)) for assignment in window]
     for job_id, own in placed + [(victim.id, None) for victim in victims.values()]:
         endpoint = endpoints[jobs[job_id].endpoint]
-        others = [group for group in replay.groups(endpoint) if set(group) <= gpus and group != own]
+        others = [group for group in replay.job_groups(jobs[job_id]) if set(group) <= gpus and group != own]
         others.sort(key=lambda group: (not all(replay.resident[gpu] == endpoint.name for gpu in group),
                                        replay.group_free(group)))
         candidates[job_id] = ([own] if own else []) + others[:max_groups - (1 if own else 0)]
@@ -308,7 +310,7 @@ def _add_jobs(model: cp_model.CpModel, data: _WindowData, residencies: dict[tupl
                         wp.Holders(model, pre, data.victims, data.model_time, intervals_by_gpu))
     for job_id, groups in data.candidates.items():
         job = data.jobs[job_id]
-        length = int(math.ceil(job.service_s))
+        length = int(math.ceil(held_s(job, data.replay.endpoints)))  # helpers' start included
         start = model.new_int_var(max(0, data.model_time(data.replay.ready(job))), data.horizon, f"start[{job_id}]")
         job_vars.start[job_id] = start
         literals = []
@@ -331,7 +333,7 @@ def _add_jobs(model: cp_model.CpModel, data: _WindowData, residencies: dict[tupl
             model.add_exactly_one(literals)
         for dependency in job.deps:
             if dependency in job_vars.start:
-                model.add(start >= job_vars.start[dependency] + int(math.ceil(data.jobs[dependency].service_s)))
+                model.add(start >= job_vars.start[dependency] + int(math.ceil(held_s(data.jobs[dependency], data.replay.endpoints))))
         weight = int(round(job.weight * 10))
         job_vars.weight_and_length[job_id] = (weight, length)
         job_vars.objective_terms.append(weight * end)

@@ -147,10 +147,10 @@ class _BatchScan:
             pipe = self.r.pipeline(transaction=False)
             for job_id in frontier:
                 pipe.hmget(self.keys.job(job_id), "endpoint", "service_s", "submitted_at", "seq", "deps", "state",
-                           "traceparent", "deadline_s", "priority")
+                           "traceparent", "deadline_s", "priority", "helpers")
             next_frontier = []
             for job_id, fields in zip(frontier, pipe.execute()):
-                endpoint, service, submitted, seq, deps_json, state, traceparent, due, priority_name = fields
+                endpoint, service, submitted, seq, deps_json, state, traceparent, due, priority_name, helpers = fields
                 if endpoint is None or state != "queued" or priority_name not in Priority.__members__:
                     continue
                 deps_of = tuple(json.loads(deps_json)) if deps_json else ()
@@ -165,28 +165,30 @@ class _BatchScan:
                     continue
                 self.out.left_out.pop(job_id, None)
                 jobs.append(self.plan_job(job_id, Priority[priority_name], endpoint, service, submitted, seq,
-                                          traceparent, due))
+                                          traceparent, due, helpers))
                 have.add(job_id)
                 room -= 1
             frontier = next_frontier
 
     def plan_job(self, job_id: str, level: Priority, endpoint: str, service: str, submitted: str, seq: str,
-                 traceparent: str | None, due: str | None) -> PlanJob:
+                 traceparent: str | None, due: str | None, helpers: str | None = None) -> PlanJob:
         """The PlanJob of a queued job at its own level (its meta and level noted), from its
-        record's fields (strings as Redis answers them)."""
+        record's fields (strings as Redis answers them; ``helpers``: a JSON list of the
+        workload function's helper endpoints, placed with the job)."""
         release_s = float(submitted) / self.settings.time_scale  # workload clock; service, deadline: workload s
         self.out.meta[job_id] = (traceparent or "", float(submitted))
         self.out.own_level[job_id] = level
         return PlanJob(job_id, endpoint, float(level.weight), release_s, float(service), int(level), (),
-                       release_s + float(due) if due else None, int(seq))
+                       release_s + float(due) if due else None, int(seq),
+                       tuple(json.loads(helpers)) if helpers else ())
 
     def take(self, level: Priority, ids: list[str], jobs: list[PlanJob], room: int, offset: int = 0) -> int:
         pipe = self.r.pipeline(transaction=False)
         for job_id in ids:
             pipe.hmget(self.keys.job(job_id), "endpoint", "service_s", "submitted_at", "seq", "deps", "state",
-                       "traceparent", "deadline_s", "reason")
+                       "traceparent", "deadline_s", "reason", "helpers")
         for position, (job_id, fields) in enumerate(zip(ids, pipe.execute())):
-            endpoint, service, submitted, seq, deps_json, state, traceparent, due, reason = fields
+            endpoint, service, submitted, seq, deps_json, state, traceparent, due, reason, helpers = fields
             if endpoint is None or state != "queued":
                 self.removed += drop_stale(self.env, self.token, self.keys.queue(level), job_id)  # cancelled or lost
                 continue
@@ -200,7 +202,7 @@ class _BatchScan:
                 for dep in deps_of:
                     self.out.unready_level[dep] = min(self.out.unready_level.get(dep, 4), int(level))
                 continue
-            jobs.append(self.plan_job(job_id, level, endpoint, service, submitted, seq, traceparent, due))
+            jobs.append(self.plan_job(job_id, level, endpoint, service, submitted, seq, traceparent, due, helpers))
             if reason and reason.startswith("preempted by"):
                 self.out.requeued.add(job_id)
             room -= 1

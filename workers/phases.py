@@ -577,10 +577,13 @@ class PhaseRunner:
         return planned
 
     def _helpers(self, ctx: PhaseContext) -> tuple[str, ...]:
-        """The helper endpoints of the job's workload function (:class:`makespan.registry.WorkloadDef`)."""
+        """The helper endpoints of the job: those it was submitted (and planned) with, else
+        its workload function's (:class:`makespan.registry.WorkloadDef`)."""
         if ctx.kind != "job":
             return ()
-        name = self.r.hget(self.keys.job(ctx.job_id), "fn")
+        name, planned = self.r.hmget(self.keys.job(ctx.job_id), "fn", "helpers")
+        if planned:
+            return tuple(json.loads(planned))
         definition = REGISTRY.get(name) if name else None
         return definition.helpers if definition is not None else ()
 
@@ -590,7 +593,7 @@ class PhaseRunner:
         go into the lease's phase hash so the clear phase stops exactly these. A helper
         already running there (a replayed phase) is kept."""
         started: list[str] = []
-        planned = max(self.fleet.endpoints[h].cold_start_s for h in helpers)
+        planned = sum(self.fleet.endpoints[h].cold_start_s for h in helpers)  # one after the other, as planned
         with self._transition("start_helpers", ctx, list(helpers), planned):
             for name in helpers:
                 spec = self.fleet.endpoints[name]

@@ -33,6 +33,7 @@ The tick's step is :class:`Preempt`; it starts each preemptor with
 
 from __future__ import annotations
 
+import json
 import logging
 
 from makespan import metrics
@@ -108,7 +109,7 @@ def _running(ctx: TickContext, state: FleetState, lease_of: dict[str, str], info
     pipe = env.r.pipeline(transaction=False)
     for job_id in jobs.values():
         pipe.hmget(env.keys.job(job_id), "endpoint", "service_s", "submitted_at", "seq", "deadline_s", "leased_at",
-                   "preemptions")
+                   "preemptions", "helpers")
     got = dict(zip(jobs, pipe.execute()))
     time_scale = env.settings.time_scale
     gpus_of: dict[str, list[str]] = {}
@@ -117,7 +118,7 @@ def _running(ctx: TickContext, state: FleetState, lease_of: dict[str, str], info
     order = {gpu.uuid: n for n, gpu in enumerate(env.gpus)}
     out: dict[str, RunningJob] = {}
     for lease_id, job_id in jobs.items():
-        endpoint, service, submitted, seq, due, leased, cuts = got[lease_id]
+        endpoint, service, submitted, seq, due, leased, cuts, helpers = got[lease_id]
         prio = Priority.__members__.get(info[lease_id].get("priority", ""))
         if None in (endpoint, service, submitted, leased, prio) or endpoint not in state.endpoints:
             continue
@@ -125,7 +126,8 @@ def _running(ctx: TickContext, state: FleetState, lease_of: dict[str, str], info
         release_s, start_s = float(submitted) / time_scale, float(leased) / time_scale
         end_s = float(info[lease_id].get("planned_end_s") or state.now_s)
         job = PlanJob(job_id, endpoint, float(prio.weight), release_s, float(service), int(prio), (),
-                      release_s + float(due) if due else None, int(seq or 0))
+                      release_s + float(due) if due else None, int(seq or 0),
+                      tuple(json.loads(helpers)) if helpers else ())
         group = tuple(sorted(gpus_of[lease_id], key=order.__getitem__))
         preemptable = job_id not in awaited and _bounded(ctx, cuts, state.now_s - start_s)
         running = RunningJob(job, group, start_s, max(start_s, end_s - float(service)), end_s, preemptable)

@@ -23,7 +23,7 @@ from makespan.models import FleetSpec, load_fleet, parse_fleet
 from makespan.redis_conn import connect
 from makespan.settings import Settings
 from makespan.errors import StoreError
-from makespan.registry import LIVE_TTL_S, REGISTRY, load_modules, publish
+from makespan.registry import LIVE_TTL_S, REGISTRY, holder_id, load_modules, publish, withdraw
 from makespan.workers.phases import JOB_PHASES, RESTORE_PHASES, STOPS_CHAIN, PhaseContext, PhaseRunner
 
 log = logging.getLogger("makespan.tasks")
@@ -119,11 +119,14 @@ def publish_batch() -> Iterator[Any]:
 class RegistryPublisher:
     """Publishes this worker's workload functions (:func:`makespan.registry.publish`) at
     start and every ``LIVE_TTL_S / 3`` from a daemon thread, so producers can tell which
-    names a live worker runs. Stops with the worker; the names then expire."""
+    names a live worker runs. :meth:`stop` (a clean shutdown) withdraws them
+    (:func:`makespan.registry.withdraw`): a name no other live worker holds is refused at
+    once; after a crash the names expire with their TTL."""
 
     def __init__(self) -> None:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="makespan-registry", daemon=True)
+        self.holder = holder_id()
 
     def start(self) -> None:
         self._publish()  # before the first task: a submit right after start must pass
@@ -131,7 +134,7 @@ class RegistryPublisher:
 
     def _publish(self) -> None:
         try:
-            publish(connect(settings.redis_url), Keys(settings.key_prefix), list(REGISTRY.values()))
+            publish(connect(settings.redis_url), Keys(settings.key_prefix), list(REGISTRY.values()), holder=self.holder)
         except StoreError as e:  # Redis away: the names expire, submits are refused until it is back
             log.warning("publishing workload functions failed: %s", e)
 
@@ -140,7 +143,16 @@ class RegistryPublisher:
             self._publish()
 
     def stop(self) -> None:
+        """Stop renewing and withdraw this worker's names (best effort: Redis may be gone)."""
         self._stop.set()
+        self._thread.join(timeout=5.0)  # a publish in flight must not renew after the withdraw
+        try:
+            ended = withdraw(connect(settings.redis_url), Keys(settings.key_prefix), list(REGISTRY), self.holder)
+        except StoreError as e:
+            log.warning("withdrawing workload functions failed (they expire in %.0f s): %s", LIVE_TTL_S, e)
+            return
+        if ended:
+            log.info("workload functions no longer live (no other GPU worker holds them): %s", ", ".join(ended))
 
 
 _publisher: RegistryPublisher | None = None
@@ -194,6 +206,8 @@ def _withdraw_host(**_kw) -> None:
     shutdown.arm(settings.shutdown_grace_s, "gpu-worker")
     if _heartbeat is not None:
         _heartbeat.stop()
+    if _publisher is not None:  # submits of functions no other live worker runs are refused from now
+        _publisher.stop()
 
 
 @signals.worker_shutting_down.connect

@@ -64,6 +64,29 @@ def test_deadline_reaches_the_planner_as_release_plus_deadline(prod, fleet, r, s
     assert batch[none.id].deadline_s is None
 
 
+def test_helpers_reach_the_planner_with_the_job(prod, fleet, r, settings):
+    """A job's helpers are written with it and the planner's batch carries them (it then
+    prices their start and checks their memory, tests/planner/test_helpers.py)."""
+    h = prod.submit({"endpoint": "renderer", "service_s": 30, "workload": "render_cards", "helpers": ["embed"]})
+    plain = prod.submit({"endpoint": "renderer", "service_s": 30})
+    batch = {j.id: j for j in PlannerWorker(r, settings, fleet, dispatch=lambda *a: None).form_batch()}
+    assert batch[h.id].helpers == ("embed",) and batch[plain.id].helpers == ()
+
+
+@pytest.mark.parametrize("helpers,says", [
+    (["renderer"], "needs 82000, 62000 MiB"),  # 82,000 MiB on an 81,920 MiB GPU: nowhere
+    (["nope"], "unknown endpoint"),
+    (["coder"], "must not repeat a name nor name the main endpoint"),
+    (["embed", "embed"], "must not repeat a name"),
+])
+def test_a_job_whose_helpers_fit_nowhere_is_refused_and_nothing_written(prod, r, prefix, helpers, says):
+    with pytest.raises(ValidationError) as err:
+        prod.submit({"endpoint": "coder", "service_s": 1, "workload": "w", "helpers": helpers})
+    assert err.value.field == "job.helpers" and says in str(err.value)
+    assert _own_keys(r, prefix) == []
+    assert prod.submit({"endpoint": "coder", "service_s": 1, "workload": "w", "helpers": ["embed"]}).created
+
+
 def test_cancel_queued_and_unknown(prod, r, keys):
     h = prod.submit({"endpoint": "chat", "service_s": 9})
     assert prod.cancel(h.id) == "cancelled"

@@ -99,7 +99,7 @@ def test_retry_delay_longer_than_visibility_timeout_runs_once_more(r, keys, sett
         system.stop()
     evs = all_events(r, keys)
     rec = prod.status(jid)
-    assert rec["state"] == "completed" and rec["attempts"] == 1, rec
+    assert rec["state"] == "completed" and rec["reclaimed_attempts"] == 1 and rec["attempts"] == 2, rec
     assert len(_kinds(evs, jid, "phase_start", "execute")) == 2
     assert len(_kinds(evs, jid, "phase_end", "execute")) == 1
     assert len(_kinds(evs, jid, "completed")) == 1 and len(_kinds(evs, jid, "promoted")) == 1

@@ -67,7 +67,8 @@ def test_submit_returns_the_functions_result_with_its_context(live):
     assert out["sum"] == 5 and out["attempt"] == 1 and out["priority"] == "HIGH"
     assert len(out["gpus"]) == 1 and out["cuda"] == out["gpus"][0]
     assert out["url"] is None  # a simulated endpoint has no server
-    assert job.status()["state"] == "completed"
+    st = job.status()
+    assert st["state"] == "completed" and st["attempts"] == st["result_attempt"] == 1  # not attempts 0 beside 1
     assert client.job(job.id).result(timeout_s=1) == out  # by id, from another handle
 
 
@@ -173,8 +174,16 @@ def test_requests_and_a_helper_endpoint_started_and_cleared(live):
     _, client = live
     answers = client.submit("prompts", ["a", "b", "c"]).result(timeout_s=90)
     assert len(answers) == 3 and all(a.startswith("completion ") and a.endswith(" from gen") for a in answers)
-    out = client.submit("gen_and_embed", ["x", "y"]).result(timeout_s=90)
+    job = client.submit("gen_and_embed", ["x", "y"])
+    assert client.r.hget(client.keys.job(job.id), "helpers") == '["embed"]'  # placed with the job by the plan
+    out = job.result(timeout_s=90)
     assert out["urls"] == ["embed", "gen"] and out["dims"] == [8, 8] and len(out["texts"]) == 2
+    # the plan priced the helper's cold start (10 s) after gen's own transition (0 warm, 10 cold):
+    # planned_s (plan end - lease time) is above service + gen's transition, by 10 s less the
+    # workload seconds between the plan and the lease (at time scale 0.01: 1 s per 10 ms)
+    leased = next(e for e in all_events(client.r, client.keys) if e["kind"] == "leased" and e.get("job") == job.id)
+    service_s = float(client.r.hget(client.keys.job(job.id), "service_s"))
+    assert leased["planned_s"] > service_s + (10 if leased["load"] == "cold_start" else 0), leased
     from makespan.workers.drivers.registry import list_instances
 
     assert [i.endpoint for i in list_instances(client.r, client.keys) if i.endpoint == "embed"] == []

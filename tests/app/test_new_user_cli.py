@@ -1,0 +1,107 @@
+"""What a new user tripped on (issue 16): ``makespan ready`` on a misspelt name, Redis
+down at submit and connect, ``makespan jobs`` without a header or finished jobs, and
+``status`` showing ``attempts: 0`` beside ``result_attempt: 1``. Real Redis, the real CLI."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+import makespan
+from makespan.cli import app as cli_app
+from makespan.models import load_fleet
+from makespan.producer import Producer
+from makespan.registry import REGISTRY, publish
+from tests.conftest import FLEET_TOML
+
+
+def _env(redis_url: str, prefix: str) -> dict[str, str]:
+    return {"MAKESPAN_REDIS_URL": redis_url, "MAKESPAN_KEY_PREFIX": prefix}
+
+
+def test_ready_on_a_misspelt_name_lists_the_live_names_and_fails(r, keys, redis_url, prefix):
+    from tests.workloads import fns  # noqa: F401 - registers 'add', 'boom', ...
+
+    publish(r, keys, [REGISTRY["add"], REGISTRY["boom"]], ttl_s=30, holder="test")
+    r.set(keys.fleet, "{}")
+    res = CliRunner().invoke(cli_app, ["ready", "ad", "--timeout-s", "0.3"], env=_env(redis_url, prefix))
+    assert res.exit_code == 1, res.output
+    assert "waiting for workload 'ad'" in res.output
+    assert "live workload functions: add, boom" in res.output and "did you mean 'add' instead of 'ad'?" in res.output
+    assert CliRunner().invoke(cli_app, ["ready", "add", "--timeout-s", "1"], env=_env(redis_url, prefix)).exit_code == 0
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_redis_down_names_the_url_and_the_variable(prefix):
+    url = f"redis://:s3cret@127.0.0.1:{_closed_port()}/0"
+    shown = url.replace(":s3cret@", ":***@")
+    with pytest.raises(makespan.RedisUnreachable) as err:
+        makespan.connect(url, key_prefix=prefix)
+    assert shown in str(err.value) and "MAKESPAN_REDIS_URL" in str(err.value) and "s3cret" not in str(err.value)
+    assert isinstance(err.value, makespan.StoreError)  # callers that catch StoreError still do
+    env = {**os.environ, **_env(url, prefix)}
+    cli = subprocess.run([sys.executable, "-m", "makespan.cli", "submit", "add", "--args", "[1, 2]"], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert cli.returncode != 0 and "Traceback" not in cli.stderr, cli.stderr
+    assert shown in cli.stderr and "MAKESPAN_REDIS_URL" in cli.stderr and "s3cret" not in cli.stderr
+    script = subprocess.run([sys.executable, "-c", "import makespan; makespan.connect().submit('add', 1, 2)"],
+                            env=env, capture_output=True, text=True, timeout=60)
+    last = script.stderr.strip().splitlines()[-1]
+    assert last.startswith("makespan.errors.RedisUnreachable: cannot reach Redis at " + shown), script.stderr
+    assert "redis/connection.py" not in script.stderr  # no redis-py traceback chained under it
+
+
+def test_a_client_whose_redis_goes_away_says_so_at_submit(prefix):
+    """A Client built without connect()'s check (Redis gone since): submit raises
+    RedisUnreachable naming the URL, not a bare StoreError."""
+    from makespan.client import Client
+    from makespan.redis_conn import connect as redis_connect
+    from makespan.settings import Settings
+
+    url = f"redis://127.0.0.1:{_closed_port()}/0"
+    client = Client(redis_connect(url), Settings(redis_url=url, key_prefix=prefix))
+    with pytest.raises(makespan.RedisUnreachable, match="MAKESPAN_REDIS_URL") as err:
+        client.submit("add", 1, 2)
+    assert url in str(err.value)
+
+
+def test_jobs_prints_a_header_and_lists_finished_jobs(r, keys, settings, redis_url, prefix):
+    prod = Producer(r, keys, load_fleet(FLEET_TOML), settings)
+    queued = prod.submit({"endpoint": "chat", "service_s": 5})
+    gone = prod.submit({"endpoint": "chat", "service_s": 5})
+    assert prod.cancel(gone.id) == "cancelled"
+    env = _env(redis_url, prefix)
+    res = CliRunner().invoke(cli_app, ["jobs"], env=env)
+    lines = res.output.splitlines()
+    assert res.exit_code == 0 and lines[0].split() == ["ID", "PRIORITY", "ENDPOINT", "STATE", "REASON", "ETA"]
+    assert [line.split()[0] for line in lines[1:]] == [queued.id]
+    res = CliRunner().invoke(cli_app, ["jobs", "--state", "cancelled", "--state", "completed"], env=env)
+    assert res.exit_code == 0 and [line.split()[:4] for line in res.output.splitlines()[1:]] == \
+        [[gone.id, "NORMAL", "chat", "cancelled"]]
+    res = CliRunner().invoke(cli_app, ["jobs", "--state", "completed"], env=env)
+    assert res.exit_code == 0 and "no job completed" in res.output
+
+
+def test_status_counts_the_attempts_made(r, keys, settings):
+    prod = Producer(r, keys, load_fleet(FLEET_TOML), settings)
+    job = prod.submit({"endpoint": "chat", "service_s": 5})
+    st = prod.status(job.id)
+    assert (st["attempts"], st["reclaimed_attempts"]) == (0, 0)
+    # what the GPU worker's fenced commit leaves for a function job that completed on its first try
+    r.hset(keys.job(job.id), mapping={"state": "completed", "result_attempt": 1})
+    st = prod.status(job.id)
+    assert (st["attempts"], st["result_attempt"], st["reclaimed_attempts"]) == (1, 1, 0)
+    # one lease reclaimed, the second attempt running
+    r.hset(keys.job(job.id), mapping={"state": "running", "attempts": 1})
+    r.hdel(keys.job(job.id), "result_attempt")
+    assert (prod.status(job.id)["attempts"], prod.status(job.id)["reclaimed_attempts"]) == (2, 1)
