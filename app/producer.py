@@ -30,7 +30,7 @@ _FLOAT_FIELDS = ("service_s", "deadline_s", "submitted_at", "leased_at", "starte
 _INT_FIELDS = ("seq", "attempts", "tp", "preemptions", "token", "tries", "result_attempt", "service_estimated")
 
 
-SPEC_IN_RECORD = frozenset({"endpoint", "priority", "service_s", "deadline_s", "workload_id", "depends_on"})
+SPEC_IN_RECORD = frozenset({"endpoint", "priority", "service_s", "deadline_s", "workload_id", "depends_on", "helpers"})
 """Spec fields the job record holds as fields of its own (``deps`` for ``depends_on``):
 :func:`record_spec` leaves them out of the ``spec`` JSON."""
 
