@@ -707,7 +707,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=16, help="jobs per run")
     ap.add_argument("--faults", type=int, default=3, help="faults per run")
     ap.add_argument("--duration-s", type=float, default=4.0, help="window in which jobs arrive and faults strike")
-    ap.add_argument("--keep-logs", type=Path, default=None, help="keep process logs under this folder")
+    ap.add_argument("--keep-logs", type=Path, default=None,
+                    help="keep the process logs of the runs with a violation or a crashed process under this folder")
     a = ap.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop what we started on the way out
     workdir = Path(a.keep_logs or tempfile.mkdtemp(prefix="makespan-chaos-"))
@@ -715,10 +716,17 @@ def main(argv: list[str] | None = None) -> int:
     fleet_path = write_fleet(workdir)
     srv = RedisServer()
     totals, faults, jobs, states, crashes, done = Counter(), Counter(), 0, Counter(), 0, 0
+    errors, oom, part_s = 0, 0, Counter()
     t0 = time.time()
     try:
         for i in range(a.runs):
-            res = ChaosRun(srv, fleet_path, a.seed + i, workdir, a.jobs, a.faults, a.duration_s).run()
+            try:
+                res = ChaosRun(srv, fleet_path, a.seed + i, workdir, a.jobs, a.faults, a.duration_s).run()
+            except Exception as e:  # noqa: BLE001 - a run that could not be made is reported; the series goes on
+                errors += 1
+                print(f"run {i + 1:3d} seed {a.seed + i} ERROR (not a violation; the run could not be made): "
+                      f"{type(e).__name__}: {e}", flush=True)
+                continue
             jobs += res.accepted
             states.update(res.states)
             for _, f in res.faults:
@@ -726,19 +734,26 @@ def main(argv: list[str] | None = None) -> int:
             bad = {k: len(x) for k, x in res.violations.items() if x}
             totals.update(bad)
             crashes += len(res.crashed)
+            oom += res.oom_rejected
+            part_s.update(res.phases)
             done += 1
             print(f"run {i + 1:3d} seed {res.seed} pool {res.pool:8s} jobs {res.accepted} {dict(res.states)} "
                   f"faults {[f for _, f in res.faults]} {res.wall_s:.1f} s {res.phases} "
                   f"{'oom ' + str(res.oom_rejected) + ' ' if 'memory_pressure' in str(res.faults) else ''}"
                   f"{'OK' if not bad else 'VIOLATIONS ' + json.dumps(res.violations)}"
                   f"{' crashed ' + str(res.crashed) if res.crashed else ''}", flush=True)
+            if not bad and not res.crashed:  # keep the logs of the runs that need reading only
+                shutil.rmtree(workdir / f"run-{res.seed}", ignore_errors=True)
     finally:
         srv.stop()
         if a.keep_logs is None:
             shutil.rmtree(workdir, ignore_errors=True)
         # the totals of the runs done, also when stopped early (SIGTERM, Ctrl-C)
-        print(f"\nruns {done}/{a.runs}  jobs {jobs} {dict(states)}  wall {time.time() - t0:.0f} s")
+        print(f"\nruns {done}/{a.runs}  jobs {jobs} {dict(states)}  wall {time.time() - t0:.0f} s"
+              f"  runs that could not be made {errors}")
         print("faults injected: " + ", ".join(f"{k} {faults[k]}" for k in FAULTS) + f" (total {sum(faults.values())})")
+        print(f"commands Redis refused with OOM under memory_pressure: {oom}")
+        print("mean seconds per run by part: " + ", ".join(f"{k} {v / max(done, 1):.1f}" for k, v in part_s.items()))
         print(f"processes that exited on their own (restarted by the runner's supervisor): {crashes}")
         print("violations: " + ", ".join(f"{k} {totals[k]}" for k in INVARIANTS) + f" (total {sum(totals.values())})",
               flush=True)
