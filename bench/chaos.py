@@ -165,7 +165,10 @@ evict_s = 8
 model = "stubborn"
 memory_mib_per_gpu = 6000
 cold_start_s = 20
-evict_s = 3
+# its child ignores SIGTERM, so every stop waits the process driver's 5 s grace before
+# SIGKILL: 600 s (6 s wall at time scale 0.01) is what an operator who knows it would set;
+# with 3 s, its evictions after the faults' window were reported as incidents
+evict_s = 600
 [endpoints.stubborn.launch]
 driver = "process"
 command = ["{python}", "-m", "makespan.workers.endpoint_server", "--port", "{port}", "--model", "stubborn",
