@@ -85,3 +85,21 @@ def test_submit_waiting_for_a_replica_that_is_not_there_raises(r, keys, settings
         prod.submit({"endpoint": "embed", "service_s": 1})
     assert "only 0 of 1 replica(s) acknowledged it" in str(err.value)
     assert Producer(r, keys, fleet, settings).submit({"endpoint": "embed", "service_s": 1}).created  # no wait: accepted
+
+
+def test_a_repeated_submit_is_not_acknowledged_before_a_replica_holds_the_job(r, keys, settings):
+    """The chaos runner's Sentinel failover lost 7 acknowledged jobs (seed 2016): a submit
+    whose WAIT timed out (written on the primary, StoreError) was retried with the same
+    idempotency key, and the repeat returned the existing job at once, without waiting:
+    acknowledged, on no replica. A repeat waits as the first submit does (the shared test
+    Redis has no replica: it is refused every time)."""
+    fleet = load_fleet(FLEET_TOML)
+    prod = Producer(r, keys, fleet, replace(settings, submit_wait_replicas=1, submit_wait_timeout_s=0.1))
+    job = {"endpoint": "embed", "service_s": 1, "idempotency_key": "only-once"}
+    with pytest.raises(StoreError, match="only 0 of 1 replica"):
+        prod.submit(job)
+    with pytest.raises(StoreError, match="only 0 of 1 replica"):
+        prod.submit(job)  # before: returned the existing job, acknowledged
+    assert r.ttl(keys.idem("only-once")) == -1  # written again unchanged (KEEPTTL), still no TTL
+    again = Producer(r, keys, fleet, settings).submit(job)  # without the wait: the existing job
+    assert not again.created
