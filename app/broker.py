@@ -10,7 +10,13 @@ error). The transports here turn exactly those replies (and ``MASTERDOWN``, ``LO
 ``redis.ConnectionError`` after dropping the socket (in the connection class, so every
 command of the broker's clients is covered), so the consumer reconnects with
 its usual backoff (to the same address, or, through Sentinel, to the new primary) and
-resumes consuming. Any other ``ResponseError`` stays what it was.
+resumes consuming. ``OOM`` (``maxmemory`` reached under ``noeviction``: every command
+queued in a ``MULTI``, as kombu's ack is, and every write that may grow memory is
+refused) is a transient refusal of the same kind: kombu 5.7 raised it from an ack inside
+the event loop and the GPU worker stopped (``Unrecoverable error: OutOfMemoryError``;
+found by the chaos runner's ``memory_pressure``); as a connection error the ack is
+skipped (the message comes back after the visibility timeout, a no-op replay) and the
+consumer reconnects until memory is freed. Any other ``ResponseError`` stays what it was.
 
 :func:`broker_url` maps makespan's Redis URL to kombu's: ``redis://`` and ``unix://``
 use :class:`Transport`; ``redis+sentinel://h1:p1,h2:p2/service/db`` becomes
@@ -35,6 +41,12 @@ log = logging.getLogger("makespan.broker")
 ROLE_CHANGE_REPLIES = ("UNBLOCKED", "READONLY", "MASTERDOWN")  # error prefixes redis-py keeps in the message
 
 
+def out_of_memory(error: BaseException) -> bool:
+    """True for Redis's ``OOM`` reply (``maxmemory`` reached under ``noeviction``): the
+    write was refused, not applied, and may succeed once memory is freed."""
+    return isinstance(error, redis.exceptions.OutOfMemoryError)
+
+
 def role_change(error: BaseException) -> bool:
     """True for a Redis reply that means "this server is not (or no longer) a writable
     primary": the client should reconnect rather than give up. redis-py maps
@@ -46,15 +58,19 @@ def role_change(error: BaseException) -> bool:
 
 
 class _ReconnectOnRoleChange:
-    """Connection mixin: a role-change reply (:func:`role_change`) drops the socket and is
-    raised as ``redis.ConnectionError``, on every command: a consumer's ``BRPOP``, the
-    mutex of kombu's ``restore_visible``, an ack. A refused write was not applied, so
-    kombu's reconnect and redis-py's retry may send it again."""
+    """Connection mixin: a role-change reply (:func:`role_change`) or an ``OOM`` refusal
+    (:func:`out_of_memory`) drops the socket and is raised as ``redis.ConnectionError``,
+    on every command: a consumer's ``BRPOP``, the mutex of kombu's ``restore_visible``, an
+    ack. A refused write was not applied, so kombu's reconnect and redis-py's retry may
+    send it again."""
 
     def read_response(self, *args, **kwargs):
         try:
             return super().read_response(*args, **kwargs)
         except redis.ResponseError as e:
+            if out_of_memory(e):
+                self.disconnect()
+                raise redis.ConnectionError(f"Redis refused a write, out of memory: {e}") from e
             if not role_change(e):
                 raise
             self.disconnect()

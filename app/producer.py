@@ -134,10 +134,11 @@ class Producer:
         ev = json.dumps({"ts": now, "kind": "submitted", "job": job_id, "endpoint": spec.endpoint,
                          "priority": spec.priority.name, "planned_s": spec.service_s})
         # a delayed job is due at the server clock + delay_s
-        created, jid = self._store(pool).submit(job_id, fields, ev, self.keys.for_pool(pool).queue(spec.priority),
-                                                spec.idempotency_key, spec.delay_s)
-        if created and self.settings.submit_wait_replicas > 0:
-            self._wait_replicas(jid)
+        if self.settings.submit_wait_replicas > 0:
+            created, jid = self._submit_replicated(job_id, fields, ev, spec, pool)
+        else:
+            created, jid = self._store(pool).submit(job_id, fields, ev, self.keys.for_pool(pool).queue(spec.priority),
+                                                    spec.idempotency_key, spec.delay_s)
         if created:
             metrics.job_submitted(spec.priority)
         if not created:
@@ -148,21 +149,26 @@ class Producer:
             return JobHandle(jid, False, prio)
         return JobHandle(jid, True, spec.priority)
 
-    def _wait_replicas(self, job_id: str) -> None:
-        """Redis ``WAIT``: block until ``settings.submit_wait_replicas`` replicas hold every
-        write of this connection (the submit script's included), at most
-        ``settings.submit_wait_timeout_s``. Raises StoreError when fewer acknowledged:
-        the job is on the primary but could be lost in a failover."""
+    def _submit_replicated(self, job_id: str, fields: dict[str, Any], event_json: str,
+                           spec: JobSpec, pool: str | None) -> tuple[bool, str]:
+        """Submit, then Redis ``WAIT`` on the same connection until
+        ``settings.submit_wait_replicas`` replicas hold the job, at most
+        ``settings.submit_wait_timeout_s`` (:meth:`makespan.store.JobStore.submit_replicated`).
+        A repeated idempotency key waits too: its first submit may have been written and
+        not acknowledged (it raised the StoreError below), and returning the existing job
+        without a wait acknowledged a job no replica had (the chaos runner's Sentinel
+        failover lost 7 jobs so). Raises StoreError when fewer acknowledged: the job is on
+        the primary but could be lost in a failover."""
         want = self.settings.submit_wait_replicas
         timeout_ms = max(1, int(self.settings.submit_wait_timeout_s * 1000))
-        try:
-            acked = int(self.r.execute_command("WAIT", want, timeout_ms))
-        except redis.RedisError as e:
-            raise StoreError(f"submit of job {job_id}: waiting for {want} replica(s) failed: {e}") from e
+        created, jid, acked = self._store(pool).submit_replicated(
+            job_id, fields, event_json, self.keys.for_pool(pool).queue(spec.priority), spec.idempotency_key,
+            spec.delay_s, want, timeout_ms)
         if acked < want:
-            raise StoreError(f"submit of job {job_id}: only {acked} of {want} replica(s) acknowledged it within "
+            raise StoreError(f"submit of job {jid}: only {acked} of {want} replica(s) acknowledged it within "
                              f"{self.settings.submit_wait_timeout_s} s (MAKESPAN_SUBMIT_WAIT_REPLICAS); it is written "
                              "on the primary but may be lost if the primary fails now")
+        return created, jid
 
     def status(self, job_id: str) -> dict[str, Any]:
         """The job record (state, times, reason, lease, attempts, ...). ``attempts`` is the

@@ -4,7 +4,8 @@ moments, and the invariants checked after every run.
 Each run starts its own planners (two: one leads, one stands by), one GPU worker per
 host (Celery ``threads`` or ``prefork`` pool, drawn per run) and the health observer,
 all as real processes against a private ``redis-server`` this runner starts with
-append-only persistence (never the shared Redis), under a fresh key prefix. It submits
+append-only persistence and ``appendfsync always`` (never the shared Redis; see
+:mod:`bench.chaos_redis` for why ``always``), under a fresh key prefix. It submits
 a mixed workload (one job in five delayed by 0.2–2 s) and, at seeded random moments, injects faults:
 
 * ``worker_kill``: SIGKILL a GPU worker's process group (a replacement starts at once,
@@ -22,8 +23,9 @@ a mixed workload (one job in five delayed by 0.2–2 s) and, at seeded random mo
   transitions overrun); this fault makes every connection open through it half-open
   (nothing forwarded, both sockets kept open), new ones work;
 * ``proxy_latency``: the proxy delays every reply by 20–200 ms for 0.5–2 s;
-* ``redis_role_change``: ``REPLICAOF`` a primary nobody answers on for 0.5–2 s, then
-  ``REPLICAOF NO ONE`` (blocked reads end ``UNBLOCKED``, writes answer ``READONLY``);
+* ``redis_role_change``: ``REPLICAOF`` a primary nobody answers on (a port the runner
+  holds bound, so no other server can take it) for 0.5–2 s, then ``REPLICAOF NO ONE``
+  (blocked reads end ``UNBLOCKED``, writes answer ``READONLY``);
 * ``eviction_policy``: Redis's ``maxmemory-policy`` set to an evicting one while a new
   GPU worker starts: it must refuse (exit code 3; invariant ``eviction_refused``), then
   ``noeviction`` again;
@@ -34,8 +36,16 @@ a mixed workload (one job in five delayed by 0.2–2 s) and, at seeded random mo
   driver) whose child ignores SIGTERM: it must be stopped with its child (invariant
   ``orphan``).
 
-A Sentinel failover is not in the mix (a primary, a replica and three sentinels per run
-are too heavy for hundreds of runs); ``tests/faults/test_sentinel.py`` runs it.
+* ``memory_pressure``: ``maxmemory`` set near what Redis uses (64 KiB below to 32 KiB
+  above) under ``noeviction`` for 0.5–3 s: writes answer ``OOM``; then freed;
+* ``sentinel_failover``: a run that draws it runs on a Sentinel set of its own
+  (:class:`bench.chaos_redis.SentinelSet`: a primary, a replica, three Sentinels) on a
+  ``redis+sentinel://`` URL, its submits waiting for the replica (``WAIT``); the fault
+  SIGKILLs the primary, the Sentinels promote the replica, and the old primary comes back
+  as its replica. The kinds in :data:`NOT_WITH_SENTINEL` are drawn again in such a run.
+
+The supervisor (restart what exited) runs after every fault and all through the
+liveness probes, as compose's ``restart:`` would.
 
 Invariants checked from Redis and the recorded events (:func:`check_invariants`):
 ``lost`` (an accepted job neither completed nor failed with a reason), ``completed_twice``
@@ -52,8 +62,10 @@ Event times are read from the stream ids (the Redis server's clock), so a skewed
 worker's own clock does not move them.
 
 Run: ``.venv/bin/python -m bench.chaos --runs 100 --seed 1`` (prints one line per run,
-then the totals: runs, faults injected per kind, violations per invariant; also when
-stopped early by SIGTERM or Ctrl-C). ``--faults 6`` draws six faults per run.
+with the seconds each part took, then the totals: runs, faults injected per kind,
+violations per invariant; also when stopped early by SIGTERM or Ctrl-C). ``--faults 6``
+draws six faults per run. A ``lost`` violation names the job's events, when its submit
+returned and the faults near it, which tells a lost write from a deleted record.
 """
 
 from __future__ import annotations
@@ -77,13 +89,14 @@ import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
+from bench.chaos_redis import RedisServer, RefusingPort, SentinelSet, sentinel_binary
 from bench.fault_proxy import ProxyProcess
 from makespan.errors import MakespanError, StoreError
 from makespan.keys import Keys
 from makespan.live import LiveSystem, Proc, delete_prefix
 from makespan.models import load_fleet
 from makespan.producer import Producer
-from makespan.redis_conn import free_port, ping, redis_server_binary
+from makespan.redis_conn import connect
 from makespan.run_report import drain_counts
 from makespan.settings import Settings
 from bench.chaos_invariants import INVARIANTS, TERMINAL, _events, check_invariants, lease_overlaps
@@ -93,7 +106,10 @@ __all__ = ["FAULTS", "INVARIANTS", "ChaosRun", "RedisServer", "check_invariants"
 
 FAULTS = ("worker_kill", "worker_child_kill", "planner_kill", "planner_term", "observer_kill",
           "redis_drop_clients", "redis_restart", "proxy_half_open", "proxy_latency", "redis_role_change",
-          "eviction_policy", "worker_clock_skew", "endpoint_stubborn")
+          "eviction_policy", "worker_clock_skew", "endpoint_stubborn", "memory_pressure", "sentinel_failover")
+# a run that draws sentinel_failover runs on a Sentinel set; these act on the single server or its
+# proxy, so they are drawn again there (from the rest)
+NOT_WITH_SENTINEL = ("redis_restart", "redis_role_change", "proxy_half_open", "proxy_latency")
 SHUTDOWN_GRACE_S = 5.0  # the processes' MAKESPAN_SHUTDOWN_GRACE_S in a run
 PROBE_S = 30.0  # longest a liveness probe may take after the faults (a loaded 2-core machine)
 PROBE_SLACK_S = 2.0  # added to the SIGTERM bound when judging a process wedged (a loaded machine)
@@ -149,53 +165,15 @@ evict_s = 8
 model = "stubborn"
 memory_mib_per_gpu = 6000
 cold_start_s = 20
-evict_s = 3
+# its child ignores SIGTERM, so every stop waits the process driver's 5 s grace before
+# SIGKILL: 600 s (6 s wall at time scale 0.01) is what an operator who knows it would set;
+# with 3 s, its evictions after the faults' window were reported as incidents
+evict_s = 600
 [endpoints.stubborn.launch]
 driver = "process"
 command = ["{python}", "-m", "makespan.workers.endpoint_server", "--port", "{port}", "--model", "stubborn",
            "--spawn-child-ignoring-sigterm", "1"]
 """
-
-
-class RedisServer:
-    """A private redis-server with append-only persistence that can be killed and
-    started again on the same port and directory (so the AOF brings its data back)."""
-
-    def __init__(self, appendfsync: str = "everysec"):
-        self.port = free_port()
-        self.dir = tempfile.mkdtemp(prefix="makespan-chaos-redis-")
-        self.appendfsync = appendfsync
-        self.proc: subprocess.Popen | None = None
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.start()
-
-    def start(self, timeout_s: float = 10.0) -> None:
-        args = [redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--dir", self.dir,
-                "--save", "", "--appendonly", "yes", "--appendfsync", self.appendfsync, "--protected-mode", "yes"]
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise StoreError(f"redis-server exited with code {self.proc.returncode}")
-            if ping(self.url, 0.2):
-                return
-            time.sleep(0.02)
-        raise StoreError(f"redis-server did not answer on port {self.port} within {timeout_s} s")
-
-    def kill(self) -> None:
-        """SIGKILL the server (a crash: no shutdown, no final rewrite)."""
-        if self.proc and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-
-    def restart(self, down_s: float = 0.0) -> None:
-        self.kill()
-        time.sleep(down_s)
-        self.start()
-
-    def stop(self) -> None:
-        self.kill()
-        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def children(pid: int) -> list[int]:
@@ -217,9 +195,23 @@ def client(url: str) -> redis.Redis:
     """A decoded client that rides out a dropped connection or a Redis restart."""
     from makespan.redis_conn import client_options
 
-    return redis.Redis.from_url(url, decode_responses=True, **client_options(),
-                                retry=Retry(ExponentialBackoff(cap=0.5, base=0.02), 40),
-                                retry_on_error=[redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError])
+    retry = {"retry": Retry(ExponentialBackoff(cap=0.5, base=0.02), 40),
+             "retry_on_error": [redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError]}
+    if url.startswith("redis+sentinel://"):  # follows the primary through a failover
+        return connect(url, **retry)
+    return redis.Redis.from_url(url, decode_responses=True, **client_options(), **retry)
+
+
+def draw_kinds(rng: random.Random, faults: int) -> list[str]:
+    """``faults`` fault kinds drawn from :data:`FAULTS` (without ``sentinel_failover``
+    where ``redis-sentinel`` is not installed); once ``sentinel_failover`` is drawn, the
+    kinds in :data:`NOT_WITH_SENTINEL` drawn before or after it are drawn again."""
+    kinds = [k for k in FAULTS if k != "sentinel_failover" or sentinel_binary()]
+    out = [rng.choice(kinds) for _ in range(faults)]
+    if "sentinel_failover" in out:
+        rest = [k for k in kinds if k not in NOT_WITH_SENTINEL]
+        out = [rng.choice(rest) if k in NOT_WITH_SENTINEL else k for k in out]
+    return out
 
 
 @dataclass
@@ -232,6 +224,8 @@ class RunResult:
     violations: dict[str, list[str]]
     wall_s: float
     crashed: list[str] = field(default_factory=list)
+    phases: dict[str, float] = field(default_factory=dict)  # seconds per part: start, faults, probe, settle, stop
+    oom_rejected: int = 0  # commands Redis refused with OOM during memory_pressure
 
 
 class ChaosRun:
@@ -245,26 +239,38 @@ class ChaosRun:
         self.n_jobs, self.n_faults, self.duration_s, self.timeout_s = jobs, faults, duration_s, timeout_s
         self.fault_plan = fault_plan  # these kinds in this order (else drawn from FAULTS)
         self.pool = self.rng.choice(["threads", "prefork"])
-        self.kinds = list(fault_plan) if fault_plan else [self.rng.choice(FAULTS) for _ in range(faults)]
+        self.kinds = list(fault_plan) if fault_plan is not None else draw_kinds(self.rng, faults)
+        # a run that draws sentinel_failover runs on a Sentinel set of its own (a primary, a replica, three
+        # Sentinels) on a redis+sentinel:// URL, and a submit waits for the replica's acknowledgement
+        # (submit_wait_replicas=1), so an acknowledged job survives the failover (docs/durability.md)
+        self.sentinels = SentinelSet() if "sentinel_failover" in self.kinds else None
+        direct_url = self.sentinels.url if self.sentinels else srv.url
         # a run that draws a proxy fault sends every process through the proxy (the runner itself connects
         # directly), at a time scale of at least PROXY_TIME_SCALE: the proxy's own hop adds a few ms to each
         # Redis round trip, enough to make a 0.05 s transition "overrun" long after the fault
         self.proxy = ProxyProcess(srv.port) if any(k in PROXY_FAULTS for k in self.kinds) else None
         if self.proxy is not None:
             time_scale = max(time_scale, PROXY_TIME_SCALE)
-        self.settings = Settings(redis_url=self.proxy.url() if self.proxy else srv.url,
-                                 key_prefix=f"chaos-{seed}-{os.getpid()}", time_scale=time_scale, lease_ttl_s=2.0, heartbeat_s=0.4, batch_wait_s=0.02,
+        self.direct_url = direct_url  # what the runner itself connects to (never through the proxy)
+        self.settings = Settings(redis_url=self.proxy.url() if self.proxy else direct_url,
+                                 key_prefix=f"chaos-{seed}-{os.getpid()}", time_scale=time_scale, lease_ttl_s=2.0,
+                                 heartbeat_s=0.4, batch_wait_s=0.02,
                                  planner_tick_s=0.05, max_attempts=5, redis_socket_timeout_s=2.0,
                                  redis_connect_timeout_s=1.0, shutdown_grace_s=SHUTDOWN_GRACE_S,
                                  # a half-open pub/sub (remote control) connection is dropped after 2 unanswered
                                  # health checks: within ~6 s here, not the ~75 s of the 25 s default
-                                 redis_health_check_interval_s=2.0)
+                                 redis_health_check_interval_s=2.0,
+                                 submit_wait_replicas=1 if self.sentinels else 0, submit_wait_timeout_s=1.0)
         self.keys = Keys(self.settings.key_prefix)
         self.workdir = workdir
         self.system = LiveSystem(fleet_path, self.fleet, self.settings, workdir / f"run-{seed}", planners=2,
                                  pool=self.pool)
-        self.r = client(srv.url)
+        self.r = client(direct_url)
         self.faults: list[tuple[float, str]] = []
+        self.accepted_at: dict[str, float] = {}  # job id -> when its submit returned (unix s, this host)
+        self._memory_timer: threading.Timer | None = None
+        self._oom_before = 0
+        self.oom_rejected = 0  # commands refused with OOM during memory_pressure
         self.restarts = Counter()
         self.extra: dict[str, list[str]] = {"wedged": [], "eviction_refused": [], "orphan": []}
         self._timers: list[threading.Timer] = []
@@ -352,10 +358,20 @@ class ChaosRun:
             return f"{latency_s * 1000:.0f} ms for {for_s:.1f} s"
         if kind == "redis_role_change":
             down_s = self.rng.uniform(0.5, 2.0)
-            self.r.execute_command("REPLICAOF", "127.0.0.1", str(free_port()))  # a primary nobody answers on
-            time.sleep(down_s)
-            self.r.execute_command("REPLICAOF", "NO", "ONE")
+            # a primary nobody answers on, held so that no other redis-server can take the port meanwhile
+            # (a full sync from one would replace this Redis's data)
+            refusing = RefusingPort()
+            try:
+                self.r.execute_command("REPLICAOF", "127.0.0.1", str(refusing.port))
+                time.sleep(down_s)
+                self.r.execute_command("REPLICAOF", "NO", "ONE")
+            finally:
+                refusing.close()
             return f"replica for {down_s:.1f} s"
+        if kind == "memory_pressure":
+            return self._memory_pressure()
+        if kind == "sentinel_failover":
+            return self.sentinels.failover()
         if kind == "eviction_policy":
             return self._evicting_policy_probe()
         if kind == "worker_clock_skew":
@@ -370,9 +386,40 @@ class ChaosRun:
             return f"job {jid}"
         raise MakespanError(f"unknown fault {kind!r}")
 
+    def _memory_pressure(self) -> str:
+        """Set ``maxmemory`` to what Redis uses now, from 64 KiB below to 32 KiB above it
+        (``noeviction`` stays): every write that may grow memory fails with ``OOM`` (at
+        once, or once the headroom is filled), for 0.5–3 s, then ``maxmemory 0`` (memory
+        freed)."""
+        headroom = self.rng.randint(-64, 32) * 1024
+        hold_s = self.rng.uniform(0.5, 3.0)
+        used = int(self.r.info("memory")["used_memory"])
+        self._oom_before = self._oom_count()
+        self.r.config_set("maxmemory", max(1 << 20, used + headroom))  # 0 would mean no limit
+        self._memory_timer = threading.Timer(hold_s, self._memory_freed)
+        self._memory_timer.daemon = True
+        self._memory_timer.start()
+        self._timers.append(self._memory_timer)
+        return f"maxmemory {used + headroom} ({headroom // 1024:+d} KiB) for {hold_s:.1f} s"
+
+    def _memory_freed(self) -> None:
+        try:
+            self.r.config_set("maxmemory", 0)
+            self.oom_rejected += self._oom_count() - self._oom_before
+        except redis.RedisError:  # the run's cleanup sets it again
+            pass
+
+    def _oom_count(self) -> int:
+        """Commands Redis refused with ``OOM`` so far (``INFO errorstats``)."""
+        return int(self.r.info("errorstats").get("errorstat_OOM", {}).get("count", 0))
+
     def _evicting_policy_probe(self) -> str:
         """Set an evicting ``maxmemory-policy``, start a GPU worker (it must refuse: exit
-        code 3 within PROBE_S), then ``noeviction`` again."""
+        code 3 within PROBE_S), then ``noeviction`` again. Memory pressure still on is
+        ended first (an evicting policy over a full ``maxmemory`` would really evict)."""
+        if self._memory_timer is not None:
+            self._memory_timer.cancel()
+            self._memory_freed()
         policy = self.rng.choice(["volatile-ttl", "allkeys-lru", "volatile-lru"])
         host = self.rng.choice(self.fleet.hosts).name
         self.r.config_set("maxmemory-policy", policy)
@@ -408,22 +455,37 @@ class ChaosRun:
         return f"gpu-{host} clock {offset_s:+.0f} s"
 
     # -- after the faults: no process wedged, no orphan ----------------------------------
+    def _faults_over(self) -> None:
+        """Wait for the faults' own timers (latency, memory pressure) and a Sentinel
+        failover's restart to end."""
+        for t in self._timers:
+            t.join(10.0)
+        if self.sentinels is not None:
+            self.sentinels.join()
+
     def _probe_liveness(self, prod: Producer) -> None:
-        """Every process answers within its bound once the faults are over (module doc)."""
+        """Every process answers within its bound once the faults are over (module doc).
+
+        The supervisor keeps running meanwhile, as a real one does: a process that exited
+        (a GPU worker started while an evicting policy was set refuses and exits 3, possibly
+        after the supervisor last looked) is replaced, not reported wedged; wedged is one
+        that runs and does not answer."""
         from makespan.celery_app import create_celery
 
-        app = create_celery(replace(self.settings, redis_url=self.srv.url))
+        app = create_celery(replace(self.settings, redis_url=self.direct_url))
         try:
             want = {f"gpu-{h.name}" for h in self.fleet.hosts}
             seen: set[str] = set()
             last_error: Exception | None = None
             deadline = time.monotonic() + PROBE_S
             while time.monotonic() < deadline and not want <= seen:
+                self._supervise()
                 try:
-                    seen |= {n.split("@")[0] for rep in (app.control.ping(timeout=1.0) or []) for n in rep}
+                    replies = app.control.ping(timeout=1.0, limit=len(want - seen)) or []  # back at the last reply
+                    seen |= {n.split("@")[0] for rep in replies for n in rep}
                 except (redis.RedisError, OSError) as e:  # the probe's own connection died in the faults: a new one
                     app.close()
-                    app = create_celery(replace(self.settings, redis_url=self.srv.url))
+                    app = create_celery(replace(self.settings, redis_url=self.direct_url))
                     time.sleep(0.2)
                     last_error = e
             if not want <= seen:
@@ -434,6 +496,7 @@ class ChaosRun:
         cycle0 = self.r.hget(self.keys.observer, "cycle")
         deadline = time.monotonic() + PROBE_S
         while time.monotonic() < deadline and self.r.hget(self.keys.observer, "cycle") == cycle0:
+            self._supervise()
             time.sleep(0.1)
         if self.r.hget(self.keys.observer, "cycle") == cycle0:
             self.extra["wedged"].append(f"observer's probe cycle stuck at {cycle0}")
@@ -505,7 +568,9 @@ class ChaosRun:
     def _submit(self, prod: Producer, job: dict) -> str | None:
         for _ in range(50):  # a submit that failed may have been applied: the key makes it safe to repeat
             try:
-                return prod.submit(job).id
+                jid = prod.submit(job).id
+                self.accepted_at.setdefault(jid, time.time())
+                return jid
             except StoreError:
                 time.sleep(0.1)
         return None
@@ -514,9 +579,18 @@ class ChaosRun:
         t_start = time.time()
         crashed: list[str] = []
         self.accepted: list[str] = []
+        phases: dict[str, float] = {}
+        mark = [time.monotonic()]
+
+        def lap(name: str) -> None:
+            now = time.monotonic()
+            phases[name] = round(now - mark[0], 1)
+            mark[0] = now
+
         try:
+            self._start_observer()  # boots while the GPU workers are waited for
             self.system.start(wait_s=60)
-            self._start_observer()
+            lap("start")
             prod = Producer(self.r, self.keys, self.fleet, self.settings)
             plan_t = sorted(self.rng.uniform(0.0, self.duration_s) for _ in range(self.n_jobs))
             fault_t = sorted(self.rng.uniform(0.3, self.duration_s) for _ in self.kinds)
@@ -537,7 +611,10 @@ class ChaosRun:
                     self.faults.append((time.time(), f"{arg}:{hit}"))
                     time.sleep(0.05)
                     self._supervise()
+            self._faults_over()
+            lap("faults")
             self._probe_liveness(prod)  # the faults are over: every process must answer within its bound
+            lap("probe")
             deadline = time.monotonic() + self.timeout_s
             settled = False
             while time.monotonic() < deadline:
@@ -549,21 +626,26 @@ class ChaosRun:
                         settled = self._drain_checked()
                         if settled:
                             break
-                time.sleep(0.2)
+                time.sleep(0.1)
+            lap("settle")
             self.extra["orphan"] += self._orphans()
             window_s = self.settings.lease_ttl_s * 3 + 5.0
             viol = check_invariants(self.r, self.keys, self.fleet, accepted, self.faults, window_s)
+            viol["lost"] = [self._lost_evidence(x) for x in viol["lost"]]
             self._stop_timed()
+            lap("stop")
             for k, xs in self.extra.items():
                 viol[k] = viol.get(k, []) + xs
             if any(viol.values()):  # keep the evidence next to the process logs
                 self.system.log_dir.mkdir(parents=True, exist_ok=True)
                 (self.system.log_dir / "events.json").write_text(json.dumps(_events(self.r, self.keys), indent=0))
             states = Counter(self.r.hget(self.keys.job(j), "state") for j in accepted)
-            crashed = [p.name for p in self.system.procs if not p.alive() and p.popen.returncode not in (0, -9, -15)
+            # a process that refused an evicting policy (exit 3) did what it must
+            ok_codes = (0, -9, -15) + ((EXIT_REFUSED,) if "eviction_policy" in self.kinds else ())
+            crashed = [p.name for p in self.system.procs if not p.alive() and p.popen.returncode not in ok_codes
                        and not p.name.startswith("probe-") and not any(p.name in f for _, f in self.faults)]
-            return RunResult(self.seed, self.pool, len(accepted), states, self.faults, viol,
-                             time.time() - t_start, crashed)
+            result = RunResult(self.seed, self.pool, len(accepted), states, self.faults, viol,
+                               time.time() - t_start, crashed, phases, self.oom_rejected)
         finally:
             for t in self._timers:
                 t.cancel()
@@ -572,10 +654,35 @@ class ChaosRun:
                 self.proxy.close()
             try:
                 self.r.config_set("maxmemory-policy", "noeviction")
+                self.r.config_set("maxmemory", 0)
                 delete_prefix(self.r, self.keys)
             except redis.RedisError:
                 pass
             self.r.close()
+            if self.sentinels is not None:
+                self.sentinels.stop()
+            lap("cleanup")
+        result.wall_s = time.time() - t_start
+        return result
+
+    def _lost_evidence(self, violation: str) -> str:
+        """A ``lost`` violation with what tells its causes apart: whether the job's
+        ``submitted`` event and idempotency record exist (written by the same script as
+        the record: all gone means the write itself was lost, a deleted record leaves
+        them), when its submit returned, and the faults within 5 s of that."""
+        jid = violation.split(":")[0]
+        evs = [e for e in _events(self.r, self.keys) if e.get("job") == jid]
+        at = self.accepted_at.get(jid)
+        near = [f"{f} at {t - at:+.2f} s" for t, f in self.faults if at is not None and abs(t - at) <= 5.0]
+        return (f"{violation}; events {[e['kind'] for e in evs]}; accepted at {at}; faults near it {near}; "
+                f"aof {self._aof_info()}")
+
+    def _aof_info(self) -> str:
+        try:
+            info = self.r.info("persistence")
+            return f"fsync {self.r.config_get('appendfsync').get('appendfsync')}, delayed {info.get('aof_delayed_fsync')}"
+        except redis.RedisError as e:
+            return f"unknown ({e})"
 
     def _set_points_ok(self) -> bool:
         from makespan.workers.phases import instance_value
@@ -603,7 +710,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=16, help="jobs per run")
     ap.add_argument("--faults", type=int, default=3, help="faults per run")
     ap.add_argument("--duration-s", type=float, default=4.0, help="window in which jobs arrive and faults strike")
-    ap.add_argument("--keep-logs", type=Path, default=None, help="keep process logs under this folder")
+    ap.add_argument("--keep-logs", type=Path, default=None,
+                    help="keep the process logs of the runs with a violation or a crashed process under this folder")
     a = ap.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop what we started on the way out
     workdir = Path(a.keep_logs or tempfile.mkdtemp(prefix="makespan-chaos-"))
@@ -611,10 +719,17 @@ def main(argv: list[str] | None = None) -> int:
     fleet_path = write_fleet(workdir)
     srv = RedisServer()
     totals, faults, jobs, states, crashes, done = Counter(), Counter(), 0, Counter(), 0, 0
+    errors, oom, part_s = 0, 0, Counter()
     t0 = time.time()
     try:
         for i in range(a.runs):
-            res = ChaosRun(srv, fleet_path, a.seed + i, workdir, a.jobs, a.faults, a.duration_s).run()
+            try:
+                res = ChaosRun(srv, fleet_path, a.seed + i, workdir, a.jobs, a.faults, a.duration_s).run()
+            except Exception as e:  # noqa: BLE001 - a run that could not be made is reported; the series goes on
+                errors += 1
+                print(f"run {i + 1:3d} seed {a.seed + i} ERROR (not a violation; the run could not be made): "
+                      f"{type(e).__name__}: {e}", flush=True)
+                continue
             jobs += res.accepted
             states.update(res.states)
             for _, f in res.faults:
@@ -622,18 +737,26 @@ def main(argv: list[str] | None = None) -> int:
             bad = {k: len(x) for k, x in res.violations.items() if x}
             totals.update(bad)
             crashes += len(res.crashed)
+            oom += res.oom_rejected
+            part_s.update(res.phases)
             done += 1
             print(f"run {i + 1:3d} seed {res.seed} pool {res.pool:8s} jobs {res.accepted} {dict(res.states)} "
-                  f"faults {[f for _, f in res.faults]} {res.wall_s:.1f} s "
+                  f"faults {[f for _, f in res.faults]} {res.wall_s:.1f} s {res.phases} "
+                  f"{'oom ' + str(res.oom_rejected) + ' ' if 'memory_pressure' in str(res.faults) else ''}"
                   f"{'OK' if not bad else 'VIOLATIONS ' + json.dumps(res.violations)}"
                   f"{' crashed ' + str(res.crashed) if res.crashed else ''}", flush=True)
+            if not bad and not res.crashed:  # keep the logs of the runs that need reading only
+                shutil.rmtree(workdir / f"run-{res.seed}", ignore_errors=True)
     finally:
         srv.stop()
         if a.keep_logs is None:
             shutil.rmtree(workdir, ignore_errors=True)
         # the totals of the runs done, also when stopped early (SIGTERM, Ctrl-C)
-        print(f"\nruns {done}/{a.runs}  jobs {jobs} {dict(states)}  wall {time.time() - t0:.0f} s")
+        print(f"\nruns {done}/{a.runs}  jobs {jobs} {dict(states)}  wall {time.time() - t0:.0f} s"
+              f"  runs that could not be made {errors}")
         print("faults injected: " + ", ".join(f"{k} {faults[k]}" for k in FAULTS) + f" (total {sum(faults.values())})")
+        print(f"commands Redis refused with OOM under memory_pressure: {oom}")
+        print("mean seconds per run by part: " + ", ".join(f"{k} {v / max(done, 1):.1f}" for k, v in part_s.items()))
         print(f"processes that exited on their own (restarted by the runner's supervisor): {crashes}")
         print("violations: " + ", ".join(f"{k} {totals[k]}" for k in INVARIANTS) + f" (total {sum(totals.values())})",
               flush=True)

@@ -44,14 +44,45 @@ class JobStore:
         server clock + ``delay_s`` seconds). Returns ``(created, job id)``: for a repeated
         idempotency key ``(False, the existing job's id)``."""
         fields = {**fields, "state": JobState.QUEUED.value}  # submit.lua makes it delayed with a delay
+        out = self._run("submit", *self._submit_keys_args(job_id, fields, event_json, queue_key, idempotency_key,
+                                                           delay_s, touch=False))
+        return out[0] == 1, str(out[1])
+
+    def submit_replicated(self, job_id: str, fields: dict[str, Any], event_json: str, queue_key: str,
+                          idempotency_key: str | None, delay_s: float | None, replicas: int,
+                          timeout_ms: int) -> tuple[bool, str, int]:
+        """:meth:`submit`, then Redis ``WAIT replicas timeout_ms`` on the same connection (a
+        pipeline: ``WAIT`` counts the replicas that hold that connection's writes, so on
+        another pooled connection it proved nothing). A repeated idempotency key is written
+        again (same value) so the ``WAIT`` covers the existing job too, whose first submit
+        may have returned before any replica had it. Returns ``(created, job id, replicas
+        that acknowledged)``.
+
+        Raises:
+            StoreError: Redis failed (the script is atomic: nothing or all of it written)."""
+        fields = {**fields, "state": JobState.QUEUED.value}
+        keys, args = self._submit_keys_args(job_id, fields, event_json, queue_key, idempotency_key, delay_s,
+                                            touch=True)
+        pipe = self.r.pipeline(transaction=False)
+        script(self.r, "submit", self.events_max_len).queue_eval(pipe, keys, args)
+        pipe.execute_command("WAIT", replicas, timeout_ms)
+        try:
+            out, acked = pipe.execute()
+        except redis.RedisError as e:
+            raise store_error(e, "script submit (waiting for replicas)") from e
+        return out[0] == 1, str(out[1]), int(acked)
+
+    def _submit_keys_args(self, job_id: str, fields: dict[str, Any], event_json: str, queue_key: str,
+                          idempotency_key: str | None, delay_s: float | None,
+                          touch: bool) -> tuple[list[str], list[str]]:
         delay = repr(float(delay_s)) if delay_s is not None else ""
         idem = self.keys.idem(idempotency_key) if idempotency_key else self.keys.seq  # unused without a key
         critical = "1" if queue_key == self.keys.queue("CRITICAL") else "0"
-        out = self._run("submit", [idem, self.keys.seq, self.keys.job(job_id), queue_key, self.keys.events,
-                                   self.keys.planner_wake, self.keys.delayed, self.keys.planner_critical],
-                        ["1" if idempotency_key else "0", job_id, json.dumps(fields), event_json, delay,
-                         self.keys.script_prefix, critical])
-        return out[0] == 1, str(out[1])
+        keys = [idem, self.keys.seq, self.keys.job(job_id), queue_key, self.keys.events, self.keys.planner_wake,
+                self.keys.delayed, self.keys.planner_critical]
+        args = ["1" if idempotency_key else "0", job_id, json.dumps(fields), event_json, delay,
+                self.keys.script_prefix, critical, "1" if touch else "0"]
+        return keys, args
 
     def cancel(self, job_id: str, queue_key: str, event_json: str, now_s: float) -> str:
         """Cancel a job: ``"cancelled"`` (it was queued or delayed), ``"cancel_requested"``

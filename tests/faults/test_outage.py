@@ -19,33 +19,13 @@ import time
 import pytest
 from kombu import Connection
 
-from bench.chaos import RedisServer
 from makespan.broker import SentinelTransport, Transport
 from makespan.keys import Keys
-from makespan.live import LiveSystem
-from makespan.models import load_fleet
 from makespan.producer import Producer
 from makespan.redis_conn import connect
-from makespan.settings import Settings
+from tests.faults.private_redis import TERMINAL, fault_settings, live_system, process_logs
 from tests.live import all_events, wait_for
 
-FLEET = """
-name = "outage"
-[[hosts]]
-name = "h1"
-gpu_count = 1
-memory_mib = 40000
-[[hosts]]
-name = "h2"
-gpu_count = 1
-memory_mib = 40000
-[endpoints.sim]
-model = "sim/model"
-memory_mib_per_gpu = 20000
-cold_start_s = 10
-evict_s = 1
-"""
-TERMINAL = ("completed", "failed", "cancelled")
 OUTAGE_S = 8.0
 
 
@@ -77,17 +57,10 @@ def test_a_transport_closed_mid_publish_does_not_raise(transport_cls):
     assert transport.supports_batch_publish is False
 
 
-def test_processes_ride_out_a_redis_outage_or_exit_non_zero(tmp_path):
-    srv = RedisServer()
-    path = tmp_path / "fleet.toml"
-    path.write_text(FLEET)
-    fleet = load_fleet(path)
-    s = Settings(redis_url=srv.url, key_prefix="outage", time_scale=0.01, lease_ttl_s=3.0, heartbeat_s=0.5,
-                 batch_wait_s=0.02, planner_tick_s=0.05, redis_socket_timeout_s=2.0, redis_connect_timeout_s=1.0,
-                 worker_liveness_ttl_s=4.0)
-    system = LiveSystem(path, fleet, s, tmp_path / "logs", planners=1, observer=True)
-    system.start()
-    try:
+def test_processes_ride_out_a_redis_outage_or_exit_non_zero(aof_redis, tmp_path):
+    srv = aof_redis
+    s = fault_settings(srv.url, "outage", worker_liveness_ttl_s=4.0)
+    with live_system(tmp_path, s) as (system, fleet):
         r, keys = connect(s.redis_url), Keys(s.key_prefix)
         prod = Producer(r, keys, fleet, s)
         before = [prod.submit({"endpoint": "sim", "service_s": 200}).id for _ in range(4)]
@@ -109,8 +82,8 @@ def test_processes_ride_out_a_redis_outage_or_exit_non_zero(tmp_path):
             wait_for(lambda: all(r.hget(keys.job(j), "state") in TERMINAL for j in before + after), 120,
                      "every job to end", 0.3)
         except TimeoutError:
-            logs = {p.name: p.log_path.read_text(errors="replace")[-3000:] for p in system.procs}
-            pytest.fail(f"jobs did not end: {[(j, r.hgetall(keys.job(j))) for j in before + after]}; logs: {logs}")
+            pytest.fail(f"jobs did not end: {[(j, r.hgetall(keys.job(j))) for j in before + after]}; "
+                        f"logs: {process_logs(system)}")
         assert [r.hget(keys.job(j), "state") for j in before + after] == ["completed"] * 8, \
             [(j, r.hget(keys.job(j), "reason")) for j in before + after]
         dead = [p.name for p in system.procs if not p.alive()]
@@ -118,9 +91,6 @@ def test_processes_ride_out_a_redis_outage_or_exit_non_zero(tmp_path):
         assert dead == [] or all(c != 0 for _n, c in crashed), crashed
         leases = [e for e in all_events(r, keys) if e.get("kind") == "leased"]
         assert len({e["job"] for e in leases}) == 8
-    finally:
-        system.stop()
-        srv.stop()
 
 
 @pytest.mark.parametrize("transport_cls", [Transport])

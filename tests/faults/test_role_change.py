@@ -16,56 +16,18 @@ import time
 
 import pytest
 
+from bench.chaos_redis import RefusingPort
 from makespan.keys import Keys
-from makespan.live import LiveSystem
-from makespan.models import load_fleet
 from makespan.producer import Producer
-from makespan.redis_conn import connect, free_port, start_embedded
-from makespan.settings import Settings
+from makespan.redis_conn import connect
+from tests.faults.private_redis import TERMINAL, fault_settings, live_system, process_logs
 from tests.live import wait_for
-
-FLEET = """
-name = "role-change"
-[[hosts]]
-name = "h1"
-gpu_count = 1
-memory_mib = 40000
-[[hosts]]
-name = "h2"
-gpu_count = 1
-memory_mib = 40000
-[endpoints.sim]
-model = "sim/model"
-memory_mib_per_gpu = 20000
-cold_start_s = 10
-evict_s = 1
-"""
-TERMINAL = ("completed", "failed", "cancelled")
-
-
-@pytest.fixture
-def private_redis():
-    emb = start_embedded()
-    try:
-        yield emb
-    finally:
-        emb.stop()
 
 
 @pytest.fixture
 def live(private_redis, tmp_path):
-    path = tmp_path / "fleet.toml"
-    path.write_text(FLEET)
-    fleet = load_fleet(path)
-    s = Settings(redis_url=private_redis.url, key_prefix="rolechange", time_scale=0.01, lease_ttl_s=3.0,
-                 heartbeat_s=0.5, batch_wait_s=0.02, planner_tick_s=0.05, redis_socket_timeout_s=2.0,
-                 redis_connect_timeout_s=1.0)
-    system = LiveSystem(path, fleet, s, tmp_path / "logs", planners=1, observer=True)
-    system.start()
-    try:
-        yield system, fleet, s
-    finally:
-        system.stop()
+    with live_system(tmp_path, fault_settings(private_redis.url, "rolechange")) as (system, fleet):
+        yield system, fleet, system.settings
 
 
 def _states(r, keys, ids):
@@ -79,9 +41,13 @@ def test_workers_and_observer_survive_a_role_change(live, private_redis):
     before = [prod.submit({"endpoint": "sim", "service_s": 100}).id for _ in range(2)]
     wait_for(lambda: all(x in ("running", "leased") + TERMINAL for x in _states(r, keys, before)), 30,
              "the first jobs to be leased")
-    r.execute_command("REPLICAOF", "127.0.0.1", str(free_port()))  # a primary nobody answers on
-    time.sleep(3.0)
-    r.execute_command("REPLICAOF", "NO", "ONE")
+    refusing = RefusingPort()  # a primary nobody answers on (no other server can take the port meanwhile)
+    try:
+        r.execute_command("REPLICAOF", "127.0.0.1", str(refusing.port))
+        time.sleep(3.0)
+        r.execute_command("REPLICAOF", "NO", "ONE")
+    finally:
+        refusing.close()
     time.sleep(2.0)
     dead = [(p.name, p.popen.returncode) for p in system.procs if not p.alive()]
     assert dead == [], f"processes ended on the role change: {dead}"
@@ -89,8 +55,8 @@ def test_workers_and_observer_survive_a_role_change(live, private_redis):
     try:
         wait_for(lambda: all(x in TERMINAL for x in _states(r, keys, before + after)), 90, "every job to end", 0.2)
     except TimeoutError:
-        logs = {p.name: p.log_path.read_text(errors="replace")[-3000:] for p in system.procs}
-        pytest.fail(f"jobs did not end: {[(j, r.hgetall(keys.job(j))) for j in before + after]}; logs: {logs}")
+        pytest.fail(f"jobs did not end: {[(j, r.hgetall(keys.job(j))) for j in before + after]}; "
+                    f"logs: {process_logs(system)}")
     assert _states(r, keys, before + after) == ["completed"] * 6, \
         [(j, r.hget(keys.job(j), "reason")) for j in before + after]
     assert [p.name for p in system.procs if not p.alive()] == []

@@ -1,7 +1,8 @@
 """Issue 18, must-contain 2: Redis Sentinel for real.
 
-One primary, one replica and three Debian ``redis-sentinel`` processes on localhost
-(ports of their own; never the shared Redis). A planner, a GPU worker and the observer
+One primary, one replica and three Sentinels (``redis-sentinel``, or ``redis-server
+--sentinel`` where Debian's package is not installed) on localhost, ports of their own,
+never the shared Redis (the ``sentinel_set`` fixture, :class:`bench.chaos_redis.SentinelSet`). A planner, a GPU worker and the observer
 reach Redis only through ``redis+sentinel://`` (makespan's clients through redis-py's
 Sentinel, the Celery broker through kombu's ``sentinel://`` transport with
 ``master_name``). Jobs run; the primary is SIGKILLed; the Sentinels promote the
@@ -12,9 +13,7 @@ acknowledged — completes on the new primary.
 
 from __future__ import annotations
 
-import shutil
 import signal
-import subprocess
 import time
 from dataclasses import replace
 
@@ -23,43 +22,12 @@ import redis
 
 from makespan.errors import StoreError
 from makespan.keys import Keys
-from makespan.live import LiveSystem
 from makespan.models import load_fleet
 from makespan.producer import Producer
-from makespan.redis_conn import connect, free_port
-from makespan.settings import Settings
+from makespan.redis_conn import connect
 from tests.conftest import FLEET_TOML
+from tests.faults.private_redis import ONE_HOST, TERMINAL, fault_settings, live_system, process_logs
 from tests.live import wait_for
-
-SERVICE = "makespan-test"
-FLEET = """
-name = "sentinel"
-[[hosts]]
-name = "h1"
-gpu_count = 2
-memory_mib = 40000
-[endpoints.sim]
-model = "sim/model"
-memory_mib_per_gpu = 20000
-cold_start_s = 10
-evict_s = 1
-"""
-TERMINAL = ("completed", "failed", "cancelled")
-
-pytestmark = pytest.mark.skipif(not shutil.which("redis-sentinel") or not shutil.which("redis-server"),
-                                reason="needs Debian's redis-server and redis-sentinel (apt-get install redis-sentinel)")
-
-
-def _wait(cond, timeout_s, what):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if cond():
-                return
-        except redis.RedisError:
-            pass
-        time.sleep(0.1)
-    raise TimeoutError(what)
 
 
 def _role(client) -> str | None:
@@ -69,84 +37,24 @@ def _role(client) -> str | None:
         return None
 
 
-@pytest.fixture
-def sentinel_set(tmp_path):
-    procs: list[subprocess.Popen] = []
-    primary, replica = free_port(), free_port()
-    sentinels = [free_port() for _ in range(3)]
-
-    def spawn(args, name):
-        log = open(tmp_path / f"{name}.log", "ab")
-        p = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        procs.append(p)
-        return p
-
-    servers = {}
-    for name, port, extra in (("primary", primary, []), ("replica", replica, ["--replicaof", "127.0.0.1", str(primary)])):
-        d = tmp_path / name
-        d.mkdir()
-        servers[name] = spawn(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(d), "--save", "",
-                               "--appendonly", "no", *extra], name)
-    for i, port in enumerate(sentinels):
-        conf = tmp_path / f"sentinel-{i}.conf"
-        conf.write_text(f"port {port}\nbind 127.0.0.1\ndir {tmp_path}\n"
-                        f"sentinel monitor {SERVICE} 127.0.0.1 {primary} 2\n"
-                        f"sentinel down-after-milliseconds {SERVICE} 1000\n"
-                        f"sentinel failover-timeout {SERVICE} 10000\n"
-                        f"sentinel parallel-syncs {SERVICE} 1\n")
-        spawn(["redis-sentinel", str(conf)], f"sentinel-{i}")
-    try:
-        rep = redis.Redis(port=replica, decode_responses=True)
-        _wait(lambda: rep.info("replication").get("master_link_status") == "up", 30, "the replica to sync")
-        for port in sentinels:
-            s = redis.Redis(port=port, decode_responses=True)
-            _wait(lambda s=s: s.sentinel_master(SERVICE)["num-other-sentinels"] == 2
-                  and s.sentinel_master(SERVICE)["num-slaves"] == 1, 30, "the Sentinels to see each other")
-        url = "redis+sentinel://" + ",".join(f"127.0.0.1:{p}" for p in sentinels) + f"/{SERVICE}/0"
-        info = {"url": url, "primary": servers["primary"], "primary_port": primary, "replica_port": replica}
-
-        def restart_primary():
-            info["primary"] = spawn(["redis-server", "--port", str(primary), "--bind", "127.0.0.1", "--dir",
-                                     str(tmp_path / "primary"), "--save", "", "--appendonly", "no"], "primary")
-        info["restart_primary"] = restart_primary
-
-        def failed_over() -> bool:  # every Sentinel names the old replica as the primary
-            try:
-                return all(int(redis.Redis(port=p).sentinel_get_master_addr_by_name(SERVICE)[1]) == replica
-                           for p in sentinels)
-            except (redis.RedisError, TypeError):
-                return False
-        info["failed_over"] = failed_over
-        yield info
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGKILL)
-            p.wait()
-
-
 def test_jobs_survive_a_sentinel_failover(sentinel_set, tmp_path):
-    path = tmp_path / "fleet.toml"
-    path.write_text(FLEET)
-    fleet = load_fleet(path)
-    s = Settings(redis_url=sentinel_set["url"], key_prefix="sentinel", time_scale=0.01, lease_ttl_s=5.0,
-                 heartbeat_s=0.5, batch_wait_s=0.02, planner_tick_s=0.05, redis_socket_timeout_s=2.0,
-                 redis_connect_timeout_s=1.0, submit_wait_replicas=1, submit_wait_timeout_s=2.0)
-    system = LiveSystem(path, fleet, s, tmp_path / "logs", planners=1, observer=True)
-    system.start()
-    try:
+    s = fault_settings(sentinel_set.url, "sentinel", lease_ttl_s=5.0, submit_wait_replicas=1,
+                       submit_wait_timeout_s=2.0)
+    with live_system(tmp_path, s, ONE_HOST) as (system, fleet):
         r, keys = connect(s.redis_url), Keys(s.key_prefix)
         prod = Producer(r, keys, fleet, s)
         accepted = [prod.submit({"endpoint": "sim", "service_s": 20}).id for _ in range(6)]
         wait_for(lambda: r.hget(keys.job(accepted[0]), "state") in TERMINAL, 60, "a first job to end")
-        sentinel_set["primary"].send_signal(signal.SIGKILL)
-        sentinel_set["primary"].wait()  # the primary dies: the Sentinels fail over
-        new_primary = redis.Redis(port=sentinel_set["replica_port"], decode_responses=True)
+        old = sentinel_set.primary()
+        new = "b" if old == "a" else "a"
+        sentinel_set.servers[old].send_signal(signal.SIGKILL)
+        sentinel_set.servers[old].wait()  # the primary dies: the Sentinels fail over
+        new_primary = redis.Redis(port=sentinel_set.ports[new], decode_responses=True)
         refused: list[str] = []
         deadline = time.monotonic() + 90
         while len(accepted) < 14 and time.monotonic() < deadline:
-            if sentinel_set["primary"].poll() is not None and sentinel_set["failed_over"]():
-                sentinel_set["restart_primary"]()  # it comes back; the Sentinels make it the new replica
+            if sentinel_set.servers[old].poll() is not None and sentinel_set.primary() == new:
+                sentinel_set.start_server(old)  # it comes back; the Sentinels make it the new replica
             try:
                 accepted.append(prod.submit({"endpoint": "sim", "service_s": 20}).id)  # acknowledged: must survive
             except StoreError as e:  # no writable primary yet, or no replica acknowledged: not accepted
@@ -163,12 +71,9 @@ def test_jobs_survive_a_sentinel_failover(sentinel_set, tmp_path):
         try:
             wait_for(lambda: all(x in TERMINAL for x in states()), 120, "every accepted job to end", 0.2)
         except TimeoutError:
-            logs = {p.name: p.log_path.read_text(errors="replace")[-2000:] for p in system.procs}
-            pytest.fail(f"accepted jobs did not end: {list(zip(accepted, states()))}; logs {logs}")
+            pytest.fail(f"accepted jobs did not end: {list(zip(accepted, states()))}; logs {process_logs(system)}")
         assert states() == ["completed"] * 14
         assert [(p.name, p.popen.returncode) for p in system.procs if not p.alive()] == []
-    finally:
-        system.stop()
 
 
 def test_submit_waiting_for_a_replica_that_is_not_there_raises(r, keys, settings):
@@ -180,3 +85,21 @@ def test_submit_waiting_for_a_replica_that_is_not_there_raises(r, keys, settings
         prod.submit({"endpoint": "embed", "service_s": 1})
     assert "only 0 of 1 replica(s) acknowledged it" in str(err.value)
     assert Producer(r, keys, fleet, settings).submit({"endpoint": "embed", "service_s": 1}).created  # no wait: accepted
+
+
+def test_a_repeated_submit_is_not_acknowledged_before_a_replica_holds_the_job(r, keys, settings):
+    """The chaos runner's Sentinel failover lost 7 acknowledged jobs (seed 2016): a submit
+    whose WAIT timed out (written on the primary, StoreError) was retried with the same
+    idempotency key, and the repeat returned the existing job at once, without waiting:
+    acknowledged, on no replica. A repeat waits as the first submit does (the shared test
+    Redis has no replica: it is refused every time)."""
+    fleet = load_fleet(FLEET_TOML)
+    prod = Producer(r, keys, fleet, replace(settings, submit_wait_replicas=1, submit_wait_timeout_s=0.1))
+    job = {"endpoint": "embed", "service_s": 1, "idempotency_key": "only-once"}
+    with pytest.raises(StoreError, match="only 0 of 1 replica"):
+        prod.submit(job)
+    with pytest.raises(StoreError, match="only 0 of 1 replica"):
+        prod.submit(job)  # before: returned the existing job, acknowledged
+    assert r.ttl(keys.idem("only-once")) == -1  # written again unchanged (KEEPTTL), still no TTL
+    again = Producer(r, keys, fleet, settings).submit(job)  # without the wait: the existing job
+    assert not again.created

@@ -24,31 +24,14 @@ import urllib.request
 
 import pytest
 
-from makespan.live import LiveSystem
-from makespan.models import load_fleet
 from makespan.producer import Producer
 from makespan.redis_conn import free_port
 from makespan.shutdown import EXIT_SHUTDOWN_TIMEOUT
+from tests.faults.private_redis import live_system
 from tests.live import wait_for
 
 GRACE_S = 3.0
 BOUND_S = GRACE_S + 1.0  # the stated bound
-FLEET = """
-name = "sigterm"
-[[hosts]]
-name = "h1"
-gpu_count = 1
-memory_mib = 40000
-[[hosts]]
-name = "h2"
-gpu_count = 1
-memory_mib = 40000
-[endpoints.sim]
-model = "sim/model"
-memory_mib_per_gpu = 20000
-cold_start_s = 5
-evict_s = 1
-"""
 
 
 def _sigterm_and_time(popen: subprocess.Popen) -> tuple[float, int]:
@@ -66,16 +49,9 @@ def _sigterm_and_time(popen: subprocess.Popen) -> tuple[float, int]:
 
 @pytest.fixture
 def live(r, keys, settings, tmp_path):
-    path = tmp_path / "fleet.toml"
-    path.write_text(FLEET)
-    fleet = load_fleet(path)
-    s = dataclasses.replace(settings, shutdown_grace_s=GRACE_S)
-    system = LiveSystem(path, fleet, s, tmp_path / "logs", planners=1, observer=True)
-    system.start()
-    try:
-        yield system, fleet, s
-    finally:
-        system.stop()
+    """On the shared Redis (this test's key prefix): nothing here breaks Redis."""
+    with live_system(tmp_path, dataclasses.replace(settings, shutdown_grace_s=GRACE_S)) as (system, fleet):
+        yield system, fleet, system.settings
 
 
 def test_every_process_kind_ends_within_the_bound_mid_work(r, keys, live, tmp_path):

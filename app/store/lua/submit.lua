@@ -18,10 +18,16 @@
 -- ARGV[5]  delay s ('' = queue now); due time (not_before) = server clock + delay
 -- ARGV[6]  P, the key prefix (a job with deps joins the reverse-dependency index)
 -- ARGV[7]  '1' when the job is CRITICAL: a queued one is also pushed on KEYS[8] (last 256 kept)
+-- ARGV[8]  '1': the caller waits for replicas (WAIT) after this script: a repeated key is
+--          written again (SET ... KEEPTTL, same value), so the WAIT covers it, and with it
+--          every earlier write (the original submit included: replication is in order)
 -- Returns {1, job id}, or {0, existing job id} for a repeated idempotency key.
 if ARGV[1] == '1' then
   local existing = redis.call('GET', KEYS[1])
-  if existing then return {0, existing} end
+  if existing then
+    if ARGV[8] == '1' then redis.call('SET', KEYS[1], existing, 'KEEPTTL') end
+    return {0, existing}
+  end
 end
 local seq = redis.call('INCR', KEYS[2])
 local fields = cjson.decode(ARGV[3])
