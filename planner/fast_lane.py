@@ -160,7 +160,7 @@ def rule_preemptions(branch: preemption_plan.Branch, levels: Levels,
         if pick is None:
             break
         new_state, rest, start = preemption_plan.apply(st, cur.batch, pick)
-        pp = PlannedPreemption(pick.job.id, tuple(v.id for v in pick.victims), pick.group, now, 0.0)
+        pp = PlannedPreemption(pick.job.id, tuple(v.id for v in pick.victims), pick.group, now, 0.0, rule=True)
         cur = preemption_plan.Branch(new_state, rest, None, cur.taken + [pp], cur.starts + [start],
                                      cur.preemptors + [pick.job])
         taken = True

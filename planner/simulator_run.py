@@ -173,7 +173,7 @@ class _Run:
         out = {v: self._cut(t, v) for v in pp.victims}
         self._place(job, tuple(pp.gpus), t)
         self.log.append({"t_s": t, "job": job.id, "victims": list(pp.victims), "gpus": list(pp.gpus),
-                         "gain": pp.gain})
+                         "gain": pp.gain, **({"rule": True} if pp.rule else {})})
         return out
 
     def _place(self, job: PlanJob, gpus: Group, start_s: float) -> Assignment:
