@@ -28,7 +28,8 @@ the lane levels bounded on start (``off``: all on completion; default: the simul
 without reservations and lane (strict priority as it is: the baseline of issue 19 point 4).
 ``--also-lane-start SPEC``: each policy but fifo also with ``--lane-start SPEC`` (a row
 ``POLICY start=SPEC``; ``off``: the completion-bounded lane of before, to compare before and
-after in one run; several separated by ``;``, ``SPEC|LANE`` also sets that row's lane levels). ``--windows-per-trace K``: the first K windows of each trace that pass the rule (default 1:
+after in one run; several separated by ``;``, ``SPEC|LANE`` also sets that row's lane levels,
+``SPEC|LANE|nopreempt`` (LANE may be empty) turns off the lane's rule preemptions, ``plan(lane_preempt=False)``). ``--windows-per-trace K``: the first K windows of each trace that pass the rule (default 1:
 the developers' 4 windows). ``--procs N``: replays of N (window, seed) pairs at once.
 The per-class table gives, per policy, the p95 wait of CRITICAL and HIGH ÷ fifo's on the
 same replay (median and worst over the replays, and worst over the windows of the mean
@@ -72,13 +73,14 @@ def _replay(arg):
     out = {}
     for p in pols:
         name, _, other = p.partition(" start=")  # a row of --also-lane-start: that start bound (and lane)
+        other, nopre = other.removesuffix(" nopreempt"), other.endswith(" nopreempt")
         other_start, _, other_lane = other.partition(" lane=")
         r = simulate(jobs, fleet, BENCH_POLICIES.lookup(name.removesuffix("@plan")), seed, restore=a.restore,
                      preemption=a.preemption and ("plan" if name.endswith("@plan") else "rule"),
                      planned_restore=None if a.planned_restore == "none" else a.planned_restore,
                      **(_PLAIN if a.fifo_plain and p == "fifo" else
                         {**_reservation_kw(a.reservation_after_s), **_lane_kw(other_lane or a.lane),
-                         **_start_kw(other_start or a.lane_start)}))
+                         **_start_kw(other_start or a.lane_start), **({"lane_preempt": False} if nopre else {})}))
         out[p] = r
         lines.append(f"{Path(path).stem}@{start} seed={seed} {p:10s} wc={r['weighted_completion_s']:.4g} "
                      f"mk={r['makespan_s']:.0f} cold={r['transitions']['cold_start']} util={r['utilization']:.2f} "
@@ -153,11 +155,14 @@ def main() -> None:
     ap.add_argument("--also-lane-start", default=None,
                     help="add a row 'POLICY start=SPEC' after each row but fifo, with that start bound "
                          "(e.g. off: the lane before start bounds), to compare in one run; several: "
-                         "SPEC;SPEC; SPEC|LANE also sets the row's lane levels")
+                         "SPEC;SPEC; SPEC|LANE also sets the row's lane levels; SPEC|LANE|nopreempt: "
+                         "without the lane's rule preemptions")
     ap.add_argument("--fifo-plain", action="store_true",
                     help="run fifo without reservations and fast lane (strict priority as it is), "
                          "whatever --reservation-after-s / --lane say")
     ap.add_argument("--windows-per-trace", type=int, default=1)
+    ap.add_argument("--traces", default=None,
+                    help="comma-separated substrings: only the traces whose file name holds one (default: all)")
     ap.add_argument("--procs", type=int, default=1, help="(window, seed) replays run at once")
     ap.add_argument("--json-out", default=None, help="write every replay's summary figures here")
     a = ap.parse_args()
@@ -170,11 +175,13 @@ def main() -> None:
     if a.also_lane_start:
         extra = [e.split("|") for e in a.also_lane_start.split(";")]  # START or START|LANE
         pols = [x for p in pols for x in ([p] if p == "fifo" else
-                                          [p, *(f"{p} start={e[0]}" + (f" lane={e[1]}" if len(e) > 1 else "")
+                                          [p, *(f"{p} start={e[0]}" + (f" lane={e[1]}" if len(e) > 1 and e[1] else "")
+                                                + (" nopreempt" if len(e) > 2 and e[2] == "nopreempt" else "")
                                                 for e in extra)])]
     fleet = bench_fleet(a.gpus)
     res: dict[str, list[dict]] = {p: [] for p in pols}
-    windows = [(path, st) for path in TRACES for st in select_windows(path, fleet, a.jobs, a.gpus, a.windows_per_trace)]
+    traces = [t for t in TRACES if not a.traces or any(x in Path(t).name for x in a.traces.split(","))]
+    windows = [(path, st) for path in traces for st in select_windows(path, fleet, a.jobs, a.gpus, a.windows_per_trace)]
     args = [(path, start, seed, a, pols) for path, start in windows for seed in range(a.seeds)]
     if a.procs > 1:
         with multiprocessing.get_context("fork").Pool(a.procs) as pool:

@@ -61,7 +61,7 @@ def plan(batch: Sequence[PlanJob], state: FleetState, policy: str | Policy = DEF
          time_limit_s: float | None = None, num_workers: int | None = None,
          previous: Plan | None = None, restore_at: str | None = None, preemption: bool = False,
          reserve_after_s: float | None = None, lane_levels: fast_lane.Levels = (),
-         lane_start_grace_s: fast_lane.Grace | None = None) -> Plan:
+         lane_start_grace_s: fast_lane.Grace | None = None, lane_preempt: bool = True) -> Plan:
     """Plan ``batch`` on ``state`` with ``policy``: a name in
     :data:`makespan.planner.policies.POLICY_REGISTRY`, or a :class:`Policy` (a benchmark's variant;
     its floor is looked up in the registry).
@@ -98,6 +98,9 @@ def plan(batch: Sequence[PlanJob], state: FleetState, policy: str | Policy = DEF
             completion, level -> grace s (:mod:`makespan.planner.fast_lane`, "Start bound":
             no such job planned to start later than release + factor × strict priority's
             wait + grace); None (the default): every lane level bounded on completion.
+        lane_preempt: with ``preemption``, a start-bounded lane job that strict priority's
+            preemption rule would start now by preempting takes that preemption before the
+            scored ones (:mod:`makespan.planner.fast_lane`, "Preemption"; default True).
 
     Raises:
         PlannerError: unknown policy name (the message lists the known ones) or
@@ -116,7 +119,8 @@ def plan(batch: Sequence[PlanJob], state: FleetState, policy: str | Policy = DEF
     state = with_rule(with_upcoming(state, batch), chosen.name)  # the transition choice's forecast and rule
     options = SolveOptions(time_limit_s=time_limit_s, num_workers=num_workers, previous=previous)
     if preemption and state.running and chosen.floor is not None:
-        return _plan_preemptive(batch, state, chosen, options, restore_at, reserve_after_s, lane_levels, lane_start_grace_s)
+        return _plan_preemptive(batch, state, chosen, options, restore_at, reserve_after_s, lane_levels, lane_start_grace_s,
+                                lane_preempt)
     p = chosen.solve(batch, state, options)
     p = _lane(_reserve(p, batch, state, chosen, reserve_after_s), batch, state, chosen, lane_levels, lane_start_grace_s)
     return with_restores(p, batch, state, restore_at) if restore_at is not None else p
@@ -182,8 +186,10 @@ def _solve_branch(branch: preemption_plan.Branch, policy: Policy, options: Solve
 
 def _plan_preemptive(batch: Sequence[PlanJob], state: FleetState, policy: Policy, options: SolveOptions,
                      restore_at: str | None = None, reserve_after_s: float | None = None,
-                     lane_levels: fast_lane.Levels = (), lane_start_grace_s: fast_lane.Grace | None = None) -> Plan:
-    """Scored preemption with the policy's floor, then the policy on the chosen branch (a
+                     lane_levels: fast_lane.Levels = (), lane_start_grace_s: fast_lane.Grace | None = None,
+                     lane_preempt: bool = True) -> Plan:
+    """The lane's rule preemptions (:func:`makespan.planner.fast_lane.rule_preemptions`, when
+    ``lane_preempt``), then scored preemption with the policy's floor, then the policy on the chosen branch (a
     policy with :attr:`Policy.window_preemption` may cut more jobs there: its CP-SAT windows
     decide them, :mod:`makespan.planner.window_preemption`). When the floor took preemptions, such
     a policy also solves the batch without them (the base state, its windows free to
@@ -193,7 +199,12 @@ def _plan_preemptive(batch: Sequence[PlanJob], state: FleetState, policy: Policy
     floor = POLICY_REGISTRY.floor_of(policy)
     assert floor is not None  # plan() calls this only for a policy with a floor
     objective = policy.objective
-    branch = preemption_plan.decide(batch, state, floor.solve, objective)
+    forced = preemption_plan.Branch(state, list(batch), None, [], [], [])
+    if lane_preempt and lane_levels:  # the lane's rule preemptions first (fast_lane, "Preemption")
+        forced = fast_lane.rule_preemptions(forced, lane_levels, lane_start_grace_s)
+    branch = preemption_plan.decide(forced.batch, forced.state, floor.solve, objective)
+    if forced.taken:
+        branch = replace(preemption_plan.chain(forced, branch), plan=branch.plan)
     undo_stats: dict[str, float] = {}
     if floor.name == policy.name and branch.plan is not None:  # the floor's plan of the branch is the policy's
         rest = branch.plan
@@ -208,7 +219,7 @@ def _plan_preemptive(batch: Sequence[PlanJob], state: FleetState, policy: Policy
             floor_taken = list(branch.taken)
             rest, branch = _solve_branch(branch, policy, replace(options, time_limit_s=limit * (1.0 - UNDO_SHARE)),
                                          objective)
-            base = preemption_plan.Branch(state, list(batch), None, [], [], [])
+            base = replace(forced, plan=None)  # without the scored preemptions (the lane's stay)
             undo_options = replace(options, time_limit_s=limit * UNDO_SHARE, first_window_share=UNDO_WINDOW_SHARE)
             rest0, base = _solve_branch(base, policy, undo_options, objective)
             s_floor = comparable_score(preemption_plan.assemble(rest, branch, objective), state, objective)

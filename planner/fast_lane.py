@@ -52,15 +52,27 @@ is (the preemptors start at once; the rest of such a plan is checked by the call
 state the preemptions leave, :func:`makespan.planner.api.plan`). The lane comes after the
 aging reservation (:mod:`makespan.planner.reservation`): a CRITICAL job goes before a
 reserved lower-level job, as a CRITICAL preemption does.
+
+**Preemption** (:func:`rule_preemptions`; plans with preemption, ``plan(preemption=True)``,
+when ``lane_preempt``): strict priority with the preemption rule
+(:mod:`makespan.planner.preemption`) starts a CRITICAL or HIGH job at once by preempting
+lower-level work when no group frees within its cold start; its strict start is then now.
+Before the scored preemptions are decided, each start-bounded lane job (CRITICAL/HIGH)
+whose strict start without preempting is past its allowed start from now
+(r + f·(now − r) + G) and for which the rule would preempt takes that preemption: it
+starts now on the candidate group that loses the least victim work (the victims'
+budget and minimum runtime hold as for every preemption). The scored decision then runs
+on the state it leaves.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
+from makespan.planner import preemption_plan
 from makespan.planner.evaluator import TOL_S, evaluate_retimed, score
 from makespan.planner.helpers import helpers_start_s
-from makespan.planner.model import Assignment, FleetState, Plan, PlanJob
+from makespan.planner.model import Assignment, FleetState, Plan, PlanJob, PlannedPreemption
 from makespan.planner.replay import Replay, state_after
 
 Replan = Callable[[Sequence[PlanJob], FleetState], Plan]
@@ -109,6 +121,55 @@ def lane_plan(batch: Sequence[PlanJob], state: FleetState, levels: Levels,
             allowed[j.id] = j.release_s + fac[j.priority] * (strict_end - j.release_s)
         out.append(rep.place(j, g_best))
     return rep, out, allowed
+
+
+def rule_preemptions(branch: preemption_plan.Branch, levels: Levels,
+                     start_grace_s: Grace | None) -> preemption_plan.Branch:
+    """``branch`` with the preemptions strict priority's rule would take for the start-bounded
+    lane jobs that cannot start in time without one (module doc, "Preemption"), each
+    applied as :func:`makespan.planner.preemption_plan.apply` applies a scored one (the
+    cheapest candidate: least victim work lost, then least victim weight, then group order);
+    ``branch`` itself when none is needed. The returned branch's ``plan`` is None (re-plan
+    its batch on its state)."""
+    grace = start_grace_s or {}
+    fac = factors(levels)
+    if not grace or not branch.state.running:
+        return branch
+    cur, taken = branch, False
+    tried: set[str] = set()
+    while True:
+        st = cur.state
+        now = st.now_s
+        _rep, lane, allowed = lane_plan(cur.batch, st, levels, grace)
+        jobs = {j.id: j for j in cur.batch}
+        pick = None
+        for a in lane:
+            j = jobs[a.job_id]
+            if j.id in tried or j.priority not in grace or j.priority > 1:
+                continue
+            bound_now = j.release_s + fac[j.priority] * (max(now, j.release_s) - j.release_s) + grace[j.priority]
+            if allowed[j.id] <= bound_now + TOL_S:  # strict priority's start without preempting is in time
+                continue
+            ep = st.endpoints[j.endpoint]
+            groups = st.groups(ep.tp, ep.memory_mib) if not j.helpers else Replay(st).job_groups(j)
+            if not groups:
+                continue
+            soonest = min(max(st.free_at.get(u, now) for u in g) for g in groups)
+            if soonest - now <= ep.cold_start_s + TOL_S:  # the rule's test: preempting would not start it sooner
+                continue
+            tried.add(j.id)
+            cands = preemption_plan.candidates(j, st, cur.batch, per_job=1)
+            if cands:
+                pick = cands[0]
+                break
+        if pick is None:
+            break
+        new_state, rest, start = preemption_plan.apply(st, cur.batch, pick)
+        pp = PlannedPreemption(pick.job.id, tuple(v.id for v in pick.victims), pick.group, now, 0.0, rule=True)
+        cur = preemption_plan.Branch(new_state, rest, None, cur.taken + [pp], cur.starts + [start],
+                                     cur.preemptors + [pick.job])
+        taken = True
+    return cur if taken else branch
 
 
 def _groups(rep: Replay, j: PlanJob, start_by: float | None = None) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -218,7 +279,7 @@ def _start_groups(lane: list[Assignment], forced: set[str], jobs: dict[str, Plan
         current = choice.get(j.id) or _groups(rep, j, start_by.get(j.id))[1]
         if j.id == job_id:
             ep, r = rep.endpoints[j.endpoint], rep.ready(j)
-            cand = [(max(r, rep.group_free(g)) + rep.transition_s(g, ep), i, g) for i, g in enumerate(rep.groups(ep))
+            cand = [(max(r, rep.group_free(g)) + rep.transition_s(g, ep), i, g) for i, g in enumerate(rep.job_groups(j))
                     if g != current and max(r, rep.group_free(g)) <= start_by[j.id] + TOL_S]
             return [c[2] for c in sorted(cand)]
         rep.place(j, current)

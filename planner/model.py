@@ -274,13 +274,16 @@ class PlannedPreemption:
     """One preemption decided by a plan: at ``at_s`` the running ``victims`` (job ids,
     sorted) are cut and requeued, and ``job_id`` takes ``gpus`` at once (committed there,
     so no victim is placed on those GPUs before it starts). ``gain`` = how much the plan
-    score dropped by taking it (objective units, weight·s), > 0."""
+    score dropped by taking it (objective units, weight·s), > 0; ``rule``: taken by the fast
+    lane as strict priority's preemption rule would (:func:`makespan.planner.fast_lane.rule_preemptions`),
+    not by score (``gain`` 0)."""
 
     job_id: str
     victims: tuple[str, ...]
     gpus: tuple[str, ...]
     at_s: float
     gain: float = 0.0
+    rule: bool = False
 
 
 @dataclass

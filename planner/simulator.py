@@ -110,7 +110,7 @@ def simulate(trace_jobs: Sequence[TraceRow] | Sequence[PlanJob], fleet: FleetDes
              preemption_min_runtime_s: float = DEFAULT_MIN_RUNTIME_S,
              reservation_after_s: float | None = DEFAULT_RESERVATION_AFTER_S,
              lane_levels: Levels = DEFAULT_LANE_LEVELS, lane_start_grace_s: Grace = DEFAULT_START_GRACE,
-             prewarm: bool = False) -> dict[str, Any]:
+             prewarm: bool = False, lane_preempt: bool = True) -> dict[str, Any]:
     """Replay jobs through the planner in virtual time; returns the report dict
     (:func:`makespan.planner.measures.build_report`, with ``jobs.preempted`` and the set-point
     restores), ``set_point_absent_gpu_s`` (GPU-seconds from the first submission until the
@@ -164,7 +164,9 @@ def simulate(trace_jobs: Sequence[TraceRow] | Sequence[PlanJob], fleet: FleetDes
     ``lane_start_grace_s``: the lane levels bounded on start, level -> grace s (default
     :data:`makespan.planner.fast_lane.DEFAULT_START_GRACE`, as ``Settings.fast_lane_start``;
     {}: every lane level bounded on completion), reported as ``sim.lane_start_grace_s``
-    when not empty.
+    when not empty. ``lane_preempt``: with ``preemption="plan"``, a start-bounded lane job takes
+    the preemption strict priority's rule would give it (``plan(lane_preempt=)``; default True,
+    as the live planner; False reported as ``sim.lane_preempt``).
     """
     wall0 = time.perf_counter()
     chosen = POLICY_REGISTRY.lookup(policy)
@@ -180,6 +182,7 @@ def simulate(trace_jobs: Sequence[TraceRow] | Sequence[PlanJob], fleet: FleetDes
                preemption_budget, preemption_min_runtime_s, reservation_after_s, factors(lane_levels), dict(lane_start_grace_s))
     run.restore_at = planned_restore if restore else None
     run.prewarm = prewarm
+    run.lane_preempt = lane_preempt
     recent: deque[PlanJob] = deque()
     i, n, t = 0, len(jobs), (jobs[0].release_s if jobs else 0.0)
     while i < n or run.queue:
@@ -229,6 +232,7 @@ def simulate(trace_jobs: Sequence[TraceRow] | Sequence[PlanJob], fleet: FleetDes
                   "reservation_after_s": reservation_after_s, "reserved_points": run.reserved_points,
                   "lane_levels": {str(k): v for k, v in run.lane_levels.items()}, "lane_points": run.lane_points,
                   "prewarm": prewarm,
+                  **({} if lane_preempt else {"lane_preempt": False}),
                   **({"lane_start_grace_s": {str(k): v for k, v in lane_start_grace_s.items()}} if lane_start_grace_s else {})}
     if base.host_ram_mib:  # fleets with a RAM budget for sleepers (issue 20): its peak against the budget
         rep["host_ram"] = {"peak_mib": run.ram_peak_mib, "budget_mib": dict(base.host_ram_mib)}

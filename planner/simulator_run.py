@@ -42,6 +42,7 @@ class _Run:
         self.reserved_points = 0  # planning points whose plan held a reservation
         self.lane_levels = dict(lane_levels or {})  # the fast lane: level -> wait factor (makespan.planner.fast_lane)
         self.lane_start_grace_s = dict(lane_start_grace_s or {})  # lane levels bounded on start: grace s
+        self.lane_preempt = True  # start-bounded lane jobs take the rule's preemptions (plan(lane_preempt=))
         self.lane_points = 0  # planning points whose plan the fast lane rebuilt
         # job id -> [(planning point t, planned start)], one entry per planning point whose plan held it
         # (the ETA a live job carries); the first entry is its ETA at submit
@@ -88,7 +89,8 @@ class _Run:
             c0 = time.perf_counter()
             p = plan(batch, state, self.policy, previous=self.previous, time_limit_s=self.time_limit_s,
                      preemption=scored, restore_at=self.restore_at, reserve_after_s=self.reservation_after_s,
-                     lane_levels=self.lane_levels, lane_start_grace_s=self.lane_start_grace_s)
+                     lane_levels=self.lane_levels, lane_start_grace_s=self.lane_start_grace_s,
+                     lane_preempt=self.lane_preempt)
             self.reserved_points += int(p.stats.get("reserved", 0.0))
             self.lane_points += int(p.stats.get("fast_lane_late", 0.0) > 0)
             self.solve.append(time.perf_counter() - c0)
@@ -171,7 +173,7 @@ class _Run:
         out = {v: self._cut(t, v) for v in pp.victims}
         self._place(job, tuple(pp.gpus), t)
         self.log.append({"t_s": t, "job": job.id, "victims": list(pp.victims), "gpus": list(pp.gpus),
-                         "gain": pp.gain})
+                         "gain": pp.gain, **({"rule": True} if pp.rule else {})})
         return out
 
     def _place(self, job: PlanJob, gpus: Group, start_s: float) -> Assignment:

@@ -8,7 +8,10 @@ it lost before its preemptor starts):
 * scored (``Settings.preemption == "plan"`` and a policy with a floor,
   :attr:`makespan.planner.policies.Policy.floor`): the running holders are read from the leases
   and job records (``FleetState.running``) and :func:`makespan.planner.preemption_plan.decide`
-  trades each candidate preemption against waiting with the policy's greedy floor;
+  trades each candidate preemption against waiting with the policy's greedy floor, after
+  the fast lane's rule preemptions for its start-bounded levels
+  (:func:`makespan.planner.fast_lane.rule_preemptions`: the rule's preemption for a lane job
+  that could not otherwise start by its allowed start);
 * the fixed rule (:func:`makespan.planner.preemption.choose_preemption`) otherwise.
 
 Neither decider cuts a job that a waiting job waits on (a workload step, or a job
@@ -39,7 +42,7 @@ import logging
 from makespan import metrics
 from makespan.awaited import queue_awaited_running
 from makespan.models import Priority
-from makespan.planner import preemption_plan
+from makespan.planner import fast_lane, preemption_plan
 from makespan.planner.policies import POLICY_REGISTRY
 from makespan.planner.model import FleetState, PlanJob, RunningJob
 from makespan.planner.preemption import Holder, choose_preemption, victim_allowed
@@ -179,7 +182,12 @@ def _preempt_scored(ctx: TickContext) -> set[str]:
     policy = POLICY_REGISTRY.lookup(env.settings.policy)
     floor = POLICY_REGISTRY.floor_of(policy)
     assert floor is not None  # preempt scores only for a policy with a floor
-    branch = preemption_plan.decide(rest, after, floor.solve, policy.objective)
+    settings = env.settings  # the fast lane's rule preemptions first (planner/fast_lane.py, "Preemption")
+    forced = fast_lane.rule_preemptions(preemption_plan.Branch(after, rest, None, [], [], []),
+                                        settings.fast_lane_levels, settings.fast_lane_start_grace)
+    branch = preemption_plan.decide(forced.batch, forced.state, floor.solve, policy.objective)
+    if forced.taken:
+        branch = preemption_plan.chain(forced, branch)
     out: set[str] = set()
     held = {job.id for job in ctx.waiting}  # not those the critical lane holds or leased
     for decision, start in zip(branch.taken, branch.starts):

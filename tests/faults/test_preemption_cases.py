@@ -100,12 +100,15 @@ def _held_until(r, keys, w, prod, priority, gpu, end_in_s, service_s):
     return jid
 
 
-@pytest.mark.parametrize("mode", ["plan", "rule"])
+@pytest.mark.parametrize("mode", ["plan", "rule", "plan+lane"])
 def test_scored_preemption_waits_when_the_victims_loss_is_larger(r, keys, settings, mode):
     """Every GPU runs a LOW job that ends in 1000 s but would restart a 30000 s service if
-    cut: the scored decision (MAKESPAN_PREEMPTION=plan, the default) lets the CRITICAL job
-    wait (8 × 1000 w·s < 30000 w·s); the fixed rule preempts (1000 s > the 60 s cold start)."""
-    w, prod, sent = _setup(r, keys, dataclasses.replace(settings, preemption=mode))
+    cut: the scored decision (MAKESPAN_PREEMPTION=plan, the default) alone lets the CRITICAL
+    job wait (8 × 1000 w·s < 30000 w·s; here without the lane's start bound); the fixed rule
+    preempts (1000 s > the 60 s cold start), and so does the default fast lane, whose start
+    bound takes the rule's preemption for a CRITICAL job (planner/fast_lane.py, "Preemption")."""
+    lane = {} if mode == "plan+lane" else {"fast_lane_start": ""}
+    w, prod, sent = _setup(r, keys, dataclasses.replace(settings, preemption=mode.removesuffix("+lane"), **lane))
     lows = [_held_until(r, keys, w, prod, "LOW", f"GPU-host-{h}-{i}", 1000.0, 30000.0)
             for h in ("a", "b") for i in range(4)]
     crit = prod.submit({"endpoint": "chat", "service_s": 10, "priority": "CRITICAL"}).id

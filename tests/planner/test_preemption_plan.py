@@ -223,7 +223,7 @@ def test_simulated_plan_preemption_keeps_the_rules(seed, restore):
         len(p["victims"]) for p in rep["schedule"]["preemptions"])
     cut_later = {v for p in rep["schedule"]["preemptions"] for v in p["victims"]}
     for p in rep["schedule"]["preemptions"]:
-        assert level[p["job"]] <= 1 and p["gain"] > 0
+        assert level[p["job"]] <= 1 and (p["gain"] > 0 or p.get("rule"))  # rule: the fast lane's (fast_lane.py)
         pre = recs[p["job"]]
         if p["job"] not in cut_later:  # a HIGH preemptor may itself be cut by a later CRITICAL
             assert pre["start_s"] == p["t_s"] and sorted(pre["gpus"]) == sorted(p["gpus"])
