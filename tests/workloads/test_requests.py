@@ -12,9 +12,10 @@ import threading
 import time
 
 import pytest
+import redis
 
 from makespan.errors import PhaseError, StoreError
-from makespan.redis_conn import connect, free_port, start_embedded
+from makespan.redis_conn import async_twin, connect, free_port, start_embedded
 from tests.live import wait_for
 from makespan.workers.requests import RequestRunner, request_drain
 
@@ -176,3 +177,30 @@ def test_many_senders_never_exceed_the_cap_and_the_cap_sets_the_pace(r, keys, se
     span_s = max(x["t1"] for x in recs) - min(x["t0"] for x in recs)
     assert span_s >= (per_sender * senders // cap) * 0.020 * 0.95
     assert request_drain(r, keys, ["many"]) == {"request_leases": 0, "waiters": 0}
+
+
+def test_a_pool_without_an_asyncio_twin_runs_the_lease_calls_in_a_thread(r, keys, server):
+    """A client whose pool has no asyncio counterpart (a Sentinel pool, a custom class):
+    the sync client's lease calls run in worker threads; the cap and the drain still hold."""
+
+    class OwnPool(redis.ConnectionPool):
+        pass
+
+    kwargs = {k: v for k, v in r.connection_pool.connection_kwargs.items()
+              if k in ("host", "port", "db", "decode_responses", "socket_timeout")}
+    own = redis.Redis(connection_pool=OwnPool(**kwargs))
+    assert async_twin(own) is None
+    res = RequestRunner(own, keys, "thread", server, "m", 2).run("tjob", {"requests": 8})
+    recs = _records(r, keys, "tjob")
+    assert res.ok == 8 and len(recs) == 8 and max_overlap(recs) <= 2
+    assert request_drain(r, keys, ["thread"]) == {"request_leases": 0, "waiters": 0}
+
+
+def test_the_lease_script_is_loaded_again_after_a_script_flush(keys, server, private_redis):
+    """EVALSHA answered NOSCRIPT (a restarted or flushed Redis): the full text is sent."""
+    r = connect(private_redis.url)
+    runner = RequestRunner(r, keys, "flushed", server, "m", 2)
+    assert runner.run("f1", {"requests": 2}).ok == 2
+    r.script_flush()
+    assert runner.run("f2", {"requests": 2}).ok == 2
+    assert request_drain(r, keys, ["flushed"]) == {"request_leases": 0, "waiters": 0}
