@@ -7,6 +7,7 @@ URLs: ``redis://[:password@]host:port/db``, ``rediss://`` (TLS; add
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import shutil
@@ -248,3 +249,30 @@ def store_error(error: redis.RedisError, what: str) -> StoreError:
         out = StoreError(f"{what}: {error}")
     out.__cause__ = error
     return out
+
+
+def async_twin(client: redis.Redis) -> Any:
+    """A ``redis.asyncio.Redis`` that reaches the same server, database, credentials, TLS
+    and socket bounds as the sync ``client`` (its pool's connection keyword arguments),
+    for code that must not block an event loop (:mod:`makespan.workers.requests`).
+
+    Create it inside the event loop that uses it and ``await twin.aclose()`` there.
+    Returns None where ``client``'s pool has no asyncio counterpart (a Sentinel pool, a
+    custom connection class): the caller then runs the sync client in a worker thread.
+    """
+    import redis.asyncio as aioredis
+    from redis.asyncio import connection as aioconn
+
+    pool = client.connection_pool
+    classes = {redis.Connection: aioconn.Connection, redis.SSLConnection: aioconn.SSLConnection,
+               redis.UnixDomainSocketConnection: aioconn.UnixDomainSocketConnection}
+    if type(pool) is not redis.ConnectionPool or pool.connection_class not in classes:
+        return None
+    accepted = set(inspect.signature(aioconn.AbstractConnection.__init__).parameters)
+    cls = classes[pool.connection_class]
+    for klass in cls.__mro__:
+        accepted |= set(inspect.signature(klass.__init__).parameters) if "__init__" in vars(klass) else set()
+    own = ("retry", "redis_connect_func", "maint_notifications_pool_handler", "himport_registry")  # objects of the sync pool
+    kwargs = {k: v for k, v in pool.connection_kwargs.items()
+              if k in accepted and k not in own and not k.startswith("orig_")}
+    return aioredis.Redis(connection_pool=aioredis.ConnectionPool(connection_class=cls, **kwargs))

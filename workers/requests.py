@@ -9,7 +9,11 @@ instance; expired members (a dead sender) are dropped before counting. Senders o
 whose clocks disagree agree on expiry: one whose clock runs ahead cannot drop another's
 live request lease (which would break the cap). ``P:reqwait:{instance}`` counts requests waiting for a lease
 and ``P:reqpeak:{instance}`` keeps the most leases ever held at once (the cap check).
-After a batch both the lease zset and the waiter count drain to zero.
+After a batch both the lease zset and the waiter count drain to zero. Request leases are
+taken and given back on a ``redis.asyncio`` twin of the caller's client
+(:func:`makespan.redis_conn.async_twin`, the same Lua script through the store's loader),
+so one slow Redis round trip never stalls the other requests in flight; Redis errors
+surface as :class:`makespan.errors.StoreError`.
 
 Every request is recorded in ``P:requests:{job}`` (JSON: ``i``, ``t0``/``t1`` unix s,
 ``ms`` latency, ``ok``, ``status``, ``text`` first 200 characters of the answer) and
@@ -19,22 +23,25 @@ the step's latency summary is returned.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import httpx
 import redis
 
 from makespan.errors import PhaseError
 from makespan.keys import Keys
-from makespan.store.scripts import script
+from makespan.redis_conn import async_twin
+from makespan.store.scripts import script, store_error
 
 REQUEST_LEASE_TTL_S = 30.0  # renewed on completion; a dead sender's lease expires
-POLL_S = 0.002
+POLL_S = 0.002  # a waiter's first poll for a free request lease; doubles up to POLL_MAX_S
+POLL_MAX_S = 0.016
 KEEP_TEXT = 200
 
 @dataclass
@@ -113,30 +120,64 @@ class RequestRunner:
         self.r, self.keys, self.instance_id, self.url, self.model = r, keys, instance_id, url.rstrip("/"), model
         self.slots, self.should_stop = max(1, int(slots)), should_stop
         self._acquire = script(r, "request_lease")
+        self._ar: Any = None  # the redis.asyncio twin of r while run_async runs (see _connected)
 
-    # -- request leases (blocking Redis calls, run in the default executor) -------------
-    def _try_acquire(self, member: str) -> int:
-        return int(self._acquire(keys=[self.keys.req_leases(self.instance_id), self.keys.req_peak(self.instance_id)],
-                                 args=[member, int(REQUEST_LEASE_TTL_S * 1000), self.slots]))
+    # -- request leases (awaited on a redis.asyncio client: the event loop stays free) --
+    @contextlib.asynccontextmanager
+    async def _connected(self) -> AsyncIterator[None]:
+        """Open the asyncio twin of ``r`` for the running loop (None: a pool without one,
+        e.g. Sentinel; the sync client then runs in a worker thread) and close it after."""
+        self._ar = async_twin(self.r)
+        try:
+            yield
+        finally:
+            twin, self._ar = self._ar, None
+            if twin is not None:
+                await twin.aclose()
+
+    async def _call(self, command: str, *args: Any) -> Any:
+        """One Redis command (``incr``, ``decr``, ``zrem``) without blocking the loop.
+
+        Raises:
+            StoreError: Redis failed."""
+        try:
+            if self._ar is not None:
+                return await getattr(self._ar, command)(*args)
+            return await asyncio.to_thread(getattr(self.r, command), *args)
+        except redis.RedisError as e:
+            raise store_error(e, f"request lease {command} on {self.instance_id}") from e
+
+    async def _try_acquire(self, member: str) -> int:
+        """Take one request lease (``request_lease.lua``): the leases now held, 0 at the cap.
+
+        Raises:
+            StoreError: Redis failed."""
+        keys = [self.keys.req_leases(self.instance_id), self.keys.req_peak(self.instance_id)]
+        args = [member, int(REQUEST_LEASE_TTL_S * 1000), self.slots]
+        if self._ar is not None:
+            return int(await self._acquire.call_async(self._ar, keys, args))
+        return int(await asyncio.to_thread(self._acquire, keys, args))
 
     async def _lease(self, member: str) -> int:
-        n = self._try_acquire(member)
+        n = await self._try_acquire(member)
         if n:
             return n
-        self.r.incr(self.keys.req_waiters(self.instance_id))
+        await self._call("incr", self.keys.req_waiters(self.instance_id))
+        poll_s = POLL_S
         try:
             while True:
-                await asyncio.sleep(POLL_S)
+                await asyncio.sleep(poll_s)
+                poll_s = min(POLL_MAX_S, poll_s * 2)  # many waiters: fewer polls, a few ms later at most
                 if self.should_stop():
                     return 0
-                n = self._try_acquire(member)
+                n = await self._try_acquire(member)
                 if n:
                     return n
         finally:
-            self.r.decr(self.keys.req_waiters(self.instance_id))
+            await self._call("decr", self.keys.req_waiters(self.instance_id))
 
-    def _release(self, member: str) -> None:
-        self.r.zrem(self.keys.req_leases(self.instance_id), member)
+    async def _release(self, member: str) -> None:
+        await self._call("zrem", self.keys.req_leases(self.instance_id), member)
 
     # -- sending ----------------------------------------------------------------------
     async def _one(self, client: httpx.AsyncClient, sem: asyncio.Semaphore, i: int, payload: dict[str, Any],
@@ -166,7 +207,7 @@ class RequestRunner:
                 err = f"{type(e).__name__}: {e}"
             finally:
                 t1 = time.time()  # before the release: [t0, t1] lies inside the lease
-                self._release(member)
+                await self._release(member)
             res.sent += 1
             ms = (t1 - t0) * 1000.0
             if err:
@@ -185,7 +226,7 @@ class RequestRunner:
         timeout = httpx.Timeout(float(payload.get("request_timeout_s", 60.0)))
         limits = httpx.Limits(max_connections=self.slots, max_keepalive_connections=self.slots)
         sem = asyncio.Semaphore(self.slots)
-        async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+        async with self._connected(), httpx.AsyncClient(timeout=timeout, limits=limits) as client:
             await asyncio.gather(*(self._one(client, sem, i, payload, job_id, res) for i in range(n)))
         return res
 

@@ -149,6 +149,21 @@ class StoreScript:
         except redis.RedisError as e:
             raise store_error(e, f"script {self.name}") from e
 
+    async def call_async(self, client: Any, keys: list[str] | tuple[str, ...] = (),
+                         args: list[Any] | tuple[Any, ...] = ()) -> Any:
+        """Run the script on a ``redis.asyncio`` client without blocking its event loop:
+        EVALSHA, and on NOSCRIPT (a restarted or flushed Redis) EVAL of the full text.
+
+        Raises:
+            StoreError: Redis failed or the script raised (also a ``type(redis error)``)."""
+        try:
+            try:
+                return await client.evalsha(self.sha, len(keys), *keys, *args)
+            except redis.exceptions.NoScriptError:
+                return await client.eval(self.text, len(keys), *keys, *args)
+        except redis.RedisError as e:
+            raise store_error(e, f"script {self.name}") from e
+
     def queue_eval(self, pipe: Any, keys: list[str] | tuple[str, ...] = (),
                    args: list[Any] | tuple[Any, ...] = ()) -> None:
         """Queue the script on ``pipe`` as EVAL (its full text: no SCRIPT EXISTS round trip,

@@ -7,6 +7,7 @@ planner tick (dispatch captured)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import json
@@ -115,10 +116,13 @@ def test_a_skewed_sender_cannot_drop_a_live_request_lease(r, keys, monkeypatch, 
     """The endpoint cap (one slot here) holds across senders whose clocks disagree."""
     holder = RequestRunner(r, keys, "i1", "http://127.0.0.1:9", "m", slots=1)
     contender = RequestRunner(r, keys, "i1", "http://127.0.0.1:9", "m", slots=1)
+    async def take(runner, member):
+        async with runner._connected():
+            return await runner._try_acquire(member)
     with clock(monkeypatch, holder_skew_s):
-        assert holder._try_acquire("a") == 1
+        assert asyncio.run(take(holder, "a")) == 1
     with clock(monkeypatch, contender_skew_s):
-        assert contender._try_acquire("b") == 0
+        assert asyncio.run(take(contender, "b")) == 0
     assert r.zrange(keys.req_leases("i1"), 0, -1) == ["a"]
 
 def test_a_delayed_job_is_due_on_the_server_clock(r, keys, settings, monkeypatch):
