@@ -253,6 +253,11 @@ def _load(name: str, target: str | type) -> type:
             not hasattr(cls, "options_model"):
         raise ValidationError("launch.driver", name, f"{target!r} is not a driver: it needs a DriverCapabilities "
                               "'capabilities' and an 'options_model' (makespan.workers.drivers.base.EndpointDriver)")
+    declared = getattr(cls, "name", None)
+    if isinstance(declared, str) and declared != name:  # instance records store the class's name, and
+        # the observer, the phases and shutdown look the driver up again by it
+        raise ValidationError("launch.driver", name, f"{target!r} says its name is {declared!r}: a driver's 'name' "
+                              "must be the name it is registered under (its entry point's name)")
     return cls
 
 

@@ -153,6 +153,16 @@ def test_registry_rejects_a_second_driver_of_a_name_and_a_class_that_is_no_drive
     assert reg.get("missing") is None and reg.names() == ("missing", "plain", "simulated")
 
 
+def test_a_driver_registered_under_another_name_than_its_own_is_refused():
+    """Instance records keep the class's ``name``; the observer, the phases and shutdown
+    look the driver up by it, so a class registered under another name would start and
+    then never be found again: refused when it is loaded."""
+    reg = DriverRegistry({}, entry_point_group=None)
+    reg.register("sglang", BUILTIN_DRIVERS["simulated"])  # a class whose name is 'simulated'
+    with pytest.raises(ValidationError, match="says its name is 'simulated'"):
+        reg.driver_class("sglang")
+
+
 def test_an_entry_point_driver_is_found_validated_and_made(plugin):
     assert "toy" in DRIVERS and DRIVERS.capabilities("toy").min_transition_wall_s == 0.3
     launch = LaunchSpec(driver="toy", warmup_s=2)
