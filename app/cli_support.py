@@ -5,9 +5,9 @@ a failure to reach Redis becomes :class:`makespan.RedisUnreachable`'s message.""
 from __future__ import annotations
 
 import os
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
-import click
 import redis
 import typer
 from typer.core import TyperGroup
@@ -17,6 +17,10 @@ from makespan.errors import MakespanError, RedisUnreachable
 if TYPE_CHECKING:  # pragma: no cover
     from makespan.keys import Keys
     from makespan.settings import Settings
+
+# the click context of the command running now (set by CliGroup): its parameters name
+# the Redis URL of a command with --redis-url
+_RUNNING: ContextVar[Any] = ContextVar("makespan_cli_running_command", default=None)
 
 
 def context() -> tuple[Settings, redis.Redis, Keys]:
@@ -32,7 +36,7 @@ def context() -> tuple[Settings, redis.Redis, Keys]:
 def _command_redis_url() -> str:
     """The Redis URL of the running command: its ``--redis-url`` where it has one, else
     ``MAKESPAN_REDIS_URL`` (else the default), as :class:`makespan.settings.Settings` reads it."""
-    ctx = click.get_current_context(silent=True)
+    ctx = _RUNNING.get()
     if ctx is not None and ctx.params.get("redis_url"):
         return str(ctx.params["redis_url"])
     from makespan.settings import Settings
@@ -46,8 +50,8 @@ def _command_redis_url() -> str:
 def unreachable_redis(error: BaseException) -> RedisUnreachable | None:
     """The :class:`RedisUnreachable` that ``error`` amounts to (itself; a redis-py
     ``ConnectionError`` or ``TimeoutError``; a :class:`makespan.StoreError` raised from
-    one), naming the command's Redis URL with the password redacted; None for any other
-    error (an authentication failure included: Redis answered)."""
+    one), naming the running command's Redis URL with the password redacted; None for
+    any other error (an authentication failure included: Redis answered)."""
     if isinstance(error, RedisUnreachable):
         return error
     from makespan.client import unreachable
@@ -74,19 +78,24 @@ class CliGroup(TyperGroup):
     escape (a redis-py error outside its own error handling) fails as :func:`fail` does,
     with :class:`RedisUnreachable`'s message and exit 2, instead of a traceback."""
 
-    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+    def get_command(self, ctx: typer.Context, cmd_name: str) -> Any:
         cmd = super().get_command(ctx, cmd_name)
         if cmd is not None and not getattr(cmd, "_makespan_guarded", False):
             inner = cmd.invoke
 
-            def invoke(sub_ctx: click.Context) -> Any:
+            def invoke(sub_ctx: typer.Context) -> Any:
+                running = _RUNNING.set(sub_ctx)
                 try:
                     return inner(sub_ctx)
+                except (typer.Exit, typer.Abort):
+                    raise  # the command's own exit, its error already reported
                 except Exception as e:
                     if unreachable_redis(e) is None:
                         raise
                     fail(e)
+                finally:
+                    _RUNNING.reset(running)
 
-            cmd.invoke = invoke  # type: ignore[method-assign]
-            cmd._makespan_guarded = True  # type: ignore[attr-defined]
+            cmd.invoke = invoke
+            cmd._makespan_guarded = True
         return cmd
