@@ -12,11 +12,12 @@ from pathlib import Path
 
 import typer
 
+from makespan.cli_support import CliGroup
 from makespan.cli_support import fail as _fail
 from makespan.errors import MakespanError, RedisConfigError, ValidationError
 from makespan.planner.policies import DEFAULT_POLICY, POLICY_REGISTRY
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+app = typer.Typer(cls=CliGroup, add_completion=False, no_args_is_help=True,
                   help="makespan: schedule multi-step GPU workloads on a fleet of GPU hosts.")
 
 SIM_PROGRESS_EVERY_S = 5.0  # wall seconds between progress lines of `makespan simulate`
@@ -484,8 +485,10 @@ def main() -> None:
     try:
         app()
     except MakespanError as e:  # pragma: no cover - commands translate their own
-        typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
-        sys.exit(2)
+        try:
+            _fail(e)
+        except typer.Exit:
+            sys.exit(2)
 
 
 if __name__ == "__main__":

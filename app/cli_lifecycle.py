@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 import typer
 
+from makespan.cli_support import fail
 from makespan.errors import MakespanError, PhaseError
 from makespan.keys import Keys
 from makespan.models import FleetSpec, load_fleet
@@ -215,8 +216,7 @@ def incidents(redis_url: str | None = typer.Option(None, "--redis-url", help="de
         r, keys = _conn(redis_url, prefix)
         rows = list_incidents(r, keys)
     except MakespanError as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2) from e
+        fail(e)  # Redis unreachable: RedisUnreachable's message
     if as_json:
         for row in rows:
             typer.echo(json.dumps(row, sort_keys=True))
@@ -272,8 +272,7 @@ def render_pipeline(fleet: Path = typer.Option(EXAMPLE_FLEET, "--fleet", help="f
         s = Settings.from_env(time_scale=time_scale)
         out = run_render_pipeline(s, fleet, host, cards, card_latency_ms, with_observer)
     except MakespanError as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2) from e
+        fail(e)  # Redis unreachable: RedisUnreachable's message
     if as_json:
         typer.echo(json.dumps(out, sort_keys=True, default=str))
         return

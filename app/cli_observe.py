@@ -17,6 +17,7 @@ from pathlib import Path
 
 import typer
 
+from makespan.cli_support import fail
 from makespan.errors import MakespanError
 
 
@@ -91,8 +92,7 @@ def dashboard(
             f"makespan dashboard on {url} (Redis {s.redis_url}, key prefix {s.key_prefix})", err=True),
             shutdown_grace_s=s.shutdown_grace_s)
     except MakespanError as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2) from e
+        fail(e)  # Redis unreachable: RedisUnreachable's message
 
 
 def register(app: typer.Typer) -> None:

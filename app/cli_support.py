@@ -1,17 +1,26 @@
 """What every ``makespan`` CLI module shares: the settings, Redis and keys of a command,
-and the one way a command fails (``error: ...`` in red on stderr, exit 2)."""
+the one way a command fails (``error: ...`` in red on stderr, exit 2), and the one place
+a failure to reach Redis becomes :class:`makespan.RedisUnreachable`'s message."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import os
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any
 
+import redis
 import typer
+from typer.core import TyperGroup
+
+from makespan.errors import MakespanError, RedisUnreachable
 
 if TYPE_CHECKING:  # pragma: no cover
-    import redis
-
     from makespan.keys import Keys
     from makespan.settings import Settings
+
+# the click context of the command running now (set by CliGroup): its parameters name
+# the Redis URL of a command with --redis-url
+_RUNNING: ContextVar[Any] = ContextVar("makespan_cli_running_command", default=None)
 
 
 def context() -> tuple[Settings, redis.Redis, Keys]:
@@ -24,7 +33,69 @@ def context() -> tuple[Settings, redis.Redis, Keys]:
     return s, connect(s.redis_url), Keys(s.key_prefix)
 
 
+def _command_redis_url() -> str:
+    """The Redis URL of the running command: its ``--redis-url`` where it has one, else
+    ``MAKESPAN_REDIS_URL`` (else the default), as :class:`makespan.settings.Settings` reads it."""
+    ctx = _RUNNING.get()
+    if ctx is not None and ctx.params.get("redis_url"):
+        return str(ctx.params["redis_url"])
+    from makespan.settings import Settings
+
+    try:
+        return Settings.from_env().redis_url
+    except MakespanError:
+        return os.environ.get("MAKESPAN_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+def unreachable_redis(error: BaseException) -> RedisUnreachable | None:
+    """The :class:`RedisUnreachable` that ``error`` amounts to (itself; a redis-py
+    ``ConnectionError`` or ``TimeoutError``; a :class:`makespan.StoreError` raised from
+    one), naming the running command's Redis URL with the password redacted; None for
+    any other error (an authentication failure included: Redis answered)."""
+    if isinstance(error, RedisUnreachable):
+        return error
+    from makespan.client import unreachable
+
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, (redis.AuthenticationError, redis.exceptions.AuthorizationError)):
+            return None
+        if isinstance(seen, (redis.ConnectionError, redis.TimeoutError)):
+            return unreachable(_command_redis_url(), seen)
+        seen = seen.__cause__
+    return None
+
+
 def fail(e: Exception) -> None:
-    """Print ``error: {e}`` and exit 2."""
+    """Print ``error: {e}`` and exit 2 (Redis unreachable: :class:`RedisUnreachable`'s message)."""
+    e = unreachable_redis(e) or e
     typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
     raise typer.Exit(2)
+
+
+class CliGroup(TyperGroup):
+    """The ``makespan`` command group: a command that lets a failure to reach Redis
+    escape (a redis-py error outside its own error handling) fails as :func:`fail` does,
+    with :class:`RedisUnreachable`'s message and exit 2, instead of a traceback."""
+
+    def get_command(self, ctx: typer.Context, cmd_name: str) -> Any:
+        cmd = super().get_command(ctx, cmd_name)
+        if cmd is not None and not getattr(cmd, "_makespan_guarded", False):
+            inner = cmd.invoke
+
+            def invoke(sub_ctx: typer.Context) -> Any:
+                running = _RUNNING.set(sub_ctx)
+                try:
+                    return inner(sub_ctx)
+                except (typer.Exit, typer.Abort):
+                    raise  # the command's own exit, its error already reported
+                except Exception as e:
+                    if unreachable_redis(e) is None:
+                        raise
+                    fail(e)
+                finally:
+                    _RUNNING.reset(running)
+
+            cmd.invoke = invoke
+            cmd._makespan_guarded = True
+        return cmd

@@ -15,7 +15,7 @@ from makespan.cli_support import context, fail
 from makespan.pools import published_pools
 
 WAITING = ("queued", "delayed")
-FINISHED = ("completed", "failed", "cancelled")  # listed from P:finished, the latest first, until compaction
+FINISHED = ("completed", "failed", "cancelled")  # listed from P:finished and P:retained, the latest first
 LISTED_STATES = ("queued", "delayed", "leased", "running", *FINISHED)  # running: leased and in its execute phase
 HEADER = f"{'ID':32}  {'PRIORITY':8} {'ENDPOINT':14} {'STATE':9} {'REASON':22} ETA"
 
@@ -72,11 +72,24 @@ def line(x: dict[str, Any]) -> str:
     return f"{x['id']}: {x['state']}, {x['reason']}, {_when(x['eta'], x['eta_in_s'])}"
 
 
+def _finished_ids(r, keys, count: int) -> list[str]:
+    """The ``count`` latest finished job ids: those not compacted yet (``P:finished``) and
+    the retained summaries (``P:retained``, compacted by the planner's retention sweep
+    within ``MAKESPAN_RETENTION_SWEEP_S``), merged by finish time, the latest first."""
+    p = r.pipeline(transaction=False)
+    p.zrevrange(keys.finished, 0, count - 1, withscores=True)
+    p.zrevrange(keys.retained, 0, count - 1, withscores=True)
+    fresh, retained = p.execute()
+    merged = sorted(dict(retained + fresh).items(), key=lambda item: item[1], reverse=True)
+    return [job_id for job_id, _ in merged[:count]]
+
+
 def list_jobs(r, keys, settings, states: tuple[str, ...] = WAITING, endpoint: str | None = None,
               priority: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
     """The jobs in ``states`` (queued: every queue, CRITICAL first, FIFO; delayed: by due
-    time; leased: by lease; completed, failed, cancelled: the latest finished first, while
-    their records are kept, see docs/operations.md on retention) filtered by endpoint and
+    time; leased: by lease; completed, failed, cancelled: the latest finished first, whether
+    compacted to a summary by retention or not yet, while their records are kept, see
+    docs/operations.md on retention) filtered by endpoint and
     priority, at most ``limit``, each as
     :func:`explain` answers. Reads at most ``limit`` ids per source past the filters'
     rejects (a bounded scan, ``4 × limit``).
@@ -101,8 +114,8 @@ def list_jobs(r, keys, settings, states: tuple[str, ...] = WAITING, endpoint: st
         elif st == "delayed":
             ids += r.zrange(keys.delayed, 0, scan - 1)
         elif st in FINISHED:
-            if st == next(s for s in states if s in FINISHED):  # P:finished holds all three: read it once
-                ids += r.zrevrange(keys.finished, 0, scan - 1)
+            if st == next(s for s in states if s in FINISHED):  # the two indexes hold all three: read them once
+                ids += _finished_ids(r, keys, scan)
         elif "leased" not in states or st == "leased":  # P:running holds leased and running jobs: read it once
             ids += r.zrange(keys.running, 0, scan - 1)
     p = r.pipeline(transaction=False)

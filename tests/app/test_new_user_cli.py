@@ -105,3 +105,45 @@ def test_status_counts_the_attempts_made(r, keys, settings):
     r.hset(keys.job(job.id), mapping={"state": "running", "attempts": 1})
     r.hdel(keys.job(job.id), "result_attempt")
     assert (prod.status(job.id)["attempts"], prod.status(job.id)["reclaimed_attempts"]) == (2, 1)
+
+
+def test_jobs_lists_finished_jobs_after_the_retention_sweep_compacted_them(r, keys, settings, redis_url, prefix):
+    """`makespan jobs --state cancelled` after the planner's retention sweep moved the job
+    from P:finished to P:retained (within MAKESPAN_RETENTION_SWEEP_S): still listed, the
+    latest finished first, beside one not compacted yet."""
+    from makespan.workers.retention import Retention
+
+    prod = Producer(r, keys, load_fleet(FLEET_TOML), settings)
+    older, newer = prod.submit({"endpoint": "chat", "service_s": 5}), prod.submit({"endpoint": "chat", "service_s": 5})
+    assert prod.cancel(older.id) == "cancelled"
+    assert Retention(r, settings).sweep().compacted == 1
+    assert r.zscore(keys.retained, older.id) is not None and r.zscore(keys.finished, older.id) is None
+    assert prod.cancel(newer.id) == "cancelled"  # not compacted yet: on P:finished
+    r.zadd(keys.finished, {newer.id: float(r.zscore(keys.retained, older.id)) + 1.0})  # finished later, whatever the clock
+    env = _env(redis_url, prefix)
+    res = CliRunner().invoke(cli_app, ["jobs", "--state", "cancelled", "--state", "completed"], env=env)
+    assert res.exit_code == 0, res.output
+    assert [line.split()[:4] for line in res.output.splitlines()[1:]] == \
+        [[newer.id, "NORMAL", "chat", "cancelled"], [older.id, "NORMAL", "chat", "cancelled"]]
+    res = CliRunner().invoke(cli_app, ["jobs", "--state", "cancelled", "--limit", "1"], env=env)
+    assert [line.split()[0] for line in res.output.splitlines()[1:]] == [newer.id]
+
+
+@pytest.mark.parametrize("argv", [
+    ["status", "abc"], ["why", "abc"], ["jobs"], ["cancel", "abc"], ["result", "abc", "--no-wait"],
+    ["transitions", "--fleet", str(FLEET_TOML)], ["submit", "--endpoint", "chat", "--service-s", "3"],
+    ["incidents", "--redis-url", "URL"],  # the option's URL is named, not MAKESPAN_REDIS_URL's
+], ids=lambda argv: argv[0])
+def test_every_redis_command_says_redis_is_unreachable(argv, prefix):
+    """With no Redis at MAKESPAN_REDIS_URL every command that talks to Redis prints
+    RedisUnreachable's message (the URL, password redacted, and the variable) and exits
+    2: no traceback, no bare redis-py 'Error 111'. The real entry point, in a subprocess."""
+    url = f"redis://:s3cret@127.0.0.1:{_closed_port()}/0"
+    env_url = f"redis://127.0.0.1:{_closed_port()}/1" if "URL" in argv else url
+    argv = [url if arg == "URL" else arg for arg in argv]
+    cli = subprocess.run([sys.executable, "-m", "makespan.cli", *argv], env={**os.environ, **_env(env_url, prefix)},
+                         capture_output=True, text=True, timeout=60)
+    assert cli.returncode == 2 and "Traceback" not in cli.stderr, cli.stderr
+    assert "error: cannot reach Redis at " + url.replace(":s3cret@", ":***@") in cli.stderr, cli.stderr
+    assert "MAKESPAN_REDIS_URL" in cli.stderr and "s3cret" not in cli.stderr + cli.stdout
+    assert cli.stderr.count("error: ") == 1, cli.stderr  # one message, not the command's and then ours
