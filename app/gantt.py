@@ -348,12 +348,15 @@ def render_gantt(events: list[dict[str, Any]], out_png: str, gpu_order: list[str
     ``gpu_order`` are appended in sorted order. Two legends: phase / priority, and
     endpoint (one entry per endpoint of the run).
 
-    Every bar starts at its real start. A transition phase's bar (evict, start_endpoint,
-    clear, restore) is at least :data:`MIN_TRANSITION_FRACTION` of the chart's time span
-    wide (0.8 %: a few seconds' wake in a run of many hours is far below one pixel at its
-    real width), any other bar at least :data:`MIN_BAR_FRACTION`; so a short transition
-    is drawn wider than it lasted (its length is in the summary and ``transition_error``),
-    over the start of the bar that follows it (transition bars are drawn last).
+    A transition phase's bar (evict, start_endpoint, clear, restore) is at least
+    :data:`MIN_TRANSITION_FRACTION` of the chart's time span wide (0.8 %: a few seconds'
+    wake in a run of many hours is far below one pixel at its real width), any other bar
+    at least :data:`MIN_BAR_FRACTION`; so a short transition is drawn wider than it
+    lasted (its length is in the summary and ``transition_error``), over the start of
+    the bar that follows it (transition bars are drawn last). Every bar starts at its
+    real start, except a transition that begins while the widened transition before it
+    on the same GPU is still drawn (a sleep, then a wake): it is drawn right after that
+    one, so neither hides the other.
 
     Raises:
         ValidationError: ``events`` is empty (field ``events``).
@@ -397,17 +400,22 @@ def gantt_figure(events: list[dict[str, Any]], gpu_order: list[str] | None = Non
     ep_colour = endpoint_colours(iv.endpoint for iv in ivs)
     fig, ax = plt.subplots(figsize=(12, max(2.5, 0.45 * len(lanes) + 1.4)))
     # transition bars last: widened to their minimum, they are drawn over the bar that follows
-    for iv in sorted(ivs, key=lambda iv: iv.phase in TRANSITION_PHASES):
+    drawn_end: dict[str, float] = {}  # per GPU: where its last widened transition bar ends
+    for iv in sorted(ivs, key=lambda iv: iv.phase in TRANSITION_PHASES):  # ivs are in start order
         p = iv.priority or ""  # no job (a set-point restore): plain black edge
         least = MIN_TRANSITION_FRACTION if iv.phase in TRANSITION_PHASES else MIN_BAR_FRACTION
         width = max(iv.end_s - iv.start_s, span * least)
         alpha = 1.0 if iv.complete else 0.45
         for g in iv.gpus:
-            ax.barh(row[g], width, left=iv.start_s, height=0.7,
+            left = iv.start_s
+            if iv.phase in TRANSITION_PHASES:  # not hidden under the widened one before it
+                left = max(left, drawn_end.get(g, left))
+                drawn_end[g] = left + width
+            ax.barh(row[g], width, left=left, height=0.7,
                     color=TRANSITION_COLOURS.get(iv.transition or "", PHASE_COLOURS.get(iv.phase, "#cccccc")),
                     edgecolor=PRIORITY_EDGES.get(p, "#000000"),
                     linewidth=1.2, hatch=PRIORITY_HATCH.get(p, ""), alpha=alpha)
-            ax.barh(row[g] + 0.35 - 0.12, width, left=iv.start_s, height=0.24,  # endpoint band, lower third
+            ax.barh(row[g] + 0.35 - 0.12, width, left=left, height=0.24,  # endpoint band, lower third
                     color=ep_colour[iv.endpoint or NO_ENDPOINT], linewidth=0, alpha=alpha)
             if (iv.end_s - iv.start_s) > span * 0.06:
                 text = iv.endpoint or ""
