@@ -32,20 +32,28 @@ from makespan.models import Priority
 
 PHASES = ("evict", "start_endpoint", "execute", "clear", "restore")
 TRANSITION_PHASES = ("evict", "start_endpoint", "clear", "restore")
+# Evict, restore and the transitions below take Okabe & Ito's colour-blind-safe palette
+# (vermillion, yellow; reddish purple, orange, blue), no two alike and none equal to a
+# phase colour, so sleep, wake, cold start, evict and restore read apart (issue 20).
 PHASE_COLOURS = {
-    "evict": "#f4a582",
+    "evict": "#d55e00",
     "start_endpoint": "#92c5de",
     "execute": "#4daf4a",
-    "clear": "#fee08b",
-    "restore": "#b2abd2",
+    "clear": "#d9d9d9",
+    "restore": "#f0e442",
 }
 # A transition phase's bar takes the colour of what it did (the phase_end event's
 # ``transition`` field): a sleep instead of a stop, a wake instead of a cold start.
 TRANSITION_COLOURS = {
-    "sleep": "#fdb863",
-    "wake": "#5ab4ac",
-    "cold_start": "#92c5de",
+    "sleep": "#cc79a7",
+    "wake": "#e69f00",
+    "cold_start": "#0072b2",
 }
+# A transition bar is drawn at least this fraction of the chart's time span wide (about
+# 7 pixels of a default chart), so an 8 s wake in a 57,000 s run still shows; other bars
+# at least MIN_BAR_FRACTION.
+MIN_TRANSITION_FRACTION = 0.008
+MIN_BAR_FRACTION = 0.002
 TRANSITIONS = tuple(TRANSITION_COLOURS)
 PRIORITY_EDGES = {"CRITICAL": "#b2182b", "HIGH": "#e66101", "NORMAL": "#2166ac", "LOW": "#404040"}
 PRIORITY_HATCH = {"CRITICAL": "///", "HIGH": "\\\\", "NORMAL": "", "LOW": ".."}
@@ -340,6 +348,16 @@ def render_gantt(events: list[dict[str, Any]], out_png: str, gpu_order: list[str
     ``gpu_order`` are appended in sorted order. Two legends: phase / priority, and
     endpoint (one entry per endpoint of the run).
 
+    A transition phase's bar (evict, start_endpoint, clear, restore) is at least
+    :data:`MIN_TRANSITION_FRACTION` of the chart's time span wide (0.8 %: a few seconds'
+    wake in a run of many hours is far below one pixel at its real width), any other bar
+    at least :data:`MIN_BAR_FRACTION`; so a short transition is drawn wider than it
+    lasted (its length is in the summary and ``transition_error``), over the start of
+    the bar that follows it (transition bars are drawn last). Every bar starts at its
+    real start, except a transition that begins while the widened transition before it
+    on the same GPU is still drawn (a sleep, then a wake): it is drawn right after that
+    one, so neither hides the other.
+
     Raises:
         ValidationError: ``events`` is empty (field ``events``).
     """
@@ -355,7 +373,9 @@ def render_gantt(events: list[dict[str, Any]], out_png: str, gpu_order: list[str
 def gantt_figure(events: list[dict[str, Any]], gpu_order: list[str] | None = None, title: str = "") -> Any:
     """The matplotlib ``Figure`` :func:`render_gantt` saves (its one axes holds both
     legends: ``ax.get_legend()`` is the endpoint legend, the phase / priority legend is
-    an extra artist). The caller closes it (``plt.close(fig)``).
+    an extra artist). The caller closes it (``plt.close(fig)``). Bar widths as
+    :func:`render_gantt` says (a transition at least :data:`MIN_TRANSITION_FRACTION` of
+    the time span).
 
     Raises:
         ValidationError: ``events`` is empty (field ``events``).
@@ -379,16 +399,23 @@ def gantt_figure(events: list[dict[str, Any]], gpu_order: list[str] | None = Non
     span = max(evs[-1]["ts"] - t0, 1e-9)
     ep_colour = endpoint_colours(iv.endpoint for iv in ivs)
     fig, ax = plt.subplots(figsize=(12, max(2.5, 0.45 * len(lanes) + 1.4)))
-    for iv in ivs:
+    # transition bars last: widened to their minimum, they are drawn over the bar that follows
+    drawn_end: dict[str, float] = {}  # per GPU: where its last widened transition bar ends
+    for iv in sorted(ivs, key=lambda iv: iv.phase in TRANSITION_PHASES):  # ivs are in start order
         p = iv.priority or ""  # no job (a set-point restore): plain black edge
-        width = max(iv.end_s - iv.start_s, span * 0.002)
+        least = MIN_TRANSITION_FRACTION if iv.phase in TRANSITION_PHASES else MIN_BAR_FRACTION
+        width = max(iv.end_s - iv.start_s, span * least)
         alpha = 1.0 if iv.complete else 0.45
         for g in iv.gpus:
-            ax.barh(row[g], width, left=iv.start_s, height=0.7,
+            left = iv.start_s
+            if iv.phase in TRANSITION_PHASES:  # not hidden under the widened one before it
+                left = max(left, drawn_end.get(g, left))
+                drawn_end[g] = left + width
+            ax.barh(row[g], width, left=left, height=0.7,
                     color=TRANSITION_COLOURS.get(iv.transition or "", PHASE_COLOURS.get(iv.phase, "#cccccc")),
                     edgecolor=PRIORITY_EDGES.get(p, "#000000"),
                     linewidth=1.2, hatch=PRIORITY_HATCH.get(p, ""), alpha=alpha)
-            ax.barh(row[g] + 0.35 - 0.12, width, left=iv.start_s, height=0.24,  # endpoint band, lower third
+            ax.barh(row[g] + 0.35 - 0.12, width, left=left, height=0.24,  # endpoint band, lower third
                     color=ep_colour[iv.endpoint or NO_ENDPOINT], linewidth=0, alpha=alpha)
             if (iv.end_s - iv.start_s) > span * 0.06:
                 text = iv.endpoint or ""

@@ -167,6 +167,7 @@ def live_report(r: redis.Redis, keys: Keys, fleet: FleetSpec, events: list[dict[
     rep["drain_left"] = drain["left"]
     rep["estimate_error"] = estimate_errors(events)
     rep["transition_error"] = transition_errors(events)
+    rep["transitions"].update(executed_transition_counts(events))
     # prewarms (issue 20 point 5) run as restore leases: counted apart, their GPU-s stay in
     ended = {e.get("lease") for e in events if e.get("kind") == "restore_end"}
     prewarms = sum(1 for e in events if e.get("kind") == "restore_start" and e.get("prewarm") and e.get("lease") in ended)
@@ -175,6 +176,34 @@ def live_report(r: redis.Redis, keys: Keys, fleet: FleetSpec, events: list[dict[
     rep["transitions"]["wake_failed"] = sum(1 for e in events if e.get("kind") == "phase_end" and e.get("wake_failed"))
     rep["transitions"]["sleep_failed"] = sum(1 for e in events if e.get("kind") == "phase_end" and e.get("sleep_failed"))
     return rep
+
+
+def executed_transition_counts(events: list[dict[str, Any]]) -> dict[str, int]:
+    """Every transition the run executed, from the ``transitions`` lists of its phases'
+    ``phase_end`` events: every attempt of a job (a preempted or retried one too) and
+    restore leases included, as :func:`transition_errors` and ``makespan report`` count.
+
+    Returns ``{"evict", "sleep", "sleep_level1", "sleep_level2", "cold_start", "wake"}``:
+    ``evict`` every endpoint displaced (stopped or put to sleep), ``sleep`` those put to
+    sleep, split by the level of the evict phase's ``slept_levels``, ``cold_start`` and
+    ``wake`` the endpoint loads of that kind (a restore lease's cold start is its kind
+    ``restore``, counted in ``transitions.restore``; a wake it does is a ``wake``).
+    """
+    out = {"evict": 0, "sleep": 0, "sleep_level1": 0, "sleep_level2": 0, "cold_start": 0, "wake": 0}
+    for e in events:
+        if e.get("kind") != "phase_end":
+            continue
+        for t in e.get("transitions") or ():
+            kind = t.get("kind")
+            if kind in ("evict", "sleep"):
+                out["evict"] += 1
+            if kind in ("sleep", "cold_start", "wake"):
+                out[kind] += 1
+        if e.get("phase") == "evict":
+            for level in (e.get("slept_levels") or {}).values():
+                if f"sleep_level{level}" in out:
+                    out[f"sleep_level{level}"] += 1
+    return out
 
 
 def transition_errors(events: list[dict[str, Any]]) -> dict[str, dict[str, float]]:

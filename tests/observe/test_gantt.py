@@ -145,3 +145,69 @@ def test_gantt_has_a_legend_by_endpoint_with_the_bar_colours(events, gpus):
         assert {t.get_text() for t in phase_legend.get_texts()} >= set(PHASE_COLOURS)
     finally:
         plt.close(fig)
+
+
+def _long_run_with_short_wake() -> list[dict]:
+    """One job on one GPU: an 8 s wake, then 57,000 s of execute (NORMAL: no hatch)."""
+    base = {"job": "j-long", "lease": "l-long", "gpus": ["GPU-a-0"], "endpoint": "chat", "priority": "NORMAL"}
+    return [{"ts": 0.0, "kind": "submitted", **base},
+            {"ts": 0.0, "kind": "leased", **base},
+            {"ts": 0.0, "kind": "phase_start", "phase": "start_endpoint", **base},
+            {"ts": 8.0, "kind": "phase_end", "phase": "start_endpoint", "transition": "wake", **base},
+            {"ts": 8.0, "kind": "phase_start", "phase": "execute", **base},
+            {"ts": 57_000.0, "kind": "phase_end", "phase": "execute", **base},
+            {"ts": 57_000.0, "kind": "completed", **base}]
+
+
+def _plot_area_pixels(tmp_path, events: list[dict], hex_colour: str) -> int:
+    """Pixels of ``hex_colour`` inside the axes of the PNG :func:`render_gantt` writes
+    (the legends are outside them)."""
+    from makespan.gantt import gantt_figure
+
+    fig = gantt_figure(events)
+    box = fig.axes[0].get_position()  # figure fraction: the plot area
+    fig.clf()
+    img = mpimg.imread(render_gantt(events, str(tmp_path / "g.png")))
+    height, width = img.shape[:2]
+    plot = img[int((1 - box.y1) * height):int((1 - box.y0) * height), int(box.x0 * width):int(box.x1 * width)]
+    rgb = np.array([int(hex_colour[i:i + 2], 16) / 255 for i in (1, 3, 5)])
+    return int((np.abs(plot[..., :3] - rgb).max(axis=-1) < 0.02).sum())
+
+
+def test_a_short_wake_in_a_long_run_shows_in_the_plot_area(tmp_path):
+    from makespan.gantt import TRANSITION_COLOURS
+
+    assert _plot_area_pixels(tmp_path, _long_run_with_short_wake(), TRANSITION_COLOURS["wake"]) >= 10
+
+
+def test_a_short_sleep_right_before_a_wake_is_not_hidden_under_it(tmp_path):
+    from makespan.gantt import TRANSITION_COLOURS
+
+    events = _long_run_with_short_wake()
+    base = {k: events[0][k] for k in ("job", "lease", "gpus", "endpoint", "priority")}
+    events[2] = {**events[2], "ts": 2.0}  # the wake: 2 s … 8 s, right after a 2 s sleep
+    events += [{"ts": 0.0, "kind": "phase_start", "phase": "evict", **base},
+               {"ts": 2.0, "kind": "phase_end", "phase": "evict", "transition": "sleep", **base}]
+    for name in ("sleep", "wake"):
+        assert _plot_area_pixels(tmp_path, events, TRANSITION_COLOURS[name]) >= 10, name
+
+
+def test_legend_colours_of_sleep_wake_cold_start_evict_restore_are_distinct(tmp_path):
+    from makespan.gantt import TRANSITION_COLOURS, gantt_figure
+
+    named = [PHASE_COLOURS["evict"], PHASE_COLOURS["restore"], PHASE_COLOURS["start_endpoint"],
+             *TRANSITION_COLOURS.values()]
+    assert len({c.lower() for c in named}) == len(named)
+    events = _long_run_with_short_wake()
+    events[3] = {**events[3], "transition": "cold_start"}
+    j2 = {"job": "j2", "lease": "l2", "gpus": ["GPU-a-1"], "endpoint": "chat", "priority": "NORMAL"}
+    events += [{"ts": 1.0, "kind": "phase_start", "phase": "evict", **j2},
+               {"ts": 2.0, "kind": "phase_end", "phase": "evict", "transition": "sleep", **j2},
+               {"ts": 2.0, "kind": "phase_start", "phase": "start_endpoint", **j2},
+               {"ts": 9.0, "kind": "phase_end", "phase": "start_endpoint", "transition": "wake", **j2}]
+    fig = gantt_figure(events)
+    phase_legend = [a for a in fig.axes[0].artists if hasattr(a, "get_patches")][0]
+    colours = [tuple(p.get_facecolor()) for p in phase_legend.get_patches() if p.get_facecolor()[:3] != (1, 1, 1)]
+    labels = [t.get_text() for t in phase_legend.get_texts()]
+    assert {"sleep", "wake", "cold start", "start_endpoint", "evict", "restore"} <= set(labels)
+    assert len(set(colours)) == len(colours), dict(zip(labels, colours))

@@ -1,0 +1,79 @@
+"""The live report's ``transitions`` count every executed transition of the run (issue 20
+point 1): every attempt of a job and restore leases too, as ``transition_error`` and the
+summary of ``makespan report`` do."""
+
+from makespan.gantt import summary_stats
+from makespan.models import parse_fleet
+from makespan.run_report import live_report
+
+FLEET = parse_fleet({
+    "name": "t",
+    "hosts": [{"name": "a", "gpu_count": 2, "memory_mib": 81920}],
+    "endpoints": {
+        "m1": {"model": "x", "memory_mib_per_gpu": 1000, "cold_start_s": 45, "wake_s": 8,
+               "set_point": [{"host": "a", "gpus": [0]}]},
+        "m3": {"model": "z", "memory_mib_per_gpu": 1000, "cold_start_s": 20, "wake_s": 8},
+    },
+})
+G0, G1 = FLEET.gpu_uuids()
+
+
+def _t(kind: str, endpoint: str, planned_s: float, actual_s: float) -> dict:
+    return {"kind": kind, "endpoint": endpoint, "planned_s": planned_s, "actual_s": actual_s}
+
+
+def _events(t0: float = 1000.0) -> list[dict]:
+    """j1's first attempt (L1) wakes m3 on GPU 1 and is preempted while executing; its
+    second (L2) cold-starts m3 on GPU 0 (m1 was stopped by no one: GPU 0 was free). The
+    restore lease R1 puts m3 to sleep (level 1) on GPU 1 and cold-starts (restores) m1."""
+    j1 = {"job": "j1", "endpoint": "m3", "priority": "NORMAL"}
+    return [
+        {"ts": t0, "kind": "submitted", **j1},
+        {"ts": t0 + 1, "kind": "leased", "lease": "L1", "gpus": [G1], **j1},
+        {"ts": t0 + 1, "kind": "phase_start", "lease": "L1", "phase": "start_endpoint", "gpus": [G1], **j1},
+        {"ts": t0 + 9, "kind": "phase_end", "lease": "L1", "phase": "start_endpoint", "gpus": [G1],
+         "planned_s": 8, "transition": "wake", "transitions": [_t("wake", "m3", 8, 8)], **j1},
+        {"ts": t0 + 9, "kind": "phase_start", "lease": "L1", "phase": "execute", "gpus": [G1], **j1},
+        {"ts": t0 + 12, "kind": "preempted", "lease": "L1", "gpus": [G1], **j1},
+        {"ts": t0 + 13, "kind": "leased", "lease": "L2", "gpus": [G0], **j1},
+        {"ts": t0 + 13, "kind": "phase_start", "lease": "L2", "phase": "start_endpoint", "gpus": [G0], **j1},
+        {"ts": t0 + 33, "kind": "phase_end", "lease": "L2", "phase": "start_endpoint", "gpus": [G0],
+         "planned_s": 20, "transition": "cold_start", "transitions": [_t("cold_start", "m3", 20, 20)], **j1},
+        {"ts": t0 + 33, "kind": "phase_start", "lease": "L2", "phase": "execute", "gpus": [G0], **j1},
+        {"ts": t0 + 53, "kind": "phase_end", "lease": "L2", "phase": "execute", "gpus": [G0], **j1},
+        {"ts": t0 + 53, "kind": "completed", "lease": "L2", "gpus": [G0], **j1},
+        {"ts": t0 + 60, "kind": "restore_start", "lease": "R1", "gpus": [G1], "endpoint": "m1"},
+        {"ts": t0 + 60, "kind": "phase_start", "lease": "R1", "phase": "evict", "gpus": [G1], "endpoint": "m1"},
+        {"ts": t0 + 62, "kind": "phase_end", "lease": "R1", "phase": "evict", "gpus": [G1], "endpoint": "m1",
+         "evicted": ["m3"], "slept": ["m3"], "slept_levels": {"m3": 1}, "transition": "sleep", "planned_s": 2,
+         "transitions": [_t("sleep", "m3", 2, 2)]},
+        {"ts": t0 + 62, "kind": "phase_start", "lease": "R1", "phase": "start_endpoint", "gpus": [G1],
+         "endpoint": "m1"},
+        {"ts": t0 + 107, "kind": "phase_end", "lease": "R1", "phase": "start_endpoint", "gpus": [G1],
+         "endpoint": "m1", "planned_s": 45, "transition": "cold_start",
+         "transitions": [_t("restore", "m1", 45, 45)]},
+        {"ts": t0 + 107, "kind": "restore_end", "lease": "R1", "gpus": [G1], "endpoint": "m1"},
+    ]
+
+
+def test_live_report_counts_every_attempt_and_restore_leases(r, keys):
+    r.hset(keys.job("j1"), mapping={"id": "j1", "endpoint": "m3", "priority": "NORMAL", "state": "completed",
+                                    "submitted_at": 1000.0, "finished_at": 1053.0, "service_s": 20.0,
+                                    "lease": "L2"})
+    events = _events()
+    rep = live_report(r, keys, FLEET, events, ["j1"], time_scale=1.0, policy="default")
+    counts = {k: rep["transitions"][k] for k in ("evict", "sleep", "sleep_level1", "sleep_level2", "wake",
+                                                  "cold_start", "restore")}
+    # the preempted attempt's wake and the restore lease's sleep count (the old rule: 0 and 0)
+    assert counts == {"evict": 1, "sleep": 1, "sleep_level1": 1, "sleep_level2": 0, "wake": 1,
+                      "cold_start": 1, "restore": 1}
+    errors = rep["transition_error"]
+    for kind in ("sleep", "wake", "cold_start", "restore"):
+        assert errors[kind]["n"] == counts[kind], kind
+    summary = summary_stats(events)
+    assert summary["transition_count"]["sleep"] == counts["sleep"]
+    assert summary["transition_count"]["wake"] == counts["wake"]
+    assert summary["sleep_level_count"] == {"level1": 1, "level2": 0}
+    # the summary names a restore lease's load by what it did (a cold start); the report
+    # counts it in ``restore``, as ``transition_error`` does
+    assert summary["transition_count"]["cold_start"] == counts["cold_start"] + counts["restore"]
