@@ -154,9 +154,14 @@ def table(result: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--hold-gpu-mib", type=int, default=2048)
-    ap.add_argument("--sleep-ram-mib", type=int, default=1024)
+    ap = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0] + " Where NVML sees no GPU, the figures are the bundled "
+        "server's CPU-only emulation (its own accounting and its RSS), and the output says so.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--hold-gpu-mib", type=int, default=2048,
+                    help="GPU memory the endpoint server holds while awake, MiB (real CUDA memory with a GPU)")
+    ap.add_argument("--sleep-ram-mib", type=int, default=1024,
+                    help="host RAM a level-1 sleeper holds, MiB")
     ap.add_argument("--json", type=Path, default=None, help="also write the samples here")
     args = ap.parse_args()
     result = run(args.hold_gpu_mib, args.sleep_ram_mib,
