@@ -155,7 +155,8 @@ def table(result: dict[str, Any]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0] + " Where NVML sees no GPU, the figures are the bundled "
+        description="Issue 20 bench (c): memory of the bundled endpoint server put to sleep and woken through "
+        "the real driver and GPU worker path. Where NVML sees no GPU, the figures are the bundled "
         "server's CPU-only emulation (its own accounting and its RSS), and the output says so.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--hold-gpu-mib", type=int, default=2048,
