@@ -1,6 +1,7 @@
 """What every ``makespan`` CLI module shares: the settings, Redis and keys of a command,
 the one way a command fails (``error: ...`` in red on stderr, exit 2), and the one place
-a failure to reach Redis becomes :class:`makespan.RedisUnreachable`'s message."""
+a failure to reach Redis (or a refusal of its credentials) becomes :class:`makespan.RedisUnreachable`'s
+(or :class:`makespan.RedisAuthFailed`'s) message."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import redis
 import typer
 from typer.core import TyperGroup
 
-from makespan.errors import MakespanError, RedisUnreachable
+from makespan.errors import MakespanError, RedisAuthFailed, RedisUnreachable
 
 if TYPE_CHECKING:  # pragma: no cover
     from makespan.keys import Keys
@@ -47,19 +48,19 @@ def _command_redis_url() -> str:
         return os.environ.get("MAKESPAN_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
-def unreachable_redis(error: BaseException) -> RedisUnreachable | None:
-    """The :class:`RedisUnreachable` that ``error`` amounts to (itself; a redis-py
-    ``ConnectionError`` or ``TimeoutError``; a :class:`makespan.StoreError` raised from
-    one), naming the running command's Redis URL with the password redacted; None for
-    any other error (an authentication failure included: Redis answered)."""
-    if isinstance(error, RedisUnreachable):
+def unreachable_redis(error: BaseException) -> RedisUnreachable | RedisAuthFailed | None:
+    """The :class:`RedisUnreachable` or :class:`RedisAuthFailed` that ``error`` amounts to
+    (itself; a redis-py ``ConnectionError``, ``TimeoutError``, ``AuthenticationError`` or
+    ``AuthorizationError``; a :class:`makespan.StoreError` raised from one), naming the
+    running command's Redis URL with the password redacted; None for any other error."""
+    if isinstance(error, (RedisUnreachable, RedisAuthFailed)):
         return error
-    from makespan.client import unreachable
+    from makespan.client import AUTH_ERRORS, auth_failed, unreachable
 
     seen: BaseException | None = error
     while seen is not None:
-        if isinstance(seen, (redis.AuthenticationError, redis.exceptions.AuthorizationError)):
-            return None
+        if isinstance(seen, AUTH_ERRORS):
+            return auth_failed(_command_redis_url(), seen)
         if isinstance(seen, (redis.ConnectionError, redis.TimeoutError)):
             return unreachable(_command_redis_url(), seen)
         seen = seen.__cause__
@@ -67,7 +68,8 @@ def unreachable_redis(error: BaseException) -> RedisUnreachable | None:
 
 
 def fail(e: Exception) -> None:
-    """Print ``error: {e}`` and exit 2 (Redis unreachable: :class:`RedisUnreachable`'s message)."""
+    """Print ``error: {e}`` and exit 2 (Redis unreachable or refusing the credentials:
+    :class:`RedisUnreachable`'s or :class:`RedisAuthFailed`'s message)."""
     e = unreachable_redis(e) or e
     typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
     raise typer.Exit(2)
@@ -76,7 +78,8 @@ def fail(e: Exception) -> None:
 class CliGroup(TyperGroup):
     """The ``makespan`` command group: a command that lets a failure to reach Redis
     escape (a redis-py error outside its own error handling) fails as :func:`fail` does,
-    with :class:`RedisUnreachable`'s message and exit 2, instead of a traceback."""
+    with :class:`RedisUnreachable`'s (or :class:`RedisAuthFailed`'s) message and exit 2,
+    instead of a traceback."""
 
     def get_command(self, ctx: typer.Context, cmd_name: str) -> Any:
         cmd = super().get_command(ctx, cmd_name)

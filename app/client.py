@@ -33,7 +33,7 @@ from typing import Any
 import redis
 import redis.asyncio
 
-from makespan.errors import (JobCancelled, JobFailed, NotFoundError, RedisUnreachable, ResultTimeout, StoreError, ValidationError,
+from makespan.errors import (JobCancelled, JobFailed, NotFoundError, RedisAuthFailed, RedisUnreachable, ResultTimeout, StoreError, ValidationError,
                              WorkloadError)
 from makespan.keys import Keys
 from makespan.models import FINAL_STATES, FleetSpec, Priority, fleet_version, load_fleet, parse_fleet
@@ -59,6 +59,7 @@ def connect(url: str | None = None, *, fleet: str | Path | FleetSpec | None = No
         ValidationError: a bad URL or fleet file.
         RedisUnreachable: no Redis answers at the URL (the message names it and
             ``MAKESPAN_REDIS_URL``).
+        RedisAuthFailed: Redis refused the URL's credentials (a wrong or missing password).
     """
     from makespan.redis_conn import connect as redis_connect
 
@@ -76,10 +77,25 @@ def connect(url: str | None = None, *, fleet: str | Path | FleetSpec | None = No
     r = redis_connect(base.redis_url)
     try:
         r.ping()
+    except AUTH_ERRORS as e:
+        r.close()
+        raise auth_failed(base.redis_url, e) from None
     except (redis.ConnectionError, redis.TimeoutError) as e:
         r.close()
         raise unreachable(base.redis_url, e) from None
     return Client(r, base, spec)
+
+
+#: redis-py's errors for refused credentials (subclasses of its ``ConnectionError``: test them first).
+AUTH_ERRORS: tuple[type[Exception], ...] = (redis.AuthenticationError, redis.exceptions.AuthorizationError)
+
+
+def auth_failed(url: str, error: BaseException) -> RedisAuthFailed:
+    """The :class:`RedisAuthFailed` of a redis-py authentication ``error`` at ``url``."""
+    from makespan.redis_conn import redacted
+
+    reason = str(error).strip().rstrip(".") or type(error).__name__
+    return RedisAuthFailed(redacted(url), reason)
 
 
 def unreachable(url: str, error: BaseException) -> RedisUnreachable:
@@ -167,6 +183,8 @@ class Client:
             return self._submit(workload, args, priority, endpoint, idempotency_key, depends_on, delay_s, service_s,
                                 deadline_s, kwargs)
         except StoreError as e:
+            if isinstance(e.__cause__, AUTH_ERRORS):
+                raise auth_failed(self.settings.redis_url, e.__cause__) from None
             if isinstance(e.__cause__, (redis.ConnectionError, redis.TimeoutError)):
                 raise unreachable(self.settings.redis_url, e.__cause__) from None
             raise

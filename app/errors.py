@@ -76,6 +76,21 @@ class RedisUnreachable(StoreError):
                          "(or makespan.connect(url=...)) to your makespan deployment's Redis")
 
 
+class RedisAuthFailed(StoreError):
+    """Redis answered but refused the deployment's credentials (a wrong or missing
+    password, an ACL user that is unknown or lacks a command): the message names the URL
+    (password redacted) and where the password goes.
+
+    Attributes:
+        url: the URL tried, password redacted.
+    """
+
+    def __init__(self, url: str, reason: str):
+        self.url = url
+        super().__init__(f"Redis at {url} refused the credentials ({reason}): put the deployment's password in "
+                         "MAKESPAN_REDIS_URL as redis://[USER]:PASSWORD@HOST:PORT/DB (or makespan.connect(url=...))")
+
+
 class WorkloadError(MakespanError):
     """A workload function raised: :meth:`makespan.client.Job.result` re-raises its error.
 

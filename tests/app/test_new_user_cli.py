@@ -147,3 +147,34 @@ def test_every_redis_command_says_redis_is_unreachable(argv, prefix):
     assert "error: cannot reach Redis at " + url.replace(":s3cret@", ":***@") in cli.stderr, cli.stderr
     assert "MAKESPAN_REDIS_URL" in cli.stderr and "s3cret" not in cli.stderr + cli.stdout
     assert cli.stderr.count("error: ") == 1, cli.stderr  # one message, not the command's and then ours
+
+
+@pytest.fixture
+def password_redis():
+    """A private redis-server that asks for the password ``right-one`` (its own, torn down after)."""
+    from makespan.redis_conn import connect as redis_connect
+    from makespan.redis_conn import start_embedded
+
+    server = start_embedded()
+    redis_connect(server.url).config_set("requirepass", "right-one")
+    yield server.url
+    server.stop()
+
+
+@pytest.mark.parametrize("password", ["wrong-one", None], ids=["wrong", "missing"])
+def test_refused_credentials_name_the_url_and_where_the_password_goes(password_redis, password, prefix):
+    """A wrong or missing password is not 'unreachable' and not a traceback: connect()
+    raises RedisAuthFailed naming the URL (password redacted) and MAKESPAN_REDIS_URL; the
+    CLI prints that message once and exits 2. The real entry point, in a subprocess."""
+    url = password_redis.replace("redis://", f"redis://:{password}@") if password else password_redis
+    with pytest.raises(makespan.RedisAuthFailed) as err:
+        makespan.connect(url, key_prefix=prefix)
+    message = str(err.value)
+    assert "refused the credentials" in message and "MAKESPAN_REDIS_URL" in message, message
+    assert "cannot reach" not in message and (password is None or password not in message), message
+    for argv in (["jobs"], ["status", "abc"], ["submit", "--endpoint", "chat", "--service-s", "3"]):
+        cli = subprocess.run([sys.executable, "-m", "makespan.cli", *argv], env={**os.environ, **_env(url, prefix)},
+                             capture_output=True, text=True, timeout=60)
+        assert cli.returncode == 2 and "Traceback" not in cli.stderr, cli.stderr
+        assert cli.stderr.count("error: ") == 1 and "refused the credentials" in cli.stderr, cli.stderr
+        assert password is None or password not in cli.stderr + cli.stdout
