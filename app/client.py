@@ -102,7 +102,8 @@ def unreachable(url: str, error: BaseException) -> RedisUnreachable:
     """The :class:`RedisUnreachable` of a redis-py connection ``error`` at ``url``."""
     from makespan.redis_conn import redacted
 
-    reason = str(error).split(". ")[-1].strip().rstrip(".") or type(error).__name__
+    reason = str(error).split(" : <")[0]  # Sentinel's MasterNotFoundError appends the client's repr
+    reason = reason.split(". ")[-1].strip().rstrip(".") or type(error).__name__
     return RedisUnreachable(redacted(url), reason)
 
 

@@ -167,7 +167,9 @@ class Producer:
         if acked < want:
             raise StoreError(f"submit of job {jid}: only {acked} of {want} replica(s) acknowledged it within "
                              f"{self.settings.submit_wait_timeout_s} s (MAKESPAN_SUBMIT_WAIT_REPLICAS); it is written "
-                             "on the primary but may be lost if the primary fails now")
+                             "on the primary but may be lost if the primary fails now; unless lost or cancelled "
+                             f"(makespan cancel {jid}) it will still run, so resubmit only with the same "
+                             "idempotency_key (a new submit without one runs the job twice)")
         return created, jid
 
     def status(self, job_id: str) -> dict[str, Any]:

@@ -63,7 +63,10 @@ def check_policy(name: str, field_name: str = "MAKESPAN_POLICY") -> str:
 DEFAULT_REDIS_SOCKET_TIMEOUT_S = 5.0
 DEFAULT_REDIS_CONNECT_TIMEOUT_S = 5.0
 DEFAULT_REDIS_KEEPALIVE_IDLE_S = 10.0
-DEFAULT_REDIS_HEALTH_CHECK_INTERVAL_S = 25.0  # kombu's own default for its checks
+# kombu's default is 25 s: a GPU worker's consumer on a half-open connection stayed deaf for up
+# to 1 + 2 x 25 = 51 s while its host still looked live. With 4 s it is back within 9 s, before a
+# lease of the default 10 s TTL expires.
+DEFAULT_REDIS_HEALTH_CHECK_INTERVAL_S = 4.0
 REDIS_KEEPALIVE_PROBES = 3  # unanswered TCP keepalive probes before the kernel drops a connection
 
 
@@ -252,7 +255,9 @@ class Settings:
             ``MAKESPAN_REDIS_KEEPALIVE_IDLE_S``.
         redis_health_check_interval_s: a pooled connection idle longer than this is
             checked with PING before it is used (redis-py and kombu
-            ``health_check_interval``). ``MAKESPAN_REDIS_HEALTH_CHECK_INTERVAL_S``.
+            ``health_check_interval``); a Celery consumer's ``BRPOP`` connection whose
+            reply is overdue is dropped within kombu's 1 s ``brpop_timeout`` + 2 × this
+            (9 s at the default 4). ``MAKESPAN_REDIS_HEALTH_CHECK_INTERVAL_S``.
         allow_evicting_redis: start even when Redis's ``maxmemory-policy`` is not
             ``noeviction`` (a loud warning instead of a refusal; evicted lease keys break
             mutual exclusion). ``MAKESPAN_ALLOW_EVICTING_REDIS=1``.

@@ -84,3 +84,18 @@ def test_kombu_publish_does_not_block_on_a_half_open_connection(redis_url, proxy
     assert finished, f"kombu publish on a half-open connection still blocked after {BOUND_S} s"
     assert not isinstance(out, BaseException) or isinstance(out, (redis.RedisError, OSError)), repr(out)
     app.close()
+
+
+def test_default_consumer_deaf_spell_ends_before_a_default_lease_expires():
+    """A GPU worker's Celery consumer on a half-open connection is dropped by kombu within
+    its 1 s ``brpop_timeout`` + 2 × ``health_check_interval`` (kombu's Redis transport,
+    ``Channel._brpop_read``); meanwhile its host still looks live and the planner leases to
+    it. At the defaults that spell must end before a lease of the default TTL expires, so
+    the job's phases are consumed by the same worker instead of the lease being reclaimed
+    (kombu's own 25 s default gave 51 s against a 10 s TTL). The broker options carry it."""
+    from makespan.celery_app import broker_transport_options
+
+    settings = Settings()
+    deaf_bound_s = 1.0 + 2 * settings.redis_health_check_interval_s
+    assert deaf_bound_s < settings.lease_ttl_s, (deaf_bound_s, settings.lease_ttl_s)
+    assert broker_transport_options(settings)["health_check_interval"] == settings.redis_health_check_interval_s
