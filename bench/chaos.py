@@ -704,8 +704,9 @@ def write_fleet(workdir: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="bench.chaos", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--runs", type=int, default=100)
+    ap = argparse.ArgumentParser(prog="bench.chaos", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--runs", type=int, default=100, help="runs, one after the other")
     ap.add_argument("--seed", type=int, default=1, help="seed of the first run (run i uses seed + i)")
     ap.add_argument("--jobs", type=int, default=16, help="jobs per run")
     ap.add_argument("--faults", type=int, default=3, help="faults per run")
