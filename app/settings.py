@@ -509,18 +509,20 @@ def fast_lane_levels(names: str) -> dict[int, float]:
     return dict(sorted(out.items()))
 
 
-def fast_lane_start_grace(names: str, lane: str | None = None) -> dict[int, float]:
+def fast_lane_start_grace(names: str, lane: str | None = None) -> dict[int, float | tuple[float, float]]:
     """``"CRITICAL:30,HIGH:60"`` -> {0: 30.0, 1: 60.0} (level -> grace s ≥ 0, the levels
-    whose start the fast lane bounds); ``""``: {}. With ``lane`` (a :attr:`Settings.fast_lane`
+    whose start the fast lane bounds); ``"HIGH:60/200"`` -> {1: (60.0, 200.0)} (grace s,
+    wait floor s ≥ 0: :func:`makespan.planner.fast_lane.allowed_start`); ``""``: {}. With ``lane`` (a :attr:`Settings.fast_lane`
     value), every level must be one of its levels. Raises ValidationError on an unknown
-    level, a missing, negative or non-finite grace, or a level not in ``lane``."""
+    level, a missing, negative or non-finite grace or wait floor, or a level not in ``lane``."""
     from makespan.models import Priority
 
-    out: dict[int, float] = {}
+    out: dict[int, float | tuple[float, float]] = {}
     for item in (x.strip() for x in names.split(",")):
         if not item:
             continue
         n, sep, g = item.partition(":")
+        g, slash, w = g.partition("/")
         n = n.strip().upper()
         if n not in Priority.__members__:
             raise ValidationError("fast_lane_start", names, f"levels are {', '.join(Priority.__members__)}")
@@ -531,9 +533,15 @@ def fast_lane_start_grace(names: str, lane: str | None = None) -> dict[int, floa
         if not 0.0 <= grace < float("inf"):
             raise ValidationError("fast_lane_start", names,
                                   "each level needs a grace, LEVEL:GRACE_S, a finite number of seconds >= 0")
+        try:
+            floor_s = float(w) if slash else 0.0
+        except ValueError as e:
+            raise ValidationError("fast_lane_start", names, "a wait floor (LEVEL:GRACE_S/FLOOR_S) must be a number") from e
+        if not 0.0 <= floor_s < float("inf"):
+            raise ValidationError("fast_lane_start", names, "a wait floor must be a finite number of seconds >= 0")
         if lane is not None and int(Priority[n]) not in fast_lane_levels(lane):
             raise ValidationError("fast_lane_start", names, f"{n} is not a fast-lane level ({lane!r})")
-        out[int(Priority[n])] = grace
+        out[int(Priority[n])] = (grace, floor_s) if slash else grace
     return dict(sorted(out.items()))
 
 

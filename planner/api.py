@@ -95,9 +95,10 @@ def plan(batch: Sequence[PlanJob], state: FleetState, policy: str | Policy = DEF
             from ``state``; applied after the reservation; ``stats['fast_lane_late']`` =
             how many the policy had planned later); () (the default): none.
         lane_start_grace_s: the lane levels bounded on their start instead of their
-            completion, level -> grace s (:mod:`makespan.planner.fast_lane`, "Start bound":
-            no such job planned to start later than release + factor × strict priority's
-            wait + grace); None (the default): every lane level bounded on completion.
+            completion, level -> grace s or (grace s, wait floor s)
+            (:mod:`makespan.planner.fast_lane`, "Start bound" and "Wait floor": no such job
+            planned to start later than release + factor × strict priority's wait + grace,
+            nor forced before release + floor); None (the default): every lane level bounded on completion.
         lane_preempt: with ``preemption``, a start-bounded lane job that strict priority's
             preemption rule would start now by preempting takes that preemption before the
             scored ones (:mod:`makespan.planner.fast_lane`, "Preemption"; default True).

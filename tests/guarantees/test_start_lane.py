@@ -94,3 +94,68 @@ def test_a_start_bound_outside_the_lane_is_refused(monkeypatch):
     monkeypatch.setenv("MAKESPAN_FAST_LANE_START", "HIGH:60")
     with pytest.raises(ValidationError, match="MAKESPAN_FAST_LANE_START"):
         Settings.from_env()
+
+
+ONE = parse_fleet({"name": "one", "hosts": [{"name": "h", "gpu_count": 1, "memory_mib": 81920}],
+                   "endpoints": {"a": {"model": "a", "memory_mib_per_gpu": 1000, "cold_start_s": 200}}})
+
+
+def _one_gpu():
+    st = fleet_state(ONE, 0.0)
+    st.resident[st.gpus[0].uuid] = "a"
+    return st
+
+
+def _high_behind_normals():
+    """Four episodes 2,000 s apart on one warm GPU: eight NORMAL jobs of 40 s (weight 2) at
+    t, one HIGH job of 300 s (weight 4) at t + 1. Strict priority starts the HIGH job when
+    the running NORMAL one ends (39 s); weighted completion puts it behind all eight."""
+    out, seq = [], 0
+    for k in range(4):
+        t = 2000.0 * k
+        for i in range(8):
+            out.append(PlanJob(f"n{k}.{i}", "a", 2.0, t, 40.0, 2, seq=seq))
+            seq += 1
+        out.append(PlanJob(f"h{k}", "a", 4.0, t + 1.0, 300.0, 1, seq=seq))
+        seq += 1
+    return out
+
+
+def test_a_high_job_pushed_far_behind_its_strict_priority_start_is_bounded_by_its_wait_floor():
+    """HIGH start-bounded with grace 60 s and a 200 s wait floor: the default policy may
+    delay a HIGH job past strict priority's start only while its wait stays under 200 s;
+    here it would wait 319 s, so it starts as strict priority starts it."""
+    kw = dict(preemption="plan", restore=False, time_limit_s=0.05)
+    fifo = simulate(_high_behind_normals(), _one_gpu(), "fifo", reservation_after_s=None, lane_levels=(), **kw)
+    unbounded = simulate(_high_behind_normals(), _one_gpu(), "default", **kw)  # HIGH not in the default lane
+    floored = simulate(_high_behind_normals(), _one_gpu(), "default", lane_levels=(0, 1),
+                       lane_start_grace_s={0: 30.0, 1: (60.0, 200.0)}, **kw)
+    p95 = {name: r["wait_s"]["HIGH"]["p95"] for name, r in
+           (("fifo", fifo), ("unbounded", unbounded), ("floored", floored))}
+    assert p95["fifo"] <= 40.0
+    assert p95["unbounded"] >= 250.0  # pushed behind the NORMAL jobs
+    assert p95["floored"] <= max(p95["fifo"] + 60.0, 200.0)
+
+
+def test_a_wait_floor_lets_the_plan_delay_a_start_bounded_job_up_to_it():
+    """Three NORMAL jobs of 40 s are planned before a HIGH job of 300 s (start 120 s, 0 s
+    under strict priority): within a 150 s wait floor the plan stands; with no floor the
+    60 s grace forces the HIGH job first."""
+    st = _one_gpu()
+    batch = [PlanJob(f"n{i}", "a", 2.0, 0.0, 40.0, 2, seq=i) for i in range(3)]
+    batch.append(PlanJob("h", "a", 4.0, 0.0, 300.0, 1, seq=3))
+    p0 = plan(batch, st, "portfolio")
+    assert p0.by_job()["h"].start_s == pytest.approx(120.0)
+    assert fast_lane.enforce(p0, batch, st, (0, 1), start_grace_s={1: (60.0, 150.0)}) == (p0, 0)
+    p, late = fast_lane.enforce(p0, batch, st, (0, 1), start_grace_s={1: 60.0})
+    assert late == 1 and p.by_job()["h"].start_s == pytest.approx(0.0)
+    job = batch[-1]
+    assert fast_lane.allowed_start(job, 0.0, 1.0, (60.0, 150.0)) == pytest.approx(150.0)
+    assert fast_lane.allowed_start(job, 200.0, 1.0, (60.0, 150.0)) == pytest.approx(260.0)
+
+
+def test_a_wait_floor_parses_and_a_bad_one_is_a_clear_error():
+    assert fast_lane_start_grace("CRITICAL:30,HIGH:60/200") == {0: 30.0, 1: (60.0, 200.0)}
+    for bad in ("HIGH:60/x", "HIGH:60/-1", "HIGH:60/inf"):
+        with pytest.raises(ValidationError):
+            fast_lane_start_grace(bad)
