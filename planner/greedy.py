@@ -65,7 +65,7 @@ from makespan.planner.evaluator import InfeasiblePlan, evaluate, evaluate_built,
 from makespan.planner.list_schedule import fifo_order, pruner, wspt_order
 from makespan.planner.partition import allocate, partition_built
 from makespan.planner.model import Assignment, EndpointModel, FleetState, Plan, PlanJob
-from makespan.planner.placement_index import GroupIndex
+from makespan.planner.placement_index import GroupIndex, IndexTemplates
 from makespan.planner.replay import Group, Replay
 from makespan.planner.rules import Aware, rule_completion, rule_free, rule_min_evict
 from makespan.planner.sleepers import with_rule
@@ -84,10 +84,13 @@ def construct(name: str, order: Sequence[PlanJob], state: FleetState, rule: str 
 
 def construct_built(order: Sequence[PlanJob], state: FleetState, rule: str = "completion", pull: bool = False,
                     alpha: float = 1.0, beta: float = 1.0, gamma: float = 0.0, bound: float = math.inf,
-                    objective: str = "weighted_completion") -> tuple[list[Assignment], Replay] | None:
+                    objective: str = "weighted_completion",
+                    templates: IndexTemplates | None = None) -> tuple[list[Assignment], Replay] | None:
     """:func:`construct`, also returning the :class:`Replay` that placed the assignments
     (for :func:`makespan.planner.evaluator.evaluate_built`); ``bound`` is on the score of
-    ``objective`` (:func:`makespan.planner.list_schedule.pruner`)."""
+    ``objective`` (:func:`makespan.planner.list_schedule.pruner`). ``templates``: candidate
+    indexes of ``state`` to clone instead of building (shared by the portfolio's members;
+    the same plan either way)."""
     rep = Replay(state)
     prune = pruner(order, state, bound, rep.free_at, objective)
     aware = Aware(order, state, alpha, beta, share=rule == "share", gamma=gamma) if rule in ("aware", "share") else None
@@ -105,6 +108,7 @@ def construct_built(order: Sequence[PlanJob], state: FleetState, rule: str = "co
     # candidate index per group key (placement_index: a bounded scan on a large fleet)
     index_of: dict[str, GroupIndex | None] = {}
     indexes: list[GroupIndex] = []
+    touched: list[str] = []  # GPUs placed on so far (an index cloned later catches up on them)
     fa, now = rep.free_at, state.now_s
     while pulled or queue:
         job = pulled.popleft() if pulled else queue.popleft()
@@ -118,7 +122,7 @@ def construct_built(order: Sequence[PlanJob], state: FleetState, rule: str = "co
             if not cands:
                 raise ValueError(f"job {job.id}: no GPU group fits endpoint {ep.name}"
                                  + (f" with its helpers {', '.join(job.helpers)}" if job.helpers else ""))
-            index_of[kind] = _index_for(rep, ep, cands, index_of, indexes)
+            index_of[kind] = _index_for(rep, ep, cands, index_of, indexes, kind, templates, touched)
         ready = rep.ready(job) if job.deps else max(job.release_s, now)
         index = index_of[kind]
         g = fn(rep, job, cands if index is None else index.candidates(ready), ready)
@@ -126,6 +130,8 @@ def construct_built(order: Sequence[PlanJob], state: FleetState, rule: str = "co
         a = rep.place(job, g, s if s > ready else ready)  # its default start, max(ready, free)
         for index in indexes:
             index.touch(g)
+        if templates is not None:
+            touched.extend(g)
         if prune is not None and not prune.placed(job, a.gpus, a.end_s):
             return None
         out.append(a)
@@ -147,16 +153,23 @@ def construct_built(order: Sequence[PlanJob], state: FleetState, rule: str = "co
 
 
 def _index_for(rep: Replay, ep: EndpointModel, cands: list[Group], index_of: dict[str, GroupIndex | None],
-               indexes: list[GroupIndex]) -> GroupIndex | None:
+               indexes: list[GroupIndex], kind: str, templates: IndexTemplates | None,
+               touched: list[str]) -> GroupIndex | None:
     """The candidate index of ``ep``'s groups (shared by endpoints of the same TP and
-    memory), or None when the list is scanned whole (:func:`placement_index.enabled`)."""
+    memory), or None when the list is scanned whole (:func:`placement_index.enabled`);
+    cloned from ``templates`` when given (``kind``: the job kind, endpoint and helpers,
+    whose list ``cands`` is; ``touched``: the GPUs ``rep`` placed on so far)."""
     if not placement_index.enabled(len(cands)):
         return None
     for other, index in index_of.items():
         oep = rep.endpoints[other]
         if index is not None and (oep.tp, oep.memory_mib) == (ep.tp, ep.memory_mib):
             return index
-    index = GroupIndex(rep, cands)
+    if templates is None:
+        index = GroupIndex(rep, cands)
+    else:
+        key = ("kind", kind) if "+" in kind else ("groups", ep.tp, ep.memory_mib)  # helpers filter the list
+        index = templates.index(key, rep, cands, touched=touched)
     indexes.append(index)
     return index
 
@@ -188,9 +201,16 @@ Builder = Callable[..., "tuple[list[Assignment], Replay] | None"]  # called with
 
 
 def member_builders(batch: Sequence[PlanJob], state: FleetState,
-                    objective: str = "weighted_completion") -> dict[str, Builder]:
+                    objective: str = "weighted_completion", skip_same: bool = False) -> dict[str, Builder]:
     """Member name -> its construction, given a bound on the score of ``objective``:
-    (assignments, the replay that placed them), None when pruned or skipped."""
+    (assignments, the replay that placed them), None when pruned or skipped. ``skip_same``
+    (:func:`portfolio`; ``partition`` built before ``partition-spill``): ``partition``'s
+    turn builds the ``partition-spill`` construction first; when no job spilled
+    (:func:`makespan.planner.partition.partition_built`'s ``report``) it is ``partition``'s
+    plan, and ``partition-spill``, the same plan, which loses the tie to ``partition``, is
+    skipped (None); else ``partition`` is built as well and ``partition-spill``'s turn
+    returns the construction already built (built under a bound no lower than its own:
+    a plan that bound did not prune is one its own bound prunes only if it cannot win)."""
     w = wspt_order(batch, state.endpoints)
     f = fifo_order(batch)
     cap = CAPACITY_GAMMA
@@ -201,23 +221,35 @@ def member_builders(batch: Sequence[PlanJob], state: FleetState,
              ("cap-aware", w, "aware", False, 1.0, cap)]
     if state.demand_share:
         specs += [("ta-share", w, "share", True, 1.0, 0.0), ("cap-share", w, "share", False, 1.0, cap)]
+    templates = IndexTemplates(state)  # candidate indexes of the state, built once for all members
     out: dict[str, Builder] = {
-        n: partial(construct_built, o, state, r, p, a, 1.0, g, objective=objective) for n, o, r, p, a, g in specs}
-    shared: dict[str, dict[str, list[Group]] | None] = {}  # the batch's allocation, computed once for both
+        n: partial(construct_built, o, state, r, p, a, 1.0, g, objective=objective, templates=templates)
+        for n, o, r, p, a, g in specs}
+    shared: dict = {}  # the batch's allocation (computed once for both), partition's spill report
     for name, spill in (("partition", False), ("partition-spill", True)):
-        out[name] = partial(_partition, batch, state, spill, objective, shared)
+        out[name] = partial(_partition, batch, state, spill, objective, shared, templates, skip_same)
     return out
 
 
 def _partition(batch: Sequence[PlanJob], state: FleetState, spill: bool, objective: str,
-               shared: dict[str, dict[str, list[Group]] | None],
+               shared: dict, templates: IndexTemplates, skip_same: bool,
                bound: float) -> tuple[list[Assignment], Replay] | None:
     if "alloc" not in shared:
         shared["alloc"] = allocate(batch, state)
     alloc = shared["alloc"]
     if alloc is None:
         return None
-    return partition_built(batch, state, spill, bound=bound, objective=objective, alloc=alloc)
+    if skip_same and spill and "spill" in shared:  # built at partition's turn (member_builders)
+        built, spilled = shared["spill"]
+        return built if spilled else None
+    if skip_same and not spill:
+        report: dict[str, bool] = {}
+        built = partition_built(batch, state, True, bound=bound, objective=objective, alloc=alloc,
+                                templates=templates, report=report)
+        shared["spill"] = (built, report["spilled"])
+        if not report["spilled"]:
+            return built  # partition's own construction, placement for placement
+    return partition_built(batch, state, spill, bound=bound, objective=objective, alloc=alloc, templates=templates)
 
 
 def members(batch: Sequence[PlanJob], state: FleetState) -> list[Plan]:
@@ -246,7 +278,7 @@ def portfolio(batch: Sequence[PlanJob], state: FleetState) -> Plan:
     winner's index in :data:`MEMBERS`. The same plan as the best of :func:`members`, built
     in :data:`BUILD_ORDER` with each construction stopped once it provably scores above
     the best so far (:class:`makespan.planner.list_schedule.Prune`)."""
-    builders = member_builders(batch, state)
+    builders = member_builders(batch, state, skip_same=True)
     for name in _same_as_earlier(batch, state):
         builders.pop(name, None)
     best: Plan | None = None
