@@ -91,8 +91,8 @@ def construct_built(order: Sequence[PlanJob], state: FleetState, rule: str = "co
     ``objective`` (:func:`makespan.planner.list_schedule.pruner`). ``templates``: candidate
     indexes of ``state`` to clone instead of building (shared by the portfolio's members;
     the same plan either way)."""
-    rep = Replay(state)
-    prune = pruner(order, state, bound, rep.free_at, objective)
+    rep = Replay(state) if templates is None else templates.replay()
+    prune = pruner(order, state, bound, rep.free_at, objective, None if templates is None else templates.heap())
     aware = Aware(order, state, alpha, beta, share=rule == "share", gamma=gamma) if rule in ("aware", "share") else None
     fn = aware or {"completion": rule_completion, "free": rule_free, "min-evict": rule_min_evict}[rule]
     ids = {j.id for j in order}

@@ -154,8 +154,8 @@ def partition_built(batch: Sequence[PlanJob], state: FleetState, spill: bool = F
         alloc = allocate(batch, state)
     if alloc is None:
         return None
-    rep = Replay(state)
-    prune = pruner(batch, state, bound, rep.free_at, objective)
+    rep = Replay(state) if templates is None else templates.replay()
+    prune = pruner(batch, state, bound, rep.free_at, objective, None if templates is None else templates.heap())
     fa, res, asl, eps = rep.free_at, rep.resident, rep.asleep, rep.endpoints
     out: list[Assignment] = []
     # TP -> (endpoint, group, its cold start, the group's smallest GPU memory in MiB)

@@ -41,6 +41,7 @@ index), for the benchmark's side-by-side runs and the property test.
 from __future__ import annotations
 
 import bisect
+import heapq
 from collections.abc import Hashable, Iterator, Sequence
 from contextlib import contextmanager
 
@@ -307,14 +308,36 @@ class IndexTemplates:
     (:meth:`GroupIndex.clone`) for every construction that plans on a replay of that state:
     the portfolio's members all start from the same state, and deriving the signatures
     of every group of a large fleet for each member cost more than the rest of their
-    index work (bench/planner_fleet_scale.py). Holds one entry per ``key``; valid only
+    index work (bench/planner_fleet_scale.py). Also the fresh :class:`Replay` of the state
+    (:meth:`replay`) and the pruning heap of its free times (:meth:`heap`), the other
+    per-member work that grows with the fleet. Holds one entry per ``key``; valid only
     while the state is neither replaced nor edited (one planning call)."""
 
-    __slots__ = ("state", "built")
+    __slots__ = ("state", "built", "_fresh", "_heap")
 
     def __init__(self, state: FleetState):
         self.state = state
         self.built: dict[Hashable, GroupIndex] = {}
+        self._fresh: Replay | None = None  # never placed on
+        self._heap: list[tuple[float, str]] | None = None
+
+    def _pristine(self) -> Replay:
+        if self._fresh is None:
+            self._fresh = Replay(self.state)
+        return self._fresh
+
+    def replay(self) -> Replay:
+        """A fresh replay of the state (:meth:`Replay.copy` of one never placed on: the
+        replay ``Replay(state)`` builds, its read-only group caches shared)."""
+        return self._pristine().copy()
+
+    def heap(self) -> list[tuple[float, str]]:
+        """The fresh replay's free times as :class:`makespan.planner.list_schedule.Prune`
+        heapifies them (read-only: Prune copies it)."""
+        if self._heap is None:
+            self._heap = [(f, u) for u, f in self._pristine().free_at.items()]
+            heapq.heapify(self._heap)
+        return self._heap
 
     def index(self, key: Hashable, rep: Replay, groups: Sequence[Group], tags: Sequence[Hashable] | None = None,
               touched: Sequence[str] = ()) -> GroupIndex:
@@ -326,7 +349,7 @@ class IndexTemplates:
             raise ValueError("IndexTemplates: a replay of another state")
         template = self.built.get(key)
         if template is None:
-            template = self.built[key] = GroupIndex(Replay(self.state), groups, tags)
+            template = self.built[key] = GroupIndex(self._pristine(), groups, tags)
             host = template.rep._host
             template.at_host = {}
             for i, g in enumerate(template.groups):
