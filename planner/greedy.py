@@ -64,7 +64,7 @@ from makespan.planner import placement_index
 from makespan.planner.evaluator import InfeasiblePlan, evaluate, evaluate_built, evaluate_retimed, score
 from makespan.planner.list_schedule import fifo_order, pruner, wspt_order
 from makespan.planner.partition import allocate, partition_built
-from makespan.planner.model import Assignment, EndpointModel, FleetState, Plan, PlanJob
+from makespan.planner.model import Assignment, FleetState, Plan, PlanJob
 from makespan.planner.placement_index import GroupIndex, IndexTemplates
 from makespan.planner.replay import Group, Replay
 from makespan.planner.rules import Aware, rule_completion, rule_free, rule_min_evict
@@ -105,8 +105,10 @@ def construct_built(order: Sequence[PlanJob], state: FleetState, rule: str = "co
     queue, pulled = deque(order), deque()
     out: list[Assignment] = []
     cands_of: dict[str, list[Group]] = {}
-    # candidate index per group key (placement_index: a bounded scan on a large fleet)
+    # candidate index per job kind (placement_index: a bounded scan on a large fleet), and
+    # per candidate list (_index_for): kinds with the same list share one
     index_of: dict[str, GroupIndex | None] = {}
+    index_by_list: dict[tuple, GroupIndex] = {}
     indexes: list[GroupIndex] = []
     touched: list[str] = []  # GPUs placed on so far (an index cloned later catches up on them)
     fa, now = rep.free_at, state.now_s
@@ -122,7 +124,9 @@ def construct_built(order: Sequence[PlanJob], state: FleetState, rule: str = "co
             if not cands:
                 raise ValueError(f"job {job.id}: no GPU group fits endpoint {ep.name}"
                                  + (f" with its helpers {', '.join(job.helpers)}" if job.helpers else ""))
-            index_of[kind] = _index_for(rep, ep, cands, index_of, indexes, kind, templates, touched)
+            # a job's helpers filter its endpoint's groups: that list is the kind's own
+            key = ("kind", kind) if job.helpers else ("groups", ep.tp, ep.memory_mib)
+            index_of[kind] = _index_for(rep, cands, key, index_by_list, indexes, templates, touched)
         ready = rep.ready(job) if job.deps else max(job.release_s, now)
         index = index_of[kind]
         g = fn(rep, job, cands if index is None else index.candidates(ready), ready)
@@ -152,25 +156,22 @@ def construct_built(order: Sequence[PlanJob], state: FleetState, rule: str = "co
     return out, rep
 
 
-def _index_for(rep: Replay, ep: EndpointModel, cands: list[Group], index_of: dict[str, GroupIndex | None],
-               indexes: list[GroupIndex], kind: str, templates: IndexTemplates | None,
+def _index_for(rep: Replay, cands: list[Group], key: tuple, index_by_list: dict[tuple, GroupIndex],
+               indexes: list[GroupIndex], templates: IndexTemplates | None,
                touched: list[str]) -> GroupIndex | None:
-    """The candidate index of ``ep``'s groups (shared by endpoints of the same TP and
-    memory), or None when the list is scanned whole (:func:`placement_index.enabled`);
-    cloned from ``templates`` when given (``kind``: the job kind, endpoint and helpers,
-    whose list ``cands`` is; ``touched``: the GPUs ``rep`` placed on so far)."""
+    """The candidate index of the list ``cands``, named ``key`` (("groups", TP, memory MiB):
+    an endpoint's aligned groups, shared by the endpoints of that TP and memory; ("kind",
+    kind): a job kind with helpers, its own filtered list), or None when the list is
+    scanned whole (:func:`placement_index.enabled`); cloned from ``templates`` when given
+    (``touched``: the GPUs ``rep`` placed on so far). (Before, a kind with helpers could
+    share a plain list's index, and looking its name up as an endpoint raised KeyError.)"""
     if not placement_index.enabled(len(cands)):
         return None
-    for other, index in index_of.items():
-        oep = rep.endpoints[other]
-        if index is not None and (oep.tp, oep.memory_mib) == (ep.tp, ep.memory_mib):
-            return index
-    if templates is None:
-        index = GroupIndex(rep, cands)
-    else:
-        key = ("kind", kind) if "+" in kind else ("groups", ep.tp, ep.memory_mib)  # helpers filter the list
-        index = templates.index(key, rep, cands, touched=touched)
-    indexes.append(index)
+    index = index_by_list.get(key)
+    if index is None:
+        index = GroupIndex(rep, cands) if templates is None else templates.index(key, rep, cands, touched=touched)
+        index_by_list[key] = index
+        indexes.append(index)
     return index
 
 

@@ -148,6 +148,27 @@ def test_portfolio_is_the_best_member_with_its_shortcuts(case):
     assert {a.job_id: a.gpus for a in got.assignments} == {a.job_id: a.gpus for a in best.assignments}
 
 
+def test_a_kind_with_helpers_gets_its_own_index():
+    """A job with helpers has its own candidate list (its endpoint's groups where the
+    helpers fit too): indexed on its own, and a later kind's index is found without
+    looking the helper kind up as an endpoint (main raised KeyError 'a+h' here)."""
+    gpus = [Gpu(f"h{h}-g{i}", f"h{h}", i, 40_000 if h == 0 else 80_000) for h in range(2) for i in range(4)]
+    eps = {"a": EndpointModel("a", 1, 30_000, 60.0, 5.0), "h": EndpointModel("h", 1, 30_000, 20.0, 5.0),
+           "b": EndpointModel("b", 1, 30_000, 45.0, 5.0)}
+    state = FleetState(0.0, gpus, eps)
+    batch = [PlanJob("j0", "a", 1.0, 0.0, 100.0, 0, seq=0, helpers=("h",)),
+             PlanJob("j1", "b", 1.0, 0.0, 100.0, 0, seq=1), PlanJob("j2", "a", 1.0, 0.0, 100.0, 0, seq=2)]
+    for name, build in member_builders(batch, state).items():
+        got = build(bound=math.inf)
+        with placement_index.full_scan():
+            want = build(bound=math.inf)
+        assert (got is None) == (want is None), name
+        if got is not None:
+            assert _key(got[0]) == _key(want[0]), name
+            assert got[0][0].gpus[0].startswith("h1-"), name  # the helper fits beside it on h1 only
+    assert _key(portfolio(batch, state).assignments)
+
+
 def test_partition_spill_report_says_when_a_job_spilled():
     """``report["spilled"]``: False when the spill construction placed every job as
     ``partition`` does, True once a job took another endpoint's group."""
