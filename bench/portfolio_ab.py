@@ -9,8 +9,8 @@ the same machine load, and repeats every batch ``--rounds`` times. A worker repo
 portfolio's process CPU time and wall time per batch (ms) and a SHA-256 of its plan
 (assignments and stats), so the plans of the two checkouts are compared batch by batch.
 
-    .venv/bin/python bench/portfolio_ab.py --old /work/other-checkout [--sizes 256x32,256x1024]
-        [--seeds 2] [--rounds 3]
+    .venv/bin/python bench/portfolio_ab.py --old /work/other-checkout [--old-python PATH]
+        [--sizes 256x32,256x1024] [--seeds 2] [--rounds 3]
 
 Prints one table row per size: CPU p50 / p95 old and new, wall p50 old and new, old ÷ new
 (CPU p50), new ÷ new at the first size (CPU p50), and identical plans (batches whose
@@ -59,9 +59,8 @@ def worker(seeds: int, sizes: list[tuple[int, int]]) -> None:
         print(json.dumps({"cpu_ms": cpu_ms, "wall_ms": wall_ms, "digest": digest}), flush=True)
 
 
-def _start(checkout: Path, argv: list[str]) -> subprocess.Popen:
-    python = checkout / ".venv" / "bin" / "python"
-    proc = subprocess.Popen([str(python), str(HERE / "portfolio_ab.py"), "--worker", *argv], cwd=checkout,
+def _start(checkout: Path, python: str, argv: list[str]) -> subprocess.Popen:
+    proc = subprocess.Popen([python, str(HERE / "portfolio_ab.py"), "--worker", *argv], cwd=checkout,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     json.loads(proc.stdout.readline())  # type: ignore[union-attr]
     return proc
@@ -81,6 +80,8 @@ def _p(values: list[float], q: float) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--old", help="the other checkout (its .venv/bin/python runs its code)")
+    ap.add_argument("--old-python", help="the interpreter that imports the other checkout's makespan "
+                    "(default: OLD/.venv/bin/python)")
     ap.add_argument("--sizes", default="256x32,256x1024,1024x1024", help="JOBSxGPUS,... (default: %(default)s)")
     ap.add_argument("--seeds", type=int, default=2, help="mappings per window (default: %(default)s)")
     ap.add_argument("--rounds", type=int, default=3, help="times each batch is planned by each (default: %(default)s)")
@@ -93,7 +94,9 @@ def main() -> None:
     if not args.old:
         ap.error("--old is required")
     argv = ["--sizes", args.sizes, "--seeds", str(args.seeds)]
-    old, new = _start(Path(args.old).resolve(), argv), _start(HERE.parent, argv)
+    old_root = Path(args.old).resolve()
+    old = _start(old_root, args.old_python or str(old_root / ".venv" / "bin" / "python"), argv)
+    new = _start(HERE.parent, sys.executable, argv)
     print(f"old: {Path(args.old).resolve()}  new: {HERE.parent}  {args.seeds} mapping(s) x 3 windows, "
           f"{args.rounds} round(s), alternating; ms\n")
     print("| jobs / GPUs | CPU p50 old / new | CPU p95 old / new | wall p50 old / new | old ÷ new (CPU p50) "
