@@ -64,8 +64,8 @@ from makespan.planner import placement_index
 from makespan.planner.evaluator import InfeasiblePlan, evaluate, evaluate_built, evaluate_retimed, score
 from makespan.planner.list_schedule import fifo_order, pruner, wspt_order
 from makespan.planner.partition import allocate, partition_built
-from makespan.planner.model import Assignment, EndpointModel, FleetState, Plan, PlanJob
-from makespan.planner.placement_index import GroupIndex
+from makespan.planner.model import Assignment, FleetState, Plan, PlanJob
+from makespan.planner.placement_index import GroupIndex, IndexTemplates
 from makespan.planner.replay import Group, Replay
 from makespan.planner.rules import Aware, rule_completion, rule_free, rule_min_evict
 from makespan.planner.sleepers import with_rule
@@ -84,12 +84,15 @@ def construct(name: str, order: Sequence[PlanJob], state: FleetState, rule: str 
 
 def construct_built(order: Sequence[PlanJob], state: FleetState, rule: str = "completion", pull: bool = False,
                     alpha: float = 1.0, beta: float = 1.0, gamma: float = 0.0, bound: float = math.inf,
-                    objective: str = "weighted_completion") -> tuple[list[Assignment], Replay] | None:
+                    objective: str = "weighted_completion",
+                    templates: IndexTemplates | None = None) -> tuple[list[Assignment], Replay] | None:
     """:func:`construct`, also returning the :class:`Replay` that placed the assignments
     (for :func:`makespan.planner.evaluator.evaluate_built`); ``bound`` is on the score of
-    ``objective`` (:func:`makespan.planner.list_schedule.pruner`)."""
-    rep = Replay(state)
-    prune = pruner(order, state, bound, rep.free_at, objective)
+    ``objective`` (:func:`makespan.planner.list_schedule.pruner`). ``templates``: candidate
+    indexes of ``state`` to clone instead of building (shared by the portfolio's members;
+    the same plan either way)."""
+    rep = Replay(state) if templates is None else templates.replay()
+    prune = pruner(order, state, bound, rep.free_at, objective, None if templates is None else templates.heap())
     aware = Aware(order, state, alpha, beta, share=rule == "share", gamma=gamma) if rule in ("aware", "share") else None
     fn = aware or {"completion": rule_completion, "free": rule_free, "min-evict": rule_min_evict}[rule]
     ids = {j.id for j in order}
@@ -102,9 +105,12 @@ def construct_built(order: Sequence[PlanJob], state: FleetState, rule: str = "co
     queue, pulled = deque(order), deque()
     out: list[Assignment] = []
     cands_of: dict[str, list[Group]] = {}
-    # candidate index per group key (placement_index: a bounded scan on a large fleet)
+    # candidate index per job kind (placement_index: a bounded scan on a large fleet), and
+    # per candidate list (_index_for): kinds with the same list share one
     index_of: dict[str, GroupIndex | None] = {}
+    index_by_list: dict[tuple, GroupIndex] = {}
     indexes: list[GroupIndex] = []
+    touched: list[str] = []  # GPUs placed on so far (an index cloned later catches up on them)
     fa, now = rep.free_at, state.now_s
     while pulled or queue:
         job = pulled.popleft() if pulled else queue.popleft()
@@ -118,7 +124,9 @@ def construct_built(order: Sequence[PlanJob], state: FleetState, rule: str = "co
             if not cands:
                 raise ValueError(f"job {job.id}: no GPU group fits endpoint {ep.name}"
                                  + (f" with its helpers {', '.join(job.helpers)}" if job.helpers else ""))
-            index_of[kind] = _index_for(rep, ep, cands, index_of, indexes)
+            # a job's helpers filter its endpoint's groups: that list is the kind's own
+            key = ("kind", kind) if job.helpers else ("groups", ep.tp, ep.memory_mib)
+            index_of[kind] = _index_for(rep, cands, key, index_by_list, indexes, templates, touched)
         ready = rep.ready(job) if job.deps else max(job.release_s, now)
         index = index_of[kind]
         g = fn(rep, job, cands if index is None else index.candidates(ready), ready)
@@ -126,6 +134,8 @@ def construct_built(order: Sequence[PlanJob], state: FleetState, rule: str = "co
         a = rep.place(job, g, s if s > ready else ready)  # its default start, max(ready, free)
         for index in indexes:
             index.touch(g)
+        if templates is not None:
+            touched.extend(g)
         if prune is not None and not prune.placed(job, a.gpus, a.end_s):
             return None
         out.append(a)
@@ -146,18 +156,22 @@ def construct_built(order: Sequence[PlanJob], state: FleetState, rule: str = "co
     return out, rep
 
 
-def _index_for(rep: Replay, ep: EndpointModel, cands: list[Group], index_of: dict[str, GroupIndex | None],
-               indexes: list[GroupIndex]) -> GroupIndex | None:
-    """The candidate index of ``ep``'s groups (shared by endpoints of the same TP and
-    memory), or None when the list is scanned whole (:func:`placement_index.enabled`)."""
+def _index_for(rep: Replay, cands: list[Group], key: tuple, index_by_list: dict[tuple, GroupIndex],
+               indexes: list[GroupIndex], templates: IndexTemplates | None,
+               touched: list[str]) -> GroupIndex | None:
+    """The candidate index of the list ``cands``, named ``key`` (("groups", TP, memory MiB):
+    an endpoint's aligned groups, shared by the endpoints of that TP and memory; ("kind",
+    kind): a job kind with helpers, its own filtered list), or None when the list is
+    scanned whole (:func:`placement_index.enabled`); cloned from ``templates`` when given
+    (``touched``: the GPUs ``rep`` placed on so far). (Before, a kind with helpers could
+    share a plain list's index, and looking its name up as an endpoint raised KeyError.)"""
     if not placement_index.enabled(len(cands)):
         return None
-    for other, index in index_of.items():
-        oep = rep.endpoints[other]
-        if index is not None and (oep.tp, oep.memory_mib) == (ep.tp, ep.memory_mib):
-            return index
-    index = GroupIndex(rep, cands)
-    indexes.append(index)
+    index = index_by_list.get(key)
+    if index is None:
+        index = GroupIndex(rep, cands) if templates is None else templates.index(key, rep, cands, touched=touched)
+        index_by_list[key] = index
+        indexes.append(index)
     return index
 
 
@@ -188,9 +202,16 @@ Builder = Callable[..., "tuple[list[Assignment], Replay] | None"]  # called with
 
 
 def member_builders(batch: Sequence[PlanJob], state: FleetState,
-                    objective: str = "weighted_completion") -> dict[str, Builder]:
+                    objective: str = "weighted_completion", skip_same: bool = False) -> dict[str, Builder]:
     """Member name -> its construction, given a bound on the score of ``objective``:
-    (assignments, the replay that placed them), None when pruned or skipped."""
+    (assignments, the replay that placed them), None when pruned or skipped. ``skip_same``
+    (:func:`portfolio`; ``partition`` built before ``partition-spill``): ``partition``'s
+    turn builds the ``partition-spill`` construction first; when no job spilled
+    (:func:`makespan.planner.partition.partition_built`'s ``report``) it is ``partition``'s
+    plan, and ``partition-spill``, the same plan, which loses the tie to ``partition``, is
+    skipped (None); else ``partition`` is built as well and ``partition-spill``'s turn
+    returns the construction already built (built under a bound no lower than its own:
+    a plan that bound did not prune is one its own bound prunes only if it cannot win)."""
     w = wspt_order(batch, state.endpoints)
     f = fifo_order(batch)
     cap = CAPACITY_GAMMA
@@ -201,23 +222,35 @@ def member_builders(batch: Sequence[PlanJob], state: FleetState,
              ("cap-aware", w, "aware", False, 1.0, cap)]
     if state.demand_share:
         specs += [("ta-share", w, "share", True, 1.0, 0.0), ("cap-share", w, "share", False, 1.0, cap)]
+    templates = IndexTemplates(state)  # candidate indexes of the state, built once for all members
     out: dict[str, Builder] = {
-        n: partial(construct_built, o, state, r, p, a, 1.0, g, objective=objective) for n, o, r, p, a, g in specs}
-    shared: dict[str, dict[str, list[Group]] | None] = {}  # the batch's allocation, computed once for both
+        n: partial(construct_built, o, state, r, p, a, 1.0, g, objective=objective, templates=templates)
+        for n, o, r, p, a, g in specs}
+    shared: dict = {}  # the batch's allocation (computed once for both), partition's spill report
     for name, spill in (("partition", False), ("partition-spill", True)):
-        out[name] = partial(_partition, batch, state, spill, objective, shared)
+        out[name] = partial(_partition, batch, state, spill, objective, shared, templates, skip_same)
     return out
 
 
 def _partition(batch: Sequence[PlanJob], state: FleetState, spill: bool, objective: str,
-               shared: dict[str, dict[str, list[Group]] | None],
+               shared: dict, templates: IndexTemplates, skip_same: bool,
                bound: float) -> tuple[list[Assignment], Replay] | None:
     if "alloc" not in shared:
         shared["alloc"] = allocate(batch, state)
     alloc = shared["alloc"]
     if alloc is None:
         return None
-    return partition_built(batch, state, spill, bound=bound, objective=objective, alloc=alloc)
+    if skip_same and spill and "spill" in shared:  # built at partition's turn (member_builders)
+        built, spilled = shared["spill"]
+        return built if spilled else None
+    if skip_same and not spill:
+        report: dict[str, bool] = {}
+        built = partition_built(batch, state, True, bound=bound, objective=objective, alloc=alloc,
+                                templates=templates, report=report)
+        shared["spill"] = (built, report["spilled"])
+        if not report["spilled"]:
+            return built  # partition's own construction, placement for placement
+    return partition_built(batch, state, spill, bound=bound, objective=objective, alloc=alloc, templates=templates)
 
 
 def members(batch: Sequence[PlanJob], state: FleetState) -> list[Plan]:
@@ -246,7 +279,7 @@ def portfolio(batch: Sequence[PlanJob], state: FleetState) -> Plan:
     winner's index in :data:`MEMBERS`. The same plan as the best of :func:`members`, built
     in :data:`BUILD_ORDER` with each construction stopped once it provably scores above
     the best so far (:class:`makespan.planner.list_schedule.Prune`)."""
-    builders = member_builders(batch, state)
+    builders = member_builders(batch, state, skip_same=True)
     for name in _same_as_earlier(batch, state):
         builders.pop(name, None)
     best: Plan | None = None

@@ -115,7 +115,8 @@ class Prune:
 
     __slots__ = ("limit", "now", "done", "s_rest", "w_rest", "wr_rest", "wp_rest", "free_at", "m", "heap")
 
-    def __init__(self, jobs: Sequence[PlanJob], now_s: float, bound: float, free_at: dict[str, float]):
+    def __init__(self, jobs: Sequence[PlanJob], now_s: float, bound: float, free_at: dict[str, float],
+                 heap: list[tuple[float, str]] | None = None):
         self.now, self.free_at = now_s, free_at
         self.limit = bound + 1e-9 * abs(bound) + 1e-9
         self.done = 0.0
@@ -125,8 +126,12 @@ class Prune:
         self.wp_rest = sum(j.weight * j.service_s for j in jobs)
         # m = min(free_at.values()), kept with a heap of (free time, GPU) entries: one
         # pushed per GPU placed on, stale ones (the GPU's free time moved on) popped
-        self.heap = [(f, u) for u, f in free_at.items()]
-        heapq.heapify(self.heap)
+        # ``heap``: that heap of this ``free_at`` built already (copied: the caller's stays)
+        if heap is None:
+            self.heap = [(f, u) for u, f in free_at.items()]
+            heapq.heapify(self.heap)
+        else:
+            self.heap = list(heap)
         self.m = self.heap[0][0]
 
     def placed(self, job: PlanJob, group: Sequence[str], end_s: float) -> bool:
@@ -197,12 +202,14 @@ class TardinessPrune:
 
 
 def pruner(jobs: Sequence[PlanJob], state: FleetState, bound: float, free_at: dict[str, float],
-           objective: str = "weighted_completion") -> Prune | TardinessPrune | None:
+           objective: str = "weighted_completion", heap: list[tuple[float, str]] | None = None,
+           ) -> Prune | TardinessPrune | None:
     """A :class:`Prune` (``objective`` "weighted_tardiness": :class:`TardinessPrune`) for
     ``bound`` over the replay's ``free_at`` (GPU uuid -> s), or None when ``bound`` is
-    infinite (nothing to prune)."""
+    infinite (nothing to prune). ``heap``: :class:`Prune`'s heap of ``free_at``, heapified
+    already (the same list ``heapq.heapify`` makes of its (free time, GPU) pairs)."""
     if math.isinf(bound):
         return None
     if objective == "weighted_tardiness":
         return TardinessPrune(jobs, state.now_s, bound, free_at, TARDINESS_EPS)
-    return Prune(jobs, state.now_s, bound, free_at)
+    return Prune(jobs, state.now_s, bound, free_at, heap)

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from makespan.planner import placement_index
 from makespan.planner.list_schedule import pruner, wspt_order
 from makespan.planner.model import Assignment, EndpointModel, FleetState, PlanJob
-from makespan.planner.placement_index import GroupIndex
+from makespan.planner.placement_index import GroupIndex, IndexTemplates
 from makespan.planner.replay import Group, Replay
 
 
@@ -66,7 +66,10 @@ def allocate(batch: Sequence[PlanJob], state: FleetState) -> dict[str, list[Grou
     claimed: set[str] = set()
     out: dict[str, list[Group]] = {e: [] for e in inst}
     res = rep.resident
-    for e in inst:  # groups already holding e
+    holding = set(res.values())
+    for e in inst:  # groups already holding e (none where no GPU holds e: the scan is skipped)
+        if e not in holding:
+            continue
         for g in rep.groups(eps[e]):
             if len(out[e]) >= inst[e]:
                 break
@@ -74,21 +77,45 @@ def allocate(batch: Sequence[PlanJob], state: FleetState) -> dict[str, list[Grou
                 out[e].append(g)
                 claimed.update(g)
     by_free: dict[tuple[int, int], list[Group]] = {}  # a key's groups, earliest free first (ties: fleet order)
+    # key -> where its next scan starts: every group before it is claimed (claims are never
+    # undone), so the scan below finds the same unclaimed groups from there
+    start: dict[tuple[int, int], int] = {}
+    fa = rep.free_at
     for e in sorted(inst, key=lambda e: (-eps[e].tp, -work[e], e)):
         if len(out[e]) >= inst[e]:
             continue
         key = (eps[e].tp, eps[e].memory_mib)
         if key not in by_free:
-            by_free[key] = sorted(rep.groups(eps[e]), key=rep.group_free)
-        for g in by_free[key]:  # the unclaimed ones, in that order
-            if len(out[e]) >= inst[e]:
-                break
-            if not any(u in claimed for u in g):
-                out[e].append(g)
+            by_free[key] = sorted(rep.groups(eps[e]), key=(lambda g: fa[g[0]]) if key[0] == 1 else rep.group_free)
+            start[key] = 0
+        ordered, mine, want = by_free[key], out[e], inst[e]
+        k = start[key]
+        while k < len(ordered) and len(mine) < want:  # the unclaimed ones, in that order
+            g = ordered[k]
+            if (g[0] not in claimed) if len(g) == 1 else not any(u in claimed for u in g):
+                mine.append(g)
                 claimed.update(g)
+            k += 1
+        start[key] = k
         if e in needed and not out[e]:
             return None  # fragmentation: no aligned group left for a needed endpoint
     return out
+
+
+def _indexes(rep: Replay, alloc: dict[str, list[Group]],
+             spill_groups: dict[int, list[tuple[str, Group, float, int]]],
+             templates: IndexTemplates | None) -> tuple[dict[str, GroupIndex], dict[int, GroupIndex]]:
+    """The candidate indexes of :func:`partition_built` on the fresh ``rep``: endpoint ->
+    the index of its allocated groups, TP -> the index of the spill groups (tagged with
+    their endpoint and smallest GPU memory), for the lists :func:`placement_index.enabled`
+    indexes; cloned from ``templates`` when given."""
+    def index(key: tuple, groups: list[Group], tags: list[tuple[str, int]] | None = None) -> GroupIndex:
+        return GroupIndex(rep, groups, tags) if templates is None else templates.index(key, rep, groups, tags)
+
+    own = {e: index(("own", e), gs) for e, gs in alloc.items() if placement_index.enabled(len(gs))}
+    spill = {tp: index(("spill", tp), [g for _, g, _, _ in sg], [(e, m) for e, _, _, m in sg])
+             for tp, sg in spill_groups.items() if placement_index.enabled(len(sg))}
+    return own, spill
 
 
 def partition(batch: Sequence[PlanJob], state: FleetState, spill: bool = False,
@@ -109,17 +136,26 @@ def partition(batch: Sequence[PlanJob], state: FleetState, spill: bool = False,
 def partition_built(batch: Sequence[PlanJob], state: FleetState, spill: bool = False, bound: float = math.inf,
                     order: Sequence[PlanJob] | None = None,
                     objective: str = "weighted_completion",
-                    alloc: dict[str, list[Group]] | None = None) -> tuple[list[Assignment], Replay] | None:
+                    alloc: dict[str, list[Group]] | None = None,
+                    templates: IndexTemplates | None = None,
+                    report: dict[str, bool] | None = None) -> tuple[list[Assignment], Replay] | None:
     """:func:`partition`, also returning the :class:`Replay` that placed the assignments
     (for :func:`makespan.planner.evaluator.evaluate_built`); ``bound`` is on the score of
     ``objective`` (:func:`makespan.planner.list_schedule.pruner`). ``alloc``: the batch's
-    :func:`allocate` when the caller has it already (None: computed here)."""
+    :func:`allocate` when the caller has it already (None: computed here); ``templates``:
+    candidate indexes of ``state`` to clone instead of building (the same plan either way;
+    keyed by endpoint and TP, so only for calls with the same ``alloc``). ``report`` (with
+    ``spill``): ``report["spilled"]`` says whether some job took a group allocated to
+    another endpoint so far (also when the construction stops early). While it is False the
+    construction has placed every job as the one without ``spill`` (same ``alloc``, same
+    ``bound``) does: a completed construction that never spilled is that plan, and one that
+    stopped early before spilling means that one stops there too."""
     if alloc is None:
         alloc = allocate(batch, state)
     if alloc is None:
         return None
-    rep = Replay(state)
-    prune = pruner(batch, state, bound, rep.free_at, objective)
+    rep = Replay(state) if templates is None else templates.replay()
+    prune = pruner(batch, state, bound, rep.free_at, objective, None if templates is None else templates.heap())
     fa, res, asl, eps = rep.free_at, rep.resident, rep.asleep, rep.endpoints
     out: list[Assignment] = []
     # TP -> (endpoint, group, its cold start, the group's smallest GPU memory in MiB)
@@ -130,10 +166,10 @@ def partition_built(batch: Sequence[PlanJob], state: FleetState, spill: bool = F
             for g in gs:
                 spill_groups.setdefault(len(g), []).append((e, g, eps[e].cold_start_s, min(mem[u] for u in g)))
     # candidate indexes (placement_index: a bounded scan on a large fleet), kept current below
-    own_index = {e: GroupIndex(rep, gs) for e, gs in alloc.items() if placement_index.enabled(len(gs))}
-    spill_index = {tp: GroupIndex(rep, [g for _, g, _, _ in sg], [(e, m) for e, _, _, m in sg])
-                   for tp, sg in spill_groups.items() if placement_index.enabled(len(sg))}
+    own_index, spill_index = _indexes(rep, alloc, spill_groups, templates)
     indexes = [*own_index.values(), *spill_index.values()]
+    report = report if report is not None else {}
+    report["spilled"] = False
 
     def transition_s(g: Group, ep: EndpointModel) -> float:
         """:meth:`Replay.transition_s`, inlined for a single GPU."""
@@ -149,7 +185,9 @@ def partition_built(batch: Sequence[PlanJob], state: FleetState, spill: bool = F
         ep = eps[job.endpoint]
         ready = rep.ready(job)
         best, bc = None, math.inf
-        own = own_index.get(job.endpoint)
+        # a job with helpers scans whole lists: the index's candidates are the best of each
+        # signature, and those may be groups its helpers do not fit on
+        own = own_index.get(job.endpoint) if not job.helpers else None
         fit = set(rep.job_groups(job)) if job.helpers else None  # groups where its helpers fit too
         for g in alloc[job.endpoint] if own is None else own.candidates(ready):
             if fit is not None and g not in fit:
@@ -161,8 +199,9 @@ def partition_built(batch: Sequence[PlanJob], state: FleetState, spill: bool = F
         if best is None:
             return None
         if spill:
+            own_best = best
             sg = spill_groups.get(ep.tp, [])
-            si = spill_index.get(ep.tp)
+            si = spill_index.get(ep.tp) if not job.helpers else None
             for e2, g, pen, gpu_mib in sg if si is None else [sg[i] for i in si.positions(ready)]:
                 if e2 == job.endpoint or gpu_mib < ep.memory_mib or (fit is not None and g not in fit):
                     continue  # its own, or too small for it (or its helpers)
@@ -174,6 +213,8 @@ def partition_built(batch: Sequence[PlanJob], state: FleetState, spill: bool = F
                 c = s0 + transition_s(g, ep) + pen
                 if c < bc:
                     best, bc = g, c
+            if best is not own_best:
+                report["spilled"] = True
         a = rep.place(job, best)
         for index in indexes:
             index.touch(best)

@@ -26,8 +26,10 @@ fleets and batches). An idle group (nothing resident, nothing asleep, free now) 
 common case on a large fleet: one signature, and only its first group is a candidate.
 
 Cost per query: a bisection per signature in its staircase (the record lows, kept per
-signature and rebuilt when one of its groups changes), plus the rule's own work on the
-candidates kept. After each placement :meth:`GroupIndex.touch` records the GPUs placed
+signature and rebuilt when one of its record lows changes, or a group joins the signature
+where no earlier record low frees before it: free times only grow, so a group off the
+staircase whose free time grows, or that leaves, changes nothing), plus the rule's own
+work on the candidates kept. After each placement :meth:`GroupIndex.touch` records the GPUs placed
 on; the next query re-derives the signatures of the groups sharing one of them (and of
 the host's groups holding an endpoint with TP > 1 when one is involved: whole-instance
 counts reach across groups).
@@ -39,9 +41,11 @@ index), for the benchmark's side-by-side runs and the property test.
 from __future__ import annotations
 
 import bisect
+import heapq
 from collections.abc import Hashable, Iterator, Sequence
 from contextlib import contextmanager
 
+from makespan.planner.model import FleetState
 from makespan.planner.replay import Group, Replay
 
 # a candidate list shorter than this is scanned whole: the index costs more than it saves
@@ -151,6 +155,25 @@ class GroupIndex:
                 bisect.insort(self.buckets.setdefault(s, []), i)
         self.seen_res = {u: res[u] for u in self.at_gpu}
 
+    def clone(self, rep: Replay, touched: Sequence[str] = ()) -> GroupIndex:
+        """This index's copy on ``rep``, a replay of the same fleet state that has placed
+        work on ``touched`` (GPU uuids) since it started; this index must have been built
+        on a fresh replay of that state and never touched or queried since (a template:
+        :class:`IndexTemplates`). The copy is the index ``GroupIndex(rep, self.groups,
+        self.tags)`` would build (its signatures re-derived for the touched GPUs at its
+        first query, as after :meth:`touch`), at the cost of copying the buckets instead
+        of deriving every group's signature."""
+        out = GroupIndex.__new__(GroupIndex)
+        out.rep, out.groups, out.tags, out.set_point = rep, self.groups, self.tags, self.set_point
+        out.sig = list(self.sig)
+        out.buckets = {s: list(b) for s, b in self.buckets.items()}
+        out.stairs = {}
+        out.fixed = self.fixed  # read-only once built
+        out.pending = list(touched)
+        out.at_gpu, out.at_host, out.wide_tp = self.at_gpu, self.at_host, self.wide_tp  # read-only
+        out.seen_res = dict(self.seen_res)
+        return out
+
     def _signature(self, i: int) -> Signature | None:
         s = signature(self.rep, self.groups[i], self.set_point, self.wide_tp)
         if s is None or self.tags is None:
@@ -159,7 +182,8 @@ class GroupIndex:
 
     def touch(self, gpus: Sequence[str]) -> None:
         """The replay placed work on ``gpus`` (their free times, residents and sleepers may
-        have changed). Recorded only; the next :meth:`positions` re-derives what changed
+        have changed; free times only grow, as placements make them: the staircases
+        rely on it). Recorded only; the next :meth:`positions` re-derives what changed
         (touches between two queries coalesce: what matters is the state since the last)."""
         self.pending.extend(gpus)
 
@@ -178,10 +202,13 @@ class GroupIndex:
             if old in wide or new in wide:
                 spread = True
             seen[u] = new
-        moved = {at[u] for u in hit}  # groups whose free time changed
+        moved = {at[u] for u in hit}  # groups whose free time changed (it only grows)
         for i in moved:
-            if sigs[i] is not None:
-                stairs.pop(sigs[i], None)  # type: ignore[arg-type]
+            s = sigs[i]
+            if s is not None:
+                hit_stair = stairs.get(s)
+                if hit_stair is not None and _on(hit_stair[0], i):
+                    del stairs[s]  # a record low moved; one off the staircase stays dominated
         if spread:  # whole-instance counts reach across the groups of the host
             host = self.rep._host
             if self.at_host is None:
@@ -207,8 +234,25 @@ class GroupIndex:
                 del self.buckets[old_sig]
             bisect.insort(self.buckets.setdefault(new_sig, []), i)  # type: ignore[arg-type]
             sigs[i] = new_sig
-            stairs.pop(old_sig, None)
-            stairs.pop(new_sig, None)  # type: ignore[arg-type]
+            hit_stair = stairs.get(old_sig)
+            if hit_stair is not None and _on(hit_stair[0], i):
+                del stairs[old_sig]  # leaving: only a record low changes the staircase
+            hit_stair = stairs.get(new_sig)  # type: ignore[arg-type]
+            if hit_stair is not None and not self._dominated(hit_stair, i):
+                del stairs[new_sig]  # type: ignore[arg-type]
+
+    def _dominated(self, stair: tuple[list[int], list[float]], i: int) -> bool:
+        """Whether group ``i``, joining the bucket of ``stair``, leaves it as it is: a
+        record low before it frees no later (that also covers a group past where the
+        staircase stops, at a group free at the planning time)."""
+        pos, neg = stair
+        k = bisect.bisect_left(pos, i)
+        if k == 0:
+            return False
+        g = self.groups[i]
+        fa = self.rep.free_at
+        f = fa[g[0]] if len(g) == 1 else max(map(fa.__getitem__, g))
+        return -neg[k - 1] <= f
 
     def _staircase(self, sig: Signature) -> tuple[list[int], list[float]]:
         """The record lows of free time over the bucket in position order (each free
@@ -251,3 +295,65 @@ class GroupIndex:
         """:meth:`positions` as groups."""
         groups = self.groups
         return [groups[i] for i in self.positions(ready_s)]
+
+
+def _on(pos: list[int], i: int) -> bool:
+    """Whether position ``i`` is in the ascending list ``pos``."""
+    k = bisect.bisect_left(pos, i)
+    return k < len(pos) and pos[k] == i
+
+
+class IndexTemplates:
+    """Fresh :class:`GroupIndex` es of one fleet state, built once and cloned
+    (:meth:`GroupIndex.clone`) for every construction that plans on a replay of that state:
+    the portfolio's members all start from the same state, and deriving the signatures
+    of every group of a large fleet for each member cost more than the rest of their
+    index work (bench/planner_fleet_scale.py). Also the fresh :class:`Replay` of the state
+    (:meth:`replay`) and the pruning heap of its free times (:meth:`heap`), the other
+    per-member work that grows with the fleet. Holds one entry per ``key``; valid only
+    while the state is neither replaced nor edited (one planning call)."""
+
+    __slots__ = ("state", "built", "_fresh", "_heap")
+
+    def __init__(self, state: FleetState):
+        self.state = state
+        self.built: dict[Hashable, GroupIndex] = {}
+        self._fresh: Replay | None = None  # never placed on
+        self._heap: list[tuple[float, str]] | None = None
+
+    def _pristine(self) -> Replay:
+        if self._fresh is None:
+            self._fresh = Replay(self.state)
+        return self._fresh
+
+    def replay(self) -> Replay:
+        """A fresh replay of the state (:meth:`Replay.copy` of one never placed on: the
+        replay ``Replay(state)`` builds, its read-only group caches shared)."""
+        return self._pristine().copy()
+
+    def heap(self) -> list[tuple[float, str]]:
+        """The fresh replay's free times as :class:`makespan.planner.list_schedule.Prune`
+        heapifies them (read-only: Prune copies it)."""
+        if self._heap is None:
+            self._heap = [(f, u) for u, f in self._pristine().free_at.items()]
+            heapq.heapify(self._heap)
+        return self._heap
+
+    def index(self, key: Hashable, rep: Replay, groups: Sequence[Group], tags: Sequence[Hashable] | None = None,
+              touched: Sequence[str] = ()) -> GroupIndex:
+        """The index of ``groups`` (``tags``) on ``rep``, a replay of this state that has
+        placed work on ``touched`` since it started (``GroupIndex(rep, groups, tags)``
+        then :meth:`GroupIndex.touch`); ``key`` names the list (the same key, the same
+        groups and tags: ValueError otherwise)."""
+        if rep.state is not self.state:
+            raise ValueError("IndexTemplates: a replay of another state")
+        template = self.built.get(key)
+        if template is None:
+            template = self.built[key] = GroupIndex(self._pristine(), groups, tags)
+            host = template.rep._host
+            template.at_host = {}
+            for i, g in enumerate(template.groups):
+                template.at_host.setdefault(host[g[0]], []).append(i)
+        elif template.groups != list(groups) or template.tags != (list(tags) if tags is not None else None):
+            raise ValueError(f"IndexTemplates: key {key!r} names another group list")
+        return template.clone(rep, touched)

@@ -24,6 +24,8 @@ CASES = {
                   "| weight | weighted completion"),
     "fleet-scale": (["bench/planner_fleet_scale.py", "--seeds", "1", "--default-seeds", "0", "--sizes", "64x16,64x32"],
                     "| jobs / GPUs | portfolio old"),
+    "portfolio-ab": (["bench/portfolio_ab.py", "--old", ".", "--old-python", sys.executable, "--seeds", "1",
+                      "--rounds", "1", "--sizes", "64x16"], "| jobs / GPUs | CPU p50 old / new"),
     "tardiness": (["bench/planner_tardiness.py", "--seeds", "1", "--policies", "fifo,tardiness-portfolio",
                    "--static-limit-s", "0.05"], "tardiness"),
 }

@@ -15,9 +15,11 @@ from hypothesis import strategies as st
 
 from makespan.models import parse_fleet
 from makespan.planner import placement_index
-from makespan.planner.greedy import construct_built, fifo, member_builders, portfolio
+from makespan.planner.evaluator import score
+from makespan.planner.greedy import MEMBERS, construct_built, fifo, member_builders, members, portfolio
 from makespan.planner.list_schedule import fifo_order
 from makespan.planner.model import EndpointModel, FleetState, Gpu, PlanJob
+from makespan.planner.partition import partition_built
 from makespan.planner.placement_index import GroupIndex
 from makespan.planner.replay import Replay
 from makespan.planner.rules import Aware, rule_completion, rule_min_evict
@@ -129,6 +131,61 @@ def test_portfolio_and_fifo_equal_the_full_scan(case):
     assert _key(got.assignments) == _key(want.assignments)
     assert got.stats == want.stats
     assert _key(got_fifo.assignments) == _key(want_fifo.assignments)
+
+
+@SETTINGS
+@given(fleets_and_batches())
+def test_portfolio_is_the_best_member_with_its_shortcuts(case):
+    """The portfolio's shortcuts (candidate indexes cloned from templates its members
+    share, ``partition-spill`` skipped when ``partition``'s turn built it without a spill)
+    select what scoring every member in full does (:func:`members`)."""
+    state, batch = case
+    plans = members(batch, state)
+    best = min(plans, key=lambda p: (score(p), MEMBERS.index(p.policy)))
+    got = portfolio(batch, state)
+    assert got.stats["member"] == MEMBERS.index(best.policy)
+    # the same groups (the portfolio's plan is the winner re-timed by the evaluator's replay)
+    assert {a.job_id: a.gpus for a in got.assignments} == {a.job_id: a.gpus for a in best.assignments}
+
+
+def test_a_kind_with_helpers_gets_its_own_index():
+    """A job with helpers has its own candidate list (its endpoint's groups where the
+    helpers fit too): indexed on its own, and a later kind's index is found without
+    looking the helper kind up as an endpoint (main raised KeyError 'a+h' here)."""
+    gpus = [Gpu(f"h{h}-g{i}", f"h{h}", i, 40_000 if h == 0 else 80_000) for h in range(2) for i in range(4)]
+    eps = {"a": EndpointModel("a", 1, 30_000, 60.0, 5.0), "h": EndpointModel("h", 1, 30_000, 20.0, 5.0),
+           "b": EndpointModel("b", 1, 30_000, 45.0, 5.0)}
+    state = FleetState(0.0, gpus, eps)
+    batch = [PlanJob("j0", "a", 1.0, 0.0, 100.0, 0, seq=0, helpers=("h",)),
+             PlanJob("j1", "b", 1.0, 0.0, 100.0, 0, seq=1), PlanJob("j2", "a", 1.0, 0.0, 100.0, 0, seq=2)]
+    for name, build in member_builders(batch, state).items():
+        got = build(bound=math.inf)
+        with placement_index.full_scan():
+            want = build(bound=math.inf)
+        assert (got is None) == (want is None), name
+        if got is not None:
+            assert _key(got[0]) == _key(want[0]), name
+            assert got[0][0].gpus[0].startswith("h1-"), name  # the helper fits beside it on h1 only
+    assert _key(portfolio(batch, state).assignments)
+
+
+def test_partition_spill_report_says_when_a_job_spilled():
+    """``report["spilled"]``: False when the spill construction placed every job as
+    ``partition`` does, True once a job took another endpoint's group."""
+    gpus = [Gpu(f"h0-g{i}", "h0", i, 80_000) for i in range(2)]
+    eps = {"a": EndpointModel("a", 1, 20_000, 200.0, 5.0), "b": EndpointModel("b", 1, 20_000, 30.0, 5.0)}
+    state = FleetState(0.0, gpus, eps, resident={"h0-g0": "a", "h0-g1": "b"})
+    alloc = {"a": [("h0-g0",)], "b": [("h0-g1",)]}
+    # three long jobs of b: the second waits 1,000 s on b's GPU, a's frees at 0 (200 s + 30 s penalty)
+    busy = [PlanJob(f"b{i}", "b", 1.0, 0.0, 1_000.0, 0, seq=i) for i in range(3)]
+    report: dict[str, bool] = {}
+    spilled = partition_built(busy, state, True, alloc=alloc, report=report)
+    assert report["spilled"] is True and spilled is not None
+    assert _key(spilled[0]) != _key(partition_built(busy, state, False, alloc=alloc)[0])  # type: ignore[index]
+    quiet = [PlanJob("a0", "a", 1.0, 0.0, 10.0, 0, seq=0), PlanJob("b0", "b", 1.0, 0.0, 10.0, 0, seq=1)]
+    same = partition_built(quiet, state, True, alloc=alloc, report=report)
+    assert report["spilled"] is False
+    assert _key(same[0]) == _key(partition_built(quiet, state, False, alloc=alloc)[0])  # type: ignore[index]
 
 
 @SETTINGS
