@@ -274,6 +274,12 @@ class ChaosRun:
         self.restarts = Counter()
         self.extra: dict[str, list[str]] = {"wedged": [], "eviction_refused": [], "orphan": []}
         self._timers: list[threading.Timer] = []
+        # endpoint_stubborn's effect comes later than its injection: when its instance is next
+        # stopped (an evict, or a leftover stopped by a later start), the child that ignores
+        # SIGTERM holds the stop for the driver's grace, and the transition doing it runs late
+        # (a true transition_overrun). The watcher samples when such a child outlives its server.
+        self.stubborn_stopping: list[float] = []  # unix s, when a SIGTERM-ignoring child outlived its server
+        self._watching = threading.Event()
 
     # -- processes -------------------------------------------------------------------
     def _start_observer(self) -> Proc:
@@ -533,6 +539,29 @@ class ChaosRun:
                 out.append(f"pid {d.name} (group {pgid}): {cmd[:120]}")
         return out
 
+    def _watch_stubborn(self) -> None:
+        """Until the run's checks, every 0.2 s: note the time when a child of the ``stubborn``
+        endpoint (:data:`makespan.workers.endpoint_server._STUBBORN_CHILD`, this run's key
+        prefix in its environment) is alive while its parent is no longer an endpoint server
+        (the server was stopped and the driver waits out its grace before SIGKILL)."""
+        marker = b"signal.SIG_IGN"
+        prefix = f"MAKESPAN_KEY_PREFIX={self.keys.prefix}".encode()
+        while not self._watching.wait(0.2):
+            for d in Path("/proc").iterdir():
+                if not d.name.isdigit():
+                    continue
+                try:
+                    if marker not in (d / "cmdline").read_bytes() or prefix not in (d / "environ").read_bytes():
+                        continue
+                    ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                    parent_cmd = Path(f"/proc/{ppid}/cmdline").read_bytes()
+                except (OSError, ValueError, IndexError):
+                    continue
+                if b"makespan.workers.endpoint_server" not in parent_cmd:
+                    now = time.time()
+                    if not self.stubborn_stopping or now - self.stubborn_stopping[-1] > 0.5:
+                        self.stubborn_stopping.append(now)
+
     def _stop_timed(self) -> None:
         """SIGTERM every process still running; one still running ``shutdown_grace_s`` + 1 s
         (+ PROBE_SLACK_S for a loaded machine) later is wedged (then SIGKILLed)."""
@@ -587,6 +616,8 @@ class ChaosRun:
             phases[name] = round(now - mark[0], 1)
             mark[0] = now
 
+        if "endpoint_stubborn" in self.kinds:
+            threading.Thread(target=self._watch_stubborn, daemon=True, name="stubborn-watch").start()
         try:
             self._start_observer()  # boots while the GPU workers are waited for
             self.system.start(wait_s=60)
@@ -630,7 +661,10 @@ class ChaosRun:
             lap("settle")
             self.extra["orphan"] += self._orphans()
             window_s = self.settings.lease_ttl_s * 3 + 5.0
-            viol = check_invariants(self.r, self.keys, self.fleet, accepted, self.faults, window_s)
+            self._watching.set()
+            # an incident while (or just after) a stubborn endpoint's stop was held is that fault's effect
+            causes = self.faults + [(t, "endpoint_stubborn:stop held by its child") for t in self.stubborn_stopping]
+            viol = check_invariants(self.r, self.keys, self.fleet, accepted, causes, window_s)
             viol["lost"] = [self._lost_evidence(x) for x in viol["lost"]]
             self._stop_timed()
             lap("stop")
@@ -647,6 +681,7 @@ class ChaosRun:
             result = RunResult(self.seed, self.pool, len(accepted), states, self.faults, viol,
                                time.time() - t_start, crashed, phases, self.oom_rejected)
         finally:
+            self._watching.set()
             for t in self._timers:
                 t.cancel()
             self.system.stop(grace_s=5)
