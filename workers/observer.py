@@ -232,7 +232,8 @@ def run_observer(settings: Settings, fleet: FleetSpec, probe_interval_s: float =
 
     Raises:
         RedisConfigError: Redis evicts keys (``maxmemory-policy``) and
-            ``settings.allow_evicting_redis`` is not set (checked at start)."""
+            ``settings.allow_evicting_redis`` is not set (checked at start, or, when
+            Redis did not answer then, at the first cycle it answers)."""
     stop = stop or threading.Event()
     restore_signals = None
     if threading.current_thread() is threading.main_thread():
@@ -241,10 +242,13 @@ def run_observer(settings: Settings, fleet: FleetSpec, probe_interval_s: float =
         signal.signal(signal.SIGINT, lambda *_: stop.set())
         restore_signals = shutdown.on_sigterm(settings.shutdown_grace_s, "observer", stop.set)  # the SIGTERM bound
     r = connect(settings.redis_url, settings=settings)
+    policy_checked = False
     try:
         check_eviction_policy(r, settings, process="observer")
-    except redis.RedisError as e:  # not reachable yet: the loop below waits for it
-        log.warning("observer: maxmemory-policy not checked, Redis did not answer: %s", e)
+        policy_checked = True
+    except redis.RedisError as e:  # not reachable yet: each cycle below asks again until it answers
+        log.warning("observer: maxmemory-policy not checked yet, Redis did not answer (asking again every "
+                    "cycle): %s", e)
     except RedisConfigError:
         r.close()
         if restore_signals is not None:
@@ -257,7 +261,13 @@ def run_observer(settings: Settings, fleet: FleetSpec, probe_interval_s: float =
         while not stop.is_set() and (max_cycles is None or obs.cycle < max_cycles):
             t0 = time.monotonic()
             try:
+                if not policy_checked:  # before the first probe on a Redis that answers
+                    check_eviction_policy(r, settings, process="observer")
+                    policy_checked = True
+                    log.info("observer: Redis answers now; maxmemory-policy checked")
                 raised += len(obs.probe_once())
+            except RedisConfigError:  # a StoreError too, but a refusal, not an outage
+                raise
             except (redis.RedisError, StoreError) as e:
                 log.warning("observer cycle %d: Redis unavailable: %s", obs.cycle, e)
             stop.wait(max(0.0, probe_interval_s - (time.monotonic() - t0)))
@@ -312,8 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run_observer(Settings.from_env(), load_fleet(a.fleet), a.probe_interval_s, a.overrun_factor,
                      min_overrun_slack_s=a.min_overrun_slack_s)
-    except RedisConfigError as e:
-        log.error("%s", e)
+    except RedisConfigError as e:  # printed once (not also logged)
         print(f"makespan observer: {e}", file=sys.stderr, flush=True)
         return EXIT_REFUSED
     return 0

@@ -119,27 +119,42 @@ def publish_batch() -> Iterator[Any]:
 class RegistryPublisher:
     """Publishes this worker's workload functions (:func:`makespan.registry.publish`) at
     start and every ``LIVE_TTL_S / 3`` from a daemon thread, so producers can tell which
-    names a live worker runs. :meth:`stop` (a clean shutdown) withdraws them
+    names a live worker runs. After a failed publish (Redis away: the names expire) it
+    tries again every ``retry_s`` (default: the host re-announce cadence,
+    ``worker_liveness_ttl_s × RENEW_FRACTION``, 2.5 s), so submits are accepted again
+    within that of Redis coming back. :meth:`stop` (a clean shutdown) withdraws them
     (:func:`makespan.registry.withdraw`): a name no other live worker holds is refused at
     once; after a crash the names expire with their TTL."""
 
-    def __init__(self) -> None:
+    def __init__(self, retry_s: float | None = None) -> None:
+        from makespan.workers.host_liveness import RENEW_FRACTION
+
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="makespan-registry", daemon=True)
         self.holder = holder_id()
+        self.retry_s = retry_s if retry_s is not None else settings.worker_liveness_ttl_s * RENEW_FRACTION
+        self._failing = False
 
     def start(self) -> None:
         self._publish()  # before the first task: a submit right after start must pass
         self._thread.start()
 
-    def _publish(self) -> None:
+    def _publish(self) -> bool:
+        """One publish; False (logged once per outage) when Redis did not take it."""
         try:
             publish(connect(settings.redis_url), Keys(settings.key_prefix), list(REGISTRY.values()), holder=self.holder)
         except StoreError as e:  # Redis away: the names expire, submits are refused until it is back
-            log.warning("publishing workload functions failed: %s", e)
+            if not self._failing:
+                log.warning("publishing workload functions failed (retrying every %.1f s): %s", self.retry_s, e)
+            self._failing = True
+            return False
+        if self._failing:
+            log.warning("workload functions published again")
+        self._failing = False
+        return True
 
     def _run(self) -> None:
-        while not self._stop.wait(LIVE_TTL_S / 3):
+        while not self._stop.wait(self.retry_s if self._failing else LIVE_TTL_S / 3):
             self._publish()
 
     def stop(self) -> None:
@@ -204,10 +219,25 @@ def _withdraw_host(**_kw) -> None:
     from makespan import shutdown
 
     shutdown.arm(settings.shutdown_grace_s, "gpu-worker")
-    if _heartbeat is not None:
-        _heartbeat.stop()
-    if _publisher is not None:  # submits of functions no other live worker runs are refused from now
-        _publisher.stop()
+    _end_announcements()
+
+
+@signals.worker_shutdown.connect
+def _withdraw_host_at_exit(**_kw) -> None:
+    """A stop that sent no ``worker_shutting_down`` (a refusal after start,
+    :mod:`makespan.workers.startup_checks`, ends through ``should_stop``): withdraw the host
+    and the workload functions here (nothing left to do after :func:`_withdraw_host`)."""
+    _end_announcements()
+
+
+def _end_announcements() -> None:
+    """Stop the host heartbeat and the registry publisher and withdraw both (once)."""
+    global _heartbeat, _publisher
+    heartbeat, publisher, _heartbeat, _publisher = _heartbeat, _publisher, None, None
+    if heartbeat is not None:
+        heartbeat.stop()
+    if publisher is not None:  # submits of functions no other live worker runs are refused from now
+        publisher.stop()
 
 
 @signals.worker_shutting_down.connect

@@ -5,7 +5,9 @@
 * The planner, a GPU worker and the observer refuse to start on a Redis whose
   ``maxmemory-policy`` evicts (a private redis-server started with ``volatile-ttl``;
   the shared Redis's configuration is never changed), unless
-  ``MAKESPAN_ALLOW_EVICTING_REDIS=1``, which logs a warning.
+  ``MAKESPAN_ALLOW_EVICTING_REDIS=1``, which logs a warning. A GPU worker or observer
+  started while Redis did not answer checks once it does and refuses then (exit code 3),
+  the reason printed once.
 """
 
 from __future__ import annotations
@@ -166,3 +168,90 @@ def test_gpu_worker_starts_with_the_override(evicting_redis):
     p.wait(timeout=START_TIMEOUT_S)
     out = "".join(lines)
     assert "ready" in out and "volatile-ttl" in out, out[-2000:]
+
+
+def _start_evicting_on(port: int, policy: str = "allkeys-lru") -> tuple[subprocess.Popen, str]:
+    """A redis-server with ``policy`` on ``port`` (answering PING); (process, its directory)."""
+    import time
+
+    d = tempfile.mkdtemp(prefix="makespan-late-evicting-")
+    proc = subprocess.Popen([redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--dir", d,
+                             "--save", "", "--appendonly", "no", "--maxmemory", "64mb",
+                             "--maxmemory-policy", policy],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    c = connect(f"redis://127.0.0.1:{port}/0")
+    for _ in range(200):
+        try:
+            if c.ping():
+                break
+        except Exception:  # noqa: BLE001 - not up yet
+            time.sleep(0.05)
+    return proc, d
+
+
+def _refused_after_late_redis(argv: list[str], down_s: float = 4.0, wait_s: float = START_TIMEOUT_S,
+                              **env_extra: str) -> tuple[int | None, str]:
+    """Start ``argv`` with nothing listening on its Redis port, start an ``allkeys-lru``
+    Redis there ``down_s`` seconds later (issue 18: 8 s in the report), and wait up to
+    ``wait_s`` seconds for the process to end. Returns (its exit code, None if it was
+    still running and was killed; its output)."""
+    import time
+
+    port = free_port()
+    url = f"redis://127.0.0.1:{port}/0"
+    p = subprocess.Popen(argv, env=_env(url, MAKESPAN_REDIS_CONNECT_TIMEOUT_S="0.5", **env_extra),
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    server = None
+    try:
+        time.sleep(down_s)
+        assert p.poll() is None, p.communicate()[0][-2000:]  # it waits for Redis, it does not refuse yet
+        server = _start_evicting_on(port)
+        try:
+            out, _ = p.communicate(timeout=wait_s)
+            return p.returncode, out
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, _ = p.communicate()
+            return None, out
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        if server is not None:
+            server[0].terminate()
+            server[0].wait(timeout=10)
+            shutil.rmtree(server[1], ignore_errors=True)
+
+
+def test_gpu_worker_started_before_redis_refuses_once_it_answers():
+    """Issue 18 (new user): a worker started while Redis was down ran on an evicting
+    Redis for good; now it stops with the refusal's exit code, the reason printed once."""
+    code, out = _refused_after_late_redis([sys.executable, "-m", "celery", "-A", "makespan.workers.tasks", "worker",
+                                           "-P", "solo", "-Q", f"gpu.{_host()}", "--without-mingle",
+                                           "--without-gossip"])
+    assert code == EXIT_REFUSED, (code, out[-3000:])
+    assert out.count("refuses to run") == 1, out[-3000:]
+    assert "allkeys-lru" in out
+
+
+def test_observer_started_before_redis_refuses_once_it_answers():
+    code, out = _refused_after_late_redis([sys.executable, "-m", "makespan.workers.observer", "--fleet", FLEET_TOML])
+    assert code == EXIT_REFUSED, (code, out[-3000:])
+    assert out.count("refuses to run") == 1, out[-3000:]
+    assert "allkeys-lru" in out
+
+
+def test_observer_started_before_redis_runs_with_the_override():
+    """With ``MAKESPAN_ALLOW_EVICTING_REDIS=1`` the late check warns and the observer
+    keeps running (killed here after the wait)."""
+    code, out = _refused_after_late_redis([sys.executable, "-m", "makespan.workers.observer", "--fleet", FLEET_TOML],
+                                          wait_s=10.0, MAKESPAN_ALLOW_EVICTING_REDIS="1")
+    assert code is None, (code, out[-3000:])
+    assert "allkeys-lru" in out and "MAKESPAN_ALLOW_EVICTING_REDIS" in out
+
+
+def test_refusal_is_printed_once(evicting_redis):
+    p = subprocess.run([sys.executable, "-m", "makespan.workers.observer", "--fleet", FLEET_TOML],
+                       env=_env(evicting_redis), capture_output=True, text=True, timeout=START_TIMEOUT_S, cwd=ROOT)
+    assert p.returncode == EXIT_REFUSED, p.stderr
+    assert (p.stdout + p.stderr).count("refuses to run") == 1, p.stderr
