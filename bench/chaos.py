@@ -664,6 +664,10 @@ class ChaosRun:
             self._watching.set()
             # an incident while (or just after) a stubborn endpoint's stop was held is that fault's effect
             causes = self.faults + [(t, "endpoint_stubborn:stop held by its child") for t in self.stubborn_stopping]
+            # a failover lasts until the Sentinels name a new primary (15 s under load): an incident the
+            # outage caused is detected once Redis answers again, after the kill's window may have ended
+            if self.sentinels is not None:
+                causes += [(t, "sentinel_failover:new primary") for t in self.sentinels.promoted_at]
             viol = check_invariants(self.r, self.keys, self.fleet, accepted, causes, window_s)
             viol["lost"] = [self._lost_evidence(x) for x in viol["lost"]]
             self._stop_timed()

@@ -139,6 +139,7 @@ class SentinelSet:
         self.sentinel_ports = [free_port() for _ in range(3)]
         self.sentinels: list[subprocess.Popen] = []
         self.failovers = 0
+        self.promoted_at: list[float] = []  # unix s, when the Sentinels named a new primary after each failover
         self._stopped = False
         self._thread: threading.Thread | None = None
         self.url = ("redis+sentinel://" + ",".join(f"127.0.0.1:{p}" for p in self.sentinel_ports)
@@ -227,6 +228,7 @@ class SentinelSet:
             try:
                 self._wait(lambda: self._stopped or self.primary() not in (None, name), timeout_s,
                            "the Sentinels to fail over")
+                self.promoted_at.append(time.time())
                 if not self._stopped:
                     self.start_server(name)  # the Sentinels make it the new primary's replica
             except StoreError:
