@@ -310,6 +310,7 @@ def ready(workloads: list[str] = typer.Argument(None, help="workload function na
           timeout_s: float = typer.Option(60.0, help="give up after this long")):
     """Wait until a planner has published the fleet and live GPU workers have registered WORKLOADS
     (for scripts: `makespan ready NAME && python submit.py`). Exits 0 when ready, 1 with what is missing."""
+    from makespan.client import AUTH_ERRORS, auth_failed
     from makespan.keys import Keys
     from makespan.redis_conn import connect
 
@@ -320,6 +321,8 @@ def ready(workloads: list[str] = typer.Argument(None, help="workload function na
         try:
             missing = ([] if r.exists(keys.fleet) else ["a planner (no fleet published)"]) + [
                 f"workload {name!r}" for name in workloads or [] if not r.exists(keys.fn_live(name))]
+        except AUTH_ERRORS as e:  # Redis answered and refused the credentials: waiting cannot help
+            _fail(auth_failed(s.redis_url, e))
         except Exception as e:  # noqa: BLE001 - Redis not reachable yet: wait for it too
             missing = [f"Redis ({e})"]
         if not missing:

@@ -88,8 +88,10 @@ def dashboard(
         cfg = DashboardConfig(redis_url=s.redis_url, key_prefix=s.key_prefix, window_s=window_min * 60.0,
                               refresh_s=refresh_s, basic_auth=basic_auth, url_prefix=url_prefix, fleet=spec,
                               stale_after_s=max(s.lease_ttl_s / 2, 1.0))  # as `makespan why`
+        from makespan.redis_conn import redacted
+
         serve(cfg, host, port, announce=lambda url: typer.echo(
-            f"makespan dashboard on {url} (Redis {s.redis_url}, key prefix {s.key_prefix})", err=True),
+            f"makespan dashboard on {url} (Redis {redacted(s.redis_url)}, key prefix {s.key_prefix})", err=True),
             shutdown_grace_s=s.shutdown_grace_s)
     except MakespanError as e:
         fail(e)  # Redis unreachable: RedisUnreachable's message

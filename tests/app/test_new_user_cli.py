@@ -172,9 +172,23 @@ def test_refused_credentials_name_the_url_and_where_the_password_goes(password_r
     message = str(err.value)
     assert "refused the credentials" in message and "MAKESPAN_REDIS_URL" in message, message
     assert "cannot reach" not in message and (password is None or password not in message), message
-    for argv in (["jobs"], ["status", "abc"], ["submit", "--endpoint", "chat", "--service-s", "3"]):
+    for argv in (["jobs"], ["status", "abc"], ["submit", "--endpoint", "chat", "--service-s", "3"],
+                 ["ready", "some.fn", "--timeout-s", "50"]):  # ready must not wait out its timeout (timeout=40 below)
         cli = subprocess.run([sys.executable, "-m", "makespan.cli", *argv], env={**os.environ, **_env(url, prefix)},
-                             capture_output=True, text=True, timeout=60)
+                             capture_output=True, text=True, timeout=40)
         assert cli.returncode == 2 and "Traceback" not in cli.stderr, cli.stderr
         assert cli.stderr.count("error: ") == 1 and "refused the credentials" in cli.stderr, cli.stderr
         assert password is None or password not in cli.stderr + cli.stdout
+
+
+def test_the_dashboard_does_not_print_the_redis_password(password_redis, prefix):
+    """`makespan dashboard` announces its Redis URL at start with the password hidden."""
+    url = password_redis.replace("redis://", "redis://:right-one@")
+    proc = subprocess.Popen([sys.executable, "-m", "makespan.cli", "dashboard", "--port", str(_closed_port())],
+                            env={**os.environ, **_env(url, prefix)}, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stderr.readline()
+    finally:
+        proc.kill()
+        proc.wait(10)
+    assert "makespan dashboard on" in line and ":***@" in line and "right-one" not in line, line
