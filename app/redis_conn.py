@@ -94,8 +94,14 @@ def connect(url: str, decode_responses: bool = True, *, settings: Settings | Non
         if not path:
             raise ValidationError("redis_url", url, "a Sentinel URL needs /service_name[/db]")
         db = int(path[1]) if len(path) > 1 else 0
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
         sentinel_opts = {k: v for k, v in opts.items() if k != "health_check_interval"}
-        sentinel = Sentinel(hosts, password=u.password, sentinel_kwargs=sentinel_opts,
+        # Asking the Sentinels goes through each of them in turn; redis-py's default retry with
+        # backoff on each (redis-py 8) made an unreachable set take 4-12 s per command, beyond
+        # the socket timeout every other wait is bounded by. The primary's connections keep theirs.
+        sentinel = Sentinel(hosts, password=u.password, sentinel_kwargs={**sentinel_opts, "retry": Retry(NoBackoff(), 0)},
                             **sentinel_opts)
         return sentinel.master_for(path[0], db=db, password=u.password, decode_responses=decode_responses, **opts)
     raise ValidationError("redis_url", url, "scheme must be redis://, rediss://, unix:// or redis+sentinel://")

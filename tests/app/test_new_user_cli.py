@@ -192,3 +192,18 @@ def test_the_dashboard_does_not_print_the_redis_password(password_redis, prefix)
         proc.kill()
         proc.wait(10)
     assert "makespan dashboard on" in line and ":***@" in line and "right-one" not in line, line
+
+
+def test_an_unreachable_sentinel_set_fails_within_the_socket_timeout(prefix):
+    """Three Sentinels, none listening: connect() raises RedisUnreachable within
+    MAKESPAN_REDIS_SOCKET_TIMEOUT_S (the bound docs/configuration.md gives every wait), not
+    after redis-py's retries with backoff on each Sentinel (9-12 s before)."""
+    import time
+
+    from makespan.settings import Settings
+
+    hosts = ",".join(f"127.0.0.1:{_closed_port()}" for _ in range(3))
+    started = time.monotonic()
+    with pytest.raises(makespan.RedisUnreachable, match="No master found"):
+        makespan.connect(f"redis+sentinel://{hosts}/mymaster/0", key_prefix=prefix)
+    assert time.monotonic() - started < Settings().redis_socket_timeout_s
