@@ -190,6 +190,8 @@ class CriticalLane:
                 self.kept.claims.release((job_id,), settled=out.leased)
         took_ms = (time.monotonic() - started) * 1000.0
         self.placed += out.leased
+        if out.leased:  # work ran outside the tick: the drain is checked again (workers/drain.py)
+            self.kept.lane_leases += 1
         events.record(self.env.r, self.env.keys.events, "critical_lane", job=job_id, outcome=out.outcome,
                       gpus=list(out.gpus) or None, victims=list(out.victims) or None, took_ms=round(took_ms, 3),
                       read_ms=round(out.read_ms, 3), chosen_ms=round(out.chosen_ms, 3), during_tick=during_tick)

@@ -11,7 +11,10 @@ job is no longer queued or delayed (``awaited_entries``, :func:`makespan.awaited
 
 The tick's steps are :class:`RestorePlanned` (while jobs are queued) and
 :class:`SetPointsAndDrain` (when the tick formed no batch); whether the drain was
-checked in the current idle period is ``CrossTickState.idle_checked``.
+checked in the current idle period is ``CrossTickState.idle_checked``. A job the critical
+lane leases and that completes between two ticks (:mod:`makespan.workers.critical_lane`)
+is never seen running by a tick, so it also ends the idle period: the drain is checked
+again once ``CrossTickState.lane_leases`` moved since the last check.
 """
 
 from __future__ import annotations
@@ -87,8 +90,9 @@ class SetPointsAndDrain:
         if restoring or env.r.zcard(env.keys.leases):  # the drain check counts the whole fleet: all idle
             kept.idle_checked = False
             return
-        if not kept.idle_checked:
-            kept.idle_checked = True
+        lane_leases = kept.lane_leases  # read once: the lane's thread may lease meanwhile
+        if not kept.idle_checked or lane_leases != kept.lane_leases_at_check:
+            kept.idle_checked, kept.lane_leases_at_check = True, lane_leases
             check_drain(env)
 
 

@@ -226,3 +226,28 @@ def test_the_ticks_preempt_step_never_preempts_for_a_job_the_lane_settled(r, set
     w.kept.claims = JobClaims()  # not settled: the same tick preempts for it
     w.tick()
     assert [c.job_id for c in sent] == [job] and r.zcard(w.keys.queue("LOW")) == 1
+
+
+def test_a_job_the_lane_ran_between_two_ticks_gets_a_drain_check(r, settings):
+    """An idle fleet's drain is checked once per idle period; a CRITICAL job that the lane
+    leases and that completes before the next tick is never seen running by a tick, yet it
+    ends the idle period: the next idle tick checks the drain again (the chaos runner found
+    "no clean drain check after the last job" when its last job went this way)."""
+    from makespan.workers.phases import PhaseRunner
+
+    w, prod, sent = _worker(r, settings)
+    for endpoint, gpus in w.env.set_points:  # at the set point: an idle tick checks the drain
+        for gpu in gpus:
+            r.set(w.keys.resident(gpu), instance_value(endpoint, list(gpus)))
+    w.tick()
+    assert r.hget(w.keys.drain, "checks") == "1"
+    job = prod.submit({"endpoint": "embed", "service_s": 5, "priority": "CRITICAL"}).id
+    assert _lane(w).place(job).leased and [c.job_id for c in sent] == [job]
+    assert PhaseRunner(r, w.settings, FLEET)._finish(sent[0], "completed", "") == "completed"
+    for endpoint, gpus in w.env.set_points:  # the job ran where no set point lives, or is back
+        for gpu in gpus:
+            r.set(w.keys.resident(gpu), instance_value(endpoint, list(gpus)))
+    w.tick()
+    assert r.hget(w.keys.drain, "checks") == "2"
+    w.tick()  # the same idle period again: no third check
+    assert r.hget(w.keys.drain, "checks") == "2"

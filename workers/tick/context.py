@@ -110,6 +110,8 @@ class CrossTickState:
     solve_stats: list[str] = field(default_factory=list)  # "solve s:batch size" not yet written (fleet_view)
     recent_jobs: dict[str, PlanJob] = field(default_factory=dict)  # arrivals behind the demand (fleet_view)
     idle_checked: bool = False  # the drain was checked in this idle period (drain)
+    lane_leases: int = 0  # jobs the critical lane leased so far (critical_lane; read by drain)
+    lane_leases_at_check: int = 0  # lane_leases when the drain was last checked (drain)
     reason_counts_written: bool = True  # P:planner:reasons may hold counts (wait_reasons)
     last_traceparent: dict[str, str] = field(default_factory=dict)  # GPU -> last job's traceparent (starts)
     claims: JobClaims = field(default_factory=JobClaims)  # jobs Preempt or the critical lane decides for now
