@@ -121,7 +121,9 @@ def test_window_model_hint_stays_feasible_and_scored_with_the_term(seed):
     batch, st = _case(seed, 5.0)
     floor = portfolio(batch, st)
     jobs = {j.id: j for j in batch}
-    sol = window_model.solve_window(floor, 0, min(6, len(batch)), jobs, st, 0.3, 0, 1, 4, True)
+    # 2 s of wall time: at 0.3 s a loaded machine sometimes gave CP-SAT no time to find any
+    # solution (None), which says nothing about the hint; the assertion is about the objective
+    sol = window_model.solve_window(floor, 0, min(6, len(batch)), jobs, st, 2.0, 0, 1, 4, True)
     assert sol is not None and sol.objective <= sol.hint_objective + 1e-6
     p = improve(batch, st, floor, time_limit_s=0.3, verify_hint=True)
     assert score(p) <= score(floor) + 1e-6
