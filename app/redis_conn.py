@@ -282,3 +282,46 @@ def async_twin(client: redis.Redis) -> Any:
     kwargs = {k: v for k, v in pool.connection_kwargs.items()
               if k in accepted and k not in own and not k.startswith("orig_")}
     return aioredis.Redis(connection_pool=aioredis.ConnectionPool(connection_class=cls, **kwargs))
+
+
+class OutageLog:
+    """The log of a failure that repeats while Redis is down or refuses us (a loop that
+    retries every few hundred ms would otherwise write a line each time): the first failure
+    is logged at once, then at most one line per ``every_s`` saying how many were left out,
+    and one line when the call succeeds again.
+
+    Args:
+        logger: where the lines go (``WARNING``; the recovery at ``INFO``).
+        what: the loop's name in the lines (``"planner tick"``).
+        every_s: the least time between two lines of one outage, s (default 30).
+        clock: monotonic seconds (tests pass their own).
+    """
+
+    def __init__(self, logger: logging.Logger, what: str, every_s: float = 30.0,
+                 clock: Any = time.monotonic):
+        self.logger, self.what, self.every_s, self.clock = logger, what, every_s, clock
+        self.failures = 0  # in the current outage
+        self._since = 0.0
+        self._logged_at = 0.0
+        self._left_out = 0
+
+    def failed(self, error: BaseException) -> None:
+        """Count one failure; log it if it opens an outage or ``every_s`` passed since the last line."""
+        now = self.clock()
+        self.failures += 1
+        if self.failures == 1:
+            self._since = self._logged_at = now
+            self.logger.warning("%s: Redis unavailable: %s", self.what, error)
+        elif now - self._logged_at >= self.every_s:
+            self.logger.warning("%s: Redis still unavailable after %.0f s (%d failures, %d not logged): %s",
+                                self.what, now - self._since, self.failures, self._left_out, error)
+            self._logged_at, self._left_out = now, 0
+        else:
+            self._left_out += 1
+
+    def ok(self) -> None:
+        """The call succeeded: end the outage (a line if there was one)."""
+        if self.failures:
+            self.logger.info("%s: Redis answers again after %.1f s (%d failures)", self.what,
+                             self.clock() - self._since, self.failures)
+        self.failures, self._left_out = 0, 0

@@ -59,6 +59,7 @@ from makespan.models import Priority
 from makespan.planner.critical_placement import CriticalPlacement, place_critical
 from makespan.planner.model import FleetState, PlanJob
 from makespan.planner.preemption import Holder
+from makespan.redis_conn import OutageLog
 from makespan.workers import host_liveness
 from makespan.workers.fleet_view import DOWN_FREE_AFTER_S
 from makespan.workers.leases import preempt
@@ -142,11 +143,13 @@ class CriticalLane:
     def _run(self) -> None:
         env = self.env
         wait_s = max(0.05, min(1.0, env.settings.redis_socket_timeout_s / 2))
+        outage = OutageLog(log, "critical lane")
         while not self._stop.is_set():
             try:
                 got = env.r.blpop([env.keys.planner_critical], timeout=wait_s)
+                outage.ok()
             except redis.RedisError as e:
-                log.warning("critical lane: Redis unavailable: %s", e)
+                outage.failed(e)
                 self._stop.wait(0.5)
                 continue
             if not got:

@@ -57,7 +57,7 @@ import redis
 from makespan.errors import MakespanError, RedisConfigError, StoreError
 from makespan.keys import Keys
 from makespan.models import FleetSpec
-from makespan.redis_conn import EXIT_REFUSED, check_eviction_policy, connect
+from makespan.redis_conn import EXIT_REFUSED, OutageLog, check_eviction_policy, connect
 from makespan.settings import Settings
 from makespan.workers.agenda import AgendaTracker
 from makespan.workers.drivers import capabilities, get_driver
@@ -257,6 +257,7 @@ def run_observer(settings: Settings, fleet: FleetSpec, probe_interval_s: float =
     obs = Observer(r, Keys(settings.key_prefix), fleet, probe_interval_s, overrun_factor,
                    min_overrun_slack_s=min_overrun_slack_s)
     raised = 0
+    outage = OutageLog(log, "observer")
     try:
         while not stop.is_set() and (max_cycles is None or obs.cycle < max_cycles):
             t0 = time.monotonic()
@@ -266,10 +267,11 @@ def run_observer(settings: Settings, fleet: FleetSpec, probe_interval_s: float =
                     policy_checked = True
                     log.info("observer: Redis answers now; maxmemory-policy checked")
                 raised += len(obs.probe_once())
+                outage.ok()
             except RedisConfigError:  # a StoreError too, but a refusal, not an outage
                 raise
             except (redis.RedisError, StoreError) as e:
-                log.warning("observer cycle %d: Redis unavailable: %s", obs.cycle, e)
+                outage.failed(e)
             stop.wait(max(0.0, probe_interval_s - (time.monotonic() - t0)))
     finally:
         obs.close()

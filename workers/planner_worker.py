@@ -43,7 +43,7 @@ from makespan.errors import LeaseError, RedisConfigError, StoreError, Validation
 from makespan.keys import Keys
 from makespan.models import FleetSpec, Priority, fleet_version
 from makespan.planner.model import FleetState, PlanJob
-from makespan.redis_conn import check_eviction_policy
+from makespan.redis_conn import OutageLog, check_eviction_policy
 from makespan.settings import Settings
 from makespan.workers.batch import form_batch
 from makespan.workers.critical_lane import CriticalLane
@@ -142,9 +142,12 @@ class PlannerWorker:
     # -- leadership ----------------------------------------------------------------------
     def _lead(self):
         lock = self.r.lock(self.keys.planner_leader, timeout=self.lock_ttl_s, thread_local=False)
+        outage = OutageLog(log, f"{self.name} standing by")
         while not self._stop.is_set():
             try:  # a standby must outlive a Redis restart or a dropped connection
-                if lock.acquire(blocking=True, blocking_timeout=self.lock_ttl_s / 4):
+                got = lock.acquire(blocking=True, blocking_timeout=self.lock_ttl_s / 4)
+                outage.ok()
+                if got:
                     self._check_redis_config(lock)
                     self.token = str(self.r.incr(self.keys.planner_fence))
                     self.r.mset({self.keys.fleet: self.whole_fleet.model_dump_json(),
@@ -155,7 +158,7 @@ class PlannerWorker:
                                   token=int(self.token), **({"pool": self.pool} if self.pool else {}))
                     return lock
             except redis.RedisError as e:
-                log.warning("%s: Redis unavailable while standing by: %s", self.name, e)
+                outage.failed(e)
                 self._stop.wait(0.2)
         return None
 
@@ -262,15 +265,17 @@ class PlannerWorker:
         return lane
 
     def _tick_until_deposed(self) -> None:
+        outage = OutageLog(log, f"{self.name} tick")
         while not self._stop.is_set() and not self.lost.is_set():
             try:
                 busy = self.tick()
+                outage.ok()
             except LeaseError as e:
                 log.error("%s: %s", self.name, e)
                 self.lost.set()
                 break
             except (redis.RedisError, StoreError) as e:  # StoreError: a wrapped Redis error
-                log.warning("planner tick failed (Redis): %s", e)
+                outage.failed(e)
                 busy = False
                 time.sleep(0.5)
             if not (busy and self.tick_again):
