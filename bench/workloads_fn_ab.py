@@ -25,9 +25,9 @@ the jobs' dependencies).
 * B = barrier: the steps one at a time in topological order; each is submitted after the
   previous one's result came back.
 * control = no scheduler: the same requests sent straight to the endpoint instances
-  (already running) by a thread pool per endpoint at its cap, every request of a step
-  after those of its dependencies (a perfect DAG executor without makespan): the
-  achievable wall time and utilization on this machine.
+  (already running) by the same sender as ``ctx.requests``, a step as soon as its
+  dependencies ended (a perfect DAG executor without makespan): the achievable wall time
+  and utilization on this machine.
 
 Evidence gates per cell (a cell failing one is printed INVALID with the reason):
 ≥ ``--records`` records (1,000) and ≥ 10,000 model requests per run, ≥ 8 s wall,
@@ -143,32 +143,40 @@ class Bench:
                 "slot_util": busy / (wall * sum(s for _, s in ENDPOINTS.values()))}
 
     def control(self, cell: str, records: int) -> dict[str, Any]:
-        """The same requests straight to the running instances (no makespan)."""
-        import httpx
-
+        """The same requests straight to the running instances, with no scheduler: each step
+        in a thread of this process as soon as its dependencies ended, through the same
+        request sender as ``ctx.requests`` (:class:`makespan.workers.requests.RequestRunner`,
+        the endpoint's cap shared by request leases), in one process as on the GPU worker."""
         from makespan.workers.drivers.registry import list_instances
+        from makespan.workers.requests import RequestRunner
 
-        urls = {i.endpoint: i.url for i in list_instances(self.client.r, self.client.keys) if i.url}
-        missing = set(ENDPOINTS) - set(urls)
+        running = {i.endpoint: i for i in list_instances(self.client.r, self.client.keys) if i.url}
+        missing = set(ENDPOINTS) - set(running)
         if missing:
             raise RuntimeError(f"control needs running instances of {sorted(missing)} (run A/B first)")
         steps = CELLS[cell]
         done: dict[str, float] = {}
+        failed: list[str] = []  # a step that raised: the steps after it stop waiting (the cell fails)
         t0 = time.time()
-        with httpx.Client(timeout=60.0, limits=httpx.Limits(max_connections=64)) as http:
-            def send(ep: str, i: int) -> None:
-                resp = http.post(urls[ep] + "/v1/completions", json={"model": ep, "prompt": f"r{i}", "max_tokens": 8})
-                resp.raise_for_status()
 
-            def run_step(step) -> None:
-                name, ep, per_record, deps = step
-                while not all(d in done for d in deps):
-                    time.sleep(0.005)
-                with ThreadPoolExecutor(max_workers=ENDPOINTS[ep][1]) as pool:
-                    list(pool.map(lambda i: send(ep, i), range(per_record * records)))
-                done[name] = time.time()
-            with ThreadPoolExecutor(max_workers=len(steps)) as outer:
-                list(outer.map(run_step, topo(steps)))
+        def run_step(step) -> None:
+            name, ep, per_record, deps = step
+            while not all(d in done for d in deps):
+                if failed:
+                    raise RuntimeError(f"control step {name}: step {failed[0]} failed")
+                time.sleep(0.005)
+            inst, job = running[ep], f"control-{uuid.uuid4().hex[:8]}"
+            try:
+                RequestRunner(self.client.r, self.client.keys, inst.id, inst.url or "", ep, ENDPOINTS[ep][1]).run(
+                    job, {"requests": per_record * records, "prompt": f"{name}:{{i}}", "max_tokens": 8})
+            except Exception:
+                failed.append(name)
+                raise
+            finally:
+                self.client.r.delete(self.client.keys.requests(job))
+            done[name] = time.time()
+        with ThreadPoolExecutor(max_workers=len(steps)) as outer:
+            list(outer.map(run_step, topo(steps)))
         wall = time.time() - t0
         busy = sum(per_record * records * ENDPOINTS[ep][0] / 1000.0 for _, ep, per_record, _ in steps)
         return {"wall_s": wall, "slot_util": busy / (wall * sum(s for _, s in ENDPOINTS.values()))}
