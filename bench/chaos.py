@@ -744,6 +744,11 @@ def write_fleet(workdir: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="bench.chaos", description=__doc__.split("\n\n")[0],
+                                 epilog=f"fault kinds (each fault drawn uniformly; sentinel_failover only where redis-sentinel is "
+                                        f"installed): {', '.join(FAULTS)}; a run that draws sentinel_failover runs "
+                                        f"on a Sentinel set and draws again instead of "
+                                        f"{', '.join(NOT_WITH_SENTINEL)}. Invariants checked after every run: "
+                                        f"{', '.join(INVARIANTS)}.",
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--runs", type=int, default=100, help="runs, one after the other")
     ap.add_argument("--seed", type=int, default=1, help="seed of the first run (run i uses seed + i)")
