@@ -53,7 +53,7 @@ def _cell(r: Any, url: str, cls: type[RequestRunner], slots: int, requests: int,
     t0, c0 = time.monotonic(), time.process_time()
     res = cls(r, keys, "i", url, "m", slots).run("job", {"requests": requests})
     wall_s, cpu_s = time.monotonic() - t0, time.process_time() - c0
-    r.delete(keys.requests("job"))
+    r.delete(keys.requests("job"), keys.req_peak("i"), keys.req_leases("i"), keys.req_waiters("i"))
     if res.errors:
         raise SystemExit(f"requests failed: {res.first_error}")
     ideal_s = -(-requests // slots) * latency_ms / 1000.0
