@@ -14,6 +14,10 @@ from makespan.errors import ValidationError
 from makespan.planner.policies import DEFAULT_POLICY, POLICY_REGISTRY
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+# The fast lane's defaults (Settings.fast_lane / fast_lane_start), as
+# makespan.planner.fast_lane.DEFAULT_LANE_LEVELS / DEFAULT_START_GRACE hold them (a test checks both agree).
+DEFAULT_FAST_LANE = "CRITICAL,HIGH:1.25"
+DEFAULT_FAST_LANE_START = "CRITICAL:30,HIGH:30/x1.4"
 IMPROVER_EXECUTORS = ("process", "thread")  # Settings.improver_executor; the first is the default
 IMPROVER_NICE_MAX = 19  # the most niceness a process can add on Linux
 
@@ -213,14 +217,17 @@ class Settings:
         fast_lane: the fast lane's levels, ``LEVEL[:FACTOR]`` comma-separated: no job of
             such a level is planned to complete later than FACTOR (≥ 1, default 1) × the
             response time strict priority would give it from the same state
-            (:mod:`makespan.planner.fast_lane`); default ``"CRITICAL"``, ``""``: off.
+            (:mod:`makespan.planner.fast_lane`); default ``"CRITICAL,HIGH:1.25"``, ``""``: off.
             ``MAKESPAN_FAST_LANE``.
         fast_lane_start: the lane levels whose *start* the lane bounds instead of their
-            completion, ``LEVEL:GRACE_S`` comma-separated: no job of such a level is planned
-            to start later than release + FACTOR × (strict priority's start − release) +
-            GRACE_S (s ≥ 0); default ``"CRITICAL:30"`` (bench/RESULTS.md, "Start-bounded
-            lane"), ``""``: every lane level bounded on completion. A level listed here
-            must be in :attr:`fast_lane`. ``MAKESPAN_FAST_LANE_START``.
+            completion, ``LEVEL:GRACE_S[/FLOOR_S][/xPEER]`` comma-separated: no job of such a
+            level is planned to start later than release + FACTOR × (strict priority's start −
+            release) + GRACE_S (s ≥ 0), nor forced to start before release + FLOOR_S, nor
+            before release + PEER × FACTOR × the longest strict-priority wait of its level's
+            jobs in the batch (the peer floor); default ``"CRITICAL:30,HIGH:30/x1.4"``
+            (bench/RESULTS.md, "Peer floor for HIGH"), ``""``: every lane level bounded on
+            completion. A level listed here must be in :attr:`fast_lane`.
+            ``MAKESPAN_FAST_LANE_START``.
 
     Transitions (issue 20; :mod:`makespan.estimates`):
 
@@ -319,8 +326,8 @@ class Settings:
     preemption_budget: int = 2
     preemption_min_runtime_s: float = 0.0
     reservation_after_s: float = 3600.0
-    fast_lane: str = "CRITICAL"
-    fast_lane_start: str = "CRITICAL:30"
+    fast_lane: str = DEFAULT_FAST_LANE
+    fast_lane_start: str = DEFAULT_FAST_LANE_START
     # -- transitions (issue 20) --
     transition_min_observations: int = 5
     transition_quantile: float = 0.9
@@ -346,8 +353,9 @@ class Settings:
         return fast_lane_levels(self.fast_lane)
 
     @property
-    def fast_lane_start_grace(self) -> dict[int, float]:
-        """:attr:`fast_lane_start` as priority level -> grace s, for
+    def fast_lane_start_grace(self) -> dict[int, float | tuple[float, float] | tuple[float, float, float]]:
+        """:attr:`fast_lane_start` as priority level -> grace s (or a tuple, see
+        :func:`fast_lane_start_grace`), for
         :func:`makespan.planner.fast_lane.enforce`'s ``start_grace_s``."""
         return fast_lane_start_grace(self.fast_lane_start)
 
@@ -481,9 +489,9 @@ def _guarantees_from_env() -> dict[str, Any]:
     return {"preemption_budget": budget,
             "preemption_min_runtime_s": _env_nonneg("MAKESPAN_PREEMPTION_MIN_RUNTIME_S", 0.0),
             "reservation_after_s": _env_nonneg("MAKESPAN_RESERVATION_AFTER_S", 3600.0),
-            "fast_lane": _env_lane("MAKESPAN_FAST_LANE", "CRITICAL"),
-            "fast_lane_start": _env_lane_start("MAKESPAN_FAST_LANE_START", "CRITICAL:30",
-                                               os.environ.get("MAKESPAN_FAST_LANE", "CRITICAL"))}
+            "fast_lane": _env_lane("MAKESPAN_FAST_LANE", DEFAULT_FAST_LANE),
+            "fast_lane_start": _env_lane_start("MAKESPAN_FAST_LANE_START", DEFAULT_FAST_LANE_START,
+                                               os.environ.get("MAKESPAN_FAST_LANE", DEFAULT_FAST_LANE))}
 
 
 def fast_lane_levels(names: str) -> dict[int, float]:
@@ -509,20 +517,23 @@ def fast_lane_levels(names: str) -> dict[int, float]:
     return dict(sorted(out.items()))
 
 
-def fast_lane_start_grace(names: str, lane: str | None = None) -> dict[int, float | tuple[float, float]]:
+def fast_lane_start_grace(names: str, lane: str | None = None) -> dict[int, float | tuple[float, float] | tuple[float, float, float]]:
     """``"CRITICAL:30,HIGH:60"`` -> {0: 30.0, 1: 60.0} (level -> grace s ≥ 0, the levels
     whose start the fast lane bounds); ``"HIGH:60/200"`` -> {1: (60.0, 200.0)} (grace s,
-    wait floor s ≥ 0: :func:`makespan.planner.fast_lane.allowed_start`); ``""``: {}. With ``lane`` (a :attr:`Settings.fast_lane`
-    value), every level must be one of its levels. Raises ValidationError on an unknown
-    level, a missing, negative or non-finite grace or wait floor, or a level not in ``lane``."""
+    wait floor s ≥ 0); ``"HIGH:30/x1.4"`` -> {1: (30.0, 0.0, 1.4)} (grace s, wait floor s,
+    peer factor > 0; ``HIGH:30/200/x1.4`` gives both floors): see
+    :func:`makespan.planner.fast_lane.allowed_start`; ``""``: {}. With ``lane`` (a
+    :attr:`Settings.fast_lane` value), every level must be one of its levels. Raises
+    ValidationError on an unknown level, a missing, negative or non-finite grace, wait floor
+    or peer factor, a peer factor of 0, or a level not in ``lane``."""
     from makespan.models import Priority
 
-    out: dict[int, float | tuple[float, float]] = {}
+    out: dict[int, float | tuple[float, float] | tuple[float, float, float]] = {}
     for item in (x.strip() for x in names.split(",")):
         if not item:
             continue
         n, sep, g = item.partition(":")
-        g, slash, w = g.partition("/")
+        g, *floors = g.split("/")
         n = n.strip().upper()
         if n not in Priority.__members__:
             raise ValidationError("fast_lane_start", names, f"levels are {', '.join(Priority.__members__)}")
@@ -533,15 +544,24 @@ def fast_lane_start_grace(names: str, lane: str | None = None) -> dict[int, floa
         if not 0.0 <= grace < float("inf"):
             raise ValidationError("fast_lane_start", names,
                                   "each level needs a grace, LEVEL:GRACE_S, a finite number of seconds >= 0")
-        try:
-            floor_s = float(w) if slash else 0.0
-        except ValueError as e:
-            raise ValidationError("fast_lane_start", names, "a wait floor (LEVEL:GRACE_S/FLOOR_S) must be a number") from e
-        if not 0.0 <= floor_s < float("inf"):
-            raise ValidationError("fast_lane_start", names, "a wait floor must be a finite number of seconds >= 0")
+        floor_s, peer, peer_given = 0.0, 0.0, False
+        for part in (x.strip() for x in floors):
+            is_peer = part[:1].lower() == "x"
+            what = "a peer factor (LEVEL:GRACE_S/xPEER)" if is_peer else "a wait floor (LEVEL:GRACE_S/FLOOR_S)"
+            try:
+                value = float(part[1:] if is_peer else part)
+            except ValueError as e:
+                raise ValidationError("fast_lane_start", names, f"{what} must be a number") from e
+            if not 0.0 <= value < float("inf") or (is_peer and value == 0.0):
+                raise ValidationError("fast_lane_start", names,
+                                      f"{what} must be a finite number {'> 0' if is_peer else '>= 0'}")
+            if is_peer:
+                peer, peer_given = value, True
+            else:
+                floor_s = value
         if lane is not None and int(Priority[n]) not in fast_lane_levels(lane):
             raise ValidationError("fast_lane_start", names, f"{n} is not a fast-lane level ({lane!r})")
-        out[int(Priority[n])] = (grace, floor_s) if slash else grace
+        out[int(Priority[n])] = (grace, floor_s, peer) if peer_given else (grace, floor_s) if floors else grace
     return dict(sorted(out.items()))
 
 

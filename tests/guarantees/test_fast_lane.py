@@ -120,7 +120,7 @@ def test_the_live_planner_starts_the_critical_job_first(r, settings, lane):
 
 
 def test_fast_lane_setting():
-    assert Settings().fast_lane_levels == {0: 1.0}
+    assert Settings().fast_lane_levels == {0: 1.0, 1: 1.25}  # CRITICAL, and HIGH with a factor
     assert dataclasses.replace(Settings(), fast_lane="critical,HIGH:1.25").fast_lane_levels == {0: 1.0, 1: 1.25}
     assert dataclasses.replace(Settings(), fast_lane="").fast_lane_levels == {}
 

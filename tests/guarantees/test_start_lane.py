@@ -127,14 +127,18 @@ def test_a_high_job_pushed_far_behind_its_strict_priority_start_is_bounded_by_it
     here it would wait 319 s, so it starts as strict priority starts it."""
     kw = dict(preemption="plan", restore=False, time_limit_s=0.05)
     fifo = simulate(_high_behind_normals(), _one_gpu(), "fifo", reservation_after_s=None, lane_levels=(), **kw)
-    unbounded = simulate(_high_behind_normals(), _one_gpu(), "default", **kw)  # HIGH not in the default lane
+    unbounded = simulate(_high_behind_normals(), _one_gpu(), "default", lane_levels=(0,),  # HIGH not in the lane
+                         lane_start_grace_s={0: 30.0}, **kw)
     floored = simulate(_high_behind_normals(), _one_gpu(), "default", lane_levels=(0, 1),
                        lane_start_grace_s={0: 30.0, 1: (60.0, 200.0)}, **kw)
+    default = simulate(_high_behind_normals(), _one_gpu(), "default", **kw)  # HIGH × 1.25, 30 s, peer floor
     p95 = {name: r["wait_s"]["HIGH"]["p95"] for name, r in
-           (("fifo", fifo), ("unbounded", unbounded), ("floored", floored))}
+           (("fifo", fifo), ("unbounded", unbounded), ("floored", floored), ("default", default))}
     assert p95["fifo"] <= 40.0
     assert p95["unbounded"] >= 250.0  # pushed behind the NORMAL jobs
     assert p95["floored"] <= max(p95["fifo"] + 60.0, 200.0)
+    # one HIGH job per batch: its own strict wait is the peer floor, so the start bound holds
+    assert p95["default"] <= 1.25 * 1.4 * p95["fifo"] + 30.0
 
 
 def test_a_wait_floor_lets_the_plan_delay_a_start_bounded_job_up_to_it():

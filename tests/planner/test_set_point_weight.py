@@ -139,14 +139,17 @@ def test_planned_absence_is_zero_without_set_points():
 
 def test_simulator_passes_the_weight_and_is_unchanged_at_zero():
     batch, st = _case(1, 0.0)
-    a = simulate(batch, st, "portfolio")
-    b = simulate(batch, st, "portfolio", set_point_weight=0.0)
+    # CRITICAL-only lane: the lane's forced HIGH starts (the default since 2026-12-03) take the
+    # group that starts them in time whatever the set point, so the weight's effect is seen without them
+    lane = {"lane_levels": (0,), "lane_start_grace_s": {0: 30.0}}
+    a = simulate(batch, st, "portfolio", **lane)
+    b = simulate(batch, st, "portfolio", set_point_weight=0.0, **lane)
     for r in (a, b):  # wall-clock figures
         r["sim"].pop("wall_s")
         r.pop("planner")
     assert a["sim"]["set_point_weight"] == 0.0
     assert a == b
-    c = simulate(batch, st, "portfolio", set_point_weight=50.0)
+    c = simulate(batch, st, "portfolio", set_point_weight=50.0, **lane)
     assert c["sim"]["set_point_weight"] == 50.0
     assert c["set_point_absent_gpu_s"] <= a["set_point_absent_gpu_s"]
     with pytest.raises(PlannerError):
