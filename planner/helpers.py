@@ -13,7 +13,9 @@ clear phase stops them after execute. So, as the plan sees it:
 * **memory**: GPU ``i`` of the group (in group order) holds the main endpoint and every
   helper whose tensor-parallel size is above ``i`` (:func:`need_mib`); a group fits when
   each of its GPUs has that much memory (:func:`group_fits`). A helper wider than the
-  main endpoint's group fits nowhere.
+  main endpoint's group fits nowhere. Sleepers on the group stay only while they fit
+  beside that sum (:meth:`makespan.planner.replay.Replay.place`; the GPU worker's start
+  phase stops the others before the helpers start, with :func:`stacked_mib`).
 
 Pure functions; no I/O.
 """
@@ -39,13 +41,18 @@ def need_mib(main: EndpointModel, helpers: Sequence[str], endpoints: Mapping[str
     ``memory_mib`` plus that of each helper whose tensor-parallel size covers the
     position. Length ``main.tp``; a helper wider than ``main.tp`` is not counted here
     (:func:`too_wide` names it)."""
-    need = [main.memory_mib] * main.tp
-    for name in helpers:
-        helper = endpoints.get(name)
-        if helper is None:
-            continue
-        for position in range(min(helper.tp, main.tp)):
-            need[position] += helper.memory_mib
+    return stacked_mib(main.memory_mib, main.tp,
+                       [(endpoints[name].memory_mib, endpoints[name].tp) for name in helpers if name in endpoints])
+
+
+def stacked_mib(main_mib: int, main_tp: int, helpers: Sequence[tuple[int, int]]) -> tuple[int, ...]:
+    """:func:`need_mib` from figures: the main endpoint's MiB per GPU and tensor-parallel
+    size, and each helper's (MiB per GPU, tensor-parallel size); the GPU worker's form (its
+    fleet file's endpoint specs). Length ``main_tp``, MiB per GPU in group order."""
+    need = [main_mib] * main_tp
+    for mib, tp in helpers:
+        for position in range(min(tp, main_tp)):
+            need[position] += mib
     return tuple(need)
 
 

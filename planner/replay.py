@@ -247,9 +247,11 @@ class Replay:
         else:
             t_s, evicted, load, _ = self.transition(group, ep)
             if load != "warm":
-                levels = self._load(group, ep.name, start_s)
+                levels = self._load(group, ep.name, start_s, self._helper_need(job, ep))
         if job.helpers:  # started after the main endpoint, in every placement
             t_s += helpers_start_s(job.helpers, self.endpoints)
+            if load == "warm" and self._costed:  # sleepers that do not fit beside main + helpers stop
+                self._fit_sleepers(group, need_mib(ep, job.helpers, self.endpoints))
         svc = start_s + t_s
         end = svc + job.service_s
         a = Assignment(job.id, group, start_s, svc, end, evicted, load, levels) if levels else \
@@ -260,15 +262,22 @@ class Replay:
         self.end_of.maps[0][job.id] = end  # what ChainMap.__setitem__ does, without its call
         return a
 
-    def _load(self, group: Group, name: str | None, at_s: float | None = None) -> tuple[tuple[str, int], ...]:
+    def _helper_need(self, job: PlanJob, ep: EndpointModel) -> tuple[int, ...] | None:
+        """MiB per GPU of ``job``'s group while it runs with its helpers (group order), or
+        None without helpers (the main endpoint's memory on each)."""
+        return need_mib(ep, job.helpers, self.endpoints) if job.helpers else None
+
+    def _load(self, group: Group, name: str | None, at_s: float | None = None,
+              need: Sequence[int] | None = None) -> tuple[tuple[str, int], ...]:
         """``name`` becomes resident on ``group`` (None: nothing) at ``at_s`` (None: now);
         the evicted endpoints with a sleep mode go to sleep there (where what sleepers
-        hold is modelled: if they fit, and sleepers that no longer fit beside ``name`` are
-        stopped; with ``sleep_options``: at the level chosen, or stopped). Returns the
-        choice for the evicted endpoints with ``sleep_options``: sorted (endpoint, level,
-        0 = stopped)."""
+        hold is modelled: if they fit, and sleepers that no longer fit beside ``name`` —
+        and beside the job's helpers, ``need``: MiB per GPU in group order, from
+        :func:`makespan.planner.helpers.need_mib` — are stopped; with ``sleep_options``: at
+        the level chosen, or stopped). Returns the choice for the evicted endpoints with
+        ``sleep_options``: sorted (endpoint, level, 0 = stopped)."""
         if self._costed:
-            return self._load_costed(group, name, at_s)
+            return self._load_costed(group, name, at_s, need)
         chosen: dict[str, int] = {}
         for u in group:
             old = self.resident[u]
@@ -298,7 +307,8 @@ class Replay:
                     self.level.pop((u, name), None)
         return tuple(sorted(chosen.items())) if chosen else ()
 
-    def _load_costed(self, group: Group, name: str | None, at_s: float | None) -> tuple[tuple[str, int], ...]:
+    def _load_costed(self, group: Group, name: str | None, at_s: float | None,
+                     need: Sequence[int] | None = None) -> tuple[tuple[str, int], ...]:
         """:meth:`_load` with the memory sleepers hold (:mod:`makespan.planner.sleepers`)."""
         eps = self.endpoints
         going: dict[str, list[str]] = {}  # displaced endpoints with a sleep mode -> GPUs they left
@@ -319,14 +329,8 @@ class Replay:
             if name is not None:
                 self.count[name] = self.count.get(name, 0) + 1
                 self._drop_asleep(u, name)
-        need = eps[name].memory_mib if name is not None and name in eps else 0
-        room: dict[str, float] = {}
-        for u in group:  # sleepers that no longer fit beside the new resident are stopped
-            held = {e: eps[e].asleep_gpu_mib for e in self.asleep[u] if e in eps}
-            kept = sleepers_kept(self._mem[u] - need, held)
-            for e in set(held) - kept:
-                self._drop_asleep(u, e)
-            room[u] = self._mem[u] - need - sum(held[e] for e in kept)
+        main = eps[name].memory_mib if name is not None and name in eps else 0
+        room = self._fit_sleepers(group, need if need is not None else [main] * len(group))
         budgets = self.state.host_ram_mib
         chosen: dict[str, int] = {}
         for old in sorted(going):
@@ -354,6 +358,20 @@ class Replay:
                     room[u] -= oep.asleep_gpu_mib
                 self.ram_used[host] = self.ram_used.get(host, 0.0) + share * len(us)
         return tuple(sorted(chosen.items())) if chosen else ()
+
+    def _fit_sleepers(self, group: Group, need: Sequence[int]) -> dict[str, float]:
+        """Stop the sleepers of ``group`` that no longer fit beside ``need`` (MiB per GPU,
+        group order; :func:`makespan.planner.sleepers.sleepers_kept`); returns the MiB each
+        GPU has left for more sleepers."""
+        eps = self.endpoints
+        room: dict[str, float] = {}
+        for u, mib in zip(group, need):
+            held = {e: eps[e].asleep_gpu_mib for e in self.asleep[u] if e in eps}
+            kept = sleepers_kept(self._mem[u] - mib, held)
+            for e in set(held) - kept:
+                self._drop_asleep(u, e)
+            room[u] = self._mem[u] - mib - sum(held[e] for e in kept)
+        return room
 
     def restore(self, group: Group, endpoint: str, start_s: float) -> Assignment:
         """Set-point restore of ``endpoint`` on ``group`` from ``start_s``: the transition

@@ -26,6 +26,7 @@ from makespan.keys import Keys
 from makespan.models import FleetSpec
 from makespan.settings import Settings
 from makespan.driver_registry import DRIVERS, DriverCapabilities, DriverContext, no_wait
+from makespan.planner.helpers import stacked_mib
 from makespan.planner.sleepers import may_sleep, sleepers_kept
 from makespan.workers.drivers.base import EndpointDriver, Instance
 from makespan.workers.drivers.registry import (list_instances, list_sleepers, register_instance,
@@ -304,13 +305,26 @@ class PhaseRunner:
     def _gpu_mib(self, uuid: str) -> int:
         return self._gpu_memory.get(uuid, 0)
 
+    def _need_mib(self, ctx: PhaseContext, endpoint: str, helpers: tuple[str, ...] = ()) -> dict[str, int]:
+        """MiB ``endpoint`` (with the job's ``helpers``) holds on each of the lease's GPUs
+        while the job runs (:func:`makespan.planner.helpers.stacked_mib`, as the plan counts it)."""
+        eps = self.fleet.endpoints
+        if endpoint not in eps:
+            return {}
+        main = eps[endpoint]
+        per_gpu = stacked_mib(main.memory_mib_per_gpu, len(ctx.gpus),
+                              [(eps[h].memory_mib_per_gpu, eps[h].tensor_parallel) for h in helpers if h in eps])
+        return dict(zip(ctx.gpus, per_gpu))
+
     def _sleeper_room(self, gpus: list[str], ctx: PhaseContext, sleepers: list[Instance]) -> dict[str, float]:
-        """GPU MiB left for more sleepers on each of ``gpus`` once the lease's endpoint (on
-        the lease's GPUs) and the ``sleepers`` kept beside it (:func:`sleepers_kept`) are counted."""
+        """GPU MiB left for more sleepers on each of ``gpus`` once the lease's endpoint and
+        the job's helper endpoints (on the lease's GPUs) and the ``sleepers`` kept beside
+        them (:func:`sleepers_kept`) are counted."""
         eps = self.fleet.endpoints
         room = {}
+        held_by_job = self._need_mib(ctx, ctx.endpoint, self._helpers(ctx))
         for u in gpus:
-            need = eps[ctx.endpoint].memory_mib_per_gpu if u in ctx.gpus and ctx.endpoint in eps else 0
+            need = held_by_job.get(u, 0)
             held = {i.endpoint: eps[i.endpoint].asleep_gpu_mib for i in sleepers if u in i.gpus and i.endpoint in eps}
             kept = sleepers_kept(self._gpu_mib(u) - need, held)
             room[u] = self._gpu_mib(u) - need - sum(held[e] for e in kept)
@@ -343,17 +357,19 @@ class PhaseRunner:
             return f"host RAM for sleepers: {used} + {ram_mib} MiB over {ctx.host}'s {budget} MiB"
         return f"GPU memory: {spec.asleep_gpu_mib} MiB asleep does not fit beside {ctx.endpoint}"
 
-    def _stop_unfitting_sleepers(self, ctx: PhaseContext, endpoint: str, extra: dict) -> None:
-        """Stop the sleepers on the lease's GPUs that no longer fit beside ``endpoint`` (the
-        planner's rule, largest first); their names go into ``extra["sleepers_stopped"]``."""
+    def _stop_unfitting_sleepers(self, ctx: PhaseContext, endpoint: str, extra: dict,
+                                 helpers: tuple[str, ...] = ()) -> None:
+        """Stop the sleepers on the lease's GPUs that no longer fit beside ``endpoint`` and
+        the job's ``helpers`` (the planner's rule, largest first); their names go into
+        ``extra["sleepers_stopped"]``."""
         sleepers = [i for i in self._sleepers_on(ctx.gpus) if i.endpoint != endpoint]
         if not sleepers:
             return
-        eps, need = self.fleet.endpoints, self.fleet.endpoints[endpoint].memory_mib_per_gpu
+        eps, need = self.fleet.endpoints, self._need_mib(ctx, endpoint, helpers)
         gone: set[str] = set()
         for u in ctx.gpus:
             held = {i.endpoint: eps[i.endpoint].asleep_gpu_mib for i in sleepers if u in i.gpus and i.endpoint in eps}
-            gone |= set(held) - sleepers_kept(self._gpu_mib(u) - need, held)
+            gone |= set(held) - sleepers_kept(self._gpu_mib(u) - need.get(u, 0), held)
         for inst in sleepers:
             if inst.endpoint in gone:
                 self._stop_instance(inst)
@@ -595,6 +611,7 @@ class PhaseRunner:
         started: list[str] = []
         planned = sum(self.fleet.endpoints[h].cold_start_s for h in helpers)  # one after the other, as planned
         with self._transition("start_helpers", ctx, list(helpers), planned):
+            self._stop_unfitting_sleepers(ctx, ctx.endpoint, extra, helpers)  # as the plan: beside main + helpers
             for name in helpers:
                 spec = self.fleet.endpoints[name]
                 gpus = list(ctx.gpus[:spec.tensor_parallel])

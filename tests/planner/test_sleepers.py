@@ -56,6 +56,29 @@ def test_a_sleeper_that_no_longer_fits_beside_the_resident_is_stopped():
     assert may_sleep(0, None, 10**9, 512, 512) and not may_sleep(0, 100, 200, 10**6, 0)
 
 
+def test_a_sleeper_that_does_not_fit_beside_the_job_s_helpers_is_stopped():
+    """The job's helpers count with its main endpoint (planner/helpers.py ``need_mib``), as
+    the GPU worker's start phase counts them: beside c (20000) and a helper of 59600 MiB, a
+    (512 asleep) no longer fits in 80000 — on a cold load and on a warm one; a job of c
+    without helpers keeps it."""
+    def with_helper():
+        st = _state(budget=None)
+        st.endpoints["h2"] = EndpointModel("h2", 1, 59600, 30.0, 3.0)
+        return Replay(st)
+    helped = PlanJob("j2", "c", 1.0, 0.0, 10.0, helpers=("h2",))
+    cold = with_helper()
+    cold.place(helped, (G0,))  # a evicted by c: it would sleep, but not beside c + h2
+    assert cold.asleep[G0] == frozenset()
+    warm = with_helper()
+    warm.place(_job(1, "c"), (G0,))  # a asleep beside c alone
+    assert warm.asleep[G0] == frozenset({"a"})
+    warm.place(_job(3, "c"), (G0,))  # warm, no helpers: kept
+    assert warm.asleep[G0] == frozenset({"a"})
+    assert warm.place(helped, (G0,)).load == "warm"  # warm with the helper: stopped
+    assert warm.asleep[G0] == frozenset()
+    assert warm.place(_job(4, "a"), (G0,)).load == "cold_start"  # the plan pays for the stop
+
+
 def test_models_without_sleeper_costs_replay_as_before():
     """EndpointModels that hold nothing asleep and no budget: the old rule, unchanged."""
     st = _state(None)

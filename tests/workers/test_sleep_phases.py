@@ -53,9 +53,10 @@ class Jobs:
         self.n = 0
         self.gpu = GPU
 
-    def run(self, endpoint: str, sleep_levels: dict[str, int] | None = None) -> PhaseContext:
+    def run(self, endpoint: str, sleep_levels: dict[str, int] | None = None, helpers: tuple[str, ...] = ()) -> PhaseContext:
         self.n += 1
-        jid = self.prod.submit({"endpoint": endpoint, "service_s": 1, "priority": "HIGH"}).id
+        spec = {"endpoint": endpoint, "service_s": 1, "priority": "HIGH", **({"helpers": list(helpers)} if helpers else {})}
+        jid = self.prod.submit(spec).id
         lid = f"L{self.n}"
         lease = LeaseStore(self.r, self.keys).acquire(lid, (self.gpu,), 30.0, job_id=jid, kind="job",
                                                       holder="host-a", queue=self.keys.queue("HIGH"))
@@ -234,6 +235,25 @@ def test_worker_stops_a_sleeper_that_no_longer_fits_beside_the_new_resident(r, k
     ctx = jobs.run("big")  # 81800 + 512 > 81920: chat is stopped
     assert jobs.phase_end(ctx, "start_endpoint")["sleepers_stopped"] == ["chat"]
     assert [(i.endpoint, s) for i, s in jobs.instances()] == [("big", "running")]
+
+
+def test_worker_stops_a_sleeper_that_does_not_fit_beside_the_job_s_helpers(r, keys, settings):
+    """A job's helper endpoints count as the plan counts them (planner/helpers.py
+    ``need_mib``, ``Replay._fit_sleepers``): chat sleeps beside embed (6000 + 512 MiB); an
+    embed job with a helper of 75500 MiB needs 81500 MiB on the GPU, so chat (512 asleep)
+    no longer fits and is stopped before the helper starts."""
+    fleet = _ram_fleet(10**6)
+    fleet.endpoints["helper"] = fleet.endpoints["embed"].model_copy(
+        update={"name": "helper", "model": "m/helper", "memory_mib_per_gpu": 75500})
+    jobs = Jobs(r, keys, settings, fleet)
+    jobs.run("chat")
+    jobs.run("embed")  # chat asleep beside embed
+    assert sorted((i.endpoint, s) for i, s in jobs.instances()) == [("chat", "asleep"), ("embed", "running")]
+    alone = jobs.run("embed")  # warm, no helpers: chat stays asleep
+    assert "sleepers_stopped" not in jobs.phase_end(alone, "start_endpoint")
+    ctx = jobs.run("embed", helpers=("helper",))
+    assert jobs.phase_end(ctx, "start_endpoint")["sleepers_stopped"] == ["chat"]
+    assert [(i.endpoint, s) for i, s in jobs.instances()] == [("embed", "running")]  # the clear phase stopped the helper
 
 
 def test_start_sweep_of_a_new_worker_keeps_a_sleeper(r, keys, settings, cleanup):
