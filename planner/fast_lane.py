@@ -43,7 +43,9 @@ priority's start from the same state, in the same lane order); a late one is for
 group where it completes first among those it can start on by then (strict priority's group
 always can), and for each forced job up to :data:`GROUP_TRIALS` other such groups are tried
 (the rebuild kept when it scores lower: a warm group, or one whose loss the rest of the plan
-feels least). G lets the plan still wait a little for a warm GPU (one planning window).
+feels least), at most :data:`TRIAL_BUDGET` trials per plan, in lane order (each trial
+rebuilds the plan: with HIGH in the lane, 76 forced jobs of a 256-job batch took 304
+trials, 1–2 s per tick). G lets the plan still wait a little for a warm GPU (one planning window).
 
 **Wait floor** (a level's grace given as (G, W) s; ``LEVEL:G/W`` in
 ``MAKESPAN_FAST_LANE_START``; none by default): the allowed start is never before r + W, so
@@ -93,11 +95,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-from makespan.planner import preemption_plan
+from makespan.planner import placement_index, preemption_plan
 from makespan.planner.evaluator import TOL_S, evaluate_retimed, score
 from makespan.planner.helpers import helpers_start_s
 from makespan.planner.model import Assignment, FleetState, Plan, PlanJob, PlannedPreemption
-from makespan.planner.replay import Replay, state_after
+from makespan.planner.replay import Group, Replay, state_after
 
 Replan = Callable[[Sequence[PlanJob], FleetState], Plan]
 Levels = Sequence[int] | Mapping[int, float]  # levels, or level -> factor (a sequence: factor 1)
@@ -109,6 +111,7 @@ Grace = Mapping[int, GraceValue]
 # CRITICAL: 30 s; HIGH: 30 s with a peer floor of 1.4 × its longest strict wait (Settings.fast_lane_start)
 DEFAULT_START_GRACE: dict[int, GraceValue] = {0: 30.0, 1: (30.0, 0.0, 1.4)}
 GROUP_TRIALS = 4  # other groups tried per start-bounded forced job (enforce)
+TRIAL_BUDGET = 16  # group trials per enforce call, in lane order (each rebuilds the plan: bounds a tick's cost)
 
 
 def factors(levels: Levels) -> dict[int, float]:
@@ -168,6 +171,7 @@ def _lane_pass(batch: Sequence[PlanJob], state: FleetState, levels: Levels, grac
                    and all(d not in ids and state.end_of.get(d, now) <= now + TOL_S for d in j.deps)),
                   key=lambda j: (j.priority, j.release_s, j.seq))
     rep = Replay(state)
+    cands = _Candidates(rep)
     out: list[Assignment] = []
     allowed: dict[str, float] = {}
     strict: dict[str, float] = {}
@@ -175,19 +179,20 @@ def _lane_pass(batch: Sequence[PlanJob], state: FleetState, levels: Levels, grac
         ep = state.endpoints.get(j.endpoint)
         if ep is None or not rep.job_groups(j):
             continue
-        g_strict, g_best = _groups(rep, j)
+        g_strict, g_best = _groups(rep, j, cands=cands)
         r = rep.ready(j)
         strict_start = strict[j.id] = max(r, rep.group_free(g_strict))
         if j.priority in grace:
             allowed[j.id] = allowed_start(j, strict_start, fac[j.priority], grace[j.priority],
                                           peer_wait_s.get(j.priority, 0.0))
-            g_best = _groups(rep, j, allowed[j.id])[1]
+            g_best = _groups(rep, j, allowed[j.id], cands)[1]
         else:
             strict_end = strict_start + rep.transition_s(g_strict, ep) + j.service_s
             if j.helpers:
                 strict_end += helpers_start_s(j.helpers, rep.endpoints)
             allowed[j.id] = j.release_s + fac[j.priority] * (strict_end - j.release_s)
         out.append(rep.place(j, g_best))
+        cands.touch(g_best)
     return rep, out, allowed, strict
 
 
@@ -242,14 +247,42 @@ def rule_preemptions(branch: preemption_plan.Branch, levels: Levels,
     return cur if taken else branch
 
 
-def _groups(rep: Replay, j: PlanJob, start_by: float | None = None) -> tuple[tuple[str, ...], tuple[str, ...]]:
+class _Candidates:
+    """The groups :func:`_groups` looks at on one replay: every group of the job's list, or,
+    for a list of :data:`makespan.planner.placement_index.INDEX_MIN_GROUPS` groups or more,
+    those a :class:`makespan.planner.placement_index.GroupIndex` keeps (among groups of one
+    signature, start and transition order them as they order a group rule's cost, so the
+    dominated ones are never chosen: ``tests/planner/test_placement_index.py`` checks the
+    lane against the full scan). Call :meth:`touch` after every placement on the replay."""
+
+    def __init__(self, rep: Replay):
+        self.rep = rep
+        self.indexes: dict[int, tuple[list[Group], placement_index.GroupIndex]] = {}
+
+    def positions(self, j: PlanJob) -> tuple[list[Group], Sequence[int]]:
+        groups = self.rep.job_groups(j)
+        if not placement_index.enabled(len(groups)):
+            return groups, range(len(groups))
+        hit = self.indexes.get(id(groups))
+        if hit is None:  # the list object is the replay's cache entry: alive as long as the replay
+            hit = self.indexes[id(groups)] = (groups, placement_index.GroupIndex(self.rep, groups))
+        return groups, hit[1].positions(self.rep.ready(j))
+
+    def touch(self, gpus: Sequence[str]) -> None:
+        for _groups_list, index in self.indexes.values():
+            index.touch(gpus)
+
+
+def _groups(rep: Replay, j: PlanJob, start_by: float | None = None,
+            cands: _Candidates | None = None) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(strict priority's group: earliest start, ties: shortest transition, then group
     order; the lane's group: earliest completion, ties: earliest start, among the groups
     where ``j`` starts by ``start_by`` when given — strict priority's group always does
     when ``start_by`` is at least its start) of ``j`` on ``rep``."""
     ep = rep.endpoints[j.endpoint]
     r = rep.ready(j)
-    cand = [(max(r, rep.group_free(g)), rep.transition_s(g, ep), i, g) for i, g in enumerate(rep.job_groups(j))]
+    groups, at = cands.positions(j) if cands is not None else (rep.job_groups(j), range(len(rep.job_groups(j))))
+    cand = [(max(r, rep.group_free(groups[i])), rep.transition_s(groups[i], ep), i, groups[i]) for i in at]
     strict = min(cand, key=lambda c: (c[0], c[1], c[2]))
     if start_by is not None:
         cand = [c for c in cand if c[0] <= start_by + TOL_S] or [strict]
@@ -318,8 +351,12 @@ def enforce(p: Plan, batch: Sequence[PlanJob], state: FleetState, levels: Levels
         if not late:
             break
     if not late:  # a start-bounded forced job: the group (of those it starts on in time) the rest loses least on
+        trials = TRIAL_BUDGET
         for jid in [a.job_id for a in lane if a.job_id in forced and a.job_id in by_start]:
-            for g in _start_groups(lane, forced, jobs, state, start_by, choice, jid)[:GROUP_TRIALS]:
+            if trials <= 0:
+                break
+            for g in _start_groups(lane, forced, jobs, state, start_by, choice, jid)[:min(GROUP_TRIALS, trials)]:
+                trials -= 1
                 trial_first, trial = rebuild({**choice, jid: g})
                 if trial is not None and score(trial) < score(ev) - TOL_S and not late_in(trial):
                     choice, first, ev = {**choice, jid: g}, trial_first, trial
@@ -364,10 +401,12 @@ def _forced(lane: list[Assignment], forced: set[str], jobs: dict[str, PlanJob], 
     them and their assignments (each completes, or starts, by its allowed time: no more lane
     jobs are ahead of it than in :func:`lane_plan`)."""
     rep = Replay(state)
+    cands = _Candidates(rep)
     out = []
     for a in lane:
         if a.job_id in forced:
             j = jobs[a.job_id]
-            g = (choice or {}).get(j.id) or _groups(rep, j, start_by.get(j.id))[1]
+            g = (choice or {}).get(j.id) or _groups(rep, j, start_by.get(j.id), cands)[1]
             out.append(rep.place(j, g))
+            cands.touch(g)
     return rep, out

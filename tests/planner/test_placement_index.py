@@ -265,3 +265,24 @@ def test_simulator_report_is_unchanged_by_the_index(traces):
     assert indexed["jobs"]["completed"] == 60
     assert json.dumps(_without_wall_times(indexed), sort_keys=True) == json.dumps(_without_wall_times(scanned),
                                                                                    sort_keys=True)
+
+
+@SETTINGS
+@given(fleets_and_batches())
+def test_fast_lane_equals_the_full_scan(case):
+    """The lane's placements (planner/fast_lane.py ``_Candidates``) on the index: the same
+    lane plan, allowed starts and enforced plan as the full scan, with the default lane
+    (CRITICAL, and HIGH with its peer floor) and every job's level moved into the lane."""
+    from makespan.planner import fast_lane
+
+    state, batch = case
+    lanes = [(fast_lane.DEFAULT_LANE_LEVELS, fast_lane.DEFAULT_START_GRACE), ({0: 1.0, 1: 1.25, 2: 1.0, 3: 2.0}, None)]
+    for levels, grace in lanes:
+        p = portfolio(batch, state)
+        got_lane = fast_lane.lane_plan(batch, state, levels, grace)
+        got, got_late = fast_lane.enforce(p, batch, state, levels, start_grace_s=grace)
+        with placement_index.full_scan():
+            want_lane = fast_lane.lane_plan(batch, state, levels, grace)
+            want, want_late = fast_lane.enforce(p, batch, state, levels, start_grace_s=grace)
+        assert _key(got_lane[1]) == _key(want_lane[1]) and got_lane[2] == want_lane[2]
+        assert got_late == want_late and _key(got.assignments) == _key(want.assignments)
