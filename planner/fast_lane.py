@@ -64,8 +64,8 @@ start is never before r + P·f·L. A job strict priority would start soon may th
 as long as strict priority makes the level's longest waiter wait, so the plan keeps its
 warm groups and its order for the short waits, and only the jobs that would stretch the
 level's tail are forced. Measured (bench/RESULTS.md, "Peer floor for HIGH"): HIGH's worst
-window from 1.45–1.57× ``fifo``'s p95 wait to 1.35×, the developers' windows at 0.598× ``fifo``'s
-weighted completion.
+window from 1.45–1.57× ``fifo``'s p95 wait to 1.35×, the developers' windows at 0.597–0.602×
+``fifo``'s weighted completion (0.580–0.581× with CRITICAL alone in the lane).
 
 The guarantee: at every planning point, no lane job is planned to complete later than its
 allowed completion (f = 1: later than strict priority would complete it from that state),
