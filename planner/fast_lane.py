@@ -221,7 +221,7 @@ def rule_preemptions(branch: preemption_plan.Branch, levels: Levels,
             if j.id in tried or j.priority not in grace or j.priority > 1:
                 continue
             if any(jobs[b.job_id].priority < j.priority and b.start_s > now + TOL_S for b in lane):
-                continue  # a higher-level lane job waits: a preemption for this one would only delay it
+                continue  # a higher-level lane job waits: a preemption for this one could take its GPUs
             bound_now = allowed_start(j, max(now, j.release_s), fac[j.priority], grace[j.priority])
             if allowed[j.id] <= bound_now + TOL_S:  # strict priority's start without preempting is in time
                 continue
