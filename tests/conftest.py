@@ -17,6 +17,7 @@ import uuid
 import pytest
 
 from makespan.keys import Keys
+from makespan.live import delete_prefix
 from makespan.redis_conn import connect, ping, start_embedded
 from makespan.settings import DEFAULT_REDIS_URL, Settings
 
@@ -37,17 +38,12 @@ def redis_url():
 _PREFIXES: list[str] = []  # every prefix this session handed out (the sweep at its end)
 
 
-def _delete_matching(client, pattern: str) -> int:
-    """Delete the keys matching ``pattern`` in batches of 500; how many."""
-    batch, n = [], 0
-    for k in client.scan_iter(pattern, count=1000):
-        batch.append(k)
-        if len(batch) >= 500:
-            n += client.delete(*batch)
-            batch.clear()
-    if batch:
-        n += client.delete(*batch)
-    return n
+def _sweep(client, prefix: str) -> None:
+    """Delete every key of ``prefix`` and the kombu bindings of its queues."""
+    delete_prefix(client, Keys(prefix))
+    bindings = list(client.scan_iter(f"*_kombu.binding*{prefix}.*", count=1000))  # a few per prefix
+    if bindings:
+        client.delete(*bindings)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -58,8 +54,7 @@ def _sweep_prefixes(redis_url):
     client = connect(redis_url)
     try:
         for prefix in _PREFIXES:
-            _delete_matching(client, f"{prefix}:*")
-            _delete_matching(client, f"*_kombu.binding*{prefix}.*")
+            _sweep(client, prefix)
     finally:
         client.close()
 
@@ -81,7 +76,7 @@ def r(redis_url, prefix):
     """A decoded client; every key under this test's prefix is deleted afterwards."""
     client = connect(redis_url)
     yield client
-    _delete_matching(client, f"{prefix}:*")
+    delete_prefix(client, Keys(prefix))
     client.close()
 
 
