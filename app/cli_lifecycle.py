@@ -130,7 +130,7 @@ def run_render_pipeline(settings: Settings, fleet_path: Path = EXAMPLE_FLEET, ho
                                 gpus, planned_s, lock_ttl_s=max(settings.lease_ttl_s, 3.0))
         try:
             def evict():
-                unregister_instance(r, keys, coder.id)
+                unregister_instance(r, keys, coder.id, gpus=coder.gpus)
                 drv.stop(coder)
                 started.remove(coder)
             phase("evict_coder", evict)
@@ -147,13 +147,13 @@ def run_render_pipeline(settings: Settings, fleet_path: Path = EXAMPLE_FLEET, ho
             entry.check()
 
             def clear():
-                unregister_instance(r, keys, helper.id)
+                unregister_instance(r, keys, helper.id, gpus=helper.gpus)
                 drv.stop(helper)
                 started.remove(helper)
             phase("clear_embed", clear)
 
             def restore():
-                unregister_instance(r, keys, renderer.id)
+                unregister_instance(r, keys, renderer.id, gpus=renderer.gpus)
                 drv.stop(renderer)
                 started.remove(renderer)
                 back = drv.start(ep["coder"], gpus, ts, host)
@@ -174,7 +174,7 @@ def run_render_pipeline(settings: Settings, fleet_path: Path = EXAMPLE_FLEET, ho
             obs.wait(timeout=10)
         for inst in list_instances(r, keys):  # ours, and any the observer restarted
             if inst.id not in before:
-                unregister_instance(r, keys, inst.id)
+                unregister_instance(r, keys, inst.id, gpus=inst.gpus)
                 drv.stop(inst)
         for inst in started:
             drv.stop(inst)

@@ -44,6 +44,9 @@ key                                    type    contents
 ``P:incidents:seen``                   set     agenda op ids already reported as overrunning
 ``P:instance:{id}``                    hash    live endpoint instance (see makespan.workers.observer)
 ``P:instances``                        set     live endpoint instance ids
+``P:gpu_instances:{uuid}``             set     ids of the live instances on one GPU (an index of
+                                               ``P:instance:{id}``'s ``gpus``; see
+                                               makespan.workers.drivers.registry)
 ``P:observer``                         hash    observer liveness: probe cycle, time (EX ttl)
 ``P:host:live:{host}``                 string  consumer id of a live GPU worker of ``host`` (PX ttl,
                                                renewed by it; see makespan.workers.host_liveness)
@@ -285,6 +288,9 @@ class Keys:
     @property
     def instances(self) -> str:
         return f"{self.prefix}:instances"
+
+    def gpu_instances(self, gpu_uuid: str) -> str:
+        return f"{self.prefix}:gpu_instances:{gpu_uuid}"
 
     @property
     def observer(self) -> str:

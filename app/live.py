@@ -203,7 +203,7 @@ class LiveSystem:
                 get_driver(inst.driver).stop(inst)
             except MakespanError:
                 pass
-            unregister_instance(r, keys, inst.id)
+            unregister_instance(r, keys, inst.id, gpus=inst.gpus)
         r.close()
         return len(insts)
 

@@ -205,7 +205,7 @@ class Observer:
                     new = driver.start(spec, inst.gpus, inst.time_scale, inst.host)
                     entry.check()
                     pipe = self.r.pipeline()
-                    unregister_instance(self.r, self.keys, inst.id, pipe=pipe)
+                    unregister_instance(self.r, self.keys, inst.id, pipe=pipe, gpus=inst.gpus)
                     register_instance(self.r, self.keys, new, pipe=pipe)
                     pipe.execute()
                 out.update(outcome="recovered", new_instance_id=new.id)

@@ -96,7 +96,7 @@ def sweep(r: redis.Redis, keys: Keys, host: str) -> list[dict[str, Any]]:
                 action = "stopped"
             except MakespanError as e:
                 log.warning("orphan %s of %s: stop failed: %s", inst.id, inst.endpoint, e)
-        unregister_instance(r, keys, inst.id)
+        unregister_instance(r, keys, inst.id, gpus=inst.gpus)
         want = _resident_value(inst)
         for g in inst.gpus:  # a marker on a leased GPU is its holder's to change
             if r.get(keys.resident(g)) == want and not r.exists(keys.gpu(g)):

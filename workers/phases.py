@@ -29,7 +29,7 @@ from makespan.driver_registry import DRIVERS, DriverCapabilities, DriverContext,
 from makespan.planner.helpers import stacked_mib
 from makespan.planner.sleepers import may_sleep, sleepers_kept
 from makespan.workers.drivers.base import EndpointDriver, Instance
-from makespan.workers.drivers.registry import (list_instances, list_sleepers, register_instance,
+from makespan.workers.drivers.registry import (instances_on, list_sleepers, register_instance,
                                                set_instance_state, unregister_instance)
 from makespan.estimates import (prior_s, read_transition_windows, record_ops,
                                  transition_estimate, transition_record_ops)
@@ -568,7 +568,7 @@ class PhaseRunner:
 
     def _stop_instance(self, inst: Instance, wait: Callable[[float], None] = no_wait) -> None:
         """Unregister ``inst``, then stop it (its modelled waits spent by ``wait``)."""
-        unregister_instance(self.r, self.keys, inst.id)
+        unregister_instance(self.r, self.keys, inst.id, gpus=inst.gpus)
         try:
             with telemetry.child_span("endpoint_stop", {"endpoint": inst.endpoint, "instance": inst.id}):
                 self._driver(inst.driver, wait).stop(inst)
@@ -577,13 +577,11 @@ class PhaseRunner:
 
     def _instances_on(self, gpus: list[str]) -> list[Instance]:
         """Registered instances on any of ``gpus`` that are not asleep (running or failed)."""
-        return [i for i, st in list_instances(self.r, self.keys, with_state=True)
-                if st != "asleep" and set(i.gpus) & set(gpus)]
+        return [i for i, st in instances_on(self.r, self.keys, gpus, with_state=True) if st != "asleep"]
 
     def _sleepers_on(self, gpus: list[str]) -> list[Instance]:
         """Registered instances asleep on any of ``gpus``."""
-        return [i for i, st in list_instances(self.r, self.keys, with_state=True)
-                if st == "asleep" and set(i.gpus) & set(gpus)]
+        return [i for i, st in instances_on(self.r, self.keys, gpus, with_state=True) if st == "asleep"]
 
     def _phase_start_endpoint(self, ctx: PhaseContext, hb: LeaseHeartbeat, extra: dict) -> float:
         planned = self._load(ctx, hb, ctx.endpoint, extra)
@@ -771,7 +769,7 @@ class PhaseRunner:
         """The running instance of ``ctx.endpoint`` on exactly these GPUs that has a URL
         and whose driver does not know it dead (a process: alive; endpoints run on the
         worker's host)."""
-        for i, state in list_instances(self.r, self.keys, with_state=True):
+        for i, state in instances_on(self.r, self.keys, ctx.gpus, with_state=True):
             if (state == "running" and i.endpoint == ctx.endpoint and i.url and sorted(i.gpus) == sorted(ctx.gpus)
                     and self._driver(i.driver).is_alive(i)):
                 return i

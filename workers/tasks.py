@@ -261,6 +261,20 @@ def _stop_own_endpoints(**_kw) -> None:
 
 
 @signals.worker_init.connect
+def _reindex_instances(**_kw) -> None:
+    """Before consuming: put every registered endpoint instance into the per-GPU index
+    its phases read (:func:`makespan.workers.drivers.registry.instances_on`), so that
+    instances registered by a version without the index are found. Best effort: a Redis
+    that does not answer yet is logged."""
+    from makespan.workers.drivers.registry import reindex_instances
+
+    try:
+        reindex_instances(connect(settings.redis_url), Keys(settings.key_prefix))
+    except Exception as e:  # noqa: BLE001 - a start must not fail on the reindex
+        log.warning("instance reindex at start skipped: %s", e)
+
+
+@signals.worker_init.connect
 def _sweep_orphans(**_kw) -> None:
     """Before consuming: stop and report the endpoint processes an earlier worker of this
     host left behind (:func:`makespan.workers.orphans.sweep`). Best effort: a Redis that
@@ -298,7 +312,7 @@ def _stop_endpoints(idle_only: bool) -> None:
                 continue  # a lease holds its GPUs: a job may be using it
             # forget it first, as an evict does: the health observer must not see a
             # registered instance die and restart it
-            unregister_instance(r, keys, inst.id)
+            unregister_instance(r, keys, inst.id, gpus=inst.gpus)
             want = instance_value(inst.endpoint, inst.gpus)
             for g in inst.gpus:
                 if r.get(keys.resident(g)) == want:

@@ -1,8 +1,11 @@
 """The endpoint instance registry in Redis: what the health observer probes.
 
 Keys (see :mod:`makespan.keys`): ``P:instance:{id}`` (hash: the fields of
-:class:`makespan.workers.drivers.base.Instance`, ``gpus`` as JSON, plus ``state``) and
-``P:instances`` (set of live ids). The GPU worker registers an instance the moment its
+:class:`makespan.workers.drivers.base.Instance`, ``gpus`` as JSON, plus ``state``),
+``P:instances`` (set of live ids) and ``P:gpu_instances:{uuid}`` (the ids on one GPU: the
+index :func:`instances_on` reads, so a phase looks at the instances on its own GPUs in two
+round trips, not at every instance of the fleet; written in the same transaction as the
+hash, rebuilt by :func:`reindex_instances` when a GPU worker starts). The GPU worker registers an instance the moment its
 process is spawned, as ``starting`` (so no stop, kill or crash of the worker can leave an
 untracked process on a GPU), as ``running`` once its health check passes, as ``asleep``
 while it sleeps (sleep mode: registered, not serving, not probed, not in
@@ -16,6 +19,7 @@ commit together.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import redis
@@ -46,6 +50,8 @@ def register_instance(r: redis.Redis, keys: Keys, instance: Instance, state: str
     p.delete(keys.instance(instance.id))
     p.hset(keys.instance(instance.id), mapping=_encode(instance, state))
     p.sadd(keys.instances, instance.id)
+    for gpu in instance.gpus:
+        p.sadd(keys.gpu_instances(gpu), instance.id)
     if pipe is None:
         try:
             p.execute()
@@ -74,11 +80,24 @@ def set_instance_state(r: redis.Redis, keys: Keys, instance_id: str, state: str,
         raise StoreError(f"set state of instance {instance_id}: {e}") from e
 
 
-def unregister_instance(r: redis.Redis, keys: Keys, instance_id: str, pipe: Any = None) -> None:
-    """Forget an instance (idempotent)."""
+def unregister_instance(r: redis.Redis, keys: Keys, instance_id: str, pipe: Any = None,
+                        gpus: Sequence[str] | None = None) -> None:
+    """Forget an instance (idempotent). ``gpus``: its GPUs (UUIDs), to drop it from their
+    index sets; None: read from its hash first (one more round trip).
+
+    Raises:
+        StoreError: Redis failed."""
+    if gpus is None:
+        try:
+            raw = r.hget(keys.instance(instance_id), "gpus")
+        except redis.RedisError as e:
+            raise StoreError(f"unregister instance {instance_id}: {e}") from e
+        gpus = json.loads(raw) if raw else []
     p = pipe if pipe is not None else r.pipeline()
     p.srem(keys.instances, instance_id)
     p.delete(keys.instance(instance_id))
+    for gpu in gpus:
+        p.srem(keys.gpu_instances(gpu), instance_id)
     if pipe is None:
         try:
             p.execute()
@@ -110,6 +129,46 @@ def _rows(r: redis.Redis, keys: Keys, what: str) -> list[dict[str, str]]:
         return [h for h in pipe.execute() if h] if ids else []
     except redis.RedisError as e:
         raise StoreError(f"{what}: {e}") from e
+
+
+def instances_on(r: redis.Redis, keys: Keys, gpus: Sequence[str], with_state: bool = False) -> list:
+    """The live instances on any of ``gpus`` (UUIDs), as :func:`list_instances` returns
+    them (sorted by endpoint, then id; ``with_state``: ``(Instance, state)`` pairs), read
+    through the per-GPU index: two round trips whatever the fleet's size.
+
+    Raises:
+        StoreError: Redis failed."""
+    if not gpus:
+        return []
+    try:
+        ids = sorted(r.sunion([keys.gpu_instances(g) for g in gpus]))
+        pipe = r.pipeline(transaction=False)
+        for i in ids:
+            pipe.hgetall(keys.instance(i))
+        rows = [h for h in pipe.execute() if h] if ids else []
+    except redis.RedisError as e:
+        raise StoreError(f"list instances on {', '.join(gpus)}: {e}") from e
+    pairs = sorted((_decode(h) for h in rows), key=lambda p: (p[0].endpoint, p[0].id))
+    return pairs if with_state else [p[0] for p in pairs]
+
+
+def reindex_instances(r: redis.Redis, keys: Keys) -> int:
+    """Add every registered instance to the index sets of its GPUs (idempotent; instances
+    registered by a version without the index). Returns how many instances it indexed.
+
+    Raises:
+        StoreError: Redis failed."""
+    rows = _rows(r, keys, "reindex instances")
+    pipe = r.pipeline(transaction=False)
+    for h in rows:
+        inst = _decode(h)[0]
+        for gpu in inst.gpus:
+            pipe.sadd(keys.gpu_instances(gpu), inst.id)
+    try:
+        pipe.execute()
+    except redis.RedisError as e:
+        raise StoreError(f"reindex instances: {e}") from e
+    return len(rows)
 
 
 def list_instances(r: redis.Redis, keys: Keys, with_state: bool = False) -> list:
