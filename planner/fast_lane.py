@@ -63,9 +63,10 @@ L = max (S* − r) over its jobs in the batch, then gives each of them a floor: 
 start is never before r + P·f·L. A job strict priority would start soon may then wait about
 as long as strict priority makes the level's longest waiter wait, so the plan keeps its
 warm groups and its order for the short waits, and only the jobs that would stretch the
-level's tail are forced. Measured (bench/RESULTS.md, "Peer floor for HIGH"): HIGH's worst
-window from 1.45–1.57× ``fifo``'s p95 wait to 1.35×, the developers' windows at 0.597–0.602×
-``fifo``'s weighted completion (0.580–0.581× with CRITICAL alone in the lane).
+level's tail are forced. The floor never passes r + f·L + :data:`PEER_SLACK_S`: in a burst
+(18 HIGH jobs in one batch, L = 309–374 s) P·f·L let every HIGH job wait longer than strict
+priority makes its slowest one wait, which then set the level's p95. Measured
+(bench/RESULTS.md, "Peer floor for HIGH" and "HIGH's burst window, round 7").
 
 The guarantee: at every planning point, no lane job is planned to complete later than its
 allowed completion (f = 1: later than strict priority would complete it from that state),
@@ -78,16 +79,19 @@ reserved lower-level job, as a CRITICAL preemption does.
 **Preemption** (:func:`rule_preemptions`; plans with preemption, ``plan(preemption=True)``,
 when ``lane_preempt``): strict priority with the preemption rule
 (:mod:`makespan.planner.preemption`) starts a CRITICAL or HIGH job at once by preempting
-lower-level work when no group frees within its cold start; its strict start is then now.
-Before the scored preemptions are decided, each start-bounded lane job (CRITICAL/HIGH)
-whose strict start without preempting is past its allowed start from now
-(r + f·(now − r) + G) and for which the rule would preempt takes that preemption: it
-starts now on the candidate group that loses the least victim work (the victims'
-budget and minimum runtime hold as for every preemption). The scored decision then runs
-on the state it leaves. A lane job takes none while a lane job of a higher level waits (is
-placed later than now in the lane plan): the preemptor would take GPUs that job could
-start on first (a HIGH burst otherwise pushed CRITICAL jobs to 1.13–1.39× ``fifo``'s p95 wait).
-The peer floor does not hold a rule preemption back: it is tested against the start bound
+lower-level work when no group it could have frees within its cold start; its strict start
+is then now. Before the scored preemptions are decided, each start-bounded lane job
+(CRITICAL/HIGH) whose strict start without preempting is past its allowed start from now
+(r + f·(now − r) + G) and for which the rule would preempt takes that preemption. The
+rule's test looks at the GPUs the lane jobs ahead of it leave (each on its lane group until
+its lane end): the groups that free soonest are taken by the CRITICAL and earlier HIGH jobs
+of a burst, and strict priority preempts for the ones behind them. The job starts now on the
+first candidate in :func:`makespan.planner.preemption_plan.candidate_order` (NORMAL/LOW
+victims before HIGH ones, then the least weighted lost work; the victims' budget and
+minimum runtime hold as for every preemption) that takes no GPU a waiting lane job of a
+higher level is placed on (a HIGH burst that took those pushed CRITICAL jobs to
+1.13–1.39× ``fifo``'s p95 wait). The scored decision then runs on the state it leaves. The
+peer floor does not hold a rule preemption back: it is tested against the start bound
 without it, as strict priority with the rule would preempt.
 """
 
@@ -112,6 +116,7 @@ Grace = Mapping[int, GraceValue]
 DEFAULT_START_GRACE: dict[int, GraceValue] = {0: 30.0, 1: (30.0, 0.0, 1.4)}
 GROUP_TRIALS = 4  # other groups tried per start-bounded forced job (enforce)
 TRIAL_BUDGET = 16  # group trials per enforce call, in lane order (each rebuilds the plan: bounds a tick's cost)
+PEER_SLACK_S = 60.0  # the peer floor never past f·L + this, s (a burst's L would otherwise set the level's tail)
 
 
 def factors(levels: Levels) -> dict[int, float]:
@@ -132,11 +137,12 @@ def allowed_start(j: PlanJob, strict_start_s: float, factor: float, grace: Grace
     """The latest start the lane allows the start-bounded job ``j`` whose strict-priority
     start is ``strict_start_s`` (module doc, "Wait floor" and "Peer floor"): r + f·(S* − r) + G,
     never before r + W (``grace`` = (G, W)) nor, with a peer factor P (``grace`` = (G, W, P)),
-    before r + P·f·``peer_wait_s`` (the longest strict-priority wait S* − r of the level's
-    jobs in the batch). Workload s."""
+    before r + min(P·f·L, f·L + :data:`PEER_SLACK_S`), L = ``peer_wait_s`` (the longest
+    strict-priority wait S* − r of the level's jobs in the batch). Workload s."""
     g, floor_s, peer = grace_parts(grace)
+    peer_floor_s = min(peer * factor * peer_wait_s, factor * peer_wait_s + PEER_SLACK_S)
     return max(j.release_s + factor * (strict_start_s - j.release_s) + g, j.release_s + floor_s,
-               j.release_s + peer * factor * peer_wait_s)
+               j.release_s + peer_floor_s)
 
 
 def lane_plan(batch: Sequence[PlanJob], state: FleetState, levels: Levels,
@@ -216,12 +222,14 @@ def rule_preemptions(branch: preemption_plan.Branch, levels: Levels,
         _rep, lane, allowed = lane_plan(cur.batch, st, levels, grace)
         jobs = {j.id: j for j in cur.batch}
         pick = None
+        free_at = dict(st.free_at)  # the free times the lane jobs before ``a`` leave
         for a in lane:
             j = jobs[a.job_id]
+            ahead = free_at.copy()
+            for u in a.gpus:
+                free_at[u] = max(free_at.get(u, now), a.end_s)
             if j.id in tried or j.priority not in grace or j.priority > 1:
                 continue
-            if any(jobs[b.job_id].priority < j.priority and b.start_s > now + TOL_S for b in lane):
-                continue  # a higher-level lane job waits: a preemption for this one could take its GPUs
             bound_now = allowed_start(j, max(now, j.release_s), fac[j.priority], grace[j.priority])
             if allowed[j.id] <= bound_now + TOL_S:  # strict priority's start without preempting is in time
                 continue
@@ -229,11 +237,15 @@ def rule_preemptions(branch: preemption_plan.Branch, levels: Levels,
             groups = st.groups(ep.tp, ep.memory_mib) if not j.helpers else Replay(st).job_groups(j)
             if not groups:
                 continue
-            soonest = min(max(st.free_at.get(u, now) for u in g) for g in groups)
+            soonest = min(max(ahead.get(u, now) for u in g) for g in groups)
             if soonest - now <= ep.cold_start_s + TOL_S:  # the rule's test: preempting would not start it sooner
                 continue
             tried.add(j.id)
-            cands = preemption_plan.candidates(j, st, cur.batch, per_job=1)
+            # GPUs a waiting lane job of a higher level is placed on: a preemption must not take them
+            held = {u for b in lane if jobs[b.job_id].priority < j.priority and b.start_s > now + TOL_S
+                    for u in b.gpus}
+            cands = [c for c in preemption_plan.candidates(j, st, cur.batch, per_job=len(groups))
+                     if not held & set(c.group)]
             if cands:
                 pick = cands[0]
                 break

@@ -11,8 +11,14 @@ running, started, preemptable job of a strictly lower level (CRITICAL preempts
 HIGH/NORMAL/LOW, HIGH preempts NORMAL/LOW) that no batch job depends on, at least one
 held (a group partly free and partly held by lower-priority work is a candidate). The
 victims are every job holding a GPU of the group (all their GPUs are freed). At most
-``per_job`` candidates per job: the smallest lost victim work first
-(Σ (now − start_v)·GPUs_v, GPU·s), then the smallest Σ victim weight, then group order.
+``per_job`` candidates per job, in :func:`candidate_order`: candidates whose victims are
+all NORMAL or LOW before those that cut a HIGH job (a CRITICAL job's preemption takes a
+HIGH job, whose wait restarts with it, only when no lower-level work would do), then the
+smallest weighted lost victim work (Σ w_v·(now − start_v)·GPUs_v, weight·GPU·s: a LOW job
+that ran long is no cheaper a victim than a NORMAL job that just started), then the
+smallest Σ victim weight, then group order. (Before 2026-12-03 the order was the smallest
+lost work, unweighted: a HIGH job 4 s into its run went before a LOW job 34 s into its own;
+bench/RESULTS.md, "HIGH's burst window, round 7".)
 Whether a running job is preemptable at all (the per-job budget, the minimum runtime)
 is the caller's ``RunningJob.preemptable`` (:func:`makespan.planner.preemption.victim_allowed`).
 
@@ -104,17 +110,26 @@ def candidates(job: PlanJob, state: FleetState, batch: Sequence[PlanJob], per_jo
     if any(all(state.free_at.get(u, now) <= now + TOL_S for u in g) for g in groups):
         return []
     needed = {d for j in batch for d in j.deps}
-    out: list[tuple[float, float, int, Candidate]] = []
+    out: list[tuple[tuple[int, float, float, int], Candidate]] = []
     for i, g in enumerate(groups):
         hs = [state.running.get(u) for u in g if state.free_at.get(u, now) > now + TOL_S]  # free GPUs: no victim
         if not hs or any(h is None or not _victim_ok(h, job, state, needed) for h in hs):
             continue
         victims = {h.id: h for h in hs if h is not None}
         vs = tuple(victims[v] for v in sorted(victims))
-        lost = sum((now - v.start_s) * len(v.gpus) for v in vs)
-        out.append((lost, sum(v.weight for v in vs), i, Candidate(job, g, vs, lost)))
-    out.sort(key=lambda c: c[:3])
-    return [c[3] for c in out[:per_job]]
+        c = Candidate(job, g, vs, sum((now - v.start_s) * len(v.gpus) for v in vs))
+        out.append((candidate_order(c, now, i), c))
+    out.sort(key=lambda c: c[0])
+    return [c[1] for c in out[:per_job]]
+
+
+def candidate_order(c: Candidate, now_s: float, group_index: int = 0) -> tuple[int, float, float, int]:
+    """The sort key of a candidate (module doc, "Candidates"): 1 when it cuts a HIGH (or
+    CRITICAL) job, else 0; Σ w_v·(now − start_v)·GPUs_v (weight·GPU·s); Σ w_v; the group's
+    index in the job's group list."""
+    return (int(any(v.priority <= 1 for v in c.victims)),
+            sum(v.weight * (now_s - v.start_s) * len(v.gpus) for v in c.victims),
+            sum(v.weight for v in c.victims), group_index)
 
 
 def _victim_ok(h: RunningJob, job: PlanJob, state: FleetState, needed: set[str]) -> bool:

@@ -42,7 +42,21 @@ def test_the_peer_floor_lets_a_job_wait_as_long_as_its_level_s_longest_strict_wa
     assert plain == pytest.approx({"h0": 30.0, "h1": 330.0})  # r + (S* − r) + 30
     assert peer == pytest.approx({"h0": 300.0, "h1": 330.0})  # h0 never before r + 1.0 × 300
     _rep, _lane, wide = fast_lane.lane_plan(batch, st, {1: 1.25}, {1: (30.0, 0.0, 1.4)})
-    assert wide["h0"] == pytest.approx(1.4 * 1.25 * 300.0)  # P × f × the longest strict wait
+    # P × f × L = 525 s would pass the slowest peer's own bound: capped at f × L + slack
+    assert wide["h0"] == pytest.approx(1.25 * 300.0 + fast_lane.PEER_SLACK_S)
+
+
+def test_the_peer_floor_is_capped_a_little_past_the_slowest_peer_s_bound():
+    """A short longest wait L: the floor is P·f·L; a burst's long L: f·L + the slack (round
+    7: with 18 HIGH jobs in a batch, P·f·L let every one of them wait past strict priority's
+    slowest, which then set the level's p95)."""
+    j = PlanJob("h", "a", 4.0, 100.0, 10.0, 1)
+    short = fast_lane.allowed_start(j, 100.0, 1.25, (30.0, 0.0, 1.4), peer_wait_s=40.0)
+    assert short == pytest.approx(100.0 + 1.4 * 1.25 * 40.0)  # 70 s: under f·L + 60 = 110 s
+    long = fast_lane.allowed_start(j, 100.0, 1.25, (30.0, 0.0, 1.4), peer_wait_s=340.0)
+    assert long == pytest.approx(100.0 + 1.25 * 340.0 + fast_lane.PEER_SLACK_S)  # not 1.4 × 1.25 × 340
+    own = fast_lane.allowed_start(j, 600.0, 1.25, (30.0, 0.0, 1.4), peer_wait_s=340.0)
+    assert own == pytest.approx(100.0 + 1.25 * 500.0 + 30.0)  # the job's own bound still wins when later
 
 
 def test_the_peer_floor_forces_only_the_job_that_stretches_the_tail():
@@ -96,3 +110,62 @@ def test_a_high_rule_preemption_waits_while_a_critical_job_waits():
     p = plan([crit, high], _busy_one(), "default", preemption=True, lane_levels=levels, lane_start_grace_s=grace,
              time_limit_s=0.05)
     assert p.by_job()["crit"].start_s <= 600.0 + 1e-6  # when the LOW job ends, not after the HIGH job
+
+
+# -- round 7: the rule's preemptions on the burst window (bench/RESULTS.md, "HIGH's burst window, round 7")
+TWO = parse_fleet({"name": "two", "hosts": [{"name": "h", "gpu_count": 2, "memory_mib": 81920}],
+                   "endpoints": {"a": {"model": "a", "memory_mib_per_gpu": 1000, "cold_start_s": 60},
+                                 "slow": {"model": "slow", "memory_mib_per_gpu": 1000, "cold_start_s": 1000},
+                                 "quick": {"model": "quick", "memory_mib_per_gpu": 1000, "cold_start_s": 10}}})
+LANE, GRACE = {0: 1.0, 1: 1.25}, {0: 30.0, 1: 30.0}
+
+
+def _two_held(holders: list[tuple[PlanJob, float, float]], now_s: float = 100.0):
+    """Both GPUs of TWO held: ``holders`` = (job, start s, end s) on GPU 0 and GPU 1."""
+    st = fleet_state(TWO, 0.0)
+    st.now_s = now_s
+    for gpu, (job, start, end) in zip((g.uuid for g in st.gpus), holders):
+        st.free_at[gpu], st.resident[gpu] = end, job.endpoint
+        st.running[gpu] = RunningJob(job, (gpu,), start, start, end, True)
+    return st
+
+
+def _rule(st, batch):
+    out = fast_lane.rule_preemptions(preemption_plan.Branch(st, batch, None, [], [], []), LANE, GRACE)
+    return [(x.job_id, x.victims) for x in out.taken]
+
+
+def test_the_rule_s_test_looks_at_the_gpus_the_lane_jobs_ahead_leave():
+    """GPU 0 frees at 150 (within `a`'s 60 s cold start from now, 100), GPU 1 at 1,100. The
+    first HIGH job waits for GPU 0; the second would wait for GPU 1 (or for the first to end):
+    strict priority with the rule preempts for it. On the raw free times (GPU 0 at 150) the
+    rule declined for both."""
+    l0, l1 = PlanJob("l0", "a", 1.0, 0.0, 150.0, 3, seq=0), PlanJob("l1", "a", 1.0, 0.0, 1010.0, 3, seq=1)
+    st = _two_held([(l0, 0.0, 150.0), (l1, 90.0, 1100.0)])
+    h0, h1 = PlanJob("h0", "a", 4.0, 100.0, 1000.0, 1, seq=2), PlanJob("h1", "a", 4.0, 100.0, 1000.0, 1, seq=3)
+    assert _rule(st, [h0, h1]) == [("h1", ("l1",))]
+
+
+def test_a_high_rule_preemption_goes_on_while_a_critical_job_waits_for_other_gpus():
+    """The CRITICAL job (`slow`, 1,000 s cold start) waits for GPU 0 (free at 600: no
+    preemption for it). The HIGH job preempts the LOW job on GPU 1, which the CRITICAL job
+    does not need; before round 7 any waiting CRITICAL job blocked every HIGH preemption."""
+    l0, l1 = PlanJob("l0", "slow", 1.0, 0.0, 600.0, 3, seq=0), PlanJob("l1", "slow", 1.0, 0.0, 2000.0, 3, seq=1)
+    st = _two_held([(l0, 0.0, 600.0), (l1, 0.0, 2000.0)])
+    crit = PlanJob("crit", "slow", 8.0, 100.0, 200.0, 0, seq=2)
+    high = PlanJob("high", "quick", 4.0, 100.0, 1000.0, 1, seq=3)
+    assert _rule(st, [crit, high]) == [("high", ("l1",))]
+
+
+def test_a_critical_preemption_spares_a_high_job_that_just_started():
+    """GPU 0: a HIGH job 4 s into its run; GPU 1: a LOW job 34 s into its own. The least lost
+    work alone picked the HIGH job (its wait then restarts); the candidate order takes the LOW
+    one, and between NORMAL and LOW victims the least *weighted* lost work."""
+    hi, lo = PlanJob("hi", "quick", 4.0, 0.0, 1000.0, 1, seq=0), PlanJob("lo", "quick", 1.0, 0.0, 1000.0, 3, seq=1)
+    st = _two_held([(hi, 96.0, 1096.0), (lo, 66.0, 1066.0)])
+    crit = PlanJob("crit", "a", 8.0, 100.0, 100.0, 0, seq=2)
+    assert [c.victims[0].id for c in preemption_plan.candidates(crit, st, [crit], per_job=2)] == ["lo", "hi"]
+    assert _rule(st, [crit]) == [("crit", ("lo",))]
+    norm, low = PlanJob("n", "quick", 2.0, 0.0, 1000.0, 2, seq=0), PlanJob("l", "quick", 1.0, 0.0, 1000.0, 3, seq=1)
+    st = _two_held([(norm, 90.0, 1090.0), (low, 0.0, 1000.0)])  # NORMAL: 2 × 10 weight·s lost; LOW: 1 × 100
+    assert [c.victims[0].id for c in preemption_plan.candidates(crit, st, [crit], per_job=2)] == ["n", "l"]
