@@ -44,8 +44,8 @@ def _explain_rec(r, keys, settings, job_id: str, rec: dict[str, str], leads: boo
                            "endpoint": rec.get("endpoint"), "reason": None, "detail": "", "eta": None,
                            "eta_in_s": None, "as_of_s": None}
     if rec.get("state") not in WAITING:
-        if rec.get("reason"):
-            out["detail"] = rec["reason"]
+        if rec.get("reason") and rec.get("state") in FINISHED:  # the outcome's reason; a leased or running
+            out["detail"] = rec["reason"]  # job's record still holds its last requeue's ("preempted by …")
         return out
     queue = keys.for_pool(rec.get("pool")).queue(rec.get("priority") or "NORMAL")  # its pool's queue
     pos = r.zrank(queue, job_id) if rec.get("state") == "queued" else None

@@ -188,3 +188,15 @@ def test_live_reservation_with_backfill(r, settings, env):
 def test_every_reason_code_was_shown():
     """Runs last in this module: the codes the tests above reached, against the fixed set."""
     assert SEEN == set(REASONS)
+
+
+def test_why_does_not_show_a_running_job_s_last_requeue_reason():
+    """A job preempted and started again keeps its requeue reason ("preempted by …") on its
+    record; ``makespan why`` shows a record's reason only for a finished job (found by a
+    new-user check: "running (preempted by 805c…)")."""
+    from makespan.cli_why import _explain_rec, line
+
+    rec = {"state": "running", "priority": "LOW", "endpoint": "e", "reason": "preempted by 805c"}
+    assert line(_explain_rec(None, None, None, "j1", rec, True, 0.0)) == "j1: running"
+    done = {**rec, "state": "failed", "reason": "workload raised ValueError"}
+    assert line(_explain_rec(None, None, None, "j1", done, True, 0.0)) == "j1: failed (workload raised ValueError)"
