@@ -223,11 +223,13 @@ def rule_preemptions(branch: preemption_plan.Branch, levels: Levels,
         jobs = {j.id: j for j in cur.batch}
         pick = None
         free_at = dict(st.free_at)  # the free times the lane jobs before ``a`` leave
+        before: Assignment | None = None
         for a in lane:
+            if before is not None:
+                for u in before.gpus:
+                    free_at[u] = max(free_at.get(u, now), before.end_s)
+            before = a
             j = jobs[a.job_id]
-            ahead = free_at.copy()
-            for u in a.gpus:
-                free_at[u] = max(free_at.get(u, now), a.end_s)
             if j.id in tried or j.priority not in grace or j.priority > 1:
                 continue
             bound_now = allowed_start(j, max(now, j.release_s), fac[j.priority], grace[j.priority])
@@ -237,7 +239,7 @@ def rule_preemptions(branch: preemption_plan.Branch, levels: Levels,
             groups = st.groups(ep.tp, ep.memory_mib) if not j.helpers else Replay(st).job_groups(j)
             if not groups:
                 continue
-            soonest = min(max(ahead.get(u, now) for u in g) for g in groups)
+            soonest = min(max(free_at.get(u, now) for u in g) for g in groups)
             if soonest - now <= ep.cold_start_s + TOL_S:  # the rule's test: preempting would not start it sooner
                 continue
             tried.add(j.id)
