@@ -119,16 +119,24 @@ def _decode(h: dict[str, str]) -> tuple[Instance, str]:
     return Instance.from_dict(d), state
 
 
-def _rows(r: redis.Redis, keys: Keys, what: str) -> list[dict[str, str]]:
-    """The hashes of every registered instance (one round trip after the id set)."""
+def _rows(r: redis.Redis, keys: Keys, what: str, gpus: Sequence[str] | None = None) -> list[dict[str, str]]:
+    """The hashes of every registered instance, or (``gpus``) of those on any of ``gpus``
+    through the per-GPU index: one round trip after the id set."""
     try:
-        ids = sorted(r.smembers(keys.instances))
+        ids = sorted(r.smembers(keys.instances) if gpus is None else r.sunion([keys.gpu_instances(g) for g in gpus]))
         pipe = r.pipeline(transaction=False)
         for i in ids:
             pipe.hgetall(keys.instance(i))
         return [h for h in pipe.execute() if h] if ids else []
     except redis.RedisError as e:
         raise StoreError(f"{what}: {e}") from e
+
+
+def _pairs(rows: list[dict[str, str]], with_state: bool) -> list:
+    """``rows`` decoded, sorted by endpoint, then id: instances, or (``with_state``)
+    ``(Instance, state)`` pairs."""
+    pairs = sorted((_decode(h) for h in rows), key=lambda p: (p[0].endpoint, p[0].id))
+    return pairs if with_state else [p[0] for p in pairs]
 
 
 def instances_on(r: redis.Redis, keys: Keys, gpus: Sequence[str], with_state: bool = False) -> list:
@@ -140,16 +148,7 @@ def instances_on(r: redis.Redis, keys: Keys, gpus: Sequence[str], with_state: bo
         StoreError: Redis failed."""
     if not gpus:
         return []
-    try:
-        ids = sorted(r.sunion([keys.gpu_instances(g) for g in gpus]))
-        pipe = r.pipeline(transaction=False)
-        for i in ids:
-            pipe.hgetall(keys.instance(i))
-        rows = [h for h in pipe.execute() if h] if ids else []
-    except redis.RedisError as e:
-        raise StoreError(f"list instances on {', '.join(gpus)}: {e}") from e
-    pairs = sorted((_decode(h) for h in rows), key=lambda p: (p[0].endpoint, p[0].id))
-    return pairs if with_state else [p[0] for p in pairs]
+    return _pairs(_rows(r, keys, f"list instances on {', '.join(gpus)}", gpus), with_state)
 
 
 def reindex_instances(r: redis.Redis, keys: Keys) -> int:
@@ -174,8 +173,7 @@ def reindex_instances(r: redis.Redis, keys: Keys) -> int:
 def list_instances(r: redis.Redis, keys: Keys, with_state: bool = False) -> list:
     """Live instances (sorted by endpoint, then id); with ``with_state`` a list of
     ``(Instance, state)`` pairs."""
-    pairs = sorted((_decode(h) for h in _rows(r, keys, "list instances")), key=lambda p: (p[0].endpoint, p[0].id))
-    return pairs if with_state else [p[0] for p in pairs]
+    return _pairs(_rows(r, keys, "list instances"), with_state)
 
 
 def list_sleepers(r: redis.Redis, keys: Keys) -> list[tuple[Instance, int | None]]:
