@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from bench.chaos_redis import RedisServer, SentinelSet, sentinel_binary
+from makespan.errors import StoreError
 from makespan.redis_conn import start_embedded
 
 
@@ -36,7 +37,10 @@ def sentinel_set():
     skipped where neither ``redis-sentinel`` nor ``redis-server`` is installed."""
     if not sentinel_binary():
         pytest.skip("needs redis-server (or redis-sentinel)")
-    sset = SentinelSet()
+    try:
+        sset = SentinelSet()
+    except StoreError:  # the set did not form: a port free_port() chose can be taken by a process another
+        sset = SentinelSet()  # test started before the Sentinel bound it; a second set gets fresh ports
     try:
         yield sset
     finally:
