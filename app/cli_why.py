@@ -84,6 +84,20 @@ def _finished_ids(r, keys, count: int) -> list[str]:
     return [job_id for job_id, _ in merged[:count]]
 
 
+def _check_endpoint(r, keys, endpoint: str) -> None:
+    """Raise ValidationError when the fleet the planner published (``P:fleet``) has no
+    endpoint ``endpoint``; nothing to check when none is published yet."""
+    raw = r.get(keys.fleet)
+    if not raw:
+        return
+    try:
+        known = sorted(json.loads(raw).get("endpoints") or {})
+    except (ValueError, TypeError, AttributeError):
+        return
+    if known and endpoint not in known:
+        raise ValidationError("endpoint", endpoint, f"not an endpoint of the published fleet; known: {', '.join(known)}")
+
+
 def list_jobs(r, keys, settings, states: tuple[str, ...] = WAITING, endpoint: str | None = None,
               priority: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
     """The jobs in ``states`` (queued: every queue, CRITICAL first, FIFO; delayed: by due
@@ -95,7 +109,8 @@ def list_jobs(r, keys, settings, states: tuple[str, ...] = WAITING, endpoint: st
     rejects (a bounded scan, ``4 × limit``).
 
     Raises:
-        ValidationError: an unknown state or priority."""
+        ValidationError: an unknown state or priority, or an endpoint the published
+            fleet does not have."""
     from makespan.models import Priority
 
     bad = [s for s in states if s not in LISTED_STATES]
@@ -103,6 +118,8 @@ def list_jobs(r, keys, settings, states: tuple[str, ...] = WAITING, endpoint: st
         raise ValidationError("state", bad[0], f"must be one of {', '.join(LISTED_STATES)}")
     if priority is not None and priority.upper() not in Priority.__members__:
         raise ValidationError("priority", priority, f"must be one of {', '.join(Priority.__members__)}")
+    if endpoint:
+        _check_endpoint(r, keys, endpoint)
     ids: list[str] = []
     scan = 4 * limit
     for st in states:

@@ -31,7 +31,9 @@ than ``Settings.preemption_min_runtime_s`` ago is not preemptable
 
 The tick's step is :class:`Preempt`; it starts each preemptor with
 :func:`makespan.workers.starts.start_job` and notes the victims in the tick's context
-(``requeued_now``, ``victims``: their wait reason is ``preempted_requeued``).
+(``requeued_now``, ``victims``: their wait reason is ``preempted_requeued``; with the
+scored decider also ``victim_starts``, each victim's start in the plan the preemptions
+leave: its ETA until the next tick plans it).
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ class Preempt:
         if not ctx.batch:
             return
         waiting = [job for job in ctx.batch if job.id not in ctx.dispatched and job.priority <= int(Priority.HIGH)]
-        ctx.requeued_now, ctx.victims = 0, []
+        ctx.requeued_now, ctx.victims, ctx.victim_starts = 0, [], {}
         # the critical lane decides for the jobs it holds (makespan.workers.tick.claims)
         held = ctx.kept.claims.take_free(job.id for job in waiting)
         ctx.waiting = [job for job in waiting if job.id in held]
@@ -186,6 +188,7 @@ def _preempt_scored(ctx: TickContext) -> set[str]:
     forced = fast_lane.rule_preemptions(preemption_plan.Branch(after, rest, None, [], [], []),
                                         settings.fast_lane_levels, settings.fast_lane_start_grace)
     branch = preemption_plan.decide(forced.batch, forced.state, floor.solve, policy.objective)
+    after_plan, after = branch.plan, branch  # the floor's plan of the batch with the victims, on the state they leave
     if forced.taken:
         branch = preemption_plan.chain(forced, branch)
     out: set[str] = set()
@@ -200,13 +203,19 @@ def _preempt_scored(ctx: TickContext) -> set[str]:
             outcome = preempt(env.r, env.keys, lease_id, job.id, planner_token=ctx.token)
             if outcome in ("preempted", "cancelled"):
                 _note_preempted(ctx, outcome, victim, info[lease_id].get("priority", "LOW"))
-                log.info("preempted lease %s (%s) for %s job %s (scored, gain %.3g): %s", lease_id,
-                         info[lease_id].get("priority"), Priority(job.priority).name, job.id, decision.gain, outcome)
+                how = "the fast lane's rule" if decision.rule else f"scored, gain {decision.gain:.3g} weight·s"
+                log.info("preempted lease %s (%s) for %s job %s (%s): %s", lease_id,
+                         info[lease_id].get("priority"), Priority(job.priority).name, job.id, how, outcome)
             else:
                 freed = False  # e.g. it finished executing meanwhile: it only has to clear
         if freed and start_job(ctx, job, tuple(decision.gpus), start.end_s, start.load):
             out.add(job.id)
             ctx.taken.update(decision.gpus)
+    if ctx.victims:  # their ETA: the planned start in the plan the preemptions leave (wait_reasons)
+        if after_plan is None:
+            after_plan = floor.solve(after.batch, after.state)
+        victims = set(ctx.victims)
+        ctx.victim_starts = {a.job_id: a.start_s for a in after_plan.assignments if a.job_id in victims}
     return out
 
 

@@ -5,8 +5,10 @@ tick read (its batch, the queued jobs its scan left out, the unready steps).
 The :class:`WriteWaitReasons` step derives each not-started batch job's reason
 from the tick's plan: ``reserved`` / ``behind_reservation`` (the tick's reservations,
 :mod:`makespan.planner.reservation`), ``preempted_requeued`` (its record says it was
-preempted and it has not started since), ``host_down`` (planned on a host without a live
-GPU worker: :mod:`makespan.workers.host_liveness`), ``waiting_for_memory`` (a group of its size is
+preempted and it has not started since; a job preempted this tick gets as its ETA its start
+in the plan the scored decider left, :mod:`makespan.workers.preemption`; the rule's decider
+gives none until the next tick), ``host_down`` (planned on a host without a live GPU worker:
+:mod:`makespan.workers.host_liveness`), ``waiting_for_memory`` (a group of its size is
 free now but none with its memory is), else ``waiting_for_gpus`` naming the GPUs of its
 planned group and what holds them (a lease's job, or the jobs planned there before it).
 The ETA is the plan's start converted to the Redis server's clock
@@ -76,7 +78,9 @@ def _write(ctx: TickContext, batch: list[PlanJob], plan: Plan) -> None:
         eta = _server_eta(ctx, max(known), now) if ends and len(known) == len(ends) else ""
         rows += [job_id, "waiting_for_dependency", "waits on " + ", ".join(deps), eta]
     for job_id in ctx.victims:  # preempted this tick, back in their queue
-        rows += [job_id, "preempted_requeued", "preempted this tick; queued again, restarts from zero", ""]
+        start = ctx.victim_starts.get(job_id)  # the scored decider's plan after the preemptions
+        rows += [job_id, "preempted_requeued", "preempted this tick; queued again, restarts from zero",
+                 _server_eta(ctx, start, now) if start is not None else ""]
     for job_id, (level, position) in ctx.formed.left_out.items():
         rows += [job_id, "behind_batch", f"position {position + 1} in the {level.name} queue; the batch holds "
                                       f"{env.settings.batch_size} jobs", ""]
@@ -139,7 +143,8 @@ def _batch_reason(ctx: TickContext, job: PlanJob, state: FleetState, plan: Plan,
     before = [other for other in _sharing(plan, assignment, on_gpu) if other.job_id != job.id
               and other.end_s <= assignment.start_s + 1e-6]
     if before:
-        holders.append(f"job {max(before, key=lambda other: other.end_s).job_id} (planned)")
+        last = max(before, key=lambda other: other.end_s).job_id
+        holders.append(f"job {last} ({'leased this tick' if last in ctx.dispatched else 'planned'})")
     held = f", held by {', '.join(dict.fromkeys(holders))}" if holders else ""
     return "waiting_for_gpus", f"planned on GPUs {','.join(assignment.gpus)}{held}"
 

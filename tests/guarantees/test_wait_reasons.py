@@ -114,7 +114,33 @@ def test_preempted_requeued(r, settings, env):
     crit = prod.submit({"endpoint": "e", "service_s": 10, "priority": "CRITICAL"}).id
     w.tick()
     assert [c.job_id for c in sent] == [crit]
-    _why(low, "preempted_requeued")
+    out = _why(low, "preempted_requeued")
+    # the scored decider's plan after the preemption gives the victim its ETA in the same tick:
+    # after the CRITICAL job (1 s cold start + 10 s; 0.01 wall s per workload s)
+    assert "no ETA" not in out and "ETA " in out, out
+    eta_s = float(r.hget(w.keys.job(low), "wait_eta"))
+    sec, usec = r.time()
+    assert 0.0 < eta_s - (sec + usec / 1e6) <= 0.11 + 0.3
+
+
+def test_a_holder_leased_in_the_same_tick_is_not_called_planned(r, settings, env):
+    w, prod, sent = _setup(r, settings)
+    first = prod.submit({"endpoint": "e", "service_s": 100, "priority": "NORMAL"}).id
+    second = prod.submit({"endpoint": "e", "service_s": 100, "priority": "NORMAL"}).id
+    w.tick()
+    assert [c.job_id for c in sent] == [first]
+    out = _why(second, "waiting_for_gpus")
+    assert f"job {first} (leased this tick)" in out and "(planned)" not in out, out
+
+
+def test_jobs_rejects_an_endpoint_the_published_fleet_lacks(r, settings, env):
+    w, prod, sent = _setup(r, settings)
+    prod.submit({"endpoint": "e", "service_s": 100, "priority": "NORMAL"})
+    r.set(w.keys.fleet, ONE.model_dump_json())  # as a leading planner publishes it
+    res = CliRunner().invoke(cli_app, ["jobs", "--endpoint", "nope"])
+    assert res.exit_code != 0 and "nope" in res.output and "known: e" in res.output, res.output
+    res = CliRunner().invoke(cli_app, ["jobs", "--endpoint", "e"])
+    assert res.exit_code == 0, res.output
 
 
 def test_delayed_until_and_retry_backoff(r, settings, env):

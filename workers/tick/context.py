@@ -141,6 +141,7 @@ class TickContext:
     waiting: list[PlanJob] = field(default_factory=list)  # Preempt: CRITICAL/HIGH batch jobs not started
     requeued_now: int = 0  # Preempt: victims put back in their queue
     victims: list[str] = field(default_factory=list)  # Preempt: job ids of those victims
+    victim_starts: dict[str, float] = field(default_factory=dict)  # Preempt (scored): victim -> planned start, s
 
     @property
     def batch(self) -> list[PlanJob]:
