@@ -14,7 +14,14 @@ enforced with
 Prints per size and lane the wall ms median / max over the batches, full ÷ indexed, and
 whether the two give the same plan (they must).
 
-    .venv/bin/python bench/lane_cost.py [--sizes 256x32,256x1024,1024x1024] [--seeds 1]
+A second table times the lane's rule preemptions (:func:`makespan.planner.fast_lane.rule_preemptions`,
+which the live tick's preemption step runs before the scored decision) on a **full** fleet:
+every GPU held by a running LOW job (1 GPU each, started 100 s ago, ending 2,000 s from
+now: no group frees within a cold start, so strict priority's rule preempts for every
+CRITICAL/HIGH job past its allowed start), the same batches all released. Per size and lane:
+wall ms median / max, and the preemptions taken (median / max). ``--no-preempt`` skips it.
+
+    .venv/bin/python bench/lane_cost.py [--sizes 256x32,256x1024,1024x1024] [--seeds 1] [--no-preempt]
 """
 
 import argparse
@@ -26,7 +33,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from makespan.planner import fast_lane, placement_index  # noqa: E402
+from dataclasses import replace  # noqa: E402
+
+from makespan.planner import fast_lane, placement_index, preemption_plan  # noqa: E402
+from makespan.planner.model import PlanJob, RunningJob  # noqa: E402
 from makespan.planner.greedy import portfolio  # noqa: E402
 from makespan.planner.simulator import fleet_state, to_plan_jobs  # noqa: E402
 from makespan.traces import read_trace  # noqa: E402
@@ -45,6 +55,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="256x32,256x1024,1024x1024", help="JOBSxGPUS,...")
     ap.add_argument("--seeds", type=int, default=1, help="trace mappings per window")
+    ap.add_argument("--no-preempt", action="store_true", help="skip the rule-preemption table")
     a = ap.parse_args()
     print("| jobs / GPUs | lane | indexed ms (median / max) | full scan ms (median / max) | full ÷ indexed | same plans |")
     print("|---|---|---|---|---|---|")
@@ -71,6 +82,45 @@ def main() -> None:
             print(f"| {n} / {gpus} | {name} | {med['indexed']:.0f} / {max(times['indexed']):.0f} | "
                   f"{med['full']:.0f} / {max(times['full']):.0f} | {med['full'] / max(med['indexed'], 1e-9):.1f} | "
                   f"{same}/{len(batches)} |")
+
+    if not a.no_preempt:
+        _preempt_table(a)
+
+
+def _full_fleet(state, batch):
+    """``state`` at the batch's last release with every GPU held by a running LOW job (module doc)."""
+    now = max(j.release_s for j in batch) + 1.0
+    running = {}
+    for n, gpu in enumerate(state.gpus):
+        job = PlanJob(f"low-{n}", "m1", 1.0, now - 100.0, 2100.0, 3, seq=-1 - n)
+        running[gpu.uuid] = RunningJob(job, (gpu.uuid,), now - 100.0, now - 55.0, now + 2000.0)
+    return replace(state, now_s=now, free_at={g.uuid: now + 2000.0 for g in state.gpus},
+                   resident={g.uuid: "m1" for g in state.gpus}, running=running)
+
+
+def _preempt_table(a) -> None:
+    print("\nRule preemptions on a full fleet (every GPU held by a LOW job)")
+    print("| jobs / GPUs | lane | CRITICAL+HIGH jobs (median) | rule_preemptions ms (median / max) "
+          "| preemptions taken (median / max) |")
+    print("|---|---|---|---|---|")
+    for size in a.sizes.split(","):
+        n, gpus = (int(x) for x in size.split("x"))
+        fleet = bench_fleet(gpus)
+        state = fleet_state(fleet)
+        batches = [to_plan_jobs(read_trace(path, fleet, seed=seed, start=start, limit=n), 20.0)
+                   for path, start in WINDOWS for seed in range(a.seeds)]
+        for name, (levels, grace) in LANES.items():
+            times, taken, urgent = [], [], []
+            for batch in batches:
+                full = _full_fleet(state, batch)
+                t = time.perf_counter()
+                out = fast_lane.rule_preemptions(preemption_plan.Branch(full, list(batch), None, [], [], []),
+                                                 levels, grace)
+                times.append((time.perf_counter() - t) * 1000)
+                taken.append(len(out.taken))
+                urgent.append(sum(j.priority <= 1 for j in batch))
+            print(f"| {n} / {gpus} | {name} | {statistics.median(urgent):.0f} | {statistics.median(times):.0f} / "
+                  f"{max(times):.0f} | {statistics.median(taken):.0f} / {max(taken)} |")
 
 
 if __name__ == "__main__":

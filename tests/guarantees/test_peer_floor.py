@@ -169,3 +169,27 @@ def test_a_critical_preemption_spares_a_high_job_that_just_started():
     norm, low = PlanJob("n", "quick", 2.0, 0.0, 1000.0, 2, seq=0), PlanJob("l", "quick", 1.0, 0.0, 1000.0, 3, seq=1)
     st = _two_held([(norm, 90.0, 1090.0), (low, 0.0, 1000.0)])  # NORMAL: 2 × 10 weight·s lost; LOW: 1 × 100
     assert [c.victims[0].id for c in preemption_plan.candidates(crit, st, [crit], per_job=2)] == ["n", "l"]
+
+
+def test_rule_preemptions_per_call_are_capped_in_lane_order(monkeypatch):
+    """A burst on a full fleet: every GPU held by a LOW job for 1,000 s more, more CRITICAL
+    jobs than the cap. One call takes RULE_PREEMPTION_BUDGET preemptions, for the first
+    jobs in lane order; a second call on the state it leaves takes the next ones."""
+    n_gpus = 8
+    fleet = parse_fleet({"name": "eight", "hosts": [{"name": "h", "gpu_count": n_gpus, "memory_mib": 81920}],
+                         "endpoints": ONE.model_dump()["endpoints"]})
+    st = fleet_state(fleet, 0.0)
+    st.now_s = 100.0
+    for n, gpu in enumerate(g.uuid for g in st.gpus):
+        low = PlanJob(f"low{n}", "a", 1.0, 0.0, 1100.0, 3, seq=n)
+        st.free_at[gpu], st.resident[gpu] = 1100.0, "a"
+        st.running[gpu] = RunningJob(low, (gpu,), 0.0, 0.0, 1100.0, True)
+    crits = [PlanJob(f"c{i}", "quick", 8.0, 100.0, 50.0, 0, seq=100 + i) for i in range(6)]
+    monkeypatch.setattr(fast_lane, "RULE_PREEMPTION_BUDGET", 4)
+    first = fast_lane.rule_preemptions(preemption_plan.Branch(st, crits, None, [], [], []), LANE, GRACE)
+    assert [x.job_id for x in first.taken] == ["c0", "c1", "c2", "c3"]
+    second = fast_lane.rule_preemptions(first, LANE, GRACE)
+    assert [x.job_id for x in second.taken] == ["c0", "c1", "c2", "c3", "c4", "c5"]
+    monkeypatch.setattr(fast_lane, "RULE_PREEMPTION_BUDGET", 16)  # the default: a call of 8 GPUs never reaches it
+    uncapped = fast_lane.rule_preemptions(preemption_plan.Branch(st, crits, None, [], [], []), LANE, GRACE)
+    assert [x.job_id for x in uncapped.taken] == [f"c{i}" for i in range(6)]
