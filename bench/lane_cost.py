@@ -47,6 +47,16 @@ LANES = {"CRITICAL only": ({0: 1.0}, {0: 30.0}),
          "default": (fast_lane.DEFAULT_LANE_LEVELS, fast_lane.DEFAULT_START_GRACE)}
 
 
+def _sizes(a):
+    """(jobs, GPUs, the fleet's state at its set point, the batches) per ``--sizes`` entry."""
+    for size in a.sizes.split(","):
+        n, gpus = (int(x) for x in size.split("x"))
+        fleet = bench_fleet(gpus)
+        batches = [to_plan_jobs(read_trace(path, fleet, seed=seed, start=start, limit=n), 20.0)
+                   for path, start in WINDOWS for seed in range(a.seeds)]
+        yield n, gpus, fleet_state(fleet), batches
+
+
 def _key(p):
     return [(a.job_id, a.gpus, a.start_s, a.end_s, a.load) for a in p.assignments]
 
@@ -59,12 +69,7 @@ def main() -> None:
     a = ap.parse_args()
     print("| jobs / GPUs | lane | indexed ms (median / max) | full scan ms (median / max) | full ÷ indexed | same plans |")
     print("|---|---|---|---|---|---|")
-    for size in a.sizes.split(","):
-        n, gpus = (int(x) for x in size.split("x"))
-        fleet = bench_fleet(gpus)
-        state = fleet_state(fleet)
-        batches = [to_plan_jobs(read_trace(path, fleet, seed=seed, start=start, limit=n), 20.0)
-                   for path, start in WINDOWS for seed in range(a.seeds)]
+    for n, gpus, state, batches in _sizes(a):
         plans = [portfolio(b, state) for b in batches]
         for name, (levels, grace) in LANES.items():
             times: dict[str, list[float]] = {"indexed": [], "full": []}
@@ -103,12 +108,7 @@ def _preempt_table(a) -> None:
     print("| jobs / GPUs | lane | CRITICAL+HIGH jobs (median) | rule_preemptions ms (median / max) "
           "| preemptions taken (median / max) |")
     print("|---|---|---|---|---|")
-    for size in a.sizes.split(","):
-        n, gpus = (int(x) for x in size.split("x"))
-        fleet = bench_fleet(gpus)
-        state = fleet_state(fleet)
-        batches = [to_plan_jobs(read_trace(path, fleet, seed=seed, start=start, limit=n), 20.0)
-                   for path, start in WINDOWS for seed in range(a.seeds)]
+    for n, gpus, state, batches in _sizes(a):
         for name, (levels, grace) in LANES.items():
             times, taken, urgent = [], [], []
             for batch in batches:
