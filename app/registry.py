@@ -268,7 +268,10 @@ def live_definition(r: redis.Redis, keys: Keys, name: str, also: list[str] = ())
             return json.loads(raw), extra
         alive = live_names(r, keys)
     except (redis.RedisError, StoreError) as e:
-        raise StoreError(f"reading workload function {name!r}: {e}") from (e.__cause__ or e)
+        # the redis-py error as the cause (live_names raises a StoreError made from one; redis-py
+        # 8 chains the OS error under its own ConnectionError, so that one's cause is no redis error)
+        cause = e.__cause__ if isinstance(e, StoreError) and e.__cause__ is not None else e
+        raise StoreError(f"reading workload function {name!r}: {e}") from cause
     hint = f"live now: {', '.join(alive)}" if alive else "no GPU worker has registered any workload function"
     raise ValidationError("workload", name, "no live GPU worker registered this workload; start one with "
                                             f"`makespan gpu-worker --workloads MODULE` ({hint})")
