@@ -31,7 +31,8 @@ key                                    type    contents
 ``P:planner:leader``                   string  planner leader lock (redis-py Lock)
 ``P:planner:fence``                    string  planner fencing counter
 ``P:planner:solve_s``                  list    the planner's latest solve times (fleet_view)
-``P:planner:wake``                     list    wake-ups for the planner (submit, release)
+``P:planner:wake``                     list    wake-ups for the planner: ``1`` a job queued,
+                                               ``release`` a lease gave its GPUs back (WAKE_RELEASE)
 ``P:planner:critical``                 list    ids of CRITICAL jobs just submitted, for the leader's
                                                critical lane (makespan.workers.critical_lane)
 ``P:planner:reasons``                  hash    wait reason code -> queued jobs the planner's last
@@ -109,6 +110,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from makespan.models import Priority
+
+# the value a GPU worker pushes onto ``P:planner:wake`` when a lease gives its GPUs back (a
+# submit or requeue pushes ``1``): the planner plans at once then, without waiting
+# ``batch_wait_s`` for more arrivals (makespan.workers.planner_worker)
+WAKE_RELEASE = "release"
 
 
 @dataclass(frozen=True)
@@ -238,7 +244,8 @@ class Keys:
 
     @property
     def planner_wake(self) -> str:
-        """List pushed to when a job is submitted or a lease released: wakes the planner."""
+        """List pushed to when a job is queued (``1``) or a lease released
+        (:data:`WAKE_RELEASE`): wakes the planner."""
         return f"{self._scoped}:planner:wake"
 
     @property

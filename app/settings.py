@@ -140,8 +140,9 @@ class Settings:
         time_scale: wall seconds per workload second for simulated endpoints and
             transitions (``0.01`` runs a 100 s job in 1 s of wall time).
         batch_size: most jobs the planner takes in one batch.
-        batch_wait_s: longest the planner waits to fill a batch (only while fewer than
-            ``batch_size`` jobs are queued: a full batch cannot grow).
+        batch_wait_s: longest the planner waits to fill a batch after a submit wakes it
+            (only while fewer than ``batch_size`` jobs are queued: a full batch cannot
+            grow; never after a lease release: the freed GPUs would idle).
         lease_ttl_s: a lease not renewed within this many seconds expires and is reclaimed.
         heartbeat_s: how often a lease holder renews its lease.
         max_attempts: a job whose lease is reclaimed this many times is failed.

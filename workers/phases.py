@@ -22,7 +22,7 @@ import redis
 
 from makespan import metrics, telemetry
 from makespan.errors import PhaseCancelled, PhaseError, StaleFencingToken, StoreError
-from makespan.keys import Keys
+from makespan.keys import WAKE_RELEASE, Keys
 from makespan.models import FleetSpec
 from makespan.settings import Settings
 from makespan.driver_registry import DRIVERS, DriverCapabilities, DriverContext, no_wait
@@ -838,7 +838,7 @@ class PhaseRunner:
         """Fenced ops that free the lease's GPUs and forget the lease (and wake the planner)."""
         ops: list[tuple] = [("DEL", self.keys.gpu(g)) for g in ctx.gpus]
         wake = self._wake_key.get(ctx.gpus[0], self.keys.planner_wake) if ctx.gpus else self.keys.planner_wake
-        return ops + [("RPUSH", wake, "1"), ("LTRIM", wake, -16, -1),
+        return ops + [("RPUSH", wake, WAKE_RELEASE), ("LTRIM", wake, -16, -1),
                       ("DEL", self.keys.lease(ctx.lease_id)), ("ZREM", self.keys.leases, ctx.lease_id),
                       ("DEL", self.keys.phase(ctx.lease_id)), ("DEL", self.keys.busy(ctx.lease_id))]
 

@@ -40,7 +40,7 @@ from redis.exceptions import LockError, LockNotOwnedError
 
 from makespan import events, telemetry
 from makespan.errors import LeaseError, RedisConfigError, StoreError, ValidationError
-from makespan.keys import Keys
+from makespan.keys import WAKE_RELEASE, Keys
 from makespan.models import FleetSpec, Priority, fleet_version
 from makespan.planner.model import FleetState, PlanJob
 from makespan.redis_conn import OutageLog, check_eviction_policy
@@ -205,17 +205,23 @@ class PlannerWorker:
         """Sleep until a submission or a lease release wakes us, or one tick passes (less
         when a delayed job falls due sooner). A batch waits at most ``batch_wait_s`` for
         more arrivals before it is planned, but only while the queues hold fewer than
-        ``batch_size`` jobs: a full batch cannot grow, and waiting would leave free GPU
-        slots idle."""
+        ``batch_size`` jobs (a full batch cannot grow, and waiting would leave free GPU
+        slots idle) and no wake-up since the last tick was a lease release
+        (:data:`makespan.keys.WAKE_RELEASE`: GPUs were just given back; waiting would leave
+        them idle)."""
         try:
             # a blocking read must end before the socket timeout, which would raise
             wait_s = min(self.delayed.wait_s(self.settings.planner_tick_s), self.settings.redis_socket_timeout_s / 2)
-            if self.r.blpop([self.keys.planner_wake], timeout=wait_s):
+            got = self.r.blpop([self.keys.planner_wake], timeout=wait_s)
+            if got:
                 p = self.r.pipeline(transaction=False)
                 for q in self.keys.queues():
                     p.zcard(q)
+                p.lrange(self.keys.planner_wake, 0, -1)
                 p.delete(self.keys.planner_wake)  # the coming tick covers every wake-up so far
-                if sum(p.execute()[:-1]) < self.settings.batch_size:
+                *queued, rest, _deleted = p.execute()
+                released = got[1] == WAKE_RELEASE or WAKE_RELEASE in rest
+                if not released and sum(queued) < self.settings.batch_size:
                     self._stop.wait(self.settings.batch_wait_s)
                     self.r.delete(self.keys.planner_wake)
         except redis.RedisError:
