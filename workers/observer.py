@@ -33,7 +33,10 @@ unhealthy the observer then drives it back to its set point: a ``RESTART_RECOVER
 agenda entry, stop (idempotent), start the same endpoint on the same GPUs with the
 fleet file's spec through its driver, swap the registry record, complete the entry,
 and append a ``kind=recovery`` record (outcome, recovery_s, new instance id).
-Each cycle also reaps agenda entries of dead holders and refreshes ``P:observer``
+Each cycle also adds every registered instance to the per-GPU index the phases read
+(:func:`makespan.workers.drivers.registry.index_instances`: an instance a GPU worker of an
+older version registered, during a rolling upgrade, is found within a cycle), reaps agenda
+entries of dead holders and refreshes ``P:observer``
 (``cycle``, ``at``; expires after 5 probe intervals: a liveness key for health checks).
 A recovery runs inside the probe loop, so other instances wait for it (one cold
 start at most); a failed recovery marks the instance ``failed`` (no further probes).
@@ -62,7 +65,7 @@ from makespan.settings import Settings
 from makespan.workers.agenda import AgendaTracker
 from makespan.workers.drivers import capabilities, get_driver
 from makespan.workers.drivers.base import Instance
-from makespan.workers.drivers.registry import list_instances, register_instance, unregister_instance
+from makespan.workers.drivers.registry import index_instances, list_instances, register_instance, unregister_instance
 
 log = logging.getLogger(__name__)
 MIN_OVERRUN_SLACK_S = 2.0  # the least slack past a transition's expected end before it is late, s (module doc)
@@ -99,7 +102,9 @@ class Observer:
         """Probe every instance once; returns the incidents raised this cycle."""
         self.cycle += 1
         self.agenda.reap()
-        pairs = [(i, s) for i, s in list_instances(self.r, self.keys, with_state=True) if s == "running"]
+        listed = list_instances(self.r, self.keys, with_state=True)
+        index_instances(self.r, self.keys, [i for i, _ in listed])  # a rolling upgrade's unindexed instances
+        pairs = [(i, s) for i, s in listed if s == "running"]
         health = list(self._pool.map(lambda p: self._healthy(p[0]), pairs))
         entries = self.agenda.open_entries()
         server_now = self.agenda.server_now_s()  # entries are on the Redis clock: compare on it

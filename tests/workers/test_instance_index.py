@@ -11,8 +11,11 @@ from hypothesis import HealthCheck, given, settings as hsettings, strategies as 
 
 from makespan.keys import Keys
 from makespan.workers.drivers.base import Instance
-from makespan.workers.drivers.registry import (instances_on, list_instances, register_instance, reindex_instances,
-                                               set_instance_state, unregister_instance)
+from makespan.models import load_fleet
+from makespan.workers.drivers.registry import (index_instances, instances_on, list_instances, register_instance,
+                                               reindex_instances, set_instance_state, unregister_instance)
+from makespan.workers.observer import Observer
+from tests.conftest import FLEET_TOML
 
 GPUS = [f"GPU-{i}" for i in range(6)]
 
@@ -50,6 +53,37 @@ def test_a_gpu_worker_start_indexes_instances_registered_without_the_index(r, ke
     assert reindex_instances(r, keys) == 1
     assert [i.id for i in instances_on(r, keys, ["GPU-4"])] == ["old"]
     assert reindex_instances(r, keys) == 1 and r.smembers(keys.gpu_instances("GPU-4")) == {"old"}  # idempotent
+
+
+def _old_version_instance(r, keys: Keys, iid: str, gpu: str, state: str = "running") -> Instance:
+    """An instance registered as a version without the index does (hash and id set only)."""
+    inst = _inst(iid, "chat", [gpu])
+    r.hset(keys.instance(inst.id), mapping={"endpoint": "chat", "gpus": json.dumps(inst.gpus), "driver": "sim",
+                                            "host": "h", "id": inst.id, "state": state})
+    r.sadd(keys.instances, inst.id)
+    return inst
+
+
+def test_an_instance_unregistered_after_the_read_is_not_indexed(r, keys):
+    """The read and the index write are apart: one unregistered in between leaves no id
+    behind (index_if_exists.lua), where a plain SADD would leave a stale one."""
+    read = [_old_version_instance(r, keys, "gone", "GPU-5"), _old_version_instance(r, keys, "kept", "GPU-5")]
+    unregister_instance(r, keys, "gone")
+    assert index_instances(r, keys, read) == 1
+    assert r.smembers(keys.gpu_instances("GPU-5")) == {"kept"}
+
+
+def test_the_observer_indexes_a_rolling_upgrade_s_instances_every_cycle(r, keys):
+    """A GPU worker of the previous version registers an instance after the new GPU workers
+    started (their start-time reindex missed it): the observer's next probe cycle indexes it."""
+    obs = Observer(r, keys, load_fleet(FLEET_TOML), probe_interval_s=0.05)
+    try:
+        _old_version_instance(r, keys, "late", "GPU-3", state="asleep")  # asleep: not probed, only indexed
+        assert instances_on(r, keys, ["GPU-3"]) == []
+        obs.probe_once()
+        assert [i.id for i in instances_on(r, keys, ["GPU-3"])] == ["late"]
+    finally:
+        obs.close()
 
 
 OPS = st.lists(st.tuples(st.sampled_from(["register", "unregister", "unregister_read", "state"]),

@@ -157,17 +157,29 @@ def reindex_instances(r: redis.Redis, keys: Keys) -> int:
 
     Raises:
         StoreError: Redis failed."""
-    rows = _rows(r, keys, "reindex instances")
+    return index_instances(r, keys, [_decode(h)[0] for h in _rows(r, keys, "reindex instances")])
+
+
+def index_instances(r: redis.Redis, keys: Keys, instances: Sequence[Instance]) -> int:
+    """Add ``instances`` (as a registry read returned them) to the index sets of their
+    GPUs, each only while it is still registered (``index_if_exists.lua``: one unregistered
+    since the read leaves no id behind); one round trip. Called by every GPU worker at start
+    (:func:`reindex_instances`) and by the observer every probe cycle, so instances that a
+    GPU worker of a version without the index registers (a rolling upgrade) are found by
+    the phases within a cycle. Returns how many were still registered.
+
+    Raises:
+        StoreError: Redis failed."""
+    if not instances:
+        return 0
+    script = store_script(r, "index_if_exists")
     pipe = r.pipeline(transaction=False)
-    for h in rows:
-        inst = _decode(h)[0]
-        for gpu in inst.gpus:
-            pipe.sadd(keys.gpu_instances(gpu), inst.id)
+    for inst in instances:
+        script(keys=[keys.instance(inst.id), *(keys.gpu_instances(g) for g in inst.gpus)], args=[inst.id], client=pipe)
     try:
-        pipe.execute()
+        return sum(int(x) for x in pipe.execute())
     except redis.RedisError as e:
-        raise StoreError(f"reindex instances: {e}") from e
-    return len(rows)
+        raise StoreError(f"index instances: {e}") from e
 
 
 def list_instances(r: redis.Redis, keys: Keys, with_state: bool = False) -> list:
