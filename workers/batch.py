@@ -46,10 +46,15 @@ from makespan.workers.tick.context import FormedBatch, TickContext, TickEnv
 SCAN_FACTOR = 4  # queue entries read per level per tick: at most SCAN_FACTOR × batch_size
 MAX_DEP_DEPTH = 8  # levels of depends_on followed down from an unready step to pull its dependencies in
 MAX_WAITERS_WALKED = 1000  # dependants read per job when walking P:awaited upward (bounds the script)
+REASON_REFRESH_S = 1.0  # a full fleet: a batch for the wait reasons of jobs no batch read, at most this often, s
 
 class FormBatch:
-    """Step: the tick's batch. Formed only when a GPU is free at the snapshot or a
-    CRITICAL/HIGH job heads its queue (it may preempt); else the batch stays empty.
+    """Step: the tick's batch. Formed when a GPU is free at the snapshot, a CRITICAL/HIGH
+    job heads its queue (it may preempt), a host is down, or, with every GPU held, a job
+    heads a queue that no batch has read yet (a submit, or a victim of the critical lane's
+    preemption): that batch starts nothing, but its plan gives the job its wait reason and
+    ETA (at most once per :data:`REASON_REFRESH_S`, so a stream of submits into a full fleet
+    costs a plan a second, not one per wake-up). Else the batch stays empty.
     Writes ``held_gpus``, ``batch_formed`` and ``formed``."""
 
     name = "form batch"
@@ -60,9 +65,13 @@ class FormBatch:
         ctx.held_gpus = snapshot.unavailable_gpus(ctx.env.gpus)  # held, or on a host without a GPU worker
         heads = snapshot.queue_heads
         may_preempt = bool(heads[Priority.CRITICAL] or heads[Priority.HIGH])
+        queued = frozenset(job_id for ids in heads.values() for job_id in ids)
+        kept, now = ctx.kept, ctx.env.clock.monotonic()
         # a host is down: form the batch anyway, so its jobs' wait reasons say why they wait
-        ctx.batch_formed = len(ctx.held_gpus) < len(ctx.env.gpus) or may_preempt or bool(snapshot.down_gpus)
+        ctx.batch_formed = (len(ctx.held_gpus) < len(ctx.env.gpus) or may_preempt or bool(snapshot.down_gpus)
+                            or bool(queued - kept.heads_read) and now - kept.heads_read_at >= REASON_REFRESH_S)
         if ctx.batch_formed:
+            kept.heads_read, kept.heads_read_at = queued, now
             ctx.formed = form_batch(ctx.env, ctx.token, None if snapshot.workloads_active else heads)
 
 

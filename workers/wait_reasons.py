@@ -144,7 +144,7 @@ def _batch_reason(ctx: TickContext, job: PlanJob, state: FleetState, plan: Plan,
               and other.end_s <= assignment.start_s + 1e-6]
     if before:
         last = max(before, key=lambda other: other.end_s).job_id
-        holders.append(f"job {last} ({'leased this tick' if last in ctx.dispatched else 'planned'})")
+        holders.append(f"job {last} ({'leased' if last in ctx.dispatched else 'planned'})")
     held = f", held by {', '.join(dict.fromkeys(holders))}" if holders else ""
     return "waiting_for_gpus", f"planned on GPUs {','.join(assignment.gpus)}{held}"
 
