@@ -54,6 +54,16 @@ class WorkloadFailed(PhaseError):
         super().__init__(f"{error_type}: {message}")
 
 
+class CancelEvent(threading.Event):
+    """``ctx.cancelled``: a :class:`threading.Event` whose truth is whether it is set, so
+    ``while not ctx.cancelled:`` and ``if ctx.cancelled: return`` mean what they read as (a
+    plain Event is always true: such a loop ended at once, found by a new-user check);
+    ``is_set()``, ``wait(timeout)`` work as on any Event."""
+
+    def __bool__(self) -> bool:
+        return self.is_set()
+
+
 @dataclass
 class WorkloadContext:
     """What a workload function gets as its first argument.
@@ -72,7 +82,8 @@ class WorkloadContext:
             endpoint and its helpers), by endpoint name.
         time_scale: wall seconds per workload second of this worker (1 in production;
             below 1 in demos and tests that compress time).
-        cancelled: set when the job is cancelled, times out or loses its lease: return soon.
+        cancelled: set when the job is cancelled, times out or loses its lease: return soon
+            (a :class:`CancelEvent`: ``if ctx.cancelled:`` reads whether it is set).
     """
 
     job_id: str
@@ -85,7 +96,7 @@ class WorkloadContext:
     endpoint_url: str | None
     endpoint_urls: dict[str, str]
     time_scale: float = 1.0
-    cancelled: threading.Event = field(default_factory=threading.Event)
+    cancelled: threading.Event = field(default_factory=CancelEvent)
     _progress: Callable[[float, float, str | None], None] | None = field(default=None, repr=False)
     _requests: Callable[..., list[Any]] | None = field(default=None, repr=False)
 

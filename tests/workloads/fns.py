@@ -41,6 +41,18 @@ def wait_for_cancel(ctx):
     return "not cancelled"
 
 
+@makespan.workload(endpoint="sim", name="loop_until_cancelled")
+def loop_until_cancelled(ctx):
+    """The idiom a user writes first: ``while not ctx.cancelled`` (a plain Event is always
+    true, so this loop used to end at once)."""
+    _mark(ctx, "started")
+    end = time.monotonic() + 120
+    while not ctx.cancelled and time.monotonic() < end:
+        time.sleep(0.01)
+    _mark(ctx, "saw_cancel" if ctx.cancelled else "ran_to_the_end")
+    return "stopped"
+
+
 @makespan.workload(endpoint="sim", name="ignore_cancel")
 def ignore_cancel(ctx):
     _mark(ctx, "started")

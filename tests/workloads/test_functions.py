@@ -105,6 +105,19 @@ def test_cancel_mid_run_reaches_the_function_and_ends_cancelled(live, marks):
     wait_for(lambda: _no_leases(client), 10, "its lease to be released")
 
 
+def test_ctx_cancelled_reads_as_whether_it_is_set(live, marks):
+    """``while not ctx.cancelled:`` runs until the cancel (found by a new-user check: a plain
+    threading.Event is always true, so the loop ended at once and the job completed)."""
+    _, client = live
+    job = client.submit("loop_until_cancelled")
+    wait_for(lambda: _marks(marks, job, "started"), 60, "the function to start")
+    assert job.status()["state"] in ("leased", "running")  # still looping: not ended at once
+    assert job.cancel() == "cancel_requested"
+    assert job.wait(timeout_s=30) == "cancelled"
+    assert _marks(marks, job, "saw_cancel") == [1] and _marks(marks, job, "ran_to_the_end") == []
+    wait_for(lambda: _no_leases(client), 10, "its lease to be released")
+
+
 def test_a_function_that_ignores_cancel_is_stopped_after_the_grace_period(live, marks):
     _, client = live
     job = client.submit("ignore_cancel")
