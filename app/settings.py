@@ -143,6 +143,11 @@ class Settings:
         batch_wait_s: longest the planner waits to fill a batch after a submit wakes it
             (only while fewer than ``batch_size`` jobs are queued: a full batch cannot
             grow; never after a lease release: the freed GPUs would idle).
+        plan_follow_s: how long (wall s) ticks woken by lease releases may start the next
+            jobs of the last plan on the freed GPUs instead of re-planning the batch
+            (:mod:`makespan.workers.follow`: only plans without CRITICAL/HIGH jobs,
+            preemptions, reservations or dependencies, and only while no job that plan did
+            not read should go first); 0: every tick re-plans. Default 1.
         lease_ttl_s: a lease not renewed within this many seconds expires and is reclaimed.
         heartbeat_s: how often a lease holder renews its lease.
         max_attempts: a job whose lease is reclaimed this many times is failed.
@@ -296,6 +301,7 @@ class Settings:
     time_scale: float = 1.0
     batch_size: int = 256
     batch_wait_s: float = 0.05
+    plan_follow_s: float = 1.0
     lease_ttl_s: float = 10.0
     heartbeat_s: float = 2.0
     max_attempts: int = 3
@@ -375,6 +381,7 @@ class Settings:
             time_scale=_env_float("MAKESPAN_TIME_SCALE", 1.0),
             batch_size=int(_env_float("MAKESPAN_BATCH_SIZE", 256)),
             batch_wait_s=_env_float("MAKESPAN_BATCH_WAIT_S", 0.05),
+            plan_follow_s=_env_float("MAKESPAN_PLAN_FOLLOW_S", 1.0, allow_zero=True),
             lease_ttl_s=_env_float("MAKESPAN_LEASE_TTL_S", 10.0),
             heartbeat_s=_env_float("MAKESPAN_HEARTBEAT_S", 2.0),
             max_attempts=int(_env_float("MAKESPAN_MAX_ATTEMPTS", 3)),
@@ -433,6 +440,7 @@ class Settings:
             "MAKESPAN_TIME_SCALE": repr(self.time_scale),
             "MAKESPAN_BATCH_SIZE": str(self.batch_size),
             "MAKESPAN_BATCH_WAIT_S": repr(self.batch_wait_s),
+            "MAKESPAN_PLAN_FOLLOW_S": repr(self.plan_follow_s),
             "MAKESPAN_LEASE_TTL_S": repr(self.lease_ttl_s),
             "MAKESPAN_HEARTBEAT_S": repr(self.heartbeat_s),
             "MAKESPAN_MAX_ATTEMPTS": str(self.max_attempts),

@@ -293,6 +293,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--raw-transport", default="kombu", choices=("kombu", "makespan"),
                     help="the raw Celery yardstick's broker transport: kombu's own (Celery as it ships; default) "
                          "or makespan.broker's (the live system's: it reuses one Redis client per channel)")
+    ap.add_argument("--plan-follow-s", type=float, default=Settings.plan_follow_s,
+                    help="Settings.plan_follow_s of the live planner (0: re-plan at every tick)")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--policy", default="default", help="live planner policy (default: the live default, `default`)")
     ap.add_argument("--modes", default="plain", help="comma list: plain (jobs without a function: execute sleeps "
@@ -311,7 +313,8 @@ def main(argv: list[str] | None = None) -> int:
         for n in [int(x) for x in a.sizes.split(",")]:
             prefix = f"bench-scale-{uuid.uuid4().hex[:8]}"
             s = Settings(redis_url=url, key_prefix=prefix, time_scale=1e-4, lease_ttl_s=10.0, heartbeat_s=2.0,
-                         batch_size=a.batch_size, planner_tick_s=0.02, retention_sweep_s=0.2, policy=a.policy)
+                         batch_size=a.batch_size, planner_tick_s=0.02, retention_sweep_s=0.2, policy=a.policy,
+                         plan_follow_s=a.plan_follow_s)
             with tempfile.TemporaryDirectory(prefix="scale-") as d:
                 raw = run_raw_celery(replace(s, key_prefix=prefix + "-raw"), a.gpus, min(n, a.raw_tasks), Path(d),
                                      a.raw_transport)

@@ -306,6 +306,8 @@ class PlannerWorker:
         self.ticking.set()
         try:
             for step in self.steps:
+                if ctx.followed and not getattr(step, "when_followed", False):
+                    continue  # a tick that followed the kept plan ends (makespan.workers.follow)
                 step.run(ctx)
         finally:
             self.ticking.clear()

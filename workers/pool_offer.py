@@ -20,6 +20,7 @@ class PublishPoolOffer:
     """Step: write this pool's offer (:mod:`makespan.workers.pool_offer`)."""
 
     name = "publish the pool's offer"
+    when_followed = True  # also after a tick that followed the kept plan (makespan.workers.follow)
 
     def __init__(self, pool: str):
         self.pool = pool

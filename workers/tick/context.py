@@ -101,6 +101,18 @@ class TickEnv:
 
 
 @dataclass
+class KeptPlan:
+    """A full tick's plan kept for following: :class:`makespan.workers.follow.KeepPlan`
+    writes it, :class:`makespan.workers.follow.FollowKeptPlan` reads it and marks ``done``."""
+
+    plan: Plan
+    jobs: dict[str, PlanJob]  # the batch, by id
+    formed: FormedBatch  # the batch's traceparents, submission times and submitted levels
+    planned_at: float  # clock.monotonic() when it was planned
+    done: set[str] = field(default_factory=set)  # jobs started (or passed over) since
+
+
+@dataclass
 class CrossTickState:
     """Everything a tick leaves for the next ones (one owner each, named per field)."""
 
@@ -118,6 +130,7 @@ class CrossTickState:
     starting_gpus: frozenset[str] = frozenset()  # GPUs the last plan starts a job on now (PlanBatch; critical lane)
     heads_read: frozenset[str] = frozenset()  # queue heads at the last tick that formed a batch (batch)
     heads_read_at: float = float("-inf")  # clock.monotonic() of that tick (batch)
+    followed: KeptPlan | None = None  # a full tick's plan the next ticks may follow (follow)
 
 
 @dataclass
@@ -130,6 +143,8 @@ class TickContext:
     kept: CrossTickState
     token: str  # the planner's fencing token for this tick ('' = unchecked, tests)
     snapshot: Snapshot | None = None  # ReadSnapshot (again by ReclaimExpired when it reclaimed)
+    reclaimed: int = 0  # ReclaimExpired: expired leases reclaimed this tick
+    followed: bool = False  # FollowKeptPlan: this tick followed the kept plan (only steps marked when_followed run on)
     held_gpus: set[str] = field(default_factory=set)  # FormBatch: GPUs a lease held at the snapshot
     batch_formed: bool = False  # FormBatch: a batch was formed (a GPU free, or CRITICAL/HIGH queued)
     formed: FormedBatch = field(default_factory=FormedBatch)  # FormBatch

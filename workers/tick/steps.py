@@ -14,6 +14,7 @@ step                           what it does                                    m
 ``ReadSnapshot``               one round trip: leases, GPUs, queue heads       ``fleet_view``
 ``ReclaimExpired``             expired leases reclaimed; snapshot read again   here
 ``ReapAgenda``                 agenda entries reaped                           here
+``FollowKeptPlan``             start the kept plan's next jobs, end the tick   ``follow``
 ``FormBatch``                  the batch, strict priority                      ``batch``
 ``ReadFleet``                  the planner's FleetState                        ``fleet_view``
 ``NoteDemand``                 future-cost inputs from recent arrivals         ``fleet_view``
@@ -26,6 +27,7 @@ step                           what it does                                    m
 ``WriteWaitReasons``           each waiting job's reason and ETA               ``wait_reasons``
 ``SetPointsAndDrain``          idle: restore set points, check the drain       ``drain``
 ``PrewarmSleepers``            idle groups: wake sleepers ahead of demand      ``prewarm``
+``KeepPlan``                   keep the plan for following ticks               ``follow``
 =============================  ==============================================  ====================
 """
 
@@ -42,6 +44,7 @@ from makespan.planner.replay import state_after
 from makespan.planner.reservation import enforce
 from makespan.workers.batch import FormBatch
 from makespan.workers.drain import RestorePlanned, SetPointsAndDrain
+from makespan.workers.follow import FollowKeptPlan, KeepPlan
 from makespan.workers.fleet_view import NoteDemand, ReadFleet, ReadSnapshot, read_snapshot
 from makespan.workers.plan_view import publish_plan
 from makespan.workers.preemption import Preempt
@@ -100,6 +103,7 @@ class ReclaimExpired:
         env, settings = ctx.env, ctx.env.settings
         reclaimed = env.leases.reclaim_expired(settings.max_attempts, settings.retry_backoff_s,
                                                settings.retry_backoff_max_s, expired=list(snapshot.expired_leases))
+        ctx.reclaimed = sum(reclaimed.values()) if reclaimed else 0
         if reclaimed:
             log.warning("reclaimed expired leases: %s", reclaimed)
             for _ in range(sum(reclaimed.values())):
@@ -202,6 +206,7 @@ TICK_STEPS: tuple[Step, ...] = (
     ReadSnapshot(),
     ReclaimExpired(),
     ReapAgenda(),
+    FollowKeptPlan(),
     FormBatch(),
     ReadFleet(),
     NoteDemand(),
@@ -214,6 +219,7 @@ TICK_STEPS: tuple[Step, ...] = (
     WriteWaitReasons(),
     SetPointsAndDrain(),
     PrewarmSleepers(),
+    KeepPlan(),
 )
 """The tick, in order (module doc's table). :class:`makespan.workers.planner_worker.PlannerWorker`
 runs them over one fresh context per tick."""

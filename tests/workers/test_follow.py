@@ -1,0 +1,153 @@
+"""Following the last plan (workers/follow.py): a tick woken by releases starts the kept
+plan's next jobs without re-planning, and falls back to the full tick whenever that would
+not be what a fresh plan does (real Redis, in-process planner ticks on a manual clock)."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import pytest
+
+from makespan.models import Priority, parse_fleet
+from makespan.planner.model import Assignment, Plan, PlanJob
+from makespan.producer import Producer
+from makespan.workers.follow import _heads_behind, next_starts
+from makespan.workers.phases import PhaseRunner
+from makespan.workers.planner_worker import PlannerWorker
+from makespan.workers.tick import steps
+from makespan.workers.tick.clock import ManualClock
+from makespan.workers.tick.context import FormedBatch, KeptPlan
+
+TWO = parse_fleet({"name": "two", "hosts": [{"name": "h", "gpu_count": 2, "memory_mib": 81920}],
+                   "endpoints": {"e": {"model": "m", "memory_mib_per_gpu": 10000, "cold_start_s": 1}}})
+
+
+@pytest.fixture
+def planned(monkeypatch):
+    """Counts the tick's plan() calls (PlanBatch's)."""
+    calls = []
+    real = steps.plan
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(steps, "plan", counting)
+    return calls
+
+
+def _worker(r, settings, **changes):
+    s = dataclasses.replace(settings, batch_size=256, lease_ttl_s=60.0, policy="portfolio", **changes)
+    sent = []
+    clock = ManualClock(time.time())
+    w = PlannerWorker(r, s, TWO, dispatch=lambda ctx, q: sent.append(ctx), clock=clock)
+    return w, sent, clock, Producer(r, w.keys, TWO, w.settings)
+
+
+def _finish(r, w, ctx):
+    assert PhaseRunner(r, w.settings, TWO)._finish(ctx, "completed", "") == "completed"
+
+
+def test_a_release_starts_the_kept_plans_next_job_on_that_gpu_without_planning(r, settings, planned):
+    w, sent, clock, prod = _worker(r, settings)
+    ids = [prod.submit({"endpoint": "e", "service_s": 100, "priority": "NORMAL"}).id for _ in range(6)]
+    w.tick()
+    assert len(sent) == 2 and len(planned) == 1
+    kept = w.kept.followed
+    assert kept is not None and kept.done == {c.job_id for c in sent}
+    gpu = sent[0].gpus[0]
+    expected = next(a.job_id for a in sorted(kept.plan.assignments, key=lambda a: a.start_s)
+                    if a.job_id not in kept.done and gpu in a.gpus)
+    _finish(r, w, sent[0])
+    clock.advance(0.1)
+    assert w.tick()
+    assert len(planned) == 1  # followed: no plan
+    assert sent[-1].job_id == expected and sent[-1].gpus == [gpu]
+    assert set(ids) >= {c.job_id for c in sent}
+
+
+def test_a_high_job_or_a_stale_plan_makes_the_next_tick_plan(r, settings, planned):
+    w, sent, clock, prod = _worker(r, settings)
+    for _ in range(6):
+        prod.submit({"endpoint": "e", "service_s": 100, "priority": "NORMAL"})
+    w.tick()
+    high = prod.submit({"endpoint": "e", "service_s": 100, "priority": "HIGH"}).id
+    _finish(r, w, sent[0])
+    w.tick()
+    assert len(planned) == 2 and sent[-1].job_id == high  # planned: HIGH goes first
+    assert w.kept.followed is None  # a plan with a HIGH job is not followed
+    _finish(r, w, sent[-1])
+    w.tick()  # NORMAL only again: planned, kept
+    assert len(planned) == 3 and w.kept.followed is not None
+    _finish(r, w, sent[-1])
+    clock.advance(w.settings.plan_follow_s + 0.1)  # older than plan_follow_s: planned again
+    w.tick()
+    assert len(planned) == 4
+
+
+def test_a_cancelled_next_job_is_passed_over_and_the_tick_plans(r, settings, planned):
+    w, sent, clock, prod = _worker(r, settings)
+    ids = [prod.submit({"endpoint": "e", "service_s": 100, "priority": "NORMAL"}).id for _ in range(6)]
+    w.tick()
+    kept = w.kept.followed
+    gpu = sent[0].gpus[0]
+    nxt = next(a.job_id for a in sorted(kept.plan.assignments, key=lambda a: a.start_s)
+               if a.job_id not in kept.done and gpu in a.gpus)
+    prod.cancel(nxt)
+    _finish(r, w, sent[0])
+    w.tick()
+    assert len(planned) == 2  # the follow's lease failed: the full tick planned
+    assert sent[-1].job_id != nxt and sent[-1].job_id in ids
+    assert r.hget(w.keys.job(nxt), "state") == "cancelled"
+
+
+def test_plan_follow_s_zero_plans_every_tick(r, settings, planned):
+    w, sent, clock, prod = _worker(r, settings, plan_follow_s=0.0)
+    for _ in range(6):
+        prod.submit({"endpoint": "e", "service_s": 100, "priority": "NORMAL"})
+    w.tick()
+    assert w.kept.followed is None
+    _finish(r, w, sent[0])
+    w.tick()
+    assert len(planned) == 2
+
+
+def _job(job_id: str, endpoint: str = "e", level: Priority = Priority.NORMAL, seq: int = 0) -> PlanJob:
+    return PlanJob(job_id, endpoint, float(level.weight), 0.0, 10.0, int(level), (), None, seq)
+
+
+def _kept(assignments: list[Assignment], jobs: list[PlanJob], done: set[str] = frozenset()) -> KeptPlan:
+    formed = FormedBatch(own_level={job.id: Priority(job.priority) for job in jobs})
+    return KeptPlan(Plan("portfolio", assignments), {job.id: job for job in jobs}, formed, 0.0, set(done))
+
+
+def test_next_starts_keeps_each_gpus_order_and_moves_a_job_to_an_unplanned_warm_instance():
+    jobs = [_job(name, seq=i) for i, name in enumerate("abcdx")] + [_job("f", endpoint="other")]
+    plan = [Assignment("a", ("g0",), 0, 0, 10), Assignment("b", ("g0",), 10, 10, 20),
+            Assignment("c", ("g0",), 20, 20, 30), Assignment("d", ("g1", "g2"), 0, 0, 10),
+            Assignment("x", ("g1",), 10, 10, 20), Assignment("f", ("g0",), 30, 30, 40)]
+    kept = _kept(plan, jobs, done={"a"})
+    residents = {"g0": "e@g0", "g1": "e@g1", "g2": None, "g3": "e@g3", "g4": "other@g4"}
+    starts = next_starts(kept, {"g2"}, residents)
+    # g0: b is next; d waits for g2 (held), so x (behind d on g1) does not start; g3 is
+    # planned for nothing and holds e: the earliest-planned unstarted e job of size 1 not
+    # chosen (x, planned at 10 behind d) moves there; g4 holds `other`, whose job f (planned
+    # on g0, last) moves there
+    assert [(a.job_id, a.gpus) for a in starts] == [("b", ("g0",)), ("x", ("g3",)), ("f", ("g4",))]
+    assert starts[1].load == "warm"
+    starts = next_starts(kept, {"g2", "g3", "g4"}, residents)
+    assert [(a.job_id, a.gpus) for a in starts] == [("b", ("g0",))]
+
+
+def test_heads_behind_lets_the_queue_window_slide_but_not_a_job_ahead_of_the_plan():
+    jobs = [_job("n1", seq=1), _job("n2", seq=2), _job("l1", level=Priority.LOW, seq=3)]
+    kept = _kept([], jobs)
+    normal_only = _kept([], jobs[:2])
+    q = {Priority.CRITICAL: (), Priority.HIGH: (), Priority.NORMAL: ("n1", "n2"), Priority.LOW: ("l1",)}
+    assert _heads_behind(kept, q)
+    assert _heads_behind(normal_only, {**q, Priority.NORMAL: ("n1", "n2", "n3"), Priority.LOW: ()})  # slid
+    assert not _heads_behind(kept, {**q, Priority.NORMAL: ("n1", "n2", "n3")})  # a new NORMAL before l1
+    assert not _heads_behind(normal_only, {**q, Priority.NORMAL: ("n0", "n1", "n2")})  # ahead of n1 (requeued)
+    assert not _heads_behind(kept, {**q, Priority.HIGH: ("h1",)})
+    assert _heads_behind(kept, {**q, Priority.LOW: ("l1", "l2")})

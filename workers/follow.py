@@ -1,0 +1,178 @@
+"""Following the last plan: a tick that starts the plan's next jobs without re-planning.
+
+A full tick reads up to ``batch_size`` queued jobs, plans all of them and starts the few
+whose GPUs are free now; the rest of that plan says which job goes next on each GPU. When
+the next tick is woken by nothing but lease releases (the common case of a deep queue of
+short jobs: each release frees a GPU or two), re-planning the whole batch to start those
+few again costs the planner the batch's read, plan, wait reasons and plan document at
+every release (bench/RESULTS.md, "Following the last plan").
+
+:class:`KeepPlan` (the last step of a full tick) keeps the tick's plan when following it is
+safe: no preemption, dependency or active workload in it, no CRITICAL or HIGH
+job in its batch (their guarantees are the full tick's: fast lane, preemption), no host down.
+:class:`FollowKeptPlan` (right after the snapshot, the reclaim and the agenda) then starts,
+on the GPUs free at the snapshot, each kept assignment that is the next unstarted one on
+every GPU of its group — the plan's own order on each GPU, shifted earlier, so no job of
+the plan starts later than planned (an aged job's reservation holds: the jobs before it
+on its group were placed to end before it, and end earlier still) — and the tick ends there (the steps marked
+``when_followed`` still run). It follows only while all of this holds, else the full tick
+runs and keeps a fresh plan:
+
+* the kept plan is at most ``Settings.plan_follow_s`` old (wall s; 0 turns following off),
+  so queued jobs' wait reasons and ETAs, restores, the improver's better plans and the
+  queue's newer jobs are at most that late;
+* no expired lease was reclaimed this tick, no host is down, no workload is active;
+* no CRITICAL or HIGH job heads its queue, and no job heads a queue ahead of a kept job a
+  full tick would plan after it: a queued job the plan did not read must come after every
+  kept job of its level, and no kept job may be of a less urgent level (a new NORMAL job
+  is planned at once when the plan still holds LOW jobs);
+* every GPU free at the snapshot gets a job (a free GPU the plan leaves idle, or one whose
+  next job waits for a GPU still held, is the full tick's to decide).
+
+A kept job whose lease fails (cancelled meanwhile) is passed over; a tick that starts
+nothing falls through to the full tick.
+"""
+
+from __future__ import annotations
+
+from makespan.models import Priority
+from makespan.planner.model import Assignment
+from makespan.workers.phases import parse_instance
+from makespan.workers.starts import Start, start_many
+from makespan.workers.tick.context import FormedBatch, KeptPlan, TickContext
+
+FOLLOW_LEVELS = frozenset({Priority.NORMAL, Priority.LOW})  # levels a followed plan may hold
+
+
+def next_starts(kept_plan: KeptPlan, unavailable: set[str], residents: dict[str, str | None]) -> list[Assignment]:
+    """What to start now, from ``kept_plan``, on the GPUs outside ``unavailable`` (``residents``: GPU ->
+    its resident instance value), in the plan's start order:
+
+    1. each unstarted assignment that is the next one on every GPU of its group, its
+       GPUs all available (the plan's order on each GPU, shifted earlier);
+    2. then, on an available instance whose GPUs the plan has nothing more for, the
+       earliest-planned unstarted job of that instance's endpoint and size without
+       helper endpoints, moved there warm (a free warm group the plan, which counted a
+       held GPU busy for a tick, did not use: that job and those behind it on its
+       planned group start earlier, none later)."""
+    order = sorted((a for a in kept_plan.plan.assignments if a.job_id not in kept_plan.done),
+                   key=lambda planned: (planned.start_s, planned.end_s))
+    next_on: dict[str, Assignment] = {}
+    for assignment in order:
+        for gpu in assignment.gpus:
+            next_on.setdefault(gpu, assignment)
+    starts: list[Assignment] = []
+    taken = set(unavailable)
+    for assignment in order:
+        if all(next_on.get(gpu) is assignment for gpu in assignment.gpus) and not taken.intersection(assignment.gpus):
+            starts.append(assignment)
+            taken.update(assignment.gpus)
+    chosen = {a.job_id for a in starts}
+    for gpu, value in residents.items():
+        instance = parse_instance(value)
+        if gpu in taken or gpu in next_on or instance is None:
+            continue
+        endpoint, group = instance[0], tuple(instance[1])
+        if gpu not in group or taken.intersection(group) or any(member in next_on for member in group):
+            continue
+        for assignment in order:
+            job = kept_plan.jobs[assignment.job_id]
+            if (assignment.job_id not in chosen and job.endpoint == endpoint and not job.helpers
+                    and len(assignment.gpus) == len(group)):
+                moved = Assignment(job.id, group, assignment.start_s, assignment.start_s,
+                                   assignment.start_s + job.service_s, load="warm")
+                starts.append(moved)
+                chosen.add(job.id)
+                taken.update(group)
+                break
+    return starts
+
+
+class FollowKeptPlan:
+    """Step: start the kept plan's next jobs on the free GPUs and end the tick (module doc);
+    drops the kept plan when following it is no longer safe. Writes ``followed``,
+    ``held_gpus``, ``taken``, ``started`` and ``dispatched`` when it follows."""
+
+    name = "follow the kept plan"
+
+    def run(self, ctx: TickContext) -> None:
+        kept_plan, env = ctx.kept.followed, ctx.env
+        if kept_plan is None:
+            return
+        snapshot = ctx.snapshot
+        assert snapshot is not None, "ReadSnapshot runs before FollowKeptPlan"
+        age_s = env.clock.monotonic() - kept_plan.planned_at
+        if (age_s > env.settings.plan_follow_s or ctx.reclaimed or snapshot.down_gpus or snapshot.workloads_active
+                or not _heads_behind(kept_plan, snapshot.queue_heads)):
+            ctx.kept.followed = None
+            return
+        held = snapshot.unavailable_gpus(env.gpus)
+        free = {gpu.uuid for gpu in env.gpus} - held
+        if not free:  # nothing to start: the full tick forms no batch either, and the plan stands
+            return
+        residents = {gpu.uuid: value for gpu, value in zip(env.gpus, snapshot.residents)}
+        assignments = next_starts(kept_plan, held, residents)
+        if not assignments or free - {gpu for assignment in assignments for gpu in assignment.gpus}:
+            ctx.kept.followed = None
+            return
+        now_s = env.now_s()
+        ctx.formed = FormedBatch(meta=kept_plan.formed.meta, own_level=kept_plan.formed.own_level)
+        ctx.plan = kept_plan.plan  # the evicts' sleep levels it chose (starts.planned_sleep_levels)
+        starts: list[Start] = [(kept_plan.jobs[a.job_id], a.gpus, now_s + (a.end_s - a.start_s), a.load)
+                               for a in assignments]
+        starts.sort(key=lambda start: (start[0].priority, start[0].seq))
+        kept_plan.done.update(a.job_id for a in assignments)
+        started = start_many(ctx, starts)
+        if not started:
+            ctx.formed, ctx.plan = FormedBatch(), None
+            return
+        ctx.followed = True
+        ctx.held_gpus = held
+        ctx.started = started
+        ctx.dispatched |= started
+        ctx.taken = set(held) | {gpu for a in assignments if a.job_id in started for gpu in a.gpus}
+        ctx.kept.starting_gpus = frozenset(ctx.taken - held)
+
+
+def _heads_behind(kept_plan: KeptPlan, heads) -> bool:
+    """Whether the queue heads hold nothing a full tick would plan before a kept job
+    (module doc): no CRITICAL/HIGH head, and each head the plan did not read comes after
+    every kept job of its level, at a level no kept job is less urgent than."""
+    jobs = kept_plan.jobs
+    least_urgent = max((kept_plan.formed.own_level.get(job_id, Priority.NORMAL) for job_id in jobs
+                        if job_id not in kept_plan.done), default=Priority.CRITICAL)
+    for level, ids in heads.items():
+        if not ids:
+            continue
+        if level not in FOLLOW_LEVELS:
+            return False
+        unread_seen = False
+        for job_id in ids:
+            if job_id in jobs:
+                if unread_seen:
+                    return False
+            else:
+                if level < least_urgent:
+                    return False
+                unread_seen = True
+    return True
+
+
+class KeepPlan:
+    """Step, last of a full tick: keep the tick's plan for :class:`FollowKeptPlan` when
+    following it is safe (module doc), else drop any kept plan."""
+
+    name = "keep the plan"
+
+    def run(self, ctx: TickContext) -> None:
+        kept, env, snapshot, plan = ctx.kept, ctx.env, ctx.snapshot, ctx.plan
+        if not ctx.batch or plan is None:
+            if ctx.batch_formed:
+                kept.followed = None
+            return
+        safe = (env.settings.plan_follow_s > 0 and snapshot is not None and not snapshot.workloads_active
+                and not snapshot.down_gpus and not plan.preemptions and not ctx.victims
+                and not ctx.formed.unready and not ctx.formed.awaited and not ctx.requeued_now
+                and all(job.priority in FOLLOW_LEVELS for job in ctx.batch))
+        kept.followed = KeptPlan(plan, {job.id: job for job in ctx.batch}, ctx.formed, env.clock.monotonic(),
+                                 set(ctx.dispatched)) if safe else None
