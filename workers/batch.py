@@ -54,7 +54,8 @@ class FormBatch:
     heads a queue that no batch has read yet (a submit, or a victim of the critical lane's
     preemption): that batch starts nothing, but its plan gives the job its wait reason and
     ETA (at most once per :data:`REASON_REFRESH_S`, so a stream of submits into a full fleet
-    costs a plan a second, not one per wake-up). Else the batch stays empty.
+    costs a plan a second, not one per wake-up), or a tick since the last batch followed
+    the kept plan (:mod:`makespan.workers.follow`; it wrote no reasons; at most as often). Else the batch stays empty.
     Writes ``held_gpus``, ``batch_formed`` and ``formed``."""
 
     name = "form batch"
@@ -68,10 +69,12 @@ class FormBatch:
         queued = frozenset(job_id for ids in heads.values() for job_id in ids)
         kept, now = ctx.kept, ctx.env.clock.monotonic()
         # a host is down: form the batch anyway, so its jobs' wait reasons say why they wait
+        # (a tick that followed the kept plan wrote no reasons: refreshed the same way)
         ctx.batch_formed = (len(ctx.held_gpus) < len(ctx.env.gpus) or may_preempt or bool(snapshot.down_gpus)
-                            or bool(queued - kept.heads_read) and now - kept.heads_read_at >= REASON_REFRESH_S)
+                            or (bool(queued - kept.heads_read) or kept.reasons_stale)
+                            and now - kept.heads_read_at >= REASON_REFRESH_S)
         if ctx.batch_formed:
-            kept.heads_read, kept.heads_read_at = queued, now
+            kept.heads_read, kept.heads_read_at, kept.reasons_stale = queued, now, False
             ctx.formed = form_batch(ctx.env, ctx.token, None if snapshot.workloads_active else heads)
 
 

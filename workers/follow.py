@@ -14,32 +14,43 @@ job in its batch (their guarantees are the full tick's: fast lane, preemption), 
 on the GPUs free at the snapshot, each kept assignment that is the next unstarted one on
 every GPU of its group — the plan's own order on each GPU, shifted earlier, so no job of
 the plan starts later than planned (an aged job's reservation holds: the jobs before it
-on its group were placed to end before it, and end earlier still) — and the tick ends there (the steps marked
-``when_followed`` still run). It follows only while all of this holds, else the full tick
-runs and keeps a fresh plan:
+on its group were placed to end before it, and end earlier still), and, on a free warm
+instance the plan has nothing more for, the earliest-planned job of that endpoint and size
+(:func:`next_starts`) — and the tick ends there (the steps marked ``when_followed`` still
+run). It follows only while all of this holds, else the full tick runs and keeps a fresh
+plan:
 
 * the kept plan is at most ``Settings.plan_follow_s`` old (wall s; 0 turns following off),
-  so queued jobs' wait reasons and ETAs, restores, the improver's better plans and the
-  queue's newer jobs are at most that late;
+  so the improver's better plans, set-point restores and the queue's other jobs wait at
+  most that long for a full tick;
 * no expired lease was reclaimed this tick, no host is down, no workload is active;
-* no CRITICAL or HIGH job heads its queue, and no job heads a queue ahead of a kept job a
-  full tick would plan after it: a queued job the plan did not read must come after every
-  kept job of its level, and no kept job may be of a less urgent level (a new NORMAL job
-  is planned at once when the plan still holds LOW jobs);
+* no queued job should go before the kept ones in a fresh plan: no CRITICAL or HIGH job
+  heads its queue; each queued job the plan did not read (or read and started, and that is
+  queued again: a preemption's victim) comes after every kept job of its level, at a level
+  no kept job is less urgent than (a new NORMAL job is planned at once when the plan still
+  holds LOW jobs), and is *alike* a kept job still to start — the same endpoint, service
+  time and level, no deadline, dependencies or helper endpoints — so that a fresh plan
+  could not tell it from the kept ones, which were queued first (a shorter job or one with
+  a deadline may go first in a fresh plan: the full tick plans it);
 * every GPU free at the snapshot gets a job (a free GPU the plan leaves idle, or one whose
   next job waits for a GPU still held, is the full tick's to decide).
 
-A kept job whose lease fails (cancelled meanwhile) is passed over; a tick that starts
-nothing falls through to the full tick.
+A kept job whose lease fails because it is gone (cancelled) is passed over; one whose GPU
+was taken meanwhile (the critical lane) stays next there. A tick that starts nothing falls
+through to the full tick. A followed tick writes no wait reasons: the first tick at least
+:data:`makespan.workers.batch.REASON_REFRESH_S` after the last formed batch forms one again
+(also with every GPU held), so queued jobs' reasons and ETAs are about a second old at most.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
 
 from makespan.models import Priority
 from makespan.planner.model import Assignment
 from makespan.workers.phases import parse_instance
 from makespan.workers.starts import Start, start_many
-from makespan.workers.tick.context import FormedBatch, KeptPlan, TickContext
+from makespan.workers.tick.context import FormedBatch, KeptPlan, TickContext, TickEnv
 
 FOLLOW_LEVELS = frozenset({Priority.NORMAL, Priority.LOW})  # levels a followed plan may hold
 
@@ -102,8 +113,9 @@ class FollowKeptPlan:
         snapshot = ctx.snapshot
         assert snapshot is not None, "ReadSnapshot runs before FollowKeptPlan"
         age_s = env.clock.monotonic() - kept_plan.planned_at
+        unread = _unread_heads(kept_plan, snapshot.queue_heads)
         if (age_s > env.settings.plan_follow_s or ctx.reclaimed or snapshot.down_gpus or snapshot.workloads_active
-                or not _heads_behind(kept_plan, snapshot.queue_heads)):
+                or unread is None or not _alike_kept(env, kept_plan, unread)):
             ctx.kept.followed = None
             return
         held = snapshot.unavailable_gpus(env.gpus)
@@ -121,40 +133,79 @@ class FollowKeptPlan:
         starts: list[Start] = [(kept_plan.jobs[a.job_id], a.gpus, now_s + (a.end_s - a.start_s), a.load)
                                for a in assignments]
         starts.sort(key=lambda start: (start[0].priority, start[0].seq))
-        kept_plan.done.update(a.job_id for a in assignments)
+        # the critical lane avoids these GPUs from now on, as it avoids a planned tick's starts
+        ctx.kept.starting_gpus = frozenset(gpu for a in assignments for gpu in a.gpus)
         started = start_many(ctx, starts)
+        kept_plan.done.update(started)
+        failed = [a.job_id for a in assignments if a.job_id not in started]
+        if failed:  # passed over only when the job is gone (cancelled); a GPU taken meanwhile: it stays next
+            pipe = env.r.pipeline(transaction=False)
+            for job_id in failed:
+                pipe.hget(env.keys.job(job_id), "state")
+            kept_plan.done.update(job_id for job_id, state in zip(failed, pipe.execute()) if state != "queued")
         if not started:
             ctx.formed, ctx.plan = FormedBatch(), None
             return
         ctx.followed = True
+        ctx.kept.reasons_stale = True  # the queued jobs' reasons are the kept plan's (batch.FormBatch refreshes them)
         ctx.held_gpus = held
         ctx.started = started
         ctx.dispatched |= started
         ctx.taken = set(held) | {gpu for a in assignments if a.job_id in started for gpu in a.gpus}
-        ctx.kept.starting_gpus = frozenset(ctx.taken - held)
 
 
-def _heads_behind(kept_plan: KeptPlan, heads) -> bool:
-    """Whether the queue heads hold nothing a full tick would plan before a kept job
-    (module doc): no CRITICAL/HIGH head, and each head the plan did not read comes after
-    every kept job of its level, at a level no kept job is less urgent than."""
-    jobs = kept_plan.jobs
+def _unread_heads(kept_plan: KeptPlan, heads: Mapping[Priority, Sequence[str]]) -> list[str] | None:
+    """The queue heads the kept plan did not read (or read and then started: a job requeued
+    since, e.g. a preemption's victim), or None when a head means a full tick must plan
+    (module doc): a CRITICAL/HIGH head, an unread head before a kept job of its level, or an
+    unread head more urgent than a kept job."""
+    jobs, done = kept_plan.jobs, kept_plan.done
     least_urgent = max((kept_plan.formed.own_level.get(job_id, Priority.NORMAL) for job_id in jobs
-                        if job_id not in kept_plan.done), default=Priority.CRITICAL)
+                        if job_id not in done), default=Priority.CRITICAL)
+    unread: list[str] = []
     for level, ids in heads.items():
         if not ids:
             continue
         if level not in FOLLOW_LEVELS:
-            return False
+            return None
         unread_seen = False
         for job_id in ids:
-            if job_id in jobs:
+            if job_id in jobs and job_id not in done:
                 if unread_seen:
-                    return False
+                    return None
             else:
                 if level < least_urgent:
-                    return False
+                    return None
                 unread_seen = True
+                unread.append(job_id)
+    return unread
+
+
+def _alike_kept(env: TickEnv, kept_plan: KeptPlan, unread: list[str]) -> bool:
+    """Whether every queued job of ``unread`` is one a fresh plan could not tell from a kept
+    job still to start: the same endpoint, service time and level, no deadline, no
+    dependencies, no helper endpoints (a plan orders such jobs by submission, and the kept
+    ones came first). Anything else — a shorter job, one with a deadline — may go first
+    in a fresh plan, so the full tick plans. Each job's record is read once per kept plan."""
+    todo = [job_id for job_id in unread if job_id not in kept_plan.alike]
+    if not todo:
+        return True
+    classes = {(job.endpoint, job.service_s, kept_plan.formed.own_level.get(job.id))
+               for job in kept_plan.jobs.values()
+               if job.id not in kept_plan.done and job.deadline_s is None and not job.helpers and not job.deps}
+    pipe = env.r.pipeline(transaction=False)
+    for job_id in todo:
+        pipe.hmget(env.keys.job(job_id), "endpoint", "service_s", "priority", "deadline_s", "deps", "helpers", "state")
+    for job_id, (endpoint, service, priority, due, deps, helpers, state) in zip(todo, pipe.execute()):
+        if state != "queued":
+            continue  # a stale entry (cancelled, lost): the full tick drops it
+        try:
+            key = (endpoint, float(service), Priority[priority])
+        except (KeyError, TypeError, ValueError):
+            return False
+        if due or (deps and deps != "[]") or (helpers and helpers != "[]") or key not in classes:
+            return False
+        kept_plan.alike.add(job_id)
     return True
 
 

@@ -12,7 +12,8 @@ import pytest
 from makespan.models import Priority, parse_fleet
 from makespan.planner.model import Assignment, Plan, PlanJob
 from makespan.producer import Producer
-from makespan.workers.follow import _heads_behind, next_starts
+from makespan.workers.critical_lane import CriticalLane
+from makespan.workers.follow import _unread_heads, next_starts
 from makespan.workers.phases import PhaseRunner
 from makespan.workers.planner_worker import PlannerWorker
 from makespan.workers.tick import steps
@@ -140,14 +141,76 @@ def test_next_starts_keeps_each_gpus_order_and_moves_a_job_to_an_unplanned_warm_
     assert [(a.job_id, a.gpus) for a in starts] == [("b", ("g0",))]
 
 
-def test_heads_behind_lets_the_queue_window_slide_but_not_a_job_ahead_of_the_plan():
+def test_unread_heads_lets_the_queue_window_slide_but_not_a_job_ahead_of_the_plan():
     jobs = [_job("n1", seq=1), _job("n2", seq=2), _job("l1", level=Priority.LOW, seq=3)]
     kept = _kept([], jobs)
     normal_only = _kept([], jobs[:2])
     q = {Priority.CRITICAL: (), Priority.HIGH: (), Priority.NORMAL: ("n1", "n2"), Priority.LOW: ("l1",)}
-    assert _heads_behind(kept, q)
-    assert _heads_behind(normal_only, {**q, Priority.NORMAL: ("n1", "n2", "n3"), Priority.LOW: ()})  # slid
-    assert not _heads_behind(kept, {**q, Priority.NORMAL: ("n1", "n2", "n3")})  # a new NORMAL before l1
-    assert not _heads_behind(normal_only, {**q, Priority.NORMAL: ("n0", "n1", "n2")})  # ahead of n1 (requeued)
-    assert not _heads_behind(kept, {**q, Priority.HIGH: ("h1",)})
-    assert _heads_behind(kept, {**q, Priority.LOW: ("l1", "l2")})
+    assert _unread_heads(kept, q) == []
+    assert _unread_heads(normal_only, {**q, Priority.NORMAL: ("n1", "n2", "n3"), Priority.LOW: ()}) == ["n3"]  # slid
+    assert _unread_heads(kept, {**q, Priority.NORMAL: ("n1", "n2", "n3")}) is None  # a new NORMAL before l1
+    assert _unread_heads(normal_only, {**q, Priority.NORMAL: ("n0", "n1", "n2")}) is None  # ahead of n1 (requeued)
+    assert _unread_heads(kept, {**q, Priority.HIGH: ("h1",)}) is None
+    assert _unread_heads(kept, {**q, Priority.LOW: ("l1", "l2")}) == ["l2"]
+    started = _kept([], jobs[:2], done={"n1"})  # n1 started, then queued again (a victim): not read
+    assert _unread_heads(started, {**q, Priority.NORMAL: ("n1", "n2"), Priority.LOW: ()}) is None
+
+
+def test_a_new_job_like_the_kept_ones_does_not_stop_following_but_a_shorter_one_does(r, settings, planned):
+    w, sent, clock, prod = _worker(r, settings)
+    for _ in range(6):
+        prod.submit({"endpoint": "e", "service_s": 100, "priority": "NORMAL"})
+    w.tick()
+    prod.submit({"endpoint": "e", "service_s": 100, "priority": "NORMAL"})  # alike: queued behind the kept ones
+    _finish(r, w, sent[0])
+    w.tick()
+    assert len(planned) == 1  # followed
+    short = prod.submit({"endpoint": "e", "service_s": 1, "priority": "NORMAL"}).id
+    _finish(r, w, sent[-1])
+    w.tick()
+    assert len(planned) == 2 and sent[-1].job_id == short  # a fresh plan starts the short job first
+
+
+def test_a_deadline_job_stops_following(r, settings, planned):
+    w, sent, clock, prod = _worker(r, settings)
+    for _ in range(6):
+        prod.submit({"endpoint": "e", "service_s": 1000, "priority": "NORMAL"})
+    w.tick()
+    prod.submit({"endpoint": "e", "service_s": 1000, "priority": "NORMAL", "deadline_s": 60})
+    _finish(r, w, sent[0])
+    w.tick()
+    assert len(planned) == 2  # a fresh plan decides (the policy weighs the deadline or not)
+
+
+def test_a_victim_of_the_critical_lane_is_not_passed_over(r, settings, planned):
+    w, sent, clock, prod = _worker(r, settings)
+    ids = [prod.submit({"endpoint": "e", "service_s": 100, "priority": "LOW"}).id for _ in range(6)]
+    w.tick()
+    crit = prod.submit({"endpoint": "e", "service_s": 100, "priority": "CRITICAL"}).id
+    w.kept.starting_gpus = frozenset()
+    clock.advance(0.2)
+    out = CriticalLane(w.env, w.kept, w.token, lambda: False).place(crit)
+    assert out.outcome == "preempted", out
+    victim = next(c for c in sent if c.lease_id == out.victims[0])
+    other = next(c for c in sent if c.lease_id != out.victims[0])
+    assert r.hget(w.keys.job(victim.job_id), "state") == "queued"
+    clock.advance(0.1)
+    _finish(r, w, other)
+    w.tick()
+    assert sent[-1].job_id == victim.job_id and victim.job_id in ids  # the victim, queued first, goes first
+
+
+def test_reasons_are_rewritten_within_a_second_after_a_followed_tick_fills_the_fleet(r, settings):
+    w, sent, clock, prod = _worker(r, settings)
+    a = [prod.submit({"endpoint": "e", "service_s": 100, "priority": "NORMAL"}).id for _ in range(6)]
+    w.tick()
+    waiting = a[-1]
+    before = r.hget(w.keys.job(waiting), "wait_at")
+    clock.advance(0.1)
+    _finish(r, w, sent[0])
+    w.tick()  # followed: the fleet is full again
+    assert w.kept.reasons_stale
+    clock.advance(1.0)
+    w.tick()  # every GPU held: a batch is formed for the reasons all the same
+    assert r.hget(w.keys.job(waiting), "wait_at") != before
+    assert not w.kept.reasons_stale

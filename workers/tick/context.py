@@ -109,7 +109,8 @@ class KeptPlan:
     jobs: dict[str, PlanJob]  # the batch, by id
     formed: FormedBatch  # the batch's traceparents, submission times and submitted levels
     planned_at: float  # clock.monotonic() when it was planned
-    done: set[str] = field(default_factory=set)  # jobs started (or passed over) since
+    done: set[str] = field(default_factory=set)  # jobs started since (or passed over: gone from the queue)
+    alike: set[str] = field(default_factory=set)  # queued jobs it did not read, checked alike a kept one (follow)
 
 
 @dataclass
@@ -131,6 +132,7 @@ class CrossTickState:
     heads_read: frozenset[str] = frozenset()  # queue heads at the last tick that formed a batch (batch)
     heads_read_at: float = float("-inf")  # clock.monotonic() of that tick (batch)
     followed: KeptPlan | None = None  # a full tick's plan the next ticks may follow (follow)
+    reasons_stale: bool = False  # a tick followed the kept plan since the last batch was formed (follow; batch clears)
 
 
 @dataclass
