@@ -147,7 +147,7 @@ class Settings:
             jobs of the last plan on the freed GPUs instead of re-planning the batch
             (:mod:`makespan.workers.follow`: only plans without CRITICAL/HIGH jobs,
             preemptions or dependencies, and only while every queued job that plan did not
-            read is alike a planned one and queued behind it); 0: every tick re-plans. Default 1.
+            read is alike the jobs it starts and queued behind them); 0: every tick re-plans. Default 1.
         lease_ttl_s: a lease not renewed within this many seconds expires and is reclaimed.
         heartbeat_s: how often a lease holder renews its lease.
         max_attempts: a job whose lease is reclaimed this many times is failed.

@@ -28,10 +28,13 @@ plan:
   heads its queue; each queued job the plan did not read (or read and started, and that is
   queued again: a preemption's victim) comes after every kept job of its level, at a level
   no kept job is less urgent than (a new NORMAL job is planned at once when the plan still
-  holds LOW jobs), and is *alike* a kept job still to start — the same endpoint, service
-  time and level, no deadline, dependencies or helper endpoints — so that a fresh plan
-  could not tell it from the kept ones, which were queued first (a shorter job or one with
-  a deadline may go first in a fresh plan: the full tick plans it);
+  holds LOW jobs), has no deadline, dependencies or helper endpoints, and, when there is
+  any such job, every job the tick starts is of the one class (endpoint, service time,
+  level) all of them are of — a fresh plan could not tell them apart, and the kept ones
+  were queued first (a shorter job, one with a deadline, or longer kept jobs about to
+  start ahead of a queued short one: the full tick plans). So a deep queue of like jobs
+  is followed as it slides into the batch; a mixed one is followed only while the whole
+  queue is in the plan;
 * every GPU free at the snapshot gets a job (a free GPU the plan leaves idle, or one whose
   next job waits for a GPU still held, is the full tick's to decide).
 
@@ -53,6 +56,7 @@ from makespan.workers.starts import Start, start_many
 from makespan.workers.tick.context import FormedBatch, KeptPlan, TickContext, TickEnv
 
 FOLLOW_LEVELS = frozenset({Priority.NORMAL, Priority.LOW})  # levels a followed plan may hold
+JobClass = tuple[str, float, Priority]  # what a fresh plan tells plain jobs apart by: endpoint, service s, level
 
 
 def next_starts(kept_plan: KeptPlan, unavailable: set[str], residents: dict[str, str | None]) -> list[Assignment]:
@@ -114,8 +118,9 @@ class FollowKeptPlan:
         assert snapshot is not None, "ReadSnapshot runs before FollowKeptPlan"
         age_s = env.clock.monotonic() - kept_plan.planned_at
         unread = _unread_heads(kept_plan, snapshot.queue_heads)
+        unread_classes = _unread_classes(env, kept_plan, unread) if unread is not None else None
         if (age_s > env.settings.plan_follow_s or ctx.reclaimed or snapshot.down_gpus or snapshot.workloads_active
-                or unread is None or not _alike_kept(env, kept_plan, unread)):
+                or unread_classes is None):
             ctx.kept.followed = None
             return
         held = snapshot.unavailable_gpus(env.gpus)
@@ -124,7 +129,8 @@ class FollowKeptPlan:
             return
         residents = {gpu.uuid: value for gpu, value in zip(env.gpus, snapshot.residents)}
         assignments = next_starts(kept_plan, held, residents)
-        if not assignments or free - {gpu for assignment in assignments for gpu in assignment.gpus}:
+        if (not assignments or free - {gpu for assignment in assignments for gpu in assignment.gpus}
+                or not _alike_starts(kept_plan, assignments, unread_classes)):
             ctx.kept.followed = None
             return
         now_s = env.now_s()
@@ -181,32 +187,49 @@ def _unread_heads(kept_plan: KeptPlan, heads: Mapping[Priority, Sequence[str]]) 
     return unread
 
 
-def _alike_kept(env: TickEnv, kept_plan: KeptPlan, unread: list[str]) -> bool:
-    """Whether every queued job of ``unread`` is one a fresh plan could not tell from a kept
-    job still to start: the same endpoint, service time and level, no deadline, no
-    dependencies, no helper endpoints (a plan orders such jobs by submission, and the kept
-    ones came first). Anything else — a shorter job, one with a deadline — may go first
-    in a fresh plan, so the full tick plans. Each job's record is read once per kept plan."""
+def _unread_classes(env: TickEnv, kept_plan: KeptPlan, unread: list[str]) -> set[JobClass] | None:
+    """The classes (endpoint, service time, level) of the queued jobs of ``unread``, or None
+    when one of them has a deadline, dependencies or helper endpoints (a fresh plan places
+    such a job by more than its class). Each record is read once per kept plan (its class
+    is kept in ``alike``); an entry whose job is no longer queued is skipped (the full tick
+    drops it)."""
+    out = {kept_plan.alike[job_id] for job_id in unread if job_id in kept_plan.alike}
     todo = [job_id for job_id in unread if job_id not in kept_plan.alike]
     if not todo:
-        return True
-    classes = {(job.endpoint, job.service_s, kept_plan.formed.own_level.get(job.id))
-               for job in kept_plan.jobs.values()
-               if job.id not in kept_plan.done and job.deadline_s is None and not job.helpers and not job.deps}
+        return out
     pipe = env.r.pipeline(transaction=False)
     for job_id in todo:
         pipe.hmget(env.keys.job(job_id), "endpoint", "service_s", "priority", "deadline_s", "deps", "helpers", "state")
     for job_id, (endpoint, service, priority, due, deps, helpers, state) in zip(todo, pipe.execute()):
         if state != "queued":
-            continue  # a stale entry (cancelled, lost): the full tick drops it
+            continue
         try:
             key = (endpoint, float(service), Priority[priority])
         except (KeyError, TypeError, ValueError):
+            return None
+        if due or (deps and deps != "[]") or (helpers and helpers != "[]"):
+            return None
+        kept_plan.alike[job_id] = key
+        out.add(key)
+    return out
+
+
+def _alike_starts(kept_plan: KeptPlan, assignments: list[Assignment], unread: set[JobClass]) -> bool:
+    """Whether starting ``assignments`` now is what a fresh plan could do although ``unread``
+    jobs are queued: with none, yes; else every job started is of the one class all the
+    unread jobs are of (the same endpoint, service time and level, no deadline or helper
+    endpoints), so a fresh plan could not tell them apart, and the kept ones were queued
+    first. A shorter job, one with a deadline, or an unread job of another class than what
+    would start may go first in a fresh plan: the full tick plans."""
+    if not unread:
+        return True
+    starting = set()
+    for assignment in assignments:
+        job = kept_plan.jobs[assignment.job_id]
+        if job.deadline_s is not None or job.helpers:
             return False
-        if due or (deps and deps != "[]") or (helpers and helpers != "[]") or key not in classes:
-            return False
-        kept_plan.alike.add(job_id)
-    return True
+        starting.add((job.endpoint, job.service_s, kept_plan.formed.own_level.get(job.id)))
+    return len(starting) == 1 and unread <= starting
 
 
 class KeepPlan:

@@ -214,3 +214,48 @@ def test_reasons_are_rewritten_within_a_second_after_a_followed_tick_fills_the_f
     w.tick()  # every GPU held: a batch is formed for the reasons all the same
     assert r.hget(w.keys.job(waiting), "wait_at") != before
     assert not w.kept.reasons_stale
+
+
+def test_a_job_alike_kept_ones_is_planned_once_its_likes_have_all_started(r, settings, planned):
+    w, sent, clock, prod = _worker(r, settings)
+    for service_s in (100, 100, 100, 100, 500, 500, 500, 500):
+        prod.submit({"endpoint": "e", "service_s": service_s, "priority": "NORMAL"})
+    w.tick()
+    x = prod.submit({"endpoint": "e", "service_s": 100, "priority": "NORMAL"}).id  # alike the 100 s ones
+    running = list(sent)
+    for _ in range(2):  # the two other 100 s jobs start by following; x is behind them
+        done = running.pop(0)
+        _finish(r, w, done)
+        w.tick()
+        running.append(sent[-1])
+        assert len(planned) == 1 and sent[-1].job_id != x
+    assert x in w.kept.followed.alike
+    _finish(r, w, running.pop(0))
+    w.tick()  # only 500 s jobs are left in the kept plan: x is no longer alike one, the tick plans
+    assert len(planned) == 2 and sent[-1].job_id == x
+
+
+FOUR = parse_fleet({"name": "four", "hosts": [{"name": "h", "gpu_count": 4, "memory_mib": 81920}],
+                    "endpoints": {"e": {"model": "m", "memory_mib_per_gpu": 10000, "cold_start_s": 1}}})
+
+
+def test_queued_short_jobs_are_not_passed_by_longer_kept_jobs_in_one_tick(r, settings, planned):
+    """Four releases in one tick: the kept plan's next jobs there are one short and three
+    long ones, while three short jobs it did not read are queued: a fresh plan starts the
+    short ones (found by a review: following started the long ones)."""
+    s = dataclasses.replace(settings, batch_size=256, lease_ttl_s=60.0, policy="portfolio")
+    sent = []
+    w = PlannerWorker(r, s, FOUR, dispatch=lambda ctx, q: sent.append(ctx), clock=ManualClock(time.time()))
+    prod = Producer(r, w.keys, FOUR, w.settings)
+    short = [prod.submit({"endpoint": "e", "service_s": 100, "priority": "NORMAL"}).id for _ in range(5)]
+    for _ in range(4):
+        prod.submit({"endpoint": "e", "service_s": 500, "priority": "NORMAL"})
+    w.tick()
+    first = list(sent)
+    assert {c.job_id for c in first} <= set(short) and len(first) == 4
+    later = [prod.submit({"endpoint": "e", "service_s": 100, "priority": "NORMAL"}).id for _ in range(3)]
+    for ctx in first:
+        assert PhaseRunner(r, w.settings, FOUR)._finish(ctx, "completed", "") == "completed"
+    w.tick()
+    assert len(planned) == 2
+    assert {c.job_id for c in sent[len(first):]} == {short[4], *later}

@@ -110,7 +110,8 @@ class KeptPlan:
     formed: FormedBatch  # the batch's traceparents, submission times and submitted levels
     planned_at: float  # clock.monotonic() when it was planned
     done: set[str] = field(default_factory=set)  # jobs started since (or passed over: gone from the queue)
-    alike: set[str] = field(default_factory=set)  # queued jobs it did not read, checked alike a kept one (follow)
+    # queued jobs it did not read, read once: id -> (endpoint, service_s, level) (follow)
+    alike: dict[str, tuple[str, float, Priority]] = field(default_factory=dict)
 
 
 @dataclass
