@@ -117,15 +117,17 @@ class FollowKeptPlan:
         snapshot = ctx.snapshot
         assert snapshot is not None, "ReadSnapshot runs before FollowKeptPlan"
         age_s = env.clock.monotonic() - kept_plan.planned_at
-        unread = _unread_heads(kept_plan, snapshot.queue_heads)
-        unread_classes = _unread_classes(env, kept_plan, unread) if unread is not None else None
-        if (age_s > env.settings.plan_follow_s or ctx.reclaimed or snapshot.down_gpus or snapshot.workloads_active
-                or unread_classes is None):
+        if age_s > env.settings.plan_follow_s or ctx.reclaimed or snapshot.down_gpus or snapshot.workloads_active:
             ctx.kept.followed = None
             return
         held = snapshot.unavailable_gpus(env.gpus)
         free = {gpu.uuid for gpu in env.gpus} - held
         if not free:  # nothing to start: the full tick forms no batch either, and the plan stands
+            return
+        unread = _unread_heads(kept_plan, snapshot.queue_heads)
+        unread_classes = _unread_classes(env, kept_plan, unread) if unread is not None else None
+        if unread_classes is None:
+            ctx.kept.followed = None
             return
         residents = {gpu.uuid: value for gpu, value in zip(env.gpus, snapshot.residents)}
         assignments = next_starts(kept_plan, held, residents)
