@@ -187,11 +187,14 @@ class _BatchScan:
         """The PlanJob of a queued job at its own level (its meta and level noted), from its
         record's fields (strings as Redis answers them; ``helpers``: a JSON list of the
         workload function's helper endpoints, placed with the job)."""
-        release_s = float(submitted) / self.settings.time_scale  # workload clock; service, deadline: workload s
+        submitted_s = float(submitted) / self.settings.time_scale  # workload clock; service, deadline: workload s
+        # a queued job is released now at the latest: a producer whose clock runs ahead of the
+        # planner's must not make its job look released in the future (it would not start now)
+        release_s = min(submitted_s, self.env.now_s())
         self.out.meta[job_id] = (traceparent or "", float(submitted))
         self.out.own_level[job_id] = level
         return PlanJob(job_id, endpoint, float(level.weight), release_s, float(service), int(level), (),
-                       release_s + float(due) if due else None, int(seq),
+                       submitted_s + float(due) if due else None, int(seq),
                        tuple(json.loads(helpers)) if helpers else ())
 
     def take(self, level: Priority, ids: list[str], jobs: list[PlanJob], room: int, offset: int = 0) -> int:

@@ -213,7 +213,7 @@ class CriticalLane:
         host_liveness.queue_reads(pipe, env.keys, hosts)
         record, holders, resident_values, seen, live = pipe.execute()
         read_ms = (time.monotonic() - started) * 1000.0
-        job = _plan_job(job_id, dict(zip(_JOB_FIELDS, record)), env.settings.time_scale)
+        job = _plan_job(job_id, dict(zip(_JOB_FIELDS, record)), env.settings.time_scale, env.now_s())
         if isinstance(job, str):
             return LaneOutcome(job)
         model = self.kept.endpoints.get(job.endpoint)
@@ -232,7 +232,8 @@ class CriticalLane:
         args = (groups, unavailable, is_warm, residents, self.kept.starting_gpus)
         placement = place_critical(*args, {}, now_s, model.cold_start_s, None)
         ctx = TickContext(env, self.kept, self.token)
-        ctx.formed.meta[job.id] = (record[_JOB_FIELDS.index("traceparent")] or "", job.release_s * env.settings.time_scale)
+        ctx.formed.meta[job.id] = (record[_JOB_FIELDS.index("traceparent")] or "",
+                                   float(record[_JOB_FIELDS.index("submitted_at")]))
         ctx.formed.own_level[job.id] = Priority.CRITICAL
         if placement is None:
             placement = self._preemption(ctx, args, now_s, model.cold_start_s, down)
@@ -274,8 +275,9 @@ class CriticalLane:
         return LaneOutcome(outcome, placement.gpus, placement.victims)
 
 
-def _plan_job(job_id: str, rec: dict[str, str | None], time_scale: float) -> PlanJob | str:
-    """The planner's view of a queued CRITICAL job's record, or why the lane leaves it."""
+def _plan_job(job_id: str, rec: dict[str, str | None], time_scale: float, now_s: float) -> PlanJob | str:
+    """The planner's view of a queued CRITICAL job's record (released at ``now_s``, workload s,
+    at the latest: a producer's clock may run ahead), or why the lane leaves it."""
     if rec.get("state") != "queued" or rec.get("priority") != Priority.CRITICAL.name:
         return "not_queued"
     if rec.get("deps") not in (None, "", "[]"):
@@ -283,7 +285,8 @@ def _plan_job(job_id: str, rec: dict[str, str | None], time_scale: float) -> Pla
     endpoint, service_s, submitted_at = rec.get("endpoint"), rec.get("service_s"), rec.get("submitted_at")
     if not endpoint or service_s is None or submitted_at is None:
         return "not_queued"
-    release_s = float(submitted_at) / time_scale
+    submitted_s = float(submitted_at) / time_scale
+    release_s = min(submitted_s, now_s)
     due = rec.get("deadline_s")
     return PlanJob(job_id, endpoint, float(Priority.CRITICAL.weight), release_s, float(service_s),
-                   int(Priority.CRITICAL), (), release_s + float(due) if due else None, int(rec.get("seq") or 0))
+                   int(Priority.CRITICAL), (), submitted_s + float(due) if due else None, int(rec.get("seq") or 0))

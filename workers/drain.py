@@ -28,10 +28,10 @@ from makespan.awaited import leaked
 from makespan.planner.restore import plan_restores
 from makespan.workers.phases import PhaseContext, instance_value
 from makespan.workers.starts import send
+from makespan.workers.tick.clock import starts_now
 from makespan.workers.tick.context import TickContext, TickEnv
 
 log = logging.getLogger("makespan.planner")
-NOW_TOL_S = 1e-3  # workload s: a planned restore starting within this of the tick's now starts now
 
 
 class RestorePlanned:
@@ -55,7 +55,7 @@ class RestorePlanned:
         # absolute tolerance, as a relative one (1e-6 of a unix time ≈ 1800 s) started restores
         # planned after a job still waiting for the group, delaying that job
         for assignment in plan_restores(plan.assignments, ctx.batch, state, "group"):
-            if assignment.start_s <= state.now_s + NOW_TOL_S and not ctx.taken.intersection(assignment.gpus):
+            if starts_now(assignment.start_s, state.now_s) and not ctx.taken.intersection(assignment.gpus):
                 start_restore(ctx, state.set_point[assignment.gpus[0]], tuple(assignment.gpus), ctx.taken)
 
 

@@ -16,7 +16,8 @@ from dataclasses import replace
 from makespan.planner.prewarm import prewarm_wakes
 from makespan.planner.simulator import recent_share
 from makespan.workers import host_liveness
-from makespan.workers.drain import NOW_TOL_S, start_restore
+from makespan.workers.drain import start_restore
+from makespan.workers.tick.clock import NOW_TOL_S
 from makespan.workers.fleet_view import read_fleet_gpus, read_fleet_state
 from makespan.workers.tick.context import TickContext
 

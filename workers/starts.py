@@ -29,6 +29,7 @@ from makespan.models import Priority
 from makespan.planner.model import PlanJob
 from makespan.workers.leases import Lease
 from makespan.workers.phases import PhaseContext, instance_value
+from makespan.workers.tick.clock import starts_now
 from makespan.workers.tick.context import TickContext, TickEnv
 
 log = logging.getLogger("makespan.planner")
@@ -52,10 +53,9 @@ class StartPlanned:
         now_s = ctx.fleet_state.now_s
         jobs = {job.id: job for job in ctx.batch}
         ctx.taken = set(ctx.held_gpus)
-        eps = 1e-6 * max(1.0, abs(now_s))
         starts: list[Start] = []
         for assignment in sorted(ctx.plan.assignments, key=lambda planned: (planned.start_s, planned.end_s)):
-            if assignment.start_s > now_s + eps or ctx.taken.intersection(assignment.gpus):
+            if not starts_now(assignment.start_s, now_s) or ctx.taken.intersection(assignment.gpus):
                 continue
             ctx.taken.update(assignment.gpus)
             starts.append((jobs[assignment.job_id], assignment.gpus, assignment.end_s, assignment.load))

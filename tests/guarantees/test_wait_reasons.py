@@ -237,6 +237,28 @@ def test_live_reservation_with_backfill(r, settings, env):
     assert [(c.job_id, c.gpus) for c in sent] == [(short, ["GPU-a-0"])]  # backfilled
 
 
+def test_live_reservation_holds_when_the_deferred_job_lands_behind_it(r, settings, env):
+    """The deferred job is planned on the reserved GPU a-0 after the gang (host b is busy for
+    much longer): a-0 is free now, but the job is planned to start there at +1,000 s, behind
+    the reservation, so the tick must not start it now. (The start rule used to take any
+    assignment on free GPUs planned within 1e-6 × the workload clock of now: at
+    ``time_scale`` 0.01 that is 1.8e5 workload s, and the job took the reserved GPU.)"""
+    w, prod, sent = _setup(r, settings, TWO_BY_FOUR)
+    ends = {"a": [None, 100.0, 200.0, 400.0], "b": [5000.0, 5000.0, 5000.0, 5000.0]}
+    for h, xs in ends.items():
+        for i, end_s in enumerate(xs):
+            if end_s is not None:
+                _lease(r, w, prod, f"GPU-{h}-{i}", priority="NORMAL", service_s=end_s)
+    gang = prod.submit({"endpoint": "four", "service_s": 600, "priority": "NORMAL"}).id
+    aged_s = settings.reservation_after_s + 100.0
+    r.hset(w.keys.job(gang), "submitted_at", repr(time.time() - aged_s * settings.time_scale))
+    long_ = prod.submit({"endpoint": "e", "service_s": 500, "priority": "NORMAL"}).id
+    w.tick()
+    assert sent == [], "the 500 s job is planned on a-0 after the gang: not started now"
+    assert "GPU-a-0" in _why(gang, "reserved")
+    assert gang in _why(long_, "behind_reservation")
+
+
 def test_every_reason_code_was_shown():
     """Runs last in this module: the codes the tests above reached, against the fixed set."""
     assert SEEN == set(REASONS)

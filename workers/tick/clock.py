@@ -17,6 +17,19 @@ import time
 from typing import Protocol
 
 
+NOW_TOL_S = 1e-3  # workload s: a planned start within this of the tick's now starts now
+NOW_REL_TOL = 1e-13  # and within this fraction of now_s (a few hundred float ulps: see starts_now)
+
+
+def starts_now(start_s: float, now_s: float) -> bool:
+    """Whether an assignment planned to start at ``start_s`` (workload s) starts at the tick's
+    ``now_s``: within ``NOW_TOL_S``, or within ``NOW_REL_TOL × |now_s|`` (the workload clock
+    is unix time ÷ ``time_scale``: at ``time_scale`` 1e-4 it is ~1.8e13 and one float ulp
+    is ~0.004 s). A plan's start later than that waits for a later tick, even on free GPUs:
+    the plan put it behind something (a reservation, a gang waiting for a busy GPU)."""
+    return start_s <= now_s + max(NOW_TOL_S, NOW_REL_TOL * abs(now_s))
+
+
 class Clock(Protocol):
     """What the planner worker asks of a clock."""
 
