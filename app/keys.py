@@ -31,8 +31,9 @@ key                                    type    contents
 ``P:planner:leader``                   string  planner leader lock (redis-py Lock)
 ``P:planner:fence``                    string  planner fencing counter
 ``P:planner:solve_s``                  list    the planner's latest solve times (fleet_view)
-``P:planner:wake``                     list    wake-ups for the planner: ``1`` a job queued,
-                                               ``release`` a lease gave its GPUs back (WAKE_RELEASE)
+``P:planner:wake``                     list    wake-ups for the planner (first 16 kept): ``1`` a job
+                                               queued (at the tail), ``release`` a lease gave its
+                                               GPUs back (WAKE_RELEASE, at the head)
 ``P:planner:critical``                 list    ids of CRITICAL jobs just submitted, for the leader's
                                                critical lane (makespan.workers.critical_lane)
 ``P:planner:reasons``                  hash    wait reason code -> queued jobs the planner's last

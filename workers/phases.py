@@ -838,7 +838,9 @@ class PhaseRunner:
         """Fenced ops that free the lease's GPUs and forget the lease (and wake the planner)."""
         ops: list[tuple] = [("DEL", self.keys.gpu(g)) for g in ctx.gpus]
         wake = self._wake_key.get(ctx.gpus[0], self.keys.planner_wake) if ctx.gpus else self.keys.planner_wake
-        return ops + [("RPUSH", wake, WAKE_RELEASE), ("LTRIM", wake, -16, -1),
+        # at the head of the wake list, which every push trims to its first 16: a burst of
+        # submits behind it never drops a release (the planner then plans at once)
+        return ops + [("LPUSH", wake, WAKE_RELEASE), ("LTRIM", wake, 0, 15),
                       ("DEL", self.keys.lease(ctx.lease_id)), ("ZREM", self.keys.leases, ctx.lease_id),
                       ("DEL", self.keys.phase(ctx.lease_id)), ("DEL", self.keys.busy(ctx.lease_id))]
 

@@ -222,10 +222,25 @@ class PlannerWorker:
                 *queued, rest, _deleted = p.execute()
                 released = got[1] == WAKE_RELEASE or WAKE_RELEASE in rest
                 if not released and sum(queued) < self.settings.batch_size:
-                    self._stop.wait(self.settings.batch_wait_s)
-                    self.r.delete(self.keys.planner_wake)
+                    self._batch_wait(self.settings.batch_wait_s)
         except redis.RedisError:
             self._stop.wait(self.settings.planner_tick_s)
+
+    def _batch_wait(self, wait_s: float) -> None:
+        """Wait up to ``wait_s`` for more arrivals, ending early when a lease release
+        (:data:`WAKE_RELEASE`, pushed at the head of the wake list, so no burst of submits
+        trims it) or a stop comes; the wake-ups read meanwhile are covered by the coming
+        tick."""
+        deadline = time.monotonic() + wait_s
+        while not self._stop.is_set():
+            left_s = deadline - time.monotonic()
+            if left_s <= 0:
+                break
+            # a blocking read must end before the socket timeout, which would raise
+            got = self.r.blpop([self.keys.planner_wake], timeout=min(left_s, self.settings.redis_socket_timeout_s / 2))
+            if got and got[1] == WAKE_RELEASE:
+                break
+        self.r.delete(self.keys.planner_wake)
 
     def run(self) -> None:
         """Stand by until leader, then tick until stopped or deposed (then stand by again).

@@ -21,7 +21,7 @@ def _worker(r, settings):
     sent = []
     w = PlannerWorker(r, s, ONE, dispatch=lambda ctx, q: sent.append(ctx))
     waits: list[float | None] = []
-    w._stop.wait = lambda timeout=None: waits.append(timeout)  # the batch wait, recorded instead of slept
+    w._batch_wait = lambda wait_s: waits.append(wait_s)  # the batch wait, recorded instead of waited
     return w, sent, waits
 
 
@@ -36,10 +36,40 @@ def test_a_submit_wake_waits_for_more_arrivals_a_release_wake_does_not(r, settin
     prod.submit({"endpoint": "e", "service_s": 100, "priority": "NORMAL"})
     w._wait_for_work()
     assert waits == [5.0, 5.0]
-    # the first job ends: its GPU worker's release pushes WAKE_RELEASE after the submit's "1"
+    # the first job ends: its GPU worker's release goes at the head, before the submit's "1",
+    # and a burst of submits behind it does not trim it (the list keeps its first 16)
     prod.submit({"endpoint": "e", "service_s": 100, "priority": "NORMAL"})
     assert PhaseRunner(r, w.settings, ONE)._finish(sent[0], "completed", "") == "completed"
-    assert r.lrange(w.keys.planner_wake, 0, -1) == ["1", WAKE_RELEASE]
+    for _ in range(20):
+        prod.submit({"endpoint": "e", "service_s": 100, "priority": "NORMAL"})
+    assert r.lrange(w.keys.planner_wake, 0, -1) == [WAKE_RELEASE] + ["1"] * 15
     w._wait_for_work()
     assert waits == [5.0, 5.0]  # planned at once: the freed GPU does not idle for batch_wait_s
     assert not r.exists(w.keys.planner_wake)  # the coming tick covers every wake-up so far
+
+
+def test_a_release_during_the_batch_wait_ends_it(r, settings):
+    """A submit wakes the planner and it waits up to batch_wait_s for more arrivals; a lease
+    released meanwhile ends the wait (the freed GPU must not idle for the rest of it)."""
+    import threading
+    import time
+
+    s = dataclasses.replace(settings, batch_wait_s=30.0, batch_size=256, lease_ttl_s=60.0, policy="portfolio")
+    sent = []
+    w = PlannerWorker(r, s, ONE, dispatch=lambda ctx, q: sent.append(ctx))
+    prod = Producer(r, w.keys, ONE, w.settings)
+    prod.submit({"endpoint": "e", "service_s": 100, "priority": "NORMAL"})
+    w.tick()
+    prod.submit({"endpoint": "e", "service_s": 100, "priority": "NORMAL"})
+    ended = threading.Event()
+    waiter = threading.Thread(target=lambda: (w._wait_for_work(), ended.set()), daemon=True)
+    waiter.start()
+    deadline = time.monotonic() + 10.0
+    while r.exists(w.keys.planner_wake) and time.monotonic() < deadline:  # the waiter took the submit's wake-up
+        ended.wait(0.01)
+    prod.submit({"endpoint": "e", "service_s": 100, "priority": "NORMAL"})  # a submit does not end the wait
+    assert not ended.wait(0.3)
+    assert PhaseRunner(r, w.settings, ONE)._finish(sent[0], "completed", "") == "completed"
+    assert ended.wait(10.0), "the release did not end the 30 s batch wait"
+    waiter.join(5.0)
+    assert not r.exists(w.keys.planner_wake)

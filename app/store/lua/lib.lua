@@ -81,7 +81,7 @@ local function requeue_job(prefix, job_id, reason)
   redis.call('ZADD', key_queue(prefix, rec[1], rec[3]), tonumber(rec[2]), job_id)
   if rec[3] and rec[3] ~= '' then
     redis.call('RPUSH', key_planner_wake(prefix, rec[3]), '1')
-    redis.call('LTRIM', key_planner_wake(prefix, rec[3]), -16, -1)
+    redis.call('LTRIM', key_planner_wake(prefix, rec[3]), 0, 15)
   end
   return rec[1]
 end

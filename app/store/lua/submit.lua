@@ -53,7 +53,7 @@ end
 if ARGV[1] == '1' then redis.call('SET', KEYS[1], ARGV[2]) end
 append_event(KEYS[5], ev)
 redis.call('RPUSH', KEYS[6], '1')
-redis.call('LTRIM', KEYS[6], -16, -1)
+redis.call('LTRIM', KEYS[6], 0, 15)  -- the first 16: a release LPUSHed at the head stays
 if ARGV[7] == '1' and not due then
   redis.call('RPUSH', KEYS[8], ARGV[2])
   redis.call('LTRIM', KEYS[8], -256, -1)
