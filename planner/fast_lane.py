@@ -326,7 +326,9 @@ def enforce(p: Plan, batch: Sequence[PlanJob], state: FleetState, levels: Levels
     the state the forced placements leave (:func:`makespan.planner.replay.state_after`);
     when given, the forced placements plus its plan compete with the rebuilt list schedule
     and the lower score is kept if no lane job is late in it
-    (``stats['fast_lane_replanned']`` = 1 when the replan won).
+    (``stats['fast_lane_replanned']`` = 1 when the replan won) — except when ``p`` holds an
+    aged job's reservation (``stats['reserved']``): the replan does not know it, so only the
+    rebuild, in ``p``'s order, is kept.
 
     Returns ``(plan, late)``; ``plan.stats['fast_lane_late']`` = ``late`` when rebuilt."""
     if not levels or not batch or p.preemptions:
@@ -380,7 +382,10 @@ def enforce(p: Plan, batch: Sequence[PlanJob], state: FleetState, levels: Levels
                 if trial is not None and score(trial) < score(ev) - TOL_S and not late_in(trial):
                     choice, first, ev = {**choice, jid: g}, trial_first, trial
     rest = [j for j in batch if j.id not in forced]
-    if replan is not None and rest and not late:
+    reserved = bool(p.stats.get("reserved"))  # a reservation in p (makespan.planner.reservation.enforce)
+    # the replan is a fresh plan of the rest that knows nothing of the reservation: with one,
+    # only the rebuild (p's order, the reservation's backfill and deferrals kept) competes
+    if replan is not None and rest and not late and not reserved:
         q = replan(rest, state_after(state, jobs, first, forced))
         if not q.preemptions:
             alt = evaluate_retimed(list(first) + list(q.assignments), batch, state, p.policy, objective)
@@ -389,6 +394,8 @@ def enforce(p: Plan, batch: Sequence[PlanJob], state: FleetState, levels: Levels
                 ev = alt
     ev.stats["fast_lane_late"] = float(n_late)
     ev.stats["fast_lane_forced"] = float(len(forced))
+    if reserved:
+        ev.stats["reserved"] = 1.0
     return ev, n_late
 
 

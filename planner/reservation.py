@@ -86,7 +86,8 @@ def reservation_for(job: PlanJob, state: FleetState) -> Reservation | None:
 def enforce(p: Plan, batch: Sequence[PlanJob], state: FleetState, after_s: float | None,
             objective: str = "weighted_completion") -> tuple[Plan, list[Reservation]]:
     """``p`` with the aged job's reservation honoured (module doc), and the reservations
-    (at most one; [] when ``after_s`` is None or no job has aged). ``p`` must be a plan of
+    (at most one; [] when ``after_s`` is None or no job has aged; with one, the plan's
+    ``stats['reserved']`` is 1, which :func:`makespan.planner.fast_lane.enforce` reads). ``p`` must be a plan of
     ``batch`` on ``state`` without preemptions (a plan with preemptions is returned as is);
     a rebuilt plan has no restores (plan them after, :func:`makespan.planner.restore.with_restores`)
     and is scored with ``objective``."""
@@ -100,6 +101,7 @@ def enforce(p: Plan, batch: Sequence[PlanJob], state: FleetState, after_s: float
         return p, []
     mine = p.by_job().get(job.id)
     if mine is not None and mine.start_s <= res.start_s + TOL_S:
+        p.stats["reserved"] = 1.0
         return p, [res]
     jobs = {j.id: j for j in batch}
     rep = Replay(state)
@@ -127,6 +129,8 @@ def enforce(p: Plan, batch: Sequence[PlanJob], state: FleetState, after_s: float
     ev = evaluate_retimed(out, batch, state, p.policy, objective)
     if ev is None:  # no consistent timing of the rebuild (evaluate_retimed): the policy's plan stands
         p.stats["reservation_unrebuilt"] = 1.0
+        p.stats["reserved"] = 1.0
         return p, [res]
     ev.stats["reservation_deferred"] = float(len(deferred))
+    ev.stats["reserved"] = 1.0
     return ev, [replace(res, deferred=tuple(j.id for j in deferred))]

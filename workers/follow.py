@@ -24,6 +24,10 @@ plan:
   so the improver's better plans, set-point restores and the queue's other jobs wait at
   most that long for a full tick;
 * no expired lease was reclaimed this tick, no host is down, no workload is active;
+* no kept job that had not aged when the plan was made has reached the aging bound
+  (``Settings.reservation_after_s``) since: it may need a reservation, which only a full
+  tick gives; and the tick after the one that starts the job holding the plan's
+  reservation is a full one (the next aged job gets its reservation there);
 * no queued job should go before the kept ones in a fresh plan: no CRITICAL or HIGH job
   heads its queue; each queued job the plan did not read (or read and started, and that is
   queued again: a preemption's victim) comes after every kept job of its level, at a level
@@ -50,7 +54,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from makespan.models import Priority
-from makespan.planner.model import Assignment
+from makespan.planner.model import Assignment, PlanJob
 from makespan.workers.phases import parse_instance
 from makespan.workers.starts import Start, start_many
 from makespan.workers.tick.context import FormedBatch, KeptPlan, TickContext, TickEnv
@@ -117,7 +121,8 @@ class FollowKeptPlan:
         snapshot = ctx.snapshot
         assert snapshot is not None, "ReadSnapshot runs before FollowKeptPlan"
         age_s = env.clock.monotonic() - kept_plan.planned_at
-        if age_s > env.settings.plan_follow_s or ctx.reclaimed or snapshot.down_gpus or snapshot.workloads_active:
+        if (age_s > env.settings.plan_follow_s or ctx.reclaimed or snapshot.down_gpus or snapshot.workloads_active
+                or env.now_s() >= kept_plan.ages_at_s):
             ctx.kept.followed = None
             return
         held = snapshot.unavailable_gpus(env.gpus)
@@ -154,6 +159,8 @@ class FollowKeptPlan:
         if not started:
             ctx.formed, ctx.plan = FormedBatch(), None
             return
+        if kept_plan.reserved & started:  # the next aged job gets its reservation from a full tick
+            ctx.kept.followed = None
         ctx.followed = True
         ctx.kept.reasons_stale = True  # the queued jobs' reasons are the kept plan's (batch.FormBatch refreshes them)
         ctx.held_gpus = held
@@ -250,5 +257,21 @@ class KeepPlan:
                 and not snapshot.down_gpus and not plan.preemptions and not ctx.victims
                 and not ctx.formed.unready and not ctx.formed.awaited and not ctx.requeued_now
                 and all(job.priority in FOLLOW_LEVELS for job in ctx.batch))
+        if not safe or ctx.fleet_state is None:
+            kept.followed = None
+            return
         kept.followed = KeptPlan(plan, {job.id: job for job in ctx.batch}, ctx.formed, env.clock.monotonic(),
-                                 set(ctx.dispatched)) if safe else None
+                                 set(ctx.dispatched), reserved=frozenset(ctx.reservations),
+                                 ages_at_s=_ages_at(ctx.batch, ctx.dispatched, ctx.fleet_state.now_s,
+                                                    env.settings.reservation_after_s))
+
+
+def _ages_at(batch: Sequence[PlanJob], started: set[str], now_s: float, after_s: float | None) -> float:
+    """Workload s: the earliest time a job of ``batch`` not in ``started`` that has not aged
+    by ``now_s`` reaches the aging bound ``after_s`` (inf: none, or aging off). Jobs aged
+    already were seen by the full tick's reservation (one holds it; the next gets it from
+    the full tick after that one starts: ``KeptPlan.reserved``)."""
+    if after_s is None:
+        return float("inf")
+    return min((job.release_s + after_s for job in batch
+                if job.id not in started and job.release_s + after_s > now_s), default=float("inf"))

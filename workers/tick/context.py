@@ -112,6 +112,10 @@ class KeptPlan:
     done: set[str] = field(default_factory=set)  # jobs started since (or passed over: gone from the queue)
     # queued jobs it did not read, read once: id -> (endpoint, service_s, level) (follow)
     alike: dict[str, tuple[str, float, Priority]] = field(default_factory=dict)
+    # workload s: when the first kept job that had not aged when planned reaches the aging
+    # bound (Settings.reservation_after_s; a full tick must then give it its reservation)
+    ages_at_s: float = float("inf")
+    reserved: frozenset[str] = frozenset()  # the jobs holding the plan's reservation (a full tick after they start)
 
 
 @dataclass
