@@ -50,6 +50,7 @@ from makespan.workers.plan_view import publish_plan
 from makespan.workers.preemption import Preempt
 from makespan.workers.prewarm import PrewarmSleepers
 from makespan.workers.starts import StartPlanned
+from makespan.workers.tick.clock import starts_now
 from makespan.workers.tick.context import TickContext
 from makespan.workers.wait_reasons import WriteWaitReasons
 
@@ -158,7 +159,7 @@ class PlanBatch:
         solve_s = env.clock.monotonic() - started_at_s
         metrics.observe_solve(solve_s, len(batch))
         kept.starting_gpus = frozenset(gpu for assignment in chosen.assignments  # the critical lane avoids them
-                                       if assignment.start_s <= state.now_s + 1e-6 for gpu in assignment.gpus)
+                                       if starts_now(assignment.start_s, state.now_s) for gpu in assignment.gpus)
         kept.solve_stats.append(f"{solve_s:.6f}:{len(batch)}")  # written with the next snapshot
         ctx.plan = chosen  # published for the dashboard by PublishPlan, once the starts are leased
 
