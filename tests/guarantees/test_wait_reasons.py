@@ -53,6 +53,14 @@ def _lease(r, w, prod, gpu, priority="LOW", service_s=1000.0, ttl_s=60.0, endpoi
     return jid
 
 
+def _lease_all(r, w, prod, ends):
+    """A NORMAL job on each GPU ``GPU-{host}-{i}`` planned to end at ``ends[host][i]`` s (None: free)."""
+    for host, xs in ends.items():
+        for i, end_s in enumerate(xs):
+            if end_s is not None:
+                _lease(r, w, prod, f"GPU-{host}-{i}", priority="NORMAL", service_s=end_s)
+
+
 def _why(jid, reason):
     res = CliRunner().invoke(cli_app, ["why", jid])
     assert res.exit_code == 0, res.output
@@ -220,10 +228,7 @@ def test_live_reservation_with_backfill(r, settings, env):
     (behind_reservation), a 50 s job that ends before the reservation backfills it."""
     w, prod, sent = _setup(r, settings, TWO_BY_FOUR)
     ends = {"a": [None, 100.0, 200.0, 400.0], "b": [450.0, 500.0, 550.0, 600.0]}
-    for h, xs in ends.items():
-        for i, end_s in enumerate(xs):
-            if end_s is not None:
-                _lease(r, w, prod, f"GPU-{h}-{i}", priority="NORMAL", service_s=end_s)
+    _lease_all(r, w, prod, ends)
     gang = prod.submit({"endpoint": "four", "service_s": 600, "priority": "NORMAL"}).id
     aged_s = settings.reservation_after_s + 100.0  # submitted that long ago (workload s)
     r.hset(w.keys.job(gang), "submitted_at", repr(time.time() - aged_s * settings.time_scale))
@@ -245,10 +250,7 @@ def test_live_reservation_holds_when_the_deferred_job_lands_behind_it(r, setting
     ``time_scale`` 0.01 that is 1.8e5 workload s, and the job took the reserved GPU.)"""
     w, prod, sent = _setup(r, settings, TWO_BY_FOUR)
     ends = {"a": [None, 100.0, 200.0, 400.0], "b": [5000.0, 5000.0, 5000.0, 5000.0]}
-    for h, xs in ends.items():
-        for i, end_s in enumerate(xs):
-            if end_s is not None:
-                _lease(r, w, prod, f"GPU-{h}-{i}", priority="NORMAL", service_s=end_s)
+    _lease_all(r, w, prod, ends)
     gang = prod.submit({"endpoint": "four", "service_s": 600, "priority": "NORMAL"}).id
     aged_s = settings.reservation_after_s + 100.0
     r.hset(w.keys.job(gang), "submitted_at", repr(time.time() - aged_s * settings.time_scale))
