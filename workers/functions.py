@@ -198,8 +198,11 @@ def run_function(definition: WorkloadDef, ctx: WorkloadContext, args: list[Any],
                 why = "timeout"
             elif now - cancel_checked > 2 * WATCH_S:
                 cancel_checked = now
-                if r.hget(keys.job(ctx.job_id), "cancel_requested") == "1":
-                    why = "cancel"
+                try:
+                    if r.hget(keys.job(ctx.job_id), "cancel_requested") == "1":
+                        why = "cancel"
+                except redis.RedisError as e:  # a blip: the function runs on, the heartbeat watches the lease
+                    log.warning("job %s: reading its cancel request failed (%r); trying again", ctx.job_id, e)
             if why:
                 ctx.cancelled.set()
                 stop_at = now + grace_s

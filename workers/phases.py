@@ -741,10 +741,15 @@ class PhaseRunner:
         spec = self._spec(ctx)
         name = spec.get("workload", "")
         definition = REGISTRY.get(name)
-        attempts, tries = self.r.hmget(self.keys.job(ctx.job_id), "attempts", "tries")
+        attempts, tries, cancel_requested = self.r.hmget(self.keys.job(ctx.job_id), "attempts", "tries",
+                                                         "cancel_requested")
         tries_done = int(tries or 0)
         attempt = 1 + int(attempts or 0) + tries_done
         reason = f"execute: {failure.error_type}: {failure.message}"[:2000]
+        if cancel_requested == "1":  # cancelled before the watcher saw it: a cancel, not a retry or a failure
+            metrics.workload_run(name or "unknown", "cancelled")
+            return self._finish(ctx, "cancelled", f"execute: cancelled while running (workload raised "
+                                                  f"{failure.error_type})")
         if definition is not None and failure.retryable and tries_done < definition.retries:
             metrics.workload_run(name, "retried")
             wait_s = definition.retry_backoff_s * 2 ** tries_done

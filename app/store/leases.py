@@ -202,7 +202,7 @@ class LeaseStore:
             cmd, key, *args = op
             if key not in keys:
                 keys.append(key)
-            encoded.append([cmd, keys.index(key) + 1, *[str(a) for a in args]])
+            encoded.append([cmd, keys.index(key) + 1, *[_lua_text(a) for a in args]])
         return bool(self._fenced(keys=keys, args=[lease.lease_id, lease.token, len(lease.gpus), json.dumps(encoded),
                                                   self.keys.script_prefix]))
 
@@ -309,3 +309,16 @@ class LeaseStore:
         except redis.RedisError as e:
             raise store_error(e, "read GPU holders") from e
         return dict(zip(gpus, holders))
+
+
+def _lua_text(value: Any) -> str:
+    """``str(value)`` as Lua's cjson can decode it from the ops' JSON: a lone surrogate
+    (``os.fsdecode`` of bytes that are not UTF-8, in an exception's message) becomes the
+    text ``\\udce9`` (cjson refuses the JSON escape of a lone surrogate, and the whole
+    fenced script with it)."""
+    text = str(value)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text

@@ -1,0 +1,142 @@
+"""A workload function's failure, cancel and a Redis blip on the GPU worker's side, driven
+in-process (run_warm / run_phases on a real Redis): three cases a review found that left a
+job running on a lease nobody renewed, or retried a cancelled one (2026-12-04)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import uuid
+
+import pytest
+import redis
+
+import makespan
+from makespan.client import Client
+from makespan.models import fleet_version, load_fleet
+from makespan.registry import publish
+from makespan.workers.leases import LeaseStore
+from makespan.workers.phases import PhaseContext, PhaseRunner, instance_value
+from makespan.workers.warm import run_phases, run_warm
+from tests.conftest import FLEET_TOML
+
+GPU = "GPU-host-a-3"
+HOOKS: dict = {}
+
+
+def _setup(r, keys, settings, *definitions):
+    fleet = load_fleet(FLEET_TOML)
+    r.set(keys.fleet, fleet.model_dump_json())
+    r.set(keys.fleet_version, fleet_version(fleet))
+    publish(r, keys, definitions, holder="test")
+    return fleet, Client(r, settings)
+
+
+def _lease(r, keys, settings, fleet, job_id, warm=True):
+    """Lease GPU for the queued ``job_id`` (its ``embed`` instance resident when ``warm``)."""
+    lease_id = uuid.uuid4().hex
+    if warm:
+        r.set(keys.resident(GPU), instance_value("embed", [GPU]))
+    priority = r.hget(keys.job(job_id), "priority")
+    lease = LeaseStore(r, keys).acquire(lease_id, (GPU,), settings.lease_ttl_s, job_id=job_id, kind="job",
+                                        holder="host-a", queue=keys.queue(priority))
+    assert lease is not None
+    ctx = PhaseContext(lease_id, lease.token, [GPU], "host-a", "job", "embed", job_id, priority,
+                       float(r.hget(keys.job(job_id), "service_s")))
+    return ctx, PhaseRunner(r, settings, fleet)
+
+
+def _undecodable() -> str:
+    return "cannot read " + os.fsdecode(b"/data/caf\xe9.bin")  # a lone surrogate (surrogateescape)
+
+
+@makespan.workload(endpoint="embed", name="tests.fail_undecodable")
+def fail_undecodable(ctx):
+    raise ValueError(_undecodable())
+
+
+@makespan.workload(endpoint="embed", name="tests.fail_undecodable_retry", retries=1, retry_backoff_s=0.1)
+def fail_undecodable_retry(ctx):
+    raise ValueError(_undecodable())
+
+
+@pytest.mark.parametrize("path", ["warm", "phases"])
+def test_an_exception_whose_message_is_not_utf8_fails_the_job_with_its_error(r, keys, settings, path):
+    """The message held a lone surrogate; the fenced commit's JSON carried its escape, which
+    Lua's cjson refuses: the script failed, the job stayed running on an unrenewed lease and
+    ran again at its expiry, never reporting the error."""
+    fleet, client = _setup(r, keys, settings, fail_undecodable)
+    job = client.submit("tests.fail_undecodable")
+    ctx, runner = _lease(r, keys, settings, fleet, job.id, warm=path == "warm")
+    assert (run_warm if path == "warm" else run_phases)(runner, ctx) == "failed"
+    with pytest.raises(makespan.WorkloadError) as failure:
+        job.result(timeout_s=1)
+    assert failure.value.error_type == "ValueError" and "cannot read /data/caf" in failure.value.message
+    assert not r.exists(keys.lease(ctx.lease_id)) and not r.exists(keys.gpu(GPU))
+
+
+def test_an_exception_whose_message_is_not_utf8_is_retried(r, keys, settings):
+    fleet, client = _setup(r, keys, settings, fail_undecodable_retry)
+    job = client.submit("tests.fail_undecodable_retry")
+    ctx, runner = _lease(r, keys, settings, fleet, job.id)
+    assert run_warm(runner, ctx) == "retried"
+    assert job.status()["state"] == "delayed"
+
+
+@makespan.workload(endpoint="embed", name="tests.runs_a_second")
+def runs_a_second(ctx):
+    HOOKS["started"].set()
+    end = time.monotonic() + 1.0
+    while time.monotonic() < end:
+        if ctx.cancelled:
+            return "stopped"
+        time.sleep(0.01)
+    return "done"
+
+
+class _OneBlip:
+    """The runner's client; its first read of ``cancel_requested`` while the function runs
+    fails (a socket timeout, a dropped connection)."""
+
+    def __init__(self, r):
+        self._r, self.failed = r, False
+
+    def hget(self, key, field):
+        if field == "cancel_requested" and HOOKS["started"].is_set() and not self.failed:
+            self.failed = True
+            raise redis.ConnectionError("blip")
+        return self._r.hget(key, field)
+
+    def __getattr__(self, name):
+        return getattr(self._r, name)
+
+
+def test_one_failed_cancel_poll_does_not_abandon_a_running_function(r, keys, settings):
+    """One failed read used to end the watch: the job stayed running, its heartbeat stopped,
+    and the function ran on unwatched while the lease expired."""
+    HOOKS["started"] = threading.Event()
+    fleet, client = _setup(r, keys, settings, runs_a_second)
+    job = client.submit("tests.runs_a_second")
+    ctx, runner = _lease(r, keys, settings, fleet, job.id)
+    blip = _OneBlip(r)
+    runner.r = blip
+    assert run_warm(runner, ctx) == "completed"
+    assert blip.failed and job.result(timeout_s=1) == "done"
+
+
+@makespan.workload(endpoint="embed", name="tests.cancelled_then_raises", retries=2, retry_backoff_s=0.2)
+def cancelled_then_raises(ctx):
+    HOOKS["cancel"]()  # the user's cancel lands, and the function raises before the watcher looks
+    raise RuntimeError("interrupted")
+
+
+def test_a_cancel_just_before_the_function_raises_is_a_cancel_not_a_retry(r, keys, settings):
+    fleet, client = _setup(r, keys, settings, cancelled_then_raises)
+    job = client.submit("tests.cancelled_then_raises")
+    HOOKS["cancel"] = lambda: r.hset(keys.job(job.id), "cancel_requested", "1")
+    ctx, runner = _lease(r, keys, settings, fleet, job.id)
+    assert run_warm(runner, ctx) == "cancelled"
+    assert job.status()["state"] == "cancelled" and r.zcard(keys.delayed) == 0
+    with pytest.raises(makespan.JobCancelled):
+        job.result(timeout_s=1)
