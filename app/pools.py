@@ -125,10 +125,11 @@ def choose_pool(fleet: FleetSpec, endpoint: str, choices: list[PoolChoice]) -> s
     The rule, in order:
 
     1. Only pools with a live offer count, unless none has one (then all do).
-    2. A pool *can start it now* when its idle warm instances of the endpoint plus the gangs
-       its free GPUs hold are more than the jobs queued there at the job's level or above.
-       Among those: one with an idle warm instance first (no cold start), then the most such
-       room left (warm + free gangs - ahead), then file order.
+    2. A pool *can start it now* when the gangs of the endpoint its free GPUs hold are more
+       than the jobs queued there at the job's level or above (an idle warm instance is on
+       free GPUs, so it is one of those gangs). Among those: one with an idle warm instance
+       first (no cold start), then the most such room left (free gangs - ahead), then file
+       order.
     3. Otherwise the least loaded: (queued jobs + GPUs held) ÷ GPUs, lowest first (GPUs held
        are the pool's GPUs minus its free ones; 0 without an offer), then file order.
     """
@@ -139,7 +140,7 @@ def choose_pool(fleet: FleetSpec, endpoint: str, choices: list[PoolChoice]) -> s
         if choice.offer is None:
             continue
         warm = choice.offer.warm.get(endpoint, 0)
-        room = warm + choice.offer.free_gangs(fleet, endpoint) - choice.ahead
+        room = choice.offer.free_gangs(fleet, endpoint) - choice.ahead  # warm instances are on free GPUs: counted
         if room > 0:
             now.append((0 if warm else 1, -room, order, choice.pool))
     if now:

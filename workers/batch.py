@@ -159,12 +159,15 @@ class _BatchScan:
             pipe = self.r.pipeline(transaction=False)
             for job_id in frontier:
                 pipe.hmget(self.keys.job(job_id), "endpoint", "service_s", "submitted_at", "seq", "deps", "state",
-                           "traceparent", "deadline_s", "priority", "helpers")
+                           "traceparent", "deadline_s", "priority", "helpers", "pool")
             next_frontier = []
             for job_id, fields in zip(frontier, pipe.execute()):
-                endpoint, service, submitted, seq, deps_json, state, traceparent, due, priority_name, helpers = fields
+                (endpoint, service, submitted, seq, deps_json, state, traceparent, due, priority_name, helpers,
+                 pool) = fields
                 if endpoint is None or state != "queued" or priority_name not in Priority.__members__:
                     continue
+                if (pool or None) != self.keys.pool:  # another pool's job: its own planner plans it (and
+                    continue                          # it inherits the dependant's level there, P:awaited)
                 deps_of = tuple(json.loads(deps_json)) if deps_json else ()
                 if deps_of and not all(self.r.hget(self.keys.job(dep), "state") == "completed" for dep in deps_of):
                     self.out.awaited.update(deps_of)

@@ -219,3 +219,36 @@ def test_a_pool_planners_metrics_label_its_pools_gauges(r, settings, keys):
     assert all("pool" in s.labels for s in families["makespan_queued_jobs_by_reason"].samples)
     plain = {f.name: f for f in RedisStateCollector(r, keys).collect()}  # the implicit pool: no pool label
     assert all("pool" not in s.labels for s in plain["makespan_queue_depth_jobs"].samples)
+
+
+@pytest.mark.parametrize("time_scale", [0.01, 1.0])
+def test_a_dependency_in_another_pool_is_left_to_its_own_planner(r, settings, keys, time_scale):
+    """A pool b job depends on a queued pool a job of an endpoint pool b does not serve: pool
+    b's planner pulled the dependency into its own batch (to plan what its steps wait on)
+    and the plan raised KeyError, ending the planner process (found by a review)."""
+    workers, prod, sent = _planners(r, dataclasses.replace(settings, time_scale=time_scale))
+    for _ in range(2):
+        prod.submit({"endpoint": "onlya", "service_s": 500})
+    workers["a"].tick()  # pool a full: the dependency stays queued there
+    dependency = prod.submit({"endpoint": "onlya", "service_s": 5}).id
+    dependant = prod.submit({"endpoint": "onlyb", "service_s": 5, "depends_on": [dependency]}).id
+    assert (r.hget(keys.job(dependency), "pool"), r.hget(keys.job(dependant), "pool")) == ("a", "b")
+    workers["b"].tick()
+    workers["b"].tick()
+    assert sent["b"] == [] and r.hget(keys.job(dependency), "state") == "queued"
+    assert r.hget(keys.job(dependant), "wait_reason") == "waiting_for_dependency"
+
+
+def test_an_idle_warm_instance_is_not_counted_twice_when_routing(r, settings, keys):
+    """Pool a: one free GPU with an idle warm ``both`` instance and one job queued ahead;
+    pool b: two free GPUs. The warm instance counted once as warm and once as a free gang,
+    so pool a, which cannot start the job now, won."""
+    from makespan.pools import publish_offer
+
+    s = dataclasses.replace(settings, lease_ttl_s=60.0)
+    prod = Producer(r, Keys(s.key_prefix), FLEET, s)
+    prod.submit({"endpoint": "onlya", "service_s": 500})  # queued in pool a, ahead of the next job
+    publish_offer(r, keys.for_pool("a"), PoolOffer("a", 2, {"a1": [0]}, {"both": 1}, time.time()), 5.0)
+    publish_offer(r, keys.for_pool("b"), PoolOffer("b", 2, {"b1": [0], "b2": [0]}, {}, time.time()), 5.0)
+    job = prod.submit({"endpoint": "both", "service_s": 5}).id
+    assert r.hget(keys.job(job), "pool") == "b"
