@@ -64,7 +64,8 @@ def preempt(r: redis.Redis, keys: Keys, lease_id: str, by_job: str, planner_toke
     Returns:
         ``"preempted"`` or ``"cancelled"``; or why nothing was done: ``"gone"``,
         ``"not_a_job"``, ``"not_leased"`` (its job is queued, delayed or final),
-        ``"executed"`` (its workload already ran: it only has to clear).
+        ``"executed"`` (its workload already ran: it only has to clear),
+        ``"preemptor_not_queued"`` (``by_job`` was leased or ended meanwhile).
     Raises:
         LeaseError: ``planner_token`` is stale (another planner leads).
         StoreError: Redis failed.

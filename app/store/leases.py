@@ -269,7 +269,8 @@ class LeaseStore:
             ``"preempted"`` or ``"cancelled"``; or why nothing was done: ``"gone"``,
             ``"not_a_job"``, ``"not_leased"`` (its job is in neither state a lease holds a
             job in: queued, delayed or final), ``"executed"`` (its workload already ran: it
-            only has to clear).
+            only has to clear), ``"preemptor_not_queued"`` (``by_job`` has a record and is no
+            longer queued: leased by another path meanwhile, or cancelled).
         Raises:
             LeaseError: ``planner_token`` is stale (another planner leads).
             StoreError: Redis failed.

@@ -180,3 +180,19 @@ def test_submits_write_queued_or_delayed_from_no_record(r, keys):
     jobs.submit("j2", {"id": "j2", "state": "queued", "priority": "NORMAL"}, json.dumps({"kind": "submitted"}),
                 keys.queue("NORMAL"), delay_s=60.0)
     assert allowed(None, state_of(r, keys, "j1")) and state_of(r, keys, "j2") == JobState.DELAYED
+
+
+@pytest.mark.parametrize("preemptor", ["leased", "cancelled", "queued", None])
+def test_preempt_is_refused_for_a_preemptor_no_longer_queued(r, keys, preemptor):
+    """The critical lane read its CRITICAL job queued, then a tick leased it elsewhere: the
+    victim must not lose its run for a job that no longer needs the GPUs (a review's find)."""
+    leases, _ = leased_job(r, keys, JobState.RUNNING)
+    if preemptor is not None:
+        r.hset(keys.job("j2"), mapping={"state": preemptor, "priority": "CRITICAL"})
+    outcome = leases.preempt("L1", "j2")
+    if preemptor in ("leased", "cancelled"):
+        assert outcome == "preemptor_not_queued"
+        assert state_of(r, keys) == JobState.RUNNING and r.hget(keys.lease("L1"), "job") == "j1"
+        assert r.hget(keys.job("j1"), "preemptions") is None
+    else:  # queued, or no record (a caller that names no job): as before
+        assert outcome == "preempted" and state_of(r, keys) == JobState.QUEUED

@@ -4,7 +4,8 @@
 -- twice), for a job that is not leased or running (TRANSITIONS has no way from another
 -- state to queued or cancelled by a preemption: nothing is changed, the lease stays with
 -- its holder or the reclaim) and for a deposed planner. A job whose cancel was requested
--- is cancelled.
+-- is cancelled. Refused too when the preemptor's record exists and it is no longer queued
+-- (leased meanwhile by another path, cancelled): the victim would lose its run for nothing.
 -- Library: lib
 -- Transitions: leased -> queued, running -> queued, leased -> cancelled, running -> cancelled
 --
@@ -19,9 +20,11 @@
 -- ARGV[4]  the preemptor's job id
 -- ARGV[5]  planner token ('' = unchecked)
 -- Returns {1, 'preempted' | 'cancelled'} or {0, why} with why in planner_fenced, gone,
--- not_a_job, not_leased, executed.
+-- not_a_job, not_leased, executed, preemptor_not_queued.
 local prefix = ARGV[3]
 if ARGV[5] ~= '' and redis.call('GET', KEYS[5]) ~= ARGV[5] then return {0, 'planner_fenced'} end
+local preemptor_state = redis.call('HGET', key_job(prefix, ARGV[4]), 'state')
+if preemptor_state and preemptor_state ~= 'queued' then return {0, 'preemptor_not_queued'} end
 local lease = redis.call('HGETALL', KEYS[1])
 if #lease == 0 then return {0, 'gone'} end
 local L = hash_table(lease)
