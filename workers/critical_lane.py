@@ -251,6 +251,9 @@ class CriticalLane:
         holders: dict[str, Holder | None] = {}
         free_at: dict[str, float] = {gpu: now_s + DOWN_FREE_AFTER_S for gpu in down}
         for gpu, lease_id in lease_of.items():
+            if gpu in down:  # no GPU worker to run a preemptor there: not a victim, and not free before the down time
+                holders[gpu] = None
+                continue
             rec = info.get(lease_id) or {}
             prio = Priority.__members__.get(rec.get("priority", "LOW"), Priority.LOW)
             holders[gpu] = Holder(lease_id, int(prio), rec.get("kind") == "job" and not executed.get(lease_id)

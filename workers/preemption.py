@@ -233,7 +233,11 @@ def _preempt_by_rule(ctx: TickContext) -> set[str]:
     lease_of, info, executed, awaited = lease_holders(ctx)
     bounded = within_bounds(ctx, info)
     holder: dict[str, Holder | None] = {}
+    down = ctx.snapshot.down_gpus if ctx.snapshot is not None else frozenset()
     for gpu, lease_id in lease_of.items():
+        if gpu in down:  # no GPU worker to run the preemptor there: its holder is no victim
+            holder[gpu] = None
+            continue
         rec = info.get(lease_id) or {}
         prio = Priority.__members__.get(rec.get("priority", "LOW"), Priority.LOW)
         holder[gpu] = Holder(lease_id, int(prio), rec.get("kind") == "job" and not executed.get(lease_id)

@@ -251,3 +251,40 @@ def test_a_job_the_lane_ran_between_two_ticks_gets_a_drain_check(r, settings):
     assert r.hget(w.keys.drain, "checks") == "2"
     w.tick()  # the same idle period again: no third check
     assert r.hget(w.keys.drain, "checks") == "2"
+
+
+@pytest.mark.parametrize("time_scale", [0.01, 1.0])
+@pytest.mark.parametrize("path", ["lane", "tick"])
+@pytest.mark.parametrize("mode", ["rule", "plan"])
+def test_no_preemption_onto_a_host_without_a_live_gpu_worker(r, settings, time_scale, path, mode):
+    """h1's GPU worker is gone while its LOW job's lease is still live: a CRITICAL job must
+    preempt the LOW job on h2, not h1's, where nothing would run it (the lane and the rule
+    picked h1's group, and the CRITICAL job waited for the lease to expire)."""
+    from makespan.models import parse_fleet
+    from makespan.workers import host_liveness
+    from makespan.workers.tick.clock import ManualClock
+
+    fleet = parse_fleet({"name": "two", "hosts": [{"name": "h1", "gpu_count": 1, "memory_mib": 81920},
+                                                  {"name": "h2", "gpu_count": 1, "memory_mib": 81920}],
+                         "endpoints": {"e": {"model": "m", "memory_mib_per_gpu": 10000, "cold_start_s": 1}}})
+    s = dataclasses.replace(settings, batch_size=256, lease_ttl_s=60.0, policy="portfolio", time_scale=time_scale,
+                            preemption=mode)
+    sent = []
+    clock = ManualClock(time.time())
+    w = PlannerWorker(r, s, fleet, dispatch=lambda ctx, q: sent.append(ctx), clock=clock)
+    prod = Producer(r, w.keys, fleet, s)
+    for host in ("h1", "h2"):
+        host_liveness.announce(r, w.keys, host, f"worker-{host}", 60)
+    for _ in range(2):
+        prod.submit({"endpoint": "e", "service_s": 1000, "priority": "LOW"})
+    w.tick()
+    assert len(sent) == 2
+    r.delete(w.keys.host_live("h1"))
+    clock.advance(10 * time_scale)
+    critical = prod.submit({"endpoint": "e", "service_s": 5, "priority": "CRITICAL"}).id
+    if path == "lane":
+        CriticalLane(w.env, w.kept, w.token, lambda: False).place(critical)
+    else:
+        w.tick()
+    placed = [ctx for ctx in sent if ctx.job_id == critical]
+    assert placed and placed[0].host == "h2", [(ctx.job_id, ctx.host) for ctx in sent]
