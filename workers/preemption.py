@@ -164,6 +164,8 @@ def _note_preempted(ctx: TickContext, outcome: str, victim_job: str | None, vict
     ctx.requeued_now += outcome == "preempted"
     if outcome == "preempted" and victim_job:
         ctx.victims = [*ctx.victims, victim_job]
+    if victim_job:  # it holds its GPUs no more (the wait reasons name a GPU's holder from this)
+        ctx.lease_job = {gpu: job_id for gpu, job_id in ctx.lease_job.items() if job_id != victim_job}
     metrics.job_preempted(victim_priority)
 
 

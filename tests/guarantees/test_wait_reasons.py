@@ -261,6 +261,25 @@ def test_live_reservation_holds_when_the_deferred_job_lands_behind_it(r, setting
     assert gang in _why(long_, "behind_reservation")
 
 
+@pytest.mark.parametrize("time_scale", [0.01, 1.0])
+@pytest.mark.parametrize("mode", ["rule", "plan"])
+def test_a_waiting_jobs_reason_does_not_name_the_preempted_victim_as_holder(r, settings, env, time_scale, mode):
+    """The tick preempts the LOW job for a HIGH one; the NORMAL job's reason named the victim
+    (requeued in the same tick) as a holder of the GPU (a review's find)."""
+    w, prod, sent = _setup(r, settings, preemption=mode, time_scale=time_scale, critical_lane=False,
+                           batch_size=256)
+    victim = prod.submit({"endpoint": "e", "service_s": 1000, "priority": "LOW"}).id
+    w.tick()
+    assert [c.job_id for c in sent] == [victim]
+    r.hset(w.keys.job(victim), "leased_at", repr(time.time() - 5 * time_scale))  # ran a while: preemptable
+    high = prod.submit({"endpoint": "e", "service_s": 100, "priority": "HIGH"}).id
+    waiting = prod.submit({"endpoint": "e", "service_s": 100, "priority": "NORMAL"}).id
+    w.tick()
+    assert [c.job_id for c in sent][-1] == high and r.hget(w.keys.job(victim), "state") == "queued"
+    detail = r.hget(w.keys.job(waiting), "wait_detail")
+    assert f"job {victim}" not in detail and f"job {high}" in detail, detail
+
+
 def test_every_reason_code_was_shown():
     """Runs last in this module: the codes the tests above reached, against the fixed set."""
     assert SEEN == set(REASONS)
@@ -276,3 +295,4 @@ def test_why_does_not_show_a_running_job_s_last_requeue_reason():
     assert line(_explain_rec(None, None, None, "j1", rec, True, 0.0)) == "j1: running"
     done = {**rec, "state": "failed", "reason": "workload raised ValueError"}
     assert line(_explain_rec(None, None, None, "j1", done, True, 0.0)) == "j1: failed (workload raised ValueError)"
+
