@@ -268,9 +268,12 @@ class CriticalLane:
         env = ctx.env
         for victim in placement.victims:
             outcome = preempt(env.r, env.keys, victim, job.id, planner_token=self.token)
-            if outcome not in ("preempted", "cancelled"):  # e.g. it finished executing meanwhile
+            if outcome == "preemptor_not_queued":  # leased by the tick meanwhile, or cancelled
                 return LaneOutcome("lost_race", (), placement.victims)
-            log.info("critical lane: preempted lease %s for CRITICAL job %s: %s", victim, job.id, outcome)
+            if outcome in ("preempted", "cancelled"):
+                log.info("critical lane: preempted lease %s for CRITICAL job %s: %s", victim, job.id, outcome)
+            # else it finished executing meanwhile (the lease below is refused while it clears) or its
+            # lease ended (its GPUs may be free: the lease below takes them)
         end_s = now_s + (0.0 if placement.load == "warm" else cold_start_s) + job.service_s
         if not start_job(ctx, job, placement.gpus, end_s, placement.load):
             return LaneOutcome("lost_race", (), placement.victims)

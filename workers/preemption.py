@@ -134,7 +134,9 @@ def _running(ctx: TickContext, state: FleetState, lease_of: dict[str, str], info
                       release_s + float(due) if due else None, int(seq or 0),
                       tuple(json.loads(helpers)) if helpers else ())
         group = tuple(sorted(gpus_of[lease_id], key=order.__getitem__))
-        preemptable = job_id not in awaited and _bounded(ctx, cuts, state.now_s - start_s)
+        # a job on a host without a live GPU worker is no victim: nothing would run its preemptor there
+        on_down_host = ctx.snapshot is not None and not ctx.snapshot.down_gpus.isdisjoint(group)
+        preemptable = job_id not in awaited and not on_down_host and _bounded(ctx, cuts, state.now_s - start_s)
         running = RunningJob(job, group, start_s, max(start_s, end_s - float(service)), end_s, preemptable)
         out.update({gpu: running for gpu in group})
     return out, {job_id: lease_id for lease_id, job_id in jobs.items()}
@@ -199,7 +201,6 @@ def _preempt_scored(ctx: TickContext) -> set[str]:
         if decision.job_id not in held:
             continue
         job = jobs[decision.job_id]
-        freed = True
         for victim in decision.victims:
             lease_id = lease_by_job[victim]
             outcome = preempt(env.r, env.keys, lease_id, job.id, planner_token=ctx.token)
@@ -208,9 +209,9 @@ def _preempt_scored(ctx: TickContext) -> set[str]:
                 how = "the fast lane's rule" if decision.rule else f"scored, gain {decision.gain:.3g} weight·s"
                 log.info("preempted lease %s (%s) for %s job %s (%s): %s", lease_id,
                          info[lease_id].get("priority"), Priority(job.priority).name, job.id, how, outcome)
-            else:
-                freed = False  # e.g. it finished executing meanwhile: it only has to clear
-        if freed and start_job(ctx, job, tuple(decision.gpus), start.end_s, start.load):
+        # a victim not preempted (it finished executing meanwhile, or its lease ended): the
+        # lease is refused while a GPU of the group is still held, else the job starts there
+        if start_job(ctx, job, tuple(decision.gpus), start.end_s, start.load):
             out.add(job.id)
             ctx.taken.update(decision.gpus)
     if ctx.victims:  # their ETA: the planned start in the plan the preemptions leave (wait_reasons)
@@ -252,7 +253,6 @@ def _preempt_by_rule(ctx: TickContext) -> set[str]:
         if best is None:
             continue
         group, victims = best.group, best.victims
-        freed = True
         for victim in victims:
             outcome = preempt(env.r, env.keys, victim, job.id, planner_token=ctx.token)
             if outcome in ("preempted", "cancelled"):
@@ -262,10 +262,8 @@ def _preempt_by_rule(ctx: TickContext) -> set[str]:
                 for gpu, held_by in list(holder.items()):
                     if held_by is not None and held_by.id == victim:
                         holder.pop(gpu)
-            else:
-                freed = False  # e.g. it finished executing meanwhile: it only has to clear
-        if not freed:
-            continue
+        # a victim not preempted (it finished executing meanwhile, or its lease ended): the
+        # lease below is refused while a GPU of the group is still held, else it starts
         end_s = env.now_s() + model.cold_start_s + job.service_s
         if start_job(ctx, job, group, end_s, "cold_start"):
             started.add(job.id)

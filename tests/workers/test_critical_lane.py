@@ -276,11 +276,11 @@ def test_no_preemption_onto_a_host_without_a_live_gpu_worker(r, settings, time_s
     for host in ("h1", "h2"):
         host_liveness.announce(r, w.keys, host, f"worker-{host}", 60)
     for _ in range(2):
-        prod.submit({"endpoint": "e", "service_s": 1000, "priority": "LOW"})
+        prod.submit({"endpoint": "e", "service_s": 1e6, "priority": "LOW"})
     w.tick()
     assert len(sent) == 2
     r.delete(w.keys.host_live("h1"))
-    clock.advance(10 * time_scale)
+    clock.advance(30.0)  # the LOW jobs ran a while (their leased_at is on the real clock, which ran on too)
     critical = prod.submit({"endpoint": "e", "service_s": 5, "priority": "CRITICAL"}).id
     if path == "lane":
         CriticalLane(w.env, w.kept, w.token, lambda: False).place(critical)
