@@ -133,3 +133,16 @@ class RedisConfigError(StoreError):
     def __init__(self, setting: str, value: str, reason: str):
         self.setting, self.value = setting, value
         super().__init__(f"Redis {setting} is {value!r}: {reason}")
+
+
+def utf8_text(value: object) -> str:
+    """``str(value)`` with any lone surrogate (``os.fsdecode`` of bytes that are not UTF-8,
+    text read with ``surrogateescape``) written as backslash text (``\\udce9``), so it
+    can be encoded as UTF-8: logged, sent through Celery or xdist, stored, decoded by
+    Lua's cjson (which refuses a lone surrogate's JSON escape). Other text is unchanged."""
+    text = str(value)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text

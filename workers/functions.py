@@ -29,7 +29,7 @@ from typing import Any
 import redis
 
 from makespan import metrics
-from makespan.errors import PhaseCancelled, PhaseError, StaleFencingToken
+from makespan.errors import PhaseCancelled, PhaseError, StaleFencingToken, utf8_text
 from makespan.keys import Keys
 from makespan.registry import REGISTRY, WorkloadDef
 from makespan.results import ResultNotJson, ResultTooLarge, encode_value, resolve_references
@@ -177,8 +177,10 @@ def run_function(definition: WorkloadDef, ctx: WorkloadContext, args: list[Any],
         except WorkloadStopped:
             outcome["stopped"] = True
         except BaseException as e:  # noqa: BLE001 - user code: every failure is reported
-            outcome["error"] = (f"{type(e).__module__}.{type(e).__qualname__}".removeprefix("builtins."), str(e),
-                                traceback.format_exc())
+            # as UTF-8 text: a message with a lone surrogate (an undecodable file name) must
+            # still be logged, stored and raised by job.result() (errors.utf8_text)
+            outcome["error"] = (f"{type(e).__module__}.{type(e).__qualname__}".removeprefix("builtins."),
+                                utf8_text(e), utf8_text(traceback.format_exc()))
 
     started = time.monotonic()
     thread = threading.Thread(target=call, name=f"workload-{ctx.job_id[:8]}", daemon=True)

@@ -21,7 +21,7 @@ from typing import Any, cast
 
 import redis
 
-from makespan.errors import LeaseError, StaleFencingToken
+from makespan.errors import LeaseError, StaleFencingToken, utf8_text
 from makespan.keys import Keys
 from makespan.store.scripts import script, store_error
 from makespan.job_states import JobState
@@ -202,7 +202,7 @@ class LeaseStore:
             cmd, key, *args = op
             if key not in keys:
                 keys.append(key)
-            encoded.append([cmd, keys.index(key) + 1, *[_lua_text(a) for a in args]])
+            encoded.append([cmd, keys.index(key) + 1, *[utf8_text(a) for a in args]])
         return bool(self._fenced(keys=keys, args=[lease.lease_id, lease.token, len(lease.gpus), json.dumps(encoded),
                                                   self.keys.script_prefix]))
 
@@ -311,15 +311,3 @@ class LeaseStore:
             raise store_error(e, "read GPU holders") from e
         return dict(zip(gpus, holders))
 
-
-def _lua_text(value: Any) -> str:
-    """``str(value)`` as Lua's cjson can decode it from the ops' JSON: a lone surrogate
-    (``os.fsdecode`` of bytes that are not UTF-8, in an exception's message) becomes the
-    text ``\\udce9`` (cjson refuses the JSON escape of a lone surrogate, and the whole
-    fenced script with it)."""
-    text = str(value)
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "backslashreplace").decode("utf-8")
-    return text

@@ -72,7 +72,7 @@ def test_an_exception_whose_message_is_not_utf8_fails_the_job_with_its_error(r, 
     assert (run_warm if path == "warm" else run_phases)(runner, ctx) == "failed"
     with pytest.raises(makespan.WorkloadError) as failure:
         job.result(timeout_s=1)
-    assert failure.value.error_type == "ValueError" and "cannot read /data/caf" in failure.value.message
+    assert failure.value.error_type == "ValueError" and failure.value.message == "cannot read /data/caf\\udce9.bin"
     assert not r.exists(keys.lease(ctx.lease_id)) and not r.exists(keys.gpu(GPU))
 
 
