@@ -83,7 +83,9 @@ class WorkloadContext:
         time_scale: wall seconds per workload second of this worker (1 in production;
             below 1 in demos and tests that compress time).
         cancelled: set when the job is cancelled, times out or loses its lease: return soon
-            (a :class:`CancelEvent`: ``if ctx.cancelled:`` reads whether it is set).
+            (a :class:`CancelEvent`: ``if ctx.cancelled:`` reads whether it is set); also
+            set once the function has returned or raised, so work it left running in
+            threads of its own (a ``ctx.requests`` fan-out) stops.
     """
 
     job_id: str
@@ -217,6 +219,7 @@ def run_function(definition: WorkloadDef, ctx: WorkloadContext, args: list[Any],
             if thread.is_alive():
                 break
     wall_s = time.monotonic() - started
+    ctx.cancelled.set()  # the run is over: a ctx.requests fan-out the function left running in its own threads stops
     if why == "lease" or lease_lost.is_set():
         raise StaleFencingToken("lease lost while the workload function ran")
     if why == "cancel":

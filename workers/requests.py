@@ -40,7 +40,15 @@ from makespan.keys import Keys
 from makespan.redis_conn import async_twin
 from makespan.store.scripts import script, store_error
 
-REQUEST_LEASE_TTL_S = 30.0  # renewed on completion; a dead sender's lease expires
+REQUEST_LEASE_TTL_S = 30.0  # a request lease's expiry beyond its request's longest run (a dead sender's expires)
+
+
+def request_lease_ttl_s(request_timeout_s: float) -> float:
+    """How long a request lease lives, s: longer than the longest run the request timeout
+    allows (httpx applies it to the connect, the write and each read: 3 × the timeout), plus
+    :data:`REQUEST_LEASE_TTL_S`. A lease that expired while its request still ran would let
+    another sender past the endpoint's cap; one of a dead sender expires after this."""
+    return 3.0 * request_timeout_s + REQUEST_LEASE_TTL_S
 POLL_S = 0.002  # a waiter's first poll for a free request lease; doubles up to POLL_MAX_S
 POLL_MAX_S = 0.016
 KEEP_TEXT = 200
@@ -131,6 +139,8 @@ class RequestRunner:
         self.slots, self.should_stop = max(1, int(slots)), should_stop
         self._acquire = script(r, "request_lease")
         self._ar: Any = None  # the redis.asyncio twin of r while run_async runs (see _connected)
+        self.lease_ttl_s = request_lease_ttl_s(60.0)  # run_async sets it from the request timeout
+        self._aborted = False  # a request of the running step could not be sent: send no more
 
     # -- request leases (awaited on a redis.asyncio client: the event loop stays free) --
     @contextlib.asynccontextmanager
@@ -163,7 +173,7 @@ class RequestRunner:
         Raises:
             StoreError: Redis failed."""
         keys = [self.keys.req_leases(self.instance_id), self.keys.req_peak(self.instance_id)]
-        args = [member, int(REQUEST_LEASE_TTL_S * 1000), self.slots]
+        args = [member, int(self.lease_ttl_s * 1000), self.slots]
         if self._ar is not None:
             return int(await self._acquire.call_async(self._ar, keys, args))
         return int(await asyncio.to_thread(self._acquire, keys, args))
@@ -194,11 +204,14 @@ class RequestRunner:
                    payload: dict[str, Any], job_id: str, res: RequestResult) -> None:
         route = payload.get("route", "/v1/completions")
         async with sem:
-            if self.should_stop():
+            if self.should_stop() or self._aborted:
                 return
             member = f"{job_id}:{i}:{uuid.uuid4().hex[:6]}"
             held = await self._lease(member)
             if not held:
+                return
+            if self._aborted:  # another request could not be sent meanwhile: the step fails, send no more
+                await self._release(member)
                 return
             res.peak_in_flight = max(res.peak_in_flight, held)
             t0 = time.time()
@@ -235,7 +248,9 @@ class RequestRunner:
     async def run_async(self, job_id: str, payload: dict[str, Any]) -> RequestResult:
         n = len(payload["items"]) if "items" in payload else int(payload.get("requests", 0))
         res = RequestResult()
-        timeout = httpx.Timeout(float(payload.get("request_timeout_s", 60.0)))
+        timeout_s = float(payload.get("request_timeout_s", 60.0))
+        timeout = httpx.Timeout(timeout_s)
+        self.lease_ttl_s = request_lease_ttl_s(timeout_s)
         # One single-connection client per slot, handed out through a queue: httpcore's pool
         # scans all of its connections (a socket poll each) for every request it assigns, so
         # one pool of `slots` connections cost O(slots) per request (encode/httpcore#924, #928):
@@ -252,7 +267,22 @@ class RequestRunner:
             for _ in range(min(self.slots, max(n, 1))):
                 client = httpx.AsyncClient(timeout=timeout, limits=limits, verify=tls)
                 clients.put_nowait(await stack.enter_async_context(client))
-            await asyncio.gather(*(self._one(clients, sem, i, payload, job_id, res) for i in range(n)))
+            failures: list[Exception] = []
+
+            async def one(i: int) -> None:
+                try:
+                    await self._one(clients, sem, i, payload, job_id, res)
+                except Exception as e:  # noqa: BLE001 - a request that cannot be sent (a body JSON cannot encode)
+                    self._aborted = True
+                    failures.append(e)
+
+            # every request ends here, its lease given back, before the clients and the Redis
+            # twin close (a plain gather raised at the first failure and left the others to be
+            # cancelled at the loop's end, when their releases could no longer reach Redis)
+            self._aborted = False
+            await asyncio.gather(*(one(i) for i in range(n)))
+            if failures:
+                raise failures[0]
         return res
 
     def run(self, job_id: str, payload: dict[str, Any]) -> RequestResult:

@@ -140,3 +140,41 @@ def test_a_cancel_just_before_the_function_raises_is_a_cancel_not_a_retry(r, key
     assert job.status()["state"] == "cancelled" and r.zcard(keys.delayed) == 0
     with pytest.raises(makespan.JobCancelled):
         job.result(timeout_s=1)
+
+
+@makespan.workload(endpoint="embed", name="tests.make_list")
+def make_list(ctx, n):
+    return list(range(n))
+
+
+@makespan.workload(endpoint="embed", name="tests.echo")
+def echo(ctx, values):
+    return values
+
+
+def test_a_completed_dependency_stays_while_a_job_waits_on_it_past_retention(r, keys, settings):
+    """B takes A's result as its argument and still waits (no free GPU) when retention's age
+    passes: the sweep deleted A's summary and result, and B was then cancelled as if A had
+    not completed (a review's find). A job something waits on is kept like a step of a
+    running workload, and expires after its last dependant leaves the queue."""
+    from makespan.workers.planner_worker import PlannerWorker
+    from makespan.workers.retention import Retention
+
+    fleet, client = _setup(r, keys, settings, make_list, echo)
+    planner = PlannerWorker(r, settings, fleet, dispatch=lambda *args: None)
+    planner.token = str(r.incr(keys.planner_fence))
+    first = client.submit("tests.make_list", 3)
+    second = client.submit("tests.echo", first)
+    ctx, runner = _lease(r, keys, settings, fleet, first.id)
+    assert run_warm(runner, ctx) == "completed"
+    retention = Retention(r, settings)
+    retention.sweep()
+    retention.sweep(now_s=time.time() + settings.retention_age_s + 60)
+    planner.form_batch()
+    assert r.exists(keys.job(first.id)) and r.exists(keys.result(first.id))
+    assert second.status()["state"] == "queued"
+    ctx, runner = _lease(r, keys, settings, fleet, second.id)
+    assert run_warm(runner, ctx) == "completed" and second.result(timeout_s=1) == [0, 1, 2]
+    assert r.ttl(keys.job(first.id)) == -1  # kept without a TTL while B waited; the sweep expires it now
+    retention.sweep(now_s=time.time() + 2 * settings.retention_age_s + 120)
+    assert not r.exists(keys.job(first.id)) and not r.exists(keys.result(first.id))

@@ -10,7 +10,7 @@
 -- ARGV[1]  job id
 -- ARGV[2]  finished_at, unix s
 -- ARGV[3]  ttl_s of the summary, its request records and its idempotency key
--- ARGV[4]  P, the key prefix (P:idem, P:workloads:active, P:requests)
+-- ARGV[4]  P, the key prefix (P:idem, P:workloads:active, P:awaited, P:requests)
 -- ARGV[5..]  the summary fields kept
 -- Returns 1 (compacted), 0 (no record), -1 (not finished yet: the caller retries later).
 local R = hash_table(redis.call('HGETALL', KEYS[1]))
@@ -31,10 +31,12 @@ if idem then
   redis.call('HSET', KEYS[1], 'idem', idem)
   redis.call('EXPIRE', key_idem(ARGV[4], idem), ARGV[3])
 end
--- a step of a running workload keeps its record (dependants read its state) and its
--- request records until the workload is done; the sweep expires them after that
+-- a step of a running workload, or a job that queued or delayed jobs still wait on
+-- (P:awaited:{id}), keeps its record (dependants read its state and result) and its request
+-- records until the workload is done and no job waits on it; the sweep expires them after that
 local wid = R['workload_id']
-if not (wid and redis.call('SISMEMBER', key_workloads_active(ARGV[4]), wid) == 1) then
+if not ((wid and redis.call('SISMEMBER', key_workloads_active(ARGV[4]), wid) == 1)
+        or redis.call('EXISTS', key_awaited(ARGV[4], ARGV[1])) == 1) then
   redis.call('EXPIRE', KEYS[1], ARGV[3])
   redis.call('EXPIRE', key_requests(ARGV[4], ARGV[1]), ARGV[3])
 end
