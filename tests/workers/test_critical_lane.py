@@ -288,3 +288,28 @@ def test_no_preemption_onto_a_host_without_a_live_gpu_worker(r, settings, time_s
         w.tick()
     placed = [ctx for ctx in sent if ctx.job_id == critical]
     assert placed and placed[0].host == "h2", [(ctx.job_id, ctx.host) for ctx in sent]
+
+
+def test_a_victim_whose_lease_ended_by_itself_still_lets_the_preemptor_start(r, settings, monkeypatch):
+    """The chosen victim finished on its own between the lane's read and its preemption
+    (``preempt`` answers ``gone``): its GPUs are free, so the CRITICAL job is leased there
+    (the lane gave up with ``lost_race`` and the job waited for the next tick)."""
+    from makespan.store.leases import LeaseStore as StoreLeases
+    from makespan.workers import critical_lane
+
+    w, prod, sent = _worker(r, settings)
+    pairs = [ALL_GPUS[n:n + 2] for n in range(0, 8, 2)]
+    _hold_with_low_jobs(r, w, prod, pairs)
+    job = prod.submit({"endpoint": "summarizer", "service_s": 5, "priority": "CRITICAL"}).id  # TP 2
+
+    def ended_meanwhile(redis_client, keys, lease_id, by_job, planner_token=""):
+        for gpu in r.hget(keys.lease(lease_id), "gpus").strip("[]").replace('"', "").split(","):
+            r.delete(keys.gpu(gpu.strip()))  # the victim's worker released its GPUs ...
+        r.zrem(keys.leases, lease_id)
+        r.delete(keys.lease(lease_id))
+        return StoreLeases(redis_client, keys).preempt(lease_id, by_job, planner_token)  # ... so: "gone"
+
+    monkeypatch.setattr(critical_lane, "preempt", ended_meanwhile)
+    out = _lane(w).place(r.lpop(w.keys.planner_critical))
+    assert out.outcome == "preempted" and [c.job_id for c in sent] == [job]
+    assert r.hget(w.keys.job(job), "state") == "leased"
