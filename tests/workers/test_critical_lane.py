@@ -182,6 +182,8 @@ def test_a_critical_job_is_leased_while_a_tick_is_in_progress(r, settings):
         job = prod.submit({"endpoint": "embed", "service_s": 5, "priority": "CRITICAL"}).id
         wait_for(lambda: r.hget(w.keys.job(job), "state") == "leased", 10, "the lane to lease the job", 0.01)
         assert w.ticking.is_set() and not gate.release.is_set()  # the tick is still in progress
+        # the lane records its event after the lease: wait for it (read at once, it raced the lane)
+        wait_for(lambda: _lane_events(r, w.keys, job), 10, "the lane's event", 0.01)
         (event,) = _lane_events(r, w.keys, job)
         assert event["during_tick"] is True and event["outcome"] in ("warm", "cold_start")
         gate.release.set()

@@ -36,7 +36,7 @@ end
 -- records until the workload is done and no job waits on it; the sweep expires them after that
 local wid = R['workload_id']
 if not ((wid and redis.call('SISMEMBER', key_workloads_active(ARGV[4]), wid) == 1)
-        or redis.call('EXISTS', key_awaited(ARGV[4], ARGV[1])) == 1) then
+        or awaited_live(ARGV[4], ARGV[1])) then
   redis.call('EXPIRE', KEYS[1], ARGV[3])
   redis.call('EXPIRE', key_requests(ARGV[4], ARGV[1]), ARGV[3])
 end

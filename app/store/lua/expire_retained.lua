@@ -14,7 +14,7 @@
 -- Returns -1 (kept: its workload runs, or a job waits on it) or the DEL count of the record.
 local wid = redis.call('HGET', KEYS[1], 'workload_id')
 if (wid and redis.call('SISMEMBER', key_workloads_active(ARGV[2]), wid) == 1)
-    or redis.call('EXISTS', key_awaited(ARGV[2], ARGV[1])) == 1 then
+    or awaited_live(ARGV[2], ARGV[1]) then
   redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
   return -1
 end

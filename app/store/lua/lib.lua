@@ -57,6 +57,18 @@ local function awaited_drop(prefix, job_id, deps_json)
   for _, d in ipairs(cjson.decode(deps_json)) do redis.call('SREM', key_awaited(prefix, d), job_id) end
 end
 
+-- whether a queued or delayed job still waits on job_id (P:awaited:{job_id}); members no longer
+-- queued or delayed (a stale entry: retention must not keep the job for them) are dropped
+local function awaited_live(prefix, job_id)
+  local key = key_awaited(prefix, job_id)
+  local live = false
+  for _, waiter in ipairs(redis.call('SMEMBERS', key)) do
+    local state = redis.call('HGET', key_job(prefix, waiter), 'state')
+    if state == 'queued' or state == 'delayed' then live = true else redis.call('SREM', key, waiter) end
+  end
+  return live
+end
+
 -- finish a job: its final state (completed | failed | cancelled), finish time (unix s, as
 -- text) and reason; it leaves P:running and joins the finished index (makespan.workers.retention)
 local function finish_job(prefix, job_id, state, finished_at_s, reason)
