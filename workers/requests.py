@@ -41,6 +41,9 @@ from makespan.redis_conn import async_twin
 from makespan.store.scripts import script, store_error
 
 REQUEST_LEASE_TTL_S = 30.0  # a request lease's expiry beyond its request's longest run (a dead sender's expires)
+POLL_S = 0.002  # a waiter's first poll for a free request lease; doubles up to POLL_MAX_S
+POLL_MAX_S = 0.016
+KEEP_TEXT = 200
 
 
 def request_lease_ttl_s(request_timeout_s: float) -> float:
@@ -49,9 +52,7 @@ def request_lease_ttl_s(request_timeout_s: float) -> float:
     :data:`REQUEST_LEASE_TTL_S`. A lease that expired while its request still ran would let
     another sender past the endpoint's cap; one of a dead sender expires after this."""
     return 3.0 * request_timeout_s + REQUEST_LEASE_TTL_S
-POLL_S = 0.002  # a waiter's first poll for a free request lease; doubles up to POLL_MAX_S
-POLL_MAX_S = 0.016
-KEEP_TEXT = 200
+
 
 @dataclass
 class RequestResult:

@@ -222,18 +222,25 @@ TWO_BY_FOUR = parse_fleet({"name": "two-by-four", "hosts": [{"name": "a", "gpu_c
                                                   "cold_start_s": 20}}})
 
 
-def test_live_reservation_with_backfill(r, settings, env):
-    """The live worker honours the aged gang's reservation (host a from +400 s, when its
-    last running job ends): a 500 s job that would take the free GPU a-0 now is held back
-    (behind_reservation), a 50 s job that ends before the reservation backfills it."""
+def _aged_gang_and_long_job(r, settings, ends_b):
+    """Host a: a-0 free, a-1..a-3 held until +100/+200/+400 s; host b's GPUs held until
+    ``ends_b``; a NORMAL TP-4 gang aged past the bound and a NORMAL 500 s job queued; one
+    tick. Returns (worker, producer, sent, gang id, long job id)."""
     w, prod, sent = _setup(r, settings, TWO_BY_FOUR)
-    ends = {"a": [None, 100.0, 200.0, 400.0], "b": [450.0, 500.0, 550.0, 600.0]}
-    _lease_all(r, w, prod, ends)
+    _lease_all(r, w, prod, {"a": [None, 100.0, 200.0, 400.0], "b": ends_b})
     gang = prod.submit({"endpoint": "four", "service_s": 600, "priority": "NORMAL"}).id
     aged_s = settings.reservation_after_s + 100.0  # submitted that long ago (workload s)
     r.hset(w.keys.job(gang), "submitted_at", repr(time.time() - aged_s * settings.time_scale))
     long_ = prod.submit({"endpoint": "e", "service_s": 500, "priority": "NORMAL"}).id
     w.tick()
+    return w, prod, sent, gang, long_
+
+
+def test_live_reservation_with_backfill(r, settings, env):
+    """The live worker honours the aged gang's reservation (host a from +400 s, when its
+    last running job ends): a 500 s job that would take the free GPU a-0 now is held back
+    (behind_reservation), a 50 s job that ends before the reservation backfills it."""
+    w, prod, sent, gang, long_ = _aged_gang_and_long_job(r, settings, [450.0, 500.0, 550.0, 600.0])
     assert sent == [], "the 500 s job would end after the reservation: not started"
     assert "GPU-a-0" in _why(gang, "reserved")
     assert gang in _why(long_, "behind_reservation")
@@ -248,14 +255,7 @@ def test_live_reservation_holds_when_the_deferred_job_lands_behind_it(r, setting
     the reservation, so the tick must not start it now. (The start rule used to take any
     assignment on free GPUs planned within 1e-6 × the workload clock of now: at
     ``time_scale`` 0.01 that is 1.8e5 workload s, and the job took the reserved GPU.)"""
-    w, prod, sent = _setup(r, settings, TWO_BY_FOUR)
-    ends = {"a": [None, 100.0, 200.0, 400.0], "b": [5000.0, 5000.0, 5000.0, 5000.0]}
-    _lease_all(r, w, prod, ends)
-    gang = prod.submit({"endpoint": "four", "service_s": 600, "priority": "NORMAL"}).id
-    aged_s = settings.reservation_after_s + 100.0
-    r.hset(w.keys.job(gang), "submitted_at", repr(time.time() - aged_s * settings.time_scale))
-    long_ = prod.submit({"endpoint": "e", "service_s": 500, "priority": "NORMAL"}).id
-    w.tick()
+    w, prod, sent, gang, long_ = _aged_gang_and_long_job(r, settings, [5000.0] * 4)
     assert sent == [], "the 500 s job is planned on a-0 after the gang: not started now"
     assert "GPU-a-0" in _why(gang, "reserved")
     assert gang in _why(long_, "behind_reservation")
