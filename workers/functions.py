@@ -275,12 +275,12 @@ def progress_writer(r: redis.Redis, keys: Keys, job_id: str, workload: str,
         last["t"], last["done"] = now, done
         fields: dict[str, Any] = {"progress_done": repr(done), "progress_total": repr(total), "progress_at": repr(time.time())}
         if note is not None:
-            fields["progress_note"] = str(note)[:200]
+            fields["progress_note"] = utf8_text(note)[:200]  # a lone surrogate would fail the HSET
         try:
             r.hset(keys.job(job_id), mapping=fields)
         except redis.RedisError as e:  # progress is best effort: never fail the run for it
             log.warning("job %s: progress not written: %s", job_id, e)
         if emit is not None:
-            emit({"job_id": job_id, "done": done, "total": total, "note": note})
+            emit({"job_id": job_id, "done": done, "total": total, "note": fields.get("progress_note")})
 
     return write

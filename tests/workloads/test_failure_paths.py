@@ -178,3 +178,17 @@ def test_a_completed_dependency_stays_while_a_job_waits_on_it_past_retention(r, 
     assert r.ttl(keys.job(first.id)) == -1  # kept without a TTL while B waited; the sweep expires it now
     retention.sweep(now_s=time.time() + 2 * settings.retention_age_s + 120)
     assert not r.exists(keys.job(first.id)) and not r.exists(keys.result(first.id))
+
+
+def test_a_progress_note_that_is_not_utf8_is_stored_and_does_not_fail_the_function(r, keys):
+    """ctx.progress is best effort: a note with a lone surrogate (``os.fsdecode`` of a file
+    name that is not UTF-8) used to raise UnicodeEncodeError out of the HSET into the
+    user's function; it is stored as backslash text."""
+    from makespan.workers.functions import progress_writer
+
+    events: list[dict] = []
+    write = progress_writer(r, keys, "job-note", "w", emit=events.append)
+    write(1.0, 2.0, os.fsdecode(b"card-\xe9.png"))
+    assert r.hget(keys.job("job-note"), "progress_note") == "card-\\udce9.png"
+    assert r.hget(keys.job("job-note"), "progress_done") == "1.0"
+    assert events[-1]["note"] == "card-\\udce9.png"
