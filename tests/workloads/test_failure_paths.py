@@ -192,3 +192,43 @@ def test_a_progress_note_that_is_not_utf8_is_stored_and_does_not_fail_the_functi
     assert r.hget(keys.job("job-note"), "progress_note") == "card-\\udce9.png"
     assert r.hget(keys.job("job-note"), "progress_done") == "1.0"
     assert events[-1]["note"] == "card-\\udce9.png"
+
+
+@makespan.workload(endpoint="embed", helpers=("chat",), name="tests.holds_a_helper")
+def holds_a_helper(ctx):
+    HOOKS["started"].set()
+    ctx.cancelled.wait(30)
+    return "victim"
+
+
+@makespan.workload(endpoint="embed", name="tests.plain_preemptor")
+def plain_preemptor(ctx):
+    return "preemptor"
+
+
+def test_a_job_preempted_beside_its_helper_leaves_no_helper_running(r, keys, settings):
+    """A job with a helper endpoint, preempted during execute, never reaches the clear phase
+    that stops its helper. The preemption kept the GPU's resident marker, so the preemptor
+    was dispatched warm and nothing stopped the helper: a process holding GPU memory on a
+    GPU another lease holds, registered as running. The preemption now forgets the marker
+    of a lease with helpers; the next start on the GPU is cold and stops the leftover."""
+    from makespan.workers.drivers.registry import instances_on
+
+    HOOKS["started"] = threading.Event()
+    fleet, client = _setup(r, keys, settings, holds_a_helper, plain_preemptor)
+    victim = client.submit("tests.holds_a_helper", priority="LOW")
+    ctx1, runner1 = _lease(r, keys, settings, fleet, victim.id)
+    out1: list = []
+    thread = threading.Thread(target=lambda: out1.append(run_warm(runner1, ctx1)))
+    thread.start()
+    assert HOOKS["started"].wait(20)
+    assert [i.endpoint for i in instances_on(r, keys, [GPU]) if i.endpoint == "chat"] == ["chat"]
+    preemptor = client.submit("tests.plain_preemptor", priority="CRITICAL")
+    assert LeaseStore(r, keys).preempt(ctx1.lease_id, preemptor.id) == "preempted"
+    thread.join(20)
+    assert out1 == ["stale"]
+    ctx2, runner2 = _lease(r, keys, settings, fleet, preemptor.id, warm=False)
+    assert run_warm(runner2, ctx2) == "completed"
+    assert preemptor.result(timeout_s=1) == "preemptor"
+    left = [i.id for i in instances_on(r, keys, [GPU]) if i.endpoint == "chat"]
+    assert left == [], f"the victim's helper still runs on {GPU}: {left}"

@@ -6,6 +6,9 @@
 -- its holder or the reclaim) and for a deposed planner. A job whose cancel was requested
 -- is cancelled. Refused too when the preemptor's record exists and it is no longer queued
 -- (leased meanwhile by another path, cancelled): the victim would lose its run for nothing.
+-- The GPUs' resident markers are forgotten when the job was mid-transition or had started
+-- helper endpoints (its clear phase stops those; a preempted job never gets there), so the
+-- next lease there starts cold and stops what was left.
 -- Library: lib
 -- Transitions: leased -> queued, running -> queued, leased -> cancelled, running -> cancelled
 --
@@ -34,10 +37,15 @@ if job_state ~= 'leased' and job_state ~= 'running' then return {0, 'not_leased'
 local phases = key_phase(prefix, ARGV[1])
 if redis.call('HGET', phases, 'execute') == 'done' then return {0, 'executed'} end
 local started = redis.call('HGET', phases, 'start_endpoint') == 'done'
+-- helper endpoints the job started beside its main one run on its GPUs until its clear
+-- phase, which a preempted job never reaches: the GPUs do not hold just the resident
+local helpers = redis.call('HGET', phases, 'helpers')
+local extra = helpers ~= false and helpers ~= '[]'
 local want = ARGV[1] .. ':' .. (L['token'] or '')
 local gpus = cjson.decode(L['gpus'] or '[]')
--- mid-transition, what is resident is unknown: forget it (the next start stops leftovers)
-free_gpus(prefix, want, gpus, not started, false)
+-- mid-transition or beside helpers, what is resident is unknown: forget it (the next start
+-- stops leftovers; a warm dispatch would not)
+free_gpus(prefix, want, gpus, not started or extra, false)
 drop_lease(prefix, KEYS[1], KEYS[2], ARGV[1])
 local job = L['job']
 local jk = key_job(prefix, job)
