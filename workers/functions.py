@@ -29,7 +29,7 @@ from typing import Any
 import redis
 
 from makespan import metrics
-from makespan.errors import PhaseCancelled, PhaseError, StaleFencingToken, utf8_text
+from makespan.errors import PhaseCancelled, PhaseError, StaleFencingToken, StoreError, utf8_text
 from makespan.keys import Keys
 from makespan.registry import REGISTRY, WorkloadDef
 from makespan.results import ResultNotJson, ResultTooLarge, encode_value, resolve_references
@@ -260,26 +260,35 @@ def celery_progress_emitter() -> Callable[[dict[str, Any]], None] | None:
     return emit
 
 
-def progress_writer(r: redis.Redis, keys: Keys, job_id: str, workload: str,
+def progress_writer(fenced: Callable[[list[tuple]], bool], keys: Keys, job_id: str, workload: str,
                     emit: Callable[[dict[str, Any]], None] | None = None) -> Callable[[float, float, str | None], None]:
     """The ``ctx.progress`` of one run: a throttled HSET of ``progress_*`` on the job
-    record, the progress counter, and (``emit``) a Celery ``task-progress`` event for Flower."""
-    last = {"t": 0.0, "done": 0.0}
+    record, the progress counter, and (``emit``) a Celery ``task-progress`` event for Flower.
+
+    ``fenced(ops) -> bool`` applies the write only while the run's lease is current
+    (:meth:`makespan.workers.leases.LeaseStore.fenced` with the run's lease): a run whose
+    lease was preempted or reclaimed (it may go on for the cancel grace period, or for good
+    when stuck) never overwrites the progress of the attempt that runs now; its first
+    refused write ends its progress reports."""
+    last = {"t": 0.0, "done": 0.0, "stale": False}
 
     def write(done: float, total: float, note: str | None) -> None:
         now = time.monotonic()
         final = total > 0 and done >= total
-        if not final and now - last["t"] < PROGRESS_EVERY_S:
+        if last["stale"] or (not final and now - last["t"] < PROGRESS_EVERY_S):
             return
-        metrics.workload_progress(workload, done - last["done"], total)
-        last["t"], last["done"] = now, done
+        last["t"] = now
         fields: dict[str, Any] = {"progress_done": repr(done), "progress_total": repr(total), "progress_at": repr(time.time())}
         if note is not None:
             fields["progress_note"] = utf8_text(note)[:200]  # a lone surrogate would fail the HSET
         try:
-            r.hset(keys.job(job_id), mapping=fields)
-        except redis.RedisError as e:  # progress is best effort: never fail the run for it
+            if not fenced([("HSET", keys.job(job_id), *[part for pair in fields.items() for part in pair])]):
+                last["stale"] = True  # the lease is gone: this run's progress is no longer the job's
+                return
+        except (redis.RedisError, StoreError) as e:  # progress is best effort: never fail the run for it
             log.warning("job %s: progress not written: %s", job_id, e)
+        metrics.workload_progress(workload, done - last["done"], total)
+        last["done"] = done
         if emit is not None:
             emit({"job_id": job_id, "done": done, "total": total, "note": fields.get("progress_note")})
 

@@ -695,7 +695,8 @@ class PhaseRunner:
                                gpus=list(ctx.gpus), host=ctx.host, endpoint=ctx.endpoint,
                                endpoint_url=target.url if target else None, endpoint_urls=urls,
                                time_scale=self.settings.time_scale)
-        wctx._progress = progress_writer(self.r, self.keys, ctx.job_id, name, celery_progress_emitter())
+        wctx._progress = progress_writer(lambda ops: self.leases.fenced(ctx.lease, ops), self.keys, ctx.job_id, name,
+                                         celery_progress_emitter())
         if urls:
             wctx._requests = self._requests_sender(ctx, hb, wctx)
         try:

@@ -180,18 +180,68 @@ def test_a_completed_dependency_stays_while_a_job_waits_on_it_past_retention(r, 
     assert not r.exists(keys.job(first.id)) and not r.exists(keys.result(first.id))
 
 
-def test_a_progress_note_that_is_not_utf8_is_stored_and_does_not_fail_the_function(r, keys):
+def test_a_progress_note_that_is_not_utf8_is_stored_and_does_not_fail_the_function(r, keys, settings):
     """ctx.progress is best effort: a note with a lone surrogate (``os.fsdecode`` of a file
     name that is not UTF-8) used to raise UnicodeEncodeError out of the HSET into the
     user's function; it is stored as backslash text."""
     from makespan.workers.functions import progress_writer
 
+    fleet, client = _setup(r, keys, settings, plain_preemptor)
+    job = client.submit("tests.plain_preemptor")
+    ctx, _ = _lease(r, keys, settings, fleet, job.id)
     events: list[dict] = []
-    write = progress_writer(r, keys, "job-note", "w", emit=events.append)
+    write = progress_writer(lambda ops: LeaseStore(r, keys).fenced(ctx.lease, ops), keys, job.id, "w",
+                            emit=events.append)
     write(1.0, 2.0, os.fsdecode(b"card-\xe9.png"))
-    assert r.hget(keys.job("job-note"), "progress_note") == "card-\\udce9.png"
-    assert r.hget(keys.job("job-note"), "progress_done") == "1.0"
+    assert r.hget(keys.job(job.id), "progress_note") == "card-\\udce9.png"
+    assert r.hget(keys.job(job.id), "progress_done") == "1.0"
     assert events[-1]["note"] == "card-\\udce9.png"
+
+
+@makespan.workload(endpoint="embed", name="tests.progress_after_cancel")
+def progress_after_cancel(ctx):
+    HOOKS["calls"] = calls = HOOKS.get("calls", 0) + 1
+    if calls == 1:  # the first attempt runs until told to stop, then reports progress once more
+        HOOKS["first_started"].set()
+        ctx.cancelled.wait(30)
+        HOOKS["second_running"].wait(30)
+        ctx.progress(1, 10, "stale attempt")  # well within MAKESPAN_CANCEL_GRACE_S
+        HOOKS["stale_wrote"].set()
+        return "stale"
+    ctx.progress(9, 10, "live attempt")
+    HOOKS["second_running"].set()
+    HOOKS["stale_wrote"].wait(30)
+    HOOKS["read"].wait(30)  # the test reads the record while this attempt still runs
+    return "live"
+
+
+def test_a_preempted_attempt_does_not_overwrite_the_progress_of_the_next(r, keys, settings):
+    """A run whose lease was preempted goes on until the cancel grace period ends (or for
+    good, when stuck); its progress writes were not fenced and overwrote the progress of
+    the attempt running now. They are fenced by the run's lease."""
+    HOOKS.clear()
+    HOOKS.update(first_started=threading.Event(), second_running=threading.Event(), stale_wrote=threading.Event(),
+                 read=threading.Event())
+    fleet, client = _setup(r, keys, settings, progress_after_cancel)
+    job = client.submit("tests.progress_after_cancel")
+    ctx1, runner1 = _lease(r, keys, settings, fleet, job.id)
+    out1: list = []
+    first = threading.Thread(target=lambda: out1.append(run_warm(runner1, ctx1)))
+    first.start()
+    assert HOOKS["first_started"].wait(20)
+    assert LeaseStore(r, keys).preempt(ctx1.lease_id, "a-critical-job") == "preempted"
+    ctx2, runner2 = _lease(r, keys, settings, fleet, job.id)
+    out2: list = []
+    second = threading.Thread(target=lambda: out2.append(run_warm(runner2, ctx2)))
+    second.start()
+    assert HOOKS["stale_wrote"].wait(20)
+    record = r.hgetall(keys.job(job.id))  # while the second attempt runs
+    HOOKS["read"].set()
+    first.join(20)
+    second.join(20)
+    assert out1 == ["stale"] and out2 == ["completed"]
+    assert record["state"] == "running"
+    assert (record.get("progress_note"), record.get("progress_done")) == ("live attempt", "9.0"), record
 
 
 @makespan.workload(endpoint="embed", helpers=("chat",), name="tests.holds_a_helper")
