@@ -392,8 +392,18 @@ class PhaseRunner:
         set_instance_state(self.r, self.keys, inst.id, "asleep", sleep_level=level)
         return None
 
-    def _wake_up(self, inst: Instance, hb: LeaseHeartbeat) -> str | None:
-        """Wake the sleeping ``inst`` and mark it ``running``; None, or why it could not."""
+    def _wake_up(self, ctx: PhaseContext, inst: Instance, hb: LeaseHeartbeat) -> str | None:
+        """Wake the sleeping ``inst`` for ``ctx``'s lease and mark it ``running``; None, or
+        why it could not. Both marks are fenced by the lease: it is ``waking`` while the
+        wake runs, so a start phase of a lease that took the GPUs meanwhile (a preemption)
+        stops it as a leftover instead of keeping it as a sleeper, and a wake that ends
+        after the lease was lost stops the instance: nothing would track it awake.
+
+        Raises:
+            StaleFencingToken: the lease was lost before or during the wake."""
+        key = self.keys.instance(inst.id)
+        if not self.leases.fenced(ctx.lease, [("HSETX", key, "state", "waking")]):
+            raise StaleFencingToken("lease lost before the endpoint woke")
         with telemetry.child_span("endpoint_wake", {"endpoint": inst.endpoint, "instance": inst.id}) as span:
             try:
                 self._driver(inst.driver, self._paced(hb)).wake(inst)
@@ -401,7 +411,9 @@ class PhaseRunner:
                 span.set_attribute("makespan.outcome", "failed")
                 return str(e)
             span.set_attribute("makespan.outcome", "woken")
-        set_instance_state(self.r, self.keys, inst.id, "running")
+        if not self.leases.fenced(ctx.lease, [("HSETX", key, "state", "running")]):
+            self._stop_instance(inst)
+            raise StaleFencingToken("lease lost while the endpoint woke")
         return None
 
     # -- phases ------------------------------------------------------------------------
@@ -510,7 +522,7 @@ class PhaseRunner:
                     self._stop_instance(old)
                 self._stop_unfitting_sleepers(ctx, endpoint, extra)
                 t0 = time.monotonic()
-                why = self._wake_up(exact, hb)
+                why = self._wake_up(ctx, exact, hb)
                 if why is None:
                     inst = exact
                     self._timed(ctx, extra, "wake", endpoint, planned, time.monotonic() - t0)
@@ -576,7 +588,7 @@ class PhaseRunner:
             log.warning("stopping %s: %s", inst.endpoint, e)
 
     def _instances_on(self, gpus: list[str]) -> list[Instance]:
-        """Registered instances on any of ``gpus`` that are not asleep (running or failed)."""
+        """Registered instances on any of ``gpus`` that are not asleep (starting, running, waking or failed)."""
         return [i for i, st in instances_on(self.r, self.keys, gpus, with_state=True) if st != "asleep"]
 
     def _sleepers_on(self, gpus: list[str]) -> list[Instance]:

@@ -190,7 +190,8 @@ class LeaseStore:
         """Apply ``ops`` atomically iff the lease is still current. Each op is
         ``(cmd, key, *args)``: any Redis write command (HSET, SET, DEL, ZADD, RPUSH, ...),
         ``("XADD_E", stream_key, event_json)`` (an event), ``("DELIFEQ", key, value)``
-        (delete only while the key still holds ``value``), or a job-state op built by
+        (delete only while the key still holds ``value``), ``("HSETX", key, field, value, ...)``
+        (HSET only while the hash exists), or a job-state op built by
         :func:`start_job_op`, :func:`delay_job_op`, :func:`finish_job_op`. Returns False
         (nothing applied) if stale.
 

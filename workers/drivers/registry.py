@@ -30,7 +30,9 @@ from makespan.store.scripts import script as store_script
 from makespan.workers.drivers.base import Instance
 
 
-INSTANCE_STATES = ("starting", "running", "asleep", "failed")
+# waking: a GPU worker wakes it for a lease (a start phase); another lease's start treats it
+# as a leftover (stops it), not as a sleeper to keep
+INSTANCE_STATES = ("starting", "running", "asleep", "waking", "failed")
 
 
 def _encode(instance: Instance, state: str) -> dict[str, str]:

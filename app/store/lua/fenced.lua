@@ -14,6 +14,7 @@
 --          write command, or one of
 --            XADD_E     args: event JSON                       (append_event)
 --            DELIFEQ    args: value                            (DEL while the key holds value)
+--            HSETX      args: field, value, ...                (HSET while the hash exists)
 --            START_JOB  key P:job:{id}; args: started_at_s      (state running)
 --            DELAY_JOB  key P:job:{id}; args: job id, due_s, reason, last_error (state delayed)
 --            FINISH_JOB key P:job:{id}; args: job id, state, finished_at_s, reason (finish_job)
@@ -33,6 +34,8 @@ for _, op in ipairs(ops) do
     append_event(key, args[1])
   elseif cmd == 'DELIFEQ' then
     if redis.call('GET', key) == args[1] then redis.call('DEL', key) end
+  elseif cmd == 'HSETX' then
+    if redis.call('EXISTS', key) == 1 then redis.call('HSET', key, unpack(args)) end
   elseif cmd == 'START_JOB' then
     redis.call('HSET', key, 'state', 'running', 'started_at', args[1])
   elseif cmd == 'DELAY_JOB' then
