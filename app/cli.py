@@ -276,6 +276,11 @@ def submit(workload: str | None = typer.Argument(None, help="a workload function
     typer.echo(h.id if quiet else json.dumps({"id": h.id, "created": h.created, "priority": h.priority.name}))
 
 
+# Client.submit's own keyword options: --kwargs cannot pass these to the function
+SUBMIT_OPTIONS = frozenset({"workload", "priority", "endpoint", "idempotency_key", "depends_on", "delay_s", "service_s",
+                            "deadline_s"})
+
+
 def _submit_call(workload: str, call_args: str, call_kwargs: str, fleet: Path | None, endpoint: str | None,
                  service_s: float | None, priority: str, idempotency_key: str | None, delay_s: float | None,
                  deadline_s: float | None, quiet: bool) -> None:
@@ -289,6 +294,10 @@ def _submit_call(workload: str, call_args: str, call_kwargs: str, fleet: Path | 
             raise MakespanError(f"--args/--kwargs: not JSON: {e}") from e
         if not isinstance(args, list) or not isinstance(kwargs, dict):
             raise MakespanError("--args must be a JSON list and --kwargs a JSON object")
+        taken = sorted(set(kwargs) & SUBMIT_OPTIONS)
+        if taken:
+            raise ValidationError("kwargs", taken, "names of submit options, not arguments of the function: use "
+                                  + ", ".join("--" + name.replace("_", "-") for name in taken))
         s = _settings()
         from makespan.models import load_fleet
         from makespan.redis_conn import connect
@@ -299,9 +308,11 @@ def _submit_call(workload: str, call_args: str, call_kwargs: str, fleet: Path | 
         telemetry.setup_tracing("makespan-cli")  # the job's trace ids (nothing is exported at submit)
         job = client.submit(workload, *args, endpoint=endpoint, service_s=service_s, priority=priority,
                             idempotency_key=idempotency_key, delay_s=delay_s, deadline_s=deadline_s, **kwargs)
+        # a repeated idempotency key returns the existing job, at the priority it was submitted with
+        level = priority.upper() if job.created or quiet else job.status()["priority"]
     except MakespanError as e:
         _fail(e)
-    typer.echo(job.id if quiet else json.dumps({"id": job.id, "created": job.created, "priority": priority.upper()}))
+    typer.echo(job.id if quiet else json.dumps({"id": job.id, "created": job.created, "priority": level}))
 
 
 @app.command()

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,7 @@ import redis
 import redis.asyncio
 
 from makespan.errors import (JobCancelled, JobFailed, NotFoundError, RedisAuthFailed, RedisUnreachable, ResultTimeout, StoreError, ValidationError,
-                             WorkloadError)
+                             WorkloadError, is_utf8)
 from makespan.keys import Keys
 from makespan.models import FINAL_STATES, FleetSpec, Priority, fleet_version, load_fleet, parse_fleet
 from makespan.producer import Producer
@@ -167,7 +168,7 @@ class Client:
             priority: CRITICAL, HIGH, NORMAL (default) or LOW.
             endpoint: the endpoint to run on (default: the workload's own).
             idempotency_key: a repeated key returns the existing job (``job.created`` False).
-            depends_on: jobs (or ids) that must complete first.
+            depends_on: jobs (or ids) that must complete first: one job or id, or a list of them.
             delay_s: queue the job only this many seconds from now.
             service_s: planning estimate, workload seconds (default: learned, see
                 :mod:`makespan.estimates`).
@@ -194,8 +195,11 @@ class Client:
                 endpoint: str | None, idempotency_key: str | None, depends_on: list[str | Job] | tuple[str | Job, ...],
                 delay_s: float | None, service_s: float | None, deadline_s: float | None, kwargs: dict[str, Any]) -> Job:
         name = workload.name if isinstance(workload, WorkloadDef) else workload
-        if not isinstance(name, str) or not name:
+        if not isinstance(name, str) or not name or not is_utf8(name):
             raise ValidationError("workload", workload, "must be a workload name or a @makespan.workload function")
+        if endpoint is not None and (not isinstance(endpoint, str) or not is_utf8(endpoint)):
+            raise ValidationError("endpoint", endpoint, "must be an endpoint name of the fleet")
+        depends_on = _dependencies(depends_on)
         definition, (version,) = live_definition(self.r, self.keys, name, [self.keys.fleet_version])
         endpoint = endpoint or definition.get("endpoint")
         if not endpoint:
@@ -248,6 +252,34 @@ class Client:
         self.close()
 
 
+def _dependencies(depends_on: Any) -> list[str | Job]:
+    """``depends_on`` as a list: a lone job or id (a string is one id, not its characters),
+    a list or tuple of them, or None (none).
+
+    Raises:
+        ValidationError: anything else."""
+    if depends_on is None:
+        return []
+    if isinstance(depends_on, (str, Job)):
+        return [depends_on]
+    if not isinstance(depends_on, (list, tuple)):
+        raise ValidationError("depends_on", repr(depends_on)[:200], "must be a job, a job id, or a list of them")
+    return list(depends_on)
+
+
+def _timeout(timeout_s: Any) -> float | None:
+    """``timeout_s`` checked: None (no limit) or a finite number of seconds >= 0.
+
+    Raises:
+        ValidationError: NaN, infinite, negative or not a number (a NaN deadline never passes)."""
+    if timeout_s is None:
+        return None
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not math.isfinite(timeout_s) \
+            or timeout_s < 0:
+        raise ValidationError("timeout_s", timeout_s, "must be None or a finite number of seconds >= 0")
+    return float(timeout_s)
+
+
 class Job:
     """A submitted job: its id, and calls to follow it.
 
@@ -287,6 +319,7 @@ class Job:
         Raises:
             ResultTimeout: ``timeout_s`` passed first.
             NotFoundError: no such job."""
+        timeout_s = _timeout(timeout_s)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         pause = _POLL_MIN_S
         while True:
@@ -311,6 +344,8 @@ class Job:
         return self._outcome(self.wait(timeout_s))
 
     def _state(self) -> str:
+        if not is_utf8(self.id):
+            raise NotFoundError(f"no job {self.id!r}")
         try:
             state = self.client.r.hget(self.client.keys.job(self.id), "state")
         except redis.RedisError as e:
@@ -344,6 +379,7 @@ class Job:
     # -- asyncio twins ------------------------------------------------------------------
     async def wait_async(self, timeout_s: float | None = None) -> str:
         """:meth:`wait` for asyncio (redis-py's asyncio client; cancellable)."""
+        timeout_s = _timeout(timeout_s)
         url = self.client.settings.redis_url
         if url.startswith("redis+sentinel://"):  # redis-py's asyncio Sentinel is not wired here: a thread waits
             return await asyncio.to_thread(self.wait, timeout_s)
@@ -351,7 +387,7 @@ class Job:
 
         aredis = redis.asyncio.Redis.from_url(url, decode_responses=True, **client_options(self.client.settings))
         loop = asyncio.get_running_loop()
-        deadline = None if timeout_s is None else loop.time() + timeout_s
+        deadline = None if timeout_s is None else loop.time() + timeout_s  # checked above
         pause = _POLL_MIN_S
         try:
             while True:

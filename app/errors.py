@@ -146,3 +146,13 @@ def utf8_text(value: object) -> str:
     except UnicodeEncodeError:
         return text.encode("utf-8", "backslashreplace").decode("utf-8")
     return text
+
+
+def is_utf8(value: str) -> bool:
+    """Whether ``value`` encodes as UTF-8 (no lone surrogate): a name or id that does not
+    can never be a key in Redis (redis-py raises UnicodeEncodeError)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

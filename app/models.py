@@ -30,6 +30,8 @@ from makespan.job_states import FINAL_STATES as _FINAL_STATES
 FINAL_STATES = _FINAL_STATES
 
 MAX_DELAY_S = 30 * 24 * 3600.0  # longest delay_s a job may carry, s
+MAX_SERVICE_S = 30 * 24 * 3600.0  # longest service_s a job may carry, workload s: sums of
+# near-float-max values overflow to inf in the planner's arithmetic (inf/inf is NaN)
 
 _Strict = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
@@ -39,6 +41,12 @@ def _positive_finite(v: float) -> float:
     if not isinstance(v, (int, float)) or isinstance(v, bool) or math.isnan(v) or math.isinf(v) or v <= 0:
         raise ValueError("must be a positive, finite number of seconds")
     return float(v)
+
+
+def _at_most_30_days(v: float) -> float:
+    if v > MAX_SERVICE_S:
+        raise ValueError(f"must be at most {MAX_SERVICE_S:.0f} s (30 days)")
+    return v
 
 
 def _non_negative_finite(v: float) -> float:
@@ -547,7 +555,7 @@ class JobSpec(BaseModel):
     @field_validator("service_s")
     @classmethod
     def _service(cls, v: float | None) -> float | None:
-        return None if v is None else _positive_finite(v)
+        return None if v is None else _at_most_30_days(_positive_finite(v))
 
     @field_validator("deadline_s")
     @classmethod

@@ -19,7 +19,7 @@ from typing import Any
 import redis
 
 from makespan import metrics, pools, telemetry
-from makespan.errors import NotFoundError, StoreError, ValidationError
+from makespan.errors import NotFoundError, StoreError, ValidationError, is_utf8
 from makespan.keys import Keys
 from makespan.models import FleetSpec, JobSpec, Priority, parse_job
 from makespan.settings import Settings
@@ -182,6 +182,8 @@ class Producer:
         Raises:
             NotFoundError: no such job (or it was compacted away after its retention).
         """
+        if not is_utf8(job_id):
+            raise NotFoundError(f"no job {job_id!r}")
         try:
             rec = self.r.hgetall(self.keys.job(job_id))
         except redis.RedisError as e:
@@ -190,11 +192,11 @@ class Producer:
             raise NotFoundError(f"no job {job_id!r}")
         rec.pop("spec", None)
         for k in _FLOAT_FIELDS:
-            if k in rec:
-                rec[k] = float(rec[k])
+            if k in rec:  # an empty field is a value not known (a queued job's wait_eta the plan did not give)
+                rec[k] = float(rec[k]) if rec[k] != "" else None
         for k in _INT_FIELDS:
             if k in rec:
-                rec[k] = int(rec[k])
+                rec[k] = int(rec[k]) if rec[k] != "" else None
         rec["reclaimed_attempts"] = rec.get("attempts", 0)
         rec["attempts"] = attempts_made(rec)
         return dict(sorted(rec.items()))
@@ -217,6 +219,8 @@ class Producer:
             raise StoreError(f"cancel {job_id}: {e}") from e
 
     def _cancel_job(self, job_id: str) -> str:
+        if not is_utf8(job_id):
+            raise NotFoundError(f"no job {job_id!r}")
         prio, pool = self.r.hmget(self.keys.job(job_id), "priority", "pool")
         if prio is None:
             raise NotFoundError(f"no job {job_id!r}")

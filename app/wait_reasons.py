@@ -33,7 +33,8 @@ REASONS: dict[str, str] = {
     "waiting_for_memory": "GPUs of its group size are free, but none with the memory its endpoint needs",
     "delayed_until": "submitted with delay_s: queued at the ETA (not_before)",
     "preempted_requeued": "it was preempted and is queued again (it restarts from zero)",
-    "retry_backoff": "its lease was reclaimed (worker lost); it waits out the retry backoff until the ETA",
+    "retry_backoff": "its function raised and is retried, or its lease was reclaimed (worker lost); it waits out "
+                     "the retry backoff until the ETA",
     "host_down": "the hosts it could run on have no live GPU worker (stopped or dead): nothing is leased there "
                  "until one is back; the detail names them",
     "no_planner": "no planner leads: nothing is planned until one does",
@@ -58,6 +59,10 @@ def reason_of(rec: dict[str, Any], *, planner_leads: bool, server_now_s: float, 
     state = rec.get("state")
     if state == "delayed":
         due = float(rec.get("not_before") or 0.0) or None
+        tries = int(rec.get("tries") or 0)  # runs of its function that raised and were retried
+        if tries > 0:
+            return "retry_backoff", str(rec.get("reason") or f"attempt {int(rec.get('attempts') or 0) + tries + 1} "
+                                                              "after its function raised"), due
         if int(rec.get("attempts") or 0) > 0:
             return "retry_backoff", f"attempt {int(rec['attempts']) + 1} after a reclaimed lease", due
         return "delayed_until", "submitted with delay_s", due

@@ -48,8 +48,8 @@ def allocate(batch: Sequence[PlanJob], state: FleetState) -> dict[str, list[Grou
             work[e] = work.get(e, 0.0) + sh * total
     total = sum(work.values())
     n_gpus = len(state.gpus)
-    if total <= 0 or sum(eps[e].tp for e in needed) > n_gpus:
-        return None
+    if total <= 0 or not math.isfinite(total) or sum(eps[e].tp for e in needed) > n_gpus:
+        return None  # (a sum that overflowed: no shares to split by)
     # instances by largest remainder, at least one for endpoints with jobs
     quota = {e: n_gpus * w / total / eps[e].tp for e, w in work.items()}
     inst = {e: max(int(math.floor(q)), 1 if e in needed else 0) for e, q in quota.items()}

@@ -296,3 +296,17 @@ def test_why_does_not_show_a_running_job_s_last_requeue_reason():
     done = {**rec, "state": "failed", "reason": "workload raised ValueError"}
     assert line(_explain_rec(None, None, None, "j1", done, True, 0.0)) == "j1: failed (workload raised ValueError)"
 
+
+
+def test_a_function_retry_waits_in_retry_backoff_not_delayed_until():
+    """A workload function that raised is retried as a delayed job with ``tries`` + 1 and
+    ``attempts`` unchanged; `makespan why` used to call that a job submitted with delay_s."""
+    from makespan.wait_reasons import reason_of
+
+    rec = {"state": "delayed", "not_before": "1000.5", "attempts": "0", "tries": "1",
+           "reason": "retry 1 of 2 in 60 s after execute: ValueError: no"}
+    assert reason_of(rec, planner_leads=True, server_now_s=900.0, queue_position=None, stale_after_s=30.0) == (
+        "retry_backoff", "retry 1 of 2 in 60 s after execute: ValueError: no", 1000.5)
+    plain = {"state": "delayed", "not_before": "1000.5"}
+    assert reason_of(plain, planner_leads=True, server_now_s=900.0, queue_position=None,
+                     stale_after_s=30.0)[0] == "delayed_until"

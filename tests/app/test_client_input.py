@@ -1,0 +1,142 @@
+"""The client API on input a user may well pass (found by a review, 2026-12-04): each test
+fails on the code before its fix. In-process, on the real Redis: the fleet and two
+workload definitions are published as a planner and a GPU worker would."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+import makespan
+from makespan.models import fleet_version, load_fleet
+from makespan.registry import WorkloadDef, publish
+from makespan.store import JobStore
+from tests.conftest import FLEET_TOML
+
+
+def _two(ctx, a, b=1):
+    return a
+
+
+@pytest.fixture
+def client(r, keys, redis_url, prefix):
+    fleet = load_fleet(FLEET_TOML)
+    r.mset({keys.fleet: fleet.model_dump_json(), keys.fleet_version: fleet_version(fleet)})
+    publish(r, keys, [WorkloadDef("tests.two", _two, "embed")], ttl_s=600, holder="test")
+    with makespan.connect(redis_url, key_prefix=prefix) as out:
+        yield out
+
+
+def _keys_of(r, prefix) -> set[str]:
+    return set(r.scan_iter(f"{prefix}:*", count=1000))
+
+
+def test_status_of_a_queued_job_the_plan_gave_no_eta(client, r, keys):
+    """The planner writes wait_eta '' for a job it gives no ETA (left out of its batch, a
+    dependency that ends at an unknown time): status() used to raise ValueError."""
+    job = client.submit("tests.two", 1)
+    assert JobStore(r, keys).write_wait_reasons("", [job.id, "behind_batch", "position 201 in the NORMAL queue", ""]) == 1
+    status = job.status()
+    assert (status["state"], status["wait_reason"], status["wait_eta"]) == ("queued", "behind_batch", None)
+
+
+@pytest.mark.parametrize("form", ["job", "id", "list"])
+def test_depends_on_one_job_or_one_id(client, r, keys, form):
+    """A lone id used to be split into its characters (the dependant then cancelled with
+    "dependency 6 did not complete"); a lone Job raised TypeError."""
+    first = client.submit("tests.two", 1)
+    value = {"job": first, "id": first.id, "list": [first.id]}[form]
+    second = client.submit("tests.two", 2, depends_on=value)
+    assert json.loads(r.hget(keys.job(second.id), "deps")) == [first.id]
+
+
+@pytest.mark.parametrize("value", [5, {"a": 1}, 1.5])
+def test_depends_on_of_another_type_is_a_validation_error_and_writes_nothing(client, r, prefix, value):
+    before = _keys_of(r, prefix)
+    with pytest.raises(makespan.ValidationError):
+        client.submit("tests.two", 1, depends_on=value)
+    assert _keys_of(r, prefix) == before
+
+
+def test_depends_on_none_is_no_dependency(client, r, keys):
+    job = client.submit("tests.two", 1, depends_on=None)
+    assert r.hget(keys.job(job.id), "deps") in (None, "", "[]")
+
+
+def test_service_s_past_30_days_is_a_validation_error(client, r, prefix):
+    """service_s=1e308 was accepted, and the planner process crashed on it (inf/inf in its
+    partition members): nothing was scheduled any more."""
+    before = _keys_of(r, prefix)
+    with pytest.raises(makespan.ValidationError, match="30 days"):
+        client.submit("tests.two", 1, service_s=1e308)
+    assert _keys_of(r, prefix) == before
+    assert client.submit("tests.two", 1, service_s=30 * 24 * 3600.0).status()["service_s"] == 30 * 24 * 3600.0
+
+
+def test_the_planner_plans_jobs_whose_work_sums_past_float_max():
+    """A job queued before the limit (or written by hand) must not crash the planner: the
+    partition members' work shares were inf/inf = NaN, and int(NaN) raised."""
+    from makespan.planner.api import plan
+    from makespan.planner.model import PlanJob
+    from makespan.planner.simulator import fleet_state
+
+    state = fleet_state(load_fleet(FLEET_TOML))
+    batch = [PlanJob(f"j{i}", "embed", 1.0, 0.0, 1e308, 2, (), seq=i) for i in range(3)]
+    assert {a.job_id for a in plan(batch, state, "portfolio").assignments} == {"j0", "j1", "j2"}
+
+
+@pytest.mark.parametrize("name", ["workload", "endpoint"])
+def test_a_name_that_is_not_utf8_is_a_validation_error(client, name):
+    with pytest.raises(makespan.ValidationError):
+        if name == "workload":
+            client.submit("tests.t\ud800wo", 1)
+        else:
+            client.submit("tests.two", 1, endpoint="em\ud800bed")
+
+
+def test_a_job_id_that_is_not_utf8_is_not_found(client):
+    job = client.job("ab\udcff")
+    for call in (job.status, job.cancel, job.wait):
+        with pytest.raises(makespan.NotFoundError):
+            call()
+
+
+@pytest.mark.parametrize("timeout_s", [math.nan, math.inf, -1.0, "5"])
+def test_a_wait_timeout_that_is_not_a_finite_number_is_a_validation_error(client, timeout_s):
+    """A NaN deadline never passed: wait(timeout_s=nan) blocked for good."""
+    job = client.submit("tests.two", 1)
+    with pytest.raises(makespan.ValidationError):
+        job.wait(timeout_s=timeout_s)
+    with pytest.raises(makespan.ValidationError):
+        job.result(timeout_s=timeout_s)
+
+
+def _cli(redis_url, prefix, *args: str | bytes) -> subprocess.CompletedProcess:
+    env = {**os.environ, "MAKESPAN_REDIS_URL": redis_url, "MAKESPAN_KEY_PREFIX": prefix}
+    return subprocess.run([sys.executable, "-m", "makespan.cli", *args], env=env, capture_output=True, timeout=60)
+
+
+def test_cli_kwargs_named_like_a_submit_option_exit_2(client, redis_url, prefix):
+    out = _cli(redis_url, prefix, "submit", "tests.two", "--args", "[1]", "--kwargs", '{"priority": "HIGH"}')
+    assert out.returncode == 2 and b"Traceback" not in out.stderr, out.stderr[-400:]
+    assert b"--priority" in out.stderr
+
+
+def test_cli_submit_of_a_repeated_key_prints_the_jobs_priority(client, redis_url, prefix):
+    first = client.submit("tests.two", 1, priority="HIGH", idempotency_key="once")
+    out = _cli(redis_url, prefix, "submit", "tests.two", "--args", "[1]", "--priority", "LOW",
+               "--idempotency-key", "once")
+    assert out.returncode == 0, out.stderr[-400:]
+    assert json.loads(out.stdout) == {"id": first.id, "created": False, "priority": "HIGH"}
+
+
+def test_cli_result_of_an_id_that_is_not_utf8_exits_2(client, redis_url, prefix):
+    env = {**os.environ, "MAKESPAN_REDIS_URL": redis_url, "MAKESPAN_KEY_PREFIX": prefix}
+    out = subprocess.run([sys.executable.encode(), b"-m", b"makespan.cli", b"result", b"ab\xff"], env=env,
+                         capture_output=True, timeout=60)
+    assert out.returncode == 2 and b"Traceback" not in out.stderr, out.stderr[-400:]
