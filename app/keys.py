@@ -76,6 +76,9 @@ key                                    type    contents
 ``P:fns``                              set     workload function names ever registered
 ``P:exec:{workload}:{endpoint}``       list    latest execute times, workload s (learned
                                                service time, see makespan.estimates)
+``P:restore:failed:{uuid}``            string  consecutive failed set-point restores of the group
+                                               whose first GPU is ``uuid`` (PX: the backoff before
+                                               the next try; see makespan.workers.phases)
 ``P:transition:{ep}:{host}:{kind}``    list    latest measured durations, workload s, of one
                                                transition kind (evict, sleep, wake, cold_start,
                                                restore) of an endpoint on a host, newest first
@@ -188,6 +191,11 @@ class Keys:
 
     def resident(self, uuid: str) -> str:
         return f"{self.prefix}:resident:{uuid}"
+
+    def restore_failed(self, uuid: str) -> str:
+        """Consecutive failed set-point restores of the group whose first GPU is ``uuid``
+        (PX: the backoff before its next restore)."""
+        return f"{self.prefix}:restore:failed:{uuid}"
 
     @property
     def running(self) -> str:

@@ -125,8 +125,8 @@ def residency_from_run(events: list[dict[str, Any]], time_scale: float,
             if lid in start:
                 change(lid, start[lid], None)
                 change(lid, e["ts"], e.get("endpoint"))
-        elif k == "restore_end" and lid in restore_ep:
-            change(lid, e["ts"], restore_ep[lid])
+        elif k == "restore_end" and lid in restore_ep:  # a failed restore leaves nothing resident
+            change(lid, e["ts"], restore_ep[lid] if e.get("outcome", "completed") == "completed" else None)
     for changes in out.values():
         changes.sort(key=lambda x: x[0])
     return out

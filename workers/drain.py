@@ -102,8 +102,12 @@ def start_restore(ctx: TickContext, endpoint: str, gpus: tuple[str, ...], busy: 
     chain; the GPUs join ``busy``. False if the lease failed (GPUs taken meanwhile).
     ``prewarm``: the same chain wakes a sleeper ahead of demand
     (:mod:`makespan.workers.prewarm`): planned at its wake time, ``prewarm`` in the
-    ``restore_start`` event."""
+    ``restore_start`` event. False too, without a lease, while the group's last restore
+    failed less than its backoff ago (``P:restore:failed:{first GPU}``, written by the
+    restore phase)."""
     env, last_tp = ctx.env, ctx.kept.last_traceparent
+    if env.r.exists(env.keys.restore_failed(gpus[0])):
+        return False  # its last restore failed: backing off (makespan.workers.phases.RESTORE_BACKOFF_S)
     lease_id = uuid.uuid4().hex
     host = env.fleet.host_of(gpus[0])
     spec = env.fleet.endpoints[endpoint]

@@ -43,6 +43,8 @@ log = logging.getLogger("makespan.phases")
 
 JOB_PHASES = ("evict", "start_endpoint", "execute", "clear")
 RESTORE_PHASES = ("evict", "restore")
+RESTORE_BACKOFF_S = 60.0  # wall s before a failed set-point restore of a group is tried again; doubles per failure
+RESTORE_BACKOFF_MAX_S = 3600.0  # at most this long
 STOPS_CHAIN = ("failed", "cancelled", "stale", "retried")  # phase outcomes after which no later phase runs
 
 
@@ -870,9 +872,29 @@ class PhaseRunner:
             ops.append(finish_job_op(self.keys, ctx.job_id, state, now, reason))  # lib.lua finish_job
             ops.append(("XADD_E", self.keys.events, self._event(state, ctx, reason=reason or None)))
         else:
-            ops.append(("XADD_E", self.keys.events, self._event("restore_end", ctx)))
+            ops.append(("XADD_E", self.keys.events, self._event("restore_end", ctx, outcome=state, reason=reason or None)))
+            ops.extend(self._restore_backoff_ops(ctx, state))
         # The fenced script checks the GPU keys before deleting them, so order is safe.
         return ops
+
+    def _restore_backoff_ops(self, ctx: PhaseContext, state: str) -> list[tuple]:
+        """The ops that record a restore's outcome for the planner's next restores of this
+        set-point group (:func:`makespan.workers.drain.start_restore` skips a group while
+        its key lives): a failed restore sets ``P:restore:failed:{first GPU}`` to its count
+        of consecutive failures, expiring after :data:`RESTORE_BACKOFF_S` × 2^(count − 1)
+        s (at most :data:`RESTORE_BACKOFF_MAX_S`), so an endpoint that cannot start (a
+        missing model, a GPU it does not fit) is not retried at every idle tick, each try
+        holding the GPUs for its health timeout; a completed one deletes the key (a
+        cancelled one leaves it as it is)."""
+        key = self.keys.restore_failed(ctx.gpus[0])
+        if state != "failed":
+            return [("DEL", key)] if state == "completed" else []
+        try:
+            failures = 1 + int(self.r.get(key) or 0)
+        except (redis.RedisError, ValueError):
+            failures = 1
+        backoff_s = min(RESTORE_BACKOFF_S * 2 ** (failures - 1), RESTORE_BACKOFF_MAX_S)
+        return [("SET", key, str(failures), "PX", str(int(backoff_s * 1000)))]
 
     def _finished(self, ctx: PhaseContext, state: str, reason: str, now: float) -> str:
         """After the finish ops committed: metrics, the job span, a warning if not completed."""
@@ -882,6 +904,8 @@ class PhaseRunner:
                                    {"job_id": ctx.job_id, "priority": ctx.priority, "endpoint": ctx.endpoint,
                                     "gpus": list(ctx.gpus), "state": state},
                                    error=None if state == "completed" else (reason or state))
-        if state != "completed":
+        if state != "completed" and ctx.kind == "job":
             log.warning("job %s %s: %s", ctx.job_id, state, reason)
+        elif state != "completed":
+            log.warning("restore of %s on %s %s (backing off): %s", ctx.endpoint, ",".join(ctx.gpus), state, reason)
         return state
