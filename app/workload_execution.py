@@ -39,9 +39,20 @@ def cancel_workload(r: redis.Redis, keys: Keys, workload_id: str, reason: str = 
     Raises NotFoundError: no such workload."""
     ids = _job_ids(r, keys, workload_id)
     prio = r.hget(keys.workload(workload_id), "priority") or "NORMAL"
-    if r.hget(keys.workload(workload_id), "state") in TERMINAL:
+    state = r.hget(keys.workload(workload_id), "state")
+    if state in ("completed", "cancelled"):
         return {"cancelled": 0, "cancel_requested": 0}
-    return _cancel_steps(r, keys, workload_id, prio, list(ids.values()), reason, "cancelled")
+    # a failed workload's independent steps go on (docs/workloads.md): they are cancelled, and
+    # the workload stays failed
+    out = _cancel_steps(r, keys, workload_id, prio, list(ids.values()), reason, "" if state in TERMINAL else "cancelled")
+    # a retry the planner made between the read above and the script swapped in a new step id;
+    # once the workload is no longer running no retry is made (retry_step.lua), so one more
+    # read finds every such step
+    fresh = [job_id for job_id in _job_ids(r, keys, workload_id).values() if job_id not in set(ids.values())]
+    if fresh:
+        more = _cancel_steps(r, keys, workload_id, prio, fresh, reason, "")
+        out = {k: out[k] + more[k] for k in out}
+    return out
 
 
 def _cancel_steps(r, keys, wid, prio, job_ids, reason, final_state) -> dict[str, int]:
@@ -105,9 +116,14 @@ def advance_workloads(r: redis.Redis, keys: Keys) -> dict[str, int]:
         dead: set[str] = set()
         for step, (st, retries, reason) in rows.items():
             if st == "failed" and wstate == "running" and retries < budget:
-                if _retry(r, keys, wid, wrec, step, ids, deps, prio, retries, reason):
+                new_id = _retry(r, keys, wid, wrec, step, ids, deps, prio, retries, reason)
+                if new_id is not None:
                     out["retried"] += 1
                     rows[step] = ["queued", retries + 1, ""]
+                    # the next retry of this pass writes its dependants' deps from ids: with this
+                    # step's new attempt, not the failed one (a step waiting on two parents that
+                    # failed before one pass was left waiting on a failed attempt for good)
+                    ids = {**ids, step: new_id}
             elif st in ("failed", "cancelled"):
                 dead.add(step)
         if dead and wstate == "running":
@@ -129,7 +145,8 @@ def advance_workloads(r: redis.Redis, keys: Keys) -> dict[str, int]:
     return out
 
 
-def _retry(r, keys, wid, wrec, step, ids, deps, prio, retries, reason) -> bool:
+def _retry(r, keys, wid, wrec, step, ids, deps, prio, retries, reason) -> str | None:
+    """Retry the failed ``step`` as a new job; its id, or None when the script refused."""
     new_id = uuid.uuid4().hex
     now = time.time()
     fields = {**json.loads(wrec[f"tmpl:{step}"]), "id": new_id, "state": JobState.QUEUED.value, "submitted_at": repr(now),
@@ -140,6 +157,7 @@ def _retry(r, keys, wid, wrec, step, ids, deps, prio, retries, reason) -> bool:
     dependants = [s for s, ds in deps.items() if step in ds]
     ev = json.dumps({"ts": now, "kind": "retried", "job": new_id, "previous": ids[step], "workload": wid,
                      "step": step, "retry": retries + 1, "reason": reason})
-    return JobStore(r, keys).retry_step(wid, step, ids[step], new_id, fields, ev,
+    done = JobStore(r, keys).retry_step(wid, step, ids[step], new_id, fields, ev,
                                         keys.for_pool(fields.get("pool")).queue(prio),
                                         [(ids[d], json.dumps([new_ids[x] for x in deps[d]])) for d in dependants])
+    return new_id if done else None

@@ -76,6 +76,10 @@ class StepSpec(BaseModel):
         for _lit, field, _spec, _conv in string.Formatter().parse(v):
             if field is not None and field not in ("i", "step"):
                 raise ValueError(f"prompt template field {{{field}}} is unknown; use {{i}} and {{step}}")
+        try:  # as the execute phase formats it: a bad format spec or conversion fails here, not on the GPUs
+            v.format(i=0, step="step")
+        except (ValueError, KeyError, IndexError, AttributeError, TypeError) as e:
+            raise ValueError(f"prompt template does not format: {type(e).__name__}: {e}") from None
         return v
 
     @model_validator(mode="after")
@@ -204,9 +208,11 @@ def load_workload(path: str | Path, fleet: FleetSpec) -> WorkloadSpec:
     """
     p = Path(path)
     try:
-        text = p.read_text()
+        text = p.read_text(encoding="utf-8")
     except FileNotFoundError as e:
         raise ValidationError("workload file", str(p), "no such file") from e
+    except (OSError, UnicodeDecodeError) as e:  # a directory, no permission, not UTF-8
+        raise ValidationError("workload file", str(p), f"cannot read it: {e}") from e
     try:
         if p.suffix in (".yaml", ".yml"):
             import yaml

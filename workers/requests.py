@@ -84,7 +84,10 @@ def _body(route: str, payload: dict[str, Any], i: int, model: str) -> dict[str, 
     if items is not None:
         prompt = str(items[i])
     else:
-        prompt = str(payload.get("prompt", "request {i}")).format(i=i, step=payload.get("step", ""))
+        try:  # validated at submit (makespan.workload_spec); a record written otherwise fails the step cleanly
+            prompt = str(payload.get("prompt", "request {i}")).format(i=i, step=payload.get("step", ""))
+        except (ValueError, KeyError, IndexError, AttributeError, TypeError) as e:
+            raise PhaseError(f"prompt template does not format: {type(e).__name__}: {e}") from None
     if route.endswith("embeddings"):
         return {"model": model, "input": prompt}
     if route.endswith("chat/completions"):

@@ -48,9 +48,16 @@ end
 
 -- the reverse-dependency index (makespan.awaited): SADD / SREM job_id on P:awaited:{d}
 -- for each d of the JSON list deps_json (nil or '' = none); SREM of the last member deletes the set
+-- A dependency already compacted carries the retention TTL on its record and request records:
+-- it is lifted (PERSIST) while a job waits on it; the retention sweep, which still holds it in
+-- P:retained, deletes it once nothing waits (expire_retained.lua)
 local function awaited_add(prefix, job_id, deps_json)
   if not deps_json or deps_json == '' then return end
-  for _, d in ipairs(cjson.decode(deps_json)) do redis.call('SADD', key_awaited(prefix, d), job_id) end
+  for _, d in ipairs(cjson.decode(deps_json)) do
+    redis.call('SADD', key_awaited(prefix, d), job_id)
+    redis.call('PERSIST', key_job(prefix, d))
+    redis.call('PERSIST', key_requests(prefix, d))
+  end
 end
 local function awaited_drop(prefix, job_id, deps_json)
   if not deps_json or deps_json == '' then return end
