@@ -65,7 +65,7 @@ key                                    type    contents
 ``P:reqwait:{instance}``               string  requests waiting for a request lease
 ``P:reqpeak:{instance}``               string  most request leases ever held at once
 ``P:requests:{job}``                   list    per-request records of a step (JSON: t0, t1, ms, ok)
-``P:awaited:{job}``                    set     queued/delayed job ids whose deps name ``job``
+``P:awaited:{job}``                    set     ids of the jobs not ended whose deps name ``job``
                                                (reverse-dependency index, see makespan.awaited)
 ``P:fleet:version``                    string  sha256 (16 hex) of the published ``P:fleet`` JSON
 ``P:result:{job}``                     string  a job's result or error JSON (EX result TTL;
@@ -396,7 +396,7 @@ class Keys:
         return f"{self.prefix}:transition:*"
 
     def awaited(self, job_id: str) -> str:
-        """Set of the queued or delayed job ids that wait on ``job_id`` (makespan.awaited)."""
+        """Set of the ids of the jobs not ended that wait on ``job_id`` (makespan.awaited)."""
         return f"{self.prefix}:awaited:{job_id}"
 
     @property

@@ -82,9 +82,14 @@ def test_a_delayed_job_protects_its_running_dependency(r, keys, settings, mode):
     assert {e["job"] for e in _preempted(r, keys)} == {free}
 
 
-def test_entries_go_when_the_step_starts(r, keys, settings):
-    """b waits on a and x (one entry in each set); once both completed and the planner
-    leased b, no entry is left."""
+def test_entries_stay_while_the_step_runs_and_go_when_it_ends(r, keys, settings):
+    """b waits on a and x (one entry in each set). Once both completed and the planner
+    leased b, the entries stay (not a leak): a preemption, a reclaim or a retry puts b back,
+    and its dependencies must still be there for it (found by a review: a dependency that
+    retention deleted while b ran got b cancelled when it was preempted). They go when b
+    ends."""
+    from makespan.workers.leases import finish_job_op
+
     w, _prod, sent = _setup(r, keys, settings)
     _wid, ids = _workload(r, keys, settings, {"a": [], "x": [], "b": ["a", "x"]})
     assert waiters(r, keys, ids["a"]) == {ids["b"]} == waiters(r, keys, ids["x"])
@@ -92,7 +97,10 @@ def test_entries_go_when_the_step_starts(r, keys, settings):
         r.zrem(keys.queue(Priority.LOW), d)
         r.hset(keys.job(d), mapping={"state": "completed", "finished_at": "1"})
     w.tick()
-    assert {c.job_id for c in sent if c.kind == "job"} == {ids["b"]}
+    (leased,) = [c for c in sent if c.kind == "job"]
+    assert leased.job_id == ids["b"]
+    assert waiters(r, keys, ids["a"]) == {ids["b"]} == waiters(r, keys, ids["x"]) and leaked(r, keys) == {}
+    assert LeaseStore(r, keys).fenced(leased.lease, [finish_job_op(keys, ids["b"], "completed", 2.0, "")])
     assert _index_keys(r, keys) == [] and leaked(r, keys) == {}
 
 

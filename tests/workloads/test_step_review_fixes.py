@@ -149,3 +149,43 @@ def test_an_unreadable_workload_file_is_a_validation_error(tmp_path):
     for path in (latin1, tmp_path):
         with pytest.raises(ValidationError, match="cannot read"):
             load_workload(path, fleet)
+
+
+def test_a_dependant_preempted_after_its_dependency_aged_out_runs_again(r, keys, settings):
+    """A leased dependant used to leave the reverse-dependency index, so retention deleted
+    its dependency (record and result) once it was older than the retention age while the
+    dependant ran; a preemption (or a reclaim, or a function retry) then put the dependant
+    back, the planner found the dependency gone and cancelled it ("dependency … did not
+    complete"). The dependant stays in the index until it ends."""
+    import dataclasses
+    import time
+    import uuid
+
+    from makespan.producer import Producer
+    from makespan.workers.leases import LeaseStore
+    from makespan.workers.planner_worker import PlannerWorker
+    from makespan.workers.retention import Retention, mark_finished
+
+    fleet = load_fleet(FLEET_TOML)
+    gpu = fleet.hosts[0].gpus[0].uuid
+    s = dataclasses.replace(settings, lease_ttl_s=60.0, retention_age_s=2.0)
+    planner = PlannerWorker(r, s, fleet, dispatch=lambda ctx, queue: None)
+    planner.token = str(r.incr(keys.planner_fence))
+    producer = Producer(r, keys, fleet, s)
+    parent = producer.submit({"endpoint": "embed", "service_s": 10, "priority": "LOW"}).id
+    child = producer.submit({"endpoint": "embed", "service_s": 10, "priority": "LOW", "depends_on": [parent]}).id
+    r.zrem(keys.queue(Priority.LOW), parent)
+    now = time.time()
+    r.hset(keys.job(parent), mapping={"state": "completed", "finished_at": repr(now)})
+    r.set(keys.result(parent), '{"ok":true,"attempt":1,"execute_s":0.1,"value":42}', ex=3600)
+    mark_finished(r, keys, parent, now)
+    lease = LeaseStore(r, keys).acquire(uuid.uuid4().hex, (gpu,), 60.0, job_id=child, kind="job",
+                                        holder=fleet.hosts[0].name, queue=keys.queue(Priority.LOW),
+                                        info={"planned_end_s": repr(planner.now_s() + 1e6), "endpoint": "embed",
+                                              "priority": "LOW"})
+    assert lease is not None
+    Retention(r, s).sweep(now + 10)  # the child has run longer than the retention age
+    assert r.exists(keys.job(parent)) and r.exists(keys.result(parent))
+    assert LeaseStore(r, keys).preempt(lease.lease_id, "a-critical-job", planner.token) == "preempted"
+    planner.tick()
+    assert r.hget(keys.job(child), "state") != "cancelled", r.hget(keys.job(child), "reason")

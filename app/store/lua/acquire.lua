@@ -24,7 +24,8 @@
 -- ARGV[8]  the leased event, JSON (its token is added here)
 -- ARGV[9]  'queued' for a job lease, else 'none'
 -- ARGV[10] instance value ('' = no resident keys; else the reply says whether every GPU holds it)
--- ARGV[11] P, the key prefix (a leased job leaves the reverse-dependency index)
+-- ARGV[11] P, the key prefix (unused: a leased job stays in the reverse-dependency index, lib.lua
+--          finish_job drops it)
 -- Returns {1, token, warm 0|1}, or {0, why[, gpu key[, owner]]} with why in planner_fenced,
 -- not_queued, busy, owned.
 -- A GPU is busy while its gpu key exists, or while the lease gpu_owner names for it is
@@ -59,7 +60,6 @@ redis.call('HSET', KEYS[2], unpack(flat))
 redis.call('ZADD', KEYS[3], expires_ms, ARGV[1])
 if ARGV[9] == 'queued' then
   redis.call('ZREM', KEYS[5], ARGV[2])
-  awaited_drop(ARGV[11], ARGV[2], redis.call('HGET', KEYS[4], 'deps'))
   redis.call('HSET', KEYS[4], 'state', 'leased', 'lease', ARGV[1], 'token', tostring(token),
              'leased_at', tostring(tonumber(ARGV[4]) / 1000.0))
   redis.call('ZADD', KEYS[6], ARGV[4], ARGV[2])

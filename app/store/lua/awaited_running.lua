@@ -1,4 +1,4 @@
--- awaited_running.lua: the leased jobs (P:running) that some queued or delayed job waits on
+-- awaited_running.lua: the leased jobs (P:running) that some job not ended waits on
 -- (makespan.awaited).
 -- Library: lib
 -- Transitions: none

@@ -31,7 +31,7 @@ if idem then
   redis.call('HSET', KEYS[1], 'idem', idem)
   redis.call('EXPIRE', key_idem(ARGV[4], idem), ARGV[3])
 end
--- a step of a running workload, or a job that queued or delayed jobs still wait on
+-- a step of a running workload, or a job that jobs not ended still wait on
 -- (P:awaited:{id}), keeps its record (dependants read its state and result) and its request
 -- records until the workload is done and no job waits on it; the sweep expires them after that
 local wid = R['workload_id']

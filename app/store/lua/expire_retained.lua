@@ -1,6 +1,6 @@
 -- expire_retained.lua: delete one retained summary, its request records, its result and
 -- its idempotency key (only if it still names this job), unless the job is a step of a
--- workload still running, or a queued or delayed job still waits on it (P:awaited:{id}: its
+-- workload still running, or a job not ended still waits on it (P:awaited:{id}: its
 -- dependants read its state and its result): then it moves to the back of the retained
 -- index and is looked at again later.
 -- Library: lib

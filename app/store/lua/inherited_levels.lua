@@ -21,9 +21,12 @@ for i = 3, #ARGV do
         if not seen[w] and walked < cap then
           seen[w] = true
           walked = walked + 1
-          local k = rank[redis.call('HGET', key_job(prefix, w), 'priority') or '']
-          if k and k < best then best = k end
-          table.insert(nxt, w)
+          local rec = redis.call('HMGET', key_job(prefix, w), 'priority', 'state')
+          if rec[2] == 'queued' or rec[2] == 'delayed' then  -- the index also holds dependants that run
+            local k = rank[rec[1] or '']
+            if k and k < best then best = k end
+            table.insert(nxt, w)
+          end
         end
       end
     end

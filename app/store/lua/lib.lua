@@ -64,21 +64,30 @@ local function awaited_drop(prefix, job_id, deps_json)
   for _, d in ipairs(cjson.decode(deps_json)) do redis.call('SREM', key_awaited(prefix, d), job_id) end
 end
 
--- whether a queued or delayed job still waits on job_id (P:awaited:{job_id}); members no longer
--- queued or delayed (a stale entry: retention must not keep the job for them) are dropped
+-- whether a job that has not ended waits on job_id (P:awaited:{job_id}): queued or delayed,
+-- or leased or running (a preemption, a reclaim or a function retry puts it back, and its
+-- dependencies' records and results are read again then); members that ended (a stale
+-- entry: retention must not keep the job for them) are dropped
 local function awaited_live(prefix, job_id)
   local key = key_awaited(prefix, job_id)
   local live = false
   for _, waiter in ipairs(redis.call('SMEMBERS', key)) do
     local state = redis.call('HGET', key_job(prefix, waiter), 'state')
-    if state == 'queued' or state == 'delayed' then live = true else redis.call('SREM', key, waiter) end
+    if state == 'queued' or state == 'delayed' or state == 'leased' or state == 'running' then
+      live = true
+    else
+      redis.call('SREM', key, waiter)
+    end
   end
   return live
 end
 
 -- finish a job: its final state (completed | failed | cancelled), finish time (unix s, as
--- text) and reason; it leaves P:running and joins the finished index (makespan.workers.retention)
+-- text) and reason; it leaves P:running and the reverse-dependency index, and joins the
+-- finished index (makespan.workers.retention)
 local function finish_job(prefix, job_id, state, finished_at_s, reason)
+  -- it waits on nothing any more: it leaves the reverse-dependency index of its deps
+  awaited_drop(prefix, job_id, redis.call('HGET', key_job(prefix, job_id), 'deps'))
   redis.call('ZREM', key_running(prefix), job_id)
   redis.call('HSET', key_job(prefix, job_id), 'state', state, 'finished_at', finished_at_s, 'reason', reason)
   redis.call('ZADD', key_finished(prefix), tonumber(finished_at_s), job_id)
