@@ -678,7 +678,8 @@ class PhaseRunner:
             from makespan.workers.requests import RequestRunner
 
             res = RequestRunner(self.r, self.keys, inst.id, inst.url, self.fleet.endpoints[ctx.endpoint].model,
-                                self.fleet.endpoints[ctx.endpoint].slots, self._stopper(ctx, hb)).run(ctx.job_id, payload)
+                                self.fleet.endpoints[ctx.endpoint].slots, self._stopper(ctx, hb)).run(
+                ctx.job_id, payload, commit=lambda ops: self.leases.fenced(ctx.lease, ops))
             if hb.lost.is_set():
                 raise StaleFencingToken(f"lease {ctx.lease_id} lost during phase")
             if res.sent < int(payload["requests"]):  # stopped early: a cancel was requested
@@ -713,6 +714,8 @@ class PhaseRunner:
                                          celery_progress_emitter())
         if urls:
             wctx._requests = self._requests_sender(ctx, hb, wctx)
+            # this run's ctx.requests records replace an earlier attempt's
+            self.leases.fenced(ctx.lease, [("DEL", self.keys.requests(ctx.job_id))])
         try:
             result, wall_s = run_function(definition, wctx, list(spec.get("args") or ()), dict(spec.get("kwargs") or {}),
                                           r=self.r, keys=self.keys, lease_lost=hb.lost,
@@ -743,7 +746,10 @@ class PhaseRunner:
             stop = lambda: hb.lost.is_set() or wctx.cancelled.is_set()  # noqa: E731
             payload = {"items": items, "route": route, "max_tokens": max_tokens, "request_timeout_s": timeout_s,
                        "raw": raw}
-            res = RequestRunner(self.r, self.keys, inst.id, inst.url, spec.model, spec.slots, stop).run(ctx.job_id, payload)
+            # each call appends (a function may call ctx.requests many times, or in threads): the
+            # run's records were cleared once when the run started (_run_function)
+            res = RequestRunner(self.r, self.keys, inst.id, inst.url, spec.model, spec.slots, stop).run(
+                ctx.job_id, payload, fresh=False, commit=lambda ops: self.leases.fenced(ctx.lease, ops))
             if res.sent < len(items):
                 raise PhaseCancelled(f"stopped after {res.sent} of {len(items)} requests")
             return [res.answers.get(i) for i in range(len(items))]

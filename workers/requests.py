@@ -146,6 +146,12 @@ class RequestRunner:
         self.lease_ttl_s = request_lease_ttl_s(60.0)  # run_async sets it from the request timeout
         self._aborted = False  # a request of the running step could not be sent: send no more
 
+    def _write(self, ops: list[tuple]) -> bool:
+        """Apply ``ops`` (DEL or RPUSH of the request records) directly, unfenced."""
+        for cmd, key, *args in ops:
+            self.r.execute_command(cmd, key, *args)
+        return True
+
     # -- request leases (awaited on a redis.asyncio client: the event loop stays free) --
     @contextlib.asynccontextmanager
     async def _connected(self) -> AsyncIterator[None]:
@@ -289,16 +295,26 @@ class RequestRunner:
                 raise failures[0]
         return res
 
-    def run(self, job_id: str, payload: dict[str, Any]) -> RequestResult:
+    def run(self, job_id: str, payload: dict[str, Any], *, fresh: bool = True,
+            commit: Callable[[list[tuple]], bool] | None = None) -> RequestResult:
         """Send ``payload["requests"]`` requests; blocks until all finished or stopped.
+
+        ``fresh``: drop the job's earlier request records first (a retried step records
+        afresh; False for each ``ctx.requests`` call of a function, whose run cleared
+        them once). ``commit(ops) -> bool``: applies the record writes only while the
+        caller's lease is current (:meth:`makespan.workers.leases.LeaseStore.fenced`), so a
+        stale attempt never wipes or mixes into the records of the one running now; None:
+        written directly.
 
         Raises:
             PhaseError: a request failed (HTTP error, timeout); the step fails.
         """
-        self.r.delete(self.keys.requests(job_id))  # a retried step records afresh
+        write = commit or self._write
+        if fresh:
+            write([("DEL", self.keys.requests(job_id))])
         res = asyncio.run(self.run_async(job_id, payload))
         if res.records:  # one round trip after the batch, not one per request (keeps slots busy)
-            self.r.rpush(self.keys.requests(job_id), *res.records)
+            write([("RPUSH", self.keys.requests(job_id), *res.records)])
         if res.errors:
             raise PhaseError(f"{res.errors} of {res.sent} requests to {self.url} failed; first: {res.first_error}")
         return res

@@ -191,6 +191,8 @@ def test_requests_and_a_helper_endpoint_started_and_cleared(live):
     assert client.r.hget(client.keys.job(job.id), "helpers") == '["embed"]'  # placed with the job by the plan
     out = job.result(timeout_s=90)
     assert out["urls"] == ["embed", "gen"] and out["dims"] == [8, 8] and len(out["texts"]) == 2
+    # the run's request records hold both ctx.requests calls (each call used to drop the ones before)
+    assert client.r.llen(client.keys.requests(job.id)) == 4
     # the plan priced the helper's cold start (10 s) after gen's own transition (0 warm, 10 cold):
     # planned_s (plan end - lease time) is above service + gen's transition, by 10 s less the
     # workload seconds between the plan and the lease (at time scale 0.01: 1 s per 10 ms)
