@@ -387,7 +387,7 @@ class Job:
 
         aredis = redis.asyncio.Redis.from_url(url, decode_responses=True, **client_options(self.client.settings))
         loop = asyncio.get_running_loop()
-        deadline = None if timeout_s is None else loop.time() + timeout_s  # checked above
+        deadline = None if timeout_s is None else loop.time() + timeout_s
         pause = _POLL_MIN_S
         try:
             while True:

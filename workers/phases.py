@@ -910,8 +910,7 @@ class PhaseRunner:
                                    {"job_id": ctx.job_id, "priority": ctx.priority, "endpoint": ctx.endpoint,
                                     "gpus": list(ctx.gpus), "state": state},
                                    error=None if state == "completed" else (reason or state))
-        if state != "completed" and ctx.kind == "job":
-            log.warning("job %s %s: %s", ctx.job_id, state, reason)
-        elif state != "completed":
-            log.warning("restore of %s on %s %s (backing off): %s", ctx.endpoint, ",".join(ctx.gpus), state, reason)
+        if state != "completed":
+            what = f"job {ctx.job_id}" if ctx.kind == "job" else f"restore of {ctx.endpoint} on {','.join(ctx.gpus)}"
+            log.warning("%s %s: %s", what, state, reason)
         return state
