@@ -64,7 +64,7 @@ from makespan.redis_conn import EXIT_REFUSED, OutageLog, check_eviction_policy, 
 from makespan.settings import Settings
 from makespan.workers.agenda import AgendaTracker
 from makespan.workers.drivers import capabilities, get_driver
-from makespan.workers.drivers.base import Instance
+from makespan.workers.drivers.base import Instance, machine_name
 from makespan.workers.drivers.registry import index_instances, list_instances, register_instance, unregister_instance
 
 log = logging.getLogger(__name__)
@@ -92,6 +92,18 @@ class Observer:
     def __post_init__(self) -> None:
         self.agenda = AgendaTracker(self.r, self.keys)
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="probe")
+        self.machine = machine_name()
+
+    def here(self, inst: Instance) -> bool:
+        """Whether this observer can probe and restart ``inst``: a process endpoint only on
+        its own machine (its ``url`` is that machine's loopback, its ``pid`` in that
+        machine's process table; :attr:`Instance.machine`, "" for a record written before
+        the field: taken as here); an endpoint without a process anywhere."""
+        try:
+            spawns = capabilities(inst.driver).spawns_process
+        except MakespanError:
+            spawns = True
+        return not spawns or not inst.machine or inst.machine == self.machine
 
     def driver(self, name: str) -> Any:
         if name not in self._drivers:
@@ -104,7 +116,8 @@ class Observer:
         self.agenda.reap()
         listed = list_instances(self.r, self.keys, with_state=True)
         index_instances(self.r, self.keys, [i for i, _ in listed])  # a rolling upgrade's unindexed instances
-        pairs = [(i, s) for i, s in listed if s == "running"]
+        # another machine's process endpoints are its own observer's (docs/operations.md)
+        pairs = [(i, s) for i, s in listed if s == "running" and self.here(i)]
         health = list(self._pool.map(lambda p: self._healthy(p[0]), pairs))
         entries = self.agenda.open_entries()
         server_now = self.agenda.server_now_s()  # entries are on the Redis clock: compare on it
@@ -198,29 +211,78 @@ class Observer:
         spec = self.fleet.endpoints.get(inst.endpoint)
         out = {"kind": "recovery", "incident_id": inc["incident_id"], "endpoint": inst.endpoint,
                "old_instance_id": inst.id}
-        if spec is None:
+        leased = self._leased(inst)
+        if spec is None:  # marked failed: not probed (nor reported) again at every cycle
+            register_instance(self.r, self.keys, inst, state="failed")
             out["outcome"] = f"failed: endpoint {inst.endpoint!r} is not in fleet {self.fleet.name!r}"
+        elif leased:
+            self._give_up(inst)
+            out["outcome"] = (f"not restarted: its GPUs are leased ({leased}); the lease's start phase or the "
+                              "set-point restore loads it again")
         else:
             driver = self.driver(inst.driver)
             expected_s = (spec.evict_s + spec.cold_start_s) * inst.time_scale + self.probe_interval_s
+            spawned: list[Instance] = []
+
+            def track(instance: Instance) -> None:
+                spawned.append(instance)
+                register_instance(self.r, self.keys, instance, state="starting")
             try:
                 with self.agenda.register(f"recovery-{inst.id}", "RESTART_RECOVERY", [inst.endpoint],
                                           inst.gpus, expected_s, lock_ttl_s=self.lock_ttl_s) as entry:
                     driver.stop(inst)
-                    new = driver.start(spec, inst.gpus, inst.time_scale, inst.host)
+                    # tracked from its first moment: an observer killed during the health check
+                    # leaves a `starting` record, which the host's GPU worker sweeps (orphans)
+                    new = driver.start(spec, inst.gpus, inst.time_scale, inst.host, on_spawn=track)
                     entry.check()
+                    leased = self._leased(inst)
+                    if leased:  # a lease took the GPUs during the restart: its holder owns them now
+                        raise MakespanError(f"its GPUs were leased during the restart ({leased})")
                     pipe = self.r.pipeline()
                     unregister_instance(self.r, self.keys, inst.id, pipe=pipe, gpus=inst.gpus)
                     register_instance(self.r, self.keys, new, pipe=pipe)
                     pipe.execute()
                 out.update(outcome="recovered", new_instance_id=new.id)
-            except MakespanError as e:
-                register_instance(self.r, self.keys, inst, state="failed")
+            except (MakespanError, redis.RedisError) as e:
+                for instance in spawned:  # spawned but not made the instance: stop and forget it
+                    self._stop_quietly(instance)
+                self._give_up(inst)
                 out["outcome"] = f"failed: {e}"
         out["recovered_at"] = repr(time.time())
         out["recovery_s"] = repr(round(time.time() - t0, 3))
         self.r.xadd(self.keys.incidents, out)
         log.warning("recovery of %s after %s: %s", inst.endpoint, inc["incident_id"], out["outcome"])
+
+    def _leased(self, inst: Instance) -> str:
+        """The lease holding any of ``inst``'s GPUs ("": none)."""
+        return next((holder for holder in self.r.mget([self.keys.gpu(g) for g in inst.gpus]) if holder), "")
+
+    def _give_up(self, inst: Instance) -> None:
+        """``inst`` is down and not restarted here: marked ``failed`` (not probed again),
+        and the GPUs' resident markers that name it are dropped, so no job is sent there
+        as to a warm endpoint (its start phase loads the endpoint again) and the set-point
+        restore brings a set point back."""
+        from makespan.workers.phases import instance_value
+
+        register_instance(self.r, self.keys, inst, state="failed")
+        want = instance_value(inst.endpoint, inst.gpus)
+        for gpu in inst.gpus:
+            with self.r.pipeline() as pipe:
+                try:
+                    pipe.watch(self.keys.resident(gpu))
+                    if pipe.get(self.keys.resident(gpu)) == want:
+                        pipe.multi()
+                        pipe.delete(self.keys.resident(gpu))
+                        pipe.execute()
+                except redis.WatchError:
+                    pass  # a transition wrote it meanwhile: its own
+
+    def _stop_quietly(self, inst: Instance) -> None:
+        try:
+            unregister_instance(self.r, self.keys, inst.id, gpus=inst.gpus)
+            self.driver(inst.driver).stop(inst)
+        except (MakespanError, redis.RedisError) as e:
+            log.warning("stopping %s after a failed recovery: %s", inst.id, e)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False)

@@ -98,13 +98,25 @@ def test_metrics_ports_match_prometheus_targets(compose, prometheus):
     for name in ("planner", "gpu-worker", "observer"):
         port = compose["services"][name]["environment"]["MAKESPAN_METRICS_PORT"]
         ports[name] = port
-        assert f"{name}:{port}" in tg, name
+        # a service in another's network namespace (the observer in the gpu-worker's) is reached by that name
+        mode = compose["services"][name].get("network_mode", "")
+        reached_as = mode.removeprefix("service:") if mode.startswith("service:") else name
+        assert f"{reached_as}:{port}" in tg, name
     assert len(set(ports.values())) == len(ports)
     flower_port = option(compose["services"]["flower"]["command"], "--port")
     assert f"flower:{flower_port}" in tg and int(flower_port) in published(compose["services"]["flower"])
     for t in tg:
         host = t.split(":")[0]
         assert host == "localhost" or host in compose["services"], t
+
+
+def test_the_observer_shares_the_gpu_workers_namespaces_and_machine_name(compose):
+    """The observer probes and restarts the endpoint processes the GPU worker spawns: their
+    loopback URLs and pids are only reachable from the GPU worker's network and process
+    namespaces, and the observer acts only on instances of its own machine name."""
+    observer, worker = compose["services"]["observer"], compose["services"]["gpu-worker"]
+    assert observer["network_mode"] == observer["pid"] == "service:gpu-worker"
+    assert observer["environment"]["MAKESPAN_MACHINE"] == worker["environment"]["MAKESPAN_MACHINE"]
 
 
 def test_otel_endpoints_agree(compose, prometheus, otel):

@@ -12,6 +12,8 @@ raised as :class:`makespan.errors.PhaseError` naming the endpoint.
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 import uuid
 from dataclasses import dataclass, field, fields
@@ -21,6 +23,14 @@ from pydantic import BaseModel, ConfigDict
 
 from makespan.driver_registry import DriverCapabilities, DriverContext
 from makespan.models import EndpointSpec
+
+
+def machine_name() -> str:
+    """This machine's name as endpoint instances record it (:attr:`Instance.machine`):
+    ``MAKESPAN_MACHINE`` when set (containers that share one network and process namespace,
+    e.g. the compose file's gpu-worker and observer, set the same value), else the OS host
+    name."""
+    return os.environ.get("MAKESPAN_MACHINE", "").strip() or socket.gethostname()
 
 
 @dataclass
@@ -38,6 +48,9 @@ class Instance:
         owner_pid: pid of the GPU worker process that spawned it (a process whose owner
             is gone is an orphan unless a lease or a resident marker still names it:
             :mod:`makespan.workers.orphans`).
+        machine: the name (:func:`machine_name`) of the machine whose process table holds
+            ``pid`` and whose loopback ``url`` answers ("": unknown, or no process); the
+            health observer probes and restarts only its own machine's.
         proc: the :class:`subprocess.Popen` when this process spawned it (not serialised).
     """
 
@@ -55,6 +68,7 @@ class Instance:
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     stopped: bool = False
     owner_pid: int | None = None
+    machine: str = ""
     proc: Any = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:

@@ -43,7 +43,8 @@ from makespan import telemetry
 from makespan.errors import PhaseError
 from makespan.models import EndpointSpec
 from makespan.redis_conn import free_port
-from makespan.workers.drivers.base import DriverCapabilities, DriverContext, Instance, NoLaunchOptions, StopReport
+from makespan.workers.drivers.base import (DriverCapabilities, DriverContext, Instance, NoLaunchOptions, StopReport,
+                                          machine_name)
 from makespan.workers.drivers.pids import process_alive
 
 log = logging.getLogger(__name__)
@@ -190,6 +191,7 @@ class ProcessDriver:
             raise PhaseError(f"endpoint {endpoint.name!r}: cannot run {argv[0]!r}: {e}") from e
         inst.pid = inst.proc.pid
         inst.owner_pid = os.getpid()
+        inst.machine = machine_name()
         if on_spawn is not None:
             try:
                 on_spawn(inst)
