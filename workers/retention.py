@@ -3,8 +3,9 @@
 Rules (docs/scaling.md states them for operators):
 
 1. A job that reaches a final state (completed, failed, cancelled) is put on the
-   finished index ``P:finished`` (zset, score = finish time, unix s) by whoever
-   finishes it (:meth:`makespan.workers.phases.PhaseRunner._finish`, or :func:`mark_finished`).
+   finished index ``P:finished`` (zset, score = finish time, unix s on the Redis server's
+   clock, which the sweep compares it with: host clocks play no part) by whoever finishes it
+   (the store's ``finish_job``, or :func:`mark_finished`).
 2. :func:`sweep` — called by the leading planner once per tick, at most every
    ``Settings.retention_sweep_s`` — compacts each newly finished job's record
    ``P:job:{id}`` to a small summary (:data:`SUMMARY_FIELDS`; the spec and payload are
@@ -105,14 +106,20 @@ class Retention:
         return self.sweep(now_s)
 
     def sweep(self, now_s: float | None = None) -> SweepResult:
-        """One bounded retention pass (see the module doc). ``now_s``: unix seconds."""
+        """One bounded retention pass (see the module doc). ``now_s``: unix seconds on the
+        clock the finished index is scored on, the Redis server's (default: its ``TIME``)."""
         s, k = self.settings, self.keys
-        now = time.time() if now_s is None else now_s
+        if now_s is None:
+            seconds, micros = self.r.time()
+            now = seconds + micros / 1e6
+        else:
+            now = now_s
         out = SweepResult()
         fin, ret = finished_key(k), retained_key(k)
         ttl = max(1, int(s.retention_age_s))
-        # 1. compact newly finished jobs (oldest first, at most retention_batch)
-        popped = self.r.zpopmin(fin, s.retention_batch)
+        # 1. compact newly finished jobs (oldest first, at most retention_batch); each leaves
+        # the finished index in its own script, so a failed round trip loses none
+        popped = self.r.zrange(fin, 0, s.retention_batch - 1, withscores=True)
         if popped:
             p = self.r.pipeline(transaction=False)
             for jid, score in popped:
@@ -124,9 +131,6 @@ class Retention:
                 prev = float(self.r.hget(tally_key(k), "last_finished_s") or 0.0)
                 if last > prev:  # only the leading planner sweeps: no race on this field
                     self.r.hset(tally_key(k), "last_finished_s", repr(last))
-            late = {jid: sc for (jid, sc), x in zip(popped, res) if x == -1}
-            if late:  # marked before its state was written: retry next sweep
-                self.r.zadd(fin, late)
         # 2. expire summaries by age, then by count (oldest first), bounded per call
         victims = self.r.zrangebyscore(ret, "-inf", now - s.retention_age_s, start=0, num=s.retention_batch)
         room = s.retention_batch - len(victims)

@@ -48,7 +48,8 @@ end
 
 -- the reverse-dependency index (makespan.awaited): SADD / SREM job_id on P:awaited:{d}
 -- for each d of the JSON list deps_json (nil or '' = none); SREM of the last member deletes the set
--- A dependency already compacted carries the retention TTL on its record and request records:
+-- A dependency already compacted carries the retention TTL on its record, request records and
+-- idempotency key:
 -- it is lifted (PERSIST) while a job waits on it; the retention sweep, which still holds it in
 -- P:retained, deletes it once nothing waits (expire_retained.lua)
 local function awaited_add(prefix, job_id, deps_json)
@@ -57,6 +58,8 @@ local function awaited_add(prefix, job_id, deps_json)
     redis.call('SADD', key_awaited(prefix, d), job_id)
     redis.call('PERSIST', key_job(prefix, d))
     redis.call('PERSIST', key_requests(prefix, d))
+    local idem = redis.call('HGET', key_job(prefix, d), 'idem')  -- written by compaction
+    if idem and redis.call('GET', key_idem(prefix, idem)) == d then redis.call('PERSIST', key_idem(prefix, idem)) end
   end
 end
 local function awaited_drop(prefix, job_id, deps_json)
@@ -90,7 +93,9 @@ local function finish_job(prefix, job_id, state, finished_at_s, reason)
   awaited_drop(prefix, job_id, redis.call('HGET', key_job(prefix, job_id), 'deps'))
   redis.call('ZREM', key_running(prefix), job_id)
   redis.call('HSET', key_job(prefix, job_id), 'state', state, 'finished_at', finished_at_s, 'reason', reason)
-  redis.call('ZADD', key_finished(prefix), tonumber(finished_at_s), job_id)
+  -- scored on the server clock, as retention compares it (a caller whose clock runs behind
+  -- by more than the retention age had its job's summary deleted at the next sweep)
+  redis.call('ZADD', key_finished(prefix), server_now_ms() / 1000.0, job_id)
 end
 
 -- put a job back in its priority queue (of its pool: the record's `pool`, none for the
