@@ -41,6 +41,7 @@ from collections.abc import Mapping, Sequence
 from makespan.models import Priority
 from makespan.planner.model import PlanJob
 from makespan.store import JobStore
+from makespan.workers.tick.clock import release_s
 from makespan.workers.tick.context import FormedBatch, TickContext, TickEnv
 
 SCAN_FACTOR = 4  # queue entries read per level per tick: at most SCAN_FACTOR × batch_size
@@ -159,11 +160,11 @@ class _BatchScan:
             pipe = self.r.pipeline(transaction=False)
             for job_id in frontier:
                 pipe.hmget(self.keys.job(job_id), "endpoint", "service_s", "submitted_at", "seq", "deps", "state",
-                           "traceparent", "deadline_s", "priority", "helpers", "pool")
+                           "traceparent", "deadline_s", "priority", "helpers", "pool", "not_before")
             next_frontier = []
             for job_id, fields in zip(frontier, pipe.execute()):
                 (endpoint, service, submitted, seq, deps_json, state, traceparent, due, priority_name, helpers,
-                 pool) = fields
+                 pool, not_before) = fields
                 if endpoint is None or state != "queued" or priority_name not in Priority.__members__:
                     continue
                 if (pool or None) != self.keys.pool:  # another pool's job: its own planner plans it (and
@@ -180,23 +181,23 @@ class _BatchScan:
                     continue
                 self.out.left_out.pop(job_id, None)
                 jobs.append(self.plan_job(job_id, Priority[priority_name], endpoint, service, submitted, seq,
-                                          traceparent, due, helpers))
+                                          traceparent, due, helpers, not_before))
                 have.add(job_id)
                 room -= 1
             frontier = next_frontier
 
     def plan_job(self, job_id: str, level: Priority, endpoint: str, service: str, submitted: str, seq: str,
-                 traceparent: str | None, due: str | None, helpers: str | None = None) -> PlanJob:
+                 traceparent: str | None, due: str | None, helpers: str | None = None,
+                 not_before: str | None = None) -> PlanJob:
         """The PlanJob of a queued job at its own level (its meta and level noted), from its
         record's fields (strings as Redis answers them; ``helpers``: a JSON list of the
-        workload function's helper endpoints, placed with the job)."""
+        workload function's helper endpoints, placed with the job; ``not_before``: its due
+        time when it waited as a delayed job). Released at :func:`makespan.workers.tick.clock.release_s`."""
         submitted_s = float(submitted) / self.settings.time_scale  # workload clock; service, deadline: workload s
-        # a queued job is released now at the latest: a producer whose clock runs ahead of the
-        # planner's must not make its job look released in the future (it would not start now)
-        release_s = min(submitted_s, self.env.now_s())
+        release = release_s(submitted, not_before, self.settings.time_scale, self.env.now_s())
         self.out.meta[job_id] = (traceparent or "", float(submitted))
         self.out.own_level[job_id] = level
-        return PlanJob(job_id, endpoint, float(level.weight), release_s, float(service), int(level), (),
+        return PlanJob(job_id, endpoint, float(level.weight), release, float(service), int(level), (),
                        submitted_s + float(due) if due else None, int(seq),
                        tuple(json.loads(helpers)) if helpers else ())
 
@@ -204,9 +205,9 @@ class _BatchScan:
         pipe = self.r.pipeline(transaction=False)
         for job_id in ids:
             pipe.hmget(self.keys.job(job_id), "endpoint", "service_s", "submitted_at", "seq", "deps", "state",
-                       "traceparent", "deadline_s", "reason", "helpers")
+                       "traceparent", "deadline_s", "reason", "helpers", "not_before")
         for position, (job_id, fields) in enumerate(zip(ids, pipe.execute())):
-            endpoint, service, submitted, seq, deps_json, state, traceparent, due, reason, helpers = fields
+            endpoint, service, submitted, seq, deps_json, state, traceparent, due, reason, helpers, not_before = fields
             if endpoint is None or state != "queued":
                 self.removed += drop_stale(self.env, self.token, self.keys.queue(level), job_id)  # cancelled or lost
                 continue
@@ -220,7 +221,8 @@ class _BatchScan:
                 for dep in deps_of:
                     self.out.unready_level[dep] = min(self.out.unready_level.get(dep, 4), int(level))
                 continue
-            jobs.append(self.plan_job(job_id, level, endpoint, service, submitted, seq, traceparent, due, helpers))
+            jobs.append(self.plan_job(job_id, level, endpoint, service, submitted, seq, traceparent, due, helpers,
+                                      not_before))
             if reason and reason.startswith("preempted by"):
                 self.out.requeued.add(job_id)
             room -= 1

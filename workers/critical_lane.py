@@ -66,6 +66,7 @@ from makespan.workers.leases import preempt
 from makespan.workers.phases import instance_value
 from makespan.workers.preemption import lease_holders, within_bounds
 from makespan.workers.starts import start_job
+from makespan.workers.tick.clock import release_s
 from makespan.workers.tick.context import CrossTickState, TickContext, TickEnv
 
 log = logging.getLogger("makespan.planner")
@@ -75,7 +76,7 @@ __all__ = ["CriticalLane", "LaneOutcome"]
 SWITCH_INTERVAL_S = 0.0005  # the process's GIL switch interval while a lane runs (module doc), s
 CLAIM_WAIT_S = 5.0  # longest the lane waits for the tick's Preempt step to give a job back, s
 _JOB_FIELDS = ("state", "endpoint", "priority", "service_s", "submitted_at", "seq", "deps", "traceparent",
-               "deadline_s")
+               "deadline_s", "not_before")
 
 
 @dataclass(frozen=True)
@@ -282,8 +283,8 @@ class CriticalLane:
 
 
 def _plan_job(job_id: str, rec: dict[str, str | None], time_scale: float, now_s: float) -> PlanJob | str:
-    """The planner's view of a queued CRITICAL job's record (released at ``now_s``, workload s,
-    at the latest: a producer's clock may run ahead), or why the lane leaves it."""
+    """The planner's view of a queued CRITICAL job's record (released as
+    :func:`makespan.workers.tick.clock.release_s` says), or why the lane leaves it."""
     if rec.get("state") != "queued" or rec.get("priority") != Priority.CRITICAL.name:
         return "not_queued"
     if rec.get("deps") not in (None, "", "[]"):
@@ -292,7 +293,7 @@ def _plan_job(job_id: str, rec: dict[str, str | None], time_scale: float, now_s:
     if not endpoint or service_s is None or submitted_at is None:
         return "not_queued"
     submitted_s = float(submitted_at) / time_scale
-    release_s = min(submitted_s, now_s)
+    release = release_s(submitted_at, rec.get("not_before"), time_scale, now_s)
     due = rec.get("deadline_s")
-    return PlanJob(job_id, endpoint, float(Priority.CRITICAL.weight), release_s, float(service_s),
+    return PlanJob(job_id, endpoint, float(Priority.CRITICAL.weight), release, float(service_s),
                    int(Priority.CRITICAL), (), submitted_s + float(due) if due else None, int(rec.get("seq") or 0))

@@ -125,3 +125,30 @@ def test_the_pure_planner_keeps_the_reservation_through_the_lane(r, settings, mo
     assert p.stats.get("reserved") == 1.0
     assert (set(long_at.gpus).isdisjoint(gang_at.gpus) or long_at.end_s <= gang_at.start_s + 1e-6
             or long_at.start_s >= gang_at.end_s - 1e-6), (long_at, gang_at)
+
+
+@pytest.mark.parametrize("delayed", [False, True])
+def test_a_delay_is_not_counted_as_waiting_for_the_aging_bound(r, settings, delayed):
+    """A job submitted with delay_s (or waiting out a retry backoff) is released when it is
+    due (its record's not_before), not at its submission: a job delayed past the aging bound
+    was aged, and got a reservation, the moment it was queued (found by a review)."""
+    w, prod, _sent, clock = _setup(r, settings, time_scale=0.01)
+    _fill(r, w, prod, {"a": [200.0, 200.0, 200.0, 400.0], "b": [300.0, 5000.0, 5000.0, 5000.0]})
+    gang = prod.submit({"endpoint": "four", "service_s": 600, "priority": "NORMAL"}).id
+    submitted = clock.now() - (w.settings.reservation_after_s + 100.0) * 0.01
+    r.hset(w.keys.job(gang), "submitted_at", repr(submitted))
+    if delayed:  # due 10 workload s ago: it has waited 10 s, not the aging bound
+        r.hset(w.keys.job(gang), "not_before", repr(clock.now() - 10.0 * 0.01))
+    clock.advance(0.01)
+    w.tick()
+    assert (r.hget(w.keys.job(gang), "wait_reason") == "reserved") is not delayed
+
+
+def test_the_release_of_a_job_that_was_delayed_is_its_due_time():
+    from makespan.workers.tick.clock import release_s
+
+    assert release_s("100.0", None, 1.0, 1000.0) == 100.0
+    assert release_s("100.0", "", 1.0, 1000.0) == 100.0
+    assert release_s("100.0", "700.0", 1.0, 1000.0) == 700.0
+    assert release_s("100.0", "700.0", 0.01, 50_000.0) == 50_000.0  # never after now
+    assert release_s(5000.0, None, 1.0, 1000.0) == 1000.0  # a producer clock ahead: now

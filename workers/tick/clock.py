@@ -21,6 +21,17 @@ NOW_TOL_S = 1e-3  # workload s: a planned start within this of the tick's now st
 NOW_REL_TOL = 1e-13  # and within this fraction of now_s (a few hundred float ulps: see starts_now)
 
 
+def release_s(submitted_at: str | float, not_before: str | float | None, time_scale: float, now_s: float) -> float:
+    """A queued job's release on the workload clock (workload s), from its record's
+    ``submitted_at`` and ``not_before`` (unix s; ``not_before`` is set when the job waited
+    as a delayed job: ``delay_s``, a retry backoff): when it became available, so that a
+    delay is not counted as waiting (the aging bound, weighted completion); ``now_s`` at the
+    latest (a producer whose clock runs ahead must not make its job look released in the
+    future: it would not start now)."""
+    available = max(float(submitted_at), float(not_before) if not_before not in (None, "") else 0.0)
+    return min(available / time_scale, now_s)
+
+
 def starts_now(start_s: float, now_s: float) -> bool:
     """Whether an assignment planned to start at ``start_s`` (workload s) starts at the tick's
     ``now_s``: within ``NOW_TOL_S``, or within ``NOW_REL_TOL × |now_s|`` (the workload clock
