@@ -122,11 +122,13 @@ def list_jobs(r, keys, settings, states: tuple[str, ...] = WAITING, endpoint: st
         _check_endpoint(r, keys, endpoint)
     ids: list[str] = []
     scan = 4 * limit
+    states = list(dict.fromkeys(states))  # a state given twice is listed once
     for st in states:
-        if st == "queued":
+        if st == "queued":  # every queue, CRITICAL first: levels before pools
             levels = [Priority[priority.upper()]] if priority else list(Priority)
-            for pool in published_pools(r, keys):
-                for lvl in levels:
+            pools = published_pools(r, keys)
+            for lvl in levels:
+                for pool in pools:
                     ids += r.zrange(keys.for_pool(pool).queue(lvl), 0, scan - 1)
         elif st == "delayed":
             ids += r.zrange(keys.delayed, 0, scan - 1)
@@ -135,6 +137,7 @@ def list_jobs(r, keys, settings, states: tuple[str, ...] = WAITING, endpoint: st
                 ids += _finished_ids(r, keys, scan)
         elif "leased" not in states or st == "leased":  # P:running holds leased and running jobs: read it once
             ids += r.zrange(keys.running, 0, scan - 1)
+    ids = list(dict.fromkeys(ids))  # a job that moved between two sources while they were read: once
     p = r.pipeline(transaction=False)
     for j in ids:
         p.hgetall(keys.job(j))

@@ -197,6 +197,9 @@ class Producer:
         for k in _INT_FIELDS:
             if k in rec:
                 rec[k] = int(rec[k]) if rec[k] != "" else None
+        if rec.get("state") != "queued":  # the planner's last wait reason, from when it waited: not now
+            for field in ("wait_reason", "wait_detail", "wait_eta", "wait_at"):
+                rec.pop(field, None)
         rec["reclaimed_attempts"] = rec.get("attempts", 0)
         rec["attempts"] = attempts_made(rec)
         return dict(sorted(rec.items()))

@@ -41,15 +41,16 @@ class LeaseStore(_store_leases.LeaseStore):
     """:class:`makespan.store.LeaseStore`, plus the job's root span when a reclaim ends a job."""
 
     def job_ended(self, job_id: str, state: str) -> None:
-        """The job's ``makespan`` root span, for a job the reclaim ended (its GPU worker,
-        which normally ends it, died): one trace per job, whoever finishes it."""
-        from makespan import telemetry
+        """A job the reclaim ended (its GPU worker, which normally ends it, died): counted
+        completed or failed (``makespan_jobs_*_total``) and its ``makespan`` root span
+        ended: one trace per job, whoever finishes it."""
+        from makespan import metrics, telemetry
 
-        if not telemetry.tracing_enabled():
-            return
         tp, submitted, prio, endpoint, reason = self.r.hmget(self.keys.job(job_id), "traceparent", "submitted_at",
                                                               "priority", "endpoint", "reason")
-        if tp:
+        if state in ("completed", "failed") and prio:
+            (metrics.job_completed if state == "completed" else metrics.job_failed)(prio)
+        if tp and telemetry.tracing_enabled():
             telemetry.end_job_span(tp, float(submitted or time.time()),
                                    {"job_id": job_id, "priority": prio, "endpoint": endpoint, "state": state},
                                    error=None if state == "completed" else (reason or state))

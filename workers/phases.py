@@ -244,14 +244,12 @@ class PhaseRunner:
         return "done"
 
     def _observe(self, ctx: PhaseContext, phase: str, planned_s: float, actual_s: float) -> None:
-        """Prometheus: phase duration, transitions by kind, GPU-seconds by state."""
+        """Prometheus: phase duration and its GPU-seconds (busy for execute, transition
+        otherwise: :func:`makespan.metrics.phase`, once), the clear transition (the others
+        are observed where they ran, ``_timed``)."""
         metrics.phase(phase, actual_s, len(ctx.gpus))
-        if phase == "execute":
-            metrics.gpu_seconds("busy", actual_s * len(ctx.gpus))
-        elif planned_s > 0:  # each transition's own metric is observed where it ran (_timed)
-            if phase == "clear":
-                metrics.transition("clear", actual_s)
-            metrics.gpu_seconds("transition", actual_s * len(ctx.gpus))
+        if phase == "clear" and planned_s > 0:
+            metrics.transition("clear", actual_s)
 
     # -- transitions: sleep, wake, stop, cold start (issue 20) ---------------------------
     def _sleep_capable(self, endpoint: str) -> bool:
@@ -904,7 +902,7 @@ class PhaseRunner:
 
     def _finished(self, ctx: PhaseContext, state: str, reason: str, now: float) -> str:
         """After the finish ops committed: metrics, the job span, a warning if not completed."""
-        if ctx.kind == "job":
+        if ctx.kind == "job" and state in ("completed", "failed"):  # a cancel is neither
             (metrics.job_completed if state == "completed" else metrics.job_failed)(ctx.priority)
             telemetry.end_job_span(ctx.traceparent, ctx.submitted_at or now,
                                    {"job_id": ctx.job_id, "priority": ctx.priority, "endpoint": ctx.endpoint,

@@ -104,10 +104,11 @@ class ReclaimExpired:
         env, settings = ctx.env, ctx.env.settings
         reclaimed = env.leases.reclaim_expired(settings.max_attempts, settings.retry_backoff_s,
                                                settings.retry_backoff_max_s, expired=list(snapshot.expired_leases))
-        ctx.reclaimed = sum(reclaimed.values()) if reclaimed else 0
-        if reclaimed:
-            log.warning("reclaimed expired leases: %s", reclaimed)
-            for _ in range(sum(reclaimed.values())):
+        ended = {outcome: n for outcome, n in reclaimed.items() if outcome != "live"}  # live: renewed meanwhile
+        ctx.reclaimed = sum(ended.values())
+        if ended:
+            log.warning("reclaimed expired leases: %s", ended)
+            for _ in range(ctx.reclaimed):
                 metrics.lease_reclaimed()
         if reclaimed.get("requeued") and settings.retry_backoff_s > 0:  # now in P:delayed: wake up
             first_wait_s = min(settings.retry_backoff_s, settings.retry_backoff_max_s)

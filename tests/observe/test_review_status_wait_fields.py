@@ -1,0 +1,40 @@
+"""`makespan status` / job.status() of a job that no longer waits still carries the wait
+reason and ETA the planner wrote while it was queued. (found by a review, 2026-12-04; fails on the code before its fix)"""
+from __future__ import annotations
+
+import dataclasses
+import time
+import uuid
+
+from makespan.models import parse_fleet
+from makespan.producer import Producer
+from makespan.workers.leases import LeaseStore
+from makespan.workers.planner_worker import PlannerWorker
+
+ONE = parse_fleet({"name": "one", "hosts": [{"name": "h", "gpu_count": 1, "memory_mib": 81920}],
+                   "endpoints": {"e": {"model": "m", "memory_mib_per_gpu": 10000, "cold_start_s": 1}}})
+
+
+def test_a_leased_job_has_no_wait_reason(r, settings):
+    s = dataclasses.replace(settings, lease_ttl_s=60.0, policy="portfolio")
+    sent = []
+    w = PlannerWorker(r, s, ONE, dispatch=lambda ctx, q: sent.append(ctx))
+    prod = Producer(r, w.keys, ONE, s)
+    r.set(w.keys.planner_leader, w.name)
+    holder = prod.submit({"endpoint": "e", "service_s": 1000, "priority": "LOW"}).id
+    lease = LeaseStore(r, w.keys).acquire(uuid.uuid4().hex, ("GPU-h-0",), 1.0, job_id=holder, kind="job",
+                                          holder="h", queue=w.keys.queue("LOW"),
+                                          info={"planned_end_s": repr(w.now_s() + 1000), "endpoint": "e",
+                                                "priority": "LOW"})
+    assert lease is not None
+    jid = prod.submit({"endpoint": "e", "service_s": 100, "priority": "NORMAL"}).id
+    w.tick()
+    assert prod.status(jid)["wait_reason"] == "waiting_for_gpus" and sent == []
+    time.sleep(1.3)  # the holder's lease expires: reclaimed (no phase claimed: requeued), the GPU frees
+    w.tick()
+    if not sent:
+        w.tick()
+    assert [c.job_id for c in sent] == [jid]
+    st = prod.status(jid)
+    assert st["state"] == "leased"
+    assert "wait_reason" not in st and "wait_eta" not in st, st
