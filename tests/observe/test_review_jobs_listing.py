@@ -50,4 +50,4 @@ def test_queued_listing_is_critical_first_across_pools(r, settings, monkeypatch)
     res = CliRunner().invoke(cli_app, ["jobs", "--json", "--limit", "2"])
     assert res.exit_code == 0, res.output
     ids = [json.loads(line)["id"] for line in res.output.splitlines() if line.strip()]
-    assert ids and ids[0] == crit, ids  # docs: queued jobs are listed CRITICAL first
+    assert ids == [crit, lows[0]], ids  # docs: queued jobs are listed CRITICAL first
