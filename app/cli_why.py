@@ -32,12 +32,15 @@ def explain(r, keys, settings, job_id: str) -> dict[str, Any]:
     return _explain_rec(r, keys, settings, job_id, rec, *_context(r, keys.for_pool(rec.get("pool"))))
 
 
-def _context(r, keys) -> tuple[bool, float]:
+def _context(r, keys) -> tuple[bool, float, float | None]:
+    """(its planner leads, the server's now, its last reason write's time or None)."""
     sec, usec = r.time()
-    return bool(r.exists(keys.planner_leader)), sec + usec / 1e6
+    written = r.get(keys.wait_reasons_at)
+    return bool(r.exists(keys.planner_leader)), sec + usec / 1e6, float(written) if written else None
 
 
-def _explain_rec(r, keys, settings, job_id: str, rec: dict[str, str], leads: bool, now_s: float) -> dict[str, Any]:
+def _explain_rec(r, keys, settings, job_id: str, rec: dict[str, str], leads: bool, now_s: float,
+                 written_at_s: float | None = None) -> dict[str, Any]:
     from makespan.wait_reasons import reason_of
 
     out: dict[str, Any] = {"id": job_id, "state": rec.get("state"), "priority": rec.get("priority"),
@@ -51,7 +54,7 @@ def _explain_rec(r, keys, settings, job_id: str, rec: dict[str, str], leads: boo
     pos = r.zrank(queue, job_id) if rec.get("state") == "queued" else None
     stale = max(settings.lease_ttl_s / 2, 1.0)
     reason, detail, eta = reason_of(rec, planner_leads=leads, server_now_s=now_s, queue_position=pos,
-                                    stale_after_s=stale)
+                                    stale_after_s=stale, written_at_s=written_at_s)
     out.update(reason=reason, detail=detail, eta=eta, eta_in_s=None if eta is None else round(eta - now_s, 3))
     if rec.get("wait_at") and reason not in ("no_planner", "delayed_until", "retry_backoff"):
         out["as_of_s"] = round(now_s - float(rec["wait_at"]), 3)
@@ -141,8 +144,7 @@ def list_jobs(r, keys, settings, states: tuple[str, ...] = WAITING, endpoint: st
     p = r.pipeline(transaction=False)
     for j in ids:
         p.hgetall(keys.job(j))
-    leads_by_pool: dict[str | None, bool] = {}
-    now_s = 0.0
+    leads_by_pool: dict[str | None, tuple[bool, float, float | None]] = {}
     out = []
     for j, rec in zip(ids, p.execute()):
         if not rec or rec.get("state") not in states and not (rec.get("state") == "running" and "leased" in states):
@@ -151,8 +153,8 @@ def list_jobs(r, keys, settings, states: tuple[str, ...] = WAITING, endpoint: st
             continue
         pool = rec.get("pool")
         if pool not in leads_by_pool:  # one read per pool: does its planner lead now
-            leads_by_pool[pool], now_s = _context(r, keys.for_pool(pool))
-        out.append(_explain_rec(r, keys, settings, j, rec, leads_by_pool[pool], now_s))
+            leads_by_pool[pool] = _context(r, keys.for_pool(pool))
+        out.append(_explain_rec(r, keys, settings, j, rec, *leads_by_pool[pool]))
         if len(out) >= limit:
             break
     return out

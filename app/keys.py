@@ -38,6 +38,8 @@ key                                    type    contents
                                                critical lane (makespan.workers.critical_lane)
 ``P:planner:reasons``                  hash    wait reason code -> queued jobs the planner's last
                                                reason write gave it (see makespan.wait_reasons)
+``P:planner:reasons:at``               string  when that write was made (unix s, Redis server clock):
+                                               a job's reason older than it was not in it
 ``P:events``                           stream  recorded events (submit, lease, phase, ...)
 ``P:drain``                            hash    the last drain check's counts
 ``P:plan``                             string  the leading planner's last plan, JSON (see
@@ -89,7 +91,7 @@ Pools (design notes, "pool"; ``[[pools]]`` in the fleet file): the keys of one p
 planner and queues are built by ``Keys(prefix, pool=NAME)`` (:meth:`Keys.for_pool`) and
 live under ``P:pool:{name}:`` instead of ``P:`` — ``queue:{level}``, ``planner:leader``,
 ``planner:fence``, ``planner:wake``, ``planner:critical``, ``planner:solve_s``,
-``planner:reasons``, ``drain``, ``plan`` and ``offer`` (below). Everything else (jobs, leases, GPUs, events, the delayed
+``planner:reasons``, ``planner:reasons:at``, ``drain``, ``plan`` and ``offer`` (below). Everything else (jobs, leases, GPUs, events, the delayed
 set, ...) is shared by every pool. A fleet without pools has one implicit pool whose keys
 are the ``P:`` ones above, unchanged. A job record in a named pool carries ``pool``.
 
@@ -276,6 +278,11 @@ class Keys:
     def wait_reason_counts(self) -> str:
         """Hash: wait reason code -> queued jobs with it as of the planner's last write."""
         return f"{self._scoped}:planner:reasons"
+
+    @property
+    def wait_reasons_at(self) -> str:
+        """String: when the planner's last wait-reason write was made (unix s, server clock)."""
+        return f"{self._scoped}:planner:reasons:at"
 
     @property
     def events(self) -> str:

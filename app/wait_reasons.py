@@ -45,14 +45,17 @@ FIELDS = ("wait_reason", "wait_detail", "wait_eta", "wait_at")
 
 
 def reason_of(rec: dict[str, Any], *, planner_leads: bool, server_now_s: float, queue_position: int | None,
-              stale_after_s: float) -> tuple[str, str, float | None]:
+              stale_after_s: float, written_at_s: float | None = None) -> tuple[str, str, float | None]:
     """(reason, detail, ETA unix s or None) of a queued or delayed job record ``rec``
     (as :meth:`makespan.producer.Producer.status` returns it, or raw strings).
 
     ``planner_leads``: the planner's leader lock is held; ``server_now_s``: the Redis
     server's clock; ``queue_position``: its 0-based rank in its queue (None: unknown);
     ``stale_after_s``: a planner entry older than this while no planner leads is not
-    trusted (``no_planner``).
+    trusted (``no_planner``). ``written_at_s``: when the planner's last reason write was
+    made (``P:planner:reasons:at``, server clock; None: unknown); a job's entry older than
+    it was not in that write: the tick did not read the job (higher levels filled the
+    batch), so it is ``behind_batch``, not its old reason and ETA.
 
     Raises:
         ValueError: the job is neither queued nor delayed."""
@@ -72,7 +75,7 @@ def reason_of(rec: dict[str, Any], *, planner_leads: bool, server_now_s: float, 
     fresh = bool(at) and server_now_s - at <= stale_after_s
     if not planner_leads and not fresh:
         return "no_planner", "no planner holds the leader lock", None
-    if not rec.get("wait_reason"):
+    if not rec.get("wait_reason") or (planner_leads and written_at_s is not None and at < written_at_s - 5e-4):
         pos = "" if queue_position is None else f"position {queue_position + 1} in the {rec.get('priority', '?')} queue"
         return "behind_batch", pos or "not read by the planner yet", None
     eta = rec.get("wait_eta")

@@ -228,7 +228,8 @@ class JobStore:
     def write_wait_reasons(self, planner_token: str, rows: Sequence[str]) -> int:
         """Write ``rows`` (``job id, reason, detail, eta`` repeated) on the records still
         queued and replace the reason counts. Returns how many were written (-1: fenced off)."""
-        return int(self._run("write_wait_reasons", [self.keys.planner_fence, self.keys.wait_reason_counts],
+        return int(self._run("write_wait_reasons", [self.keys.planner_fence, self.keys.wait_reason_counts,
+                                                    self.keys.wait_reasons_at],
                              [planner_token, self.keys.script_prefix, *rows]))
 
     def queue_awaited_running(self, pipe: Any) -> None:

@@ -310,3 +310,39 @@ def test_a_function_retry_waits_in_retry_backoff_not_delayed_until():
     plain = {"state": "delayed", "not_before": "1000.5"}
     assert reason_of(plain, planner_leads=True, server_now_s=900.0, queue_position=None,
                      stale_after_s=30.0)[0] == "delayed_until"
+
+
+def test_a_job_the_planner_no_longer_reads_is_behind_the_batch_not_its_old_reason(r, settings, monkeypatch):
+    """A queued job read by one tick kept that tick's reason and ETA after higher levels
+    filled the batch and no tick read it again: `why` showed an ETA that had passed, "in
+    0 s", for good. A reason older than the planner's last reason write is not trusted
+    (found by a review, 2026-12-04)."""
+    import json
+
+    from makespan.workers.tick.clock import ManualClock
+
+    one = parse_fleet({"name": "one", "hosts": [{"name": "h", "gpu_count": 1, "memory_mib": 81920}],
+                       "endpoints": {"e": {"model": "m", "memory_mib_per_gpu": 10000, "cold_start_s": 1}}})
+    monkeypatch.setenv("MAKESPAN_REDIS_URL", settings.redis_url)
+    monkeypatch.setenv("MAKESPAN_KEY_PREFIX", settings.key_prefix)
+    s = dataclasses.replace(settings, lease_ttl_s=60.0, policy="portfolio", batch_size=1)
+    clock = ManualClock(time.time())
+    w = PlannerWorker(r, s, one, dispatch=lambda ctx, queue: None, clock=clock)
+    producer = Producer(r, w.keys, one, s)
+    r.set(w.keys.planner_leader, w.name)
+    holder = producer.submit({"endpoint": "e", "service_s": 1000, "priority": "NORMAL"}).id
+    assert LeaseStore(r, w.keys).acquire(uuid.uuid4().hex, ("GPU-h-0",), 60.0, job_id=holder, kind="job", holder="h",
+                                         queue=w.keys.queue("NORMAL"),
+                                         info={"planned_end_s": repr(w.now_s() + 1000), "endpoint": "e",
+                                               "priority": "NORMAL"}) is not None
+    low = producer.submit({"endpoint": "e", "service_s": 100, "priority": "LOW"}).id
+    w.tick()
+    assert r.hget(w.keys.job(low), "wait_reason") == "waiting_for_gpus"
+    normal = producer.submit({"endpoint": "e", "service_s": 100, "priority": "NORMAL"}).id
+    clock.advance(REASON_REFRESH_S + 0.2)
+    w.tick()  # the batch of one holds the NORMAL job: the LOW queue is not read
+    assert r.hget(w.keys.job(normal), "wait_reason") == "waiting_for_gpus"
+    out = CliRunner().invoke(cli_app, ["why", low, "--json"])
+    assert out.exit_code == 0, out.output
+    answer = json.loads(out.output)
+    assert (answer["reason"], answer["eta"]) == ("behind_batch", None), answer

@@ -6,6 +6,8 @@
 --
 -- KEYS[1]  P:planner:fence
 -- KEYS[2]  P:planner:reasons   wait reason code -> queued jobs with it
+-- KEYS[3]  P:planner:reasons:at the time of this write (server clock): a job whose wait_at is
+--          older was not in it (not read by the tick: behind the batch, makespan.wait_reasons)
 -- ARGV[1]  planner token ('' = unchecked)
 -- ARGV[2]  P, the key prefix (P:job:{id})
 -- ARGV[3..]  (job id, reason, detail, eta unix s or '') x n
@@ -26,6 +28,7 @@ for i = 3, #ARGV, 4 do
 end
 local counts = {}
 for _, reason in pairs(last) do counts[reason] = (counts[reason] or 0) + 1 end
+redis.call('SET', KEYS[3], at)
 redis.call('DEL', KEYS[2])
 for reason, c in pairs(counts) do redis.call('HSET', KEYS[2], reason, c) end
 return n
