@@ -43,6 +43,7 @@ def _settings(**kw):
 def _logging(level: str = "INFO") -> None:
     logging.basicConfig(level=os.environ.get("MAKESPAN_LOG_LEVEL", level),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per HTTP request (health checks, requests)
 
 
 @app.command()

@@ -53,6 +53,11 @@ class PhaseError(MakespanError):
     """A phase (evict, start endpoint, execute, clear, restore) failed."""
 
 
+class NoEndpointServer(PhaseError):
+    """``ctx.requests`` on a job whose endpoint runs no server (a simulated endpoint: no
+    ``launch`` driver with a process): a retry cannot help, so the run is not retried."""
+
+
 class PhaseCancelled(PhaseError):
     """A phase stopped early because its job's cancel was requested (the job ends
     ``cancelled``, not ``failed``)."""

@@ -1,5 +1,10 @@
 """A batch-judge workload: N prompts through a judge endpoint, the verdicts returned.
 
+It sends real requests (``ctx.requests``), so its ``judge`` endpoint needs a server: a
+``launch`` driver that runs one (``process`` with the bundled endpoint server, or
+``vllm``; docs/drivers.md). On the example fleet's simulated judge it fails at once with
+``makespan.errors.NoEndpointServer``.
+
 ::
 
     job = makespan.connect().submit("batch_judge", ["Is 7 prime?", "Is 9 prime?"], priority="HIGH")

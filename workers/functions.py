@@ -29,7 +29,7 @@ from typing import Any
 import redis
 
 from makespan import metrics
-from makespan.errors import PhaseCancelled, PhaseError, StaleFencingToken, StoreError, utf8_text
+from makespan.errors import NoEndpointServer, PhaseCancelled, PhaseError, StaleFencingToken, StoreError, utf8_text
 from makespan.keys import Keys
 from makespan.registry import REGISTRY, WorkloadDef
 from makespan.results import ResultNotJson, ResultTooLarge, encode_value, resolve_references
@@ -134,7 +134,9 @@ class WorkloadContext:
             makespan.errors.PhaseError: no instance to send to, or a request failed.
         """
         if self._requests is None:
-            raise PhaseError("ctx.requests: this job's endpoint has no server instance (a simulated endpoint)")
+            raise NoEndpointServer(f"ctx.requests: endpoint {self.endpoint!r} of this job has no server instance (a "
+                                   "simulated endpoint: give it a launch driver that runs a server, e.g. "
+                                   "launch = {driver = \"process\"}, docs/drivers.md); not retried")
         return self._requests(list(prompts), route=route, max_tokens=max_tokens, timeout_s=timeout_s, raw=raw,
                               endpoint=endpoint)
 
@@ -183,6 +185,7 @@ def run_function(definition: WorkloadDef, ctx: WorkloadContext, args: list[Any],
             # still be logged, stored and raised by job.result() (errors.utf8_text)
             outcome["error"] = (f"{type(e).__module__}.{type(e).__qualname__}".removeprefix("builtins."),
                                 utf8_text(e), utf8_text(traceback.format_exc()))
+            outcome["retryable"] = not isinstance(e, NoEndpointServer)
 
     started = time.monotonic()
     thread = threading.Thread(target=call, name=f"workload-{ctx.job_id[:8]}", daemon=True)
@@ -229,7 +232,7 @@ def run_function(definition: WorkloadDef, ctx: WorkloadContext, args: list[Any],
         raise WorkloadFailed("makespan.WorkloadTimeout", f"ran longer than timeout_s={definition.timeout_s} s")
     if "error" in outcome:
         error_type, message, tb = outcome["error"]
-        raise WorkloadFailed(error_type, message, tb)
+        raise WorkloadFailed(error_type, message, tb, retryable=outcome.get("retryable", True))
     if outcome.get("stopped") or "value" not in outcome:
         raise WorkloadFailed("makespan.WorkloadStopped", "the function was stopped before it returned")
     try:

@@ -384,6 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--metrics-port", type=int, default=int(os.environ.get("MAKESPAN_METRICS_PORT") or 0))
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per health probe
     if a.metrics_port:
         from makespan import metrics
 

@@ -282,3 +282,22 @@ def test_a_job_preempted_beside_its_helper_leaves_no_helper_running(r, keys, set
     assert preemptor.result(timeout_s=1) == "preemptor"
     left = [i.id for i in instances_on(r, keys, [GPU]) if i.endpoint == "chat"]
     assert left == [], f"the victim's helper still runs on {GPU}: {left}"
+
+
+@makespan.workload(endpoint="embed", name="tests.requests_on_a_simulated_endpoint", retries=2, retry_backoff_s=0.1)
+def requests_on_a_simulated_endpoint(ctx):
+    return ctx.requests(["hello"])
+
+
+def test_requests_on_a_simulated_endpoint_fail_once_with_what_to_do(r, keys, settings):
+    """ctx.requests on an endpoint without a server can never succeed: the job failed only
+    after its retries (on the example fleet's simulated judge, minutes of cold starts), with a
+    message that did not say what to change (found by a new-user trial)."""
+    fleet, client = _setup(r, keys, settings, requests_on_a_simulated_endpoint)
+    job = client.submit("tests.requests_on_a_simulated_endpoint")
+    ctx, runner = _lease(r, keys, settings, fleet, job.id)
+    assert run_warm(runner, ctx) == "failed"
+    with pytest.raises(makespan.WorkloadError) as err:
+        job.result(timeout_s=1)
+    assert err.value.error_type == "makespan.errors.NoEndpointServer" and "launch" in err.value.message
+    assert r.hget(keys.job(job.id), "tries") in (None, "0")  # not retried
