@@ -56,7 +56,8 @@ class RestorePlanned:
         # planned after a job still waiting for the group, delaying that job
         for assignment in plan_restores(plan.assignments, ctx.batch, state, "group"):
             if starts_now(assignment.start_s, state.now_s) and not ctx.taken.intersection(assignment.gpus):
-                start_restore(ctx, state.set_point[assignment.gpus[0]], tuple(assignment.gpus), ctx.taken)
+                start_restore(ctx, state.set_point[assignment.gpus[0]], tuple(assignment.gpus), ctx.taken,
+                              sleep_levels=dict(assignment.sleep_levels) or None)
 
 
 class SetPointsAndDrain:
@@ -97,12 +98,14 @@ class SetPointsAndDrain:
 
 
 def start_restore(ctx: TickContext, endpoint: str, gpus: tuple[str, ...], busy: set[str],
-                  prewarm: bool = False) -> bool:
+                  prewarm: bool = False, sleep_levels: dict[str, int] | None = None) -> bool:
     """Lease ``gpus`` for the restore of set-point ``ep`` and send its evict → restore
     chain; the GPUs join ``busy``. False if the lease failed (GPUs taken meanwhile).
     ``prewarm``: the same chain wakes a sleeper ahead of demand
     (:mod:`makespan.workers.prewarm`): planned at its wake time, ``prewarm`` in the
-    ``restore_start`` event. False too, without a lease, while the group's last restore
+    ``restore_start`` event. ``sleep_levels``: the plan's choice for the instances its evict
+    displaces (``Assignment.sleep_levels`` of a planned restore: endpoint -> level, 0 = stop;
+    None: each endpoint's own). False too, without a lease, while the group's last restore
     failed less than its backoff ago (``P:restore:failed:{first GPU}``, written by the
     restore phase)."""
     env, last_tp = ctx.env, ctx.kept.last_traceparent
@@ -126,8 +129,8 @@ def start_restore(ctx: TickContext, endpoint: str, gpus: tuple[str, ...], busy: 
     # restore_baseline span closes that job's makespan (submit -> restore)
     traceparent = next((last_tp[gpu] for gpu in gpus if last_tp.get(gpu)), "")
     with telemetry.use_traceparent(traceparent):
-        send(env, PhaseContext(lease_id, lease.token, list(gpus), host, "restore", endpoint, traceparent=traceparent),
-             host)
+        send(env, PhaseContext(lease_id, lease.token, list(gpus), host, "restore", endpoint, traceparent=traceparent,
+                               sleep_levels=sleep_levels), host)
     for gpu in gpus:
         last_tp.pop(gpu, None)
     return True

@@ -31,6 +31,10 @@ class PrewarmSleepers:
         env = ctx.env
         if not env.settings.prewarm or not ctx.kept.recent_jobs or len(ctx.taken | ctx.held_gpus) >= len(env.gpus):
             return
+        # as RestorePlanned: a full batch may leave out a queued job whose endpoint a prewarm would
+        # displace, and victims requeued this tick are not in the batch either
+        if ctx.requeued_now or (ctx.batch_formed and len(ctx.batch) >= env.settings.batch_size):
+            return
         state = ctx.fleet_state
         if state is None:
             held, residents = read_fleet_gpus(env)
