@@ -344,7 +344,11 @@ class PhaseRunner:
         spec = eps[inst.endpoint]
         # a level-2 sleeper holds no host RAM (the plan may choose level 2 for a level-1 endpoint)
         ram_mib = spec.asleep_ram_mib if self._planned_level(ctx, inst.endpoint) == spec.sleep_level else 0
-        sleepers = list_sleepers(self.r, self.keys)
+        # a sleeper of the endpoint this lease loads, on its GPUs, is woken (or stopped) by the
+        # load: it holds neither RAM nor GPU memory beside the evicted instance (the replay drops
+        # it first too, Replay._drop_asleep)
+        sleepers = [(i, level) for i, level in list_sleepers(self.r, self.keys)
+                    if not (i.endpoint == ctx.endpoint and set(i.gpus) & set(ctx.gpus))]
         asleep = [i for i, _level in sleepers]
         # what each sleeper holds at the level it really sleeps at (a level-2 sleeper: no RAM)
         used = sum(eps[i.endpoint].asleep_ram_mib for i, level in sleepers

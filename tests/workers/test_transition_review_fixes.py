@@ -9,6 +9,7 @@ import json
 
 from makespan.models import parse_fleet
 from makespan.planner.model import PlanJob
+from makespan.planner.replay import Replay
 from makespan.producer import Producer
 from makespan.workers.drivers.registry import list_instances
 from makespan.workers.leases import LeaseStore
@@ -124,3 +125,60 @@ def test_prewarm_does_not_displace_an_endpoint_whose_job_is_queued(r, keys, sett
     # x's job starts on G0 (warm); y's job is queued and y is warm on G1: nothing may take G1 from it
     assert not any(c.kind == "restore" and G1 in c.gpus for c in sent), \
         [(c.kind, c.endpoint, c.gpus) for c in sent]
+
+
+TIGHT = parse_fleet({"name": "tight",
+                     "hosts": [{"name": "a", "gpu_count": 1, "memory_mib": 81920}],
+                     "endpoints": {"big": {"model": "big", "memory_mib_per_gpu": 81000, "cold_start_s": 60,
+                                           "evict_s": 2, "wake_s": 3},
+                                   "small": {"model": "small", "memory_mib_per_gpu": 20000, "cold_start_s": 60,
+                                             "evict_s": 2, "wake_s": 3}}})
+T0 = TIGHT.hosts[0].gpus[0].uuid
+
+
+def test_woken_endpoint_not_counted_twice_when_evicted_one_sleeps(r, keys, settings):
+    """The endpoint being woken was counted twice in the room left for the evicted instance to
+    sleep (its full memory as the new resident and its asleep memory as a sleeper beside it);
+    the plan counts it once, so the plan's sleep became a stop on the worker."""
+    s = dataclasses.replace(settings, lease_ttl_s=60.0)
+    jobs = _Jobs(r, keys, s, TIGHT, "a")
+    jobs.run("big", [T0])
+    jobs.run("small", [T0])  # big sleeps (512 MiB) beside small
+    assert sorted((i.endpoint, st) for i, st in list_instances(r, keys, with_state=True)) == \
+        [("big", "asleep"), ("small", "running")]
+    # the plan: wake big on T0, small goes to sleep there (it is in demand)
+    state, _ = PlannerWorker(r, s, TIGHT).fleet_state()
+    state = dataclasses.replace(state, demand={"small": 10.0})
+    rep = Replay(state)
+    a = rep.place(PlanJob("j", "big", 2.0, state.now_s, 1.0), (T0,))
+    assert a.load == "wake" and dict(a.sleep_levels) == {"small": 1}
+    assert "small" in rep.asleep[T0]
+    # the worker, with the plan's choice
+    ctx = jobs.run("big", [T0], sleep_levels=dict(a.sleep_levels))
+    ev = jobs.phase_end(ctx, "evict")
+    assert ev.get("slept") == ["small"], ev.get("sleep_skipped")
+
+
+RAM = parse_fleet({"name": "ram",
+                   "hosts": [{"name": "a", "gpu_count": 1, "memory_mib": 81920, "host_memory_mib": 30000}],
+                   "endpoints": {"chat": {"model": "c", "memory_mib_per_gpu": 24000, "cold_start_s": 60,
+                                          "evict_s": 2, "wake_s": 3},
+                                 "chat2": {"model": "c2", "memory_mib_per_gpu": 24000, "cold_start_s": 60,
+                                           "evict_s": 2, "wake_s": 3}}})
+R0 = RAM.hosts[0].gpus[0].uuid
+
+
+def test_woken_sleepers_ram_not_counted_against_the_evicted_one(r, keys, settings):
+    """chat sleeps (24000 MiB of host RAM, budget 30000); a chat job wakes it and evicts
+    chat2: once chat is awake its RAM is free, so chat2 may sleep (the plan says so)."""
+    s = dataclasses.replace(settings, lease_ttl_s=60.0)
+    jobs = _Jobs(r, keys, s, RAM, "a")
+    jobs.run("chat", [R0])
+    jobs.run("chat2", [R0])  # chat asleep, level 1
+    state, _ = PlannerWorker(r, s, RAM).fleet_state()
+    state = dataclasses.replace(state, demand={"chat2": 10.0})
+    a = Replay(state).place(PlanJob("j", "chat", 2.0, state.now_s, 1.0), (R0,))
+    assert a.load == "wake" and dict(a.sleep_levels) == {"chat2": 1}
+    ctx = jobs.run("chat", [R0], sleep_levels=dict(a.sleep_levels))
+    ev = jobs.phase_end(ctx, "evict")
+    assert ev.get("slept") == ["chat2"], ev.get("sleep_skipped")
