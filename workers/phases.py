@@ -237,11 +237,39 @@ class PhaseRunner:
             ops = [*extra_ops, ("HSET", self.keys.phase(ctx.lease_id), phase, "done"),
                    ("XADD_E", self.keys.events, self._event("phase_end", ctx, phase=phase, planned_s=planned,
                                                             actual_s=round(time.time() - started, 6), **extra))]
-            if not self.leases.fenced(lease, ops):
+            done = lambda: self.r.hget(self.keys.phase(ctx.lease_id), phase) == "done"  # noqa: E731
+            if not self.commit(ctx, ops, applied=done):
                 return "stale"
         if phase == "clear" or phase == "restore":
             return self._finish(ctx, "completed", "")
         return "done"
+
+    def commit(self, ctx: PhaseContext, ops: list[tuple], applied: Callable[[], bool]) -> bool:
+        """Apply a phase's outcome ``ops``, fenced by the lease; False when the lease is gone.
+        A Redis error (a restart, a failover, a dropped connection) is retried with backoff
+        for up to the lease TTL, while the heartbeat keeps the lease (a run whose commit is
+        lost would run again once its lease expired); before each retry ``applied()`` is
+        asked whether the failed try was applied anyway (its reply lost): then it is not
+        applied twice.
+
+        Raises:
+            StoreError: Redis still failed after the lease TTL (the lease has expired by then)."""
+        give_up = time.monotonic() + self.settings.lease_ttl_s
+        pause_s = 0.1
+        while True:
+            try:
+                return self.leases.fenced(ctx.lease, ops)
+            except (StoreError, redis.RedisError) as e:
+                if time.monotonic() + pause_s > give_up:
+                    raise
+                log.warning("lease %s: commit failed (%s); retrying in %.1f s", ctx.lease_id, e, pause_s)
+            time.sleep(pause_s)
+            pause_s = min(pause_s * 2, 2.0)
+            try:
+                if applied():
+                    return True
+            except (StoreError, redis.RedisError):
+                pass  # still down: the next try says
 
     def _observe(self, ctx: PhaseContext, phase: str, planned_s: float, actual_s: float) -> None:
         """Prometheus: phase duration and its GPU-seconds (busy for execute, transition
@@ -653,8 +681,10 @@ class PhaseRunner:
             raise StaleFencingToken("lease lost before execute")
         spec = self._spec(ctx)
         self._workload(ctx, hb, extra, ctx.payload or spec.get("payload") or {}, spec)
-        if not self.leases.fenced(ctx.lease, [("DEL", busy)]):
+        if hb.lost.is_set():
             raise StaleFencingToken("lease lost during execute")
+        # the busy slot goes in the phase's one commit (run(), retried through a Redis blip)
+        extra["_ops"] = [*extra.get("_ops", []), ("DEL", busy)]
         return ctx.service_s
 
     def _workload(self, ctx: PhaseContext, hb: LeaseHeartbeat, extra: dict, payload: dict,

@@ -92,7 +92,8 @@ def run_warm(runner: PhaseRunner, ctx: PhaseContext) -> str:
             ("XADD_E", k.events, runner._event("phase_end", ctx, phase="clear", planned_s=0.0,
                                                 actual_s=round(time.time() - now, 6))),
             *runner._finish_ops(ctx, "completed", "", now)]
-        if not runner.leases.fenced(ctx.lease, ops):
+        # retried through a Redis blip; applied already when the job completed (only this lease can)
+        if not runner.commit(ctx, ops, applied=lambda: runner.r.hget(k.job(ctx.job_id), "state") == "completed"):
             return "stale"
     return runner._finished(ctx, "completed", "", now)
 
