@@ -889,7 +889,7 @@ class PhaseRunner:
             ids = set(json.loads(raw)) if raw else set()
             for inst in [i for i in self._instances_on(ctx.gpus) if i.id in ids]:
                 self._stop_instance(inst)
-        except redis.RedisError as e:
+        except (StoreError, redis.RedisError) as e:  # the registry's calls raise StoreError
             log.warning("job %s: helper endpoints not stopped: %s", ctx.job_id, e)
 
     def _release_ops(self, ctx: PhaseContext) -> list[tuple]:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import ssl
 import time
 import uuid
@@ -35,10 +36,12 @@ from collections.abc import AsyncIterator, Callable
 import httpx
 import redis
 
-from makespan.errors import PhaseError
+from makespan.errors import PhaseError, StoreError
 from makespan.keys import Keys
 from makespan.redis_conn import async_twin
 from makespan.store.scripts import script, store_error
+
+log = logging.getLogger("makespan.requests")
 
 REQUEST_LEASE_TTL_S = 30.0  # a request lease's expiry beyond its request's longest run (a dead sender's expires)
 POLL_S = 0.002  # a waiter's first poll for a free request lease; doubles up to POLL_MAX_S
@@ -127,6 +130,9 @@ def _unverified_context() -> ssl.SSLContext:
     return context
 
 
+RELEASE_RETRY_S = 5.0  # how long a request lease's release is retried through a Redis error, s
+
+
 class RequestRunner:
     """Sends one step's requests to one endpoint instance under its concurrency cap.
 
@@ -204,10 +210,26 @@ class RequestRunner:
                 if n:
                     return n
         finally:
-            await self._call("decr", self.keys.req_waiters(self.instance_id))
+            try:
+                await self._call("decr", self.keys.req_waiters(self.instance_id))
+            except StoreError as e:  # a gauge for the drain check: never fail a request for it
+                log.warning("request waiter count of %s not decremented: %s", self.instance_id, e)
 
     async def _release(self, member: str) -> None:
-        await self._call("zrem", self.keys.req_leases(self.instance_id), member)
+        """Give the request lease back; a Redis error (a restart, a failover) is retried for
+        up to :data:`RELEASE_RETRY_S` and then left to the lease's expiry, logged: the request
+        itself was sent and answered, so the step does not fail for it."""
+        pause_s, give_up = 0.05, time.monotonic() + RELEASE_RETRY_S
+        while True:
+            try:
+                await self._call("zrem", self.keys.req_leases(self.instance_id), member)
+                return
+            except StoreError as e:
+                if time.monotonic() + pause_s > give_up:
+                    log.warning("request lease %s not given back (%s): it expires by its TTL", member, e)
+                    return
+            await asyncio.sleep(pause_s)
+            pause_s = min(pause_s * 2, 1.0)
 
     # -- sending ----------------------------------------------------------------------
     async def _one(self, clients: asyncio.Queue[httpx.AsyncClient], sem: asyncio.Semaphore, i: int,

@@ -1,0 +1,100 @@
+"""A Redis restart while a workload function's ``ctx.requests`` fan-out is in flight: the
+request lease that could not be given back raised a StoreError into the user's function,
+which then failed the job as the function's own error (retries=0 by default), and the lease
+kept an endpoint slot until its TTL. The release is retried through the outage (found by a
+review, 2026-12-04; fails on the code before)."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+import tomllib
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import makespan
+from bench.chaos_redis import RedisServer
+from makespan.keys import Keys
+from makespan.models import parse_fleet
+from makespan.producer import Producer
+from makespan.redis_conn import connect
+from makespan.settings import Settings
+from makespan.workers.drivers.base import Instance
+from makespan.workers.drivers.registry import register_instance
+from makespan.workers.leases import LeaseStore
+from makespan.workers.phases import PhaseContext, PhaseRunner
+from makespan.workers.requests import request_drain
+
+FLEET = """
+name = "reqs"
+[[hosts]]
+name = "h1"
+gpu_count = 1
+memory_mib = 40000
+[endpoints.sim]
+model = "sim/model"
+memory_mib_per_gpu = 20000
+cold_start_s = 10
+evict_s = 1
+slots = 4
+"""
+
+
+@makespan.workload(endpoint="sim", name="tests.fanout_through_an_outage")
+def fanout_through_an_outage(ctx):
+    return ctx.requests(["down", "slow"])
+
+
+def _server(srv: RedisServer) -> ThreadingHTTPServer:
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if body.get("prompt") == "down":  # Redis goes away while this request is answered
+                srv.kill()
+                threading.Timer(0.4, srv.start).start()
+            else:
+                time.sleep(1.5)  # the other request of the fan-out is still in flight when Redis is back
+            data = json.dumps({"choices": [{"text": "ok " + body.get("prompt", "")}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return httpd
+
+
+def test_a_redis_restart_during_ctx_requests_does_not_fail_the_job():
+    srv = RedisServer()
+    httpd = _server(srv)
+    try:
+        prefix = f"scr-{uuid.uuid4().hex[:8]}"
+        keys = Keys(prefix)
+        fleet = parse_fleet(tomllib.loads(FLEET))
+        s = Settings(redis_url=srv.url, key_prefix=prefix, time_scale=1.0, lease_ttl_s=8.0, heartbeat_s=0.5,
+                     redis_socket_timeout_s=1.0, redis_connect_timeout_s=0.5)
+        r = connect(srv.url, settings=s)
+        job = Producer(r, keys, fleet, s).submit({"endpoint": "sim", "service_s": 1, "workload": "tests.fanout_through_an_outage"}).id
+        gpu = fleet.hosts[0].gpus[0].uuid
+        inst = Instance("sim", [gpu], "simulated", "h1", 1.0, url=f"http://127.0.0.1:{httpd.server_address[1]}")
+        register_instance(r, keys, inst)
+        lease = LeaseStore(r, keys).acquire("L1", (gpu,), s.lease_ttl_s, job_id=job, kind="job", holder="h1",
+                                            queue=keys.queue("NORMAL"))
+        assert lease is not None
+        ctx = PhaseContext("L1", lease.token, [gpu], "h1", "job", "sim", job, "NORMAL", 1.0)
+        runner = PhaseRunner(connect(srv.url, settings=s), s, fleet)
+        try:
+            out = runner.run(ctx, "execute")
+        except Exception as e:  # noqa: BLE001
+            out = f"raised {type(e).__name__}: {e}"
+        rec = r.hgetall(keys.job(job))
+        assert out == "done" and rec.get("state") != "failed", (out, rec.get("reason"))
+        assert request_drain(r, keys, [inst.id])["request_leases"] == 0  # the slots were given back
+    finally:
+        httpd.shutdown()
+        srv.stop()
