@@ -26,10 +26,13 @@ def explain(r, keys, settings, job_id: str) -> dict[str, Any]:
 
     Raises:
         NotFoundError: no such job."""
+    # the planner's last reason write is read before the record (_context): a record read
+    # after it holds every later write, so an older wait_at means the job was not in that write
+    context = _context(r, keys.for_pool(r.hget(keys.job(job_id), "pool")))
     rec = r.hgetall(keys.job(job_id))
     if not rec:
         raise NotFoundError(f"no job {job_id!r}")
-    return _explain_rec(r, keys, settings, job_id, rec, *_context(r, keys.for_pool(rec.get("pool"))))
+    return _explain_rec(r, keys, settings, job_id, rec, *context)
 
 
 def _context(r, keys) -> tuple[bool, float, float | None]:
@@ -141,10 +144,12 @@ def list_jobs(r, keys, settings, states: tuple[str, ...] = WAITING, endpoint: st
         elif "leased" not in states or st == "leased":  # P:running holds leased and running jobs: read it once
             ids += r.zrange(keys.running, 0, scan - 1)
     ids = list(dict.fromkeys(ids))  # a job that moved between two sources while they were read: once
+    # each pool's context (its last reason write) before the records: see explain()
+    leads_by_pool: dict[str | None, tuple[bool, float, float | None]] = {
+        pool: _context(r, keys.for_pool(pool)) for pool in published_pools(r, keys)}
     p = r.pipeline(transaction=False)
     for j in ids:
         p.hgetall(keys.job(j))
-    leads_by_pool: dict[str | None, tuple[bool, float, float | None]] = {}
     out = []
     for j, rec in zip(ids, p.execute()):
         if not rec or rec.get("state") not in states and not (rec.get("state") == "running" and "leased" in states):
@@ -152,8 +157,9 @@ def list_jobs(r, keys, settings, states: tuple[str, ...] = WAITING, endpoint: st
         if endpoint and rec.get("endpoint") != endpoint or priority and rec.get("priority") != priority.upper():
             continue
         pool = rec.get("pool")
-        if pool not in leads_by_pool:  # one read per pool: does its planner lead now
-            leads_by_pool[pool] = _context(r, keys.for_pool(pool))
+        if pool not in leads_by_pool:  # a pool not in the published fleet: read after its records, so
+            leads, now_s, _written = _context(r, keys.for_pool(pool))  # its last write is not compared
+            leads_by_pool[pool] = (leads, now_s, None)
         out.append(_explain_rec(r, keys, settings, j, rec, *leads_by_pool[pool]))
         if len(out) >= limit:
             break
