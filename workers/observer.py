@@ -68,6 +68,8 @@ from makespan.workers.drivers.base import Instance, machine_name
 from makespan.workers.drivers.registry import index_instances, list_instances, register_instance, unregister_instance
 
 log = logging.getLogger(__name__)
+
+INCIDENTS_MAX_LEN = 10_000  # P:incidents keeps about this many entries (incidents and recoveries; XADD MAXLEN ~)
 MIN_OVERRUN_SLACK_S = 2.0  # the least slack past a transition's expected end before it is late, s (module doc)
 
 __all__ = ["Observer", "list_incidents", "register_instance", "run_observer", "unregister_instance"]
@@ -199,7 +201,7 @@ class Observer:
                "detected_at": repr(now), "cycle": str(self.cycle),
                "last_ok_cycle": str(self.last_ok_cycle.get(inst.id, 0) if inst else 0),
                "effect": effect, "agenda_context": json.dumps(context)}
-        rec["incident_id"] = self.r.xadd(self.keys.incidents, rec)
+        rec["incident_id"] = self.r.xadd(self.keys.incidents, rec, maxlen=INCIDENTS_MAX_LEN, approximate=True)
         from makespan import metrics
 
         metrics.incident(endpoint)
@@ -250,7 +252,7 @@ class Observer:
                 out["outcome"] = f"failed: {e}"
         out["recovered_at"] = repr(time.time())
         out["recovery_s"] = repr(round(time.time() - t0, 3))
-        self.r.xadd(self.keys.incidents, out)
+        self.r.xadd(self.keys.incidents, out, maxlen=INCIDENTS_MAX_LEN, approximate=True)
         log.warning("recovery of %s after %s: %s", inst.endpoint, inc["incident_id"], out["outcome"])
 
     def _leased(self, inst: Instance) -> str:
