@@ -24,20 +24,9 @@ from makespan.workers.drivers.registry import register_instance
 from makespan.workers.leases import LeaseStore
 from makespan.workers.phases import PhaseContext, PhaseRunner
 from makespan.workers.requests import request_drain
+from tests.faults.private_redis import TWO_HOSTS
 
-FLEET = """
-name = "reqs"
-[[hosts]]
-name = "h1"
-gpu_count = 1
-memory_mib = 40000
-[endpoints.sim]
-model = "sim/model"
-memory_mib_per_gpu = 20000
-cold_start_s = 10
-evict_s = 1
-slots = 4
-"""
+FLEET = TWO_HOSTS + "slots = 4\n"  # the sim endpoint (its table is the last): two requests in flight
 
 
 @makespan.workload(endpoint="sim", name="tests.fanout_through_an_outage")
