@@ -14,8 +14,9 @@ Maintenance is atomic with the change of the waiting step, inside the same Lua s
 (``awaited_add`` / ``awaited_drop`` of the store's ``makespan/store/lua/lib.lua``):
 
 * added (``awaited_add``) where a step with deps is written: ``makespan.producer`` submit,
-  ``makespan.workloads`` submit and ``makespan.workload_execution`` retry (a retry also moves its
-  queued dependants from the failed attempt's id to the new one, as it rewrites their ``deps``);
+  ``makespan.workloads`` submit and ``makespan.workload_execution`` retry (a retry also moves the
+  jobs waiting on the failed attempt, queued or delayed, from its id to the new one, as it
+  rewrites their ``deps``);
 * removed (``awaited_drop``) when it ends: ``finish_job`` of the store's library
   (completed, failed, cancelled on any path), and where a queued step is cancelled
   (``makespan.producer`` cancel, workload cancel, a dependant cancelled by the planner or

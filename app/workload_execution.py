@@ -120,9 +120,8 @@ def advance_workloads(r: redis.Redis, keys: Keys) -> dict[str, int]:
                 if new_id is not None:
                     out["retried"] += 1
                     rows[step] = ["queued", retries + 1, ""]
-                    # the next retry of this pass writes its dependants' deps from ids: with this
-                    # step's new attempt, not the failed one (a step waiting on two parents that
-                    # failed before one pass was left waiting on a failed attempt for good)
+                    # a later retry of this pass writes its new attempt's deps and the failure's
+                    # victims from ids: with this step's new attempt, not the failed one
                     ids = {**ids, step: new_id}
             elif st in ("failed", "cancelled"):
                 dead.add(step)
@@ -154,10 +153,9 @@ def _retry(r, keys, wid, wrec, step, ids, deps, prio, retries, reason) -> str | 
     new_ids = {**ids, step: new_id}
     if deps.get(step):
         fields["deps"] = json.dumps([new_ids[d] for d in deps[step]])
-    dependants = [s for s, ds in deps.items() if step in ds]
     ev = json.dumps({"ts": now, "kind": "retried", "job": new_id, "previous": ids[step], "workload": wid,
                      "step": step, "retry": retries + 1, "reason": reason})
+    # the script moves every job waiting on the failed attempt (queued or delayed) to new_id
     done = JobStore(r, keys).retry_step(wid, step, ids[step], new_id, fields, ev,
-                                        keys.for_pool(fields.get("pool")).queue(prio),
-                                        [(ids[d], json.dumps([new_ids[x] for x in deps[d]])) for d in dependants])
+                                        keys.for_pool(fields.get("pool")).queue(prio))
     return new_id if done else None

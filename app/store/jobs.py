@@ -104,14 +104,15 @@ class JobStore:
                                                         repr(now_s), self.keys.script_prefix, *args]))
 
     def retry_step(self, workload_id: str, step: str, old_job_id: str, new_job_id: str, fields: dict[str, Any],
-                   event_json: str, queue_key: str, dependants: Sequence[tuple[str, str]]) -> bool:
-        """Retry a failed step as ``new_job_id`` (``dependants``: ``(job id, new deps JSON)``
-        each). False when the workload is not running or the step was already retried."""
+                   event_json: str, queue_key: str) -> bool:
+        """Retry a failed step as ``new_job_id``; every job still waiting on ``old_job_id``
+        (queued or delayed: a later step, or a job submitted with ``depends_on`` it) waits
+        on ``new_job_id`` instead. False when the workload is not running or the step was
+        already retried."""
         keys = [self.keys.workload(workload_id), self.keys.job(new_job_id), queue_key, self.keys.events,
-                self.keys.seq, *[self.keys.job(job_id) for job_id, _ in dependants]]
+                self.keys.seq]
         args = [step, old_job_id, new_job_id, json.dumps({**fields, "state": JobState.QUEUED.value}), event_json,
-                self.keys.script_prefix,
-                *[deps for _, deps in dependants]]
+                self.keys.script_prefix]
         return bool(self._run("retry_step", keys, args))
 
     def cancel_steps(self, workload_id: str, queue_key: str, job_ids: Sequence[str], reason: str,

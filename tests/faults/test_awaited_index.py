@@ -158,3 +158,37 @@ def test_a_dependant_the_planner_cancels_leaves_no_entry_and_a_leak_is_counted(r
     assert leaked(r, keys) == {dep: [child]}
     assert w.check_drain()["awaited_entries"] == 1
     assert drain_counts(r, keys, FLEET)["awaited_entries"] == 1
+
+
+def test_a_retry_moves_a_delayed_dependant_and_it_runs_after_the_retried_step(r, keys, settings):
+    """Step a of a workload fails with a retry left while two jobs submitted with
+    ``depends_on`` a wait on it: one queued, one delayed (``delay_s``). The retry moves
+    both (their deps and their index entries) to the retried attempt's id, and once that
+    attempt completed the delayed one runs when due. (Found by a review: only queued
+    dependants followed; the delayed one kept waiting on the failed attempt, and the
+    planner never started it.)"""
+    from makespan.workers.delayed import DelayedJobs
+
+    w, prod, sent = _setup(r, keys, settings)
+    wid, ids = _workload(r, keys, settings, {"a": [], "b": ["a"]}, retry_budget=1)
+    queued = prod.submit({"endpoint": "chat", "service_s": 10, "priority": "LOW", "depends_on": [ids["a"]]}).id
+    delayed = prod.submit({"endpoint": "chat", "service_s": 10, "priority": "LOW", "depends_on": [ids["a"]],
+                           "delay_s": 600}).id
+    assert r.hget(keys.job(delayed), "state") == "delayed"
+    assert waiters(r, keys, ids["a"]) == {ids["b"], queued, delayed}
+    r.zrem(keys.queue(Priority.LOW), ids["a"])
+    r.hset(keys.job(ids["a"]), "state", "failed")
+    assert advance_workloads(r, keys)["retried"] == 1
+    retry = json.loads(r.hget(keys.workload(wid), "steps"))["a"]
+    assert retry != ids["a"]
+    for job_id in (ids["b"], queued, delayed):
+        assert json.loads(r.hget(keys.job(job_id), "deps")) == [retry], job_id
+    assert waiters(r, keys, retry) == {ids["b"], queued, delayed} and waiters(r, keys, ids["a"]) == set()
+    # the retried attempt completes; the delayed dependant comes due and runs after it
+    r.zrem(keys.queue(Priority.LOW), retry)
+    r.hset(keys.job(retry), mapping={"state": "completed", "finished_at": "1"})
+    assert DelayedJobs(r, keys).promote(ahead_s=700.0) == 1
+    w.tick()
+    assert {c.job_id for c in sent if c.kind == "job"} == {ids["b"], queued, delayed}
+    assert r.hget(keys.job(delayed), "state") == "leased"
+    assert leaked(r, keys) == {}

@@ -1,6 +1,6 @@
 -- retry_step.lua: retry a failed workload step as a new job (the failed attempt's record
--- stays as it is, for its history and retention): the workload's step map and every queued
--- dependant's deps point at the new id, in the same step.
+-- stays as it is, for its history and retention): the workload's step map and the deps of
+-- every job still waiting on the failed attempt point at the new id, in the same step.
 -- Library: lib
 -- Transitions: new -> queued
 --
@@ -9,17 +9,18 @@
 -- KEYS[3]  P:queue:{level}
 -- KEYS[4]  P:events
 -- KEYS[5]  P:seq
--- KEYS[6..]  P:job:{id} of each dependant of the step
 -- ARGV[1]  step name
 -- ARGV[2]  the failed attempt's job id
 -- ARGV[3]  the new job id
 -- ARGV[4]  the new job's fields, JSON object (state queued)
 -- ARGV[5]  the retried event, JSON
--- ARGV[6]  P, the key prefix (the reverse-dependency index)
--- ARGV[7..]  per dependant (as KEYS[6..]): its new deps, JSON list
+-- ARGV[6]  P, the key prefix (the reverse-dependency index, the dependants' records)
 -- Returns 1, or 0 when the workload is not running or the step was already retried.
--- The reverse-dependency index (makespan.awaited) follows: the new job joins it for its
--- deps, a queued dependant moves from the old id's set to the new id's.
+-- The dependants are the waiting members of the failed attempt's reverse-dependency set
+-- (makespan.awaited, P:awaited:{old id}): the workload's later steps and any job submitted
+-- with depends_on on it, queued or delayed (delay_s, a retry backoff) alike; in each one's
+-- deps the old id becomes the new one, and it moves from the old id's set to the new id's.
+-- The new job joins the index for its own deps.
 if redis.call('HGET', KEYS[1], 'state') ~= 'running' then return 0 end
 local steps = cjson.decode(redis.call('HGET', KEYS[1], 'steps'))
 if steps[ARGV[1]] ~= ARGV[2] then return 0 end
@@ -36,12 +37,18 @@ table.insert(f, 'seq'); table.insert(f, tostring(seq))
 redis.call('HSET', KEYS[2], unpack(f))
 awaited_add(ARGV[6], ARGV[3], fields['deps'])
 redis.call('ZADD', KEYS[3], seq, ARGV[3])
-for i = 6, #KEYS do
-  if redis.call('HGET', KEYS[i], 'state') == 'queued' then
-    local waiter = redis.call('HGET', KEYS[i], 'id')
-    awaited_drop(ARGV[6], waiter, redis.call('HGET', KEYS[i], 'deps'))
-    redis.call('HSET', KEYS[i], 'deps', ARGV[i + 1])
-    awaited_add(ARGV[6], waiter, ARGV[i + 1])
+local old_set = key_awaited(ARGV[6], ARGV[2])
+for _, waiter in ipairs(redis.call('SMEMBERS', old_set)) do
+  local wk = key_job(ARGV[6], waiter)
+  local state = redis.call('HGET', wk, 'state')
+  if state == 'queued' or state == 'delayed' then
+    local deps = cjson.decode(redis.call('HGET', wk, 'deps') or '[]')
+    for j, d in ipairs(deps) do
+      if d == ARGV[2] then deps[j] = ARGV[3] end
+    end
+    redis.call('HSET', wk, 'deps', cjson.encode(deps))
+    redis.call('SREM', old_set, waiter)
+    redis.call('SADD', key_awaited(ARGV[6], ARGV[3]), waiter)
   end
 end
 append_event(KEYS[4], ARGV[5])
