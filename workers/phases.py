@@ -207,7 +207,14 @@ class PhaseRunner:
             return "stale"
         if self._done(ctx, phase):
             return "skipped"
-        if not self.r.hsetnx(self.keys.phase(ctx.lease_id), f"{phase}:claimed", "1"):
+        # The claim checks the lease again, in the same script: a reclaim (or preemption)
+        # between the renew above and here dropped the lease and its phase hash, and a bare
+        # HSETNX recreated that hash (with no TTL) and ran a phase of a lease no longer held.
+        claim = self.leases.claim_phase(lease, phase)
+        if claim == "stale":
+            log.info("phase %s of lease %s: lease lost before the claim, not acting", phase, ctx.lease_id)
+            return "stale"
+        if claim == "claimed_before":
             # A second delivery of a phase already running (the broker restores unacked
             # messages when a connection drops): stop this copy and its chain.
             log.info("phase %s of lease %s: duplicate delivery, not acting", phase, ctx.lease_id)

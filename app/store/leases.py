@@ -17,7 +17,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import redis
 
@@ -82,6 +82,7 @@ class LeaseStore:
         self._acquire = script(r, "acquire", events_max_len)
         self._renew = script(r, "renew", events_max_len)
         self._fenced = script(r, "fenced", events_max_len)
+        self._claim_phase = script(r, "claim_phase", events_max_len)
         self._reclaim = script(r, "reclaim", events_max_len)
         self._expired = script(r, "expired", events_max_len)
         self._preempt = script(r, "preempt", events_max_len)
@@ -185,6 +186,20 @@ class LeaseStore:
         keys = [self.keys.lease(lease.lease_id), self.keys.leases, *[self.keys.gpu(g) for g in lease.gpus]]
         if not self._renew(keys=keys, args=[lease.lease_id, lease.token, 0]):
             raise StaleFencingToken(f"lease {lease.lease_id} token {lease.token} is no longer current")
+
+    def claim_phase(self, lease: Lease, phase: str) -> Literal["claimed", "claimed_before", "stale"]:
+        """Claim ``phase`` of ``lease`` for this run (``P:phase:{lease}`` field
+        ``{phase}:claimed``), atomically with the fencing check: ``"claimed"``, or
+        ``"claimed_before"`` (another delivery of the phase task claimed it: do not run it
+        again), or ``"stale"`` (the lease was reclaimed, preempted or released: nothing
+        written, so no phase hash outlives the lease).
+
+        Raises:
+            StoreError: Redis failed (nothing written: the script is atomic)."""
+        keys = [self.keys.lease(lease.lease_id), self.keys.phase(lease.lease_id),
+                *[self.keys.gpu(g) for g in lease.gpus]]
+        out = int(self._claim_phase(keys=keys, args=[lease.lease_id, lease.token, phase]))
+        return "claimed" if out == 1 else "claimed_before" if out == 0 else "stale"
 
     def fenced(self, lease: Lease, ops: list[tuple]) -> bool:
         """Apply ``ops`` atomically iff the lease is still current. Each op is

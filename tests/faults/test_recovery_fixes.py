@@ -149,3 +149,40 @@ def test_planner_loop_survives_a_wrapped_redis_error(r, keys, settings):
     t.start()
     t.join(timeout=10)
     assert not t.is_alive() and len(calls) == 2
+
+
+def test_a_lease_reclaimed_between_renew_and_claim_runs_no_phase_and_leaves_no_phase_hash(r, keys, settings):
+    """The phase task renews its lease, then (a pause: GC, a loaded host) the lease expires
+    and the planner reclaims it (its phase hash deleted, the job requeued) before the task
+    claims the phase. The claim must see the lease is gone: the phase does not run, and no
+    phase hash is recreated (found by a review: the bare HSETNX recreated it with no TTL and
+    the execute phase of the reclaimed lease ran)."""
+    import json
+
+    from makespan.workers.phases import PhaseContext, PhaseRunner
+
+    jid, store = _leased_job(r, keys, settings, ttl_s=settings.lease_ttl_s)
+    token = int(r.hget(keys.lease("L1"), "token"))
+    ctx = PhaseContext("L1", token, ["GPU-host-a-3"], "host-a", "job", "embed", jid, "HIGH", 300.0)
+    runner = PhaseRunner(r, settings, load_fleet(FLEET_TOML))
+    outcomes: list = []
+    renew = runner.leases.renew
+
+    def renew_then_lose(lease, ttl_s):
+        held = renew(lease, ttl_s)
+        if not outcomes:  # once, right after the phase's own renew: the lease expires and is reclaimed
+            r.zadd(keys.leases, {"L1": 0})  # expired on any clock
+            outcomes.append(store.reclaim("L1", settings.max_attempts))
+        return held
+
+    runner.leases.renew = renew_then_lose  # type: ignore[method-assign]
+    ran: list[str] = []
+    execute = runner._phase_execute
+    runner._phase_execute = lambda *a: (ran.append("execute"), execute(*a))[1]  # type: ignore[method-assign]
+    assert runner.run(ctx, "execute") == "stale"
+    assert outcomes == ["requeued"]
+    assert ran == [], "a phase of the reclaimed lease ran"
+    assert r.exists(keys.phase("L1")) == 0, "the claim recreated the reclaimed lease's phase hash"
+    assert r.hget(keys.job(jid), "state") == "queued"
+    kinds = [json.loads(f["e"])["kind"] for _i, f in r.xrange(keys.events)]
+    assert "phase_start" not in kinds
