@@ -55,18 +55,29 @@ class JobHandle:
     priority: Priority
 
 
+# the reason of a leased job cancelled by the reclaim of its lease (reclaim.lua): its attempt
+# is in ``attempts`` already when a phase had started
+_CANCELLED_BY_RECLAIM = "cancelled; lease reclaimed"
+
+
 def attempts_made(rec: dict[str, Any]) -> int:
     """Attempts a job made so far, from its record (ints already parsed): the stored
     result's attempt when there is one; else the reclaimed and retried attempts, plus the
     one in progress (leased, running) or that ended it (completed; failed, unless the
-    reclaim of its last lease failed it: that attempt is among the reclaimed ones)."""
+    reclaim of its last lease failed it: that attempt is among the reclaimed ones;
+    cancelled while it held a lease, unless a reclaim of that lease cancelled it, as for
+    failed: the record still names the lease, which every way back to a queue deletes).
+    So a leased or running job that is cancelled keeps the attempt it showed."""
     if rec.get("result_attempt"):
         return int(rec["result_attempt"])
     done = int(rec.get("attempts") or 0) + int(rec.get("tries") or 0)
     state = rec.get("state")
+    reason = str(rec.get("reason") or "")
     if state in ("leased", "running", "completed"):
         return done + 1
-    if state == "failed" and "lease expired" not in str(rec.get("reason") or ""):
+    if state == "failed" and "lease expired" not in reason:
+        return done + 1
+    if state == "cancelled" and rec.get("lease") and reason != _CANCELLED_BY_RECLAIM:
         return done + 1
     return done
 

@@ -105,6 +105,13 @@ def test_status_counts_the_attempts_made(r, keys, settings):
     r.hset(keys.job(job.id), mapping={"state": "running", "attempts": 1})
     r.hdel(keys.job(job.id), "result_attempt")
     assert (prod.status(job.id)["attempts"], prod.status(job.id)["reclaimed_attempts"]) == (2, 1)
+    # cancelled while queued (no lease on its record): no attempt made
+    queued = prod.submit({"endpoint": "chat", "service_s": 5}).id
+    assert prod.cancel(queued) == "cancelled" and prod.status(queued)["attempts"] == 0
+    # the reclaim of a lease whose phase had started cancels the job: that attempt is a reclaimed one, counted once
+    r.hset(keys.job(job.id), mapping={"state": "cancelled", "attempts": 2, "lease": "L2",
+                                      "reason": "cancelled; lease reclaimed"})
+    assert (prod.status(job.id)["attempts"], prod.status(job.id)["reclaimed_attempts"]) == (2, 2)
 
 
 def test_jobs_lists_finished_jobs_after_the_retention_sweep_compacted_them(r, keys, settings, redis_url, prefix):

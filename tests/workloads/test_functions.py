@@ -105,6 +105,21 @@ def test_cancel_mid_run_reaches_the_function_and_ends_cancelled(live, marks):
     wait_for(lambda: _no_leases(client), 10, "its lease to be released")
 
 
+def test_a_job_cancelled_mid_execute_keeps_its_attempt(live, marks):
+    """A running function is cancelled: its status keeps the one attempt it made (found by
+    a review: ``attempts`` went from 1 back to 0 once the job was cancelled)."""
+    _, client = live
+    job = client.submit("wait_for_cancel")
+    wait_for(lambda: _marks(marks, job, "started"), 60, "the function to start")
+    st = job.status()
+    assert st["state"] == "running" and st["attempts"] == 1, st
+    assert job.cancel() == "cancel_requested"
+    assert job.wait(timeout_s=30) == "cancelled"
+    st = job.status()
+    assert (st["state"], st["attempts"], st["reclaimed_attempts"]) == ("cancelled", 1, 0), st
+    wait_for(lambda: _no_leases(client), 10, "its lease to be released")
+
+
 def test_ctx_cancelled_reads_as_whether_it_is_set(live, marks):
     """``while not ctx.cancelled:`` runs until the cancel (found by a new-user check: a plain
     threading.Event is always true, so the loop ended at once and the job completed)."""
