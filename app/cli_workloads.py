@@ -1,4 +1,4 @@
-"""CLI for multi-step workloads: ``makespan submit-workload FILE --fleet FLEET``,
+"""CLI for multi-step workloads: ``makespan submit-workload FILE [--fleet FLEET]``,
 ``makespan workload-status ID`` and ``makespan cancel-workload ID`` (see docs/workloads.md)."""
 
 from __future__ import annotations
@@ -20,14 +20,18 @@ def register(app: typer.Typer) -> None:
 
     @app.command("submit-workload")
     def submit_workload_cmd(file: Path = typer.Argument(..., help="workload file (YAML or JSON)"),
-                            fleet: Path = typer.Option(..., "--fleet", help="TOML fleet file")):
-        """Validate a workload DAG and enqueue all its steps at once (or none). Prints its id."""
+                            fleet: Path | None = typer.Option(None, "--fleet", help="default: the fleet the "
+                                                              "planner runs (a file given must be that fleet)")):
+        """Validate a workload DAG and enqueue all its steps at once (or none). Prints its id. Validated
+        against the fleet the planner published, as `makespan submit WORKLOAD` is; --fleet FILE is checked
+        against it (and used while no planner has published one)."""
+        from makespan.client import Client
         from makespan.models import load_fleet
         from makespan.workloads import load_workload, submit_workload
 
         try:
             s, r, k = _ctx()
-            f = load_fleet(fleet)
+            f = Client(r, s, load_fleet(fleet) if fleet is not None else None).fleet()
             wid = submit_workload(r, k, f, load_workload(file, f), s)
         except MakespanError as e:
             _fail(e)

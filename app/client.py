@@ -297,7 +297,10 @@ class Job:
 
     def status(self) -> dict[str, Any]:
         """The job record: ``state`` (queued, delayed, leased, running, completed, failed,
-        cancelled), times (unix s), ``attempts``, ``reason``, progress fields.
+        cancelled), times (unix s), ``attempts``, ``reason``, progress fields; a leased or
+        running job's ``gpus`` (the UUIDs its lease holds), ``phase`` (the phase running
+        now: evict, start_endpoint, execute or clear; None between phases) and
+        ``phases_done`` (:meth:`makespan.producer.Producer.status`).
 
         Raises:
             NotFoundError: no such job (or it expired after its retention)."""

@@ -242,19 +242,28 @@ def _gantt(events, fleet: FleetSpec, run_dir: Path, title: str) -> None:
 
 
 def _print_summary(rep: dict[str, Any], run_dir: Path, report_path: Path | None) -> None:
+    """The run's summary on the console. Its times are workload seconds (the report's,
+    :func:`makespan.run_report.live_report`), labelled so, with the time scale that turns
+    them into the wall seconds ``makespan report RUN_DIR`` prints; ``wall`` is wall time."""
     j = rep["jobs"]
+    ws = "workload s"
+    scale = rep.get("time_scale")
     console.print(f"\n[bold]{rep['policy']}[/bold] on {rep['gpus']} GPUs — jobs: {j['submitted']} submitted, "
                   f"{j['completed']} completed, {j['failed']} failed, {j['rejected']} rejected")
-    console.print(f"weighted completion {rep['weighted_completion_s']:.0f} s·w   makespan {rep['makespan_s']:.0f} s   "
-                  f"utilization {rep['utilization']:.1%}   idle-while-queued {rep['idle_while_queued_gpu_s']:.0f} GPU·s")
+    console.print("times below in workload s" + (f" (1 = {scale:g} wall s)" if scale else "")
+                  + "; `makespan report` prints wall s")
+    console.print(f"weighted completion {rep['weighted_completion_s']:.0f} {ws}·w   makespan "
+                  f"{rep['makespan_s']:.0f} {ws}")
+    console.print(f"utilization {rep['utilization']:.1%}   idle-while-queued "
+                  f"{rep['idle_while_queued_gpu_s']:.0f} GPU·{ws}")
     lb = rep.get("best_over_lower_bound")
     console.print(f"transitions {rep['transitions']}   best ÷ lower bound {lb:.2f}" if lb else
                   f"transitions {rep['transitions']}")
-    console.print("waits p50/p95 (s): " + "  ".join(
+    console.print(f"waits p50/p95 ({ws}): " + "  ".join(
         f"{k} {v['p50']:.0f}/{v['p95']:.0f}" for k, v in rep["wait_s"].items() if v.get("p50") is not None))
     if rep.get("set_point_absent_gpu_s") is not None:
-        console.print(f"set points absent {rep['set_point_absent_gpu_s']:.0f} GPU·s (workload s)")
-    console.print(f"drain {rep['drain']}   planner {rep['planner']}   wall {rep['wall_s']} s")
+        console.print(f"set points absent {rep['set_point_absent_gpu_s']:.0f} GPU·{ws}")
+    console.print(f"drain {rep['drain']}   planner {rep['planner']}   wall time {rep['wall_s']} s")
     console.print(f"run directory: {run_dir} (events.jsonl, report.json, gantt.png, logs/)"
                   + (f"; report also at {report_path}" if report_path else ""))
 

@@ -45,7 +45,9 @@ key                                    type    contents
 ``P:plan``                             string  the leading planner's last plan, JSON (see
                                                makespan.workers.plan_view; EX ttl)
 ``P:incidents``                        stream  incidents raised by the health observer
-``P:incidents:seen``                   set     agenda op ids already reported as overrunning
+``P:incidents:seen``                   set     agenda op ids already reported as overrunning; an id
+                                               is dropped once its entry has closed (the
+                                               observer's incidents_mark script, each cycle)
 ``P:instance:{id}``                    hash    live endpoint instance (see makespan.workers.observer)
 ``P:instances``                        set     live endpoint instance ids
 ``P:gpu_instances:{uuid}``             set     ids of the live instances on one GPU (an index of

@@ -190,13 +190,21 @@ class Producer:
         whose lease was lost (its GPU worker died or stopped renewing it) and
         ``tries``, failed runs of a workload function that were retried.
 
+        A ``leased`` or ``running`` job also has, from its lease record and its phase
+        markers (read in one step with the record): ``gpus``, the UUIDs of the GPUs its
+        lease holds (list of str); ``phase``, the phase running now (``evict``,
+        ``start_endpoint``, ``execute``, ``clear``; None between two phases, while the next
+        one's task waits for its GPU worker); ``phases_done``, the phases of this lease
+        finished so far, in order.
+
         Raises:
             NotFoundError: no such job (or it was compacted away after its retention).
+            StoreError: Redis failed.
         """
         if not is_utf8(job_id):
             raise NotFoundError(f"no job {job_id!r}")
         try:
-            rec = self.r.hgetall(self.keys.job(job_id))
+            rec, lease = self._record_with_lease(job_id)
         except redis.RedisError as e:
             raise StoreError(f"status {job_id}: {e}") from e
         if not rec:
@@ -213,7 +221,30 @@ class Producer:
                 rec.pop(field, None)
         rec["reclaimed_attempts"] = rec.get("attempts", 0)
         rec["attempts"] = attempts_made(rec)
+        if lease is not None:
+            rec.update(lease)
         return dict(sorted(rec.items()))
+
+    def _record_with_lease(self, job_id: str) -> tuple[dict[str, str], dict[str, Any] | None]:
+        """The job's record and, for a leased or running job, what its lease holds now
+        (``gpus``, ``phase``, ``phases_done``; see :meth:`status`): the record, the lease
+        record and the phase markers of the lease the record names are read in one
+        MULTI, so they agree; when the record names another lease by then (the job was
+        reclaimed and leased again between the two reads) they are read again."""
+        rec = self.r.hgetall(self.keys.job(job_id))
+        for _ in range(5):
+            lease_id = rec.get("lease") if rec.get("state") in ("leased", "running") else None
+            if not lease_id:
+                return rec, None
+            p = self.r.pipeline(transaction=True)
+            p.hgetall(self.keys.job(job_id))
+            p.hget(self.keys.lease(lease_id), "gpus")
+            p.hgetall(self.keys.phase(lease_id))
+            now, gpus_json, marks = p.execute()
+            if now.get("lease") == lease_id and now.get("state") in ("leased", "running"):
+                return now, {"gpus": json.loads(gpus_json) if gpus_json else [], **_phase_now(marks)}
+            rec = now
+        return rec, None  # re-leased on every read: the record alone
 
     def cancel(self, job_id: str) -> str:
         """Cancel a job. A queued or delayed job is removed from its queue (or from the
@@ -256,6 +287,15 @@ class Producer:
             return {lvl.name: sum(depths[i::len(Priority)]) for i, lvl in enumerate(Priority)}
         except redis.RedisError as e:
             raise StoreError(f"queue depths: {e}") from e
+
+
+def _phase_now(marks: dict[str, str]) -> dict[str, Any]:
+    """``phase`` (running now: claimed, not done; None between phases) and ``phases_done``
+    (in phase order) from a lease's phase markers ``P:phase:{lease}`` (``{phase}:claimed``
+    = ``1`` when a phase starts, ``{phase}`` = ``done`` when it has finished)."""
+    done = [p for p in metrics.PHASES if marks.get(p) == "done"]
+    running = [p for p in metrics.PHASES if marks.get(f"{p}:claimed") and marks.get(p) != "done"]
+    return {"phase": running[-1] if running else None, "phases_done": done}
 
 
 def submit(job: JobSpec | dict[str, Any], *, fleet: FleetSpec, settings: Settings | None = None,

@@ -61,28 +61,39 @@ def on_sigterm(grace_s: float, process: str, stop: Callable[[], None]) -> Callab
     C-level handler writes the signal to a wakeup pipe (``signal.set_wakeup_fd``) that the
     helper thread reads. Not for a process whose event loop owns the wakeup fd (uvicorn:
     the dashboard arms from its own handler). Returns a function that puts the previous
-    handler and wakeup fd back (for a caller that returns instead of exiting)."""
+    handler and wakeup fd back and closes the pipe (for a caller that returns instead of
+    exiting; calling it again does nothing): the helper thread then closes the read end
+    and ends, so a process that calls this repeatedly keeps no fd of it."""
     read_fd, write_fd = os.pipe()
     os.set_blocking(write_fd, False)
     old_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
     old_handler = signal.signal(signal.SIGTERM, lambda *_a: stop())
+    restored = threading.Event()
 
     def restore() -> None:
+        if restored.is_set():  # a second close could close an fd number reused since
+            return
+        restored.set()
         signal.signal(signal.SIGTERM, old_handler)
         signal.set_wakeup_fd(old_fd)
-        os.close(write_fd)  # the helper thread's read returns b'' and it ends
+        os.close(write_fd)  # the helper thread's read returns b'': it closes read_fd and ends
 
     def _watch() -> None:
-        while True:
-            try:
-                got = os.read(read_fd, 64)
-            except OSError:
-                return
-            if not got:
-                return
-            if int(signal.SIGTERM) in got:
-                arm(grace_s, process)
-                return
+        # Reads until the write end is closed (restore), also after SIGTERM was seen: the
+        # wakeup fd stays set until then, and a read end closed early would make every
+        # later signal's write fail (a warning on stderr each time).
+        try:
+            while True:
+                try:
+                    got = os.read(read_fd, 64)
+                except OSError:
+                    return
+                if not got:
+                    return
+                if int(signal.SIGTERM) in got:
+                    arm(grace_s, process)  # once per process: a second SIGTERM changes nothing
+        finally:
+            os.close(read_fd)
 
     threading.Thread(target=_watch, name="makespan-sigterm-watch", daemon=True).start()
     return restore

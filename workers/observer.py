@@ -13,7 +13,8 @@ instance (:mod:`makespan.workers.drivers.registry`) through its driver and reads
   max((overrun_factor − 1) × (expected_end − planned_start), min_overrun_slack_s)``,
   every time on the Redis server's clock (``TIME``; the agenda writes its entries on
   it), so skew between the observer's and the holders' hosts changes nothing: an
-  incident (``transition_overrun``, once per operation id), whatever the probe says.
+  incident (``transition_overrun``, once per operation id: ``P:incidents:seen`` holds
+  the ids reported while their entries are open), whatever the probe says.
   The slack has a floor in seconds (``min_overrun_slack_s``, default
   :data:`MIN_OVERRUN_SLACK_S`): a transition's holder is a process that the host
   schedules, and on a loaded host it runs late by the scheduling jitter (seconds at a
@@ -62,6 +63,7 @@ from makespan.keys import Keys
 from makespan.models import FleetSpec
 from makespan.redis_conn import EXIT_REFUSED, OutageLog, check_eviction_policy, connect
 from makespan.settings import Settings
+from makespan.store.scripts import script
 from makespan.workers.agenda import AgendaTracker
 from makespan.workers.drivers import capabilities, get_driver
 from makespan.workers.drivers.base import Instance, machine_name
@@ -93,6 +95,7 @@ class Observer:
 
     def __post_init__(self) -> None:
         self.agenda = AgendaTracker(self.r, self.keys)
+        self._mark_overruns = script(self.r, "incidents_mark")
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="probe")
         self.machine = machine_name()
 
@@ -127,7 +130,10 @@ class Observer:
         # (seconds on a loaded host), not when it began
         now = time.time()
         overrun = {e["op_id"] for e in entries if e["mode"] == "POSITIVE" and server_now > self.late_after(e)}
-        fresh = {op for op in overrun if self.r.sadd(self.keys.incidents_seen, op)}
+        # once per operation: P:incidents:seen holds the op ids reported, and drops those whose
+        # entry has closed (bounded by the open agenda entries)
+        fresh = set(self._mark_overruns(keys=[self.keys.incidents_seen, self.keys.agenda_index],
+                                        args=sorted(overrun)))
         reported: set[str] = set()
         raised = []
         for (inst, _), ok in zip(pairs, health):

@@ -145,24 +145,34 @@ def _incidents(r: redis.Redis, keys: Keys) -> list[dict[str, Any]]:
 
 
 def _agenda(r: redis.Redis, keys: Keys, now: float) -> list[dict[str, Any]]:
+    """The open agenda entries. Their times are on the Redis server's clock (the agenda
+    writes them with ``TIME``): ``overdue`` compares ``expected_end`` with the server's
+    clock, read in the same round trip, and the times shown are moved to this machine's
+    clock (``now``), as the queue's ETAs are, so a skewed host neither calls a transition
+    late early nor misses one that is."""
     ids = r.zrange(keys.agenda_index, 0, -1)
     if not ids:
         return []
     p = r.pipeline(transaction=False)
     for op in ids:
         p.hgetall(keys.agenda(op))
+    p.time()
+    *recs, (sec, usec) = p.execute()
+    server_now = sec + usec / 1e6
+    shift = now - server_now  # the server's clock -> this machine's
     out = []
-    for op, h in zip(ids, p.execute()):
+    for op, h in zip(ids, recs):
         if not h:
             continue
         try:
             eps, gpus = json.loads(h.get("endpoints", "[]")), json.loads(h.get("gpus", "[]"))
         except ValueError:
             eps, gpus = [], []
-        end = _f(h.get("expected_end"))
+        start, end = _f(h.get("planned_start")), _f(h.get("expected_end"))
         out.append({"op_id": op, "mode": h.get("mode"), "endpoints": eps, "gpus": gpus,
-                    "planned_start": _f(h.get("planned_start")), "expected_end": end,
-                    "overdue": bool(end is not None and end < now)})
+                    "planned_start": None if start is None else start + shift,
+                    "expected_end": None if end is None else end + shift,
+                    "overdue": bool(end is not None and end < server_now)})
     return out
 
 

@@ -35,3 +35,28 @@ def test_check_alive_names_a_dead_child(r, settings, tmp_path):
             sys_.check_alive()
     finally:
         sys_.stop()
+
+
+def test_demo_summary_says_its_times_are_workload_seconds(tmp_path, monkeypatch):
+    """The demo's summary prints the report's times, which are workload seconds, while
+    ``makespan report`` prints wall seconds: each time carries its unit and the time scale
+    that converts them. Before, the waits read "(s)" beside a wall time in s. (found by a
+    new-user trial, 2026-12-05; fails on the code before its fix)"""
+    from makespan import demo
+
+    rep = {"policy": "portfolio", "gpus": 8, "time_scale": 0.002,
+           "jobs": {"submitted": 3, "completed": 3, "failed": 0, "rejected": 0},
+           "weighted_completion_s": 5400.0, "makespan_s": 1800.0, "utilization": 0.5,
+           "idle_while_queued_gpu_s": 120.0, "transitions": 4, "best_over_lower_bound": 1.2,
+           "wait_s": {"HIGH": {"p50": 30.0, "p95": 90.0}, "LOW": {"p50": None, "p95": None}},
+           "set_point_absent_gpu_s": 60.0, "drain": "ok", "planner": "ok", "wall_s": 12.5}
+    monkeypatch.setattr(demo.console, "width", 80)  # a terminal's: no line wraps
+    with demo.console.capture() as cap:
+        demo._print_summary(rep, tmp_path, None)
+    lines = {line.split(" ")[0]: line for line in cap.get().splitlines() if line}
+    assert lines["waits"] == "waits p50/p95 (workload s): HIGH 30/90"
+    assert lines["weighted"] == "weighted completion 5400 workload s·w   makespan 1800 workload s"
+    assert lines["utilization"] == "utilization 50.0%   idle-while-queued 120 GPU·workload s"
+    assert lines["times"] == "times below in workload s (1 = 0.002 wall s); `makespan report` prints wall s"
+    assert lines["set"] == "set points absent 60 GPU·workload s"
+    assert "wall time 12.5 s" in lines["drain"]

@@ -136,3 +136,20 @@ def test_cli_submit_status_cancel(redis_url, prefix, r):
     assert bad.returncode == 2 and "job.service_s" in bad.stderr
     assert sorted(r.scan_iter(f"{prefix}:*")) == before
     assert run("status", "nope").returncode == 2
+
+
+def test_status_of_a_leased_job_before_its_first_phase(prod, r, keys):
+    """A job leased whose first phase has not started: its GPUs, no phase running, none
+    done (the running case: tests/workloads/test_functions.py)."""
+    import uuid
+
+    from makespan.workers.leases import LeaseStore
+
+    jid = prod.submit({"endpoint": "coder", "service_s": 30}).id
+    assert not {"gpus", "phase", "phases_done"} & set(prod.status(jid))  # queued
+    lease = LeaseStore(r, keys).acquire(uuid.uuid4().hex, ("GPU-host-a-0", "GPU-host-a-1"), 30.0, job_id=jid,
+                                        kind="job", holder="host-a", queue=keys.queue("NORMAL"))
+    assert lease is not None
+    st = prod.status(jid)
+    assert st["state"] == "leased" and st["lease"] == lease.lease_id
+    assert (st["gpus"], st["phase"], st["phases_done"]) == (["GPU-host-a-0", "GPU-host-a-1"], None, [])

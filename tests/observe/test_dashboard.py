@@ -139,6 +139,30 @@ def test_snapshot_lists_waiting_jobs_with_the_plans_eta(r, keys, settings, fleet
     assert job_detail(r, keys, "missing") is None
 
 
+def test_agenda_overdue_is_judged_on_the_redis_clock_whatever_the_hosts(r, keys):
+    """The agenda writes its entries' times on the Redis server's clock: ``overdue`` must
+    compare them with that clock, not the dashboard host's (``now``), and the times shown
+    move to the host's clock. A host 2 h ahead called every open transition overdue; one
+    2 h behind, none. (found by a review, 2026-12-05; fails on the code before its fix)"""
+    from makespan.workers.agenda import AgendaTracker, server_now_s
+
+    agenda = AgendaTracker(r, keys)
+    running = agenda.register("lease-a:evict", "POSITIVE", ["chat"], ["GPU-host-a-0"], expected_duration_s=3600,
+                              heartbeat=False)
+    late = agenda.register("lease-b:evict", "POSITIVE", ["judge"], ["GPU-host-a-1"], expected_duration_s=1,
+                           heartbeat=False)
+    late_end = server_now_s(r) - 30.0  # planned on the Redis clock to have ended 30 s ago
+    r.hset(keys.agenda(late.op_id), "expected_end", repr(late_end))
+    for skew_s in (7200.0, -7200.0, 0.0):
+        now = server_now_s(r) + skew_s  # this dashboard host's clock
+        shown = {a["op_id"]: a for a in snapshot(r, keys, now=now)["agenda"]}
+        assert shown[running.op_id]["overdue"] is False, skew_s
+        assert shown[late.op_id]["overdue"] is True, skew_s
+        assert shown[late.op_id]["expected_end"] == pytest.approx(late_end + skew_s, abs=1.0)
+        assert shown[running.op_id]["expected_end"] == pytest.approx(running.expected_end + skew_s, abs=1.0)
+    assert agenda.complete(running) and agenda.complete(late)
+
+
 def _lanes(dom: str) -> list[str]:
     return re.findall(r'<g class="lane" data-gpu="([^"]+)"', dom)
 

@@ -180,6 +180,33 @@ def test_overrun_without_instance_reported_once(r, keys, fleet_path):
     assert len(list_incidents(r, keys)) == 1
 
 
+def test_overruns_reported_are_forgotten_once_their_entries_close(r, keys, fleet_path):
+    """P:incidents:seen (the op ids already reported as overrunning) holds only the open
+    entries: over many overrunning transitions that close it does not grow, and an open
+    one is still reported once. Before, every op id stayed in it for ever. (found by a
+    review, 2026-12-05; fails on the code before its fix)"""
+    obs = Observer(r, keys, load_fleet(fleet_path), probe_interval_s=0.1, overrun_factor=1.0,
+                   min_overrun_slack_s=0.0)  # late as soon as the Redis clock passes the expected end
+    agenda = AgendaTracker(r, keys)
+    reported = 0
+    for rnd in range(20):
+        entries = [agenda.register(f"op-{rnd}-{i}", "POSITIVE", ["coder"], ["GPU-host-a-0"], 0.0, heartbeat=False)
+                   for i in range(10)]
+        while server_now_s(r) <= max(e.expected_end for e in entries):  # a TIME tick at most
+            time.sleep(0.001)
+        raised = obs.probe_once()
+        assert {i["failure_mode"] for i in raised} == {"transition_overrun"} and len(raised) == 10
+        assert obs.probe_once() == []  # still open: once per operation
+        assert r.scard(keys.incidents_seen) == 10, f"round {rnd}: {r.scard(keys.incidents_seen)} op ids kept"
+        reported += len(raised)
+        for e in entries:
+            assert agenda.complete(e)
+    assert reported == 200
+    obs.probe_once()  # the cycle after the last closures
+    assert r.scard(keys.incidents_seen) == 0
+    obs.close()
+
+
 def test_positive_entry_on_other_gpus_does_not_hide_failure(r, keys, fleet_path, tmp_path):
     fleet = load_fleet(fleet_path)
     sim = get_driver("simulated")

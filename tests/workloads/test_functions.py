@@ -120,6 +120,34 @@ def test_a_job_cancelled_mid_execute_keeps_its_attempt(live, marks):
     wait_for(lambda: _no_leases(client), 10, "its lease to be released")
 
 
+def test_status_of_a_running_job_names_its_gpus_and_its_phase(live, marks):
+    """job.status() and ``makespan status ID`` of a job in its execute phase say which GPUs
+    its lease holds and which phase runs (and which are done), from the lease record and
+    the phase markers; a finished job has none of them. Before, neither showed GPUs or a
+    phase. (found by a review, 2026-12-05; fails on the code before its fix)"""
+    from typer.testing import CliRunner
+
+    from makespan.cli import app as cli_app
+
+    _, client = live
+    job = client.submit("wait_for_cancel")
+    wait_for(lambda: _marks(marks, job, "started"), 60, "the function to start")
+    st = job.status()
+    assert st["state"] == "running" and st["phase"] == "execute", st
+    assert st["phases_done"] == ["evict", "start_endpoint"]
+    [gpu] = st["gpus"]  # the function's one GPU: its GPU key names this job's lease
+    assert client.r.get(client.keys.gpu(gpu)).split(":")[0] == st["lease"]
+    env = {"MAKESPAN_REDIS_URL": client.settings.redis_url, "MAKESPAN_KEY_PREFIX": client.keys.prefix}
+    res = CliRunner().invoke(cli_app, ["status", job.id], env=env)
+    assert res.exit_code == 0, res.output
+    shown = json.loads(res.stdout)
+    assert (shown["gpus"], shown["phase"], shown["phases_done"]) == ([gpu], "execute", ["evict", "start_endpoint"])
+    assert job.cancel() == "cancel_requested"
+    assert job.wait(timeout_s=30) == "cancelled"
+    assert not {"gpus", "phase", "phases_done"} & set(job.status())
+    wait_for(lambda: _no_leases(client), 10, "its lease to be released")
+
+
 def test_ctx_cancelled_reads_as_whether_it_is_set(live, marks):
     """``while not ctx.cancelled:`` runs until the cancel (found by a new-user check: a plain
     threading.Event is always true, so the loop ended at once and the job completed)."""

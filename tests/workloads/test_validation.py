@@ -143,3 +143,38 @@ def test_cli_submit_workload(r, keys, settings, tmp_path):
     p = subprocess.run([sys.executable, "-m", "makespan.cli", "workload-status", wid], env=env, capture_output=True,
                        text=True, timeout=60)
     assert json.loads(p.stdout)["steps"]["b"]["state"] == "queued"
+
+
+def test_cli_submit_workload_reads_the_published_fleet(r, keys, settings, tmp_path):
+    """``makespan submit-workload FILE`` without --fleet uses the fleet the planner published,
+    as ``makespan submit`` does; a --fleet file given is checked against it (used while
+    none is published). Before, --fleet was required. (found by a new-user trial,
+    2026-12-05; fails on the code before its fix)"""
+    from typer.testing import CliRunner
+
+    from makespan.cli import app as cli_app
+    from makespan.models import fleet_version
+
+    env = settings.to_env()
+    wl = tmp_path / "w.json"
+    wl.write_text(json.dumps({"steps": [{"name": "a", "endpoint": "chat", "service_s": 1},
+                                        {"name": "b", "endpoint": "embed", "service_s": 1, "depends_on": ["a"]}]}))
+
+    def cli(*extra: str):
+        return CliRunner().invoke(cli_app, ["submit-workload", str(wl), *extra], env=env)
+
+    res = cli()  # no planner has published a fleet, and none given
+    assert res.exit_code == 2 and "no planner has published a fleet yet" in res.output, res.output
+    assert _own_keys(r, keys) == []
+    published = load_fleet(FLEET)
+    r.mset({keys.fleet: published.model_dump_json(), keys.fleet_version: fleet_version(published)})  # as the planner
+    res = cli()
+    assert res.exit_code == 0, res.output
+    assert workload_status(r, keys, res.stdout.strip())["steps"]["b"]["state"] == "queued"
+    other = Path("tests/workloads/fleet.toml").resolve()
+    assert fleet_version(load_fleet(other)) != fleet_version(published)
+    res = cli("--fleet", str(other))
+    assert res.exit_code == 2 and "differs from the fleet the planner published" in res.output, res.output
+    res = cli("--fleet", str(FLEET))
+    assert res.exit_code == 0, res.output
+    assert workload_status(r, keys, res.stdout.strip())["steps"]["a"]["state"] == "queued"
