@@ -30,9 +30,9 @@ from makespan.planner.helpers import stacked_mib
 from makespan.planner.sleepers import may_sleep, sleepers_kept
 from makespan.workers.drivers.base import EndpointDriver, Instance
 from makespan.workers.drivers.registry import (instances_on, list_sleepers, register_instance,
-                                               set_instance_state, unregister_instance)
+                                               set_instance_state, sleepers_on, unregister_instance)
 from makespan.estimates import (prior_s, read_transition_windows, record_ops,
-                                 transition_estimate, transition_record_ops)
+                                 transition_estimate, transition_record_ops, wake_kind)
 from makespan.registry import REGISTRY
 from makespan.results import encode_error
 from makespan.workers.functions import (WorkloadContext, WorkloadFailed, celery_progress_emitter, lookup,
@@ -533,7 +533,8 @@ class PhaseRunner:
     def _load(self, ctx: PhaseContext, hb: LeaseHeartbeat, endpoint: str, extra: dict | None = None) -> float:
         """Make ``endpoint`` ready on exactly the lease's GPUs: nothing when it is resident;
         a wake when an instance of it sleeps on exactly these GPUs (``transition`` =
-        ``wake``); else a cold start (``cold_start``), also when the wake fails (the
+        ``wake``; timed and learned as ``wake_level2`` from level 2 of a level-1 endpoint,
+        :func:`makespan.estimates.wake_kind`); else a cold start (``cold_start``), also when the wake fails (the
         sleeper is stopped first; ``wake_failed`` in the event says why). Running
         leftovers on these GPUs are stopped, and so are sleepers of ``endpoint`` on an
         overlapping group (the planner forgets them there too); other sleepers stay."""
@@ -544,11 +545,15 @@ class PhaseRunner:
             return 0.0
         ep = self.fleet.endpoints[endpoint]
         restore = ctx.kind == "restore"
-        sleepers = [i for i in self._sleepers_on(ctx.gpus) if i.endpoint == endpoint]
-        exact = next((i for i in sleepers if sorted(i.gpus) == sorted(ctx.gpus)), None)
+        levels = [(i, level) for i, level in sleepers_on(self.r, self.keys, ctx.gpus) if i.endpoint == endpoint]
+        sleepers = [i for i, _level in levels]
+        exact, exact_level = next(((i, level) for i, level in levels if sorted(i.gpus) == sorted(ctx.gpus)),
+                                  (None, None))
         inst: Instance | None = None
         if exact is not None:
-            planned = self._planned_s(endpoint, "wake", ctx.host)
+            # a level-2 sleeper of a level-1 endpoint wakes at wake_level2_s: its own window
+            wake = wake_kind(ep, exact_level)
+            planned = self._planned_s(endpoint, wake, ctx.host)
             with self._transition("wake", ctx, [endpoint], planned):
                 for old in self._instances_on(ctx.gpus):  # leftovers of a reclaimed lease
                     self._stop_instance(old)
@@ -557,7 +562,7 @@ class PhaseRunner:
                 why = self._wake_up(ctx, exact, hb)
                 if why is None:
                     inst = exact
-                    self._timed(ctx, extra, "wake", endpoint, planned, time.monotonic() - t0)
+                    self._timed(ctx, extra, wake, endpoint, planned, time.monotonic() - t0)
                     extra["transition"] = "wake"
                 else:
                     log.warning("wake of %s on %s failed, cold start instead: %s", endpoint, ",".join(ctx.gpus), why)
