@@ -160,9 +160,14 @@ class PhaseRunner:
         self._wait_wall(workload_s * self.settings.time_scale, hb)
 
     @staticmethod
-    def _wait_wall(wall_s: float, hb: LeaseHeartbeat) -> None:
-        """Wait ``wall_s`` wall seconds, waking every 50 ms to notice a lost lease.
-        Raises StaleFencingToken: the lease was lost meanwhile."""
+    def _wait_wall(wall_s: float, hb: LeaseHeartbeat, cancelled: Callable[[], bool] | None = None) -> None:
+        """Wait ``wall_s`` wall seconds, waking every 50 ms to notice a lost lease and,
+        with ``cancelled`` (e.g. :meth:`_stopper`), a requested cancel (a Redis error
+        while asking is not a cancel: the wait goes on).
+
+        Raises:
+            StaleFencingToken: the lease was lost meanwhile.
+            PhaseCancelled: ``cancelled()`` said True."""
         end = time.monotonic() + wall_s
         while True:
             left = end - time.monotonic()
@@ -170,6 +175,13 @@ class PhaseRunner:
                 return
             if hb.lost.wait(min(left, 0.05)):
                 raise StaleFencingToken(f"lease {hb.lease.lease_id} lost during phase")
+            try:
+                stop = cancelled is not None and cancelled()
+            except (StoreError, redis.RedisError) as e:
+                log.warning("lease %s: cancel not checked during a wait: %s", hb.lease.lease_id, e)
+                stop = False
+            if stop and not hb.lost.is_set():
+                raise PhaseCancelled(f"cancelled while waiting ({wall_s - max(left, 0.0):.3f} of {wall_s:.3f} wall s)")
 
     def _done(self, ctx: PhaseContext, phase: str) -> bool:
         return self.r.hget(self.keys.phase(ctx.lease_id), phase) == "done"
@@ -298,6 +310,15 @@ class PhaseRunner:
     def _paced(self, hb: LeaseHeartbeat) -> Callable[[float], None]:
         """A driver's ``wait`` that stops with StaleFencingToken when the lease is lost."""
         return lambda wall_s: self._wait_wall(wall_s, hb)
+
+    def _paced_cancellable(self, ctx: PhaseContext, hb: LeaseHeartbeat) -> Callable[[float], None]:
+        """:meth:`_paced` that also stops, with PhaseCancelled, when the job's cancel is
+        requested (the signal execute watches, :meth:`_stopper`); a restore lease has no
+        job to cancel: :meth:`_paced`."""
+        if ctx.kind != "job":
+            return self._paced(hb)
+        cancelled = self._stopper(ctx, hb)
+        return lambda wall_s: self._wait_wall(wall_s, hb, cancelled)
 
     @staticmethod
     def _capabilities(driver: str) -> DriverCapabilities:
@@ -599,7 +620,11 @@ class PhaseRunner:
         exists (:mod:`makespan.workers.drivers.registry`): a worker killed or stopped
         during its health check leaves a tracked process, which the next worker's start
         sweep (:mod:`makespan.workers.orphans`) stops. The caller registers it ``running``.
-        Raises PhaseError (a spawned process is stopped and forgotten first) or
+        A modelled start (the ``simulated`` driver: a wait of the cold start, scaled) stops
+        within 50 ms of a cancel of the job, as execute does: the phase ends ``cancelled``
+        and releases the lease instead of holding the GPUs to the end of the wait.
+        Raises PhaseError (a spawned process is stopped and forgotten first),
+        PhaseCancelled (the job's cancel was requested during a modelled wait) or
         StaleFencingToken (the lease was lost during a modelled wait)."""
         spawned: list[Instance] = []
 
@@ -608,7 +633,7 @@ class PhaseRunner:
             register_instance(self.r, self.keys, inst, state="starting")
 
         try:
-            return self._driver(spec.launch.driver, self._paced(hb)).start(
+            return self._driver(spec.launch.driver, self._paced_cancellable(ctx, hb)).start(
                 spec, gpus, self.settings.time_scale, ctx.host, on_spawn=track)
         except PhaseError:
             for inst in spawned:
