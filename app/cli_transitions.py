@@ -23,13 +23,16 @@ def transition_table(r: Any, keys: Keys, fleet: FleetSpec, settings: Settings) -
     figure planned now: see :func:`makespan.estimates.transition_estimate`), ``source``
     (learned, others, prior), ``observations`` and ``last_s`` (the latest measured on that
     host; for ``"*"`` the latest of the last host in fleet order that has one; None: none). Workload seconds. Kinds an endpoint cannot have are left out
-    (sleep and wake without a sleep mode). Raises StoreError: Redis failed."""
+    (sleep and wake without a sleep mode, wake_level2 without ``wake_level2_s`` beside
+    sleep level 1). Raises StoreError: Redis failed."""
     hosts = [h.name for h in fleet.hosts]
     windows = read_transition_windows(r, keys, fleet.endpoints, hosts)
     rows = []
     for name, spec in sorted(fleet.endpoints.items()):
         for kind in TRANSITION_KINDS:
             if kind in ("sleep", "wake") and spec.wake_s is None:
+                continue
+            if kind == "wake_level2" and len(spec.sleep_options) < 2:  # no level 2 beside level 1
                 continue
             prior = prior_s(spec, kind)
             for host in ["*", *hosts]:
@@ -51,7 +54,7 @@ def transitions(fleet: Path = typer.Option(..., "--fleet", help="TOML fleet file
                 redis_url: str | None = typer.Option(None, "--redis-url", help="default: MAKESPAN_REDIS_URL"),
                 prefix: str | None = typer.Option(None, "--prefix", help="default: MAKESPAN_KEY_PREFIX"),
                 as_json: bool = typer.Option(False, "--json", help="one JSON object per line")) -> None:
-    """Transition durations per endpoint and kind (evict, sleep, wake, cold_start, restore):
+    """Transition durations per endpoint and kind (evict, sleep, wake, wake_level2, cold_start, restore):
     configured (fleet file) vs learned (what is planned now: the running p90 of measured
     ones once there are enough, MAKESPAN_TRANSITION_MIN_OBSERVATIONS) vs the last measured;
     host * is the planner's figure over all hosts. Workload seconds."""

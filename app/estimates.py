@@ -17,8 +17,8 @@ workload by :func:`makespan.run_report.estimate_errors` and the metric
 ``makespan_estimate_error_ratio``.
 
 Learned transition durations (issue 20), the same pattern: every executed transition
-(kind ``evict``, ``sleep``, ``wake``, ``cold_start``, ``restore``: a restore's cold load)
-records its measured duration in workload seconds in ``P:transition:{endpoint}:{host}:
+(kind ``evict``, ``sleep``, ``wake``, ``wake_level2``, ``cold_start``, ``restore``: a
+restore's cold load) records its measured duration in workload seconds in ``P:transition:{endpoint}:{host}:
 {kind}`` (:func:`transition_record_ops`, in the phase's fenced commit), a list of the
 latest :data:`TRANSITION_WINDOW`. The planned duration of one kind of an endpoint on a
 host (:func:`transition_estimate`) is a high quantile (``Settings.transition_quantile``,
@@ -26,7 +26,10 @@ p90 by default: a transition planned too short delays everything after it) of th
 host's window once it holds ``min_observations``; else of the other hosts' windows
 together once they do (a host never observed is planned like the others); else the
 fleet file's figure (the prior). ``cold_start`` and ``restore`` are the same load and
-pool their windows. The live planner's :class:`makespan.planner.model.EndpointModel` has
+pool their windows. ``wake`` is a wake from the endpoint's configured ``sleep_level`` (its
+``wake_s``); ``wake_level2`` a wake from level 2 of an endpoint whose ``sleep_level`` is 1
+(the plan chose level 2: its ``wake_level2_s``, vLLM reloading the dropped weights): the
+two take very different times and do not share a window (:func:`wake_kind`). The live planner's :class:`makespan.planner.model.EndpointModel` has
 one figure per endpoint, not per host: it takes the estimate over every host's window
 together (:func:`makespan.workers.fleet_view.learned_endpoint_models`); the GPU worker
 plans each transition (its agenda entry, hence the observer's overrun rule, and its
@@ -74,7 +77,7 @@ def record_ops(keys: Keys, workload: str, endpoint: str, actual_s: float) -> lis
 
 
 # -- learned transition durations (issue 20) ------------------------------------------------
-TRANSITION_KINDS = ("evict", "sleep", "wake", "cold_start", "restore")
+TRANSITION_KINDS = ("evict", "sleep", "wake", "wake_level2", "cold_start", "restore")
 TRANSITION_WINDOW = 50  # measured transitions kept per (endpoint, host, kind)
 _POOLED = {"cold_start": ("cold_start", "restore"), "restore": ("restore", "cold_start")}
 
@@ -109,12 +112,25 @@ def quantile(values: Sequence[float], q: float) -> float:
 def prior_s(spec, kind: str) -> float:
     """The fleet file's figure for ``kind`` of endpoint ``spec`` (an EndpointSpec or
     EndpointModel): evict and sleep ``evict_s``; wake ``wake_s`` (its cold start without
-    one); cold_start and restore ``cold_start_s``."""
+    one); wake_level2 ``wake_level2_s`` (the wake's figure without one); cold_start and
+    restore ``cold_start_s``."""
     if kind in ("evict", "sleep"):
         return float(spec.evict_s)
+    if kind == "wake_level2" and getattr(spec, "wake_level2_s", None) is not None:
+        return float(spec.wake_level2_s)
+    if kind == "wake_level2":
+        kind = "wake"
     if kind == "wake":
         return float(spec.wake_s if spec.wake_s is not None else spec.cold_start_s)
     return float(spec.cold_start_s)
+
+
+def wake_kind(spec, level: int | None) -> str:
+    """The learned-duration kind of waking an instance of endpoint ``spec`` (an
+    EndpointSpec) that sleeps at ``level`` (1 or 2; None: not recorded, its configured
+    level): ``wake_level2`` for a level-2 sleeper of an endpoint whose configured
+    ``sleep_level`` is 1 (planned at ``wake_level2_s``), else ``wake``."""
+    return "wake_level2" if level == 2 and spec.sleep_level == 1 else "wake"
 
 
 def transition_record_ops(keys: Keys, endpoint: str, host: str, kind: str, actual_s: float) -> list[tuple]:

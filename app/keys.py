@@ -66,7 +66,8 @@ key                                    type    contents
 ``P:workloads:done``                   zset    finished workload ids, score = finish time (retention's index)
 ``P:reqlease:{instance}``              zset    request leases held on an endpoint instance,
                                                score = expiry (unix ms); ZCARD <= slots
-``P:reqwait:{instance}``               string  requests waiting for a request lease
+``P:reqwaiters:{instance}``            zset    requests waiting for a request lease, score =
+                                               deadline (unix ms; a lost removal stops counting)
 ``P:reqpeak:{instance}``               string  most request leases ever held at once
 ``P:requests:{job}``                   list    per-request records of a step (JSON: t0, t1, ms, ok)
 ``P:awaited:{job}``                    set     ids of the jobs not ended whose deps name ``job``
@@ -355,7 +356,9 @@ class Keys:
         return f"{self.prefix}:reqlease:{instance_id}"
 
     def req_waiters(self, instance_id: str) -> str:
-        return f"{self.prefix}:reqwait:{instance_id}"
+        """zset of the requests waiting for a request lease on the instance, score = the
+        deadline they count until (unix ms, server clock; see makespan.workers.requests)."""
+        return f"{self.prefix}:reqwaiters:{instance_id}"
 
     def req_peak(self, instance_id: str) -> str:
         return f"{self.prefix}:reqpeak:{instance_id}"

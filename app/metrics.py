@@ -44,7 +44,7 @@ PRIORITIES = tuple(p.name for p in Priority)
 PHASES = ("evict", "start_endpoint", "execute", "clear", "restore")
 GPU_STATES = ("busy", "transition", "idle")
 IMPROVER_OUTCOMES = ("solved", "failed", "adopted", "hung")  # makespan_planner_improver_total{outcome}
-TRANSITION_KINDS = ("evict", "sleep", "cold_start", "wake", "restore", "clear")  # makespan_transition_seconds{kind}
+TRANSITION_KINDS = ("evict", "sleep", "cold_start", "wake", "wake_level2", "restore", "clear")  # makespan_transition_seconds{kind}
 KOMBU_SEP = "\x06\x16"
 KOMBU_PRIORITY_STEPS = (0, 3, 6, 9)
 WAIT_BUCKETS_S = (0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200)
@@ -83,7 +83,7 @@ class Metrics:
         self.phase = Histogram("makespan_phase_seconds", "Phase duration on a GPU worker, wall seconds.", ["phase"],
                                buckets=PHASE_BUCKETS_S, **reg)
         self.transition = Histogram("makespan_transition_seconds",
-                                    "Transition duration by kind (evict, sleep, cold_start, wake, restore, clear), wall s.",
+                                    "Transition duration by kind (evict, sleep, cold_start, wake, wake_level2, restore, clear), wall s.",
                                     ["kind"], buckets=PHASE_BUCKETS_S, **reg)
         self.gpu_seconds = Counter("makespan_gpu_seconds_total",
                                    "GPU-seconds by state: busy (execute), transition, idle.", ["state"], **reg)
@@ -109,7 +109,7 @@ class Metrics:
                                         buckets=ESTIMATE_ERROR_BUCKETS, **reg)
         self.transition_error = Histogram("makespan_transition_error_ratio",
                                           "|actual − planned| ÷ actual duration of executed transitions by kind "
-                                          "(evict, sleep, wake, cold_start, restore; planned: the learned "
+                                          "(evict, sleep, wake, wake_level2, cold_start, restore; planned: the learned "
                                           "figure, or the fleet file's until learned).", ["kind"],
                                           buckets=ESTIMATE_ERROR_BUCKETS, **reg)
         self._declare_known_labels()
@@ -212,7 +212,8 @@ def phase(name: str, duration_s: float, gpus: int = 1) -> None:
 
 
 def transition(kind: str, duration_s: float, planned_s: float | None = None, actual_s: float | None = None) -> None:
-    """A transition of ``kind`` (evict, sleep, cold_start, wake, restore, clear) took
+    """A transition of ``kind`` (evict, sleep, cold_start, wake, wake_level2: a wake from
+    level 2 of a level-1 endpoint, restore, clear) took
     ``duration_s`` wall seconds; with ``planned_s``/``actual_s`` (workload seconds) its
     planned-vs-actual error ratio is observed too."""
     m = _m()

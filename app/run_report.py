@@ -186,7 +186,7 @@ def executed_transition_counts(events: list[dict[str, Any]]) -> dict[str, int]:
     Returns ``{"evict", "sleep", "sleep_level1", "sleep_level2", "cold_start", "wake"}``:
     ``evict`` every endpoint displaced (stopped or put to sleep), ``sleep`` those put to
     sleep, split by the level of the evict phase's ``slept_levels``, ``cold_start`` and
-    ``wake`` the endpoint loads of that kind (a restore lease's cold start is its kind
+    ``wake`` the endpoint loads of that kind (``wake_level2`` ones counted as wakes; a restore lease's cold start is its kind
     ``restore``, counted in ``transitions.restore``; a wake it does is a ``wake``).
     """
     out = {"evict": 0, "sleep": 0, "sleep_level1": 0, "sleep_level2": 0, "cold_start": 0, "wake": 0}
@@ -199,6 +199,8 @@ def executed_transition_counts(events: list[dict[str, Any]]) -> dict[str, int]:
                 out["evict"] += 1
             if kind in ("sleep", "cold_start", "wake"):
                 out[kind] += 1
+            elif kind == "wake_level2":  # a wake from level 2, timed in its own window
+                out["wake"] += 1
         if e.get("phase") == "evict":
             for level in (e.get("slept_levels") or {}).values():
                 if f"sleep_level{level}" in out:

@@ -33,7 +33,7 @@ import redis
 from makespan.keys import Keys
 from makespan.redis_conn import connect, free_port
 from makespan.settings import DEFAULT_REDIS_URL
-from makespan.workers.requests import POLL_S, REQUEST_LEASE_TTL_S, RequestRunner
+from makespan.workers.requests import POLL_S, REQUEST_LEASE_TTL_S, WAITER_TTL_S, RequestRunner
 from bench.fault_proxy import ProxyProcess
 
 CELLS = [  # (slots, senders, requests per sender)
@@ -51,14 +51,15 @@ class BlockingRunner(RequestRunner):
         return getattr(self.r, command)(*args)
 
     async def _try_acquire(self, member: str) -> int:
-        return int(self._acquire(keys=[self.keys.req_leases(self.instance_id), self.keys.req_peak(self.instance_id)],
-                                 args=[member, int(REQUEST_LEASE_TTL_S * 1000), self.slots]))
+        return int(self._acquire(keys=[self.keys.req_leases(self.instance_id), self.keys.req_peak(self.instance_id),
+                                       self.keys.req_waiters(self.instance_id)],
+                                 args=[member, int(REQUEST_LEASE_TTL_S * 1000), self.slots,
+                                       int(WAITER_TTL_S * 1000)]))
 
     async def _lease(self, member: str) -> int:  # the old waiter: a poll every POLL_S, no backoff
-        n = await self._try_acquire(member)
+        n = await self._try_acquire(member)  # (the waiter count is the script's now, as in the runner)
         if n:
             return n
-        self.r.incr(self.keys.req_waiters(self.instance_id))
         try:
             while True:
                 await asyncio.sleep(POLL_S)
@@ -68,7 +69,8 @@ class BlockingRunner(RequestRunner):
                 if n:
                     return n
         finally:
-            self.r.decr(self.keys.req_waiters(self.instance_id))
+            if not n:
+                self.r.zrem(self.keys.req_waiters(self.instance_id), member)
 
 
 def _serve(latency_ms: float) -> tuple[subprocess.Popen, str]:

@@ -15,7 +15,8 @@ Routes (stdlib :mod:`http.server`, one thread per request):
   ``GET /is_sleeping`` (``{"is_sleeping": bool}``). Both levels are emulated: a sleep
   takes ``--sleep-s`` and releases the GPU memory held with ``--hold-gpu-mib``; level 1
   also holds ``--sleep-ram-mib`` MiB of host RAM (a bytearray, as vLLM keeps the weights
-  in CPU memory), level 2 holds none. A wake takes ``--wake-s``, re-allocates the GPU
+  in CPU memory), level 2 holds none. A wake takes ``--wake-s`` (from level 2:
+  ``--wake-level2-s`` when given, as vLLM reloads the dropped weights), re-allocates the GPU
   memory and frees the RAM. ``--fail-wake`` makes every wake answer 500 (tests of the
   worker's fallback to a cold start). ``/health`` answers 200 while asleep, as vLLM's does.
 * ``GET /v1/models``, ``GET /metrics`` (Prometheus text: requests served, sleeping,
@@ -60,6 +61,7 @@ class EndpointState:
         self.sleep_level = 0  # 0 awake, else the level it sleeps at
         self.sleep_s = 0.0
         self.wake_s = 0.0
+        self.wake_level2_s: float | None = None  # None: a level-2 wake takes wake_s too
         self.sleep_ram_mib = 0
         self.fail_wake = False
         self.hold_gpu_mib = 0
@@ -90,12 +92,13 @@ class EndpointState:
             self.sleeping, self.sleep_level = True, level
 
     def wake(self) -> bool:
-        """Wake, taking ``wake_s``: GPU memory allocated again, host RAM freed. False (still
-        asleep) with ``fail_wake``."""
+        """Wake, taking ``wake_s`` (from level 2: ``wake_level2_s`` when set): GPU memory
+        allocated again, host RAM freed. False (still asleep) with ``fail_wake``."""
         with self.transition_lock:
             if not self.sleeping:
                 return True
-            time.sleep(self.wake_s)
+            level2 = self.sleep_level == 2 and self.wake_level2_s is not None
+            time.sleep(self.wake_level2_s if level2 else self.wake_s)
             if self.fail_wake:
                 return False
             self.gpu_memory = hold_gpu_memory(self.hold_gpu_mib)
@@ -272,12 +275,13 @@ def spawn_stubborn_children(n: int) -> list[int]:
 def serve(port: int, model: str = "stub", load_time_s: float = 0.0, latency_ms: float = 0.0,
           host: str = "127.0.0.1", ignore_sigterm: bool = False, hold_gpu_mib: int = 0,
           children_ignoring_sigterm: int = 0, sleep_s: float = 0.0, wake_s: float = 0.0,
-          sleep_ram_mib: int = 0, fail_wake: bool = False) -> None:
+          sleep_ram_mib: int = 0, fail_wake: bool = False, wake_level2_s: float | None = None) -> None:
     """Run the server until SIGTERM/SIGINT (blocking). With ``hold_gpu_mib`` it first
     allocates that much memory on each visible GPU (:func:`hold_gpu_memory`); with
     ``children_ignoring_sigterm`` it starts that many children that ignore SIGTERM
-    (:func:`spawn_stubborn_children`). ``sleep_s``/``wake_s`` (wall s), ``sleep_ram_mib``
-    and ``fail_wake``: the sleep-mode emulation (module doc)."""
+    (:func:`spawn_stubborn_children`). ``sleep_s``/``wake_s``/``wake_level2_s`` (wall s;
+    ``wake_level2_s`` None: a level-2 wake takes ``wake_s``), ``sleep_ram_mib`` and
+    ``fail_wake``: the sleep-mode emulation (module doc)."""
     import os
 
     children = spawn_stubborn_children(children_ignoring_sigterm)
@@ -286,6 +290,7 @@ def serve(port: int, model: str = "stub", load_time_s: float = 0.0, latency_ms: 
     state.hold_gpu_mib, state.sleep_s, state.wake_s = hold_gpu_mib, sleep_s, wake_s
     state.gpu_mib_held = hold_gpu_mib
     state.sleep_ram_mib, state.fail_wake = sleep_ram_mib, fail_wake
+    state.wake_level2_s = wake_level2_s
     state.children = children
     httpd = _Server((host, port), _handler(state))
     httpd.daemon_threads = True
@@ -318,6 +323,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="allocate this much memory (MiB) on each visible GPU at start (needs torch)")
     p.add_argument("--sleep-s", type=float, default=0.0, help="wall seconds a POST /sleep takes")
     p.add_argument("--wake-s", type=float, default=0.0, help="wall seconds a POST /wake_up takes")
+    p.add_argument("--wake-level2-s", type=float, default=None,
+                   help="wall seconds a POST /wake_up from sleep level 2 takes (default: --wake-s)")
     p.add_argument("--sleep-ram-mib", type=int, default=0,
                    help="host RAM (MiB) a level-1 sleeper holds (its weights offloaded to CPU memory)")
     p.add_argument("--fail-wake", action="store_true", help="every POST /wake_up answers 500")
@@ -331,7 +338,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         a = p.parse_args(args)
     serve(a.port, a.model, a.load_time_s, a.latency_ms, a.host, a.ignore_sigterm, a.hold_gpu_mib,
-          a.spawn_child_ignoring_sigterm, a.sleep_s, a.wake_s, a.sleep_ram_mib, a.fail_wake)
+          a.spawn_child_ignoring_sigterm, a.sleep_s, a.wake_s, a.sleep_ram_mib, a.fail_wake,
+          a.wake_level2_s)
     return 0
 
 

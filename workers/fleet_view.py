@@ -28,7 +28,7 @@ from types import MappingProxyType
 import redis
 
 from makespan.errors import StoreError
-from makespan.estimates import Windows, prior_s, read_transition_windows, transition_estimate
+from makespan.estimates import Windows, prior_s, read_transition_windows, transition_estimate, wake_kind
 from makespan.models import EndpointSpec, FleetSpec, Priority
 from makespan.planner.simulator import recent_demand, recent_share
 from makespan.planner.model import EndpointModel, FleetState, Gpu, PlanJob
@@ -58,13 +58,16 @@ def learned_endpoint_models(fleet: FleetSpec, windows: Windows, min_observations
     """:func:`endpoint_models` with learned durations (:mod:`makespan.estimates`): each
     endpoint's cold start, evict (its sleep, for an endpoint with a sleep mode: that is
     how its instances leave) and wake are the running quantile ``q`` over every host's
-    measured window once it holds ``min_observations``, else the fleet file's figure."""
+    measured window once it holds ``min_observations``, else the fleet file's figure. The
+    wake of each ``sleep_options`` level is its own window's: the configured level's
+    ``wake``, level 2 beside it ``wake_level2`` (:func:`makespan.estimates.wake_kind`)."""
     out = {}
     for n, e in fleet.endpoints.items():
         def est(kind: str, n: str = n, e: EndpointSpec = e) -> float:
             return transition_estimate(windows, n, None, kind, prior_s(e, kind), min_observations, q).seconds
         wake = est("wake") if e.wake_s is not None else None
-        options = tuple((level, wake if i == 0 else wake_s, ram) for i, (level, wake_s, ram) in enumerate(e.sleep_options))
+        options = tuple((level, wake if i == 0 else est(wake_kind(e, level)), ram)
+                        for i, (level, _wake_s, ram) in enumerate(e.sleep_options))
         out[n] = EndpointModel(n, e.tensor_parallel, e.memory_mib_per_gpu, est("cold_start"),
                                est("sleep" if e.wake_s is not None else "evict"), wake, e.slots,
                                e.asleep_gpu_mib, e.asleep_ram_mib, options)

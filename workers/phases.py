@@ -30,9 +30,9 @@ from makespan.planner.helpers import stacked_mib
 from makespan.planner.sleepers import may_sleep, sleepers_kept
 from makespan.workers.drivers.base import EndpointDriver, Instance
 from makespan.workers.drivers.registry import (instances_on, list_sleepers, register_instance,
-                                               set_instance_state, unregister_instance)
+                                               set_instance_state, sleepers_on, unregister_instance)
 from makespan.estimates import (prior_s, read_transition_windows, record_ops,
-                                 transition_estimate, transition_record_ops)
+                                 transition_estimate, transition_record_ops, wake_kind)
 from makespan.registry import REGISTRY
 from makespan.results import encode_error
 from makespan.workers.functions import (WorkloadContext, WorkloadFailed, celery_progress_emitter, lookup,
@@ -160,9 +160,14 @@ class PhaseRunner:
         self._wait_wall(workload_s * self.settings.time_scale, hb)
 
     @staticmethod
-    def _wait_wall(wall_s: float, hb: LeaseHeartbeat) -> None:
-        """Wait ``wall_s`` wall seconds, waking every 50 ms to notice a lost lease.
-        Raises StaleFencingToken: the lease was lost meanwhile."""
+    def _wait_wall(wall_s: float, hb: LeaseHeartbeat, cancelled: Callable[[], bool] | None = None) -> None:
+        """Wait ``wall_s`` wall seconds, waking every 50 ms to notice a lost lease and,
+        with ``cancelled`` (e.g. :meth:`_stopper`), a requested cancel (a Redis error
+        while asking is not a cancel: the wait goes on).
+
+        Raises:
+            StaleFencingToken: the lease was lost meanwhile.
+            PhaseCancelled: ``cancelled()`` said True."""
         end = time.monotonic() + wall_s
         while True:
             left = end - time.monotonic()
@@ -170,6 +175,13 @@ class PhaseRunner:
                 return
             if hb.lost.wait(min(left, 0.05)):
                 raise StaleFencingToken(f"lease {hb.lease.lease_id} lost during phase")
+            try:
+                stop = cancelled is not None and cancelled()
+            except (StoreError, redis.RedisError) as e:
+                log.warning("lease %s: cancel not checked during a wait: %s", hb.lease.lease_id, e)
+                stop = False
+            if stop and not hb.lost.is_set():
+                raise PhaseCancelled(f"cancelled while waiting ({wall_s - max(left, 0.0):.3f} of {wall_s:.3f} wall s)")
 
     def _done(self, ctx: PhaseContext, phase: str) -> bool:
         return self.r.hget(self.keys.phase(ctx.lease_id), phase) == "done"
@@ -305,6 +317,15 @@ class PhaseRunner:
     def _paced(self, hb: LeaseHeartbeat) -> Callable[[float], None]:
         """A driver's ``wait`` that stops with StaleFencingToken when the lease is lost."""
         return lambda wall_s: self._wait_wall(wall_s, hb)
+
+    def _paced_cancellable(self, ctx: PhaseContext, hb: LeaseHeartbeat) -> Callable[[float], None]:
+        """:meth:`_paced` that also stops, with PhaseCancelled, when the job's cancel is
+        requested (the signal execute watches, :meth:`_stopper`); a restore lease has no
+        job to cancel: :meth:`_paced`."""
+        if ctx.kind != "job":
+            return self._paced(hb)
+        cancelled = self._stopper(ctx, hb)
+        return lambda wall_s: self._wait_wall(wall_s, hb, cancelled)
 
     @staticmethod
     def _capabilities(driver: str) -> DriverCapabilities:
@@ -540,7 +561,8 @@ class PhaseRunner:
     def _load(self, ctx: PhaseContext, hb: LeaseHeartbeat, endpoint: str, extra: dict | None = None) -> float:
         """Make ``endpoint`` ready on exactly the lease's GPUs: nothing when it is resident;
         a wake when an instance of it sleeps on exactly these GPUs (``transition`` =
-        ``wake``); else a cold start (``cold_start``), also when the wake fails (the
+        ``wake``; timed and learned as ``wake_level2`` from level 2 of a level-1 endpoint,
+        :func:`makespan.estimates.wake_kind`); else a cold start (``cold_start``), also when the wake fails (the
         sleeper is stopped first; ``wake_failed`` in the event says why). Running
         leftovers on these GPUs are stopped, and so are sleepers of ``endpoint`` on an
         overlapping group (the planner forgets them there too); other sleepers stay."""
@@ -551,11 +573,15 @@ class PhaseRunner:
             return 0.0
         ep = self.fleet.endpoints[endpoint]
         restore = ctx.kind == "restore"
-        sleepers = [i for i in self._sleepers_on(ctx.gpus) if i.endpoint == endpoint]
-        exact = next((i for i in sleepers if sorted(i.gpus) == sorted(ctx.gpus)), None)
+        levels = [(i, level) for i, level in sleepers_on(self.r, self.keys, ctx.gpus) if i.endpoint == endpoint]
+        sleepers = [i for i, _level in levels]
+        exact, exact_level = next(((i, level) for i, level in levels if sorted(i.gpus) == sorted(ctx.gpus)),
+                                  (None, None))
         inst: Instance | None = None
         if exact is not None:
-            planned = self._planned_s(endpoint, "wake", ctx.host)
+            # a level-2 sleeper of a level-1 endpoint wakes at wake_level2_s: its own window
+            wake = wake_kind(ep, exact_level)
+            planned = self._planned_s(endpoint, wake, ctx.host)
             with self._transition("wake", ctx, [endpoint], planned):
                 for old in self._instances_on(ctx.gpus):  # leftovers of a reclaimed lease
                     self._stop_instance(old)
@@ -564,7 +590,7 @@ class PhaseRunner:
                 why = self._wake_up(ctx, exact, hb)
                 if why is None:
                     inst = exact
-                    self._timed(ctx, extra, "wake", endpoint, planned, time.monotonic() - t0)
+                    self._timed(ctx, extra, wake, endpoint, planned, time.monotonic() - t0)
                     extra["transition"] = "wake"
                 else:
                     log.warning("wake of %s on %s failed, cold start instead: %s", endpoint, ",".join(ctx.gpus), why)
@@ -601,7 +627,11 @@ class PhaseRunner:
         exists (:mod:`makespan.workers.drivers.registry`): a worker killed or stopped
         during its health check leaves a tracked process, which the next worker's start
         sweep (:mod:`makespan.workers.orphans`) stops. The caller registers it ``running``.
-        Raises PhaseError (a spawned process is stopped and forgotten first) or
+        A modelled start (the ``simulated`` driver: a wait of the cold start, scaled) stops
+        within 50 ms of a cancel of the job, as execute does: the phase ends ``cancelled``
+        and releases the lease instead of holding the GPUs to the end of the wait.
+        Raises PhaseError (a spawned process is stopped and forgotten first),
+        PhaseCancelled (the job's cancel was requested during a modelled wait) or
         StaleFencingToken (the lease was lost during a modelled wait)."""
         spawned: list[Instance] = []
 
@@ -610,7 +640,7 @@ class PhaseRunner:
             register_instance(self.r, self.keys, inst, state="starting")
 
         try:
-            return self._driver(spec.launch.driver, self._paced(hb)).start(
+            return self._driver(spec.launch.driver, self._paced_cancellable(ctx, hb)).start(
                 spec, gpus, self.settings.time_scale, ctx.host, on_spawn=track)
         except PhaseError:
             for inst in spawned:

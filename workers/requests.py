@@ -7,9 +7,13 @@ expiry, unix ms on the Redis server's clock, read by the script itself) added by
 script only while ZCARD < slots, so the cap holds across every process sending to that
 instance; expired members (a dead sender) are dropped before counting. Senders on hosts
 whose clocks disagree agree on expiry: one whose clock runs ahead cannot drop another's
-live request lease (which would break the cap). ``P:reqwait:{instance}`` counts requests waiting for a lease
-and ``P:reqpeak:{instance}`` keeps the most leases ever held at once (the cap check).
-After a batch both the lease zset and the waiter count drain to zero. Request leases are
+live request lease (which would break the cap). ``P:reqwaiters:{instance}`` holds the
+requests waiting for a lease (a zset scored by a deadline on the server's clock, which each
+try of the waiter moves :data:`WAITER_TTL_S` on, written by the same script: a waiter that
+dies, or whose removal a Redis outage loses, stops counting by its deadline instead of
+leaving the count above zero for good) and ``P:reqpeak:{instance}`` keeps the most leases
+ever held at once (the cap check). After a batch both the lease zset and the waiter count
+(:func:`request_drain`) drain to zero. Request leases are
 taken and given back on a ``redis.asyncio`` twin of the caller's client
 (:func:`makespan.redis_conn.async_twin`, the same Lua script through the store's loader),
 so one slow Redis round trip never stalls the other requests in flight; Redis errors
@@ -44,6 +48,7 @@ from makespan.store.scripts import script, store_error
 log = logging.getLogger("makespan.requests")
 
 REQUEST_LEASE_TTL_S = 30.0  # a request lease's expiry beyond its request's longest run (a dead sender's expires)
+WAITER_TTL_S = 10.0  # a waiter counts this long past its latest try (it tries every POLL_MAX_S at most)
 POLL_S = 0.002  # a waiter's first poll for a free request lease; doubles up to POLL_MAX_S
 POLL_MAX_S = 0.016
 KEEP_TEXT = 200
@@ -172,7 +177,7 @@ class RequestRunner:
                 await twin.aclose()
 
     async def _call(self, command: str, *args: Any) -> Any:
-        """One Redis command (``incr``, ``decr``, ``zrem``) without blocking the loop.
+        """One Redis command (``zrem``) without blocking the loop.
 
         Raises:
             StoreError: Redis failed."""
@@ -184,21 +189,27 @@ class RequestRunner:
             raise store_error(e, f"request lease {command} on {self.instance_id}") from e
 
     async def _try_acquire(self, member: str) -> int:
-        """Take one request lease (``request_lease.lua``): the leases now held, 0 at the cap.
+        """Take one request lease (``request_lease.lua``): the leases now held, 0 at the cap
+        (``member`` then counts as a waiter for :data:`WAITER_TTL_S`; taking a lease ends that).
 
         Raises:
             StoreError: Redis failed."""
-        keys = [self.keys.req_leases(self.instance_id), self.keys.req_peak(self.instance_id)]
-        args = [member, int(self.lease_ttl_s * 1000), self.slots]
+        keys = [self.keys.req_leases(self.instance_id), self.keys.req_peak(self.instance_id),
+                self.keys.req_waiters(self.instance_id)]
+        args = [member, int(self.lease_ttl_s * 1000), self.slots, int(WAITER_TTL_S * 1000)]
         if self._ar is not None:
             return int(await self._acquire.call_async(self._ar, keys, args))
         return int(await asyncio.to_thread(self._acquire, keys, args))
 
     async def _lease(self, member: str) -> int:
+        """Take a request lease for ``member``, waiting (a waiter, see the module doc) while
+        the cap is reached: the leases now held, 0 when ``should_stop`` ended the wait.
+
+        Raises:
+            StoreError: Redis failed."""
         n = await self._try_acquire(member)
         if n:
             return n
-        await self._call("incr", self.keys.req_waiters(self.instance_id))
         poll_s = POLL_S
         try:
             while True:
@@ -207,13 +218,15 @@ class RequestRunner:
                 if self.should_stop():
                     return 0
                 n = await self._try_acquire(member)
-                if n:
+                if n:  # the script stopped counting it as a waiter
                     return n
         finally:
-            try:
-                await self._call("decr", self.keys.req_waiters(self.instance_id))
-            except StoreError as e:  # a gauge for the drain check: never fail a request for it
-                log.warning("request waiter count of %s not decremented: %s", self.instance_id, e)
+            if not n:  # stopped, cancelled or a Redis error: no longer waiting
+                try:
+                    await self._call("zrem", self.keys.req_waiters(self.instance_id), member)
+                except StoreError as e:  # a gauge for the drain check: never fail a request for it
+                    log.warning("request waiter %s of %s not removed (%s): it stops counting in %.0f s",
+                                member, self.instance_id, e, WAITER_TTL_S)
 
     async def _release(self, member: str) -> None:
         """Give the request lease back; a Redis error (a restart, a failover) is retried for
@@ -343,7 +356,14 @@ class RequestRunner:
 
 
 def request_drain(r: redis.Redis, keys: Keys, instance_ids: list[str]) -> dict[str, int]:
-    """``{"request_leases": n, "waiters": n}`` left on the given instances (target 0)."""
+    """``{"request_leases": n, "waiters": n}`` left on the given instances (target 0):
+    request leases held (``P:reqlease``) and requests waiting for one now (``P:reqwaiters``
+    members whose deadline, on the Redis server's clock, has not passed).
+
+    Raises:
+        redis.RedisError: Redis failed."""
     leases = sum(int(r.zcard(keys.req_leases(i))) for i in instance_ids)
-    waiters = sum(int(r.get(keys.req_waiters(i)) or 0) for i in instance_ids)
+    seconds, micros = r.time()
+    now_ms = int(seconds) * 1000 + int(micros) // 1000
+    waiters = sum(int(r.zcount(keys.req_waiters(i), now_ms, "+inf")) for i in instance_ids)
     return {"request_leases": leases, "waiters": waiters}

@@ -53,8 +53,10 @@ def _max_overlap(recs):
 
 def _request_drain(r, keys):
     leases = sum(r.zcard(k) for k in r.scan_iter(f"{keys.prefix}:reqlease:*"))
-    waiters = sum(int(r.get(k) or 0) for k in r.scan_iter(f"{keys.prefix}:reqwait:*"))
-    return leases, waiters
+    from makespan.workers.requests import request_drain
+
+    instances = [k.rsplit(":", 1)[1] for k in r.scan_iter(f"{keys.prefix}:reqwaiters:*")]
+    return leases, request_drain(r, keys, instances)["waiters"]
 
 
 def test_diamond_precedence_caps_and_drain(r, keys, settings, fleet, system):

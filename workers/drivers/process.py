@@ -2,14 +2,16 @@
 
 ``start`` takes a free loopback port, substitutes placeholders in the fleet file's
 ``launch.command`` (``{port}``, ``{model}``, ``{tp}``, ``{python}``, ``{load_time_s}``,
-``{sleep_s}``, ``{wake_s}``: wall seconds, the fleet file's ``evict_s``/``wake_s`` × time scale),
+``{sleep_s}``, ``{wake_s}``, ``{wake_level2_s}``: wall seconds, the fleet file's
+``evict_s``/``wake_s``/``wake_level2_s`` × time scale; ``wake_level2_s`` unset: ``wake_s``),
 sets ``CUDA_VISIBLE_DEVICES`` to the comma-joined GPU UUIDs (CUDA accepts UUIDs, so
 the process sees exactly the leased physical GPUs, whatever their indices), starts
 it in its own session with stdout/stderr appended to a kept log file, and polls
 ``GET url+health_path`` with exponential backoff (``backoff_initial_s`` doubling up
 to ``backoff_max_s``) until 200 or ``launch.health_timeout_s``. An empty command runs
 :mod:`makespan.workers.endpoint_server` with ``--load-time-s = cold_start_s × time_scale``
-(and ``--sleep-s``/``--wake-s`` from ``evict_s``/``wake_s`` × time_scale: its sleep mode).
+(and ``--sleep-s``/``--wake-s``/``--wake-level2-s`` from ``evict_s``/``wake_s``/``wake_level2_s``
+× time_scale: its sleep mode).
 
 Sleep mode (``sleep``/``wake``/``is_sleeping``): vLLM's HTTP routes ``POST /sleep?level=N``,
 ``POST /wake_up`` and ``GET /is_sleeping`` (vLLM docs, "Sleep Mode"; served by ``vllm
@@ -143,11 +145,14 @@ class ProcessDriver:
         """The argv for ``endpoint`` on ``port`` (placeholders substituted)."""
         cmd = list(endpoint.launch.command) or [
             "{python}", "-m", "makespan.workers.endpoint_server", "--port", "{port}", "--model", "{model}",
-            "--load-time-s", "{load_time_s}", "--sleep-s", "{sleep_s}", "--wake-s", "{wake_s}"]
+            "--load-time-s", "{load_time_s}", "--sleep-s", "{sleep_s}", "--wake-s", "{wake_s}",
+            "--wake-level2-s", "{wake_level2_s}"]
         wake_s = endpoint.wake_s if endpoint.wake_s is not None else endpoint.cold_start_s
+        wake_level2_s = endpoint.wake_level2_s if endpoint.wake_level2_s is not None else wake_s
         subs = {"{port}": str(port), "{model}": endpoint.model, "{tp}": str(endpoint.tensor_parallel),
                 "{python}": sys.executable, "{load_time_s}": repr(endpoint.cold_start_s * time_scale),
-                "{sleep_s}": repr(endpoint.evict_s * time_scale), "{wake_s}": repr(wake_s * time_scale)}
+                "{sleep_s}": repr(endpoint.evict_s * time_scale), "{wake_s}": repr(wake_s * time_scale),
+                "{wake_level2_s}": repr(wake_level2_s * time_scale)}
         out = []
         for arg in cmd:
             for k, v in subs.items():

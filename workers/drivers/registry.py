@@ -197,8 +197,23 @@ def list_sleepers(r: redis.Redis, keys: Keys) -> list[tuple[Instance, int | None
 
     Raises:
         StoreError: Redis failed."""
+    return _sleepers(_rows(r, keys, "list sleepers"))
+
+
+def sleepers_on(r: redis.Redis, keys: Keys, gpus: Sequence[str]) -> list[tuple[Instance, int | None]]:
+    """:func:`list_sleepers` of the instances on any of ``gpus`` (UUIDs), read through the
+    per-GPU index (:func:`instances_on`).
+
+    Raises:
+        StoreError: Redis failed."""
+    if not gpus:
+        return []
+    return _sleepers(_rows(r, keys, f"list sleepers on {', '.join(gpus)}", gpus))
+
+
+def _sleepers(rows: list[dict[str, str]]) -> list[tuple[Instance, int | None]]:
     out = []
-    for h in _rows(r, keys, "list sleepers"):
+    for h in rows:
         if h.get("state") != "asleep":
             continue
         level = h.get("sleep_level")
