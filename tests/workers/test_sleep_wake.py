@@ -125,6 +125,23 @@ def test_process_driver_without_a_sleep_mode_raises(tmp_path):
         d.stop(inst)
 
 
+def test_simulated_driver_wakes_from_level_2_at_its_level_2_wake_time():
+    """A simulated instance slept at level 2 wakes in ``wake_level2_s``, one slept at level 1
+    in ``wake_s`` (before, every wake took ``wake_s``: a simulated fleet learned level-2
+    wakes as fast as level-1 ones)."""
+    spec = _spec(driver="simulated", evict_s=1.0, wake_s=3.0).model_copy(update={"wake_level2_s": 30.0})
+    waits: list[float] = []
+    from makespan.workers.drivers.base import DriverContext
+
+    d = SimulatedDriver({"chat": spec}, context=DriverContext(wait=waits.append))
+    inst = d.start(spec, ["GPU-x"], time_scale=1.0)
+    d.sleep(inst, 2)
+    d.wake(inst)
+    d.sleep(inst, 1)
+    d.wake(inst)
+    assert waits == [20.0, 1.0, 30.0, 1.0, 3.0]  # cold start, sleep, level-2 wake, sleep, level-1 wake
+
+
 def test_simulated_driver_sleep_and_wake_are_time_scaled():
     spec = _spec(driver="simulated", evict_s=20.0, wake_s=30.0)
     d = SimulatedDriver({"chat": spec}, slowdown={"host-b": 2.0})

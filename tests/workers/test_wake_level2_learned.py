@@ -69,3 +69,20 @@ def test_a_level_2_wake_is_planned_and_learned_as_its_own_kind(r, keys, settings
     assert (l1, l2, ram2) == (1, 2, 0)
     assert chat.wake_s == wake1 and WAKE_S <= wake1 < WAKE_LEVEL2_S / 2  # not pulled up by level-2 wakes
     assert wake2 >= WAKE_LEVEL2_S  # the measured level-2 wakes, not the level-1 ones nor wake_s
+
+
+def test_a_simulated_level_2_sleeper_wakes_in_its_level_2_time(r, keys, settings, cleanup):  # noqa: F811
+    """The simulated driver (a new driver object per transition, the sleeper read back from
+    the registry) spends ``wake_level2_s`` on a level-2 wake and ``wake_s`` on a level-1 one
+    (before, every simulated wake took ``wake_s``: a simulated fleet learned level-2 wakes as
+    fast as level-1 ones)."""
+    fleet = _fleet().model_copy(deep=True)
+    chat = fleet.endpoints["chat"]
+    fleet.endpoints["chat"] = chat.model_copy(update={"launch": chat.launch.model_copy(
+        update={"driver": "simulated", "command": ()})})
+    jobs = Jobs(r, keys, settings, fleet)
+    jobs.run("chat")
+    t1, t2 = _wake(jobs, 1), _wake(jobs, 2)
+    assert (t1["kind"], t2["kind"]) == ("wake", "wake_level2")
+    # time scale 0.01: 0.1 and 1 wall s
+    assert t1["actual_s"] < WAKE_LEVEL2_S / 2 <= WAKE_LEVEL2_S * 0.9 <= t2["actual_s"], (t1, t2)

@@ -51,6 +51,9 @@ class Instance:
         machine: the name (:func:`machine_name`) of the machine whose process table holds
             ``pid`` and whose loopback ``url`` answers ("": unknown, or no process); the
             health observer probes and restarts only its own machine's.
+        sleep_level: the vLLM sleep level it sleeps at (1 or 2) when read back from the
+            registry asleep or waking; None: awake, or not known (a driver's ``wake`` may use
+            it: the simulated driver wakes a level-2 sleeper at ``wake_level2_s``).
         proc: the :class:`subprocess.Popen` when this process spawned it (not serialised).
     """
 
@@ -69,6 +72,7 @@ class Instance:
     stopped: bool = False
     owner_pid: int | None = None
     machine: str = ""
+    sleep_level: int | None = None
     proc: Any = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:

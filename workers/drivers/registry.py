@@ -118,6 +118,8 @@ def _decode(h: dict[str, str]) -> tuple[Instance, str]:
         if k in d:
             d[k] = float(d[k])
     d["stopped"] = d.get("stopped") in ("1", "True")
+    level = d.pop("sleep_level", None)  # kept in the hash after a wake: only a sleeper's counts
+    d["sleep_level"] = int(level) if state in ("asleep", "waking") and level in ("1", "2") else None
     return Instance.from_dict(d), state
 
 
@@ -216,6 +218,6 @@ def _sleepers(rows: list[dict[str, str]]) -> list[tuple[Instance, int | None]]:
     for h in rows:
         if h.get("state") != "asleep":
             continue
-        level = h.get("sleep_level")
-        out.append((_decode(h)[0], int(level) if level in ("1", "2") else None))
+        inst = _decode(h)[0]
+        out.append((inst, inst.sleep_level))
     return sorted(out, key=lambda p: (p[0].endpoint, p[0].id))

@@ -3,10 +3,11 @@
 ``start`` sleeps ``cold_start_s × time_scale``; ``stop`` sleeps ``evict_s × time_scale``;
 ``sleep`` sleeps ``evict_s × time_scale`` (the planner prices a sleep as an evict);
 ``wake`` sleeps ``wake_s × time_scale`` (``cold_start_s`` when the endpoint has no
-``wake_s``). Each duration is multiplied by ``slowdown[host]`` when given (a host whose
+``wake_s``; ``wake_level2_s`` when it sleeps at level 2, as this driver put it or as the
+registry read it back, ``Instance.sleep_level``, and the endpoint has one). Each duration is multiplied by ``slowdown[host]`` when given (a host whose
 disk is slower than the fleet file says: the benches of learned durations use it).
 Health is "not stopped", ``is_sleeping`` "slept and not woken" (in this driver object
-only: a driver is one worker process's view).
+only: a driver is one worker process's view; so is the level it slept at).
 
 Every duration is spent through the context's ``wait`` (:class:`DriverContext`; default
 :func:`time.sleep`): the phase runner passes one that stops when its lease is lost, or
@@ -43,7 +44,7 @@ class SimulatedDriver:
         self._specs: dict[str, EndpointSpec] = {**context.endpoints, **(endpoints or {})}
         self._slowdown = {**context.slowdown_by_host, **(slowdown or {})}
         self._wait = context.wait or time.sleep
-        self._sleeping: set[str] = set()
+        self._sleeping: dict[str, int] = {}  # instance id -> the sleep level it was put to
 
     def duration_s(self, instance_or_host: Instance | str, value_s: float) -> float:
         """``value_s`` (workload s) as this driver takes it on a host: × the host's slowdown."""
@@ -64,7 +65,7 @@ class SimulatedDriver:
         spec = self._specs.get(instance.endpoint)
         self._wait(self.duration_s(instance, spec.evict_s if spec else 0.0) * instance.time_scale)
         instance.stopped = True
-        self._sleeping.discard(instance.id)
+        self._sleeping.pop(instance.id, None)
 
     def health(self, instance: Instance) -> bool:
         return not instance.stopped
@@ -81,16 +82,21 @@ class SimulatedDriver:
             raise PhaseError(f"endpoint {instance.endpoint!r}: instance {instance.id} is stopped")
         spec = self._specs.get(instance.endpoint)
         self._wait(self.duration_s(instance, spec.evict_s if spec else 0.0) * instance.time_scale)
-        self._sleeping.add(instance.id)
+        self._sleeping[instance.id] = level
 
     def wake(self, instance: Instance) -> None:
-        """Sleep ``wake_s`` (else ``cold_start_s``; scaled). Raises PhaseError when stopped."""
+        """Sleep ``wake_s`` (else ``cold_start_s``), or ``wake_level2_s`` when the instance
+        sleeps at level 2 (this driver slept it so, or ``instance.sleep_level`` says so) and the
+        endpoint has one (scaled). Raises PhaseError when stopped."""
         if instance.stopped:
             raise PhaseError(f"endpoint {instance.endpoint!r}: instance {instance.id} is stopped")
         spec = self._specs.get(instance.endpoint)
         wake_s = (spec.wake_s or spec.cold_start_s) if spec else 0.0
+        level = self._sleeping.get(instance.id, instance.sleep_level)
+        if spec is not None and level == 2 and spec.wake_level2_s is not None:
+            wake_s = spec.wake_level2_s
         self._wait(self.duration_s(instance, wake_s) * instance.time_scale)
-        self._sleeping.discard(instance.id)
+        self._sleeping.pop(instance.id, None)
 
     def is_sleeping(self, instance: Instance) -> bool:
         return instance.id in self._sleeping
