@@ -239,13 +239,30 @@ def _attrs(attributes: Mapping[str, Any] | None) -> dict[str, Any]:
     return out
 
 
+def tracing_requested(env: Mapping[str, str] | None = None) -> bool:
+    """Whether the environment asks for tracing (:func:`exporter_names` not empty); a bad
+    ``OTEL_TRACES_EXPORTER`` counts as no (logged), as it would stop no submit."""
+    try:
+        return bool(exporter_names(env))
+    except ValidationError as e:
+        log.warning("tracing off in this process: %s", e)
+        return False
+
+
 def job_traceparent() -> str:
     """Choose the ids of a job's ``makespan`` span; return its W3C traceparent, or ``""``
     when tracing is off. Call at submit and store the string on the job record. If a
-    span is current (e.g. a producer's request span), the job joins its trace."""
-    if _provider is None:
-        return ""
+    span is current (e.g. a producer's request span, whatever provider made it), the job
+    joins its trace.
+
+    Tracing is on here when this process set it up (:func:`setup_tracing`), when its
+    environment asks for it (the ``OTEL_*`` variables the workers read: a program that
+    submits through :func:`makespan.connect` sets nothing up itself, and nothing is
+    exported at submit) or when a span is current. The ids need no provider: the
+    workers export every span of the job, the ``makespan`` span included."""
     parent = trace.get_current_span().get_span_context()
+    if _provider is None and not parent.is_valid and not tracing_requested():
+        return ""
     gen = RandomIdGenerator()
     trace_id = parent.trace_id if parent.is_valid else gen.generate_trace_id()
     return f"00-{trace_id:032x}-{gen.generate_span_id():016x}-01"

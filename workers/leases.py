@@ -38,12 +38,15 @@ __all__ = ["Lease", "LeaseStore", "delay_job_op", "finish_job_op", "now_ms", "pr
 
 
 class LeaseStore(_store_leases.LeaseStore):
-    """:class:`makespan.store.LeaseStore`, plus the job's root span when a reclaim ends a job."""
+    """:class:`makespan.store.LeaseStore`, plus the metrics and the job's root span of a job
+    a reclaim or a preemption ends or requeues (every path that preempts calls
+    :meth:`preempt` here: the tick's rule and scored preemptions and the critical lane)."""
 
     def job_ended(self, job_id: str, state: str) -> None:
-        """A job the reclaim ended (its GPU worker, which normally ends it, died): counted
-        completed or failed (``makespan_jobs_*_total``) and its ``makespan`` root span
-        ended: one trace per job, whoever finishes it."""
+        """A job a reclaim or a preemption ended (its GPU worker, which normally ends it, died,
+        or its cancel was requested when it was preempted): counted completed or failed
+        (``makespan_jobs_*_total``; a cancel is neither) and its ``makespan`` root span ended:
+        one trace per job, whoever finishes it."""
         from makespan import metrics, telemetry
 
         tp, submitted, prio, endpoint, reason = self.r.hmget(self.keys.job(job_id), "traceparent", "submitted_at",
@@ -52,15 +55,24 @@ class LeaseStore(_store_leases.LeaseStore):
             (metrics.job_completed if state == "completed" else metrics.job_failed)(prio)
         if tp and telemetry.tracing_enabled():
             telemetry.end_job_span(tp, float(submitted or time.time()),
-                                   {"job_id": job_id, "priority": prio, "endpoint": endpoint, "state": state},
-                                   error=None if state == "completed" else (reason or state))
+                                   {"job_id": job_id, "priority": prio, "endpoint": endpoint, "state": state,
+                                    "reason": reason or None},
+                                   error=(reason or state) if state == "failed" else None)
+
+    def job_preempted(self, job_id: str, priority: str) -> None:
+        """A preemption requeued ``job_id``: ``makespan_jobs_preempted_total{priority}``."""
+        from makespan import metrics
+
+        metrics.job_preempted(priority or "LOW")
 
 
 def preempt(r: redis.Redis, keys: Keys, lease_id: str, by_job: str, planner_token: str = "") -> str:
     """Preempt the job holding ``lease_id`` in favour of ``by_job``: its GPUs are freed
     at once (its holder's later writes fail the fencing check) and it is requeued with
     its original submission order (or cancelled, if a cancel was requested).
-    :meth:`makespan.store.LeaseStore.preempt` on a store for ``r`` and ``keys``.
+    :meth:`makespan.store.LeaseStore.preempt` on a store for ``r`` and ``keys`` (this
+    module's: a requeued victim is counted in ``makespan_jobs_preempted_total``, a
+    cancelled one's root span is ended).
 
     Returns:
         ``"preempted"`` or ``"cancelled"``; or why nothing was done: ``"gone"``,
@@ -71,4 +83,4 @@ def preempt(r: redis.Redis, keys: Keys, lease_id: str, by_job: str, planner_toke
         LeaseError: ``planner_token`` is stale (another planner leads).
         StoreError: Redis failed.
     """
-    return _store_leases.LeaseStore(r, keys).preempt(lease_id, by_job, planner_token)
+    return LeaseStore(r, keys).preempt(lease_id, by_job, planner_token)

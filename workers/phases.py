@@ -972,13 +972,16 @@ class PhaseRunner:
         return [("SET", key, str(failures), "PX", str(int(backoff_s * 1000)))]
 
     def _finished(self, ctx: PhaseContext, state: str, reason: str, now: float) -> str:
-        """After the finish ops committed: metrics, the job span, a warning if not completed."""
+        """After the finish ops committed: metrics, the job's root span (whatever its final
+        state: a cancelled job's phase spans name it too; ERROR status for a failure only),
+        a warning if not completed."""
         if ctx.kind == "job" and state in ("completed", "failed"):  # a cancel is neither
             (metrics.job_completed if state == "completed" else metrics.job_failed)(ctx.priority)
+        if ctx.kind == "job":
             telemetry.end_job_span(ctx.traceparent, ctx.submitted_at or now,
                                    {"job_id": ctx.job_id, "priority": ctx.priority, "endpoint": ctx.endpoint,
-                                    "gpus": list(ctx.gpus), "state": state},
-                                   error=None if state == "completed" else (reason or state))
+                                    "gpus": list(ctx.gpus), "state": state, "reason": reason or None},
+                                   error=(reason or state) if state == "failed" else None)
         if state != "completed":
             what = f"job {ctx.job_id}" if ctx.kind == "job" else f"restore of {ctx.endpoint} on {','.join(ctx.gpus)}"
             log.warning("%s %s: %s", what, state, reason)

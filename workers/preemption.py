@@ -41,7 +41,6 @@ from __future__ import annotations
 import json
 import logging
 
-from makespan import metrics
 from makespan.awaited import queue_awaited_running
 from makespan.models import Priority
 from makespan.planner import fast_lane, preemption_plan
@@ -161,14 +160,15 @@ def within_bounds(ctx: TickContext, info: dict[str, dict[str, str]]) -> dict[str
             for lease_id, (cuts, leased) in zip(lease_ids, pipe.execute() if lease_ids else [])}
 
 
-def _note_preempted(ctx: TickContext, outcome: str, victim_job: str | None, victim_priority: str) -> None:
-    """Count a victim lease that ``preempt`` ended with ``outcome`` (preempted or cancelled)."""
+def _note_preempted(ctx: TickContext, outcome: str, victim_job: str | None) -> None:
+    """Note a victim lease that ``preempt`` ended with ``outcome`` (preempted or cancelled)."""
     ctx.requeued_now += outcome == "preempted"
     if outcome == "preempted" and victim_job:
         ctx.victims = [*ctx.victims, victim_job]
     if victim_job:  # it holds its GPUs no more (the wait reasons name a GPU's holder from this)
         ctx.lease_job = {gpu: job_id for gpu, job_id in ctx.lease_job.items() if job_id != victim_job}
-    metrics.job_preempted(victim_priority)
+    # makespan_jobs_preempted_total is counted by preempt itself (LeaseStore.job_preempted), for
+    # the critical lane's preemptions too, and only for a requeued victim
 
 
 def _preempt_scored(ctx: TickContext) -> set[str]:
@@ -205,7 +205,7 @@ def _preempt_scored(ctx: TickContext) -> set[str]:
             lease_id = lease_by_job[victim]
             outcome = preempt(env.r, env.keys, lease_id, job.id, planner_token=ctx.token)
             if outcome in ("preempted", "cancelled"):
-                _note_preempted(ctx, outcome, victim, info[lease_id].get("priority", "LOW"))
+                _note_preempted(ctx, outcome, victim)
                 how = "the fast lane's rule" if decision.rule else f"scored, gain {decision.gain:.3g} weight·s"
                 log.info("preempted lease %s (%s) for %s job %s (%s): %s", lease_id,
                          info[lease_id].get("priority"), Priority(job.priority).name, job.id, how, outcome)
@@ -256,7 +256,7 @@ def _preempt_by_rule(ctx: TickContext) -> set[str]:
         for victim in victims:
             outcome = preempt(env.r, env.keys, victim, job.id, planner_token=ctx.token)
             if outcome in ("preempted", "cancelled"):
-                _note_preempted(ctx, outcome, info[victim].get("job"), info[victim].get("priority", "LOW"))
+                _note_preempted(ctx, outcome, info[victim].get("job"))
                 log.info("preempted lease %s (%s) for %s job %s: %s", victim, info[victim].get("priority"),
                          Priority(job.priority).name, job.id, outcome)
                 for gpu, held_by in list(holder.items()):

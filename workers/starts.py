@@ -8,7 +8,7 @@ after a LOW job's of the same tick), then submission order.
 one :meth:`makespan.workers.leases.LeaseStore.acquire_many` round trip (each lease its
 own atomic script, the job acknowledged in the same step), or one ``allocate_gpus`` span
 per lease when tracing is on (:func:`start_job`, also the preemption path's way to start
-one job). For every lease published, ``_after_lease`` records the wait metric and sends
+one job). For every lease published, ``_after_lease`` records the wait metric (a job's first lease) and sends
 the job's phase chain to its host's queue (:func:`send`: the injected ``dispatch`` or
 :func:`makespan.workers.tasks.dispatch`). A send that fails is logged, not raised: the
 lease is never renewed, so it expires and the reaper requeues the job.
@@ -123,7 +123,7 @@ def _after_lease(ctx: TickContext, job: PlanJob, gpus: tuple[str, ...], host: st
     (``producer``: :func:`publishing`'s, or None)."""
     priority = own_priority(ctx, job)
     traceparent, submitted = ctx.formed.meta.get(job.id, ("", 0.0))
-    if submitted:
+    if submitted and lease.first:  # one wait per job: to its first start, not again after a preemption or retry
         metrics.observe_wait(priority, max(0.0, ctx.env.clock.now() - submitted))
     phase_ctx = PhaseContext(lease.lease_id, lease.token, list(gpus), host, "job", job.endpoint, job.id, priority.name,
                              job.service_s, traceparent=traceparent, submitted_at=submitted,

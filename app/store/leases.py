@@ -42,6 +42,7 @@ class Lease:
     token: int
     gpus: tuple[str, ...]
     warm: bool = False  # every GPU held the instance asked for (``acquire(instance=...)``) when leased
+    first: bool = False  # a job lease that is its job's first (not one again after a preemption, reclaim, retry)
 
 
 # -- fenced ops that change a job's state (:meth:`LeaseStore.fenced`) ------------------------
@@ -95,8 +96,9 @@ class LeaseStore:
         ``planner_token`` (when given) must equal the planner fencing counter: a deposed
         planner cannot publish. With ``instance`` (a ``P:resident`` value) the returned
         lease's ``warm`` says whether every GPU held that instance when it was leased
-        (no other holder can change that while the lease is current). Returns None when
-        a GPU is busy or the job is gone.
+        (no other holder can change that while the lease is current); its ``first`` says
+        whether it is the job's first lease. Returns None when a GPU is busy or the job is
+        gone.
 
         Raises:
             LeaseError: the planner was fenced off (another planner leads now).
@@ -161,7 +163,7 @@ class LeaseStore:
     @staticmethod
     def _acquired(out: list, lease_id: str, gpus: tuple[str, ...]) -> Lease | None:
         if out[0] == 1:
-            return Lease(lease_id, int(out[1]), tuple(gpus), bool(out[2]))
+            return Lease(lease_id, int(out[1]), tuple(gpus), bool(out[2]), len(out) > 3 and bool(out[3]))
         if out[1] == "planner_fenced":
             raise LeaseError("planner fencing token is stale: another planner leads")
         if out[1] == "owned":  # the GPU key is gone but its lease is live: evicted or deleted by hand?
@@ -262,8 +264,12 @@ class LeaseStore:
         return outcome
 
     def job_ended(self, job_id: str, state: str) -> None:
-        """Hook: a reclaim ended ``job_id`` in final ``state`` (nothing here; the live
-        worker's subclass ends the job's trace span)."""
+        """Hook: a reclaim or a preemption ended ``job_id`` in final ``state`` (nothing
+        here; the live worker's subclass counts it and ends the job's trace span)."""
+
+    def job_preempted(self, job_id: str, priority: str) -> None:
+        """Hook: a preemption requeued ``job_id`` (of ``priority``, a level name) (nothing
+        here; the live worker's subclass counts it)."""
 
     def reclaim_expired(self, max_attempts: int, retry_backoff_s: float = 0.0, retry_backoff_max_s: float = 300.0,
                         expired: list[str] | None = None) -> dict[str, int]:
@@ -286,7 +292,8 @@ class LeaseStore:
             ``"not_a_job"``, ``"not_leased"`` (its job is in neither state a lease holds a
             job in: queued, delayed or final), ``"executed"`` (its workload already ran: it
             only has to clear), ``"preemptor_not_queued"`` (``by_job`` has a record and is no
-            longer queued: leased by another path meanwhile, or cancelled).
+            longer queued: leased by another path meanwhile, or cancelled). A requeued
+            victim is passed to :meth:`job_preempted`, a cancelled one to :meth:`job_ended`.
         Raises:
             LeaseError: ``planner_token`` is stale (another planner leads).
             StoreError: Redis failed.
@@ -296,7 +303,13 @@ class LeaseStore:
                             args=[lease_id, now_ms(), self.keys.script_prefix, by_job, planner_token])
         if out[0] == 0 and out[1] == "planner_fenced":
             raise LeaseError("planner fencing token is stale: another planner leads")
-        return str(out[1])
+        outcome = str(out[1])
+        if out[0] == 1 and len(out) > 2:
+            if outcome == "cancelled":
+                self.job_ended(str(out[2]), outcome)
+            elif outcome == "preempted":
+                self.job_preempted(str(out[2]), str(out[3]))
+        return outcome
 
     def active(self) -> list[dict[str, Any]]:
         """Every live lease record, with ``lease_id`` and ``gpus`` (a list).

@@ -26,8 +26,9 @@
 -- ARGV[10] instance value ('' = no resident keys; else the reply says whether every GPU holds it)
 -- ARGV[11] P, the key prefix (unused: a leased job stays in the reverse-dependency index, lib.lua
 --          finish_job drops it)
--- Returns {1, token, warm 0|1}, or {0, why[, gpu key[, owner]]} with why in planner_fenced,
--- not_queued, busy, owned.
+-- Returns {1, token, warm 0|1, first 0|1}, or {0, why[, gpu key[, owner]]} with why in
+-- planner_fenced, not_queued, busy, owned. first: a job lease is the job's first (its record
+-- had no leased_at: not a lease again after a preemption, reclaim or retry); 0 for other leases.
 -- A GPU is busy while its gpu key exists, or while the lease gpu_owner names for it is
 -- still live in leases (expiry on the server clock in the future): a gpu key lost to
 -- eviction or a manual DEL never lets a second lease onto a GPU whose lease still runs.
@@ -58,7 +59,9 @@ local flat = {'token', tostring(token), 'expires_ms', tostring(expires_ms)}
 for k, v in pairs(fields) do table.insert(flat, k); table.insert(flat, tostring(v)) end
 redis.call('HSET', KEYS[2], unpack(flat))
 redis.call('ZADD', KEYS[3], expires_ms, ARGV[1])
+local first = 0
 if ARGV[9] == 'queued' then
+  if redis.call('HEXISTS', KEYS[4], 'leased_at') == 0 then first = 1 end
   redis.call('ZREM', KEYS[5], ARGV[2])
   redis.call('HSET', KEYS[4], 'state', 'leased', 'lease', ARGV[1], 'token', tostring(token),
              'leased_at', tostring(tonumber(ARGV[4]) / 1000.0))
@@ -73,4 +76,4 @@ if ARGV[10] ~= '' then
     if redis.call('GET', KEYS[9 + n + i]) ~= ARGV[10] then warm = 0 end
   end
 end
-return {1, token, warm}
+return {1, token, warm, first}

@@ -22,8 +22,8 @@
 -- ARGV[3]  P, the key prefix (the job, its queue, the lease's GPUs, phases, busy slot)
 -- ARGV[4]  the preemptor's job id
 -- ARGV[5]  planner token ('' = unchecked)
--- Returns {1, 'preempted' | 'cancelled'} or {0, why} with why in planner_fenced, gone,
--- not_a_job, not_leased, executed, preemptor_not_queued.
+-- Returns {1, 'preempted' | 'cancelled', job id, the job's priority} or {0, why} with why in
+-- planner_fenced, gone, not_a_job, not_leased, executed, preemptor_not_queued.
 local prefix = ARGV[3]
 if ARGV[5] ~= '' and redis.call('GET', KEYS[5]) ~= ARGV[5] then return {0, 'planner_fenced'} end
 local preemptor_state = redis.call('HGET', key_job(prefix, ARGV[4]), 'state')
@@ -63,4 +63,4 @@ end
 local ev = {ts = now_s, kind = 'preempted', lease = ARGV[1], job = job, priority = prio, gpus = gpus,
             by = ARGV[4], outcome = outcome}
 append_event(KEYS[4], cjson.encode(ev))
-return {1, outcome}
+return {1, outcome, job, prio or ''}

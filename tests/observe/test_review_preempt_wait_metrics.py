@@ -1,0 +1,101 @@
+"""makespan_jobs_preempted_total ("Jobs preempted and requeued") and
+makespan_job_wait_seconds ("Start minus submission") across preemptions, on real Redis
+with the real lease, preempt and critical-lane code (dispatch captured). Found by a
+review, 2026-12-05; each test fails on the code before its fix:
+
+- the critical lane's preemptions were not counted at all (only the tick's were), and a
+  victim whose cancel was requested (``preempt`` cancels it: not requeued) was counted;
+- a job's wait was observed again at every lease: a preempted job re-leased later added
+  a second "wait" of (second lease − submission), its first run included.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from makespan import metrics
+from makespan.models import load_fleet
+from makespan.producer import Producer
+from makespan.workers.critical_lane import CriticalLane
+from makespan.workers.leases import preempt
+from makespan.workers.planner_worker import PlannerWorker
+from tests.conftest import FLEET_TOML
+
+FLEET = load_fleet(FLEET_TOML)  # render-pipeline: 8 GPUs on host-a and host-b
+ALL_GPUS = [gpu.uuid for host in FLEET.hosts for gpu in host.gpus]
+
+
+def _worker(r, settings):
+    sent: list = []
+    s = dataclasses.replace(settings, lease_ttl_s=60.0)
+    w = PlannerWorker(r, s, FLEET, dispatch=lambda ctx, queue: sent.append(ctx))
+    w.token = ""
+    return w, Producer(r, w.keys, FLEET, s), sent
+
+
+def _hold_every_gpu(r, w, prod) -> dict[str, str]:
+    """Lease every GPU pair to a LOW job (running long): lease id -> job id."""
+    held = {}
+    for n in range(0, 8, 2):
+        jid = prod.submit({"endpoint": "renderer", "service_s": 3600, "priority": "LOW"}).id
+        lease = w.leases.acquire(f"low-{n}", tuple(ALL_GPUS[n:n + 2]), 60.0, job_id=jid, kind="job",
+                                 holder="host-a", queue=w.keys.queue("LOW"),
+                                 info={"planned_end_s": repr(w.now_s() + 3600), "endpoint": "renderer",
+                                       "priority": "LOW"})
+        assert lease is not None
+        held[f"low-{n}"] = jid
+    return held
+
+
+def _preempted(prio: str) -> float:
+    return metrics._m().preempted.labels(prio)._value.get()
+
+
+def _wait_count(prio: str) -> float:
+    return next(s.value for s in metrics._m().wait.collect()[0].samples
+                if s.name.endswith("_count") and s.labels["priority"] == prio)
+
+
+def test_a_critical_lane_preemption_is_counted(r, settings, monkeypatch):
+    monkeypatch.setattr(metrics, "_metrics", metrics.Metrics())
+    w, prod, sent = _worker(r, settings)
+    _hold_every_gpu(r, w, prod)
+    job = prod.submit({"endpoint": "summarizer", "service_s": 5, "priority": "CRITICAL"}).id
+    out = CriticalLane(w.env, w.kept, w.token, w.ticking.is_set).place(r.lpop(w.keys.planner_critical))
+    assert out.outcome == "preempted" and len(out.victims) == 1 and [c.job_id for c in sent] == [job]
+    assert _preempted("LOW") == 1.0
+
+
+def test_a_victim_cancelled_by_its_preemption_is_not_counted_preempted(r, settings, monkeypatch):
+    monkeypatch.setattr(metrics, "_metrics", metrics.Metrics())
+    w, prod, _sent = _worker(r, settings)
+    held = _hold_every_gpu(r, w, prod)
+    lease_id, victim = next(iter(held.items()))
+    assert prod.cancel(victim) == "cancel_requested"
+    by = prod.submit({"endpoint": "summarizer", "service_s": 5, "priority": "HIGH"}).id
+    assert preempt(r, w.keys, lease_id, by) == "cancelled"
+    assert r.hget(w.keys.job(victim), "state") == "cancelled"
+    assert _preempted("LOW") == 0.0  # cancelled, not requeued
+    other_lease, other = list(held.items())[1]
+    assert preempt(r, w.keys, other_lease, by) == "preempted"
+    assert r.hget(w.keys.job(other), "state") == "queued"
+    assert _preempted("LOW") == 1.0
+
+
+def test_a_preempted_job_leased_again_has_one_wait(r, settings, monkeypatch):
+    monkeypatch.setattr(metrics, "_metrics", metrics.Metrics())
+    w, prod, sent = _worker(r, settings)
+    r.set(w.keys.planner_leader, w.name)
+    low = prod.submit({"endpoint": "embed", "service_s": 3600, "priority": "LOW"}).id
+    w.tick()
+    jobs = lambda: [c for c in sent if c.kind == "job"]  # noqa: E731 (a tick may send restores too)
+    assert [c.job_id for c in jobs()] == [low]
+    assert _wait_count("LOW") == 1.0
+    first = jobs()[0]
+    # preempted (requeued, its GPUs free): the next tick leases it again
+    by = prod.submit({"endpoint": "embed", "service_s": 1, "priority": "HIGH"}).id
+    assert preempt(r, w.keys, first.lease_id, by) == "preempted"
+    assert prod.cancel(by) == "cancelled"
+    w.tick()
+    assert [c.job_id for c in jobs()] == [low, low] and jobs()[1].lease_id != first.lease_id
+    assert r.hget(w.keys.job(low), "state") == "leased"
+    assert _wait_count("LOW") == 1.0, "one job, one wait (from submission to its first start)"
