@@ -408,7 +408,8 @@ def status(job_id: str, fleet: Path | None = typer.Option(None, "--fleet", help=
 
 @app.command()
 def cancel(job_id: str, fleet: Path | None = typer.Option(None, "--fleet", help="not needed to cancel")):
-    """Cancel a job (queued: removed at once; running: stopped at its next phase)."""
+    """Cancel a job (queued: removed at once; running: a workload function sees ctx.cancelled, a simulated
+    cold start or execute is cut short, anything else stops at its next phase)."""
     try:
         typer.echo(_producer(fleet).cancel(job_id))
     except MakespanError as e:

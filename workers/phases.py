@@ -155,9 +155,12 @@ class PhaseRunner:
                 "time_scale": self.settings.time_scale, **extra}
         return json.dumps({k: v for k, v in body.items() if v is not None}, separators=(",", ":"))
 
-    def _sleep(self, workload_s: float, hb: LeaseHeartbeat, ctx: PhaseContext | None = None) -> None:
-        """Sleep ``workload_s`` scaled to wall time, waking every 50 ms to notice a lost lease."""
-        self._wait_wall(workload_s * self.settings.time_scale, hb)
+    def _sleep(self, workload_s: float, hb: LeaseHeartbeat, ctx: PhaseContext) -> None:
+        """Sleep ``workload_s`` scaled to wall time (execute of a job with no function nor
+        requests), waking every 50 ms to notice a lost lease or the job's requested cancel
+        (:meth:`_stopper`, as a function's run sees it). Raises StaleFencingToken or
+        PhaseCancelled."""
+        self._wait_wall(workload_s * self.settings.time_scale, hb, self._stopper(ctx, hb))
 
     @staticmethod
     def _wait_wall(wall_s: float, hb: LeaseHeartbeat, cancelled: Callable[[], bool] | None = None) -> None:

@@ -51,3 +51,27 @@ def test_a_cancel_during_a_simulated_cold_start_releases_the_gpus_at_once(r, key
         assert not r.exists(keys.gpu(gpu)) and not r.exists(keys.lease(lease))
         assert r.zscore(keys.leases, lease) is None
         assert not r.exists(keys.resident(gpu))  # nothing half-started is left resident
+
+
+def test_a_cancel_during_a_simulated_execute_ends_the_job_at_once(r, keys, settings, tmp_path):
+    """A job with no function nor requests (its execute is a sleep of ``service_s`` × the time
+    scale) cancelled mid-execute ends ``cancelled`` within moments; before, the sleep watched
+    only the lease, and the job ran to the end and *completed* (found by a new-user trial:
+    ``makespan cancel`` printed cancel_requested and nothing else happened)."""
+    fleet_text = FLEET.replace(f"cold_start_s = {COLD_START_S}", "cold_start_s = 1")
+    with live_system(tmp_path, settings, fleet_text, observer=False) as (system, fleet):
+        gpu = fleet.hosts[0].gpus[0].uuid
+        prod = Producer(r, keys, fleet, system.settings)
+        job = prod.submit({"endpoint": "sim", "service_s": 6000}).id  # 60 wall s
+        lease = wait_for(lambda: r.hget(keys.job(job), "lease"), 60, "the job's lease")
+        wait_for(lambda: r.hget(keys.phase(lease), "execute:claimed"), 60, "its execute to begin")
+        time.sleep(0.5)  # well inside the 60 s execute
+
+        t0 = time.monotonic()
+        assert prod.cancel(job) == "cancel_requested"
+        wait_for(lambda: r.hget(keys.job(job), "state") in ("cancelled", "completed"), 30, "the job to end")
+        took_s = time.monotonic() - t0
+        assert r.hget(keys.job(job), "state") == "cancelled"
+        assert took_s < 5.0, f"{took_s:.1f} s from the cancel to the end of a 60 s execute"
+        assert "execute: cancelled while waiting" in (r.hget(keys.job(job), "reason") or "")
+        wait_for(lambda: not r.exists(keys.gpu(gpu)), 10, "the GPU to be released")
