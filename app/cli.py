@@ -416,8 +416,19 @@ def cancel(job_id: str, fleet: Path | None = typer.Option(None, "--fleet", help=
         _fail(e)
 
 
+REPORT_HELP = "where to write the report JSON too; default: report.json in the current folder, unless --run-dir is given"
+
+
+def _report_path(report: Path | None, run_dir: Path | None) -> Path | None:
+    """The extra copy of a live run's report: ``--report``, else ./report.json when no
+    ``--run-dir`` was given (the run directory always holds its own report.json)."""
+    if report is not None:
+        return report
+    return None if run_dir is not None else Path("report.json")
+
+
 @app.command()
-def demo(report: Path = typer.Option(Path("report.json"), help="where to write the report JSON"),
+def demo(report: Path | None = typer.Option(None, help=REPORT_HELP),
          jobs: int = typer.Option(200, help="trace jobs to submit (besides the render-cards pipeline)"),
          seed: int = typer.Option(0, help="seed of the trace-to-job mapping"),
          policy: str | None = typer.Option(None, help=LIVE_POLICY_HELP),
@@ -426,7 +437,8 @@ def demo(report: Path = typer.Option(Path("report.json"), help="where to write t
     from makespan.demo import run_demo
 
     try:
-        out = run_demo(report_path=report, n_jobs=jobs, seed=seed, policy=policy, run_dir=run_dir)
+        out = run_demo(report_path=_report_path(report, run_dir), n_jobs=jobs, seed=seed, policy=policy,
+                       run_dir=run_dir)
     except MakespanError as e:
         _fail(e)
     raise typer.Exit(0 if out["jobs"]["completed"] == out["jobs"]["submitted"] else 1)
@@ -434,7 +446,7 @@ def demo(report: Path = typer.Option(Path("report.json"), help="where to write t
 
 @app.command()
 def replay(trace: Path, fleet: Path = FleetOpt, speedup: float = typer.Option(10000.0, help="time compression N×"),
-           report: Path = typer.Option(Path("report.json")), start: int = typer.Option(0, help="first trace row"),
+           report: Path | None = typer.Option(None, help=REPORT_HELP), start: int = typer.Option(0, help="first trace row"),
            limit: int = typer.Option(200, help="trace rows to replay"), seed: int = typer.Option(0),
            policy: str | None = typer.Option(None, help=LIVE_POLICY_HELP),
            run_dir: Path | None = typer.Option(None, help="directory for events, report and Gantt chart")):
@@ -442,8 +454,8 @@ def replay(trace: Path, fleet: Path = FleetOpt, speedup: float = typer.Option(10
     from makespan.demo import run_replay
 
     try:
-        out = run_replay(trace, fleet, speedup=speedup, report_path=report, start=start, limit=limit, seed=seed,
-                         policy=policy, run_dir=run_dir)
+        out = run_replay(trace, fleet, speedup=speedup, report_path=_report_path(report, run_dir), start=start,
+                         limit=limit, seed=seed, policy=policy, run_dir=run_dir)
     except MakespanError as e:
         _fail(e)
     raise typer.Exit(0 if out["jobs"]["completed"] == out["jobs"]["submitted"] else 1)

@@ -17,7 +17,14 @@ from makespan.pools import published_pools
 WAITING = ("queued", "delayed")
 FINISHED = ("completed", "failed", "cancelled")  # listed from P:finished and P:retained, the latest first
 LISTED_STATES = ("queued", "delayed", "leased", "running", *FINISHED)  # running: leased and in its execute phase
-HEADER = f"{'ID':32}  {'PRIORITY':8} {'ENDPOINT':14} {'STATE':9} {'REASON':22} ETA"
+HEADER = f"{'ID':32}  {'PRIORITY':8} {'ENDPOINT':14} {'STATE':9} {'REASON':22} ETA/OUTCOME"  # a waiting job's ETA, an ended one's outcome
+DETAIL_CHARS = 100  # a finished job's outcome in the ``jobs`` listing, at most (``why ID`` prints it whole)
+
+
+def _short(text: str) -> str:
+    """``text`` on one line, cut to :data:`DETAIL_CHARS` (an ellipsis marks the cut)."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= DETAIL_CHARS else flat[:DETAIL_CHARS - 1] + "…"
 
 
 def explain(r, keys, settings, job_id: str) -> dict[str, Any]:
@@ -210,5 +217,7 @@ def register(app: typer.Typer) -> None:
             if as_json:
                 typer.echo(json.dumps(x))
             else:
+                # a waiting job: its ETA; a finished one: why it ended (a failure's error, a cancel's cause)
+                tail = _when(x["eta"], x["eta_in_s"]) if x["reason"] else _short(x["detail"])
                 typer.echo(f"{x['id']:32}  {x['priority'] or '-':8} {x['endpoint'] or '-':14} {x['state']:9} "
-                           f"{x['reason'] or '-':22} {_when(x['eta'], x['eta_in_s']) if x['reason'] else ''}")
+                           f"{x['reason'] or '-':22} {tail}")

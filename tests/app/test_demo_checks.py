@@ -1,6 +1,7 @@
 """demo/replay fail fast: bad options before anything starts, a dead child while waiting."""
 
 import time
+from pathlib import Path
 
 import pytest
 
@@ -60,3 +61,26 @@ def test_demo_summary_says_its_times_are_workload_seconds(tmp_path, monkeypatch)
     assert lines["times"] == "times below in workload s (1 = 0.002 wall s); `makespan report` prints wall s"
     assert lines["set"] == "set points absent 60 GPU·workload s"
     assert "wall time 12.5 s" in lines["drain"]
+
+
+@pytest.mark.parametrize("args, report", [([], "report.json"), (["--run-dir", "runs/x"], None),
+                                          (["--run-dir", "runs/x", "--report", "r.json"], "r.json")])
+def test_demo_writes_a_second_report_only_without_a_run_dir_or_when_asked(monkeypatch, args, report):
+    """``makespan demo --run-dir D`` writes its report in D only; before, it also wrote
+    ./report.json whatever --run-dir said (found by a new-user trial). Without --run-dir the
+    report lands in ./report.json as before; --report asks for a copy wherever."""
+    from typer.testing import CliRunner
+
+    import makespan.demo
+    from makespan.cli import app as cli_app
+
+    seen = {}
+
+    def fake_run_demo(**kw):
+        seen.update(kw)
+        return {"jobs": {"completed": 1, "submitted": 1}}
+
+    monkeypatch.setattr(makespan.demo, "run_demo", fake_run_demo)
+    res = CliRunner().invoke(cli_app, ["demo", *args])
+    assert res.exit_code == 0, res.output
+    assert seen["report_path"] == (None if report is None else Path(report))

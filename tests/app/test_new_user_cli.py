@@ -83,11 +83,14 @@ def test_jobs_prints_a_header_and_lists_finished_jobs(r, keys, settings, redis_u
     env = _env(redis_url, prefix)
     res = CliRunner().invoke(cli_app, ["jobs"], env=env)
     lines = res.output.splitlines()
-    assert res.exit_code == 0 and lines[0].split() == ["ID", "PRIORITY", "ENDPOINT", "STATE", "REASON", "ETA"]
+    assert res.exit_code == 0 and lines[0].split() == ["ID", "PRIORITY", "ENDPOINT", "STATE", "REASON", "ETA/OUTCOME"]
     assert [line.split()[0] for line in lines[1:]] == [queued.id]
     res = CliRunner().invoke(cli_app, ["jobs", "--state", "cancelled", "--state", "completed"], env=env)
-    assert res.exit_code == 0 and [line.split()[:4] for line in res.output.splitlines()[1:]] == \
-        [[gone.id, "NORMAL", "chat", "cancelled"]]
+    assert res.exit_code == 0 and [line.split()[:5] for line in res.output.splitlines()[1:]] == \
+        [[gone.id, "NORMAL", "chat", "cancelled", "-"]]
+    # an ended job's row says how it ended (the record's reason, as ``why`` prints it), not a bare '-'
+    outcome = r.hget(keys.job(gone.id), "reason")
+    assert outcome and res.output.splitlines()[1].split(None, 5)[5] == outcome
     res = CliRunner().invoke(cli_app, ["jobs", "--state", "completed"], env=env)
     assert res.exit_code == 0 and "no job completed" in res.output
 
