@@ -135,14 +135,16 @@ def gpu_worker(fleet: Path = FleetOpt, host: str = typer.Option(..., help="host 
         _check_gpus(hosts[host])
     os.environ["MAKESPAN_FLEET"] = str(Path(fleet).resolve())
     os.environ["MAKESPAN_HOST"] = host
+    names: list[str] = []
     if workloads:
         os.environ["MAKESPAN_WORKLOADS"] = workloads
         from makespan.registry import load_modules
 
         try:
-            load_modules(workloads)  # a module that does not import fails here, in one line
+            names = load_modules(workloads)  # a module that does not import fails here, in one line
         except MakespanError as e:
             _fail(e)
+    _say_what_starts(hosts[host], workloads, names)
     _start_metrics(metrics_port, "gpu-worker")
     _gil_switch_interval()
     from makespan.workers.tasks import celery
@@ -153,6 +155,29 @@ def gpu_worker(fleet: Path = FleetOpt, host: str = typer.Option(..., help="host 
                                    "--without-gossip", "--without-mingle"])
     if code:
         raise typer.Exit(code)
+
+
+def _say_what_starts(host_spec, modules: str, names: list[str]) -> None:
+    """One line to stderr before Celery's banner: the host, its GPUs (simulated or checked),
+    the workload functions loaded; and a warning when another GPU worker already consumes
+    the host's queue (``P:host:live:{host}``): both then take its phases, so a function only
+    one of them loaded fails on the other with UnknownWorkload. Redis errors skip the check."""
+    kind = "simulated (gpu_count; no NVML check)" if host_spec.gpu_count is not None else "from the fleet file"
+    loaded = f"workload functions: {', '.join(names)} (from {modules})" if names else \
+        "no workload functions (--workloads MODULE to load some)"
+    typer.echo(f"gpu-worker {host_spec.name}: {len(host_spec.gpus)} GPUs {kind}; queue gpu.{host_spec.name}; {loaded}",
+               err=True)
+    from makespan.cli_support import context
+
+    try:
+        _s, r, keys = context()
+        other = r.get(keys.host_live(host_spec.name))
+    except Exception as e:  # a hint only: the worker itself reports an unreachable Redis
+        logging.getLogger("makespan.cli").debug("live-consumer check skipped: %s", e)
+        return
+    if other:
+        typer.echo(f"warning: another GPU worker ({other}) already consumes host {host_spec.name!r}'s queue; both "
+                   "will take its phases: give both the same --workloads, or stop the other one", err=True)
 
 
 def _celery_worker(app, argv: list[str]) -> int:

@@ -22,6 +22,7 @@ registered. Arguments and results are JSON only (no pickle).
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import inspect
 import json
@@ -260,7 +261,8 @@ def live_definition(r: redis.Redis, keys: Keys, name: str, also: list[str] = ())
     values of the keys ``also`` (read in the same round trip).
 
     Raises:
-        ValidationError: no live worker registered ``name`` (the message lists the live names).
+        ValidationError: no live worker registered ``name`` (the message lists the live names,
+            and the closest to ``name`` when one is close: a misspelt name).
         StoreError: Redis failed."""
     try:
         live, raw, *extra = r.mget([keys.fn_live(name), keys.fn(name), *also])
@@ -273,5 +275,7 @@ def live_definition(r: redis.Redis, keys: Keys, name: str, also: list[str] = ())
         cause = e.__cause__ if isinstance(e, StoreError) and e.__cause__ is not None else e
         raise StoreError(f"reading workload function {name!r}: {e}") from cause
     hint = f"live now: {', '.join(alive)}" if alive else "no GPU worker has registered any workload function"
+    close = difflib.get_close_matches(name, alive, n=1)
+    guess = f"; did you mean {close[0]!r}?" if close else ""
     raise ValidationError("workload", name, "no live GPU worker registered this workload; start one with "
-                                            f"`makespan gpu-worker --workloads MODULE` ({hint})")
+                                            f"`makespan gpu-worker --workloads MODULE` ({hint}){guess}")

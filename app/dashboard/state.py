@@ -50,6 +50,7 @@ from makespan.errors import StoreError
 from makespan.gantt import intervals
 from makespan.keys import Keys
 from makespan.models import FleetSpec, Priority
+from makespan.producer import attempts_made
 
 QUEUE_LIMIT = 500  # waiting jobs listed per priority
 EVENTS_LIMIT = 50_000  # most events read for one snapshot
@@ -187,8 +188,8 @@ def _plan(r: redis.Redis, keys: Keys) -> dict[str, Any] | None:
     return doc if isinstance(doc, dict) else None
 
 
-_JOB_FIELDS = ("state", "endpoint", "priority", "submitted_at", "attempts", "reason", "service_s", "deps",
-               "not_before", "workload_id", "wait_reason", "wait_detail", "wait_eta", "wait_at")
+_JOB_FIELDS = ("state", "endpoint", "priority", "submitted_at", "attempts", "tries", "result_attempt", "reason",
+               "service_s", "deps", "not_before", "workload_id", "wait_reason", "wait_detail", "wait_eta", "wait_at")
 
 
 def _queue(r: redis.Redis, keys: Keys, plan: dict[str, Any] | None, now: float,
@@ -237,7 +238,7 @@ def _queue(r: redis.Redis, keys: Keys, plan: dict[str, Any] | None, now: float,
         sub = _f(rec.get("submitted_at"))
         out.append({"job": j, "priority": rec.get("priority"), "endpoint": rec.get("endpoint"),
                     "state": rec["state"], "submitted_at": sub, "wait_s": (now - sub) if sub else None,
-                    "attempts": int(rec.get("attempts") or 0), "service_s": _f(rec.get("service_s")),
+                    "attempts": attempts_made(rec), "service_s": _f(rec.get("service_s")),
                     "reason_code": code, "reason": f"{code}: {detail}" if detail else code, "eta": eta,
                     "gpus": a["gpus"] if a else []})
     rank = {p.name: p.value for p in Priority}
@@ -389,7 +390,9 @@ def snapshot(r: redis.Redis, keys: Keys, fleet: FleetSpec | None = None, window_
 
 def job_detail(r: redis.Redis, keys: Keys, job_id: str) -> dict[str, Any] | None:
     """One job for the job page, or None when ``P:job:{id}`` does not exist:
-    ``{"job", "record" (the hash, ``spec`` decoded), "phases": [{"phase", "gpus",
+    ``{"job", "record" (the hash, ``spec`` decoded, ``attempts`` the attempts made as
+    ``makespan status`` counts them, :func:`makespan.producer.attempts_made`, and the hash's
+    own count as ``reclaimed_attempts``), "phases": [{"phase", "gpus",
     "start", "end", "complete"}], "events": [...], "result"}``. ``result`` is the JSON
     of ``P:result:{id}`` (:mod:`makespan.results`: ``{"ok": true, "value": ...}`` or
     ``{"ok": false, "error": {...}}``), None when there is none.
@@ -429,4 +432,7 @@ def job_detail(r: redis.Redis, keys: Keys, job_id: str) -> dict[str, Any] | None
             rec["spec"] = json.loads(rec["spec"])
         except ValueError:
             pass
+    # attempts as `makespan status` counts them (the hash's field holds the reclaimed ones only)
+    rec["reclaimed_attempts"] = rec.get("attempts") or "0"
+    rec["attempts"] = str(attempts_made(rec))
     return {"job": job_id, "record": rec, "phases": phases, "events": evs, "result": result}

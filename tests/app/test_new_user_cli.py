@@ -217,3 +217,26 @@ def test_an_unreachable_sentinel_set_fails_within_the_socket_timeout(prefix):
     with pytest.raises(makespan.RedisUnreachable, match="No master found"):
         makespan.connect(f"redis+sentinel://{hosts}/mymaster/0", key_prefix=prefix)
     assert time.monotonic() - started < Settings().redis_socket_timeout_s
+
+
+def test_gpu_worker_says_what_it_starts_and_warns_of_a_second_consumer(r, keys, redis_url, prefix, monkeypatch,
+                                                                         capsys):
+    """gpu-worker prints one line before Celery's banner (host, simulated GPUs, the workload
+    functions it loaded) and warns when another GPU worker already consumes the host's queue
+    (found by a new-user trial: a second worker with other --workloads started silently, and
+    a retry landing on it failed with UnknownWorkload)."""
+    from makespan.cli import _say_what_starts
+    from makespan.models import load_fleet
+
+    monkeypatch.setenv("MAKESPAN_REDIS_URL", redis_url)
+    monkeypatch.setenv("MAKESPAN_KEY_PREFIX", prefix)
+    host = load_fleet(FLEET_TOML).hosts[0]
+    _say_what_starts(host, "tests.workloads.fns", ["add", "boom"])
+    err = capsys.readouterr().err
+    assert f"gpu-worker {host.name}: {len(host.gpus)} GPUs" in err and "add, boom" in err
+    assert "warning" not in err
+    r.set(keys.host_live(host.name), "other-machine:4242:abcd", px=60_000)
+    _say_what_starts(host, "", [])
+    err = capsys.readouterr().err
+    assert "no workload functions" in err
+    assert f"warning: another GPU worker (other-machine:4242:abcd) already consumes host {host.name!r}" in err

@@ -139,6 +139,22 @@ def test_snapshot_lists_waiting_jobs_with_the_plans_eta(r, keys, settings, fleet
     assert job_detail(r, keys, "missing") is None
 
 
+def test_the_dashboard_counts_attempts_as_status_does(r, keys, settings, fleet):
+    """The queue table and the job page show the attempts ``makespan status`` shows (found by
+    a new-user trial: a preempted-then-completed job read attempts 1 in status and "0" on the
+    job page, which showed the hash's reclaimed count; a job waiting out a function retry read 0)."""
+    prod = Producer(r, keys, fleet, settings)
+    done = prod.submit({"endpoint": "chat", "service_s": 5}).id
+    # what the GPU worker's fenced commit leaves for a function job that completed on its first try
+    r.hset(keys.job(done), mapping={"state": "completed", "result_attempt": 1})
+    rec = job_detail(r, keys, done)["record"]
+    assert (rec["attempts"], rec["reclaimed_attempts"]) == (str(prod.status(done)["attempts"]), "0") == ("1", "0")
+    retried = prod.submit({"endpoint": "chat", "service_s": 5}).id
+    r.hset(keys.job(retried), "tries", 1)  # its first run failed, the function's retry waits queued
+    [row] = [q for q in snapshot(r, keys, now=time.time())["queue"] if q["job"] == retried]
+    assert row["attempts"] == prod.status(retried)["attempts"] == 1
+
+
 def test_agenda_overdue_is_judged_on_the_redis_clock_whatever_the_hosts(r, keys):
     """The agenda writes its entries' times on the Redis server's clock: ``overdue`` must
     compare them with that clock, not the dashboard host's (``now``), and the times shown

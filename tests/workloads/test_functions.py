@@ -193,6 +193,9 @@ def test_an_unknown_workload_name_is_rejected_and_nothing_is_written(live):
     with pytest.raises(makespan.ValidationError) as err:
         client.submit("no_such_workload", 1)
     assert "no live GPU worker registered this workload" in str(err.value) and "add" in str(err.value)
+    assert "did you mean" not in str(err.value)  # nothing live is close to it
+    with pytest.raises(makespan.ValidationError, match="did you mean 'add'"):  # a misspelt name gets the hint
+        client.submit("addd", 1, 2)
     with pytest.raises(makespan.ValidationError):
         client.submit("add", float("nan"), 1)  # not JSON
     with pytest.raises(makespan.ValidationError):
