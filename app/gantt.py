@@ -205,7 +205,10 @@ def summary_stats(events: list[dict[str, Any]], gpus: list[str] | None = None) -
     Returns a dict: ``jobs`` (counts by kind), ``completed_by_priority``,
     ``makespan_s``, ``weighted_completion_s``, ``wait_s`` ({priority: {p50, p95, n}}),
     ``phase_gpu_s`` ({phase: GPU-seconds}), ``phase_count``, ``transition_count``
-    ({sleep, wake, cold_start: phases that did that}), ``sleep_level_count``
+    ({sleep, wake, cold_start: phases that did that, set-point restores included}),
+    ``restore_cold_starts`` (of those cold starts, the ones of leases without a job: set-point
+    restores and prewarms, which the report JSON of a live run counts under
+    ``transitions.restore`` and ``transitions.prewarm``), ``sleep_level_count``
     ({level1, level2: instances put to sleep at that level, from the evict phases'
     ``slept_levels``}), ``busy_gpu_s``,
     ``transition_gpu_s``, ``idle_gpu_s``, ``utilization``, ``gpus``, ``incomplete``,
@@ -249,12 +252,14 @@ def summary_stats(events: list[dict[str, Any]], gpus: list[str] | None = None) -
     phase_gpu_s = {p: 0.0 for p in PHASES}
     phase_count = {p: 0 for p in PHASES}
     transition_count = {t: 0 for t in TRANSITIONS}
+    restore_cold_starts = 0
     for iv in ivs:
         if iv.phase in phase_gpu_s:
             phase_gpu_s[iv.phase] += (iv.end_s - iv.start_s) * max(1, len(iv.gpus))
             phase_count[iv.phase] += 1
         if iv.transition in transition_count:
             transition_count[iv.transition] += 1
+            restore_cold_starts += iv.job is None and iv.transition == "cold_start"  # a restore or prewarm lease
     sleep_level_count = {"level1": 0, "level2": 0}
     for ev in evs:
         if ev["kind"] == "phase_end" and ev.get("phase") == "evict":
@@ -278,6 +283,7 @@ def summary_stats(events: list[dict[str, Any]], gpus: list[str] | None = None) -
         "phase_gpu_s": phase_gpu_s,
         "phase_count": phase_count,
         "transition_count": transition_count,
+        "restore_cold_starts": restore_cold_starts,
         "sleep_level_count": sleep_level_count,
         "busy_gpu_s": busy,
         "transition_gpu_s": transition,
@@ -312,6 +318,7 @@ def summarize(events: list[dict[str, Any]], gpus: list[str] | None = None) -> st
         f"transition {s['transition_gpu_s']:.3f} GPU-s, idle {s['idle_gpu_s']:.3f} GPU-s",
         "phases: " + ", ".join(f"{p} {s['phase_count'][p]}x/{s['phase_gpu_s'][p]:.3f} GPU-s" for p in PHASES),
         "transitions: " + ", ".join(f"{t} {n}x" for t, n in s["transition_count"].items())
+        + (f" ({s['restore_cold_starts']} of the cold starts are restores or prewarms)" if s["restore_cold_starts"] else "")
         + "   sleeps by level: " + ", ".join(f"{k} {n}x" for k, n in s["sleep_level_count"].items()),
     ]
     if s["completed_by_priority"]:

@@ -2,7 +2,7 @@
 point 1): every attempt of a job and restore leases too, as ``transition_error`` and the
 summary of ``makespan report`` do."""
 
-from makespan.gantt import summary_stats
+from makespan.gantt import summarize, summary_stats
 from makespan.models import parse_fleet
 from makespan.run_report import live_report
 
@@ -77,3 +77,6 @@ def test_live_report_counts_every_attempt_and_restore_leases(r, keys):
     # the summary names a restore lease's load by what it did (a cold start); the report
     # counts it in ``restore``, as ``transition_error`` does
     assert summary["transition_count"]["cold_start"] == counts["cold_start"] + counts["restore"]
+    # and says how many of them are restores, so the two reports reconcile (a new user could not)
+    assert summary["restore_cold_starts"] == counts["restore"]
+    assert "(1 of the cold starts are restores or prewarms)" in summarize(events)
