@@ -100,3 +100,31 @@ def test_a_full_fleet_recounts_when_queued_jobs_leave(r, settings):
         assert len(sent) == 1
     finally:
         w.close()
+
+
+def test_a_job_the_tick_leased_is_no_cause_to_plan_again(r, settings):
+    """The tick that leased a job wrote the other jobs' reasons with it started: that job
+    leaving the queue heads forms no batch for the reasons a second later (a full fleet
+    plans again only when its queue heads changed otherwise)."""
+    import time
+
+    from makespan.workers.batch import REASON_REFRESH_S
+    from makespan.workers.tick.clock import ManualClock
+
+    s = dataclasses.replace(settings, lease_ttl_s=60.0, policy="portfolio", critical_lane=False)
+    clock = ManualClock(time.time())
+    sent = []
+    w = PlannerWorker(r, s, ONE, dispatch=lambda ctx, q: sent.append(ctx), clock=clock)
+    try:
+        prod = Producer(r, w.keys, ONE, s)
+        jobs = {prod.submit({"endpoint": "e", "service_s": 100 * n, "priority": "NORMAL"}).id for n in (1, 10)}
+        w.tick()
+        [waiting] = jobs - {c.job_id for c in sent}
+        assert len(sent) == 1 and r.hget(w.keys.job(waiting), "wait_reason") == "waiting_for_gpus"
+        written = r.get(w.keys.wait_reasons_at)
+        clock.advance(REASON_REFRESH_S)
+        time.sleep(0.002)  # the reason write's time is the server's, in ms
+        w.tick()
+        assert r.get(w.keys.wait_reasons_at) == written
+    finally:
+        w.close()
