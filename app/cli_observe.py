@@ -77,6 +77,7 @@ def dashboard(
     """Serve the live read-only dashboard: GPU lanes with the plan ahead, queue, endpoints, incidents."""
     from makespan.dashboard.app import DashboardConfig, serve
     from makespan.settings import Settings
+    from makespan.wait_reasons import stale_after_s
 
     try:
         s = Settings.from_env()
@@ -87,7 +88,7 @@ def dashboard(
             spec = load_fleet(fleet)
         cfg = DashboardConfig(redis_url=s.redis_url, key_prefix=s.key_prefix, window_s=window_min * 60.0,
                               refresh_s=refresh_s, basic_auth=basic_auth, url_prefix=url_prefix, fleet=spec,
-                              stale_after_s=max(s.lease_ttl_s / 2, 1.0))  # as `makespan why`
+                              stale_after_s=stale_after_s(s.lease_ttl_s))  # as `makespan why`
         from makespan.redis_conn import redacted
 
         serve(cfg, host, port, announce=lambda url: typer.echo(

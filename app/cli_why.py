@@ -51,7 +51,7 @@ def _context(r, keys) -> tuple[bool, float, float | None]:
 
 def _explain_rec(r, keys, settings, job_id: str, rec: dict[str, str], leads: bool, now_s: float,
                  written_at_s: float | None = None) -> dict[str, Any]:
-    from makespan.wait_reasons import reason_of
+    from makespan.wait_reasons import reason_of, stale_after_s
 
     out: dict[str, Any] = {"id": job_id, "state": rec.get("state"), "priority": rec.get("priority"),
                            "endpoint": rec.get("endpoint"), "reason": None, "detail": "", "eta": None,
@@ -62,9 +62,8 @@ def _explain_rec(r, keys, settings, job_id: str, rec: dict[str, str], leads: boo
         return out
     queue = keys.for_pool(rec.get("pool")).queue(rec.get("priority") or "NORMAL")  # its pool's queue
     pos = r.zrank(queue, job_id) if rec.get("state") == "queued" else None
-    stale = max(settings.lease_ttl_s / 2, 1.0)
     reason, detail, eta = reason_of(rec, planner_leads=leads, server_now_s=now_s, queue_position=pos,
-                                    stale_after_s=stale, written_at_s=written_at_s)
+                                    stale_after_s=stale_after_s(settings.lease_ttl_s), written_at_s=written_at_s)
     out.update(reason=reason, detail=detail, eta=eta, eta_in_s=None if eta is None else round(eta - now_s, 3))
     if rec.get("wait_at") and reason not in ("no_planner", "delayed_until", "retry_backoff"):
         out["as_of_s"] = round(now_s - float(rec["wait_at"]), 3)

@@ -197,6 +197,12 @@ class Producer:
         one's task waits for its GPU worker); ``phases_done``, the phases of this lease
         finished so far, in order.
 
+        A ``queued`` job has ``wait_reason``, ``wait_detail`` and ``wait_eta`` (unix s on the
+        Redis server's clock, or None) as ``makespan why`` answers them now
+        (:func:`makespan.wait_reasons.reason_of`: ``behind_batch`` for an entry the planner's
+        last reason write did not renew, ``no_planner`` while none leads), and ``wait_at``,
+        when the planner last wrote the job's entry.
+
         Raises:
             NotFoundError: no such job (or it was compacted away after its retention).
             StoreError: Redis failed.
@@ -209,6 +215,13 @@ class Producer:
             raise StoreError(f"status {job_id}: {e}") from e
         if not rec:
             raise NotFoundError(f"no job {job_id!r}")
+        if rec.get("state") == "queued":
+            try:
+                rec = self._queued_reason(job_id, rec)
+            except redis.RedisError as e:
+                raise StoreError(f"status {job_id}: {e}") from e
+            if not rec:
+                raise NotFoundError(f"no job {job_id!r}")
         rec.pop("spec", None)
         for k in _FLOAT_FIELDS:
             if k in rec:  # an empty field is a value not known (a queued job's wait_eta the plan did not give)
@@ -224,6 +237,31 @@ class Producer:
         if lease is not None:
             rec.update(lease)
         return dict(sorted(rec.items()))
+
+    def _queued_reason(self, job_id: str, rec: dict[str, str]) -> dict[str, str]:
+        """A queued job's record read again, in one MULTI with its planner's state (leader
+        lock, last reason write, the Redis server's clock, its queue position), with its
+        ``wait_reason``, ``wait_detail`` and ``wait_eta`` as :func:`makespan.wait_reasons.reason_of`
+        answers them (what ``makespan why`` shows): an entry the planner's last write did
+        not renew (the job was not read by that tick, or was queued again since) is
+        ``behind_batch``, one left while no planner leads is ``no_planner``, not the reason
+        and ETA of the tick that last read the job. Empty when the record is gone."""
+        from makespan.wait_reasons import reason_of, stale_after_s
+
+        keys = self.keys.for_pool(rec.get("pool") or None)
+        p = self.r.pipeline(transaction=True)
+        p.time()
+        p.exists(keys.planner_leader)
+        p.get(keys.wait_reasons_at)
+        p.hgetall(self.keys.job(job_id))
+        p.zrank(keys.queue(rec.get("priority") or "NORMAL"), job_id)
+        (sec, usec), leads, written, now, position = p.execute()
+        if now.get("state") != "queued":
+            return now
+        reason, detail, eta = reason_of(now, planner_leads=bool(leads), server_now_s=sec + usec / 1e6,
+                                        queue_position=position, stale_after_s=stale_after_s(self.settings.lease_ttl_s),
+                                        written_at_s=float(written) if written else None)
+        return {**now, "wait_reason": reason, "wait_detail": detail, "wait_eta": "" if eta is None else repr(eta)}
 
     def _record_with_lease(self, job_id: str) -> tuple[dict[str, str], dict[str, Any] | None]:
         """The job's record and, for a leased or running job, what its lease holds now

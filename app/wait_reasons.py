@@ -44,6 +44,13 @@ REASONS: dict[str, str] = {
 FIELDS = ("wait_reason", "wait_detail", "wait_eta", "wait_at")
 
 
+def stale_after_s(lease_ttl_s: float) -> float:
+    """How old (s) a planner's entry may be while no planner leads before it is not trusted
+    (:func:`reason_of`'s ``stale_after_s``): half the lease TTL, at least 1 s (a planner
+    that lost its lock is replaced within the lock's TTL, ``lease_ttl_s`` / 2)."""
+    return max(lease_ttl_s / 2, 1.0)
+
+
 def reason_of(rec: dict[str, Any], *, planner_leads: bool, server_now_s: float, queue_position: int | None,
               stale_after_s: float, written_at_s: float | None = None) -> tuple[str, str, float | None]:
     """(reason, detail, ETA unix s or None) of a queued or delayed job record ``rec``

@@ -53,9 +53,12 @@ class FormBatch:
     """Step: the tick's batch. Formed when a GPU is free at the snapshot, a CRITICAL/HIGH
     job heads its queue (it may preempt), a host is down, or, with every GPU held, a job
     heads a queue that no batch has read yet (a submit, or a victim of the critical lane's
-    preemption): that batch starts nothing, but its plan gives the job its wait reason and
-    ETA (at most once per :data:`REASON_REFRESH_S`, so a stream of submits into a full fleet
-    costs a plan a second, not one per wake-up), or a tick since the last batch followed
+    preemption) or a job the last batch read has left the queue heads (cancelled, or leased
+    by the critical lane): that batch starts nothing, but its plan gives the job its wait
+    reason and ETA, moves up the ETAs of the jobs that waited behind a job gone, and
+    rewrites the reason counts (cleared when nothing is queued any more); at most once per
+    :data:`REASON_REFRESH_S`, so a stream of submits into a full fleet costs a plan a second,
+    not one per wake-up; or a tick since the last batch followed
     the kept plan (:mod:`makespan.workers.follow`; it wrote no reasons; at most as often). Else the batch stays empty.
     Writes ``held_gpus``, ``batch_formed`` and ``formed``."""
 
@@ -72,7 +75,7 @@ class FormBatch:
         # a host is down: form the batch anyway, so its jobs' wait reasons say why they wait
         # (a tick that followed the kept plan wrote no reasons: refreshed the same way)
         ctx.batch_formed = (len(ctx.held_gpus) < len(ctx.env.gpus) or may_preempt or bool(snapshot.down_gpus)
-                            or (bool(queued - kept.heads_read) or kept.reasons_stale)
+                            or (queued != kept.heads_read or kept.reasons_stale)
                             and now - kept.heads_read_at >= REASON_REFRESH_S)
         if ctx.batch_formed:
             kept.heads_read, kept.heads_read_at, kept.reasons_stale = queued, now, False

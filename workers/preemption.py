@@ -230,7 +230,8 @@ def _preempt_by_rule(ctx: TickContext) -> set[str]:
     :func:`makespan.planner.preemption.choose_preemption` (shared with the simulator): no
     preemption for a job that could start on a free group anyway, for one whose
     earliest group frees within its endpoint's cold start (preempting would not start
-    it sooner), or whose groups hold no victim set."""
+    it sooner), or whose groups hold no victim set. A job this tick leased (the plan's
+    starts, ``ctx.dispatched``) is no victim: the holders are read after those leases."""
     env, state = ctx.env, ctx.fleet_state
     assert state is not None, "ReadFleet runs before Preempt"
     lease_of, info, executed, awaited = lease_holders(ctx)
@@ -243,8 +244,10 @@ def _preempt_by_rule(ctx: TickContext) -> set[str]:
             continue
         rec = info.get(lease_id) or {}
         prio = Priority.__members__.get(rec.get("priority", "LOW"), Priority.LOW)
+        # a job this tick leased (its phase chain is sent) is never a victim in the same tick
         holder[gpu] = Holder(lease_id, int(prio), rec.get("kind") == "job" and not executed.get(lease_id)
-                             and rec.get("job") not in awaited and bounded.get(lease_id, False))
+                             and rec.get("job") not in awaited and rec.get("job") not in ctx.dispatched
+                             and bounded.get(lease_id, False))
     started: set[str] = set()
     for job in sorted(ctx.waiting, key=lambda waiting: (waiting.priority, waiting.seq)):
         model = ctx.kept.endpoints[job.endpoint]

@@ -36,6 +36,9 @@ class WriteWaitReasons:
     name = "wait reasons"
 
     def run(self, ctx: TickContext) -> None:
+        # the jobs this tick leased left the queue heads it read, but the reasons written now
+        # already count them: their leaving is no cause to plan again (batch.FormBatch)
+        ctx.kept.heads_read = ctx.kept.heads_read - ctx.dispatched
         if ctx.batch:
             assert ctx.plan is not None, "PlanBatch runs before WriteWaitReasons"
             _write(ctx, ctx.batch, ctx.plan)

@@ -206,7 +206,8 @@ def _queue(r: redis.Redis, keys: Keys, plan: dict[str, Any] | None, now: float,
     p.zrange(keys.delayed, 0, QUEUE_LIMIT - 1, withscores=True)
     p.exists(keys.planner_leader)
     p.time()
-    *queued, delayed, leads, (sec, usec) = p.execute()
+    p.get(keys.wait_reasons_at)  # before the records (as `makespan why`: makespan.cli_why.explain)
+    *queued, delayed, leads, (sec, usec), written = p.execute()
     server_now = sec + usec / 1e6
     position = {j: i for q in queued for i, j in enumerate(q)}
     ids = [j for q in queued for j in q]
@@ -227,7 +228,8 @@ def _queue(r: redis.Redis, keys: Keys, plan: dict[str, Any] | None, now: float,
             rec["not_before"] = repr(due[j])
         try:
             code, detail, eta = reason_of(rec, planner_leads=bool(leads), server_now_s=server_now,
-                                          queue_position=position.get(j), stale_after_s=stale_after_s)
+                                          queue_position=position.get(j), stale_after_s=stale_after_s,
+                                          written_at_s=float(written) if written else None)
         except ValueError:  # started or finished between the two reads
             continue
         a = planned.get(j)

@@ -165,3 +165,45 @@ def test_live_min_runtime_protects_a_job_just_leased(r, settings, mode):
     prod.submit({"endpoint": "big", "service_s": 300, "priority": "HIGH"})
     w.tick()
     assert _preempted(r, w.keys) == [] and r.hget(w.keys.job(low), "state") == "leased"
+
+
+TWO_SMALL = parse_fleet({"name": "two", "hosts": [{"name": "h", "gpu_count": 2, "memory_mib": 81920}],
+                         "endpoints": {"small": {"model": "s", "memory_mib_per_gpu": 1000, "cold_start_s": 10},
+                                       "big": {"model": "b", "tensor_parallel": 2, "memory_mib_per_gpu": 1000,
+                                               "cold_start_s": 10}}})
+
+
+@pytest.mark.parametrize("mode", ["plan", "rule"])
+def test_live_job_started_this_tick_is_not_a_victim_of_the_same_tick(r, settings, mode):
+    """A LOW job holds GPU h-0 (for 5,000 s); a HIGH TP-2 job and a short NORMAL job come.
+    The plan starts the NORMAL job now on the free h-1; the HIGH job then waits for the whole
+    host. The rule's preemption read the leases after that start and cut the NORMAL job too
+    (its phase chain already sent, a preemption of its budget spent, in the tick that
+    started it): a job leased this tick is never a victim of it (docs/planner.md)."""
+    import dataclasses
+    import time
+    import uuid
+
+    from makespan.producer import Producer
+    from makespan.workers.leases import LeaseStore
+    from makespan.workers.planner_worker import PlannerWorker
+
+    s = dataclasses.replace(settings, lease_ttl_s=60.0, preemption=mode, policy="portfolio", critical_lane=False)
+    sent = []
+    w = PlannerWorker(r, s, TWO_SMALL, dispatch=lambda ctx, q: sent.append(ctx))  # the system clock, as leases
+    prod = Producer(r, w.keys, TWO_SMALL, s)
+    low = prod.submit({"endpoint": "small", "service_s": 5000, "priority": "LOW"}).id
+    assert LeaseStore(r, w.keys).acquire(uuid.uuid4().hex, ("GPU-h-0",), 60.0, job_id=low, kind="job", holder="h",
+                                         queue=w.keys.queue("LOW"),
+                                         info={"planned_end_s": repr(w.now_s() + 5000), "endpoint": "small",
+                                               "priority": "LOW"}) is not None
+    r.hset(w.keys.job(low), "leased_at", repr(time.time() - 1.0))  # ran 100 workload s
+    prod.submit({"endpoint": "big", "service_s": 300, "priority": "HIGH"})
+    normal = prod.submit({"endpoint": "small", "service_s": 50, "priority": "NORMAL"}).id
+    try:
+        w.tick()
+    finally:
+        w.close()
+    assert normal in [c.job_id for c in sent]
+    assert normal not in [e["job"] for e in _preempted(r, w.keys)]
+    assert r.hget(w.keys.job(normal), "state") == "leased" and r.hget(w.keys.job(normal), "preemptions") is None

@@ -58,3 +58,73 @@ def test_queued_jobs_by_reason_counted_and_cleared(r, settings):
         assert _scrape(r, w.keys) == {code: 0.0 for code in REASONS}
     finally:
         w.close()
+
+
+def test_a_full_fleet_recounts_when_queued_jobs_leave(r, settings):
+    """Every GPU held, two jobs waiting: cancelling one used to leave the counts (and the
+    other's ETA, planned behind it) as the last batch wrote them until a GPU freed, since no
+    new job headed a queue; cancelling both left ``waiting_for_gpus 2`` with nothing queued.
+    A job gone from the queue heads now forms a batch too (at most once per
+    REASON_REFRESH_S): the count drops, the ETA moves up, the counts clear."""
+    import time
+
+    from makespan.workers.batch import REASON_REFRESH_S
+    from makespan.workers.tick.clock import ManualClock
+
+    s = dataclasses.replace(settings, lease_ttl_s=60.0, policy="portfolio", critical_lane=False)
+    clock = ManualClock(time.time())
+    sent = []
+    w = PlannerWorker(r, s, ONE, dispatch=lambda ctx, q: sent.append(ctx), clock=clock)
+    try:
+        prod = Producer(r, w.keys, ONE, s)
+        prod.submit({"endpoint": "e", "service_s": 1000, "priority": "NORMAL"})
+        w.tick()
+        assert len(sent) == 1  # the GPU is held from now on
+        ahead = prod.submit({"endpoint": "e", "service_s": 100, "priority": "NORMAL"}).id
+        behind = prod.submit({"endpoint": "e", "service_s": 100, "priority": "LOW"}).id
+        clock.advance(REASON_REFRESH_S)
+        w.tick()
+        assert r.hgetall(w.keys.wait_reason_counts) == {"waiting_for_gpus": "2"}
+        eta_before = float(r.hget(w.keys.job(behind), "wait_eta"))
+        prod.cancel(ahead)
+        clock.advance(REASON_REFRESH_S)
+        w.tick()
+        assert r.hgetall(w.keys.wait_reason_counts) == {"waiting_for_gpus": "1"}
+        # no longer planned behind the cancelled job's 100 s (+ its start): 1 wall s at time_scale 0.01
+        assert float(r.hget(w.keys.job(behind), "wait_eta")) < eta_before - 0.5
+        prod.cancel(behind)
+        clock.advance(REASON_REFRESH_S)
+        w.tick()
+        assert r.exists(w.keys.wait_reason_counts) == 0
+        assert _scrape(r, w.keys) == {code: 0.0 for code in REASONS}
+        assert len(sent) == 1
+    finally:
+        w.close()
+
+
+def test_a_job_the_tick_leased_is_no_cause_to_plan_again(r, settings):
+    """The tick that leased a job wrote the other jobs' reasons with it started: that job
+    leaving the queue heads forms no batch for the reasons a second later (a full fleet
+    plans again only when its queue heads changed otherwise)."""
+    import time
+
+    from makespan.workers.batch import REASON_REFRESH_S
+    from makespan.workers.tick.clock import ManualClock
+
+    s = dataclasses.replace(settings, lease_ttl_s=60.0, policy="portfolio", critical_lane=False)
+    clock = ManualClock(time.time())
+    sent = []
+    w = PlannerWorker(r, s, ONE, dispatch=lambda ctx, q: sent.append(ctx), clock=clock)
+    try:
+        prod = Producer(r, w.keys, ONE, s)
+        jobs = {prod.submit({"endpoint": "e", "service_s": 100 * n, "priority": "NORMAL"}).id for n in (1, 10)}
+        w.tick()
+        [waiting] = jobs - {c.job_id for c in sent}
+        assert len(sent) == 1 and r.hget(w.keys.job(waiting), "wait_reason") == "waiting_for_gpus"
+        written = r.get(w.keys.wait_reasons_at)
+        clock.advance(REASON_REFRESH_S)
+        time.sleep(0.002)  # the reason write's time is the server's, in ms
+        w.tick()
+        assert r.get(w.keys.wait_reasons_at) == written
+    finally:
+        w.close()

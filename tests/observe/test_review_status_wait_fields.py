@@ -38,3 +38,42 @@ def test_a_leased_job_has_no_wait_reason(r, settings):
     st = prod.status(jid)
     assert st["state"] == "leased"
     assert "wait_reason" not in st and "wait_eta" not in st, st
+
+
+def test_status_of_a_job_the_planner_no_longer_reads_is_behind_the_batch(r, settings):
+    """A LOW job read by one tick (waiting_for_gpus, an ETA) is left unread once a NORMAL
+    job fills the batch of one: `makespan why` says behind_batch with no ETA, but
+    status()/`makespan status` still gave the old tick's reason and ETA (an ETA that
+    passes and stays; docs/concepts.md: status carries the same fields as why). The
+    dashboard's queue did the same (docs/dashboard.md: the same answer as why)."""
+    from makespan.cli_why import explain
+    from makespan.dashboard.state import snapshot
+    from makespan.workers.batch import REASON_REFRESH_S
+    from makespan.workers.tick.clock import ManualClock
+
+    s = dataclasses.replace(settings, lease_ttl_s=60.0, policy="portfolio", batch_size=1, critical_lane=False)
+    clock = ManualClock(time.time())
+    w = PlannerWorker(r, s, ONE, dispatch=lambda ctx, q: None, clock=clock)
+    try:
+        prod = Producer(r, w.keys, ONE, s)
+        r.set(w.keys.planner_leader, w.name)  # as a leading planner holds it (ticked by hand here)
+        holder = prod.submit({"endpoint": "e", "service_s": 1000, "priority": "NORMAL"}).id
+        assert LeaseStore(r, w.keys).acquire(uuid.uuid4().hex, ("GPU-h-0",), 60.0, job_id=holder, kind="job",
+                                             holder="h", queue=w.keys.queue("NORMAL"),
+                                             info={"planned_end_s": repr(w.now_s() + 1000), "endpoint": "e",
+                                                   "priority": "NORMAL"}) is not None
+        low = prod.submit({"endpoint": "e", "service_s": 100, "priority": "LOW"}).id
+        w.tick()
+        st = prod.status(low)
+        assert st["wait_reason"] == "waiting_for_gpus" and st["wait_eta"] is not None
+        prod.submit({"endpoint": "e", "service_s": 100, "priority": "NORMAL"})
+        clock.advance(REASON_REFRESH_S + 0.2)
+        w.tick()  # the batch of one holds the NORMAL job: the LOW queue is not read
+        why = explain(r, w.keys, s, low)
+        assert (why["reason"], why["eta"]) == ("behind_batch", None), why
+        st = prod.status(low)
+        assert (st["wait_reason"], st["wait_detail"], st["wait_eta"]) == (why["reason"], why["detail"], None), st
+        [row] = [row for row in snapshot(r, w.keys)["queue"] if row["job"] == low]  # the dashboard's queue too
+        assert row["reason_code"] == "behind_batch" and row["eta"] is None, row
+    finally:
+        w.close()

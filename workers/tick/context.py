@@ -134,7 +134,7 @@ class CrossTickState:
     last_traceparent: dict[str, str] = field(default_factory=dict)  # GPU -> last job's traceparent (starts)
     claims: JobClaims = field(default_factory=JobClaims)  # jobs Preempt or the critical lane decides for now
     starting_gpus: frozenset[str] = frozenset()  # GPUs the last plan starts a job on now (PlanBatch; critical lane)
-    heads_read: frozenset[str] = frozenset()  # queue heads at the last tick that formed a batch (batch)
+    heads_read: frozenset[str] = frozenset()  # queue heads at the last tick that formed a batch (batch), less the jobs it leased (wait_reasons)
     heads_read_at: float = float("-inf")  # clock.monotonic() of that tick (batch)
     followed: KeptPlan | None = None  # a full tick's plan the next ticks may follow (follow)
     reasons_stale: bool = False  # a tick followed the kept plan since the last batch was formed (follow; batch clears)
