@@ -343,8 +343,8 @@ class FleetSpec(BaseModel):
                                            f"unknown endpoint; known: {', '.join(sorted(self.endpoints))}")
                 if not _fits_some(self.endpoints[endpoint], [hosts[h] for h in pool.hosts]):
                     raise _FleetFieldError(f"pools.{pool.name}.endpoints", endpoint,
-                                           "no host of the pool has the endpoint's tensor_parallel GPUs with its "
-                                           "memory_mib_per_gpu")
+                                           "no host of the pool has an aligned group of the endpoint's "
+                                           "tensor_parallel GPUs with its memory_mib_per_gpu")
         missing = sorted(set(hosts) - set(owner))
         if missing:
             raise _FleetFieldError("pools", missing, "every host must be in exactly one pool when pools are "
@@ -433,13 +433,17 @@ class FleetSpec(BaseModel):
         return out
 
     def can_ever_fit(self, endpoint: str) -> tuple[bool, str]:
+        """Whether some aligned GPU group of ``endpoint`` (its tensor-parallel size, GPUs in
+        index order on one host: {0,1}, {2,3} ... for TP 2, as the planner groups them,
+        :meth:`makespan.planner.model.FleetState.groups`) has its ``memory_mib_per_gpu`` on
+        every GPU. Returns (True, "") or (False, the reason). ``endpoint`` must be an
+        endpoint of the fleet."""
         e = self.endpoints[endpoint]
-        for h in self.hosts:
-            fitting = [g for g in h.gpus if g.memory_mib >= e.memory_mib_per_gpu]
-            if len(fitting) >= e.tensor_parallel:
-                return True, ""
+        if _fits_some(e, list(self.hosts)):
+            return True, ""
         return False, (f"endpoint {endpoint!r} needs {e.tensor_parallel} GPUs with "
-                       f"{e.memory_mib_per_gpu} MiB each on one host; no host has them")
+                       f"{e.memory_mib_per_gpu} MiB each on one host, in an aligned group (GPUs in index "
+                       f"order, groups of {e.tensor_parallel} from the first); no host has them")
 
     def can_ever_fit_with(self, endpoint: str, helpers: Sequence[str]) -> tuple[bool, str]:
         """Whether some aligned GPU group of ``endpoint`` (its tensor-parallel size, GPUs
@@ -457,11 +461,8 @@ class FleetSpec(BaseModel):
         for h in helpers:
             for position in range(self.endpoints[h].tensor_parallel):
                 need[position] += self.endpoints[h].memory_mib_per_gpu
-        for host in self.hosts:
-            gpus = sorted(host.gpus, key=lambda g: g.index)
-            for start in range(0, len(gpus) - tp + 1, tp):
-                if all(g.memory_mib >= mib for g, mib in zip(gpus[start:start + tp], need)):
-                    return True, ""
+        if any(_aligned_fit(host, need) for host in self.hosts):
+            return True, ""
         parts = ", ".join(f"{h} {self.endpoints[h].memory_mib_per_gpu} MiB on its first "
                           f"{self.endpoints[h].tensor_parallel} GPU(s)" for h in helpers)
         largest = max((g.memory_mib for host in self.hosts for g in host.gpus), default=0)
@@ -469,11 +470,41 @@ class FleetSpec(BaseModel):
                        f"needs {', '.join(str(mib) for mib in need)} MiB on the GPUs of one aligned TP-{tp} group; "
                        f"no group of the fleet has that much (largest GPU: {largest} MiB)")
 
+    def placement_problem(self, endpoint: str, helpers: Sequence[str] = ()) -> tuple[str, Any, str] | None:
+        """Why a job of ``endpoint`` with ``helpers`` can never run on this fleet, as
+        ``(field, value, reason)`` (``job.endpoint`` or ``job.helpers``: an unknown name, or
+        no aligned group that holds them, :meth:`can_ever_fit` / :meth:`can_ever_fit_with`);
+        None when some group can hold it. The one rule of the submit's check
+        (:func:`parse_job`) and of the planner's for jobs queued before the fleet changed."""
+        known = ", ".join(sorted(self.endpoints))
+        if endpoint not in self.endpoints:
+            return "job.endpoint", endpoint, f"unknown endpoint; known: {known}"
+        ok, why = self.can_ever_fit(endpoint)
+        if not ok:
+            return "job.endpoint", endpoint, why
+        if not helpers:
+            return None
+        for name in helpers:
+            if name not in self.endpoints:
+                return "job.helpers", name, f"unknown endpoint; known: {known}"
+        ok, why = self.can_ever_fit_with(endpoint, helpers)
+        return None if ok else ("job.helpers", list(helpers), why)
+
+
+def _aligned_fit(host: HostSpec, need_mib: Sequence[int]) -> bool:
+    """Whether an aligned group of ``len(need_mib)`` GPUs of ``host`` (index order, groups
+    from the first GPU, as the planner forms them) has at least ``need_mib[i]`` MiB on its
+    ``i``-th GPU."""
+    tp = len(need_mib)
+    gpus = sorted(host.gpus, key=lambda g: g.index)
+    return any(all(g.memory_mib >= mib for g, mib in zip(gpus[start:start + tp], need_mib))
+               for start in range(0, len(gpus) - tp + 1, tp))
+
 
 def _fits_some(endpoint: EndpointSpec, hosts: list[HostSpec]) -> bool:
-    """Whether one of ``hosts`` has ``tensor_parallel`` GPUs with the endpoint's memory."""
-    return any(sum(g.memory_mib >= endpoint.memory_mib_per_gpu for g in h.gpus) >= endpoint.tensor_parallel
-               for h in hosts)
+    """Whether one of ``hosts`` has an aligned group of ``tensor_parallel`` GPUs with the
+    endpoint's memory (:func:`_aligned_fit`)."""
+    return any(_aligned_fit(h, [endpoint.memory_mib_per_gpu] * endpoint.tensor_parallel) for h in hosts)
 
 
 class _FleetFieldError(ValueError):
@@ -628,25 +659,16 @@ def parse_job(data: dict[str, Any] | JobSpec, fleet: FleetSpec, max_payload_byte
     """Validate a job against a fleet. Raises :class:`ValidationError` naming the field.
 
     Checks: unknown keys, unknown endpoint or priority, non-positive or non-finite
-    durations, payload size (JSON-encoded bytes), and that the endpoint's gang fits
-    some host of the fleet (tensor-parallel size and memory per GPU)."""
+    durations, payload size (JSON-encoded bytes), and that the endpoint's gang (with its
+    helpers) fits some aligned GPU group of the fleet, as the planner forms them
+    (:meth:`FleetSpec.placement_problem`)."""
     job = validate(JobSpec, data, "job")
-    if job.endpoint not in fleet.endpoints:
-        raise ValidationError("job.endpoint", job.endpoint,
-                              f"unknown endpoint; known: {', '.join(sorted(fleet.endpoints))}")
-    ok, why = fleet.can_ever_fit(job.endpoint)
-    if not ok:
-        raise ValidationError("job.endpoint", job.endpoint, why)
-    if job.helpers:
-        for name in job.helpers:
-            if name not in fleet.endpoints:
-                raise ValidationError("job.helpers", name, f"unknown endpoint; known: {', '.join(sorted(fleet.endpoints))}")
-        if job.endpoint in job.helpers or len(set(job.helpers)) != len(job.helpers):
-            raise ValidationError("job.helpers", list(job.helpers), "must not repeat a name nor name the main endpoint "
-                                                                    f"{job.endpoint!r}")
-        ok, why = fleet.can_ever_fit_with(job.endpoint, job.helpers)
-        if not ok:
-            raise ValidationError("job.helpers", list(job.helpers), why)
+    if job.helpers and (job.endpoint in job.helpers or len(set(job.helpers)) != len(job.helpers)):
+        raise ValidationError("job.helpers", list(job.helpers), "must not repeat a name nor name the main endpoint "
+                                                                f"{job.endpoint!r}")
+    problem = fleet.placement_problem(job.endpoint, job.helpers)
+    if problem is not None:
+        raise ValidationError(*problem)
     if job.service_s is None and job.workload is None:
         raise ValidationError("job.service_s", None, "required (a positive number of seconds) unless the job "
                                                      "names a workload function, whose service time is learned")

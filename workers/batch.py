@@ -10,8 +10,11 @@ were not read with the tick's snapshot, it first runs one workload pass
 (:func:`makespan.workloads.advance_workloads`). On the way it drops queue entries whose job
 is no longer queued (``drop_stale.lua``) and cancels queued jobs whose dependency failed,
 was cancelled or is gone, unless a failed workload step will be retried
-(``cancel_dependant.lua``); both scripts are fenced by the planner token, so a deposed
-planner changes nothing. It also notes each taken job's traceparent and
+(``cancel_dependant.lua``), and queued jobs that can never run on the fleet this planner
+runs (:meth:`makespan.models.FleetSpec.placement_problem`: the fleet file changed after
+their submit, and their endpoint or a helper is gone, or no aligned GPU group holds them
+any more), with that reason (the same script); both scripts are fenced by the planner
+token, so a deposed planner changes nothing. It also notes each taken job's traceparent and
 submission time (unix s) in ``FormedBatch.meta``.
 
 Priority through dependencies (docs/planner.md "Guarantees"): a job that a
@@ -36,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from collections.abc import Mapping, Sequence
 
 from makespan.models import Priority
@@ -43,6 +47,8 @@ from makespan.planner.model import PlanJob
 from makespan.store import JobStore
 from makespan.workers.tick.clock import release_s
 from makespan.workers.tick.context import FormedBatch, TickContext, TickEnv
+
+log = logging.getLogger("makespan.planner")
 
 SCAN_FACTOR = 4  # queue entries read per level per tick: at most SCAN_FACTOR × batch_size
 MAX_DEP_DEPTH = 8  # levels of depends_on followed down from an unready step to pull its dependencies in
@@ -108,6 +114,7 @@ class _BatchScan:
         self.r, self.keys, self.settings = env.r, env.keys, env.settings
         self.out = FormedBatch()
         self.removed = 0  # queue entries removed (stale, cancelled) while the current chunk was read
+        self.problems: dict[tuple[str, str | None], str | None] = {}  # (endpoint, helpers JSON) -> why it never runs
 
     def form(self, heads: Mapping[Priority, Sequence[str]] | None) -> FormedBatch:
         jobs = self.out.jobs
@@ -172,6 +179,8 @@ class _BatchScan:
                     continue
                 if (pool or None) != self.keys.pool:  # another pool's job: its own planner plans it (and
                     continue                          # it inherits the dependant's level there, P:awaited)
+                if not self.runnable(job_id, priority_name, endpoint, helpers):
+                    continue
                 deps_of = tuple(json.loads(deps_json)) if deps_json else ()
                 if deps_of and not all(self.r.hget(self.keys.job(dep), "state") == "completed" for dep in deps_of):
                     self.out.awaited.update(deps_of)
@@ -214,6 +223,8 @@ class _BatchScan:
             if endpoint is None or state != "queued":
                 self.removed += drop_stale(self.env, self.token, self.keys.queue(level), job_id)  # cancelled or lost
                 continue
+            if not self.runnable(job_id, level.name, endpoint, helpers):
+                continue
             deps_of = tuple(json.loads(deps_json)) if deps_json else ()
             if room <= 0:  # not in the batch (what it waits on is in the index)
                 self.out.left_out[job_id] = (level, offset + position)
@@ -230,6 +241,35 @@ class _BatchScan:
                 self.out.requeued.add(job_id)
             room -= 1
         return room
+
+    def runnable(self, job_id: str, priority_name: str, endpoint: str, helpers: str | None) -> bool:
+        """Whether the queued job of ``endpoint`` (``helpers``: its record's JSON list) can
+        ever run on the fleet this planner runs. One that cannot (the fleet file changed
+        after its submit: :meth:`makespan.models.FleetSpec.placement_problem`) is cancelled
+        with the reason, as a submit of it now would be refused; the plan never sees it (it
+        would fail on an endpoint it does not know, or a job no group holds)."""
+        shape = (endpoint, helpers)
+        if shape not in self.problems:
+            try:
+                names = tuple(json.loads(helpers)) if helpers else ()
+            except ValueError:
+                names = ()
+            problem = self.env.fleet.placement_problem(endpoint, names)
+            self.problems[shape] = None if problem is None else (
+                f"cannot run on the fleet the planner runs now ({self.env.fleet.name!r}, changed after the job was "
+                f"submitted): {problem[0]} {problem[1]!r}: {problem[2]}")[:2000]
+        reason = self.problems[shape]
+        if reason is None:
+            return True
+        now = self.env.clock.now()
+        event = json.dumps({"ts": now, "kind": "cancelled", "job": job_id, "priority": priority_name,
+                            "reason": reason})
+        removed = JobStore(self.r, self.keys).cancel_dependant(job_id, self.keys.queue(priority_name), self.token,
+                                                               now, reason, event)
+        if removed:
+            log.error("job %s cancelled: %s", job_id, reason)
+        self.removed += removed
+        return False
 
     def deps_ready(self, job_id: str, deps: tuple[str, ...]) -> bool:
         states = [self.r.hget(self.keys.job(dep), "state") for dep in deps]

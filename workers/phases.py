@@ -689,25 +689,36 @@ class PhaseRunner:
         """Start each helper endpoint on the first GPUs of the lease (its own tensor-parallel
         size), beside the main instance, under one POSITIVE agenda entry; the instance ids
         go into the lease's phase hash so the clear phase stops exactly these. A helper
-        already running there (a replayed phase) is kept."""
+        already running there (a replayed phase) is kept. When a helper cannot start (its
+        start fails, the job's cancel cuts it short, the lease is lost), the helpers this
+        call started or kept are stopped before the error goes on: the job ends without a
+        clear phase, and nothing else stops a helper that no resident marker names."""
         started: list[str] = []
         planned = sum(self.fleet.endpoints[h].cold_start_s for h in helpers)  # one after the other, as planned
-        with self._transition("start_helpers", ctx, list(helpers), planned):
-            self._stop_unfitting_sleepers(ctx, ctx.endpoint, extra, helpers)  # as the plan: beside main + helpers
-            for name in helpers:
-                spec = self.fleet.endpoints[name]
-                gpus = list(ctx.gpus[:spec.tensor_parallel])
-                running = [i for i in self._instances_on(gpus) if i.endpoint == name and sorted(i.gpus) == sorted(gpus)]
-                if running:
-                    started.append(running[0].id)
-                    continue
-                inst = self._start_instance(spec, gpus, ctx, hb)
-                register_instance(self.r, self.keys, inst)
-                started.append(inst.id)
-                if hb.lost.is_set():
-                    raise StaleFencingToken("lease lost while a helper endpoint started")
-        if not self.leases.fenced(ctx.lease, [("HSET", self.keys.phase(ctx.lease_id), "helpers", json.dumps(started))]):
-            raise StaleFencingToken("lease lost before the helpers were recorded")
+        try:
+            with self._transition("start_helpers", ctx, list(helpers), planned):
+                self._stop_unfitting_sleepers(ctx, ctx.endpoint, extra, helpers)  # as the plan: beside main + helpers
+                for name in helpers:
+                    spec = self.fleet.endpoints[name]
+                    gpus = list(ctx.gpus[:spec.tensor_parallel])
+                    running = [i for i in self._instances_on(gpus)
+                               if i.endpoint == name and sorted(i.gpus) == sorted(gpus)]
+                    if running:
+                        started.append(running[0].id)
+                        continue
+                    inst = self._start_instance(spec, gpus, ctx, hb)
+                    register_instance(self.r, self.keys, inst)
+                    started.append(inst.id)
+                    if hb.lost.is_set():
+                        raise StaleFencingToken("lease lost while a helper endpoint started")
+            if not self.leases.fenced(ctx.lease, [("HSET", self.keys.phase(ctx.lease_id), "helpers",
+                                                   json.dumps(started))]):
+                raise StaleFencingToken("lease lost before the helpers were recorded")
+        except (PhaseError, PhaseCancelled, StaleFencingToken):
+            ids = set(started)
+            for inst in [i for i in self._instances_on(list(ctx.gpus)) if i.id in ids]:
+                self._stop_instance(inst)
+            raise
         extra["helpers"] = list(helpers)
         return planned
 

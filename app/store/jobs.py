@@ -215,8 +215,9 @@ class JobStore:
 
     def cancel_dependant(self, job_id: str, queue_key: str, planner_token: str, now_s: float, reason: str,
                          event_json: str) -> int:
-        """Cancel a queued job whose dependency failed (only while the planner leads):
-        1 when cancelled, else 0."""
+        """Cancel a queued job the planner will never run (its dependency failed, or the
+        fleet the planner runs now cannot hold it), with ``reason``, only while the planner
+        leads: 1 when cancelled, else 0."""
         return int(self._run("cancel_dependant", [queue_key, self.keys.job(job_id), self.keys.planner_fence,
                                                   self.keys.events],
                              [job_id, planner_token, repr(now_s), reason, event_json, self.keys.script_prefix]) or 0)

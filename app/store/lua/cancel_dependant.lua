@@ -1,4 +1,5 @@
--- cancel_dependant.lua: cancel a queued job whose dependency failed (it leaves the
+-- cancel_dependant.lua: cancel a queued job the planner will never run: its dependency
+-- failed, or the fleet the planner runs now cannot hold it (it leaves the
 -- reverse-dependency index), only while the planner still leads.
 -- Library: lib
 -- Transitions: queued -> cancelled
