@@ -20,6 +20,7 @@ DEFAULT_FAST_LANE = "CRITICAL,HIGH:1.25"
 DEFAULT_FAST_LANE_START = "CRITICAL:30,HIGH:30/x1.4"
 IMPROVER_EXECUTORS = ("process", "thread")  # Settings.improver_executor; the first is the default
 IMPROVER_NICE_MAX = 19  # the most niceness a process can add on Linux
+COUNT_MAX = 10**9  # the largest count setting (batch size, attempts, retention, events) taken from the environment
 
 
 def _env_int(name: str, default: int, lo: int, hi: int) -> int:
@@ -379,12 +380,12 @@ class Settings:
             redis_url=env.get("MAKESPAN_REDIS_URL") or DEFAULT_REDIS_URL,
             key_prefix=env.get("MAKESPAN_KEY_PREFIX") or "makespan",
             time_scale=_env_float("MAKESPAN_TIME_SCALE", 1.0),
-            batch_size=int(_env_float("MAKESPAN_BATCH_SIZE", 256)),
+            batch_size=_env_int("MAKESPAN_BATCH_SIZE", 256, 1, COUNT_MAX),
             batch_wait_s=_env_float("MAKESPAN_BATCH_WAIT_S", 0.05),
             plan_follow_s=_env_float("MAKESPAN_PLAN_FOLLOW_S", 1.0, allow_zero=True),
             lease_ttl_s=_env_float("MAKESPAN_LEASE_TTL_S", 10.0),
             heartbeat_s=_env_float("MAKESPAN_HEARTBEAT_S", 2.0),
-            max_attempts=int(_env_float("MAKESPAN_MAX_ATTEMPTS", 3)),
+            max_attempts=_env_int("MAKESPAN_MAX_ATTEMPTS", 3, 1, COUNT_MAX),
             retry_backoff_s=_env_nonneg("MAKESPAN_RETRY_BACKOFF_S", 0.0),
             retry_backoff_max_s=_env_float("MAKESPAN_RETRY_BACKOFF_MAX_S", 300.0),
             broker_visibility_timeout_s=_env_float("MAKESPAN_BROKER_VISIBILITY_TIMEOUT_S", 6 * 3600.0),
@@ -395,11 +396,11 @@ class Settings:
             improver_nice=_env_int("MAKESPAN_IMPROVER_NICE", 5, 0, IMPROVER_NICE_MAX),
             planner_tick_s=_env_float("MAKESPAN_PLANNER_TICK_S", 0.1),
             pool_offer_ttl_s=_env_float("MAKESPAN_POOL_OFFER_TTL_S", 5.0),
-            retention_jobs=int(_env_float("MAKESPAN_RETENTION_JOBS", 10_000)),
+            retention_jobs=_env_int("MAKESPAN_RETENTION_JOBS", 10_000, 1, COUNT_MAX),
             retention_age_s=_env_float("MAKESPAN_RETENTION_AGE_S", 3600.0),
             retention_sweep_s=_env_float("MAKESPAN_RETENTION_SWEEP_S", 0.5),
-            retention_batch=int(_env_float("MAKESPAN_RETENTION_BATCH", 2_000)),
-            events_max_len=int(_env_float("MAKESPAN_EVENTS_MAX_LEN", 50_000)),
+            retention_batch=_env_int("MAKESPAN_RETENTION_BATCH", 2_000, 1, COUNT_MAX),
+            events_max_len=_env_int("MAKESPAN_EVENTS_MAX_LEN", 50_000, 1, COUNT_MAX),
             set_point_weight=_env_nonneg("MAKESPAN_SET_POINT_WEIGHT", 0.0),
             workload_modules=env.get("MAKESPAN_WORKLOADS", ""),
             result_max_bytes=_env_int("MAKESPAN_RESULT_MAX_BYTES", 1024 * 1024, 1, 512 * 1024 * 1024),

@@ -132,3 +132,34 @@ def test_planner_worker_with_an_unknown_policy_fails_when_built(r, settings):
 
     with pytest.raises(PlannerError, match=", ".join(POLICY_REGISTRY.names())):
         PlannerWorker(r, dataclasses.replace(settings, policy="bogus"), ONE_GPU, dispatch=lambda *a: None)
+
+
+COUNTS = ["MAKESPAN_BATCH_SIZE", "MAKESPAN_MAX_ATTEMPTS", "MAKESPAN_RETENTION_JOBS", "MAKESPAN_RETENTION_BATCH",
+          "MAKESPAN_EVENTS_MAX_LEN"]
+
+
+@pytest.mark.parametrize("name", COUNTS)
+@pytest.mark.parametrize("raw", ["0.5", "2.7"])
+def test_counts_refuse_a_fraction_instead_of_truncating_it(monkeypatch, name, raw):
+    """The counts were read as numbers and truncated: MAKESPAN_BATCH_SIZE=0.5 gave a batch
+    of 0 jobs (the planner never started one, and read the whole queue each tick) and
+    MAKESPAN_MAX_ATTEMPTS=0.5 failed every job on its first reclaim, both silently."""
+    monkeypatch.setenv(name, raw)
+    with pytest.raises(ValidationError) as ei:
+        Settings.from_env()
+    assert ei.value.field == name
+    assert "whole number" in ei.value.reason
+
+
+@pytest.mark.parametrize("name", COUNTS)
+def test_counts_take_whole_numbers(monkeypatch, name):
+    monkeypatch.setenv(name, "7")
+    s = Settings.from_env()
+    field = {"MAKESPAN_BATCH_SIZE": "batch_size", "MAKESPAN_MAX_ATTEMPTS": "max_attempts",
+             "MAKESPAN_RETENTION_JOBS": "retention_jobs", "MAKESPAN_RETENTION_BATCH": "retention_batch",
+             "MAKESPAN_EVENTS_MAX_LEN": "events_max_len"}[name]
+    assert getattr(s, field) == 7
+    assert s.to_env()[name] == "7"
+    monkeypatch.setenv(name, "0")
+    with pytest.raises(ValidationError):
+        Settings.from_env()
