@@ -64,6 +64,65 @@ def check_policy(name: str, field_name: str = "MAKESPAN_POLICY") -> str:
         raise ValidationError(field_name, name, f"unknown policy; known: {', '.join(POLICY_REGISTRY.names())}")
     return name
 
+REDIS_URL_SCHEMES = ("redis", "rediss", "unix", "redis+sentinel")
+SENTINEL_DEFAULT_PORT = 26379
+
+
+def check_redis_url(url: str, field_name: str = "MAKESPAN_REDIS_URL") -> str:
+    """``url`` when it is a Redis URL makespan's clients and the Celery broker both read
+    alike: ``redis://`` / ``rediss://`` ``[user:password@]host[:port][/db]``, ``unix:///path``
+    or ``redis+sentinel://[:password@]host[:port][,host[:port]...]/service_name[/db]``
+    (ports 1..65535, a Sentinel's default 26379; ``db`` a whole number). redis-py alone
+    quietly took a database that is not a number as 0, where kombu refused it.
+
+    Raises:
+        ValidationError: another scheme, a port or database that is not a number, a
+            Sentinel URL without hosts or service name, or with more path than
+            ``/service_name/db`` (the password is not shown)."""
+    from urllib.parse import urlparse
+
+    u = urlparse(url)
+    shown = redacted_url(url)
+    if u.scheme not in REDIS_URL_SCHEMES:
+        raise ValidationError(field_name, shown, "scheme must be redis://, rediss://, unix:// or redis+sentinel://")
+    path = [p for p in u.path.split("/") if p]
+    if u.scheme == "unix":
+        if not u.path:
+            raise ValidationError(field_name, shown, "a unix:// URL needs the socket's path (unix:///path/redis.sock)")
+        return url
+    if u.scheme in ("redis", "rediss"):
+        try:
+            u.port  # noqa: B018 - urlparse checks the port only when asked
+        except ValueError as e:
+            raise ValidationError(field_name, shown, "the port must be a whole number 1..65535") from e
+        if len(path) > 1 or (path and not path[0].isdigit()):
+            raise ValidationError(field_name, shown, "the path must be the database number (/0)")
+        return url
+    hosts = u.netloc.split("@")[-1].split(",")
+    for part in hosts:
+        host, _, port = part.partition(":")
+        if not host.strip():
+            raise ValidationError(field_name, shown, "every Sentinel needs a host (host[:port], comma-separated)")
+        if port and not (port.isdigit() and 0 < int(port) < 65536):
+            raise ValidationError(field_name, shown, f"Sentinel port {port!r} must be a whole number 1..65535")
+    if not path:
+        raise ValidationError(field_name, shown, "a Sentinel URL needs /service_name[/db]")
+    if len(path) > 2 or (len(path) == 2 and not path[1].isdigit()):
+        raise ValidationError(field_name, shown, "a Sentinel URL's path is /service_name[/db], db a whole number")
+    return url
+
+
+def redacted_url(url: str) -> str:
+    """``url`` with any password replaced by ``***`` (for errors, logs and spans)."""
+    from urllib.parse import urlparse
+
+    try:
+        password = urlparse(url).password
+    except ValueError:  # a netloc urlparse cannot split: nothing to hide that it could find
+        return url
+    return url.replace(f":{password}@", ":***@") if password else url
+
+
 # Bounds on every Redis connection (redis-py clients and kombu's broker), in seconds.
 DEFAULT_REDIS_SOCKET_TIMEOUT_S = 5.0
 DEFAULT_REDIS_CONNECT_TIMEOUT_S = 5.0
@@ -377,7 +436,7 @@ class Settings:
                 (the message lists the known names)."""
         env = os.environ
         s = cls(
-            redis_url=env.get("MAKESPAN_REDIS_URL") or DEFAULT_REDIS_URL,
+            redis_url=check_redis_url(env.get("MAKESPAN_REDIS_URL") or DEFAULT_REDIS_URL),
             key_prefix=env.get("MAKESPAN_KEY_PREFIX") or "makespan",
             time_scale=_env_float("MAKESPAN_TIME_SCALE", 1.0),
             batch_size=_env_int("MAKESPAN_BATCH_SIZE", 256, 1, COUNT_MAX),

@@ -163,3 +163,59 @@ def test_counts_take_whole_numbers(monkeypatch, name):
     monkeypatch.setenv(name, "0")
     with pytest.raises(ValidationError):
         Settings.from_env()
+
+
+BAD_URLS = ["redis://127.0.0.1:6379/abc",  # redis-py quietly used db 0, kombu refused it: every dispatch failed
+            "redis://127.0.0.1:63x9/0",
+            "redis+sentinel://127.0.0.1:abc/mymaster/0",  # a ValueError traceback
+            "redis+sentinel://127.0.0.1:26379/mymaster/x",
+            "redis+sentinel://127.0.0.1:26379",  # no service name
+            "redis+sentinel://127.0.0.1:26379/mymaster/0/extra",
+            "redis+sentinel://127.0.0.1:26379,/mymaster",
+            "http://127.0.0.1:6379/0"]
+
+
+@pytest.mark.parametrize("url", BAD_URLS)
+def test_a_malformed_redis_url_is_refused_naming_the_variable(monkeypatch, url):
+    monkeypatch.setenv("MAKESPAN_REDIS_URL", url)
+    with pytest.raises(ValidationError) as ei:
+        Settings.from_env()
+    assert ei.value.field == "MAKESPAN_REDIS_URL"
+    from makespan.redis_conn import connect
+
+    with pytest.raises(ValidationError):
+        connect(url)
+
+
+@pytest.mark.parametrize("url", ["redis://127.0.0.1:6379/0", "redis://:secret@127.0.0.1:6379/3", "redis://localhost",
+                                 "rediss://u:p@h.example:6380/0?ssl_cert_reqs=required", "unix:///tmp/redis.sock?db=2",
+                                 "redis+sentinel://s1:26379,s2:26379,s3/mymaster/0", "redis+sentinel://:pw@s1/mymaster"])
+def test_well_formed_redis_urls_are_taken(monkeypatch, url):
+    monkeypatch.setenv("MAKESPAN_REDIS_URL", url)
+    assert Settings.from_env().redis_url == url
+
+
+@pytest.mark.parametrize("url", ["redis+sentinel://127.0.0.1:abc/mymaster/0", "redis://127.0.0.1:6379/abc"])
+@pytest.mark.parametrize("command", ["planner", "gpu-worker"])
+def test_processes_with_a_malformed_redis_url_fail_in_one_line(tmp_path, r, prefix, url, command):
+    """``makespan planner`` and ``makespan gpu-worker`` exit 2 with one line naming
+    MAKESPAN_REDIS_URL: the planner printed a ValueError traceback for a bad Sentinel port,
+    and with a database that is not a number led on db 0 while every dispatch of its
+    leases failed in kombu."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    args = [sys.executable, "-m", "makespan.cli", command, "--fleet", str(root / "examples" / "render-pipeline.toml")]
+    if command == "gpu-worker":
+        args += ["--host", "host-a"]
+    env = {**os.environ, "MAKESPAN_REDIS_URL": url, "MAKESPAN_KEY_PREFIX": prefix}  # `r` deletes its keys
+    try:
+        out = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30)
+    except subprocess.TimeoutExpired as e:  # the planner before: it led on db 0, failing each dispatch
+        pytest.fail(f"{command} with {url} kept running: {e.stderr!r}"[-2000:])
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    assert "MAKESPAN_REDIS_URL" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
