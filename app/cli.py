@@ -40,9 +40,22 @@ def _settings(**kw):
 
 
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def _log_level(default: str) -> str:
+    """``MAKESPAN_LOG_LEVEL`` in upper case (any case is taken; unset or empty: ``default``),
+    one of :data:`LOG_LEVELS`: Python's logging takes only upper case, Celery's
+    ``--loglevel`` either. Another value fails the command in one line (exit 2)."""
+    raw = os.environ.get("MAKESPAN_LOG_LEVEL", "").strip()
+    level = raw.upper() or default
+    if level not in LOG_LEVELS:
+        _fail(ValidationError("MAKESPAN_LOG_LEVEL", raw, f"must be one of {', '.join(LOG_LEVELS)}"))
+    return level
+
+
 def _logging(level: str = "INFO") -> None:
-    logging.basicConfig(level=os.environ.get("MAKESPAN_LOG_LEVEL", level),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=_log_level(level), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per HTTP request (health checks, requests)
 
 
@@ -124,6 +137,8 @@ def gpu_worker(fleet: Path = FleetOpt, host: str = typer.Option(..., help="host 
     """Run the Celery GPU worker of one host (consumes queue gpu.HOST)."""
     from makespan.models import load_fleet
 
+    loglevel = _log_level("WARNING")
+
     try:
         f = load_fleet(fleet)
     except MakespanError as e:
@@ -149,7 +164,7 @@ def gpu_worker(fleet: Path = FleetOpt, host: str = typer.Option(..., help="host 
 
     n = concurrency or len(hosts[host].gpus)
     code = _celery_worker(celery, ["worker", "-Q", f"gpu.{host}", "-n", f"gpu-{host}@%h", "-P", pool, "-c", str(n),
-                                   "--loglevel", os.environ.get("MAKESPAN_LOG_LEVEL", "WARNING"), "-E",
+                                   "--loglevel", loglevel, "-E",
                                    "--without-gossip", "--without-mingle"])
     if code:
         raise typer.Exit(code)

@@ -219,3 +219,35 @@ def test_processes_with_a_malformed_redis_url_fail_in_one_line(tmp_path, r, pref
     assert out.returncode == 2, (out.stdout, out.stderr)
     assert "MAKESPAN_REDIS_URL" in out.stderr, out.stderr
     assert "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("level,ok", [("verbose", False), ("debug", True)])
+@pytest.mark.parametrize("command", ["planner", "gpu-worker"])
+def test_a_bad_log_level_fails_in_one_line_and_any_case_is_taken(tmp_path, prefix, level, ok, command):
+    """MAKESPAN_LOG_LEVEL=verbose crashed the planner (logging's ValueError) and the GPU
+    worker (Celery's BadParameter) with a traceback; ``debug`` in lower case crashed the
+    planner only (logging wants upper case, Celery takes either). Now a bad level fails in
+    one line naming the variable, exit 2, and any case is taken by both. Checked with a
+    Redis URL nobody listens on: a process that got past its level fails to connect."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    args = [sys.executable, "-m", "makespan.cli", command, "--fleet", str(root / "examples" / "render-pipeline.toml")]
+    if command == "gpu-worker":
+        args += ["--host", "host-a"]
+    env = {**os.environ, "MAKESPAN_LOG_LEVEL": level, "MAKESPAN_KEY_PREFIX": prefix,
+           "MAKESPAN_REDIS_URL": "redis://127.0.0.1:1/0", "MAKESPAN_REDIS_CONNECT_TIMEOUT_S": "0.2"}
+    try:
+        out = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=10)
+        stderr = out.stderr
+    except subprocess.TimeoutExpired as e:  # still trying to reach Redis: it got past its log level
+        out, stderr = None, (e.stderr or b"").decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+    assert "BadParameter" not in stderr and "Unknown level" not in stderr, stderr[-2000:]
+    if ok:
+        assert "MAKESPAN_LOG_LEVEL" not in stderr, stderr[-2000:]
+    else:
+        assert out is not None and out.returncode == 2, stderr[-2000:]
+        assert "MAKESPAN_LOG_LEVEL" in stderr and "Traceback" not in stderr, stderr[-2000:]
