@@ -209,7 +209,8 @@ class Settings:
             preemptions or dependencies, and only while every queued job that plan did not
             read is alike the jobs it starts and queued behind them); 0: every tick re-plans. Default 1.
         lease_ttl_s: a lease not renewed within this many seconds expires and is reclaimed.
-        heartbeat_s: how often a lease holder renews its lease.
+        heartbeat_s: how often a lease holder renews its lease; :meth:`from_env` refuses more
+            than half ``lease_ttl_s`` (one failed renewal would lose the lease).
         max_attempts: a job whose lease is reclaimed this many times is failed.
         retry_backoff_s: a job whose lease is reclaimed (fewer than ``max_attempts``
             times) waits ``retry_backoff_s × 2^(attempts−1)`` seconds, at most
@@ -432,8 +433,8 @@ class Settings:
 
         Raises:
             ValidationError: a variable or override out of its range, an unknown
-                override name, or a policy not in :data:`makespan.planner.policies.POLICY_REGISTRY`
-                (the message lists the known names)."""
+                override name, a policy not in :data:`makespan.planner.policies.POLICY_REGISTRY`
+                (the message lists the known names), or a heartbeat above half the lease TTL."""
         env = os.environ
         s = cls(
             redis_url=check_redis_url(env.get("MAKESPAN_REDIS_URL") or DEFAULT_REDIS_URL),
@@ -483,7 +484,13 @@ class Settings:
             raise ValidationError("settings", sorted(bad), "unknown setting")
         if "policy" in overrides:
             check_policy(overrides["policy"], "policy")
-        return replace(s, **overrides)
+        s = replace(s, **overrides)
+        if s.heartbeat_s > s.lease_ttl_s / 2:
+            raise ValidationError("MAKESPAN_HEARTBEAT_S", s.heartbeat_s,
+                                  f"must be at most half MAKESPAN_LEASE_TTL_S ({s.lease_ttl_s:g} s): a lease renewed "
+                                  "less often is lost to one failed renewal (a Redis blip; at or above the TTL, "
+                                  "every lease expires between renewals)")
+        return s
 
     def slowdown_by_host(self) -> dict[str, float]:
         """``simulated_slowdown`` parsed: host name -> factor (> 0).

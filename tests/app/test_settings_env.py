@@ -251,3 +251,32 @@ def test_a_bad_log_level_fails_in_one_line_and_any_case_is_taken(tmp_path, prefi
     else:
         assert out is not None and out.returncode == 2, stderr[-2000:]
         assert "MAKESPAN_LOG_LEVEL" in stderr and "Traceback" not in stderr, stderr[-2000:]
+
+
+@pytest.mark.parametrize("ttl,heartbeat,ok", [("3", None, False),  # the default heartbeat, 2 s
+                                              ("2", None, False), ("4", None, True), ("10", "6", False),
+                                              ("1", "0.5", True)])
+def test_a_heartbeat_slower_than_half_the_lease_ttl_is_refused(monkeypatch, ttl, heartbeat, ok):
+    """MAKESPAN_LEASE_TTL_S=2 (to notice dead workers sooner) with the default 2 s
+    heartbeat was taken: every lease expired between two renewals and its job was reclaimed
+    until it failed; with a heartbeat above half the TTL one failed renewal (a Redis blip,
+    retried a heartbeat later) loses the lease. Refused at start, naming both variables."""
+    monkeypatch.setenv("MAKESPAN_LEASE_TTL_S", ttl)
+    if heartbeat is None:
+        monkeypatch.delenv("MAKESPAN_HEARTBEAT_S", raising=False)
+    else:
+        monkeypatch.setenv("MAKESPAN_HEARTBEAT_S", heartbeat)
+    if ok:
+        assert Settings.from_env().lease_ttl_s == float(ttl)
+        return
+    with pytest.raises(ValidationError) as ei:
+        Settings.from_env()
+    assert ei.value.field == "MAKESPAN_HEARTBEAT_S" and "MAKESPAN_LEASE_TTL_S" in ei.value.reason
+
+
+def test_a_heartbeat_override_is_checked_against_the_lease_ttl(monkeypatch):
+    monkeypatch.delenv("MAKESPAN_HEARTBEAT_S", raising=False)
+    monkeypatch.delenv("MAKESPAN_LEASE_TTL_S", raising=False)
+    assert Settings.from_env(lease_ttl_s=5.0, heartbeat_s=1.0).heartbeat_s == 1.0  # the demo's
+    with pytest.raises(ValidationError):
+        Settings.from_env(lease_ttl_s=3.0)
