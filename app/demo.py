@@ -13,9 +13,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +25,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from makespan import events as ev
-from makespan import telemetry
+from makespan import shutdown, telemetry
 from makespan.errors import MakespanError, ValidationError
 from makespan.examples import FLEET as EXAMPLE_FLEET
 from makespan.keys import Keys
@@ -94,8 +96,43 @@ def run_live(trace_jobs: list[TraceJob], fleet_path: Path, *, time_scale: float,
     run_dir = Path(run_dir or Path("runs") / run_id)
     run_dir.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(fleet_path, run_dir / "fleet.toml")
-    url, emb = _redis(redis_url)
     base = Settings.from_env()
+    # SIGTERM ends the run as Ctrl-C does: the finally blocks below stop the children (each in
+    # a session of its own) and the embedded Redis, within the SIGTERM bound (makespan.shutdown)
+    in_main = threading.current_thread() is threading.main_thread()  # signal handlers live there only
+    restore_sigterm = shutdown.on_sigterm(base.shutdown_grace_s, "demo", _exit_on_sigterm()) if in_main else None
+    try:
+        url, emb = _redis(redis_url)
+        try:
+            return _run_on(url, base, trace_jobs, fleet, fleet_path, run_dir, run_id, time_scale=time_scale,
+                           report_path=report_path, policy=policy, extra=extra, timeout_s=timeout_s, title=title,
+                           render_pipeline=render_pipeline)
+        finally:
+            if emb:
+                emb.stop()
+    finally:
+        if restore_sigterm is not None:
+            restore_sigterm()
+
+
+def _exit_on_sigterm() -> Callable[[], None]:
+    """A SIGTERM handler body that raises ``SystemExit(143)`` in the main thread once (a
+    second SIGTERM does not cut the clean-up short; the watchdog bounds it)."""
+    seen = threading.Event()
+
+    def stop() -> None:
+        if not seen.is_set():
+            seen.set()
+            raise SystemExit(128 + signal.SIGTERM)
+    return stop
+
+
+def _run_on(url: str, base: Settings, trace_jobs: list[TraceJob], fleet: FleetSpec, fleet_path: Path, run_dir: Path,
+            run_id: str, *, time_scale: float, report_path: Path | None, policy: str | None,
+            extra: list[dict[str, Any]] | None, timeout_s: float, title: str,
+            render_pipeline: bool) -> dict[str, Any]:
+    """:func:`run_live` on the Redis at ``url``: start the system, drive the jobs, report;
+    everything started here is stopped on the way out."""
     modules = ",".join(m for m in (DEMO_WORKLOADS, base.workload_modules) if m)
     settings = Settings.from_env(redis_url=url, key_prefix=f"{base.key_prefix}-run-{run_id}",
                                  time_scale=time_scale, policy=policy or base.policy,
@@ -105,8 +142,8 @@ def run_live(trace_jobs: list[TraceJob], fleet_path: Path, *, time_scale: float,
     r = connect(url)
     system = LiveSystem(run_dir / "fleet.toml", fleet, settings, run_dir / "logs")
     started = time.monotonic()
-    pipeline = _render_pipeline(settings, fleet_path, run_dir) if render_pipeline else None
     try:
+        pipeline = _render_pipeline(settings, fleet_path, run_dir) if render_pipeline else None
         console.print(f"Starting a planner and {len(fleet.hosts)} GPU workers for {fleet.gpu_count()} simulated GPUs "
                       f"(policy {settings.policy}, time scale {time_scale:.2e} wall s per workload s) ...")
         system.start()
@@ -127,13 +164,11 @@ def run_live(trace_jobs: list[TraceJob], fleet_path: Path, *, time_scale: float,
         _print_summary(report, run_dir, report_path)
         return report
     finally:
-        system.stop()
+        system.stop(grace_s=min(10.0, settings.shutdown_grace_s / 2))  # within the demo's own SIGTERM bound
         try:
             delete_prefix(r, keys)
         finally:
             r.close()
-            if emb:
-                emb.stop()
 
 
 def _render_pipeline(settings: Settings, fleet_path: Path, run_dir: Path) -> dict[str, Any]:

@@ -222,14 +222,17 @@ def start_embedded(port: int | None = None, appendonly: bool = False, timeout_s:
                             start_new_session=True, env={**os.environ})
     url = f"redis://127.0.0.1:{port}/0"
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise StoreError(f"redis-server exited with code {proc.returncode}")
-        if ping(url, 0.2):
-            return EmbeddedRedis(url, proc, d)
-        time.sleep(0.05)
-    proc.kill()
-    raise StoreError(f"embedded redis-server did not answer on port {port} within {timeout_s} s")
+    try:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise StoreError(f"redis-server exited with code {proc.returncode}")
+            if ping(url, 0.2):
+                return EmbeddedRedis(url, proc, d)
+            time.sleep(0.05)
+        raise StoreError(f"embedded redis-server did not answer on port {port} within {timeout_s} s")
+    except BaseException:  # not answering, or interrupted (Ctrl-C, SIGTERM): it runs in a session of its own
+        EmbeddedRedis(url, proc, d).stop()
+        raise
 
 
 _TRANSLATED: dict[type, type] = {}  # redis-py error class -> its StoreError subclass
