@@ -40,18 +40,16 @@ def _settings(**kw):
 
 
 
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-
-
 def _log_level(default: str) -> str:
-    """``MAKESPAN_LOG_LEVEL`` in upper case (any case is taken; unset or empty: ``default``),
-    one of :data:`LOG_LEVELS`: Python's logging takes only upper case, Celery's
-    ``--loglevel`` either. Another value fails the command in one line (exit 2)."""
-    raw = os.environ.get("MAKESPAN_LOG_LEVEL", "").strip()
-    level = raw.upper() or default
-    if level not in LOG_LEVELS:
-        _fail(ValidationError("MAKESPAN_LOG_LEVEL", raw, f"must be one of {', '.join(LOG_LEVELS)}"))
-    return level
+    """:func:`makespan.settings.log_level_from_env`; a bad value fails the command in one
+    line (exit 2)."""
+    from makespan.settings import log_level_from_env
+
+    try:
+        return log_level_from_env(default)
+    except ValidationError as e:
+        _fail(e)
+        raise  # unreachable: _fail exits
 
 
 def _logging(level: str = "INFO") -> None:

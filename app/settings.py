@@ -51,6 +51,32 @@ def _env_choice(name: str, choices: tuple[str, ...]) -> str:
     return raw
 
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")  # MAKESPAN_LOG_LEVEL's values
+
+
+def log_level_from_env(default: str) -> str:
+    """``MAKESPAN_LOG_LEVEL`` in upper case, one of :data:`LOG_LEVELS` (any case is taken:
+    Python's logging wants upper case, Celery's ``--loglevel`` either; unset or empty:
+    ``default``). Read by every process's command (planner, GPU worker, observer).
+
+    Raises:
+        ValidationError: another value."""
+    raw = os.environ.get("MAKESPAN_LOG_LEVEL", "").strip()
+    level = raw.upper() or default
+    if level not in LOG_LEVELS:
+        raise ValidationError("MAKESPAN_LOG_LEVEL", raw, f"must be one of {', '.join(LOG_LEVELS)}")
+    return level
+
+
+def metrics_port_from_env() -> int:
+    """``MAKESPAN_METRICS_PORT``: the TCP port of a process's ``/metrics`` server, 0 (the
+    default, also when unset or empty) for none.
+
+    Raises:
+        ValidationError: not a whole number in 0..65535."""
+    return _env_int("MAKESPAN_METRICS_PORT", 0, 0, 65535)
+
+
 PREEMPTION_MODES = ("plan", "rule")  # Settings.preemption; the first is the default
 
 

@@ -280,3 +280,38 @@ def test_a_heartbeat_override_is_checked_against_the_lease_ttl(monkeypatch):
     assert Settings.from_env(lease_ttl_s=5.0, heartbeat_s=1.0).heartbeat_s == 1.0  # the demo's
     with pytest.raises(ValidationError):
         Settings.from_env(lease_ttl_s=3.0)
+
+
+@pytest.mark.parametrize("env,expect_code,in_stderr,not_in_stderr", [
+    ({"MAKESPAN_METRICS_PORT": "abc"}, 2, "MAKESPAN_METRICS_PORT", "Traceback"),  # a ValueError traceback before
+    ({"MAKESPAN_LOG_LEVEL": "verbose"}, 2, "MAKESPAN_LOG_LEVEL", "Traceback"),  # ignored before: it ran
+    ({"MAKESPAN_LOG_LEVEL": "error"}, None, None, "Redis unavailable"),  # a WARNING line: logged at INFO before
+])
+def test_the_observer_reads_the_metrics_port_and_log_level_as_the_other_processes(tmp_path, prefix, env, expect_code,
+                                                                                  in_stderr, not_in_stderr):
+    """``makespan observer`` read MAKESPAN_METRICS_PORT with a bare int() (a traceback for
+    a bad value) and logged at INFO whatever MAKESPAN_LOG_LEVEL said (docs/configuration.md:
+    the CLI's log level). Redis is a port nobody listens on: a running observer logs
+    'Redis unavailable' at WARNING and keeps trying (stopped here after a few seconds)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    full = {**os.environ, "MAKESPAN_KEY_PREFIX": prefix, "MAKESPAN_REDIS_URL": "redis://127.0.0.1:1/0",
+            "MAKESPAN_SHUTDOWN_GRACE_S": "3", **env}
+    p = subprocess.Popen([sys.executable, "-m", "makespan.cli", "observer", "--fleet",
+                          str(root / "examples" / "render-pipeline.toml"), "--probe-interval-s", "0.2"],
+                         cwd=tmp_path, env=full, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        code = p.wait(timeout=8)
+    except subprocess.TimeoutExpired:
+        p.send_signal(signal.SIGTERM)
+        code = None
+    stderr = p.communicate(timeout=30)[1]
+    assert code == expect_code, stderr[-2000:]
+    if in_stderr:
+        assert in_stderr in stderr, stderr[-2000:]
+    assert not_in_stderr not in stderr, stderr[-2000:]
