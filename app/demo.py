@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import redis
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -45,13 +46,37 @@ console = Console(stderr=True)
 
 
 def _redis(url: str | None) -> tuple[str, EmbeddedRedis | None]:
+    """The Redis to run on: ``url`` (else ``MAKESPAN_REDIS_URL``, else the default) when it
+    answers, else an embedded redis-server started here (returned to be stopped).
+
+    Raises:
+        RedisAuthFailed: a Redis answered at ``url`` and refused its credentials (the user's
+            Redis, with a wrong password: not passed over for an embedded one)."""
     url = url or os.environ.get("MAKESPAN_REDIS_URL") or "redis://127.0.0.1:6379/0"
     if ping(url):
         console.print(f"Redis: using {redacted(url)}")
         return url, None
+    _raise_if_credentials_refused(url)
     emb = start_embedded()
     console.print(f"Redis: none answered at {redacted(url)}; started an embedded redis-server at {emb.url}")
     return emb.url, emb
+
+
+def _raise_if_credentials_refused(url: str, timeout_s: float = 0.5) -> None:
+    """Raise :class:`makespan.errors.RedisAuthFailed` when a Redis at ``url`` answers and
+    refuses its credentials; return for any other failure (nothing answers)."""
+    from makespan.client import AUTH_ERRORS, auth_failed
+
+    try:
+        c = connect(url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s)
+        try:
+            c.ping()
+        finally:
+            c.close()
+    except AUTH_ERRORS as e:
+        raise auth_failed(url, e) from e
+    except (redis.RedisError, OSError):
+        return
 
 
 def render_cards_pipeline(run_id: str) -> list[dict[str, Any]]:

@@ -120,3 +120,43 @@ def test_a_sigtermed_demo_stops_its_processes_and_its_embedded_redis(tmp_path):
                     os.killpg(p, signal.SIGKILL)  # each child leads its own session
                 except (ProcessLookupError, PermissionError):
                     pass
+
+
+def test_demo_refuses_a_redis_that_refuses_its_password_instead_of_starting_its_own(tmp_path):
+    """A Redis that answers but refuses the URL's credentials was taken for no Redis: the
+    demo printed "none answered" and ran on an embedded redis-server, the user's Redis (and
+    their wrong MAKESPAN_REDIS_URL) silently passed over. Now it fails with
+    RedisAuthFailed's message, the password hidden; a port where nothing listens still
+    gets an embedded Redis."""
+    import subprocess
+
+    from makespan import demo
+    from makespan.errors import RedisAuthFailed
+    from makespan.redis_conn import free_port, ping, redis_server_binary
+
+    port = free_port()
+    srv = subprocess.Popen([redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                            "--appendonly", "no", "--requirepass", "right-one", "--dir", str(tmp_path)],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    started = []
+    try:
+        deadline = time.monotonic() + 10
+        while not ping(f"redis://:right-one@127.0.0.1:{port}/0") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for url in (f"redis://:wrong-one@127.0.0.1:{port}/0", f"redis://127.0.0.1:{port}/0"):
+            try:
+                got = demo._redis(url)
+            except RedisAuthFailed as e:
+                assert "wrong-one" not in str(e)
+                continue
+            started.append(got[1])
+            pytest.fail(f"{url}: refused credentials, yet the demo went on with {got[0]}")
+        url, emb = demo._redis(f"redis://127.0.0.1:{free_port()}/0")  # nothing listens: its own
+        started.append(emb)
+        assert emb is not None and url == emb.url and ping(url)
+    finally:
+        for emb in started:
+            if emb is not None:
+                emb.stop()
+        srv.terminate()
+        srv.wait(timeout=10)
