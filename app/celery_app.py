@@ -32,7 +32,7 @@ def create_celery(settings: Settings) -> Celery:
     app = Celery("makespan", broker=url, include=["makespan.workers.tasks"])
     if transport:
         scheme = url.split(";")[0].split("://")[0]
-        if scheme in ("redis", "sentinel"):
+        if scheme in ("redis", "rediss", "sentinel"):
             # kombu's own alias for the scheme now names makespan's transport: the broker URL
             # keeps its scheme, so Flower (which picks its broker client by scheme) and
             # `celery -A` tools still read the queues
