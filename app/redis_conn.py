@@ -59,6 +59,9 @@ def client_options(settings: Settings | None = None) -> dict[str, Any]:
     }
 
 
+TCP_ONLY_OPTIONS = ("socket_keepalive", "socket_keepalive_options")  # of client_options: not for a unix:// URL
+
+
 def keepalive_options(idle_s: float) -> dict[int, int]:
     """``socket_keepalive_options`` for redis-py and kombu: first probe after ``idle_s``
     idle seconds, then every ``idle_s / 2`` (at least 1 s), dropped after
@@ -85,6 +88,8 @@ def connect(url: str, decode_responses: bool = True, *, settings: Settings | Non
     check_redis_url(url, "redis_url")
     u = urlparse(url)
     opts = {**client_options(settings), **kw}
+    if u.scheme == "unix":  # TCP keepalive is no option of redis-py's Unix socket connection (a TypeError)
+        opts = {k: v for k, v in opts.items() if k not in TCP_ONLY_OPTIONS}
     if u.scheme in ("redis", "rediss", "unix"):
         return redis.Redis.from_url(url, decode_responses=decode_responses, **opts)
     if u.scheme == "redis+sentinel":
