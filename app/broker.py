@@ -210,6 +210,11 @@ def broker_url(redis_url: str) -> tuple[str, str | None]:
     makespan's ``redis_url`` (see the module doc)."""
     u = urlparse(redis_url)
     if u.scheme in ("redis", "rediss"):
+        query = parse_qsl(u.query)
+        db = [v for k, v in query if k == "db"]
+        if db:  # redis-py's ?db=N (it wins over the path): kombu's database is the path
+            rest = "&".join(f"{k}={v}" for k, v in query if k != "db")
+            redis_url = u._replace(path=f"/{db[-1]}", query=rest).geturl()
         return redis_url, "makespan.broker:Transport"
     if u.scheme == "unix":  # kombu's name for a Unix socket, the database as its virtual host
         query = dict(parse_qsl(u.query))

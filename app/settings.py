@@ -98,20 +98,32 @@ def check_redis_url(url: str, field_name: str = "MAKESPAN_REDIS_URL") -> str:
     """``url`` when it is a Redis URL makespan's clients and the Celery broker both read
     alike: ``redis://`` / ``rediss://`` ``[user:password@]host[:port][/db]``, ``unix:///path``
     or ``redis+sentinel://[:password@]host[:port][,host[:port]...]/service_name[/db]``
-    (ports 1..65535, a Sentinel's default 26379; ``db`` a whole number). redis-py alone
-    quietly took a database that is not a number as 0, where kombu refused it.
+    (ports 1..65535, a Sentinel's default 26379; ``db`` a whole number, also as ``?db=N``;
+    the query holds nothing else but, for ``rediss://``, the ``ssl_*`` options: kombu takes
+    no other). redis-py alone quietly took a database that is not a number as 0, and took
+    connection options in the query, where kombu refused both.
 
     Raises:
         ValidationError: another scheme, a port or database that is not a number, a
             Sentinel URL without hosts or service name, or with more path than
             ``/service_name/db`` (the password is not shown)."""
-    from urllib.parse import urlparse
+    from urllib.parse import parse_qsl, urlparse
 
     u = urlparse(url)
     shown = redacted_url(url)
     if u.scheme not in REDIS_URL_SCHEMES:
         raise ValidationError(field_name, shown, "scheme must be redis://, rediss://, unix:// or redis+sentinel://")
     path = [p for p in u.path.split("/") if p]
+    if u.scheme in ("redis", "rediss", "unix"):
+        for key, value in parse_qsl(u.query, keep_blank_values=True):
+            if key == "db":
+                if not value.isdigit():
+                    raise ValidationError(field_name, shown, "db must be a whole number")
+            elif not (key.startswith("ssl_") and u.scheme == "rediss"):
+                raise ValidationError(field_name, shown,
+                                      f"option {key!r}: the query may hold db and, for rediss://, the ssl_* "
+                                      "options (the Celery broker takes no other); timeouts and keepalive are "
+                                      "the MAKESPAN_REDIS_*_S settings")
     if u.scheme == "unix":
         if not u.path:
             raise ValidationError(field_name, shown, "a unix:// URL needs the socket's path (unix:///path/redis.sock)")

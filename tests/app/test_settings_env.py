@@ -315,3 +315,32 @@ def test_the_observer_reads_the_metrics_port_and_log_level_as_the_other_processe
     if in_stderr:
         assert in_stderr in stderr, stderr[-2000:]
     assert not_in_stderr not in stderr, stderr[-2000:]
+
+
+@pytest.mark.parametrize("url", ["redis://127.0.0.1:6379/0?socket_timeout=3", "redis://127.0.0.1:6379/2?protocol=3",
+                                 "unix:///tmp/r.sock?db=1&client_name=x"])
+def test_a_redis_url_option_the_broker_cannot_take_is_refused(monkeypatch, url):
+    """redis-py takes connection options in the URL's query, kombu only the TLS ones: the
+    planner led and every dispatch failed on kombu's TypeError (an unexpected keyword
+    argument), or a GPU worker crashed at start. Refused at start, naming the settings to
+    use instead."""
+    monkeypatch.setenv("MAKESPAN_REDIS_URL", url)
+    with pytest.raises(ValidationError) as ei:
+        Settings.from_env()
+    assert ei.value.field == "MAKESPAN_REDIS_URL" and "MAKESPAN_REDIS_" in ei.value.reason
+
+
+@pytest.mark.parametrize("url,db", [("redis://127.0.0.1:6379?db=3", 3), ("redis://127.0.0.1:6379/1?db=4", 4),
+                                    ("redis://127.0.0.1:6379/2", 2),
+                                    ("rediss://127.0.0.1:6380?db=5&ssl_cert_reqs=required", 5)])
+def test_the_broker_uses_the_database_the_url_names(monkeypatch, url, db):
+    """``?db=N`` (redis-py's other spelling of the database, which wins over the path)
+    crashed kombu; the broker now uses that database, as makespan's clients do."""
+    from makespan.celery_app import create_celery
+    from makespan.redis_conn import connect
+
+    monkeypatch.setenv("MAKESPAN_REDIS_URL", url)
+    s = Settings.from_env()
+    conn = create_celery(s).connection_for_write()
+    assert int(conn.virtual_host) == db
+    assert connect(s.redis_url).connection_pool.connection_kwargs["db"] == db
