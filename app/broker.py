@@ -18,16 +18,18 @@ found by the chaos runner's ``memory_pressure``); as a connection error the ack 
 skipped (the message comes back after the visibility timeout, a no-op replay) and the
 consumer reconnects until memory is freed. Any other ``ResponseError`` stays what it was.
 
-:func:`broker_url` maps makespan's Redis URL to kombu's: ``redis://`` and ``unix://``
-use :class:`Transport`; ``redis+sentinel://h1:p1,h2:p2/service/db`` becomes
+:func:`broker_url` maps makespan's Redis URL to kombu's: ``redis://`` and ``rediss://``
+(TLS: kombu reads the options from the URL and uses :class:`Channel`'s SSL connection
+class) use :class:`Transport`, and so does ``unix:///path?db=N``, as kombu's
+``redis+socket:///path?virtual_host=N``; ``redis+sentinel://h1:p1,h2:p2/service/db`` becomes
 ``sentinel://h1:p1/db;sentinel://h2:p2/db`` with :class:`SentinelTransport` and the
-service as kombu's ``master_name`` (:func:`sentinel_master`); ``rediss://`` keeps
-kombu's own transport (TLS options come with the URL).
+service as kombu's ``master_name`` (:func:`sentinel_master`). (``rediss://`` kept kombu's
+own transport once, so a TLS deployment had none of the fixes here.)
 """
 
 from __future__ import annotations
 
-from urllib.parse import urlparse
+from urllib.parse import parse_qsl, urlparse
 
 import logging
 
@@ -207,8 +209,18 @@ def broker_url(redis_url: str) -> tuple[str, str | None]:
     """kombu's broker URL and transport (a class path, None for kombu's default) for
     makespan's ``redis_url`` (see the module doc)."""
     u = urlparse(redis_url)
-    if u.scheme in ("redis", "unix"):
+    if u.scheme in ("redis", "rediss"):
+        query = parse_qsl(u.query)
+        db = [v for k, v in query if k == "db"]
+        if db:  # redis-py's ?db=N (it wins over the path): kombu's database is the path
+            rest = "&".join(f"{k}={v}" for k, v in query if k != "db")
+            redis_url = u._replace(path=f"/{db[-1]}", query=rest).geturl()
         return redis_url, "makespan.broker:Transport"
+    if u.scheme == "unix":  # kombu's name for a Unix socket, the database as its virtual host
+        query = dict(parse_qsl(u.query))
+        db = query.pop("db", "0")
+        rest = "".join(f"&{k}={v}" for k, v in query.items())
+        return f"redis+socket://{u.path}?virtual_host={db}{rest}", "makespan.broker:Transport"
     if u.scheme == "redis+sentinel":
         hosts = u.netloc.split("@")[-1].split(",")
         auth = u.netloc.split("@")[0] + "@" if "@" in u.netloc else ""

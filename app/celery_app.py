@@ -31,8 +31,10 @@ def create_celery(settings: Settings) -> Celery:
     url, transport = broker_url(settings.redis_url)  # role changes reconnect (makespan.broker)
     app = Celery("makespan", broker=url, include=["makespan.workers.tasks"])
     if transport:
-        scheme = url.split(";")[0].split("://")[0]
-        if scheme in ("redis", "sentinel"):
+        # kombu takes the transport from the URL's scheme, the part before a '+' for
+        # redis+socket:// (a Unix socket)
+        scheme = url.split(";")[0].split("://")[0].split("+")[0]
+        if scheme in ("redis", "rediss", "sentinel"):
             # kombu's own alias for the scheme now names makespan's transport: the broker URL
             # keeps its scheme, so Flower (which picks its broker client by scheme) and
             # `celery -A` tools still read the queues

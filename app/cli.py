@@ -40,9 +40,20 @@ def _settings(**kw):
 
 
 
+def _log_level(default: str) -> str:
+    """:func:`makespan.settings.log_level_from_env`; a bad value fails the command in one
+    line (exit 2)."""
+    from makespan.settings import log_level_from_env
+
+    try:
+        return log_level_from_env(default)
+    except ValidationError as e:
+        _fail(e)
+        raise  # unreachable: _fail exits
+
+
 def _logging(level: str = "INFO") -> None:
-    logging.basicConfig(level=os.environ.get("MAKESPAN_LOG_LEVEL", level),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=_log_level(level), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per HTTP request (health checks, requests)
 
 
@@ -124,6 +135,8 @@ def gpu_worker(fleet: Path = FleetOpt, host: str = typer.Option(..., help="host 
     """Run the Celery GPU worker of one host (consumes queue gpu.HOST)."""
     from makespan.models import load_fleet
 
+    loglevel = _log_level("WARNING")
+
     try:
         f = load_fleet(fleet)
     except MakespanError as e:
@@ -151,7 +164,7 @@ def gpu_worker(fleet: Path = FleetOpt, host: str = typer.Option(..., help="host 
 
     n = concurrency or len(hosts[host].gpus)
     code = _celery_worker(celery, ["worker", "-Q", f"gpu.{host}", "-n", f"gpu-{host}@%h", "-P", pool, "-c", str(n),
-                                   "--loglevel", os.environ.get("MAKESPAN_LOG_LEVEL", "WARNING"), "-E",
+                                   "--loglevel", loglevel, "-E",
                                    "--without-gossip", "--without-mingle"])
     if code:
         raise typer.Exit(code)

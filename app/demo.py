@@ -13,17 +13,20 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import redis
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from makespan import events as ev
-from makespan import telemetry
+from makespan import shutdown, telemetry
 from makespan.errors import MakespanError, ValidationError
 from makespan.examples import FLEET as EXAMPLE_FLEET
 from makespan.keys import Keys
@@ -43,13 +46,37 @@ console = Console(stderr=True)
 
 
 def _redis(url: str | None) -> tuple[str, EmbeddedRedis | None]:
+    """The Redis to run on: ``url`` (else ``MAKESPAN_REDIS_URL``, else the default) when it
+    answers, else an embedded redis-server started here (returned to be stopped).
+
+    Raises:
+        RedisAuthFailed: a Redis answered at ``url`` and refused its credentials (the user's
+            Redis, with a wrong password: not passed over for an embedded one)."""
     url = url or os.environ.get("MAKESPAN_REDIS_URL") or "redis://127.0.0.1:6379/0"
     if ping(url):
         console.print(f"Redis: using {redacted(url)}")
         return url, None
+    _raise_if_credentials_refused(url)
     emb = start_embedded()
     console.print(f"Redis: none answered at {redacted(url)}; started an embedded redis-server at {emb.url}")
     return emb.url, emb
+
+
+def _raise_if_credentials_refused(url: str, timeout_s: float = 0.5) -> None:
+    """Raise :class:`makespan.errors.RedisAuthFailed` when a Redis at ``url`` answers and
+    refuses its credentials; return for any other failure (nothing answers)."""
+    from makespan.client import AUTH_ERRORS, auth_failed
+
+    try:
+        c = connect(url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s)
+        try:
+            c.ping()
+        finally:
+            c.close()
+    except AUTH_ERRORS as e:
+        raise auth_failed(url, e) from e
+    except (redis.RedisError, OSError):
+        return
 
 
 def render_cards_pipeline(run_id: str) -> list[dict[str, Any]]:
@@ -94,8 +121,43 @@ def run_live(trace_jobs: list[TraceJob], fleet_path: Path, *, time_scale: float,
     run_dir = Path(run_dir or Path("runs") / run_id)
     run_dir.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(fleet_path, run_dir / "fleet.toml")
-    url, emb = _redis(redis_url)
     base = Settings.from_env()
+    # SIGTERM ends the run as Ctrl-C does: the finally blocks below stop the children (each in
+    # a session of its own) and the embedded Redis, within the SIGTERM bound (makespan.shutdown)
+    in_main = threading.current_thread() is threading.main_thread()  # signal handlers live there only
+    restore_sigterm = shutdown.on_sigterm(base.shutdown_grace_s, "demo", _exit_on_sigterm()) if in_main else None
+    try:
+        url, emb = _redis(redis_url)
+        try:
+            return _run_on(url, base, trace_jobs, fleet, fleet_path, run_dir, run_id, time_scale=time_scale,
+                           report_path=report_path, policy=policy, extra=extra, timeout_s=timeout_s, title=title,
+                           render_pipeline=render_pipeline)
+        finally:
+            if emb:
+                emb.stop()
+    finally:
+        if restore_sigterm is not None:
+            restore_sigterm()
+
+
+def _exit_on_sigterm() -> Callable[[], None]:
+    """A SIGTERM handler body that raises ``SystemExit(143)`` in the main thread once (a
+    second SIGTERM does not cut the clean-up short; the watchdog bounds it)."""
+    seen = threading.Event()
+
+    def stop() -> None:
+        if not seen.is_set():
+            seen.set()
+            raise SystemExit(128 + signal.SIGTERM)
+    return stop
+
+
+def _run_on(url: str, base: Settings, trace_jobs: list[TraceJob], fleet: FleetSpec, fleet_path: Path, run_dir: Path,
+            run_id: str, *, time_scale: float, report_path: Path | None, policy: str | None,
+            extra: list[dict[str, Any]] | None, timeout_s: float, title: str,
+            render_pipeline: bool) -> dict[str, Any]:
+    """:func:`run_live` on the Redis at ``url``: start the system, drive the jobs, report;
+    everything started here is stopped on the way out."""
     modules = ",".join(m for m in (DEMO_WORKLOADS, base.workload_modules) if m)
     settings = Settings.from_env(redis_url=url, key_prefix=f"{base.key_prefix}-run-{run_id}",
                                  time_scale=time_scale, policy=policy or base.policy,
@@ -105,8 +167,8 @@ def run_live(trace_jobs: list[TraceJob], fleet_path: Path, *, time_scale: float,
     r = connect(url)
     system = LiveSystem(run_dir / "fleet.toml", fleet, settings, run_dir / "logs")
     started = time.monotonic()
-    pipeline = _render_pipeline(settings, fleet_path, run_dir) if render_pipeline else None
     try:
+        pipeline = _render_pipeline(settings, fleet_path, run_dir) if render_pipeline else None
         console.print(f"Starting a planner and {len(fleet.hosts)} GPU workers for {fleet.gpu_count()} simulated GPUs "
                       f"(policy {settings.policy}, time scale {time_scale:.2e} wall s per workload s) ...")
         system.start()
@@ -127,13 +189,11 @@ def run_live(trace_jobs: list[TraceJob], fleet_path: Path, *, time_scale: float,
         _print_summary(report, run_dir, report_path)
         return report
     finally:
-        system.stop()
+        system.stop(grace_s=min(10.0, settings.shutdown_grace_s / 2))  # within the demo's own SIGTERM bound
         try:
             delete_prefix(r, keys)
         finally:
             r.close()
-            if emb:
-                emb.stop()
 
 
 def _render_pipeline(settings: Settings, fleet_path: Path, run_dir: Path) -> dict[str, Any]:

@@ -23,7 +23,8 @@ from urllib.parse import urlparse
 import redis
 
 from makespan.errors import RedisConfigError, StoreError, ValidationError
-from makespan.settings import REDIS_KEEPALIVE_PROBES, Settings, redis_bounds_from_env
+from makespan.settings import (REDIS_KEEPALIVE_PROBES, SENTINEL_DEFAULT_PORT, Settings, check_redis_url,
+                               redacted_url, redis_bounds_from_env)
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +59,9 @@ def client_options(settings: Settings | None = None) -> dict[str, Any]:
     }
 
 
+TCP_ONLY_OPTIONS = ("socket_keepalive", "socket_keepalive_options")  # of client_options: not for a unix:// URL
+
+
 def keepalive_options(idle_s: float) -> dict[int, int]:
     """``socket_keepalive_options`` for redis-py and kombu: first probe after ``idle_s``
     idle seconds, then every ``idle_s / 2`` (at least 1 s), dropped after
@@ -77,10 +81,15 @@ def connect(url: str, decode_responses: bool = True, *, settings: Settings | Non
     arguments in ``kw`` override them.
 
     Raises:
-        ValidationError: unsupported scheme or malformed Sentinel URL.
+        ValidationError: a URL :func:`makespan.settings.check_redis_url` refuses (field
+            ``redis_url``: an unsupported scheme, a port or database that is not a number,
+            a malformed Sentinel URL).
     """
+    check_redis_url(url, "redis_url")
     u = urlparse(url)
     opts = {**client_options(settings), **kw}
+    if u.scheme == "unix":  # TCP keepalive is no option of redis-py's Unix socket connection (a TypeError)
+        opts = {k: v for k, v in opts.items() if k not in TCP_ONLY_OPTIONS}
     if u.scheme in ("redis", "rediss", "unix"):
         return redis.Redis.from_url(url, decode_responses=decode_responses, **opts)
     if u.scheme == "redis+sentinel":
@@ -89,10 +98,8 @@ def connect(url: str, decode_responses: bool = True, *, settings: Settings | Non
         hosts = []
         for part in u.netloc.split("@")[-1].split(","):
             host, _, port = part.partition(":")
-            hosts.append((host, int(port or 26379)))
+            hosts.append((host, int(port or SENTINEL_DEFAULT_PORT)))
         path = [p for p in u.path.split("/") if p]
-        if not path:
-            raise ValidationError("redis_url", url, "a Sentinel URL needs /service_name[/db]")
         db = int(path[1]) if len(path) > 1 else 0
         from redis.backoff import NoBackoff
         from redis.retry import Retry
@@ -104,7 +111,7 @@ def connect(url: str, decode_responses: bool = True, *, settings: Settings | Non
         sentinel = Sentinel(hosts, password=u.password, sentinel_kwargs={**sentinel_opts, "retry": Retry(NoBackoff(), 0)},
                             **sentinel_opts)
         return sentinel.master_for(path[0], db=db, password=u.password, decode_responses=decode_responses, **opts)
-    raise ValidationError("redis_url", url, "scheme must be redis://, rediss://, unix:// or redis+sentinel://")
+    raise AssertionError(f"check_redis_url let {u.scheme!r} through")  # pragma: no cover
 
 
 def check_eviction_policy(r: redis.Redis, settings: Settings, process: str = "makespan") -> str:
@@ -145,11 +152,9 @@ def check_eviction_policy(r: redis.Redis, settings: Settings, process: str = "ma
 
 
 def redacted(url: str) -> str:
-    """``url`` with any password replaced by ``***`` (for logs and spans)."""
-    u = urlparse(url)
-    if u.password:
-        return url.replace(f":{u.password}@", ":***@")
-    return url
+    """``url`` with any password replaced by ``***`` (for logs and spans;
+    :func:`makespan.settings.redacted_url`)."""
+    return redacted_url(url)
 
 
 def ping(url: str, timeout_s: float = 0.5) -> bool:
@@ -222,14 +227,17 @@ def start_embedded(port: int | None = None, appendonly: bool = False, timeout_s:
                             start_new_session=True, env={**os.environ})
     url = f"redis://127.0.0.1:{port}/0"
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise StoreError(f"redis-server exited with code {proc.returncode}")
-        if ping(url, 0.2):
-            return EmbeddedRedis(url, proc, d)
-        time.sleep(0.05)
-    proc.kill()
-    raise StoreError(f"embedded redis-server did not answer on port {port} within {timeout_s} s")
+    try:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise StoreError(f"redis-server exited with code {proc.returncode}")
+            if ping(url, 0.2):
+                return EmbeddedRedis(url, proc, d)
+            time.sleep(0.05)
+        raise StoreError(f"embedded redis-server did not answer on port {port} within {timeout_s} s")
+    except BaseException:  # not answering, or interrupted (Ctrl-C, SIGTERM): it runs in a session of its own
+        EmbeddedRedis(url, proc, d).stop()
+        raise
 
 
 _TRANSLATED: dict[type, type] = {}  # redis-py error class -> its StoreError subclass

@@ -20,6 +20,7 @@ DEFAULT_FAST_LANE = "CRITICAL,HIGH:1.25"
 DEFAULT_FAST_LANE_START = "CRITICAL:30,HIGH:30/x1.4"
 IMPROVER_EXECUTORS = ("process", "thread")  # Settings.improver_executor; the first is the default
 IMPROVER_NICE_MAX = 19  # the most niceness a process can add on Linux
+COUNT_MAX = 10**9  # the largest count setting (batch size, attempts, retention, events) taken from the environment
 
 
 def _env_int(name: str, default: int, lo: int, hi: int) -> int:
@@ -50,6 +51,32 @@ def _env_choice(name: str, choices: tuple[str, ...]) -> str:
     return raw
 
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")  # MAKESPAN_LOG_LEVEL's values
+
+
+def log_level_from_env(default: str) -> str:
+    """``MAKESPAN_LOG_LEVEL`` in upper case, one of :data:`LOG_LEVELS` (any case is taken:
+    Python's logging wants upper case, Celery's ``--loglevel`` either; unset or empty:
+    ``default``). Read by every process's command (planner, GPU worker, observer).
+
+    Raises:
+        ValidationError: another value."""
+    raw = os.environ.get("MAKESPAN_LOG_LEVEL", "").strip()
+    level = raw.upper() or default
+    if level not in LOG_LEVELS:
+        raise ValidationError("MAKESPAN_LOG_LEVEL", raw, f"must be one of {', '.join(LOG_LEVELS)}")
+    return level
+
+
+def metrics_port_from_env() -> int:
+    """``MAKESPAN_METRICS_PORT``: the TCP port of a process's ``/metrics`` server, 0 (the
+    default, also when unset or empty) for none.
+
+    Raises:
+        ValidationError: not a whole number in 0..65535."""
+    return _env_int("MAKESPAN_METRICS_PORT", 0, 0, 65535)
+
+
 PREEMPTION_MODES = ("plan", "rule")  # Settings.preemption; the first is the default
 
 
@@ -62,6 +89,77 @@ def check_policy(name: str, field_name: str = "MAKESPAN_POLICY") -> str:
     if name not in POLICY_REGISTRY:
         raise ValidationError(field_name, name, f"unknown policy; known: {', '.join(POLICY_REGISTRY.names())}")
     return name
+
+REDIS_URL_SCHEMES = ("redis", "rediss", "unix", "redis+sentinel")
+SENTINEL_DEFAULT_PORT = 26379
+
+
+def check_redis_url(url: str, field_name: str = "MAKESPAN_REDIS_URL") -> str:
+    """``url`` when it is a Redis URL makespan's clients and the Celery broker both read
+    alike: ``redis://`` / ``rediss://`` ``[user:password@]host[:port][/db]``, ``unix:///path``
+    or ``redis+sentinel://[:password@]host[:port][,host[:port]...]/service_name[/db]``
+    (ports 1..65535, a Sentinel's default 26379; ``db`` a whole number, also as ``?db=N``;
+    the query holds nothing else but, for ``rediss://``, the ``ssl_*`` options: kombu takes
+    no other). redis-py alone quietly took a database that is not a number as 0, and took
+    connection options in the query, where kombu refused both.
+
+    Raises:
+        ValidationError: another scheme, a port or database that is not a number, a
+            Sentinel URL without hosts or service name, or with more path than
+            ``/service_name/db`` (the password is not shown)."""
+    from urllib.parse import parse_qsl, urlparse
+
+    u = urlparse(url)
+    shown = redacted_url(url)
+    if u.scheme not in REDIS_URL_SCHEMES:
+        raise ValidationError(field_name, shown, "scheme must be redis://, rediss://, unix:// or redis+sentinel://")
+    path = [p for p in u.path.split("/") if p]
+    if u.scheme in ("redis", "rediss", "unix"):
+        for key, value in parse_qsl(u.query, keep_blank_values=True):
+            if key == "db":
+                if not value.isdigit():
+                    raise ValidationError(field_name, shown, "db must be a whole number")
+            elif not (key.startswith("ssl_") and u.scheme == "rediss"):
+                raise ValidationError(field_name, shown,
+                                      f"option {key!r}: the query may hold db and, for rediss://, the ssl_* "
+                                      "options (the Celery broker takes no other); timeouts and keepalive are "
+                                      "the MAKESPAN_REDIS_*_S settings")
+    if u.scheme == "unix":
+        if not u.path:
+            raise ValidationError(field_name, shown, "a unix:// URL needs the socket's path (unix:///path/redis.sock)")
+        return url
+    if u.scheme in ("redis", "rediss"):
+        try:
+            u.port  # noqa: B018 - urlparse checks the port only when asked
+        except ValueError as e:
+            raise ValidationError(field_name, shown, "the port must be a whole number 1..65535") from e
+        if len(path) > 1 or (path and not path[0].isdigit()):
+            raise ValidationError(field_name, shown, "the path must be the database number (/0)")
+        return url
+    hosts = u.netloc.split("@")[-1].split(",")
+    for part in hosts:
+        host, _, port = part.partition(":")
+        if not host.strip():
+            raise ValidationError(field_name, shown, "every Sentinel needs a host (host[:port], comma-separated)")
+        if port and not (port.isdigit() and 0 < int(port) < 65536):
+            raise ValidationError(field_name, shown, f"Sentinel port {port!r} must be a whole number 1..65535")
+    if not path:
+        raise ValidationError(field_name, shown, "a Sentinel URL needs /service_name[/db]")
+    if len(path) > 2 or (len(path) == 2 and not path[1].isdigit()):
+        raise ValidationError(field_name, shown, "a Sentinel URL's path is /service_name[/db], db a whole number")
+    return url
+
+
+def redacted_url(url: str) -> str:
+    """``url`` with any password replaced by ``***`` (for errors, logs and spans)."""
+    from urllib.parse import urlparse
+
+    try:
+        password = urlparse(url).password
+    except ValueError:  # a netloc urlparse cannot split: nothing to hide that it could find
+        return url
+    return url.replace(f":{password}@", ":***@") if password else url
+
 
 # Bounds on every Redis connection (redis-py clients and kombu's broker), in seconds.
 DEFAULT_REDIS_SOCKET_TIMEOUT_S = 5.0
@@ -149,7 +247,8 @@ class Settings:
             preemptions or dependencies, and only while every queued job that plan did not
             read is alike the jobs it starts and queued behind them); 0: every tick re-plans. Default 1.
         lease_ttl_s: a lease not renewed within this many seconds expires and is reclaimed.
-        heartbeat_s: how often a lease holder renews its lease.
+        heartbeat_s: how often a lease holder renews its lease; :meth:`from_env` refuses more
+            than half ``lease_ttl_s`` (one failed renewal would lose the lease).
         max_attempts: a job whose lease is reclaimed this many times is failed.
         retry_backoff_s: a job whose lease is reclaimed (fewer than ``max_attempts``
             times) waits ``retry_backoff_s × 2^(attempts−1)`` seconds, at most
@@ -372,19 +471,19 @@ class Settings:
 
         Raises:
             ValidationError: a variable or override out of its range, an unknown
-                override name, or a policy not in :data:`makespan.planner.policies.POLICY_REGISTRY`
-                (the message lists the known names)."""
+                override name, a policy not in :data:`makespan.planner.policies.POLICY_REGISTRY`
+                (the message lists the known names), or a heartbeat above half the lease TTL."""
         env = os.environ
         s = cls(
-            redis_url=env.get("MAKESPAN_REDIS_URL") or DEFAULT_REDIS_URL,
+            redis_url=check_redis_url(env.get("MAKESPAN_REDIS_URL") or DEFAULT_REDIS_URL),
             key_prefix=env.get("MAKESPAN_KEY_PREFIX") or "makespan",
             time_scale=_env_float("MAKESPAN_TIME_SCALE", 1.0),
-            batch_size=int(_env_float("MAKESPAN_BATCH_SIZE", 256)),
+            batch_size=_env_int("MAKESPAN_BATCH_SIZE", 256, 1, COUNT_MAX),
             batch_wait_s=_env_float("MAKESPAN_BATCH_WAIT_S", 0.05),
             plan_follow_s=_env_float("MAKESPAN_PLAN_FOLLOW_S", 1.0, allow_zero=True),
             lease_ttl_s=_env_float("MAKESPAN_LEASE_TTL_S", 10.0),
             heartbeat_s=_env_float("MAKESPAN_HEARTBEAT_S", 2.0),
-            max_attempts=int(_env_float("MAKESPAN_MAX_ATTEMPTS", 3)),
+            max_attempts=_env_int("MAKESPAN_MAX_ATTEMPTS", 3, 1, COUNT_MAX),
             retry_backoff_s=_env_nonneg("MAKESPAN_RETRY_BACKOFF_S", 0.0),
             retry_backoff_max_s=_env_float("MAKESPAN_RETRY_BACKOFF_MAX_S", 300.0),
             broker_visibility_timeout_s=_env_float("MAKESPAN_BROKER_VISIBILITY_TIMEOUT_S", 6 * 3600.0),
@@ -395,11 +494,11 @@ class Settings:
             improver_nice=_env_int("MAKESPAN_IMPROVER_NICE", 5, 0, IMPROVER_NICE_MAX),
             planner_tick_s=_env_float("MAKESPAN_PLANNER_TICK_S", 0.1),
             pool_offer_ttl_s=_env_float("MAKESPAN_POOL_OFFER_TTL_S", 5.0),
-            retention_jobs=int(_env_float("MAKESPAN_RETENTION_JOBS", 10_000)),
+            retention_jobs=_env_int("MAKESPAN_RETENTION_JOBS", 10_000, 1, COUNT_MAX),
             retention_age_s=_env_float("MAKESPAN_RETENTION_AGE_S", 3600.0),
             retention_sweep_s=_env_float("MAKESPAN_RETENTION_SWEEP_S", 0.5),
-            retention_batch=int(_env_float("MAKESPAN_RETENTION_BATCH", 2_000)),
-            events_max_len=int(_env_float("MAKESPAN_EVENTS_MAX_LEN", 50_000)),
+            retention_batch=_env_int("MAKESPAN_RETENTION_BATCH", 2_000, 1, COUNT_MAX),
+            events_max_len=_env_int("MAKESPAN_EVENTS_MAX_LEN", 50_000, 1, COUNT_MAX),
             set_point_weight=_env_nonneg("MAKESPAN_SET_POINT_WEIGHT", 0.0),
             workload_modules=env.get("MAKESPAN_WORKLOADS", ""),
             result_max_bytes=_env_int("MAKESPAN_RESULT_MAX_BYTES", 1024 * 1024, 1, 512 * 1024 * 1024),
@@ -423,7 +522,13 @@ class Settings:
             raise ValidationError("settings", sorted(bad), "unknown setting")
         if "policy" in overrides:
             check_policy(overrides["policy"], "policy")
-        return replace(s, **overrides)
+        s = replace(s, **overrides)
+        if s.heartbeat_s > s.lease_ttl_s / 2:
+            raise ValidationError("MAKESPAN_HEARTBEAT_S", s.heartbeat_s,
+                                  f"must be at most half MAKESPAN_LEASE_TTL_S ({s.lease_ttl_s:g} s): a lease renewed "
+                                  "less often is lost to one failed renewal (a Redis blip; at or above the TTL, "
+                                  "every lease expires between renewals)")
+        return s
 
     def slowdown_by_host(self) -> dict[str, float]:
         """``simulated_slowdown`` parsed: host name -> factor (> 0).

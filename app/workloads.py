@@ -65,7 +65,10 @@ def submit_workload(r: redis.Redis, keys: Keys, fleet: FleetSpec, workload: Work
         the workload id (hex).
     Raises:
         ValidationError: invalid workload (nothing was written).
-        StoreError: Redis failed (the script is atomic: nothing or everything written).
+        StoreError: Redis failed (the script is atomic: nothing or everything written), or
+            fewer than ``settings.submit_wait_replicas`` replicas acknowledged the write within
+            ``settings.submit_wait_timeout_s`` (written on the primary, not yet known safe; the
+            message names the workload).
     """
     settings = settings or Settings()
     if isinstance(workload, Workload):
@@ -106,9 +109,17 @@ def submit_workload(r: redis.Redis, keys: Keys, fleet: FleetSpec, workload: Work
                **{f"job:{j}": n for n, j in ids.items()},
                **{f"tmpl:{n}": json.dumps({k: v for k, v in f.items() if k not in ("id", "deps")})
                   for n, f in templates.items()}}
-    ok = JobStore(r, keys, settings.events_max_len).submit_workload(wid, wfields, now, keys.queue(wl.priority), steps)
+    want = settings.submit_wait_replicas
+    ok, acked = JobStore(r, keys, settings.events_max_len).submit_workload(
+        wid, wfields, now, keys.queue(wl.priority), steps, want, max(1, int(settings.submit_wait_timeout_s * 1000)))
     if not ok:  # pragma: no cover - uuid4 collision
         raise StoreError("submit workload: a job id already exists")
+    if acked < want:
+        raise StoreError(f"submit of workload {wid}: only {acked} of {want} replica(s) acknowledged it within "
+                         f"{settings.submit_wait_timeout_s} s (MAKESPAN_SUBMIT_WAIT_REPLICAS); it is written on the "
+                         "primary but may be lost if the primary fails now; unless lost or cancelled (makespan "
+                         f"cancel-workload {wid}) it will still run: check makespan workload-status {wid} before "
+                         "submitting it again (a workload has no idempotency key: a second submit runs it twice)")
     return wid
 
 

@@ -46,7 +46,6 @@ start at most); a failed recovery marks the instance ``failed`` (no further prob
 from __future__ import annotations
 
 import json
-import os
 import logging
 import signal
 import sys
@@ -58,11 +57,11 @@ from typing import Any
 
 import redis
 
-from makespan.errors import MakespanError, RedisConfigError, StoreError
+from makespan.errors import MakespanError, RedisConfigError, StoreError, ValidationError
 from makespan.keys import Keys
 from makespan.models import FleetSpec
 from makespan.redis_conn import EXIT_REFUSED, OutageLog, check_eviction_policy, connect
-from makespan.settings import Settings
+from makespan.settings import Settings, log_level_from_env, metrics_port_from_env
 from makespan.store.scripts import script
 from makespan.workers.agenda import AgendaTracker
 from makespan.workers.drivers import capabilities, get_driver
@@ -378,6 +377,9 @@ def list_incidents(r: redis.Redis, keys: Keys, count: int | None = None) -> list
     return incidents
 
 
+EXIT_BAD_SETTING = 2  # a MAKESPAN_* variable refused, as the CLI's (makespan.cli_support.fail)
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
@@ -389,9 +391,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--overrun-factor", type=float, default=1.5)
     p.add_argument("--min-overrun-slack-s", type=float, default=MIN_OVERRUN_SLACK_S,
                    help="least slack past a transition's expected end before it is late, s")
-    p.add_argument("--metrics-port", type=int, default=int(os.environ.get("MAKESPAN_METRICS_PORT") or 0))
+    p.add_argument("--metrics-port", type=int, default=None, help="Prometheus port (default: MAKESPAN_METRICS_PORT; 0: none)")
     a = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        level = log_level_from_env("INFO")
+        if a.metrics_port is None:
+            a.metrics_port = metrics_port_from_env()
+    except ValidationError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return EXIT_BAD_SETTING
+    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per health probe
     if a.metrics_port:
         from makespan import metrics

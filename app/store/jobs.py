@@ -63,14 +63,25 @@ class JobStore:
         fields = {**fields, "state": JobState.QUEUED.value}
         keys, args = self._submit_keys_args(job_id, fields, event_json, queue_key, idempotency_key, delay_s,
                                             touch=True)
+        out, acked = self._run_replicated("submit", keys, args, replicas, timeout_ms)
+        return out[0] == 1, str(out[1]), acked
+
+    def _run_replicated(self, name: str, keys: Sequence[str], args: Sequence[Any], replicas: int,
+                        timeout_ms: int) -> tuple[Any, int]:
+        """Script ``name``, then ``WAIT replicas timeout_ms`` on the same connection (one
+        pipeline: ``WAIT`` counts the replicas holding that connection's writes). Returns
+        (the script's reply, replicas that acknowledged).
+
+        Raises:
+            StoreError: Redis failed (the script is atomic: nothing or all of it written)."""
         pipe = self.r.pipeline(transaction=False)
-        script(self.r, "submit", self.events_max_len).queue_eval(pipe, keys, args)
+        script(self.r, name, self.events_max_len).queue_eval(pipe, list(keys), list(args))
         pipe.execute_command("WAIT", replicas, timeout_ms)
         try:
             out, acked = pipe.execute()
         except redis.RedisError as e:
-            raise store_error(e, "script submit (waiting for replicas)") from e
-        return out[0] == 1, str(out[1]), int(acked)
+            raise store_error(e, f"script {name} (waiting for replicas)") from e
+        return out, int(acked)
 
     def _submit_keys_args(self, job_id: str, fields: dict[str, Any], event_json: str, queue_key: str,
                           idempotency_key: str | None, delay_s: float | None,
@@ -92,16 +103,22 @@ class JobStore:
 
     # -- workloads -----------------------------------------------------------------------
     def submit_workload(self, workload_id: str, workload_fields: dict[str, Any], now_s: float, queue_key: str,
-                        steps: Sequence[tuple[str, dict[str, Any], str]]) -> bool:
+                        steps: Sequence[tuple[str, dict[str, Any], str]], replicas: int = 0,
+                        timeout_ms: int = 0) -> tuple[bool, int]:
         """Write a workload and its steps (``(job id, fields, submitted event JSON)`` each, in
-        topological order). False (nothing written) when a job id already exists."""
+        topological order). Returns (False when a job id already exists: nothing written,
+        replicas that acknowledged the write). With ``replicas`` > 0, Redis ``WAIT replicas
+        timeout_ms`` on the connection that wrote it (as :meth:`submit_replicated`); else 0."""
         args: list[str] = []
         for job_id, fields, event_json in steps:
             args += [job_id, json.dumps({**fields, "state": JobState.QUEUED.value}), event_json]
         keys = [self.keys.seq, queue_key, self.keys.events, self.keys.workload(workload_id), self.keys.workloads,
                 self.keys.workloads_active, *[self.keys.job(job_id) for job_id, _, _ in steps]]
-        return bool(self._run("submit_workload", keys, [str(len(steps)), workload_id, json.dumps(workload_fields),
-                                                        repr(now_s), self.keys.script_prefix, *args]))
+        argv = [str(len(steps)), workload_id, json.dumps(workload_fields), repr(now_s), self.keys.script_prefix, *args]
+        if replicas > 0:
+            out, acked = self._run_replicated("submit_workload", keys, argv, replicas, timeout_ms)
+            return bool(out), acked
+        return bool(self._run("submit_workload", keys, argv)), 0
 
     def retry_step(self, workload_id: str, step: str, old_job_id: str, new_job_id: str, fields: dict[str, Any],
                    event_json: str, queue_key: str) -> bool:

@@ -84,3 +84,103 @@ def test_demo_writes_a_second_report_only_without_a_run_dir_or_when_asked(monkey
     res = CliRunner().invoke(cli_app, ["demo", *args])
     assert res.exit_code == 0, res.output
     assert seen["report_path"] == (None if report is None else Path(report))
+
+
+def _children(pid: int) -> list[int]:
+    import subprocess
+
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
+    return [int(x) for x in out.split()]
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (a child whose parent died is reparented; this machine's
+    init may not reap it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_sigtermed_demo_stops_its_processes_and_its_embedded_redis(tmp_path):
+    """``makespan demo`` stopped with SIGTERM (``timeout``, a CI cancel, ``kill``) died at
+    once and left its planner, GPU workers, observer and the redis-server it started for
+    itself running, each in a session of its own: SIGTERM now ends the run as Ctrl-C does
+    (everything stopped, exit code 143). The demo starts its own Redis here: its URL names
+    a port where nothing listens."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    env = {**os.environ, "MAKESPAN_REDIS_URL": "redis://127.0.0.1:1/0", "MAKESPAN_SHUTDOWN_GRACE_S": "15"}
+    demo = subprocess.Popen([sys.executable, "-m", "makespan.cli", "demo", "--jobs", "5", "--run-dir",
+                             str(tmp_path / "run"), "--report", str(tmp_path / "r.json")], cwd=tmp_path, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    started: set[int] = set()
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and demo.poll() is None:  # its redis-server, 2 GPU workers, planner, observer
+            started |= set(_children(demo.pid))
+            if len(started) >= 5 and (tmp_path / "run" / "logs" / "planner-0.log").exists():
+                break
+            time.sleep(0.2)
+        assert demo.poll() is None and len(started) >= 5, demo.stderr.read().decode()[-2000:] if demo.poll() else started
+        time.sleep(1.0)
+        started |= set(_children(demo.pid))
+        demo.send_signal(signal.SIGTERM)
+        code = demo.wait(timeout=60)
+        gone_by = time.monotonic() + 30
+        while time.monotonic() < gone_by and any(_running(p) for p in started):
+            time.sleep(0.2)
+        left = [p for p in started if _running(p)]
+        assert left == [], f"still running after the demo ended (exit {code}): {left}"
+        assert code == 128 + signal.SIGTERM
+    finally:
+        for p in [demo.pid, *started]:
+            if _running(p):
+                try:
+                    os.killpg(p, signal.SIGKILL)  # each child leads its own session
+                except (ProcessLookupError, PermissionError):
+                    pass
+
+
+def test_demo_refuses_a_redis_that_refuses_its_password_instead_of_starting_its_own(tmp_path):
+    """A Redis that answers but refuses the URL's credentials was taken for no Redis: the
+    demo printed "none answered" and ran on an embedded redis-server, the user's Redis (and
+    their wrong MAKESPAN_REDIS_URL) silently passed over. Now it fails with
+    RedisAuthFailed's message, the password hidden; a port where nothing listens still
+    gets an embedded Redis."""
+    import subprocess
+
+    from makespan import demo
+    from makespan.errors import RedisAuthFailed
+    from makespan.redis_conn import free_port, ping, redis_server_binary
+
+    port = free_port()
+    srv = subprocess.Popen([redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                            "--appendonly", "no", "--requirepass", "right-one", "--dir", str(tmp_path)],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    started = []
+    try:
+        deadline = time.monotonic() + 10
+        while not ping(f"redis://:right-one@127.0.0.1:{port}/0") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for url in (f"redis://:wrong-one@127.0.0.1:{port}/0", f"redis://127.0.0.1:{port}/0"):
+            try:
+                got = demo._redis(url)
+            except RedisAuthFailed as e:
+                assert "wrong-one" not in str(e)
+                continue
+            started.append(got[1])
+            pytest.fail(f"{url}: refused credentials, yet the demo went on with {got[0]}")
+        url, emb = demo._redis(f"redis://127.0.0.1:{free_port()}/0")  # nothing listens: its own
+        started.append(emb)
+        assert emb is not None and url == emb.url and ping(url)
+    finally:
+        for emb in started:
+            if emb is not None:
+                emb.stop()
+        srv.terminate()
+        srv.wait(timeout=10)

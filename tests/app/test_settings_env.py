@@ -132,3 +132,215 @@ def test_planner_worker_with_an_unknown_policy_fails_when_built(r, settings):
 
     with pytest.raises(PlannerError, match=", ".join(POLICY_REGISTRY.names())):
         PlannerWorker(r, dataclasses.replace(settings, policy="bogus"), ONE_GPU, dispatch=lambda *a: None)
+
+
+COUNTS = ["MAKESPAN_BATCH_SIZE", "MAKESPAN_MAX_ATTEMPTS", "MAKESPAN_RETENTION_JOBS", "MAKESPAN_RETENTION_BATCH",
+          "MAKESPAN_EVENTS_MAX_LEN"]
+
+
+@pytest.mark.parametrize("name", COUNTS)
+@pytest.mark.parametrize("raw", ["0.5", "2.7"])
+def test_counts_refuse_a_fraction_instead_of_truncating_it(monkeypatch, name, raw):
+    """The counts were read as numbers and truncated: MAKESPAN_BATCH_SIZE=0.5 gave a batch
+    of 0 jobs (the planner never started one, and read the whole queue each tick) and
+    MAKESPAN_MAX_ATTEMPTS=0.5 failed every job on its first reclaim, both silently."""
+    monkeypatch.setenv(name, raw)
+    with pytest.raises(ValidationError) as ei:
+        Settings.from_env()
+    assert ei.value.field == name
+    assert "whole number" in ei.value.reason
+
+
+@pytest.mark.parametrize("name", COUNTS)
+def test_counts_take_whole_numbers(monkeypatch, name):
+    monkeypatch.setenv(name, "7")
+    s = Settings.from_env()
+    field = {"MAKESPAN_BATCH_SIZE": "batch_size", "MAKESPAN_MAX_ATTEMPTS": "max_attempts",
+             "MAKESPAN_RETENTION_JOBS": "retention_jobs", "MAKESPAN_RETENTION_BATCH": "retention_batch",
+             "MAKESPAN_EVENTS_MAX_LEN": "events_max_len"}[name]
+    assert getattr(s, field) == 7
+    assert s.to_env()[name] == "7"
+    monkeypatch.setenv(name, "0")
+    with pytest.raises(ValidationError):
+        Settings.from_env()
+
+
+BAD_URLS = ["redis://127.0.0.1:6379/abc",  # redis-py quietly used db 0, kombu refused it: every dispatch failed
+            "redis://127.0.0.1:63x9/0",
+            "redis+sentinel://127.0.0.1:abc/mymaster/0",  # a ValueError traceback
+            "redis+sentinel://127.0.0.1:26379/mymaster/x",
+            "redis+sentinel://127.0.0.1:26379",  # no service name
+            "redis+sentinel://127.0.0.1:26379/mymaster/0/extra",
+            "redis+sentinel://127.0.0.1:26379,/mymaster",
+            "http://127.0.0.1:6379/0"]
+
+
+@pytest.mark.parametrize("url", BAD_URLS)
+def test_a_malformed_redis_url_is_refused_naming_the_variable(monkeypatch, url):
+    monkeypatch.setenv("MAKESPAN_REDIS_URL", url)
+    with pytest.raises(ValidationError) as ei:
+        Settings.from_env()
+    assert ei.value.field == "MAKESPAN_REDIS_URL"
+    from makespan.redis_conn import connect
+
+    with pytest.raises(ValidationError):
+        connect(url)
+
+
+@pytest.mark.parametrize("url", ["redis://127.0.0.1:6379/0", "redis://:secret@127.0.0.1:6379/3", "redis://localhost",
+                                 "rediss://u:p@h.example:6380/0?ssl_cert_reqs=required", "unix:///tmp/redis.sock?db=2",
+                                 "redis+sentinel://s1:26379,s2:26379,s3/mymaster/0", "redis+sentinel://:pw@s1/mymaster"])
+def test_well_formed_redis_urls_are_taken(monkeypatch, url):
+    monkeypatch.setenv("MAKESPAN_REDIS_URL", url)
+    assert Settings.from_env().redis_url == url
+
+
+@pytest.mark.parametrize("url", ["redis+sentinel://127.0.0.1:abc/mymaster/0", "redis://127.0.0.1:6379/abc"])
+@pytest.mark.parametrize("command", ["planner", "gpu-worker"])
+def test_processes_with_a_malformed_redis_url_fail_in_one_line(tmp_path, r, prefix, url, command):
+    """``makespan planner`` and ``makespan gpu-worker`` exit 2 with one line naming
+    MAKESPAN_REDIS_URL: the planner printed a ValueError traceback for a bad Sentinel port,
+    and with a database that is not a number led on db 0 while every dispatch of its
+    leases failed in kombu."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    args = [sys.executable, "-m", "makespan.cli", command, "--fleet", str(root / "examples" / "render-pipeline.toml")]
+    if command == "gpu-worker":
+        args += ["--host", "host-a"]
+    env = {**os.environ, "MAKESPAN_REDIS_URL": url, "MAKESPAN_KEY_PREFIX": prefix}  # `r` deletes its keys
+    try:
+        out = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30)
+    except subprocess.TimeoutExpired as e:  # the planner before: it led on db 0, failing each dispatch
+        pytest.fail(f"{command} with {url} kept running: {e.stderr!r}"[-2000:])
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    assert "MAKESPAN_REDIS_URL" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("level,ok", [("verbose", False), ("debug", True)])
+@pytest.mark.parametrize("command", ["planner", "gpu-worker"])
+def test_a_bad_log_level_fails_in_one_line_and_any_case_is_taken(tmp_path, prefix, level, ok, command):
+    """MAKESPAN_LOG_LEVEL=verbose crashed the planner (logging's ValueError) and the GPU
+    worker (Celery's BadParameter) with a traceback; ``debug`` in lower case crashed the
+    planner only (logging wants upper case, Celery takes either). Now a bad level fails in
+    one line naming the variable, exit 2, and any case is taken by both. Checked with a
+    Redis URL nobody listens on: a process that got past its level fails to connect."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    args = [sys.executable, "-m", "makespan.cli", command, "--fleet", str(root / "examples" / "render-pipeline.toml")]
+    if command == "gpu-worker":
+        args += ["--host", "host-a"]
+    env = {**os.environ, "MAKESPAN_LOG_LEVEL": level, "MAKESPAN_KEY_PREFIX": prefix,
+           "MAKESPAN_REDIS_URL": "redis://127.0.0.1:1/0", "MAKESPAN_REDIS_CONNECT_TIMEOUT_S": "0.2"}
+    try:
+        out = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=10)
+        stderr = out.stderr
+    except subprocess.TimeoutExpired as e:  # still trying to reach Redis: it got past its log level
+        out, stderr = None, (e.stderr or b"").decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+    assert "BadParameter" not in stderr and "Unknown level" not in stderr, stderr[-2000:]
+    if ok:
+        assert "MAKESPAN_LOG_LEVEL" not in stderr, stderr[-2000:]
+    else:
+        assert out is not None and out.returncode == 2, stderr[-2000:]
+        assert "MAKESPAN_LOG_LEVEL" in stderr and "Traceback" not in stderr, stderr[-2000:]
+
+
+@pytest.mark.parametrize("ttl,heartbeat,ok", [("3", None, False),  # the default heartbeat, 2 s
+                                              ("2", None, False), ("4", None, True), ("10", "6", False),
+                                              ("1", "0.5", True)])
+def test_a_heartbeat_slower_than_half_the_lease_ttl_is_refused(monkeypatch, ttl, heartbeat, ok):
+    """MAKESPAN_LEASE_TTL_S=2 (to notice dead workers sooner) with the default 2 s
+    heartbeat was taken: every lease expired between two renewals and its job was reclaimed
+    until it failed; with a heartbeat above half the TTL one failed renewal (a Redis blip,
+    retried a heartbeat later) loses the lease. Refused at start, naming both variables."""
+    monkeypatch.setenv("MAKESPAN_LEASE_TTL_S", ttl)
+    if heartbeat is None:
+        monkeypatch.delenv("MAKESPAN_HEARTBEAT_S", raising=False)
+    else:
+        monkeypatch.setenv("MAKESPAN_HEARTBEAT_S", heartbeat)
+    if ok:
+        assert Settings.from_env().lease_ttl_s == float(ttl)
+        return
+    with pytest.raises(ValidationError) as ei:
+        Settings.from_env()
+    assert ei.value.field == "MAKESPAN_HEARTBEAT_S" and "MAKESPAN_LEASE_TTL_S" in ei.value.reason
+
+
+def test_a_heartbeat_override_is_checked_against_the_lease_ttl(monkeypatch):
+    monkeypatch.delenv("MAKESPAN_HEARTBEAT_S", raising=False)
+    monkeypatch.delenv("MAKESPAN_LEASE_TTL_S", raising=False)
+    assert Settings.from_env(lease_ttl_s=5.0, heartbeat_s=1.0).heartbeat_s == 1.0  # the demo's
+    with pytest.raises(ValidationError):
+        Settings.from_env(lease_ttl_s=3.0)
+
+
+@pytest.mark.parametrize("env,expect_code,in_stderr,not_in_stderr", [
+    ({"MAKESPAN_METRICS_PORT": "abc"}, 2, "MAKESPAN_METRICS_PORT", "Traceback"),  # a ValueError traceback before
+    ({"MAKESPAN_LOG_LEVEL": "verbose"}, 2, "MAKESPAN_LOG_LEVEL", "Traceback"),  # ignored before: it ran
+    ({"MAKESPAN_LOG_LEVEL": "error"}, None, None, "Redis unavailable"),  # a WARNING line: logged at INFO before
+])
+def test_the_observer_reads_the_metrics_port_and_log_level_as_the_other_processes(tmp_path, prefix, env, expect_code,
+                                                                                  in_stderr, not_in_stderr):
+    """``makespan observer`` read MAKESPAN_METRICS_PORT with a bare int() (a traceback for
+    a bad value) and logged at INFO whatever MAKESPAN_LOG_LEVEL said (docs/configuration.md:
+    the CLI's log level). Redis is a port nobody listens on: a running observer logs
+    'Redis unavailable' at WARNING and keeps trying (stopped here after a few seconds)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    full = {**os.environ, "MAKESPAN_KEY_PREFIX": prefix, "MAKESPAN_REDIS_URL": "redis://127.0.0.1:1/0",
+            "MAKESPAN_SHUTDOWN_GRACE_S": "3", **env}
+    p = subprocess.Popen([sys.executable, "-m", "makespan.cli", "observer", "--fleet",
+                          str(root / "examples" / "render-pipeline.toml"), "--probe-interval-s", "0.2"],
+                         cwd=tmp_path, env=full, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        code = p.wait(timeout=8)
+    except subprocess.TimeoutExpired:
+        p.send_signal(signal.SIGTERM)
+        code = None
+    stderr = p.communicate(timeout=30)[1]
+    assert code == expect_code, stderr[-2000:]
+    if in_stderr:
+        assert in_stderr in stderr, stderr[-2000:]
+    assert not_in_stderr not in stderr, stderr[-2000:]
+
+
+@pytest.mark.parametrize("url", ["redis://127.0.0.1:6379/0?socket_timeout=3", "redis://127.0.0.1:6379/2?protocol=3",
+                                 "unix:///tmp/r.sock?db=1&client_name=x"])
+def test_a_redis_url_option_the_broker_cannot_take_is_refused(monkeypatch, url):
+    """redis-py takes connection options in the URL's query, kombu only the TLS ones: the
+    planner led and every dispatch failed on kombu's TypeError (an unexpected keyword
+    argument), or a GPU worker crashed at start. Refused at start, naming the settings to
+    use instead."""
+    monkeypatch.setenv("MAKESPAN_REDIS_URL", url)
+    with pytest.raises(ValidationError) as ei:
+        Settings.from_env()
+    assert ei.value.field == "MAKESPAN_REDIS_URL" and "MAKESPAN_REDIS_" in ei.value.reason
+
+
+@pytest.mark.parametrize("url,db", [("redis://127.0.0.1:6379?db=3", 3), ("redis://127.0.0.1:6379/1?db=4", 4),
+                                    ("redis://127.0.0.1:6379/2", 2),
+                                    ("rediss://127.0.0.1:6380?db=5&ssl_cert_reqs=required", 5)])
+def test_the_broker_uses_the_database_the_url_names(monkeypatch, url, db):
+    """``?db=N`` (redis-py's other spelling of the database, which wins over the path)
+    crashed kombu; the broker now uses that database, as makespan's clients do."""
+    from makespan.celery_app import create_celery
+    from makespan.redis_conn import connect
+
+    monkeypatch.setenv("MAKESPAN_REDIS_URL", url)
+    s = Settings.from_env()
+    conn = create_celery(s).connection_for_write()
+    assert int(conn.virtual_host) == db
+    assert connect(s.redis_url).connection_pool.connection_kwargs["db"] == db

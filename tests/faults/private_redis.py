@@ -76,8 +76,8 @@ def live_system(tmp_path: Path, settings: Settings, fleet_text: str = TWO_HOSTS,
     processes on ``settings``, logs under ``tmp_path/logs``; stopped on exit."""
     path, fleet = write_fleet(tmp_path, fleet_text)
     system = LiveSystem(path, fleet, settings, tmp_path / "logs", planners=planners, observer=observer)
-    system.start()
     try:
+        system.start()  # inside: a start that fails (a worker died) leaves no process running
         yield system, fleet
     finally:
         system.stop()

@@ -35,7 +35,18 @@ def _states(r, keys, ids):
 
 
 def test_workers_and_observer_survive_a_role_change(live, private_redis):
-    system, fleet, s = live
+    _survive_a_role_change(*live)
+
+
+def test_workers_survive_a_role_change_over_tls(tls_redis, tmp_path):
+    """The same over ``rediss://``: the broker URL kept kombu's own transport for TLS, so
+    none of makespan's broker fixes applied there, and a GPU worker on a TLS Redis (a
+    managed service's failover) stopped on ``Unrecoverable error: … UNBLOCKED``."""
+    with live_system(tmp_path, fault_settings(tls_redis.url, "rolechange-tls")) as (system, fleet):
+        _survive_a_role_change(system, fleet, system.settings)
+
+
+def _survive_a_role_change(system, fleet, s):
     r, keys = connect(s.redis_url), Keys(s.key_prefix)
     prod = Producer(r, keys, fleet, s)
     before = [prod.submit({"endpoint": "sim", "service_s": 100}).id for _ in range(2)]

@@ -110,3 +110,44 @@ def test_a_repeated_submit_is_not_acknowledged_before_a_replica_holds_the_job(r,
     assert r.ttl(keys.idem("only-once")) == -1  # written again unchanged (KEEPTTL), still no TTL
     again = Producer(r, keys, fleet, settings).submit(job)  # without the wait: the existing job
     assert not again.created
+
+
+def _workload() -> dict:
+    return {"name": "two-steps", "steps": [{"name": "a", "endpoint": "embed", "service_s": 1},
+                                           {"name": "b", "endpoint": "embed", "service_s": 1, "depends_on": ["a"]}]}
+
+
+def test_a_workload_submit_waits_for_a_replica_like_a_job_submit(r, keys, settings):
+    """MAKESPAN_SUBMIT_WAIT_REPLICAS covered single jobs only: ``submit_workload`` (``makespan
+    submit-workload``) returned its id at once, so a workload acknowledged just before a
+    failover could be lost with every step. The shared test Redis has no replica: with the
+    wait the submit is refused (StoreError naming the workload), the steps are on the primary."""
+    from makespan.workloads import submit_workload, workload_status
+
+    fleet = load_fleet(FLEET_TOML)
+    waiting = replace(settings, submit_wait_replicas=1, submit_wait_timeout_s=0.1)
+    with pytest.raises(StoreError, match=r"only 0 of 1 replica\(s\) acknowledged") as err:
+        submit_workload(r, keys, fleet, _workload(), waiting)
+    wid = str(err.value).split("submit of workload ")[1].split(":")[0]
+    assert workload_status(r, keys, wid)["state"] == "running"  # written on the primary, not known safe
+    assert submit_workload(r, keys, fleet, _workload(), settings)  # no wait: accepted
+
+
+def test_a_workload_submit_returns_once_a_replica_holds_it(keys, settings):
+    """With a replica attached the wait is acknowledged and ``submit_workload`` returns; the
+    replica holds the workload and its steps."""
+    from makespan.redis_conn import start_embedded
+    from makespan.workloads import submit_workload
+
+    primary, replica = start_embedded(), start_embedded()
+    try:
+        rr = connect(replica.url)
+        rr.replicaof("127.0.0.1", primary.url.rsplit(":", 1)[1].split("/")[0])
+        wait_for(lambda: rr.info("replication").get("master_link_status") == "up", 10, "the replica to sync")
+        p = connect(primary.url)
+        s = replace(settings, redis_url=primary.url, submit_wait_replicas=1, submit_wait_timeout_s=5.0)
+        wid = submit_workload(p, keys, load_fleet(FLEET_TOML), _workload(), s)
+        assert rr.exists(keys.workload(wid))
+    finally:
+        primary.stop()
+        replica.stop()
