@@ -116,6 +116,7 @@ Celery's own keys are prefixed with ``P:celery:`` through kombu's ``global_keypr
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from makespan.models import Priority
@@ -137,6 +138,13 @@ class Keys:
     def for_pool(self, pool: str | None) -> Keys:
         """These keys for pool ``pool`` (None or '': the implicit pool)."""
         return Keys(self.prefix, pool or None)
+
+    @property
+    def _glob(self) -> str:
+        """The prefix as a literal in a SCAN/KEYS pattern: Redis glob characters (``* ? [ ] \\``)
+        escaped, so a prefix such as ``team*`` never matches another deployment's keys (the
+        retention sweep and :func:`makespan.live.delete_prefix` delete what they match)."""
+        return re.sub(r"([*?\[\]\\])", r"\\\1", self.prefix)
 
     @property
     def _scoped(self) -> str:
@@ -212,14 +220,14 @@ class Keys:
     @property
     def phase_pattern(self) -> str:
         """SCAN pattern of every :meth:`phase` hash."""
-        return f"{self.prefix}:phase:*"
+        return f"{self._glob}:phase:*"
 
     def busy(self, lease_id: str) -> str:
         return f"{self.prefix}:busy:{lease_id}"
 
     @property
     def busy_pattern(self) -> str:
-        return f"{self.prefix}:busy:*"
+        return f"{self._glob}:busy:*"
 
     def agenda(self, op_id: str) -> str:
         return f"{self.prefix}:agenda:{op_id}"
@@ -227,7 +235,7 @@ class Keys:
     @property
     def agenda_pattern(self) -> str:
         """SCAN pattern of every agenda key (entries, locks, the index)."""
-        return f"{self.prefix}:agenda:*"
+        return f"{self._glob}:agenda:*"
 
     def agenda_lock(self, op_id: str) -> str:
         """The lock of agenda entry ``op_id`` (redis-py Lock)."""
@@ -405,7 +413,7 @@ class Keys:
 
     def transition_pattern(self) -> str:
         """SCAN pattern of every :meth:`transition_times` list."""
-        return f"{self.prefix}:transition:*"
+        return f"{self._glob}:transition:*"
 
     def awaited(self, job_id: str) -> str:
         """Set of the ids of the jobs not ended that wait on ``job_id`` (makespan.awaited)."""
@@ -413,7 +421,7 @@ class Keys:
 
     @property
     def awaited_pattern(self) -> str:
-        return f"{self.prefix}:awaited:*"
+        return f"{self._glob}:awaited:*"
 
     @property
     def celery_prefix(self) -> str:
@@ -425,4 +433,4 @@ class Keys:
 
     @property
     def all_pattern(self) -> str:
-        return f"{self.prefix}:*"
+        return f"{self._glob}:*"
