@@ -137,15 +137,23 @@ class WorkloadSpec(BaseModel):
 
     def topo_order(self) -> list[str]:
         """Step names, every step after its dependencies (Kahn; ties by declaration)."""
-        deps = {s.name: set(s.depends_on) for s in self.steps}
+        order = {s.name: i for i, s in enumerate(self.steps)}
+        waiting = {s.name: len(set(s.depends_on)) for s in self.steps}
+        dependants: dict[str, list[str]] = {s.name: [] for s in self.steps}
+        for s in self.steps:
+            for d in set(s.depends_on):
+                dependants[d].append(s.name)
         out: list[str] = []
-        while deps:
-            ready = [n for n, d in deps.items() if not d]
+        ready = [s.name for s in self.steps if not waiting[s.name]]
+        while ready:  # one layer at a time, in declaration order (O(steps + edges))
+            out += ready
+            nxt = []
             for n in ready:
-                out.append(n)
-                del deps[n]
-            for d in deps.values():
-                d.difference_update(ready)
+                for m in dependants[n]:
+                    waiting[m] -= 1
+                    if not waiting[m]:
+                        nxt.append(m)
+            ready = sorted(nxt, key=order.__getitem__)
         return out
 
 

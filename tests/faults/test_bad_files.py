@@ -15,6 +15,7 @@ from makespan.cli import app as cli_app
 from makespan.errors import ValidationError
 from makespan.models import load_fleet, parse_fleet
 from makespan.traces import read_trace
+from makespan.workloads import workload_status
 from tests.conftest import FLEET_TOML
 
 FLEET = load_fleet(FLEET_TOML)
@@ -118,6 +119,25 @@ def test_workload_yaml_syntax_error_is_one_line(r, prefix, redis_url, tmp_path):
     res = CliRunner().invoke(cli_app, ["submit-workload", str(wl), "--fleet", FLEET_TOML], env=env)
     _one_line_error(res, str(wl), "not valid yaml", "line 3")
     assert _own_keys(r, prefix) == []
+
+
+def test_workload_of_3000_steps_is_submitted_whole(r, prefix, redis_url, tmp_path):
+    """A workload may have 10,000 steps, but one of more than about 2,000 failed in the
+    submit script ("too many results to unpack": the workload record was one HSET of
+    two fields per step)."""
+    n = 3000
+    steps = [{"name": f"s{i}", "endpoint": "chat", "service_s": 1, **({"depends_on": [f"s{i - 1}"]} if i else {})}
+             for i in range(n)]
+    wl = tmp_path / "big.json"
+    wl.write_text(json.dumps({"name": "big", "steps": steps}))
+    env = {"MAKESPAN_REDIS_URL": redis_url, "MAKESPAN_KEY_PREFIX": prefix}
+    res = CliRunner().invoke(cli_app, ["submit-workload", str(wl), "--fleet", FLEET_TOML], env=env)
+    assert res.exit_code == 0, res.output
+    from makespan.keys import Keys
+
+    status = workload_status(r, Keys(prefix), res.output.strip())
+    assert len(status["steps"]) == n and {s["state"] for s in status["steps"].values()} == {"queued"}
+    assert r.zcard(Keys(prefix).queue("NORMAL")) == n
 
 
 # -- trace files ------------------------------------------------------------------------------
