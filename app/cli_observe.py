@@ -47,7 +47,7 @@ def report(
         typer.echo(f"error: {events_file} not found (run `makespan demo` or `makespan replay` first)", err=True)
         raise typer.Exit(2)
     try:
-        events = load_events(events_file)
+        events = load_events(events_file, on_cut_tail=lambda notice: typer.echo(f"warning: {notice}", err=True))
         if not events:
             typer.echo(f"error: {events_file} holds no events", err=True)
             raise typer.Exit(2)

@@ -17,19 +17,32 @@ class MakespanError(Exception):
 class ValidationError(MakespanError):
     """Input (a job, a fleet file, a CLI argument) is invalid; nothing was changed.
 
+    The message is one line: ``[source: ]field: reason (got value)``, the reason's line
+    breaks (a YAML parser's message) folded into spaces.
+
     Attributes:
         field: dotted path of the offending field, e.g. ``"endpoints.coder.tensor_parallel"``.
         value: the offending value (already redacted when it may hold a secret).
+        source: the file the field was read from (a fleet, workload or trace file), or None.
     """
 
-    def __init__(self, field: str, value: Any, reason: str):
+    def __init__(self, field: str, value: Any, reason: str, source: str | None = None):
         self.field = field
         self.value = value
-        self.reason = reason
+        self.reason = " ".join(str(reason).split())
+        self.source = source
         shown = repr(value)
         if len(shown) > 120:
             shown = shown[:117] + "..."
-        super().__init__(f"{field}: {reason} (got {shown})")
+        where = f"{source}: " if source else ""
+        super().__init__(f"{where}{field}: {self.reason} (got {shown})")
+
+    def in_file(self, path: object) -> ValidationError:
+        """This error, naming ``path`` as the file the field was read from (kept when it
+        already names one)."""
+        if self.source is not None:
+            return self
+        return ValidationError(self.field, self.value, self.reason, source=str(path))
 
 
 class NotFoundError(MakespanError):

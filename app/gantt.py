@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from makespan.errors import ValidationError
 from makespan.models import Priority
@@ -81,24 +81,40 @@ class Interval:
     transition: str | None = None  # sleep, wake, cold_start (or evict) where the phase said so
 
 
-def load_events(path: str | Path) -> list[dict[str, Any]]:
+def load_events(path: str | Path, on_cut_tail: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """Read a JSON-lines events file (blank lines skipped), sorted by ``ts``.
 
+    ``on_cut_tail``: when given, a last line that does not parse and has no line break
+    after it (the file was cut off while being written: the run was killed, the disk
+    filled) is left out and ``on_cut_tail`` called with a one-line notice naming it;
+    without it, as any other bad line.
+
     Raises:
-        ValidationError: a line is not a JSON object with a numeric ``ts`` and a ``kind``
-            (field ``events.jsonl:{line}``).
+        ValidationError: the file cannot be read (missing, a folder, not UTF-8), or a
+            line is not a JSON object with a finite numeric ``ts`` and a ``kind``
+            (field ``events.jsonl:{line}``); the error names the file (``source``).
     """
+    from makespan.models import read_user_file
+
+    text = read_user_file(path, "events file")
+    lines = text.split("\n")
     out: list[dict[str, Any]] = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
             try:
                 ev = json.loads(line)
-            except json.JSONDecodeError as e:
+            except (ValueError, RecursionError) as e:
+                if on_cut_tail is not None and n == len(lines):  # no line break after it
+                    on_cut_tail(f"{path}: line {n} is cut off ({line[:40]!r}...): left out; the other "
+                                f"{n - 1} lines are read")
+                    continue
                 raise ValidationError(f"events.jsonl:{n}", line[:80], "not JSON") from e
             _check_event(ev, f"events.jsonl:{n}")
-            out.append(ev)
+        except ValidationError as e:
+            raise e.in_file(path) from None
+        out.append(ev)
     out.sort(key=lambda e: e["ts"])
     return out
 
@@ -126,8 +142,9 @@ def read_stream_events(client, stream_key: str, count: int | None = None) -> lis
 def _check_event(ev: Any, where: str) -> None:
     if not isinstance(ev, dict):
         raise ValidationError(where, ev, "an event must be a JSON object")
-    if not isinstance(ev.get("ts"), (int, float)) or isinstance(ev.get("ts"), bool):
-        raise ValidationError(f"{where}.ts", ev.get("ts"), "must be unix seconds (a number)")
+    ts = ev.get("ts")
+    if not isinstance(ts, (int, float)) or isinstance(ts, bool) or not math.isfinite(ts):
+        raise ValidationError(f"{where}.ts", ts, "must be unix seconds (a finite number)")
     if not isinstance(ev.get("kind"), str):
         raise ValidationError(f"{where}.kind", ev.get("kind"), "must be a string")
 

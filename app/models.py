@@ -101,7 +101,15 @@ class HostSpec(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> HostSpec:
         if not self.gpus:
+            if self.gpu_count is not None:  # given as text or a boolean: _expand took it for no count
+                raise ValueError("gpu_count must be a whole number of GPUs (gpu_count = 4, no quotes)")
             raise ValueError("a host needs gpus or gpu_count")
+        seen: set[int] = set()
+        for g in self.gpus:
+            if g.index in seen:
+                raise ValueError(f"GPU index {g.index} appears twice on host {self.name!r}: each GPU has its own "
+                                 "CUDA index (nvidia-smi -L)")
+            seen.add(g.index)
         return self
 
 
@@ -643,16 +651,53 @@ def parse_fleet(data: dict[str, Any]) -> FleetSpec:
         raise _translate(e, "fleet", data) from None
 
 
-def load_fleet(path: str | Path) -> FleetSpec:
-    """Read and validate a TOML fleet file. Raises :class:`ValidationError`."""
+def read_user_file(path: str | Path, what: str) -> str:
+    """The text of a file a user names (a fleet, workload, trace or events file), strict
+    UTF-8, line endings kept as written (``newline=""``, as :mod:`csv` wants them).
+
+    Raises:
+        ValidationError: field ``what`` (``"fleet file"``, ...), the path as the value:
+            no such file, a folder, no permission, or bytes that are not UTF-8 (the line
+            and byte named)."""
     p = Path(path)
     try:
-        data = tomllib.loads(p.read_text())
+        with p.open("rb") as f:
+            raw = f.read()
     except FileNotFoundError as e:
-        raise ValidationError("fleet file", str(p), "no such file") from e
+        raise ValidationError(what, str(p), "no such file") from e
+    except IsADirectoryError as e:
+        raise ValidationError(what, str(p), "cannot read it: not a file but a folder; give the file itself") from e
+    except OSError as e:  # no permission, a device that fails
+        raise ValidationError(what, str(p), f"cannot read it: {e.strerror or e}") from e
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise ValidationError(what, str(p), f"cannot read it: not UTF-8 text: byte {raw[e.start:e.start + 1]!r} at line {line} "
+                                            f"(offset {e.start}); save the file as UTF-8") from None
+    return text.removeprefix("\ufeff")  # a byte-order mark (spreadsheet exports) is not content
+
+
+def load_fleet(path: str | Path) -> FleetSpec:
+    """Read and validate a TOML fleet file.
+
+    Raises:
+        ValidationError: the file cannot be read (:func:`read_user_file`), is not TOML,
+            or its content is invalid; the error names the file (``source``)."""
+    p = Path(path)
+    text = read_user_file(p, "fleet file")
+    try:
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
-        raise ValidationError("fleet file", str(p), f"not valid TOML: {e}") from e
-    return parse_fleet(data)
+        hint = "; a fleet file is TOML (examples/render-pipeline.toml), not YAML or JSON" \
+            if p.suffix.lower() in (".yaml", ".yml", ".json") else ""
+        raise ValidationError("fleet file", str(p), f"not valid TOML: {e}{hint}") from e
+    except RecursionError:
+        raise ValidationError("fleet file", str(p), "not valid TOML: nested too deeply") from None
+    try:
+        return parse_fleet(data)
+    except ValidationError as e:
+        raise e.in_file(p) from None
 
 
 def parse_job(data: dict[str, Any] | JobSpec, fleet: FleetSpec, max_payload_bytes: int = 64 * 1024) -> JobSpec:

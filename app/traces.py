@@ -8,7 +8,7 @@ Formats:
     * native JSON lines: one job object per line with ``endpoint, priority, service_s,
       submit_s`` (and optionally ``payload``, ``idempotency_key``, ``id``).
 
-The mapping rule (documented in docs/traces.md, deterministic for a seed):
+The mapping rule (deterministic for a seed; docs/planner.md "Simulator" lists the row checks):
     * tensor parallelism: the largest TP among the fleet's endpoints that is ≤ the
       row's ``num_gpu`` (rows asking for more than any endpoint's TP get the largest;
       rows with 0 GPUs get the smallest);
@@ -23,14 +23,15 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import io
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from collections.abc import Iterator
 
 from makespan.errors import ValidationError
-from makespan.models import FleetSpec, Priority
+from makespan.models import FleetSpec, Priority, read_user_file
 
 def traces_dir() -> Path:
     """Where the shared real traces live: ``MAKESPAN_TRACES_DIR`` if set, else
@@ -93,61 +94,117 @@ def pick_endpoint(fleet: FleetSpec, num_gpu: int, job_id: str, seed: int) -> str
     return names[_h(seed, "ep", job_id) % len(names)]
 
 
-def _rows(path: Path) -> Iterator[dict[str, str]]:
-    with path.open(newline="") as f:
-        yield from csv.DictReader(f)
+def _number(row: dict[str, Any], column: str, where: str, kind: type = float) -> float:
+    """``row[column]`` as a finite number (``kind`` int: a whole one, ``"4.0"`` too).
+
+    Raises:
+        ValidationError: field ``where.column``: missing, not a number, NaN or infinite."""
+    raw = row.get(column)
+    if isinstance(raw, bool) or raw is None or raw == "":
+        raise ValidationError(f"{where}.{column}", raw, "missing: every row needs a number here")
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        raise ValidationError(f"{where}.{column}", raw, "not a number") from None
+    if not math.isfinite(value):
+        raise ValidationError(f"{where}.{column}", raw, "must be a finite number")
+    if kind is int:
+        if value != int(value):
+            raise ValidationError(f"{where}.{column}", raw, "must be a whole number")
+        return int(value)
+    return value
+
+
+def _duration(value: float, column: str, where: str, raw: Any) -> float:
+    if value < 0:
+        raise ValidationError(f"{where}.{column}", raw, "negative duration: a job cannot end before it starts; "
+                                                        "fix or delete the row")
+    return value
 
 
 def read_trace(path: str | Path, fleet: FleetSpec, seed: int = 0, start: int = 0,
                limit: int | None = None, max_service_s: float | None = None) -> list[TraceJob]:
     """Read ``limit`` rows from row ``start`` of a trace file and map them (module doc).
 
+    Rows of zero duration (a job that did not run) and Alibaba rows with no GPU or never
+    scheduled are skipped; every other row must be whole (as many values as the
+    header), with finite numbers and no negative duration or GPU count.
+
     Raises:
-        ValidationError: missing file, unknown format, or a row with bad values.
+        ValidationError: missing file, a folder, not UTF-8, unknown format, or a row with
+            bad values (field ``trace row N.column`` for CSV, the header being row 1;
+            ``trace line N`` for JSON lines); the error names the file (``source``).
     """
     p = Path(path)
-    if not p.exists():
-        raise ValidationError("trace", str(p), "no such file")
-    if not p.is_file():
-        raise ValidationError("trace", str(p), "not a file (give one trace file, e.g. a cluster CSV)")
     if start < 0:
         raise ValidationError("start", start, "must be >= 0 (a row index)")
     if limit is not None and limit < 1:
         raise ValidationError("limit", limit, "must be >= 1 (rows to read; omit it for all)")
-    if p.suffix in (".jsonl", ".ndjson"):
-        return _read_jsonl(p, start, limit)
-    with p.open(newline="") as f:
-        header = next(csv.reader(f), [])
+    text = read_user_file(p, "trace")
+    try:
+        if p.suffix in (".jsonl", ".ndjson"):
+            return _read_jsonl(text, fleet, start, limit)
+        return _read_csv(text, fleet, seed, start, limit, max_service_s)
+    except ValidationError as e:
+        raise e.in_file(p) from None
+
+
+def _read_csv(text: str, fleet: FleetSpec, seed: int, start: int, limit: int | None,
+              max_service_s: float | None) -> list[TraceJob]:
+    try:
+        header = next(csv.reader(io.StringIO(text, newline="")), [])
+    except csv.Error as e:
+        raise ValidationError("trace row 1", "<header>", f"not CSV: {e}") from None
     if {"job_id", "submission_time", "duration", "num_gpu"} <= set(header):
         kind = "itp"
     elif {"name", "num_gpu", "creation_time", "scheduled_time", "deletion_time", "qos"} <= set(header):
         kind = "alibaba"
     else:
-        raise ValidationError("trace", str(p), f"unknown CSV columns {header[:8]}")
+        raise ValidationError("trace row 1", header[:8], "unknown CSV columns: an ITP trace has job_id, "
+                                                         "submission_time, duration, num_gpu; an Alibaba pod list "
+                                                         "name, num_gpu, creation_time, scheduled_time, "
+                                                         "deletion_time, qos")
     out: list[TraceJob] = []
     t0: float | None = None
-    rows = _rows(p)
-    for i, row in enumerate(rows):
+    rows = csv.DictReader(io.StringIO(text, newline=""))
+    i = -1
+    while True:
+        try:
+            row = next(rows)
+        except StopIteration:
+            break
+        except csv.Error as e:  # a NUL byte, an unterminated quote at the end
+            raise ValidationError(f"trace row {i + 3}", "<row>", f"not CSV: {e}") from None
+        i += 1
         if i < start:
             continue
         if limit is not None and len(out) >= limit:
             break
-        try:
-            if kind == "itp":
-                jid, sub, dur, ng = row["job_id"], float(row["submission_time"]), float(row["duration"]), int(row["num_gpu"])
-                prio = hash_priority(jid, seed)
-            else:
-                if not row["scheduled_time"] or not row["deletion_time"]:
-                    continue
-                jid, sub = row["name"], float(row["creation_time"])
-                dur = float(row["deletion_time"]) - float(row["scheduled_time"])
-                ng = int(float(row["num_gpu"]))
-                prio = ALIBABA_QOS.get(row["qos"], Priority.NORMAL)
-                if ng <= 0 or dur <= 0:
-                    continue
-        except (KeyError, ValueError) as e:
-            raise ValidationError(f"trace row {i + 2}", row, f"bad value: {e}") from e
-        if dur <= 0:
+        where = f"trace row {i + 2}"
+        if None in row or None in row.values():  # more or fewer values than the header has columns
+            extra: Any = row.get(None) or []  # type: ignore[call-overload]  # csv.DictReader's restkey
+            got = sum(v is not None for k, v in row.items() if k is not None) + len(extra)
+            raise ValidationError(where, row.get("job_id") or row.get("name"),
+                                  f"{got} values, the header has {len(header)} columns (a stray comma or quote?)")
+        if kind == "itp":
+            jid = row["job_id"]
+            sub = _number(row, "submission_time", where)
+            dur = _duration(_number(row, "duration", where), "duration", where, row["duration"])
+            ng = int(_number(row, "num_gpu", where, int))
+            if ng < 0:
+                raise ValidationError(f"{where}.num_gpu", row["num_gpu"], "must be >= 0")
+            prio = hash_priority(jid, seed)
+        else:
+            if not row["scheduled_time"] or not row["deletion_time"]:
+                continue  # never scheduled, or still running when the trace was taken
+            jid, sub = row["name"], _number(row, "creation_time", where)
+            dur = _duration(_number(row, "deletion_time", where) - _number(row, "scheduled_time", where),
+                            "deletion_time", where, row["deletion_time"])
+            ng = int(_number(row, "num_gpu", where))
+            prio = ALIBABA_QOS.get(row["qos"], Priority.NORMAL)
+            if ng <= 0:
+                continue  # a CPU-only pod
+        if dur == 0:
             continue
         if max_service_s is not None:
             dur = min(dur, max_service_s)
@@ -157,17 +214,34 @@ def read_trace(path: str | Path, fleet: FleetSpec, seed: int = 0, start: int = 0
     return out
 
 
-def _read_jsonl(p: Path, start: int, limit: int | None) -> list[TraceJob]:
+def _read_jsonl(text: str, fleet: FleetSpec, start: int, limit: int | None) -> list[TraceJob]:
     out = []
-    for i, line in enumerate(p.read_text().splitlines()):
+    for i, line in enumerate(text.splitlines()):
         if i < start or not line.strip():
             continue
         if limit is not None and len(out) >= limit:
             break
+        where = f"trace line {i + 1}"
         try:
             d = json.loads(line)
-            out.append(TraceJob(str(d.get("id", f"row{i}")), float(d.get("submit_s", 0.0)), float(d["service_s"]),
-                                d["endpoint"], Priority.parse(d.get("priority", "NORMAL")), int(d.get("num_gpu", 1))))
-        except (KeyError, ValueError, TypeError, json.JSONDecodeError) as e:
-            raise ValidationError(f"trace line {i + 1}", line[:80], f"bad job: {e}") from e
+        except (ValueError, RecursionError) as e:
+            raise ValidationError(where, line[:80], f"not JSON: {e}") from None
+        if not isinstance(d, dict):
+            raise ValidationError(where, line[:80], "must be a JSON object (endpoint, service_s, submit_s, priority)")
+        endpoint = d.get("endpoint")
+        if endpoint not in fleet.endpoints:
+            raise ValidationError(f"{where}.endpoint", endpoint,
+                                  f"unknown endpoint; known: {', '.join(sorted(fleet.endpoints))}")
+        service_s = _number(d, "service_s", where)
+        if service_s <= 0:
+            raise ValidationError(f"{where}.service_s", d["service_s"], "must be a positive number of seconds")
+        submit_s = _number({"submit_s": 0.0, **d}, "submit_s", where)
+        if submit_s < 0:
+            raise ValidationError(f"{where}.submit_s", d["submit_s"], "must be >= 0 (seconds after the start)")
+        num_gpu = int(_number({"num_gpu": 1, **d}, "num_gpu", where, int))
+        try:
+            priority = Priority.parse(d.get("priority", "NORMAL"))
+        except ValidationError as e:
+            raise ValidationError(f"{where}.priority", e.value, e.reason) from None
+        out.append(TraceJob(str(d.get("id", f"row{i}")), submit_s, service_s, endpoint, priority, num_gpu))
     return out

@@ -21,7 +21,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from makespan.errors import ValidationError
-from makespan.models import _NAME, FleetSpec, Priority, validate
+from makespan.models import _NAME, FleetSpec, Priority, read_user_file, validate
 
 ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/embeddings")
 _Strict = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True)
@@ -55,6 +55,13 @@ class StepSpec(BaseModel):
     request_s: float = Field(default=1.0, gt=0, le=86_400)
     request_timeout_s: float = Field(default=60.0, gt=0, le=86_400)
     service_s: float | None = Field(default=None, gt=0, le=10_000_000)
+
+    @field_validator("requests", "max_tokens", "request_s", "request_timeout_s", "service_s", mode="before")
+    @classmethod
+    def _no_bool(cls, v: Any) -> Any:
+        if isinstance(v, bool):  # pydantic would read true as 1 (YAML's yes/no/on/off are booleans too)
+            raise ValueError("must be a number, not a boolean")
+        return v
 
     @field_validator("name")
     @classmethod
@@ -130,15 +137,23 @@ class WorkloadSpec(BaseModel):
 
     def topo_order(self) -> list[str]:
         """Step names, every step after its dependencies (Kahn; ties by declaration)."""
-        deps = {s.name: set(s.depends_on) for s in self.steps}
+        order = {s.name: i for i, s in enumerate(self.steps)}
+        waiting = {s.name: len(set(s.depends_on)) for s in self.steps}
+        dependants: dict[str, list[str]] = {s.name: [] for s in self.steps}
+        for s in self.steps:
+            for d in set(s.depends_on):
+                dependants[d].append(s.name)
         out: list[str] = []
-        while deps:
-            ready = [n for n, d in deps.items() if not d]
+        ready = [s.name for s in self.steps if not waiting[s.name]]
+        while ready:  # one layer at a time, in declaration order (O(steps + edges))
+            out += ready
+            nxt = []
             for n in ready:
-                out.append(n)
-                del deps[n]
-            for d in deps.values():
-                d.difference_update(ready)
+                for m in dependants[n]:
+                    waiting[m] -= 1
+                    if not waiting[m]:
+                        nxt.append(m)
+            ready = sorted(nxt, key=order.__getitem__)
         return out
 
 
@@ -204,15 +219,12 @@ def load_workload(path: str | Path, fleet: FleetSpec) -> WorkloadSpec:
     """Read a YAML (``.yaml``/``.yml``) or JSON workload file and validate it.
 
     Raises:
-        ValidationError: missing file, unparsable file, or an invalid workload.
+        ValidationError: a file that cannot be read (missing, a folder, not UTF-8:
+            :func:`makespan.models.read_user_file`), unparsable, or an invalid workload
+            (the error names the file as its ``source``).
     """
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError as e:
-        raise ValidationError("workload file", str(p), "no such file") from e
-    except (OSError, UnicodeDecodeError) as e:  # a directory, no permission, not UTF-8
-        raise ValidationError("workload file", str(p), f"cannot read it: {e}") from e
+    text = read_user_file(p, "workload file")
     try:
         if p.suffix in (".yaml", ".yml"):
             import yaml
@@ -220,6 +232,9 @@ def load_workload(path: str | Path, fleet: FleetSpec) -> WorkloadSpec:
             data = yaml.safe_load(text)
         else:
             data = json.loads(text)
-    except Exception as e:  # yaml.YAMLError / json.JSONDecodeError
+    except Exception as e:  # yaml.YAMLError / json.JSONDecodeError / RecursionError
         raise ValidationError("workload file", str(p), f"not valid {p.suffix.lstrip('.') or 'JSON'}: {e}") from e
-    return parse_workload(data, fleet)
+    try:
+        return parse_workload(data, fleet)
+    except ValidationError as e:
+        raise e.in_file(p) from None

@@ -79,8 +79,9 @@ def submit_workload(r: redis.Redis, keys: Keys, fleet: FleetSpec, workload: Work
     now = time.time()
     steps: list[tuple[str, dict[str, Any], str]] = []
     templates: dict[str, dict[str, Any]] = {}
+    by_name = wl.by_name()
     for name in wl.topo_order():
-        s = wl.by_name()[name]
+        s = by_name[name]
         ep = fleet.endpoints[s.endpoint]
         svc = s.estimated_service_s(ep.slots)
         spec = {"endpoint": s.endpoint, "priority": wl.priority.name, "service_s": svc, "payload": s.payload(),

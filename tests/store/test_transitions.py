@@ -41,7 +41,8 @@ def written_states(name: str) -> tuple[set[str], bool]:
     out |= {state for call, state in HELPER_WRITES.items() if call in body}
     if "finish_job(ARGV[5], args[1], args[2]" in body:  # fenced.lua FINISH_JOB: finish_job_op allows finals only
         out |= set(FINAL_STATES)
-    from_fields = bool(re.search(r"redis\.call\('HSET', KEYS\[[^]]+\], unpack\((flat|f)\)\)", body))
+    from_fields = bool(re.search(r"redis\.call\('HSET', KEYS\[[^]]+\], unpack\((flat|f)\)\)"
+                                 r"|hset_table\(KEYS\[[^]]+\], ", body))  # lib's chunked HSET of a table
     return out & STATE_VALUES, from_fields
 
 

@@ -41,6 +41,20 @@ local function key_requests(prefix, job_id) return prefix .. ':requests:' .. job
 local function key_result(prefix, job_id) return prefix .. ':result:' .. job_id end
 local function key_workloads_active(prefix) return prefix .. ':workloads:active' end
 
+-- HSET every field of the Lua table tbl (field -> value, values written with tostring) on
+-- key, at most HSET_CHUNK fields per call: unpack() of more than about 8000 values fails
+-- ("too many results to unpack", Lua's C stack), which a workload of a few thousand steps
+-- reaches (two fields per step in its record)
+local HSET_CHUNK = 1000
+local function hset_table(key, tbl)
+  local flat = {}
+  for k, v in pairs(tbl) do
+    table.insert(flat, k); table.insert(flat, tostring(v))
+    if #flat >= 2 * HSET_CHUNK then redis.call('HSET', key, unpack(flat)); flat = {} end
+  end
+  if #flat > 0 then redis.call('HSET', key, unpack(flat)) end
+end
+
 -- append one event (its JSON text) to the stream, trimmed to about EVENTS_MAX_LEN entries
 local function append_event(stream_key, event_json)
   redis.call('XADD', stream_key, 'MAXLEN', '~', EVENTS_MAX_LEN, '*', 'e', event_json)

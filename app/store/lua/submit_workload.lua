@@ -21,20 +21,16 @@ local n = tonumber(ARGV[1])
 for i = 1, n do
   if redis.call('EXISTS', KEYS[6 + i]) == 1 then return 0 end
 end
-local wl = cjson.decode(ARGV[3])
-local flat = {}
-for k, v in pairs(wl) do table.insert(flat, k); table.insert(flat, tostring(v)) end
-redis.call('HSET', KEYS[4], unpack(flat))
+hset_table(KEYS[4], cjson.decode(ARGV[3]))  -- two fields per step: chunked (lib)
 redis.call('ZADD', KEYS[5], ARGV[4], ARGV[2])
 redis.call('SADD', KEYS[6], ARGV[2])
 for i = 1, n do
   local base = 5 + (i - 1) * 3
   local seq = redis.call('INCR', KEYS[1])
   local fields = cjson.decode(ARGV[base + 2])
-  local f = {}
-  for k, v in pairs(fields) do table.insert(f, k); table.insert(f, tostring(v)) end
-  table.insert(f, 'seq'); table.insert(f, tostring(seq))
-  redis.call('HSET', KEYS[6 + i], unpack(f))
+  fields['seq'] = seq
+  hset_table(KEYS[6 + i], fields)
+  fields['seq'] = nil
   awaited_add(ARGV[5], ARGV[base + 1], fields['deps'])
   if fields['pool'] then  -- a step routed to a named pool joins that pool's queue (makespan.pools)
     redis.call('ZADD', key_queue(ARGV[5], fields['priority'], fields['pool']), seq, ARGV[base + 1])
