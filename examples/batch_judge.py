@@ -25,6 +25,9 @@ CHUNK = 256  # prompts per ctx.requests call: progress and cancellation between 
 def batch_judge(ctx: makespan.WorkloadContext, prompts: list[str], max_tokens: int = 32) -> list[dict[str, Any]]:
     """Judge each prompt (a chat completion on the judge); returns ``[{"prompt", "verdict"}]``
     in order. Stops between chunks when the job is cancelled."""
+    if not isinstance(prompts, list) or not all(isinstance(p, str) for p in prompts):
+        # checked before any request: a single string would be judged character by character
+        raise TypeError(f"prompts: a list of strings, got {prompts!r:.80}")
     out: list[dict[str, Any]] = []
     for start in range(0, len(prompts), CHUNK):
         if ctx.cancelled.is_set():

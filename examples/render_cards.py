@@ -16,6 +16,8 @@ from typing import Any
 
 import makespan
 
+MAX_CARDS = 10_000  # a count above this is refused (every title and summary is held in memory)
+
 
 @makespan.workload(endpoint="renderer", helpers=("embed",), name="render_cards", retries=1, expected_s=300)
 def render_cards(ctx: makespan.WorkloadContext, cards: int | list[str] = 20) -> dict[str, Any]:
@@ -24,7 +26,11 @@ def render_cards(ctx: makespan.WorkloadContext, cards: int | list[str] = 20) -> 
     The renderer is called through ``ctx.requests`` under its concurrency cap; with an
     ``embed`` server among ``ctx.endpoint_urls`` each rendered card is embedded there
     (a simulated ``embed`` endpoint has no server: the summary says so)."""
-    titles = [f"card {i}" for i in range(cards)] if isinstance(cards, int) else [str(c) for c in cards]
+    if isinstance(cards, bool) or not (isinstance(cards, int) and 0 <= cards <= MAX_CARDS
+                                       or isinstance(cards, list) and all(isinstance(c, str) for c in cards)):
+        # checked before any request: a string would be rendered character by character
+        raise TypeError(f"cards: a count (0 to {MAX_CARDS}) or a list of titles, got {cards!r:.80}")
+    titles = [f"card {i}" for i in range(cards)] if isinstance(cards, int) else list(cards)
     rendered = ctx.requests([f"render {title}" for title in titles], max_tokens=64)
     ctx.progress(len(titles), 2 * len(titles), "rendered")
     if "embed" in ctx.endpoint_urls:
