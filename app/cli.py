@@ -157,7 +157,7 @@ def gpu_worker(fleet: Path = FleetOpt, host: str = typer.Option(..., help="host 
             names = load_modules(workloads)  # a module that does not import fails here, in one line
         except MakespanError as e:
             _fail(e)
-    _say_what_starts(hosts[host], workloads, names)
+    _say_what_starts(hosts[host], workloads, names, f)
     _start_metrics(metrics_port, "gpu-worker")
     _gil_switch_interval()
     from makespan.workers.tasks import celery
@@ -170,11 +170,13 @@ def gpu_worker(fleet: Path = FleetOpt, host: str = typer.Option(..., help="host 
         raise typer.Exit(code)
 
 
-def _say_what_starts(host_spec, modules: str, names: list[str]) -> None:
+def _say_what_starts(host_spec, modules: str, names: list[str], fleet=None) -> None:
     """One line to stderr before Celery's banner: the host, its GPUs (simulated or checked),
-    the workload functions loaded; and a warning when another GPU worker already consumes
-    the host's queue (``P:host:live:{host}``): both then take its phases, so a function only
-    one of them loaded fails on the other with UnknownWorkload. Redis errors skip the check."""
+    the workload functions loaded; a warning when another GPU worker already consumes the
+    host's queue (``P:host:live:{host}``): both then take its phases, so a function only one
+    of them loaded fails on the other with UnknownWorkload; and one when ``fleet`` (this
+    worker's file) differs from the fleet the planner published (``P:fleet``), naming the
+    endpoints this worker lacks: a job of one would fail here. Redis errors skip the checks."""
     kind = "simulated (gpu_count; no NVML check)" if host_spec.gpu_count is not None else "from the fleet file"
     loaded = f"workload functions: {', '.join(names)} (from {modules})" if names else \
         "no workload functions (--workloads MODULE to load some)"
@@ -182,15 +184,24 @@ def _say_what_starts(host_spec, modules: str, names: list[str]) -> None:
                err=True)
     from makespan.cli_support import context
 
+    from makespan.models import fleet_version, parse_fleet
+
     try:
         _s, r, keys = context()
-        other = r.get(keys.host_live(host_spec.name))
+        other, published_version, published = r.mget(keys.host_live(host_spec.name), keys.fleet_version, keys.fleet)
+        published_fleet = parse_fleet(json.loads(published)) if published and fleet is not None else None
     except Exception as e:  # a hint only: the worker itself reports an unreachable Redis
-        logging.getLogger("makespan.cli").debug("live-consumer check skipped: %s", e)
+        logging.getLogger("makespan.cli").debug("start checks against Redis skipped: %s", e)
         return
     if other:
         typer.echo(f"warning: another GPU worker ({other}) already consumes host {host_spec.name!r}'s queue; both "
                    "will take its phases: give both the same --workloads, or stop the other one", err=True)
+    if published_fleet is not None and fleet_version(fleet) != fleet_version(published_fleet):
+        lacks = sorted(set(published_fleet.endpoints) - set(fleet.endpoints))
+        typer.echo(f"warning: this GPU worker's fleet file (version {fleet_version(fleet)}) differs from the fleet the "
+                   f"planner published (version {published_version})"
+                   + (f"; it lacks endpoints {', '.join(lacks)}, whose jobs cannot run here" if lacks else "")
+                   + ": start the planner and the GPU workers with the same fleet file", err=True)
 
 
 def _celery_worker(app, argv: list[str]) -> int:

@@ -240,3 +240,24 @@ def test_gpu_worker_says_what_it_starts_and_warns_of_a_second_consumer(r, keys, 
     err = capsys.readouterr().err
     assert "no workload functions" in err
     assert f"warning: another GPU worker (other-machine:4242:abcd) already consumes host {host.name!r}" in err
+
+
+def test_gpu_worker_warns_when_its_fleet_file_differs_from_the_published_one(r, keys, redis_url, prefix,
+                                                                                monkeypatch, capsys):
+    """A GPU worker started with an older fleet file than the planner's is told at start, with
+    the endpoints it lacks (found by a review: a job of an endpoint the worker's file lacks
+    failed there with a KeyError and held its lease until it expired)."""
+    from makespan.cli import _say_what_starts
+    from makespan.models import fleet_version, load_fleet
+
+    monkeypatch.setenv("MAKESPAN_REDIS_URL", redis_url)
+    monkeypatch.setenv("MAKESPAN_KEY_PREFIX", prefix)
+    planners = load_fleet(FLEET_TOML)
+    mine = planners.model_copy(update={"endpoints": {k: v for k, v in planners.endpoints.items() if k != "chat"}})
+    r.mset({keys.fleet: planners.model_dump_json(), keys.fleet_version: fleet_version(planners)})
+    _say_what_starts(planners.hosts[0], "", [], planners)
+    assert "differs from the fleet" not in capsys.readouterr().err  # the same file: no warning
+    _say_what_starts(mine.hosts[0], "", [], mine)
+    err = capsys.readouterr().err
+    assert f"differs from the fleet the planner published (version {fleet_version(planners)})" in err
+    assert "it lacks endpoints chat" in err
