@@ -106,9 +106,11 @@ class HostSpec(BaseModel):
             raise ValueError("a host needs gpus or gpu_count")
         seen: set[int] = set()
         for g in self.gpus:
+            if g.uuid.startswith("MIG-"):
+                continue  # MIG instances share their parent GPU's CUDA index (nvidia-smi -L lists them under it)
             if g.index in seen:
                 raise ValueError(f"GPU index {g.index} appears twice on host {self.name!r}: each GPU has its own "
-                                 "CUDA index (nvidia-smi -L)")
+                                 "CUDA index (nvidia-smi -L; MIG instances, UUIDs MIG-…, share their GPU's)")
             seen.add(g.index)
         return self
 
