@@ -178,10 +178,12 @@ class PlannerWorker:
                 pass
             raise
 
-    def _keep_lock(self, lock) -> None:
-        while not self._stop.is_set() and not self.lost.is_set():
-            if self._stop.wait(self.lock_ttl_s / 3):
-                return  # stopping: the loop releases the lock, an extend now would read as a lost lock
+    def _keep_lock(self, lock, done: threading.Event) -> None:
+        """Extend ``lock`` every third of its TTL until deposed or ``done`` (this leadership
+        ended: the lock is being released, an extend now would read as a lost lock)."""
+        while not self.lost.is_set():
+            if done.wait(self.lock_ttl_s / 3):
+                return
             try:
                 lock.extend(self.lock_ttl_s, replace_ttl=True)
             except (LockNotOwnedError, LockError):
@@ -257,21 +259,35 @@ class PlannerWorker:
             self.close()
 
     def _lead_until_stopped(self, lock) -> None:
-        """Tick while leading, until stopped or deposed; then release the lock."""
+        """Tick while leading, until stopped or deposed; then release the lock, also when
+        the tick loop ends by an exception (``KeyboardInterrupt`` from a Ctrl-C, a bug): a
+        standby takes over at once instead of after the lock's TTL."""
         self.lost.clear()
-        keeper = threading.Thread(target=self._keep_lock, args=(lock,), daemon=True)
+        done = threading.Event()
+        keeper = threading.Thread(target=self._keep_lock, args=(lock, done), daemon=True)
         keeper.start()
-        self.lane = self._start_lane()
         try:
+            self.lane = self._start_lane()
             self._tick_until_deposed()
         finally:
-            if self.lane is not None:
-                self.lane.stop(timeout_s=self.settings.redis_socket_timeout_s)
-                self.lane = None
+            done.set()  # the keeper extends no more
+            try:
+                if self.lane is not None:
+                    self.lane.stop(timeout_s=self.settings.redis_socket_timeout_s)
+                    self.lane = None
+            finally:
+                self._release(lock)
+
+    def _release(self, lock) -> None:
+        """Write the queued solve stats and give ``lock`` back (best effort: a lock already
+        lost or a Redis that does not answer is left to the TTL)."""
         try:
             p = self.r.pipeline(transaction=False)
             queue_solve_stats(p, self.keys, self.kept)
             p.execute()
+        except redis.RedisError:
+            pass
+        try:
             lock.release()
         except (LockError, redis.RedisError):
             pass
