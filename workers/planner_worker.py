@@ -28,6 +28,7 @@ injected (``clock=``, a :class:`makespan.workers.tick.clock.Clock`; default the 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -108,6 +109,7 @@ class PlannerWorker:
         self._stop = threading.Event()
         self.token = ""  # the fencing token while leading ('' = unchecked: tests tick by hand)
         self.lost = threading.Event()
+        self._warned_config: tuple[Any, ...] = ()  # the leader config difference last warned of (standby)
         self.tick_again = False  # the last tick may be followed at once by another (tick doc)
         self.ticking = threading.Event()  # set while a tick runs (the critical lane's events say so)
         self.lane: CriticalLane | None = None  # the critical lane while leading (Settings.critical_lane)
@@ -147,20 +149,62 @@ class PlannerWorker:
             try:  # a standby must outlive a Redis restart or a dropped connection
                 got = lock.acquire(blocking=True, blocking_timeout=self.lock_ttl_s / 4)
                 outage.ok()
-                if got:
-                    self._check_redis_config(lock)
-                    self.token = str(self.r.incr(self.keys.planner_fence))
-                    self.r.mset({self.keys.fleet: self.whole_fleet.model_dump_json(),
-                                 self.keys.fleet_version: fleet_version(self.whole_fleet)})
-                    log.info("%s leads %s(planner fencing token %s)", self.name,
-                             f"pool {self.pool} " if self.pool else "", self.token)
-                    events.record(self.r, self.keys.events, "planner_lead", planner=self.name, pid=os.getpid(),
-                                  token=int(self.token), **({"pool": self.pool} if self.pool else {}))
-                    return lock
+                if not got:
+                    self._compare_with_leader()
+                    continue
+                self._check_redis_config(lock)
+                self.token = str(self.r.incr(self.keys.planner_fence))
+                version = fleet_version(self.whole_fleet)
+                p = self.r.pipeline(transaction=True)  # a reader sees the fleet and its version change together
+                p.get(self.keys.fleet_version)
+                p.mset({self.keys.fleet: self.whole_fleet.model_dump_json(), self.keys.fleet_version: version,
+                        self.keys.planner_config: json.dumps(self._config())})
+                replaced, _ok = p.execute()
+                log.info("%s leads %s(planner fencing token %s)", self.name,
+                         f"pool {self.pool} " if self.pool else "", self.token)
+                if replaced is not None and replaced != version:
+                    log.warning("%s replaces the published fleet (version %s) with its own (version %s, policy %s): "
+                                "queued jobs this fleet cannot run are cancelled at its first tick", self.name,
+                                replaced, version, self.settings.policy)
+                events.record(self.r, self.keys.events, "planner_lead", planner=self.name, pid=os.getpid(),
+                              token=int(self.token), policy=self.settings.policy, fleet_version=version,
+                              replaced_fleet_version=replaced if replaced != version else None,
+                              **({"pool": self.pool} if self.pool else {}))
+                return lock
             except redis.RedisError as e:
                 outage.failed(e)
                 self._stop.wait(0.2)
         return None
+
+    def _config(self) -> dict[str, str]:
+        """What this planner plans with, as it publishes it when it leads (``Keys.planner_config``)."""
+        return {"planner": self.name, "policy": self.settings.policy, "fleet_version": fleet_version(self.whole_fleet)}
+
+    def _compare_with_leader(self) -> None:
+        """While standing by: warn, once per leader and difference, when the leading planner
+        plans with another fleet (version) or policy than this one would after taking over.
+
+        Raises:
+            redis.RedisError: Redis failed (the standby loop retries)."""
+        raw = self.r.get(self.keys.planner_config)
+        try:
+            theirs = json.loads(raw) if raw else None
+        except ValueError:
+            theirs = None
+        if not isinstance(theirs, dict):
+            return  # no leader yet, or one of a version that does not publish it
+        mine = self._config()
+        differ = [field for field in ("fleet_version", "policy") if theirs.get(field) != mine[field]]
+        seen = (theirs.get("planner"), *(theirs.get(field) for field in differ))
+        if not differ or seen == self._warned_config:
+            return
+        self._warned_config = seen
+        what = " and ".join(f"{field.replace('_', ' ')} {mine[field]}" for field in differ)
+        leader_has = " and ".join(f"{field.replace('_', ' ')} {theirs.get(field)}" for field in differ)
+        log.warning("%s stands by with %s, but the leading planner %s runs %s: if it takes over, it plans with "
+                    "its own%s; start every planner with the same --fleet file and MAKESPAN_POLICY",
+                    self.name, what, theirs.get("planner"), leader_has,
+                    " fleet (queued jobs that fleet cannot run are cancelled)" if "fleet_version" in differ else "")
 
     def _check_redis_config(self, lock) -> None:
         """Checked each time this planner comes to lead (a failover may have promoted a

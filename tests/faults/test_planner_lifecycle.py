@@ -5,6 +5,11 @@ processes on the shared Redis (this test's key prefix), a leader and a standby.
   leader lock back as SIGTERM does, so the standby takes over at once instead of after the
   lock's TTL. Before, only a clean stop released it: a ``KeyboardInterrupt`` (or any
   exception out of a tick) skipped the release.
+* A standby started with another fleet file or another policy than the leader's says so
+  in its log while it stands by, and says, when it takes over, which fleet version it
+  replaced (also in its ``planner_lead`` event). Before, nothing told the operator: the
+  standby took over silently and planned with its own fleet and policy (cancelling the
+  queued jobs its fleet cannot run).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from makespan.models import fleet_version, load_fleet
 from makespan.settings import Settings
 from tests.faults.private_redis import TWO_HOSTS
 from tests.live import all_events, wait_for
@@ -85,5 +91,35 @@ def test_a_leader_stopped_by_ctrl_c_releases_its_lock_at_once(r, keys, lifecycle
         assert waited_s < 5.0, (f"the standby led {waited_s:.1f} s after the leader's SIGINT: the leader kept its "
                                 f"lock until its {lock_ttl_s:g} s TTL ran out")
         assert took["token"] > first["token"]
+    finally:
+        _stop(leader, *([standby] if standby is not None else []))
+
+
+def test_a_standby_with_another_fleet_or_policy_says_so_and_its_takeover_too(r, keys, lifecycle_settings,
+                                                                             fleet_file, tmp_path):
+    s = dataclasses.replace(lifecycle_settings, policy="portfolio")
+    other_fleet = tmp_path / "other-fleet.toml"  # a third host: another fleet version
+    other_fleet.write_text(TWO_HOSTS + '[[hosts]]\nname = "h3"\ngpu_count = 1\nmemory_mib = 40000\n')
+    ours, theirs = fleet_version(load_fleet(fleet_file)), fleet_version(load_fleet(other_fleet))
+    leader = _planner(tmp_path, "leader", s, fleet_file)
+    standby = None
+    try:
+        wait_for(lambda: _leads(r, keys), 60, "the first planner to lead")
+        standby = _planner(tmp_path, "standby", s, other_fleet, MAKESPAN_POLICY="fifo")
+        log_path = tmp_path / "standby.log"
+
+        def warned() -> list[str]:
+            return [line for line in log_path.read_text(errors="replace").splitlines()
+                    if "WARNING" in line and ours in line and theirs in line]
+
+        lines = wait_for(warned, 60, "the standby to say that its fleet and policy differ from the leader's")
+        assert "fifo" in lines[0] and "portfolio" in lines[0], lines[0]
+        time.sleep(3.0)
+        assert len(warned()) == 1, "said once, not at every look at the lock"
+        os.killpg(leader.pid, signal.SIGTERM)
+        took = wait_for(lambda: [e for e in _leads(r, keys) if e["pid"] == standby.pid], 60, "the standby to lead")[0]
+        assert took.get("replaced_fleet_version") == ours, took
+        assert r.get(keys.fleet_version) == theirs
+        assert any("replaces" in line and ours in line for line in warned()), log_path.read_text()
     finally:
         _stop(leader, *([standby] if standby is not None else []))
