@@ -153,28 +153,45 @@ class PlannerWorker:
                     self._compare_with_leader()
                     continue
                 self._check_redis_config(lock)
-                self.token = str(self.r.incr(self.keys.planner_fence))
-                version = fleet_version(self.whole_fleet)
-                p = self.r.pipeline(transaction=True)  # a reader sees the fleet and its version change together
-                p.get(self.keys.fleet_version)
-                p.mset({self.keys.fleet: self.whole_fleet.model_dump_json(), self.keys.fleet_version: version,
-                        self.keys.planner_config: json.dumps(self._config())})
-                replaced, _ok = p.execute()
-                log.info("%s leads %s(planner fencing token %s)", self.name,
-                         f"pool {self.pool} " if self.pool else "", self.token)
-                if replaced is not None and replaced != version:
-                    log.warning("%s replaces the published fleet (version %s) with its own (version %s, policy %s): "
-                                "queued jobs this fleet cannot run are cancelled at its first tick", self.name,
-                                replaced, version, self.settings.policy)
-                events.record(self.r, self.keys.events, "planner_lead", planner=self.name, pid=os.getpid(),
-                              token=int(self.token), policy=self.settings.policy, fleet_version=version,
-                              replaced_fleet_version=replaced if replaced != version else None,
-                              **({"pool": self.pool} if self.pool else {}))
+                self._take_office(lock)
                 return lock
             except redis.RedisError as e:
                 outage.failed(e)
                 self._stop.wait(0.2)
         return None
+
+    def _take_office(self, lock) -> None:
+        """With ``lock`` just taken: a fresh fencing token, the fleet and this planner's
+        config published, the ``planner_lead`` event. A Redis error gives the lock back
+        (best effort) before it goes on: a retry could not take the lock this attempt
+        holds under its own token, and no planner would lead until the TTL ran out.
+
+        Raises:
+            redis.RedisError: Redis failed (the standby loop retries)."""
+        try:
+            self.token = str(self.r.incr(self.keys.planner_fence))
+            version = fleet_version(self.whole_fleet)
+            p = self.r.pipeline(transaction=True)  # a reader sees the fleet and its version change together
+            p.get(self.keys.fleet_version)
+            p.mset({self.keys.fleet: self.whole_fleet.model_dump_json(), self.keys.fleet_version: version,
+                    self.keys.planner_config: json.dumps(self._config())})
+            replaced, _ok = p.execute()
+            events.record(self.r, self.keys.events, "planner_lead", planner=self.name, pid=os.getpid(),
+                          token=int(self.token), policy=self.settings.policy, fleet_version=version,
+                          replaced_fleet_version=replaced if replaced != version else None,
+                          **({"pool": self.pool} if self.pool else {}))
+        except redis.RedisError:  # StoreError (the event) derives from the redis-py class it wraps
+            try:
+                lock.release()
+            except (LockError, redis.RedisError):
+                pass
+            raise
+        log.info("%s leads %s(planner fencing token %s)", self.name, f"pool {self.pool} " if self.pool else "",
+                 self.token)
+        if replaced is not None and replaced != version:
+            log.warning("%s replaces the published fleet (version %s) with its own (version %s, policy %s): "
+                        "queued jobs this fleet cannot run are cancelled at its first tick", self.name,
+                        replaced, version, self.settings.policy)
 
     def _config(self) -> dict[str, str]:
         """What this planner plans with, as it publishes it when it leads (``Keys.planner_config``)."""

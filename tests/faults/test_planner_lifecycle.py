@@ -123,3 +123,28 @@ def test_a_standby_with_another_fleet_or_policy_says_so_and_its_takeover_too(r, 
         assert any("replaces" in line and ours in line for line in warned()), log_path.read_text()
     finally:
         _stop(leader, *([standby] if standby is not None else []))
+
+
+def test_a_redis_error_as_a_planner_comes_to_lead_gives_the_lock_back(r, keys, lifecycle_settings,
+                                                                             fleet_file, tmp_path):
+    """A Redis command that fails between taking the lock and leading (the fencing token's
+    INCR, the fleet's write, the ``planner_lead`` event; here the event's XADD, made to fail
+    by a string where the event stream belongs) is ridden out as an outage that gives the
+    lock back: the planner stays up and leads as soon as Redis answers again. Before, the
+    lock stayed taken by the planner's own abandoned attempt: no planner led until its TTL
+    ran out (a retry cannot take a lock it holds under another token), while
+    ``P:planner:leader`` told every reader that one did."""
+    r.set(keys.events, "not a stream")  # every XADD to it fails: WRONGTYPE
+    planner = _planner(tmp_path, "planner", lifecycle_settings, fleet_file)
+    try:
+        log_path = tmp_path / "planner.log"
+        wait_for(lambda: "WRONGTYPE" in log_path.read_text(errors="replace"), 60, "the planner to meet the error")
+        time.sleep(2.0)
+        assert planner.poll() is None, f"the planner ended: {log_path.read_text()}"
+        assert not r.exists(keys.planner_leader), "it holds the lock without leading"
+        r.delete(keys.events)
+        fixed_at = time.time()
+        took = wait_for(lambda: _leads(r, keys), 60, "the planner to lead")[0]
+        assert took["pid"] == planner.pid and took["ts"] - fixed_at < 5.0, took
+    finally:
+        _stop(planner)
