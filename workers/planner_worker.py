@@ -162,8 +162,8 @@ class PlannerWorker:
 
     def _take_office(self, lock) -> None:
         """With ``lock`` just taken: a fresh fencing token, the fleet and this planner's
-        config published, the ``planner_lead`` event. A Redis error gives the lock back
-        (best effort) before it goes on: a retry could not take the lock this attempt
+        config published, the ``planner_lead`` event. A Redis error (or a Ctrl-C) gives the
+        lock back (best effort) before it goes on: a retry could not take the lock this attempt
         holds under its own token, and no planner would lead until the TTL ran out.
 
         Raises:
@@ -180,7 +180,7 @@ class PlannerWorker:
                           token=int(self.token), policy=self.settings.policy, fleet_version=version,
                           replaced_fleet_version=replaced if replaced != version else None,
                           **({"pool": self.pool} if self.pool else {}))
-        except redis.RedisError:  # StoreError (the event) derives from the redis-py class it wraps
+        except BaseException:  # a Redis error (StoreError derives from the class it wraps), a Ctrl-C
             try:
                 lock.release()
             except (LockError, redis.RedisError):
