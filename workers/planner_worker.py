@@ -64,6 +64,7 @@ if TYPE_CHECKING:  # pragma: no cover - types only
     from makespan.workers.agenda import AgendaTracker
 
 log = logging.getLogger("makespan.planner")
+STANDBY_WAIT_S = 1.0  # longest single wait of a standby for the leader lock (it polls it every 0.1 s meanwhile), s
 
 __all__ = ["PlannerWorker"]
 
@@ -147,7 +148,8 @@ class PlannerWorker:
         outage = OutageLog(log, f"{self.name} standing by")
         while not self._stop.is_set():
             try:  # a standby must outlive a Redis restart or a dropped connection
-                got = lock.acquire(blocking=True, blocking_timeout=self.lock_ttl_s / 4)
+                # each wait is short whatever the TTL: a stop is seen between two (SIGTERM's bound)
+                got = lock.acquire(blocking=True, blocking_timeout=min(self.lock_ttl_s / 4, STANDBY_WAIT_S))
                 outage.ok()
                 if not got:
                     self._compare_with_leader()

@@ -148,3 +148,29 @@ def test_a_redis_error_as_a_planner_comes_to_lead_gives_the_lock_back(r, keys, l
         assert took["pid"] == planner.pid and took["ts"] - fixed_at < 5.0, took
     finally:
         _stop(planner)
+
+
+def test_a_standby_ends_soon_after_sigterm_whatever_the_lease_ttl(r, keys, settings, fleet_file, tmp_path):
+    """A standby planner SIGTERMed ends cleanly (exit 0) within a second or two, also with a
+    long lease TTL. Before, it noticed the stop only between two blocking waits for the lock
+    of a quarter of the lock's TTL each (lease_ttl_s / 8: 30 s with a 240 s lease TTL), past
+    the shutdown grace period at such TTLs (then ended by the watchdog, exit code 1)."""
+    s = dataclasses.replace(settings, lease_ttl_s=240.0, shutdown_grace_s=60.0)
+    leader = _planner(tmp_path, "leader", s, fleet_file)
+    standby = None
+    try:
+        wait_for(lambda: _leads(r, keys), 60, "the first planner to lead")
+        standby = _planner(tmp_path, "standby", s, fleet_file)
+        time.sleep(4.0)  # started (imports: about a second) and waiting for the lock
+        assert standby.poll() is None
+        sent_at = time.monotonic()
+        os.killpg(standby.pid, signal.SIGTERM)
+        try:
+            code = standby.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            code = None
+        took_s = time.monotonic() - sent_at
+        assert code == 0 and took_s < 5.0, f"the standby ended {took_s:.1f} s after SIGTERM, exit code {code}"
+        assert len(_leads(r, keys)) == 1  # it never led
+    finally:
+        _stop(leader, *([standby] if standby is not None else []))
