@@ -343,14 +343,13 @@ class PlannerWorker:
 
     def _release(self, lock) -> None:
         """Write the queued solve stats and give ``lock`` back (best effort: a lock already
-        lost or a Redis that does not answer is left to the TTL)."""
+        lost, or a Redis that did not answer the stats' write, is left to the TTL; a second
+        command to a Redis that does not answer would hold the shutdown another socket
+        timeout)."""
         try:
             p = self.r.pipeline(transaction=False)
             queue_solve_stats(p, self.keys, self.kept)
             p.execute()
-        except redis.RedisError:
-            pass
-        try:
             lock.release()
         except (LockError, redis.RedisError):
             pass
