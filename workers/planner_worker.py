@@ -154,7 +154,6 @@ class PlannerWorker:
                 if not got:
                     self._compare_with_leader()
                     continue
-                self._check_redis_config(lock)
                 self._take_office(lock)
                 return lock
             except redis.RedisError as e:
@@ -163,14 +162,17 @@ class PlannerWorker:
         return None
 
     def _take_office(self, lock) -> None:
-        """With ``lock`` just taken: a fresh fencing token, the fleet and this planner's
+        """With ``lock`` just taken: Redis's eviction policy checked
+        (:meth:`_check_redis_config`), a fresh fencing token, the fleet and this planner's
         config published, the ``planner_lead`` event. A Redis error (or a Ctrl-C) gives the
         lock back (best effort) before it goes on: a retry could not take the lock this attempt
         holds under its own token, and no planner would lead until the TTL ran out.
 
         Raises:
+            RedisConfigError: an evicting policy (the lock is given back).
             redis.RedisError: Redis failed (the standby loop retries)."""
         try:
+            self._check_redis_config(lock)
             self.token = str(self.r.incr(self.keys.planner_fence))
             version = fleet_version(self.whole_fleet)
             p = self.r.pipeline(transaction=True)  # a reader sees the fleet and its version change together
