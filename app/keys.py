@@ -30,6 +30,9 @@ key                                    type    contents
 ``P:retention``                        hash    finished jobs by final state, last_finished_s
 ``P:planner:leader``                   string  planner leader lock (redis-py Lock)
 ``P:planner:fence``                    string  planner fencing counter
+``P:planner:config``                   string  the leading planner's name, policy and fleet version,
+                                               JSON, written as it comes to lead: a standby with
+                                               another one says so (makespan.workers.planner_worker)
 ``P:planner:solve_s``                  list    the planner's latest solve times (fleet_view)
 ``P:planner:wake``                     list    wake-ups for the planner (first 16 kept): ``1`` a job
                                                queued (at the tail), ``release`` a lease gave its
@@ -93,7 +96,7 @@ key                                    type    contents
 Pools (design notes, "pool"; ``[[pools]]`` in the fleet file): the keys of one pool's
 planner and queues are built by ``Keys(prefix, pool=NAME)`` (:meth:`Keys.for_pool`) and
 live under ``P:pool:{name}:`` instead of ``P:`` — ``queue:{level}``, ``planner:leader``,
-``planner:fence``, ``planner:wake``, ``planner:critical``, ``planner:solve_s``,
+``planner:fence``, ``planner:config``, ``planner:wake``, ``planner:critical``, ``planner:solve_s``,
 ``planner:reasons``, ``planner:reasons:at``, ``drain``, ``plan`` and ``offer`` (below). Everything else (jobs, leases, GPUs, events, the delayed
 set, ...) is shared by every pool. A fleet without pools has one implicit pool whose keys
 are the ``P:`` ones above, unchanged. A job record in a named pool carries ``pool``.
@@ -284,6 +287,12 @@ class Keys:
     @property
     def planner_fence(self) -> str:
         return f"{self._scoped}:planner:fence"
+
+    @property
+    def planner_config(self) -> str:
+        """String: the leading planner's ``{"planner", "policy", "fleet_version"}`` JSON, written
+        as it comes to lead (:mod:`makespan.workers.planner_worker`)."""
+        return f"{self._scoped}:planner:config"
 
     @property
     def wait_reason_counts(self) -> str:

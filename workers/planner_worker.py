@@ -28,6 +28,7 @@ injected (``clock=``, a :class:`makespan.workers.tick.clock.Clock`; default the 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -63,6 +64,7 @@ if TYPE_CHECKING:  # pragma: no cover - types only
     from makespan.workers.agenda import AgendaTracker
 
 log = logging.getLogger("makespan.planner")
+STANDBY_WAIT_S = 1.0  # longest single wait of a standby for the leader lock (it polls it every 0.1 s meanwhile), s
 
 __all__ = ["PlannerWorker"]
 
@@ -108,6 +110,7 @@ class PlannerWorker:
         self._stop = threading.Event()
         self.token = ""  # the fencing token while leading ('' = unchecked: tests tick by hand)
         self.lost = threading.Event()
+        self._warned_config: tuple[Any, ...] = ()  # the leader config difference last warned of (standby)
         self.tick_again = False  # the last tick may be followed at once by another (tick doc)
         self.ticking = threading.Event()  # set while a tick runs (the critical lane's events say so)
         self.lane: CriticalLane | None = None  # the critical lane while leading (Settings.critical_lane)
@@ -145,22 +148,84 @@ class PlannerWorker:
         outage = OutageLog(log, f"{self.name} standing by")
         while not self._stop.is_set():
             try:  # a standby must outlive a Redis restart or a dropped connection
-                got = lock.acquire(blocking=True, blocking_timeout=self.lock_ttl_s / 4)
+                # each wait is short whatever the TTL: a stop is seen between two (SIGTERM's bound)
+                got = lock.acquire(blocking=True, blocking_timeout=min(self.lock_ttl_s / 4, STANDBY_WAIT_S))
                 outage.ok()
-                if got:
-                    self._check_redis_config(lock)
-                    self.token = str(self.r.incr(self.keys.planner_fence))
-                    self.r.mset({self.keys.fleet: self.whole_fleet.model_dump_json(),
-                                 self.keys.fleet_version: fleet_version(self.whole_fleet)})
-                    log.info("%s leads %s(planner fencing token %s)", self.name,
-                             f"pool {self.pool} " if self.pool else "", self.token)
-                    events.record(self.r, self.keys.events, "planner_lead", planner=self.name, pid=os.getpid(),
-                                  token=int(self.token), **({"pool": self.pool} if self.pool else {}))
-                    return lock
+                if not got:
+                    self._compare_with_leader()
+                    continue
+                self._take_office(lock)
+                return lock
             except redis.RedisError as e:
                 outage.failed(e)
                 self._stop.wait(0.2)
         return None
+
+    def _take_office(self, lock) -> None:
+        """With ``lock`` just taken: Redis's eviction policy checked
+        (:meth:`_check_redis_config`), a fresh fencing token, the fleet and this planner's
+        config published, the ``planner_lead`` event. A Redis error (or a Ctrl-C) gives the
+        lock back (best effort) before it goes on: a retry could not take the lock this attempt
+        holds under its own token, and no planner would lead until the TTL ran out.
+
+        Raises:
+            RedisConfigError: an evicting policy (the lock is given back).
+            redis.RedisError: Redis failed (the standby loop retries)."""
+        try:
+            self._check_redis_config(lock)
+            self.token = str(self.r.incr(self.keys.planner_fence))
+            version = fleet_version(self.whole_fleet)
+            p = self.r.pipeline(transaction=True)  # a reader sees the fleet and its version change together
+            p.get(self.keys.fleet_version)
+            p.mset({self.keys.fleet: self.whole_fleet.model_dump_json(), self.keys.fleet_version: version,
+                    self.keys.planner_config: json.dumps(self._config())})
+            replaced, _ok = p.execute()
+            events.record(self.r, self.keys.events, "planner_lead", planner=self.name, pid=os.getpid(),
+                          token=int(self.token), policy=self.settings.policy, fleet_version=version,
+                          replaced_fleet_version=replaced if replaced != version else None,
+                          **({"pool": self.pool} if self.pool else {}))
+        except BaseException:  # a Redis error (StoreError derives from the class it wraps), a Ctrl-C
+            try:
+                lock.release()
+            except (LockError, redis.RedisError):
+                pass
+            raise
+        log.info("%s leads %s(planner fencing token %s)", self.name, f"pool {self.pool} " if self.pool else "",
+                 self.token)
+        if replaced is not None and replaced != version:
+            log.warning("%s replaces the published fleet (version %s) with its own (version %s, policy %s): "
+                        "queued jobs this fleet cannot run are cancelled at its first tick", self.name,
+                        replaced, version, self.settings.policy)
+
+    def _config(self) -> dict[str, str]:
+        """What this planner plans with, as it publishes it when it leads (``Keys.planner_config``)."""
+        return {"planner": self.name, "policy": self.settings.policy, "fleet_version": fleet_version(self.whole_fleet)}
+
+    def _compare_with_leader(self) -> None:
+        """While standing by: warn, once per leader and difference, when the leading planner
+        plans with another fleet (version) or policy than this one would after taking over.
+
+        Raises:
+            redis.RedisError: Redis failed (the standby loop retries)."""
+        raw = self.r.get(self.keys.planner_config)
+        try:
+            theirs = json.loads(raw) if raw else None
+        except ValueError:
+            theirs = None
+        if not isinstance(theirs, dict):
+            return  # no leader yet, or one of a version that does not publish it
+        mine = self._config()
+        differ = [field for field in ("fleet_version", "policy") if theirs.get(field) != mine[field]]
+        seen = (theirs.get("planner"), *(theirs.get(field) for field in differ))
+        if not differ or seen == self._warned_config:
+            return
+        self._warned_config = seen
+        what = " and ".join(f"{field.replace('_', ' ')} {mine[field]}" for field in differ)
+        leader_has = " and ".join(f"{field.replace('_', ' ')} {theirs.get(field)}" for field in differ)
+        log.warning("%s stands by with %s, but the leading planner %s runs %s: if it takes over, it plans with "
+                    "its own%s; start every planner with the same --fleet file and MAKESPAN_POLICY",
+                    self.name, what, theirs.get("planner"), leader_has,
+                    " fleet (queued jobs that fleet cannot run are cancelled)" if "fleet_version" in differ else "")
 
     def _check_redis_config(self, lock) -> None:
         """Checked each time this planner comes to lead (a failover may have promoted a
@@ -178,10 +243,12 @@ class PlannerWorker:
                 pass
             raise
 
-    def _keep_lock(self, lock) -> None:
-        while not self._stop.is_set() and not self.lost.is_set():
-            if self._stop.wait(self.lock_ttl_s / 3):
-                return  # stopping: the loop releases the lock, an extend now would read as a lost lock
+    def _keep_lock(self, lock, done: threading.Event) -> None:
+        """Extend ``lock`` every third of its TTL until deposed or ``done`` (this leadership
+        ended: the lock is being released, an extend now would read as a lost lock)."""
+        while not self.lost.is_set():
+            if done.wait(self.lock_ttl_s / 3):
+                return
             try:
                 lock.extend(self.lock_ttl_s, replace_ttl=True)
             except (LockNotOwnedError, LockError):
@@ -257,17 +324,30 @@ class PlannerWorker:
             self.close()
 
     def _lead_until_stopped(self, lock) -> None:
-        """Tick while leading, until stopped or deposed; then release the lock."""
+        """Tick while leading, until stopped or deposed; then release the lock, also when
+        the tick loop ends by an exception (``KeyboardInterrupt`` from a Ctrl-C, a bug): a
+        standby takes over at once instead of after the lock's TTL."""
         self.lost.clear()
-        keeper = threading.Thread(target=self._keep_lock, args=(lock,), daemon=True)
+        done = threading.Event()
+        keeper = threading.Thread(target=self._keep_lock, args=(lock, done), daemon=True)
         keeper.start()
-        self.lane = self._start_lane()
         try:
+            self.lane = self._start_lane()
             self._tick_until_deposed()
         finally:
-            if self.lane is not None:
-                self.lane.stop(timeout_s=self.settings.redis_socket_timeout_s)
-                self.lane = None
+            done.set()  # the keeper extends no more
+            try:
+                if self.lane is not None:
+                    self.lane.stop(timeout_s=self.settings.redis_socket_timeout_s)
+                    self.lane = None
+            finally:
+                self._release(lock)
+
+    def _release(self, lock) -> None:
+        """Write the queued solve stats and give ``lock`` back (best effort: a lock already
+        lost, or a Redis that did not answer the stats' write, is left to the TTL; a second
+        command to a Redis that does not answer would hold the shutdown another socket
+        timeout)."""
         try:
             p = self.r.pipeline(transaction=False)
             queue_solve_stats(p, self.keys, self.kept)
