@@ -11,7 +11,10 @@ Used by ``test_outage.py``, ``test_role_change.py``, ``test_sigterm_bound.py`` a
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import json
+import threading
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from makespan.live import LiveSystem
@@ -86,3 +89,25 @@ def live_system(tmp_path: Path, settings: Settings, fleet_text: str = TWO_HOSTS,
 def process_logs(system: LiveSystem, tail_chars: int = 3000) -> dict[str, str]:
     """The last ``tail_chars`` characters of each process's log (for a failure message)."""
     return {p.name: p.log_path.read_text(errors="replace")[-tail_chars:] for p in system.procs}
+
+
+def completion_server(answer: Callable[[dict], str]) -> ThreadingHTTPServer:
+    """A local HTTP server (started, on a free port) answering every POST with a
+    completion ``{"choices": [{"text": answer(body)}]}``; ``answer`` gets the request's JSON
+    body and may block or act on the test's Redis first. Call ``shutdown()`` when done."""
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
+            data = json.dumps({"choices": [{"text": answer(body)}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return httpd

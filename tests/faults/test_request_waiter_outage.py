@@ -8,11 +8,10 @@ A private append-only Redis (killed and started again), a real HTTP endpoint, tw
 request runners on one instance with one slot: one holds the slot, the other waits."""
 from __future__ import annotations
 
-import json
 import threading
 import time
 import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 from bench.chaos_redis import RedisServer
 from makespan.errors import StoreError
@@ -21,28 +20,17 @@ from makespan.redis_conn import connect
 from makespan.settings import Settings
 from makespan.workers import requests as requests_module
 from makespan.workers.requests import RequestRunner, request_drain
+from tests.faults.private_redis import completion_server
 
 WAITER_TTL_S = 1.0  # the test's waiter deadline (10 s in production)
 
 
 def _server(release: threading.Event) -> ThreadingHTTPServer:
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args):
-            pass
+    def answer(_body: dict) -> str:
+        release.wait(30)  # the slot stays held until the test lets it go
+        return "ok"
 
-        def do_POST(self):
-            self.rfile.read(int(self.headers["Content-Length"]))
-            release.wait(30)  # the slot stays held until the test lets it go
-            data = json.dumps({"choices": [{"text": "ok"}]}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    return httpd
+    return completion_server(answer)
 
 
 def _until(check, timeout_s: float) -> bool:

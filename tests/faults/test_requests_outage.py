@@ -5,12 +5,11 @@ kept an endpoint slot until its TTL. The release is retried through the outage (
 review, 2026-12-04; fails on the code before)."""
 from __future__ import annotations
 
-import json
 import threading
 import time
 import tomllib
 import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import makespan
 from bench.chaos_redis import RedisServer
@@ -24,7 +23,7 @@ from makespan.workers.drivers.registry import register_instance
 from makespan.workers.leases import LeaseStore
 from makespan.workers.phases import PhaseContext, PhaseRunner
 from makespan.workers.requests import request_drain
-from tests.faults.private_redis import TWO_HOSTS
+from tests.faults.private_redis import TWO_HOSTS, completion_server
 
 FLEET = TWO_HOSTS + "slots = 4\n"  # the sim endpoint (its table is the last): two requests in flight
 
@@ -35,27 +34,15 @@ def fanout_through_an_outage(ctx):
 
 
 def _server(srv: RedisServer) -> ThreadingHTTPServer:
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args):
-            pass
+    def answer(body: dict) -> str:
+        if body.get("prompt") == "down":  # Redis goes away while this request is answered
+            srv.kill()
+            threading.Timer(0.4, srv.start).start()
+        else:
+            time.sleep(1.5)  # the other request of the fan-out is still in flight when Redis is back
+        return "ok " + body.get("prompt", "")
 
-        def do_POST(self):
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            if body.get("prompt") == "down":  # Redis goes away while this request is answered
-                srv.kill()
-                threading.Timer(0.4, srv.start).start()
-            else:
-                time.sleep(1.5)  # the other request of the fan-out is still in flight when Redis is back
-            data = json.dumps({"choices": [{"text": "ok " + body.get("prompt", "")}]}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    return httpd
+    return completion_server(answer)
 
 
 def test_a_redis_restart_during_ctx_requests_does_not_fail_the_job():
