@@ -311,6 +311,9 @@ class Producer:
         out = self.jobs.cancel(job_id, self.keys.for_pool(pool).queue(prio), ev, time.time())
         if out == "missing":
             raise NotFoundError(f"no job {job_id!r}")
+        if out == "cancelled_now":  # no GPU worker will end it: its root span is ended here (one trace per job)
+            telemetry.end_cancelled_job_spans(self.r, [(job_id, self.keys.job(job_id))])
+            return "cancelled"
         return out
 
     def queue_depths(self) -> dict[str, int]:

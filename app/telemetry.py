@@ -346,6 +346,38 @@ def end_job_span(traceparent: str, start_ts: float, attributes: Mapping[str, Any
     span.end(end_time=int(end * 1e9))
 
 
+JOB_SPAN_FIELDS = ("traceparent", "submitted_at", "priority", "endpoint", "reason")
+"""The job record's fields :func:`end_job_span_of_record` reads."""
+
+
+def end_job_span_of_record(job_id: str, state: str, record: Mapping[str, str | None]) -> None:
+    """:func:`end_job_span` for a job that a path other than its GPU worker ended (a
+    reclaim, a preemption, a cancel while queued), from its record's
+    :data:`JOB_SPAN_FIELDS` (missing ones None). Nothing when tracing is off or the job
+    has no traceparent; ``failed`` sets an ERROR status (a cancel is not an error)."""
+    traceparent = record.get("traceparent")
+    if not traceparent or not tracing_enabled():
+        return
+    reason = record.get("reason")
+    end_job_span(traceparent, float(record.get("submitted_at") or time.time()),
+                 {"job_id": job_id, "priority": record.get("priority"), "endpoint": record.get("endpoint"),
+                  "state": state, "reason": reason or None},
+                 error=(reason or state) if state == "failed" else None)
+
+
+def end_cancelled_job_spans(r: Any, jobs: Sequence[tuple[str, str]]) -> None:
+    """The root spans of jobs cancelled while queued or delayed (no GPU worker ends them):
+    ``jobs`` is ``(job id, its record's key)`` pairs, read in one pipeline of the Redis
+    client ``r``. Reads nothing when tracing is off."""
+    if not jobs or not tracing_enabled():
+        return
+    pipe = r.pipeline(transaction=False)
+    for _, job_key in jobs:
+        pipe.hmget(job_key, *JOB_SPAN_FIELDS)
+    for (job_id, _), values in zip(jobs, pipe.execute()):
+        end_job_span_of_record(job_id, "cancelled", dict(zip(JOB_SPAN_FIELDS, values)))
+
+
 # -- Celery -----------------------------------------------------------------------------------
 
 _PREFORK_NAMES = {"prefork", "processes", "celery.concurrency.prefork:taskpool"}

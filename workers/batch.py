@@ -42,6 +42,7 @@ import json
 import logging
 from collections.abc import Mapping, Sequence
 
+from makespan import telemetry
 from makespan.models import Priority
 from makespan.planner.model import PlanJob
 from makespan.store import JobStore
@@ -268,6 +269,7 @@ class _BatchScan:
                                                                now, reason, event)
         if removed:
             log.error("job %s cancelled: %s", job_id, reason)
+            telemetry.end_cancelled_job_spans(self.r, [(job_id, self.keys.job(job_id))])
         self.removed += removed
         return False
 
@@ -287,6 +289,9 @@ class _BatchScan:
             now = self.env.clock.now()
             event = json.dumps({"ts": now, "kind": "cancelled", "job": job_id, "priority": priority_name,
                                 "reason": reason})
-            self.removed += JobStore(self.r, self.keys).cancel_dependant(job_id, self.keys.queue(priority_name),
-                                                                         self.token, now, reason, event)
+            removed = JobStore(self.r, self.keys).cancel_dependant(job_id, self.keys.queue(priority_name),
+                                                                   self.token, now, reason, event)
+            if removed:
+                telemetry.end_cancelled_job_spans(self.r, [(job_id, self.keys.job(job_id))])
+            self.removed += removed
         return False

@@ -26,7 +26,6 @@ reclaim ends) and :func:`preempt`.
 
 from __future__ import annotations
 
-import time
 
 import redis
 
@@ -49,15 +48,10 @@ class LeaseStore(_store_leases.LeaseStore):
         one trace per job, whoever finishes it."""
         from makespan import metrics, telemetry
 
-        tp, submitted, prio, endpoint, reason = self.r.hmget(self.keys.job(job_id), "traceparent", "submitted_at",
-                                                              "priority", "endpoint", "reason")
-        if state in ("completed", "failed") and prio:
-            (metrics.job_completed if state == "completed" else metrics.job_failed)(prio)
-        if tp and telemetry.tracing_enabled():
-            telemetry.end_job_span(tp, float(submitted or time.time()),
-                                   {"job_id": job_id, "priority": prio, "endpoint": endpoint, "state": state,
-                                    "reason": reason or None},
-                                   error=(reason or state) if state == "failed" else None)
+        record = dict(zip(telemetry.JOB_SPAN_FIELDS, self.r.hmget(self.keys.job(job_id), *telemetry.JOB_SPAN_FIELDS)))
+        if state in ("completed", "failed") and record["priority"]:
+            (metrics.job_completed if state == "completed" else metrics.job_failed)(record["priority"])
+        telemetry.end_job_span_of_record(job_id, state, record)
 
     def job_preempted(self, job_id: str, priority: str) -> None:
         """A preemption requeued ``job_id``: ``makespan_jobs_preempted_total{priority}``."""

@@ -96,8 +96,9 @@ class JobStore:
         return keys, args
 
     def cancel(self, job_id: str, queue_key: str, event_json: str, now_s: float) -> str:
-        """Cancel a job: ``"cancelled"`` (it was queued or delayed), ``"cancel_requested"``
-        (leased or running: its GPU worker stops it), ``"missing"``, or its final state."""
+        """Cancel a job: ``"cancelled_now"`` (it was queued or delayed: this call ended it),
+        ``"cancel_requested"`` (leased or running: its GPU worker stops it), ``"missing"``,
+        or its final state (``"cancelled"`` when something cancelled it before)."""
         return str(self._run("cancel", [self.keys.job(job_id), queue_key, self.keys.events, self.keys.delayed],
                              [job_id, event_json, repr(now_s), self.keys.script_prefix]))
 

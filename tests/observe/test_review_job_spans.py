@@ -137,3 +137,49 @@ def test_a_victim_cancelled_by_its_preemption_ends_its_root_span(r, keys, settin
     sc = roots[0].get_span_context()
     assert f"{sc.trace_id:032x}" == tp.split("-")[1] and f"{sc.span_id:016x}" == tp.split("-")[2]
     assert roots[0].attributes["makespan.job_id"] == victim and roots[0].attributes["makespan.state"] == "cancelled"
+
+
+def test_a_job_cancelled_while_queued_ends_its_root_span(r, keys, settings, exported):
+    """A job cancelled in its queue (never leased, or requeued by a preemption after it
+    ran: its phase spans of the first run name this root) gets its ``makespan`` root span
+    from the process that cancelled it, with state ``cancelled``: one trace per job,
+    however it ends (found 2026-12-05: no process exported it)."""
+    prod = Producer(r, keys, load_fleet(FLEET), settings)
+    tp = f"00-{uuid.uuid4().hex}-{uuid.uuid4().hex[:16]}-01"
+    job = prod.submit({"endpoint": "sim", "service_s": 5, "priority": "LOW"}, traceparent=tp).id
+    assert exported.get_finished_spans() == ()
+    assert prod.cancel(job) == "cancelled"
+    roots = [s for s in exported.get_finished_spans() if s.name == "makespan"]
+    assert len(roots) == 1
+    sc = roots[0].get_span_context()
+    assert f"{sc.trace_id:032x}" == tp.split("-")[1] and f"{sc.span_id:016x}" == tp.split("-")[2]
+    assert roots[0].attributes["makespan.job_id"] == job and roots[0].attributes["makespan.state"] == "cancelled"
+    assert roots[0].status.status_code.name != "ERROR"
+    assert prod.cancel(job) == "cancelled"  # a second cancel of the ended job exports nothing more
+    assert len([s for s in exported.get_finished_spans() if s.name == "makespan"]) == 1
+
+
+def test_a_dependant_the_planner_cancels_ends_its_root_span(r, keys, settings, exported):
+    """The planner cancels a queued job whose dependency will never complete: that job's
+    root span is ended by the planner (state ``cancelled``, with the reason)."""
+    import dataclasses
+
+    from makespan.workers.planner_worker import PlannerWorker
+
+    fleet = load_fleet(FLEET)
+    s = dataclasses.replace(settings, key_prefix=keys.prefix, lease_ttl_s=60.0, policy="portfolio")
+    planner = PlannerWorker(r, s, fleet, dispatch=lambda ctx, q: None)
+    planner.token = str(r.incr(planner.keys.planner_fence))  # the planner's cancel is fenced: lead
+    prod = Producer(r, planner.keys, fleet, s)
+    first = prod.submit({"endpoint": "sim", "service_s": 5, "priority": "LOW"}).id
+    tp = f"00-{uuid.uuid4().hex}-{uuid.uuid4().hex[:16]}-01"
+    then = prod.submit({"endpoint": "sim", "service_s": 5, "priority": "LOW", "depends_on": [first]},
+                       traceparent=tp).id
+    assert prod.cancel(first) == "cancelled"
+    planner.tick()
+    assert r.hget(planner.keys.job(then), "state") == "cancelled"
+    roots = [sp for sp in exported.get_finished_spans()
+             if sp.name == "makespan" and sp.attributes["makespan.job_id"] == then]
+    assert len(roots) == 1 and f"{roots[0].get_span_context().trace_id:032x}" == tp.split("-")[1]
+    assert roots[0].attributes["makespan.state"] == "cancelled"
+    assert f"dependency {first}" in roots[0].attributes["makespan.reason"]

@@ -71,7 +71,7 @@ def test_promote_is_fenced_by_the_planner_token(jobs, r, keys):
 
 def test_cancel_finishes_a_queued_job_and_asks_a_leased_one(jobs, leases, r, keys):
     submit(jobs, keys, "j1")
-    assert jobs.cancel("j1", keys.queue("NORMAL"), "{}", 100.5) == "cancelled"
+    assert jobs.cancel("j1", keys.queue("NORMAL"), "{}", 100.5) == "cancelled_now"
     rec = r.hgetall(keys.job("j1"))
     assert (rec["state"], rec["finished_at"], rec["reason"]) == ("cancelled", "100.5", "cancelled while queued")
     # the finished index is scored on the Redis server's clock (retention compares it there), not the caller's

@@ -11,7 +11,8 @@
 -- ARGV[2]  the cancelled event, JSON
 -- ARGV[3]  now, unix s (finished_at)
 -- ARGV[4]  P, the key prefix (the reverse-dependency index, the finished index)
--- Returns 'missing', 'cancelled', 'cancel_requested', or the job's final state.
+-- Returns 'missing', 'cancelled_now' (this call cancelled it), 'cancel_requested', or the
+-- job's final state ('cancelled' when an earlier call or path cancelled it).
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return 'missing' end
 if state == 'queued' or state == 'delayed' then
@@ -20,7 +21,7 @@ if state == 'queued' or state == 'delayed' then
   awaited_drop(ARGV[4], ARGV[1], redis.call('HGET', KEYS[1], 'deps'))
   finish_job(ARGV[4], ARGV[1], 'cancelled', ARGV[3], 'cancelled while ' .. state)
   append_event(KEYS[3], ARGV[2])
-  return 'cancelled'
+  return 'cancelled_now'
 end
 if state == 'leased' or state == 'running' then
   redis.call('HSET', KEYS[1], 'cancel_requested', '1')
