@@ -268,6 +268,15 @@ def job_traceparent() -> str:
     return f"00-{trace_id:032x}-{gen.generate_span_id():016x}-01"
 
 
+def sibling_traceparent(traceparent: str) -> str:
+    """A traceparent in the same trace as ``traceparent`` with a new span id (the next
+    job of a workload, a retried step); ``""`` for an empty or malformed one."""
+    sc = parse_traceparent(traceparent)
+    if sc is None:
+        return ""
+    return f"00-{sc.trace_id:032x}-{RandomIdGenerator().generate_span_id():016x}-01"
+
+
 def parse_traceparent(traceparent: str) -> trace.SpanContext | None:
     """The remote span context of a traceparent string, or None if it is empty or malformed."""
     if not traceparent:

@@ -16,6 +16,7 @@ import uuid
 
 import redis
 
+from makespan import telemetry
 from makespan.errors import NotFoundError
 from makespan.keys import Keys
 from makespan.models import FINAL_STATES
@@ -56,12 +57,14 @@ def cancel_workload(r: redis.Redis, keys: Keys, workload_id: str, reason: str = 
 
 
 def _cancel_steps(r, keys, wid, prio, job_ids, reason, final_state) -> dict[str, int]:
-    a, b = JobStore(r, keys).cancel_steps(wid, keys.queue(prio), job_ids, reason, final_state, time.time())
+    cancelled, requested = JobStore(r, keys).cancel_steps(wid, keys.queue(prio), job_ids, reason, final_state,
+                                                          time.time())
+    telemetry.end_cancelled_job_spans(r, [(job_id, keys.job(job_id)) for job_id in cancelled])
     if final_state:
         from makespan import events
 
         events.record(r, keys.events, "workload_" + final_state, workload=wid, reason=reason)
-    return {"cancelled": int(a), "cancel_requested": int(b)}
+    return {"cancelled": len(cancelled), "cancel_requested": requested}
 
 
 def retry_pending(r: redis.Redis, keys: Keys, job_id: str) -> bool:
@@ -150,6 +153,8 @@ def _retry(r, keys, wid, wrec, step, ids, deps, prio, retries, reason) -> str | 
     now = time.time()
     fields = {**json.loads(wrec[f"tmpl:{step}"]), "id": new_id, "state": JobState.QUEUED.value, "submitted_at": repr(now),
               "retries": retries + 1}
+    if fields.get("traceparent"):  # the retry's own makespan span, in the workload's trace
+        fields["traceparent"] = telemetry.sibling_traceparent(fields["traceparent"])
     new_ids = {**ids, step: new_id}
     if deps.get(step):
         fields["deps"] = json.dumps([new_ids[d] for d in deps[step]])

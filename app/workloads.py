@@ -41,7 +41,7 @@ from typing import Any
 
 import redis
 
-from makespan import pools
+from makespan import pools, telemetry
 from makespan.errors import NotFoundError, StoreError, ValidationError
 from makespan.keys import Keys
 from makespan.models import FleetSpec
@@ -80,6 +80,7 @@ def submit_workload(r: redis.Redis, keys: Keys, fleet: FleetSpec, workload: Work
     steps: list[tuple[str, dict[str, Any], str]] = []
     templates: dict[str, dict[str, Any]] = {}
     by_name = wl.by_name()
+    workload_tp = telemetry.job_traceparent()  # one trace per workload: each step's makespan span in it
     for name in wl.topo_order():
         s = by_name[name]
         ep = fleet.endpoints[s.endpoint]
@@ -96,6 +97,8 @@ def submit_workload(r: redis.Redis, keys: Keys, fleet: FleetSpec, workload: Work
                   "spec": json.dumps(spec), "workload_id": wid, "step": name, "retries": 0}
         if s.depends_on:
             fields["deps"] = json.dumps([ids[d] for d in s.depends_on])
+        if workload_tp:
+            fields["traceparent"] = telemetry.sibling_traceparent(workload_tp)
         pool = pools.route(r, keys, fleet, s.endpoint, wl.priority)  # None: the fleet has no pools
         if pool is not None:
             fields["pool"] = pool

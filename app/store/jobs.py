@@ -134,15 +134,15 @@ class JobStore:
         return bool(self._run("retry_step", keys, args))
 
     def cancel_steps(self, workload_id: str, queue_key: str, job_ids: Sequence[str], reason: str,
-                     workload_state: str, now_s: float) -> tuple[int, int]:
+                     workload_state: str, now_s: float) -> tuple[list[str], int]:
         """Cancel steps of a workload (queued and delayed ones at once, leased and running
         ones at their next phase boundary); ``workload_state`` ('' = unchanged) ends the
-        workload too. Returns ``(cancelled now, cancel requested)``."""
+        workload too. Returns ``(the ids cancelled now, how many were asked to stop)``."""
         keys = [self.keys.workload(workload_id), self.keys.events, queue_key, self.keys.delayed,
                 *[self.keys.job(job_id) for job_id in job_ids]]
-        cancelled, requested = self._run("cancel_steps", keys, [repr(now_s), reason, workload_state,
-                                                                self.keys.script_prefix, *job_ids])
-        return int(cancelled), int(requested)
+        _, requested, *cancelled = self._run("cancel_steps", keys, [repr(now_s), reason, workload_state,
+                                                                    self.keys.script_prefix, *job_ids])
+        return [str(job_id) for job_id in cancelled], int(requested)
 
     # -- the planner's pass over active workloads (makespan.workload_execution) -------------
     def active_workloads(self) -> set[str]:

@@ -183,3 +183,34 @@ def test_a_dependant_the_planner_cancels_ends_its_root_span(r, keys, settings, e
     assert len(roots) == 1 and f"{roots[0].get_span_context().trace_id:032x}" == tp.split("-")[1]
     assert roots[0].attributes["makespan.state"] == "cancelled"
     assert f"dependency {first}" in roots[0].attributes["makespan.reason"]
+
+
+def test_a_workload_is_one_trace_its_steps_and_retries_each_with_their_own_root_span(r, keys, settings,
+                                                                                     exported):
+    """A multi-step workload's steps carried no traceparent, so with tracing on their phase
+    spans fell into unrelated traces and no ``makespan`` span was exported for them. Now
+    every step (and every retry of one) has its own span id in the workload's one trace, and
+    cancelling the workload ends the root spans of the steps it cancelled."""
+    from makespan.workloads import advance_workloads, cancel_workload, submit_workload
+    from tests.conftest import FLEET_TOML
+
+    spec = {"name": "wl", "priority": "LOW", "retry_budget": 1,
+            "steps": [{"name": "a", "endpoint": "embed", "service_s": 10},
+                      {"name": "b", "endpoint": "embed", "service_s": 10, "depends_on": ["a"]}]}
+    wid = submit_workload(r, keys, load_fleet(FLEET_TOML), spec, settings)
+    first = json.loads(r.hget(keys.workload(wid), "steps"))
+    tps = {step: r.hget(keys.job(job_id), "traceparent") for step, job_id in first.items()}
+    assert all(tps.values()) and tps["a"].split("-")[1] == tps["b"].split("-")[1]  # one trace
+    assert tps["a"].split("-")[2] != tps["b"].split("-")[2]  # a root span each
+    r.zrem(keys.queue("LOW"), first["a"])
+    r.hset(keys.job(first["a"]), "state", "failed")
+    assert advance_workloads(r, keys)["retried"] == 1
+    retried = json.loads(r.hget(keys.workload(wid), "steps"))["a"]
+    retry_tp = r.hget(keys.job(retried), "traceparent")
+    assert retry_tp.split("-")[1] == tps["a"].split("-")[1] and retry_tp.split("-")[2] != tps["a"].split("-")[2]
+    assert cancel_workload(r, keys, wid)["cancelled"] == 2
+    roots = {sp.attributes["makespan.job_id"]: sp for sp in exported.get_finished_spans() if sp.name == "makespan"}
+    assert set(roots) == {retried, first["b"]}
+    assert all(sp.attributes["makespan.state"] == "cancelled" for sp in roots.values())
+    assert {f"{sp.get_span_context().span_id:016x}" for sp in roots.values()} == {retry_tp.split("-")[2],
+                                                                                   tps["b"].split("-")[2]}

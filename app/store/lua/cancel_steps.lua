@@ -14,7 +14,7 @@
 -- ARGV[3]  the workload's final state ('' = the workload's state is left as it is)
 -- ARGV[4]  P, the key prefix (the reverse-dependency index, the finished index)
 -- ARGV[5..4+n]  the job ids (as KEYS[5..])
--- Returns {cancelled now, cancel requested}.
+-- Returns {cancelled now, cancel requested, the ids cancelled now...}.
 local n = #KEYS - 4
 local out = {0, 0}
 for i = 1, n do
@@ -31,6 +31,7 @@ for i = 1, n do
     finish_job(ARGV[4], ARGV[4 + i], 'cancelled', ARGV[1], ARGV[2])
     append_event(KEYS[2], cjson.encode({ts = tonumber(ARGV[1]), kind = 'cancelled', job = ARGV[4 + i], reason = ARGV[2]}))
     out[1] = out[1] + 1
+    table.insert(out, ARGV[4 + i])
   elseif st == 'leased' or st == 'running' then
     redis.call('HSET', KEYS[4 + i], 'cancel_requested', '1')
     out[2] = out[2] + 1
