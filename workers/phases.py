@@ -886,8 +886,9 @@ class PhaseRunner:
 
     def _stopper(self, ctx: PhaseContext, hb: LeaseHeartbeat):
         """A cheap ``should_stop`` for the request runner: lease lost, or a cancel
-        requested (the job record is read at most every 50 ms)."""
-        seen = {"t": 0.0, "stop": False}
+        requested (the job record is read at most every 50 ms; first 50 ms after this call:
+        every caller has just read ``cancel_requested`` itself, as the phase began)."""
+        seen = {"t": time.monotonic(), "stop": False}
 
         def stop() -> bool:
             if hb.lost.is_set() or seen["stop"]:

@@ -2,8 +2,7 @@
 its leased GPUs runs evict → start_endpoint → execute → clear in two fenced Redis
 scripts instead of some thirty round trips.
 
-0. The lease is renewed (as every phase renews it as it starts).
-1. :data:`_BEGIN` (one script) checks the fencing token on every GPU, that the
+1. ``begin_warm.lua`` (one script) checks the fencing token on every GPU, that the
    instance is still resident on all of them, that no phase of this lease has been
    claimed yet and that no cancel was requested; then it marks evict and
    start_endpoint done (they have nothing to do), claims execute, records the phase
@@ -45,15 +44,15 @@ def run_warm(runner: PhaseRunner, ctx: PhaseContext) -> str:
     k = runner.keys
     if runner._helpers(ctx):  # helper endpoints start and stop in their phases
         return run_phases(runner, ctx)
-    # Renew as the job starts, as PhaseRunner.run does (the message may have waited in the
-    # queue for most of the TTL); a lease no longer ours writes nothing.
-    if not runner.leases.renew(ctx.lease, runner.settings.lease_ttl_s):
-        return "stale"
+    # The begin script renews the lease as the job starts, as PhaseRunner.run does (the
+    # message may have waited in the queue for most of the TTL); a lease no longer ours
+    # writes nothing.
     t0 = time.time()
     evs = _phase_events(runner, ctx, ("evict", "start_endpoint"), t0)
     evs.append(runner._event("phase_start", ctx, phase="execute"))
     got = JobStore(runner.r, k, runner.settings.events_max_len).begin_warm(
-        ctx.lease_id, ctx.token, ctx.gpus, ctx.job_id, instance_value(ctx.endpoint, ctx.gpus), t0, evs)
+        ctx.lease_id, ctx.token, ctx.gpus, ctx.job_id, instance_value(ctx.endpoint, ctx.gpus), t0, evs,
+        runner.settings.lease_ttl_s)
     if got[0] == "stale":
         return "stale"
     if got[0] != "ok":

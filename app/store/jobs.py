@@ -274,10 +274,12 @@ class JobStore:
 
     # -- GPU worker ------------------------------------------------------------------------
     def begin_warm(self, lease_id: str, token: int, gpus: Sequence[str], job_id: str, instance_value: str,
-                   started_at_s: float, phase_events: Sequence[str]) -> list[str]:
-        """The warm path's first step (``begin_warm.lua``): ``['ok', spec JSON]`` or
-        ``[why]`` with why in stale, cold, replay, cancel."""
+                   started_at_s: float, phase_events: Sequence[str], lease_ttl_s: float) -> list[str]:
+        """The warm path's first step (``begin_warm.lua``): ``['ok', spec JSON]`` (the lease
+        renewed to ``lease_ttl_s`` from now on the server's clock) or ``[why]`` with why in
+        stale, cold, replay, cancel (nothing written)."""
         keys = [self.keys.phase(lease_id), self.keys.job(job_id), self.keys.events, self.keys.busy(lease_id),
-                *[self.keys.gpu(g) for g in gpus], *[self.keys.resident(g) for g in gpus]]
+                *[self.keys.gpu(g) for g in gpus], *[self.keys.resident(g) for g in gpus],
+                self.keys.lease(lease_id), self.keys.leases]
         return list(self._run("begin_warm", keys, [lease_id, token, len(gpus), instance_value, repr(started_at_s),
-                                                   job_id, *phase_events]))
+                                                   job_id, *phase_events, int(lease_ttl_s * 1000)]))

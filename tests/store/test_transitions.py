@@ -170,9 +170,14 @@ def test_finish_job_op_refuses_a_state_that_is_not_final(keys):
 def test_begin_warm_from_the_leased_state(r, keys):
     _, lease = leased_job(r, keys, JobState.LEASED)
     r.set(keys.resident("g0"), "inst")
-    got = JobStore(r, keys).begin_warm("L1", lease.token, ("g0",), "j1", "inst", 5.0, ["{}"] * 5)
+    got = JobStore(r, keys).begin_warm("L1", lease.token, ("g0",), "j1", "inst", 5.0, ["{}"] * 5, 600.0)
     assert got[0] == "ok"
     assert_allowed(JobState.LEASED, state_of(r, keys))
+    # the lease is renewed in the same step (the warm path's renew as the job starts)
+    sec, usec = r.time()
+    expires_ms = int(r.hget(keys.lease("L1"), "expires_ms"))
+    assert 590_000 < expires_ms - (sec * 1000 + usec // 1000) <= 600_000
+    assert r.zscore(keys.leases, "L1") == expires_ms and r.pttl(keys.gpu("g0")) > 590_000
 
 
 def test_submits_write_queued_or_delayed_from_no_record(r, keys):

@@ -77,6 +77,10 @@ def test_a_publish_batch_writes_every_message_when_the_block_ends(r, redis_url, 
         assert {m["headers"]["task"] for m in messages} == {"makespan.warm_job"}
         sent = sorted(json.loads(__import__("base64").b64decode(m["body"]))[0][0]["lease_id"] for m in messages)
         assert sent == ["lease-0", "lease-1", "lease-2"]
+        # what Flower shows as the arguments: the fields that name the job, not the whole context
+        shown = sorted(m["headers"]["argsrepr"] for m in messages)
+        assert shown[0] == repr(({"job_id": "job-0", "lease_id": "lease-0", "token": 7, "kind": "job",
+                                  "endpoint": "noop", "gpus": ["GPU-0"], "priority": "NORMAL"},))
     finally:
         r.delete(key)
 
@@ -94,5 +98,8 @@ def test_a_publish_batch_sends_cold_chains_too(r, redis_url, prefix):
                 tasks.dispatch(ctx, queue, warm=False, producer=producer)
         messages = [json.loads(raw) for raw in r.lrange(key, 0, -1)]
         assert [m["headers"]["task"] for m in messages] == ["makespan.evict", "makespan.evict"]  # chain heads
+        assert all(m["headers"]["argsrepr"].startswith("({'job_id': 'job-") for m in messages)
+        chained = json.loads(__import__("base64").b64decode(messages[0]["body"]))[2]["chain"]
+        assert chained and all(sig["options"]["argsrepr"].startswith("({'job_id': 'job-") for sig in chained)
     finally:
         r.delete(key)

@@ -10,6 +10,8 @@
 -- KEYS[4]  P:busy:{lease}
 -- KEYS[5..4+n]      P:gpu:{uuid} of each GPU
 -- KEYS[5+n..4+2n]   P:resident:{uuid} of each GPU
+-- KEYS[5+2n] P:lease:{id}
+-- KEYS[6+2n] P:leases
 -- ARGV[1]  lease id
 -- ARGV[2]  fencing token
 -- ARGV[3]  n, the GPU count
@@ -17,6 +19,8 @@
 -- ARGV[5]  started_at, unix s
 -- ARGV[6]  job id
 -- ARGV[7..11]  five phase events, JSON
+-- ARGV[12] the lease's TTL, ms: on 'ok' the lease is renewed to server clock + TTL (as a
+--          phase renews it as it starts; the message may have waited most of the TTL)
 -- Returns {'ok', spec JSON or ''} or {why} with why in stale, cold, replay, cancel.
 local n = tonumber(ARGV[3])
 local want = ARGV[1] .. ':' .. ARGV[2]
@@ -29,4 +33,9 @@ redis.call('HSET', KEYS[1], 'evict:claimed', '1', 'evict', 'done', 'start_endpoi
 for i = 7, 11 do append_event(KEYS[3], ARGV[i]) end
 redis.call('SET', KEYS[4], ARGV[6])
 redis.call('HSET', KEYS[2], 'state', 'running', 'started_at', ARGV[5])
+local ttl = tonumber(ARGV[12])
+local expires_ms = server_now_ms() + ttl
+for i = 1, n do redis.call('PEXPIRE', KEYS[4 + i], ttl) end
+redis.call('ZADD', KEYS[6 + 2 * n], expires_ms, ARGV[1])
+redis.call('HSET', KEYS[5 + 2 * n], 'expires_ms', tostring(expires_ms))
 return {'ok', redis.call('HGET', KEYS[2], 'spec') or ''}
