@@ -6,7 +6,6 @@ its GPU group is free, so a GPU worker never holds an unstarted job beyond its s
 from __future__ import annotations
 
 import dataclasses
-import time
 
 from makespan.models import parse_fleet
 from makespan.producer import Producer
@@ -62,13 +61,17 @@ def test_three_critical_start_before_any_waiting_low_or_normal(r, keys, settings
 
 
 def test_critical_whose_worker_died_is_redelivered_ahead_of_50_low(r, keys, settings):
-    w, prod, runner, sent = _setup(r, keys, settings, lease_ttl_s=0.3)
+    # a long TTL, expired by hand below: a short one (0.3 s, as first written) also expired the
+    # second lease between the two ticks when a tick on a loaded machine outlasted it
+    w, prod, runner, sent = _setup(r, keys, settings, lease_ttl_s=60.0)
     crit = prod.submit({"endpoint": "e", "service_s": 5, "priority": "CRITICAL"}).id
     w.tick()
     assert [c.job_id for c in sent] == [crit]
     r.hset(keys.phase(sent[0].lease_id), "evict:claimed", "1")  # its first phase started: an attempt
     low = [prod.submit({"endpoint": "e", "service_s": 5, "priority": "LOW"}).id for _ in range(50)]
-    time.sleep(0.4)  # the worker was SIGKILLed: no heartbeat, the lease expires
+    # the worker was SIGKILLed: no heartbeat, the lease expires (on the server clock)
+    r.zadd(keys.leases, {sent[0].lease_id: 0})
+    r.delete(keys.gpu(sent[0].gpus[0]))  # its GPU key's PX ran out too
     w.tick()  # reclaims (requeued with its original order) and leases again in the same cycle
     w.tick()
     assert [c.job_id for c in sent] == [crit, crit]

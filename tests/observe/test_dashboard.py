@@ -116,20 +116,30 @@ def test_snapshot_lists_waiting_jobs_with_the_plans_eta(r, keys, settings, fleet
     plan = Plan("portfolio", [Assignment(a, ("GPU-host-a-3",), now_s + 100, now_s + 160, now_s + 260, (), "cold_start")])
     batch = [PlanJob(a, "chat", 4.0, now_s, 100.0, priority=1, seq=1),
              PlanJob(b, "judge", 1.0, now_s, 50.0, priority=3, seq=2)]
+    # publish_plan writes its times at its own time.time(), and snapshot moves an ETA from the
+    # server's clock to `now` by the server's clock at its read: both are bracketed here, not
+    # bounded by how long the calls since `now` took (a loaded machine: seconds, not 0.1 s)
+    published_from = time.time()
     publish_plan(r, keys, plan, batch, now_s, settings.time_scale)
+    published_by = time.time()
     r.set(keys.planner_leader, "test")  # a planner leads, but has written no wait reason yet
+    read_from = _server_now(r)
     s = snapshot(r, keys, now=now)
+    read_by = _server_now(r)
     qa, qb = s["queue"]
     assert qa["reason_code"] == "behind_batch" and qa["gpus"] == ["GPU-host-a-3"]
-    assert qa["eta"] == pytest.approx(now + 100 * settings.time_scale, abs=0.1)  # the plan's start
+    start = 100 * settings.time_scale  # the plan's start, after its publication
+    assert published_from + start + now - read_by - 1e-3 <= qa["eta"] <= published_by + start + now - read_from + 1e-3
     assert qb["eta"] is None and qb["reason"] == "behind_batch: position 1 in the LOW queue"
     # the planner's own reason and ETA (makespan.wait_reasons) win over the plan's
-    sec, usec = r.time()
+    written = _server_now(r)
     r.hset(keys.job(b), mapping={"wait_reason": "waiting_for_gpus", "wait_detail": "GPU-host-b-0 held by x",
-                                 "wait_eta": repr(sec + 30.0), "wait_at": repr(sec + usec / 1e6)})
+                                 "wait_eta": repr(written + 30.0), "wait_at": repr(written)})
     qb = snapshot(r, keys, now=now)["queue"][1]
+    read_by = _server_now(r)
     assert qb["reason"] == "waiting_for_gpus: GPU-host-b-0 held by x"
-    assert qb["eta"] == pytest.approx(now + 30.0, abs=1.5)
+    # 30 s after the write, moved to `now`: by the server's clock read in between
+    assert now + 30.0 - (read_by - written) - 1e-3 <= qb["eta"] <= now + 30.0 + 1e-3
     [bar] = s["planned"]
     assert (bar["gpu"], bar["job"], bar["endpoint"], bar["priority"]) == ("GPU-host-a-3", a, "chat", "HIGH")
     assert s["plan"]["policy"] == "portfolio" and s["counts"]["queued"] == 2
@@ -137,6 +147,11 @@ def test_snapshot_lists_waiting_jobs_with_the_plans_eta(r, keys, settings, fleet
     r.set(keys.result(a), json.dumps({"ok": True, "value": {"cards": 3}, "attempt": 1, "execute_s": 0.5}))
     assert job_detail(r, keys, a)["result"]["value"] == {"cards": 3}
     assert job_detail(r, keys, "missing") is None
+
+
+def _server_now(r) -> float:
+    sec, usec = r.time()
+    return sec + usec / 1e6
 
 
 def test_the_dashboard_counts_attempts_as_status_does(r, keys, settings, fleet):

@@ -22,7 +22,9 @@ def test_a_leased_job_has_no_wait_reason(r, settings):
     prod = Producer(r, w.keys, ONE, s)
     r.set(w.keys.planner_leader, w.name)
     holder = prod.submit({"endpoint": "e", "service_s": 1000, "priority": "LOW"}).id
-    lease = LeaseStore(r, w.keys).acquire(uuid.uuid4().hex, ("GPU-h-0",), 1.0, job_id=holder, kind="job",
+    # a long TTL, expired by hand below: with 1 s, a first tick slower than that on a loaded
+    # machine reclaimed the holder's lease before the test looked at the waiting job
+    lease = LeaseStore(r, w.keys).acquire(uuid.uuid4().hex, ("GPU-h-0",), 60.0, job_id=holder, kind="job",
                                           holder="h", queue=w.keys.queue("LOW"),
                                           info={"planned_end_s": repr(w.now_s() + 1000), "endpoint": "e",
                                                 "priority": "LOW"})
@@ -30,7 +32,10 @@ def test_a_leased_job_has_no_wait_reason(r, settings):
     jid = prod.submit({"endpoint": "e", "service_s": 100, "priority": "NORMAL"}).id
     w.tick()
     assert prod.status(jid)["wait_reason"] == "waiting_for_gpus" and sent == []
-    time.sleep(1.3)  # the holder's lease expires: reclaimed (no phase claimed: requeued), the GPU frees
+    # the holder's lease expires (on the server clock; its GPU key's PX with it): reclaimed
+    # (no phase claimed: requeued), the GPU frees
+    r.zadd(w.keys.leases, {lease.lease_id: 0})
+    r.delete(w.keys.gpu("GPU-h-0"))
     w.tick()
     if not sent:
         w.tick()

@@ -59,9 +59,11 @@ def test_worker_behind_raises_no_false_overrun(r, keys, observer, monkeypatch):
 
 def test_worker_ahead_does_not_hide_a_real_overrun(r, keys, observer, monkeypatch):
     monkeypatch.setattr(agenda_module, "time", _skewed_time(+SKEW_S), raising=False)
-    with AgendaTracker(r, keys).register("op-ahead", "POSITIVE", ["coder"], ["GPU-x"], 0.1):
+    # 1 s, not 0.1 s: the first probe must come before the overrun point (1.5 s after the
+    # register), which a loaded machine's pause between two calls could pass at 0.15 s
+    with AgendaTracker(r, keys).register("op-ahead", "POSITIVE", ["coder"], ["GPU-x"], 1.0):
         assert observer.probe_once() == []
-        deadline = server_now_s(r) + 0.1 * 1.5
+        deadline = server_now_s(r) + 1.0 * 1.5
         while server_now_s(r) <= deadline:  # past the overrun point on the Redis clock
             time.sleep(0.05)
         [inc] = observer.probe_once()

@@ -15,7 +15,9 @@ from makespan.redis_conn import free_port
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 
 
-def _wait_status(url: str, want: int, timeout_s: float = 10.0) -> list[int]:
+def _wait_status(url: str, want: int, timeout_s: float = 60.0) -> list[int]:
+    """Poll ``url`` until it answers ``want``; ``timeout_s`` bounds a hang only (a server
+    process starting on a loaded machine takes seconds)."""
     seen: list[int] = []
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -38,7 +40,7 @@ def server():
                             cwd=ROOT, stderr=subprocess.DEVNULL)
     yield f"http://127.0.0.1:{port}", proc
     proc.terminate()
-    proc.wait(timeout=5)
+    proc.wait(timeout=30)
 
 
 def test_health_loading_then_ok_and_completions(server):

@@ -42,9 +42,12 @@ def test_acquire_acknowledges_the_job_atomically(store, prod, r, keys):
 
 
 def test_renew_check_and_stale_token(store, r, keys):
-    lease = store.acquire("L1", ("g0",), 0.3, kind="restore")
-    assert store.renew(lease, 0.3)
+    # long TTLs while the lease must be live (a loaded machine may pause seconds between two
+    # calls), then a last renewal with a short one that the holder never renews again
+    lease = store.acquire("L1", ("g0",), 30.0, kind="restore")
+    assert store.renew(lease, 30.0)
     store.check(lease)
+    assert store.renew(lease, 0.3)
     time.sleep(0.45)  # expired: the GPU key is gone
     assert not store.renew(lease, 5)
     with pytest.raises(StaleFencingToken):

@@ -72,7 +72,7 @@ def _cycle(r, keys) -> int:
     return int(r.hget(keys.observer, "cycle") or 0)
 
 
-def _wait_cycles(r, keys, n: int, timeout_s: float = 20.0) -> int:
+def _wait_cycles(r, keys, n: int, timeout_s: float = 60.0) -> int:  # a bound on a hang (a loaded machine)
     target = _cycle(r, keys) + n
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -82,7 +82,7 @@ def _wait_cycles(r, keys, n: int, timeout_s: float = 20.0) -> int:
     raise AssertionError(f"observer did not reach cycle {target}")
 
 
-def _wait_recovered(r, keys, timeout_s: float = 20.0) -> list[dict]:
+def _wait_recovered(r, keys, timeout_s: float = 60.0) -> list[dict]:  # a restarted endpoint process: seconds
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         incs = list_incidents(r, keys)

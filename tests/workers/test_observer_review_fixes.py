@@ -73,17 +73,21 @@ def test_a_failed_restart_drops_the_warm_marker_and_leaves_no_process(r, keys, t
     monkeypatch.setenv("MAKESPAN_LOG_DIR", str(tmp_path))
     crashed = _crashed(r, keys)
     seen_starting: list[str] = []
+    cycled = threading.Event()
 
-    def watch() -> None:
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and not seen_starting:
+    def watch() -> None:  # for the whole cycle (a fixed 5 s could end before a loaded machine's spawn)
+        deadline = time.monotonic() + 120  # a bound on a hang only
+        while time.monotonic() < deadline and not seen_starting and not cycled.is_set():
             seen_starting.extend(i.id for i, st in instances_on(r, keys, [GPU], with_state=True) if st == "starting")
             time.sleep(0.02)
 
     watcher = threading.Thread(target=watch)
     watcher.start()
-    [incident] = _cycle(r, keys, _fleet(NEVER_HEALTHY))
-    watcher.join()
+    try:
+        [incident] = _cycle(r, keys, _fleet(NEVER_HEALTHY))
+    finally:
+        cycled.set()
+        watcher.join()
     assert incident["failure_mode"] == "process_exited"
     assert seen_starting and seen_starting[0] != crashed.id  # tracked from its spawn
     assert [(i.id, st) for i, st in instances_on(r, keys, [GPU], with_state=True)] == [(crashed.id, "failed")]

@@ -64,10 +64,16 @@ def test_a_wake_that_ends_after_the_lease_was_lost_leaves_no_awake_untracked_ins
         out1: list = []
         t1 = threading.Thread(target=lambda: out1.append(runner1.run(ctx1, "start_endpoint")))
         t1.start()
-        waking = time.monotonic() + 2.0  # the wake (3 s) is in flight once the instance is marked waking
-        while r.hget(keys.instance(sleeper.id), "state") != "waking" and time.monotonic() < waking:
-            time.sleep(0.02)  # (the code before the fix had no waking mark: the 2 s run out, the wake still runs)
-        assert t1.is_alive()
+        # the wake (3 s) is in flight once the instance is marked waking. Waited for as long as
+        # the phase runs (a fixed 2 s could pass before a loaded machine's phase reached the
+        # wake: the preemption then came before it); the code before the fix had no waking
+        # mark: the phase ran to its end, the wake done, and the check below fails
+        hang = time.monotonic() + 60  # a bound on a hang only
+        state = r.hget(keys.instance(sleeper.id), "state")
+        while state != "waking" and t1.is_alive() and time.monotonic() < hang:
+            time.sleep(0.02)
+            state = r.hget(keys.instance(sleeper.id), "state")
+        assert state == "waking" and t1.is_alive(), state
         preemptor = prod.submit({"endpoint": "other", "service_s": 10, "priority": "CRITICAL"}).id
         assert LeaseStore(r, keys).preempt(ctx1.lease_id, preemptor) == "preempted"
         ctx2, runner2 = _lease(r, keys, settings, fleet, preemptor, "other")
