@@ -140,7 +140,7 @@ def test_planner_kill_standby_takes_over(r, keys, settings, fleet, tmp_path):
         assert took["pid"] == standby.popen.pid
         assert took["token"] > first["token"]  # a fresh planner fencing token
         lock_ttl_s = max(settings.lease_ttl_s / 2, 1.0)
-        assert took["ts"] - killed_at <= lock_ttl_s + 1.0
+        assert took["ts"] - killed_at <= lock_ttl_s + 3.0  # the TTL, not a lost lock (a loaded host: slack)
         _wait_done(r, keys, after, 60)
         assert _states(r, keys, before + after) == ["completed"] * 10
         assert overlaps(all_events(r, keys)) == []

@@ -32,8 +32,8 @@ cold_start_s = 10
 evict_s = 1
 """
 
-LIVENESS_TTL_S = 10.0  # the default: the host is re-announced every 2.5 s
-BACK_WITHIN_S = 6.0  # the re-announce cadence (2.5 s) plus a loaded host's slack; the old code took ~10 s
+LIVENESS_TTL_S = 4.0  # the host is re-announced (and a failed publish retried) every 1 s
+BACK_WITHIN_S = 6.0  # the retry cadence (1 s) plus a loaded host's slack; the old code took ~10 s (LIVE_TTL_S / 3)
 
 
 def test_functions_are_published_again_soon_after_redis_returns(tmp_path):
