@@ -21,10 +21,12 @@ consumer reconnects until memory is freed. Any other ``ResponseError`` stays wha
 :func:`broker_url` maps makespan's Redis URL to kombu's: ``redis://`` and ``rediss://``
 (TLS: kombu reads the options from the URL and uses :class:`Channel`'s SSL connection
 class) use :class:`Transport`, and so does ``unix:///path?db=N``, as kombu's
-``redis+socket:///path?virtual_host=N``; ``redis+sentinel://h1:p1,h2:p2/service/db`` becomes
-``sentinel://h1:p1/db;sentinel://h2:p2/db`` with :class:`SentinelTransport` and the
-service as kombu's ``master_name`` (:func:`sentinel_master`). (``rediss://`` kept kombu's
-own transport once, so a TLS deployment had none of the fixes here.)
+``redis+socket:///path?virtual_host=N``; ``redis+sentinel://[auth@]h1:p1,h2:p2/service/db`` becomes
+``sentinel://[auth@]h1:p1/db;sentinel://[auth@]h2:p2/db`` with :class:`SentinelTransport` and the
+service as kombu's ``master_name`` (:func:`sentinel_master`); the Sentinels' own AUTH
+(``?sentinel_password=``) and, for ``rediss+sentinel://``, TLS go into kombu's transport
+options and ``broker_use_ssl`` (:func:`makespan.celery_app.broker_transport_options`).
+(``rediss://`` kept kombu's own transport once, so a TLS deployment had none of the fixes here.)
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ import redis
 from redis import sentinel as redis_sentinel
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
+
+from makespan.settings import is_sentinel_url, parse_sentinel_url
 
 log = logging.getLogger("makespan.broker")
 
@@ -221,19 +225,15 @@ def broker_url(redis_url: str) -> tuple[str, str | None]:
         db = query.pop("db", "0")
         rest = "".join(f"&{k}={v}" for k, v in query.items())
         return f"redis+socket://{u.path}?virtual_host={db}{rest}", "makespan.broker:Transport"
-    if u.scheme == "redis+sentinel":
-        hosts = u.netloc.split("@")[-1].split(",")
-        auth = u.netloc.split("@")[0] + "@" if "@" in u.netloc else ""
-        path = [p for p in u.path.split("/") if p]
-        db = path[1] if len(path) > 1 else "0"
-        return ";".join(f"sentinel://{auth}{h}/{db}" for h in hosts), "makespan.broker:SentinelTransport"
+    if is_sentinel_url(redis_url):
+        parsed = parse_sentinel_url(redis_url, "redis_url")
+        auth = f"{parsed.userinfo}@" if parsed.userinfo else ""  # the data nodes' AUTH (kombu's master_for)
+        return (";".join(f"sentinel://{auth}{host}:{port}/{parsed.db}" for host, port in parsed.hosts),
+                "makespan.broker:SentinelTransport")
     return redis_url, None
 
 
 def sentinel_master(redis_url: str) -> str | None:
-    """The Sentinel service name of a ``redis+sentinel://`` URL (kombu's ``master_name``)."""
-    u = urlparse(redis_url)
-    if u.scheme != "redis+sentinel":
-        return None
-    path = [p for p in u.path.split("/") if p]
-    return path[0] if path else None
+    """The Sentinel service name of a Sentinel URL (kombu's ``master_name``); None for
+    another URL."""
+    return parse_sentinel_url(redis_url, "redis_url").service_name if is_sentinel_url(redis_url) else None

@@ -10,7 +10,7 @@ from __future__ import annotations
 from celery import Celery
 
 from makespan.keys import Keys
-from makespan.settings import Settings
+from makespan.settings import Settings, is_sentinel_url, parse_sentinel_url
 
 # An acks_late task still running past the visibility timeout is delivered again.
 # Phase tasks are idempotent and fenced, and a lost worker is recovered through lease
@@ -62,6 +62,9 @@ def create_celery(settings: Settings) -> Celery:
         worker_send_task_events=True,
         task_send_sent_event=True,
     )
+    tls = broker_use_ssl(settings)
+    if tls:  # rediss+sentinel://: the primary's connections (the Sentinels' are in the transport options)
+        app.conf.broker_use_ssl = tls
     hosts = _fleet_hosts()
     if hosts:  # declare every host queue, so that Flower lists them before any worker runs
         from kombu import Queue
@@ -79,7 +82,7 @@ def broker_transport_options(settings: Settings) -> dict:
     timeout could be delivered twice (phase tasks are fenced, but a retry is kombu's job,
     through its reconnect)."""
     from makespan.broker import sentinel_master
-    from makespan.redis_conn import client_options
+    from makespan.redis_conn import client_options, sentinel_auth, sentinel_tls_options
 
     keys = Keys(settings.key_prefix)
     opts = {
@@ -90,10 +93,26 @@ def broker_transport_options(settings: Settings) -> dict:
         "retry_on_timeout": False,
     }
     master = sentinel_master(settings.redis_url)
-    if master:  # kombu's Sentinel transport: the service name, and the same bounds towards each Sentinel
+    if master:  # kombu's Sentinel transport: the service name; towards each Sentinel the same bounds,
+        # the Sentinels' own AUTH (kombu gives them none of the URL's) and TLS
+        parsed = parse_sentinel_url(settings.redis_url)
         opts["master_name"] = master
-        opts["sentinel_kwargs"] = {k: v for k, v in client_options(settings).items() if k != "health_check_interval"}
+        opts["sentinel_kwargs"] = {**{k: v for k, v in client_options(settings).items() if k != "health_check_interval"},
+                                   **sentinel_auth(parsed), **sentinel_tls_options(parsed)}
     return opts
+
+
+def broker_use_ssl(settings: Settings) -> dict | None:
+    """Celery's ``broker_use_ssl`` for a ``rediss+sentinel://`` URL: the ``ssl_*`` options
+    of the primary's connections (kombu's Sentinel transport then uses
+    :class:`makespan.broker.RoleAwareSentinelSSLConnection`); None for any other URL
+    (``rediss://`` carries its options in the broker URL)."""
+    from makespan.redis_conn import sentinel_tls_options
+
+    if not is_sentinel_url(settings.redis_url):
+        return None
+    tls = sentinel_tls_options(parse_sentinel_url(settings.redis_url))
+    return {k: v for k, v in tls.items() if k != "ssl"} or None
 
 
 def _fleet_hosts() -> list[str]:

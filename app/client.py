@@ -33,6 +33,7 @@ from typing import Any
 
 import redis
 import redis.asyncio
+import redis.sentinel
 
 from makespan.errors import (JobCancelled, JobFailed, NotFoundError, RedisAuthFailed, RedisUnreachable, ResultTimeout, StoreError, ValidationError,
                              WorkloadError, is_utf8)
@@ -41,7 +42,7 @@ from makespan.models import FINAL_STATES, FleetSpec, Priority, fleet_version, lo
 from makespan.producer import Producer
 from makespan.registry import WorkloadDef, check_call, live_definition
 from makespan.results import REFERENCE
-from makespan.settings import Settings
+from makespan.settings import Settings, is_sentinel_url
 
 _POLL_MIN_S, _POLL_MAX_S = 0.01, 0.25
 
@@ -81,7 +82,7 @@ def connect(url: str | None = None, *, fleet: str | Path | FleetSpec | None = No
     except AUTH_ERRORS as e:
         r.close()
         raise auth_failed(base.redis_url, e) from None
-    except (redis.ConnectionError, redis.TimeoutError) as e:
+    except (redis.ConnectionError, redis.TimeoutError) as e:  # a Sentinel refusing AUTH too (unreachable())
         r.close()
         raise unreachable(base.redis_url, e) from None
     return Client(r, base, spec)
@@ -99,10 +100,20 @@ def auth_failed(url: str, error: BaseException) -> RedisAuthFailed:
     return RedisAuthFailed(redacted(url), reason)
 
 
-def unreachable(url: str, error: BaseException) -> RedisUnreachable:
-    """The :class:`RedisUnreachable` of a redis-py connection ``error`` at ``url``."""
+def unreachable(url: str, error: BaseException) -> RedisUnreachable | RedisAuthFailed:
+    """The :class:`RedisUnreachable` of a redis-py connection ``error`` at ``url``; a
+    :class:`RedisAuthFailed` naming the ``sentinel_password`` option where the error is
+    redis-py's "no master found" after the Sentinels refused their AUTH (they answered:
+    nothing is unreachable, the Sentinels' credentials are missing or wrong)."""
+    import re
+
     from makespan.redis_conn import redacted
 
+    # redis-py lists each Sentinel's error: "... - AuthenticationError('why')" or "... - auth:AuthenticationError: why"
+    refused = re.search(r"AuthenticationError(?:\('|: )(.*?)(?:'\))?(?:, <|$)", str(error))
+    if isinstance(error, redis.sentinel.MasterNotFoundError) and refused:
+        why = refused.group(1).split(", otherwise")[0].rstrip(".")[:200]
+        return RedisAuthFailed(redacted(url), f"the Sentinels answered: {why}", RedisAuthFailed.SENTINEL_HINT)
     reason = str(error).split(" : <")[0]  # Sentinel's MasterNotFoundError appends the client's repr
     reason = reason.split(". ")[-1].strip().rstrip(".") or type(error).__name__
     return RedisUnreachable(redacted(url), reason)
@@ -384,7 +395,7 @@ class Job:
         """:meth:`wait` for asyncio (redis-py's asyncio client; cancellable)."""
         timeout_s = _timeout(timeout_s)
         url = self.client.settings.redis_url
-        if url.startswith("redis+sentinel://"):  # redis-py's asyncio Sentinel is not wired here: a thread waits
+        if is_sentinel_url(url):  # redis-py's asyncio Sentinel is not wired here: a thread waits
             return await asyncio.to_thread(self.wait, timeout_s)
         from makespan.redis_conn import client_options
 

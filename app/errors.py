@@ -103,10 +103,14 @@ class RedisAuthFailed(StoreError):
         url: the URL tried, password redacted.
     """
 
-    def __init__(self, url: str, reason: str):
+    HINT = ("put the deployment's password in MAKESPAN_REDIS_URL as redis://[USER]:PASSWORD@HOST:PORT/DB "
+            "(or makespan.connect(url=...))")
+    SENTINEL_HINT = ("the Sentinels' own password goes in the URL's query as ?sentinel_password=PASSWORD "
+                     "(&sentinel_username=USER for an ACL user); the URL's [USER]:PASSWORD@ is the primary's")
+
+    def __init__(self, url: str, reason: str, hint: str = HINT):
         self.url = url
-        super().__init__(f"Redis at {url} refused the credentials ({reason}): put the deployment's password in "
-                         "MAKESPAN_REDIS_URL as redis://[USER]:PASSWORD@HOST:PORT/DB (or makespan.connect(url=...))")
+        super().__init__(f"Redis at {url} refused the credentials ({reason}): {hint}")
 
 
 class WorkloadError(MakespanError):

@@ -2,7 +2,10 @@
 
 URLs: ``redis://[:password@]host:port/db``, ``rediss://`` (TLS; add
 ``?ssl_cert_reqs=required&ssl_ca_certs=/path/ca.pem`` as redis-py documents) and
-``redis+sentinel://[:password@]host:port[,host:port...]/service_name/db`` (Sentinel).
+``redis+sentinel://[[user]:password@]host:port[,host:port...]/service_name/db`` (Sentinel; the
+userinfo authenticates to the primary and replicas, ``?sentinel_password=`` (and
+``sentinel_username``) to the Sentinels; ``rediss+sentinel://`` with the ``ssl_*`` options for
+TLS to both: :func:`makespan.settings.parse_sentinel_url`).
 """
 
 from __future__ import annotations
@@ -23,8 +26,8 @@ from urllib.parse import urlparse
 import redis
 
 from makespan.errors import RedisConfigError, StoreError, ValidationError
-from makespan.settings import (REDIS_KEEPALIVE_PROBES, SENTINEL_DEFAULT_PORT, Settings, check_redis_url,
-                               redacted_url, redis_bounds_from_env)
+from makespan.settings import (REDIS_KEEPALIVE_PROBES, SentinelURL, Settings, check_redis_url, is_sentinel_url,
+                               parse_sentinel_url, redacted_url, redis_bounds_from_env)
 
 log = logging.getLogger(__name__)
 
@@ -90,28 +93,46 @@ def connect(url: str, decode_responses: bool = True, *, settings: Settings | Non
     opts = {**client_options(settings), **kw}
     if u.scheme == "unix":  # TCP keepalive is no option of redis-py's Unix socket connection (a TypeError)
         opts = {k: v for k, v in opts.items() if k not in TCP_ONLY_OPTIONS}
-    if u.scheme in ("redis", "rediss", "unix"):
+    if not is_sentinel_url(url):
         return redis.Redis.from_url(url, decode_responses=decode_responses, **opts)
-    if u.scheme == "redis+sentinel":
-        from redis.sentinel import Sentinel
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+    from redis.sentinel import Sentinel
 
-        hosts = []
-        for part in u.netloc.split("@")[-1].split(","):
-            host, _, port = part.partition(":")
-            hosts.append((host, int(port or SENTINEL_DEFAULT_PORT)))
-        path = [p for p in u.path.split("/") if p]
-        db = int(path[1]) if len(path) > 1 else 0
-        from redis.backoff import NoBackoff
-        from redis.retry import Retry
+    parsed = parse_sentinel_url(url, "redis_url")
+    node_opts = {**opts, **sentinel_tls_options(parsed)}
+    sentinel_opts = {k: v for k, v in node_opts.items() if k != "health_check_interval"}
+    # The Sentinels get their own AUTH (never the data nodes' password: a Sentinel without
+    # requirepass refuses an AUTH) and the same bounds and TLS. Asking them goes through each in
+    # turn; redis-py's default retry with backoff on each (redis-py 8) made an unreachable set
+    # take 4-12 s per command, beyond the socket timeout every other wait is bounded by. The
+    # primary's connections keep theirs.
+    sentinel = Sentinel(list(parsed.hosts), sentinel_kwargs={**sentinel_opts, **sentinel_auth(parsed),
+                                                             "retry": Retry(NoBackoff(), 0)},
+                        **sentinel_opts)
+    return sentinel.master_for(parsed.service_name, db=parsed.db, username=parsed.username,
+                               password=parsed.password, decode_responses=decode_responses, **node_opts)
 
-        sentinel_opts = {k: v for k, v in opts.items() if k != "health_check_interval"}
-        # Asking the Sentinels goes through each of them in turn; redis-py's default retry with
-        # backoff on each (redis-py 8) made an unreachable set take 4-12 s per command, beyond
-        # the socket timeout every other wait is bounded by. The primary's connections keep theirs.
-        sentinel = Sentinel(hosts, password=u.password, sentinel_kwargs={**sentinel_opts, "retry": Retry(NoBackoff(), 0)},
-                            **sentinel_opts)
-        return sentinel.master_for(path[0], db=db, password=u.password, decode_responses=decode_responses, **opts)
-    raise AssertionError(f"check_redis_url let {u.scheme!r} through")  # pragma: no cover
+
+def sentinel_auth(parsed: SentinelURL) -> dict[str, str]:
+    """The Sentinels' own AUTH of a Sentinel URL as redis-py's ``sentinel_kwargs`` take it
+    (``username``, ``password``; empty where the URL names none): never the data nodes'."""
+    auth = {"username": parsed.sentinel_username, "password": parsed.sentinel_password}
+    return {k: v for k, v in auth.items() if v}
+
+
+def sentinel_tls_options(parsed: SentinelURL) -> dict[str, Any]:
+    """redis-py's TLS keyword arguments of a ``rediss+sentinel://`` URL (``ssl=True`` and
+    its ``ssl_*`` options, typed as redis-py types them in a ``rediss://`` URL), for the
+    Sentinels' connections and the data nodes' alike; empty for ``redis+sentinel://``."""
+    if not parsed.tls:
+        return {}
+    from urllib.parse import urlencode
+
+    from redis.connection import parse_url
+
+    typed = parse_url(f"rediss://tls/?{urlencode(parsed.ssl_options)}")
+    return {"ssl": True, **{k: v for k, v in typed.items() if k.startswith("ssl_")}}
 
 
 def check_eviction_policy(r: redis.Redis, settings: Settings, process: str = "makespan") -> str:

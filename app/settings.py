@@ -7,6 +7,7 @@ docs/configuration.md lists every variable.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -90,75 +91,177 @@ def check_policy(name: str, field_name: str = "MAKESPAN_POLICY") -> str:
         raise ValidationError(field_name, name, f"unknown policy; known: {', '.join(POLICY_REGISTRY.names())}")
     return name
 
-REDIS_URL_SCHEMES = ("redis", "rediss", "unix", "redis+sentinel")
+SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")  # the second: TLS to the Sentinels and the data nodes
+REDIS_URL_SCHEMES = ("redis", "rediss", "unix", *SENTINEL_SCHEMES)
 SENTINEL_DEFAULT_PORT = 26379
+SENTINEL_AUTH_OPTIONS = ("sentinel_username", "sentinel_password")  # a Sentinel URL's query: the Sentinels' own AUTH
 
 
-def check_redis_url(url: str, field_name: str = "MAKESPAN_REDIS_URL") -> str:
-    """``url`` when it is a Redis URL makespan's clients and the Celery broker both read
-    alike: ``redis://`` / ``rediss://`` ``[user:password@]host[:port][/db]``, ``unix:///path``
-    or ``redis+sentinel://[:password@]host[:port][,host[:port]...]/service_name[/db]``
-    (ports 1..65535, a Sentinel's default 26379; ``db`` a whole number, also as ``?db=N``;
-    the query holds nothing else but, for ``rediss://``, the ``ssl_*`` options: kombu takes
-    no other). redis-py alone quietly took a database that is not a number as 0, and took
-    connection options in the query, where kombu refused both.
+@dataclass(frozen=True)
+class SentinelURL:
+    """A ``redis+sentinel://`` or ``rediss+sentinel://`` URL taken apart
+    (:func:`parse_sentinel_url`). Credentials are percent-decoded.
+
+    Attributes:
+        hosts: the Sentinels, ``(host, port)``.
+        service_name: the monitored primary's name (redis-py's ``service_name``, kombu's
+            ``master_name``).
+        db: the database number.
+        username, password: the data nodes' (primary's, replicas') AUTH, from the URL's
+            ``[user]:password@``; None where absent.
+        sentinel_username, sentinel_password: the Sentinels' own AUTH (``requirepass`` or
+            an ACL user in sentinel.conf), from ``?sentinel_username=``/``?sentinel_password=``;
+            None where absent (the Sentinels are asked without AUTH).
+        tls: ``rediss+sentinel://``: TLS to the Sentinels and to the data nodes.
+        ssl_options: the ``ssl_*`` query options as written (strings), for both.
+        userinfo: the URL's ``[user]:password`` as written (still percent-encoded), "" without.
+    """
+
+    hosts: tuple[tuple[str, int], ...]
+    service_name: str
+    db: int
+    username: str | None
+    password: str | None
+    sentinel_username: str | None
+    sentinel_password: str | None
+    tls: bool
+    ssl_options: tuple[tuple[str, str], ...]
+    userinfo: str
+
+
+def is_sentinel_url(url: str) -> bool:
+    """Whether ``url`` names a Sentinel set (``redis+sentinel://`` or ``rediss+sentinel://``)."""
+    return url.partition("://")[0].lower() in SENTINEL_SCHEMES
+
+
+def parse_sentinel_url(url: str, field_name: str = "MAKESPAN_REDIS_URL") -> SentinelURL:
+    """Take apart ``redis+sentinel://[[user]:password@]host[:port][,host[:port]...]/service_name[/db][?options]``
+    (``rediss+sentinel://`` for TLS): the one parser of Sentinel URLs, read by makespan's
+    clients (:func:`makespan.redis_conn.connect`) and the Celery broker
+    (:mod:`makespan.broker`, :func:`makespan.celery_app.broker_transport_options`) alike.
+
+    The userinfo authenticates to the primary and replicas, as in a ``redis://`` URL and
+    in kombu's ``sentinel://:password@host``; the Sentinels get no AUTH unless the query
+    names theirs: ``sentinel_password`` (and ``sentinel_username`` for an ACL user), what
+    redis-py and kombu take as ``sentinel_kwargs``. Where both use one password, give it
+    twice. The query may also hold ``db`` (wins over the path, as redis-py's does) and,
+    for ``rediss+sentinel://``, the ``ssl_*`` options (``ssl_cert_reqs``, ``ssl_ca_certs``,
+    ...), which apply to the Sentinels and the data nodes both.
 
     Raises:
-        ValidationError: another scheme, a port or database that is not a number, a
-            Sentinel URL without hosts or service name, or with more path than
-            ``/service_name/db`` (the password is not shown)."""
-    from urllib.parse import parse_qsl, urlparse
+        ValidationError: not a Sentinel scheme, a Sentinel without a host, a port that is
+            not a number in 1..65535, no service name, a path longer than
+            ``/service_name/db``, a database that is not a whole number, or another query
+            option (the value shown has its passwords hidden)."""
+    from urllib.parse import parse_qsl, unquote, urlparse
 
-    u = urlparse(url)
     shown = redacted_url(url)
-    if u.scheme not in REDIS_URL_SCHEMES:
-        raise ValidationError(field_name, shown, "scheme must be redis://, rediss://, unix:// or redis+sentinel://")
-    path = [p for p in u.path.split("/") if p]
-    if u.scheme in ("redis", "rediss", "unix"):
-        for key, value in parse_qsl(u.query, keep_blank_values=True):
-            if key == "db":
-                if not value.isdigit():
-                    raise ValidationError(field_name, shown, "db must be a whole number")
-            elif not (key.startswith("ssl_") and u.scheme == "rediss"):
-                raise ValidationError(field_name, shown,
-                                      f"option {key!r}: the query may hold db and, for rediss://, the ssl_* "
-                                      "options (the Celery broker takes no other); timeouts and keepalive are "
-                                      "the MAKESPAN_REDIS_*_S settings")
-    if u.scheme == "unix":
-        if not u.path:
-            raise ValidationError(field_name, shown, "a unix:// URL needs the socket's path (unix:///path/redis.sock)")
-        return url
-    if u.scheme in ("redis", "rediss"):
-        try:
-            u.port  # noqa: B018 - urlparse checks the port only when asked
-        except ValueError as e:
-            raise ValidationError(field_name, shown, "the port must be a whole number 1..65535") from e
-        if len(path) > 1 or (path and not path[0].isdigit()):
-            raise ValidationError(field_name, shown, "the path must be the database number (/0)")
-        return url
-    hosts = u.netloc.split("@")[-1].split(",")
-    for part in hosts:
+    u = urlparse(url)
+    if u.scheme not in SENTINEL_SCHEMES:
+        raise ValidationError(field_name, shown, "a Sentinel URL starts redis+sentinel:// or rediss+sentinel://")
+    userinfo, _, hostpart = u.netloc.rpartition("@")
+    hosts = []
+    for part in hostpart.split(","):
         host, _, port = part.partition(":")
         if not host.strip():
             raise ValidationError(field_name, shown, "every Sentinel needs a host (host[:port], comma-separated)")
         if port and not (port.isdigit() and 0 < int(port) < 65536):
             raise ValidationError(field_name, shown, f"Sentinel port {port!r} must be a whole number 1..65535")
+        hosts.append((host, int(port or SENTINEL_DEFAULT_PORT)))
+    path = [p for p in u.path.split("/") if p]
     if not path:
         raise ValidationError(field_name, shown, "a Sentinel URL needs /service_name[/db]")
     if len(path) > 2 or (len(path) == 2 and not path[1].isdigit()):
         raise ValidationError(field_name, shown, "a Sentinel URL's path is /service_name[/db], db a whole number")
+    db = int(path[1]) if len(path) == 2 else 0
+    tls = u.scheme == "rediss+sentinel"
+    auth: dict[str, str] = {}
+    ssl: list[tuple[str, str]] = []
+    for key, value in parse_qsl(u.query, keep_blank_values=True):
+        if key == "db":
+            if not value.isdigit():
+                raise ValidationError(field_name, shown, "db must be a whole number")
+            db = int(value)
+        elif key in SENTINEL_AUTH_OPTIONS:
+            auth[key] = value
+        elif key.startswith("ssl_") and tls:
+            ssl.append((key, value))
+        else:
+            raise ValidationError(field_name, shown,
+                                  f"option {key!r}: a Sentinel URL's query may hold db, sentinel_username, "
+                                  "sentinel_password and, for rediss+sentinel://, the ssl_* options; timeouts "
+                                  "and keepalive are the MAKESPAN_REDIS_*_S settings")
+    user, has_password, password = userinfo.partition(":")
+    return SentinelURL(hosts=tuple(hosts), service_name=path[0], db=db, username=unquote(user) or None,
+                       password=unquote(password) if has_password and password else None,
+                       sentinel_username=auth.get("sentinel_username") or None,
+                       sentinel_password=auth.get("sentinel_password") or None,
+                       tls=tls, ssl_options=tuple(ssl), userinfo=userinfo)
+
+
+def check_redis_url(url: str, field_name: str = "MAKESPAN_REDIS_URL") -> str:
+    """``url`` when it is a Redis URL makespan's clients and the Celery broker both read
+    alike: ``redis://`` / ``rediss://`` ``[user:password@]host[:port][/db]``, ``unix:///path``
+    or ``redis+sentinel://[[user]:password@]host[:port][,host[:port]...]/service_name[/db]``
+    (``rediss+sentinel://`` for TLS; the Sentinels' own password as ``?sentinel_password=``,
+    see :func:`parse_sentinel_url`) (ports 1..65535, a Sentinel's default 26379; ``db`` a
+    whole number, also as ``?db=N``; the query holds nothing else but, for ``rediss://``,
+    the ``ssl_*`` options: kombu takes no other). redis-py alone quietly took a database
+    that is not a number as 0, and took connection options in the query, where kombu
+    refused both.
+
+    Raises:
+        ValidationError: another scheme, a port or database that is not a number, a
+            Sentinel URL without hosts or service name, or with more path than
+            ``/service_name/db`` (the passwords are not shown)."""
+    from urllib.parse import parse_qsl, urlparse
+
+    u = urlparse(url)
+    shown = redacted_url(url)
+    if u.scheme not in REDIS_URL_SCHEMES:
+        raise ValidationError(field_name, shown, "scheme must be redis://, rediss://, unix://, redis+sentinel:// "
+                                                 "or rediss+sentinel://")
+    if u.scheme in SENTINEL_SCHEMES:
+        parse_sentinel_url(url, field_name)
+        return url
+    path = [p for p in u.path.split("/") if p]
+    for key, value in parse_qsl(u.query, keep_blank_values=True):
+        if key == "db":
+            if not value.isdigit():
+                raise ValidationError(field_name, shown, "db must be a whole number")
+        elif not (key.startswith("ssl_") and u.scheme == "rediss"):
+            raise ValidationError(field_name, shown,
+                                  f"option {key!r}: the query may hold db and, for rediss://, the ssl_* "
+                                  "options (the Celery broker takes no other); timeouts and keepalive are "
+                                  "the MAKESPAN_REDIS_*_S settings")
+    if u.scheme == "unix":
+        if not u.path:
+            raise ValidationError(field_name, shown, "a unix:// URL needs the socket's path (unix:///path/redis.sock)")
+        return url
+    try:
+        u.port  # noqa: B018 - urlparse checks the port only when asked
+    except ValueError as e:
+        raise ValidationError(field_name, shown, "the port must be a whole number 1..65535") from e
+    if len(path) > 1 or (path and not path[0].isdigit()):
+        raise ValidationError(field_name, shown, "the path must be the database number (/0)")
     return url
 
 
+_SECRET_QUERY_OPTION = re.compile(r"([?&][^=&#]*password=)[^&#]*", re.IGNORECASE)  # its value is hidden
+
+
 def redacted_url(url: str) -> str:
-    """``url`` with any password replaced by ``***`` (for errors, logs and spans)."""
+    """``url`` with every password replaced by ``***`` (for errors, logs and spans): the
+    userinfo's, and the value of any query option whose name ends in ``password``
+    (``sentinel_password``, ``ssl_password``)."""
     from urllib.parse import urlparse
 
+    hidden = _SECRET_QUERY_OPTION.sub(lambda m: m.group(1) + "***", url)
     try:
         password = urlparse(url).password
     except ValueError:  # a netloc urlparse cannot split: nothing to hide that it could find
-        return url
-    return url.replace(f":{password}@", ":***@") if password else url
+        return hidden
+    return hidden.replace(f":{password}@", ":***@") if password else hidden
 
 
 # Bounds on every Redis connection (redis-py clients and kombu's broker), in seconds.
@@ -232,7 +335,8 @@ class Settings:
     """Runtime settings shared by the producer, planner, GPU workers and observer.
 
     Attributes:
-        redis_url: ``redis://``, ``rediss://`` (TLS) or ``redis+sentinel://`` URL.
+        redis_url: ``redis://``, ``rediss://`` (TLS), ``unix://``, ``redis+sentinel://`` or
+            ``rediss+sentinel://`` URL (:func:`check_redis_url`).
         key_prefix: every makespan key (and Celery's, through kombu's
             ``global_keyprefix``) starts with ``{key_prefix}:``.
         time_scale: wall seconds per workload second for simulated endpoints and

@@ -98,7 +98,7 @@ from makespan.models import load_fleet
 from makespan.producer import Producer
 from makespan.redis_conn import connect
 from makespan.run_report import drain_counts
-from makespan.settings import Settings
+from makespan.settings import Settings, is_sentinel_url
 from bench.chaos_invariants import INVARIANTS, TERMINAL, _events, check_invariants, lease_overlaps
 
 __all__ = ["FAULTS", "INVARIANTS", "ChaosRun", "RedisServer", "check_invariants", "client", "lease_overlaps",
@@ -197,7 +197,7 @@ def client(url: str) -> redis.Redis:
 
     retry = {"retry": Retry(ExponentialBackoff(cap=0.5, base=0.02), 40),
              "retry_on_error": [redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError]}
-    if url.startswith("redis+sentinel://"):  # follows the primary through a failover
+    if is_sentinel_url(url):  # follows the primary through a failover
         return connect(url, **retry)
     return redis.Redis.from_url(url, decode_responses=True, **client_options(), **retry)
 

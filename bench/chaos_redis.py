@@ -129,11 +129,17 @@ class SentinelSet:
             ``timeout_s``.
     """
 
-    def __init__(self, appendfsync: str = "always", timeout_s: float = 30.0):
+    def __init__(self, appendfsync: str = "always", timeout_s: float = 30.0, *, password: str | None = None,
+                 username: str | None = None, sentinel_password: str | None = None,
+                 tls: dict[str, str] | None = None):
         if not sentinel_binary():
             raise StoreError("neither redis-sentinel nor redis-server is on PATH")
         self.dir = Path(tempfile.mkdtemp(prefix="makespan-chaos-sentinel-"))
         self.appendfsync = appendfsync
+        # a secured set: the data nodes' AUTH (``username`` an ACL user, the default user then
+        # off), the Sentinels' own ``requirepass``, TLS everywhere (``tls``: the files "ca",
+        # "cert" and "key"; the Sentinels and the data nodes listen on TLS ports only)
+        self.password, self.username, self.sentinel_password, self.tls = password, username, sentinel_password, tls
         self.ports = {"a": free_port(), "b": free_port()}
         self.servers: dict[str, subprocess.Popen] = {}
         self.sentinel_ports = [free_port() for _ in range(3)]
@@ -142,18 +148,13 @@ class SentinelSet:
         self.promoted_at: list[float] = []  # unix s, when the Sentinels named a new primary after each failover
         self._stopped = False
         self._thread: threading.Thread | None = None
-        self.url = ("redis+sentinel://" + ",".join(f"127.0.0.1:{p}" for p in self.sentinel_ports)
-                    + f"/{SENTINEL_SERVICE}/0")
+        self.url = self.url_with()
         try:
             self.start_server("a")
             self.start_server("b", ["--replicaof", "127.0.0.1", str(self.ports["a"])])
             for i, port in enumerate(self.sentinel_ports):
                 conf = self.dir / f"sentinel-{i}.conf"
-                conf.write_text(f"port {port}\nbind 127.0.0.1\ndir {self.dir}\n"
-                                f"sentinel monitor {SENTINEL_SERVICE} 127.0.0.1 {self.ports['a']} 2\n"
-                                f"sentinel down-after-milliseconds {SENTINEL_SERVICE} {SENTINEL_DOWN_AFTER_MS}\n"
-                                f"sentinel failover-timeout {SENTINEL_SERVICE} {SENTINEL_FAILOVER_TIMEOUT_MS}\n"
-                                f"sentinel parallel-syncs {SENTINEL_SERVICE} 1\n")
+                conf.write_text(self._sentinel_conf(port))
                 log = open(self.dir / f"sentinel-{i}.log", "ab")
                 self.sentinels.append(subprocess.Popen(sentinel_command(conf), stdout=log,
                                                        stderr=subprocess.STDOUT, start_new_session=True))
@@ -163,17 +164,85 @@ class SentinelSet:
             self.stop()
             raise
 
+    def url_with(self, userinfo: str | None = None, query: str = "") -> str:
+        """The set's ``redis+sentinel://`` URL (``rediss+sentinel://`` with TLS), with
+        ``userinfo`` (default: the data nodes' credentials) and ``query`` (without its ``?``;
+        with TLS the CA is added)."""
+        if userinfo is None:
+            userinfo = f"{self.username or ''}:{self.password}" if self.password else ""
+        scheme = "rediss+sentinel" if self.tls else "redis+sentinel"
+        options = [q for q in (query, f"ssl_cert_reqs=required&ssl_ca_certs={self.tls['ca']}" if self.tls else "") if q]
+        return (f"{scheme}://{userinfo + '@' if userinfo else ''}" + ",".join(f"127.0.0.1:{p}" for p in self.sentinel_ports)
+                + f"/{SENTINEL_SERVICE}/0" + (f"?{'&'.join(options)}" if options else ""))
+
+    def _tls_conf(self) -> list[str]:
+        t = self.tls or {}
+        return [f"tls-cert-file {t['cert']}", f"tls-key-file {t['key']}", f"tls-ca-cert-file {t['ca']}",
+                "tls-auth-clients no", "tls-replication yes"] if self.tls else []
+
+    def _sentinel_conf(self, port: int) -> str:
+        svc = SENTINEL_SERVICE
+        lines = [f"port {0 if self.tls else port}", *([f"tls-port {port}"] if self.tls else []), *self._tls_conf(),
+                 "bind 127.0.0.1", f"dir {self.dir}",
+                 f"sentinel monitor {svc} 127.0.0.1 {self.ports['a']} 2",
+                 f"sentinel down-after-milliseconds {svc} {SENTINEL_DOWN_AFTER_MS}",
+                 f"sentinel failover-timeout {svc} {SENTINEL_FAILOVER_TIMEOUT_MS}",
+                 f"sentinel parallel-syncs {svc} 1"]
+        if self.password:
+            lines.append(f"sentinel auth-pass {svc} {self.password}")
+        if self.username:
+            lines.append(f"sentinel auth-user {svc} {self.username}")
+        if self.sentinel_password:
+            lines.append(f"requirepass {self.sentinel_password}")
+        return "\n".join(lines) + "\n"
+
+    def _server_extra(self) -> list[str]:
+        """redis-server arguments of a data node of a secured set."""
+        args: list[str] = []
+        if self.password and self.username:
+            args += ["--user", "default", "off", "--user", self.username, "on", f">{self.password}", "~*", "&*",
+                     "+@all", "--masteruser", self.username, "--masterauth", self.password]
+        elif self.password:
+            args += ["--requirepass", self.password, "--masterauth", self.password]
+        for line in self._tls_conf():
+            key, value = line.split(" ", 1)
+            args += [f"--{key}", value]
+        return args
+
+    def client(self, port: int, sentinel: bool = False, **kw) -> redis.Redis:
+        """A plain redis-py client of one data node (or, with ``sentinel``, one Sentinel)
+        of this set, with its credentials and TLS."""
+        auth = ({"password": self.sentinel_password} if sentinel else
+                {"username": self.username, "password": self.password})
+        tls = {"ssl": True, "ssl_ca_certs": self.tls["ca"], "ssl_cert_reqs": "required"} if self.tls else {}
+        return redis.Redis(host="127.0.0.1", port=port, **auth, **tls, **kw)
+
     def start_server(self, name: str, extra: list[str] | None = None) -> None:
         """Start server ``name`` ("a" or "b") on its port and directory (again, after a
         SIGKILL: the Sentinels then make it a replica of the current primary)."""
         d = self.dir / name
         d.mkdir(exist_ok=True)
         log = open(self.dir / f"server-{name}.log", "ab")
-        proc = subprocess.Popen(_server_args(self.ports[name], str(d), self.appendfsync, extra), stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        port = self.ports[name]
+        args = _server_args(port, str(d), self.appendfsync, [*self._server_extra(), *(extra or [])])
+        if self.tls:  # the TLS port only
+            args[args.index("--port") + 1] = "0"
+            args += ["--tls-port", str(port)]
+        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
         self.servers[name] = proc
-        _wait_ping(proc, f"redis://127.0.0.1:{self.ports[name]}/0", 10.0)
+        deadline = time.monotonic() + 10.0
+        while True:
+            if proc.poll() is not None:
+                raise StoreError(f"redis-server exited with code {proc.returncode}")
+            try:
+                with self.client(port, socket_timeout=0.2, socket_connect_timeout=0.2) as c:
+                    if c.ping():
+                        return
+            except (redis.RedisError, OSError):
+                if time.monotonic() > deadline:
+                    raise StoreError(f"redis-server did not answer on port {port} within 10 s") from None
+            time.sleep(0.02)
 
     @staticmethod
     def _wait(cond, timeout_s: float, what: str) -> None:
@@ -191,7 +260,7 @@ class SentinelSet:
         """The name ("a" or "b") of the server every Sentinel names as the primary, or None."""
         names = set()
         for port in self.sentinel_ports:
-            with redis.Redis(port=port, socket_timeout=1.0) as s:
+            with self.client(port, sentinel=True, socket_timeout=1.0) as s:
                 addr = s.sentinel_get_master_addr_by_name(SENTINEL_SERVICE)
             names.add(next((n for n, p in self.ports.items() if addr and int(addr[1]) == p), None))
         return names.pop() if len(names) == 1 else None
@@ -203,12 +272,12 @@ class SentinelSet:
         if name is None or self.servers[name].poll() is not None:
             return False
         for port in self.sentinel_ports:
-            with redis.Redis(port=port, socket_timeout=1.0, decode_responses=True) as s:
+            with self.client(port, sentinel=True, socket_timeout=1.0, decode_responses=True) as s:
                 m = s.sentinel_master(SENTINEL_SERVICE)
                 if int(m["num-other-sentinels"]) != 2 or int(m["num-slaves"]) < 1:
                     return False
         other = "b" if name == "a" else "a"
-        with redis.Redis(port=self.ports[other], socket_timeout=1.0, decode_responses=True) as rep:
+        with self.client(self.ports[other], socket_timeout=1.0, decode_responses=True) as rep:
             info = rep.info("replication")
         return info.get("role") == "slave" and info.get("master_link_status") == "up" \
             and int(info.get("master_port", 0)) == self.ports[name]

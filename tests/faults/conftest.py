@@ -12,6 +12,7 @@ import pytest
 from bench.chaos_redis import RedisServer, SentinelSet, sentinel_binary
 from makespan.errors import StoreError
 from makespan.redis_conn import EmbeddedRedis, free_port, ping, redis_server_binary, start_embedded
+from tests.faults.private_redis import tls_files
 
 
 @pytest.fixture
@@ -51,20 +52,6 @@ def sentinel_set():
         sset.stop()
 
 
-def _tls_files(d) -> dict[str, str]:
-    """A test CA and a server certificate for 127.0.0.1 signed by it (openssl), in ``d``."""
-    def run(*args: str) -> None:
-        subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True, timeout=60)
-
-    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "2",
-        "-subj", "/CN=makespan-test-ca")
-    run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=127.0.0.1")
-    (d / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    run("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-out",
-        "server.crt", "-days", "2", "-extfile", "ext.cnf")
-    return {k: str(d / f) for k, f in (("ca", "ca.crt"), ("cert", "server.crt"), ("key", "server.key"))}
-
-
 @pytest.fixture
 def tls_redis(tmp_path_factory):
     """A private redis-server that speaks only TLS, with a certificate of a CA of its own;
@@ -73,7 +60,7 @@ def tls_redis(tmp_path_factory):
     if not shutil.which("openssl"):
         pytest.skip("needs openssl")
     d = tmp_path_factory.mktemp("tls-redis")
-    files = _tls_files(d)
+    files = tls_files(d)
     port = free_port()
     proc = subprocess.Popen([redis_server_binary(), "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1",
                              "--tls-cert-file", files["cert"], "--tls-key-file", files["key"],

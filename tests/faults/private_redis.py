@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import subprocess
 import threading
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -111,3 +112,18 @@ def completion_server(answer: Callable[[dict], str]) -> ThreadingHTTPServer:
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     return httpd
+
+
+def tls_files(d: Path) -> dict[str, str]:
+    """A test CA and a server certificate for 127.0.0.1 signed by it (openssl), in ``d``: the
+    paths as ``{"ca", "cert", "key"}``."""
+    def run(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True, timeout=60)
+
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "2",
+        "-subj", "/CN=makespan-test-ca")
+    run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=127.0.0.1")
+    (d / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    run("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-out",
+        "server.crt", "-days", "2", "-extfile", "ext.cnf")
+    return {k: str(d / f) for k, f in (("ca", "ca.crt"), ("cert", "server.crt"), ("key", "server.key"))}
