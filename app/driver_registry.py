@@ -104,11 +104,19 @@ class DriverContext:
             are waits calls it instead of sleeping); default :func:`time.sleep`. The
             phase runner passes one that stops early when its lease is lost (raising
             :class:`makespan.errors.StaleFencingToken`), or one that only notes it.
+        pause: sleeps up to ``wall_s`` seconds between the polls of a real transition
+            (a process driver's health probes during a cold start); it may raise to
+            abandon the transition: the phase runner's raises
+            :class:`makespan.errors.StaleFencingToken` when the lease is lost and
+            :class:`makespan.errors.PhaseCancelled` when the job's cancel is requested
+            (the driver stops what it spawned and lets the error go on). Default
+            :func:`time.sleep`.
     """
 
     endpoints: Mapping[str, EndpointSpec] = field(default_factory=dict)
     slowdown_by_host: Mapping[str, float] = field(default_factory=dict)
     wait: Callable[[float], None] | None = None
+    pause: Callable[[float], None] | None = None
 
 
 class DriverRegistry:

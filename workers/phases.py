@@ -308,14 +308,17 @@ class PhaseRunner:
         spec = self.fleet.endpoints.get(endpoint)
         return spec is not None and spec.wake_s is not None
 
-    def _driver(self, name: str, wait: Callable[[float], None] = no_wait) -> EndpointDriver:
+    def _driver(self, name: str, wait: Callable[[float], None] = no_wait,
+                pause: Callable[[float], None] | None = None) -> EndpointDriver:
         """Driver ``name`` for one transition, its modelled waits (a driver whose
         transitions are waits, e.g. ``simulated``: the fleet file's figure × the host's
         ``Settings.simulated_slowdown`` × the time scale) spent by ``wait``: a
         lease-aware wait (:meth:`_paced`), a :class:`DeferredWaits` ``add``, or
         :func:`no_wait` (a stop no transition is priced for: a leftover, a sleeper that
-        no longer fits). A driver that does real work ignores it."""
-        return DRIVERS.create(name, context=DriverContext(self.fleet.endpoints, self._slowdown, wait))
+        no longer fits). A driver that does real work ignores it, and spends the sleeps
+        between its polls by ``pause`` (None: :func:`time.sleep`; see
+        :class:`makespan.driver_registry.DriverContext`)."""
+        return DRIVERS.create(name, context=DriverContext(self.fleet.endpoints, self._slowdown, wait, pause))
 
     def _paced(self, hb: LeaseHeartbeat) -> Callable[[float], None]:
         """A driver's ``wait`` that stops with StaleFencingToken when the lease is lost."""
@@ -631,21 +634,25 @@ class PhaseRunner:
         during its health check leaves a tracked process, which the next worker's start
         sweep (:mod:`makespan.workers.orphans`) stops. The caller registers it ``running``.
         A modelled start (the ``simulated`` driver: a wait of the cold start, scaled) stops
-        within 50 ms of a cancel of the job, as execute does: the phase ends ``cancelled``
-        and releases the lease instead of holding the GPUs to the end of the wait.
+        within 50 ms of a cancel of the job, as execute does, and a real one (a process
+        still failing its health check) at its next probe pause: the phase ends
+        ``cancelled`` and releases the lease instead of holding the GPUs to the end of the
+        cold start; a spawned process is stopped first.
         Raises PhaseError (a spawned process is stopped and forgotten first),
-        PhaseCancelled (the job's cancel was requested during a modelled wait) or
-        StaleFencingToken (the lease was lost during a modelled wait)."""
+        PhaseCancelled (the job's cancel was requested during the start) or
+        StaleFencingToken (the lease was lost during the start; a spawned process is
+        stopped and forgotten first)."""
         spawned: list[Instance] = []
 
         def track(inst: Instance) -> None:
             spawned.append(inst)
             register_instance(self.r, self.keys, inst, state="starting")
 
+        paced = self._paced_cancellable(ctx, hb)  # a modelled cold start's wait, a real one's probe pauses
         try:
-            return self._driver(spec.launch.driver, self._paced_cancellable(ctx, hb)).start(
+            return self._driver(spec.launch.driver, paced, pause=paced).start(
                 spec, gpus, self.settings.time_scale, ctx.host, on_spawn=track)
-        except PhaseError:
+        except (PhaseError, StaleFencingToken):  # PhaseCancelled is a PhaseError
             for inst in spawned:
                 self._stop_instance(inst)
             raise

@@ -75,3 +75,40 @@ def test_a_cancel_during_a_simulated_execute_ends_the_job_at_once(r, keys, setti
         assert took_s < 5.0, f"{took_s:.1f} s from the cancel to the end of a 60 s execute"
         assert "execute: cancelled while waiting" in (r.hget(keys.job(job), "reason") or "")
         wait_for(lambda: not r.exists(keys.gpu(gpu)), 10, "the GPU to be released")
+
+
+def test_a_cancel_during_a_real_cold_start_stops_the_process_and_releases_the_gpus(r, keys, settings, tmp_path):
+    """The same for an endpoint that is a real process (the bundled endpoint server, its
+    health check failing for its 300 wall s load): the cancel used to wait for the health
+    check to pass (or time out) before the job ended; now the probe pauses watch the
+    cancel, the process group is stopped and forgotten, and the lease is released."""
+    import sys
+
+    from makespan.workers.drivers.pids import process_alive
+
+    fleet_text = FLEET.replace(f"cold_start_s = {COLD_START_S}", "cold_start_s = 30000").replace(
+        "evict_s = 1", 'evict_s = 1\nlaunch = { driver = "process", health_timeout_s = 600, command = '
+        f'["{sys.executable}", "-m", "makespan.workers.endpoint_server", "--port", "{{port}}", "--model", '
+        '"{model}", "--load-time-s", "{load_time_s}"] }')
+    s = dataclasses.replace(settings, lease_ttl_s=60.0)  # the lease could not simply lapse within the bound
+    with live_system(tmp_path, s, fleet_text, observer=False) as (system, fleet):
+        gpu = fleet.hosts[0].gpus[0].uuid
+        prod = Producer(r, keys, fleet, system.settings)
+        job = prod.submit({"endpoint": "sim", "service_s": 1}).id
+        lease = wait_for(lambda: r.hget(keys.job(job), "lease"), 60, "the job's lease")
+        pid = int(wait_for(lambda: next((r.hget(keys.instance(i), "pid") for i in r.smembers(keys.instances)), None),
+                           60, "the endpoint process to be spawned and tracked"))
+        assert process_alive(pid)
+        wait_for(lambda: r.hget(keys.phase(lease), "start_endpoint:claimed"), 60, "its cold start to begin")
+
+        t0 = time.monotonic()
+        assert prod.cancel(job) == "cancel_requested"
+        wait_for(lambda: r.hget(keys.job(job), "state") == "cancelled", 120, "the job to end cancelled")
+        took_s = time.monotonic() - t0
+
+        assert took_s < 60.0, f"{took_s:.1f} s from the cancel to the end of a 300 s cold start"
+        assert "start_endpoint: cancelled" in (r.hget(keys.job(job), "reason") or "")
+        wait_for(lambda: not process_alive(pid), 30, "the endpoint process to be stopped")
+        assert not r.exists(keys.gpu(gpu)) and not r.exists(keys.lease(lease))
+        assert not r.exists(keys.resident(gpu))
+        assert r.scard(keys.instances) == 0  # forgotten, not left 'starting'

@@ -122,8 +122,10 @@ class ProcessDriver:
         log_dir: where ``{endpoint}-{instance id}.log`` files are kept.
         health_timeout_s: overrides ``launch.health_timeout_s`` when given.
         backoff_initial_s / backoff_max_s: health-probe backoff bounds.
-        context: the registry's :class:`DriverContext` (unused: a real process takes
-            the time it takes).
+        context: the registry's :class:`DriverContext`: its ``pause`` spends the waits
+            between health probes (a cancel or a lost lease raised there abandons the
+            start: the process group is stopped); its modelled ``wait`` is unused (a real
+            process takes the time it takes).
     """
 
     name = "process"
@@ -139,6 +141,7 @@ class ProcessDriver:
         self.health_timeout_s = health_timeout_s
         self.backoff_initial_s = backoff_initial_s
         self.backoff_max_s = backoff_max_s
+        self._pause = (context.pause if context is not None else None) or time.sleep
 
     # -- command ---------------------------------------------------------------------
     def command(self, endpoint: EndpointSpec, port: int, time_scale: float) -> list[str]:
@@ -232,7 +235,7 @@ class ProcessDriver:
                 raise PhaseError(f"endpoint {endpoint.name!r}: health check {inst.url}{inst.health_path} did not "
                                  f"pass within {timeout_s} s after {probes} probes (last: {last}); "
                                  f"log {inst.log_path}")
-            time.sleep(min(delay_s, max(deadline - now, 0.0)))
+            self._pause(min(delay_s, max(deadline - now, 0.0)))  # may raise: start() stops the process
             delay_s = min(delay_s * 2, self.backoff_max_s)
 
     def _probe(self, inst: Instance) -> tuple[bool, str]:
