@@ -294,14 +294,16 @@ def submit(workload: str | None = typer.Argument(None, help="a workload function
            payload: str = typer.Option("{}", help="JSON object handed to the execute phase"),
            idempotency_key: str | None = typer.Option(None, help="resubmitting the same key returns the same job"),
            delay_s: float | None = typer.Option(None, help="queue the job only this many seconds after submission (> 0, at most 30 days); until then it is 'delayed' in Redis, never in a worker"),
-           deadline_s: float | None = typer.Option(None, help="due time, seconds after submission (> 0); used by the tardiness policies"),
+           deadline_s: float | None = typer.Option(None, help="due time, seconds after submission (> 0, at most 365 days); used by the tardiness policies"),
+           depends_on: list[str] = typer.Option(None, "--depends-on", help="id of a job that must complete first "
+                                                                            "(repeatable); an unknown id is refused"),
            quiet: bool = typer.Option(False, "--quiet", "-q", help="print only the job id (for ID=$(makespan submit ...))")):
     """Submit one job; prints {"id", "created", "priority"} as JSON (--quiet: the id alone). With a WORKLOAD name
     the job calls that function with --args/--kwargs (see `makespan result ID`). With --delay-s the job waits in
     Redis as 'delayed' and is queued when due (cancel works meanwhile)."""
     if workload is not None:
         _submit_call(workload, call_args, call_kwargs, fleet, endpoint, service_s, priority, idempotency_key, delay_s,
-                     deadline_s, quiet)
+                     deadline_s, depends_on or [], quiet)
         return
     try:
         if endpoint is None or service_s is None:
@@ -317,6 +319,8 @@ def submit(workload: str | None = typer.Argument(None, help="a workload function
             job["delay_s"] = delay_s
         if deadline_s is not None:
             job["deadline_s"] = deadline_s
+        if depends_on:
+            job["depends_on"] = depends_on
         from makespan import telemetry
 
         telemetry.setup_tracing("makespan-cli")  # the job's trace ids (nothing is exported at submit)
@@ -326,16 +330,12 @@ def submit(workload: str | None = typer.Argument(None, help="a workload function
     typer.echo(h.id if quiet else json.dumps({"id": h.id, "created": h.created, "priority": h.priority.name}))
 
 
-# Client.submit's own keyword options: --kwargs cannot pass these to the function
-SUBMIT_OPTIONS = frozenset({"workload", "priority", "endpoint", "idempotency_key", "depends_on", "delay_s", "service_s",
-                            "deadline_s"})
-
 
 def _submit_call(workload: str, call_args: str, call_kwargs: str, fleet: Path | None, endpoint: str | None,
                  service_s: float | None, priority: str, idempotency_key: str | None, delay_s: float | None,
-                 deadline_s: float | None, quiet: bool) -> None:
+                 deadline_s: float | None, depends_on: list[str], quiet: bool) -> None:
     """``makespan submit WORKLOAD``: the same call as ``makespan.connect().submit(...)``."""
-    from makespan.client import Client
+    from makespan.client import SUBMIT_OPTIONS, Client
 
     try:
         try:
@@ -357,7 +357,8 @@ def _submit_call(workload: str, call_args: str, call_kwargs: str, fleet: Path | 
 
         telemetry.setup_tracing("makespan-cli")  # the job's trace ids (nothing is exported at submit)
         job = client.submit(workload, *args, endpoint=endpoint, service_s=service_s, priority=priority,
-                            idempotency_key=idempotency_key, delay_s=delay_s, deadline_s=deadline_s, **kwargs)
+                            idempotency_key=idempotency_key, delay_s=delay_s, deadline_s=deadline_s,
+                            depends_on=depends_on, **kwargs)
         # a repeated idempotency key returns the existing job, at the priority it was submitted with
         level = priority.upper() if job.created or quiet else job.status()["priority"]
     except MakespanError as e:

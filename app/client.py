@@ -164,7 +164,7 @@ class Client:
         return published
 
     # -- submit -------------------------------------------------------------------------
-    def submit(self, workload: str | WorkloadDef, *args: Any, priority: Priority | str | int = "NORMAL",
+    def submit(self, workload: str | WorkloadDef, /, *args: Any, priority: Priority | str | int = "NORMAL",
                endpoint: str | None = None, idempotency_key: str | None = None,
                depends_on: list[str | Job] | tuple[str | Job, ...] = (), delay_s: float | None = None,
                service_s: float | None = None, deadline_s: float | None = None, **kwargs: Any) -> Job:
@@ -173,7 +173,9 @@ class Client:
 
         A :class:`Job` among the top-level ``args``/``kwargs`` is passed as that job's
         result value, and the new job depends on it. Keyword arguments named like this
-        method's options are taken as options.
+        method's options (:data:`SUBMIT_OPTIONS`) are taken as options: pass a function's
+        parameter of such a name positionally (``workload`` is positional-only here, so a
+        keyword ``workload=`` reaches the function).
 
         Args:
             priority: CRITICAL, HIGH, NORMAL (default) or LOW.
@@ -189,7 +191,8 @@ class Client:
         Raises:
             ValidationError: unknown workload or endpoint, no live worker registered the
                 workload, arguments that do not bind to the function's parameters,
-                arguments that are not JSON or too large, ... (nothing written).
+                arguments that are not JSON or too large, a ``depends_on`` id that names
+                no job, ... (nothing written; limits: docs/configuration.md, "Jobs").
             StoreError: Redis failed.
         """
         try:
@@ -218,7 +221,14 @@ class Client:
         deps = [d.id if isinstance(d, Job) else d for d in depends_on]
         call_args = [self._argument(a, deps) for a in args]
         call_kwargs = {k: self._argument(v, deps) for k, v in kwargs.items()}
-        check_call(definition, call_args, call_kwargs)
+        try:
+            check_call(definition, call_args, call_kwargs)
+        except ValidationError as e:
+            taken = sorted({p.get("name") for p in definition.get("parameters") or []} & SUBMIT_OPTIONS)
+            if not taken:
+                raise
+            raise ValidationError(e.field, e.value, f"{e.reason}; submit() takes the keyword(s) {', '.join(taken)} "
+                                                    "as its own option(s): pass such an argument positionally") from None
         estimated = service_s is None
         if estimated:
             from makespan.estimates import estimate_s
@@ -261,6 +271,12 @@ class Client:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+#: :meth:`Client.submit`'s keyword options: a keyword argument of one of these names is the
+#: option, not an argument of the function (the CLI's --kwargs refuses them)
+SUBMIT_OPTIONS = frozenset({"priority", "endpoint", "idempotency_key", "depends_on", "delay_s", "service_s",
+                            "deadline_s"})
 
 
 def _dependencies(depends_on: Any) -> list[str | Job]:

@@ -32,6 +32,8 @@ FINAL_STATES = _FINAL_STATES
 MAX_DELAY_S = 30 * 24 * 3600.0  # longest delay_s a job may carry, s
 MAX_SERVICE_S = 30 * 24 * 3600.0  # longest service_s a job may carry, workload s: sums of
 # near-float-max values overflow to inf in the planner's arithmetic (inf/inf is NaN)
+MAX_DEADLINE_S = 365 * 24 * 3600.0  # latest deadline_s a job may carry, workload s after submission:
+# the tardiness policies' CP-SAT models take due times as 64-bit integers (9.3e18 and more failed every solve)
 
 _Strict = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
@@ -538,12 +540,15 @@ class JobSpec(BaseModel):
             ``service_s`` or sends the payload's templated requests (simulations).
         args / kwargs: the function's JSON arguments (size-limited with the payload).
         idempotency_key: resubmitting the same key returns the existing job.
-        deadline_s: optional due time, seconds after submission (positive, finite; workload
-            seconds like ``service_s``). The planner sees it as release + deadline_s; only the
-            ``tardiness`` policies use it (Σ w·max(0, C − d)).
+        deadline_s: optional due time, seconds after submission (positive, at most
+            MAX_DEADLINE_S, a year; workload seconds like ``service_s``). The planner sees it as
+            release + deadline_s; only the ``tardiness`` policies use it (Σ w·max(0, C − d)).
         delay_s: optional delay, seconds after submission (at most MAX_DELAY_S): the job
             is kept as ``delayed`` in Redis and queued only when due.
-        workload_id / step / depends_on: set for steps of a multi-step workload.
+        depends_on: ids of jobs that must complete first (a repeated id counts once:
+            kept in first-seen order); each must name an existing job when the job is
+            written (the submit script checks it: :class:`makespan.store.JobStore`).
+        workload_id / step: set for steps of a multi-step workload.
         helpers: endpoints started beside ``endpoint`` on the job's GPUs (a workload
             function's ``helpers``, which :meth:`makespan.client.Client.submit` copies from
             the published definition); the planner prices their cold start and places the
@@ -601,7 +606,17 @@ class JobSpec(BaseModel):
     @field_validator("deadline_s")
     @classmethod
     def _deadline(cls, v: float | None) -> float | None:
-        return None if v is None else _positive_finite(v)
+        if v is None:
+            return None
+        v = _positive_finite(v)
+        if v > MAX_DEADLINE_S:
+            raise ValueError(f"must be at most {MAX_DEADLINE_S:.0f} s (365 days)")
+        return v
+
+    @field_validator("depends_on")
+    @classmethod
+    def _deps(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(v))  # a repeated id is one dependency
 
     @field_validator("delay_s")
     @classmethod
@@ -735,15 +750,37 @@ def parse_job(data: dict[str, Any] | JobSpec, fleet: FleetSpec, max_payload_byte
 
 def json_size(value: Any, field: str) -> int:
     """Bytes of ``value`` encoded as strict UTF-8 JSON (no NaN or infinity, no lone
-    surrogates, no objects JSON cannot carry).
+    surrogates, no objects JSON cannot carry, no mapping keys other than strings).
 
     Raises:
         ValidationError: naming ``field`` when it cannot be encoded."""
     try:
-        return len(json.dumps(value, allow_nan=False, ensure_ascii=False).encode("utf-8"))
+        size = len(json.dumps(value, allow_nan=False, ensure_ascii=False).encode("utf-8"))
     except (TypeError, ValueError, RecursionError, UnicodeEncodeError) as e:
         reason = "nested too deeply" if isinstance(e, RecursionError) else str(e)
         raise ValidationError(field, f"<{type(value).__name__}>", f"must be JSON (no pickle): {reason}") from None
+    key = _key_not_str(value)
+    if key is not None:  # json.dumps writes 1 as "1": the function would get {"1": ...}, not {1: ...}
+        raise ValidationError(field, f"<{type(value).__name__}>", f"must be JSON (no pickle): mapping keys must be "
+                                                                  f"strings, got {key}")
+    return size
+
+
+def _key_not_str(value: Any) -> str | None:
+    """The first mapping key in ``value`` (nested lists, tuples and dicts) that is not a
+    string, as ``type repr`` (``int 1``), or None. ``value`` has encoded as JSON: no
+    cycles, depth within Python's limit."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            for k, v in item.items():
+                if not isinstance(k, str):
+                    return f"{type(k).__name__} {k!r}"[:100]
+                stack.append(v)
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return None
 
 
 def fleet_version(fleet: FleetSpec) -> str:

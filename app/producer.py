@@ -107,7 +107,8 @@ class Producer:
         Returns:
             JobHandle with the job id (the existing one for a repeated idempotency key).
         Raises:
-            ValidationError: the job is invalid (nothing was written).
+            ValidationError: the job is invalid (nothing was written), including a
+                ``depends_on`` id that names no job (checked atomically with the write).
             StoreError: Redis failed (nothing or everything was written: the script is atomic).
         """
         if self.fleet is None:
@@ -144,12 +145,18 @@ class Producer:
             fields["pool"] = pool
         ev = json.dumps({"ts": now, "kind": "submitted", "job": job_id, "endpoint": spec.endpoint,
                          "priority": spec.priority.name, "planned_s": spec.service_s})
-        # a delayed job is due at the server clock + delay_s
-        if self.settings.submit_wait_replicas > 0:
-            created, jid = self._submit_replicated(job_id, fields, ev, spec, pool)
-        else:
-            created, jid = self._store(pool).submit(job_id, fields, ev, self.keys.for_pool(pool).queue(spec.priority),
-                                                    spec.idempotency_key, spec.delay_s)
+        # a delayed job is due at the server clock + delay_s; a dependency without a record is
+        # refused by the same script (ValidationError, nothing written)
+        try:
+            if self.settings.submit_wait_replicas > 0:
+                created, jid = self._submit_replicated(job_id, fields, ev, spec, pool)
+            else:
+                created, jid = self._store(pool).submit(job_id, fields, ev,
+                                                        self.keys.for_pool(pool).queue(spec.priority),
+                                                        spec.idempotency_key, spec.delay_s)
+        except ValidationError:
+            metrics.job_rejected()
+            raise
         if created:
             metrics.job_submitted(spec.priority)
         if not created:

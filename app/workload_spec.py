@@ -21,7 +21,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from makespan.errors import ValidationError
-from makespan.models import _NAME, FleetSpec, Priority, read_user_file, validate
+from makespan.models import _NAME, MAX_SERVICE_S, FleetSpec, Priority, _at_most_30_days, _positive_finite, read_user_file, validate
 
 ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/embeddings")
 _Strict = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True)
@@ -33,15 +33,16 @@ class StepSpec(BaseModel):
     Attributes:
         name: unique within the workload (letters, digits, ``._-``).
         endpoint: endpoint name of the fleet.
-        depends_on: names of steps that must complete before this one starts.
+        depends_on: names of steps that must complete before this one starts (a repeated
+            name counts once).
         requests: number of model requests (request-level execution), or None.
         prompt: template formatted per request with ``{i}`` (request index) and ``{step}``.
         route: OpenAI route: /v1/completions, /v1/chat/completions or /v1/embeddings.
         max_tokens: per-request ``max_tokens``.
         request_s: estimated seconds per request (planning estimate when service_s is absent).
         request_timeout_s: per-request HTTP timeout, s.
-        service_s: estimated service time, s; derived as ⌈requests / slots⌉ × request_s
-            when absent.
+        service_s: estimated service time, s (at most MAX_SERVICE_S, 30 days, as a job's);
+            derived as ⌈requests / slots⌉ × request_s when absent (and held to the same bound).
     """
 
     model_config = _Strict
@@ -54,7 +55,7 @@ class StepSpec(BaseModel):
     max_tokens: int = Field(default=16, ge=1, le=1_000_000)
     request_s: float = Field(default=1.0, gt=0, le=86_400)
     request_timeout_s: float = Field(default=60.0, gt=0, le=86_400)
-    service_s: float | None = Field(default=None, gt=0, le=10_000_000)
+    service_s: float | None = None
 
     @field_validator("requests", "max_tokens", "request_s", "request_timeout_s", "service_s", mode="before")
     @classmethod
@@ -69,6 +70,16 @@ class StepSpec(BaseModel):
         if not _NAME.match(v):
             raise ValueError("step names use letters, digits, '.', '_' and '-' (at most 64)")
         return v
+
+    @field_validator("service_s")
+    @classmethod
+    def _service(cls, v: float | None) -> float | None:
+        return None if v is None else _at_most_30_days(_positive_finite(v))
+
+    @field_validator("depends_on")
+    @classmethod
+    def _deps(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(v))  # a repeated name is one dependency
 
     @field_validator("route")
     @classmethod
@@ -119,7 +130,7 @@ class WorkloadSpec(BaseModel):
     """
 
     model_config = _Strict
-    name: str = "workload"
+    name: str = Field(default="workload", min_length=1, max_length=200)
     priority: Priority = Priority.NORMAL
     retry_budget: int = Field(default=0, ge=0, le=100)
     steps: tuple[StepSpec, ...] = Field(min_length=1, max_length=10_000)
@@ -204,6 +215,11 @@ def parse_workload(data: dict[str, Any] | WorkloadSpec, fleet: FleetSpec) -> Wor
         ok, why = fleet.can_ever_fit(s.endpoint)
         if not ok:
             raise ValidationError(f"workload.steps.{i}.endpoint", s.endpoint, why)
+        estimated_s = s.estimated_service_s(fleet.endpoints[s.endpoint].slots)
+        if estimated_s > MAX_SERVICE_S:
+            raise ValidationError(f"workload.steps.{i}.requests", s.requests,
+                                  f"⌈requests / slots⌉ × request_s = {estimated_s:.0f} s, more than "
+                                  f"{MAX_SERVICE_S:.0f} s (30 days): split it into smaller steps")
         for d in s.depends_on:
             if d not in names:
                 raise ValidationError(f"workload.steps.{i}.depends_on", d, f"unknown step (in step {s.name!r})")

@@ -337,7 +337,9 @@ def _add_jobs(model: cp_model.CpModel, data: _WindowData, residencies: dict[tupl
         weight = int(round(job.weight * 10))
         job_vars.weight_and_length[job_id] = (weight, length)
         job_vars.objective_terms.append(weight * end)
-        if objective == "weighted_tardiness" and job.deadline_s is not None:
+        if objective == "weighted_tardiness" and job.deadline_s is not None \
+                and job.deadline_s - data.now_s < data.horizon:  # due at or past the horizon: never late here
+            # (and a far due time, 9.3e18 s and more, is no 64-bit integer: CP-SAT refused the model)
             due = job_vars.due[job_id] = int(math.floor(job.deadline_s - data.now_s))
             # a deadline already past: lateness above the horizon
             lateness = model.new_int_var(0, data.horizon + max(0, -due), f"late[{job_id}]")

@@ -17,6 +17,7 @@ The phase runner commits the result, a retry or the failure (workers/phases.py).
 from __future__ import annotations
 
 import ctypes
+import inspect
 import json
 import logging
 import threading
@@ -155,6 +156,20 @@ def lookup(name: str, host: str) -> WorkloadDef:
     return definition
 
 
+def _check_binds(definition: WorkloadDef, ctx: Any, args: list[Any], kwargs: dict[str, Any]) -> None:
+    """Raise a not retryable :class:`WorkloadFailed` (``TypeError``) when ``(ctx, *args,
+    **kwargs)`` do not bind to the function's signature (one that cannot be read is not checked)."""
+    try:
+        signature = inspect.signature(definition.fn)
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind(ctx, *args, **kwargs)
+    except TypeError as e:
+        raise WorkloadFailed("TypeError", f"the arguments do not match {definition.name}{signature}: {e} (not retried: "
+                                          "every attempt would fail the same way)", retryable=False) from None
+
+
 def _raise_in_thread(thread: threading.Thread) -> bool:
     ident = thread.ident
     if ident is None:
@@ -170,9 +185,14 @@ def run_function(definition: WorkloadDef, ctx: WorkloadContext, args: list[Any],
     Raises:
         StaleFencingToken: the lease was lost (the job will be reclaimed: not a failure).
         PhaseCancelled: a cancel was requested while it ran.
-        WorkloadFailed: it raised, timed out, or returned a value that cannot be stored.
+        WorkloadFailed: it raised, timed out, or returned a value that cannot be stored; the
+            arguments do not bind to its parameters (``TypeError``, not retryable: every
+            retry would fail the same way; the submit checks this when the worker that
+            registered the function published its parameters, so it is met when the
+            function's parameters changed while the job waited, or an older worker registered it).
     """
     args, kwargs = resolve_references(r, keys, args, kwargs)
+    _check_binds(definition, ctx, args, kwargs)
     outcome: dict[str, Any] = {}
 
     def call() -> None:

@@ -17,6 +17,7 @@ from typing import Any, cast
 
 import redis
 
+from makespan.errors import ValidationError
 from makespan.keys import Keys
 from makespan.store.scripts import script, store_error
 from makespan.job_states import JobState
@@ -42,11 +43,16 @@ class JobStore:
                idempotency_key: str | None = None, delay_s: float | None = None) -> tuple[bool, str]:
         """Write a validated job (``fields`` as its record; state ``queued``, or ``delayed`` with ``delay_s``: due at the
         server clock + ``delay_s`` seconds). Returns ``(created, job id)``: for a repeated
-        idempotency key ``(False, the existing job's id)``."""
+        idempotency key ``(False, the existing job's id)``.
+
+        Raises:
+            ValidationError: ``job.depends_on``: a job the record's ``deps`` name has no
+                record (checked in the same script: nothing was written).
+            StoreError: Redis failed."""
         fields = {**fields, "state": JobState.QUEUED.value}  # submit.lua makes it delayed with a delay
         out = self._run("submit", *self._submit_keys_args(job_id, fields, event_json, queue_key, idempotency_key,
                                                            delay_s, touch=False))
-        return out[0] == 1, str(out[1])
+        return _submitted(out, fields)
 
     def submit_replicated(self, job_id: str, fields: dict[str, Any], event_json: str, queue_key: str,
                           idempotency_key: str | None, delay_s: float | None, replicas: int,
@@ -59,12 +65,13 @@ class JobStore:
         that acknowledged)``.
 
         Raises:
+            ValidationError: as :meth:`submit` (nothing written).
             StoreError: Redis failed (the script is atomic: nothing or all of it written)."""
         fields = {**fields, "state": JobState.QUEUED.value}
         keys, args = self._submit_keys_args(job_id, fields, event_json, queue_key, idempotency_key, delay_s,
                                             touch=True)
         out, acked = self._run_replicated("submit", keys, args, replicas, timeout_ms)
-        return out[0] == 1, str(out[1]), acked
+        return (*_submitted(out, fields), acked)
 
     def _run_replicated(self, name: str, keys: Sequence[str], args: Sequence[Any], replicas: int,
                         timeout_ms: int) -> tuple[Any, int]:
@@ -283,3 +290,17 @@ class JobStore:
                 self.keys.lease(lease_id), self.keys.leases]
         return list(self._run("begin_warm", keys, [lease_id, token, len(gpus), instance_value, repr(started_at_s),
                                                    job_id, *phase_events, int(lease_ttl_s * 1000)]))
+
+
+def _submitted(out: Sequence[Any], fields: dict[str, Any]) -> tuple[bool, str]:
+    """submit.lua's reply as ``(created, job id)``.
+
+    Raises:
+        ValidationError: ``job.depends_on.{i}``: the reply names a dependency without a record."""
+    if int(out[0]) == -1:
+        missing = str(out[1])
+        deps = json.loads(fields.get("deps") or "[]")
+        where = f".{deps.index(missing)}" if missing in deps else ""
+        raise ValidationError(f"job.depends_on{where}", missing, "no such job: an unknown id, or a finished job "
+                                                                "whose record retention deleted (MAKESPAN_RETENTION_AGE_S)")
+    return int(out[0]) == 1, str(out[1])

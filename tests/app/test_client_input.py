@@ -140,3 +140,153 @@ def test_cli_result_of_an_id_that_is_not_utf8_exits_2(client, redis_url, prefix)
     out = subprocess.run([sys.executable.encode(), b"-m", b"makespan.cli", b"result", b"ab\xff"], env=env,
                          capture_output=True, timeout=60)
     assert out.returncode == 2 and b"Traceback" not in out.stderr, out.stderr[-400:]
+
+
+
+# -- what a submit accepts and what it refuses (a review of the submit paths' input) ----------
+def _named(ctx, priority, workload):
+    return [priority, workload]
+
+
+@pytest.fixture
+def named(client, r, keys):
+    """A workload function whose parameters are named like submit()'s own arguments."""
+    publish(r, keys, [WorkloadDef("tests.named", _named, "embed")], ttl_s=600, holder="test")
+    return client
+
+
+def test_a_keyword_argument_named_workload_reaches_the_function_and_an_option_name_says_why(named, r, keys):
+    """submit(workload, ...) took a keyword ``workload=`` as its own first argument: a
+    TypeError 'got multiple values for argument workload'. A parameter named like an
+    option (priority) is taken as the option: the refusal now says to pass it positionally."""
+    job = named.submit("tests.named", "HIGH", workload="w")
+    assert json.loads(r.hget(keys.job(job.id), "spec"))["kwargs"] == {"workload": "w"}
+    with pytest.raises(makespan.ValidationError, match="pass such an argument positionally") as e:
+        named.submit("tests.named", workload="w", priority="HIGH")
+    assert e.value.field == "args" and "priority" in e.value.reason
+
+
+@pytest.mark.parametrize("value", [{1: "a"}, [{"x": {None: 1}}], {"ok": {2.5: 1}}, {True: 1}])
+def test_a_mapping_key_that_is_not_a_string_is_a_validation_error_and_writes_nothing(client, r, prefix, value):
+    """JSON writes the key 1 as "1": the function got {"1": "a"} for {1: "a"} (a KeyError on
+    the GPU worker), while a set or bytes were refused at submit."""
+    before = _keys_of(r, prefix)
+    with pytest.raises(makespan.ValidationError, match="mapping keys must be strings") as e:
+        client.submit("tests.two", value)
+    assert e.value.field == "job.args"
+    with pytest.raises(makespan.ValidationError, match="mapping keys must be strings"):
+        client.submit("tests.two", 1, b=value)
+    assert _keys_of(r, prefix) == before
+
+
+def test_a_tuple_argument_arrives_as_a_list(client, r, keys):
+    """Documented: arguments are JSON, so a tuple is a JSON array (a list at the function)."""
+    job = client.submit("tests.two", (1, 2))
+    assert json.loads(r.hget(keys.job(job.id), "spec"))["args"] == [[1, 2]]
+
+
+def test_depends_on_a_repeated_id_is_one_dependency(client, r, keys, settings):
+    """Producer.submit kept [a, a] as written (the client deduplicated it): one dependency."""
+    from makespan.producer import Producer
+
+    first = client.submit("tests.two", 1)
+    via_client = client.submit("tests.two", 2, depends_on=[first, first.id])
+    prod = Producer(r, keys, load_fleet(FLEET_TOML), settings)
+    via_producer = prod.submit({"endpoint": "embed", "service_s": 5, "depends_on": [first.id, first.id]})
+    for job_id in (via_client.id, via_producer.id):
+        assert json.loads(r.hget(keys.job(job_id), "deps")) == [first.id]
+
+
+@pytest.mark.parametrize("unknown", ["nope", "0" * 32, "d" * 100_000])
+def test_depends_on_an_unknown_id_is_a_validation_error_and_writes_nothing(client, r, keys, prefix, settings, unknown):
+    """It was accepted, and the planner's next tick cancelled the job ("dependency nope did
+    not complete"): a typo surfaced as a cancelled job. Checked in the submit script, so a
+    dependency cannot vanish between the check and the write."""
+    from makespan.producer import Producer
+
+    first = client.submit("tests.two", 1)
+    before = _keys_of(r, prefix)
+    with pytest.raises(makespan.ValidationError, match="no such job") as e:
+        client.submit("tests.two", 2, depends_on=[first, unknown])
+    assert e.value.field == "job.depends_on.1"
+    with pytest.raises(makespan.ValidationError, match="no such job"):
+        Producer(r, keys, load_fleet(FLEET_TOML), settings).submit({"endpoint": "embed", "service_s": 5,
+                                                                   "depends_on": [unknown]})
+    assert _keys_of(r, prefix) == before
+
+
+def _planner(r, settings, policy="tardiness-portfolio"):
+    import dataclasses
+
+    from makespan.workers.planner_worker import PlannerWorker
+
+    s = dataclasses.replace(settings, lease_ttl_s=60.0, policy=policy)
+    return PlannerWorker(r, s, load_fleet(FLEET_TOML), dispatch=lambda ctx, queue: None)
+
+
+@pytest.mark.parametrize("final", ["cancelled", "failed"])
+def test_depends_on_a_job_that_ended_without_completing_is_cancelled_by_the_next_tick(client, r, keys, settings,
+                                                                                       final):
+    """Documented: a dependency that already failed or was cancelled is accepted (a failed
+    workload step may still be retried under a new id), and the planner's next tick
+    cancels the dependant with the dependency named."""
+    first = client.submit("tests.two", 1)
+    first.cancel()
+    if final == "failed":
+        r.hset(keys.job(first.id), "state", "failed")
+    second = client.submit("tests.two", 2, depends_on=first)
+    w = _planner(r, settings)
+    w.token = str(r.incr(keys.planner_fence))  # the planner's cancel is fenced: lead
+    w.tick()
+    status = second.status()
+    assert status["state"] == "cancelled" and status["reason"] == f"dependency {first.id} did not complete"
+
+
+def test_deadline_s_past_a_year_is_a_validation_error(client, r, prefix):
+    """deadline_s=1e308 was accepted, and every CP-SAT solve of the tardiness policy failed
+    on it (a due time that is no 64-bit integer) for as long as the job waited."""
+    before = _keys_of(r, prefix)
+    for deadline_s in (1e308, 365 * 24 * 3600.0 + 1):
+        with pytest.raises(makespan.ValidationError, match="365 days") as e:
+            client.submit("tests.two", 1, deadline_s=deadline_s)
+        assert e.value.field == "job.deadline_s"
+    assert _keys_of(r, prefix) == before
+
+
+def test_the_tardiness_policy_plans_a_job_whose_due_time_is_no_64_bit_integer():
+    """A job queued before the limit (or written by hand): the window model passed
+    due = int(1e308 − now) to CP-SAT, which refused the model (TypeError in the improver)."""
+    from makespan.planner.api import plan
+    from makespan.planner.model import PlanJob
+    from makespan.planner.simulator import fleet_state
+
+    state = fleet_state(load_fleet(FLEET_TOML))
+    batch = [PlanJob(f"j{i}", "embed", 1.0, 0.0, 100.0 + i, 2, (), 1e308 if i % 2 else 5.0, seq=i) for i in range(12)]
+    assert {a.job_id for a in plan(batch, state, "tardiness", time_limit_s=2.0).assignments} == {b.id for b in batch}
+
+
+@pytest.mark.parametrize("options", [
+    {"service_s": 30 * 24 * 3600.0}, {"service_s": "5"}, {"delay_s": 1e-300}, {"deadline_s": 365 * 24 * 3600.0},
+    {"deadline_s": 1e-300}, {"priority": 0}, {"priority": "low"}, {"priority": 3},
+])
+def test_the_extremes_a_submit_accepts_are_planned_by_the_next_tick(client, r, keys, settings, options):
+    """Each bound is documented (docs/configuration.md, "Jobs"); what is accepted at it must
+    not make the planner raise later."""
+    job = client.submit("tests.two", 1, **options)
+    w = _planner(r, settings)
+    w.tick()
+    w.tick()
+    assert job.status()["state"] in ("queued", "delayed", "leased")
+
+
+def test_cli_submit_depends_on(client, r, keys, redis_url, prefix):
+    """--kwargs '{"depends_on": ...}' was refused with "use --depends-on", an option the CLI
+    did not have."""
+    first = client.submit("tests.two", 1)
+    out = _cli(redis_url, prefix, "submit", "tests.two", "--args", "[2]", "--depends-on", first.id, "-q")
+    assert out.returncode == 0, out.stderr[-400:]
+    assert json.loads(r.hget(keys.job(out.stdout.decode().strip()), "deps")) == [first.id]
+    out = _cli(redis_url, prefix, "submit", "--endpoint", "embed", "--service-s", "5", "--depends-on", first.id,
+               "--depends-on", "nope")
+    assert out.returncode == 2 and b"Traceback" not in out.stderr, out.stderr[-400:]
+    assert b"job.depends_on.1: no such job" in out.stderr

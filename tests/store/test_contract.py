@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from makespan.errors import LeaseError, StaleFencingToken
+from makespan.errors import LeaseError, StaleFencingToken, ValidationError
 from makespan.store import EventLog, JobState, JobStore, LeaseStore
 from makespan.store.leases import delay_job_op, finish_job_op, start_job_op
 
@@ -84,7 +84,17 @@ def test_cancel_finishes_a_queued_job_and_asks_a_leased_one(jobs, leases, r, key
     assert jobs.cancel("nope", keys.queue("NORMAL"), "{}", 1.0) == "missing"
 
 
+def test_submit_of_a_job_whose_dependency_has_no_record_writes_nothing(jobs, r, keys):
+    submit(jobs, keys, "d1")
+    before = sorted(r.scan_iter(f"{keys.prefix}:*"))
+    with pytest.raises(ValidationError) as e:
+        submit(jobs, keys, "j1", deps=json.dumps(["d1", "d2"]))
+    assert (e.value.field, e.value.value) == ("job.depends_on.1", "d2")
+    assert sorted(r.scan_iter(f"{keys.prefix}:*")) == before
+
+
 def test_drop_stale_and_cancel_dependant_need_the_planner_token(jobs, r, keys):
+    submit(jobs, keys, "d1", "LOW")  # a dependency exists when its dependant is submitted
     submit(jobs, keys, "j1", deps=json.dumps(["d1"]))
     assert r.smembers(keys.awaited("d1")) == {"j1"}
     token = str(r.incr(keys.planner_fence))

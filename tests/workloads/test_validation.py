@@ -64,6 +64,39 @@ def test_bad_step_rejected_before_enqueue(r, keys, fleet, bad, field):
     assert _own_keys(r, keys) == []
 
 
+@pytest.mark.parametrize("bad, field, says", [
+    # a step's work is held to a job's bound (30 days): 1e7 s was accepted, and so was an
+    # estimate of 10^6 requests × 86,400 s (2,700 years)
+    ({"name": "b", "endpoint": "chat", "service_s": 1e7}, "workload.steps.1.service_s", "30 days"),
+    ({"name": "b", "endpoint": "chat", "requests": 1_000_000, "request_s": 86_400}, "workload.steps.1.requests",
+     "30 days"),
+    # said "Input should be less than or equal to 10000000" for NaN
+    ({"name": "b", "endpoint": "chat", "service_s": float("nan")}, "workload.steps.1.service_s", "finite"),
+])
+def test_a_step_over_a_jobs_limits_is_rejected_before_enqueue(r, keys, fleet, bad, field, says):
+    with pytest.raises(ValidationError, match=says) as ei:
+        submit_workload(r, keys, fleet, _steps({"name": "a", "endpoint": "chat", "service_s": 1}, bad))
+    assert ei.value.field == field
+    assert _own_keys(r, keys) == []
+
+
+def test_a_workload_name_over_200_characters_is_rejected_before_enqueue(r, keys, fleet):
+    """A 100 KB name was written into the workload record."""
+    wl = {"name": "n" * 100_000, "steps": [{"name": "a", "endpoint": "chat", "service_s": 1}]}
+    with pytest.raises(ValidationError, match="at most 200 characters") as ei:
+        submit_workload(r, keys, fleet, wl)
+    assert ei.value.field == "workload.name"
+    assert _own_keys(r, keys) == []
+
+
+def test_a_repeated_step_dependency_is_one(r, keys, fleet):
+    wl = _steps({"name": "a", "endpoint": "chat", "service_s": 1},
+                {"name": "b", "endpoint": "chat", "service_s": 1, "depends_on": ["a", "a"]})
+    status = workload_status(r, keys, submit_workload(r, keys, fleet, wl))
+    assert status["deps"] == {"a": [], "b": ["a"]}
+    assert json.loads(r.hget(keys.job(status["steps"]["b"]["job"]), "deps")) == [status["steps"]["a"]["job"]]
+
+
 def test_builder_diamond_and_fan_out(fleet):
     wl = Workload("d", priority="HIGH", retry_budget=2)
     a = wl.step("a", "chat", requests=4)

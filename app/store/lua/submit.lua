@@ -21,7 +21,10 @@
 -- ARGV[8]  '1': the caller waits for replicas (WAIT) after this script: a repeated key is
 --          written again (SET ... KEEPTTL, same value), so the WAIT covers it, and with it
 --          every earlier write (the original submit included: replication is in order)
--- Returns {1, job id}, or {0, existing job id} for a repeated idempotency key.
+-- Returns {1, job id}, or {0, existing job id} for a repeated idempotency key, or
+-- {-1, dependency id} when a job the record's deps name has no record (an unknown id, or
+-- one whose summary retention deleted): nothing is written (a dependant of a missing job
+-- would only be cancelled by the planner's next tick).
 if ARGV[1] == '1' then
   local existing = redis.call('GET', KEYS[1])
   if existing then
@@ -29,8 +32,13 @@ if ARGV[1] == '1' then
     return {0, existing}
   end
 end
-local seq = redis.call('INCR', KEYS[2])
 local fields = cjson.decode(ARGV[3])
+if fields['deps'] and fields['deps'] ~= '' then
+  for _, d in ipairs(cjson.decode(fields['deps'])) do
+    if redis.call('EXISTS', key_job(ARGV[6], d)) == 0 then return {-1, d} end
+  end
+end
+local seq = redis.call('INCR', KEYS[2])
 local flat = {}
 for k, v in pairs(fields) do table.insert(flat, k); table.insert(flat, tostring(v)) end
 table.insert(flat, 'seq'); table.insert(flat, tostring(seq))
