@@ -182,6 +182,10 @@ def test_a_gpu_worker_process_with_an_older_fleet_file_fails_the_job_at_once(r, 
         # and a job the worker's fleet has still runs there
         ok = Producer(r, keys, planner_fleet, settings).submit({"endpoint": "a", "service_s": 1}).id
         wait_for(lambda: r.hget(keys.job(ok), "state") == "completed", 60, "the job of endpoint a to complete")
+        # these test settings (lease TTL 3 s, heartbeat 0.5 s, the default 5 s socket timeout) are
+        # warned of as the worker starts (makespan.settings.lease_renewal_warning)
+        log_text = worker.procs[0].log_path.read_text(errors="replace")
+        assert "MAKESPAN_REDIS_SOCKET_TIMEOUT_S (5 s) is too long for MAKESPAN_LEASE_TTL_S (3 s)" in log_text
     finally:
         stop_checked(planner)
         stop_checked(worker)
