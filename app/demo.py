@@ -159,9 +159,14 @@ def _run_on(url: str, base: Settings, trace_jobs: list[TraceJob], fleet: FleetSp
     """:func:`run_live` on the Redis at ``url``: start the system, drive the jobs, report;
     everything started here is stopped on the way out."""
     modules = ",".join(m for m in (DEMO_WORKLOADS, base.workload_modules) if m)
+    lease_ttl_s, heartbeat_s = max(5.0, base.lease_ttl_s), 1.0
     settings = Settings.from_env(redis_url=url, key_prefix=f"{base.key_prefix}-run-{run_id}",
                                  time_scale=time_scale, policy=policy or base.policy,
-                                 lease_ttl_s=max(5.0, base.lease_ttl_s), heartbeat_s=1.0, planner_tick_s=0.05,
+                                 lease_ttl_s=lease_ttl_s, heartbeat_s=heartbeat_s, planner_tick_s=0.05,
+                                 # one renewal blocked for the whole socket timeout must not lose a
+                                 # lease (makespan.settings.lease_renewal_warning): 3 s at the 5 s TTL
+                                 redis_socket_timeout_s=min(base.redis_socket_timeout_s,
+                                                            lease_ttl_s - 2 * heartbeat_s),
                                  workload_modules=modules)
     keys = Keys(settings.key_prefix)
     r = connect(url)

@@ -352,7 +352,9 @@ class Settings:
             read is alike the jobs it starts and queued behind them); 0: every tick re-plans. Default 1.
         lease_ttl_s: a lease not renewed within this many seconds expires and is reclaimed.
         heartbeat_s: how often a lease holder renews its lease; :meth:`from_env` refuses more
-            than half ``lease_ttl_s`` (one failed renewal would lose the lease).
+            than half ``lease_ttl_s`` (one failed renewal would lose the lease), and a GPU
+            worker warns as it starts when one renewal blocked for the whole
+            ``redis_socket_timeout_s`` would (:func:`lease_renewal_warning`).
         max_attempts: a job whose lease is reclaimed this many times is failed.
         retry_backoff_s: a job whose lease is reclaimed (fewer than ``max_attempts``
             times) waits ``retry_backoff_s × 2^(attempts−1)`` seconds, at most
@@ -691,6 +693,31 @@ class Settings:
 
 
 # -- guarantees (issue 19): their MAKESPAN_* variables --
+def lease_renewal_warning(s: Settings) -> str | None:
+    """Why a lease of these settings would be lost to one renewal that blocks (a half-open
+    connection: the call waits the whole ``redis_socket_timeout_s``, then fails, and the
+    heartbeat tries again ``heartbeat_s`` later), or None. The lease then goes
+    2 × ``heartbeat_s`` + ``redis_socket_timeout_s`` without a renewal; over
+    ``lease_ttl_s`` it expires and its job is reclaimed while the worker still runs it.
+
+    A warning, not a refusal like :meth:`Settings.from_env`'s heartbeat rule: short lease
+    TTLs with the default socket timeout are common (the demo's, tests' and fault benches'
+    settings), and a blocked renewal needs a half-open connection, where a failed one needs
+    only a blip. Logged by every GPU worker as it starts
+    (:mod:`makespan.workers.startup_checks`)."""
+    gap_s = 2 * s.heartbeat_s + s.redis_socket_timeout_s
+    if gap_s <= s.lease_ttl_s:
+        return None
+    fits_s = s.lease_ttl_s - 2 * s.heartbeat_s
+    advice = (f"set MAKESPAN_REDIS_SOCKET_TIMEOUT_S to at most {fits_s:g} s, or raise MAKESPAN_LEASE_TTL_S"
+              if fits_s > 0 else "raise MAKESPAN_LEASE_TTL_S or lower MAKESPAN_HEARTBEAT_S")
+    return (f"MAKESPAN_REDIS_SOCKET_TIMEOUT_S ({s.redis_socket_timeout_s:g} s) is too long for MAKESPAN_LEASE_TTL_S "
+            f"({s.lease_ttl_s:g} s) with MAKESPAN_HEARTBEAT_S ({s.heartbeat_s:g} s): a lease renewal that blocks for "
+            f"the whole socket timeout (a half-open connection) and fails is retried a heartbeat later, "
+            f"{gap_s:g} s after the last renewal, when the lease has expired and its job is reclaimed while this "
+            f"worker still runs it; keep 2 x heartbeat + socket timeout <= lease TTL: {advice}")
+
+
 def _guarantees_from_env() -> dict[str, Any]:
     """The guarantee settings from ``MAKESPAN_*`` (unset: the defaults).
 

@@ -14,6 +14,7 @@ import json
 import logging
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +24,7 @@ import redis
 from makespan import metrics, telemetry
 from makespan.errors import PhaseCancelled, PhaseError, StaleFencingToken, StoreError
 from makespan.keys import WAKE_RELEASE, Keys
-from makespan.models import FleetSpec
+from makespan.models import FleetSpec, fleet_version
 from makespan.settings import Settings
 from makespan.driver_registry import DRIVERS, DriverCapabilities, DriverContext, no_wait
 from makespan.planner.helpers import stacked_mib
@@ -138,6 +139,7 @@ class PhaseRunner:
         self.leases = LeaseStore(r, self.keys, settings.events_max_len)
         self._slowdown = settings.slowdown_by_host()  # modelled transitions' host factors
         self._gpu_memory = {g.uuid: g.memory_mib for h in fleet.hosts for g in h.gpus}
+        self._fleet_version = fleet_version(fleet)
         # a release wakes the planner of the GPUs' pool (the implicit pool's without pools)
         self._wake_key = {g.uuid: self.keys.for_pool(fleet.pool_of_host(h.name)).planner_wake
                           for h in fleet.hosts for g in h.gpus}
@@ -213,7 +215,79 @@ class PhaseRunner:
     def run(self, ctx: PhaseContext, phase: str) -> str:
         """Run one phase. Returns "done", "skipped" (already done: idempotent replay),
         "stale" (lease no longer ours: nothing done), "cancelled", "failed" or "retried"
-        (a workload function failed and its job waits for its next try)."""
+        (a workload function failed and its job waits for its next try). An error nobody
+        anticipated fails the job and releases the lease (:meth:`guarded`).
+
+        Raises:
+            StoreError, redis.RedisError: Redis failed (the lease expires and its reclaim
+                requeues the job)."""
+        return self.guarded(ctx, phase, lambda: self._run(ctx, phase))
+
+    def guarded(self, ctx: PhaseContext, phase: str, body: Callable[[], str]) -> str:
+        """``body()`` (one phase, or the warm path's phases: :func:`makespan.workers.warm.run_warm`)
+        under the one catch for an error no phase anticipated (a bug, a plug-in driver's
+        ``RuntimeError``, a ``KeyError``): the job fails through the normal path
+        (:meth:`_finish`, fenced: the lease and its GPUs are released at once, not held to
+        the TTL, and the planner is woken), with the error's type, message and place as
+        its reason and the traceback in its final event and the worker's log; a restore
+        lease ends failed likewise. Returns ``body()``'s outcome, else that of the finish
+        ("failed", or "stale" when the lease was no longer ours).
+
+        Raises:
+            StoreError, redis.RedisError: from ``body()``: Redis failed, so nothing could be
+                recorded; the lease expires and its reclaim requeues the job (the
+                designed path of a crash or a Redis outage)."""
+        try:
+            return body()
+        except (StoreError, redis.RedisError):
+            raise
+        except StaleFencingToken:
+            return "stale"
+        except Exception as e:  # noqa: BLE001 - the one catch of errors no phase anticipated
+            return self._crashed(ctx, phase, e)
+
+    def _crashed(self, ctx: PhaseContext, phase: str, error: Exception) -> str:
+        """Fail ``ctx``'s job (or restore) after ``error`` escaped ``phase``: see :meth:`guarded`."""
+        text = "".join(traceback.format_exception(error))
+        frames = traceback.extract_tb(error.__traceback__)
+        where = f" at {frames[-1].filename.rsplit('/', 1)[-1]}:{frames[-1].lineno} in {frames[-1].name}" if frames else ""
+        final = "failed" if ctx.kind == "job" else "restore_end"
+        message = " ".join(str(error).split())[:1000]  # one line, bounded: the reason is shown as one
+        reason = (f"{phase}: unexpected error in the GPU worker on {ctx.host}: {type(error).__qualname__}: "
+                  f"{message}{where} (traceback in the worker's log and the job's '{final}' event)")
+        log.error("lease %s, phase %s: unexpected error; failing it and releasing the lease", ctx.lease_id, phase,
+                  exc_info=error)
+        return self._finish(ctx, "failed", reason, event_fields={"traceback": text[-16000:]})
+
+    def fleet_problem(self, ctx: PhaseContext, helpers: tuple[str, ...]) -> str | None:
+        """Why this worker's fleet cannot run ``ctx``'s lease as the planner planned it (its
+        fleet file differs from the planner's): the endpoint or a helper ``helpers`` names
+        is missing, the lease's host or one of its GPUs is unknown, or the endpoint's
+        tensor-parallel size is not the lease's GPU count; None when it can. The message
+        names this worker's fleet version and the one the planner published."""
+        eps = self.fleet.endpoints
+        host = next((h for h in self.fleet.hosts if h.name == ctx.host), None)
+        missing = [name for name in (ctx.endpoint, *helpers) if name not in eps]
+        known = set() if host is None else {g.uuid for g in host.gpus}
+        unknown = [g for g in ctx.gpus if g not in known]
+        if missing:
+            what = f"has no endpoint {', '.join(repr(m) for m in missing)}"
+        elif host is None:
+            what = f"has no host {ctx.host!r}"
+        elif unknown:
+            what = f"has no GPU {', '.join(unknown)} on host {ctx.host!r}"
+        elif eps[ctx.endpoint].tensor_parallel != len(ctx.gpus):
+            what = (f"gives endpoint {ctx.endpoint!r} tensor_parallel {eps[ctx.endpoint].tensor_parallel}, but its "
+                    f"lease holds {len(ctx.gpus)} GPUs")
+        else:
+            return None
+        published = self.r.get(self.keys.fleet_version)
+        theirs = f"version {published}" if published else "none published"
+        return (f"this GPU worker's fleet (version {self._fleet_version}) {what}; it differs from the planner's "
+                f"({theirs}): start the planner and the GPU workers with the same fleet file")
+
+    def _run(self, ctx: PhaseContext, phase: str) -> str:
+        """:meth:`run` without its catch of unexpected errors."""
         lease = ctx.lease
         # Renew as the phase starts (not one heartbeat interval in): a message that waited
         # in the queue longer than TTL minus the heartbeat interval must still find its lease.
@@ -243,6 +317,9 @@ class PhaseRunner:
                      "gpus": list(ctx.gpus), "host": ctx.host, "lease_id": ctx.lease_id, "kind": ctx.kind}
             try:
                 with telemetry.phase_span(phase, ctx.traceparent, attrs) as span:
+                    problem = self.fleet_problem(ctx, self._helpers(ctx))
+                    if problem is not None:  # before any change: nothing of the lease's phases is done
+                        raise PhaseError(problem)
                     extra: dict[str, Any] = {}
                     planned = getattr(self, f"_phase_{phase}")(ctx, hb, extra)
                     span.set_attribute("makespan.planned_s", float(planned))
@@ -652,7 +729,7 @@ class PhaseRunner:
         try:
             return self._driver(spec.launch.driver, paced, pause=paced).start(
                 spec, gpus, self.settings.time_scale, ctx.host, on_spawn=track)
-        except (PhaseError, StaleFencingToken):  # PhaseCancelled is a PhaseError
+        except Exception:  # a driver's own error, a cancel or a lost lease: a process it spawned must not outlive the phase
             for inst in spawned:
                 self._stop_instance(inst)
             raise
@@ -721,7 +798,7 @@ class PhaseRunner:
             if not self.leases.fenced(ctx.lease, [("HSET", self.keys.phase(ctx.lease_id), "helpers",
                                                    json.dumps(started))]):
                 raise StaleFencingToken("lease lost before the helpers were recorded")
-        except (PhaseError, PhaseCancelled, StaleFencingToken):
+        except Exception:  # noqa: BLE001 - stops what it started, then re-raises whatever it was
             ids = set(started)
             for inst in [i for i in self._instances_on(list(ctx.gpus)) if i.id in ids]:
                 self._stop_instance(inst)
@@ -929,13 +1006,16 @@ class PhaseRunner:
         return evict_s
 
     # -- completion --------------------------------------------------------------------
-    def _finish(self, ctx: PhaseContext, state: str, reason: str, extra_ops: list[tuple] | None = None) -> str:
+    def _finish(self, ctx: PhaseContext, state: str, reason: str, extra_ops: list[tuple] | None = None,
+                event_fields: dict[str, Any] | None = None) -> str:
         """Release the lease and, for a job, record its final state — atomically, fenced
-        (with ``extra_ops``, e.g. the stored error of a failed workload function)."""
+        (with ``extra_ops``, e.g. the stored error of a failed workload function, and
+        ``event_fields`` added to the final event, e.g. a traceback)."""
         now = time.time()
         if ctx.kind == "job":
             self._stop_helpers(ctx)
-        if not self.leases.fenced(ctx.lease, [*(extra_ops or []), *self._finish_ops(ctx, state, reason, now)]):
+        ops = [*(extra_ops or []), *self._finish_ops(ctx, state, reason, now, event_fields)]
+        if not self.leases.fenced(ctx.lease, ops):
             return "stale"
         return self._finished(ctx, state, reason, now)
 
@@ -948,8 +1028,8 @@ class PhaseRunner:
             ids = set(json.loads(raw)) if raw else set()
             for inst in [i for i in self._instances_on(ctx.gpus) if i.id in ids]:
                 self._stop_instance(inst)
-        except (StoreError, redis.RedisError) as e:  # the registry's calls raise StoreError
-            log.warning("job %s: helper endpoints not stopped: %s", ctx.job_id, e)
+        except Exception as e:  # noqa: BLE001 - best effort (a Redis error, a driver's own error): never blocks the finish
+            log.warning("job %s: helper endpoints not stopped: %s: %s", ctx.job_id, type(e).__name__, e)
 
     def _release_ops(self, ctx: PhaseContext) -> list[tuple]:
         """Fenced ops that free the lease's GPUs and forget the lease (and wake the planner)."""
@@ -961,15 +1041,18 @@ class PhaseRunner:
                       ("DEL", self.keys.lease(ctx.lease_id)), ("ZREM", self.keys.leases, ctx.lease_id),
                       ("DEL", self.keys.phase(ctx.lease_id)), ("DEL", self.keys.busy(ctx.lease_id))]
 
-    def _finish_ops(self, ctx: PhaseContext, state: str, reason: str, now: float) -> list[tuple]:
-        """The fenced ops of :meth:`_finish` (release, final state, event), for callers
-        that commit them together with ops of their own."""
+    def _finish_ops(self, ctx: PhaseContext, state: str, reason: str, now: float,
+                    event_fields: dict[str, Any] | None = None) -> list[tuple]:
+        """The fenced ops of :meth:`_finish` (release, final state, event with
+        ``event_fields``), for callers that commit them together with ops of their own."""
         ops = self._release_ops(ctx)
+        more = event_fields or {}
         if ctx.kind == "job":
             ops.append(finish_job_op(self.keys, ctx.job_id, state, now, reason))  # lib.lua finish_job
-            ops.append(("XADD_E", self.keys.events, self._event(state, ctx, reason=reason or None)))
+            ops.append(("XADD_E", self.keys.events, self._event(state, ctx, reason=reason or None, **more)))
         else:
-            ops.append(("XADD_E", self.keys.events, self._event("restore_end", ctx, outcome=state, reason=reason or None)))
+            ops.append(("XADD_E", self.keys.events, self._event("restore_end", ctx, outcome=state, reason=reason or None,
+                                                                **more)))
             ops.extend(self._restore_backoff_ops(ctx, state))
         # The fenced script checks the GPU keys before deleting them, so order is safe.
         return ops

@@ -1,5 +1,9 @@
 """Checks a GPU worker makes as it starts (Celery ``worker_init``), before it consumes.
 
+Settings whose leases one blocked Redis call would lose get a warning
+(:func:`makespan.settings.lease_renewal_warning`); a Redis whose ``maxmemory-policy``
+evicts is refused.
+
 :func:`makespan.celery_app.create_celery` imports this module, so every Celery worker of
 makespan's app runs them. A failed check ends the worker with exit code
 :data:`EXIT_REFUSED` (not 0: a restart-on-failure supervisor must see it), after printing
@@ -23,7 +27,7 @@ from celery import signals
 
 from makespan.errors import RedisConfigError
 from makespan.redis_conn import EXIT_REFUSED, check_eviction_policy, connect
-from makespan.settings import Settings
+from makespan.settings import Settings, lease_renewal_warning
 
 log = logging.getLogger("makespan.startup")
 
@@ -86,6 +90,9 @@ def _check_redis_at_worker_start(**_kw) -> None:
     that does not answer is checked again from a daemon thread
     (:func:`recheck_until_answered`) and the worker is stopped when the policy evicts."""
     settings = Settings.from_env()
+    timing = lease_renewal_warning(settings)
+    if timing is not None:
+        log.warning("gpu-worker: %s", timing)
     try:
         _check_once(settings)
     except RedisConfigError as e:

@@ -40,9 +40,22 @@ def _phase_events(runner: PhaseRunner, ctx: PhaseContext, phases: tuple[str, ...
 def run_warm(runner: PhaseRunner, ctx: PhaseContext) -> str:
     """Run every phase of a warm job (see the module doc). Returns the final outcome
     like :meth:`PhaseRunner.run` of the last phase ("completed", "failed",
-    "cancelled", "stale"), or the phase-by-phase path's outcome when it falls back."""
+    "cancelled", "stale"), or the phase-by-phase path's outcome when it falls back. An
+    error nobody anticipated fails the job and releases its lease at once, as in a
+    phase (:meth:`PhaseRunner.guarded`).
+
+    Raises:
+        StoreError, redis.RedisError: Redis failed (the lease expires and its reclaim
+            requeues the job)."""
+    return runner.guarded(ctx, "execute", lambda: _run_warm(runner, ctx))
+
+
+def _run_warm(runner: PhaseRunner, ctx: PhaseContext) -> str:
+    """:func:`run_warm` without its catch of unexpected errors."""
     k = runner.keys
-    if runner._helpers(ctx):  # helper endpoints start and stop in their phases
+    # helper endpoints start and stop in their phases; a lease this worker's fleet cannot
+    # run (it differs from the planner's) fails in the first of them, saying why
+    if runner._helpers(ctx) or runner.fleet_problem(ctx, ()) is not None:
         return run_phases(runner, ctx)
     # The begin script renews the lease as the job starts, as PhaseRunner.run does (the
     # message may have waited in the queue for most of the TTL); a lease no longer ours

@@ -344,3 +344,31 @@ def test_the_broker_uses_the_database_the_url_names(monkeypatch, url, db):
     conn = create_celery(s).connection_for_write()
     assert int(conn.virtual_host) == db
     assert connect(s.redis_url).connection_pool.connection_kwargs["db"] == db
+
+
+@pytest.mark.parametrize("ttl,heartbeat,socket_timeout,says", [
+    (10.0, 2.0, 5.0, None),  # the defaults: 2 x 2 + 5 = 9 s <= 10
+    (10.0, 2.0, 6.0, None),  # exactly the TTL
+    (3.0, 0.5, 5.0, "set MAKESPAN_REDIS_SOCKET_TIMEOUT_S to at most 2 s"),  # the tests' TTL with the default timeout
+    (10.0, 3.0, 5.0, "set MAKESPAN_REDIS_SOCKET_TIMEOUT_S to at most 4 s"),  # a heartbeat from_env takes (<= TTL/2)
+    (2.0, 1.0, 5.0, "raise MAKESPAN_LEASE_TTL_S or lower MAKESPAN_HEARTBEAT_S"),  # no socket timeout fits
+])
+def test_settings_a_blocked_renewal_would_lose_a_lease_with_are_warned_of(ttl, heartbeat, socket_timeout, says):
+    """A Redis socket timeout as long as the lease TTL (or so long that, after one renewal
+    blocked for all of it, the next renewal a heartbeat later comes after the expiry) was
+    taken without a word: a half-open connection then lost the lease and the job was
+    reclaimed while its worker still ran it. Too many settings in use have it (the tests'
+    3 s TTL with the default 5 s timeout, the fault benches') to refuse it as the heartbeat
+    rule does: a GPU worker warns as it starts (the warning seen in a real worker's log:
+    tests/workers/test_unexpected_errors.py)."""
+    from makespan.settings import lease_renewal_warning
+
+    warning = lease_renewal_warning(Settings(lease_ttl_s=ttl, heartbeat_s=heartbeat,
+                                             redis_socket_timeout_s=socket_timeout))
+    if says is None:
+        assert warning is None
+        return
+    assert warning is not None and says in warning
+    assert f"MAKESPAN_REDIS_SOCKET_TIMEOUT_S ({socket_timeout:g} s) is too long for MAKESPAN_LEASE_TTL_S ({ttl:g} s)" \
+        in warning and f"{2 * heartbeat + socket_timeout:g} s after the last renewal" in warning
+
