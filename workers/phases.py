@@ -823,14 +823,15 @@ class PhaseRunner:
         return ctx.service_s
 
     def _workload(self, ctx: PhaseContext, hb: LeaseHeartbeat, extra: dict, payload: dict,
-                  spec: dict | None = None) -> None:
+                  spec: dict | None = None, attempt: int | None = None) -> None:
         """The body of execute: the job's workload function (``spec["workload"]``, see
         :meth:`_run_function`), else the payload's requests against its endpoint
         instance, else a sleep of ``service_s`` (scaled). A job planned on a process
         endpoint never runs without it: when no live instance of it is on its GPUs (its
         process was stopped or died after the start phase) execute fails with that
         reason instead of "succeeding" by sleeping. Raises StaleFencingToken (lease
-        lost), PhaseCancelled, WorkloadFailed or PhaseError."""
+        lost), PhaseCancelled, WorkloadFailed or PhaseError. ``attempt``: this run's
+        attempt number when the caller read it (None: read here)."""
         planned = self.fleet.endpoints.get(ctx.endpoint)
         needs_process = planned is not None and self._capabilities(planned.launch.driver).spawns_process
         inst = self._request_target(ctx) if needs_process or payload.get("requests") else None
@@ -839,7 +840,7 @@ class PhaseRunner:
                              "the job was planned on (its process was stopped or died after the start phase); "
                              "not running the job without it")
         if spec and spec.get("workload"):
-            self._run_function(ctx, hb, extra, spec)
+            self._run_function(ctx, hb, extra, spec, attempt)
             return
         if inst is not None and payload.get("requests"):  # request-level execution against the real endpoint
             from makespan.workers.requests import RequestRunner
@@ -861,15 +862,17 @@ class PhaseRunner:
         return json.loads(raw) if raw else {}
 
     # -- workload functions ------------------------------------------------------------
-    def _run_function(self, ctx: PhaseContext, hb: LeaseHeartbeat, extra: dict, spec: dict) -> None:
+    def _run_function(self, ctx: PhaseContext, hb: LeaseHeartbeat, extra: dict, spec: dict,
+                      attempt: int | None = None) -> None:
         """Run the job's workload function (:mod:`makespan.workers.functions`). Its result,
         the measured run (:mod:`makespan.estimates`) and the run's record fields go into
         ``extra["_ops"]``: :meth:`run` commits them with the phase's ``done`` in one
         fenced script, so a result is stored once, by the attempt that holds the lease."""
         name = spec["workload"]
         definition = lookup(name, ctx.host)
-        attempts, tries = self.r.hmget(self.keys.job(ctx.job_id), "attempts", "tries")
-        attempt = 1 + int(attempts or 0) + int(tries or 0)
+        if attempt is None:
+            attempts, tries = self.r.hmget(self.keys.job(ctx.job_id), "attempts", "tries")
+            attempt = 1 + int(attempts or 0) + int(tries or 0)
         here = [i for i in self._instances_on(ctx.gpus) if i.url and set(i.gpus) <= set(ctx.gpus)]
         urls = {i.endpoint: i.url for i in here}
         target = next((i for i in here if i.endpoint == ctx.endpoint and sorted(i.gpus) == sorted(ctx.gpus)), None)

@@ -81,7 +81,9 @@ def _run_warm(runner: PhaseRunner, ctx: PhaseContext) -> str:
     with LeaseHeartbeat(runner.leases, ctx.lease, runner.settings.lease_ttl_s, runner.settings.heartbeat_s) as hb:
         try:
             with telemetry.phase_span("execute", ctx.traceparent, attrs) as span:
-                runner._workload(ctx, hb, extra, payload, spec)
+                # the attempt from the record as begin_warm read it (no read of its own)
+                attempt = 1 + int(got[2] or 0) + int(got[3] or 0)
+                runner._workload(ctx, hb, extra, payload, spec, attempt=attempt)
                 span.set_attribute("makespan.planned_s", float(ctx.service_s))
         except StaleFencingToken:
             return "stale"

@@ -282,7 +282,8 @@ class JobStore:
     # -- GPU worker ------------------------------------------------------------------------
     def begin_warm(self, lease_id: str, token: int, gpus: Sequence[str], job_id: str, instance_value: str,
                    started_at_s: float, phase_events: Sequence[str], lease_ttl_s: float) -> list[str]:
-        """The warm path's first step (``begin_warm.lua``): ``['ok', spec JSON]`` (the lease
+        """The warm path's first step (``begin_warm.lua``): ``['ok', spec JSON, attempts,
+        tries]`` (the record's counters as strings, ``''`` when unset; the lease
         renewed to ``lease_ttl_s`` from now on the server's clock) or ``[why]`` with why in
         stale, cold, replay, cancel (nothing written)."""
         keys = [self.keys.phase(lease_id), self.keys.job(job_id), self.keys.events, self.keys.busy(lease_id),

@@ -21,7 +21,8 @@
 -- ARGV[7..11]  five phase events, JSON
 -- ARGV[12] the lease's TTL, ms: on 'ok' the lease is renewed to server clock + TTL (as a
 --          phase renews it as it starts; the message may have waited most of the TTL)
--- Returns {'ok', spec JSON or ''} or {why} with why in stale, cold, replay, cancel.
+-- Returns {'ok', spec JSON or '', attempts, tries} (the record's counters, '' when unset) or
+-- {why} with why in stale, cold, replay, cancel.
 local n = tonumber(ARGV[3])
 local want = ARGV[1] .. ':' .. ARGV[2]
 for i = 1, n do if redis.call('GET', KEYS[4 + i]) ~= want then return {'stale'} end end
@@ -38,4 +39,5 @@ local expires_ms = server_now_ms() + ttl
 for i = 1, n do redis.call('PEXPIRE', KEYS[4 + i], ttl) end
 redis.call('ZADD', KEYS[6 + 2 * n], expires_ms, ARGV[1])
 redis.call('HSET', KEYS[5 + 2 * n], 'expires_ms', tostring(expires_ms))
-return {'ok', redis.call('HGET', KEYS[2], 'spec') or ''}
+local spec, attempts, tries = unpack(redis.call('HMGET', KEYS[2], 'spec', 'attempts', 'tries'))
+return {'ok', spec or '', attempts or '', tries or ''}
