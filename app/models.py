@@ -45,9 +45,16 @@ def _positive_finite(v: float) -> float:
     return float(v)
 
 
-def _at_most_30_days(v: float) -> float:
-    if v > MAX_SERVICE_S:
-        raise ValueError(f"must be at most {MAX_SERVICE_S:.0f} s (30 days)")
+def _seconds_at_most(v: float | None, max_s: float) -> float | None:
+    """``v`` (None: None) as a positive, finite number of seconds of at most ``max_s``.
+
+    Raises:
+        ValueError: another value (pydantic reports it on the field)."""
+    if v is None:
+        return None
+    v = _positive_finite(v)
+    if v > max_s:
+        raise ValueError(f"must be at most {max_s:.0f} s ({max_s / 86400:.0f} days)")
     return v
 
 
@@ -601,17 +608,12 @@ class JobSpec(BaseModel):
     @field_validator("service_s")
     @classmethod
     def _service(cls, v: float | None) -> float | None:
-        return None if v is None else _at_most_30_days(_positive_finite(v))
+        return _seconds_at_most(v, MAX_SERVICE_S)
 
     @field_validator("deadline_s")
     @classmethod
     def _deadline(cls, v: float | None) -> float | None:
-        if v is None:
-            return None
-        v = _positive_finite(v)
-        if v > MAX_DEADLINE_S:
-            raise ValueError(f"must be at most {MAX_DEADLINE_S:.0f} s (365 days)")
-        return v
+        return _seconds_at_most(v, MAX_DEADLINE_S)
 
     @field_validator("depends_on")
     @classmethod
@@ -621,12 +623,7 @@ class JobSpec(BaseModel):
     @field_validator("delay_s")
     @classmethod
     def _delay(cls, v: float | None) -> float | None:
-        if v is None:
-            return None
-        v = _positive_finite(v)
-        if v > MAX_DELAY_S:
-            raise ValueError(f"must be at most {MAX_DELAY_S:.0f} s (30 days)")
-        return v
+        return _seconds_at_most(v, MAX_DELAY_S)
 
 
 def _translate(err: pydantic.ValidationError, root: str, data: Any) -> ValidationError:

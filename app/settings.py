@@ -253,14 +253,20 @@ _SECRET_QUERY_OPTION = re.compile(r"([?&][^=&#]*password=)[^&#]*", re.IGNORECASE
 def redacted_url(url: str) -> str:
     """``url`` with every password replaced by ``***`` (for errors, logs and spans): the
     userinfo's, and the value of any query option whose name ends in ``password``
-    (``sentinel_password``, ``ssl_password``)."""
+    (``sentinel_password``, ``ssl_password``). A userinfo urlparse cannot find (a ``/``,
+    ``?`` or ``#`` in the password that is not percent-encoded ends its netloc before the
+    ``@``; a ``[`` makes it raise) is hidden whole: everything up to the last ``@``."""
     from urllib.parse import urlparse
 
     hidden = _SECRET_QUERY_OPTION.sub(lambda m: m.group(1) + "***", url)
     try:
-        password = urlparse(url).password
-    except ValueError:  # a netloc urlparse cannot split: nothing to hide that it could find
-        return hidden
+        u = urlparse(url)
+        netloc, password = u.netloc, u.password
+    except ValueError:  # a netloc urlparse cannot split
+        netloc, password = "", None
+    scheme, sep, rest = hidden.partition("://")
+    if sep and "@" not in netloc and "@" in rest:  # the userinfo ran past what urlparse took as the host
+        return f"{scheme}://***@{rest.rpartition('@')[2]}"
     return hidden.replace(f":{password}@", ":***@") if password else hidden
 
 

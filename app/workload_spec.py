@@ -21,7 +21,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from makespan.errors import ValidationError
-from makespan.models import _NAME, MAX_SERVICE_S, FleetSpec, Priority, _at_most_30_days, _positive_finite, read_user_file, validate
+from makespan.models import _NAME, MAX_SERVICE_S, FleetSpec, Priority, _seconds_at_most, read_user_file, validate
 
 ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/embeddings")
 _Strict = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True)
@@ -74,7 +74,7 @@ class StepSpec(BaseModel):
     @field_validator("service_s")
     @classmethod
     def _service(cls, v: float | None) -> float | None:
-        return None if v is None else _at_most_30_days(_positive_finite(v))
+        return _seconds_at_most(v, MAX_SERVICE_S)
 
     @field_validator("depends_on")
     @classmethod

@@ -317,7 +317,10 @@ class PhaseRunner:
                      "gpus": list(ctx.gpus), "host": ctx.host, "lease_id": ctx.lease_id, "kind": ctx.kind}
             try:
                 with telemetry.phase_span(phase, ctx.traceparent, attrs) as span:
-                    problem = self.fleet_problem(ctx, self._helpers(ctx))
+                    # the endpoint, host and GPUs in every phase (no Redis read); the job's helpers,
+                    # one read of its record, in the lease's first phase only (a job and a restore
+                    # both start with evict): not one round trip more per phase
+                    problem = self.fleet_problem(ctx, self._helpers(ctx) if phase == "evict" else ())
                     if problem is not None:  # before any change: nothing of the lease's phases is done
                         raise PhaseError(problem)
                     extra: dict[str, Any] = {}

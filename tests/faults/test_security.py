@@ -75,6 +75,24 @@ def test_redacted_hides_the_password():
     assert redacted("redis://h:6379/0") == "redis://h:6379/0"
 
 
+@pytest.mark.parametrize("url", ["redis+sentinel://:pa#ss@s1:26379,s2/mymaster/0",
+                                 "redis+sentinel://app:pa?ss@s1/mymaster?sentinel_password=sp",
+                                 "redis://:pa/ss@h:6379/0", "rediss://user:pa#ss@h:6380/0",
+                                 "redis://:pa[ss@h:6379/0"])
+def test_a_password_with_a_character_that_ends_the_host_part_is_hidden_too(url):
+    """A '/', '?' or '#' in a password that is not percent-encoded ends urlparse's netloc
+    before the '@' (a '[' makes urlparse raise): the password was not found, and the error
+    of the URL it made invalid showed it whole (``every Sentinel needs a host (got
+    'redis+sentinel://:pa#ss@s1...')``). Everything before the host is hidden now."""
+    shown = redacted(url)
+    assert "ss@" not in shown and "pa" not in shown.split("@")[0], shown
+    assert shown.endswith(url.rpartition("@")[2].replace("sentinel_password=sp", "sentinel_password=***")), shown
+    try:
+        connect(url)
+    except (ValidationError, ValueError) as e:
+        assert "pa#ss" not in str(e) and "pa?ss" not in str(e) and "pa/ss" not in str(e), str(e)
+
+
 def test_cli_error_does_not_print_the_redis_password(prefix):
     url = f"redis://:s3cret-pw@127.0.0.1:{free_port()}/0"  # nothing listens: the submit fails
     res = CliRunner().invoke(cli_app, ["submit", "--fleet", FLEET_TOML, "--endpoint", "chat", "--service-s", "5"],
@@ -121,3 +139,13 @@ def test_compose_protects_flower_and_persists_redis():
     text = (ROOT / "compose" / "compose.yaml").read_text()
     assert "--basic-auth=" in text
     assert '"--appendonly", "yes"' in text
+
+
+def test_a_sentinel_password_in_the_query_is_percent_decoded_and_a_bare_plus_is_a_space():
+    """docs/security.md: percent-encode ``+`` in ``?sentinel_password=`` (as in any URL query
+    redis-py parses); the userinfo's ``+`` stays a ``+``."""
+    from makespan.settings import parse_sentinel_url
+
+    parsed = parse_sentinel_url("redis+sentinel://:a+b@s1/mymaster?sentinel_password=a%2Bb")
+    assert (parsed.password, parsed.sentinel_password) == ("a+b", "a+b")
+    assert parse_sentinel_url("redis+sentinel://s1/mymaster?sentinel_password=a+b").sentinel_password == "a b"

@@ -197,6 +197,32 @@ def test_the_same_fleet_runs_the_job(r, keys, settings):
     assert run_phases(PhaseRunner(r, settings, fleet), ctx) == "completed"
 
 
+def test_the_fleet_check_reads_the_job_s_helpers_in_the_first_phase_only(r, keys, settings):
+    """The check compares the lease with this worker's fleet without Redis; only the job's
+    helper endpoints are read from its record, once, in the first phase (evict, before
+    anything changes). Before, every phase read them again: one round trip more per phase
+    of every cold job (four per job), which the start phase then repeated itself."""
+    import redis
+
+    fleet = parse_fleet(_fleet_data())
+    _planner, ctx = _planned(r, keys, settings, fleet, "b")
+    helper_reads: list[str] = []
+
+    class Recording(redis.Redis):
+        def execute_command(self, *args, **options):
+            if args[:2] == ("HMGET", keys.job(ctx.job_id)) and "helpers" in args[2:]:
+                helper_reads.append(phase)
+            return super().execute_command(*args, **options)
+
+    runner = PhaseRunner(Recording(connection_pool=r.connection_pool), settings, fleet)
+    outcomes = []
+    for phase in ("evict", "start_endpoint", "execute", "clear"):
+        outcomes.append(runner.run(ctx, phase))
+    assert outcomes == ["done", "done", "done", "completed"]
+    # evict: the fleet check; start_endpoint: the start of the helpers (its own read)
+    assert helper_reads == ["evict", "start_endpoint"], helper_reads
+
+
 # -- any error no phase anticipated ----------------------------------------------------------------
 BUGGY_MODULE = '''
 from makespan.driver_registry import DriverCapabilities

@@ -34,10 +34,6 @@ redis.call('HSET', KEYS[1], 'evict:claimed', '1', 'evict', 'done', 'start_endpoi
 for i = 7, 11 do append_event(KEYS[3], ARGV[i]) end
 redis.call('SET', KEYS[4], ARGV[6])
 redis.call('HSET', KEYS[2], 'state', 'running', 'started_at', ARGV[5])
-local ttl = tonumber(ARGV[12])
-local expires_ms = server_now_ms() + ttl
-for i = 1, n do redis.call('PEXPIRE', KEYS[4 + i], ttl) end
-redis.call('ZADD', KEYS[6 + 2 * n], expires_ms, ARGV[1])
-redis.call('HSET', KEYS[5 + 2 * n], 'expires_ms', tostring(expires_ms))
+renew_lease(KEYS[5 + 2 * n], KEYS[6 + 2 * n], {unpack(KEYS, 5, 4 + n)}, ARGV[1], tonumber(ARGV[12]))
 local spec, attempts, tries = unpack(redis.call('HMGET', KEYS[2], 'spec', 'attempts', 'tries'))
 return {'ok', spec or '', attempts or '', tries or ''}

@@ -156,6 +156,16 @@ local function free_gpus(prefix, want, gpus, forget_if_freed, forget_if_gone)
   end
 end
 
+-- renew a held lease to server clock + ttl_ms: its GPU keys' TTLs, its P:leases score and
+-- its expires_ms (renew.lua's heartbeat, begin_warm.lua as a warm job starts); the caller
+-- has checked that every GPU key still names the lease and token
+local function renew_lease(lease_key, leases_key, gpu_keys, lease_id, ttl_ms)
+  local expires_ms = server_now_ms() + ttl_ms
+  for _, gpu_key in ipairs(gpu_keys) do redis.call('PEXPIRE', gpu_key, ttl_ms) end
+  redis.call('ZADD', leases_key, expires_ms, lease_id)
+  redis.call('HSET', lease_key, 'expires_ms', tostring(expires_ms))
+end
+
 -- forget a lease: its record, its P:leases entry, its busy slot and its phase hash
 local function drop_lease(prefix, lease_key, leases_key, lease_id)
   redis.call('DEL', lease_key)

@@ -9,15 +9,10 @@
 -- ARGV[2]  fencing token
 -- ARGV[3]  ttl_ms (0 = check only); the lease then expires at server clock + ttl_ms
 -- Returns 1 while every GPU still names the lease and token, else 0 (nothing changed).
-local server_now_ms = server_now_ms()
 local want = ARGV[1] .. ':' .. ARGV[2]
 for i = 3, #KEYS do
   if redis.call('GET', KEYS[i]) ~= want then return 0 end
 end
 local ttl = tonumber(ARGV[3])
-if ttl > 0 then
-  for i = 3, #KEYS do redis.call('PEXPIRE', KEYS[i], ttl) end
-  redis.call('ZADD', KEYS[2], server_now_ms + ttl, ARGV[1])
-  redis.call('HSET', KEYS[1], 'expires_ms', tostring(server_now_ms + ttl))
-end
+if ttl > 0 then renew_lease(KEYS[1], KEYS[2], {unpack(KEYS, 3)}, ARGV[1], ttl) end
 return 1
