@@ -210,3 +210,18 @@ def test_a_leading_pools_jobs_are_not_taken_by_another_pool(r, settings, keys):
     finally:
         planners.close()
 
+
+def test_the_dashboard_lists_a_delayed_job_once_with_its_own_pool(r, settings, keys):
+    """The delayed set is shared by every pool: each pool's queue listed every delayed job,
+    so with two pools each appeared twice, once under the wrong pool, and counted twice."""
+    from makespan.dashboard.state import snapshot
+
+    r.set(keys.fleet, FLEET.model_dump_json())  # what a leading planner publishes
+    prod = Producer(r, keys, FLEET, settings)
+    later = prod.submit({"endpoint": "onlyb", "service_s": 5, "delay_s": 600}).id
+    now = prod.submit({"endpoint": "onlya", "service_s": 5}).id
+    view = snapshot(r, keys)
+    assert sorted((q["job"], q["pool"], q["state"]) for q in view["queue"]) == sorted(
+        [(later, "b", "delayed"), (now, "a", "queued")])
+    assert view["counts"]["delayed"] == 1 and view["counts"]["queued"] == 1
+    assert {p["name"]: p["queued"] for p in view["pools"]} == {"a": 1, "b": 1}
