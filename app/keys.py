@@ -107,6 +107,12 @@ are the ``P:`` ones above, unchanged. A job record in a named pool carries ``poo
                                                count, time; read by the producer to route a job
                                                whose endpoint several pools serve
                                                (:mod:`makespan.pools`)
+``P:pools:seen``                       set     every pool whose queues may hold jobs ('' for
+                                               the implicit pool): planners add theirs and
+                                               those of the fleet they replace as they come to
+                                               lead, and move the jobs queued in a pool their
+                                               fleet no longer declares
+                                               (:mod:`makespan.workers.pool_rehome`)
 =====================================  ======  ==============================================
 
 Lua scripts (:mod:`makespan.store`) that must build per-id keys from ids they read
@@ -382,6 +388,14 @@ class Keys:
 
     def requests(self, job_id: str) -> str:
         return f"{self.prefix}:requests:{job_id}"
+
+    @property
+    def pools_seen(self) -> str:
+        """Set: every pool whose queues may hold jobs ('' for the implicit pool), added to by
+        each planner as it comes to lead (its own pool and those of the fleet it replaces);
+        a planner moves the jobs queued in one its fleet no longer declares
+        (:mod:`makespan.workers.pool_rehome`). Shared by every pool."""
+        return f"{self.prefix}:pools:seen"
 
     @property
     def fleet_version(self) -> str:

@@ -12,8 +12,10 @@ Celery. A job is routed once, when it is submitted, by its endpoint:
   each pool now (read at submit).
 
 The job record keeps its pool (field ``pool``); retries, reclaims and preemptions put it back
-in that pool's queue (``lib.lua`` ``requeue_job``). A fleet without pools has one implicit
-pool and nothing here is used.
+in that pool's queue (``lib.lua`` ``requeue_job``). A queued job whose pool cannot plan it
+(its planner is down, the fleet file moved its endpoint or dropped its pool) is moved later
+by a leading planner (:mod:`makespan.workers.pool_rehome`). A fleet without pools has one
+implicit pool and nothing here is used.
 """
 
 from __future__ import annotations
@@ -167,16 +169,18 @@ def published_pools(r: redis.Redis, keys: Keys) -> list[str | None]:
     return list(names) or [None]
 
 
-def route(r: redis.Redis, keys: Keys, fleet: FleetSpec, endpoint: str, priority: Priority) -> str | None:
+def route(r: redis.Redis, keys: Keys, fleet: FleetSpec, endpoint: str, priority: Priority,
+          among: list[str] | None = None) -> str | None:
     """The pool a new job of ``endpoint`` at ``priority`` goes to (None: the fleet has no
     pools). One pool serves it: no Redis read. Several: one round trip (their offers and
-    queue lengths) and :func:`choose_pool`.
+    queue lengths) and :func:`choose_pool`. ``among``: only those of the pools serving it
+    (a planner moving a job out of its own pool, :mod:`makespan.workers.pool_rehome`).
 
     Raises:
         StoreError: Redis failed."""
     if not fleet.pools:
         return None
-    serving = fleet.pools_serving(endpoint)
+    serving = [pool for pool in fleet.pools_serving(endpoint) if among is None or pool in among]
     if len(serving) == 1:
         return serving[0]
     pipe = r.pipeline(transaction=False)

@@ -46,6 +46,7 @@ from makespan import telemetry
 from makespan.models import Priority
 from makespan.planner.model import PlanJob
 from makespan.store import JobStore
+from makespan.workers.pool_rehome import reroute_elsewhere
 from makespan.workers.tick.clock import release_s
 from makespan.workers.tick.context import FormedBatch, TickContext, TickEnv
 
@@ -250,11 +251,11 @@ class _BatchScan:
         with the reason, as a submit of it now would be refused; the plan never sees it (it
         would fail on an endpoint it does not know, or a job no group holds)."""
         shape = (endpoint, helpers)
+        try:
+            names = tuple(json.loads(helpers)) if helpers else ()
+        except ValueError:
+            names = ()
         if shape not in self.problems:
-            try:
-                names = tuple(json.loads(helpers)) if helpers else ()
-            except ValueError:
-                names = ()
             problem = self.env.fleet.placement_problem(endpoint, names)
             self.problems[shape] = None if problem is None else (
                 f"cannot run on the fleet the planner runs now ({self.env.fleet.name!r}, changed after the job was "
@@ -262,6 +263,13 @@ class _BatchScan:
         reason = self.problems[shape]
         if reason is None:
             return True
+        if self.env.whole_fleet is not None and self.env.whole_fleet.pools:
+            # a pool's planner: the fleet file may have moved the endpoint to another pool,
+            # which runs it (makespan.workers.pool_rehome); cancelled only when none can
+            moved = reroute_elsewhere(self.env, self.token, job_id, Priority[priority_name], endpoint, names)
+            if moved is not None:
+                self.removed += int(moved)
+                return False
         now = self.env.clock.now()
         event = json.dumps({"ts": now, "kind": "cancelled", "job": job_id, "priority": priority_name,
                             "reason": reason})

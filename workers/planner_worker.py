@@ -55,6 +55,7 @@ from makespan.workers import host_liveness
 from makespan.workers.improver import BackgroundImprover
 from makespan.workers.leases import LeaseStore
 from makespan.workers.pool_offer import PublishPoolOffer
+from makespan.workers.pool_rehome import note_pools_seen
 from makespan.workers.tick.clock import Clock, SystemClock
 from makespan.workers.tick.context import CrossTickState, Dispatch, TickContext, TickEnv
 from makespan.planner.policies import POLICY_REGISTRY
@@ -131,7 +132,7 @@ class PlannerWorker:
         self.env = TickEnv(r, settings, fleet, self.keys, self.leases, self.delayed, self.retention, self.agenda,
                            tuple(fleet_gpus(fleet)),
                            tuple((endpoint, tuple(gpus)) for endpoint, gpus in set_point_instances(fleet)),
-                           self.clock, dispatch)
+                           self.clock, dispatch, whole_fleet=self.whole_fleet)
         improver = (BackgroundImprover(settings.policy, settings.solve_time_limit_s,
                                        executor=settings.improver_executor, child_nice=settings.improver_nice)
                     if POLICY_REGISTRY.lookup(settings.policy).improver else None)
@@ -177,9 +178,12 @@ class PlannerWorker:
             version = fleet_version(self.whole_fleet)
             p = self.r.pipeline(transaction=True)  # a reader sees the fleet and its version change together
             p.get(self.keys.fleet_version)
+            p.get(self.keys.fleet)
             p.mset({self.keys.fleet: self.whole_fleet.model_dump_json(), self.keys.fleet_version: version,
                     self.keys.planner_config: json.dumps(self._config())})
-            replaced, _ok = p.execute()
+            replaced, replaced_fleet, _ok = p.execute()
+            # the pools whose queues may hold jobs (its own, the replaced fleet's): makespan.workers.pool_rehome
+            note_pools_seen(self.r, self.keys, self.pool, replaced_fleet)
             events.record(self.r, self.keys.events, "planner_lead", planner=self.name, pid=os.getpid(),
                           token=int(self.token), policy=self.settings.policy, fleet_version=version,
                           replaced_fleet_version=replaced if replaced != version else None,

@@ -189,15 +189,18 @@ def _plan(r: redis.Redis, keys: Keys) -> dict[str, Any] | None:
 
 
 _JOB_FIELDS = ("state", "endpoint", "priority", "submitted_at", "attempts", "tries", "result_attempt", "reason",
-               "service_s", "deps", "not_before", "workload_id", "wait_reason", "wait_detail", "wait_eta", "wait_at")
+               "service_s", "deps", "not_before", "workload_id", "wait_reason", "wait_detail", "wait_eta", "wait_at",
+               "pool")
 
 
 def _queue(r: redis.Redis, keys: Keys, plan: dict[str, Any] | None, now: float,
-           stale_after_s: float) -> list[dict[str, Any]]:
+           stale_after_s: float, delayed_pools: frozenset[str] | None = None) -> list[dict[str, Any]]:
     """Waiting jobs, CRITICAL first then by submission. The reason and ETA are the
     planner's (:func:`makespan.wait_reasons.reason_of`, as ``makespan why`` gives
     them); a queued job the planner gave no reason yet falls back to what the last
-    published plan says of it."""
+    published plan says of it. ``delayed_pools``: a pool's queue (``keys.pool`` set) lists
+    the delayed jobs (one set shared by every pool) whose record names one of these pools
+    ('' for none); None: every delayed job."""
     from makespan.wait_reasons import reason_of
 
     p = r.pipeline(transaction=False)
@@ -224,6 +227,8 @@ def _queue(r: redis.Redis, keys: Keys, plan: dict[str, Any] | None, now: float,
         rec = {k: v for k, v in zip(_JOB_FIELDS, vals) if v is not None}
         if not rec.get("state"):
             continue  # gone between the two reads
+        if j not in position and delayed_pools is not None and (rec.get("pool") or "") not in delayed_pools:
+            continue  # another pool's delayed job: listed with its own pool
         if j in due and not rec.get("not_before"):
             rec["not_before"] = repr(due[j])
         try:
@@ -248,16 +253,25 @@ def _queue(r: redis.Redis, keys: Keys, plan: dict[str, Any] | None, now: float,
     return out
 
 
+def _seen_pools(r: redis.Redis, keys: Keys) -> set[str]:
+    """Every pool a job record may name ('' for none): ``P:pools:seen`` and the implicit pool."""
+    return {*r.smembers(keys.pools_seen), ""}
+
+
 def _pools(r: redis.Redis, keys: Keys, names: list[str], now: float,
            stale_after_s: float) -> tuple[dict[str, Any] | None, list[dict[str, Any]], list[dict[str, Any]]]:
     """A fleet with pools: every pool's plan (assignments together), its waiting jobs (each
     with its ``pool``; all sorted as :func:`_queue` sorts them), and per pool ``{name,
     leads, queued, drain, drain_at}``."""
     plans, queue, pools = [], [], []
-    for name in names:
+    for index, name in enumerate(names):
         scoped = keys.for_pool(name)
         plan = _plan(r, scoped)
-        waiting = _queue(r, scoped, plan, now, stale_after_s)
+        # the delayed set is shared: each delayed job once, with the pool its record names (the
+        # first pool also lists those whose record names no declared pool: a planner moves them
+        # once they are due, makespan.workers.pool_rehome)
+        mine = {name} if index else {name, *(_seen_pools(r, keys) - set(names))}
+        waiting = _queue(r, scoped, plan, now, stale_after_s, frozenset(mine))
         queue += [{**q, "pool": name} for q in waiting]
         if plan:
             plans.append(plan)

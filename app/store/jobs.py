@@ -238,6 +238,17 @@ class JobStore:
         return int(self._run("drop_stale", [queue_key, self.keys.job(job_id), self.keys.planner_fence],
                              [job_id, planner_token]) or 0)
 
+    def reroute(self, job_id: str, source_queue: str, to_pool: str | None, planner_token: str,
+                event_json: str) -> int:
+        """Move a queued job from ``source_queue`` to its level's queue of pool ``to_pool``
+        (None: the implicit pool), naming that pool on its record and waking its planner,
+        only while the planner whose fence is ``self.keys.planner_fence`` leads with
+        ``planner_token`` and only while the job is still queued in ``source_queue``: 1 when
+        moved, else 0 (``makespan.workers.pool_rehome``)."""
+        return int(self._run("reroute", [source_queue, self.keys.job(job_id), self.keys.planner_fence,
+                                         self.keys.events],
+                             [job_id, planner_token, self.keys.script_prefix, to_pool or "", event_json]) or 0)
+
     def cancel_dependant(self, job_id: str, queue_key: str, planner_token: str, now_s: float, reason: str,
                          event_json: str) -> int:
         """Cancel a queued job the planner will never run (its dependency failed, or the

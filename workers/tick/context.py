@@ -94,6 +94,7 @@ class TickEnv:
     set_points: tuple[tuple[str, tuple[str, ...]], ...]  # (endpoint, GPU UUIDs) of each set-point instance
     clock: Clock
     dispatch: Dispatch | None = None  # None: makespan.workers.tasks.dispatch
+    whole_fleet: FleetSpec | None = None  # a pool's planner: the whole fleet file (fleet: its pool's part)
 
     def now_s(self) -> float:
         """The workload clock, s: the clock's unix time ÷ ``time_scale``."""
@@ -137,6 +138,7 @@ class CrossTickState:
     heads_read: frozenset[str] = frozenset()  # queue heads at the last tick that formed a batch (batch), less the jobs it leased (wait_reasons)
     heads_read_at: float = float("-inf")  # clock.monotonic() of that tick (batch)
     followed: KeptPlan | None = None  # a full tick's plan the next ticks may follow (follow)
+    rehomed_at_s: float = float("-inf")  # clock.monotonic() of the last look for jobs to move (pool_rehome)
     reasons_stale: bool = False  # a tick followed the kept plan since the last batch was formed (follow; batch clears)
 
 

@@ -11,6 +11,7 @@ step                           what it does                                    m
 =============================  ==============================================  ====================
 ``SweepRetention``             at most one bounded sweep of finished state     here
 ``PromoteDelayed``             due delayed jobs join their queue               here
+``RehomeQueued``               jobs no planner of their pool plans: moved      ``pool_rehome``
 ``ReadSnapshot``               one round trip: leases, GPUs, queue heads       ``fleet_view``
 ``ReclaimExpired``             expired leases reclaimed; snapshot read again   here
 ``ReapAgenda``                 agenda entries reaped                           here
@@ -47,6 +48,7 @@ from makespan.workers.drain import RestorePlanned, SetPointsAndDrain
 from makespan.workers.follow import FollowKeptPlan, KeepPlan
 from makespan.workers.fleet_view import NoteDemand, ReadFleet, ReadSnapshot, read_snapshot
 from makespan.workers.plan_view import publish_plan
+from makespan.workers.pool_rehome import RehomeQueued
 from makespan.workers.preemption import Preempt
 from makespan.workers.prewarm import PrewarmSleepers
 from makespan.workers.starts import StartPlanned
@@ -205,6 +207,7 @@ class OfferRest:
 TICK_STEPS: tuple[Step, ...] = (
     SweepRetention(),
     PromoteDelayed(),
+    RehomeQueued(),
     ReadSnapshot(),
     ReclaimExpired(),
     ReapAgenda(),
