@@ -177,6 +177,22 @@ def _raise_in_thread(thread: threading.Thread) -> bool:
     return ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(WorkloadStopped)) == 1
 
 
+def _cancel_outcome(outcome: dict[str, Any], stop_tried: bool, still_running: bool, grace_s: float) -> str:
+    """How a cancelled function's run ended, for the job's reason: it returned or raised
+    after ``ctx.cancelled`` was set, or did not stop within ``grace_s`` and was stopped
+    (``still_running``: its thread is blocked outside Python code and is left to finish)."""
+    not_stopped = f"did not stop within the {grace_s:g} s grace period after ctx.cancelled was set"
+    if outcome.get("stopped"):
+        return f"{not_stopped} and was stopped"
+    if still_running:
+        return (f"{not_stopped} and was stopped: its thread, blocked outside Python code (a sleep, a read, a C call), "
+                "finishes in the background and its result is discarded")
+    late = f" ({not_stopped})" if stop_tried else ""
+    if "error" in outcome:
+        return f"raised {outcome['error'][0]} after ctx.cancelled was set{late}"
+    return f"returned after ctx.cancelled was set{late}"
+
+
 def run_function(definition: WorkloadDef, ctx: WorkloadContext, args: list[Any], kwargs: dict[str, Any], *,
                  r: redis.Redis, keys: Keys, lease_lost: threading.Event, grace_s: float,
                  result_max_bytes: int) -> tuple[str, float]:
@@ -212,6 +228,7 @@ def run_function(definition: WorkloadDef, ctx: WorkloadContext, args: list[Any],
     thread.start()
     why = ""
     stop_at = None
+    stop_tried = False
     cancel_checked = 0.0
     while thread.is_alive():
         thread.join(WATCH_S)
@@ -237,9 +254,12 @@ def run_function(definition: WorkloadDef, ctx: WorkloadContext, args: list[Any],
             log.warning("job %s: workload %s ignored ctx.cancelled for %.1f s: stopping it", ctx.job_id,
                         definition.name, grace_s)
             _raise_in_thread(thread)
+            stop_tried = True
             thread.join(1.0)
             stop_at = None  # one try: a thread stuck in C code is left to finish as a daemon
             if thread.is_alive():
+                log.warning("job %s: workload %s is blocked outside Python code (a sleep, a read, a C call): its "
+                            "thread is left to finish in the background", ctx.job_id, definition.name)
                 break
     wall_s = time.monotonic() - started
     ctx.cancelled.set()  # the run is over: a ctx.requests fan-out the function left running in its own threads stops
@@ -247,7 +267,7 @@ def run_function(definition: WorkloadDef, ctx: WorkloadContext, args: list[Any],
         raise StaleFencingToken("lease lost while the workload function ran")
     if why == "cancel":
         raise PhaseCancelled(f"cancelled while running (workload {definition.name} "
-                             f"{'stopped after the grace period' if outcome.get('stopped') else 'returned'})")
+                             f"{_cancel_outcome(outcome, stop_tried, thread.is_alive(), grace_s)})")
     if why == "timeout":
         raise WorkloadFailed("makespan.WorkloadTimeout", f"ran longer than timeout_s={definition.timeout_s} s")
     if "error" in outcome:

@@ -63,6 +63,16 @@ def ignore_cancel(ctx):
     return "ran"
 
 
+@makespan.workload(endpoint="sim", name="sleep_ignoring_cancel")
+def sleep_ignoring_cancel(ctx, sleep_s):
+    """Ignores ctx.cancelled inside one ``time.sleep`` (C code: the exception that stops a
+    function is only raised in it when the sleep returns)."""
+    _mark(ctx, "started")
+    time.sleep(sleep_s)
+    _mark(ctx, "ran_to_the_end")
+    return "slept"
+
+
 @makespan.workload(endpoint="sim", name="flaky", retries=2, retry_backoff_s=0.2)
 def flaky(ctx, fail_times):
     _mark(ctx, "ran")

@@ -167,9 +167,26 @@ def test_a_function_that_ignores_cancel_is_stopped_after_the_grace_period(live, 
     wait_for(lambda: _marks(marks, job, "started"), 60, "the function to start")
     job.cancel()
     assert job.wait(timeout_s=30) == "cancelled"
-    assert "stopped after the grace period" in job.status()["reason"]
+    reason = job.status()["reason"]
+    assert "ignore_cancel did not stop within the 0.5 s grace period after ctx.cancelled was set and was stopped" \
+        in reason and "returned" not in reason
     time.sleep(0.3)
     assert _marks(marks, job, "ran_to_the_end") == []
+
+
+def test_a_function_blocked_in_a_sleep_that_ignores_cancel_is_not_said_to_have_returned(live, marks):
+    """``time.sleep(60)`` ignoring the cancel (found by a new-user trial: the reason said
+    ``workload ... returned`` though the function was still sleeping when it was stopped)."""
+    _, client = live
+    job = client.submit("sleep_ignoring_cancel", 90)
+    wait_for(lambda: _marks(marks, job, "started"), 60, "the function to start")
+    job.cancel()
+    assert job.wait(timeout_s=60) == "cancelled"  # long before the 90 s sleep ends
+    reason = job.status()["reason"]
+    assert "sleep_ignoring_cancel did not stop within the 0.5 s grace period" in reason, reason
+    assert "blocked outside Python code" in reason and "returned" not in reason, reason
+    assert _marks(marks, job, "ran_to_the_end") == []
+    wait_for(lambda: _no_leases(client), 10, "its lease to be released")
 
 
 def test_retries_follow_the_definition_with_backoff(live, marks):
