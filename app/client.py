@@ -28,8 +28,9 @@ import asyncio
 import json
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis
 import redis.asyncio
@@ -43,6 +44,11 @@ from makespan.producer import Producer
 from makespan.registry import WorkloadDef, check_call, live_definition
 from makespan.results import REFERENCE
 from makespan.settings import Settings, is_sentinel_url
+
+if TYPE_CHECKING:
+    from makespan.workloads import Workload, WorkloadSpec
+
+T = TypeVar("T")
 
 _POLL_MIN_S, _POLL_MAX_S = 0.01, 0.25
 
@@ -195,15 +201,8 @@ class Client:
                 no job, ... (nothing written; limits: docs/configuration.md, "Jobs").
             StoreError: Redis failed.
         """
-        try:
-            return self._submit(workload, args, priority, endpoint, idempotency_key, depends_on, delay_s, service_s,
-                                deadline_s, kwargs)
-        except StoreError as e:
-            if isinstance(e.__cause__, AUTH_ERRORS):
-                raise auth_failed(self.settings.redis_url, e.__cause__) from None
-            if isinstance(e.__cause__, (redis.ConnectionError, redis.TimeoutError)):
-                raise unreachable(self.settings.redis_url, e.__cause__) from None
-            raise
+        return self._redis_call(lambda: self._submit(workload, args, priority, endpoint, idempotency_key, depends_on,
+                                                     delay_s, service_s, deadline_s, kwargs))
 
     def _submit(self, workload: str | WorkloadDef, args: tuple[Any, ...], priority: Priority | str | int,
                 endpoint: str | None, idempotency_key: str | None, depends_on: list[str | Job] | tuple[str | Job, ...],
@@ -250,6 +249,71 @@ class Client:
         self._producer.fleet = self.fleet(version)
         handle = self._producer.submit(job, extra_fields={"service_estimated": 1} if estimated else None)
         return Job(self, handle.id, created=handle.created)
+
+    # -- multi-step workloads -----------------------------------------------------------
+    def submit_workload(self, workload: Workload | WorkloadSpec | dict[str, Any] | str | Path) -> str:
+        """Validate a multi-step workload (a :class:`~makespan.workloads.Workload` built
+        in Python, its dict or :class:`~makespan.workloads.WorkloadSpec`, or a YAML/JSON
+        file's path) against the fleet the planner published, as :meth:`submit` does, and
+        enqueue all its steps at once (docs/workloads.md).
+
+        Returns:
+            The workload id (hex): :meth:`workload_status`, :meth:`cancel_workload`.
+        Raises:
+            ValidationError: an invalid workload or file, or no published fleet (nothing written).
+            StoreError: Redis failed (nothing or everything written, see
+                :func:`makespan.workloads.submit_workload`).
+        """
+        from makespan.workloads import load_workload, submit_workload
+
+        def submit() -> str:
+            fleet = self.fleet()
+            spec = load_workload(workload, fleet) if isinstance(workload, (str, Path)) else workload
+            return submit_workload(self.r, self.keys, fleet, spec, self.settings)
+        return self._redis_call(submit)
+
+    def workload_status(self, workload_id: str) -> dict[str, Any]:
+        """A workload's ``{id, name, priority, state, reason, deps, steps: {step: {job,
+        state, retries, attempts, reason, started_at, finished_at}}, ...}`` (as
+        ``makespan workload-status ID`` prints it; state ``running``, ``completed``,
+        ``failed`` or ``cancelled``).
+
+        Raises:
+            NotFoundError: no such workload.
+            StoreError: Redis failed.
+        """
+        from makespan.workloads import workload_status
+
+        return self._redis_call(lambda: workload_status(self.r, self.keys, workload_id))
+
+    def cancel_workload(self, workload_id: str) -> dict[str, int]:
+        """Cancel a workload: queued steps at once, running ones at their next phase
+        boundary; finished steps keep their results. Returns ``{"cancelled": n queued
+        steps, "cancel_requested": n running steps}``.
+
+        Raises:
+            NotFoundError: no such workload.
+            StoreError: Redis failed.
+        """
+        from makespan.workloads import cancel_workload
+
+        return self._redis_call(lambda: cancel_workload(self.r, self.keys, workload_id))
+
+    def _redis_call(self, call: Callable[[], T]) -> T:
+        """``call()``, with Redis's connection and authentication errors (raw or as the
+        cause of a StoreError) raised as :class:`RedisUnreachable` / :class:`RedisAuthFailed`."""
+        try:
+            return call()
+        except StoreError as e:
+            if isinstance(e.__cause__, AUTH_ERRORS):
+                raise auth_failed(self.settings.redis_url, e.__cause__) from None
+            if isinstance(e.__cause__, (redis.ConnectionError, redis.TimeoutError)):
+                raise unreachable(self.settings.redis_url, e.__cause__) from None
+            raise
+        except AUTH_ERRORS as e:
+            raise auth_failed(self.settings.redis_url, e) from None
+        except (redis.ConnectionError, redis.TimeoutError) as e:
+            raise unreachable(self.settings.redis_url, e) from None
 
     @staticmethod
     def _argument(value: Any, deps: list[str]) -> Any:
