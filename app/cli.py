@@ -12,7 +12,7 @@ from pathlib import Path
 
 import typer
 
-from makespan.cli_support import CliGroup
+from makespan.cli_support import EXIT_NOT_FINISHED, CliGroup
 from makespan.cli_support import fail as _fail
 from makespan.errors import MakespanError, RedisConfigError, ValidationError
 from makespan.planner.policies import DEFAULT_POLICY, POLICY_REGISTRY
@@ -425,10 +425,12 @@ def _hint_live_names(r, keys, absent: list[str]) -> None:
 def result(job_id: str, timeout_s: float | None = typer.Option(None, help="wait at most this long (default: "
                                                                             "until the job ends)"),
            no_wait: bool = typer.Option(False, "--no-wait", help="print what is stored now; do not wait")):
-    """Print a job's result as JSON (its workload function's return value). A function's error prints its type,
-    message and traceback and exits 1; a cancelled or failed job exits 1 with its reason."""
+    """Print a job's result as JSON (its workload function's return value). Exit codes: 0 the result printed;
+    1 a function's error (its type, message and traceback printed) or a cancelled or failed job (its reason);
+    2 an unknown job, or Redis unreachable; 4 not finished yet (--no-wait, or --timeout-s passed): ask again
+    later."""
     from makespan.client import Client
-    from makespan.errors import JobCancelled, JobFailed, WorkloadError
+    from makespan.errors import JobCancelled, JobFailed, ResultTimeout, WorkloadError
     from makespan.redis_conn import connect
 
     s = _settings()
@@ -442,6 +444,10 @@ def result(job_id: str, timeout_s: float | None = typer.Option(None, help="wait 
     except (JobCancelled, JobFailed) as e:
         typer.echo(str(e), err=True)
         raise typer.Exit(1) from e
+    except ResultTimeout as e:
+        typer.echo(f"{e} (exit code {EXIT_NOT_FINISHED}: ask again later, or wait with `makespan result {job_id}`)",
+                   err=True)
+        raise typer.Exit(EXIT_NOT_FINISHED) from e
     except MakespanError as e:
         _fail(e)
     typer.echo(json.dumps(value, indent=2, ensure_ascii=False))

@@ -19,6 +19,11 @@ if TYPE_CHECKING:  # pragma: no cover
     from makespan.keys import Keys
     from makespan.settings import Settings
 
+#: exit code of ``makespan result`` for a job not finished yet (--no-wait, or --timeout-s
+#: passed): not 1 (the job failed) nor 2 (an unknown job, Redis unreachable), nor 3 (a
+#: process that refused to start, makespan.redis_conn.EXIT_REFUSED)
+EXIT_NOT_FINISHED = 4
+
 # the click context of the command running now (set by CliGroup): its parameters name
 # the Redis URL of a command with --redis-url
 _RUNNING: ContextVar[Any] = ContextVar("makespan_cli_running_command", default=None)

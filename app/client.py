@@ -358,6 +358,13 @@ def _dependencies(depends_on: Any) -> list[str | Job]:
     return list(depends_on)
 
 
+def _not_finished(job_id: str, state: str, timeout_s: float) -> ResultTimeout:
+    """The error of a wait that ended before the job did (``timeout_s`` 0: a look, no wait)."""
+    if timeout_s == 0:
+        return ResultTimeout(f"job {job_id} is {state}: not finished yet")
+    return ResultTimeout(f"job {job_id} still {state} after {timeout_s:g} s")
+
+
 def _timeout(timeout_s: Any) -> float | None:
     """``timeout_s`` checked: None (no limit) or a finite number of seconds >= 0.
 
@@ -421,7 +428,7 @@ class Job:
             if state in FINAL_STATES:
                 return state
             if deadline is not None and time.monotonic() >= deadline:
-                raise ResultTimeout(f"job {self.id} still {state} after {timeout_s} s")
+                raise _not_finished(self.id, state, timeout_s)
             time.sleep(pause if deadline is None else max(0.0, min(pause, deadline - time.monotonic())))
             pause = min(pause * 1.5, _POLL_MAX_S)
 
@@ -494,7 +501,7 @@ class Job:
                 if state in FINAL_STATES:
                     return state
                 if deadline is not None and loop.time() >= deadline:
-                    raise ResultTimeout(f"job {self.id} still {state} after {timeout_s} s")
+                    raise _not_finished(self.id, state, timeout_s)
                 await asyncio.sleep(pause)
                 pause = min(pause * 1.5, _POLL_MAX_S)
         finally:

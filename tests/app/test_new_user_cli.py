@@ -95,6 +95,28 @@ def test_jobs_prints_a_header_and_lists_finished_jobs(r, keys, settings, redis_u
     assert res.exit_code == 0 and "no job completed" in res.output
 
 
+def test_result_of_a_job_not_finished_yet_has_its_own_exit_code(r, keys, settings, redis_url, prefix):
+    """``makespan result ID --no-wait`` on a job still running printed ``error: job ... still
+    running after 0.0 s`` and exited 2, as for an unknown job or Redis down (found by a
+    new-user trial): now exit 4, and no "after 0" for a look that did not wait."""
+    from makespan.cli_support import EXIT_NOT_FINISHED
+
+    prod = Producer(r, keys, load_fleet(FLEET_TOML), settings)
+    job = prod.submit({"endpoint": "chat", "service_s": 5})
+    r.hset(keys.job(job.id), "state", "running")
+    env = _env(redis_url, prefix)
+    res = CliRunner().invoke(cli_app, ["result", job.id, "--no-wait"], env=env)
+    assert EXIT_NOT_FINISHED == 4 and res.exit_code == EXIT_NOT_FINISHED, res.output
+    assert f"job {job.id} is running: not finished yet" in res.output and "after 0" not in res.output, res.output
+    assert "error:" not in res.output and "exit code 4" in res.output
+    res = CliRunner().invoke(cli_app, ["result", job.id, "--timeout-s", "0.2"], env=env)
+    assert res.exit_code == EXIT_NOT_FINISHED and f"job {job.id} still running after 0.2 s" in res.output, res.output
+    res = CliRunner().invoke(cli_app, ["result", "no-such-job", "--no-wait"], env=env)
+    assert res.exit_code == 2 and "error:" in res.output, res.output  # unknown: not "not finished yet"
+    help_text = CliRunner().invoke(cli_app, ["result", "--help"], env=env).output
+    assert "4 not finished yet" in " ".join(help_text.replace("│", " ").split()), help_text
+
+
 def test_status_counts_the_attempts_made(r, keys, settings):
     prod = Producer(r, keys, load_fleet(FLEET_TOML), settings)
     job = prod.submit({"endpoint": "chat", "service_s": 5})
