@@ -714,6 +714,11 @@ def load_fleet(path: str | Path) -> FleetSpec:
         raise e.in_file(p) from None
 
 
+#: how to get past the payload limit, in its errors (a job's and a workload step's)
+PAYLOAD_LIMIT_HINT = ("MAKESPAN_MAX_PAYLOAD_BYTES, where you submit, raises it; better, pass a reference: a path "
+                      "or URL the function reads the data from, or a job whose result it takes")
+
+
 def parse_job(data: dict[str, Any] | JobSpec, fleet: FleetSpec, max_payload_bytes: int = 64 * 1024) -> JobSpec:
     """Validate a job against a fleet. Raises :class:`ValidationError` naming the field.
 
@@ -737,7 +742,8 @@ def parse_job(data: dict[str, Any] | JobSpec, fleet: FleetSpec, max_payload_byte
             size += json_size(value, f"job.{name}")
     if size > max_payload_bytes:
         raise ValidationError("job.payload", f"{size} bytes", f"payload, args and kwargs together are larger than "
-                                                              f"the limit of {max_payload_bytes} bytes")
+                                                              f"the limit of {max_payload_bytes} bytes: "
+                                                              f"{PAYLOAD_LIMIT_HINT}")
     try:  # what the producer writes: must encode too (pydantic's own depth limit, surrogates)
         job.model_dump_json()
     except (ValueError, TypeError, RecursionError, pydantic_core.PydanticSerializationError) as e:

@@ -21,6 +21,7 @@ DEFAULT_FAST_LANE = "CRITICAL,HIGH:1.25"
 DEFAULT_FAST_LANE_START = "CRITICAL:30,HIGH:30/x1.4"
 IMPROVER_EXECUTORS = ("process", "thread")  # Settings.improver_executor; the first is the default
 IMPROVER_NICE_MAX = 19  # the most niceness a process can add on Linux
+MAX_PAYLOAD_BYTES_CAP = 64 * 1024 * 1024  # MAKESPAN_MAX_PAYLOAD_BYTES at most: the job record holds it, read whole
 COUNT_MAX = 10**9  # the largest count setting (batch size, attempts, retention, events) taken from the environment
 
 
@@ -370,7 +371,8 @@ class Settings:
         broker_visibility_timeout_s: the Celery Redis transport's visibility timeout: an
             unacknowledged message older than this is delivered again (phase tasks are
             idempotent and fenced; delayed jobs never reach the broker before they are due).
-        max_payload_bytes: largest JSON payload a job may carry.
+        max_payload_bytes: largest JSON payload a job may carry, ``payload``, ``args`` and
+            ``kwargs`` together (``MAKESPAN_MAX_PAYLOAD_BYTES``, 1 B to 64 MiB; default 64 KiB).
         policy: planner policy name used by the live planner, one of
             :data:`makespan.planner.policies.POLICY_REGISTRY` (``MAKESPAN_POLICY``; another name
             fails :meth:`from_env` with the list; default ``default``: the greedy portfolio
@@ -613,6 +615,7 @@ class Settings:
             events_max_len=_env_int("MAKESPAN_EVENTS_MAX_LEN", 50_000, 1, COUNT_MAX),
             set_point_weight=_env_nonneg("MAKESPAN_SET_POINT_WEIGHT", 0.0),
             workload_modules=env.get("MAKESPAN_WORKLOADS", ""),
+            max_payload_bytes=_env_int("MAKESPAN_MAX_PAYLOAD_BYTES", 64 * 1024, 1, MAX_PAYLOAD_BYTES_CAP),
             result_max_bytes=_env_int("MAKESPAN_RESULT_MAX_BYTES", 1024 * 1024, 1, 512 * 1024 * 1024),
             result_ttl_s=_env_float("MAKESPAN_RESULT_TTL_S", 7 * 24 * 3600.0),
             cancel_grace_s=_env_float("MAKESPAN_CANCEL_GRACE_S", 10.0),
@@ -678,6 +681,7 @@ class Settings:
             "MAKESPAN_EVENTS_MAX_LEN": str(self.events_max_len),
             "MAKESPAN_SET_POINT_WEIGHT": repr(self.set_point_weight),
             "MAKESPAN_WORKLOADS": self.workload_modules,
+            "MAKESPAN_MAX_PAYLOAD_BYTES": str(self.max_payload_bytes),
             "MAKESPAN_RESULT_MAX_BYTES": str(self.result_max_bytes),
             "MAKESPAN_RESULT_TTL_S": repr(self.result_ttl_s),
             "MAKESPAN_CANCEL_GRACE_S": repr(self.cancel_grace_s),

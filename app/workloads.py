@@ -91,7 +91,8 @@ def submit_workload(r: redis.Redis, keys: Keys, fleet: FleetSpec, workload: Work
         size = len(json.dumps(spec["payload"]).encode())
         if size > settings.max_payload_bytes:
             raise ValidationError(f"workload.steps.{name}.prompt", f"{size} bytes",
-                                  f"payload larger than the limit of {settings.max_payload_bytes} bytes")
+                                  f"payload larger than the limit of {settings.max_payload_bytes} bytes "
+                                  f"(MAKESPAN_MAX_PAYLOAD_BYTES, where you submit, raises it)")
         fields = {"id": ids[name], "state": JobState.QUEUED.value, "endpoint": s.endpoint, "priority": wl.priority.name,
                   "service_s": repr(svc), "submitted_at": repr(now), "attempts": 0, "tp": ep.tensor_parallel,
                   "spec": json.dumps(spec), "workload_id": wid, "step": name, "retries": 0}

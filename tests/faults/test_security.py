@@ -133,6 +133,20 @@ def test_payload_size_limit():
     with pytest.raises(ValidationError) as ei:
         parse_job({"endpoint": "chat", "service_s": 5, "payload": {"b": "x" * (fill + 1)}}, FLEET)
     assert ei.value.field == "job.payload" and str(limit) in ei.value.reason
+    # it names the setting that raises the limit and the way around it (found by a new-user trial)
+    assert "MAKESPAN_MAX_PAYLOAD_BYTES" in ei.value.reason and "pass a reference: a path or URL" in ei.value.reason
+
+
+def test_the_payload_limit_is_raised_by_its_setting(monkeypatch):
+    monkeypatch.setenv("MAKESPAN_MAX_PAYLOAD_BYTES", str(1024 * 1024))
+    settings = Settings.from_env()
+    assert settings.max_payload_bytes == 1024 * 1024
+    assert settings.to_env()["MAKESPAN_MAX_PAYLOAD_BYTES"] == str(1024 * 1024)
+    parse_job({"endpoint": "chat", "service_s": 5, "payload": {"b": "x" * 500_000}}, FLEET,
+              settings.max_payload_bytes)
+    monkeypatch.setenv("MAKESPAN_MAX_PAYLOAD_BYTES", "0")
+    with pytest.raises(ValidationError, match="MAKESPAN_MAX_PAYLOAD_BYTES"):
+        Settings.from_env()
 
 
 def test_compose_protects_flower_and_persists_redis():
