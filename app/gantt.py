@@ -79,6 +79,10 @@ class Interval:
     endpoint: str | None
     complete: bool
     transition: str | None = None  # sleep, wake, cold_start (or evict) where the phase said so
+    #: why an incomplete phase ended: ``preempted`` (its lease was preempted: the planner gave
+    #: the GPUs to a more urgent job and queued this one again), ``reclaimed`` (its lease
+    #: expired: a worker stopped renewing it) or ``open_at_end`` (still running when the record ends)
+    cut_by: str | None = None
 
 
 def load_events(path: str | Path, on_cut_tail: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
@@ -176,14 +180,14 @@ def intervals(events: Iterable[dict[str, Any]]) -> list[Interval]:
     open_: dict[tuple[str, str], dict[str, Any]] = {}
     out: list[Interval] = []
 
-    def close(start: dict[str, Any], end_ts: float, end: dict[str, Any] | None) -> None:
+    def close(start: dict[str, Any], end_ts: float, end: dict[str, Any] | None, cut_by: str | None = None) -> None:
         job = start.get("job") or (end or {}).get("job")
         gpus = tuple(start.get("gpus") or (end or {}).get("gpus") or ())
         out.append(Interval(
             phase=_phase_of(start), gpus=gpus, start_s=start["ts"] - t0, end_s=end_ts - t0, job=job,
             priority=start.get("priority") or (prio.get(job) if job else None),
             endpoint=start.get("endpoint") or (end or {}).get("endpoint"), complete=end is not None,
-            transition=(end or {}).get("transition")))
+            transition=(end or {}).get("transition"), cut_by=cut_by))
 
     for ev in evs:
         if ev["kind"] in _OPEN:
@@ -199,9 +203,9 @@ def intervals(events: Iterable[dict[str, Any]]) -> list[Interval]:
             # a preempted or reclaimed lease: its open phase stops here (drawn as incomplete)
             lost = ev["lease"]
             for key in [k for k in open_ if k[0] == lost]:
-                close(open_.pop(key), min(ev["ts"], ev.get("expired_at") or ev["ts"]), None)
+                close(open_.pop(key), min(ev["ts"], ev.get("expired_at") or ev["ts"]), None, cut_by=ev["kind"])
     for start in open_.values():
-        close(start, t_last, None)
+        close(start, t_last, None, cut_by="open_at_end")
     out.sort(key=lambda i: (i.start_s, i.phase))
     return out
 
@@ -228,8 +232,9 @@ def summary_stats(events: list[dict[str, Any]], gpus: list[str] | None = None) -
     ``transitions.restore`` and ``transitions.prewarm``), ``sleep_level_count``
     ({level1, level2: instances put to sleep at that level, from the evict phases'
     ``slept_levels``}), ``busy_gpu_s``,
-    ``transition_gpu_s``, ``idle_gpu_s``, ``utilization``, ``gpus``, ``incomplete``,
-    ``drains``, ``time_scale``. ``gpus`` defaults to every GPU named in the events.
+    ``transition_gpu_s``, ``idle_gpu_s``, ``utilization``, ``gpus``, ``incomplete`` (phases
+    without their end event), ``cut_short`` (those by why: ``{preempted, reclaimed,
+    open_at_end}``, see :attr:`Interval.cut_by`), ``drains``, ``time_scale``. ``gpus`` defaults to every GPU named in the events.
     """
     evs = sorted(events, key=lambda e: e["ts"])
     ivs = intervals(evs)
@@ -308,6 +313,7 @@ def summary_stats(events: list[dict[str, Any]], gpus: list[str] | None = None) -
         "utilization": busy / capacity if capacity > 0 else 0.0,
         "gpus": len(gpu_set),
         "incomplete": sum(1 for iv in ivs if not iv.complete),
+        "cut_short": {why: sum(1 for iv in ivs if iv.cut_by == why) for why in ("preempted", "reclaimed", "open_at_end")},
         "drains": sum(1 for ev in evs if ev["kind"] == "drain"),
         "time_scale": ts[-1] if ts else None,
     }
@@ -342,8 +348,15 @@ def summarize(events: list[dict[str, Any]], gpus: list[str] | None = None) -> st
         lines.append("completed by priority: " + ", ".join(f"{p} {n}" for p, n in s["completed_by_priority"].items()))
     for p, w in s["wait_s"].items():
         lines.append(f"wait {p:<8} p50 {w['p50']:.3f} s  p95 {w['p95']:.3f} s  (n={w['n']})")
-    if s["incomplete"]:
-        lines.append(f"phases cut short (preempted or reclaimed lease) or still open at the end: {s['incomplete']}")
+    cut = s["cut_short"]
+    if cut["preempted"]:
+        lines.append(f"phases cut short by a preemption: {cut['preempted']} (planned, not a failure: the planner "
+                     "gave their GPUs to more urgent jobs and queued the preempted jobs again)")
+    if cut["reclaimed"]:
+        lines.append(f"phases cut short by a reclaimed lease: {cut['reclaimed']} (a GPU worker stopped renewing its "
+                     "lease: it died, hung or lost Redis)")
+    if cut["open_at_end"]:
+        lines.append(f"phases still running when the record ends: {cut['open_at_end']}")
     lines.append(f"drain checks: {s['drains']}")
     return "\n".join(lines)
 

@@ -32,6 +32,32 @@ def test_open_phase_runs_to_last_event_and_is_counted(events):
     assert summary_stats(cut)["incomplete"] == 1
 
 
+def test_phases_cut_short_are_told_apart_by_why(t0):
+    """A clean run with planned preemptions is not reported as broken (found by a new-user
+    trial: a demo with 0 failed printed ``phases cut short (preempted or reclaimed lease) or
+    still open at the end: 26``; all 26 were preempted leases' phases)."""
+    def phase(lease, kind, ts, **extra):
+        return {"ts": t0 + ts, "kind": kind, "lease": lease, "job": f"j-{lease}", "phase": "execute",
+                "gpus": ["GPU-0"], "priority": "LOW", **extra}
+    evs = [phase("p1", "phase_start", 0), {"ts": t0 + 1, "kind": "preempted", "lease": "p1", "job": "j-p1"},
+           phase("p2", "phase_start", 1), {"ts": t0 + 2, "kind": "preempted", "lease": "p2", "job": "j-p2"},
+           phase("r1", "phase_start", 2), {"ts": t0 + 3, "kind": "reclaimed", "lease": "r1", "job": "j-r1"},
+           phase("o1", "phase_start", 3), phase("o1", "phase_end", 4),
+           phase("o2", "phase_start", 4), {"ts": t0 + 5, "kind": "submitted", "job": "late"}]
+    s = summary_stats(evs)
+    assert s["incomplete"] == 4
+    assert s["cut_short"] == {"preempted": 2, "reclaimed": 1, "open_at_end": 1}
+    assert [iv.cut_by for iv in intervals(evs)] == ["preempted", "preempted", "reclaimed", None, "open_at_end"]
+    text = summarize(evs)
+    assert "phases cut short by a preemption: 2 (planned, not a failure" in text
+    assert "phases cut short by a reclaimed lease: 1" in text
+    assert "phases still running when the record ends: 1" in text
+    assert "or still open at the end" not in text
+    only_preempted = summarize(evs[:4])
+    assert "preemption: 2" in only_preempted and "reclaimed" not in only_preempted
+    assert "still running" not in only_preempted
+
+
 def test_summary_matches_the_known_workload(events, gpus):
     s = summary_stats(events, gpus)
     assert s["jobs"]["submitted"] == 3 and s["jobs"]["completed"] == 2 and s["jobs"]["failed"] == 1
