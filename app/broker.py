@@ -200,6 +200,19 @@ class SentinelChannel(_ReusedClient, _ClosedTransportGuard, kombu_redis.Sentinel
     connection_class = RoleAwareSentinelConnection
     connection_class_ssl = RoleAwareSentinelSSLConnection
 
+    def _sentinel_managed_pool(self, asynchronous=False):
+        """kombu's pool, its ``Sentinel`` made a :class:`makespan.redis_conn.ExplainedSentinel`
+        (which only replaces ``discover_master``): "no master found" then says why in one
+        line (no Sentinel answered, no such service, a refused AUTH) instead of the multi-KB
+        repr of each Sentinel's client that Celery logged on every reconnect."""
+        from makespan.redis_conn import ExplainedSentinel
+
+        pool = super()._sentinel_managed_pool(asynchronous)
+        manager = getattr(pool, "sentinel_manager", None)
+        if type(manager) is redis_sentinel.Sentinel:
+            manager.__class__ = ExplainedSentinel
+        return pool
+
 
 class SentinelTransport(kombu_redis.SentinelTransport):
     Channel = SentinelChannel

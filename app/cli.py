@@ -14,7 +14,7 @@ import typer
 
 from makespan.cli_support import EXIT_NOT_FINISHED, CliGroup
 from makespan.cli_support import fail as _fail
-from makespan.errors import MakespanError, RedisConfigError, ValidationError
+from makespan.errors import MakespanError, RedisAuthFailed, RedisConfigError, ValidationError
 from makespan.planner.policies import DEFAULT_POLICY, POLICY_REGISTRY
 
 app = typer.Typer(cls=CliGroup, add_completion=False, no_args_is_help=True,
@@ -84,7 +84,7 @@ def planner(fleet: Path = FleetOpt, policy: str | None = typer.Option(None, help
         w.run()
     except KeyboardInterrupt:
         w.stop()
-    except RedisConfigError as e:  # an evicting maxmemory-policy: one line, exit 2
+    except (RedisConfigError, RedisAuthFailed) as e:  # an evicting maxmemory-policy, refused credentials: one line, exit 2
         _fail(e)
 
 
@@ -372,7 +372,7 @@ def ready(workloads: list[str] = typer.Argument(None, help="workload function na
           timeout_s: float = typer.Option(60.0, help="give up after this long")):
     """Wait until a planner has published the fleet and live GPU workers have registered WORKLOADS
     (for scripts: `makespan ready NAME && python submit.py`). Exits 0 when ready, 1 with what is missing."""
-    from makespan.client import AUTH_ERRORS, auth_failed
+    from makespan.redis_conn import AUTH_ERRORS, auth_failed
     from makespan.keys import Keys
     from makespan.redis_conn import connect
 

@@ -60,7 +60,7 @@ def unreachable_redis(error: BaseException) -> RedisUnreachable | RedisAuthFaile
     running command's Redis URL with the password redacted; None for any other error."""
     if isinstance(error, (RedisUnreachable, RedisAuthFailed)):
         return error
-    from makespan.client import AUTH_ERRORS, auth_failed, unreachable
+    from makespan.redis_conn import AUTH_ERRORS, auth_failed, unreachable
 
     seen: BaseException | None = error
     while seen is not None:

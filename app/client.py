@@ -36,11 +36,12 @@ import redis
 import redis.asyncio
 import redis.sentinel
 
-from makespan.errors import (JobCancelled, JobFailed, NotFoundError, RedisAuthFailed, RedisUnreachable, ResultTimeout, StoreError, ValidationError,
+from makespan.errors import (JobCancelled, JobFailed, NotFoundError, ResultTimeout, StoreError, ValidationError,
                              WorkloadError, is_utf8)
 from makespan.keys import Keys
 from makespan.models import FINAL_STATES, FleetSpec, Priority, fleet_version, load_fleet, parse_fleet
 from makespan.producer import Producer
+from makespan.redis_conn import AUTH_ERRORS, auth_failed, unreachable
 from makespan.registry import WorkloadDef, check_call, live_definition
 from makespan.results import REFERENCE
 from makespan.settings import Settings, is_sentinel_url
@@ -92,37 +93,6 @@ def connect(url: str | None = None, *, fleet: str | Path | FleetSpec | None = No
         r.close()
         raise unreachable(base.redis_url, e) from None
     return Client(r, base, spec)
-
-
-#: redis-py's errors for refused credentials (subclasses of its ``ConnectionError``: test them first).
-AUTH_ERRORS: tuple[type[Exception], ...] = (redis.AuthenticationError, redis.exceptions.AuthorizationError)
-
-
-def auth_failed(url: str, error: BaseException) -> RedisAuthFailed:
-    """The :class:`RedisAuthFailed` of a redis-py authentication ``error`` at ``url``."""
-    from makespan.redis_conn import redacted
-
-    reason = str(error).strip().rstrip(".") or type(error).__name__
-    return RedisAuthFailed(redacted(url), reason)
-
-
-def unreachable(url: str, error: BaseException) -> RedisUnreachable | RedisAuthFailed:
-    """The :class:`RedisUnreachable` of a redis-py connection ``error`` at ``url``; a
-    :class:`RedisAuthFailed` naming the ``sentinel_password`` option where the error is
-    redis-py's "no master found" after the Sentinels refused their AUTH (they answered:
-    nothing is unreachable, the Sentinels' credentials are missing or wrong)."""
-    import re
-
-    from makespan.redis_conn import redacted
-
-    # redis-py lists each Sentinel's error: "... - AuthenticationError('why')" or "... - auth:AuthenticationError: why"
-    refused = re.search(r"AuthenticationError(?:\('|: )(.*?)(?:'\))?(?:, <|$)", str(error))
-    if isinstance(error, redis.sentinel.MasterNotFoundError) and refused:
-        why = refused.group(1).split(", otherwise")[0].rstrip(".")[:200]
-        return RedisAuthFailed(redacted(url), f"the Sentinels answered: {why}", RedisAuthFailed.SENTINEL_HINT)
-    reason = str(error).split(" : <")[0]  # Sentinel's MasterNotFoundError appends the client's repr
-    reason = reason.split(". ")[-1].strip().rstrip(".") or type(error).__name__
-    return RedisUnreachable(redacted(url), reason)
 
 
 class Client:

@@ -65,7 +65,7 @@ def _redis(url: str | None) -> tuple[str, EmbeddedRedis | None]:
 def _raise_if_credentials_refused(url: str, timeout_s: float = 0.5) -> None:
     """Raise :class:`makespan.errors.RedisAuthFailed` when a Redis at ``url`` answers and
     refuses its credentials; return for any other failure (nothing answers)."""
-    from makespan.client import AUTH_ERRORS, auth_failed
+    from makespan.redis_conn import AUTH_ERRORS, auth_failed
 
     try:
         c = connect(url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s)

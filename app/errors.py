@@ -82,16 +82,21 @@ class StoreError(MakespanError):
 
 class RedisUnreachable(StoreError):
     """No Redis answered at the deployment's URL (connection refused, unknown host,
-    timeout): the message names the URL (password redacted) and ``MAKESPAN_REDIS_URL``.
+    timeout; through Sentinel: no Sentinel answered, or they know no master of the URL's
+    service name, or see it down): the message names the URL (password redacted), why, and
+    ``MAKESPAN_REDIS_URL`` (``hint``: what to do; :attr:`SERVICE_HINT` for a wrong service name).
 
     Attributes:
         url: the URL tried, password redacted.
     """
 
-    def __init__(self, url: str, reason: str):
+    HINT = "start Redis there, or set MAKESPAN_REDIS_URL (or makespan.connect(url=...)) to your makespan deployment's Redis"
+    SERVICE_HINT = ("name a service the Sentinels monitor in MAKESPAN_REDIS_URL "
+                    "(redis+sentinel://[USER]:PASSWORD@S1:PORT,.../SERVICE/DB, or makespan.connect(url=...))")
+
+    def __init__(self, url: str, reason: str, hint: str = HINT):
         self.url = url
-        super().__init__(f"cannot reach Redis at {url} ({reason}): start Redis there, or set MAKESPAN_REDIS_URL "
-                         "(or makespan.connect(url=...)) to your makespan deployment's Redis")
+        super().__init__(f"cannot reach Redis at {url} ({reason}): {hint}")
 
 
 class RedisAuthFailed(StoreError):
@@ -105,6 +110,9 @@ class RedisAuthFailed(StoreError):
 
     HINT = ("put the deployment's password in MAKESPAN_REDIS_URL as redis://[USER]:PASSWORD@HOST:PORT/DB "
             "(or makespan.connect(url=...))")
+    SENTINEL_DATA_HINT = ("put the deployment's password in MAKESPAN_REDIS_URL as "
+                          "redis+sentinel://[USER]:PASSWORD@S1:PORT,.../SERVICE/DB (the primary's and replicas' AUTH; "
+                          "or makespan.connect(url=...))")
     SENTINEL_HINT = ("the Sentinels' own password goes in the URL's query as ?sentinel_password=PASSWORD "
                      "(&sentinel_username=USER for an ACL user); the URL's [USER]:PASSWORD@ is the primary's")
 

@@ -24,8 +24,9 @@ from typing import Any
 from urllib.parse import urlparse
 
 import redis
+import redis.sentinel
 
-from makespan.errors import RedisConfigError, StoreError, ValidationError
+from makespan.errors import RedisAuthFailed, RedisConfigError, RedisUnreachable, StoreError, ValidationError
 from makespan.settings import (REDIS_KEEPALIVE_PROBES, SentinelURL, Settings, check_redis_url, is_sentinel_url,
                                parse_sentinel_url, redacted_url, redis_bounds_from_env)
 
@@ -97,7 +98,6 @@ def connect(url: str, decode_responses: bool = True, *, settings: Settings | Non
         return redis.Redis.from_url(url, decode_responses=decode_responses, **opts)
     from redis.backoff import NoBackoff
     from redis.retry import Retry
-    from redis.sentinel import Sentinel
 
     parsed = parse_sentinel_url(url, "redis_url")
     node_opts = {**opts, **sentinel_tls_options(parsed)}
@@ -107,11 +107,161 @@ def connect(url: str, decode_responses: bool = True, *, settings: Settings | Non
     # turn; redis-py's default retry with backoff on each (redis-py 8) made an unreachable set
     # take 4-12 s per command, beyond the socket timeout every other wait is bounded by. The
     # primary's connections keep theirs.
-    sentinel = Sentinel(list(parsed.hosts), sentinel_kwargs={**sentinel_opts, **sentinel_auth(parsed),
-                                                             "retry": Retry(NoBackoff(), 0)},
-                        **sentinel_opts)
+    sentinel = ExplainedSentinel(list(parsed.hosts), sentinel_kwargs={**sentinel_opts, **sentinel_auth(parsed),
+                                                                      "retry": Retry(NoBackoff(), 0)},
+                                 **sentinel_opts)
     return sentinel.master_for(parsed.service_name, db=parsed.db, username=parsed.username,
                                password=parsed.password, decode_responses=decode_responses, **node_opts)
+
+
+#: redis-py's errors for refused credentials (subclasses of its ``ConnectionError``: test them first).
+AUTH_ERRORS: tuple[type[Exception], ...] = (redis.AuthenticationError, redis.exceptions.AuthorizationError)
+
+
+def _short(error: BaseException) -> str:
+    """One short line of a redis-py error: "Connection refused" of "Error 111 connecting to
+    h:p. Connection refused.", the first clause of Redis's long AUTH replies."""
+    text = " ".join(str(error).split()).split(", otherwise")[0]
+    if not isinstance(error, AUTH_ERRORS):
+        text = text.split(". ")[-1]
+    return text.strip().rstrip(".")[:200] or type(error).__name__
+
+
+class SentinelMasterNotFound(redis.sentinel.MasterNotFoundError):
+    """redis-py's ``MasterNotFoundError`` from :class:`ExplainedSentinel`, saying why, per
+    Sentinel and without redis-py's repr of each Sentinel's client (1-4 KB each).
+
+    Attributes:
+        service_name: the service asked for.
+        refused: ``[(host:port, reason)]`` of the Sentinels that refused their AUTH.
+        unanswered: ``[(host:port, reason)]`` of those that did not answer (refused the
+            connection, timed out) or answered with another error.
+        unknown: ``{host:port: [service names it monitors]}`` of those that answered and
+            monitor no service of that name.
+        down: ``[host:port]`` of those that monitor it and see its primary down (or no
+            primary; too few other Sentinels).
+    """
+
+    def __init__(self, service_name: str, refused: list[tuple[str, str]], unanswered: list[tuple[str, str]],
+                 unknown: dict[str, list[str]], down: list[str]):
+        self.service_name, self.refused, self.unanswered = service_name, refused, unanswered
+        self.unknown, self.down = unknown, down
+        super().__init__(f"No master found for {service_name!r}: {self.explanation()}")
+
+    @staticmethod
+    def _listed(pairs: list[tuple[str, str]]) -> str:
+        """``"h1:p1, h2:p2: reason"`` (one reason), else ``"h1:p1: reason; h2:p2: other"``."""
+        reasons = {why for _addr, why in pairs}
+        if len(reasons) == 1:
+            return f"{', '.join(addr for addr, _ in pairs)}: {reasons.pop()}"
+        return "; ".join(f"{addr}: {why}" for addr, why in pairs)
+
+    def explanation(self) -> str:
+        """Why, in one line: which Sentinels refused their AUTH, did not answer, monitor no
+        such service (naming those they do) or see its primary down."""
+        parts = []
+        if self.refused:
+            parts.append(f"the Sentinels refused their AUTH at {self._listed(self.refused)}")
+        if self.unknown:
+            monitored = sorted({name for names in self.unknown.values() for name in names})
+            parts.append(f"the Sentinels at {', '.join(self.unknown)} know no master named {self.service_name!r}"
+                         + (f", only {', '.join(repr(n) for n in monitored[:5])}" if monitored else " (none at all)"))
+        if self.down:
+            parts.append(f"the Sentinels at {', '.join(self.down)} see master {self.service_name!r} down "
+                         "(a failover may be under way)")
+        if self.unanswered:
+            answered = self.refused or self.unknown or self.down
+            parts.append(f"{'no answer from' if answered else 'no Sentinel answered at'} {self._listed(self.unanswered)}")
+        return "; ".join(parts) or "no Sentinel to ask"
+
+
+class ExplainedSentinel(redis.sentinel.Sentinel):
+    """redis-py's ``Sentinel`` whose "no master found" is a :class:`SentinelMasterNotFound`:
+    one line telling an unreachable Sentinel set from a wrong service name, a primary that
+    is down and a refused AUTH, with no client repr (redis-py writes each Sentinel's
+    client repr into the message, and Celery logged that on every reconnect)."""
+
+    def discover_master(self, service_name: str):
+        """The primary's ``(host, port)`` as redis-py's ``Sentinel.discover_master`` (redis-py
+        8.2) finds it: the first Sentinel that names a primary it sees up is moved first.
+
+        Raises:
+            SentinelMasterNotFound: no Sentinel named one (a ``MasterNotFoundError``)."""
+        refused: list[tuple[str, str]] = []
+        unanswered: list[tuple[str, str]] = []
+        unknown: dict[str, list[str]] = {}
+        down: list[str] = []
+        for number, sentinel in enumerate(self.sentinels):
+            kw = sentinel.connection_pool.connection_kwargs
+            address = f"{kw.get('host')}:{kw.get('port')}"
+            try:
+                masters = sentinel.sentinel_masters()
+            except AUTH_ERRORS as e:
+                refused.append((address, _short(e)))
+                continue
+            except (redis.ConnectionError, redis.ResponseError, redis.TimeoutError) as e:
+                unanswered.append((address, _short(e)))
+                continue
+            state = masters.get(service_name)
+            if state and self.check_master_state(state, service_name):
+                self.sentinels[0], self.sentinels[number] = sentinel, self.sentinels[0]
+                ip = self._force_master_ip if self._force_master_ip is not None else state["ip"]
+                return ip, state["port"]
+            if state:
+                down.append(address)
+            else:
+                unknown[address] = sorted(str(name) for name in masters)
+        raise SentinelMasterNotFound(service_name, refused, unanswered, unknown, down)
+
+
+def auth_failed(url: str, error: BaseException) -> RedisAuthFailed:
+    """The :class:`RedisAuthFailed` of a redis-py authentication ``error`` at ``url``
+    (password redacted), with the advice in the URL's own form (plain or Sentinel)."""
+    hint = RedisAuthFailed.SENTINEL_DATA_HINT if is_sentinel_url(url) else RedisAuthFailed.HINT
+    return RedisAuthFailed(redacted_url(url), _short(error), hint)
+
+
+def credentials_refused(url: str, error: BaseException) -> RedisAuthFailed | None:
+    """The :class:`RedisAuthFailed` that ``error`` (or an error it was raised from) amounts
+    to: Redis refused ``url``'s credentials (a redis-py ``AuthenticationError`` or
+    ``AuthorizationError``), or the Sentinels refused their own AUTH (naming
+    ``?sentinel_password=``); None for any other error (an outage). Refusals do not end
+    by waiting: the processes exit on one before Redis ever accepted them."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, RedisAuthFailed):
+            return seen
+        if isinstance(seen, AUTH_ERRORS):
+            return auth_failed(url, seen)
+        if isinstance(seen, SentinelMasterNotFound) and seen.refused:
+            return RedisAuthFailed(redacted_url(url), f"the Sentinels answered: {seen.refused[0][1]}",
+                                   RedisAuthFailed.SENTINEL_HINT)
+        if isinstance(seen, redis.sentinel.MasterNotFoundError):  # another Sentinel client's: its text
+            import re
+
+            # redis-py lists each Sentinel's error: "... - AuthenticationError('why')" or "... - auth:AuthenticationError: why"
+            found = re.search(r"AuthenticationError(?:\('|: )(.*?)(?:'\))?(?:, <|$)", str(seen))
+            if found:
+                why = found.group(1).split(", otherwise")[0].rstrip(".")[:200]
+                return RedisAuthFailed(redacted_url(url), f"the Sentinels answered: {why}", RedisAuthFailed.SENTINEL_HINT)
+        seen = seen.__cause__
+    return None
+
+
+def unreachable(url: str, error: BaseException) -> RedisUnreachable | RedisAuthFailed:
+    """The :class:`RedisUnreachable` of a redis-py connection ``error`` at ``url`` (password
+    redacted), or the :class:`RedisAuthFailed` of :func:`credentials_refused`. Through
+    Sentinel it tells the cases apart (:class:`SentinelMasterNotFound`): no Sentinel
+    answered, the Sentinels know no master of the URL's service name, they see it down."""
+    refused = credentials_refused(url, error)
+    if refused is not None:
+        return refused
+    if isinstance(error, SentinelMasterNotFound):
+        hint = RedisUnreachable.SERVICE_HINT if error.unknown and not (error.down or error.refused) else RedisUnreachable.HINT
+        return RedisUnreachable(redacted_url(url), error.explanation(), hint)
+    reason = str(error).split(" : <")[0]  # another MasterNotFoundError appends the client's repr
+    reason = reason.split(". ")[-1].strip().rstrip(".") or type(error).__name__
+    return RedisUnreachable(redacted_url(url), reason)
 
 
 def sentinel_auth(parsed: SentinelURL) -> dict[str, str]:
@@ -335,15 +485,24 @@ class OutageLog:
         self._left_out = 0
 
     def failed(self, error: BaseException) -> None:
-        """Count one failure; log it if it opens an outage or ``every_s`` passed since the last line."""
+        """Count one failure; log it if it opens an outage or ``every_s`` passed since the last
+        line. A :class:`RedisAuthFailed` (pass :func:`credentials_refused`'s) is logged at
+        ``ERROR``, as a refusal: its message names the URL (password redacted) and where the
+        password goes."""
         now = self.clock()
         self.failures += 1
+        refused = isinstance(error, RedisAuthFailed)
+        level = logging.ERROR if refused else logging.WARNING
         if self.failures == 1:
             self._since = self._logged_at = now
-            self.logger.warning("%s: Redis unavailable: %s", self.what, error)
+            if refused:
+                self.logger.error("%s: %s (retrying until Redis accepts them)", self.what, error)
+            else:
+                self.logger.warning("%s: Redis unavailable: %s", self.what, error)
         elif now - self._logged_at >= self.every_s:
-            self.logger.warning("%s: Redis still unavailable after %.0f s (%d failures, %d not logged): %s",
-                                self.what, now - self._since, self.failures, self._left_out, error)
+            self.logger.log(level, "%s: Redis still %s after %.0f s (%d failures, %d not logged): %s", self.what,
+                            "refuses the credentials" if refused else "unavailable", now - self._since,
+                            self.failures, self._left_out, error)
             self._logged_at, self._left_out = now, 0
         else:
             self._left_out += 1

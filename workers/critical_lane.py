@@ -59,7 +59,7 @@ from makespan.models import Priority
 from makespan.planner.critical_placement import CriticalPlacement, place_critical
 from makespan.planner.model import FleetState, PlanJob
 from makespan.planner.preemption import Holder
-from makespan.redis_conn import OutageLog
+from makespan.redis_conn import OutageLog, credentials_refused
 from makespan.workers import host_liveness
 from makespan.workers.fleet_view import DOWN_FREE_AFTER_S
 from makespan.workers.leases import preempt
@@ -150,7 +150,7 @@ class CriticalLane:
                 got = env.r.blpop([env.keys.planner_critical], timeout=wait_s)
                 outage.ok()
             except redis.RedisError as e:
-                outage.failed(e)
+                outage.failed(credentials_refused(env.settings.redis_url, e) or e)
                 self._stop.wait(0.5)
                 continue
             if not got:

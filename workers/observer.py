@@ -57,10 +57,10 @@ from typing import Any
 
 import redis
 
-from makespan.errors import MakespanError, RedisConfigError, StoreError, ValidationError
+from makespan.errors import MakespanError, RedisAuthFailed, RedisConfigError, StoreError, ValidationError
 from makespan.keys import Keys
 from makespan.models import FleetSpec
-from makespan.redis_conn import EXIT_REFUSED, OutageLog, check_eviction_policy, connect
+from makespan.redis_conn import EXIT_REFUSED, OutageLog, check_eviction_policy, connect, credentials_refused
 from makespan.settings import Settings, log_level_from_env, metrics_port_from_env
 from makespan.store.scripts import script
 from makespan.workers.agenda import AgendaTracker
@@ -307,7 +307,9 @@ def run_observer(settings: Settings, fleet: FleetSpec, probe_interval_s: float =
     Raises:
         RedisConfigError: Redis evicts keys (``maxmemory-policy``) and
             ``settings.allow_evicting_redis`` is not set (checked at start, or, when
-            Redis did not answer then, at the first cycle it answers)."""
+            Redis did not answer then, at the first cycle it answers).
+        RedisAuthFailed: Redis (or its Sentinels) refused the credentials before it ever
+            accepted them (a refusal after is logged and retried, as an outage is)."""
     stop = stop or threading.Event()
     restore_signals = None
     if threading.current_thread() is threading.main_thread():
@@ -318,12 +320,16 @@ def run_observer(settings: Settings, fleet: FleetSpec, probe_interval_s: float =
     r = connect(settings.redis_url, settings=settings)
     policy_checked = False
     try:
-        check_eviction_policy(r, settings, process="observer")
-        policy_checked = True
-    except redis.RedisError as e:  # not reachable yet: each cycle below asks again until it answers
-        log.warning("observer: maxmemory-policy not checked yet, Redis did not answer (asking again every "
-                    "cycle): %s", e)
-    except RedisConfigError:
+        try:
+            check_eviction_policy(r, settings, process="observer")
+            policy_checked = True
+        except redis.RedisError as e:  # not reachable yet: each cycle below asks again until it answers
+            refused = credentials_refused(settings.redis_url, e)
+            if refused is not None:  # credentials never accepted: waiting cannot help
+                raise refused from None
+            log.warning("observer: maxmemory-policy not checked yet, Redis did not answer (asking again every "
+                        "cycle): %s", e)
+    except (RedisConfigError, RedisAuthFailed):
         r.close()
         if restore_signals is not None:
             restore_signals()
@@ -332,6 +338,7 @@ def run_observer(settings: Settings, fleet: FleetSpec, probe_interval_s: float =
                    min_overrun_slack_s=min_overrun_slack_s)
     raised = 0
     outage = OutageLog(log, "observer")
+    answered = policy_checked  # Redis accepted the credentials once: a later refusal is logged and retried
     try:
         while not stop.is_set() and (max_cycles is None or obs.cycle < max_cycles):
             t0 = time.monotonic()
@@ -342,10 +349,14 @@ def run_observer(settings: Settings, fleet: FleetSpec, probe_interval_s: float =
                     log.info("observer: Redis answers now; maxmemory-policy checked")
                 raised += len(obs.probe_once())
                 outage.ok()
+                answered = True
             except RedisConfigError:  # a StoreError too, but a refusal, not an outage
                 raise
             except (redis.RedisError, StoreError) as e:
-                outage.failed(e)
+                refused = credentials_refused(settings.redis_url, e)
+                if refused is not None and not answered:  # never accepted: waiting cannot help
+                    raise refused from None
+                outage.failed(refused or e)
             stop.wait(max(0.0, probe_interval_s - (time.monotonic() - t0)))
     finally:
         obs.close()
@@ -409,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run_observer(Settings.from_env(), load_fleet(a.fleet), a.probe_interval_s, a.overrun_factor,
                      min_overrun_slack_s=a.min_overrun_slack_s)
-    except RedisConfigError as e:  # printed once (not also logged)
+    except (RedisConfigError, RedisAuthFailed) as e:  # printed once (not also logged)
         print(f"makespan observer: {e}", file=sys.stderr, flush=True)
         return EXIT_REFUSED
     return 0

@@ -44,7 +44,7 @@ from makespan.errors import LeaseError, RedisConfigError, StoreError, Validation
 from makespan.keys import WAKE_RELEASE, Keys
 from makespan.models import FleetSpec, Priority, fleet_version
 from makespan.planner.model import FleetState, PlanJob
-from makespan.redis_conn import OutageLog, check_eviction_policy
+from makespan.redis_conn import OutageLog, check_eviction_policy, credentials_refused
 from makespan.settings import Settings
 from makespan.workers.batch import form_batch
 from makespan.workers.critical_lane import CriticalLane
@@ -111,6 +111,9 @@ class PlannerWorker:
         self._stop = threading.Event()
         self.token = ""  # the fencing token while leading ('' = unchecked: tests tick by hand)
         self.lost = threading.Event()
+        # Redis accepted this planner's credentials once: a refusal before is fatal (run raises
+        # RedisAuthFailed), one after (a password rotated under it) is logged and retried
+        self.redis_answered = False
         self._warned_config: tuple[Any, ...] = ()  # the leader config difference last warned of (standby)
         self.tick_again = False  # the last tick may be followed at once by another (tick doc)
         self.ticking = threading.Event()  # set while a tick runs (the critical lane's events say so)
@@ -152,13 +155,17 @@ class PlannerWorker:
                 # each wait is short whatever the TTL: a stop is seen between two (SIGTERM's bound)
                 got = lock.acquire(blocking=True, blocking_timeout=min(self.lock_ttl_s / 4, STANDBY_WAIT_S))
                 outage.ok()
+                self.redis_answered = True
                 if not got:
                     self._compare_with_leader()
                     continue
                 self._take_office(lock)
                 return lock
             except redis.RedisError as e:
-                outage.failed(e)
+                refused = credentials_refused(self.settings.redis_url, e)
+                if refused is not None and not self.redis_answered:
+                    raise refused from None  # credentials never accepted: waiting cannot help
+                outage.failed(refused or e)
                 self._stop.wait(0.2)
         return None
 
@@ -380,7 +387,7 @@ class PlannerWorker:
                 self.lost.set()
                 break
             except (redis.RedisError, StoreError) as e:  # StoreError: a wrapped Redis error
-                outage.failed(e)
+                outage.failed(credentials_refused(self.settings.redis_url, e) or e)
                 busy = False
                 time.sleep(0.5)
             if not (busy and self.tick_again):

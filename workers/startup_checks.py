@@ -2,7 +2,8 @@
 
 Settings whose leases one blocked Redis call would lose get a warning
 (:func:`makespan.settings.lease_renewal_warning`); a Redis whose ``maxmemory-policy``
-evicts is refused.
+evicts is refused, and so are credentials Redis (or its Sentinels) refuses
+(:class:`makespan.errors.RedisAuthFailed`: waiting cannot help).
 
 :func:`makespan.celery_app.create_celery` imports this module, so every Celery worker of
 makespan's app runs them. A failed check ends the worker with exit code
@@ -10,8 +11,8 @@ makespan's app runs them. A failed check ends the worker with exit code
 the reason once to stderr.
 
 A Redis that does not answer at start is checked later: a daemon thread asks every
-:data:`RECHECK_INTERVAL_S` until Redis answers once, and on an evicting policy stops the
-worker with the same exit code (Celery's warm shutdown, ``celery.worker.state.should_stop``;
+:data:`RECHECK_INTERVAL_S` until Redis answers once, and on an evicting policy (or refused
+credentials) stops the worker with the same exit code (Celery's warm shutdown, ``celery.worker.state.should_stop``;
 a worker still alive :data:`REFUSAL_BACKSTOP_S` after the shutdown grace ends at once).
 """
 
@@ -25,8 +26,8 @@ import threading
 import redis
 from celery import signals
 
-from makespan.errors import RedisConfigError
-from makespan.redis_conn import EXIT_REFUSED, check_eviction_policy, connect
+from makespan.errors import RedisAuthFailed, RedisConfigError
+from makespan.redis_conn import EXIT_REFUSED, check_eviction_policy, connect, credentials_refused
 from makespan.settings import Settings, lease_renewal_warning
 
 log = logging.getLogger("makespan.startup")
@@ -35,7 +36,7 @@ RECHECK_INTERVAL_S = 2.0  # how often the policy is asked again while Redis did 
 REFUSAL_BACKSTOP_S = 10.0  # past the shutdown grace: a late refusal still running ends with os._exit, s
 
 
-def _say_refused(error: RedisConfigError) -> None:
+def _say_refused(error: RedisConfigError | RedisAuthFailed) -> None:
     """The refusal, once, on the process's own stderr (fd 2: Celery may have replaced
     ``sys.stderr`` with a logging proxy)."""
     print(f"makespan gpu-worker: {error}", file=sys.__stderr__ or sys.stderr, flush=True)
@@ -46,10 +47,16 @@ def _check_once(settings: Settings) -> None:
 
     Raises:
         RedisConfigError: the policy evicts and no override is set.
+        RedisAuthFailed: Redis (or its Sentinels) refused the credentials.
         redis.RedisError: Redis did not answer."""
     r = connect(settings.redis_url, settings=settings)
     try:
         check_eviction_policy(r, settings, process="gpu-worker")
+    except redis.RedisError as e:
+        refused = credentials_refused(settings.redis_url, e)
+        if refused is not None:
+            raise refused from None
+        raise
     finally:
         r.close()
 
@@ -70,11 +77,12 @@ def _stop_refused(settings: Settings) -> None:
 def recheck_until_answered(settings: Settings, stop: threading.Event, interval_s: float = RECHECK_INTERVAL_S) -> None:
     """Ask Redis for its policy every ``interval_s`` seconds until it answers once (or
     ``stop`` is set): an accepted policy ends the loop; an evicting one without the
-    override prints the refusal and stops the worker (:func:`_stop_refused`)."""
+    override (or refused credentials) prints the refusal and stops the worker
+    (:func:`_stop_refused`)."""
     while not stop.wait(interval_s):
         try:
             _check_once(settings)
-        except RedisConfigError as e:
+        except (RedisConfigError, RedisAuthFailed) as e:
             _say_refused(e)
             _stop_refused(settings)
             return
@@ -86,16 +94,17 @@ def recheck_until_answered(settings: Settings, stop: threading.Event, interval_s
 
 @signals.worker_init.connect(weak=False)
 def _check_redis_at_worker_start(**_kw) -> None:
-    """Refuse to start on an evicting Redis (:func:`check_eviction_policy`). A Redis
-    that does not answer is checked again from a daemon thread
-    (:func:`recheck_until_answered`) and the worker is stopped when the policy evicts."""
+    """Refuse to start on an evicting Redis (:func:`check_eviction_policy`) or refused
+    credentials. A Redis that does not answer is checked again from a daemon thread
+    (:func:`recheck_until_answered`) and the worker is stopped when the policy evicts or
+    the credentials are refused."""
     settings = Settings.from_env()
     timing = lease_renewal_warning(settings)
     if timing is not None:
         log.warning("gpu-worker: %s", timing)
     try:
         _check_once(settings)
-    except RedisConfigError as e:
+    except (RedisConfigError, RedisAuthFailed) as e:
         _say_refused(e)
         raise SystemExit(EXIT_REFUSED) from e
     except redis.RedisError as e:
