@@ -184,7 +184,7 @@ class _BatchScan:
                 if not self.runnable(job_id, priority_name, endpoint, helpers):
                     continue
                 deps_of = tuple(json.loads(deps_json)) if deps_json else ()
-                if deps_of and not all(self.r.hget(self.keys.job(dep), "state") == "completed" for dep in deps_of):
+                if deps_of and not all(dep_state == "completed" for dep_state in self.dep_states(deps_of)):
                     self.out.awaited.update(deps_of)
                     for dep in deps_of:
                         if dep not in seen and dep not in have:
@@ -281,8 +281,15 @@ class _BatchScan:
         self.removed += removed
         return False
 
+    def dep_states(self, deps: tuple[str, ...]) -> list[str | None]:
+        """The state of each job of ``deps`` (None: no record), in one round trip."""
+        pipe = self.r.pipeline(transaction=False)
+        for dep in deps:
+            pipe.hget(self.keys.job(dep), "state")
+        return pipe.execute()
+
     def deps_ready(self, job_id: str, deps: tuple[str, ...]) -> bool:
-        states = [self.r.hget(self.keys.job(dep), "state") for dep in deps]
+        states = self.dep_states(deps)
         if all(dep_state == "completed" for dep_state in states):
             return True
         bad = [dep for dep, dep_state in zip(deps, states)
