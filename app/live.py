@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,6 +23,10 @@ from makespan.errors import MakespanError
 from makespan.keys import Keys
 from makespan.models import FleetSpec
 from makespan.settings import Settings
+
+
+SYSTEM_ID_ENV = "MAKESPAN_LIVE_SYSTEM_ID"
+"""The environment variable that marks the processes of one :class:`LiveSystem`."""
 
 
 @dataclass
@@ -64,9 +69,12 @@ class LiveSystem:
     metrics_ports: dict[str, int] = field(default_factory=dict)
     extra_env: dict[str, str] = field(default_factory=dict)
     procs: list[Proc] = field(default_factory=list)
+    # marks every process this system starts, and what they start in turn (endpoint servers and
+    # their children inherit it): stop() kills what is left of them (:meth:`kill_leftovers`)
+    system_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     def _env(self) -> dict[str, str]:
-        env = {**os.environ, **self.settings.to_env(), **self.extra_env}
+        env = {**os.environ, **self.settings.to_env(), **self.extra_env, SYSTEM_ID_ENV: self.system_id}
         env.setdefault("PYTHONUNBUFFERED", "1")
         env.setdefault("MAKESPAN_LOG_LEVEL", "WARNING")
         return env
@@ -184,6 +192,30 @@ class LiveSystem:
                     pass
                 p.popen.wait()
         self.stop_instances()
+        self.kill_leftovers()
+
+    def kill_leftovers(self) -> list[int]:
+        """SIGKILL every process still running with this system's mark in its environment
+        (:data:`SYSTEM_ID_ENV`): what outlived the stops above, such as the child of an
+        endpoint server that ignores SIGTERM when the GPU worker that was stopping it (it had
+        already forgotten the instance) was killed before its SIGKILL. Linux ``/proc`` only
+        (elsewhere nothing is done). Returns the pids it killed."""
+        proc = Path("/proc")
+        if not proc.is_dir():
+            return []
+        mark = f"{SYSTEM_ID_ENV}={self.system_id}".encode()
+        killed = []
+        for entry in proc.iterdir():
+            if not entry.name.isdigit() or int(entry.name) == os.getpid():
+                continue
+            try:
+                if mark not in (entry / "environ").read_bytes().split(b"\0"):
+                    continue
+                os.kill(int(entry.name), signal.SIGKILL)
+                killed.append(int(entry.name))
+            except (OSError, ProcessLookupError):
+                continue
+        return killed
 
     def stop_instances(self) -> int:
         """Stop the endpoint processes the GPU workers started (they run in their own
