@@ -29,6 +29,11 @@ class _Clock:
         return self.now_s
 
 
+# the planner runs on a private Redis: its phase chains must not go to the Celery app of the
+# environment's Redis and key prefix (makespan.workers.tasks), where nothing consumes them
+_NO_DISPATCH = lambda ctx, queue: None  # noqa: E731
+
+
 def test_one_line_per_interval_and_one_when_it_ends(caplog):
     clock = _Clock()
     outage = OutageLog(logging.getLogger("test.outage"), "loop", every_s=30.0, clock=clock)
@@ -62,7 +67,7 @@ def test_a_standby_planner_logs_an_outage_once(monkeypatch, caplog):
 
     monkeypatch.setattr(planner_worker, "OutageLog", Counted)
     url = f"redis://127.0.0.1:{free_port()}/0"
-    w = PlannerWorker(connect(url), Settings(redis_url=url, key_prefix="mst-outage-log"), load_fleet(FLEET_TOML))
+    w = PlannerWorker(connect(url), Settings(redis_url=url, key_prefix="mst-outage-log"), load_fleet(FLEET_TOML), dispatch=_NO_DISPATCH)
     thread = threading.Thread(target=w.run, daemon=True)
     with caplog.at_level(logging.WARNING, logger="makespan.planner"):
         thread.start()
