@@ -37,7 +37,7 @@ from makespan.models import load_fleet
 from makespan.redis_conn import EXIT_REFUSED, connect, free_port, start_embedded
 from makespan.workers.planner_worker import PlannerWorker
 from tests.conftest import FLEET_TOML
-from tests.faults.private_redis import ONE_HOST, fault_settings, write_fleet
+from tests.faults.private_redis import ONE_HOST, fault_settings, no_dispatch, write_fleet
 from tests.live import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,9 +45,6 @@ EXIT_TIMEOUT_S = 90  # a refusing process ends long before this; it only stops a
 DATA_PASSWORD, SENTINEL_PASSWORD = "data-pw-r7", "sentinel-pw-r7"
 PREFIX = "auth-refused"
 REPR = "<redis."  # the start of redis-py's client repr
-# the planner runs on a private Redis: its phase chains must not go to the Celery app of the
-# environment's Redis and key prefix (makespan.workers.tasks), where nothing consumes them
-_NO_DISPATCH = lambda ctx, queue: None  # noqa: E731
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +123,7 @@ def test_a_planner_whose_password_is_rotated_while_it_runs_logs_it_and_recovers(
     emb, url = password_redis
     admin = connect(url)
     settings = fault_settings(url, f"{PREFIX}-rotate")
-    w = PlannerWorker(connect(url, settings=settings), settings, load_fleet(FLEET_TOML), dispatch=_NO_DISPATCH)
+    w = PlannerWorker(connect(url, settings=settings), settings, load_fleet(FLEET_TOML), dispatch=no_dispatch)
     raised: list[BaseException] = []
 
     def body():
@@ -197,7 +194,7 @@ def test_a_planner_standing_by_on_an_unreachable_sentinel_logs_no_repr(caplog):
     """An outage (nothing listens) is ridden out as before, in lines without a repr."""
     url = f"redis+sentinel://:{DATA_PASSWORD}@127.0.0.1:{free_port()}/numaster/0"
     settings = fault_settings(url, PREFIX)
-    w = PlannerWorker(connect(url, settings=settings), settings, load_fleet(FLEET_TOML), dispatch=_NO_DISPATCH)
+    w = PlannerWorker(connect(url, settings=settings), settings, load_fleet(FLEET_TOML), dispatch=no_dispatch)
     t = threading.Thread(target=w.run, daemon=True)
     with caplog.at_level(logging.WARNING, logger="makespan"):
         t.start()

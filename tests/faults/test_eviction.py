@@ -31,14 +31,10 @@ from makespan.workers.leases import LeaseStore
 from makespan.workers.planner_worker import PlannerWorker
 
 from tests.conftest import FLEET_TOML
+from tests.faults.private_redis import no_dispatch
 
 ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 60  # a refusing process ends long before this; it only stops a hang
-
-
-# the planner runs on a private Redis: its phase chains must not go to the Celery app of the
-# environment's Redis and key prefix (makespan.workers.tasks), where nothing consumes them
-_NO_DISPATCH = lambda ctx, queue: None  # noqa: E731
 
 
 def test_a_lost_gpu_key_does_not_free_a_leased_gpu(r, keys):
@@ -115,7 +111,7 @@ def _host() -> str:
 
 def test_planner_refuses_an_evicting_redis(evicting_redis):
     w = PlannerWorker(connect(evicting_redis), Settings(redis_url=evicting_redis, key_prefix="mst-evict"),
-                      load_fleet(FLEET_TOML), dispatch=_NO_DISPATCH)
+                      load_fleet(FLEET_TOML), dispatch=no_dispatch)
     raised: list[BaseException] = []
 
     def body():

@@ -18,7 +18,7 @@ from makespan.workers import planner_worker
 from makespan.workers.planner_worker import PlannerWorker
 from tests.conftest import FLEET_TOML
 from tests.live import wait_for
-
+from tests.faults.private_redis import no_dispatch
 
 
 class _Clock:
@@ -27,11 +27,6 @@ class _Clock:
 
     def __call__(self) -> float:
         return self.now_s
-
-
-# the planner runs on a private Redis: its phase chains must not go to the Celery app of the
-# environment's Redis and key prefix (makespan.workers.tasks), where nothing consumes them
-_NO_DISPATCH = lambda ctx, queue: None  # noqa: E731
 
 
 def test_one_line_per_interval_and_one_when_it_ends(caplog):
@@ -67,7 +62,7 @@ def test_a_standby_planner_logs_an_outage_once(monkeypatch, caplog):
 
     monkeypatch.setattr(planner_worker, "OutageLog", Counted)
     url = f"redis://127.0.0.1:{free_port()}/0"
-    w = PlannerWorker(connect(url), Settings(redis_url=url, key_prefix="mst-outage-log"), load_fleet(FLEET_TOML), dispatch=_NO_DISPATCH)
+    w = PlannerWorker(connect(url), Settings(redis_url=url, key_prefix="mst-outage-log"), load_fleet(FLEET_TOML), dispatch=no_dispatch)
     thread = threading.Thread(target=w.run, daemon=True)
     with caplog.at_level(logging.WARNING, logger="makespan.planner"):
         thread.start()
