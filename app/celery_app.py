@@ -3,6 +3,11 @@
 Celery's keys live under ``{key_prefix}:celery:`` (kombu ``global_keyprefix``), so
 several makespan deployments (or tests) share one Redis without seeing each other.
 Each GPU host has its own queue ``gpu.{host}``; its worker consumes only that queue.
+
+A GPU worker process serves the app :mod:`makespan.workers.tasks` builds from its
+environment (``Settings.from_env()``); the planner publishes through an app of its own
+settings (:func:`makespan.workers.publish.publisher`), so an in-process planner built for
+another Redis or key prefix never writes to the environment's.
 """
 
 from __future__ import annotations

@@ -78,7 +78,8 @@ class PlannerWorker:
         settings: the planner's settings.
         fleet: the fleet file.
         dispatch: sends a phase chain to a host queue (tests capture it); default
-            :func:`makespan.workers.tasks.dispatch`.
+            :func:`makespan.workers.publish.dispatch` through the Celery app of ``settings``
+            (``TickEnv.celery``: their Redis and key prefix, not the environment's).
         name: this planner's name in events and logs (default ``planner-{pid}-{hex}``).
         clock: the planner's clock (:class:`makespan.workers.tick.clock.Clock`; tests pass a
             ``ManualClock``); default :class:`~makespan.workers.tick.clock.SystemClock`.

@@ -10,7 +10,8 @@ own atomic script, the job acknowledged in the same step), or one ``allocate_gpu
 per lease when tracing is on (:func:`start_job`, also the preemption path's way to start
 one job). For every lease published, ``_after_lease`` records the wait metric (a job's first lease) and sends
 the job's phase chain to its host's queue (:func:`send`: the injected ``dispatch`` or
-:func:`makespan.workers.tasks.dispatch`). A send that fails is logged, not raised: the
+:func:`makespan.workers.publish.dispatch` through the Celery app of the planner's own
+settings, ``TickEnv.celery``). A send that fails is logged, not raised: the
 lease is never renewed, so it expires and the reaper requeues the job.
 """
 
@@ -149,16 +150,16 @@ def planned_sleep_levels(ctx: TickContext, job_id: str) -> dict[str, int] | None
 @contextmanager
 def publishing(env: TickEnv) -> Iterator[Any]:
     """A producer for :func:`send` whose messages reach the broker in one write when the
-    block ends (:func:`makespan.workers.tasks.publish_batch`): a tick's phase chains cost
-    one round trip, not one per message. None with an injected ``dispatch`` (tests). A
+    block ends (:func:`makespan.workers.publish.publish_batch` of ``env.celery``): a tick's
+    phase chains cost one round trip, not one per message. None with an injected ``dispatch`` (tests). A
     write that fails is logged, not raised: as with :func:`send`, those leases are never
     renewed, so they expire and the reaper requeues their jobs."""
     if env.dispatch is not None:
         yield None
         return
-    from makespan.workers.tasks import publish_batch
+    from makespan.workers.publish import publish_batch
 
-    batch = publish_batch()
+    batch = publish_batch(env.celery)
     try:
         producer = batch.__enter__()
     except Exception as e:  # noqa: BLE001 - no producer: each send takes one from the pool
@@ -178,16 +179,17 @@ def publishing(env: TickEnv) -> Iterator[Any]:
 
 def send(env: TickEnv, phase_ctx: PhaseContext, host: str, warm: bool = False, producer: Any = None) -> None:
     """Send the phase chain ``phase_ctx`` to ``host``'s queue (``producer``: a batch's from
-    :func:`publishing`, or None). A publish that fails (broker connection lost mid-send;
+    :func:`publishing`, or None), through ``env.celery`` (the planner's own Redis and key
+    prefix) unless a ``dispatch`` is injected. A publish that fails (broker connection lost mid-send;
     kombu may raise more than redis errors then) must not kill the planner: the lease is
     never renewed, so it expires and the reaper requeues the job."""
     try:
         if env.dispatch is not None:
             env.dispatch(phase_ctx, env.keys.host_queue(host))
         else:
-            from makespan.workers.tasks import dispatch
+            from makespan.workers.publish import dispatch
 
-            dispatch(phase_ctx, env.keys.host_queue(host), warm, producer)
+            dispatch(env.celery, phase_ctx, env.keys.host_queue(host), warm, producer)
     except Exception as e:  # noqa: BLE001 - recovered through lease expiry, see above
         log.error("dispatch of lease %s (job %s) failed: %r; it will expire and be reclaimed",
                   phase_ctx.lease_id, phase_ctx.job_id or phase_ctx.kind, e)

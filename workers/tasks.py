@@ -1,6 +1,10 @@
 """Celery phase tasks. One task per phase so Flower and traces show each phase; a
 job's phases travel as a chain on its host's queue ``gpu.{host}``.
 
+The app here (``celery``) is the GPU worker's, built from the environment
+(``Settings.from_env()``); producers publish through the app of their own settings instead
+(:mod:`makespan.workers.publish`, which names these tasks).
+
 Start a GPU worker with ``makespan gpu-worker --fleet FLEET --host HOST``.
 """
 
@@ -9,12 +13,9 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from functools import lru_cache
-from typing import Any
 
-from celery import chain, signals
+from celery import signals
 
 from makespan import telemetry
 from makespan.celery_app import create_celery
@@ -24,7 +25,8 @@ from makespan.redis_conn import connect
 from makespan.settings import Settings
 from makespan.errors import StoreError
 from makespan.registry import LIVE_TTL_S, REGISTRY, holder_id, load_modules, publish, withdraw
-from makespan.workers.phases import JOB_PHASES, RESTORE_PHASES, STOPS_CHAIN, PhaseContext, PhaseRunner
+from makespan.workers.phases import STOPS_CHAIN, PhaseContext, PhaseRunner
+from makespan.workers.publish import PHASE_TASK_NAMES, PHASES, WARM_JOB_TASK
 
 log = logging.getLogger("makespan.tasks")
 
@@ -66,7 +68,7 @@ def _reset_after_fork(**_kw) -> None:
 
 
 def _make_phase_task(phase: str):
-    @celery.task(name=f"makespan.{phase}", bind=True, acks_late=True, ignore_result=True)
+    @celery.task(name=PHASE_TASK_NAMES[phase], bind=True, acks_late=True, ignore_result=True)
     def _task(self, ctx: dict) -> str:
         c = PhaseContext.from_dict(ctx)
         out = runner().run(c, phase)
@@ -77,10 +79,10 @@ def _make_phase_task(phase: str):
     return _task
 
 
-PHASE_TASKS = {p: _make_phase_task(p) for p in ("evict", "start_endpoint", "execute", "clear", "restore")}
+PHASE_TASKS = {p: _make_phase_task(p) for p in PHASES}
 
 
-@celery.task(name="makespan.warm_job", bind=True, acks_late=True, ignore_result=True)
+@celery.task(name=WARM_JOB_TASK, bind=True, acks_late=True, ignore_result=True)
 def warm_job(self, ctx: dict) -> str:
     """Fast path for a warm job: its endpoint instance is already resident on exactly its
     leased GPUs, so evict and start_endpoint have nothing to do. Runs all four phases in
@@ -90,37 +92,6 @@ def warm_job(self, ctx: dict) -> str:
     from makespan.workers.warm import run_warm
 
     return run_warm(runner(), PhaseContext.from_dict(ctx))
-
-
-def dispatch(ctx: PhaseContext, queue: str, warm: bool = False, producer=None) -> None:
-    """Send the phase chain of ``ctx`` to ``queue`` (one ``warm_job`` task for a warm job).
-    ``warm``: the lease script's answer (``Lease.warm``: every GPU held the job's
-    instance when the lease was published); a job sent cold that is in fact warm only
-    records empty evict and start_endpoint phases. ``producer``: a kombu producer to send
-    with (:func:`publish_batch`'s, whose messages go out together); None: one from the pool."""
-    payload = ctx.__dict__.copy()
-    # What Flower and the worker's log show as the task's arguments: the fields that name the
-    # job, not the whole context (Celery's own saferepr of it cost ~0.15 ms per job in the planner).
-    shown = {"argsrepr": repr(({name: payload[name] for name in ARGS_SHOWN},)), "kwargsrepr": "{}"}
-    if ctx.kind == "job" and warm:
-        warm_job.apply_async(args=(payload,), queue=queue, producer=producer, **shown)
-        return
-    phases = JOB_PHASES if ctx.kind == "job" else RESTORE_PHASES
-    chain(*[PHASE_TASKS[p].si(payload).set(queue=queue, **shown) for p in phases]).apply_async(producer=producer)
-
-
-ARGS_SHOWN = ("job_id", "lease_id", "token", "kind", "endpoint", "gpus", "priority")
-"""The phase context's fields a task message's ``argsrepr`` shows (:func:`dispatch`)."""
-
-
-@contextmanager
-def publish_batch() -> Iterator[Any]:
-    """A kombu producer whose publishes (the task messages and their ``task-sent``
-    events) are buffered and written to Redis in one pipeline when the block ends
-    (kombu's ``Producer.batch``). A failed write raises when the block ends and loses the
-    whole batch; each job's lease then expires and is reclaimed, as after a failed send."""
-    with celery.producer_or_acquire() as producer, producer.batch():
-        yield producer
 
 
 class RegistryPublisher:

@@ -128,8 +128,3 @@ def tls_files(d: Path) -> dict[str, str]:
         "server.crt", "-days", "2", "-extfile", "ext.cnf")
     return {k: str(d / f) for k, f in (("ca", "ca.crt"), ("cert", "server.crt"), ("key", "server.key"))}
 
-
-def no_dispatch(ctx, queue) -> None:
-    """A planner's ``dispatch`` for one run on a private Redis: its phase chains must not go
-    to the Celery app of the environment's Redis and key prefix (``makespan.workers.tasks``),
-    where nothing consumes them."""

@@ -37,7 +37,7 @@ from makespan.models import load_fleet
 from makespan.redis_conn import EXIT_REFUSED, connect, free_port, start_embedded
 from makespan.workers.planner_worker import PlannerWorker
 from tests.conftest import FLEET_TOML
-from tests.faults.private_redis import ONE_HOST, fault_settings, no_dispatch, write_fleet
+from tests.faults.private_redis import ONE_HOST, fault_settings, write_fleet
 from tests.live import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -123,7 +123,7 @@ def test_a_planner_whose_password_is_rotated_while_it_runs_logs_it_and_recovers(
     emb, url = password_redis
     admin = connect(url)
     settings = fault_settings(url, f"{PREFIX}-rotate")
-    w = PlannerWorker(connect(url, settings=settings), settings, load_fleet(FLEET_TOML), dispatch=no_dispatch)
+    w = PlannerWorker(connect(url, settings=settings), settings, load_fleet(FLEET_TOML))
     raised: list[BaseException] = []
 
     def body():
@@ -194,7 +194,7 @@ def test_a_planner_standing_by_on_an_unreachable_sentinel_logs_no_repr(caplog):
     """An outage (nothing listens) is ridden out as before, in lines without a repr."""
     url = f"redis+sentinel://:{DATA_PASSWORD}@127.0.0.1:{free_port()}/numaster/0"
     settings = fault_settings(url, PREFIX)
-    w = PlannerWorker(connect(url, settings=settings), settings, load_fleet(FLEET_TOML), dispatch=no_dispatch)
+    w = PlannerWorker(connect(url, settings=settings), settings, load_fleet(FLEET_TOML))
     t = threading.Thread(target=w.run, daemon=True)
     with caplog.at_level(logging.WARNING, logger="makespan"):
         t.start()

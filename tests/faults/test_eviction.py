@@ -31,7 +31,6 @@ from makespan.workers.leases import LeaseStore
 from makespan.workers.planner_worker import PlannerWorker
 
 from tests.conftest import FLEET_TOML
-from tests.faults.private_redis import no_dispatch
 
 ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 60  # a refusing process ends long before this; it only stops a hang
@@ -111,7 +110,7 @@ def _host() -> str:
 
 def test_planner_refuses_an_evicting_redis(evicting_redis):
     w = PlannerWorker(connect(evicting_redis), Settings(redis_url=evicting_redis, key_prefix="mst-evict"),
-                      load_fleet(FLEET_TOML), dispatch=no_dispatch)
+                      load_fleet(FLEET_TOML))
     raised: list[BaseException] = []
 
     def body():

@@ -18,7 +18,6 @@ from makespan.workers import planner_worker
 from makespan.workers.planner_worker import PlannerWorker
 from tests.conftest import FLEET_TOML
 from tests.live import wait_for
-from tests.faults.private_redis import no_dispatch
 
 
 class _Clock:
@@ -62,7 +61,7 @@ def test_a_standby_planner_logs_an_outage_once(monkeypatch, caplog):
 
     monkeypatch.setattr(planner_worker, "OutageLog", Counted)
     url = f"redis://127.0.0.1:{free_port()}/0"
-    w = PlannerWorker(connect(url), Settings(redis_url=url, key_prefix="mst-outage-log"), load_fleet(FLEET_TOML), dispatch=no_dispatch)
+    w = PlannerWorker(connect(url), Settings(redis_url=url, key_prefix="mst-outage-log"), load_fleet(FLEET_TOML))
     thread = threading.Thread(target=w.run, daemon=True)
     with caplog.at_level(logging.WARNING, logger="makespan.planner"):
         thread.start()

@@ -1,6 +1,6 @@
 """The planner's publish path to the GPU workers, on a real Redis: kombu channels of
 :mod:`makespan.broker` reuse one Redis client per connection pool, and a tick's phase
-chains go out in one write (:func:`makespan.workers.tasks.publish_batch`).
+chains go out in one write (:func:`makespan.workers.publish.publish_batch`).
 
 Why (bench/RESULTS.md, "live path throughput"): kombu 5.7 built a new ``redis.Redis`` for
 every publish, ack and event; with the task messages sent one by one that was about a
@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import json
 
-import pytest
 from kombu import Connection
 
 from makespan.broker import broker_url
 from makespan.celery_app import broker_transport_options
 from makespan.keys import Keys
 from makespan.workers.phases import PhaseContext
+from makespan.workers.publish import dispatch, publish_batch, publisher
 
 
 def _channel(settings):
@@ -60,17 +60,14 @@ def _contexts(n: int) -> list[PhaseContext]:
             for i in range(n)]
 
 
-def test_a_publish_batch_writes_every_message_when_the_block_ends(r, redis_url, prefix):
-    from makespan.workers import tasks
-
-    if tasks.settings.redis_url.removesuffix("/0") != redis_url.removesuffix("/0"):
-        pytest.skip("the Celery app of makespan.workers.tasks uses another Redis (MAKESPAN_REDIS_URL)")
+def test_a_publish_batch_writes_every_message_when_the_block_ends(r, settings, prefix):
+    app = publisher(settings)  # the planner's: its settings' Redis and key prefix
     queue = f"{prefix}.gpu.h0"
-    key = Keys(tasks.settings.key_prefix).celery_prefix + queue
+    key = Keys(settings.key_prefix).celery_prefix + queue
     try:
-        with tasks.publish_batch() as producer:
+        with publish_batch(app) as producer:
             for ctx in _contexts(3):
-                tasks.dispatch(ctx, queue, warm=True, producer=producer)
+                dispatch(app, ctx, queue, warm=True, producer=producer)
             assert r.llen(key) == 0  # buffered: nothing written before the block ends
         messages = [json.loads(raw) for raw in r.lrange(key, 0, -1)]
         assert len(messages) == 3
@@ -85,17 +82,14 @@ def test_a_publish_batch_writes_every_message_when_the_block_ends(r, redis_url, 
         r.delete(key)
 
 
-def test_a_publish_batch_sends_cold_chains_too(r, redis_url, prefix):
-    from makespan.workers import tasks
-
-    if tasks.settings.redis_url.removesuffix("/0") != redis_url.removesuffix("/0"):
-        pytest.skip("the Celery app of makespan.workers.tasks uses another Redis (MAKESPAN_REDIS_URL)")
+def test_a_publish_batch_sends_cold_chains_too(r, settings, prefix):
+    app = publisher(settings)  # the planner's: its settings' Redis and key prefix
     queue = f"{prefix}.gpu.h0"
-    key = Keys(tasks.settings.key_prefix).celery_prefix + queue
+    key = Keys(settings.key_prefix).celery_prefix + queue
     try:
-        with tasks.publish_batch() as producer:
+        with publish_batch(app) as producer:
             for ctx in _contexts(2):
-                tasks.dispatch(ctx, queue, warm=False, producer=producer)
+                dispatch(app, ctx, queue, warm=False, producer=producer)
         messages = [json.loads(raw) for raw in r.lrange(key, 0, -1)]
         assert [m["headers"]["task"] for m in messages] == ["makespan.evict", "makespan.evict"]  # chain heads
         assert all(m["headers"]["argsrepr"].startswith("({'job_id': 'job-") for m in messages)

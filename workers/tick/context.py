@@ -13,6 +13,7 @@ seconds (wall seconds ÷ ``time_scale``); :meth:`TickEnv.now_s` is the workload 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING
 from collections.abc import Callable, Mapping
 
@@ -26,6 +27,8 @@ from makespan.workers.tick.claims import JobClaims
 from makespan.workers.tick.clock import Clock
 
 if TYPE_CHECKING:  # pragma: no cover - types only
+    from celery import Celery
+
     from makespan.planner.reservation import Reservation
     from makespan.workers.agenda import AgendaTracker
     from makespan.workers.delayed import DelayedJobs
@@ -93,8 +96,17 @@ class TickEnv:
     gpus: tuple[Gpu, ...]  # fleet order
     set_points: tuple[tuple[str, tuple[str, ...]], ...]  # (endpoint, GPU UUIDs) of each set-point instance
     clock: Clock
-    dispatch: Dispatch | None = None  # None: makespan.workers.tasks.dispatch
+    dispatch: Dispatch | None = None  # None: makespan.workers.publish.dispatch through ``celery``
     whole_fleet: FleetSpec | None = None  # a pool's planner: the whole fleet file (fleet: its pool's part)
+
+    @cached_property
+    def celery(self) -> Celery:
+        """The Celery app this planner publishes its phase chains through: the one of its own
+        ``settings`` (:func:`makespan.workers.publish.publisher`: their Redis and key prefix,
+        never the environment's), looked up on first use, then held (nothing per message)."""
+        from makespan.workers.publish import publisher
+
+        return publisher(self.settings)
 
     def now_s(self) -> float:
         """The workload clock, s: the clock's unix time ÷ ``time_scale``."""
