@@ -3,7 +3,7 @@
 A GPU worker's warm shutdown stops its idle endpoint processes. The endpoint here is a
 real process (:mod:`makespan.workers.endpoint_server`) whose child ignores SIGTERM, so
 the stop waits the process driver's 5 s grace before its SIGKILL; the worker's SIGTERM
-bound (``MAKESPAN_SHUTDOWN_GRACE_S``, 2 s here) ends the worker first, mid-stop. Before,
+bound (``MAKESPAN_SHUTDOWN_GRACE_S``, 4 s here) ends the worker first, mid-stop. Before,
 the worker unregistered the instance before stopping it: cut off, it left the child
 running and recorded nowhere, so nothing would ever stop it (its GPU memory leaked). Now
 the instance stays registered, ``stopping``, owned by the worker that was stopping it,
@@ -31,7 +31,7 @@ from makespan.workers.orphans import sweep
 from tests.live import all_events, wait_for
 
 HOST = "h1"
-SHUTDOWN_GRACE_S = 2.0  # below the process driver's 5 s SIGTERM grace: the watchdog cuts the stop short
+SHUTDOWN_GRACE_S = 4.0  # below the process driver's 5 s SIGTERM grace: the watchdog cuts the stop short
 FLEET = """
 name = "stop-cut-short"
 [[hosts]]
