@@ -21,7 +21,7 @@ from typing import Any
 
 import redis
 
-from makespan import metrics, telemetry
+from makespan import metrics, shutdown, telemetry
 from makespan.errors import PhaseCancelled, PhaseError, StaleFencingToken, StoreError
 from makespan.keys import WAKE_RELEASE, Keys
 from makespan.models import FleetSpec, fleet_version
@@ -901,7 +901,8 @@ class PhaseRunner:
             result, wall_s = run_function(definition, wctx, list(spec.get("args") or ()), dict(spec.get("kwargs") or {}),
                                           r=self.r, keys=self.keys, lease_lost=hb.lost,
                                           grace_s=self.settings.cancel_grace_s,
-                                          result_max_bytes=self.settings.result_max_bytes)
+                                          result_max_bytes=self.settings.result_max_bytes,
+                                          shutting_down=shutdown.SHUTTING_DOWN)
         except PhaseCancelled:
             metrics.workload_run(name, "cancelled")
             raise
