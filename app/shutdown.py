@@ -24,6 +24,11 @@ log = logging.getLogger("makespan.shutdown")
 
 EXIT_SHUTDOWN_TIMEOUT = 1  # exit code of a process whose clean shutdown outlasted its grace period (faulthandler's)
 
+SHUTTING_DOWN = threading.Event()
+"""Set when this process's shutdown begins (:func:`arm`): work that can end early sees it
+(a GPU worker's running workload function gets ``ctx.cancelled``, with ``cancel_reason``
+``worker_shutdown``: :mod:`makespan.workers.functions`) and ends before the watchdog."""
+
 _armed = False
 _lock = threading.Lock()
 
@@ -34,8 +39,9 @@ def arm(grace_s: float, process: str) -> bool:
     finalizes or a C call holds the GIL: after ``grace_s`` seconds (wall clock) it writes
     every thread's traceback to stderr (where the shutdown was stuck) and ends the process
     with :data:`EXIT_SHUTDOWN_TIMEOUT`. Safe to call from a signal handler or a Celery
-    signal. Returns True if this call armed it."""
+    signal. Sets :data:`SHUTTING_DOWN`. Returns True if this call armed it."""
     global _armed
+    SHUTTING_DOWN.set()
     with _lock:
         if _armed:
             return False

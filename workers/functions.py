@@ -1,16 +1,21 @@
 """Running a workload function in the execute phase (:mod:`makespan.registry` defines them).
 
 :func:`run_function` calls ``fn(ctx, *args, **kwargs)`` in a thread of its own while the
-phase's thread watches three things every 50 ms: the lease (the heartbeat keeps renewing
-it; a lost lease stops the call), a cancel requested on the job record, and the
-workload's ``timeout_s``. Any of them sets ``ctx.cancelled``; a function that has not
+phase's thread watches four things every 50 ms: the lease (the heartbeat keeps renewing
+it; a lost lease stops the call), the GPU worker's shutdown (SIGTERM:
+:data:`makespan.shutdown.SHUTTING_DOWN`), a cancel requested on the job record, and the
+workload's ``timeout_s``. Any of them sets ``ctx.cancel_reason`` (:data:`CANCEL_REASONS`)
+and then ``ctx.cancelled``; a function that has not
 returned ``Settings.cancel_grace_s`` later is stopped by :class:`WorkloadStopped`
 raised in its thread (``PyThreadState_SetAsyncExc``: it lands at the next Python
 bytecode, so a call blocked inside C code is stopped once it returns to Python).
 
 Outcomes: the encoded result (:func:`makespan.results.encode_value`), or
 :class:`WorkloadFailed` (an exception, a timeout, a result that is too large or not
-JSON), :class:`makespan.errors.PhaseCancelled` or :class:`makespan.errors.StaleFencingToken`.
+JSON), :class:`makespan.errors.PhaseCancelled` or :class:`makespan.errors.StaleFencingToken`
+(the lease was lost, or the worker shuts down: the run is given up as if its lease were
+lost, whatever the function returned, and the lease's reclaim requeues the job once it
+expires, as after a worker that died).
 The phase runner commits the result, a retry or the failure (workers/phases.py).
 """
 
@@ -38,6 +43,10 @@ from makespan.results import ResultNotJson, ResultTooLarge, encode_value, resolv
 log = logging.getLogger("makespan.functions")
 WATCH_S = 0.05  # how often the phase thread checks lease, cancel and timeout
 PROGRESS_EVERY_S = 0.2  # most one progress write per this many seconds (the last one always)
+CANCEL_REASONS = {"cancel": "cancel_requested", "timeout": "timeout", "lease": "lease_lost",
+                  "shutdown": "worker_shutdown"}
+"""``ctx.cancel_reason`` by what the watcher saw: the job's cancel was requested, the
+workload's ``timeout_s`` passed, the lease was lost, the GPU worker shuts down (SIGTERM)."""
 
 
 class WorkloadStopped(BaseException):
@@ -83,10 +92,14 @@ class WorkloadContext:
             endpoint and its helpers), by endpoint name.
         time_scale: wall seconds per workload second of this worker (1 in production;
             below 1 in demos and tests that compress time).
-        cancelled: set when the job is cancelled, times out or loses its lease: return soon
-            (a :class:`CancelEvent`: ``if ctx.cancelled:`` reads whether it is set); also
-            set once the function has returned or raised, so work it left running in
-            threads of its own (a ``ctx.requests`` fan-out) stops.
+        cancelled: set when the job is cancelled, times out or loses its lease, or the GPU
+            worker shuts down: return soon (a :class:`CancelEvent`: ``if ctx.cancelled:``
+            reads whether it is set); also set once the function has returned or raised,
+            so work it left running in threads of its own (a ``ctx.requests`` fan-out) stops.
+        cancel_reason: why ``cancelled`` was set while the function ran, written before it
+            is set: ``"cancel_requested"``, ``"timeout"``, ``"lease_lost"`` or
+            ``"worker_shutdown"`` (the job is requeued and runs again: save what lets the
+            next attempt resume); None while not cancelled (and after a normal return).
     """
 
     job_id: str
@@ -100,6 +113,7 @@ class WorkloadContext:
     endpoint_urls: dict[str, str]
     time_scale: float = 1.0
     cancelled: threading.Event = field(default_factory=CancelEvent)
+    cancel_reason: str | None = None
     _progress: Callable[[float, float, str | None], None] | None = field(default=None, repr=False)
     _requests: Callable[..., list[Any]] | None = field(default=None, repr=False)
 
@@ -195,11 +209,14 @@ def _cancel_outcome(outcome: dict[str, Any], stop_tried: bool, still_running: bo
 
 def run_function(definition: WorkloadDef, ctx: WorkloadContext, args: list[Any], kwargs: dict[str, Any], *,
                  r: redis.Redis, keys: Keys, lease_lost: threading.Event, grace_s: float,
-                 result_max_bytes: int) -> tuple[str, float]:
+                 result_max_bytes: int, shutting_down: threading.Event | None = None) -> tuple[str, float]:
     """Call the function (see the module doc) and return (result JSON, wall seconds).
+    ``shutting_down``: set when the GPU worker's shutdown begins
+    (:data:`makespan.shutdown.SHUTTING_DOWN`); None: not watched.
 
     Raises:
-        StaleFencingToken: the lease was lost (the job will be reclaimed: not a failure).
+        StaleFencingToken: the lease was lost, or ``shutting_down`` was set while the
+            function ran (the job will be reclaimed and requeued: not a failure).
         PhaseCancelled: a cancel was requested while it ran.
         WorkloadFailed: it raised, timed out, or returned a value that cannot be stored; the
             arguments do not bind to its parameters (``TypeError``, not retryable: every
@@ -238,6 +255,8 @@ def run_function(definition: WorkloadDef, ctx: WorkloadContext, args: list[Any],
         if not why:
             if lease_lost.is_set():
                 why = "lease"
+            elif shutting_down is not None and shutting_down.is_set():
+                why = "shutdown"
             elif definition.timeout_s is not None and now - started > definition.timeout_s:
                 why = "timeout"
             elif now - cancel_checked > 2 * WATCH_S:
@@ -248,6 +267,7 @@ def run_function(definition: WorkloadDef, ctx: WorkloadContext, args: list[Any],
                 except redis.RedisError as e:  # a blip: the function runs on, the heartbeat watches the lease
                     log.warning("job %s: reading its cancel request failed (%r); trying again", ctx.job_id, e)
             if why:
+                ctx.cancel_reason = CANCEL_REASONS[why]
                 ctx.cancelled.set()
                 stop_at = now + grace_s
         elif stop_at is not None and now >= stop_at:
@@ -265,6 +285,11 @@ def run_function(definition: WorkloadDef, ctx: WorkloadContext, args: list[Any],
     ctx.cancelled.set()  # the run is over: a ctx.requests fan-out the function left running in its own threads stops
     if why == "lease" or lease_lost.is_set():
         raise StaleFencingToken("lease lost while the workload function ran")
+    if why == "shutdown":
+        log.warning("job %s: the GPU worker is shutting down: workload %s %s; its result is discarded and its "
+                    "lease left to expire, whose reclaim requeues the job", ctx.job_id, definition.name,
+                    _cancel_outcome(outcome, stop_tried, thread.is_alive(), grace_s))
+        raise StaleFencingToken("the GPU worker is shutting down: the workload function was given up")
     if why == "cancel":
         raise PhaseCancelled(f"cancelled while running (workload {definition.name} "
                              f"{_cancel_outcome(outcome, stop_tried, thread.is_alive(), grace_s)})")

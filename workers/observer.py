@@ -66,7 +66,8 @@ from makespan.store.scripts import script
 from makespan.workers.agenda import AgendaTracker
 from makespan.workers.drivers import capabilities, get_driver
 from makespan.workers.drivers.base import Instance, machine_name
-from makespan.workers.drivers.registry import index_instances, list_instances, register_instance, unregister_instance
+from makespan.workers.drivers.registry import (index_instances, list_instances, register_instance, retire_instance,
+                                               unregister_instance)
 
 log = logging.getLogger(__name__)
 
@@ -150,8 +151,9 @@ class Observer:
                     mode = "transition_overrun"
                 reported.update(e["op_id"] for e in late)
             elif not ok and not positive:
-                if not self.r.sismember(self.keys.instances, inst.id):
-                    continue  # deregistered after the snapshot: stopped on purpose (evict, restore)
+                state, endpoint = self.r.hmget(self.keys.instance(inst.id), "state", "endpoint")
+                if endpoint is None or (state or "running") != "running":
+                    continue  # stopping or deregistered after the snapshot: stopped on purpose (evict, shutdown)
                 gone = self._exited(inst)
                 mode = "process_exited" if gone else "health_check_failed"
             if mode is None:
@@ -286,8 +288,7 @@ class Observer:
 
     def _stop_quietly(self, inst: Instance) -> None:
         try:
-            unregister_instance(self.r, self.keys, inst.id, gpus=inst.gpus)
-            self.driver(inst.driver).stop(inst)
+            retire_instance(self.r, self.keys, inst, self.driver(inst.driver).stop)
         except (MakespanError, redis.RedisError) as e:
             log.warning("stopping %s after a failed recovery: %s", inst.id, e)
 

@@ -7,11 +7,15 @@ was signalled during a start phase, leaves such records behind. As a GPU worker 
 before it consumes, :func:`sweep` looks at every registered process instance of its host
 whose owner is gone (not alive, and not this process):
 
-* its process is dead: the record (and any resident marker naming it on a GPU no lease
-  holds) is forgotten — ``reason`` ``process gone``;
+* nothing of its process group runs (neither its leader nor a child that outlived it):
+  the record (and any resident marker naming it on a GPU no lease holds) is forgotten —
+  ``reason`` ``process gone``;
 * it is still ``starting``: nobody will finish its start (a redelivered start phase finds
   the phase claimed and stops): its process group is stopped and the record forgotten —
   ``reason`` ``starting, its worker is gone``;
+* it is ``stopping``: the worker that was stopping it died mid-stop (e.g. cut off by the
+  SIGTERM bound's watchdog while a child ignored SIGTERM): its process group is stopped and
+  the record forgotten — ``reason`` ``stopping, its worker is gone``;
 * it is ``running`` but neither a live lease holds its GPUs nor a resident marker names it:
   nothing will use or stop it — stopped and forgotten, ``reason`` ``untracked``;
 * it is ``asleep`` (sleep mode, issue 20): kept — the planner counts on waking it, and
@@ -21,7 +25,10 @@ A running instance that a live lease still needs (its job's execute runs on this
 next), or that its GPUs' resident markers name (a warm endpoint the planner plans on), is
 kept. Each instance handled is logged as a warning and recorded as one ``endpoint_orphan``
 event (``instance``, ``endpoint``, ``gpus``, ``host``, ``pid``, ``reason``, ``action``
-``stopped`` or ``forgotten``, ``killed``: pids SIGKILLed after the grace period).
+``stopped``, ``forgotten`` or ``stop_failed``, ``killed``: pids SIGKILLed after the grace
+period). An instance is forgotten only once nothing of its process group runs
+(:func:`makespan.workers.drivers.registry.retire_instance`); one whose stop fails stays
+recorded ``stopping``, owned by this worker (``stop_failed``), for a later stop.
 """
 
 from __future__ import annotations
@@ -38,7 +45,8 @@ from makespan.keys import Keys
 from makespan.driver_registry import DRIVERS
 from makespan.workers.drivers import get_driver, process_alive
 from makespan.workers.drivers.base import Instance
-from makespan.workers.drivers.registry import list_instances, unregister_instance
+from makespan.workers.drivers.pids import group_alive
+from makespan.workers.drivers.registry import list_instances, retire_instance, unregister_instance
 
 log = logging.getLogger("makespan.orphans")
 
@@ -60,10 +68,12 @@ def _verdict(r: redis.Redis, keys: Keys, inst: Instance, state: str) -> str | No
     """Why ``inst`` is an orphan to handle, or None to keep it."""
     if inst.owner_pid and (inst.owner_pid == os.getpid() or process_alive(inst.owner_pid)):
         return None  # its worker runs (this one, or another on this host)
-    if not inst.pid or not process_alive(inst.pid):
+    if not inst.pid or not group_alive(inst.pid):
         return "process gone"
     if state == "starting":
         return "starting, its worker is gone"
+    if state == "stopping":
+        return "stopping, its worker is gone"
     if state == "asleep":
         return None  # a sleeper (sleep mode) is woken over HTTP by whichever worker needs it
     leased = any(r.mget([keys.gpu(g) for g in inst.gpus]))
@@ -89,14 +99,16 @@ def sweep(r: redis.Redis, keys: Keys, host: str) -> list[dict[str, Any]]:
             continue
         killed: list[int] = []
         action = "forgotten"
-        if reason != "process gone":
+        if reason == "process gone":
+            unregister_instance(r, keys, inst.id, gpus=inst.gpus)
+        else:
             try:
-                report = get_driver(inst.driver).stop(inst)
+                report = retire_instance(r, keys, inst, get_driver(inst.driver).stop)
                 killed = [pid for pid, _cmd in getattr(report, "killed", ())]
-                action = "stopped"
-            except MakespanError as e:
+                action = "stop_failed" if report is not None and report.left else "stopped"
+            except MakespanError as e:  # kept as stopping, this worker its owner: a later stop finishes it
                 log.warning("orphan %s of %s: stop failed: %s", inst.id, inst.endpoint, e)
-        unregister_instance(r, keys, inst.id, gpus=inst.gpus)
+                action = "stop_failed"
         want = _resident_value(inst)
         for g in inst.gpus:  # a marker on a leased GPU is its holder's to change
             if r.get(keys.resident(g)) == want and not r.exists(keys.gpu(g)):

@@ -21,7 +21,7 @@ from typing import Any
 
 import redis
 
-from makespan import metrics, telemetry
+from makespan import metrics, shutdown, telemetry
 from makespan.errors import PhaseCancelled, PhaseError, StaleFencingToken, StoreError
 from makespan.keys import WAKE_RELEASE, Keys
 from makespan.models import FleetSpec, fleet_version
@@ -31,7 +31,7 @@ from makespan.planner.helpers import stacked_mib
 from makespan.planner.sleepers import may_sleep, sleepers_kept
 from makespan.workers.drivers.base import EndpointDriver, Instance
 from makespan.workers.drivers.registry import (instances_on, list_sleepers, register_instance,
-                                               set_instance_state, sleepers_on, unregister_instance)
+                                               retire_instance, set_instance_state, sleepers_on)
 from makespan.estimates import (prior_s, read_transition_windows, record_ops,
                                  transition_estimate, transition_record_ops, wake_kind)
 from makespan.registry import REGISTRY
@@ -669,7 +669,7 @@ class PhaseRunner:
             wake = wake_kind(ep, exact_level)
             planned = self._planned_s(endpoint, wake, ctx.host)
             with self._transition("wake", ctx, [endpoint], planned):
-                for old in self._instances_on(ctx.gpus):  # leftovers of a reclaimed lease
+                for old in self._leftovers_on(ctx.gpus):  # leftovers of a reclaimed lease
                     self._stop_instance(old)
                 self._stop_unfitting_sleepers(ctx, endpoint, extra)
                 t0 = time.monotonic()
@@ -688,7 +688,7 @@ class PhaseRunner:
             kind = "restore" if restore else "cold_start"
             planned = self._planned_s(endpoint, kind, ctx.host)
             with self._transition("start", ctx, [endpoint], planned):
-                for old in [*self._instances_on(ctx.gpus), *(i for i in sleepers if i is not exact)]:
+                for old in [*self._leftovers_on(ctx.gpus), *(i for i in sleepers if i is not exact)]:
                     self._stop_instance(old)  # leftovers of a reclaimed lease; a sleeper cut in two
                 self._stop_unfitting_sleepers(ctx, endpoint, extra)
                 t0 = time.monotonic()
@@ -738,16 +738,24 @@ class PhaseRunner:
             raise
 
     def _stop_instance(self, inst: Instance, wait: Callable[[float], None] = no_wait) -> None:
-        """Unregister ``inst``, then stop it (its modelled waits spent by ``wait``)."""
-        unregister_instance(self.r, self.keys, inst.id, gpus=inst.gpus)
+        """Stop ``inst`` (its modelled waits spent by ``wait``) and forget it once nothing
+        of it runs (:func:`makespan.workers.drivers.registry.retire_instance`: ``stopping``
+        meanwhile, so the observer sees no failure; a stop that fails or is cut short
+        leaves it recorded ``stopping`` for a later stop to finish)."""
         try:
             with telemetry.child_span("endpoint_stop", {"endpoint": inst.endpoint, "instance": inst.id}):
-                self._driver(inst.driver, wait).stop(inst)
-        except PhaseError as e:  # already gone: nothing to stop
-            log.warning("stopping %s: %s", inst.endpoint, e)
+                retire_instance(self.r, self.keys, inst, self._driver(inst.driver, wait).stop)
+        except PhaseError as e:  # the driver could not stop it: recorded as stopping, for a later stop
+            log.warning("stopping %s (instance %s): %s; kept registered as stopping", inst.endpoint, inst.id, e)
 
     def _instances_on(self, gpus: list[str]) -> list[Instance]:
-        """Registered instances on any of ``gpus`` that are not asleep (starting, running, waking or failed)."""
+        """Registered instances on any of ``gpus`` that are not asleep nor being stopped
+        (starting, running, waking or failed)."""
+        return [i for i, st in instances_on(self.r, self.keys, gpus, with_state=True) if st not in ("asleep", "stopping")]
+
+    def _leftovers_on(self, gpus: list[str]) -> list[Instance]:
+        """Registered instances on any of ``gpus`` that are not asleep, those whose stop
+        failed or was cut short (``stopping``) included: what a start phase stops."""
         return [i for i, st in instances_on(self.r, self.keys, gpus, with_state=True) if st != "asleep"]
 
     def _sleepers_on(self, gpus: list[str]) -> list[Instance]:
@@ -803,7 +811,7 @@ class PhaseRunner:
                 raise StaleFencingToken("lease lost before the helpers were recorded")
         except Exception:  # noqa: BLE001 - stops what it started, then re-raises whatever it was
             ids = set(started)
-            for inst in [i for i in self._instances_on(list(ctx.gpus)) if i.id in ids]:
+            for inst in [i for i in self._leftovers_on(list(ctx.gpus)) if i.id in ids]:
                 self._stop_instance(inst)
             raise
         extra["helpers"] = list(helpers)
@@ -893,7 +901,8 @@ class PhaseRunner:
             result, wall_s = run_function(definition, wctx, list(spec.get("args") or ()), dict(spec.get("kwargs") or {}),
                                           r=self.r, keys=self.keys, lease_lost=hb.lost,
                                           grace_s=self.settings.cancel_grace_s,
-                                          result_max_bytes=self.settings.result_max_bytes)
+                                          result_max_bytes=self.settings.result_max_bytes,
+                                          shutting_down=shutdown.SHUTTING_DOWN)
         except PhaseCancelled:
             metrics.workload_run(name, "cancelled")
             raise
@@ -1000,7 +1009,7 @@ class PhaseRunner:
         ids = set(json.loads(raw)) if raw else set()
         if not ids:
             return 0.0
-        helpers = [i for i in self._instances_on(ctx.gpus) if i.id in ids]
+        helpers = [i for i in self._leftovers_on(ctx.gpus) if i.id in ids]
         evict_s = max((self.fleet.endpoints[i.endpoint].evict_s for i in helpers), default=0.0)
         with self._transition("clear", ctx, sorted({i.endpoint for i in helpers}), evict_s):
             modelled = DeferredWaits()  # the helpers' modelled stops run as one: the longest
@@ -1032,7 +1041,7 @@ class PhaseRunner:
         try:
             raw = self.r.hget(self.keys.phase(ctx.lease_id), "helpers")
             ids = set(json.loads(raw)) if raw else set()
-            for inst in [i for i in self._instances_on(ctx.gpus) if i.id in ids]:
+            for inst in [i for i in self._leftovers_on(ctx.gpus) if i.id in ids]:
                 self._stop_instance(inst)
         except Exception as e:  # noqa: BLE001 - best effort (a Redis error, a driver's own error): never blocks the finish
             log.warning("job %s: helper endpoints not stopped: %s: %s", ctx.job_id, type(e).__name__, e)

@@ -270,13 +270,14 @@ def _sweep_orphans(**_kw) -> None:
 
 def _stop_endpoints(idle_only: bool) -> None:
     """Stop and unregister this host's endpoint processes (``idle_only``: only those on
-    GPUs no live lease holds: a GPU key exists while its lease is live). Best effort:
-    Redis may already be gone."""
+    GPUs no live lease holds: a GPU key exists while its lease is live), each unregistered
+    only once its process group is gone (:func:`makespan.workers.drivers.registry.retire_instance`).
+    Best effort: Redis may already be gone."""
     host = os.environ.get("MAKESPAN_HOST")
     if not host:
         return
     from makespan.workers.drivers import get_driver
-    from makespan.workers.drivers.registry import list_instances, unregister_instance
+    from makespan.workers.drivers.registry import list_instances, retire_instance
     from makespan.workers.orphans import spawns_process
     from makespan.workers.phases import instance_value
 
@@ -288,15 +289,15 @@ def _stop_endpoints(idle_only: bool) -> None:
                 continue
             if idle_only and any(r.mget([keys.gpu(g) for g in inst.gpus])):
                 continue  # a lease holds its GPUs: a job may be using it
-            # forget it first, as an evict does: the health observer must not see a
-            # registered instance die and restart it
-            unregister_instance(r, keys, inst.id, gpus=inst.gpus)
             want = instance_value(inst.endpoint, inst.gpus)
             for g in inst.gpus:
                 if r.get(keys.resident(g)) == want:
                     r.delete(keys.resident(g))
             try:
-                get_driver(inst.driver).stop(inst)
+                # stopping (the health observer must not see it die and restart it), then
+                # forgotten once its process group is gone: cut off mid-stop (the SIGTERM
+                # bound's watchdog), it stays recorded for the next worker's orphan sweep
+                retire_instance(r, keys, inst, get_driver(inst.driver).stop)
                 if inst.pid:
                     os.waitpid(inst.pid, os.WNOHANG)  # reap it if it was our child (no zombie)
             except ChildProcessError:

@@ -53,6 +53,21 @@ def loop_until_cancelled(ctx):
     return "stopped"
 
 
+@makespan.workload(endpoint="sim", name="loop_until_told_why")
+def loop_until_told_why(ctx):
+    """Loops until ``ctx.cancelled`` and writes ``ctx.cancel_reason`` to
+    ``{job_id}.cancel_reason`` (a second attempt returns at once, saying so)."""
+    if ctx.attempt > 1:
+        return {"resumed_at_attempt": ctx.attempt}
+    _mark(ctx, "started")
+    end = time.monotonic() + 120
+    while not ctx.cancelled and time.monotonic() < end:
+        time.sleep(0.01)
+    with open(os.path.join(MARK_DIR, f"{ctx.job_id}.cancel_reason"), "a") as f:
+        f.write(f"{getattr(ctx, 'cancel_reason', None)}\n")
+    return {"stopped_at_attempt": ctx.attempt}
+
+
 @makespan.workload(endpoint="sim", name="ignore_cancel")
 def ignore_cancel(ctx):
     _mark(ctx, "started")

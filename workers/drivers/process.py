@@ -47,7 +47,7 @@ from makespan.models import EndpointSpec
 from makespan.redis_conn import free_port
 from makespan.workers.drivers.base import (DriverCapabilities, DriverContext, Instance, NoLaunchOptions, StopReport,
                                           machine_name)
-from makespan.workers.drivers.pids import process_alive
+from makespan.workers.drivers.pids import group_members, process_alive
 
 log = logging.getLogger(__name__)
 
@@ -67,31 +67,6 @@ def default_log_dir() -> Path:
 
 
 pid_alive = _alive = process_alive  # earlier names of process_alive, kept for existing callers
-
-
-def group_members(leader_pid: int) -> list[int]:
-    """Live (not zombie) processes whose process group or session is ``leader_pid``'s
-    (an endpoint is started as the leader of its own session), read from ``/proc``;
-    sorted pids, the leader included while it runs. Empty where ``/proc`` is absent."""
-    out = []
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return out
-    for name in entries:
-        if not name.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{name}/stat").read_text()
-        except OSError:
-            continue  # ended meanwhile
-        rest = stat.rsplit(")", 1)[-1].split()
-        if len(rest) < 4 or rest[0] == "Z":
-            continue
-        pgrp, session = int(rest[2]), int(rest[3])
-        if leader_pid in (pgrp, session):
-            out.append(int(name))
-    return sorted(out)
 
 
 def _cmdline(pid: int) -> str:

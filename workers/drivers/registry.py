@@ -9,9 +9,11 @@ hash, rebuilt by :func:`reindex_instances` when a GPU worker starts). The GPU wo
 process is spawned, as ``starting`` (so no stop, kill or crash of the worker can leave an
 untracked process on a GPU), as ``running`` once its health check passes, as ``asleep``
 while it sleeps (sleep mode: registered, not serving, not probed, not in
-``P:resident:{uuid}``; ``sleep_level`` says how), and unregisters it before (or right
-after) it stops it inside a POSITIVE agenda entry; the observer probes only ``running``
-ones and replaces a failed one.
+``P:resident:{uuid}``; ``sleep_level`` says how), and retires it (:func:`retire_instance`):
+``stopping`` while its processes are stopped, unregistered only once none is left, so an
+instance whose stop fails or is cut short (its GPU worker killed mid-stop) stays recorded
+for the next start phase on its GPUs or the orphan sweep (:mod:`makespan.workers.orphans`)
+to finish; the observer probes only ``running`` ones and replaces a failed one.
 Every write accepts an optional pipeline, so a phase change and its bookkeeping can
 commit together.
 """
@@ -19,7 +21,8 @@ commit together.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import os
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis
@@ -27,12 +30,14 @@ import redis
 from makespan.errors import StoreError, ValidationError
 from makespan.keys import Keys
 from makespan.store.scripts import script as store_script
-from makespan.workers.drivers.base import Instance
+from makespan.workers.drivers.base import Instance, StopReport
 
 
 # waking: a GPU worker wakes it for a lease (a start phase); another lease's start treats it
-# as a leftover (stops it), not as a sleeper to keep
-INSTANCE_STATES = ("starting", "running", "asleep", "waking", "failed")
+# as a leftover (stops it), not as a sleeper to keep. stopping: its processes are being
+# stopped (retire_instance); a stop that failed or was cut short leaves it so, for a later
+# stop to finish (a start phase's leftovers, the orphan sweep)
+INSTANCE_STATES = ("starting", "running", "asleep", "waking", "failed", "stopping")
 
 
 def _encode(instance: Instance, state: str) -> dict[str, str]:
@@ -63,7 +68,7 @@ def register_instance(r: redis.Redis, keys: Keys, instance: Instance, state: str
 
 def set_instance_state(r: redis.Redis, keys: Keys, instance_id: str, state: str, pipe: Any = None,
                        **fields: Any) -> None:
-    """Set a registered instance's ``state`` (``running``, ``asleep`` or ``failed``) and
+    """Set a registered instance's ``state`` (one of :data:`INSTANCE_STATES`) and
     ``fields`` (e.g. ``sleep_level``); nothing when the instance is not registered.
 
     Raises:
@@ -80,6 +85,29 @@ def set_instance_state(r: redis.Redis, keys: Keys, instance_id: str, state: str,
         script(keys=[keys.instance(instance_id)], args=args)
     except redis.RedisError as e:
         raise StoreError(f"set state of instance {instance_id}: {e}") from e
+
+
+def retire_instance(r: redis.Redis, keys: Keys, instance: Instance,
+                    stop: Callable[[Instance], StopReport | None]) -> StopReport | None:
+    """Stop ``instance`` with ``stop`` (its driver's ``stop``) and forget it only once
+    nothing of it runs: it is first marked ``stopping`` with this process as its
+    ``owner_pid`` (the observer probes only ``running`` ones, so the stop is no failure to
+    it; if this process dies mid-stop, the orphan sweep of the host's next GPU worker sees
+    its owner gone and finishes the stop), then stopped, then unregistered when ``stop``
+    returned and its report left no process alive (:attr:`StopReport.left` empty). A
+    ``stop`` that raises, or leaves a process, keeps the record ``stopping``: the next start
+    phase on its GPUs stops it again as a leftover, the sweep when its owner is gone.
+    Returns ``stop``'s report.
+
+    Raises:
+        whatever ``stop`` raises (the record kept ``stopping``). StoreError: Redis failed
+            (before the stop: nothing stopped; after it: the record kept ``stopping``)."""
+    set_instance_state(r, keys, instance.id, "stopping", owner_pid=os.getpid())
+    report = stop(instance)
+    if report is not None and report.left:
+        return report  # a process outlived SIGKILL (uninterruptible sleep): kept for a later stop
+    unregister_instance(r, keys, instance.id, gpus=instance.gpus)
+    return report
 
 
 def unregister_instance(r: redis.Redis, keys: Keys, instance_id: str, pipe: Any = None,

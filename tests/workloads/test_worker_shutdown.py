@@ -1,0 +1,77 @@
+"""A GPU worker's warm shutdown (SIGTERM) tells a running workload function to stop.
+
+The function loops until ``ctx.cancelled``. Before, nothing set it on shutdown: the
+worker's warm shutdown waited for the function until its SIGTERM bound's watchdog ended
+the process (exit code 1), the function never told. Now the shutdown sets
+``ctx.cancel_reason = "worker_shutdown"`` and ``ctx.cancelled``, the function returns, the
+worker ends cleanly (exit code 0), and the job is not lost: its run is given up as a lost
+lease's is, the lease's reclaim requeues it (one attempt counted), and the next worker
+runs it to the end.
+
+Real planner and GPU worker processes loading ``tests.workloads.fns``, real Redis.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from dataclasses import replace
+
+import makespan
+from makespan.live import LiveSystem
+from makespan.models import load_fleet
+from tests.live import all_events, wait_for
+
+HOST = "h1"
+SHUTDOWN_GRACE_S = 20.0  # the watchdog's bound: a function not told to stop is cut off only then
+FLEET = """
+name = "worker-shutdown"
+[[hosts]]
+name = "h1"
+gpu_count = 1
+memory_mib = 40000
+[endpoints.sim]
+model = "sim/model"
+memory_mib_per_gpu = 20000
+cold_start_s = 10
+evict_s = 1
+"""
+
+
+def test_a_running_function_sees_the_worker_shutdown_and_its_job_is_requeued(r, keys, settings, tmp_path):
+    path = tmp_path / "fleet.toml"
+    path.write_text(FLEET)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    s = replace(settings, workload_modules="tests.workloads.fns", shutdown_grace_s=SHUTDOWN_GRACE_S)
+    system = LiveSystem(path, load_fleet(path), s, tmp_path / "logs", observer=False,
+                        extra_env={"MAKESPAN_TEST_MARK_DIR": str(marks)})
+    client = makespan.connect(s.redis_url, key_prefix=s.key_prefix)
+    try:
+        system.start()
+        wait_for(lambda: r.exists(keys.fn_live("loop_until_told_why")), 30, "the worker to publish its functions")
+        job = client.submit("loop_until_told_why")
+        wait_for(lambda: (marks / f"{job.id}.started").exists(), 60, "the function to start")
+        (worker,) = [p for p in system.procs if p.name == f"gpu-{HOST}-0"]
+
+        os.killpg(worker.popen.pid, signal.SIGTERM)
+        code = worker.popen.wait(timeout=SHUTDOWN_GRACE_S + 60)
+        reason_file = marks / f"{job.id}.cancel_reason"
+        told = reason_file.read_text().split() if reason_file.exists() else []
+        assert told == ["worker_shutdown"], f"the function was not told why it was to stop: {told}"
+        assert code == 0, f"the worker's shutdown waited for the function until its watchdog (log: {worker.log_path})"
+
+        # not lost: the run is given up as a lost lease's; the lease's reclaim requeues the job
+        wait_for(lambda: any(e["kind"] == "reclaimed" and e.get("job") == job.id for e in all_events(r, keys)),
+                 60, "the job's lease to be reclaimed")
+        reclaimed = [e for e in all_events(r, keys) if e["kind"] == "reclaimed" and e.get("job") == job.id]
+        assert [e["outcome"] for e in reclaimed] == ["requeued"]
+        assert r.hget(keys.job(job.id), "attempts") == "1"
+        assert not r.exists(keys.result(job.id))  # the given-up run stored nothing
+
+        system.procs.remove(worker)
+        system.start_gpu_worker(HOST, 1)
+        assert job.result(timeout_s=120) == {"resumed_at_attempt": 2}
+    finally:
+        system.stop()
+        client.close()
