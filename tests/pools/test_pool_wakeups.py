@@ -1,12 +1,15 @@
-"""Planner wake-ups with pools (real Redis): whatever queues a job wakes the planner of the
-pool the job is queued in, as a plain submit wakes its pool's (``P:…:planner:wake``; the
-planner then plans at once instead of at its next periodic tick)."""
+"""Planner wake-ups with pools (real Redis): whatever queues a job, or ends the job it waits
+on, wakes the planner of the pool the job is queued in, as a plain submit wakes its pool's
+(``P:…:planner:wake``; the planner then plans at once instead of at its next periodic tick)."""
 
 from __future__ import annotations
 
+import time
+
 from makespan.models import parse_fleet
+from makespan.workers.leases import LeaseStore, finish_job_op
 from makespan.workloads import advance_workloads, submit_workload, workload_status
-from tests.pools.test_pools import FLEET, fleet_data
+from tests.pools.test_pools import FLEET, _planners, fleet_data
 
 TWO_POOL_WORKLOAD = {"name": "w", "retry_budget": 1,
                      "steps": [{"name": "first", "endpoint": "onlya", "service_s": 1},
@@ -43,3 +46,18 @@ def test_a_step_retried_by_another_pools_planner_wakes_the_planner_of_the_steps_
     retry = workload_status(r, keys, wid)["steps"]["first"]["job"]
     assert retry != first and r.zscore(keys.for_pool("a").queue("NORMAL"), retry) is not None
     assert _wakes(r, keys)["a"] == ["1"]
+
+
+def test_a_job_that_ends_wakes_the_planner_of_a_dependants_pool(r, settings, keys):
+    """A pool a job's GPU worker woke only pool a's planner (its GPUs' pool) as the job
+    completed: its dependant queued in pool b waited for pool b's next periodic tick."""
+    workers, prod, sent = _planners(r, settings)
+    dependency = prod.submit({"endpoint": "onlya", "service_s": 5}).id
+    dependant = prod.submit({"endpoint": "onlyb", "service_s": 5, "depends_on": [dependency]}).id
+    workers["a"].tick()
+    ((ctx, _queue),) = sent["a"]
+    for pool in ("a", "b"):
+        r.delete(keys.for_pool(pool).planner_wake)
+    assert LeaseStore(r, keys).fenced(ctx.lease, [finish_job_op(keys, dependency, "completed", time.time(), "")])
+    assert _wakes(r, keys) == {"": [], "a": [], "b": ["1"]}  # the release's own wake-up is its GPU worker's
+    assert r.hget(keys.job(dependant), "state") == "queued"
