@@ -35,8 +35,10 @@ key                                    type    contents
                                                another one says so (makespan.workers.planner_worker)
 ``P:planner:solve_s``                  list    the planner's latest solve times (fleet_view)
 ``P:planner:wake``                     list    wake-ups for the planner (first 16 kept): ``1`` a job
-                                               queued (at the tail), ``release`` a lease gave its
-                                               GPUs back (WAKE_RELEASE, at the head)
+                                               queued (a submit, a workload's step, a requeue, a
+                                               retry, a move from another pool) or a job one of its
+                                               queued jobs waits on ended (at the tail), ``release``
+                                               a lease gave its GPUs back (WAKE_RELEASE, at the head)
 ``P:planner:critical``                 list    ids of CRITICAL jobs just submitted, for the leader's
                                                critical lane (makespan.workers.critical_lane)
 ``P:planner:reasons``                  hash    wait reason code -> queued jobs the planner's last

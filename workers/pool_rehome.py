@@ -14,7 +14,11 @@ where no planner plans it:
 Each planner, as it comes to lead, adds its own pool and the pools of the fleet it replaces
 to ``P:pools:seen`` (:func:`note_pools_seen`); the tick step :class:`RehomeQueued` (at most
 once per :data:`REHOME_EVERY_S` of the planner's clock) moves, with ``reroute.lua`` (fenced
-by the planner's token; a job leased meanwhile stays where it is):
+by the planner's token; a job leased meanwhile stays where it is). Each look reads at most
+``batch_size`` entries of each such queue (pool and level), on from where the last look
+left the entries it could not move (jobs of endpoints its pool does not serve, jobs waiting
+until a pool's leader runs its fleet file), from the head again once a read reaches the end:
+a queue's head never hides the jobs behind it. It moves:
 
 * the jobs queued in a seen pool that the planner's fleet does not declare, each to the pool
   :func:`makespan.pools.route` picks by the planner's whole fleet (or to the planner's own
@@ -162,25 +166,40 @@ class RehomeQueued:
         if not gone and not idle:
             return
         limit = env.settings.batch_size
+        windows = [(pool, level) for pool in [*gone, *idle] for level in Priority]
+        starts = {window: kept.rehome_cursor.get(window, 0) for window in windows}
         pipe = env.r.pipeline(transaction=False)
-        for pool in [*gone, *idle]:
-            for level in Priority:
-                pipe.zrange(env.keys.for_pool(pool).queue(level), 0, limit - 1)
-        queued = iter(pipe.execute())
-        found: list[tuple[str | None, Priority, str]] = []  # (pool, level, job id)
-        for pool in [*gone, *idle]:
-            for level in Priority:
-                found += [(pool or None, level, job) for job in next(queued)]
-        if not found:
-            return
+        for pool, level in windows:
+            start = starts[(pool, level)]
+            pipe.zrange(env.keys.for_pool(pool).queue(level), start, start + limit - 1)
+        read = dict(zip(windows, pipe.execute()))
+        found = [(pool or None, level, job) for pool, level in windows for job in read[(pool, level)]]
+        left = {window: len(read[window]) for window in windows}  # entries of each window still in place
+        if found:
+            self._move_found(ctx, whole, declared, mine, idle, found, left)
+        # the next look reads on past what stays in place (jobs of endpoints this pool does not
+        # serve, jobs waiting until a pool's leader runs this fleet file), from the head again
+        # once a read reached the end of its queue
+        kept.rehome_cursor = {window: starts[window] + left[window] if len(read[window]) == limit else 0
+                              for window in windows}
+
+    @staticmethod
+    def _move_found(ctx: TickContext, whole: FleetSpec, declared: list[str], mine: set[str], idle: list[str],
+                    found: list[tuple[str | None, Priority, str]], left: dict[tuple[str, Priority], int]) -> None:
+        """Move each of ``found`` ((pool, level, job id) read from a queue of a pool gone
+        from the fleet file or of a pool of ``idle``) where it can go; ``left`` counts down
+        the entries taken out of each (pool or '', level) window read."""
+        env = ctx.env
+        own = env.keys.pool
         pipe = env.r.pipeline(transaction=False)
         for _pool, _level, job in found:
             pipe.hmget(env.keys.job(job), "endpoint", "state", "helpers")
         for (pool, level, job), (endpoint, state, helpers) in zip(found, pipe.execute()):
             source = env.keys.for_pool(pool).queue(level)
+            window = (pool or "", level)
             if endpoint is None or state != "queued":
                 if pool not in idle:  # a stale entry no planner's batch will drop (fenced; still not queued)
-                    JobStore(env.r, env.keys).drop_stale(source, job, ctx.token)
+                    left[window] -= JobStore(env.r, env.keys).drop_stale(source, job, ctx.token)
                 continue
             try:
                 names = tuple(json.loads(helpers)) if helpers else ()
@@ -188,8 +207,8 @@ class RehomeQueued:
                 names = ()
             if pool in idle:
                 if endpoint in mine and env.fleet.placement_problem(endpoint, names) is None:
-                    _move(env, ctx.token, job, source, pool, own, level.name,
-                          f"no planner leads pool {pool!r}; pool {own!r} serves endpoint {endpoint!r}")
+                    left[window] -= _move(env, ctx.token, job, source, pool, own, level.name,
+                                          f"no planner leads pool {pool!r}; pool {own!r} serves endpoint {endpoint!r}")
                 continue
             serving = whole.pools_serving(endpoint) if declared else []
             if declared and serving and whole.placement_problem(endpoint, names) is None:
@@ -200,4 +219,4 @@ class RehomeQueued:
                 continue
             why = (f"pool {pool!r} is not in the fleet file any more" if pool else
                    "the fleet file declares pools now: the implicit pool's queues have no planner")
-            _move(env, ctx.token, job, source, pool, to, level.name, why)
+            left[window] -= _move(env, ctx.token, job, source, pool, to, level.name, why)

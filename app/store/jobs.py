@@ -114,14 +114,17 @@ class JobStore:
                         steps: Sequence[tuple[str, dict[str, Any], str]], replicas: int = 0,
                         timeout_ms: int = 0) -> tuple[bool, int]:
         """Write a workload and its steps (``(job id, fields, submitted event JSON)`` each, in
-        topological order). Returns (False when a job id already exists: nothing written,
-        replicas that acknowledged the write). With ``replicas`` > 0, Redis ``WAIT replicas
-        timeout_ms`` on the connection that wrote it (as :meth:`submit_replicated`); else 0."""
+        topological order; a step whose fields name a ``pool`` is queued in that pool) and
+        wake the planner of every pool a step is queued in, as a plain submit does. Returns
+        (False when a job id already exists: nothing written, replicas that acknowledged the
+        write). With ``replicas`` > 0, Redis ``WAIT replicas timeout_ms`` on the connection
+        that wrote it (as :meth:`submit_replicated`); else 0."""
         args: list[str] = []
         for job_id, fields, event_json in steps:
             args += [job_id, json.dumps({**fields, "state": JobState.QUEUED.value}), event_json]
+        wakes = list(dict.fromkeys(self.keys.for_pool(fields.get("pool")).planner_wake for _, fields, _ in steps))
         keys = [self.keys.seq, queue_key, self.keys.events, self.keys.workload(workload_id), self.keys.workloads,
-                self.keys.workloads_active, *[self.keys.job(job_id) for job_id, _, _ in steps]]
+                self.keys.workloads_active, *[self.keys.job(job_id) for job_id, _, _ in steps], *wakes]
         argv = [str(len(steps)), workload_id, json.dumps(workload_fields), repr(now_s), self.keys.script_prefix, *args]
         if replicas > 0:
             out, acked = self._run_replicated("submit_workload", keys, argv, replicas, timeout_ms)
@@ -130,12 +133,13 @@ class JobStore:
 
     def retry_step(self, workload_id: str, step: str, old_job_id: str, new_job_id: str, fields: dict[str, Any],
                    event_json: str, queue_key: str) -> bool:
-        """Retry a failed step as ``new_job_id``; every job still waiting on ``old_job_id``
-        (queued or delayed: a later step, or a job submitted with ``depends_on`` it) waits
-        on ``new_job_id`` instead. False when the workload is not running or the step was
-        already retried."""
+        """Retry a failed step as ``new_job_id`` (queued in ``queue_key``, the queue of the
+        pool its ``fields`` name, whose planner is woken); every job still waiting on
+        ``old_job_id`` (queued or delayed: a later step, or a job submitted with
+        ``depends_on`` it) waits on ``new_job_id`` instead. False when the workload is not
+        running or the step was already retried."""
         keys = [self.keys.workload(workload_id), self.keys.job(new_job_id), queue_key, self.keys.events,
-                self.keys.seq]
+                self.keys.seq, self.keys.for_pool(fields.get("pool")).planner_wake]
         args = [step, old_job_id, new_job_id, json.dumps({**fields, "state": JobState.QUEUED.value}), event_json,
                 self.keys.script_prefix]
         return bool(self._run("retry_step", keys, args))

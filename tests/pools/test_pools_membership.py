@@ -225,3 +225,24 @@ def test_the_dashboard_lists_a_delayed_job_once_with_its_own_pool(r, settings, k
         [(later, "b", "delayed"), (now, "a", "queued")])
     assert view["counts"]["delayed"] == 1 and view["counts"]["queued"] == 1
     assert {p["name"]: p["queued"] for p in view["pools"]} == {"a": 1, "b": 1}
+
+
+def test_a_leaderless_pools_jobs_behind_a_batch_of_jobs_no_other_pool_serves_are_taken(r, settings, keys):
+    """Pool b's planner read only the first ``batch_size`` entries of the leaderless pool a's
+    queue: jobs of ``onlya`` (which pool b does not serve) at its head hid the ``both`` job
+    behind them for good."""
+    planners = Planners(r, dataclasses.replace(settings, batch_size=2), FLEET)
+    prod = Producer(r, keys, FLEET, planners.settings)
+    try:
+        planners.lead("a")
+        planners.tick("a")  # pool a's offer is live, pool b has none yet: a job of both goes to a
+        planners.step_down("a")  # pool a's planner stops
+        own = [prod.submit({"endpoint": "onlya", "service_s": 5}).id for _ in range(3)]
+        shared = prod.submit({"endpoint": "both", "service_s": 5}).id
+        assert r.hget(keys.job(shared), "pool") == "a"
+        planners.lead("b")
+        started = [job for _ in range(3) for job in planners.tick("b")]  # a look a second
+        assert started == [shared] and r.hget(keys.job(shared), "pool") == "b"
+        assert {_queued_in(r, keys, job) for job in own} == {"a"}  # they wait for pool a's planner
+    finally:
+        planners.close()

@@ -151,6 +151,8 @@ class CrossTickState:
     heads_read_at: float = float("-inf")  # clock.monotonic() of that tick (batch)
     followed: KeptPlan | None = None  # a full tick's plan the next ticks may follow (follow)
     rehomed_at_s: float = float("-inf")  # clock.monotonic() of the last look for jobs to move (pool_rehome)
+    # (pool, '' = the implicit one; level) -> offset of the next read of that queue (pool_rehome)
+    rehome_cursor: dict[tuple[str, Priority], int] = field(default_factory=dict)
     reasons_stale: bool = False  # a tick followed the kept plan since the last batch was formed (follow; batch clears)
 
 

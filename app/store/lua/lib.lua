@@ -99,12 +99,28 @@ local function awaited_live(prefix, job_id)
   return live
 end
 
+-- wake the planner of each pool where a job waits on job_id (P:awaited:{job_id}; the record's
+-- `pool`, none for the implicit pool), once each: a dependant in another pool than the GPUs
+-- that ran job_id (whose release woke only their pool's planner) is planned at once too
+local function wake_waiters_pools(prefix, job_id)
+  local woken = {}
+  for _, waiter in ipairs(redis.call('SMEMBERS', key_awaited(prefix, job_id))) do
+    local pool = redis.call('HGET', key_job(prefix, waiter), 'pool') or ''
+    if not woken[pool] then
+      woken[pool] = true
+      redis.call('RPUSH', key_planner_wake(prefix, pool), '1')
+      redis.call('LTRIM', key_planner_wake(prefix, pool), 0, 15)
+    end
+  end
+end
+
 -- finish a job: its final state (completed | failed | cancelled), finish time (unix s, as
--- text) and reason; it leaves P:running and the reverse-dependency index, and joins the
--- finished index (makespan.workers.retention)
+-- text) and reason; it leaves P:running and the reverse-dependency index, joins the
+-- finished index (makespan.workers.retention) and wakes the planners of its dependants' pools
 local function finish_job(prefix, job_id, state, finished_at_s, reason)
   -- it waits on nothing any more: it leaves the reverse-dependency index of its deps
   awaited_drop(prefix, job_id, redis.call('HGET', key_job(prefix, job_id), 'deps'))
+  wake_waiters_pools(prefix, job_id)
   redis.call('ZREM', key_running(prefix), job_id)
   redis.call('HSET', key_job(prefix, job_id), 'state', state, 'finished_at', finished_at_s, 'reason', reason)
   -- scored on the server clock, as retention compares it (a caller whose clock runs behind

@@ -9,6 +9,8 @@
 -- KEYS[3]  P:queue:{level}
 -- KEYS[4]  P:events
 -- KEYS[5]  P:seq
+-- KEYS[6]  P:planner:wake of the retry's pool (P:pool:{name}:planner:wake): another pool's
+--          planner may be the one retrying it
 -- ARGV[1]  step name
 -- ARGV[2]  the failed attempt's job id
 -- ARGV[3]  the new job id
@@ -52,4 +54,6 @@ for _, waiter in ipairs(redis.call('SMEMBERS', old_set)) do
   end
 end
 append_event(KEYS[4], ARGV[5])
+redis.call('RPUSH', KEYS[6], '1')
+redis.call('LTRIM', KEYS[6], 0, 15)  -- the first 16: a release LPUSHed at the head stays
 return 1

@@ -10,6 +10,8 @@
 -- KEYS[5]  P:workloads
 -- KEYS[6]  P:workloads:active
 -- KEYS[7..6+n]  P:job:{id} of each step
+-- KEYS[7+n..]  P:planner:wake (P:pool:{name}:planner:wake) of each pool a step is queued in,
+--              once each: its planner plans the steps at once, as after a plain submit
 -- ARGV[1]  n, the step count
 -- ARGV[2]  workload id
 -- ARGV[3]  the workload's fields, JSON object
@@ -38,5 +40,9 @@ for i = 1, n do
     redis.call('ZADD', KEYS[2], seq, ARGV[base + 1])
   end
   append_event(KEYS[3], ARGV[base + 3])
+end
+for i = 7 + n, #KEYS do
+  redis.call('RPUSH', KEYS[i], '1')
+  redis.call('LTRIM', KEYS[i], 0, 15)  -- the first 16: a release LPUSHed at the head stays
 end
 return 1
