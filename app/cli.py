@@ -455,7 +455,7 @@ def result(job_id: str, timeout_s: float | None = typer.Option(None, help="wait 
 
 @app.command()
 def status(job_id: str, fleet: Path | None = typer.Option(None, "--fleet", help="not needed to read a job")):
-    """Print a job's record as JSON."""
+    """Print a job's record as JSON: times in unix s (e.g. submitted_at) and ISO-8601 UTC (submitted_at_utc)."""
     try:
         typer.echo(json.dumps(_producer(fleet).status(job_id), indent=2))
     except MakespanError as e:
