@@ -106,3 +106,14 @@ def test_jobs_completed_says_when_each_job_ended(r, keys, settings, redis_url, p
     assert json.loads(res.output)["finished_at"] == finished_at_s
     res = CliRunner().invoke(cli_app, ["why", done.id], env=env)
     assert res.output.startswith(f"{done.id}: completed, ended {ended_text}"), res.output
+
+
+def test_status_of_a_leased_job_asked_to_cancel_says_so_as_a_bool(r, keys, settings, redis_url, prefix):
+    prod = Producer(r, keys, load_fleet(FLEET_TOML), settings)
+    job = prod.submit({"endpoint": "chat", "service_s": 5})
+    assert LeaseStore(r, keys).acquire("L-" + job.id, ("gpu-test-0",), 30.0, job_id=job.id,
+                                       queue=keys.queue("NORMAL")) is not None
+    assert prod.cancel(job.id) == "cancel_requested"
+    status = _cli_json(["status", job.id], redis_url, prefix)
+    assert status["state"] == "leased" and status["cancel_requested"] is True, status
+    assert abs(_unix_s(status["leased_at_utc"]) - status["leased_at"]) < 0.001
