@@ -215,8 +215,11 @@ def register(app: typer.Typer) -> None:
     def jobs_cmd(state: list[str] = typer.Option(None, "--state", help="queued, delayed, leased (leased or running), running, "
                                                                          "completed, failed or cancelled (repeatable); "
                                                                          "default: queued and delayed"),
-                 endpoint: str = typer.Option(None, "--endpoint"), priority: str = typer.Option(None, "--priority"),
-                 limit: int = typer.Option(100, "--limit", min=1),
+                 endpoint: str = typer.Option(None, "--endpoint", help="only jobs of this endpoint (a name the "
+                                              "published fleet has)"),
+                 priority: str = typer.Option(None, "--priority", help="only jobs of this level: CRITICAL, HIGH, "
+                                              "NORMAL or LOW"),
+                 limit: int = typer.Option(100, "--limit", min=1, help="list at most this many jobs"),
                  as_json: bool = typer.Option(False, "--json", help="print JSON lines")):
         """Jobs with their state, reason and ETA (one line each)."""
         try:

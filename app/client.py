@@ -131,12 +131,14 @@ class Client:
         if published is None:
             if self._own_fleet is None:
                 raise ValidationError("fleet", None, "no planner has published a fleet yet: start `makespan planner "
-                                                     "--fleet FILE`, or pass fleet= to makespan.connect()")
+                                                     "--fleet FILE`, or give the fleet yourself (--fleet FILE on the "
+                                                     "command line, makespan.connect(fleet=...) in Python)")
             return self._own_fleet
         if self._own_fleet is not None and fleet_version(self._own_fleet) != fleet_version(published):
             raise ValidationError("fleet", self._own_fleet.name,
                                   f"differs from the fleet the planner published (version {fleet_version(published)}, "
-                                  f"given {fleet_version(self._own_fleet)}): use the planner's fleet file or omit fleet=")
+                                  f"given {fleet_version(self._own_fleet)}): use the planner's fleet file, or give none (omit "
+                                  "--fleet on the command line, fleet= in Python)")
         return published
 
     # -- submit -------------------------------------------------------------------------
