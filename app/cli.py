@@ -125,7 +125,7 @@ def _start_metrics(port: int, role: str, pool: str | None = None) -> None:
 def gpu_worker(fleet: Path = FleetOpt, host: str = typer.Option(..., help="host name in the fleet file"),
                pool: str = typer.Option("threads", help="Celery pool: threads, prefork or solo"),
                concurrency: int = typer.Option(0, help="worker slots (default: the host's GPU count)"),
-               metrics_port: int = typer.Option(0, envvar="MAKESPAN_METRICS_PORT"),
+               metrics_port: int = typer.Option(0, envvar="MAKESPAN_METRICS_PORT", help="Prometheus port (0: none)"),
                workloads: str = typer.Option("", envvar="MAKESPAN_WORKLOADS",
                                              help="comma-separated modules that define @makespan.workload functions "
                                                   "(imported at start, as celery -A does)"),
@@ -455,7 +455,7 @@ def result(job_id: str, timeout_s: float | None = typer.Option(None, help="wait 
 
 @app.command()
 def status(job_id: str, fleet: Path | None = typer.Option(None, "--fleet", help="not needed to read a job")):
-    """Print a job's record as JSON."""
+    """Print a job's record as JSON: times in unix s (e.g. submitted_at) and ISO-8601 UTC (submitted_at_utc)."""
     try:
         typer.echo(json.dumps(_producer(fleet).status(job_id), indent=2))
     except MakespanError as e:
@@ -503,7 +503,8 @@ def demo(report: Path | None = typer.Option(None, help=REPORT_HELP),
 @app.command()
 def replay(trace: Path, fleet: Path = FleetOpt, speedup: float = typer.Option(10000.0, help="time compression N×"),
            report: Path | None = typer.Option(None, help=REPORT_HELP), start: int = typer.Option(0, help="first trace row"),
-           limit: int = typer.Option(200, help="trace rows to replay"), seed: int = typer.Option(0),
+           limit: int = typer.Option(200, help="trace rows to replay"),
+           seed: int = typer.Option(0, help="seed of the trace-to-job mapping"),
            policy: str | None = typer.Option(None, help=LIVE_POLICY_HELP),
            run_dir: Path | None = typer.Option(None, help="directory for events, report and Gantt chart")):
     """Run the live system fed from a trace file (ITP, Alibaba or JSON lines), time compressed SPEEDUP times."""
@@ -518,7 +519,8 @@ def replay(trace: Path, fleet: Path = FleetOpt, speedup: float = typer.Option(10
 
 
 @app.command()
-def simulate(trace: Path, fleet: Path = FleetOpt, policy: str = typer.Option(SIMULATE_POLICY, help=SIMULATE_POLICY_HELP), seed: int = typer.Option(0),
+def simulate(trace: Path, fleet: Path = FleetOpt, policy: str = typer.Option(SIMULATE_POLICY, help=SIMULATE_POLICY_HELP),
+             seed: int = typer.Option(0, help="seed of the trace-to-job mapping (recorded in the report)"),
              report: Path | None = typer.Option(None, help="write the report JSON here too (folders are created; checked before the run)"),
              start: int = typer.Option(0, help="first trace row"),
              limit: int | None = typer.Option(None, help="rows to read (default: all)"),

@@ -225,15 +225,16 @@ def incidents(redis_url: str | None = typer.Option(None, "--redis-url", help="de
         typer.echo("no incidents")
     for i in rows:
         rec = i["recovery"] or {}
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(i["detected_at"]))
+        when = time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(i["detected_at"]))  # UTC, as why and jobs
         ctx = ",".join(f"{c['op_id']}({c['mode']})" for c in i["agenda_context"]) or "none"
+        took = f" in {rec['recovery_s']:g} s" if rec.get("recovery_s") is not None else ""
         typer.echo(f"{i['incident_id']}  {when}  {i['endpoint']}  {i['failure_mode']}  gpus={','.join(i['gpus'])}  "
-                   f"agenda={ctx}  recovery={rec.get('outcome', 'pending')}"
-                   f"{' in ' + rec['recovery_s'] + ' s' if rec.get('recovery_s') else ''}\n    effect: {i['effect']}")
+                   f"agenda={ctx}  recovery={rec.get('outcome', 'pending')}{took}\n    effect: {i['effect']}")
 
 
 def observer(fleet: Path = typer.Option(..., "--fleet", help="TOML fleet file"),
-             probe_interval_s: float = typer.Option(1.0, "--probe-interval-s"),
+             probe_interval_s: float = typer.Option(1.0, "--probe-interval-s", help="wall s between two probes of "
+                                                    "every endpoint instance"),
              overrun_factor: float = typer.Option(1.5, "--overrun-factor",
                                                   help="a transition later than factor × its planned length is an incident"),
              min_overrun_slack_s: float = typer.Option(2.0, "--min-overrun-slack-s",
@@ -246,9 +247,11 @@ def observer(fleet: Path = typer.Option(..., "--fleet", help="TOML fleet file"),
                            "--overrun-factor", repr(overrun_factor), "--min-overrun-slack-s", repr(min_overrun_slack_s)]))
 
 
-def endpoint_server(port: int = typer.Option(..., "--port"), model: str = typer.Option("stub", "--model"),
-                    load_time_s: float = typer.Option(0.0, "--load-time-s"),
-                    latency_ms: float = typer.Option(0.0, "--latency-ms"),
+def endpoint_server(port: int = typer.Option(..., "--port", help="TCP port to serve on (127.0.0.1)"),
+                    model: str = typer.Option("stub", "--model", help="model name it reports"),
+                    load_time_s: float = typer.Option(0.0, "--load-time-s", help="wall s before it answers healthy "
+                                                      "(a model load)"),
+                    latency_ms: float = typer.Option(0.0, "--latency-ms", help="wall ms each request takes"),
                     hold_gpu_mib: int = typer.Option(0, "--hold-gpu-mib", help="GPU memory held while awake (torch)"),
                     sleep_s: float = typer.Option(0.0, "--sleep-s", help="wall s a POST /sleep takes"),
                     wake_s: float = typer.Option(0.0, "--wake-s", help="wall s a POST /wake_up takes"),
@@ -263,10 +266,13 @@ def endpoint_server(port: int = typer.Option(..., "--port"), model: str = typer.
 def render_pipeline(fleet: Path = typer.Option(EXAMPLE_FLEET, "--fleet", help="fleet with coder, embed, renderer"),
                     host: str | None = typer.Option(None, "--host", help="default: the coder's first set-point host"),
                     time_scale: float = typer.Option(0.01, "--time-scale", help="wall s per modelled s of cold starts"),
-                    cards: int = typer.Option(20, "--cards"),
-                    card_latency_ms: float = typer.Option(50.0, "--card-latency-ms"),
-                    with_observer: bool = typer.Option(True, "--observer/--no-observer"),
-                    as_json: bool = typer.Option(False, "--json")) -> None:
+                    cards: int = typer.Option(20, "--cards", help="cards to render (a completion, then an "
+                                              "embedding, each)"),
+                    card_latency_ms: float = typer.Option(50.0, "--card-latency-ms", help="wall ms each endpoint "
+                                                          "request takes"),
+                    with_observer: bool = typer.Option(True, "--observer/--no-observer", help="run the health "
+                                                       "observer alongside"),
+                    as_json: bool = typer.Option(False, "--json", help="print the record as JSON")) -> None:
     """Run the render pipeline end to end with real endpoint processes; print phase timings."""
     try:
         s = Settings.from_env(time_scale=time_scale)

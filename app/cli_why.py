@@ -17,7 +17,8 @@ from makespan.pools import published_pools
 WAITING = ("queued", "delayed")
 FINISHED = ("completed", "failed", "cancelled")  # listed from P:finished and P:retained, the latest first
 LISTED_STATES = ("queued", "delayed", "leased", "running", *FINISHED)  # running: leased and in its execute phase
-HEADER = f"{'ID':32}  {'PRIORITY':8} {'ENDPOINT':14} {'STATE':9} {'REASON':22} ETA/OUTCOME"  # a waiting job's ETA, an ended one's outcome
+# a waiting job's ETA; an ended one's outcome: when it ended (UTC) and why (a failure's error, a cancel's cause)
+HEADER = f"{'ID':32}  {'PRIORITY':8} {'ENDPOINT':14} {'STATE':9} {'REASON':22} ETA/OUTCOME"
 DETAIL_CHARS = 100  # a finished job's outcome in the ``jobs`` listing, at most (``why ID`` prints it whole)
 
 
@@ -28,8 +29,9 @@ def _short(text: str) -> str:
 
 
 def explain(r, keys, settings, job_id: str) -> dict[str, Any]:
-    """``{id, state, priority, endpoint, reason, detail, eta, eta_in_s, as_of_s}`` of one job
-    (``reason`` None when it is not waiting; ETA in unix s on the Redis server's clock).
+    """``{id, state, priority, endpoint, reason, detail, eta, eta_in_s, as_of_s, finished_at}``
+    of one job (``reason`` None when it is not waiting; ETA in unix s on the Redis server's
+    clock; ``finished_at``, unix s, for a completed, failed or cancelled job, else None).
 
     Raises:
         NotFoundError: no such job."""
@@ -55,8 +57,10 @@ def _explain_rec(r, keys, settings, job_id: str, rec: dict[str, str], leads: boo
 
     out: dict[str, Any] = {"id": job_id, "state": rec.get("state"), "priority": rec.get("priority"),
                            "endpoint": rec.get("endpoint"), "reason": None, "detail": "", "eta": None,
-                           "eta_in_s": None, "as_of_s": None}
+                           "eta_in_s": None, "as_of_s": None, "finished_at": None}
     if rec.get("state") not in WAITING:
+        if rec.get("state") in FINISHED and rec.get("finished_at"):
+            out["finished_at"] = float(rec["finished_at"])
         if rec.get("reason") and rec.get("state") in FINISHED:  # the outcome's reason; a leased or running
             out["detail"] = rec["reason"]  # job's record still holds its last requeue's ("preempted by …")
         return out
@@ -70,17 +74,29 @@ def _explain_rec(r, keys, settings, job_id: str, rec: dict[str, str], leads: boo
     return out
 
 
+def _utc_text(unix_s: float) -> str:
+    return _dt.datetime.fromtimestamp(unix_s, tz=_dt.UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
 def _when(eta: float | None, in_s: float | None) -> str:
     if eta is None:
         return "no ETA"
-    t = _dt.datetime.fromtimestamp(eta, tz=_dt.UTC).strftime("%Y-%m-%d %H:%M:%SZ")
-    return f"ETA {t} (in {max(0.0, in_s or 0.0):.0f} s)"
+    return f"ETA {_utc_text(eta)} (in {max(0.0, in_s or 0.0):.0f} s)"
+
+
+def _outcome(x: dict[str, Any]) -> str:
+    """The ETA/OUTCOME cell of a job that is not waiting: an ended job's finish time (UTC)
+    and why it ended (cut to :data:`DETAIL_CHARS`); a leased or running job's, its detail."""
+    if x["finished_at"] is None:
+        return _short(x["detail"])
+    return f"ended {_utc_text(x['finished_at'])}" + (f": {_short(x['detail'])}" if x["detail"] else "")
 
 
 def line(x: dict[str, Any]) -> str:
     """The one-line form of :func:`explain`'s answer."""
     if x["reason"] is None:
-        return f"{x['id']}: {x['state']}" + (f" ({x['detail']})" if x["detail"] else "")
+        ended = f", ended {_utc_text(x['finished_at'])}" if x["finished_at"] is not None else ""
+        return f"{x['id']}: {x['state']}{ended}" + (f" ({x['detail']})" if x["detail"] else "")
     return f"{x['id']}: {x['state']}, {x['reason']}, {_when(x['eta'], x['eta_in_s'])}"
 
 
@@ -199,8 +215,11 @@ def register(app: typer.Typer) -> None:
     def jobs_cmd(state: list[str] = typer.Option(None, "--state", help="queued, delayed, leased (leased or running), running, "
                                                                          "completed, failed or cancelled (repeatable); "
                                                                          "default: queued and delayed"),
-                 endpoint: str = typer.Option(None, "--endpoint"), priority: str = typer.Option(None, "--priority"),
-                 limit: int = typer.Option(100, "--limit", min=1),
+                 endpoint: str = typer.Option(None, "--endpoint", help="only jobs of this endpoint (a name the "
+                                              "published fleet has)"),
+                 priority: str = typer.Option(None, "--priority", help="only jobs of this level: CRITICAL, HIGH, "
+                                              "NORMAL or LOW"),
+                 limit: int = typer.Option(100, "--limit", min=1, help="list at most this many jobs"),
                  as_json: bool = typer.Option(False, "--json", help="print JSON lines")):
         """Jobs with their state, reason and ETA (one line each)."""
         try:
@@ -216,7 +235,6 @@ def register(app: typer.Typer) -> None:
             if as_json:
                 typer.echo(json.dumps(x))
             else:
-                # a waiting job: its ETA; a finished one: why it ended (a failure's error, a cancel's cause)
-                tail = _when(x["eta"], x["eta_in_s"]) if x["reason"] else _short(x["detail"])
+                tail = _when(x["eta"], x["eta_in_s"]) if x["reason"] else _outcome(x)
                 typer.echo(f"{x['id']:32}  {x['priority'] or '-':8} {x['endpoint'] or '-':14} {x['state']:9} "
                            f"{x['reason'] or '-':22} {tail}")

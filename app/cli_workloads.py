@@ -39,7 +39,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command("workload-status")
     def workload_status_cmd(workload_id: str, report: bool = typer.Option(False, help="add the workload report")):
-        """A workload's state and its steps (JSON); with --report its makespan, critical path and time waiting / in transitions / executing."""
+        """A workload's state and its steps (JSON; times in unix s and ISO-8601 UTC, as `makespan status`); with --report its makespan, critical path and time waiting / in transitions / executing."""
         from makespan.workloads import workload_status
 
         try:

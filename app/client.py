@@ -131,12 +131,14 @@ class Client:
         if published is None:
             if self._own_fleet is None:
                 raise ValidationError("fleet", None, "no planner has published a fleet yet: start `makespan planner "
-                                                     "--fleet FILE`, or pass fleet= to makespan.connect()")
+                                                     "--fleet FILE`, or give the fleet yourself (--fleet FILE on the "
+                                                     "command line, makespan.connect(fleet=...) in Python)")
             return self._own_fleet
         if self._own_fleet is not None and fleet_version(self._own_fleet) != fleet_version(published):
             raise ValidationError("fleet", self._own_fleet.name,
                                   f"differs from the fleet the planner published (version {fleet_version(published)}, "
-                                  f"given {fleet_version(self._own_fleet)}): use the planner's fleet file or omit fleet=")
+                                  f"given {fleet_version(self._own_fleet)}): use the planner's fleet file, or give none (omit "
+                                  "--fleet on the command line, fleet= in Python)")
         return published
 
     # -- submit -------------------------------------------------------------------------
@@ -243,10 +245,13 @@ class Client:
         return self._redis_call(submit)
 
     def workload_status(self, workload_id: str) -> dict[str, Any]:
-        """A workload's ``{id, name, priority, state, reason, deps, steps: {step: {job,
-        state, retries, attempts, reason, started_at, finished_at}}, ...}`` (as
-        ``makespan workload-status ID`` prints it; state ``running``, ``completed``,
-        ``failed`` or ``cancelled``).
+        """A workload's ``{id, name, priority, state, reason, retry_budget, submitted_at,
+        finished_at, failed_at, deps, steps: {step: {job, state, retries, attempts, reason,
+        started_at, finished_at}}}`` with one JSON type per kind of value (counts int,
+        times unix s float or None, each with an ISO-8601 UTC ``{field}_utc`` twin;
+        :func:`makespan.workloads.workload_status` gives the types), as ``makespan
+        workload-status ID`` prints it; state ``running``, ``completed``, ``failed`` or
+        ``cancelled``.
 
         Raises:
             NotFoundError: no such workload.
@@ -365,7 +370,7 @@ class Job:
 
     def status(self) -> dict[str, Any]:
         """The job record: ``state`` (queued, delayed, leased, running, completed, failed,
-        cancelled), times (unix s), ``attempts``, ``reason``, progress fields; a leased or
+        cancelled), times (unix s, each with an ISO-8601 UTC ``{field}_utc`` twin), ``attempts``, ``reason``, progress fields; a leased or
         running job's ``gpus`` (the UUIDs its lease holds), ``phase`` (the phase running
         now: evict, start_endpoint, execute or clear; None between phases) and
         ``phases_done`` (:meth:`makespan.producer.Producer.status`).

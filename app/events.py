@@ -9,6 +9,7 @@ holding a JSON object (see docs/metrics.md for the fields):
 
 from __future__ import annotations
 
+import datetime as _dt
 import json
 import time
 from collections.abc import Iterator
@@ -21,6 +22,28 @@ from makespan.redis_conn import store_error
 from makespan.settings import Settings
 
 MAX_EVENTS: int = Settings().events_max_len  # approximate cap of the stream (the setting's default, 50,000)
+
+
+UTC_SUFFIX = "_utc"
+"""The suffix of a time's ISO-8601 UTC twin in status JSON: ``submitted_at`` (unix s, for
+machines) beside ``submitted_at_utc`` (``"2026-12-05T23:52:03.123Z"``, for people)."""
+
+
+def iso_utc(unix_s: float) -> str:
+    """``unix_s`` (seconds since the epoch) as ISO-8601 UTC with milliseconds and a ``Z``
+    suffix, e.g. ``"2026-12-05T23:52:03.123Z"``."""
+    moment = _dt.datetime.fromtimestamp(unix_s, tz=_dt.UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def add_utc_times(record: dict[str, Any], fields: tuple[str, ...]) -> dict[str, Any]:
+    """Add ``{field}_utc`` (:func:`iso_utc`, or None where the time is None) after each of
+    ``fields`` that ``record`` holds; the unix-s fields stay as they are. Returns ``record``."""
+    for field in fields:
+        if field in record:
+            value = record[field]
+            record[field + UTC_SUFFIX] = None if value is None else iso_utc(float(value))
+    return record
 
 
 def append(target: Any, stream_key: str, body: dict[str, Any], max_len: int) -> None:

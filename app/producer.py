@@ -19,15 +19,20 @@ from typing import Any
 import redis
 
 from makespan import metrics, pools, telemetry
+from makespan.events import add_utc_times
 from makespan.errors import NotFoundError, StoreError, ValidationError, is_utf8
 from makespan.keys import Keys
 from makespan.models import FleetSpec, JobSpec, Priority, parse_job
 from makespan.settings import Settings
 from makespan.store import JobState, JobStore
 
-_FLOAT_FIELDS = ("service_s", "deadline_s", "submitted_at", "leased_at", "started_at", "finished_at", "not_before",
-                 "progress_done", "progress_total", "progress_at", "wait_eta", "wait_at")
-_INT_FIELDS = ("seq", "attempts", "tp", "preemptions", "token", "tries", "result_attempt", "service_estimated")
+_TIME_FIELDS = ("submitted_at", "leased_at", "started_at", "finished_at", "not_before", "progress_at", "wait_eta",
+                "wait_at")  # unix s; status() adds each one's ISO-8601 UTC twin (makespan.events.add_utc_times)
+_FLOAT_FIELDS = ("service_s", "deadline_s", "progress_done", "progress_total", *_TIME_FIELDS)
+_INT_FIELDS = ("seq", "attempts", "tp", "preemptions", "token", "tries", "retries", "result_attempt",
+               "service_estimated")
+_JSON_LIST_FIELDS = ("deps", "helpers")  # JSON text in the record, lists in status()
+_FLAG_FIELDS = ("cancel_requested",)  # "1" in the record, true in status()
 
 
 SPEC_IN_RECORD = frozenset({"endpoint", "priority", "service_s", "deadline_s", "workload_id", "depends_on", "helpers"})
@@ -210,6 +215,13 @@ class Producer:
         last reason write did not renew, ``no_planner`` while none leads), and ``wait_at``,
         when the planner last wrote the job's entry.
 
+        Every value has one JSON type: numbers are numbers (``service_s``, ``attempts``,
+        ``tries``, ``retries`` ...), ``deps`` (the ids it depends on) and ``helpers`` are
+        lists, ``cancel_requested`` is a bool. Times (``submitted_at``, ``leased_at``, ``started_at``, ``finished_at``,
+        ``not_before``, ``progress_at``, ``wait_eta``, ``wait_at``) are unix s (float, or
+        None when the record holds an empty value); each one present also has its
+        ISO-8601 UTC twin, ``{field}_utc`` (``"2026-12-05T23:52:03.123Z"``, or None).
+
         Raises:
             NotFoundError: no such job (or it was compacted away after its retention).
             StoreError: Redis failed.
@@ -236,9 +248,16 @@ class Producer:
         for k in _INT_FIELDS:
             if k in rec:
                 rec[k] = int(rec[k]) if rec[k] != "" else None
+        for k in _JSON_LIST_FIELDS:
+            if k in rec:
+                rec[k] = json.loads(rec[k]) if rec[k] else []
+        for k in _FLAG_FIELDS:
+            if k in rec:
+                rec[k] = rec[k] not in ("", "0")
         if rec.get("state") != "queued":  # the planner's last wait reason, from when it waited: not now
             for field in ("wait_reason", "wait_detail", "wait_eta", "wait_at"):
                 rec.pop(field, None)
+        add_utc_times(rec, _TIME_FIELDS)
         rec["reclaimed_attempts"] = rec.get("attempts", 0)
         rec["attempts"] = attempts_made(rec)
         if lease is not None:

@@ -43,6 +43,7 @@ import redis
 
 from makespan import pools, telemetry
 from makespan.errors import NotFoundError, StoreError, ValidationError
+from makespan.events import add_utc_times
 from makespan.keys import Keys
 from makespan.models import FleetSpec
 from makespan.settings import Settings
@@ -128,9 +129,26 @@ def submit_workload(r: redis.Redis, keys: Keys, fleet: FleetSpec, workload: Work
     return wid
 
 
+WORKLOAD_TIME_FIELDS = ("submitted_at", "finished_at", "failed_at")
+"""A workload's times in :func:`workload_status`: unix s (float) on the clock of the
+process that wrote them, or None while not reached (``failed_at`` is set when a step
+fails beyond the retry budget; ``finished_at`` when every step is final)."""
+
+
+def _float_or_none(raw: str | None) -> float | None:
+    return float(raw) if raw else None
+
+
 def workload_status(r: redis.Redis, keys: Keys, workload_id: str) -> dict[str, Any]:
-    """``{id, name, priority, state, reason, retry_budget, submitted_at, finished_at,
-    steps: {step: {job, state, retries, reason, started_at, finished_at}}}``.
+    """A workload's state, with the same JSON type for the same kind of value wherever it
+    appears: ``{id: str, name: str, priority: str, state: str (running, completed,
+    failed or cancelled), reason: str ("" when none), retry_budget: int, submitted_at,
+    finished_at, failed_at: float unix s or None (:data:`WORKLOAD_TIME_FIELDS`), deps:
+    {step: [steps]}, steps: {step: {job: str, state: str, retries: int, attempts: [job
+    ids, the first first], reason: str ("" when none), started_at, finished_at: float
+    unix s or None}}}``. Each time also has its ISO-8601 UTC twin, ``{field}_utc``
+    (``"2026-12-05T23:52:03.123Z"``, or None), as :meth:`makespan.producer.Producer.status`
+    gives a job's.
 
     Raises:
         NotFoundError: no such workload.
@@ -147,9 +165,16 @@ def workload_status(r: redis.Redis, keys: Keys, workload_id: str) -> dict[str, A
     for (name, jid), row in zip(ids.items(), p.execute()):
         steps[name] = {"job": jid, "state": row[0], "retries": int(rec.get(f"retries:{name}") or 0),
                        "attempts": history.get(name, [jid]), "reason": row[1] or "",
-                       "started_at": float(row[2]) if row[2] else None,
-                       "finished_at": float(row[3]) if row[3] else None}
-    out = {k: v for k, v in rec.items() if k not in ("steps", "deps", "spec", "history") and ":" not in k}
+                       "started_at": _float_or_none(row[2]), "finished_at": _float_or_none(row[3])}
+        add_utc_times(steps[name], ("started_at", "finished_at"))
+    out: dict[str, Any] = {"id": rec.get("id", workload_id), "name": rec.get("name"), "priority": rec.get("priority"),
+                           "state": rec.get("state"), "reason": rec.get("reason") or "",
+                           "retry_budget": int(rec.get("retry_budget") or 0)}
+    for field in WORKLOAD_TIME_FIELDS:
+        out[field] = _float_or_none(rec.get(field))
+    add_utc_times(out, WORKLOAD_TIME_FIELDS)
+    out.update({k: v for k, v in rec.items()  # any other field a later version writes, as stored
+                if k not in out and k not in ("steps", "deps", "spec", "history") and ":" not in k})
     out["deps"] = json.loads(rec["deps"])
     out["steps"] = steps
     return out

@@ -57,6 +57,7 @@ from typing import Any
 
 import redis
 
+from makespan.events import add_utc_times
 from makespan.errors import MakespanError, RedisAuthFailed, RedisConfigError, StoreError, ValidationError
 from makespan.keys import Keys
 from makespan.models import FleetSpec
@@ -369,8 +370,11 @@ def run_observer(settings: Settings, fleet: FleetSpec, probe_interval_s: float =
 
 def list_incidents(r: redis.Redis, keys: Keys, count: int | None = None) -> list[dict]:
     """Incidents, oldest first, each with its recovery merged in (``recovery``: the
-    recovery record or None). Fields as in the module doc; ``gpus`` and
-    ``agenda_context`` decoded from JSON, times as floats."""
+    recovery record or None). Fields as in the module doc, one JSON type per kind of
+    value: ``gpus`` and ``agenda_context`` decoded from JSON, ``cycle`` and
+    ``last_ok_cycle`` ints, times (``detected_at``; the recovery's ``recovered_at``) unix s
+    floats, each with its ISO-8601 UTC twin (``detected_at_utc``, as a job's status), the
+    recovery's ``recovery_s`` a float."""
     try:
         rows = r.xrange(keys.incidents, count=count)
     except redis.RedisError as e:
@@ -379,11 +383,19 @@ def list_incidents(r: redis.Redis, keys: Keys, count: int | None = None) -> list
     for sid, rec in rows:
         if rec.get("kind") == "recovery":
             if rec.get("incident_id") in by_id:
-                by_id[rec["incident_id"]]["recovery"] = rec
+                recovery: dict[str, Any] = dict(rec)
+                for time_field in ("recovered_at", "recovery_s"):
+                    if recovery.get(time_field):
+                        recovery[time_field] = float(recovery[time_field])
+                by_id[rec["incident_id"]]["recovery"] = add_utc_times(recovery, ("recovered_at",))
             continue
         inc = {**rec, "incident_id": sid, "gpus": json.loads(rec.get("gpus", "[]")),
                "agenda_context": json.loads(rec.get("agenda_context", "[]")),
                "detected_at": float(rec.get("detected_at", 0)), "recovery": None}
+        for cycle_field in ("cycle", "last_ok_cycle"):
+            if rec.get(cycle_field):
+                inc[cycle_field] = int(rec[cycle_field])
+        add_utc_times(inc, ("detected_at",))
         by_id[sid] = inc
         incidents.append(inc)
     return incidents

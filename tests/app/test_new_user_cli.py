@@ -88,9 +88,11 @@ def test_jobs_prints_a_header_and_lists_finished_jobs(r, keys, settings, redis_u
     res = CliRunner().invoke(cli_app, ["jobs", "--state", "cancelled", "--state", "completed"], env=env)
     assert res.exit_code == 0 and [line.split()[:5] for line in res.output.splitlines()[1:]] == \
         [[gone.id, "NORMAL", "chat", "cancelled", "-"]]
-    # an ended job's row says how it ended (the record's reason, as ``why`` prints it), not a bare '-'
+    # an ended job's row says how it ended (the record's reason, as ``why`` prints it), not a bare '-',
+    # after when it ended
     outcome = r.hget(keys.job(gone.id), "reason")
-    assert outcome and res.output.splitlines()[1].split(None, 5)[5] == outcome
+    cell = res.output.splitlines()[1].split(None, 5)[5]
+    assert outcome and cell.startswith("ended ") and cell.endswith(f": {outcome}"), cell
     res = CliRunner().invoke(cli_app, ["jobs", "--state", "completed"], env=env)
     assert res.exit_code == 0 and "no job completed" in res.output
 

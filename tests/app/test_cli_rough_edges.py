@@ -1,0 +1,60 @@
+"""Rough edges a new-user trial of the CLI found: a missing-fleet error that named only
+the Python remedy to a command-line user, ``makespan incidents`` printing local time
+without a zone (beside ``why``/``jobs`` in UTC) and strings for numbers in its JSON, and
+options without help text. Real Redis, the real CLI."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+
+import click
+import typer.main
+from typer.testing import CliRunner
+
+from makespan.cli import app as cli_app
+from makespan.workers.observer import list_incidents
+
+SYNTH = Path(__file__).resolve().parents[2] / "examples" / "synth.yaml"
+
+
+def _env(redis_url: str, prefix: str) -> dict[str, str]:
+    return {"MAKESPAN_REDIS_URL": redis_url, "MAKESPAN_KEY_PREFIX": prefix}
+
+
+def test_no_published_fleet_names_the_command_line_remedy(r, redis_url, prefix):
+    res = CliRunner().invoke(cli_app, ["submit-workload", str(SYNTH)], env=_env(redis_url, prefix))
+    assert res.exit_code == 2 and "no planner has published a fleet yet" in res.output, res.output
+    assert "--fleet FILE on the command line" in res.output, res.output  # not only makespan.connect(fleet=)
+
+
+def test_incidents_print_utc_and_give_numbers_as_numbers(r, keys, redis_url, prefix):
+    detected_at_s = 1796514940.5
+    incident_id = r.xadd(keys.incidents, {  # the fields the observer writes (workers/observer.py _incident)
+        "kind": "incident", "endpoint": "coder", "instance_id": "abc", "host": "host-a", "gpus": '["GPU-host-a-0"]',
+        "failure_mode": "process_exited", "detected_at": repr(detected_at_s), "cycle": "5", "last_ok_cycle": "4",
+        "effect": "endpoint coder unavailable", "agenda_context": "[]"})
+    r.xadd(keys.incidents, {"kind": "recovery", "incident_id": incident_id, "outcome": "recovered",
+                            "new_instance_id": "def", "recovered_at": repr(detected_at_s + 0.5), "recovery_s": "0.521"})
+    (row,) = list_incidents(r, keys)
+    assert (row["cycle"], row["last_ok_cycle"], row["recovery"]["recovery_s"]) == (5, 4, 0.521)
+    assert row["detected_at_utc"] == "2026-12-05T23:55:40.500Z"
+    assert row["recovery"]["recovered_at"] == detected_at_s + 0.5
+    assert row["recovery"]["recovered_at_utc"] == "2026-12-05T23:55:41.000Z"
+    env = _env(redis_url, prefix)
+    res = CliRunner().invoke(cli_app, ["incidents"], env=env)
+    when = dt.datetime.fromtimestamp(detected_at_s, tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+    assert res.exit_code == 0 and f"{incident_id}  {when}  coder  process_exited" in res.output, res.output
+    assert "recovery=recovered in 0.521 s" in res.output
+    res = CliRunner().invoke(cli_app, ["incidents", "--json"], env=env)
+    assert json.loads(res.output)["cycle"] == 5
+
+
+def test_every_option_of_every_command_says_what_it_does():
+    group = typer.main.get_command(cli_app)
+    ctx = click.Context(group)
+    bare = {name: [param.opts[0] for param in group.get_command(ctx, name).params
+                   if param.param_type_name == "option" and not param.help and param.opts[0] != "--help"]
+            for name in group.list_commands(ctx)}
+    assert {name: opts for name, opts in bare.items() if opts} == {}
