@@ -94,3 +94,32 @@ def test_the_planner_tick_loop_logs_a_bug_once_not_an_outage(monkeypatch, r, key
     assert "a bug, not an outage" in lines[0].getMessage()
     assert "script promote_delayed" in lines[0].getMessage() and "WRONGTYPE" in lines[0].getMessage()
     assert lines[0].exc_info is not None and lines[0].exc_info[1] is not None  # with its traceback
+
+
+def test_a_gpu_worker_phase_that_hits_a_bug_fails_its_job_at_once(r, keys, settings):
+    """A phase body that hits a Redis bug used to re-raise it as an outage: the task
+    failed, the lease ran out its TTL, and the job was requeued to hit the bug again, up to
+    ``max_attempts``. Now the job fails at once through the phase runner's one catch of
+    unanticipated errors, with the bug as its reason, and its lease is released."""
+    import json
+
+    from makespan.producer import Producer
+    from makespan.workers.leases import LeaseStore
+    from makespan.workers.phases import PhaseContext, PhaseRunner
+
+    fleet = load_fleet(FLEET_TOML)
+    job_id = Producer(r, keys, fleet, settings).submit({"endpoint": "embed", "service_s": 5, "priority": "HIGH"}).id
+    lease = LeaseStore(r, keys).acquire("L1", ("GPU-host-a-3",), settings.lease_ttl_s, job_id=job_id, kind="job",
+                                        holder="host-a", queue=keys.queue("HIGH"))
+    assert lease is not None
+    ctx = PhaseContext("L1", lease.token, ["GPU-host-a-3"], "host-a", "job", "embed", job_id, "HIGH", 300.0)
+    r.set(keys.delayed, "not a sorted set")
+    runner = PhaseRunner(r, settings, fleet)
+    outcome = runner.guarded(ctx, "execute", lambda: str(JobStore(r, keys).promote_delayed(0.0, 10)))
+    assert outcome == "failed"
+    job = r.hgetall(keys.job(job_id))
+    assert job["state"] == "failed"
+    assert "WRONGTYPE" in job.get("reason", "") and "script promote_delayed" in job.get("reason", ""), job
+    assert not r.exists(keys.lease("L1"))  # released at once, not held to the TTL
+    failed = [json.loads(f["e"]) for _id, f in r.xrange(keys.events) if json.loads(f["e"])["kind"] == "failed"]
+    assert failed and "Traceback" in failed[-1].get("traceback", ""), failed
