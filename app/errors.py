@@ -80,6 +80,16 @@ class StoreError(MakespanError):
     """Redis could not be reached or answered an error; wraps the redis-py exception."""
 
 
+class StoreBug(StoreError):
+    """Redis answered, but refused the command itself: a Lua script that raised
+    (``ERR user_script:...``), ``WRONGTYPE``, a wrong number of arguments, an argument
+    redis-py cannot send. A bug in makespan (or a key someone else wrote), not an outage:
+    waiting does not help. :func:`makespan.redis_conn.store_error` raises it (its class also
+    derives from the redis-py class it wraps); :func:`makespan.redis_conn.is_store_bug`
+    tells a bug from an outage, also for a redis-py error that was never wrapped. The
+    message starts with the command or script that failed (``"script promote_delayed: ..."``)."""
+
+
 class RedisUnreachable(StoreError):
     """No Redis answered at the deployment's URL (connection refused, unknown host,
     timeout; through Sentinel: no Sentinel answered, or they know no master of the URL's

@@ -13,6 +13,7 @@ from __future__ import annotations
 import inspect
 import logging
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -26,7 +27,8 @@ from urllib.parse import urlparse
 import redis
 import redis.sentinel
 
-from makespan.errors import RedisAuthFailed, RedisConfigError, RedisUnreachable, StoreError, ValidationError
+from makespan.errors import (RedisAuthFailed, RedisConfigError, RedisUnreachable, StoreBug, StoreError,
+                             ValidationError)
 from makespan.settings import (REDIS_KEEPALIVE_PROBES, SentinelURL, Settings, check_redis_url, is_sentinel_url,
                                parse_sentinel_url, redacted_url, redis_bounds_from_env)
 
@@ -411,27 +413,67 @@ def start_embedded(port: int | None = None, appendonly: bool = False, timeout_s:
         raise
 
 
-_TRANSLATED: dict[type, type] = {}  # redis-py error class -> its StoreError subclass
+# Error replies of a Redis that is in a passing state (loading its data, a replica or a
+# primary without replicas during a failover, busy in a script, out of memory, unable to
+# persist): an outage, retried; any other error reply is a bug (:func:`is_store_bug`).
+TRANSIENT_REPLY_CODES = frozenset({"LOADING", "READONLY", "MASTERDOWN", "BUSY", "TRYAGAIN", "NOREPLICAS", "OOM",
+                                   "MISCONF", "UNBLOCKED", "CLUSTERDOWN"})
+# the same code quoted inside a script's error (Redis 6: "ERR Error running script ...: -READONLY ...")
+_QUOTED_TRANSIENT_CODE = re.compile(r"-(%s)\b" % "|".join(sorted(TRANSIENT_REPLY_CODES)))
+# error replies that are not bugs although they are ResponseErrors: an ACL refusal (NOPERM), a
+# flushed script cache (NOSCRIPT: redis-py's Script loads it again), the transient ones above
+_NOT_BUG_REPLIES: tuple[type[Exception], ...] = (
+    redis.exceptions.NoPermissionError, redis.exceptions.NoScriptError, redis.exceptions.ReadOnlyError,
+    redis.exceptions.OutOfMemoryError, redis.exceptions.TryAgainError, redis.exceptions.ClusterDownError)
+
+
+def is_store_bug(error: BaseException) -> bool:
+    """Whether ``error`` (or an error it was raised from) is a bug rather than an outage:
+    a :class:`StoreBug`, a redis-py ``DataError`` (an argument it cannot send), or an
+    error reply (``ResponseError``) whose code is not one of :data:`TRANSIENT_REPLY_CODES`
+    (a Lua script that raised, ``WRONGTYPE``, a wrong number of arguments, an unknown
+    command). Connection errors, timeouts and the transient replies are outages (False);
+    so are ACL refusals (``NOPERM``: :func:`credentials_refused`'s concern) and
+    ``NOSCRIPT``."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, StoreBug | redis.DataError):
+            return True
+        if isinstance(seen, redis.ResponseError):
+            if isinstance(seen, _NOT_BUG_REPLIES):
+                return False
+            text = str(seen).strip()
+            code = text.split(" ", 1)[0].lstrip("-").upper()
+            return code not in TRANSIENT_REPLY_CODES and not _QUOTED_TRANSIENT_CODE.search(text)
+        seen = seen.__cause__
+    return False
+
+
+_TRANSLATED: dict[tuple[type, bool], type] = {}  # (redis-py error class, a bug?) -> its StoreError subclass
 
 
 def store_error(error: redis.RedisError, what: str) -> StoreError:
     """``error`` as a :class:`StoreError` (``__cause__`` = ``error``) whose class also
     derives from ``type(error)``: callers that catch ``StoreError`` and callers that still
     catch the redis-py class (``redis.ConnectionError``, ``redis.RedisError``) both see it.
-    The store's modules (:mod:`makespan.store.scripts` re-exports it) and the events
-    stream's writer (:mod:`makespan.events`) translate with it."""
+    A bug (:func:`is_store_bug`: a script error, ``WRONGTYPE``, wrong arguments) comes as
+    a :class:`StoreBug` (a ``StoreError`` too), so that no loop mistakes it for an outage.
+    The message is ``"{what}: {error}"``. The store's modules (:mod:`makespan.store.scripts`
+    re-exports it) and the events stream's writer (:mod:`makespan.events`) translate with it."""
     kind = type(error)
-    cls = _TRANSLATED.get(kind)
+    bug = is_store_bug(error)
+    root = StoreBug if bug else StoreError
+    cls = _TRANSLATED.get((kind, bug))
     if cls is None:
         try:
-            cls = type(f"Store{kind.__name__}", (StoreError, kind), {"__module__": __name__})
-        except TypeError:  # an incompatible layout: the plain StoreError
-            cls = StoreError
-        _TRANSLATED[kind] = cls
+            cls = type(f"Store{'Bug' if bug else ''}{kind.__name__}", (root, kind), {"__module__": __name__})
+        except TypeError:  # an incompatible layout: the plain StoreError (StoreBug)
+            cls = root
+        _TRANSLATED[(kind, bug)] = cls
     try:
         out = cls(f"{what}: {error}")
     except (TypeError, ValueError, IndexError):  # a redis-py class whose constructor wants more (cluster redirects)
-        out = StoreError(f"{what}: {error}")
+        out = root(f"{what}: {error}")
     out.__cause__ = error
     return out
 
@@ -469,6 +511,11 @@ class OutageLog:
     is logged at once, then at most one line per ``every_s`` saying how many were left out,
     and one line when the call succeeds again.
 
+    A bug (:func:`is_store_bug`: a script error, ``WRONGTYPE``, wrong arguments) is not an
+    outage: it is logged at ``ERROR`` as a bug, with its traceback, the first time its
+    message is seen (then at most one line per ``every_s`` with a count), counted in
+    :attr:`bugs`, and it neither opens nor ends an outage.
+
     Args:
         logger: where the lines go (``WARNING``; the recovery at ``INFO``).
         what: the loop's name in the lines (``"planner tick"``).
@@ -480,15 +527,21 @@ class OutageLog:
                  clock: Any = time.monotonic):
         self.logger, self.what, self.every_s, self.clock = logger, what, every_s, clock
         self.failures = 0  # in the current outage
+        self.bugs = 0  # bugs seen by this loop, ever
         self._since = 0.0
         self._logged_at = 0.0
         self._left_out = 0
+        self._bug_logged_at: dict[str, float] = {}  # a bug's message -> when it was last logged
+        self._bugs_left_out = 0
 
     def failed(self, error: BaseException) -> None:
         """Count one failure; log it if it opens an outage or ``every_s`` passed since the last
         line. A :class:`RedisAuthFailed` (pass :func:`credentials_refused`'s) is logged at
         ``ERROR``, as a refusal: its message names the URL (password redacted) and where the
-        password goes."""
+        password goes. A bug (:func:`is_store_bug`) is logged as one (:meth:`bug`)."""
+        if is_store_bug(error):
+            self.bug(error)
+            return
         now = self.clock()
         self.failures += 1
         refused = isinstance(error, RedisAuthFailed)
@@ -506,6 +559,29 @@ class OutageLog:
             self._logged_at, self._left_out = now, 0
         else:
             self._left_out += 1
+
+    def bug(self, error: BaseException) -> None:
+        """Count one bug: logged at ``ERROR`` with ``error``'s traceback (the command or
+        script is in the message of a :class:`StoreBug`, the call in the traceback) the first
+        time its message is seen, then at most once per ``every_s`` without it."""
+        now = self.clock()
+        self.bugs += 1
+        message = str(error)
+        last_s = self._bug_logged_at.get(message)
+        if last_s is None:
+            if len(self._bug_logged_at) >= 100:  # bounded: a message with an id in it each time
+                self._bug_logged_at.clear()
+            self.logger.error("%s: Redis refused a command: a bug, not an outage (retrying cannot help until the "
+                              "code or the key is fixed): %s: %s", self.what, type(error).__name__, message,
+                              exc_info=(type(error), error, error.__traceback__))
+        elif now - last_s >= self.every_s:
+            self.logger.error("%s: the same bug again (%d bugs, %d not logged): %s", self.what, self.bugs,
+                              self._bugs_left_out, message)
+            self._bugs_left_out = 0
+        else:
+            self._bugs_left_out += 1
+            return
+        self._bug_logged_at[message] = now
 
     def ok(self) -> None:
         """The call succeeded: end the outage (a line if there was one)."""

@@ -579,6 +579,17 @@ class Settings:
         :func:`makespan.planner.fast_lane.enforce`'s ``start_grace_s``."""
         return fast_lane_start_grace(self.fast_lane_start)
 
+    @property
+    def planner_lock_ttl_s(self) -> float:
+        """TTL of a planner's leader lock, s: half ``lease_ttl_s``, at least 1 s (a standby
+        takes over within it after a leader dies)."""
+        return max(self.lease_ttl_s / 2, 1.0)
+
+    @property
+    def planner_lock_renewal_s(self) -> float:
+        """How often the leading planner extends its leader lock, s: a third of its TTL."""
+        return self.planner_lock_ttl_s / 3
+
     @classmethod
     def from_env(cls, **overrides: Any) -> Settings:
         """Build settings from ``MAKESPAN_*`` variables, then apply ``overrides``.
@@ -726,6 +737,31 @@ def lease_renewal_warning(s: Settings) -> str | None:
             f"the whole socket timeout (a half-open connection) and fails is retried a heartbeat later, "
             f"{gap_s:g} s after the last renewal, when the lease has expired and its job is reclaimed while this "
             f"worker still runs it; keep 2 x heartbeat + socket timeout <= lease TTL: {advice}")
+
+
+def planner_lock_warning(s: Settings) -> str | None:
+    """Why a leading planner of these settings would step down after one lock extend that
+    blocks (a half-open connection: the extend waits the whole ``redis_socket_timeout_s``,
+    then fails, and is tried again ``planner_lock_renewal_s`` later), or None. The lock then
+    goes 2 × ``planner_lock_renewal_s`` + ``redis_socket_timeout_s`` without an extend; over
+    ``planner_lock_ttl_s`` it may have expired, so the planner steps down (it starts no tick
+    step past its last extend + the TTL: :class:`makespan.workers.planner_worker.PlannerWorker`)
+    and a standby, or itself, leads again under a new fencing token.
+
+    A warning, like :func:`lease_renewal_warning`: the step-down keeps two planners from
+    acting at once, so these settings cost a failover, not a double lease. Logged by every
+    planner as it starts (:meth:`~makespan.workers.planner_worker.PlannerWorker.run`)."""
+    ttl_s, renewal_s = s.planner_lock_ttl_s, s.planner_lock_renewal_s
+    gap_s = 2 * renewal_s + s.redis_socket_timeout_s
+    if gap_s <= ttl_s:
+        return None
+    fits_s = ttl_s - 2 * renewal_s
+    return (f"MAKESPAN_REDIS_SOCKET_TIMEOUT_S ({s.redis_socket_timeout_s:g} s) is too long for the planner's leader "
+            f"lock ({ttl_s:g} s: half MAKESPAN_LEASE_TTL_S, at least 1 s; extended every {renewal_s:g} s): an extend "
+            f"that blocks for the whole socket timeout (a half-open connection) and fails is retried {gap_s:g} s "
+            f"after the last one, when the lock may have expired, so the planner steps down and a standby takes "
+            f"over; keep 2 x extend interval + socket timeout <= lock TTL: set MAKESPAN_REDIS_SOCKET_TIMEOUT_S to at "
+            f"most {fits_s:g} s, or MAKESPAN_LEASE_TTL_S to at least {6 * s.redis_socket_timeout_s:g} s")
 
 
 def _guarantees_from_env() -> dict[str, Any]:

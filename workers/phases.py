@@ -23,6 +23,7 @@ import redis
 
 from makespan import metrics, shutdown, telemetry
 from makespan.errors import PhaseCancelled, PhaseError, StaleFencingToken, StoreError
+from makespan.redis_conn import is_store_bug
 from makespan.keys import WAKE_RELEASE, Keys
 from makespan.models import FleetSpec, fleet_version
 from makespan.settings import Settings
@@ -233,13 +234,19 @@ class PhaseRunner:
         lease ends failed likewise. Returns ``body()``'s outcome, else that of the finish
         ("failed", or "stale" when the lease was no longer ours).
 
+        A Redis error that is a bug (:func:`makespan.redis_conn.is_store_bug`: a script
+        that raised, ``WRONGTYPE``, wrong arguments) is such an unanticipated error too:
+        another attempt would hit it again.
+
         Raises:
             StoreError, redis.RedisError: from ``body()``: Redis failed, so nothing could be
                 recorded; the lease expires and its reclaim requeues the job (the
                 designed path of a crash or a Redis outage)."""
         try:
             return body()
-        except (StoreError, redis.RedisError):
+        except (StoreError, redis.RedisError) as e:
+            if is_store_bug(e):
+                return self._crashed(ctx, phase, e)
             raise
         except StaleFencingToken:
             return "stale"

@@ -24,6 +24,12 @@ run loop and the step list. A tick is the steps of
 :class:`~makespan.workers.tick.context.CrossTickState`, the fencing token); the table in
 :mod:`makespan.workers.tick.steps` names each step and its module. The worker's clock is
 injected (``clock=``, a :class:`makespan.workers.tick.clock.Clock`; default the system clock).
+
+A leader starts no tick step once its lock may have expired: when no acquire or extend
+sent within the lock's TTL (``Settings.planner_lock_ttl_s``, on the clock's monotonic time)
+succeeded, it steps down (gives the lock back if still its own) and stands by, even while
+an extend is still blocked; :func:`makespan.settings.planner_lock_warning` says, as it starts,
+when one extend blocked for the socket timeout would make it step down.
 """
 
 from __future__ import annotations
@@ -45,7 +51,7 @@ from makespan.keys import WAKE_RELEASE, Keys
 from makespan.models import FleetSpec, Priority, fleet_version
 from makespan.planner.model import FleetState, PlanJob
 from makespan.redis_conn import OutageLog, check_eviction_policy, credentials_refused
-from makespan.settings import Settings
+from makespan.settings import Settings, planner_lock_warning
 from makespan.workers.batch import form_batch
 from makespan.workers.critical_lane import CriticalLane
 from makespan.workers.drain import check_drain
@@ -119,7 +125,10 @@ class PlannerWorker:
         self.tick_again = False  # the last tick may be followed at once by another (tick doc)
         self.ticking = threading.Event()  # set while a tick runs (the critical lane's events say so)
         self.lane: CriticalLane | None = None  # the critical lane while leading (Settings.critical_lane)
-        self.lock_ttl_s = max(settings.lease_ttl_s / 2, 1.0)
+        self.lock_ttl_s = settings.planner_lock_ttl_s
+        # while leading: the clock's monotonic time until which the leader lock is surely held
+        # (the last acquire or extend sent + its TTL); None: no lock (tests tick by hand)
+        self.lock_held_until_s: float | None = None
         from makespan.workers.retention import Retention
 
         self.retention = Retention(r, settings)  # bounded state: at most one sweep per tick
@@ -153,6 +162,7 @@ class PlannerWorker:
         outage = OutageLog(log, f"{self.name} standing by")
         while not self._stop.is_set():
             try:  # a standby must outlive a Redis restart or a dropped connection
+                asked_s = self.clock.monotonic()  # the lock's TTL runs from a moment after this
                 # each wait is short whatever the TTL: a stop is seen between two (SIGTERM's bound)
                 got = lock.acquire(blocking=True, blocking_timeout=min(self.lock_ttl_s / 4, STANDBY_WAIT_S))
                 outage.ok()
@@ -161,6 +171,7 @@ class PlannerWorker:
                     self._compare_with_leader()
                     continue
                 self._take_office(lock)
+                self.lock_held_until_s = asked_s + self.lock_ttl_s
                 return lock
             except redis.RedisError as e:
                 refused = credentials_refused(self.settings.redis_url, e)
@@ -259,15 +270,40 @@ class PlannerWorker:
         """Extend ``lock`` every third of its TTL until deposed or ``done`` (this leadership
         ended: the lock is being released, an extend now would read as a lost lock)."""
         while not self.lost.is_set():
-            if done.wait(self.lock_ttl_s / 3):
+            if done.wait(self.settings.planner_lock_renewal_s):
                 return
-            try:
-                lock.extend(self.lock_ttl_s, replace_ttl=True)
-            except (LockNotOwnedError, LockError):
-                log.error("%s lost the planner lock; standing by", self.name)
-                self.lost.set()
-            except redis.RedisError as e:
-                log.warning("planner lock extend failed: %s", e)
+            self._extend_lock(lock)
+
+    def _extend_lock(self, lock) -> None:
+        """One extend of ``lock`` to its full TTL: on success :attr:`lock_held_until_s` moves to
+        the moment it was sent + the TTL; a lock no longer ours sets :attr:`lost`; a Redis
+        error is logged (the tick loop steps down if no extend succeeds before the TTL)."""
+        sent_s = self.clock.monotonic()
+        try:
+            lock.extend(self.lock_ttl_s, replace_ttl=True)
+            self.lock_held_until_s = sent_s + self.lock_ttl_s
+        except (LockNotOwnedError, LockError):
+            log.error("%s lost the planner lock; standing by", self.name)
+            self.lost.set()
+        except redis.RedisError as e:
+            log.warning("planner lock extend failed: %s", e)
+
+    def _check_lock_held(self) -> None:
+        """Before each tick step: the leader lock is surely still held (its last acquire or
+        extend was sent less than its TTL ago on :attr:`clock`'s monotonic time), or the lock
+        may have expired and a standby may lead: this planner steps down rather than plan or
+        dispatch. No check without a lock (a tick by hand).
+
+        Raises:
+            LeaseError: the lock may have expired (the tick loop stands by, giving the lock back
+                if it is still ours)."""
+        held_until_s = self.lock_held_until_s
+        if held_until_s is None:
+            return
+        late_s = self.clock.monotonic() - held_until_s
+        if late_s >= 0:
+            raise LeaseError(f"planner lock may have expired: no extend succeeded for {self.lock_ttl_s + late_s:.1f} s "
+                             f"(its TTL is {self.lock_ttl_s:g} s); stepping down")
 
     def stop(self) -> None:
         """Ask :meth:`run` to return (safe from a signal handler: it only sets an event);
@@ -326,6 +362,9 @@ class PlannerWorker:
         On the way out (stopped, or an exception such as KeyboardInterrupt) it ends the
         improver's child process."""
         telemetry.instrument_producer("makespan-planner")
+        lock_timing = planner_lock_warning(self.settings)
+        if lock_timing is not None:
+            log.warning("%s: %s", self.name, lock_timing)
         try:
             while not self._stop.is_set():
                 lock = self._lead()
@@ -348,6 +387,7 @@ class PlannerWorker:
             self._tick_until_deposed()
         finally:
             done.set()  # the keeper extends no more
+            self.lock_held_until_s = None
             try:
                 if self.lane is not None:
                     self.lane.stop(timeout_s=self.settings.redis_socket_timeout_s)
@@ -406,7 +446,8 @@ class PlannerWorker:
         the loop sleeps until woken.
 
         Raises:
-            LeaseError: the planner was fenced off (another planner leads).
+            LeaseError: the planner was fenced off (another planner leads), or its leader lock
+                may have expired before a step (:meth:`_check_lock_held`).
             redis.RedisError, StoreError: Redis failed."""
         self.tick_again = False
         ctx = TickContext(self.env, self.kept, self.token)
@@ -415,6 +456,7 @@ class PlannerWorker:
             for step in self.steps:
                 if ctx.followed and not getattr(step, "when_followed", False):
                     continue  # a tick that followed the kept plan ends (makespan.workers.follow)
+                self._check_lock_held()
                 step.run(ctx)
         finally:
             self.ticking.clear()

@@ -372,3 +372,30 @@ def test_settings_a_blocked_renewal_would_lose_a_lease_with_are_warned_of(ttl, h
     assert f"MAKESPAN_REDIS_SOCKET_TIMEOUT_S ({socket_timeout:g} s) is too long for MAKESPAN_LEASE_TTL_S ({ttl:g} s)" \
         in warning and f"{2 * heartbeat + socket_timeout:g} s after the last renewal" in warning
 
+
+
+@pytest.mark.parametrize("ttl, socket_timeout, says", [
+    (10.0, 5.0, "at most 1.66667 s, or MAKESPAN_LEASE_TTL_S to at least 30 s"),  # the defaults: lock 5 s, extend every 1.67 s
+    (3.0, 5.0, "retried 6 s after the last one"),  # the tests' settings: lock 1.5 s
+    (30.0, 5.0, None),  # lock 15 s, extend every 5 s: 2 x 5 + 5 = 15 fits
+    (60.0, 5.0, None),
+    (10.0, 1.5, None),  # lock 5 s: 2 x 1.67 + 1.5 <= 5
+])
+def test_settings_a_blocked_planner_lock_extend_that_would_outlive_the_lock_is_warned_of(ttl, socket_timeout, says):
+    """The planner's leader lock (half the lease TTL, extended every third of it) and the
+    Redis socket timeout were never compared: with the defaults (a 5 s lock, a 5 s timeout)
+    one extend blocked on a half-open connection outlives the lock. The planner now steps
+    down when its lock may have expired, and says as it starts when one blocked extend would
+    make it (makespan.settings.planner_lock_warning)."""
+    from makespan.settings import planner_lock_warning
+
+    settings = Settings(lease_ttl_s=ttl, redis_socket_timeout_s=socket_timeout)
+    assert settings.planner_lock_ttl_s == max(ttl / 2, 1.0)
+    assert settings.planner_lock_renewal_s == settings.planner_lock_ttl_s / 3
+    warning = planner_lock_warning(settings)
+    if says is None:
+        assert warning is None
+        return
+    assert warning is not None and says in warning, warning
+    assert (f"MAKESPAN_REDIS_SOCKET_TIMEOUT_S ({socket_timeout:g} s) is too long for the planner's leader lock "
+            f"({settings.planner_lock_ttl_s:g} s") in warning

@@ -61,7 +61,9 @@ def test_a_standby_planner_logs_an_outage_once(monkeypatch, caplog):
 
     monkeypatch.setattr(planner_worker, "OutageLog", Counted)
     url = f"redis://127.0.0.1:{free_port()}/0"
-    w = PlannerWorker(connect(url), Settings(redis_url=url, key_prefix="mst-outage-log"), load_fleet(FLEET_TOML))
+    # a socket timeout the leader lock fits (makespan.settings.planner_lock_warning): its one line is the outage's
+    w = PlannerWorker(connect(url), Settings(redis_url=url, key_prefix="mst-outage-log", redis_socket_timeout_s=1.0),
+                      load_fleet(FLEET_TOML))
     thread = threading.Thread(target=w.run, daemon=True)
     with caplog.at_level(logging.WARNING, logger="makespan.planner"):
         thread.start()

@@ -1,0 +1,88 @@
+"""A leading planner whose leader lock may have expired (no acquire or extend sent within
+the lock's TTL succeeded: the keeper's extend blocked on a half-open connection, or failed)
+starts no tick step: it steps down, gives the lock back if it is still its own, and stands
+by. Before, nothing but the planner fencing token on some writes stopped it: it went on
+ticking, planning and dispatching as leader while a standby could take the expired lock.
+
+The planner's clock is a ``ManualClock`` (its monotonic time is what the lock deadline is
+kept on); the lock is real, on the shared Redis under this test's prefix; the keeper thread
+is not run (its extends are made by hand), so nothing here depends on timing."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+
+import pytest
+
+from makespan.errors import LeaseError
+from makespan.models import load_fleet
+from makespan.workers.planner_worker import PlannerWorker
+from makespan.workers.tick.clock import ManualClock
+from tests.conftest import FLEET_TOML
+from tests.faults.private_redis import no_dispatch
+
+
+class _Recorded:
+    """A tick step that records that it ran; after three runs it stops the planner (a
+    planner that never steps down ends the test instead of ticking forever)."""
+
+    name = "recorded"
+
+    def __init__(self) -> None:
+        self.runs = 0
+        self.worker: PlannerWorker | None = None
+
+    def run(self, ctx) -> None:
+        self.runs += 1
+        if self.runs >= 3 and self.worker is not None:
+            self.worker.stop()
+
+
+def _leader(r, settings) -> tuple[PlannerWorker, ManualClock, _Recorded, object]:
+    clock = ManualClock(time.time(), monotonic_s=1000.0)
+    # a lock TTL of 30 s (the keeper, were it running, would extend it after 10 s)
+    worker = PlannerWorker(r, dataclasses.replace(settings, lease_ttl_s=60.0, critical_lane=False),
+                           load_fleet(FLEET_TOML), dispatch=no_dispatch, clock=clock)
+    recorded = _Recorded()
+    worker.steps = (recorded,)
+    recorded.worker = worker
+    lock = worker._lead()
+    assert lock is not None and r.get(worker.keys.planner_leader) is not None
+    return worker, clock, recorded, lock
+
+
+def test_a_leader_ticks_while_its_lock_is_held_and_steps_down_once_it_may_have_expired(r, settings):
+    worker, clock, recorded, lock = _leader(r, settings)
+    try:
+        clock.advance(worker.lock_ttl_s - 0.5)
+        worker.tick()
+        assert recorded.runs == 1
+        worker._extend_lock(lock)  # an extend that succeeded: the lock is held a TTL from now
+        clock.advance(worker.lock_ttl_s - 0.5)
+        worker.tick()
+        assert recorded.runs == 2
+        clock.advance(0.5)  # a TTL after the last extend was sent: it may have expired
+        with pytest.raises(LeaseError, match="planner lock may have expired"):
+            worker.tick()
+        assert recorded.runs == 2  # no step ran
+    finally:
+        worker.close()
+        lock.release()
+
+
+def test_the_tick_loop_steps_down_and_gives_the_lock_back(r, settings, caplog):
+    worker, clock, recorded, lock = _leader(r, settings)
+    try:
+        clock.advance(worker.lock_ttl_s)  # the keeper's extends all blocked: none succeeded
+        with caplog.at_level(logging.ERROR, logger="makespan.planner"):
+            worker._lead_until_stopped(lock)  # returns: deposed by its own deadline
+        assert recorded.runs == 0  # it planned and dispatched nothing
+        assert worker.lost.is_set()
+        assert r.get(worker.keys.planner_leader) is None  # given back: a standby takes over at once
+        assert worker.lock_held_until_s is None
+        assert any("planner lock may have expired" in rec.getMessage() and "stepping down" in rec.getMessage()
+                   for rec in caplog.records), [rec.getMessage() for rec in caplog.records]
+    finally:
+        worker.close()
