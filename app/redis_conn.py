@@ -478,6 +478,33 @@ def store_error(error: redis.RedisError, what: str) -> StoreError:
     return out
 
 
+def with_socket_timeout(client: redis.Redis, socket_timeout_s: float) -> redis.Redis:
+    """A client that reaches the same server (or Sentinel service), database, credentials
+    and TLS as ``client`` through its own connection pool, whose commands wait at most
+    ``socket_timeout_s`` for a reply (the planner's leader-lock extends: one that blocks on a
+    half-open connection must fail before the lock can expire,
+    :func:`makespan.settings.planner_lock_warning`).
+
+    Returns ``client`` itself when its socket timeout is already that short or shorter, or
+    when its pool is of a kind this cannot copy (a custom pool class).
+    """
+    from redis.sentinel import SentinelConnectionPool
+
+    pool = client.connection_pool
+    current = pool.connection_kwargs.get("socket_timeout")
+    if current is not None and current <= socket_timeout_s:
+        return client
+    kwargs = {k: v for k, v in pool.connection_kwargs.items() if k != "connection_pool"}
+    kwargs["socket_timeout"] = socket_timeout_s
+    if type(pool) is redis.ConnectionPool:
+        return redis.Redis(connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **kwargs))
+    if type(pool) is SentinelConnectionPool:
+        copy = SentinelConnectionPool(pool.service_name, pool.sentinel_manager, connection_class=pool.connection_class,
+                                      is_master=pool.is_master, check_connection=pool.check_connection, **kwargs)
+        return redis.Redis(connection_pool=copy)
+    return client
+
+
 def async_twin(client: redis.Redis) -> Any:
     """A ``redis.asyncio.Redis`` that reaches the same server, database, credentials, TLS
     and socket bounds as the sync ``client`` (its pool's connection keyword arguments),

@@ -590,6 +590,16 @@ class Settings:
         """How often the leading planner extends its leader lock, s: a third of its TTL."""
         return self.planner_lock_ttl_s / 3
 
+    @property
+    def planner_lock_socket_timeout_s(self) -> float:
+        """Longest wait for a reply to one leader-lock command (acquire, extend), s:
+        ``redis_socket_timeout_s``, but never more than the lock's TTL − 2 × its extend
+        interval (a third of the TTL), so that an extend blocked on a half-open connection
+        fails, and the next one is sent, before the lock can expire
+        (:func:`planner_lock_warning`). The planner sends them on a client of their own
+        (:func:`makespan.redis_conn.with_socket_timeout`)."""
+        return min(self.redis_socket_timeout_s, self.planner_lock_ttl_s - 2 * self.planner_lock_renewal_s)
+
     @classmethod
     def from_env(cls, **overrides: Any) -> Settings:
         """Build settings from ``MAKESPAN_*`` variables, then apply ``overrides``.
@@ -739,29 +749,34 @@ def lease_renewal_warning(s: Settings) -> str | None:
             f"worker still runs it; keep 2 x heartbeat + socket timeout <= lease TTL: {advice}")
 
 
-def planner_lock_warning(s: Settings) -> str | None:
+def planner_lock_warning(s: Settings, socket_timeout_s: float | None = None) -> str | None:
     """Why a leading planner of these settings would step down after one lock extend that
-    blocks (a half-open connection: the extend waits the whole ``redis_socket_timeout_s``,
-    then fails, and is tried again ``planner_lock_renewal_s`` later), or None. The lock then
-    goes 2 × ``planner_lock_renewal_s`` + ``redis_socket_timeout_s`` without an extend; over
+    blocks (a half-open connection: the extend waits the whole ``socket_timeout_s``, then
+    fails, and is tried again ``planner_lock_renewal_s`` later), or None. The lock then goes
+    2 × ``planner_lock_renewal_s`` + ``socket_timeout_s`` without an extend; over
     ``planner_lock_ttl_s`` it may have expired, so the planner steps down (it starts no tick
     step past its last extend + the TTL: :class:`makespan.workers.planner_worker.PlannerWorker`)
     and a standby, or itself, leads again under a new fencing token.
 
-    A warning, like :func:`lease_renewal_warning`: the step-down keeps two planners from
-    acting at once, so these settings cost a failover, not a double lease. Logged by every
-    planner as it starts (:meth:`~makespan.workers.planner_worker.PlannerWorker.run`)."""
+    ``socket_timeout_s``: the lock client's (None: ``planner_lock_socket_timeout_s``, which
+    always fits). The planner sends its lock commands on a copy of its client with that
+    shorter timeout; only a client whose pool cannot be copied (a custom pool class) keeps
+    ``redis_socket_timeout_s``, and then this says so as the planner starts. A warning, like
+    :func:`lease_renewal_warning`: the step-down keeps two planners from acting at once, so
+    these settings cost a failover, not a double lease."""
     ttl_s, renewal_s = s.planner_lock_ttl_s, s.planner_lock_renewal_s
-    gap_s = 2 * renewal_s + s.redis_socket_timeout_s
-    if gap_s <= ttl_s:
+    timeout_s = s.planner_lock_socket_timeout_s if socket_timeout_s is None else socket_timeout_s
+    gap_s = 2 * renewal_s + timeout_s
+    if gap_s <= ttl_s + 1e-9:
         return None
     fits_s = ttl_s - 2 * renewal_s
-    return (f"MAKESPAN_REDIS_SOCKET_TIMEOUT_S ({s.redis_socket_timeout_s:g} s) is too long for the planner's leader "
-            f"lock ({ttl_s:g} s: half MAKESPAN_LEASE_TTL_S, at least 1 s; extended every {renewal_s:g} s): an extend "
-            f"that blocks for the whole socket timeout (a half-open connection) and fails is retried {gap_s:g} s "
-            f"after the last one, when the lock may have expired, so the planner steps down and a standby takes "
-            f"over; keep 2 x extend interval + socket timeout <= lock TTL: set MAKESPAN_REDIS_SOCKET_TIMEOUT_S to at "
-            f"most {fits_s:g} s, or MAKESPAN_LEASE_TTL_S to at least {6 * s.redis_socket_timeout_s:g} s")
+    return (f"the planner's leader lock commands wait up to {timeout_s:g} s for Redis (its client's socket timeout; "
+            f"its pool could not be copied with a shorter one), too long for the lock ({ttl_s:g} s: half "
+            f"MAKESPAN_LEASE_TTL_S, at least 1 s; extended every {renewal_s:g} s): an extend that blocks for the "
+            f"whole socket timeout (a half-open connection) and fails is retried {gap_s:g} s after the last one, "
+            f"when the lock may have expired, so the planner steps down and a standby takes over; keep 2 x extend "
+            f"interval + socket timeout <= lock TTL: set MAKESPAN_REDIS_SOCKET_TIMEOUT_S to at most {fits_s:g} s, or "
+            f"MAKESPAN_LEASE_TTL_S to at least {6 * timeout_s:g} s")
 
 
 def _guarantees_from_env() -> dict[str, Any]:

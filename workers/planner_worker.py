@@ -50,7 +50,7 @@ from makespan.errors import LeaseError, RedisConfigError, StoreError, Validation
 from makespan.keys import WAKE_RELEASE, Keys
 from makespan.models import FleetSpec, Priority, fleet_version
 from makespan.planner.model import FleetState, PlanJob
-from makespan.redis_conn import OutageLog, check_eviction_policy, credentials_refused
+from makespan.redis_conn import OutageLog, check_eviction_policy, credentials_refused, with_socket_timeout
 from makespan.settings import Settings, planner_lock_warning
 from makespan.workers.batch import form_batch
 from makespan.workers.critical_lane import CriticalLane
@@ -126,6 +126,9 @@ class PlannerWorker:
         self.ticking = threading.Event()  # set while a tick runs (the critical lane's events say so)
         self.lane: CriticalLane | None = None  # the critical lane while leading (Settings.critical_lane)
         self.lock_ttl_s = settings.planner_lock_ttl_s
+        # the lock's commands on a client of their own whose replies wait at most what the lock
+        # allows: an extend blocked on a half-open connection fails before the lock can expire
+        self.lock_client = with_socket_timeout(r, settings.planner_lock_socket_timeout_s)
         # while leading: the clock's monotonic time until which the leader lock is surely held
         # (the last acquire or extend sent + its TTL); None: no lock (tests tick by hand)
         self.lock_held_until_s: float | None = None
@@ -158,7 +161,7 @@ class PlannerWorker:
 
     # -- leadership ----------------------------------------------------------------------
     def _lead(self):
-        lock = self.r.lock(self.keys.planner_leader, timeout=self.lock_ttl_s, thread_local=False)
+        lock = self.lock_client.lock(self.keys.planner_leader, timeout=self.lock_ttl_s, thread_local=False)
         outage = OutageLog(log, f"{self.name} standing by")
         while not self._stop.is_set():
             try:  # a standby must outlive a Redis restart or a dropped connection
@@ -312,9 +315,12 @@ class PlannerWorker:
 
     def close(self) -> None:
         """End the background improver and its child process (idempotent). :meth:`run`
-        does it on its way out; a caller that ticks by hand calls it when done."""
+        does it on its way out; a caller that ticks by hand calls it when done. Also
+        closes the leader lock's own client (the caller's client stays open)."""
         if self.improver is not None:
             self.improver.close()
+        if self.lock_client is not self.r:
+            self.lock_client.close()
 
     def _wait_for_work(self) -> None:
         """Sleep until a submission or a lease release wakes us, or one tick passes (less
@@ -362,7 +368,8 @@ class PlannerWorker:
         On the way out (stopped, or an exception such as KeyboardInterrupt) it ends the
         improver's child process."""
         telemetry.instrument_producer("makespan-planner")
-        lock_timing = planner_lock_warning(self.settings)
+        lock_timing = planner_lock_warning(
+            self.settings, self.lock_client.connection_pool.connection_kwargs.get("socket_timeout") or float("inf"))
         if lock_timing is not None:
             log.warning("%s: %s", self.name, lock_timing)
         try:

@@ -374,28 +374,28 @@ def test_settings_a_blocked_renewal_would_lose_a_lease_with_are_warned_of(ttl, h
 
 
 
-@pytest.mark.parametrize("ttl, socket_timeout, says", [
-    (10.0, 5.0, "at most 1.66667 s, or MAKESPAN_LEASE_TTL_S to at least 30 s"),  # the defaults: lock 5 s, extend every 1.67 s
-    (3.0, 5.0, "retried 6 s after the last one"),  # the tests' settings: lock 1.5 s
-    (30.0, 5.0, None),  # lock 15 s, extend every 5 s: 2 x 5 + 5 = 15 fits
-    (60.0, 5.0, None),
-    (10.0, 1.5, None),  # lock 5 s: 2 x 1.67 + 1.5 <= 5
+@pytest.mark.parametrize("ttl, socket_timeout, lock_timeout", [
+    (10.0, 5.0, 5.0 / 3),  # the defaults: lock 5 s, extend every 1.67 s: the lock's commands wait 1.67 s at most
+    (3.0, 5.0, 0.5),  # the tests' settings: lock 1.5 s
+    (30.0, 5.0, 5.0),  # lock 15 s, extend every 5 s: 2 x 5 + 5 = 15 fits the socket timeout itself
+    (10.0, 1.5, 1.5),
 ])
-def test_settings_a_blocked_planner_lock_extend_that_would_outlive_the_lock_is_warned_of(ttl, socket_timeout, says):
+def test_settings_a_blocked_planner_lock_extend_fails_before_the_lock_can_expire(ttl, socket_timeout, lock_timeout):
     """The planner's leader lock (half the lease TTL, extended every third of it) and the
     Redis socket timeout were never compared: with the defaults (a 5 s lock, a 5 s timeout)
-    one extend blocked on a half-open connection outlives the lock. The planner now steps
-    down when its lock may have expired, and says as it starts when one blocked extend would
-    make it (makespan.settings.planner_lock_warning)."""
+    one extend blocked on a half-open connection outlived the lock. The lock's commands now
+    wait at most TTL - 2 x extend interval (Settings.planner_lock_socket_timeout_s, on a
+    client of their own), and the planner steps down when its lock may have expired anyway;
+    planner_lock_warning speaks only for a lock client whose timeout could not be shortened."""
     from makespan.settings import planner_lock_warning
 
     settings = Settings(lease_ttl_s=ttl, redis_socket_timeout_s=socket_timeout)
     assert settings.planner_lock_ttl_s == max(ttl / 2, 1.0)
     assert settings.planner_lock_renewal_s == settings.planner_lock_ttl_s / 3
-    warning = planner_lock_warning(settings)
-    if says is None:
-        assert warning is None
-        return
-    assert warning is not None and says in warning, warning
-    assert (f"MAKESPAN_REDIS_SOCKET_TIMEOUT_S ({socket_timeout:g} s) is too long for the planner's leader lock "
-            f"({settings.planner_lock_ttl_s:g} s") in warning
+    assert settings.planner_lock_socket_timeout_s == pytest.approx(lock_timeout)
+    assert 2 * settings.planner_lock_renewal_s + settings.planner_lock_socket_timeout_s <= settings.planner_lock_ttl_s + 1e-9
+    assert planner_lock_warning(settings) is None  # the lock's own timeout always fits
+    if socket_timeout > lock_timeout + 1e-9:  # a lock client that kept the socket timeout: said as the planner starts
+        warning = planner_lock_warning(settings, socket_timeout)
+        assert warning is not None and f"wait up to {socket_timeout:g} s for Redis" in warning, warning
+        assert f"retried {2 * settings.planner_lock_renewal_s + socket_timeout:g} s after the last one" in warning

@@ -21,7 +21,6 @@ from makespan.models import load_fleet
 from makespan.workers.planner_worker import PlannerWorker
 from makespan.workers.tick.clock import ManualClock
 from tests.conftest import FLEET_TOML
-from tests.faults.private_redis import no_dispatch
 
 
 class _Recorded:
@@ -44,7 +43,7 @@ def _leader(r, settings) -> tuple[PlannerWorker, ManualClock, _Recorded, object]
     clock = ManualClock(time.time(), monotonic_s=1000.0)
     # a lock TTL of 30 s (the keeper, were it running, would extend it after 10 s)
     worker = PlannerWorker(r, dataclasses.replace(settings, lease_ttl_s=60.0, critical_lane=False),
-                           load_fleet(FLEET_TOML), dispatch=no_dispatch, clock=clock)
+                           load_fleet(FLEET_TOML), clock=clock)
     recorded = _Recorded()
     worker.steps = (recorded,)
     recorded.worker = worker
@@ -86,3 +85,65 @@ def test_the_tick_loop_steps_down_and_gives_the_lock_back(r, settings, caplog):
                    for rec in caplog.records), [rec.getMessage() for rec in caplog.records]
     finally:
         worker.close()
+
+
+def test_a_lock_extend_over_a_half_open_connection_fails_before_the_lock_can_expire(redis_url, settings):
+    """The lock's commands go on a client of their own whose socket timeout fits the lock
+    (Settings.planner_lock_socket_timeout_s: TTL - 2 x extend interval). With a 10 s socket
+    timeout and a 3 s lock, an extend whose connection went silent waited the whole 10 s,
+    long after the lock could have expired; now it fails after 1 s, and the keeper's next
+    extend (a new connection) keeps the lock, within its TTL."""
+    from urllib.parse import urlparse
+
+    from bench.fault_proxy import SilentProxy
+    from makespan.redis_conn import connect
+
+    u = urlparse(redis_url)
+    proxy = SilentProxy(u.hostname or "127.0.0.1", u.port or 6379)
+    db = int(urlparse(redis_url).path.strip("/") or 0)
+    url = proxy.url(db)
+    tuned = dataclasses.replace(settings, redis_url=url, lease_ttl_s=6.0, redis_socket_timeout_s=10.0,
+                                heartbeat_s=1.0, critical_lane=False)
+    r = connect(url, settings=tuned)
+    worker = PlannerWorker(r, tuned, load_fleet(FLEET_TOML), clock=ManualClock(time.time(), monotonic_s=1000.0))
+    try:
+        assert worker.lock_ttl_s == 3.0 and tuned.planner_lock_socket_timeout_s == pytest.approx(1.0)
+        assert worker.lock_client.connection_pool.connection_kwargs["socket_timeout"] == pytest.approx(1.0)
+        assert r.connection_pool.connection_kwargs["socket_timeout"] == 10.0  # the planner's own client keeps its
+        lock = worker._lead()
+        assert lock is not None
+        worker.lock_held_until_s = None
+        assert proxy.silence_open() >= 1  # every connection open now stops answering; new ones work
+        started = time.monotonic()
+        worker._extend_lock(lock)  # over the silenced connection: times out and fails
+        took_s = time.monotonic() - started
+        assert worker.lock_held_until_s is None and not worker.lost.is_set()
+        assert took_s < worker.lock_ttl_s, f"an extend over a silent connection took {took_s:.1f} s"
+        worker._extend_lock(lock)  # the keeper's next extend, over a new connection: the lock is still ours
+        assert worker.lock_held_until_s is not None and not worker.lost.is_set()
+        lock.release()
+    finally:
+        worker.close()
+        r.close()
+        proxy.close()
+
+
+def test_the_lock_client_of_a_sentinel_url_reaches_the_same_primary(sentinel_set):
+    """with_socket_timeout copies a Sentinel-managed client too: same service, database and
+    credentials, its own pool with the shorter timeout."""
+    from redis.sentinel import SentinelConnectionPool
+
+    from makespan.redis_conn import connect, with_socket_timeout
+
+    r = connect(sentinel_set.url_with())
+    short = with_socket_timeout(r, 0.75)
+    try:
+        assert short is not r and type(short.connection_pool) is SentinelConnectionPool
+        assert short.connection_pool.connection_kwargs["socket_timeout"] == 0.75
+        short.set("mst-lock-client-probe", "1", ex=30)
+        assert r.get("mst-lock-client-probe") == "1"
+        r.delete("mst-lock-client-probe")
+        assert with_socket_timeout(short, 5.0) is short  # already as short: the same client
+    finally:
+        short.close()
+        r.close()

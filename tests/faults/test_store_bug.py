@@ -19,7 +19,6 @@ from makespan.store.jobs import JobStore
 from makespan.workers import planner_worker
 from makespan.workers.planner_worker import PlannerWorker
 from tests.conftest import FLEET_TOML
-from tests.faults.private_redis import no_dispatch
 from tests.live import wait_for
 
 
@@ -73,7 +72,7 @@ def test_the_planner_tick_loop_logs_a_bug_once_not_an_outage(monkeypatch, r, key
 
     monkeypatch.setattr(planner_worker, "OutageLog", Counted)
     r.set(keys.delayed, "not a sorted set")
-    worker = PlannerWorker(r, settings, load_fleet(FLEET_TOML), dispatch=no_dispatch)
+    worker = PlannerWorker(r, settings, load_fleet(FLEET_TOML))
     thread = threading.Thread(target=worker._tick_until_deposed, daemon=True)
     try:
         with caplog.at_level(logging.WARNING, logger="makespan.planner"):
