@@ -68,7 +68,7 @@ def _reset_after_fork(**_kw) -> None:
 
 
 def _make_phase_task(phase: str):
-    @celery.task(name=PHASE_TASK_NAMES[phase], bind=True, acks_late=True, ignore_result=True)
+    @celery.task(name=PHASE_TASK_NAMES[phase], bind=True, acks_late=True, ignore_result=True, shared=False)
     def _task(self, ctx: dict) -> str:
         c = PhaseContext.from_dict(ctx)
         out = runner().run(c, phase)
@@ -82,7 +82,7 @@ def _make_phase_task(phase: str):
 PHASE_TASKS = {p: _make_phase_task(p) for p in PHASES}
 
 
-@celery.task(name=WARM_JOB_TASK, bind=True, acks_late=True, ignore_result=True)
+@celery.task(name=WARM_JOB_TASK, bind=True, acks_late=True, ignore_result=True, shared=False)
 def warm_job(self, ctx: dict) -> str:
     """Fast path for a warm job: its endpoint instance is already resident on exactly its
     leased GPUs, so evict and start_endpoint have nothing to do. Runs all four phases in
