@@ -494,7 +494,8 @@ def with_socket_timeout(client: redis.Redis, socket_timeout_s: float) -> redis.R
     :func:`makespan.settings.planner_lock_warning`).
 
     Returns ``client`` itself when its socket timeout is already that short or shorter, or
-    when its pool is of a kind this cannot copy (a custom pool class).
+    when its pool is of a kind this cannot copy (a custom pool class). A new client owns its
+    pool: its ``close()`` disconnects the pool's connections.
     """
     from redis.sentinel import SentinelConnectionPool
 
@@ -505,11 +506,11 @@ def with_socket_timeout(client: redis.Redis, socket_timeout_s: float) -> redis.R
     kwargs = {k: v for k, v in pool.connection_kwargs.items() if k != "connection_pool"}
     kwargs["socket_timeout"] = socket_timeout_s
     if type(pool) is redis.ConnectionPool:
-        return redis.Redis(connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **kwargs))
+        return redis.Redis.from_pool(redis.ConnectionPool(connection_class=pool.connection_class, **kwargs))
     if type(pool) is SentinelConnectionPool:
         copy = SentinelConnectionPool(pool.service_name, pool.sentinel_manager, connection_class=pool.connection_class,
                                       is_master=pool.is_master, check_connection=pool.check_connection, **kwargs)
-        return redis.Redis(connection_pool=copy)
+        return redis.Redis.from_pool(copy)
     return client
 
 
