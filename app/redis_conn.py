@@ -425,6 +425,9 @@ _QUOTED_TRANSIENT_CODE = re.compile(r"-(%s)\b" % "|".join(sorted(TRANSIENT_REPLY
 _NOT_BUG_REPLIES: tuple[type[Exception], ...] = (
     redis.exceptions.NoPermissionError, redis.exceptions.NoScriptError, redis.exceptions.ReadOnlyError,
     redis.exceptions.OutOfMemoryError, redis.exceptions.TryAgainError, redis.exceptions.ClusterDownError)
+# what redis-py puts before the reply of a command that failed in a pipeline
+# ("Command # 1 (SET k v) of pipeline caused error: NOREPLICAS ...")
+_PIPELINE_ANNOTATION = re.compile(r"^Command # \d+ \(.*?\) of pipeline caused error: ", re.DOTALL)
 
 
 def is_store_bug(error: BaseException) -> bool:
@@ -434,15 +437,20 @@ def is_store_bug(error: BaseException) -> bool:
     (a Lua script that raised, ``WRONGTYPE``, a wrong number of arguments, an unknown
     command). Connection errors, timeouts and the transient replies are outages (False);
     so are ACL refusals (``NOPERM``: :func:`credentials_refused`'s concern) and
-    ``NOSCRIPT``."""
+    ``NOSCRIPT``. The reply is read also where redis-py prefixed it (a command that failed
+    in a pipeline), and a :class:`StoreError` is judged by the error it wraps (its
+    ``__cause__``: its own message starts with what failed, :func:`store_error`)."""
     seen: BaseException | None = error
     while seen is not None:
         if isinstance(seen, StoreBug | redis.DataError):
             return True
+        if isinstance(seen, StoreError) and seen.__cause__ is not None:
+            seen = seen.__cause__  # store_error's wrapper: "{what}: {reply}", the reply is its cause's
+            continue
         if isinstance(seen, redis.ResponseError):
             if isinstance(seen, _NOT_BUG_REPLIES):
                 return False
-            text = str(seen).strip()
+            text = _PIPELINE_ANNOTATION.sub("", str(seen).strip(), count=1)
             code = text.split(" ", 1)[0].lstrip("-").upper()
             return code not in TRANSIENT_REPLY_CODES and not _QUOTED_TRANSIENT_CODE.search(text)
         seen = seen.__cause__
@@ -486,7 +494,8 @@ def with_socket_timeout(client: redis.Redis, socket_timeout_s: float) -> redis.R
     :func:`makespan.settings.planner_lock_warning`).
 
     Returns ``client`` itself when its socket timeout is already that short or shorter, or
-    when its pool is of a kind this cannot copy (a custom pool class).
+    when its pool is of a kind this cannot copy (a custom pool class). A new client owns its
+    pool: its ``close()`` disconnects the pool's connections.
     """
     from redis.sentinel import SentinelConnectionPool
 
@@ -497,11 +506,11 @@ def with_socket_timeout(client: redis.Redis, socket_timeout_s: float) -> redis.R
     kwargs = {k: v for k, v in pool.connection_kwargs.items() if k != "connection_pool"}
     kwargs["socket_timeout"] = socket_timeout_s
     if type(pool) is redis.ConnectionPool:
-        return redis.Redis(connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **kwargs))
+        return redis.Redis.from_pool(redis.ConnectionPool(connection_class=pool.connection_class, **kwargs))
     if type(pool) is SentinelConnectionPool:
         copy = SentinelConnectionPool(pool.service_name, pool.sentinel_manager, connection_class=pool.connection_class,
                                       is_master=pool.is_master, check_connection=pool.check_connection, **kwargs)
-        return redis.Redis(connection_pool=copy)
+        return redis.Redis.from_pool(copy)
     return client
 
 

@@ -27,7 +27,9 @@ EXIT_SHUTDOWN_TIMEOUT = 1  # exit code of a process whose clean shutdown outlast
 SHUTTING_DOWN = threading.Event()
 """Set when this process's shutdown begins (:func:`arm`): work that can end early sees it
 (a GPU worker's running workload function gets ``ctx.cancelled``, with ``cancel_reason``
-``worker_shutdown``: :mod:`makespan.workers.functions`) and ends before the watchdog."""
+``worker_shutdown``: :mod:`makespan.workers.functions`) and ends before the watchdog.
+One per process: a Celery prefork child's stays unset when its parent shuts down (the
+``worker_shutting_down`` signal, which arms, is sent in the parent only)."""
 
 _armed = False
 _lock = threading.Lock()

@@ -147,3 +147,24 @@ def test_the_lock_client_of_a_sentinel_url_reaches_the_same_primary(sentinel_set
     finally:
         short.close()
         r.close()
+
+
+def test_closing_the_planner_closes_its_lock_clients_connections(private_redis, settings):
+    """The leader lock's own client (:func:`makespan.redis_conn.with_socket_timeout`) shares
+    no pool with the planner's; :meth:`PlannerWorker.close` must disconnect it. Before,
+    ``Redis.close()`` of a client built on a pool it was handed left that pool's
+    connections open until the worker was garbage-collected."""
+    from makespan.redis_conn import connect
+    from tests.live import wait_for
+
+    own = dataclasses.replace(settings, redis_url=private_redis.url, critical_lane=False)
+    r = connect(private_redis.url, settings=own)
+    worker = PlannerWorker(r, own, load_fleet(FLEET_TOML))
+    assert worker.lock_client is not r  # the default socket timeout is longer than the lock allows
+    lock = worker._lead()
+    assert lock is not None
+    worker._release(lock)
+    connected = len(r.client_list())
+    worker.close()
+    wait_for(lambda: len(r.client_list()) < connected, 5, "the lock client's connection closed")
+    r.close()

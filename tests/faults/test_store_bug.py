@@ -122,3 +122,49 @@ def test_a_gpu_worker_phase_that_hits_a_bug_fails_its_job_at_once(r, keys, setti
     assert not r.exists(keys.lease("L1"))  # released at once, not held to the TTL
     failed = [json.loads(f["e"]) for _id, f in r.xrange(keys.events) if json.loads(f["e"])["kind"] == "failed"]
     assert failed and "Traceback" in failed[-1].get("traceback", ""), failed
+
+
+def test_a_transient_reply_stays_an_outage_once_wrapped_or_in_a_pipeline(private_redis, r, keys, settings):
+    """A Redis that refuses writes for a while (``NOREPLICAS``: ``min-replicas-to-write``
+    with no replica left, as during a failover; ``BUSY`` and ``MISCONF`` come the same way,
+    as plain ``ResponseError``s) is an outage. The store wraps the reply ("script
+    promote_delayed: NOREPLICAS ...", :func:`store_error`) and redis-py prefixes a
+    pipeline's ("Command # 1 (...) of pipeline caused error: NOREPLICAS ..."); read again,
+    neither reply started with its code, so both read as bugs: a GPU worker's phase failed
+    its job at once and the loops logged a bug instead of waiting the outage out."""
+    from makespan.keys import Keys
+    from makespan.producer import Producer
+    from makespan.workers.leases import LeaseStore
+    from makespan.workers.phases import PhaseContext, PhaseRunner
+
+    refusing = connect(private_redis.url)
+    private_keys = Keys("transient-reply")  # a private Redis, gone with the fixture
+    refusing.zadd(private_keys.delayed, {"job-1": 0})
+    refusing.config_set("min-replicas-to-write", 1)
+    with pytest.raises(StoreError) as scripted:
+        JobStore(refusing, private_keys).promote_delayed(1e12, 10)
+    with pytest.raises(redis.ResponseError) as piped:
+        refusing.pipeline(transaction=True).set(private_keys.seq, 1).execute()
+    for error in (scripted.value, piped.value):
+        assert "NOREPLICAS" in str(error), str(error)
+        assert not is_store_bug(error), str(error)
+        outage = OutageLog(logging.getLogger("makespan.test"), "a loop")
+        outage.failed(error)
+        assert (outage.failures, outage.bugs) == (1, 0), str(error)
+    assert not isinstance(scripted.value, StoreBug)
+
+    # a phase that hits it leaves the job to its lease's reclaim, as after any outage
+    fleet = load_fleet(FLEET_TOML)
+    job_id = Producer(r, keys, fleet, settings).submit({"endpoint": "embed", "service_s": 5, "priority": "HIGH"}).id
+    lease = LeaseStore(r, keys).acquire("L1", ("GPU-host-a-3",), settings.lease_ttl_s, job_id=job_id, kind="job",
+                                        holder="host-a", queue=keys.queue("HIGH"))
+    assert lease is not None
+    ctx = PhaseContext("L1", lease.token, ["GPU-host-a-3"], "host-a", "job", "embed", job_id, "HIGH", 300.0)
+
+    def body() -> str:
+        raise scripted.value
+
+    with pytest.raises(StoreError):
+        PhaseRunner(r, settings, fleet).guarded(ctx, "execute", body)
+    assert r.hget(keys.job(job_id), "state") != "failed"
+    assert r.exists(keys.lease("L1"))
