@@ -12,7 +12,7 @@ from pathlib import Path
 
 import typer
 
-from makespan.cli_support import EXIT_NOT_FINISHED, CliGroup
+from makespan.cli_support import EXIT_ALREADY_ENDED, EXIT_NOT_FINISHED, CliGroup, ignored_fleet_option, utc_text
 from makespan.cli_support import fail as _fail
 from makespan.errors import MakespanError, RedisAuthFailed, RedisConfigError, ValidationError
 from makespan.planner.policies import DEFAULT_POLICY, POLICY_REGISTRY
@@ -453,23 +453,48 @@ def result(job_id: str, timeout_s: float | None = typer.Option(None, help="wait 
     typer.echo(json.dumps(value, indent=2, ensure_ascii=False))
 
 
+FLEET_IGNORED_HELP = "deprecated and ignored (a job is read without its fleet); kept so that old invocations work"
+
+
+def _job_reader():
+    """A Producer without a fleet: enough to read or cancel a job."""
+    from makespan.keys import Keys
+    from makespan.producer import Producer
+    from makespan.redis_conn import connect
+
+    s = _settings()
+    return Producer(connect(s.redis_url), Keys(s.key_prefix), None, s)
+
+
 @app.command()
-def status(job_id: str, fleet: Path | None = typer.Option(None, "--fleet", help="not needed to read a job")):
+def status(job_id: str, fleet: Path | None = typer.Option(None, "--fleet", hidden=True, help=FLEET_IGNORED_HELP)):
     """Print a job's record as JSON: times in unix s (e.g. submitted_at) and ISO-8601 UTC (submitted_at_utc)."""
+    ignored_fleet_option(fleet, "status")
     try:
-        typer.echo(json.dumps(_producer(fleet).status(job_id), indent=2))
+        typer.echo(json.dumps(_job_reader().status(job_id), indent=2))
     except MakespanError as e:
         _fail(e)
 
 
 @app.command()
-def cancel(job_id: str, fleet: Path | None = typer.Option(None, "--fleet", help="not needed to cancel")):
+def cancel(job_id: str, fleet: Path | None = typer.Option(None, "--fleet", hidden=True, help=FLEET_IGNORED_HELP)):
     """Cancel a job (queued: removed at once; running: a workload function sees ctx.cancelled, a simulated
-    cold start or execute is cut short, anything else stops at its next phase)."""
+    cold start or execute is cut short, anything else stops at its next phase). Prints one word: cancelled (this
+    call cancelled the queued or delayed job) or cancel_requested (leased or running: it stops at its next phase
+    boundary), exit 0; for a job that had already ended, how it ended (cancelled, completed or failed) and, on
+    stderr, when: exit 5, nothing was cancelled. Exit 2: an unknown job, or Redis unreachable."""
+    ignored_fleet_option(fleet, "cancel")
     try:
-        typer.echo(_producer(fleet).cancel(job_id))
+        outcome = _job_reader().cancel_outcome(job_id)
     except MakespanError as e:
         _fail(e)
+    typer.echo(outcome.state)
+    if outcome.already_ended:
+        when = f" at {utc_text(outcome.finished_at)}" if outcome.finished_at is not None else ""
+        typer.echo(f"job {job_id} had already ended ({outcome.state}{when}): nothing to cancel", err=True)
+        raise typer.Exit(EXIT_ALREADY_ENDED)
+    if outcome.requested_before:
+        typer.echo(f"job {job_id}: its cancel was already requested; it stops at its next phase boundary", err=True)
 
 
 REPORT_HELP = "where to write the report JSON too; default: report.json in the current folder, unless --run-dir is given"

@@ -24,6 +24,11 @@ if TYPE_CHECKING:  # pragma: no cover
 #: process that refused to start, makespan.redis_conn.EXIT_REFUSED)
 EXIT_NOT_FINISHED = 4
 
+#: exit code of ``makespan cancel`` and ``makespan cancel-workload`` when the job (or the
+#: workload) had already ended before the call: nothing was cancelled (0: this call
+#: cancelled it or asked it to stop; 2: unknown id, Redis unreachable)
+EXIT_ALREADY_ENDED = 5
+
 # the click context of the command running now (set by CliGroup): its parameters name
 # the Redis URL of a command with --redis-url
 _RUNNING: ContextVar[Any] = ContextVar("makespan_cli_running_command", default=None)
@@ -70,6 +75,21 @@ def unreachable_redis(error: BaseException) -> RedisUnreachable | RedisAuthFaile
             return unreachable(_command_redis_url(), seen)
         seen = seen.__cause__
     return None
+
+
+def utc_text(unix_s: float) -> str:
+    """``unix_s`` as ``YYYY-MM-DD HH:MM:SSZ`` (UTC), as ``why``, ``jobs`` and ``incidents`` print times."""
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(unix_s, tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def ignored_fleet_option(fleet: object, command: str) -> None:
+    """Warn on stderr that ``command``'s ``--fleet`` (deprecated, hidden) is ignored when
+    one was given: the command reads a job without its fleet. Old invocations go on."""
+    if fleet is not None:
+        typer.echo(f"warning: --fleet is deprecated and ignored by `makespan {command}` (a job is read without its "
+                   "fleet): leave it out", err=True)
 
 
 def fail(e: Exception) -> None:

@@ -4,7 +4,6 @@ and the record fields are :mod:`makespan.wait_reasons`'s (docs/concepts.md)."""
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 from typing import Any
 
@@ -12,10 +11,12 @@ import typer
 
 from makespan.errors import MakespanError, NotFoundError, ValidationError
 from makespan.cli_support import context, fail
+from makespan.cli_support import utc_text as _utc_text
 from makespan.pools import published_pools
 
 WAITING = ("queued", "delayed")
 FINISHED = ("completed", "failed", "cancelled")  # listed from P:finished and P:retained, the latest first
+LEASED = ("leased", "running")  # holding a GPU lease (running: in its execute phase)
 LISTED_STATES = ("queued", "delayed", "leased", "running", *FINISHED)  # running: leased and in its execute phase
 # a waiting job's ETA; an ended one's outcome: when it ended (UTC) and why (a failure's error, a cancel's cause)
 HEADER = f"{'ID':32}  {'PRIORITY':8} {'ENDPOINT':14} {'STATE':9} {'REASON':22} ETA/OUTCOME"
@@ -29,9 +30,15 @@ def _short(text: str) -> str:
 
 
 def explain(r, keys, settings, job_id: str) -> dict[str, Any]:
-    """``{id, state, priority, endpoint, reason, detail, eta, eta_in_s, as_of_s, finished_at}``
-    of one job (``reason`` None when it is not waiting; ETA in unix s on the Redis server's
-    clock; ``finished_at``, unix s, for a completed, failed or cancelled job, else None).
+    """``{id, state, priority, endpoint, reason, detail, eta, eta_in_s, as_of_s, finished_at,
+    leased_at, started_at, since_s, phase, cancel_requested}`` of one job (``reason`` None
+    when it is not waiting; ETA in unix s on the Redis server's clock; ``finished_at``, unix
+    s, for a completed, failed or cancelled job, else None). A leased or running job also
+    has ``leased_at`` and ``started_at`` (unix s; ``started_at``: its execute phase began,
+    None before), ``since_s`` (seconds since ``started_at`` for a running job, else since
+    ``leased_at``, on the Redis server's clock), ``phase`` (the phase running now:
+    ``evict``, ``start_endpoint``, ``execute`` or ``clear``; None between two phases) and
+    ``cancel_requested`` (bool); other states have them None (False).
 
     Raises:
         NotFoundError: no such job."""
@@ -41,7 +48,20 @@ def explain(r, keys, settings, job_id: str) -> dict[str, Any]:
     rec = r.hgetall(keys.job(job_id))
     if not rec:
         raise NotFoundError(f"no job {job_id!r}")
-    return _explain_rec(r, keys, settings, job_id, rec, *context)
+    (marks,) = _phase_marks(r, keys, [rec])
+    return _explain_rec(r, keys, settings, job_id, rec, *context, phase_marks=marks)
+
+
+def _phase_marks(r, keys, recs: list[dict[str, str]]) -> list[dict[str, str] | None]:
+    """Per record, the phase markers of the lease a leased or running one names
+    (``P:phase:{lease}``, in one pipeline); None for the others."""
+    leases = [rec.get("lease") if rec.get("state") in LEASED else None for rec in recs]
+    p = r.pipeline(transaction=False)
+    for lease_id in leases:
+        if lease_id:
+            p.hgetall(keys.phase(lease_id))
+    found = iter(p.execute() if any(leases) else [])
+    return [next(found) if lease_id else None for lease_id in leases]
 
 
 def _context(r, keys) -> tuple[bool, float, float | None]:
@@ -51,13 +71,26 @@ def _context(r, keys) -> tuple[bool, float, float | None]:
     return bool(r.exists(keys.planner_leader)), sec + usec / 1e6, float(written) if written else None
 
 
+def _float_or_none(raw: str | None) -> float | None:
+    return float(raw) if raw else None
+
+
 def _explain_rec(r, keys, settings, job_id: str, rec: dict[str, str], leads: bool, now_s: float,
-                 written_at_s: float | None = None) -> dict[str, Any]:
+                 written_at_s: float | None = None, phase_marks: dict[str, str] | None = None) -> dict[str, Any]:
     from makespan.wait_reasons import reason_of, stale_after_s
 
     out: dict[str, Any] = {"id": job_id, "state": rec.get("state"), "priority": rec.get("priority"),
                            "endpoint": rec.get("endpoint"), "reason": None, "detail": "", "eta": None,
-                           "eta_in_s": None, "as_of_s": None, "finished_at": None}
+                           "eta_in_s": None, "as_of_s": None, "finished_at": None, "leased_at": None,
+                           "started_at": None, "since_s": None, "phase": None, "cancel_requested": False}
+    if rec.get("state") in LEASED:  # when it was leased, the phase it is in (and since when)
+        from makespan.producer import phase_now
+
+        leased_at, started_at = _float_or_none(rec.get("leased_at")), _float_or_none(rec.get("started_at"))
+        since = started_at if rec.get("state") == "running" and started_at is not None else leased_at
+        out.update(leased_at=leased_at, started_at=started_at,
+                   since_s=None if since is None else round(max(0.0, now_s - since), 3),
+                   phase=phase_now(phase_marks or {})["phase"], cancel_requested=rec.get("cancel_requested") == "1")
     if rec.get("state") not in WAITING:
         if rec.get("state") in FINISHED and rec.get("finished_at"):
             out["finished_at"] = float(rec["finished_at"])
@@ -74,21 +107,34 @@ def _explain_rec(r, keys, settings, job_id: str, rec: dict[str, str], leads: boo
     return out
 
 
-def _utc_text(unix_s: float) -> str:
-    return _dt.datetime.fromtimestamp(unix_s, tz=_dt.UTC).strftime("%Y-%m-%d %H:%M:%SZ")
-
-
 def _when(eta: float | None, in_s: float | None) -> str:
     if eta is None:
         return "no ETA"
     return f"ETA {_utc_text(eta)} (in {max(0.0, in_s or 0.0):.0f} s)"
 
 
+def _activity(x: dict[str, Any]) -> str:
+    """What a leased or running job does now: ``leased 2026-12-06 00:10:03Z (12 s ago),
+    phase start_endpoint`` (``running since`` its execute phase began for a running job;
+    ``between phases`` while the next phase waits for its GPU worker), ``, cancel
+    requested`` when it was asked to stop; "" for other states."""
+    if x["state"] not in LEASED:
+        return ""
+    since = x["started_at"] if x["state"] == "running" and x["started_at"] is not None else x["leased_at"]
+    head = "running since" if x["state"] == "running" and x["started_at"] is not None else "leased"
+    text = head if since is None else f"{head} {_utc_text(since)}" + (
+        f" ({x['since_s']:.0f} s ago)" if x["since_s"] is not None else "")
+    text += f", phase {x['phase']}" if x["phase"] else ", between phases"
+    return text + (", cancel requested" if x["cancel_requested"] else "")
+
+
 def _outcome(x: dict[str, Any]) -> str:
     """The ETA/OUTCOME cell of a job that is not waiting: an ended job's finish time (UTC)
-    and why it ended (cut to :data:`DETAIL_CHARS`); a leased or running job's, its detail."""
+    and why it ended (cut to :data:`DETAIL_CHARS`); a leased or running job's, when it was
+    leased (or began executing), its phase now and whether it was asked to stop
+    (:func:`_activity`)."""
     if x["finished_at"] is None:
-        return _short(x["detail"])
+        return _activity(x) or _short(x["detail"])
     return f"ended {_utc_text(x['finished_at'])}" + (f": {_short(x['detail'])}" if x["detail"] else "")
 
 
@@ -96,7 +142,8 @@ def line(x: dict[str, Any]) -> str:
     """The one-line form of :func:`explain`'s answer."""
     if x["reason"] is None:
         ended = f", ended {_utc_text(x['finished_at'])}" if x["finished_at"] is not None else ""
-        return f"{x['id']}: {x['state']}{ended}" + (f" ({x['detail']})" if x["detail"] else "")
+        doing = f", {_activity(x)}" if x.get("leased_at") or x.get("phase") else ""
+        return f"{x['id']}: {x['state']}{ended}{doing}" + (f" ({x['detail']})" if x["detail"] else "")
     return f"{x['id']}: {x['state']}, {x['reason']}, {_when(x['eta'], x['eta_in_s'])}"
 
 
@@ -112,17 +159,24 @@ def _finished_ids(r, keys, count: int) -> list[str]:
     return [job_id for job_id, _ in merged[:count]]
 
 
-def _check_endpoint(r, keys, endpoint: str) -> None:
-    """Raise ValidationError when the fleet the planner published (``P:fleet``) has no
-    endpoint ``endpoint``; nothing to check when none is published yet."""
+def published_endpoints(r, keys) -> list[str] | None:
+    """The endpoint names of the fleet the planner published (``P:fleet``), sorted; None
+    when none is published yet (or it holds no endpoint table)."""
     raw = r.get(keys.fleet)
     if not raw:
-        return
+        return None
     try:
         known = sorted(json.loads(raw).get("endpoints") or {})
     except (ValueError, TypeError, AttributeError):
-        return
-    if known and endpoint not in known:
+        return None
+    return known or None
+
+
+def _check_endpoint(r, keys, endpoint: str) -> None:
+    """Raise ValidationError when the fleet the planner published (``P:fleet``) has no
+    endpoint ``endpoint``; nothing to check when none is published yet."""
+    known = published_endpoints(r, keys)
+    if known is not None and endpoint not in known:
         raise ValidationError("endpoint", endpoint, f"not an endpoint of the published fleet; known: {', '.join(known)}")
 
 
@@ -172,8 +226,9 @@ def list_jobs(r, keys, settings, states: tuple[str, ...] = WAITING, endpoint: st
     p = r.pipeline(transaction=False)
     for j in ids:
         p.hgetall(keys.job(j))
+    recs = p.execute()
     out = []
-    for j, rec in zip(ids, p.execute()):
+    for j, rec, marks in zip(ids, recs, _phase_marks(r, keys, recs)):
         if not rec or rec.get("state") not in states and not (rec.get("state") == "running" and "leased" in states):
             continue
         if endpoint and rec.get("endpoint") != endpoint or priority and rec.get("priority") != priority.upper():
@@ -182,7 +237,7 @@ def list_jobs(r, keys, settings, states: tuple[str, ...] = WAITING, endpoint: st
         if pool not in leads_by_pool:  # a pool not in the published fleet: read after its records, so
             leads, now_s, _written = _context(r, keys.for_pool(pool))  # its last write is not compared
             leads_by_pool[pool] = (leads, now_s, None)
-        out.append(_explain_rec(r, keys, settings, j, rec, *leads_by_pool[pool]))
+        out.append(_explain_rec(r, keys, settings, j, rec, *leads_by_pool[pool], phase_marks=marks))
         if len(out) >= limit:
             break
     return out
@@ -216,17 +271,23 @@ def register(app: typer.Typer) -> None:
                                                                          "completed, failed or cancelled (repeatable); "
                                                                          "default: queued and delayed"),
                  endpoint: str = typer.Option(None, "--endpoint", help="only jobs of this endpoint (a name the "
-                                              "published fleet has)"),
+                                              "published fleet has: another one fails, exit 2; with no fleet "
+                                              "published it cannot be checked, and a warning says so)"),
                  priority: str = typer.Option(None, "--priority", help="only jobs of this level: CRITICAL, HIGH, "
                                               "NORMAL or LOW"),
                  limit: int = typer.Option(100, "--limit", min=1, help="list at most this many jobs"),
                  as_json: bool = typer.Option(False, "--json", help="print JSON lines")):
-        """Jobs with their state, reason and ETA (one line each)."""
+        """Jobs with their state, reason and ETA (one line each); a leased or running job's ETA/OUTCOME says when it
+        was leased (or began executing) and its phase now, an ended job's when and why it ended."""
         try:
             s, r, k = _ctx()
             rows = list_jobs(r, k, s, tuple(state) if state else WAITING, endpoint, priority, limit)
+            unchecked = bool(endpoint) and published_endpoints(r, k) is None
         except MakespanError as e:
             _fail(e)
+        if unchecked:
+            typer.echo(f"warning: no planner has published a fleet yet: --endpoint {endpoint!r} could not be checked "
+                       "(an unknown endpoint lists nothing)", err=True)
         if not rows and not as_json:
             typer.echo(f"no job {' or '.join(state or WAITING)}", err=True)
         if rows and not as_json:

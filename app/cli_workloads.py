@@ -9,7 +9,7 @@ from pathlib import Path
 import typer
 
 from makespan.errors import MakespanError
-from makespan.cli_support import context, fail
+from makespan.cli_support import EXIT_ALREADY_ENDED, context, fail, utc_text
 
 
 
@@ -55,12 +55,27 @@ def register(app: typer.Typer) -> None:
 
     @app.command("cancel-workload")
     def cancel_workload_cmd(workload_id: str):
-        """Cancel a workload: queued steps now, running steps at their next phase boundary."""
-        from makespan.workloads import cancel_workload
+        """Cancel a workload: queued steps now, running steps at their next phase boundary. Prints JSON:
+        {"cancelled": n queued steps, "cancel_requested": n running steps, "already_ended": null, or the state the
+        workload had already ended in (completed, failed, cancelled)}. Exit 0: this call cancelled something (on a
+        failed workload, its independent steps still going); 5: it had already ended and nothing was cancelled
+        (stderr says how and when); 2: an unknown workload, or Redis unreachable."""
+        from makespan.workloads import cancel_workload_outcome
 
         try:
             s, r, k = _ctx()
-            out = cancel_workload(r, k, workload_id)
+            out = cancel_workload_outcome(r, k, workload_id)
         except MakespanError as e:
             _fail(e)
+        ended_at = out.pop("ended_at")
         typer.echo(json.dumps(out))
+        if out["already_ended"] is None:
+            return
+        when = f" at {utc_text(ended_at)}" if ended_at is not None else ""
+        if out["cancelled"] or out["cancel_requested"]:
+            typer.echo(f"workload {workload_id} had already {out['already_ended']}{when}; its steps still going "
+                       "were cancelled", err=True)
+            return
+        typer.echo(f"workload {workload_id} had already ended ({out['already_ended']}{when}): nothing to cancel",
+                   err=True)
+        raise typer.Exit(EXIT_ALREADY_ENDED)

@@ -40,7 +40,7 @@ from makespan.errors import (JobCancelled, JobFailed, NotFoundError, ResultTimeo
                              WorkloadError, is_utf8)
 from makespan.keys import Keys
 from makespan.models import FINAL_STATES, FleetSpec, Priority, fleet_version, load_fleet, parse_fleet
-from makespan.producer import Producer
+from makespan.producer import CancelOutcome, Producer
 from makespan.redis_conn import AUTH_ERRORS, auth_failed, unreachable
 from makespan.registry import WorkloadDef, check_call, live_definition
 from makespan.results import REFERENCE
@@ -132,7 +132,8 @@ class Client:
             if self._own_fleet is None:
                 raise ValidationError("fleet", None, "no planner has published a fleet yet: start `makespan planner "
                                                      "--fleet FILE`, or give the fleet yourself (--fleet FILE on the "
-                                                     "command line, makespan.connect(fleet=...) in Python)")
+                                                     "command line, makespan.connect(fleet=...) in Python)",
+                                      show_value=False)
             return self._own_fleet
         if self._own_fleet is not None and fleet_version(self._own_fleet) != fleet_version(published):
             raise ValidationError("fleet", self._own_fleet.name,
@@ -188,7 +189,8 @@ class Client:
         definition, (version,) = live_definition(self.r, self.keys, name, [self.keys.fleet_version])
         endpoint = endpoint or definition.get("endpoint")
         if not endpoint:
-            raise ValidationError("endpoint", None, f"workload {name!r} has no default endpoint: pass endpoint=")
+            raise ValidationError("endpoint", None, f"workload {name!r} has no default endpoint: pass endpoint=",
+                                  show_value=False)
         deps = [d.id if isinstance(d, Job) else d for d in depends_on]
         call_args = [self._argument(a, deps) for a in args]
         call_kwargs = {k: self._argument(v, deps) for k, v in kwargs.items()}
@@ -199,7 +201,8 @@ class Client:
             if not taken:
                 raise
             raise ValidationError(e.field, e.value, f"{e.reason}; submit() takes the keyword(s) {', '.join(taken)} "
-                                                    "as its own option(s): pass such an argument positionally") from None
+                                                    "as its own option(s): pass such an argument positionally",
+                                  show_value=e.show_value) from None
         estimated = service_s is None
         if estimated:
             from makespan.estimates import estimate_s
@@ -386,8 +389,16 @@ class Job:
     def cancel(self) -> str:
         """Cancel: a queued or delayed job at once; a running one's function sees
         ``ctx.cancelled`` and is stopped after ``Settings.cancel_grace_s``. Returns the
-        outcome (``cancelled``, ``cancel_requested``) or the final state."""
+        outcome (``cancelled``, ``cancel_requested``) or the final state; to tell a cancel
+        that did something from one that found the job already ended, see
+        :meth:`cancel_outcome`."""
         return self.client._producer.cancel(self.id)
+
+    def cancel_outcome(self) -> CancelOutcome:
+        """Cancel as :meth:`cancel` does; returns what this call did
+        (:class:`makespan.producer.CancelOutcome`: ``state``, ``already_ended``,
+        ``requested_before``, ``finished_at``, ``cancelled_now``)."""
+        return self.client._producer.cancel_outcome(self.id)
 
     def wait(self, timeout_s: float | None = None) -> str:
         """Block until the job ends; returns its final state.

@@ -18,7 +18,9 @@ class ValidationError(MakespanError):
     """Input (a job, a fleet file, a CLI argument) is invalid; nothing was changed.
 
     The message is one line: ``[source: ]field: reason (got value)``, the reason's line
-    breaks (a YAML parser's message) folded into spaces.
+    breaks (a YAML parser's message) folded into spaces; ``show_value=False`` leaves out
+    ``(got value)`` where no value was given (a missing fleet, a missing endpoint), so
+    the message says only what to do.
 
     Attributes:
         field: dotted path of the offending field, e.g. ``"endpoints.coder.tensor_parallel"``.
@@ -26,23 +28,25 @@ class ValidationError(MakespanError):
         source: the file the field was read from (a fleet, workload or trace file), or None.
     """
 
-    def __init__(self, field: str, value: Any, reason: str, source: str | None = None):
+    def __init__(self, field: str, value: Any, reason: str, source: str | None = None, *, show_value: bool = True):
         self.field = field
         self.value = value
         self.reason = " ".join(str(reason).split())
         self.source = source
+        self.show_value = show_value
         shown = repr(value)
         if len(shown) > 120:
             shown = shown[:117] + "..."
         where = f"{source}: " if source else ""
-        super().__init__(f"{where}{field}: {self.reason} (got {shown})")
+        got = f" (got {shown})" if show_value else ""
+        super().__init__(f"{where}{field}: {self.reason}{got}")
 
     def in_file(self, path: object) -> ValidationError:
         """This error, naming ``path`` as the file the field was read from (kept when it
         already names one)."""
         if self.source is not None:
             return self
-        return ValidationError(self.field, self.value, self.reason, source=str(path))
+        return ValidationError(self.field, self.value, self.reason, source=str(path), show_value=self.show_value)
 
 
 class NotFoundError(MakespanError):

@@ -51,6 +51,37 @@ def record_spec(spec: JobSpec) -> str:
 
 
 @dataclass(frozen=True)
+class CancelOutcome:
+    """What one cancel call did (:meth:`Producer.cancel_outcome`, ``makespan cancel``).
+
+    Attributes:
+        job_id: the job.
+        state: what :meth:`Producer.cancel` returns: ``"cancelled"`` (queued or delayed:
+            this call cancelled it, or ``already_ended``: it had been cancelled before),
+            ``"cancel_requested"`` (leased or running: its GPU worker stops it at its next
+            phase boundary), or the final state it had already reached (``"completed"``,
+            ``"failed"``).
+        already_ended: True when the job had ended (completed, failed or cancelled)
+            before this call: nothing was changed.
+        requested_before: True when the job is leased or running and an earlier call had
+            already asked it to stop.
+        finished_at: when the job ended, unix s (a job this call cancelled, or one that had
+            ended); None while it runs.
+    """
+
+    job_id: str
+    state: str
+    already_ended: bool
+    requested_before: bool
+    finished_at: float | None
+
+    @property
+    def cancelled_now(self) -> bool:
+        """This call cancelled the job (it was queued or delayed)."""
+        return self.state == "cancelled" and not self.already_ended
+
+
+@dataclass(frozen=True)
 class JobHandle:
     """What :func:`submit` returns. ``created`` is False when an existing job with the
     same idempotency key was returned instead."""
@@ -117,7 +148,8 @@ class Producer:
             StoreError: Redis failed (nothing or everything was written: the script is atomic).
         """
         if self.fleet is None:
-            raise ValidationError("fleet", None, "submitting needs a fleet: pass --fleet or start a planner first")
+            raise ValidationError("fleet", None, "submitting needs a fleet: pass --fleet or start a planner first",
+                                  show_value=False)
         try:
             spec = parse_job(job, self.fleet, self.settings.max_payload_bytes)
         except ValidationError:
@@ -306,7 +338,7 @@ class Producer:
             p.hgetall(self.keys.phase(lease_id))
             now, gpus_json, marks = p.execute()
             if now.get("lease") == lease_id and now.get("state") in ("leased", "running"):
-                return now, {"gpus": json.loads(gpus_json) if gpus_json else [], **_phase_now(marks)}
+                return now, {"gpus": json.loads(gpus_json) if gpus_json else [], **phase_now(marks)}
             rec = now
         return rec, None  # re-leased on every read: the record alone
 
@@ -316,7 +348,20 @@ class Producer:
         A leased one is marked ``cancel_requested``: a phase that has not started yet is
         skipped, the job ends ``cancelled`` and its GPUs are released; a phase already
         running finishes first (a job in its last phase completes). Returns the outcome
-        or the job's final state.
+        or the job's final state. To tell a cancel that did something from one that found
+        the job already ended (``cancelled`` both times), see :meth:`cancel_outcome`.
+
+        Raises:
+            NotFoundError: no such job.
+            StoreError: Redis failed.
+        """
+        return self.cancel_outcome(job_id).state
+
+    def cancel_outcome(self, job_id: str) -> CancelOutcome:
+        """Cancel a job as :meth:`cancel` does, and say what this call did: a
+        :class:`CancelOutcome` (``state`` is what :meth:`cancel` returns;
+        ``already_ended`` tells a job that had ended before this call, ``finished_at``
+        says when).
 
         Raises:
             NotFoundError: no such job.
@@ -327,7 +372,7 @@ class Producer:
         except redis.RedisError as e:
             raise StoreError(f"cancel {job_id}: {e}") from e
 
-    def _cancel_job(self, job_id: str) -> str:
+    def _cancel_job(self, job_id: str) -> CancelOutcome:
         if not is_utf8(job_id):
             raise NotFoundError(f"no job {job_id!r}")
         prio, pool = self.r.hmget(self.keys.job(job_id), "priority", "pool")
@@ -339,8 +384,16 @@ class Producer:
             raise NotFoundError(f"no job {job_id!r}")
         if out == "cancelled_now":  # no GPU worker will end it: its root span is ended here (one trace per job)
             telemetry.end_cancelled_job_spans(self.r, [(job_id, self.keys.job(job_id))])
-            return "cancelled"
-        return out
+        if out in ("cancelled_now", "cancel_requested", "cancel_requested_before"):
+            return CancelOutcome(job_id, "cancelled" if out == "cancelled_now" else "cancel_requested",
+                                 already_ended=False, requested_before=out == "cancel_requested_before",
+                                 finished_at=self._finished_at(job_id) if out == "cancelled_now" else None)
+        return CancelOutcome(job_id, out, already_ended=True, requested_before=False,
+                             finished_at=self._finished_at(job_id))
+
+    def _finished_at(self, job_id: str) -> float | None:
+        raw = self.r.hget(self.keys.job(job_id), "finished_at")
+        return float(raw) if raw else None
 
     def queue_depths(self) -> dict[str, int]:
         """Queued jobs per priority level (ZCARD of each queue; summed over the pools)."""
@@ -356,7 +409,7 @@ class Producer:
             raise StoreError(f"queue depths: {e}") from e
 
 
-def _phase_now(marks: dict[str, str]) -> dict[str, Any]:
+def phase_now(marks: dict[str, str]) -> dict[str, Any]:
     """``phase`` (running now: claimed, not done; None between phases) and ``phases_done``
     (in phase order) from a lease's phase markers ``P:phase:{lease}`` (``{phase}:claimed``
     = ``1`` when a phase starts, ``{phase}`` = ``done`` when it has finished)."""

@@ -2,8 +2,8 @@
 
 :func:`advance_workloads` is the planner's pass over ``P:workloads:active`` (retry a
 failed step within the budget, fail the workload and cancel its dependants beyond it,
-close a workload whose steps are all final); :func:`cancel_workload` cancels one on
-request; :func:`retry_pending` tells the planner whether a failed step's dependants must
+close a workload whose steps are all final); :func:`cancel_workload` (and :func:`cancel_workload_outcome`,
+which also says whether it had ended already) cancels one on request; :func:`retry_pending` tells the planner whether a failed step's dependants must
 wait. The retry and the cancellation are one Lua script each (:class:`makespan.store.JobStore`). The workload record
 they read and write is described in :mod:`makespan.workloads`.
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from typing import Any
 
 import redis
 
@@ -36,13 +37,34 @@ def cancel_workload(r: redis.Redis, keys: Keys, workload_id: str, reason: str = 
     """Cancel a workload: queued (and delayed) steps at once, running steps at their next phase
     boundary (their GPUs are then released). Finished steps keep their results.
 
-    Returns ``{"cancelled": n queued steps, "cancel_requested": n running steps}``.
+    Returns ``{"cancelled": n queued steps, "cancel_requested": n running steps}`` (zeros
+    for a workload that had already completed or been cancelled:
+    :func:`cancel_workload_outcome` tells that case apart).
+    Raises NotFoundError: no such workload."""
+    out = cancel_workload_outcome(r, keys, workload_id, reason)
+    return {"cancelled": out["cancelled"], "cancel_requested": out["cancel_requested"]}
+
+
+def cancel_workload_outcome(r: redis.Redis, keys: Keys, workload_id: str,
+                            reason: str = "workload cancelled") -> dict[str, Any]:
+    """Cancel a workload as :func:`cancel_workload` does, and say what the workload was:
+    ``{"cancelled": int, "cancel_requested": int, "already_ended": str | None,
+    "ended_at": float | None}``: ``already_ended`` is the state the workload had ended in
+    before this call (``completed``, ``failed`` or ``cancelled``; None: it was running and
+    this call cancelled it), ``ended_at`` when (unix s: its ``finished_at``, else a failed
+    one's ``failed_at``; None when it was running). A completed or cancelled workload is
+    left as it is (zeros); a failed one's independent steps that still go on are cancelled,
+    and it stays failed.
+
     Raises NotFoundError: no such workload."""
     ids = _job_ids(r, keys, workload_id)
-    prio = r.hget(keys.workload(workload_id), "priority") or "NORMAL"
-    state = r.hget(keys.workload(workload_id), "state")
+    prio, state, finished_at, failed_at = r.hmget(keys.workload(workload_id), "priority", "state", "finished_at",
+                                                  "failed_at")
+    prio = prio or "NORMAL"
+    ended = {"already_ended": state if state in TERMINAL else None,
+             "ended_at": float(finished_at or failed_at) if state in TERMINAL and (finished_at or failed_at) else None}
     if state in ("completed", "cancelled"):
-        return {"cancelled": 0, "cancel_requested": 0}
+        return {"cancelled": 0, "cancel_requested": 0, **ended}
     # a failed workload's independent steps go on (docs/workloads.md): they are cancelled, and
     # the workload stays failed
     out = _cancel_steps(r, keys, workload_id, prio, list(ids.values()), reason, "" if state in TERMINAL else "cancelled")
@@ -53,7 +75,7 @@ def cancel_workload(r: redis.Redis, keys: Keys, workload_id: str, reason: str = 
     if fresh:
         more = _cancel_steps(r, keys, workload_id, prio, fresh, reason, "")
         out = {k: out[k] + more[k] for k in out}
-    return out
+    return {**out, **ended}
 
 
 def _cancel_steps(r, keys, wid, prio, job_ids, reason, final_state) -> dict[str, int]:

@@ -29,7 +29,7 @@ and re-exports the rest of the workload API from where it lives:
 :mod:`makespan.workload_spec` (``StepSpec``, ``WorkloadSpec``, ``parse_workload``,
 ``load_workload``, ``find_cycle``), :mod:`makespan.workload_builder` (``Workload``, ``chain``,
 ``group``) and :mod:`makespan.workload_execution` (``advance_workloads``, ``cancel_workload``,
-``retry_pending``, ``TERMINAL``). Import any of them from here.
+``cancel_workload_outcome``, ``retry_pending``, ``TERMINAL``). Import any of them from here.
 """
 
 from __future__ import annotations
@@ -49,12 +49,13 @@ from makespan.models import FleetSpec
 from makespan.settings import Settings
 from makespan.store import JobState, JobStore
 from makespan.workload_builder import Chain, Group, StepRef, Workload, chain, group
-from makespan.workload_execution import TERMINAL, advance_workloads, cancel_workload, retry_pending
+from makespan.workload_execution import (TERMINAL, advance_workloads, cancel_workload, cancel_workload_outcome,
+                                         retry_pending)
 from makespan.workload_spec import ROUTES, StepSpec, WorkloadSpec, find_cycle, load_workload, parse_workload
 
 __all__ = ["ROUTES", "TERMINAL", "Chain", "Group", "StepRef", "StepSpec", "Workload", "WorkloadSpec",
-           "advance_workloads", "cancel_workload", "chain", "find_cycle", "group", "load_workload",
-           "parse_workload", "retry_pending", "submit_workload", "workload_status"]
+           "advance_workloads", "cancel_workload", "cancel_workload_outcome", "chain", "find_cycle", "group",
+           "load_workload", "parse_workload", "retry_pending", "submit_workload", "workload_status"]
 
 
 # -- submit ----------------------------------------------------------------------------

@@ -106,7 +106,7 @@ class PlannerWorker:
         self.pool, self.whole_fleet = pool, fleet  # the whole fleet is what producers read (P:fleet)
         if pool is None and fleet.pools:
             raise ValidationError("pool", None, f"the fleet declares pools ({', '.join(fleet.pool_names())}): "
-                                                "run one planner per pool with --pool NAME")
+                                                "run one planner per pool with --pool NAME", show_value=False)
         fleet = fleet.pool_fleet(pool) if pool is not None else fleet
         self.r, self.settings, self.fleet = r, settings, fleet
         self.clock: Clock = clock if clock is not None else SystemClock()

@@ -104,8 +104,10 @@ class JobStore:
 
     def cancel(self, job_id: str, queue_key: str, event_json: str, now_s: float) -> str:
         """Cancel a job: ``"cancelled_now"`` (it was queued or delayed: this call ended it),
-        ``"cancel_requested"`` (leased or running: its GPU worker stops it), ``"missing"``,
-        or its final state (``"cancelled"`` when something cancelled it before)."""
+        ``"cancel_requested"`` (leased or running: its GPU worker stops it),
+        ``"cancel_requested_before"`` (leased or running, and an earlier call had asked
+        already), ``"missing"``, or its final state (``"cancelled"`` when something
+        cancelled it before)."""
         return str(self._run("cancel", [self.keys.job(job_id), queue_key, self.keys.events, self.keys.delayed],
                              [job_id, event_json, repr(now_s), self.keys.script_prefix]))
 

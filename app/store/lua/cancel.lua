@@ -11,7 +11,8 @@
 -- ARGV[2]  the cancelled event, JSON
 -- ARGV[3]  now, unix s (finished_at)
 -- ARGV[4]  P, the key prefix (the reverse-dependency index, the finished index)
--- Returns 'missing', 'cancelled_now' (this call cancelled it), 'cancel_requested', or the
+-- Returns 'missing', 'cancelled_now' (this call cancelled it), 'cancel_requested' (this call
+-- asked it to stop), 'cancel_requested_before' (an earlier call had asked already), or the
 -- job's final state ('cancelled' when an earlier call or path cancelled it).
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return 'missing' end
@@ -24,6 +25,7 @@ if state == 'queued' or state == 'delayed' then
   return 'cancelled_now'
 end
 if state == 'leased' or state == 'running' then
+  if redis.call('HGET', KEYS[1], 'cancel_requested') == '1' then return 'cancel_requested_before' end
   redis.call('HSET', KEYS[1], 'cancel_requested', '1')
   return 'cancel_requested'
 end
