@@ -110,21 +110,25 @@ class JobStore:
                              [job_id, event_json, repr(now_s), self.keys.script_prefix]))
 
     # -- workloads -----------------------------------------------------------------------
-    def submit_workload(self, workload_id: str, workload_fields: dict[str, Any], now_s: float, queue_key: str,
+    def submit_workload(self, workload_id: str, workload_fields: dict[str, Any], now_s: float,
                         steps: Sequence[tuple[str, dict[str, Any], str]], replicas: int = 0,
                         timeout_ms: int = 0) -> tuple[bool, int]:
         """Write a workload and its steps (``(job id, fields, submitted event JSON)`` each, in
-        topological order; a step whose fields name a ``pool`` is queued in that pool) and
-        wake the planner of every pool a step is queued in, as a plain submit does. Returns
-        (False when a job id already exists: nothing written, replicas that acknowledged the
-        write). With ``replicas`` > 0, Redis ``WAIT replicas timeout_ms`` on the connection
-        that wrote it (as :meth:`submit_replicated`); else 0."""
+        topological order; each step queued at its fields' ``priority`` in the queue of the
+        pool its fields name, none: the implicit pool) and wake the planner of every pool a
+        step is queued in, as a plain submit does. Returns (False when a job id already
+        exists: nothing written, replicas that acknowledged the write). With ``replicas`` > 0,
+        Redis ``WAIT replicas timeout_ms`` on the connection that wrote it (as
+        :meth:`submit_replicated`); else 0."""
         args: list[str] = []
+        scopes = [self.keys.for_pool(fields.get("pool")) for _, fields, _ in steps]
         for job_id, fields, event_json in steps:
             args += [job_id, json.dumps({**fields, "state": JobState.QUEUED.value}), event_json]
-        wakes = list(dict.fromkeys(self.keys.for_pool(fields.get("pool")).planner_wake for _, fields, _ in steps))
-        keys = [self.keys.seq, queue_key, self.keys.events, self.keys.workload(workload_id), self.keys.workloads,
-                self.keys.workloads_active, *[self.keys.job(job_id) for job_id, _, _ in steps], *wakes]
+        wakes = list(dict.fromkeys(scope.planner_wake for scope in scopes))
+        keys = [self.keys.seq, self.keys.events, self.keys.workload(workload_id), self.keys.workloads,
+                self.keys.workloads_active, *[self.keys.job(job_id) for job_id, _, _ in steps],
+                *[scope.queue(fields["priority"]) for scope, (_, fields, _) in zip(scopes, steps)],
+                *wakes]
         argv = [str(len(steps)), workload_id, json.dumps(workload_fields), repr(now_s), self.keys.script_prefix, *args]
         if replicas > 0:
             out, acked = self._run_replicated("submit_workload", keys, argv, replicas, timeout_ms)
