@@ -39,8 +39,10 @@ key                                    type    contents
                                                retry, a move from another pool) or a job one of its
                                                queued jobs waits on ended (at the tail), ``release``
                                                a lease gave its GPUs back (WAKE_RELEASE, at the head)
-``P:planner:critical``                 list    ids of CRITICAL jobs just submitted, for the leader's
-                                               critical lane (makespan.workers.critical_lane)
+``P:planner:critical``                 list    ids of CRITICAL jobs just queued (submitted, a workload
+                                               step or retry, or released by their last dependency's
+                                               completion), for the leader's critical lane
+                                               (makespan.workers.critical_lane)
 ``P:planner:reasons``                  hash    wait reason code -> queued jobs the planner's last
                                                reason write gave it (see makespan.wait_reasons)
 ``P:planner:reasons:at``               string  when that write was made (unix s, Redis server clock):
@@ -283,8 +285,10 @@ class Keys:
 
     @property
     def planner_critical(self) -> str:
-        """List of CRITICAL job ids just submitted (RPUSH by submit, at most the last 256):
-        the leading planner's critical lane pops them (:mod:`makespan.workers.critical_lane`)."""
+        """List of CRITICAL job ids just queued (RPUSH, at most the last 256, by submit, a
+        workload's submit and a step retry, and by a job's completion for its dependants it
+        leaves ready: ``lib.lua``'s ``key_planner_critical`` builds the same key): the
+        leading planner's critical lane pops them (:mod:`makespan.workers.critical_lane`)."""
         return f"{self._scoped}:planner:critical"
 
     @property

@@ -503,8 +503,9 @@ class Settings:
             dashboard) ends within this many seconds (+ 1 s) of SIGTERM: a clean
             shutdown still running then is cut off with exit code 1 and every thread's traceback on stderr
             (:mod:`makespan.shutdown`). ``MAKESPAN_SHUTDOWN_GRACE_S``.
-        critical_lane: the leading planner places a CRITICAL job the moment it is
-            submitted, without waiting for the tick (:mod:`makespan.workers.critical_lane`: a
+        critical_lane: the leading planner places a CRITICAL job (a workload step too) the
+            moment it is submitted, or, one with dependencies, the moment its last one
+            completes, without waiting for the tick (:mod:`makespan.workers.critical_lane`: a
             warm idle instance, a free group, or a preemption of lower-priority work; the
             next tick reconciles); default on. ``MAKESPAN_CRITICAL_LANE`` (``0``: off).
     """

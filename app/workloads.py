@@ -118,7 +118,7 @@ def submit_workload(r: redis.Redis, keys: Keys, fleet: FleetSpec, workload: Work
                   for n, f in templates.items()}}
     want = settings.submit_wait_replicas
     ok, acked = JobStore(r, keys, settings.events_max_len).submit_workload(
-        wid, wfields, now, keys.queue(wl.priority), steps, want, max(1, int(settings.submit_wait_timeout_s * 1000)))
+        wid, wfields, now, steps, want, max(1, int(settings.submit_wait_timeout_s * 1000)))
     if not ok:  # pragma: no cover - uuid4 collision
         raise StoreError("submit workload: a job id already exists")
     if acked < want:

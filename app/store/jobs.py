@@ -19,6 +19,7 @@ import redis
 
 from makespan.errors import ValidationError
 from makespan.keys import Keys
+from makespan.models import Priority
 from makespan.store.scripts import script, store_error
 from makespan.job_states import JobState
 
@@ -112,21 +113,28 @@ class JobStore:
                              [job_id, event_json, repr(now_s), self.keys.script_prefix]))
 
     # -- workloads -----------------------------------------------------------------------
-    def submit_workload(self, workload_id: str, workload_fields: dict[str, Any], now_s: float, queue_key: str,
+    def submit_workload(self, workload_id: str, workload_fields: dict[str, Any], now_s: float,
                         steps: Sequence[tuple[str, dict[str, Any], str]], replicas: int = 0,
                         timeout_ms: int = 0) -> tuple[bool, int]:
         """Write a workload and its steps (``(job id, fields, submitted event JSON)`` each, in
-        topological order; a step whose fields name a ``pool`` is queued in that pool) and
-        wake the planner of every pool a step is queued in, as a plain submit does. Returns
-        (False when a job id already exists: nothing written, replicas that acknowledged the
-        write). With ``replicas`` > 0, Redis ``WAIT replicas timeout_ms`` on the connection
-        that wrote it (as :meth:`submit_replicated`); else 0."""
+        topological order; each step queued at its fields' ``priority`` in the queue of the
+        pool its fields name, none: the implicit pool) and wake the planner of every pool a
+        step is queued in, as a plain submit does; a CRITICAL step without dependencies also
+        joins its pool's critical-lane arrivals (:attr:`makespan.keys.Keys.planner_critical`),
+        as a CRITICAL submit does. Returns (False when a job id already exists: nothing
+        written, replicas that acknowledged the write). With ``replicas`` > 0, Redis ``WAIT
+        replicas timeout_ms`` on the connection that wrote it (as :meth:`submit_replicated`);
+        else 0."""
         args: list[str] = []
+        scopes = [self.keys.for_pool(fields.get("pool")) for _, fields, _ in steps]
         for job_id, fields, event_json in steps:
-            args += [job_id, json.dumps({**fields, "state": JobState.QUEUED.value}), event_json]
-        wakes = list(dict.fromkeys(self.keys.for_pool(fields.get("pool")).planner_wake for _, fields, _ in steps))
-        keys = [self.keys.seq, queue_key, self.keys.events, self.keys.workload(workload_id), self.keys.workloads,
-                self.keys.workloads_active, *[self.keys.job(job_id) for job_id, _, _ in steps], *wakes]
+            lane = fields["priority"] == Priority.CRITICAL.name and not fields.get("deps")
+            args += [job_id, json.dumps({**fields, "state": JobState.QUEUED.value}), event_json, "1" if lane else "0"]
+        wakes = list(dict.fromkeys(scope.planner_wake for scope in scopes))
+        keys = [self.keys.seq, self.keys.events, self.keys.workload(workload_id), self.keys.workloads,
+                self.keys.workloads_active, *[self.keys.job(job_id) for job_id, _, _ in steps],
+                *[scope.queue(fields["priority"]) for scope, (_, fields, _) in zip(scopes, steps)],
+                *[scope.planner_critical for scope in scopes], *wakes]
         argv = [str(len(steps)), workload_id, json.dumps(workload_fields), repr(now_s), self.keys.script_prefix, *args]
         if replicas > 0:
             out, acked = self._run_replicated("submit_workload", keys, argv, replicas, timeout_ms)
@@ -138,12 +146,16 @@ class JobStore:
         """Retry a failed step as ``new_job_id`` (queued in ``queue_key``, the queue of the
         pool its ``fields`` name, whose planner is woken); every job still waiting on
         ``old_job_id`` (queued or delayed: a later step, or a job submitted with
-        ``depends_on`` it) waits on ``new_job_id`` instead. False when the workload is not
-        running or the step was already retried."""
+        ``depends_on`` it) waits on ``new_job_id`` instead. A CRITICAL retry (``fields``'
+        ``priority``) also joins its pool's critical-lane arrivals, as a CRITICAL submit does
+        (the lane places it once its dependencies have completed). False when the workload
+        is not running or the step was already retried."""
+        scope = self.keys.for_pool(fields.get("pool"))
         keys = [self.keys.workload(workload_id), self.keys.job(new_job_id), queue_key, self.keys.events,
-                self.keys.seq, self.keys.for_pool(fields.get("pool")).planner_wake]
+                self.keys.seq, scope.planner_wake, scope.planner_critical]
+        critical = "1" if fields.get("priority") == Priority.CRITICAL.name else "0"
         args = [step, old_job_id, new_job_id, json.dumps({**fields, "state": JobState.QUEUED.value}), event_json,
-                self.keys.script_prefix]
+                self.keys.script_prefix, critical]
         return bool(self._run("retry_step", keys, args))
 
     def cancel_steps(self, workload_id: str, queue_key: str, job_ids: Sequence[str], reason: str,

@@ -207,6 +207,33 @@ def test_a_workloads_steps_go_to_their_pools_and_a_cancel_takes_them_out(r, sett
     assert r.zcard(keys.for_pool("a").queue("NORMAL")) == 0 and r.zcard(keys.for_pool("b").queue("NORMAL")) == 0
 
 
+def test_a_critical_workloads_steps_take_the_critical_lane_of_their_own_pool(r, settings, keys):
+    """Each CRITICAL step reaches the critical lane of the pool it is queued in: the first at
+    submit (pool a), the second (pool b) when the first completes; the lanes lease both."""
+    from makespan.workers.critical_lane import CriticalLane
+    from makespan.workers.phases import PhaseRunner
+    from makespan.workloads import submit_workload, workload_status
+
+    workers, _prod, sent = _planners(r, settings)
+    lanes = {}
+    for pool, worker in workers.items():
+        worker.token = ""
+        lanes[pool] = CriticalLane(worker.env, worker.kept, worker.token, worker.ticking.is_set)
+    wl = {"name": "w", "priority": "CRITICAL",
+          "steps": [{"name": "first", "endpoint": "onlya", "service_s": 1},
+                    {"name": "second", "endpoint": "onlyb", "service_s": 1, "depends_on": ["first"]}]}
+    steps = workload_status(r, keys, submit_workload(r, keys, FLEET, wl, settings))["steps"]
+    first, second = steps["first"]["job"], steps["second"]["job"]
+    assert r.lrange(keys.for_pool("a").planner_critical, 0, -1) == [first]
+    assert not r.exists(keys.for_pool("b").planner_critical) and not r.exists(keys.planner_critical)
+    assert lanes["a"].place(r.lpop(keys.for_pool("a").planner_critical)).leased
+    (ctx, _queue), = sent["a"]
+    assert PhaseRunner(r, workers["a"].settings, FLEET)._finish(ctx, "completed", "") == "completed"
+    assert r.lrange(keys.for_pool("b").planner_critical, 0, -1) == [second]
+    assert lanes["b"].place(r.lpop(keys.for_pool("b").planner_critical)).leased
+    assert [c.job_id for c, _q in sent["b"]] == [second] and not r.exists(keys.planner_critical)
+
+
 def test_a_pool_planners_metrics_label_its_pools_gauges(r, settings, keys):
     from makespan.metrics import RedisStateCollector
 

@@ -195,8 +195,9 @@ def test_the_library_pool_key_builders_equal_keys_for_pool(r, keys):
     probe = store_scripts.text("expired") + "\n-- probe\n"
     probe = probe.split("return redis.call")[0] + (
         "return {key_queue(ARGV[1], 'HIGH', 'west'), key_queue(ARGV[1], 'LOW', ''), key_planner_wake(ARGV[1], 'west'),"
-        " key_planner_wake(ARGV[1], nil)}")
+        " key_planner_wake(ARGV[1], nil), key_planner_critical(ARGV[1], 'west'), key_planner_critical(ARGV[1], false)}")
     built = r.eval(probe, 0, keys.script_prefix)
     west = keys.for_pool("west")
-    assert built == [west.queue("HIGH"), keys.queue("LOW"), west.planner_wake, keys.planner_wake]
+    assert built == [west.queue("HIGH"), keys.queue("LOW"), west.planner_wake, keys.planner_wake,
+                     west.planner_critical, keys.planner_critical]
     assert west.queue("HIGH") != keys.queue("HIGH") and west.job("j") == keys.job("j")

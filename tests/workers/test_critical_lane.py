@@ -7,6 +7,7 @@ is tests/workers/test_critical_lane_live.py)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import threading
 import time
 
@@ -20,6 +21,7 @@ from makespan.workers.phases import instance_value
 from makespan.workers.planner_worker import PlannerWorker
 from makespan.workers.tick.claims import JobClaims
 from makespan.workers.tick.steps import TICK_STEPS
+from makespan.workloads import submit_workload
 from tests.conftest import FLEET_TOML
 from tests.live import wait_for
 
@@ -131,7 +133,9 @@ def test_a_stale_fencing_token_leases_nothing(r, settings):
     assert not any(r.exists(w.keys.gpu(gpu)) for gpu in ALL_GPUS)
 
 
-def test_only_queued_critical_jobs_without_dependencies_take_the_lane(r, settings):
+def test_only_queued_critical_jobs_whose_dependencies_completed_take_the_lane(r, settings):
+    from makespan.workers.phases import PhaseRunner
+
     w, prod, sent = _worker(r, settings)
     lane = _lane(w)
     normal = prod.submit({"endpoint": "embed", "service_s": 5, "priority": "NORMAL"}).id
@@ -145,6 +149,69 @@ def test_only_queued_critical_jobs_without_dependencies_take_the_lane(r, setting
     assert lane.place(dep).leased
     assert lane.place(dep).outcome == "not_queued"  # a second pop of the same id: leased once
     assert [c.job_id for c in sent] == [dep]
+    assert r.llen(w.keys.planner_critical) == 0  # leased, not completed: the dependant is not released
+    assert PhaseRunner(r, w.settings, FLEET)._finish(sent[0], "completed", "") == "completed"
+    assert r.lrange(w.keys.planner_critical, 0, -1) == [waiting]  # released by its dependency's completion
+    assert lane.place(r.lpop(w.keys.planner_critical)).leased
+    assert [c.job_id for c in sent] == [dep, waiting]
+
+
+def _critical_workload(r, w) -> tuple[str, dict[str, str]]:
+    """Submit a CRITICAL workload of two embed steps, ``b`` after ``a`` (retry budget 1);
+    returns its id and its step -> job id map."""
+    spec = {"name": "urgent", "priority": "CRITICAL", "retry_budget": 1,
+            "steps": [{"name": "a", "endpoint": "embed", "service_s": 5},
+                      {"name": "b", "endpoint": "embed", "service_s": 5, "depends_on": ["a"]}]}
+    wid = submit_workload(r, w.keys, FLEET, spec, w.settings)
+    return wid, json.loads(r.hget(w.keys.workload(wid), "steps"))
+
+
+def test_critical_workload_steps_take_the_lane_at_submit_and_when_released(r, settings):
+    """A CRITICAL workload's first step is leased by the lane's thread the moment the
+    workload is submitted, and the step after it the moment that one completes; no tick
+    runs here, so only the lane can have placed them (they used to wait for the tick)."""
+    from makespan.workers.phases import PhaseRunner
+
+    w, _, sent = _worker(r, settings)
+    lane = _lane(w)
+    lane.start()
+    try:
+        _, steps = _critical_workload(r, w)
+        wait_for(lambda: len(sent) == 1, 10, "the lane to lease the first step", 0.01)
+        assert sent[0].job_id == steps["a"]
+        assert r.hget(w.keys.job(steps["b"]), "state") == "queued" and not _lane_events(r, w.keys, steps["b"])
+        assert PhaseRunner(r, w.settings, FLEET)._finish(sent[0], "completed", "") == "completed"
+        wait_for(lambda: len(sent) == 2, 10, "the lane to lease the released step", 0.01)
+    finally:
+        lane.stop(5)
+    assert sent[1].job_id == steps["b"] and lane.placed == 2
+    for job_id in steps.values():
+        (event,) = _lane_events(r, w.keys, job_id)
+        assert event["outcome"] in ("warm", "cold_start")
+    assert r.hget(w.keys.job(steps["b"]), "state") == "leased"
+    assert r.zscore(w.keys.queue("CRITICAL"), steps["b"]) is None
+
+
+def test_a_critical_step_retry_takes_the_lane(r, settings):
+    """A failed CRITICAL step's retry takes the lane; the failure releases nothing, the
+    retry's completion releases the step after it."""
+    from makespan.workers.phases import PhaseRunner
+    from makespan.workloads import advance_workloads
+
+    w, _, sent = _worker(r, settings)
+    lane, runner = _lane(w), PhaseRunner(r, w.settings, FLEET)
+    wid, steps = _critical_workload(r, w)
+    assert r.lrange(w.keys.planner_critical, 0, -1) == [steps["a"]]  # b waits for a: not pushed
+    assert lane.place(r.lpop(w.keys.planner_critical)).leased
+    assert runner._finish(sent[0], "failed", "boom") == "failed"
+    assert r.llen(w.keys.planner_critical) == 0  # a failed: b is not released
+    assert advance_workloads(r, w.keys)["retried"] == 1
+    retry = json.loads(r.hget(w.keys.workload(wid), "steps"))["a"]
+    assert retry != steps["a"] and r.lrange(w.keys.planner_critical, 0, -1) == [retry]
+    assert lane.place(r.lpop(w.keys.planner_critical)).leased and sent[1].job_id == retry
+    assert runner._finish(sent[1], "completed", "") == "completed"
+    assert r.lrange(w.keys.planner_critical, 0, -1) == [steps["b"]]
+    assert lane.place(r.lpop(w.keys.planner_critical)).leased and sent[2].job_id == steps["b"]
 
 
 def _jobs(sent):

@@ -28,6 +28,7 @@ local function key_queue(prefix, priority_name, pool)
   return key_scoped(prefix, pool) .. ':queue:' .. string.lower(priority_name)
 end
 local function key_planner_wake(prefix, pool) return key_scoped(prefix, pool) .. ':planner:wake' end
+local function key_planner_critical(prefix, pool) return key_scoped(prefix, pool) .. ':planner:critical' end
 local function key_delayed(prefix) return prefix .. ':delayed' end
 local function key_running(prefix) return prefix .. ':running' end
 local function key_finished(prefix) return prefix .. ':finished' end
@@ -114,15 +115,41 @@ local function wake_waiters_pools(prefix, job_id)
   end
 end
 
+-- whether every job of the JSON list deps_json (nil or '' = none) has completed
+local function deps_completed(prefix, deps_json)
+  if not deps_json or deps_json == '' then return true end
+  for _, d in ipairs(cjson.decode(deps_json)) do
+    if redis.call('HGET', key_job(prefix, d), 'state') ~= 'completed' then return false end
+  end
+  return true
+end
+
+-- the CRITICAL dependants of job_id (P:awaited:{job_id}) that are queued and whose every
+-- dependency has completed now join their pool's critical-lane arrivals
+-- (P:planner:critical, the last 256 kept), as a CRITICAL submit does (submit.lua): the
+-- leading planner's critical lane places each at once (makespan.workers.critical_lane)
+local function push_released_critical(prefix, job_id)
+  for _, waiter in ipairs(redis.call('SMEMBERS', key_awaited(prefix, job_id))) do
+    local rec = redis.call('HMGET', key_job(prefix, waiter), 'priority', 'state', 'deps', 'pool')
+    if rec[1] == 'CRITICAL' and rec[2] == 'queued' and deps_completed(prefix, rec[3]) then
+      local arrivals = key_planner_critical(prefix, rec[4])
+      redis.call('RPUSH', arrivals, waiter)
+      redis.call('LTRIM', arrivals, -256, -1)
+    end
+  end
+end
+
 -- finish a job: its final state (completed | failed | cancelled), finish time (unix s, as
 -- text) and reason; it leaves P:running and the reverse-dependency index, joins the
 -- finished index (makespan.workers.retention) and wakes the planners of its dependants' pools
+-- (a completed job: its CRITICAL dependants it released go to the critical lane too)
 local function finish_job(prefix, job_id, state, finished_at_s, reason)
   -- it waits on nothing any more: it leaves the reverse-dependency index of its deps
   awaited_drop(prefix, job_id, redis.call('HGET', key_job(prefix, job_id), 'deps'))
   wake_waiters_pools(prefix, job_id)
   redis.call('ZREM', key_running(prefix), job_id)
   redis.call('HSET', key_job(prefix, job_id), 'state', state, 'finished_at', finished_at_s, 'reason', reason)
+  if state == 'completed' then push_released_critical(prefix, job_id) end
   -- scored on the server clock, as retention compares it (a caller whose clock runs behind
   -- by more than the retention age had its job's summary deleted at the next sweep)
   redis.call('ZADD', key_finished(prefix), server_now_ms() / 1000.0, job_id)

@@ -11,12 +11,15 @@
 -- KEYS[5]  P:seq
 -- KEYS[6]  P:planner:wake of the retry's pool (P:pool:{name}:planner:wake): another pool's
 --          planner may be the one retrying it
+-- KEYS[7]  P:planner:critical of the retry's pool (the critical lane's arrivals)
 -- ARGV[1]  step name
 -- ARGV[2]  the failed attempt's job id
 -- ARGV[3]  the new job id
 -- ARGV[4]  the new job's fields, JSON object (state queued)
 -- ARGV[5]  the retried event, JSON
 -- ARGV[6]  P, the key prefix (the reverse-dependency index, the dependants' records)
+-- ARGV[7]  '1' when the step is CRITICAL: the new job is also pushed on KEYS[7] (last 256
+--          kept), as submit.lua pushes a CRITICAL job
 -- Returns 1, or 0 when the workload is not running or the step was already retried.
 -- The dependants are the waiting members of the failed attempt's reverse-dependency set
 -- (makespan.awaited, P:awaited:{old id}): the workload's later steps and any job submitted
@@ -56,4 +59,8 @@ end
 append_event(KEYS[4], ARGV[5])
 redis.call('RPUSH', KEYS[6], '1')
 redis.call('LTRIM', KEYS[6], 0, 15)  -- the first 16: a release LPUSHed at the head stays
+if ARGV[7] == '1' then
+  redis.call('RPUSH', KEYS[7], ARGV[3])
+  redis.call('LTRIM', KEYS[7], -256, -1)
+end
 return 1
