@@ -36,7 +36,8 @@ The tick's step is :class:`Preempt`; it starts each preemptor with
 :func:`makespan.workers.starts.start_job` and notes the victims in the tick's context
 (``requeued_now``, ``victims``: their wait reason is ``preempted_requeued``; with the
 scored decider also ``victim_starts``, each victim's start in the plan the preemptions
-leave: its ETA until the next tick plans it).
+leave: its ETA until the next tick plans it; the rule's victims get no ETA this tick, so it
+sets ``CrossTickState.victims_without_eta``: the next tick forms a batch for them).
 """
 
 from __future__ import annotations
@@ -314,4 +315,6 @@ def _preempt_by_rule(ctx: TickContext) -> set[str]:
             ctx.taken.update(group)
             for gpu in group:
                 holder[gpu] = Holder("__new__", job.priority, False)
+    if ctx.victims:  # written without an ETA (no plan after the rule's preemptions): the next tick plans them
+        ctx.kept.victims_without_eta = True
     return started
