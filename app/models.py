@@ -719,14 +719,22 @@ PAYLOAD_LIMIT_HINT = ("MAKESPAN_MAX_PAYLOAD_BYTES, where you submit, raises it; 
                       "or URL the function reads the data from, or a job whose result it takes")
 
 
-def parse_job(data: dict[str, Any] | JobSpec, fleet: FleetSpec, max_payload_bytes: int = 64 * 1024) -> JobSpec:
+DEFAULT_MAX_DEPENDS_ON = 1_000  # Settings.max_depends_on (MAKESPAN_MAX_DEPENDS_ON)
+
+
+def parse_job(data: dict[str, Any] | JobSpec, fleet: FleetSpec, max_payload_bytes: int = 64 * 1024,
+              max_depends_on: int = DEFAULT_MAX_DEPENDS_ON) -> JobSpec:
     """Validate a job against a fleet. Raises :class:`ValidationError` naming the field.
 
     Checks: unknown keys, unknown endpoint or priority, non-positive or non-finite
-    durations, payload size (JSON-encoded bytes), and that the endpoint's gang (with its
-    helpers) fits some aligned GPU group of the fleet, as the planner forms them
-    (:meth:`FleetSpec.placement_problem`)."""
+    durations, payload size (JSON-encoded bytes), at most ``max_depends_on`` distinct
+    ``depends_on`` ids (``MAKESPAN_MAX_DEPENDS_ON``; checked before the ids are read one by
+    one), and that the endpoint's gang (with its helpers) fits some aligned GPU group of
+    the fleet, as the planner forms them (:meth:`FleetSpec.placement_problem`)."""
+    if isinstance(data, dict):
+        _check_depends_on_count(data.get("depends_on"), max_depends_on)
     job = validate(JobSpec, data, "job")
+    _check_depends_on_count(job.depends_on, max_depends_on)
     if job.helpers and (job.endpoint in job.helpers or len(set(job.helpers)) != len(job.helpers)):
         raise ValidationError("job.helpers", list(job.helpers), "must not repeat a name nor name the main endpoint "
                                                                 f"{job.endpoint!r}")
@@ -749,6 +757,25 @@ def parse_job(data: dict[str, Any] | JobSpec, fleet: FleetSpec, max_payload_byte
     except (ValueError, TypeError, RecursionError, pydantic_core.PydanticSerializationError) as e:
         raise ValidationError("job", "<job>", f"cannot be encoded as JSON: {e}") from None
     return job
+
+
+def _check_depends_on_count(depends_on: Any, max_depends_on: int) -> None:
+    """Refuse a ``depends_on`` list of more than ``max_depends_on`` distinct ids (a repeated
+    id counts once, as the job keeps it). Anything else (not a list, ids of the wrong type)
+    is left to the model's validation.
+
+    Raises:
+        ValidationError: on ``job.depends_on``, naming the count, the limit and its variable."""
+    if not isinstance(depends_on, (list, tuple)) or len(depends_on) <= max_depends_on:
+        return
+    try:
+        count = len(set(depends_on))
+    except TypeError:  # an unhashable id: the model refuses it
+        return
+    if count > max_depends_on:
+        raise ValidationError("job.depends_on", f"{count} ids",
+                              f"more than the limit of {max_depends_on} dependencies (MAKESPAN_MAX_DEPENDS_ON); "
+                              "depend on fewer jobs, e.g. on a workload step or one job that waits for the rest")
 
 
 def json_size(value: Any, field: str) -> int:

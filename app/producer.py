@@ -151,7 +151,7 @@ class Producer:
             raise ValidationError("fleet", None, "submitting needs a fleet: pass --fleet or start a planner first",
                                   show_value=False)
         try:
-            spec = parse_job(job, self.fleet, self.settings.max_payload_bytes)
+            spec = parse_job(job, self.fleet, self.settings.max_payload_bytes, self.settings.max_depends_on)
         except ValidationError:
             metrics.job_rejected()
             raise

@@ -22,6 +22,7 @@ DEFAULT_FAST_LANE_START = "CRITICAL:30,HIGH:30/x1.4"
 IMPROVER_EXECUTORS = ("process", "thread")  # Settings.improver_executor; the first is the default
 IMPROVER_NICE_MAX = 19  # the most niceness a process can add on Linux
 MAX_PAYLOAD_BYTES_CAP = 64 * 1024 * 1024  # MAKESPAN_MAX_PAYLOAD_BYTES at most: the job record holds it, read whole
+MAX_DEPENDS_ON_CAP = 1_000_000  # MAKESPAN_MAX_DEPENDS_ON at most: one submit script reads each dependency
 COUNT_MAX = 10**9  # the largest count setting (batch size, attempts, retention, events) taken from the environment
 
 
@@ -373,6 +374,9 @@ class Settings:
             idempotent and fenced; delayed jobs never reach the broker before they are due).
         max_payload_bytes: largest JSON payload a job may carry, ``payload``, ``args`` and
             ``kwargs`` together (``MAKESPAN_MAX_PAYLOAD_BYTES``, 1 B to 64 MiB; default 64 KiB).
+        max_depends_on: most distinct ``depends_on`` ids one submitted job may name
+            (``MAKESPAN_MAX_DEPENDS_ON``, 1 to 1,000,000; default 1,000); more is refused
+            at submit, nothing written (the submit script and the planner read each one).
         policy: planner policy name used by the live planner, one of
             :data:`makespan.planner.policies.POLICY_REGISTRY` (``MAKESPAN_POLICY``; another name
             fails :meth:`from_env` with the list; default ``default``: the greedy portfolio
@@ -523,6 +527,7 @@ class Settings:
     retry_backoff_max_s: float = 300.0
     broker_visibility_timeout_s: float = 6 * 3600.0
     max_payload_bytes: int = 64 * 1024
+    max_depends_on: int = 1_000
     policy: str = DEFAULT_POLICY
     solve_time_limit_s: float = 1.0
     preemption: str = "plan"
@@ -638,6 +643,7 @@ class Settings:
             set_point_weight=_env_nonneg("MAKESPAN_SET_POINT_WEIGHT", 0.0),
             workload_modules=env.get("MAKESPAN_WORKLOADS", ""),
             max_payload_bytes=_env_int("MAKESPAN_MAX_PAYLOAD_BYTES", 64 * 1024, 1, MAX_PAYLOAD_BYTES_CAP),
+            max_depends_on=_env_int("MAKESPAN_MAX_DEPENDS_ON", 1_000, 1, MAX_DEPENDS_ON_CAP),
             result_max_bytes=_env_int("MAKESPAN_RESULT_MAX_BYTES", 1024 * 1024, 1, 512 * 1024 * 1024),
             result_ttl_s=_env_float("MAKESPAN_RESULT_TTL_S", 7 * 24 * 3600.0),
             cancel_grace_s=_env_float("MAKESPAN_CANCEL_GRACE_S", 10.0),
@@ -704,6 +710,7 @@ class Settings:
             "MAKESPAN_SET_POINT_WEIGHT": repr(self.set_point_weight),
             "MAKESPAN_WORKLOADS": self.workload_modules,
             "MAKESPAN_MAX_PAYLOAD_BYTES": str(self.max_payload_bytes),
+            "MAKESPAN_MAX_DEPENDS_ON": str(self.max_depends_on),
             "MAKESPAN_RESULT_MAX_BYTES": str(self.result_max_bytes),
             "MAKESPAN_RESULT_TTL_S": repr(self.result_ttl_s),
             "MAKESPAN_CANCEL_GRACE_S": repr(self.cancel_grace_s),

@@ -27,13 +27,17 @@ Both deciders take every group partly free and partly held by lower-priority wor
 candidate, and both are bounded (docs/planner.md, "Guarantees"): a job preempted
 ``Settings.preemption_budget`` times (the record's ``preemptions`` count) or leased less
 than ``Settings.preemption_min_runtime_s`` ago is not preemptable
-(:func:`makespan.planner.preemption.victim_allowed`).
+(:func:`makespan.planner.preemption.victim_allowed`). The time since the lease began is
+measured on the Redis server's clock (the lease record's ``granted_ms`` against ``TIME``:
+:func:`held_s`), never on a planner's own: after a leader change the new leader measures
+what the old one would.
 
 The tick's step is :class:`Preempt`; it starts each preemptor with
 :func:`makespan.workers.starts.start_job` and notes the victims in the tick's context
 (``requeued_now``, ``victims``: their wait reason is ``preempted_requeued``; with the
 scored decider also ``victim_starts``, each victim's start in the plan the preemptions
-leave: its ETA until the next tick plans it).
+leave: its ETA until the next tick plans it; the rule's victims get no ETA this tick, so it
+sets ``CrossTickState.victims_without_eta``: the next tick forms a batch for them).
 """
 
 from __future__ import annotations
@@ -114,7 +118,10 @@ def _running(ctx: TickContext, state: FleetState, lease_of: dict[str, str], info
     for job_id in jobs.values():
         pipe.hmget(env.keys.job(job_id), "endpoint", "service_s", "submitted_at", "seq", "deadline_s", "leased_at",
                    "preemptions", "helpers")
-    got = dict(zip(jobs, pipe.execute()))
+    pipe.time()
+    *records, server_time = pipe.execute()
+    got = dict(zip(jobs, records))
+    server_now_ms = _unix_ms(server_time)
     time_scale = env.settings.time_scale
     gpus_of: dict[str, list[str]] = {}
     for gpu, lease_id in lease_of.items():
@@ -127,15 +134,20 @@ def _running(ctx: TickContext, state: FleetState, lease_of: dict[str, str], info
         if None in (endpoint, service, submitted, leased, prio) or endpoint not in state.endpoints:
             continue
         assert prio is not None
-        release_s, start_s = float(submitted) / time_scale, float(leased) / time_scale
-        end_s = float(info[lease_id].get("planned_end_s") or state.now_s)
+        release_s, leased_s = float(submitted) / time_scale, float(leased) / time_scale
         job = PlanJob(job_id, endpoint, float(prio.weight), release_s, float(service), int(prio), (),
                       release_s + float(due) if due else None, int(seq or 0),
                       tuple(json.loads(helpers)) if helpers else ())
         group = tuple(sorted(gpus_of[lease_id], key=order.__getitem__))
         # a job on a host without a live GPU worker is no victim: nothing would run its preemptor there
         on_down_host = ctx.snapshot is not None and not ctx.snapshot.down_gpus.isdisjoint(group)
-        preemptable = job_id not in awaited and not on_down_host and _bounded(ctx, cuts, state.now_s - start_s)
+        ran_s = held_s(info[lease_id], server_now_ms, time_scale, fallback_s=state.now_s - leased_s)
+        # leased_at is on the clock of the planner that leased it (maybe another leader): its
+        # start on this tick's clock is now less the time held; its end stays the lease's
+        # planned end, as the fleet state's free times (workers/fleet_view.py) read it
+        start_s = state.now_s - ran_s
+        end_s = float(info[lease_id].get("planned_end_s") or state.now_s)
+        preemptable = job_id not in awaited and not on_down_host and _bounded(ctx, cuts, ran_s)
         running = RunningJob(job, group, start_s, max(start_s, end_s - float(service)), end_s, preemptable)
         out.update({gpu: running for gpu in group})
     return out, {job_id: lease_id for lease_id, job_id in jobs.items()}
@@ -148,16 +160,46 @@ def _bounded(ctx: TickContext, cuts: str | None, ran_s: float) -> bool:
     return victim_allowed(int(cuts or 0), ran_s, settings.preemption_budget, settings.preemption_min_runtime_s)
 
 
+def _unix_ms(server_time: tuple[int, int]) -> float:
+    """Redis ``TIME`` (seconds, microseconds) as unix ms."""
+    seconds, micros = server_time
+    return int(seconds) * 1000.0 + int(micros) / 1000.0
+
+
+def held_s(lease: dict[str, str], server_now_ms: float, time_scale: float, fallback_s: float) -> float:
+    """Workload s the lease record ``lease`` has held its GPUs, on the Redis server's clock:
+    ``server_now_ms`` (``TIME``) less its ``granted_ms`` (written by the acquire script from
+    ``TIME``), ÷ ``time_scale``. So the minimum runtime before preemption is measured alike
+    by every planner, a new leader whose clock disagrees with the one that leased the job
+    included. ``fallback_s`` (the planner's clock less the job's ``leased_at``) for a lease
+    record without ``granted_ms`` (acquired by an older makespan)."""
+    granted_ms = lease.get("granted_ms")
+    if not granted_ms:
+        return fallback_s
+    return (server_now_ms - float(granted_ms)) / 1000.0 / time_scale
+
+
 def within_bounds(ctx: TickContext, info: dict[str, dict[str, str]]) -> dict[str, bool]:
-    """Lease id -> whether its job is within the preemption bounds (one round trip)."""
+    """Lease id -> whether its job is within the preemption bounds (one round trip; the time
+    held on the server clock: :func:`held_s`)."""
     env = ctx.env
     lease_ids = [lease_id for lease_id, rec in info.items() if rec.get("kind") == "job" and rec.get("job")]
+    if not lease_ids:
+        return {}
     pipe = env.r.pipeline(transaction=False)
     for lease_id in lease_ids:
         pipe.hmget(env.keys.job(info[lease_id]["job"]), "preemptions", "leased_at")
-    now = env.now_s()
-    return {lease_id: leased is not None and _bounded(ctx, cuts, now - float(leased) / env.settings.time_scale)
-            for lease_id, (cuts, leased) in zip(lease_ids, pipe.execute() if lease_ids else [])}
+    pipe.time()
+    *records, server_time = pipe.execute()
+    server_now_ms, now_s, time_scale = _unix_ms(server_time), env.now_s(), env.settings.time_scale
+    out: dict[str, bool] = {}
+    for lease_id, (cuts, leased) in zip(lease_ids, records):
+        if leased is None:
+            out[lease_id] = False
+            continue
+        ran_s = held_s(info[lease_id], server_now_ms, time_scale, fallback_s=now_s - float(leased) / time_scale)
+        out[lease_id] = _bounded(ctx, cuts, ran_s)
+    return out
 
 
 def _note_preempted(ctx: TickContext, outcome: str, victim_job: str | None) -> None:
@@ -273,4 +315,6 @@ def _preempt_by_rule(ctx: TickContext) -> set[str]:
             ctx.taken.update(group)
             for gpu in group:
                 holder[gpu] = Holder("__new__", job.priority, False)
+    if ctx.victims:  # written without an ETA (no plan after the rule's preemptions): the next tick plans them
+        ctx.kept.victims_without_eta = True
     return started

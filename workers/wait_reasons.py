@@ -7,7 +7,7 @@ from the tick's plan: ``reserved`` / ``behind_reservation`` (the tick's reservat
 :mod:`makespan.planner.reservation`), ``preempted_requeued`` (its record says it was
 preempted and it has not started since; a job preempted this tick gets as its ETA its start
 in the plan the scored decider left, :mod:`makespan.workers.preemption`; the rule's decider
-gives none until the next tick), ``host_down`` (planned on a host without a live GPU worker:
+gives none until the next tick, which forms a batch for them even with every GPU held), ``host_down`` (planned on a host without a live GPU worker:
 :mod:`makespan.workers.host_liveness`), ``waiting_for_memory`` (a group of its size is
 free now but none with its memory is), else ``waiting_for_gpus`` naming the GPUs of its
 planned group and what holds them (a lease's job, or the jobs planned there before it).

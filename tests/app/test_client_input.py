@@ -290,3 +290,35 @@ def test_cli_submit_depends_on(client, r, keys, redis_url, prefix):
                "--depends-on", "nope")
     assert out.returncode == 2 and b"Traceback" not in out.stderr, out.stderr[-400:]
     assert b"job.depends_on.1: no such job" in out.stderr
+
+
+def test_depends_on_past_its_limit_is_a_validation_error_and_writes_nothing(client, r, keys, prefix, settings,
+                                                                           monkeypatch):
+    """``depends_on`` had no cap: a submit naming 1,000,000 ids was read id by id by the
+    submit script and then by the planner. At most ``MAKESPAN_MAX_DEPENDS_ON`` distinct ids
+    (a repeated one counts once), refused before any is read, nothing written."""
+    import dataclasses
+
+    from makespan.producer import Producer
+    from makespan.settings import Settings
+
+    monkeypatch.setenv("MAKESPAN_MAX_DEPENDS_ON", "3")
+    assert Settings.from_env().max_depends_on == 3 and Settings().max_depends_on == 1_000
+    assert Settings.from_env().to_env()["MAKESPAN_MAX_DEPENDS_ON"] == "3"
+    firsts = [client.submit("tests.two", n) for n in range(4)]
+    capped = Producer(r, keys, load_fleet(FLEET_TOML), dataclasses.replace(settings, max_depends_on=3))
+    at_limit = capped.submit({"endpoint": "embed", "service_s": 5,
+                              "depends_on": [firsts[0].id, firsts[1].id, firsts[2].id, firsts[0].id]})
+    assert len(json.loads(r.hget(keys.job(at_limit.id), "deps"))) == 3
+    before = _keys_of(r, prefix)
+    with pytest.raises(makespan.ValidationError, match="MAKESPAN_MAX_DEPENDS_ON") as e:
+        capped.submit({"endpoint": "embed", "service_s": 5, "depends_on": [job.id for job in firsts]})
+    assert (e.value.field, e.value.value) == ("job.depends_on", "4 ids") and "limit of 3" in e.value.reason
+    with pytest.raises(makespan.ValidationError, match="MAKESPAN_MAX_DEPENDS_ON"):  # the client reads the variable
+        with makespan.connect(settings.redis_url, key_prefix=prefix) as capped_client:
+            capped_client.submit("tests.two", 9, depends_on=firsts)
+    with pytest.raises(makespan.ValidationError, match="limit of 1000 ") as e:  # the default
+        Producer(r, keys, load_fleet(FLEET_TOML), settings).submit(
+            {"endpoint": "embed", "service_s": 5, "depends_on": [f"{n:032x}" for n in range(1_000_000)]})
+    assert e.value.value == "1000000 ids"
+    assert _keys_of(r, prefix) == before

@@ -142,6 +142,29 @@ def test_preempted_requeued(r, settings, env):
     assert eta_s > before_s
 
 
+def test_a_victim_of_the_rules_preemption_gets_its_eta_at_the_next_tick(r, settings, env):
+    """The rule's decider makes no plan after its preemptions: the victim is written
+    ``preempted_requeued`` with no ETA, for "the next tick" to plan. With every GPU held by
+    then, that tick formed no batch until REASON_REFRESH_S (1 s) had passed since the
+    preemption's: ``why`` showed no ETA for a second (review, 2026-12-06). The next tick
+    now plans it, the planner's clock not moved."""
+    clock = ManualClock(time.time())
+    s = dataclasses.replace(settings, lease_ttl_s=60.0, policy="portfolio", preemption="rule")
+    sent = []
+    w = PlannerWorker(r, s, ONE, dispatch=lambda ctx, q: sent.append(ctx), clock=clock)
+    prod = Producer(r, w.keys, ONE, s)
+    r.set(w.keys.planner_leader, w.name)  # as a leading planner holds it (ticked by hand here)
+    low = _lease(r, w, prod, "GPU-h-0")
+    crit = prod.submit({"endpoint": "e", "service_s": 10, "priority": "CRITICAL"}).id
+    w.tick()
+    assert [c.job_id for c in sent] == [crit] and r.hget(w.keys.job(low), "wait_eta") in (None, "")
+    sec, usec = r.time()
+    w.tick()  # the same planner clock: REASON_REFRESH_S has not passed
+    assert "no ETA" not in _why(low, "preempted_requeued")
+    # after the CRITICAL job: 1 s cold start + 10 s, 0.01 wall s per workload s
+    assert float(r.hget(w.keys.job(low), "wait_eta")) > sec + usec / 1e6
+
+
 def test_a_full_fleet_still_gives_a_new_job_its_reason_and_eta(r, settings, env):
     """Every GPU held and nothing CRITICAL/HIGH queued: the tick used to form no batch, so a
     job submitted then (or a victim of the critical lane) showed ``behind_batch`` with no

@@ -301,3 +301,41 @@ def test_requests_on_a_simulated_endpoint_fail_once_with_what_to_do(r, keys, set
         job.result(timeout_s=1)
     assert err.value.error_type == "makespan.errors.NoEndpointServer" and "launch" in err.value.message
     assert r.hget(keys.job(job.id), "tries") in (None, "0")  # not retried
+
+
+@makespan.workload(endpoint="embed", name="tests.raises_when_preempted", retries=1)
+def raises_when_preempted(ctx):
+    HOOKS.setdefault("attempts_seen", []).append(ctx.attempt)
+    if len(HOOKS["attempts_seen"]) == 1:  # the first run stops when told to, by raising (as user code may)
+        HOOKS["first_started"].set()
+        ctx.cancelled.wait(30)
+        raise RuntimeError("stopped: the lease was lost")
+    return "live"
+
+
+def test_a_preemption_is_not_an_attempt_and_burns_no_retry(r, keys, settings):
+    """What docs/workloads.md promises (review, 2026-12-06): a preempted run is not an attempt
+    and does not use a retry, even when the function raises as it is stopped (its retry
+    write is fenced by the lost lease); the next run has the same ``ctx.attempt``, status
+    counts one attempt and ``job.result()`` returns the run that finished."""
+    from makespan.producer import Producer
+
+    HOOKS.clear()
+    HOOKS.update(first_started=threading.Event())
+    fleet, client = _setup(r, keys, settings, raises_when_preempted)
+    job = client.submit("tests.raises_when_preempted")
+    ctx1, runner1 = _lease(r, keys, settings, fleet, job.id)
+    out1: list = []
+    first = threading.Thread(target=lambda: out1.append(run_warm(runner1, ctx1)))
+    first.start()
+    assert HOOKS["first_started"].wait(20)
+    assert LeaseStore(r, keys).preempt(ctx1.lease_id, "a-critical-job") == "preempted"
+    first.join(20)
+    assert out1 == ["stale"]
+    status = Producer(r, keys, fleet, settings).status(job.id)
+    assert (status["state"], status["attempts"], status.get("tries", 0), status["preemptions"]) == ("queued", 0, 0, 1)
+    ctx2, runner2 = _lease(r, keys, settings, fleet, job.id)
+    assert run_warm(runner2, ctx2) == "completed"
+    assert job.result(timeout_s=1) == "live" and HOOKS["attempts_seen"] == [1, 1]
+    status = Producer(r, keys, fleet, settings).status(job.id)
+    assert (status["attempts"], status.get("tries", 0), status["result_attempt"], status["preemptions"]) == (1, 0, 1, 1)

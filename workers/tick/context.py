@@ -154,6 +154,7 @@ class CrossTickState:
     # (pool, '' = the implicit one; level) -> offset of the next read of that queue (pool_rehome)
     rehome_cursor: dict[tuple[str, Priority], int] = field(default_factory=dict)
     reasons_stale: bool = False  # a tick followed the kept plan since the last batch was formed (follow; batch clears)
+    victims_without_eta: bool = False  # the rule's preemption requeued jobs with no ETA (preemption; batch clears)
 
 
 @dataclass

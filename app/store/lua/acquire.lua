@@ -4,7 +4,8 @@
 -- Transitions: queued -> leased
 --
 -- KEYS[1]  P:fence          fencing-token counter
--- KEYS[2]  P:lease:{id}     the lease record (written)
+-- KEYS[2]  P:lease:{id}     the lease record (written; with token, expires_ms and granted_ms,
+--                           the server clock's unix ms when it was granted)
 -- KEYS[3]  P:leases         live leases, score = expiry (unix ms, server clock)
 -- KEYS[4]  P:job:{job}      the job (P:job:- for a non-job lease)
 -- KEYS[5]  P:queue:{level}  the job's queue
@@ -55,7 +56,9 @@ for i = 1, n do
 end
 local fields = cjson.decode(ARGV[6])
 local expires_ms = server_now_ms + tonumber(ARGV[3])
-local flat = {'token', tostring(token), 'expires_ms', tostring(expires_ms)}
+-- granted_ms: when the lease began on the server clock (the preemption bounds' minimum
+-- runtime: every planner, whatever its own clock, measures the same time held)
+local flat = {'token', tostring(token), 'expires_ms', tostring(expires_ms), 'granted_ms', tostring(server_now_ms)}
 for k, v in pairs(fields) do table.insert(flat, k); table.insert(flat, tostring(v)) end
 redis.call('HSET', KEYS[2], unpack(flat))
 redis.call('ZADD', KEYS[3], expires_ms, ARGV[1])
