@@ -1,0 +1,110 @@
+"""A GPU worker that shuts down hands its job leases back at once (PhaseRunner.hand_back):
+a job whose execute has not started is requeued by the reclaim's script under the lease's
+fencing token, with the reclaim's attempt accounting, and the planner is woken; a token
+that is no longer current writes nothing. Before, such a job waited for its lease to
+expire and the planner's reclaim.
+
+In-process phases on a real Redis (as tests/workloads/test_failure_paths.py); the
+shutdown is :data:`makespan.shutdown.SHUTTING_DOWN`, set here and cleared after each test.
+"""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+import makespan
+from makespan import shutdown
+from makespan.client import Client
+from makespan.keys import WAKE_RELEASE
+from makespan.models import fleet_version, load_fleet
+from makespan.registry import publish
+from makespan.workers.leases import Lease, LeaseStore
+from makespan.workers.phases import PhaseContext, PhaseRunner
+from makespan.workers.warm import run_phases
+from tests.conftest import FLEET_TOML
+from tests.live import all_events
+
+GPU = "GPU-host-a-3"
+RAN: list[str] = []
+
+
+@makespan.workload(endpoint="embed", name="tests.hand_back_marks")
+def marks_that_it_ran(ctx):
+    RAN.append(ctx.job_id)
+    return "ran"
+
+
+def _setup(r, keys, settings, *definitions):
+    fleet = load_fleet(FLEET_TOML)
+    r.set(keys.fleet, fleet.model_dump_json())
+    r.set(keys.fleet_version, fleet_version(fleet))
+    publish(r, keys, definitions, holder="test")
+    return fleet, Client(r, settings)
+
+
+def _lease(r, keys, settings, fleet, job_id):
+    """Lease GPU for the queued ``job_id`` (nothing resident: the phase-by-phase path)."""
+    priority = r.hget(keys.job(job_id), "priority")
+    lease = LeaseStore(r, keys).acquire("L1", (GPU,), settings.lease_ttl_s, job_id=job_id, kind="job",
+                                        holder="host-a", queue=keys.queue(priority))
+    assert lease is not None
+    ctx = PhaseContext("L1", lease.token, [GPU], "host-a", "job", "embed", job_id, priority,
+                       float(r.hget(keys.job(job_id), "service_s")))
+    return ctx, PhaseRunner(r, settings, fleet)
+
+
+@pytest.fixture
+def shutting_down():
+    assert not shutdown.SHUTTING_DOWN.is_set()
+    shutdown.SHUTTING_DOWN.set()
+    try:
+        yield
+    finally:
+        shutdown.SHUTTING_DOWN.clear()
+
+
+def _snapshot(redis_url: str, prefix: str) -> dict[str, bytes | None]:
+    """Every key of ``prefix``, DUMPed (a bytes client: the replies are binary)."""
+    binary = redis.Redis.from_url(redis_url)
+    try:
+        return {key.decode(): binary.dump(key) for key in binary.scan_iter(f"{prefix}:*", count=1000)}
+    finally:
+        binary.close()
+
+
+def test_a_job_whose_execute_has_not_started_is_handed_back_at_shutdown(r, keys, settings, shutting_down):
+    fleet, client = _setup(r, keys, settings, marks_that_it_ran)
+    job = client.submit("tests.hand_back_marks")
+    ctx, runner = _lease(r, keys, settings, fleet, job.id)
+    wake = keys.for_pool(fleet.pool_of_host("host-a")).planner_wake
+    r.delete(wake)
+
+    assert run_phases(runner, ctx) == "handed_back"
+
+    assert job.id not in RAN  # its workload never started
+    record = r.hgetall(keys.job(job.id))
+    assert record["state"] == "queued" and record["attempts"] == "1"  # a phase ran: one attempt, as a reclaim counts
+    assert r.zscore(keys.queue(ctx.priority), job.id) is not None
+    assert not r.exists(keys.lease(ctx.lease_id)) and not r.exists(keys.gpu(GPU)) and not r.exists(keys.phase(ctx.lease_id))
+    assert r.lindex(wake, 0) == WAKE_RELEASE  # the planner plans it now, not at its next tick's reclaim
+    reclaimed = [e for e in all_events(r, keys) if e["kind"] == "reclaimed"]
+    assert [(e["job"], e["outcome"], e["cause"], e["attempt_counted"]) for e in reclaimed] == \
+        [(job.id, "requeued", "worker_shutdown", True)]
+
+
+def test_a_stale_token_hands_nothing_back(r, keys, prefix, settings):
+    fleet, client = _setup(r, keys, settings, marks_that_it_ran)
+    job = client.submit("tests.hand_back_marks")
+    ctx, _runner = _lease(r, keys, settings, fleet, job.id)
+    store = LeaseStore(r, keys)
+    before = _snapshot(settings.redis_url, prefix)
+    for token in (ctx.token - 1, ctx.token + 1):  # an older holder's, or one never issued
+        assert store.hand_back(Lease(ctx.lease_id, token, (GPU,)), settings.max_attempts) == ("stale", "")
+    assert store.hand_back(Lease("not-a-lease", ctx.token, (GPU,)), settings.max_attempts) == ("stale", "")
+    assert _snapshot(settings.redis_url, prefix) == before
+    assert r.hget(keys.job(job.id), "state") == "leased"
+
+    # the lease's own token hands it back, once
+    assert store.hand_back(ctx.lease, settings.max_attempts) == ("requeued", job.id)
+    assert store.hand_back(ctx.lease, settings.max_attempts) == ("stale", "")
