@@ -10,6 +10,8 @@ shutdown is :data:`makespan.shutdown.SHUTTING_DOWN`, set here and cleared after 
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import redis
 
@@ -20,19 +22,27 @@ from makespan.keys import WAKE_RELEASE
 from makespan.models import fleet_version, load_fleet
 from makespan.registry import publish
 from makespan.workers.leases import Lease, LeaseStore
-from makespan.workers.phases import PhaseContext, PhaseRunner
-from makespan.workers.warm import run_phases
+from makespan.workers.phases import PhaseContext, PhaseRunner, instance_value
+from makespan.workers.warm import run_phases, run_warm
 from tests.conftest import FLEET_TOML
 from tests.live import all_events
 
 GPU = "GPU-host-a-3"
 RAN: list[str] = []
+LOOPING = threading.Event()  # set once loops_until_cancelled runs
 
 
 @makespan.workload(endpoint="embed", name="tests.hand_back_marks")
 def marks_that_it_ran(ctx):
     RAN.append(ctx.job_id)
     return "ran"
+
+
+@makespan.workload(endpoint="embed", name="tests.hand_back_loops")
+def loops_until_cancelled(ctx):
+    LOOPING.set()
+    ctx.cancelled.wait(60)
+    return {"cancel_reason": ctx.cancel_reason}
 
 
 def _setup(r, keys, settings, *definitions):
@@ -43,8 +53,11 @@ def _setup(r, keys, settings, *definitions):
     return fleet, Client(r, settings)
 
 
-def _lease(r, keys, settings, fleet, job_id):
-    """Lease GPU for the queued ``job_id`` (nothing resident: the phase-by-phase path)."""
+def _lease(r, keys, settings, fleet, job_id, warm=False):
+    """Lease GPU for the queued ``job_id`` (``warm``: its ``embed`` instance resident, the
+    warm path; else nothing resident: the phase-by-phase path)."""
+    if warm:
+        r.set(keys.resident(GPU), instance_value("embed", [GPU]))
     priority = r.hget(keys.job(job_id), "priority")
     lease = LeaseStore(r, keys).acquire("L1", (GPU,), settings.lease_ttl_s, job_id=job_id, kind="job",
                                         holder="host-a", queue=keys.queue(priority))
@@ -91,6 +104,29 @@ def test_a_job_whose_execute_has_not_started_is_handed_back_at_shutdown(r, keys,
     reclaimed = [e for e in all_events(r, keys) if e["kind"] == "reclaimed"]
     assert [(e["job"], e["outcome"], e["cause"], e["attempt_counted"]) for e in reclaimed] == \
         [(job.id, "requeued", "worker_shutdown", True)]
+
+
+@pytest.mark.parametrize("path", ["warm", "phases"])
+def test_a_function_stopped_by_the_shutdown_is_handed_back(r, keys, settings, path):
+    fleet, client = _setup(r, keys, settings, loops_until_cancelled)
+    job = client.submit("tests.hand_back_loops")
+    ctx, runner = _lease(r, keys, settings, fleet, job.id, warm=path == "warm")
+    LOOPING.clear()
+    outcome: list[str] = []
+    run = threading.Thread(target=lambda: outcome.append((run_warm if path == "warm" else run_phases)(runner, ctx)))
+    run.start()
+    try:
+        assert LOOPING.wait(30), "the function did not start"
+        shutdown.SHUTTING_DOWN.set()  # the worker's SIGTERM, as shutdown.arm() sets it
+        run.join(30)
+    finally:
+        shutdown.SHUTTING_DOWN.clear()
+    assert outcome == ["handed_back"]
+    record = r.hgetall(keys.job(job.id))
+    assert record["state"] == "queued" and record["attempts"] == "1"
+    assert not r.exists(keys.result(job.id)) and not r.exists(keys.lease(ctx.lease_id)) and not r.exists(keys.gpu(GPU))
+    reclaimed = [e for e in all_events(r, keys) if e["kind"] == "reclaimed"]
+    assert [(e["outcome"], e["cause"]) for e in reclaimed] == [("requeued", "worker_shutdown")]
 
 
 def test_a_stale_token_hands_nothing_back(r, keys, prefix, settings):
