@@ -7,7 +7,9 @@ its probe cycle, the dashboard closes its streams). :func:`arm` starts, when SIG
 arrives (:func:`on_sigterm` sees it at once, whatever the main thread is doing), a
 watchdog that ends the process with :data:`EXIT_SHUTDOWN_TIMEOUT` if the clean shutdown
 has not finished after ``grace_s`` seconds: a phase still running (a long execute) is
-cut off; its lease then expires and is reclaimed, as a lost worker's is.
+cut off; its lease then expires and is reclaimed, as a lost worker's is (a GPU worker hands
+back at once the lease of a job whose workload function stopped on :data:`SHUTTING_DOWN`:
+``makespan.workers.phases.PhaseRunner.hand_back``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 
 log = logging.getLogger("makespan.shutdown")
@@ -33,6 +36,15 @@ One per process: a Celery prefork child's stays unset when its parent shuts down
 
 _armed = False
 _lock = threading.Lock()
+_deadline_monotonic: float | None = None  # when the watchdog fires (time.monotonic()); None: not armed
+
+
+def time_left_s() -> float | None:
+    """Seconds left (>= 0) before this process's watchdog ends it (:func:`arm`); None while
+    no shutdown began. Work that must finish before it (the process driver's stop of an
+    endpoint: its SIGKILL comes before the watchdog) bounds its waits by it."""
+    deadline = _deadline_monotonic
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
 
 
 def arm(grace_s: float, process: str) -> bool:
@@ -41,13 +53,15 @@ def arm(grace_s: float, process: str) -> bool:
     finalizes or a C call holds the GIL: after ``grace_s`` seconds (wall clock) it writes
     every thread's traceback to stderr (where the shutdown was stuck) and ends the process
     with :data:`EXIT_SHUTDOWN_TIMEOUT`. Safe to call from a signal handler or a Celery
-    signal. Sets :data:`SHUTTING_DOWN`. Returns True if this call armed it."""
-    global _armed
+    signal. Sets :data:`SHUTTING_DOWN`; :func:`time_left_s` counts down from ``grace_s``.
+    Returns True if this call armed it."""
+    global _armed, _deadline_monotonic
     SHUTTING_DOWN.set()
     with _lock:
         if _armed:
             return False
         _armed = True
+        _deadline_monotonic = time.monotonic() + grace_s
     # the process's own stderr (fd 2): Celery replaces sys.stderr with a logging proxy that has no fd
     err = sys.__stderr__
     try:

@@ -14,8 +14,8 @@ Outcomes: the encoded result (:func:`makespan.results.encode_value`), or
 :class:`WorkloadFailed` (an exception, a timeout, a result that is too large or not
 JSON), :class:`makespan.errors.PhaseCancelled` or :class:`makespan.errors.StaleFencingToken`
 (the lease was lost, or the worker shuts down: the run is given up as if its lease were
-lost, whatever the function returned, and the lease's reclaim requeues the job once it
-expires, as after a worker that died).
+lost, whatever the function returned, and the phase runner hands the lease back at once,
+which requeues the job as a reclaim would: ``PhaseRunner.hand_back``).
 The phase runner commits the result, a retry or the failure (workers/phases.py).
 """
 
@@ -216,7 +216,7 @@ def run_function(definition: WorkloadDef, ctx: WorkloadContext, args: list[Any],
 
     Raises:
         StaleFencingToken: the lease was lost, or ``shutting_down`` was set while the
-            function ran (the job will be reclaimed and requeued: not a failure).
+            function ran (the job will be handed back or reclaimed, and requeued: not a failure).
         PhaseCancelled: a cancel was requested while it ran.
         WorkloadFailed: it raised, timed out, or returned a value that cannot be stored; the
             arguments do not bind to its parameters (``TypeError``, not retryable: every
@@ -287,7 +287,7 @@ def run_function(definition: WorkloadDef, ctx: WorkloadContext, args: list[Any],
         raise StaleFencingToken("lease lost while the workload function ran")
     if why == "shutdown":
         log.warning("job %s: the GPU worker is shutting down: workload %s %s; its result is discarded and its "
-                    "lease left to expire, whose reclaim requeues the job", ctx.job_id, definition.name,
+                    "lease handed back, which requeues the job", ctx.job_id, definition.name,
                     _cancel_outcome(outcome, stop_tried, thread.is_alive(), grace_s))
         raise StaleFencingToken("the GPU worker is shutting down: the workload function was given up")
     if why == "cancel":

@@ -33,7 +33,11 @@ the last healthy probe, effect, agenda context as JSON). When the instance is
 unhealthy the observer then drives it back to its set point: a ``RESTART_RECOVERY``
 agenda entry, stop (idempotent), start the same endpoint on the same GPUs with the
 fleet file's spec through its driver, swap the registry record, complete the entry,
-and append a ``kind=recovery`` record (outcome, recovery_s, new instance id).
+and append a ``kind=recovery`` record (outcome, recovery_s, new instance id). A stop
+that leaves a process of the old instance alive (its report's ``left``: one that
+outlived SIGKILL, e.g. stuck in the GPU driver) starts nothing: a second copy would
+share the GPUs with the first; the recovery fails and the old record is kept
+(``failed``), for the next start phase on its GPUs or the orphan sweep to stop.
 Each cycle also adds every registered instance to the per-GPU index the phases read
 (:func:`makespan.workers.drivers.registry.index_instances`: an instance a GPU worker of an
 older version registered, during a rolling upgrade, is found within a cycle), reaps agenda
@@ -240,7 +244,11 @@ class Observer:
             try:
                 with self.agenda.register(f"recovery-{inst.id}", "RESTART_RECOVERY", [inst.endpoint],
                                           inst.gpus, expected_s, lock_ttl_s=self.lock_ttl_s) as entry:
-                    driver.stop(inst)
+                    report = driver.stop(inst)
+                    if report is not None and report.left:  # the old copy still holds its GPUs
+                        raise MakespanError(
+                            f"processes {', '.join(str(pid) for pid in report.left)} of the old instance outlived "
+                            "SIGKILL; not starting a second copy on its GPUs (kept registered for a later stop)")
                     # tracked from its first moment: an observer killed during the health check
                     # leaves a `starting` record, which the host's GPU worker sweeps (orphans)
                     new = driver.start(spec, inst.gpus, inst.time_scale, inst.host, on_spawn=track)

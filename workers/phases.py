@@ -47,7 +47,9 @@ JOB_PHASES = ("evict", "start_endpoint", "execute", "clear")
 RESTORE_PHASES = ("evict", "restore")
 RESTORE_BACKOFF_S = 60.0  # wall s before a failed set-point restore of a group is tried again; doubles per failure
 RESTORE_BACKOFF_MAX_S = 3600.0  # at most this long
-STOPS_CHAIN = ("failed", "cancelled", "stale", "retried")  # phase outcomes after which no later phase runs
+# phase outcomes after which no later phase runs ("handed_back": the worker shuts down, the job is requeued)
+STOPS_CHAIN = ("failed", "cancelled", "stale", "retried", "handed_back")
+BEFORE_EXECUTE = ("evict", "start_endpoint")  # a job's phases before its workload runs
 
 
 class DeferredWaits:
@@ -215,9 +217,10 @@ class PhaseRunner:
     # -- the phase entry point -----------------------------------------------------------
     def run(self, ctx: PhaseContext, phase: str) -> str:
         """Run one phase. Returns "done", "skipped" (already done: idempotent replay),
-        "stale" (lease no longer ours: nothing done), "cancelled", "failed" or "retried"
-        (a workload function failed and its job waits for its next try). An error nobody
-        anticipated fails the job and releases the lease (:meth:`guarded`).
+        "stale" (lease no longer ours: nothing done), "cancelled", "failed", "retried"
+        (a workload function failed and its job waits for its next try) or "handed_back"
+        (the GPU worker shuts down: :meth:`hand_back`). An error nobody anticipated fails
+        the job and releases the lease (:meth:`guarded`).
 
         Raises:
             StoreError, redis.RedisError: Redis failed (the lease expires and its reclaim
@@ -249,9 +252,35 @@ class PhaseRunner:
                 return self._crashed(ctx, phase, e)
             raise
         except StaleFencingToken:
-            return "stale"
+            return self.hand_back(ctx) or "stale"
         except Exception as e:  # noqa: BLE001 - the one catch of errors no phase anticipated
             return self._crashed(ctx, phase, e)
+
+    def hand_back(self, ctx: PhaseContext) -> str | None:
+        """While the GPU worker shuts down (:data:`makespan.shutdown.SHUTTING_DOWN`), give a
+        job's lease back at once instead of leaving it to expire: its GPUs are freed and
+        its job requeued (or delayed, failed after ``max_attempts``, cancelled) by the
+        reclaim's own script and attempt accounting, fenced by the lease's token
+        (:meth:`makespan.store.LeaseStore.hand_back`), and the planner of its GPUs' pool is
+        woken. Called when a job's phase ends early (its workload function was told to
+        stop), a phase before execute is done, or execute would begin, during shutdown.
+
+        Returns:
+            "handed_back"; "stale" (the lease was no longer ours: nothing written); None
+            when there is nothing to hand back (not shutting down, or a restore lease).
+        Raises:
+            StoreError: Redis failed (the lease then expires and its reclaim requeues the job)."""
+        if ctx.kind != "job" or not shutdown.SHUTTING_DOWN.is_set():
+            return None
+        wake = self._wake_key.get(ctx.gpus[0], self.keys.planner_wake) if ctx.gpus else self.keys.planner_wake
+        outcome, _job = self.leases.hand_back(ctx.lease, self.settings.max_attempts, self.settings.retry_backoff_s,
+                                              self.settings.retry_backoff_max_s, wake_key=wake)
+        if outcome == "stale":
+            log.info("job %s: lease %s no longer ours at shutdown: nothing handed back", ctx.job_id, ctx.lease_id)
+            return "stale"
+        log.warning("job %s: the GPU worker shuts down: lease %s handed back, job %s", ctx.job_id, ctx.lease_id,
+                    outcome)
+        return "handed_back"
 
     def _crashed(self, ctx: PhaseContext, phase: str, error: Exception) -> str:
         """Fail ``ctx``'s job (or restore) after ``error`` escaped ``phase``: see :meth:`guarded`."""
@@ -303,6 +332,10 @@ class PhaseRunner:
             return "stale"
         if self._done(ctx, phase):
             return "skipped"
+        if phase == "execute":  # shutting down: a workload that would start is handed back instead
+            handed = self.hand_back(ctx)
+            if handed is not None:
+                return handed
         # The claim checks the lease again, in the same script: a reclaim (or preemption)
         # between the renew above and here dropped the lease and its phase hash, and a bare
         # HSETNX recreated that hash (with no TTL) and ran a phase of a lease no longer held.
@@ -334,7 +367,7 @@ class PhaseRunner:
                     planned = getattr(self, f"_phase_{phase}")(ctx, hb, extra)
                     span.set_attribute("makespan.planned_s", float(planned))
             except StaleFencingToken:
-                return "stale"
+                return self.hand_back(ctx) or "stale"
             except PhaseCancelled as e:
                 return self._finish(ctx, "cancelled", f"{phase}: {e}")
             except WorkloadFailed as e:
@@ -351,6 +384,8 @@ class PhaseRunner:
                 return "stale"
         if phase == "clear" or phase == "restore":
             return self._finish(ctx, "completed", "")
+        if phase in BEFORE_EXECUTE:  # shutting down: its execute would wait for the next worker
+            return self.hand_back(ctx) or "done"
         return "done"
 
     def commit(self, ctx: PhaseContext, ops: list[tuple], applied: Callable[[], bool]) -> bool:

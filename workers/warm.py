@@ -85,8 +85,8 @@ def _run_warm(runner: PhaseRunner, ctx: PhaseContext) -> str:
                 attempt = 1 + int(got[2] or 0) + int(got[3] or 0)
                 runner._workload(ctx, hb, extra, payload, spec, attempt=attempt)
                 span.set_attribute("makespan.planned_s", float(ctx.service_s))
-        except StaleFencingToken:
-            return "stale"
+        except StaleFencingToken:  # shutting down: handed back (PhaseRunner.hand_back)
+            return runner.hand_back(ctx) or "stale"
         except PhaseCancelled as e:  # as PhaseRunner.run: a cancel is not a failure
             return runner._finish(ctx, "cancelled", f"execute: {e}")
         except WorkloadFailed as e:

@@ -22,7 +22,7 @@ from typing import Any, Literal, cast
 import redis
 
 from makespan.errors import LeaseError, StaleFencingToken, utf8_text
-from makespan.keys import Keys
+from makespan.keys import WAKE_RELEASE, Keys
 from makespan.store.scripts import script, store_error
 from makespan.job_states import JobState
 
@@ -248,6 +248,30 @@ class LeaseStore:
                             args=[lease_id, now_ms(), max_attempts, self.keys.script_prefix,
                                   repr(float(retry_backoff_s)), repr(float(retry_backoff_max_s))])
         return str(out[1]), str(out[2]) if len(out) > 2 and out[2] else ""
+
+    def hand_back(self, lease: Lease, max_attempts: int, retry_backoff_s: float = 0.0,
+                  retry_backoff_max_s: float = 300.0, wake_key: str = "") -> tuple[str, str]:
+        """Give up ``lease`` while it is still current (its GPU worker shuts down): free its
+        GPUs, forget it, and requeue its job at once (or delay, fail, cancel or complete
+        it), exactly as :meth:`reclaim` does once it expired, with the same attempt
+        accounting (``reclaim.lua`` with the lease's fencing token), and push
+        :data:`makespan.keys.WAKE_RELEASE` on ``wake_key`` (the planner wake list of its
+        GPUs' pool; "" none). A job it ends goes to :meth:`job_ended`.
+
+        Returns:
+            ``(outcome, job id or "")``: outcome ``"stale"`` (the token is no longer current
+            on every GPU: nothing written) or one of :meth:`reclaim_outcome`'s.
+        Raises:
+            StoreError: Redis failed (nothing written: the script is atomic)."""
+        keys = [self.keys.lease(lease.lease_id), self.keys.leases, self.keys.running, self.keys.events,
+                *([wake_key] if wake_key else [])]
+        out = self._reclaim(keys=keys, args=[lease.lease_id, now_ms(), max_attempts, self.keys.script_prefix,
+                                             repr(float(retry_backoff_s)), repr(float(retry_backoff_max_s)),
+                                             str(int(lease.token)), WAKE_RELEASE])
+        outcome, job_id = str(out[1]), str(out[2]) if len(out) > 2 and out[2] else ""
+        if outcome in (s.value for s in JobState if s.final) and job_id:
+            self.job_ended(job_id, outcome)
+        return outcome, job_id
 
     def reclaim(self, lease_id: str, max_attempts: int, retry_backoff_s: float = 0.0,
                 retry_backoff_max_s: float = 300.0) -> str:

@@ -4,9 +4,10 @@ The function loops until ``ctx.cancelled``. Before, nothing set it on shutdown: 
 worker's warm shutdown waited for the function until its SIGTERM bound's watchdog ended
 the process (exit code 1), the function never told. Now the shutdown sets
 ``ctx.cancel_reason = "worker_shutdown"`` and ``ctx.cancelled``, the function returns, the
-worker ends cleanly (exit code 0), and the job is not lost: its run is given up as a lost
-lease's is, the lease's reclaim requeues it (one attempt counted), and the next worker
-runs it to the end.
+worker ends cleanly (exit code 0), and the job is not lost: its run is given up, the worker
+hands its lease back at once (the reclaim's script under the lease's fencing token: no
+attempt counted, as for a preemption), and the next worker runs it to the end. Before the hand-back the job
+waited for its lease to expire (here 60 s) and the planner's reclaim.
 
 Real planner and GPU worker processes loading ``tests.workloads.fns``, real Redis.
 """
@@ -24,6 +25,7 @@ from tests.live import all_events, wait_for
 
 HOST = "h1"
 SHUTDOWN_GRACE_S = 20.0  # the watchdog's bound: a function not told to stop is cut off only then
+LEASE_TTL_S = 60.0  # far beyond the shutdown: a job requeued when the worker exits was handed back, not reclaimed
 FLEET = """
 name = "worker-shutdown"
 [[hosts]]
@@ -43,7 +45,8 @@ def test_a_running_function_sees_the_worker_shutdown_and_its_job_is_requeued(r, 
     path.write_text(FLEET)
     marks = tmp_path / "marks"
     marks.mkdir()
-    s = replace(settings, workload_modules="tests.workloads.fns", shutdown_grace_s=SHUTDOWN_GRACE_S)
+    s = replace(settings, workload_modules="tests.workloads.fns", shutdown_grace_s=SHUTDOWN_GRACE_S,
+                lease_ttl_s=LEASE_TTL_S)
     system = LiveSystem(path, load_fleet(path), s, tmp_path / "logs", observer=False,
                         extra_env={"MAKESPAN_TEST_MARK_DIR": str(marks)})
     client = makespan.connect(s.redis_url, key_prefix=s.key_prefix)
@@ -61,17 +64,18 @@ def test_a_running_function_sees_the_worker_shutdown_and_its_job_is_requeued(r, 
         assert told == ["worker_shutdown"], f"the function was not told why it was to stop: {told}"
         assert code == 0, f"the worker's shutdown waited for the function until its watchdog (log: {worker.log_path})"
 
-        # not lost: the run is given up as a lost lease's; the lease's reclaim requeues the job
-        wait_for(lambda: any(e["kind"] == "reclaimed" and e.get("job") == job.id for e in all_events(r, keys)),
-                 60, "the job's lease to be reclaimed")
+        # not lost, and not left to the lease's expiry: the worker handed the lease back before it exited
         reclaimed = [e for e in all_events(r, keys) if e["kind"] == "reclaimed" and e.get("job") == job.id]
-        assert [e["outcome"] for e in reclaimed] == ["requeued"]
-        assert r.hget(keys.job(job.id), "attempts") == "1"
+        assert [(e["outcome"], e.get("cause")) for e in reclaimed] == [("requeued", "worker_shutdown")], \
+            f"the job waits for its lease ({LEASE_TTL_S:g} s) to expire: {reclaimed}"
+        assert r.hget(keys.job(job.id), "state") == "queued"  # its host has no live worker: the planner waits
+        assert r.zcard(keys.leases) == 0 and not r.exists(keys.gpu(system.fleet.hosts[0].gpus[0].uuid))
+        assert r.hget(keys.job(job.id), "attempts") == "0"  # a hand-back is no attempt
         assert not r.exists(keys.result(job.id))  # the given-up run stored nothing
 
         system.procs.remove(worker)
         system.start_gpu_worker(HOST, 1)
-        assert job.result(timeout_s=120) == {"resumed_at_attempt": 2}
+        assert job.result(timeout_s=120) == {"resumed_at_attempt": 1}  # the given-up run was no attempt
     finally:
         system.stop()
         client.close()

@@ -23,7 +23,11 @@ that moved to a process group of their own within it are found too), waits up to
 ``grace_s`` for every member to end, then SIGKILLs each one still alive (a model
 server's engine or tensor-parallel workers that ignore SIGTERM and would keep their
 GPU memory), checks the group is empty, and returns a :class:`StopReport` of what it
-had to kill (logged as a warning). Launch commands come only from the fleet file (never from a job payload) and are
+had to kill (logged as a warning). While its process shuts down (SIGTERM:
+:func:`makespan.shutdown.time_left_s`) the grace is at most the time left before the
+shutdown's watchdog, less :data:`SHUTDOWN_RESERVE_S`, so the SIGKILL comes before the
+watchdog ends the process mid-stop (``MAKESPAN_SHUTDOWN_GRACE_S`` may be below
+``grace_s``: 4 s in the Procfile). Launch commands come only from the fleet file (never from a job payload) and are
 run without a shell.
 """
 
@@ -41,7 +45,7 @@ from collections.abc import Callable
 
 import httpx
 
-from makespan import telemetry
+from makespan import shutdown, telemetry
 from makespan.errors import PhaseError
 from makespan.models import EndpointSpec
 from makespan.redis_conn import free_port
@@ -53,6 +57,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_GRACE_S = 5.0
 KILL_WAIT_S = 5.0  # longest stop() waits for SIGKILLed members to disappear
+SHUTDOWN_RESERVE_S = 1.0  # at shutdown, kept after the grace for the SIGKILL, its wait and the unregister
 GROUP_POLL_S = 0.05
 PROBE_TIMEOUT_S = 1.0
 SLEEP_TIMEOUT_S = 600.0  # longest a sleep or wake request may take (a large model's level-2 wake)
@@ -239,17 +244,19 @@ class ProcessDriver:
         """Stop the instance's whole process group: SIGTERM to every member, up to
         ``grace_s`` for all of them to end, then SIGKILL to each one left, and a check
         that the group is empty; idempotent (a second call reports nothing). The log is
-        kept. Returns what it had to kill (see :class:`StopReport`); anything killed is
-        logged as a warning, anything left after SIGKILL as an error."""
+        kept. While the process shuts down the grace is bounded by the time left (see the
+        module doc). Returns what it had to kill (see :class:`StopReport`); anything killed
+        is logged as a warning, anything left after SIGKILL as an error."""
         pid = instance.pid
         if pid is None or instance.stopped:
             instance.stopped = True
             return StopReport(pid)
+        grace_s = self.stop_grace_s()
         before = set(group_members(pid)) | {pid}
         self._signal(pid, signal.SIGTERM)
         for m in before - {pid}:
             self._signal_one(m, signal.SIGTERM)  # members in another group of the session
-        remaining = self._wait_group(instance, time.monotonic() + self.grace_s)
+        remaining = self._wait_group(instance, time.monotonic() + grace_s)
         killed = tuple((m, _cmdline(m)) for m in remaining)
         if remaining:
             self._signal(pid, signal.SIGKILL)
@@ -261,12 +268,21 @@ class ProcessDriver:
                             tuple(remaining))
         if killed:
             log.warning("endpoint %s (pid %d): %d process(es) of its group outlived SIGTERM by %.1f s and were "
-                        "SIGKILLed: %s", instance.endpoint, pid, len(killed), self.grace_s,
+                        "SIGKILLed: %s", instance.endpoint, pid, len(killed), grace_s,
                         "; ".join(f"{m} {c[:120]}" for m, c in killed))
         if remaining:
             log.error("endpoint %s (pid %d): processes %s still alive after SIGKILL", instance.endpoint, pid,
                       list(remaining))
         return report
+
+    def stop_grace_s(self) -> float:
+        """Seconds a stop waits between SIGTERM and SIGKILL now: ``grace_s``, or while this
+        process shuts down at most :func:`makespan.shutdown.time_left_s` less
+        :data:`SHUTDOWN_RESERVE_S` (0: SIGKILL at once)."""
+        left_s = shutdown.time_left_s()
+        if left_s is None:
+            return self.grace_s
+        return max(0.0, min(self.grace_s, left_s - SHUTDOWN_RESERVE_S))
 
     def _wait_group(self, instance: Instance, deadline: float) -> list[int]:
         """Poll until no member of the instance's group runs or ``deadline`` (monotonic

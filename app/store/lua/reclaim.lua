@@ -1,5 +1,8 @@
 -- reclaim.lua: reclaim one expired lease (its holder stopped renewing): free its GPUs,
--- forget the lease, and requeue, delay, fail, cancel or complete its job.
+-- forget the lease, and requeue, delay, fail, cancel or complete its job. With a fencing
+-- token (ARGV[7]) it is a hand-back instead: the holder gives up a lease that is still
+-- current (its GPU worker shuts down: makespan.workers.phases), expired or not, and the job
+-- goes the same way at once; a token no longer current writes nothing.
 -- Library: lib
 -- Transitions: leased -> queued, running -> queued, leased -> delayed, running -> delayed,
 --   leased -> completed, running -> completed, leased -> cancelled, running -> cancelled,
@@ -9,26 +12,43 @@
 -- KEYS[2]  P:leases
 -- KEYS[3]  P:running
 -- KEYS[4]  P:events
+-- KEYS[5]  (hand-back only, optional) the planner wake list of the GPUs' pool
 -- ARGV[1]  lease id
 -- ARGV[2]  now_ms, the caller's clock (event ts and finished_at only)
 -- ARGV[3]  max attempts
 -- ARGV[4]  P, the key prefix (the job, its queue, the lease's GPUs, phases, busy slot)
 -- ARGV[5]  retry backoff s (0 = queue at once)
 -- ARGV[6]  longest backoff s
--- Returns {0, 'live'} (not expired on the server clock), or {1, outcome, job id or ''} with
+-- ARGV[7]  fencing token of a hand-back ('' or absent = the reclaim of an expired lease)
+-- ARGV[8]  (hand-back only) the value pushed at the head of KEYS[5] (makespan.keys.WAKE_RELEASE)
+-- Returns {0, 'live'} (not expired on the server clock; a reclaim), {0, 'stale'} (the
+-- token is no longer current on every GPU; a hand-back), or {1, outcome, job id or ''} with
 -- outcome in released (not a job lease, or its job had moved on), requeued, completed,
 -- cancelled, failed.
 -- The job's attempt counts only when a phase of the lease was claimed (P:phase:{lease} not
--- empty); otherwise it is queued again at once, attempts unchanged. A requeued job waits as
+-- empty) and the lease expired (a hand-back counts none); otherwise it is queued again at
+-- once, attempts unchanged. A requeued job waits as
 -- a delayed job (makespan.workers.delayed) when a retry backoff is set; its due time is on
 -- the server clock, as is the expiry check.
 local server_now_ms = server_now_ms()
 local prefix = ARGV[4]
+local handed_back = (ARGV[7] or '') ~= ''
 local score = redis.call('ZSCORE', KEYS[2], ARGV[1])
-if not score or tonumber(score) > server_now_ms then return {0, 'live'} end
+if handed_back then
+  if not score then return {0, 'stale'} end
+elseif not score or tonumber(score) > server_now_ms then
+  return {0, 'live'}
+end
 local L = hash_table(redis.call('HGETALL', KEYS[1]))
 local want = ARGV[1] .. ':' .. (L['token'] or '')
 local gpus = cjson.decode(L['gpus'] or '[]')
+if handed_back then  -- fenced: the caller's token, current on every GPU of the lease
+  if L['token'] ~= ARGV[7] then return {0, 'stale'} end
+  for _, g in ipairs(gpus) do
+    if redis.call('GET', key_gpu(prefix, g)) ~= want then return {0, 'stale'} end
+  end
+end
+local cause = handed_back and 'handed back: its GPU worker shut down' or 'lease expired (holder lost)'
 -- what is resident is unknown after a holder died mid-transition, unless the GPU key
 -- expired and a newer lease already holds the GPU: then the marker is the new holder's
 free_gpus(prefix, want, gpus, true, true)
@@ -38,6 +58,9 @@ local executed = redis.call('HGET', phases, 'execute') == 'done'
 -- while no consumer was alive for its host (a Redis role change, an outage, a dead
 -- worker) did not try the job and must not burn its attempts
 local tried = redis.call('HLEN', phases) > 0
+-- a hand-back is no attempt either (a preemption is none): the worker was asked to stop, the
+-- job did not fail it; rolling restarts of the GPU workers must not use up its attempts
+local counted = tried and not handed_back
 drop_lease(prefix, KEYS[1], KEYS[2], ARGV[1])
 local job = L['job']
 local outcome = 'released'
@@ -48,39 +71,45 @@ if job and L['kind'] == 'job' then
   local state = redis.call('HGET', jk, 'state')
   if state == 'leased' or state == 'running' then
     local attempts = tonumber(redis.call('HGET', jk, 'attempts') or '0')
-    if tried then attempts = redis.call('HINCRBY', jk, 'attempts', 1) end
+    if counted then attempts = redis.call('HINCRBY', jk, 'attempts', 1) end
     if executed then  -- its workload already ran to the end: never run it twice
       finish_job(prefix, job, 'completed', now_s, 'completed; lease reclaimed after execute')
       outcome = 'completed'
     elseif redis.call('HGET', jk, 'cancel_requested') == '1' then
       finish_job(prefix, job, 'cancelled', now_s, 'cancelled; lease reclaimed')
       outcome = 'cancelled'
-    elseif tried and attempts >= tonumber(ARGV[3]) then
+    elseif counted and attempts >= tonumber(ARGV[3]) then
       finish_job(prefix, job, 'failed', now_s,
                  'lease expired: its GPU worker stopped renewing it (' .. attempts .. ' attempts)')
       outcome = 'failed'
     else
       local backoff = tonumber(ARGV[5] or '0') or 0
-      if not tried then
-        requeue_job(prefix, job,
-                    'requeued: lease expired before any phase started (no consumer for its host); not an attempt')
+      if handed_back then
+        requeue_job(prefix, job, 'requeued: handed back, its GPU worker shut down; not an attempt')
+      elseif not tried then
+        requeue_job(prefix, job, 'requeued: lease expired before any phase started (no consumer for its host); not an attempt')
       elseif backoff > 0 then
         local wait = math.min(backoff * 2 ^ (attempts - 1), tonumber(ARGV[6]))
         delay_job(prefix, job, server_now_ms / 1000.0 + wait,
-                  'requeued: lease expired (holder lost); retry after ' .. wait .. ' s')
+                  'requeued: ' .. cause .. '; retry after ' .. wait .. ' s')
       else
-        requeue_job(prefix, job, 'requeued: lease expired (holder lost)')
+        requeue_job(prefix, job, 'requeued: ' .. cause)
       end
       outcome = 'requeued'
     end
   end
 end
 local ev = {ts = tonumber(ARGV[2]) / 1000.0, kind = 'reclaimed', lease = ARGV[1], job = job, outcome = outcome, gpus = gpus,
-            attempt_counted = tried,
-            expired_at = tonumber(L['expires_ms'] or ARGV[2]) / 1000.0}
+            attempt_counted = counted, cause = handed_back and 'worker_shutdown' or 'lease_expired'}
+if not handed_back then ev.expired_at = tonumber(L['expires_ms'] or ARGV[2]) / 1000.0 end
 append_event(KEYS[4], cjson.encode(ev))
 if outcome == 'requeued' or outcome == 'failed' or outcome == 'completed' then
-  local ev2 = {ts = tonumber(ARGV[2]) / 1000.0, kind = outcome, job = job, lease = ARGV[1], reason = 'lease expired'}
+  local ev2 = {ts = tonumber(ARGV[2]) / 1000.0, kind = outcome, job = job, lease = ARGV[1],
+               reason = handed_back and 'handed back at worker shutdown' or 'lease expired'}
   append_event(KEYS[4], cjson.encode(ev2))
+end
+if handed_back and KEYS[5] then  -- the worker, not the planner's tick, freed the GPUs: wake it
+  redis.call('LPUSH', KEYS[5], ARGV[8])
+  redis.call('LTRIM', KEYS[5], 0, 15)
 end
 return {1, outcome, job or ''}
