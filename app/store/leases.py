@@ -252,9 +252,10 @@ class LeaseStore:
     def hand_back(self, lease: Lease, max_attempts: int, retry_backoff_s: float = 0.0,
                   retry_backoff_max_s: float = 300.0, wake_key: str = "") -> tuple[str, str]:
         """Give up ``lease`` while it is still current (its GPU worker shuts down): free its
-        GPUs, forget it, and requeue its job at once (or delay, fail, cancel or complete
-        it), exactly as :meth:`reclaim` does once it expired, with the same attempt
-        accounting (``reclaim.lua`` with the lease's fencing token), and push
+        GPUs, forget it, and requeue its job at once (or cancel or complete it), as
+        :meth:`reclaim` does once it expired (``reclaim.lua`` with the lease's fencing
+        token) but counting no attempt (a preemption counts none either: rolling restarts
+        must not use up ``max_attempts``, so no retry backoff applies), and push
         :data:`makespan.keys.WAKE_RELEASE` on ``wake_key`` (the planner wake list of its
         GPUs' pool; "" none). A job it ends goes to :meth:`job_ended`.
 
