@@ -275,17 +275,24 @@ class PlannerWorker:
         while not self.lost.is_set():
             if done.wait(self.settings.planner_lock_renewal_s):
                 return
-            self._extend_lock(lock)
+            self._extend_lock(lock, done)
 
-    def _extend_lock(self, lock) -> None:
+    def _extend_lock(self, lock, done: threading.Event | None = None) -> None:
         """One extend of ``lock`` to its full TTL: on success :attr:`lock_held_until_s` moves to
         the moment it was sent + the TTL; a lock no longer ours sets :attr:`lost`; a Redis
-        error is logged (the tick loop steps down if no extend succeeds before the TTL)."""
+        error is logged (the tick loop steps down if no extend succeeds before the TTL).
+        ``done``: the leadership this extend was sent for; once it ended (``done`` set while
+        the extend was in flight) its answer is ignored, so a late one can neither depose nor
+        extend a later leadership of this planner (:attr:`lost` and
+        :attr:`lock_held_until_s` are that one's)."""
         sent_s = self.clock.monotonic()
         try:
             lock.extend(self.lock_ttl_s, replace_ttl=True)
-            self.lock_held_until_s = sent_s + self.lock_ttl_s
+            if done is None or not done.is_set():
+                self.lock_held_until_s = sent_s + self.lock_ttl_s
         except (LockNotOwnedError, LockError):
+            if done is not None and done.is_set():
+                return
             log.error("%s lost the planner lock; standing by", self.name)
             self.lost.set()
         except redis.RedisError as e:

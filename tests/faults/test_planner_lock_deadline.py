@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 
 import pytest
@@ -168,3 +169,23 @@ def test_closing_the_planner_closes_its_lock_clients_connections(private_redis, 
     worker.close()
     wait_for(lambda: len(r.client_list()) < connected, 5, "the lock client's connection closed")
     r.close()
+
+
+def test_a_late_extend_of_an_ended_leadership_neither_deposes_nor_extends_the_next(r, settings):
+    """The keeper thread of a leadership that ended is not joined: its extend, still in
+    flight as the planner stepped down and led again, used to answer into the new
+    leadership, and a LockNotOwnedError there set ``lost`` (one needless step-down). The
+    answer of an extend sent for an ended leadership (its ``done`` set) is now ignored."""
+    worker, _clock, _recorded, lock = _leader(r, settings)
+    try:
+        ended = threading.Event()
+        ended.set()
+        lock.release()  # the lock is no longer this leadership's: an extend raises LockNotOwnedError
+        worker.lost.clear()
+        worker.lock_held_until_s = None
+        worker._extend_lock(lock, ended)
+        assert not worker.lost.is_set() and worker.lock_held_until_s is None
+        worker._extend_lock(lock, threading.Event())  # the same answer for a current leadership deposes it
+        assert worker.lost.is_set()
+    finally:
+        worker.close()
