@@ -56,8 +56,9 @@ def loop_until_cancelled(ctx):
 @makespan.workload(endpoint="sim", name="loop_until_told_why")
 def loop_until_told_why(ctx):
     """Loops until ``ctx.cancelled`` and writes ``ctx.cancel_reason`` to
-    ``{job_id}.cancel_reason`` (a second attempt returns at once, saying so)."""
-    if ctx.attempt > 1:
+    ``{job_id}.cancel_reason``; a later run of the job (that file written: a run given up
+    at a worker's shutdown, which is no attempt) returns at once, saying its attempt."""
+    if os.path.exists(os.path.join(MARK_DIR, f"{ctx.job_id}.cancel_reason")):
         return {"resumed_at_attempt": ctx.attempt}
     _mark(ctx, "started")
     end = time.monotonic() + 120
