@@ -69,7 +69,7 @@ from makespan.planner.preemption import Holder
 from makespan.redis_conn import OutageLog, credentials_refused
 from makespan.workers import host_liveness
 from makespan.workers.fleet_view import DOWN_FREE_AFTER_S
-from makespan.workers.leases import preempt
+from makespan.workers.leases import planned_end_s, preempt
 from makespan.workers.phases import instance_value
 from makespan.workers.preemption import lease_holders, within_bounds
 from makespan.workers.starts import start_job
@@ -263,7 +263,7 @@ class CriticalLane:
     def _preemption(self, ctx: TickContext, args: tuple, now_s: float, cold_start_s: float,
                     down: set[str]) -> CriticalPlacement | None:
         """The placement with a preemption (the holders read now, the tick's bounds), or None."""
-        lease_of, info, executed, awaited = lease_holders(ctx)
+        lease_of, info, executed, awaited, server_now_ms = lease_holders(ctx)
         bounded = within_bounds(ctx, info)
         holders: dict[str, Holder | None] = {}
         free_at: dict[str, float] = {gpu: now_s + DOWN_FREE_AFTER_S for gpu in down}
@@ -275,8 +275,10 @@ class CriticalLane:
             prio = Priority.__members__.get(rec.get("priority", "LOW"), Priority.LOW)
             holders[gpu] = Holder(lease_id, int(prio), rec.get("kind") == "job" and not executed.get(lease_id)
                                   and rec.get("job") not in awaited and bounded.get(lease_id, False))
-            planned_end = rec.get("planned_end_s")
-            free_at[gpu] = float(planned_end) if planned_end else now_s + DOWN_FREE_AFTER_S
+            # the lease's planned end dated on the server clock, so on this planner's clock
+            # whichever leader leased it (makespan.workers.leases.planned_end_s)
+            planned_end = planned_end_s(rec, now_s, server_now_ms, ctx.env.settings.time_scale)
+            free_at[gpu] = planned_end if planned_end is not None else now_s + DOWN_FREE_AFTER_S
         return place_critical(*args, free_at, now_s, cold_start_s, holders)
 
     def _lease(self, ctx: TickContext, job: PlanJob, placement: CriticalPlacement, now_s: float,

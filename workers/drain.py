@@ -120,7 +120,8 @@ def start_restore(ctx: TickContext, endpoint: str, gpus: tuple[str, ...], busy: 
         event["prewarm"] = True
     lease = env.leases.acquire(lease_id, gpus, env.settings.lease_ttl_s, job_id=f"restore:{endpoint}:{gpus[0]}",
                                kind="restore", holder=host, planner_token=ctx.token,
-                               info={"planned_end_s": repr(env.now_s() + load_s), "endpoint": endpoint},
+                               info={"planned_end_s": repr(env.now_s() + load_s), "planned_s": repr(load_s),
+                                     "endpoint": endpoint},
                                event=event)
     if lease is None:
         return False

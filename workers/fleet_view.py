@@ -6,8 +6,8 @@
   round trip, as a frozen :class:`makespan.workers.tick.context.Snapshot` (it also writes
   the solve times noted since the last call, :func:`queue_solve_stats`).
 * :func:`read_fleet_state` (the :class:`ReadFleet` step): the
-  :class:`makespan.planner.model.FleetState` (free times
-  and ``now_s`` in workload seconds, residents, set point, the endpoints asleep on each GPU
+  :class:`makespan.planner.model.FleetState` (free times, each lease's planned end dated
+  on the Redis server's clock, and ``now_s`` in workload seconds, residents, set point, the endpoints asleep on each GPU
   and the level each sleeps at, from the instance registry, so the planner plans the wake
   the worker will do and counts the host RAM its sleepers really hold) and the
   busy GPUs; the endpoint models' durations are the learned ones
@@ -35,6 +35,7 @@ from makespan.planner.model import EndpointModel, FleetState, Gpu, PlanJob
 from makespan.workers import host_liveness
 from makespan.workers.drivers.base import Instance
 from makespan.workers.drivers.registry import list_sleepers
+from makespan.workers.leases import planned_end_s, server_time_ms
 from makespan.keys import Keys
 from makespan.workers.phases import parse_instance
 from makespan.workers.tick.context import CrossTickState, Snapshot, TickContext, TickEnv
@@ -44,6 +45,8 @@ DEMAND_WINDOW_S = 1800.0  # workload seconds of arrivals that define recent dema
 DEMAND_KEEP = 5_000  # most recent arrivals remembered for it
 DOWN_FREE_AFTER_S = 86_400.0  # workload s: a host without a live GPU worker is planned free only this late
 LEARNED_REFRESH_S = 2.0  # wall seconds between reads of the learned transition durations
+# what the free times read of each lease record (makespan.workers.leases.planned_end_s)
+_LEASE_FIELDS = ("job", "planned_end_s", "planned_s", "granted_ms")
 
 
 def endpoint_models(fleet: FleetSpec) -> dict[str, EndpointModel]:
@@ -120,7 +123,7 @@ class ReadSnapshot:
 
 class ReadFleet:
     """Step: the planner's view of the fleet (:func:`read_fleet_state`) into
-    ``ctx.fleet_state`` and ``ctx.lease_job``, when the tick plans a batch or writes the
+    ``ctx.fleet_state``, ``ctx.lease_job`` and ``ctx.lease_end``, when the tick plans a batch or writes the
     wait reasons of the unready steps and the jobs left out of an empty batch."""
 
     name = "read fleet"
@@ -132,7 +135,7 @@ class ReadFleet:
         snapshot = ctx.snapshot
         assert snapshot is not None, "ReadSnapshot runs before ReadFleet"
         view = read_fleet_state(ctx.env, ctx.kept, snapshot.gpu_holders, snapshot.residents, snapshot.down_gpus)
-        ctx.fleet_state, ctx.lease_job = view.state, view.lease_job
+        ctx.fleet_state, ctx.lease_job, ctx.lease_end = view.state, view.lease_job, view.lease_end
 
 
 class NoteDemand:
@@ -190,6 +193,9 @@ class FleetView:
     state: FleetState
     busy: set[str]  # UUIDs of the GPUs a lease holds
     lease_job: dict[str, str]  # GPU UUID -> id of the job whose lease holds it (wait reasons)
+    # lease id -> its planned end, workload s on the caller's clock (read as the free times are;
+    # a lease with no planned end: now)
+    lease_end: dict[str, float]
 
 
 def read_fleet_gpus(env: TickEnv) -> tuple[tuple[str | None, ...], tuple[str | None, ...]]:
@@ -208,7 +214,10 @@ def read_fleet_state(env: TickEnv, kept: CrossTickState, held: tuple[str | None,
     set point, the endpoints asleep on each GPU), the busy GPUs and each held GPU's job,
     from the GPU holders ``held`` and residents ``res`` (fleet order, as the snapshot or
     :func:`read_fleet_gpus` read them). Refreshes ``kept.endpoints`` (:func:`refresh_learned`).
-    ``down_gpus``: the GPUs of hosts that lost their GPU worker
+    A held GPU frees at its lease's planned end, dated on the Redis server's clock
+    (:func:`makespan.workers.leases.planned_end_s`, with ``TIME`` read in the same round trip
+    as the lease records): a leader whose clock disagrees with the one that leased it plans
+    the same instant. ``down_gpus``: the GPUs of hosts that lost their GPU worker
     (:mod:`makespan.workers.host_liveness`): they count as busy and free only
     DOWN_FREE_AFTER_S from now, so nothing is leased there and a plan places there only a
     job that no other host can run (it waits with reason ``host_down``).
@@ -225,11 +234,15 @@ def read_fleet_state(env: TickEnv, kept: CrossTickState, held: tuple[str | None,
     if lease_ids:
         pipe = env.r.pipeline(transaction=False)
         for lease_id in lease_ids:
-            pipe.hmget(env.keys.lease(lease_id), "planned_end_s", "job")
-        got = pipe.execute()
-        ends = {lease_id: float(planned_end) if planned_end else now
-                for lease_id, (planned_end, _job) in zip(lease_ids, got)}
-        job_of = {lease_id: job for lease_id, (_planned_end, job) in zip(lease_ids, got) if job}
+            pipe.hmget(env.keys.lease(lease_id), *_LEASE_FIELDS)
+        pipe.time()  # the planned ends are dated on the server clock (another leader may have leased)
+        *got, server_time = pipe.execute()
+        server_now_ms = server_time_ms(server_time)
+        records = {lease_id: dict(zip(_LEASE_FIELDS, values)) for lease_id, values in zip(lease_ids, got)}
+        for lease_id, record in records.items():
+            planned_end = planned_end_s(record, now, server_now_ms, env.settings.time_scale)
+            ends[lease_id] = now if planned_end is None else planned_end
+        job_of = {lease_id: record["job"] for lease_id, record in records.items() if record["job"]}
     lease_job = {gpu: job_of[holder.split(":")[0]] for gpu, holder in zip(uuids, held)
                  if holder and holder.split(":")[0] in job_of}  # GPU -> job holding it (wait reasons)
     # a held GPU whose holder overran its planned end is not free now: it frees at a
@@ -258,7 +271,7 @@ def read_fleet_state(env: TickEnv, kept: CrossTickState, held: tuple[str | None,
     state = FleetState(now, list(env.gpus), kept.endpoints, free_at, resident, set_point, asleep=asleep,
                        set_point_weight=env.settings.set_point_weight, host_ram_mib=env.fleet.host_ram_budgets(),
                        asleep_level=sleep_levels_by_gpu(sleepers))
-    return FleetView(state, busy, lease_job)
+    return FleetView(state, busy, lease_job, ends)
 
 
 def refresh_learned(env: TickEnv, kept: CrossTickState) -> None:

@@ -18,6 +18,12 @@ lease (the job would run twice), one that runs behind does not leak GPUs for the
 Event timestamps (``ts``, ``leased_at``, ``finished_at``) stay on the caller's clock,
 like every other event; they feed reports, not expiry decisions.
 
+A planner reads the lease records another leader wrote on the server's clock as well
+(:func:`held_s`, :func:`planned_end_s`): the acquire script writes ``granted_ms`` (``TIME``),
+the planner writes the planned duration ``planned_s`` beside its own ``planned_end_s``, and a
+reader compares ``granted_ms`` with ``TIME`` read in its own round trip. After a leader change
+the new leader's free times and minimum runtimes are then off by no clock skew.
+
 The store (:mod:`makespan.store.leases`) owns the scripts (``makespan/store/lua/*.lua``, each
 with its KEYS and ARGV) and :class:`makespan.store.LeaseStore`; this module keeps the names the
 workers import: :class:`Lease`, :class:`LeaseStore` (the store's, plus the job span of a job a
@@ -33,7 +39,42 @@ from makespan.keys import Keys
 from makespan.store import leases as _store_leases
 from makespan.store.leases import Lease, delay_job_op, finish_job_op, now_ms, start_job_op
 
-__all__ = ["Lease", "LeaseStore", "delay_job_op", "finish_job_op", "now_ms", "preempt", "start_job_op"]
+__all__ = ["Lease", "LeaseStore", "delay_job_op", "finish_job_op", "held_s", "now_ms", "planned_end_s", "preempt",
+           "server_time_ms", "start_job_op"]
+
+
+def server_time_ms(server_time: tuple[int, int]) -> float:
+    """Redis ``TIME`` (seconds, microseconds) as unix ms."""
+    seconds, micros = server_time
+    return int(seconds) * 1000.0 + int(micros) / 1000.0
+
+
+def held_s(lease: dict[str, str], server_now_ms: float, time_scale: float, fallback_s: float) -> float:
+    """Workload s the lease record ``lease`` has held its GPUs, on the Redis server's clock:
+    ``server_now_ms`` (``TIME``, :func:`server_time_ms`) less its ``granted_ms`` (written by
+    the acquire script from ``TIME``), ÷ ``time_scale``. So every planner measures the same
+    time held, a new leader whose clock disagrees with the one that leased the job included.
+    ``fallback_s`` for a lease record without ``granted_ms`` (acquired by an older makespan)."""
+    granted_ms = lease.get("granted_ms")
+    if not granted_ms:
+        return fallback_s
+    return (server_now_ms - float(granted_ms)) / 1000.0 / time_scale
+
+
+def planned_end_s(lease: dict[str, str], now_s: float, server_now_ms: float, time_scale: float) -> float | None:
+    """When the lease record ``lease`` is planned to end, in workload s on the caller's clock
+    (``now_s``: the caller's workload now, read with ``server_now_ms``, ``TIME`` as unix ms):
+    ``now_s`` less the time held on the server's clock (:func:`held_s`) plus its planned
+    duration ``planned_s`` (workload s from the grant, written by the planner that leased it).
+    So the planned end is the same instant for every planner, whatever the skew between its
+    clock and the clock of the leader that leased it. A record without ``granted_ms`` or
+    ``planned_s`` (an older makespan's, a hand-made one) gives its ``planned_end_s`` as written
+    (on the writer's clock); None when it has neither."""
+    planned_s = lease.get("planned_s")
+    if lease.get("granted_ms") and planned_s:
+        return now_s - held_s(lease, server_now_ms, time_scale, 0.0) + float(planned_s)
+    written = lease.get("planned_end_s")
+    return float(written) if written else None
 
 
 class LeaseStore(_store_leases.LeaseStore):

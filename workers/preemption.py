@@ -29,8 +29,8 @@ candidate, and both are bounded (docs/planner.md, "Guarantees"): a job preempted
 than ``Settings.preemption_min_runtime_s`` ago is not preemptable
 (:func:`makespan.planner.preemption.victim_allowed`). The time since the lease began is
 measured on the Redis server's clock (the lease record's ``granted_ms`` against ``TIME``:
-:func:`held_s`), never on a planner's own: after a leader change the new leader measures
-what the old one would.
+:func:`makespan.workers.leases.held_s`), never on a planner's own: after a leader change
+the new leader measures what the old one would.
 
 The tick's step is :class:`Preempt`; it starts each preemptor with
 :func:`makespan.workers.starts.start_job` and notes the victims in the tick's context
@@ -52,7 +52,7 @@ from makespan.planner.policies import POLICY_REGISTRY
 from makespan.planner.model import FleetState, PlanJob, RunningJob
 from makespan.planner.preemption import Holder, choose_preemption, victim_allowed
 from makespan.planner.replay import state_after
-from makespan.workers.leases import preempt
+from makespan.workers.leases import held_s, planned_end_s, preempt, server_time_ms
 from makespan.workers.starts import start_job
 from makespan.workers.tick.context import TickContext
 
@@ -86,10 +86,12 @@ class Preempt:
             ctx.kept.claims.release(held)
 
 
-def lease_holders(ctx: TickContext) -> tuple[dict[str, str], dict[str, dict[str, str]], dict[str, bool], set[str]]:
+def lease_holders(ctx: TickContext) -> tuple[dict[str, str], dict[str, dict[str, str]], dict[str, bool], set[str],
+                                             float]:
     """(GPU -> lease id, lease id -> lease record, lease id -> its execute phase is done,
     the jobs never to preempt: ``awaited`` of the batch plus the leased jobs that a waiting
-    job waits on, from the index)."""
+    job waits on, from the index, the Redis server's clock as unix ms read in the same round
+    trip: :func:`makespan.workers.leases.planned_end_s` dates the records with it)."""
     env = ctx.env
     holders = env.leases.gpu_holders([g.uuid for g in env.gpus])
     lease_of = {gpu: holder.split(":")[0] for gpu, holder in holders.items() if holder}
@@ -99,10 +101,11 @@ def lease_holders(ctx: TickContext) -> tuple[dict[str, str], dict[str, dict[str,
         pipe.hgetall(env.keys.lease(lease_id))
         pipe.hget(env.keys.phase(lease_id), "execute")
     queue_awaited_running(pipe, env.keys)
-    *got, awaited = pipe.execute()
+    pipe.time()
+    *got, awaited, server_time = pipe.execute()
     info = {lease_id: got[2 * n] for n, lease_id in enumerate(lease_ids)}
     executed = {lease_id: got[2 * n + 1] == "done" for n, lease_id in enumerate(lease_ids)}
-    return lease_of, info, executed, ctx.formed.awaited | set(awaited)
+    return lease_of, info, executed, ctx.formed.awaited | set(awaited), server_time_ms(server_time)
 
 
 def _running(ctx: TickContext, state: FleetState, lease_of: dict[str, str], info: dict[str, dict[str, str]],
@@ -121,7 +124,7 @@ def _running(ctx: TickContext, state: FleetState, lease_of: dict[str, str], info
     pipe.time()
     *records, server_time = pipe.execute()
     got = dict(zip(jobs, records))
-    server_now_ms = _unix_ms(server_time)
+    server_now_ms = server_time_ms(server_time)
     time_scale = env.settings.time_scale
     gpus_of: dict[str, list[str]] = {}
     for gpu, lease_id in lease_of.items():
@@ -142,11 +145,16 @@ def _running(ctx: TickContext, state: FleetState, lease_of: dict[str, str], info
         # a job on a host without a live GPU worker is no victim: nothing would run its preemptor there
         on_down_host = ctx.snapshot is not None and not ctx.snapshot.down_gpus.isdisjoint(group)
         ran_s = held_s(info[lease_id], server_now_ms, time_scale, fallback_s=state.now_s - leased_s)
-        # leased_at is on the clock of the planner that leased it (maybe another leader): its
-        # start on this tick's clock is now less the time held; its end stays the lease's
-        # planned end, as the fleet state's free times (workers/fleet_view.py) read it
+        # leased_at and planned_end_s are on the clock of the planner that leased it (maybe
+        # another leader): its start on this tick's clock is now less the time held; its end
+        # is the one the fleet state's free times were read from (dated on the server clock,
+        # makespan.workers.leases.planned_end_s: the same value, or the decider would not see
+        # the victim's GPUs free at its end), else dated now the same way
         start_s = state.now_s - ran_s
-        end_s = float(info[lease_id].get("planned_end_s") or state.now_s)
+        end = ctx.lease_end.get(lease_id)
+        if end is None:
+            end = planned_end_s(info[lease_id], state.now_s, server_now_ms, time_scale)
+        end_s = state.now_s if end is None else end
         preemptable = job_id not in awaited and not on_down_host and _bounded(ctx, cuts, ran_s)
         running = RunningJob(job, group, start_s, max(start_s, end_s - float(service)), end_s, preemptable)
         out.update({gpu: running for gpu in group})
@@ -160,28 +168,9 @@ def _bounded(ctx: TickContext, cuts: str | None, ran_s: float) -> bool:
     return victim_allowed(int(cuts or 0), ran_s, settings.preemption_budget, settings.preemption_min_runtime_s)
 
 
-def _unix_ms(server_time: tuple[int, int]) -> float:
-    """Redis ``TIME`` (seconds, microseconds) as unix ms."""
-    seconds, micros = server_time
-    return int(seconds) * 1000.0 + int(micros) / 1000.0
-
-
-def held_s(lease: dict[str, str], server_now_ms: float, time_scale: float, fallback_s: float) -> float:
-    """Workload s the lease record ``lease`` has held its GPUs, on the Redis server's clock:
-    ``server_now_ms`` (``TIME``) less its ``granted_ms`` (written by the acquire script from
-    ``TIME``), ÷ ``time_scale``. So the minimum runtime before preemption is measured alike
-    by every planner, a new leader whose clock disagrees with the one that leased the job
-    included. ``fallback_s`` (the planner's clock less the job's ``leased_at``) for a lease
-    record without ``granted_ms`` (acquired by an older makespan)."""
-    granted_ms = lease.get("granted_ms")
-    if not granted_ms:
-        return fallback_s
-    return (server_now_ms - float(granted_ms)) / 1000.0 / time_scale
-
-
 def within_bounds(ctx: TickContext, info: dict[str, dict[str, str]]) -> dict[str, bool]:
     """Lease id -> whether its job is within the preemption bounds (one round trip; the time
-    held on the server clock: :func:`held_s`)."""
+    held on the server clock: :func:`makespan.workers.leases.held_s`)."""
     env = ctx.env
     lease_ids = [lease_id for lease_id, rec in info.items() if rec.get("kind") == "job" and rec.get("job")]
     if not lease_ids:
@@ -191,7 +180,7 @@ def within_bounds(ctx: TickContext, info: dict[str, dict[str, str]]) -> dict[str
         pipe.hmget(env.keys.job(info[lease_id]["job"]), "preemptions", "leased_at")
     pipe.time()
     *records, server_time = pipe.execute()
-    server_now_ms, now_s, time_scale = _unix_ms(server_time), env.now_s(), env.settings.time_scale
+    server_now_ms, now_s, time_scale = server_time_ms(server_time), env.now_s(), env.settings.time_scale
     out: dict[str, bool] = {}
     for lease_id, (cuts, leased) in zip(lease_ids, records):
         if leased is None:
@@ -219,7 +208,7 @@ def _preempt_scored(ctx: TickContext) -> set[str]:
     leased are never victims); each decision is executed like the rule's."""
     env, state, plan, started = ctx.env, ctx.fleet_state, ctx.plan, ctx.started
     assert state is not None and plan is not None, "PlanBatch runs before Preempt"
-    lease_of, info, executed, awaited = lease_holders(ctx)
+    lease_of, info, executed, awaited, _server_now_ms = lease_holders(ctx)
     running, lease_by_job = _running(ctx, state, lease_of, info, executed, awaited)
     running = {gpu: job for gpu, job in running.items() if job.id not in started}
     if not running:
@@ -276,7 +265,7 @@ def _preempt_by_rule(ctx: TickContext) -> set[str]:
     starts, ``ctx.dispatched``) is no victim: the holders are read after those leases."""
     env, state = ctx.env, ctx.fleet_state
     assert state is not None, "ReadFleet runs before Preempt"
-    lease_of, info, executed, awaited = lease_holders(ctx)
+    lease_of, info, executed, awaited, _server_now_ms = lease_holders(ctx)
     bounded = within_bounds(ctx, info)
     holder: dict[str, Holder | None] = {}
     down = ctx.snapshot.down_gpus if ctx.snapshot is not None else frozenset()

@@ -98,11 +98,16 @@ def _lease_request(ctx: TickContext, job: PlanJob, gpus: tuple[str, ...], end_s:
     env = ctx.env
     priority = own_priority(ctx, job)
     host = env.fleet.host_of(gpus[0])
+    # planned_s: the planned duration from the grant (workload s); a reader dates it from the
+    # lease's granted_ms on the server clock (makespan.workers.leases.planned_end_s), not from
+    # planned_end_s, which is on this planner's clock
+    planned_s = end_s - env.now_s()
     return dict(lease_id=uuid.uuid4().hex, gpus=gpus, ttl_s=env.settings.lease_ttl_s, job_id=job.id, kind="job",
                 holder=host, queue=env.keys.queue(priority), planner_token=ctx.token,
-                info={"planned_end_s": repr(end_s), "endpoint": job.endpoint, "priority": priority.name},
+                info={"planned_end_s": repr(end_s), "planned_s": repr(planned_s), "endpoint": job.endpoint,
+                      "priority": priority.name},
                 event={"endpoint": job.endpoint, "priority": priority.name, "host": host, "load": load,
-                       "planned_s": end_s - env.now_s()}, instance=instance_value(job.endpoint, gpus))
+                       "planned_s": planned_s}, instance=instance_value(job.endpoint, gpus))
 
 
 def start_job(ctx: TickContext, job: PlanJob, gpus: tuple[str, ...], end_s: float, load: str) -> bool:

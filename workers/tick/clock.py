@@ -8,7 +8,10 @@ arbitrary origin: durations such as a solve's, refresh intervals). Production us
 :meth:`ManualClock.advance` instead of patching ``time.time`` or sleeping.
 
 Times on the Redis server's clock (lease expiry, delayed jobs' due times) are not read
-here: the scripts read ``TIME`` themselves.
+here: the scripts read ``TIME`` themselves. A lease's grant (the minimum runtime before
+preemption, when its GPUs free) is compared with ``TIME`` read in the same round trip as
+the lease records (:func:`makespan.workers.leases.planned_end_s`), so a leader's plans do
+not depend on the clock of the leader that leased.
 """
 
 from __future__ import annotations

@@ -57,7 +57,8 @@ end
 local fields = cjson.decode(ARGV[6])
 local expires_ms = server_now_ms + tonumber(ARGV[3])
 -- granted_ms: when the lease began on the server clock (the preemption bounds' minimum
--- runtime: every planner, whatever its own clock, measures the same time held)
+-- runtime, and with the planner's planned_s field the lease's planned end: every planner,
+-- whatever its own clock, measures the same time held and the same free time)
 local flat = {'token', tostring(token), 'expires_ms', tostring(expires_ms), 'granted_ms', tostring(server_now_ms)}
 for k, v in pairs(fields) do table.insert(flat, k); table.insert(flat, tostring(v)) end
 redis.call('HSET', KEYS[2], unpack(flat))
