@@ -66,7 +66,7 @@ from makespan.models import Priority
 from makespan.planner.critical_placement import CriticalPlacement, place_critical
 from makespan.planner.model import FleetState, PlanJob
 from makespan.planner.preemption import Holder
-from makespan.redis_conn import OutageLog, credentials_refused
+from makespan.redis_conn import OutageLog, credentials_refused, is_store_bug
 from makespan.workers import host_liveness
 from makespan.workers.fleet_view import DOWN_FREE_AFTER_S
 from makespan.workers.leases import preempt
@@ -169,7 +169,10 @@ class CriticalLane:
                 log.error("critical lane stops: %s", e)
                 return
             except (redis.RedisError, StoreError) as e:  # the job stays queued: the tick plans it
-                log.warning("critical lane: placing %s failed (Redis): %s", got[1], e)
+                if is_store_bug(e):  # a script error, WRONGTYPE, wrong arguments: logged as a bug, traceback
+                    outage.bug(e)
+                else:
+                    log.warning("critical lane: placing %s failed (Redis): %s", got[1], e)
                 self._record_failure(got[1], e)
             except Exception as e:  # noqa: BLE001 - any other failure leaves the job queued for the tick; the lane goes on
                 log.exception("critical lane: placing %s failed; the tick will plan it", got[1])

@@ -382,3 +382,28 @@ def test_a_victim_whose_lease_ended_by_itself_still_lets_the_preemptor_start(r, 
     out = _lane(w).place(r.lpop(w.keys.planner_critical))
     assert out.outcome == "preempted" and [c.job_id for c in sent] == [job]
     assert r.hget(w.keys.job(job), "state") == "leased"
+
+
+def test_a_redis_bug_while_placing_is_logged_as_a_bug(r, settings, caplog):
+    """A Redis reply that is a bug (here WRONGTYPE: the job's key is no hash) is logged by
+    the lane's thread at ERROR as a bug with its traceback (OutageLog.bug), as the tick loop
+    does, not as "placing failed (Redis)"; the failure is still recorded."""
+    import logging
+
+    w, prod, sent = _worker(r, settings)
+    r.set(w.keys.job("broken"), "not a hash")
+    lane = _lane(w)
+    with caplog.at_level(logging.INFO, logger="makespan.planner"):
+        lane.start()
+        try:
+            r.rpush(w.keys.planner_critical, "broken")
+            wait_for(lambda: _lane_events(r, w.keys, "broken"), 10, "the lane's error event", 0.01)
+        finally:
+            lane.stop(5)
+    (event,) = _lane_events(r, w.keys, "broken")
+    assert event["outcome"] == "error" and "WRONGTYPE" in event["error"]
+    lines = [rec for rec in caplog.records if rec.name == "makespan.planner" and rec.levelno >= logging.WARNING]
+    assert lines and all(rec.levelno == logging.ERROR and rec.exc_info for rec in lines), \
+        [(rec.levelname, rec.getMessage()) for rec in lines]
+    assert "a bug, not an outage" in lines[0].getMessage() and "WRONGTYPE" in lines[0].getMessage()
+    assert not sent
