@@ -44,6 +44,8 @@ placement p50/p95 23/234 ms at 5 ms, 9/28 ms at 0.5 ms.
 
 A job with dependencies takes the lane only once every one of them has completed (the
 lane reads their states; outcome ``deps`` otherwise: its release pushes it again).
+A victim the lane requeues has no ETA yet: :attr:`CrossTickState.lane_victims` makes the
+next tick form a batch for it even with every GPU held (:class:`makespan.workers.batch.FormBatch`).
 Out of the lane (left to the tick): delayed jobs, jobs requeued by a reclaim, and jobs
 below CRITICAL that only inherit the level from a CRITICAL dependant.
 """
@@ -290,6 +292,8 @@ class CriticalLane:
             outcome = preempt(env.r, env.keys, victim, job.id, planner_token=self.token)
             if outcome == "preemptor_not_queued":  # leased by the tick meanwhile, or cancelled
                 return LaneOutcome("lost_race", (), placement.victims)
+            if outcome == "preempted":  # requeued with no ETA: the next tick plans it (CrossTickState)
+                self.kept.lane_victims += 1
             if outcome in ("preempted", "cancelled"):
                 log.info("critical lane: preempted lease %s for CRITICAL job %s: %s", victim, job.id, outcome)
             # else it finished executing meanwhile (the lease below is refused while it clears) or its
