@@ -68,6 +68,18 @@ def group_fits(group: Sequence[str], need: Sequence[int], memory_of: Mapping[str
     return len(group) == len(need) and all(memory_of[u] >= mib for u, mib in zip(group, need))
 
 
+def fitting_groups(groups: Sequence[tuple[str, ...]], main: EndpointModel, helpers: Sequence[str],
+                   endpoints: Mapping[str, EndpointModel], memory_of: Mapping[str, int]) -> list[tuple[str, ...]]:
+    """The groups of ``groups`` (``main``'s aligned groups, GPU uuids in group order) where
+    ``main`` and its ``helpers`` fit (:func:`need_mib`, :func:`group_fits`; ``memory_of``:
+    GPU uuid -> memory, MiB), in the same order; empty when a helper is wider than ``main``
+    (:func:`too_wide`). The tick's rule (:meth:`makespan.planner.replay.Replay.job_groups`)
+    and the critical lane's."""
+    if too_wide(main, helpers, endpoints):
+        return []
+    need = need_mib(main, helpers, endpoints)
+    return [group for group in groups if group_fits(group, need, memory_of)]
+
 
 def held_s(job: PlanJob, endpoints: Mapping[str, EndpointModel]) -> float:
     """Seconds ``job`` holds its group after its main endpoint is ready: its helpers'

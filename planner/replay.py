@@ -33,7 +33,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from typing import Any
 
-from makespan.planner.helpers import group_fits, helpers_start_s, need_mib, too_wide
+from makespan.planner.helpers import fitting_groups, helpers_start_s, need_mib
 from makespan.planner.model import Assignment, EndpointModel, FleetState, Gpu, PlanJob
 from makespan.planner.sleepers import choose_level, forecast_weight, may_sleep, sleepers_kept
 
@@ -181,9 +181,7 @@ class Replay:
         key = (job.endpoint, job.helpers)
         hit = self._job_groups.get(key)
         if hit is None:
-            need = need_mib(ep, job.helpers, self.endpoints)
-            hit = self._job_groups[key] = [] if too_wide(ep, job.helpers, self.endpoints) else \
-                [g for g in self.groups(ep) if group_fits(g, need, self._mem)]
+            hit = self._job_groups[key] = fitting_groups(self.groups(ep), ep, job.helpers, self.endpoints, self._mem)
         return hit
 
     def ready(self, job: PlanJob) -> float:

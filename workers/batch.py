@@ -68,7 +68,8 @@ class FormBatch:
     :data:`REASON_REFRESH_S`, so a stream of submits into a full fleet costs a plan a second,
     not one per wake-up; or the last tick's rule preemption requeued victims, whose reason
     it wrote without an ETA (``CrossTickState.victims_without_eta``: at the next tick, not
-    a refresh later); or a tick since the last batch followed
+    a refresh later), or the critical lane's preemptions did since the last batch's snapshot
+    (``CrossTickState.lane_victims``); or a tick since the last batch followed
     the kept plan (:mod:`makespan.workers.follow`; it wrote no reasons; at most as often). Else the batch stays empty.
     Writes ``held_gpus``, ``batch_formed`` and ``formed``."""
 
@@ -84,15 +85,16 @@ class FormBatch:
         kept, now = ctx.kept, ctx.env.clock.monotonic()
         # a host is down: form the batch anyway, so its jobs' wait reasons say why they wait
         # (a tick that followed the kept plan wrote no reasons: refreshed the same way)
-        # victims the rule's preemption requeued last tick have no ETA yet: their batch is not
-        # held back by REASON_REFRESH_S (it would be, with every GPU held)
+        # victims the rule's preemption requeued last tick, or the critical lane's since the last
+        # batch's snapshot, have no ETA yet: their batch is not held back by REASON_REFRESH_S
+        # (it would be, with every GPU held)
         ctx.batch_formed = (len(ctx.held_gpus) < len(ctx.env.gpus) or may_preempt or bool(snapshot.down_gpus)
-                            or kept.victims_without_eta
+                            or kept.victims_without_eta or kept.lane_victims != kept.lane_victims_planned
                             or (queued != kept.heads_read or kept.reasons_stale)
                             and now - kept.heads_read_at >= REASON_REFRESH_S)
         if ctx.batch_formed:
             kept.heads_read, kept.heads_read_at, kept.reasons_stale = queued, now, False
-            kept.victims_without_eta = False
+            kept.victims_without_eta, kept.lane_victims_planned = False, ctx.lane_victims_seen
             ctx.formed = form_batch(ctx.env, ctx.token, None if snapshot.workloads_active else heads)
 
 

@@ -44,6 +44,11 @@ placement p50/p95 23/234 ms at 5 ms, 9/28 ms at 0.5 ms.
 
 A job with dependencies takes the lane only once every one of them has completed (the
 lane reads their states; outcome ``deps`` otherwise: its release pushes it again).
+A job with ``helpers`` (started on its GPUs after its main endpoint) takes only a group
+where they fit beside it (:func:`makespan.planner.helpers.fitting_groups`, the tick's rule;
+``no_group`` when none), and its planned end counts their start.
+A victim the lane requeues has no ETA yet: :attr:`CrossTickState.lane_victims` makes the
+next tick form a batch for it even with every GPU held (:class:`makespan.workers.batch.FormBatch`).
 Out of the lane (left to the tick): delayed jobs, jobs requeued by a reclaim, and jobs
 below CRITICAL that only inherit the level from a CRITICAL dependant.
 """
@@ -64,9 +69,10 @@ from makespan import events
 from makespan.errors import LeaseError, StoreError
 from makespan.models import Priority
 from makespan.planner.critical_placement import CriticalPlacement, place_critical
+from makespan.planner.helpers import fitting_groups, held_s
 from makespan.planner.model import FleetState, PlanJob
 from makespan.planner.preemption import Holder
-from makespan.redis_conn import OutageLog, credentials_refused
+from makespan.redis_conn import OutageLog, credentials_refused, is_store_bug
 from makespan.workers import host_liveness
 from makespan.workers.fleet_view import DOWN_FREE_AFTER_S
 from makespan.workers.leases import planned_end_s, preempt
@@ -83,7 +89,7 @@ __all__ = ["CriticalLane", "LaneOutcome"]
 SWITCH_INTERVAL_S = 0.0005  # the process's GIL switch interval while a lane runs (module doc), s
 CLAIM_WAIT_S = 5.0  # longest the lane waits for the tick's Preempt step to give a job back, s
 _JOB_FIELDS = ("state", "endpoint", "priority", "service_s", "submitted_at", "seq", "deps", "traceparent",
-               "deadline_s", "not_before")
+               "deadline_s", "not_before", "helpers")
 
 
 @dataclass(frozen=True)
@@ -93,7 +99,7 @@ class LaneOutcome:
     Attributes:
         outcome: ``warm``, ``cold_start`` or ``preempted`` (leased and sent); or why not:
             ``not_queued`` (gone, leased or not CRITICAL), ``deps`` (a dependency has not
-            completed), ``no_group``, ``claimed``
+            completed), ``no_group`` (no group for it and its helpers now), ``claimed``
             (the tick's Preempt step held it past :data:`CLAIM_WAIT_S`), ``lost_race`` (a GPU
             or the job was leased meanwhile). (The thread's event says ``error`` when placing
             raised; the job then stays queued for the tick.)
@@ -130,6 +136,7 @@ class CriticalLane:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="makespan-critical-lane", daemon=True)
         self._fleet = FleetState(0.0, list(env.gpus), {})  # the aligned groups, cached per (tp, memory)
+        self._memory_mib = {gpu.uuid: gpu.memory_mib for gpu in env.gpus}  # GPU uuid -> memory, MiB
         self.placed = 0  # jobs leased by the lane (tests, benches)
         self._interval_before: float | None = None  # the switch interval before start()
 
@@ -169,7 +176,10 @@ class CriticalLane:
                 log.error("critical lane stops: %s", e)
                 return
             except (redis.RedisError, StoreError) as e:  # the job stays queued: the tick plans it
-                log.warning("critical lane: placing %s failed (Redis): %s", got[1], e)
+                if is_store_bug(e):  # a script error, WRONGTYPE, wrong arguments: logged as a bug, traceback
+                    outage.bug(e)
+                else:
+                    log.warning("critical lane: placing %s failed (Redis): %s", got[1], e)
                 self._record_failure(got[1], e)
             except Exception as e:  # noqa: BLE001 - any other failure leaves the job queued for the tick; the lane goes on
                 log.exception("critical lane: placing %s failed; the tick will plan it", got[1])
@@ -226,13 +236,16 @@ class CriticalLane:
                         env.now_s())
         if isinstance(job, str):
             return LaneOutcome(job)
-        model = self.kept.endpoints.get(job.endpoint)
-        if model is None:
-            return LaneOutcome("no_group")
+        endpoints = self.kept.endpoints
+        model = endpoints.get(job.endpoint)
+        if model is None or any(name not in endpoints for name in job.helpers):
+            return LaneOutcome("no_group")  # the tick's batch cancels a job the fleet cannot run
         down = host_liveness.gpus_of(env.fleet, host_liveness.down_hosts(hosts, seen, live))
         unavailable = {gpu for gpu, holder in zip(uuids, holders) if holder} | down
         residents = dict(zip(uuids, resident_values))
         groups = self._fleet.groups(model.tp, model.memory_mib)
+        if job.helpers:  # only groups where its helpers fit beside it, as the tick's plan places them
+            groups = fitting_groups(groups, model, job.helpers, endpoints, self._memory_mib)
 
         def is_warm(group: tuple[str, ...]) -> bool:
             want = instance_value(job.endpoint, group)
@@ -289,11 +302,14 @@ class CriticalLane:
             outcome = preempt(env.r, env.keys, victim, job.id, planner_token=self.token)
             if outcome == "preemptor_not_queued":  # leased by the tick meanwhile, or cancelled
                 return LaneOutcome("lost_race", (), placement.victims)
+            if outcome == "preempted":  # requeued with no ETA: the next tick plans it (CrossTickState)
+                self.kept.lane_victims += 1
             if outcome in ("preempted", "cancelled"):
                 log.info("critical lane: preempted lease %s for CRITICAL job %s: %s", victim, job.id, outcome)
             # else it finished executing meanwhile (the lease below is refused while it clears) or its
             # lease ended (its GPUs may be free: the lease below takes them)
-        end_s = now_s + (0.0 if placement.load == "warm" else cold_start_s) + job.service_s
+        # its helpers start after the main endpoint, in every placement (planner/helpers.py)
+        end_s = now_s + (0.0 if placement.load == "warm" else cold_start_s) + held_s(job, self.kept.endpoints)
         if not start_job(ctx, job, placement.gpus, end_s, placement.load):
             return LaneOutcome("lost_race", (), placement.victims)
         outcome = "preempted" if placement.victims else placement.load
@@ -316,5 +332,7 @@ def _plan_job(job_id: str, rec: dict[str, str | None], deps_completed: Callable[
     submitted_s = float(submitted_at) / time_scale
     release = release_s(submitted_at, rec.get("not_before"), time_scale, now_s)
     due = rec.get("deadline_s")
+    helpers = rec.get("helpers")
     return PlanJob(job_id, endpoint, float(Priority.CRITICAL.weight), release, float(service_s),
-                   int(Priority.CRITICAL), (), submitted_s + float(due) if due else None, int(rec.get("seq") or 0))
+                   int(Priority.CRITICAL), (), submitted_s + float(due) if due else None, int(rec.get("seq") or 0),
+                   tuple(json.loads(helpers)) if helpers else ())

@@ -113,11 +113,13 @@ def set_point_instances(fleet: FleetSpec) -> list[tuple[str, list[str]]]:
 
 
 class ReadSnapshot:
-    """Step: read the tick's :class:`Snapshot` (:func:`read_snapshot`) into ``ctx.snapshot``."""
+    """Step: read the tick's :class:`Snapshot` (:func:`read_snapshot`) into ``ctx.snapshot``
+    (and ``ctx.lane_victims_seen``: the critical lane's victims requeued before it)."""
 
     name = "read snapshot"
 
     def run(self, ctx: TickContext) -> None:
+        ctx.lane_victims_seen = ctx.kept.lane_victims  # the victims requeued before it are in the snapshot
         ctx.snapshot = read_snapshot(ctx.env, ctx.kept)
 
 

@@ -165,6 +165,33 @@ def test_a_victim_of_the_rules_preemption_gets_its_eta_at_the_next_tick(r, setti
     assert float(r.hget(w.keys.job(low), "wait_eta")) > sec + usec / 1e6
 
 
+def test_a_victim_of_the_critical_lanes_preemption_gets_its_eta_at_the_next_tick(r, settings, env):
+    """The critical lane's preemption requeues its victim ``preempted_requeued`` with no
+    ETA. With every GPU held, the next tick formed no batch until REASON_REFRESH_S (1 s) had
+    passed since the last one: ``why`` showed no ETA for up to a second (review,
+    2026-12-06). The next tick now plans it, the planner's clock not moved."""
+    from makespan.workers.critical_lane import CriticalLane
+
+    clock = ManualClock(time.time())
+    s = dataclasses.replace(settings, lease_ttl_s=60.0, policy="portfolio")
+    sent = []
+    w = PlannerWorker(r, s, ONE, dispatch=lambda ctx, q: sent.append(ctx), clock=clock)
+    prod = Producer(r, w.keys, ONE, s)
+    r.set(w.keys.planner_leader, w.name)  # as a leading planner holds it (ticked by hand here)
+    low = _lease(r, w, prod, "GPU-h-0")
+    prod.submit({"endpoint": "e", "service_s": 10, "priority": "NORMAL"})
+    w.tick()  # every GPU held, a new job queued: a batch (its reason), the refresh gate's clock starts
+    assert not sent
+    crit = prod.submit({"endpoint": "e", "service_s": 10, "priority": "CRITICAL"}).id
+    out = CriticalLane(w.env, w.kept, w.token, lambda: False).place(r.lpop(w.keys.planner_critical))
+    assert out.outcome == "preempted" and [c.job_id for c in sent] == [crit]
+    assert r.hget(w.keys.job(low), "wait_eta") in (None, "")
+    sec, usec = r.time()
+    w.tick()  # the same planner clock: REASON_REFRESH_S has not passed
+    assert "no ETA" not in _why(low, "preempted_requeued")
+    assert float(r.hget(w.keys.job(low), "wait_eta")) > sec + usec / 1e6
+
+
 def test_a_full_fleet_still_gives_a_new_job_its_reason_and_eta(r, settings, env):
     """Every GPU held and nothing CRITICAL/HIGH queued: the tick used to form no batch, so a
     job submitted then (or a victim of the critical lane) showed ``behind_batch`` with no

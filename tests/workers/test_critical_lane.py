@@ -382,3 +382,81 @@ def test_a_victim_whose_lease_ended_by_itself_still_lets_the_preemptor_start(r, 
     out = _lane(w).place(r.lpop(w.keys.planner_critical))
     assert out.outcome == "preempted" and [c.job_id for c in sent] == [job]
     assert r.hget(w.keys.job(job), "state") == "leased"
+
+
+
+def _helped_worker(r, settings):
+    """A fleet where a job with the helper ``aux`` fits only on h2 (h1's 20000 MiB hold ``e``
+    but not ``e`` + ``aux``, 25000 MiB); h1 comes first in fleet order."""
+    from makespan.models import parse_fleet
+    from makespan.workers.tick.clock import ManualClock
+
+    fleet = parse_fleet({"name": "helped", "hosts": [{"name": "h1", "gpu_count": 1, "memory_mib": 20000},
+                                                     {"name": "h2", "gpu_count": 1, "memory_mib": 81920}],
+                         "endpoints": {"e": {"model": "m", "memory_mib_per_gpu": 10000, "cold_start_s": 1},
+                                       "aux": {"model": "x", "memory_mib_per_gpu": 15000, "cold_start_s": 2}}})
+    s = dataclasses.replace(settings, lease_ttl_s=60.0)
+    sent: list = []
+    w = PlannerWorker(r, s, fleet, dispatch=lambda ctx, queue: sent.append(ctx), clock=ManualClock(time.time()))
+    w.token = ""
+    return w, Producer(r, w.keys, fleet, s), sent
+
+
+@pytest.mark.parametrize("path", ["free", "preempt"])
+def test_a_critical_job_with_helpers_is_leased_only_where_its_helpers_fit(r, settings, path):
+    """A job's ``helpers`` start on its GPUs after its main endpoint (planner/helpers.py):
+    the lane placed it by its main endpoint alone, on h1 where ``aux`` does not fit (its
+    start phase would fail for memory), and planned its end without the helpers' start."""
+    w, prod, sent = _helped_worker(r, settings)
+    if path == "preempt":  # every GPU held by LOW work: the victim must be h2's
+        for n, gpu in enumerate(("GPU-h1-0", "GPU-h2-0")):
+            jid = prod.submit({"endpoint": "e", "service_s": 3600, "priority": "LOW"}).id
+            assert w.leases.acquire(f"low-{n}", (gpu,), 60.0, job_id=jid, kind="job", holder=w.fleet.host_of(gpu),
+                                    queue=w.keys.queue("LOW"),
+                                    info={"planned_end_s": repr(w.now_s() + 3600), "endpoint": "e",
+                                          "priority": "LOW"}) is not None
+    job = prod.submit({"endpoint": "e", "service_s": 5, "priority": "CRITICAL", "helpers": ["aux"]}).id
+    out = _lane(w).place(r.lpop(w.keys.planner_critical))
+    assert out.leased and out.gpus == ("GPU-h2-0",), out
+    assert out.victims == (("low-1",) if path == "preempt" else ())
+    assert [c.job_id for c in sent] == [job] and sent[0].host == "h2"
+    # planned to end after main's cold start (1 s), aux's (2 s) and its service (5 s)
+    assert float(r.hget(w.keys.lease(sent[0].lease_id), "planned_end_s")) == pytest.approx(w.now_s() + 8.0)
+
+
+def test_a_critical_job_whose_helpers_fit_nowhere_free_is_left_to_the_tick(r, settings):
+    """h2 held by CRITICAL work (never a victim), h1 free but too small for ``e`` + ``aux``:
+    the lane leases nothing (``no_group``), the job stays queued."""
+    w, prod, sent = _helped_worker(r, settings)
+    held = prod.submit({"endpoint": "e", "service_s": 3600, "priority": "CRITICAL"}).id
+    r.lpop(w.keys.planner_critical)
+    assert w.leases.acquire("crit", ("GPU-h2-0",), 60.0, job_id=held, kind="job", holder="h2",
+                            queue=w.keys.queue("CRITICAL"), info={"priority": "CRITICAL"}) is not None
+    job = prod.submit({"endpoint": "e", "service_s": 5, "priority": "CRITICAL", "helpers": ["aux"]}).id
+    assert _lane(w).place(r.lpop(w.keys.planner_critical)).outcome == "no_group" and not sent
+    assert r.hget(w.keys.job(job), "state") == "queued"
+
+
+def test_a_redis_bug_while_placing_is_logged_as_a_bug(r, settings, caplog):
+    """A Redis reply that is a bug (here WRONGTYPE: the job's key is no hash) is logged by
+    the lane's thread at ERROR as a bug with its traceback (OutageLog.bug), as the tick loop
+    does, not as "placing failed (Redis)"; the failure is still recorded."""
+    import logging
+
+    w, prod, sent = _worker(r, settings)
+    r.set(w.keys.job("broken"), "not a hash")
+    lane = _lane(w)
+    with caplog.at_level(logging.INFO, logger="makespan.planner"):
+        lane.start()
+        try:
+            r.rpush(w.keys.planner_critical, "broken")
+            wait_for(lambda: _lane_events(r, w.keys, "broken"), 10, "the lane's error event", 0.01)
+        finally:
+            lane.stop(5)
+    (event,) = _lane_events(r, w.keys, "broken")
+    assert event["outcome"] == "error" and "WRONGTYPE" in event["error"]
+    lines = [rec for rec in caplog.records if rec.name == "makespan.planner" and rec.levelno >= logging.WARNING]
+    assert lines and all(rec.levelno == logging.ERROR and rec.exc_info for rec in lines), \
+        [(rec.levelname, rec.getMessage()) for rec in lines]
+    assert "a bug, not an outage" in lines[0].getMessage() and "WRONGTYPE" in lines[0].getMessage()
+    assert not sent

@@ -155,6 +155,8 @@ class CrossTickState:
     rehome_cursor: dict[tuple[str, Priority], int] = field(default_factory=dict)
     reasons_stale: bool = False  # a tick followed the kept plan since the last batch was formed (follow; batch clears)
     victims_without_eta: bool = False  # the rule's preemption requeued jobs with no ETA (preemption; batch clears)
+    lane_victims: int = 0  # victims the critical lane's preemptions requeued so far, no ETA (critical_lane)
+    lane_victims_planned: int = 0  # lane_victims before the snapshot of the last tick that formed a batch (batch)
 
 
 @dataclass
@@ -167,6 +169,7 @@ class TickContext:
     kept: CrossTickState
     token: str  # the planner's fencing token for this tick ('' = unchecked, tests)
     snapshot: Snapshot | None = None  # ReadSnapshot (again by ReclaimExpired when it reclaimed)
+    lane_victims_seen: int = 0  # ReadSnapshot: kept.lane_victims before the snapshot was read
     reclaimed: int = 0  # ReclaimExpired: expired leases reclaimed this tick
     followed: bool = False  # FollowKeptPlan: this tick followed the kept plan (only steps marked when_followed run on)
     held_gpus: set[str] = field(default_factory=set)  # FormBatch: GPUs a lease held at the snapshot
