@@ -50,6 +50,7 @@ from makespan.models import Priority
 from makespan.planner import fast_lane, preemption_plan
 from makespan.planner.policies import POLICY_REGISTRY
 from makespan.planner.model import FleetState, PlanJob, RunningJob
+from makespan.planner import helpers as job_helpers
 from makespan.planner.preemption import Holder, choose_preemption, victim_allowed
 from makespan.planner.replay import state_after
 from makespan.workers.leases import held_s, planned_end_s, preempt, server_time_ms
@@ -280,10 +281,14 @@ def _preempt_by_rule(ctx: TickContext) -> set[str]:
                              and rec.get("job") not in awaited and rec.get("job") not in ctx.dispatched
                              and bounded.get(lease_id, False))
     started: set[str] = set()
+    memory_of = {gpu.uuid: gpu.memory_mib for gpu in env.gpus}  # GPU uuid -> memory, MiB (helpers' fit)
     for job in sorted(ctx.waiting, key=lambda waiting: (waiting.priority, waiting.seq)):
         model = ctx.kept.endpoints[job.endpoint]
-        best = choose_preemption(job.priority, state.groups(model.tp, model.memory_mib), ctx.taken, state.free_at,
-                                 state.now_s, model.cold_start_s, holder)
+        groups = state.groups(model.tp, model.memory_mib)
+        if job.helpers:  # only groups where its helpers fit beside it, as the plan and the critical lane place it
+            groups = job_helpers.fitting_groups(groups, model, job.helpers, ctx.kept.endpoints, memory_of)
+        best = choose_preemption(job.priority, groups, ctx.taken, state.free_at, state.now_s, model.cold_start_s,
+                                 holder)
         if best is None:
             continue
         group, victims = best.group, best.victims
@@ -298,7 +303,7 @@ def _preempt_by_rule(ctx: TickContext) -> set[str]:
                         holder.pop(gpu)
         # a victim not preempted (it finished executing meanwhile, or its lease ended): the
         # lease below is refused while a GPU of the group is still held, else it starts
-        end_s = env.now_s() + model.cold_start_s + job.service_s
+        end_s = env.now_s() + model.cold_start_s + job_helpers.held_s(job, ctx.kept.endpoints)  # with its helpers
         if start_job(ctx, job, group, end_s, "cold_start"):
             started.add(job.id)
             ctx.taken.update(group)

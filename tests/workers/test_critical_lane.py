@@ -460,3 +460,23 @@ def test_a_redis_bug_while_placing_is_logged_as_a_bug(r, settings, caplog):
         [(rec.levelname, rec.getMessage()) for rec in lines]
     assert "a bug, not an outage" in lines[0].getMessage() and "WRONGTYPE" in lines[0].getMessage()
     assert not sent
+
+
+def test_the_ticks_rule_preemption_places_a_job_only_where_its_helpers_fit(r, settings):
+    """The tick's preemption rule (``MAKESPAN_PREEMPTION=rule``) chose the group by the main
+    endpoint alone, like the lane before: with every GPU held by LOW work it cut h1's job
+    (first in fleet order), where ``aux`` does not fit beside ``e``, and planned the end
+    without the helpers' start. Now it cuts h2's, where they fit."""
+    w, prod, sent = _helped_worker(r, dataclasses.replace(settings, preemption="rule", critical_lane=False))
+    for n, gpu in enumerate(("GPU-h1-0", "GPU-h2-0")):
+        jid = prod.submit({"endpoint": "e", "service_s": 3600, "priority": "LOW"}).id
+        assert w.leases.acquire(f"low-{n}", (gpu,), 60.0, job_id=jid, kind="job", holder=w.fleet.host_of(gpu),
+                                queue=w.keys.queue("LOW"),
+                                info={"planned_end_s": repr(w.now_s() + 3600), "endpoint": "e",
+                                      "priority": "LOW"}) is not None
+    job = prod.submit({"endpoint": "e", "service_s": 5, "priority": "CRITICAL", "helpers": ["aux"]}).id
+    w.tick()
+    assert [c.job_id for c in sent] == [job] and sent[0].host == "h2", [(c.job_id, c.host) for c in sent]
+    assert r.exists(w.keys.lease("low-0")) and not r.exists(w.keys.lease("low-1"))
+    # planned to end after main's cold start (1 s), aux's (2 s) and its service (5 s)
+    assert float(r.hget(w.keys.lease(sent[0].lease_id), "planned_end_s")) == pytest.approx(w.now_s() + 8.0)
