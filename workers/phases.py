@@ -394,18 +394,21 @@ class PhaseRunner:
         for up to the lease TTL, while the heartbeat keeps the lease (a run whose commit is
         lost would run again once its lease expired); before each retry ``applied()`` is
         asked whether the failed try was applied anyway (its reply lost): then it is not
-        applied twice.
+        applied twice. A Redis error that is a bug (:func:`makespan.redis_conn.is_store_bug`:
+        a script that raised, ``WRONGTYPE``, wrong arguments) is not retried: every try would
+        fail the same way.
 
         Raises:
-            StoreError: Redis still failed after the lease TTL (the lease has expired by then)."""
+            StoreError, redis.RedisError: Redis still failed after the lease TTL (the lease
+                has expired by then), or at once for a bug."""
         give_up = time.monotonic() + self.settings.lease_ttl_s
         pause_s = 0.1
         while True:
             try:
                 return self.leases.fenced(ctx.lease, ops)
             except (StoreError, redis.RedisError) as e:
-                if time.monotonic() + pause_s > give_up:
-                    raise
+                if is_store_bug(e) or time.monotonic() + pause_s > give_up:
+                    raise  # a bug fails the same way every try: raised at once (guarded() fails the job)
                 log.warning("lease %s: commit failed (%s); retrying in %.1f s", ctx.lease_id, e, pause_s)
             time.sleep(pause_s)
             pause_s = min(pause_s * 2, 2.0)
