@@ -278,6 +278,7 @@ class PhaseRunner:
         if outcome == "stale":
             log.info("job %s: lease %s no longer ours at shutdown: nothing handed back", ctx.job_id, ctx.lease_id)
             return "stale"
+        metrics.lease_reclaimed("worker_shutdown")
         log.warning("job %s: the GPU worker shuts down: lease %s handed back, job %s", ctx.job_id, ctx.lease_id,
                     outcome)
         return "handed_back"

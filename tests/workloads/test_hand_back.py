@@ -17,7 +17,7 @@ import pytest
 import redis
 
 import makespan
-from makespan import shutdown
+from makespan import metrics, shutdown
 from makespan.client import Client
 from makespan.keys import WAKE_RELEASE
 from makespan.models import fleet_version, load_fleet
@@ -105,6 +105,21 @@ def test_a_job_whose_execute_has_not_started_is_handed_back_at_shutdown(r, keys,
     reclaimed = [e for e in all_events(r, keys) if e["kind"] == "reclaimed"]
     assert [(e["job"], e["outcome"], e["cause"], e["attempt_counted"]) for e in reclaimed] == \
         [(job.id, "requeued", "worker_shutdown", False)]
+
+
+def test_a_hand_back_is_counted_in_the_reclaimed_leases_metric(r, keys, settings, shutting_down, monkeypatch):
+    """makespan_leases_reclaimed_total counted only the planner's reclaims of expired leases:
+    a hand-back (the same reclaim script, at a GPU worker's shutdown) went uncounted. Now
+    each is counted with ``cause`` ``worker_shutdown``; an expiry's is ``lease_expired``."""
+    monkeypatch.setattr(metrics, "_metrics", metrics.Metrics())
+    fleet, client = _setup(r, keys, settings, marks_that_it_ran)
+    job = client.submit("tests.hand_back_marks")
+    ctx, runner = _lease(r, keys, settings, fleet, job.id)
+    assert run_phases(runner, ctx) == "handed_back"
+    counted = {cause: metrics._m().reclaimed.labels(cause)._value.get() for cause in metrics.RECLAIM_CAUSES}
+    assert counted == {"lease_expired": 0.0, "worker_shutdown": 1.0}
+    assert runner.hand_back(ctx) == "stale"  # a stale token handed nothing back: not counted
+    assert metrics._m().reclaimed.labels("worker_shutdown")._value.get() == 1.0
 
 
 def test_rolling_restarts_do_not_use_up_a_jobs_attempts(r, keys, settings, shutting_down):
