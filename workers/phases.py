@@ -162,10 +162,32 @@ class PhaseRunner:
 
     def _sleep(self, workload_s: float, hb: LeaseHeartbeat, ctx: PhaseContext) -> None:
         """Sleep ``workload_s`` scaled to wall time (execute of a job with no function nor
-        requests), waking every 50 ms to notice a lost lease or the job's requested cancel
-        (:meth:`_stopper`, as a function's run sees it). Raises StaleFencingToken or
-        PhaseCancelled."""
-        self._wait_wall(workload_s * self.settings.time_scale, hb, self._stopper(ctx, hb))
+        requests), waking every 50 ms to notice a lost lease, the job's requested cancel
+        (:meth:`_stopper`, as a function's run sees it) or the GPU worker's shutdown
+        (:data:`makespan.shutdown.SHUTTING_DOWN`: the sleep is given up, as a function's run
+        is, and the caller hands the lease back).
+
+        Raises:
+            StaleFencingToken: the lease was lost, or the worker shuts down.
+            PhaseCancelled: the job's cancel was requested."""
+        stopper = self._stopper(ctx, hb)
+        try:
+            self._wait_wall(workload_s * self.settings.time_scale, hb,
+                            lambda: shutdown.SHUTTING_DOWN.is_set() or stopper())
+        except PhaseCancelled as e:
+            self._given_up_at_shutdown(ctx, f"its execute (a wait of service_s) stopped: {e}")
+            raise
+
+    @staticmethod
+    def _given_up_at_shutdown(ctx: PhaseContext, what: str) -> None:
+        """Raise StaleFencingToken when the GPU worker shuts down
+        (:data:`makespan.shutdown.SHUTTING_DOWN`): an execute that stopped early for it is
+        given up and its lease handed back (:meth:`hand_back`; a cancel requested meanwhile
+        still ends the job cancelled: the reclaim's script reads it). Nothing otherwise."""
+        if shutdown.SHUTTING_DOWN.is_set():
+            log.warning("job %s: the GPU worker is shutting down: %s; its lease is handed back, which requeues the "
+                        "job", ctx.job_id, what)
+            raise StaleFencingToken(f"the GPU worker is shutting down: {what}")
 
     @staticmethod
     def _wait_wall(wall_s: float, hb: LeaseHeartbeat, cancelled: Callable[[], bool] | None = None) -> None:
@@ -886,8 +908,11 @@ class PhaseRunner:
         instance, else a sleep of ``service_s`` (scaled). A job planned on a process
         endpoint never runs without it: when no live instance of it is on its GPUs (its
         process was stopped or died after the start phase) execute fails with that
-        reason instead of "succeeding" by sleeping. Raises StaleFencingToken (lease
-        lost), PhaseCancelled, WorkloadFailed or PhaseError. ``attempt``: this run's
+        reason instead of "succeeding" by sleeping. The GPU worker's shutdown stops each
+        kind early (a function through ``ctx.cancelled``; the requests: none sent after it,
+        those in flight end; the sleep) and raises StaleFencingToken: the caller hands the
+        lease back (:meth:`hand_back`). Raises StaleFencingToken (lease lost, shutdown),
+        PhaseCancelled, WorkloadFailed or PhaseError. ``attempt``: this run's
         attempt number when the caller read it (None: read here)."""
         planned = self.fleet.endpoints.get(ctx.endpoint)
         needs_process = planned is not None and self._capabilities(planned.launch.driver).spawns_process
@@ -902,12 +927,16 @@ class PhaseRunner:
         if inst is not None and payload.get("requests"):  # request-level execution against the real endpoint
             from makespan.workers.requests import RequestRunner
 
+            stopper = self._stopper(ctx, hb)  # a cancel, a lost lease or the worker's shutdown stops the sending
             res = RequestRunner(self.r, self.keys, inst.id, inst.url, self.fleet.endpoints[ctx.endpoint].model,
-                                self.fleet.endpoints[ctx.endpoint].slots, self._stopper(ctx, hb)).run(
+                                self.fleet.endpoints[ctx.endpoint].slots,
+                                lambda: shutdown.SHUTTING_DOWN.is_set() or stopper()).run(
                 ctx.job_id, payload, commit=lambda ops: self.leases.fenced(ctx.lease, ops))
             if hb.lost.is_set():
                 raise StaleFencingToken(f"lease {ctx.lease_id} lost during phase")
-            if res.sent < int(payload["requests"]):  # stopped early: a cancel was requested
+            if res.sent < int(payload["requests"]):  # stopped early (every request sent has ended)
+                self._given_up_at_shutdown(ctx, f"its execute stopped after {res.sent} of {payload['requests']} "
+                                                "requests")
                 raise PhaseCancelled(f"cancelled while running ({res.sent} of {payload['requests']} requests sent)")
             extra.update(res.summary(), instance=inst.id)
         else:
