@@ -575,7 +575,8 @@ class PhaseRunner:
                                  helpers: tuple[str, ...] = ()) -> None:
         """Stop the sleepers on the lease's GPUs that no longer fit beside ``endpoint`` and
         the job's ``helpers`` (the planner's rule, largest first); their names go into
-        ``extra["sleepers_stopped"]``."""
+        ``extra["sleepers_stopped"]``. Raises PhaseError: a stop left processes alive
+        (:meth:`_clear_for_start`)."""
         sleepers = [i for i in self._sleepers_on(ctx.gpus) if i.endpoint != endpoint]
         if not sleepers:
             return
@@ -584,11 +585,9 @@ class PhaseRunner:
         for u in ctx.gpus:
             held = {i.endpoint: eps[i.endpoint].asleep_gpu_mib for i in sleepers if u in i.gpus and i.endpoint in eps}
             gone |= set(held) - sleepers_kept(self._gpu_mib(u) - need.get(u, 0), held)
-        for inst in sleepers:
-            if inst.endpoint in gone:
-                self._stop_instance(inst)
         if gone:
             extra["sleepers_stopped"] = sorted(gone)
+        self._clear_for_start([inst for inst in sleepers if inst.endpoint in gone], ", ".join((endpoint, *helpers)))
 
     def _put_to_sleep(self, inst: Instance, wait: Callable[[float], None], level: int | None = None) -> str | None:
         """Sleep ``inst`` at ``level`` (the plan's choice; None: its endpoint's
@@ -719,7 +718,9 @@ class PhaseRunner:
         :func:`makespan.estimates.wake_kind`); else a cold start (``cold_start``), also when the wake fails (the
         sleeper is stopped first; ``wake_failed`` in the event says why). Running
         leftovers on these GPUs are stopped, and so are sleepers of ``endpoint`` on an
-        overlapping group (the planner forgets them there too); other sleepers stay."""
+        overlapping group (the planner forgets them there too); other sleepers stay. A stop
+        of these that leaves a process alive fails the phase instead of starting beside it
+        (:meth:`_clear_for_start`)."""
         extra = extra if extra is not None else {}
         want = instance_value(endpoint, ctx.gpus)
         residents = self._residents(ctx.gpus)
@@ -737,8 +738,7 @@ class PhaseRunner:
             wake = wake_kind(ep, exact_level)
             planned = self._planned_s(endpoint, wake, ctx.host)
             with self._transition("wake", ctx, [endpoint], planned):
-                for old in self._leftovers_on(ctx.gpus):  # leftovers of a reclaimed lease
-                    self._stop_instance(old)
+                self._clear_for_start(self._leftovers_on(ctx.gpus), endpoint)  # leftovers of a reclaimed lease
                 self._stop_unfitting_sleepers(ctx, endpoint, extra)
                 t0 = time.monotonic()
                 why = self._wake_up(ctx, exact, hb)
@@ -756,8 +756,9 @@ class PhaseRunner:
             kind = "restore" if restore else "cold_start"
             planned = self._planned_s(endpoint, kind, ctx.host)
             with self._transition("start", ctx, [endpoint], planned):
-                for old in [*self._leftovers_on(ctx.gpus), *(i for i in sleepers if i is not exact)]:
-                    self._stop_instance(old)  # leftovers of a reclaimed lease; a sleeper cut in two
+                # leftovers of a reclaimed lease; a sleeper cut in two
+                self._clear_for_start([*self._leftovers_on(ctx.gpus), *(i for i in sleepers if i is not exact)],
+                                      endpoint)
                 self._stop_unfitting_sleepers(ctx, endpoint, extra)
                 t0 = time.monotonic()
                 # a real process: spawn, then wait on its HTTP health check (child spans);
@@ -805,16 +806,37 @@ class PhaseRunner:
                 self._stop_instance(inst)
             raise
 
-    def _stop_instance(self, inst: Instance, wait: Callable[[float], None] = no_wait) -> None:
+    def _stop_instance(self, inst: Instance, wait: Callable[[float], None] = no_wait) -> tuple[int, ...]:
         """Stop ``inst`` (its modelled waits spent by ``wait``) and forget it once nothing
         of it runs (:func:`makespan.workers.drivers.registry.retire_instance`: ``stopping``
         meanwhile, so the observer sees no failure; a stop that fails or is cut short
-        leaves it recorded ``stopping`` for a later stop to finish)."""
+        leaves it recorded ``stopping`` for a later stop to finish). Returns the pids the
+        stop reported alive after SIGKILL (:attr:`StopReport.left`: the record is kept
+        ``stopping``); empty otherwise (a stop that raised PhaseError is logged)."""
         try:
             with telemetry.child_span("endpoint_stop", {"endpoint": inst.endpoint, "instance": inst.id}):
-                retire_instance(self.r, self.keys, inst, self._driver(inst.driver, wait).stop)
+                report = retire_instance(self.r, self.keys, inst, self._driver(inst.driver, wait).stop)
         except PhaseError as e:  # the driver could not stop it: recorded as stopping, for a later stop
             log.warning("stopping %s (instance %s): %s; kept registered as stopping", inst.endpoint, inst.id, e)
+            return ()
+        return report.left if report is not None else ()
+
+    def _clear_for_start(self, olds: list[Instance], starting: str) -> None:
+        """Stop ``olds`` (leftovers, sleepers that no longer fit) before ``starting`` is
+        started or woken on the lease's GPUs. A process of one that outlived SIGKILL (its
+        stop's report: :meth:`_stop_instance`) still holds GPU memory: nothing is started
+        beside it, the phase fails (the job then fails or is retried the normal way) and
+        the old record stays ``stopping``, for the next start phase on its GPUs or the
+        host's orphan sweep to stop again (as the observer's recovery does).
+
+        Raises:
+            PhaseError: a stop left processes alive (every one of ``olds`` is stopped first)."""
+        left = [(inst, pids) for inst in olds if (pids := self._stop_instance(inst))]
+        if left:
+            what = "; ".join(f"{inst.endpoint} (instance {inst.id}): pids {', '.join(map(str, pids))}"
+                             for inst, pids in left)
+            raise PhaseError(f"processes of an instance stopped on these GPUs outlived SIGKILL ({what}); not "
+                             f"starting {starting} beside them (kept registered 'stopping' for a later stop)")
 
     def _instances_on(self, gpus: list[str]) -> list[Instance]:
         """Registered instances on any of ``gpus`` that are not asleep nor being stopped
