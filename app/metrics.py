@@ -52,6 +52,7 @@ SOLVE_BUCKETS_S = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 ESTIMATE_ERROR_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10)
 WORKLOAD_OUTCOMES = ("ok", "error", "retried", "cancelled")
+RECLAIM_CAUSES = ("lease_expired", "worker_shutdown")  # makespan_leases_reclaimed_total{cause}
 PHASE_BUCKETS_S = (0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 120, 300, 600, 1800)
 
 _lock = threading.Lock()
@@ -89,7 +90,9 @@ class Metrics:
                                    "GPU-seconds by state: busy (execute), transition, idle.", ["state"], **reg)
         self.incidents = Counter("makespan_incidents_total", "Endpoint failures no planned transition explains.",
                                  ["endpoint"], **reg)
-        self.reclaimed = Counter("makespan_leases_reclaimed_total", "Expired leases reclaimed.", [], **reg)
+        self.reclaimed = Counter("makespan_leases_reclaimed_total",
+                                 "Job leases reclaimed: expired (the planner's reclaim) or handed back by a GPU "
+                                 "worker that shuts down.", ["cause"], **reg)
         self.improver = Counter("makespan_planner_improver_total",
                                 "Background CP-SAT improver: batches solved, solves failed (raised, or its child "
                                 "process died), plans adopted by a tick, hung children killed.", ["outcome"],
@@ -132,6 +135,8 @@ class Metrics:
             self.gpu_seconds.labels(state)
         for outcome in IMPROVER_OUTCOMES:
             self.improver.labels(outcome)
+        for cause in RECLAIM_CAUSES:
+            self.reclaimed.labels(cause)
 
     def declare_endpoints(self, endpoints: Iterable[str]) -> None:
         """Export ``makespan_incidents_total{endpoint}`` at 0 for each endpoint name."""
@@ -257,9 +262,12 @@ def fleet_endpoints_from_env() -> list[str]:
         return []
 
 
-def lease_reclaimed() -> None:
-    """The planner reclaimed an expired lease."""
-    _m().reclaimed.inc()
+def lease_reclaimed(cause: str = "lease_expired") -> None:
+    """A lease was reclaimed: ``cause`` ``lease_expired`` (the planner reclaimed an expired
+    lease) or ``worker_shutdown`` (a GPU worker that shuts down handed its job's lease back,
+    :meth:`makespan.workers.phases.PhaseRunner.hand_back`); another value counts as
+    ``lease_expired`` (the label stays bounded)."""
+    _m().reclaimed.labels(cause if cause in RECLAIM_CAUSES else "lease_expired").inc()
 
 
 def workload_run(workload: str, outcome: str, planned_s: float | None = None, actual_s: float | None = None) -> None:

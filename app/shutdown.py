@@ -6,10 +6,11 @@ lock, a GPU worker stops consuming and lets its running phases finish, the obser
 its probe cycle, the dashboard closes its streams). :func:`arm` starts, when SIGTERM
 arrives (:func:`on_sigterm` sees it at once, whatever the main thread is doing), a
 watchdog that ends the process with :data:`EXIT_SHUTDOWN_TIMEOUT` if the clean shutdown
-has not finished after ``grace_s`` seconds: a phase still running (a long execute) is
-cut off; its lease then expires and is reclaimed, as a lost worker's is (a GPU worker hands
-back at once the lease of a job whose workload function stopped on :data:`SHUTTING_DOWN`:
-``makespan.workers.phases.PhaseRunner.hand_back``).
+has not finished after ``grace_s`` seconds: a phase still running (a long start, or a
+function that ignores its cancel) is cut off; its lease then expires and is reclaimed, as a
+lost worker's is (a GPU worker hands back at once the lease of a job whose execute stopped
+on :data:`SHUTTING_DOWN`, a workload function's, a wait of ``service_s`` or a payload of
+requests: ``makespan.workers.phases.PhaseRunner.hand_back``).
 """
 
 from __future__ import annotations

@@ -162,10 +162,32 @@ class PhaseRunner:
 
     def _sleep(self, workload_s: float, hb: LeaseHeartbeat, ctx: PhaseContext) -> None:
         """Sleep ``workload_s`` scaled to wall time (execute of a job with no function nor
-        requests), waking every 50 ms to notice a lost lease or the job's requested cancel
-        (:meth:`_stopper`, as a function's run sees it). Raises StaleFencingToken or
-        PhaseCancelled."""
-        self._wait_wall(workload_s * self.settings.time_scale, hb, self._stopper(ctx, hb))
+        requests), waking every 50 ms to notice a lost lease, the job's requested cancel
+        (:meth:`_stopper`, as a function's run sees it) or the GPU worker's shutdown
+        (:data:`makespan.shutdown.SHUTTING_DOWN`: the sleep is given up, as a function's run
+        is, and the caller hands the lease back).
+
+        Raises:
+            StaleFencingToken: the lease was lost, or the worker shuts down.
+            PhaseCancelled: the job's cancel was requested."""
+        stopper = self._stopper(ctx, hb)
+        try:
+            self._wait_wall(workload_s * self.settings.time_scale, hb,
+                            lambda: shutdown.SHUTTING_DOWN.is_set() or stopper())
+        except PhaseCancelled as e:
+            self._given_up_at_shutdown(ctx, f"its execute (a wait of service_s) stopped: {e}")
+            raise
+
+    @staticmethod
+    def _given_up_at_shutdown(ctx: PhaseContext, what: str) -> None:
+        """Raise StaleFencingToken when the GPU worker shuts down
+        (:data:`makespan.shutdown.SHUTTING_DOWN`): an execute that stopped early for it is
+        given up and its lease handed back (:meth:`hand_back`; a cancel requested meanwhile
+        still ends the job cancelled: the reclaim's script reads it). Nothing otherwise."""
+        if shutdown.SHUTTING_DOWN.is_set():
+            log.warning("job %s: the GPU worker is shutting down: %s; its lease is handed back, which requeues the "
+                        "job", ctx.job_id, what)
+            raise StaleFencingToken(f"the GPU worker is shutting down: {what}")
 
     @staticmethod
     def _wait_wall(wall_s: float, hb: LeaseHeartbeat, cancelled: Callable[[], bool] | None = None) -> None:
@@ -278,6 +300,7 @@ class PhaseRunner:
         if outcome == "stale":
             log.info("job %s: lease %s no longer ours at shutdown: nothing handed back", ctx.job_id, ctx.lease_id)
             return "stale"
+        metrics.lease_reclaimed("worker_shutdown")
         log.warning("job %s: the GPU worker shuts down: lease %s handed back, job %s", ctx.job_id, ctx.lease_id,
                     outcome)
         return "handed_back"
@@ -394,18 +417,21 @@ class PhaseRunner:
         for up to the lease TTL, while the heartbeat keeps the lease (a run whose commit is
         lost would run again once its lease expired); before each retry ``applied()`` is
         asked whether the failed try was applied anyway (its reply lost): then it is not
-        applied twice.
+        applied twice. A Redis error that is a bug (:func:`makespan.redis_conn.is_store_bug`:
+        a script that raised, ``WRONGTYPE``, wrong arguments) is not retried: every try would
+        fail the same way.
 
         Raises:
-            StoreError: Redis still failed after the lease TTL (the lease has expired by then)."""
+            StoreError, redis.RedisError: Redis still failed after the lease TTL (the lease
+                has expired by then), or at once for a bug."""
         give_up = time.monotonic() + self.settings.lease_ttl_s
         pause_s = 0.1
         while True:
             try:
                 return self.leases.fenced(ctx.lease, ops)
             except (StoreError, redis.RedisError) as e:
-                if time.monotonic() + pause_s > give_up:
-                    raise
+                if is_store_bug(e) or time.monotonic() + pause_s > give_up:
+                    raise  # a bug fails the same way every try: raised at once (guarded() fails the job)
                 log.warning("lease %s: commit failed (%s); retrying in %.1f s", ctx.lease_id, e, pause_s)
             time.sleep(pause_s)
             pause_s = min(pause_s * 2, 2.0)
@@ -549,7 +575,8 @@ class PhaseRunner:
                                  helpers: tuple[str, ...] = ()) -> None:
         """Stop the sleepers on the lease's GPUs that no longer fit beside ``endpoint`` and
         the job's ``helpers`` (the planner's rule, largest first); their names go into
-        ``extra["sleepers_stopped"]``."""
+        ``extra["sleepers_stopped"]``. Raises PhaseError: a stop left processes alive
+        (:meth:`_clear_for_start`)."""
         sleepers = [i for i in self._sleepers_on(ctx.gpus) if i.endpoint != endpoint]
         if not sleepers:
             return
@@ -558,11 +585,9 @@ class PhaseRunner:
         for u in ctx.gpus:
             held = {i.endpoint: eps[i.endpoint].asleep_gpu_mib for i in sleepers if u in i.gpus and i.endpoint in eps}
             gone |= set(held) - sleepers_kept(self._gpu_mib(u) - need.get(u, 0), held)
-        for inst in sleepers:
-            if inst.endpoint in gone:
-                self._stop_instance(inst)
         if gone:
             extra["sleepers_stopped"] = sorted(gone)
+        self._clear_for_start([inst for inst in sleepers if inst.endpoint in gone], ", ".join((endpoint, *helpers)))
 
     def _put_to_sleep(self, inst: Instance, wait: Callable[[float], None], level: int | None = None) -> str | None:
         """Sleep ``inst`` at ``level`` (the plan's choice; None: its endpoint's
@@ -693,7 +718,9 @@ class PhaseRunner:
         :func:`makespan.estimates.wake_kind`); else a cold start (``cold_start``), also when the wake fails (the
         sleeper is stopped first; ``wake_failed`` in the event says why). Running
         leftovers on these GPUs are stopped, and so are sleepers of ``endpoint`` on an
-        overlapping group (the planner forgets them there too); other sleepers stay."""
+        overlapping group (the planner forgets them there too); other sleepers stay. A stop
+        of these that leaves a process alive fails the phase instead of starting beside it
+        (:meth:`_clear_for_start`)."""
         extra = extra if extra is not None else {}
         want = instance_value(endpoint, ctx.gpus)
         residents = self._residents(ctx.gpus)
@@ -711,8 +738,7 @@ class PhaseRunner:
             wake = wake_kind(ep, exact_level)
             planned = self._planned_s(endpoint, wake, ctx.host)
             with self._transition("wake", ctx, [endpoint], planned):
-                for old in self._leftovers_on(ctx.gpus):  # leftovers of a reclaimed lease
-                    self._stop_instance(old)
+                self._clear_for_start(self._leftovers_on(ctx.gpus), endpoint)  # leftovers of a reclaimed lease
                 self._stop_unfitting_sleepers(ctx, endpoint, extra)
                 t0 = time.monotonic()
                 why = self._wake_up(ctx, exact, hb)
@@ -730,8 +756,9 @@ class PhaseRunner:
             kind = "restore" if restore else "cold_start"
             planned = self._planned_s(endpoint, kind, ctx.host)
             with self._transition("start", ctx, [endpoint], planned):
-                for old in [*self._leftovers_on(ctx.gpus), *(i for i in sleepers if i is not exact)]:
-                    self._stop_instance(old)  # leftovers of a reclaimed lease; a sleeper cut in two
+                # leftovers of a reclaimed lease; a sleeper cut in two
+                self._clear_for_start([*self._leftovers_on(ctx.gpus), *(i for i in sleepers if i is not exact)],
+                                      endpoint)
                 self._stop_unfitting_sleepers(ctx, endpoint, extra)
                 t0 = time.monotonic()
                 # a real process: spawn, then wait on its HTTP health check (child spans);
@@ -779,16 +806,37 @@ class PhaseRunner:
                 self._stop_instance(inst)
             raise
 
-    def _stop_instance(self, inst: Instance, wait: Callable[[float], None] = no_wait) -> None:
+    def _stop_instance(self, inst: Instance, wait: Callable[[float], None] = no_wait) -> tuple[int, ...]:
         """Stop ``inst`` (its modelled waits spent by ``wait``) and forget it once nothing
         of it runs (:func:`makespan.workers.drivers.registry.retire_instance`: ``stopping``
         meanwhile, so the observer sees no failure; a stop that fails or is cut short
-        leaves it recorded ``stopping`` for a later stop to finish)."""
+        leaves it recorded ``stopping`` for a later stop to finish). Returns the pids the
+        stop reported alive after SIGKILL (:attr:`StopReport.left`: the record is kept
+        ``stopping``); empty otherwise (a stop that raised PhaseError is logged)."""
         try:
             with telemetry.child_span("endpoint_stop", {"endpoint": inst.endpoint, "instance": inst.id}):
-                retire_instance(self.r, self.keys, inst, self._driver(inst.driver, wait).stop)
+                report = retire_instance(self.r, self.keys, inst, self._driver(inst.driver, wait).stop)
         except PhaseError as e:  # the driver could not stop it: recorded as stopping, for a later stop
             log.warning("stopping %s (instance %s): %s; kept registered as stopping", inst.endpoint, inst.id, e)
+            return ()
+        return report.left if report is not None else ()
+
+    def _clear_for_start(self, olds: list[Instance], starting: str) -> None:
+        """Stop ``olds`` (leftovers, sleepers that no longer fit) before ``starting`` is
+        started or woken on the lease's GPUs. A process of one that outlived SIGKILL (its
+        stop's report: :meth:`_stop_instance`) still holds GPU memory: nothing is started
+        beside it, the phase fails (the job then fails or is retried the normal way) and
+        the old record stays ``stopping``, for the next start phase on its GPUs or the
+        host's orphan sweep to stop again (as the observer's recovery does).
+
+        Raises:
+            PhaseError: a stop left processes alive (every one of ``olds`` is stopped first)."""
+        left = [(inst, pids) for inst in olds if (pids := self._stop_instance(inst))]
+        if left:
+            what = "; ".join(f"{inst.endpoint} (instance {inst.id}): pids {', '.join(map(str, pids))}"
+                             for inst, pids in left)
+            raise PhaseError(f"processes of an instance stopped on these GPUs outlived SIGKILL ({what}); not "
+                             f"starting {starting} beside them (kept registered 'stopping' for a later stop)")
 
     def _instances_on(self, gpus: list[str]) -> list[Instance]:
         """Registered instances on any of ``gpus`` that are not asleep nor being stopped
@@ -882,8 +930,11 @@ class PhaseRunner:
         instance, else a sleep of ``service_s`` (scaled). A job planned on a process
         endpoint never runs without it: when no live instance of it is on its GPUs (its
         process was stopped or died after the start phase) execute fails with that
-        reason instead of "succeeding" by sleeping. Raises StaleFencingToken (lease
-        lost), PhaseCancelled, WorkloadFailed or PhaseError. ``attempt``: this run's
+        reason instead of "succeeding" by sleeping. The GPU worker's shutdown stops each
+        kind early (a function through ``ctx.cancelled``; the requests: none sent after it,
+        those in flight end; the sleep) and raises StaleFencingToken: the caller hands the
+        lease back (:meth:`hand_back`). Raises StaleFencingToken (lease lost, shutdown),
+        PhaseCancelled, WorkloadFailed or PhaseError. ``attempt``: this run's
         attempt number when the caller read it (None: read here)."""
         planned = self.fleet.endpoints.get(ctx.endpoint)
         needs_process = planned is not None and self._capabilities(planned.launch.driver).spawns_process
@@ -898,12 +949,16 @@ class PhaseRunner:
         if inst is not None and payload.get("requests"):  # request-level execution against the real endpoint
             from makespan.workers.requests import RequestRunner
 
+            stopper = self._stopper(ctx, hb)  # a cancel, a lost lease or the worker's shutdown stops the sending
             res = RequestRunner(self.r, self.keys, inst.id, inst.url, self.fleet.endpoints[ctx.endpoint].model,
-                                self.fleet.endpoints[ctx.endpoint].slots, self._stopper(ctx, hb)).run(
+                                self.fleet.endpoints[ctx.endpoint].slots,
+                                lambda: shutdown.SHUTTING_DOWN.is_set() or stopper()).run(
                 ctx.job_id, payload, commit=lambda ops: self.leases.fenced(ctx.lease, ops))
             if hb.lost.is_set():
                 raise StaleFencingToken(f"lease {ctx.lease_id} lost during phase")
-            if res.sent < int(payload["requests"]):  # stopped early: a cancel was requested
+            if res.sent < int(payload["requests"]):  # stopped early (every request sent has ended)
+                self._given_up_at_shutdown(ctx, f"its execute stopped after {res.sent} of {payload['requests']} "
+                                                "requests")
                 raise PhaseCancelled(f"cancelled while running ({res.sent} of {payload['requests']} requests sent)")
             extra.update(res.summary(), instance=inst.id)
         else:

@@ -6,10 +6,12 @@ prefix), with a 3 s grace period: the planner while jobs are queued and running,
 observer while it probes, the dashboard with a server-sent-events stream open, and a GPU
 worker in the middle of a job's execute phase that would run for 1000 s. The clean ones
 exit 0 (the dashboard: by the SIGTERM uvicorn re-raises after its clean shutdown) or, when
-their clean shutdown outlasts the grace period on a loaded machine, by the watchdog; the
-GPU worker's running phase outlasts the grace period, so it is cut off by the watchdog
-(exit code 1; before, its warm shutdown waited for the whole phase), and the job's lease
-is then reclaimed as a lost worker's is.
+their clean shutdown outlasts the grace period on a loaded machine, by the watchdog. The
+GPU worker's running execute (a wait of service_s, no function) stops at the shutdown and
+its job's lease is handed back at once (requeued, no attempt counted), as a workload
+function's is. Before, such an execute did not watch the shutdown: it outlasted the grace
+period, the watchdog cut the worker off (exit code 1) and the job waited for its lease to
+expire; before that, the warm shutdown waited for the whole phase.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from makespan.producer import Producer
 from makespan.redis_conn import free_port
 from makespan.shutdown import EXIT_SHUTDOWN_TIMEOUT
 from tests.faults.private_redis import live_system
-from tests.live import wait_for
+from tests.live import all_events, wait_for
 
 GRACE_S = 3.0
 BOUND_S = GRACE_S + 1.0  # the stated bound
@@ -83,8 +85,12 @@ def test_every_process_kind_ends_within_the_bound_mid_work(r, keys, live, tmp_pa
     slow = {n: round(t, 2) for n, (t, _c) in results.items() if t > BOUND_S}
     assert slow == {}, f"processes past the {BOUND_S} s bound after SIGTERM: {slow} (all: {results})"
     codes = {n: c for n, (_t, c) in results.items()}
-    assert codes[holder] == EXIT_SHUTDOWN_TIMEOUT, codes  # its running execute phase was cut off
-    # the other GPU worker may be mid-phase too (a queued job started there): cut off or clean
+    # its running execute stopped at the shutdown and its lease was handed back (not left to expire)
+    reclaimed = [e for e in all_events(r, keys) if e["kind"] == "reclaimed" and e.get("job") == long_job]
+    assert [(e["outcome"], e.get("cause")) for e in reclaimed] == [("requeued", "worker_shutdown")], reclaimed
+    assert r.hget(keys.job(long_job), "state") == "queued" and r.hget(keys.job(long_job), "attempts") == "0"
+    # then the worker's clean shutdown ends (or, on a loaded machine, the watchdog) as an idle one's
+    assert codes[holder] in (0, EXIT_SHUTDOWN_TIMEOUT), codes
     # uvicorn re-raises the SIGTERM it captured once its clean shutdown is done: -15 is clean there;
     # the watchdog's code when a clean shutdown (the interpreter's finalization included) outlasted the grace
     assert all(c in ((0, -signal.SIGTERM, EXIT_SHUTDOWN_TIMEOUT) if n == "dashboard" else (0, EXIT_SHUTDOWN_TIMEOUT))

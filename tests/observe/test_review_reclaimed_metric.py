@@ -31,5 +31,5 @@ def test_a_renewed_lease_is_not_counted_reclaimed(r, settings, monkeypatch):
     ctx = TickContext(w.env, w.kept, "", snapshot=types.SimpleNamespace(expired_leases=(lease.lease_id,)))
     steps.ReclaimExpired().run(ctx)
     assert r.hget(w.keys.job(jid), "state") == "leased"  # nothing was reclaimed
-    assert metrics._m().reclaimed._value.get() == 0.0
+    assert metrics._m().reclaimed.labels("lease_expired")._value.get() == 0.0
     assert ctx.reclaimed == 0

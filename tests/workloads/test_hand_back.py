@@ -11,22 +11,30 @@ shutdown is :data:`makespan.shutdown.SHUTTING_DOWN`, set here and cleared after 
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 
+import httpx
 import pytest
 import redis
 
 import makespan
-from makespan import shutdown
+from makespan import metrics, shutdown
 from makespan.client import Client
 from makespan.keys import WAKE_RELEASE
 from makespan.models import fleet_version, load_fleet
+from makespan.producer import Producer
+from makespan.redis_conn import free_port
 from makespan.registry import publish
+from makespan.workers.drivers.base import Instance
+from makespan.workers.drivers.registry import register_instance
 from makespan.workers.leases import Lease, LeaseStore
 from makespan.workers.phases import PhaseContext, PhaseRunner, instance_value
+from makespan.workers.requests import request_drain
 from makespan.workers.warm import run_phases, run_warm
 from tests.conftest import FLEET_TOML
-from tests.live import all_events
+from tests.live import all_events, wait_for
 
 GPU = "GPU-host-a-3"
 RAN: list[str] = []
@@ -107,6 +115,21 @@ def test_a_job_whose_execute_has_not_started_is_handed_back_at_shutdown(r, keys,
         [(job.id, "requeued", "worker_shutdown", False)]
 
 
+def test_a_hand_back_is_counted_in_the_reclaimed_leases_metric(r, keys, settings, shutting_down, monkeypatch):
+    """makespan_leases_reclaimed_total counted only the planner's reclaims of expired leases:
+    a hand-back (the same reclaim script, at a GPU worker's shutdown) went uncounted. Now
+    each is counted with ``cause`` ``worker_shutdown``; an expiry's is ``lease_expired``."""
+    monkeypatch.setattr(metrics, "_metrics", metrics.Metrics())
+    fleet, client = _setup(r, keys, settings, marks_that_it_ran)
+    job = client.submit("tests.hand_back_marks")
+    ctx, runner = _lease(r, keys, settings, fleet, job.id)
+    assert run_phases(runner, ctx) == "handed_back"
+    counted = {cause: metrics._m().reclaimed.labels(cause)._value.get() for cause in metrics.RECLAIM_CAUSES}
+    assert counted == {"lease_expired": 0.0, "worker_shutdown": 1.0}
+    assert runner.hand_back(ctx) == "stale"  # a stale token handed nothing back: not counted
+    assert metrics._m().reclaimed.labels("worker_shutdown")._value.get() == 1.0
+
+
 def test_rolling_restarts_do_not_use_up_a_jobs_attempts(r, keys, settings, shutting_down):
     """More hand-backs than MAKESPAN_MAX_ATTEMPTS (a GPU worker restarted that often while the
     job was leased) leave the job queued with its attempts untouched: the hand-back counted
@@ -142,6 +165,79 @@ def test_a_function_stopped_by_the_shutdown_is_handed_back(r, keys, settings, pa
     assert not r.exists(keys.result(job.id)) and not r.exists(keys.lease(ctx.lease_id)) and not r.exists(keys.gpu(GPU))
     reclaimed = [e for e in all_events(r, keys) if e["kind"] == "reclaimed"]
     assert [(e["outcome"], e["cause"]) for e in reclaimed] == [("requeued", "worker_shutdown")]
+
+
+def _run_until_shutdown(r, keys, runner, ctx, path: str, busy=None) -> list[str]:
+    """Run ``ctx``'s job (``path``: warm or phases) in a thread; once its execute runs (the
+    job ``running``, and ``busy()`` when given), set SHUTTING_DOWN (as the worker's SIGTERM
+    does) and return the run's outcome (empty: it did not end within 30 s of the shutdown)."""
+    outcome: list[str] = []
+    run = threading.Thread(target=lambda: outcome.append((run_warm if path == "warm" else run_phases)(runner, ctx)))
+    run.start()
+    try:
+        wait_for(lambda: r.hget(keys.job(ctx.job_id), "state") == "running" and (busy is None or busy()), 30,
+                 "the job's execute to start")
+        shutdown.SHUTTING_DOWN.set()
+        run.join(30)  # a bound on a hang only: the execute runs 1000 wall s unless stopped
+    finally:
+        shutdown.SHUTTING_DOWN.clear()
+        if run.is_alive():  # the code before the fix: the execute runs on; its lease is taken away to end it
+            r.delete(keys.gpu(GPU))  # the heartbeat's renew fails: the lease is lost, the run ends "stale"
+            run.join(30)
+    return outcome
+
+
+def _assert_handed_back(r, keys, ctx) -> None:
+    record = r.hgetall(keys.job(ctx.job_id))
+    assert record["state"] == "queued" and record["attempts"] == "0", record
+    assert not r.exists(keys.lease(ctx.lease_id)) and not r.exists(keys.gpu(GPU))
+    reclaimed = [e for e in all_events(r, keys) if e["kind"] == "reclaimed"]
+    assert [(e["outcome"], e["cause"]) for e in reclaimed] == [("requeued", "worker_shutdown")]
+
+
+@pytest.mark.parametrize("path", ["warm", "phases"])
+def test_an_execute_of_service_s_stops_at_the_shutdown_and_is_handed_back(r, keys, settings, path):
+    """An execute that is no function, a wait of ``service_s`` (here 1000 wall s), did not
+    watch the shutdown: it ran on until the watchdog cut the worker off, and its job waited
+    for its lease to expire. Now it stops and its lease is handed back, as a function's."""
+    fleet, _client = _setup(r, keys, settings)
+    job_id = Producer(r, keys, fleet, settings).submit({"endpoint": "embed", "service_s": 100_000}).id
+    ctx, runner = _lease(r, keys, settings, fleet, job_id, warm=path == "warm")
+    assert _run_until_shutdown(r, keys, runner, ctx, path) == ["handed_back"]
+    _assert_handed_back(r, keys, ctx)
+
+
+def test_an_execute_of_requests_stops_sending_at_the_shutdown_and_is_handed_back(r, keys, settings, tmp_path):
+    """An execute of a payload of requests (here 100 000 to a real endpoint server) did not
+    watch the shutdown either. Now no request is sent after it, those in flight end (their
+    request leases given back), and the job's lease is handed back."""
+    fleet, _client = _setup(r, keys, settings)
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "makespan.workers.endpoint_server", "--port", str(port),
+                               "--latency-ms", "20", "--model", "m"], stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_for(lambda: _healthy(url), 30, "the endpoint server")
+        inst = Instance(endpoint="embed", gpus=[GPU], driver="simulated", host="host-a", time_scale=0.01, url=url)
+        register_instance(r, keys, inst)
+        job_id = Producer(r, keys, fleet, settings).submit(
+            {"endpoint": "embed", "service_s": 10, "payload": {"requests": 100_000}}).id
+        ctx, runner = _lease(r, keys, settings, fleet, job_id, warm=True)
+        in_flight = lambda: request_drain(r, keys, [inst.id])["request_leases"] > 0  # noqa: E731
+        assert _run_until_shutdown(r, keys, runner, ctx, "warm", busy=in_flight) == ["handed_back"]
+        _assert_handed_back(r, keys, ctx)
+        assert request_drain(r, keys, [inst.id]) == {"request_leases": 0, "waiters": 0}
+        assert 0 < r.llen(keys.requests(job_id)) < 100_000  # some were sent, then none
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/health", timeout=0.5).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def test_a_stale_token_hands_nothing_back(r, keys, prefix, settings):

@@ -111,7 +111,7 @@ class ReclaimExpired:
         if ended:
             log.warning("reclaimed expired leases: %s", ended)
             for _ in range(ctx.reclaimed):
-                metrics.lease_reclaimed()
+                metrics.lease_reclaimed("lease_expired")
         if reclaimed.get("requeued") and settings.retry_backoff_s > 0:  # now in P:delayed: wake up
             first_wait_s = min(settings.retry_backoff_s, settings.retry_backoff_max_s)
             env.delayed.note_due(env.delayed.server_now_s() + first_wait_s)  # when the first is due
