@@ -33,12 +33,17 @@ def render_cards(ctx: makespan.WorkloadContext, cards: int | list[str] = 20) -> 
     titles = [f"card {i}" for i in range(cards)] if isinstance(cards, int) else list(cards)
     rendered = ctx.requests([f"render {title}" for title in titles], max_tokens=64)
     ctx.progress(len(titles), 2 * len(titles), "rendered")
+    embed_note = ""
     if "embed" in ctx.endpoint_urls:
         vectors = ctx.requests(rendered, route="/v1/embeddings", endpoint="embed")
     else:
         vectors = [None] * len(titles)
-    ctx.progress(2 * len(titles), 2 * len(titles), "embedded")
+        embed_note = "not embedded: the embed endpoint on these GPUs has no server (a simulated endpoint)"
+    ctx.progress(2 * len(titles), 2 * len(titles), "embedded" if not embed_note else "rendered; not embedded")
     summaries = [{"title": title, "text": (text or "")[:80], "embedding_dims": len(vec) if vec else 0}
                  for title, text, vec in zip(titles, rendered, vectors)]
-    return {"cards": summaries, "rendered": len(summaries), "embedded": sum(1 for v in vectors if v),
-            "gpus": ctx.gpus, "attempt": ctx.attempt}
+    out = {"cards": summaries, "rendered": len(summaries), "embedded": sum(1 for v in vectors if v),
+           "gpus": ctx.gpus, "attempt": ctx.attempt}
+    if embed_note:
+        out["embed_note"] = embed_note
+    return out

@@ -91,7 +91,7 @@ def test_choose_level_scores_memory_held_against_the_cold_start_saved():
 
 
 @pytest.mark.parametrize("jobs", [140, 200])
-def test_a_host_ram_budget_never_makes_an_infeasible_plan(jobs):
+def test_a_host_ram_budget_never_makes_an_infeasible_plan(jobs, traces):
     """Whether a displaced instance may sleep depends on the RAM the host's other sleepers
     hold, so a construction (placing in its own order) and the evaluator (replaying in start
     order) could disagree: a wake in the construction was a cold start in the replay, and
