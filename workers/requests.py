@@ -42,7 +42,7 @@ import redis
 
 from makespan.errors import PhaseError, StoreError
 from makespan.keys import Keys
-from makespan.redis_conn import async_twin
+from makespan.redis_conn import async_twin, is_store_bug
 from makespan.store.scripts import script, store_error
 
 log = logging.getLogger("makespan.requests")
@@ -191,15 +191,29 @@ class RequestRunner:
     async def _try_acquire(self, member: str) -> int:
         """Take one request lease (``request_lease.lua``): the leases now held, 0 at the cap
         (``member`` then counts as a waiter for :data:`WAITER_TTL_S`; taking a lease ends that).
+        A Redis outage (a restart, a failover, a dropped connection) is waited out for up to
+        :data:`RELEASE_RETRY_S`, as a release is: a fan-out whose next request came due while
+        Redis restarted failed the user's function with the outage.
 
         Raises:
-            StoreError: Redis failed."""
+            StoreError: Redis failed for longer than that, or with a bug
+                (:func:`makespan.redis_conn.is_store_bug`: raised at once)."""
         keys = [self.keys.req_leases(self.instance_id), self.keys.req_peak(self.instance_id),
                 self.keys.req_waiters(self.instance_id)]
         args = [member, int(self.lease_ttl_s * 1000), self.slots, int(WAITER_TTL_S * 1000)]
-        if self._ar is not None:
-            return int(await self._acquire.call_async(self._ar, keys, args))
-        return int(await asyncio.to_thread(self._acquire, keys, args))
+        pause_s, give_up = 0.05, time.monotonic() + RELEASE_RETRY_S
+        while True:
+            try:
+                if self._ar is not None:
+                    return int(await self._acquire.call_async(self._ar, keys, args))
+                return int(await asyncio.to_thread(self._acquire, keys, args))
+            except (StoreError, redis.RedisError) as e:
+                if is_store_bug(e) or time.monotonic() + pause_s > give_up or self.should_stop():
+                    raise
+                log.warning("request lease for %s on %s: Redis failed (%s); trying again in %.2f s",
+                            member, self.instance_id, e, pause_s)
+            await asyncio.sleep(pause_s)
+            pause_s = min(pause_s * 2, 1.0)
 
     async def _lease(self, member: str) -> int:
         """Take a request lease for ``member``, waiting (a waiter, see the module doc) while
