@@ -405,3 +405,24 @@ def test_a_job_the_planner_no_longer_reads_is_behind_the_batch_not_its_old_reaso
     assert out.exit_code == 0, out.output
     answer = json.loads(out.output)
     assert (answer["reason"], answer["eta"]) == ("behind_batch", None), answer
+
+
+def test_a_job_leased_again_after_a_requeue_has_no_stale_reason(r, settings, env):
+    """A requeued job's record holds why it was requeued; leased again, that reason was kept
+    and `status` showed ``"state": "running"`` with ``"reason": "requeued: lease expired
+    (holder lost)"`` (found by a new-user check). The lease deletes it; the events keep it."""
+    from makespan.workers.leases import preempt
+
+    w, prod, sent = _setup(r, settings)
+    low = _lease(r, w, prod, "GPU-h-0")
+    crit = prod.submit({"endpoint": "e", "service_s": 10, "priority": "CRITICAL"}).id
+    assert preempt(r, w.keys, r.hget(w.keys.job(low), "lease"), crit) == "preempted"
+    assert r.hget(w.keys.job(low), "state") == "queued" and r.hget(w.keys.job(low), "reason")
+    lease = LeaseStore(r, w.keys).acquire(uuid.uuid4().hex, ("GPU-h-0",), 60.0, job_id=low, kind="job", holder="h",
+                                          queue=w.keys.queue("LOW"),
+                                          info={"planned_end_s": repr(w.now_s() + 1000), "endpoint": "e",
+                                                "priority": "LOW"})
+    assert lease is not None
+    state, reason = r.hmget(w.keys.job(low), "state", "reason")
+    assert (state, reason) == ("leased", None)
+
