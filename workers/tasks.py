@@ -200,13 +200,14 @@ def _announce_host(**_kw) -> None:
 
 
 @signals.worker_shutting_down.connect
-def _withdraw_host(**_kw) -> None:
-    """Shutdown begins: the SIGTERM bound's watchdog starts (:mod:`makespan.shutdown`: a
-    phase still running after ``shutdown_grace_s`` is cut off, its lease reclaimed), and
-    this host gets no new leases from now on (not after the liveness TTL)."""
+def _withdraw_host(sig: str | None = None, **_kw) -> None:
+    """Shutdown begins (``sig``: Celery's name of the signal, ``"SIGTERM"`` or ``"SIGINT"``):
+    the SIGTERM bound's watchdog starts (:mod:`makespan.shutdown`: a phase still running
+    after ``shutdown_grace_s`` is cut off, its lease reclaimed), and this host gets no new
+    leases from now on (not after the liveness TTL)."""
     from makespan import shutdown
 
-    shutdown.arm(settings.shutdown_grace_s, "gpu-worker")
+    shutdown.arm(settings.shutdown_grace_s, "gpu-worker", sig or "SIGTERM")
     _end_announcements()
 
 

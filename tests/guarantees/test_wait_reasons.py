@@ -426,3 +426,18 @@ def test_a_job_leased_again_after_a_requeue_has_no_stale_reason(r, settings, env
     state, reason = r.hmget(w.keys.job(low), "state", "reason")
     assert (state, reason) == ("leased", None)
 
+
+def test_why_never_says_as_of_a_negative_time(r, settings):
+    """A reason written a moment after `why` read the server's time (a hand-back's tick) was
+    shown "as of -0.0 s ago" (found by a new-user check): clamped at 0."""
+    import math
+
+    from makespan.cli_why import _explain_rec
+    from makespan.keys import Keys
+
+    rec = {"state": "queued", "priority": "LOW", "endpoint": "e", "wait_reason": "waiting_for_gpus",
+           "wait_detail": "GPU-h-0 held", "wait_eta": "", "wait_at": "100.02"}
+    out = _explain_rec(r, Keys(settings.key_prefix), settings, "j1", rec, True, 100.0, written_at_s=100.02)
+    assert out["reason"] == "waiting_for_gpus"
+    assert out["as_of_s"] == 0.0 and math.copysign(1.0, out["as_of_s"]) == 1.0
+    assert f"{out['as_of_s']:.1f}" == "0.0"

@@ -1,10 +1,12 @@
 """A GPU worker does not publish as live a workload function that names an endpoint its
 fleet lacks, and says why: `makespan ready NAME` printed "ready" for it while every submit
 was refused (`job.endpoint: unknown endpoint`), and the worker only logged an error (found
-by a new-user check). Real GPU worker processes on real Redis."""
+by a new-user check). Its Ctrl-C (SIGINT) is named as such in the shutdown line. Real GPU
+worker processes on real Redis."""
 
 from __future__ import annotations
 
+import signal
 import uuid
 
 import pytest
@@ -66,3 +68,11 @@ def test_a_function_naming_an_unknown_endpoint_is_not_ready_and_says_why(worker)
     with pytest.raises(makespan.ValidationError, match="names endpoint 'nope'"):
         client.submit("badep")
 
+
+def test_ctrl_c_on_a_gpu_worker_names_sigint(worker):
+    system, _client = worker
+    (proc,) = system.kill("gpu-host-a", signal.SIGINT)
+    proc.popen.wait(timeout=60)
+    log_text = proc.log_path.read_text(errors="replace")
+    assert "makespan gpu-worker: SIGINT; ending within" in log_text, log_text[-2000:]
+    assert "SIGTERM; ending within" not in log_text
