@@ -371,7 +371,9 @@ def ready(workloads: list[str] = typer.Argument(None, help="workload function na
                                                           "live GPU worker"),
           timeout_s: float = typer.Option(60.0, help="give up after this long")):
     """Wait until a planner has published the fleet and live GPU workers have registered WORKLOADS
-    (for scripts: `makespan ready NAME && python submit.py`). Exits 0 when ready, 1 with what is missing."""
+    (for scripts: `makespan ready NAME && python submit.py`). Exits 0 when ready, 1 with what is missing;
+    1 at once, with the reason, for a name a live GPU worker refused to publish (it names an endpoint
+    the fleet does not have)."""
     from makespan.redis_conn import AUTH_ERRORS, auth_failed
     from makespan.keys import Keys
     from makespan.redis_conn import connect
@@ -381,15 +383,21 @@ def ready(workloads: list[str] = typer.Argument(None, help="workload function na
     deadline = time.monotonic() + timeout_s
     while True:
         try:
+            absent = [name for name in workloads or [] if not r.exists(keys.fn_live(name))]
             missing = ([] if r.exists(keys.fleet) else ["a planner (no fleet published)"]) + [
-                f"workload {name!r}" for name in workloads or [] if not r.exists(keys.fn_live(name))]
+                f"workload {name!r}" for name in absent]
+            refused = {name: why for name in absent if (why := r.get(keys.fn_refused(name)))}
         except AUTH_ERRORS as e:  # Redis answered and refused the credentials: waiting cannot help
             _fail(auth_failed(s.redis_url, e))
         except Exception as e:  # noqa: BLE001 - Redis not reachable yet: wait for it too
-            missing = [f"Redis ({e})"]
+            missing, refused = [f"Redis ({e})"], {}
         if not missing:
             typer.echo("ready")
             return
+        if refused:  # a live worker will not publish it: waiting cannot help
+            for name, why in refused.items():
+                typer.echo(f"not ready: workload {name!r} is not published by its GPU worker: {why}", err=True)
+            raise typer.Exit(1)
         if time.monotonic() >= deadline:
             typer.echo(f"not ready after {timeout_s:g} s: waiting for {', '.join(missing)}", err=True)
             _hint_live_names(r, keys, [name for name in workloads or [] if f"workload {name!r}" in missing])

@@ -103,7 +103,8 @@ def _explain_rec(r, keys, settings, job_id: str, rec: dict[str, str], leads: boo
                                     stale_after_s=stale_after_s(settings.lease_ttl_s), written_at_s=written_at_s)
     out.update(reason=reason, detail=detail, eta=eta, eta_in_s=None if eta is None else round(eta - now_s, 3))
     if rec.get("wait_at") and reason not in ("no_planner", "delayed_until", "retry_backoff"):
-        out["as_of_s"] = round(now_s - float(rec["wait_at"]), 3)
+        # clamped: a write stamped a moment after this read's server time is as of 0 s, not -0.0
+        out["as_of_s"] = round(max(0.0, now_s - float(rec["wait_at"])), 3)
     return out
 
 

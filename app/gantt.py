@@ -81,7 +81,9 @@ class Interval:
     transition: str | None = None  # sleep, wake, cold_start (or evict) where the phase said so
     #: why an incomplete phase ended: ``preempted`` (its lease was preempted: the planner gave
     #: the GPUs to a more urgent job and queued this one again), ``reclaimed`` (its lease
-    #: expired: a worker stopped renewing it) or ``open_at_end`` (still running when the record ends)
+    #: expired: a worker stopped renewing it), ``ended`` (its lease ended without the phase's
+    #: end: its job failed, was cancelled or scheduled a retry in it) or ``open_at_end`` (still
+    #: running when the record ends)
     cut_by: str | None = None
 
 
@@ -154,6 +156,9 @@ def _check_event(ev: Any, where: str) -> None:
 
 
 _LEASE_LOST = ("preempted", "reclaimed")
+# the lease's own end, written by its holder in the same fenced commit that releases it: a
+# phase that failed, was cancelled or scheduled a retry has no phase_end (its lease ends here)
+_LEASE_ENDED = ("failed", "cancelled", "retry_scheduled", "restore_end")
 
 
 def _phase_of(ev: dict[str, Any]) -> str:
@@ -189,21 +194,30 @@ def intervals(events: Iterable[dict[str, Any]]) -> list[Interval]:
             endpoint=start.get("endpoint") or (end or {}).get("endpoint"), complete=end is not None,
             transition=(end or {}).get("transition"), cut_by=cut_by))
 
+    ended: dict[str, str] = {}  # lease -> why it ended (cut_by of a phase start stamped after it)
     for ev in evs:
         if ev["kind"] in _OPEN:
             key = _match_key(ev)
             if key in open_:  # a repeated start (redelivered task): keep the first
+                continue
+            if ev.get("lease") in ended and ev["kind"] == "phase_start":
+                # stamped (its writer's clock) just before the end that a second process stamped
+                # earlier but wrote later (a preemption racing the phase's start): no time on the GPUs
+                close(ev, ev["ts"], None, cut_by=ended[ev["lease"]])
                 continue
             open_[key] = ev
         elif ev["kind"] in _CLOSE:
             start = open_.pop(_match_key(ev), None)
             if start is not None:
                 close(start, ev["ts"], ev)
-        elif ev["kind"] in _LEASE_LOST and ev.get("lease"):
-            # a preempted or reclaimed lease: its open phase stops here (drawn as incomplete)
+        if ev["kind"] in (*_LEASE_LOST, *_LEASE_ENDED) and ev.get("lease"):
+            # a preempted or reclaimed lease, or one whose job failed, was cancelled or
+            # scheduled a retry mid-phase: its open phases stop here (drawn as incomplete)
             lost = ev["lease"]
+            why = ev["kind"] if ev["kind"] in _LEASE_LOST else "ended"
+            ended[lost] = why
             for key in [k for k in open_ if k[0] == lost]:
-                close(open_.pop(key), min(ev["ts"], ev.get("expired_at") or ev["ts"]), None, cut_by=ev["kind"])
+                close(open_.pop(key), min(ev["ts"], ev.get("expired_at") or ev["ts"]), None, cut_by=why)
     for start in open_.values():
         close(start, t_last, None, cut_by="open_at_end")
     out.sort(key=lambda i: (i.start_s, i.phase))
@@ -234,7 +248,7 @@ def summary_stats(events: list[dict[str, Any]], gpus: list[str] | None = None) -
     ``slept_levels``}), ``busy_gpu_s``,
     ``transition_gpu_s``, ``idle_gpu_s``, ``utilization``, ``gpus``, ``incomplete`` (phases
     without their end event), ``cut_short`` (those by why: ``{preempted, reclaimed,
-    open_at_end}``, see :attr:`Interval.cut_by`), ``drains``, ``time_scale``. ``gpus`` defaults to every GPU named in the events.
+    ended, open_at_end}``, see :attr:`Interval.cut_by`), ``drains``, ``time_scale``. ``gpus`` defaults to every GPU named in the events.
     """
     evs = sorted(events, key=lambda e: e["ts"])
     ivs = intervals(evs)
@@ -313,7 +327,8 @@ def summary_stats(events: list[dict[str, Any]], gpus: list[str] | None = None) -
         "utilization": busy / capacity if capacity > 0 else 0.0,
         "gpus": len(gpu_set),
         "incomplete": sum(1 for iv in ivs if not iv.complete),
-        "cut_short": {why: sum(1 for iv in ivs if iv.cut_by == why) for why in ("preempted", "reclaimed", "open_at_end")},
+        "cut_short": {why: sum(1 for iv in ivs if iv.cut_by == why) for why in ("preempted", "reclaimed", "ended",
+                                                                                   "open_at_end")},
         "drains": sum(1 for ev in evs if ev["kind"] == "drain"),
         "time_scale": ts[-1] if ts else None,
     }
@@ -355,6 +370,8 @@ def summarize(events: list[dict[str, Any]], gpus: list[str] | None = None) -> st
     if cut["reclaimed"]:
         lines.append(f"phases cut short by a reclaimed lease: {cut['reclaimed']} (a GPU worker stopped renewing its "
                      "lease: it died, hung or lost Redis)")
+    if cut["ended"]:
+        lines.append(f"phases ended by their job's failure, cancel or retry: {cut['ended']}")
     if cut["open_at_end"]:
         lines.append(f"phases still running when the record ends: {cut['open_at_end']}")
     lines.append(f"drain checks: {s['drains']}")

@@ -420,6 +420,11 @@ class Keys:
         """Present (EX ttl) while at least one live GPU worker registers workload ``name``."""
         return f"{self.prefix}:fn:live:{name}"
 
+    def fn_refused(self, name: str) -> str:
+        """Why a GPU worker does not publish workload ``name`` (text, PX ttl, renewed with
+        its publish): it names an endpoint the worker's fleet does not have."""
+        return f"{self.prefix}:fn:refused:{name}"
+
     def fn_holders(self, name: str) -> str:
         """Zset of the GPU workers holding workload ``name`` (holder id -> its mark's expiry,
         server clock ms); a worker that stops cleanly leaves it, and the last one deletes

@@ -196,15 +196,19 @@ def load_modules(modules: str | Iterable[str]) -> list[str]:
 
 
 def publish(r: redis.Redis, keys: Keys, definitions: Iterable[WorkloadDef], ttl_s: float = LIVE_TTL_S,
-            holder: str = "") -> None:
+            holder: str = "", refused: dict[str, str] | None = None) -> None:
     """Publish ``definitions`` and mark each name live for ``ttl_s``, with ``holder`` (the
     GPU worker's id, :func:`holder_id`) among its holders (a GPU worker calls this at start
-    and every ``ttl_s / 3``; :func:`withdraw` when it stops).
+    and every ``ttl_s / 3``; :func:`withdraw` when it stops). ``refused`` (name -> why,
+    the definitions this worker does not publish) is written for ``ttl_s`` too, for
+    ``makespan ready`` and a submit (:func:`live_definition`) to name.
 
     Raises:
         StoreError: Redis failed."""
     hold = store_script(r, "fn_hold")
     pipe = r.pipeline(transaction=False)
+    for name, why in (refused or {}).items():
+        pipe.set(keys.fn_refused(name), why, px=int(ttl_s * 1000))
     for d in definitions:
         pipe.set(keys.fn(d.name), json.dumps(d.describe()))
         hold(keys=[keys.fn_live(d.name), keys.fn_holders(d.name)], args=[holder, int(ttl_s * 1000)], client=pipe)
@@ -262,18 +266,22 @@ def live_definition(r: redis.Redis, keys: Keys, name: str, also: list[str] = ())
 
     Raises:
         ValidationError: no live worker registered ``name`` (the message lists the live names,
-            and the closest to ``name`` when one is close: a misspelt name).
+            and the closest to ``name`` when one is close: a misspelt name; or, when a live
+            worker refused to publish it, why: it names an endpoint the fleet lacks).
         StoreError: Redis failed."""
     try:
         live, raw, *extra = r.mget([keys.fn_live(name), keys.fn(name), *also])
         if live and raw:
             return json.loads(raw), extra
         alive = live_names(r, keys)
+        refused = r.get(keys.fn_refused(name))
     except (redis.RedisError, StoreError) as e:
         # the redis-py error as the cause (live_names raises a StoreError made from one; redis-py
         # 8 chains the OS error under its own ConnectionError, so that one's cause is no redis error)
         cause = e.__cause__ if isinstance(e, StoreError) and e.__cause__ is not None else e
         raise StoreError(f"reading workload function {name!r}: {e}") from cause
+    if refused:
+        raise ValidationError("workload", name, f"its GPU worker does not publish it: {refused}")
     hint = f"live now: {', '.join(alive)}" if alive else "no GPU worker has registered any workload function"
     close = difflib.get_close_matches(name, alive, n=1)
     guess = f"; did you mean {close[0]!r}?" if close else ""

@@ -48,13 +48,14 @@ def time_left_s() -> float | None:
     return None if deadline is None else max(0.0, deadline - time.monotonic())
 
 
-def arm(grace_s: float, process: str) -> bool:
+def arm(grace_s: float, process: str, signal_name: str = "SIGTERM") -> bool:
     """Start (once per process) the watchdog: ``faulthandler.dump_traceback_later`` with
     ``exit=True``, a C thread that needs no GIL, so it fires also while the interpreter
     finalizes or a C call holds the GIL: after ``grace_s`` seconds (wall clock) it writes
     every thread's traceback to stderr (where the shutdown was stuck) and ends the process
     with :data:`EXIT_SHUTDOWN_TIMEOUT`. Safe to call from a signal handler or a Celery
     signal. Sets :data:`SHUTTING_DOWN`; :func:`time_left_s` counts down from ``grace_s``.
+    ``signal_name`` (``"SIGTERM"``, ``"SIGINT"``, ...) is the signal the stderr line names.
     Returns True if this call armed it."""
     global _armed, _deadline_monotonic
     SHUTTING_DOWN.set()
@@ -66,7 +67,7 @@ def arm(grace_s: float, process: str) -> bool:
     # the process's own stderr (fd 2): Celery replaces sys.stderr with a logging proxy that has no fd
     err = sys.__stderr__
     try:
-        print(f"makespan {process}: SIGTERM; ending within {grace_s:g} s (MAKESPAN_SHUTDOWN_GRACE_S), else exit "
+        print(f"makespan {process}: {signal_name}; ending within {grace_s:g} s (MAKESPAN_SHUTDOWN_GRACE_S), else exit "
               f"code {EXIT_SHUTDOWN_TIMEOUT} with every thread's traceback below", file=err, flush=True)
         faulthandler.dump_traceback_later(grace_s, repeat=False, file=err, exit=True)
     except (AttributeError, OSError, RuntimeError, ValueError) as e:  # no usable fd 2: a Python timer instead

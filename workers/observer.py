@@ -204,7 +204,7 @@ class Observer:
         elif healthy:
             effect = f"endpoint {endpoint} still serving; transition late"
         else:
-            effect = f"endpoint {endpoint} unavailable on {','.join(inst.gpus)}; restarting it to its set point"
+            effect = f"endpoint {endpoint} unavailable on {','.join(inst.gpus)}; {self._restart_effect(inst)}"
         context = [{k: e[k] for k in ("op_id", "mode", "planned_start", "expected_end", "lock_alive")}
                    for e in touching]
         gpus = inst.gpus if inst else sorted({g for e in touching for g in e["gpus"]})
@@ -219,6 +219,17 @@ class Observer:
         metrics.incident(endpoint)
         log.error("incident %s: %s %s (%s)", rec["incident_id"], endpoint, mode, effect)
         return rec
+
+    def _restart_effect(self, inst: Instance) -> str:
+        """What :meth:`_recover` will do with down ``inst``, in words: an endpoint the fleet
+        lacks is marked failed; else it is restarted on the same GPUs, which are its set
+        point only when the fleet places it there (an endpoint with no ``set_point`` has none)."""
+        if inst.endpoint not in self.fleet.endpoints:
+            return f"not in fleet {self.fleet.name!r}: marked failed, not restarted"
+        by_gpu = self.fleet.set_point_by_gpu()
+        if all(by_gpu.get(gpu) == inst.endpoint for gpu in inst.gpus):
+            return "restarting it to its set point"
+        return "restarting it on the same GPUs"
 
     def _recover(self, inst: Instance, inc: dict) -> None:
         t0 = time.time()

@@ -102,9 +102,11 @@ class RegistryPublisher:
     ``worker_liveness_ttl_s × RENEW_FRACTION``, 2.5 s), so submits are accepted again
     within that of Redis coming back. :meth:`stop` (a clean shutdown) withdraws them
     (:func:`makespan.registry.withdraw`): a name no other live worker holds is refused at
-    once; after a crash the names expire with their TTL."""
+    once; after a crash the names expire with their TTL. A name in ``refused`` (name ->
+    why: it names an endpoint the fleet lacks) is not published live; its reason is, with
+    the same TTL, for ``makespan ready`` and a submit to name."""
 
-    def __init__(self, retry_s: float | None = None) -> None:
+    def __init__(self, retry_s: float | None = None, refused: dict[str, str] | None = None) -> None:
         from makespan.workers.host_liveness import RENEW_FRACTION
 
         self._stop = threading.Event()
@@ -112,6 +114,7 @@ class RegistryPublisher:
         self.holder = holder_id()
         self.retry_s = retry_s if retry_s is not None else settings.worker_liveness_ttl_s * RENEW_FRACTION
         self._failing = False
+        self.refused = dict(refused or {})
 
     def start(self) -> None:
         self._publish()  # before the first task: a submit right after start must pass
@@ -120,7 +123,9 @@ class RegistryPublisher:
     def _publish(self) -> bool:
         """One publish; False (logged once per outage) when Redis did not take it."""
         try:
-            publish(connect(settings.redis_url), Keys(settings.key_prefix), list(REGISTRY.values()), holder=self.holder)
+            publish(connect(settings.redis_url), Keys(settings.key_prefix),
+                    [d for d in REGISTRY.values() if d.name not in self.refused], holder=self.holder,
+                    refused=self.refused)
         except StoreError as e:  # Redis away: the names expire, submits are refused until it is back
             if not self._failing:
                 log.warning("publishing workload functions failed (retrying every %.1f s): %s", self.retry_s, e)
@@ -155,20 +160,25 @@ _publisher: RegistryPublisher | None = None
 def _publish_registry(**_kw) -> None:
     global _publisher
     if REGISTRY and _publisher is None:
-        _check_helpers()
-        _publisher = RegistryPublisher()
+        _publisher = RegistryPublisher(refused=_check_helpers())
         _publisher.start()
 
 
-def _check_helpers() -> None:
+def _check_helpers() -> dict[str, str]:
     """Every endpoint a registered workload names must be in the fleet (a typo would
-    otherwise fail each job at run time)."""
+    otherwise fail each job at run time). Returns name -> why for each workload that
+    names one the fleet does not have: it is not published live (a submit is refused,
+    ``makespan ready`` says why)."""
     endpoints = set(_fleet().endpoints)
+    refused: dict[str, str] = {}
     for d in REGISTRY.values():
         for name in (d.endpoint, *d.helpers):
-            if name is not None and name not in endpoints:
-                log.error("workload %s names endpoint %r, which the fleet does not have (%s)", d.name, name,
-                          ", ".join(sorted(endpoints)))
+            if name is not None and name not in endpoints and d.name not in refused:
+                refused[d.name] = (f"it names endpoint {name!r}, which the fleet does not have "
+                                   f"({', '.join(sorted(endpoints))})")
+                log.error("workload %s names endpoint %r, which the fleet does not have (%s); not published",
+                          d.name, name, ", ".join(sorted(endpoints)))
+    return refused
 
 
 _heartbeat = None  # makespan.workers.host_liveness.HostHeartbeat of this worker's host
@@ -190,13 +200,14 @@ def _announce_host(**_kw) -> None:
 
 
 @signals.worker_shutting_down.connect
-def _withdraw_host(**_kw) -> None:
-    """Shutdown begins: the SIGTERM bound's watchdog starts (:mod:`makespan.shutdown`: a
-    phase still running after ``shutdown_grace_s`` is cut off, its lease reclaimed), and
-    this host gets no new leases from now on (not after the liveness TTL)."""
+def _withdraw_host(sig: str | None = None, **_kw) -> None:
+    """Shutdown begins (``sig``: Celery's name of the signal, ``"SIGTERM"`` or ``"SIGINT"``):
+    the SIGTERM bound's watchdog starts (:mod:`makespan.shutdown`: a phase still running
+    after ``shutdown_grace_s`` is cut off, its lease reclaimed), and this host gets no new
+    leases from now on (not after the liveness TTL)."""
     from makespan import shutdown
 
-    shutdown.arm(settings.shutdown_grace_s, "gpu-worker")
+    shutdown.arm(settings.shutdown_grace_s, "gpu-worker", sig or "SIGTERM")
     _end_announcements()
 
 

@@ -26,6 +26,7 @@ import base64
 import binascii
 import json
 import secrets
+import signal
 import threading
 import time
 from dataclasses import dataclass
@@ -242,7 +243,11 @@ def serve(cfg: DashboardConfig, host: str = "127.0.0.1", port: int = 9180,
 
     class _BoundedServer(uvicorn.Server):
         def handle_exit(self, sig, frame) -> None:  # uvicorn's own SIGTERM/SIGINT handler
-            shutdown.arm(shutdown_grace_s, "dashboard")
+            try:
+                signal_name = signal.Signals(sig).name
+            except ValueError:
+                signal_name = f"signal {sig}"
+            shutdown.arm(shutdown_grace_s, "dashboard", signal_name)
             super().handle_exit(sig, frame)
 
     config = uvicorn.Config(asgi, host=host, port=port, log_level="warning", access_log=False,

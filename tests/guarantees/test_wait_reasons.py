@@ -405,3 +405,39 @@ def test_a_job_the_planner_no_longer_reads_is_behind_the_batch_not_its_old_reaso
     assert out.exit_code == 0, out.output
     answer = json.loads(out.output)
     assert (answer["reason"], answer["eta"]) == ("behind_batch", None), answer
+
+
+def test_a_job_leased_again_after_a_requeue_has_no_stale_reason(r, settings, env):
+    """A requeued job's record holds why it was requeued; leased again, that reason was kept
+    and `status` showed ``"state": "running"`` with ``"reason": "requeued: lease expired
+    (holder lost)"`` (found by a new-user check). The lease deletes it; the events keep it."""
+    from makespan.workers.leases import preempt
+
+    w, prod, sent = _setup(r, settings)
+    low = _lease(r, w, prod, "GPU-h-0")
+    crit = prod.submit({"endpoint": "e", "service_s": 10, "priority": "CRITICAL"}).id
+    assert preempt(r, w.keys, r.hget(w.keys.job(low), "lease"), crit) == "preempted"
+    assert r.hget(w.keys.job(low), "state") == "queued" and r.hget(w.keys.job(low), "reason")
+    lease = LeaseStore(r, w.keys).acquire(uuid.uuid4().hex, ("GPU-h-0",), 60.0, job_id=low, kind="job", holder="h",
+                                          queue=w.keys.queue("LOW"),
+                                          info={"planned_end_s": repr(w.now_s() + 1000), "endpoint": "e",
+                                                "priority": "LOW"})
+    assert lease is not None
+    state, reason = r.hmget(w.keys.job(low), "state", "reason")
+    assert (state, reason) == ("leased", None)
+
+
+def test_why_never_says_as_of_a_negative_time(r, settings):
+    """A reason written a moment after `why` read the server's time (a hand-back's tick) was
+    shown "as of -0.0 s ago" (found by a new-user check): clamped at 0."""
+    import math
+
+    from makespan.cli_why import _explain_rec
+    from makespan.keys import Keys
+
+    rec = {"state": "queued", "priority": "LOW", "endpoint": "e", "wait_reason": "waiting_for_gpus",
+           "wait_detail": "GPU-h-0 held", "wait_eta": "", "wait_at": "100.02"}
+    out = _explain_rec(r, Keys(settings.key_prefix), settings, "j1", rec, True, 100.0, written_at_s=100.02)
+    assert out["reason"] == "waiting_for_gpus"
+    assert out["as_of_s"] == 0.0 and math.copysign(1.0, out["as_of_s"]) == 1.0
+    assert f"{out['as_of_s']:.1f}" == "0.0"

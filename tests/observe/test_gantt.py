@@ -25,9 +25,11 @@ def test_intervals_pair_starts_with_ends(events):
 
 
 def test_open_phase_runs_to_last_event_and_is_counted(events):
-    cut = [e for e in events if not (e["kind"] == "phase_end" and e.get("job") == "j1" and e["phase"] == "execute")]
+    # j2's lease has no final event that ends it (j1's restore_end, on j1's lease in this
+    # fixture, now ends j1's phases still open: a restore whose evict failed)
+    cut = [e for e in events if not (e["kind"] == "phase_end" and e.get("job") == "j2" and e["phase"] == "execute")]
     ivs = intervals(cut)
-    ex = [iv for iv in ivs if iv.job == "j1" and iv.phase == "execute"][0]
+    ex = [iv for iv in ivs if iv.job == "j2" and iv.phase == "execute"][0]
     assert not ex.complete and ex.end_s == 13.5
     assert summary_stats(cut)["incomplete"] == 1
 
@@ -46,7 +48,7 @@ def test_phases_cut_short_are_told_apart_by_why(t0):
            phase("o2", "phase_start", 4), {"ts": t0 + 5, "kind": "submitted", "job": "late"}]
     s = summary_stats(evs)
     assert s["incomplete"] == 4
-    assert s["cut_short"] == {"preempted": 2, "reclaimed": 1, "open_at_end": 1}
+    assert s["cut_short"] == {"preempted": 2, "reclaimed": 1, "ended": 0, "open_at_end": 1}
     assert [iv.cut_by for iv in intervals(evs)] == ["preempted", "preempted", "reclaimed", None, "open_at_end"]
     text = summarize(evs)
     assert "phases cut short by a preemption: 2 (planned, not a failure" in text
@@ -237,3 +239,32 @@ def test_legend_colours_of_sleep_wake_cold_start_evict_restore_are_distinct(tmp_
     labels = [t.get_text() for t in phase_legend.get_texts()]
     assert {"sleep", "wake", "cold start", "start_endpoint", "evict", "restore"} <= set(labels)
     assert len(set(colours)) == len(colours), dict(zip(labels, colours))
+
+
+def test_a_phase_whose_lease_ended_without_its_end_is_not_still_running(t0):
+    """`makespan report` of a demo that drained cleanly (leases 0, busy slots 0) said
+    "phases still running when the record ends: 1" (found by a new-user check). A phase in
+    which its job failed, was cancelled or scheduled a retry has no phase_end (the lease's
+    final event ends it); and a phase_start stamped a moment after a preemption that a
+    second process stamped earlier but wrote later had nothing after it to end it."""
+    def phase(lease, kind, ts, **extra):
+        return {"ts": t0 + ts, "kind": kind, "lease": lease, "job": f"j-{lease}", "phase": "execute",
+                "gpus": ["GPU-0"], "priority": "LOW", **extra}
+    evs = [phase("f1", "phase_start", 0), phase("f1", "failed", 1, reason="execute: boom"),
+           phase("c1", "phase_start", 1), phase("c1", "cancelled", 2),
+           phase("r1", "phase_start", 2), phase("r1", "retry_scheduled", 3),
+           {"ts": t0 + 3.001, "kind": "preempted", "lease": "p1", "job": "j-p1"}, phase("p1", "phase_start", 3.002),
+           {"ts": t0 + 4, "kind": "restore_start", "lease": "s1", "job": "restore:e:GPU-1", "gpus": ["GPU-1"]},
+           {**phase("s1", "phase_start", 4), "phase": "evict", "job": "restore:e:GPU-1", "gpus": ["GPU-1"]},
+           {"ts": t0 + 5, "kind": "restore_end", "lease": "s1", "job": "restore:e:GPU-1", "gpus": ["GPU-1"],
+            "outcome": "failed", "reason": "evict: no"},
+           {"ts": t0 + 6, "kind": "submitted", "job": "late"}]
+    s = summary_stats(evs)
+    assert s["cut_short"] == {"preempted": 1, "reclaimed": 0, "ended": 4, "open_at_end": 0}
+    by_lease = {(iv.job, iv.phase): iv for iv in intervals(evs)}
+    assert by_lease[("j-f1", "execute")].end_s == pytest.approx(1.0)
+    assert by_lease[("j-p1", "execute")].end_s == pytest.approx(3.002)
+    assert by_lease[("restore:e:GPU-1", "restore")].complete  # restore_end ends the restore itself
+    text = summarize(evs)
+    assert "still running" not in text
+    assert "phases ended by their job's failure, cancel or retry: 4" in text

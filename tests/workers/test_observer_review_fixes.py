@@ -112,3 +112,21 @@ def test_a_down_instance_of_an_endpoint_no_longer_in_the_fleet_is_reported_once(
     monkeypatch.setenv("MAKESPAN_LOG_DIR", str(tmp_path))
     _crashed(r, keys, endpoint="retired")
     assert len(_cycle(r, keys, _fleet(NEVER_HEALTHY), cycles=3)) == 1
+
+
+def test_the_incident_names_a_set_point_only_for_an_endpoint_that_has_one(r, keys, tmp_path, monkeypatch):
+    """The effect said "restarting it to its set point" also for an endpoint with no
+    ``set_point`` in the fleet (found by a new-user check)."""
+    monkeypatch.setenv("MAKESPAN_LOG_DIR", str(tmp_path))
+    no_set_point = parse_fleet({"name": "observer-fixes", "hosts": [{"name": "h1", "gpu_count": 1,
+                                                                     "memory_mib": 81920}],
+                                "endpoints": {"coder": {"model": "m/coder", "memory_mib_per_gpu": 1000,
+                                                        "cold_start_s": 1, "evict_s": 1,
+                                                        "launch": {"driver": "process", "command": NEVER_HEALTHY,
+                                                                   "health_timeout_s": 1.0}}}})
+    _crashed(r, keys)
+    [incident] = _cycle(r, keys, no_set_point)
+    assert incident["effect"].endswith("; restarting it on the same GPUs"), incident["effect"]
+    _crashed(r, keys)
+    [incident] = _cycle(r, keys, _fleet(NEVER_HEALTHY))
+    assert incident["effect"].endswith("; restarting it to its set point"), incident["effect"]
