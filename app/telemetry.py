@@ -133,6 +133,26 @@ class JsonLinesSpanExporter(SpanExporter):
         return None
 
 
+def read_span_file(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The spans a :class:`JsonLinesSpanExporter` has written to ``path`` so far, oldest first.
+
+    Safe to call while workers are still writing: a last line not yet ended by its newline
+    (a write in progress) is left out, to be read by a later call. A missing file is ``[]``.
+
+    Returns:
+        One dict per span, with the fields the exporter documents.
+    Raises:
+        json.JSONDecodeError: a complete line that is not JSON (the file is not a span file).
+    """
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return []
+    complete = data[: data.rfind(b"\n") + 1]
+    return [json.loads(line) for line in complete.decode().splitlines() if line.strip()]
+
+
 def exporter_names(env: Mapping[str, str] | None = None) -> list[str]:
     """Exporters the environment asks for, e.g. ``["otlp"]``; ``[]`` means tracing off.
 

@@ -76,7 +76,7 @@ def test_live_run_wakes_what_it_put_to_sleep(r, keys, settings, system, tmp_path
     assert set(rep["transition_error"]) >= {"wake", "sleep", "cold_start", "evict"}
     incidents = [i for i in list_incidents(r, keys) if i.get("kind") == "incident"]
     assert incidents == [], [(i["endpoint"], i["failure_mode"], i["effect"]) for i in incidents]
-    import json
+    from makespan.telemetry import read_span_file
 
-    spans = [json.loads(x)["name"] for x in (tmp_path / "spans.jsonl").read_text().splitlines() if x.strip()]
+    spans = [x["name"] for x in read_span_file(tmp_path / "spans.jsonl")]
     assert spans.count("endpoint_sleep") == 2 and spans.count("endpoint_wake") == 2, sorted(set(spans))

@@ -66,9 +66,7 @@ def traced(redis_url, tmp_path_factory):
 
 
 def _spans(trace_file: Path, job_id: str) -> list[dict]:
-    if not trace_file.exists():
-        return []
-    rows = [json.loads(x) for x in trace_file.read_text().splitlines() if x.strip()]
+    rows = telemetry.read_span_file(trace_file)
     return [x for x in rows if x["attributes"].get("makespan.job_id") == job_id]
 
 

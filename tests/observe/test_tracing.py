@@ -3,7 +3,6 @@ Celery worker processes (prefork and threads pools), exported to a JSON-lines fi
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -14,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from makespan.errors import ValidationError
-from makespan.telemetry import build_provider, exporter_names, parse_traceparent
+from makespan.telemetry import build_provider, exporter_names, parse_traceparent, read_span_file
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent.parent
@@ -61,9 +60,18 @@ def test_parse_traceparent_rejects_garbage():
 
 
 def _read_spans(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    return read_span_file(path)
+
+
+def test_reading_the_span_file_leaves_out_a_line_still_being_written(tmp_path):
+    # CI once read the file between the two halves of a worker's write (JSONDecodeError)
+    path = tmp_path / "spans.jsonl"
+    assert read_span_file(path) == []
+    path.write_text('{"name":"a"}\n{"name":"b"}\n{"name":"mak')
+    assert [x["name"] for x in read_span_file(path)] == ["a", "b"]
+    with path.open("a") as f:
+        f.write('espan"}\n')
+    assert [x["name"] for x in read_span_file(path)] == ["a", "b", "makespan"]
 
 
 @pytest.mark.parametrize("pool", ["prefork", "threads"])

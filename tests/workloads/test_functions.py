@@ -16,6 +16,7 @@ import pytest
 
 import makespan
 from makespan.keys import Keys
+from makespan.telemetry import read_span_file
 from makespan.live import LiveSystem, delete_prefix
 from makespan.models import load_fleet
 from makespan.redis_conn import connect
@@ -358,9 +359,7 @@ def test_a_job_submitted_from_the_cli_is_one_trace_with_its_root_span(settings, 
         assert tp is None or tp.startswith("00-")
 
         def spans():
-            if not trace_file.exists():
-                return []
-            rows = [json.loads(x) for x in trace_file.read_text().splitlines() if x.strip()]
+            rows = read_span_file(trace_file)
             return [x for x in rows if x["attributes"].get("makespan.job_id") == job.id]
         wait_for(lambda: any(x["name"] == "makespan" for x in spans()), 30, "the job's root span")
         mine = spans()
