@@ -105,12 +105,12 @@ class DriverContext:
             phase runner passes one that stops early when its lease is lost (raising
             :class:`makespan.errors.StaleFencingToken`), or one that only notes it.
         pause: sleeps up to ``wall_s`` seconds between the polls of a real transition
-            (a process driver's health probes during a cold start); it may raise to
-            abandon the transition: the phase runner's raises
-            :class:`makespan.errors.StaleFencingToken` when the lease is lost and
-            :class:`makespan.errors.PhaseCancelled` when the job's cancel is requested
-            (the driver stops what it spawned and lets the error go on). Default
-            :func:`time.sleep`.
+            (a process driver's health probes during a cold start, its wait for a wake's
+            answer); it may raise to abandon the transition: the phase runner's raises
+            :class:`makespan.errors.StaleFencingToken` when the lease is lost or, for a
+            job, the GPU worker shuts down, and :class:`makespan.errors.PhaseCancelled`
+            when the job's cancel is requested during a start (the driver stops what it
+            spawned and lets the error go on). Default :func:`time.sleep`.
     """
 
     endpoints: Mapping[str, EndpointSpec] = field(default_factory=dict)

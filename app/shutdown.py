@@ -6,11 +6,15 @@ lock, a GPU worker stops consuming and lets its running phases finish, the obser
 its probe cycle, the dashboard closes its streams). :func:`arm` starts, when SIGTERM
 arrives (:func:`on_sigterm` sees it at once, whatever the main thread is doing), a
 watchdog that ends the process with :data:`EXIT_SHUTDOWN_TIMEOUT` if the clean shutdown
-has not finished after ``grace_s`` seconds: a phase still running (a long start, or a
-function that ignores its cancel) is cut off; its lease then expires and is reclaimed, as a
-lost worker's is (a GPU worker hands back at once the lease of a job whose execute stopped
-on :data:`SHUTTING_DOWN`, a workload function's, a wait of ``service_s`` or a payload of
-requests: ``makespan.workers.phases.PhaseRunner.hand_back``).
+has not finished after ``grace_s`` seconds: a phase still running (a long evict, a
+set-point restore's start, or a function that ignores its cancel) is cut off; its lease
+then expires and is reclaimed, as a lost worker's is. A GPU worker hands back at once
+(``makespan.workers.phases.PhaseRunner.hand_back``) the lease of a job whose execute
+stopped on :data:`SHUTTING_DOWN` (a workload function's, a wait of ``service_s`` or a
+payload of requests), and of one whose endpoint start stopped on it (a process endpoint's
+cold start at its next pause between health probes, a wake awaiting its answer, a helper
+endpoint's start, a modelled start's wait: the processes that start spawned are stopped
+first, ``PhaseRunner._paced_cancellable``).
 """
 
 from __future__ import annotations

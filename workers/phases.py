@@ -170,20 +170,15 @@ class PhaseRunner:
         Raises:
             StaleFencingToken: the lease was lost, or the worker shuts down.
             PhaseCancelled: the job's cancel was requested."""
-        stopper = self._stopper(ctx, hb)
-        try:
-            self._wait_wall(workload_s * self.settings.time_scale, hb,
-                            lambda: shutdown.SHUTTING_DOWN.is_set() or stopper())
-        except PhaseCancelled as e:
-            self._given_up_at_shutdown(ctx, f"its execute (a wait of service_s) stopped: {e}")
-            raise
+        self._paced_cancellable(ctx, hb, "its execute (a wait of service_s)")(workload_s * self.settings.time_scale)
 
     @staticmethod
     def _given_up_at_shutdown(ctx: PhaseContext, what: str) -> None:
         """Raise StaleFencingToken when the GPU worker shuts down
-        (:data:`makespan.shutdown.SHUTTING_DOWN`): an execute that stopped early for it is
-        given up and its lease handed back (:meth:`hand_back`; a cancel requested meanwhile
-        still ends the job cancelled: the reclaim's script reads it). Nothing otherwise."""
+        (:data:`makespan.shutdown.SHUTTING_DOWN`): an execute, a cold start or a wake that
+        stopped early for it is given up and its lease handed back (:meth:`hand_back`; a
+        cancel requested meanwhile still ends the job cancelled: the reclaim's script reads
+        it). Nothing otherwise."""
         if shutdown.SHUTTING_DOWN.is_set():
             log.warning("job %s: the GPU worker is shutting down: %s; its lease is handed back, which requeues the "
                         "job", ctx.job_id, what)
@@ -355,8 +350,8 @@ class PhaseRunner:
             return "stale"
         if self._done(ctx, phase):
             return "skipped"
-        if phase == "execute":  # shutting down: a workload that would start is handed back instead
-            handed = self.hand_back(ctx)
+        if phase in ("start_endpoint", "execute"):  # shutting down: a start or a workload that would begin is
+            handed = self.hand_back(ctx)  # handed back instead (an evict runs: a victim is not left half-stopped)
             if handed is not None:
                 return handed
         # The claim checks the lease again, in the same script: a reclaim (or preemption)
@@ -472,14 +467,32 @@ class PhaseRunner:
         """A driver's ``wait`` that stops with StaleFencingToken when the lease is lost."""
         return lambda wall_s: self._wait_wall(wall_s, hb)
 
-    def _paced_cancellable(self, ctx: PhaseContext, hb: LeaseHeartbeat) -> Callable[[float], None]:
-        """:meth:`_paced` that also stops, with PhaseCancelled, when the job's cancel is
-        requested (the signal execute watches, :meth:`_stopper`); a restore lease has no
-        job to cancel: :meth:`_paced`."""
+    def _paced_cancellable(self, ctx: PhaseContext, hb: LeaseHeartbeat, what: str = "its start_endpoint",
+                           cancellable: bool = True) -> Callable[[float], None]:
+        """:meth:`_paced` for a job's lease (a driver's modelled wait or its pauses between
+        polls; execute's wait of ``service_s``) that also stops, waking every 50 ms:
+
+        * with PhaseCancelled when the job's cancel is requested (the signal execute
+          watches, :meth:`_stopper`; not with ``cancellable`` False: a wake);
+        * with StaleFencingToken when the GPU worker shuts down
+          (:data:`makespan.shutdown.SHUTTING_DOWN`; logged as ``what`` stopped): the
+          caller stops what it spawned and the phase hands the lease back
+          (:meth:`guarded`, :meth:`hand_back`) well before the shutdown's watchdog.
+
+        A restore lease has no job to cancel nor to hand back: :meth:`_paced` (its
+        transition runs on at a shutdown, as before)."""
         if ctx.kind != "job":
             return self._paced(hb)
-        cancelled = self._stopper(ctx, hb)
-        return lambda wall_s: self._wait_wall(wall_s, hb, cancelled)
+        cancelled = self._stopper(ctx, hb) if cancellable else None
+
+        def wait(wall_s: float) -> None:
+            try:
+                self._wait_wall(wall_s, hb,
+                                lambda: shutdown.SHUTTING_DOWN.is_set() or (cancelled is not None and cancelled()))
+            except PhaseCancelled as e:
+                self._given_up_at_shutdown(ctx, f"{what} stopped: {e}")
+                raise
+        return wait
 
     @staticmethod
     def _capabilities(driver: str) -> DriverCapabilities:
@@ -610,19 +623,28 @@ class PhaseRunner:
         why it could not. Both marks are fenced by the lease: it is ``waking`` while the
         wake runs, so a start phase of a lease that took the GPUs meanwhile (a preemption)
         stops it as a leftover instead of keeping it as a sleeper, and a wake that ends
-        after the lease was lost stops the instance: nothing would track it awake.
+        after the lease was lost stops the instance: nothing would track it awake. The
+        wake's waits (a modelled one; a real one's wait for its answer) stop when the lease
+        is lost or, for a job, when the GPU worker shuts down (:meth:`_paced_cancellable`):
+        the half-woken instance is stopped too.
 
         Raises:
-            StaleFencingToken: the lease was lost before or during the wake."""
+            StaleFencingToken: the lease was lost before or during the wake, or the GPU
+                worker shuts down during a job's wake (the caller hands the lease back)."""
         key = self.keys.instance(inst.id)
         if not self.leases.fenced(ctx.lease, [("HSETX", key, "state", "waking")]):
             raise StaleFencingToken("lease lost before the endpoint woke")
+        paced = self._paced_cancellable(ctx, hb, "its wake", cancellable=False)  # a modelled wake, a real one's answer
         with telemetry.child_span("endpoint_wake", {"endpoint": inst.endpoint, "instance": inst.id}) as span:
             try:
-                self._driver(inst.driver, self._paced(hb)).wake(inst)
+                self._driver(inst.driver, paced, pause=paced).wake(inst)
             except PhaseError as e:
                 span.set_attribute("makespan.outcome", "failed")
                 return str(e)
+            except StaleFencingToken:  # lost lease or shutdown mid-wake: half awake, nothing would track it
+                span.set_attribute("makespan.outcome", "abandoned")
+                self._stop_instance(inst)
+                raise
             span.set_attribute("makespan.outcome", "woken")
         if not self.leases.fenced(ctx.lease, [("HSETX", key, "state", "running")]):
             self._stop_instance(inst)
@@ -786,11 +808,13 @@ class PhaseRunner:
         within 50 ms of a cancel of the job, as execute does, and a real one (a process
         still failing its health check) at its next probe pause: the phase ends
         ``cancelled`` and releases the lease instead of holding the GPUs to the end of the
-        cold start; a spawned process is stopped first.
+        cold start; a spawned process is stopped first. The GPU worker's shutdown stops a
+        job's start the same way (:meth:`_paced_cancellable`), with StaleFencingToken: the
+        phase hands the lease back instead of holding it to the watchdog.
         Raises PhaseError (a spawned process is stopped and forgotten first),
         PhaseCancelled (the job's cancel was requested during the start) or
-        StaleFencingToken (the lease was lost during the start; a spawned process is
-        stopped and forgotten first)."""
+        StaleFencingToken (the lease was lost during the start, or the GPU worker shuts
+        down during a job's; a spawned process is stopped and forgotten first)."""
         spawned: list[Instance] = []
 
         def track(inst: Instance) -> None:
@@ -877,7 +901,9 @@ class PhaseRunner:
         already running there (a replayed phase) is kept. When a helper cannot start (its
         start fails, the job's cancel cuts it short, the lease is lost), the helpers this
         call started or kept are stopped before the error goes on: the job ends without a
-        clear phase, and nothing else stops a helper that no resident marker names."""
+        clear phase, and nothing else stops a helper that no resident marker names. The GPU
+        worker's shutdown cuts a helper's start short as the main instance's
+        (:meth:`_start_instance`): its lease is handed back."""
         started: list[str] = []
         planned = sum(self.fleet.endpoints[h].cold_start_s for h in helpers)  # one after the other, as planned
         try:

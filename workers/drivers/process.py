@@ -39,6 +39,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from collections.abc import Callable
@@ -61,6 +62,7 @@ SHUTDOWN_RESERVE_S = 1.0  # at shutdown, kept after the grace for the SIGKILL, i
 GROUP_POLL_S = 0.05
 PROBE_TIMEOUT_S = 1.0
 SLEEP_TIMEOUT_S = 600.0  # longest a sleep or wake request may take (a large model's level-2 wake)
+ANSWER_POLL_S = 0.05  # a sleep or wake request's answer is awaited in pauses this long (when the context gives one)
 PROCESS_START_FLOOR_S = 5.0  # least wall time a transition of a real endpoint process is given
 
 
@@ -103,9 +105,11 @@ class ProcessDriver:
         health_timeout_s: overrides ``launch.health_timeout_s`` when given.
         backoff_initial_s / backoff_max_s: health-probe backoff bounds.
         context: the registry's :class:`DriverContext`: its ``pause`` spends the waits
-            between health probes (a cancel or a lost lease raised there abandons the
-            start: the process group is stopped); its modelled ``wait`` is unused (a real
-            process takes the time it takes).
+            between health probes (a cancel, a lost lease or the GPU worker's shutdown
+            raised there abandons the start: the process group is stopped) and the wait
+            for a wake's answer (raised there: the wake is abandoned, the caller stops the
+            instance); its modelled ``wait`` is unused (a real process takes the time it
+            takes).
     """
 
     name = "process"
@@ -122,6 +126,7 @@ class ProcessDriver:
         self.backoff_initial_s = backoff_initial_s
         self.backoff_max_s = backoff_max_s
         self._pause = (context.pause if context is not None else None) or time.sleep
+        self._pause_given = context is not None and context.pause is not None
 
     # -- command ---------------------------------------------------------------------
     def command(self, endpoint: EndpointSpec, port: int, time_scale: float) -> list[str]:
@@ -329,7 +334,9 @@ class ProcessDriver:
         self._post(instance, f"/sleep?level={int(level)}")
 
     def wake(self, instance: Instance) -> None:
-        """vLLM's ``POST /wake_up``. Raises PhaseError on no answer or a non-200 answer."""
+        """vLLM's ``POST /wake_up``, its answer awaited through the context's ``pause``
+        when given (:meth:`_post`: a pause that raises abandons the wake). Raises
+        PhaseError on no answer or a non-200 answer."""
         self._post(instance, "/wake_up")
 
     def is_sleeping(self, instance: Instance) -> bool:
@@ -347,9 +354,35 @@ class ProcessDriver:
         return value
 
     def _post(self, instance: Instance, path: str) -> None:
-        try:
-            resp = httpx.post(f"{instance.url}{path}", timeout=SLEEP_TIMEOUT_S)
-        except httpx.HTTPError as e:
-            raise PhaseError(f"endpoint {instance.endpoint!r}: POST {path} failed: {e}") from e
+        """POST ``path`` and wait up to :data:`SLEEP_TIMEOUT_S` for its answer. With the
+        context's ``pause`` (the phase runner's wake), the wait is spent through it in
+        slices of :data:`ANSWER_POLL_S`: a pause that raises (a lost lease, the GPU worker's
+        shutdown) abandons the request (it runs on in a daemon thread until the server
+        answers or the caller stops the instance) and the error goes on. Raises PhaseError
+        on no answer or a non-200 answer."""
+        url = f"{instance.url}{path}"
+        if not self._pause_given:
+            answer: httpx.Response | httpx.HTTPError = self._send_post(url)
+        else:
+            box: list[httpx.Response | httpx.HTTPError] = []
+            sender = threading.Thread(target=lambda: box.append(self._send_post(url)), daemon=True,
+                                      name=f"endpoint-post-{instance.id}")
+            sender.start()
+            while sender.is_alive():
+                self._pause(ANSWER_POLL_S)  # may raise: the request is abandoned
+            if not box:  # the sender raised something other than an HTTP error (logged by threading)
+                raise PhaseError(f"endpoint {instance.endpoint!r}: POST {path} failed without an answer")
+            answer = box[0]
+        if isinstance(answer, httpx.HTTPError):
+            raise PhaseError(f"endpoint {instance.endpoint!r}: POST {path} failed: {answer}") from answer
+        resp = answer
         if resp.status_code != 200:
             raise PhaseError(f"endpoint {instance.endpoint!r}: POST {path} answered HTTP {resp.status_code}")
+
+    @staticmethod
+    def _send_post(url: str) -> httpx.Response | httpx.HTTPError:
+        """One POST of ``url`` (:data:`SLEEP_TIMEOUT_S`): its answer, or the error it raised."""
+        try:
+            return httpx.post(url, timeout=SLEEP_TIMEOUT_S)
+        except httpx.HTTPError as e:
+            return e
