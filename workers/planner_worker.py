@@ -341,15 +341,16 @@ class PlannerWorker:
             # a blocking read must end before the socket timeout, which would raise
             wait_s = min(self.delayed.wait_s(self.settings.planner_tick_s), self.settings.redis_socket_timeout_s / 2)
             got = self.r.blpop([self.keys.planner_wake], timeout=wait_s)
-            if got:
+            if got and got[1] == WAKE_RELEASE:  # GPUs were given back: no batch wait, no need to count the queues
+                self.r.delete(self.keys.planner_wake)  # the coming tick covers every wake-up so far
+            elif got:
                 p = self.r.pipeline(transaction=False)
                 for q in self.keys.queues():
                     p.zcard(q)
                 p.lrange(self.keys.planner_wake, 0, -1)
                 p.delete(self.keys.planner_wake)  # the coming tick covers every wake-up so far
                 *queued, rest, _deleted = p.execute()
-                released = got[1] == WAKE_RELEASE or WAKE_RELEASE in rest
-                if not released and sum(queued) < self.settings.batch_size:
+                if WAKE_RELEASE not in rest and sum(queued) < self.settings.batch_size:
                     self._batch_wait(self.settings.batch_wait_s)
         except redis.RedisError:
             self._stop.wait(self.settings.planner_tick_s)

@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from celery import Celery, chain
+from celery.utils import uuid
 
 from makespan.celery_app import create_celery
 from makespan.errors import PhaseError
@@ -92,9 +93,10 @@ def dispatch(app: Celery, ctx: PhaseContext, queue: str, warm: bool = False, pro
     """Send the phase chain of ``ctx`` to ``queue`` through ``app`` (a :func:`publisher`:
     its settings' Redis and key prefix); a warm job as one ``warm_job`` task. ``warm``: the lease script's answer (``Lease.warm``: every GPU held the
     job's instance when the lease was published); a job sent cold that is in fact warm only
-    records empty evict and start_endpoint phases. ``producer``: a kombu producer of
-    ``app`` to send with (:func:`publish_batch`'s, whose messages go out together); None:
-    one from ``app``'s pool.
+    records empty evict and start_endpoint phases. ``producer``: :func:`publish_batch`'s
+    producer of ``app`` (its messages go out together when the block ends; a warm job's
+    then goes through :func:`send_in_batch`, not ``apply_async``); None: one from
+    ``app``'s pool.
 
     Raises:
         Exception: whatever kombu raises when the broker is away (callers log it and let
@@ -105,12 +107,65 @@ def dispatch(app: Celery, ctx: PhaseContext, queue: str, warm: bool = False, pro
     # job, not the whole context (Celery's own saferepr of it cost ~0.15 ms per job in the planner).
     shown = {"argsrepr": repr(({name: payload[name] for name in ARGS_SHOWN},)), "kwargsrepr": "{}"}
     if ctx.kind == "job" and warm:
-        app.tasks[WARM_JOB_TASK].apply_async(args=(payload,), queue=queue, producer=producer, **shown)
+        task = app.tasks[WARM_JOB_TASK]
+        if producer is not None and _sends_plainly(app, task):
+            send_in_batch(app, task, (payload,), queue, producer, shown)
+        else:
+            task.apply_async(args=(payload,), queue=queue, producer=producer, **shown)
         return
     phases = JOB_PHASES if ctx.kind == "job" else RESTORE_PHASES
     tasks = app.tasks
     chain(*[tasks[PHASE_TASK_NAMES[phase]].si(payload).set(queue=queue, **shown) for phase in phases],
           app=app).apply_async(producer=producer)
+
+
+def send_in_batch(app: Celery, task: Any, args: tuple, queue: str, producer: Any, shown: dict[str, str]) -> None:
+    """Send one message of ``task`` (a task of ``app``, :func:`_declare_tasks`) with
+    ``args`` to ``queue`` through ``producer`` of :func:`publish_batch`: the message, its
+    ``task-sent`` event and the publish signals exactly as ``task.apply_async(args=args,
+    queue=queue, producer=producer, **shown)`` sends them (Celery's own
+    ``app.amqp.create_task_message`` and ``send_task_message`` with the options
+    ``apply_async`` and ``send_task`` would pass them; ``tests/workers/test_publish_path.py``
+    compares the two), less what a planner's message needs none of: the result object,
+    the router, the argument check (one positional argument), the producer pool.
+
+    In the batch, a publish writes nothing until the block ends, so it has nothing to
+    retry: it is sent without kombu's retry wrapper (``retry=False``), and ``queue`` is
+    declared only when the producer's connection has not declared it yet (kombu's own
+    cache, ``Connection.declared_entities``; then with Celery's retry policy), instead of
+    kombu checking that cache through a copy of the queue bound to the channel at every
+    publish. Only for a task :func:`_sends_plainly` accepts (:func:`dispatch` checks)."""
+    amqp = app.amqp
+    queue_entity = amqp.queues[queue]  # Celery's Queue of that name (created on first use, as its router does)
+    task_id = uuid()
+    message = amqp.create_task_message(
+        task_id, task.name, args, None, None, None, None, None, None, 0, None, None, None,
+        app.thread_oid, task.time_limit, task.soft_time_limit, app.conf.task_send_sent_event,
+        ignore_result=task.ignore_result, replaced_task_nesting=0, **shown)
+    declared = hash(queue_entity) in producer.connection.declared_entities
+    amqp.send_task_message(producer, task.name, message, queue=queue_entity, retry=False if declared else None,
+                           declare=[] if declared else None, **_exec_options(task), **shown)
+
+
+def _sends_plainly(app: Celery, task: Any) -> bool:
+    """Whether ``task.apply_async`` would send what :func:`send_in_batch` sends: ``app``
+    publishes (not eager), no Celery task runs here (its message would name it as parent),
+    and ``task`` has no expiry (``send_task`` turns one into a message property) and no
+    router applies (``task_routes`` unset)."""
+    return (not app.conf.task_always_eager and app.current_worker_task is None and task.expires is None
+            and not app.conf.task_routes)
+
+
+def _exec_options(task: Any) -> dict[str, Any]:
+    """The options ``Task.apply_async`` reads from ``task``'s attributes and ``send_task``
+    hands to ``send_task_message`` (Celery's ``extract_exec_options``), less the queue
+    (:func:`send_in_batch` names it) and those ``send_task`` takes for the message itself
+    (``expires``, ``time_limit``, ``soft_time_limit``)."""
+    return {name: getattr(task, name, None) for name in _EXEC_OPTIONS}
+
+
+_EXEC_OPTIONS = ("routing_key", "exchange", "priority", "serializer", "delivery_mode", "compression", "immediate",
+                 "mandatory")
 
 
 @contextmanager

@@ -6,9 +6,10 @@ after a LOW job's of the same tick), then submission order.
 
 :func:`start_many` leases every (job, GPUs, planned end in workload s, load) in order:
 one :meth:`makespan.workers.leases.LeaseStore.acquire_many` round trip (each lease its
-own atomic script, the job acknowledged in the same step), or one ``allocate_gpus`` span
-per lease when tracing is on (:func:`start_job`, also the preemption path's way to start
-one job). For every lease published, ``_after_lease`` records the wait metric (a job's first lease) and sends
+own atomic script, the job acknowledged in the same step) and one write of their phase
+chains, however few they are, or one ``allocate_gpus`` span per lease when tracing is on
+(:func:`start_job`, also the preemption path's way to start one job). For every lease
+published, ``_after_lease`` records the wait metric (a job's first lease) and sends
 the job's phase chain to its host's queue (:func:`send`: the injected ``dispatch`` or
 :func:`makespan.workers.publish.dispatch` through the Celery app of the planner's own
 settings, ``TickEnv.celery``). A send that fails is logged, not raised: the
@@ -68,13 +69,17 @@ class StartPlanned:
 
 def start_many(ctx: TickContext, starts: list[Start]) -> set[str]:
     """Lease and send every (job, gpus, planned end, load) of ``starts``, in order;
-    the leases in one round trip (each its own atomic script) unless tracing is on
-    (then one ``allocate_gpus`` span per lease). Returns the ids of the jobs started.
+    the leases in one round trip (each its own atomic script) and their phase chains in
+    one write (:func:`publishing`), also for a single start (a followed tick often starts
+    one job), unless tracing is on (then one ``allocate_gpus`` span per lease,
+    :func:`start_job`). Returns the ids of the jobs started.
 
     Raises:
         LeaseError: the planner was fenced off (after sending what it leased before).
     """
-    if len(starts) <= 1 or telemetry.tracing_enabled():
+    if not starts:
+        return set()
+    if telemetry.tracing_enabled():
         return {start[0].id for start in starts if start_job(ctx, *start)}
     requests = [_lease_request(ctx, *start) for start in starts]
     leases, fenced = ctx.env.leases.acquire_many(requests)
