@@ -139,8 +139,8 @@ def send_in_batch(app: Celery, task: Any, args: tuple, queue: str, producer: Any
     queue_entity = amqp.queues[queue]  # Celery's Queue of that name (created on first use, as its router does)
     task_id = uuid()
     message = amqp.create_task_message(
-        task_id, task.name, args, None, None, None, None, None, None, 0, None, None, None,
-        app.thread_oid, task.time_limit, task.soft_time_limit, app.conf.task_send_sent_event,
+        task_id, task.name, args=args, kwargs=None, retries=0, reply_to=app.thread_oid, time_limit=task.time_limit,
+        soft_time_limit=task.soft_time_limit, create_sent_event=app.conf.task_send_sent_event,
         ignore_result=task.ignore_result, replaced_task_nesting=0, **shown)
     declared = hash(queue_entity) in producer.connection.declared_entities
     amqp.send_task_message(producer, task.name, message, queue=queue_entity, retry=False if declared else None,
