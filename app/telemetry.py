@@ -42,7 +42,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -325,8 +325,8 @@ def use_traceparent(traceparent: str) -> Iterator[None]:
         otel_context.detach(token)
 
 
-@contextmanager
-def phase_span(name: str, traceparent: str, attributes: Mapping[str, Any] | None = None) -> Iterator[trace.Span]:
+def phase_span(name: str, traceparent: str,
+               attributes: Mapping[str, Any] | None = None) -> AbstractContextManager[trace.Span]:
     """A span ``name`` (a phase name such as ``execute`` or a span name such as
     ``execute_workload``) whose parent is the job's ``makespan`` span.
 
@@ -334,7 +334,21 @@ def phase_span(name: str, traceparent: str, attributes: Mapping[str, Any] | None
     host, lease_id, planned_s (workload s). ``makespan.actual_s`` (wall s) is set on exit
     unless given. Exceptions are recorded on the span and re-raised. With an empty or
     malformed traceparent the span's parent is the current span.
-    """
+
+    With no tracer provider installed in this process, no traceparent and a current span
+    that does not record (the GPU worker's common case, tracing off), the span is the
+    current span itself, as the API's no-op tracer would make it, without entering it
+    (nothing to record, nothing to attach)."""
+    if not traceparent and isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+        current = trace.get_current_span()
+        if isinstance(current, trace.NonRecordingSpan):
+            return nullcontext(current)
+    return _phase_span(name, traceparent, attributes)
+
+
+@contextmanager
+def _phase_span(name: str, traceparent: str, attributes: Mapping[str, Any] | None) -> Iterator[trace.Span]:
+    """:func:`phase_span` with a span started (and made current) by the tracer."""
     span_name = PHASE_SPAN_NAMES.get(name, name)
     ctx = _parent_context(traceparent)
     t0 = time.perf_counter()

@@ -165,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
             raw = scale.run_raw_celery(replace(s, key_prefix=prefix + "-raw"), a.gpus, a.jobs, Path(d))
             delete_prefix(r, Keys(prefix + "-raw"))
             ours = scale.run_makespan(s, a.gpus, a.jobs, Path(d), function=a.function)
+        ours["mode"] = "function" if a.function else "plain"  # the row's label (bench.scale's modes)
         ours["raw_celery_tasks_per_s"] = raw["tasks_per_s"]
         ours["ratio_to_raw"] = ours["jobs_per_s"] / raw["tasks_per_s"]
         scale._print_row(ours)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 import traceback
@@ -43,6 +44,10 @@ from makespan.workers.leases import Lease, LeaseStore, delay_job_op, finish_job_
 
 log = logging.getLogger("makespan.phases")
 
+# the registry's instances on a lease's GPUs with their states, as a caller already read them
+# (the warm path's begin step: makespan.store.JobStore.begin_warm); None: read where needed
+Registered = list[tuple[Instance, str]] | None
+
 JOB_PHASES = ("evict", "start_endpoint", "execute", "clear")
 RESTORE_PHASES = ("evict", "restore")
 RESTORE_BACKOFF_S = 60.0  # wall s before a failed set-point restore of a group is tried again; doubles per failure
@@ -66,30 +71,95 @@ class DeferredWaits:
 
 class LeaseHeartbeat:
     """Renews a lease every ``interval_s`` from a daemon thread until stopped.
-    ``lost`` is set as soon as a renewal finds the lease no longer ours."""
+    ``lost`` is set as soon as a renewal finds the lease no longer ours; a Redis error is
+    transient (logged; the next renewal comes ``interval_s`` later).
+
+    The thread is started when the first renewal is due, ``interval_s`` after
+    :meth:`__enter__` (by this process's :class:`_HeartbeatStarter`): most jobs end
+    before that and never start one."""
 
     def __init__(self, store: LeaseStore, lease: Lease, ttl_s: float, interval_s: float):
         self.store, self.lease, self.ttl_s, self.interval_s = store, lease, ttl_s, interval_s
         self.lost = threading.Event()
         self._stop = threading.Event()
-        self._t = threading.Thread(target=self._run, name=f"heartbeat-{lease.lease_id}", daemon=True)
+        self._t: threading.Thread | None = None  # started by _STARTER when the first renewal is due
+
+    def _start(self) -> None:
+        self._t = threading.Thread(target=self._run, name=f"heartbeat-{self.lease.lease_id}", daemon=True)
+        self._t.start()
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        # started by the starter when the first renewal is due: renew at once, then every interval_s
+        while True:
             try:
                 if not self.store.renew(self.lease, self.ttl_s):
                     self.lost.set()
                     return
             except redis.RedisError as e:  # transient: the TTL gives us slack
                 log.warning("lease %s heartbeat failed: %s", self.lease.lease_id, e)
+            if self._stop.wait(self.interval_s):
+                return
 
     def __enter__(self) -> LeaseHeartbeat:
-        self._t.start()
+        _STARTER.add(self, time.monotonic() + self.interval_s)
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        if _STARTER.discard(self):
+            return  # no renewal was due yet: no thread was started
         self._stop.set()
-        self._t.join(timeout=2)
+        if self._t is not None and self._t.ident is not None:
+            self._t.join(timeout=2)
+
+
+class _HeartbeatStarter:
+    """Starts each running :class:`LeaseHeartbeat`'s thread when its first renewal is due,
+    from one daemon thread per process that does no Redis I/O itself (a blocked renewal
+    holds up only its own lease's thread, as before)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._due: dict[LeaseHeartbeat, float] = {}  # waiting heartbeats -> first renewal due, monotonic s
+        self._thread: threading.Thread | None = None
+
+    def add(self, hb: LeaseHeartbeat, due_s: float) -> None:
+        """Start ``hb``'s thread at monotonic ``due_s`` unless :meth:`discard` comes first."""
+        with self._cond:
+            earliest = min(self._due.values(), default=None)
+            self._due[hb] = due_s
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="heartbeat-starter", daemon=True)
+                self._thread.start()
+            elif earliest is None or due_s < earliest:
+                self._cond.notify()
+
+    def discard(self, hb: LeaseHeartbeat) -> bool:
+        """Forget ``hb``; True when its thread was not started (else it runs: stop and join it)."""
+        with self._cond:
+            return self._due.pop(hb, None) is not None
+
+    def _run(self) -> None:
+        with self._cond:
+            while True:
+                now = time.monotonic()
+                for hb in [hb for hb, due_s in self._due.items() if due_s <= now]:
+                    del self._due[hb]
+                    try:
+                        hb._start()  # under the lock: discard() then knows it started
+                    except RuntimeError as e:  # no thread to be had: this lease goes unrenewed
+                        log.error("lease %s: heartbeat thread not started: %s", hb.lease.lease_id, e)
+                earliest = min(self._due.values(), default=None)
+                self._cond.wait(None if earliest is None else max(earliest - now, 0.0))
+
+    def reset(self) -> None:
+        """A forked child's fresh state (no thread of the parent runs there)."""
+        self._cond = threading.Condition()
+        self._due = {}
+        self._thread = None
+
+
+_STARTER = _HeartbeatStarter()
+os.register_at_fork(after_in_child=_STARTER.reset)
 
 
 @dataclass
@@ -862,10 +932,12 @@ class PhaseRunner:
             raise PhaseError(f"processes of an instance stopped on these GPUs outlived SIGKILL ({what}); not "
                              f"starting {starting} beside them (kept registered 'stopping' for a later stop)")
 
-    def _instances_on(self, gpus: list[str]) -> list[Instance]:
+    def _instances_on(self, gpus: list[str], registered: Registered = None) -> list[Instance]:
         """Registered instances on any of ``gpus`` that are not asleep nor being stopped
-        (starting, running, waking or failed)."""
-        return [i for i, st in instances_on(self.r, self.keys, gpus, with_state=True) if st not in ("asleep", "stopping")]
+        (starting, running, waking or failed). ``registered``: the instances on ``gpus``
+        with their states, as the caller read them (None: read here)."""
+        pairs = registered if registered is not None else instances_on(self.r, self.keys, gpus, with_state=True)
+        return [i for i, st in pairs if st not in ("asleep", "stopping")]
 
     def _leftovers_on(self, gpus: list[str]) -> list[Instance]:
         """Registered instances on any of ``gpus`` that are not asleep, those whose stop
@@ -950,7 +1022,7 @@ class PhaseRunner:
         return ctx.service_s
 
     def _workload(self, ctx: PhaseContext, hb: LeaseHeartbeat, extra: dict, payload: dict,
-                  spec: dict | None = None, attempt: int | None = None) -> None:
+                  spec: dict | None = None, attempt: int | None = None, registered: Registered = None) -> None:
         """The body of execute: the job's workload function (``spec["workload"]``, see
         :meth:`_run_function`), else the payload's requests against its endpoint
         instance, else a sleep of ``service_s`` (scaled). A job planned on a process
@@ -961,16 +1033,18 @@ class PhaseRunner:
         those in flight end; the sleep) and raises StaleFencingToken: the caller hands the
         lease back (:meth:`hand_back`). Raises StaleFencingToken (lease lost, shutdown),
         PhaseCancelled, WorkloadFailed or PhaseError. ``attempt``: this run's
-        attempt number when the caller read it (None: read here)."""
+        attempt number when the caller read it (None: read here); ``registered``: the
+        instances on the lease's GPUs with their states when the caller read them (None:
+        read here)."""
         planned = self.fleet.endpoints.get(ctx.endpoint)
         needs_process = planned is not None and self._capabilities(planned.launch.driver).spawns_process
-        inst = self._request_target(ctx) if needs_process or payload.get("requests") else None
+        inst = self._request_target(ctx, registered) if needs_process or payload.get("requests") else None
         if needs_process and inst is None:
             raise PhaseError(f"no live instance of endpoint {ctx.endpoint!r} on GPUs {', '.join(ctx.gpus)}, which "
                              "the job was planned on (its process was stopped or died after the start phase); "
                              "not running the job without it")
         if spec and spec.get("workload"):
-            self._run_function(ctx, hb, extra, spec, attempt)
+            self._run_function(ctx, hb, extra, spec, attempt, registered)
             return
         if inst is not None and payload.get("requests"):  # request-level execution against the real endpoint
             from makespan.workers.requests import RequestRunner
@@ -997,17 +1071,18 @@ class PhaseRunner:
 
     # -- workload functions ------------------------------------------------------------
     def _run_function(self, ctx: PhaseContext, hb: LeaseHeartbeat, extra: dict, spec: dict,
-                      attempt: int | None = None) -> None:
+                      attempt: int | None = None, registered: Registered = None) -> None:
         """Run the job's workload function (:mod:`makespan.workers.functions`). Its result,
         the measured run (:mod:`makespan.estimates`) and the run's record fields go into
         ``extra["_ops"]``: :meth:`run` commits them with the phase's ``done`` in one
-        fenced script, so a result is stored once, by the attempt that holds the lease."""
+        fenced script, so a result is stored once, by the attempt that holds the lease.
+        ``attempt``, ``registered``: as :meth:`_workload`'s."""
         name = spec["workload"]
         definition = lookup(name, ctx.host)
         if attempt is None:
             attempts, tries = self.r.hmget(self.keys.job(ctx.job_id), "attempts", "tries")
             attempt = 1 + int(attempts or 0) + int(tries or 0)
-        here = [i for i in self._instances_on(ctx.gpus) if i.url and set(i.gpus) <= set(ctx.gpus)]
+        here = [i for i in self._instances_on(ctx.gpus, registered) if i.url and set(i.gpus) <= set(ctx.gpus)]
         urls = {i.endpoint: i.url for i in here}
         target = next((i for i in here if i.endpoint == ctx.endpoint and sorted(i.gpus) == sorted(ctx.gpus)), None)
         wctx = WorkloadContext(job_id=ctx.job_id, priority=ctx.priority, attempt=attempt, workload=name,
@@ -1096,11 +1171,13 @@ class PhaseRunner:
         ttl_ms = int(self.settings.result_ttl_s * 1000)
         return self._finish(ctx, "failed", reason, extra_ops=[("SET", self.keys.result(ctx.job_id), error, "PX", ttl_ms)])
 
-    def _request_target(self, ctx: PhaseContext) -> Instance | None:
+    def _request_target(self, ctx: PhaseContext, registered: Registered = None) -> Instance | None:
         """The running instance of ``ctx.endpoint`` on exactly these GPUs that has a URL
         and whose driver does not know it dead (a process: alive; endpoints run on the
-        worker's host)."""
-        for i, state in instances_on(self.r, self.keys, ctx.gpus, with_state=True):
+        worker's host). ``registered``: the instances on these GPUs with their states, as
+        the caller read them (None: read here)."""
+        pairs = registered if registered is not None else instances_on(self.r, self.keys, ctx.gpus, with_state=True)
+        for i, state in pairs:
             if (state == "running" and i.endpoint == ctx.endpoint and i.url and sorted(i.gpus) == sorted(ctx.gpus)
                     and self._driver(i.driver).is_alive(i)):
                 return i

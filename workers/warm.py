@@ -2,19 +2,22 @@
 its leased GPUs runs evict → start_endpoint → execute → clear in two fenced Redis
 scripts instead of some thirty round trips.
 
-1. ``begin_warm.lua`` (one script) checks the fencing token on every GPU, that the
-   instance is still resident on all of them, that no phase of this lease has been
-   claimed yet and that no cancel was requested; then it marks evict and
-   start_endpoint done (they have nothing to do), claims execute, records the phase
+1. ``begin_warm.lua`` (one script) checks that the job has no helper endpoints, the
+   fencing token on every GPU, that the instance is still resident on all of them, that
+   no phase of this lease has been claimed yet and that no cancel was requested; then
+   it marks evict and start_endpoint done (they have nothing to do), claims execute, records the phase
    events of both no-op phases and execute's ``phase_start``, sets the busy slot and
-   the job's ``running`` state — the same writes the phase-by-phase path makes.
+   the job's ``running`` state — the same writes the phase-by-phase path makes — and
+   reads what execute needs: the job's spec, its attempt counters and, for a job of a
+   workload function, the instances registered on its GPUs.
 2. The workload runs under one lease heartbeat (:meth:`PhaseRunner._workload`).
 3. One fenced commit records execute's ``phase_end``, the clear phase's events, and
    the release and final state of :meth:`PhaseRunner._finish`.
 
-Whenever a check of step 1 fails for any reason but a stale token (a redelivery that
-finds phases claimed, a cancel, an instance that is no longer resident) nothing has
-been written, and the job goes the phase-by-phase way, which handles every such case.
+Whenever a check of step 1 fails for any reason but a stale token (helper endpoints, a
+redelivery that finds phases claimed, a cancel, an instance that is no longer resident)
+nothing has been written, and the job goes the phase-by-phase way, which handles every
+such case.
 """
 
 from __future__ import annotations
@@ -25,7 +28,9 @@ from typing import Any
 
 from makespan import telemetry
 from makespan.errors import PhaseCancelled, PhaseError, StaleFencingToken
+from makespan.registry import REGISTRY
 from makespan.store import JobStore
+from makespan.workers.drivers.registry import decode_instances
 from makespan.workers.functions import WorkloadFailed
 from makespan.workers.phases import JOB_PHASES, STOPS_CHAIN, LeaseHeartbeat, PhaseContext, PhaseRunner, instance_value
 
@@ -53,9 +58,9 @@ def run_warm(runner: PhaseRunner, ctx: PhaseContext) -> str:
 def _run_warm(runner: PhaseRunner, ctx: PhaseContext) -> str:
     """:func:`run_warm` without its catch of unexpected errors."""
     k = runner.keys
-    # helper endpoints start and stop in their phases; a lease this worker's fleet cannot
-    # run (it differs from the planner's) fails in the first of them, saying why
-    if runner._helpers(ctx) or runner.fleet_problem(ctx, ()) is not None:
+    # a lease this worker's fleet cannot run (it differs from the planner's) fails in the
+    # first of its phases, saying why
+    if runner.fleet_problem(ctx, ()) is not None:
         return run_phases(runner, ctx)
     # The begin script renews the lease as the job starts, as PhaseRunner.run does (the
     # message may have waited in the queue for most of the TTL); a lease no longer ours
@@ -63,27 +68,30 @@ def _run_warm(runner: PhaseRunner, ctx: PhaseContext) -> str:
     t0 = time.time()
     evs = _phase_events(runner, ctx, ("evict", "start_endpoint"), t0)
     evs.append(runner._event("phase_start", ctx, phase="execute"))
+    # helper endpoints start and stop in their phases: the script says 'helpers' for a job
+    # with any (PhaseRunner._helpers: its record's, else its function's in this registry)
     got = JobStore(runner.r, k, runner.settings.events_max_len).begin_warm(
         ctx.lease_id, ctx.token, ctx.gpus, ctx.job_id, instance_value(ctx.endpoint, ctx.gpus), t0, evs,
-        runner.settings.lease_ttl_s)
-    if got[0] == "stale":
+        runner.settings.lease_ttl_s, [name for name, d in REGISTRY.items() if d.helpers])
+    if got.outcome == "stale":
         return "stale"
-    if got[0] != "ok":
+    if got.outcome != "ok":
         return run_phases(runner, ctx)
     attrs = {"job_id": ctx.job_id, "priority": ctx.priority or None, "endpoint": ctx.endpoint,
              "gpus": list(ctx.gpus), "host": ctx.host, "lease_id": ctx.lease_id, "kind": ctx.kind}
     for p in ("evict", "start_endpoint"):
         _noop_phase(runner, ctx, p, attrs)
-    spec = json.loads(got[1]) if got[1] else {}
+    spec = json.loads(got.spec) if got.spec else {}
     payload = ctx.payload or spec.get("payload") or {}
     extra: dict[str, Any] = {}
     started = time.time()
     with LeaseHeartbeat(runner.leases, ctx.lease, runner.settings.lease_ttl_s, runner.settings.heartbeat_s) as hb:
         try:
             with telemetry.phase_span("execute", ctx.traceparent, attrs) as span:
-                # the attempt from the record as begin_warm read it (no read of its own)
-                attempt = 1 + int(got[2] or 0) + int(got[3] or 0)
-                runner._workload(ctx, hb, extra, payload, spec, attempt=attempt)
+                # the attempt and the instances on the GPUs as begin_warm read them (no reads of their own)
+                attempt = 1 + int(got.attempts or 0) + int(got.tries or 0)
+                registered = None if got.instances is None else decode_instances(got.instances, with_state=True)
+                runner._workload(ctx, hb, extra, payload, spec, attempt=attempt, registered=registered)
                 span.set_attribute("makespan.planned_s", float(ctx.service_s))
         except StaleFencingToken:  # shutting down: handed back (PhaseRunner.hand_back)
             return runner.hand_back(ctx) or "stale"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
 import redis
@@ -310,16 +311,49 @@ class JobStore:
 
     # -- GPU worker ------------------------------------------------------------------------
     def begin_warm(self, lease_id: str, token: int, gpus: Sequence[str], job_id: str, instance_value: str,
-                   started_at_s: float, phase_events: Sequence[str], lease_ttl_s: float) -> list[str]:
-        """The warm path's first step (``begin_warm.lua``): ``['ok', spec JSON, attempts,
-        tries]`` (the record's counters as strings, ``''`` when unset; the lease
-        renewed to ``lease_ttl_s`` from now on the server's clock) or ``[why]`` with why in
-        stale, cold, replay, cancel (nothing written)."""
+                   started_at_s: float, phase_events: Sequence[str], lease_ttl_s: float,
+                   helper_workloads: Sequence[str] = ()) -> WarmStart:
+        """The warm path's first step (``begin_warm.lua``), as a :class:`WarmStart`: ``ok``
+        (the lease renewed to ``lease_ttl_s`` from now on the server's clock) with what the
+        job's execute needs, or why not (nothing written): ``helpers`` (the job has helper
+        endpoints: its record names them, or its record names none and its function is one
+        of ``helper_workloads``, the names whose definitions in the caller's registry have
+        helpers), ``stale``, ``cold``, ``replay``, ``cancel``.
+
+        Raises:
+            StoreError: Redis failed."""
         keys = [self.keys.phase(lease_id), self.keys.job(job_id), self.keys.events, self.keys.busy(lease_id),
                 *[self.keys.gpu(g) for g in gpus], *[self.keys.resident(g) for g in gpus],
-                self.keys.lease(lease_id), self.keys.leases]
-        return list(self._run("begin_warm", keys, [lease_id, token, len(gpus), instance_value, repr(started_at_s),
-                                                   job_id, *phase_events, int(lease_ttl_s * 1000)]))
+                self.keys.lease(lease_id), self.keys.leases, *[self.keys.gpu_instances(g) for g in gpus]]
+        got = self._run("begin_warm", keys, [lease_id, token, len(gpus), instance_value, repr(started_at_s), job_id,
+                                             *phase_events, int(lease_ttl_s * 1000), self.keys.script_prefix,
+                                             *helper_workloads])
+        if got[0] != "ok":
+            return WarmStart(str(got[0]))
+        instances = [dict(zip(h[::2], h[1::2])) for h in got[4]] if len(got) > 4 else None
+        return WarmStart("ok", got[1], got[2], got[3], instances)
+
+
+@dataclass(frozen=True)
+class WarmStart:
+    """What :meth:`JobStore.begin_warm` answered.
+
+    Attributes:
+        outcome: ``ok`` (the job runs), or why not: ``helpers``, ``stale``, ``cold``,
+            ``replay``, ``cancel``; the other fields are set for ``ok`` only.
+        spec: the job's spec JSON (``''`` when unset); ``attempts``, ``tries``: its record's
+            counters as strings (``''`` when unset).
+        instances: for a job of a workload function, the registry hash (field -> value) of
+            every endpoint instance registered on any of the lease's GPUs, by id, read in
+            the same step (:func:`makespan.workers.drivers.registry.decode_instances`
+            decodes them); None for any other job (not read).
+    """
+
+    outcome: str
+    spec: str = ""
+    attempts: str = ""
+    tries: str = ""
+    instances: list[dict[str, str]] | None = None
 
 
 def _submitted(out: Sequence[Any], fields: dict[str, Any]) -> tuple[bool, str]:

@@ -171,13 +171,56 @@ def test_begin_warm_from_the_leased_state(r, keys):
     _, lease = leased_job(r, keys, JobState.LEASED)
     r.set(keys.resident("g0"), "inst")
     got = JobStore(r, keys).begin_warm("L1", lease.token, ("g0",), "j1", "inst", 5.0, ["{}"] * 5, 600.0)
-    assert got[0] == "ok"
+    assert got.outcome == "ok" and got.instances is None  # no workload function: nothing read
     assert_allowed(JobState.LEASED, state_of(r, keys))
     # the lease is renewed in the same step (the warm path's renew as the job starts)
     sec, usec = r.time()
     expires_ms = int(r.hget(keys.lease("L1"), "expires_ms"))
     assert 590_000 < expires_ms - (sec * 1000 + usec // 1000) <= 600_000
     assert r.zscore(keys.leases, "L1") == expires_ms and r.pttl(keys.gpu("g0")) > 590_000
+
+
+@pytest.mark.parametrize("record, listed, outcome", [
+    ({"helpers": '["embedder"]'}, [], "helpers"),           # planned with helpers
+    ({"fn": "f"}, ["f"], "helpers"),                        # none planned: its function's in the registry
+    ({"fn": "f", "helpers": "[]"}, ["f"], "ok"),            # the record's word wins (PhaseRunner._helpers)
+    ({"fn": "f"}, ["g"], "ok"),
+    ({}, ["f"], "ok"),
+])
+def test_begin_warm_leaves_a_job_with_helper_endpoints_untouched(r, keys, record, listed, outcome):
+    """The warm path's begin step says 'helpers' for a job whose helper endpoints must start
+    in their phases (as PhaseRunner._helpers finds them: the record's, else its function's
+    in the caller's registry), before any write."""
+    _, lease = leased_job(r, keys, JobState.LEASED)
+    if record:
+        r.hset(keys.job("j1"), mapping=record)
+    r.set(keys.resident("g0"), "inst")
+    got = JobStore(r, keys).begin_warm("L1", lease.token, ("g0",), "j1", "inst", 5.0, ["{}"] * 5, 600.0, listed)
+    assert got.outcome == outcome
+    if outcome == "helpers":
+        assert state_of(r, keys) == JobState.LEASED and not r.exists(keys.phase("L1")) and not r.exists(keys.busy("L1"))
+    else:
+        assert state_of(r, keys) == JobState.RUNNING
+
+
+def test_begin_warm_reads_the_instances_registered_on_the_lease_gpus(r, keys):
+    """For a job of a workload function it answers the registry hashes of the instances
+    indexed on any of the lease's GPUs (by id), as the registry's own read finds them
+    (instances_on), with a stale index entry (no hash) left out; for any other job none."""
+    from makespan.workers.drivers.base import Instance
+    from makespan.workers.drivers.registry import decode_instances, instances_on, register_instance
+
+    _, lease = leased_job(r, keys, JobState.LEASED)
+    r.set(keys.resident("g0"), "inst")
+    register_instance(r, keys, Instance("embed", ["g0"], "simulated", id="b", url="http://127.0.0.1:2"))
+    register_instance(r, keys, Instance("render", ["g0", "g1"], "simulated", id="a"), state="asleep")
+    register_instance(r, keys, Instance("embed", ["g1"], "simulated", id="c"))  # another GPU
+    r.sadd(keys.gpu_instances("g0"), "gone")  # an index entry whose instance was unregistered
+    r.hset(keys.job("j1"), "fn", "f")
+    got = JobStore(r, keys).begin_warm("L1", lease.token, ("g0",), "j1", "inst", 5.0, ["{}"] * 5, 600.0)
+    assert got.outcome == "ok" and got.instances is not None
+    assert [h["id"] for h in got.instances] == ["a", "b"]
+    assert decode_instances(got.instances, with_state=True) == instances_on(r, keys, ["g0"], with_state=True)
 
 
 def test_submits_write_queued_or_delayed_from_no_record(r, keys):

@@ -126,3 +126,71 @@ def test_cancel_during_warm_requests_ends_cancelled_not_failed(r, keys, settings
     finally:
         unregister_instance(r, keys, inst.id)
         get_driver(inst.driver).stop(inst)
+
+
+def test_a_function_job_gets_the_urls_of_the_instances_registered_as_it_begins(r, keys, settings):
+    """The warm path hands a workload function the URLs of the instances registered on its
+    GPUs as its begin step read them (not asleep nor being stopped): after the endpoint's
+    instance was replaced by a new one (a restart: a new id and URL, the resident marker
+    unchanged), the next job gets the new URL, never the old one."""
+    import uuid
+
+    import makespan
+    from makespan.registry import REGISTRY
+    from makespan.workers.drivers.base import Instance
+    from makespan.workers.drivers.registry import register_instance, unregister_instance
+
+    seen: list[tuple] = []
+    name = f"t.urls_{uuid.uuid4().hex[:8]}"
+    makespan.workload(endpoint="embed", name=name)(lambda ctx: seen.append((ctx.endpoint_url, ctx.endpoint_urls)))
+    fleet = load_fleet(FLEET_TOML)
+
+    def run_one(lid: str) -> str:
+        jid = Producer(r, keys, fleet, settings).submit({"endpoint": "embed", "service_s": 1, "workload": name}).id
+        lease = LeaseStore(r, keys).acquire(lid, (GPU,), 30.0, job_id=jid, kind="job", holder="host-a",
+                                            queue=keys.queue("NORMAL"))
+        assert lease is not None
+        ctx = PhaseContext(lid, lease.token, [GPU], "host-a", "job", "embed", jid, "NORMAL", 1.0)
+        return run_warm(PhaseRunner(r, settings, fleet), ctx)
+
+    first = Instance("embed", [GPU], "simulated", id="first", url="http://127.0.0.1:1")
+    try:
+        r.set(keys.resident(GPU), instance_value("embed", [GPU]))
+        register_instance(r, keys, first)
+        register_instance(r, keys, Instance("render", [GPU], "simulated", id="dozing", url="http://127.0.0.1:7"),
+                          state="asleep")
+        register_instance(r, keys, Instance("render", [GPU], "simulated", id="going", url="http://127.0.0.1:8"),
+                          state="stopping")
+        assert run_one("L1") == "completed"
+        unregister_instance(r, keys, first.id, gpus=first.gpus)  # restarted: a new instance, a new URL
+        register_instance(r, keys, Instance("embed", [GPU], "simulated", id="second", url="http://127.0.0.1:2"))
+        assert run_one("L2") == "completed"
+        assert seen == [("http://127.0.0.1:1", {"embed": "http://127.0.0.1:1"}),
+                        ("http://127.0.0.1:2", {"embed": "http://127.0.0.1:2"})]
+        for lid in ("L1", "L2"):  # both went the warm way (its events name no transition)
+            assert not any(json.loads(f["e"]).get("transition") for _i, f in r.xrange(keys.events)
+                           if json.loads(f["e"]).get("lease") == lid)
+    finally:
+        REGISTRY.pop(name, None)
+
+
+def test_a_job_whose_function_has_helpers_goes_phase_by_phase(r, keys, settings, monkeypatch):
+    """A job of a function whose definition here names helper endpoints (its record names
+    none) is not started by the warm path's begin step: it goes phase by phase, where its
+    helpers start and stop (PhaseRunner._helpers)."""
+    import makespan.workers.warm as warm
+
+    ctx, runner = _warm_leased_job(r, keys, settings)
+    r.hset(keys.job(ctx.job_id), "fn", "t.with_helpers")
+    taken: list[str] = []
+    monkeypatch.setattr(warm, "run_phases", lambda runner, ctx: taken.append(ctx.job_id) or "completed")
+    monkeypatch.setitem(warm.REGISTRY, "t.with_helpers",
+                        _workload_def("t.with_helpers", helpers=("embed",)))
+    assert run_warm(runner, ctx) == "completed" and taken == [ctx.job_id]
+    assert r.hget(keys.job(ctx.job_id), "state") == "leased" and not r.exists(keys.phase(ctx.lease_id))
+
+
+def _workload_def(name: str, helpers: tuple[str, ...]):
+    from makespan.registry import WorkloadDef
+
+    return WorkloadDef(name, lambda ctx: None, endpoint="embed", helpers=helpers)

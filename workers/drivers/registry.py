@@ -171,6 +171,14 @@ def _pairs(rows: list[dict[str, str]], with_state: bool) -> list:
     return pairs if with_state else [p[0] for p in pairs]
 
 
+def decode_instances(rows: Sequence[dict[str, str]], with_state: bool = False) -> list:
+    """Registry hashes (field -> value, as Redis holds them; e.g. those
+    :meth:`makespan.store.JobStore.begin_warm` read) decoded as :func:`instances_on`
+    returns them: instances sorted by endpoint, then id, or (``with_state``)
+    ``(Instance, state)`` pairs."""
+    return _pairs(list(rows), with_state)
+
+
 def instances_on(r: redis.Redis, keys: Keys, gpus: Sequence[str], with_state: bool = False) -> list:
     """The live instances on any of ``gpus`` (UUIDs), as :func:`list_instances` returns
     them (sorted by endpoint, then id; ``with_state``: ``(Instance, state)`` pairs), read

@@ -1,0 +1,75 @@
+"""LeaseHeartbeat (workers/phases.py): renews its lease every ``interval_s`` from a thread
+that this process's heartbeat starter starts when the first renewal is due, sets ``lost``
+as soon as a renewal finds the lease no longer ours, and rides a Redis error out."""
+
+from __future__ import annotations
+
+import threading
+
+import redis
+
+from makespan.workers.leases import LeaseStore
+from makespan.workers.phases import LeaseHeartbeat
+from tests.live import wait_for
+
+
+def _lease(r, keys, lid: str, gpu: str):
+    r.hset(keys.job(f"j-{lid}"), mapping={"id": f"j-{lid}", "state": "queued", "priority": "NORMAL"})
+    r.zadd(keys.queue("NORMAL"), {f"j-{lid}": 1})
+    lease = LeaseStore(r, keys).acquire(lid, (gpu,), 30.0, job_id=f"j-{lid}", queue=keys.queue("NORMAL"))
+    assert lease is not None
+    return lease
+
+
+class CountingStore(LeaseStore):
+    """The real store, counting renewals; the first ``fail_first`` raise a connection error."""
+
+    def __init__(self, r, keys, fail_first: int = 0):
+        super().__init__(r, keys)
+        self.renewals = 0
+        self.fail_first = fail_first
+
+    def renew(self, lease, ttl_s):
+        self.renewals += 1
+        if self.renewals <= self.fail_first:
+            raise redis.ConnectionError("injected: the connection dropped")
+        return super().renew(lease, ttl_s)
+
+
+def test_a_heartbeat_renews_its_lease_and_sets_lost_once_it_is_gone(r, keys):
+    lease = _lease(r, keys, "HB1", "g-hb1")
+    store = CountingStore(r, keys)
+    expires0 = int(r.hget(keys.lease("HB1"), "expires_ms"))
+    with LeaseHeartbeat(store, lease, 60.0, 0.05) as hb:
+        wait_for(lambda: int(r.hget(keys.lease("HB1"), "expires_ms")) > expires0 + 20_000, 10, "a renewal", 0.01)
+        assert not hb.lost.is_set()
+        r.delete(keys.gpu("g-hb1"))  # reclaimed: the GPU no longer names the lease
+        assert hb.lost.wait(10)
+    assert hb._t is not None and not hb._t.is_alive()  # its thread ended at the renewal that found it lost
+
+
+def test_a_heartbeat_that_ends_before_its_first_renewal_starts_no_thread(r, keys):
+    lease = _lease(r, keys, "HB2", "g-hb2")
+    store = CountingStore(r, keys)
+    before = {t.name for t in threading.enumerate()}
+    for _ in range(50):
+        with LeaseHeartbeat(store, lease, 60.0, 30.0) as hb:
+            pass
+    assert hb._t is None and store.renewals == 0 and not hb.lost.is_set()
+    assert not {t.name for t in threading.enumerate()} - before - {"heartbeat-starter"}
+
+
+def test_a_redis_error_is_transient_and_concurrent_heartbeats_each_renew(r, keys):
+    leases = [_lease(r, keys, f"HB3{i}", f"g-hb3{i}") for i in range(3)]
+    stores = [CountingStore(r, keys, fail_first=2 if i == 0 else 0) for i in range(3)]
+    intervals = [0.02, 0.3, 0.05]
+    beats = [LeaseHeartbeat(s, lease, 60.0, iv) for s, lease, iv in zip(stores, leases, intervals)]
+    for hb in beats:
+        hb.__enter__()
+    try:
+        wait_for(lambda: all(s.renewals >= 3 for s in stores), 10, "three renewals of each lease", 0.01)
+        assert not any(hb.lost.is_set() for hb in beats)  # the injected errors did not lose the first
+    finally:
+        for hb in beats:
+            hb.__exit__(None, None, None)
+    assert all(hb._t is not None and not hb._t.is_alive() for hb in beats)  # stopped and joined on exit
