@@ -386,31 +386,88 @@ class EmbeddedRedis:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def start_embedded(port: int | None = None, appendonly: bool = False, timeout_s: float = 10.0) -> EmbeddedRedis:
-    """Start a private redis-server on 127.0.0.1 and wait until it answers.
+class PortTaken(StoreError):
+    """The port a redis-server was started on is held by another process: the server
+    exited at start (``bind: Address already in use``), or another server answers there."""
+
+
+PORT_TRIES = 5
+"""How many ports :func:`start_embedded` tries when it chooses the port itself."""
+
+
+def server_pid(url: str, timeout_s: float = 0.5) -> int | None:
+    """The process id of the Redis answering PING at ``url`` (``INFO server``'s
+    ``process_id``), or None when none answers within ``timeout_s``, or it refuses this
+    client, or it is not ready (``LOADING`` its data set)."""
+    try:
+        c = connect(url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s)
+        try:
+            c.ping()
+            return int(c.info("server")["process_id"])
+        finally:
+            c.close()
+    except (redis.RedisError, OSError, ValidationError, KeyError, ValueError):
+        return None
+
+
+def wait_server_started(proc: subprocess.Popen, url: str, timeout_s: float) -> None:
+    """Wait until the redis-server ``proc`` answers at ``url``: until the server that
+    answers there is ``proc`` itself (its ``process_id``), not another one. A port chosen
+    by :func:`free_port` is free only when it is chosen: another process (another test's
+    redis-server, an outgoing connection) can bind it before ``proc`` does, and a bare
+    PING would then take that other server for ``proc``.
 
     Raises:
+        PortTaken: ``proc`` exited at start (a taken port is the usual cause; its exit code
+            is in the message) or another process answers at ``url``.
+        StoreError: ``proc`` did not answer within ``timeout_s``.
+    """
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise PortTaken(f"redis-server for {redacted(url)} exited at start with code {proc.returncode} "
+                            f"(its port taken by another process?)")
+        pid = server_pid(url, 0.2)
+        if pid == proc.pid:
+            return
+        if pid is not None:
+            raise PortTaken(f"another redis-server (pid {pid}) answers at {redacted(url)}, not ours (pid {proc.pid})")
+        time.sleep(0.05)
+    raise StoreError(f"redis-server did not answer at {redacted(url)} within {timeout_s} s")
+
+
+def start_embedded(port: int | None = None, appendonly: bool = False, timeout_s: float = 10.0) -> EmbeddedRedis:
+    """Start a private redis-server on 127.0.0.1 and wait until it answers
+    (:func:`wait_server_started`). ``port``: None for a free one, chosen here; when another
+    process takes it before the server binds it, up to :data:`PORT_TRIES` ports are tried.
+    ``timeout_s``: how long one start may take to answer, s.
+
+    Raises:
+        PortTaken: ``port`` was given and another process holds it, or every port tried was
+            taken (or the server exits at start for another reason).
         StoreError: it did not answer within ``timeout_s``.
     """
-    port = port or free_port()
-    d = tempfile.mkdtemp(prefix="makespan-redis-")
-    args = [redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--dir", d,
-            "--save", "", "--appendonly", "yes" if appendonly else "no", "--protected-mode", "yes"]
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True, env={**os.environ})
-    url = f"redis://127.0.0.1:{port}/0"
-    deadline = time.monotonic() + timeout_s
-    try:
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise StoreError(f"redis-server exited with code {proc.returncode}")
-            if ping(url, 0.2):
-                return EmbeddedRedis(url, proc, d)
-            time.sleep(0.05)
-        raise StoreError(f"embedded redis-server did not answer on port {port} within {timeout_s} s")
-    except BaseException:  # not answering, or interrupted (Ctrl-C, SIGTERM): it runs in a session of its own
-        EmbeddedRedis(url, proc, d).stop()
-        raise
+    tries = 1 if port else PORT_TRIES
+    for attempt in range(1, tries + 1):
+        chosen = port or free_port()
+        d = tempfile.mkdtemp(prefix="makespan-redis-")
+        args = [redis_server_binary(), "--port", str(chosen), "--bind", "127.0.0.1", "--dir", d,
+                "--save", "", "--appendonly", "yes" if appendonly else "no", "--protected-mode", "yes"]
+        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True, env={**os.environ})
+        emb = EmbeddedRedis(f"redis://127.0.0.1:{chosen}/0", proc, d)
+        try:
+            wait_server_started(proc, emb.url, timeout_s)
+            return emb
+        except PortTaken as e:
+            emb.stop()
+            if attempt == tries:
+                raise
+            log.info("embedded redis-server: %s; trying another port", e)
+        except BaseException:  # not answering, or interrupted (Ctrl-C, SIGTERM): it runs in a session of its own
+            emb.stop()
+            raise
+    raise AssertionError("unreachable: the last try returned or raised")
 
 
 # Error replies of a Redis that is in a passing state (loading its data, a replica or a

@@ -24,7 +24,7 @@ from pathlib import Path
 import redis
 
 from makespan.errors import StoreError
-from makespan.redis_conn import free_port, ping, redis_server_binary
+from makespan.redis_conn import PORT_TRIES, PortTaken, free_port, redis_server_binary, wait_server_started
 
 __all__ = ["RedisServer", "RefusingPort", "SentinelSet", "sentinel_binary", "sentinel_command"]
 
@@ -38,17 +38,6 @@ def _server_args(port: int, directory: str, appendfsync: str, extra: list[str] |
             "--appendonly", "yes", "--appendfsync", appendfsync, "--protected-mode", "yes", *(extra or [])]
 
 
-def _wait_ping(proc: subprocess.Popen, url: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise StoreError(f"redis-server exited with code {proc.returncode}")
-        if ping(url, 0.2):
-            return
-        time.sleep(0.02)
-    raise StoreError(f"redis-server did not answer on {url} within {timeout_s} s")
-
-
 class RedisServer:
     """A private redis-server with append-only persistence that can be killed and
     started again on the same port and directory (so the AOF brings its data back).
@@ -57,17 +46,31 @@ class RedisServer:
     ``everysec`` (see the module doc)."""
 
     def __init__(self, appendfsync: str = "always"):
-        self.port = free_port()
         self.dir = tempfile.mkdtemp(prefix="makespan-chaos-redis-")
         self.appendfsync = appendfsync
         self.proc: subprocess.Popen | None = None
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.start()
+        for attempt in range(1, PORT_TRIES + 1):  # a free port can be taken before the server binds it
+            self.port = free_port()
+            self.url = f"redis://127.0.0.1:{self.port}/0"
+            try:
+                self.start()
+                break
+            except PortTaken:
+                self.kill()
+                if attempt == PORT_TRIES:
+                    self.stop()
+                    raise
 
     def start(self, timeout_s: float = 10.0) -> None:
+        """Start the server on its port and directory; wait until it answers there
+        (:func:`makespan.redis_conn.wait_server_started`).
+
+        Raises:
+            PortTaken: another process holds the port (a restart after it was let go).
+            StoreError: it did not answer within ``timeout_s``."""
         self.proc = subprocess.Popen(_server_args(self.port, self.dir, self.appendfsync), stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL, start_new_session=True)
-        _wait_ping(self.proc, self.url, timeout_s)
+        wait_server_started(self.proc, self.url, timeout_s)
 
     def kill(self) -> None:
         """SIGKILL the server (a crash: no shutdown, no final rewrite)."""
@@ -234,10 +237,14 @@ class SentinelSet:
         deadline = time.monotonic() + 10.0
         while True:
             if proc.poll() is not None:
-                raise StoreError(f"redis-server exited with code {proc.returncode}")
+                raise PortTaken(f"redis-server {name} exited at start with code {proc.returncode} "
+                                f"(its port {port} taken by another process?)")
             try:
                 with self.client(port, socket_timeout=0.2, socket_connect_timeout=0.2) as c:
-                    if c.ping():
+                    if c.ping():  # ours, not another test's server that took the port first
+                        pid = int(c.info("server")["process_id"])
+                        if pid != proc.pid:
+                            raise PortTaken(f"another redis-server (pid {pid}) answers on port {port}")
                         return
             except (redis.RedisError, OSError):
                 if time.monotonic() > deadline:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Iterator
 
 import pytest
 
@@ -64,6 +65,21 @@ def prefix() -> str:
     out = f"mst-{uuid.uuid4().hex[:10]}"
     _PREFIXES.append(out)
     return out
+
+
+@pytest.fixture
+def refused_port() -> Iterator[int]:
+    """A loopback port where every connection is refused for the whole test: bound, not
+    listening (:class:`bench.chaos_redis.RefusingPort`). A port from ``free_port()`` is free
+    only when chosen: another test's redis-server can bind it meanwhile and answer where
+    the test expects nothing to listen."""
+    from bench.chaos_redis import RefusingPort
+
+    refusing = RefusingPort()
+    try:
+        yield refusing.port
+    finally:
+        refusing.close()
 
 
 @pytest.fixture

@@ -58,3 +58,20 @@ def wait_worker_consuming(settings, pid: int, timeout_s: float = 120.0, stop=Non
     finally:
         app.close()
     raise AssertionError(f"GPU worker {pid} did not consume within {timeout_s} s")
+
+
+def flower_receives_events(port: int, auth: tuple[str, str] | None = None) -> bool:
+    """Whether the Flower serving on 127.0.0.1:``port`` (``auth``: its basic-auth user and
+    password, if any) has received a Celery worker's event (its ``flower_worker_online``
+    gauge, set by a worker's heartbeat every 2 s, is 1 for some worker): its event receiver
+    is subscribed. Flower answers HTTP before that receiver (a
+    thread of its own) subscribes, and Celery's events are published to the subscribers of
+    the moment: the events of a task sent before it are missed for good."""
+    import httpx
+
+    try:
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", auth=auth, timeout=3.0).text
+    except httpx.HTTPError:
+        return False
+    return any(line.startswith("flower_worker_online{") and line.rsplit(" ", 1)[-1] in ("1", "1.0")
+               for line in text.splitlines())

@@ -34,7 +34,7 @@ from makespan.celery_app import create_celery
 from makespan.cli import app as cli_app
 from makespan.errors import RedisAuthFailed, RedisUnreachable, StoreError
 from makespan.models import load_fleet
-from makespan.redis_conn import EXIT_REFUSED, connect, free_port, start_embedded
+from makespan.redis_conn import EXIT_REFUSED, connect, start_embedded
 from makespan.workers.planner_worker import PlannerWorker
 from tests.conftest import FLEET_TOML
 from tests.faults.private_redis import ONE_HOST, fault_settings, write_fleet
@@ -157,8 +157,8 @@ def test_a_planner_whose_password_is_rotated_while_it_runs_logs_it_and_recovers(
     assert "rotated-pw-r7" not in caplog.text
 
 
-def test_an_unreachable_sentinel_is_told_from_a_wrong_service_name(sset):
-    nobody = f"redis+sentinel://:{DATA_PASSWORD}@127.0.0.1:{free_port()}/numaster/0"
+def test_an_unreachable_sentinel_is_told_from_a_wrong_service_name(sset, refused_port):
+    nobody = f"redis+sentinel://:{DATA_PASSWORD}@127.0.0.1:{refused_port}/numaster/0"
     with pytest.raises(RedisUnreachable) as err:
         makespan.connect(nobody, key_prefix=PREFIX)
     text = str(err.value)
@@ -174,10 +174,10 @@ def test_an_unreachable_sentinel_is_told_from_a_wrong_service_name(sset):
     _assert_clean(text)
 
 
-def test_the_cli_and_the_broker_say_no_sentinel_answered_without_a_repr(caplog):
+def test_the_cli_and_the_broker_say_no_sentinel_answered_without_a_repr(caplog, refused_port):
     """``makespan status`` and Celery's broker connection (what a GPU worker logs on each
     reconnect) on a Sentinel nobody listens at."""
-    url = f"redis+sentinel://:{DATA_PASSWORD}@127.0.0.1:{free_port()}/numaster/0"
+    url = f"redis+sentinel://:{DATA_PASSWORD}@127.0.0.1:{refused_port}/numaster/0"
     status = CliRunner().invoke(cli_app, ["status", "some-job"],
                                 env={"MAKESPAN_REDIS_URL": url, "MAKESPAN_KEY_PREFIX": PREFIX})
     assert status.exit_code == 2 and "no Sentinel answered at 127.0.0.1:" in status.output, status.output
@@ -190,9 +190,9 @@ def test_the_cli_and_the_broker_say_no_sentinel_answered_without_a_repr(caplog):
     _assert_clean(str(err.value))
 
 
-def test_a_planner_standing_by_on_an_unreachable_sentinel_logs_no_repr(caplog):
+def test_a_planner_standing_by_on_an_unreachable_sentinel_logs_no_repr(caplog, refused_port):
     """An outage (nothing listens) is ridden out as before, in lines without a repr."""
-    url = f"redis+sentinel://:{DATA_PASSWORD}@127.0.0.1:{free_port()}/numaster/0"
+    url = f"redis+sentinel://:{DATA_PASSWORD}@127.0.0.1:{refused_port}/numaster/0"
     settings = fault_settings(url, PREFIX)
     w = PlannerWorker(connect(url, settings=settings), settings, load_fleet(FLEET_TOML))
     t = threading.Thread(target=w.run, daemon=True)

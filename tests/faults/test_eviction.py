@@ -25,7 +25,9 @@ import pytest
 
 from makespan.errors import RedisConfigError
 from makespan.models import load_fleet
-from makespan.redis_conn import EXIT_REFUSED, check_eviction_policy, connect, free_port, redis_server_binary
+from bench.chaos_redis import RefusingPort
+from makespan.redis_conn import (EXIT_REFUSED, check_eviction_policy, connect, redis_server_binary, start_embedded,
+                                  wait_server_started)
 from makespan.settings import Settings
 from makespan.workers.leases import LeaseStore
 from makespan.workers.planner_worker import PlannerWorker
@@ -60,27 +62,17 @@ def test_an_expired_lease_does_not_hold_its_gpu(r, keys):
 
 @pytest.fixture(scope="module")
 def evicting_redis():
-    """A private redis-server with ``maxmemory-policy volatile-ttl``."""
-    port = free_port()
-    d = tempfile.mkdtemp(prefix="makespan-evicting-")
-    proc = subprocess.Popen([redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--dir", d,
-                             "--save", "", "--appendonly", "no", "--maxmemory", "64mb",
-                             "--maxmemory-policy", "volatile-ttl"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    url = f"redis://127.0.0.1:{port}/0"
-    c = connect(url)
-    for _ in range(200):
-        try:
-            if c.ping():
-                break
-        except Exception:  # noqa: BLE001 - not up yet
-            import time
-
-            time.sleep(0.05)
-    yield url
-    proc.terminate()
-    proc.wait(timeout=10)
-    shutil.rmtree(d, ignore_errors=True)
+    """A private redis-server with ``maxmemory-policy volatile-ttl`` (started as
+    :func:`start_embedded` starts one: on a port that is its own, answering)."""
+    emb = start_embedded()
+    try:
+        c = connect(emb.url)
+        c.config_set("maxmemory", "64mb")
+        c.config_set("maxmemory-policy", "volatile-ttl")
+        c.close()
+        yield emb.url
+    finally:
+        emb.stop()
 
 
 def test_check_refuses_an_evicting_policy_and_honours_the_override(evicting_redis, caplog):
@@ -172,20 +164,18 @@ def test_gpu_worker_starts_with_the_override(evicting_redis):
 
 def _start_evicting_on(port: int, policy: str = "allkeys-lru") -> tuple[subprocess.Popen, str]:
     """A redis-server with ``policy`` on ``port`` (answering PING); (process, its directory)."""
-    import time
-
     d = tempfile.mkdtemp(prefix="makespan-late-evicting-")
     proc = subprocess.Popen([redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--dir", d,
                              "--save", "", "--appendonly", "no", "--maxmemory", "64mb",
                              "--maxmemory-policy", policy],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    c = connect(f"redis://127.0.0.1:{port}/0")
-    for _ in range(200):
-        try:
-            if c.ping():
-                break
-        except Exception:  # noqa: BLE001 - not up yet
-            time.sleep(0.05)
+    try:
+        wait_server_started(proc, f"redis://127.0.0.1:{port}/0", 30)  # this server answers, not another
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        shutil.rmtree(d, ignore_errors=True)
+        raise
     return proc, d
 
 
@@ -197,7 +187,10 @@ def _refused_after_late_redis(argv: list[str], down_s: float = 4.0, wait_s: floa
     still running and was killed; its output)."""
     import time
 
-    port = free_port()
+    # the port refuses connections while Redis is "down" and is held meanwhile (bound, not
+    # listening), so that no other test's server takes it before the late Redis starts there
+    down = RefusingPort()
+    port = down.port
     url = f"redis://127.0.0.1:{port}/0"
     p = subprocess.Popen(argv, env=_env(url, MAKESPAN_REDIS_CONNECT_TIMEOUT_S="0.5", **env_extra),
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
@@ -205,6 +198,7 @@ def _refused_after_late_redis(argv: list[str], down_s: float = 4.0, wait_s: floa
     try:
         time.sleep(down_s)
         assert p.poll() is None, p.communicate()[0][-2000:]  # it waits for Redis, it does not refuse yet
+        down.close()
         server = _start_evicting_on(port)
         try:
             out, _ = p.communicate(timeout=wait_s)
@@ -214,6 +208,7 @@ def _refused_after_late_redis(argv: list[str], down_s: float = 4.0, wait_s: floa
             out, _ = p.communicate()
             return None, out
     finally:
+        down.close()
         if p.poll() is None:
             p.kill()
             p.wait()

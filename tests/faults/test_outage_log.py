@@ -12,7 +12,7 @@ import threading
 import redis
 
 from makespan.models import load_fleet
-from makespan.redis_conn import OutageLog, connect, free_port
+from makespan.redis_conn import OutageLog, connect
 from makespan.settings import Settings
 from makespan.workers import planner_worker
 from makespan.workers.planner_worker import PlannerWorker
@@ -50,7 +50,7 @@ def test_one_line_per_interval_and_one_when_it_ends(caplog):
         assert caplog.records[-1].getMessage() == "loop: Redis unavailable: Connection refused"
 
 
-def test_a_standby_planner_logs_an_outage_once(monkeypatch, caplog):
+def test_a_standby_planner_logs_an_outage_once(monkeypatch, caplog, refused_port):
     """A real planner standing by against a port where no Redis listens."""
     made: list[OutageLog] = []
 
@@ -60,7 +60,7 @@ def test_a_standby_planner_logs_an_outage_once(monkeypatch, caplog):
             made.append(self)
 
     monkeypatch.setattr(planner_worker, "OutageLog", Counted)
-    url = f"redis://127.0.0.1:{free_port()}/0"
+    url = f"redis://127.0.0.1:{refused_port}/0"
     # a socket timeout the leader lock fits (makespan.settings.planner_lock_warning): its one line is the outage's
     w = PlannerWorker(connect(url), Settings(redis_url=url, key_prefix="mst-outage-log", redis_socket_timeout_s=1.0),
                       load_fleet(FLEET_TOML))

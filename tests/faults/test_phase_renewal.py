@@ -82,8 +82,8 @@ def test_a_phase_that_waited_most_of_the_ttl_keeps_its_lease(worker, r, keys, wa
         else:
             chain(*[app.signature(f"makespan.{p}", args=(ctx.__dict__,), immutable=True).set(queue=queue)
                     for p in JOB_PHASES], app=app).apply_async()
-        wait_for(lambda: r.hget(keys.job(job), "state") in ("completed", "failed", "cancelled"), 15,
-                 "the job to end", 0.1)
+        wait_for(lambda: r.hget(keys.job(job), "state") in ("completed", "failed", "cancelled"), 60,
+                 "the job to end", 0.1)  # seconds of phases; the bound only stops a hang on a loaded host
     except TimeoutError:
         pytest.fail(f"the job never ended (state {r.hget(keys.job(job), 'state')!r}): its phase found the lease gone")
     finally:

@@ -167,7 +167,7 @@ def test_closing_the_planner_closes_its_lock_clients_connections(private_redis, 
     worker._release(lock)
     connected = len(r.client_list())
     worker.close()
-    wait_for(lambda: len(r.client_list()) < connected, 5, "the lock client's connection closed")
+    wait_for(lambda: len(r.client_list()) < connected, 30, "the lock client's connection closed")
     r.close()
 
 

@@ -13,7 +13,7 @@ import time
 
 from makespan.models import load_fleet
 from makespan.producer import Producer
-from makespan.redis_conn import connect, free_port
+from makespan.redis_conn import connect
 from makespan.settings import Settings
 from makespan.workers.leases import LeaseStore
 from makespan.workers.planner_worker import PlannerWorker
@@ -51,8 +51,8 @@ def test_reclaim_before_execute_still_requeues(r, keys, settings):
     assert r.zscore(keys.queue("HIGH"), jid) is not None
 
 
-def test_standby_planner_outlives_an_unreachable_redis(prefix):
-    dead = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens here
+def test_standby_planner_outlives_an_unreachable_redis(prefix, refused_port):
+    dead = f"redis://127.0.0.1:{refused_port}/0"  # nothing listens here
     s = Settings(redis_url=dead, key_prefix=prefix, lease_ttl_s=2.0)
     w = PlannerWorker(connect(dead, socket_connect_timeout=0.1), s, load_fleet(FLEET_TOML))
     out: list = []

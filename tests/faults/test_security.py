@@ -18,7 +18,7 @@ from makespan.celery_app import create_celery
 from makespan.cli import app as cli_app
 from makespan.errors import ValidationError
 from makespan.models import load_fleet, parse_job
-from makespan.redis_conn import connect, free_port, redacted
+from makespan.redis_conn import connect, redacted
 from makespan.settings import Settings
 from tests.conftest import FLEET_TOML
 
@@ -93,8 +93,8 @@ def test_a_password_with_a_character_that_ends_the_host_part_is_hidden_too(url):
         assert "pa#ss" not in str(e) and "pa?ss" not in str(e) and "pa/ss" not in str(e), str(e)
 
 
-def test_cli_error_does_not_print_the_redis_password(prefix):
-    url = f"redis://:s3cret-pw@127.0.0.1:{free_port()}/0"  # nothing listens: the submit fails
+def test_cli_error_does_not_print_the_redis_password(prefix, refused_port):
+    url = f"redis://:s3cret-pw@127.0.0.1:{refused_port}/0"  # nothing listens: the submit fails
     res = CliRunner().invoke(cli_app, ["submit", "--fleet", FLEET_TOML, "--endpoint", "chat", "--service-s", "5"],
                              env={"MAKESPAN_REDIS_URL": url, "MAKESPAN_KEY_PREFIX": prefix})
     assert res.exit_code != 0

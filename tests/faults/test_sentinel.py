@@ -143,7 +143,8 @@ def test_a_workload_submit_returns_once_a_replica_holds_it(keys, settings):
     try:
         rr = connect(replica.url)
         rr.replicaof("127.0.0.1", primary.url.rsplit(":", 1)[1].split("/")[0])
-        wait_for(lambda: rr.info("replication").get("master_link_status") == "up", 10, "the replica to sync")
+        # a full sync waits repl-diskless-sync-delay (5 s by default) before its transfer: 10 s was half slack
+        wait_for(lambda: rr.info("replication").get("master_link_status") == "up", 60, "the replica to sync")
         p = connect(primary.url)
         s = replace(settings, redis_url=primary.url, submit_wait_replicas=1, submit_wait_timeout_s=5.0)
         wid = submit_workload(p, keys, load_fleet(FLEET_TOML), _workload(), s)

@@ -71,7 +71,7 @@ def test_every_process_kind_ends_within_the_bound_mid_work(r, keys, live, tmp_pa
                                  start_new_session=True)
     dash_log.close()
     try:
-        stream = wait_for(lambda: _open_stream(port), 30, "the dashboard's event stream")
+        stream = wait_for(lambda: _open_stream(port), 90, "the dashboard's event stream")  # a start on a loaded host
         assert stream.readline()  # the stream is live: its first line came
         procs = {p.name: p.popen for p in system.procs}
         results = {"dashboard": _sigterm_and_time(dashboard)}

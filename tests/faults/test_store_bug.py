@@ -14,7 +14,7 @@ import redis
 
 from makespan.errors import StoreBug, StoreError
 from makespan.models import load_fleet
-from makespan.redis_conn import OutageLog, connect, free_port, is_store_bug, store_error
+from makespan.redis_conn import OutageLog, connect, is_store_bug, store_error
 from makespan.store.jobs import JobStore
 from makespan.workers import planner_worker
 from makespan.workers.planner_worker import PlannerWorker
@@ -32,12 +32,12 @@ def test_a_script_on_a_key_of_the_wrong_type_is_a_bug(r, keys):
     assert is_store_bug(raised.value)
 
 
-def test_wrong_arguments_are_a_bug_and_an_unreachable_redis_is_not(r, keys):
+def test_wrong_arguments_are_a_bug_and_an_unreachable_redis_is_not(r, keys, refused_port):
     with pytest.raises(redis.ResponseError) as wrong_args:
         r.execute_command("GET", keys.delayed, "extra")
     assert is_store_bug(wrong_args.value)
     assert isinstance(store_error(wrong_args.value, "get"), StoreBug)
-    down = connect(f"redis://127.0.0.1:{free_port()}/0")
+    down = connect(f"redis://127.0.0.1:{refused_port}/0")
     with pytest.raises(redis.ConnectionError) as refused:
         down.get(keys.delayed)
     assert not is_store_bug(refused.value)

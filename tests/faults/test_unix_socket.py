@@ -11,13 +11,12 @@ without it: no socket path at all)."""
 from __future__ import annotations
 
 import subprocess
-import time
 
 import pytest
 
 from makespan.keys import Keys
 from makespan.producer import Producer
-from makespan.redis_conn import EmbeddedRedis, connect, redis_server_binary
+from makespan.redis_conn import EmbeddedRedis, connect, redis_server_binary, wait_server_started
 from tests.faults.private_redis import ONE_HOST, TERMINAL, fault_settings, live_system, process_logs
 from tests.live import wait_for
 
@@ -32,9 +31,9 @@ def unix_redis(tmp_path_factory):
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     emb = EmbeddedRedis(f"unix://{sock}?db=3", proc, str(d))
     try:
-        deadline = time.monotonic() + 10
-        while not sock.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        # answering, not just its socket file made: the file exists from the bind, before the
+        # listen (a connection then is refused), and a silent 10 s deadline went on regardless
+        wait_server_started(proc, emb.url, 60)
         yield emb
     finally:
         emb.stop()

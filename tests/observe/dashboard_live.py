@@ -90,7 +90,7 @@ def start_dashboard(settings: Settings, port: int, log_path: Path, refresh_s: fl
         except httpx.HTTPError:
             return False
 
-    wait_for(answers, 30, "makespan dashboard to answer")
+    wait_for(answers, 90, "makespan dashboard to answer")  # bounds a hang: a start on a loaded host takes seconds
     return proc
 
 

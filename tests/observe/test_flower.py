@@ -21,7 +21,9 @@ from .deploy_checks import ROOT
 AUTH = ("ops", "pw-test")
 
 
-def _wait_json(url: str, timeout_s: float = 30.0, ok=lambda j: True):
+def _wait_json(url: str, timeout_s: float = 90.0, ok=lambda j: True):
+    """Poll ``url`` until it answers JSON that ``ok`` accepts; ``timeout_s`` bounds a hang only
+    (Flower's and a Celery worker's start take tens of seconds on a loaded 2-core host)."""
     deadline = time.monotonic() + timeout_s
     last = None
     while time.monotonic() < deadline:
@@ -82,7 +84,7 @@ def test_flower_queue_lengths_equal_our_gauge_and_list_workers(env, r, keys):
                                    "-Q", "gpu.flower-test", "-n", "flower-test@%h", "--without-mingle",
                                    "--without-gossip", "-E", "-l", "WARNING"],
                                   cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        workers = _wait_json(f"{base}/api/workers?refresh=1", timeout_s=40,
+        workers = _wait_json(f"{base}/api/workers?refresh=1", timeout_s=120,
                              ok=lambda j: any(n.startswith("flower-test@") for n in j))
         name = next(n for n in workers if n.startswith("flower-test@"))
         assert any(q["name"] == "gpu.flower-test" for q in workers[name].get("active_queues", []))

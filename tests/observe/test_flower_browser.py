@@ -16,7 +16,7 @@ from makespan.live import LiveSystem
 from makespan.models import load_fleet
 from makespan.producer import Producer
 from makespan.redis_conn import free_port
-from tests.live import stop_checked, wait_for
+from tests.live import flower_receives_events, stop_checked, wait_for
 
 from .debian_tools import Chromium, require_tool
 from .deploy_checks import ROOT
@@ -54,9 +54,12 @@ def test_flower_pages_show_gpu_workers_queues_and_execute_tasks(r, keys, setting
         system.start()
         flower = _start_flower(settings, port, tmp_path / "flower.log")
         api = f"http://127.0.0.1:{port}"
-        wait_for(lambda: _answers(f"{api}/healthcheck"), 30, "Flower to answer")
+        wait_for(lambda: _answers(f"{api}/healthcheck"), 90, "Flower to answer")  # a start on a loaded host
         wait_for(lambda: {f"gpu-{h.name}" for h in fleet.hosts} <= _worker_names(api), 40,
                  "Flower to see both GPU workers")
+        # the workers above answered Flower's broadcast; the tasks page is built from events,
+        # which Flower misses for good when the jobs run before its receiver subscribes
+        wait_for(lambda: flower_receives_events(port, (USER, PASSWORD)), 60, "Flower's event receiver to see a worker heartbeat")
         prod = Producer(r, keys, fleet, settings)
         ids = [prod.submit({"endpoint": ep, "priority": p, "service_s": 20}).id
                for ep, p in (("embed", "CRITICAL"), ("chat", "NORMAL"), ("summarizer", "LOW"))]

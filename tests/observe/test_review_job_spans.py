@@ -98,7 +98,7 @@ def test_a_job_cancelled_while_it_runs_ends_its_root_span(traced, monkeypatch):
     wait_for(lambda: (marks / f"{job.id}.started").exists(), 60, "the function to start")
     assert job.cancel() == "cancel_requested"
     wait_for(lambda: job.status()["state"] == "cancelled", 30, "the job to end cancelled")
-    wait_for(lambda: any(s["name"] == "makespan" for s in _spans(trace_file, job.id)), 15, "the job's root span")
+    wait_for(lambda: any(s["name"] == "makespan" for s in _spans(trace_file, job.id)), 60, "the job's root span")
     mine = _spans(trace_file, job.id)
     root = next(s for s in mine if s["name"] == "makespan")
     assert root["trace_id"] == tp.split("-")[1] and root["span_id"] == tp.split("-")[2]

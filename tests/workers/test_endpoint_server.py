@@ -75,4 +75,4 @@ def test_sigterm_exits_cleanly(server):
     url, proc = server
     _wait_status(url + "/health", 200)
     proc.terminate()
-    assert proc.wait(timeout=5) == 0
+    assert proc.wait(timeout=30) == 0  # bounds a hang only: a loaded host delays the server's shutdown

@@ -137,7 +137,15 @@ def _gone(pid: int, timeout_s: float) -> bool:
     return False
 
 
-def _eventually(cond, timeout_s: float = 5.0) -> bool:
+def _cmdline(proc: psutil.Process) -> list[str]:
+    """``proc``'s command line, or [] once it has ended (psutil raises for a process gone or a zombie)."""
+    try:
+        return proc.cmdline()
+    except psutil.Error:
+        return []
+
+
+def _eventually(cond, timeout_s: float = 30.0) -> bool:
     """Whether ``cond()`` holds within ``timeout_s`` (the improver logs a failed solve on
     its pool thread just after it reports idle)."""
     end = time.monotonic() + timeout_s
@@ -281,11 +289,14 @@ def test_killed_planner_process_leaves_no_improver_child(r, keys, settings, tmp_
             prod.submit({"endpoint": "e", "service_s": 10 + i})
         end = time.monotonic() + 180  # bounds on a hang: a CLI start and a spawned child on a loaded host
         kids: list = []  # the improver's child, and multiprocessing's resource tracker
-        while not any("spawn_main" in " ".join(k.cmdline()) for k in kids) and time.monotonic() < end:
+
+        def spawned() -> bool:  # a child listed may have ended (or be a zombie) before its cmdline is read
+            return any("spawn_main" in " ".join(_cmdline(k)) for k in kids)
+        while not spawned() and time.monotonic() < end:
             assert proc.poll() is None, proc.stderr.read().decode()
             kids = psutil.Process(proc.pid).children()
             time.sleep(0.1)
-        assert any("spawn_main" in " ".join(k.cmdline()) for k in kids), kids
+        assert spawned(), kids
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(10)
         assert all(_gone(k.pid, 60) for k in kids)

@@ -20,7 +20,7 @@ from makespan.telemetry import read_span_file
 from makespan.live import LiveSystem, delete_prefix
 from makespan.models import load_fleet
 from makespan.redis_conn import connect
-from tests.live import all_events, stop_checked, wait_for
+from tests.live import all_events, flower_receives_events, stop_checked, wait_for
 
 FLEET = Path(__file__).with_name("fleet.toml").resolve()
 
@@ -406,8 +406,12 @@ def test_progress_reaches_flower_while_the_function_runs(live, marks, tmp_path):
                 return resp.json() if resp.status_code == 200 else None
             except httpx.HTTPError:
                 return None
-        wait_for(lambda: tasks() is not None, 30, "Flower to answer")
-        time.sleep(1.0)  # Flower's event receiver is connected
+        wait_for(lambda: tasks() is not None, 90, "Flower to answer")  # bounds a hang: a start on a loaded host
+        # Flower answers HTTP before its event receiver (a thread of its own) has subscribed,
+        # and Celery's events are published once, to the subscribers of that moment: a task
+        # sent before it subscribes is missed for good (its PROGRESS, and its name). A worker
+        # heartbeat (every 2 s) that Flower counted shows that the receiver is in place.
+        wait_for(lambda: flower_receives_events(port, auth), 60, "Flower's event receiver to see a worker heartbeat")
         job = client.submit("wait_for_cancel")
         wait_for(lambda: _marks(marks, job, "started"), 60, "the function to start")
 

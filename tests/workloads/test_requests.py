@@ -32,10 +32,12 @@ def server():
             return httpx.get(f"http://127.0.0.1:{port}/health", timeout=0.5).status_code == 200
         except httpx.HTTPError:
             return False
-    wait_for(up, 10, "endpoint server")
+    # bounds a hang only: a Python server process starting on a loaded 2-core host (tests
+    # on the other xdist worker, a browser) takes seconds to import and bind, not always 10
+    wait_for(up, 60, "endpoint server")
     yield f"http://127.0.0.1:{port}"
     p.terminate()
-    p.wait(5)
+    p.wait(30)
 
 
 def max_overlap(recs):
