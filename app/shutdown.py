@@ -15,6 +15,13 @@ payload of requests), and of one whose endpoint start stopped on it (a process e
 cold start at its next pause between health probes, a wake awaiting its answer, a helper
 endpoint's start, a modelled start's wait: the processes that start spawned are stopped
 first, ``PhaseRunner._paced_cancellable``).
+
+A Celery prefork GPU worker's phases run in pool children, which Celery does not tell of
+its warm shutdown: the worker opens a pipe before it forks them
+(:func:`open_children_notice`) and :func:`arm` closes its write end; each child sets its
+own :data:`SHUTTING_DOWN` at that EOF (:func:`watch_parent_notice`), and a SIGTERM that
+reaches a child during a task does the same instead of ending it mid-phase
+(:func:`hold_sigterm_during_task`, :func:`task_done`).
 """
 
 from __future__ import annotations
@@ -36,12 +43,24 @@ SHUTTING_DOWN = threading.Event()
 """Set when this process's shutdown begins (:func:`arm`): work that can end early sees it
 (a GPU worker's running workload function gets ``ctx.cancelled``, with ``cancel_reason``
 ``worker_shutdown``: :mod:`makespan.workers.functions`) and ends before the watchdog.
-One per process: a Celery prefork child's stays unset when its parent shuts down (the
-``worker_shutting_down`` signal, which arms, is sent in the parent only)."""
+One per process: a Celery prefork child sets its own when its parent's shutdown begins
+(:func:`watch_parent_notice`) or when SIGTERM reaches it during a task
+(:func:`hold_sigterm_during_task`)."""
 
 _armed = False
 _lock = threading.Lock()
 _deadline_monotonic: float | None = None  # when the watchdog fires (time.monotonic()); None: not armed
+# A pool parent's notice to its forked children (open_children_notice): this process holds
+# the write end open until its shutdown begins (arm closes it); children read the read end.
+_notice_read_fd: int | None = None
+_notice_write_fd: int | None = None
+_PARENT_SHUTTING_DOWN = threading.Event()  # in a pool child: its parent's shutdown began (or the parent died)
+# In a pool child (hold_sigterm_during_task): the SIGTERM handler the pool installed, a task
+# running, a SIGTERM that came during one
+_pool_sigterm_handler: Callable[..., object] | int | None = None
+_task_running = False
+_sigterm_during_task = False
+_held_grace_s = 0.0
 
 
 def time_left_s() -> float | None:
@@ -58,7 +77,8 @@ def arm(grace_s: float, process: str, signal_name: str = "SIGTERM") -> bool:
     finalizes or a C call holds the GIL: after ``grace_s`` seconds (wall clock) it writes
     every thread's traceback to stderr (where the shutdown was stuck) and ends the process
     with :data:`EXIT_SHUTDOWN_TIMEOUT`. Safe to call from a signal handler or a Celery
-    signal. Sets :data:`SHUTTING_DOWN`; :func:`time_left_s` counts down from ``grace_s``.
+    signal. Sets :data:`SHUTTING_DOWN`; :func:`time_left_s` counts down from ``grace_s``;
+    forked children that watch this process (:func:`open_children_notice`) are told.
     ``signal_name`` (``"SIGTERM"``, ``"SIGINT"``, ...) is the signal the stderr line names.
     Returns True if this call armed it."""
     global _armed, _deadline_monotonic
@@ -68,6 +88,7 @@ def arm(grace_s: float, process: str, signal_name: str = "SIGTERM") -> bool:
             return False
         _armed = True
         _deadline_monotonic = time.monotonic() + grace_s
+    _tell_children()
     # the process's own stderr (fd 2): Celery replaces sys.stderr with a logging proxy that has no fd
     err = sys.__stderr__
     try:
@@ -125,3 +146,130 @@ def on_sigterm(grace_s: float, process: str, stop: Callable[[], None]) -> Callab
 
     threading.Thread(target=_watch, name="makespan-sigterm-watch", daemon=True).start()
     return restore
+
+
+def _begin_without_watchdog(grace_s: float) -> None:
+    """Set :data:`SHUTTING_DOWN` and the deadline :func:`time_left_s` counts to
+    (``grace_s`` from now, unless one is set), starting no watchdog."""
+    global _deadline_monotonic
+    with _lock:
+        if _deadline_monotonic is None:
+            _deadline_monotonic = time.monotonic() + grace_s
+    SHUTTING_DOWN.set()
+
+
+def open_children_notice() -> None:
+    """In a process about to fork children that run its work (a Celery prefork GPU worker,
+    at ``worker_init``, before the pool starts): open the pipe through which its forked
+    children learn that its shutdown began (:func:`watch_parent_notice`). This process
+    keeps the write end open, and :func:`arm` closes it: every child then reads EOF at
+    once, also a child forked later. Calling it again does nothing."""
+    global _notice_read_fd, _notice_write_fd
+    with _lock:
+        if _notice_write_fd is not None or _armed:
+            return
+        _notice_read_fd, _notice_write_fd = os.pipe()  # not inherited across exec: endpoint processes never hold it
+
+
+def _tell_children() -> None:
+    """Close the notice's write end (:func:`open_children_notice`), once: every forked
+    child that watches it reads EOF."""
+    global _notice_write_fd
+    with _lock:
+        write_fd, _notice_write_fd = _notice_write_fd, None
+    if write_fd is not None:
+        os.close(write_fd)
+
+
+def watch_parent_notice(grace_s: float) -> bool:
+    """In a child forked after :func:`open_children_notice` (a Celery prefork pool child,
+    at ``worker_process_init``): close the inherited write end, and wait in a daemon
+    thread for EOF on the read end, which comes within milliseconds of the parent's
+    :func:`arm` (its shutdown began) or of the parent's death. Then set this process's
+    :data:`SHUTTING_DOWN` (a running workload function gets ``ctx.cancelled`` with
+    ``cancel_reason`` ``worker_shutdown``, a wait of ``service_s`` or an endpoint start
+    stops, and the phase runner hands the lease back) and the deadline :func:`time_left_s`
+    counts to, ``grace_s`` from then (the parent's, a few milliseconds late). No watchdog
+    of its own: the parent's ends the parent, and the pool child with it (Celery gives
+    every prefork child ``PR_SET_PDEATHSIG`` SIGKILL, which also ends it when the parent
+    dies unnoticed: SIGKILL, out of memory; without it, a child whose parent died hands
+    its lease back too). Returns False when there is nothing to watch: no notice was
+    opened, or this child was not forked (billiard's ``spawn``: a fresh interpreter).
+    Call it in the child right after the fork, before it starts threads."""
+    global _lock, _notice_read_fd, _notice_write_fd
+    _lock = threading.Lock()  # a copy of the parent's, held in this child for good if a parent thread held it at the fork
+    read_fd, write_fd, _notice_read_fd, _notice_write_fd = _notice_read_fd, _notice_write_fd, None, None
+    if read_fd is None:
+        return False
+    if write_fd is not None:
+        os.close(write_fd)  # else this child's own write end would keep its read from ever seeing EOF
+
+    def _watch() -> None:
+        try:
+            while True:
+                try:
+                    if not os.read(read_fd, 64):  # nobody writes: EOF is the one thing that comes
+                        break
+                except InterruptedError:
+                    continue
+                except OSError:
+                    return
+            _PARENT_SHUTTING_DOWN.set()
+            _begin_without_watchdog(grace_s)
+        finally:
+            os.close(read_fd)
+
+    threading.Thread(target=_watch, name="makespan-parent-shutdown-watch", daemon=True).start()
+    return True
+
+
+def hold_sigterm_during_task(grace_s: float) -> None:
+    """In a pool child's main thread, as a task starts (Celery ``task_prerun``): a SIGTERM
+    that reaches this child while the task runs (a supervisor that signals the whole
+    process group, as systemd does by default) sets :data:`SHUTTING_DOWN`, as the parent's
+    shutdown does (:func:`watch_parent_notice`), instead of running the pool's handler
+    (billiard's ends the child at once: the phase is cut off mid-way, its lease left to
+    its TTL, and the parent logs a lost worker). The task then ends early and hands its
+    lease back; :func:`task_done` passes the SIGTERM on unless the parent shuts down
+    (its warm shutdown then ends this child). A SIGTERM between tasks runs the pool's
+    handler. Must run in the main thread (``signal.signal``)."""
+    global _pool_sigterm_handler, _task_running, _held_grace_s
+    _held_grace_s = grace_s
+    current = signal.getsignal(signal.SIGTERM)
+    if current is not _on_sigterm_in_task:  # the pool sets its handler after worker_process_init: wrap it here
+        _pool_sigterm_handler = current
+        signal.signal(signal.SIGTERM, _on_sigterm_in_task)
+    _task_running = True
+
+
+def _on_sigterm_in_task(signum: int, frame: object) -> None:
+    """A pool child's SIGTERM handler (:func:`hold_sigterm_during_task`)."""
+    global _sigterm_during_task
+    if not _task_running:
+        _pass_on_sigterm(signum, frame)
+        return
+    _sigterm_during_task = True
+    _begin_without_watchdog(_held_grace_s)
+
+
+def _pass_on_sigterm(signum: int, frame: object) -> None:
+    """Run the SIGTERM handler the pool installed (:func:`hold_sigterm_during_task`),
+    and leave it installed."""
+    handler = _pool_sigterm_handler
+    if callable(handler):
+        signal.signal(signal.SIGTERM, handler)
+        handler(signum, frame)
+    elif handler != signal.SIG_IGN:  # the default action: end this process by the signal
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def task_done() -> None:
+    """In a pool child, as a task ends (Celery ``task_postrun``): a SIGTERM that came
+    during it (:func:`hold_sigterm_during_task`) now runs the pool's handler, unless the
+    parent's shutdown began (then its warm shutdown ends this child)."""
+    global _task_running, _sigterm_during_task
+    _task_running = False
+    if _sigterm_during_task and not _PARENT_SHUTTING_DOWN.is_set():
+        _sigterm_during_task = False
+        _pass_on_sigterm(int(signal.SIGTERM), None)

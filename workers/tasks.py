@@ -67,6 +67,49 @@ def _reset_after_fork(**_kw) -> None:
     _runner = None  # a forked child opens its own Redis connections
 
 
+_in_pool_child = False  # this process is a prefork pool child that watches its parent's shutdown
+
+
+@signals.worker_init.connect
+def _open_children_notice(**_kw) -> None:
+    """Before a prefork pool forks its children: the pipe through which they learn that
+    this worker's shutdown began (:func:`makespan.shutdown.open_children_notice`; two file
+    descriptors, unused by the threads and solo pools)."""
+    from makespan import shutdown
+
+    shutdown.open_children_notice()
+
+
+@signals.worker_process_init.connect
+def _watch_parent_shutdown(**_kw) -> None:
+    """In each prefork pool child: set this child's ``SHUTTING_DOWN`` when the worker's
+    shutdown begins (:func:`makespan.shutdown.watch_parent_notice`), so that its running
+    phase stops early and hands its lease back as in the threads pool."""
+    global _in_pool_child
+    from makespan import shutdown
+
+    _in_pool_child = shutdown.watch_parent_notice(settings.shutdown_grace_s)
+
+
+@signals.task_prerun.connect
+def _hold_sigterm_in_pool_child(**_kw) -> None:
+    """In a prefork pool child: a SIGTERM sent to the whole process group during a task
+    stops the task as the worker's shutdown does, instead of ending the child mid-phase
+    (:func:`makespan.shutdown.hold_sigterm_during_task`)."""
+    if _in_pool_child:
+        from makespan import shutdown
+
+        shutdown.hold_sigterm_during_task(settings.shutdown_grace_s)
+
+
+@signals.task_postrun.connect
+def _task_done_in_pool_child(**_kw) -> None:
+    if _in_pool_child:
+        from makespan import shutdown
+
+        shutdown.task_done()
+
+
 def _make_phase_task(phase: str):
     @celery.task(name=PHASE_TASK_NAMES[phase], bind=True, acks_late=True, ignore_result=True, shared=False)
     def _task(self, ctx: dict) -> str:

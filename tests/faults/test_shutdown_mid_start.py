@@ -71,15 +71,18 @@ def _alive(pid: int) -> bool:
         return False
 
 
-@pytest.mark.parametrize("started", ["endpoint", "helper"])
+@pytest.mark.parametrize(("started", "pool"), [("endpoint", "threads"), ("helper", "threads"), ("endpoint", "prefork")])
 def test_a_sigterm_during_a_start_hands_the_lease_back_and_stops_the_spawned_process(r, keys, settings, tmp_path,
-                                                                                     started):
+                                                                                     started, pool):
+    """``pool`` prefork: the start runs in a pool child, which now sees the worker's
+    shutdown (before, the group's SIGTERM ended the child at once, mid-start, and the
+    lease waited for its TTL)."""
     path = tmp_path / "fleet.toml"
     path.write_text(FLEET)
     fleet = load_fleet(path)
     gpu = fleet.hosts[0].gpus[0].uuid
     s = dataclasses.replace(settings, shutdown_grace_s=SHUTDOWN_GRACE_S, lease_ttl_s=LEASE_TTL_S)
-    system = LiveSystem(path, fleet, s, tmp_path / "logs", observer=False,
+    system = LiveSystem(path, fleet, s, tmp_path / "logs", pool=pool, observer=False,
                         extra_env={"MAKESPAN_LOG_DIR": str(tmp_path / "endpoints")})
     try:
         system.start()

@@ -9,6 +9,12 @@ hands its lease back at once (the reclaim's script under the lease's fencing tok
 attempt counted, as for a preemption), and the next worker runs it to the end. Before the hand-back the job
 waited for its lease to expire (here 60 s) and the planner's reclaim.
 
+The same with ``--pool prefork``, where the function runs in a pool child: before, the
+child never learnt of its parent's shutdown (a SIGTERM to the worker's process group ended
+it at once, mid-function; one to the worker alone left the function running until the
+watchdog); now it does (:func:`makespan.shutdown.watch_parent_notice`,
+:func:`makespan.shutdown.hold_sigterm_during_task`).
+
 Real planner and GPU worker processes loading ``tests.workloads.fns``, real Redis.
 """
 
@@ -17,6 +23,9 @@ from __future__ import annotations
 import os
 import signal
 from dataclasses import replace
+
+import psutil
+import pytest
 
 import makespan
 from makespan.live import LiveSystem
@@ -40,14 +49,21 @@ evict_s = 1
 """
 
 
-def test_a_running_function_sees_the_worker_shutdown_and_its_job_is_requeued(r, keys, settings, tmp_path):
+@pytest.mark.parametrize(("pool", "sigterm_to"), [("threads", "group"), ("prefork", "group"), ("prefork", "parent")])
+def test_a_running_function_sees_the_worker_shutdown_and_its_job_is_requeued(r, keys, settings, tmp_path, pool,
+                                                                             sigterm_to):
+    """``sigterm_to``: "group", the worker's whole process group (as systemd's default
+    KillMode and ``LiveSystem.stop`` do: a prefork child gets SIGTERM too, and before
+    ended at once, mid-function, its lease left to expire); "parent", the worker's main
+    process alone (``docker stop``, Kubernetes, ``kill PID``: a prefork child learns of
+    the shutdown only from its parent; before, its function ran on until the watchdog)."""
     path = tmp_path / "fleet.toml"
     path.write_text(FLEET)
     marks = tmp_path / "marks"
     marks.mkdir()
     s = replace(settings, workload_modules="tests.workloads.fns", shutdown_grace_s=SHUTDOWN_GRACE_S,
                 lease_ttl_s=LEASE_TTL_S)
-    system = LiveSystem(path, load_fleet(path), s, tmp_path / "logs", observer=False,
+    system = LiveSystem(path, load_fleet(path), s, tmp_path / "logs", pool=pool, observer=False,
                         extra_env={"MAKESPAN_TEST_MARK_DIR": str(marks)})
     client = makespan.connect(s.redis_url, key_prefix=s.key_prefix)
     try:
@@ -57,7 +73,10 @@ def test_a_running_function_sees_the_worker_shutdown_and_its_job_is_requeued(r, 
         wait_for(lambda: (marks / f"{job.id}.started").exists(), 60, "the function to start")
         (worker,) = [p for p in system.procs if p.name == f"gpu-{HOST}-0"]
 
-        os.killpg(worker.popen.pid, signal.SIGTERM)
+        if sigterm_to == "group":
+            os.killpg(worker.popen.pid, signal.SIGTERM)
+        else:
+            os.kill(worker.popen.pid, signal.SIGTERM)
         code = worker.popen.wait(timeout=SHUTDOWN_GRACE_S + 60)
         reason_file = marks / f"{job.id}.cancel_reason"
         told = reason_file.read_text().split() if reason_file.exists() else []
@@ -76,6 +95,43 @@ def test_a_running_function_sees_the_worker_shutdown_and_its_job_is_requeued(r, 
         system.procs.remove(worker)
         system.start_gpu_worker(HOST, 1)
         assert job.result(timeout_s=120) == {"resumed_at_attempt": 1}  # the given-up run was no attempt
+    finally:
+        system.stop()
+        client.close()
+
+
+def test_a_sigterm_to_a_prefork_child_alone_hands_its_job_back_and_the_worker_runs_it_again(r, keys, settings,
+                                                                                            tmp_path):
+    """SIGTERM to one prefork pool child (not its worker) while its function runs: the
+    function is told (``worker_shutdown``: its process ends) and the lease handed back, as
+    at the worker's shutdown; the child then ends as the pool's own SIGTERM handler ends it
+    (it does not live on with its shutdown set, handing back every later job), the worker,
+    not shutting down, forks another, and that one runs the job to the end."""
+    path = tmp_path / "fleet.toml"
+    path.write_text(FLEET)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    s = replace(settings, workload_modules="tests.workloads.fns", shutdown_grace_s=SHUTDOWN_GRACE_S,
+                lease_ttl_s=LEASE_TTL_S)
+    system = LiveSystem(path, load_fleet(path), s, tmp_path / "logs", pool="prefork", observer=False,
+                        extra_env={"MAKESPAN_TEST_MARK_DIR": str(marks)})
+    client = makespan.connect(s.redis_url, key_prefix=s.key_prefix)
+    try:
+        system.start()
+        wait_for(lambda: r.exists(keys.fn_live("loop_until_told_why")), 30, "the worker to publish its functions")
+        job = client.submit("loop_until_told_why")
+        wait_for(lambda: (marks / f"{job.id}.started").exists(), 60, "the function to start")
+        (worker,) = [p for p in system.procs if p.name == f"gpu-{HOST}-0"]
+        (child,) = psutil.Process(worker.popen.pid).children()
+
+        child.send_signal(signal.SIGTERM)
+        assert job.result(timeout_s=120) == {"resumed_at_attempt": 1}  # the given-up run was no attempt
+        assert (marks / f"{job.id}.cancel_reason").read_text().split() == ["worker_shutdown"]
+        reclaimed = [e for e in all_events(r, keys) if e["kind"] == "reclaimed" and e.get("job") == job.id]
+        assert [(e["outcome"], e.get("cause")) for e in reclaimed] == [("requeued", "worker_shutdown")]
+        child.wait(timeout=10)  # ended: not left running with its shutdown set
+        assert worker.alive()
+        assert [c.pid for c in psutil.Process(worker.popen.pid).children()] != [child.pid]
     finally:
         system.stop()
         client.close()
