@@ -232,10 +232,15 @@ def hold_sigterm_during_task(grace_s: float) -> None:
     its TTL, and the parent logs a lost worker). The task then ends early and hands its
     lease back; :func:`task_done` passes the SIGTERM on unless the parent shuts down
     (its warm shutdown then ends this child). A SIGTERM between tasks runs the pool's
-    handler. Must run in the main thread (``signal.signal``)."""
+    handler. A pool that ignores SIGTERM (Celery's ``REMAP_SIGTERM=SIGQUIT``) is left to
+    ignore it: held, it would set this child's shutdown for good, and the child, which
+    nothing then ends, would hand back every later job it gets. Must run in the main
+    thread (``signal.signal``)."""
     global _pool_sigterm_handler, _task_running, _held_grace_s
     _held_grace_s = grace_s
     current = signal.getsignal(signal.SIGTERM)
+    if current == signal.SIG_IGN:  # nothing to hold: a SIGTERM does not end this child
+        return
     if current is not _on_sigterm_in_task:  # the pool sets its handler after worker_process_init: wrap it here
         _pool_sigterm_handler = current
         signal.signal(signal.SIGTERM, _on_sigterm_in_task)

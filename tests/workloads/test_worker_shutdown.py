@@ -135,3 +135,38 @@ def test_a_sigterm_to_a_prefork_child_alone_hands_its_job_back_and_the_worker_ru
     finally:
         system.stop()
         client.close()
+
+
+def test_a_prefork_child_whose_pool_ignores_sigterm_stays_a_worker_after_a_sigterm(r, keys, settings, tmp_path):
+    """Celery's ``REMAP_SIGTERM=SIGQUIT`` (its pool children ignore SIGTERM; the worker's
+    own SIGTERM is a cold shutdown): a SIGTERM to one child during a job is ignored as the
+    pool asks, not held and turned into that child's shutdown. Else the child would live
+    on with its shutdown set and hand back every job it gets (a hand-back is no attempt:
+    the job would go round for ever)."""
+    path = tmp_path / "fleet.toml"
+    path.write_text(FLEET)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    s = replace(settings, workload_modules="tests.workloads.fns", shutdown_grace_s=SHUTDOWN_GRACE_S,
+                lease_ttl_s=LEASE_TTL_S)
+    system = LiveSystem(path, load_fleet(path), s, tmp_path / "logs", pool="prefork", observer=False,
+                        extra_env={"MAKESPAN_TEST_MARK_DIR": str(marks), "REMAP_SIGTERM": "SIGQUIT"})
+    client = makespan.connect(s.redis_url, key_prefix=s.key_prefix)
+    try:
+        system.start()
+        wait_for(lambda: r.exists(keys.fn_live("add")), 30, "the worker to publish its functions")
+        first = client.submit("sleep_ignoring_cancel", 3)
+        wait_for(lambda: (marks / f"{first.id}.started").exists(), 60, "the function to start")
+        (worker,) = [p for p in system.procs if p.name == f"gpu-{HOST}-0"]
+        (child,) = psutil.Process(worker.popen.pid).children()
+
+        child.send_signal(signal.SIGTERM)
+        assert first.result(timeout_s=60) == "slept"  # ignored: the job ran to its end, once
+        assert child.is_running() and worker.alive()
+        second = client.submit("add", 1, 2)
+        assert second.result(timeout_s=30)["sum"] == 3
+        reclaimed = [e for e in all_events(r, keys) if e["kind"] == "reclaimed"]
+        assert reclaimed == [], f"jobs handed back by a child that is not shutting down: {reclaimed}"
+    finally:
+        system.stop()
+        client.close()
