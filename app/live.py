@@ -147,6 +147,7 @@ class LiveSystem:
         want = {f"gpu-{h}" for h in (hosts or [h.name for h in self.fleet.hosts])}
         app = create_celery(self.settings)
         deadline = time.monotonic() + timeout_s
+        seen: set[str] = set()
         try:
             while time.monotonic() < deadline:
                 for p in self.procs:

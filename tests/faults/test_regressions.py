@@ -151,3 +151,14 @@ def test_memory_admission_on_one_46068_mib_gpu(r, keys, settings):
     w.token = ""
     assert w.tick() is True
     assert r.zcard(keys.leases) == 1
+
+
+def test_waiting_for_workers_with_no_time_left_says_so(settings, tmp_path):
+    # wait_workers(timeout_s=0) raised NameError ('seen' unbound) instead of its MakespanError
+    from makespan.errors import MakespanError
+
+    path = tmp_path / "fleet.toml"
+    path.write_text(NEVER_HEALTHY.format(python=sys.executable))
+    system = LiveSystem(path, load_fleet(path), settings, tmp_path / "logs")
+    with pytest.raises(MakespanError, match="not ready within 0 s"):
+        system.wait_workers(timeout_s=0)
