@@ -170,12 +170,41 @@ def lookup(name: str, host: str) -> WorkloadDef:
     return definition
 
 
+_SIGNATURES: dict[Any, inspect.Signature | None] = {}
+""":func:`_signature_of`'s cache: a function's signature (None: it cannot be read), by the
+function object."""
+_SIGNATURES_MAX = 1024  # cleared when it holds more functions (tests register many)
+
+
+def _read_signature(fn: Callable[..., Any]) -> inspect.Signature | None:
+    try:
+        return inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+
+
+def _signature_of(fn: Callable[..., Any]) -> inspect.Signature | None:
+    """``inspect.signature(fn)``, or None when it cannot be read; cached per function
+    object (read once, not on every job: it was ~2% of the GPU worker's CPU per job), and
+    read each time for a callable that cannot be a dict key (unhashable)."""
+    try:
+        return _SIGNATURES[fn]
+    except KeyError:
+        pass
+    except Exception:  # noqa: BLE001 - an unhashable callable (or one whose hash fails): no cache
+        return _read_signature(fn)
+    signature = _read_signature(fn)
+    if len(_SIGNATURES) >= _SIGNATURES_MAX:
+        _SIGNATURES.clear()
+    _SIGNATURES[fn] = signature
+    return signature
+
+
 def _check_binds(definition: WorkloadDef, ctx: Any, args: list[Any], kwargs: dict[str, Any]) -> None:
     """Raise a not retryable :class:`WorkloadFailed` (``TypeError``) when ``(ctx, *args,
     **kwargs)`` do not bind to the function's signature (one that cannot be read is not checked)."""
-    try:
-        signature = inspect.signature(definition.fn)
-    except (TypeError, ValueError):
+    signature = _signature_of(definition.fn)
+    if signature is None:
         return
     try:
         signature.bind(ctx, *args, **kwargs)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import threading
 import time
@@ -121,16 +122,19 @@ class _HeartbeatStarter:
         self._cond = threading.Condition()
         self._due: dict[LeaseHeartbeat, float] = {}  # waiting heartbeats -> first renewal due, monotonic s
         self._thread: threading.Thread | None = None
+        # when the starter's thread wakes by itself (monotonic s; inf: it waits for a notify)
+        self._wake_at_s = math.inf
 
     def add(self, hb: LeaseHeartbeat, due_s: float) -> None:
         """Start ``hb``'s thread at monotonic ``due_s`` unless :meth:`discard` comes first."""
         with self._cond:
-            earliest = min(self._due.values(), default=None)
             self._due[hb] = due_s
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="heartbeat-starter", daemon=True)
                 self._thread.start()
-            elif earliest is None or due_s < earliest:
+            elif due_s < self._wake_at_s:
+                # wake it only when it would sleep past this due time (not once per job: a job
+                # that ended before its renewal left the thread asleep until that earlier time)
                 self._cond.notify()
 
     def discard(self, hb: LeaseHeartbeat) -> bool:
@@ -149,6 +153,7 @@ class _HeartbeatStarter:
                     except RuntimeError as e:  # no thread to be had: this lease goes unrenewed
                         log.error("lease %s: heartbeat thread not started: %s", hb.lease.lease_id, e)
                 earliest = min(self._due.values(), default=None)
+                self._wake_at_s = math.inf if earliest is None else earliest
                 self._cond.wait(None if earliest is None else max(earliest - now, 0.0))
 
     def reset(self) -> None:
@@ -156,6 +161,7 @@ class _HeartbeatStarter:
         self._cond = threading.Condition()
         self._due = {}
         self._thread = None
+        self._wake_at_s = math.inf
 
 
 _STARTER = _HeartbeatStarter()

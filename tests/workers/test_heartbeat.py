@@ -5,11 +5,12 @@ as soon as a renewal finds the lease no longer ours, and rides a Redis error out
 from __future__ import annotations
 
 import threading
+import time
 
 import redis
 
 from makespan.workers.leases import LeaseStore
-from makespan.workers.phases import LeaseHeartbeat
+from makespan.workers.phases import LeaseHeartbeat, _HeartbeatStarter
 from tests.live import wait_for
 
 
@@ -73,3 +74,50 @@ def test_a_redis_error_is_transient_and_concurrent_heartbeats_each_renew(r, keys
         for hb in beats:
             hb.__exit__(None, None, None)
     assert all(hb._t is not None and not hb._t.is_alive() for hb in beats)  # stopped and joined on exit
+
+
+class _CountingCondition(threading.Condition):
+    """The starter's condition, counting its notifies and saying when its thread waits."""
+
+    def __init__(self):
+        super().__init__()
+        self.notifies = 0
+        self.waiting = threading.Event()
+
+    def notify(self, n=1):
+        self.notifies += 1
+        super().notify(n)
+
+    def wait(self, timeout=None):
+        self.waiting.set()
+        return super().wait(timeout)
+
+
+def test_the_starter_is_woken_only_for_a_renewal_due_before_it_wakes(r, keys):
+    """A job that ends before its first renewal leaves the starter's thread asleep until
+    that renewal's time; the next job's heartbeat, due later, used to wake it anyway (a
+    notify and a thread switch per job); one due earlier still wakes it, and starts on time."""
+    lease = _lease(r, keys, "HB4", "g-hb4")
+    store = CountingStore(r, keys)
+    starter = _HeartbeatStarter()
+    cond = starter._cond = _CountingCondition()
+    first, later, soon = (LeaseHeartbeat(store, lease, 60.0, 60.0) for _ in range(3))
+    now = time.monotonic()
+    starter.add(first, now + 60.0)  # starts the starter's thread
+    assert cond.waiting.wait(10)
+    with cond:  # its thread holds the lock until it waits: now it waits until first's renewal
+        pass
+    assert starter.discard(first)  # first's job ended: no thread started for it
+    starter.add(later, now + 61.0)
+    assert cond.notifies == 0  # the starter wakes at now + 60 by itself, before later is due
+    starter.add(soon, time.monotonic() + 0.05)
+    assert cond.notifies == 1
+    try:
+        wait_for(lambda: soon._t is not None and store.renewals >= 1, 10, "soon's first renewal", 0.01)
+        assert later._t is None  # not due yet
+    finally:
+        starter.discard(later)
+        soon._stop.set()
+        if soon._t is not None:
+            soon._t.join(timeout=2)
+    assert not soon.lost.is_set()

@@ -6,6 +6,7 @@ worker's execute phase calls it."""
 
 from __future__ import annotations
 
+import json
 import threading
 
 import pytest
@@ -52,3 +53,60 @@ def test_a_type_error_the_function_raises_is_retried_as_any_failure(r, keys):
 def test_arguments_that_bind_run(r, keys):
     result, _wall_s = _run(r, keys, WorkloadDef("tests.two", _two, "embed"), [1], {"b": 2})
     assert '3' in result
+
+
+class _UnhashableCallable:
+    """A callable that cannot be a dict key (``__eq__`` without ``__hash__``)."""
+
+    def __eq__(self, other):
+        return self is other
+
+    def __call__(self, ctx, a):
+        return a
+
+
+def test_the_signature_is_read_once_per_function(r, keys, monkeypatch):
+    """The signature is cached per function object (it was read on every job); the
+    arguments are still checked against it on every run."""
+    from makespan.workers import functions
+
+    reads = []
+    real_read = functions._read_signature
+    monkeypatch.setattr(functions, "_read_signature", lambda fn: reads.append(fn) or real_read(fn))
+
+    def _three(ctx, a, b=1, c=2):
+        return a + b + c
+
+    definition = WorkloadDef("tests.three", _three, "embed")
+    for _ in range(3):
+        assert json.loads(_run(r, keys, definition, [1], {})[0])["value"] == 4
+    with pytest.raises(WorkloadFailed) as e:
+        _run(r, keys, definition, [], {})
+    assert (e.value.error_type, e.value.retryable) == ("TypeError", False)
+    assert "tests.three(ctx, a, b=1, c=2)" in e.value.message
+    assert reads == [_three]
+
+
+def test_an_unhashable_callable_is_still_checked(r, keys):
+    definition = WorkloadDef("tests.unhashable", _UnhashableCallable(), "embed")
+    assert json.loads(_run(r, keys, definition, [5], {})[0])["value"] == 5
+    with pytest.raises(WorkloadFailed) as e:
+        _run(r, keys, definition, [1, 2], {})
+    assert (e.value.error_type, e.value.retryable) == ("TypeError", False)
+    assert "too many positional arguments" in e.value.message
+
+
+class _UnreadableSignature:
+    """A callable whose signature ``inspect.signature`` refuses (TypeError)."""
+
+    __signature__ = "not a Signature"
+
+    def __call__(self, ctx, *args):
+        return len(args)
+
+
+def test_a_function_whose_signature_cannot_be_read_is_not_checked(r, keys):
+    """The call runs unchecked, as before the cache (and stays so on the next run)."""
+    definition = WorkloadDef("tests.unreadable", _UnreadableSignature(), "embed")
+    for _ in range(2):
+        assert json.loads(_run(r, keys, definition, [1, 2, 3], {})[0])["value"] == 3
