@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import signal
+from contextlib import contextmanager
 from dataclasses import replace
 
 import psutil
@@ -49,6 +50,37 @@ evict_s = 1
 """
 
 
+@contextmanager
+def _live_system(r, keys, settings, tmp_path, pool: str, extra_env: dict[str, str] | None = None):
+    """A planner and one GPU worker (``pool``) loading ``tests.workloads.fns`` with this
+    module's shutdown grace and lease TTL; yields (system, client, marks directory)."""
+    path = tmp_path / "fleet.toml"
+    path.write_text(FLEET)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    s = replace(settings, workload_modules="tests.workloads.fns", shutdown_grace_s=SHUTDOWN_GRACE_S,
+                lease_ttl_s=LEASE_TTL_S)
+    system = LiveSystem(path, load_fleet(path), s, tmp_path / "logs", pool=pool, observer=False,
+                        extra_env={"MAKESPAN_TEST_MARK_DIR": str(marks), **(extra_env or {})})
+    client = makespan.connect(s.redis_url, key_prefix=s.key_prefix)
+    try:
+        system.start()
+        yield system, client, marks
+    finally:
+        system.stop()
+        client.close()
+
+
+def _started(r, keys, client, system, marks, function: str, *args):
+    """Submit ``function(*args)`` once the worker published it, wait until it runs; returns
+    (job, the GPU worker's process)."""
+    wait_for(lambda: r.exists(keys.fn_live(function)), 30, "the worker to publish its functions")
+    job = client.submit(function, *args)
+    wait_for(lambda: (marks / f"{job.id}.started").exists(), 60, "the function to start")
+    (worker,) = [p for p in system.procs if p.name == f"gpu-{HOST}-0"]
+    return job, worker
+
+
 @pytest.mark.parametrize(("pool", "sigterm_to"), [("threads", "group"), ("prefork", "group"), ("prefork", "parent")])
 def test_a_running_function_sees_the_worker_shutdown_and_its_job_is_requeued(r, keys, settings, tmp_path, pool,
                                                                              sigterm_to):
@@ -57,21 +89,8 @@ def test_a_running_function_sees_the_worker_shutdown_and_its_job_is_requeued(r, 
     ended at once, mid-function, its lease left to expire); "parent", the worker's main
     process alone (``docker stop``, Kubernetes, ``kill PID``: a prefork child learns of
     the shutdown only from its parent; before, its function ran on until the watchdog)."""
-    path = tmp_path / "fleet.toml"
-    path.write_text(FLEET)
-    marks = tmp_path / "marks"
-    marks.mkdir()
-    s = replace(settings, workload_modules="tests.workloads.fns", shutdown_grace_s=SHUTDOWN_GRACE_S,
-                lease_ttl_s=LEASE_TTL_S)
-    system = LiveSystem(path, load_fleet(path), s, tmp_path / "logs", pool=pool, observer=False,
-                        extra_env={"MAKESPAN_TEST_MARK_DIR": str(marks)})
-    client = makespan.connect(s.redis_url, key_prefix=s.key_prefix)
-    try:
-        system.start()
-        wait_for(lambda: r.exists(keys.fn_live("loop_until_told_why")), 30, "the worker to publish its functions")
-        job = client.submit("loop_until_told_why")
-        wait_for(lambda: (marks / f"{job.id}.started").exists(), 60, "the function to start")
-        (worker,) = [p for p in system.procs if p.name == f"gpu-{HOST}-0"]
+    with _live_system(r, keys, settings, tmp_path, pool) as (system, client, marks):
+        job, worker = _started(r, keys, client, system, marks, "loop_until_told_why")
 
         if sigterm_to == "group":
             os.killpg(worker.popen.pid, signal.SIGTERM)
@@ -95,9 +114,6 @@ def test_a_running_function_sees_the_worker_shutdown_and_its_job_is_requeued(r, 
         system.procs.remove(worker)
         system.start_gpu_worker(HOST, 1)
         assert job.result(timeout_s=120) == {"resumed_at_attempt": 1}  # the given-up run was no attempt
-    finally:
-        system.stop()
-        client.close()
 
 
 def test_a_sigterm_to_a_prefork_child_alone_hands_its_job_back_and_the_worker_runs_it_again(r, keys, settings,
@@ -107,21 +123,8 @@ def test_a_sigterm_to_a_prefork_child_alone_hands_its_job_back_and_the_worker_ru
     at the worker's shutdown; the child then ends as the pool's own SIGTERM handler ends it
     (it does not live on with its shutdown set, handing back every later job), the worker,
     not shutting down, forks another, and that one runs the job to the end."""
-    path = tmp_path / "fleet.toml"
-    path.write_text(FLEET)
-    marks = tmp_path / "marks"
-    marks.mkdir()
-    s = replace(settings, workload_modules="tests.workloads.fns", shutdown_grace_s=SHUTDOWN_GRACE_S,
-                lease_ttl_s=LEASE_TTL_S)
-    system = LiveSystem(path, load_fleet(path), s, tmp_path / "logs", pool="prefork", observer=False,
-                        extra_env={"MAKESPAN_TEST_MARK_DIR": str(marks)})
-    client = makespan.connect(s.redis_url, key_prefix=s.key_prefix)
-    try:
-        system.start()
-        wait_for(lambda: r.exists(keys.fn_live("loop_until_told_why")), 30, "the worker to publish its functions")
-        job = client.submit("loop_until_told_why")
-        wait_for(lambda: (marks / f"{job.id}.started").exists(), 60, "the function to start")
-        (worker,) = [p for p in system.procs if p.name == f"gpu-{HOST}-0"]
+    with _live_system(r, keys, settings, tmp_path, "prefork") as (system, client, marks):
+        job, worker = _started(r, keys, client, system, marks, "loop_until_told_why")
         (child,) = psutil.Process(worker.popen.pid).children()
 
         child.send_signal(signal.SIGTERM)
@@ -132,9 +135,6 @@ def test_a_sigterm_to_a_prefork_child_alone_hands_its_job_back_and_the_worker_ru
         child.wait(timeout=10)  # ended: not left running with its shutdown set
         assert worker.alive()
         assert [c.pid for c in psutil.Process(worker.popen.pid).children()] != [child.pid]
-    finally:
-        system.stop()
-        client.close()
 
 
 def test_a_prefork_child_whose_pool_ignores_sigterm_stays_a_worker_after_a_sigterm(r, keys, settings, tmp_path):
@@ -143,21 +143,8 @@ def test_a_prefork_child_whose_pool_ignores_sigterm_stays_a_worker_after_a_sigte
     pool asks, not held and turned into that child's shutdown. Else the child would live
     on with its shutdown set and hand back every job it gets (a hand-back is no attempt:
     the job would go round for ever)."""
-    path = tmp_path / "fleet.toml"
-    path.write_text(FLEET)
-    marks = tmp_path / "marks"
-    marks.mkdir()
-    s = replace(settings, workload_modules="tests.workloads.fns", shutdown_grace_s=SHUTDOWN_GRACE_S,
-                lease_ttl_s=LEASE_TTL_S)
-    system = LiveSystem(path, load_fleet(path), s, tmp_path / "logs", pool="prefork", observer=False,
-                        extra_env={"MAKESPAN_TEST_MARK_DIR": str(marks), "REMAP_SIGTERM": "SIGQUIT"})
-    client = makespan.connect(s.redis_url, key_prefix=s.key_prefix)
-    try:
-        system.start()
-        wait_for(lambda: r.exists(keys.fn_live("add")), 30, "the worker to publish its functions")
-        first = client.submit("sleep_ignoring_cancel", 3)
-        wait_for(lambda: (marks / f"{first.id}.started").exists(), 60, "the function to start")
-        (worker,) = [p for p in system.procs if p.name == f"gpu-{HOST}-0"]
+    with _live_system(r, keys, settings, tmp_path, "prefork", {"REMAP_SIGTERM": "SIGQUIT"}) as (system, client, marks):
+        first, worker = _started(r, keys, client, system, marks, "sleep_ignoring_cancel", 3)
         (child,) = psutil.Process(worker.popen.pid).children()
 
         child.send_signal(signal.SIGTERM)
@@ -167,6 +154,3 @@ def test_a_prefork_child_whose_pool_ignores_sigterm_stays_a_worker_after_a_sigte
         assert second.result(timeout_s=30)["sum"] == 3
         reclaimed = [e for e in all_events(r, keys) if e["kind"] == "reclaimed"]
         assert reclaimed == [], f"jobs handed back by a child that is not shutting down: {reclaimed}"
-    finally:
-        system.stop()
-        client.close()
