@@ -34,11 +34,17 @@ from __future__ import annotations
 from urllib.parse import parse_qsl, urlparse
 
 import logging
+import threading
+from queue import Empty
+from time import monotonic, time
 
 import redis
 from redis import sentinel as redis_sentinel
+from kombu.asynchronous import get_event_loop
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
+from kombu.utils.encoding import bytes_to_str
+from kombu.utils.json import dumps, loads
 
 from makespan.settings import is_sentinel_url, parse_sentinel_url
 
@@ -100,14 +106,69 @@ class RoleAwareSentinelSSLConnection(_ReconnectOnRoleChange, redis_sentinel.Sent
 
 
 class QoS(kombu_redis.QoS):
-    """An ack (or reject) whose Redis write fails on a lost connection (a role change, an
+    """kombu's Redis QoS with three changes.
+
+    **An ack (or reject) whose Redis write fails on a lost connection** (a role change, an
     outage) still frees its prefetch slot. kombu's own QoS skips the local bookkeeping
     when the write raises: with ``worker_prefetch_multiplier=1`` the consumer then never
     fetched again, alive but idle. The message stays in kombu's unacked index in Redis
     and comes back after the visibility timeout; every phase task is idempotent and
-    fenced, so its replay is a no-op."""
+    fenced, so its replay is a no-op.
+
+    **Acks on the event loop's thread are written once per loop turn.** Celery's worker
+    acks on its event loop (the consumer's thread); kombu writes each ack as its own
+    ``MULTI`` (``ZREM`` + ``HDEL`` of the unacked index), a round trip during which the
+    loop neither reads nor dispatches the next message. Such an ack frees its prefetch slot
+    at once and queues its tag; :meth:`write_pending_acks` writes every queued tag in one
+    ``MULTI`` before the loop polls again (:class:`_Poller`) and when the channel closes.
+    A worker killed between the two leaves the tag in the index: the message comes back
+    after the visibility timeout, as after a failed ack write above. An ack from any other
+    thread is written at once, as kombu does.
+
+    **Unacked records of a multi-message pop are written together**
+    (:meth:`record_unacked`, called by :class:`_ManyPerPop` before it delivers the
+    messages), so :meth:`append` keeps only the local bookkeeping for those tags.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._pending_acks: list[str] = []
+        self._recorded: set[str] = set()
+
+    def append(self, message, delivery_tag):
+        if delivery_tag in self._recorded:  # its unacked record is written (record_unacked)
+            self._recorded.discard(delivery_tag)
+            virtual.QoS.append(self, message, delivery_tag)
+            return
+        super().append(message, delivery_tag)
+
+    def record_unacked(self, payloads: list[dict]) -> None:
+        """Write the unacked records (index score and message, as kombu's ``append``
+        writes them) of ``payloads`` (raw messages, already popped) in one ``MULTI``;
+        their :meth:`append` then writes nothing.
+
+        Raises:
+            redis.ConnectionError: the write failed (the caller's read fails as a
+                ``BRPOP`` read does, and the consumer reconnects).
+        """
+        now = time()
+        index: dict[str, float] = {}
+        records: dict[str, str] = {}
+        for payload in payloads:
+            properties = payload["properties"]
+            tag = properties["delivery_tag"]
+            info = properties.get("delivery_info") or {}
+            index[tag] = now
+            records[tag] = dumps([payload, info.get("exchange"), info.get("routing_key")])
+        with self.pipe_or_acquire() as pipe:
+            pipe.zadd(self.unacked_index_key, index).hset(self.unacked_key, mapping=records).execute()
+        self._recorded.update(index)
 
     def ack(self, delivery_tag):
+        if _on_event_loop_thread():
+            self._pending_acks.append(delivery_tag)
+            virtual.QoS.ack(self, delivery_tag)
+            return
         try:
             self._remove_from_indices(delivery_tag).execute()
         except redis.ConnectionError as e:
@@ -115,12 +176,52 @@ class QoS(kombu_redis.QoS):
                         delivery_tag, e)
         virtual.QoS.ack(self, delivery_tag)
 
+    def write_pending_acks(self) -> None:
+        """Remove every tag acked on the event loop since the last call from the unacked
+        index, in one ``MULTI``. A lost connection is logged (those messages come back
+        after the visibility timeout, and their replay is a no-op); other errors raise."""
+        tags = self._pending_acks
+        if not tags:
+            return
+        self._pending_acks = []
+        try:
+            with self.pipe_or_acquire() as pipe:
+                pipe.zrem(self.unacked_index_key, *tags).hdel(self.unacked_key, *tags).execute()
+        except redis.ConnectionError as e:
+            log.warning("%d acks not written to Redis (%s): those messages are redelivered after the visibility "
+                        "timeout", len(tags), e)
+
     def reject(self, delivery_tag, requeue=False):
         try:
             super().reject(delivery_tag, requeue=requeue)
         except redis.ConnectionError as e:
             log.warning("reject of %s not written to Redis (%s)", delivery_tag, e)
             virtual.QoS.ack(self, delivery_tag)
+
+    def restore_unacked_once(self, stderr=None):
+        try:
+            self.write_pending_acks()
+        except redis.RedisError as e:  # closing: what is not written comes back after the visibility timeout
+            log.warning("acks not written to Redis while closing the channel: %s", e)
+        return super().restore_unacked_once(stderr)
+
+
+def _on_event_loop_thread() -> bool:
+    """Whether this thread runs kombu's event loop (the hub of Celery's consumer)."""
+    hub = get_event_loop()
+    return hub is not None and getattr(hub, "_loop_thread", None) == threading.get_ident()
+
+
+class _Poller(kombu_redis.MultiChannelPoller):
+    """kombu's poller of a transport's channels, writing each channel's pending acks
+    (:meth:`QoS.write_pending_acks`) before the event loop polls."""
+
+    def on_poll_start(self):
+        for channel in self._channels:
+            qos = channel._qos
+            if qos is not None and qos._pending_acks:
+                qos.write_pending_acks()
+        super().on_poll_start()
 
 
 class _ClosedTransportGuard:
@@ -162,7 +263,92 @@ class _ReusedClient:
         return kept[1]
 
 
-class Channel(_ReusedClient, _ClosedTransportGuard, kombu_redis.Channel):
+class _ManyPerPop:
+    """Channel mixin: the consumer pops as many messages as its prefetch credit allows in
+    one round trip (``BLMPOP … RIGHT COUNT credit``, Redis ≥ 7.0), not one per ``BRPOP``.
+
+    A GPU worker's messages come in bursts (a planner tick leases several GPUs of a host
+    at once); popped one by one, each costs the event loop a round trip and, on a busy
+    host, a wait for the GIL, and the last one of a burst waited for all the others
+    (``bench/RESULTS.md``, "The consumer pops a burst"). The same queues (priority steps
+    included) in the same order, from the right end as ``BRPOP``; the unacked records of
+    the popped messages are written in one ``MULTI`` (:meth:`QoS.record_unacked`) before
+    they are delivered, so a message is in the unacked index before its task runs, as
+    with kombu. With a credit of 1 (``prefetch 1``, concurrency 1), no prefetch limit,
+    a queue consumed without acks, or a server older than 7.0, it is kombu's ``BRPOP``.
+    """
+
+    _pops_many: bool | None = None  # the server has BLMPOP (checked once per channel)
+    _popping_many = False  # the command in flight is a BLMPOP
+
+    def basic_consume(self, queue, no_ack, *args, **kwargs):
+        tag = super().basic_consume(queue, no_ack, *args, **kwargs)
+        if no_ack:
+            self._no_ack_queues = {*getattr(self, "_no_ack_queues", ()), queue}
+        return tag
+
+    def _credit(self) -> int:
+        qos = self.qos
+        if not qos.prefetch_count or any(q in getattr(self, "_no_ack_queues", ()) for q in self.active_queues):
+            return 1
+        return qos.prefetch_count - (len(qos._delivered) - len(qos._dirty))
+
+    def _server_pops_many(self) -> bool:
+        if self._pops_many is None:
+            try:
+                version = self._create_client().info("server").get("redis_version", "0")
+            except redis.RedisError:
+                return False  # asked again at the next pop
+            self._pops_many = int(str(version).split(".", 1)[0]) >= 7
+        return self._pops_many
+
+    def _brpop_start(self, timeout=None):
+        credit = self._credit()
+        self._popping_many = credit > 1 and self._server_pops_many()
+        if not self._popping_many:
+            return super()._brpop_start(timeout)
+        if timeout is None:
+            timeout = self.brpop_timeout
+        queues = self._queue_cycle.consume(len(self.active_queues))
+        if not queues:
+            return
+        keys = [self._q_for_pri(queue, pri) for pri in self.priority_steps for queue in queues]
+        self._in_poll = self.client.connection
+        self._brpop_sent_at = monotonic()
+        command = ["BLMPOP", timeout or 0, len(keys), *keys, "RIGHT", "COUNT", credit]
+        if self.global_keyprefix:
+            command = ["BLMPOP", timeout or 0, len(keys), *[self.global_keyprefix + key for key in keys],
+                       "RIGHT", "COUNT", credit]
+        self.client.connection.send_command(*command)
+
+    def _brpop_read(self, **options):
+        if not self._popping_many:
+            return super()._brpop_read(**options)
+        try:
+            try:
+                reply = self.client.parse_response(self.client.connection, "BLMPOP", **options)
+            except self.connection_errors:
+                self.client.connection.disconnect()  # reconnects at the next pop, as kombu's BRPOP read does
+                raise
+            if not reply:
+                raise Empty()
+            key, items = reply
+            key = bytes_to_str(key)
+            if self.global_keyprefix and key.startswith(self.global_keyprefix):
+                key = key[len(self.global_keyprefix):]
+            queue = key.rsplit(self.sep, 1)[0]
+            self._queue_cycle.rotate(queue)
+            payloads = [loads(bytes_to_str(item)) for item in items]
+            self.qos.record_unacked(payloads)
+            for payload in payloads:
+                self.connection._deliver(payload, queue)
+            return True
+        finally:
+            self._in_poll = None
+            self._flush_brpop_reauth()
+
+
+class Channel(_ManyPerPop, _ReusedClient, _ClosedTransportGuard, kombu_redis.Channel):
     QoS = QoS
     connection_class = RoleAwareConnection
     connection_class_ssl = RoleAwareSSLConnection
@@ -190,12 +376,16 @@ def _supports_batch_publish(transport) -> bool:
 class Transport(kombu_redis.Transport):
     Channel = Channel
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.cycle = _Poller()  # writes the pending acks before each poll
+
     @property
     def supports_batch_publish(self) -> bool:
         return _supports_batch_publish(self)
 
 
-class SentinelChannel(_ReusedClient, _ClosedTransportGuard, kombu_redis.SentinelChannel):
+class SentinelChannel(_ManyPerPop, _ReusedClient, _ClosedTransportGuard, kombu_redis.SentinelChannel):
     QoS = QoS
     connection_class = RoleAwareSentinelConnection
     connection_class_ssl = RoleAwareSentinelSSLConnection
@@ -216,6 +406,10 @@ class SentinelChannel(_ReusedClient, _ClosedTransportGuard, kombu_redis.Sentinel
 
 class SentinelTransport(kombu_redis.SentinelTransport):
     Channel = SentinelChannel
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.cycle = _Poller()
 
     @property
     def supports_batch_publish(self) -> bool:

@@ -1,0 +1,121 @@
+"""The broker's consumer pops a burst in one round trip and writes its acks once per loop
+turn (:mod:`makespan.broker`): on a real Redis, through kombu's own consumer API."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from kombu import Connection, Consumer, Exchange, Producer, Queue
+from kombu.asynchronous import Hub, set_event_loop
+
+from makespan.broker import Transport
+from makespan.redis_conn import connect
+
+
+@pytest.fixture
+def broker(redis_url, prefix):
+    """A kombu connection on makespan's transport whose keys live under this test's prefix."""
+    conn = Connection(redis_url, transport=Transport, transport_options={"global_keyprefix": f"{prefix}:"})
+    try:
+        yield conn
+    finally:
+        conn.release()
+
+
+def _publish(conn: Connection, queue: Queue, count: int) -> None:
+    with Producer(conn.channel()) as producer:
+        for number in range(count):
+            producer.publish({"n": number}, exchange=queue.exchange, routing_key=queue.routing_key,
+                             declare=[queue], serializer="json")
+
+
+def _unacked(redis_url: str, prefix: str) -> set[str]:
+    client = connect(redis_url)
+    try:
+        return set(client.hkeys(f"{prefix}:unacked"))
+    finally:
+        client.close()
+
+
+def test_one_pop_takes_as_many_messages_as_the_prefetch_credit(broker, redis_url, prefix):
+    queue = Queue("burst", Exchange("burst"), "burst")
+    _publish(broker, queue, 6)
+    seen: list[tuple[int, set[str]]] = []
+    channel = broker.channel()
+
+    def on_message(body, message):
+        # its unacked record is in Redis before the consumer sees it (as with kombu's BRPOP)
+        seen.append((body["n"], _unacked(redis_url, prefix)))
+        assert message.delivery_tag in seen[-1][1]
+
+    with Consumer(channel, [queue], callbacks=[on_message]):
+        channel.basic_qos(0, 4, False)
+        broker.drain_events(timeout=2)  # one read of the consumer's connection
+        assert [number for number, _ in seen] == [0, 1, 2, 3]  # BRPOP: [0]
+        assert not channel.qos.can_consume()
+        assert len(_unacked(redis_url, prefix)) == 4
+        assert connect(redis_url).llen(f"{prefix}:burst") == 2  # the rest waits for credit
+
+
+def test_a_consumer_without_acks_pops_one_at_a_time(broker, redis_url, prefix):
+    queue = Queue("noack", Exchange("noack"), "noack")
+    _publish(broker, queue, 3)
+    seen: list[int] = []
+    channel = broker.channel()
+    with Consumer(channel, [queue], callbacks=[lambda body, _m: seen.append(body["n"])], no_ack=True):
+        channel.basic_qos(0, 4, False)
+        broker.drain_events(timeout=2)
+    assert seen == [0]
+    assert _unacked(redis_url, prefix) == set()
+
+
+def test_acks_on_the_event_loop_are_written_before_it_polls_again(broker, redis_url, prefix):
+    queue = Queue("acks", Exchange("acks"), "acks")
+    _publish(broker, queue, 3)
+    messages = []
+    channel = broker.channel()
+    with Consumer(channel, [queue], callbacks=[lambda _b, message: messages.append(message)]):
+        channel.basic_qos(0, 3, False)
+        broker.drain_events(timeout=2)
+        assert len(messages) == 3 and len(_unacked(redis_url, prefix)) == 3
+        hub = Hub()
+        set_event_loop(hub)
+        try:
+            hub._loop_thread = threading.get_ident()  # this thread runs the loop, as Celery's consumer does
+            messages[0].ack()
+            messages[1].ack()
+            assert channel.qos.can_consume()  # the slots are free at once
+            assert len(_unacked(redis_url, prefix)) == 3  # not yet written
+            broker.transport.cycle.on_poll_start()  # the loop's turn ends: one write
+            assert _unacked(redis_url, prefix) == {messages[2].delivery_tag}
+            worker = threading.Thread(target=messages[2].ack)  # any other thread: written at once
+            worker.start()
+            worker.join()
+            assert _unacked(redis_url, prefix) == set()
+        finally:
+            set_event_loop(None)
+            hub.close()
+
+
+def test_acks_pending_when_the_channel_closes_are_written(broker, redis_url, prefix):
+    queue = Queue("closing", Exchange("closing"), "closing")
+    _publish(broker, queue, 2)
+    messages = []
+    channel = broker.channel()
+    consumer = Consumer(channel, [queue], callbacks=[lambda _b, message: messages.append(message)])
+    consumer.consume()
+    channel.basic_qos(0, 2, False)
+    broker.drain_events(timeout=2)
+    hub = Hub()
+    set_event_loop(hub)
+    try:
+        hub._loop_thread = threading.get_ident()
+        for message in messages:
+            message.ack()
+    finally:
+        set_event_loop(None)
+        hub.close()
+    channel.close()  # kombu restores what is still unacked; the acked ones must not come back
+    assert _unacked(redis_url, prefix) == set()
+    assert connect(redis_url).llen(f"{prefix}:closing") == 0
