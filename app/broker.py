@@ -115,13 +115,13 @@ class QoS(kombu_redis.QoS):
     and comes back after the visibility timeout; every phase task is idempotent and
     fenced, so its replay is a no-op.
 
-    **Acks on the event loop's thread are written once per loop turn.** Celery's worker
+    **Acks on the event loop's thread are written by another thread.** Celery's worker
     acks on its event loop (the consumer's thread); kombu writes each ack as its own
     ``MULTI`` (``ZREM`` + ``HDEL`` of the unacked index), a round trip during which the
     loop neither reads nor dispatches the next message. Such an ack frees its prefetch slot
-    at once and queues its tag; :meth:`write_pending_acks` writes every queued tag in one
-    ``MULTI`` before the loop polls again (:class:`_Poller`) and when the channel closes.
-    A worker killed between the two leaves the tag in the index: the message comes back
+    at once and hands its tag to the channel's :class:`_AckWriter`, which writes every tag
+    handed to it since its last write in one ``MULTI``; the channel's close writes what is
+    left. A worker killed in between leaves the tag in the index: the message comes back
     after the visibility timeout, as after a failed ack write above. An ack from any other
     thread is written at once, as kombu does.
 
@@ -132,7 +132,7 @@ class QoS(kombu_redis.QoS):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self._pending_acks: list[str] = []
+        self._ack_writer: _AckWriter | None = None
         self._recorded: set[str] = set()
 
     def append(self, message, delivery_tag):
@@ -166,7 +166,9 @@ class QoS(kombu_redis.QoS):
 
     def ack(self, delivery_tag):
         if _on_event_loop_thread():
-            self._pending_acks.append(delivery_tag)
+            if self._ack_writer is None:
+                self._ack_writer = _AckWriter(self.write_acks)
+            self._ack_writer.add(delivery_tag)
             virtual.QoS.ack(self, delivery_tag)
             return
         try:
@@ -176,18 +178,14 @@ class QoS(kombu_redis.QoS):
                         delivery_tag, e)
         virtual.QoS.ack(self, delivery_tag)
 
-    def write_pending_acks(self) -> None:
-        """Remove every tag acked on the event loop since the last call from the unacked
-        index, in one ``MULTI``. A lost connection is logged (those messages come back
-        after the visibility timeout, and their replay is a no-op); other errors raise."""
-        tags = self._pending_acks
-        if not tags:
-            return
-        self._pending_acks = []
+    def write_acks(self, tags: list[str]) -> None:
+        """Remove ``tags`` from the unacked index in one ``MULTI``. A Redis error is
+        logged: those messages come back after the visibility timeout, and their replay is
+        a no-op."""
         try:
             with self.pipe_or_acquire() as pipe:
                 pipe.zrem(self.unacked_index_key, *tags).hdel(self.unacked_key, *tags).execute()
-        except redis.ConnectionError as e:
+        except redis.RedisError as e:
             log.warning("%d acks not written to Redis (%s): those messages are redelivered after the visibility "
                         "timeout", len(tags), e)
 
@@ -199,10 +197,9 @@ class QoS(kombu_redis.QoS):
             virtual.QoS.ack(self, delivery_tag)
 
     def restore_unacked_once(self, stderr=None):
-        try:
-            self.write_pending_acks()
-        except redis.RedisError as e:  # closing: what is not written comes back after the visibility timeout
-            log.warning("acks not written to Redis while closing the channel: %s", e)
+        writer = self._ack_writer
+        if writer is not None:
+            writer.stop()  # writes what it holds
         return super().restore_unacked_once(stderr)
 
 
@@ -212,16 +209,47 @@ def _on_event_loop_thread() -> bool:
     return hub is not None and getattr(hub, "_loop_thread", None) == threading.get_ident()
 
 
-class _Poller(kombu_redis.MultiChannelPoller):
-    """kombu's poller of a transport's channels, writing each channel's pending acks
-    (:meth:`QoS.write_pending_acks`) before the event loop polls."""
+class _AckWriter:
+    """A daemon thread that writes the acks handed to it (:meth:`add`) with ``write`` (a
+    list of delivery tags per call): all tags handed over since its last write, in one
+    call. :meth:`stop` writes what is left and ends the thread."""
 
-    def on_poll_start(self):
-        for channel in self._channels:
-            qos = channel._qos
-            if qos is not None and qos._pending_acks:
-                qos.write_pending_acks()
-        super().on_poll_start()
+    def __init__(self, write) -> None:
+        self._write = write
+        self._lock = threading.Lock()
+        self._tags: list[str] = []
+        self._wanted = threading.Event()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="makespan-ack-writer", daemon=True)
+        self._thread.start()
+
+    def add(self, tag: str) -> None:
+        with self._lock:
+            self._tags.append(tag)
+        self._wanted.set()
+
+    def _take(self) -> list[str]:
+        with self._lock:
+            tags, self._tags = self._tags, []
+        return tags
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._stopping = True
+        self._wanted.set()
+        self._thread.join(timeout_s)
+        tags = self._take()  # a thread that did not end in time, or tags added after its last turn
+        if tags:
+            self._write(tags)
+
+    def _run(self) -> None:
+        while True:
+            self._wanted.wait()
+            self._wanted.clear()
+            tags = self._take()
+            if tags:
+                self._write(tags)
+            if self._stopping:
+                return
 
 
 class _ClosedTransportGuard:
@@ -376,10 +404,6 @@ def _supports_batch_publish(transport) -> bool:
 class Transport(kombu_redis.Transport):
     Channel = Channel
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.cycle = _Poller()  # writes the pending acks before each poll
-
     @property
     def supports_batch_publish(self) -> bool:
         return _supports_batch_publish(self)
@@ -406,10 +430,6 @@ class SentinelChannel(_ManyPerPop, _ReusedClient, _ClosedTransportGuard, kombu_r
 
 class SentinelTransport(kombu_redis.SentinelTransport):
     Channel = SentinelChannel
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.cycle = _Poller()
 
     @property
     def supports_batch_publish(self) -> bool:

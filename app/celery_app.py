@@ -65,6 +65,7 @@ def create_celery(settings: Settings) -> Celery:
         broker_transport_options=broker_transport_options(settings),
         task_default_queue="gpu.default",
         worker_send_task_events=True,
+        worker_consumer="makespan.celery_consumer:Consumer",  # task events published off the event loop
         task_send_sent_event=True,
     )
     tls = broker_use_ssl(settings)

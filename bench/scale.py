@@ -8,9 +8,11 @@ Run: ``.venv/bin/python -m bench.scale --sizes 1000,10000 [--gpus 8] [--redis-ur
 (without ``--redis-url`` it starts a private redis-server, so memory figures are ours).
 
 The yardstick is Celery as it ships: its worker and publisher use kombu's own Redis
-transport (``--raw-transport kombu``, the default); ``--raw-transport makespan`` runs it on
-:mod:`makespan.broker`'s transport instead, which since 2026-12-02 reuses one Redis client
-per channel and so makes raw Celery itself faster (bench/RESULTS.md, "live path throughput").
+transport and Celery's own worker consumer (``--raw-transport kombu``, the default);
+``--raw-transport makespan`` runs it on :mod:`makespan.broker`'s transport and
+:mod:`makespan.celery_consumer`'s consumer instead (the live system's: one Redis client
+per channel, a burst popped per round trip, acks written once per loop turn, task events
+published off the loop), which makes raw Celery itself faster (bench/RESULTS.md).
 
 Per size it prints: jobs/s end to end (first submit → last finish), the ratio to raw
 Celery no-op tasks/s (same worker flags, pool and concurrency, same Redis, same
@@ -48,6 +50,7 @@ from makespan.workers.retention import state_size, tally_key
 
 SAMPLE_S = 0.02
 STOCK_TRANSPORT = "kombu.transport.redis:Transport"  # the raw Celery yardstick's broker transport (--raw-transport kombu)
+STOCK_CONSUMER = "celery.worker.consumer:Consumer"  # ... and its worker consumer (makespan.celery_consumer otherwise)
 NOOP_QUEUE = "bench.noop"
 ENDPOINT = "noop"
 
@@ -223,6 +226,7 @@ def _noop_app():
     app.conf.include = []
     if os.environ.get("MAKESPAN_BENCH_RAW_TRANSPORT", "kombu") == "kombu":  # Celery as it ships (module doc)
         app.conf.broker_transport = STOCK_TRANSPORT
+        app.conf.worker_consumer = STOCK_CONSUMER
     counter = f"{s.key_prefix}:bench:noop_done"
     client: list[redis.Redis] = []
 
