@@ -85,5 +85,7 @@ class EventFlusher:
             except Exception as e:  # noqa: BLE001 - events are advisory; the consumer goes on
                 log.warning("publishing buffered task events failed: %r", e)
             if self._stopping:
-                return
+                if not self._wanted.is_set():  # the stop's own wake is served by one more turn
+                    return
+                continue
             time.sleep(self._interval_s)  # let the next events gather
