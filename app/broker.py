@@ -142,10 +142,12 @@ class QoS(kombu_redis.QoS):
             return
         super().append(message, delivery_tag)
 
-    def record_unacked(self, payloads: list[dict]) -> None:
+    def record_unacked(self, payloads: list[dict], give_back: tuple[str, list[bytes]] | None = None) -> None:
         """Write the unacked records (index score and message, as kombu's ``append``
         writes them) of ``payloads`` (raw messages, already popped) in one ``MULTI``;
-        their :meth:`append` then writes nothing.
+        their :meth:`append` then writes nothing. ``give_back`` (a list key and raw
+        messages popped from it, in the order popped) are pushed back to that list's right
+        end in the same ``MULTI``, the first of them rightmost: popped next, as before.
 
         Raises:
             redis.ConnectionError: the write failed (the caller's read fails as a
@@ -161,7 +163,11 @@ class QoS(kombu_redis.QoS):
             index[tag] = now
             records[tag] = dumps([payload, info.get("exchange"), info.get("routing_key")])
         with self.pipe_or_acquire() as pipe:
-            pipe.zadd(self.unacked_index_key, index).hset(self.unacked_key, mapping=records).execute()
+            if index:
+                pipe.zadd(self.unacked_index_key, index).hset(self.unacked_key, mapping=records)
+            if give_back and give_back[1]:
+                pipe.rpush(give_back[0], *reversed(give_back[1]))
+            pipe.execute()
         self._recorded.update(index)
 
     def ack(self, delivery_tag):
@@ -304,6 +310,15 @@ class _ManyPerPop:
     they are delivered, so a message is in the unacked index before its task runs, as
     with kombu. With a credit of 1 (``prefetch 1``, concurrency 1), no prefetch limit,
     a queue consumed without acks, or a server older than 7.0, it is kombu's ``BRPOP``.
+
+    A pop takes several messages where ``BRPOP`` took one, so its read keeps kombu's
+    limits message by message: what is over the credit when the reply is read (Celery
+    lowered its prefetch meanwhile) goes back to the head of its list in the records'
+    ``MULTI``; an undecodable message raises as from ``BRPOP``, after the others are
+    delivered; and when a delivery raises, the messages behind it go back to the head of
+    their queue (:meth:`_give_back`) instead of waiting in the unacked index for the
+    visibility timeout. Still wider than ``BRPOP``: a refused records write (``OOM``, a
+    lost connection) loses every message of the pop, not one.
     """
 
     _pops_many: bool | None = None  # the server has BLMPOP (checked once per channel)
@@ -366,14 +381,51 @@ class _ManyPerPop:
                 key = key[len(self.global_keyprefix):]
             queue = key.rsplit(self.sep, 1)[0]
             self._queue_cycle.rotate(queue)
-            payloads = [loads(bytes_to_str(item)) for item in items]
-            self.qos.record_unacked(payloads)
-            for payload in payloads:
-                self.connection._deliver(payload, queue)
+            popped: list[tuple[bytes, dict]] = []
+            error: Exception | None = None
+            for item in items:
+                try:
+                    payload = loads(bytes_to_str(item))
+                    payload["properties"]["delivery_tag"]
+                except Exception as e:  # noqa: BLE001 - raised below, as kombu's BRPOP read raises it
+                    error = error or e
+                    continue
+                popped.append((item, payload))
+            # a credit lowered while the pop waited (Celery's basic_qos): the rest goes back, next in line
+            credit = max(self._credit(), 0) if self.qos.prefetch_count else len(popped)
+            payloads = [payload for _, payload in popped[:credit]]
+            self.qos.record_unacked(payloads, (key, [item for item, _ in popped[credit:]]))
+            for i, payload in enumerate(payloads):
+                try:
+                    self.connection._deliver(payload, queue)
+                except BaseException:
+                    self._give_back(payloads[i:])
+                    raise
+            if error is not None:
+                raise error
+            if not payloads:
+                raise Empty()
             return True
         finally:
             self._in_poll = None
             self._flush_brpop_reauth()
+
+    def _give_back(self, payloads: list[dict]) -> None:
+        """Put back at the head of their queue, in order, the messages of ``payloads`` whose
+        unacked record is written but that the consumer never got (a delivery before them
+        raised): kombu restores only what it delivered, and these would wait for the
+        visibility timeout. A failed write leaves them to that timeout."""
+        qos = self.qos
+        for payload in reversed(payloads):
+            tag = payload["properties"]["delivery_tag"]
+            if tag in qos._delivered:
+                continue  # delivered: the channel's close restores it, as kombu does
+            qos._recorded.discard(tag)
+            try:
+                qos.restore_by_tag(tag, leftmost=True)
+            except redis.RedisError as e:
+                log.warning("message %s not given back to its queue (%s): it comes back after the visibility "
+                            "timeout", tag, e)
 
 
 class Channel(_ManyPerPop, _ReusedClient, _ClosedTransportGuard, kombu_redis.Channel):

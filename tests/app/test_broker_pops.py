@@ -125,3 +125,69 @@ def test_acks_pending_when_the_channel_closes_are_written(broker, redis_url, pre
     channel.close()  # kombu restores what is still unacked; the acked ones must not come back
     assert _unacked(redis_url, prefix) == set()
     assert connect(redis_url).llen(f"{prefix}:closing") == 0
+
+
+def test_a_credit_lowered_while_the_pop_waits_is_kept_and_the_rest_goes_back_first_in_line(broker, redis_url, prefix):
+    queue = Queue("shrink", Exchange("shrink"), "shrink")
+    _publish(broker, queue, 4)
+    seen: list[int] = []
+    channel = broker.channel()
+    with Consumer(channel, [queue], callbacks=[lambda body, _m: seen.append(body["n"])]):
+        channel.basic_qos(0, 4, False)
+        broker.transport.cycle.on_poll_start()  # the pop goes out with a credit of 4; its reply is on its way
+        channel.basic_qos(0, 1, False)  # meanwhile Celery lowers the prefetch (pool_shrink, an ETA task due)
+        broker.drain_events(timeout=2)
+        assert seen == [0]  # all four were delivered before
+        assert len(_unacked(redis_url, prefix)) == 1
+        assert connect(redis_url).llen(f"{prefix}:shrink") == 3
+        seen.clear()
+        channel.basic_qos(0, 4, False)  # a credit of 3 again (one message is still unacked)
+        broker.drain_events(timeout=2)
+        assert seen == [1, 2, 3]  # in order, next in line
+
+
+def test_a_limit_lifted_while_the_pop_waits_delivers_all_it_took(broker, redis_url, prefix):
+    queue = Queue("lifted", Exchange("lifted"), "lifted")
+    _publish(broker, queue, 3)
+    seen: list[int] = []
+    channel = broker.channel()
+    with Consumer(channel, [queue], callbacks=[lambda body, _m: seen.append(body["n"])]):
+        channel.basic_qos(0, 4, False)
+        broker.transport.cycle.on_poll_start()
+        channel.basic_qos(0, 0, False)  # no limit
+        broker.drain_events(timeout=2)
+        assert seen == [0, 1, 2]
+
+
+def test_messages_popped_behind_one_whose_delivery_raised_go_back_to_the_queue_at_once(broker, redis_url, prefix):
+    queue = Queue("raise", Exchange("raise"), "raise")
+    _publish(broker, queue, 3)
+    channel = broker.channel()
+
+    def on_message(body, message):
+        raise RuntimeError("the consumer's callback failed")
+
+    consumer = Consumer(channel, [queue], callbacks=[on_message])
+    consumer.consume()
+    channel.basic_qos(0, 3, False)
+    with pytest.raises(RuntimeError):
+        broker.drain_events(timeout=2)
+    assert len(_unacked(redis_url, prefix)) == 1  # the one delivered; the two behind it waited 6 h here
+    channel.close()  # kombu restores what it delivered
+    assert _unacked(redis_url, prefix) == set()
+    assert connect(redis_url).llen(f"{prefix}:raise") == 3
+
+
+def test_an_undecodable_message_raises_as_with_brpop_without_taking_the_others_popped_with_it(broker, redis_url,
+                                                                                              prefix):
+    queue = Queue("bad", Exchange("bad"), "bad")
+    _publish(broker, queue, 2)
+    connect(redis_url).lpush(f"{prefix}:bad", "not json")  # popped last
+    seen: list[int] = []
+    channel = broker.channel()
+    with Consumer(channel, [queue], callbacks=[lambda body, _m: seen.append(body["n"])]):
+        channel.basic_qos(0, 3, False)
+        with pytest.raises(ValueError):
+            broker.drain_events(timeout=2)
+        assert seen == [0, 1]  # all three were lost before
+        assert len(_unacked(redis_url, prefix)) == 2
