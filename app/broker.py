@@ -318,7 +318,10 @@ class _ManyPerPop:
     delivered; and when a delivery raises, the messages behind it go back to the head of
     their queue (:meth:`_give_back`) instead of waiting in the unacked index for the
     visibility timeout. Still wider than ``BRPOP``: a refused records write (``OOM``, a
-    lost connection) loses every message of the pop, not one.
+    lost connection) loses every message of the pop, not one. Each such message is a
+    phase chain of a leased job, so the job itself is not lost: its lease is never
+    renewed, expires (``lease_ttl_s``) and the reaper requeues the job, as after any
+    message lost with a worker.
     """
 
     _pops_many: bool | None = None  # the server has BLMPOP (checked once per channel)
