@@ -34,6 +34,7 @@ from __future__ import annotations
 from urllib.parse import parse_qsl, urlparse
 
 import logging
+import os
 import threading
 from queue import Empty
 from time import monotonic, time
@@ -172,11 +173,13 @@ class QoS(kombu_redis.QoS):
 
     def ack(self, delivery_tag):
         if _on_event_loop_thread():
-            if self._ack_writer is None:
-                self._ack_writer = _AckWriter(self.write_acks)
-            self._ack_writer.add(delivery_tag)
-            virtual.QoS.ack(self, delivery_tag)
-            return
+            writer = self._ack_writer
+            if writer is None or writer.pid != os.getpid():  # none yet, or inherited through a fork
+                writer = self._ack_writer = _AckWriter(self.write_acks)
+            if writer.add(delivery_tag):
+                virtual.QoS.ack(self, delivery_tag)
+                return
+            # the channel closed (its writer stopped): written at once, as below
         try:
             self._remove_from_indices(delivery_tag).execute()
         except redis.ConnectionError as e:
@@ -222,6 +225,7 @@ class _AckWriter:
 
     def __init__(self, write) -> None:
         self._write = write
+        self.pid = os.getpid()  # a forked child has no such thread: its QoS starts its own
         self._lock = threading.Lock()
         self._tags: list[str] = []
         self._wanted = threading.Event()
@@ -229,10 +233,14 @@ class _AckWriter:
         self._thread = threading.Thread(target=self._run, name="makespan-ack-writer", daemon=True)
         self._thread.start()
 
-    def add(self, tag: str) -> None:
+    def add(self, tag: str) -> bool:
+        """Hand ``tag`` over; False once :meth:`stop` was called (the caller writes it)."""
         with self._lock:
+            if self._stopping:
+                return False
             self._tags.append(tag)
         self._wanted.set()
+        return True
 
     def _take(self) -> list[str]:
         with self._lock:
@@ -240,7 +248,8 @@ class _AckWriter:
         return tags
 
     def stop(self, timeout_s: float = 5.0) -> None:
-        self._stopping = True
+        with self._lock:
+            self._stopping = True
         self._wanted.set()
         self._thread.join(timeout_s)
         tags = self._take()  # a thread that did not end in time, or tags added after its last turn
@@ -253,7 +262,11 @@ class _AckWriter:
             self._wanted.clear()
             tags = self._take()
             if tags:
-                self._write(tags)
+                try:
+                    self._write(tags)
+                except Exception as e:  # noqa: BLE001 - the thread must outlive one bad write
+                    log.error("writing %d acks failed: %r; those messages are redelivered after the visibility "
+                              "timeout", len(tags), e)
             if self._stopping:
                 return
 
@@ -343,8 +356,10 @@ class _ManyPerPop:
         if self._pops_many is None:
             try:
                 version = self._create_client().info("server").get("redis_version", "0")
-            except redis.RedisError:
+            except redis.ConnectionError:
                 return False  # asked again at the next pop
+            except redis.RedisError:  # INFO refused (an ACL without it): BRPOP from now on
+                version = "0"
             self._pops_many = int(str(version).split(".", 1)[0]) >= 7
         return self._pops_many
 

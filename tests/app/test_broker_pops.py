@@ -191,3 +191,47 @@ def test_an_undecodable_message_raises_as_with_brpop_without_taking_the_others_p
             broker.drain_events(timeout=2)
         assert seen == [0, 1]  # all three were lost before
         assert len(_unacked(redis_url, prefix)) == 2
+
+
+def test_an_ack_writer_survives_a_failed_write_and_a_closed_writer_hands_back(broker, redis_url, prefix):
+    """A write that raises something other than a Redis error must not end the writer
+    thread (acks would pile up until the channel closes); once the writer is stopped, an
+    ack is written at once; a writer inherited through a fork (another pid) is replaced."""
+    queue = Queue("writer", Exchange("writer"), "writer")
+    _publish(broker, queue, 3)
+    messages = []
+    channel = broker.channel()
+    with Consumer(channel, [queue], callbacks=[lambda _b, message: messages.append(message)]):
+        channel.basic_qos(0, 3, False)
+        broker.drain_events(timeout=2)
+        hub = Hub()
+        set_event_loop(hub)
+        try:
+            hub._loop_thread = threading.get_ident()
+            real_write = channel.qos.write_acks
+            calls: list[list[str]] = []
+
+            def flaky_write(tags):
+                calls.append(list(tags))
+                if len(calls) == 1:
+                    raise RuntimeError("a bug in a write")
+                real_write(tags)
+
+            channel.qos.write_acks = flaky_write
+            messages[0].ack()  # its write raises
+            wait_for(lambda: len(calls) == 1, 10, "the first write")
+            messages[1].ack()  # the same thread writes this one
+            wait_for(lambda: messages[1].delivery_tag not in _unacked(redis_url, prefix), 10, "the second write")
+            writer = channel.qos._ack_writer
+            writer.pid = -1  # as if inherited through a fork
+            messages[2].ack()
+            assert channel.qos._ack_writer is not writer
+            wait_for(lambda: messages[2].delivery_tag not in _unacked(redis_url, prefix), 10, "the new writer")
+            channel.qos._ack_writer.stop()
+            _publish(broker, queue, 1)
+            broker.drain_events(timeout=2)
+            messages[3].ack()  # the writer is stopped: written at once, on this thread
+            assert messages[3].delivery_tag not in _unacked(redis_url, prefix)
+        finally:
+            set_event_loop(None)
+            hub.close()
