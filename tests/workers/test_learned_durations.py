@@ -103,12 +103,14 @@ def test_bench_b_a_host_twice_as_slow_is_learned(r, keys, settings):
     fleet = _fleet()
     s = dataclasses.replace(settings, simulated_slowdown="host-b=2", time_scale=0.005)
     swaps = Swaps(r, keys, s, fleet, "host-b")
-    for i in range(2 * 21 + 2):
+    for i in range(2 * 26):  # 26 cold starts per endpoint: 20 to learn from, then 6 to judge by
         swaps.job("alpha" if i % 2 == 0 else "beta")
     ts = swaps.cold_starts()
     by_ep = {e: [t for t in ts if t["endpoint"] == e] for e in ("alpha", "beta")}
     before = _errors([t for v in by_ep.values() for t in v[:5]])  # planned with the prior
-    after = _errors([t for v in by_ep.values() for t in v[20:]])  # after 20 observations each
+    # after 20 observations each; the p50 of 12 errors, not of 4 (a loaded CI host made the 4's
+    # median 0.112 once, with two of the four at 0.07)
+    after = _errors([t for v in by_ep.values() for t in v[20:]])
     assert all(t["planned_s"] == 10.0 for v in by_ep.values() for t in v[:5])
     # at least the slowdown's 50% off: the actual cold starts are wall time, which a loaded
     # host only lengthens (0.64 at a load of 18 on 2 cores), so the bound is one-sided
