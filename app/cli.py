@@ -446,7 +446,8 @@ def result(job_id: str, timeout_s: float | None = typer.Option(None, help="wait 
     try:
         value = job.result(timeout_s=0 if no_wait else timeout_s)
     except WorkloadError as e:
-        typer.echo(e.traceback.rstrip() or f"{e.error_type}: {e.message}", err=True)
+        if e.traceback.strip():  # none for an error of the worker's own (a result over the limit, a timeout)
+            typer.echo(e.traceback.rstrip(), err=True)
         typer.echo(f"job {job_id} failed (attempt {e.attempt}): {e.error_type}: {e.message}", err=True)
         raise typer.Exit(1) from e
     except (JobCancelled, JobFailed) as e:

@@ -84,11 +84,19 @@ def test_an_exception_comes_back_with_its_type_message_and_traceback(live):
 
 
 def test_a_result_over_the_limit_fails_the_job_and_says_where_to_put_it(live):
-    _, client = live
+    import subprocess
+    import sys
+
+    system, client = live
+    job = client.submit("big", 5000)
     with pytest.raises(makespan.WorkloadError) as err:
-        client.submit("big", 5000).result(timeout_s=60)
+        job.result(timeout_s=60)
     assert err.value.error_type == "makespan.ResultTooLarge"
     assert "over the limit of 1000 bytes" in err.value.message and "return a reference" in err.value.message
+    res = subprocess.run([sys.executable, "-m", "makespan.cli", "result", job.id], env=system._env(),
+                         capture_output=True, text=True, timeout=60)
+    # no traceback (the worker's own error): the reason once, on the job's line
+    assert res.returncode == 1 and res.stdout == "" and res.stderr.count("over the limit") == 1, res.stderr
     assert client.submit("big", 100).result(timeout_s=60) == "x" * 100
 
 
