@@ -410,9 +410,7 @@ def _hint_live_names(r, keys, absent: list[str]) -> None:
     the closest one to each absent name), to stderr."""
     if not absent:
         return
-    import difflib
-
-    from makespan.registry import live_names
+    from makespan.registry import closest_name, live_names
 
     try:
         alive = live_names(r, keys)
@@ -424,9 +422,9 @@ def _hint_live_names(r, keys, absent: list[str]) -> None:
         return
     typer.echo(f"live workload functions: {', '.join(alive)}", err=True)
     for name in absent:
-        close = difflib.get_close_matches(name, alive, n=1)
+        close = closest_name(name, alive)
         if close:
-            typer.echo(f"did you mean {close[0]!r} instead of {name!r}?", err=True)
+            typer.echo(f"did you mean {close!r} instead of {name!r}?", err=True)
 
 
 @app.command()

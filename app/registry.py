@@ -283,7 +283,18 @@ def live_definition(r: redis.Redis, keys: Keys, name: str, also: list[str] = ())
     if refused:
         raise ValidationError("workload", name, f"its GPU worker does not publish it: {refused}")
     hint = f"live now: {', '.join(alive)}" if alive else "no GPU worker has registered any workload function"
-    close = difflib.get_close_matches(name, alive, n=1)
-    guess = f"; did you mean {close[0]!r}?" if close else ""
+    close = closest_name(name, alive)
+    guess = f"; did you mean {close!r}?" if close else ""
     raise ValidationError("workload", name, "no live GPU worker registered this workload; start one with "
                                             f"`makespan gpu-worker --workloads MODULE` ({hint}){guess}")
+
+
+def closest_name(name: str, alive: list[str]) -> str | None:
+    """The live workload name most like ``name`` (difflib's closest, cutoff 0.6), whose
+    function part is itself like ``name``'s: ``mymodule.nope`` suggests nothing, not
+    ``mymodule.slow`` because the module matches. None if there is none."""
+    function = name.rsplit(".", 1)[-1]
+    for candidate in difflib.get_close_matches(name, alive, n=3):
+        if difflib.SequenceMatcher(None, function, candidate.rsplit(".", 1)[-1]).ratio() >= 0.6:
+            return candidate
+    return None

@@ -213,6 +213,14 @@ def test_retries_follow_the_definition_with_backoff(live, marks):
     assert err.value.attempt == 3 and "attempt 3 fails" in err.value.message
 
 
+def test_the_hint_for_an_unknown_name_needs_a_close_function_not_only_the_same_module():
+    from makespan.registry import closest_name
+
+    assert closest_name("mymodule.nope", ["mymodule.slow", "gpu_jobs.shout"]) is None  # was 'mymodule.slow'
+    assert closest_name("mymodule.slwo", ["mymodule.slow", "gpu_jobs.shout"]) == "mymodule.slow"
+    assert closest_name("gpu_job.shout", ["gpu_jobs.shout"]) == "gpu_jobs.shout"
+
+
 def test_an_unknown_workload_name_is_rejected_and_nothing_is_written(live):
     _, client = live
     before = client.r.get(client.keys.seq)
