@@ -46,6 +46,8 @@ def test_the_wheel_has_one_top_level_package_and_ships_py_typed(wheel):
     assert tops == {"makespan"}
     assert "makespan/py.typed" in names and "makespan/planner/api.py" in names
     assert "makespan/workers/tasks.py" in names and "makespan/examples/render_cards.py" in names
+    # the example files the docs name (docs/workloads.md: examples/synth.yaml, examples/render-pipeline.toml)
+    assert {"makespan/examples/synth.yaml", "makespan/examples/render-pipeline.toml"} <= set(names)
     # the store's Lua scripts travel as package data: every one in the checkout is in the wheel
     lua = sorted(p.name for p in (ROOT / "app" / "store" / "lua").glob("*.lua"))
     assert lua and all(f"makespan/store/lua/{name}" in names for name in lua)
