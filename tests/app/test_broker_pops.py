@@ -5,6 +5,8 @@ own consumer API."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 from kombu import Connection, Consumer, Exchange, Producer, Queue
@@ -23,6 +25,19 @@ def broker(redis_url, prefix):
         yield conn
     finally:
         conn.release()
+
+
+@contextmanager
+def _as_the_event_loop_thread() -> Iterator[None]:
+    """This thread runs kombu's event loop, as Celery's consumer thread does."""
+    hub = Hub()
+    set_event_loop(hub)
+    try:
+        hub._loop_thread = threading.get_ident()
+        yield
+    finally:
+        set_event_loop(None)
+        hub.close()
 
 
 def _publish(conn: Connection, queue: Queue, count: int) -> None:
@@ -81,10 +96,7 @@ def test_acks_on_the_event_loop_are_written_by_another_thread(broker, redis_url,
         channel.basic_qos(0, 3, False)
         broker.drain_events(timeout=2)
         assert len(messages) == 3 and len(_unacked(redis_url, prefix)) == 3
-        hub = Hub()
-        set_event_loop(hub)
-        try:
-            hub._loop_thread = threading.get_ident()  # this thread runs the loop, as Celery's consumer does
+        with _as_the_event_loop_thread():
             writes = []
             real_write = channel.qos.write_acks
             channel.qos.write_acks = lambda tags: (writes.append(list(tags)), real_write(tags))
@@ -99,9 +111,6 @@ def test_acks_on_the_event_loop_are_written_by_another_thread(broker, redis_url,
             worker.start()
             worker.join()
             assert _unacked(redis_url, prefix) == set()
-        finally:
-            set_event_loop(None)
-            hub.close()
 
 
 def test_acks_pending_when_the_channel_closes_are_written(broker, redis_url, prefix):
@@ -113,15 +122,9 @@ def test_acks_pending_when_the_channel_closes_are_written(broker, redis_url, pre
     consumer.consume()
     channel.basic_qos(0, 2, False)
     broker.drain_events(timeout=2)
-    hub = Hub()
-    set_event_loop(hub)
-    try:
-        hub._loop_thread = threading.get_ident()
+    with _as_the_event_loop_thread():
         for message in messages:
             message.ack()
-    finally:
-        set_event_loop(None)
-        hub.close()
     channel.close()  # kombu restores what is still unacked; the acked ones must not come back
     assert _unacked(redis_url, prefix) == set()
     assert connect(redis_url).llen(f"{prefix}:closing") == 0
@@ -204,10 +207,7 @@ def test_an_ack_writer_survives_a_failed_write_and_a_closed_writer_hands_back(br
     with Consumer(channel, [queue], callbacks=[lambda _b, message: messages.append(message)]):
         channel.basic_qos(0, 3, False)
         broker.drain_events(timeout=2)
-        hub = Hub()
-        set_event_loop(hub)
-        try:
-            hub._loop_thread = threading.get_ident()
+        with _as_the_event_loop_thread():
             real_write = channel.qos.write_acks
             calls: list[list[str]] = []
 
@@ -232,6 +232,3 @@ def test_an_ack_writer_survives_a_failed_write_and_a_closed_writer_hands_back(br
             broker.drain_events(timeout=2)
             messages[3].ack()  # the writer is stopped: written at once, on this thread
             assert messages[3].delivery_tag not in _unacked(redis_url, prefix)
-        finally:
-            set_event_loop(None)
-            hub.close()
