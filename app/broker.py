@@ -376,11 +376,9 @@ class _ManyPerPop:
         keys = [self._q_for_pri(queue, pri) for pri in self.priority_steps for queue in queues]
         self._in_poll = self.client.connection
         self._brpop_sent_at = monotonic()
-        command = ["BLMPOP", timeout or 0, len(keys), *keys, "RIGHT", "COUNT", credit]
-        if self.global_keyprefix:
-            command = ["BLMPOP", timeout or 0, len(keys), *[self.global_keyprefix + key for key in keys],
-                       "RIGHT", "COUNT", credit]
-        self.client.connection.send_command(*command)
+        if self.global_keyprefix:  # kombu's prefixing client does not know BLMPOP's arguments
+            keys = [self.global_keyprefix + key for key in keys]
+        self.client.connection.send_command("BLMPOP", timeout or 0, len(keys), *keys, "RIGHT", "COUNT", credit)
 
     def _brpop_read(self, **options):
         if not self._popping_many:
