@@ -249,8 +249,9 @@ class Observer:
             expected_s = (spec.evict_s + spec.cold_start_s) * inst.time_scale + self.probe_interval_s
             spawned: list[Instance] = []
 
-            def track(instance: Instance) -> None:
-                spawned.append(instance)
+            def track(instance: Instance) -> None:  # again for the same instance when its start moves to another port
+                if all(other is not instance for other in spawned):
+                    spawned.append(instance)
                 register_instance(self.r, self.keys, instance, state="starting")
             try:
                 with self.agenda.register(f"recovery-{inst.id}", "RESTART_RECOVERY", [inst.endpoint],

@@ -893,8 +893,9 @@ class PhaseRunner:
         down during a job's; a spawned process is stopped and forgotten first)."""
         spawned: list[Instance] = []
 
-        def track(inst: Instance) -> None:
-            spawned.append(inst)
+        def track(inst: Instance) -> None:  # again for the same instance when its start moves to another port
+            if all(other is not inst for other in spawned):
+                spawned.append(inst)
             register_instance(self.r, self.keys, inst, state="starting")
 
         paced = self._paced_cancellable(ctx, hb)  # a modelled cold start's wait, a real one's probe pauses

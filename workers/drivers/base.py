@@ -131,7 +131,8 @@ class EndpointDriver(Protocol):
     ended (meaningful where ``capabilities.reports_alive``; otherwise "not stopped").
 
     ``start`` blocks until the instance passes its health check (a driver that spawns a
-    process calls ``on_spawn(instance)`` as soon as it exists) and raises
+    process calls ``on_spawn(instance)`` as soon as it exists, and again with the same
+    instance when it spawns it anew, e.g. on another port) and raises
     :class:`makespan.errors.PhaseError` with the reason when it does not (timeout, early
     exit). ``stop`` is idempotent.
 

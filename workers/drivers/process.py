@@ -1,6 +1,6 @@
 """The process driver: an endpoint instance is a real child process.
 
-``start`` takes a free loopback port, substitutes placeholders in the fleet file's
+``start`` takes a free loopback port (:func:`makespan.redis_conn.free_port`), substitutes placeholders in the fleet file's
 ``launch.command`` (``{port}``, ``{model}``, ``{tp}``, ``{python}``, ``{load_time_s}``,
 ``{sleep_s}``, ``{wake_s}``, ``{wake_level2_s}``: wall seconds, the fleet file's
 ``evict_s``/``wake_s``/``wake_level2_s`` × time scale; ``wake_level2_s`` unset: ``wake_s``),
@@ -12,6 +12,14 @@ to ``backoff_max_s``) until 200 or ``launch.health_timeout_s``. An empty command
 :mod:`makespan.workers.endpoint_server` with ``--load-time-s = cold_start_s × time_scale``
 (and ``--sleep-s``/``--wake-s``/``--wake-level2-s`` from ``evict_s``/``wake_s``/``wake_level2_s``
 × time_scale: its sleep mode).
+
+**A port taken before the server binds it.** A free port is free only when it is chosen:
+the kernel hands the same ephemeral range to outgoing connections and to other servers, and
+a model server binds its port seconds after it is spawned (its imports). A process that
+exits before its health check passes with an address-in-use error in its log
+(:data:`ADDRESS_IN_USE`) is started again on another port, the same instance (its id, its
+log file, its registry record through ``on_spawn``), up to :data:`PORT_TRIES` ports in all;
+then the start fails as before (:class:`PortTaken`, a :class:`PhaseError`).
 
 Sleep mode (``sleep``/``wake``/``is_sleeping``): vLLM's HTTP routes ``POST /sleep?level=N``,
 ``POST /wake_up`` and ``GET /is_sleeping`` (vLLM docs, "Sleep Mode"; served by ``vllm
@@ -64,6 +72,14 @@ PROBE_TIMEOUT_S = 1.0
 SLEEP_TIMEOUT_S = 600.0  # longest a sleep or wake request may take (a large model's level-2 wake)
 ANSWER_POLL_S = 0.05  # a sleep or wake request's answer is awaited in pauses this long (when the context gives one)
 PROCESS_START_FLOOR_S = 5.0  # least wall time a transition of a real endpoint process is given
+PORT_TRIES = 3  # ports start() tries when the process exits at once on a taken port
+ADDRESS_IN_USE = ("address already in use", "errno 98", "eaddrinuse", "errno 48")  # in the log tail, lower case
+ADDRESS_IN_USE_TAIL_BYTES = 8192  # how much of the log's end is searched for them (a traceback comes after)
+
+
+class PortTaken(PhaseError):
+    """The endpoint process exited before its health check passed, and its log says its
+    port was in use: another process bound the port between its choice and the bind."""
 
 
 def default_log_dir() -> Path:
@@ -157,17 +173,52 @@ class ProcessDriver:
               host: str = "", on_spawn: Callable[[Instance], None] | None = None) -> Instance:
         """Spawn and wait for health. ``on_spawn(instance)`` is called right after the
         process is spawned, before its health check (the GPU worker registers it as
-        ``starting`` there, so it is tracked from its first moment); the instance's
-        ``owner_pid`` is this process. Raises :class:`PhaseError` (timeout, early exit,
-        command not found, ``on_spawn`` failed); the process group is stopped before the
-        error is raised."""
+        ``starting`` there, so it is tracked from its first moment), and again with the
+        same instance (its new pid and port) when the start moves to another port (see
+        the module doc); the instance's ``owner_pid`` is this process. Raises
+        :class:`PhaseError` (timeout, early exit, command not found, ``on_spawn`` failed;
+        :class:`PortTaken` when every one of :data:`PORT_TRIES` ports was taken); the
+        process group is stopped before the error is raised."""
         if len(gpus) != endpoint.tensor_parallel:
             raise PhaseError(f"endpoint {endpoint.name!r}: needs {endpoint.tensor_parallel} GPUs, got {len(gpus)}")
-        port = free_port()
+        timeout_s = self.health_timeout_s if self.health_timeout_s is not None else endpoint.launch.health_timeout_s
+        inst: Instance | None = None
+        for attempt in range(1, PORT_TRIES + 1):
+            inst = self._spawn(endpoint, gpus, time_scale, host, free_port(), inst)
+            if on_spawn is not None:
+                try:
+                    on_spawn(inst)
+                except Exception as e:  # noqa: BLE001 - an untracked process must not run on
+                    self.stop(inst)
+                    raise PhaseError(f"endpoint {endpoint.name!r}: spawned process {inst.pid} could not be recorded "
+                                     f"({type(e).__name__}: {e}); stopped it") from e
+            try:
+                with telemetry.child_span("health_check", {"url": inst.url, "timeout_s": timeout_s}):
+                    self._wait_healthy(endpoint, inst, timeout_s)
+            except PortTaken as e:
+                self.stop(inst)  # what is left of its group
+                if attempt == PORT_TRIES:
+                    raise
+                log.warning("%s; starting it again on another port (try %d of %d)", e, attempt + 1, PORT_TRIES)
+                continue
+            except BaseException:
+                self.stop(inst)  # early exit or timeout: no member of its group may stay behind
+                raise
+            inst.started_at = time.time()
+            return inst
+        raise AssertionError("unreachable: the last try returned or raised")
+
+    def _spawn(self, endpoint: EndpointSpec, gpus: list[str], time_scale: float, host: str, port: int,
+               inst: Instance | None) -> Instance:
+        """Spawn ``endpoint``'s process on ``port``: a new instance, or ``inst`` again (a
+        start retried on another port keeps its id and log file). Raises PhaseError (log
+        directory, command not found)."""
         argv = self.command(endpoint, port, time_scale)
-        inst = Instance(endpoint.name, list(gpus), self.name, host=host, time_scale=time_scale,
-                        url=f"http://127.0.0.1:{port}", port=port, health_path=endpoint.launch.health_path)
-        inst.log_path = str((self.log_dir or default_log_dir()) / f"{endpoint.name}-{inst.id}.log")
+        if inst is None:
+            inst = Instance(endpoint.name, list(gpus), self.name, host=host, time_scale=time_scale,
+                            health_path=endpoint.launch.health_path)
+            inst.log_path = str((self.log_dir or default_log_dir()) / f"{endpoint.name}-{inst.id}.log")
+        inst.url, inst.port, inst.stopped = f"http://127.0.0.1:{port}", port, False
         try:
             Path(inst.log_path).parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -175,31 +226,16 @@ class ProcessDriver:
         env = {**os.environ, **self.extra_env(endpoint), "CUDA_VISIBLE_DEVICES": ",".join(gpus),
                "PYTHONUNBUFFERED": "1"}
         try:
-            with open(inst.log_path, "ab") as log, telemetry.child_span("process_spawn", {"argv0": argv[0], "port": port}):
-                log.write(f"# {time.strftime('%Y-%m-%dT%H:%M:%S')} argv={argv} gpus={gpus}\n".encode())
-                log.flush()
-                inst.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            with open(inst.log_path, "ab") as log_file, telemetry.child_span("process_spawn", {"argv0": argv[0], "port": port}):
+                log_file.write(f"# {time.strftime('%Y-%m-%dT%H:%M:%S')} argv={argv} gpus={gpus}\n".encode())
+                log_file.flush()
+                inst.proc = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                              env=env, start_new_session=True, cwd=os.getcwd())
         except OSError as e:
             raise PhaseError(f"endpoint {endpoint.name!r}: cannot run {argv[0]!r}: {e}") from e
         inst.pid = inst.proc.pid
         inst.owner_pid = os.getpid()
         inst.machine = machine_name()
-        if on_spawn is not None:
-            try:
-                on_spawn(inst)
-            except Exception as e:  # noqa: BLE001 - an untracked process must not run on
-                self.stop(inst)
-                raise PhaseError(f"endpoint {endpoint.name!r}: spawned process {inst.pid} could not be recorded "
-                                 f"({type(e).__name__}: {e}); stopped it") from e
-        timeout_s = self.health_timeout_s if self.health_timeout_s is not None else endpoint.launch.health_timeout_s
-        try:
-            with telemetry.child_span("health_check", {"url": inst.url, "timeout_s": timeout_s}):
-                self._wait_healthy(endpoint, inst, timeout_s)
-        except BaseException:
-            self.stop(inst)  # early exit or timeout: no member of its group may stay behind
-            raise
-        inst.started_at = time.time()
         return inst
 
     def _wait_healthy(self, endpoint: EndpointSpec, inst: Instance, timeout_s: float) -> None:
@@ -208,8 +244,12 @@ class ProcessDriver:
         while True:
             if inst.proc is not None and inst.proc.poll() is not None:
                 code = inst.proc.returncode
-                raise PhaseError(f"endpoint {endpoint.name!r}: process exited with code {code} before its "
-                                 f"health check passed; log {inst.log_path}: {_tail(inst.log_path)}")
+                what = (f"endpoint {endpoint.name!r}: process exited with code {code} before its health check "
+                        f"passed; log {inst.log_path}: {_tail(inst.log_path)}")
+                tail = _tail(inst.log_path, ADDRESS_IN_USE_TAIL_BYTES).lower()
+                if any(sign in tail for sign in ADDRESS_IN_USE):
+                    raise PortTaken(f"{what} (port {inst.port} was taken by another process)")
+                raise PhaseError(what)
             probes += 1
             ok, last = self._probe(inst)
             if ok:

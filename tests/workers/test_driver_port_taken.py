@@ -1,0 +1,82 @@
+"""An endpoint process whose port another process took between its choice and the bind.
+
+:func:`makespan.redis_conn.free_port` lets its port go when it returns, and a model server
+binds its port seconds after it is spawned: an outgoing connection or another server can
+take the port meanwhile. The process then exits at once (``Address already in use``) and
+the start failed, costing the job an attempt. Now :class:`ProcessDriver` starts the same
+instance again on another port, up to ``PORT_TRIES`` ports.
+
+Made deterministic: the driver's ``free_port`` is replaced by one that hands out a port a
+listening socket of this test holds, then free ports. Real endpoint processes and HTTP
+health checks (fails on the code before: the start raised PhaseError at the first exit).
+"""
+
+from __future__ import annotations
+
+import itertools
+import socket
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+import makespan.workers.drivers.process as process_driver
+from makespan.errors import PhaseError
+from makespan.models import EndpointSpec, LaunchSpec
+from makespan.redis_conn import free_port
+from makespan.workers.drivers import get_driver
+
+
+def _spec() -> EndpointSpec:
+    return EndpointSpec(name="renderer", model="render/cards-v2", tensor_parallel=1, memory_mib_per_gpu=1000,
+                        cold_start_s=10.0, evict_s=1.0, launch=LaunchSpec(driver="process"))
+
+
+@pytest.fixture
+def held_port() -> Iterator[int]:
+    """A loopback port held by a listening socket for the test's length."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        yield held.getsockname()[1]
+
+
+def test_a_taken_port_is_retried_on_another_with_the_same_instance(tmp_path, monkeypatch, held_port):
+    ports = itertools.chain([held_port], iter(free_port, None))
+    monkeypatch.setattr(process_driver, "free_port", lambda: next(ports))
+    spawned: list[tuple[str, int | None, int | None]] = []
+    driver = get_driver("process", log_dir=tmp_path, grace_s=2.0)
+    inst = driver.start(_spec(), ["GPU-a"], time_scale=0.01,
+                        on_spawn=lambda instance: spawned.append((instance.id, instance.pid, instance.port)))
+    try:
+        assert inst.port != held_port
+        assert httpx.get(f"{inst.url}/health", timeout=5).status_code == 200  # our process answers there
+        assert [port for _, _, port in spawned] == [held_port, inst.port]  # registered again, on its new port
+        assert {instance_id for instance_id, _, _ in spawned} == {inst.id}  # the same instance, the same record
+        assert spawned[0][1] != spawned[1][1] == inst.pid
+        log = (tmp_path / f"renderer-{inst.id}.log").read_text()
+        assert "Address already in use" in log and log.count("# ") >= 2  # both tries in the one log
+    finally:
+        driver.stop(inst)
+
+
+def test_every_port_taken_fails_the_start_with_port_taken(tmp_path, monkeypatch, held_port):
+    monkeypatch.setattr(process_driver, "free_port", lambda: held_port)
+    driver = get_driver("process", log_dir=tmp_path, grace_s=2.0)
+    spawned: list[int | None] = []
+    with pytest.raises(process_driver.PortTaken, match=f"port {held_port} was taken") as caught:
+        driver.start(_spec(), ["GPU-a"], time_scale=0.01, on_spawn=lambda instance: spawned.append(instance.pid))
+    assert isinstance(caught.value, PhaseError)  # callers that handle a failed start handle this one
+    assert len(spawned) == process_driver.PORT_TRIES
+
+
+def test_an_exit_for_another_reason_is_not_retried(tmp_path):
+    driver = get_driver("process", log_dir=tmp_path)
+    spec = _spec()
+    spec = spec.model_copy(update={"launch": LaunchSpec(driver="process", command=(
+        "{python}", "-c", "import sys; print('no model weights'); sys.exit(3)"))})
+    spawned: list[int | None] = []
+    with pytest.raises(PhaseError, match="no model weights") as caught:
+        driver.start(spec, ["GPU-a"], on_spawn=lambda instance: spawned.append(instance.pid))
+    assert not isinstance(caught.value, process_driver.PortTaken)
+    assert len(spawned) == 1
