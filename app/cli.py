@@ -61,7 +61,7 @@ def _logging(level: str = "INFO") -> None:
 def planner(fleet: Path = FleetOpt, policy: str | None = typer.Option(None, help=LIVE_POLICY_HELP),
             metrics_port: int = typer.Option(0, envvar="MAKESPAN_METRICS_PORT", help="Prometheus port (0: none)"),
             pool: str | None = typer.Option(None, envvar="MAKESPAN_POOL", help="the pool this planner plans, for a "
-                                            "fleet file with [[pools]] (required there; one leader per pool, "
+                                            "fleet file with \\[\\[pools]] (required there; one leader per pool, "
                                             "docs/scaling.md \"Pools\")")):
     """Run a planner worker (one leads, others stand by). Configured by MAKESPAN_* variables, listed in docs/configuration.md: MAKESPAN_POLICY (default: default), MAKESPAN_PREEMPTION (plan or rule), MAKESPAN_IMPROVER_EXECUTOR (process or thread), MAKESPAN_IMPROVER_NICE, MAKESPAN_BATCH_SIZE, ..."""
     from makespan.models import load_fleet

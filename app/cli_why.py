@@ -30,7 +30,7 @@ def _short(text: str) -> str:
 
 
 def explain(r, keys, settings, job_id: str) -> dict[str, Any]:
-    """``{id, state, priority, endpoint, reason, detail, eta, eta_in_s, as_of_s, finished_at,
+    """``{id, state, priority, endpoint, pool, reason, detail, eta, eta_in_s, as_of_s, finished_at,
     leased_at, started_at, since_s, phase, cancel_requested}`` of one job (``reason`` None
     when it is not waiting; ETA in unix s on the Redis server's clock; ``finished_at``, unix
     s, for a completed, failed or cancelled job, else None). A leased or running job also
@@ -80,7 +80,7 @@ def _explain_rec(r, keys, settings, job_id: str, rec: dict[str, str], leads: boo
     from makespan.wait_reasons import reason_of, stale_after_s
 
     out: dict[str, Any] = {"id": job_id, "state": rec.get("state"), "priority": rec.get("priority"),
-                           "endpoint": rec.get("endpoint"), "reason": None, "detail": "", "eta": None,
+                           "endpoint": rec.get("endpoint"), "pool": rec.get("pool"), "reason": None, "detail": "", "eta": None,
                            "eta_in_s": None, "as_of_s": None, "finished_at": None, "leased_at": None,
                            "started_at": None, "since_s": None, "phase": None, "cancel_requested": False}
     if rec.get("state") in LEASED:  # when it was leased, the phase it is in (and since when)
@@ -182,25 +182,29 @@ def _check_endpoint(r, keys, endpoint: str) -> None:
 
 
 def list_jobs(r, keys, settings, states: tuple[str, ...] = WAITING, endpoint: str | None = None,
-              priority: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+              priority: str | None = None, limit: int = 100, pool: str | None = None) -> list[dict[str, Any]]:
     """The jobs in ``states`` (queued: every queue, CRITICAL first, FIFO; delayed: by due
     time; leased: by lease; completed, failed, cancelled: the latest finished first, whether
     compacted to a summary by retention or not yet, while their records are kept, see
-    docs/operations.md on retention) filtered by endpoint and
-    priority, at most ``limit``, each as
+    docs/operations.md on retention) filtered by endpoint,
+    priority (a level name or 0–3) and pool (a fleet with ``[[pools]]``), at most ``limit``, each as
     :func:`explain` answers. Reads at most ``limit`` ids per source past the filters'
     rejects (a bounded scan, ``4 × limit``).
 
     Raises:
-        ValidationError: an unknown state or priority, or an endpoint the published
-            fleet does not have."""
+        ValidationError: an unknown state or priority, an endpoint the published
+            fleet does not have, or a pool it does not declare."""
     from makespan.models import Priority
 
     bad = [s for s in states if s not in LISTED_STATES]
     if bad:
         raise ValidationError("state", bad[0], f"must be one of {', '.join(LISTED_STATES)}")
-    if priority is not None and priority.upper() not in Priority.__members__:
-        raise ValidationError("priority", priority, f"must be one of {', '.join(Priority.__members__)}")
+    level = Priority.parse(priority) if priority is not None else None  # a name or 0–3, as submit takes
+    if pool:
+        known = [name for name in published_pools(r, keys) if name]
+        if pool not in known:
+            raise ValidationError("pool", pool, f"not a pool of the published fleet; known: {', '.join(known)}"
+                                  if known else "the published fleet declares no pools (or none is published yet)")
     if endpoint:
         _check_endpoint(r, keys, endpoint)
     ids: list[str] = []
@@ -208,8 +212,8 @@ def list_jobs(r, keys, settings, states: tuple[str, ...] = WAITING, endpoint: st
     states = list(dict.fromkeys(states))  # a state given twice is listed once
     for st in states:
         if st == "queued":  # every queue, CRITICAL first: levels before pools
-            levels = [Priority[priority.upper()]] if priority else list(Priority)
-            pools = published_pools(r, keys)
+            levels = [level] if level is not None else list(Priority)
+            pools = [pool] if pool else published_pools(r, keys)
             for lvl in levels:
                 for pool in pools:
                     ids += r.zrange(keys.for_pool(pool).queue(lvl), 0, scan - 1)
@@ -232,13 +236,15 @@ def list_jobs(r, keys, settings, states: tuple[str, ...] = WAITING, endpoint: st
     for j, rec, marks in zip(ids, recs, _phase_marks(r, keys, recs)):
         if not rec or rec.get("state") not in states and not (rec.get("state") == "running" and "leased" in states):
             continue
-        if endpoint and rec.get("endpoint") != endpoint or priority and rec.get("priority") != priority.upper():
+        if endpoint and rec.get("endpoint") != endpoint or level is not None and rec.get("priority") != level.name:
             continue
-        pool = rec.get("pool")
-        if pool not in leads_by_pool:  # a pool not in the published fleet: read after its records, so
-            leads, now_s, _written = _context(r, keys.for_pool(pool))  # its last write is not compared
-            leads_by_pool[pool] = (leads, now_s, None)
-        out.append(_explain_rec(r, keys, settings, j, rec, *leads_by_pool[pool], phase_marks=marks))
+        job_pool = rec.get("pool")
+        if pool and job_pool != pool:
+            continue
+        if job_pool not in leads_by_pool:  # a pool not in the published fleet: read after its records, so
+            leads, now_s, _written = _context(r, keys.for_pool(job_pool))  # its last write is not compared
+            leads_by_pool[job_pool] = (leads, now_s, None)
+        out.append(_explain_rec(r, keys, settings, j, rec, *leads_by_pool[job_pool], phase_marks=marks))
         if len(out) >= limit:
             break
     return out
@@ -275,14 +281,16 @@ def register(app: typer.Typer) -> None:
                                               "published fleet has: another one fails, exit 2; with no fleet "
                                               "published it cannot be checked, and a warning says so)"),
                  priority: str = typer.Option(None, "--priority", help="only jobs of this level: CRITICAL, HIGH, "
-                                              "NORMAL or LOW"),
+                                              "NORMAL or LOW (or 0–3)"),
+                 pool: str = typer.Option(None, "--pool", help="only jobs of this pool (a fleet file with "
+                                          "\\[\\[pools]]: a pool it does not declare fails, exit 2)"),
                  limit: int = typer.Option(100, "--limit", min=1, help="list at most this many jobs"),
                  as_json: bool = typer.Option(False, "--json", help="print JSON lines")):
         """Jobs with their state, reason and ETA (one line each); a leased or running job's ETA/OUTCOME says when it
         was leased (or began executing) and its phase now, an ended job's when and why it ended."""
         try:
             s, r, k = _ctx()
-            rows = list_jobs(r, k, s, tuple(state) if state else WAITING, endpoint, priority, limit)
+            rows = list_jobs(r, k, s, tuple(state) if state else WAITING, endpoint, priority, limit, pool)
             unchecked = bool(endpoint) and published_endpoints(r, k) is None
         except MakespanError as e:
             _fail(e)

@@ -29,7 +29,8 @@ class Priority(enum.IntEnum):
 
     @classmethod
     def parse(cls, value: Priority | str | int, field: str = "priority") -> Priority:
-        """``value`` as a level: a :class:`Priority`, a level name (any case) or index 0–3.
+        """``value`` as a level: a :class:`Priority`, a level name (any case) or index 0–3
+        (an int, or its digit as text: ``--priority 0`` on the command line).
 
         Raises:
             makespan.errors.ValidationError: anything else (``field`` names it).
@@ -38,6 +39,8 @@ class Priority(enum.IntEnum):
             return value
         if isinstance(value, str) and value.upper() in cls.__members__:
             return cls[value.upper()]
+        if isinstance(value, str) and value in ("0", "1", "2", "3"):
+            return cls(int(value))
         if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 3:
             return cls(value)
         raise ValidationError(field, value, "unknown priority level; use CRITICAL, HIGH, NORMAL or LOW")

@@ -83,8 +83,8 @@ def reason_of(rec: dict[str, Any], *, planner_leads: bool, server_now_s: float, 
     if not planner_leads and not fresh:
         if rec.get("pool"):  # a pool's job: only that pool's planner plans it (makespan.pools)
             return "no_planner", (f"no planner of pool {rec['pool']} holds its leader lock (start one with "
-                                  f"`makespan planner --pool {rec['pool']}`; a leading planner of another pool that "
-                                  "serves its endpoint moves it there)"), None
+                                  f"`makespan planner --fleet FLEET --pool {rec['pool']}`; if another pool serves "
+                                  "its endpoint, that pool's leading planner moves it there)"), None
         return "no_planner", "no planner holds the leader lock", None
     if not rec.get("wait_reason") or (planner_leads and written_at_s is not None and at < written_at_s - 5e-4):
         pos = "" if queue_position is None else f"position {queue_position + 1} in the {rec.get('priority', '?')} queue"

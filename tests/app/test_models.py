@@ -88,3 +88,11 @@ def test_priorities_weights_and_preemption_rules():
     assert Priority.parse("low") is Priority.LOW
     with pytest.raises(ValidationError):
         Priority.parse(7)
+
+
+def test_a_priority_index_as_text_is_a_level():
+    """``--priority 0`` on the command line (the docs' "or 0–3"), and ``jobs --priority 0``."""
+    assert Priority.parse("0") is Priority.CRITICAL and Priority.parse("3") is Priority.LOW
+    for bad in ("4", "-1", "1.0", " 1", ""):
+        with pytest.raises(ValidationError):
+            Priority.parse(bad)

@@ -91,6 +91,10 @@ def test_waiting_for_gpus_names_the_holder_and_an_eta(r, settings, env):
     assert before_s + 1.01 - 0.3 <= float(rec["wait_eta"]) <= after_s + 1.01 + 0.3
     res = CliRunner().invoke(cli_app, ["jobs", "--state", "queued", "--endpoint", "e", "--priority", "NORMAL"])
     assert res.exit_code == 0 and second in res.output and "waiting_for_gpus" in res.output
+    res = CliRunner().invoke(cli_app, ["jobs", "--state", "queued", "--priority", "2"])  # NORMAL's index, as submit takes it
+    assert res.exit_code == 0 and second in res.output
+    res = CliRunner().invoke(cli_app, ["jobs", "--state", "queued", "--priority", "0"])  # CRITICAL: none queued
+    assert res.exit_code == 0 and second not in res.output
 
 
 def test_waiting_for_dependency(r, settings, env):

@@ -190,6 +190,12 @@ def test_the_dashboard_and_why_read_every_pool(r, settings, keys):
     assert sorted(p["name"] for p in view["pools"]) == ["a", "b"] and view["plan"]["batch"] == 3
     assert [j["id"] for j in list_jobs(r, keys, settings, ("queued",))].count(jobs[3]) == 1
     assert explain(r, keys, settings, jobs[3])["state"] == "queued"
+    # a pool's jobs alone (`makespan jobs --pool`), and each job's pool in the JSON of why/jobs
+    assert [j["id"] for j in list_jobs(r, keys, settings, ("queued",), pool="b")] == [jobs[3]]
+    assert jobs[3] not in [j["id"] for j in list_jobs(r, keys, settings, ("queued",), pool="a")]
+    assert explain(r, keys, settings, jobs[3])["pool"] == "b"
+    with pytest.raises(ValidationError, match="known: a, b"):
+        list_jobs(r, keys, settings, ("queued",), pool="c")
 
 
 def test_a_workloads_steps_go_to_their_pools_and_a_cancel_takes_them_out(r, settings, keys):

@@ -2,8 +2,8 @@
 
 :func:`makespan.redis_conn.free_port` lets its port go when it returns, and a model server
 binds its port seconds after it is spawned: an outgoing connection or another server can
-take the port meanwhile. The process then exits at once (``Address already in use``) and
-the start failed, costing the job an attempt. Now :class:`ProcessDriver` starts the same
+take the port meanwhile. The process then exits before its health check passes
+(``Address already in use``) and the start failed, costing the job an attempt. Now :class:`ProcessDriver` starts the same
 instance again on another port, up to ``PORT_TRIES`` ports.
 
 Made deterministic: the driver's ``free_port`` is replaced by one that hands out a port a
@@ -73,10 +73,39 @@ def test_every_port_taken_fails_the_start_with_port_taken(tmp_path, monkeypatch,
 def test_an_exit_for_another_reason_is_not_retried(tmp_path):
     driver = get_driver("process", log_dir=tmp_path)
     spec = _spec()
+    # the phrase in its argv (written to the log's header line) is not the process's own output
     spec = spec.model_copy(update={"launch": LaunchSpec(driver="process", command=(
-        "{python}", "-c", "import sys; print('no model weights'); sys.exit(3)"))})
+        "{python}", "-c", "import sys; print('no model weights'); sys.exit(3)  # not: Address already in use"))})
     spawned: list[int | None] = []
     with pytest.raises(PhaseError, match="no model weights") as caught:
         driver.start(spec, ["GPU-a"], on_spawn=lambda instance: spawned.append(instance.pid))
     assert not isinstance(caught.value, process_driver.PortTaken)
     assert len(spawned) == 1
+
+
+# try 1 binds the port it is given (a taken one: Address already in use); any later try
+# fails for another reason
+_BIND_THEN_FAIL = """
+import os, socket, sys
+port, marker = int(sys.argv[1]), sys.argv[2]
+if not os.path.exists(marker):
+    open(marker, "w").close()
+    socket.socket().bind(("127.0.0.1", port))
+print("no model weights")
+sys.exit(3)
+"""
+
+
+def test_a_retry_that_fails_for_another_reason_is_that_failure(tmp_path, monkeypatch, held_port):
+    """Every try writes to the one log: the second try's exit is judged by its own output,
+    not by the first try's address-in-use error above it."""
+    ports = itertools.chain([held_port], iter(free_port, None))
+    monkeypatch.setattr(process_driver, "free_port", lambda: next(ports))
+    spec = _spec().model_copy(update={"launch": LaunchSpec(driver="process", command=(
+        "{python}", "-c", _BIND_THEN_FAIL, "{port}", str(tmp_path / "tried")))})
+    spawned: list[int | None] = []
+    driver = get_driver("process", log_dir=tmp_path)
+    with pytest.raises(PhaseError, match="no model weights") as caught:
+        driver.start(spec, ["GPU-a"], on_spawn=lambda instance: spawned.append(instance.port))
+    assert not isinstance(caught.value, process_driver.PortTaken)
+    assert spawned[0] == held_port and len(spawned) == 2

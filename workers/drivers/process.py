@@ -16,10 +16,12 @@ to ``backoff_max_s``) until 200 or ``launch.health_timeout_s``. An empty command
 **A port taken before the server binds it.** A free port is free only when it is chosen:
 the kernel hands the same ephemeral range to outgoing connections and to other servers, and
 a model server binds its port seconds after it is spawned (its imports). A process that
-exits before its health check passes with an address-in-use error in its log
-(:data:`ADDRESS_IN_USE`) is started again on another port, the same instance (its id, its
-log file, its registry record through ``on_spawn``), up to :data:`PORT_TRIES` ports in all;
-then the start fails as before (:class:`PortTaken`, a :class:`PhaseError`).
+exits before its health check passes, having written an address-in-use error
+(:data:`ADDRESS_IN_USE`; only that try's own output counts, not an earlier try's nor the
+argv header), is spawned again on a new free port as the same instance (its id, its log
+file, and its registry record: ``on_spawn`` is called again with the new pid and port), up
+to :data:`PORT_TRIES` ports in all, each try with the full health timeout; then the start
+fails with :class:`PortTaken` (a :class:`PhaseError`). Any other exit fails the start at once.
 
 Sleep mode (``sleep``/``wake``/``is_sleeping``): vLLM's HTTP routes ``POST /sleep?level=N``,
 ``POST /wake_up`` and ``GET /is_sleeping`` (vLLM docs, "Sleep Mode"; served by ``vllm
@@ -100,13 +102,14 @@ def _cmdline(pid: int) -> str:
     return raw.replace(b"\0", b" ").decode(errors="replace").strip()
 
 
-def _tail(path: str | None, n_bytes: int = 600) -> str:
+def _tail(path: str | None, n_bytes: int = 600, start: int = 0) -> str:
+    """The last ``n_bytes`` of the file at ``path``, none before offset ``start``; "" if unreadable."""
     if not path:
         return ""
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - n_bytes))
+            f.seek(max(start, f.tell() - n_bytes))
             return f.read().decode(errors="replace").strip()
     except OSError:
         return ""
@@ -184,7 +187,7 @@ class ProcessDriver:
         timeout_s = self.health_timeout_s if self.health_timeout_s is not None else endpoint.launch.health_timeout_s
         inst: Instance | None = None
         for attempt in range(1, PORT_TRIES + 1):
-            inst = self._spawn(endpoint, gpus, time_scale, host, free_port(), inst)
+            inst, output_from = self._spawn(endpoint, gpus, time_scale, host, free_port(), inst)
             if on_spawn is not None:
                 try:
                     on_spawn(inst)
@@ -194,7 +197,7 @@ class ProcessDriver:
                                      f"({type(e).__name__}: {e}); stopped it") from e
             try:
                 with telemetry.child_span("health_check", {"url": inst.url, "timeout_s": timeout_s}):
-                    self._wait_healthy(endpoint, inst, timeout_s)
+                    self._wait_healthy(endpoint, inst, timeout_s, output_from)
             except PortTaken as e:
                 self.stop(inst)  # what is left of its group
                 if attempt == PORT_TRIES:
@@ -209,10 +212,11 @@ class ProcessDriver:
         raise AssertionError("unreachable: the last try returned or raised")
 
     def _spawn(self, endpoint: EndpointSpec, gpus: list[str], time_scale: float, host: str, port: int,
-               inst: Instance | None) -> Instance:
+               inst: Instance | None) -> tuple[Instance, int]:
         """Spawn ``endpoint``'s process on ``port``: a new instance, or ``inst`` again (a
-        start retried on another port keeps its id and log file). Raises PhaseError (log
-        directory, command not found)."""
+        start retried on another port keeps its id and log file). Returns the instance and
+        the log offset where this process's output begins (after the header line this
+        spawn writes). Raises PhaseError (log directory, command not found)."""
         argv = self.command(endpoint, port, time_scale)
         if inst is None:
             inst = Instance(endpoint.name, list(gpus), self.name, host=host, time_scale=time_scale,
@@ -229,6 +233,7 @@ class ProcessDriver:
             with open(inst.log_path, "ab") as log_file, telemetry.child_span("process_spawn", {"argv0": argv[0], "port": port}):
                 log_file.write(f"# {time.strftime('%Y-%m-%dT%H:%M:%S')} argv={argv} gpus={gpus}\n".encode())
                 log_file.flush()
+                output_from = log_file.tell()
                 inst.proc = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                              env=env, start_new_session=True, cwd=os.getcwd())
         except OSError as e:
@@ -236,17 +241,21 @@ class ProcessDriver:
         inst.pid = inst.proc.pid
         inst.owner_pid = os.getpid()
         inst.machine = machine_name()
-        return inst
+        return inst, output_from
 
-    def _wait_healthy(self, endpoint: EndpointSpec, inst: Instance, timeout_s: float) -> None:
+    def _wait_healthy(self, endpoint: EndpointSpec, inst: Instance, timeout_s: float, output_from: int = 0) -> None:
+        """Probe until healthy. Raises :class:`PortTaken` when the process exited and
+        what it wrote (the log from ``output_from``: not an earlier try's output, not the
+        header with its argv) says its address was in use; PhaseError for any other exit
+        or the timeout."""
         deadline = time.monotonic() + timeout_s
         delay_s, probes, last = self.backoff_initial_s, 0, "no answer"
         while True:
             if inst.proc is not None and inst.proc.poll() is not None:
                 code = inst.proc.returncode
                 what = (f"endpoint {endpoint.name!r}: process exited with code {code} before its health check "
-                        f"passed; log {inst.log_path}: {_tail(inst.log_path)}")
-                tail = _tail(inst.log_path, ADDRESS_IN_USE_TAIL_BYTES).lower()
+                        f"passed; log {inst.log_path}: {_tail(inst.log_path, start=output_from)}")
+                tail = _tail(inst.log_path, ADDRESS_IN_USE_TAIL_BYTES, output_from).lower()
                 if any(sign in tail for sign in ADDRESS_IN_USE):
                     raise PortTaken(f"{what} (port {inst.port} was taken by another process)")
                 raise PhaseError(what)
