@@ -290,7 +290,7 @@ def submit(workload: str | None = typer.Argument(None, help="a workload function
                                                              "workload's own)"),
            service_s: float | None = typer.Option(None, help="estimated service time, seconds (default for a "
                                                                 "workload: learned from its runs)"),
-           priority: str = typer.Option("NORMAL", help="CRITICAL, HIGH, NORMAL or LOW"),
+           priority: str = typer.Option("NORMAL", help="CRITICAL, HIGH, NORMAL or LOW, or 0–3 (0: CRITICAL, 3: LOW)"),
            payload: str = typer.Option("{}", help="JSON object handed to the execute phase"),
            idempotency_key: str | None = typer.Option(None, help="resubmitting the same key returns the same job"),
            delay_s: float | None = typer.Option(None, help="queue the job only this many seconds after submission (> 0, at most 30 days); until then it is 'delayed' in Redis, never in a worker"),

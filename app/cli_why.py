@@ -215,8 +215,8 @@ def list_jobs(r, keys, settings, states: tuple[str, ...] = WAITING, endpoint: st
             levels = [level] if level is not None else list(Priority)
             pools = [pool] if pool else published_pools(r, keys)
             for lvl in levels:
-                for pool in pools:
-                    ids += r.zrange(keys.for_pool(pool).queue(lvl), 0, scan - 1)
+                for queue_pool in pools:
+                    ids += r.zrange(keys.for_pool(queue_pool).queue(lvl), 0, scan - 1)
         elif st == "delayed":
             ids += r.zrange(keys.delayed, 0, scan - 1)
         elif st in FINISHED:
@@ -281,7 +281,7 @@ def register(app: typer.Typer) -> None:
                                               "published fleet has: another one fails, exit 2; with no fleet "
                                               "published it cannot be checked, and a warning says so)"),
                  priority: str = typer.Option(None, "--priority", help="only jobs of this level: CRITICAL, HIGH, "
-                                              "NORMAL or LOW (or 0–3)"),
+                                              "NORMAL or LOW, or 0–3 (0: CRITICAL)"),
                  pool: str = typer.Option(None, "--pool", help="only jobs of this pool (a fleet file with "
                                           "\\[\\[pools]]: a pool it does not declare fails, exit 2)"),
                  limit: int = typer.Option(100, "--limit", min=1, help="list at most this many jobs"),

@@ -190,7 +190,10 @@ def test_the_dashboard_and_why_read_every_pool(r, settings, keys):
     assert sorted(p["name"] for p in view["pools"]) == ["a", "b"] and view["plan"]["batch"] == 3
     assert [j["id"] for j in list_jobs(r, keys, settings, ("queued",))].count(jobs[3]) == 1
     assert explain(r, keys, settings, jobs[3])["state"] == "queued"
-    # a pool's jobs alone (`makespan jobs --pool`), and each job's pool in the JSON of why/jobs
+    # every pool's queued jobs without --pool (the first pool's too), a pool's alone with it,
+    # and each job's pool in the JSON of why/jobs
+    unfiltered = [j["id"] for j in list_jobs(r, keys, settings, ("queued",))]
+    assert unfiltered.count(jobs[3]) == 1 and any(r.hget(keys.job(j), "pool") == "a" for j in unfiltered)
     assert [j["id"] for j in list_jobs(r, keys, settings, ("queued",), pool="b")] == [jobs[3]]
     assert jobs[3] not in [j["id"] for j in list_jobs(r, keys, settings, ("queued",), pool="a")]
     assert explain(r, keys, settings, jobs[3])["pool"] == "b"

@@ -24,6 +24,7 @@ def test_compacts_then_expires_by_count_with_idempotency_keys(r, keys, settings)
     ids = [prod.submit({"endpoint": "embed", "service_s": 1, "payload": {"x": "y" * 500},
                         "idempotency_key": f"k{i}"}).id for i in range(5)]
     now = time.time()
+    r.hset(keys.job(ids[-1]), "pool", "east")  # a pooled fleet's job (makespan.pools): `jobs --pool` lists it after compaction
     for i, jid in enumerate(ids):
         _finish(r, keys, jid, now - 10 + i)
     ret = Retention(r, s)
@@ -31,7 +32,7 @@ def test_compacts_then_expires_by_count_with_idempotency_keys(r, keys, settings)
     assert out.compacted == 5 and out.expired == 2
     rec = r.hgetall(keys.job(ids[-1]))
     assert "spec" not in rec and set(rec) <= set(SUMMARY_FIELDS)
-    assert rec["state"] == "completed" and rec["idem"] == "k4"
+    assert rec["state"] == "completed" and rec["idem"] == "k4" and rec["pool"] == "east"
     assert 0 < r.ttl(keys.job(ids[-1])) <= 3600 and 0 < r.ttl(keys.idem("k4")) <= 3600
     assert ret.sweep(now).expired == 0
     assert not r.exists(keys.job(ids[0])) and not r.exists(keys.idem("k0")) and not r.exists(keys.idem("k1"))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import socket
+import subprocess
 from collections.abc import Iterator
 
 import httpx
@@ -64,7 +65,7 @@ def test_every_port_taken_fails_the_start_with_port_taken(tmp_path, monkeypatch,
     monkeypatch.setattr(process_driver, "free_port", lambda: held_port)
     driver = get_driver("process", log_dir=tmp_path, grace_s=2.0)
     spawned: list[int | None] = []
-    with pytest.raises(process_driver.PortTaken, match=f"port {held_port} was taken") as caught:
+    with pytest.raises(process_driver.PortTaken, match=f"given port {held_port}, which another") as caught:
         driver.start(_spec(), ["GPU-a"], time_scale=0.01, on_spawn=lambda instance: spawned.append(instance.pid))
     assert isinstance(caught.value, PhaseError)  # callers that handle a failed start handle this one
     assert len(spawned) == process_driver.PORT_TRIES
@@ -109,3 +110,29 @@ def test_a_retry_that_fails_for_another_reason_is_that_failure(tmp_path, monkeyp
         driver.start(spec, ["GPU-a"], on_spawn=lambda instance: spawned.append(instance.port))
     assert not isinstance(caught.value, process_driver.PortTaken)
     assert spawned[0] == held_port and len(spawned) == 2
+
+
+def test_a_respawn_that_fails_leaves_no_old_pid_to_signal(tmp_path, monkeypatch, held_port):
+    """The second try's spawn fails (a full disk): the caller then stops the instance it
+    was handed at the first spawn; that stop must not signal the first try's pid, reaped
+    and free for the system to reuse."""
+    ports = itertools.chain([held_port], iter(free_port, None))
+    monkeypatch.setattr(process_driver, "free_port", lambda: next(ports))
+    real_popen, spawns = subprocess.Popen, []
+
+    def popen(*args, **kwargs):
+        spawns.append(args[0])
+        if len(spawns) == 2:
+            raise OSError(28, "No space left on device")
+        return real_popen(*args, **kwargs)
+
+    monkeypatch.setattr(process_driver.subprocess, "Popen", popen)
+    tracked = []
+    driver = get_driver("process", log_dir=tmp_path, grace_s=0.5)
+    with pytest.raises(PhaseError, match="cannot run"):
+        driver.start(_spec(), ["GPU-a"], time_scale=0.01, on_spawn=tracked.append)
+    signalled = []
+    monkeypatch.setattr(process_driver.os, "killpg", lambda pid, sig: signalled.append((pid, sig)))
+    monkeypatch.setattr(process_driver.os, "kill", lambda pid, sig: signalled.append((pid, sig)))
+    driver.stop(tracked[0])  # what the GPU worker's start phase and the observer do with it
+    assert signalled == [] and tracked[0].pid is None

@@ -75,7 +75,7 @@ SLEEP_TIMEOUT_S = 600.0  # longest a sleep or wake request may take (a large mod
 ANSWER_POLL_S = 0.05  # a sleep or wake request's answer is awaited in pauses this long (when the context gives one)
 PROCESS_START_FLOOR_S = 5.0  # least wall time a transition of a real endpoint process is given
 PORT_TRIES = 3  # ports start() tries when the process exits at once on a taken port
-ADDRESS_IN_USE = ("address already in use", "errno 98", "eaddrinuse", "errno 48")  # in the log tail, lower case
+ADDRESS_IN_USE = ("address already in use", "eaddrinuse")  # in the output of a try, lower case
 ADDRESS_IN_USE_TAIL_BYTES = 8192  # how much of the log's end is searched for them (a traceback comes after)
 
 
@@ -199,10 +199,15 @@ class ProcessDriver:
                 with telemetry.child_span("health_check", {"url": inst.url, "timeout_s": timeout_s}):
                     self._wait_healthy(endpoint, inst, timeout_s, output_from)
             except PortTaken as e:
-                self.stop(inst)  # what is left of its group
+                left = self.stop(inst).left  # what is left of its group
+                if left:  # members outlived SIGKILL: nothing is started beside them (as _clear_for_start)
+                    raise PhaseError(f"{e}; processes {', '.join(map(str, left))} of that try outlived SIGKILL: "
+                                     "not starting it again beside them") from e
                 if attempt == PORT_TRIES:
                     raise
                 log.warning("%s; starting it again on another port (try %d of %d)", e, attempt + 1, PORT_TRIES)
+                if self._pause_given:
+                    self._pause(0.0)  # a cancel, a lost lease or a shutdown meanwhile ends the start here
                 continue
             except BaseException:
                 self.stop(inst)  # early exit or timeout: no member of its group may stay behind
@@ -222,7 +227,9 @@ class ProcessDriver:
             inst = Instance(endpoint.name, list(gpus), self.name, host=host, time_scale=time_scale,
                             health_path=endpoint.launch.health_path)
             inst.log_path = str((self.log_dir or default_log_dir()) / f"{endpoint.name}-{inst.id}.log")
-        inst.url, inst.port, inst.stopped = f"http://127.0.0.1:{port}", port, False
+        inst.url, inst.port = f"http://127.0.0.1:{port}", port
+        inst.pid = inst.proc = None  # an earlier try's process is stopped and reaped: never signalled again
+        inst.stopped = True  # until this try's process exists (a failed spawn leaves nothing to stop)
         try:
             Path(inst.log_path).parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -238,7 +245,7 @@ class ProcessDriver:
                                              env=env, start_new_session=True, cwd=os.getcwd())
         except OSError as e:
             raise PhaseError(f"endpoint {endpoint.name!r}: cannot run {argv[0]!r}: {e}") from e
-        inst.pid = inst.proc.pid
+        inst.pid, inst.stopped = inst.proc.pid, False
         inst.owner_pid = os.getpid()
         inst.machine = machine_name()
         return inst, output_from
@@ -257,7 +264,8 @@ class ProcessDriver:
                         f"passed; log {inst.log_path}: {_tail(inst.log_path, start=output_from)}")
                 tail = _tail(inst.log_path, ADDRESS_IN_USE_TAIL_BYTES, output_from).lower()
                 if any(sign in tail for sign in ADDRESS_IN_USE):
-                    raise PortTaken(f"{what} (port {inst.port} was taken by another process)")
+                    raise PortTaken(f"{what} (its output reports an address in use; it was given port {inst.port}, "
+                                    "which another process may have taken)")
                 raise PhaseError(what)
             probes += 1
             ok, last = self._probe(inst)
