@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import socket
 import subprocess
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -136,3 +137,24 @@ def test_a_respawn_that_fails_leaves_no_old_pid_to_signal(tmp_path, monkeypatch,
     monkeypatch.setattr(process_driver.os, "kill", lambda pid, sig: signalled.append((pid, sig)))
     driver.stop(tracked[0])  # what the GPU worker's start phase and the observer do with it
     assert signalled == [] and tracked[0].pid is None
+
+
+def test_a_cancel_between_tries_spawns_no_second_process(tmp_path, monkeypatch, held_port):
+    """The phase runner's pause raises once the job's cancel is requested: checked before
+    the next try, so a cancelled start spawns nothing more."""
+    from makespan.driver_registry import DriverContext
+    from makespan.errors import PhaseCancelled
+
+    monkeypatch.setattr(process_driver, "free_port", lambda: held_port)
+
+    def cancelled_pause(wall_s: float) -> None:  # the cancel comes after the first try's exit
+        if wall_s == process_driver.RETRY_PAUSE_S:
+            raise PhaseCancelled("cancelled while waiting")
+        time.sleep(wall_s)
+
+    driver = process_driver.ProcessDriver(log_dir=tmp_path, backoff_initial_s=0.01, backoff_max_s=0.04,
+                                          context=DriverContext(pause=cancelled_pause))
+    spawned: list[int | None] = []
+    with pytest.raises(PhaseCancelled):
+        driver.start(_spec(), ["GPU-a"], time_scale=0.01, on_spawn=lambda instance: spawned.append(instance.pid))
+    assert len(spawned) == 1

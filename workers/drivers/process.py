@@ -76,6 +76,7 @@ ANSWER_POLL_S = 0.05  # a sleep or wake request's answer is awaited in pauses th
 PROCESS_START_FLOOR_S = 5.0  # least wall time a transition of a real endpoint process is given
 PORT_TRIES = 3  # ports start() tries when the process exits at once on a taken port
 ADDRESS_IN_USE = ("address already in use", "eaddrinuse")  # in the output of a try, lower case
+RETRY_PAUSE_S = 0.05  # the context's pause before a try on another port (the phase runner's checks a cancel there)
 ADDRESS_IN_USE_TAIL_BYTES = 8192  # how much of the log's end is searched for them (a traceback comes after)
 
 
@@ -206,8 +207,8 @@ class ProcessDriver:
                 if attempt == PORT_TRIES:
                     raise
                 log.warning("%s; starting it again on another port (try %d of %d)", e, attempt + 1, PORT_TRIES)
-                if self._pause_given:
-                    self._pause(0.0)  # a cancel, a lost lease or a shutdown meanwhile ends the start here
+                if self._pause_given:  # a cancel, a lost lease or a shutdown meanwhile ends the start here
+                    self._pause(RETRY_PAUSE_S)
                 continue
             except BaseException:
                 self.stop(inst)  # early exit or timeout: no member of its group may stay behind
