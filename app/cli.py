@@ -360,7 +360,9 @@ def _submit_call(workload: str, call_args: str, call_kwargs: str, fleet: Path | 
                             idempotency_key=idempotency_key, delay_s=delay_s, deadline_s=deadline_s,
                             depends_on=depends_on, **kwargs)
         # a repeated idempotency key returns the existing job, at the priority it was submitted with
-        level = priority.upper() if job.created or quiet else job.status()["priority"]
+        from makespan.models import Priority
+
+        level = Priority.parse(priority).name if job.created or quiet else job.status()["priority"]
     except MakespanError as e:
         _fail(e)
     typer.echo(job.id if quiet else json.dumps({"id": job.id, "created": job.created, "priority": level}))

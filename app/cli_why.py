@@ -109,8 +109,12 @@ def _explain_rec(r, keys, settings, job_id: str, rec: dict[str, str], leads: boo
 
 
 def _when(eta: float | None, in_s: float | None) -> str:
+    """``ETA 2026-12-06 08:53:08Z (in 12 s)``, or ``(passed 40 s ago)`` when the plan it
+    came from expected the start earlier (what holds the GPUs runs past its estimate)."""
     if eta is None:
         return "no ETA"
+    if in_s is not None and in_s < -0.5:
+        return f"ETA {_utc_text(eta)} (passed {-in_s:.0f} s ago)"
     return f"ETA {_utc_text(eta)} (in {max(0.0, in_s or 0.0):.0f} s)"
 
 
@@ -200,7 +204,7 @@ def list_jobs(r, keys, settings, states: tuple[str, ...] = WAITING, endpoint: st
     if bad:
         raise ValidationError("state", bad[0], f"must be one of {', '.join(LISTED_STATES)}")
     level = Priority.parse(priority) if priority is not None else None  # a name or 0–3, as submit takes
-    if pool:
+    if pool is not None:
         known = [name for name in published_pools(r, keys) if name]
         if pool not in known:
             raise ValidationError("pool", pool, f"not a pool of the published fleet; known: {', '.join(known)}"
@@ -281,7 +285,7 @@ def register(app: typer.Typer) -> None:
                                               "published fleet has: another one fails, exit 2; with no fleet "
                                               "published it cannot be checked, and a warning says so)"),
                  priority: str = typer.Option(None, "--priority", help="only jobs of this level: CRITICAL, HIGH, "
-                                              "NORMAL or LOW, or 0–3 (0: CRITICAL)"),
+                                              "NORMAL or LOW, or 0–3 (0: CRITICAL, 3: LOW)"),
                  pool: str = typer.Option(None, "--pool", help="only jobs of this pool (a fleet file with "
                                           "\\[\\[pools]]: a pool it does not declare fails, exit 2)"),
                  limit: int = typer.Option(100, "--limit", min=1, help="list at most this many jobs"),

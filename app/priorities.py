@@ -43,4 +43,4 @@ class Priority(enum.IntEnum):
             return cls(int(value))
         if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 3:
             return cls(value)
-        raise ValidationError(field, value, "unknown priority level; use CRITICAL, HIGH, NORMAL or LOW")
+        raise ValidationError(field, value, "unknown priority level; use CRITICAL, HIGH, NORMAL or LOW (or 0–3)")

@@ -135,6 +135,12 @@ def test_cli_submit_of_a_repeated_key_prints_the_jobs_priority(client, redis_url
     assert json.loads(out.stdout) == {"id": first.id, "created": False, "priority": "HIGH"}
 
 
+def test_cli_submit_at_a_level_index_prints_the_level_name(client, redis_url, prefix):
+    out = _cli(redis_url, prefix, "submit", "tests.two", "--args", "[1]", "--priority", "0")
+    assert out.returncode == 0, out.stderr[-400:]
+    assert json.loads(out.stdout)["priority"] == "CRITICAL"
+
+
 def test_cli_result_of_an_id_that_is_not_utf8_exits_2(client, redis_url, prefix):
     env = {**os.environ, "MAKESPAN_REDIS_URL": redis_url, "MAKESPAN_KEY_PREFIX": prefix}
     out = subprocess.run([sys.executable.encode(), b"-m", b"makespan.cli", b"result", b"ab\xff"], env=env,

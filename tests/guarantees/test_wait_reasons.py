@@ -445,3 +445,13 @@ def test_why_never_says_as_of_a_negative_time(r, settings):
     assert out["reason"] == "waiting_for_gpus"
     assert out["as_of_s"] == 0.0 and math.copysign(1.0, out["as_of_s"]) == 1.0
     assert f"{out['as_of_s']:.1f}" == "0.0"
+
+
+def test_an_eta_the_plan_has_passed_says_so():
+    """The job holding the GPUs runs past its estimate and nothing re-planned: the ETA lies
+    in the past, and ``why``/``jobs`` say by how much instead of "in 0 s"."""
+    from makespan.cli_why import _when
+
+    assert _when(1796547188.0, -40.2).endswith("(passed 40 s ago)")
+    assert _when(1796547188.0, 12.4).endswith("(in 12 s)") and _when(1796547188.0, -0.2).endswith("(in 0 s)")
+    assert _when(None, None) == "no ETA"

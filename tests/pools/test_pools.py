@@ -199,6 +199,8 @@ def test_the_dashboard_and_why_read_every_pool(r, settings, keys):
     assert explain(r, keys, settings, jobs[3])["pool"] == "b"
     with pytest.raises(ValidationError, match="known: a, b"):
         list_jobs(r, keys, settings, ("queued",), pool="c")
+    with pytest.raises(ValidationError, match="known: a, b"):  # `--pool ''`: not every pool
+        list_jobs(r, keys, settings, ("queued",), pool="")
 
 
 def test_a_workloads_steps_go_to_their_pools_and_a_cancel_takes_them_out(r, settings, keys):
