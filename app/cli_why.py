@@ -12,6 +12,7 @@ import typer
 from makespan.errors import MakespanError, NotFoundError, ValidationError
 from makespan.cli_support import context, fail
 from makespan.cli_support import utc_text as _utc_text
+from makespan.models import parse_fleet
 from makespan.pools import published_pools
 
 WAITING = ("queued", "delayed")
@@ -20,6 +21,7 @@ LEASED = ("leased", "running")  # holding a GPU lease (running: in its execute p
 LISTED_STATES = ("queued", "delayed", "leased", "running", *FINISHED)  # running: leased and in its execute phase
 # a waiting job's ETA; an ended one's outcome: when it ended (UTC) and why (a failure's error, a cancel's cause)
 HEADER = f"{'ID':32}  {'PRIORITY':8} {'ENDPOINT':14} {'STATE':9} {'REASON':22} ETA/OUTCOME"
+POOL_CHARS = 12  # the ``jobs`` listing's POOL column (shown when a listed job is routed to a pool)
 DETAIL_CHARS = 100  # a finished job's outcome in the ``jobs`` listing, at most (``why ID`` prints it whole)
 
 
@@ -185,6 +187,24 @@ def _check_endpoint(r, keys, endpoint: str) -> None:
         raise ValidationError("endpoint", endpoint, f"not an endpoint of the published fleet; known: {', '.join(known)}")
 
 
+def pool_mismatch(r, keys, endpoint: str, pool: str) -> str | None:
+    """Why ``jobs --endpoint E --pool P`` can list nothing: the published fleet's pool
+    ``pool`` does not serve ``endpoint`` (the message names the pools that do); None when it
+    does, or when no fleet (or no such pool) is published to check against."""
+    raw = r.get(keys.fleet)
+    try:
+        fleet = parse_fleet(json.loads(raw)) if raw else None
+    except (ValueError, TypeError, MakespanError):
+        return None
+    if fleet is None or pool not in fleet.pool_names() or endpoint not in fleet.endpoints:
+        return None
+    serving = fleet.pools_serving(endpoint)
+    if pool in serving:
+        return None
+    return (f"pool {pool!r} does not serve endpoint {endpoint!r}, so no job lists here; "
+            + (f"its jobs go to {', '.join(repr(name) for name in serving)}" if serving else "no pool serves it"))
+
+
 def list_jobs(r, keys, settings, states: tuple[str, ...] = WAITING, endpoint: str | None = None,
               priority: str | None = None, limit: int = 100, pool: str | None = None) -> list[dict[str, Any]]:
     """The jobs in ``states`` (queued: every queue, CRITICAL first, FIFO; delayed: by due
@@ -296,19 +316,24 @@ def register(app: typer.Typer) -> None:
             s, r, k = _ctx()
             rows = list_jobs(r, k, s, tuple(state) if state else WAITING, endpoint, priority, limit, pool)
             unchecked = bool(endpoint) and published_endpoints(r, k) is None
+            mismatch = pool_mismatch(r, k, endpoint, pool) if endpoint and pool else None
         except MakespanError as e:
             _fail(e)
         if unchecked:
             typer.echo(f"warning: no planner has published a fleet yet: --endpoint {endpoint!r} could not be checked "
                        "(an unknown endpoint lists nothing)", err=True)
+        if mismatch:
+            typer.echo(f"warning: {mismatch}", err=True)
         if not rows and not as_json:
             typer.echo(f"no job {' or '.join(state or WAITING)}", err=True)
+        pooled = any(x.get("pool") for x in rows)  # a fleet with [[pools]]: which pool each job is routed to
         if rows and not as_json:
-            typer.echo(HEADER)
+            typer.echo(HEADER.replace("ENDPOINT       ", f"ENDPOINT       {'POOL':{POOL_CHARS}} ") if pooled else HEADER)
         for x in rows:
             if as_json:
                 typer.echo(json.dumps(x))
             else:
                 tail = _when(x["eta"], x["eta_in_s"]) if x["reason"] else _outcome(x)
-                typer.echo(f"{x['id']:32}  {x['priority'] or '-':8} {x['endpoint'] or '-':14} {x['state']:9} "
+                pool_cell = f"{x.get('pool') or '-':{POOL_CHARS}} " if pooled else ""
+                typer.echo(f"{x['id']:32}  {x['priority'] or '-':8} {x['endpoint'] or '-':14} {pool_cell}{x['state']:9} "
                            f"{x['reason'] or '-':22} {tail}")

@@ -8,7 +8,9 @@ import json
 import time
 
 import pytest
+from typer.testing import CliRunner
 
+from makespan.cli import app as cli_app
 from makespan.errors import ValidationError
 from makespan.keys import Keys
 from makespan.models import parse_fleet
@@ -177,7 +179,7 @@ def test_without_pools_submit_and_keys_are_unchanged(r, settings, keys):
     assert r.hget(keys.job(job), "pool") is None and r.zscore(keys.queue("NORMAL"), job) is not None
 
 
-def test_the_dashboard_and_why_read_every_pool(r, settings, keys):
+def test_the_dashboard_and_why_read_every_pool(r, settings, keys, redis_url, prefix):
     from makespan.cli_why import explain, list_jobs
     from makespan.dashboard.state import snapshot
 
@@ -201,6 +203,20 @@ def test_the_dashboard_and_why_read_every_pool(r, settings, keys):
         list_jobs(r, keys, settings, ("queued",), pool="c")
     with pytest.raises(ValidationError, match="known: a, b"):  # `--pool ''`: not every pool
         list_jobs(r, keys, settings, ("queued",), pool="")
+    # the listing shows each job's pool in a POOL column when the jobs are routed to pools
+    listed = CliRunner().invoke(cli_app, ["jobs", "--state", "queued"],
+                                env={"MAKESPAN_REDIS_URL": redis_url, "MAKESPAN_KEY_PREFIX": prefix})
+    assert listed.exit_code == 0, listed.output
+    header, *lines = listed.output.splitlines()
+    assert header.split()[:5] == ["ID", "PRIORITY", "ENDPOINT", "POOL", "STATE"]
+    assert any(line.split()[:5] == [jobs[3], "NORMAL", "onlyb", "b", "queued"] for line in lines), listed.output
+    # an endpoint the pool does not serve: nothing can list, and the warning says where its jobs go
+    env = {"MAKESPAN_REDIS_URL": redis_url, "MAKESPAN_KEY_PREFIX": prefix}
+    crossed = CliRunner().invoke(cli_app, ["jobs", "--endpoint", "onlya", "--pool", "b"], env=env)
+    assert crossed.exit_code == 0 and "pool 'b' does not serve endpoint 'onlya'" in crossed.output, crossed.output
+    assert "its jobs go to 'a'" in crossed.output
+    served = CliRunner().invoke(cli_app, ["jobs", "--endpoint", "onlyb", "--pool", "b"], env=env)
+    assert served.exit_code == 0 and "warning" not in served.output and jobs[3] in served.output, served.output
 
 
 def test_a_workloads_steps_go_to_their_pools_and_a_cancel_takes_them_out(r, settings, keys):
