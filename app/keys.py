@@ -337,6 +337,11 @@ class Keys:
     def incidents_seen(self) -> str:
         return f"{self.prefix}:incidents:seen"
 
+    @property
+    def incidents_hosts_down(self) -> str:
+        """Hash: host -> id of its open ``host_down`` incident (:mod:`makespan.workers.observer`)."""
+        return f"{self.prefix}:incidents:hosts_down"
+
     def instance(self, instance_id: str) -> str:
         return f"{self.prefix}:instance:{instance_id}"
 

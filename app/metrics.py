@@ -90,6 +90,9 @@ class Metrics:
                                    "GPU-seconds by state: busy (execute), transition, idle.", ["state"], **reg)
         self.incidents = Counter("makespan_incidents_total", "Endpoint failures no planned transition explains.",
                                  ["endpoint"], **reg)
+        self.hosts_down = Counter("makespan_host_down_incidents_total",
+                                  "Hosts whose GPU worker stopped consuming (health observer's host_down incidents).",
+                                  ["host"], **reg)
         self.reclaimed = Counter("makespan_leases_reclaimed_total",
                                  "Job leases reclaimed: expired (the planner's reclaim) or handed back by a GPU "
                                  "worker that shuts down.", ["cause"], **reg)
@@ -137,6 +140,11 @@ class Metrics:
             self.improver.labels(outcome)
         for cause in RECLAIM_CAUSES:
             self.reclaimed.labels(cause)
+
+    def declare_hosts(self, hosts: Iterable[str]) -> None:
+        """Export ``makespan_host_down_incidents_total{host}`` at 0 for each host name."""
+        for name in hosts:
+            self.hosts_down.labels(str(name))
 
     def declare_endpoints(self, endpoints: Iterable[str]) -> None:
         """Export ``makespan_incidents_total{endpoint}`` at 0 for each endpoint name."""
@@ -238,6 +246,17 @@ def gpu_seconds(state: str, gpu_s: float) -> None:
 def incident(endpoint: str) -> None:
     """An endpoint failure no POSITIVE agenda entry explains (health observer)."""
     _m().incidents.labels(endpoint).inc()
+
+
+def host_down(host: str) -> None:
+    """A host whose GPU worker stopped consuming its queue (health observer, ``host_down``)."""
+    _m().hosts_down.labels(host).inc()
+
+
+def declare_hosts(hosts: Iterable[str]) -> None:
+    """Export the per-host incident counter at 0 for every host of the fleet (names): a
+    fleet with no host down yet shows 0 rather than no series. Idempotent."""
+    _m().declare_hosts(hosts)
 
 
 def declare_endpoints(endpoints: Iterable[str]) -> None:

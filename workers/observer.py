@@ -27,6 +27,15 @@ instance (:mod:`makespan.workers.drivers.registry`) through its driver and reads
   holder, still alive, restores the set point; a dead holder's entry is reaped and
   the next restore plans it).
 
+**Hosts.** Each cycle also reads which of the fleet's hosts lost their GPU worker
+(:func:`makespan.workers.host_liveness.read_down_hosts`: a host a worker announced once whose
+live key is gone, after a crash within the liveness TTL, after a clean stop at once): a host
+that goes down gets one ``host_down`` incident (empty endpoint and instance id, the host's
+GPUs, the effect: how many of them are leased, what waits), counted in
+``makespan_host_down_incidents_total{host}``; when a worker announces it again (or it left
+the fleet file) a ``kind=recovery`` record closes it. ``P:incidents:hosts_down`` (host ->
+incident id) makes it once per down period across observers and observer restarts.
+
 An incident is appended to the ``P:incidents`` stream (``kind=incident``: endpoint,
 instance id, host, GPUs, failure mode, detection time, probe cycle and the cycle of
 the last healthy probe, effect, agenda context as JSON). When the instance is
@@ -71,12 +80,14 @@ from makespan.store.scripts import script
 from makespan.workers.agenda import AgendaTracker
 from makespan.workers.drivers import capabilities, get_driver
 from makespan.workers.drivers.base import Instance, machine_name
+from makespan.workers.host_liveness import read_down_hosts
 from makespan.workers.drivers.registry import (index_instances, list_instances, register_instance, retire_instance,
                                                unregister_instance)
 
 log = logging.getLogger(__name__)
 
 INCIDENTS_MAX_LEN = 10_000  # P:incidents keeps about this many entries (incidents and recoveries; XADD MAXLEN ~)
+PENDING = "pending"  # P:incidents:hosts_down value while its incident is being written
 MIN_OVERRUN_SLACK_S = 2.0  # the least slack past a transition's expected end before it is late, s (module doc)
 
 __all__ = ["Observer", "list_incidents", "register_instance", "run_observer", "unregister_instance"]
@@ -171,9 +182,59 @@ class Observer:
             if e["op_id"] in fresh and e["op_id"] not in reported:
                 for ep in e["endpoints"]:
                     raised.append(self._raise(ep, None, "transition_overrun", True, [e], now))
+        raised += self._hosts(now)
         self.r.hset(self.keys.observer, mapping={"cycle": self.cycle, "at": repr(time.time())})
         self.r.expire(self.keys.observer, max(int(self.probe_interval_s * 5), 5))
         return raised
+
+    def _hosts(self, now: float) -> list[dict]:
+        """Hosts whose GPU worker stopped consuming (module doc, "Hosts"): a ``host_down``
+        incident when one goes down, a recovery record when a worker announces it again;
+        returns the incidents raised. Once per down period, whichever observer sees it
+        first (``P:incidents:hosts_down``: host -> incident id)."""
+        hosts = [host.name for host in self.fleet.hosts]
+        down = read_down_hosts(self.r, self.keys, hosts)
+        opened = self.r.hgetall(self.keys.incidents_hosts_down)
+        raised = []
+        for host in sorted(down - set(opened)):
+            if not self.r.hsetnx(self.keys.incidents_hosts_down, host, PENDING):
+                continue  # another observer reports it
+            inc = self._raise_host(host, now)
+            self.r.hset(self.keys.incidents_hosts_down, host, inc["incident_id"])
+            raised.append(inc)
+        for host, incident_id in opened.items():
+            if host in down or incident_id == PENDING:
+                continue
+            if not self.r.hdel(self.keys.incidents_hosts_down, host):
+                continue  # another observer recorded the recovery
+            detected = self.r.xrange(self.keys.incidents, incident_id, incident_id)
+            detected_at = float(detected[0][1].get("detected_at", now)) if detected else now
+            back = "a GPU worker consumes its queue again" if host in hosts else f"host {host} left the fleet file"
+            out = {"kind": "recovery", "incident_id": incident_id, "endpoint": "", "host": host,
+                   "outcome": f"recovered: {back}", "recovered_at": repr(now),
+                   "recovery_s": repr(round(max(0.0, now - detected_at), 3))}
+            self.r.xadd(self.keys.incidents, out, maxlen=INCIDENTS_MAX_LEN, approximate=True)
+            log.warning("host %s is back after %s: %s", host, incident_id, back)
+        return raised
+
+    def _raise_host(self, host: str, now: float) -> dict:
+        """Append the ``host_down`` incident of ``host`` (module doc, "Hosts")."""
+        spec = next(h for h in self.fleet.hosts if h.name == host)
+        gpus = [gpu.uuid for gpu in spec.gpus]
+        leased = sum(1 for holder in self.r.mget([self.keys.gpu(g) for g in gpus]) if holder)
+        effect = (f"no GPU worker consumes host {host}'s queue (gpu.{host}): its GPUs take no new lease, and jobs "
+                  f"that fit only there wait with reason host_down; {leased} of its {len(gpus)} GPUs are leased "
+                  f"(their leases expire unrenewed and their jobs are requeued); start `makespan gpu-worker "
+                  f"--host {host}` there")
+        rec = {"kind": "incident", "endpoint": "", "instance_id": "", "host": host, "gpus": json.dumps(gpus),
+               "failure_mode": "host_down", "detected_at": repr(now), "cycle": str(self.cycle),
+               "last_ok_cycle": "0", "effect": effect, "agenda_context": "[]"}
+        rec["incident_id"] = self.r.xadd(self.keys.incidents, rec, maxlen=INCIDENTS_MAX_LEN, approximate=True)
+        from makespan import metrics
+
+        metrics.host_down(host)
+        log.error("incident %s: host %s host_down (%s)", rec["incident_id"], host, effect)
+        return rec
 
     def late_after(self, entry: dict) -> float:
         """When the ``POSITIVE`` agenda ``entry`` (``planned_start``, ``expected_end``: Redis
@@ -358,6 +419,13 @@ def run_observer(settings: Settings, fleet: FleetSpec, probe_interval_s: float =
         raise
     obs = Observer(r, Keys(settings.key_prefix), fleet, probe_interval_s, overrun_factor,
                    min_overrun_slack_s=min_overrun_slack_s)
+    from makespan import metrics
+
+    metrics.declare_hosts(host.name for host in fleet.hosts)  # host_down counters at 0 (a scrape shows them)
+    log.info("observer: fleet %r, %d hosts, %d endpoints; probing every registered endpoint instance on this "
+             "machine (%s) every %g s; transitions late past %g × their planned length (at least %g s)",
+             fleet.name, len(fleet.hosts), len(fleet.endpoints), obs.machine, probe_interval_s, overrun_factor,
+             min_overrun_slack_s)
     raised = 0
     outage = OutageLog(log, "observer")
     answered = policy_checked  # Redis accepted the credentials once: a later refusal is logged and retried

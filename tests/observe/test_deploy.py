@@ -181,6 +181,7 @@ def _exported_names(r, keys: Keys) -> set[str]:
     for c in (m.submitted, m.completed, m.failed, m.preempted, m.wait):
         c.labels("HIGH")
     m.phase.labels("execute"), m.transition.labels("evict"), m.gpu_seconds.labels("busy"), m.incidents.labels("x")
+    m.declare_hosts(["host-a"])  # what the observer declares for its fleet's hosts
     m.workload_runs.labels("w", "ok"), m.workload_progress.labels("w"), m.estimate_error.labels("w")  # per function
     r.set(keys.fleet, json.dumps({"hosts": [{"name": "host-a"}]}))
     reg.register(RedisStateCollector(r, keys))
