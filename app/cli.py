@@ -339,9 +339,13 @@ def _submit_call(workload: str, call_args: str, call_kwargs: str, fleet: Path | 
 
     try:
         try:
-            args, kwargs = json.loads(call_args), json.loads(call_kwargs)
+            args = json.loads(call_args)
         except json.JSONDecodeError as e:
-            raise MakespanError(f"--args/--kwargs: not JSON: {e}") from e
+            raise MakespanError(f"--args: not JSON: {e} (got {call_args[:80]!r})") from e
+        try:
+            kwargs = json.loads(call_kwargs)
+        except json.JSONDecodeError as e:
+            raise MakespanError(f"--kwargs: not JSON: {e} (got {call_kwargs[:80]!r})") from e
         if not isinstance(args, list) or not isinstance(kwargs, dict):
             raise MakespanError("--args must be a JSON list and --kwargs a JSON object")
         taken = sorted(set(kwargs) & SUBMIT_OPTIONS)

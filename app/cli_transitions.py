@@ -50,7 +50,8 @@ def transition_table(r: Any, keys: Keys, fleet: FleetSpec, settings: Settings) -
     return rows
 
 
-def transitions(fleet: Path = typer.Option(..., "--fleet", help="TOML fleet file"),
+def transitions(fleet: Path | None = typer.Option(None, "--fleet", help="TOML fleet file (default: the fleet the "
+                                                                          "planner published)"),
                 redis_url: str | None = typer.Option(None, "--redis-url", help="default: MAKESPAN_REDIS_URL"),
                 prefix: str | None = typer.Option(None, "--prefix", help="default: MAKESPAN_KEY_PREFIX"),
                 as_json: bool = typer.Option(False, "--json", help="one JSON object per line")) -> None:
@@ -63,9 +64,10 @@ def transitions(fleet: Path = typer.Option(..., "--fleet", help="TOML fleet file
 
     try:
         s = Settings.from_env()
-        spec = load_fleet(fleet)
         r = connect(redis_url or s.redis_url)
-        rows = transition_table(r, Keys(prefix or s.key_prefix), spec, s)
+        keys = Keys(prefix or s.key_prefix)
+        spec = load_fleet(fleet) if fleet is not None else published_fleet(r, keys)
+        rows = transition_table(r, keys, spec, s)
     except MakespanError as e:
         fail(e)
     if as_json:
@@ -78,6 +80,30 @@ def transitions(fleet: Path = typer.Option(..., "--fleet", help="TOML fleet file
         last = "-" if x["last_s"] is None else f"{x['last_s']:.3f}"
         typer.echo(f"{x['endpoint']:<14} {x['kind']:<11} {x['host']:<12} {x['configured_s']:>12.3f} "
                    f"{x['learned_s']:>10.3f} {x['source']:<8} {x['observations']:>4} {last:>8}")
+    typer.echo(f"n: the measurements behind learned_s (cold_start and restore pool each other's; last_s is the kind's "
+               f"own); learned once n >= {s.transition_min_observations} (MAKESPAN_TRANSITION_MIN_OBSERVATIONS), "
+               "'others': other hosts' measurements, 'prior': the fleet file's figure", err=True)
+
+
+def published_fleet(r: Any, keys: Keys) -> FleetSpec:
+    """The fleet the planner published (``P:fleet``).
+
+    Raises:
+        ValidationError: none is published yet (the message says to give ``--fleet``).
+        StoreError: Redis failed."""
+    import redis
+
+    from makespan.errors import StoreError, ValidationError
+    from makespan.models import parse_fleet
+
+    try:
+        raw = r.get(keys.fleet)
+    except redis.RedisError as e:
+        raise StoreError(f"reading the published fleet: {e}") from e
+    if not raw:
+        raise ValidationError("fleet", None, "no planner has published a fleet yet: give --fleet FILE",
+                              show_value=False)
+    return parse_fleet(json.loads(raw))
 
 
 def register(app: typer.Typer) -> None:

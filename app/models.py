@@ -788,12 +788,38 @@ def json_size(value: Any, field: str) -> int:
         size = len(json.dumps(value, allow_nan=False, ensure_ascii=False).encode("utf-8"))
     except (TypeError, ValueError, RecursionError, UnicodeEncodeError) as e:
         reason = "nested too deeply" if isinstance(e, RecursionError) else str(e)
-        raise ValidationError(field, f"<{type(value).__name__}>", f"must be JSON (no pickle): {reason}") from None
+        where = _first_not_json(value, field) if not isinstance(e, RecursionError) else None
+        raise ValidationError(field, f"<{type(value).__name__}>", f"must be JSON (no pickle): {reason}"
+                              + (f" ({where[0]} is of type {where[1]})" if where else ""),
+                              show_value=where is None) from None
     key = _key_not_str(value)
     if key is not None:  # json.dumps writes 1 as "1": the function would get {"1": ...}, not {1: ...}
         raise ValidationError(field, f"<{type(value).__name__}>", f"must be JSON (no pickle): mapping keys must be "
                                                                   f"strings, got {key}")
     return size
+
+
+def _first_not_json(value: Any, path: str, depth: int = 0) -> tuple[str, str] | None:
+    """(path, type name) of the first value in ``value`` (nested lists, tuples and dicts)
+    that JSON cannot carry, e.g. ``("args[1]", "set")``; None when none is found (a float
+    that is NaN or infinite, a lone surrogate: the encoder's own message says so)."""
+    if depth > 50:
+        return None
+    if isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            found = _first_not_json(item, f"{path}[{index}]", depth + 1)
+            if found:
+                return found
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found = _first_not_json(item, f"{path}[{key!r}]", depth + 1)
+            if found:
+                return found
+        return None
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return None
+    return path, type(value).__name__
 
 
 def _key_not_str(value: Any) -> str | None:

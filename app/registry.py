@@ -125,8 +125,11 @@ def check_call(definition: dict[str, Any], args: list[Any] | tuple[Any, ...], kw
         stars = {"VAR_POSITIONAL": "*", "VAR_KEYWORD": "**"}
         shown = ", ".join(stars.get(p["kind"], "") + p["name"] + ("" if p["required"] or p["kind"] in stars else "=…")
                           for p in published)
-        raise ValidationError("args", {"args": len(args), "kwargs": sorted(kwargs)},
-                              f"do not match {definition.get('name')}(ctx, {shown}): {e}") from None
+        given = f"{len(args)} positional argument{'' if len(args) == 1 else 's'}" + (
+            f" and keyword arguments {', '.join(sorted(kwargs))}" if kwargs else "")
+        raise ValidationError("args", None, f"do not match {definition.get('name')}({shown}) (makespan passes its "
+                              f"ctx first; give the others): {e}; this submit gave {given}",
+                              show_value=False) from None
 
 
 REGISTRY: dict[str, WorkloadDef] = {}

@@ -235,3 +235,28 @@ def test_10000_generated_submissions_leave_no_partial_record(r, prefix, keys, se
     submitted = sum(1 for _id, f in r.xrange(keys.events) if json.loads(f["e"])["kind"] == "submitted")
     assert submitted == len(created)
     assert int(r.get(keys.seq)) == len(created)
+
+
+def test_an_argument_json_cannot_carry_is_named_by_its_place():
+    """A new user passed a set as an argument and read ``(got '<list>')``: the message now
+    names the argument's place and type instead of the container's."""
+    from makespan.models import json_size
+
+    with pytest.raises(ValidationError) as err:
+        json_size(["hi", {1, 2}], "job.args")
+    assert "job.args[1] is of type set" in str(err.value) and "<list>" not in str(err.value)
+    with pytest.raises(ValidationError) as err:
+        json_size({"when": {"at": object()}}, "job.kwargs")
+    assert "job.kwargs['when']['at'] is of type object" in str(err.value)
+    with pytest.raises(ValidationError, match="Out of range float"):  # the encoder's own words where no type is at fault
+        json_size([math.nan], "job.args")
+
+
+@pytest.mark.parametrize("option,text", [("--args", '["hi"'), ("--kwargs", "{not json")])
+def test_cli_names_which_of_args_and_kwargs_is_not_json(r, prefix, redis_url, option, text):
+    env = {"MAKESPAN_REDIS_URL": redis_url, "MAKESPAN_KEY_PREFIX": prefix}
+    res = CliRunner().invoke(cli_app, ["submit", "some.function", option, text], env=env)
+    assert res.exit_code == 2, res.output
+    other = {"--args": "--kwargs", "--kwargs": "--args"}[option]
+    assert f"{option}: not JSON" in res.output and other not in res.output, res.output
+    assert _keys_of(r, prefix) == []
