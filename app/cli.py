@@ -327,7 +327,18 @@ def submit(workload: str | None = typer.Argument(None, help="a workload function
         h = _producer(fleet).submit(job)
     except MakespanError as e:
         _fail(e)
+    _warn_ignored(idempotency_key, h.id, h.ignored)
     typer.echo(h.id if quiet else json.dumps({"id": h.id, "created": h.created, "priority": h.priority.name}))
+
+
+def _warn_ignored(idempotency_key: str | None, job_id: str, ignored: tuple[str, ...]) -> None:
+    """On stderr: a repeated idempotency key returned job ``job_id``, and this submit's
+    ``ignored`` options differ from it (:class:`makespan.producer.JobHandle`)."""
+    if ignored:
+        typer.echo(f"warning: idempotency key {idempotency_key!r} already names job {job_id}: this submit's "
+                   f"{', '.join(ignored)} {'differs' if len(ignored) == 1 else 'differ'} from that job's and "
+                   f"{'was' if len(ignored) == 1 else 'were'} not used (a repeated key returns the "
+                   "first job as it was submitted; use a new key for a different job)", err=True)
 
 
 
@@ -369,6 +380,7 @@ def _submit_call(workload: str, call_args: str, call_kwargs: str, fleet: Path | 
         level = Priority.parse(priority).name if job.created or quiet else job.status()["priority"]
     except MakespanError as e:
         _fail(e)
+    _warn_ignored(idempotency_key, job.id, job.ignored)
     typer.echo(job.id if quiet else json.dumps({"id": job.id, "created": job.created, "priority": level}))
 
 

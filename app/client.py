@@ -223,7 +223,7 @@ class Client:
             job["deadline_s"] = deadline_s
         self._producer.fleet = self.fleet(version)
         handle = self._producer.submit(job, extra_fields={"service_estimated": 1} if estimated else None)
-        return Job(self, handle.id, created=handle.created)
+        return Job(self, handle.id, created=handle.created, ignored=handle.ignored)
 
     # -- multi-step workloads -----------------------------------------------------------
     def submit_workload(self, workload: Workload | WorkloadSpec | dict[str, Any] | str | Path) -> str:
@@ -363,10 +363,14 @@ class Job:
         id: the job id (32 hex digits).
         created: False when :meth:`Client.submit` returned an existing job of the same
             idempotency key.
+        ignored: with ``created`` False, what that submit asked for differently from the
+            existing job (e.g. ``("priority", "args")``): not used, the key returns the
+            first job as it was submitted (:class:`makespan.producer.JobHandle`); ``()``
+            otherwise.
     """
 
-    def __init__(self, client: Client, job_id: str, created: bool = True):
-        self.client, self.id, self.created = client, job_id, created
+    def __init__(self, client: Client, job_id: str, created: bool = True, ignored: tuple[str, ...] = ()):
+        self.client, self.id, self.created, self.ignored = client, job_id, created, ignored
 
     def __repr__(self) -> str:
         return f"Job({self.id!r})"

@@ -11,6 +11,7 @@ planner queues it when due (:mod:`makespan.workers.delayed`). Nothing reaches Ce
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
 from dataclasses import dataclass
@@ -34,6 +35,8 @@ _INT_FIELDS = ("seq", "attempts", "tp", "preemptions", "token", "tries", "retrie
 _JSON_LIST_FIELDS = ("deps", "helpers")  # JSON text in the record, lists in status()
 _FLAG_FIELDS = ("cancel_requested",)  # "1" in the record, true in status()
 
+
+log = logging.getLogger(__name__)
 
 SPEC_IN_RECORD = frozenset({"endpoint", "priority", "service_s", "deadline_s", "workload_id", "depends_on", "helpers"})
 """Spec fields the job record holds as fields of its own (``deps`` for ``depends_on``):
@@ -84,11 +87,53 @@ class CancelOutcome:
 @dataclass(frozen=True)
 class JobHandle:
     """What :func:`submit` returns. ``created`` is False when an existing job with the
-    same idempotency key was returned instead."""
+    same idempotency key was returned instead; ``ignored`` then names what this submit
+    asked for differently from that job (e.g. ``("priority", "args")``): those were not
+    used (the key returns the first job as it was submitted; logged at INFO, and `makespan
+    submit` warns on stderr)."""
 
     id: str
     created: bool
     priority: Priority
+    ignored: tuple[str, ...] = ()
+
+
+# what a repeated idempotency key compares (record field, label); ``spec`` holds payload,
+# workload, args, kwargs and delay_s
+_REPEAT_COMPARED = (("endpoint", "endpoint"), ("priority", "priority"), ("service_s", "service_s"),
+                    ("deadline_s", "deadline_s"), ("deps", "depends_on"), ("spec", "spec"))
+
+
+def ignored_on_repeat(existing: dict[str, Any], fields: dict[str, Any]) -> tuple[str, ...]:
+    """What a submit (its record ``fields``) asks for differently from the job its repeated
+    idempotency key names (``existing``: that job's record): labels, in a fixed order, with
+    the ``spec`` JSON split into its own keys (``payload``, ``args``, ...). A service time
+    estimated by either submit is not compared; neither is anything a retention summary no
+    longer holds (a compacted job: only what it kept)."""
+    out: list[str] = []
+    estimated = "service_estimated" in existing or "service_estimated" in fields
+    compacted = "spec" not in existing  # a retention summary: only the fields it kept compare
+    for name, label in _REPEAT_COMPARED:
+        if compacted and name not in existing:
+            continue
+        if name == "service_s" and estimated:
+            continue
+        old, new = existing.get(name), fields.get(name)
+        if name == "spec":
+            try:
+                old_spec, new_spec = json.loads(old or "{}"), json.loads(new or "{}")
+            except ValueError:
+                continue
+            out += sorted(key for key in set(old_spec) | set(new_spec) if old_spec.get(key) != new_spec.get(key))
+        elif name == "service_s" or name == "deadline_s":
+            if (None if old is None else float(old)) != (None if new is None else float(new)):
+                out.append(label)
+        elif name == "deps":
+            if set(json.loads(old or "[]")) != set(json.loads(new or "[]")):
+                out.append(label)
+        elif str(old) != str(new):
+            out.append(label)
+    return tuple(out)
 
 
 # the reason of a leased job cancelled by the reclaim of its lease (reclaim.lua): its attempt
@@ -198,10 +243,16 @@ class Producer:
             metrics.job_submitted(spec.priority)
         if not created:
             try:
-                prio = Priority[self.r.hget(self.keys.job(jid), "priority") or spec.priority.name]
+                existing = self.r.hgetall(self.keys.job(jid))
             except redis.RedisError as e:
                 raise StoreError(f"submit: reading existing job {jid}: {e}") from e
-            return JobHandle(jid, False, prio)
+            prio = Priority[existing.get("priority") or spec.priority.name]
+            ignored = ignored_on_repeat(existing, fields) if existing else ()
+            if ignored:
+                log.info("idempotency key %r already names job %s: this submit's %s differ from that job's and "
+                            "were not used (a repeated key returns the first job as it was submitted; use a new "
+                            "key for a different job)", spec.idempotency_key, jid, ", ".join(ignored))
+            return JobHandle(jid, False, prio, ignored)
         return JobHandle(jid, True, spec.priority)
 
     def _submit_replicated(self, job_id: str, fields: dict[str, Any], event_json: str,

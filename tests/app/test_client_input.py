@@ -133,6 +133,13 @@ def test_cli_submit_of_a_repeated_key_prints_the_jobs_priority(client, redis_url
                "--idempotency-key", "once")
     assert out.returncode == 0, out.stderr[-400:]
     assert json.loads(out.stdout) == {"id": first.id, "created": False, "priority": "HIGH"}
+    assert b"warning: idempotency key 'once' already names job" in out.stderr  # LOW was not used: say so
+    assert b"this submit's priority differs from that job's and was not used" in out.stderr, out.stderr
+    again = client.submit("tests.two", 2, idempotency_key="once")
+    assert not again.created and again.ignored == ("priority", "args")
+    same = _cli(redis_url, prefix, "submit", "tests.two", "--args", "[1]", "--priority", "HIGH",
+                "--idempotency-key", "once")
+    assert same.returncode == 0 and b"warning" not in same.stderr, same.stderr  # the same request: no warning
 
 
 def test_cli_submit_at_a_level_index_prints_the_level_name(client, redis_url, prefix):

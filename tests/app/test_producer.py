@@ -34,8 +34,20 @@ def test_submit_writes_record_queue_and_event(prod, r, keys):
 def test_same_idempotency_key_returns_existing_job(prod, r, keys):
     a = prod.submit({"endpoint": "embed", "service_s": 5, "idempotency_key": "batch-7"})
     b = prod.submit({"endpoint": "embed", "service_s": 5, "idempotency_key": "batch-7"})
-    assert a.created and not b.created and a.id == b.id
+    assert a.created and not b.created and a.id == b.id and b.ignored == ()  # the same request: nothing ignored
     assert r.zcard(keys.queue(Priority.NORMAL)) == 1
+
+
+def test_a_repeated_key_says_what_of_the_new_submit_it_did_not_use(prod, r, keys):
+    """A new user resubmitted a key with other args and priority and got the first job with
+    no word that the new ones were dropped."""
+    a = prod.submit({"endpoint": "embed", "service_s": 5, "payload": {"n": 1}, "idempotency_key": "k"})
+    b = prod.submit({"endpoint": "embed", "service_s": 7, "payload": {"n": 2}, "priority": "HIGH",
+                     "idempotency_key": "k", "depends_on": [a.id]})
+    assert not b.created and b.id == a.id and b.priority is Priority.NORMAL  # the first job, as submitted
+    assert b.ignored == ("priority", "service_s", "depends_on", "payload")
+    assert r.hget(keys.job(a.id), "priority") == "NORMAL" and r.zcard(keys.queue(Priority.HIGH)) == 0
+    assert prod.submit({"endpoint": "embed", "service_s": 5, "payload": {"n": 1}, "idempotency_key": "k"}).ignored == ()
 
 
 @pytest.mark.parametrize("bad", [
