@@ -9,6 +9,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -324,11 +325,38 @@ def submit(workload: str | None = typer.Argument(None, help="a workload function
         from makespan import telemetry
 
         telemetry.setup_tracing("makespan-cli")  # the job's trace ids (nothing is exported at submit)
-        h = _producer(fleet).submit(job)
+        producer = _producer(fleet)
+        h = producer.submit(job)
     except MakespanError as e:
         _fail(e)
     _warn_ignored(idempotency_key, h.id, h.ignored)
+    _warn_no_worker(producer, endpoint)
     typer.echo(h.id if quiet else json.dumps({"id": h.id, "created": h.created, "priority": h.priority.name}))
+
+
+def _warn_no_worker(producer: Any, endpoint: str) -> None:
+    """On stderr: no GPU worker consumes any host that could run ``endpoint`` now (never
+    started there, or stopped), so the plain job just submitted waits until one starts.
+    Best effort: a Redis error here says nothing (the job is written)."""
+    import redis
+
+    from makespan.workers.host_liveness import hosts_that_fit
+
+    fleet, keys = producer.fleet, producer.keys
+    spec = fleet.endpoints.get(endpoint) if fleet is not None else None
+    if spec is None:
+        return
+    fits = hosts_that_fit(fleet, {h.name for h in fleet.hosts}, spec.tensor_parallel, spec.memory_mib_per_gpu)
+    if not fits:
+        return
+    try:
+        live = producer.r.mget([keys.host_live(host) for host in fits])
+    except redis.RedisError:
+        return
+    if not any(live):
+        typer.echo(f"warning: no GPU worker runs on {', '.join(fits)} (the hosts that can run endpoint {endpoint!r}): "
+                   f"the job waits queued until one starts there (makespan gpu-worker --host {fits[0]} ...)",
+                   err=True)
 
 
 def _warn_ignored(idempotency_key: str | None, job_id: str, ignored: tuple[str, ...]) -> None:

@@ -175,8 +175,18 @@ def test_cli_submit_quiet_prints_the_id_alone(r, prefix, redis_url, keys):
     res = CliRunner().invoke(cli_app, ["submit", "--fleet", FLEET_TOML, "--endpoint", "chat", "--service-s", "5",
                                        "--quiet"], env=env)
     assert res.exit_code == 0, res.output
-    jid = res.output.strip()
+    jid = res.stdout.strip()
     assert r.hget(keys.job(jid), "state") == "queued"
+    # no GPU worker runs: the job waits, and stderr (not the id on stdout) says so
+    assert "warning: no GPU worker runs on" in res.stderr and "endpoint 'chat'" in res.stderr, res.stderr
+    from makespan.workers.host_liveness import announce
+
+    fleet = load_fleet(FLEET_TOML)
+    for host in fleet.hosts:
+        announce(r, keys, host.name, "a-worker", 30.0)
+    again = CliRunner().invoke(cli_app, ["submit", "--fleet", FLEET_TOML, "--endpoint", "chat", "--service-s", "5",
+                                         "--quiet"], env=env)
+    assert again.exit_code == 0 and again.stderr == "", again.stderr
 
 
 def test_cli_rejects_bad_settings_variable(r, prefix, redis_url):
