@@ -30,10 +30,9 @@ from makespan.store import JobState, JobStore
 _TIME_FIELDS = ("submitted_at", "leased_at", "started_at", "finished_at", "not_before", "progress_at", "wait_eta",
                 "wait_at")  # unix s; status() adds each one's ISO-8601 UTC twin (makespan.events.add_utc_times)
 _FLOAT_FIELDS = ("service_s", "deadline_s", "progress_done", "progress_total", *_TIME_FIELDS)
-_INT_FIELDS = ("seq", "attempts", "tp", "preemptions", "token", "tries", "retries", "result_attempt",
-               "service_estimated")
+_INT_FIELDS = ("seq", "attempts", "tp", "preemptions", "token", "tries", "retries", "result_attempt")
 _JSON_LIST_FIELDS = ("deps", "helpers")  # JSON text in the record, lists in status()
-_FLAG_FIELDS = ("cancel_requested",)  # "1" in the record, true in status()
+_FLAG_FIELDS = ("cancel_requested", "service_estimated")  # "1" in the record, true in status()
 
 
 log = logging.getLogger(__name__)

@@ -302,6 +302,7 @@ def test_learned_service_time_converges_on_a_fixed_execute_time(live):
         job = client.submit("fixed_time", 0.1)
         planned = float(client.r.hget(client.keys.job(job.id), "service_s"))
         assert client.r.hget(client.keys.job(job.id), "service_estimated") == "1"
+        assert job.status()["service_estimated"] is True  # a flag in the status JSON, as cancel_requested
         job.result(timeout_s=60)
         rec = json.loads(client.r.get(client.keys.result(job.id)))
         actual = rec["execute_s"] / 0.01
