@@ -330,14 +330,16 @@ def submit(workload: str | None = typer.Argument(None, help="a workload function
     except MakespanError as e:
         _fail(e)
     _warn_ignored(idempotency_key, h.id, h.ignored)
-    _warn_no_worker(producer, endpoint)
+    if h.created:  # a repeated key's job may have run long ago
+        _warn_no_worker(producer, endpoint)
     typer.echo(h.id if quiet else json.dumps({"id": h.id, "created": h.created, "priority": h.priority.name}))
 
 
 def _warn_no_worker(producer: Any, endpoint: str) -> None:
     """On stderr: no GPU worker consumes any host that could run ``endpoint`` now (never
     started there, or stopped), so the plain job just submitted waits until one starts.
-    Best effort: a Redis error here says nothing (the job is written)."""
+    With pools, only the hosts of the pools that serve the endpoint count. Best effort: a
+    Redis error here says nothing (the job is written)."""
     import redis
 
     from makespan.workers.host_liveness import hosts_that_fit
@@ -346,7 +348,9 @@ def _warn_no_worker(producer: Any, endpoint: str) -> None:
     spec = fleet.endpoints.get(endpoint) if fleet is not None else None
     if spec is None:
         return
-    fits = hosts_that_fit(fleet, {h.name for h in fleet.hosts}, spec.tensor_parallel, spec.memory_mib_per_gpu)
+    serving = fleet.pools_serving(endpoint)  # [] without pools: every host
+    hosts = {h for pool in serving for h in fleet.pool(pool).hosts} if serving else {h.name for h in fleet.hosts}
+    fits = hosts_that_fit(fleet, hosts, spec.tensor_parallel, spec.memory_mib_per_gpu)
     if not fits:
         return
     try:

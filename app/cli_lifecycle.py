@@ -240,12 +240,16 @@ def observer(fleet: Path = typer.Option(..., "--fleet", help="TOML fleet file"),
                                                   help="a transition later than factor × its planned length is an incident"),
              min_overrun_slack_s: float = typer.Option(2.0, "--min-overrun-slack-s",
                                                        help="least slack past a transition's expected end before it "
-                                                            "is late, s (the scheduling jitter of a loaded host)")) -> None:
+                                                            "is late, s (the scheduling jitter of a loaded host)"),
+             host_down_grace_s: float = typer.Option(30.0, "--host-down-grace-s",
+                                                     help="how long a host has no live GPU worker before its "
+                                                          "host_down incident, s (a rolling restart is shorter)")) -> None:
     """Run the health observer process (probes endpoint instances; raises incidents)."""
     from makespan.workers.observer import main
 
     raise typer.Exit(main(["--fleet", str(fleet), "--probe-interval-s", repr(probe_interval_s),
-                           "--overrun-factor", repr(overrun_factor), "--min-overrun-slack-s", repr(min_overrun_slack_s)]))
+                           "--overrun-factor", repr(overrun_factor), "--min-overrun-slack-s", repr(min_overrun_slack_s),
+                           "--host-down-grace-s", repr(host_down_grace_s)]))
 
 
 def endpoint_server(port: int = typer.Option(..., "--port", help="TCP port to serve on (127.0.0.1)"),

@@ -55,6 +55,10 @@ key                                    type    contents
 ``P:incidents:seen``                   set     agenda op ids already reported as overrunning; an id
                                                is dropped once its entry has closed (the
                                                observer's incidents_mark script, each cycle)
+``P:incidents:hosts_down``             hash    host -> ``since:<s>`` (no live GPU worker since, not
+                                               reported yet) or ``open:<incident id>:<s>`` (its
+                                               host_down incident); dropped when a worker is back
+                                               (the observer's hosts_down script)
 ``P:instance:{id}``                    hash    live endpoint instance (see makespan.workers.observer)
 ``P:instances``                        set     live endpoint instance ids
 ``P:gpu_instances:{uuid}``             set     ids of the live instances on one GPU (an index of

@@ -790,7 +790,7 @@ def json_size(value: Any, field: str) -> int:
         reason = "nested too deeply" if isinstance(e, RecursionError) else str(e)
         where = _first_not_json(value, field) if not isinstance(e, RecursionError) else None
         raise ValidationError(field, f"<{type(value).__name__}>", f"must be JSON (no pickle): {reason}"
-                              + (f" ({where[0]} is of type {where[1]})" if where else ""),
+                              + (f" ({where[0]}: {where[1]})" if where else ""),
                               show_value=where is None) from None
     key = _key_not_str(value)
     if key is not None:  # json.dumps writes 1 as "1": the function would get {"1": ...}, not {1: ...}
@@ -801,8 +801,9 @@ def json_size(value: Any, field: str) -> int:
 
 def _first_not_json(value: Any, path: str, depth: int = 0) -> tuple[str, str] | None:
     """(path, type name) of the first value in ``value`` (nested lists, tuples and dicts)
-    that JSON cannot carry, e.g. ``("args[1]", "set")``; None when none is found (a float
-    that is NaN or infinite, a lone surrogate: the encoder's own message says so)."""
+    that JSON cannot carry, e.g. ``("args[1]", "of type set")``, ``("args[0]", "the float nan")``,
+    ``("kwargs", "a mapping with a key of type tuple")``; None when none is found (a lone
+    surrogate: the encoder's own message says so)."""
     if depth > 50:
         return None
     if isinstance(value, (list, tuple)):
@@ -813,13 +814,17 @@ def _first_not_json(value: Any, path: str, depth: int = 0) -> tuple[str, str] | 
         return None
     if isinstance(value, dict):
         for key, item in value.items():
+            if not isinstance(key, (str, int, float, bool)) and key is not None:
+                return path, f"a mapping with a key of type {type(key).__name__}"
             found = _first_not_json(item, f"{path}[{key!r}]", depth + 1)
             if found:
                 return found
         return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return path, f"the float {value!r}"
     if value is None or isinstance(value, (str, int, float, bool)):
         return None
-    return path, type(value).__name__
+    return path, f"of type {type(value).__name__}"
 
 
 def _key_not_str(value: Any) -> str | None:

@@ -103,6 +103,15 @@ _REPEAT_COMPARED = (("endpoint", "endpoint"), ("priority", "priority"), ("servic
                     ("deadline_s", "deadline_s"), ("deps", "depends_on"), ("spec", "spec"))
 
 
+def _compared_spec(text: str | None) -> dict[str, Any]:
+    """A record's ``spec`` JSON as a repeated key compares it: without the fields the record
+    holds itself (a record written before :func:`record_spec` left them out held them all,
+    defaults included) and without empty defaults (None, ``[]``, ``{}``)."""
+    spec = json.loads(text or "{}")
+    return {key: value for key, value in spec.items()
+            if key not in SPEC_IN_RECORD and key != "tp" and value not in (None, [], {})}
+
+
 def ignored_on_repeat(existing: dict[str, Any], fields: dict[str, Any]) -> tuple[str, ...]:
     """What a submit (its record ``fields``) asks for differently from the job its repeated
     idempotency key names (``existing``: that job's record): labels, in a fixed order, with
@@ -120,8 +129,8 @@ def ignored_on_repeat(existing: dict[str, Any], fields: dict[str, Any]) -> tuple
         old, new = existing.get(name), fields.get(name)
         if name == "spec":
             try:
-                old_spec, new_spec = json.loads(old or "{}"), json.loads(new or "{}")
-            except ValueError:
+                old_spec, new_spec = _compared_spec(old), _compared_spec(new)
+            except (ValueError, AttributeError):
                 continue
             out += sorted(key for key in set(old_spec) | set(new_spec) if old_spec.get(key) != new_spec.get(key))
         elif name == "service_s" or name == "deadline_s":

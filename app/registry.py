@@ -122,14 +122,28 @@ def check_call(definition: dict[str, Any], args: list[Any] | tuple[Any, ...], kw
     try:
         signature.bind(*args, **kwargs)
     except TypeError as e:
-        stars = {"VAR_POSITIONAL": "*", "VAR_KEYWORD": "**"}
-        shown = ", ".join(stars.get(p["kind"], "") + p["name"] + ("" if p["required"] or p["kind"] in stars else "=…")
-                          for p in published)
+        shown = _signature_text(published)
         given = f"{len(args)} positional argument{'' if len(args) == 1 else 's'}" + (
             f" and keyword arguments {', '.join(sorted(kwargs))}" if kwargs else "")
         raise ValidationError("args", None, f"do not match {definition.get('name')}({shown}) (makespan passes its "
                               f"ctx first; give the others): {e}; this submit gave {given}",
                               show_value=False) from None
+
+
+def _signature_text(published: list[dict[str, Any]]) -> str:
+    """A function's published parameters (less its ctx) as Python writes them: ``a, /, b=…,
+    *, c`` (``/`` after the positional-only ones, ``*`` before the keyword-only ones when no
+    ``*args`` stands there), an optional one with ``=…``."""
+    stars = {"VAR_POSITIONAL": "*", "VAR_KEYWORD": "**"}
+    parts: list[str] = []
+    kinds = [p["kind"] for p in published]
+    for index, p in enumerate(published):
+        if p["kind"] == "KEYWORD_ONLY" and "KEYWORD_ONLY" not in kinds[:index] and "VAR_POSITIONAL" not in kinds:
+            parts.append("*")
+        parts.append(stars.get(p["kind"], "") + p["name"] + ("" if p["required"] or p["kind"] in stars else "=…"))
+        if p["kind"] == "POSITIONAL_ONLY" and (index + 1 == len(kinds) or kinds[index + 1] != "POSITIONAL_ONLY"):
+            parts.append("/")
+    return ", ".join(parts)
 
 
 REGISTRY: dict[str, WorkloadDef] = {}

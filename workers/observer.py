@@ -27,14 +27,18 @@ instance (:mod:`makespan.workers.drivers.registry`) through its driver and reads
   holder, still alive, restores the set point; a dead holder's entry is reaped and
   the next restore plans it).
 
-**Hosts.** Each cycle also reads which of the fleet's hosts lost their GPU worker
-(:func:`makespan.workers.host_liveness.read_down_hosts`: a host a worker announced once whose
-live key is gone, after a crash within the liveness TTL, after a clean stop at once): a host
-that goes down gets one ``host_down`` incident (empty endpoint and instance id, the host's
-GPUs, the effect: how many of them are leased, what waits), counted in
-``makespan_host_down_incidents_total{host}``; when a worker announces it again (or it left
-the fleet file) a ``kind=recovery`` record closes it. ``P:incidents:hosts_down`` (host ->
-incident id) makes it once per down period across observers and observer restarts.
+**Hosts.** Each cycle also reads which hosts of its fleet file lost their GPU worker (a host
+a worker announced once, ``P:hosts:seen``, whose live key is gone: at once after a clean
+stop, within the liveness TTL after a crash or ``kill -9``;
+:mod:`makespan.workers.host_liveness`). A host down for ``host_down_grace_s`` (default
+:data:`HOST_DOWN_GRACE_S`, server clock: a rolling restart, or the gap when one of two
+workers of a host stops, is no incident) gets one ``host_down`` incident (empty endpoint and
+instance id, the host's GPUs, the effect: how many of them are leased, what waits, what to
+start), counted in ``makespan_host_down_incidents_total{host}``; when a worker announces it
+again, or the published fleet no longer has it, a ``kind=recovery`` record closes it. One
+script per cycle (``hosts_down.lua``) decides from ``P:incidents:hosts_down`` (host ->
+``since:<s>`` or ``open:<incident id>:<s>``), so observers running at once, or restarting,
+raise and close each incident once; each handles the hosts of its own fleet file.
 
 An incident is appended to the ``P:incidents`` stream (``kind=incident``: endpoint,
 instance id, host, GPUs, failure mode, detection time, probe cycle and the cycle of
@@ -80,14 +84,14 @@ from makespan.store.scripts import script
 from makespan.workers.agenda import AgendaTracker
 from makespan.workers.drivers import capabilities, get_driver
 from makespan.workers.drivers.base import Instance, machine_name
-from makespan.workers.host_liveness import read_down_hosts
+from makespan.workers.host_liveness import down_hosts, queue_reads
 from makespan.workers.drivers.registry import (index_instances, list_instances, register_instance, retire_instance,
                                                unregister_instance)
 
 log = logging.getLogger(__name__)
 
 INCIDENTS_MAX_LEN = 10_000  # P:incidents keeps about this many entries (incidents and recoveries; XADD MAXLEN ~)
-PENDING = "pending"  # P:incidents:hosts_down value while its incident is being written
+HOST_DOWN_GRACE_S = 30.0  # a host down this long (server clock) is an incident (module doc, "Hosts")
 MIN_OVERRUN_SLACK_S = 2.0  # the least slack past a transition's expected end before it is late, s (module doc)
 
 __all__ = ["Observer", "list_incidents", "register_instance", "run_observer", "unregister_instance"]
@@ -105,6 +109,7 @@ class Observer:
     overrun_factor: float = 1.5
     lock_ttl_s: float = 10.0
     min_overrun_slack_s: float = MIN_OVERRUN_SLACK_S
+    host_down_grace_s: float = HOST_DOWN_GRACE_S
     cycle: int = 0
     last_ok_cycle: dict[str, int] = field(default_factory=dict)
     _drivers: dict[str, Any] = field(default_factory=dict)
@@ -112,6 +117,7 @@ class Observer:
     def __post_init__(self) -> None:
         self.agenda = AgendaTracker(self.r, self.keys)
         self._mark_overruns = script(self.r, "incidents_mark")
+        self._hosts_down = script(self.r, "hosts_down")
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="probe")
         self.machine = machine_name()
 
@@ -182,43 +188,56 @@ class Observer:
             if e["op_id"] in fresh and e["op_id"] not in reported:
                 for ep in e["endpoints"]:
                     raised.append(self._raise(ep, None, "transition_overrun", True, [e], now))
-        raised += self._hosts(now)
+        raised += self._hosts()
         self.r.hset(self.keys.observer, mapping={"cycle": self.cycle, "at": repr(time.time())})
         self.r.expire(self.keys.observer, max(int(self.probe_interval_s * 5), 5))
         return raised
 
-    def _hosts(self, now: float) -> list[dict]:
+    def _hosts(self) -> list[dict]:
         """Hosts whose GPU worker stopped consuming (module doc, "Hosts"): a ``host_down``
-        incident when one goes down, a recovery record when a worker announces it again;
-        returns the incidents raised. Once per down period, whichever observer sees it
-        first (``P:incidents:hosts_down``: host -> incident id)."""
-        hosts = [host.name for host in self.fleet.hosts]
-        down = read_down_hosts(self.r, self.keys, hosts)
-        opened = self.r.hgetall(self.keys.incidents_hosts_down)
+        incident once one has been down :attr:`host_down_grace_s`, a recovery record when a
+        worker announces it again; returns the incidents raised. The decision is one script
+        (``hosts_down.lua``) over the hosts this cycle read as down or holding an entry, so
+        observers that run at once, or restart, raise and close each incident once; hosts
+        outside this observer's fleet file are left to the observers whose file has them,
+        except one the published fleet (``P:fleet``) no longer has, whose incident closes."""
+        own = [host.name for host in self.fleet.hosts]
+        mine = set(own)
+        p = self.r.pipeline(transaction=False)
+        p.hgetall(self.keys.incidents_hosts_down)
+        p.get(self.keys.fleet)
+        queue_reads(p, self.keys, own)
+        entries, published, seen, live = p.execute()
+        down = down_hosts(own, seen, live)
+        candidates = [host for host in own if host in down or host in entries]
+        gone = [host for host in entries if host not in mine and not _in_published(published, host)]
+        if not candidates and not gone:
+            return []
+        args: list[str] = []
+        fields = {host: self._host_fields(host) for host in candidates if host in down}
+        for host in candidates:
+            args += [host, "1", json.dumps(fields[host]) if host in fields else "{}"]
+        for host in gone:
+            args += [host, "0", "{}"]
+        raised_flat, recovered_flat = self._hosts_down(
+            keys=[self.keys.incidents_hosts_down, self.keys.incidents, self.keys.hosts_seen,
+                  *(self.keys.host_live(host) for host in [*candidates, *gone])],
+            args=[repr(self.host_down_grace_s), INCIDENTS_MAX_LEN, *args])
+        from makespan import metrics
+
         raised = []
-        for host in sorted(down - set(opened)):
-            if not self.r.hsetnx(self.keys.incidents_hosts_down, host, PENDING):
-                continue  # another observer reports it
-            inc = self._raise_host(host, now)
-            self.r.hset(self.keys.incidents_hosts_down, host, inc["incident_id"])
+        for host, incident_id, detected_at in zip(*[iter(raised_flat)] * 3):
+            inc = {**fields[host], "kind": "incident", "incident_id": incident_id, "detected_at": detected_at}
+            metrics.host_down(host)
+            log.error("incident %s: host %s host_down (%s)", incident_id, host, inc["effect"])
             raised.append(inc)
-        for host, incident_id in opened.items():
-            if host in down or incident_id == PENDING:
-                continue
-            if not self.r.hdel(self.keys.incidents_hosts_down, host):
-                continue  # another observer recorded the recovery
-            detected = self.r.xrange(self.keys.incidents, incident_id, incident_id)
-            detected_at = float(detected[0][1].get("detected_at", now)) if detected else now
-            back = "a GPU worker consumes its queue again" if host in hosts else f"host {host} left the fleet file"
-            out = {"kind": "recovery", "incident_id": incident_id, "endpoint": "", "host": host,
-                   "outcome": f"recovered: {back}", "recovered_at": repr(now),
-                   "recovery_s": repr(round(max(0.0, now - detected_at), 3))}
-            self.r.xadd(self.keys.incidents, out, maxlen=INCIDENTS_MAX_LEN, approximate=True)
-            log.warning("host %s is back after %s: %s", host, incident_id, back)
+        for host, incident_id, took in zip(*[iter(recovered_flat)] * 3):
+            log.warning("host %s is back after %s (%s s)", host, incident_id, took)
         return raised
 
-    def _raise_host(self, host: str, now: float) -> dict:
-        """Append the ``host_down`` incident of ``host`` (module doc, "Hosts")."""
+    def _host_fields(self, host: str) -> dict[str, str]:
+        """The ``host_down`` incident of ``host`` as the stream holds it (module doc,
+        "Hosts"), less ``kind`` and ``detected_at`` (the script adds them)."""
         spec = next(h for h in self.fleet.hosts if h.name == host)
         gpus = [gpu.uuid for gpu in spec.gpus]
         leased = sum(1 for holder in self.r.mget([self.keys.gpu(g) for g in gpus]) if holder)
@@ -226,15 +245,9 @@ class Observer:
                   f"that fit only there wait with reason host_down; {leased} of its {len(gpus)} GPUs are leased "
                   f"(their leases expire unrenewed and their jobs are requeued); start `makespan gpu-worker "
                   f"--host {host}` there")
-        rec = {"kind": "incident", "endpoint": "", "instance_id": "", "host": host, "gpus": json.dumps(gpus),
-               "failure_mode": "host_down", "detected_at": repr(now), "cycle": str(self.cycle),
-               "last_ok_cycle": "0", "effect": effect, "agenda_context": "[]"}
-        rec["incident_id"] = self.r.xadd(self.keys.incidents, rec, maxlen=INCIDENTS_MAX_LEN, approximate=True)
-        from makespan import metrics
-
-        metrics.host_down(host)
-        log.error("incident %s: host %s host_down (%s)", rec["incident_id"], host, effect)
-        return rec
+        return {"endpoint": "", "instance_id": "", "host": host, "gpus": json.dumps(gpus),
+                "failure_mode": "host_down", "cycle": str(self.cycle), "last_ok_cycle": "0", "effect": effect,
+                "agenda_context": "[]"}
 
     def late_after(self, entry: dict) -> float:
         """When the ``POSITIVE`` agenda ``entry`` (``planned_start``, ``expected_end``: Redis
@@ -378,14 +391,26 @@ class Observer:
         self._pool.shutdown(wait=False)
 
 
+def _in_published(published: str | None, host: str) -> bool:
+    """Whether the published fleet (``P:fleet`` JSON, or None) has ``host``; True when none
+    is published or it cannot be read (nothing to close against)."""
+    if not published:
+        return True
+    try:
+        return any(entry.get("name") == host for entry in json.loads(published).get("hosts", []))
+    except (ValueError, TypeError, AttributeError):
+        return True
+
+
 def run_observer(settings: Settings, fleet: FleetSpec, probe_interval_s: float = 1.0,
                  overrun_factor: float = 1.5, stop: threading.Event | None = None,
-                 max_cycles: int | None = None, min_overrun_slack_s: float = MIN_OVERRUN_SLACK_S) -> int:
+                 max_cycles: int | None = None, min_overrun_slack_s: float = MIN_OVERRUN_SLACK_S,
+                 host_down_grace_s: float = HOST_DOWN_GRACE_S) -> int:
     """Probe until ``stop`` is set, SIGTERM/SIGINT arrives (main thread only) or
     ``max_cycles`` cycles ran; returns the number of incidents raised. Redis errors
     are logged and retried on the next cycle (the observer must outlive a Redis restart).
-    ``overrun_factor`` and ``min_overrun_slack_s`` (s) say when a transition is late
-    (module doc).
+    ``overrun_factor`` and ``min_overrun_slack_s`` (s) say when a transition is late,
+    ``host_down_grace_s`` (s) when a host without a live GPU worker is an incident (module doc).
 
     Raises:
         RedisConfigError: Redis evicts keys (``maxmemory-policy``) and
@@ -418,14 +443,14 @@ def run_observer(settings: Settings, fleet: FleetSpec, probe_interval_s: float =
             restore_signals()
         raise
     obs = Observer(r, Keys(settings.key_prefix), fleet, probe_interval_s, overrun_factor,
-                   min_overrun_slack_s=min_overrun_slack_s)
+                   min_overrun_slack_s=min_overrun_slack_s, host_down_grace_s=host_down_grace_s)
     from makespan import metrics
 
     metrics.declare_hosts(host.name for host in fleet.hosts)  # host_down counters at 0 (a scrape shows them)
     log.info("observer: fleet %r, %d hosts, %d endpoints; probing every registered endpoint instance on this "
-             "machine (%s) every %g s; transitions late past %g × their planned length (at least %g s)",
-             fleet.name, len(fleet.hosts), len(fleet.endpoints), obs.machine, probe_interval_s, overrun_factor,
-             min_overrun_slack_s)
+             "machine (%s) every %g s; transitions late past %g × their planned length (at least %g s); a host "
+             "without a live GPU worker for %g s is an incident", fleet.name, len(fleet.hosts), len(fleet.endpoints),
+             obs.machine, probe_interval_s, overrun_factor, min_overrun_slack_s, host_down_grace_s)
     raised = 0
     outage = OutageLog(log, "observer")
     answered = policy_checked  # Redis accepted the credentials once: a later refusal is logged and retried
@@ -503,8 +528,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--overrun-factor", type=float, default=1.5)
     p.add_argument("--min-overrun-slack-s", type=float, default=MIN_OVERRUN_SLACK_S,
                    help="least slack past a transition's expected end before it is late, s")
+    p.add_argument("--host-down-grace-s", type=float, default=HOST_DOWN_GRACE_S,
+                   help="how long a host has no live GPU worker before its host_down incident, s (>= 0)")
     p.add_argument("--metrics-port", type=int, default=None, help="Prometheus port (default: MAKESPAN_METRICS_PORT; 0: none)")
     a = p.parse_args(argv)
+    if not 0.0 <= a.host_down_grace_s < float("inf"):
+        p.error(f"--host-down-grace-s must be a finite number >= 0, got {a.host_down_grace_s!r}")
     try:
         level = log_level_from_env("INFO")
         if a.metrics_port is None:
@@ -520,7 +549,7 @@ def main(argv: list[str] | None = None) -> int:
         metrics.start_metrics_server(a.metrics_port, redis_state=False)
     try:
         run_observer(Settings.from_env(), load_fleet(a.fleet), a.probe_interval_s, a.overrun_factor,
-                     min_overrun_slack_s=a.min_overrun_slack_s)
+                     min_overrun_slack_s=a.min_overrun_slack_s, host_down_grace_s=a.host_down_grace_s)
     except (RedisConfigError, RedisAuthFailed) as e:  # printed once (not also logged)
         print(f"makespan observer: {e}", file=sys.stderr, flush=True)
         return EXIT_REFUSED

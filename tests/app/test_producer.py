@@ -1,5 +1,6 @@
 """Producer API on a real Redis: atomic submit, idempotency, cancel, strict priority."""
 
+import json
 import pytest
 
 from makespan.errors import NotFoundError, ValidationError
@@ -165,3 +166,19 @@ def test_status_of_a_leased_job_before_its_first_phase(prod, r, keys):
     st = prod.status(jid)
     assert st["state"] == "leased" and st["lease"] == lease.lease_id
     assert (st["gpus"], st["phase"], st["phases_done"]) == (["GPU-host-a-0", "GPU-host-a-1"], None, [])
+
+
+def test_a_record_written_with_the_whole_spec_compares_as_a_new_one():
+    """Records written before the spec left out its record fields and defaults held them
+    all: repeating their key with the same request ignores nothing."""
+    from makespan.producer import ignored_on_repeat
+
+    whole = {"endpoint": "embed", "priority": "NORMAL", "service_s": 5, "payload": {"n": 1}, "workload": None,
+             "args": [], "kwargs": {}, "idempotency_key": "k", "deadline_s": None, "delay_s": None,
+             "depends_on": [], "helpers": [], "tp": 1}
+    existing = {"spec": json.dumps(whole), "endpoint": "embed", "priority": "NORMAL", "service_s": "5.0"}
+    same = {"spec": json.dumps({"payload": {"n": 1}, "idempotency_key": "k"}), "endpoint": "embed",
+            "priority": "NORMAL", "service_s": "5.0"}
+    assert ignored_on_repeat(existing, same) == ()
+    other = {**same, "spec": json.dumps({"payload": {"n": 2}, "idempotency_key": "k"})}
+    assert ignored_on_repeat(existing, other) == ("payload",)

@@ -254,12 +254,16 @@ def test_an_argument_json_cannot_carry_is_named_by_its_place():
 
     with pytest.raises(ValidationError) as err:
         json_size(["hi", {1, 2}], "job.args")
-    assert "job.args[1] is of type set" in str(err.value) and "<list>" not in str(err.value)
+    assert "(job.args[1]: of type set)" in str(err.value) and "<list>" not in str(err.value)
     with pytest.raises(ValidationError) as err:
         json_size({"when": {"at": object()}}, "job.kwargs")
-    assert "job.kwargs['when']['at'] is of type object" in str(err.value)
-    with pytest.raises(ValidationError, match="Out of range float"):  # the encoder's own words where no type is at fault
-        json_size([math.nan], "job.args")
+    assert "(job.kwargs['when']['at']: of type object)" in str(err.value)
+    with pytest.raises(ValidationError) as err:  # the first offender, not a later one (a reviewer's case)
+        json_size([math.nan, {1, 2}], "job.args")
+    assert "(job.args[0]: the float nan)" in str(err.value)
+    with pytest.raises(ValidationError) as err:
+        json_size({"a": {(1, 2): 1}, "b": {3}}, "job.kwargs")
+    assert "(job.kwargs['a']: a mapping with a key of type tuple)" in str(err.value)
 
 
 @pytest.mark.parametrize("option,text", [("--args", '["hi"'), ("--kwargs", "{not json")])
@@ -270,3 +274,19 @@ def test_cli_names_which_of_args_and_kwargs_is_not_json(r, prefix, redis_url, op
     other = {"--args": "--kwargs", "--kwargs": "--args"}[option]
     assert f"{option}: not JSON" in res.output and other not in res.output, res.output
     assert _keys_of(r, prefix) == []
+
+
+def test_an_argument_mismatch_shows_the_signature_as_python_writes_it():
+    """``def f(ctx, a, *, b)`` was shown as ``f(a, b)`` beside "too many positional
+    arguments", which contradicted it."""
+    from makespan.registry import check_call
+
+    definition = {"name": "f", "parameters": [
+        {"name": "a", "kind": "POSITIONAL_ONLY", "required": True},
+        {"name": "b", "kind": "POSITIONAL_OR_KEYWORD", "required": False},
+        {"name": "c", "kind": "KEYWORD_ONLY", "required": True}]}
+    with pytest.raises(ValidationError) as err:
+        check_call(definition, [1, 2, 3], {})
+    assert "do not match f(a, /, b=…, *, c) (makespan passes its ctx first" in str(err.value)
+    assert "too many positional arguments" in str(err.value) and "this submit gave 3 positional arguments" in str(err.value)
+    check_call(definition, [1], {"c": 3})  # binds: nothing raised

@@ -242,6 +242,23 @@ def test_dashboard_in_a_real_browser_against_the_live_system(r, keys, settings, 
         assert _body(dom).get("source") == "sse"
         shown_incidents = re.findall(r'<li class="incident" data-incident="[^"]+" data-endpoint="([^"]+)"', dom)
         assert incident["endpoint"] == "renderer" and "renderer" in shown_incidents, dom[-4000:]
+        # a host_down incident (no endpoint) names its host, as `makespan incidents` does
+        from makespan.models import parse_fleet
+        from makespan.workers.host_liveness import announce, withdraw
+        from makespan.workers.observer import Observer
+
+        spare = parse_fleet({"name": "spare", "hosts": [{"name": "host-z", "gpu_count": 1, "memory_mib": 81920}],
+                             "endpoints": {"spare": {"model": "m", "memory_mib_per_gpu": 1000, "cold_start_s": 1}}})
+        announce(r, keys, "host-z", "worker-z", 30.0)
+        withdraw(r, keys, "host-z", "worker-z")
+        watcher = Observer(r, keys, spare, host_down_grace_s=0.0)
+        try:
+            assert [i["host"] for i in watcher.probe_once() + watcher.probe_once()] == ["host-z"]
+        finally:
+            watcher.close()
+        dom = browser.dump_dom(dl.page_url(port), budget_ms=3000)
+        assert re.search(r'<li class="incident" data-incident="[^"]+" data-endpoint=""><b>host host-z · host_down</b>',
+                         dom), dom[-4000:]
 
         shot = browser.screenshot(dl.page_url(port), tmp_path / "dashboard.png", budget_ms=3000)
         assert shot.stat().st_size > 20_000  # a drawn page, not a blank one

@@ -306,3 +306,26 @@ def test_an_idle_warm_instance_is_not_counted_twice_when_routing(r, settings, ke
     publish_offer(r, keys.for_pool("b"), PoolOffer("b", 2, {"b1": [0], "b2": [0]}, {}, time.time()), 5.0)
     job = prod.submit({"endpoint": "both", "service_s": 5}).id
     assert r.hget(keys.job(job), "pool") == "b"
+
+
+def test_the_no_worker_warning_of_submit_counts_the_pools_that_serve_the_endpoint(r, keys, redis_url, prefix):
+    """A worker of another pool runs no job of this endpoint, and a host of another pool is
+    not where to start one (a reviewer's case: pool b's worker hid pool a's missing one)."""
+    from makespan.workers.host_liveness import announce
+
+    r.set(keys.fleet, FLEET.model_dump_json())
+    announce(r, keys, "b1", "worker-b1", 30.0)
+    env = {"MAKESPAN_REDIS_URL": redis_url, "MAKESPAN_KEY_PREFIX": prefix}
+    only_a = CliRunner().invoke(cli_app, ["submit", "--endpoint", "onlya", "--service-s", "1", "-q"], env=env)
+    assert only_a.exit_code == 0 and "warning: no GPU worker runs on a1, a2 " in only_a.stderr, only_a.stderr
+    assert "--host a1" in only_a.stderr and "b1" not in only_a.stderr
+    only_b = CliRunner().invoke(cli_app, ["submit", "--endpoint", "onlyb", "--service-s", "1", "-q"], env=env)
+    assert only_b.exit_code == 0 and only_b.stderr == "", only_b.stderr
+    # a repeated key names a job submitted before: whether it waits is not this submit's to say
+    again = CliRunner().invoke(cli_app, ["submit", "--endpoint", "onlya", "--service-s", "1", "-q",
+                                         "--idempotency-key", "k"], env=env)
+    assert "warning: no GPU worker" in again.stderr
+    r.hset(keys.job(again.stdout.strip()), "state", "completed")
+    repeat = CliRunner().invoke(cli_app, ["submit", "--endpoint", "onlya", "--service-s", "1", "-q",
+                                          "--idempotency-key", "k"], env=env)
+    assert repeat.exit_code == 0 and repeat.stdout == again.stdout and repeat.stderr == "", repeat.stderr

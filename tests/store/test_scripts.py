@@ -55,9 +55,9 @@ def test_workload_records_are_told_apart_from_job_records():
 def test_every_lua_file_is_a_listed_script_or_the_library():
     on_disk = sorted(p.stem for p in LUA_DIR.glob("*.lua"))
     assert on_disk == sorted([*NAMES, store_scripts.LIBRARY])
-    assert len(NAMES) == 33  # 25 + fail_workload, finish_workload (advance_workloads) + fn_hold, fn_withdraw (registrations) + reroute (pools)
+    assert len(NAMES) == 34  # 25 + fail_workload, finish_workload (advance_workloads) + fn_hold, fn_withdraw (registrations) + reroute (pools)
     # + index_if_exists (the per-GPU instance index, workers/drivers/registry.py) + claim_phase (workers/phases.py)
-    # + incidents_mark (the observer)
+    # + incidents_mark, hosts_down (the observer)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -88,8 +88,13 @@ def test_no_lua_is_left_outside_the_store():
 
 def test_only_the_library_appends_events_and_its_cap_is_not_hard_coded():
     for name in NAMES:
-        assert "'XADD'" not in store_scripts.source(name), f"{name}.lua: use lib.lua's append_event"
-        assert "MAXLEN" not in store_scripts.source(name)
+        incidents = {int(i) for line in store_scripts.header(name).keys
+                     for i in re.findall(r"^KEYS\[(\d+)\]\s+P:incidents\s", line)}
+        for line in body_of(name).splitlines():
+            if "'XADD'" in line or "MAXLEN" in line:  # the incidents stream (the observer's), never P:events
+                assert re.search(r"'XADD', KEYS\[(\d+)\], 'MAXLEN', '~', ARGV\[\d+\]", line), \
+                    f"{name}.lua: use lib.lua's append_event ({line.strip()})"
+                assert int(re.search(r"KEYS\[(\d+)\]", line).group(1)) in incidents, f"{name}.lua: {line.strip()}"
     lib = store_scripts.source(store_scripts.LIBRARY)
     assert lib.count("'XADD'") == 1 and "'__EVENTS_MAX_LEN__'" in lib
     assert "'1234'" in store_scripts.text("submit", 1234) and "__EVENTS_MAX_LEN__" not in store_scripts.text("submit")

@@ -1,39 +1,52 @@
 """A host whose GPU worker stops consuming is an incident (a new user killed the only GPU
 worker with the observer up: the jobs waited with reason ``host_down`` and ``makespan
 incidents`` said "no incidents"). Real Redis, the real liveness keys a GPU worker writes
-(:mod:`makespan.workers.host_liveness`), the observer's own cycle and the real CLI."""
+(:mod:`makespan.workers.host_liveness`), the observer's own cycle and script, the real CLI.
+The grace is on the Redis server's clock: the tests use 0 s (at once) or an hour (never
+within the test), no sleep."""
 
 from __future__ import annotations
 
+import json
+
 from typer.testing import CliRunner
 
+from makespan import metrics
 from makespan.cli import app as cli_app
 from makespan.models import parse_fleet
 from makespan.workers.host_liveness import announce, withdraw
 from makespan.workers.observer import Observer, list_incidents
 
-FLEET = parse_fleet({"name": "hosts", "hosts": [{"name": "host-a", "gpu_count": 2, "memory_mib": 81920},
-                                                 {"name": "host-b", "gpu_count": 2, "memory_mib": 81920}],
-                     "endpoints": {"echo": {"model": "m", "memory_mib_per_gpu": 1000, "cold_start_s": 1}}})
+HOSTS = [{"name": "host-a", "gpu_count": 2, "memory_mib": 81920}, {"name": "host-b", "gpu_count": 2, "memory_mib": 81920}]
+ENDPOINTS = {"echo": {"model": "m", "memory_mib_per_gpu": 1000, "cold_start_s": 1}}
+FLEET = parse_fleet({"name": "hosts", "hosts": HOSTS, "endpoints": ENDPOINTS})
+ONLY_A = parse_fleet({"name": "hosts", "hosts": HOSTS[:1], "endpoints": ENDPOINTS})
 
 
 def _host_rows(r, keys) -> list[dict]:
     return [i for i in list_incidents(r, keys) if i["failure_mode"] == "host_down"]
 
 
+def _counted(host: str) -> float:
+    return metrics._m().registry.get_sample_value("makespan_host_down_incidents_total", {"host": host}) or 0.0
+
+
 def test_a_host_that_loses_its_worker_is_one_incident_until_a_worker_is_back(r, keys, redis_url, prefix):
-    first, second = Observer(r, keys, FLEET), Observer(r, keys, FLEET)  # two observers (one per machine)
+    first, second = Observer(r, keys, FLEET, host_down_grace_s=0.0), Observer(r, keys, FLEET, host_down_grace_s=0.0)
     try:
         assert first.probe_once() == [] and _host_rows(r, keys) == []  # never announced: not down (bring-up)
         announce(r, keys, "host-a", "worker-1", 30.0)
         announce(r, keys, "host-b", "worker-2", 30.0)
         assert first.probe_once() == []
         r.set(keys.gpu(FLEET.hosts[0].gpus[0].uuid), "lease-1")  # one of host-a's GPUs is leased
+        before = _counted("host-a")
         assert withdraw(r, keys, "host-a", "worker-1")  # its worker stops (a crash: the key expires)
-        raised = first.probe_once() + second.probe_once() + first.probe_once()
+        raised = first.probe_once() + second.probe_once() + first.probe_once()  # 'since:' then the incident, once
         assert [(i["host"], i["failure_mode"], i["endpoint"]) for i in raised] == [("host-a", "host_down", "")]
+        assert _counted("host-a") == before + 1
         incident = _host_rows(r, keys)[0]
         assert incident["gpus"] == [gpu.uuid for gpu in FLEET.hosts[0].gpus] and incident["recovery"] is None
+        assert incident["incident_id"] == raised[0]["incident_id"]
         assert "1 of its 2 GPUs are leased" in incident["effect"]
         assert "makespan gpu-worker --host host-a" in incident["effect"]
 
@@ -45,14 +58,55 @@ def test_a_host_that_loses_its_worker_is_one_incident_until_a_worker_is_back(r, 
         announce(r, keys, "host-a", "worker-3", 30.0)  # a worker is back
         assert second.probe_once() == [] and first.probe_once() == []
         rows = _host_rows(r, keys)
-        assert len(rows) == 1 and rows[0]["recovery"]["outcome"].startswith("recovered: a GPU worker consumes")
+        assert len(rows) == 1 and rows[0]["recovery"]["outcome"] == "recovered: a GPU worker consumes its queue again"
         assert rows[0]["recovery"]["recovery_s"] >= 0.0
         assert len([x for _, x in r.xrange(keys.incidents) if x.get("kind") == "recovery"]) == 1  # once, not twice
         assert not r.exists(keys.incidents_hosts_down)
 
         assert withdraw(r, keys, "host-a", "worker-3")  # down again: a new incident
-        assert [i["host"] for i in second.probe_once()] == ["host-a"]
+        assert [i["host"] for i in second.probe_once() + second.probe_once()] == ["host-a"]
         assert len(_host_rows(r, keys)) == 2
     finally:
         first.close()
         second.close()
+
+
+def test_a_host_back_within_the_grace_is_no_incident(r, keys):
+    """A rolling restart, or one of two workers of a host stopping (the other renews the
+    shared key within a quarter TTL): down for less than the grace, nothing is reported."""
+    observer = Observer(r, keys, FLEET, host_down_grace_s=3600.0)
+    try:
+        announce(r, keys, "host-a", "worker-1", 30.0)
+        assert withdraw(r, keys, "host-a", "worker-1")
+        assert observer.probe_once() == [] and observer.probe_once() == []
+        assert r.hget(keys.incidents_hosts_down, "host-a").startswith("since:")  # down, not reported yet
+        announce(r, keys, "host-a", "worker-2", 30.0)
+        assert observer.probe_once() == []
+        assert not r.exists(keys.incidents_hosts_down) and r.xlen(keys.incidents) == 0  # no incident, no recovery
+    finally:
+        observer.close()
+
+
+def test_an_observer_leaves_hosts_outside_its_fleet_file_to_the_others(r, keys):
+    """During a fleet-file rollout one observer's file may lack a host another's has: it
+    neither closes that host's incident nor reopens it; the incident closes only when the
+    published fleet no longer has the host."""
+    full, partial = Observer(r, keys, FLEET, host_down_grace_s=0.0), Observer(r, keys, ONLY_A, host_down_grace_s=0.0)
+    try:
+        r.set(keys.fleet, FLEET.model_dump_json())  # what the planner publishes
+        announce(r, keys, "host-b", "worker-1", 30.0)
+        assert withdraw(r, keys, "host-b", "worker-1")
+        assert [i["host"] for i in full.probe_once() + full.probe_once()] == ["host-b"]
+        for _ in range(3):
+            assert partial.probe_once() == [] and full.probe_once() == []
+        rows = _host_rows(r, keys)
+        assert len(rows) == 1 and rows[0]["recovery"] is None  # no flapping between the two files
+
+        r.set(keys.fleet, json.dumps({**json.loads(FLEET.model_dump_json()), "hosts": [HOSTS[0]]}))  # host-b removed
+        assert partial.probe_once() == []
+        rows = _host_rows(r, keys)
+        assert rows[0]["recovery"]["outcome"] == "recovered: the host left the published fleet"
+        assert not r.exists(keys.incidents_hosts_down)
+    finally:
+        full.close()
+        partial.close()

@@ -176,7 +176,8 @@ function drawEndpoints(state, colour) {
     [el("tr", {}, el("td", {colspan: 5, class: "none", text: "none"}))]));
   document.getElementById("incidents").replaceChildren(...(state.incidents.length ? state.incidents.map(i => el("li",
     {class: "incident", "data-incident": i.incident_id, "data-endpoint": i.endpoint},
-    el("b", {text: `${i.endpoint} · ${i.failure_mode}`}), ` at ${clock(i.detected_at)} on ${i.host || "?"} `,
+    el("b", {text: `${i.endpoint || "host " + (i.host || "?")} · ${i.failure_mode}`}),
+    ` at ${clock(i.detected_at)} on ${i.host || "?"} `,
     el("span", {class: "effect", text: i.effect || ""}),
     i.recovery ? el("span", {class: "recovery", text: ` → ${i.recovery.outcome}` +
       (i.recovery.recovery_s !== null ? ` in ${secs(i.recovery.recovery_s)}` : "")}) : null)) :
