@@ -336,10 +336,11 @@ def submit(workload: str | None = typer.Argument(None, help="a workload function
 
 
 def _warn_no_worker(producer: Any, endpoint: str) -> None:
-    """On stderr: no GPU worker consumes any host that could run ``endpoint`` now (never
-    started there, or stopped), so the plain job just submitted waits until one starts.
-    With pools, only the hosts of the pools that serve the endpoint count. Best effort: a
-    Redis error here says nothing (the job is written)."""
+    """On stderr: no planner leads the pool(s) that serve ``endpoint``, or no GPU worker
+    consumes any host that could run it now (never started there, or stopped), so the plain
+    job just submitted waits until one starts. With pools, only the pools that serve the
+    endpoint and their hosts count. Best effort: a Redis error here says nothing (the job is
+    written)."""
     import redis
 
     from makespan.workers.host_liveness import hosts_that_fit
@@ -353,10 +354,17 @@ def _warn_no_worker(producer: Any, endpoint: str) -> None:
     fits = hosts_that_fit(fleet, hosts, spec.tensor_parallel, spec.memory_mib_per_gpu)
     if not fits:
         return
+    pools: list[str | None] = list(serving) or [None]
     try:
         live = producer.r.mget([keys.host_live(host) for host in fits])
+        leaders = producer.r.mget([keys.for_pool(pool).planner_leader for pool in pools])
     except redis.RedisError:
         return
+    if not any(leaders):
+        which = f"pool {', '.join(str(p) for p in pools)}" if serving else "this fleet"
+        option = f" --pool {pools[0]}" if serving else ""
+        typer.echo(f"warning: no planner leads {which} (which runs endpoint {endpoint!r}): the job waits queued, "
+                   f"reason no_planner, until one starts (makespan planner --fleet FILE{option})", err=True)
     if not any(live):
         typer.echo(f"warning: no GPU worker runs on {', '.join(fits)} (the hosts that can run endpoint {endpoint!r}): "
                    f"the job waits queued until one starts there (makespan gpu-worker --host {fits[0]} ...)",

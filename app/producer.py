@@ -33,6 +33,9 @@ _FLOAT_FIELDS = ("service_s", "deadline_s", "progress_done", "progress_total", *
 _INT_FIELDS = ("seq", "attempts", "tp", "preemptions", "token", "tries", "retries", "result_attempt")
 _JSON_LIST_FIELDS = ("deps", "helpers")  # JSON text in the record, lists in status()
 _FLAG_FIELDS = ("cancel_requested", "service_estimated")  # "1" in the record, true in status()
+# fields status() gives every job, with their value when the record has none yet
+_STATUS_DEFAULTS: dict[str, Any] = {"tries": 0, "preemptions": 0, "cancel_requested": False, "deps": list,
+                                    "helpers": list, "service_estimated": False}
 
 
 log = logging.getLogger(__name__)
@@ -147,6 +150,39 @@ def ignored_on_repeat(existing: dict[str, Any], fields: dict[str, Any]) -> tuple
 # the reason of a leased job cancelled by the reclaim of its lease (reclaim.lua): its attempt
 # is in ``attempts`` already when a phase had started
 _CANCELLED_BY_RECLAIM = "cancelled; lease reclaimed"
+
+
+def typed_record(rec: dict[str, str]) -> dict[str, Any]:
+    """A job record's hash as :meth:`Producer.status` gives it: one JSON type per kind of
+    value (times and durations floats, counts ints, ``deps``/``helpers`` lists, flags
+    bools, each time with its ISO-8601 UTC twin), every documented field present, the
+    planner's wait reason only on a queued job, ``attempts`` the attempts made and
+    ``reclaimed_attempts`` the record's own count. ``rec`` is changed in place (and
+    returned); a ``spec`` field is left as it is."""
+    for k in _FLOAT_FIELDS:
+        if k in rec:  # an empty field is a value not known (a queued job's wait_eta the plan did not give)
+            rec[k] = float(rec[k]) if rec[k] != "" else None  # type: ignore[assignment]
+    for k in _INT_FIELDS:
+        if k in rec:
+            rec[k] = int(rec[k]) if rec[k] != "" else None  # type: ignore[assignment]
+    for k in _JSON_LIST_FIELDS:
+        if k in rec:
+            rec[k] = json.loads(rec[k]) if rec[k] else []
+    for k in _FLAG_FIELDS:
+        if k in rec:
+            rec[k] = rec[k] not in ("", "0")  # type: ignore[assignment]
+    if rec.get("state") != "queued":  # the planner's last wait reason, from when it waited: not now
+        for field in ("wait_reason", "wait_detail", "wait_eta", "wait_at"):
+            rec.pop(field, None)
+    out: dict[str, Any] = rec
+    for k, default in _STATUS_DEFAULTS.items():  # every documented field present (a new user's KeyError on tries)
+        out.setdefault(k, default() if callable(default) else default)
+    if "lease" in out:
+        out.setdefault("token", None)  # the fencing token of a lease its release cleared
+    add_utc_times(out, _TIME_FIELDS)
+    out["reclaimed_attempts"] = out.get("attempts", 0)
+    out["attempts"] = attempts_made(out)
+    return out
 
 
 def attempts_made(rec: dict[str, Any]) -> int:
@@ -333,24 +369,7 @@ class Producer:
             if not rec:
                 raise NotFoundError(f"no job {job_id!r}")
         rec.pop("spec", None)
-        for k in _FLOAT_FIELDS:
-            if k in rec:  # an empty field is a value not known (a queued job's wait_eta the plan did not give)
-                rec[k] = float(rec[k]) if rec[k] != "" else None
-        for k in _INT_FIELDS:
-            if k in rec:
-                rec[k] = int(rec[k]) if rec[k] != "" else None
-        for k in _JSON_LIST_FIELDS:
-            if k in rec:
-                rec[k] = json.loads(rec[k]) if rec[k] else []
-        for k in _FLAG_FIELDS:
-            if k in rec:
-                rec[k] = rec[k] not in ("", "0")
-        if rec.get("state") != "queued":  # the planner's last wait reason, from when it waited: not now
-            for field in ("wait_reason", "wait_detail", "wait_eta", "wait_at"):
-                rec.pop(field, None)
-        add_utc_times(rec, _TIME_FIELDS)
-        rec["reclaimed_attempts"] = rec.get("attempts", 0)
-        rec["attempts"] = attempts_made(rec)
+        rec = typed_record(rec)
         if lease is not None:
             rec.update(lease)
         return dict(sorted(rec.items()))

@@ -54,6 +54,16 @@ POLL_MAX_S = 0.016
 KEEP_TEXT = 200
 
 
+def _error_text(error: Exception, after_s: float, timeout_s: float) -> str:
+    """A failed request in words: the exception's type and message, and for a timeout
+    (httpx's are raised without a message) which limit it hit and after how long."""
+    text = f"{type(error).__name__}: {error}".rstrip(": ") if str(error) else type(error).__name__
+    if isinstance(error, httpx.TimeoutException):
+        text += (f" (no answer within request_timeout_s = {timeout_s:g} s, applied to the connect, the send and each "
+                 f"read; gave up after {after_s:.1f} s)")
+    return text
+
+
 def request_lease_ttl_s(request_timeout_s: float) -> float:
     """How long a request lease lives, s: longer than the longest run the request timeout
     allows (httpx applies it to the connect, the write and each read: 3 × the timeout), plus
@@ -155,6 +165,7 @@ class RequestRunner:
         self._acquire = script(r, "request_lease")
         self._ar: Any = None  # the redis.asyncio twin of r while run_async runs (see _connected)
         self.lease_ttl_s = request_lease_ttl_s(60.0)  # run_async sets it from the request timeout
+        self.timeout_s = 60.0  # request_timeout_s (run_async sets it from the payload)
         self._aborted = False  # a request of the running step could not be sent: send no more
 
     def _write(self, ops: list[tuple]) -> bool:
@@ -287,7 +298,7 @@ class RequestRunner:
                 else:
                     err = f"HTTP {status}: {resp.text[:120]}"
             except (httpx.HTTPError, ValueError) as e:
-                err = f"{type(e).__name__}: {e}"
+                err = _error_text(e, time.time() - t0, self.timeout_s)
             finally:
                 t1 = time.time()  # before the release: [t0, t1] lies inside the lease
                 clients.put_nowait(client)
@@ -308,6 +319,7 @@ class RequestRunner:
         n = len(payload["items"]) if "items" in payload else int(payload.get("requests", 0))
         res = RequestResult()
         timeout_s = float(payload.get("request_timeout_s", 60.0))
+        self.timeout_s = timeout_s
         timeout = httpx.Timeout(timeout_s)
         self.lease_ttl_s = request_lease_ttl_s(timeout_s)
         # One single-connection client per slot, handed out through a queue: httpcore's pool

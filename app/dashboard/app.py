@@ -213,7 +213,8 @@ def create_app(cfg: DashboardConfig, client: Any = None) -> Any:
     ]
     if prefix:
         async def to_prefix(request):
-            return RedirectResponse(prefix + "/")
+            query = request.url.query  # ?updates=N and the like go with the redirect
+            return RedirectResponse(prefix + "/" + (f"?{query}" if query else ""))
 
         routes = [Mount(prefix, routes=routes), Route(prefix, to_prefix), Route("/", to_prefix)]
     app = Starlette(routes=routes)

@@ -50,7 +50,7 @@ from makespan.errors import StoreError
 from makespan.gantt import intervals
 from makespan.keys import Keys
 from makespan.models import FleetSpec, Priority
-from makespan.producer import attempts_made
+from makespan.producer import attempts_made, typed_record
 
 QUEUE_LIMIT = 500  # waiting jobs listed per priority
 EVENTS_LIMIT = 50_000  # most events read for one snapshot
@@ -277,7 +277,7 @@ def _pools(r: redis.Redis, keys: Keys, names: list[str], now: float,
             plans.append(plan)
         drain = r.hgetall(scoped.drain)
         pools.append({"name": name, "leads": bool(r.exists(scoped.planner_leader)), "queued": len(waiting),
-                      "drain": drain, "drain_at": _f(drain.get("checked_at"))})
+                      "drain": _drain_view(drain), "drain_at": _f(drain.get("checked_at"))})
     rank = {p.name: p.value for p in Priority}
     queue.sort(key=lambda q: (rank.get(q["priority"] or "", 9), q["submitted_at"] or 0))
     merged = None
@@ -358,7 +358,8 @@ def snapshot(r: redis.Redis, keys: Keys, fleet: FleetSpec | None = None, window_
         p.hgetall(keys.drain)
         p.zcard(keys.running)
         p.zcard(keys.leases)
-        held, res, drain, running, leases = p.execute()
+        held, res, drain_hash, running, leases = p.execute()
+        drain = _drain_view(drain_hash)
         evs = _events_since(r, keys, since - window_s)  # a margin: phases open since before the window
         bars = _bars(evs, now, since)
         pool_names = [str(pool["name"]) for pool in (spec or {}).get("pools", [])]
@@ -386,9 +387,7 @@ def snapshot(r: redis.Redis, keys: Keys, fleet: FleetSpec | None = None, window_
                 planned.append({"gpu": g, "job": a["job"], "endpoint": a.get("endpoint"),
                                 "priority": a.get("priority"), "start": max(a["start"], now),
                                 "service_start": a.get("service_start"), "end": a["end"], "load": a.get("load")})
-    drain_view = None
-    if drain:
-        drain_view = {k: (_f(v) if k != "checks" else int(v)) for k, v in drain.items()}
+    drain_view = drain
     return {
         "now": now, "window_s": window_s,
         "fleet": {"name": spec.get("name") if spec else None, "hosts": [h["name"] for h in (spec or {}).get("hosts", [])]},
@@ -402,6 +401,12 @@ def snapshot(r: redis.Redis, keys: Keys, fleet: FleetSpec | None = None, window_
                    "delayed": sum(1 for q in queue if q["state"] == "delayed"), "running": running,
                    "leases": leases},
     }
+
+
+def _drain_view(drain: dict[str, str]) -> dict[str, Any] | None:
+    """A drain check's hash (``P:drain``) as the snapshot gives it: ``checks`` an int, the
+    counts and ``checked_at`` floats; None when there is none."""
+    return {k: (_f(v) if k != "checks" else int(v)) for k, v in drain.items()} if drain else None
 
 
 def job_detail(r: redis.Redis, keys: Keys, job_id: str) -> dict[str, Any] | None:
@@ -448,7 +453,6 @@ def job_detail(r: redis.Redis, keys: Keys, job_id: str) -> dict[str, Any] | None
             rec["spec"] = json.loads(rec["spec"])
         except ValueError:
             pass
-    # attempts as `makespan status` counts them (the hash's field holds the reclaimed ones only)
-    rec["reclaimed_attempts"] = rec.get("attempts") or "0"
-    rec["attempts"] = str(attempts_made(rec))
-    return {"job": job_id, "record": rec, "phases": phases, "events": evs, "result": result}
+    # one type per kind of value, as `makespan status` gives it (attempts the attempts made;
+    # the hash's own count, the reclaimed ones, as reclaimed_attempts)
+    return {"job": job_id, "record": typed_record(rec), "phases": phases, "events": evs, "result": result}

@@ -28,6 +28,9 @@ def test_submit_writes_record_queue_and_event(prod, r, keys):
     assert h.created and h.priority is Priority.HIGH
     st = prod.status(h.id)
     assert st["state"] == "queued" and st["endpoint"] == "coder" and float(st["service_s"]) == 30
+    # the documented fields are there before anything set them (a new user's status["tries"] raised KeyError)
+    assert (st["tries"], st["preemptions"], st["cancel_requested"], st["deps"], st["helpers"],
+            st["service_estimated"]) == (0, 0, False, [], [], False)
     assert r.zscore(keys.queue(Priority.HIGH), h.id) is not None
     assert r.xlen(keys.events) == 1
 

@@ -181,9 +181,11 @@ def test_cli_submit_quiet_prints_the_id_alone(r, prefix, redis_url, keys):
     assert "warning: no GPU worker runs on" in res.stderr and "endpoint 'chat'" in res.stderr, res.stderr
     from makespan.workers.host_liveness import announce
 
+    assert "warning: no planner leads this fleet" in res.stderr and "reason no_planner" in res.stderr
     fleet = load_fleet(FLEET_TOML)
     for host in fleet.hosts:
         announce(r, keys, host.name, "a-worker", 30.0)
+    r.set(keys.planner_leader, "a-planner")  # a leading planner holds the lock
     again = CliRunner().invoke(cli_app, ["submit", "--fleet", FLEET_TOML, "--endpoint", "chat", "--service-s", "5",
                                          "--quiet"], env=env)
     assert again.exit_code == 0 and again.stderr == "", again.stderr

@@ -85,6 +85,8 @@ def _check_auth_and_routes(c: httpx.Client) -> None:
     assert page.status_code == 200 and 'src="static/dashboard.js"' in page.text
     assert c.get("/ops/fleet/static/dashboard.js", auth=("ops", "secret")).status_code == 200
     assert c.get("/ops/fleet", auth=("ops", "secret")).status_code in (302, 307)
+    moved = c.get("/ops/fleet?updates=1", auth=("ops", "secret"))  # the query goes with the redirect
+    assert moved.status_code in (302, 307) and moved.headers["location"] == "/ops/fleet/?updates=1", moved.headers
     assert c.get("/api/state", auth=("ops", "secret")).status_code == 404
     for method in ("post", "put", "delete"):
         assert getattr(c, method)("/ops/fleet/api/state", auth=("ops", "secret")).status_code == 405
@@ -163,7 +165,11 @@ def test_the_dashboard_counts_attempts_as_status_does(r, keys, settings, fleet):
     # what the GPU worker's fenced commit leaves for a function job that completed on its first try
     r.hset(keys.job(done), mapping={"state": "completed", "result_attempt": 1})
     rec = job_detail(r, keys, done)["record"]
-    assert (rec["attempts"], rec["reclaimed_attempts"]) == (str(prod.status(done)["attempts"]), "0") == ("1", "0")
+    assert (rec["attempts"], rec["reclaimed_attempts"]) == (prod.status(done)["attempts"], 0) == (1, 0)
+    # one type per kind of value, as status gives it (a new user read "attempts": "1", "service_s": "5.0")
+    status = prod.status(done)
+    assert {k: rec[k] for k in ("service_s", "submitted_at", "submitted_at_utc", "tries", "cancel_requested")} == \
+        {k: status[k] for k in ("service_s", "submitted_at", "submitted_at_utc", "tries", "cancel_requested")}
     retried = prod.submit({"endpoint": "chat", "service_s": 5}).id
     r.hset(keys.job(retried), "tries", 1)  # its first run failed, the function's retry waits queued
     [row] = [q for q in snapshot(r, keys, now=time.time())["queue"] if q["job"] == retried]

@@ -315,12 +315,19 @@ def test_the_no_worker_warning_of_submit_counts_the_pools_that_serve_the_endpoin
 
     r.set(keys.fleet, FLEET.model_dump_json())
     announce(r, keys, "b1", "worker-b1", 30.0)
+    r.set(keys.for_pool("a").planner_leader, "planner-a")
+    r.set(keys.for_pool("b").planner_leader, "planner-b")
     env = {"MAKESPAN_REDIS_URL": redis_url, "MAKESPAN_KEY_PREFIX": prefix}
     only_a = CliRunner().invoke(cli_app, ["submit", "--endpoint", "onlya", "--service-s", "1", "-q"], env=env)
     assert only_a.exit_code == 0 and "warning: no GPU worker runs on a1, a2 " in only_a.stderr, only_a.stderr
-    assert "--host a1" in only_a.stderr and "b1" not in only_a.stderr
+    assert "--host a1" in only_a.stderr and "b1" not in only_a.stderr and "planner" not in only_a.stderr
     only_b = CliRunner().invoke(cli_app, ["submit", "--endpoint", "onlyb", "--service-s", "1", "-q"], env=env)
     assert only_b.exit_code == 0 and only_b.stderr == "", only_b.stderr
+    r.delete(keys.for_pool("b").planner_leader)  # pool b's planner stops: its jobs wait with no_planner
+    leaderless = CliRunner().invoke(cli_app, ["submit", "--endpoint", "onlyb", "--service-s", "1", "-q"], env=env)
+    assert "warning: no planner leads pool b " in leaderless.stderr and "--pool b" in leaderless.stderr, \
+        leaderless.stderr
+    assert "no GPU worker" not in leaderless.stderr
     # a repeated key names a job submitted before: whether it waits is not this submit's to say
     again = CliRunner().invoke(cli_app, ["submit", "--endpoint", "onlya", "--service-s", "1", "-q",
                                          "--idempotency-key", "k"], env=env)

@@ -252,7 +252,7 @@ function jobPage() {
     const fields = ["state", "endpoint", "priority", "service_s", "attempts", "preemptions", "submitted_at",
                     "leased_at", "started_at", "finished_at", "lease", "workload_id", "reason"];
     const times = new Set(["submitted_at", "leased_at", "started_at", "finished_at"]);
-    document.querySelector("#record tbody").replaceChildren(...fields.filter(f => rec[f] !== undefined && rec[f] !== "")
+    document.querySelector("#record tbody").replaceChildren(...fields.filter(f => rec[f] !== undefined && rec[f] !== null && rec[f] !== "")
       .map(f => el("tr", {"data-field": f}, el("th", {text: f}),
         el("td", {text: times.has(f) ? `${clock(Number(rec[f]))} (${rec[f]})` : rec[f]}))));
     document.querySelector("#phases tbody").replaceChildren(...doc.phases.map(p => el("tr", {class: "phase",
