@@ -280,3 +280,23 @@ def test_dashboard_in_a_real_browser_against_the_live_system(r, keys, settings, 
         if dash is not None:
             dl.stop(dash)
         stop_checked(system)
+
+
+def test_the_page_shows_each_pool_and_whether_a_planner_leads_it(redis_url, keys, r, settings, tmp_path):
+    """With two pools running, the page said nothing of them (a new user saw a pool without a
+    leader only as each of its jobs' no_planner reason). Real uvicorn, real headless Chromium."""
+    from makespan.models import parse_fleet
+    from tests.pools.test_pools import fleet_data
+
+    pooled = parse_fleet(fleet_data())
+    r.set(keys.fleet, pooled.model_dump_json())
+    r.set(keys.for_pool("a").planner_leader, "planner-a")  # pool a's planner leads; pool b has none
+    Producer(r, keys, pooled, settings).submit({"endpoint": "onlyb", "service_s": 5})
+    browser = Chromium(require_tool("chromium"), tmp_path / "profile")
+    with _served(redis_url, keys, r) as c:
+        dom = browser.dump_dom(f"{c.base_url}/?updates=1", budget_ms=3000)
+    rows = dict(re.findall(r'<tr class="pool[^"]*" data-pool="(\w+)" data-leads="(\d)">', dom))
+    assert rows == {"a": "1", "b": "0"}, dom[-3000:]
+    assert '<section id="pools-section">' in dom and "none: its jobs wait (no_planner)" in dom
+    b_row = re.search(r'data-pool="b".*?</tr>', dom).group(0)
+    assert '<td class="num">1</td>' in b_row, b_row  # its queued job

@@ -188,6 +188,13 @@ function drawEndpoints(state, colour) {
     `${d.checks} checks · last ${clock(d.checked_at)}: leases ${d.leases ?? 0}, agenda ${d.agenda_entries ?? 0}, ` +
     `busy slots ${d.busy_slots ?? 0}, awaited ${d.awaited_entries ?? 0}`) :
     el("div", {class: "none", text: "no drain check yet"}));
+  const pools = state.pools || [];  // [] without [[pools]] in the fleet file
+  document.getElementById("pools-section").hidden = !pools.length;
+  document.querySelector("#pools tbody").replaceChildren(...pools.map(p => el("tr",
+    {class: "pool" + (p.leads ? "" : " bad"), "data-pool": p.name, "data-leads": p.leads ? "1" : "0"},
+    el("td", {text: p.name}), el("td", {text: p.leads ? "leads" : "none: its jobs wait (no_planner)"}),
+    el("td", {class: "num", text: p.queued}),
+    el("td", {text: p.drain ? `${clock(p.drain.checked_at)} · leases ${p.drain.leases ?? 0}` : "none yet"}))));
 }
 
 function render(state, source) {
