@@ -188,13 +188,14 @@ class Observer:
             if e["op_id"] in fresh and e["op_id"] not in reported:
                 for ep in e["endpoints"]:
                     raised.append(self._raise(ep, None, "transition_overrun", True, [e], now))
-        raised += self._hosts()
+        raised += self.check_hosts()
         self.r.hset(self.keys.observer, mapping={"cycle": self.cycle, "at": repr(time.time())})
         self.r.expire(self.keys.observer, max(int(self.probe_interval_s * 5), 5))
         return raised
 
-    def _hosts(self) -> list[dict]:
-        """Hosts whose GPU worker stopped consuming (module doc, "Hosts"): a ``host_down``
+    def check_hosts(self) -> list[dict]:
+        """The cycle's host check alone (:meth:`probe_once` runs it after the instances).
+        Hosts whose GPU worker stopped consuming (module doc, "Hosts"): a ``host_down``
         incident once one has been down :attr:`host_down_grace_s`, a recovery record when a
         worker announces it again; returns the incidents raised. The decision is one script
         (``hosts_down.lua``) over the hosts this cycle read as down or holding an entry, so

@@ -248,22 +248,22 @@ def test_dashboard_in_a_real_browser_against_the_live_system(r, keys, settings, 
         assert _body(dom).get("source") == "sse"
         shown_incidents = re.findall(r'<li class="incident" data-incident="[^"]+" data-endpoint="([^"]+)"', dom)
         assert incident["endpoint"] == "renderer" and "renderer" in shown_incidents, dom[-4000:]
-        # a host_down incident (no endpoint) names its host, as `makespan incidents` does
-        from makespan.models import parse_fleet
-        from makespan.workers.host_liveness import announce, withdraw
+        # a host_down incident (no endpoint) names its host, as `makespan incidents` does: the
+        # first host's worker key withdrawn for a moment (its worker announces it again within a
+        # quarter TTL; the incident then gets its recovery), an observer with no grace reporting it
+        from makespan.workers.host_liveness import withdraw
         from makespan.workers.observer import Observer
 
-        spare = parse_fleet({"name": "spare", "hosts": [{"name": "host-z", "gpu_count": 1, "memory_mib": 81920}],
-                             "endpoints": {"spare": {"model": "m", "memory_mib_per_gpu": 1000, "cold_start_s": 1}}})
-        announce(r, keys, "host-z", "worker-z", 30.0)
-        withdraw(r, keys, "host-z", "worker-z")
-        watcher = Observer(r, keys, spare, host_down_grace_s=0.0)
+        host = fleet.hosts[0].name
+        watcher = Observer(r, keys, fleet, host_down_grace_s=0.0)
         try:
-            assert [i["host"] for i in watcher.probe_once() + watcher.probe_once()] == ["host-z"]
+            assert withdraw(r, keys, host, r.get(keys.host_live(host)))
+            raised = watcher.check_hosts()  # at once: its worker renews the key every quarter TTL
         finally:
             watcher.close()
+        assert [i["host"] for i in raised] == [host], raised
         dom = browser.dump_dom(dl.page_url(port), budget_ms=3000)
-        assert re.search(r'<li class="incident" data-incident="[^"]+" data-endpoint=""><b>host host-z · host_down</b>',
+        assert re.search(rf'<li class="incident" data-incident="[^"]+" data-endpoint=""><b>host {host} · host_down</b>',
                          dom), dom[-4000:]
 
         shot = browser.screenshot(dl.page_url(port), tmp_path / "dashboard.png", budget_ms=3000)

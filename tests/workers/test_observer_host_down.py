@@ -41,7 +41,7 @@ def test_a_host_that_loses_its_worker_is_one_incident_until_a_worker_is_back(r, 
         r.set(keys.gpu(FLEET.hosts[0].gpus[0].uuid), "lease-1")  # one of host-a's GPUs is leased
         before = _counted("host-a")
         assert withdraw(r, keys, "host-a", "worker-1")  # its worker stops (a crash: the key expires)
-        raised = first.probe_once() + second.probe_once() + first.probe_once()  # 'since:' then the incident, once
+        raised = first.probe_once() + second.probe_once() + first.probe_once()  # at once (grace 0), and once
         assert [(i["host"], i["failure_mode"], i["endpoint"]) for i in raised] == [("host-a", "host_down", "")]
         assert _counted("host-a") == before + 1
         incident = _host_rows(r, keys)[0]

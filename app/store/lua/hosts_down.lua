@@ -32,10 +32,14 @@ for i = 1, n do
   local down = member == '1' and redis.call('EXISTS', KEYS[3 + i]) == 0
                and redis.call('HEXISTS', KEYS[3], host) == 1
   if down then
+    local since = nil
     if not state then
+      since = now
       redis.call('HSET', KEYS[1], host, 'since:' .. string.format('%.6f', now))
-    elseif string.sub(state, 1, 6) == 'since:' and now - tonumber(string.sub(state, 7)) >= grace
-        and fields ~= '{}' then
+    elseif string.sub(state, 1, 6) == 'since:' then
+      since = tonumber(string.sub(state, 7))
+    end
+    if since and now - since >= grace and fields ~= '{}' then
       local record = cjson.decode(fields)
       record['kind'] = 'incident'
       record['detected_at'] = string.format('%.6f', now)
