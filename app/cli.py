@@ -331,11 +331,11 @@ def submit(workload: str | None = typer.Argument(None, help="a workload function
         _fail(e)
     _warn_ignored(idempotency_key, h.id, h.ignored)
     if h.created:  # a repeated key's job may have run long ago
-        _warn_no_worker(producer, endpoint)
+        _warn_if_it_waits(producer, endpoint)
     typer.echo(h.id if quiet else json.dumps({"id": h.id, "created": h.created, "priority": h.priority.name}))
 
 
-def _warn_no_worker(producer: Any, endpoint: str) -> None:
+def _warn_if_it_waits(producer: Any, endpoint: str) -> None:
     """On stderr: no planner leads the pool(s) that serve ``endpoint``, or no GPU worker
     consumes any host that could run it now (never started there, or stopped), so the plain
     job just submitted waits until one starts. With pools, only the pools that serve the
