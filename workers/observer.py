@@ -206,12 +206,13 @@ class Observer:
         mine = set(own)
         p = self.r.pipeline(transaction=False)
         p.hgetall(self.keys.incidents_hosts_down)
-        p.get(self.keys.fleet)
         queue_reads(p, self.keys, own)
-        entries, published, seen, live = p.execute()
+        entries, seen, live = p.execute()
         down = down_hosts(own, seen, live)
         candidates = [host for host in own if host in down or host in entries]
-        gone = [host for host in entries if host not in mine and not _in_published(published, host)]
+        others = [host for host in entries if host not in mine]  # rare: read the published fleet only then
+        published = self.r.get(self.keys.fleet) if others else None
+        gone = [host for host in others if not _in_published(published, host)]
         if not candidates and not gone:
             return []
         args: list[str] = []
