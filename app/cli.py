@@ -265,18 +265,15 @@ def gpus(host_name: str = typer.Option("", "--host-name", help="name of the flee
 def _producer(fleet: Path | None):
     """A Producer; without ``--fleet`` the fleet comes from Redis (the planner publishes it)."""
     from makespan.keys import Keys
-    from makespan.models import load_fleet, parse_fleet
+    from makespan.cli_support import published_fleet
+    from makespan.models import load_fleet
     from makespan.producer import Producer
     from makespan.redis_conn import connect
 
     s = _settings()
     r = connect(s.redis_url)
     keys = Keys(s.key_prefix)
-    if fleet is not None:
-        spec = load_fleet(fleet)
-    else:
-        raw = r.get(keys.fleet)
-        spec = parse_fleet(json.loads(raw)) if raw else None
+    spec = load_fleet(fleet) if fleet is not None else published_fleet(r, keys, required=False)
     return Producer(r, keys, spec, s)
 
 

@@ -17,6 +17,7 @@ from makespan.errors import MakespanError, RedisAuthFailed, RedisUnreachable
 
 if TYPE_CHECKING:  # pragma: no cover
     from makespan.keys import Keys
+    from makespan.models import FleetSpec
     from makespan.settings import Settings
 
 #: exit code of ``makespan result`` for a job not finished yet (--no-wait, or --timeout-s
@@ -127,3 +128,28 @@ class CliGroup(TyperGroup):
             cmd.invoke = invoke
             cmd._makespan_guarded = True
         return cmd
+
+
+def published_fleet(r: redis.Redis, keys: Keys, required: bool = True) -> FleetSpec | None:
+    """The fleet the planner published (``P:fleet``); None when none is published and not
+    ``required``.
+
+    Raises:
+        ValidationError: none is published and ``required`` (the message says to give
+            ``--fleet``), or what is published does not parse.
+        StoreError: Redis failed."""
+    import json
+
+    from makespan.errors import StoreError, ValidationError
+    from makespan.models import parse_fleet
+
+    try:
+        raw = r.get(keys.fleet)
+    except redis.RedisError as e:
+        raise StoreError(f"reading the published fleet: {e}") from e
+    if not raw:
+        if required:
+            raise ValidationError("fleet", None, "no planner has published a fleet yet: give --fleet FILE",
+                                  show_value=False)
+        return None
+    return parse_fleet(json.loads(raw))

@@ -14,7 +14,7 @@ from makespan.estimates import TRANSITION_KINDS, prior_s, read_transition_window
 from makespan.keys import Keys
 from makespan.models import FleetSpec
 from makespan.settings import Settings
-from makespan.cli_support import fail
+from makespan.cli_support import fail, published_fleet
 
 
 def transition_table(r: Any, keys: Keys, fleet: FleetSpec, settings: Settings) -> list[dict[str, Any]]:
@@ -84,26 +84,6 @@ def transitions(fleet: Path | None = typer.Option(None, "--fleet", help="TOML fl
                f"own); learned once n >= {s.transition_min_observations} (MAKESPAN_TRANSITION_MIN_OBSERVATIONS), "
                "'others': other hosts' measurements, 'prior': the fleet file's figure", err=True)
 
-
-def published_fleet(r: Any, keys: Keys) -> FleetSpec:
-    """The fleet the planner published (``P:fleet``).
-
-    Raises:
-        ValidationError: none is published yet (the message says to give ``--fleet``).
-        StoreError: Redis failed."""
-    import redis
-
-    from makespan.errors import StoreError, ValidationError
-    from makespan.models import parse_fleet
-
-    try:
-        raw = r.get(keys.fleet)
-    except redis.RedisError as e:
-        raise StoreError(f"reading the published fleet: {e}") from e
-    if not raw:
-        raise ValidationError("fleet", None, "no planner has published a fleet yet: give --fleet FILE",
-                              show_value=False)
-    return parse_fleet(json.loads(raw))
 
 
 def register(app: typer.Typer) -> None:

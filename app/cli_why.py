@@ -10,9 +10,8 @@ from typing import Any
 import typer
 
 from makespan.errors import MakespanError, NotFoundError, ValidationError
-from makespan.cli_support import context, fail
+from makespan.cli_support import context, fail, published_fleet
 from makespan.cli_support import utc_text as _utc_text
-from makespan.models import parse_fleet
 from makespan.pools import published_pools
 
 WAITING = ("queued", "delayed")
@@ -194,10 +193,9 @@ def pool_mismatch(r, keys, endpoint: str, pool: str) -> str | None:
     """Why ``jobs --endpoint E --pool P`` can list nothing: the published fleet's pool
     ``pool`` does not serve ``endpoint`` (the message names the pools that do); None when it
     does, or when no fleet (or no such pool) is published to check against."""
-    raw = r.get(keys.fleet)
     try:
-        fleet = parse_fleet(json.loads(raw)) if raw else None
-    except (ValueError, TypeError, MakespanError):
+        fleet = published_fleet(r, keys, required=False)
+    except (ValueError, TypeError, ValidationError):
         return None
     if fleet is None or pool not in fleet.pool_names() or endpoint not in fleet.endpoints:
         return None
