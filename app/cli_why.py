@@ -18,9 +18,18 @@ WAITING = ("queued", "delayed")
 FINISHED = ("completed", "failed", "cancelled")  # listed from P:finished and P:retained, the latest first
 LEASED = ("leased", "running")  # holding a GPU lease (running: in its execute phase)
 LISTED_STATES = ("queued", "delayed", "leased", "running", *FINISHED)  # running: leased and in its execute phase
-# a waiting job's ETA; an ended one's outcome: when it ended (UTC) and why (a failure's error, a cancel's cause)
-HEADER = f"{'ID':32}  {'PRIORITY':8} {'ENDPOINT':14} {'STATE':9} {'REASON':22} ETA/OUTCOME"
 POOL_CHARS = 12  # the ``jobs`` listing's POOL column (shown when a listed job is routed to a pool)
+
+
+def _header(pooled: bool) -> str:
+    """The ``jobs`` listing's header row, with a POOL column after ENDPOINT when ``pooled``
+    (:data:`HEADER` without)."""
+    pool = f"{'POOL':{POOL_CHARS}} " if pooled else ""
+    return f"{'ID':32}  {'PRIORITY':8} {'ENDPOINT':14} {pool}{'STATE':9} {'REASON':22} ETA/OUTCOME"
+
+
+# a waiting job's ETA; an ended one's outcome: when it ended (UTC) and why (a failure's error, a cancel's cause)
+HEADER = _header(False)
 DETAIL_CHARS = 100  # a finished job's outcome in the ``jobs`` listing, at most (``why ID`` prints it whole)
 
 
@@ -329,7 +338,7 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"no job {' or '.join(state or WAITING)}", err=True)
         pooled = any(x.get("pool") for x in rows)  # a fleet with [[pools]]: which pool each job is routed to
         if rows and not as_json:
-            typer.echo(HEADER.replace("ENDPOINT       ", f"ENDPOINT       {'POOL':{POOL_CHARS}} ") if pooled else HEADER)
+            typer.echo(_header(pooled))
         for x in rows:
             if as_json:
                 typer.echo(json.dumps(x))

@@ -294,8 +294,8 @@ class Producer:
             ignored = ignored_on_repeat(existing, fields) if existing else ()
             if ignored:
                 log.info("idempotency key %r already names job %s: this submit's %s differ from that job's and "
-                            "were not used (a repeated key returns the first job as it was submitted; use a new "
-                            "key for a different job)", spec.idempotency_key, jid, ", ".join(ignored))
+                         "were not used (a repeated key returns the first job as it was submitted; use a new "
+                         "key for a different job)", spec.idempotency_key, jid, ", ".join(ignored))
             return JobHandle(jid, False, prio, ignored)
         return JobHandle(jid, True, spec.priority)
 
