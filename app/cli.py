@@ -333,8 +333,8 @@ def submit(workload: str | None = typer.Argument(None, help="a workload function
 
 
 def _warn_if_it_waits(producer: Any, endpoint: str) -> None:
-    """On stderr: no planner leads the pool(s) that serve ``endpoint``, or no GPU worker
-    consumes any host that could run it now (never started there, or stopped), so the plain
+    """On stderr: no planner leads the pool(s) that serve ``endpoint``, every host that could
+    run it is cordoned, or no GPU worker consumes any of them now (never started there, or stopped), so the plain
     job just submitted waits until one starts. With pools, only the pools that serve the
     endpoint and their hosts count. Best effort: a Redis error here says nothing (the job is
     written)."""
@@ -355,6 +355,7 @@ def _warn_if_it_waits(producer: Any, endpoint: str) -> None:
     try:
         live = producer.r.mget([keys.host_live(host) for host in fits])
         leaders = producer.r.mget([keys.for_pool(pool).planner_leader for pool in pools])
+        cordoned = producer.r.hmget(keys.hosts_cordoned, fits)
     except redis.RedisError:
         return
     if not any(leaders):
@@ -362,7 +363,11 @@ def _warn_if_it_waits(producer: Any, endpoint: str) -> None:
         option = f" --pool {pools[0]}" if serving else ""
         typer.echo(f"warning: no planner leads {which} (which runs endpoint {endpoint!r}): the job waits queued, "
                    f"reason no_planner, until one starts (makespan planner --fleet FILE{option})", err=True)
-    if not any(live):
+    if all(cordoned):
+        typer.echo(f"warning: every host that can run endpoint {endpoint!r} ({', '.join(fits)}) is cordoned: the job "
+                   f"waits queued, reason host_cordoned, until one is uncordoned (makespan hosts; makespan uncordon "
+                   f"{fits[0]})", err=True)
+    elif not any(live):
         typer.echo(f"warning: no GPU worker runs on {', '.join(fits)} (the hosts that can run endpoint {endpoint!r}): "
                    f"the job waits queued until one starts there (makespan gpu-worker --host {fits[0]} ...)",
                    err=True)
@@ -647,7 +652,7 @@ def simulate(trace: Path, fleet: Path = FleetOpt, policy: str = typer.Option(SIM
 
 
 for _mod in ("makespan.cli_lifecycle", "makespan.cli_observe", "makespan.cli_workloads", "makespan.cli_why",
-             "makespan.cli_transitions"):
+             "makespan.cli_transitions", "makespan.cli_hosts"):
     try:
         importlib.import_module(_mod).register(app)
     except ImportError:

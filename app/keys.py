@@ -70,6 +70,9 @@ key                                    type    contents
 ``P:hosts:seen``                       hash    host -> consumer id of the last GPU worker that
                                                announced itself there (no TTL: a host seen once and
                                                without a live key now has lost its consumer)
+``P:hosts:cordoned``                   hash    host -> its cordon (JSON: reason, since, by): no new
+                                               lease there until uncordoned (``makespan cordon``;
+                                               see makespan.workers.host_liveness)
 ``P:fleet``                            string  the fleet spec JSON the planner runs with
 ``P:workload:{id}``                    hash    workload record (see makespan.workloads)
 ``P:workloads``                        zset    workload ids, score = submission time
@@ -369,6 +372,13 @@ class Keys:
     def hosts_seen(self) -> str:
         """Hash: host -> consumer id of the last GPU worker that announced itself there."""
         return f"{self.prefix}:hosts:seen"
+
+    @property
+    def hosts_cordoned(self) -> str:
+        """Hash: host -> its cordon (JSON: ``reason``, ``since`` unix s on the Redis server's
+        clock, ``by``), written by ``makespan cordon`` (:mod:`makespan.workers.host_liveness`):
+        no new lease on its GPUs until ``makespan uncordon``."""
+        return f"{self.prefix}:hosts:cordoned"
 
     @property
     def fleet(self) -> str:

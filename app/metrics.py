@@ -370,6 +370,7 @@ class RedisStateCollector:
         p.hgetall(k.drain)
         p.xlen(k.incidents)
         p.hgetall(k.wait_reason_counts)
+        p.hkeys(k.hosts_cordoned)
         res = iter(p.execute())
         # a pool's planner (Keys.for_pool) labels what is its pool's own with `pool`
         pool = [k.pool] if k.pool else []
@@ -403,7 +404,11 @@ class RedisStateCollector:
                           labels=["reason", *pool_label])
         for code in REASONS:
             by_reason.add_metric([code, *pool], float(by_reason_raw.get(code, 0) or 0))
-        return [depth, msgs, leases, agenda, drain, checks, inc, by_reason]
+        cordoned = Gauge("makespan_host_cordoned", "1 for each host an operator cordoned (makespan cordon): no new "
+                         "lease there until uncordoned.", labels=["host"])
+        for host in sorted(next(res) or ()):
+            cordoned.add_metric([host], 1.0)
+        return [depth, msgs, leases, agenda, drain, checks, inc, by_reason, cordoned]
 
 
 # -- serving ----------------------------------------------------------------------------------

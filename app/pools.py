@@ -72,12 +72,12 @@ class PoolOffer:
 
 
 def offer_from_snapshot(pool: str, fleet: FleetSpec, holders: tuple[str | None, ...],
-                        residents: tuple[str | None, ...], down_gpus: frozenset[str], at_s: float) -> PoolOffer:
+                        residents: tuple[str | None, ...], gated_gpus: frozenset[str], at_s: float) -> PoolOffer:
     """The offer of a pool whose planner runs ``fleet`` (the pool's own hosts), from one
     tick's snapshot: GPU holders and residents in fleet order (``P:gpu:*``, ``P:resident:*``
     values; a resident is ``endpoint@uuid,uuid``) and the GPUs of hosts that are down."""
     order = [(h.name, g.index, g.uuid) for h in fleet.hosts for g in h.gpus]
-    held = {uuid for (_h, _i, uuid), holder in zip(order, holders) if holder} | set(down_gpus)
+    held = {uuid for (_h, _i, uuid), holder in zip(order, holders) if holder} | set(gated_gpus)
     free: dict[str, list[int]] = {}
     for host, index, uuid in order:
         if uuid not in held:

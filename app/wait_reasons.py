@@ -37,6 +37,8 @@ REASONS: dict[str, str] = {
                      "the retry backoff until the ETA",
     "host_down": "the hosts it could run on have no live GPU worker (stopped or dead): nothing is leased there "
                  "until one is back; the detail names them",
+    "host_cordoned": "the hosts it could run on are cordoned by an operator (`makespan cordon`): nothing new is "
+                     "leased there until `makespan uncordon`; the detail names the host, since when and why",
     "no_planner": "no planner leads: nothing is planned until one does",
     "behind_batch": "queued behind the planner's batch (batch_size jobs by priority, FIFO): the detail gives "
                     "its queue position",

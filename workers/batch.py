@@ -88,7 +88,7 @@ class FormBatch:
         # victims the rule's preemption requeued last tick, or the critical lane's since the last
         # batch's snapshot, have no ETA yet: their batch is not held back by REASON_REFRESH_S
         # (it would be, with every GPU held)
-        ctx.batch_formed = (len(ctx.held_gpus) < len(ctx.env.gpus) or may_preempt or bool(snapshot.down_gpus)
+        ctx.batch_formed = (len(ctx.held_gpus) < len(ctx.env.gpus) or may_preempt or bool(snapshot.gated_gpus)
                             or kept.victims_without_eta or kept.lane_victims != kept.lane_victims_planned
                             or (queued != kept.heads_read or kept.reasons_stale)
                             and now - kept.heads_read_at >= REASON_REFRESH_S)

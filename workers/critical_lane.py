@@ -230,7 +230,7 @@ class CriticalLane:
         pipe.mget([env.keys.gpu(gpu) for gpu in uuids])
         pipe.mget([env.keys.resident(gpu) for gpu in uuids])
         host_liveness.queue_reads(pipe, env.keys, hosts)
-        record, holders, resident_values, seen, live = pipe.execute()
+        record, holders, resident_values, seen, live, cordoned = pipe.execute()
         read_ms = (time.monotonic() - started) * 1000.0
         job = _plan_job(job_id, dict(zip(_JOB_FIELDS, record)), self._deps_completed, env.settings.time_scale,
                         env.now_s())
@@ -240,7 +240,8 @@ class CriticalLane:
         model = endpoints.get(job.endpoint)
         if model is None or any(name not in endpoints for name in job.helpers):
             return LaneOutcome("no_group")  # the tick's batch cancels a job the fleet cannot run
-        down = host_liveness.gpus_of(env.fleet, host_liveness.down_hosts(hosts, seen, live))
+        gated = host_liveness.availability(hosts, seen, live, cordoned).unavailable
+        down = host_liveness.gpus_of(env.fleet, set(gated))  # no lease on a down or cordoned host
         unavailable = {gpu for gpu, holder in zip(uuids, holders) if holder} | down
         residents = dict(zip(uuids, resident_values))
         groups = self._fleet.groups(model.tp, model.memory_mib)

@@ -136,7 +136,7 @@ class ReadFleet:
             return
         snapshot = ctx.snapshot
         assert snapshot is not None, "ReadSnapshot runs before ReadFleet"
-        view = read_fleet_state(ctx.env, ctx.kept, snapshot.gpu_holders, snapshot.residents, snapshot.down_gpus)
+        view = read_fleet_state(ctx.env, ctx.kept, snapshot.gpu_holders, snapshot.residents, snapshot.gated_gpus)
         ctx.fleet_state, ctx.lease_job, ctx.lease_end = view.state, view.lease_job, view.lease_end
 
 
@@ -171,12 +171,13 @@ def read_snapshot(env: TickEnv, kept: CrossTickState) -> Snapshot:
         pipe.zrange(queue, 0, env.settings.batch_size - 1)
     hosts = [host.name for host in env.fleet.hosts]
     liveness_reads = host_liveness.queue_reads(pipe, env.keys, hosts)
-    *rest, seen, live = pipe.execute()[-(5 + len(Priority) + liveness_reads):]
+    *rest, seen, live, cordoned = pipe.execute()[-(5 + len(Priority) + liveness_reads):]
     expired, agenda, held, residents, workloads, *heads = rest
-    down = host_liveness.down_hosts(hosts, seen, live)
+    hosts_now = host_liveness.availability(hosts, seen, live, cordoned)
     return Snapshot(tuple(expired or ()), int(agenda), tuple(held), tuple(residents), int(workloads),
                     MappingProxyType({level: tuple(ids) for level, ids in zip(Priority, heads)}),
-                    frozenset(down), frozenset(host_liveness.gpus_of(env.fleet, down)))
+                    hosts_now.down, frozenset(host_liveness.gpus_of(env.fleet, set(hosts_now.unavailable))),
+                    hosts_now.cordoned)
 
 
 def queue_solve_stats(pipe: redis.client.Pipeline, keys: Keys, kept: CrossTickState) -> None:
@@ -211,7 +212,7 @@ def read_fleet_gpus(env: TickEnv) -> tuple[tuple[str | None, ...], tuple[str | N
 
 
 def read_fleet_state(env: TickEnv, kept: CrossTickState, held: tuple[str | None, ...],
-                     residents: tuple[str | None, ...], down_gpus: frozenset[str] | set[str] = frozenset()) -> FleetView:
+                     residents: tuple[str | None, ...], gated_gpus: frozenset[str] | set[str] = frozenset()) -> FleetView:
     """The planner's view of the fleet (free times and ``now_s`` in workload s, residents,
     set point, the endpoints asleep on each GPU), the busy GPUs and each held GPU's job,
     from the GPU holders ``held`` and residents ``res`` (fleet order, as the snapshot or
@@ -219,10 +220,10 @@ def read_fleet_state(env: TickEnv, kept: CrossTickState, held: tuple[str | None,
     A held GPU frees at its lease's planned end, dated on the Redis server's clock
     (:func:`makespan.workers.leases.planned_end_s`, with ``TIME`` read in the same round trip
     as the lease records): a leader whose clock disagrees with the one that leased it plans
-    the same instant. ``down_gpus``: the GPUs of hosts that lost their GPU worker
-    (:mod:`makespan.workers.host_liveness`): they count as busy and free only
+    the same instant. ``gated_gpus``: the GPUs of hosts that lost their GPU worker
+    or are cordoned (:mod:`makespan.workers.host_liveness`): they count as busy and free only
     DOWN_FREE_AFTER_S from now, so nothing is leased there and a plan places there only a
-    job that no other host can run (it waits with reason ``host_down``).
+    job that no other host can run (it waits with reason ``host_down`` or ``host_cordoned``).
 
     Raises:
         redis.RedisError: Redis failed."""
@@ -266,9 +267,9 @@ def read_fleet_state(env: TickEnv, kept: CrossTickState, held: tuple[str | None,
     refresh_learned(env, kept)
     sleepers = list_sleepers(env.r, env.keys)
     asleep = asleep_by_gpu([(inst, "asleep") for inst, _level in sleepers])
-    if down_gpus:  # the dead-host gate: busy, and free only in a day (other hosts are preferred)
-        busy |= set(down_gpus)
-        for gpu in down_gpus:
+    if gated_gpus:  # the dead-host gate: busy, and free only in a day (other hosts are preferred)
+        busy |= set(gated_gpus)
+        for gpu in gated_gpus:
             free_at[gpu] = max(free_at[gpu], now + DOWN_FREE_AFTER_S)
     state = FleetState(now, list(env.gpus), kept.endpoints, free_at, resident, set_point, asleep=asleep,
                        set_point_weight=env.settings.set_point_weight, host_ram_mib=env.fleet.host_ram_budgets(),

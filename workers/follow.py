@@ -121,7 +121,7 @@ class FollowKeptPlan:
         snapshot = ctx.snapshot
         assert snapshot is not None, "ReadSnapshot runs before FollowKeptPlan"
         age_s = env.clock.monotonic() - kept_plan.planned_at
-        if (age_s > env.settings.plan_follow_s or ctx.reclaimed or snapshot.down_gpus or snapshot.workloads_active
+        if (age_s > env.settings.plan_follow_s or ctx.reclaimed or snapshot.gated_gpus or snapshot.workloads_active
                 or env.now_s() >= kept_plan.ages_at_s):
             ctx.kept.followed = None
             return
@@ -254,7 +254,7 @@ class KeepPlan:
                 kept.followed = None
             return
         safe = (env.settings.plan_follow_s > 0 and snapshot is not None and not snapshot.workloads_active
-                and not snapshot.down_gpus and not plan.preemptions and not ctx.victims
+                and not snapshot.gated_gpus and not plan.preemptions and not ctx.victims
                 and not ctx.formed.unready and not ctx.formed.awaited and not ctx.requeued_now
                 and all(job.priority in FOLLOW_LEVELS for job in ctx.batch))
         if not safe or ctx.fleet_state is None:

@@ -18,16 +18,29 @@ queue, as before.
 Several workers of one host share the key: the last to renew names itself; a worker that
 stops while another still runs may leave the host looking down for up to a quarter TTL
 (until the other's next renewal).
+
+**Cordoned hosts.** An operator takes a host out of service with ``makespan cordon HOST``
+(:func:`cordon`; ``P:hosts:cordoned``, host -> reason, since, by), as ``kubectl cordon`` or
+Slurm's ``State=DRAIN`` do: from the planner's next tick no new lease (job, restore,
+prewarm, preemption) takes its GPUs, and the leases it holds run to their end; jobs that
+fit only there wait with reason ``host_cordoned``. Once ``makespan hosts`` shows it
+drained (no lease left), its GPU worker can be stopped without a ``host_down`` incident
+(the observer skips cordoned hosts). ``makespan uncordon HOST`` (:func:`uncordon`) gives it
+back. The same snapshot read (:func:`queue_reads`) carries both, and :func:`availability`
+turns it into the hosts no new lease may take.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
 import threading
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 
 import redis
 
@@ -77,11 +90,54 @@ def withdraw(r: redis.Redis, keys: Keys, host: str, consumer: str) -> bool:
 
 
 def queue_reads(pipe, keys: Keys, hosts: Iterable[str]) -> int:
-    """Queue on ``pipe`` the reads :func:`down_hosts` needs (``P:hosts:seen`` and the live
-    key of each host, in ``hosts`` order); returns how many results they add (2)."""
+    """Queue on ``pipe`` the reads :func:`down_hosts` and :func:`availability` need
+    (``P:hosts:seen``, the live key of each host in ``hosts`` order, ``P:hosts:cordoned``);
+    returns how many results they add (3)."""
     pipe.hgetall(keys.hosts_seen)
     pipe.mget([keys.host_live(h) for h in hosts])
-    return 2
+    pipe.hgetall(keys.hosts_cordoned)
+    return 3
+
+
+@dataclass(frozen=True)
+class Cordon:
+    """One host's cordon (``P:hosts:cordoned``): why, since when (unix s, the Redis server's
+    clock) and who (``user@machine`` of the ``makespan cordon`` call)."""
+
+    reason: str
+    since_s: float
+    by: str = ""
+
+    @classmethod
+    def parse(cls, raw: str) -> Cordon:
+        """From its stored JSON (a value that does not parse: a cordon with that text as reason)."""
+        try:
+            value = json.loads(raw)
+            return cls(str(value.get("reason") or ""), float(value.get("since") or 0.0), str(value.get("by") or ""))
+        except (ValueError, TypeError, AttributeError):
+            return cls(str(raw), 0.0)
+
+
+@dataclass(frozen=True)
+class Availability:
+    """Which hosts no new lease may take (:func:`availability`)."""
+
+    down: frozenset[str] = frozenset()  # seen once, no live GPU worker now
+    cordoned: Mapping[str, Cordon] = field(default_factory=lambda: MappingProxyType({}))  # host -> its cordon
+
+    @property
+    def unavailable(self) -> frozenset[str]:
+        """Down or cordoned."""
+        return self.down | frozenset(self.cordoned)
+
+
+def availability(hosts: list[str], seen: dict[str, str], live: list[str | None],
+                 cordoned: dict[str, str]) -> Availability:
+    """The down and the cordoned hosts of ``hosts``, from the three results of
+    :func:`queue_reads` (``cordoned``: the raw hash; hosts outside ``hosts`` are left out)."""
+    asked = set(hosts)
+    return Availability(frozenset(down_hosts(hosts, seen, live)),
+                        MappingProxyType({host: Cordon.parse(raw) for host, raw in cordoned.items() if host in asked}))
 
 
 def down_hosts(hosts: list[str], seen: dict[str, str], live: list[str | None]) -> set[str]:
@@ -90,15 +146,52 @@ def down_hosts(hosts: list[str], seen: dict[str, str], live: list[str | None]) -
     return {h for h, v in zip(hosts, live) if v is None and h in seen}
 
 
-def read_down_hosts(r: redis.Redis, keys: Keys, hosts: list[str]) -> set[str]:
-    """:func:`down_hosts` read now (one round trip).
+def read_availability(r: redis.Redis, keys: Keys, hosts: list[str]) -> Availability:
+    """:func:`availability` read now (one round trip).
 
     Raises:
         redis.RedisError: Redis did not answer."""
     p = r.pipeline(transaction=False)
     queue_reads(p, keys, hosts)
-    seen, live = p.execute()
-    return down_hosts(hosts, seen, live)
+    seen, live, cordoned = p.execute()
+    return availability(hosts, seen, live, cordoned)
+
+
+def cordon(r: redis.Redis, keys: Keys, host: str, reason: str, by: str = "") -> tuple[Cordon, Cordon | None]:
+    """Cordon ``host``: no new lease on its GPUs from the planner's next tick (module doc).
+    A host already cordoned keeps its ``since`` and gets the new reason. Returns (the cordon
+    now, the one it replaced or None). The caller checks that ``host`` is in the fleet.
+
+    Raises:
+        redis.RedisError: Redis did not take the write."""
+    key = keys.hosts_cordoned
+    result: list[Cordon | None] = []
+
+    def _write(pipe) -> None:
+        raw = pipe.hget(key, host)
+        seconds, micros = pipe.time()
+        before = Cordon.parse(raw) if raw else None
+        now = Cordon(reason, before.since_s if before else seconds + micros / 1e6, by)
+        pipe.multi()
+        pipe.hset(key, host, json.dumps({"reason": now.reason, "since": now.since_s, "by": now.by}))
+        result[:] = [now, before]
+
+    r.transaction(_write, key)
+    now, before = result
+    assert now is not None
+    return now, before
+
+
+def uncordon(r: redis.Redis, keys: Keys, host: str) -> Cordon | None:
+    """Give ``host`` back to the planner; returns the cordon removed (None: it had none).
+
+    Raises:
+        redis.RedisError: Redis did not answer."""
+    p = r.pipeline(transaction=True)
+    p.hget(keys.hosts_cordoned, host)
+    p.hdel(keys.hosts_cordoned, host)
+    raw, _ = p.execute()
+    return Cordon.parse(raw) if raw else None
 
 
 def gpus_of(fleet: FleetSpec, hosts: set[str]) -> set[str]:

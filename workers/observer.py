@@ -35,7 +35,9 @@ stop, within the liveness TTL after a crash or ``kill -9``;
 workers of a host stops, is no incident) gets one ``host_down`` incident (empty endpoint and
 instance id, the host's GPUs, the effect: how many of them are leased, what waits, what to
 start), counted in ``makespan_host_down_incidents_total{host}``; when a worker announces it
-again, or the published fleet no longer has it, a ``kind=recovery`` record closes it. One
+again, or the published fleet no longer has it, a ``kind=recovery`` record closes it. A
+host an operator cordoned (``makespan cordon``) is out of service on purpose: its stopped
+worker is no incident, and cordoning a host closes its open one. One
 script per cycle (``hosts_down.lua``) decides from ``P:incidents:hosts_down`` (host ->
 ``since:<s>`` or ``open:<incident id>:<s>``), so observers running at once, or restarting,
 raise and close each incident once; each handles the hosts of its own fleet file.
@@ -201,24 +203,33 @@ class Observer:
         (``hosts_down.lua``) over the hosts this cycle read as down or holding an entry, so
         observers that run at once, or restart, raise and close each incident once; hosts
         outside this observer's fleet file are left to the observers whose file has them,
-        except one the published fleet (``P:fleet``) no longer has, whose incident closes."""
+        except one the published fleet (``P:fleet``) no longer has, whose incident closes (a
+        host of this observer's file that the published fleet dropped is closed, never raised). A
+        cordoned host is never down here: its incident (or its grace) ends when it is cordoned."""
         own = [host.name for host in self.fleet.hosts]
         mine = set(own)
         p = self.r.pipeline(transaction=False)
         p.hgetall(self.keys.incidents_hosts_down)
         queue_reads(p, self.keys, own)
-        entries, seen, live = p.execute()
-        down = down_hosts(own, seen, live)
+        entries, seen, live, cordoned = p.execute()
+        down = down_hosts(own, seen, live) - set(cordoned)  # a cordoned host is out of service on purpose
         candidates = [host for host in own if host in down or host in entries]
-        others = [host for host in entries if host not in mine]  # rare: read the published fleet only then
-        published = self.r.get(self.keys.fleet) if others else None
+        others = [host for host in entries if host not in mine]
+        # rare (a host down, or another observer's entry): read the published fleet only then
+        published = self.r.get(self.keys.fleet) if others or candidates else None
         gone = [host for host in others if not _in_published(published, host)]
+        # a host of this observer's file the planner's fleet dropped (this file is older):
+        # only closed, never raised, or two observers' files would raise and close it in turn
+        dropped = {host for host in candidates if not _in_published(published, host)}
+        down -= dropped
+        candidates = [host for host in candidates if host in down or host in entries]
         if not candidates and not gone:
             return []
         args: list[str] = []
         fields = {host: self._host_fields(host) for host in candidates if host in down}
         for host in candidates:
-            args += [host, "1", json.dumps(fields[host]) if host in fields else "{}"]
+            flag = "c" if host in cordoned else "0" if host in dropped else "1"
+            args += [host, flag, json.dumps(fields[host]) if host in fields else "{}"]
         for host in gone:
             args += [host, "0", "{}"]
         raised_flat, recovered_flat = self._hosts_down(

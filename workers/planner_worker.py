@@ -488,8 +488,8 @@ class PlannerWorker:
         """The planner's view of the fleet read now, and the busy GPUs
         (:func:`makespan.workers.fleet_view.read_fleet_state`)."""
         held, res = read_fleet_gpus(self.env)
-        down = host_liveness.read_down_hosts(self.r, self.keys, [host.name for host in self.fleet.hosts])
-        view = read_fleet_state(self.env, self.kept, held, res, host_liveness.gpus_of(self.fleet, down))
+        gated = host_liveness.read_availability(self.r, self.keys, [host.name for host in self.fleet.hosts]).unavailable
+        view = read_fleet_state(self.env, self.kept, held, res, host_liveness.gpus_of(self.fleet, set(gated)))
         return view.state, view.busy
 
     def check_drain(self) -> dict[str, Any]:

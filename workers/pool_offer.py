@@ -28,6 +28,6 @@ class PublishPoolOffer:
     def run(self, ctx: TickContext) -> None:
         env = ctx.env
         held, residents = read_fleet_gpus(env)
-        down = ctx.snapshot.down_gpus if ctx.snapshot is not None else frozenset()
+        down = ctx.snapshot.gated_gpus if ctx.snapshot is not None else frozenset()
         offer = offer_from_snapshot(self.pool, env.fleet, held, residents, down, env.clock.now())
         publish_offer(env.r, env.keys, offer, env.settings.pool_offer_ttl_s)

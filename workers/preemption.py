@@ -144,7 +144,7 @@ def _running(ctx: TickContext, state: FleetState, lease_of: dict[str, str], info
                       tuple(json.loads(helpers)) if helpers else ())
         group = tuple(sorted(gpus_of[lease_id], key=order.__getitem__))
         # a job on a host without a live GPU worker is no victim: nothing would run its preemptor there
-        on_down_host = ctx.snapshot is not None and not ctx.snapshot.down_gpus.isdisjoint(group)
+        on_down_host = ctx.snapshot is not None and not ctx.snapshot.gated_gpus.isdisjoint(group)
         ran_s = held_s(info[lease_id], server_now_ms, time_scale, fallback_s=state.now_s - leased_s)
         # leased_at and planned_end_s are on the clock of the planner that leased it (maybe
         # another leader): its start on this tick's clock is now less the time held; its end
@@ -269,7 +269,7 @@ def _preempt_by_rule(ctx: TickContext) -> set[str]:
     lease_of, info, executed, awaited, _server_now_ms = lease_holders(ctx)
     bounded = within_bounds(ctx, info)
     holder: dict[str, Holder | None] = {}
-    down = ctx.snapshot.down_gpus if ctx.snapshot is not None else frozenset()
+    down = ctx.snapshot.gated_gpus if ctx.snapshot is not None else frozenset()
     for gpu, lease_id in lease_of.items():
         if gpu in down:  # no GPU worker to run the preemptor there: its holder is no victim
             holder[gpu] = None

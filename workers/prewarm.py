@@ -38,8 +38,8 @@ class PrewarmSleepers:
         state = ctx.fleet_state
         if state is None:
             held, residents = read_fleet_gpus(env)
-            down = host_liveness.read_down_hosts(env.r, env.keys, [host.name for host in env.fleet.hosts])
-            state = read_fleet_state(env, ctx.kept, held, residents, host_liveness.gpus_of(env.fleet, down)).state
+            gated = host_liveness.read_availability(env.r, env.keys, [host.name for host in env.fleet.hosts]).unavailable
+            state = read_fleet_state(env, ctx.kept, held, residents, host_liveness.gpus_of(env.fleet, set(gated))).state
         state = replace(state, demand_share=recent_share(list(ctx.kept.recent_jobs.values()), state))
         planned = {u for a in ([*ctx.plan.assignments, *ctx.plan.restores] if ctx.plan else ()) for u in a.gpus}
         busy = planned | ctx.taken | ctx.held_gpus

@@ -7,7 +7,8 @@ from the tick's plan: ``reserved`` / ``behind_reservation`` (the tick's reservat
 :mod:`makespan.planner.reservation`), ``preempted_requeued`` (its record says it was
 preempted and it has not started since; a job preempted this tick gets as its ETA its start
 in the plan the scored decider left, :mod:`makespan.workers.preemption`; the rule's decider
-gives none until the next tick, which forms a batch for them even with every GPU held), ``host_down`` (planned on a host without a live GPU worker:
+gives none until the next tick, which forms a batch for them even with every GPU held), ``host_cordoned``
+(planned on a host an operator cordoned) and ``host_down`` (planned on a host without a live GPU worker:
 :mod:`makespan.workers.host_liveness`), ``waiting_for_memory`` (a group of its size is
 free now but none with its memory is), else ``waiting_for_gpus`` naming the GPUs of its
 planned group and what holds them (a lease's job, or the jobs planned there before it).
@@ -20,6 +21,8 @@ a tick that forms an empty batch clears it (once: ``CrossTickState.reason_counts
 """
 
 from __future__ import annotations
+
+import time
 
 from makespan.planner.model import Assignment, FleetState, Plan, PlanJob
 from makespan.planner.reservation import Reservation
@@ -71,7 +74,8 @@ def _write(ctx: TickContext, batch: list[PlanJob], plan: Plan) -> None:
         reason, detail = _batch_reason(ctx, job, state, plan, assignment, memory_waits, on_gpu)
         # a job planned on a host without a GPU worker has no ETA: that host's free time is a
         # placeholder (fleet_view.DOWN_FREE_AFTER_S), not a forecast
-        eta = _server_eta(ctx, assignment.start_s, now) if assignment is not None and reason != "host_down" else ""
+        eta = (_server_eta(ctx, assignment.start_s, now)
+               if assignment is not None and reason not in ("host_down", "host_cordoned") else "")
         rows += [job.id, reason, detail, eta]
     planned_end = {assignment.job_id: assignment.end_s for assignment in plan.assignments}
     running_end = {job_id: state.free_at.get(gpu, now) for gpu, job_id in ctx.lease_job.items()}
@@ -121,8 +125,14 @@ def _batch_reason(ctx: TickContext, job: PlanJob, state: FleetState, plan: Plan,
         reservation = blocking[0]
         return "behind_reservation", f"GPUs {','.join(reservation.gpus)} are reserved for job {reservation.job_id}"
     down_hosts = ctx.snapshot.down_hosts if ctx.snapshot is not None else frozenset()
-    if assignment is not None and down_hosts and ctx.env.fleet.host_of(assignment.gpus[0]) in down_hosts:
-        host = ctx.env.fleet.host_of(assignment.gpus[0])
+    cordoned = ctx.snapshot.cordoned_hosts if ctx.snapshot is not None else {}
+    host = ctx.env.fleet.host_of(assignment.gpus[0]) if assignment is not None and (down_hosts or cordoned) else None
+    if host is not None and host in cordoned:
+        cordon = cordoned[host]
+        why = f": {cordon.reason}" if cordon.reason else ""
+        return "host_cordoned", (f"planned on host {host}, cordoned since {_utc(cordon.since_s)}{why}; nothing new "
+                                 f"is leased there until `makespan uncordon {host}`")
+    if host is not None and host in down_hosts:
         return "host_down", (f"planned on host {host}, which no GPU worker consumes now; nothing is leased "
                              "there until one is back")
     model = state.endpoints.get(job.endpoint)
@@ -179,3 +189,8 @@ def _sharing(plan: Plan, assignment: Assignment, on_gpu: dict[str, list[int]] | 
         return [other for other in plan.assignments if mine.intersection(other.gpus)]
     positions = sorted({position for gpu in assignment.gpus for position in on_gpu.get(gpu, ())})
     return [plan.assignments[position] for position in positions]
+
+
+def _utc(unix_s: float) -> str:
+    """``unix_s`` as ``YYYY-MM-DD HH:MM:SSZ`` (UTC), as the CLI prints times."""
+    return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(unix_s))

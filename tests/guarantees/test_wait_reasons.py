@@ -278,6 +278,28 @@ def test_host_down(r, settings, env):
     assert [(c.job_id, c.gpus) for c in sent][1:] == [(big, ["GPU-a-0"])]
 
 
+def test_host_cordoned(r, settings, env):
+    """An operator cordoned host a (the only one with the memory of ``big``): ``big`` is not
+    leased and says since when and why; ``e`` goes to host b; once uncordoned, ``big``
+    starts on a."""
+    from makespan.workers.host_liveness import announce, cordon, uncordon
+
+    w, prod, sent = _setup(r, settings, FLEET)
+    for h in ("a", "b"):
+        announce(r, w.keys, h, f"worker-{h}", 60.0)
+    cordon(r, w.keys, "a", "swap a PSU", "ops@test")
+    big = prod.submit({"endpoint": "big", "service_s": 100, "priority": "NORMAL"}).id
+    small = prod.submit({"endpoint": "e", "service_s": 100, "priority": "NORMAL"}).id
+    w.tick()
+    assert [(c.job_id, c.gpus) for c in sent] == [(small, ["GPU-b-0"])]
+    out = _why(big, "host_cordoned")
+    assert "planned on host a" in out and "swap a PSU" in out and "makespan uncordon a" in out, out
+    assert "(in " not in out  # no ETA: a cordon has no planned end
+    assert uncordon(r, w.keys, "a") is not None
+    w.tick()
+    assert [(c.job_id, c.gpus) for c in sent][1:] == [(big, ["GPU-a-0"])]
+
+
 TWO_BY_FOUR = parse_fleet({"name": "two-by-four", "hosts": [{"name": "a", "gpu_count": 4, "memory_mib": 81920},
                                                              {"name": "b", "gpu_count": 4, "memory_mib": 81920}],
                            "endpoints": {"e": {"model": "m", "memory_mib_per_gpu": 1000, "cold_start_s": 20},

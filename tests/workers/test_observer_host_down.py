@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from makespan import metrics
 from makespan.cli import app as cli_app
 from makespan.models import parse_fleet
-from makespan.workers.host_liveness import announce, withdraw
+from makespan.workers.host_liveness import announce, cordon, uncordon, withdraw
 from makespan.workers.observer import Observer, list_incidents
 
 HOSTS = [{"name": "host-a", "gpu_count": 2, "memory_mib": 81920}, {"name": "host-b", "gpu_count": 2, "memory_mib": 81920}]
@@ -107,6 +107,45 @@ def test_an_observer_leaves_hosts_outside_its_fleet_file_to_the_others(r, keys):
         rows = _host_rows(r, keys)
         assert rows[0]["recovery"]["outcome"] == "recovered: the host left the published fleet"
         assert not r.exists(keys.incidents_hosts_down)
+        # the observer still on the old file (it lists host-b) neither raises it again nor flaps
+        for _ in range(3):
+            assert full.probe_once() == [] and partial.probe_once() == []
+        assert len(_host_rows(r, keys)) == 1 and not r.exists(keys.incidents_hosts_down)
     finally:
         full.close()
         partial.close()
+
+
+def test_a_cordoned_host_s_stopped_worker_is_no_incident(r, keys, redis_url, prefix):
+    """An operator cordons a host, waits for it to drain and stops its GPU worker: out of
+    service on purpose, no ``host_down``. Cordoning a host whose incident is open closes it;
+    uncordoning a host whose worker is still stopped makes it an incident again."""
+    observer = Observer(r, keys, FLEET, host_down_grace_s=0.0)
+    env = {"MAKESPAN_REDIS_URL": redis_url, "MAKESPAN_KEY_PREFIX": prefix}
+    try:
+        r.set(keys.fleet, FLEET.model_dump_json())
+        for host in ("host-a", "host-b"):
+            announce(r, keys, host, f"worker-{host}", 30.0)
+        done = CliRunner().invoke(cli_app, ["cordon", "host-a", "--reason", "new NICs"], env=env)
+        assert done.exit_code == 0 and "cordoned host host-a" in done.output and "drained" in done.output, done.output
+        assert withdraw(r, keys, "host-a", "worker-host-a")  # the operator stops its worker
+        for _ in range(3):
+            assert observer.probe_once() == []
+        assert _host_rows(r, keys) == [] and not r.exists(keys.incidents_hosts_down)
+        hosts = CliRunner().invoke(cli_app, ["hosts", "--json"], env=env)
+        assert hosts.exit_code == 0, hosts.output
+        rows = {row["host"]: row for row in map(json.loads, hosts.output.splitlines())}
+        assert (rows["host-a"]["state"], rows["host-a"]["worker"], rows["host-a"]["reason"]) == \
+            ("drained", "down", "new NICs")
+        assert (rows["host-b"]["state"], rows["host-b"]["worker"]) == ("schedulable", "live")
+
+        assert uncordon(r, keys, "host-a") is not None  # back in service, but no worker: now it is down
+        assert [i["host"] for i in observer.probe_once()] == ["host-a"]
+        cordon(r, keys, "host-a", "still waiting for the NICs")  # cordoned again: the incident closes
+        assert observer.probe_once() == []
+        (row,) = _host_rows(r, keys)
+        assert row["recovery"]["outcome"] == "closed: the host was cordoned (out of service on purpose)"
+        assert not r.exists(keys.incidents_hosts_down)
+    finally:
+        observer.close()
+

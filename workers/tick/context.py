@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 from collections.abc import Callable, Mapping
 
@@ -32,6 +33,7 @@ if TYPE_CHECKING:  # pragma: no cover - types only
     from makespan.planner.reservation import Reservation
     from makespan.workers.agenda import AgendaTracker
     from makespan.workers.delayed import DelayedJobs
+    from makespan.workers.host_liveness import Cordon
     from makespan.workers.improver import BackgroundImprover
     from makespan.workers.leases import LeaseStore
     from makespan.workers.phases import PhaseContext
@@ -54,7 +56,9 @@ class Snapshot:
     workloads_active: int  # active workloads (a workload pass may change the queues)
     queue_heads: Mapping[Priority, tuple[str, ...]]  # first batch_size ids of each queue, CRITICAL first
     down_hosts: frozenset[str] = frozenset()  # hosts without a live GPU worker (makespan.workers.host_liveness)
-    down_gpus: frozenset[str] = frozenset()  # UUIDs of the GPUs of down_hosts
+    gated_gpus: frozenset[str] = frozenset()  # UUIDs of the GPUs of down_hosts and cordoned_hosts
+    # cordoned host -> its cordon (makespan.workers.host_liveness.Cordon): no new lease there
+    cordoned_hosts: Mapping[str, Cordon] = field(default_factory=lambda: MappingProxyType({}))
 
     def held_gpus(self, gpus: tuple[Gpu, ...]) -> set[str]:
         """UUIDs of the GPUs a lease holds (``gpus``: the fleet order of the snapshot)."""
@@ -62,8 +66,8 @@ class Snapshot:
 
     def unavailable_gpus(self, gpus: tuple[Gpu, ...]) -> set[str]:
         """The GPUs no new lease may take: those a lease holds and those of a host without a
-        live GPU worker (the dead-host gate, :mod:`makespan.workers.host_liveness`)."""
-        return self.held_gpus(gpus) | self.down_gpus
+        live GPU worker or cordoned (the host gate, :mod:`makespan.workers.host_liveness`)."""
+        return self.held_gpus(gpus) | self.gated_gpus
 
 
 @dataclass

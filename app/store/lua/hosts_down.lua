@@ -5,8 +5,8 @@
 -- incident, detected at s): a host seen once with no live key gets 'since:' now, and its
 -- incident once it has been down ARGV[1] s (the grace: a rolling restart, or the second
 -- worker of a host renewing the shared key, is no incident); a host whose live key is back
--- (or that left the published fleet: flag '0') loses its entry, and an open incident gets
--- its recovery record. Server clock (TIME).
+-- (or that left the published fleet: flag '0'; or that an operator cordoned: flag 'c') loses
+-- its entry, and an open incident gets its recovery record. Server clock (TIME).
 -- Library: none
 -- Transitions: none
 --
@@ -16,8 +16,9 @@
 -- KEYS[4..] P:host:live:{host}      one per host of ARGV, in their order
 -- ARGV[1]  grace s (>= 0)
 -- ARGV[2]  the stream's approximate cap (XADD MAXLEN ~)
--- ARGV[3..] per host, three values: its name; '1' (a host of the caller's fleet) or '0' (a
---          host the published fleet no longer has: only closed); its incident's fields as a
+-- ARGV[3..] per host, three values: its name; '1' (a host of the caller's fleet), '0' (a
+--          host the published fleet no longer has: only closed) or 'c' (a cordoned host of the
+--          caller's fleet: out of service on purpose, only closed); its incident's fields as a
 --          JSON object of strings (detected_at is added here; '{}' when the caller saw it up)
 -- Returns {raised, recovered}: raised = {host, incident id, detected_at, ...}; recovered =
 -- {host, incident id, recovery_s, ...}.
@@ -52,8 +53,12 @@ for i = 1, n do
   elseif state then
     if string.sub(state, 1, 5) == 'open:' then
       local id, detected = string.match(string.sub(state, 6), '^(.*):([^:]*)$')
-      local outcome = member == '1' and 'recovered: a GPU worker consumes its queue again'
-                      or 'recovered: the host left the published fleet'
+      local outcome = 'recovered: a GPU worker consumes its queue again'
+      if member == '0' then
+        outcome = 'recovered: the host left the published fleet'
+      elseif member == 'c' then
+        outcome = 'closed: the host was cordoned (out of service on purpose)'
+      end
       local took = string.format('%.3f', math.max(0, now - tonumber(detected)))
       redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', 'kind', 'recovery', 'incident_id', id,
                  'endpoint', '', 'host', host, 'outcome', outcome,

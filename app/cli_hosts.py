@@ -1,0 +1,172 @@
+"""``makespan hosts``, ``makespan cordon HOST`` and ``makespan uncordon HOST``: the fleet's
+hosts as the planner sees them (GPU worker live or down, GPUs leased, cordoned), and taking
+a host out of service and back (:mod:`makespan.workers.host_liveness`, "Cordoned hosts";
+docs/operations.md "Taking a host out of service")."""
+
+from __future__ import annotations
+
+import getpass
+import json
+import socket
+from pathlib import Path
+from typing import Any
+
+import redis
+import typer
+
+from makespan.cli_support import context, fail, published_fleet, utc_text
+from makespan.errors import MakespanError, StoreError, ValidationError
+
+FLEET_HELP = "TOML fleet file (default: the fleet the planner published)"
+
+
+def host_rows(r: Any, keys: Any, fleet: Any) -> list[dict[str, Any]]:
+    """One row per host of ``fleet`` (fleet order): ``host``, ``pool`` (None without pools),
+    ``gpus``, ``leased`` (GPUs a lease holds), ``jobs`` (ids of the jobs holding them),
+    ``worker`` (``live``; ``down``: a worker ran there and none consumes now; ``never``: none
+    has run there yet, the planner does not gate it), ``cordoned`` (bool), ``state``
+    (``schedulable``, ``down``, ``cordoned``: leases still running there, ``drained``:
+    cordoned with no lease left, its worker may be stopped), ``reason``, ``since`` (unix s)
+    and ``since_utc`` of its cordon ('' and None when not cordoned), ``by``.
+
+    Raises:
+        redis.RedisError: Redis failed."""
+    from makespan.workers import host_liveness
+
+    hosts = [host.name for host in fleet.hosts]
+    uuids = {host.name: [gpu.uuid for gpu in host.gpus] for host in fleet.hosts}
+    pipe = r.pipeline(transaction=False)
+    host_liveness.queue_reads(pipe, keys, hosts)
+    pipe.mget([keys.gpu(gpu) for host in hosts for gpu in uuids[host]] or ["-"])
+    seen, live, cordoned_raw, holders = pipe.execute()
+    hosts_now = host_liveness.availability(hosts, seen, live, cordoned_raw)
+    lease_ids = sorted({holder.split(":")[0] for holder in holders if holder})
+    job_of: dict[str, str] = {}
+    if lease_ids:
+        pipe = r.pipeline(transaction=False)
+        for lease_id in lease_ids:
+            pipe.hget(keys.lease(lease_id), "job")
+        job_of = {lease_id: job or "" for lease_id, job in zip(lease_ids, pipe.execute())}
+    pool_of = {host: pool.name for pool in fleet.pools for host in pool.hosts} if fleet.pools else {}
+    rows, at = [], 0
+    for host in hosts:
+        held = [holder for holder in holders[at:at + len(uuids[host])] if holder]
+        at += len(uuids[host])
+        cordon = hosts_now.cordoned.get(host)
+        worker = "down" if host in hosts_now.down else "live" if host in seen else "never"
+        if cordon is not None:
+            state = "cordoned" if held else "drained"
+        else:
+            state = "down" if worker == "down" else "schedulable"
+        jobs = sorted({job_of.get(holder.split(":")[0], "") for holder in held} - {""})
+        rows.append({"host": host, "pool": pool_of.get(host), "gpus": len(uuids[host]), "leased": len(held),
+                     "jobs": jobs, "worker": worker, "cordoned": cordon is not None, "state": state,
+                     "reason": cordon.reason if cordon else "", "since": cordon.since_s if cordon else None,
+                     "since_utc": utc_text(cordon.since_s) if cordon else None, "by": cordon.by if cordon else ""})
+    return rows
+
+
+def _fleet(r: Any, keys: Any, fleet_path: Path | None) -> Any:
+    from makespan.models import load_fleet
+
+    return load_fleet(fleet_path) if fleet_path is not None else published_fleet(r, keys)
+
+
+def _known_host(fleet: Any, host: str) -> None:
+    names = [h.name for h in fleet.hosts]
+    if host not in names:
+        raise ValidationError("host", host, f"not a host of the fleet (hosts: {', '.join(names)})")
+
+
+def hosts(fleet: Path | None = typer.Option(None, "--fleet", help=FLEET_HELP),
+          as_json: bool = typer.Option(False, "--json", help="one JSON object per host and line")) -> None:
+    """The fleet's hosts: GPUs, how many are leased (and by which jobs), whether a GPU worker
+    consumes the host's queue, and whether an operator cordoned it. STATE: schedulable; down
+    (its GPU worker stopped: no new lease until one is back); cordoned (no new lease, leases
+    still running); drained (cordoned and no lease left: its GPU worker may be stopped)."""
+    try:
+        _, r, keys = context()
+        spec = _fleet(r, keys, fleet)
+        rows = host_rows(r, keys, spec)
+    except MakespanError as e:
+        fail(e)
+    except redis.RedisError as e:
+        fail(StoreError(f"reading the hosts: {e}"))
+    if as_json:
+        for row in rows:
+            typer.echo(json.dumps(row, sort_keys=True))
+        return
+    pooled = any(row["pool"] for row in rows)
+    width = max([4, *(len(row["host"]) for row in rows)])
+    typer.echo(f"{'HOST':<{width}} " + ("POOL         " if pooled else "") + "GPUS LEASED WORKER STATE        "
+               "SINCE                 REASON")
+    for row in rows:
+        pool = f"{(row['pool'] or '-'):<12} " if pooled else ""
+        since = row["since_utc"] or "-"
+        reason = row["reason"] or ("-" if not row["cordoned"] else "(none given)")
+        if row["jobs"]:
+            reason = f"{reason}; leased by {', '.join(row['jobs'][:3])}" + (" ..." if len(row["jobs"]) > 3 else "")
+        typer.echo(f"{row['host']:<{width}} {pool}{row['gpus']:>4} {row['leased']:>6} {row['worker']:<6} "
+                   f"{row['state']:<12} {since:<21} {reason}")
+
+
+def cordon(host: str = typer.Argument(..., help="a host of the fleet"),
+           reason: str = typer.Option("", "--reason", help="why, shown by `makespan hosts` and `makespan why`"),
+           fleet: Path | None = typer.Option(None, "--fleet", help=FLEET_HELP)) -> None:
+    """Take HOST out of service: from the planner's next tick no new lease (job, restore,
+    prewarm, preemption) takes its GPUs; the leases it holds run to their end. Jobs that can
+    run only there wait with reason host_cordoned. Once `makespan hosts` shows it drained,
+    its GPU worker can be stopped without a host_down incident. `makespan uncordon HOST`
+    gives it back."""
+    from makespan.workers import host_liveness
+
+    try:
+        _, r, keys = context()
+        spec = _fleet(r, keys, fleet)
+        _known_host(spec, host)
+        now, before = host_liveness.cordon(r, keys, host, reason, f"{getpass.getuser()}@{socket.gethostname()}")
+        (row,) = [row for row in host_rows(r, keys, spec) if row["host"] == host]
+    except MakespanError as e:
+        fail(e)
+    except redis.RedisError as e:
+        fail(StoreError(f"cordoning host {host}: {e}"))
+    if before is not None:
+        typer.echo(f"host {host} was already cordoned (since {utc_text(before.since_s)}); reason now: "
+                   f"{now.reason or '(none given)'}")
+    else:
+        typer.echo(f"cordoned host {host}: no new lease on its {row['gpus']} GPUs from the planner's next tick")
+    if row["leased"]:
+        typer.echo(f"{row['leased']} of its {row['gpus']} GPUs are still leased (jobs {', '.join(row['jobs'])}); "
+                   f"it is drained when `makespan hosts` shows 0 leased")
+    else:
+        typer.echo(f"drained: no lease left; its GPU worker may be stopped (`makespan uncordon {host}` gives it back)")
+
+
+def uncordon(host: str = typer.Argument(..., help="a host of the fleet"),
+             fleet: Path | None = typer.Option(None, "--fleet", help=FLEET_HELP)) -> None:
+    """Give HOST back to the planner after `makespan cordon`: its GPUs take new leases from
+    the planner's next tick (once a GPU worker consumes its queue)."""
+    from makespan.workers import host_liveness
+
+    try:
+        _, r, keys = context()
+        spec = _fleet(r, keys, fleet)
+        _known_host(spec, host)
+        removed = host_liveness.uncordon(r, keys, host)
+    except MakespanError as e:
+        fail(e)
+    except redis.RedisError as e:
+        fail(StoreError(f"uncordoning host {host}: {e}"))
+    if removed is None:
+        typer.echo(f"host {host} was not cordoned: nothing changed")
+    else:
+        why = f" ({removed.reason})" if removed.reason else ""
+        typer.echo(f"uncordoned host {host}: cordoned since {utc_text(removed.since_s)}{why}; it takes new leases "
+                   "from the planner's next tick")
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``hosts``, ``cordon`` and ``uncordon``."""
+    app.command("hosts")(hosts)
+    app.command("cordon")(cordon)
+    app.command("uncordon")(uncordon)

@@ -1,0 +1,76 @@
+"""``makespan hosts``, ``cordon`` and ``uncordon`` through the real CLI on a real Redis
+(the planner side of a cordon: tests/guarantees/test_wait_reasons.py ``test_host_cordoned``;
+the observer's: tests/workers/test_observer_host_down.py), and the cordon's Prometheus gauge."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+from typer.testing import CliRunner
+
+from makespan.cli import app as cli_app
+from makespan.metrics import RedisStateCollector
+from makespan.models import parse_fleet
+from makespan.producer import Producer
+from makespan.workers.host_liveness import announce
+from makespan.workers.leases import LeaseStore
+
+FLEET = parse_fleet({"name": "ops", "hosts": [{"name": "a", "gpu_count": 2, "memory_mib": 81920},
+                                             {"name": "b", "gpu_count": 1, "memory_mib": 81920}],
+                     "endpoints": {"e": {"model": "m", "memory_mib_per_gpu": 1000, "cold_start_s": 1}}})
+
+
+def _cli(env, *argv):
+    return CliRunner().invoke(cli_app, list(argv), env=env)
+
+
+def _rows(env) -> dict[str, dict]:
+    out = _cli(env, "hosts", "--json")
+    assert out.exit_code == 0, out.output
+    return {row["host"]: row for row in map(json.loads, out.output.splitlines())}
+
+
+def test_cordon_drain_and_uncordon_as_an_operator_sees_them(r, keys, settings, redis_url, prefix):
+    env = {"MAKESPAN_REDIS_URL": redis_url, "MAKESPAN_KEY_PREFIX": prefix}
+    r.set(keys.fleet, FLEET.model_dump_json())  # what a planner publishes
+    announce(r, keys, "a", "worker-a", 30.0)
+    job = Producer(r, keys, FLEET, settings).submit({"endpoint": "e", "service_s": 100}).id
+    lease = LeaseStore(r, keys).acquire(uuid.uuid4().hex, ("GPU-a-0",), 60.0, job_id=job, kind="job", holder="a",
+                                        queue=keys.queue("NORMAL"), info={})
+    assert lease is not None
+    rows = _rows(env)
+    assert (rows["a"]["state"], rows["a"]["worker"], rows["a"]["leased"], rows["a"]["jobs"]) == \
+        ("schedulable", "live", 1, [job])
+    assert (rows["b"]["state"], rows["b"]["worker"]) == ("schedulable", "never")
+
+    out = _cli(env, "cordon", "a", "--reason", "firmware")
+    assert out.exit_code == 0, out.output
+    assert "cordoned host a" in out.output and f"1 of its 2 GPUs are still leased (jobs {job})" in out.output
+    assert _rows(env)["a"]["state"] == "cordoned"
+    table = _cli(env, "hosts")
+    assert table.exit_code == 0 and "cordoned" in table.output and "firmware" in table.output, table.output
+    again = _cli(env, "cordon", "a", "--reason", "firmware, then NICs")
+    assert again.exit_code == 0 and "already cordoned" in again.output, again.output
+    assert _rows(env)["a"]["reason"] == "firmware, then NICs"
+
+    r.delete(keys.gpu("GPU-a-0"))  # its last lease ends (what a release does to the GPU key)
+    assert _rows(env)["a"]["state"] == "drained"
+    families = {family.name: family for family in RedisStateCollector(r, keys).collect()}
+    assert [(s.labels, s.value) for s in families["makespan_host_cordoned"].samples] == [({"host": "a"}, 1.0)]
+
+    out = _cli(env, "uncordon", "a")
+    assert out.exit_code == 0 and "uncordoned host a" in out.output and "firmware, then NICs" in out.output
+    assert _rows(env)["a"]["state"] == "schedulable"
+    out = _cli(env, "uncordon", "a")
+    assert out.exit_code == 0 and "was not cordoned" in out.output
+
+
+def test_an_unknown_host_is_refused_and_nothing_is_written(r, keys, redis_url, prefix):
+    env = {"MAKESPAN_REDIS_URL": redis_url, "MAKESPAN_KEY_PREFIX": prefix}
+    out = _cli(env, "cordon", "a")
+    assert out.exit_code == 2 and "no planner has published a fleet yet" in out.output, out.output
+    r.set(keys.fleet, FLEET.model_dump_json())
+    out = _cli(env, "cordon", "c")
+    assert out.exit_code == 2 and "not a host of the fleet (hosts: a, b)" in out.output, out.output
+    assert not r.exists(keys.hosts_cordoned)
