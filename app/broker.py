@@ -438,7 +438,9 @@ class _ManyPerPop:
                 continue  # delivered: the channel's close restores it, as kombu does
             qos._recorded.discard(tag)
             try:
-                qos.restore_by_tag(tag, leftmost=True)
+                # kombu's leftmost=False is an RPUSH: the right end, which the pops read first
+                # (leftmost=True would put it behind the whole queue); last to first keeps the order
+                qos.restore_by_tag(tag, leftmost=False)
             except redis.RedisError as e:
                 log.warning("message %s not given back to its queue (%s): it comes back after the visibility "
                             "timeout", tag, e)

@@ -4,6 +4,8 @@ own consumer API."""
 
 from __future__ import annotations
 
+import base64
+import json
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -163,8 +165,10 @@ def test_a_limit_lifted_while_the_pop_waits_delivers_all_it_took(broker, redis_u
 
 
 def test_messages_popped_behind_one_whose_delivery_raised_go_back_to_the_queue_at_once(broker, redis_url, prefix):
+    """... first in line and in order, ahead of the messages the pop did not take (a review
+    found them put back behind the whole queue, last first)."""
     queue = Queue("raise", Exchange("raise"), "raise")
-    _publish(broker, queue, 3)
+    _publish(broker, queue, 6)
     channel = broker.channel()
 
     def on_message(body, message):
@@ -176,9 +180,15 @@ def test_messages_popped_behind_one_whose_delivery_raised_go_back_to_the_queue_a
     with pytest.raises(RuntimeError):
         broker.drain_events(timeout=2)
     assert len(_unacked(redis_url, prefix)) == 1  # the one delivered; the two behind it waited 6 h here
-    channel.close()  # kombu restores what it delivered
+
+    def in_pop_order() -> list[int]:  # the pops read the list from its right end
+        raw = connect(redis_url).lrange(f"{prefix}:raise", 0, -1)
+        return [json.loads(base64.b64decode(json.loads(m)["body"]))["n"] for m in reversed(raw)]
+
+    assert in_pop_order() == [1, 2, 3, 4, 5]
+    channel.close()  # kombu restores what it delivered, first in line too
     assert _unacked(redis_url, prefix) == set()
-    assert connect(redis_url).llen(f"{prefix}:raise") == 3
+    assert in_pop_order() == [0, 1, 2, 3, 4, 5]
 
 
 def test_an_undecodable_message_raises_as_with_brpop_without_taking_the_others_popped_with_it(broker, redis_url,
