@@ -247,7 +247,9 @@ def list_jobs(r, keys, settings, states: tuple[str, ...] = WAITING, endpoint: st
     for st in states:
         if st == "queued":  # every queue, CRITICAL first: levels before pools
             levels = [level] if level is not None else list(Priority)
-            pools = [pool] if pool else published_pools(r, keys)
+            # without --pool also the implicit pool's queues: jobs submitted before the fleet
+            # declared pools wait there until a leading planner routes them
+            pools = [pool] if pool else list(dict.fromkeys([*published_pools(r, keys), None]))
             for lvl in levels:
                 for queue_pool in pools:
                     ids += r.zrange(keys.for_pool(queue_pool).queue(lvl), 0, scan - 1)

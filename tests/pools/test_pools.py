@@ -179,6 +179,17 @@ def test_without_pools_submit_and_keys_are_unchanged(r, settings, keys):
     assert r.hget(keys.job(job), "pool") is None and r.zscore(keys.queue("NORMAL"), job) is not None
 
 
+def test_jobs_lists_a_job_queued_before_the_fleet_declared_pools(r, settings, keys):
+    """Submitted on a fleet without pools, then the fleet file gains ``[[pools]]`` and no
+    planner has routed it yet: ``makespan jobs`` still lists it (a review found it hidden)."""
+    from makespan.cli_why import list_jobs
+
+    job = Producer(r, keys, parse_fleet(fleet_data(pools=False)), settings).submit(
+        {"endpoint": "both", "service_s": 5}).id
+    r.set(keys.fleet, FLEET.model_dump_json())  # the new planners published the pooled fleet
+    assert [j["id"] for j in list_jobs(r, keys, settings, ("queued",))] == [job]
+
+
 def test_the_dashboard_and_why_read_every_pool(r, settings, keys, redis_url, prefix):
     from makespan.cli_why import explain, list_jobs
     from makespan.dashboard.state import snapshot
