@@ -21,7 +21,8 @@ Read-only: every read goes through :class:`makespan.keys.Keys` and nothing is wr
 Shape of :func:`snapshot`::
 
     {"now", "window_s", "fleet": {"name", "hosts"},
-     "lanes": [{"gpu", "host", "index", "set_point", "resident", "lease"}],
+     "hosts": [{"name", "state", "reason", "since"}],  # state: schedulable, down, cordoned (docs/operations.md)
+     "lanes": [{"gpu", "host", "index", "set_point", "resident", "lease", "host_state"}],
      "bars": [{"gpu", "job", "endpoint", "priority", "phase", "start", "end", "open"}],
      "planned": [{"gpu", "job", "endpoint", "priority", "start", "service_start", "end", "load"}],
      "queue": [{"job", "priority", "endpoint", "state", "submitted_at", "wait_s", "attempts", "reason_code",
@@ -51,6 +52,7 @@ from makespan.gantt import intervals
 from makespan.keys import Keys
 from makespan.models import FleetSpec, Priority
 from makespan.producer import attempts_made, typed_record
+from makespan.workers import host_liveness
 
 QUEUE_LIMIT = 500  # waiting jobs listed per priority
 EVENTS_LIMIT = 50_000  # most events read for one snapshot
@@ -358,7 +360,10 @@ def snapshot(r: redis.Redis, keys: Keys, fleet: FleetSpec | None = None, window_
         p.hgetall(keys.drain)
         p.zcard(keys.running)
         p.zcard(keys.leases)
-        held, res, drain_hash, running, leases = p.execute()
+        host_names = [h["name"] for h in (spec or {}).get("hosts", [])]
+        host_liveness.queue_reads(p, keys, host_names)
+        held, res, drain_hash, running, leases, seen, live, cordoned = p.execute()
+        hosts_now = host_liveness.availability(host_names, seen, live, cordoned)
         drain = _drain_view(drain_hash)
         evs = _events_since(r, keys, since - window_s)  # a margin: phases open since before the window
         bars = _bars(evs, now, since)
@@ -377,8 +382,11 @@ def snapshot(r: redis.Redis, keys: Keys, fleet: FleetSpec | None = None, window_
         raise StoreError(f"dashboard snapshot: {e}") from e
     sp = _set_point(spec) if spec else {}
     residents = dict(zip(uuids, res)) if uuids else {}
+    host_state = {name: "cordoned" if name in hosts_now.cordoned else "down" if name in hosts_now.down
+                  else "schedulable" for name in host_names}
     lanes = [{**g, "set_point": sp.get(g["gpu"]), "resident": (residents.get(g["gpu"]) or "").partition("@")[0] or None,
-              "lease": (h or "").partition(":")[0] or None} for g, h in zip(gpus, held)]
+              "lease": (h or "").partition(":")[0] or None, "host_state": host_state.get(g["host"])}
+             for g, h in zip(gpus, held)]
     waiting = {q["job"] for q in queue}
     planned = []
     for a in (plan or {}).get("assignments", []):
@@ -391,6 +399,10 @@ def snapshot(r: redis.Redis, keys: Keys, fleet: FleetSpec | None = None, window_
     return {
         "now": now, "window_s": window_s,
         "fleet": {"name": spec.get("name") if spec else None, "hosts": [h["name"] for h in (spec or {}).get("hosts", [])]},
+        "hosts": [{"name": name, "state": host_state[name],
+                   "reason": hosts_now.cordoned[name].reason if name in hosts_now.cordoned else "",
+                   "since": hosts_now.cordoned[name].since_s if name in hosts_now.cordoned else None}
+                  for name in host_names],
         "lanes": lanes, "bars": bars, "planned": planned, "queue": queue,
         "endpoints": _endpoints(spec, residents, bars, registry) if spec else [],
         "agenda": agenda, "incidents": incidents, "drain": drain_view,

@@ -288,9 +288,12 @@ def test_the_page_shows_each_pool_and_whether_a_planner_leads_it(redis_url, keys
     from makespan.models import parse_fleet
     from tests.pools.test_pools import fleet_data
 
+    from makespan.workers.host_liveness import cordon
+
     pooled = parse_fleet(fleet_data())
     r.set(keys.fleet, pooled.model_dump_json())
     r.set(keys.for_pool("a").planner_leader, "planner-a")  # pool a's planner leads; pool b has none
+    cordon(r, keys, "b2", "new PSU")  # an operator took host b2 out of service: its lane says so
     Producer(r, keys, pooled, settings).submit({"endpoint": "onlyb", "service_s": 5})
     browser = Chromium(require_tool("chromium"), tmp_path / "profile")
     with _served(redis_url, keys, r) as c:
@@ -300,3 +303,10 @@ def test_the_page_shows_each_pool_and_whether_a_planner_leads_it(redis_url, keys
     assert '<section id="pools-section">' in dom and "none: its jobs wait (no_planner)" in dom
     b_row = re.search(r'data-pool="b".*?</tr>', dom).group(0)
     assert '<td class="num">1</td>' in b_row, b_row  # its queued job
+    assert {host: css for css, host in re.findall(r'<g class="(lane[^"]*)" data-gpu="[^"]+" data-host="(\w+)"', dom)} \
+        == {"a1": "lane", "a2": "lane", "b1": "lane", "b2": "lane host-cordoned"}, dom[-3000:]
+    assert "b2 · GPU 0 · cordoned" in dom
+    from makespan.dashboard.state import snapshot
+
+    hosts = {h["name"]: h for h in snapshot(r, keys)["hosts"]}
+    assert (hosts["b2"]["state"], hosts["b2"]["reason"], hosts["a1"]["state"]) == ("cordoned", "new PSU", "schedulable")

@@ -80,10 +80,14 @@ function drawGantt(state, colour) {
   lanes.forEach((l, i) => { byGpu[l.gpu] = i; });
   lanes.forEach((lane, i) => {
     const y = top + i * laneH;
-    const g = el("svg:g", {class: "lane", "data-gpu": lane.gpu, "data-host": lane.host,
-      "data-set-point": lane.set_point || "", "data-resident": lane.resident || ""});
+    // a host out of service: cordoned by an operator (no new lease) or down (no GPU worker)
+    const out = lane.host_state === "cordoned" || lane.host_state === "down" ? lane.host_state : "";
+    const g = el("svg:g", {class: out ? `lane host-${out}` : "lane", "data-gpu": lane.gpu, "data-host": lane.host,
+      "data-host-state": lane.host_state || "", "data-set-point": lane.set_point || "",
+      "data-resident": lane.resident || ""});
     g.append(el("svg:rect", {x: 0, y, width, height: laneH, class: i % 2 ? "lane-bg odd" : "lane-bg"}));
-    g.append(el("svg:text", {x: 4, y: y + 13, class: "lane-label", text: `${lane.host} · GPU ${lane.index}`}));
+    g.append(el("svg:text", {x: 4, y: y + 13, class: "lane-label",
+      text: `${lane.host} · GPU ${lane.index}` + (out ? ` · ${out}` : "")}));
     g.append(el("svg:text", {x: 4, y: y + 25, class: "lane-sub",
       text: (lane.resident ? "now " + lane.resident : "empty") + (lane.set_point ? " · sp " + lane.set_point : "")}));
     // the set point: the baseline the lane returns to
