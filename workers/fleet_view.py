@@ -22,7 +22,7 @@ not yet written, the recent arrivals) is in :class:`makespan.workers.tick.contex
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 
 import redis
@@ -44,6 +44,7 @@ STATS_KEEP = 10_000  # solve-time records kept in P:planner:solve_s
 DEMAND_WINDOW_S = 1800.0  # workload seconds of arrivals that define recent demand
 DEMAND_KEEP = 5_000  # most recent arrivals remembered for it
 DOWN_FREE_AFTER_S = 86_400.0  # workload s: a host without a live GPU worker is planned free only this late
+OVERRUN_NOTED_S = 1.0  # workload s past its planned end before a lease counts as overrunning (wait reasons)
 LEARNED_REFRESH_S = 2.0  # wall seconds between reads of the learned transition durations
 # what the free times read of each lease record (makespan.workers.leases.planned_end_s)
 _LEASE_FIELDS = ("job", "planned_end_s", "planned_s", "granted_ms")
@@ -138,6 +139,7 @@ class ReadFleet:
         assert snapshot is not None, "ReadSnapshot runs before ReadFleet"
         view = read_fleet_state(ctx.env, ctx.kept, snapshot.gpu_holders, snapshot.residents, snapshot.gated_gpus)
         ctx.fleet_state, ctx.lease_job, ctx.lease_end = view.state, view.lease_job, view.lease_end
+        ctx.lease_overrun = view.overrun
 
 
 class NoteDemand:
@@ -199,6 +201,9 @@ class FleetView:
     # lease id -> its planned end, workload s on the caller's clock (read as the free times are;
     # a lease with no planned end: now)
     lease_end: dict[str, float]
+    # held GPU -> how far (workload s) its lease is past its planned end (only overrunning ones):
+    # the GPU frees at a release no plan can date (wait reasons say so)
+    overrun: dict[str, float] = field(default_factory=dict)
 
 
 def read_fleet_gpus(env: TickEnv) -> tuple[tuple[str | None, ...], tuple[str | None, ...]]:
@@ -253,10 +258,14 @@ def read_fleet_state(env: TickEnv, kept: CrossTickState, held: tuple[str | None,
     # (else a plan would start a job "now" on it, the tick would skip that job, and
     # lower-priority jobs would take the GPUs that are really free)
     held_min_s = now + env.settings.planner_tick_s / env.settings.time_scale
+    overrun: dict[str, float] = {}
     for gpu, holder in zip(uuids, held):
         if holder:
             busy.add(gpu)
-            free_at[gpu] = max(held_min_s, ends.get(holder.split(":")[0], now))
+            end = ends.get(holder.split(":")[0], now)
+            free_at[gpu] = max(held_min_s, end)
+            if end < now - OVERRUN_NOTED_S:
+                overrun[gpu] = now - end
         else:
             free_at[gpu] = now
     resident = {}
@@ -274,7 +283,7 @@ def read_fleet_state(env: TickEnv, kept: CrossTickState, held: tuple[str | None,
     state = FleetState(now, list(env.gpus), kept.endpoints, free_at, resident, set_point, asleep=asleep,
                        set_point_weight=env.settings.set_point_weight, host_ram_mib=env.fleet.host_ram_budgets(),
                        asleep_level=sleep_levels_by_gpu(sleepers))
-    return FleetView(state, busy, lease_job, ends)
+    return FleetView(state, busy, lease_job, ends, overrun)
 
 
 def refresh_learned(env: TickEnv, kept: CrossTickState) -> None:

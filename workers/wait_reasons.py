@@ -152,7 +152,13 @@ def _batch_reason(ctx: TickContext, job: PlanJob, state: FleetState, plan: Plan,
     holders = []
     for gpu in assignment.gpus:
         if state.free_at.get(gpu, now) > now + 1e-6 and gpu in ctx.lease_job:
-            holders.append(f"job {ctx.lease_job[gpu]}")
+            late_s = ctx.lease_overrun.get(gpu)
+            # an overrunning holder frees at a release no plan can date: the ETA is a lower bound
+            late_wall_s = None if late_s is None else late_s * ctx.env.settings.time_scale
+            late = ("" if late_wall_s is None else
+                    f" ({late_wall_s:.{1 if late_wall_s < 10 else 0}f} s past its planned end: the ETA moves until "
+                    "it ends)")
+            holders.append(f"job {ctx.lease_job[gpu]}{late}")
     before = [other for other in _sharing(plan, assignment, on_gpu) if other.job_id != job.id
               and other.end_s <= assignment.start_s + 1e-6]
     if before:

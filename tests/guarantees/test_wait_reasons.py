@@ -97,6 +97,22 @@ def test_waiting_for_gpus_names_the_holder_and_an_eta(r, settings, env):
     assert res.exit_code == 0 and second not in res.output
 
 
+def test_waiting_for_gpus_says_when_the_holder_overruns_its_planned_end(r, settings, env):
+    """The holder's lease is 50 workload s past its planned end: the plan can only say "now"
+    for the waiting job, and its detail says why that ETA keeps moving."""
+    w, prod, sent = _setup(r, settings)
+    holder = _lease(r, w, prod, "GPU-h-0", priority="NORMAL", service_s=1000.0)
+    lease_id = r.get(w.keys.gpu("GPU-h-0")).split(":")[0]
+    r.hset(w.keys.lease(lease_id), "planned_end_s", repr(w.now_s() - 50.0))  # it overran
+    waiting = prod.submit({"endpoint": "e", "service_s": 100, "priority": "NORMAL"}).id
+    w.tick()
+    assert sent == []
+    detail = r.hget(w.keys.job(waiting), "wait_detail")
+    assert f"job {holder} (" in detail and "s past its planned end: the ETA moves until it ends" in detail, detail
+    late_s = float(detail.split(f"job {holder} (")[1].split(" s past")[0])
+    assert 0.45 <= late_s <= 0.6, detail  # 50 workload s at 0.01 wall s each (plus the test's own time)
+
+
 def test_waiting_for_dependency(r, settings, env):
     w, prod, sent = _setup(r, settings)
     a = prod.submit({"endpoint": "e", "service_s": 100, "priority": "NORMAL"}).id

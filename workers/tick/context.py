@@ -183,6 +183,8 @@ class TickContext:
     lease_job: dict[str, str] = field(default_factory=dict)  # ReadFleet: GPU -> job of the lease holding it
     # ReadFleet: lease id -> its planned end, workload s on this tick's clock (the free times' source)
     lease_end: dict[str, float] = field(default_factory=dict)
+    # ReadFleet: held GPU -> workload s its lease is past its planned end (overrunning ones only)
+    lease_overrun: dict[str, float] = field(default_factory=dict)
     plan: Plan | None = None  # PlanBatch: the plan after the reservation and the fast lane
     reservations: dict[str, Reservation] = field(default_factory=dict)  # PlanBatch: job -> its reservation
     taken: set[str] = field(default_factory=set)  # GPUs held or leased this tick (StartPlanned on)
