@@ -225,6 +225,12 @@ class Client:
         handle = self._producer.submit(job, extra_fields={"service_estimated": 1} if estimated else None)
         return Job(self, handle.id, created=handle.created, ignored=handle.ignored)
 
+    async def submit_async(self, workload: str | WorkloadDef, /, *args: Any, **kwargs: Any) -> Job:
+        """:meth:`submit` for asyncio (an ``async def`` web handler, an arq or FastAPI app):
+        the same arguments, options, checks and errors, run in a worker thread
+        (``asyncio.to_thread``) so the event loop is not blocked by the Redis round trips."""
+        return await asyncio.to_thread(self.submit, workload, *args, **kwargs)
+
     # -- multi-step workloads -----------------------------------------------------------
     def submit_workload(self, workload: Workload | WorkloadSpec | dict[str, Any] | str | Path) -> str:
         """Validate a multi-step workload (a :class:`~makespan.workloads.Workload` built
@@ -397,6 +403,14 @@ class Job:
         that did something from one that found the job already ended, see
         :meth:`cancel_outcome`."""
         return self.client._producer.cancel(self.id)
+
+    async def status_async(self) -> dict[str, Any]:
+        """:meth:`status` for asyncio (in a worker thread)."""
+        return await asyncio.to_thread(self.status)
+
+    async def cancel_async(self) -> str:
+        """:meth:`cancel` for asyncio (in a worker thread)."""
+        return await asyncio.to_thread(self.cancel)
 
     def cancel_outcome(self) -> CancelOutcome:
         """Cancel as :meth:`cancel` does; returns what this call did

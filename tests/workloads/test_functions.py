@@ -292,6 +292,16 @@ def test_asyncio_twins(live):
     assert asyncio.run(job.result_async(timeout_s=60))["sum"] == 3
     assert asyncio.run(job.wait_async(timeout_s=1)) == "completed"
 
+    async def from_a_handler():  # as an async web handler would: submit, read, cancel, without blocking the loop
+        other = await client.submit_async("add", 2, 3, priority="HIGH")
+        assert (await other.status_async())["priority"] == "HIGH"
+        with pytest.raises(makespan.ValidationError, match="do not match add"):  # the same checks as submit()
+            await client.submit_async("add", 1, 2, 3)
+        return other, await other.result_async(timeout_s=60), await job.cancel_async()
+
+    other, result, cancelled = asyncio.run(from_a_handler())
+    assert result["sum"] == 5 and cancelled == "completed" and other.created
+
 
 def test_learned_service_time_converges_on_a_fixed_execute_time(live):
     """fixed_time sleeps 0.1 wall s = 10 workload s at time scale 0.01; its prior is 5 s.
