@@ -9,7 +9,7 @@ every release (bench/RESULTS.md, "Following the last plan").
 
 :class:`KeepPlan` (the last step of a full tick) keeps the tick's plan when following it is
 safe: no preemption, dependency or active workload in it, no CRITICAL or HIGH
-job in its batch (their guarantees are the full tick's: fast lane, preemption), no host down.
+job in its batch (their guarantees are the full tick's: fast lane, preemption).
 :class:`FollowKeptPlan` (right after the snapshot, the reclaim and the agenda) then starts,
 on the GPUs free at the snapshot, each kept assignment that is the next unstarted one on
 every GPU of its group — the plan's own order on each GPU, shifted earlier, so no job of
@@ -23,7 +23,10 @@ plan:
 * the kept plan is at most ``Settings.plan_follow_s`` old (wall s; 0 turns following off),
   so the improver's better plans, set-point restores and the queue's other jobs wait at
   most that long for a full tick;
-* no expired lease was reclaimed this tick, no host is down, no workload is active;
+* no expired lease was reclaimed this tick, no workload is active, and the hosts that take
+  no new lease (down, or cordoned: :mod:`makespan.workers.host_liveness`) are the ones of
+  the plan's snapshot (their GPUs are neither free nor started on while it is followed; a
+  host that goes down or comes back, or a cordon that changes, makes the next tick plan);
 * no kept job that had not aged when the plan was made has reached the aging bound
   (``Settings.reservation_after_s``) since: it may need a reservation, which only a full
   tick gives; and the tick after the one that starts the job holding the plan's
@@ -121,8 +124,8 @@ class FollowKeptPlan:
         snapshot = ctx.snapshot
         assert snapshot is not None, "ReadSnapshot runs before FollowKeptPlan"
         age_s = env.clock.monotonic() - kept_plan.planned_at
-        if (age_s > env.settings.plan_follow_s or ctx.reclaimed or snapshot.gated_gpus or snapshot.workloads_active
-                or env.now_s() >= kept_plan.ages_at_s):
+        if (age_s > env.settings.plan_follow_s or ctx.reclaimed or snapshot.gated_gpus != kept_plan.gated
+                or snapshot.workloads_active or env.now_s() >= kept_plan.ages_at_s):
             ctx.kept.followed = None
             return
         held = snapshot.unavailable_gpus(env.gpus)
@@ -254,14 +257,15 @@ class KeepPlan:
                 kept.followed = None
             return
         safe = (env.settings.plan_follow_s > 0 and snapshot is not None and not snapshot.workloads_active
-                and not snapshot.gated_gpus and not plan.preemptions and not ctx.victims
+                and not plan.preemptions and not ctx.victims
                 and not ctx.formed.unready and not ctx.formed.awaited and not ctx.requeued_now
                 and all(job.priority in FOLLOW_LEVELS for job in ctx.batch))
         if not safe or ctx.fleet_state is None:
             kept.followed = None
             return
+        assert snapshot is not None
         kept.followed = KeptPlan(plan, {job.id: job for job in ctx.batch}, ctx.formed, env.clock.monotonic(),
-                                 set(ctx.dispatched), reserved=frozenset(ctx.reservations),
+                                 set(ctx.dispatched), reserved=frozenset(ctx.reservations), gated=snapshot.gated_gpus,
                                  ages_at_s=_ages_at(ctx.batch, ctx.dispatched, ctx.fleet_state.now_s,
                                                     env.settings.reservation_after_s))
 

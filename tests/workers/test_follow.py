@@ -259,3 +259,35 @@ def test_queued_short_jobs_are_not_passed_by_longer_kept_jobs_in_one_tick(r, set
     w.tick()
     assert len(planned) == 2
     assert {c.job_id for c in sent[len(first):]} == {short[4], *later}
+
+
+def test_a_cordoned_host_does_not_stop_following_but_a_cordon_change_does(r, settings, planned):
+    """A host out of service for a while (cordoned, or its worker down) leaves the rest of
+    the fleet followed as before; a cordon that changes (or a host that comes back) makes
+    the next tick plan (the freed GPUs are a fresh plan's to give)."""
+    from makespan.workers.host_liveness import announce, cordon, uncordon
+
+    fleet = parse_fleet({"name": "two-hosts", "hosts": [{"name": "h", "gpu_count": 2, "memory_mib": 81920},
+                                                        {"name": "g", "gpu_count": 1, "memory_mib": 81920}],
+                         "endpoints": {"e": {"model": "m", "memory_mib_per_gpu": 10000, "cold_start_s": 1}}})
+    s = dataclasses.replace(settings, batch_size=256, lease_ttl_s=60.0, policy="portfolio")
+    sent = []
+    clock = ManualClock(time.time())
+    w = PlannerWorker(r, s, fleet, dispatch=lambda ctx, q: sent.append(ctx), clock=clock)
+    prod = Producer(r, w.keys, fleet, w.settings)
+    for host in ("h", "g"):
+        announce(r, w.keys, host, f"worker-{host}", 60.0)
+    cordon(r, w.keys, "g", "maintenance")
+    for _ in range(6):
+        prod.submit({"endpoint": "e", "service_s": 100, "priority": "NORMAL"})
+    w.tick()
+    assert len(sent) == 2 and {c.gpus[0] for c in sent} == {"GPU-h-0", "GPU-h-1"} and len(planned) == 1
+    assert w.kept.followed is not None  # kept although a host takes no lease
+    PhaseRunner(r, w.settings, fleet)._finish(sent[0], "completed", "")
+    clock.advance(0.1)
+    w.tick()
+    assert len(planned) == 1 and len(sent) == 3 and sent[-1].gpus == sent[0].gpus  # followed, on host h
+    assert uncordon(r, w.keys, "g") is not None
+    clock.advance(0.1)
+    w.tick()
+    assert len(planned) == 2 and sent[-1].gpus == ["GPU-g-0"]  # planned: g's GPU is free again

@@ -133,6 +133,7 @@ class KeptPlan:
     # bound (Settings.reservation_after_s; a full tick must then give it its reservation)
     ages_at_s: float = float("inf")
     reserved: frozenset[str] = frozenset()  # the jobs holding the plan's reservation (a full tick after they start)
+    gated: frozenset[str] = frozenset()  # the snapshot's gated GPUs (down or cordoned hosts) when it was planned
 
 
 @dataclass
