@@ -222,7 +222,8 @@ def read_fleet_state(env: TickEnv, kept: CrossTickState, held: tuple[str | None,
     set point, the endpoints asleep on each GPU), the busy GPUs and each held GPU's job,
     from the GPU holders ``held`` and residents ``res`` (fleet order, as the snapshot or
     :func:`read_fleet_gpus` read them). Refreshes ``kept.endpoints`` (:func:`refresh_learned`).
-    A held GPU frees at its lease's planned end, dated on the Redis server's clock
+    A held GPU frees at its lease's planned end (one past it: as far again as it has
+    overrun, at least a tick from now), dated on the Redis server's clock
     (:func:`makespan.workers.leases.planned_end_s`, with ``TIME`` read in the same round trip
     as the lease records): a leader whose clock disagrees with the one that leased it plans
     the same instant. ``gated_gpus``: the GPUs of hosts that lost their GPU worker
@@ -256,14 +257,16 @@ def read_fleet_state(env: TickEnv, kept: CrossTickState, held: tuple[str | None,
     # a held GPU whose holder overran its planned end is not free now: it frees at a
     # release the planner cannot date, so it counts as busy for at least one more tick
     # (else a plan would start a job "now" on it, the tick would skip that job, and
-    # lower-priority jobs would take the GPUs that are really free)
+    # lower-priority jobs would take the GPUs that are really free), and for as long again
+    # as it has overrun: a holder far past its planned end is not expected to end at the
+    # next tick (else a job waits for its warm GPU for ever while a cold one sits idle)
     held_min_s = now + env.settings.planner_tick_s / env.settings.time_scale
     overrun: dict[str, float] = {}
     for gpu, holder in zip(uuids, held):
         if holder:
             busy.add(gpu)
             end = ends.get(holder.split(":")[0], now)
-            free_at[gpu] = max(held_min_s, end)
+            free_at[gpu] = max(held_min_s, end if end >= now else now + (now - end))
             if end < now - OVERRUN_NOTED_S:
                 overrun[gpu] = now - end
         else:

@@ -113,6 +113,34 @@ def test_waiting_for_gpus_says_when_the_holder_overruns_its_planned_end(r, setti
     assert 0.45 <= late_s <= 0.6, detail  # 50 workload s at 0.01 wall s each (plus the test's own time)
 
 
+def test_a_holder_far_past_its_planned_end_does_not_keep_its_warm_gpu_for_ever(r, settings, env):
+    """A job of endpoint ``e`` waits for e's warm GPU while the other GPU holds the set
+    point's ``s`` (an evict and a cold start away): while the holder is a little late,
+    waiting is the better plan; once the holder is far past its planned end (it is not
+    expected to end at the next tick any more), the job evicts ``s`` and cold-starts there
+    (a new user's job waited 27 s, and a function waiting on its child job timed out, while
+    the holder overran and the other GPU sat idle)."""
+    from makespan.workers.phases import instance_value
+
+    two = parse_fleet({"name": "two-gpus", "hosts": [{"name": "h", "gpu_count": 2, "memory_mib": 81920}],
+                       "endpoints": {"e": {"model": "m", "memory_mib_per_gpu": 50000, "cold_start_s": 2, "evict_s": 1},
+                                     "s": {"model": "n", "memory_mib_per_gpu": 50000, "cold_start_s": 2, "evict_s": 1,
+                                           "set_point": [{"host": "h", "gpus": [1]}]}}})
+    w, prod, sent = _setup(r, settings, two, planner_tick_s=0.002)  # a tick: 0.2 workload s
+    holder = _lease(r, w, prod, "GPU-h-0", priority="NORMAL", service_s=1000.0)
+    r.set(w.keys.resident("GPU-h-0"), instance_value("e", ["GPU-h-0"]))  # the holder runs on e there
+    r.set(w.keys.resident("GPU-h-1"), instance_value("s", ["GPU-h-1"]))  # the set point
+    lease_id = r.get(w.keys.gpu("GPU-h-0")).split(":")[0]
+    r.hset(w.keys.lease(lease_id), "planned_end_s", repr(w.now_s() - 0.1))  # a little late
+    waiting = prod.submit({"endpoint": "e", "service_s": 100, "priority": "NORMAL"}).id
+    w.tick()
+    assert sent == []  # the warm GPU is expected within a tick: better than an evict and a cold start
+    assert f"job {holder}" in r.hget(w.keys.job(waiting), "wait_detail")
+    r.hset(w.keys.lease(lease_id), "planned_end_s", repr(w.now_s() - 500.0))  # far past it now
+    w.tick()
+    assert [(c.job_id, c.gpus) for c in sent] == [(waiting, ["GPU-h-1"])]
+
+
 def test_waiting_for_dependency(r, settings, env):
     w, prod, sent = _setup(r, settings)
     a = prod.submit({"endpoint": "e", "service_s": 100, "priority": "NORMAL"}).id
