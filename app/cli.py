@@ -423,6 +423,13 @@ def _submit_call(workload: str, call_args: str, call_kwargs: str, fleet: Path | 
     except MakespanError as e:
         _fail(e)
     _warn_ignored(idempotency_key, job.id, job.ignored)
+    if job.created:  # as a plain job's submit: say so when nothing would start it
+        try:
+            job_endpoint = client.r.hget(client.keys.job(job.id), "endpoint")
+        except Exception:  # noqa: BLE001 - best effort: the job is written
+            job_endpoint = None
+        if job_endpoint:
+            _warn_if_it_waits(client._producer, job_endpoint)
     typer.echo(job.id if quiet else json.dumps({"id": job.id, "created": job.created, "priority": level}))
 
 
@@ -430,7 +437,8 @@ def _submit_call(workload: str, call_args: str, call_kwargs: str, fleet: Path | 
 def ready(workloads: list[str] = typer.Argument(None, help="workload function names that must be registered by a "
                                                           "live GPU worker"),
           timeout_s: float = typer.Option(60.0, help="give up after this long")):
-    """Wait until a planner has published the fleet and live GPU workers have registered WORKLOADS
+    """Wait until a planner has published the fleet and leads it now (with pools: each pool that serves
+    WORKLOADS, or every pool), and live GPU workers have registered WORKLOADS
     (for scripts: `makespan ready NAME && python submit.py`). Exits 0 when ready, 1 with what is missing;
     1 at once, with the reason, for a name a live GPU worker refused to publish (it names an endpoint
     the fleet does not have)."""
@@ -444,8 +452,10 @@ def ready(workloads: list[str] = typer.Argument(None, help="workload function na
     while True:
         try:
             absent = [name for name in workloads or [] if not r.exists(keys.fn_live(name))]
+            leaderless = _pools_without_a_leader(r, keys, [name for name in workloads or [] if name not in absent])
             missing = ([] if r.exists(keys.fleet) else ["a planner (no fleet published)"]) + [
-                f"workload {name!r}" for name in absent]
+                f"a planner leading {'pool ' + str(pool) if pool else 'the fleet'} (none leads now)"
+                for pool in leaderless] + [f"workload {name!r}" for name in absent]
             refused = {name: why for name in absent if (why := r.get(keys.fn_refused(name)))}
         except AUTH_ERRORS as e:  # Redis answered and refused the credentials: waiting cannot help
             _fail(auth_failed(s.redis_url, e))
@@ -463,6 +473,35 @@ def ready(workloads: list[str] = typer.Argument(None, help="workload function na
             _hint_live_names(r, keys, [name for name in workloads or [] if f"workload {name!r}" in missing])
             raise typer.Exit(1)
         time.sleep(0.2)
+
+
+def _pools_without_a_leader(r, keys, workloads: list[str]) -> list[str | None]:
+    """The pools no planner leads now (None: the implicit pool of a fleet without pools) among
+    those that serve the endpoints of ``workloads`` (their published definitions), or among
+    every published pool when none is named or their endpoints cannot be read; [] when no
+    fleet is published (``ready`` waits for that first).
+
+    Raises:
+        redis.RedisError: Redis failed."""
+    from makespan.cli_support import published_fleet
+    from makespan.errors import MakespanError
+
+    try:
+        fleet = published_fleet(r, keys, required=False)
+    except MakespanError:
+        return []
+    if fleet is None:
+        return []
+    endpoints = []
+    for raw in r.mget([keys.fn(name) for name in workloads]) if workloads else []:
+        try:
+            endpoints.append(json.loads(raw)["endpoint"])
+        except (TypeError, ValueError, KeyError):
+            pass
+    serving = sorted({pool for endpoint in endpoints for pool in fleet.pools_serving(endpoint)})
+    pools: list[str | None] = list(serving) or [pool.name for pool in fleet.pools] or [None]
+    leaders = r.mget([keys.for_pool(pool).planner_leader for pool in pools])
+    return [pool for pool, leader in zip(pools, leaders) if not leader]
 
 
 def _hint_live_names(r, keys, absent: list[str]) -> None:

@@ -36,6 +36,27 @@ def test_ready_on_a_misspelt_name_lists_the_live_names_and_fails(r, keys, redis_
     assert CliRunner().invoke(cli_app, ["ready", "add", "--timeout-s", "1"], env=_env(redis_url, prefix)).exit_code == 0
 
 
+def test_ready_waits_for_a_planner_that_leads_not_only_a_published_fleet(r, keys, redis_url, prefix):
+    """The fleet key outlives its planner: ``ready`` printed "ready" with every planner
+    stopped, and the job a script then submitted waited (no_planner). A function submit says
+    so too, as a plain job's does."""
+    from tests.workloads import fns  # noqa: F401 - registers 'add', 'boom', ...
+
+    from makespan.models import parse_fleet
+
+    fleet = parse_fleet({"name": "one", "hosts": [{"name": "h", "gpu_count": 1, "memory_mib": 81920}],
+                         "endpoints": {"sim": {"model": "m", "memory_mib_per_gpu": 1000, "cold_start_s": 1}}})
+    publish(r, keys, [REGISTRY["add"]], ttl_s=30, holder="test")
+    r.set(keys.fleet, fleet.model_dump_json())  # published by a planner that has stopped since
+    res = CliRunner().invoke(cli_app, ["ready", "add", "--timeout-s", "0.3"], env=_env(redis_url, prefix))
+    assert res.exit_code == 1 and "a planner leading the fleet (none leads now)" in res.output, res.output
+    sub = CliRunner().invoke(cli_app, ["submit", "add", "--args", "[1, 2]", "-q"], env=_env(redis_url, prefix))
+    assert sub.exit_code == 0 and "warning: no planner leads this fleet" in sub.output, sub.output
+    r.set(keys.planner_leader, "planner-1")  # a planner leads again
+    res = CliRunner().invoke(cli_app, ["ready", "add", "--timeout-s", "1"], env=_env(redis_url, prefix))
+    assert res.exit_code == 0 and res.output.strip() == "ready", res.output
+
+
 def _closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
