@@ -115,16 +115,46 @@ def _compared_spec(text: str | None) -> dict[str, Any]:
             if key not in SPEC_IN_RECORD and key != "tp" and value not in (None, [], {})}
 
 
+def spec_digest(text: str | None) -> str:
+    """What a retention summary keeps of a keyed job's ``spec`` for a repeated key to compare
+    (``spec_digest``, JSON): each compared key (:func:`_compared_spec`) -> the first 16 hex
+    digits of the SHA-256 of its value's canonical JSON (sorted keys, no spaces)."""
+    import hashlib
+
+    return json.dumps({key: hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode())
+                       .hexdigest()[:16] for key, value in sorted(_compared_spec(text).items())},
+                      separators=(",", ":"))
+
+
+def _digest_differences(existing: dict[str, Any], fields: dict[str, Any]) -> list[str]:
+    """The ``spec`` keys (args, kwargs, workload, payload ...) in which a compacted job (its
+    summary's ``spec_digest``, or ``fn`` alone for a summary written before digests were
+    kept) differs from this submit's ``fields``."""
+    try:
+        new = json.loads(spec_digest(fields.get("spec")))
+        if "spec_digest" in existing:
+            old = json.loads(existing["spec_digest"] or "{}")
+            return sorted(key for key in set(old) | set(new) if old.get(key) != new.get(key))
+        if existing.get("fn") and _compared_spec(fields.get("spec")).get("workload") != existing["fn"]:
+            return ["workload"]
+    except (ValueError, AttributeError, TypeError):
+        pass
+    return []
+
+
 def ignored_on_repeat(existing: dict[str, Any], fields: dict[str, Any]) -> tuple[str, ...]:
     """What a submit (its record ``fields``) asks for differently from the job its repeated
     idempotency key names (``existing``: that job's record): labels, in a fixed order, with
     the ``spec`` JSON split into its own keys (``payload``, ``args``, ...). A service time
-    estimated by either submit is not compared; neither is anything a retention summary no
-    longer holds (a compacted job: only what it kept)."""
+    estimated by either submit is not compared; a retention summary (a compacted job) compares
+    what it kept, its ``spec`` through the digest of each key (:func:`spec_digest`)."""
     out: list[str] = []
     estimated = "service_estimated" in existing or "service_estimated" in fields
     compacted = "spec" not in existing  # a retention summary: only the fields it kept compare
     for name, label in _REPEAT_COMPARED:
+        if compacted and name == "spec":
+            out += _digest_differences(existing, fields)
+            continue
         if compacted and name not in existing:
             continue
         if name == "service_s" and estimated:
@@ -252,6 +282,8 @@ class Producer:
             "service_s": repr(spec.service_s), "submitted_at": repr(now), "attempts": 0,
             "spec": record_spec(spec),
         }
+        if spec.idempotency_key is not None:  # kept by the retention summary: a repeat compares its spec
+            fields["spec_digest"] = spec_digest(fields["spec"])
         if spec.deadline_s is not None:  # due time, workload s after submission (tardiness policies)
             fields["deadline_s"] = repr(spec.deadline_s)
         if spec.workload_id:

@@ -50,7 +50,8 @@ SUMMARY_FIELDS = ("id", "state", "endpoint", "priority", "service_s", "submitted
                   # workload functions (makespan.registry): name, retries made, the attempt whose result
                   # is stored, planned-by-estimate flag, last progress, last retried error
                   "fn", "tries", "result_attempt", "service_estimated", "progress_done", "progress_total",
-                  "progress_note", "last_error")
+                  "progress_note", "last_error",
+                  "spec_digest")  # a keyed job's spec, digested: a repeated key still says what it ignored
 
 
 def finished_key(keys: Keys) -> str:

@@ -92,3 +92,24 @@ def test_workload_steps_request_records_and_finished_workloads_are_bounded(r, ke
     assert not r.exists(keys.workload(wid)) and r.zscore(keys.workloads, wid) is None
     assert r.zcard(keys.workloads_done) == 0
     assert not r.exists(keys.job(ja)) and not r.exists(keys.requests(ja))
+
+
+def test_a_repeated_key_of_a_compacted_job_still_says_what_it_ignored(r, keys, settings):
+    """A new user resubmitted a finished job's key with another function and arguments: the
+    summary no longer held the spec, and the caller got the first job's result with no word.
+    The summary keeps a digest of each spec key, so the repeat names what differs."""
+    fleet = load_fleet(FLEET_TOML)
+    s = replace(settings, retention_jobs=100, retention_age_s=3600.0, retention_batch=100)
+    prod = Producer(r, keys, fleet, s)
+    first = {"endpoint": "embed", "service_s": 1, "workload": "shout", "args": ["alpha"], "idempotency_key": "k5"}
+    jid = prod.submit(first).id
+    _finish(r, keys, jid, time.time() - 1)
+    assert Retention(r, s).sweep(time.time()).compacted == 1
+    assert "spec" not in r.hgetall(keys.job(jid))
+    assert prod.submit(first).ignored == ()  # the same request: nothing ignored
+    other = prod.submit({**first, "workload": "add", "args": [1, 2]})
+    assert not other.created and other.id == jid and other.ignored == ("args", "workload")
+    assert prod.submit({**first, "payload": {"n": 1}}).ignored == ("payload",)
+    # a summary written before the digest was kept: the function name still compares
+    r.hdel(keys.job(jid), "spec_digest")
+    assert prod.submit({**first, "workload": "add"}).ignored == ("workload",)
