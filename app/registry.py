@@ -162,10 +162,13 @@ def workload(endpoint: str | None = None, *, helpers: Iterable[str] = (), name: 
              expected_s: float | None = None) -> Callable[[Callable[..., Any]], WorkloadDef]:
     """Register a workload function (see the module docstring).
 
+    An ``async def`` function is run to completion on an event loop of its own (in its
+    run's thread, ``asyncio.run``); a generator function is refused.
+
     Raises:
         ValidationError: a bad option (negative retries, a non-positive time, a name
-            with characters other than letters, digits and ``_.:-``), or a second,
-            different function under a name already registered in this process."""
+            with characters other than letters, digits and ``_.:-``), a generator function,
+            or a second, different function under a name already registered in this process."""
     if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= 100:
         raise ValidationError("workload.retries", retries, "must be a whole number from 0 to 100")
     backoff = _seconds(retry_backoff_s, "retry_backoff_s", allow_none=False)
@@ -178,6 +181,10 @@ def workload(endpoint: str | None = None, *, helpers: Iterable[str] = (), name: 
     def register(fn: Callable[..., Any]) -> WorkloadDef:
         if not callable(fn):
             raise ValidationError("workload", fn, "decorates a function")
+        if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+            raise ValidationError("workload", getattr(fn, "__qualname__", fn),
+                                  "is a generator function: its result would be a generator, which is not JSON; "
+                                  "return a list (or report steps with ctx.progress)")
         wname = name or f"{fn.__module__}.{fn.__qualname__}"
         if not _NAME.match(wname):
             raise ValidationError("workload.name", wname, "use letters, digits and '_.:-' (at most 200)")

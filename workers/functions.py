@@ -21,9 +21,11 @@ The phase runner commits the result, a retry or the failure (workers/phases.py).
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import inspect
 import json
+import math
 import logging
 import threading
 import time
@@ -125,9 +127,19 @@ class WorkloadContext:
         """Report progress (``done`` of ``total`` units): shown by ``makespan status``,
         :meth:`makespan.client.Job.status` (``progress_done``/``progress_total``/
         ``progress_note``) and the metric ``makespan_workload_progress``. Writes are
-        throttled to one per 0.2 s (the last one of a run is always written)."""
+        throttled to one per 0.2 s (the last one of a run is always written, when the
+        function returns or raises).
+
+        Raises:
+            ValueError: ``done`` or ``total`` is not a finite number >= 0."""
+        try:
+            done_f, total_f = float(done), float(total)
+        except (TypeError, ValueError):
+            raise ValueError(f"ctx.progress: done and total must be numbers (got {done!r}, {total!r})") from None
+        if not (math.isfinite(done_f) and math.isfinite(total_f) and done_f >= 0 and total_f >= 0):
+            raise ValueError(f"ctx.progress: done and total must be finite numbers >= 0 (got {done!r}, {total!r})")
         if self._progress is not None:
-            self._progress(float(done), float(total), note)
+            self._progress(done_f, total_f, note)
 
     def requests(self, prompts: Sequence[str | dict[str, Any]], *, route: str = "/v1/completions",
                  max_tokens: int = 16, timeout_s: float = 60.0, raw: bool = False,
@@ -236,6 +248,34 @@ def _cancel_outcome(outcome: dict[str, Any], stop_tried: bool, still_running: bo
     return f"returned after ctx.cancelled was set{late}"
 
 
+def _message(error: BaseException) -> str:
+    """``str(error)`` as UTF-8 text; an exception whose ``__str__`` itself raises is still
+    reported (it was taken for a function stopped before it returned)."""
+    try:
+        return utf8_text(error)
+    except Exception as inner:  # noqa: BLE001 - user code's __str__
+        return f"<str() of the exception raised {type(inner).__name__}: {utf8_text(repr(inner))}>"
+
+
+def _call(definition: WorkloadDef, ctx: WorkloadContext, args: list[Any], kwargs: dict[str, Any],
+          outcome: dict[str, Any]) -> None:
+    """Run the function in this thread into ``outcome``: ``value``, ``stopped``, or
+    ``error`` (type, message, traceback) with ``retryable``."""
+    try:
+        value = definition.fn(ctx, *args, **kwargs)
+        if inspect.iscoroutine(value):  # an async def function: run on an event loop of its own
+            value = asyncio.run(value)
+        outcome["value"] = value
+    except WorkloadStopped:
+        outcome["stopped"] = True
+    except BaseException as e:  # noqa: BLE001 - user code: every failure is reported
+        # as UTF-8 text: a message with a lone surrogate (an undecodable file name) must
+        # still be logged, stored and raised by job.result() (errors.utf8_text)
+        outcome["error"] = (f"{type(e).__module__}.{type(e).__qualname__}".removeprefix("builtins."),
+                            _message(e), utf8_text(traceback.format_exc()))
+        outcome["retryable"] = not isinstance(e, NoEndpointServer)
+
+
 def run_function(definition: WorkloadDef, ctx: WorkloadContext, args: list[Any], kwargs: dict[str, Any], *,
                  r: redis.Redis, keys: Keys, lease_lost: threading.Event, grace_s: float,
                  result_max_bytes: int, shutting_down: threading.Event | None = None) -> tuple[str, float]:
@@ -257,20 +297,9 @@ def run_function(definition: WorkloadDef, ctx: WorkloadContext, args: list[Any],
     _check_binds(definition, ctx, args, kwargs)
     outcome: dict[str, Any] = {}
 
-    def call() -> None:
-        try:
-            outcome["value"] = definition.fn(ctx, *args, **kwargs)
-        except WorkloadStopped:
-            outcome["stopped"] = True
-        except BaseException as e:  # noqa: BLE001 - user code: every failure is reported
-            # as UTF-8 text: a message with a lone surrogate (an undecodable file name) must
-            # still be logged, stored and raised by job.result() (errors.utf8_text)
-            outcome["error"] = (f"{type(e).__module__}.{type(e).__qualname__}".removeprefix("builtins."),
-                                utf8_text(e), utf8_text(traceback.format_exc()))
-            outcome["retryable"] = not isinstance(e, NoEndpointServer)
-
     started = time.monotonic()
-    thread = threading.Thread(target=call, name=f"workload-{ctx.job_id[:8]}", daemon=True)
+    thread = threading.Thread(target=_call, args=(definition, ctx, args, kwargs, outcome),
+                              name=f"workload-{ctx.job_id[:8]}", daemon=True)
     thread.start()
     why = ""
     stop_at = None
@@ -311,6 +340,9 @@ def run_function(definition: WorkloadDef, ctx: WorkloadContext, args: list[Any],
                             "thread is left to finish in the background", ctx.job_id, definition.name)
                 break
     wall_s = time.monotonic() - started
+    flush = getattr(ctx._progress, "flush", None)
+    if flush is not None and not thread.is_alive():
+        flush()  # the last report the throttle held back (written only while the lease is current)
     ctx.cancelled.set()  # the run is over: a ctx.requests fan-out the function left running in its own threads stops
     if why == "lease" or lease_lost.is_set():
         raise StaleFencingToken("lease lost while the workload function ran")
@@ -357,10 +389,29 @@ def celery_progress_emitter() -> Callable[[dict[str, Any]], None] | None:
     return emit
 
 
+class ProgressWriter:
+    """The ``ctx.progress`` of one run (:func:`progress_writer`): call it with (done, total,
+    note); :meth:`flush` writes the last report the throttle held back (the run's runner
+    calls it when the function returns or raises)."""
+
+    def __init__(self, write: Callable[[float, float, str | None, bool], None],
+                 pending: dict[str, Any]) -> None:
+        self._write, self._pending = write, pending
+
+    def __call__(self, done: float, total: float, note: str | None) -> None:
+        self._write(done, total, note, False)
+
+    def flush(self) -> None:
+        report = self._pending.pop("report", None)
+        if report is not None:
+            self._write(*report, True)
+
+
 def progress_writer(fenced: Callable[[list[tuple]], bool], keys: Keys, job_id: str, workload: str,
-                    emit: Callable[[dict[str, Any]], None] | None = None) -> Callable[[float, float, str | None], None]:
+                    emit: Callable[[dict[str, Any]], None] | None = None) -> ProgressWriter:
     """The ``ctx.progress`` of one run: a throttled HSET of ``progress_*`` on the job
-    record, the progress counter, and (``emit``) a Celery ``task-progress`` event for Flower.
+    record, the progress counter, and (``emit``) a Celery ``task-progress`` event for Flower;
+    a report the throttle holds back is written by the next one, or by :meth:`ProgressWriter.flush`.
 
     ``fenced(ops) -> bool`` applies the write only while the run's lease is current
     (:meth:`makespan.workers.leases.LeaseStore.fenced` with the run's lease): a run whose
@@ -368,12 +419,17 @@ def progress_writer(fenced: Callable[[list[tuple]], bool], keys: Keys, job_id: s
     when stuck) never overwrites the progress of the attempt that runs now; its first
     refused write ends its progress reports."""
     last = {"t": 0.0, "done": 0.0, "stale": False}
+    pending: dict[str, Any] = {}
 
-    def write(done: float, total: float, note: str | None) -> None:
+    def write(done: float, total: float, note: str | None, flushing: bool) -> None:
         now = time.monotonic()
-        final = total > 0 and done >= total
-        if last["stale"] or (not final and now - last["t"] < PROGRESS_EVERY_S):
+        final = flushing or (total > 0 and done >= total)
+        if last["stale"]:
             return
+        if not final and now - last["t"] < PROGRESS_EVERY_S:
+            pending["report"] = (done, total, note)  # written by the next report past the throttle, or flush()
+            return
+        pending.pop("report", None)
         last["t"] = now
         fields: dict[str, Any] = {"progress_done": repr(done), "progress_total": repr(total), "progress_at": repr(time.time())}
         if note is not None:
@@ -389,4 +445,4 @@ def progress_writer(fenced: Callable[[list[tuple]], bool], keys: Keys, job_id: s
         if emit is not None:
             emit({"job_id": job_id, "done": done, "total": total, "note": fields.get("progress_note")})
 
-    return write
+    return ProgressWriter(write, pending)

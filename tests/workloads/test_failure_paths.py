@@ -339,3 +339,80 @@ def test_a_preemption_is_not_an_attempt_and_burns_no_retry(r, keys, settings):
     assert job.result(timeout_s=1) == "live" and HOOKS["attempts_seen"] == [1, 1]
     status = Producer(r, keys, fleet, settings).status(job.id)
     assert (status["attempts"], status.get("tries", 0), status["result_attempt"], status["preemptions"]) == (1, 0, 1, 1)
+
+
+@makespan.workload(endpoint="embed", name="tests.quick_progress")
+def quick_progress(ctx):
+    for step in range(200):  # far faster than the 0.2 s throttle: only the first would be written
+        ctx.progress(step + 1, 1000, f"step {step + 1}")
+    try:
+        ctx.progress(float("nan"), 1)
+    except ValueError as e:
+        return str(e)
+    return "NaN accepted"
+
+
+@makespan.workload(endpoint="embed", name="tests.async_fn")
+async def async_fn(ctx, x):
+    import asyncio
+
+    await asyncio.sleep(0.01)
+    return {"doubled": 2 * x}
+
+
+class _Unprintable(Exception):
+    def __str__(self):
+        raise RuntimeError("no text for you")
+
+
+@makespan.workload(endpoint="embed", name="tests.unprintable")
+def unprintable(ctx):
+    raise _Unprintable()
+
+
+def test_the_last_progress_report_of_a_run_is_written_and_nan_is_refused(r, keys, settings):
+    """A new user's loop reported (i, N) faster than the throttle: the completed job showed
+    the first report only. ctx.progress(NaN) was stored and `makespan status` printed NaN
+    (not JSON): it raises ValueError in the function instead."""
+    fleet, client = _setup(r, keys, settings, quick_progress)
+    job = client.submit("tests.quick_progress")
+    ctx, runner = _lease(r, keys, settings, fleet, job.id)
+    assert run_warm(runner, ctx) == "completed"
+    assert "finite numbers >= 0" in job.result(timeout_s=1)
+    status = job.status()
+    assert (status["progress_done"], status["progress_total"], status["progress_note"]) == (200.0, 1000.0, "step 200")
+
+
+def test_a_new_lease_clears_the_progress_of_the_run_before(r, keys, settings):
+    """After a preemption the leased job showed the cut run's progress (3/40) until the new
+    run reported: the lease that starts a run clears it."""
+    fleet, client = _setup(r, keys, settings, plain_preemptor)
+    job = client.submit("tests.plain_preemptor")
+    ctx, _ = _lease(r, keys, settings, fleet, job.id)
+    r.hset(keys.job(job.id), mapping={"progress_done": "3.0", "progress_total": "40.0", "progress_note": "cut"})
+    assert LeaseStore(r, keys).preempt(ctx.lease_id, "a-critical-job") == "preempted"
+    assert r.hget(keys.job(job.id), "progress_done") == "3.0"  # the requeued job keeps what its run did
+    _lease(r, keys, settings, fleet, job.id)
+    status = job.status()
+    assert status["state"] == "leased" and "progress_done" not in r.hgetall(keys.job(job.id)), status
+
+
+def test_an_async_function_runs_and_an_unprintable_exception_is_reported(r, keys, settings):
+    fleet, client = _setup(r, keys, settings, async_fn, unprintable)
+    job = client.submit("tests.async_fn", 21)
+    ctx, runner = _lease(r, keys, settings, fleet, job.id)
+    assert run_warm(runner, ctx) == "completed" and job.result(timeout_s=1) == {"doubled": 42}
+    job = client.submit("tests.unprintable")
+    ctx, runner = _lease(r, keys, settings, fleet, job.id)
+    assert run_warm(runner, ctx) == "failed"
+    with pytest.raises(makespan.WorkloadError) as failure:
+        job.result(timeout_s=1)
+    assert failure.value.error_type.endswith("_Unprintable") and "str() of the exception raised RuntimeError" in \
+        failure.value.message, failure.value
+
+
+def test_a_generator_function_is_refused_at_registration():
+    with pytest.raises(makespan.ValidationError, match="generator function"):
+        @makespan.workload(endpoint="embed", name="tests.gen")
+        def gen(ctx):
+            yield 1

@@ -24,7 +24,8 @@
 -- ARGV[7]  planner token ('' = unchecked)
 -- ARGV[8]  the leased event, JSON (its token is added here)
 -- ARGV[9]  'queued' for a job lease, else 'none' (a job lease deletes the job's reason: the
---          last requeue's or retry's, which the events stream keeps; a leased job has none)
+--          last requeue's or retry's, which the events stream keeps; a leased job has none;
+--          and an earlier run's progress_* fields)
 -- ARGV[10] instance value ('' = no resident keys; else the reply says whether every GPU holds it)
 -- ARGV[11] P, the key prefix (unused: a leased job stays in the reverse-dependency index, lib.lua
 --          finish_job drops it)
@@ -70,8 +71,13 @@ if ARGV[9] == 'queued' then
   redis.call('ZREM', KEYS[5], ARGV[2])
   redis.call('HSET', KEYS[4], 'state', 'leased', 'lease', ARGV[1], 'token', tostring(token),
              'leased_at', tostring(tonumber(ARGV[4]) / 1000.0))
-  -- a requeue's or retry's reason described the wait that ends here (its event keeps it)
-  redis.call('HDEL', KEYS[4], 'reason')
+  -- a requeue's or retry's reason described the wait that ends here (its event keeps it), and
+  -- an earlier run's progress is not this run's (a preempted or retried function starts over)
+  if first == 1 then
+    redis.call('HDEL', KEYS[4], 'reason')
+  else
+    redis.call('HDEL', KEYS[4], 'reason', 'progress_done', 'progress_total', 'progress_note', 'progress_at')
+  end
   redis.call('ZADD', KEYS[6], ARGV[4], ARGV[2])
 end
 local ev = cjson.decode(ARGV[8]); ev['token'] = token
