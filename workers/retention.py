@@ -45,7 +45,7 @@ from makespan.settings import Settings
 from makespan.store import JobStore
 
 SUMMARY_FIELDS = ("id", "state", "endpoint", "priority", "service_s", "submitted_at", "leased_at", "started_at",
-                  "finished_at", "reason", "attempts", "workload_id", "idem", "lease", "preemptions", "seq",
+                  "finished_at", "reason", "attempts", "workload_id", "idem", "lease", "token", "preemptions", "seq",
                   "pool",  # a pooled fleet's job: `makespan jobs --pool` lists it after compaction too
                   # workload functions (makespan.registry): name, retries made, the attempt whose result
                   # is stored, planned-by-estimate flag, last progress, last retried error

@@ -33,6 +33,7 @@ def test_compacts_then_expires_by_count_with_idempotency_keys(r, keys, settings)
     rec = r.hgetall(keys.job(ids[-1]))
     assert "spec" not in rec and set(rec) <= set(SUMMARY_FIELDS)
     assert rec["state"] == "completed" and rec["idem"] == "k4" and rec["pool"] == "east"
+    assert "token" in SUMMARY_FIELDS and "lease" in SUMMARY_FIELDS  # status: the lease it last held, with its token
     assert 0 < r.ttl(keys.job(ids[-1])) <= 3600 and 0 < r.ttl(keys.idem("k4")) <= 3600
     assert ret.sweep(now).expired == 0
     assert not r.exists(keys.job(ids[0])) and not r.exists(keys.idem("k0")) and not r.exists(keys.idem("k1"))
