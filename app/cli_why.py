@@ -48,7 +48,8 @@ def explain(r, keys, settings, job_id: str) -> dict[str, Any]:
     None before), ``since_s`` (seconds since ``started_at`` for a running job, else since
     ``leased_at``, on the Redis server's clock), ``phase`` (the phase running now:
     ``evict``, ``start_endpoint``, ``execute`` or ``clear``; None between two phases) and
-    ``cancel_requested`` (bool); other states have them None (False).
+    ``cancel_requested`` (bool), and ``progress`` (``{done, total, note}`` of its run's
+    last ``ctx.progress`` report, None before one); other states have them None (False).
 
     Raises:
         NotFoundError: no such job."""
@@ -92,7 +93,8 @@ def _explain_rec(r, keys, settings, job_id: str, rec: dict[str, str], leads: boo
     out: dict[str, Any] = {"id": job_id, "state": rec.get("state"), "priority": rec.get("priority"),
                            "endpoint": rec.get("endpoint"), "pool": rec.get("pool"), "reason": None, "detail": "", "eta": None,
                            "eta_in_s": None, "as_of_s": None, "finished_at": None, "leased_at": None,
-                           "started_at": None, "since_s": None, "phase": None, "cancel_requested": False}
+                           "started_at": None, "since_s": None, "phase": None, "cancel_requested": False,
+                           "progress": None}
     if rec.get("state") in LEASED:  # when it was leased, the phase it is in (and since when)
         from makespan.producer import phase_now
 
@@ -101,6 +103,9 @@ def _explain_rec(r, keys, settings, job_id: str, rec: dict[str, str], leads: boo
         out.update(leased_at=leased_at, started_at=started_at,
                    since_s=None if since is None else round(max(0.0, now_s - since), 3),
                    phase=phase_now(phase_marks or {})["phase"], cancel_requested=rec.get("cancel_requested") == "1")
+        if rec.get("progress_total"):  # its run's last ctx.progress report (a new lease clears an earlier run's)
+            out["progress"] = {"done": float(rec.get("progress_done") or 0.0), "total": float(rec["progress_total"]),
+                               "note": rec.get("progress_note") or None}
     if rec.get("state") not in WAITING:
         if rec.get("state") in FINISHED and rec.get("finished_at"):
             out["finished_at"] = float(rec["finished_at"])
@@ -140,6 +145,10 @@ def _activity(x: dict[str, Any]) -> str:
     text = head if since is None else f"{head} {_utc_text(since)}" + (
         f" ({x['since_s']:.0f} s ago)" if x["since_s"] is not None else "")
     text += f", phase {x['phase']}" if x["phase"] else ", between phases"
+    progress = x.get("progress")
+    if progress:
+        text += f", progress {progress['done']:g}/{progress['total']:g}" + (
+            f" ({_short(progress['note'])[:40]})" if progress["note"] else "")
     return text + (", cancel requested" if x["cancel_requested"] else "")
 
 

@@ -371,6 +371,7 @@ class RedisStateCollector:
         p.xlen(k.incidents)
         p.hgetall(k.wait_reason_counts)
         p.hkeys(k.hosts_cordoned)
+        p.get(k.fleet)
         res = iter(p.execute())
         # a pool's planner (Keys.for_pool) labels what is its pool's own with `pool`
         pool = [k.pool] if k.pool else []
@@ -404,10 +405,16 @@ class RedisStateCollector:
                           labels=["reason", *pool_label])
         for code in REASONS:
             by_reason.add_metric([code, *pool], float(by_reason_raw.get(code, 0) or 0))
-        cordoned = Gauge("makespan_host_cordoned", "1 for each host an operator cordoned (makespan cordon): no new "
-                         "lease there until uncordoned.", labels=["host"])
-        for host in sorted(next(res) or ()):
-            cordoned.add_metric([host], 1.0)
+        cordoned = Gauge("makespan_host_cordoned", "1 while an operator has the host cordoned (makespan cordon: no "
+                         "new lease there until uncordoned), else 0; every host of the published fleet.",
+                         labels=["host"])
+        cordoned_hosts = set(next(res) or ())
+        try:
+            fleet_hosts = [str(h["name"]) for h in json.loads(next(res) or "{}").get("hosts", [])]
+        except (ValueError, TypeError, KeyError, AttributeError):
+            fleet_hosts = []
+        for host in sorted(set(fleet_hosts) | cordoned_hosts):
+            cordoned.add_metric([host], 1.0 if host in cordoned_hosts else 0.0)
         return [depth, msgs, leases, agenda, drain, checks, inc, by_reason, cordoned]
 
 

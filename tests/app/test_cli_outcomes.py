@@ -129,6 +129,11 @@ def test_jobs_leased_and_running_say_since_when_and_in_which_phase(r, keys, sett
         leased_at_s, started_at_s, "execute", True)
     res = _invoke(["why", job.id], redis_url, prefix)
     assert res.stdout.startswith(f"{job.id}: running since {_utc(started_at_s)}"), res.output  # not "running, running"
+    # its function's last progress report, in the listing and its JSON (a new user read `status` per job for it)
+    r.hset(keys.job(job.id), mapping={"progress_done": "6.0", "progress_total": "30.0", "progress_note": "card 6"})
+    assert cell("running").endswith(", phase execute, progress 6/30 (card 6), cancel requested")
+    row = json.loads(_invoke(["jobs", "--state", "running", "--json"], redis_url, prefix).stdout)
+    assert row["progress"] == {"done": 6.0, "total": 30.0, "note": "card 6"}
 
 
 def test_status_and_cancel_take_the_old_fleet_option_and_say_it_is_ignored(r, keys, settings, redis_url, prefix,

@@ -57,7 +57,8 @@ def test_cordon_drain_and_uncordon_as_an_operator_sees_them(r, keys, settings, r
     r.delete(keys.gpu("GPU-a-0"))  # its last lease ends (what a release does to the GPU key)
     assert _rows(env)["a"]["state"] == "drained"
     families = {family.name: family for family in RedisStateCollector(r, keys).collect()}
-    assert [(s.labels, s.value) for s in families["makespan_host_cordoned"].samples] == [({"host": "a"}, 1.0)]
+    assert [(s.labels, s.value) for s in families["makespan_host_cordoned"].samples] == [({"host": "a"}, 1.0),
+                                                                                         ({"host": "b"}, 0.0)]
 
     out = _cli(env, "uncordon", "a")
     assert out.exit_code == 0 and "uncordoned host a" in out.output and "firmware, then NICs" in out.output
