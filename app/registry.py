@@ -316,8 +316,13 @@ def live_definition(r: redis.Redis, keys: Keys, name: str, also: list[str] = ())
 def closest_name(name: str, alive: list[str]) -> str | None:
     """The live workload name most like ``name`` (difflib's closest, cutoff 0.6), whose
     function part is itself like ``name``'s: ``mymodule.nope`` suggests nothing, not
-    ``mymodule.slow`` because the module matches. None if there is none."""
+    ``mymodule.slow`` because the module matches; a bare function name (``shout``) suggests
+    the one live name whose function part it is (``gpu_jobs.shout``). None if there is none."""
     function = name.rsplit(".", 1)[-1]
+    if "." not in name:
+        whole = [candidate for candidate in alive if candidate.rsplit(".", 1)[-1] == name]
+        if len(whole) == 1:
+            return whole[0]
     for candidate in difflib.get_close_matches(name, alive, n=3):
         if difflib.SequenceMatcher(None, function, candidate.rsplit(".", 1)[-1]).ratio() >= 0.6:
             return candidate

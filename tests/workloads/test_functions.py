@@ -218,6 +218,7 @@ def test_the_hint_for_an_unknown_name_needs_a_close_function_not_only_the_same_m
 
     assert closest_name("mymodule.nope", ["mymodule.slow", "gpu_jobs.shout"]) is None  # was 'mymodule.slow'
     assert closest_name("mymodule.slwo", ["mymodule.slow", "gpu_jobs.shout"]) == "mymodule.slow"
+    assert closest_name("shout", ["mymodule.slow", "gpu_jobs.shout"]) == "gpu_jobs.shout"  # the module left out
     assert closest_name("gpu_job.shout", ["gpu_jobs.shout"]) == "gpu_jobs.shout"
 
 
