@@ -1035,7 +1035,7 @@ class PhaseRunner:
         instance, else a sleep of ``service_s`` (scaled). A job planned on a process
         endpoint never runs without it: when no live instance of it is on its GPUs (its
         process was stopped or died after the start phase) execute fails with that
-        reason instead of "succeeding" by sleeping. The GPU worker's shutdown stops each
+        reason instead of "succeeding" by sleeping, and so does a sleep whose instance died under it. The GPU worker's shutdown stops each
         kind early (a function through ``ctx.cancelled``; the requests: none sent after it,
         those in flight end; the sleep) and raises StaleFencingToken: the caller hands the
         lease back (:meth:`hand_back`). Raises StaleFencingToken (lease lost, shutdown),
@@ -1070,6 +1070,9 @@ class PhaseRunner:
             extra.update(res.summary(), instance=inst.id)
         else:
             self._sleep(ctx.service_s, hb, ctx)
+            if needs_process and self._request_target(ctx) is None:  # it died while the job ran on it
+                raise PhaseError(f"endpoint {ctx.endpoint!r} on GPUs {', '.join(ctx.gpus)} stopped or died during "
+                                 "execute (its process is gone): the job did not run to its end with it")
 
     def _spec(self, ctx: PhaseContext) -> dict:
         """The job's spec (the validated submit, JSON) from its record."""

@@ -66,14 +66,14 @@ def _system(tmp_path, settings, cold_start_s: float):
     return LiveSystem(path, fleet, s, tmp_path / "logs", planners=0, observer=False), fleet, s
 
 
-def _lease(r, keys, fleet, s, payload=None):
+def _lease(r, keys, fleet, s, payload=None, service_s=10.0):
     gpu = fleet.hosts[0].gpus[0].uuid
-    job = Producer(r, keys, fleet, s).submit({"endpoint": "real", "service_s": 10, "priority": "HIGH",
+    job = Producer(r, keys, fleet, s).submit({"endpoint": "real", "service_s": service_s, "priority": "HIGH",
                                               "payload": payload or {}}).id
     lease = LeaseStore(r, keys).acquire("L1", (gpu,), TTL_S, job_id=job, kind="job", holder=HOST,
                                         queue=keys.queue("HIGH"))
     assert lease is not None
-    return PhaseContext("L1", lease.token, [gpu], HOST, "job", "real", job, "HIGH", 10.0)
+    return PhaseContext("L1", lease.token, [gpu], HOST, "job", "real", job, "HIGH", service_s)
 
 
 def _send(s, keys, ctx, phases):
@@ -136,6 +136,28 @@ def test_execute_without_its_endpoint_fails_with_the_reason(r, keys, settings, t
         assert rec["state"] == "failed", "execute 'succeeded' without the endpoint it was planned on"
         assert "no live instance of endpoint 'real'" in rec["reason"]
         assert r.get(keys.gpu(ctx.gpus[0])) is None  # the lease was released with the failure
+    finally:
+        system.stop()
+
+
+def test_an_endpoint_that_dies_during_execute_fails_the_job(r, keys, settings, tmp_path):
+    """An operator's kill -9 of the endpoint process mid-execute: the job "completed" (its
+    execute slept on), against the documented "never completes without it"."""
+    import os
+
+    system, fleet, s = _system(tmp_path, settings, cold_start_s=10)
+    ctx = _lease(r, keys, fleet, s, service_s=400.0)  # a 4 s execute at time scale 0.01
+    try:
+        _worker(system, 0)
+        _send(s, keys, ctx, ("evict", "start_endpoint", "execute", "clear"))
+        wait_for(lambda: r.hget(keys.job(ctx.job_id), "state") == "running", 30, "execute to begin")
+        [inst] = list_instances(r, keys)
+        os.kill(inst.pid, signal.SIGKILL)
+        wait_for(lambda: r.hget(keys.job(ctx.job_id), "state") in TERMINAL, 30, "the job to end")
+        rec = r.hgetall(keys.job(ctx.job_id))
+        assert rec["state"] == "failed", "the job completed without the endpoint it ran on"
+        assert "stopped or died during execute" in rec["reason"], rec["reason"]
+        assert r.get(keys.gpu(ctx.gpus[0])) is None
     finally:
         system.stop()
 
