@@ -227,7 +227,9 @@ def incidents(redis_url: str | None = typer.Option(None, "--redis-url", help="de
         rec = i["recovery"] or {}
         when = time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(i["detected_at"]))  # UTC, as why and jobs
         ctx = ",".join(f"{c['op_id']}({c['mode']})" for c in i["agenda_context"]) or "none"
-        took = f" in {rec['recovery_s']:g} s" if rec.get("recovery_s") is not None else ""
+        # how long it took, for an outcome that ended it (a "not restarted" or "failed" one took no time to speak of)
+        ended = str(rec.get("outcome", "")).startswith(("recovered", "closed"))
+        took = f" in {rec['recovery_s']:g} s" if ended and rec.get("recovery_s") is not None else ""
         subject = i["endpoint"] or f"host {i.get('host', '')}"  # host_down: no endpoint
         typer.echo(f"{i['incident_id']}  {when}  {subject}  {i['failure_mode']}  gpus={','.join(i['gpus'])}  "
                    f"agenda={ctx}  recovery={rec.get('outcome', 'pending')}{took}\n    effect: {i['effect']}")

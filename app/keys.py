@@ -52,8 +52,9 @@ key                                    type    contents
 ``P:plan``                             string  the leading planner's last plan, JSON (see
                                                makespan.workers.plan_view; EX ttl)
 ``P:incidents``                        stream  incidents raised by the health observer
-``P:incidents:seen``                   set     agenda op ids already reported as overrunning; an id
-                                               is dropped once its entry has closed (the
+``P:incidents:seen``                   hash    agenda op id already reported as overrunning -> its
+                                               incident ids; an id is dropped once its entry has
+                                               closed, and its incidents get their recovery (the
                                                observer's incidents_mark script, each cycle)
 ``P:incidents:hosts_down``             hash    host -> ``since:<s>`` (no live GPU worker since, not
                                                reported yet) or ``open:<incident id>:<s>`` (its

@@ -156,8 +156,11 @@ class Observer:
         overrun = {e["op_id"] for e in entries if e["mode"] == "POSITIVE" and server_now > self.late_after(e)}
         # once per operation: P:incidents:seen holds the op ids reported, and drops those whose
         # entry has closed (bounded by the open agenda entries)
-        fresh = set(self._mark_overruns(keys=[self.keys.incidents_seen, self.keys.agenda_index],
-                                        args=sorted(overrun)))
+        fresh_ops, closed = self._mark_overruns(keys=[self.keys.incidents_seen, self.keys.agenda_index],
+                                                args=sorted(overrun))
+        fresh = set(fresh_ops)
+        self._close_overruns(dict(zip(closed[::2], closed[1::2])))
+        raised_for: dict[str, list[str]] = {}  # op id -> the overrun incidents raised for it this cycle
         reported: set[str] = set()
         raised = []
         for (inst, _), ok in zip(pairs, health):
@@ -184,12 +187,19 @@ class Observer:
                 continue
             inc = self._raise(inst.endpoint, inst, mode, ok, touching, now)
             raised.append(inc)
+            if mode == "transition_overrun" and ok:  # an unhealthy one gets _recover's record
+                for e in late:
+                    raised_for.setdefault(e["op_id"], []).append(inc["incident_id"])
             if not ok:
                 self._recover(inst, inc)
         for e in entries:  # overruns with no registered instance: report, the live holder restores
             if e["op_id"] in fresh and e["op_id"] not in reported:
                 for ep in e["endpoints"]:
-                    raised.append(self._raise(ep, None, "transition_overrun", True, [e], now))
+                    inc = self._raise(ep, None, "transition_overrun", True, [e], now)
+                    raised.append(inc)
+                    raised_for.setdefault(e["op_id"], []).append(inc["incident_id"])
+        if raised_for:  # recorded once raised: the entry's close writes their recovery (_close_overruns)
+            self.r.hset(self.keys.incidents_seen, mapping={op: ",".join(ids) for op, ids in raised_for.items()})
         raised += self.check_hosts()
         self.r.hset(self.keys.observer, mapping={"cycle": self.cycle, "at": repr(time.time())})
         self.r.expire(self.keys.observer, max(int(self.probe_interval_s * 5), 5))
@@ -287,7 +297,8 @@ class Observer:
     def _raise(self, endpoint: str, inst: Instance | None, mode: str, healthy: bool, touching: list[dict],
                now: float) -> dict:
         if inst is None:
-            effect = f"transition of endpoint {endpoint} late; its holder restores the set point"
+            effect = (f"transition of endpoint {endpoint} running late (no instance of it registered on its GPUs "
+                      "yet): the phase that runs it goes on; a recovery record closes this when it ends")
         elif healthy:
             effect = f"endpoint {endpoint} still serving; transition late"
         else:
@@ -295,8 +306,10 @@ class Observer:
         context = [{k: e[k] for k in ("op_id", "mode", "planned_start", "expected_end", "lock_alive")}
                    for e in touching]
         gpus = inst.gpus if inst else sorted({g for e in touching for g in e["gpus"]})
+        host = inst.host if inst else next((h.name for h in self.fleet.hosts if {g.uuid for g in h.gpus} & set(gpus)),
+                                           "")
         rec = {"kind": "incident", "endpoint": endpoint, "instance_id": inst.id if inst else "",
-               "host": inst.host if inst else "", "gpus": json.dumps(gpus), "failure_mode": mode,
+               "host": host, "gpus": json.dumps(gpus), "failure_mode": mode,
                "detected_at": repr(now), "cycle": str(self.cycle),
                "last_ok_cycle": str(self.last_ok_cycle.get(inst.id, 0) if inst else 0),
                "effect": effect, "agenda_context": json.dumps(context)}
@@ -307,12 +320,31 @@ class Observer:
         log.error("incident %s: %s %s (%s)", rec["incident_id"], endpoint, mode, effect)
         return rec
 
+    def _close_overruns(self, closed: dict[str, str]) -> None:
+        """A ``kind=recovery`` record for each overrun incident whose agenda entry has closed
+        (``closed``: op id -> its incident ids, comma-separated): the late transition ended.
+        ``recovery_s``: from the incident's detection to this cycle (the stream id's time)."""
+        now = time.time()
+        for op_id, ids in closed.items():
+            for incident_id in filter(None, ids.split(",")):
+                took = max(0.0, now - int(incident_id.split("-")[0]) / 1000.0)
+                self.r.xadd(self.keys.incidents, {
+                    "kind": "recovery", "incident_id": incident_id, "endpoint": "", "agenda_op": op_id,
+                    "outcome": "recovered: the late transition ended (its agenda entry closed)",
+                    "recovered_at": repr(now), "recovery_s": repr(round(took, 3))},
+                    maxlen=INCIDENTS_MAX_LEN, approximate=True)
+                log.warning("overrun %s ended (%s, %.1f s after it was reported)", incident_id, op_id, took)
+
     def _restart_effect(self, inst: Instance) -> str:
         """What :meth:`_recover` will do with down ``inst``, in words: an endpoint the fleet
         lacks is marked failed; else it is restarted on the same GPUs, which are its set
         point only when the fleet places it there (an endpoint with no ``set_point`` has none)."""
         if inst.endpoint not in self.fleet.endpoints:
             return f"not in fleet {self.fleet.name!r}: marked failed, not restarted"
+        leased = self._leased(inst)
+        if leased:
+            return (f"not restarted while its GPUs are leased ({leased}): a job running on it fails when it needs "
+                    "it, and the next start phase or set-point restore there loads it again")
         by_gpu = self.fleet.set_point_by_gpu()
         if all(by_gpu.get(gpu) == inst.endpoint for gpu in inst.gpus):
             return "restarting it to its set point"
@@ -329,8 +361,8 @@ class Observer:
             out["outcome"] = f"failed: endpoint {inst.endpoint!r} is not in fleet {self.fleet.name!r}"
         elif leased:
             self._give_up(inst)
-            out["outcome"] = (f"not restarted: its GPUs are leased ({leased}); the lease's start phase or the "
-                              "set-point restore loads it again")
+            out["outcome"] = (f"not restarted: its GPUs are leased ({leased}); a job running on it fails when it "
+                              "needs it, and the next start phase or set-point restore there loads it again")
         else:
             driver = self.driver(inst.driver)
             expected_s = (spec.evict_s + spec.cold_start_s) * inst.time_scale + self.probe_interval_s

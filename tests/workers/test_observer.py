@@ -175,9 +175,14 @@ def test_overrun_without_instance_reported_once(r, keys, fleet_path):
             time.sleep(0.02)
         [inc] = obs.probe_once()
         assert inc["failure_mode"] == "transition_overrun" and inc["instance_id"] == ""
+        assert inc["host"] == "host-a"  # from its GPUs (it was empty)
         assert obs.probe_once() == []  # once per operation
+        assert list_incidents(r, keys)[0]["recovery"] is None  # pending while the transition runs
+    assert obs.probe_once() == []  # the entry closed: the late transition ended
     obs.close()
-    assert len(list_incidents(r, keys)) == 1
+    [listed] = list_incidents(r, keys)
+    assert listed["recovery"]["outcome"] == "recovered: the late transition ended (its agenda entry closed)", listed
+    assert listed["recovery"]["recovery_s"] >= 0.0  # it stayed pending for ever before
 
 
 def test_overruns_reported_are_forgotten_once_their_entries_close(r, keys, fleet_path):
@@ -197,13 +202,14 @@ def test_overruns_reported_are_forgotten_once_their_entries_close(r, keys, fleet
         raised = obs.probe_once()
         assert {i["failure_mode"] for i in raised} == {"transition_overrun"} and len(raised) == 10
         assert obs.probe_once() == []  # still open: once per operation
-        assert r.scard(keys.incidents_seen) == 10, f"round {rnd}: {r.scard(keys.incidents_seen)} op ids kept"
+        assert r.hlen(keys.incidents_seen) == 10, f"round {rnd}: {r.hlen(keys.incidents_seen)} op ids kept"
         reported += len(raised)
         for e in entries:
             assert agenda.complete(e)
     assert reported == 200
     obs.probe_once()  # the cycle after the last closures
-    assert r.scard(keys.incidents_seen) == 0
+    assert r.hlen(keys.incidents_seen) == 0
+    assert all(i["recovery"] is not None for i in list_incidents(r, keys, count=1000))  # each one closed
     obs.close()
 
 

@@ -149,3 +149,22 @@ def test_a_cordoned_host_s_stopped_worker_is_no_incident(r, keys, redis_url, pre
     finally:
         observer.close()
 
+
+
+def test_a_host_down_recovery_gives_the_outage_not_the_time_since_the_incident(r, keys):
+    """An operator read "recovered ... in 8 s" for a host down 49 s: the figure ran from the
+    incident (a grace after the outage began). It runs from when the host was first seen down."""
+    observer = Observer(r, keys, FLEET, host_down_grace_s=50.0)
+    try:
+        announce(r, keys, "host-a", "worker-1", 30.0)
+        assert withdraw(r, keys, "host-a", "worker-1")
+        assert observer.probe_once() == []  # seen down now: within the grace
+        seconds, micros = r.time()
+        r.hset(keys.incidents_hosts_down, "host-a", f"since:{seconds + micros / 1e6 - 100.0:.6f}")  # 100 s ago
+        assert [i["host"] for i in observer.probe_once()] == ["host-a"]  # past the grace: reported
+        announce(r, keys, "host-a", "worker-2", 30.0)
+        assert observer.probe_once() == []
+        (row,) = _host_rows(r, keys)
+        assert 100.0 <= row["recovery"]["recovery_s"] < 130.0, row["recovery"]
+    finally:
+        observer.close()

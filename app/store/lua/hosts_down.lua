@@ -2,7 +2,7 @@
 -- atomic step per cycle whatever other observers do. Per host of ARGV, from the liveness a
 -- GPU worker keeps (P:hosts:seen, P:host:live:{host}) and the host's entry in
 -- P:incidents:hosts_down ('since:<s>': down, not reported yet; 'open:<incident id>:<s>': its
--- incident, detected at s): a host seen once with no live key gets 'since:' now, and its
+-- incident, of an outage seen since s): a host seen once with no live key gets 'since:' now, and its
 -- incident once it has been down ARGV[1] s (the grace: a rolling restart, or the second
 -- worker of a host renewing the shared key, is no incident); a host whose live key is back
 -- (or that left the published fleet: flag '0'; or that an operator cordoned: flag 'c') loses
@@ -10,7 +10,7 @@
 -- Library: none
 -- Transitions: none
 --
--- KEYS[1]  P:incidents:hosts_down   host -> 'since:<s>' | 'open:<incident id>:<detected s>'
+-- KEYS[1]  P:incidents:hosts_down   host -> 'since:<s>' | 'open:<incident id>:<since s>'
 -- KEYS[2]  P:incidents              the incidents stream
 -- KEYS[3]  P:hosts:seen             hosts a GPU worker announced once
 -- KEYS[4..] P:host:live:{host}      one per host of ARGV, in their order
@@ -21,7 +21,8 @@
 --          caller's fleet: out of service on purpose, only closed); its incident's fields as a
 --          JSON object of strings (detected_at is added here; '{}' when the caller saw it up)
 -- Returns {raised, recovered}: raised = {host, incident id, detected_at, ...}; recovered =
--- {host, incident id, recovery_s, ...}.
+-- {host, incident id, recovery_s, ...}: recovery_s is the outage, from when an observer first
+-- saw the host without a live worker (the incident was raised a grace later).
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local grace = tonumber(ARGV[1])
@@ -47,19 +48,20 @@ for i = 1, n do
       local flat = {}
       for k, v in pairs(record) do table.insert(flat, k); table.insert(flat, tostring(v)) end
       local id = redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', unpack(flat))
-      redis.call('HSET', KEYS[1], host, 'open:' .. id .. ':' .. record['detected_at'])
+      -- the outage's start, not the incident's: its recovery_s is how long the host was down
+      redis.call('HSET', KEYS[1], host, 'open:' .. id .. ':' .. string.format('%.6f', since))
       table.insert(raised, host); table.insert(raised, id); table.insert(raised, record['detected_at'])
     end
   elseif state then
     if string.sub(state, 1, 5) == 'open:' then
-      local id, detected = string.match(string.sub(state, 6), '^(.*):([^:]*)$')
+      local id, since = string.match(string.sub(state, 6), '^(.*):([^:]*)$')
       local outcome = 'recovered: a GPU worker consumes its queue again'
       if member == '0' then
         outcome = 'recovered: the host left the published fleet'
       elseif member == 'c' then
         outcome = 'closed: the host was cordoned (out of service on purpose)'
       end
-      local took = string.format('%.3f', math.max(0, now - tonumber(detected)))
+      local took = string.format('%.3f', math.max(0, now - tonumber(since)))
       redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', 'kind', 'recovery', 'incident_id', id,
                  'endpoint', '', 'host', host, 'outcome', outcome,
                  'recovered_at', string.format('%.6f', now), 'recovery_s', took)
