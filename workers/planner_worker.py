@@ -163,6 +163,7 @@ class PlannerWorker:
     def _lead(self):
         lock = self.lock_client.lock(self.keys.planner_leader, timeout=self.lock_ttl_s, thread_local=False)
         outage = OutageLog(log, f"{self.name} standing by")
+        said_standing_by = False
         while not self._stop.is_set():
             try:  # a standby must outlive a Redis restart or a dropped connection
                 asked_s = self.clock.monotonic()  # the lock's TTL runs from a moment after this
@@ -171,6 +172,9 @@ class PlannerWorker:
                 outage.ok()
                 self.redis_answered = True
                 if not got:
+                    if not said_standing_by:  # once per wait: the log says the standby is up
+                        said_standing_by = True
+                        self._say_standing_by()
                     self._compare_with_leader()
                     continue
                 self._take_office(lock)
@@ -226,6 +230,17 @@ class PlannerWorker:
     def _config(self) -> dict[str, str]:
         """What this planner plans with, as it publishes it when it leads (``Keys.planner_config``)."""
         return {"planner": self.name, "policy": self.settings.policy, "fleet_version": fleet_version(self.whole_fleet)}
+
+    def _say_standing_by(self) -> None:
+        """Log, once per wait for the lock, that this planner is up and stands by, and for
+        whom (an operator read an empty standby log as a planner that never started)."""
+        try:
+            leader = json.loads(self.r.get(self.keys.planner_config) or "{}").get("planner")
+        except (ValueError, AttributeError):
+            leader = None
+        log.info("%s stands by%s: %s leads; it takes over when the leader lock is free (within %.1f s of a leader "
+                 "that dies, at once after one that stops)", self.name, f" for pool {self.pool}" if self.pool else "",
+                 leader or "another planner", self.lock_ttl_s)
 
     def _compare_with_leader(self) -> None:
         """While standing by: warn, once per leader and difference, when the leading planner

@@ -133,6 +133,8 @@ def test_a_standby_with_another_fleet_or_policy_says_so_and_its_takeover_too(r, 
 
         lines = wait_for(warned, 60, "the standby to say that its fleet and policy differ from the leader's")
         assert "fifo" in lines[0] and "portfolio" in lines[0], lines[0]
+        standing = [line for line in log_path.read_text(errors="replace").splitlines() if "stands by:" in line]
+        assert len(standing) == 1 and "leads; it takes over when the leader lock is free" in standing[0], standing
         time.sleep(3.0)
         assert len(warned()) == 1, "said once, not at every look at the lock"
         os.killpg(leader.pid, signal.SIGTERM)
