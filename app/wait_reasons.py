@@ -32,7 +32,8 @@ REASONS: dict[str, str] = {
     "behind_reservation": "the GPUs it could use now are reserved for a job that has waited longer",
     "waiting_for_memory": "GPUs of its group size are free, but none with the memory its endpoint needs",
     "delayed_until": "submitted with delay_s: queued at the ETA (not_before)",
-    "preempted_requeued": "it was preempted and is queued again (it restarts from zero)",
+    "preempted_requeued": "it was preempted and is queued again (it restarts from zero), until it starts again; the "
+                          "detail says what it waits for now",
     "retry_backoff": "its function raised and is retried, or its lease was reclaimed (worker lost); it waits out "
                      "the retry backoff until the ETA",
     "host_down": "the hosts it could run on have no live GPU worker (stopped or dead): nothing is leased there "

@@ -112,15 +112,24 @@ def _batch_reason(ctx: TickContext, job: PlanJob, state: FleetState, plan: Plan,
     memory check per (tensor-parallel size, MiB per GPU), filled here (one fleet scan per
     endpoint shape per tick, not per job). ``on_gpu``: GPU -> positions in ``plan.assignments``
     of the assignments on it (:func:`_positions_on_gpu`; None: scan the plan)."""
-    now = state.now_s
     reservations: dict[str, Reservation] = ctx.reservations
     own_reservation = reservations.get(job.id)
     if own_reservation is not None:
         return "reserved", (f"GPUs {','.join(own_reservation.gpus)} reserved for it from the ETA "
                             "(waited past the aging bound)")
     blocking = [reservation for reservation in reservations.values() if job.id in reservation.deferred]
-    if job.id in ctx.formed.requeued:
-        return "preempted_requeued", "preempted; queued again, restarts from zero"
+    if job.id in ctx.formed.requeued:  # its code until it starts again; the detail says what it waits for now
+        reason, detail = _current_wait(ctx, job, state, plan, assignment, blocking, memory_waits, on_gpu)
+        return "preempted_requeued", f"preempted; queued again, restarts from zero; now {reason}: {detail}"
+    return _current_wait(ctx, job, state, plan, assignment, blocking, memory_waits, on_gpu)
+
+
+def _current_wait(ctx: TickContext, job: PlanJob, state: FleetState, plan: Plan, assignment: Assignment | None,
+                  blocking: list[Reservation], memory_waits: dict[tuple[int, int], bool] | None,
+                  on_gpu: dict[str, list[int]] | None) -> tuple[str, str]:
+    """(reason, detail) of a batch job past the reservation checks of :func:`_batch_reason`:
+    ``blocking``, the reservations that defer it."""
+    now = state.now_s
     if blocking:
         reservation = blocking[0]
         return "behind_reservation", f"GPUs {','.join(reservation.gpus)} are reserved for job {reservation.job_id}"

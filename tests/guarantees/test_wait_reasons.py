@@ -208,7 +208,10 @@ def test_a_victim_of_the_rules_preemption_gets_its_eta_at_the_next_tick(r, setti
     assert [c.job_id for c in sent] == [crit] and r.hget(w.keys.job(low), "wait_eta") in (None, "")
     sec, usec = r.time()
     w.tick()  # the same planner clock: REASON_REFRESH_S has not passed
-    assert "no ETA" not in _why(low, "preempted_requeued")
+    out = _why(low, "preempted_requeued")
+    assert "no ETA" not in out
+    # the detail says what it waits for now (an operator saw only "preempted" for a minute)
+    assert f"restarts from zero; now waiting_for_gpus: planned on GPUs GPU-h-0, held by job {crit}" in out, out
     # after the CRITICAL job: 1 s cold start + 10 s, 0.01 wall s per workload s
     assert float(r.hget(w.keys.job(low), "wait_eta")) > sec + usec / 1e6
 
