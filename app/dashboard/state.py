@@ -119,8 +119,8 @@ def _bars(evs: list[dict[str, Any]], now: float, since: float) -> list[dict[str,
         still_open = not iv.complete and abs(end - t_last) < 1e-9
         if still_open:
             end = now
-        if end < since:
-            continue
+        if end < since or (iv.complete and end - start < 0.001):  # a no-op phase (a restore's evict of
+            continue                                                  # nothing): no bar to draw
         for g in iv.gpus:
             out.append({"gpu": g, "job": iv.job, "endpoint": iv.endpoint, "priority": iv.priority, "phase": iv.phase,
                         "start": max(start, since), "end": end, "open": still_open})
