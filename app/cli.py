@@ -583,13 +583,33 @@ def status(job_id: str, fleet: Path | None = typer.Option(None, "--fleet", hidde
 
 
 @app.command()
-def cancel(job_id: str, fleet: Path | None = typer.Option(None, "--fleet", hidden=True, help=FLEET_IGNORED_HELP)):
+def cancel(job_ids: list[str] = typer.Argument(None, help="job ids (or none, with filters)"),
+           state: list[str] = typer.Option(None, "--state", help="with no JOB_IDS: cancel the jobs in this state: "
+                                           "queued, delayed, leased or running (repeatable; default queued and "
+                                           "delayed)"),
+           endpoint: str | None = typer.Option(None, "--endpoint", help="with no JOB_IDS: only jobs of this endpoint"),
+           priority: str | None = typer.Option(None, "--priority", help="with no JOB_IDS: only jobs of this level"),
+           pool: str | None = typer.Option(None, "--pool", help="with no JOB_IDS: only jobs of this pool"),
+           dry_run: bool = typer.Option(False, "--dry-run", help="with filters: list the jobs it would cancel, "
+                                        "cancel nothing"),
+           fleet: Path | None = typer.Option(None, "--fleet", hidden=True, help=FLEET_IGNORED_HELP)):
     """Cancel a job (queued: removed at once; running: a workload function sees ctx.cancelled, a simulated
     cold start or execute is cut short, anything else stops at its next phase). Prints one word: cancelled (this
     call cancelled the queued or delayed job) or cancel_requested (leased or running: it stops at its next phase
     boundary), exit 0; for a job that had already ended, how it ended (cancelled, completed or failed) and, on
-    stderr, when: exit 5, nothing was cancelled. Exit 2: an unknown job, or Redis unreachable."""
+    stderr, when: exit 5, nothing was cancelled. Exit 2: an unknown job, or Redis unreachable. Several JOB_IDS,
+    or filters (--state, --endpoint, --priority, --pool) instead of ids: one line per job (`ID OUTCOME`) and a
+    count on stderr; exit 0, or 2 when an id was unknown (the others are cancelled)."""
     ignored_fleet_option(fleet, "cancel")
+    filtered = bool(state or endpoint or priority or pool)
+    if job_ids and filtered:
+        _fail(MakespanError("give job ids or filters (--state, --endpoint, --priority, --pool), not both"))
+    if not job_ids and not filtered:
+        _fail(MakespanError("give a job id, or filters (e.g. --endpoint E --state queued) to cancel many"))
+    if filtered or len(job_ids) > 1:
+        _cancel_many(job_ids or [], tuple(state or ()), endpoint, priority, pool, dry_run)
+        return
+    job_id = job_ids[0]
     try:
         outcome = _job_reader().cancel_outcome(job_id)
     except MakespanError as e:
@@ -601,6 +621,50 @@ def cancel(job_id: str, fleet: Path | None = typer.Option(None, "--fleet", hidde
         raise typer.Exit(EXIT_ALREADY_ENDED)
     if outcome.requested_before:
         typer.echo(f"job {job_id}: its cancel was already requested; it stops at its next phase boundary", err=True)
+
+
+def _cancel_many(job_ids: list[str], states: tuple[str, ...], endpoint: str | None, priority: str | None,
+                 pool: str | None, dry_run: bool) -> None:
+    """``makespan cancel`` of several ids, or of the jobs the filters select (as ``makespan
+    jobs`` lists them: waiting, leased or running ones only)."""
+    from makespan.cli_why import LEASED, WAITING, list_jobs
+    from makespan.errors import NotFoundError
+
+    reader = _job_reader()
+    if not job_ids:
+        bad = [s for s in states if s not in (*WAITING, *LEASED)]
+        if bad:
+            _fail(ValidationError("state", bad[0], f"cancel takes {', '.join((*WAITING, *LEASED))} (an ended job "
+                                                   "has nothing to cancel)"))
+        try:
+            rows = list_jobs(reader.r, reader.keys, reader.settings, states or WAITING, endpoint, priority,
+                             limit=1_000_000, pool=pool)
+        except MakespanError as e:
+            _fail(e)
+        job_ids = [row["id"] for row in rows]
+        if dry_run:
+            for row in rows:
+                typer.echo(f"{row['id']} {row['state']}")
+            typer.echo(f"{len(rows)} job(s) would be cancelled (--dry-run: nothing cancelled)", err=True)
+            return
+    counts: dict[str, int] = {}
+    unknown = 0
+    for job_id in job_ids:
+        try:
+            outcome = reader.cancel_outcome(job_id)
+        except NotFoundError:
+            typer.echo(f"{job_id} unknown", err=True)
+            unknown += 1
+            continue
+        except MakespanError as e:
+            _fail(e)
+        said = f"already {outcome.state}" if outcome.already_ended else outcome.state
+        typer.echo(f"{job_id} {said}")
+        counts[said] = counts.get(said, 0) + 1
+    summary = ", ".join(f"{count} {said}" for said, count in sorted(counts.items())) or "no job"
+    typer.echo(summary + (f", {unknown} unknown" if unknown else ""), err=True)
+    if unknown:
+        raise typer.Exit(2)
 
 
 REPORT_HELP = "where to write the report JSON too; default: report.json in the current folder, unless --run-dir is given"

@@ -191,3 +191,30 @@ def test_cancel_workload_of_a_failed_workload_stops_what_still_goes_then_says_it
     assert f"workload {wid} had already failed at " in res.stderr and "still going were cancelled" in res.stderr
     res = _invoke(["cancel-workload", wid], redis_url, prefix)
     assert res.exit_code == EXIT_ALREADY_ENDED and "had already ended (failed at " in res.stderr, res.output
+
+
+def test_cancel_many_by_ids_or_by_filters(r, keys, settings, redis_url, prefix):
+    """An operator cancelling every queued LOW job of one endpoint ran `makespan cancel` once
+    per id from a `jobs` listing: ids and filters (as `jobs` takes them) cancel many at once."""
+    _publish_fleet(r, keys)
+    prod = Producer(r, keys, load_fleet(FLEET_TOML), settings)
+    low = [prod.submit({"endpoint": "chat", "service_s": 5, "priority": "LOW"}).id for _ in range(2)]
+    high = prod.submit({"endpoint": "chat", "service_s": 5, "priority": "HIGH"}).id
+    other = prod.submit({"endpoint": "embed", "service_s": 5, "priority": "LOW"}).id
+    res = _invoke(["cancel", "--endpoint", "chat", "--priority", "LOW", "--dry-run"], redis_url, prefix)
+    assert res.exit_code == 0 and sorted(line.split()[0] for line in res.stdout.splitlines()) == sorted(low)
+    assert "2 job(s) would be cancelled" in res.stderr and r.hget(keys.job(low[0]), "state") == "queued"
+    res = _invoke(["cancel", "--endpoint", "chat", "--priority", "LOW"], redis_url, prefix)
+    assert res.exit_code == 0 and sorted(res.stdout.split()) == sorted([*low, "cancelled", "cancelled"]), res.output
+    assert "2 cancelled" in res.stderr
+    assert [r.hget(keys.job(j), "state") for j in (*low, high, other)] == ["cancelled", "cancelled", "queued", "queued"]
+    res = _invoke(["cancel", high, low[0], "nope"], redis_url, prefix)  # ids: one unknown, one ended already
+    assert res.exit_code == 2, res.output
+    assert res.stdout.splitlines() == [f"{high} cancelled", f"{low[0]} already cancelled"]
+    assert "nope unknown" in res.stderr and "1 already cancelled, 1 cancelled, 1 unknown" in res.stderr
+    for argv, words in ((["cancel"], "give a job id, or filters"), (["cancel", other, "--endpoint", "embed"],
+                                                                   "not both"),
+                        (["cancel", "--state", "completed"], "an ended job has nothing to cancel")):
+        res = _invoke(argv, redis_url, prefix)
+        assert res.exit_code == 2 and words in res.output, res.output
+    assert r.hget(keys.job(other), "state") == "queued"
