@@ -52,10 +52,13 @@ key                                    type    contents
 ``P:plan``                             string  the leading planner's last plan, JSON (see
                                                makespan.workers.plan_view; EX ttl)
 ``P:incidents``                        stream  incidents raised by the health observer
-``P:incidents:seen``                   hash    agenda op id already reported as overrunning -> its
-                                               incident ids; an id is dropped once its entry has
-                                               closed, and its incidents get their recovery (the
-                                               observer's incidents_mark script, each cycle)
+``P:incidents:overruns``               hash    agenda op id already reported as overrunning -> its
+                                               incident ids ('reaped:' first when the agenda reaped
+                                               the entry: its holder died); an id is dropped once
+                                               its entry has closed, and its incidents get their
+                                               recovery (the observer's incidents_mark script)
+``P:incidents:seen``                   set     what observers before 2026-12-06 kept instead (op ids
+                                               only); no longer written, dropped by those observers
 ``P:incidents:hosts_down``             hash    host -> ``since:<s>`` (no live GPU worker since, not
                                                reported yet) or ``open:<incident id>:<s>`` (its
                                                host_down incident); dropped when a worker is back
@@ -342,8 +345,10 @@ class Keys:
         return f"{self.prefix}:incidents"
 
     @property
-    def incidents_seen(self) -> str:
-        return f"{self.prefix}:incidents:seen"
+    def incidents_overruns(self) -> str:
+        """Hash: agenda op id reported as overrunning -> its incident ids, comma-separated
+        (``reaped:`` first once the agenda reaped the entry; :mod:`makespan.workers.observer`)."""
+        return f"{self.prefix}:incidents:overruns"
 
     @property
     def incidents_hosts_down(self) -> str:

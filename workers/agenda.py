@@ -271,12 +271,13 @@ class AgendaTracker:
             raise StoreError(f"agenda count: {e}") from e
 
     def reap(self) -> int:
-        """Delete entries whose lock expired (dead holders); returns how many."""
+        """Delete entries whose lock expired (dead holders); returns how many. An overrun
+        incident raised for one is marked reaped (the observer closes it as such)."""
         n = 0
         try:
             for op in self.r.zrange(self.keys.agenda_index, 0, -1):
-                n += int(self._reap(keys=[self.keys.agenda(op), self.keys.agenda_index, self.lock_key(op)],
-                                    args=[op]))
+                n += int(self._reap(keys=[self.keys.agenda(op), self.keys.agenda_index, self.lock_key(op),
+                                          self.keys.incidents_overruns], args=[op]))
         except redis.RedisError as e:
             raise StoreError(f"agenda reap: {e}") from e
         return n

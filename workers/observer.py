@@ -156,7 +156,7 @@ class Observer:
         overrun = {e["op_id"] for e in entries if e["mode"] == "POSITIVE" and server_now > self.late_after(e)}
         # once per operation: P:incidents:seen holds the op ids reported, and drops those whose
         # entry has closed (bounded by the open agenda entries)
-        fresh_ops, closed = self._mark_overruns(keys=[self.keys.incidents_seen, self.keys.agenda_index],
+        fresh_ops, closed = self._mark_overruns(keys=[self.keys.incidents_overruns, self.keys.agenda_index],
                                                 args=sorted(overrun))
         fresh = set(fresh_ops)
         self._close_overruns(dict(zip(closed[::2], closed[1::2])))
@@ -189,7 +189,8 @@ class Observer:
             raised.append(inc)
             if mode == "transition_overrun" and ok:  # an unhealthy one gets _recover's record
                 for e in late:
-                    raised_for.setdefault(e["op_id"], []).append(inc["incident_id"])
+                    if e["op_id"] in fresh:  # an op reported in an earlier cycle keeps that incident
+                        raised_for.setdefault(e["op_id"], []).append(inc["incident_id"])
             if not ok:
                 self._recover(inst, inc)
         for e in entries:  # overruns with no registered instance: report, the live holder restores
@@ -198,8 +199,8 @@ class Observer:
                     inc = self._raise(ep, None, "transition_overrun", True, [e], now)
                     raised.append(inc)
                     raised_for.setdefault(e["op_id"], []).append(inc["incident_id"])
-        if raised_for:  # recorded once raised: the entry's close writes their recovery (_close_overruns)
-            self.r.hset(self.keys.incidents_seen, mapping={op: ",".join(ids) for op, ids in raised_for.items()})
+        if raised_for:  # recorded once raised (fresh ops only): the entry's close writes their recovery
+            self.r.hset(self.keys.incidents_overruns, mapping={op: ",".join(ids) for op, ids in raised_for.items()})
         raised += self.check_hosts()
         self.r.hset(self.keys.observer, mapping={"cycle": self.cycle, "at": repr(time.time())})
         self.r.expire(self.keys.observer, max(int(self.probe_interval_s * 5), 5))
@@ -215,14 +216,19 @@ class Observer:
         outside this observer's fleet file are left to the observers whose file has them,
         except one the published fleet (``P:fleet``) no longer has, whose incident closes (a
         host of this observer's file that the published fleet dropped is closed, never raised). A
-        cordoned host is never down here: its incident (or its grace) ends when it is cordoned."""
+        cordoned host without leases is never down here: its incident (or its grace) ends when
+        it is cordoned; one whose leases still run there is (its worker died under them)."""
         own = [host.name for host in self.fleet.hosts]
         mine = set(own)
         p = self.r.pipeline(transaction=False)
         p.hgetall(self.keys.incidents_hosts_down)
         queue_reads(p, self.keys, own)
         entries, seen, live, cordoned = p.execute()
-        down = down_hosts(own, seen, live) - set(cordoned)  # a cordoned host is out of service on purpose
+        down = down_hosts(own, seen, live)
+        # a cordoned host without leases is out of service on purpose; one whose worker died
+        # while its leases still run there is an incident all the same (its jobs wait for the TTL)
+        idle_cordoned = self._without_leases(down & set(cordoned))
+        down -= idle_cordoned
         candidates = [host for host in own if host in down or host in entries]
         others = [host for host in entries if host not in mine]
         # rare (a host down, or another observer's entry): read the published fleet only then
@@ -238,7 +244,7 @@ class Observer:
         args: list[str] = []
         fields = {host: self._host_fields(host) for host in candidates if host in down}
         for host in candidates:
-            flag = "c" if host in cordoned else "0" if host in dropped else "1"
+            flag = "c" if host in idle_cordoned else "0" if host in dropped else "1"
             args += [host, flag, json.dumps(fields[host]) if host in fields else "{}"]
         for host in gone:
             args += [host, "0", "{}"]
@@ -257,6 +263,15 @@ class Observer:
         for host, incident_id, took in zip(*[iter(recovered_flat)] * 3):
             log.warning("host %s is back after %s (%s s)", host, incident_id, took)
         return raised
+
+    def _without_leases(self, hosts: set[str]) -> set[str]:
+        """The hosts of ``hosts`` (this observer's) none of whose GPUs a lease holds."""
+        if not hosts:
+            return set()
+        gpus = {h.name: [g.uuid for g in h.gpus] for h in self.fleet.hosts if h.name in hosts}
+        order = [(host, gpu) for host, uuids in gpus.items() for gpu in uuids]
+        held = {host for (host, _), holder in zip(order, self.r.mget([self.keys.gpu(g) for _, g in order])) if holder}
+        return set(gpus) - held
 
     def _host_fields(self, host: str) -> dict[str, str]:
         """The ``host_down`` incident of ``host`` as the stream holds it (module doc,
@@ -297,8 +312,8 @@ class Observer:
     def _raise(self, endpoint: str, inst: Instance | None, mode: str, healthy: bool, touching: list[dict],
                now: float) -> dict:
         if inst is None:
-            effect = (f"transition of endpoint {endpoint} running late (no instance of it registered on its GPUs "
-                      "yet): the phase that runs it goes on; a recovery record closes this when it ends")
+            effect = (f"transition of endpoint {endpoint} running late: the phase that runs it goes on; a recovery "
+                      "record closes this when it ends (or when its holder is found dead)")
         elif healthy:
             effect = f"endpoint {endpoint} still serving; transition late"
         else:
@@ -322,18 +337,27 @@ class Observer:
 
     def _close_overruns(self, closed: dict[str, str]) -> None:
         """A ``kind=recovery`` record for each overrun incident whose agenda entry has closed
-        (``closed``: op id -> its incident ids, comma-separated): the late transition ended.
-        ``recovery_s``: from the incident's detection to this cycle (the stream id's time)."""
-        now = time.time()
-        for op_id, ids in closed.items():
-            for incident_id in filter(None, ids.split(",")):
+        (``closed``: op id -> its incident ids, comma-separated, ``reaped:`` first when the
+        agenda reaped the entry): the late transition ended, or its holder died.
+        ``recovery_s``: from the incident's detection (its stream id, Redis server clock) to
+        this cycle (the same clock)."""
+        if not any(closed.values()):
+            return
+        seconds, micros = self.r.time()
+        now = seconds + micros / 1e6
+        for op_id, value in closed.items():
+            reaped = value.startswith("reaped:")
+            outcome = ("closed: the transition did not finish: its holder died (its agenda entry's lock expired and "
+                       "the entry was reaped)" if reaped else
+                       "recovered: the late transition ended (its agenda entry closed)")
+            for incident_id in filter(None, value.removeprefix("reaped:").split(",")):
                 took = max(0.0, now - int(incident_id.split("-")[0]) / 1000.0)
                 self.r.xadd(self.keys.incidents, {
                     "kind": "recovery", "incident_id": incident_id, "endpoint": "", "agenda_op": op_id,
-                    "outcome": "recovered: the late transition ended (its agenda entry closed)",
-                    "recovered_at": repr(now), "recovery_s": repr(round(took, 3))},
+                    "outcome": outcome, "recovered_at": repr(now), "recovery_s": repr(round(took, 3))},
                     maxlen=INCIDENTS_MAX_LEN, approximate=True)
-                log.warning("overrun %s ended (%s, %.1f s after it was reported)", incident_id, op_id, took)
+                log.warning("overrun %s closed (%s, %.1f s after it was reported): %s", incident_id, op_id, took,
+                            outcome)
 
     def _restart_effect(self, inst: Instance) -> str:
         """What :meth:`_recover` will do with down ``inst``, in words: an endpoint the fleet

@@ -21,6 +21,7 @@ from makespan.workers.agenda import AgendaTracker, server_now_s
 from makespan.workers.drivers import get_driver
 from makespan.workers.drivers.registry import list_instances, register_instance, unregister_instance
 from makespan.workers.observer import MIN_OVERRUN_SLACK_S, Observer, list_incidents
+from tests.live import wait_for
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 PROBE_S = 0.3
@@ -202,13 +203,13 @@ def test_overruns_reported_are_forgotten_once_their_entries_close(r, keys, fleet
         raised = obs.probe_once()
         assert {i["failure_mode"] for i in raised} == {"transition_overrun"} and len(raised) == 10
         assert obs.probe_once() == []  # still open: once per operation
-        assert r.hlen(keys.incidents_seen) == 10, f"round {rnd}: {r.hlen(keys.incidents_seen)} op ids kept"
+        assert r.hlen(keys.incidents_overruns) == 10, f"round {rnd}: {r.hlen(keys.incidents_overruns)} op ids kept"
         reported += len(raised)
         for e in entries:
             assert agenda.complete(e)
     assert reported == 200
     obs.probe_once()  # the cycle after the last closures
-    assert r.hlen(keys.incidents_seen) == 0
+    assert r.hlen(keys.incidents_overruns) == 0
     assert all(i["recovery"] is not None for i in list_incidents(r, keys, count=1000))  # each one closed
     obs.close()
 
@@ -226,3 +227,24 @@ def test_positive_entry_on_other_gpus_does_not_hide_failure(r, keys, fleet_path,
     assert inc["failure_mode"] == "health_check_failed"
     [rec] = list_incidents(r, keys)
     assert rec["recovery"]["outcome"] == "recovered"
+
+
+def test_an_overrun_whose_holder_died_is_closed_as_such_not_as_recovered(r, keys, fleet_path):
+    """A GPU worker SIGKILLed mid-transition: its agenda entry's lock expires and the reap
+    deletes the entry. The observer read the closed entry as a transition that ended and
+    wrote "recovered" (review, 2026-12-06)."""
+    obs = Observer(r, keys, load_fleet(fleet_path), probe_interval_s=0.1, overrun_factor=1.0,
+                   min_overrun_slack_s=0.0)
+    agenda = AgendaTracker(r, keys)
+    entry = agenda.register("op-dead", "POSITIVE", ["coder"], ["GPU-host-a-0"], 0.0, lock_ttl_s=0.3,
+                            heartbeat=False)  # nobody renews its lock: a dead holder
+    while server_now_s(r) <= entry.expected_end:
+        time.sleep(0.001)
+    [inc] = obs.probe_once()
+    wait_for(lambda: not r.exists(agenda.lock_key("op-dead")), 5, "the entry's lock to expire")
+    assert obs.probe_once() == []  # reaps the entry, then closes its incident
+    obs.close()
+    [listed] = list_incidents(r, keys)
+    assert listed["incident_id"] == inc["incident_id"]
+    assert listed["recovery"]["outcome"].startswith("closed: the transition did not finish: its holder died"), listed
+    assert r.hlen(keys.incidents_overruns) == 0

@@ -139,11 +139,20 @@ def test_a_cordoned_host_s_stopped_worker_is_no_incident(r, keys, redis_url, pre
             ("drained", "down", "new NICs")
         assert (rows["host-b"]["state"], rows["host-b"]["worker"]) == ("schedulable", "live")
 
+        # cordoned, but a lease still runs there when its worker dies: an incident all the same
+        r.set(keys.gpu(FLEET.hosts[1].gpus[0].uuid), "lease-b")
+        cordon(r, keys, "host-b", "drain for a kernel update")
+        assert withdraw(r, keys, "host-b", "worker-host-b")
+        assert [i["host"] for i in observer.probe_once()] == ["host-b"]
+        r.delete(keys.gpu(FLEET.hosts[1].gpus[0].uuid))  # its lease expires and is reclaimed: drained
+        assert observer.probe_once() == []
+        assert _host_rows(r, keys)[-1]["recovery"]["outcome"].startswith("closed: the host was cordoned")
+
         assert uncordon(r, keys, "host-a") is not None  # back in service, but no worker: now it is down
         assert [i["host"] for i in observer.probe_once()] == ["host-a"]
         cordon(r, keys, "host-a", "still waiting for the NICs")  # cordoned again: the incident closes
         assert observer.probe_once() == []
-        (row,) = _host_rows(r, keys)
+        row = next(i for i in _host_rows(r, keys) if i["host"] == "host-a")
         assert row["recovery"]["outcome"] == "closed: the host was cordoned (out of service on purpose)"
         assert not r.exists(keys.incidents_hosts_down)
     finally:
