@@ -72,13 +72,15 @@ def _write(ctx: TickContext, batch: list[PlanJob], plan: Plan) -> None:
             continue
         assignment = by_job.get(job.id)
         reason, detail = _batch_reason(ctx, job, state, plan, assignment, memory_waits, on_gpu)
-        # a job planned on a host without a GPU worker has no ETA: that host's free time is a
-        # placeholder (fleet_view.DOWN_FREE_AFTER_S), not a forecast
+        # a job planned on a host without a GPU worker, or cordoned, has no ETA (whatever its
+        # code: a preempted job's too): that host's free time is a placeholder
+        # (fleet_view.DOWN_FREE_AFTER_S), not a forecast
+        gated = ctx.snapshot.gated_gpus if ctx.snapshot is not None else frozenset()
         eta = (_server_eta(ctx, assignment.start_s, now)
-               if assignment is not None and reason not in ("host_down", "host_cordoned") else "")
+               if assignment is not None and gated.isdisjoint(assignment.gpus) else "")
         rows += [job.id, reason, detail, eta]
     planned_end = {assignment.job_id: assignment.end_s for assignment in plan.assignments}
-    running_end = {job_id: state.free_at.get(gpu, now) for gpu, job_id in ctx.lease_job.items()}
+    running_end = _running_ends(ctx, state)
     for job_id, deps in ctx.formed.unready.items():
         ends = [planned_end.get(dep, running_end.get(dep)) for dep in deps]
         known = [end for end in ends if end is not None]
@@ -102,6 +104,23 @@ def _clear_reason_counts(ctx: TickContext) -> None:
     if ctx.kept.reason_counts_written:
         ctx.kept.reason_counts_written = False
         JobStore(env.r, env.keys).write_wait_reasons(ctx.token, [])
+
+
+def _running_ends(ctx: TickContext, state: FleetState) -> dict[str, float]:
+    """Job id -> when the job holding a lease is expected to end (workload s): its GPUs' free
+    time, or on a down or cordoned host (whose free time is a placeholder) its lease's own
+    planned end (a cordoned host's leases run to their end)."""
+    now = state.now_s
+    gated = ctx.snapshot.gated_gpus if ctx.snapshot is not None else frozenset()
+    lease_of = ({gpu.uuid: holder.split(":")[0] for gpu, holder in zip(ctx.env.gpus, ctx.snapshot.gpu_holders)
+                 if holder} if gated and ctx.snapshot is not None else {})
+    out: dict[str, float] = {}
+    for gpu, job_id in ctx.lease_job.items():
+        if gpu in gated and gpu in lease_of:
+            out[job_id] = max(now, ctx.lease_end.get(lease_of[gpu], now))
+        else:
+            out[job_id] = state.free_at.get(gpu, now)
+    return out
 
 
 def _batch_reason(ctx: TickContext, job: PlanJob, state: FleetState, plan: Plan,

@@ -342,9 +342,32 @@ def test_host_cordoned(r, settings, env):
     out = _why(big, "host_cordoned")
     assert "planned on host a" in out and "swap a PSU" in out and "makespan uncordon a" in out, out
     assert "(in " not in out  # no ETA: a cordon has no planned end
+    # a preempted job planned there has no ETA either (its code is preempted_requeued)
+    r.hset(w.keys.job(big), "reason", "preempted by job x")
+    w.tick()
+    assert "now host_cordoned" in _why(big, "preempted_requeued") and r.hget(w.keys.job(big), "wait_eta") == ""
+    r.hdel(w.keys.job(big), "reason")
     assert uncordon(r, w.keys, "a") is not None
     w.tick()
     assert [(c.job_id, c.gpus) for c in sent][1:] == [(big, ["GPU-a-0"])]
+
+
+def test_a_job_waiting_on_one_that_runs_on_a_cordoned_host_gets_that_jobs_end_as_eta(r, settings, env):
+    """A cordoned host's leases run to their end: a dependant's ETA is its dependency's
+    planned end there, not the cordon's day-long placeholder (review, 2026-12-06)."""
+    from makespan.workers.host_liveness import announce, cordon
+
+    w, prod, sent = _setup(r, settings, FLEET)
+    for h in ("a", "b"):
+        announce(r, w.keys, h, f"worker-{h}", 60.0)
+    running = _lease(r, w, prod, "GPU-a-0", priority="NORMAL", service_s=100.0)
+    cordon(r, w.keys, "a", "maintenance")
+    waiting = prod.submit({"endpoint": "e", "service_s": 10, "priority": "NORMAL", "depends_on": [running]}).id
+    sec, usec = r.time()
+    w.tick()
+    assert running in _why(waiting, "waiting_for_dependency")
+    eta_s = float(r.hget(w.keys.job(waiting), "wait_eta"))
+    assert eta_s - (sec + usec / 1e6) < 5.0  # about 100 workload s = 1 wall s, not 86,400 (864 s)
 
 
 TWO_BY_FOUR = parse_fleet({"name": "two-by-four", "hosts": [{"name": "a", "gpu_count": 4, "memory_mib": 81920},
