@@ -113,7 +113,7 @@ def hosts(fleet: Path | None = typer.Option(None, "--fleet", help=FLEET_HELP),
 def cordon(host: str = typer.Argument(..., help="a host of the fleet"),
            reason: str = typer.Option("", "--reason", help="why, shown by `makespan hosts` and `makespan why`"),
            fleet: Path | None = typer.Option(None, "--fleet", help=FLEET_HELP)) -> None:
-    """Take HOST out of service: from the planner's next tick no new lease (job, restore,
+    """Take HOST out of service: from now on no new lease (job, restore,
     prewarm, preemption) takes its GPUs; the leases it holds run to their end. Jobs that can
     run only there wait with reason host_cordoned. Once `makespan hosts` shows it drained,
     its GPU worker can be stopped without a host_down incident. `makespan uncordon HOST`
@@ -134,7 +134,7 @@ def cordon(host: str = typer.Argument(..., help="a host of the fleet"),
         typer.echo(f"host {host} was already cordoned (since {utc_text(before.since_s)}); reason now: "
                    f"{now.reason or '(none given)'}")
     else:
-        typer.echo(f"cordoned host {host}: no new lease on its {row['gpus']} GPUs from the planner's next tick")
+        typer.echo(f"cordoned host {host}: no new lease on its {row['gpus']} GPUs from now on")
     if row["leased"]:
         typer.echo(f"{row['leased']} of its {row['gpus']} GPUs are still leased (jobs {', '.join(row['jobs'])}); "
                    f"it is drained when `makespan hosts` shows 0 leased")
@@ -145,13 +145,14 @@ def cordon(host: str = typer.Argument(..., help="a host of the fleet"),
 def uncordon(host: str = typer.Argument(..., help="a host of the fleet"),
              fleet: Path | None = typer.Option(None, "--fleet", help=FLEET_HELP)) -> None:
     """Give HOST back to the planner after `makespan cordon`: its GPUs take new leases from
-    the planner's next tick (once a GPU worker consumes its queue)."""
+    the planner's next tick (once a GPU worker consumes its queue). A host the fleet no
+    longer has can be uncordoned too (its cordon would apply again if it came back)."""
     from makespan.workers import host_liveness
 
     try:
         _, r, keys = context()
-        spec = _fleet(r, keys, fleet)
-        _known_host(spec, host)
+        if not r.hexists(keys.hosts_cordoned, host):  # a cordoned host is always known: only check the others
+            _known_host(_fleet(r, keys, fleet), host)
         removed = host_liveness.uncordon(r, keys, host)
     except MakespanError as e:
         fail(e)

@@ -413,7 +413,7 @@ class RedisStateCollector:
             fleet_hosts = [str(h["name"]) for h in json.loads(next(res) or "{}").get("hosts", [])]
         except (ValueError, TypeError, KeyError, AttributeError):
             fleet_hosts = []
-        for host in sorted(set(fleet_hosts) | cordoned_hosts):
+        for host in fleet_hosts:  # a cordon of a host the fleet dropped is not exported (nothing to alert on)
             cordoned.add_metric([host], 1.0 if host in cordoned_hosts else 0.0)
         return [depth, msgs, leases, agenda, drain, checks, inc, by_reason, cordoned]
 

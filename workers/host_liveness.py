@@ -21,13 +21,16 @@ stops while another still runs may leave the host looking down for up to a quart
 
 **Cordoned hosts.** An operator takes a host out of service with ``makespan cordon HOST``
 (:func:`cordon`; ``P:hosts:cordoned``, host -> reason, since, by), as ``kubectl cordon`` or
-Slurm's ``State=DRAIN`` do: from the planner's next tick no new lease (job, restore,
-prewarm, preemption) takes its GPUs, and the leases it holds run to their end; jobs that
-fit only there wait with reason ``host_cordoned``. Once ``makespan hosts`` shows it
-drained (no lease left), its GPU worker can be stopped without a ``host_down`` incident
-(the observer skips cordoned hosts). ``makespan uncordon HOST`` (:func:`uncordon`) gives it
-back. The same snapshot read (:func:`queue_reads`) carries both, and :func:`availability`
-turns it into the hosts no new lease may take.
+Slurm's ``State=DRAIN`` do: from then on no new lease (job, restore,
+prewarm, preemption) takes its GPUs — the planner leaves them out of its plans from its
+next snapshot, and the lease script itself refuses a lease on a cordoned host (a plan
+read before the cordon cannot lease there after it) — and the leases it holds run to
+their end; jobs that fit only there wait with reason ``host_cordoned``. Once ``makespan
+hosts`` shows it drained (no lease left), its GPU worker can be stopped without a
+``host_down`` incident (the observer skips cordoned hosts without leases). ``makespan
+uncordon HOST`` (:func:`uncordon`) gives it back. The same snapshot read
+(:func:`queue_reads`) carries both, and :func:`availability` turns it into the hosts no new
+lease may take.
 """
 
 from __future__ import annotations
@@ -158,7 +161,7 @@ def read_availability(r: redis.Redis, keys: Keys, hosts: list[str]) -> Availabil
 
 
 def cordon(r: redis.Redis, keys: Keys, host: str, reason: str, by: str = "") -> tuple[Cordon, Cordon | None]:
-    """Cordon ``host``: no new lease on its GPUs from the planner's next tick (module doc).
+    """Cordon ``host``: no new lease on its GPUs from now on (module doc).
     A host already cordoned keeps its ``since`` and gets the new reason. Returns (the cordon
     now, the one it replaced or None). The caller checks that ``host`` is in the fleet.
 

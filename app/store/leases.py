@@ -97,8 +97,9 @@ class LeaseStore:
         planner cannot publish. With ``instance`` (a ``P:resident`` value) the returned
         lease's ``warm`` says whether every GPU held that instance when it was leased
         (no other holder can change that while the lease is current); its ``first`` says
-        whether it is the job's first lease. Returns None when a GPU is busy or the job is
-        gone.
+        whether it is the job's first lease. Returns None when a GPU is busy, the job is
+        gone, or ``holder`` names a host an operator cordoned (``makespan cordon``: checked in
+        the same atomic step, so no plan read before the cordon leases there after it).
 
         Raises:
             LeaseError: the planner was fenced off (another planner leads now).
@@ -155,7 +156,7 @@ class LeaseStore:
         keys = [self.keys.fence, self.keys.lease(lease_id), self.keys.leases, self.keys.job(job_id or "-"),
                 queue or self.keys.queue("normal"), self.keys.running, self.keys.planner_fence, self.keys.events,
                 self.keys.gpu_owner, *[self.keys.gpu(g) for g in gpus],
-                *([self.keys.resident(g) for g in gpus] if instance else [])]
+                *([self.keys.resident(g) for g in gpus] if instance else []), self.keys.hosts_cordoned]
         return keys, [lease_id, job_id, int(ttl_s * 1000), now_ms(), holder, json.dumps(fields), planner_token,
                       json.dumps(leased_event), JobState.QUEUED.value if kind == "job" else "none", instance,
                       self.keys.script_prefix]

@@ -15,11 +15,13 @@
 -- KEYS[9]  P:gpu_owner      P:gpu:{uuid} -> lease id that last took it
 -- KEYS[10..9+n]        P:gpu:{uuid} of each GPU
 -- KEYS[10+n..9+2n]     P:resident:{uuid} of each GPU (only when ARGV[10] is not '')
+-- KEYS[#KEYS]          P:hosts:cordoned (always the last key): a lease whose holder (ARGV[5], the
+--                      host) is cordoned is refused, whatever the plan that asked for it read
 -- ARGV[1]  lease id
 -- ARGV[2]  job id
 -- ARGV[3]  ttl_ms: the lease expires at server clock + ttl_ms
 -- ARGV[4]  now_ms, the caller's clock (leased_at, running score only)
--- ARGV[5]  holder
+-- ARGV[5]  holder (the host of the GPUs for a planner's lease; '' unchecked)
 -- ARGV[6]  lease record fields, JSON object
 -- ARGV[7]  planner token ('' = unchecked)
 -- ARGV[8]  the leased event, JSON (its token is added here)
@@ -30,16 +32,17 @@
 -- ARGV[11] P, the key prefix (unused: a leased job stays in the reverse-dependency index, lib.lua
 --          finish_job drops it)
 -- Returns {1, token, warm 0|1, first 0|1}, or {0, why[, gpu key[, owner]]} with why in
--- planner_fenced, not_queued, busy, owned. first: a job lease is the job's first (its record
+-- planner_fenced, not_queued, cordoned, busy, owned. first: a job lease is the job's first (its record
 -- had no leased_at: not a lease again after a preemption, reclaim or retry); 0 for other leases.
 -- A GPU is busy while its gpu key exists, or while the lease gpu_owner names for it is
 -- still live in leases (expiry on the server clock in the future): a gpu key lost to
 -- eviction or a manual DEL never lets a second lease onto a GPU whose lease still runs.
 local server_now_ms = server_now_ms()
-local n = #KEYS - 9
+local n = #KEYS - 10
 if ARGV[10] ~= '' then n = n / 2 end
 if ARGV[7] ~= '' and redis.call('GET', KEYS[7]) ~= ARGV[7] then return {0, 'planner_fenced'} end
 if ARGV[9] == 'queued' and not redis.call('ZSCORE', KEYS[5], ARGV[2]) then return {0, 'not_queued'} end
+if ARGV[5] ~= '' and redis.call('HEXISTS', KEYS[#KEYS], ARGV[5]) == 1 then return {0, 'cordoned'} end
 for i = 1, n do
   if redis.call('EXISTS', KEYS[9 + i]) == 1 then return {0, 'busy', KEYS[9 + i]} end
   local owner = redis.call('HGET', KEYS[9], KEYS[9 + i])
