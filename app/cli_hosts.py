@@ -88,10 +88,14 @@ def hosts(fleet: Path | None = typer.Option(None, "--fleet", help=FLEET_HELP),
         _, r, keys = context()
         spec = _fleet(r, keys, fleet)
         rows = host_rows(r, keys, spec)
+        stray = sorted(set(r.hkeys(keys.hosts_cordoned)) - {row["host"] for row in rows})
     except MakespanError as e:
         fail(e)
     except redis.RedisError as e:
         fail(StoreError(f"reading the hosts: {e}"))
+    if stray:  # a cordon outlives its host's removal from the fleet: it applies again if the host comes back
+        typer.echo(f"note: cordoned hosts the fleet does not have: {', '.join(stray)} (they stay cordoned if they "
+                   f"come back; `makespan uncordon {stray[0]}` lifts one)", err=True)
     if as_json:
         for row in rows:
             typer.echo(json.dumps(row, sort_keys=True))

@@ -76,6 +76,8 @@ def test_a_host_dropped_from_the_fleet_can_be_uncordoned_and_is_not_exported(r, 
     smaller = parse_fleet({"name": "ops", "hosts": [{"name": "a", "gpu_count": 2, "memory_mib": 81920}],
                            "endpoints": {"e": {"model": "m", "memory_mib_per_gpu": 1000, "cold_start_s": 1}}})
     r.set(keys.fleet, smaller.model_dump_json())  # b left the fleet
+    listed = _cli(env, "hosts")
+    assert listed.exit_code == 0 and "cordoned hosts the fleet does not have: b" in listed.output, listed.output
     families = {family.name: family for family in RedisStateCollector(r, keys).collect()}
     assert [(s.labels, s.value) for s in families["makespan_host_cordoned"].samples] == [({"host": "a"}, 0.0)]
     out = _cli(env, "uncordon", "b")
