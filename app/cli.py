@@ -599,7 +599,8 @@ def cancel(job_ids: list[str] = typer.Argument(None, help="job ids (or none, wit
     boundary), exit 0; for a job that had already ended, how it ended (cancelled, completed or failed) and, on
     stderr, when: exit 5, nothing was cancelled. Exit 2: an unknown job, or Redis unreachable. Several JOB_IDS,
     or filters (--state, --endpoint, --priority, --pool) instead of ids: one line per job (`ID OUTCOME`) and a
-    count on stderr; exit 0, or 2 when an id was unknown (the others are cancelled)."""
+    count on stderr; exit 0, 2 when an id was unknown (the others are cancelled), 5 when every job had already
+    ended."""
     ignored_fleet_option(fleet, "cancel")
     filtered = bool(state or endpoint or priority or pool)
     if job_ids and filtered:
@@ -665,6 +666,8 @@ def _cancel_many(job_ids: list[str], states: tuple[str, ...], endpoint: str | No
     typer.echo(summary + (f", {unknown} unknown" if unknown else ""), err=True)
     if unknown:
         raise typer.Exit(2)
+    if counts and all(said.startswith("already ") for said in counts):  # as one id's: nothing was cancelled
+        raise typer.Exit(EXIT_ALREADY_ENDED)
 
 
 REPORT_HELP = "where to write the report JSON too; default: report.json in the current folder, unless --run-dir is given"

@@ -412,6 +412,10 @@ class Job:
         """:meth:`cancel` for asyncio (in a worker thread)."""
         return await asyncio.to_thread(self.cancel)
 
+    async def cancel_outcome_async(self) -> CancelOutcome:
+        """:meth:`cancel_outcome` for asyncio (in a worker thread)."""
+        return await asyncio.to_thread(self.cancel_outcome)
+
     def cancel_outcome(self) -> CancelOutcome:
         """Cancel as :meth:`cancel` does; returns what this call did
         (:class:`makespan.producer.CancelOutcome`: ``state``, ``already_ended``,

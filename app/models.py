@@ -623,6 +623,8 @@ class JobSpec(BaseModel):
     @field_validator("delay_s")
     @classmethod
     def _delay(cls, v: float | None) -> float | None:
+        if v == 0:  # a computed max(0, due - now): queued at once, as Celery's countdown=0
+            return None
         return _seconds_at_most(v, MAX_DELAY_S)
 
 
@@ -792,7 +794,7 @@ def json_size(value: Any, field: str) -> int:
         raise ValidationError(field, f"<{type(value).__name__}>", f"must be JSON (no pickle): {reason}"
                               + (f" ({where[0]}: {where[1]})" if where else ""),
                               show_value=where is None) from None
-    key = _key_not_str(value)
+    key = first_key_not_str(value)
     if key is not None:  # json.dumps writes 1 as "1": the function would get {"1": ...}, not {1: ...}
         raise ValidationError(field, f"<{type(value).__name__}>", f"must be JSON (no pickle): mapping keys must be "
                                                                   f"strings, got {key}")
@@ -827,7 +829,7 @@ def _first_not_json(value: Any, path: str, depth: int = 0) -> tuple[str, str] | 
     return path, f"of type {type(value).__name__}"
 
 
-def _key_not_str(value: Any) -> str | None:
+def first_key_not_str(value: Any) -> str | None:
     """The first mapping key in ``value`` (nested lists, tuples and dicts) that is not a
     string, as ``type repr`` (``int 1``), or None. ``value`` has encoded as JSON: no
     cycles, depth within Python's limit."""

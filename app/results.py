@@ -39,7 +39,8 @@ def encode_value(value: Any, attempt: int, execute_s: float, max_bytes: int) -> 
     """The stored JSON of a successful run.
 
     Raises:
-        ResultNotJson: ``value`` is not JSON (NaN, a set, an object, a lone surrogate).
+        ResultNotJson: ``value`` is not JSON (NaN, a set, an object, a lone surrogate, a
+            mapping key that is not a string: arguments are refused for the same).
         ResultTooLarge: its encoding is over ``max_bytes``."""
     try:
         body = json.dumps(value, allow_nan=False, ensure_ascii=False)
@@ -47,6 +48,12 @@ def encode_value(value: Any, attempt: int, execute_s: float, max_bytes: int) -> 
     except (TypeError, ValueError, RecursionError, UnicodeEncodeError) as e:
         raise ResultNotJson(f"the return value is not JSON ({type(e).__name__}: {e}); return JSON values only "
                             "(dict, list, str, number, bool, None)") from None
+    from makespan.models import first_key_not_str
+
+    key = first_key_not_str(value)
+    if key is not None:  # json.dumps writes 1 as "1": the caller would get {"1": ...}, and {1: a, "1": b} loses one
+        raise ResultNotJson(f"the return value is not JSON: mapping keys must be strings, got {key} (JSON would "
+                            "turn it into a string key); return string keys")
     if size > max_bytes:
         raise ResultTooLarge(f"the result is {size} bytes of JSON, over the limit of {max_bytes} bytes "
                              "(MAKESPAN_RESULT_MAX_BYTES): store the data elsewhere (object store, database) "

@@ -132,6 +132,8 @@ class WorkloadContext:
 
         Raises:
             ValueError: ``done`` or ``total`` is not a finite number >= 0."""
+        if isinstance(done, (bool, str)) or isinstance(total, (bool, str)):
+            raise ValueError(f"ctx.progress: done and total must be numbers (got {done!r}, {total!r})")
         try:
             done_f, total_f = float(done), float(total)
         except (TypeError, ValueError):
@@ -257,6 +259,19 @@ def _message(error: BaseException) -> str:
         return f"<str() of the exception raised {type(inner).__name__}: {utf8_text(repr(inner))}>"
 
 
+async def _until_cancelled(coroutine: Any, cancelled: threading.Event) -> Any:
+    """Run an ``async def`` function's coroutine as a task and cancel it (``CancelledError``
+    at its ``await``) once ``cancelled`` is set (a cancel, ``timeout_s``, a lost lease, the
+    worker's shutdown): an exception raised into its thread cannot interrupt the event loop's
+    wait, so without this an awaiting function ran on for the whole cancel grace period."""
+    task = asyncio.ensure_future(coroutine)
+    while not task.done():
+        await asyncio.wait({task}, timeout=WATCH_S)
+        if cancelled.is_set() and not task.done():
+            task.cancel()
+    return task.result()
+
+
 def _call(definition: WorkloadDef, ctx: WorkloadContext, args: list[Any], kwargs: dict[str, Any],
           outcome: dict[str, Any]) -> None:
     """Run the function in this thread into ``outcome``: ``value``, ``stopped``, or
@@ -264,7 +279,7 @@ def _call(definition: WorkloadDef, ctx: WorkloadContext, args: list[Any], kwargs
     try:
         value = definition.fn(ctx, *args, **kwargs)
         if inspect.iscoroutine(value):  # an async def function: run on an event loop of its own
-            value = asyncio.run(value)
+            value = asyncio.run(_until_cancelled(value, ctx.cancelled))
         outcome["value"] = value
     except WorkloadStopped:
         outcome["stopped"] = True
@@ -305,10 +320,13 @@ def run_function(definition: WorkloadDef, ctx: WorkloadContext, args: list[Any],
     stop_at = None
     stop_tried = False
     cancel_checked = 0.0
+    flush_due = getattr(ctx._progress, "flush_due", None)
     while thread.is_alive():
         thread.join(WATCH_S)
         if not thread.is_alive():
             break
+        if flush_due is not None:
+            flush_due()
         now = time.monotonic()
         if not why:
             if lease_lost.is_set():
@@ -406,6 +424,15 @@ class ProgressWriter:
         if report is not None:
             self._write(*report, True)
 
+    def flush_due(self) -> None:
+        """Write the held-back report once the throttle's window has passed (the run's
+        watcher calls it every WATCH_S): a report followed by a long step is shown within
+        the window, not only at the next report or the end."""
+        report = self._pending.get("report")
+        if report is not None and time.monotonic() - self._pending.get("since", 0.0) >= PROGRESS_EVERY_S:
+            self._pending.pop("report", None)
+            self._write(*report, True)
+
 
 def progress_writer(fenced: Callable[[list[tuple]], bool], keys: Keys, job_id: str, workload: str,
                     emit: Callable[[dict[str, Any]], None] | None = None) -> ProgressWriter:
@@ -428,12 +455,13 @@ def progress_writer(fenced: Callable[[list[tuple]], bool], keys: Keys, job_id: s
             return
         if not final and now - last["t"] < PROGRESS_EVERY_S:
             pending["report"] = (done, total, note)  # written by the next report past the throttle, or flush()
+            pending["since"] = last["t"]  # flush_due writes it a window after the last write
             return
         pending.pop("report", None)
         last["t"] = now
         fields: dict[str, Any] = {"progress_done": repr(done), "progress_total": repr(total), "progress_at": repr(time.time())}
-        if note is not None:
-            fields["progress_note"] = utf8_text(note)[:200]  # a lone surrogate would fail the HSET
+        # a report without a note clears the last one (it described an earlier step)
+        fields["progress_note"] = utf8_text(note)[:200] if note is not None else ""  # a lone surrogate fails the HSET
         try:
             if not fenced([("HSET", keys.job(job_id), *[part for pair in fields.items() for part in pair])]):
                 last["stale"] = True  # the lease is gone: this run's progress is no longer the job's

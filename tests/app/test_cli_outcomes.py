@@ -212,6 +212,8 @@ def test_cancel_many_by_ids_or_by_filters(r, keys, settings, redis_url, prefix):
     assert res.exit_code == 2, res.output
     assert res.stdout.splitlines() == [f"{high} cancelled", f"{low[0]} already cancelled"]
     assert "nope unknown" in res.stderr and "1 already cancelled, 1 cancelled, 1 unknown" in res.stderr
+    res = _invoke(["cancel", *low], redis_url, prefix)  # every one had ended: nothing cancelled, as one id's exit 5
+    assert res.exit_code == 5 and "2 already cancelled" in res.stderr, res.output
     for argv, words in ((["cancel"], "give a job id, or filters"), (["cancel", other, "--endpoint", "embed"],
                                                                    "not both"),
                         (["cancel", "--state", "completed"], "an ended job has nothing to cancel")):

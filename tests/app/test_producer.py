@@ -35,6 +35,13 @@ def test_submit_writes_record_queue_and_event(prod, r, keys):
     assert r.xlen(keys.events) == 1
 
 
+def test_a_delay_of_zero_queues_the_job_at_once(prod, r, keys):
+    """A computed max(0, due - now) was refused ("must be a positive number"), unlike
+    Celery's countdown=0 (task-queue new user)."""
+    h = prod.submit({"endpoint": "coder", "service_s": 30, "delay_s": 0})
+    assert prod.status(h.id)["state"] == "queued" and r.zscore(keys.queue(Priority.NORMAL), h.id) is not None
+
+
 def test_same_idempotency_key_returns_existing_job(prod, r, keys):
     a = prod.submit({"endpoint": "embed", "service_s": 5, "idempotency_key": "batch-7"})
     b = prod.submit({"endpoint": "embed", "service_s": 5, "idempotency_key": "batch-7"})

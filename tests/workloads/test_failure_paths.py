@@ -416,3 +416,75 @@ def test_a_generator_function_is_refused_at_registration():
         @makespan.workload(endpoint="embed", name="tests.gen")
         def gen(ctx):
             yield 1
+
+
+@makespan.workload(endpoint="embed", name="tests.report_then_long_step")
+def report_then_long_step(ctx):
+    ctx.progress(0, 10, "loading")
+    ctx.progress(5, 10, "half: now the long step")  # within the throttle's window of the first
+    HOOKS["step"].wait(20)
+    return "ok"
+
+
+@makespan.workload(endpoint="embed", name="tests.await_forever")
+async def await_forever(ctx):
+    import asyncio
+
+    HOOKS["awaiting"].set()
+    await asyncio.sleep(3600)
+
+
+@makespan.workload(endpoint="embed", name="tests.int_keys")
+def int_keys(ctx):
+    return {1: "a"}
+
+
+def test_a_report_held_back_by_the_throttle_is_written_within_its_window(r, keys, settings):
+    """Report, then a long step: `status` showed the first report for the whole step (the
+    held-back one waited for the next report or the end; task-queue new user)."""
+    HOOKS.clear()
+    HOOKS["step"] = threading.Event()
+    fleet, client = _setup(r, keys, settings, report_then_long_step)
+    job = client.submit("tests.report_then_long_step")
+    ctx, runner = _lease(r, keys, settings, fleet, job.id)
+    out: list = []
+    thread = threading.Thread(target=lambda: out.append(run_warm(runner, ctx)))
+    thread.start()
+    try:
+        from tests.live import wait_for
+
+        wait_for(lambda: r.hget(keys.job(job.id), "progress_done") == "5.0", 5, "the held-back report")
+        assert r.hget(keys.job(job.id), "progress_note") == "half: now the long step"
+    finally:
+        HOOKS["step"].set()
+        thread.join(20)
+    assert out == ["completed"]
+
+
+def test_an_async_function_is_cancelled_at_its_await(r, keys, settings):
+    """An awaiting async function ran on for the whole cancel grace period (10 s), its
+    thread left in the background: the coroutine is cancelled at its await."""
+    HOOKS.clear()
+    HOOKS["awaiting"] = threading.Event()
+    fleet, client = _setup(r, keys, settings, await_forever)
+    job = client.submit("tests.await_forever")
+    ctx, runner = _lease(r, keys, settings, fleet, job.id)
+    out: list = []
+    thread = threading.Thread(target=lambda: out.append(run_warm(runner, ctx)))
+    thread.start()
+    assert HOOKS["awaiting"].wait(20)
+    started = time.monotonic()
+    assert job.cancel() == "cancel_requested"
+    thread.join(20)
+    took_s = time.monotonic() - started
+    assert out == ["cancelled"] and took_s < settings.cancel_grace_s, (out, took_s)
+    assert "did not stop within" not in r.hget(keys.job(job.id), "reason")
+
+
+def test_a_result_with_a_key_that_is_not_a_string_fails_as_an_argument_would(r, keys, settings):
+    fleet, client = _setup(r, keys, settings, int_keys)
+    job = client.submit("tests.int_keys")
+    ctx, runner = _lease(r, keys, settings, fleet, job.id)
+    assert run_warm(runner, ctx) == "failed"
+    with pytest.raises(makespan.WorkloadError, match="mapping keys must be strings, got int 1"):
+        job.result(timeout_s=1)

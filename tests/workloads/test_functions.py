@@ -298,6 +298,7 @@ def test_asyncio_twins(live):
         assert (await other.status_async())["priority"] == "HIGH"
         with pytest.raises(makespan.ValidationError, match="do not match add"):  # the same checks as submit()
             await client.submit_async("add", 1, 2, 3)
+        assert (await job.cancel_outcome_async()).already_ended
         return other, await other.result_async(timeout_s=60), await job.cancel_async()
 
     other, result, cancelled = asyncio.run(from_a_handler())
