@@ -291,7 +291,7 @@ def submit(workload: str | None = typer.Argument(None, help="a workload function
            priority: str = typer.Option("NORMAL", help="CRITICAL, HIGH, NORMAL or LOW, or 0–3 (0: CRITICAL, 3: LOW)"),
            payload: str = typer.Option("{}", help="JSON object handed to the execute phase"),
            idempotency_key: str | None = typer.Option(None, help="resubmitting the same key returns the same job"),
-           delay_s: float | None = typer.Option(None, help="queue the job only this many seconds after submission (> 0, at most 30 days); until then it is 'delayed' in Redis, never in a worker"),
+           delay_s: float | None = typer.Option(None, help="queue the job only this many seconds after submission (>= 0, at most 30 days; 0: at once); until then it is 'delayed' in Redis, never in a worker"),
            deadline_s: float | None = typer.Option(None, help="due time, seconds after submission (> 0, at most 365 days); used by the tardiness policies"),
            depends_on: list[str] = typer.Option(None, "--depends-on", help="id of a job that must complete first "
                                                                             "(repeatable); an unknown id is refused"),
