@@ -107,9 +107,11 @@ def hosts(fleet: Path | None = typer.Option(None, "--fleet", help=FLEET_HELP),
     for row in rows:
         pool = f"{(row['pool'] or '-'):<12} " if pooled else ""
         since = row["since_utc"] or "-"
-        reason = row["reason"] or ("-" if not row["cordoned"] else "(none given)")
+        reason = row["reason"] or ("" if not row["cordoned"] else "(none given)")
         if row["jobs"]:
-            reason = f"{reason}; leased by {', '.join(row['jobs'][:3])}" + (" ..." if len(row["jobs"]) > 3 else "")
+            leased_by = f"leased by {', '.join(row['jobs'][:3])}" + (" ..." if len(row["jobs"]) > 3 else "")
+            reason = f"{reason}; {leased_by}" if reason else leased_by
+        reason = reason or "-"
         typer.echo(f"{row['host']:<{width}} {pool}{row['gpus']:>4} {row['leased']:>6} {row['worker']:<6} "
                    f"{row['state']:<12} {since:<21} {reason}")
 
@@ -158,6 +160,7 @@ def uncordon(host: str = typer.Argument(..., help="a host of the fleet"),
         if not r.hexists(keys.hosts_cordoned, host):  # a cordoned host is always known: only check the others
             _known_host(_fleet(r, keys, fleet), host)
         removed = host_liveness.uncordon(r, keys, host)
+        worker_live = bool(r.exists(keys.host_live(host)))
     except MakespanError as e:
         fail(e)
     except redis.RedisError as e:
@@ -167,7 +170,8 @@ def uncordon(host: str = typer.Argument(..., help="a host of the fleet"),
     else:
         why = f" ({removed.reason})" if removed.reason else ""
         typer.echo(f"uncordoned host {host}: cordoned since {utc_text(removed.since_s)}{why}; it takes new leases "
-                   "from the planner's next tick")
+                   "from the planner's next tick" + ("" if worker_live else f" once a GPU worker runs there (none does "
+                                                     f"now: start `makespan gpu-worker --host {host}`)"))
 
 
 def register(app: typer.Typer) -> None:

@@ -502,7 +502,9 @@ class Settings:
             this TTL (seconds, on the Redis server's clock), renewed every quarter of it;
             a host seen once whose key has expired gets no new leases until a worker is
             back (:mod:`makespan.workers.host_liveness`). A SIGKILLed worker is noticed
-            within this time, a stopped one at once. ``MAKESPAN_WORKER_LIVENESS_TTL_S``.
+            within this time, a stopped one at once. Keep it under ``lease_ttl_s``, so the
+            host of a dead worker is known down before its leases expire and their jobs
+            are planned again (:func:`liveness_warning`). ``MAKESPAN_WORKER_LIVENESS_TTL_S``.
         shutdown_grace_s: every makespan process (planner, GPU worker, observer,
             dashboard) ends within this many seconds (+ 1 s) of SIGTERM: a clean
             shutdown still running then is cut off with exit code 1 and every thread's traceback on stderr
@@ -567,7 +569,7 @@ class Settings:
     allow_evicting_redis: bool = False
     submit_wait_replicas: int = 0
     submit_wait_timeout_s: float = 1.0
-    worker_liveness_ttl_s: float = 10.0
+    worker_liveness_ttl_s: float = 5.0
     shutdown_grace_s: float = 20.0
     critical_lane: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
@@ -653,7 +655,7 @@ class Settings:
             allow_evicting_redis=_env_bool("MAKESPAN_ALLOW_EVICTING_REDIS"),
             submit_wait_replicas=_env_int("MAKESPAN_SUBMIT_WAIT_REPLICAS", 0, 0, 100),
             submit_wait_timeout_s=_env_float("MAKESPAN_SUBMIT_WAIT_TIMEOUT_S", 1.0),
-            worker_liveness_ttl_s=_env_float("MAKESPAN_WORKER_LIVENESS_TTL_S", 10.0),
+            worker_liveness_ttl_s=_env_float("MAKESPAN_WORKER_LIVENESS_TTL_S", 5.0),
             shutdown_grace_s=_env_float("MAKESPAN_SHUTDOWN_GRACE_S", 20.0),
             # unset or empty: on (the default)
             critical_lane=_env_bool("MAKESPAN_CRITICAL_LANE") if env.get("MAKESPAN_CRITICAL_LANE", "").strip() else True,
@@ -729,6 +731,22 @@ class Settings:
             "MAKESPAN_SHUTDOWN_GRACE_S": repr(self.shutdown_grace_s),
             "MAKESPAN_CRITICAL_LANE": "1" if self.critical_lane else "0",
         }
+
+
+def liveness_warning(s: Settings) -> str | None:
+    """Why the dead-host gate of these settings would let a dead worker's jobs be leased to
+    its host again, or None: a worker killed (SIGKILL, a lost host) stops renewing its
+    leases and its host's liveness key together; its leases expire ``lease_ttl_s`` after
+    their last renewal and the planner requeues and plans their jobs at once. With
+    ``worker_liveness_ttl_s`` not under ``lease_ttl_s`` the host may still look live then,
+    and a job goes back to the dead host for one more lease TTL (an operator saw it in every
+    kill test). Logged by the planner and every GPU worker as they start."""
+    if s.worker_liveness_ttl_s < s.lease_ttl_s:
+        return None
+    return (f"MAKESPAN_WORKER_LIVENESS_TTL_S ({s.worker_liveness_ttl_s:g} s) is not under MAKESPAN_LEASE_TTL_S "
+            f"({s.lease_ttl_s:g} s): when a GPU worker dies its leases expire before its host is known down, and "
+            f"their jobs are leased to the dead host again for one more lease TTL; set "
+            f"MAKESPAN_WORKER_LIVENESS_TTL_S to at most half MAKESPAN_LEASE_TTL_S ({s.lease_ttl_s / 2:g} s)")
 
 
 # -- guarantees (issue 19): their MAKESPAN_* variables --

@@ -86,7 +86,7 @@ from makespan.store.scripts import script
 from makespan.workers.agenda import AgendaTracker
 from makespan.workers.drivers import capabilities, get_driver
 from makespan.workers.drivers.base import Instance, machine_name
-from makespan.workers.host_liveness import down_hosts, queue_reads
+from makespan.workers.host_liveness import Cordon, down_hosts, queue_reads
 from makespan.workers.drivers.registry import (index_instances, list_instances, register_instance, retire_instance,
                                                unregister_instance)
 
@@ -225,9 +225,13 @@ class Observer:
         queue_reads(p, self.keys, own)
         entries, seen, live, cordoned = p.execute()
         down = down_hosts(own, seen, live)
-        # a cordoned host without leases is out of service on purpose; one whose worker died
-        # while its leases still run there is an incident all the same (its jobs wait for the TTL)
-        idle_cordoned = self._without_leases(down & set(cordoned))
+        # a cordoned host is out of service on purpose when it was cordoned before it went down
+        # and holds no lease, or when it was cordoned after it went down (the operator's word
+        # on a host already down); one whose worker died under running leases is an incident
+        # all the same, also once those leases expired (the entry keeps when it went down)
+        idle_cordoned = {host for host in self._without_leases(down & set(cordoned) - set(entries))} | {
+            host for host in down & set(cordoned) & set(entries)
+            if Cordon.parse(cordoned[host]).since_s >= _went_down_s(entries[host])}
         down -= idle_cordoned
         candidates = [host for host in own if host in down or host in entries]
         others = [host for host in entries if host not in mine]
@@ -458,6 +462,15 @@ class Observer:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False)
+
+
+def _went_down_s(entry: str) -> float:
+    """When a host's ``P:incidents:hosts_down`` entry says it went down (``since:<s>`` or
+    ``open:<incident id>:<s>``, Redis server clock); inf when it cannot be read."""
+    try:
+        return float(entry.rsplit(":", 1)[1])
+    except (IndexError, ValueError):
+        return float("inf")
 
 
 def _in_published(published: str | None, host: str) -> bool:

@@ -21,7 +21,7 @@ Read-only: every read goes through :class:`makespan.keys.Keys` and nothing is wr
 Shape of :func:`snapshot`::
 
     {"now", "window_s", "fleet": {"name", "hosts"},
-     "hosts": [{"name", "state", "reason", "since"}],  # state: schedulable, down, cordoned (docs/operations.md)
+     "hosts": [{"name", "state", "reason", "since"}],  # schedulable, down, cordoned, drained (docs/operations.md)
      "lanes": [{"gpu", "host", "index", "set_point", "resident", "lease", "host_state"}],
      "bars": [{"gpu", "job", "endpoint", "priority", "phase", "start", "end", "open"}],
      "planned": [{"gpu", "job", "endpoint", "priority", "start", "service_start", "end", "load"}],
@@ -382,8 +382,10 @@ def snapshot(r: redis.Redis, keys: Keys, fleet: FleetSpec | None = None, window_
         raise StoreError(f"dashboard snapshot: {e}") from e
     sp = _set_point(spec) if spec else {}
     residents = dict(zip(uuids, res)) if uuids else {}
-    host_state = {name: "cordoned" if name in hosts_now.cordoned else "down" if name in hosts_now.down
-                  else "schedulable" for name in host_names}
+    leased_hosts = {g["host"] for g, h in zip(gpus, held) if h}
+    # as `makespan hosts` says it: a cordoned host with no lease left is drained (its worker may stop)
+    host_state = {name: ("cordoned" if name in leased_hosts else "drained") if name in hosts_now.cordoned
+                  else "down" if name in hosts_now.down else "schedulable" for name in host_names}
     lanes = [{**g, "set_point": sp.get(g["gpu"]), "resident": (residents.get(g["gpu"]) or "").partition("@")[0] or None,
               "lease": (h or "").partition(":")[0] or None, "host_state": host_state.get(g["host"])}
              for g, h in zip(gpus, held)]

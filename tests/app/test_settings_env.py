@@ -401,3 +401,14 @@ def test_settings_a_blocked_planner_lock_extend_fails_before_the_lock_can_expire
         warning = planner_lock_warning(settings, socket_timeout)
         assert warning is not None and f"wait up to {socket_timeout:g} s for Redis" in warning, warning
         assert f"retried {2 * settings.planner_lock_renewal_s + socket_timeout:g} s after the last one" in warning
+
+
+def test_the_liveness_ttl_must_be_under_the_lease_ttl_or_a_warning_says_why():
+    """An operator's kill -9 of a worker: with both TTLs at 10 s its reclaimed jobs were
+    leased to the dead host again (the host still looked live). The default is under it,
+    and settings that are not get a warning naming the fix."""
+    from makespan.settings import Settings, liveness_warning
+
+    assert liveness_warning(Settings()) is None  # the defaults: 5 s under 10 s
+    warned = liveness_warning(Settings(lease_ttl_s=10.0, worker_liveness_ttl_s=10.0))
+    assert warned is not None and "at most half MAKESPAN_LEASE_TTL_S (5 s)" in warned

@@ -305,8 +305,8 @@ def test_the_page_shows_each_pool_and_whether_a_planner_leads_it(redis_url, keys
     assert '<td class="num">1</td>' in b_row, b_row  # its queued job
     assert {host: css for css, host in re.findall(r'<g class="(lane[^"]*)" data-gpu="[^"]+" data-host="(\w+)"', dom)} \
         == {"a1": "lane", "a2": "lane", "b1": "lane", "b2": "lane host-cordoned"}, dom[-3000:]
-    assert "b2 · GPU 0 · cordoned" in dom
+    assert "b2 · GPU 0 · drained" in dom
     from makespan.dashboard.state import snapshot
 
     hosts = {h["name"]: h for h in snapshot(r, keys)["hosts"]}
-    assert (hosts["b2"]["state"], hosts["b2"]["reason"], hosts["a1"]["state"]) == ("cordoned", "new PSU", "schedulable")
+    assert (hosts["b2"]["state"], hosts["b2"]["reason"], hosts["a1"]["state"]) == ("drained", "new PSU", "schedulable")

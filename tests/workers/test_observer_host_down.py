@@ -144,9 +144,14 @@ def test_a_cordoned_host_s_stopped_worker_is_no_incident(r, keys, redis_url, pre
         cordon(r, keys, "host-b", "drain for a kernel update")
         assert withdraw(r, keys, "host-b", "worker-host-b")
         assert [i["host"] for i in observer.probe_once()] == ["host-b"]
-        r.delete(keys.gpu(FLEET.hosts[1].gpus[0].uuid))  # its lease expires and is reclaimed: drained
+        r.delete(keys.gpu(FLEET.hosts[1].gpus[0].uuid))  # its lease expires and is reclaimed
         assert observer.probe_once() == []
-        assert _host_rows(r, keys)[-1]["recovery"]["outcome"].startswith("closed: the host was cordoned")
+        # still an incident: the worker died under a running lease, not stopped on purpose (with the
+        # default TTLs the leases expire before the grace ends: a crash looked like a clean drain)
+        assert _host_rows(r, keys)[-1]["recovery"] is None
+        announce(r, keys, "host-b", "worker-host-b2", 30.0)  # a worker is back
+        assert observer.probe_once() == []
+        assert _host_rows(r, keys)[-1]["recovery"]["outcome"].startswith("recovered: a GPU worker")
 
         assert uncordon(r, keys, "host-a") is not None  # back in service, but no worker: now it is down
         assert [i["host"] for i in observer.probe_once()] == ["host-a"]

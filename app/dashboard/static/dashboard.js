@@ -81,8 +81,9 @@ function drawGantt(state, colour) {
   lanes.forEach((lane, i) => {
     const y = top + i * laneH;
     // a host out of service: cordoned by an operator (no new lease) or down (no GPU worker)
-    const out = lane.host_state === "cordoned" || lane.host_state === "down" ? lane.host_state : "";
-    const g = el("svg:g", {class: out ? `lane host-${out}` : "lane", "data-gpu": lane.gpu, "data-host": lane.host,
+    const out = ["cordoned", "drained", "down"].includes(lane.host_state) ? lane.host_state : "";
+    const g = el("svg:g", {class: out ? `lane host-${out === "drained" ? "cordoned" : out}` : "lane",
+      "data-gpu": lane.gpu, "data-host": lane.host,
       "data-host-state": lane.host_state || "", "data-set-point": lane.set_point || "",
       "data-resident": lane.resident || ""});
     g.append(el("svg:rect", {x: 0, y, width, height: laneH, class: i % 2 ? "lane-bg odd" : "lane-bg"}));
