@@ -37,7 +37,7 @@ def host_rows(r: Any, keys: Any, fleet: Any) -> list[dict[str, Any]]:
     uuids = {host.name: [gpu.uuid for gpu in host.gpus] for host in fleet.hosts}
     pipe = r.pipeline(transaction=False)
     host_liveness.queue_reads(pipe, keys, hosts)
-    pipe.mget([keys.gpu(gpu) for host in hosts for gpu in uuids[host]] or ["-"])
+    pipe.mget([keys.gpu(gpu) for host in hosts for gpu in uuids[host]])  # a fleet host has a GPU at least
     seen, live, cordoned_raw, holders = pipe.execute()
     hosts_now = host_liveness.availability(hosts, seen, live, cordoned_raw)
     lease_ids = sorted({holder.split(":")[0] for holder in holders if holder})

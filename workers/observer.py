@@ -229,7 +229,7 @@ class Observer:
         # and holds no lease, or when it was cordoned after it went down (the operator's word
         # on a host already down); one whose worker died under running leases is an incident
         # all the same, also once those leases expired (the entry keeps when it went down)
-        idle_cordoned = {host for host in self._without_leases(down & set(cordoned) - set(entries))} | {
+        idle_cordoned = self._without_leases(down & set(cordoned) - set(entries)) | {
             host for host in down & set(cordoned) & set(entries)
             if Cordon.parse(cordoned[host]).since_s >= _went_down_s(entries[host])}
         down -= idle_cordoned
