@@ -599,8 +599,8 @@ def cancel(job_ids: list[str] = typer.Argument(None, help="job ids (or none, wit
     boundary), exit 0; for a job that had already ended, how it ended (cancelled, completed or failed) and, on
     stderr, when: exit 5, nothing was cancelled. Exit 2: an unknown job, or Redis unreachable. Several JOB_IDS,
     or filters (--state, --endpoint, --priority, --pool) instead of ids: one line per job (`ID OUTCOME`) and a
-    count on stderr; exit 0, 2 when an id was unknown (the others are cancelled), 5 when every job had already
-    ended."""
+    count on stderr; exit 0, 2 when an id was unknown (the other ids are still handled), 5 when every job had
+    already ended (filters that match no job: "no job", exit 0)."""
     ignored_fleet_option(fleet, "cancel")
     filtered = bool(state or endpoint or priority or pool)
     if job_ids and filtered:

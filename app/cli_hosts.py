@@ -160,7 +160,10 @@ def uncordon(host: str = typer.Argument(..., help="a host of the fleet"),
         if not r.hexists(keys.hosts_cordoned, host):  # a cordoned host is always known: only check the others
             _known_host(_fleet(r, keys, fleet), host)
         removed = host_liveness.uncordon(r, keys, host)
-        worker_live = bool(r.exists(keys.host_live(host)))
+        # a worker hint only for a host of the fleet (one the fleet dropped takes no lease anyway)
+        known = r.get(keys.fleet)
+        in_fleet = bool(known) and any(h.get("name") == host for h in json.loads(known).get("hosts", []))
+        worker_live = bool(r.exists(keys.host_live(host))) or not in_fleet
     except MakespanError as e:
         fail(e)
     except redis.RedisError as e:

@@ -72,7 +72,8 @@ key                                    type    contents
 ``P:host:live:{host}``                 string  consumer id of a live GPU worker of ``host`` (PX ttl,
                                                renewed by it; see makespan.workers.host_liveness)
 ``P:hosts:seen``                       hash    host -> consumer id of the last GPU worker that
-                                               announced itself there (no TTL: a host seen once and
+                                               announced itself there, ``stopped:{id}`` once it
+                                               withdrew cleanly (no TTL: a host seen once and
                                                without a live key now has lost its consumer)
 ``P:hosts:cordoned``                   hash    host -> its cordon (JSON: reason, since, by): no new
                                                lease there until uncordoned (``makespan cordon``;
@@ -376,7 +377,8 @@ class Keys:
 
     @property
     def hosts_seen(self) -> str:
-        """Hash: host -> consumer id of the last GPU worker that announced itself there."""
+        """Hash: host -> consumer id of the last GPU worker that announced itself there
+        (``stopped:{id}`` once it withdrew on a clean stop)."""
         return f"{self.prefix}:hosts:seen"
 
     @property

@@ -502,9 +502,10 @@ class Settings:
             this TTL (seconds, on the Redis server's clock), renewed every quarter of it;
             a host seen once whose key has expired gets no new leases until a worker is
             back (:mod:`makespan.workers.host_liveness`). A SIGKILLed worker is noticed
-            within this time, a stopped one at once. Keep it under ``lease_ttl_s``, so the
-            host of a dead worker is known down before its leases expire and their jobs
-            are planned again (:func:`liveness_warning`). ``MAKESPAN_WORKER_LIVENESS_TTL_S``.
+            within this time, a stopped one at once. Keep it under ``lease_ttl_s −
+            heartbeat_s``, so the host of a dead worker is known down before its leases
+            expire and their jobs are planned again, and over 4/3 of
+            ``redis_socket_timeout_s`` (:func:`liveness_warning`). ``MAKESPAN_WORKER_LIVENESS_TTL_S``.
         shutdown_grace_s: every makespan process (planner, GPU worker, observer,
             dashboard) ends within this many seconds (+ 1 s) of SIGTERM: a clean
             shutdown still running then is cut off with exit code 1 and every thread's traceback on stderr
@@ -569,7 +570,7 @@ class Settings:
     allow_evicting_redis: bool = False
     submit_wait_replicas: int = 0
     submit_wait_timeout_s: float = 1.0
-    worker_liveness_ttl_s: float = 5.0
+    worker_liveness_ttl_s: float = 7.0
     shutdown_grace_s: float = 20.0
     critical_lane: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
@@ -655,7 +656,7 @@ class Settings:
             allow_evicting_redis=_env_bool("MAKESPAN_ALLOW_EVICTING_REDIS"),
             submit_wait_replicas=_env_int("MAKESPAN_SUBMIT_WAIT_REPLICAS", 0, 0, 100),
             submit_wait_timeout_s=_env_float("MAKESPAN_SUBMIT_WAIT_TIMEOUT_S", 1.0),
-            worker_liveness_ttl_s=_env_float("MAKESPAN_WORKER_LIVENESS_TTL_S", 5.0),
+            worker_liveness_ttl_s=_env_float("MAKESPAN_WORKER_LIVENESS_TTL_S", 7.0),
             shutdown_grace_s=_env_float("MAKESPAN_SHUTDOWN_GRACE_S", 20.0),
             # unset or empty: on (the default)
             critical_lane=_env_bool("MAKESPAN_CRITICAL_LANE") if env.get("MAKESPAN_CRITICAL_LANE", "").strip() else True,
@@ -734,19 +735,31 @@ class Settings:
 
 
 def liveness_warning(s: Settings) -> str | None:
-    """Why the dead-host gate of these settings would let a dead worker's jobs be leased to
-    its host again, or None: a worker killed (SIGKILL, a lost host) stops renewing its
-    leases and its host's liveness key together; its leases expire ``lease_ttl_s`` after
-    their last renewal and the planner requeues and plans their jobs at once. With
-    ``worker_liveness_ttl_s`` not under ``lease_ttl_s`` the host may still look live then,
-    and a job goes back to the dead host for one more lease TTL (an operator saw it in every
-    kill test). Logged by the planner and every GPU worker as they start."""
-    if s.worker_liveness_ttl_s < s.lease_ttl_s:
-        return None
-    return (f"MAKESPAN_WORKER_LIVENESS_TTL_S ({s.worker_liveness_ttl_s:g} s) is not under MAKESPAN_LEASE_TTL_S "
-            f"({s.lease_ttl_s:g} s): when a GPU worker dies its leases expire before its host is known down, and "
-            f"their jobs are leased to the dead host again for one more lease TTL; set "
-            f"MAKESPAN_WORKER_LIVENESS_TTL_S to at most half MAKESPAN_LEASE_TTL_S ({s.lease_ttl_s / 2:g} s)")
+    """Why the dead-host gate of these settings would misjudge a host, or None:
+
+    * a worker killed (SIGKILL, a lost host) stops renewing its leases (every
+      ``heartbeat_s``) and its host's liveness key (every quarter of its TTL) together; its
+      leases may expire ``lease_ttl_s − heartbeat_s`` after its death and the planner plans
+      their jobs at once, so its host must be known down by then:
+      ``worker_liveness_ttl_s < lease_ttl_s − heartbeat_s``, else a job goes back to the dead
+      host for one more lease TTL (an operator saw it in every kill test with both at 10 s);
+    * one renewal that blocks on a half-open connection goes a quarter TTL plus
+      ``redis_socket_timeout_s`` without a renewal: over the TTL a live host looks down for
+      a moment (no new leases there): ``worker_liveness_ttl_s × 3/4 > redis_socket_timeout_s``.
+
+    Logged by the planner and every GPU worker as they start."""
+    ttl_s, most_s = s.worker_liveness_ttl_s, s.lease_ttl_s - s.heartbeat_s
+    if ttl_s >= most_s:
+        return (f"MAKESPAN_WORKER_LIVENESS_TTL_S ({ttl_s:g} s) is not under MAKESPAN_LEASE_TTL_S − MAKESPAN_HEARTBEAT_S "
+                f"({most_s:g} s): when a GPU worker dies its leases may expire before its host is known down, and their "
+                f"jobs are leased to the dead host again for one more lease TTL; lower MAKESPAN_WORKER_LIVENESS_TTL_S "
+                f"or raise MAKESPAN_LEASE_TTL_S")
+    if ttl_s * (1 - 0.25) <= s.redis_socket_timeout_s:
+        return (f"MAKESPAN_WORKER_LIVENESS_TTL_S ({ttl_s:g} s) is too short for MAKESPAN_REDIS_SOCKET_TIMEOUT_S "
+                f"({s.redis_socket_timeout_s:g} s): one liveness renewal that blocks for the whole socket timeout (a "
+                f"half-open connection) lets the key expire and a live host look down for a moment; keep the TTL "
+                f"over 4/3 of the socket timeout ({s.redis_socket_timeout_s * 4 / 3:.3g} s)")
+    return None
 
 
 # -- guarantees (issue 19): their MAKESPAN_* variables --

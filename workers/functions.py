@@ -265,11 +265,13 @@ async def _until_cancelled(coroutine: Any, cancelled: threading.Event) -> Any:
     worker's shutdown): an exception raised into its thread cannot interrupt the event loop's
     wait, so without this an awaiting function ran on for the whole cancel grace period."""
     task = asyncio.ensure_future(coroutine)
-    while not task.done():
+    while not task.done() and not cancelled.is_set():
         await asyncio.wait({task}, timeout=WATCH_S)
-        if cancelled.is_set() and not task.done():
-            task.cancel()
-    return task.result()
+    if not task.done():
+        # once: a function that catches CancelledError to save its state gets the rest of the
+        # cancel grace period for it, as a plain function does after ctx.cancelled
+        task.cancel()
+    return await task
 
 
 def _call(definition: WorkloadDef, ctx: WorkloadContext, args: list[Any], kwargs: dict[str, Any],
@@ -415,23 +417,29 @@ class ProgressWriter:
     def __init__(self, write: Callable[[float, float, str | None, bool], None],
                  pending: dict[str, Any]) -> None:
         self._write, self._pending = write, pending
+        # the function's thread reports, the run's watcher flushes: one at a time, so an older
+        # report never lands after a newer one and a held-back one is never dropped
+        self._lock = threading.Lock()
 
     def __call__(self, done: float, total: float, note: str | None) -> None:
-        self._write(done, total, note, False)
+        with self._lock:
+            self._write(done, total, note, False)
 
     def flush(self) -> None:
-        report = self._pending.pop("report", None)
-        if report is not None:
-            self._write(*report, True)
+        with self._lock:
+            report = self._pending.pop("report", None)
+            if report is not None:
+                self._write(*report, True)
 
     def flush_due(self) -> None:
         """Write the held-back report once the throttle's window has passed (the run's
         watcher calls it every WATCH_S): a report followed by a long step is shown within
         the window, not only at the next report or the end."""
-        report = self._pending.get("report")
-        if report is not None and time.monotonic() - self._pending.get("since", 0.0) >= PROGRESS_EVERY_S:
-            self._pending.pop("report", None)
-            self._write(*report, True)
+        with self._lock:
+            report = self._pending.get("report")
+            if report is not None and time.monotonic() - self._pending.get("since", 0.0) >= PROGRESS_EVERY_S:
+                self._pending.pop("report", None)
+                self._write(*report, True)
 
 
 def progress_writer(fenced: Callable[[list[tuple]], bool], keys: Keys, job_id: str, workload: str,

@@ -71,8 +71,13 @@ def announce(r: redis.Redis, keys: Keys, host: str, consumer: str, ttl_s: float)
     p.execute()
 
 
+STOPPED = "stopped:"  # P:hosts:seen value prefix: the host's last worker stopped cleanly (withdraw)
+
+
 def withdraw(r: redis.Redis, keys: Keys, host: str, consumer: str) -> bool:
-    """Delete ``host``'s live key if ``consumer`` still holds it (WATCH/MULTI, no script).
+    """Delete ``host``'s live key if ``consumer`` still holds it (WATCH/MULTI, no script),
+    and mark the host in ``P:hosts:seen`` as stopped on purpose (``stopped:{consumer}``: a
+    crash leaves the consumer id; the observer tells the two apart for a cordoned host).
     Returns True if it was deleted.
 
     Raises:
@@ -86,6 +91,7 @@ def withdraw(r: redis.Redis, keys: Keys, host: str, consumer: str) -> bool:
         pipe.multi()
         if holder == consumer:
             pipe.delete(key)
+            pipe.hset(keys.hosts_seen, host, STOPPED + consumer)
             deleted = True
 
     r.transaction(_cad, key)

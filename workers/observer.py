@@ -86,7 +86,7 @@ from makespan.store.scripts import script
 from makespan.workers.agenda import AgendaTracker
 from makespan.workers.drivers import capabilities, get_driver
 from makespan.workers.drivers.base import Instance, machine_name
-from makespan.workers.host_liveness import Cordon, down_hosts, queue_reads
+from makespan.workers.host_liveness import STOPPED, Cordon, down_hosts, queue_reads
 from makespan.workers.drivers.registry import (index_instances, list_instances, register_instance, retire_instance,
                                                unregister_instance)
 
@@ -225,13 +225,16 @@ class Observer:
         queue_reads(p, self.keys, own)
         entries, seen, live, cordoned = p.execute()
         down = down_hosts(own, seen, live)
-        # a cordoned host is out of service on purpose when it was cordoned before it went down
-        # and holds no lease, or when it was cordoned after it went down (the operator's word
-        # on a host already down); one whose worker died under running leases is an incident
-        # all the same, also once those leases expired (the entry keeps when it went down)
-        idle_cordoned = self._without_leases(down & set(cordoned) - set(entries)) | {
-            host for host in down & set(cordoned) & set(entries)
-            if Cordon.parse(cordoned[host]).since_s >= _went_down_s(entries[host])}
+        # a cordoned host is out of service on purpose when its worker was stopped (its last
+        # worker withdrew: P:hosts:seen says stopped), when it holds no lease as it is first
+        # seen down, or when it was cordoned after it went down (the operator's word on a host
+        # already down); one whose worker died under running leases is an incident all the
+        # same, also once those leases expired (the entry keeps when it went down)
+        down_cordoned = down & set(cordoned)
+        idle_cordoned = {host for host in down_cordoned if str(seen.get(host, "")).startswith(STOPPED)} | \
+            self._without_leases(down_cordoned - set(entries)) | {
+                host for host in down_cordoned & set(entries)
+                if Cordon.parse(cordoned[host]).since_s >= _went_down_s(entries[host])}
         down -= idle_cordoned
         candidates = [host for host in own if host in down or host in entries]
         others = [host for host in entries if host not in mine]

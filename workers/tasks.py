@@ -142,7 +142,7 @@ class RegistryPublisher:
     start and every ``LIVE_TTL_S / 3`` from a daemon thread, so producers can tell which
     names a live worker runs. After a failed publish (Redis away: the names expire) it
     tries again every ``retry_s`` (default: the host re-announce cadence,
-    ``worker_liveness_ttl_s × RENEW_FRACTION``, 2.5 s), so submits are accepted again
+    ``worker_liveness_ttl_s × RENEW_FRACTION``, 1.75 s by default), so submits are accepted again
     within that of Redis coming back. :meth:`stop` (a clean shutdown) withdraws them
     (:func:`makespan.registry.withdraw`): a name no other live worker holds is refused at
     once; after a crash the names expire with their TTL. A name in ``refused`` (name ->

@@ -409,6 +409,11 @@ def test_the_liveness_ttl_must_be_under_the_lease_ttl_or_a_warning_says_why():
     and settings that are not get a warning naming the fix."""
     from makespan.settings import Settings, liveness_warning
 
-    assert liveness_warning(Settings()) is None  # the defaults: 5 s under 10 s
+    assert liveness_warning(Settings()) is None  # the defaults: 7 s, under 10 − 2 s and over 4/3 × 5 s
     warned = liveness_warning(Settings(lease_ttl_s=10.0, worker_liveness_ttl_s=10.0))
-    assert warned is not None and "at most half MAKESPAN_LEASE_TTL_S (5 s)" in warned
+    assert warned is not None and "not under MAKESPAN_LEASE_TTL_S − MAKESPAN_HEARTBEAT_S (8 s)" in warned
+    # between half the lease TTL and the TTL less a heartbeat: a lease renewed a heartbeat before
+    # the death expires 4 s after it, the host looks live for 5 (a review's case)
+    assert liveness_warning(Settings(lease_ttl_s=6.0, heartbeat_s=2.0, worker_liveness_ttl_s=5.0)) is not None
+    short = liveness_warning(Settings(worker_liveness_ttl_s=5.0, redis_socket_timeout_s=5.0))
+    assert short is not None and "too short for MAKESPAN_REDIS_SOCKET_TIMEOUT_S" in short

@@ -118,7 +118,8 @@ def test_an_observer_leaves_hosts_outside_its_fleet_file_to_the_others(r, keys):
 
 def test_a_cordoned_host_s_stopped_worker_is_no_incident(r, keys, redis_url, prefix):
     """An operator cordons a host, waits for it to drain and stops its GPU worker: out of
-    service on purpose, no ``host_down``. Cordoning a host whose incident is open closes it;
+    service on purpose, no ``host_down``; a cordoned host whose worker dies under a running
+    lease is one, until a worker is back. Cordoning a host whose incident is open closes it;
     uncordoning a host whose worker is still stopped makes it an incident again."""
     observer = Observer(r, keys, FLEET, host_down_grace_s=0.0)
     env = {"MAKESPAN_REDIS_URL": redis_url, "MAKESPAN_KEY_PREFIX": prefix}
@@ -139,10 +140,11 @@ def test_a_cordoned_host_s_stopped_worker_is_no_incident(r, keys, redis_url, pre
             ("drained", "down", "new NICs")
         assert (rows["host-b"]["state"], rows["host-b"]["worker"]) == ("schedulable", "live")
 
-        # cordoned, but a lease still runs there when its worker dies: an incident all the same
+        # cordoned, but a lease still runs there when its worker dies (its key expires: no
+        # withdraw): an incident all the same
         r.set(keys.gpu(FLEET.hosts[1].gpus[0].uuid), "lease-b")
         cordon(r, keys, "host-b", "drain for a kernel update")
-        assert withdraw(r, keys, "host-b", "worker-host-b")
+        r.delete(keys.host_live("host-b"))  # as the TTL does after a SIGKILL
         assert [i["host"] for i in observer.probe_once()] == ["host-b"]
         r.delete(keys.gpu(FLEET.hosts[1].gpus[0].uuid))  # its lease expires and is reclaimed
         assert observer.probe_once() == []
@@ -180,5 +182,22 @@ def test_a_host_down_recovery_gives_the_outage_not_the_time_since_the_incident(r
         assert observer.probe_once() == []
         (row,) = _host_rows(r, keys)
         assert 100.0 <= row["recovery"]["recovery_s"] < 130.0, row["recovery"]
+    finally:
+        observer.close()
+
+
+def test_a_cordoned_host_stopped_before_it_drained_is_no_incident(r, keys):
+    """The operator cordons a host and stops its worker (SIGTERM) while a lease still runs
+    there (it is handed back): stopped on purpose, not a crash, so no incident that would
+    never close (review)."""
+    observer = Observer(r, keys, FLEET, host_down_grace_s=0.0)
+    try:
+        announce(r, keys, "host-a", "worker-1", 30.0)
+        r.set(keys.gpu(FLEET.hosts[0].gpus[0].uuid), "lease-a")  # not drained yet
+        cordon(r, keys, "host-a", "reboot")
+        assert withdraw(r, keys, "host-a", "worker-1")  # a clean stop: the hand-back follows
+        for _ in range(3):
+            assert observer.probe_once() == []
+        assert _host_rows(r, keys) == [] and not r.exists(keys.incidents_hosts_down)
     finally:
         observer.close()
