@@ -183,6 +183,7 @@ def _say_what_starts(host_spec, modules: str, names: list[str], fleet=None) -> N
         "no workload functions (--workloads MODULE to load some)"
     typer.echo(f"gpu-worker {host_spec.name}: {len(host_spec.gpus)} GPUs {kind}; queue gpu.{host_spec.name}; {loaded}",
                err=True)
+    _say_slowdown(host_spec.name, fleet)
     from makespan.cli_support import context
 
     from makespan.models import fleet_version, parse_fleet
@@ -203,6 +204,22 @@ def _say_what_starts(host_spec, modules: str, names: list[str], fleet=None) -> N
                    f"planner published (version {published_version})"
                    + (f"; it lacks endpoints {', '.join(lacks)}, whose jobs cannot run here" if lacks else "")
                    + ": start the planner and the GPU workers with the same fleet file", err=True)
+
+
+def _say_slowdown(host: str, fleet=None) -> None:
+    """On stderr: the ``MAKESPAN_SIMULATED_SLOWDOWN`` factor of ``host``, and a warning for
+    the names in it that are no host of ``fleet`` (a misspelt one slowed nothing, silently)."""
+    try:
+        slowdown = _settings().slowdown_by_host()
+    except MakespanError:
+        return  # the worker itself refuses the setting
+    if host in slowdown:
+        typer.echo(f"gpu-worker {host}: simulated transitions slowed {slowdown[host]:g}x "
+                   "(MAKESPAN_SIMULATED_SLOWDOWN)", err=True)
+    unknown = sorted(set(slowdown) - {h.name for h in fleet.hosts}) if fleet is not None else []
+    if unknown:
+        typer.echo(f"warning: MAKESPAN_SIMULATED_SLOWDOWN names {', '.join(unknown)}, no host of the fleet "
+                   f"(hosts: {', '.join(h.name for h in fleet.hosts)}): nothing is slowed there", err=True)
 
 
 def _celery_worker(app, argv: list[str]) -> int:

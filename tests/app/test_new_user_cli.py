@@ -306,3 +306,20 @@ def test_gpu_worker_warns_when_its_fleet_file_differs_from_the_published_one(r, 
     err = capsys.readouterr().err
     assert f"differs from the fleet the planner published (version {fleet_version(planners)})" in err
     assert "it lacks endpoints chat" in err
+
+
+def test_gpu_worker_says_its_simulated_slowdown_and_warns_of_a_host_the_fleet_lacks(r, keys, redis_url, prefix,
+                                                                                    monkeypatch, capsys):
+    """A misspelt host in MAKESPAN_SIMULATED_SLOWDOWN slowed nothing, silently (on-call new user)."""
+    from makespan.cli import _say_what_starts
+    from makespan.models import load_fleet
+
+    monkeypatch.setenv("MAKESPAN_REDIS_URL", redis_url)
+    monkeypatch.setenv("MAKESPAN_KEY_PREFIX", prefix)
+    fleet = load_fleet(FLEET_TOML)
+    host = fleet.hosts[0]
+    monkeypatch.setenv("MAKESPAN_SIMULATED_SLOWDOWN", f"{host.name}=3,hots-b=2")
+    _say_what_starts(host, "", [], fleet)
+    err = capsys.readouterr().err
+    assert f"gpu-worker {host.name}: simulated transitions slowed 3x" in err
+    assert "warning: MAKESPAN_SIMULATED_SLOWDOWN names hots-b, no host of the fleet" in err
