@@ -41,6 +41,7 @@ from makespan.errors import NoEndpointServer, PhaseCancelled, PhaseError, StaleF
 from makespan.keys import Keys
 from makespan.registry import REGISTRY, WorkloadDef
 from makespan.results import ResultNotJson, ResultTooLarge, encode_value, resolve_references
+from makespan.workload_spec import ROUTES
 
 log = logging.getLogger("makespan.functions")
 WATCH_S = 0.05  # how often the phase thread checks lease, cancel and timeout
@@ -160,8 +161,16 @@ class WorkloadContext:
         Returns:
             One answer per prompt, in order.
         Raises:
+            TypeError: ``prompts`` is a single string or body, not a sequence of them.
+            ValueError: ``route`` is not one of the three routes above (checked before
+                anything is sent, as a workload file's ``route`` is at submit).
             makespan.errors.PhaseError: no instance to send to, or a request failed.
         """
+        if isinstance(prompts, (str, bytes, dict)):
+            raise TypeError(f"ctx.requests: prompts must be a list of prompts or request bodies, got one "
+                            f"{type(prompts).__name__} (wrap it: [prompt])")
+        if route not in ROUTES:
+            raise ValueError(f"ctx.requests: unknown route {route!r}; use one of {', '.join(ROUTES)}")
         if self._requests is None:
             raise NoEndpointServer(f"ctx.requests: endpoint {self.endpoint!r} of this job has no server instance (a "
                                    "simulated endpoint: give it a launch driver that runs a server, e.g. "

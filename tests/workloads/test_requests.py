@@ -209,3 +209,19 @@ def test_the_lease_script_is_loaded_again_after_a_script_flush(keys, server, pri
     r.script_flush()
     assert runner.run("f2", {"requests": 2}).ok == 2
     assert request_drain(r, keys, ["flushed"]) == {"request_leases": 0, "waiters": 0}
+
+
+def test_ctx_requests_refuses_a_lone_prompt_and_an_unknown_route_before_sending():
+    """A string iterated as prompts sent one request per character, and a route the body
+    builder does not know was sent as a completion and failed on the server's 404."""
+    from makespan.workers.functions import WorkloadContext
+
+    sent: list[tuple] = []
+    ctx = WorkloadContext("j1", "NORMAL", 1, "fn", ["GPU-0"], "h0", "gen", "http://127.0.0.1:1", {},
+                          _requests=lambda prompts, **kw: sent.append((prompts, kw)) or ["ok"] * len(prompts))
+    with pytest.raises(TypeError, match="list of prompts"):
+        ctx.requests("hello")
+    with pytest.raises(ValueError, match="unknown route '/v1/chat'.*/v1/chat/completions"):
+        ctx.requests(["hello"], route="/v1/chat")
+    assert sent == []
+    assert ctx.requests(["hello"], route="/v1/chat/completions") == ["ok"]
