@@ -201,6 +201,7 @@ def typed_record(rec: dict[str, str]) -> dict[str, Any]:
     for k in _FLAG_FIELDS:
         if k in rec:
             rec[k] = rec[k] not in ("", "0")  # type: ignore[assignment]
+    rec.pop("leased_before", None)  # the store's first-lease bookkeeping (lib.lua forget_lease), not the user's
     if rec.get("state") != "queued":  # the planner's last wait reason, from when it waited: not now
         for field in ("wait_reason", "wait_detail", "wait_eta", "wait_at"):
             rec.pop(field, None)

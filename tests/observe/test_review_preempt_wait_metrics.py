@@ -94,6 +94,10 @@ def test_a_preempted_job_leased_again_has_one_wait(r, settings, monkeypatch):
     # preempted (requeued, its GPUs free): the next tick leases it again
     by = prod.submit({"endpoint": "embed", "service_s": 1, "priority": "HIGH"}).id
     assert preempt(r, w.keys, first.lease_id, by) == "preempted"
+    # queued again, it shows no time of the lease it lost (its status read as leased/started)
+    requeued = prod.status(low)
+    assert requeued["state"] == "queued" and requeued.get("leased_at") is None and requeued.get("started_at") is None
+    assert "leased_before" not in requeued
     assert prod.cancel(by) == "cancelled"
     w.tick()
     assert [c.job_id for c in jobs()] == [low, low] and jobs()[1].lease_id != first.lease_id

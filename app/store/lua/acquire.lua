@@ -33,7 +33,8 @@
 --          finish_job drops it)
 -- Returns {1, token, warm 0|1, first 0|1}, or {0, why[, gpu key[, owner]]} with why in
 -- planner_fenced, not_queued, cordoned, busy, owned. first: a job lease is the job's first (its record
--- had no leased_at: not a lease again after a preemption, reclaim or retry); 0 for other leases.
+-- had no leased_at and no leased_before, lib.lua forget_lease: not a lease again after a preemption,
+-- reclaim or retry); 0 for other leases.
 -- A GPU is busy while its gpu key exists, or while the lease gpu_owner names for it is
 -- still live in leases (expiry on the server clock in the future): a gpu key lost to
 -- eviction or a manual DEL never lets a second lease onto a GPU whose lease still runs.
@@ -70,7 +71,9 @@ redis.call('HSET', KEYS[2], unpack(flat))
 redis.call('ZADD', KEYS[3], expires_ms, ARGV[1])
 local first = 0
 if ARGV[9] == 'queued' then
-  if redis.call('HEXISTS', KEYS[4], 'leased_at') == 0 then first = 1 end
+  if redis.call('HEXISTS', KEYS[4], 'leased_at') == 0 and redis.call('HEXISTS', KEYS[4], 'leased_before') == 0 then
+    first = 1
+  end
   redis.call('ZREM', KEYS[5], ARGV[2])
   redis.call('HSET', KEYS[4], 'state', 'leased', 'lease', ARGV[1], 'token', tostring(token),
              'leased_at', tostring(tonumber(ARGV[4]) / 1000.0))

@@ -39,6 +39,7 @@ for _, op in ipairs(ops) do
   elseif cmd == 'START_JOB' then
     redis.call('HSET', key, 'state', 'running', 'started_at', args[1])
   elseif cmd == 'DELAY_JOB' then
+    forget_lease(key)
     redis.call('HSET', key, 'state', 'delayed', 'not_before', args[2], 'reason', args[3], 'last_error', args[4])
     redis.call('ZADD', key_delayed(ARGV[5]), args[2], args[1])
   elseif cmd == 'FINISH_JOB' then

@@ -156,6 +156,14 @@ local function finish_job(prefix, job_id, state, finished_at_s, reason)
   redis.call('ZADD', key_finished(prefix), server_now_ms() / 1000.0, job_id)
 end
 
+-- a job that holds no lease any more (requeued or delayed): drop its lease, token and the
+-- times of the lease it lost (a queued or delayed job shows no leased_at/started_at: they are
+-- its current attempt's); `leased_before` keeps that it was leased (acquire.lua's first-lease test)
+local function forget_lease(jk)
+  if redis.call('HEXISTS', jk, 'leased_at') == 1 then redis.call('HSET', jk, 'leased_before', '1') end
+  redis.call('HDEL', jk, 'lease', 'token', 'leased_at', 'started_at')
+end
+
 -- put a job back in its priority queue (of its pool: the record's `pool`, none for the
 -- implicit pool) at its submission seq; it holds no lease any more. A job of a named pool
 -- also wakes that pool's planner (another pool's planner may be the one requeueing it).
@@ -163,7 +171,7 @@ end
 local function requeue_job(prefix, job_id, reason)
   local jk = key_job(prefix, job_id)
   local rec = redis.call('HMGET', jk, 'priority', 'seq', 'pool')
-  redis.call('HDEL', jk, 'lease', 'token')
+  forget_lease(jk)
   if reason then
     redis.call('HSET', jk, 'state', 'queued', 'reason', reason)
   else
@@ -180,7 +188,7 @@ end
 -- make a job wait until due_s (unix s, server clock) on P:delayed; it holds no lease any more
 local function delay_job(prefix, job_id, due_s, reason)
   local jk = key_job(prefix, job_id)
-  redis.call('HDEL', jk, 'lease', 'token')
+  forget_lease(jk)
   redis.call('HSET', jk, 'state', 'delayed', 'not_before', tostring(due_s), 'reason', reason)
   redis.call('ZADD', key_delayed(prefix), due_s, job_id)
 end
