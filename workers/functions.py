@@ -16,7 +16,7 @@ JSON), :class:`makespan.errors.PhaseCancelled` or :class:`makespan.errors.StaleF
 (the lease was lost, or the worker shuts down: the run is given up as if its lease were
 lost, whatever the function returned, and the phase runner hands the lease back at once,
 which requeues the job as a reclaim would: ``PhaseRunner.hand_back``).
-The phase runner commits the result, a retry or the failure (workers/phases.py).
+The phase runner commits the result, a retry or the failure (workers/phase_execute.py).
 """
 
 from __future__ import annotations

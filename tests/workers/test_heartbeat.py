@@ -1,4 +1,4 @@
-"""LeaseHeartbeat (workers/phases.py): renews its lease every ``interval_s`` from a thread
+"""LeaseHeartbeat (workers/heartbeat.py): renews its lease every ``interval_s`` from a thread
 that this process's heartbeat starter starts when the first renewal is due, sets ``lost``
 as soon as a renewal finds the lease no longer ours, and rides a Redis error out."""
 
@@ -10,7 +10,7 @@ import time
 import redis
 
 from makespan.workers.leases import LeaseStore
-from makespan.workers.phases import LeaseHeartbeat, _HeartbeatStarter
+from makespan.workers.heartbeat import LeaseHeartbeat, _HeartbeatStarter
 from tests.live import wait_for
 
 

@@ -1,0 +1,133 @@
+"""Lease heartbeats of the GPU worker's phases (:mod:`makespan.workers.phases`).
+
+A phase renews its lease as it starts, then a :class:`LeaseHeartbeat` renews it every
+``heartbeat_s`` while the phase runs; one shared starter thread starts a heartbeat's own
+thread only when its first renewal is due (a short phase never starts one). Losing the
+lease (a stale fencing token) sets the heartbeat's ``lost`` event: the phase stops.
+:class:`DeferredWaits` gathers modelled transition waits that run as one (the longest).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import threading
+import time
+from typing import Any
+
+import redis
+
+from makespan.workers.leases import Lease, LeaseStore
+
+log = logging.getLogger("makespan.phases")
+
+
+class DeferredWaits:
+    """Notes the modelled waits of transitions that run as one (an evict of several
+    instances: the planner prices it as its longest), to be spent once, as the longest."""
+
+    def __init__(self) -> None:
+        self.longest_s = 0.0
+
+    def add(self, wall_s: float) -> None:
+        """Note a modelled wait of ``wall_s`` wall seconds (the driver's ``wait``)."""
+        self.longest_s = max(self.longest_s, wall_s)
+
+
+class LeaseHeartbeat:
+    """Renews a lease every ``interval_s`` from a daemon thread until stopped.
+    ``lost`` is set as soon as a renewal finds the lease no longer ours; a Redis error is
+    transient (logged; the next renewal comes ``interval_s`` later).
+
+    The thread is started when the first renewal is due, ``interval_s`` after
+    :meth:`__enter__` (by this process's :class:`_HeartbeatStarter`): most jobs end
+    before that and never start one."""
+
+    def __init__(self, store: LeaseStore, lease: Lease, ttl_s: float, interval_s: float):
+        self.store, self.lease, self.ttl_s, self.interval_s = store, lease, ttl_s, interval_s
+        self.lost = threading.Event()
+        self._stop = threading.Event()
+        self._t: threading.Thread | None = None  # started by _STARTER when the first renewal is due
+
+    def _start(self) -> None:
+        self._t = threading.Thread(target=self._run, name=f"heartbeat-{self.lease.lease_id}", daemon=True)
+        self._t.start()
+
+    def _run(self) -> None:
+        # started by the starter when the first renewal is due: renew at once, then every interval_s
+        while True:
+            try:
+                if not self.store.renew(self.lease, self.ttl_s):
+                    self.lost.set()
+                    return
+            except redis.RedisError as e:  # transient: the TTL gives us slack
+                log.warning("lease %s heartbeat failed: %s", self.lease.lease_id, e)
+            if self._stop.wait(self.interval_s):
+                return
+
+    def __enter__(self) -> LeaseHeartbeat:
+        _STARTER.add(self, time.monotonic() + self.interval_s)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if _STARTER.discard(self):
+            return  # no renewal was due yet: no thread was started
+        self._stop.set()
+        if self._t is not None and self._t.ident is not None:
+            self._t.join(timeout=2)
+
+
+class _HeartbeatStarter:
+    """Starts each running :class:`LeaseHeartbeat`'s thread when its first renewal is due,
+    from one daemon thread per process that does no Redis I/O itself (a blocked renewal
+    holds up only its own lease's thread, as before)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._due: dict[LeaseHeartbeat, float] = {}  # waiting heartbeats -> first renewal due, monotonic s
+        self._thread: threading.Thread | None = None
+        # when the starter's thread wakes by itself (monotonic s; inf: it waits for a notify)
+        self._wake_at_s = math.inf
+
+    def add(self, hb: LeaseHeartbeat, due_s: float) -> None:
+        """Start ``hb``'s thread at monotonic ``due_s`` unless :meth:`discard` comes first."""
+        with self._cond:
+            self._due[hb] = due_s
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="heartbeat-starter", daemon=True)
+                self._thread.start()
+            elif due_s < self._wake_at_s:
+                # wake it only when it would sleep past this due time (not once per job: a job
+                # that ended before its renewal left the thread asleep until that earlier time)
+                self._cond.notify()
+
+    def discard(self, hb: LeaseHeartbeat) -> bool:
+        """Forget ``hb``; True when its thread was not started (else it runs: stop and join it)."""
+        with self._cond:
+            return self._due.pop(hb, None) is not None
+
+    def _run(self) -> None:
+        with self._cond:
+            while True:
+                now = time.monotonic()
+                for hb in [hb for hb, due_s in self._due.items() if due_s <= now]:
+                    del self._due[hb]
+                    try:
+                        hb._start()  # under the lock: discard() then knows it started
+                    except RuntimeError as e:  # no thread to be had: this lease goes unrenewed
+                        log.error("lease %s: heartbeat thread not started: %s", hb.lease.lease_id, e)
+                earliest = min(self._due.values(), default=None)
+                self._wake_at_s = math.inf if earliest is None else earliest
+                self._cond.wait(None if earliest is None else max(earliest - now, 0.0))
+
+    def reset(self) -> None:
+        """A forked child's fresh state (no thread of the parent runs there)."""
+        self._cond = threading.Condition()
+        self._due = {}
+        self._thread = None
+        self._wake_at_s = math.inf
+
+
+_STARTER = _HeartbeatStarter()
+os.register_at_fork(after_in_child=_STARTER.reset)
