@@ -6,6 +6,7 @@ import importlib
 import json
 import logging
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -81,6 +82,10 @@ def planner(fleet: Path = FleetOpt, policy: str | None = typer.Option(None, help
     from makespan import shutdown
 
     shutdown.on_sigterm(s.shutdown_grace_s, "planner", w.stop)  # the SIGTERM bound
+    # Ctrl-C / kill -INT stops it as SIGTERM does, also where the shell that started it in the
+    # background set SIGINT to ignored (a script's `makespan planner ... &`): the GPU workers
+    # (Celery) and the observer install their own SIGINT handler too
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         w.run()
     except KeyboardInterrupt:

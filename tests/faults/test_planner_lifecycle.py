@@ -35,12 +35,17 @@ LEASE_TTL_S = 60.0
 HANDOVER_S = LEASE_TTL_S / 2 / 3
 
 
-def _planner(tmp_path: Path, name: str, settings: Settings, fleet: Path, **env: str) -> subprocess.Popen:
-    """``makespan planner --fleet FLEET`` as its own process group, its log at ``tmp_path/{name}.log``."""
+def _planner(tmp_path: Path, name: str, settings: Settings, fleet: Path, sigint_ignored: bool = False,
+             **env: str) -> subprocess.Popen:
+    """``makespan planner --fleet FLEET`` as its own process group, its log at ``tmp_path/{name}.log``.
+    ``sigint_ignored``: started with SIGINT ignored, as a non-interactive shell starts a
+    background job (``makespan planner ... &`` in a script)."""
     with open(tmp_path / f"{name}.log", "wb") as out:
         return subprocess.Popen([sys.executable, "-m", "makespan.cli", "planner", "--fleet", str(fleet)],
                                 env={**os.environ, **settings.to_env(), "PYTHONUNBUFFERED": "1", **env},
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored
+                                else None)
 
 
 def _standing_by(p: subprocess.Popen, timeout_s: float = 60.0) -> None:
@@ -112,6 +117,23 @@ def test_a_leader_stopped_by_ctrl_c_releases_its_lock_at_once(r, keys, lifecycle
         assert took["token"] > first["token"]
     finally:
         _stop(leader, *([standby] if standby is not None else []))
+
+
+def test_ctrl_c_stops_a_planner_a_script_started_in_the_background(r, keys, lifecycle_settings, fleet_file, tmp_path):
+    """A script's ``makespan planner ... &`` inherits SIGINT ignored from the shell: Ctrl-C and
+    ``kill -INT`` stopped the GPU workers and the observer but not the planner (new-user check)."""
+    planner = _planner(tmp_path, "leader", lifecycle_settings, fleet_file, sigint_ignored=True)
+    try:
+        wait_for(lambda: _leads(r, keys), 60, "the planner to lead")
+        _standing_by(planner, 60)  # its handlers are in place
+        os.kill(planner.pid, signal.SIGINT)
+        try:
+            planner.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the planner ignored SIGINT for 30 s")
+        assert not r.exists(keys.planner_leader), "the stopped planner kept its leader lock"
+    finally:
+        _stop(planner)
 
 
 def test_a_standby_with_another_fleet_or_policy_says_so_and_its_takeover_too(r, keys, lifecycle_settings,
