@@ -47,6 +47,9 @@ key                                    type    contents
                                                reason write gave it (see makespan.wait_reasons)
 ``P:planner:reasons:at``               string  when that write was made (unix s, Redis server clock):
                                                a job's reason older than it was not in it
+``P:stats:submits``                    hash    priority name -> jobs accepted at submit (a repeated
+                                               idempotency key not counted; the metrics'
+                                               makespan_jobs_submitted_total, every producer)
 ``P:events``                           stream  recorded events (submit, lease, phase, ...)
 ``P:drain``                            hash    the last drain check's counts
 ``P:plan``                             string  the leading planner's last plan, JSON (see
@@ -317,6 +320,12 @@ class Keys:
         """String: the leading planner's ``{"planner", "policy", "fleet_version"}`` JSON, written
         as it comes to lead (:mod:`makespan.workers.planner_worker`)."""
         return f"{self._scoped}:planner:config"
+
+    @property
+    def submit_counts(self) -> str:
+        """Hash: priority name -> jobs accepted at submit; fleet-wide (every pool's producers),
+        read by the metrics' Redis-state collector."""
+        return f"{self.prefix}:stats:submits"
 
     @property
     def wait_reason_counts(self) -> str:

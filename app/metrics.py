@@ -3,7 +3,7 @@
 Two kinds of metric (full reference: docs/metrics.md):
 
 - **Events**, recorded where they happen by calling this module's functions
-  (:func:`job_submitted`, :func:`observe_wait`, :func:`observe_solve`, :func:`phase`,
+  (:func:`job_completed`, :func:`observe_wait`, :func:`observe_solve`, :func:`phase`,
   :func:`transition`, :func:`incident`, ...). Counters and histograms only, so they sum
   correctly across prefork children (prometheus-client multiprocess mode).
 - **State**, read from Redis by :class:`RedisStateCollector` when Prometheus scrapes:
@@ -69,12 +69,10 @@ class Metrics:
 
         self.registry = registry if registry is not None else CollectorRegistry()
         reg = {"registry": self.registry}
-        self.submitted = Counter("makespan_jobs_submitted_total", "Jobs accepted at submit.", ["priority"], **reg)
         self.completed = Counter("makespan_jobs_completed_total", "Jobs whose phases all finished.", ["priority"],
                                  **reg)
         self.failed = Counter("makespan_jobs_failed_total", "Jobs that failed for good.", ["priority"], **reg)
         self.preempted = Counter("makespan_jobs_preempted_total", "Jobs preempted and requeued.", ["priority"], **reg)
-        self.rejected = Counter("makespan_jobs_rejected_total", "Submissions rejected by validation.", [], **reg)
         self.wait = Histogram("makespan_job_wait_seconds", "Start minus submission, wall seconds.", ["priority"],
                               buckets=WAIT_BUCKETS_S, **reg)
         self.solve = Histogram("makespan_planner_solve_seconds", "Planner time per batch, wall seconds.", [],
@@ -126,7 +124,7 @@ class Metrics:
         and a dashboard shows 'No data'). Endpoints come from the fleet:
         :meth:`declare_endpoints`."""
         for prio in PRIORITIES:
-            for family in (self.submitted, self.completed, self.failed, self.preempted, self.wait):
+            for family in (self.completed, self.failed, self.preempted, self.wait):
                 family.labels(prio)
         for name in PHASES:
             self.phase.labels(name)
@@ -167,16 +165,6 @@ def _prio(priority: Any) -> str:
 
 
 # -- event functions (call from the code; each is cheap and never raises) ---------------------
-
-def job_submitted(priority: Any) -> None:
-    """A job was accepted (producer)."""
-    _m().submitted.labels(_prio(priority)).inc()
-
-
-def job_rejected() -> None:
-    """A submission failed validation (producer)."""
-    _m().rejected.inc()
-
 
 def job_completed(priority: Any) -> None:
     """A job's last phase finished (GPU worker or planner)."""
@@ -372,6 +360,7 @@ class RedisStateCollector:
         p.hgetall(k.wait_reason_counts)
         p.hkeys(k.hosts_cordoned)
         p.get(k.fleet)
+        p.hgetall(k.submit_counts)
         res = iter(p.execute())
         # a pool's planner (Keys.for_pool) labels what is its pool's own with `pool`
         pool = [k.pool] if k.pool else []
@@ -415,7 +404,14 @@ class RedisStateCollector:
             fleet_hosts = []
         for host in fleet_hosts:  # a cordon of a host the fleet dropped is not exported (nothing to alert on)
             cordoned.add_metric([host], 1.0 if host in cordoned_hosts else 0.0)
-        return [depth, msgs, leases, agenda, drain, checks, inc, by_reason, cordoned]
+        # counted in Redis by the submit scripts (every producer: a CLI, a client, a workload's
+        # steps), so the servers report them; fleet-wide, the same value from every server
+        counts = next(res) or {}
+        submitted = Counter("makespan_jobs_submitted", "Jobs accepted at submit (a repeated idempotency key not "
+                            "counted), by every producer.", labels=["priority"])
+        for level in PRIORITIES:
+            submitted.add_metric([level], float(counts.get(level, 0) or 0))
+        return [depth, msgs, leases, agenda, drain, checks, inc, by_reason, cordoned, submitted]
 
 
 # -- serving ----------------------------------------------------------------------------------

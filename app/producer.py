@@ -270,11 +270,7 @@ class Producer:
         if self.fleet is None:
             raise ValidationError("fleet", None, "submitting needs a fleet: pass --fleet or start a planner first",
                                   show_value=False)
-        try:
-            spec = parse_job(job, self.fleet, self.settings.max_payload_bytes, self.settings.max_depends_on)
-        except ValidationError:
-            metrics.job_rejected()
-            raise
+        spec = parse_job(job, self.fleet, self.settings.max_payload_bytes, self.settings.max_depends_on)
         traceparent = traceparent or telemetry.job_traceparent()
         job_id = uuid.uuid4().hex
         now = time.time()
@@ -306,18 +302,11 @@ class Producer:
                          "priority": spec.priority.name, "planned_s": spec.service_s})
         # a delayed job is due at the server clock + delay_s; a dependency without a record is
         # refused by the same script (ValidationError, nothing written)
-        try:
-            if self.settings.submit_wait_replicas > 0:
-                created, jid = self._submit_replicated(job_id, fields, ev, spec, pool)
-            else:
-                created, jid = self._store(pool).submit(job_id, fields, ev,
-                                                        self.keys.for_pool(pool).queue(spec.priority),
-                                                        spec.idempotency_key, spec.delay_s)
-        except ValidationError:
-            metrics.job_rejected()
-            raise
-        if created:
-            metrics.job_submitted(spec.priority)
+        if self.settings.submit_wait_replicas > 0:
+            created, jid = self._submit_replicated(job_id, fields, ev, spec, pool)
+        else:
+            created, jid = self._store(pool).submit(job_id, fields, ev, self.keys.for_pool(pool).queue(spec.priority),
+                                                    spec.idempotency_key, spec.delay_s)
         if not created:
             try:
                 existing = self.r.hgetall(self.keys.job(jid))

@@ -99,7 +99,7 @@ class JobStore:
         idem = self.keys.idem(idempotency_key) if idempotency_key else self.keys.seq  # unused without a key
         critical = "1" if queue_key == self.keys.queue("CRITICAL") else "0"
         keys = [idem, self.keys.seq, self.keys.job(job_id), queue_key, self.keys.events, self.keys.planner_wake,
-                self.keys.delayed, self.keys.planner_critical]
+                self.keys.delayed, self.keys.planner_critical, self.keys.submit_counts]
         args = ["1" if idempotency_key else "0", job_id, json.dumps(fields), event_json, delay,
                 self.keys.script_prefix, critical, "1" if touch else "0"]
         return keys, args

@@ -192,3 +192,25 @@ def test_a_record_written_with_the_whole_spec_compares_as_a_new_one():
     assert ignored_on_repeat(existing, same) == ()
     other = {**same, "spec": json.dumps({"payload": {"n": 2}, "idempotency_key": "k"})}
     assert ignored_on_repeat(existing, other) == ("payload",)
+
+
+def test_every_accepted_job_is_counted_in_redis_for_the_servers_metrics(prod, r, keys, fleet, settings):
+    """makespan_jobs_submitted_total was counted in the submitting process (the CLI, a client),
+    which serves no /metrics: the planner exported 0 for ever (operator new user). The submit
+    scripts count in ``P:stats:submits``; a repeated idempotency key is no new job; a
+    workload's steps count as jobs."""
+    from makespan.metrics import RedisStateCollector
+    from makespan.workloads import submit_workload
+
+    prod.submit({"endpoint": "coder", "service_s": 30, "priority": "HIGH", "idempotency_key": "k1"})
+    prod.submit({"endpoint": "coder", "service_s": 30, "priority": "HIGH", "idempotency_key": "k1"})
+    prod.submit({"endpoint": "coder", "service_s": 30, "priority": "LOW", "delay_s": 60})
+    with pytest.raises(ValidationError):
+        prod.submit({"endpoint": "nope", "service_s": 1})
+    submit_workload(r, keys, fleet, {"name": "wl", "priority": "NORMAL", "steps": [
+        {"name": "a", "endpoint": "coder", "service_s": 5}, {"name": "b", "endpoint": "coder", "service_s": 5,
+                                                             "depends_on": ["a"]}]}, settings)
+    assert r.hgetall(keys.submit_counts) == {"HIGH": "1", "LOW": "1", "NORMAL": "2"}
+    exported = {s.labels["priority"]: s.value for fam in RedisStateCollector(r, keys).collect()
+                for s in fam.samples if s.name == "makespan_jobs_submitted_total"}
+    assert exported == {"CRITICAL": 0.0, "HIGH": 1.0, "NORMAL": 2.0, "LOW": 1.0}

@@ -10,9 +10,6 @@ from makespan import metrics
 
 if __name__ == "__main__":
     metrics.start_metrics_server(int(sys.argv[1]), addr="127.0.0.1")
-    for p, n in (("CRITICAL", 1), ("HIGH", 2), ("LOW", 3)):
-        for _ in range(n):
-            metrics.job_submitted(p)
     metrics.job_preempted("LOW")
     metrics.job_failed("HIGH")
     for w in (0.02, 0.3, 4.0):

@@ -178,7 +178,7 @@ def _exported_names(r, keys: Keys) -> set[str]:
 
     reg = CollectorRegistry()
     m = Metrics(reg)
-    for c in (m.submitted, m.completed, m.failed, m.preempted, m.wait):
+    for c in (m.completed, m.failed, m.preempted, m.wait):
         c.labels("HIGH")
     m.phase.labels("execute"), m.transition.labels("evict"), m.gpu_seconds.labels("busy"), m.incidents.labels("x")
     m.declare_hosts(["host-a"])  # what the observer declares for its fleet's hosts

@@ -67,6 +67,7 @@ def test_planner_scrape_shows_state_and_events(redis_url, prefix, keys, r):
     r.hset(keys.drain, mapping={"leases": 0, "agenda_entries": 0, "busy_slots": 1, "checks": 4})
     r.xadd(keys.incidents, {"e": "{}"})
     r.xadd(keys.incidents, {"e": "{}"})
+    r.hset(keys.submit_counts, mapping={"CRITICAL": 1, "HIGH": 2, "LOW": 3})  # the submit scripts' counts
     port = free_port()
     proc = subprocess.Popen([sys.executable, str(HERE / "metrics_planner.py"), str(port)], cwd=ROOT,
                             env=_env(redis_url, prefix), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -89,6 +90,7 @@ def test_planner_scrape_shows_state_and_events(redis_url, prefix, keys, r):
     assert g("makespan_incident_stream_entries") == 2
     assert g("makespan_jobs_submitted_total", priority="LOW") == 3
     assert g("makespan_jobs_submitted_total", priority="HIGH") == 2
+    assert g("makespan_jobs_submitted_total", priority="NORMAL") == 0
     assert g("makespan_jobs_preempted_total", priority="LOW") == 1
     assert g("makespan_jobs_failed_total", priority="HIGH") == 1
     assert g("makespan_job_wait_seconds_count", priority="HIGH") == 3
@@ -160,7 +162,7 @@ def test_labelled_counters_start_at_zero_for_every_known_label(monkeypatch, r, k
     m = Metrics(CollectorRegistry())
     for prio in PRIORITIES:
         for name in ("makespan_jobs_failed_total", "makespan_jobs_preempted_total",
-                     "makespan_jobs_completed_total", "makespan_jobs_submitted_total"):
+                     "makespan_jobs_completed_total"):
             assert m.registry.get_sample_value(name, {"priority": prio}) == 0, (name, prio)
         assert m.registry.get_sample_value("makespan_job_wait_seconds_count", {"priority": prio}) == 0
     for kind in TRANSITION_KINDS:

@@ -125,11 +125,13 @@ def test_the_library_key_builders_equal_keys(r, keys):
         "return {key_job(ARGV[1], 'j1'), key_queue(ARGV[1], 'HIGH'), key_delayed(ARGV[1]), key_running(ARGV[1]),"
         " key_finished(ARGV[1]), key_gpu(ARGV[1], 'GPU-0'), key_resident(ARGV[1], 'GPU-0'), key_phase(ARGV[1], 'L1'),"
         " key_busy(ARGV[1], 'L1'), key_awaited(ARGV[1], 'j1'), key_idem(ARGV[1], 'k'), key_requests(ARGV[1], 'j1'),"
-        " key_result(ARGV[1], 'j1'), key_workloads_active(ARGV[1]), key_instance(ARGV[1], 'i1')}")
+        " key_result(ARGV[1], 'j1'), key_workloads_active(ARGV[1]), key_instance(ARGV[1], 'i1'),"
+        " key_submit_counts(ARGV[1])}")
     built = r.eval(probe, 0, keys.script_prefix)
     assert built == [keys.job("j1"), keys.queue("HIGH"), keys.delayed, keys.running, keys.finished, keys.gpu("GPU-0"),
                      keys.resident("GPU-0"), keys.phase("L1"), keys.busy("L1"), keys.awaited("j1"), keys.idem("k"),
-                     keys.requests("j1"), keys.result("j1"), keys.workloads_active, keys.instance("i1")]
+                     keys.requests("j1"), keys.result("j1"), keys.workloads_active, keys.instance("i1"),
+                     keys.submit_counts]
 
 
 def test_the_events_cap_comes_from_the_setting(r, keys):

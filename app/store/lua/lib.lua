@@ -42,6 +42,7 @@ local function key_requests(prefix, job_id) return prefix .. ':requests:' .. job
 local function key_result(prefix, job_id) return prefix .. ':result:' .. job_id end
 local function key_workloads_active(prefix) return prefix .. ':workloads:active' end
 local function key_instance(prefix, instance_id) return prefix .. ':instance:' .. instance_id end
+local function key_submit_counts(prefix) return prefix .. ':stats:submits' end
 
 -- HSET every field of the Lua table tbl (field -> value, values written with tostring) on
 -- key, at most HSET_CHUNK fields per call: unpack() of more than about 8000 values fails

@@ -11,6 +11,7 @@
 -- KEYS[6]  P:planner:wake
 -- KEYS[7]  P:delayed
 -- KEYS[8]  P:planner:critical (the critical lane's arrivals)
+-- KEYS[9]  P:stats:submits (priority name -> jobs accepted; a repeated key is not counted)
 -- ARGV[1]  '1' when the job has an idempotency key
 -- ARGV[2]  job id
 -- ARGV[3]  the record's fields, JSON object (state queued)
@@ -52,6 +53,7 @@ if ARGV[5] ~= '' then
   local e = cjson.decode(ev); e['not_before'] = tonumber(due); ev = cjson.encode(e)
 end
 redis.call('HSET', KEYS[3], unpack(flat))
+redis.call('HINCRBY', KEYS[9], fields['priority'], 1)
 awaited_add(ARGV[6], ARGV[2], fields['deps'])
 if due then
   redis.call('ZADD', KEYS[7], due, ARGV[2])

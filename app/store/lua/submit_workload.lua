@@ -18,7 +18,8 @@
 -- ARGV[2]  workload id
 -- ARGV[3]  the workload's fields, JSON object
 -- ARGV[4]  now, unix s (the P:workloads score)
--- ARGV[5]  P, the key prefix (a step with deps joins the reverse-dependency index)
+-- ARGV[5]  P, the key prefix (a step with deps joins the reverse-dependency index; each step counts
+--          in P:stats:submits)
 -- ARGV[6..5+4n]  per step: job id, fields JSON (state queued), submitted event JSON, and
 --                '1' when it is CRITICAL without dependencies: it is also pushed on its
 --                P:planner:critical (last 256 kept), as submit.lua pushes a CRITICAL job
@@ -39,6 +40,7 @@ for i = 1, n do
   hset_table(KEYS[5 + i], fields)
   fields['seq'] = nil
   awaited_add(ARGV[5], job_id, fields['deps'])
+  redis.call('HINCRBY', key_submit_counts(ARGV[5]), fields['priority'], 1)
   redis.call('ZADD', KEYS[5 + n + i], seq, job_id)
   append_event(KEYS[2], ARGV[base + 3])
   if ARGV[base + 4] == '1' then
