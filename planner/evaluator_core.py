@@ -93,13 +93,14 @@ def evaluate_without_preemptions(plan: Plan | Sequence[Assignment], batch: Seque
         ep = state.endpoints.get(job.endpoint)
         if ep is None:
             raise InfeasiblePlan(job.id, f"unknown endpoint {job.endpoint!r}")
-        kind = ep.name if not job.helpers else f"{ep.name}+{'+'.join(job.helpers)}"
+        kind = ep.name if not job.narrowed else f"{ep.name}+{'+'.join(job.helpers)}@{','.join(job.hosts)}"
         if kind not in valid:
             valid[kind] = set(rep.job_groups(job))
         if tuple(a.gpus) not in valid[kind]:
             raise InfeasiblePlan(job.id, f"GPU group {a.gpus} is not an aligned TP-{ep.tp} group "
                                          f"with {ep.memory_mib} MiB per GPU"
-                                 + (f" and room for its helpers {', '.join(job.helpers)}" if job.helpers else ""))
+                                 + (f" and room for its helpers {', '.join(job.helpers)}" if job.helpers else "")
+                                 + (f" on its hosts {', '.join(job.hosts)}" if job.hosts else ""))
         for d in job.deps:
             if d in jobs and d not in rep.end_of:
                 raise InfeasiblePlan(job.id, f"starts at {a.start_s} before its dependency {d} starts")

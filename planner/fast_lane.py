@@ -241,7 +241,7 @@ def rule_preemptions(branch: preemption_plan.Branch, levels: Levels,
             if allowed[j.id] <= bound_now + TOL_S:  # strict priority's start without preempting is in time
                 continue
             ep = st.endpoints[j.endpoint]
-            groups = st.groups(ep.tp, ep.memory_mib) if not j.helpers else Replay(st).job_groups(j)
+            groups = st.groups(ep.tp, ep.memory_mib) if not j.narrowed else Replay(st).job_groups(j)
             if not groups:
                 continue
             soonest = min(max(free_at.get(u, now) for u in g) for g in groups)

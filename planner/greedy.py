@@ -116,16 +116,17 @@ def construct_built(order: Sequence[PlanJob], state: FleetState, rule: str = "co
         job = pulled.popleft() if pulled else queue.popleft()
         if job.id in placed:
             continue
-        kind = job.endpoint if not job.helpers else f"{job.endpoint}+{'+'.join(job.helpers)}"
+        kind = job.endpoint if not job.narrowed else f"{job.endpoint}+{'+'.join(job.helpers)}@{','.join(job.hosts)}"
         cands = cands_of.get(kind)
         if cands is None:
             ep = rep.endpoints[job.endpoint]
             cands = cands_of[kind] = rep.job_groups(job)
             if not cands:
                 raise ValueError(f"job {job.id}: no GPU group fits endpoint {ep.name}"
-                                 + (f" with its helpers {', '.join(job.helpers)}" if job.helpers else ""))
-            # a job's helpers filter its endpoint's groups: that list is the kind's own
-            key = ("kind", kind) if job.helpers else ("groups", ep.tp, ep.memory_mib)
+                                 + (f" with its helpers {', '.join(job.helpers)}" if job.helpers else "")
+                                 + (f" on hosts {', '.join(job.hosts)}" if job.hosts else ""))
+            # a job's helpers or hosts filter its endpoint's groups: that list is the kind's own
+            key = ("kind", kind) if job.narrowed else ("groups", ep.tp, ep.memory_mib)
             index_of[kind] = _index_for(rep, cands, key, index_by_list, indexes, templates, touched)
         ready = rep.ready(job) if job.deps else max(job.release_s, now)
         index = index_of[kind]

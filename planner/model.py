@@ -72,6 +72,8 @@ class PlanJob:
             and stopped after execute (a workload function's ``helpers``): each placement
             pays their cold starts and their memory must fit beside ``endpoint``
             (:mod:`makespan.planner.helpers`); empty: none.
+        hosts: the hosts the job may run on (a workload function's: those whose live GPU
+            worker registers it); empty: any host.
     """
 
     id: str
@@ -84,6 +86,13 @@ class PlanJob:
     deadline_s: float | None = None
     seq: int = 0
     helpers: tuple[str, ...] = ()
+    hosts: tuple[str, ...] = ()
+
+    @property
+    def narrowed(self) -> bool:
+        """Whether its groups are fewer than its endpoint's (helpers to fit, or hosts named):
+        :meth:`makespan.planner.replay.Replay.job_groups` then filters them."""
+        return bool(self.helpers or self.hosts)
 
 
 @dataclass(frozen=True)

@@ -185,10 +185,10 @@ def partition_built(batch: Sequence[PlanJob], state: FleetState, spill: bool = F
         ep = eps[job.endpoint]
         ready = rep.ready(job)
         best, bc = None, math.inf
-        # a job with helpers scans whole lists: the index's candidates are the best of each
-        # signature, and those may be groups its helpers do not fit on
-        own = own_index.get(job.endpoint) if not job.helpers else None
-        fit = set(rep.job_groups(job)) if job.helpers else None  # groups where its helpers fit too
+        # a job with helpers or hosts scans whole lists: the index's candidates are the best of
+        # each signature, and those may be groups its helpers do not fit on, or other hosts'
+        own = own_index.get(job.endpoint) if not job.narrowed else None
+        fit = set(rep.job_groups(job)) if job.narrowed else None  # groups where its helpers fit too, on its hosts
         for g in alloc[job.endpoint] if own is None else own.candidates(ready):
             if fit is not None and g not in fit:
                 continue
@@ -201,7 +201,7 @@ def partition_built(batch: Sequence[PlanJob], state: FleetState, spill: bool = F
         if spill:
             own_best = best
             sg = spill_groups.get(ep.tp, [])
-            si = spill_index.get(ep.tp) if not job.helpers else None
+            si = spill_index.get(ep.tp) if not job.narrowed else None
             for e2, g, pen, gpu_mib in sg if si is None else [sg[i] for i in si.positions(ready)]:
                 if e2 == job.endpoint or gpu_mib < ep.memory_mib or (fit is not None and g not in fit):
                     continue  # its own, or too small for it (or its helpers)

@@ -106,7 +106,7 @@ def candidates(job: PlanJob, state: FleetState, batch: Sequence[PlanJob], per_jo
     ids = {j.id for j in batch}
     if not _deps_done(job, state, ids):
         return []
-    groups = state.groups(ep.tp, ep.memory_mib) if not job.helpers else Replay(state).job_groups(job)
+    groups = state.groups(ep.tp, ep.memory_mib) if not job.narrowed else Replay(state).job_groups(job)
     if any(all(state.free_at.get(u, now) <= now + TOL_S for u in g) for g in groups):
         return []
     needed = {d for j in batch for d in j.deps}

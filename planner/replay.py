@@ -94,8 +94,8 @@ class Replay:
                 self.count[e] = self.count.get(e, 0) + 1
         self._groups: dict[tuple[int, int], list[Group]] = {}
         self._group_at: dict[tuple[int, int], dict[str, Group]] = {}
-        # (endpoint, helpers) -> its groups where the helpers fit too (job_groups)
-        self._job_groups: dict[tuple[str, tuple[str, ...]], list[Group]] = {}
+        # (endpoint, helpers, hosts) -> its groups where the helpers fit too, on those hosts (job_groups)
+        self._job_groups: dict[tuple[str, tuple[str, ...], tuple[str, ...]], list[Group]] = {}
         self._whole: dict[str, int] = {}  # whole_gpus of TP > 1 endpoints; entries dropped by _load
         # what sleepers hold (makespan.planner.sleepers): modelled only where something is held
         self._costed = bool(state.host_ram_mib) or any(
@@ -173,15 +173,21 @@ class Replay:
 
     def job_groups(self, job: PlanJob) -> list[Group]:
         """The groups ``job`` may take: its endpoint's (:meth:`groups`), less those where its
-        helpers do not fit beside it (:func:`makespan.planner.helpers.group_fits`); the same
-        list object as :meth:`groups` for a job without helpers. Read-only."""
+        helpers do not fit beside it (:func:`makespan.planner.helpers.group_fits`) and, when
+        it names ``hosts``, those on other hosts; the same list object as :meth:`groups` for
+        a job without either. Read-only."""
         ep = self.endpoints[job.endpoint]
-        if not job.helpers:
+        if not job.narrowed:
             return self.groups(ep)
-        key = (job.endpoint, job.helpers)
+        key = (job.endpoint, job.helpers, job.hosts)
         hit = self._job_groups.get(key)
         if hit is None:
-            hit = self._job_groups[key] = fitting_groups(self.groups(ep), ep, job.helpers, self.endpoints, self._mem)
+            groups = self.groups(ep)
+            if job.hosts:
+                groups = [g for g in groups if self._host[g[0]] in job.hosts]
+            if job.helpers:
+                groups = fitting_groups(groups, ep, job.helpers, self.endpoints, self._mem)
+            hit = self._job_groups[key] = groups
         return hit
 
     def ready(self, job: PlanJob) -> float:

@@ -76,7 +76,7 @@ def reservation_for(job: PlanJob, state: FleetState) -> Reservation | None:
         return None
     now = state.now_s
     best: tuple[float, Group] | None = None
-    for g in state.groups(ep.tp, ep.memory_mib) if not job.helpers else Replay(state).job_groups(job):
+    for g in state.groups(ep.tp, ep.memory_mib) if not job.narrowed else Replay(state).job_groups(job):
         t = max(now, job.release_s, *(state.free_at.get(u, now) for u in g))
         if best is None or t < best[0] - TOL_S:
             best = (t, g)

@@ -51,11 +51,12 @@ SCALES = (1, 10, 100, 1000)
 
 
 def applicable(batch: Sequence[PlanJob], state: FleetState) -> bool:
-    """True if :func:`solve` models ``batch`` exactly (size, TP 1, no sleep mode)."""
+    """True if :func:`solve` models ``batch`` exactly (size, TP 1, no sleep mode, every job
+    free to take any GPU: no ``hosts``)."""
     if not 1 <= len(batch) <= MAX_WHOLE_JOBS:
         return False
     eps = state.endpoints
-    return all(j.endpoint in eps and eps[j.endpoint].tp == 1 and eps[j.endpoint].wake_s is None
+    return all(j.endpoint in eps and eps[j.endpoint].tp == 1 and eps[j.endpoint].wake_s is None and not j.hosts
                and all(g.memory_mib >= eps[j.endpoint].memory_mib for g in state.gpus) for j in batch)
 
 
