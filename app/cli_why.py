@@ -48,8 +48,11 @@ def explain(r, keys, settings, job_id: str) -> dict[str, Any]:
     None before), ``since_s`` (seconds since ``started_at`` for a running job, else since
     ``leased_at``, on the Redis server's clock), ``phase`` (the phase running now:
     ``evict``, ``start_endpoint``, ``execute`` or ``clear``; None between two phases) and
-    ``cancel_requested`` (bool), and ``progress`` (``{done, total, note}`` of its run's
-    last ``ctx.progress`` report, None before one); other states have them None (False).
+    ``cancel_requested`` (bool), ``progress`` (``{done, total, note}`` of its run's
+    last ``ctx.progress`` report, None before one), ``host`` (the host its lease holds GPUs
+    on), ``host_live`` (whether a GPU worker of that host is live now) and
+    ``lease_expires_in_s`` (s until its lease runs out, when that host has no live worker:
+    the job is then queued again; else None); other states have them None (False).
 
     Raises:
         NotFoundError: no such job."""
@@ -60,7 +63,8 @@ def explain(r, keys, settings, job_id: str) -> dict[str, Any]:
     if not rec:
         raise NotFoundError(f"no job {job_id!r}")
     (marks,) = _phase_marks(r, keys, [rec])
-    return _explain_rec(r, keys, settings, job_id, rec, *context, phase_marks=marks)
+    (holder,) = _lease_hosts(r, keys, [rec])
+    return _explain_rec(r, keys, settings, job_id, rec, *context, phase_marks=marks, lease_host=holder)
 
 
 def _phase_marks(r, keys, recs: list[dict[str, str]]) -> list[dict[str, str] | None]:
@@ -75,6 +79,28 @@ def _phase_marks(r, keys, recs: list[dict[str, str]]) -> list[dict[str, str] | N
     return [next(found) if lease_id else None for lease_id in leases]
 
 
+def _lease_hosts(r, keys, recs: list[dict[str, str]]) -> list[tuple[str, float | None, bool] | None]:
+    """Per record, for a leased or running one: (the host its lease holds GPUs on, the
+    lease's expiry in unix ms on the Redis server's clock or None, whether a GPU worker of
+    that host is live now, ``P:host:live:{host}``); None for the others (and for a lease
+    record already gone). Two pipelines, whatever the number of records."""
+    leases = [rec.get("lease") if rec.get("state") in LEASED else None for rec in recs]
+    if not any(leases):
+        return [None] * len(recs)
+    p = r.pipeline(transaction=False)
+    for lease_id in leases:
+        if lease_id:
+            p.hmget(keys.lease(lease_id), "holder", "expires_ms")
+    found = iter(p.execute())
+    held = [next(found) if lease_id else None for lease_id in leases]
+    hosts = sorted({row[0] for row in held if row and row[0]})
+    p = r.pipeline(transaction=False)
+    for host in hosts:
+        p.exists(keys.host_live(host))
+    live = dict(zip(hosts, (bool(n) for n in p.execute())))
+    return [(row[0], _float_or_none(row[1]), live[row[0]]) if row and row[0] else None for row in held]
+
+
 def _context(r, keys) -> tuple[bool, float, float | None]:
     """(its planner leads, the server's now, its last reason write's time or None)."""
     sec, usec = r.time()
@@ -87,14 +113,15 @@ def _float_or_none(raw: str | None) -> float | None:
 
 
 def _explain_rec(r, keys, settings, job_id: str, rec: dict[str, str], leads: bool, now_s: float,
-                 written_at_s: float | None = None, phase_marks: dict[str, str] | None = None) -> dict[str, Any]:
+                 written_at_s: float | None = None, phase_marks: dict[str, str] | None = None,
+                 lease_host: tuple[str, float | None, bool] | None = None) -> dict[str, Any]:
     from makespan.wait_reasons import reason_of, stale_after_s
 
     out: dict[str, Any] = {"id": job_id, "state": rec.get("state"), "priority": rec.get("priority"),
                            "endpoint": rec.get("endpoint"), "pool": rec.get("pool"), "reason": None, "detail": "", "eta": None,
                            "eta_in_s": None, "as_of_s": None, "finished_at": None, "leased_at": None,
                            "started_at": None, "since_s": None, "phase": None, "cancel_requested": False,
-                           "progress": None}
+                           "progress": None, "host": None, "host_live": None, "lease_expires_in_s": None}
     if rec.get("state") in LEASED:  # when it was leased, the phase it is in (and since when)
         from makespan.producer import phase_now
 
@@ -103,6 +130,11 @@ def _explain_rec(r, keys, settings, job_id: str, rec: dict[str, str], leads: boo
         out.update(leased_at=leased_at, started_at=started_at,
                    since_s=None if since is None else round(max(0.0, now_s - since), 3),
                    phase=phase_now(phase_marks or {})["phase"], cancel_requested=rec.get("cancel_requested") == "1")
+        if lease_host is not None:  # where it runs; a host with no live GPU worker: its lease runs out, then requeued
+            host, expires_ms, live = lease_host
+            out.update(host=host, host_live=live)
+            if not live and expires_ms is not None:
+                out["lease_expires_in_s"] = round(max(0.0, expires_ms / 1000.0 - now_s), 3)
         if rec.get("progress_total"):  # its run's last ctx.progress report (a new lease clears an earlier run's)
             out["progress"] = {"done": float(rec.get("progress_done") or 0.0), "total": float(rec["progress_total"]),
                                "note": rec.get("progress_note") or None}
@@ -134,16 +166,23 @@ def _when(eta: float | None, in_s: float | None) -> str:
 
 
 def _activity(x: dict[str, Any]) -> str:
-    """What a leased or running job does now: ``leased 2026-12-06 00:10:03Z (12 s ago),
-    phase start_endpoint`` (``running since`` its execute phase began for a running job;
-    ``between phases`` while the next phase waits for its GPU worker), ``, cancel
-    requested`` when it was asked to stop; "" for other states."""
+    """What a leased or running job does now: ``leased 2026-12-06 00:10:03Z (12 s ago) on
+    gpu-a, phase start_endpoint`` (``running since`` its execute phase began for a running
+    job; the host its lease holds, and when no GPU worker of that host is live, that its
+    lease runs out in N s and it is then queued again; ``between phases`` while the next
+    phase waits for its GPU worker), ``, cancel requested`` when it was asked to stop; ""
+    for other states."""
     if x["state"] not in LEASED:
         return ""
     since = x["started_at"] if x["state"] == "running" and x["started_at"] is not None else x["leased_at"]
     head = "running since" if x["state"] == "running" and x["started_at"] is not None else "leased"
     text = head if since is None else f"{head} {_utc_text(since)}" + (
         f" ({x['since_s']:.0f} s ago)" if x["since_s"] is not None else "")
+    text += f" on {x['host']}" if x.get("host") else ""
+    if x.get("host_live") is False:
+        expires = x.get("lease_expires_in_s")
+        text += (f" (no live GPU worker there: its lease runs out in {expires:.0f} s, then it is queued again)"
+                 if expires is not None else " (no live GPU worker there)")
     text += f", phase {x['phase']}" if x["phase"] else ", between phases"
     progress = x.get("progress")
     if progress:
@@ -278,7 +317,7 @@ def list_jobs(r, keys, settings, states: tuple[str, ...] = WAITING, endpoint: st
         p.hgetall(keys.job(j))
     recs = p.execute()
     out = []
-    for j, rec, marks in zip(ids, recs, _phase_marks(r, keys, recs)):
+    for j, rec, marks, holder in zip(ids, recs, _phase_marks(r, keys, recs), _lease_hosts(r, keys, recs)):
         if not rec or rec.get("state") not in states and not (rec.get("state") == "running" and "leased" in states):
             continue
         if endpoint and rec.get("endpoint") != endpoint or level is not None and rec.get("priority") != level.name:
@@ -289,7 +328,8 @@ def list_jobs(r, keys, settings, states: tuple[str, ...] = WAITING, endpoint: st
         if job_pool not in leads_by_pool:  # a pool not in the published fleet: read after its records, so
             leads, now_s, _written = _context(r, keys.for_pool(job_pool))  # its last write is not compared
             leads_by_pool[job_pool] = (leads, now_s, None)
-        out.append(_explain_rec(r, keys, settings, j, rec, *leads_by_pool[job_pool], phase_marks=marks))
+        out.append(_explain_rec(r, keys, settings, j, rec, *leads_by_pool[job_pool], phase_marks=marks,
+                                lease_host=holder))
         if len(out) >= limit:
             break
     return out
