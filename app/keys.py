@@ -101,6 +101,9 @@ key                                    type    contents
                                                helpers, retries, ...; see makespan.registry)
 ``P:fn:live:{name}``                   string  a live GPU worker registered ``name`` (EX ttl)
 ``P:fns``                              set     workload function names ever registered
+``P:fn:hosts:{name}``                  zset    fleet hosts whose live GPU worker registers ``name``,
+                                               score = the mark's expiry (server clock ms): where the
+                                               planner places its jobs
 ``P:exec:{workload}:{endpoint}``       list    latest execute times, workload s (learned
                                                service time, see makespan.estimates)
 ``P:restore:failed:{uuid}``            string  consecutive failed set-point restores of the group
@@ -460,6 +463,13 @@ class Keys:
         """Why a GPU worker does not publish workload ``name`` (text, PX ttl, renewed with
         its publish): it names an endpoint the worker's fleet does not have."""
         return f"{self.prefix}:fn:refused:{name}"
+
+    def fn_hosts(self, name: str) -> str:
+        """Zset of the fleet hosts whose live GPU worker registers workload ``name`` (host ->
+        its mark's expiry, server clock ms): the planner places the function's jobs there
+        (``PlanJob.hosts``). A mark expires with its TTL (a clean stop does not remove it: another
+        worker of the same host may hold it)."""
+        return f"{self.prefix}:fn:hosts:{name}"
 
     def fn_holders(self, name: str) -> str:
         """Zset of the GPU workers holding workload ``name`` (holder id -> its mark's expiry,

@@ -220,10 +220,11 @@ def load_modules(modules: str | Iterable[str]) -> list[str]:
 
 
 def publish(r: redis.Redis, keys: Keys, definitions: Iterable[WorkloadDef], ttl_s: float = LIVE_TTL_S,
-            holder: str = "", refused: dict[str, str] | None = None) -> None:
+            holder: str = "", refused: dict[str, str] | None = None, host: str = "") -> None:
     """Publish ``definitions`` and mark each name live for ``ttl_s``, with ``holder`` (the
-    GPU worker's id, :func:`holder_id`) among its holders (a GPU worker calls this at start
-    and every ``ttl_s / 3``; :func:`withdraw` when it stops). ``refused`` (name -> why,
+    GPU worker's id, :func:`holder_id`) among its holders and ``host`` (its fleet host; ''
+    unknown) among the hosts the planner places the name's jobs on (a GPU worker calls this
+    at start and every ``ttl_s / 3``; :func:`withdraw` when it stops). ``refused`` (name -> why,
     the definitions this worker does not publish) is written for ``ttl_s`` too, for
     ``makespan ready`` and a submit (:func:`live_definition`) to name.
 
@@ -235,7 +236,8 @@ def publish(r: redis.Redis, keys: Keys, definitions: Iterable[WorkloadDef], ttl_
         pipe.set(keys.fn_refused(name), why, px=int(ttl_s * 1000))
     for d in definitions:
         pipe.set(keys.fn(d.name), json.dumps(d.describe()))
-        hold(keys=[keys.fn_live(d.name), keys.fn_holders(d.name)], args=[holder, int(ttl_s * 1000)], client=pipe)
+        hold(keys=[keys.fn_live(d.name), keys.fn_holders(d.name), keys.fn_hosts(d.name)],
+             args=[holder, int(ttl_s * 1000), host], client=pipe)
         pipe.sadd(keys.fns, d.name)
     try:
         pipe.execute()
@@ -261,6 +263,21 @@ def withdraw(r: redis.Redis, keys: Keys, names: Iterable[str], holder: str) -> l
         return [name for name, ended in zip(names, pipe.execute()) if ended]
     except redis.RedisError as e:
         raise StoreError(f"withdrawing workload functions: {e}") from e
+
+
+def live_hosts(r: redis.Redis, keys: Keys, name: str) -> tuple[str, ...]:
+    """The fleet hosts whose live GPU worker registers workload ``name`` (``P:fn:hosts:{name}``,
+    marks not expired on the Redis server's clock), sorted; one round trip. Empty when none
+    marks it (a worker from before these marks, or none live).
+
+    Raises:
+        redis.RedisError: Redis failed."""
+    pipe = r.pipeline(transaction=False)
+    pipe.time()
+    pipe.zrange(keys.fn_hosts(name), 0, -1, withscores=True)
+    (seconds, micros), marks = pipe.execute()
+    now_ms = seconds * 1000 + micros // 1000
+    return tuple(sorted(host for host, expires_ms in marks if expires_ms > now_ms))
 
 
 def holder_id() -> str:

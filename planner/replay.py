@@ -461,3 +461,15 @@ def state_after(state: FleetState, jobs: dict[str, PlanJob], assignments: Sequen
         changes = {"asleep_level": dict(rep.level), **changes}
     return replace(state, free_at=dict(rep.free_at), resident=dict(rep.resident), end_of=dict(rep.end_of),
                    asleep=dict(rep.asleep), **changes)
+
+
+def placeable_hosts(batch: list[PlanJob], state: FleetState) -> list[PlanJob]:
+    """``batch`` with the ``hosts`` of each job dropped whose hosts hold none of its groups
+    (its workload function's GPU workers run on hosts where its endpoint does not fit): such
+    a job is planned as any other, and the GPU worker it reaches says why it cannot run it,
+    rather than no plan at all. ``batch`` itself when no job names hosts."""
+    if not any(job.hosts for job in batch):
+        return batch
+    rep = Replay(state)
+    return [replace(job, hosts=()) if job.hosts and not rep.job_groups(job) else job for job in batch]
+

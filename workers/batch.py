@@ -45,6 +45,7 @@ from collections.abc import Mapping, Sequence
 from makespan import telemetry
 from makespan.models import Priority
 from makespan.planner.model import PlanJob
+from makespan.registry import live_hosts
 from makespan.store import JobStore
 from makespan.workers.pool_rehome import reroute_elsewhere
 from makespan.workers.tick.clock import release_s
@@ -125,6 +126,7 @@ class _BatchScan:
         self.out = FormedBatch()
         self.removed = 0  # queue entries removed (stale, cancelled) while the current chunk was read
         self.problems: dict[tuple[str, str | None], str | None] = {}  # (endpoint, helpers JSON) -> why it never runs
+        self._fn_hosts: dict[str, tuple[str, ...]] = {}  # workload function -> its hosts (fn_hosts), this scan
 
     def form(self, heads: Mapping[Priority, Sequence[str]] | None) -> FormedBatch:
         jobs = self.out.jobs
@@ -180,11 +182,11 @@ class _BatchScan:
             pipe = self.r.pipeline(transaction=False)
             for job_id in frontier:
                 pipe.hmget(self.keys.job(job_id), "endpoint", "service_s", "submitted_at", "seq", "deps", "state",
-                           "traceparent", "deadline_s", "priority", "helpers", "pool", "not_before")
+                           "traceparent", "deadline_s", "priority", "helpers", "pool", "not_before", "fn")
             next_frontier = []
             for job_id, fields in zip(frontier, pipe.execute()):
                 (endpoint, service, submitted, seq, deps_json, state, traceparent, due, priority_name, helpers,
-                 pool, not_before) = fields
+                 pool, not_before, fn) = fields
                 if endpoint is None or state != "queued" or priority_name not in Priority.__members__:
                     continue
                 if (pool or None) != self.keys.pool:  # another pool's job: its own planner plans it (and
@@ -203,33 +205,45 @@ class _BatchScan:
                     continue
                 self.out.left_out.pop(job_id, None)
                 jobs.append(self.plan_job(job_id, Priority[priority_name], endpoint, service, submitted, seq,
-                                          traceparent, due, helpers, not_before))
+                                          traceparent, due, helpers, not_before, fn))
                 have.add(job_id)
                 room -= 1
             frontier = next_frontier
 
     def plan_job(self, job_id: str, level: Priority, endpoint: str, service: str, submitted: str, seq: str,
                  traceparent: str | None, due: str | None, helpers: str | None = None,
-                 not_before: str | None = None) -> PlanJob:
+                 not_before: str | None = None, fn: str | None = None) -> PlanJob:
         """The PlanJob of a queued job at its own level (its meta and level noted), from its
         record's fields (strings as Redis answers them; ``helpers``: a JSON list of the
         workload function's helper endpoints, placed with the job; ``not_before``: its due
-        time when it waited as a delayed job). Released at :func:`makespan.workers.tick.clock.release_s`."""
+        time when it waited as a delayed job; ``fn``: its workload function, whose hosts,
+        :meth:`fn_hosts`, are the job's). Released at :func:`makespan.workers.tick.clock.release_s`."""
         submitted_s = float(submitted) / self.settings.time_scale  # workload clock; service, deadline: workload s
         release = release_s(submitted, not_before, self.settings.time_scale, self.env.now_s())
         self.out.meta[job_id] = (traceparent or "", float(submitted))
         self.out.own_level[job_id] = level
         return PlanJob(job_id, endpoint, float(level.weight), release, float(service), int(level), (),
                        submitted_s + float(due) if due else None, int(seq),
-                       tuple(json.loads(helpers)) if helpers else ())
+                       tuple(json.loads(helpers)) if helpers else (), self.fn_hosts(fn) if fn else ())
+
+    def fn_hosts(self, fn: str) -> tuple[str, ...]:
+        """The fleet hosts whose live GPU worker registers workload function ``fn``
+        (``P:fn:hosts:{fn}``, marks not expired on the Redis server's clock), sorted; read
+        once per scan. Empty (no mark: a worker before these marks, or none live): any host,
+        as before; the GPU worker a job reaches says why it cannot run it."""
+        hit = self._fn_hosts.get(fn)
+        if hit is None:
+            hit = self._fn_hosts[fn] = live_hosts(self.r, self.keys, fn)
+        return hit
 
     def take(self, level: Priority, ids: list[str], jobs: list[PlanJob], room: int, offset: int = 0) -> int:
         pipe = self.r.pipeline(transaction=False)
         for job_id in ids:
             pipe.hmget(self.keys.job(job_id), "endpoint", "service_s", "submitted_at", "seq", "deps", "state",
-                       "traceparent", "deadline_s", "reason", "helpers", "not_before")
+                       "traceparent", "deadline_s", "reason", "helpers", "not_before", "fn")
         for position, (job_id, fields) in enumerate(zip(ids, pipe.execute())):
-            endpoint, service, submitted, seq, deps_json, state, traceparent, due, reason, helpers, not_before = fields
+            (endpoint, service, submitted, seq, deps_json, state, traceparent, due, reason, helpers, not_before,
+             fn) = fields
             if endpoint is None or state != "queued":
                 self.removed += drop_stale(self.env, self.token, self.keys.queue(level), job_id)  # cancelled or lost
                 continue
@@ -246,7 +260,7 @@ class _BatchScan:
                     self.out.unready_level[dep] = min(self.out.unready_level.get(dep, 4), int(level))
                 continue
             jobs.append(self.plan_job(job_id, level, endpoint, service, submitted, seq, traceparent, due, helpers,
-                                      not_before))
+                                      not_before, fn))
             if reason and reason.startswith("preempted by"):
                 self.out.requeued.add(job_id)
             room -= 1

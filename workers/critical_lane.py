@@ -70,6 +70,7 @@ from makespan.errors import LeaseError, StoreError
 from makespan.models import Priority
 from makespan.planner.critical_placement import CriticalPlacement, place_critical
 from makespan.planner.helpers import fitting_groups, held_s
+from makespan.registry import live_hosts
 from makespan.planner.model import FleetState, PlanJob
 from makespan.planner.preemption import Holder
 from makespan.redis_conn import OutageLog, credentials_refused, is_store_bug
@@ -89,7 +90,7 @@ __all__ = ["CriticalLane", "LaneOutcome"]
 SWITCH_INTERVAL_S = 0.0005  # the process's GIL switch interval while a lane runs (module doc), s
 CLAIM_WAIT_S = 5.0  # longest the lane waits for the tick's Preempt step to give a job back, s
 _JOB_FIELDS = ("state", "endpoint", "priority", "service_s", "submitted_at", "seq", "deps", "traceparent",
-               "deadline_s", "not_before", "helpers")
+               "deadline_s", "not_before", "helpers", "fn")
 
 
 @dataclass(frozen=True)
@@ -137,6 +138,7 @@ class CriticalLane:
         self._thread = threading.Thread(target=self._run, name="makespan-critical-lane", daemon=True)
         self._fleet = FleetState(0.0, list(env.gpus), {})  # the aligned groups, cached per (tp, memory)
         self._memory_mib = {gpu.uuid: gpu.memory_mib for gpu in env.gpus}  # GPU uuid -> memory, MiB
+        self._host_of = {gpu.uuid: gpu.host for gpu in env.gpus}  # GPU uuid -> its host
         self.placed = 0  # jobs leased by the lane (tests, benches)
         self._interval_before: float | None = None  # the switch interval before start()
 
@@ -247,6 +249,11 @@ class CriticalLane:
         groups = self._fleet.groups(model.tp, model.memory_mib)
         if job.helpers:  # only groups where its helpers fit beside it, as the tick's plan places them
             groups = fitting_groups(groups, model, job.helpers, endpoints, self._memory_mib)
+        fn = record[_JOB_FIELDS.index("fn")]
+        if fn:  # only where a live GPU worker registers its function, as the tick's plan places it
+            hosts = live_hosts(env.r, env.keys, fn)
+            on_hosts = [group for group in groups if self._host_of[group[0]] in hosts]
+            groups = on_hosts or groups  # none there: as the tick (planner.replay.placeable_hosts)
 
         def is_warm(group: tuple[str, ...]) -> bool:
             want = instance_value(job.endpoint, group)

@@ -31,6 +31,7 @@ from makespan.errors import StoreError
 from makespan.estimates import Windows, prior_s, read_transition_windows, transition_estimate, wake_kind
 from makespan.models import EndpointSpec, FleetSpec, Priority
 from makespan.planner.simulator import recent_demand, recent_share
+from makespan.planner.replay import placeable_hosts
 from makespan.planner.model import EndpointModel, FleetState, Gpu, PlanJob
 from makespan.workers import host_liveness
 from makespan.workers.drivers.base import Instance
@@ -140,6 +141,7 @@ class ReadFleet:
         view = read_fleet_state(ctx.env, ctx.kept, snapshot.gpu_holders, snapshot.residents, snapshot.gated_gpus)
         ctx.fleet_state, ctx.lease_job, ctx.lease_end = view.state, view.lease_job, view.lease_end
         ctx.lease_overrun = view.overrun
+        ctx.formed.jobs = placeable_hosts(ctx.formed.jobs, view.state)  # hosts that hold none of a job's groups
 
 
 class NoteDemand:

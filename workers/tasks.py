@@ -168,7 +168,7 @@ class RegistryPublisher:
         try:
             publish(connect(settings.redis_url), Keys(settings.key_prefix),
                     [d for d in REGISTRY.values() if d.name not in self.refused], holder=self.holder,
-                    refused=self.refused)
+                    refused=self.refused, host=os.environ.get("MAKESPAN_HOST", ""))
         except StoreError as e:  # Redis away: the names expire, submits are refused until it is back
             if not self._failing:
                 log.warning("publishing workload functions failed (retrying every %.1f s): %s", self.retry_s, e)

@@ -5,11 +5,19 @@
 --
 -- KEYS[1]  P:fn:live:{name}
 -- KEYS[2]  P:fn:holders:{name}  (zset: holder id -> its expiry, server clock ms)
+-- KEYS[3]  P:fn:hosts:{name}  (zset: fleet host -> its mark's expiry, server clock ms: the
+--          hosts the planner may place the function's jobs on)
 -- ARGV[1]  holder id (one per GPU worker process)
 -- ARGV[2]  ttl_ms
+-- ARGV[3]  the worker's fleet host ('' = not known: no host mark)
 -- Returns 1.
 local ttl = tonumber(ARGV[2])
-redis.call('ZADD', KEYS[2], server_now_ms() + ttl, ARGV[1])
+local expires = server_now_ms() + ttl
+redis.call('ZADD', KEYS[2], expires, ARGV[1])
 redis.call('PEXPIRE', KEYS[2], ttl)
+if ARGV[3] ~= '' then
+  redis.call('ZADD', KEYS[3], expires, ARGV[3])
+  redis.call('PEXPIRE', KEYS[3], ttl)
+end
 redis.call('SET', KEYS[1], '1', 'PX', ttl)
 return 1

@@ -1,0 +1,81 @@
+"""A job of a workload function runs only on the hosts whose GPU worker registers it: with
+host-a's worker on the old code and host-b's on the new, 6 of 8 jobs of the new function
+were placed on host-a and failed for good (``makespan.UnknownWorkload``, workload-author
+new user). Each GPU worker marks its fleet host for the names it registers
+(``P:fn:hosts:{name}``) and the planner places the name's jobs there. Real planner and GPU
+worker processes on real Redis."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+import makespan
+from makespan.keys import Keys
+from makespan.live import LiveSystem, delete_prefix, wait_for
+from makespan.models import load_fleet
+from makespan.redis_conn import connect
+from makespan.registry import live_hosts
+
+FLEET = """
+name = "function-hosts-test"
+
+[[hosts]]
+name = "host-a"
+gpu_count = 2
+memory_mib = 81920
+
+[[hosts]]
+name = "host-b"
+gpu_count = 1
+memory_mib = 81920
+
+[endpoints.sim]
+model = "sim"
+memory_mib_per_gpu = 20000
+cold_start_s = 10
+evict_s = 1
+"""
+
+
+@pytest.fixture
+def system(redis_url, tmp_path, monkeypatch):
+    fleet_path = tmp_path / "fleet.toml"
+    fleet_path.write_text(FLEET)
+    prefix = f"mst-fh-{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv("MAKESPAN_REDIS_URL", redis_url)
+    monkeypatch.setenv("MAKESPAN_KEY_PREFIX", prefix)
+    settings = makespan.settings.Settings(redis_url=redis_url, key_prefix=prefix, time_scale=0.01,
+                                          workload_modules="tests.workloads.fns")
+    live = LiveSystem(fleet_path, load_fleet(fleet_path), settings, tmp_path / "logs", observer=False)
+    client = makespan.connect(redis_url, key_prefix=prefix, fleet=fleet_path)
+    try:
+        live.start_gpu_worker("host-a")
+        live.start_gpu_worker("host-b", env_extra={"MAKESPAN_WORKLOADS": "tests.workloads.fns,tests.workloads.fns_only_b"})
+        live.start_planner()
+        live.wait_workers(90)
+        wait_for(lambda: client.r.exists(client.keys.fn_live("only_b")), 30, "host-b's worker to publish 'only_b'")
+        yield client
+    finally:
+        live.stop()
+        client.close()
+        r = connect(redis_url)
+        delete_prefix(r, Keys(prefix))
+        r.close()
+
+
+def test_a_function_one_host_registers_runs_there_only(system):
+    client = system
+    assert live_hosts(client.r, client.keys, "only_b") == ("host-b",)
+    assert live_hosts(client.r, client.keys, "add") == ("host-a", "host-b")
+    jobs = [client.submit("only_b", n) for n in range(8)]
+    others = [client.submit("add", n, 1) for n in range(4)]  # registered on both: any host
+    results = [job.result(timeout_s=120) for job in jobs]
+    assert [r["n"] for r in results] == list(range(8))
+    assert {r["host"] for r in results} == {"host-b"}
+    assert all(job.status()["attempts"] == 1 for job in jobs)
+    assert [job.result(timeout_s=120)["sum"] for job in others] == [1, 2, 3, 4]
+    # CRITICAL jobs go through the planner's critical lane, which places them itself
+    urgent = [client.submit("only_b", 100 + n, priority="CRITICAL") for n in range(3)]
+    assert {job.result(timeout_s=120)["host"] for job in urgent} == {"host-b"}
