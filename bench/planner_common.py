@@ -26,14 +26,12 @@ Policies: :data:`BENCH_POLICIES` is a copy of the planner's registry plus the be
 variants (the shipped registry is never changed): ``cpsat-fast`` / ``tardiness-fast``
 (0.1 s per planning point), ``cpsat-fast-floorpre`` / ``tardiness-fast-floorpre`` (the
 same, whose CP-SAT windows never preempt: only the greedy floor decides preemptions, as
-before planner/window_preemption.py), ``cpsat/floor`` (``cpsat`` at its own limit,
-windows never preempt) and ``cpsat-det`` (``cpsat`` bounded by the work of its search,
-:func:`det_effort`, instead of wall time: a figure that does not move with the machine).
+before planner/window_preemption.py) and ``cpsat/floor`` (``cpsat`` at its own limit,
+windows never preempt).
 """
 
 from __future__ import annotations
 
-import os
 import statistics
 from collections.abc import Sequence
 
@@ -41,9 +39,8 @@ from makespan.models import parse_fleet
 from makespan.traces import read_trace
 from dataclasses import replace
 
-from makespan.planner.cpsat import SearchEffort
-from makespan.planner.model import FleetState, Plan, PlanJob
-from makespan.planner.policies import POLICY_REGISTRY, SolveOptions
+from makespan.planner.model import PlanJob
+from makespan.planner.policies import POLICY_REGISTRY
 from makespan.traces import traces_dir
 
 ITP = str(traces_dir() / "msft-itp-2021") + "/"
@@ -51,29 +48,7 @@ ALIBABA = str(traces_dir() / "alibaba-fgd-2023" / "openb_pod_list_default.csv")
 TRACES = [ITP + "cluster02.csv", ITP + "cluster05.csv", ITP + "cluster09.csv", ALIBABA]
 MEDIAN_SERVICE_S = 120.0
 FAST_LIMIT_S = 0.1  # the *-fast variants' time limit per planning point, s
-DET_BACKSTOP_S = 30.0  # cpsat-det: the wall backstop of each search (never the bound on a sane run)
-
-
-def det_effort() -> SearchEffort:
-    """cpsat-det's work per planning point: ``MAKESPAN_BENCH_DET_EFFORT`` = ``D:W`` (CP-SAT
-    deterministic s per model, LNS windows; default ``0.02:8``)."""
-    raw = os.environ.get("MAKESPAN_BENCH_DET_EFFORT", "0.02:8")
-    det_s, _, windows = raw.partition(":")
-    return SearchEffort(deterministic_s=float(det_s), windows=int(windows) if windows else None)
-
-
-def _cpsat_det(batch: Sequence[PlanJob], state: FleetState, options: SolveOptions) -> Plan:
-    """The default policy bounded by its work (:func:`det_effort`), not by wall time: the same
-    result on a quiet and on a loaded machine (planner/cpsat.py "Limits")."""
-    from makespan.planner.cpsat import cpsat_policy
-
-    arguments = {**options.solver_arguments(), "time_limit_s": DET_BACKSTOP_S}
-    return cpsat_policy(batch, state, effort=det_effort(), **arguments)
-
-
 BENCH_POLICIES = POLICY_REGISTRY.with_policies(
-    replace(POLICY_REGISTRY["cpsat"], name="cpsat-det", improver=False, time_limit_s=DET_BACKSTOP_S, solver=_cpsat_det,
-            description="cpsat bounded by work per planning point (MAKESPAN_BENCH_DET_EFFORT), not wall time"),
     replace(POLICY_REGISTRY["cpsat"], name="cpsat-fast", improver=False, time_limit_s=FAST_LIMIT_S,
             description=f"cpsat at {FAST_LIMIT_S} s per planning point"),
     replace(POLICY_REGISTRY["cpsat"], name="cpsat-fast-floorpre", improver=False, time_limit_s=FAST_LIMIT_S,
