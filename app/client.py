@@ -36,7 +36,7 @@ import redis
 import redis.asyncio
 import redis.sentinel
 
-from makespan.errors import (JobCancelled, JobFailed, NotFoundError, ResultTimeout, StoreError, ValidationError,
+from makespan.errors import (JobCancelled, JobFailed, NotFoundError, ResultExpired, ResultTimeout, StoreError, ValidationError,
                              WorkloadError, is_utf8)
 from makespan.keys import Keys
 from makespan.models import FINAL_STATES, FleetSpec, Priority, fleet_version, load_fleet, parse_fleet
@@ -449,6 +449,8 @@ class Job:
             JobFailed: it failed without an error of its function (e.g. its lease expired
                 ``max_attempts`` times, or the result was over the size limit).
             ResultTimeout: ``timeout_s`` passed first.
+            ResultExpired: it completed, but its result is gone (kept ``MAKESPAN_RESULT_TTL_S``
+                after the job ends); a :class:`NotFoundError`.
             NotFoundError: no such job."""
         return self._outcome(self.wait(timeout_s))
 
@@ -468,8 +470,12 @@ class Job:
 
         rec = read(self.client.r, self.client.keys, self.id)
         if state == "completed":
+            if rec is None and self._field("fn"):  # a function's job whose result expired: not "None"
+                raise ResultExpired(f"job {self.id} completed, but its result is gone: a result is kept "
+                                    f"MAKESPAN_RESULT_TTL_S after the job ends (the GPU workers' setting; "
+                                    f"{self.client.settings.result_ttl_s:g} s here)")
             if rec is None or not rec.get("ok"):
-                return None  # a job without a workload function (or whose result expired)
+                return None  # a job without a workload function
             return rec.get("value")
         if state == "cancelled":
             raise JobCancelled(f"job {self.id} was cancelled: {self._reason()}")
@@ -480,8 +486,12 @@ class Job:
         raise JobFailed(self.id, state, self._reason())
 
     def _reason(self) -> str:
+        return self._field("reason")
+
+    def _field(self, name: str) -> str:
+        """One field of the job's record ("" when absent)."""
         try:
-            return self.client.r.hget(self.client.keys.job(self.id), "reason") or ""
+            return self.client.r.hget(self.client.keys.job(self.id), name) or ""
         except redis.RedisError as e:
             raise StoreError(f"job {self.id}: {e}") from e
 

@@ -166,6 +166,13 @@ class JobFailed(MakespanError):
         super().__init__(f"job {job_id} {state}: {reason}")
 
 
+class ResultExpired(NotFoundError):
+    """:meth:`makespan.client.Job.result` of a workload function's job that completed, but
+    whose result is gone: results live ``MAKESPAN_RESULT_TTL_S`` (the GPU workers' setting)
+    from the job's end. A :class:`NotFoundError` (``makespan result`` exits 2), not a return
+    value of None: the function may have returned None."""
+
+
 class ResultTimeout(MakespanError):
     """:meth:`makespan.client.Job.result` / ``wait`` ran out of ``timeout_s`` before the job ended."""
 

@@ -1,0 +1,33 @@
+"""A workload function's job whose result expired (``MAKESPAN_RESULT_TTL_S``) while its
+summary lived on (a retention age above the result TTL) came back as ``None`` and
+``makespan result`` printed ``null`` with exit 0: read as the function's return value
+(workload-author new user). It is ``ResultExpired`` (a NotFoundError; exit 2) now; a plain
+job's completion is still None."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from makespan.cli import app as cli_app
+from makespan.client import Client
+from makespan.errors import NotFoundError, ResultExpired
+
+
+def _completed(r, keys, job_id: str, fn: str | None) -> None:
+    r.hset(keys.job(job_id), mapping={"id": job_id, "state": "completed", "priority": "NORMAL", "endpoint": "sim",
+                                       "finished_at": "1.0", **({"fn": fn} if fn else {})})
+
+
+def test_an_expired_result_is_an_error_not_none(r, keys, settings, monkeypatch):
+    _completed(r, keys, "f1", "add")
+    _completed(r, keys, "p1", None)
+    client = Client(r, settings)
+    with pytest.raises(ResultExpired, match="completed, but its result is gone.*MAKESPAN_RESULT_TTL_S"):
+        client.job("f1").result(timeout_s=0)
+    assert isinstance(ResultExpired("x"), NotFoundError)
+    assert client.job("p1").result(timeout_s=0) is None  # a plain job: no function, no value
+    monkeypatch.setenv("MAKESPAN_REDIS_URL", settings.redis_url)
+    monkeypatch.setenv("MAKESPAN_KEY_PREFIX", settings.key_prefix)
+    res = CliRunner().invoke(cli_app, ["result", "f1"])
+    assert res.exit_code == 2 and "result is gone" in res.output, res.output
