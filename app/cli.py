@@ -200,7 +200,11 @@ def _say_what_starts(host_spec, modules: str, names: list[str], fleet=None) -> N
     except Exception as e:  # a hint only: the worker itself reports an unreachable Redis
         logging.getLogger("makespan.cli").debug("start checks against Redis skipped: %s", e)
         return
-    if other:
+    if other and _dead_here(other):
+        typer.echo(f"note: the last GPU worker of host {host_spec.name!r} ({other}) ran on this machine and is no "
+                   f"longer running; its liveness mark runs out within MAKESPAN_WORKER_LIVENESS_TTL_S "
+                   f"({_s.worker_liveness_ttl_s:g} s)", err=True)
+    elif other:
         typer.echo(f"warning: another GPU worker ({other}) already consumes host {host_spec.name!r}'s queue; both "
                    "will take its phases: give both the same --workloads, or stop the other one", err=True)
     if published_fleet is not None and fleet_version(fleet) != fleet_version(published_fleet):
@@ -209,6 +213,25 @@ def _say_what_starts(host_spec, modules: str, names: list[str], fleet=None) -> N
                    f"planner published (version {published_version})"
                    + (f"; it lacks endpoints {', '.join(lacks)}, whose jobs cannot run here" if lacks else "")
                    + ": start the planner and the GPU workers with the same fleet file", err=True)
+
+
+def _dead_here(consumer: str) -> bool:
+    """Whether GPU worker consumer id ``consumer`` (``machine:pid:suffix``,
+    :func:`makespan.registry.holder_id`) names a process of this machine that no longer runs
+    (a worker killed and started again: its liveness mark outlives it by up to its TTL)."""
+    import socket
+
+    machine, _, rest = consumer.partition(":")
+    pid_text = rest.partition(":")[0]
+    if machine != socket.gethostname() or not pid_text.isdigit():
+        return False
+    try:
+        os.kill(int(pid_text), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, another user's
+        return False
+    return False
 
 
 def _say_slowdown(host: str, fleet=None) -> None:

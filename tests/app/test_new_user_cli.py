@@ -285,6 +285,22 @@ def test_gpu_worker_says_what_it_starts_and_warns_of_a_second_consumer(r, keys, 
     err = capsys.readouterr().err
     assert "no workload functions" in err
     assert f"warning: another GPU worker (other-machine:4242:abcd) already consumes host {host.name!r}" in err
+    # the last worker of this machine, killed and started again: it is gone, its mark not yet
+    # (the warning sent the operator hunting for a process that does not exist; new user)
+    import socket
+    import subprocess
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    r.set(keys.host_live(host.name), f"{socket.gethostname()}:{gone.pid}:abcd", px=60_000)
+    _say_what_starts(host, "", [])
+    err = capsys.readouterr().err
+    assert "warning: another GPU worker" not in err
+    assert "ran on this machine and is no longer running; its liveness mark runs out within" in err
+    alive = f"{socket.gethostname()}:{os.getpid()}:abcd"  # a live process of this machine: still a warning
+    r.set(keys.host_live(host.name), alive, px=60_000)
+    _say_what_starts(host, "", [])
+    assert f"warning: another GPU worker ({alive}) already consumes" in capsys.readouterr().err
 
 
 def test_gpu_worker_warns_when_its_fleet_file_differs_from_the_published_one(r, keys, redis_url, prefix,
