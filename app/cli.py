@@ -184,8 +184,13 @@ def _say_what_starts(host_spec, modules: str, names: list[str], fleet=None) -> N
     worker's file) differs from the fleet the planner published (``P:fleet``), naming the
     endpoints this worker lacks: a job of one would fail here. Redis errors skip the checks."""
     kind = "simulated (gpu_count; no NVML check)" if host_spec.gpu_count is not None else "from the fleet file"
-    loaded = f"workload functions: {', '.join(names)} (from {modules})" if names else \
+    refused = _refused_names(names, fleet)
+    usable = [name for name in names if name not in refused]
+    loaded = f"workload functions: {', '.join(usable) or 'none usable'} (from {modules})" if names else \
         "no workload functions (--workloads MODULE to load some)"
+    if refused:
+        loaded += "; not published (each names an endpoint the fleet does not have): " + ", ".join(
+            f"{name} ({endpoint!r})" for name, endpoint in sorted(refused.items()))
     typer.echo(f"gpu-worker {host_spec.name}: {len(host_spec.gpus)} GPUs {kind}; queue gpu.{host_spec.name}; {loaded}",
                err=True)
     _say_slowdown(host_spec.name, fleet)
@@ -213,6 +218,23 @@ def _say_what_starts(host_spec, modules: str, names: list[str], fleet=None) -> N
                    f"planner published (version {published_version})"
                    + (f"; it lacks endpoints {', '.join(lacks)}, whose jobs cannot run here" if lacks else "")
                    + ": start the planner and the GPU workers with the same fleet file", err=True)
+
+
+def _refused_names(names: list[str], fleet=None) -> dict[str, str]:
+    """The loaded workload functions (of ``names``) that name an endpoint ``fleet`` does not
+    have -> that endpoint: the GPU worker does not publish them (workers/tasks.py
+    ``_check_helpers``). Empty without a fleet."""
+    if fleet is None:
+        return {}
+    from makespan.registry import REGISTRY
+
+    out: dict[str, str] = {}
+    for name in names:
+        definition = REGISTRY.get(name)
+        for endpoint in (definition.endpoint, *definition.helpers) if definition is not None else ():
+            if endpoint is not None and endpoint not in fleet.endpoints:
+                out.setdefault(name, endpoint)
+    return out
 
 
 def _dead_here(consumer: str) -> bool:
@@ -444,6 +466,9 @@ def _submit_call(workload: str, call_args: str, call_kwargs: str, fleet: Path | 
             kwargs = json.loads(call_kwargs)
         except json.JSONDecodeError as e:
             raise MakespanError(f"--kwargs: not JSON: {e} (got {call_kwargs[:80]!r})") from e
+        if isinstance(args, dict) and call_kwargs.strip() == "{}":
+            raise MakespanError(f"--args must be a JSON list of positional arguments (got an object: pass keyword "
+                                f"arguments as --kwargs '{call_args.strip()}')")
         if not isinstance(args, list) or not isinstance(kwargs, dict):
             raise MakespanError("--args must be a JSON list and --kwargs a JSON object")
         taken = sorted(set(kwargs) & SUBMIT_OPTIONS)

@@ -444,10 +444,13 @@ class Job:
         """Wait for the job and return its function's return value.
 
         Raises:
-            WorkloadError: the function raised (type, message, traceback) on its last attempt.
+            WorkloadError: the function raised (type, message, traceback) on its last
+                attempt, or its run failed in the GPU worker (``error_type``
+                ``makespan.ResultTooLarge``, ``makespan.ResultNotJson``, ``makespan.WorkloadTimeout``,
+                ``makespan.UnknownWorkload``).
             JobCancelled: the job was cancelled.
-            JobFailed: it failed without an error of its function (e.g. its lease expired
-                ``max_attempts`` times, or the result was over the size limit).
+            JobFailed: it failed without an error of its function's run (e.g. its lease
+                expired ``max_attempts`` times, a transition failed).
             ResultTimeout: ``timeout_s`` passed first.
             ResultExpired: it completed, but its result is gone (kept ``MAKESPAN_RESULT_TTL_S``
                 after the job ends); a :class:`NotFoundError`.

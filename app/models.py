@@ -623,6 +623,9 @@ class JobSpec(BaseModel):
     @field_validator("delay_s")
     @classmethod
     def _delay(cls, v: float | None) -> float | None:
+        if v is None:
+            return None
+        v = _non_negative_finite(v)  # 0 is allowed: the message says so
         if v == 0:  # a computed max(0, due - now): queued at once, as Celery's countdown=0
             return None
         return _seconds_at_most(v, MAX_DELAY_S)

@@ -214,8 +214,12 @@ def load_modules(modules: str | Iterable[str]) -> list[str]:
     for module in names:
         try:
             importlib.import_module(module)
-        except ImportError as e:
-            raise ValidationError("workloads", module, f"cannot import: {e}") from e
+        except (ImportError, TypeError) as e:  # TypeError: a relative name ("./jobs.py") without a package
+            hint = ""
+            if module.endswith(".py") or "/" in module:  # a file path: a module name is asked
+                dotted = module.removesuffix(".py").strip("./").replace("/", ".")
+                hint = f" (--workloads takes a module name, as python -m does: did you mean {dotted!r}?)"
+            raise ValidationError("workloads", module, f"cannot import: {e}{hint}") from e
     return sorted(REGISTRY)
 
 

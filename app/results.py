@@ -61,10 +61,20 @@ def encode_value(value: Any, attempt: int, execute_s: float, max_bytes: int) -> 
     return '{"ok":true,"attempt":%d,"execute_s":%s,"value":%s}' % (attempt, repr(round(execute_s, 6)), body)
 
 
+ERROR_TEXT_MAX_CHARS = 65536  # an error's message and traceback are each cut to this (marked where cut)
+
+
 def encode_error(error_type: str, message: str, traceback_text: str, attempt: int) -> str:
-    """The stored JSON of a failed run (message and traceback cut to 64 KiB each)."""
+    """The stored JSON of a failed run: the message cut to its first
+    :data:`ERROR_TEXT_MAX_CHARS` characters, the traceback to its last, each with a
+    ``[… N characters cut]`` marker where text was dropped."""
+    if len(message) > ERROR_TEXT_MAX_CHARS:
+        message = message[:ERROR_TEXT_MAX_CHARS] + f" [… {len(message) - ERROR_TEXT_MAX_CHARS} characters cut]"
+    if len(traceback_text) > ERROR_TEXT_MAX_CHARS:
+        traceback_text = (f"[… {len(traceback_text) - ERROR_TEXT_MAX_CHARS} characters cut] "
+                          + traceback_text[-ERROR_TEXT_MAX_CHARS:])
     return json.dumps({"ok": False, "attempt": attempt,
-                       "error": {"type": error_type, "message": message[:65536], "traceback": traceback_text[-65536:]}})
+                       "error": {"type": error_type, "message": message, "traceback": traceback_text}})
 
 
 def read(r: redis.Redis, keys: Keys, job_id: str) -> dict[str, Any] | None:

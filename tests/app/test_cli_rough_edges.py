@@ -9,6 +9,7 @@ import datetime as dt
 import json
 from pathlib import Path
 
+import pytest
 import click
 import typer.main
 from typer.testing import CliRunner
@@ -58,3 +59,15 @@ def test_every_option_of_every_command_says_what_it_does():
                    if param.param_type_name == "option" and not param.help and param.opts[0] != "--help"]
             for name in group.list_commands(ctx)}
     assert {name: opts for name, opts in bare.items() if opts} == {}
+
+
+@pytest.mark.parametrize(("given", "meant"), [("myjobs.py", "myjobs"), ("jobs/gpu_jobs.py", "jobs.gpu_jobs"),
+                                              ("./gpu_jobs.py", "gpu_jobs")])
+def test_workloads_given_as_a_file_path_names_the_module(given, meant):
+    """``--workloads myjobs.py`` said "No module named 'myjobs.py'; 'myjobs' is not a
+    package", and ``./myjobs.py`` raised a TypeError (workload-author new user)."""
+    from makespan.errors import ValidationError
+    from makespan.registry import load_modules
+
+    with pytest.raises(ValidationError, match=f"did you mean '{meant}'"):
+        load_modules(given)

@@ -339,3 +339,32 @@ def test_gpu_worker_says_its_simulated_slowdown_and_warns_of_a_host_the_fleet_la
     err = capsys.readouterr().err
     assert f"gpu-worker {host.name}: simulated transitions slowed 3x" in err
     assert "warning: MAKESPAN_SIMULATED_SLOWDOWN names hots-b, no host of the fleet" in err
+
+
+def test_submit_with_an_object_as_args_says_to_pass_it_as_kwargs(redis_url, prefix, monkeypatch):
+    """``--args '{"a": 1}'`` said "--args must be a JSON list and --kwargs a JSON object"
+    without naming the fix (workload-author new user)."""
+    from typer.testing import CliRunner
+
+    from makespan.cli import app as cli_app
+
+    monkeypatch.setenv("MAKESPAN_REDIS_URL", redis_url)
+    monkeypatch.setenv("MAKESPAN_KEY_PREFIX", prefix)
+    res = CliRunner().invoke(cli_app, ["submit", "add", "--args", '{"a": 1, "b": 2}'])
+    assert res.exit_code == 2, res.output
+    assert """pass keyword arguments as --kwargs '{"a": 1, "b": 2}'""" in res.output
+
+
+def test_gpu_worker_start_line_does_not_list_a_refused_function_as_loaded(capsys):
+    """A function naming an endpoint the fleet lacks is not published (refused), yet the start
+    line listed it among the loaded ones (workload-author new user)."""
+    from makespan.cli import _say_what_starts
+    from makespan.models import load_fleet
+    from makespan.registry import load_modules
+
+    fleet = load_fleet(FLEET_TOML)
+    names = [name for name in load_modules("tests.workloads.fns_badep") if name == "badep"]
+    _say_what_starts(fleet.hosts[0], "tests.workloads.fns_badep", names, fleet)
+    err = capsys.readouterr().err
+    assert "workload functions: none usable" in err
+    assert "not published (each names an endpoint the fleet does not have): badep ('nope')" in err

@@ -31,3 +31,17 @@ def test_an_expired_result_is_an_error_not_none(r, keys, settings, monkeypatch):
     monkeypatch.setenv("MAKESPAN_KEY_PREFIX", settings.key_prefix)
     res = CliRunner().invoke(cli_app, ["result", "f1"])
     assert res.exit_code == 2 and "result is gone" in res.output, res.output
+
+
+def test_an_error_text_over_the_cap_says_it_was_cut():
+    """A message over 64 KiB was cut with no sign of it (workload-author new user)."""
+    import json
+
+    from makespan.results import ERROR_TEXT_MAX_CHARS, encode_error
+
+    err = json.loads(encode_error("ValueError", "m" * (ERROR_TEXT_MAX_CHARS + 10), "t" * (ERROR_TEXT_MAX_CHARS + 5),
+                                  1))["error"]
+    assert err["message"] == "m" * ERROR_TEXT_MAX_CHARS + " [… 10 characters cut]"
+    assert err["traceback"] == "[… 5 characters cut] " + "t" * ERROR_TEXT_MAX_CHARS
+    short = json.loads(encode_error("ValueError", "short", "tb", 1))["error"]
+    assert (short["message"], short["traceback"]) == ("short", "tb")

@@ -64,6 +64,8 @@ def test_bad_delay_is_rejected_with_the_field_and_nothing_written(r, keys, setti
     with pytest.raises(ValidationError) as e:
         prod.submit({"endpoint": "e", "service_s": 1, "delay_s": bad})
     assert "delay_s" in str(e.value)
+    if bad == -5:  # 0 is accepted (queued at once): "positive" told a user it was not (new user)
+        assert "must be a non-negative, finite number of seconds" in str(e.value)
     assert list(r.scan_iter(f"{keys.prefix}:*")) == []
 
 
