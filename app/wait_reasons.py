@@ -72,13 +72,15 @@ def reason_of(rec: dict[str, Any], *, planner_leads: bool, server_now_s: float, 
     state = rec.get("state")
     if state == "delayed":
         due = float(rec.get("not_before") or 0.0) or None
+        # the leading planner queues a due delayed job: without one it stays delayed past its ETA
+        idle = "" if planner_leads else "; no planner holds the leader lock now: it is queued once one does"
         tries = int(rec.get("tries") or 0)  # runs of its function that raised and were retried
         if tries > 0:
             return "retry_backoff", str(rec.get("reason") or f"attempt {int(rec.get('attempts') or 0) + tries + 1} "
-                                                              "after its function raised"), due
+                                                              "after its function raised") + idle, due
         if int(rec.get("attempts") or 0) > 0:
-            return "retry_backoff", f"attempt {int(rec['attempts']) + 1} after a reclaimed lease", due
-        return "delayed_until", "submitted with delay_s", due
+            return "retry_backoff", f"attempt {int(rec['attempts']) + 1} after a reclaimed lease" + idle, due
+        return "delayed_until", "submitted with delay_s" + idle, due
     if state != "queued":
         raise ValueError(f"job is {state}, not waiting")
     at = float(rec.get("wait_at") or 0.0)

@@ -464,7 +464,12 @@ def test_a_function_retry_waits_in_retry_backoff_not_delayed_until():
         "retry_backoff", "retry 1 of 2 in 60 s after execute: ValueError: no", 1000.5)
     plain = {"state": "delayed", "not_before": "1000.5"}
     assert reason_of(plain, planner_leads=True, server_now_s=900.0, queue_position=None,
-                     stale_after_s=30.0)[0] == "delayed_until"
+                     stale_after_s=30.0) == ("delayed_until", "submitted with delay_s", 1000.5)
+    # no planner leads: nothing queues it at its ETA, and the detail says so (it read as on
+    # schedule; operator new user)
+    assert reason_of(plain, planner_leads=False, server_now_s=900.0, queue_position=None, stale_after_s=30.0) == (
+        "delayed_until", "submitted with delay_s; no planner holds the leader lock now: it is queued once one does",
+        1000.5)
 
 
 def test_a_job_the_planner_no_longer_reads_is_behind_the_batch_not_its_old_reason(r, settings, monkeypatch):
