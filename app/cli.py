@@ -436,7 +436,7 @@ def _warn_if_it_waits(producer: Any, endpoint: str) -> None:
                    f"{fits[0]})", err=True)
     elif not any(live):
         typer.echo(f"warning: no GPU worker runs on {', '.join(fits)} (the hosts that can run endpoint {endpoint!r}): "
-                   f"the job waits queued until one starts there (makespan gpu-worker --host {fits[0]} ...)",
+                   f"the job waits queued until one starts there (makespan gpu-worker --fleet FLEET --host {fits[0]} --workloads MODULES)",
                    err=True)
 
 

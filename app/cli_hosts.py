@@ -174,7 +174,7 @@ def uncordon(host: str = typer.Argument(..., help="a host of the fleet"),
         why = f" ({removed.reason})" if removed.reason else ""
         typer.echo(f"uncordoned host {host}: cordoned since {utc_text(removed.since_s)}{why}; it takes new leases "
                    "from the planner's next tick" + ("" if worker_live else f" once a GPU worker runs there (none does "
-                                                     f"now: start `makespan gpu-worker --host {host}`)"))
+                                                     f"now: start `makespan gpu-worker --fleet FLEET --host {host} --workloads MODULES`)"))
 
 
 def register(app: typer.Typer) -> None:

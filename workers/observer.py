@@ -288,8 +288,8 @@ class Observer:
         leased = sum(1 for holder in self.r.mget([self.keys.gpu(g) for g in gpus]) if holder)
         effect = (f"no GPU worker consumes host {host}'s queue (gpu.{host}): its GPUs take no new lease, and jobs "
                   f"that fit only there wait with reason host_down; {leased} of its {len(gpus)} GPUs are leased "
-                  f"(their leases expire unrenewed and their jobs are requeued); start `makespan gpu-worker "
-                  f"--host {host}` there")
+                  f"(their leases expire unrenewed and their jobs are requeued); start `makespan gpu-worker --fleet FLEET "
+                  f"--host {host} --workloads MODULES` there, as before it went down")
         return {"endpoint": "", "instance_id": "", "host": host, "gpus": json.dumps(gpus),
                 "failure_mode": "host_down", "cycle": str(self.cycle), "last_ok_cycle": "0", "effect": effect,
                 "agenda_context": "[]"}

@@ -48,7 +48,7 @@ def test_a_host_that_loses_its_worker_is_one_incident_until_a_worker_is_back(r, 
         assert incident["gpus"] == [gpu.uuid for gpu in FLEET.hosts[0].gpus] and incident["recovery"] is None
         assert incident["incident_id"] == raised[0]["incident_id"]
         assert "1 of its 2 GPUs are leased" in incident["effect"]
-        assert "makespan gpu-worker --host host-a" in incident["effect"]
+        assert "makespan gpu-worker --fleet FLEET --host host-a --workloads MODULES" in incident["effect"]
 
         listed = CliRunner().invoke(cli_app, ["incidents"], env={"MAKESPAN_REDIS_URL": redis_url,
                                                                    "MAKESPAN_KEY_PREFIX": prefix})
