@@ -734,6 +734,20 @@ class Settings:
         }
 
 
+def retention_warning(s: Settings) -> str | None:
+    """Why results would expire before their jobs' summaries under these settings, or None:
+    with ``retention_age_s`` above ``result_ttl_s`` a finished workload function's job is
+    still found for ``retention_age_s``, but its result is gone after ``result_ttl_s``
+    (``Job.result`` raises :class:`makespan.errors.ResultExpired`). Logged by the planner
+    (it keeps the summaries) and every GPU worker (it writes the results) as they start."""
+    if s.retention_age_s > s.result_ttl_s:
+        return (f"MAKESPAN_RETENTION_AGE_S ({s.retention_age_s:g} s) is above MAKESPAN_RESULT_TTL_S "
+                f"({s.result_ttl_s:g} s): a finished job's results expire before its summary, and reading one "
+                f"then raises ResultExpired; raise MAKESPAN_RESULT_TTL_S with it (on the GPU workers: they write "
+                f"the results)")
+    return None
+
+
 def liveness_warning(s: Settings) -> str | None:
     """Why the dead-host gate of these settings would misjudge a host, or None:
 

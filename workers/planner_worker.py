@@ -51,7 +51,7 @@ from makespan.keys import WAKE_RELEASE, Keys
 from makespan.models import FleetSpec, Priority, fleet_version
 from makespan.planner.model import FleetState, PlanJob
 from makespan.redis_conn import OutageLog, check_eviction_policy, credentials_refused, with_socket_timeout
-from makespan.settings import Settings, liveness_warning, planner_lock_warning
+from makespan.settings import Settings, liveness_warning, planner_lock_warning, retention_warning
 from makespan.workers.batch import form_batch
 from makespan.workers.critical_lane import CriticalLane
 from makespan.workers.drain import check_drain
@@ -395,9 +395,9 @@ class PlannerWorker:
             self.settings, self.lock_client.connection_pool.connection_kwargs.get("socket_timeout") or float("inf"))
         if lock_timing is not None:
             log.warning("%s: %s", self.name, lock_timing)
-        liveness = liveness_warning(self.settings)
-        if liveness is not None:
-            log.warning("%s: %s", self.name, liveness)
+        for timing in (liveness_warning(self.settings), retention_warning(self.settings)):
+            if timing is not None:
+                log.warning("%s: %s", self.name, timing)
         try:
             while not self._stop.is_set():
                 lock = self._lead()

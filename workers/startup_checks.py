@@ -28,7 +28,7 @@ from celery import signals
 
 from makespan.errors import RedisAuthFailed, RedisConfigError
 from makespan.redis_conn import EXIT_REFUSED, check_eviction_policy, connect, credentials_refused
-from makespan.settings import Settings, lease_renewal_warning, liveness_warning
+from makespan.settings import Settings, lease_renewal_warning, liveness_warning, retention_warning
 
 log = logging.getLogger("makespan.startup")
 
@@ -99,7 +99,7 @@ def _check_redis_at_worker_start(**_kw) -> None:
     (:func:`recheck_until_answered`) and the worker is stopped when the policy evicts or
     the credentials are refused."""
     settings = Settings.from_env()
-    for timing in (lease_renewal_warning(settings), liveness_warning(settings)):
+    for timing in (lease_renewal_warning(settings), liveness_warning(settings), retention_warning(settings)):
         if timing is not None:
             log.warning("gpu-worker: %s", timing)
     try:

@@ -417,3 +417,13 @@ def test_the_liveness_ttl_must_be_under_the_lease_ttl_or_a_warning_says_why():
     assert liveness_warning(Settings(lease_ttl_s=6.0, heartbeat_s=2.0, worker_liveness_ttl_s=5.0)) is not None
     short = liveness_warning(Settings(worker_liveness_ttl_s=5.0, redis_socket_timeout_s=5.0))
     assert short is not None and "too short for MAKESPAN_REDIS_SOCKET_TIMEOUT_S" in short
+
+
+def test_a_retention_age_above_the_result_ttl_is_warned():
+    """Results then expire before their jobs' summaries: a finished job is found, its result
+    is not (``ResultExpired``; workload-author new user)."""
+    from makespan.settings import retention_warning
+
+    assert retention_warning(Settings()) is None  # 1 h summaries, 7-day results
+    warned = retention_warning(Settings(retention_age_s=30 * 86400.0))
+    assert warned is not None and "MAKESPAN_RESULT_TTL_S" in warned and "ResultExpired" in warned
