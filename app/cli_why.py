@@ -52,7 +52,7 @@ def explain(r, keys, settings, job_id: str) -> dict[str, Any]:
     last ``ctx.progress`` report, None before one), ``host`` (the host its lease holds GPUs
     on), ``host_live`` (whether a GPU worker of that host is live now) and
     ``lease_expires_in_s`` (s until its lease runs out, when that host has no live worker:
-    the job is then queued again; else None); other states have them None (False).
+    the planner then reclaims it; else None); other states have them None (False).
 
     Raises:
         NotFoundError: no such job."""
@@ -169,7 +169,8 @@ def _activity(x: dict[str, Any]) -> str:
     """What a leased or running job does now: ``leased 2026-12-06 00:10:03Z (12 s ago) on
     gpu-a, phase start_endpoint`` (``running since`` its execute phase began for a running
     job; the host its lease holds, and when no GPU worker of that host is live, that its
-    lease runs out in N s and it is then queued again; ``between phases`` while the next
+    lease runs out in N s and the planner then reclaims it: queued again, or failed after its
+    last attempt, completed if it had executed; ``between phases`` while the next
     phase waits for its GPU worker), ``, cancel requested`` when it was asked to stop; ""
     for other states."""
     if x["state"] not in LEASED:
@@ -181,8 +182,8 @@ def _activity(x: dict[str, Any]) -> str:
     text += f" on {x['host']}" if x.get("host") else ""
     if x.get("host_live") is False:
         expires = x.get("lease_expires_in_s")
-        text += (f" (no live GPU worker there: its lease runs out in {expires:.0f} s, then it is queued again)"
-                 if expires is not None else " (no live GPU worker there)")
+        text += (f" (no live GPU worker there: its lease runs out in {expires:.0f} s, then the planner reclaims "
+                 "it)" if expires is not None else " (no live GPU worker there)")
     text += f", phase {x['phase']}" if x["phase"] else ", between phases"
     progress = x.get("progress")
     if progress:

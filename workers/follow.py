@@ -99,7 +99,8 @@ def next_starts(kept_plan: KeptPlan, unavailable: set[str], residents: dict[str,
             continue
         for assignment in order:
             job = kept_plan.jobs[assignment.job_id]
-            if (assignment.job_id not in chosen and job.endpoint == endpoint and not job.helpers
+            # not a job with helpers (they may not fit there) or hosts (another host may lack its function)
+            if (assignment.job_id not in chosen and job.endpoint == endpoint and not job.narrowed
                     and len(assignment.gpus) == len(group)):
                 moved = Assignment(job.id, group, assignment.start_s, assignment.start_s,
                                    assignment.start_s + job.service_s, load="warm")

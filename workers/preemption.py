@@ -282,11 +282,14 @@ def _preempt_by_rule(ctx: TickContext) -> set[str]:
                              and bounded.get(lease_id, False))
     started: set[str] = set()
     memory_of = {gpu.uuid: gpu.memory_mib for gpu in env.gpus}  # GPU uuid -> memory, MiB (helpers' fit)
+    host_of = {gpu.uuid: gpu.host for gpu in env.gpus}
     for job in sorted(ctx.waiting, key=lambda waiting: (waiting.priority, waiting.seq)):
         model = ctx.kept.endpoints[job.endpoint]
         groups = state.groups(model.tp, model.memory_mib)
         if job.helpers:  # only groups where its helpers fit beside it, as the plan and the critical lane place it
             groups = job_helpers.fitting_groups(groups, model, job.helpers, ctx.kept.endpoints, memory_of)
+        if job.hosts:  # only on the hosts whose GPU worker registers its function (PlanJob.hosts)
+            groups = [group for group in groups if host_of[group[0]] in job.hosts]
         best = choose_preemption(job.priority, groups, ctx.taken, state.free_at, state.now_s, model.cold_start_s,
                                  holder)
         if best is None:

@@ -1,7 +1,8 @@
 """``makespan why`` on a job running on a host whose GPU worker died said "running since …,
 phase execute, progress 10/25" with its progress frozen, until the lease ran out and the job
 was queued again (operator new user). It now names the host and, when no GPU worker of that
-host is live, that the lease runs out in N s and the job is then queued again."""
+host is live, that the lease runs out in N s and the planner then reclaims it (requeued, or
+failed after its last attempt: not always "queued again", a review found)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ def test_a_job_on_a_host_without_a_live_worker_says_its_lease_runs_out(r, keys, 
     assert (out["host"], out["host_live"]) == ("gpu-a", False)
     assert 4.0 <= out["lease_expires_in_s"] <= 6.0
     text = line(out)
-    assert "on gpu-a (no live GPU worker there: its lease runs out in" in text and "then it is queued again), " in text
+    assert "on gpu-a (no live GPU worker there: its lease runs out in" in text and "then the planner reclaims it), " in text
 
 
 def test_a_job_on_a_live_host_names_the_host_only(r, keys, settings):

@@ -1,6 +1,10 @@
 """A job that may run only on some hosts (``PlanJob.hosts``: a workload function registered by
-the GPU workers of those hosts alone) is placed only there by every policy, the fast lane,
-the preemption paths and the evaluator; a job without hosts goes anywhere, as before."""
+the GPU workers of those hosts alone) is placed only there by every policy and refused
+elsewhere by the evaluator; ``Replay.job_groups`` (which the fast lane, the reservation and
+the scored preemption candidates read) filters them. The live worker's paths (the kept
+plan's follower, the tick's preemptions) are tested in
+tests/workers/test_function_hosts_paths.py, the plan and the critical lane end to end in
+tests/workloads/test_function_hosts.py."""
 
 from dataclasses import replace
 

@@ -1,0 +1,79 @@
+"""Every planner path that places a job honours the hosts its workload function runs on
+(``PlanJob.hosts``, from ``P:fn:hosts:{name}``): the kept plan's follower, which moved a job
+onto another host's warm GPU, and the tick's rule preemption, which preempted a job on a host
+without the function and sent the preemptor there (found by a review; such a job fails there
+for good with ``makespan.UnknownWorkload``). In-process planner ticks on a real Redis."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import pytest
+
+from makespan.models import parse_fleet
+from makespan.producer import Producer
+from makespan.workers.host_liveness import announce
+from makespan.workers.phases import PhaseRunner
+from makespan.workers.planner_worker import PlannerWorker
+from makespan.workers.tick.clock import ManualClock
+
+
+def _fleet(*hosts: str):
+    return parse_fleet({"name": "two-hosts", "hosts": [{"name": h, "gpu_count": 1, "memory_mib": 81920} for h in hosts],
+                        "endpoints": {"e": {"model": "m", "memory_mib_per_gpu": 10000, "cold_start_s": 1}}})
+
+
+def _mark(r, keys, fn: str, host: str) -> None:
+    seconds, micros = r.time()
+    r.zadd(keys.fn_hosts(fn), {host: seconds * 1000 + micros // 1000 + 600_000})
+
+
+def test_the_follower_keeps_a_function_job_on_its_hosts(r, settings):
+    fleet = _fleet("h", "g")
+    s = dataclasses.replace(settings, batch_size=256, lease_ttl_s=60.0, policy="portfolio")
+    sent: list = []
+    clock = ManualClock(time.time())
+    w = PlannerWorker(r, s, fleet, dispatch=lambda ctx, q: sent.append(ctx), clock=clock)
+    prod = Producer(r, w.keys, fleet, w.settings)
+    for host in ("h", "g"):
+        announce(r, w.keys, host, f"worker-{host}", 60.0)
+    _mark(r, w.keys, "only_g", "g")
+    prod.submit({"endpoint": "e", "service_s": 10, "priority": "NORMAL"})
+    fn_jobs = []
+    for _ in range(3):
+        job_id = prod.submit({"endpoint": "e", "service_s": 100, "priority": "NORMAL"}).id
+        r.hset(w.keys.job(job_id), "fn", "only_g")
+        fn_jobs.append(job_id)
+    w.tick()
+    assert w.kept.followed is not None
+    # host h's GPU frees and is warm: the follower may move the next job of endpoint e there,
+    # but not one whose function only g's worker registers
+    r.set(w.keys.resident("GPU-h-0"), "e@GPU-h-0")
+    first_on_h = next(ctx for ctx in sent if ctx.gpus == ["GPU-h-0"])
+    PhaseRunner(r, w.settings, fleet)._finish(first_on_h, "completed", "")
+    clock.advance(0.1)
+    w.tick()
+    assert [(ctx.job_id, ctx.gpus) for ctx in sent if ctx.job_id in fn_jobs and ctx.gpus != ["GPU-g-0"]] == []
+
+
+@pytest.mark.parametrize(("mode", "policy", "level"), [("rule", "portfolio", "CRITICAL"), ("plan", "fifo", "HIGH"),
+                                                       ("plan", "portfolio", "CRITICAL"), ("plan", "portfolio", "HIGH")])
+def test_a_preemption_for_a_function_job_is_on_its_hosts(r, settings, mode, policy, level):
+    fleet = _fleet("h1", "h2")
+    s = dataclasses.replace(settings, lease_ttl_s=60.0, preemption=mode, critical_lane=False, policy=policy)
+    sent: list = []
+    w = PlannerWorker(r, s, fleet, dispatch=lambda ctx, q: sent.append(ctx), clock=ManualClock(time.time()))
+    w.token = ""
+    prod = Producer(r, w.keys, fleet, s)
+    for n, gpu in enumerate(("GPU-h1-0", "GPU-h2-0")):  # a LOW job holds each GPU
+        low = prod.submit({"endpoint": "e", "service_s": 3600, "priority": "LOW"}).id
+        assert w.leases.acquire(f"low-{n}", (gpu,), 60.0, job_id=low, kind="job", holder=w.fleet.host_of(gpu),
+                                queue=w.keys.queue("LOW"),
+                                info={"planned_end_s": repr(w.now_s() + 3600), "endpoint": "e",
+                                      "priority": "LOW"}) is not None
+    _mark(r, w.keys, "only_h2", "h2")
+    job = prod.submit({"endpoint": "e", "service_s": 5, "priority": level}).id
+    r.hset(w.keys.job(job), "fn", "only_h2")
+    w.tick()
+    assert [(ctx.job_id, ctx.host) for ctx in sent] == [(job, "h2")]
