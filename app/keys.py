@@ -101,9 +101,9 @@ key                                    type    contents
                                                helpers, retries, ...; see makespan.registry)
 ``P:fn:live:{name}``                   string  a live GPU worker registered ``name`` (EX ttl)
 ``P:fns``                              set     workload function names ever registered
-``P:fn:hosts:{name}``                  zset    fleet hosts whose live GPU worker registers ``name``,
-                                               score = the mark's expiry (server clock ms): where the
-                                               planner places its jobs
+``P:fn:hosts:{name}``                  zset    fleet hosts whose GPU worker registers ``name``, score =
+                                               the mark's expiry (server clock ms): where the planner
+                                               places its jobs (the live marks, else the last ones)
 ``P:exec:{workload}:{endpoint}``       list    latest execute times, workload s (learned
                                                service time, see makespan.estimates)
 ``P:restore:failed:{uuid}``            string  consecutive failed set-point restores of the group
@@ -465,10 +465,11 @@ class Keys:
         return f"{self.prefix}:fn:refused:{name}"
 
     def fn_hosts(self, name: str) -> str:
-        """Zset of the fleet hosts whose live GPU worker registers workload ``name`` (host ->
-        its mark's expiry, server clock ms): the planner places the function's jobs there
-        (``PlanJob.hosts``). A mark expires with its TTL (a clean stop does not remove it: another
-        worker of the same host may hold it)."""
+        """Zset of the fleet hosts whose GPU worker registers workload ``name`` (host -> its
+        mark's expiry, server clock ms): the planner places the function's jobs there
+        (``PlanJob.hosts``, :func:`makespan.registry.function_hosts`: the live marks, else the
+        last ones). A clean stop does not remove a mark (another worker of the same host may
+        hold it); the key outlives its last renewal by 7 days."""
         return f"{self.prefix}:fn:hosts:{name}"
 
     def fn_holders(self, name: str) -> str:

@@ -241,7 +241,7 @@ def publish(r: redis.Redis, keys: Keys, definitions: Iterable[WorkloadDef], ttl_
     for d in definitions:
         pipe.set(keys.fn(d.name), json.dumps(d.describe()))
         hold(keys=[keys.fn_live(d.name), keys.fn_holders(d.name), keys.fn_hosts(d.name)],
-             args=[holder, int(ttl_s * 1000), host], client=pipe)
+             args=[holder, int(ttl_s * 1000), host, int(HOST_MARKS_KEPT_S * 1000)], client=pipe)
         pipe.sadd(keys.fns, d.name)
     try:
         pipe.execute()
@@ -269,10 +269,17 @@ def withdraw(r: redis.Redis, keys: Keys, names: Iterable[str], holder: str) -> l
         raise StoreError(f"withdrawing workload functions: {e}") from e
 
 
-def live_hosts(r: redis.Redis, keys: Keys, name: str) -> tuple[str, ...]:
-    """The fleet hosts whose live GPU worker registers workload ``name`` (``P:fn:hosts:{name}``,
-    marks not expired on the Redis server's clock), sorted; one round trip. Empty when none
-    marks it (a worker from before these marks, or none live).
+HOST_MARKS_KEPT_S = 7 * 24 * 3600.0  # P:fn:hosts:{name} outlives its last renewal by this (function_hosts)
+
+
+def function_hosts(r: redis.Redis, keys: Keys, name: str) -> tuple[str, ...]:
+    """The fleet hosts the planner places workload ``name``'s jobs on (``P:fn:hosts:{name}``),
+    sorted; one round trip: those whose live GPU worker registers it (marks not expired on the
+    Redis server's clock); when every mark has expired (those workers stopped or died, e.g.
+    during a restart), the hosts that registered it last (the key is kept
+    :data:`HOST_MARKS_KEPT_S` after its last renewal): the jobs wait for those hosts' workers
+    (their GPUs take no lease while no worker runs there) rather than go to a host without
+    the function. Empty when no host ever marked it (workers from before these marks): any host.
 
     Raises:
         redis.RedisError: Redis failed."""
@@ -281,7 +288,8 @@ def live_hosts(r: redis.Redis, keys: Keys, name: str) -> tuple[str, ...]:
     pipe.zrange(keys.fn_hosts(name), 0, -1, withscores=True)
     (seconds, micros), marks = pipe.execute()
     now_ms = seconds * 1000 + micros // 1000
-    return tuple(sorted(host for host, expires_ms in marks if expires_ms > now_ms))
+    live = tuple(sorted(host for host, expires_ms in marks if expires_ms > now_ms))
+    return live or tuple(sorted(host for host, _expires_ms in marks))
 
 
 def holder_id() -> str:

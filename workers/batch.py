@@ -45,7 +45,7 @@ from collections.abc import Mapping, Sequence
 from makespan import telemetry
 from makespan.models import Priority
 from makespan.planner.model import PlanJob
-from makespan.registry import live_hosts
+from makespan.registry import function_hosts
 from makespan.store import JobStore
 from makespan.workers.pool_rehome import reroute_elsewhere
 from makespan.workers.tick.clock import release_s
@@ -227,13 +227,13 @@ class _BatchScan:
                        tuple(json.loads(helpers)) if helpers else (), self.fn_hosts(fn) if fn else ())
 
     def fn_hosts(self, fn: str) -> tuple[str, ...]:
-        """The fleet hosts whose live GPU worker registers workload function ``fn``
-        (``P:fn:hosts:{fn}``, marks not expired on the Redis server's clock), sorted; read
-        once per scan. Empty (no mark: a worker before these marks, or none live): any host,
-        as before; the GPU worker a job reaches says why it cannot run it."""
+        """The hosts workload function ``fn``'s jobs run on
+        (:func:`makespan.registry.function_hosts`: those whose live GPU worker registers it,
+        else those that did last), sorted; read once per scan. Empty (no host ever marked it):
+        any host."""
         hit = self._fn_hosts.get(fn)
         if hit is None:
-            hit = self._fn_hosts[fn] = live_hosts(self.r, self.keys, fn)
+            hit = self._fn_hosts[fn] = function_hosts(self.r, self.keys, fn)
         return hit
 
     def take(self, level: Priority, ids: list[str], jobs: list[PlanJob], room: int, offset: int = 0) -> int:

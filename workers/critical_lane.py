@@ -70,7 +70,7 @@ from makespan.errors import LeaseError, StoreError
 from makespan.models import Priority
 from makespan.planner.critical_placement import CriticalPlacement, place_critical
 from makespan.planner.helpers import fitting_groups, held_s
-from makespan.registry import live_hosts
+from makespan.registry import function_hosts
 from makespan.planner.model import FleetState, PlanJob
 from makespan.planner.preemption import Holder
 from makespan.redis_conn import OutageLog, credentials_refused, is_store_bug
@@ -251,7 +251,7 @@ class CriticalLane:
             groups = fitting_groups(groups, model, job.helpers, endpoints, self._memory_mib)
         fn = record[_JOB_FIELDS.index("fn")]
         if fn:  # only where a live GPU worker registers its function, as the tick's plan places it
-            hosts = live_hosts(env.r, env.keys, fn)
+            hosts = function_hosts(env.r, env.keys, fn)
             on_hosts = [group for group in groups if self._host_of[group[0]] in hosts]
             groups = on_hosts or groups  # none there: as the tick (planner.replay.placeable_hosts)
 

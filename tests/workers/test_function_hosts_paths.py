@@ -77,3 +77,28 @@ def test_a_preemption_for_a_function_job_is_on_its_hosts(r, settings, mode, poli
     r.hset(w.keys.job(job), "fn", "only_h2")
     w.tick()
     assert [(ctx.job_id, ctx.host) for ctx in sent] == [(job, "h2")]
+
+
+def test_while_every_worker_of_a_function_is_down_its_jobs_wait_for_those_hosts(r, settings):
+    """The only host registering the function restarts (its mark expired): its jobs went to
+    the other host and failed there for good (found by a review); they wait now (the host's
+    GPUs take no lease without a live worker) and are leased there once it is back."""
+    from makespan.registry import function_hosts
+
+    fleet = _fleet("h1", "h2")
+    s = dataclasses.replace(settings, lease_ttl_s=60.0)
+    sent: list = []
+    w = PlannerWorker(r, s, fleet, dispatch=lambda ctx, q: sent.append(ctx), clock=ManualClock(time.time()))
+    prod = Producer(r, w.keys, fleet, s)
+    seconds, micros = r.time()
+    r.zadd(w.keys.fn_hosts("only_h2"), {"h2": seconds * 1000 + micros // 1000 - 1})  # expired: h2's worker is gone
+    assert function_hosts(r, w.keys, "only_h2") == ("h2",)  # the host that had it last
+    announce(r, w.keys, "h1", "worker-h1", 60.0)
+    r.hset(w.keys.hosts_seen, "h2", "worker-h2")  # h2 had a worker: it is down now
+    job = prod.submit({"endpoint": "e", "service_s": 5, "priority": "NORMAL"}).id
+    r.hset(w.keys.job(job), "fn", "only_h2")
+    w.tick()
+    assert sent == []
+    announce(r, w.keys, "h2", "worker-h2b", 60.0)  # back
+    w.tick()
+    assert [(ctx.job_id, ctx.host) for ctx in sent] == [(job, "h2")]

@@ -16,7 +16,7 @@ from makespan.keys import Keys
 from makespan.live import LiveSystem, delete_prefix, wait_for
 from makespan.models import load_fleet
 from makespan.redis_conn import connect
-from makespan.registry import live_hosts
+from makespan.registry import function_hosts
 
 FLEET = """
 name = "function-hosts-test"
@@ -67,8 +67,8 @@ def system(redis_url, tmp_path, monkeypatch):
 
 def test_a_function_one_host_registers_runs_there_only(system):
     client = system
-    assert live_hosts(client.r, client.keys, "only_b") == ("host-b",)
-    assert live_hosts(client.r, client.keys, "add") == ("host-a", "host-b")
+    assert function_hosts(client.r, client.keys, "only_b") == ("host-b",)
+    assert function_hosts(client.r, client.keys, "add") == ("host-a", "host-b")
     jobs = [client.submit("only_b", n) for n in range(8)]
     others = [client.submit("add", n, 1) for n in range(4)]  # registered on both: any host
     results = [job.result(timeout_s=120) for job in jobs]

@@ -10,6 +10,8 @@
 -- ARGV[1]  holder id (one per GPU worker process)
 -- ARGV[2]  ttl_ms
 -- ARGV[3]  the worker's fleet host ('' = not known: no host mark)
+-- ARGV[4]  ms the host marks outlive their last renewal (makespan.registry.function_hosts
+--          places a function's jobs on the hosts that had it last when every mark expired)
 -- Returns 1.
 local ttl = tonumber(ARGV[2])
 local expires = server_now_ms() + ttl
@@ -17,7 +19,7 @@ redis.call('ZADD', KEYS[2], expires, ARGV[1])
 redis.call('PEXPIRE', KEYS[2], ttl)
 if ARGV[3] ~= '' then
   redis.call('ZADD', KEYS[3], expires, ARGV[3])
-  redis.call('PEXPIRE', KEYS[3], ttl)
+  redis.call('PEXPIRE', KEYS[3], tonumber(ARGV[4]))
 end
 redis.call('SET', KEYS[1], '1', 'PX', ttl)
 return 1
