@@ -17,7 +17,7 @@ Names: :func:`connect`, :class:`Client`, :class:`Job` (:mod:`makespan.client`);
 :class:`WorkloadContext` (:mod:`makespan.workers.functions`); the errors
 :class:`MakespanError`, :class:`ValidationError`, :class:`WorkloadError`,
 :class:`JobCancelled`, :class:`JobFailed`, :class:`ResultTimeout`, :class:`NotFoundError`, :class:`ResultExpired`,
-:class:`StoreError`, :class:`RedisUnreachable`, :class:`RedisAuthFailed` (:mod:`makespan.errors`); :class:`Priority`. They are imported on
+:class:`StoreError`, :class:`SubmitOutcomeUnknown`, :class:`RedisUnreachable`, :class:`RedisAuthFailed` (:mod:`makespan.errors`); :class:`Priority`. They are imported on
 first use, so ``import makespan.planner`` stays free of Redis and Celery.
 """
 
@@ -34,7 +34,8 @@ _EXPORTS = {
     "Priority": "makespan.models",
     "MakespanError": "makespan.errors", "ValidationError": "makespan.errors", "WorkloadError": "makespan.errors",
     "JobCancelled": "makespan.errors", "JobFailed": "makespan.errors", "ResultTimeout": "makespan.errors",
-    "NotFoundError": "makespan.errors", "ResultExpired": "makespan.errors", "StoreError": "makespan.errors",
+    "NotFoundError": "makespan.errors", "ResultExpired": "makespan.errors",
+    "SubmitOutcomeUnknown": "makespan.errors", "StoreError": "makespan.errors",
     "RedisUnreachable": "makespan.errors", "RedisAuthFailed": "makespan.errors",
 }
 __all__ = sorted(_EXPORTS)
@@ -42,8 +43,8 @@ __all__ = sorted(_EXPORTS)
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and editors
     from makespan.client import Client, Job, connect
     from makespan.errors import (JobCancelled, JobFailed, MakespanError, NotFoundError, RedisAuthFailed,
-                                 RedisUnreachable, ResultExpired, ResultTimeout, StoreError, ValidationError,
-                                 WorkloadError)
+                                 RedisUnreachable, ResultExpired, ResultTimeout, StoreError, SubmitOutcomeUnknown,
+                                 ValidationError, WorkloadError)
     from makespan.models import Priority
     from makespan.registry import WorkloadDef, workload
     from makespan.workers.functions import WorkloadContext

@@ -66,6 +66,10 @@ def unreachable_redis(error: BaseException) -> RedisUnreachable | RedisAuthFaile
     running command's Redis URL with the password redacted; None for any other error."""
     if isinstance(error, (RedisUnreachable, RedisAuthFailed)):
         return error
+    from makespan.errors import SubmitOutcomeUnknown
+
+    if isinstance(error, SubmitOutcomeUnknown):  # sent, no reply: its own message says what to do
+        return None
     from makespan.redis_conn import AUTH_ERRORS, auth_failed, unreachable
 
     seen: BaseException | None = error

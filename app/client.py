@@ -36,8 +36,8 @@ import redis
 import redis.asyncio
 import redis.sentinel
 
-from makespan.errors import (JobCancelled, JobFailed, NotFoundError, ResultExpired, ResultTimeout, StoreError, ValidationError,
-                             WorkloadError, is_utf8)
+from makespan.errors import (JobCancelled, JobFailed, NotFoundError, ResultExpired, ResultTimeout, StoreError,
+                             SubmitOutcomeUnknown, ValidationError, WorkloadError, is_utf8)
 from makespan.keys import Keys
 from makespan.models import FINAL_STATES, FleetSpec, Priority, fleet_version, load_fleet, parse_fleet
 from makespan.producer import CancelOutcome, Producer
@@ -288,6 +288,8 @@ class Client:
         cause of a StoreError) raised as :class:`RedisUnreachable` / :class:`RedisAuthFailed`."""
         try:
             return call()
+        except SubmitOutcomeUnknown:
+            raise  # sent, no reply: not "cannot reach Redis" (a new submit may run the job twice)
         except StoreError as e:
             if isinstance(e.__cause__, AUTH_ERRORS):
                 raise auth_failed(self.settings.redis_url, e.__cause__) from None

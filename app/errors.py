@@ -94,6 +94,35 @@ class StoreBug(StoreError):
     message starts with the command or script that failed (``"script promote_delayed: ..."``)."""
 
 
+class SubmitOutcomeUnknown(StoreError):
+    """A submit whose script was sent but whose reply never came (a read timeout, the
+    connection closed mid-reply): the job (``job_id``, chosen by the client) may or may not
+    be written. Not a :class:`RedisUnreachable`: resubmitting without the same idempotency
+    key can run the job twice; look it up first (``makespan status ID``).
+
+    Attributes:
+        job_id: the id the job has if it was written."""
+
+    def __init__(self, job_id: str, message: str):
+        self.job_id = job_id
+        super().__init__(message)
+
+
+def sent_without_reply(error: BaseException) -> bool:
+    """Whether redis-py ``error`` (or the redis-py error a StoreError wraps) came after the
+    command was sent: a read timeout or a connection lost while reading the reply, not a
+    failure to connect."""
+    import redis
+
+    cause = error if isinstance(error, redis.RedisError) and not isinstance(error, StoreError) else error.__cause__
+    text = str(cause).lower()
+    if isinstance(cause, redis.TimeoutError):
+        return "connecting" not in text
+    if isinstance(cause, redis.ConnectionError):
+        return "reading" in text or "closed by server" in text
+    return False
+
+
 class RedisUnreachable(StoreError):
     """No Redis answered at the deployment's URL (connection refused, unknown host,
     timeout; through Sentinel: no Sentinel answered, or they know no master of the URL's

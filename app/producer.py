@@ -21,7 +21,8 @@ import redis
 
 from makespan import metrics, pools, telemetry
 from makespan.events import add_utc_times
-from makespan.errors import NotFoundError, StoreError, ValidationError, is_utf8
+from makespan.errors import (NotFoundError, StoreError, SubmitOutcomeUnknown, ValidationError, is_utf8,
+                             sent_without_reply)
 from makespan.keys import Keys
 from makespan.models import FleetSpec, JobSpec, Priority, parse_job
 from makespan.settings import Settings
@@ -302,11 +303,22 @@ class Producer:
                          "priority": spec.priority.name, "planned_s": spec.service_s})
         # a delayed job is due at the server clock + delay_s; a dependency without a record is
         # refused by the same script (ValidationError, nothing written)
-        if self.settings.submit_wait_replicas > 0:
-            created, jid = self._submit_replicated(job_id, fields, ev, spec, pool)
-        else:
-            created, jid = self._store(pool).submit(job_id, fields, ev, self.keys.for_pool(pool).queue(spec.priority),
-                                                    spec.idempotency_key, spec.delay_s)
+        try:
+            if self.settings.submit_wait_replicas > 0:
+                created, jid = self._submit_replicated(job_id, fields, ev, spec, pool)
+            else:
+                created, jid = self._store(pool).submit(job_id, fields, ev,
+                                                        self.keys.for_pool(pool).queue(spec.priority),
+                                                        spec.idempotency_key, spec.delay_s)
+        except StoreError as e:
+            if not sent_without_reply(e):
+                raise
+            again = ("resubmitting with the same idempotency_key is safe" if spec.idempotency_key else
+                     "submit it again only if it is not there: without an idempotency_key a second submit can run "
+                     "the job twice")
+            raise SubmitOutcomeUnknown(job_id, f"submit of job {job_id}: Redis did not answer ({e.__cause__}): the "
+                                               f"job may or may not be written; look it up (`makespan status "
+                                               f"{job_id}`) before acting; {again}") from e
         if not created:
             try:
                 existing = self.r.hgetall(self.keys.job(jid))

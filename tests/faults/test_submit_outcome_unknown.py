@@ -1,0 +1,82 @@
+"""A submit whose script reached Redis but whose reply never came (Redis stalled past the
+socket timeout) was reported as "cannot reach Redis … start Redis there, or set
+MAKESPAN_REDIS_URL": the job was written all the same, and a caller retrying without an
+idempotency key ran it twice (found by a reliability check). It raises
+``SubmitOutcomeUnknown`` now, naming the job id to look up; a Redis that refuses the
+connection is still ``RedisUnreachable``. A private redis-server, stopped with SIGSTOP."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import threading
+
+import pytest
+
+import makespan
+from makespan.errors import RedisUnreachable, SubmitOutcomeUnknown
+from makespan.keys import Keys
+from makespan.producer import Producer
+from makespan.redis_conn import connect
+from makespan.settings import Settings
+from makespan.store import JobStore
+
+FLEET = {"name": "one", "hosts": [{"name": "h", "gpu_count": 1, "memory_mib": 81920}],
+         "endpoints": {"e": {"model": "m", "memory_mib_per_gpu": 10000, "cold_start_s": 1}}}
+
+
+def test_a_submit_without_a_reply_names_the_job_and_it_may_be_written(private_redis, monkeypatch):
+    settings = dataclasses.replace(Settings(), redis_url=private_redis.url, key_prefix="sou",
+                                   redis_socket_timeout_s=1.0)
+    r = connect(settings.redis_url, settings=settings)
+    prod = Producer(r, Keys("sou"), makespan.models.parse_fleet(FLEET), settings)
+    prod.submit({"endpoint": "e", "service_s": 1})  # a connection and the loaded script: the next call sends it
+    submit = JobStore.submit
+    resumed = threading.Event()
+
+    def stalled(self, *args, **kwargs):  # Redis stops right before the script is sent: it runs it on SIGCONT
+        os.kill(private_redis.process.pid, signal.SIGSTOP)
+        threading.Timer(2.5, lambda: (os.kill(private_redis.process.pid, signal.SIGCONT), resumed.set())).start()
+        return submit(self, *args, **kwargs)
+
+    monkeypatch.setattr(JobStore, "submit", stalled)
+    with pytest.raises(SubmitOutcomeUnknown, match="may or may not be written; look it up") as err:
+        prod.submit({"endpoint": "e", "service_s": 1})
+    assert "without an idempotency_key a second submit can run the job twice" in str(err.value)
+    assert not isinstance(err.value, RedisUnreachable)
+    resumed.wait(10)
+    assert r.hget(Keys("sou").job(err.value.job_id), "state") == "queued"  # written after all
+    r.close()
+
+
+def test_a_refused_connection_is_still_unreachable(private_redis):
+    url = private_redis.url
+    private_redis.stop()
+    settings = dataclasses.replace(Settings(), redis_url=url, key_prefix="sou2", redis_socket_timeout_s=1.0)
+    prod = Producer(connect(url, settings=settings), Keys("sou2"), makespan.models.parse_fleet(FLEET), settings)
+    with pytest.raises(Exception) as err:
+        prod.submit({"endpoint": "e", "service_s": 1})
+    assert not isinstance(err.value, SubmitOutcomeUnknown)
+
+
+def test_the_client_and_the_cli_pass_it_on_as_it_is(private_redis):
+    """``makespan.connect().submit`` and ``makespan submit`` turned every Redis timeout into
+    RedisUnreachable ("start Redis there"); an unknown outcome keeps its own message."""
+    import redis
+
+    from makespan.cli_support import unreachable_redis
+    from makespan.client import Client
+
+    settings = dataclasses.replace(Settings(), redis_url=private_redis.url, key_prefix="sou3")
+    client = Client(connect(private_redis.url), settings)
+    unknown = SubmitOutcomeUnknown("j1", "submit of job j1: Redis did not answer")
+    unknown.__cause__ = redis.TimeoutError("Timeout reading from 127.0.0.1:1")
+
+    def fail():
+        raise unknown
+
+    with pytest.raises(SubmitOutcomeUnknown):
+        client._redis_call(fail)
+    assert unreachable_redis(unknown) is None
+    client.close()
