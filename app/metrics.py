@@ -91,6 +91,9 @@ class Metrics:
         self.hosts_down = Counter("makespan_host_down_incidents_total",
                                   "Hosts whose GPU worker stopped consuming (health observer's host_down incidents).",
                                   ["host"], **reg)
+        self.state_lost = Counter("makespan_redis_state_lost_total",
+                                  "Times the planner found its fencing counter gone back: Redis lost makespan's "
+                                  "state (restarted without its data).", [], **reg)
         self.reclaimed = Counter("makespan_leases_reclaimed_total",
                                  "Job leases reclaimed: expired (the planner's reclaim) or handed back by a GPU "
                                  "worker that shuts down.", ["cause"], **reg)
@@ -174,6 +177,11 @@ def job_completed(priority: Any) -> None:
 def job_failed(priority: Any) -> None:
     """A job failed for good (no further attempt)."""
     _m().failed.labels(_prio(priority)).inc()
+
+
+def redis_state_lost() -> None:
+    """The planner found its fencing counter gone back: Redis lost makespan's state (planner)."""
+    _m().state_lost.inc()
 
 
 def job_preempted(priority: Any) -> None:

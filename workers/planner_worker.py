@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 from redis.exceptions import LockError, LockNotOwnedError
 
-from makespan import events, telemetry
+from makespan import events, metrics, telemetry
 from makespan.errors import LeaseError, RedisConfigError, StoreError, ValidationError
 from makespan.keys import WAKE_RELEASE, Keys
 from makespan.models import FleetSpec, Priority, fleet_version
@@ -200,7 +200,10 @@ class PlannerWorker:
             redis.RedisError: Redis failed (the standby loop retries)."""
         try:
             self._check_redis_config(lock)
+            previous = self.token
             self.token = str(self.r.incr(self.keys.planner_fence))
+            if previous and int(self.token) <= int(previous):
+                self._state_lost(int(previous))
             version = fleet_version(self.whole_fleet)
             p = self.r.pipeline(transaction=True)  # a reader sees the fleet and its version change together
             p.get(self.keys.fleet_version)
@@ -226,6 +229,21 @@ class PlannerWorker:
             log.warning("%s replaces the published fleet (version %s) with its own (version %s, policy %s): "
                         "queued jobs this fleet cannot run are cancelled at its first tick", self.name,
                         replaced, version, self.settings.policy)
+
+    def _state_lost(self, previous: int) -> None:
+        """The fencing counter went back (this planner held token ``previous``; ``INCR`` gave
+        :attr:`token`, no more): Redis lost makespan's state, restarted without its data (no
+        ``appendonly``/``save``, a wiped directory, a redis-server binary that does not read
+        it) or the keys were deleted. The jobs accepted before may be gone, silently: logged
+        CRITICAL, counted (``makespan_redis_state_lost_total``) and recorded (``redis_state_lost``
+        event, in the new stream)."""
+        log.critical("%s: the planner fencing counter went back from %s to %s: Redis lost makespan's state (it "
+                     "restarted without its data, or the keys were deleted); jobs accepted before may be gone. Check "
+                     "Redis persistence (appendonly), its data directory and that the same redis-server binary reads "
+                     "it (docs/durability.md)", self.name, previous, self.token)
+        metrics.redis_state_lost()
+        events.record(self.r, self.keys.events, "redis_state_lost", planner=self.name, previous_token=previous,
+                      token=int(self.token))
 
     def _config(self) -> dict[str, str]:
         """What this planner plans with, as it publishes it when it leads (``Keys.planner_config``)."""

@@ -223,3 +223,27 @@ def test_a_standby_ends_soon_after_sigterm_whatever_the_lease_ttl(r, keys, setti
         assert len(_leads(r, keys)) == 1  # it never led
     finally:
         _stop(leader, *([standby] if standby is not None else []))
+
+
+def test_a_redis_that_comes_back_without_its_data_is_reported(r, keys, lifecycle_settings, fleet_file, tmp_path):
+    """Redis restarted empty (another redis-server binary that did not read its data
+    directory): every process went on as if nothing happened, 91 accepted jobs gone without a
+    word (reliability check). The leading planner finds its fencing counter gone back as it
+    leads again: CRITICAL in its log and a ``redis_state_lost`` event. Here every key of this
+    test's prefix is deleted under a running planner."""
+    from makespan.live import delete_prefix
+
+    s = dataclasses.replace(lifecycle_settings, lease_ttl_s=4.0)  # a 2 s leader lock: the loss is seen soon
+    planner = _planner(tmp_path, "planner", s, fleet_file)
+    try:
+        first = wait_for(lambda: _leads(r, keys), 60, "the planner to lead")[0]
+        assert first["token"] == 1
+        delete_prefix(r, keys)  # the state is gone, the planner runs on
+        lost = wait_for(lambda: [e for e in all_events(r, keys) if e["kind"] == "redis_state_lost"], 60,
+                        "the planner to report the lost state")[0]
+        assert (lost["previous_token"], lost["token"]) == (1, 1)
+        log_text = (tmp_path / "planner.log").read_text(errors="replace")
+        assert "CRITICAL" in log_text and "the planner fencing counter went back from 1 to 1" in log_text
+        assert planner.poll() is None
+    finally:
+        _stop(planner)
