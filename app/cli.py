@@ -515,6 +515,7 @@ def ready(workloads: list[str] = typer.Argument(None, help="workload function na
     from makespan.redis_conn import AUTH_ERRORS, auth_failed
     from makespan.keys import Keys
     from makespan.redis_conn import connect
+    from makespan.settings import redacted_url
 
     s = _settings()
     r, keys = connect(s.redis_url), Keys(s.key_prefix)
@@ -523,7 +524,9 @@ def ready(workloads: list[str] = typer.Argument(None, help="workload function na
         try:
             absent = [name for name in workloads or [] if not r.exists(keys.fn_live(name))]
             leaderless = _pools_without_a_leader(r, keys, [name for name in workloads or [] if name not in absent])
-            missing = ([] if r.exists(keys.fleet) else ["a planner (no fleet published)"]) + [
+            missing = ([] if r.exists(keys.fleet) else [
+                f"a planner (no fleet published under key prefix {keys.prefix!r} at {redacted_url(s.redis_url)}: "
+                "MAKESPAN_KEY_PREFIX and MAKESPAN_REDIS_URL must be the planner's)"]) + [
                 f"a planner leading {'pool ' + str(pool) if pool else 'the fleet'} (none leads now)"
                 for pool in leaderless] + [f"workload {name!r}" for name in absent]
             refused = {name: why for name in absent if (why := r.get(keys.fn_refused(name)))}
@@ -586,8 +589,9 @@ def _hint_live_names(r, keys, absent: list[str]) -> None:
     except MakespanError:
         return
     if not alive:
-        typer.echo("no GPU worker has registered any workload function (start one with `makespan gpu-worker "
-                   "--workloads MODULE`)", err=True)
+        typer.echo(f"no GPU worker has registered any workload function under key prefix {keys.prefix!r} (start "
+                   "one with `makespan gpu-worker --workloads MODULE`, with the same MAKESPAN_KEY_PREFIX and "
+                   "MAKESPAN_REDIS_URL)", err=True)
         return
     typer.echo(f"live workload functions: {', '.join(alive)}", err=True)
     for name in absent:

@@ -335,7 +335,9 @@ def live_definition(r: redis.Redis, keys: Keys, name: str, also: list[str] = ())
         raise StoreError(f"reading workload function {name!r}: {e}") from cause
     if refused:
         raise ValidationError("workload", name, f"its GPU worker does not publish it: {refused}")
-    hint = f"live now: {', '.join(alive)}" if alive else "no GPU worker has registered any workload function"
+    hint = f"live now: {', '.join(alive)}" if alive else (
+        f"no GPU worker has registered any workload function under key prefix {keys.prefix!r} "
+        "(MAKESPAN_KEY_PREFIX: the GPU workers' must be the same)")
     close = closest_name(name, alive)
     guess = f"; did you mean {close!r}?" if close else ""
     raise ValidationError("workload", name, "no live GPU worker registered this workload; start one with "

@@ -368,3 +368,23 @@ def test_gpu_worker_start_line_does_not_list_a_refused_function_as_loaded(capsys
     err = capsys.readouterr().err
     assert "workload functions: none usable" in err
     assert "not published (each names an endpoint the fleet does not have): badep ('nope')" in err
+
+
+def test_nothing_registered_names_the_key_prefix_it_looked_under(r, keys, redis_url, prefix, monkeypatch):
+    """A client on another key prefix than the workers' read "no GPU worker has registered any
+    workload function" and `ready` "no fleet published", naming neither the prefix nor the URL
+    (workload-author new user)."""
+    from typer.testing import CliRunner
+
+    from makespan.cli import app as cli_app
+    from makespan.errors import ValidationError
+    from makespan.registry import live_definition
+
+    monkeypatch.setenv("MAKESPAN_REDIS_URL", redis_url)
+    monkeypatch.setenv("MAKESPAN_KEY_PREFIX", prefix)
+    res = CliRunner().invoke(cli_app, ["ready", "add", "--timeout-s", "0.3"])
+    assert res.exit_code == 1
+    assert f"no fleet published under key prefix {prefix!r} at redis://" in res.output, res.output
+    assert f"no GPU worker has registered any workload function under key prefix {prefix!r}" in res.output
+    with pytest.raises(ValidationError, match=f"under key prefix {prefix!r}"):
+        live_definition(r, keys, "add")
