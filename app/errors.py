@@ -108,21 +108,6 @@ class SubmitOutcomeUnknown(StoreError):
         super().__init__(message)
 
 
-def sent_without_reply(error: BaseException) -> bool:
-    """Whether redis-py ``error`` (or the redis-py error a StoreError wraps) came after the
-    command was sent: a read timeout or a connection lost while reading the reply, not a
-    failure to connect."""
-    import redis
-
-    cause = error if isinstance(error, redis.RedisError) and not isinstance(error, StoreError) else error.__cause__
-    text = str(cause).lower()
-    if isinstance(cause, redis.TimeoutError):
-        return "connecting" not in text
-    if isinstance(cause, redis.ConnectionError):
-        return "reading" in text or "closed by server" in text
-    return False
-
-
 class RedisUnreachable(StoreError):
     """No Redis answered at the deployment's URL (connection refused, unknown host,
     timeout; through Sentinel: no Sentinel answered, or they know no master of the URL's

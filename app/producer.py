@@ -20,9 +20,9 @@ from typing import Any
 import redis
 
 from makespan import metrics, pools, telemetry
+from makespan.redis_conn import sent_without_reply
 from makespan.events import add_utc_times
-from makespan.errors import (NotFoundError, StoreError, SubmitOutcomeUnknown, ValidationError, is_utf8,
-                             sent_without_reply)
+from makespan.errors import NotFoundError, StoreError, SubmitOutcomeUnknown, ValidationError, is_utf8
 from makespan.keys import Keys
 from makespan.models import FleetSpec, JobSpec, Priority, parse_job
 from makespan.settings import Settings

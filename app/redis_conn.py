@@ -682,3 +682,16 @@ class OutageLog:
             self.logger.info("%s: Redis answers again after %.1f s (%d failures)", self.what,
                              self.clock() - self._since, self.failures)
         self.failures, self._left_out = 0, 0
+
+
+def sent_without_reply(error: BaseException) -> bool:
+    """Whether redis-py ``error`` (or the redis-py error a StoreError wraps) came after the
+    command was sent: a read timeout or a connection lost while reading the reply, not a
+    failure to connect."""
+    cause = error if isinstance(error, redis.RedisError) and not isinstance(error, StoreError) else error.__cause__
+    text = str(cause).lower()
+    if isinstance(cause, redis.TimeoutError):
+        return "connecting" not in text
+    if isinstance(cause, redis.ConnectionError):
+        return "reading" in text or "closed by server" in text
+    return False
