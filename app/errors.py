@@ -96,12 +96,13 @@ class StoreBug(StoreError):
 
 class SubmitOutcomeUnknown(StoreError):
     """A submit whose script was sent but whose reply never came (a read timeout, the
-    connection closed mid-reply): the job (``job_id``, chosen by the client) may or may not
-    be written. Not a :class:`RedisUnreachable`: resubmitting without the same idempotency
-    key can run the job twice; look it up first (``makespan status ID``).
+    connection closed mid-reply): the job (or workload: ``job_id``, chosen by the client)
+    may or may not be written. Not a :class:`RedisUnreachable`: resubmitting without the
+    same idempotency key can run the job twice; look it up first (``makespan status ID``,
+    ``makespan workload-status ID``).
 
     Attributes:
-        job_id: the id the job has if it was written."""
+        job_id: the id the job (or the workload) has if it was written."""
 
     def __init__(self, job_id: str, message: str):
         self.job_id = job_id

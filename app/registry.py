@@ -276,8 +276,9 @@ def function_hosts(r: redis.Redis, keys: Keys, name: str) -> tuple[str, ...]:
     """The fleet hosts the planner places workload ``name``'s jobs on (``P:fn:hosts:{name}``),
     sorted; one round trip: those whose live GPU worker registers it (marks not expired on the
     Redis server's clock); when every mark has expired (those workers stopped or died, e.g.
-    during a restart), the hosts that registered it last (the key is kept
-    :data:`HOST_MARKS_KEPT_S` after its last renewal): the jobs wait for those hosts' workers
+    during a restart), the hosts that registered it last (marks renewed within one
+    :data:`LIVE_TTL_S` of the latest; the key is kept :data:`HOST_MARKS_KEPT_S` after its last
+    renewal, a host's mark as long after its own): the jobs wait for those hosts' workers
     (their GPUs take no lease while no worker runs there) rather than go to a host without
     the function. Empty when no host ever marked it (workers from before these marks): any host.
 
@@ -289,7 +290,12 @@ def function_hosts(r: redis.Redis, keys: Keys, name: str) -> tuple[str, ...]:
     (seconds, micros), marks = pipe.execute()
     now_ms = seconds * 1000 + micros // 1000
     live = tuple(sorted(host for host, expires_ms in marks if expires_ms > now_ms))
-    return live or tuple(sorted(host for host, _expires_ms in marks))
+    if live or not marks:
+        return live
+    # the last holders: the marks renewed within one TTL of the latest (a host whose worker
+    # dropped the function days ago is not among them)
+    latest_ms = max(expires_ms for _host, expires_ms in marks)
+    return tuple(sorted(host for host, expires_ms in marks if expires_ms >= latest_ms - LIVE_TTL_S * 1000))
 
 
 def holder_id() -> str:

@@ -674,6 +674,11 @@ class Settings:
                                   f"must be at most half MAKESPAN_LEASE_TTL_S ({s.lease_ttl_s:g} s): a lease renewed "
                                   "less often is lost to one failed renewal (a Redis blip; at or above the TTL, "
                                   "every lease expires between renewals)")
+        if s.submit_wait_replicas > 0 and s.submit_wait_timeout_s >= s.redis_socket_timeout_s:
+            raise ValidationError("MAKESPAN_SUBMIT_WAIT_TIMEOUT_S", s.submit_wait_timeout_s,
+                                  f"must be below MAKESPAN_REDIS_SOCKET_TIMEOUT_S ({s.redis_socket_timeout_s:g} s): "
+                                  "a submit's WAIT for replicas that lasts the whole socket timeout ends as a read "
+                                  "timeout, not as the replicas' answer")
         return s
 
     def slowdown_by_host(self) -> dict[str, float]:

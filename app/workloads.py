@@ -42,10 +42,11 @@ from typing import Any
 import redis
 
 from makespan import pools, telemetry
-from makespan.errors import NotFoundError, StoreError, ValidationError
+from makespan.errors import NotFoundError, StoreError, SubmitOutcomeUnknown, ValidationError
 from makespan.events import add_utc_times
 from makespan.keys import Keys
 from makespan.models import FleetSpec
+from makespan.redis_conn import sent_without_reply
 from makespan.settings import Settings
 from makespan.store import JobState, JobStore
 from makespan.workload_builder import Chain, Group, StepRef, Workload, chain, group
@@ -117,8 +118,16 @@ def submit_workload(r: redis.Redis, keys: Keys, fleet: FleetSpec, workload: Work
                **{f"tmpl:{n}": json.dumps({k: v for k, v in f.items() if k not in ("id", "deps")})
                   for n, f in templates.items()}}
     want = settings.submit_wait_replicas
-    ok, acked = JobStore(r, keys, settings.events_max_len).submit_workload(
-        wid, wfields, now, steps, want, max(1, int(settings.submit_wait_timeout_s * 1000)))
+    try:
+        ok, acked = JobStore(r, keys, settings.events_max_len).submit_workload(
+            wid, wfields, now, steps, want, max(1, int(settings.submit_wait_timeout_s * 1000)))
+    except StoreError as e:
+        if not sent_without_reply(e):
+            raise
+        raise SubmitOutcomeUnknown(wid, f"submit of workload {wid}: Redis did not answer ({e.__cause__}): the "
+                                        f"workload may or may not be written; look it up (`makespan workload-status "
+                                        f"{wid}`) before submitting it again (a second submit runs every step "
+                                        "twice)") from e
     if not ok:  # pragma: no cover - uuid4 collision
         raise StoreError("submit workload: a job id already exists")
     if acked < want:

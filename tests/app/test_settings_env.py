@@ -427,3 +427,14 @@ def test_a_retention_age_above_the_result_ttl_is_warned():
     assert retention_warning(Settings()) is None  # 1 h summaries, 7-day results
     warned = retention_warning(Settings(retention_age_s=30 * 86400.0))
     assert warned is not None and "MAKESPAN_RESULT_TTL_S" in warned and "ResultExpired" in warned
+
+
+def test_a_submit_wait_as_long_as_the_socket_timeout_is_refused(monkeypatch):
+    """A WAIT for replicas that outlasts the socket timeout ended as a read timeout, reported as
+    "Redis did not answer" instead of the replicas' count (second review)."""
+    monkeypatch.setenv("MAKESPAN_SUBMIT_WAIT_REPLICAS", "1")
+    monkeypatch.setenv("MAKESPAN_SUBMIT_WAIT_TIMEOUT_S", "5")
+    with pytest.raises(ValidationError, match="must be below MAKESPAN_REDIS_SOCKET_TIMEOUT_S"):
+        Settings.from_env()
+    monkeypatch.setenv("MAKESPAN_SUBMIT_WAIT_TIMEOUT_S", "2")
+    assert Settings.from_env().submit_wait_timeout_s == 2.0

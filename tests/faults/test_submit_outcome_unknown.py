@@ -80,3 +80,30 @@ def test_the_client_and_the_cli_pass_it_on_as_it_is(private_redis):
         client._redis_call(fail)
     assert unreachable_redis(unknown) is None
     client.close()
+
+
+def test_a_workload_submit_without_a_reply_names_the_workload(private_redis, monkeypatch):
+    """The same for a workload: it was written, and reported as "cannot reach Redis" (second
+    review); a resubmit runs every step twice."""
+    from makespan.workloads import submit_workload
+
+    settings = dataclasses.replace(Settings(), redis_url=private_redis.url, key_prefix="souw",
+                                   redis_socket_timeout_s=1.0)
+    r = connect(settings.redis_url, settings=settings)
+    fleet, keys = makespan.models.parse_fleet(FLEET), Keys("souw")
+    spec = {"name": "wl", "steps": [{"name": "a", "endpoint": "e", "service_s": 1}]}
+    submit_workload(r, keys, fleet, spec, settings)  # a connection and the loaded script
+    store_submit = JobStore.submit_workload
+    resumed = threading.Event()
+
+    def stalled(self, *args, **kwargs):
+        os.kill(private_redis.process.pid, signal.SIGSTOP)
+        threading.Timer(2.5, lambda: (os.kill(private_redis.process.pid, signal.SIGCONT), resumed.set())).start()
+        return store_submit(self, *args, **kwargs)
+
+    monkeypatch.setattr(JobStore, "submit_workload", stalled)
+    with pytest.raises(SubmitOutcomeUnknown, match="makespan workload-status") as err:
+        submit_workload(r, keys, fleet, spec, settings)
+    resumed.wait(10)
+    assert r.exists(keys.workload(err.value.job_id))
+    r.close()

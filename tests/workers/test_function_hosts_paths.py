@@ -102,3 +102,36 @@ def test_while_every_worker_of_a_function_is_down_its_jobs_wait_for_those_hosts(
     announce(r, w.keys, "h2", "worker-h2b", 60.0)  # back
     w.tick()
     assert [(ctx.job_id, ctx.host) for ctx in sent] == [(job, "h2")]
+
+
+def test_a_host_that_dropped_the_function_long_ago_is_not_among_the_last_holders(r, settings):
+    """h1's worker was redeployed without the function three days ago (its old mark stays);
+    h2, the only host that has it, restarts: the job went to h1 and failed there for good
+    (found by a second review); it waits for h2."""
+    from makespan.registry import function_hosts
+
+    fleet = _fleet("h1", "h2")
+    s = dataclasses.replace(settings, lease_ttl_s=60.0)
+    sent: list = []
+    w = PlannerWorker(r, s, fleet, dispatch=lambda ctx, q: sent.append(ctx), clock=ManualClock(time.time()))
+    prod = Producer(r, w.keys, fleet, s)
+    seconds, micros = r.time()
+    now_ms = seconds * 1000 + micros // 1000
+    r.zadd(w.keys.fn_hosts("fn"), {"h1": now_ms - 3 * 86_400_000, "h2": now_ms - 1})
+    assert function_hosts(r, w.keys, "fn") == ("h2",)
+    announce(r, w.keys, "h1", "worker-h1", 60.0)
+    r.hset(w.keys.hosts_seen, "h2", "worker-h2")  # h2 restarts: no live worker now
+    job = prod.submit({"endpoint": "e", "service_s": 5, "priority": "NORMAL"}).id
+    r.hset(w.keys.job(job), "fn", "fn")
+    w.tick()
+    assert sent == []
+
+
+def test_a_host_mark_older_than_the_kept_time_is_pruned(r, keys):
+    from makespan.registry import HOST_MARKS_KEPT_S, WorkloadDef, publish
+
+    seconds, micros = r.time()
+    now_ms = seconds * 1000 + micros // 1000
+    r.zadd(keys.fn_hosts("fn"), {"gone": now_ms - int(HOST_MARKS_KEPT_S * 1000) - 120_000})
+    publish(r, keys, [WorkloadDef("fn", lambda ctx: None, endpoint="e")], holder="w1", host="h1")
+    assert r.zrange(keys.fn_hosts("fn"), 0, -1) == ["h1"]

@@ -19,6 +19,7 @@ redis.call('ZADD', KEYS[2], expires, ARGV[1])
 redis.call('PEXPIRE', KEYS[2], ttl)
 if ARGV[3] ~= '' then
   redis.call('ZADD', KEYS[3], expires, ARGV[3])
+  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', expires - tonumber(ARGV[4]))  -- hosts gone that long
   redis.call('PEXPIRE', KEYS[3], tonumber(ARGV[4]))
 end
 redis.call('SET', KEYS[1], '1', 'PX', ttl)
