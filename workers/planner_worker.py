@@ -117,6 +117,7 @@ class PlannerWorker:
         self.name = name or f"planner-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self._stop = threading.Event()
         self.token = ""  # the fencing token while leading ('' = unchecked: tests tick by hand)
+        self._fence_seen = 0  # the highest fencing token this process held or saw standing by (_state_lost)
         self.lost = threading.Event()
         # Redis accepted this planner's credentials once: a refusal before is fatal (run raises
         # RedisAuthFailed), one after (a password rotated under it) is logged and retried
@@ -200,10 +201,11 @@ class PlannerWorker:
             redis.RedisError: Redis failed (the standby loop retries)."""
         try:
             self._check_redis_config(lock)
-            previous = self.token
+            previous = max(int(self.token or 0), self._fence_seen)  # held, or seen while standing by
             self.token = str(self.r.incr(self.keys.planner_fence))
-            if previous and int(self.token) <= int(previous):
-                self._state_lost(int(previous))
+            self._fence_seen = max(self._fence_seen, int(self.token))
+            if previous and int(self.token) <= previous:
+                self._state_lost(previous)
             version = fleet_version(self.whole_fleet)
             p = self.r.pipeline(transaction=True)  # a reader sees the fleet and its version change together
             p.get(self.keys.fleet_version)
@@ -231,8 +233,9 @@ class PlannerWorker:
                         replaced, version, self.settings.policy)
 
     def _state_lost(self, previous: int) -> None:
-        """The fencing counter went back (this planner held token ``previous``; ``INCR`` gave
-        :attr:`token`, no more): Redis lost makespan's state, restarted without its data (no
+        """The fencing counter went back (this planner held, or saw while standing by, token
+        ``previous``; ``INCR`` gave :attr:`token`, no more): Redis lost makespan's state,
+        restarted without its data (no
         ``appendonly``/``save``, a wiped directory, a redis-server binary that does not read
         it) or the keys were deleted. The jobs accepted before may be gone, silently: logged
         CRITICAL, counted (``makespan_redis_state_lost_total``) and recorded (``redis_state_lost``
@@ -266,7 +269,9 @@ class PlannerWorker:
 
         Raises:
             redis.RedisError: Redis failed (the standby loop retries)."""
-        raw = self.r.get(self.keys.planner_config)
+        raw, fence = self.r.mget(self.keys.planner_config, self.keys.planner_fence)
+        if fence and fence.isdigit():  # the highest fencing token seen: a counter gone back below it lost state
+            self._fence_seen = max(self._fence_seen, int(fence))
         try:
             theirs = json.loads(raw) if raw else None
         except ValueError:

@@ -247,3 +247,25 @@ def test_a_redis_that_comes_back_without_its_data_is_reported(r, keys, lifecycle
         assert planner.poll() is None
     finally:
         _stop(planner)
+
+
+def test_a_standby_that_takes_over_a_redis_without_its_data_reports_it(r, keys, lifecycle_settings, fleet_file,
+                                                                       tmp_path):
+    """The standby won the lock before the old leader noticed, and with no token of its own
+    it did not compare (second review): a standby keeps the highest fencing token it saw."""
+    from makespan.live import delete_prefix
+
+    s = dataclasses.replace(lifecycle_settings, lease_ttl_s=4.0)
+    leader = _planner(tmp_path, "leader", s, fleet_file)
+    standby = None
+    try:
+        wait_for(lambda: _leads(r, keys), 60, "the first planner to lead")
+        standby = _planner(tmp_path, "standby", s, fleet_file)
+        _standing_by(standby)  # it has read the fencing counter (1) while standing by
+        delete_prefix(r, keys)
+        lost = wait_for(lambda: [e for e in all_events(r, keys) if e["kind"] == "redis_state_lost"], 60,
+                        "a planner to report the lost state")[0]
+        assert lost["previous_token"] == 1 and lost["token"] == 1
+    finally:
+        _stop(leader, *([standby] if standby is not None else []))
+
