@@ -14,9 +14,10 @@ from typing import Any
 
 import typer
 
-from makespan.cli_support import EXIT_ALREADY_ENDED, EXIT_NOT_FINISHED, CliGroup, ignored_fleet_option, utc_text
+from makespan.cli_support import (EXIT_ALREADY_ENDED, EXIT_NOT_FINISHED, CliGroup, ignored_fleet_option, outcome_unknown,
+                                  utc_text)
 from makespan.cli_support import fail as _fail
-from makespan.errors import MakespanError, RedisAuthFailed, RedisConfigError, ValidationError
+from makespan.errors import MakespanError, RedisAuthFailed, RedisConfigError, SubmitOutcomeUnknown, ValidationError
 from makespan.planner.policies import DEFAULT_POLICY, POLICY_REGISTRY
 
 app = typer.Typer(cls=CliGroup, add_completion=False, no_args_is_help=True,
@@ -365,7 +366,8 @@ def submit(workload: str | None = typer.Argument(None, help="a workload function
            quiet: bool = typer.Option(False, "--quiet", "-q", help="print only the job id (for ID=$(makespan submit ...))")):
     """Submit one job; prints {"id", "created", "priority"} as JSON (--quiet: the id alone). With a WORKLOAD name
     the job calls that function with --args/--kwargs (see `makespan result ID`). With --delay-s the job waits in
-    Redis as 'delayed' and is queued when due (cancel works meanwhile)."""
+    Redis as 'delayed' and is queued when due (cancel works meanwhile). Exit 75 when Redis took the submit but
+    its reply never came: the id is printed all the same (the job may or may not exist: `makespan status ID`)."""
     if workload is not None:
         _submit_call(workload, call_args, call_kwargs, fleet, endpoint, service_s, priority, idempotency_key, delay_s,
                      deadline_s, depends_on or [], quiet)
@@ -391,6 +393,8 @@ def submit(workload: str | None = typer.Argument(None, help="a workload function
         telemetry.setup_tracing("makespan-cli")  # the job's trace ids (nothing is exported at submit)
         producer = _producer(fleet)
         h = producer.submit(job)
+    except SubmitOutcomeUnknown as e:
+        outcome_unknown(e, quiet)
     except MakespanError as e:
         _fail(e)
     _warn_ignored(idempotency_key, h.id, h.ignored)
@@ -490,6 +494,8 @@ def _submit_call(workload: str, call_args: str, call_kwargs: str, fleet: Path | 
         from makespan.models import Priority
 
         level = Priority.parse(priority).name if job.created or quiet else job.status()["priority"]
+    except SubmitOutcomeUnknown as e:
+        outcome_unknown(e, quiet)
     except MakespanError as e:
         _fail(e)
     _warn_ignored(idempotency_key, job.id, job.ignored)

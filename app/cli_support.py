@@ -5,6 +5,7 @@ a failure to reach Redis (or a refusal of its credentials) becomes :class:`makes
 
 from __future__ import annotations
 
+import json
 import os
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
@@ -13,7 +14,7 @@ import redis
 import typer
 from typer.core import TyperGroup
 
-from makespan.errors import MakespanError, RedisAuthFailed, RedisUnreachable
+from makespan.errors import MakespanError, RedisAuthFailed, RedisUnreachable, SubmitOutcomeUnknown
 
 if TYPE_CHECKING:  # pragma: no cover
     from makespan.keys import Keys
@@ -29,6 +30,11 @@ EXIT_NOT_FINISHED = 4
 #: workload) had already ended before the call: nothing was cancelled (0: this call
 #: cancelled it or asked it to stop; 2: unknown id, Redis unreachable)
 EXIT_ALREADY_ENDED = 5
+
+#: exit code of ``makespan submit`` and ``makespan submit-workload`` when Redis took the
+#: submit but its reply never came (:class:`makespan.errors.SubmitOutcomeUnknown`): the id is
+#: printed on stdout all the same, for the caller to look it up (BSD's EX_TEMPFAIL)
+EXIT_OUTCOME_UNKNOWN = 75
 
 # the click context of the command running now (set by CliGroup): its parameters name
 # the Redis URL of a command with --redis-url
@@ -66,8 +72,6 @@ def unreachable_redis(error: BaseException) -> RedisUnreachable | RedisAuthFaile
     running command's Redis URL with the password redacted; None for any other error."""
     if isinstance(error, (RedisUnreachable, RedisAuthFailed)):
         return error
-    from makespan.errors import SubmitOutcomeUnknown
-
     if isinstance(error, SubmitOutcomeUnknown):  # sent, no reply: its own message says what to do
         return None
     from makespan.redis_conn import AUTH_ERRORS, auth_failed, unreachable
@@ -95,6 +99,15 @@ def ignored_fleet_option(fleet: object, command: str) -> None:
     if fleet is not None:
         typer.echo(f"warning: --fleet is deprecated and ignored by `makespan {command}` (a job is read without its "
                    "fleet): leave it out", err=True)
+
+
+def outcome_unknown(e: SubmitOutcomeUnknown, quiet: bool = True) -> None:
+    """A submit whose outcome is unknown: its id on stdout (``--quiet``: alone; else as
+    ``{"id", "created": null, "outcome": "unknown"}``), the error on stderr, exit
+    :data:`EXIT_OUTCOME_UNKNOWN`: a script's ``ID=$(makespan submit -q ...)`` gets the id to look up."""
+    typer.echo(e.job_id if quiet else json.dumps({"id": e.job_id, "created": None, "outcome": "unknown"}))
+    typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(EXIT_OUTCOME_UNKNOWN)
 
 
 def fail(e: Exception) -> None:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import typer
 
-from makespan.errors import MakespanError
-from makespan.cli_support import EXIT_ALREADY_ENDED, context, fail, utc_text
+from makespan.errors import MakespanError, SubmitOutcomeUnknown
+from makespan.cli_support import EXIT_ALREADY_ENDED, context, fail, outcome_unknown, utc_text
 
 
 
@@ -33,6 +33,8 @@ def register(app: typer.Typer) -> None:
             s, r, k = _ctx()
             f = Client(r, s, load_fleet(fleet) if fleet is not None else None).fleet()
             wid = submit_workload(r, k, f, load_workload(file, f), s)
+        except SubmitOutcomeUnknown as e:
+            outcome_unknown(e)
         except MakespanError as e:
             _fail(e)
         typer.echo(wid)

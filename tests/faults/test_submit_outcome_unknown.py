@@ -107,3 +107,25 @@ def test_a_workload_submit_without_a_reply_names_the_workload(private_redis, mon
     resumed.wait(10)
     assert r.exists(keys.workload(err.value.job_id))
     r.close()
+
+
+def test_makespan_submit_prints_the_id_and_exits_75(private_redis, monkeypatch, tmp_path):
+    """``ID=$(makespan submit -q ...)`` got nothing to look up, and exit 2 read as a refusal
+    (second review): the id goes to stdout, exit 75 (EX_TEMPFAIL)."""
+    from typer.testing import CliRunner
+
+    from makespan.cli import app as cli_app
+    fleet_path = tmp_path / "fleet.toml"
+    fleet_path.write_text('name = "one"\n[[hosts]]\nname = "h"\ngpu_count = 1\nmemory_mib = 81920\n'
+                          '[endpoints.e]\nmodel = "m"\nmemory_mib_per_gpu = 10000\ncold_start_s = 1\n')
+    monkeypatch.setenv("MAKESPAN_REDIS_URL", private_redis.url)
+    monkeypatch.setenv("MAKESPAN_KEY_PREFIX", "souc")
+
+    def unknown(self, *args, **kwargs):
+        raise SubmitOutcomeUnknown("abc123", "submit of job abc123: Redis did not answer (Timeout reading)")
+
+    monkeypatch.setattr(Producer, "submit", unknown)
+    res = CliRunner().invoke(cli_app, ["submit", "--endpoint", "e", "--service-s", "1", "-q", "--fleet",
+                                       str(fleet_path)])
+    assert res.exit_code == 75, res.output
+    assert res.stdout.strip() == "abc123" and "Redis did not answer" in res.stderr
