@@ -127,6 +127,7 @@ class _BatchScan:
         self.removed = 0  # queue entries removed (stale, cancelled) while the current chunk was read
         self.problems: dict[tuple[str, str | None], str | None] = {}  # (endpoint, helpers JSON) -> why it never runs
         self._fn_hosts: dict[str, tuple[str, ...]] = {}  # workload function -> its hosts (fn_hosts), this scan
+        self.fleet_hosts = frozenset(host.name for host in env.fleet.hosts)
 
     def form(self, heads: Mapping[Priority, Sequence[str]] | None) -> FormedBatch:
         jobs = self.out.jobs
@@ -230,10 +231,15 @@ class _BatchScan:
         """The hosts workload function ``fn``'s jobs run on
         (:func:`makespan.registry.function_hosts`: those whose live GPU worker registers it,
         else those that did last), sorted; read once per scan. Empty (no host ever marked it):
-        any host."""
+        any host, as when every host of this planner's fleet has it (no constraint to plan: the
+        planner's indexed placement stays on).
+        """
         hit = self._fn_hosts.get(fn)
         if hit is None:
-            hit = self._fn_hosts[fn] = function_hosts(self.r, self.keys, fn)
+            hit = function_hosts(self.r, self.keys, fn)
+            if set(hit) >= self.fleet_hosts:  # every host has it (the usual case): no constraint to plan
+                hit = ()
+            self._fn_hosts[fn] = hit
         return hit
 
     def take(self, level: Priority, ids: list[str], jobs: list[PlanJob], room: int, offset: int = 0) -> int:
