@@ -39,7 +39,7 @@ def _role(client) -> str | None:
 
 def test_jobs_survive_a_sentinel_failover(sentinel_set, tmp_path):
     s = fault_settings(sentinel_set.url, "sentinel", lease_ttl_s=5.0, submit_wait_replicas=1,
-                       submit_wait_timeout_s=2.0)
+                       submit_wait_timeout_s=1.5)  # below the 2 s socket timeout (refused otherwise)
     with live_system(tmp_path, s, ONE_HOST) as (system, fleet):
         r, keys = connect(s.redis_url), Keys(s.key_prefix)
         prod = Producer(r, keys, fleet, s)
@@ -146,7 +146,7 @@ def test_a_workload_submit_returns_once_a_replica_holds_it(keys, settings):
         # a full sync waits repl-diskless-sync-delay (5 s by default) before its transfer: 10 s was half slack
         wait_for(lambda: rr.info("replication").get("master_link_status") == "up", 60, "the replica to sync")
         p = connect(primary.url)
-        s = replace(settings, redis_url=primary.url, submit_wait_replicas=1, submit_wait_timeout_s=5.0)
+        s = replace(settings, redis_url=primary.url, submit_wait_replicas=1, submit_wait_timeout_s=3.0)  # below the socket timeout
         wid = submit_workload(p, keys, load_fleet(FLEET_TOML), _workload(), s)
         assert rr.exists(keys.workload(wid))
     finally:
