@@ -249,10 +249,12 @@ def publish(r: redis.Redis, keys: Keys, definitions: Iterable[WorkloadDef], ttl_
         raise StoreError(f"publishing workload functions: {e}") from e
 
 
-def withdraw(r: redis.Redis, keys: Keys, names: Iterable[str], holder: str) -> list[str]:
+def withdraw(r: redis.Redis, keys: Keys, names: Iterable[str], holder: str, host: str = "") -> list[str]:
     """``holder`` (a GPU worker that stops cleanly) no longer holds ``names``: each name
     whose other holders' marks have all expired stops being live at once, so a submit is
-    refused now rather than accepted until the TTL runs out.
+    refused now rather than accepted until the TTL runs out; and its fleet ``host``'s marks
+    of them end (:func:`end_host_marks`; '' none): a worker restarted there without one of
+    them gets none of its jobs while another host's worker has it.
 
     Returns:
         The names no longer live (sorted).
@@ -264,9 +266,49 @@ def withdraw(r: redis.Redis, keys: Keys, names: Iterable[str], holder: str) -> l
     for name in names:
         gone(keys=[keys.fn_live(name), keys.fn_holders(name)], args=[holder], client=pipe)
     try:
-        return [name for name, ended in zip(names, pipe.execute()) if ended]
+        ended = [name for name, ended in zip(names, pipe.execute()) if ended]
     except redis.RedisError as e:
         raise StoreError(f"withdrawing workload functions: {e}") from e
+    if host:
+        end_host_marks(r, keys, host, names)
+    return ended
+
+
+def end_host_marks(r: redis.Redis, keys: Keys, host: str, names: Iterable[str]) -> int:
+    """Fleet ``host``'s GPU worker does not hold ``names`` (it stopped, started without
+    them, or found a job of one it lacks): the host's live mark of each
+    (``P:fn:hosts:{name}``) ends now, kept as a past holder's, so :func:`function_hosts`
+    gives the hosts whose marks are live, and the last holders only when none is.
+    Another worker of the same host that holds one marks it again at its next renewal.
+
+    Returns:
+        How many live marks ended.
+    Raises:
+        StoreError: Redis failed."""
+    names = sorted(set(names))
+    if not host or not names:
+        return 0
+    try:
+        return int(store_script(r, "fn_host_gone")(keys=[keys.fn_hosts(name) for name in names], args=[host]))
+    except redis.RedisError as e:
+        raise StoreError(f"ending host {host!r}'s workload function marks: {e}") from e
+
+
+def end_host_marks_except(r: redis.Redis, keys: Keys, host: str, held: Iterable[str]) -> int:
+    """At a GPU worker's start: end fleet ``host``'s marks of every workload function ever
+    published (``P:fns``) but ``held`` (the names this worker publishes): a worker that
+    restarted without one after a crash (no :func:`withdraw`) gets none of its jobs while
+    another host's worker has it. Returns how many live marks ended.
+
+    Raises:
+        StoreError: Redis failed."""
+    if not host:
+        return 0
+    try:
+        known = r.smembers(keys.fns)
+    except redis.RedisError as e:
+        raise StoreError(f"reading the published workload functions: {e}") from e
+    return end_host_marks(r, keys, host, {str(name) for name in known} - set(held))
 
 
 HOST_MARKS_KEPT_S = 7 * 24 * 3600.0  # P:fn:hosts:{name} outlives its last renewal by this (function_hosts)

@@ -179,6 +179,9 @@ class WorkloadContext:
                               endpoint=endpoint)
 
 
+UNKNOWN_WORKLOAD = "makespan.UnknownWorkload"  # WorkloadFailed.error_type of lookup's failure
+
+
 def lookup(name: str, host: str) -> WorkloadDef:
     """The registered function ``name``.
 
@@ -186,7 +189,7 @@ def lookup(name: str, host: str) -> WorkloadDef:
         WorkloadFailed: not registered in this GPU worker (not retryable)."""
     definition = REGISTRY.get(name)
     if definition is None:
-        raise WorkloadFailed("makespan.UnknownWorkload",
+        raise WorkloadFailed(UNKNOWN_WORKLOAD,
                              f"workload {name!r} is not registered on the GPU worker of host {host!r}; start it with "
                              f"--workloads naming the module that defines it (registered here: "
                              f"{', '.join(sorted(REGISTRY)) or 'none'})", retryable=False)

@@ -15,10 +15,10 @@ from makespan.errors import PhaseCancelled, PhaseError, StaleFencingToken
 from makespan.workers.drivers.base import Instance
 from makespan.workers.drivers.registry import instances_on
 from makespan.estimates import record_ops
-from makespan.registry import REGISTRY
+from makespan.registry import REGISTRY, end_host_marks, function_hosts
 from makespan.results import encode_error
-from makespan.workers.functions import (WorkloadContext, WorkloadFailed, celery_progress_emitter, lookup,
-                                        progress_writer, run_function)
+from makespan.workers.functions import (UNKNOWN_WORKLOAD, WorkloadContext, WorkloadFailed, celery_progress_emitter,
+                                        lookup, progress_writer, run_function)
 from makespan.workers.leases import delay_job_op, start_job_op
 from makespan.workers.heartbeat import LeaseHeartbeat
 from makespan.workers.phase_context import PhaseContext, Registered
@@ -162,7 +162,9 @@ class ExecutePhase:
     def _workload_failed(self, ctx: PhaseContext, failure: WorkloadFailed) -> str:
         """A workload function's run failed: retry it (a delayed job, backoff on the Redis
         server's clock) while its retries last and the failure is retryable, else fail
-        the job and store the error as its result (:mod:`makespan.results`)."""
+        the job and store the error as its result (:mod:`makespan.results`). A function
+        this worker does not register while a worker of another host does: the lease is
+        handed back instead (:meth:`_registered_elsewhere`)."""
         spec = self._spec(ctx)
         name = spec.get("workload", "")
         definition = REGISTRY.get(name)
@@ -175,6 +177,10 @@ class ExecutePhase:
             metrics.workload_run(name or "unknown", "cancelled")
             return self._finish(ctx, "cancelled", f"execute: cancelled while running (workload raised "
                                                   f"{failure.error_type})")
+        if failure.error_type == UNKNOWN_WORKLOAD and definition is None and self._registered_elsewhere(ctx, name):
+            self._stop_helpers(ctx)
+            return self._give_back(ctx, "function_missing", f"workload {name!r} is not registered on this GPU "
+                                                            f"worker of host {ctx.host!r}; another host's is")
         if definition is not None and failure.retryable and tries_done < definition.retries:
             metrics.workload_run(name, "retried")
             wait_s = definition.retry_backoff_s * 2 ** tries_done
@@ -194,6 +200,19 @@ class ExecutePhase:
         error = encode_error(failure.error_type, failure.message, failure.traceback_text, attempt)
         ttl_ms = int(self.settings.result_ttl_s * 1000)
         return self._finish(ctx, "failed", reason, extra_ops=[("SET", self.keys.result(ctx.job_id), error, "PX", ttl_ms)])
+
+    def _registered_elsewhere(self, ctx: PhaseContext, name: str) -> bool:
+        """Whether workload ``name``, which this worker does not register, is live on a GPU
+        worker of another fleet host: this host's mark of it ends
+        (:func:`makespan.registry.end_host_marks`; it outlived a restart without the
+        function) and the hosts the planner places it on (:func:`function_hosts`) are then
+        others. The job is handed back and placed there, no attempt counted; False (the
+        job fails, as before) when no other host's worker has it."""
+        if not name or not ctx.host:
+            return False
+        end_host_marks(self.r, self.keys, ctx.host, [name])
+        hosts = function_hosts(self.r, self.keys, name)
+        return bool(hosts) and ctx.host not in hosts
 
     def _request_target(self, ctx: PhaseContext, registered: Registered = None) -> Instance | None:
         """The running instance of ``ctx.endpoint`` on exactly these GPUs that has a URL

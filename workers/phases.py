@@ -206,15 +206,23 @@ class PhaseRunner(TransitionPhases, ExecutePhase):
             StoreError: Redis failed (the lease then expires and its reclaim requeues the job)."""
         if ctx.kind != "job" or not shutdown.SHUTTING_DOWN.is_set():
             return None
+        return self._give_back(ctx, "worker_shutdown", "the GPU worker shuts down")
+
+    def _give_back(self, ctx: PhaseContext, cause: str, why: str) -> str:
+        """Hand ``ctx``'s lease back now (:meth:`makespan.store.LeaseStore.hand_back` with
+        ``cause``; ``why`` for the log) and wake the planner of its GPUs' pool. Returns
+        "handed_back", or "stale" (the lease was no longer ours: nothing written).
+
+        Raises:
+            StoreError: Redis failed (the lease then expires and its reclaim requeues the job)."""
         wake = self._wake_key.get(ctx.gpus[0], self.keys.planner_wake) if ctx.gpus else self.keys.planner_wake
         outcome, _job = self.leases.hand_back(ctx.lease, self.settings.max_attempts, self.settings.retry_backoff_s,
-                                              self.settings.retry_backoff_max_s, wake_key=wake)
+                                              self.settings.retry_backoff_max_s, wake_key=wake, cause=cause)
         if outcome == "stale":
-            log.info("job %s: lease %s no longer ours at shutdown: nothing handed back", ctx.job_id, ctx.lease_id)
+            log.info("job %s: lease %s no longer ours (%s): nothing handed back", ctx.job_id, ctx.lease_id, why)
             return "stale"
-        metrics.lease_reclaimed("worker_shutdown")
-        log.warning("job %s: the GPU worker shuts down: lease %s handed back, job %s", ctx.job_id, ctx.lease_id,
-                    outcome)
+        metrics.lease_reclaimed(cause)
+        log.warning("job %s: %s: lease %s handed back, job %s", ctx.job_id, why, ctx.lease_id, outcome)
         return "handed_back"
 
     def _crashed(self, ctx: PhaseContext, phase: str, error: Exception) -> str:

@@ -24,7 +24,7 @@ from makespan.models import FleetSpec, load_fleet, parse_fleet
 from makespan.redis_conn import connect
 from makespan.settings import Settings
 from makespan.errors import StoreError
-from makespan.registry import LIVE_TTL_S, REGISTRY, holder_id, load_modules, publish, withdraw
+from makespan.registry import LIVE_TTL_S, REGISTRY, end_host_marks_except, holder_id, load_modules, publish, withdraw
 from makespan.workers.phases import STOPS_CHAIN, PhaseContext, PhaseRunner
 from makespan.workers.publish import PHASE_TASK_NAMES, PHASES, WARM_JOB_TASK
 
@@ -145,7 +145,8 @@ class RegistryPublisher:
     ``worker_liveness_ttl_s × RENEW_FRACTION``, 1.75 s by default), so submits are accepted again
     within that of Redis coming back. :meth:`stop` (a clean shutdown) withdraws them
     (:func:`makespan.registry.withdraw`): a name no other live worker holds is refused at
-    once; after a crash the names expire with their TTL. A name in ``refused`` (name ->
+    once, and the host's marks of its names end (the planner places their jobs on the hosts
+    whose workers hold them); after a crash the names expire with their TTL. A name in ``refused`` (name ->
     why: it names an endpoint the fleet lacks) is not published live; its reason is, with
     the same TTL, for ``makespan ready`` and a submit to name."""
 
@@ -188,7 +189,8 @@ class RegistryPublisher:
         self._stop.set()
         self._thread.join(timeout=5.0)  # a publish in flight must not renew after the withdraw
         try:
-            ended = withdraw(connect(settings.redis_url), Keys(settings.key_prefix), list(REGISTRY), self.holder)
+            ended = withdraw(connect(settings.redis_url), Keys(settings.key_prefix), list(REGISTRY), self.holder,
+                             host=os.environ.get("MAKESPAN_HOST", ""))
         except StoreError as e:
             log.warning("withdrawing workload functions failed (they expire in %.0f s): %s", LIVE_TTL_S, e)
             return
@@ -202,9 +204,29 @@ _publisher: RegistryPublisher | None = None
 @signals.worker_ready.connect
 def _publish_registry(**_kw) -> None:
     global _publisher
-    if REGISTRY and _publisher is None:
-        _publisher = RegistryPublisher(refused=_check_helpers())
+    if _publisher is not None:
+        return
+    refused = _check_helpers() if REGISTRY else {}
+    _end_marks_of_missing(set(REGISTRY) - set(refused))
+    if REGISTRY:
+        _publisher = RegistryPublisher(refused=refused)
         _publisher.start()
+
+
+def _end_marks_of_missing(held: set[str]) -> None:
+    """This host's marks of the workload functions published before (``P:fns``) that this
+    worker does not hold end (:func:`makespan.registry.end_host_marks_except`): after a
+    crash and a restart with other ``--workloads`` the planner would otherwise place their
+    jobs here until the marks expire, and each would fail (best effort: Redis may be away)."""
+    host = os.environ.get("MAKESPAN_HOST", "")
+    try:
+        ended = end_host_marks_except(connect(settings.redis_url), Keys(settings.key_prefix), host, held)
+    except StoreError as e:
+        log.warning("ending host %s's marks of workload functions it does not register failed: %s", host, e)
+        return
+    if ended:
+        log.info("host %s: %d workload function(s) registered here before are not in this worker's --workloads: "
+                 "their jobs go to the hosts that register them", host, ended)
 
 
 def _check_helpers() -> dict[str, str]:

@@ -251,8 +251,12 @@ class LeaseStore:
         return str(out[1]), str(out[2]) if len(out) > 2 and out[2] else ""
 
     def hand_back(self, lease: Lease, max_attempts: int, retry_backoff_s: float = 0.0,
-                  retry_backoff_max_s: float = 300.0, wake_key: str = "") -> tuple[str, str]:
-        """Give up ``lease`` while it is still current (its GPU worker shuts down): free its
+                  retry_backoff_max_s: float = 300.0, wake_key: str = "",
+                  cause: str = "worker_shutdown") -> tuple[str, str]:
+        """Give up ``lease`` while it is still current (``cause``: ``"worker_shutdown"``, its
+        GPU worker shuts down; ``"function_missing"``, its GPU worker does not register the
+        job's workload function that a worker of another host does; the ``reclaimed``
+        event's ``cause`` and the requeued job's reason say which): free its
         GPUs, forget it, and requeue its job at once (or cancel or complete it), as
         :meth:`reclaim` does once it expired (``reclaim.lua`` with the lease's fencing
         token) but counting no attempt (a preemption counts none either: rolling restarts
@@ -269,7 +273,7 @@ class LeaseStore:
                 *([wake_key] if wake_key else [])]
         out = self._reclaim(keys=keys, args=[lease.lease_id, now_ms(), max_attempts, self.keys.script_prefix,
                                              repr(float(retry_backoff_s)), repr(float(retry_backoff_max_s)),
-                                             str(int(lease.token)), WAKE_RELEASE])
+                                             str(int(lease.token)), WAKE_RELEASE, cause])
         outcome, job_id = str(out[1]), str(out[2]) if len(out) > 2 and out[2] else ""
         if outcome in (s.value for s in JobState if s.final) and job_id:
             self.job_ended(job_id, outcome)

@@ -7,6 +7,7 @@ worker processes on real Redis."""
 
 from __future__ import annotations
 
+import signal
 import uuid
 
 import pytest
@@ -79,3 +80,45 @@ def test_a_function_one_host_registers_runs_there_only(system):
     # CRITICAL jobs go through the planner's critical lane, which places them itself
     urgent = [client.submit("only_b", 100 + n, priority="CRITICAL") for n in range(3)]
     assert {job.result(timeout_s=120)["host"] for job in urgent} == {"host-b"}
+
+
+@pytest.fixture
+def two_hosts_with_only_b(redis_url, tmp_path, monkeypatch):
+    fleet_path = tmp_path / "fleet.toml"
+    fleet_path.write_text(FLEET)
+    prefix = f"mst-fm-{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv("MAKESPAN_REDIS_URL", redis_url)
+    monkeypatch.setenv("MAKESPAN_KEY_PREFIX", prefix)
+    settings = makespan.settings.Settings(redis_url=redis_url, key_prefix=prefix, time_scale=0.01,
+                                          workload_modules="tests.workloads.fns,tests.workloads.fns_only_b")
+    live = LiveSystem(fleet_path, load_fleet(fleet_path), settings, tmp_path / "logs", observer=False)
+    client = makespan.connect(redis_url, key_prefix=prefix, fleet=fleet_path)
+    try:
+        live.start_gpu_worker("host-a")
+        live.start_gpu_worker("host-b")
+        live.start_planner()
+        live.wait_workers(90)
+        wait_for(lambda: function_hosts(client.r, client.keys, "only_b") == ("host-a", "host-b"), 30,
+                 "both workers to mark 'only_b'")
+        yield live, client
+    finally:
+        live.stop()
+        client.close()
+        r = connect(redis_url)
+        delete_prefix(r, Keys(prefix))
+        r.close()
+
+
+@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGKILL], ids=["clean-stop", "crash"])
+def test_a_host_restarted_without_a_function_gets_none_of_its_jobs(two_hosts_with_only_b, stop_signal):
+    live, client = two_hosts_with_only_b
+    for proc in live.kill("gpu-host-b-0", stop_signal):
+        proc.popen.wait(timeout=60)
+        live.procs.remove(proc)  # stopped on purpose (wait_workers fails on a dead worker)
+    live.start_gpu_worker("host-b", n=1, env_extra={"MAKESPAN_WORKLOADS": "tests.workloads.fns"})
+    live.wait_workers(90)
+    jobs = [client.submit("only_b", n) for n in range(8)]
+    results = [job.result(timeout_s=120) for job in jobs]
+    assert [result["n"] for result in results] == list(range(8))
+    assert {result["host"] for result in results} == {"host-a"}
+    assert all(job.status()["attempts"] == 1 for job in jobs)

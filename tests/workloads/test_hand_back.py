@@ -26,7 +26,7 @@ from makespan.keys import WAKE_RELEASE
 from makespan.models import fleet_version, load_fleet
 from makespan.producer import Producer
 from makespan.redis_conn import free_port
-from makespan.registry import publish
+from makespan.registry import REGISTRY, end_host_marks_except, function_hosts, publish
 from makespan.workers.drivers.base import Instance
 from makespan.workers.drivers.registry import register_instance
 from makespan.workers.leases import Lease, LeaseStore
@@ -125,7 +125,7 @@ def test_a_hand_back_is_counted_in_the_reclaimed_leases_metric(r, keys, settings
     ctx, runner = _lease(r, keys, settings, fleet, job.id)
     assert run_phases(runner, ctx) == "handed_back"
     counted = {cause: metrics._m().reclaimed.labels(cause)._value.get() for cause in metrics.RECLAIM_CAUSES}
-    assert counted == {"lease_expired": 0.0, "worker_shutdown": 1.0}
+    assert counted == {"lease_expired": 0.0, "worker_shutdown": 1.0, "function_missing": 0.0}
     assert runner.hand_back(ctx) == "stale"  # a stale token handed nothing back: not counted
     assert metrics._m().reclaimed.labels("worker_shutdown")._value.get() == 1.0
 
@@ -255,3 +255,65 @@ def test_a_stale_token_hands_nothing_back(r, keys, prefix, settings):
     # the lease's own token hands it back, once
     assert store.hand_back(ctx.lease, settings.max_attempts) == ("requeued", job.id)
     assert store.hand_back(ctx.lease, settings.max_attempts) == ("stale", "")
+
+
+# -- a job whose workload function its worker lacks while another host's worker has it ---------
+# The breaker restarted host-b's worker without ``only_b`` (host-a's still had it) and all 8
+# ``only_b`` jobs submitted in the next 30 s failed for good with ``makespan.UnknownWorkload``:
+# host-b's mark in ``P:fn:hosts:only_b`` outlived the restart. Now a clean stop ends its host's
+# marks, a start ends its host's marks of the names it lacks, and a job that still reaches such a
+# worker is handed back (no attempt counted) while another host's worker has its function; with
+# none, it fails as before. (Live: tests/workloads/test_function_hosts.py.)
+
+NAME = "tests.hand_back_marks"
+
+
+def _mark(r, keys, host: str, ahead_ms: int = 30_000) -> None:
+    seconds, micros = r.time()
+    r.zadd(keys.fn_hosts(NAME), {host: seconds * 1000 + micros // 1000 + ahead_ms})
+
+
+@pytest.mark.parametrize("warm", [True, False], ids=["warm", "phase-by-phase"])
+def test_a_job_of_a_function_another_host_registers_is_handed_back(r, keys, settings, monkeypatch, warm):
+    fleet, client = _setup(r, keys, settings, marks_that_it_ran)
+    job = client.submit(NAME)
+    _mark(r, keys, "host-a")  # the stale mark of the worker that had it before its restart
+    _mark(r, keys, "host-b")  # host-b's worker registers it
+    ctx, runner = _lease(r, keys, settings, fleet, job.id, warm=warm)
+    monkeypatch.delitem(REGISTRY, NAME)  # host-a's worker now runs without it
+
+    assert (run_warm if warm else run_phases)(runner, ctx) == "handed_back"
+
+    record = r.hgetall(keys.job(job.id))
+    assert record["state"] == "queued" and record["attempts"] == "0"
+    assert "does not register its workload function" in record["reason"]
+    assert r.zscore(keys.queue(ctx.priority), job.id) is not None
+    assert not r.exists(keys.lease(ctx.lease_id)) and not r.exists(keys.gpu(ctx.gpus[0]))
+    assert function_hosts(r, keys, NAME) == ("host-b",)  # the planner places it there now
+    reclaimed = [e for e in all_events(r, keys) if e["kind"] == "reclaimed"]
+    assert [(e["cause"], e["attempt_counted"]) for e in reclaimed] == [("function_missing", False)]
+
+
+def test_with_no_other_host_registering_it_the_job_fails(r, keys, settings, monkeypatch):
+    fleet, client = _setup(r, keys, settings, marks_that_it_ran)
+    job = client.submit(NAME)
+    _mark(r, keys, "host-a")
+    ctx, runner = _lease(r, keys, settings, fleet, job.id)
+    monkeypatch.delitem(REGISTRY, NAME)
+
+    assert run_phases(runner, ctx) == "failed"
+
+    record = r.hgetall(keys.job(job.id))
+    assert record["state"] == "failed" and "makespan.UnknownWorkload" in record["reason"]
+
+
+def test_a_starting_worker_ends_its_hosts_marks_of_the_names_it_lacks(r, keys, settings):
+    _setup(r, keys, settings, marks_that_it_ran)  # published: P:fns has it
+    _mark(r, keys, "host-a")
+    _mark(r, keys, "host-b")
+    assert end_host_marks_except(r, keys, "host-a", held={NAME}) == 0  # it holds it: its mark stays
+    assert function_hosts(r, keys, NAME) == ("host-a", "host-b")
+    assert end_host_marks_except(r, keys, "host-a", held=set()) == 1
+    assert function_hosts(r, keys, NAME) == ("host-b",)
+    r.zrem(keys.fn_hosts(NAME), "host-b")  # with no live mark, the host that had it last is kept
+    assert function_hosts(r, keys, NAME) == ("host-a",)

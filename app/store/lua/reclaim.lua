@@ -1,7 +1,8 @@
 -- reclaim.lua: reclaim one expired lease (its holder stopped renewing): free its GPUs,
 -- forget the lease, and requeue, delay, fail, cancel or complete its job. With a fencing
 -- token (ARGV[7]) it is a hand-back instead: the holder gives up a lease that is still
--- current (its GPU worker shuts down: makespan.workers.phases), expired or not, and the job
+-- current (its GPU worker shuts down, or it does not register the job's workload function
+-- that another host's worker does: makespan.workers.phases), expired or not, and the job
 -- goes the same way at once; a token no longer current writes nothing.
 -- Library: lib
 -- Transitions: leased -> queued, running -> queued, leased -> delayed, running -> delayed,
@@ -21,6 +22,7 @@
 -- ARGV[6]  longest backoff s
 -- ARGV[7]  fencing token of a hand-back ('' or absent = the reclaim of an expired lease)
 -- ARGV[8]  (hand-back only) the value pushed at the head of KEYS[5] (makespan.keys.WAKE_RELEASE)
+-- ARGV[9]  (hand-back only) why: 'worker_shutdown' (default) or 'function_missing'
 -- Returns {0, 'live'} (not expired on the server clock; a reclaim), {0, 'stale'} (the
 -- token is no longer current on every GPU; a hand-back), or {1, outcome, job id or ''} with
 -- outcome in released (not a job lease, or its job had moved on), requeued, completed,
@@ -49,6 +51,15 @@ if handed_back then  -- fenced: the caller's token, current on every GPU of the 
   end
 end
 local cause = handed_back and 'handed back: its GPU worker shut down' or 'lease expired (holder lost)'
+-- a hand-back's why: its event's cause, the requeued job's reason and the requeued event's reason
+local back_cause = (ARGV[9] or '') ~= '' and ARGV[9] or 'worker_shutdown'
+local back_texts = {
+  worker_shutdown = {'requeued: handed back, its GPU worker shut down; not an attempt',
+                     'handed back at worker shutdown'},
+  function_missing = {'requeued: handed back, the GPU worker of its host does not register its workload '
+                      .. 'function (a worker of another host does); not an attempt',
+                      'handed back: its workload function is not registered on that host'}}
+local back_text = back_texts[back_cause] or back_texts.worker_shutdown
 -- what is resident is unknown after a holder died mid-transition, unless the GPU key
 -- expired and a newer lease already holds the GPU: then the marker is the new holder's
 free_gpus(prefix, want, gpus, true, true)
@@ -85,7 +96,7 @@ if job and L['kind'] == 'job' then
     else
       local backoff = tonumber(ARGV[5] or '0') or 0
       if handed_back then
-        requeue_job(prefix, job, 'requeued: handed back, its GPU worker shut down; not an attempt')
+        requeue_job(prefix, job, back_text[1])
       elseif not tried then
         requeue_job(prefix, job, 'requeued: lease expired before any phase started (no consumer for its host); not an attempt')
       elseif backoff > 0 then
@@ -100,12 +111,12 @@ if job and L['kind'] == 'job' then
   end
 end
 local ev = {ts = tonumber(ARGV[2]) / 1000.0, kind = 'reclaimed', lease = ARGV[1], job = job, outcome = outcome, gpus = gpus,
-            attempt_counted = counted, cause = handed_back and 'worker_shutdown' or 'lease_expired'}
+            attempt_counted = counted, cause = handed_back and back_cause or 'lease_expired'}
 if not handed_back then ev.expired_at = tonumber(L['expires_ms'] or ARGV[2]) / 1000.0 end
 append_event(KEYS[4], cjson.encode(ev))
 if outcome == 'requeued' or outcome == 'failed' or outcome == 'completed' then
   local ev2 = {ts = tonumber(ARGV[2]) / 1000.0, kind = outcome, job = job, lease = ARGV[1],
-               reason = handed_back and 'handed back at worker shutdown' or 'lease expired'}
+               reason = handed_back and back_text[2] or 'lease expired'}
   append_event(KEYS[4], cjson.encode(ev2))
 end
 if handed_back and KEYS[5] then  -- the worker, not the planner's tick, freed the GPUs: wake it
