@@ -24,7 +24,8 @@ def host_rows(r: Any, keys: Any, fleet: Any) -> list[dict[str, Any]]:
     """One row per host of ``fleet`` (fleet order): ``host``, ``pool`` (None without pools),
     ``gpus``, ``leased`` (GPUs a lease holds), ``jobs`` (ids of the jobs holding them),
     ``worker`` (``live``; ``down``: a worker ran there and none consumes now; ``never``: none
-    has run there yet, the planner does not gate it), ``cordoned`` (bool), ``state``
+    has run there yet, the planner does not gate it until a lease there expires unconsumed;
+    ``never (unconsumed)``: such a lease expired, the host is down), ``cordoned`` (bool), ``state``
     (``schedulable``, ``down``, ``cordoned``: leases still running there, ``drained``:
     cordoned with no lease left, its worker may be stopped), ``reason``, ``since`` (unix s)
     and ``since_utc`` of its cordon ('' and None when not cordoned), ``by``.
@@ -54,10 +55,12 @@ def host_rows(r: Any, keys: Any, fleet: Any) -> list[dict[str, Any]]:
         at += len(uuids[host])
         cordon = hosts_now.cordoned.get(host)
         worker = "down" if host in hosts_now.down else "live" if host in seen else "never"
+        if worker == "down" and str(seen.get(host, "")).startswith(host_liveness.UNCONSUMED):
+            worker = "never (unconsumed)"
         if cordon is not None:
             state = "cordoned" if held else "drained"
         else:
-            state = "down" if worker == "down" else "schedulable"
+            state = "down" if host in hosts_now.down else "schedulable"
         jobs = sorted({job_of.get(holder.split(":")[0], "") for holder in held} - {""})
         rows.append({"host": host, "pool": pool_of.get(host), "gpus": len(uuids[host]), "leased": len(held),
                      "jobs": jobs, "worker": worker, "cordoned": cordon is not None, "state": state,

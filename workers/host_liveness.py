@@ -12,8 +12,14 @@ The planner reads both in its tick's snapshot (:func:`queue_reads`, :func:`down_
 host **seen** once whose live key is absent has lost its consumer, and its GPUs are
 unavailable for new leases (jobs go to other hosts, or wait with reason ``host_down``)
 until a worker announces itself again. A host never seen (no GPU worker has run there yet,
-or a planner driven by hand in a test) is not gated: its jobs are leased and wait in its
-queue, as before.
+or a planner driven by hand in a test) is not gated at first: its jobs are leased and wait
+in its queue for a worker that starts. When such a lease expires with no worker having
+announced the host, the planner records the host seen as ``unconsumed:`` (:func:`mark_unconsumed`),
+and from then on it is down like any other (reason ``host_down``, a ``host_down`` incident)
+until a worker announces itself there: before, its GPUs were leased again at every
+expiry, each lease publishing one more Celery message to a queue nobody read (about
+10 KB/s of Redis growth for 16 GPUs, found by a new-user check) while the jobs could have
+run on live hosts.
 
 Several workers of one host share the key: the last to renew names itself; a worker that
 stops while another still runs may leave the host looking down for up to a quarter TTL
@@ -72,6 +78,24 @@ def announce(r: redis.Redis, keys: Keys, host: str, consumer: str, ttl_s: float)
 
 
 STOPPED = "stopped:"  # P:hosts:seen value prefix: the host's last worker stopped cleanly (withdraw)
+UNCONSUMED = "unconsumed:"  # P:hosts:seen value prefix: no worker ever announced it; a lease there expired
+
+
+def mark_unconsumed(r: redis.Redis, keys: Keys, hosts: Iterable[str], why: str) -> list[str]:
+    """Record each of ``hosts`` that no GPU worker ever announced (absent from
+    ``P:hosts:seen``) as seen, ``unconsumed:{why}``: a lease on it expired with nobody
+    consuming its queue, so the gate treats it as down from now on (module doc). A host
+    already seen is left as it is (``HSETNX``). Returns the hosts newly recorded, sorted.
+
+    Raises:
+        redis.RedisError: Redis did not answer."""
+    asked = sorted(set(hosts))
+    if not asked:
+        return []
+    pipe = r.pipeline(transaction=False)
+    for host in asked:
+        pipe.hsetnx(keys.hosts_seen, host, UNCONSUMED + why)
+    return [host for host, added in zip(asked, pipe.execute()) if added]
 
 
 def withdraw(r: redis.Redis, keys: Keys, host: str, consumer: str) -> bool:

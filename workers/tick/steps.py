@@ -34,6 +34,7 @@ step                           what it does                                    m
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Protocol
 
@@ -44,6 +45,7 @@ from makespan.planner.policies import POLICY_REGISTRY
 from makespan.planner.replay import state_after
 from makespan.planner.reservation import enforce
 from makespan.workers.batch import FormBatch
+from makespan.workers.host_liveness import mark_unconsumed
 from makespan.workers.drain import RestorePlanned, SetPointsAndDrain
 from makespan.workers.follow import FollowKeptPlan, KeepPlan
 from makespan.workers.fleet_view import NoteDemand, ReadFleet, ReadSnapshot, read_snapshot
@@ -104,8 +106,15 @@ class ReclaimExpired:
         if not snapshot.expired_leases:
             return
         env, settings = ctx.env, ctx.env.settings
+        expired_hosts = _lease_hosts(ctx, snapshot.expired_leases)
         reclaimed = env.leases.reclaim_expired(settings.max_attempts, settings.retry_backoff_s,
                                                settings.retry_backoff_max_s, expired=list(snapshot.expired_leases))
+        # a host no GPU worker ever announced whose lease expired is down from now on
+        # (makespan.workers.host_liveness): not leased again at each expiry
+        unconsumed = mark_unconsumed(env.r, env.keys, expired_hosts, "a lease there expired")
+        if unconsumed:
+            log.warning("no GPU worker has consumed host(s) %s: a lease there expired unconsumed; no new lease there "
+                        "until a worker starts (`makespan gpu-worker --fleet FLEET --host HOST`)", ", ".join(unconsumed))
         ended = {outcome: n for outcome, n in reclaimed.items() if outcome != "live"}  # live: renewed meanwhile
         ctx.reclaimed = sum(ended.values())
         if ended:
@@ -116,6 +125,22 @@ class ReclaimExpired:
             first_wait_s = min(settings.retry_backoff_s, settings.retry_backoff_max_s)
             env.delayed.note_due(env.delayed.server_now_s() + first_wait_s)  # when the first is due
         ctx.snapshot = read_snapshot(env, ctx.kept)
+
+
+def _lease_hosts(ctx: TickContext, lease_ids: tuple[str, ...]) -> set[str]:
+    """The fleet hosts of the GPUs of ``lease_ids`` (their lease records' ``gpus``; one round trip)."""
+    pipe = ctx.env.r.pipeline(transaction=False)
+    for lease_id in lease_ids:
+        pipe.hget(ctx.env.keys.lease(lease_id), "gpus")
+    host_of = {gpu.uuid: gpu.host for gpu in ctx.env.gpus}
+    hosts = set()
+    for raw in pipe.execute():
+        try:
+            gpus = json.loads(raw) if raw else []
+        except ValueError:
+            continue
+        hosts |= {host_of[gpu] for gpu in gpus if gpu in host_of}
+    return hosts
 
 
 class ReapAgenda:
