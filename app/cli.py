@@ -128,9 +128,13 @@ def _start_metrics(port: int, role: str, pool: str | None = None) -> None:
         logging.getLogger("makespan").warning("metrics not available: %s", e)
 
 
+CELERY_POOLS = ("threads", "prefork", "solo")  # gpu-worker --pool: the Celery pools a GPU worker runs on
+
+
 @app.command("gpu-worker")
 def gpu_worker(fleet: Path = FleetOpt, host: str = typer.Option(..., help="host name in the fleet file"),
-               pool: str = typer.Option("threads", help="Celery pool: threads, prefork or solo"),
+               pool: str = typer.Option("threads", help="Celery pool: threads, prefork or solo (not a makespan "
+                                                         "pool: the fleet file places the host in its pool)"),
                concurrency: int = typer.Option(0, help="worker slots (default: the host's GPU count)"),
                metrics_port: int = typer.Option(0, envvar="MAKESPAN_METRICS_PORT", help="Prometheus port (0: none)"),
                workloads: str = typer.Option("", envvar="MAKESPAN_WORKLOADS",
@@ -151,6 +155,12 @@ def gpu_worker(fleet: Path = FleetOpt, host: str = typer.Option(..., help="host 
     hosts = {h.name: h for h in f.hosts}
     if host not in hosts:
         _fail(MakespanError(f"--host {host!r}: not in the fleet ({', '.join(hosts)})"))
+    if pool not in CELERY_POOLS:
+        pool_of_host = f.pool_of_host(host) if f.pools else None
+        hint = (f"; a GPU worker needs no makespan pool: the fleet file puts host {host} in pool {pool_of_host}"
+                if pool in {p.name for p in f.pools} or pool_of_host else "")
+        _fail(MakespanError(f"--pool {pool!r}: the Celery pool of the GPU worker, one of {', '.join(CELERY_POOLS)}"
+                            f"{hint}"))
     if check_gpus:
         _check_gpus(hosts[host])
     os.environ["MAKESPAN_FLEET"] = str(Path(fleet).resolve())
@@ -653,7 +663,9 @@ def _job_reader():
 
 
 @app.command()
-def status(job_id: str, fleet: Path | None = typer.Option(None, "--fleet", hidden=True, help=FLEET_IGNORED_HELP)):
+def status(job_id: str, fleet: Path | None = typer.Option(None, "--fleet", hidden=True, help=FLEET_IGNORED_HELP),
+           as_json: bool = typer.Option(False, "--json", help="the output is JSON already (as `why --json` and "
+                                        "`jobs --json`): accepted, changes nothing")):
     """Print a job's record as JSON: times in unix s (e.g. submitted_at) and ISO-8601 UTC (submitted_at_utc)."""
     ignored_fleet_option(fleet, "status")
     try:

@@ -50,7 +50,8 @@ def explain(r, keys, settings, job_id: str) -> dict[str, Any]:
     ``evict``, ``start_endpoint``, ``execute`` or ``clear``; None between two phases) and
     ``cancel_requested`` (bool), ``progress`` (``{done, total, note}`` of its run's
     last ``ctx.progress`` report, None before one), ``host`` (the host its lease holds GPUs
-    on), ``host_live`` (whether a GPU worker of that host is live now) and
+    on), ``host_live`` (whether a GPU worker of that host is live now), ``host_stopping``
+    (no live worker because its last one is shutting down cleanly: it hands its leases back) and
     ``lease_expires_in_s`` (s until its lease runs out, when that host has no live worker:
     the planner then reclaims it; else None); other states have them None (False).
 
@@ -79,11 +80,13 @@ def _phase_marks(r, keys, recs: list[dict[str, str]]) -> list[dict[str, str] | N
     return [next(found) if lease_id else None for lease_id in leases]
 
 
-def _lease_hosts(r, keys, recs: list[dict[str, str]]) -> list[tuple[str, float | None, bool] | None]:
+def _lease_hosts(r, keys, recs: list[dict[str, str]]) -> list[tuple[str, float | None, bool, bool] | None]:
     """Per record, for a leased or running one: (the host its lease holds GPUs on, the
     lease's expiry in unix ms on the Redis server's clock or None, whether a GPU worker of
-    that host is live now, ``P:host:live:{host}``); None for the others (and for a lease
-    record already gone). Two pipelines, whatever the number of records."""
+    that host is live now, ``P:host:live:{host}``, and whether its last worker stopped
+    cleanly, ``stopped:`` in ``P:hosts:seen``: it is shutting down and hands its leases back);
+    None for the others (and for a lease record already gone). Two pipelines, whatever the
+    number of records."""
     leases = [rec.get("lease") if rec.get("state") in LEASED else None for rec in recs]
     if not any(leases):
         return [None] * len(recs)
@@ -94,11 +97,20 @@ def _lease_hosts(r, keys, recs: list[dict[str, str]]) -> list[tuple[str, float |
     found = iter(p.execute())
     held = [next(found) if lease_id else None for lease_id in leases]
     hosts = sorted({row[0] for row in held if row and row[0]})
+    from makespan.workers.host_liveness import STOPPED
+
+    if not hosts:
+        return [None] * len(recs)
     p = r.pipeline(transaction=False)
     for host in hosts:
         p.exists(keys.host_live(host))
-    live = dict(zip(hosts, (bool(n) for n in p.execute())))
-    return [(row[0], _float_or_none(row[1]), live[row[0]]) if row and row[0] else None for row in held]
+    p.hmget(keys.hosts_seen, hosts)
+    *exists, seen = p.execute()
+    live = dict(zip(hosts, (bool(n) for n in exists)))
+    # its last worker withdrew on a clean stop: shutting down (it hands its leases back itself)
+    stopping = dict(zip(hosts, (str(value or "").startswith(STOPPED) for value in seen)))
+    return [(row[0], _float_or_none(row[1]), live[row[0]], stopping[row[0]]) if row and row[0] else None
+            for row in held]
 
 
 def _context(r, keys) -> tuple[bool, float, float | None]:
@@ -114,14 +126,15 @@ def _float_or_none(raw: str | None) -> float | None:
 
 def _explain_rec(r, keys, settings, job_id: str, rec: dict[str, str], leads: bool, now_s: float,
                  written_at_s: float | None = None, phase_marks: dict[str, str] | None = None,
-                 lease_host: tuple[str, float | None, bool] | None = None) -> dict[str, Any]:
+                 lease_host: tuple[str, float | None, bool, bool] | None = None) -> dict[str, Any]:
     from makespan.wait_reasons import reason_of, stale_after_s
 
     out: dict[str, Any] = {"id": job_id, "state": rec.get("state"), "priority": rec.get("priority"),
                            "endpoint": rec.get("endpoint"), "pool": rec.get("pool"), "reason": None, "detail": "", "eta": None,
                            "eta_in_s": None, "as_of_s": None, "finished_at": None, "leased_at": None,
                            "started_at": None, "since_s": None, "phase": None, "cancel_requested": False,
-                           "progress": None, "host": None, "host_live": None, "lease_expires_in_s": None}
+                           "progress": None, "host": None, "host_live": None, "host_stopping": None,
+                           "lease_expires_in_s": None}
     if rec.get("state") in LEASED:  # when it was leased, the phase it is in (and since when)
         from makespan.producer import phase_now
 
@@ -131,8 +144,8 @@ def _explain_rec(r, keys, settings, job_id: str, rec: dict[str, str], leads: boo
                    since_s=None if since is None else round(max(0.0, now_s - since), 3),
                    phase=phase_now(phase_marks or {})["phase"], cancel_requested=rec.get("cancel_requested") == "1")
         if lease_host is not None:  # where it runs; a host with no live GPU worker: its lease runs out, then requeued
-            host, expires_ms, live = lease_host
-            out.update(host=host, host_live=live)
+            host, expires_ms, live, stopping = lease_host
+            out.update(host=host, host_live=live, host_stopping=not live and stopping)
             if not live and expires_ms is not None:
                 out["lease_expires_in_s"] = round(max(0.0, expires_ms / 1000.0 - now_s), 3)
         if rec.get("progress_total"):  # its run's last ctx.progress report (a new lease clears an earlier run's)
@@ -182,8 +195,13 @@ def _activity(x: dict[str, Any]) -> str:
     text += f" on {x['host']}" if x.get("host") else ""
     if x.get("host_live") is False:
         expires = x.get("lease_expires_in_s")
-        text += (f" (no live GPU worker there: its lease runs out in {expires:.0f} s, then the planner reclaims "
-                 "it)" if expires is not None else " (no live GPU worker there)")
+        if x.get("host_stopping"):  # a clean stop in its grace period: it hands the lease back itself
+            text += (" (its GPU worker is shutting down: it hands the lease back when the job's phase stops"
+                     + (f", else the lease runs out in {expires:.0f} s and the planner reclaims it)"
+                        if expires is not None else ")"))
+        else:
+            text += (f" (no live GPU worker there: its lease runs out in {expires:.0f} s, then the planner reclaims "
+                     "it)" if expires is not None else " (no live GPU worker there)")
     text += f", phase {x['phase']}" if x["phase"] else ", between phases"
     progress = x.get("progress")
     if progress:
@@ -399,3 +417,6 @@ def register(app: typer.Typer) -> None:
                 pool_cell = f"{x.get('pool') or '-':{POOL_CHARS}} " if pooled else ""
                 typer.echo(f"{x['id']:32}  {x['priority'] or '-':8} {x['endpoint'] or '-':14} {pool_cell}{x['state']:9} "
                            f"{x['reason'] or '-':22} {tail}")
+        if len(rows) >= limit:  # it stopped at --limit without saying so (new-user check)
+            typer.echo(f"listed the first {limit} (--limit {limit}); more may match: raise --limit, or narrow with "
+                       "--state, --endpoint, --priority or --pool", err=True)

@@ -225,6 +225,38 @@ class Client:
         handle = self._producer.submit(job, extra_fields={"service_estimated": 1} if estimated else None)
         return Job(self, handle.id, created=handle.created, ignored=handle.ignored)
 
+    def submit_job(self, endpoint: str, *, service_s: float, priority: Priority | str | int = "NORMAL",
+                   payload: dict[str, Any] | None = None, idempotency_key: str | None = None,
+                   depends_on: list[str | Job] | tuple[str | Job, ...] = (), delay_s: float | None = None,
+                   deadline_s: float | None = None) -> Job:
+        """Submit a job that calls no workload function, as ``makespan submit --endpoint E
+        --service-s S`` does: its execute holds the endpoint's GPUs for ``service_s``
+        workload seconds (a modelled job, e.g. on simulated hosts), or, with a ``payload``
+        of ``{"requests": N, ...}``, sends N requests to the endpoint's instance
+        (docs/concepts.md). The options are :meth:`submit`'s.
+
+        Returns:
+            The :class:`Job` (``job.wait()`` for its end; it has no result value).
+        Raises:
+            ValidationError: an unknown endpoint, a bad ``service_s``, ``priority``,
+                ``payload`` or ``depends_on`` id (nothing written).
+            StoreError: Redis failed.
+        """
+        def submit() -> Job:
+            job: dict[str, Any] = {"endpoint": endpoint, "service_s": service_s, "priority": priority}
+            for field, value in (("payload", payload), ("idempotency_key", idempotency_key), ("delay_s", delay_s),
+                                 ("deadline_s", deadline_s)):
+                if value is not None:
+                    job[field] = value
+            deps = [d.id if isinstance(d, Job) else d for d in _dependencies(depends_on)]
+            if deps:
+                job["depends_on"] = list(dict.fromkeys(deps))
+            self._producer.fleet = self.fleet()
+            handle = self._producer.submit(job)
+            return Job(self, handle.id, created=handle.created, ignored=handle.ignored)
+
+        return self._redis_call(submit)
+
     async def submit_async(self, workload: str | WorkloadDef, /, *args: Any, **kwargs: Any) -> Job:
         """:meth:`submit` for asyncio (an ``async def`` web handler, an arq or FastAPI app):
         the same arguments, options, checks and errors, run in a worker thread

@@ -33,7 +33,7 @@ import shutil
 import tempfile
 import threading
 from typing import Any
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from makespan.keys import Keys
 from makespan.models import Priority
@@ -312,6 +312,22 @@ def celery_queue_lists(celery_prefix: str, queue: str,
     return [f"{celery_prefix}{queue}{KOMBU_SEP}{s}" if s else f"{celery_prefix}{queue}" for s in priority_steps]
 
 
+def queued_by_reason(written: Mapping[str, Any], queued_total: int, no_planner: bool) -> dict[str, float]:
+    """``makespan_queued_jobs_by_reason``'s value per code of
+    :data:`makespan.wait_reasons.QUEUED_REASONS`: every queued job ``no_planner`` while no
+    planner leads (and its last write is stale), else the counts of the planner's last reason
+    write (``written``, ``P:planner:reasons``) and, as ``behind_batch``, the queued jobs it
+    did not count (``queued_total`` minus them: the jobs past its batch's scan, as ``makespan
+    why`` calls them; a job queued since the write counts there too until the next one)."""
+    from makespan.wait_reasons import QUEUED_REASONS
+
+    if no_planner:
+        return {code: float(queued_total) if code == "no_planner" else 0.0 for code in QUEUED_REASONS}
+    out = {code: float(written.get(code, 0) or 0) for code in QUEUED_REASONS}
+    out["behind_batch"] += max(0.0, queued_total - sum(out.values()))
+    return out
+
+
 class RedisStateCollector:
     """A prometheus-client collector reading makespan's state from Redis at scrape time.
 
@@ -321,8 +337,12 @@ class RedisStateCollector:
     ``makespan_redis_up 0`` instead of failing the scrape.
     """
 
-    def __init__(self, client: Any, keys: Keys, priority_steps: Iterable[int] = KOMBU_PRIORITY_STEPS):
+    def __init__(self, client: Any, keys: Keys, priority_steps: Iterable[int] = KOMBU_PRIORITY_STEPS,
+                 stale_after_s: float = 5.0):
+        # stale_after_s: a planner's reason write older than this while none leads counts as no_planner
+        # (makespan.wait_reasons.stale_after_s of the lease TTL)
         self.r, self.keys, self.steps = client, keys, tuple(priority_steps)
+        self.stale_after_s = stale_after_s
 
     def gpu_queues(self) -> list[str]:
         names: set[str] = set()
@@ -371,14 +391,21 @@ class RedisStateCollector:
         p.hkeys(k.hosts_cordoned)
         p.get(k.fleet)
         p.hgetall(k.submit_counts)
+        p.exists(k.planner_leader)
+        p.get(k.wait_reasons_at)
+        p.zcard(k.delayed)
+        p.time()
         res = iter(p.execute())
         # a pool's planner (Keys.for_pool) labels what is its pool's own with `pool`
         pool = [k.pool] if k.pool else []
         pool_label = ["pool"] if k.pool else []
         depth = Gauge("makespan_queue_depth_jobs", "Jobs waiting in each priority queue.",
                       labels=["priority", *pool_label])
+        queued_total = 0
         for level in PRIORITIES:
-            depth.add_metric([level, *pool], next(res))
+            level_depth = next(res)
+            queued_total += int(level_depth or 0)
+            depth.add_metric([level, *pool], level_depth)
         msgs = Gauge("makespan_celery_queue_messages", "Celery messages waiting per GPU queue (all priority-step "
                      "lists).", labels=["queue"])
         for q in queues:
@@ -396,14 +423,11 @@ class RedisStateCollector:
         checks.add_metric(pool, float(drain_raw.get("checks", 0) or 0))
         inc = Gauge("makespan_incident_stream_entries", "Entries in the incidents stream (capped).")
         inc.add_metric([], next(res))
-        from makespan.wait_reasons import REASONS
-
         by_reason_raw = next(res) or {}
-        by_reason = Gauge("makespan_queued_jobs_by_reason", "Queued jobs per wait reason, as the planner's last "
-                          "reason write found them (the fixed codes of makespan.wait_reasons).",
+        by_reason = Gauge("makespan_queued_jobs_by_reason", "Queued jobs per wait reason: as the planner's last "
+                          "reason write found them, behind_batch those it did not read, no_planner every queued "
+                          "job while no planner leads (the fixed codes of makespan.wait_reasons.QUEUED_REASONS).",
                           labels=["reason", *pool_label])
-        for code in REASONS:
-            by_reason.add_metric([code, *pool], float(by_reason_raw.get(code, 0) or 0))
         cordoned = Gauge("makespan_host_cordoned", "1 while an operator has the host cordoned (makespan cordon: no "
                          "new lease there until uncordoned), else 0; every host of the published fleet.",
                          labels=["host"])
@@ -417,11 +441,18 @@ class RedisStateCollector:
         # counted in Redis by the submit scripts (every producer: a CLI, a client, a workload's
         # steps), so the servers report them; fleet-wide, the same value from every server
         counts = next(res) or {}
+        leads, written_at, delayed_count, (seconds, micros) = next(res), next(res), next(res), next(res)
+        reasons_stale = not written_at or seconds + micros / 1e6 - float(written_at) > self.stale_after_s
+        for code, value in queued_by_reason(by_reason_raw, queued_total, no_planner=not leads and reasons_stale).items():
+            by_reason.add_metric([code, *pool], value)
+        delayed = Gauge("makespan_delayed_jobs", "Jobs not due yet (delay_s or a retry backoff: wait reasons "
+                        "delayed_until and retry_backoff), fleet-wide.")
+        delayed.add_metric([], float(delayed_count or 0))
         submitted = Counter("makespan_jobs_submitted", "Jobs accepted at submit (a repeated idempotency key not "
                             "counted), by every producer.", labels=["priority"])
         for level in PRIORITIES:
             submitted.add_metric([level], float(counts.get(level, 0) or 0))
-        return [depth, msgs, leases, agenda, drain, checks, inc, by_reason, cordoned, submitted]
+        return [depth, msgs, leases, agenda, drain, checks, inc, by_reason, delayed, cordoned, submitted]
 
 
 # -- serving ----------------------------------------------------------------------------------
@@ -450,10 +481,11 @@ def enable_multiprocess(base_dir: str | None = None) -> str:
         return d
 
 
-def build_registry(client: Any = None, keys: Keys | None = None, multiprocess: bool | None = None) -> Any:
+def build_registry(client: Any = None, keys: Keys | None = None, multiprocess: bool | None = None,
+                   stale_after_s: float = 5.0) -> Any:
     """The registry a metrics server exposes: this process's event metrics (or, in
     multiprocess mode, every process's, through ``MultiProcessCollector``) and, with
-    ``client``, the Redis state."""
+    ``client``, the Redis state (``stale_after_s``: :class:`RedisStateCollector`'s)."""
     from prometheus_client import CollectorRegistry
     from prometheus_client.multiprocess import MultiProcessCollector
 
@@ -465,7 +497,7 @@ def build_registry(client: Any = None, keys: Keys | None = None, multiprocess: b
     else:
         reg = _m().registry
     if client is not None:
-        reg.register(RedisStateCollector(client, keys or Keys()))
+        reg.register(RedisStateCollector(client, keys or Keys(), stale_after_s=stale_after_s))
     return reg
 
 
@@ -497,11 +529,14 @@ def start_metrics_server(port: int, settings: Any = None, redis_state: bool = Tr
         enable_multiprocess()
     declare_endpoints(fleet_endpoints_from_env() if endpoints is None else endpoints)
     client = keys = None
+    stale_s = 5.0
     if redis_state:
         from makespan.redis_conn import connect
         from makespan.settings import Settings
+        from makespan.wait_reasons import stale_after_s
 
         s = settings or Settings.from_env()
         client, keys = connect(s.redis_url, socket_timeout=2.0), Keys(s.key_prefix, pool)
-    server, _thread = start_http_server(port, addr=addr, registry=build_registry(client, keys, multiprocess))
+        stale_s = stale_after_s(s.lease_ttl_s)
+    server, _thread = start_http_server(port, addr=addr, registry=build_registry(client, keys, multiprocess, stale_s))
     return server

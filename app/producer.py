@@ -203,9 +203,11 @@ def typed_record(rec: dict[str, str]) -> dict[str, Any]:
         if k in rec:
             rec[k] = rec[k] not in ("", "0")  # type: ignore[assignment]
     rec.pop("leased_before", None)  # the store's first-lease bookkeeping (lib.lua forget_lease), not the user's
-    if rec.get("state") != "queued":  # the planner's last wait reason, from when it waited: not now
+    if rec.get("state") not in ("queued", "delayed"):  # the planner's last wait reason, from when it waited: not now
         for field in ("wait_reason", "wait_detail", "wait_eta", "wait_at"):
             rec.pop(field, None)
+    elif rec.get("state") == "delayed":  # its reason is read from its record (Producer.status), no planner's write
+        rec.pop("wait_at", None)
     out: dict[str, Any] = rec
     for k, default in _STATUS_DEFAULTS.items():  # every documented field present (a new user's KeyError on tries)
         out.setdefault(k, default() if callable(default) else default)
@@ -313,9 +315,16 @@ class Producer:
         except StoreError as e:
             if not sent_without_reply(e):
                 raise
-            again = ("resubmitting with the same idempotency_key is safe" if spec.idempotency_key else
-                     "submit it again only if it is not there: without an idempotency_key a second submit can run "
-                     "the job twice")
+            if spec.idempotency_key:  # the key may name a job written earlier (a retried submit): that id
+                named = self._idempotency_target(spec.idempotency_key)
+                if named and named != job_id:
+                    raise SubmitOutcomeUnknown(named, f"submit: Redis did not answer ({e.__cause__}); idempotency "
+                                                      f"key {spec.idempotency_key!r} names job {named} (`makespan "
+                                                      f"status {named}`): resubmitting with the same key is safe") from e
+                again = (f"resubmitting with the same idempotency_key is safe (it returns the job's id{'' if named else ' once Redis answers'})")
+            else:
+                again = ("submit it again only if it is not there: without an idempotency_key a second submit can "
+                         "run the job twice")
             raise SubmitOutcomeUnknown(job_id, f"submit of job {job_id}: Redis did not answer ({e.__cause__}): the "
                                                f"job may or may not be written; look it up (`makespan status "
                                                f"{job_id}`) before acting; {again}") from e
@@ -370,11 +379,12 @@ class Producer:
         one's task waits for its GPU worker); ``phases_done``, the phases of this lease
         finished so far, in order.
 
-        A ``queued`` job has ``wait_reason``, ``wait_detail`` and ``wait_eta`` (unix s on the
-        Redis server's clock, or None) as ``makespan why`` answers them now
+        A ``queued`` or ``delayed`` job has ``wait_reason``, ``wait_detail`` and ``wait_eta``
+        (unix s on the Redis server's clock, or None) as ``makespan why`` answers them now
         (:func:`makespan.wait_reasons.reason_of`: ``behind_batch`` for an entry the planner's
-        last reason write did not renew, ``no_planner`` while none leads), and ``wait_at``,
-        when the planner last wrote the job's entry.
+        last reason write did not renew, ``no_planner`` while none leads; ``delayed_until`` or
+        ``retry_backoff`` for a delayed one), and a queued one ``wait_at``, when the planner
+        last wrote the job's entry.
 
         Every value has one JSON type: numbers are numbers (``service_s``, ``attempts``,
         ``tries``, ``retries`` ...), ``deps`` (the ids it depends on) and ``helpers`` are
@@ -395,7 +405,7 @@ class Producer:
             raise StoreError(f"status {job_id}: {e}") from e
         if not rec:
             raise NotFoundError(f"no job {job_id!r}")
-        if rec.get("state") == "queued":
+        if rec.get("state") in ("queued", "delayed"):  # why it waits, as `makespan why` says it
             try:
                 rec = self._queued_reason(job_id, rec)
             except redis.RedisError as e:
@@ -408,8 +418,17 @@ class Producer:
             rec.update(lease)
         return dict(sorted(rec.items()))
 
+    def _idempotency_target(self, key: str) -> str | None:
+        """The job id idempotency ``key`` names now (``P:idem:{key}``), or None (none, or
+        Redis did not answer this read either)."""
+        try:
+            named = self.r.get(self.keys.idem(key))
+        except redis.RedisError:
+            return None
+        return str(named) if named else None
+
     def _queued_reason(self, job_id: str, rec: dict[str, str]) -> dict[str, str]:
-        """A queued job's record read again, in one MULTI with its planner's state (leader
+        """A queued or delayed job's record read again, in one MULTI with its planner's state (leader
         lock, last reason write, the Redis server's clock, its queue position), with its
         ``wait_reason``, ``wait_detail`` and ``wait_eta`` as :func:`makespan.wait_reasons.reason_of`
         answers them (what ``makespan why`` shows): an entry the planner's last write did
@@ -426,7 +445,7 @@ class Producer:
         p.hgetall(self.keys.job(job_id))
         p.zrank(keys.queue(rec.get("priority") or "NORMAL"), job_id)
         (sec, usec), leads, written, now, position = p.execute()
-        if now.get("state") != "queued":
+        if now.get("state") not in ("queued", "delayed"):
             return now
         reason, detail, eta = reason_of(now, planner_leads=bool(leads), server_now_s=sec + usec / 1e6,
                                         queue_position=position, stale_after_s=stale_after_s(self.settings.lease_ttl_s),

@@ -45,6 +45,9 @@ REASONS: dict[str, str] = {
                     "its queue position",
 }
 FIELDS = ("wait_reason", "wait_detail", "wait_eta", "wait_at")
+DELAYED_REASONS = ("delayed_until", "retry_backoff")  # a delayed job's codes (read from its record)
+# a queued job's codes: makespan_queued_jobs_by_reason's labels (delayed jobs: makespan_delayed_jobs)
+QUEUED_REASONS = tuple(code for code in REASONS if code not in DELAYED_REASONS)
 
 
 def stale_after_s(lease_ttl_s: float) -> float:
@@ -80,7 +83,9 @@ def reason_of(rec: dict[str, Any], *, planner_leads: bool, server_now_s: float, 
                                                               "after its function raised") + idle, due
         if int(rec.get("attempts") or 0) > 0:
             return "retry_backoff", f"attempt {int(rec['attempts']) + 1} after a reclaimed lease" + idle, due
-        return "delayed_until", "submitted with delay_s" + idle, due
+        submitted = float(rec.get("submitted_at") or 0.0)
+        asked = f" of {round(due - submitted):g} s" if due and submitted and due >= submitted else ""
+        return "delayed_until", f"submitted with a delay{asked} (delay_s): queued at the ETA" + idle, due
     if state != "queued":
         raise ValueError(f"job is {state}, not waiting")
     at = float(rec.get("wait_at") or 0.0)
@@ -90,7 +95,8 @@ def reason_of(rec: dict[str, Any], *, planner_leads: bool, server_now_s: float, 
             return "no_planner", (f"no planner of pool {rec['pool']} holds its leader lock (start one with "
                                   f"`makespan planner --fleet FLEET --pool {rec['pool']}`; if another pool serves "
                                   "its endpoint, that pool's leading planner moves it there)"), None
-        return "no_planner", "no planner holds the leader lock", None
+        return "no_planner", ("no planner holds the leader lock (start one with `makespan planner --fleet FLEET`; "
+                              "a standby takes over within its lock's TTL)"), None
     if not rec.get("wait_reason") or (planner_leads and written_at_s is not None and at < written_at_s - 5e-4):
         pos = "" if queue_position is None else f"position {queue_position + 1} in the {rec.get('priority', '?')} queue"
         return "behind_batch", pos or "not read by the planner yet", None

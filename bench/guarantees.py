@@ -1,8 +1,9 @@
 """The guarantees a scheduler is judged by (issue 19): each scenario's figure.
 
-Run on a checkout to measure it; run it on two checkouts (before / after) to compare:
+Run on a checkout to measure it; run it on two checkouts (before / after) to compare (it
+prints one checkout's figures; ``--only N[,N]`` runs those scenarios alone):
 
-    .venv/bin/python bench/guarantees.py [--skip-traces] [--seeds 3] [--windows 2]
+    .venv/bin/python bench/guarantees.py [--skip-traces] [--seeds 3] [--windows 2] [--only 1,4]
 
 Scenarios (simulator unless said; ``portfolio`` and ``default`` where named):
 
@@ -195,14 +196,21 @@ def main() -> None:
     ap.add_argument("--skip-traces", action="store_true", help="skip scenario 6 (the trace windows)")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--windows", type=int, default=2, help="windows per trace (4 traces)")
+    ap.add_argument("--only", default="", help="comma list of scenario numbers to run (1-6; default: all)")
     args = ap.parse_args()
-    gang_starved()
-    thrash()
-    half_free_gang()
-    inversion()
-    critical_stream()
-    if not args.skip_traces:
-        class_ratios(args.seeds, args.windows)
+    scenarios = {1: gang_starved, 2: thrash, 3: half_free_gang, 4: inversion, 5: critical_stream,
+                 6: lambda: class_ratios(args.seeds, args.windows)}
+    try:
+        chosen = [int(n) for n in args.only.split(",") if n.strip()] or list(scenarios)
+    except ValueError:
+        ap.error(f"--only {args.only!r}: scenario numbers 1-6, comma separated")
+    unknown = [n for n in chosen if n not in scenarios]
+    if unknown:
+        ap.error(f"--only: no scenario {unknown[0]} (1-6)")
+    for number in chosen:
+        if number == 6 and args.skip_traces:
+            continue
+        scenarios[number]()
 
 
 if __name__ == "__main__":

@@ -13,8 +13,8 @@ host **seen** once whose live key is absent has lost its consumer, and its GPUs 
 unavailable for new leases (jobs go to other hosts, or wait with reason ``host_down``)
 until a worker announces itself again. A host never seen (no GPU worker has run there yet,
 or a planner driven by hand in a test) is not gated at first: its jobs are leased and wait
-in its queue for a worker that starts. When such a lease expires with no worker having
-announced the host, the planner records the host seen as ``unconsumed:`` (:func:`mark_unconsumed`),
+in its queue for a worker that starts. When such a lease expires with no phase of it
+claimed and no worker having announced the host, the planner records the host seen as ``unconsumed:`` (:func:`mark_unconsumed`),
 and from then on it is down like any other (reason ``host_down``, a ``host_down`` incident)
 until a worker announces itself there: before, its GPUs were leased again at every
 expiry, each lease publishing one more Celery message to a queue nobody read (about

@@ -23,7 +23,9 @@ a tick that forms an empty batch clears it (once: ``CrossTickState.reason_counts
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
+from makespan.models import Priority
 from makespan.planner.model import Assignment, FleetState, Plan, PlanJob
 from makespan.planner.reservation import Reservation
 from makespan.store import JobStore
@@ -72,6 +74,10 @@ def _write(ctx: TickContext, batch: list[PlanJob], plan: Plan) -> None:
             continue
         assignment = by_job.get(job.id)
         reason, detail = _batch_reason(ctx, job, state, plan, assignment, memory_waits, on_gpu)
+        own = ctx.formed.own_level.get(job.id)
+        if own is not None and job.priority < own:  # it inherited a dependant's level (batch.inherit)
+            detail += (f"; planned at {Priority(job.priority).name}, not its own {own.name}: a "
+                       f"{Priority(job.priority).name} job waits on it")
         # a job planned on a host without a GPU worker, or cordoned, has no ETA (whatever its
         # code: a preempted job's too): that host's free time is a placeholder
         # (fleet_view.DOWN_FREE_AFTER_S), not a forecast
@@ -134,6 +140,10 @@ def _batch_reason(ctx: TickContext, job: PlanJob, state: FleetState, plan: Plan,
     reservations: dict[str, Reservation] = ctx.reservations
     own_reservation = reservations.get(job.id)
     if own_reservation is not None:
+        # a reservation on a host that takes no lease now does not start it: the host is the reason
+        gated = _gated_host(ctx, own_reservation.gpus, job)
+        if gated is not None:
+            return gated[0], f"{gated[1]}; its GPUs {','.join(own_reservation.gpus)} are reserved for it there"
         return "reserved", (f"GPUs {','.join(own_reservation.gpus)} reserved for it from the ETA "
                             "(waited past the aging bound)")
     blocking = [reservation for reservation in reservations.values() if job.id in reservation.deferred]
@@ -152,17 +162,9 @@ def _current_wait(ctx: TickContext, job: PlanJob, state: FleetState, plan: Plan,
     if blocking:
         reservation = blocking[0]
         return "behind_reservation", f"GPUs {','.join(reservation.gpus)} are reserved for job {reservation.job_id}"
-    down_hosts = ctx.snapshot.down_hosts if ctx.snapshot is not None else frozenset()
-    cordoned = ctx.snapshot.cordoned_hosts if ctx.snapshot is not None else {}
-    host = ctx.env.fleet.host_of(assignment.gpus[0]) if assignment is not None and (down_hosts or cordoned) else None
-    if host is not None and host in cordoned:
-        cordon = cordoned[host]
-        why = f": {cordon.reason}" if cordon.reason else ""
-        return "host_cordoned", (f"planned on host {host}, cordoned since {_utc(cordon.since_s)}{why}; nothing new "
-                                 f"is leased there until `makespan uncordon {host}`")
-    if host is not None and host in down_hosts:
-        return "host_down", (f"planned on host {host}, which no GPU worker consumes now; nothing is leased "
-                             "there until one is back")
+    gated = _gated_host(ctx, assignment.gpus, job) if assignment is not None else None
+    if gated is not None:
+        return gated
     model = state.endpoints.get(job.endpoint)
     if model is not None:
         shape = (model.tp, model.memory_mib)
@@ -194,6 +196,28 @@ def _current_wait(ctx: TickContext, job: PlanJob, state: FleetState, plan: Plan,
         holders.append(f"job {last} ({'leased' if last in ctx.dispatched else 'planned'})")
     held = f", held by {', '.join(dict.fromkeys(holders))}" if holders else ""
     return "waiting_for_gpus", f"planned on GPUs {','.join(assignment.gpus)}{held}"
+
+
+def _gated_host(ctx: TickContext, gpus: Sequence[str], job: PlanJob) -> tuple[str, str] | None:
+    """(``host_cordoned`` or ``host_down``, detail) when the host of ``gpus`` takes no new
+    lease now (:mod:`makespan.workers.host_liveness`), else None. The detail of a job held to
+    some hosts (its workload function's, ``job.hosts``) names them: why a free host is not used."""
+    down_hosts = ctx.snapshot.down_hosts if ctx.snapshot is not None else frozenset()
+    cordoned = ctx.snapshot.cordoned_hosts if ctx.snapshot is not None else {}
+    if not gpus or not (down_hosts or cordoned):
+        return None
+    host = ctx.env.fleet.host_of(gpus[0])
+    only = (f" (its workload function is registered on the GPU workers of {', '.join(job.hosts)} only)"
+            if job.hosts else "")
+    if host in cordoned:
+        cordon = cordoned[host]
+        why = f": {cordon.reason}" if cordon.reason else ""
+        return "host_cordoned", (f"planned on host {host}, cordoned since {_utc(cordon.since_s)}{why}; nothing new "
+                                 f"is leased there until `makespan uncordon {host}`{only}")
+    if host in down_hosts:
+        return "host_down", (f"planned on host {host}, which no GPU worker consumes now; nothing is leased "
+                             f"there until one is back{only}")
+    return None
 
 
 def _waits_for_memory(state: FleetState, tp: int, memory_mib: int) -> bool:

@@ -335,3 +335,23 @@ def test_depends_on_past_its_limit_is_a_validation_error_and_writes_nothing(clie
             {"endpoint": "embed", "service_s": 5, "depends_on": [f"{n:032x}" for n in range(1_000_000)]})
     assert e.value.value == "1000000 ids"
     assert _keys_of(r, prefix) == before
+
+
+def test_a_job_without_a_workload_function_from_python(client, r, keys, prefix):
+    """There was no Python call for a plain job (`makespan submit --endpoint E --service-s S`):
+    a new user submitting 10k simulated jobs went through the internal Producer.
+    ``client.submit_job`` takes the endpoint and the submit options; bad input writes nothing."""
+    first = client.submit_job("embed", service_s=30, priority="HIGH", idempotency_key="plain-1")
+    status = first.status()
+    assert (status["state"], status["endpoint"], status["priority"], status["service_s"]) == \
+        ("queued", "embed", "HIGH", 30.0)
+    again = client.submit_job("embed", service_s=30, priority="HIGH", idempotency_key="plain-1")
+    assert again.id == first.id and not again.created
+    after = client.submit_job("embed", service_s=5, depends_on=first, delay_s=60)
+    assert json.loads(r.hget(keys.job(after.id), "deps")) == [first.id] and after.state == "delayed"
+    before = _keys_of(r, prefix)
+    with pytest.raises(makespan.ValidationError, match="endpoint"):
+        client.submit_job("no-such-endpoint", service_s=5)
+    with pytest.raises(makespan.ValidationError):
+        client.submit_job("embed", service_s=-1)
+    assert _keys_of(r, prefix) == before

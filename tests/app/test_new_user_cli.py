@@ -181,7 +181,8 @@ def test_jobs_lists_finished_jobs_after_the_retention_sweep_compacted_them(r, ke
     assert [line.split()[:4] for line in res.output.splitlines()[1:]] == \
         [[newer.id, "NORMAL", "chat", "cancelled"], [older.id, "NORMAL", "chat", "cancelled"]]
     res = CliRunner().invoke(cli_app, ["jobs", "--state", "cancelled", "--limit", "1"], env=env)
-    assert [line.split()[0] for line in res.output.splitlines()[1:]] == [newer.id]
+    assert [line.split()[0] for line in res.stdout.splitlines()[1:]] == [newer.id]
+    assert "listed the first 1 (--limit 1); more may match" in res.stderr  # it stopped there silently
 
 
 @pytest.mark.parametrize("argv", [

@@ -438,3 +438,24 @@ def test_a_submit_wait_as_long_as_the_socket_timeout_is_refused(monkeypatch):
         Settings.from_env()
     monkeypatch.setenv("MAKESPAN_SUBMIT_WAIT_TIMEOUT_S", "2")
     assert Settings.from_env().submit_wait_timeout_s == 2.0
+
+
+def test_a_gpu_worker_given_a_makespan_pool_as_its_celery_pool_fails_in_one_line(tmp_path, prefix):
+    """``makespan gpu-worker --pool west`` (the planner's --pool is a makespan pool) exited 1
+    after Celery's 187-line traceback (new-user check): now exit 2, one line that says what
+    --pool is here and which pool the fleet file puts the host in."""
+    import os
+    import subprocess
+    import sys
+
+    fleet = tmp_path / "pools.toml"
+    fleet.write_text('name = "p"\n[[hosts]]\nname = "west-a"\ngpu_count = 1\nmemory_mib = 81920\n'
+                     '[[hosts]]\nname = "east-a"\ngpu_count = 1\nmemory_mib = 81920\n'
+                     '[endpoints.e]\nmodel = "m"\nmemory_mib_per_gpu = 1000\ncold_start_s = 1\n'
+                     '[[pools]]\nname = "west"\nhosts = ["west-a"]\n[[pools]]\nname = "east"\nhosts = ["east-a"]\n')
+    env = {**os.environ, "MAKESPAN_REDIS_URL": "redis://127.0.0.1:1/0", "MAKESPAN_KEY_PREFIX": prefix}
+    out = subprocess.run([sys.executable, "-m", "makespan.cli", "gpu-worker", "--fleet", str(fleet), "--host", "west-a",
+                          "--pool", "west"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    assert "Traceback" not in out.stderr and "one of threads, prefork, solo" in out.stderr, out.stderr
+    assert "puts host west-a in pool west" in out.stderr, out.stderr

@@ -33,3 +33,18 @@ def test_a_job_on_a_live_host_names_the_host_only(r, keys, settings):
     out = explain(r, keys, settings, "j1")
     assert (out["host"], out["host_live"], out["lease_expires_in_s"]) == ("gpu-b", True, None)
     assert line(out).startswith("j1: running since") and line(out).endswith("s ago) on gpu-b, between phases")
+
+
+def test_a_job_whose_worker_is_shutting_down_says_it_hands_the_lease_back(r, keys, settings):
+    """A GPU worker in its shutdown grace (SIGTERM) withdrew its live key, and `why` said "no
+    live GPU worker there … then the planner reclaims it" while that worker still ran the job
+    and handed it back itself seconds later (reliability check)."""
+    from makespan.workers.host_liveness import announce, withdraw
+
+    _running_job(r, keys, "gpu-c", 6.0)
+    announce(r, keys, "gpu-c", "worker-9", 10.0)
+    assert withdraw(r, keys, "gpu-c", "worker-9")  # its clean stop began
+    out = explain(r, keys, settings, "j1")
+    assert (out["host_live"], out["host_stopping"]) == (False, True)
+    assert "(its GPU worker is shutting down: it hands the lease back when the job's phase stops, else the lease " \
+           "runs out in" in line(out)

@@ -65,7 +65,7 @@ def test_critical_whose_worker_died_is_redelivered_ahead_of_50_low(r, keys, sett
     # a long TTL, expired by hand below: a short one (0.3 s, as first written) also expired the
     # second lease between the two ticks when a tick on a loaded machine outlasted it
     w, prod, runner, sent = _setup(r, keys, settings, lease_ttl_s=60.0)
-    announce(r, keys, "h", "worker-h", 600.0)  # a worker ran there (a host never consumed is down once a lease expires)
+    announce(r, keys, "h", "worker-h", 600.0)  # a worker consumes h (as a live one does)
     crit = prod.submit({"endpoint": "e", "service_s": 5, "priority": "CRITICAL"}).id
     w.tick()
     assert [c.job_id for c in sent] == [crit]

@@ -50,6 +50,29 @@ def test_a_submit_without_a_reply_names_the_job_and_it_may_be_written(private_re
     r.close()
 
 
+def test_a_retried_submit_without_a_reply_names_the_job_its_key_names(private_redis, monkeypatch):
+    """A retry with the same idempotency key whose reply was lost too printed the retry's
+    fresh id, which names no job (``makespan status`` then said "no job"): it names the job
+    the key already names (reliability check)."""
+    settings = dataclasses.replace(Settings(), redis_url=private_redis.url, key_prefix="sou3",
+                                   redis_socket_timeout_s=1.0)
+    r = connect(settings.redis_url, settings=settings)
+    prod = Producer(r, Keys("sou3"), makespan.models.parse_fleet(FLEET), settings)
+    first = prod.submit({"endpoint": "e", "service_s": 1, "idempotency_key": "k2"}).id
+    submit = JobStore.submit
+
+    def stalled(self, *args, **kwargs):  # Redis stops right before the script is sent, resumes after the timeout
+        os.kill(private_redis.process.pid, signal.SIGSTOP)
+        threading.Timer(1.5, lambda: os.kill(private_redis.process.pid, signal.SIGCONT)).start()
+        return submit(self, *args, **kwargs)
+
+    monkeypatch.setattr(JobStore, "submit", stalled)
+    with pytest.raises(SubmitOutcomeUnknown, match="idempotency key 'k2' names job") as err:
+        prod.submit({"endpoint": "e", "service_s": 1, "idempotency_key": "k2"})
+    assert err.value.job_id == first
+    r.close()
+
+
 def test_a_refused_connection_is_still_unreachable(private_redis):
     url = private_redis.url
     private_redis.stop()

@@ -77,3 +77,21 @@ def test_inheritance_passes_down_a_chain(r, settings):
     prod.submit({"endpoint": "e", "service_s": 5, "priority": "CRITICAL", "depends_on": [mid]})
     batch = {j.id: j for j in w.form_batch()}
     assert batch[low].weight == 8.0 and mid not in batch
+
+
+def test_the_inherited_level_is_shown_in_the_wait_detail(r, settings):
+    """`makespan why L` said only ``waiting_for_gpus`` with L's own level, LOW, while L was
+    planned at CRITICAL for C (new-user check: nothing showed the inheritance). Its detail
+    now says the level it is planned at and why."""
+    w, prod, runner, sent = _setup(r, settings, policy="portfolio")
+    try:
+        busy = prod.submit({"endpoint": "e", "service_s": 500, "priority": "CRITICAL"}).id  # not preempted for L
+        w.tick()
+        assert [c.job_id for c in sent] == [busy]
+        low = prod.submit({"endpoint": "e", "service_s": 5, "priority": "LOW"}).id
+        prod.submit({"endpoint": "e", "service_s": 5, "priority": "CRITICAL", "depends_on": [low]})
+        w.tick()
+        assert r.hget(w.keys.job(low), "wait_reason") == "waiting_for_gpus"
+        assert "planned at CRITICAL, not its own LOW: a CRITICAL job waits on it" in r.hget(w.keys.job(low), "wait_detail")
+    finally:
+        w.close()

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from makespan.metrics import RedisStateCollector
 from makespan.models import parse_fleet
 from makespan.producer import Producer
-from makespan.wait_reasons import REASONS
+from makespan.wait_reasons import QUEUED_REASONS as REASONS
 from makespan.workers.phases import PhaseRunner
 from makespan.workers.planner_worker import PlannerWorker
 
@@ -126,5 +126,32 @@ def test_a_job_the_tick_leased_is_no_cause_to_plan_again(r, settings):
         time.sleep(0.002)  # the reason write's time is the server's, in ms
         w.tick()
         assert r.get(w.keys.wait_reasons_at) == written
+    finally:
+        w.close()
+
+
+def test_behind_batch_no_planner_and_delayed_are_counted(r, settings):
+    """The gauge said 0 for ``behind_batch`` and ``no_planner`` while `makespan jobs` showed
+    jobs waiting for them (new-user check: 10 of 14 behind the batch, gauge 0): the planner
+    writes counts only for the jobs its tick read. Now the rest of the queue counts as
+    ``behind_batch``, every queued job as ``no_planner`` while none leads, and delayed jobs
+    (not queued) in ``makespan_delayed_jobs``."""
+    s = dataclasses.replace(settings, lease_ttl_s=60.0, policy="portfolio", batch_size=2)
+    sent = []
+    w = PlannerWorker(r, s, ONE, dispatch=lambda ctx, q: sent.append(ctx))
+    try:
+        prod = Producer(r, w.keys, ONE, s)
+        for _ in range(6):
+            prod.submit({"endpoint": "e", "service_s": 100, "priority": "NORMAL"})
+        prod.submit({"endpoint": "e", "service_s": 100, "priority": "NORMAL", "delay_s": 600})
+        w.tick()
+        assert len(sent) == 1
+        got = _scrape(r, w.keys)
+        assert got["waiting_for_gpus"] == 1.0 and got["behind_batch"] == 4.0 and sum(got.values()) == 5.0
+        reg = CollectorRegistry()
+        reg.register(RedisStateCollector(r, w.keys))
+        assert "makespan_delayed_jobs 1.0" in generate_latest(reg).decode()
+        r.set(w.keys.wait_reasons_at, "1")  # the last write is old and no planner holds the lock
+        assert _scrape(r, w.keys) == {code: 5.0 if code == "no_planner" else 0.0 for code in REASONS}
     finally:
         w.close()

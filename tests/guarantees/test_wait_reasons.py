@@ -291,10 +291,13 @@ def test_delayed_until_and_retry_backoff(r, settings, env):
     w, prod, sent = _setup(r, settings)
     later = prod.submit({"endpoint": "e", "service_s": 10, "priority": "LOW", "delay_s": 600}).id
     assert "in 6" in _why(later, "delayed_until")  # about 600 s (the due time is on the server's clock)
+    status = prod.status(later)  # status says the same (it gave no wait fields for a delayed job: new-user check)
+    assert status["wait_reason"] == "delayed_until" and status["wait_eta"] == status["not_before"]
     lost = _lease(r, w, prod, "GPU-h-0", ttl_s=0.05)
     time.sleep(0.2)
     assert w.leases.reclaim_expired(3, retry_backoff_s=30.0) == {"requeued": 1}
     _why(lost, "retry_backoff")
+    assert prod.status(lost)["wait_reason"] == "retry_backoff"
 
 
 def test_no_planner_then_behind_batch(r, settings, env):
@@ -464,12 +467,15 @@ def test_a_function_retry_waits_in_retry_backoff_not_delayed_until():
         "retry_backoff", "retry 1 of 2 in 60 s after execute: ValueError: no", 1000.5)
     plain = {"state": "delayed", "not_before": "1000.5"}
     assert reason_of(plain, planner_leads=True, server_now_s=900.0, queue_position=None,
-                     stale_after_s=30.0) == ("delayed_until", "submitted with delay_s", 1000.5)
+                     stale_after_s=30.0) == ("delayed_until", "submitted with a delay (delay_s): queued at the ETA", 1000.5)
+    timed = {**plain, "submitted_at": "400.25"}  # the delay it was submitted with (new-user check: not given)
+    assert reason_of(timed, planner_leads=True, server_now_s=900.0, queue_position=None,
+                     stale_after_s=30.0)[1] == "submitted with a delay of 600 s (delay_s): queued at the ETA"
     # no planner leads: nothing queues it at its ETA, and the detail says so (it read as on
     # schedule; operator new user)
     assert reason_of(plain, planner_leads=False, server_now_s=900.0, queue_position=None, stale_after_s=30.0) == (
-        "delayed_until", "submitted with delay_s; no planner holds the leader lock now: it is queued once one does",
-        1000.5)
+        "delayed_until", "submitted with a delay (delay_s): queued at the ETA; no planner holds the leader lock now: "
+        "it is queued once one does", 1000.5)
 
 
 def test_a_job_the_planner_no_longer_reads_is_behind_the_batch_not_its_old_reason(r, settings, monkeypatch):
@@ -552,3 +558,19 @@ def test_an_eta_the_plan_has_passed_says_so():
     assert _when(1796547188.0, -40.2).endswith("(passed 40 s ago)")
     assert _when(1796547188.0, 12.4).endswith("(in 12 s)") and _when(1796547188.0, -0.2).endswith("(in 0 s)")
     assert _when(None, None) == "no ETA"
+
+
+def test_a_reservation_on_a_cordoned_host_says_the_host_is_the_reason(r, settings, env):
+    """The aged gang's reservation on host a, then host a cordoned: the gang said ``reserved``
+    with no ETA (new-user check), as if it were about to start; it waits for the uncordon."""
+    from makespan.workers.host_liveness import announce, cordon
+
+    w, prod, sent, gang, long_ = _aged_gang_and_long_job(r, settings, [5000.0] * 4)
+    assert "GPU-a-0" in _why(gang, "reserved")
+    for h in ("a", "b"):
+        announce(r, w.keys, h, f"worker-{h}", 60.0)
+    cordon(r, w.keys, "a", "swap a PSU", "ops@test")
+    cordon(r, w.keys, "b", "swap a PSU", "ops@test")
+    w.tick()
+    out = _why(gang, "host_cordoned")
+    assert "makespan uncordon" in out and "swap a PSU" in out and "reserved for it there" in out, out

@@ -8,6 +8,7 @@ import uuid
 
 from makespan.models import parse_fleet
 from makespan.producer import Producer
+from makespan.workers.host_liveness import announce
 from makespan.workers.leases import LeaseStore
 from makespan.workers.planner_worker import PlannerWorker
 
@@ -21,6 +22,7 @@ def test_a_leased_job_has_no_wait_reason(r, settings):
     w = PlannerWorker(r, s, ONE, dispatch=lambda ctx, q: sent.append(ctx))
     prod = Producer(r, w.keys, ONE, s)
     r.set(w.keys.planner_leader, w.name)
+    announce(r, w.keys, "h", "worker-h", 600.0)  # a worker consumes h (else an expired lease there takes h down)
     holder = prod.submit({"endpoint": "e", "service_s": 1000, "priority": "LOW"}).id
     # a long TTL, expired by hand below: with 1 s, a first tick slower than that on a loaded
     # machine reclaimed the holder's lease before the test looked at the waiting job

@@ -106,11 +106,11 @@ class ReclaimExpired:
         if not snapshot.expired_leases:
             return
         env, settings = ctx.env, ctx.env.settings
-        expired_hosts = _lease_hosts(ctx, snapshot.expired_leases)
+        expired_hosts = _untried_lease_hosts(ctx, snapshot.expired_leases)
         reclaimed = env.leases.reclaim_expired(settings.max_attempts, settings.retry_backoff_s,
                                                settings.retry_backoff_max_s, expired=list(snapshot.expired_leases))
-        # a host no GPU worker ever announced whose lease expired is down from now on
-        # (makespan.workers.host_liveness): not leased again at each expiry
+        # a host no GPU worker ever announced whose lease expired with no phase claimed is down
+        # from now on (makespan.workers.host_liveness): not leased again at each expiry
         unconsumed = mark_unconsumed(env.r, env.keys, expired_hosts, "a lease there expired")
         if unconsumed:
             log.warning("no GPU worker has consumed host(s) %s: a lease there expired unconsumed; no new lease there "
@@ -127,16 +127,19 @@ class ReclaimExpired:
         ctx.snapshot = read_snapshot(env, ctx.kept)
 
 
-def _lease_hosts(ctx: TickContext, lease_ids: tuple[str, ...]) -> set[str]:
-    """The fleet hosts of the GPUs of ``lease_ids`` (their lease records' ``gpus``; one round trip)."""
+def _untried_lease_hosts(ctx: TickContext, lease_ids: tuple[str, ...]) -> set[str]:
+    """The fleet hosts of the GPUs of those of ``lease_ids`` no phase of which was claimed
+    (nobody consumed their message; their lease records' ``gpus``, one round trip)."""
     pipe = ctx.env.r.pipeline(transaction=False)
     for lease_id in lease_ids:
         pipe.hget(ctx.env.keys.lease(lease_id), "gpus")
+        pipe.exists(ctx.env.keys.phase(lease_id))
+    replies = pipe.execute()
     host_of = {gpu.uuid: gpu.host for gpu in ctx.env.gpus}
     hosts = set()
-    for raw in pipe.execute():
+    for raw, claimed in zip(replies[::2], replies[1::2]):
         try:
-            gpus = json.loads(raw) if raw else []
+            gpus = json.loads(raw) if raw and not claimed else []
         except ValueError:
             continue
         hosts |= {host_of[gpu] for gpu in gpus if gpu in host_of}
