@@ -203,11 +203,9 @@ def typed_record(rec: dict[str, str]) -> dict[str, Any]:
         if k in rec:
             rec[k] = rec[k] not in ("", "0")  # type: ignore[assignment]
     rec.pop("leased_before", None)  # the store's first-lease bookkeeping (lib.lua forget_lease), not the user's
-    if rec.get("state") not in ("queued", "delayed"):  # the planner's last wait reason, from when it waited: not now
+    if rec.get("state") != "queued":  # the planner's last wait reason, from when it waited: not now
         for field in ("wait_reason", "wait_detail", "wait_eta", "wait_at"):
             rec.pop(field, None)
-    elif rec.get("state") == "delayed":  # its reason is read from its record (Producer.status), no planner's write
-        rec.pop("wait_at", None)
     out: dict[str, Any] = rec
     for k, default in _STATUS_DEFAULTS.items():  # every documented field present (a new user's KeyError on tries)
         out.setdefault(k, default() if callable(default) else default)
@@ -413,10 +411,18 @@ class Producer:
             if not rec:
                 raise NotFoundError(f"no job {job_id!r}")
         rec.pop("spec", None)
-        rec = typed_record(rec)
+        # a delayed job's reason, read from its record now (typed_record drops the planner's written ones)
+        delayed_why = ({field: rec.get(field) for field in ("wait_reason", "wait_detail", "wait_eta")}
+                       if rec.get("state") == "delayed" and "wait_reason" in rec else None)
+        out = typed_record(rec)
+        if delayed_why is not None:
+            eta = delayed_why["wait_eta"]
+            out.update(wait_reason=delayed_why["wait_reason"], wait_detail=delayed_why["wait_detail"] or "",
+                       wait_eta=float(eta) if eta else None)
+            add_utc_times(out, ("wait_eta",))
         if lease is not None:
-            rec.update(lease)
-        return dict(sorted(rec.items()))
+            out.update(lease)
+        return dict(sorted(out.items()))
 
     def _idempotency_target(self, key: str) -> str | None:
         """The job id idempotency ``key`` names now (``P:idem:{key}``), or None (none, or

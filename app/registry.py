@@ -270,35 +270,37 @@ def withdraw(r: redis.Redis, keys: Keys, names: Iterable[str], holder: str, host
     except redis.RedisError as e:
         raise StoreError(f"withdrawing workload functions: {e}") from e
     if host:
-        end_host_marks(r, keys, host, names)
+        end_host_marks(r, keys, host, names, past=True)
     return ended
 
 
-def end_host_marks(r: redis.Redis, keys: Keys, host: str, names: Iterable[str]) -> int:
-    """Fleet ``host``'s GPU worker does not hold ``names`` (it stopped, started without
-    them, or found a job of one it lacks): the host's live mark of each
-    (``P:fn:hosts:{name}``) ends now, kept as a past holder's, so :func:`function_hosts`
-    gives the hosts whose marks are live, and the last holders only when none is.
-    Another worker of the same host that holds one marks it again at its next renewal.
+def end_host_marks(r: redis.Redis, keys: Keys, host: str, names: Iterable[str], past: bool = False) -> int:
+    """Fleet ``host``'s GPU worker does not hold ``names``: with ``past`` (it held them and
+    stopped cleanly) the host's live mark of each (``P:fn:hosts:{name}``) ends now and is
+    kept as a past holder's (:func:`function_hosts` waits for the last holders when no mark
+    is live); without (it started without them, or found a job of one it lacks) the host's
+    mark is dropped, live or not: it is no holder, so it is never one of the last holders
+    either. Another worker of the same host that holds one marks it again at its next renewal.
 
     Returns:
-        How many live marks ended.
+        How many marks ended or were dropped.
     Raises:
         StoreError: Redis failed."""
     names = sorted(set(names))
     if not host or not names:
         return 0
     try:
-        return int(store_script(r, "fn_host_gone")(keys=[keys.fn_hosts(name) for name in names], args=[host]))
+        return int(store_script(r, "fn_host_gone")(keys=[keys.fn_hosts(name) for name in names],
+                                                    args=[host, "past" if past else "drop"]))
     except redis.RedisError as e:
         raise StoreError(f"ending host {host!r}'s workload function marks: {e}") from e
 
 
 def end_host_marks_except(r: redis.Redis, keys: Keys, host: str, held: Iterable[str]) -> int:
-    """At a GPU worker's start: end fleet ``host``'s marks of every workload function ever
+    """At a GPU worker's start: drop fleet ``host``'s marks of every workload function ever
     published (``P:fns``) but ``held`` (the names this worker publishes): a worker that
-    restarted without one after a crash (no :func:`withdraw`) gets none of its jobs while
-    another host's worker has it. Returns how many live marks ended.
+    restarted without one (after a crash, or after its marks expired) gets none of its jobs
+    while another host's worker has it, or ever had it. Returns how many marks it dropped.
 
     Raises:
         StoreError: Redis failed."""

@@ -285,11 +285,16 @@ class Observer:
         "Hosts"), less ``kind`` and ``detected_at`` (the script adds them)."""
         spec = next(h for h in self.fleet.hosts if h.name == host)
         gpus = [gpu.uuid for gpu in spec.gpus]
+        from makespan.workers.host_liveness import UNCONSUMED
+
         leased = sum(1 for holder in self.r.mget([self.keys.gpu(g) for g in gpus]) if holder)
-        effect = (f"no GPU worker consumes host {host}'s queue (gpu.{host}): its GPUs take no new lease, and jobs "
-                  f"that fit only there wait with reason host_down; {leased} of its {len(gpus)} GPUs are leased "
-                  f"(their leases expire unrenewed and their jobs are requeued); start `makespan gpu-worker --fleet FLEET "
-                  f"--host {host} --workloads MODULES` there, as before it went down")
+        never = str(self.r.hget(self.keys.hosts_seen, host) or "").startswith(UNCONSUMED)  # no worker ever ran there
+        effect = (f"no GPU worker consumes host {host}'s queue (gpu.{host})"
+                  + (" and none ever has (a lease there expired unconsumed)" if never else "")
+                  + f": its GPUs take no new lease, and jobs that fit only there wait with reason host_down; {leased} "
+                  f"of its {len(gpus)} GPUs are leased (their leases expire unrenewed and their jobs are requeued); "
+                  f"start `makespan gpu-worker --fleet FLEET --host {host} --workloads MODULES` there"
+                  + ("" if never else ", as before it went down"))
         return {"endpoint": "", "instance_id": "", "host": host, "gpus": json.dumps(gpus),
                 "failure_mode": "host_down", "cycle": str(self.cycle), "last_ok_cycle": "0", "effect": effect,
                 "agenda_context": "[]"}

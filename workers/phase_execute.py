@@ -202,12 +202,13 @@ class ExecutePhase:
         return self._finish(ctx, "failed", reason, extra_ops=[("SET", self.keys.result(ctx.job_id), error, "PX", ttl_ms)])
 
     def _registered_elsewhere(self, ctx: PhaseContext, name: str) -> bool:
-        """Whether workload ``name``, which this worker does not register, is live on a GPU
-        worker of another fleet host: this host's mark of it ends
+        """Whether workload ``name``, which this worker does not register, has other hosts
+        to run on: this host's mark of it is dropped
         (:func:`makespan.registry.end_host_marks`; it outlived a restart without the
-        function) and the hosts the planner places it on (:func:`function_hosts`) are then
-        others. The job is handed back and placed there, no attempt counted; False (the
-        job fails, as before) when no other host's worker has it."""
+        function) and the hosts the planner places it on (:func:`function_hosts`: those
+        whose worker has it, else those that had it last) are then others. The job is
+        handed back and placed there (or waits for them), no attempt counted; False (the
+        job fails, as before) when no host has or had it."""
         if not name or not ctx.host:
             return False
         end_host_marks(self.r, self.keys, ctx.host, [name])

@@ -216,7 +216,7 @@ def _gated_host(ctx: TickContext, gpus: Sequence[str], job: PlanJob) -> tuple[st
                                  f"is leased there until `makespan uncordon {host}`{only}")
     if host in down_hosts:
         return "host_down", (f"planned on host {host}, which no GPU worker consumes now; nothing is leased "
-                             f"there until one is back{only}")
+                             f"there until one starts there{only}")
     return None
 
 

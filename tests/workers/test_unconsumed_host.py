@@ -44,3 +44,24 @@ def test_a_host_whose_lease_expired_unconsumed_is_down_until_a_worker_announces_
     w.tick()
     assert [ctx.host for ctx in sent].count("g") == 2 and sent[-1].job_id == on_g.job_id
     assert set(jobs) == {ctx.job_id for ctx in sent}
+
+
+def test_a_lease_whose_phase_was_claimed_does_not_mark_its_host(r, keys, settings):
+    """A worker consumed the lease (claimed a phase) and then died: the host is not marked
+    unconsumed (it is not gated by this; a worker ran there) and its job is leased again."""
+    s = dataclasses.replace(settings, lease_ttl_s=60.0)
+    sent: list = []
+    w = PlannerWorker(r, s, FLEET, dispatch=lambda ctx, q: sent.append(ctx))
+    w.token = ""
+    prod = Producer(r, keys, FLEET, s)
+    announce(r, keys, "h", "worker-h", 600.0)
+    for _ in range(2):
+        prod.submit({"endpoint": "e", "service_s": 3600, "priority": "NORMAL"})
+    w.tick()
+    on_g = next(ctx for ctx in sent if ctx.host == "g")
+    r.hset(keys.phase(on_g.lease_id), "evict:claimed", "1")  # a worker there started it
+    r.zadd(keys.leases, {on_g.lease_id: 0})
+    r.delete(keys.gpu(on_g.gpus[0]))
+    w.tick()
+    assert r.hget(keys.hosts_seen, "g") is None
+    assert [ctx.host for ctx in sent].count("g") == 2  # leased there again

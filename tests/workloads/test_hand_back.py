@@ -315,5 +315,24 @@ def test_a_starting_worker_ends_its_hosts_marks_of_the_names_it_lacks(r, keys, s
     assert function_hosts(r, keys, NAME) == ("host-a", "host-b")
     assert end_host_marks_except(r, keys, "host-a", held=set()) == 1
     assert function_hosts(r, keys, NAME) == ("host-b",)
-    r.zrem(keys.fn_hosts(NAME), "host-b")  # with no live mark, the host that had it last is kept
-    assert function_hosts(r, keys, NAME) == ("host-a",)
+    # both marks expired (a restart after they ran out, or a rolling restart of every holder):
+    # host-a, restarted without the function, is no holder, live, past or last (review)
+    _mark(r, keys, "host-a", ahead_ms=-5_000)
+    _mark(r, keys, "host-b", ahead_ms=-20_000)
+    assert function_hosts(r, keys, NAME) == ("host-a", "host-b")
+    assert end_host_marks_except(r, keys, "host-a", held=set()) == 1
+    assert function_hosts(r, keys, NAME) == ("host-b",)  # its jobs wait for host-b
+
+
+def test_a_clean_stop_keeps_the_host_as_a_past_holder(r, keys, settings):
+    """A worker that held the function and stopped cleanly: its host's live mark ends but
+    stays a past holder, so while no other host has the function its jobs wait for it."""
+    from makespan.registry import withdraw
+
+    _setup(r, keys, settings, marks_that_it_ran)
+    r.delete(keys.fn_hosts(NAME))
+    _mark(r, keys, "host-a")
+    withdraw(r, keys, [NAME], "test", host="host-a")
+    assert function_hosts(r, keys, NAME) == ("host-a",)  # no live mark: the last holder
+    _mark(r, keys, "host-b")
+    assert function_hosts(r, keys, NAME) == ("host-b",)  # a live one elsewhere: there
