@@ -22,6 +22,7 @@ import redis
 from makespan import metrics, shutdown, telemetry
 from makespan.errors import PhaseCancelled, PhaseError, StaleFencingToken, StoreError
 from makespan.redis_conn import is_store_bug
+from makespan.registry import REGISTRY
 from makespan.keys import WAKE_RELEASE, Keys
 from makespan.models import FleetSpec, fleet_version
 from makespan.settings import Settings
@@ -279,6 +280,11 @@ class PhaseRunner(TransitionPhases, ExecutePhase):
             handed = self.hand_back(ctx)  # handed back instead (an evict runs: a victim is not left half-stopped)
             if handed is not None:
                 return handed
+        if phase == "evict" and ctx.kind == "job":  # before any transition: not a model loaded for nothing
+            fn = self.r.hget(self.keys.job(ctx.job_id), "fn")
+            if fn and fn not in REGISTRY and self._registered_elsewhere(ctx, fn):
+                return self._give_back(ctx, "function_missing", f"workload {fn!r} is not registered on this GPU "
+                                                                f"worker of host {ctx.host!r}; another host's is")
         # The claim checks the lease again, in the same script: a reclaim (or preemption)
         # between the renew above and here dropped the lease and its phase hash, and a bare
         # HSETNX recreated that hash (with no TTL) and ran a phase of a lease no longer held.
