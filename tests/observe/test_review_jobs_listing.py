@@ -49,5 +49,5 @@ def test_queued_listing_is_critical_first_across_pools(r, settings, monkeypatch)
     crit = prod.submit({"endpoint": "onlyb", "service_s": 10, "priority": "CRITICAL"}).id
     res = CliRunner().invoke(cli_app, ["jobs", "--json", "--limit", "2"])
     assert res.exit_code == 0, res.output
-    ids = [json.loads(line)["id"] for line in res.output.splitlines() if line.strip()]
+    ids = [json.loads(line)["id"] for line in res.stdout.splitlines() if line.strip()]  # stderr: "listed the first 2"
     assert ids == [crit, lows[0]], ids  # docs: queued jobs are listed CRITICAL first
