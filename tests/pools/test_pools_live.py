@@ -113,9 +113,11 @@ def test_a_killed_pool_leader_is_replaced_by_its_standby_while_the_other_pool_go
         killed = next(p for p in system.procs if p.name.startswith("planner-a-") and
                       leader_a.startswith(f"planner-{p.popen.pid}-"))
         assert killed is not standby  # the standby started after the first leader took the lock
+        # the leader dies with pool a's jobs running and queued (2 GPUs, 6 jobs), not between them
+        for_a = [prod.submit({"endpoint": "onlya", "service_s": 20}).id for _ in range(6)]
+        wait_for(lambda: _states(r, keys, for_a)["queued"] < 6, 60, "pool a's leader to lease some of its jobs")
         system.kill(killed.name, signal.SIGKILL)
         killed.popen.wait(timeout=30)
-        for_a = [prod.submit({"endpoint": "onlya", "service_s": 20}).id for _ in range(6)]
         for_b = [prod.submit({"endpoint": "onlyb", "service_s": 20}).id for _ in range(6)]
         assert {r.hget(keys.job(j), "pool") for j in for_a} == {"a"}
         # pool b goes on: its jobs complete, and pool a has no new leader before the lock's TTL
