@@ -7,6 +7,7 @@ worker processes on real Redis."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import uuid
 
@@ -40,30 +41,39 @@ evict_s = 1
 """
 
 
-@pytest.fixture
-def system(redis_url, tmp_path, monkeypatch):
+@contextlib.contextmanager
+def _live(redis_url, tmp_path, monkeypatch, modules: str, modules_b: str | None = None, ready=None):
+    """A planner and a GPU worker per host (``modules``; host-b ``modules_b`` when given) on a
+    private key prefix; yields (the LiveSystem, a client) once ``ready(client)`` holds."""
     fleet_path = tmp_path / "fleet.toml"
     fleet_path.write_text(FLEET)
     prefix = f"mst-fh-{uuid.uuid4().hex[:8]}"
     monkeypatch.setenv("MAKESPAN_REDIS_URL", redis_url)
     monkeypatch.setenv("MAKESPAN_KEY_PREFIX", prefix)
     settings = makespan.settings.Settings(redis_url=redis_url, key_prefix=prefix, time_scale=0.01,
-                                          workload_modules="tests.workloads.fns")
+                                          workload_modules=modules)
     live = LiveSystem(fleet_path, load_fleet(fleet_path), settings, tmp_path / "logs", observer=False)
     client = makespan.connect(redis_url, key_prefix=prefix, fleet=fleet_path)
     try:
         live.start_gpu_worker("host-a")
-        live.start_gpu_worker("host-b", env_extra={"MAKESPAN_WORKLOADS": "tests.workloads.fns,tests.workloads.fns_only_b"})
+        live.start_gpu_worker("host-b", env_extra={"MAKESPAN_WORKLOADS": modules_b} if modules_b else None)
         live.start_planner()
         live.wait_workers(90)
-        wait_for(lambda: client.r.exists(client.keys.fn_live("only_b")), 30, "host-b's worker to publish 'only_b'")
-        yield client
+        wait_for(lambda: ready(client), 30, "the workers to publish their functions")
+        yield live, client
     finally:
         live.stop()
         client.close()
         r = connect(redis_url)
         delete_prefix(r, Keys(prefix))
         r.close()
+
+
+@pytest.fixture
+def system(redis_url, tmp_path, monkeypatch):
+    with _live(redis_url, tmp_path, monkeypatch, "tests.workloads.fns", "tests.workloads.fns,tests.workloads.fns_only_b",
+               ready=lambda client: client.r.exists(client.keys.fn_live("only_b"))) as (_live_system, client):
+        yield client
 
 
 def test_a_function_one_host_registers_runs_there_only(system):
@@ -84,29 +94,9 @@ def test_a_function_one_host_registers_runs_there_only(system):
 
 @pytest.fixture
 def two_hosts_with_only_b(redis_url, tmp_path, monkeypatch):
-    fleet_path = tmp_path / "fleet.toml"
-    fleet_path.write_text(FLEET)
-    prefix = f"mst-fm-{uuid.uuid4().hex[:8]}"
-    monkeypatch.setenv("MAKESPAN_REDIS_URL", redis_url)
-    monkeypatch.setenv("MAKESPAN_KEY_PREFIX", prefix)
-    settings = makespan.settings.Settings(redis_url=redis_url, key_prefix=prefix, time_scale=0.01,
-                                          workload_modules="tests.workloads.fns,tests.workloads.fns_only_b")
-    live = LiveSystem(fleet_path, load_fleet(fleet_path), settings, tmp_path / "logs", observer=False)
-    client = makespan.connect(redis_url, key_prefix=prefix, fleet=fleet_path)
-    try:
-        live.start_gpu_worker("host-a")
-        live.start_gpu_worker("host-b")
-        live.start_planner()
-        live.wait_workers(90)
-        wait_for(lambda: function_hosts(client.r, client.keys, "only_b") == ("host-a", "host-b"), 30,
-                 "both workers to mark 'only_b'")
-        yield live, client
-    finally:
-        live.stop()
-        client.close()
-        r = connect(redis_url)
-        delete_prefix(r, Keys(prefix))
-        r.close()
+    with _live(redis_url, tmp_path, monkeypatch, "tests.workloads.fns,tests.workloads.fns_only_b",
+               ready=lambda client: function_hosts(client.r, client.keys, "only_b") == ("host-a", "host-b")) as pair:
+        yield pair
 
 
 @pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGKILL], ids=["clean-stop", "crash"])
