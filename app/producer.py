@@ -239,6 +239,53 @@ def attempts_made(rec: dict[str, Any]) -> int:
     return done
 
 
+def waiting_record(r: redis.Redis, keys: Keys, job_id: str, rec: dict[str, str],
+                   stale_after_s: float) -> dict[str, str]:
+    """A queued or delayed job's record read again, in one MULTI with its planner's state
+    (leader lock, last reason write, the Redis server's clock, its queue position), with its
+    ``wait_reason``, ``wait_detail`` and ``wait_eta`` as :func:`makespan.wait_reasons.reason_of`
+    answers them (what ``makespan why`` shows; ``makespan status`` and the dashboard's job
+    page use it): an entry the planner's last write did not renew (the job was not read by
+    that tick, or was queued again since) is ``behind_batch``, one left while no planner
+    leads is ``no_planner``, not the reason and ETA of the tick that last read the job; a
+    delayed job's is read from its record. ``rec``: the record as first read (its pool and
+    priority name the keys). The record as it is now otherwise; empty when it is gone.
+
+    Raises:
+        redis.RedisError: Redis failed."""
+    from makespan.wait_reasons import reason_of
+
+    scoped = keys.for_pool(rec.get("pool") or None)
+    p = r.pipeline(transaction=True)
+    p.time()
+    p.exists(scoped.planner_leader)
+    p.get(scoped.wait_reasons_at)
+    p.hgetall(keys.job(job_id))
+    p.zrank(scoped.queue(rec.get("priority") or "NORMAL"), job_id)
+    (sec, usec), leads, written, now, position = p.execute()
+    if now.get("state") not in ("queued", "delayed"):
+        return now
+    reason, detail, eta = reason_of(now, planner_leads=bool(leads), server_now_s=sec + usec / 1e6,
+                                    queue_position=position, stale_after_s=stale_after_s,
+                                    written_at_s=float(written) if written else None)
+    return {**now, "wait_reason": reason, "wait_detail": detail, "wait_eta": "" if eta is None else repr(eta)}
+
+
+def typed_waiting_record(rec: dict[str, Any]) -> dict[str, Any]:
+    """:func:`typed_record` of a record :func:`waiting_record` answered: a delayed job keeps
+    the wait fields read from its record now (``typed_record`` drops a non-queued job's,
+    which are a planner's old write)."""
+    delayed_why = ({field: rec.get(field) for field in ("wait_reason", "wait_detail", "wait_eta")}
+                   if rec.get("state") == "delayed" and "wait_reason" in rec else None)
+    out = typed_record(rec)
+    if delayed_why is not None:
+        eta = delayed_why["wait_eta"]
+        out.update(wait_reason=delayed_why["wait_reason"], wait_detail=delayed_why["wait_detail"] or "",
+                   wait_eta=float(eta) if eta else None)
+        add_utc_times(out, ("wait_eta",))
+    return out
+
+
 class Producer:
     """Producer bound to one Redis, key prefix and fleet."""
 
@@ -411,15 +458,7 @@ class Producer:
             if not rec:
                 raise NotFoundError(f"no job {job_id!r}")
         rec.pop("spec", None)
-        # a delayed job's reason, read from its record now (typed_record drops the planner's written ones)
-        delayed_why = ({field: rec.get(field) for field in ("wait_reason", "wait_detail", "wait_eta")}
-                       if rec.get("state") == "delayed" and "wait_reason" in rec else None)
-        out = typed_record(rec)
-        if delayed_why is not None:
-            eta = delayed_why["wait_eta"]
-            out.update(wait_reason=delayed_why["wait_reason"], wait_detail=delayed_why["wait_detail"] or "",
-                       wait_eta=float(eta) if eta else None)
-            add_utc_times(out, ("wait_eta",))
+        out = typed_waiting_record(rec)
         if lease is not None:
             out.update(lease)
         return dict(sorted(out.items()))
@@ -434,29 +473,10 @@ class Producer:
         return str(named) if named else None
 
     def _queued_reason(self, job_id: str, rec: dict[str, str]) -> dict[str, str]:
-        """A queued or delayed job's record read again, in one MULTI with its planner's state (leader
-        lock, last reason write, the Redis server's clock, its queue position), with its
-        ``wait_reason``, ``wait_detail`` and ``wait_eta`` as :func:`makespan.wait_reasons.reason_of`
-        answers them (what ``makespan why`` shows): an entry the planner's last write did
-        not renew (the job was not read by that tick, or was queued again since) is
-        ``behind_batch``, one left while no planner leads is ``no_planner``, not the reason
-        and ETA of the tick that last read the job. Empty when the record is gone."""
-        from makespan.wait_reasons import reason_of, stale_after_s
+        """:func:`waiting_record` with this producer's keys and lease TTL."""
+        from makespan.wait_reasons import stale_after_s
 
-        keys = self.keys.for_pool(rec.get("pool") or None)
-        p = self.r.pipeline(transaction=True)
-        p.time()
-        p.exists(keys.planner_leader)
-        p.get(keys.wait_reasons_at)
-        p.hgetall(self.keys.job(job_id))
-        p.zrank(keys.queue(rec.get("priority") or "NORMAL"), job_id)
-        (sec, usec), leads, written, now, position = p.execute()
-        if now.get("state") not in ("queued", "delayed"):
-            return now
-        reason, detail, eta = reason_of(now, planner_leads=bool(leads), server_now_s=sec + usec / 1e6,
-                                        queue_position=position, stale_after_s=stale_after_s(self.settings.lease_ttl_s),
-                                        written_at_s=float(written) if written else None)
-        return {**now, "wait_reason": reason, "wait_detail": detail, "wait_eta": "" if eta is None else repr(eta)}
+        return waiting_record(self.r, self.keys, job_id, rec, stale_after_s(self.settings.lease_ttl_s))
 
     def _record_with_lease(self, job_id: str) -> tuple[dict[str, str], dict[str, Any] | None]:
         """The job's record and, for a leased or running job, what its lease holds now

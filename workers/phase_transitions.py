@@ -473,12 +473,13 @@ class TransitionPhases:
             planned += self._start_helpers(ctx, hb, helpers, extra)
         return planned
 
-    def _helpers(self, ctx: PhaseContext) -> tuple[str, ...]:
+    def _helpers(self, ctx: PhaseContext, record: tuple[str | None, str | None] | None = None) -> tuple[str, ...]:
         """The helper endpoints of the job: those it was submitted (and planned) with, else
-        its workload function's (:class:`makespan.registry.WorkloadDef`)."""
+        its workload function's (:class:`makespan.registry.WorkloadDef`). ``record``: its
+        record's ``fn`` and ``helpers`` when the caller read them (None: read here)."""
         if ctx.kind != "job":
             return ()
-        name, planned = self.r.hmget(self.keys.job(ctx.job_id), "fn", "helpers")
+        name, planned = record if record is not None else self.r.hmget(self.keys.job(ctx.job_id), "fn", "helpers")
         if planned:
             return tuple(json.loads(planned))
         definition = REGISTRY.get(name) if name else None

@@ -26,7 +26,7 @@ from makespan.registry import REGISTRY
 from makespan.keys import WAKE_RELEASE, Keys
 from makespan.models import FleetSpec, fleet_version
 from makespan.settings import Settings
-from makespan.workers.functions import WorkloadFailed
+from makespan.workers.functions import WorkloadFailed, lookup
 from makespan.workers.leases import LeaseStore, finish_job_op
 from makespan.workers.heartbeat import DeferredWaits, LeaseHeartbeat
 from makespan.workers.phase_context import PhaseContext, Registered, instance_value, parse_instance
@@ -280,11 +280,14 @@ class PhaseRunner(TransitionPhases, ExecutePhase):
             handed = self.hand_back(ctx)  # handed back instead (an evict runs: a victim is not left half-stopped)
             if handed is not None:
                 return handed
-        if phase == "evict" and ctx.kind == "job":  # before any transition: not a model loaded for nothing
-            fn = self.r.hget(self.keys.job(ctx.job_id), "fn")
-            if fn and fn not in REGISTRY and self._registered_elsewhere(ctx, fn):
-                return self._give_back(ctx, "function_missing", f"workload {fn!r} is not registered on this GPU "
-                                                                f"worker of host {ctx.host!r}; another host's is")
+        record: tuple[str | None, str | None] | None = None  # the job's (fn, helpers), read once in its evict
+        if phase == "evict" and ctx.kind == "job":
+            record = self.r.hmget(self.keys.job(ctx.job_id), "fn", "helpers")
+            if record[0] and record[0] not in REGISTRY:  # before any transition: no model loaded for nothing
+                try:
+                    lookup(record[0], ctx.host)
+                except WorkloadFailed as e:  # handed back when another host has it, else failed
+                    return self._workload_failed(ctx, e)
         # The claim checks the lease again, in the same script: a reclaim (or preemption)
         # between the renew above and here dropped the lease and its phase hash, and a bare
         # HSETNX recreated that hash (with no TTL) and ran a phase of a lease no longer held.
@@ -309,7 +312,7 @@ class PhaseRunner(TransitionPhases, ExecutePhase):
                     # the endpoint, host and GPUs in every phase (no Redis read); the job's helpers,
                     # one read of its record, in the lease's first phase only (a job and a restore
                     # both start with evict): not one round trip more per phase
-                    problem = self.fleet_problem(ctx, self._helpers(ctx) if phase == "evict" else ())
+                    problem = self.fleet_problem(ctx, self._helpers(ctx, record) if phase == "evict" else ())
                     if problem is not None:  # before any change: nothing of the lease's phases is done
                         raise PhaseError(problem)
                     extra: dict[str, Any] = {}

@@ -182,7 +182,7 @@ def create_app(cfg: DashboardConfig, client: Any = None) -> Any:
     async def api_job(request):
         job_id = request.path_params["job_id"]
         try:
-            doc = await run_in_threadpool(job_detail, client, keys, job_id)
+            doc = await run_in_threadpool(job_detail, client, keys, job_id, cfg.stale_after_s)
         except StoreError as e:
             return JSONResponse({"error": str(e)}, status_code=503)
         if doc is None:

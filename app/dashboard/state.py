@@ -51,7 +51,7 @@ from makespan.errors import StoreError
 from makespan.gantt import intervals
 from makespan.keys import Keys
 from makespan.models import FleetSpec, Priority
-from makespan.producer import attempts_made, typed_record
+from makespan.producer import attempts_made, typed_waiting_record, waiting_record
 from makespan.workers import host_liveness
 
 QUEUE_LIMIT = 500  # waiting jobs listed per priority
@@ -423,20 +423,24 @@ def _drain_view(drain: dict[str, str]) -> dict[str, Any] | None:
     return {k: (_f(v) if k != "checks" else int(v)) for k, v in drain.items()} if drain else None
 
 
-def job_detail(r: redis.Redis, keys: Keys, job_id: str) -> dict[str, Any] | None:
+def job_detail(r: redis.Redis, keys: Keys, job_id: str, stale_after_s: float = 1.5) -> dict[str, Any] | None:
     """One job for the job page, or None when ``P:job:{id}`` does not exist:
     ``{"job", "record" (the hash, ``spec`` decoded, ``attempts`` the attempts made as
     ``makespan status`` counts them, :func:`makespan.producer.attempts_made`, and the hash's
     own count as ``reclaimed_attempts``), "phases": [{"phase", "gpus",
     "start", "end", "complete"}], "events": [...], "result"}``. ``result`` is the JSON
     of ``P:result:{id}`` (:mod:`makespan.results`: ``{"ok": true, "value": ...}`` or
-    ``{"ok": false, "error": {...}}``), None when there is none.
+    ``{"ok": false, "error": {...}}``), None when there is none. A queued or delayed job's
+    ``wait_reason``, ``wait_detail`` and ``wait_eta`` are as ``makespan status`` gives them
+    (:func:`makespan.producer.waiting_record`; ``stale_after_s``: its planner staleness).
 
     Raises:
         StoreError: Redis could not be read.
     """
     try:
         rec = r.hgetall(keys.job(job_id))
+        if rec.get("state") in ("queued", "delayed"):  # its reason now, as `makespan status` and `why` give it
+            rec = waiting_record(r, keys, job_id, rec, stale_after_s)
         if not rec:
             return None
         rows = r.xrevrange(keys.events, count=JOB_EVENTS_SCAN)
@@ -469,4 +473,4 @@ def job_detail(r: redis.Redis, keys: Keys, job_id: str) -> dict[str, Any] | None
             pass
     # one type per kind of value, as `makespan status` gives it (attempts the attempts made;
     # the hash's own count, the reclaimed ones, as reclaimed_attempts)
-    return {"job": job_id, "record": typed_record(rec), "phases": phases, "events": evs, "result": result}
+    return {"job": job_id, "record": typed_waiting_record(rec), "phases": phases, "events": evs, "result": result}

@@ -69,6 +69,9 @@ def finish_job_op(keys: Keys, job_id: str, state: JobState | str, finished_at_s:
     return ("FINISH_JOB", keys.job(job_id), job_id, final.value, repr(finished_at_s), reason)
 
 
+FN_MISSING_BACKS_MAX = 3  # function_missing hand-backs of one job before it fails (reclaim.lua ARGV[10])
+
+
 class LeaseStore:
     """Lease operations on one Redis and key prefix. Every method is one atomic script.
 
@@ -273,7 +276,7 @@ class LeaseStore:
                 *([wake_key] if wake_key else [])]
         out = self._reclaim(keys=keys, args=[lease.lease_id, now_ms(), max_attempts, self.keys.script_prefix,
                                              repr(float(retry_backoff_s)), repr(float(retry_backoff_max_s)),
-                                             str(int(lease.token)), WAKE_RELEASE, cause])
+                                             str(int(lease.token)), WAKE_RELEASE, cause, FN_MISSING_BACKS_MAX])
         outcome, job_id = str(out[1]), str(out[2]) if len(out) > 2 and out[2] else ""
         if outcome in (s.value for s in JobState if s.final) and job_id:
             self.job_ended(job_id, outcome)

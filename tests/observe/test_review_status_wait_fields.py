@@ -84,3 +84,24 @@ def test_status_of_a_job_the_planner_no_longer_reads_is_behind_the_batch(r, sett
         assert row["reason_code"] == "behind_batch" and row["eta"] is None, row
     finally:
         w.close()
+
+
+def test_the_job_page_gives_the_reason_status_gives(r, settings):
+    """The dashboard's job page showed a queued job's stale planner reason while no planner
+    led, and no reason for a delayed job (review): it reads them as `makespan status` does."""
+    from makespan.dashboard.state import job_detail
+
+    s = dataclasses.replace(settings, lease_ttl_s=60.0)
+    w = PlannerWorker(r, s, ONE, dispatch=lambda ctx, q: None)
+    prod = Producer(r, w.keys, ONE, s)
+    queued = prod.submit({"endpoint": "e", "service_s": 10, "priority": "NORMAL"}).id
+    sec, _usec = r.time()
+    r.hset(w.keys.job(queued), mapping={"wait_reason": "waiting_for_gpus", "wait_detail": "old planner text",
+                                        "wait_eta": "", "wait_at": repr(sec - 600.0)})
+    later = prod.submit({"endpoint": "e", "service_s": 10, "priority": "NORMAL", "delay_s": 300}).id
+    for job in (queued, later):
+        page = job_detail(r, w.keys, job, stale_after_s=30.0)["record"]
+        status = prod.status(job)
+        assert (page["wait_reason"], page["wait_detail"], page["wait_eta"]) == \
+            (status["wait_reason"], status["wait_detail"], status["wait_eta"])
+    assert prod.status(queued)["wait_reason"] == "no_planner" and prod.status(later)["wait_reason"] == "delayed_until"

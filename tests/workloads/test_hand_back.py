@@ -338,3 +338,36 @@ def test_a_clean_stop_keeps_the_host_as_a_past_holder(r, keys, settings):
     assert function_hosts(r, keys, NAME) == ("host-a",)  # no live mark: the last holder
     _mark(r, keys, "host-b")
     assert function_hosts(r, keys, NAME) == ("host-b",)  # a live one elsewhere: there
+
+
+def test_no_hand_back_when_the_other_holders_cannot_run_the_job(r, keys, settings, monkeypatch):
+    """The function's only other holder cannot hold the job's endpoint (here: no such host
+    in this fleet; live: a host too small, or in another pool): the planner places the job
+    anywhere again (placeable_hosts), so a hand-back repeated for ever (a review saw 2,568
+    in 25 s). It fails at once instead, before any transition."""
+    fleet, client = _setup(r, keys, settings, marks_that_it_ran)
+    job = client.submit(NAME)
+    _mark(r, keys, "host-z")
+    ctx, runner = _lease(r, keys, settings, fleet, job.id)
+    monkeypatch.delitem(REGISTRY, NAME)
+
+    assert run_phases(runner, ctx) == "failed"
+
+    assert "makespan.UnknownWorkload" in r.hget(keys.job(job.id), "reason")
+    assert [e for e in all_events(r, keys) if e.get("lease") == ctx.lease_id and e["kind"] == "phase_start"] == []
+
+
+def test_a_job_handed_back_for_its_function_too_often_fails(r, keys, settings):
+    """The backstop: whatever the worker's check misses, a job handed back for a missing
+    function more than FN_MISSING_BACKS_MAX times fails with the reason, not for ever."""
+    from makespan.store.leases import FN_MISSING_BACKS_MAX
+
+    fleet, client = _setup(r, keys, settings, marks_that_it_ran)
+    job = client.submit(NAME)
+    outcomes = []
+    for _ in range(FN_MISSING_BACKS_MAX + 1):
+        ctx, _runner = _lease(r, keys, settings, fleet, job.id)
+        outcomes.append(LeaseStore(r, keys).hand_back(ctx.lease, settings.max_attempts, cause="function_missing")[0])
+    assert outcomes == ["requeued"] * FN_MISSING_BACKS_MAX + ["failed"]
+    record = r.hgetall(keys.job(job.id))
+    assert record["state"] == "failed" and "registered only on GPU workers that cannot run it" in record["reason"]

@@ -23,6 +23,8 @@
 -- ARGV[7]  fencing token of a hand-back ('' or absent = the reclaim of an expired lease)
 -- ARGV[8]  (hand-back only) the value pushed at the head of KEYS[5] (makespan.keys.WAKE_RELEASE)
 -- ARGV[9]  (hand-back only) why: 'worker_shutdown' (default) or 'function_missing'
+-- ARGV[10] (function_missing only) the hand-backs of that cause after which the job fails
+--          (its record's fn_missing_backs: a function registered only where the job cannot run)
 -- Returns {0, 'live'} (not expired on the server clock; a reclaim), {0, 'stale'} (the
 -- token is no longer current on every GPU; a hand-back), or {1, outcome, job id or ''} with
 -- outcome in released (not a job lease, or its job had moved on), requeued, completed,
@@ -83,12 +85,21 @@ if job and L['kind'] == 'job' then
   if state == 'leased' or state == 'running' then
     local attempts = tonumber(redis.call('HGET', jk, 'attempts') or '0')
     if counted then attempts = redis.call('HINCRBY', jk, 'attempts', 1) end
+    local backs = 0
+    if handed_back and back_cause == 'function_missing' then
+      backs = redis.call('HINCRBY', jk, 'fn_missing_backs', 1)
+    end
     if executed then  -- its workload already ran to the end: never run it twice
       finish_job(prefix, job, 'completed', now_s, 'completed; lease reclaimed after execute')
       outcome = 'completed'
     elseif redis.call('HGET', jk, 'cancel_requested') == '1' then
       finish_job(prefix, job, 'cancelled', now_s, 'cancelled; lease reclaimed')
       outcome = 'cancelled'
+    elseif backs > tonumber(ARGV[10] or '3') then
+      finish_job(prefix, job, 'failed', now_s, 'its workload function is registered only on GPU workers that cannot '
+                 .. 'run it (handed back ' .. backs .. ' times: their hosts have no room for its endpoint, or are in '
+                 .. 'another pool)')
+      outcome = 'failed'
     elseif counted and attempts >= tonumber(ARGV[3]) then
       finish_job(prefix, job, 'failed', now_s,
                  'lease expired: its GPU worker stopped renewing it (' .. attempts .. ' attempts)')
