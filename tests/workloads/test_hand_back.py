@@ -296,19 +296,6 @@ def test_a_job_of_a_function_another_host_registers_is_handed_back(r, keys, sett
     assert [(e["cause"], e["attempt_counted"]) for e in reclaimed] == [("function_missing", False)]
 
 
-def test_with_no_other_host_registering_it_the_job_fails(r, keys, settings, monkeypatch):
-    fleet, client = _setup(r, keys, settings, marks_that_it_ran)
-    job = client.submit(NAME)
-    _mark(r, keys, "host-a")
-    ctx, runner = _lease(r, keys, settings, fleet, job.id)
-    monkeypatch.delitem(REGISTRY, NAME)
-
-    assert run_phases(runner, ctx) == "failed"
-
-    record = r.hgetall(keys.job(job.id))
-    assert record["state"] == "failed" and "makespan.UnknownWorkload" in record["reason"]
-
-
 def test_a_starting_worker_ends_its_hosts_marks_of_the_names_it_lacks(r, keys, settings):
     _setup(r, keys, settings, marks_that_it_ran)  # published: P:fns has it
     _mark(r, keys, "host-a")
@@ -340,20 +327,24 @@ def test_a_clean_stop_keeps_the_host_as_a_past_holder(r, keys, settings):
     assert function_hosts(r, keys, NAME) == ("host-b",)  # a live one elsewhere: there
 
 
-def test_no_hand_back_when_the_other_holders_cannot_run_the_job(r, keys, settings, monkeypatch):
-    """The function's only other holder cannot hold the job's endpoint (here: no such host
-    in this fleet; live: a host too small, or in another pool): the planner places the job
-    anywhere again (placeable_hosts), so a hand-back repeated for ever (a review saw 2,568
-    in 25 s). It fails at once instead, before any transition."""
+@pytest.mark.parametrize("holders", [["host-a"], ["host-a", "host-z"]], ids=["only-itself", "unusable-other"])
+def test_no_hand_back_when_no_other_holder_can_run_the_job(r, keys, settings, monkeypatch, holders):
+    """No other host has the function (only-itself), or its only other holder cannot hold
+    the job's endpoint (here: no such host in this fleet; live: a host too small, or in
+    another pool), where the planner places the job anywhere again (placeable_hosts) and a
+    hand-back repeated for ever (a review saw 2,568 in 25 s): the job fails at once, before
+    any transition (no model loaded for it)."""
     fleet, client = _setup(r, keys, settings, marks_that_it_ran)
     job = client.submit(NAME)
-    _mark(r, keys, "host-z")
+    for host in holders:
+        _mark(r, keys, host)
     ctx, runner = _lease(r, keys, settings, fleet, job.id)
     monkeypatch.delitem(REGISTRY, NAME)
 
     assert run_phases(runner, ctx) == "failed"
 
-    assert "makespan.UnknownWorkload" in r.hget(keys.job(job.id), "reason")
+    record = r.hgetall(keys.job(job.id))
+    assert record["state"] == "failed" and "makespan.UnknownWorkload" in record["reason"]
     assert [e for e in all_events(r, keys) if e.get("lease") == ctx.lease_id and e["kind"] == "phase_start"] == []
 
 
