@@ -27,7 +27,8 @@ def host_rows(r: Any, keys: Any, fleet: Any) -> list[dict[str, Any]]:
     has run there yet, the planner does not gate it until a lease there expires unconsumed;
     ``never (unconsumed)``: such a lease expired, the host is down), ``cordoned`` (bool), ``state``
     (``schedulable``, ``down``, ``cordoned``: leases still running there, ``drained``:
-    cordoned with no lease left, its worker may be stopped), ``reason``, ``since`` (unix s)
+    cordoned with no lease left, its worker may be stopped), ``reason`` (its cordon's; for a
+    ``never (unconsumed)`` host, why it is down), ``since`` (unix s)
     and ``since_utc`` of its cordon ('' and None when not cordoned), ``by``.
 
     Raises:
@@ -55,7 +56,8 @@ def host_rows(r: Any, keys: Any, fleet: Any) -> list[dict[str, Any]]:
         at += len(uuids[host])
         cordon = hosts_now.cordoned.get(host)
         worker = "down" if host in hosts_now.down else "live" if host in seen else "never"
-        if worker == "down" and str(seen.get(host, "")).startswith(host_liveness.UNCONSUMED):
+        unconsumed = worker == "down" and str(seen.get(host, "")).startswith(host_liveness.UNCONSUMED)
+        if unconsumed:
             worker = "never (unconsumed)"
         if cordon is not None:
             state = "cordoned" if held else "drained"
@@ -64,7 +66,8 @@ def host_rows(r: Any, keys: Any, fleet: Any) -> list[dict[str, Any]]:
         jobs = sorted({job_of.get(holder.split(":")[0], "") for holder in held} - {""})
         rows.append({"host": host, "pool": pool_of.get(host), "gpus": len(uuids[host]), "leased": len(held),
                      "jobs": jobs, "worker": worker, "cordoned": cordon is not None, "state": state,
-                     "reason": cordon.reason if cordon else "", "since": cordon.since_s if cordon else None,
+                     "reason": cordon.reason if cordon else ("no GPU worker ever consumed its queue: a lease there "
+                                                             "expired unconsumed" if unconsumed else ""), "since": cordon.since_s if cordon else None,
                      "since_utc": utc_text(cordon.since_s) if cordon else None, "by": cordon.by if cordon else ""})
     return rows
 

@@ -280,7 +280,9 @@ def end_host_marks(r: redis.Redis, keys: Keys, host: str, names: Iterable[str], 
     kept as a past holder's (:func:`function_hosts` waits for the last holders when no mark
     is live); without (it started without them, or found a job of one it lacks) the host's
     mark is dropped, live or not: it is no holder, so it is never one of the last holders
-    either. Another worker of the same host that holds one marks it again at its next renewal.
+    either, unless it is the only host marked (a function no host has any more is not "any
+    host": its jobs go there, and that worker fails them saying why). Another worker of the
+    same host that holds one marks it again at its next renewal.
 
     Returns:
         How many marks ended or were dropped.

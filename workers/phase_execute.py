@@ -159,7 +159,7 @@ class ExecutePhase:
             return [res.answers.get(i) for i in range(len(items))]
         return send
 
-    def _workload_failed(self, ctx: PhaseContext, failure: WorkloadFailed) -> str:
+    def _workload_failed(self, ctx: PhaseContext, failure: WorkloadFailed, phase: str = "execute") -> str:
         """A workload function's run failed: retry it (a delayed job, backoff on the Redis
         server's clock) while its retries last and the failure is retryable, else fail
         the job and store the error as its result (:mod:`makespan.results`). A function
@@ -172,7 +172,7 @@ class ExecutePhase:
                                                          "cancel_requested")
         tries_done = int(tries or 0)
         attempt = 1 + int(attempts or 0) + tries_done
-        reason = f"execute: {failure.error_type}: {failure.message}"[:2000]
+        reason = f"{phase}: {failure.error_type}: {failure.message}"[:2000]  # the phase it failed in
         if cancel_requested == "1":  # cancelled before the watcher saw it: a cancel, not a retry or a failure
             metrics.workload_run(name or "unknown", "cancelled")
             return self._finish(ctx, "cancelled", f"execute: cancelled while running (workload raised "

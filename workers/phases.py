@@ -287,7 +287,7 @@ class PhaseRunner(TransitionPhases, ExecutePhase):
                 try:
                     lookup(record[0], ctx.host)
                 except WorkloadFailed as e:  # handed back when another host has it, else failed
-                    return self._workload_failed(ctx, e)
+                    return self._workload_failed(ctx, e, "before its first phase")
         # The claim checks the lease again, in the same script: a reclaim (or preemption)
         # between the renew above and here dropped the lease and its phase hash, and a bare
         # HSETNX recreated that hash (with no TTL) and ran a phase of a lease no longer held.

@@ -40,6 +40,7 @@ def test_a_host_whose_lease_expired_unconsumed_is_down_until_a_worker_announces_
     assert record["state"] == "queued" and record["wait_reason"] == "waiting_for_gpus"  # planned behind h's job
     rows = {row["host"]: row for row in host_rows(r, keys, FLEET)}
     assert (rows["g"]["worker"], rows["g"]["state"]) == ("never (unconsumed)", "down")
+    assert "a lease there expired unconsumed" in rows["g"]["reason"]
     announce(r, keys, "g", "worker-g", 600.0)  # a worker starts there
     w.tick()
     assert [ctx.host for ctx in sent].count("g") == 2 and sent[-1].job_id == on_g.job_id

@@ -311,6 +311,11 @@ def test_a_starting_worker_ends_its_hosts_marks_of_the_names_it_lacks(r, keys, s
     assert function_hosts(r, keys, NAME) == ("host-a", "host-b")
     assert end_host_marks_except(r, keys, "host-a", held=set()) == 1
     assert function_hosts(r, keys, NAME) == ("host-b",)  # its jobs wait for host-b
+    # host-b, the last host marked, restarts without it too: its mark stays, so the jobs go
+    # there and fail saying why, not to any host (a new user saw them leased on a host with
+    # no worker and on one that never had the function)
+    assert end_host_marks_except(r, keys, "host-b", held=set()) == 0
+    assert function_hosts(r, keys, NAME) == ("host-b",)
 
 
 def test_a_clean_stop_keeps_the_host_as_a_past_holder(r, keys, settings):

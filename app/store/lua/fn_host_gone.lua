@@ -4,7 +4,9 @@
 --           past holder's (makespan.registry.function_hosts waits for the last holders when
 --           no mark is live: a restart of the only host with a function);
 --   'drop': its worker does not register them (it started without them, or found a job of
---           one it lacks): the host is no holder at all, live, past or last.
+--           one it lacks): the host is no holder at all, live, past or last, unless it is the
+--           last host marked: then its mark stays (a function no host has any more is not
+--           "any host"; its jobs go to that host, whose worker fails them with the reason).
 -- Either way the planner places the functions' jobs on the hosts whose marks are live. A
 -- mark another worker of the same host renews comes back at its next renewal.
 -- Library: lib
@@ -20,8 +22,10 @@ for _, key in ipairs(KEYS) do
   local expires = redis.call('ZSCORE', key, ARGV[1])
   if expires then
     if ARGV[2] == 'drop' then
-      redis.call('ZREM', key, ARGV[1])
-      ended = ended + 1
+      if redis.call('ZCARD', key) > 1 then
+        redis.call('ZREM', key, ARGV[1])
+        ended = ended + 1
+      end
     elseif tonumber(expires) > ended_ms then
       redis.call('ZADD', key, ended_ms, ARGV[1])
       ended = ended + 1
