@@ -126,7 +126,12 @@ def test_a_holder_far_past_its_planned_end_does_not_keep_its_warm_gpu_for_ever(r
                        "endpoints": {"e": {"model": "m", "memory_mib_per_gpu": 50000, "cold_start_s": 2, "evict_s": 1},
                                      "s": {"model": "n", "memory_mib_per_gpu": 50000, "cold_start_s": 2, "evict_s": 1,
                                            "set_point": [{"host": "h", "gpus": [1]}]}}})
-    w, prod, sent = _setup(r, settings, two, planner_tick_s=0.002)  # a tick: 0.2 workload s
+    s = dataclasses.replace(settings, lease_ttl_s=60.0, policy="portfolio", planner_tick_s=0.002)  # a tick: 0.2 workload s
+    sent: list = []
+    # the planner's own clock, held still: "a little late" stays so (on the wall clock a stall of
+    # tens of ms is seconds of workload time at time_scale 0.01, and made it "far past")
+    w = PlannerWorker(r, s, two, dispatch=lambda ctx, q: sent.append(ctx), clock=ManualClock(time.time()))
+    prod = Producer(r, w.keys, two, s)
     holder = _lease(r, w, prod, "GPU-h-0", priority="NORMAL", service_s=1000.0)
     r.set(w.keys.resident("GPU-h-0"), instance_value("e", ["GPU-h-0"]))  # the holder runs on e there
     r.set(w.keys.resident("GPU-h-1"), instance_value("s", ["GPU-h-1"]))  # the set point
