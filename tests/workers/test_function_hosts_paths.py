@@ -29,6 +29,14 @@ def _mark(r, keys, fn: str, host: str) -> None:
     r.zadd(keys.fn_hosts(fn), {host: seconds * 1000 + micros // 1000 + 600_000})
 
 
+def _planner(r, settings, fleet):
+    """An in-process planner on ``fleet`` with a held clock: (worker, producer, the phase chains it sent)."""
+    s = dataclasses.replace(settings, lease_ttl_s=60.0)
+    sent: list = []
+    w = PlannerWorker(r, s, fleet, dispatch=lambda ctx, q: sent.append(ctx), clock=ManualClock(time.time()))
+    return w, Producer(r, w.keys, fleet, s), sent
+
+
 def test_the_follower_keeps_a_function_job_on_its_hosts(r, settings):
     fleet = _fleet("h", "g")
     s = dataclasses.replace(settings, batch_size=256, lease_ttl_s=60.0, policy="portfolio")
@@ -85,11 +93,7 @@ def test_while_every_worker_of_a_function_is_down_its_jobs_wait_for_those_hosts(
     GPUs take no lease without a live worker) and are leased there once it is back."""
     from makespan.registry import function_hosts
 
-    fleet = _fleet("h1", "h2")
-    s = dataclasses.replace(settings, lease_ttl_s=60.0)
-    sent: list = []
-    w = PlannerWorker(r, s, fleet, dispatch=lambda ctx, q: sent.append(ctx), clock=ManualClock(time.time()))
-    prod = Producer(r, w.keys, fleet, s)
+    w, prod, sent = _planner(r, settings, _fleet("h1", "h2"))
     seconds, micros = r.time()
     r.zadd(w.keys.fn_hosts("only_h2"), {"h2": seconds * 1000 + micros // 1000 - 1})  # expired: h2's worker is gone
     assert function_hosts(r, w.keys, "only_h2") == ("h2",)  # the host that had it last
@@ -110,11 +114,7 @@ def test_a_host_that_dropped_the_function_long_ago_is_not_among_the_last_holders
     (found by a second review); it waits for h2."""
     from makespan.registry import function_hosts
 
-    fleet = _fleet("h1", "h2")
-    s = dataclasses.replace(settings, lease_ttl_s=60.0)
-    sent: list = []
-    w = PlannerWorker(r, s, fleet, dispatch=lambda ctx, q: sent.append(ctx), clock=ManualClock(time.time()))
-    prod = Producer(r, w.keys, fleet, s)
+    w, prod, sent = _planner(r, settings, _fleet("h1", "h2"))
     seconds, micros = r.time()
     now_ms = seconds * 1000 + micros // 1000
     r.zadd(w.keys.fn_hosts("fn"), {"h1": now_ms - 3 * 86_400_000, "h2": now_ms - 1})
