@@ -23,13 +23,16 @@ a tick that forms an empty batch clears it (once: ``CrossTickState.reason_counts
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from makespan.models import Priority
 from makespan.planner.model import Assignment, FleetState, Plan, PlanJob
 from makespan.planner.reservation import Reservation
 from makespan.store import JobStore
 from makespan.workers.tick.context import TickContext
+
+
+MAX_CHAIN = 16  # unready steps followed down a depends_on chain for a dependant's ETA
 
 
 class WriteWaitReasons:
@@ -85,12 +88,11 @@ def _write(ctx: TickContext, batch: list[PlanJob], plan: Plan) -> None:
         eta = (_server_eta(ctx, assignment.start_s, now)
                if assignment is not None and gated.isdisjoint(assignment.gpus) else "")
         rows += [job.id, reason, detail, eta]
-    planned_end = {assignment.job_id: assignment.end_s for assignment in plan.assignments}
-    running_end = _running_ends(ctx, state)
+    dependency_ends = _dependency_ends(ctx, state, plan)
     for job_id, deps in ctx.formed.unready.items():
-        ends = [planned_end.get(dep, running_end.get(dep)) for dep in deps]
-        known = [end for end in ends if end is not None]
-        eta = _server_eta(ctx, max(known), now) if ends and len(known) == len(ends) else ""
+        ends = [dependency_ends(dep) for dep in deps]
+        eta = (_server_eta(ctx, max(now, *ends), now)  # type: ignore[type-var]
+               if ends and None not in ends else "")
         rows += [job_id, "waiting_for_dependency", "waits on " + ", ".join(deps), eta]
     for job_id in ctx.victims:  # preempted this tick, back in their queue
         start = ctx.victim_starts.get(job_id)  # the scored decider's plan after the preemptions
@@ -110,6 +112,57 @@ def _clear_reason_counts(ctx: TickContext) -> None:
     if ctx.kept.reason_counts_written:
         ctx.kept.reason_counts_written = False
         JobStore(env.r, env.keys).write_wait_reasons(ctx.token, [])
+
+
+def _dependency_ends(ctx: TickContext, state: FleetState, plan: Plan) -> Callable[[str], float | None]:
+    """A function: dependency job id -> when it is expected to end (workload s), or None
+    when nothing says. A dependency in the plan ends at its planned end; one holding a
+    lease at its GPUs' free time (:func:`_running_ends`); a completed one has ended (now); a
+    delayed one (``delay_s``, a retry backoff) at its due time plus its service time (no
+    cold start counted: an estimate, never a plan); an unready step (itself waiting on a
+    dependency) when its own dependencies end, plus its service time, down at most
+    :data:`MAX_CHAIN` steps. The records of the dependencies neither planned nor running are
+    read in one round trip, once per tick."""
+    now = state.now_s
+    planned_end = {assignment.job_id: assignment.end_s for assignment in plan.assignments}
+    running_end = _running_ends(ctx, state)
+    unready = ctx.formed.unready
+    unknown = sorted({dep for deps in unready.values() for dep in deps
+                      if dep not in planned_end and dep not in running_end})
+    records: dict[str, list] = {}
+    server_now_s = 0.0
+    if unknown:
+        env = ctx.env
+        pipe = env.r.pipeline(transaction=False)
+        for dep in unknown:
+            pipe.hmget(env.keys.job(dep), "state", "not_before", "service_s")
+        records = dict(zip(unknown, pipe.execute()))
+        server_now_s = ctx.env.delayed.server_now_s()
+    memo: dict[str, float | None] = {}
+
+    def end_of(job_id: str, depth: int = 0) -> float | None:
+        if job_id in planned_end:
+            return planned_end[job_id]
+        if job_id in running_end:
+            return running_end[job_id]
+        if job_id in memo:
+            return memo[job_id]
+        memo[job_id] = None  # a cycle or a chain too deep: no estimate
+        job_state, not_before, service = records.get(job_id) or (None, None, None)
+        out: float | None = None
+        if job_state == "completed":
+            out = now
+        elif job_state == "delayed" and not_before and service:
+            due_s = now + max(0.0, (float(not_before) - server_now_s) / ctx.env.settings.time_scale)
+            out = due_s + float(service)
+        elif job_state == "queued" and job_id in unready and service and depth < MAX_CHAIN:
+            ends = [end_of(dep, depth + 1) for dep in unready[job_id]]
+            if ends and None not in ends:
+                out = max(now, *ends) + float(service)  # type: ignore[type-var]
+        memo[job_id] = out
+        return out
+
+    return end_of
 
 
 def _running_ends(ctx: TickContext, state: FleetState) -> dict[str, float]:

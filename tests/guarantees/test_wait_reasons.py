@@ -579,3 +579,50 @@ def test_a_reservation_on_a_cordoned_host_says_the_host_is_the_reason(r, setting
     w.tick()
     out = _why(gang, "host_cordoned")
     assert "makespan uncordon" in out and "swap a PSU" in out and "reserved for it there" in out, out
+
+
+def _wait_eta(r, w, jid):
+    eta = r.hget(w.keys.job(jid), "wait_eta")
+    return float(eta) if eta else None
+
+
+def test_a_job_waiting_on_a_delayed_job_gets_its_due_time_plus_its_service_as_eta(r, settings, env):
+    """A dependency submitted with ``delay_s`` is in no plan yet, but its due time is known:
+    the dependant's ETA is that plus the dependency's service time, and a job down a chain
+    of waiting steps adds each step's service time (before: no ETA, last stop's note)."""
+    w, prod, sent = _setup(r, settings)
+    later = prod.submit({"endpoint": "e", "service_s": 100, "priority": "NORMAL", "delay_s": 600}).id
+    after = prod.submit({"endpoint": "e", "service_s": 50, "priority": "NORMAL", "depends_on": [later]}).id
+    last = prod.submit({"endpoint": "e", "service_s": 10, "priority": "NORMAL", "depends_on": [after]}).id
+    w.tick()
+    assert later in _why(after, "waiting_for_dependency")
+    assert after in _why(last, "waiting_for_dependency")
+    due = float(r.hget(w.keys.job(later), "not_before"))  # unix s on the server's clock
+    scale = settings.time_scale  # 100 workload s are 1 wall s here
+    assert _wait_eta(r, w, after) == pytest.approx(due + 100 * scale, abs=0.2)
+    assert _wait_eta(r, w, last) == pytest.approx(due + 150 * scale, abs=0.2)
+
+
+def test_a_completed_dependency_does_not_take_the_eta_of_its_dependant_away(r, settings, env):
+    """A step waiting on one completed job and one planned job gets the planned one's end
+    as its ETA (before: none, since the completed job is in no plan)."""
+    from makespan.workers.phases import PhaseRunner
+
+    clock = ManualClock(time.time())
+    s = dataclasses.replace(settings, lease_ttl_s=60.0, policy="portfolio")
+    sent = []
+    w = PlannerWorker(r, s, ONE, dispatch=lambda ctx, q: sent.append(ctx), clock=clock)
+    prod = Producer(r, w.keys, ONE, s)
+    first = prod.submit({"endpoint": "e", "service_s": 10, "priority": "NORMAL"}).id
+    w.tick()
+    assert [c.job_id for c in sent] == [first]
+    assert PhaseRunner(r, s, ONE)._finish(sent[0], "completed", "") == "completed"
+    holder = _lease(r, w, prod, "GPU-h-0", priority="NORMAL", service_s=200.0)
+    second = prod.submit({"endpoint": "e", "service_s": 100, "priority": "NORMAL"}).id
+    both = prod.submit({"endpoint": "e", "service_s": 10, "priority": "NORMAL", "depends_on": [first, second]}).id
+    clock.advance(REASON_REFRESH_S)  # every GPU held: a batch for the jobs no batch read, at most this often
+    w.tick()
+    assert holder in _why(second, "waiting_for_gpus")
+    assert second in _why(both, "waiting_for_dependency")
+    eta = _wait_eta(r, w, both)
+    assert eta is not None and eta == pytest.approx(_wait_eta(r, w, second) + 100 * s.time_scale, abs=0.2)
