@@ -277,12 +277,13 @@ def withdraw(r: redis.Redis, keys: Keys, names: Iterable[str], holder: str, host
 def end_host_marks(r: redis.Redis, keys: Keys, host: str, names: Iterable[str], past: bool = False) -> int:
     """Fleet ``host``'s GPU worker does not hold ``names``: with ``past`` (it held them and
     stopped cleanly) the host's live mark of each (``P:fn:hosts:{name}``) ends now and is
-    kept as a past holder's (:func:`function_hosts` waits for the last holders when no mark
-    is live); without (it started without them, or found a job of one it lacks) the host's
-    mark is dropped, live or not: it is no holder, so it is never one of the last holders
-    either, unless it is the only host marked (a function no host has any more is not "any
-    host": its jobs go there, and that worker fails them saying why). Another worker of the
-    same host that holds one marks it again at its next renewal.
+    kept as a past holder's (:func:`function_placement`: no mark live, the jobs wait for a
+    worker that registers it); without (it started without them, or found a job of one it
+    lacks) the host's mark is dropped, live or not: it is no holder, so it is never one of
+    the last holders either, unless it is the only host marked: then its mark ends now and
+    is kept (a function no host has any more is not "any host": its jobs stay queued,
+    ``waiting_for_function``, until a worker registers it). Another worker of the same host
+    that holds one marks it again at its next renewal.
 
     Returns:
         How many marks ended or were dropped.
@@ -320,13 +321,23 @@ HOST_MARKS_KEPT_S = 7 * 24 * 3600.0  # P:fn:hosts:{name} outlives its last renew
 
 def function_hosts(r: redis.Redis, keys: Keys, name: str) -> tuple[str, ...]:
     """The fleet hosts the planner places workload ``name``'s jobs on (``P:fn:hosts:{name}``),
-    sorted; one round trip: those whose live GPU worker registers it (marks not expired on the
-    Redis server's clock); when every mark has expired (those workers stopped or died, e.g.
-    during a restart), the hosts that registered it last (marks renewed within one
-    :data:`LIVE_TTL_S` of the latest; the key is kept :data:`HOST_MARKS_KEPT_S` after its last
-    renewal, a host's mark as long after its own): the jobs wait for those hosts' workers
-    (their GPUs take no lease while no worker runs there) rather than go to a host without
-    the function. Empty when no host ever marked it (workers from before these marks): any host.
+    sorted; one round trip: :func:`function_placement`'s hosts.
+
+    Raises:
+        redis.RedisError: Redis failed."""
+    return function_placement(r, keys, name)[0]
+
+
+def function_placement(r: redis.Redis, keys: Keys, name: str) -> tuple[tuple[str, ...], bool]:
+    """(hosts, live) of workload ``name`` (``P:fn:hosts:{name}``; one round trip): the hosts
+    whose live GPU worker registers it (marks not expired on the Redis server's clock) and
+    True; when no mark is live (the workers that had it stopped, died, or restarted without
+    it), the hosts that registered it last (marks renewed within one :data:`LIVE_TTL_S` of
+    the latest; the key is kept :data:`HOST_MARKS_KEPT_S` after its last renewal, a host's
+    mark as long after its own) and False: the planner keeps its jobs queued
+    (``waiting_for_function``) until a worker registers it again, rather than send them to a
+    host without it. ((), True) when no host ever marked it (workers from before these
+    marks): any host.
 
     Raises:
         redis.RedisError: Redis failed."""
@@ -337,11 +348,11 @@ def function_hosts(r: redis.Redis, keys: Keys, name: str) -> tuple[str, ...]:
     now_ms = seconds * 1000 + micros // 1000
     live = tuple(sorted(host for host, expires_ms in marks if expires_ms > now_ms))
     if live or not marks:
-        return live
+        return live, True
     # the last holders: the marks renewed within one TTL of the latest (a host whose worker
     # dropped the function days ago is not among them)
     latest_ms = max(expires_ms for _host, expires_ms in marks)
-    return tuple(sorted(host for host, expires_ms in marks if expires_ms >= latest_ms - LIVE_TTL_S * 1000))
+    return tuple(sorted(host for host, expires_ms in marks if expires_ms >= latest_ms - LIVE_TTL_S * 1000)), False
 
 
 def holder_id() -> str:

@@ -40,6 +40,9 @@ REASONS: dict[str, str] = {
                  "until one is back; the detail names them",
     "host_cordoned": "the hosts it could run on are cordoned by an operator (`makespan cordon`): nothing new is "
                      "leased there until `makespan uncordon`; the detail names the host, since when and why",
+    "waiting_for_function": "no live GPU worker registers its workload function (the workers that had it "
+                            "stopped, or restarted without it): it stays queued, unplanned, until one does; the "
+                            "detail names the function and the hosts that had it last",
     "no_planner": "no planner leads: nothing is planned until one does",
     "behind_batch": "queued behind the planner's batch (batch_size jobs by priority, FIFO): the detail gives "
                     "its queue position",

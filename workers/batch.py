@@ -45,7 +45,7 @@ from collections.abc import Mapping, Sequence
 from makespan import telemetry
 from makespan.models import Priority
 from makespan.planner.model import PlanJob
-from makespan.registry import function_hosts
+from makespan.registry import function_placement
 from makespan.store import JobStore
 from makespan.workers.pool_rehome import reroute_elsewhere
 from makespan.workers.tick.clock import release_s
@@ -127,6 +127,7 @@ class _BatchScan:
         self.removed = 0  # queue entries removed (stale, cancelled) while the current chunk was read
         self.problems: dict[tuple[str, str | None], str | None] = {}  # (endpoint, helpers JSON) -> why it never runs
         self._fn_hosts: dict[str, tuple[str, ...]] = {}  # workload function -> its hosts (fn_hosts), this scan
+        self._fn_down: dict[str, tuple[str, ...]] = {}  # function no live worker registers -> its last hosts
         self.fleet_hosts = frozenset(host.name for host in env.fleet.hosts)
 
     def form(self, heads: Mapping[Priority, Sequence[str]] | None) -> FormedBatch:
@@ -192,7 +193,7 @@ class _BatchScan:
                     continue
                 if (pool or None) != self.keys.pool:  # another pool's job: its own planner plans it (and
                     continue                          # it inherits the dependant's level there, P:awaited)
-                if not self.runnable(job_id, priority_name, endpoint, helpers):
+                if not self.runnable(job_id, priority_name, endpoint, helpers) or self.function_waits(job_id, fn):
                     continue
                 deps_of = tuple(json.loads(deps_json)) if deps_json else ()
                 if deps_of and not all(dep_state == "completed" for dep_state in self.dep_states(deps_of)):
@@ -236,11 +237,27 @@ class _BatchScan:
         """
         hit = self._fn_hosts.get(fn)
         if hit is None:
-            hit = function_hosts(self.r, self.keys, fn)
+            hit, live = function_placement(self.r, self.keys, fn)
+            if not live:
+                self._fn_down[fn] = hit
             if set(hit) >= self.fleet_hosts:  # every host has it (the usual case): no constraint to plan
                 hit = ()
             self._fn_hosts[fn] = hit
         return hit
+
+    def function_waits(self, job_id: str, fn: str | None) -> bool:
+        """Whether queued job ``job_id`` of workload function ``fn`` waits for a GPU worker
+        that registers it (no live one does: :func:`makespan.registry.function_placement`);
+        such a job is noted in ``FormedBatch.function_waits`` (reason ``waiting_for_function``)
+        and left out of the batch: planned on the hosts that had the function, it would
+        fail there (a host restarted without it) or hold a place on a down host's GPUs."""
+        if not fn:
+            return False
+        self.fn_hosts(fn)
+        if fn not in self._fn_down:
+            return False
+        self.out.function_waits[job_id] = (fn, self._fn_down[fn])
+        return True
 
     def take(self, level: Priority, ids: list[str], jobs: list[PlanJob], room: int, offset: int = 0) -> int:
         pipe = self.r.pipeline(transaction=False)
@@ -253,7 +270,7 @@ class _BatchScan:
             if endpoint is None or state != "queued":
                 self.removed += drop_stale(self.env, self.token, self.keys.queue(level), job_id)  # cancelled or lost
                 continue
-            if not self.runnable(job_id, level.name, endpoint, helpers):
+            if not self.runnable(job_id, level.name, endpoint, helpers) or self.function_waits(job_id, fn):
                 continue
             deps_of = tuple(json.loads(deps_json)) if deps_json else ()
             if room <= 0:  # not in the batch (what it waits on is in the index)

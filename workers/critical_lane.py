@@ -70,7 +70,7 @@ from makespan.errors import LeaseError, StoreError
 from makespan.models import Priority
 from makespan.planner.critical_placement import CriticalPlacement, place_critical
 from makespan.planner.helpers import fitting_groups, held_s
-from makespan.registry import function_hosts
+from makespan.registry import function_placement
 from makespan.planner.model import FleetState, PlanJob
 from makespan.planner.preemption import Holder
 from makespan.redis_conn import OutageLog, credentials_refused, is_store_bug
@@ -100,7 +100,8 @@ class LaneOutcome:
     Attributes:
         outcome: ``warm``, ``cold_start`` or ``preempted`` (leased and sent); or why not:
             ``not_queued`` (gone, leased or not CRITICAL), ``deps`` (a dependency has not
-            completed), ``no_group`` (no group for it and its helpers now), ``claimed``
+            completed), ``no_group`` (no group for it and its helpers now), ``no_function``
+            (no live GPU worker registers its workload function: it waits, left to the tick), ``claimed``
             (the tick's Preempt step held it past :data:`CLAIM_WAIT_S`), ``lost_race`` (a GPU
             or the job was leased meanwhile). (The thread's event says ``error`` when placing
             raised; the job then stays queued for the tick.)
@@ -251,7 +252,9 @@ class CriticalLane:
             groups = fitting_groups(groups, model, job.helpers, endpoints, self._memory_mib)
         fn = record[_JOB_FIELDS.index("fn")]
         if fn:  # only where a live GPU worker registers its function, as the tick's plan places it
-            hosts = function_hosts(env.r, env.keys, fn)
+            hosts, live = function_placement(env.r, env.keys, fn)
+            if not live:  # none does: the tick keeps it queued (waiting_for_function)
+                return LaneOutcome("no_function")
             on_hosts = [group for group in groups if self._host_of[group[0]] in hosts]
             groups = on_hosts or groups  # none there: as the tick (planner.replay.placeable_hosts)
 

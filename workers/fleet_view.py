@@ -128,13 +128,13 @@ class ReadSnapshot:
 class ReadFleet:
     """Step: the planner's view of the fleet (:func:`read_fleet_state`) into
     ``ctx.fleet_state``, ``ctx.lease_job`` and ``ctx.lease_end``, when the tick plans a batch or writes the
-    wait reasons of the unready steps and the jobs left out of an empty batch."""
+    wait reasons of the unready steps and the jobs left out of an empty batch (or waiting for their function's worker)."""
 
     name = "read fleet"
 
     def run(self, ctx: TickContext) -> None:
         formed = ctx.formed
-        if not (ctx.batch or (ctx.batch_formed and (formed.unready or formed.left_out))):
+        if not (ctx.batch or (ctx.batch_formed and formed.read_waiting())):
             return
         snapshot = ctx.snapshot
         assert snapshot is not None, "ReadSnapshot runs before ReadFleet"

@@ -15,7 +15,7 @@ from makespan.errors import PhaseCancelled, PhaseError, StaleFencingToken
 from makespan.workers.drivers.base import Instance
 from makespan.workers.drivers.registry import instances_on
 from makespan.estimates import record_ops
-from makespan.registry import REGISTRY, end_host_marks, function_hosts
+from makespan.registry import REGISTRY, end_host_marks, function_placement
 from makespan.results import encode_error
 from makespan.workers.functions import (UNKNOWN_WORKLOAD, WorkloadContext, WorkloadFailed, celery_progress_emitter,
                                         lookup, progress_writer, run_function)
@@ -180,7 +180,8 @@ class ExecutePhase:
         if failure.error_type == UNKNOWN_WORKLOAD and definition is None and self._registered_elsewhere(ctx, name):
             self._stop_helpers(ctx)
             return self._give_back(ctx, "function_missing", f"workload {name!r} is not registered on this GPU "
-                                                            f"worker of host {ctx.host!r}; another host's is")
+                                                            f"worker of host {ctx.host!r}; another host's is, or the job "
+                                                            f"waits for a worker that registers it")
         if definition is not None and failure.retryable and tries_done < definition.retries:
             metrics.workload_run(name, "retried")
             wait_s = definition.retry_backoff_s * 2 ** tries_done
@@ -203,18 +204,21 @@ class ExecutePhase:
 
     def _registered_elsewhere(self, ctx: PhaseContext, name: str) -> bool:
         """Whether workload ``name``, which this worker does not register, has other hosts
-        to run on: this host's mark of it is dropped
+        to run on, or to wait for: this host's mark of it is dropped
         (:func:`makespan.registry.end_host_marks`; it outlived a restart without the
-        function) and the hosts the planner places it on (:func:`function_hosts`: those
-        whose worker has it, else those that had it last) are then others that could run
-        the job (:meth:`_could_hold`). The job is handed back and placed there (or waits for
-        them), no attempt counted; False (the job fails, as before) when no such host has or
-        had it. A backstop in the hand-back's script fails a job handed back
+        function, or ends now when it is the last one) and then the hosts the planner places
+        it on (:func:`function_placement`) are read: live ones, of which one other than this
+        host could run the job (:meth:`_could_hold`), or none live (the planner keeps the job
+        queued, ``waiting_for_function``, until a worker registers the function) while one of
+        the hosts that had it last could. The job is handed back, no attempt counted; False
+        (the job fails, as before) when no such host has or had it. A backstop in the
+        hand-back's script fails a job handed back
         :data:`makespan.store.leases.FN_MISSING_BACKS_MAX` times."""
         if not name or not ctx.host:
             return False
         end_host_marks(self.r, self.keys, ctx.host, [name])
-        return any(self._could_hold(host, ctx) for host in function_hosts(self.r, self.keys, name) if host != ctx.host)
+        hosts, live = function_placement(self.r, self.keys, name)
+        return any(self._could_hold(host, ctx) for host in hosts if host != ctx.host or not live)
 
     def _could_hold(self, host: str, ctx: PhaseContext) -> bool:
         """Whether fleet ``host`` could ever run ``ctx``'s job: in the same pool as the

@@ -50,7 +50,7 @@ class WriteWaitReasons:
         if ctx.batch:
             assert ctx.plan is not None, "PlanBatch runs before WriteWaitReasons"
             _write(ctx, ctx.batch, ctx.plan)
-        elif ctx.batch_formed and (ctx.formed.unready or ctx.formed.left_out):  # only unready steps read
+        elif ctx.batch_formed and ctx.formed.read_waiting():  # only jobs it does not plan read
             _write(ctx, [], Plan(ctx.env.settings.policy, []))
         elif ctx.batch_formed:  # nothing queued: no job waits for any reason
             _clear_reason_counts(ctx)
@@ -98,6 +98,11 @@ def _write(ctx: TickContext, batch: list[PlanJob], plan: Plan) -> None:
         start = ctx.victim_starts.get(job_id)  # the scored decider's plan after the preemptions
         rows += [job_id, "preempted_requeued", "preempted this tick; queued again, restarts from zero",
                  _server_eta(ctx, start, now) if start is not None else ""]
+    for job_id, (fn, last_hosts) in ctx.formed.function_waits.items():
+        last = f" (it last ran on {', '.join(last_hosts)})" if last_hosts else ""
+        rows += [job_id, "waiting_for_function",
+                 f"no live GPU worker registers workload function {fn!r}{last}: it stays queued until one "
+                 f"does (`makespan gpu-worker --workloads MODULE` with it); `makespan cancel {job_id}` otherwise", ""]
     for job_id, (level, position) in ctx.formed.left_out.items():
         rows += [job_id, "behind_batch", f"position {position + 1} in the {level.name} queue; the batch holds "
                                       f"{env.settings.batch_size} jobs", ""]

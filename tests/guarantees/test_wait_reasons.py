@@ -443,6 +443,19 @@ def test_a_waiting_jobs_reason_does_not_name_the_preempted_victim_as_holder(r, s
     assert f"job {victim}" not in detail and f"job {high}" in detail, detail
 
 
+def test_waiting_for_function(r, settings, env):
+    """A job of a workload function no live GPU worker registers (the only host that had it
+    restarts): unplanned, with the function and that host named."""
+    w, prod, sent = _setup(r, settings)
+    seconds, micros = r.time()
+    r.zadd(w.keys.fn_hosts("gpu_jobs.render"), {"h": seconds * 1000 + micros // 1000 - 1})  # h's mark ran out
+    jid = prod.submit({"endpoint": "e", "service_s": 10, "priority": "NORMAL"}).id
+    r.hset(w.keys.job(jid), "fn", "gpu_jobs.render")
+    w.tick()
+    out = _why(jid, "waiting_for_function")
+    assert "'gpu_jobs.render'" in out and "last ran on h" in out and sent == [], out
+
+
 def test_every_reason_code_was_shown():
     """Runs last in this module: the codes the tests above reached, against the fixed set."""
     assert SEEN == set(REASONS)

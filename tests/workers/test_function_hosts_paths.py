@@ -10,7 +10,9 @@ import dataclasses
 import time
 
 import pytest
+from typer.testing import CliRunner
 
+from makespan.cli import app as cli_app
 from makespan.models import parse_fleet
 from makespan.producer import Producer
 from makespan.workers.host_liveness import announce
@@ -27,6 +29,12 @@ def _fleet(*hosts: str):
 def _mark(r, keys, fn: str, host: str) -> None:
     seconds, micros = r.time()
     r.zadd(keys.fn_hosts(fn), {host: seconds * 1000 + micros // 1000 + 600_000})
+
+
+@pytest.fixture
+def env(monkeypatch, settings):
+    monkeypatch.setenv("MAKESPAN_REDIS_URL", settings.redis_url)
+    monkeypatch.setenv("MAKESPAN_KEY_PREFIX", settings.key_prefix)
 
 
 def _planner(r, settings, fleet):
@@ -87,10 +95,14 @@ def test_a_preemption_for_a_function_job_is_on_its_hosts(r, settings, mode, poli
     assert [(ctx.job_id, ctx.host) for ctx in sent] == [(job, "h2")]
 
 
-def test_while_every_worker_of_a_function_is_down_its_jobs_wait_for_those_hosts(r, settings):
+@pytest.mark.parametrize("h2_live", [False, True], ids=["h2-down", "h2-restarted-without-it"])
+def test_while_no_worker_registers_a_function_its_jobs_wait_for_one(r, settings, env, h2_live):
     """The only host registering the function restarts (its mark expired): its jobs went to
-    the other host and failed there for good (found by a review); they wait now (the host's
-    GPUs take no lease without a live worker) and are leased there once it is back."""
+    the other host and failed there for good (found by a review). They wait now, unplanned,
+    with reason ``waiting_for_function`` naming the function and h2 (h2 down; or h2's worker
+    back without the function, where they were planned on h2 and failed there), and they are
+    leased once a worker registers it again: on h2, or on h1 when h1's worker does (a deploy
+    that moved the function, in either order)."""
     from makespan.registry import function_hosts
 
     w, prod, sent = _planner(r, settings, _fleet("h1", "h2"))
@@ -98,14 +110,22 @@ def test_while_every_worker_of_a_function_is_down_its_jobs_wait_for_those_hosts(
     r.zadd(w.keys.fn_hosts("only_h2"), {"h2": seconds * 1000 + micros // 1000 - 1})  # expired: h2's worker is gone
     assert function_hosts(r, w.keys, "only_h2") == ("h2",)  # the host that had it last
     announce(r, w.keys, "h1", "worker-h1", 60.0)
-    r.hset(w.keys.hosts_seen, "h2", "worker-h2")  # h2 had a worker: it is down now
+    if h2_live:
+        announce(r, w.keys, "h2", "worker-h2b", 60.0)  # back, without the function
+    else:
+        r.hset(w.keys.hosts_seen, "h2", "worker-h2")  # h2 had a worker: it is down now
     job = prod.submit({"endpoint": "e", "service_s": 5, "priority": "NORMAL"}).id
     r.hset(w.keys.job(job), "fn", "only_h2")
     w.tick()
     assert sent == []
-    announce(r, w.keys, "h2", "worker-h2b", 60.0)  # back
+    res = CliRunner().invoke(cli_app, ["why", job])
+    assert res.exit_code == 0 and ", waiting_for_function, no ETA" in res.output, res.output
+    assert "'only_h2'" in res.output and "h2" in res.output, res.output
+    back = "h1" if h2_live else "h2"
+    announce(r, w.keys, back, f"worker-{back}-new", 60.0)
+    _mark(r, w.keys, "only_h2", back)  # its worker registers the function
     w.tick()
-    assert [(ctx.job_id, ctx.host) for ctx in sent] == [(job, "h2")]
+    assert [(ctx.job_id, ctx.host) for ctx in sent] == [(job, back)]
 
 
 def test_a_host_that_dropped_the_function_long_ago_is_not_among_the_last_holders(r, settings):

@@ -76,6 +76,13 @@ def system(redis_url, tmp_path, monkeypatch):
         yield client
 
 
+@pytest.fixture
+def system_pair(redis_url, tmp_path, monkeypatch):
+    with _live(redis_url, tmp_path, monkeypatch, "tests.workloads.fns", "tests.workloads.fns,tests.workloads.fns_only_b",
+               ready=lambda client: client.r.exists(client.keys.fn_live("only_b"))) as pair:
+        yield pair
+
+
 def test_a_function_one_host_registers_runs_there_only(system):
     client = system
     assert function_hosts(client.r, client.keys, "only_b") == ("host-b",)
@@ -110,5 +117,32 @@ def test_a_host_restarted_without_a_function_gets_none_of_its_jobs(two_hosts_wit
     jobs = [client.submit("only_b", n) for n in range(8)]
     results = [job.result(timeout_s=120) for job in jobs]
     assert [result["n"] for result in results] == list(range(8))
+    assert {result["host"] for result in results} == {"host-a"}
+    assert all(job.status()["attempts"] == 1 for job in jobs)
+
+
+def test_a_function_moved_by_restarting_its_old_host_first_waits_for_the_new_one(system_pair):
+    """A deploy moves ``only_b`` from host-b to host-a, restarting host-b (without it) first:
+    host-b's queued jobs of it failed there with makespan.UnknownWorkload (last stop's note).
+    Now they wait, unplanned, with reason ``waiting_for_function``, and run on host-a once
+    its worker registers the function; no attempt is used up."""
+    live, client = system_pair
+    jobs = [client.submit("only_b", n, delay_s=4) for n in range(4)]  # queued in 4 s
+    for proc in live.kill("gpu-host-b-0", signal.SIGKILL):
+        proc.popen.wait(timeout=60)
+        live.procs.remove(proc)
+    live.start_gpu_worker("host-b", n=1, env_extra={"MAKESPAN_WORKLOADS": "tests.workloads.fns"})
+    live.wait_workers(90)
+    wait_for(lambda: all(job.status().get("wait_reason") == "waiting_for_function" for job in jobs), 60,
+             "the jobs to wait for a worker with their function")
+    assert all(job.status()["state"] == "queued" for job in jobs)
+    assert "host-b" in jobs[0].status()["wait_detail"]
+    for proc in live.kill("gpu-host-a-0", signal.SIGTERM):
+        proc.popen.wait(timeout=60)
+        live.procs.remove(proc)
+    live.start_gpu_worker("host-a", n=1,
+                          env_extra={"MAKESPAN_WORKLOADS": "tests.workloads.fns,tests.workloads.fns_only_b"})
+    results = [job.result(timeout_s=120) for job in jobs]
+    assert [result["n"] for result in results] == list(range(4))
     assert {result["host"] for result in results} == {"host-a"}
     assert all(job.status()["attempts"] == 1 for job in jobs)

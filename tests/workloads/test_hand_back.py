@@ -26,7 +26,7 @@ from makespan.keys import WAKE_RELEASE
 from makespan.models import fleet_version, load_fleet
 from makespan.producer import Producer
 from makespan.redis_conn import free_port
-from makespan.registry import REGISTRY, end_host_marks_except, function_hosts, publish
+from makespan.registry import REGISTRY, end_host_marks_except, function_hosts, function_placement, publish
 from makespan.workers.drivers.base import Instance
 from makespan.workers.drivers.registry import register_instance
 from makespan.workers.leases import Lease, LeaseStore
@@ -311,11 +311,17 @@ def test_a_starting_worker_ends_its_hosts_marks_of_the_names_it_lacks(r, keys, s
     assert function_hosts(r, keys, NAME) == ("host-a", "host-b")
     assert end_host_marks_except(r, keys, "host-a", held=set()) == 1
     assert function_hosts(r, keys, NAME) == ("host-b",)  # its jobs wait for host-b
-    # host-b, the last host marked, restarts without it too: its mark stays, so the jobs go
-    # there and fail saying why, not to any host (a new user saw them leased on a host with
-    # no worker and on one that never had the function)
+    # host-b, the last host marked, restarts without it too: its mark stays, so the jobs do
+    # not go to any host (a new user saw them leased on a host with no worker and on one
+    # that never had the function); no mark is live: they wait for a worker that registers it
     assert end_host_marks_except(r, keys, "host-b", held=set()) == 0
-    assert function_hosts(r, keys, NAME) == ("host-b",)
+    assert function_placement(r, keys, NAME) == (("host-b",), False)
+    # the same with host-b's mark live (it restarted within the mark's TTL): the mark ends now
+    # (before: it stayed live, and the planner sent the jobs to host-b, whose worker failed them)
+    _mark(r, keys, "host-b")
+    assert function_placement(r, keys, NAME) == (("host-b",), True)
+    assert end_host_marks_except(r, keys, "host-b", held=set()) == 1
+    assert function_placement(r, keys, NAME) == (("host-b",), False)
 
 
 def test_a_clean_stop_keeps_the_host_as_a_past_holder(r, keys, settings):
@@ -332,17 +338,36 @@ def test_a_clean_stop_keeps_the_host_as_a_past_holder(r, keys, settings):
     assert function_hosts(r, keys, NAME) == ("host-b",)  # a live one elsewhere: there
 
 
-@pytest.mark.parametrize("holders", [["host-a"], ["host-a", "host-z"]], ids=["only-itself", "unusable-other"])
+def test_a_job_of_a_function_no_other_host_has_is_handed_back_to_wait(r, keys, settings, monkeypatch):
+    """The only host marked for the function is this one, restarted without it: its mark
+    ends, and the job is handed back before any transition, no attempt counted, to wait
+    (``waiting_for_function``) for a worker that registers the function (before: it failed
+    with makespan.UnknownWorkload, so a deploy that restarted the old host first lost them)."""
+    fleet, client = _setup(r, keys, settings, marks_that_it_ran)
+    job = client.submit(NAME)
+    _mark(r, keys, "host-a")
+    ctx, runner = _lease(r, keys, settings, fleet, job.id)
+    monkeypatch.delitem(REGISTRY, NAME)
+
+    assert run_phases(runner, ctx) == "handed_back"
+
+    record = r.hgetall(keys.job(job.id))
+    assert record["state"] == "queued" and record.get("attempts", "0") == "0", record
+    assert function_placement(r, keys, NAME) == ((ctx.host,), False)  # no live mark: the planner holds it
+    assert [e for e in all_events(r, keys) if e.get("lease") == ctx.lease_id and e["kind"] == "phase_start"] == []
+
+
+@pytest.mark.parametrize("holders", [["host-a", "host-z"], ["host-z"]], ids=["unusable-other", "unusable-last"])
 def test_no_hand_back_when_no_other_holder_can_run_the_job(r, keys, settings, monkeypatch, holders):
-    """No other host has the function (only-itself), or its only other holder cannot hold
-    the job's endpoint (here: no such host in this fleet; live: a host too small, or in
-    another pool), where the planner places the job anywhere again (placeable_hosts) and a
-    hand-back repeated for ever (a review saw 2,568 in 25 s): the job fails at once, before
-    any transition (no model loaded for it)."""
+    """The function's only other holder, live or last, cannot hold the job's endpoint (here:
+    no such host in this fleet; live: a host too small, or in another pool), where the planner
+    places the job anywhere again (placeable_hosts) and a hand-back repeated for ever (a
+    review saw 2,568 in 25 s): the job fails at once, before any transition (no model loaded
+    for it)."""
     fleet, client = _setup(r, keys, settings, marks_that_it_ran)
     job = client.submit(NAME)
     for host in holders:
-        _mark(r, keys, host)
+        _mark(r, keys, host, ahead_ms=60_000 if len(holders) > 1 else -5_000)
     ctx, runner = _lease(r, keys, settings, fleet, job.id)
     monkeypatch.delitem(REGISTRY, NAME)
 

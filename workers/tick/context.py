@@ -83,6 +83,13 @@ class FormedBatch:
     unready: dict[str, tuple[str, ...]] = field(default_factory=dict)  # unready step -> its deps
     left_out: dict[str, tuple[Priority, int]] = field(default_factory=dict)  # read, not taken -> (level, position)
     requeued: set[str] = field(default_factory=set)  # taken jobs whose record says they were preempted
+    # read, not taken: no live GPU worker registers its function -> (function, the hosts that had it last)
+    function_waits: dict[str, tuple[str, tuple[str, ...]]] = field(default_factory=dict)
+
+    def read_waiting(self) -> bool:
+        """Whether the scan read jobs it did not take whose wait reasons are written anyway
+        (unready steps, jobs left out, jobs waiting for their function's worker)."""
+        return bool(self.unready or self.left_out or self.function_waits)
 
 
 @dataclass(frozen=True)

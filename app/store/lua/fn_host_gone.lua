@@ -5,8 +5,9 @@
 --           no mark is live: a restart of the only host with a function);
 --   'drop': its worker does not register them (it started without them, or found a job of
 --           one it lacks): the host is no holder at all, live, past or last, unless it is the
---           last host marked: then its mark stays (a function no host has any more is not
---           "any host"; its jobs go to that host, whose worker fails them with the reason).
+--           last host marked: then its mark ends now and is kept (a function no host has any
+--           more is not "any host": with no live mark the planner keeps its jobs queued,
+--           waiting_for_function, until a worker registers it).
 -- Either way the planner places the functions' jobs on the hosts whose marks are live. A
 -- mark another worker of the same host renews comes back at its next renewal.
 -- Library: lib
@@ -21,11 +22,9 @@ local ended = 0
 for _, key in ipairs(KEYS) do
   local expires = redis.call('ZSCORE', key, ARGV[1])
   if expires then
-    if ARGV[2] == 'drop' then
-      if redis.call('ZCARD', key) > 1 then
-        redis.call('ZREM', key, ARGV[1])
-        ended = ended + 1
-      end
+    if ARGV[2] == 'drop' and redis.call('ZCARD', key) > 1 then
+      redis.call('ZREM', key, ARGV[1])
+      ended = ended + 1
     elseif tonumber(expires) > ended_ms then
       redis.call('ZADD', key, ended_ms, ARGV[1])
       ended = ended + 1
