@@ -324,6 +324,31 @@ def check_eviction_policy(r: redis.Redis, settings: Settings, process: str = "ma
     return policy
 
 
+def check_persistence(r: redis.Redis, process: str = "makespan") -> bool:
+    """Warn (log, not refuse) when Redis persists nothing: ``appendonly no`` and no ``save``
+    points. Such a Redis loses every queued job, lease and result when it restarts, and a
+    planner that restarts with it cannot tell (its fencing counter starts again from
+    nothing: :meth:`makespan.workers.planner_worker.PlannerWorker._state_lost` only sees a
+    restart it outlived). Called as a planner comes to lead. Returns whether Redis persists
+    (True also where ``CONFIG GET`` is refused: nothing is known).
+
+    Raises:
+        redis.RedisError: Redis did not answer."""
+    try:
+        cfg = r.config_get("appendonly")
+        cfg.update(r.config_get("save"))
+    except redis.ResponseError:  # CONFIG disabled or renamed (managed Redis): nothing to say
+        return True
+    appendonly = str(cfg.get("appendonly", "")).strip().lower()
+    save = str(cfg.get("save", "")).strip()
+    if appendonly == "yes" or save:
+        return True
+    log.warning("%s: Redis persists nothing (appendonly no, no save points): a Redis restart loses every queued "
+                "job, lease and result, and makespan cannot tell afterwards; run it with appendonly yes "
+                "(docs/durability.md)", process)
+    return False
+
+
 def redacted(url: str) -> str:
     """``url`` with any password replaced by ``***`` (for logs and spans;
     :func:`makespan.settings.redacted_url`)."""

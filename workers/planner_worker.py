@@ -50,7 +50,8 @@ from makespan.errors import LeaseError, RedisConfigError, StoreError, Validation
 from makespan.keys import WAKE_RELEASE, Keys
 from makespan.models import FleetSpec, Priority, fleet_version
 from makespan.planner.model import FleetState, PlanJob
-from makespan.redis_conn import OutageLog, check_eviction_policy, credentials_refused, with_socket_timeout
+from makespan.redis_conn import (OutageLog, check_eviction_policy, check_persistence, credentials_refused,
+                                  with_socket_timeout)
 from makespan.settings import Settings, liveness_warning, planner_lock_warning, retention_warning
 from makespan.workers.batch import form_batch
 from makespan.workers.critical_lane import CriticalLane
@@ -294,12 +295,14 @@ class PlannerWorker:
     def _check_redis_config(self, lock) -> None:
         """Checked each time this planner comes to lead (a failover may have promoted a
         Redis configured differently): an evicting ``maxmemory-policy`` makes it give the
-        lock back and raise.
+        lock back and raise; a Redis that persists nothing is logged as a warning
+        (:func:`makespan.redis_conn.check_persistence`).
 
         Raises:
             RedisConfigError: an evicting policy and no ``allow_evicting_redis``."""
         try:
             check_eviction_policy(self.r, self.settings, process=f"planner {self.name}")
+            check_persistence(self.r, process=f"planner {self.name}")
         except RedisConfigError:
             try:
                 lock.release()

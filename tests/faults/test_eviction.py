@@ -250,3 +250,27 @@ def test_refusal_is_printed_once(evicting_redis):
                        env=_env(evicting_redis), capture_output=True, text=True, timeout=START_TIMEOUT_S, cwd=ROOT)
     assert p.returncode == EXIT_REFUSED, p.stderr
     assert (p.stdout + p.stderr).count("refuses to run") == 1, p.stderr
+
+
+def test_a_redis_that_persists_nothing_is_warned_about(caplog):
+    """A Redis with ``appendonly no`` and no save points loses every queued job when it
+    restarts, and a planner restarted with it cannot tell (its fencing counter starts from
+    nothing): the planner warns as it comes to lead (a private redis-server; the shared
+    Redis's configuration is never changed)."""
+    from makespan.redis_conn import check_persistence
+
+    emb = start_embedded()  # --save "" --appendonly no
+    try:
+        r = connect(emb.url)
+        with caplog.at_level(logging.WARNING, logger="makespan.redis_conn"):
+            assert check_persistence(r, process="planner test") is False
+        assert "persists nothing" in caplog.text and "appendonly yes" in caplog.text
+        caplog.clear()
+        r.config_set("save", "3600 1")
+        assert check_persistence(r) is True
+        r.config_set("save", "")
+        r.config_set("appendonly", "yes")
+        assert check_persistence(r) is True and "persists nothing" not in caplog.text
+        r.close()
+    finally:
+        emb.stop()
