@@ -150,12 +150,17 @@ def _running(ctx: TickContext, state: FleetState, lease_of: dict[str, str], info
         # another leader): its start on this tick's clock is now less the time held; its end
         # is the one the fleet state's free times were read from (dated on the server clock,
         # makespan.workers.leases.planned_end_s: the same value, or the decider would not see
-        # the victim's GPUs free at its end), else dated now the same way
+        # the victim's GPUs free at its end), else dated now the same way; a holder past its
+        # planned end ends when the fleet state expects it (as long again as it has overrun,
+        # makespan.workers.fleet_view): with its past end it was no victim, and a CRITICAL job
+        # waited behind an overrunning LOW one until that ended on its own (new-user check)
         start_s = state.now_s - ran_s
         end = ctx.lease_end.get(lease_id)
         if end is None:
             end = planned_end_s(info[lease_id], state.now_s, server_now_ms, time_scale)
         end_s = state.now_s if end is None else end
+        if end_s <= state.now_s:  # past its planned end: the end the plan expects, as the GPUs' free times
+            end_s = max(end_s, *(state.free_at.get(gpu, end_s) for gpu in group))
         preemptable = job_id not in awaited and not on_down_host and _bounded(ctx, cuts, ran_s)
         running = RunningJob(job, group, start_s, max(start_s, end_s - float(service)), end_s, preemptable)
         out.update({gpu: running for gpu in group})

@@ -207,3 +207,39 @@ def test_live_job_started_this_tick_is_not_a_victim_of_the_same_tick(r, settings
     assert normal in [c.job_id for c in sent]
     assert normal not in [e["job"] for e in _preempted(r, w.keys)]
     assert r.hget(w.keys.job(normal), "state") == "leased" and r.hget(w.keys.job(normal), "preemptions") is None
+
+
+@pytest.mark.parametrize(("mode", "policy"), [("plan", "portfolio"), ("plan", "default"), ("rule", "portfolio")])
+@pytest.mark.parametrize("level", ["CRITICAL", "HIGH"])
+def test_live_a_holder_past_its_planned_end_can_still_be_preempted(r, settings, mode, policy, level):
+    """A LOW job planned for 10 s has run 160 s (its estimate was wrong) and holds the only
+    GPU; a CRITICAL or HIGH job comes. It waited until the LOW job ended on its own, its ETA
+    moving a second per second (new-user check): the victim test wanted the holder's planned
+    end in the future, and an overrunning holder's is in the past. It is now the end the plan
+    expects (as long again as it has overrun), and the waiting job preempts it."""
+    import dataclasses
+    import time
+    import uuid
+
+    from makespan.producer import Producer
+    from makespan.workers.leases import LeaseStore
+    from makespan.workers.planner_worker import PlannerWorker
+
+    s = dataclasses.replace(settings, lease_ttl_s=60.0, preemption=mode, policy=policy, critical_lane=False)
+    sent = []
+    w = PlannerWorker(r, s, ONE, dispatch=lambda ctx, q: sent.append(ctx))
+    prod = Producer(r, w.keys, ONE, s)
+    low = prod.submit({"endpoint": "e", "service_s": 10, "priority": "LOW"}).id
+    assert LeaseStore(r, w.keys).acquire(uuid.uuid4().hex, ("GPU-h-0",), 60.0, job_id=low, kind="job", holder="h",
+                                         queue=w.keys.queue("LOW"),
+                                         info={"planned_end_s": repr(w.now_s() - 150), "endpoint": "e",
+                                               "priority": "LOW"}) is not None
+    r.hset(w.keys.job(low), "leased_at", repr(time.time() - 1.6))  # ran 160 workload s
+    urgent = prod.submit({"endpoint": "e", "service_s": 10, "priority": level}).id
+    try:
+        for _ in range(3):
+            w.tick()
+    finally:
+        w.close()
+    assert [e["job"] for e in _preempted(r, w.keys)] == [low]
+    assert [c.job_id for c in sent] == [urgent]
