@@ -76,7 +76,7 @@ from makespan.planner.preemption import Holder
 from makespan.redis_conn import OutageLog, credentials_refused, is_store_bug
 from makespan.workers import host_liveness
 from makespan.workers.fleet_view import DOWN_FREE_AFTER_S
-from makespan.workers.leases import planned_end_s, preempt
+from makespan.workers.leases import expected_end_s, planned_end_s, preempt
 from makespan.workers.phases import instance_value
 from makespan.workers.preemption import lease_holders, within_bounds
 from makespan.workers.starts import start_job
@@ -302,7 +302,8 @@ class CriticalLane:
             # the lease's planned end dated on the server clock, so on this planner's clock
             # whichever leader leased it (makespan.workers.leases.planned_end_s)
             planned_end = planned_end_s(rec, now_s, server_now_ms, ctx.env.settings.time_scale)
-            free_at[gpu] = planned_end if planned_end is not None else now_s + DOWN_FREE_AFTER_S
+            # (a holder past it: as long again as it has overrun, as the tick's fleet state)
+            free_at[gpu] = expected_end_s(planned_end, now_s) if planned_end is not None else now_s + DOWN_FREE_AFTER_S
         return place_critical(*args, free_at, now_s, cold_start_s, holders)
 
     def _lease(self, ctx: TickContext, job: PlanJob, placement: CriticalPlacement, now_s: float,

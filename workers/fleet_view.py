@@ -36,7 +36,7 @@ from makespan.planner.model import EndpointModel, FleetState, Gpu, PlanJob
 from makespan.workers import host_liveness
 from makespan.workers.drivers.base import Instance
 from makespan.workers.drivers.registry import list_sleepers
-from makespan.workers.leases import planned_end_s, server_time_ms
+from makespan.workers.leases import expected_end_s, planned_end_s, server_time_ms
 from makespan.keys import Keys
 from makespan.workers.phases import parse_instance
 from makespan.workers.tick.context import CrossTickState, Snapshot, TickContext, TickEnv
@@ -268,7 +268,7 @@ def read_fleet_state(env: TickEnv, kept: CrossTickState, held: tuple[str | None,
         if holder:
             busy.add(gpu)
             end = ends.get(holder.split(":")[0], now)
-            free_at[gpu] = max(held_min_s, end if end >= now else now + (now - end))
+            free_at[gpu] = max(held_min_s, expected_end_s(end, now))
             if end < now - OVERRUN_NOTED_S:
                 overrun[gpu] = now - end
         else:

@@ -77,6 +77,15 @@ def planned_end_s(lease: dict[str, str], now_s: float, server_now_ms: float, tim
     return float(written) if written else None
 
 
+def expected_end_s(planned_end: float, now_s: float) -> float:
+    """When a holder planned to end at ``planned_end`` (workload s) is expected to end, seen
+    at ``now_s``: its planned end, or for one past it, as long again as it has overrun (its
+    release cannot be dated; a holder far past its planned end is not expected to end at the
+    next tick). The planner's fleet state (:mod:`makespan.workers.fleet_view`) and the
+    critical lane's free times both use it."""
+    return planned_end if planned_end >= now_s else now_s + (now_s - planned_end)
+
+
 class LeaseStore(_store_leases.LeaseStore):
     """:class:`makespan.store.LeaseStore`, plus the metrics and the job's root span of a job
     a reclaim or a preemption ends or requeues (every path that preempts calls

@@ -45,14 +45,15 @@ def _lane_events(r, keys, job_id):
     return [e for e in ev.read_all(r, keys.events) if e["kind"] == "critical_lane" and e["job"] == job_id]
 
 
-def _hold_with_low_jobs(r, w, prod, gpus_by_lease):
-    """Lease each GPU group of ``gpus_by_lease`` to a LOW job (running long); returns the lease ids."""
+def _hold_with_low_jobs(r, w, prod, gpus_by_lease, ends_in_s=3600.0):
+    """Lease each GPU group of ``gpus_by_lease`` to a LOW job planned to end in ``ends_in_s``
+    workload s (running long; negative: past its planned end); returns the lease ids."""
     leases = []
     for n, gpus in enumerate(gpus_by_lease):
         jid = prod.submit({"endpoint": "renderer", "service_s": 3600, "priority": "LOW"}).id
         lease = w.leases.acquire(f"low-{n}", tuple(gpus), 60.0, job_id=jid, kind="job", holder="host-a",
                                  queue=w.keys.queue("LOW"),
-                                 info={"planned_end_s": repr(w.now_s() + 3600), "endpoint": "renderer",
+                                 info={"planned_end_s": repr(w.now_s() + ends_in_s), "endpoint": "renderer",
                                        "priority": "LOW"})
         assert lease is not None
         leases.append(f"low-{n}")
@@ -105,6 +106,18 @@ def test_every_gpu_held_by_low_work_preempts_the_cheapest_group(r, settings):
     assert r.hget(w.keys.job(victim_job), "state") == "queued"
     assert r.zscore(w.keys.queue("LOW"), victim_job) is not None
     assert all(r.get(w.keys.gpu(gpu)).split(":")[0] == sent[0].lease_id for gpu in out.gpus)
+
+
+def test_holders_past_their_planned_end_are_preempted_not_waited_for(r, settings):
+    """Every GPU held by LOW jobs 600 s past their planned ends: the lane took them for
+    freeing now (their planned ends) and left the CRITICAL job waiting (``no_group``);
+    they are expected to run as long again (as the tick's fleet state), so it preempts."""
+    w, prod, sent = _worker(r, settings)
+    _hold_with_low_jobs(r, w, prod, [ALL_GPUS[n:n + 2] for n in range(0, 8, 2)], ends_in_s=-600.0)
+    job = prod.submit({"endpoint": "summarizer", "service_s": 5, "priority": "CRITICAL"}).id  # TP 2
+    out = _lane(w).place(r.lpop(w.keys.planner_critical))
+    assert out.outcome == "preempted" and len(out.victims) == 1
+    assert [c.job_id for c in sent] == [job]
 
 
 def test_critical_work_is_never_preempted_and_the_job_stays_queued_for_the_tick(r, settings):
