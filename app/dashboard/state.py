@@ -430,7 +430,8 @@ def job_detail(r: redis.Redis, keys: Keys, job_id: str, stale_after_s: float = 1
     own count as ``reclaimed_attempts``), "phases": [{"phase", "gpus",
     "start", "end", "complete"}], "events": [...], "result"}``. ``result`` is the JSON
     of ``P:result:{id}`` (:mod:`makespan.results`: ``{"ok": true, "value": ...}`` or
-    ``{"ok": false, "error": {...}}``), None when there is none. A queued or delayed job's
+    ``{"ok": false, "error": {...}}``), None when there is none; ``now``: the Redis server's
+    clock as it was read (unix s: an ETA the page says has passed is judged on it). A queued or delayed job's
     ``wait_reason``, ``wait_detail`` and ``wait_eta`` are as ``makespan status`` gives them
     (:func:`makespan.producer.waiting_record`; ``stale_after_s``: its planner staleness).
 
@@ -445,6 +446,7 @@ def job_detail(r: redis.Redis, keys: Keys, job_id: str, stale_after_s: float = 1
             return None
         rows = r.xrevrange(keys.events, count=JOB_EVENTS_SCAN)
         raw = r.get(keys.result(job_id))
+        seconds, micros = r.time()
     except redis.RedisError as e:
         raise StoreError(f"job {job_id}: {e}") from e
     try:
@@ -473,4 +475,5 @@ def job_detail(r: redis.Redis, keys: Keys, job_id: str, stale_after_s: float = 1
             pass
     # one type per kind of value, as `makespan status` gives it (attempts the attempts made;
     # the hash's own count, the reclaimed ones, as reclaimed_attempts)
-    return {"job": job_id, "record": typed_waiting_record(rec), "phases": phases, "events": evs, "result": result}
+    return {"job": job_id, "record": typed_waiting_record(rec), "phases": phases, "events": evs, "result": result,
+            "now": seconds + micros / 1e6}

@@ -310,3 +310,27 @@ def test_the_page_shows_each_pool_and_whether_a_planner_leads_it(redis_url, keys
 
     hosts = {h["name"]: h for h in snapshot(r, keys)["hosts"]}
     assert (hosts["b2"]["state"], hosts["b2"]["reason"], hosts["a1"]["state"]) == ("drained", "new PSU", "schedulable")
+
+
+def test_a_passed_eta_and_the_wait_reason_are_shown_as_why_gives_them(redis_url, keys, r, settings, fleet, tmp_path):
+    """A job whose ETA the plan has passed (its holder overran) showed "now" in the queue,
+    and its job page showed no reason or ETA at all (new-user check): the queue says
+    "passed N s ago" as `makespan why` does, and the job page gives the wait reason, its
+    detail and the ETA. Real uvicorn, real headless Chromium."""
+    r.set(keys.fleet, fleet.model_dump_json())
+    r.set(keys.planner_leader, "test")  # a planner leads: its entries are trusted
+    job = Producer(r, keys, fleet, settings).submit({"endpoint": "chat", "priority": "NORMAL", "service_s": 5}).id
+    written = _server_now(r)
+    r.hset(keys.job(job), mapping={"wait_reason": "waiting_for_gpus", "wait_detail": "GPU-host-a-0 held by job x",
+                                   "wait_eta": repr(written - 40.0), "wait_at": repr(written)})
+    browser = Chromium(require_tool("chromium"), tmp_path / "profile")
+    with _served(redis_url, keys, r) as c:
+        dom = browser.dump_dom(f"{c.base_url}/?updates=1", budget_ms=3000)
+        page = browser.dump_dom(f"{c.base_url}/job/{job}?updates=0", budget_ms=3000)
+    row = re.search(rf'<tr class="queued-job" data-job="{job}".*?</tr>', dom).group(0)
+    eta = re.search(r'<td class="num eta">([^<]*)</td>', row).group(1)
+    assert re.fullmatch(r"passed 4\d\.\d s ago", eta), row
+    assert re.search(r'<tr data-field="wait_reason"><th>wait_reason</th><td>waiting_for_gpus</td></tr>', page), page[-3000:]
+    assert "GPU-host-a-0 held by job x" in page
+    assert re.search(r'<tr data-field="wait_eta"><th>wait_eta</th><td>[^<]*\(passed 4\d\.\d s ago\)</td></tr>', page), \
+        page[-3000:]

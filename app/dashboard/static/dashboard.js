@@ -27,6 +27,14 @@ function clock(t) {
   return d.toLocaleTimeString([], {hour12: false}) + "." + String(d.getMilliseconds()).padStart(3, "0").slice(0, 1);
 }
 
+// an ETA (unix s) seen at `now`: "+12.0 s", or "passed 40 s ago" when the plan it came from
+// has passed it (the job did not start then: as `makespan why` says it), "unknown" without one
+function etaText(eta, now) {
+  if (eta === null || eta === undefined || eta === "") return "unknown";
+  const ahead = Number(eta) - now;
+  return ahead >= 0.5 ? "+" + secs(ahead) : ahead > -0.5 ? "now" : `passed ${secs(-ahead)} ago`;
+}
+
 function secs(s) {
   if (s === null || s === undefined) return "";
   if (s < 60) return s.toFixed(1) + " s";
@@ -157,7 +165,7 @@ function drawQueue(state) {
     el("td", {}, el("a", {href: "job/" + encodeURIComponent(q.job), title: q.job, text: short(q.job)})),
     el("td", {text: q.endpoint}), el("td", {text: q.state}), el("td", {class: "num", text: secs(q.wait_s)}),
     el("td", {class: "num", text: q.attempts}),
-    el("td", {class: "num", text: q.eta ? (q.eta <= state.now ? "now" : "+" + secs(q.eta - state.now)) : "unknown"}),
+    el("td", {class: "num eta", text: etaText(q.eta, state.now)}),
     el("td", {class: "reason", text: q.reason}))));
 }
 
@@ -261,12 +269,15 @@ function jobPage() {
   fetch(api("../api/job/" + encodeURIComponent(id)), {cache: "no-store"}).then(r => r.json()).then(doc => {
     if (doc.error) { document.getElementById("status").textContent = doc.error; return; }
     const rec = doc.record;
-    const fields = ["state", "endpoint", "priority", "service_s", "attempts", "preemptions", "submitted_at",
-                    "leased_at", "started_at", "finished_at", "lease", "workload_id", "reason"];
-    const times = new Set(["submitted_at", "leased_at", "started_at", "finished_at"]);
+    // a waiting job's reason, detail and ETA (makespan why's answer) come first
+    const fields = ["state", "wait_reason", "wait_detail", "wait_eta", "wait_at", "endpoint", "priority", "service_s",
+                    "attempts", "preemptions", "submitted_at", "leased_at", "started_at", "finished_at", "lease",
+                    "workload_id", "reason"];
+    const times = new Set(["submitted_at", "leased_at", "started_at", "finished_at", "wait_at"]);
+    const shown = f => f === "wait_eta" ? `${clock(Number(rec[f]))} (${etaText(rec[f], doc.now)})`
+      : times.has(f) ? `${clock(Number(rec[f]))} (${rec[f]})` : rec[f];
     document.querySelector("#record tbody").replaceChildren(...fields.filter(f => rec[f] !== undefined && rec[f] !== null && rec[f] !== "")
-      .map(f => el("tr", {"data-field": f}, el("th", {text: f}),
-        el("td", {text: times.has(f) ? `${clock(Number(rec[f]))} (${rec[f]})` : rec[f]}))));
+      .map(f => el("tr", {"data-field": f}, el("th", {text: f}), el("td", {text: shown(f)}))));
     document.querySelector("#phases tbody").replaceChildren(...doc.phases.map(p => el("tr", {class: "phase",
       "data-phase": p.phase}, el("td", {text: p.phase}), el("td", {text: p.gpus.join(", ")}),
       el("td", {text: clock(p.start)}), el("td", {text: clock(p.end)}), el("td", {text: (p.end - p.start).toFixed(3)}),
