@@ -23,7 +23,7 @@ a tick that forms an empty batch clears it (once: ``CrossTickState.reason_counts
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from makespan.models import Priority
 from makespan.planner.model import Assignment, FleetState, Plan, PlanJob
@@ -88,12 +88,12 @@ def _write(ctx: TickContext, batch: list[PlanJob], plan: Plan) -> None:
         eta = (_server_eta(ctx, assignment.start_s, now)
                if assignment is not None and gated.isdisjoint(assignment.gpus) else "")
         rows += [job.id, reason, detail, eta]
-    dependency_ends = _dependency_ends(ctx, state, plan)
+    dependencies = _Dependencies(ctx, state, plan)
     for job_id, deps in ctx.formed.unready.items():
-        ends = [dependency_ends(dep) for dep in deps]
+        ends = [dependencies.end_of(dep) for dep in deps]
         eta = (_server_eta(ctx, max(now, *ends), now)  # type: ignore[type-var]
                if ends and None not in ends else "")
-        rows += [job_id, "waiting_for_dependency", "waits on " + ", ".join(deps), eta]
+        rows += [job_id, "waiting_for_dependency", dependencies.detail(deps), eta]
     for job_id in ctx.victims:  # preempted this tick, back in their queue
         start = ctx.victim_starts.get(job_id)  # the scored decider's plan after the preemptions
         rows += [job_id, "preempted_requeued", "preempted this tick; queued again, restarts from zero",
@@ -119,55 +119,79 @@ def _clear_reason_counts(ctx: TickContext) -> None:
         JobStore(env.r, env.keys).write_wait_reasons(ctx.token, [])
 
 
-def _dependency_ends(ctx: TickContext, state: FleetState, plan: Plan) -> Callable[[str], float | None]:
-    """A function: dependency job id -> when it is expected to end (workload s), or None
-    when nothing says. A dependency in the plan ends at its planned end; one holding a
-    lease at its GPUs' free time (:func:`_running_ends`); a completed one has ended (now); a
-    delayed one (``delay_s``, a retry backoff) at its due time plus its service time (no
-    cold start counted: an estimate, never a plan); an unready step (itself waiting on a
-    dependency) when its own dependencies end, plus its service time, down at most
-    :data:`MAX_CHAIN` steps. The records of the dependencies neither planned nor running are
-    read in one round trip, once per tick."""
-    now = state.now_s
-    planned_end = {assignment.job_id: assignment.end_s for assignment in plan.assignments}
-    running_end = _running_ends(ctx, state)
-    unready = ctx.formed.unready
-    unknown = sorted({dep for deps in unready.values() for dep in deps
-                      if dep not in planned_end and dep not in running_end})
-    records: dict[str, list] = {}
-    server_now_s = 0.0
-    if unknown:
-        env = ctx.env
-        pipe = env.r.pipeline(transaction=False)
-        for dep in unknown:
-            pipe.hmget(env.keys.job(dep), "state", "not_before", "service_s")
-        records = dict(zip(unknown, pipe.execute()))
-        server_now_s = ctx.env.delayed.server_now_s()
-    memo: dict[str, float | None] = {}
+class _Dependencies:
+    """What the unready steps of a tick wait on: each dependency's expected end (workload s,
+    or None when nothing says) and a few words on it for the detail line. A dependency in
+    the plan ends at its planned end; one holding a lease at its GPUs' free time
+    (:func:`_running_ends`); a completed one has ended (now); a delayed one (``delay_s``, a
+    retry backoff) at its due time plus its service time (no cold start counted: an
+    estimate, never a plan); an unready step (itself waiting on a dependency) when its own
+    dependencies end, plus its service time, down at most :data:`MAX_CHAIN` steps. The
+    records of the dependencies are read in one round trip, once per tick (their state, due
+    time, service time and workload step name)."""
 
-    def end_of(job_id: str, depth: int = 0) -> float | None:
-        if job_id in planned_end:
-            return planned_end[job_id]
-        if job_id in running_end:
-            return running_end[job_id]
-        if job_id in memo:
-            return memo[job_id]
-        memo[job_id] = None  # a cycle or a chain too deep: no estimate
-        job_state, not_before, service = records.get(job_id) or (None, None, None)
+    def __init__(self, ctx: TickContext, state: FleetState, plan: Plan):
+        self.ctx, self.now = ctx, state.now_s
+        self.planned_end = {assignment.job_id: assignment.end_s for assignment in plan.assignments}
+        self.running_end = _running_ends(ctx, state)
+        self.unready = ctx.formed.unready
+        deps = sorted({dep for deps in self.unready.values() for dep in deps})
+        self.records: dict[str, list] = {}
+        self.server_now_s = 0.0
+        if deps:
+            env = ctx.env
+            pipe = env.r.pipeline(transaction=False)
+            for dep in deps:
+                pipe.hmget(env.keys.job(dep), "state", "not_before", "service_s", "step")
+            self.records = dict(zip(deps, pipe.execute()))
+            self.server_now_s = env.delayed.server_now_s()
+        self.memo: dict[str, float | None] = {}
+
+    def end_of(self, job_id: str, depth: int = 0) -> float | None:
+        """When dependency ``job_id`` is expected to end (workload s), or None."""
+        if job_id in self.planned_end:
+            return self.planned_end[job_id]
+        if job_id in self.running_end:
+            return self.running_end[job_id]
+        if job_id in self.memo:
+            return self.memo[job_id]
+        self.memo[job_id] = None  # a cycle or a chain too deep: no estimate
+        job_state, not_before, service, _step = self.records.get(job_id) or (None, None, None, None)
         out: float | None = None
         if job_state == "completed":
-            out = now
+            out = self.now
         elif job_state == "delayed" and not_before and service:
-            due_s = now + max(0.0, (float(not_before) - server_now_s) / ctx.env.settings.time_scale)
-            out = due_s + float(service)
-        elif job_state == "queued" and job_id in unready and service and depth < MAX_CHAIN:
-            ends = [end_of(dep, depth + 1) for dep in unready[job_id]]
+            out = self._due_s(float(not_before)) + float(service)
+        elif job_state == "queued" and job_id in self.unready and service and depth < MAX_CHAIN:
+            ends = [self.end_of(dep, depth + 1) for dep in self.unready[job_id]]
             if ends and None not in ends:
-                out = max(now, *ends) + float(service)  # type: ignore[type-var]
-        memo[job_id] = out
+                out = max(self.now, *ends) + float(service)  # type: ignore[type-var]
+        self.memo[job_id] = out
         return out
 
-    return end_of
+    def _due_s(self, not_before_unix_s: float) -> float:
+        """A due time (unix s on the server's clock) on the plan's clock (workload s)."""
+        return self.now + max(0.0, (not_before_unix_s - self.server_now_s) / self.ctx.env.settings.time_scale)
+
+    def detail(self, deps: Sequence[str]) -> str:
+        """``waits on ID (step NAME, running, expected to end 2026-12-06 18:36:38Z), ...``."""
+        parts = []
+        for dep in deps:
+            job_state, not_before, _service, step = self.records.get(dep) or (None, None, None, None)
+            end = self.end_of(dep)
+            when = "" if end is None else _utc(float(_server_eta(self.ctx, max(self.now, end), self.now)))
+            if dep in self.running_end or dep in self.ctx.dispatched:
+                what = f"running, expected to end {when}"
+            elif dep in self.planned_end:
+                what = f"planned, to end {when}"
+            elif job_state == "delayed" and not_before:
+                what = f"delayed until {_utc(float(not_before))}"
+            elif job_state == "queued" and dep in self.unready:
+                what = "waiting on its own dependencies" + (f", expected to end {when}" if when else "")
+            else:
+                what = job_state or "gone"
+            parts.append(f"{dep} ({'step ' + step + ', ' if step else ''}{what})")
+        return "waits on " + ", ".join(parts)
 
 
 def _running_ends(ctx: TickContext, state: FleetState) -> dict[str, float]:
@@ -216,7 +240,6 @@ def _current_wait(ctx: TickContext, job: PlanJob, state: FleetState, plan: Plan,
                   on_gpu: dict[str, list[int]] | None) -> tuple[str, str]:
     """(reason, detail) of a batch job past the reservation checks of :func:`_batch_reason`:
     ``blocking``, the reservations that defer it."""
-    now = state.now_s
     if blocking:
         reservation = blocking[0]
         return "behind_reservation", f"GPUs {','.join(reservation.gpus)} are reserved for job {reservation.job_id}"
@@ -233,10 +256,19 @@ def _current_wait(ctx: TickContext, job: PlanJob, state: FleetState, plan: Plan,
         else:
             waits = memory_waits[shape]
         if waits:
+            where = f"; {_planned_on(ctx, job, state, plan, assignment, on_gpu)}" if assignment is not None else ""
             return "waiting_for_memory", (f"a group of {model.tp} GPU(s) is free, but none with "
-                                          f"{model.memory_mib} MiB per GPU")
+                                          f"{model.memory_mib} MiB per GPU{where}")
     if assignment is None:
         return "waiting_for_gpus", "not placed by this plan"
+    return "waiting_for_gpus", _planned_on(ctx, job, state, plan, assignment, on_gpu)
+
+
+def _planned_on(ctx: TickContext, job: PlanJob, state: FleetState, plan: Plan, assignment: Assignment,
+                on_gpu: dict[str, list[int]] | None) -> str:
+    """``planned on GPUs A,B, held by job X (N s past its planned end: ...), job Y (planned)``:
+    the group the plan gives ``job`` and what holds it until then."""
+    now = state.now_s
     holders = []
     for gpu in assignment.gpus:
         if state.free_at.get(gpu, now) > now + 1e-6 and gpu in ctx.lease_job:
@@ -253,7 +285,7 @@ def _current_wait(ctx: TickContext, job: PlanJob, state: FleetState, plan: Plan,
         last = max(before, key=lambda other: other.end_s).job_id
         holders.append(f"job {last} ({'leased' if last in ctx.dispatched else 'planned'})")
     held = f", held by {', '.join(dict.fromkeys(holders))}" if holders else ""
-    return "waiting_for_gpus", f"planned on GPUs {','.join(assignment.gpus)}{held}"
+    return f"planned on GPUs {','.join(assignment.gpus)}{held}"
 
 
 def _gated_host(ctx: TickContext, gpus: Sequence[str], job: PlanJob) -> tuple[str, str] | None:

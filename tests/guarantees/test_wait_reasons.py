@@ -156,11 +156,13 @@ def test_waiting_for_dependency(r, settings, env):
 
 def test_waiting_for_memory(r, settings, env):
     w, prod, sent = _setup(r, settings, FLEET)
-    _lease(r, w, prod, "GPU-a-0")
+    holder = _lease(r, w, prod, "GPU-a-0")
     big = prod.submit({"endpoint": "big", "service_s": 100, "priority": "NORMAL"}).id
     w.tick()
     assert sent == []
-    assert "40000 MiB" in _why(big, "waiting_for_memory")
+    out = _why(big, "waiting_for_memory")
+    # where it will run and what holds that until then (new-user check: the detail named neither)
+    assert "40000 MiB" in out and "planned on GPUs GPU-a-0, held by job" in out and holder[-8:] in out, out
 
 
 def test_behind_batch_with_its_queue_position(r, settings, env):
@@ -608,8 +610,9 @@ def test_a_job_waiting_on_a_delayed_job_gets_its_due_time_plus_its_service_as_et
     after = prod.submit({"endpoint": "e", "service_s": 50, "priority": "NORMAL", "depends_on": [later]}).id
     last = prod.submit({"endpoint": "e", "service_s": 10, "priority": "NORMAL", "depends_on": [after]}).id
     w.tick()
-    assert later in _why(after, "waiting_for_dependency")
-    assert after in _why(last, "waiting_for_dependency")
+    # the detail says what each dependency is doing (new-user check: "waits on ID" alone)
+    assert f"{later[-8:]} (delayed until 20" in _why(after, "waiting_for_dependency")
+    assert f"{after[-8:]} (waiting on its own dependencies, expected to end 20" in _why(last, "waiting_for_dependency")
     due = float(r.hget(w.keys.job(later), "not_before"))  # unix s on the server's clock
     scale = settings.time_scale  # 100 workload s are 1 wall s here
     assert _wait_eta(r, w, after) == pytest.approx(due + 100 * scale, abs=0.2)
@@ -636,6 +639,25 @@ def test_a_completed_dependency_does_not_take_the_eta_of_its_dependant_away(r, s
     clock.advance(REASON_REFRESH_S)  # every GPU held: a batch for the jobs no batch read, at most this often
     w.tick()
     assert holder in _why(second, "waiting_for_gpus")
-    assert second in _why(both, "waiting_for_dependency")
+    detail = _why(both, "waiting_for_dependency")
+    assert f"{first[-8:]} (completed)" in detail and f"{second[-8:]} (planned, to end 20" in detail, detail
     eta = _wait_eta(r, w, both)
     assert eta is not None and eta == pytest.approx(_wait_eta(r, w, second) + 100 * s.time_scale, abs=0.2)
+
+
+def test_a_workload_step_waiting_names_the_step_it_waits_on(r, settings, env):
+    import json
+
+    from makespan.workloads import submit_workload
+
+    w, prod, sent = _setup(r, settings)
+    spec = {"name": "two-steps", "priority": "NORMAL",
+            "steps": [{"name": "prep", "endpoint": "e", "service_s": 20},
+                      {"name": "final", "endpoint": "e", "service_s": 5, "depends_on": ["prep"]}]}
+    wid = submit_workload(r, w.keys, w.fleet, spec, w.settings)
+    steps = json.loads(r.hget(w.keys.workload(wid), "steps"))
+    w.tick()
+    assert [c.job_id for c in sent] == [steps["prep"]]
+    detail = _why(steps["final"], "waiting_for_dependency")
+    assert "(step prep, running, expected to end 20" in detail and steps["prep"][-8:] in detail, detail
+
