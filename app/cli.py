@@ -410,6 +410,7 @@ def submit(workload: str | None = typer.Argument(None, help="a workload function
     _warn_ignored(idempotency_key, h.id, h.ignored)
     if h.created:  # a repeated key's job may have run long ago
         _warn_if_it_waits(producer, endpoint)
+        _warn_ended_dependencies(producer.r, producer.keys, depends_on or [])
     typer.echo(h.id if quiet else json.dumps({"id": h.id, "created": h.created, "priority": h.priority.name}))
 
 
@@ -452,6 +453,29 @@ def _warn_if_it_waits(producer: Any, endpoint: str) -> None:
         typer.echo(f"warning: no GPU worker runs on {', '.join(fits)} (the hosts that can run endpoint {endpoint!r}): "
                    f"the job waits queued until one starts there (makespan gpu-worker --fleet FLEET --host {fits[0]} --workloads MODULES)",
                    err=True)
+
+
+def _warn_ended_dependencies(r: Any, keys: Any, depends_on: list[str]) -> None:
+    """On stderr: a job of ``depends_on`` has already failed or been cancelled, so the job just
+    submitted never runs (the planner's next tick cancels it, saying which dependency did not
+    complete: docs/configuration.md). Best effort: a Redis error here says nothing (the job
+    is written)."""
+    import redis
+
+    if not depends_on:
+        return
+    try:
+        pipe = r.pipeline(transaction=False)
+        for dep in depends_on:
+            pipe.hget(keys.job(dep), "state")
+        states = pipe.execute()
+    except redis.RedisError:
+        return
+    for dep, state in zip(depends_on, states):
+        if state in ("failed", "cancelled"):
+            typer.echo(f"warning: dependency {dep} has already {'failed' if state == 'failed' else 'been cancelled'}: "
+                       f"this job will never run; the planner cancels it at its next tick (reason: dependency {dep} "
+                       "did not complete)", err=True)
 
 
 def _warn_ignored(idempotency_key: str | None, job_id: str, ignored: tuple[str, ...]) -> None:
@@ -516,6 +540,7 @@ def _submit_call(workload: str, call_args: str, call_kwargs: str, fleet: Path | 
             job_endpoint = None
         if job_endpoint:
             _warn_if_it_waits(client._producer, job_endpoint)
+        _warn_ended_dependencies(client.r, client.keys, depends_on)
     typer.echo(job.id if quiet else json.dumps({"id": job.id, "created": job.created, "priority": level}))
 
 

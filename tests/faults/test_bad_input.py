@@ -191,6 +191,20 @@ def test_cli_submit_quiet_prints_the_id_alone(r, prefix, redis_url, keys):
     assert again.exit_code == 0 and again.stderr == "", again.stderr
 
 
+def test_cli_submit_warns_when_a_dependency_has_already_ended_without_completing(r, prefix, redis_url, keys):
+    """Depending on a job already cancelled is accepted (the planner's next tick cancels the
+    dependant, docs/configuration.md) but said nothing (new-user check): stderr says so."""
+    env = {"MAKESPAN_REDIS_URL": redis_url, "MAKESPAN_KEY_PREFIX": prefix}
+    base = ["submit", "--fleet", FLEET_TOML, "--endpoint", "chat", "--service-s", "5", "--quiet"]
+    first = CliRunner().invoke(cli_app, base, env=env).stdout.strip()
+    fine = CliRunner().invoke(cli_app, [*base, "--depends-on", first], env=env)
+    assert fine.exit_code == 0 and "dependency" not in fine.stderr, fine.stderr
+    assert CliRunner().invoke(cli_app, ["cancel", first], env=env).exit_code == 0
+    res = CliRunner().invoke(cli_app, [*base, "--depends-on", first], env=env)
+    assert res.exit_code == 0 and r.hget(keys.job(res.stdout.strip()), "state") == "queued"
+    assert f"warning: dependency {first} has already been cancelled: this job will never run" in res.stderr, res.stderr
+
+
 def test_cli_rejects_bad_settings_variable(r, prefix, redis_url):
     env = {"MAKESPAN_REDIS_URL": redis_url, "MAKESPAN_KEY_PREFIX": prefix, "MAKESPAN_LEASE_TTL_S": "-3"}
     res = CliRunner().invoke(cli_app, ["planner", "--fleet", FLEET_TOML], env=env)
