@@ -386,8 +386,9 @@ def run_function(definition: WorkloadDef, ctx: WorkloadContext, args: list[Any],
     if why == "cancel":
         raise PhaseCancelled(f"cancelled while running (workload {definition.name} "
                              f"{_cancel_outcome(outcome, stop_tried, thread.is_alive(), grace_s)})")
-    if why == "timeout":
-        raise WorkloadFailed("makespan.WorkloadTimeout", f"ran longer than timeout_s={definition.timeout_s} s")
+    if why == "timeout":  # how it ended, as a cancel says it (breaker: a thread still asleep was not said)
+        raise WorkloadFailed("makespan.WorkloadTimeout", f"ran longer than timeout_s={definition.timeout_s} s; it "
+                             f"{_cancel_outcome(outcome, stop_tried, thread.is_alive(), grace_s)}")
     if "error" in outcome:
         error_type, message, tb = outcome["error"]
         raise WorkloadFailed(error_type, message, tb, retryable=outcome.get("retryable", True))

@@ -110,3 +110,29 @@ def test_a_function_whose_signature_cannot_be_read_is_not_checked(r, keys):
     definition = WorkloadDef("tests.unreadable", _UnreadableSignature(), "embed")
     for _ in range(2):
         assert json.loads(_run(r, keys, definition, [1, 2, 3], {})[0])["value"] == 3
+
+
+def _sleeps(ctx):
+    import time
+
+    time.sleep(3)  # blocked outside Python code: ctx.cancelled is never read, the stop cannot reach it
+    return 1
+
+
+def _stops_when_told(ctx):
+    ctx.cancelled.wait(30)
+    return 1
+
+
+@pytest.mark.parametrize("fn, says", [
+    (_sleeps, "did not stop within the 0.5 s grace period after ctx.cancelled was set and was stopped: its thread, "
+              "blocked outside Python code"),
+    (_stops_when_told, "returned after ctx.cancelled was set")])
+def test_a_timeout_says_how_the_run_ended(r, keys, fn, says):
+    """A timed-out run's reason said only 'ran longer than timeout_s' while its thread still
+    slept in the background (reliability review): it says how the run ended, as a cancel's
+    reason does."""
+    with pytest.raises(WorkloadFailed) as e:
+        _run(r, keys, WorkloadDef("tests.slow", fn, "embed", timeout_s=0.2), [], {})
+    assert e.value.error_type == "makespan.WorkloadTimeout"
+    assert "ran longer than timeout_s=0.2 s; it " + says in e.value.message, e.value.message
