@@ -419,7 +419,7 @@ class Producer:
 
         A ``leased`` or ``running`` job also has, from its lease record and its phase
         markers (read in one step with the record): ``gpus``, the UUIDs of the GPUs its
-        lease holds (list of str); ``phase``, the phase running now (``evict``,
+        lease holds (list of str); ``host``, the fleet host they are on; ``phase``, the phase running now (``evict``,
         ``start_endpoint``, ``execute``, ``clear``; None between two phases, while the next
         one's task waits for its GPU worker); ``phases_done``, the phases of this lease
         finished so far, in order.
@@ -480,7 +480,7 @@ class Producer:
 
     def _record_with_lease(self, job_id: str) -> tuple[dict[str, str], dict[str, Any] | None]:
         """The job's record and, for a leased or running job, what its lease holds now
-        (``gpus``, ``phase``, ``phases_done``; see :meth:`status`): the record, the lease
+        (``gpus``, ``host``, ``phase``, ``phases_done``; see :meth:`status`): the record, the lease
         record and the phase markers of the lease the record names are read in one
         MULTI, so they agree; when the record names another lease by then (the job was
         reclaimed and leased again between the two reads) they are read again."""
@@ -491,11 +491,12 @@ class Producer:
                 return rec, None
             p = self.r.pipeline(transaction=True)
             p.hgetall(self.keys.job(job_id))
-            p.hget(self.keys.lease(lease_id), "gpus")
+            p.hmget(self.keys.lease(lease_id), "gpus", "holder")
             p.hgetall(self.keys.phase(lease_id))
-            now, gpus_json, marks = p.execute()
+            now, (gpus_json, host), marks = p.execute()
             if now.get("lease") == lease_id and now.get("state") in ("leased", "running"):
-                return now, {"gpus": json.loads(gpus_json) if gpus_json else [], **phase_now(marks)}
+                return now, {"gpus": json.loads(gpus_json) if gpus_json else [], "host": host or None,
+                             **phase_now(marks)}
             rec = now
         return rec, None  # re-leased on every read: the record alone
 

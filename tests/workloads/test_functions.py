@@ -146,14 +146,17 @@ def test_status_of_a_running_job_names_its_gpus_and_its_phase(live, marks):
     assert st["phases_done"] == ["evict", "start_endpoint"]
     [gpu] = st["gpus"]  # the function's one GPU: its GPU key names this job's lease
     assert client.r.get(client.keys.gpu(gpu)).split(":")[0] == st["lease"]
+    # and the host they are on (reliability review: a real GPU's UUID does not name it)
+    assert st["host"] == client.fleet().host_of(gpu)
     env = {"MAKESPAN_REDIS_URL": client.settings.redis_url, "MAKESPAN_KEY_PREFIX": client.keys.prefix}
     res = CliRunner().invoke(cli_app, ["status", job.id], env=env)
     assert res.exit_code == 0, res.output
     shown = json.loads(res.stdout)
-    assert (shown["gpus"], shown["phase"], shown["phases_done"]) == ([gpu], "execute", ["evict", "start_endpoint"])
+    assert (shown["gpus"], shown["host"], shown["phase"], shown["phases_done"]) == (
+        [gpu], st["host"], "execute", ["evict", "start_endpoint"])
     assert job.cancel() == "cancel_requested"
     assert job.wait(timeout_s=30) == "cancelled"
-    assert not {"gpus", "phase", "phases_done"} & set(job.status())
+    assert not {"gpus", "host", "phase", "phases_done"} & set(job.status())
     wait_for(lambda: _no_leases(client), 10, "its lease to be released")
 
 
