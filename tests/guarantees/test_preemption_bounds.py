@@ -243,3 +243,46 @@ def test_live_a_holder_past_its_planned_end_can_still_be_preempted(r, settings, 
         w.close()
     assert [e["job"] for e in _preempted(r, w.keys)] == [low]
     assert [c.job_id for c in sent] == [urgent]
+
+
+COLD_300 = parse_fleet({"name": "one", "hosts": [{"name": "h", "gpu_count": 1, "memory_mib": 81920}],
+                        "endpoints": {"e": {"model": "m", "memory_mib_per_gpu": 1000, "cold_start_s": 300}}})
+
+
+@pytest.mark.parametrize("overrun_s", [50, 150, 1000])
+def test_live_an_overrunning_victim_leaves_its_warm_endpoint_to_the_preemptor(r, settings, overrun_s):
+    """A LOW job of endpoint e (service 100 s) holds the only GPU, e resident, past its
+    planned end by ``overrun_s``; a HIGH job of e preempts it warm (planned for its 10 s, not
+    a 300 s cold start + 10). With its end moved out by the overrun, its service start moved
+    into the future and the decider took it for a job still loading: no preemption at 150 s,
+    a cold start planned at 1,000 s (review). Scored preemption (the default)."""
+    import dataclasses
+    import time
+    import uuid
+
+    from makespan.producer import Producer
+    from makespan.workers.host_liveness import announce
+    from makespan.workers.leases import LeaseStore
+    from makespan.workers.planner_worker import PlannerWorker
+
+    s = dataclasses.replace(settings, lease_ttl_s=60.0, preemption="plan", policy="portfolio", critical_lane=False)
+    sent = []
+    w = PlannerWorker(r, s, COLD_300, dispatch=lambda ctx, q: sent.append(ctx))
+    prod = Producer(r, w.keys, COLD_300, s)
+    announce(r, w.keys, "h", "worker-h", 60.0)
+    r.set(w.keys.resident("GPU-h-0"), "e@GPU-h-0")
+    low = prod.submit({"endpoint": "e", "service_s": 100, "priority": "LOW"}).id
+    assert LeaseStore(r, w.keys).acquire(uuid.uuid4().hex, ("GPU-h-0",), 60.0, job_id=low, kind="job", holder="h",
+                                         queue=w.keys.queue("LOW"),
+                                         info={"planned_end_s": repr(w.now_s() - overrun_s), "endpoint": "e",
+                                               "priority": "LOW"}) is not None
+    r.hset(w.keys.job(low), "leased_at", repr(time.time() - (100 + overrun_s) * s.time_scale))
+    urgent = prod.submit({"endpoint": "e", "service_s": 10, "priority": "HIGH"}).id
+    try:
+        for _ in range(3):
+            w.tick()
+    finally:
+        w.close()
+    assert [c.job_id for c in sent] == [urgent]
+    lease = r.hgetall(w.keys.lease(sent[0].lease_id))
+    assert float(lease["planned_end_s"]) - w.now_s() < 50, lease  # warm: its 10 s, not 310 s
