@@ -467,12 +467,16 @@ def _warn_ended_dependencies(r: Any, keys: Any, depends_on: list[str]) -> None:
     try:
         pipe = r.pipeline(transaction=False)
         for dep in depends_on:
-            pipe.hget(keys.job(dep), "state")
-        states = pipe.execute()
+            pipe.hmget(keys.job(dep), "state", "workload_id")
+        records = pipe.execute()
     except redis.RedisError:
         return
-    for dep, state in zip(depends_on, states):
-        if state in ("failed", "cancelled"):
+    for dep, (state, workload_id) in zip(depends_on, records):
+        if state == "failed" and workload_id:  # a workload step: its workload may retry it (review)
+            typer.echo(f"warning: dependency {dep} (a step of workload {workload_id}) has failed: unless its "
+                       "workload retries it, this job never runs (the planner then cancels it: dependency "
+                       f"{dep} did not complete)", err=True)
+        elif state in ("failed", "cancelled"):
             typer.echo(f"warning: dependency {dep} has already {'failed' if state == 'failed' else 'been cancelled'}: "
                        f"this job will never run; the planner cancels it at its next tick (reason: dependency {dep} "
                        "did not complete)", err=True)

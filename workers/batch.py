@@ -54,6 +54,8 @@ from makespan.workers.tick.context import FormedBatch, TickContext, TickEnv
 log = logging.getLogger("makespan.planner")
 
 SCAN_FACTOR = 4  # queue entries read per level per tick: at most SCAN_FACTOR × batch_size
+# ... not counting jobs waiting for their function's worker, up to this × batch_size entries in all
+FUNCTION_WAIT_SCAN_FACTOR = 16
 MAX_DEP_DEPTH = 8  # levels of depends_on followed down from an unready step to pull its dependencies in
 MAX_WAITERS_WALKED = 1000  # dependants read per job when walking P:awaited upward (bounds the script)
 REASON_REFRESH_S = 1.0  # a full fleet: a batch for the wait reasons of jobs no batch read, at most this often, s
@@ -91,12 +93,25 @@ class FormBatch:
         # (it would be, with every GPU held)
         ctx.batch_formed = (len(ctx.held_gpus) < len(ctx.env.gpus) or may_preempt or bool(snapshot.gated_gpus)
                             or kept.victims_without_eta or kept.lane_victims != kept.lane_victims_planned
-                            or (queued != kept.heads_read or kept.reasons_stale)
+                            or (queued != kept.heads_read or kept.reasons_stale or self._function_back(ctx))
                             and now - kept.heads_read_at >= REASON_REFRESH_S)
         if ctx.batch_formed:
             kept.heads_read, kept.heads_read_at, kept.reasons_stale = queued, now, False
             kept.victims_without_eta, kept.lane_victims_planned = False, ctx.lane_victims_seen
             ctx.formed = form_batch(ctx.env, ctx.token, None if snapshot.workloads_active else heads)
+            kept.waiting_functions = frozenset(fn for fn, _hosts in ctx.formed.function_waits.values())
+
+    @staticmethod
+    def _function_back(ctx: TickContext) -> bool:
+        """Whether a workload function that jobs of the last batch's scan waited for is
+        registered by a live GPU worker again (:func:`makespan.registry.function_placement`:
+        a round trip per such function, only while some wait and at most once per
+        :data:`REASON_REFRESH_S`): with every GPU held no batch would read them again before a
+        GPU frees, and they would keep saying ``waiting_for_function`` (review)."""
+        kept = ctx.kept
+        if not kept.waiting_functions or ctx.env.clock.monotonic() - kept.heads_read_at < REASON_REFRESH_S:
+            return False
+        return any(function_placement(ctx.env.r, ctx.env.keys, name)[1] for name in sorted(kept.waiting_functions))
 
 
 def form_batch(env: TickEnv, token: str, heads: Mapping[Priority, Sequence[str]] | None = None) -> FormedBatch:
@@ -139,10 +154,15 @@ class _BatchScan:
             advance_workloads(self.r, self.keys)
         for level in Priority:
             offset = 0
+            waits_before = len(self.out.function_waits)
             # read on past steps whose dependencies are not done, so that they never hide
             # startable jobs behind them (bounded: SCAN_FACTOR batches per level per tick);
-            # what a step waits on is known at any depth from the index (makespan.awaited)
-            while room > 0 and offset < SCAN_FACTOR * self.settings.batch_size:
+            # what a step waits on is known at any depth from the index (makespan.awaited).
+            # Jobs waiting for their function's worker do not count (they may wait for days:
+            # review), up to FUNCTION_WAIT_SCAN_FACTOR batches in all
+            while (room > 0 and offset - (len(self.out.function_waits) - waits_before)
+                   < SCAN_FACTOR * self.settings.batch_size
+                   and offset < FUNCTION_WAIT_SCAN_FACTOR * self.settings.batch_size):
                 if offset == 0 and heads is not None:
                     ids = list(heads[level])
                 else:

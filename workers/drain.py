@@ -63,7 +63,9 @@ class RestorePlanned:
 class SetPointsAndDrain:
     """Step, when the tick formed no batch and a GPU is free: restore set points and
     check the drain once per idle period (module doc). A period ends when work runs or
-    is queued again (or a batch is planned), so every batch gets its check."""
+    is queued again (or a batch is planned), so every batch gets its check; queued jobs
+    that only wait for a GPU worker with their workload function (``waiting_for_function``,
+    all of them read by this tick's scan) do not end it."""
 
     name = "set points and drain"
 
@@ -73,7 +75,13 @@ class SetPointsAndDrain:
         env, kept = ctx.env, ctx.kept
         # a pool's planner (Keys.for_pool) judges its own pool: its GPUs and its queues
         working = bool(ctx.held_gpus) if env.keys.pool is not None else env.r.zcard(env.keys.running)
-        if working or any(env.r.zcard(queue) for queue in env.keys.queues()):
+        queued = sum(env.r.zcard(queue) for queue in env.keys.queues())
+        # jobs that only wait for a worker with their function (possibly for days) do not keep
+        # the fleet off its set points: the tick's scan read every queued job and each waits so
+        formed = ctx.formed
+        only_function_waits = (ctx.batch_formed and queued == len(formed.function_waits)
+                               and not formed.unready and not formed.left_out)
+        if working or (queued and not only_function_waits):
             kept.idle_checked = False
             return
         restoring = False

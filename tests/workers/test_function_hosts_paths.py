@@ -155,3 +155,96 @@ def test_a_host_mark_older_than_the_kept_time_is_pruned(r, keys):
     r.zadd(keys.fn_hosts("fn"), {"gone": now_ms - int(HOST_MARKS_KEPT_S * 1000) - 120_000})
     publish(r, keys, [WorkloadDef("fn", lambda ctx: None, endpoint="e")], holder="w1", host="h1")
     assert r.zrange(keys.fn_hosts("fn"), 0, -1) == ["h1"]
+
+
+def _expired_mark(r, keys, fn: str, host: str) -> None:
+    seconds, micros = r.time()
+    r.zadd(keys.fn_hosts(fn), {host: seconds * 1000 + micros // 1000 - 1})
+
+
+@pytest.mark.parametrize("waiting", [8, 24])
+def test_jobs_waiting_for_their_function_do_not_hide_the_jobs_behind_them(r, settings, waiting):
+    """SCAN_FACTOR × batch_size (and more) jobs of a function no live worker registers head the
+    NORMAL queue: the scan's allowance ran out on them and a plain job behind them was never
+    read, so never planned, with both GPUs free (review). They no longer count against it, up to
+    FUNCTION_WAIT_SCAN_FACTOR × batch_size entries."""
+    from makespan.workers.batch import FUNCTION_WAIT_SCAN_FACTOR, SCAN_FACTOR
+
+    assert SCAN_FACTOR * 2 <= waiting < FUNCTION_WAIT_SCAN_FACTOR * 2
+    fleet = _fleet("h1", "h2")
+    s = dataclasses.replace(settings, lease_ttl_s=60.0, batch_size=2)
+    sent: list = []
+    w = PlannerWorker(r, s, fleet, dispatch=lambda ctx, q: sent.append(ctx), clock=ManualClock(time.time()))
+    prod = Producer(r, w.keys, fleet, s)
+    for host in ("h1", "h2"):
+        announce(r, w.keys, host, f"worker-{host}", 60.0)
+    _expired_mark(r, w.keys, "gone_fn", "h2")
+    held = []
+    for _ in range(waiting):
+        job = prod.submit({"endpoint": "e", "service_s": 5, "priority": "NORMAL"}).id
+        r.hset(w.keys.job(job), "fn", "gone_fn")
+        held.append(job)
+    plain = prod.submit({"endpoint": "e", "service_s": 5, "priority": "NORMAL"}).id
+    try:
+        w.tick()
+    finally:
+        w.close()
+    assert [c.job_id for c in sent] == [plain]
+    assert {r.hget(w.keys.job(job), "wait_reason") for job in held} == {"waiting_for_function"}
+
+
+def test_a_function_back_while_every_gpu_is_held_gets_its_jobs_planned_again(r, settings, env):
+    """Both GPUs held by hour-long LOW jobs; a job of a function no live worker registers
+    waits with ``waiting_for_function``. h1's worker registers it again: with every GPU held no
+    batch read the job again before a GPU freed, so it kept saying that no worker has its
+    function, with no ETA (review). A batch is formed within REASON_REFRESH_S."""
+    import uuid
+
+    from makespan.workers.batch import REASON_REFRESH_S
+    from makespan.workers.leases import LeaseStore
+
+    w, prod, sent = _planner(r, settings, _fleet("h1", "h2"))
+    for host in ("h1", "h2"):
+        announce(r, w.keys, host, f"worker-{host}", 60.0)
+        low = prod.submit({"endpoint": "e", "service_s": 3600, "priority": "LOW"}).id
+        assert LeaseStore(r, w.keys).acquire(uuid.uuid4().hex, (f"GPU-{host}-0",), 60.0, job_id=low, kind="job",
+                                             holder=host, queue=w.keys.queue("LOW"),
+                                             info={"planned_end_s": repr(w.now_s() + 3600), "endpoint": "e",
+                                                   "priority": "LOW"}) is not None
+    _expired_mark(r, w.keys, "f", "h2")
+    job = prod.submit({"endpoint": "e", "service_s": 5, "priority": "NORMAL"}).id
+    r.hset(w.keys.job(job), "fn", "f")
+    try:
+        w.tick()
+        assert r.hget(w.keys.job(job), "wait_reason") == "waiting_for_function"
+        _mark(r, w.keys, "f", "h1")  # h1's worker registers f
+        w.clock.advance(REASON_REFRESH_S)
+        w.tick()
+    finally:
+        w.close()
+    reason, eta = r.hmget(w.keys.job(job), "wait_reason", "wait_eta")
+    assert reason == "waiting_for_gpus" and eta, (reason, eta)
+
+
+SET_POINT = parse_fleet({"name": "sp", "hosts": [{"name": "h1", "gpu_count": 1, "memory_mib": 81920}],
+                         "endpoints": {"e": {"model": "m", "memory_mib_per_gpu": 10000, "cold_start_s": 1,
+                                             "set_point": [{"host": "h1", "gpus": [0]}]}}})
+
+
+@pytest.mark.parametrize("function_waits", [False, True])
+def test_jobs_waiting_for_their_function_do_not_keep_the_fleet_off_its_set_point(r, settings, function_waits):
+    """An idle fleet restores its set point; a queued job that only waits for a worker with
+    its function (maybe for days) held that back, and the drain check (review)."""
+    w, prod, sent = _planner(r, settings, SET_POINT)
+    announce(r, w.keys, "h1", "worker-h1", 60.0)
+    if function_waits:
+        _expired_mark(r, w.keys, "f", "h1")
+        job = prod.submit({"endpoint": "e", "service_s": 5, "priority": "NORMAL"}).id
+        r.hset(w.keys.job(job), "fn", "f")
+    try:
+        for _ in range(3):
+            w.tick()
+            w.clock.advance(1.0)
+    finally:
+        w.close()
+    assert [c.kind for c in sent] == ["restore"]

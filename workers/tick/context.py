@@ -166,6 +166,8 @@ class CrossTickState:
     # (pool, '' = the implicit one; level) -> offset of the next read of that queue (pool_rehome)
     rehome_cursor: dict[tuple[str, Priority], int] = field(default_factory=dict)
     reasons_stale: bool = False  # a tick followed the kept plan since the last batch was formed (follow; batch clears)
+    # the workload functions jobs of the last batch's scan waited for (no live worker registered them: batch)
+    waiting_functions: frozenset[str] = frozenset()
     victims_without_eta: bool = False  # the rule's preemption requeued jobs with no ETA (preemption; batch clears)
     lane_victims: int = 0  # victims the critical lane's preemptions requeued so far, no ETA (critical_lane)
     lane_victims_planned: int = 0  # lane_victims before the snapshot of the last tick that formed a batch (batch)
