@@ -410,7 +410,7 @@ def submit(workload: str | None = typer.Argument(None, help="a workload function
     _warn_ignored(idempotency_key, h.id, h.ignored)
     if h.created:  # a repeated key's job may have run long ago
         _warn_if_it_waits(producer, endpoint)
-        _warn_ended_dependencies(producer.r, producer.keys, depends_on or [])
+        _warn_ended_dependencies(producer.r, producer.keys, depends_on or [], delayed=bool(delay_s))
     typer.echo(h.id if quiet else json.dumps({"id": h.id, "created": h.created, "priority": h.priority.name}))
 
 
@@ -455,11 +455,12 @@ def _warn_if_it_waits(producer: Any, endpoint: str) -> None:
                    err=True)
 
 
-def _warn_ended_dependencies(r: Any, keys: Any, depends_on: list[str]) -> None:
+def _warn_ended_dependencies(r: Any, keys: Any, depends_on: list[str], delayed: bool = False) -> None:
     """On stderr: a job of ``depends_on`` has already failed or been cancelled, so the job just
     submitted never runs (the planner's next tick cancels it, saying which dependency did not
-    complete: docs/configuration.md). Best effort: a Redis error here says nothing (the job
-    is written)."""
+    complete: docs/configuration.md; ``delayed``: it was submitted with a delay, and is
+    cancelled once that ends). Best effort: a Redis error here says nothing (the job is written)."""
+    when = "once its delay ends" if delayed else "at its next tick"
     import redis
 
     if not depends_on:
@@ -478,7 +479,7 @@ def _warn_ended_dependencies(r: Any, keys: Any, depends_on: list[str]) -> None:
                        f"{dep} did not complete)", err=True)
         elif state in ("failed", "cancelled"):
             typer.echo(f"warning: dependency {dep} has already {'failed' if state == 'failed' else 'been cancelled'}: "
-                       f"this job will never run; the planner cancels it at its next tick (reason: dependency {dep} "
+                       f"this job will never run; the planner cancels it {when} (reason: dependency {dep} "
                        "did not complete)", err=True)
 
 
@@ -544,7 +545,7 @@ def _submit_call(workload: str, call_args: str, call_kwargs: str, fleet: Path | 
             job_endpoint = None
         if job_endpoint:
             _warn_if_it_waits(client._producer, job_endpoint)
-        _warn_ended_dependencies(client.r, client.keys, depends_on)
+        _warn_ended_dependencies(client.r, client.keys, depends_on, delayed=bool(delay_s))
     typer.echo(job.id if quiet else json.dumps({"id": job.id, "created": job.created, "priority": level}))
 
 

@@ -165,10 +165,23 @@ def _running(ctx: TickContext, state: FleetState, lease_of: dict[str, str], info
         service_start_s = max(start_s, end_s - float(service))
         if end_s <= state.now_s:  # past its planned end: the end the plan expects, as the GPUs' free times
             end_s = max(end_s, *(state.free_at.get(gpu, end_s) for gpu in group))
-        preemptable = job_id not in awaited and not on_down_host and _bounded(ctx, cuts, ran_s)
+        bounded = _bounded(ctx, cuts, ran_s)
+        preemptable = job_id not in awaited and not on_down_host and bounded
+        if not bounded:  # the wait reason of a job it holds up says why it is not cut (new-user check)
+            ctx.unpreemptible[job_id] = _unbounded_why(ctx, cuts, ran_s)
         running = RunningJob(job, group, start_s, service_start_s, end_s, preemptable)
         out.update({gpu: running for gpu in group})
     return out, {job_id: lease_id for lease_id, job_id in jobs.items()}
+
+
+def _unbounded_why(ctx: TickContext, cuts: str | None, ran_s: float) -> str:
+    """Why a running job that :func:`_bounded` refuses may not be preempted, for a wait reason."""
+    settings = ctx.env.settings
+    if 0 <= settings.preemption_budget <= int(cuts or 0):
+        return (f"preempted {int(cuts or 0)} times already, its budget (MAKESPAN_PREEMPTION_BUDGET="
+                f"{settings.preemption_budget})")
+    return (f"held its GPUs {ran_s:.0f} workload s, under the minimum runtime "
+            f"(MAKESPAN_PREEMPTION_MIN_RUNTIME_S={settings.preemption_min_runtime_s:g})")
 
 
 def _bounded(ctx: TickContext, cuts: str | None, ran_s: float) -> bool:
@@ -248,7 +261,7 @@ def _preempt_scored(ctx: TickContext) -> set[str]:
             if outcome in ("preempted", "cancelled"):
                 _note_preempted(ctx, outcome, victim)
                 how = "the fast lane's rule" if decision.rule else f"scored, gain {decision.gain:.3g} weight·s"
-                log.info("preempted lease %s (%s) for %s job %s (%s): %s", lease_id,
+                log.info("preempted job %s (lease %s, %s) for %s job %s (%s): %s", victim, lease_id,
                          info[lease_id].get("priority"), Priority(job.priority).name, job.id, how, outcome)
         # a victim not preempted (it finished executing meanwhile, or its lease ended): the
         # lease is refused while a GPU of the group is still held, else the job starts there
@@ -308,8 +321,8 @@ def _preempt_by_rule(ctx: TickContext) -> set[str]:
             outcome = preempt(env.r, env.keys, victim, job.id, planner_token=ctx.token)
             if outcome in ("preempted", "cancelled"):
                 _note_preempted(ctx, outcome, info[victim].get("job"))
-                log.info("preempted lease %s (%s) for %s job %s: %s", victim, info[victim].get("priority"),
-                         Priority(job.priority).name, job.id, outcome)
+                log.info("preempted job %s (lease %s, %s) for %s job %s: %s", info[victim].get("job"), victim,
+                         info[victim].get("priority"), Priority(job.priority).name, job.id, outcome)
                 for gpu, held_by in list(holder.items()):
                     if held_by is not None and held_by.id == victim:
                         holder.pop(gpu)

@@ -99,7 +99,7 @@ def _write(ctx: TickContext, batch: list[PlanJob], plan: Plan) -> None:
         rows += [job_id, "preempted_requeued", "preempted this tick; queued again, restarts from zero",
                  _server_eta(ctx, start, now) if start is not None else ""]
     for job_id, (fn, last_hosts) in ctx.formed.function_waits.items():
-        last = f" (it last ran on {', '.join(last_hosts)})" if last_hosts else ""
+        last = f" (last registered by the GPU workers of {', '.join(last_hosts)})" if last_hosts else ""
         rows += [job_id, "waiting_for_function",
                  f"no live GPU worker registers workload function {fn!r}{last}: it stays queued until one "
                  f"does (`makespan gpu-worker --workloads MODULE` with it); `makespan cancel {job_id}` otherwise", ""]
@@ -278,7 +278,11 @@ def _planned_on(ctx: TickContext, job: PlanJob, state: FleetState, plan: Plan, a
             late = ("" if late_wall_s is None else
                     f" ({late_wall_s:.{1 if late_wall_s < 10 else 0}f} s past its planned end: the ETA moves until "
                     "it ends)")
-            holders.append(f"job {ctx.lease_job[gpu]}{late}")
+            holder = ctx.lease_job[gpu]
+            # a CRITICAL or HIGH job waits behind a job the preemption bounds protect: say so
+            # (new-user check: it looked like a preemption bug)
+            kept = ctx.unpreemptible.get(holder) if job.priority <= Priority.HIGH else None
+            holders.append(f"job {holder}{late}" + (f" (not preemptible: {kept})" if kept else ""))
     before = [other for other in _sharing(plan, assignment, on_gpu) if other.job_id != job.id
               and other.end_s <= assignment.start_s + 1e-6]
     if before:

@@ -455,7 +455,7 @@ def test_waiting_for_function(r, settings, env):
     r.hset(w.keys.job(jid), "fn", "gpu_jobs.render")
     w.tick()
     out = _why(jid, "waiting_for_function")
-    assert "'gpu_jobs.render'" in out and "last ran on h" in out and sent == [], out
+    assert "'gpu_jobs.render'" in out and "last registered by the GPU workers of h" in out and sent == [], out
 
 
 def test_every_reason_code_was_shown():
@@ -660,4 +660,19 @@ def test_a_workload_step_waiting_names_the_step_it_waits_on(r, settings, env):
     assert [c.job_id for c in sent] == [steps["prep"]]
     detail = _why(steps["final"], "waiting_for_dependency")
     assert "(step prep, running, expected to end 20" in detail and steps["prep"][-8:] in detail, detail
+
+
+@pytest.mark.parametrize("level", ["CRITICAL", "HIGH"])
+def test_a_holder_the_preemption_budget_protects_is_named_as_not_preemptible(r, settings, env, level):
+    """A CRITICAL or HIGH job behind a LOW job preempted its budget's times already waits, as
+    the bounds say; its reason said nothing of it and looked like a preemption bug (new-user
+    check): the detail says the holder is not preemptible, and why."""
+    w, prod, sent = _setup(r, settings)
+    holder = _lease(r, w, prod, "GPU-h-0", priority="LOW", service_s=1000.0)
+    r.hset(w.keys.job(holder), "preemptions", w.settings.preemption_budget)
+    urgent = prod.submit({"endpoint": "e", "service_s": 10, "priority": level}).id
+    w.tick()
+    assert sent == []
+    out = _why(urgent, "waiting_for_gpus")
+    assert f"(not preemptible: preempted {w.settings.preemption_budget} times already, its budget" in out, out
 

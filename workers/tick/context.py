@@ -204,6 +204,8 @@ class TickContext:
     requeued_now: int = 0  # Preempt: victims put back in their queue
     victims: list[str] = field(default_factory=list)  # Preempt: job ids of those victims
     victim_starts: dict[str, float] = field(default_factory=dict)  # Preempt (scored): victim -> planned start, s
+    # Preempt: running job -> why it may not be preempted (its budget spent, under the minimum runtime)
+    unpreemptible: dict[str, str] = field(default_factory=dict)
 
     @property
     def batch(self) -> list[PlanJob]:
