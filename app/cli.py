@@ -460,11 +460,11 @@ def _warn_ended_dependencies(r: Any, keys: Any, depends_on: list[str], delayed: 
     submitted never runs (the planner's next tick cancels it, saying which dependency did not
     complete: docs/configuration.md; ``delayed``: it was submitted with a delay, and is
     cancelled once that ends). Best effort: a Redis error here says nothing (the job is written)."""
-    when = "once its delay ends" if delayed else "at its next tick"
     import redis
 
     if not depends_on:
         return
+    when = "once its delay ends" if delayed else "at its next tick"
     try:
         pipe = r.pipeline(transaction=False)
         for dep in depends_on:

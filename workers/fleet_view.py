@@ -128,7 +128,7 @@ class ReadSnapshot:
 class ReadFleet:
     """Step: the planner's view of the fleet (:func:`read_fleet_state`) into
     ``ctx.fleet_state``, ``ctx.lease_job`` and ``ctx.lease_end``, when the tick plans a batch or writes the
-    wait reasons of the unready steps and the jobs left out of an empty batch (or waiting for their function's worker)."""
+    wait reasons of the jobs an empty batch read and did not take (:meth:`makespan.workers.tick.context.FormedBatch.read_waiting`)."""
 
     name = "read fleet"
 

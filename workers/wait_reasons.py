@@ -56,11 +56,16 @@ class WriteWaitReasons:
             _clear_reason_counts(ctx)
 
 
-def _server_eta(ctx: TickContext, start_s: float, now_s: float) -> str:
+def _server_time_s(ctx: TickContext, start_s: float, now_s: float) -> float:
     """A plan time (workload s) as unix s on the Redis server's clock (as the delayed-job
     promote measured it)."""
     env = ctx.env
-    return f"{env.delayed.server_now_s() + (start_s - now_s) * env.settings.time_scale:.3f}"
+    return env.delayed.server_now_s() + (start_s - now_s) * env.settings.time_scale
+
+
+def _server_eta(ctx: TickContext, start_s: float, now_s: float) -> str:
+    """:func:`_server_time_s` as the ETA field's text."""
+    return f"{_server_time_s(ctx, start_s, now_s):.3f}"
 
 
 def _write(ctx: TickContext, batch: list[PlanJob], plan: Plan) -> None:
@@ -179,7 +184,7 @@ class _Dependencies:
         for dep in deps:
             job_state, not_before, _service, step = self.records.get(dep) or (None, None, None, None)
             end = self.end_of(dep)
-            when = "" if end is None else _utc(float(_server_eta(self.ctx, max(self.now, end), self.now)))
+            when = "" if end is None else _utc(_server_time_s(self.ctx, max(self.now, end), self.now))
             if dep in self.running_end or dep in self.ctx.dispatched:
                 what = f"running, expected to end {when}"
             elif dep in self.planned_end:
