@@ -269,12 +269,13 @@ class CriticalLane:
         ctx.formed.meta[job.id] = (record[_JOB_FIELDS.index("traceparent")] or "",
                                    float(record[_JOB_FIELDS.index("submitted_at")]))
         ctx.formed.own_level[job.id] = Priority.CRITICAL
+        victim_jobs: dict[str, str] = {}
         if placement is None:
-            placement = self._preemption(ctx, args, now_s, model.cold_start_s, down)
+            placement, victim_jobs = self._preemption(ctx, args, now_s, model.cold_start_s, down)
             if placement is None:
                 return LaneOutcome("no_group")
         chosen_ms = (time.monotonic() - started) * 1000.0
-        out = self._lease(ctx, job, placement, now_s, model.cold_start_s)
+        out = self._lease(ctx, job, placement, now_s, model.cold_start_s, victim_jobs)
         return replace(out, read_ms=read_ms, chosen_ms=chosen_ms)
 
     def _deps_completed(self, deps: list[str]) -> bool:
@@ -285,8 +286,9 @@ class CriticalLane:
         return all(state == "completed" for state in pipe.execute())
 
     def _preemption(self, ctx: TickContext, args: tuple, now_s: float, cold_start_s: float,
-                    down: set[str]) -> CriticalPlacement | None:
-        """The placement with a preemption (the holders read now, the tick's bounds), or None."""
+                    down: set[str]) -> tuple[CriticalPlacement | None, dict[str, str]]:
+        """The placement with a preemption (the holders read now, the tick's bounds), or None;
+        and lease id -> job id of the leases read (to name a victim's job in the log)."""
         lease_of, info, executed, awaited, server_now_ms = lease_holders(ctx)
         bounded = within_bounds(ctx, info)
         holders: dict[str, Holder | None] = {}
@@ -304,11 +306,13 @@ class CriticalLane:
             planned_end = planned_end_s(rec, now_s, server_now_ms, ctx.env.settings.time_scale)
             # (a holder past it: as long again as it has overrun, as the tick's fleet state)
             free_at[gpu] = expected_end_s(planned_end, now_s) if planned_end is not None else now_s + DOWN_FREE_AFTER_S
-        return place_critical(*args, free_at, now_s, cold_start_s, holders)
+        victim_jobs = {lease_id: rec.get("job", "") for lease_id, rec in info.items()}
+        return place_critical(*args, free_at, now_s, cold_start_s, holders), victim_jobs
 
     def _lease(self, ctx: TickContext, job: PlanJob, placement: CriticalPlacement, now_s: float,
-               cold_start_s: float) -> LaneOutcome:
-        """Preempt the placement's victims, then lease its group and send the phase chain."""
+               cold_start_s: float, victim_jobs: dict[str, str] | None = None) -> LaneOutcome:
+        """Preempt the placement's victims (``victim_jobs``: lease id -> job id, for the log),
+        then lease its group and send the phase chain."""
         env = ctx.env
         for victim in placement.victims:
             outcome = preempt(env.r, env.keys, victim, job.id, planner_token=self.token)
@@ -317,7 +321,8 @@ class CriticalLane:
             if outcome == "preempted":  # requeued with no ETA: the next tick plans it (CrossTickState)
                 self.kept.lane_victims += 1
             if outcome in ("preempted", "cancelled"):
-                log.info("critical lane: preempted lease %s for CRITICAL job %s: %s", victim, job.id, outcome)
+                log.info("critical lane: preempted job %s (lease %s) for CRITICAL job %s: %s",
+                         (victim_jobs or {}).get(victim) or "?", victim, job.id, outcome)
             # else it finished executing meanwhile (the lease below is refused while it clears) or its
             # lease ended (its GPUs may be free: the lease below takes them)
         # its helpers start after the main endpoint, in every placement (planner/helpers.py)

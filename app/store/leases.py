@@ -291,10 +291,15 @@ class LeaseStore:
 
         Raises:
             StoreError: Redis failed."""
+        return self._reclaim_one(lease_id, max_attempts, retry_backoff_s, retry_backoff_max_s)[0]
+
+    def _reclaim_one(self, lease_id: str, max_attempts: int, retry_backoff_s: float,
+                     retry_backoff_max_s: float) -> tuple[str, str]:
+        """:meth:`reclaim`, returning (outcome, job id or "")."""
         outcome, job_id = self.reclaim_outcome(lease_id, max_attempts, retry_backoff_s, retry_backoff_max_s)
         if outcome in (s.value for s in JobState if s.final) and job_id:
             self.job_ended(job_id, outcome)
-        return outcome
+        return outcome, job_id or ""
 
     def job_ended(self, job_id: str, state: str) -> None:
         """Hook: a reclaim or a preemption ended ``job_id`` in final ``state`` (nothing
@@ -305,16 +310,20 @@ class LeaseStore:
         here; the live worker's subclass counts it)."""
 
     def reclaim_expired(self, max_attempts: int, retry_backoff_s: float = 0.0, retry_backoff_max_s: float = 300.0,
-                        expired: list[str] | None = None) -> dict[str, int]:
+                        expired: list[str] | None = None,
+                        jobs: dict[str, list[str]] | None = None) -> dict[str, int]:
         """Reclaim every expired lease (``expired``: their ids, already read; each is
-        checked again inside its reclaim script). Returns counts by outcome.
+        checked again inside its reclaim script). Returns counts by outcome; ``jobs``, when
+        given, receives outcome -> the ids of the jobs that lease held (a log line names them).
 
         Raises:
             StoreError: Redis failed."""
         counts: dict[str, int] = {}
         for lease_id in (self.expired() or []) if expired is None else expired:
-            outcome = self.reclaim(lease_id, max_attempts, retry_backoff_s, retry_backoff_max_s)
+            outcome, job_id = self._reclaim_one(lease_id, max_attempts, retry_backoff_s, retry_backoff_max_s)
             counts[outcome] = counts.get(outcome, 0) + 1
+            if jobs is not None and job_id:
+                jobs.setdefault(outcome, []).append(job_id)
         return counts
 
     def preempt(self, lease_id: str, by_job: str, planner_token: str = "") -> str:

@@ -6,6 +6,8 @@ is tests/workers/test_critical_lane_live.py)."""
 
 from __future__ import annotations
 
+import logging
+
 import dataclasses
 import json
 import threading
@@ -89,15 +91,18 @@ def test_a_warm_idle_instance_is_leased_at_once_then_a_free_group(r, settings):
     assert [c.job_id for c in sent if c.kind == "job"] == [first, second]
 
 
-def test_every_gpu_held_by_low_work_preempts_the_cheapest_group(r, settings):
+def test_every_gpu_held_by_low_work_preempts_the_cheapest_group(r, settings, caplog):
     w, prod, sent = _worker(r, settings)
     pairs = [ALL_GPUS[n:n + 2] for n in range(0, 8, 2)]
     leases = _hold_with_low_jobs(r, w, prod, pairs)
     victims_jobs = {lease: r.hget(w.keys.lease(lease), "job") for lease in leases}
     job = prod.submit({"endpoint": "summarizer", "service_s": 5, "priority": "CRITICAL"}).id  # TP 2
-    out = _lane(w).place(r.lpop(w.keys.planner_critical))
+    with caplog.at_level(logging.INFO, logger="makespan.planner"):
+        out = _lane(w).place(r.lpop(w.keys.planner_critical))
     assert out.outcome == "preempted" and len(out.victims) == 1
     (victim,) = out.victims
+    # the log line names the victim's job, not only its lease
+    assert f"preempted job {victims_jobs[victim]} (lease {victim}) for CRITICAL job {job}" in caplog.text
     assert tuple(out.gpus) == tuple(pairs[leases.index(victim)])
     assert [c.job_id for c in sent] == [job] and sent[0].gpus == list(out.gpus)
     assert r.hget(w.keys.job(job), "state") == "leased"
@@ -454,7 +459,6 @@ def test_a_redis_bug_while_placing_is_logged_as_a_bug(r, settings, caplog):
     """A Redis reply that is a bug (here WRONGTYPE: the job's key is no hash) is logged by
     the lane's thread at ERROR as a bug with its traceback (OutageLog.bug), as the tick loop
     does, not as "placing failed (Redis)"; the failure is still recorded."""
-    import logging
 
     w, prod, sent = _worker(r, settings)
     r.set(w.keys.job("broken"), "not a hash")

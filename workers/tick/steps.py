@@ -107,8 +107,10 @@ class ReclaimExpired:
             return
         env, settings = ctx.env, ctx.env.settings
         expired_hosts = _untried_lease_hosts(ctx, snapshot.expired_leases)
+        reclaimed_jobs: dict[str, list[str]] = {}
         reclaimed = env.leases.reclaim_expired(settings.max_attempts, settings.retry_backoff_s,
-                                               settings.retry_backoff_max_s, expired=list(snapshot.expired_leases))
+                                               settings.retry_backoff_max_s, expired=list(snapshot.expired_leases),
+                                               jobs=reclaimed_jobs)
         # a host no GPU worker ever announced whose lease expired with no phase claimed is down
         # from now on (makespan.workers.host_liveness): not leased again at each expiry
         unconsumed = mark_unconsumed(env.r, env.keys, expired_hosts, "a lease there expired")
@@ -118,13 +120,21 @@ class ReclaimExpired:
         ended = {outcome: n for outcome, n in reclaimed.items() if outcome != "live"}  # live: renewed meanwhile
         ctx.reclaimed = sum(ended.values())
         if ended:
-            log.warning("reclaimed expired leases: %s", ended)
+            log.warning("reclaimed expired leases: %s%s", ended, _named_jobs(reclaimed_jobs))
             for _ in range(ctx.reclaimed):
                 metrics.lease_reclaimed("lease_expired")
         if reclaimed.get("requeued") and settings.retry_backoff_s > 0:  # now in P:delayed: wake up
             first_wait_s = min(settings.retry_backoff_s, settings.retry_backoff_max_s)
             env.delayed.note_due(env.delayed.server_now_s() + first_wait_s)  # when the first is due
         ctx.snapshot = read_snapshot(env, ctx.kept)
+
+
+def _named_jobs(jobs: dict[str, list[str]], most: int = 8) -> str:
+    """'; jobs requeued: a, b; failed: c' for a reclaim log line (``most`` ids per outcome,
+    then a count), or '' when no lease held a job."""
+    parts = [f"{outcome}: {', '.join(ids[:most])}" + (f" (+{len(ids) - most} more)" if len(ids) > most else "")
+             for outcome, ids in sorted(jobs.items()) if outcome != "live"]
+    return "; jobs " + "; ".join(parts) if parts else ""
 
 
 def _untried_lease_hosts(ctx: TickContext, lease_ids: tuple[str, ...]) -> set[str]:
