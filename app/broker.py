@@ -188,15 +188,26 @@ class QoS(kombu_redis.QoS):
         virtual.QoS.ack(self, delivery_tag)
 
     def write_acks(self, tags: list[str]) -> None:
-        """Remove ``tags`` from the unacked index in one ``MULTI``. A Redis error is
-        logged: those messages come back after the visibility timeout, and their replay is
-        a no-op."""
-        try:
-            with self.pipe_or_acquire() as pipe:
-                pipe.zrem(self.unacked_index_key, *tags).hdel(self.unacked_key, *tags).execute()
-        except redis.RedisError as e:
+        """Remove ``tags`` from the unacked index in one ``MULTI``; a connection error is
+        tried once more: a connection closed under the write (the channel closing at a
+        worker's shutdown while its last acks are written: "Bad file descriptor") is a new
+        one the second time, and removing a tag twice is harmless. A Redis error that stays
+        is logged: those messages come back after the visibility timeout, and their replay
+        is a no-op."""
+        for tries_left in (1, 0):
+            try:
+                with self.pipe_or_acquire() as pipe:
+                    pipe.zrem(self.unacked_index_key, *tags).hdel(self.unacked_key, *tags).execute()
+                return
+            except redis.ConnectionError as e:
+                if tries_left:
+                    continue
+                error: redis.RedisError = e
+            except redis.RedisError as e:
+                error = e
             log.warning("%d acks not written to Redis (%s): those messages are redelivered after the visibility "
-                        "timeout", len(tags), e)
+                        "timeout", len(tags), error)
+            return
 
     def reject(self, delivery_tag, requeue=False):
         try:

@@ -143,8 +143,9 @@ def cordon(host: str = typer.Argument(..., help="a host of the fleet"),
     except redis.RedisError as e:
         fail(StoreError(f"cordoning host {host}: {e}"))
     if before is not None:
+        kept = " (kept: no --reason given)" if not reason and before.reason else ""
         typer.echo(f"host {host} was already cordoned (since {utc_text(before.since_s)}); reason now: "
-                   f"{now.reason or '(none given)'}")
+                   f"{now.reason or '(none given)'}{kept}")
     else:
         typer.echo(f"cordoned host {host}: no new lease on its {row['gpus']} GPUs from now on")
     if row["leased"]:

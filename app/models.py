@@ -15,11 +15,11 @@ import tomllib
 import unicodedata
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import pydantic
 import pydantic_core
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator, model_validator
 
 from makespan.errors import ValidationError
 from makespan.priorities import Priority  # re-exported: its home is the core module makespan.priorities
@@ -36,6 +36,11 @@ MAX_DEADLINE_S = 365 * 24 * 3600.0  # latest deadline_s a job may carry, workloa
 # the tardiness policies' CP-SAT models take due times as 64-bit integers (9.3e18 and more failed every solve)
 
 _Strict = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True)
+# the fleet file's numbers and switches as written: pydantic's lax mode would read ``true``
+# as 1 and ``"5"`` as 5 (a quoted number, a boolean: rejected, naming the field)
+Count = Annotated[int, Strict()]  # a whole number (an int, not a bool, float or text)
+Number = Annotated[float, Strict()]  # an int or a float, not a bool or text
+Switch = Annotated[bool, Strict()]  # true or false, not 1 or "yes"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
 
 
@@ -69,8 +74,8 @@ class GpuSpec(BaseModel):
 
     model_config = _Strict
     uuid: str = Field(min_length=4, max_length=128)
-    memory_mib: int = Field(gt=0, le=10_000_000)
-    index: int = Field(ge=0, description="CUDA device index on its host")
+    memory_mib: Count = Field(gt=0, le=10_000_000)
+    index: Count = Field(ge=0, description="CUDA device index on its host")
 
 
 class HostSpec(BaseModel):
@@ -81,8 +86,8 @@ class HostSpec(BaseModel):
     name: str
     gpus: tuple[GpuSpec, ...] = ()
     gpu_count: int | None = Field(default=None, ge=1, le=64)
-    memory_mib: int | None = Field(default=None, gt=0)
-    host_memory_mib: int | None = Field(default=None, gt=0, description="host RAM sleepers may hold (level 1 "
+    memory_mib: Count | None = Field(default=None, gt=0)
+    host_memory_mib: Count | None = Field(default=None, gt=0, description="host RAM sleepers may hold (level 1 "
                                         "keeps weights there), MiB; None: no budget")
 
     @field_validator("name")
@@ -143,9 +148,9 @@ class LaunchSpec(BaseModel):
     driver: str = "simulated"
     command: tuple[str, ...] = ()
     health_path: str = "/health"
-    health_timeout_s: float = 600.0
-    sleep_mode: bool = False
-    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    health_timeout_s: Number = 600.0
+    sleep_mode: Switch = False
+    gpu_memory_utilization: Number = Field(default=0.9, gt=0, le=1)
 
     @field_validator("driver")
     @classmethod
@@ -178,7 +183,7 @@ class SetPointGroup(BaseModel):
 
     model_config = _Strict
     host: str
-    gpus: tuple[int, ...] = Field(min_length=1, description="CUDA indices on that host")
+    gpus: tuple[Count, ...] = Field(min_length=1, description="CUDA indices on that host")
 
 
 class EndpointSpec(BaseModel):
@@ -187,19 +192,19 @@ class EndpointSpec(BaseModel):
     model_config = _Strict
     name: str
     model: str
-    tensor_parallel: int = Field(default=1, ge=1, le=64)
-    memory_mib_per_gpu: int = Field(gt=0)
-    cold_start_s: float
-    evict_s: float = 5.0
-    wake_s: float | None = None
-    sleep_level: int = Field(default=1, ge=1, le=2)
-    wake_level2_s: float | None = Field(default=None, gt=0, description="wake time from sleep level 2, s; "
+    tensor_parallel: Count = Field(default=1, ge=1, le=64)
+    memory_mib_per_gpu: Count = Field(gt=0)
+    cold_start_s: Number
+    evict_s: Number = 5.0
+    wake_s: Number | None = None
+    sleep_level: Count = Field(default=1, ge=1, le=2)
+    wake_level2_s: Number | None = Field(default=None, gt=0, description="wake time from sleep level 2, s; "
                                         "set (with sleep_level 1): the plan chooses level 1, level 2 or stop")
-    sleep_gpu_memory_mib: int | None = Field(default=None, ge=0, description="GPU memory per GPU a sleeping "
+    sleep_gpu_memory_mib: Count | None = Field(default=None, ge=0, description="GPU memory per GPU a sleeping "
                                              "instance still holds; None: min(512, memory_mib_per_gpu)")
-    sleep_host_memory_mib: int | None = Field(default=None, ge=0, description="host RAM a level-1 sleeper holds; "
+    sleep_host_memory_mib: Count | None = Field(default=None, ge=0, description="host RAM a level-1 sleeper holds; "
                                               "None: its weights, memory_mib_per_gpu × tensor_parallel")
-    slots: int = Field(default=1, ge=1, le=4096)
+    slots: Count = Field(default=1, ge=1, le=4096)
     set_point: tuple[SetPointGroup, ...] = ()
     launch: LaunchSpec = LaunchSpec()
 
@@ -298,15 +303,16 @@ class FleetSpec(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> FleetSpec:
+        names = [h.name for h in self.hosts]  # first: two simulated hosts of one name also share GPU UUIDs
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:
+            raise _FleetFieldError("hosts.name", twice[0], "host names must be unique")
         seen: set[str] = set()
         for h in self.hosts:
             for g in h.gpus:
                 if g.uuid in seen:
-                    raise ValueError(f"GPU UUID {g.uuid!r} appears twice")
+                    raise _FleetFieldError(f"hosts.{h.name}.gpus.uuid", g.uuid, "this GPU UUID appears twice")
                 seen.add(g.uuid)
-        names = [h.name for h in self.hosts]
-        if len(set(names)) != len(names):
-            raise ValueError("host names must be unique")
         hosts = {h.name: h for h in self.hosts}
         largest_host = max(len(h.gpus) for h in self.hosts)
         largest_mem = max(g.memory_mib for h in self.hosts for g in h.gpus)

@@ -36,7 +36,8 @@ _JSON_LIST_FIELDS = ("deps", "helpers")  # JSON text in the record, lists in sta
 _FLAG_FIELDS = ("cancel_requested", "service_estimated")  # "1" in the record, true in status()
 # fields status() gives every job, with their value when the record has none yet
 _STATUS_DEFAULTS: dict[str, Any] = {"tries": 0, "preemptions": 0, "cancel_requested": False, "deps": list,
-                                    "helpers": list, "service_estimated": False}
+                                    "helpers": list, "service_estimated": False,
+                                    "reason": ""}  # its last requeue's or its end's; "" for none yet
 
 
 log = logging.getLogger(__name__)

@@ -47,9 +47,11 @@ log = logging.getLogger("makespan.functions")
 WATCH_S = 0.05  # how often the phase thread checks lease, cancel and timeout
 PROGRESS_EVERY_S = 0.2  # most one progress write per this many seconds (the last one always)
 CANCEL_REASONS = {"cancel": "cancel_requested", "timeout": "timeout", "lease": "lease_lost",
-                  "shutdown": "worker_shutdown"}
+                  "preempted": "preempted", "shutdown": "worker_shutdown"}
 """``ctx.cancel_reason`` by what the watcher saw: the job's cancel was requested, the
-workload's ``timeout_s`` passed, the lease was lost, the GPU worker shuts down (SIGTERM)."""
+workload's ``timeout_s`` passed, the lease was lost (``preempted``: taken by a preemption,
+which requeued the job; ``lease_lost``: it expired or was reclaimed), the GPU worker shuts
+down (SIGTERM)."""
 
 
 class WorkloadStopped(BaseException):
@@ -100,9 +102,10 @@ class WorkloadContext:
             reads whether it is set); also set once the function has returned or raised,
             so work it left running in threads of its own (a ``ctx.requests`` fan-out) stops.
         cancel_reason: why ``cancelled`` was set while the function ran, written before it
-            is set: ``"cancel_requested"``, ``"timeout"``, ``"lease_lost"`` or
-            ``"worker_shutdown"`` (the job is requeued and runs again: save what lets the
-            next attempt resume); None while not cancelled (and after a normal return).
+            is set: ``"cancel_requested"``, ``"timeout"``, ``"preempted"`` (a higher-priority
+            job took the GPUs), ``"lease_lost"`` (the lease expired or was reclaimed) or
+            ``"worker_shutdown"`` (on the last three the job is requeued and runs again: save
+            what lets the next attempt resume); None while not cancelled (and after a normal return).
     """
 
     job_id: str
@@ -305,6 +308,17 @@ def _call(definition: WorkloadDef, ctx: WorkloadContext, args: list[Any], kwargs
         outcome["retryable"] = not isinstance(e, NoEndpointServer)
 
 
+def _lost_why(r: redis.Redis, keys: Keys, job_id: str) -> str:
+    """``"preempted"`` when the job's record says a preemption requeued it (``preempt.lua``
+    writes its reason "preempted by …" in the step that ends the lease), else ``"lease"``
+    (expired, reclaimed; or Redis did not answer)."""
+    try:
+        reason = r.hget(keys.job(job_id), "reason") or ""
+    except redis.RedisError:
+        return "lease"
+    return "preempted" if reason.startswith("preempted") else "lease"
+
+
 def run_function(definition: WorkloadDef, ctx: WorkloadContext, args: list[Any], kwargs: dict[str, Any], *,
                  r: redis.Redis, keys: Keys, lease_lost: threading.Event, grace_s: float,
                  result_max_bytes: int, shutting_down: threading.Event | None = None) -> tuple[str, float]:
@@ -344,7 +358,7 @@ def run_function(definition: WorkloadDef, ctx: WorkloadContext, args: list[Any],
         now = time.monotonic()
         if not why:
             if lease_lost.is_set():
-                why = "lease"
+                why = _lost_why(r, keys, ctx.job_id)
             elif shutting_down is not None and shutting_down.is_set():
                 why = "shutdown"
             elif definition.timeout_s is not None and now - started > definition.timeout_s:
@@ -376,7 +390,7 @@ def run_function(definition: WorkloadDef, ctx: WorkloadContext, args: list[Any],
     if flush is not None and not thread.is_alive():
         flush()  # the last report the throttle held back (written only while the lease is current)
     ctx.cancelled.set()  # the run is over: a ctx.requests fan-out the function left running in its own threads stops
-    if why == "lease" or lease_lost.is_set():
+    if why in ("lease", "preempted") or lease_lost.is_set():
         raise StaleFencingToken("lease lost while the workload function ran")
     if why == "shutdown":
         log.warning("job %s: the GPU worker is shutting down: workload %s %s; its result is discarded and its "

@@ -192,7 +192,8 @@ def read_availability(r: redis.Redis, keys: Keys, hosts: list[str]) -> Availabil
 
 def cordon(r: redis.Redis, keys: Keys, host: str, reason: str, by: str = "") -> tuple[Cordon, Cordon | None]:
     """Cordon ``host``: no new lease on its GPUs from now on (module doc).
-    A host already cordoned keeps its ``since`` and gets the new reason. Returns (the cordon
+    A host already cordoned keeps its ``since`` and gets the new reason (an empty ``reason``
+    keeps the one it had, and who gave it, as ``kubectl cordon`` of a cordoned node does). Returns (the cordon
     now, the one it replaced or None). The caller checks that ``host`` is in the fleet.
 
     Raises:
@@ -204,7 +205,10 @@ def cordon(r: redis.Redis, keys: Keys, host: str, reason: str, by: str = "") -> 
         raw = pipe.hget(key, host)
         seconds, micros = pipe.time()
         before = Cordon.parse(raw) if raw else None
-        now = Cordon(reason, before.since_s if before else seconds + micros / 1e6, by)
+        if before is not None and not reason:  # a repeated cordon without a reason changes nothing
+            now = before
+        else:
+            now = Cordon(reason, before.since_s if before else seconds + micros / 1e6, by)
         pipe.multi()
         pipe.hset(key, host, json.dumps({"reason": now.reason, "since": now.since_s, "by": now.by}))
         result[:] = [now, before]

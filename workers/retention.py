@@ -47,6 +47,7 @@ from makespan.store import JobStore
 SUMMARY_FIELDS = ("id", "state", "endpoint", "priority", "service_s", "submitted_at", "leased_at", "started_at",
                   "finished_at", "reason", "attempts", "workload_id", "idem", "lease", "token", "preemptions", "seq",
                   "pool",  # a pooled fleet's job: `makespan jobs --pool` lists it after compaction too
+                  "deps", "helpers",  # what it waited on and ran beside: status said [] after compaction
                   # workload functions (makespan.registry): name, retries made, the attempt whose result
                   # is stored, planned-by-estimate flag, last progress, last retried error
                   "fn", "tries", "result_attempt", "service_estimated", "progress_done", "progress_total",

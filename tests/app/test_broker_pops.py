@@ -4,6 +4,7 @@ own consumer API."""
 
 from __future__ import annotations
 
+import logging
 import base64
 import json
 import threading
@@ -242,3 +243,54 @@ def test_an_ack_writer_survives_a_failed_write_and_a_closed_writer_hands_back(br
             broker.drain_events(timeout=2)
             messages[3].ack()  # the writer is stopped: written at once, on this thread
             assert messages[3].delivery_tag not in _unacked(redis_url, prefix)
+
+
+def test_an_ack_write_whose_connection_closes_under_it_is_tried_again(broker, redis_url, prefix, caplog):
+    """At a worker's SIGTERM the channel closed while the ack writer wrote the last acks:
+    "1 acks not written to Redis (... Bad file descriptor)", and the message stayed unacked
+    for the visibility timeout (new-user check). A connection error is tried once more, on
+    a new connection; a second one is logged."""
+    import contextlib
+
+    import redis as redis_py
+
+    queue = Queue("reconnect", Exchange("reconnect"), "reconnect")
+    _publish(broker, queue, 2)
+    messages = []
+    channel = broker.channel()
+    with Consumer(channel, [queue], callbacks=[lambda _b, message: messages.append(message)]):
+        channel.basic_qos(0, 2, False)
+        broker.drain_events(timeout=2)
+        assert len(_unacked(redis_url, prefix)) == 2
+        real = channel.qos.pipe_or_acquire
+        broken = {"left": 1}
+
+        class ClosedUnderTheWrite:
+            def zrem(self, *_a):
+                return self
+
+            def hdel(self, *_a):
+                return self
+
+            def execute(self):
+                raise redis_py.ConnectionError("Error while reading from 127.0.0.1:6379 : (9, 'Bad file descriptor')")
+
+        @contextlib.contextmanager
+        def pipe_or_acquire(*args, **kwargs):
+            if broken["left"] > 0:
+                broken["left"] -= 1
+                yield ClosedUnderTheWrite()
+                return
+            with real(*args, **kwargs) as pipe:
+                yield pipe
+
+        channel.qos.pipe_or_acquire = pipe_or_acquire
+        channel.qos.write_acks([messages[0].delivery_tag])
+        assert _unacked(redis_url, prefix) == {messages[1].delivery_tag}  # written the second time
+        broken["left"] = 2
+        with caplog.at_level(logging.WARNING):
+            channel.qos.write_acks([messages[1].delivery_tag])  # both tries fail: logged, not raised
+        assert "1 acks not written to Redis" in caplog.text
+        channel.qos.pipe_or_acquire = real
+        channel.qos.write_acks([messages[1].delivery_tag])
+        assert _unacked(redis_url, prefix) == set()

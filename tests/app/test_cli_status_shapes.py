@@ -71,6 +71,7 @@ def test_status_gives_utc_times_beside_the_unix_ones_and_typed_fields(r, keys, s
     assert final["retries"] == 0 and isinstance(final["service_s"], float)
     assert abs(_unix_s(final["submitted_at_utc"]) - final["submitted_at"]) < 0.001
     assert final["wait_eta"] is None and final["wait_eta_utc"] is None  # no planner: no ETA, in both forms
+    assert final["reason"] == ""  # present on a waiting job too (a script's status["reason"] raised KeyError)
     cancel_workload(r, keys, wid)
     ended = _cli_json(["status", steps["final"]["job"]], redis_url, prefix)
     assert ended["state"] == "cancelled" and abs(_unix_s(ended["finished_at_utc"]) - ended["finished_at"]) < 0.001

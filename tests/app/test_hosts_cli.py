@@ -53,6 +53,10 @@ def test_cordon_drain_and_uncordon_as_an_operator_sees_them(r, keys, settings, r
     again = _cli(env, "cordon", "a", "--reason", "firmware, then NICs")
     assert again.exit_code == 0 and "already cordoned" in again.output, again.output
     assert _rows(env)["a"]["reason"] == "firmware, then NICs"
+    # a repeated cordon without --reason keeps the reason (it wiped it: a new user's report)
+    kept = _cli(env, "cordon", "a")
+    assert kept.exit_code == 0 and "reason now: firmware, then NICs (kept: no --reason given)" in kept.output, kept.output
+    assert _rows(env)["a"]["reason"] == "firmware, then NICs"
 
     r.delete(keys.gpu("GPU-a-0"))  # its last lease ends (what a release does to the GPU key)
     assert _rows(env)["a"]["state"] == "drained"

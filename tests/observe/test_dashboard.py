@@ -334,3 +334,20 @@ def test_a_passed_eta_and_the_wait_reason_are_shown_as_why_gives_them(redis_url,
     assert "GPU-host-a-0 held by job x" in page
     assert re.search(r'<tr data-field="wait_eta"><th>wait_eta</th><td>[^<]*\(passed 4\d\.\d s ago\)</td></tr>', page), \
         page[-3000:]
+
+
+def test_an_agenda_operation_is_shown_short_with_the_whole_id_in_its_title(redis_url, keys, r, fleet, tmp_path):
+    """The whole operation id (32 hex digits and the phase, no place to wrap) pushed the side
+    column past a 1400 px window: a sideways scroll bar (new-user check). The cell shows the
+    first 8 digits, as job ids are shown; its title holds the whole id. Real headless Chromium."""
+    from makespan.workers.agenda import AgendaTracker
+
+    r.set(keys.fleet, fleet.model_dump_json())
+    op = AgendaTracker(r, keys).register("78ec451acf614a8aa951ccb9accd6f17:start", "POSITIVE", ["chat"],
+                                         ["GPU-host-a-0", "GPU-host-a-1"], expected_duration_s=600, heartbeat=False)
+    browser = Chromium(require_tool("chromium"), tmp_path / "profile")
+    with _served(redis_url, keys, r) as c:
+        dom = browser.dump_dom(f"{c.base_url}/?updates=1", budget_ms=3000)
+    row = re.search(rf'<tr class="agenda-entry" data-op="{op.op_id}">.*?</tr>', dom)
+    assert row, dom[-3000:]
+    assert f'<td title="{op.op_id}">78ec451a:start</td>' in row.group(0), row.group(0)

@@ -22,7 +22,8 @@ def test_compacts_then_expires_by_count_with_idempotency_keys(r, keys, settings)
     s = replace(settings, retention_jobs=3, retention_age_s=3600.0, retention_batch=100, events_max_len=10)
     prod = Producer(r, keys, fleet, s)
     ids = [prod.submit({"endpoint": "embed", "service_s": 1, "payload": {"x": "y" * 500},
-                        "idempotency_key": f"k{i}"}).id for i in range(5)]
+                        "idempotency_key": f"k{i}"}).id for i in range(4)]
+    ids.append(prod.submit({"endpoint": "embed", "service_s": 1, "idempotency_key": "k4", "depends_on": ids[:2]}).id)
     now = time.time()
     r.hset(keys.job(ids[-1]), "pool", "east")  # a pooled fleet's job (makespan.pools): `jobs --pool` lists it after compaction
     r.hset(keys.job(ids[-1]), mapping={"lease": "L-last", "token": "7"})  # the lease it last held, as its finish left it
@@ -36,6 +37,7 @@ def test_compacts_then_expires_by_count_with_idempotency_keys(r, keys, settings)
     assert rec["state"] == "completed" and rec["idem"] == "k4" and rec["pool"] == "east"
     # status: the lease it last held, with its fencing token (the token was dropped: null)
     assert prod.status(ids[-1])["lease"] == "L-last" and prod.status(ids[-1])["token"] == 7
+    assert prod.status(ids[-1])["deps"] == ids[:2]  # not [] ("had none") once compacted
     assert 0 < r.ttl(keys.job(ids[-1])) <= 3600 and 0 < r.ttl(keys.idem("k4")) <= 3600
     assert ret.sweep(now).expired == 0
     assert not r.exists(keys.job(ids[0])) and not r.exists(keys.idem("k0")) and not r.exists(keys.idem("k1"))

@@ -309,6 +309,7 @@ def raises_when_preempted(ctx):
     if len(HOOKS["attempts_seen"]) == 1:  # the first run stops when told to, by raising (as user code may)
         HOOKS["first_started"].set()
         ctx.cancelled.wait(30)
+        HOOKS["cancel_reason"] = ctx.cancel_reason
         raise RuntimeError("stopped: the lease was lost")
     return "live"
 
@@ -332,6 +333,7 @@ def test_a_preemption_is_not_an_attempt_and_burns_no_retry(r, keys, settings):
     assert LeaseStore(r, keys).preempt(ctx1.lease_id, "a-critical-job") == "preempted"
     first.join(20)
     assert out1 == ["stale"]
+    assert HOOKS["cancel_reason"] == "preempted"  # not lease_lost: the function can tell (a new user's report)
     status = Producer(r, keys, fleet, settings).status(job.id)
     assert (status["state"], status["attempts"], status.get("tries", 0), status["preemptions"]) == ("queued", 0, 0, 1)
     ctx2, runner2 = _lease(r, keys, settings, fleet, job.id)
@@ -494,3 +496,20 @@ def test_a_result_with_a_key_that_is_not_a_string_fails_as_an_argument_would(r, 
     assert run_warm(runner, ctx) == "failed"
     with pytest.raises(makespan.WorkloadError, match="mapping keys must be strings, got int 1"):
         job.result(timeout_s=1)
+
+
+def test_a_run_whose_lease_is_reclaimed_is_told_lease_lost(r, keys, settings):
+    """The other way to lose a lease (it expired, the planner reclaimed it): ``lease_lost``."""
+    HOOKS.clear()
+    HOOKS.update(first_started=threading.Event())
+    fleet, client = _setup(r, keys, settings, raises_when_preempted)
+    job = client.submit("tests.raises_when_preempted")
+    ctx1, runner1 = _lease(r, keys, settings, fleet, job.id)
+    out1: list = []
+    first = threading.Thread(target=lambda: out1.append(run_warm(runner1, ctx1)))
+    first.start()
+    assert HOOKS["first_started"].wait(20)
+    r.zadd(keys.leases, {ctx1.lease_id: 0})  # expired on the server clock
+    assert LeaseStore(r, keys).reclaim(ctx1.lease_id, max_attempts=3) in ("requeued", "delayed")
+    first.join(20)
+    assert out1 == ["stale"] and HOOKS["cancel_reason"] == "lease_lost"

@@ -52,6 +52,9 @@ function api(rel) {
 }
 
 function short(id) { return id ? String(id).slice(0, 8) : ""; }  // a prefix, as one types it
+// an agenda operation "<32 hex>:start" as "<8 hex>:start" (the whole id in the cell's title):
+// the whole one, with no place to wrap, pushed the side column past a 1400 px window
+function shortOp(op) { const [id, ...rest] = String(op).split(":"); return [short(id), ...rest].join(":"); }
 
 function colours(state) {
   const names = state.endpoints.map(e => e.name).sort();
@@ -183,7 +186,8 @@ function drawEndpoints(state, colour) {
       ep.instances.length || agendaByEp[ep.name] ? null : el("span", {class: "none", text: "not loaded"})))));
   document.querySelector("#agenda tbody").replaceChildren(...(state.agenda.length ? state.agenda.map(a => el("tr",
     {class: "agenda-entry" + (a.overdue ? " overdue" : ""), "data-op": a.op_id},
-    el("td", {text: a.op_id}), el("td", {text: a.mode}), el("td", {text: a.endpoints.join(", ")}),
+    el("td", {text: shortOp(a.op_id), title: a.op_id}), el("td", {text: a.mode}),
+    el("td", {text: a.endpoints.join(", ")}),
     el("td", {text: a.gpus.map(g => g.replace(/^GPU-/, "")).join(",")}),
     el("td", {text: clock(a.expected_end) + (a.overdue ? " (overdue)" : "")}))) :
     [el("tr", {}, el("td", {colspan: 5, class: "none", text: "none"}))]));
