@@ -43,7 +43,7 @@ REASONS: dict[str, str] = {
     "waiting_for_function": "no live GPU worker registers its workload function (the workers that had it "
                             "stopped, or restarted without it): it stays queued, unplanned, until one does; the "
                             "detail names the function and the hosts that had it last",
-    "no_planner": "no planner leads: nothing is planned until one does",
+    "no_planner": "no planner leads: nothing is planned (nor a delayed job past its ETA queued) until one does",
     "behind_batch": "queued behind the planner's batch (batch_size jobs by priority, FIFO): the detail gives "
                     "its queue position",
 }
@@ -78,6 +78,11 @@ def reason_of(rec: dict[str, Any], *, planner_leads: bool, server_now_s: float, 
     state = rec.get("state")
     if state == "delayed":
         due = float(rec.get("not_before") or 0.0) or None
+        if not planner_leads and due is not None and due <= server_now_s:  # due, and nothing queues it
+            what = "retry" if int(rec.get("tries") or 0) > 0 or int(rec.get("attempts") or 0) > 0 else "delay"
+            return "no_planner", (f"its {what} ended {server_now_s - due:.0f} s ago, but no planner holds the leader "
+                                  "lock to queue it (start one with `makespan planner --fleet FLEET`; a standby "
+                                  "takes over within its lock's TTL)"), due
         # the leading planner queues a due delayed job: without one it stays delayed past its ETA
         idle = "" if planner_leads else "; no planner holds the leader lock now: it is queued once one does"
         tries = int(rec.get("tries") or 0)  # runs of its function that raised and were retried

@@ -73,7 +73,35 @@ class CancelEvent(threading.Event):
     """``ctx.cancelled``: a :class:`threading.Event` whose truth is whether it is set, so
     ``while not ctx.cancelled:`` and ``if ctx.cancelled: return`` mean what they read as (a
     plain Event is always true: such a loop ended at once, found by a new-user check);
-    ``is_set()``, ``wait(timeout)`` work as on any Event."""
+    ``is_set()``, ``wait(timeout)`` work as on any Event.
+
+    While a run's lease is watched (:meth:`watch_lease`), it also reads as set the moment
+    that lease's local deadline has passed (:class:`makespan.workers.heartbeat.LeaseLost`),
+    with ``cancel_reason`` ``lease_lost``: a function resumed after its worker was paused
+    past the lease TTL sees it at its first check, before the watcher thread runs again."""
+
+    _lease: Any = None  # the run's LeaseLost while watched
+    _on_expired: Callable[[], None] | None = None
+
+    def watch_lease(self, lease_lost: Any, on_expired: Callable[[], None]) -> None:
+        """Read as set once ``lease_lost`` (a ``LeaseLost``) is past its deadline, calling
+        ``on_expired`` (which writes the reason) first."""
+        self._lease, self._on_expired = lease_lost, on_expired
+
+    def is_set(self) -> bool:
+        if super().is_set():
+            return True
+        lease = self._lease
+        if lease is not None and lease.past_deadline():
+            if self._on_expired is not None:
+                self._on_expired()
+            self.set()
+            return True
+        return False
+
+    def wait(self, timeout: float | None = None) -> bool:
+        super().wait(timeout)
+        return self.is_set()
 
     def __bool__(self) -> bool:
         return self.is_set()
@@ -321,10 +349,15 @@ def _lost_why(r: redis.Redis, keys: Keys, job_id: str) -> str:
 
 def run_function(definition: WorkloadDef, ctx: WorkloadContext, args: list[Any], kwargs: dict[str, Any], *,
                  r: redis.Redis, keys: Keys, lease_lost: threading.Event, grace_s: float,
-                 result_max_bytes: int, shutting_down: threading.Event | None = None) -> tuple[str, float]:
+                 result_max_bytes: int, shutting_down: threading.Event | None = None,
+                 lease_id: str | None = None) -> tuple[str, float]:
     """Call the function (see the module doc) and return (result JSON, wall seconds).
     ``shutting_down``: set when the GPU worker's shutdown begins
-    (:data:`makespan.shutdown.SHUTTING_DOWN`); None: not watched.
+    (:data:`makespan.shutdown.SHUTTING_DOWN`); None: not watched. ``lease_id``: the lease
+    the run holds; the watcher's read of the job's cancel request also reads which lease the
+    job holds, so a preemption or a reclaim (which take the lease off the job's record) sets
+    ``lease_lost`` within that read's interval (2 × ``WATCH_S``), not at the heartbeat's next
+    renewal (up to ``heartbeat_s`` later; a preemptor's transitions wait for the run to end).
 
     Raises:
         StaleFencingToken: the lease was lost, or ``shutting_down`` was set while the
@@ -341,6 +374,12 @@ def run_function(definition: WorkloadDef, ctx: WorkloadContext, args: list[Any],
     outcome: dict[str, Any] = {}
 
     started = time.monotonic()
+    if isinstance(ctx.cancelled, CancelEvent) and hasattr(lease_lost, "past_deadline"):
+        def lease_expired() -> None:  # the lease's local deadline passed: written before ctx.cancelled reads set
+            if ctx.cancel_reason is None:
+                ctx.cancel_reason = CANCEL_REASONS["lease"]
+
+        ctx.cancelled.watch_lease(lease_lost, lease_expired)
     thread = threading.Thread(target=_call, args=(definition, ctx, args, kwargs, outcome),
                               name=f"workload-{ctx.job_id[:8]}", daemon=True)
     thread.start()
@@ -366,12 +405,17 @@ def run_function(definition: WorkloadDef, ctx: WorkloadContext, args: list[Any],
             elif now - cancel_checked > 2 * WATCH_S:
                 cancel_checked = now
                 try:
-                    if r.hget(keys.job(ctx.job_id), "cancel_requested") == "1":
+                    cancel, holder = r.hmget(keys.job(ctx.job_id), "cancel_requested", "lease")
+                    if cancel == "1":
                         why = "cancel"
+                    elif lease_id is not None and holder != lease_id:  # preempted or reclaimed meanwhile
+                        lease_lost.set()
+                        why = _lost_why(r, keys, ctx.job_id)
                 except redis.RedisError as e:  # a blip: the function runs on, the heartbeat watches the lease
                     log.warning("job %s: reading its cancel request failed (%r); trying again", ctx.job_id, e)
             if why:
-                ctx.cancel_reason = CANCEL_REASONS[why]
+                if not ctx.cancelled.is_set():  # else the reason is written (a passed lease deadline)
+                    ctx.cancel_reason = CANCEL_REASONS[why]
                 ctx.cancelled.set()
                 stop_at = now + grace_s
         elif stop_at is not None and now >= stop_at:

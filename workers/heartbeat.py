@@ -3,7 +3,13 @@
 A phase renews its lease as it starts, then a :class:`LeaseHeartbeat` renews it every
 ``heartbeat_s`` while the phase runs; one shared starter thread starts a heartbeat's own
 thread only when its first renewal is due (a short phase never starts one). Losing the
-lease (a stale fencing token) sets the heartbeat's ``lost`` event: the phase stops.
+lease (a stale fencing token) sets the heartbeat's ``lost`` event (:class:`LeaseLost`):
+the phase stops. ``lost`` also reads as set once the lease's local deadline has passed —
+the last renewal that succeeded, timed on this host's monotonic clock before it was sent,
+plus the TTL, less a margin — with no renewal answered since: a worker paused past its
+TTL (SIGSTOP, a VM stall) or cut off from Redis knows its lease may be someone else's
+by now without asking Redis, so a resumed function stops before its side effect
+instead of racing the heartbeat's next round trip (breaker check).
 :class:`DeferredWaits` gathers modelled transition waits that run as one (the longest).
 """
 
@@ -35,18 +41,63 @@ class DeferredWaits:
         self.longest_s = max(self.longest_s, wall_s)
 
 
+def deadline_margin_s(ttl_s: float) -> float:
+    """How long before the TTL a lease not renewed since counts as lost locally:
+    a tenth of the TTL, at most 1 s."""
+    return min(1.0, 0.1 * ttl_s)
+
+
+class LeaseLost(threading.Event):
+    """The heartbeat's ``lost``: set when a renewal found the lease gone; :meth:`is_set`
+    (and so :meth:`wait`'s answer) is also true once the monotonic deadline given to
+    :meth:`extend` has passed (module doc). ``math.inf``: no deadline."""
+
+    def __init__(self, deadline_s: float = math.inf):
+        super().__init__()
+        self._deadline_s = deadline_s
+
+    def extend(self, deadline_s: float) -> None:
+        """A renewal succeeded: the lease holds locally until monotonic ``deadline_s``."""
+        self._deadline_s = max(self._deadline_s, deadline_s)
+
+    def past_deadline(self) -> bool:
+        """Whether the local deadline has passed (the lease may have expired on Redis)."""
+        return time.monotonic() >= self._deadline_s
+
+    def is_set(self) -> bool:
+        if super().is_set():
+            return True
+        if self.past_deadline():
+            self.set()
+            return True
+        return False
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """As :meth:`threading.Event.wait`, also returning when the deadline passes (early,
+        answering False, when a renewal moved it meanwhile: callers wait in a loop)."""
+        left = self._deadline_s - time.monotonic()
+        limit = left if timeout is None else min(timeout, left)
+        super().wait(None if limit == math.inf else max(0.0, limit))
+        return self.is_set()
+
+
 class LeaseHeartbeat:
     """Renews a lease every ``interval_s`` from a daemon thread until stopped.
     ``lost`` is set as soon as a renewal finds the lease no longer ours; a Redis error is
-    transient (logged; the next renewal comes ``interval_s`` later).
+    transient (logged; the next renewal comes ``interval_s`` later), but no renewal
+    answered for the TTL less :func:`deadline_margin_s` makes ``lost`` read as set.
+    ``renewed_at_s``: when the caller's own renewal (as the phase started) was sent, on
+    the monotonic clock (None: now).
 
     The thread is started when the first renewal is due, ``interval_s`` after
     :meth:`__enter__` (by this process's :class:`_HeartbeatStarter`): most jobs end
     before that and never start one."""
 
-    def __init__(self, store: LeaseStore, lease: Lease, ttl_s: float, interval_s: float):
+    def __init__(self, store: LeaseStore, lease: Lease, ttl_s: float, interval_s: float,
+                 renewed_at_s: float | None = None):
         self.store, self.lease, self.ttl_s, self.interval_s = store, lease, ttl_s, interval_s
-        self.lost = threading.Event()
+        renewed = time.monotonic() if renewed_at_s is None else renewed_at_s
+        self.lost = LeaseLost(renewed + ttl_s - deadline_margin_s(ttl_s))
         self._stop = threading.Event()
         self._t: threading.Thread | None = None  # started by _STARTER when the first renewal is due
 
@@ -57,11 +108,13 @@ class LeaseHeartbeat:
     def _run(self) -> None:
         # started by the starter when the first renewal is due: renew at once, then every interval_s
         while True:
+            sent = time.monotonic()
             try:
                 if not self.store.renew(self.lease, self.ttl_s):
                     self.lost.set()
                     return
-            except redis.RedisError as e:  # transient: the TTL gives us slack
+                self.lost.extend(sent + self.ttl_s - deadline_margin_s(self.ttl_s))
+            except redis.RedisError as e:  # transient: the TTL gives us slack (then lost's deadline passes)
                 log.warning("lease %s heartbeat failed: %s", self.lease.lease_id, e)
             if self._stop.wait(self.interval_s):
                 return

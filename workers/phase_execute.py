@@ -124,7 +124,7 @@ class ExecutePhase:
                                           r=self.r, keys=self.keys, lease_lost=hb.lost,
                                           grace_s=self.settings.cancel_grace_s,
                                           result_max_bytes=self.settings.result_max_bytes,
-                                          shutting_down=shutdown.SHUTTING_DOWN)
+                                          shutting_down=shutdown.SHUTTING_DOWN, lease_id=ctx.lease_id)
         except PhaseCancelled:
             metrics.workload_run(name, "cancelled")
             raise

@@ -271,6 +271,7 @@ class PhaseRunner(TransitionPhases, ExecutePhase):
         lease = ctx.lease
         # Renew as the phase starts (not one heartbeat interval in): a message that waited
         # in the queue longer than TTL minus the heartbeat interval must still find its lease.
+        renewed_at = time.monotonic()  # the lease's local deadline counts from here (LeaseHeartbeat)
         if not self.leases.renew(lease, self.settings.lease_ttl_s):
             log.info("phase %s of lease %s: stale fencing token, not acting", phase, ctx.lease_id)
             return "stale"
@@ -300,7 +301,8 @@ class PhaseRunner(TransitionPhases, ExecutePhase):
             # messages when a connection drops): stop this copy and its chain.
             log.info("phase %s of lease %s: duplicate delivery, not acting", phase, ctx.lease_id)
             return "stale"
-        with LeaseHeartbeat(self.leases, lease, self.settings.lease_ttl_s, self.settings.heartbeat_s) as hb:
+        with LeaseHeartbeat(self.leases, lease, self.settings.lease_ttl_s, self.settings.heartbeat_s,
+                            renewed_at) as hb:
             if ctx.kind == "job" and phase != "clear" and self.r.hget(self.keys.job(ctx.job_id), "cancel_requested") == "1":
                 return self._finish(ctx, "cancelled", "cancelled while running")
             started = time.time()

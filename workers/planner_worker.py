@@ -241,10 +241,11 @@ class PlannerWorker:
         it) or the keys were deleted. The jobs accepted before may be gone, silently: logged
         CRITICAL, counted (``makespan_redis_state_lost_total``) and recorded (``redis_state_lost``
         event, in the new stream)."""
-        log.critical("%s: the planner fencing counter went back from %s to %s: Redis lost makespan's state (it "
+        log.critical("%s: the planner fencing counter was reset (INCR gave %s, not more than token %s already seen "
+                     "here): Redis lost makespan's state (it "
                      "restarted without its data, or the keys were deleted); jobs accepted before may be gone. Check "
                      "Redis persistence (appendonly), its data directory and that the same redis-server binary reads "
-                     "it (docs/durability.md)", self.name, previous, self.token)
+                     "it (docs/durability.md)", self.name, self.token, previous)
         metrics.redis_state_lost()
         events.record(self.r, self.keys.events, "redis_state_lost", planner=self.name, previous_token=previous,
                       token=int(self.token))

@@ -70,6 +70,7 @@ def _run_warm(runner: PhaseRunner, ctx: PhaseContext) -> str:
     evs.append(runner._event("phase_start", ctx, phase="execute"))
     # helper endpoints start and stop in their phases: the script says 'helpers' for a job
     # with any (PhaseRunner._helpers: its record's, else its function's in this registry)
+    renewed_at = time.monotonic()  # the lease's local deadline counts from here (LeaseHeartbeat)
     got = JobStore(runner.r, k, runner.settings.events_max_len).begin_warm(
         ctx.lease_id, ctx.token, ctx.gpus, ctx.job_id, instance_value(ctx.endpoint, ctx.gpus), t0, evs,
         runner.settings.lease_ttl_s, [name for name, d in REGISTRY.items() if d.helpers])
@@ -85,7 +86,8 @@ def _run_warm(runner: PhaseRunner, ctx: PhaseContext) -> str:
     payload = ctx.payload or spec.get("payload") or {}
     extra: dict[str, Any] = {}
     started = time.time()
-    with LeaseHeartbeat(runner.leases, ctx.lease, runner.settings.lease_ttl_s, runner.settings.heartbeat_s) as hb:
+    with LeaseHeartbeat(runner.leases, ctx.lease, runner.settings.lease_ttl_s, runner.settings.heartbeat_s,
+                        renewed_at) as hb:
         try:
             with telemetry.phase_span("execute", ctx.traceparent, attrs) as span:
                 # the attempt and the instances on the GPUs as begin_warm read them (no reads of their own)

@@ -496,6 +496,13 @@ def test_a_function_retry_waits_in_retry_backoff_not_delayed_until():
     assert reason_of(plain, planner_leads=False, server_now_s=900.0, queue_position=None, stale_after_s=30.0) == (
         "delayed_until", "submitted with a delay (delay_s): queued at the ETA; no planner holds the leader lock now: "
         "it is queued once one does", 1000.5)
+    # ... and once its ETA has passed with no planner, it is no_planner, as a queued job is
+    # (`makespan jobs` showed "delayed_until (passed 6 s ago)"; breaker check)
+    code, detail, eta = reason_of(plain, planner_leads=False, server_now_s=1006.5, queue_position=None,
+                                  stale_after_s=30.0)
+    assert (code, eta) == ("no_planner", 1000.5) and detail.startswith("its delay ended 6 s ago, but no planner")
+    assert reason_of(rec, planner_leads=False, server_now_s=1006.5, queue_position=None,
+                     stale_after_s=30.0)[1].startswith("its retry ended 6 s ago")
 
 
 def test_a_job_the_planner_no_longer_reads_is_behind_the_batch_not_its_old_reason(r, settings, monkeypatch):

@@ -121,3 +121,25 @@ def test_the_starter_is_woken_only_for_a_renewal_due_before_it_wakes(r, keys):
         if soon._t is not None:
             soon._t.join(timeout=2)
     assert not soon.lost.is_set()
+
+
+def test_no_renewal_answered_for_the_ttl_reads_as_lost_and_a_renewal_moves_the_deadline(r, keys):
+    """Redis errors on every renewal (a worker cut off from Redis): the lease may be reclaimed
+    once its TTL has passed, so ``lost`` reads as set by then (less the margin), with no
+    refused renewal; ``wait`` returns at that deadline. A renewal that succeeds moves it."""
+    from makespan.workers.heartbeat import LeaseLost, deadline_margin_s
+
+    lease = _lease(r, keys, "HB5", "g-hb5")
+    store = CountingStore(r, keys, fail_first=10**6)  # never answered
+    ttl_s = 1.0
+    started = time.monotonic()
+    with LeaseHeartbeat(store, lease, ttl_s, 0.1, renewed_at_s=started) as hb:
+        assert not hb.lost.is_set()
+        assert hb.lost.wait(5.0)  # returns at the deadline, not after the 5 s
+        waited = time.monotonic() - started
+        assert ttl_s - deadline_margin_s(ttl_s) - 0.01 <= waited < ttl_s + 1.0, waited
+        assert store.renewals >= 2
+    lost = LeaseLost(time.monotonic() + 0.2)
+    lost.extend(time.monotonic() + 60.0)  # a renewal answered
+    assert not lost.wait(0.4) and not lost.is_set()
+    assert LeaseLost().wait(0.01) is False  # no deadline: an Event

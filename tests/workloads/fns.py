@@ -126,3 +126,21 @@ def gen_and_embed(ctx, items):
 @makespan.workload(endpoint="sim", name="concat")
 def concat(ctx, *parts):
     return "".join(str(p) for p in parts)
+
+
+@makespan.workload(endpoint="sim", name="side_effect_after_work")
+def side_effect_after_work(ctx, wall_s):
+    """Works ``wall_s`` seconds without looking at ``ctx.cancelled`` (as a process paused by
+    SIGSTOP would), then checks it right before its side effect, as docs/workloads.md asks:
+    marks ``cancelled`` (with its reason in ``{job_id}.why``) or ``side_effect``."""
+    _mark(ctx, "ran")
+    end = time.monotonic() + wall_s
+    while time.monotonic() < end:
+        time.sleep(0.01)
+    if ctx.cancelled:
+        _mark(ctx, "cancelled")
+        with open(os.path.join(MARK_DIR, f"{ctx.job_id}.why"), "a") as f:
+            f.write(f"{ctx.cancel_reason}\n")
+        return None
+    _mark(ctx, "side_effect")
+    return {"attempt": ctx.attempt}

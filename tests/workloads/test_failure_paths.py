@@ -513,3 +513,27 @@ def test_a_run_whose_lease_is_reclaimed_is_told_lease_lost(r, keys, settings):
     assert LeaseStore(r, keys).reclaim(ctx1.lease_id, max_attempts=3) in ("requeued", "delayed")
     first.join(20)
     assert out1 == ["stale"] and HOOKS["cancel_reason"] == "lease_lost"
+
+
+def test_a_preempted_function_learns_it_without_waiting_for_a_heartbeat(r, keys, settings):
+    """The run learned of its preemption only at its heartbeat's next renewal (up to
+    ``heartbeat_s``, 2 s by default, added to every preemption: the preemptor's transitions
+    wait for the run to end; breaker check). The watcher's cancel read also reads which
+    lease the job holds: with a heartbeat that never renews in this test, the function
+    still sees ``ctx.cancelled`` with reason ``preempted``."""
+    import dataclasses
+
+    HOOKS.clear()
+    HOOKS.update(first_started=threading.Event())
+    slow_beat = dataclasses.replace(settings, lease_ttl_s=600.0, heartbeat_s=300.0)
+    fleet, client = _setup(r, keys, slow_beat, raises_when_preempted)
+    job = client.submit("tests.raises_when_preempted")
+    ctx1, runner1 = _lease(r, keys, slow_beat, fleet, job.id)
+    out1: list = []
+    first = threading.Thread(target=lambda: out1.append(run_warm(runner1, ctx1)))
+    first.start()
+    assert HOOKS["first_started"].wait(20)
+    assert LeaseStore(r, keys).preempt(ctx1.lease_id, "a-critical-job") == "preempted"
+    first.join(30)  # the function waits on ctx.cancelled for 30 s: it ends now only if told
+    assert not first.is_alive() and out1 == ["stale"]
+    assert HOOKS["cancel_reason"] == "preempted"

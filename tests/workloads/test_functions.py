@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import statistics
 import time
 import uuid
@@ -464,3 +465,38 @@ def test_progress_reaches_flower_while_the_function_runs(live, marks, tmp_path):
             flower.wait(timeout=10)
         except subprocess.TimeoutExpired:
             flower.kill()
+
+
+def test_a_worker_paused_past_its_lease_ttl_skips_the_side_effect_when_it_resumes(settings, r, keys, tmp_path):
+    """SIGSTOP of the GPU worker while its function runs, for longer than the lease TTL: the
+    planner reclaims the lease and the job runs again. On SIGCONT the first run's function
+    ended its work during the pause and checks ``ctx.cancelled`` before its side effect: it
+    read False (the heartbeat had not yet asked Redis) and did it a second time (breaker
+    check). The lease's local deadline has passed: it reads True, reason ``lease_lost``."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    s = replace(settings, workload_modules="tests.workloads.fns")
+    system = LiveSystem(FLEET, load_fleet(FLEET), s, tmp_path / "logs", observer=False,
+                        extra_env={"MAKESPAN_TEST_MARK_DIR": str(marks)})
+    system.start()
+    paused = []
+    try:
+        client = makespan.connect(s.redis_url, key_prefix=s.key_prefix)
+        wait_for(lambda: client.r.exists(client.keys.fn_live("side_effect_after_work")), 30,
+                 "the functions to be published")
+        job = client.submit("side_effect_after_work", 1.0)
+        wait_for(lambda: _marks(marks, job, "ran"), 60, "the first run to start")
+        paused = system.kill("gpu-", signal.SIGSTOP)
+        assert paused
+        # the planner reclaims the lease once its TTL has passed on the Redis clock
+        wait_for(lambda: int(r.hget(keys.job(job.id), "attempts") or 0) >= 1, 60, "the lease to be reclaimed")
+        system.kill("gpu-", signal.SIGCONT)
+        paused = []
+        assert job.result(timeout_s=90) == {"attempt": 2}
+        assert _marks(marks, job, "side_effect") == [2]  # once: not by the resumed first run
+        assert _marks(marks, job, "cancelled") == [1]
+        assert (marks / f"{job.id}.why").read_text().split() == ["lease_lost"]
+    finally:
+        if paused:
+            system.kill("gpu-", signal.SIGCONT)
+        stop_checked(system)
