@@ -29,7 +29,9 @@ def host_rows(r: Any, keys: Any, fleet: Any) -> list[dict[str, Any]]:
     (``schedulable``, ``down``, ``cordoned``: leases still running there, ``drained``:
     cordoned with no lease left, its worker may be stopped), ``reason`` (its cordon's; for a
     ``never (unconsumed)`` host, why it is down), ``since`` (unix s)
-    and ``since_utc`` of its cordon ('' and None when not cordoned), ``by``.
+    and ``since_utc`` of its cordon ('' and None when not cordoned), ``by``;
+    ``planner_leads`` (a planner of its pool holds the leader lock; without one nothing
+    new is scheduled there, and ``reason`` says so when it has none else).
 
     Raises:
         redis.RedisError: Redis failed."""
@@ -40,7 +42,11 @@ def host_rows(r: Any, keys: Any, fleet: Any) -> list[dict[str, Any]]:
     pipe = r.pipeline(transaction=False)
     host_liveness.queue_reads(pipe, keys, hosts)
     pipe.mget([keys.gpu(gpu) for host in hosts for gpu in uuids[host]])  # a fleet host has a GPU at least
-    seen, live, cordoned_raw, holders = pipe.execute()
+    pool_names = [pool.name for pool in fleet.pools] if fleet.pools else [None]
+    for pool_name in pool_names:
+        pipe.exists(keys.for_pool(pool_name).planner_leader)
+    seen, live, cordoned_raw, holders, *leading = pipe.execute()
+    leads = dict(zip(pool_names, (bool(x) for x in leading)))
     hosts_now = host_liveness.availability(hosts, seen, live, cordoned_raw)
     lease_ids = sorted({holder.split(":")[0] for holder in holders if holder})
     job_of: dict[str, str] = {}
@@ -64,11 +70,17 @@ def host_rows(r: Any, keys: Any, fleet: Any) -> list[dict[str, Any]]:
         else:
             state = "down" if host in hosts_now.down else "schedulable"
         jobs = sorted({job_of.get(holder.split(":")[0], "") for holder in held} - {""})
+        planner_leads = leads.get(pool_of.get(host), False)
+        reason = cordon.reason if cordon else ("no GPU worker ever consumed its queue: a lease there expired "
+                                               "unconsumed" if unconsumed else "")
+        if not reason and not planner_leads:
+            reason = (f"no planner of pool {pool_of[host]} leads: nothing new is scheduled here until one does"
+                      if pool_of.get(host) else "no planner leads: nothing new is scheduled until one does")
         rows.append({"host": host, "pool": pool_of.get(host), "gpus": len(uuids[host]), "leased": len(held),
                      "jobs": jobs, "worker": worker, "cordoned": cordon is not None, "state": state,
-                     "reason": cordon.reason if cordon else ("no GPU worker ever consumed its queue: a lease there "
-                                                             "expired unconsumed" if unconsumed else ""), "since": cordon.since_s if cordon else None,
-                     "since_utc": utc_text(cordon.since_s) if cordon else None, "by": cordon.by if cordon else ""})
+                     "reason": reason, "since": cordon.since_s if cordon else None,
+                     "since_utc": utc_text(cordon.since_s) if cordon else None, "by": cordon.by if cordon else "",
+                     "planner_leads": planner_leads})
     return rows
 
 

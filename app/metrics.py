@@ -374,6 +374,31 @@ class RedisStateCollector:
         yield up
         yield from fams
 
+    def _leaderless_pools(self, pools: list[str], server_now_s: float, depth: Any, by_reason: Any) -> None:
+        """Add to ``depth`` and ``by_reason`` the queues of each pool of ``pools`` that no
+        planner leads (and whose last reason write is stale): its depths, and every queued
+        job ``no_planner``. Each pool's planner exports them, so a pool whose planners all
+        stopped still has its series (the same values from every planner: ``max`` per pool)."""
+        if not pools:
+            return
+        p = self.r.pipeline(transaction=False)
+        for name in pools:
+            pool_keys = self.keys.for_pool(name)
+            p.exists(pool_keys.planner_leader)
+            p.get(pool_keys.wait_reasons_at)
+            for level in PRIORITIES:
+                p.zcard(pool_keys.queue(level))
+        res = iter(p.execute())
+        for name in pools:
+            leads, written_at = next(res), next(res)
+            depths = [int(next(res) or 0) for _ in PRIORITIES]
+            if leads or (written_at and server_now_s - float(written_at) <= self.stale_after_s):
+                continue  # its own planner exports it
+            for level, level_depth in zip(PRIORITIES, depths):
+                depth.add_metric([level, name], level_depth)
+            for code, value in queued_by_reason({}, sum(depths), no_planner=True).items():
+                by_reason.add_metric([code, name], value)
+
     def _read(self, Gauge, Counter) -> list[Any]:
         k = self.keys
         queues = self.gpu_queues()
@@ -433,9 +458,11 @@ class RedisStateCollector:
                          labels=["host"])
         cordoned_hosts = set(next(res) or ())
         try:
-            fleet_hosts = [str(h["name"]) for h in json.loads(next(res) or "{}").get("hosts", [])]
+            fleet_doc = json.loads(next(res) or "{}")
+            fleet_hosts = [str(h["name"]) for h in fleet_doc.get("hosts", [])]
+            fleet_pools = [str(pool_doc["name"]) for pool_doc in fleet_doc.get("pools", []) or []]
         except (ValueError, TypeError, KeyError, AttributeError):
-            fleet_hosts = []
+            fleet_hosts, fleet_pools = [], []
         for host in fleet_hosts:  # a cordon of a host the fleet dropped is not exported (nothing to alert on)
             cordoned.add_metric([host], 1.0 if host in cordoned_hosts else 0.0)
         # counted in Redis by the submit scripts (every producer: a CLI, a client, a workload's
@@ -445,6 +472,9 @@ class RedisStateCollector:
         reasons_stale = not written_at or seconds + micros / 1e6 - float(written_at) > self.stale_after_s
         for code, value in queued_by_reason(by_reason_raw, queued_total, no_planner=not leads and reasons_stale).items():
             by_reason.add_metric([code, *pool], value)
+        if k.pool:  # the pools no planner leads: nothing else exports their queues (an alert on them must fire)
+            self._leaderless_pools([name for name in fleet_pools if name != k.pool], seconds + micros / 1e6,
+                                   depth, by_reason)
         delayed = Gauge("makespan_delayed_jobs", "Jobs not due yet (delay_s or a retry backoff: wait reasons "
                         "delayed_until and retry_backoff), fleet-wide.")
         delayed.add_metric([], float(delayed_count or 0))

@@ -154,7 +154,7 @@ def live_report(r: redis.Redis, keys: Keys, fleet: FleetSpec, events: list[dict[
                           if g.memory_mib >= e.memory_mib_per_gpu and len(h.gpus) >= e.tensor_parallel]
     rep = build_report(records, policy=policy, gpus=fleet.gpu_count(), submitted=len(job_ids), rejected=rejected,
                        preempted=sum(1 for e in events if e["kind"] == "preempted"), restores=restores,
-                       drain={k: drain[k] for k in ("leases", "agenda_entries", "busy_slots")},
+                       drain={k: drain[k] for k in ("leases", "agenda_entries", "busy_slots", "awaited_entries")},
                        solve_times_s=solve, lower_bound_makespan_s=lb["makespan_s"],
                        lower_bound_weighted_s=lb["weighted_completion_s"], gpu_ids=fleet.gpu_uuids(),
                        eligible=eligible)

@@ -22,11 +22,13 @@ not yet written, the recent arrivals) is in :class:`makespan.workers.tick.contex
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
 import redis
 
+from makespan import metrics
 from makespan.errors import StoreError
 from makespan.estimates import Windows, prior_s, read_transition_windows, transition_estimate, wake_kind
 from makespan.models import EndpointSpec, FleetSpec, Priority
@@ -123,6 +125,28 @@ class ReadSnapshot:
     def run(self, ctx: TickContext) -> None:
         ctx.lane_victims_seen = ctx.kept.lane_victims  # the victims requeued before it are in the snapshot
         ctx.snapshot = read_snapshot(ctx.env, ctx.kept)
+        count_idle_gpu_seconds(ctx.kept, ctx.env.clock.monotonic(), ctx.snapshot.gpu_holders)
+
+
+IDLE_ACCRUAL_MAX_S = 10.0  # longest gap between two snapshots counted as idle time (a planner that stood by)
+
+
+def count_idle_gpu_seconds(kept: CrossTickState, now_s: float, gpu_holders: Sequence[str | None]) -> float:
+    """Add to ``makespan_gpu_seconds_total{state="idle"}`` the GPU-seconds since the last
+    snapshot (``now_s``: monotonic s; at most :data:`IDLE_ACCRUAL_MAX_S`) times the GPUs
+    without a lease at both snapshots (fewer of the two counts: a GPU leased by the tick
+    after its snapshot, or freed just before this one, is not counted idle for the whole
+    interval); note this snapshot's count. The GPU workers add busy and transition time
+    (:func:`makespan.metrics.phase`), so busy ÷ all three is the fleet's utilization
+    (docs/metrics.md). Returns the GPU-seconds added."""
+    idle_now = sum(1 for holder in gpu_holders if not holder)
+    last, kept.idle_gpus_at = kept.idle_gpus_at, (now_s, idle_now)
+    if last is None:
+        return 0.0
+    idle_gpu_s = min(max(0.0, now_s - last[0]), IDLE_ACCRUAL_MAX_S) * min(last[1], idle_now)
+    if idle_gpu_s:
+        metrics.gpu_seconds("idle", idle_gpu_s)
+    return idle_gpu_s
 
 
 class ReadFleet:

@@ -347,6 +347,37 @@ def _lost_why(r: redis.Redis, keys: Keys, job_id: str) -> str:
     return "preempted" if reason.startswith("preempted") else "lease"
 
 
+def _watch_lease_deadline(ctx: WorkloadContext, lease_lost: threading.Event) -> None:
+    """Let ``ctx.cancelled`` read as set once ``lease_lost``'s local deadline passes
+    (a ``LeaseLost``; another event: nothing to watch), reason ``lease_lost``."""
+    if not (isinstance(ctx.cancelled, CancelEvent) and hasattr(lease_lost, "past_deadline")):
+        return
+
+    def lease_expired() -> None:  # written before ctx.cancelled reads set
+        if ctx.cancel_reason is None:
+            ctx.cancel_reason = CANCEL_REASONS["lease"]
+
+    ctx.cancelled.watch_lease(lease_lost, lease_expired)
+
+
+def _read_stop(r: redis.Redis, keys: Keys, job_id: str, lease_id: str | None, lease_lost: threading.Event) -> str:
+    """One read of the job's record by the watcher: ``"cancel"`` (a cancel was requested),
+    ``"preempted"`` or ``"lease"`` (the record no longer names ``lease_id``: preempted or
+    reclaimed meanwhile; ``lease_lost`` is set), else "" (also on a Redis blip: the function
+    runs on, the heartbeat watches the lease)."""
+    try:
+        cancel, holder = r.hmget(keys.job(job_id), "cancel_requested", "lease")
+    except redis.RedisError as e:
+        log.warning("job %s: reading its cancel request failed (%r); trying again", job_id, e)
+        return ""
+    if cancel == "1":
+        return "cancel"
+    if lease_id is not None and holder != lease_id:
+        lease_lost.set()
+        return _lost_why(r, keys, job_id)
+    return ""
+
+
 def run_function(definition: WorkloadDef, ctx: WorkloadContext, args: list[Any], kwargs: dict[str, Any], *,
                  r: redis.Redis, keys: Keys, lease_lost: threading.Event, grace_s: float,
                  result_max_bytes: int, shutting_down: threading.Event | None = None,
@@ -374,12 +405,7 @@ def run_function(definition: WorkloadDef, ctx: WorkloadContext, args: list[Any],
     outcome: dict[str, Any] = {}
 
     started = time.monotonic()
-    if isinstance(ctx.cancelled, CancelEvent) and hasattr(lease_lost, "past_deadline"):
-        def lease_expired() -> None:  # the lease's local deadline passed: written before ctx.cancelled reads set
-            if ctx.cancel_reason is None:
-                ctx.cancel_reason = CANCEL_REASONS["lease"]
-
-        ctx.cancelled.watch_lease(lease_lost, lease_expired)
+    _watch_lease_deadline(ctx, lease_lost)
     thread = threading.Thread(target=_call, args=(definition, ctx, args, kwargs, outcome),
                               name=f"workload-{ctx.job_id[:8]}", daemon=True)
     thread.start()
@@ -404,15 +430,7 @@ def run_function(definition: WorkloadDef, ctx: WorkloadContext, args: list[Any],
                 why = "timeout"
             elif now - cancel_checked > 2 * WATCH_S:
                 cancel_checked = now
-                try:
-                    cancel, holder = r.hmget(keys.job(ctx.job_id), "cancel_requested", "lease")
-                    if cancel == "1":
-                        why = "cancel"
-                    elif lease_id is not None and holder != lease_id:  # preempted or reclaimed meanwhile
-                        lease_lost.set()
-                        why = _lost_why(r, keys, ctx.job_id)
-                except redis.RedisError as e:  # a blip: the function runs on, the heartbeat watches the lease
-                    log.warning("job %s: reading its cancel request failed (%r); trying again", ctx.job_id, e)
+                why = _read_stop(r, keys, ctx.job_id, lease_id, lease_lost)
             if why:
                 if not ctx.cancelled.is_set():  # else the reason is written (a passed lease deadline)
                     ctx.cancel_reason = CANCEL_REASONS[why]

@@ -43,6 +43,10 @@ def test_cordon_drain_and_uncordon_as_an_operator_sees_them(r, keys, settings, r
     assert (rows["a"]["state"], rows["a"]["worker"], rows["a"]["leased"], rows["a"]["jobs"]) == \
         ("schedulable", "live", 1, [job])
     assert (rows["b"]["state"], rows["b"]["worker"]) == ("schedulable", "never")
+    # no planner leads: nothing is scheduled anywhere, and each row says so (operator check)
+    assert not rows["b"]["planner_leads"] and rows["b"]["reason"].startswith("no planner leads")
+    r.set(keys.planner_leader, "planner-1")
+    assert _rows(env)["b"]["planner_leads"] and _rows(env)["b"]["reason"] == ""
 
     out = _cli(env, "cordon", "a", "--reason", "firmware")
     assert out.exit_code == 0, out.output

@@ -347,3 +347,31 @@ def test_the_no_worker_warning_of_submit_counts_the_pools_that_serve_the_endpoin
     repeat = CliRunner().invoke(cli_app, ["submit", "--endpoint", "onlya", "--service-s", "1", "-q",
                                           "--idempotency-key", "k"], env=env)
     assert repeat.exit_code == 0 and repeat.stdout == again.stdout and repeat.stderr == "", repeat.stderr
+
+
+def test_every_pools_planner_exports_the_queues_of_a_pool_no_planner_leads(r, settings, keys):
+    """With both planners of pool b stopped, nothing exported b's queue depth or its
+    no_planner count: an alert on them could never fire, in the very state it is for
+    (operator check). Pool a's planner exports them while no planner of b leads."""
+    from makespan.metrics import RedisStateCollector
+
+    r.set(keys.fleet, FLEET.model_dump_json())
+    r.set(keys.for_pool("a").planner_leader, "planner-a")
+    prod = Producer(r, keys, FLEET, settings)
+    for _ in range(2):
+        prod.submit({"endpoint": "onlyb", "service_s": 5, "priority": "HIGH"})
+
+    def exported():
+        families = {f.name: f for f in RedisStateCollector(r, keys.for_pool("a")).collect()}
+        depth = {(s.labels["priority"], s.labels["pool"]): s.value
+                 for s in families["makespan_queue_depth_jobs"].samples}
+        reasons = {(s.labels["reason"], s.labels["pool"]): s.value
+                   for s in families["makespan_queued_jobs_by_reason"].samples}
+        return depth, reasons
+
+    depth, reasons = exported()
+    assert depth[("HIGH", "b")] == 2 and depth[("HIGH", "a")] == 0
+    assert reasons[("no_planner", "b")] == 2 and reasons[("behind_batch", "b")] == 0
+    r.set(keys.for_pool("b").planner_leader, "planner-b")  # b's planner leads: it exports its own
+    depth, reasons = exported()
+    assert ("HIGH", "b") not in depth and ("no_planner", "b") not in reasons

@@ -101,3 +101,35 @@ def test_a_manual_clock_never_goes_back():
     assert (planner_clock.now(), planner_clock.monotonic()) == (12.5, 3.5)
     with pytest.raises(ValueError):
         planner_clock.advance(-1.0)
+
+
+def test_the_planner_counts_idle_gpu_seconds_between_snapshots(r, settings, monkeypatch):
+    """makespan_gpu_seconds_total{state="idle"} stayed 0 for ever (nothing called it; an
+    operator's utilization panel, busy ÷ all states, read 75–100 % on an idle fleet). Each
+    snapshot adds the time since the last one times the GPUs that held no lease then."""
+    from makespan import metrics
+    from makespan.workers.fleet_view import IDLE_ACCRUAL_MAX_S
+
+    monkeypatch.setattr(metrics, "_metrics", metrics.Metrics())
+
+    def idle_s() -> float:
+        return metrics._m().gpu_seconds.labels("idle")._value.get()
+
+    clock = ManualClock(time.time() + AHEAD_S)
+    w, prod, sent = _planner(r, settings, clock)
+    w.tick()  # the first snapshot: nothing to count yet
+    assert idle_s() == 0.0
+    clock.advance(4.0)
+    prod.submit({"endpoint": "e", "service_s": 500})
+    w.tick()  # its one GPU sat idle for 4 s; this tick leases it
+    assert idle_s() == pytest.approx(4.0) and len(sent) == 1
+    clock.advance(3.0)
+    w.tick()  # leased meanwhile: nothing idle
+    assert idle_s() == pytest.approx(4.0)
+    r.delete(w.keys.gpu("GPU-h-0"))  # its lease ends (what a release does to the GPU key)
+    clock.advance(2.0)
+    w.tick()  # freed just before this snapshot: not counted idle for the 2 s before it
+    assert idle_s() == pytest.approx(4.0)
+    clock.advance(3600.0)
+    w.tick()  # a gap longer than any tick interval (a planner that stood by): at most IDLE_ACCRUAL_MAX_S
+    assert idle_s() == pytest.approx(4.0 + IDLE_ACCRUAL_MAX_S)

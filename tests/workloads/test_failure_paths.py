@@ -102,11 +102,11 @@ class _OneBlip:
     def __init__(self, r):
         self._r, self.failed = r, False
 
-    def hget(self, key, field):
-        if field == "cancel_requested" and HOOKS["started"].is_set() and not self.failed:
+    def hmget(self, key, *fields):  # the watcher reads the cancel request and the job's lease together
+        if "cancel_requested" in fields and HOOKS["started"].is_set() and not self.failed:
             self.failed = True
             raise redis.ConnectionError("blip")
-        return self._r.hget(key, field)
+        return self._r.hmget(key, *fields)
 
     def __getattr__(self, name):
         return getattr(self._r, name)

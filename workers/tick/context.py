@@ -157,6 +157,8 @@ class CrossTickState:
     lane_leases_at_check: int = 0  # lane_leases when the drain was last checked (drain)
     reason_counts_written: bool = True  # P:planner:reasons may hold counts (wait_reasons)
     last_traceparent: dict[str, str] = field(default_factory=dict)  # GPU -> last job's traceparent (starts)
+    # (clock.monotonic(), GPUs without a lease) at the last snapshot: idle GPU-seconds (fleet_view)
+    idle_gpus_at: tuple[float, int] | None = None
     claims: JobClaims = field(default_factory=JobClaims)  # jobs Preempt or the critical lane decides for now
     starting_gpus: frozenset[str] = frozenset()  # GPUs the last plan starts a job on now (PlanBatch; critical lane)
     heads_read: frozenset[str] = frozenset()  # queue heads at the last tick that formed a batch (batch), less the jobs it leased (wait_reasons)
