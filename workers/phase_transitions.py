@@ -301,8 +301,10 @@ class TransitionPhases:
                 # all modelled: the evict takes the longest (a real stop's own time stands otherwise)
                 self._wait_wall(modelled.longest_s, hb)
                 took = {e: time.monotonic() - t0 for e in eps}
-        for e in eps:
-            self._timed(ctx, extra, kind_of[e], e, planned[e], took.get(e, time.monotonic() - t0))
+        stopped_here = {inst.endpoint for inst in running}
+        for e in eps:  # an instance another lease was already stopping (its marker still here) took no time here:
+            if e in stopped_here:  # not a transition of this phase, nor a sample of its duration
+                self._timed(ctx, extra, kind_of[e], e, planned[e], took.get(e, time.monotonic() - t0))
         extra["slept"] = sorted(slept)
         if slept:  # the level each sleeps at (the report counts sleeps per level)
             extra["slept_levels"] = {e: self._planned_level(ctx, e) for e in sorted(slept)}

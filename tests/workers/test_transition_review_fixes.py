@@ -182,3 +182,28 @@ def test_woken_sleepers_ram_not_counted_against_the_evicted_one(r, keys, setting
     ctx = jobs.run("chat", [R0], sleep_levels=dict(a.sleep_levels))
     ev = jobs.phase_end(ctx, "evict")
     assert ev.get("slept") == ["chat2"], ev.get("sleep_skipped")
+
+
+WIDE = parse_fleet({"name": "wide",
+                    "hosts": [{"name": "a", "gpu_count": 2, "memory_mib": 81920}],
+                    "endpoints": {"wide": {"model": "w", "tensor_parallel": 2, "memory_mib_per_gpu": 20000,
+                                           "cold_start_s": 2, "evict_s": 1},
+                                  "small": {"model": "s", "memory_mib_per_gpu": 20000, "cold_start_s": 2}}})
+
+
+def test_an_instance_another_lease_is_stopping_is_no_evict_sample_here(r, keys, settings):
+    """Two restores after a TP-2 job: the first one's evict stops the wide instance, the
+    second one's found it already stopping (its marker still on its GPU) and recorded an
+    evict of 0.003 s, learned as a sample of wide's evict time (operator check)."""
+    from makespan.workers.drivers.registry import set_instance_state
+
+    s = dataclasses.replace(settings, lease_ttl_s=60.0)
+    jobs = _Jobs(r, keys, s, WIDE, "a")
+    g0, g1 = (g.uuid for g in WIDE.hosts[0].gpus)
+    jobs.run("wide", [g0, g1])
+    (wide,) = [i for i in list_instances(r, keys) if i.endpoint == "wide"]
+    set_instance_state(r, keys, wide.id, "stopping")  # another lease's evict is stopping it
+    ctx = jobs.run("small", [g1])
+    ev = jobs.phase_end(ctx, "evict")
+    assert ev.get("evicted") == ["wide"]  # displaced from these GPUs, as before
+    assert not [t for t in ev.get("transitions", []) if t["endpoint"] == "wide"], ev
