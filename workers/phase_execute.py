@@ -247,7 +247,10 @@ class ExecutePhase:
     def _stopper(self, ctx: PhaseContext, hb: LeaseHeartbeat):
         """A cheap ``should_stop`` for the request runner: lease lost, or a cancel
         requested (the job record is read at most every 50 ms; first 50 ms after this call:
-        every caller has just read ``cancel_requested`` itself, as the phase began)."""
+        every caller has just read ``cancel_requested`` itself, as the phase began). The
+        same read gives the lease the job's record names: another one, or none (preempted or
+        reclaimed meanwhile), sets ``hb.lost`` at once rather than at the heartbeat's next
+        renewal (a preemptor's transitions wait for this phase to end)."""
         seen = {"t": time.monotonic(), "stop": False}
 
         def stop() -> bool:
@@ -256,6 +259,10 @@ class ExecutePhase:
             now = time.monotonic()
             if now - seen["t"] > 0.05:
                 seen["t"] = now
-                seen["stop"] = self.r.hget(self.keys.job(ctx.job_id), "cancel_requested") == "1"
+                cancel, holder = self.r.hmget(self.keys.job(ctx.job_id), "cancel_requested", "lease")
+                if ctx.kind == "job" and holder != ctx.lease_id:
+                    hb.lost.set()
+                    return True
+                seen["stop"] = cancel == "1"
             return seen["stop"]
         return stop

@@ -537,3 +537,24 @@ def test_a_preempted_function_learns_it_without_waiting_for_a_heartbeat(r, keys,
     first.join(30)  # the function waits on ctx.cancelled for 30 s: it ends now only if told
     assert not first.is_alive() and out1 == ["stale"]
     assert HOOKS["cancel_reason"] == "preempted"
+
+
+def test_a_preempted_plain_execute_stops_without_waiting_for_a_heartbeat(r, keys, settings):
+    """The same for a job with no function (its execute a wait of service_s): the phase's
+    cancel read also reads the job's lease, so a preemption stops the wait at once."""
+    import dataclasses
+
+    from makespan.producer import Producer
+    from tests.live import wait_for
+
+    slow_beat = dataclasses.replace(settings, lease_ttl_s=600.0, heartbeat_s=300.0)
+    fleet, _client = _setup(r, keys, slow_beat)
+    job = Producer(r, keys, fleet, slow_beat).submit({"endpoint": "embed", "service_s": 3000.0}).id  # 30 wall s
+    ctx1, runner1 = _lease(r, keys, slow_beat, fleet, job)
+    out1: list = []
+    first = threading.Thread(target=lambda: out1.append(run_warm(runner1, ctx1)))
+    first.start()
+    wait_for(lambda: r.hget(keys.job(job), "state") == "running", 20, "the execute to start")
+    assert LeaseStore(r, keys).preempt(ctx1.lease_id, "a-critical-job") == "preempted"
+    first.join(20)
+    assert not first.is_alive() and out1 == ["stale"]
