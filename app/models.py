@@ -19,7 +19,7 @@ from typing import Annotated, Any
 
 import pydantic
 import pydantic_core
-from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, field_validator, model_validator
 
 from makespan.errors import ValidationError
 from makespan.priorities import Priority  # re-exported: its home is the core module makespan.priorities
@@ -36,10 +36,24 @@ MAX_DEADLINE_S = 365 * 24 * 3600.0  # latest deadline_s a job may carry, workloa
 # the tardiness policies' CP-SAT models take due times as 64-bit integers (9.3e18 and more failed every solve)
 
 _Strict = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True)
-# the fleet file's numbers and switches as written: pydantic's lax mode would read ``true``
-# as 1 and ``"5"`` as 5 (a quoted number, a boolean: rejected, naming the field)
-Count = Annotated[int, Strict()]  # a whole number (an int, not a bool, float or text)
-Number = Annotated[float, Strict()]  # an int or a float, not a bool or text
+
+
+def _not_text_nor_bool(kind: str):
+    """A before-validator refusing what pydantic's lax mode would read as ``kind``: a
+    boolean (``true`` as 1) or text (``"5"`` as 5)."""
+    def check(value: Any) -> Any:
+        if isinstance(value, bool):
+            raise ValueError(f"must be {kind}, not a boolean")
+        if isinstance(value, str):
+            raise ValueError(f"must be {kind}, not text (no quotes)")
+        return value
+    return check
+
+
+# the fleet file's numbers and switches as written (a quoted number, a boolean: rejected,
+# naming the field); a whole-number float (81920.0) is still a count
+Count = Annotated[int, BeforeValidator(_not_text_nor_bool("a whole number"))]
+Number = Annotated[float, BeforeValidator(_not_text_nor_bool("a number"))]
 Switch = Annotated[bool, Strict()]  # true or false, not 1 or "yes"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
 

@@ -365,8 +365,8 @@ def _read_stop(r: redis.Redis, keys: Keys, job_id: str, lease_id: str | None, le
     ``"preempted"`` or ``"lease"`` (the record no longer names ``lease_id``: preempted or
     reclaimed meanwhile; ``lease_lost`` is set), else "" (also on a Redis blip: the function
     runs on, the heartbeat watches the lease)."""
-    try:
-        cancel, holder = r.hmget(keys.job(job_id), "cancel_requested", "lease")
+    try:  # the reason in the same read: a planner that leases the job again meanwhile rewrites it
+        cancel, holder, reason = r.hmget(keys.job(job_id), "cancel_requested", "lease", "reason")
     except redis.RedisError as e:
         log.warning("job %s: reading its cancel request failed (%r); trying again", job_id, e)
         return ""
@@ -374,7 +374,7 @@ def _read_stop(r: redis.Redis, keys: Keys, job_id: str, lease_id: str | None, le
         return "cancel"
     if lease_id is not None and holder != lease_id:
         lease_lost.set()
-        return _lost_why(r, keys, job_id)
+        return "preempted" if (reason or "").startswith("preempted") else "lease"
     return ""
 
 

@@ -6,7 +6,8 @@ thread only when its first renewal is due (a short phase never starts one). Losi
 lease (a stale fencing token) sets the heartbeat's ``lost`` event (:class:`LeaseLost`):
 the phase stops. ``lost`` also reads as set once the lease's local deadline has passed —
 the last renewal that succeeded, timed on this host's monotonic clock before it was sent,
-plus the TTL, less a margin — with no renewal answered since: a worker paused past its
+plus the TTL (never later than the lease's expiry on the Redis server's clock, which
+counts from when the renewal arrived) — with no renewal answered since: a worker paused past its
 TTL (SIGSTOP, a VM stall) or cut off from Redis knows its lease may be someone else's
 by now without asking Redis, so a resumed function stops before its side effect
 instead of racing the heartbeat's next round trip (breaker check).
@@ -39,12 +40,6 @@ class DeferredWaits:
     def add(self, wall_s: float) -> None:
         """Note a modelled wait of ``wall_s`` wall seconds (the driver's ``wait``)."""
         self.longest_s = max(self.longest_s, wall_s)
-
-
-def deadline_margin_s(ttl_s: float) -> float:
-    """How long before the TTL a lease not renewed since counts as lost locally:
-    a tenth of the TTL, at most 1 s."""
-    return min(1.0, 0.1 * ttl_s)
 
 
 class LeaseLost(threading.Event):
@@ -85,7 +80,9 @@ class LeaseHeartbeat:
     """Renews a lease every ``interval_s`` from a daemon thread until stopped.
     ``lost`` is set as soon as a renewal finds the lease no longer ours; a Redis error is
     transient (logged; the next renewal comes ``interval_s`` later), but no renewal
-    answered for the TTL less :func:`deadline_margin_s` makes ``lost`` read as set.
+    answered for the TTL since the last one was sent makes ``lost`` read as set (the
+    slack :func:`makespan.settings.lease_renewal_warning` sizes is kept: one blocked
+    renewal, then the next, still land before it).
     ``renewed_at_s``: when the caller's own renewal (as the phase started) was sent, on
     the monotonic clock (None: now).
 
@@ -97,7 +94,7 @@ class LeaseHeartbeat:
                  renewed_at_s: float | None = None):
         self.store, self.lease, self.ttl_s, self.interval_s = store, lease, ttl_s, interval_s
         renewed = time.monotonic() if renewed_at_s is None else renewed_at_s
-        self.lost = LeaseLost(renewed + ttl_s - deadline_margin_s(ttl_s))
+        self.lost = LeaseLost(renewed + ttl_s)
         self._stop = threading.Event()
         self._t: threading.Thread | None = None  # started by _STARTER when the first renewal is due
 
@@ -113,7 +110,7 @@ class LeaseHeartbeat:
                 if not self.store.renew(self.lease, self.ttl_s):
                     self.lost.set()
                     return
-                self.lost.extend(sent + self.ttl_s - deadline_margin_s(self.ttl_s))
+                self.lost.extend(sent + self.ttl_s)
             except redis.RedisError as e:  # transient: the TTL gives us slack (then lost's deadline passes)
                 log.warning("lease %s heartbeat failed: %s", self.lease.lease_id, e)
             if self._stop.wait(self.interval_s):

@@ -226,6 +226,7 @@ class PlannerWorker:
             except (LockError, redis.RedisError):
                 pass
             raise
+        self.kept.idle_gpus_at = None  # another leader counted the idle GPU-seconds while this one stood by
         log.info("%s leads %s(planner fencing token %s)", self.name, f"pool {self.pool} " if self.pool else "",
                  self.token)
         if replaced is not None and replaced != version:

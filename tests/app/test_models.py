@@ -54,13 +54,13 @@ def _fleet(**endpoint):
     ({"slots": 0}, "fleet.endpoints.e.slots", "greater than or equal to 1"),
     # a boolean or a quoted number is not read as a number (a new user's `memory_mib_per_gpu = true`
     # was 1 MiB, `cold_start_s = "5"` 5 s)
-    ({"memory_mib_per_gpu": True}, "fleet.endpoints.e.memory_mib_per_gpu", "valid integer"),
-    ({"tensor_parallel": True}, "fleet.endpoints.e.tensor_parallel", "valid integer"),
-    ({"slots": "3"}, "fleet.endpoints.e.slots", "valid integer"),
-    ({"cold_start_s": "5"}, "fleet.endpoints.e.cold_start_s", "valid number"),
-    ({"evict_s": False}, "fleet.endpoints.e.evict_s", "valid number"),
-    ({"wake_s": "2"}, "fleet.endpoints.e.wake_s", "valid number"),
-    ({"sleep_level": 1.0}, "fleet.endpoints.e.sleep_level", "valid integer"),
+    ({"memory_mib_per_gpu": True}, "fleet.endpoints.e.memory_mib_per_gpu", "must be a whole number, not a boolean"),
+    ({"tensor_parallel": True}, "fleet.endpoints.e.tensor_parallel", "must be a whole number, not a boolean"),
+    ({"slots": "3"}, "fleet.endpoints.e.slots", "must be a whole number, not text"),
+    ({"cold_start_s": "5"}, "fleet.endpoints.e.cold_start_s", "must be a number, not text"),
+    ({"evict_s": False}, "fleet.endpoints.e.evict_s", "must be a number, not a boolean"),
+    ({"wake_s": "2"}, "fleet.endpoints.e.wake_s", "must be a number, not text"),
+    ({"sleep_level": 1.5}, "fleet.endpoints.e.sleep_level", "valid integer"),
     ({"launch": {"sleep_mode": "yes"}}, "fleet.endpoints.e.launch.sleep_mode", "valid boolean"),
     ({"flavour": 1}, "fleet.endpoints.e.flavour", "unknown key"),
     ({"set_point": [{"host": "x", "gpus": [0]}]}, "endpoints.e.set_point.host", "unknown host"),
@@ -89,12 +89,16 @@ def test_two_simulated_hosts_of_one_name_are_named_as_such():
     assert e.value.field == "hosts.name" and "host names must be unique" in str(e.value) and "'h'" in str(e.value)
 
 
-def test_a_float_count_and_a_quoted_gpu_memory_are_rejected():
-    for host in ({"name": "h", "gpu_count": 2, "memory_mib": "100"},
-                 {"name": "h", "gpus": [{"uuid": "GPU-1", "memory_mib": 10, "index": True}]}):
-        with pytest.raises(ValidationError, match="valid integer"):
-            parse_fleet({"hosts": [host], "endpoints": {"e": {"model": "m", "memory_mib_per_gpu": 5,
-                                                             "cold_start_s": 1}}})
+def test_a_quoted_or_fractional_gpu_memory_is_rejected_and_a_whole_float_is_a_count():
+    def fleet(host):
+        return {"hosts": [host], "endpoints": {"e": {"model": "m", "memory_mib_per_gpu": 5, "cold_start_s": 1}}}
+
+    for host, fragment in (({"name": "h", "gpu_count": 2, "memory_mib": "100"}, "not text"),
+                           ({"name": "h", "gpus": [{"uuid": "GPU-1", "memory_mib": 10, "index": True}]}, "not a boolean"),
+                           ({"name": "h", "gpu_count": 2, "memory_mib": 100.5}, "fractional part")):
+        with pytest.raises(ValidationError, match=fragment):
+            parse_fleet(fleet(host))
+    assert parse_fleet(fleet({"name": "h", "gpu_count": 2, "memory_mib": 81920.0})).hosts[0].gpus[0].memory_mib == 81920
 
 
 def test_fleet_file_errors(tmp_path):
