@@ -13,7 +13,7 @@ import math
 import re
 import tomllib
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -38,7 +38,7 @@ MAX_DEADLINE_S = 365 * 24 * 3600.0  # latest deadline_s a job may carry, workloa
 _Strict = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True)
 
 
-def _not_text_nor_bool(kind: str):
+def _not_text_nor_bool(kind: str) -> Callable[[Any], Any]:
     """A before-validator refusing what pydantic's lax mode would read as ``kind``: a
     boolean (``true`` as 1) or text (``"5"`` as 5)."""
     def check(value: Any) -> Any:
