@@ -319,8 +319,7 @@ def _print_summary(rep: dict[str, Any], run_dir: Path, report_path: Path | None)
                   + "; `makespan report` prints wall s")
     console.print(f"weighted completion {rep['weighted_completion_s']:.0f} {ws}·w   makespan "
                   f"{rep['makespan_s']:.0f} {ws}")
-    console.print(f"utilization {rep['utilization']:.1%} (the completed jobs' executes; `makespan report` counts "
-                  f"preempted attempts too)   idle-while-queued "
+    console.print(f"utilization {rep['utilization']:.1%}   idle-while-queued "
                   f"{rep['idle_while_queued_gpu_s']:.0f} GPU·{ws}")
     lb = rep.get("best_over_lower_bound")
     console.print(f"transitions {rep['transitions']}   best ÷ lower bound {lb:.2f}" if lb else

@@ -352,7 +352,7 @@ def summarize(events: list[dict[str, Any]], gpus: list[str] | None = None) -> st
         f"jobs: submitted {j['submitted']}, completed {j['completed']}, failed {j['failed']}, "
         f"requeued {j['requeued']}, preempted {j['preempted']}, cancelled {j['cancelled']}",
         f"makespan: {s['makespan_s']:.3f} s   weighted completion: {s['weighted_completion_s']:.3f} s",
-        f"utilization: {s['utilization']:.1%} (every execute, preempted attempts too)   busy {s['busy_gpu_s']:.3f} GPU-s, "
+        f"utilization: {s['utilization']:.1%} (every execute, preempted ones too: the demo's and replay's count completed jobs')   busy {s['busy_gpu_s']:.3f} GPU-s, "
         f"transition {s['transition_gpu_s']:.3f} GPU-s, idle {s['idle_gpu_s']:.3f} GPU-s",
         "phases: " + ", ".join(f"{p} {s['phase_count'][p]}x/{s['phase_gpu_s'][p]:.3f} GPU-s" for p in PHASES),
         "transitions: " + ", ".join(f"{t} {n}x" for t, n in s["transition_count"].items())
