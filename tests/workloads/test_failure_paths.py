@@ -314,13 +314,9 @@ def raises_when_preempted(ctx):
     return "live"
 
 
-def test_a_preemption_is_not_an_attempt_and_burns_no_retry(r, keys, settings):
-    """What docs/workloads.md promises (review, 2026-12-06): a preempted run is not an attempt
-    and does not use a retry, even when the function raises as it is stopped (its retry
-    write is fenced by the lost lease); the next run has the same ``ctx.attempt``, status
-    counts one attempt and ``job.result()`` returns the run that finished."""
-    from makespan.producer import Producer
-
+def _first_run_started(r, keys, settings):
+    """A job of ``tests.raises_when_preempted`` leased, its first run started in a thread:
+    (fleet, job, the lease's context, the thread, the list its run's outcome is appended to)."""
     HOOKS.clear()
     HOOKS.update(first_started=threading.Event())
     fleet, client = _setup(r, keys, settings, raises_when_preempted)
@@ -330,6 +326,17 @@ def test_a_preemption_is_not_an_attempt_and_burns_no_retry(r, keys, settings):
     first = threading.Thread(target=lambda: out1.append(run_warm(runner1, ctx1)))
     first.start()
     assert HOOKS["first_started"].wait(20)
+    return fleet, job, ctx1, first, out1
+
+
+def test_a_preemption_is_not_an_attempt_and_burns_no_retry(r, keys, settings):
+    """What docs/workloads.md promises (review, 2026-12-06): a preempted run is not an attempt
+    and does not use a retry, even when the function raises as it is stopped (its retry
+    write is fenced by the lost lease); the next run has the same ``ctx.attempt``, status
+    counts one attempt and ``job.result()`` returns the run that finished."""
+    from makespan.producer import Producer
+
+    fleet, job, ctx1, first, out1 = _first_run_started(r, keys, settings)
     assert LeaseStore(r, keys).preempt(ctx1.lease_id, "a-critical-job") == "preempted"
     first.join(20)
     assert out1 == ["stale"]
@@ -500,15 +507,7 @@ def test_a_result_with_a_key_that_is_not_a_string_fails_as_an_argument_would(r, 
 
 def test_a_run_whose_lease_is_reclaimed_is_told_lease_lost(r, keys, settings):
     """The other way to lose a lease (it expired, the planner reclaimed it): ``lease_lost``."""
-    HOOKS.clear()
-    HOOKS.update(first_started=threading.Event())
-    fleet, client = _setup(r, keys, settings, raises_when_preempted)
-    job = client.submit("tests.raises_when_preempted")
-    ctx1, runner1 = _lease(r, keys, settings, fleet, job.id)
-    out1: list = []
-    first = threading.Thread(target=lambda: out1.append(run_warm(runner1, ctx1)))
-    first.start()
-    assert HOOKS["first_started"].wait(20)
+    fleet, job, ctx1, first, out1 = _first_run_started(r, keys, settings)
     r.zadd(keys.leases, {ctx1.lease_id: 0})  # expired on the server clock
     assert LeaseStore(r, keys).reclaim(ctx1.lease_id, max_attempts=3) in ("requeued", "delayed")
     first.join(20)
@@ -523,16 +522,8 @@ def test_a_preempted_function_learns_it_without_waiting_for_a_heartbeat(r, keys,
     still sees ``ctx.cancelled`` with reason ``preempted``."""
     import dataclasses
 
-    HOOKS.clear()
-    HOOKS.update(first_started=threading.Event())
     slow_beat = dataclasses.replace(settings, lease_ttl_s=600.0, heartbeat_s=300.0)
-    fleet, client = _setup(r, keys, slow_beat, raises_when_preempted)
-    job = client.submit("tests.raises_when_preempted")
-    ctx1, runner1 = _lease(r, keys, slow_beat, fleet, job.id)
-    out1: list = []
-    first = threading.Thread(target=lambda: out1.append(run_warm(runner1, ctx1)))
-    first.start()
-    assert HOOKS["first_started"].wait(20)
+    _fleet, _job, ctx1, first, out1 = _first_run_started(r, keys, slow_beat)
     assert LeaseStore(r, keys).preempt(ctx1.lease_id, "a-critical-job") == "preempted"
     first.join(30)  # the function waits on ctx.cancelled for 30 s: it ends now only if told
     assert not first.is_alive() and out1 == ["stale"]
