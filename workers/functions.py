@@ -336,15 +336,19 @@ def _call(definition: WorkloadDef, ctx: WorkloadContext, args: list[Any], kwargs
         outcome["retryable"] = not isinstance(e, NoEndpointServer)
 
 
+def _lost_kind(reason: str | None) -> str:
+    """``"preempted"`` when the job record's ``reason`` says a preemption requeued it
+    (``preempt.lua`` writes "preempted by …" in the step that ends the lease), else
+    ``"lease"`` (expired, reclaimed)."""
+    return "preempted" if (reason or "").startswith("preempted") else "lease"
+
+
 def _lost_why(r: redis.Redis, keys: Keys, job_id: str) -> str:
-    """``"preempted"`` when the job's record says a preemption requeued it (``preempt.lua``
-    writes its reason "preempted by …" in the step that ends the lease), else ``"lease"``
-    (expired, reclaimed; or Redis did not answer)."""
+    """:func:`_lost_kind` of the job's record as read now (``"lease"`` when Redis does not answer)."""
     try:
-        reason = r.hget(keys.job(job_id), "reason") or ""
+        return _lost_kind(r.hget(keys.job(job_id), "reason"))
     except redis.RedisError:
         return "lease"
-    return "preempted" if reason.startswith("preempted") else "lease"
 
 
 def _watch_lease_deadline(ctx: WorkloadContext, lease_lost: threading.Event) -> None:
@@ -374,7 +378,7 @@ def _read_stop(r: redis.Redis, keys: Keys, job_id: str, lease_id: str | None, le
         return "cancel"
     if lease_id is not None and holder != lease_id:
         lease_lost.set()
-        return "preempted" if (reason or "").startswith("preempted") else "lease"
+        return _lost_kind(reason)
     return ""
 
 
