@@ -409,17 +409,17 @@ def submit(workload: str | None = typer.Argument(None, help="a workload function
         _fail(e)
     _warn_ignored(idempotency_key, h.id, h.ignored)
     if h.created:  # a repeated key's job may have run long ago
-        _warn_if_it_waits(producer, endpoint)
+        _warn_if_it_waits(producer, endpoint, delayed=bool(delay_s))
         _warn_ended_dependencies(producer.r, producer.keys, depends_on or [], delayed=bool(delay_s))
     typer.echo(h.id if quiet else json.dumps({"id": h.id, "created": h.created, "priority": h.priority.name}))
 
 
-def _warn_if_it_waits(producer: Any, endpoint: str) -> None:
+def _warn_if_it_waits(producer: Any, endpoint: str, delayed: bool = False) -> None:
     """On stderr: no planner leads the pool(s) that serve ``endpoint``, every host that could
     run it is cordoned, or no GPU worker consumes any of them now (never started there, or stopped), so the plain
-    job just submitted waits until one starts. With pools, only the pools that serve the
-    endpoint and their hosts count. Best effort: a Redis error here says nothing (the job is
-    written)."""
+    job just submitted waits until one starts (``delayed``: it was submitted with a delay, and
+    waits delayed first). With pools, only the pools that serve the endpoint and their hosts
+    count. Best effort: a Redis error here says nothing (the job is written)."""
     import redis
 
     from makespan.workers.host_liveness import hosts_that_fit
@@ -443,7 +443,8 @@ def _warn_if_it_waits(producer: Any, endpoint: str) -> None:
     if not any(leaders):
         which = f"pool {', '.join(str(p) for p in pools)}" if serving else "this fleet"
         option = f" --pool {pools[0]}" if serving else ""
-        typer.echo(f"warning: no planner leads {which} (which runs endpoint {endpoint!r}): the job waits queued, "
+        waits = ("stays delayed past its delay (nothing queues it)" if delayed else "waits queued")
+        typer.echo(f"warning: no planner leads {which} (which runs endpoint {endpoint!r}): the job {waits}, "
                    f"reason no_planner, until one starts (makespan planner --fleet FILE{option})", err=True)
     if all(cordoned):
         typer.echo(f"warning: every host that can run endpoint {endpoint!r} ({', '.join(fits)}) is cordoned: the job "
@@ -544,7 +545,7 @@ def _submit_call(workload: str, call_args: str, call_kwargs: str, fleet: Path | 
         except Exception:  # noqa: BLE001 - best effort: the job is written
             job_endpoint = None
         if job_endpoint:
-            _warn_if_it_waits(client._producer, job_endpoint)
+            _warn_if_it_waits(client._producer, job_endpoint, delayed=bool(delay_s))
         _warn_ended_dependencies(client.r, client.keys, depends_on, delayed=bool(delay_s))
     typer.echo(job.id if quiet else json.dumps({"id": job.id, "created": job.created, "priority": level}))
 

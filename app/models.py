@@ -119,6 +119,8 @@ class HostSpec(BaseModel):
             mem = data.get("memory_mib")
             if mem is None:
                 raise ValueError("gpu_count needs memory_mib")
+            if isinstance(mem, bool) or not isinstance(mem, (int, float)) or not float(mem).is_integer():
+                return data  # not a count: reported on the host's own memory_mib, not on GPUs it never listed
             data = dict(data)
             data["gpus"] = [
                 {"uuid": f"GPU-{data.get('name')}-{i}", "memory_mib": mem, "index": i}

@@ -96,8 +96,10 @@ def test_a_quoted_or_fractional_gpu_memory_is_rejected_and_a_whole_float_is_a_co
     for host, fragment in (({"name": "h", "gpu_count": 2, "memory_mib": "100"}, "not text"),
                            ({"name": "h", "gpus": [{"uuid": "GPU-1", "memory_mib": 10, "index": True}]}, "not a boolean"),
                            ({"name": "h", "gpu_count": 2, "memory_mib": 100.5}, "fractional part")):
-        with pytest.raises(ValidationError, match=fragment):
+        with pytest.raises(ValidationError, match=fragment) as err:
             parse_fleet(fleet(host))
+        # the field the user wrote, not the GPU entries gpu_count expands it into
+        assert err.value.field in ("fleet.hosts.0.memory_mib", "fleet.hosts.0.gpus.0.index"), err.value.field
     assert parse_fleet(fleet({"name": "h", "gpu_count": 2, "memory_mib": 81920.0})).hosts[0].gpus[0].memory_mib == 81920
 
 

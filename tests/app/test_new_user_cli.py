@@ -52,6 +52,10 @@ def test_ready_waits_for_a_planner_that_leads_not_only_a_published_fleet(r, keys
     assert res.exit_code == 1 and "a planner leading the fleet (none leads now)" in res.output, res.output
     sub = CliRunner().invoke(cli_app, ["submit", "add", "--args", "[1, 2]", "-q"], env=_env(redis_url, prefix))
     assert sub.exit_code == 0 and "warning: no planner leads this fleet" in sub.output, sub.output
+    assert "the job waits queued, reason no_planner" in sub.output
+    later = CliRunner().invoke(cli_app, ["submit", "add", "--args", "[1, 2]", "--delay-s", "2", "-q"],
+                               env=_env(redis_url, prefix))  # delayed first: not "waits queued" (fresh-clone check)
+    assert later.exit_code == 0 and "the job stays delayed past its delay" in later.output, later.output
     r.set(keys.planner_leader, "planner-1")  # a planner leads again
     res = CliRunner().invoke(cli_app, ["ready", "add", "--timeout-s", "1"], env=_env(redis_url, prefix))
     assert res.exit_code == 0 and res.output.strip() == "ready", res.output
