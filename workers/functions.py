@@ -457,6 +457,10 @@ def run_function(definition: WorkloadDef, ctx: WorkloadContext, args: list[Any],
         flush()  # the last report the throttle held back (written only while the lease is current)
     ctx.cancelled.set()  # the run is over: a ctx.requests fan-out the function left running in its own threads stops
     if why in ("lease", "preempted") or lease_lost.is_set():
+        if why != "preempted":  # a preemption is the planner's choice; a lost lease is worth an operator's look
+            log.warning("job %s: its lease was lost while workload %s ran (expired or reclaimed: this worker was "
+                        "paused, overloaded or cut off from Redis for the lease TTL); its result is discarded and the "
+                        "job runs again", ctx.job_id, definition.name)
         raise StaleFencingToken("lease lost while the workload function ran")
     if why == "shutdown":
         log.warning("job %s: the GPU worker is shutting down: workload %s %s; its result is discarded and its "

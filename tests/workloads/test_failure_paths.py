@@ -505,13 +505,18 @@ def test_a_result_with_a_key_that_is_not_a_string_fails_as_an_argument_would(r, 
         job.result(timeout_s=1)
 
 
-def test_a_run_whose_lease_is_reclaimed_is_told_lease_lost(r, keys, settings):
-    """The other way to lose a lease (it expired, the planner reclaimed it): ``lease_lost``."""
+def test_a_run_whose_lease_is_reclaimed_is_told_lease_lost(r, keys, settings, caplog):
+    """The other way to lose a lease (it expired, the planner reclaimed it): ``lease_lost``;
+    the worker's log says so at its default level (it said nothing: fresh-clone check)."""
+    import logging
+
     fleet, job, ctx1, first, out1 = _first_run_started(r, keys, settings)
     r.zadd(keys.leases, {ctx1.lease_id: 0})  # expired on the server clock
-    assert LeaseStore(r, keys).reclaim(ctx1.lease_id, max_attempts=3) in ("requeued", "delayed")
-    first.join(20)
+    with caplog.at_level(logging.WARNING, logger="makespan.functions"):
+        assert LeaseStore(r, keys).reclaim(ctx1.lease_id, max_attempts=3) in ("requeued", "delayed")
+        first.join(20)
     assert out1 == ["stale"] and HOOKS["cancel_reason"] == "lease_lost"
+    assert f"job {job.id}: its lease was lost while workload tests.raises_when_preempted ran" in caplog.text
 
 
 def test_a_preempted_function_learns_it_without_waiting_for_a_heartbeat(r, keys, settings):
