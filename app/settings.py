@@ -785,9 +785,10 @@ def liveness_warning(s: Settings) -> str | None:
 def lease_renewal_warning(s: Settings) -> str | None:
     """Why a lease of these settings would be lost to one renewal that blocks (a half-open
     connection: the call waits the whole ``redis_socket_timeout_s``, then fails, and the
-    heartbeat tries again ``heartbeat_s`` later), or None. The lease then goes
-    2 × ``heartbeat_s`` + ``redis_socket_timeout_s`` without a renewal; over
-    ``lease_ttl_s`` it expires and its job is reclaimed while the worker still runs it.
+    heartbeat tries again, within min(``heartbeat_s``, 0.5 s)), or None. The lease then goes
+    up to 2 × ``heartbeat_s`` + ``redis_socket_timeout_s`` without a renewal (a bound: the
+    retry comes sooner); over ``lease_ttl_s`` it expires and its job is reclaimed while the
+    worker still runs it (and the worker's local deadline gives the run up).
 
     A warning, not a refusal like :meth:`Settings.from_env`'s heartbeat rule: short lease
     TTLs with the default socket timeout are common (the demo's, tests' and fault benches'

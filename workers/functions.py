@@ -93,6 +93,7 @@ class CancelEvent(threading.Event):
             return True
         lease = self._lease
         if lease is not None and lease.past_deadline():
+            lease.set()  # latched: a renewal answered later must not make the run's result count again
             if self._on_expired is not None:
                 self._on_expired()
             self.set()

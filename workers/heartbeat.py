@@ -29,6 +29,16 @@ from makespan.workers.leases import Lease, LeaseStore
 
 log = logging.getLogger("makespan.phases")
 
+RENEW_RETRY_S = 0.5  # a renewal that failed is tried again this soon (at most interval_s)
+_BOOTTIME = getattr(time, "CLOCK_BOOTTIME", None)
+
+
+def lease_clock() -> float:
+    """Seconds on the clock lease deadlines are kept on: ``CLOCK_BOOTTIME`` where the OS has
+    it (Linux: it also counts the time a suspended machine slept, as the Redis server's
+    clock does), else the monotonic clock. Both keep counting while the process is stopped."""
+    return time.clock_gettime(_BOOTTIME) if _BOOTTIME is not None else time.monotonic()
+
 
 class DeferredWaits:
     """Notes the modelled waits of transitions that run as one (an evict of several
@@ -56,8 +66,8 @@ class LeaseLost(threading.Event):
         self._deadline_s = max(self._deadline_s, deadline_s)
 
     def past_deadline(self) -> bool:
-        """Whether the local deadline has passed (the lease may have expired on Redis)."""
-        return time.monotonic() >= self._deadline_s
+        """Whether the local deadline (:func:`lease_clock`) has passed (the lease may have expired on Redis)."""
+        return lease_clock() >= self._deadline_s
 
     def is_set(self) -> bool:
         if super().is_set():
@@ -70,21 +80,23 @@ class LeaseLost(threading.Event):
     def wait(self, timeout: float | None = None) -> bool:
         """As :meth:`threading.Event.wait`, also returning when the deadline passes (early,
         answering False, when a renewal moved it meanwhile: callers wait in a loop)."""
-        left = self._deadline_s - time.monotonic()
+        left = self._deadline_s - lease_clock()
         limit = left if timeout is None else min(timeout, left)
         super().wait(None if limit == math.inf else max(0.0, limit))
         return self.is_set()
 
 
 class LeaseHeartbeat:
-    """Renews a lease every ``interval_s`` from a daemon thread until stopped.
-    ``lost`` is set as soon as a renewal finds the lease no longer ours; a Redis error is
-    transient (logged; the next renewal comes ``interval_s`` later), but no renewal
-    answered for the TTL since the last one was sent makes ``lost`` read as set (the
-    slack :func:`makespan.settings.lease_renewal_warning` sizes is kept: one blocked
-    renewal, then the next, still land before it).
+    """Renews a lease every ``interval_s`` from a daemon thread until stopped: each renewal
+    is sent ``interval_s`` after the previous one was *sent* (a slow answer does not push
+    the next one later). ``lost`` is set as soon as a renewal finds the lease no longer
+    ours; a Redis error is transient (logged once per run of failures; tried again after
+    :data:`RENEW_RETRY_S`), but no renewal answered for the TTL since the last answered one
+    was sent makes ``lost`` read as set, and the heartbeat stops (the slack
+    :func:`makespan.settings.lease_renewal_warning` sizes is kept: one blocked renewal, then
+    the next, still land before it, however slow the one before them was).
     ``renewed_at_s``: when the caller's own renewal (as the phase started) was sent, on
-    the monotonic clock (None: now).
+    :func:`lease_clock` (None: now).
 
     The thread is started when the first renewal is due, ``interval_s`` after
     :meth:`__enter__` (by this process's :class:`_HeartbeatStarter`): most jobs end
@@ -93,7 +105,7 @@ class LeaseHeartbeat:
     def __init__(self, store: LeaseStore, lease: Lease, ttl_s: float, interval_s: float,
                  renewed_at_s: float | None = None):
         self.store, self.lease, self.ttl_s, self.interval_s = store, lease, ttl_s, interval_s
-        renewed = time.monotonic() if renewed_at_s is None else renewed_at_s
+        renewed = lease_clock() if renewed_at_s is None else renewed_at_s
         self.lost = LeaseLost(renewed + ttl_s)
         self._stop = threading.Event()
         self._t: threading.Thread | None = None  # started by _STARTER when the first renewal is due
@@ -104,16 +116,25 @@ class LeaseHeartbeat:
 
     def _run(self) -> None:
         # started by the starter when the first renewal is due: renew at once, then every interval_s
+        failing = False
         while True:
-            sent = time.monotonic()
+            sent = lease_clock()
             try:
                 if not self.store.renew(self.lease, self.ttl_s):
                     self.lost.set()
                     return
                 self.lost.extend(sent + self.ttl_s)
+                failing = False
+                wait_s = self.interval_s - (lease_clock() - sent)  # interval_s after this send, not its answer
             except redis.RedisError as e:  # transient: the TTL gives us slack (then lost's deadline passes)
-                log.warning("lease %s heartbeat failed: %s", self.lease.lease_id, e)
-            if self._stop.wait(self.interval_s):
+                if not failing:
+                    log.warning("lease %s heartbeat failed: %s; trying again every %.1f s", self.lease.lease_id, e,
+                                min(self.interval_s, RENEW_RETRY_S))
+                failing = True
+                wait_s = min(self.interval_s, RENEW_RETRY_S)
+            if self.lost.is_set():  # past the local deadline: the lease may be another's by now; the phase stops
+                return
+            if self._stop.wait(max(0.0, wait_s)):
                 return
 
     def __enter__(self) -> LeaseHeartbeat:

@@ -28,7 +28,7 @@ from makespan.models import FleetSpec, fleet_version
 from makespan.settings import Settings
 from makespan.workers.functions import WorkloadFailed, lookup
 from makespan.workers.leases import LeaseStore, finish_job_op
-from makespan.workers.heartbeat import DeferredWaits, LeaseHeartbeat
+from makespan.workers.heartbeat import DeferredWaits, LeaseHeartbeat, lease_clock
 from makespan.workers.phase_context import PhaseContext, Registered, instance_value, parse_instance
 from makespan.workers.phase_execute import ExecutePhase
 from makespan.workers.phase_transitions import TransitionPhases
@@ -271,7 +271,7 @@ class PhaseRunner(TransitionPhases, ExecutePhase):
         lease = ctx.lease
         # Renew as the phase starts (not one heartbeat interval in): a message that waited
         # in the queue longer than TTL minus the heartbeat interval must still find its lease.
-        renewed_at = time.monotonic()  # the lease's local deadline counts from here (LeaseHeartbeat)
+        renewed_at = lease_clock()  # the lease's local deadline counts from here (LeaseHeartbeat)
         if not self.leases.renew(lease, self.settings.lease_ttl_s):
             log.info("phase %s of lease %s: stale fencing token, not acting", phase, ctx.lease_id)
             return "stale"

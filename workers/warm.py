@@ -32,6 +32,7 @@ from makespan.registry import REGISTRY
 from makespan.store import JobStore
 from makespan.workers.drivers.registry import decode_instances
 from makespan.workers.functions import WorkloadFailed
+from makespan.workers.heartbeat import lease_clock
 from makespan.workers.phases import JOB_PHASES, STOPS_CHAIN, LeaseHeartbeat, PhaseContext, PhaseRunner, instance_value
 
 def _phase_events(runner: PhaseRunner, ctx: PhaseContext, phases: tuple[str, ...], t0: float) -> list[str]:
@@ -70,7 +71,7 @@ def _run_warm(runner: PhaseRunner, ctx: PhaseContext) -> str:
     evs.append(runner._event("phase_start", ctx, phase="execute"))
     # helper endpoints start and stop in their phases: the script says 'helpers' for a job
     # with any (PhaseRunner._helpers: its record's, else its function's in this registry)
-    renewed_at = time.monotonic()  # the lease's local deadline counts from here (LeaseHeartbeat)
+    renewed_at = lease_clock()  # the lease's local deadline counts from here (LeaseHeartbeat)
     got = JobStore(runner.r, k, runner.settings.events_max_len).begin_warm(
         ctx.lease_id, ctx.token, ctx.gpus, ctx.job_id, instance_value(ctx.endpoint, ctx.gpus), t0, evs,
         runner.settings.lease_ttl_s, [name for name, d in REGISTRY.items() if d.helpers])

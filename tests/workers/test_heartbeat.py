@@ -127,20 +127,20 @@ def test_no_renewal_answered_for_the_ttl_reads_as_lost_and_a_renewal_moves_the_d
     """Redis errors on every renewal (a worker cut off from Redis): the lease may be reclaimed
     once its TTL has passed, so ``lost`` reads as set by then, with no
     refused renewal; ``wait`` returns at that deadline. A renewal that succeeds moves it."""
-    from makespan.workers.heartbeat import LeaseLost
+    from makespan.workers.heartbeat import LeaseLost, lease_clock
 
     lease = _lease(r, keys, "HB5", "g-hb5")
     store = CountingStore(r, keys, fail_first=10**6)  # never answered
     ttl_s = 1.0
-    started = time.monotonic()
+    started = lease_clock()
     with LeaseHeartbeat(store, lease, ttl_s, 0.1, renewed_at_s=started) as hb:
         assert not hb.lost.is_set()
         assert hb.lost.wait(5.0)  # returns at the deadline, not after the 5 s
-        waited = time.monotonic() - started
+        waited = lease_clock() - started
         assert ttl_s - 0.01 <= waited < ttl_s + 1.0, waited
         assert store.renewals >= 2
-    lost = LeaseLost(time.monotonic() + 0.2)
-    lost.extend(time.monotonic() + 60.0)  # a renewal answered
+    lost = LeaseLost(lease_clock() + 0.2)
+    lost.extend(lease_clock() + 60.0)  # a renewal answered
     assert not lost.wait(0.4) and not lost.is_set()
     assert LeaseLost().wait(0.01) is False  # no deadline: an Event
 
@@ -179,3 +179,55 @@ def test_one_blocked_renewal_within_the_documented_slack_does_not_lose_the_lease
             return store.renewals >= 3
         wait_for(renewed_on, 20, "renewals after the blocked one", 0.01)
         assert not any(seen_lost) and not hb.lost.is_set()
+
+
+class SlowThenBlockedStore(LeaseStore):
+    """The real store; its first renewal answers after ``slow_s`` (it succeeds), its second
+    blocks ``block_s`` and raises: a Redis that stalls twice."""
+
+    def __init__(self, r, keys, slow_s: float, block_s: float):
+        super().__init__(r, keys)
+        self.slow_s, self.block_s, self.renewals = slow_s, block_s, 0
+
+    def renew(self, lease, ttl_s):
+        self.renewals += 1
+        if self.renewals == 1:
+            time.sleep(self.slow_s)
+        elif self.renewals == 2:
+            time.sleep(self.block_s)
+            raise redis.TimeoutError("injected: the socket timed out")
+        return super().renew(lease, ttl_s)
+
+
+def test_a_slow_renewal_does_not_push_the_next_one_past_the_deadline(r, keys):
+    """The next renewal was sent interval_s after the previous one's *answer*: one slow
+    answer, then a blocked renewal, left no renewal in time and a healthy lease read as
+    lost, its run given up and its job run again (breaker: DEBUG SLEEP twice). Renewals are
+    sent interval_s after the previous send, and a failed one is tried again soon."""
+    ttl_s, interval_s = 5.0, 1.0
+    lease = _lease(r, keys, "HB7", "g-hb7")
+    store = SlowThenBlockedStore(r, keys, slow_s=1.5, block_s=2.5)
+    seen_lost = []
+    with LeaseHeartbeat(store, lease, ttl_s, interval_s) as hb:
+        def renewed_on() -> bool:
+            seen_lost.append(hb.lost.is_set())
+            return store.renewals >= 4
+        wait_for(renewed_on, 20, "renewals after the stalls", 0.01)
+        assert not any(seen_lost) and not hb.lost.is_set()
+
+
+def test_a_run_told_its_lease_is_lost_stays_given_up_when_a_late_renewal_lands():
+    """``ctx.cancelled`` read the passed deadline (reason lease_lost) but did not latch the
+    lease's ``lost``: a renewal answered a moment later moved the deadline, the run's final
+    check read the lease as fine and its result ``{"cancelled": "lease_lost"}`` was stored
+    as the job's (breaker). Once a function is told, the run is given up."""
+    from makespan.workers.functions import CancelEvent
+    from makespan.workers.heartbeat import LeaseLost, lease_clock
+
+    lost = LeaseLost(lease_clock() + 0.05)
+    cancelled, told = CancelEvent(), []
+    cancelled.watch_lease(lost, lambda: told.append("lease_lost"))
+    time.sleep(0.1)
+    assert bool(cancelled) and told == ["lease_lost"]
+    lost.extend(lease_clock() + 60.0)  # the renewal in flight is answered
+    assert lost.is_set()
