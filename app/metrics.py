@@ -374,6 +374,11 @@ class RedisStateCollector:
         yield up
         yield from fams
 
+    def _stale(self, written_at: str | None, server_now_s: float) -> bool:
+        """Whether a planner's last reason write (``P:planner:reasons:at``, server unix s;
+        None: none) is older than ``stale_after_s``: no planner serves those queues now."""
+        return not written_at or server_now_s - float(written_at) > self.stale_after_s
+
     def _leaderless_pools(self, pools: list[str], server_now_s: float, depth: Any, by_reason: Any) -> None:
         """Add to ``depth`` and ``by_reason`` the queues of each pool of ``pools`` that no
         planner leads (and whose last reason write is stale): its depths, and every queued
@@ -392,7 +397,7 @@ class RedisStateCollector:
         for name in pools:
             leads, written_at = next(res), next(res)
             depths = [int(next(res) or 0) for _ in PRIORITIES]
-            if leads or (written_at and server_now_s - float(written_at) <= self.stale_after_s):
+            if leads or not self._stale(written_at, server_now_s):
                 continue  # its own planner exports it
             for level, level_depth in zip(PRIORITIES, depths):
                 depth.add_metric([level, name], level_depth)
@@ -469,7 +474,7 @@ class RedisStateCollector:
         # steps), so the servers report them; fleet-wide, the same value from every server
         counts = next(res) or {}
         leads, written_at, delayed_count, (seconds, micros) = next(res), next(res), next(res), next(res)
-        reasons_stale = not written_at or seconds + micros / 1e6 - float(written_at) > self.stale_after_s
+        reasons_stale = self._stale(written_at, seconds + micros / 1e6)
         for code, value in queued_by_reason(by_reason_raw, queued_total, no_planner=not leads and reasons_stale).items():
             by_reason.add_metric([code, *pool], value)
         if k.pool:  # the pools no planner leads: nothing else exports their queues (an alert on them must fire)

@@ -5,7 +5,7 @@ A phase renews its lease as it starts, then a :class:`LeaseHeartbeat` renews it 
 thread only when its first renewal is due (a short phase never starts one). Losing the
 lease (a stale fencing token) sets the heartbeat's ``lost`` event (:class:`LeaseLost`):
 the phase stops. ``lost`` also reads as set once the lease's local deadline has passed —
-the last renewal that succeeded, timed on this host's monotonic clock before it was sent,
+the last renewal that succeeded, timed on this host's clock (:func:`lease_clock`) before it was sent,
 plus the TTL (never later than the lease's expiry on the Redis server's clock, which
 counts from when the renewal arrived) — with no renewal answered since: a worker paused past its
 TTL (SIGSTOP, a VM stall) or cut off from Redis knows its lease may be someone else's
@@ -54,7 +54,7 @@ class DeferredWaits:
 
 class LeaseLost(threading.Event):
     """The heartbeat's ``lost``: set when a renewal found the lease gone; :meth:`is_set`
-    (and so :meth:`wait`'s answer) is also true once the monotonic deadline given to
+    (and so :meth:`wait`'s answer) is also true once the :func:`lease_clock` deadline given to
     :meth:`extend` has passed (module doc). ``math.inf``: no deadline."""
 
     def __init__(self, deadline_s: float = math.inf):
@@ -62,7 +62,7 @@ class LeaseLost(threading.Event):
         self._deadline_s = deadline_s
 
     def extend(self, deadline_s: float) -> None:
-        """A renewal succeeded: the lease holds locally until monotonic ``deadline_s``."""
+        """A renewal succeeded: the lease holds locally until ``deadline_s`` (:func:`lease_clock`)."""
         self._deadline_s = max(self._deadline_s, deadline_s)
 
     def past_deadline(self) -> bool:
