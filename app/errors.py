@@ -26,27 +26,34 @@ class ValidationError(MakespanError):
         field: dotted path of the offending field, e.g. ``"endpoints.coder.tensor_parallel"``.
         value: the offending value (already redacted when it may hold a secret).
         source: the file the field was read from (a fleet, workload or trace file), or None.
+        also: the other problems found in the same input, each ``field: reason (got value)``
+            (a fleet file with three bad fields names all three; at most
+            :data:`makespan.models.MORE_ERRORS_SHOWN`), after ``; also`` in the message.
     """
 
-    def __init__(self, field: str, value: Any, reason: str, source: str | None = None, *, show_value: bool = True):
+    def __init__(self, field: str, value: Any, reason: str, source: str | None = None, *, show_value: bool = True,
+                 also: tuple[str, ...] = ()):
         self.field = field
         self.value = value
         self.reason = " ".join(str(reason).split())
         self.source = source
         self.show_value = show_value
+        self.also = also
         shown = repr(value)
         if len(shown) > 120:
             shown = shown[:117] + "..."
         where = f"{source}: " if source else ""
         got = f" (got {shown})" if show_value else ""
-        super().__init__(f"{where}{field}: {self.reason}{got}")
+        more = f"; also {'; '.join(also)}" if also else ""
+        super().__init__(f"{where}{field}: {self.reason}{got}{more}")
 
     def in_file(self, path: object) -> ValidationError:
         """This error, naming ``path`` as the file the field was read from (kept when it
         already names one)."""
         if self.source is not None:
             return self
-        return ValidationError(self.field, self.value, self.reason, source=str(path), show_value=self.show_value)
+        return ValidationError(self.field, self.value, self.reason, source=str(path), show_value=self.show_value,
+                               also=self.also)
 
 
 class NotFoundError(MakespanError):

@@ -653,8 +653,10 @@ class JobSpec(BaseModel):
         return _seconds_at_most(v, MAX_DELAY_S)
 
 
-def _translate(err: pydantic.ValidationError, root: str, data: Any) -> ValidationError:
-    first = err.errors()[0]
+MORE_ERRORS_SHOWN = 4  # problems besides the first that one validation error names (ValidationError.also)
+
+
+def _one_error(first: Any, root: str) -> ValidationError:
     ctx = first.get("ctx") or {}
     inner = ctx.get("error")
     if isinstance(inner, _FleetFieldError):
@@ -667,6 +669,23 @@ def _translate(err: pydantic.ValidationError, root: str, data: Any) -> Validatio
     elif msg.startswith("Value error, "):
         msg = msg[len("Value error, "):]
     return ValidationError(field, first.get("input"), msg)
+
+
+def _translate(err: pydantic.ValidationError, root: str, data: Any) -> ValidationError:
+    """The first problem of ``err`` as a :class:`ValidationError`, the others (up to
+    :data:`MORE_ERRORS_SHOWN`, then a count) in its ``also``: a user fixes them in one go."""
+    errors = err.errors()
+    locs = [tuple(e.get("loc", ())) for e in errors]
+    # a container's own error that follows from a bad item in it (a tuple left short of
+    # its minimum after its bad item) says nothing the item's error does not
+    kept = [e for e, loc in zip(errors, locs)
+            if e is errors[0] or not any(len(other) > len(loc) and other[:len(loc)] == loc for other in locs)]
+    found = [_one_error(e, root) for e in kept]
+    first, rest = found[0], found[1:]
+    also = tuple(str(e) for e in rest[:MORE_ERRORS_SHOWN])
+    if len(rest) > MORE_ERRORS_SHOWN:
+        also += (f"{len(rest) - MORE_ERRORS_SHOWN} more",)
+    return ValidationError(first.field, first.value, first.reason, show_value=first.show_value, also=also)
 
 
 def validate(model: type[BaseModel], data: Any, root: str) -> Any:

@@ -72,6 +72,22 @@ def test_invalid_fleets_name_field_and_value(endpoint, field, fragment):
     assert fragment in str(e.value)
 
 
+def test_a_fleet_with_several_bad_fields_names_every_one():
+    """A user fixes them in one go, not one rerun per field; a host dropped for its bad
+    field does not add a 'hosts: at least 1 item' of its own."""
+    with pytest.raises(ValidationError) as e:
+        parse_fleet(_fleet(memory_mib_per_gpu=-5, cold_start_s=True, evict_s="1"))
+    message = str(e.value)
+    assert e.value.field == "fleet.endpoints.e.memory_mib_per_gpu", message
+    assert len(e.value.also) == 2 and "fleet.endpoints.e.cold_start_s: must be a number, not a boolean" in message
+    assert "fleet.endpoints.e.evict_s: must be a number, not text" in message
+    data = _fleet()
+    data["hosts"] = [{"name": "h", "gpu_count": "two", "memory_mib": 100}]
+    with pytest.raises(ValidationError) as e:
+        parse_fleet(data)
+    assert e.value.field == "fleet.hosts.0.gpu_count" and e.value.also == (), str(e.value)
+
+
 def test_fleet_rejects_duplicate_gpu_uuid():
     data = {"hosts": [{"name": "a", "gpus": [{"uuid": "GPU-1", "memory_mib": 10, "index": 0}]},
                       {"name": "b", "gpus": [{"uuid": "GPU-1", "memory_mib": 10, "index": 0}]}],
