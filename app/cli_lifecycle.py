@@ -245,13 +245,17 @@ def observer(fleet: Path = typer.Option(..., "--fleet", help="TOML fleet file"),
                                                             "is late, s (the scheduling jitter of a loaded host)"),
              host_down_grace_s: float = typer.Option(30.0, "--host-down-grace-s",
                                                      help="how long a host has no live GPU worker before its "
-                                                          "host_down incident, s (a rolling restart is shorter)")) -> None:
+                                                          "host_down incident, s (a rolling restart is shorter)"),
+             metrics_port: int | None = typer.Option(None, "--metrics-port",
+                                                     help="Prometheus port (0: none; default: MAKESPAN_METRICS_PORT)")
+             ) -> None:
     """Run the health observer process (probes endpoint instances; raises incidents)."""
     from makespan.workers.observer import main
 
+    port = [] if metrics_port is None else ["--metrics-port", str(metrics_port)]
     raise typer.Exit(main(["--fleet", str(fleet), "--probe-interval-s", repr(probe_interval_s),
                            "--overrun-factor", repr(overrun_factor), "--min-overrun-slack-s", repr(min_overrun_slack_s),
-                           "--host-down-grace-s", repr(host_down_grace_s)]))
+                           "--host-down-grace-s", repr(host_down_grace_s), *port]))
 
 
 def endpoint_server(port: int = typer.Option(..., "--port", help="TCP port to serve on (127.0.0.1)"),

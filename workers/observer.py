@@ -633,12 +633,15 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_SETTING
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per health probe
+    fleet = load_fleet(a.fleet)
     if a.metrics_port:
         from makespan import metrics
 
-        metrics.start_metrics_server(a.metrics_port, redis_state=False)
+        # the fleet's endpoints at 0 in makespan_incidents_total from the start (this process
+        # is the one that counts them: a first incident is then an increase, not a new series)
+        metrics.start_metrics_server(a.metrics_port, redis_state=False, endpoints=sorted(fleet.endpoints))
     try:
-        run_observer(Settings.from_env(), load_fleet(a.fleet), a.probe_interval_s, a.overrun_factor,
+        run_observer(Settings.from_env(), fleet, a.probe_interval_s, a.overrun_factor,
                      min_overrun_slack_s=a.min_overrun_slack_s, host_down_grace_s=a.host_down_grace_s)
     except (RedisConfigError, RedisAuthFailed) as e:  # printed once (not also logged)
         print(f"makespan observer: {e}", file=sys.stderr, flush=True)

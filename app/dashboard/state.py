@@ -21,8 +21,8 @@ Read-only: every read goes through :class:`makespan.keys.Keys` and nothing is wr
 Shape of :func:`snapshot`::
 
     {"now", "window_s", "fleet": {"name", "hosts"},
-     "hosts": [{"name", "state", "reason", "since"}],  # schedulable, down, cordoned, drained (docs/operations.md)
-     "lanes": [{"gpu", "host", "index", "set_point", "resident", "lease", "host_state"}],
+     "hosts": [{"name", "state", "worker_down", "reason", "since"}],  # schedulable, down, cordoned, drained (docs/operations.md)
+     "lanes": [{"gpu", "host", "index", "set_point", "resident", "lease", "host_state", "worker_down"}],
      "bars": [{"gpu", "job", "endpoint", "priority", "phase", "start", "end", "open"}],
      "planned": [{"gpu", "job", "endpoint", "priority", "start", "service_start", "end", "load"}],
      "queue": [{"job", "priority", "endpoint", "state", "submitted_at", "wait_s", "attempts", "reason_code",
@@ -31,12 +31,18 @@ Shape of :func:`snapshot`::
      "agenda": [{"op_id", "mode", "endpoints", "gpus", "planned_start", "expected_end", "overdue"}],
      "incidents": [{"incident_id", "endpoint", "host", "gpus", "failure_mode", "detected_at", "effect", "recovery"}],
      "drain": {"checks", "checked_at", "leases", "agenda_entries", "busy_slots", "awaited_entries"} | None,
-     "plan": {"at", "policy", "batch"} | None, "counts": {"queued", "delayed", "running", "leases"},
+     "plan": {"at", "policy", "batch"} | None, "counts": {"queued", "delayed", "running", "leases", "listed", "list_limit"},
      "pools": [{"name", "leads", "queued", "drain"}]}  # [] without pools
 
 A fleet with pools (``[[pools]]``): the plan is every pool's ``P:pool:{name}:plan`` together,
 the queue every pool's queues (each job with its ``pool``), ``drain`` the latest pool check,
-and ``pools`` each pool's leader, queued jobs and last drain check.
+and ``pools`` each pool's leader, queued jobs and last drain check. ``worker_down``: no live
+GPU worker on the host (its ``state`` says ``down`` unless it is cordoned, when ``cordoned``
+or ``drained`` wins, as in ``makespan hosts``, whose WORKER column says ``down``).
+
+``queue`` lists the first :data:`QUEUE_LIMIT` jobs of each priority queue and of the delayed
+set; ``counts`` ``queued`` and ``delayed`` are the totals (``ZCARD``), ``listed`` how many
+``queue`` holds.
 """
 
 from __future__ import annotations
@@ -255,6 +261,15 @@ def _queue(r: redis.Redis, keys: Keys, plan: dict[str, Any] | None, now: float,
     return out
 
 
+def _queued_total(r: redis.Redis, keys: Keys) -> int:
+    """Jobs in ``keys``' four priority queues, all of them (:func:`_queue` lists at most
+    :data:`QUEUE_LIMIT` of each): ``ZCARD``, as ``makespan_queue_depth_jobs`` counts them."""
+    p = r.pipeline(transaction=False)
+    for prio in Priority:
+        p.zcard(keys.queue(prio))
+    return sum(p.execute())
+
+
 def _seen_pools(r: redis.Redis, keys: Keys) -> set[str]:
     """Every pool a job record may name ('' for none): ``P:pools:seen`` and the implicit pool."""
     return {*r.smembers(keys.pools_seen), ""}
@@ -278,7 +293,8 @@ def _pools(r: redis.Redis, keys: Keys, names: list[str], now: float,
         if plan:
             plans.append(plan)
         drain = r.hgetall(scoped.drain)
-        pools.append({"name": name, "leads": bool(r.exists(scoped.planner_leader)), "queued": len(waiting),
+        pools.append({"name": name, "leads": bool(r.exists(scoped.planner_leader)),
+                      "queued": _queued_total(r, scoped),
                       "drain": _drain_view(drain), "drain_at": _f(drain.get("checked_at"))})
     rank = {p.name: p.value for p in Priority}
     queue.sort(key=lambda q: (rank.get(q["priority"] or "", 9), q["submitted_at"] or 0))
@@ -375,6 +391,9 @@ def snapshot(r: redis.Redis, keys: Keys, fleet: FleetSpec | None = None, window_
             plan = _plan(r, keys)
             queue = _queue(r, keys, plan, now, stale_after_s)
             pools = []
+        # the totals, not the listed part (QUEUE_LIMIT per priority, and of the delayed set)
+        queued_total = (sum(pool["queued"] for pool in pools) if pool_names else _queued_total(r, keys))
+        delayed_total = int(r.zcard(keys.delayed))
         agenda = _agenda(r, keys, now)
         incidents = _incidents(r, keys)
         registry = _registry(r, keys)
@@ -387,7 +406,8 @@ def snapshot(r: redis.Redis, keys: Keys, fleet: FleetSpec | None = None, window_
     host_state = {name: ("cordoned" if name in leased_hosts else "drained") if name in hosts_now.cordoned
                   else "down" if name in hosts_now.down else "schedulable" for name in host_names}
     lanes = [{**g, "set_point": sp.get(g["gpu"]), "resident": (residents.get(g["gpu"]) or "").partition("@")[0] or None,
-              "lease": (h or "").partition(":")[0] or None, "host_state": host_state.get(g["host"])}
+              "lease": (h or "").partition(":")[0] or None, "host_state": host_state.get(g["host"]),
+              "worker_down": g["host"] in hosts_now.down}
              for g, h in zip(gpus, held)]
     waiting = {q["job"] for q in queue}
     planned = []
@@ -401,7 +421,7 @@ def snapshot(r: redis.Redis, keys: Keys, fleet: FleetSpec | None = None, window_
     return {
         "now": now, "window_s": window_s,
         "fleet": {"name": spec.get("name") if spec else None, "hosts": [h["name"] for h in (spec or {}).get("hosts", [])]},
-        "hosts": [{"name": name, "state": host_state[name],
+        "hosts": [{"name": name, "state": host_state[name], "worker_down": name in hosts_now.down,
                    "reason": hosts_now.cordoned[name].reason if name in hosts_now.cordoned else "",
                    "since": hosts_now.cordoned[name].since_s if name in hosts_now.cordoned else None}
                   for name in host_names],
@@ -411,9 +431,8 @@ def snapshot(r: redis.Redis, keys: Keys, fleet: FleetSpec | None = None, window_
         "pools": [{k: v for k, v in pool.items() if k != "drain_at"} for pool in pools],
         "plan": None if plan is None else {"at": plan.get("at"), "policy": plan.get("policy"),
                                           "batch": plan.get("batch")},
-        "counts": {"queued": sum(1 for q in queue if q["state"] != "delayed"),
-                   "delayed": sum(1 for q in queue if q["state"] == "delayed"), "running": running,
-                   "leases": leases},
+        "counts": {"queued": queued_total, "delayed": delayed_total, "running": running, "leases": leases,
+                   "listed": len(queue), "list_limit": QUEUE_LIMIT},
     }
 
 
@@ -428,9 +447,10 @@ def job_detail(r: redis.Redis, keys: Keys, job_id: str, stale_after_s: float = 1
     ``{"job", "record" (the hash, ``spec`` decoded, ``attempts`` the attempts made as
     ``makespan status`` counts them, :func:`makespan.producer.attempts_made`, and the hash's
     own count as ``reclaimed_attempts``), "phases": [{"phase", "gpus",
-    "start", "end", "complete"}], "events": [...], "result"}``. ``result`` is the JSON
+    "start", "end", "complete", "running"}], "events": [...], "result"}``. ``result`` is the JSON
     of ``P:result:{id}`` (:mod:`makespan.results`: ``{"ok": true, "value": ...}`` or
-    ``{"ok": false, "error": {...}}``), None when there is none; ``now``: the Redis server's
+    ``{"ok": false, "error": {...}}``), None when there is none (a phase still ``running``,
+    the job holding its lease, ends at ``now``); ``now``: the Redis server's
     clock as it was read (unix s: an ETA the page says has passed is judged on it). A queued or delayed job's
     ``wait_reason``, ``wait_detail`` and ``wait_eta`` are as ``makespan status`` gives them
     (:func:`makespan.producer.waiting_record`; ``stale_after_s``: its planner staleness).
@@ -463,11 +483,16 @@ def job_detail(r: redis.Redis, keys: Keys, job_id: str, stale_after_s: float = 1
             evs.append(ev)
     evs.sort(key=lambda e: e["ts"])
     phases = []
+    server_now = seconds + micros / 1e6
     if evs:
         t0 = evs[0]["ts"]
+        holds = rec.get("state") in ("leased", "running")
         for iv in intervals(evs):
-            phases.append({"phase": iv.phase, "gpus": list(iv.gpus), "start": t0 + iv.start_s, "end": t0 + iv.end_s,
-                           "complete": iv.complete})
+            # the phase running now (no end yet) lasts until now, not until the job's last event
+            running = holds and iv.cut_by == "open_at_end"
+            phases.append({"phase": iv.phase, "gpus": list(iv.gpus), "start": t0 + iv.start_s,
+                           "end": max(server_now, t0 + iv.end_s) if running else t0 + iv.end_s,
+                           "complete": iv.complete, "running": running})
     if rec.get("spec"):
         try:
             rec["spec"] = json.loads(rec["spec"])
@@ -476,4 +501,4 @@ def job_detail(r: redis.Redis, keys: Keys, job_id: str, stale_after_s: float = 1
     # one type per kind of value, as `makespan status` gives it (attempts the attempts made;
     # the hash's own count, the reclaimed ones, as reclaimed_attempts)
     return {"job": job_id, "record": typed_waiting_record(rec), "phases": phases, "events": evs, "result": result,
-            "now": seconds + micros / 1e6}
+            "now": server_now}

@@ -151,6 +151,40 @@ def test_snapshot_lists_waiting_jobs_with_the_plans_eta(r, keys, settings, fleet
     assert job_detail(r, keys, "missing") is None
 
 
+def test_the_counts_are_totals_when_the_queue_lists_part_of_it(r, keys, settings, fleet, monkeypatch):
+    """Found by a user with 600 LOW jobs queued: the page said '505 queued' (the listed
+    part, QUEUE_LIMIT per priority), makespan_queue_depth_jobs 600."""
+    from makespan.dashboard import state
+
+    monkeypatch.setattr(state, "QUEUE_LIMIT", 2)
+    r.set(keys.fleet, fleet.model_dump_json())
+    prod = Producer(r, keys, fleet, settings)
+    for _ in range(3):
+        prod.submit({"endpoint": "judge", "priority": "LOW", "service_s": 50})
+    prod.submit({"endpoint": "chat", "priority": "HIGH", "service_s": 100})
+    for _ in range(3):
+        prod.submit({"endpoint": "judge", "priority": "LOW", "service_s": 50, "delay_s": 600})
+    counts = snapshot(r, keys, now=time.time())["counts"]
+    assert (counts["queued"], counts["delayed"], counts["listed"], counts["list_limit"]) == (4, 3, 5, 2), counts
+
+
+def test_the_job_page_runs_the_open_phase_until_now(r, keys):
+    """A running job's page showed its execute phase as lasting 0 s (closed at the job's
+    last event, its own start): it runs until now; an ended job's open phase does not."""
+    now = _server_now(r)
+    r.hset(keys.job("j-run"), mapping={"state": "running", "priority": "NORMAL", "endpoint": "chat"})
+    for phase, kind, ago in (("evict", "phase_start", 9.0), ("evict", "phase_end", 8.0), ("execute", "phase_start", 7.0)):
+        r.xadd(keys.events, {"e": json.dumps({"ts": now - ago, "kind": kind, "job": "j-run", "lease": "L1",
+                                               "phase": phase, "gpus": ["GPU-host-a-0"]})})
+    page = job_detail(r, keys, "j-run")
+    evict, execute = page["phases"]
+    assert (evict["complete"], evict["running"], evict["end"] - evict["start"]) == (True, False, pytest.approx(1.0))
+    assert execute["running"] and not execute["complete"] and execute["end"] - execute["start"] >= 7.0, execute
+    r.hset(keys.job("j-run"), "state", "failed")  # ended without the phase's end event: not running
+    execute = job_detail(r, keys, "j-run")["phases"][1]
+    assert not execute["running"] and execute["end"] == execute["start"], execute
+
+
 def _server_now(r) -> float:
     sec, usec = r.time()
     return sec + usec / 1e6
@@ -248,6 +282,10 @@ def test_dashboard_in_a_real_browser_against_the_live_system(r, keys, settings, 
         assert _body(dom).get("source") == "sse"
         shown_incidents = re.findall(r'<li class="incident" data-incident="[^"]+" data-endpoint="([^"]+)"', dom)
         assert incident["endpoint"] == "renderer" and "renderer" in shown_incidents, dom[-4000:]
+        # its recovery as `makespan incidents` says it: recovered, not restarted / failed, or pending
+        # (a user saw "not restarted" in the green of "recovered", and nothing for an open one)
+        assert re.search(r'data-endpoint="renderer">(?:(?!</li>).)*<span class="recovery (?:ok|bad|pending)"', dom), \
+            dom[-4000:]
         # a host_down incident (no endpoint) names its host, as `makespan incidents` does: the
         # first host's worker key withdrawn for a moment (its worker announces it again within a
         # quarter TTL; the incident then gets its recovery), an observer with no grace reporting it
@@ -294,6 +332,9 @@ def test_the_page_shows_each_pool_and_whether_a_planner_leads_it(redis_url, keys
     r.set(keys.fleet, pooled.model_dump_json())
     r.set(keys.for_pool("a").planner_leader, "planner-a")  # pool a's planner leads; pool b has none
     cordon(r, keys, "b2", "new PSU")  # an operator took host b2 out of service: its lane says so
+    # ... and its GPU worker has died since (seen once, no live key): the lane said only
+    # "drained" while `makespan hosts` said the worker was down (a user's report)
+    r.hset(keys.hosts_seen, "b2", "gone-worker")
     Producer(r, keys, pooled, settings).submit({"endpoint": "onlyb", "service_s": 5})
     browser = Chromium(require_tool("chromium"), tmp_path / "profile")
     with _served(redis_url, keys, r) as c:
@@ -305,11 +346,12 @@ def test_the_page_shows_each_pool_and_whether_a_planner_leads_it(redis_url, keys
     assert '<td class="num">1</td>' in b_row, b_row  # its queued job
     assert {host: css for css, host in re.findall(r'<g class="(lane[^"]*)" data-gpu="[^"]+" data-host="(\w+)"', dom)} \
         == {"a1": "lane", "a2": "lane", "b1": "lane", "b2": "lane host-cordoned"}, dom[-3000:]
-    assert "b2 · GPU 0 · drained" in dom
+    assert "b2 · GPU 0 · drained · worker down" in dom and "a1 · GPU 0 · worker down" not in dom
     from makespan.dashboard.state import snapshot
 
     hosts = {h["name"]: h for h in snapshot(r, keys)["hosts"]}
     assert (hosts["b2"]["state"], hosts["b2"]["reason"], hosts["a1"]["state"]) == ("drained", "new PSU", "schedulable")
+    assert (hosts["b2"]["worker_down"], hosts["a1"]["worker_down"]) == (True, False)
 
 
 def test_a_passed_eta_and_the_wait_reason_are_shown_as_why_gives_them(redis_url, keys, r, settings, fleet, tmp_path):

@@ -72,6 +72,10 @@ def test_scrape_matches_a_known_workload(r, keys, settings, tmp_path):
             assert _total(planner, "makespan_queue_depth_jobs", priority=prio) == 0
         assert _total(planner, "makespan_drain_leftovers") == 0
         assert _total(observer, "makespan_incidents_total") == 0
+        # every endpoint's series is there at 0 on the process that counts incidents (a first
+        # incident is an increase() of it, not a series appearing at 1: a user's report)
+        assert {dict(ls).get("endpoint") for n, ls in observer if n == "makespan_incidents_total"} \
+            == set(fleet.endpoints), observer
     finally:
         stop_checked(system)
 

@@ -99,7 +99,8 @@ function drawGantt(state, colour) {
       "data-resident": lane.resident || ""});
     g.append(el("svg:rect", {x: 0, y, width, height: laneH, class: i % 2 ? "lane-bg odd" : "lane-bg"}));
     g.append(el("svg:text", {x: 4, y: y + 13, class: "lane-label",
-      text: `${lane.host} · GPU ${lane.index}` + (out ? ` · ${out}` : "")}));
+      text: `${lane.host} · GPU ${lane.index}` + (out ? ` · ${out}` : "") +
+        (lane.worker_down && out !== "down" ? " · worker down" : "")}));
     g.append(el("svg:text", {x: 4, y: y + 25, class: "lane-sub",
       text: (lane.resident ? "now " + lane.resident : "empty") + (lane.set_point ? " · sp " + lane.set_point : "")}));
     // the set point: the baseline the lane returns to
@@ -159,8 +160,11 @@ function drawQueue(state) {
   const prio = document.getElementById("queue-priority").value;
   const rows = state.queue.filter(q => (!prio || q.priority === prio) && (!text ||
     [q.job, q.endpoint, q.reason, q.state, q.priority].join(" ").toLowerCase().includes(text)));
+  const waiting = state.counts.queued + state.counts.delayed;
+  // the snapshot lists the first list_limit jobs of each priority queue (and of the delayed set)
   document.getElementById("queue-count").textContent =
-    `${rows.length} shown of ${state.queue.length} waiting`;
+    `${rows.length} shown of ${waiting} waiting` + (state.queue.length < waiting ?
+      ` (the first ${state.counts.list_limit} of each priority are listed; makespan jobs lists all)` : "");
   document.querySelector("#queue tbody").replaceChildren(...rows.map(q => el("tr",
     {class: "queued-job", "data-job": q.job, "data-priority": q.priority, "data-endpoint": q.endpoint},
     el("td", {}, el("span", {class: "prio", style: `background:${PRIORITY_COLOURS[q.priority] || "#666"}`,
@@ -196,8 +200,10 @@ function drawEndpoints(state, colour) {
     el("b", {text: `${i.endpoint || "host " + (i.host || "?")} · ${i.failure_mode}`}),
     ` at ${clock(i.detected_at)} on ${i.host || "?"} `,
     el("span", {class: "effect", text: i.effect || ""}),
-    i.recovery ? el("span", {class: "recovery", text: ` → ${i.recovery.outcome}` +
-      (i.recovery.recovery_s !== null ? ` in ${secs(i.recovery.recovery_s)}` : "")}) : null)) :
+    // as `makespan incidents` says it: recovered (green), not restarted or failed (red), pending
+    i.recovery ? el("span", {class: "recovery " + (i.recovery.outcome === "recovered" ? "ok" : "bad"),
+      text: ` → ${i.recovery.outcome}` + (i.recovery.recovery_s !== null ? ` in ${secs(i.recovery.recovery_s)}` : "")})
+      : el("span", {class: "recovery pending", text: " → recovery pending"}))) :
     [el("li", {class: "none", text: "no incident"})]));
   const d = state.drain;
   document.getElementById("drain").replaceChildren(d ? el("div", {class: "drain" + (["leases", "agenda_entries",
@@ -285,7 +291,7 @@ function jobPage() {
     document.querySelector("#phases tbody").replaceChildren(...doc.phases.map(p => el("tr", {class: "phase",
       "data-phase": p.phase}, el("td", {text: p.phase}), el("td", {text: p.gpus.join(", ")}),
       el("td", {text: clock(p.start)}), el("td", {text: clock(p.end)}), el("td", {text: (p.end - p.start).toFixed(3)}),
-      el("td", {text: p.complete ? "yes" : "no"}))));
+      el("td", {text: p.complete ? "yes" : p.running ? "running" : "no"}))));
     // P:result:{job} (makespan.results): {"ok": true, "value": ...} or {"ok": false, "error": {...}}
     const res = doc.result;
     if (res !== null && res !== undefined && !(typeof res === "object" && res.ok === false)) {
