@@ -555,8 +555,8 @@ def ready(workloads: list[str] = typer.Argument(None, help="workload function na
                                                           "live GPU worker"),
           timeout_s: float = typer.Option(60.0, help="give up after this long")):
     """Wait until a planner has published the fleet and leads it now (with pools: each pool that serves
-    WORKLOADS, or every pool), and live GPU workers have registered WORKLOADS
-    (for scripts: `makespan ready NAME && python submit.py`). Exits 0 when ready, 1 with what is missing;
+    WORKLOADS, or every pool), and live GPU workers have registered WORKLOADS, whose endpoints
+    the planner's fleet has (for scripts: `makespan ready NAME && python submit.py`). Exits 0 when ready, 1 with what is missing;
     1 at once, with the reason, for a name a live GPU worker refused to publish (it names an endpoint
     the fleet does not have)."""
     from makespan.redis_conn import AUTH_ERRORS, auth_failed
@@ -575,7 +575,8 @@ def ready(workloads: list[str] = typer.Argument(None, help="workload function na
                 f"a planner (no fleet published under key prefix {keys.prefix!r} at {redacted_url(s.redis_url)}: "
                 "MAKESPAN_KEY_PREFIX and MAKESPAN_REDIS_URL must be the planner's)"]) + [
                 f"a planner leading {'pool ' + str(pool) if pool else 'the fleet'} (none leads now)"
-                for pool in leaderless] + [f"workload {name!r}" for name in absent]
+                for pool in leaderless] + [f"workload {name!r}" for name in absent] + _endpoints_unplanned(
+                r, keys, [name for name in workloads or [] if name not in absent])
             refused = {name: why for name in absent if (why := r.get(keys.fn_refused(name)))}
         except AUTH_ERRORS as e:  # Redis answered and refused the credentials: waiting cannot help
             _fail(auth_failed(s.redis_url, e))
@@ -593,6 +594,38 @@ def ready(workloads: list[str] = typer.Argument(None, help="workload function na
             _hint_live_names(r, keys, [name for name in workloads or [] if f"workload {name!r}" in missing])
             raise typer.Exit(1)
         time.sleep(0.2)
+
+
+def _endpoints_unplanned(r, keys, workloads: list[str]) -> list[str]:
+    """What ``ready`` still waits for among the live ``workloads``: the planner's fleet to
+    have each one's endpoint. A GPU worker checks a function's endpoint against its own
+    fleet file; when the planner runs another one, every submit of it is refused (a user
+    saw ``ready`` and then ``unknown endpoint``). [] when no fleet is published yet.
+
+    Raises:
+        redis.RedisError: Redis failed."""
+    from makespan.cli_support import published_fleet
+    from makespan.errors import MakespanError
+
+    if not workloads:
+        return []
+    try:
+        fleet = published_fleet(r, keys, required=False)
+    except MakespanError:
+        return []
+    if fleet is None:
+        return []
+    out = []
+    for name, raw in zip(workloads, r.mget([keys.fn(name) for name in workloads])):
+        try:
+            endpoint = json.loads(raw)["endpoint"]
+        except (TypeError, ValueError, KeyError):
+            continue
+        if endpoint not in fleet.endpoints:
+            out.append(f"the planner's fleet to have endpoint {endpoint!r} of workload {name!r} (the fleet it "
+                       f"published, {fleet.name!r}, has not: every submit of it is refused; start the planner "
+                       "with the GPU worker's fleet file)")
+    return out
 
 
 def _pools_without_a_leader(r, keys, workloads: list[str]) -> list[str | None]:

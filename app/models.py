@@ -835,13 +835,14 @@ def json_size(value: Any, field: str) -> int:
     except (TypeError, ValueError, RecursionError, UnicodeEncodeError) as e:
         reason = "nested too deeply" if isinstance(e, RecursionError) else str(e)
         where = _first_not_json(value, field) if not isinstance(e, RecursionError) else None
+        hint = ("; a Job is replaced by its result only as a top-level argument: pass it as one") if where and where[1] == "of type Job" else ""
         raise ValidationError(field, f"<{type(value).__name__}>", f"must be JSON (no pickle): {reason}"
-                              + (f" ({where[0]}: {where[1]})" if where else ""),
+                              + (f" ({where[0]}: {where[1]})" if where else "") + hint,
                               show_value=where is None) from None
-    key = first_key_not_str(value)
+    key = first_key_not_str(value, field)
     if key is not None:  # json.dumps writes 1 as "1": the function would get {"1": ...}, not {1: ...}
         raise ValidationError(field, f"<{type(value).__name__}>", f"must be JSON (no pickle): mapping keys must be "
-                                                                  f"strings, got {key}")
+                                                                  f"strings, got {key}", show_value=False)
     return size
 
 
@@ -873,20 +874,21 @@ def _first_not_json(value: Any, path: str, depth: int = 0) -> tuple[str, str] | 
     return path, f"of type {type(value).__name__}"
 
 
-def first_key_not_str(value: Any) -> str | None:
+def first_key_not_str(value: Any, path: str = "") -> str | None:
     """The first mapping key in ``value`` (nested lists, tuples and dicts) that is not a
-    string, as ``type repr`` (``int 1``), or None. ``value`` has encoded as JSON: no
-    cycles, depth within Python's limit."""
-    stack = [value]
+    string, as ``type repr`` (``int 1``), followed by `` at PATH`` (``at job.args[0]``)
+    when ``path`` names ``value``; or None. ``value`` has encoded as JSON: no cycles, depth
+    within Python's limit."""
+    stack: list[tuple[Any, str]] = [(value, path)]
     while stack:
-        item = stack.pop()
+        item, where = stack.pop()
         if isinstance(item, dict):
             for k, v in item.items():
                 if not isinstance(k, str):
-                    return f"{type(k).__name__} {k!r}"[:100]
-                stack.append(v)
+                    return f"{type(k).__name__} {k!r}"[:100] + (f" at {where}" if path else "")
+                stack.append((v, f"{where}[{k!r}]"))
         elif isinstance(item, (list, tuple)):
-            stack.extend(item)
+            stack.extend((v, f"{where}[{index}]") for index, v in reversed(list(enumerate(item))))
     return None
 
 

@@ -320,6 +320,7 @@ class Producer:
             raise ValidationError("fleet", None, "submitting needs a fleet: pass --fleet or start a planner first",
                                   show_value=False)
         spec = parse_job(job, self.fleet, self.settings.max_payload_bytes, self.settings.max_depends_on)
+        self._check_references(spec)
         traceparent = traceparent or telemetry.job_traceparent()
         job_id = uuid.uuid4().hex
         now = time.time()
@@ -387,6 +388,35 @@ class Producer:
                          "key for a different job)", spec.idempotency_key, jid, ", ".join(ignored))
             return JobHandle(jid, False, prio, ignored)
         return JobHandle(jid, True, spec.priority)
+
+    def _check_references(self, spec: JobSpec) -> None:
+        """A job passed as an argument (:data:`makespan.results.REFERENCE`) must run a
+        workload function: a plain job or a workload step stores no result, and the call
+        failed only when the dependant ran (after its wait), saying the result had expired.
+
+        Raises:
+            ValidationError: ``job.args[N]`` / ``job.kwargs.NAME`` names a job whose record
+                names no function (nothing is written).
+            StoreError: Redis failed."""
+        from makespan.results import references
+
+        named = [(f"job.args[{index}]", ref) for index, value in enumerate(spec.args)
+                 for ref in references([value])]
+        named += [(f"job.kwargs.{name}", ref) for name, value in spec.kwargs.items() for ref in references([value])]
+        if not named:
+            return
+        try:
+            pipe = self.r.pipeline(transaction=False)
+            for _field, ref in named:
+                pipe.hmget(self.keys.job(ref), ("state", "fn"))
+            found = pipe.execute()
+        except redis.RedisError as e:
+            raise StoreError(f"submit: reading the jobs its arguments name: {e}") from e
+        for (field, ref), (state, fn) in zip(named, found):
+            if state and not fn:  # no record: refused as a dependency that names no job
+                raise ValidationError(field, ref, f"job {ref} runs no workload function (a plain job or a workload "
+                                                  "step): it stores no result to pass; wait for it with depends_on "
+                                                  "instead")
 
     def _submit_replicated(self, job_id: str, fields: dict[str, Any], event_json: str,
                            spec: JobSpec, pool: str | None) -> tuple[bool, str]:

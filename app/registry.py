@@ -34,7 +34,7 @@ from typing import Any
 
 import redis
 
-from makespan.errors import StoreError, ValidationError
+from makespan.errors import MakespanError, StoreError, ValidationError
 from makespan.keys import Keys
 from makespan.store.scripts import script as store_script
 
@@ -204,7 +204,9 @@ def load_modules(modules: str | Iterable[str]) -> list[str]:
     Returns:
         The names registered after the imports.
     Raises:
-        ValidationError: a module cannot be imported (the import error is chained)."""
+        ValidationError: a module cannot be imported, or its code raised while it was
+            imported (a SyntaxError, a RuntimeError: named with the file and line; the
+            error is chained); a decorator's own ValidationError as it is."""
     names = [m.strip() for m in (modules.split(",") if isinstance(modules, str) else modules) if m.strip()]
     import os
     import sys
@@ -220,7 +222,23 @@ def load_modules(modules: str | Iterable[str]) -> list[str]:
                 dotted = module.removesuffix(".py").strip("./").replace("/", ".")
                 hint = f" (--workloads takes a module name, as python -m does: did you mean {dotted!r}?)"
             raise ValidationError("workloads", module, f"cannot import: {e}{hint}") from e
+        except MakespanError:
+            raise  # a bad decorator option, a name registered twice: its own error says what
+        except Exception as e:  # noqa: BLE001 - the module's own code raised (or does not parse)
+            raise ValidationError("workloads", module, f"importing it raised {type(e).__name__}: {e}"
+                                                       f"{_raised_at(e)}") from e
     return sorted(REGISTRY)
+
+
+def _raised_at(error: BaseException) -> str:
+    """`` at FILE:LINE`` of where ``error`` was raised (a SyntaxError: the line that does
+    not parse), '' when unknown."""
+    import traceback
+
+    if isinstance(error, SyntaxError) and error.filename:
+        return f" at {error.filename}:{error.lineno}"
+    frames = traceback.extract_tb(error.__traceback__)
+    return f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
 
 
 def publish(r: redis.Redis, keys: Keys, definitions: Iterable[WorkloadDef], ttl_s: float = LIVE_TTL_S,

@@ -71,3 +71,20 @@ def test_workloads_given_as_a_file_path_names_the_module(given, meant):
 
     with pytest.raises(ValidationError, match=f"did you mean '{meant}'"):
         load_modules(given)
+
+
+@pytest.mark.parametrize(("source", "raised", "line"), [("def f(:\n    pass\n", "SyntaxError", 1),
+                                                         ("x = 1\nraise RuntimeError('no config')\n", "RuntimeError: no config", 2)])
+def test_a_workloads_module_whose_code_raises_is_one_error_naming_the_file_and_line(tmp_path, monkeypatch, source,
+                                                                                    raised, line):
+    """A SyntaxError or a RuntimeError at import exited 1 with a rich traceback, a missing
+    import 2 with one line (workload-author user): both are one line, exit 2, file and line."""
+    from makespan.errors import ValidationError
+    from makespan.registry import load_modules
+
+    name = f"broken_{tmp_path.name.replace('-', '_')}"
+    (tmp_path / f"{name}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ValidationError, match=f"importing it raised {raised}") as e:
+        load_modules(name)
+    assert f"{name}.py:{line}" in str(e.value), str(e.value)

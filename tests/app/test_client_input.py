@@ -187,8 +187,19 @@ def test_a_mapping_key_that_is_not_a_string_is_a_validation_error_and_writes_not
     with pytest.raises(makespan.ValidationError, match="mapping keys must be strings") as e:
         client.submit("tests.two", value)
     assert e.value.field == "job.args"
-    with pytest.raises(makespan.ValidationError, match="mapping keys must be strings"):
+    # where the key is, not the list's type ("(got '<list>')": a user's report)
+    assert " at job.args[0]" in str(e.value) and "<list>" not in str(e.value), str(e.value)
+    with pytest.raises(makespan.ValidationError, match=r"mapping keys must be strings, .* at job\.kwargs\['b'\]"):
         client.submit("tests.two", 1, b=value)
+    assert _keys_of(r, prefix) == before
+
+
+def test_a_job_inside_a_container_says_only_a_top_level_job_is_replaced(client, r, prefix):
+    before = _keys_of(r, prefix)
+    inner = client.job("0" * 32)
+    with pytest.raises(makespan.ValidationError, match="only as a top-level argument") as e:
+        client.submit("tests.two", {"inner": [inner]})
+    assert "job.args[0]['inner'][0]: of type Job" in str(e.value), str(e.value)
     assert _keys_of(r, prefix) == before
 
 

@@ -61,6 +61,23 @@ def test_ready_waits_for_a_planner_that_leads_not_only_a_published_fleet(r, keys
     assert res.exit_code == 0 and res.output.strip() == "ready", res.output
 
 
+def test_ready_waits_for_the_planners_fleet_to_have_the_functions_endpoint(r, keys, redis_url, prefix):
+    """A GPU worker checks a function's endpoint against its own fleet file: with the planner
+    on another one, ``ready`` said "ready" and every submit then failed (unknown endpoint)."""
+    from tests.workloads import fns  # noqa: F401 - registers 'add' (endpoint 'sim')
+
+    from makespan.models import parse_fleet
+
+    other = parse_fleet({"name": "other", "hosts": [{"name": "h", "gpu_count": 1, "memory_mib": 81920}],
+                         "endpoints": {"echo": {"model": "m", "memory_mib_per_gpu": 1000, "cold_start_s": 1}}})
+    publish(r, keys, [REGISTRY["add"]], ttl_s=30, holder="test")
+    r.set(keys.fleet, other.model_dump_json())
+    r.set(keys.planner_leader, "planner-1")
+    res = CliRunner().invoke(cli_app, ["ready", "add", "--timeout-s", "0.3"], env=_env(redis_url, prefix))
+    assert res.exit_code == 1, res.output
+    assert "the planner's fleet to have endpoint 'sim' of workload 'add'" in res.output and "'other'" in res.output
+
+
 def _closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

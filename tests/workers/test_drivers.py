@@ -76,8 +76,11 @@ def test_health_check_that_never_passes_raises_phase_error(tmp_path):
 
 def test_process_exiting_early_is_a_phase_error(tmp_path):
     d = get_driver("process", log_dir=tmp_path)
-    with pytest.raises(PhaseError, match="exited with code 3"):
+    with pytest.raises(PhaseError, match="exited with code 3.*: boom"):
         d.start(_spec(command=(sys.executable, "-c", "import sys; print('boom'); sys.exit(3)")), ["GPU-x"])
+    # one that wrote nothing: the message says so, not an empty excerpt after the log's name
+    with pytest.raises(PhaseError, match=r"exited with code 1 .*\(it wrote nothing: check its launch command\)"):
+        d.start(_spec(command=(sys.executable, "-c", "import sys; sys.exit(1)")), ["GPU-x"])
 
 
 def test_missing_executable_is_a_phase_error(tmp_path):

@@ -270,6 +270,21 @@ def test_a_dag_of_functions_passes_results_to_the_next_step(live):
     assert starts[first.id] < starts[second.id]
 
 
+def test_a_job_without_a_function_passed_as_an_argument_is_refused_at_submit(live):
+    """A plain job stores no result: passing it was accepted, the dependant waited for it
+    and then failed in execute saying the result had 'expired' (a user's report)."""
+    _, client = live
+    plain = client.submit_job("sim", service_s=1)  # the simulated endpoint 'add' runs on: no process left
+    assert plain.result(timeout_s=60) is None  # it completed, with no result
+    before = client.r.get(client.keys.seq)
+    with pytest.raises(makespan.ValidationError) as err:
+        client.submit("concat", "x", plain, "!")
+    assert err.value.field == "job.args[1]" and "runs no workload function" in str(err.value), str(err.value)
+    with pytest.raises(makespan.ValidationError, match=r"job\.kwargs\.b: .*depends_on"):
+        client.submit("add", 1, b=plain)
+    assert client.r.get(client.keys.seq) == before  # nothing written
+
+
 def test_requests_and_a_helper_endpoint_started_and_cleared(live):
     _, client = live
     answers = client.submit("prompts", ["a", "b", "c"]).result(timeout_s=90)

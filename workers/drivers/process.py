@@ -261,8 +261,9 @@ class ProcessDriver:
         while True:
             if inst.proc is not None and inst.proc.poll() is not None:
                 code = inst.proc.returncode
+                excerpt = _tail(inst.log_path, start=output_from) or "(it wrote nothing: check its launch command)"
                 what = (f"endpoint {endpoint.name!r}: process exited with code {code} before its health check "
-                        f"passed; log {inst.log_path}: {_tail(inst.log_path, start=output_from)}")
+                        f"passed; log {inst.log_path}: {excerpt}")
                 tail = _tail(inst.log_path, ADDRESS_IN_USE_TAIL_BYTES, output_from).lower()
                 if any(sign in tail for sign in ADDRESS_IN_USE):
                     raise PortTaken(f"{what} (its output reports an address in use; it was given port {inst.port}, "
