@@ -135,7 +135,7 @@ CELERY_POOLS = ("threads", "prefork", "solo")  # gpu-worker --pool: the Celery p
 def gpu_worker(fleet: Path = FleetOpt, host: str = typer.Option(..., help="host name in the fleet file"),
                pool: str = typer.Option("threads", help="Celery pool: threads, prefork or solo (not a makespan "
                                                          "pool: the fleet file places the host in its pool)"),
-               concurrency: int = typer.Option(0, help="worker slots (default: the host's GPU count)"),
+               concurrency: int = typer.Option(0, show_default=False, help="worker slots (default: the host's GPU count)"),
                metrics_port: int = typer.Option(0, envvar="MAKESPAN_METRICS_PORT", help="Prometheus port (0: none)"),
                workloads: str = typer.Option("", envvar="MAKESPAN_WORKLOADS",
                                              help="comma-separated modules that define @makespan.workload functions "
@@ -202,7 +202,7 @@ def _say_what_starts(host_spec, modules: str, names: list[str], fleet=None) -> N
     if refused:
         loaded += "; not published (each names an endpoint the fleet does not have): " + ", ".join(
             f"{name} ({endpoint!r})" for name, endpoint in sorted(refused.items()))
-    typer.echo(f"gpu-worker {host_spec.name}: {len(host_spec.gpus)} GPUs {kind}; queue gpu.{host_spec.name}; {loaded}",
+    typer.echo(f"gpu-worker {host_spec.name}: {len(host_spec.gpus)} GPU{'' if len(host_spec.gpus) == 1 else 's'} {kind}; queue gpu.{host_spec.name}; {loaded}",
                err=True)
     _say_slowdown(host_spec.name, fleet)
     from makespan.cli_support import context
@@ -802,7 +802,8 @@ def _cancel_many(job_ids: list[str], states: tuple[str, ...], endpoint: str | No
         if dry_run:
             for row in rows:
                 typer.echo(f"{row['id']} {row['state']}")
-            typer.echo(f"{len(rows)} job(s) would be cancelled (--dry-run: nothing cancelled)", err=True)
+            typer.echo(f"{len(rows)} job{'' if len(rows) == 1 else 's'} would be cancelled (--dry-run: nothing cancelled)",
+                       err=True)
             return
     counts: dict[str, int] = {}
     unknown = 0
@@ -843,7 +844,7 @@ def demo(report: Path | None = typer.Option(None, help=REPORT_HELP),
          seed: int = typer.Option(0, help="seed of the trace-to-job mapping"),
          policy: str | None = typer.Option(None, help=LIVE_POLICY_HELP),
          run_dir: Path | None = typer.Option(None, help="directory for events, report and Gantt chart")):
-    """The main job on one machine: Redis (yours or an embedded one), a planner and GPU workers for a simulated 8-GPU fleet, the render pipeline with real endpoint processes, then a real-trace workload plus the render-cards pipeline (about 90 s of wall time whatever --jobs is: the time scale adapts); prints the report, writes it and a Gantt chart."""
+    """The main job on one machine: Redis (yours or an embedded one), a planner and GPU workers for a simulated 8-GPU fleet, the render pipeline with real endpoint processes, then a real-trace workload plus the render-cards pipeline (about 90 s of wall time, 80–120 s for 2 to 200 jobs: the time scale adapts to --jobs); prints the report, writes it and a Gantt chart."""
     from makespan.demo import run_demo
 
     try:
@@ -879,7 +880,7 @@ def simulate(trace: Path, fleet: Path = FleetOpt, policy: str = typer.Option(SIM
              start: int = typer.Option(0, help="first trace row"),
              limit: int | None = typer.Option(None, help="rows to read (default: all)"),
              time_scale: float = typer.Option(1.0, help="divide submission and service times by this (ITP jobs run for hours: 20 makes 30-240 s cold starts matter)"),
-             time_limit_s: float | None = typer.Option(None, show_default="1 s", help=f"time-limited policies ({_TIMED}): time limit per planning point, wall s (a replay takes about that long per planning point)"),
+             time_limit_s: float | None = typer.Option(None, show_default="1 s", help=f"time-limited policies ({_TIMED}): time limit per planning point, wall s (a simulation takes about that long per planning point)"),
              preemption: bool = typer.Option(True, help="CRITICAL/HIGH jobs preempt lower levels, as the live planner does (victims restart from zero)"),
              preemption_mode: str = typer.Option("plan", help=f"plan: {_SCORED} decide preemptions inside the plan by score ({_RULED} keep the rule), as the live planner does by default (MAKESPAN_PREEMPTION); rule: the fixed preemption rule for every policy; off: no preemption (as --no-preemption)"),
              restore: bool = typer.Option(True, help="set-point restores: planned after a group's last job, and when the fleet is idle, as the live planner does; --no-restore: none at all"),

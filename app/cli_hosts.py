@@ -73,9 +73,10 @@ def host_rows(r: Any, keys: Any, fleet: Any) -> list[dict[str, Any]]:
         planner_leads = leads.get(pool_of.get(host), False)
         reason = cordon.reason if cordon else ("no GPU worker ever consumed its queue: a lease there expired "
                                                "unconsumed" if unconsumed else "")
-        if not reason and not planner_leads:
-            reason = (f"no planner of pool {pool_of[host]} leads: nothing new is scheduled here until one does"
-                      if pool_of.get(host) else "no planner leads: nothing new is scheduled until one does")
+        if not planner_leads:  # said on every host it applies to, beside a cordon's or down host's reason
+            leaderless = (f"no planner of pool {pool_of[host]} leads: nothing new is scheduled here until one does"
+                          if pool_of.get(host) else "no planner leads: nothing new is scheduled until one does")
+            reason = f"{reason}; {leaderless}" if reason else leaderless
         rows.append({"host": host, "pool": pool_of.get(host), "gpus": len(uuids[host]), "leased": len(held),
                      "jobs": jobs, "worker": worker, "cordoned": cordon is not None, "state": state,
                      "reason": reason, "since": cordon.since_s if cordon else None,
@@ -120,8 +121,9 @@ def hosts(fleet: Path | None = typer.Option(None, "--fleet", help=FLEET_HELP),
         return
     pooled = any(row["pool"] for row in rows)
     width = max([4, *(len(row["host"]) for row in rows)])
-    typer.echo(f"{'HOST':<{width}} " + ("POOL         " if pooled else "") + "GPUS LEASED WORKER STATE        "
-               "SINCE                 REASON")
+    worker_width = max([6, *(len(row["worker"]) for row in rows)])  # "never (unconsumed)" is 18
+    typer.echo(f"{'HOST':<{width}} " + ("POOL         " if pooled else "") + f"GPUS LEASED {'WORKER':<{worker_width}} "
+               "STATE        SINCE                 REASON")
     for row in rows:
         pool = f"{(row['pool'] or '-'):<12} " if pooled else ""
         since = row["since_utc"] or "-"
@@ -130,7 +132,7 @@ def hosts(fleet: Path | None = typer.Option(None, "--fleet", help=FLEET_HELP),
             leased_by = f"leased by {', '.join(row['jobs'][:3])}" + (" ..." if len(row["jobs"]) > 3 else "")
             reason = f"{reason}; {leased_by}" if reason else leased_by
         reason = reason or "-"
-        typer.echo(f"{row['host']:<{width}} {pool}{row['gpus']:>4} {row['leased']:>6} {row['worker']:<6} "
+        typer.echo(f"{row['host']:<{width}} {pool}{row['gpus']:>4} {row['leased']:>6} {row['worker']:<{worker_width}} "
                    f"{row['state']:<12} {since:<21} {reason}")
 
 
@@ -161,7 +163,7 @@ def cordon(host: str = typer.Argument(..., help="a host of the fleet"),
     else:
         typer.echo(f"cordoned host {host}: no new lease on its {row['gpus']} GPUs from now on")
     if row["leased"]:
-        typer.echo(f"{row['leased']} of its {row['gpus']} GPUs are still leased (jobs {', '.join(row['jobs'])}); "
+        typer.echo(f"{row['leased']} of its {row['gpus']} GPUs {'is' if row['leased'] == 1 else 'are'} still leased (jobs {', '.join(row['jobs'])}); "
                    f"it is drained when `makespan hosts` shows 0 leased")
     else:
         typer.echo(f"drained: no lease left; its GPU worker may be stopped (`makespan uncordon {host}` gives it back)")

@@ -55,6 +55,9 @@ TRANSITION_COLOURS = {
 MIN_TRANSITION_FRACTION = 0.008
 MIN_BAR_FRACTION = 0.002
 TRANSITIONS = tuple(TRANSITION_COLOURS)
+# a phase_end's per-endpoint transition kinds as summary_stats counts them: a level-2 wake is
+# a wake, a restore lease's load a cold start (said apart as restore_cold_starts)
+_SUMMARY_KIND = {"wake_level2": "wake", "restore": "cold_start"}
 PRIORITY_EDGES = {"CRITICAL": "#b2182b", "HIGH": "#e66101", "NORMAL": "#2166ac", "LOW": "#404040"}
 PRIORITY_HATCH = {"CRITICAL": "///", "HIGH": "\\\\", "NORMAL": "", "LOW": ".."}
 # endpoint colours, given to a run's endpoints in sorted name order: matplotlib's tab10
@@ -234,13 +237,38 @@ def _percentile(values: list[float], q: float) -> float:
     return v[lo] + (v[hi] - v[lo]) * (pos - lo)
 
 
+def _transition_counts(evs: list[dict[str, Any]]) -> tuple[dict[str, int], int]:
+    """({sleep, wake, cold_start: endpoints put to sleep, woken or loaded}, how many of the
+    cold starts were restore or prewarm leases'), from each ``phase_end``'s per-endpoint
+    ``transitions`` list as the demo's report counts them (an evict that put two endpoints
+    to sleep is two sleeps); an event written before that list counts its ``transition``."""
+    counts = {t: 0 for t in TRANSITIONS}
+    restores = 0
+    for ev in evs:
+        if ev["kind"] != "phase_end":
+            continue
+        entries = ev.get("transitions")
+        if entries:
+            for entry in entries:
+                kind = _SUMMARY_KIND.get(entry.get("kind"), entry.get("kind"))
+                if kind in counts:
+                    counts[kind] += 1
+                    restores += kind == "cold_start" and (entry.get("kind") == "restore" or not ev.get("job"))
+        elif ev.get("transition") in counts:
+            counts[ev["transition"]] += 1
+            restores += not ev.get("job") and ev["transition"] == "cold_start"  # a restore or prewarm lease
+    return counts, restores
+
+
 def summary_stats(events: list[dict[str, Any]], gpus: list[str] | None = None) -> dict[str, Any]:
     """Measures of the design notes computed from recorded events (wall seconds).
 
     Returns a dict: ``jobs`` (counts by kind), ``completed_by_priority``,
     ``makespan_s``, ``weighted_completion_s``, ``wait_s`` ({priority: {p50, p95, n}}),
     ``phase_gpu_s`` ({phase: GPU-seconds}), ``phase_count``, ``transition_count``
-    ({sleep, wake, cold_start: phases that did that, set-point restores included}),
+    ({sleep, wake, cold_start: endpoints put to sleep, woken or loaded, from each phase's
+    per-endpoint ``transitions`` list as the demo's and replay's reports count them,
+    set-point restores included}),
     ``restore_cold_starts`` (of those cold starts, the ones of leases without a job: set-point
     restores and prewarms, which the report JSON of a live run counts under
     ``transitions.restore`` and ``transitions.prewarm``), ``sleep_level_count``
@@ -287,15 +315,11 @@ def summary_stats(events: list[dict[str, Any]], gpus: list[str] | None = None) -
             weighted += _weight(prio.get(job)) * (c - submitted[job])
     phase_gpu_s = {p: 0.0 for p in PHASES}
     phase_count = {p: 0 for p in PHASES}
-    transition_count = {t: 0 for t in TRANSITIONS}
-    restore_cold_starts = 0
     for iv in ivs:
         if iv.phase in phase_gpu_s:
             phase_gpu_s[iv.phase] += (iv.end_s - iv.start_s) * max(1, len(iv.gpus))
             phase_count[iv.phase] += 1
-        if iv.transition in transition_count:
-            transition_count[iv.transition] += 1
-            restore_cold_starts += iv.job is None and iv.transition == "cold_start"  # a restore or prewarm lease
+    transition_count, restore_cold_starts = _transition_counts(evs)
     sleep_level_count = {"level1": 0, "level2": 0}
     for ev in evs:
         if ev["kind"] == "phase_end" and ev.get("phase") == "evict":

@@ -161,7 +161,8 @@ def build_report(records: Sequence[JobRecord], *, policy: str, gpus: int, submit
         submitted, rejected, preempted: counts (preemptions, not distinct jobs).
         restores: set-point restores, each ``(start_s, end_s, gpus)`` (counted and its
             GPU-seconds added to transition time) or a bare ``gpus`` tuple (counted only).
-        drain: ``{"leases", "agenda_entries", "busy_slots"}`` left after the run; zeros if None.
+        drain: ``{"leases", "agenda_entries", "busy_slots", "awaited_entries"}`` left after the
+            run (a live run's drain check); zeros if None (a simulation has none left).
         solve_times_s: planner wall time per batch, s.
         lower_bound_makespan_s, lower_bound_weighted_s: from :func:`lower_bounds`.
         gpu_ids: every GPU uuid (default: the GPUs seen in records, padded to ``gpus``).
@@ -213,7 +214,8 @@ def build_report(records: Sequence[JobRecord], *, policy: str, gpus: int, submit
                         "cold_start": sum(1 for r in records if r.load == "cold_start"),
                         "wake": sum(1 for r in records if r.load == "wake"),
                         "restore": len(list(restores))},
-        "drain": dict(drain) if drain is not None else {"leases": 0, "agenda_entries": 0, "busy_slots": 0},
+        "drain": dict(drain) if drain is not None else {"leases": 0, "agenda_entries": 0, "busy_slots": 0,
+                                                         "awaited_entries": 0},
         "planner": {"batches": len(solve), "solve_s_p50": round(percentile(solve, 50) or 0.0, 6),
                     "solve_s_p95": round(percentile(solve, 95) or 0.0, 6)},
         "lower_bounds": {"makespan_s": lower_bound_makespan_s, "weighted_completion_s": wsum_lb},

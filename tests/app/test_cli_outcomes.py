@@ -203,7 +203,7 @@ def test_cancel_many_by_ids_or_by_filters(r, keys, settings, redis_url, prefix):
     other = prod.submit({"endpoint": "embed", "service_s": 5, "priority": "LOW"}).id
     res = _invoke(["cancel", "--endpoint", "chat", "--priority", "LOW", "--dry-run"], redis_url, prefix)
     assert res.exit_code == 0 and sorted(line.split()[0] for line in res.stdout.splitlines()) == sorted(low)
-    assert "2 job(s) would be cancelled" in res.stderr and r.hget(keys.job(low[0]), "state") == "queued"
+    assert "2 jobs would be cancelled" in res.stderr and r.hget(keys.job(low[0]), "state") == "queued"
     res = _invoke(["cancel", "--endpoint", "chat", "--priority", "LOW"], redis_url, prefix)
     assert res.exit_code == 0 and sorted(res.stdout.split()) == sorted([*low, "cancelled", "cancelled"]), res.output
     assert "2 cancelled" in res.stderr

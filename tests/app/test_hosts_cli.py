@@ -45,12 +45,23 @@ def test_cordon_drain_and_uncordon_as_an_operator_sees_them(r, keys, settings, r
     assert (rows["b"]["state"], rows["b"]["worker"]) == ("schedulable", "never")
     # no planner leads: nothing is scheduled anywhere, and each row says so (operator check)
     assert not rows["b"]["planner_leads"] and rows["b"]["reason"].startswith("no planner leads")
+    # ... also on a host that has a reason of its own (a docs auditor saw it on one host of
+    # two), and the WORKER column fits "never (unconsumed)"
+    from makespan.workers.host_liveness import mark_unconsumed
+
+    mark_unconsumed(r, keys, ["b"], "test")
+    b = _rows(env)["b"]
+    assert b["worker"] == "never (unconsumed)" and b["reason"].startswith("no GPU worker ever consumed"), b
+    assert b["reason"].endswith("; no planner leads: nothing new is scheduled until one does"), b
+    header, row_a, row_b = _cli(env, "hosts").output.splitlines()[:3]
+    assert header.index("STATE") == row_a.index("schedulable") == row_b.index("down"), (header, row_a, row_b)
+    r.hdel(keys.hosts_seen, "b")
     r.set(keys.planner_leader, "planner-1")
     assert _rows(env)["b"]["planner_leads"] and _rows(env)["b"]["reason"] == ""
 
     out = _cli(env, "cordon", "a", "--reason", "firmware")
     assert out.exit_code == 0, out.output
-    assert "cordoned host a" in out.output and f"1 of its 2 GPUs are still leased (jobs {job})" in out.output
+    assert "cordoned host a" in out.output and f"1 of its 2 GPUs is still leased (jobs {job})" in out.output
     assert _rows(env)["a"]["state"] == "cordoned"
     table = _cli(env, "hosts")
     assert table.exit_code == 0 and "cordoned" in table.output and "firmware" in table.output, table.output

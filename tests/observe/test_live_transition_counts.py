@@ -80,3 +80,23 @@ def test_live_report_counts_every_attempt_and_restore_leases(r, keys):
     # and says how many of them are restores, so the two reports reconcile (a new user could not)
     assert summary["restore_cold_starts"] == counts["restore"]
     assert "(1 of the cold starts are restores or prewarms)" in summarize(events)
+
+
+def test_an_evict_that_put_two_endpoints_to_sleep_is_two_sleeps_in_both_reports():
+    """`makespan report` said "sleep 3x" beside "level1 4x" for one run (the demo: 4 sleeps):
+    it counted phases, the demo endpoints (a docs auditor's report)."""
+    from makespan.run_report import executed_transition_counts
+
+    j = {"job": "j9", "priority": "NORMAL", "endpoint": "m3"}
+    events = [
+        {"ts": 1.0, "kind": "phase_start", "lease": "L9", "phase": "evict", "gpus": [G0, G1], **j},
+        {"ts": 3.0, "kind": "phase_end", "lease": "L9", "phase": "evict", "gpus": [G0, G1], **j,
+         "transition": "sleep", "slept_levels": {"m1": 1, "m2": 1},
+         "transitions": [_t("sleep", "m1", 1, 1), _t("sleep", "m2", 1, 1)]},
+        {"ts": 3.0, "kind": "phase_start", "lease": "L9", "phase": "start_endpoint", "gpus": [G0, G1], **j},
+        {"ts": 5.0, "kind": "phase_end", "lease": "L9", "phase": "start_endpoint", "gpus": [G0, G1], **j,
+         "transition": "wake", "transitions": [_t("wake_level2", "m3", 2, 2)]},
+    ]
+    summary, executed = summary_stats(events), executed_transition_counts(events)
+    assert summary["transition_count"] == {"sleep": 2, "wake": 1, "cold_start": 0}, summary["transition_count"]
+    assert (executed["sleep"], executed["wake"]) == (2, 1) and summary["sleep_level_count"]["level1"] == 2
