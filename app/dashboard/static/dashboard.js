@@ -98,11 +98,14 @@ function drawGantt(state, colour) {
       "data-host-state": lane.host_state || "", "data-set-point": lane.set_point || "",
       "data-resident": lane.resident || ""});
     g.append(el("svg:rect", {x: 0, y, width, height: laneH, class: i % 2 ? "lane-bg odd" : "lane-bg"}));
-    g.append(el("svg:text", {x: 4, y: y + 13, class: "lane-label",
-      text: `${lane.host} · GPU ${lane.index}` + (out ? ` · ${out}` : "") +
-        (lane.worker_down && out !== "down" ? " · worker down" : "")}));
-    g.append(el("svg:text", {x: 4, y: y + 25, class: "lane-sub",
-      text: (lane.resident ? "now " + lane.resident : "empty") + (lane.set_point ? " · sp " + lane.set_point : "")}));
+    // long host or endpoint names are cut to the label column (the whole text in its tooltip)
+    const labelText = `${lane.host} · GPU ${lane.index}` + (out ? ` · ${out}` : "") +
+      (lane.worker_down && out !== "down" ? " · worker down" : "");
+    const subText = (lane.resident ? "now " + lane.resident : "empty") + (lane.set_point ? " · sp " + lane.set_point : "");
+    g.append(el("svg:text", {x: 4, y: y + 13, class: "lane-label", text: fit(labelText, LABEL_CHARS)},
+      el("svg:title", {text: labelText})));
+    g.append(el("svg:text", {x: 4, y: y + 25, class: "lane-sub", text: fit(subText, LABEL_CHARS + 4)},
+      el("svg:title", {text: subText})));
     // the set point: the baseline the lane returns to
     if (lane.set_point) {
       g.append(el("svg:rect", {x: label, y: y + laneH - 5, width: width - label - 8, height: 3,
@@ -155,6 +158,11 @@ function drawGantt(state, colour) {
 }
 
 // -- tables -------------------------------------------------------------------------------
+const LABEL_CHARS = 26;  // characters of a lane label that fit its 170 px column (11 px text)
+function fit(text, chars) {
+  return text.length <= chars ? text : text.slice(0, chars - 1) + "…";
+}
+
 function drawQueue(state) {
   const text = document.getElementById("queue-filter").value.trim().toLowerCase();
   const prio = document.getElementById("queue-priority").value;
