@@ -342,6 +342,11 @@ class FleetSpec(BaseModel):
                 raise _FleetFieldError(
                     f"endpoints.{e.name}.memory_mib_per_gpu", e.memory_mib_per_gpu,
                     f"above the largest GPU's memory ({largest_mem} MiB)")
+            if not _fits_some(e, list(hosts.values())):  # as a pool's endpoints are checked: its jobs could never run
+                raise _FleetFieldError(
+                    f"endpoints.{e.name}.memory_mib_per_gpu", e.memory_mib_per_gpu,
+                    f"no host has an aligned group of tensor_parallel={e.tensor_parallel} GPUs with this much memory "
+                    "each (its jobs could never run)")
             for sp in e.set_point:
                 if sp.host not in hosts:
                     raise _FleetFieldError(f"endpoints.{e.name}.set_point.host", sp.host, "unknown host")

@@ -293,8 +293,9 @@ def _pools(r: redis.Redis, keys: Keys, names: list[str], now: float,
         if plan:
             plans.append(plan)
         drain = r.hgetall(scoped.drain)
+        # waiting in the pool: all its queued jobs (not only the listed ones) and its delayed ones
         pools.append({"name": name, "leads": bool(r.exists(scoped.planner_leader)),
-                      "queued": _queued_total(r, scoped),
+                      "queued": _queued_total(r, scoped) + sum(1 for q in waiting if q["state"] == "delayed"),
                       "drain": _drain_view(drain), "drain_at": _f(drain.get("checked_at"))})
     rank = {p.name: p.value for p in Priority}
     queue.sort(key=lambda q: (rank.get(q["priority"] or "", 9), q["submitted_at"] or 0))
@@ -392,7 +393,8 @@ def snapshot(r: redis.Redis, keys: Keys, fleet: FleetSpec | None = None, window_
             queue = _queue(r, keys, plan, now, stale_after_s)
             pools = []
         # the totals, not the listed part (QUEUE_LIMIT per priority, and of the delayed set)
-        queued_total = (sum(pool["queued"] for pool in pools) if pool_names else _queued_total(r, keys))
+        queued_total = (sum(_queued_total(r, keys.for_pool(name)) for name in pool_names) if pool_names
+                        else _queued_total(r, keys))
         delayed_total = int(r.zcard(keys.delayed))
         agenda = _agenda(r, keys, now)
         incidents = _incidents(r, keys)

@@ -73,10 +73,18 @@ def _planner(r, settings, fleet, sent):
     return w
 
 
+def test_a_fleet_whose_endpoint_fits_no_host_is_refused_at_load():
+    """b made TP-2 needs 60000 MiB on both GPUs of h1 (80000 and 40000): the planner took the
+    file and cancelled every queued b job (an SRE's typo); a pool's endpoints were already
+    checked so. The file is refused, naming the endpoint, before anything is cancelled."""
+    with pytest.raises(ValidationError) as refused:
+        _fleet(OLD, b={"tensor_parallel": 2}, c=None)
+    assert refused.value.field == "endpoints.b.memory_mib_per_gpu" and "aligned group" in str(refused.value)
+
+
 @pytest.mark.parametrize(("change", "gone"), [
     ({"b": None, "c": None}, "unknown endpoint"),         # endpoints removed from the fleet file
-    ({"b": {"tensor_parallel": 2}, "c": None}, "aligned group"),  # b now TP-2: needs 60000 MiB on both GPUs
-], ids=["endpoint_removed", "tp_changed"])
+], ids=["endpoint_removed"])
 def test_a_planner_restarted_on_a_changed_fleet_cancels_the_jobs_it_can_never_run(r, keys, settings, change,
                                                                                     gone):
     old = _fleet(OLD)
@@ -132,17 +140,17 @@ evict_s = 1
 """
 
 
-def test_a_job_that_fits_only_a_group_the_planner_never_forms_is_refused_at_submit(r, keys, settings):
+def test_an_endpoint_that_fits_only_a_group_the_planner_never_forms_is_refused(r, keys, settings):
     """GPUs 1 and 2 have the memory of the TP-2 endpoint, but the planner's groups are the
     aligned {0,1} and {2,3}, each with a 40000 MiB GPU. The submit counted any two GPUs of
-    the host and took the job; the planner then raised at every tick."""
-    fleet = _fleet(MISALIGNED)
+    the host and took the job; the planner then raised at every tick. Such a fleet is now
+    refused at load, naming the endpoint; the same endpoint narrower runs."""
+    with pytest.raises(ValidationError) as refused:
+        _fleet(MISALIGNED)
+    assert refused.value.field == "endpoints.wide.memory_mib_per_gpu" and "aligned" in str(refused.value)
+    fleet = _fleet(MISALIGNED, wide={"memory_mib_per_gpu": 30000})
     _publish(r, keys, fleet)
     prod = Producer(r, keys, fleet, settings)
-    with pytest.raises(ValidationError) as refused:
-        prod.submit({"endpoint": "wide", "service_s": 5})
-    assert refused.value.field == "job.endpoint" and "aligned" in str(refused.value)
-    assert not r.exists(keys.queue("NORMAL"))
     ok = prod.submit({"endpoint": "small", "service_s": 5}).id
     sent: list = []
     _planner(r, settings, fleet, sent).tick()
