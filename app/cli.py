@@ -225,8 +225,11 @@ def _say_what_starts(host_spec, modules: str, names: list[str], fleet=None) -> N
                    "will take its phases: give both the same --workloads, or stop the other one", err=True)
     if published_fleet is not None and fleet_version(fleet) != fleet_version(published_fleet):
         lacks = sorted(set(published_fleet.endpoints) - set(fleet.endpoints))
+        unknown_host = host_spec.name not in {h.name for h in published_fleet.hosts}
         typer.echo(f"warning: this GPU worker's fleet file (version {fleet_version(fleet)}) differs from the fleet the "
                    f"planner published (version {published_version})"
+                   + (f"; the planner's fleet has no host {host_spec.name!r}: no job will be planned here"
+                      if unknown_host else "")
                    + (f"; it lacks endpoints {', '.join(lacks)}, whose jobs cannot run here" if lacks else "")
                    + ": start the planner and the GPU workers with the same fleet file", err=True)
 

@@ -541,6 +541,7 @@ def run_observer(settings: Settings, fleet: FleetSpec, probe_interval_s: float =
              "machine (%s) every %g s; transitions late past %g × their planned length (at least %g s); a host "
              "without a live GPU worker for %g s is an incident", fleet.name, len(fleet.hosts), len(fleet.endpoints),
              obs.machine, probe_interval_s, overrun_factor, min_overrun_slack_s, host_down_grace_s)
+    warn_if_fleet_differs(r, Keys(settings.key_prefix), fleet)
     raised = 0
     outage = OutageLog(log, "observer")
     answered = policy_checked  # Redis accepted the credentials once: a later refusal is logged and retried
@@ -605,6 +606,29 @@ def list_incidents(r: redis.Redis, keys: Keys, count: int | None = None) -> list
 
 
 EXIT_BAD_SETTING = 2  # a MAKESPAN_* variable refused, as the CLI's (makespan.cli_support.fail)
+
+
+def warn_if_fleet_differs(r: redis.Redis, keys: Keys, fleet: FleetSpec) -> str | None:
+    """Log a warning (and return it) when ``fleet`` (this observer's file) differs from the
+    fleet the planner published, naming the published hosts it does not watch (no
+    ``host_down`` incident for them: an SRE's report); None when they agree, none is
+    published yet or Redis does not answer (the loop reports that)."""
+    from makespan.models import fleet_version, parse_fleet
+
+    try:
+        published_version, published = r.mget(keys.fleet_version, keys.fleet)
+        if not published_version or published_version == fleet_version(fleet):
+            return None
+        unwatched = sorted({h.name for h in parse_fleet(json.loads(published)).hosts} - {h.name for h in fleet.hosts})
+    except (redis.RedisError, MakespanError, ValueError) as e:
+        log.debug("observer: fleet not compared with the published one: %s", e)
+        return None
+    message = (f"observer: its fleet file (version {fleet_version(fleet)}) differs from the fleet the planner "
+               f"published (version {published_version})"
+               + (f"; it does not watch hosts {', '.join(unwatched)} (no host_down incident for them)" if unwatched
+                  else "") + ": restart the observer with the planner's fleet file")
+    log.warning(message)
+    return message
 
 
 def main(argv: list[str] | None = None) -> int:

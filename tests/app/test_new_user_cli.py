@@ -343,7 +343,11 @@ def test_gpu_worker_warns_when_its_fleet_file_differs_from_the_published_one(r, 
     _say_what_starts(mine.hosts[0], "", [], mine)
     err = capsys.readouterr().err
     assert f"differs from the fleet the planner published (version {fleet_version(planners)})" in err
-    assert "it lacks endpoints chat" in err
+    assert "it lacks endpoints chat" in err and "no job will be planned here" not in err
+    # a worker for a host the planner's fleet does not have gets no job: it says so (an SRE's report)
+    extra = mine.hosts[0].model_copy(update={"name": "host-new"})
+    _say_what_starts(extra, "", [], mine.model_copy(update={"hosts": (*mine.hosts, extra)}))
+    assert "the planner's fleet has no host 'host-new': no job will be planned here" in capsys.readouterr().err
 
 
 def test_gpu_worker_says_its_simulated_slowdown_and_warns_of_a_host_the_fleet_lacks(r, keys, redis_url, prefix,

@@ -136,7 +136,8 @@ def test_a_cordoned_host_s_stopped_worker_is_no_incident(r, keys, redis_url, pre
         hosts = CliRunner().invoke(cli_app, ["hosts", "--json"], env=env)
         assert hosts.exit_code == 0, hosts.output
         rows = {row["host"]: row for row in map(json.loads, hosts.output.splitlines())}
-        assert (rows["host-a"]["state"], rows["host-a"]["worker"], rows["host-a"]["reason"]) == \
+        # the cordon's reason, then (no planner runs here) that none leads, as on every host
+        assert (rows["host-a"]["state"], rows["host-a"]["worker"], rows["host-a"]["reason"].split("; ")[0]) == \
             ("drained", "down", "new NICs")
         assert (rows["host-b"]["state"], rows["host-b"]["worker"]) == ("schedulable", "live")
 
@@ -201,3 +202,20 @@ def test_a_cordoned_host_stopped_before_it_drained_is_no_incident(r, keys):
         assert _host_rows(r, keys) == [] and not r.exists(keys.incidents_hosts_down)
     finally:
         observer.close()
+
+
+def test_an_observer_on_an_older_fleet_file_says_which_hosts_it_does_not_watch(r, keys, caplog):
+    """The planner published host-b, the observer's file had only host-a: it raised no
+    host_down incident for host-b and said nothing at start (an SRE's report)."""
+    import logging
+
+    from makespan.models import fleet_version
+    from makespan.workers.observer import warn_if_fleet_differs
+
+    assert warn_if_fleet_differs(r, keys, ONLY_A) is None  # nothing published yet
+    r.mset({keys.fleet: FLEET.model_dump_json(), keys.fleet_version: fleet_version(FLEET)})
+    assert warn_if_fleet_differs(r, keys, FLEET) is None  # the same file
+    with caplog.at_level(logging.WARNING, logger="makespan.observer"):
+        said = warn_if_fleet_differs(r, keys, ONLY_A)
+    assert said is not None and "it does not watch hosts host-b (no host_down incident for them)" in said
+    assert said in caplog.text
