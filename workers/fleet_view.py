@@ -300,7 +300,12 @@ def read_fleet_state(env: TickEnv, kept: CrossTickState, held: tuple[str | None,
     resident = {}
     for gpu, value in zip(uuids, residents):
         instance = parse_instance(value)
-        resident[gpu] = instance[0] if instance else None
+        # an instance of another width than its endpoint's tensor_parallel now (the fleet file
+        # changed it): not warm for any job of it (the start phase stops it first); counted
+        # empty, not resident (the plan said "warm" and missed an evict and a cold start)
+        spec = env.fleet.endpoints.get(instance[0]) if instance else None
+        stale_width = spec is not None and instance is not None and bool(instance[1]) and len(instance[1]) != spec.tensor_parallel
+        resident[gpu] = instance[0] if instance and not stale_width else None
     set_point = env.fleet.set_point_by_gpu()
     refresh_learned(env, kept)
     sleepers = list_sleepers(env.r, env.keys)

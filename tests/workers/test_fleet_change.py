@@ -155,3 +155,20 @@ def test_an_endpoint_that_fits_only_a_group_the_planner_never_forms_is_refused(r
     sent: list = []
     _planner(r, settings, fleet, sent).tick()
     assert [c.job_id for c in sent] == [ok]
+
+
+def test_an_instance_of_the_old_width_is_not_warm_after_tensor_parallel_changes(r, keys, settings):
+    """a made TP-2 while its TP-1 instances sat on GPUs 0 and 1: the planner leased a job
+    there as "warm" (its ETA missed an evict and a cold start); the worker stopped them
+    and cold-started, as it must (an SRE's report)."""
+    from makespan.workers.fleet_view import read_fleet_state
+    from makespan.workers.phases import instance_value
+
+    wider = _fleet(OLD.replace('memory_mib = 40000', 'memory_mib = 80000'), a={"tensor_parallel": 2})
+    planner = _planner(r, settings, wider, [])
+    old_instances = (instance_value("a", ["GPU-h1-0"]), instance_value("a", ["GPU-h1-1"]))
+    state = read_fleet_state(planner.env, planner.kept, (None, None), old_instances).state
+    assert state.resident == {"GPU-h1-0": None, "GPU-h1-1": None}, state.resident
+    same_width = (instance_value("a", ["GPU-h1-0", "GPU-h1-1"]),) * 2
+    assert read_fleet_state(planner.env, planner.kept, (None, None), same_width).state.resident == \
+        {"GPU-h1-0": "a", "GPU-h1-1": "a"}
