@@ -91,8 +91,18 @@ def _route(r: redis.Redis, keys: Keys, whole: FleetSpec, endpoint: str, priority
     ``priority`` goes to: the only one, or the one that can start it first
     (:func:`makespan.pools.route`'s rule over those pools).
 
+    Pools a planner leads come first: a job moved into a pool no planner leads yet waited
+    there, and the next tick moved it on again (an SRE added pools with jobs queued: they
+    all went to the pool started first, the other one's GPUs idle).
+
     Raises:
         StoreError: Redis failed."""
+    if len(serving) > 1:
+        try:
+            leaders = r.mget([keys.for_pool(pool).planner_leader for pool in serving])
+        except redis.RedisError as e:
+            raise StoreError(f"reading the leaders of pools {serving}: {e}") from e
+        serving = [pool for pool, leader in zip(serving, leaders) if leader] or serving
     if len(serving) == 1:
         return serving[0]
     return pools.route(r, keys, whole, endpoint, priority, among=serving) or serving[0]

@@ -246,3 +246,21 @@ def test_a_leaderless_pools_jobs_behind_a_batch_of_jobs_no_other_pool_serves_are
         assert {_queued_in(r, keys, job) for job in own} == {"a"}  # they wait for pool a's planner
     finally:
         planners.close()
+
+
+def test_jobs_of_a_pool_gone_from_the_file_go_to_a_pool_a_planner_leads(r, settings, keys):
+    """Pools declared with jobs queued in the implicit pool: pool b's planner, started first,
+    moved them into pool a (file order: no pool had an offer yet), where no planner led, and
+    its next tick moved them back (an SRE's report). They go to a led pool at once."""
+    plain = Planners(r, settings, _fleet(pools=False))
+    prod = Producer(r, keys, plain.fleet, plain.settings)
+    jobs = [prod.submit({"endpoint": "both", "service_s": 5}).id for _ in range(3)]
+    pooled = Planners(r, settings, FLEET, plain.clock)
+    try:
+        pooled.lead("b")  # pool a's planner has not started yet
+        pooled.tick("b")
+        assert all(_queued_in(r, keys, j) in ("b", None) for j in jobs)  # queued in b, or started by b
+        assert {r.hget(keys.job(j), "pool") for j in jobs} == {"b"}
+        assert {e["to"] for e in _events(r, keys, "rerouted")} == {"b"}  # never through pool a
+    finally:
+        pooled.close()
