@@ -48,6 +48,7 @@ from collections.abc import Iterable
 import redis
 
 from makespan import pools
+from makespan.errors import StoreError
 from makespan.keys import Keys
 from makespan.models import FleetSpec, Priority, fleet_version
 from makespan.store import JobStore
