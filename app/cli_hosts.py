@@ -31,7 +31,9 @@ def host_rows(r: Any, keys: Any, fleet: Any) -> list[dict[str, Any]]:
     ``never (unconsumed)`` host, why it is down), ``since`` (unix s)
     and ``since_utc`` of its cordon ('' and None when not cordoned), ``by``;
     ``planner_leads`` (a planner of its pool holds the leader lock; without one nothing
-    new is scheduled there, and ``reason`` says so when it has none else).
+    new is scheduled there, and ``reason`` says so). Then a row per host the fleet file no
+    longer has that still holds leases or runs a live GPU worker (``state`` ``not in
+    fleet``, ``gpus`` the GPUs its leases hold).
 
     Raises:
         redis.RedisError: Redis failed."""
@@ -82,6 +84,44 @@ def host_rows(r: Any, keys: Any, fleet: Any) -> list[dict[str, Any]]:
                      "reason": reason, "since": cordon.since_s if cordon else None,
                      "since_utc": utc_text(cordon.since_s) if cordon else None, "by": cordon.by if cordon else "",
                      "planner_leads": planner_leads})
+    return rows + _hosts_outside(r, keys, set(hosts), seen, leads)
+
+
+def _hosts_outside(r: Any, keys: Any, fleet_hosts: set[str], seen: dict[str, str],
+                   leads: dict[str | None, bool]) -> list[dict[str, Any]]:
+    """Rows (``state`` ``not in fleet``) for the hosts the fleet file no longer has that
+    still hold leases or run a live GPU worker: their jobs run to their end there, and an
+    operator waits for 0 leased before stopping the worker (the host vanished from the
+    listing while its jobs ran: an SRE's report). Sorted by name.
+
+    Raises:
+        redis.RedisError: Redis failed."""
+    lease_ids = sorted(r.zrange(keys.leases, 0, -1))
+    pipe = r.pipeline(transaction=False)
+    for lease_id in lease_ids:
+        pipe.hmget(keys.lease(lease_id), "holder", "job", "gpus")
+    held: dict[str, list[tuple[str, list[str]]]] = {}
+    for holder, job, gpus in pipe.execute() if lease_ids else []:
+        if holder and holder not in fleet_hosts:
+            try:
+                gpu_list = json.loads(gpus) if gpus else []
+            except ValueError:
+                gpu_list = []
+            held.setdefault(holder, []).append((job or "", gpu_list))
+    others = sorted(set(held) | {host for host in seen if host not in fleet_hosts})
+    live = dict(zip(others, r.mget([keys.host_live(host) for host in others]))) if others else {}
+    rows = []
+    for host in others:
+        if host not in held and not live.get(host):
+            continue  # gone and idle: nothing to wait for
+        leases = held.get(host, [])
+        rows.append({"host": host, "pool": None, "gpus": len({g for _job, gpus in leases for g in gpus}),
+                     "leased": len({g for _job, gpus in leases for g in gpus}),
+                     "jobs": sorted({job for job, _gpus in leases} - {""}),
+                     "worker": "live" if live.get(host) else "down", "cordoned": False, "state": "not in fleet",
+                     "reason": ("not in the fleet file: no new lease; its leases run to their end, then stop its "
+                                "GPU worker" if leases else "not in the fleet file: its GPU worker gets no job; stop it"),
+                     "since": None, "since_utc": None, "by": "", "planner_leads": any(leads.values())})
     return rows
 
 

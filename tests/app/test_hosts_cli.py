@@ -127,3 +127,24 @@ def test_an_unknown_host_is_refused_and_nothing_is_written(r, keys, redis_url, p
     out = _cli(env, "cordon", "c")
     assert out.exit_code == 2 and "not a host of the fleet (hosts: a, b)" in out.output, out.output
     assert not r.exists(keys.hosts_cordoned)
+
+
+def test_a_host_removed_from_the_fleet_is_listed_while_its_leases_run(r, keys, settings, redis_url, prefix):
+    """The planner restarted on a file without host-b hid it from `makespan hosts` while two
+    of its jobs still ran there: nothing to wait on before stopping its worker (an SRE's
+    report). It is listed, 'not in fleet', until its last lease ends."""
+    env = {"MAKESPAN_REDIS_URL": redis_url, "MAKESPAN_KEY_PREFIX": prefix}
+    r.set(keys.fleet, FLEET.model_dump_json())
+    r.set(keys.planner_leader, "planner-1")
+    announce(r, keys, "gone", "worker-gone", 30.0)
+    job = Producer(r, keys, FLEET, settings).submit({"endpoint": "e", "service_s": 100}).id
+    assert LeaseStore(r, keys).acquire(uuid.uuid4().hex, ("GPU-gone-0",), 60.0, job_id=job, kind="job",
+                                       holder="gone", queue=keys.queue("NORMAL"), info={}) is not None
+    row = _rows(env)["gone"]
+    assert (row["state"], row["leased"], row["jobs"], row["worker"]) == ("not in fleet", 1, [job], "live"), row
+    assert "its leases run to their end" in row["reason"]
+    assert "not in fleet" in _cli(env, "hosts").output
+    r.delete(keys.leases, keys.gpu("GPU-gone-0"))  # its lease ended; its worker still runs
+    assert _rows(env)["gone"]["reason"].startswith("not in the fleet file: its GPU worker gets no job")
+    r.delete(keys.host_live("gone"))  # and stopped: nothing left to show
+    assert "gone" not in _rows(env)
