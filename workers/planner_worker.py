@@ -434,6 +434,7 @@ class PlannerWorker:
                 self._lead_until_stopped(lock)
         finally:
             self.close()
+            log.info("%s: stopped", self.name)
 
     def _lead_until_stopped(self, lock) -> None:
         """Tick while leading, until stopped or deposed; then release the lock, also when
@@ -466,8 +467,10 @@ class PlannerWorker:
             queue_solve_stats(p, self.keys, self.kept)
             p.execute()
             lock.release()
+            log.info("%s: released the leader lock (a standby takes over at once)", self.name)
         except (LockError, redis.RedisError):
-            pass
+            log.info("%s: the leader lock was not released (lost, or Redis did not answer): it runs out within "
+                     "its TTL", self.name)
 
     def _start_lane(self) -> CriticalLane | None:
         """The critical lane of this leadership (:mod:`makespan.workers.critical_lane`), started;
