@@ -599,6 +599,30 @@ def ready(workloads: list[str] = typer.Argument(None, help="workload function na
         time.sleep(0.2)
 
 
+def _published_endpoints(r, keys, workloads: list[str]) -> tuple[Any, dict[str, str]]:
+    """(the fleet the planner published, or None; each of ``workloads`` whose published
+    definition names an endpoint -> that endpoint).
+
+    Raises:
+        redis.RedisError: Redis failed."""
+    from makespan.cli_support import published_fleet
+    from makespan.errors import MakespanError
+
+    try:
+        fleet = published_fleet(r, keys, required=False)
+    except MakespanError:
+        return None, {}
+    if fleet is None or not workloads:
+        return fleet, {}
+    endpoints = {}
+    for name, raw in zip(workloads, r.mget([keys.fn(name) for name in workloads])):
+        try:
+            endpoints[name] = json.loads(raw)["endpoint"]
+        except (TypeError, ValueError, KeyError):
+            pass
+    return fleet, endpoints
+
+
 def _endpoints_unplanned(r, keys, workloads: list[str]) -> list[str]:
     """What ``ready`` still waits for among the live ``workloads``: the planner's fleet to
     have each one's endpoint. A GPU worker checks a function's endpoint against its own
@@ -607,28 +631,12 @@ def _endpoints_unplanned(r, keys, workloads: list[str]) -> list[str]:
 
     Raises:
         redis.RedisError: Redis failed."""
-    from makespan.cli_support import published_fleet
-    from makespan.errors import MakespanError
-
-    if not workloads:
-        return []
-    try:
-        fleet = published_fleet(r, keys, required=False)
-    except MakespanError:
-        return []
+    fleet, endpoints = _published_endpoints(r, keys, workloads)
     if fleet is None:
         return []
-    out = []
-    for name, raw in zip(workloads, r.mget([keys.fn(name) for name in workloads])):
-        try:
-            endpoint = json.loads(raw)["endpoint"]
-        except (TypeError, ValueError, KeyError):
-            continue
-        if endpoint not in fleet.endpoints:
-            out.append(f"the planner's fleet to have endpoint {endpoint!r} of workload {name!r} (the fleet it "
-                       f"published, {fleet.name!r}, has not: every submit of it is refused; start the planner "
-                       "with the GPU worker's fleet file)")
-    return out
+    return [f"the planner's fleet to have endpoint {endpoint!r} of workload {name!r} (the fleet it published, "
+            f"{fleet.name!r}, has not: every submit of it is refused; start the planner with the GPU worker's "
+            "fleet file)" for name, endpoint in endpoints.items() if endpoint not in fleet.endpoints]
 
 
 def _pools_without_a_leader(r, keys, workloads: list[str]) -> list[str | None]:
@@ -639,22 +647,10 @@ def _pools_without_a_leader(r, keys, workloads: list[str]) -> list[str | None]:
 
     Raises:
         redis.RedisError: Redis failed."""
-    from makespan.cli_support import published_fleet
-    from makespan.errors import MakespanError
-
-    try:
-        fleet = published_fleet(r, keys, required=False)
-    except MakespanError:
-        return []
+    fleet, endpoints = _published_endpoints(r, keys, workloads)
     if fleet is None:
         return []
-    endpoints = []
-    for raw in r.mget([keys.fn(name) for name in workloads]) if workloads else []:
-        try:
-            endpoints.append(json.loads(raw)["endpoint"])
-        except (TypeError, ValueError, KeyError):
-            pass
-    serving = sorted({pool for endpoint in endpoints for pool in fleet.pools_serving(endpoint)})
+    serving = sorted({pool for endpoint in endpoints.values() for pool in fleet.pools_serving(endpoint)})
     pools: list[str | None] = list(serving) or [pool.name for pool in fleet.pools] or [None]
     leaders = r.mget([keys.for_pool(pool).planner_leader for pool in pools])
     return [pool for pool, leader in zip(pools, leaders) if not leader]
