@@ -130,9 +130,19 @@ class BasicAuthMiddleware:
         await resp(scope, receive, send)
 
 
-def create_app(cfg: DashboardConfig, client: Any = None) -> Any:
+async def _pause(seconds: float, stopping: threading.Event | None) -> None:
+    """``asyncio.sleep(seconds)``, ended within 0.1 s once ``stopping`` is set."""
+    loop = asyncio.get_running_loop()
+    until = loop.time() + seconds
+    while not (stopping is not None and stopping.is_set()) and (left := until - loop.time()) > 0:
+        await asyncio.sleep(min(0.1, left))
+
+
+def create_app(cfg: DashboardConfig, client: Any = None, stopping: threading.Event | None = None) -> Any:
     """The Starlette application of ``cfg`` (``client``: a decoded redis-py client;
-    default one connected to ``cfg.redis_url``).
+    default one connected to ``cfg.redis_url``). Once ``stopping`` is set (the server's
+    SIGTERM), each open event stream ends within a refresh instead of being cancelled
+    when the graceful-shutdown timeout runs out.
 
     Raises:
         ValidationError: bad ``basic_auth``, ``url_prefix``, ``window_s`` or ``refresh_s``.
@@ -192,13 +202,13 @@ def create_app(cfg: DashboardConfig, client: Any = None) -> Any:
     async def stream(request):
         async def events():
             yield f"retry: {int(cfg.refresh_s * 1000)}\n\n"
-            while not await request.is_disconnected():
+            while not (stopping is not None and stopping.is_set()) and not await request.is_disconnected():
                 try:
                     body = json.dumps(await run_in_threadpool(read_state), separators=(",", ":"))
                     yield f"event: state\ndata: {body}\n\n"
                 except StoreError as e:
                     yield f"event: failure\ndata: {json.dumps({'error': str(e)})}\n\n"
-                await asyncio.sleep(cfg.refresh_s)
+                await _pause(cfg.refresh_s, stopping)
 
         return StreamingResponse(events(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
@@ -240,7 +250,8 @@ def serve(cfg: DashboardConfig, host: str = "127.0.0.1", port: int = 9180,
 
     if not isinstance(port, int) or not 0 < port < 65536:
         raise ValidationError("--port", port, "must be a TCP port 1..65535")
-    asgi = create_app(cfg)
+    stopping = threading.Event()
+    asgi = create_app(cfg, stopping=stopping)
 
     class _BoundedServer(uvicorn.Server):
         def handle_exit(self, sig, frame) -> None:  # uvicorn's own SIGTERM/SIGINT handler
@@ -249,6 +260,7 @@ def serve(cfg: DashboardConfig, host: str = "127.0.0.1", port: int = 9180,
             except ValueError:
                 signal_name = f"signal {sig}"
             shutdown.arm(shutdown_grace_s, "dashboard", signal_name)
+            stopping.set()  # open event streams end at their next refresh
             super().handle_exit(sig, frame)
 
     config = uvicorn.Config(asgi, host=host, port=port, log_level="warning", access_log=False,
