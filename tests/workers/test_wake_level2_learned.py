@@ -52,7 +52,9 @@ def test_a_level_2_wake_is_planned_and_learned_as_its_own_kind(r, keys, settings
     # planned at wake_level2_s (the observer's overrun rule reads the same figure), measured
     # at the server's real level-2 wake, recorded in the level-2 window
     assert (t2["kind"], t2["planned_s"]) == ("wake_level2", WAKE_LEVEL2_S)
-    assert t2["actual_s"] >= WAKE_LEVEL2_S > 2 * t1["actual_s"]
+    # (wall-clock durations: a level-1 wake of 0.1 wall s took 0.53 on a loaded CI host, so
+    # the bounds are the other kind's planned time, not a ratio of two measurements)
+    assert t2["actual_s"] >= WAKE_LEVEL2_S > t1["actual_s"]
     assert r.llen(keys.transition_times("chat", "host-a", "wake")) == 1
     assert r.llen(keys.transition_times("chat", "host-a", "wake_level2")) == 1
 
@@ -67,7 +69,7 @@ def test_a_level_2_wake_is_planned_and_learned_as_its_own_kind(r, keys, settings
     chat = learned_endpoint_models(fleet, windows, n, settings.transition_quantile)["chat"]
     (l1, wake1, _ram1), (l2, wake2, ram2) = chat.sleep_options
     assert (l1, l2, ram2) == (1, 2, 0)
-    assert chat.wake_s == wake1 and WAKE_S <= wake1 < WAKE_LEVEL2_S / 2  # not pulled up by level-2 wakes
+    assert chat.wake_s == wake1 and WAKE_S <= wake1 < WAKE_LEVEL2_S  # not pulled up by level-2 wakes
     assert wake2 >= WAKE_LEVEL2_S  # the measured level-2 wakes, not the level-1 ones nor wake_s
 
 
@@ -85,4 +87,4 @@ def test_a_simulated_level_2_sleeper_wakes_in_its_level_2_time(r, keys, settings
     t1, t2 = _wake(jobs, 1), _wake(jobs, 2)
     assert (t1["kind"], t2["kind"]) == ("wake", "wake_level2")
     # time scale 0.01: 0.1 and 1 wall s
-    assert t1["actual_s"] < WAKE_LEVEL2_S / 2 <= WAKE_LEVEL2_S * 0.9 <= t2["actual_s"], (t1, t2)
+    assert t1["actual_s"] < WAKE_LEVEL2_S * 0.9 <= t2["actual_s"], (t1, t2)
