@@ -185,6 +185,21 @@ def test_the_job_page_runs_the_open_phase_until_now(r, keys):
     assert not execute["running"] and execute["end"] == execute["start"], execute
 
 
+def test_a_page_of_n_updates_stops_when_redis_does_not_answer(redis_url, keys, r, tmp_path):
+    """The docs' headless recipe (?updates=2) hung on a Redis that did not answer: the
+    stream's 'failure' updates were not counted (a dashboard user's report). Real uvicorn,
+    real headless Chromium, a client on a port nothing listens on."""
+    import redis as redis_py
+
+    from makespan.redis_conn import free_port as closed_port
+
+    dead = redis_py.Redis(port=closed_port(), decode_responses=True, socket_connect_timeout=0.2, socket_timeout=0.2)
+    browser = Chromium(require_tool("chromium"), tmp_path / "profile")
+    with _served(redis_url, keys, dead, refresh_s=0.2) as c:
+        dom = browser.dump_dom(f"{c.base_url}/?updates=2", budget_ms=3000, timeout_s=60)
+    assert "Redis unavailable" in dom and "stopped after 2 live updates" in dom, dom[-2000:]
+
+
 def _server_now(r) -> float:
     sec, usec = r.time()
     return sec + usec / 1e6

@@ -258,17 +258,23 @@ function dashboard() {
   const maxUpdates = Number(new URLSearchParams(location.search).get("updates") || 0);
   let live = 0;
   const stream = new EventSource(api("api/stream"));
-  stream.addEventListener("state", e => {
-    render(JSON.parse(e.data), "sse");
+  // a `failure` update (Redis unavailable) counts too: a headless browser's ?updates=N page
+  // waited for ever on a Redis that did not answer
+  const counted = () => {
     live += 1;
     if (maxUpdates && live >= maxUpdates) {
       stream.close();
       document.getElementById("status").textContent += ` · stopped after ${live} live updates`;
       document.body.dataset.live = "stopped";
     }
+  };
+  stream.addEventListener("state", e => {
+    render(JSON.parse(e.data), "sse");
+    counted();
   });
   stream.addEventListener("failure", e => {
     document.getElementById("status").textContent = "Redis unavailable: " + JSON.parse(e.data).error;
+    counted();
   });
   stream.onerror = () => {
     document.getElementById("status").textContent = "reconnecting…";
