@@ -73,6 +73,11 @@ class StaleFencingToken(LeaseError):
     """The caller's fencing token is older than the GPU's current lease: stop acting."""
 
 
+class LeaseLostDuringPhase(StaleFencingToken):
+    """The lease ran out (not renewed within its TTL: the worker was paused, overloaded or
+    cut off from Redis) while a phase waited or sent requests: its run is given up."""
+
+
 class PhaseError(MakespanError):
     """A phase (evict, start endpoint, execute, clear, restore) failed."""
 

@@ -11,7 +11,7 @@ import logging
 import time
 
 from makespan import metrics, shutdown
-from makespan.errors import PhaseCancelled, PhaseError, StaleFencingToken
+from makespan.errors import LeaseLostDuringPhase, PhaseCancelled, PhaseError, StaleFencingToken
 from makespan.workers.drivers.base import Instance
 from makespan.workers.drivers.registry import instances_on
 from makespan.estimates import record_ops
@@ -76,7 +76,7 @@ class ExecutePhase:
                                 lambda: shutdown.SHUTTING_DOWN.is_set() or stopper()).run(
                 ctx.job_id, payload, commit=lambda ops: self.leases.fenced(ctx.lease, ops))
             if hb.lost.is_set():
-                raise StaleFencingToken(f"lease {ctx.lease_id} lost during phase")
+                raise LeaseLostDuringPhase(f"lease {ctx.lease_id} lost during phase")
             if res.sent < int(payload["requests"]):  # stopped early (every request sent has ended)
                 self._given_up_at_shutdown(ctx, f"its execute stopped after {res.sent} of {payload['requests']} "
                                                 "requests")

@@ -20,7 +20,7 @@ from typing import Any
 import redis
 
 from makespan import metrics, shutdown, telemetry
-from makespan.errors import PhaseCancelled, PhaseError, StaleFencingToken, StoreError
+from makespan.errors import LeaseLostDuringPhase, PhaseCancelled, PhaseError, StaleFencingToken, StoreError
 from makespan.redis_conn import is_store_bug
 from makespan.registry import REGISTRY
 from makespan.keys import WAKE_RELEASE, Keys
@@ -117,7 +117,7 @@ class PhaseRunner(TransitionPhases, ExecutePhase):
             if left <= 0:
                 return
             if hb.lost.wait(min(left, 0.05)):
-                raise StaleFencingToken(f"lease {hb.lease.lease_id} lost during phase")
+                raise LeaseLostDuringPhase(f"lease {hb.lease.lease_id} lost during phase")
             try:
                 stop = cancelled is not None and cancelled()
             except (StoreError, redis.RedisError) as e:
@@ -186,12 +186,12 @@ class PhaseRunner(TransitionPhases, ExecutePhase):
             if is_store_bug(e):
                 return self._crashed(ctx, phase, e)
             raise
-        except StaleFencingToken:
-            return self.hand_back(ctx) or "stale"
+        except StaleFencingToken as e:
+            return self.hand_back(ctx, e) or "stale"
         except Exception as e:  # noqa: BLE001 - the one catch of errors no phase anticipated
             return self._crashed(ctx, phase, e)
 
-    def hand_back(self, ctx: PhaseContext) -> str | None:
+    def hand_back(self, ctx: PhaseContext, error: StaleFencingToken | None = None) -> str | None:
         """While the GPU worker shuts down (:data:`makespan.shutdown.SHUTTING_DOWN`), give a
         job's lease back at once instead of leaving it to expire: its GPUs are freed and
         its job requeued (or delayed, failed after ``max_attempts``, cancelled) by the
@@ -200,12 +200,21 @@ class PhaseRunner(TransitionPhases, ExecutePhase):
         woken. Called when a job's phase ends early (its workload function was told to
         stop), a phase before execute is done, or execute would begin, during shutdown.
 
+        ``error``: the StaleFencingToken that ended the phase; a lease lost mid-phase
+        (:class:`makespan.errors.LeaseLostDuringPhase`) outside a shutdown is logged as a
+        warning (a paused worker's resumed run said nothing at the default level).
+
         Returns:
             "handed_back"; "stale" (the lease was no longer ours: nothing written); None
             when there is nothing to hand back (not shutting down, or a restore lease).
         Raises:
             StoreError: Redis failed (the lease then expires and its reclaim requeues the job)."""
         if ctx.kind != "job" or not shutdown.SHUTTING_DOWN.is_set():
+            if isinstance(error, LeaseLostDuringPhase):  # said at the default level: it was silent
+                log.warning("job %s: its lease %s was lost while its phase ran (not renewed within the lease TTL: "
+                            "this worker was paused, overloaded or cut off from Redis; or cut by a preemption): "
+                            "this run is given up; the lease's reclaim requeues the job (fails it after "
+                            "max_attempts)", ctx.job_id, ctx.lease_id)
             return None
         return self._give_back(ctx, "worker_shutdown", "the GPU worker shuts down")
 
@@ -320,8 +329,8 @@ class PhaseRunner(TransitionPhases, ExecutePhase):
                     extra: dict[str, Any] = {}
                     planned = getattr(self, f"_phase_{phase}")(ctx, hb, extra)
                     span.set_attribute("makespan.planned_s", float(planned))
-            except StaleFencingToken:
-                return self.hand_back(ctx) or "stale"
+            except StaleFencingToken as e:
+                return self.hand_back(ctx, e) or "stale"
             except PhaseCancelled as e:
                 return self._finish(ctx, "cancelled", f"{phase}: {e}")
             except WorkloadFailed as e:

@@ -96,8 +96,8 @@ def _run_warm(runner: PhaseRunner, ctx: PhaseContext) -> str:
                 registered = None if got.instances is None else decode_instances(got.instances, with_state=True)
                 runner._workload(ctx, hb, extra, payload, spec, attempt=attempt, registered=registered)
                 span.set_attribute("makespan.planned_s", float(ctx.service_s))
-        except StaleFencingToken:  # shutting down: handed back (PhaseRunner.hand_back)
-            return runner.hand_back(ctx) or "stale"
+        except StaleFencingToken as e:  # shutting down: handed back (PhaseRunner.hand_back)
+            return runner.hand_back(ctx, e) or "stale"
         except PhaseCancelled as e:  # as PhaseRunner.run: a cancel is not a failure
             return runner._finish(ctx, "cancelled", f"execute: {e}")
         except WorkloadFailed as e:

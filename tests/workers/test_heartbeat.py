@@ -231,3 +231,30 @@ def test_a_run_told_its_lease_is_lost_stays_given_up_when_a_late_renewal_lands()
     assert bool(cancelled) and told == ["lease_lost"]
     lost.extend(lease_clock() + 60.0)  # the renewal in flight is answered
     assert lost.is_set()
+
+
+def test_a_wait_whose_lease_is_lost_ends_and_says_so_at_the_workers_default_level(r, keys, settings, caplog):
+    """A GPU worker paused past its lease TTL (SIGSTOP, then SIGCONT): its reclaimed job ran
+    again elsewhere, exactly once, but the resumed worker said nothing about dropping its
+    own run at its default level, WARNING (an SRE's report)."""
+    import logging
+    from types import SimpleNamespace
+
+    import pytest
+
+    from makespan.errors import LeaseLostDuringPhase
+    from makespan.models import parse_fleet
+    from makespan.workers.phases import PhaseRunner
+
+    lease = _lease(r, keys, "HB9", "g-hb9")
+    with LeaseHeartbeat(CountingStore(r, keys), lease, 60.0, 0.05) as hb:
+        r.delete(keys.gpu("g-hb9"))  # reclaimed while the phase waited
+        with pytest.raises(LeaseLostDuringPhase) as lost:
+            PhaseRunner._wait_wall(30.0, hb)
+    fleet = parse_fleet({"hosts": [{"name": "h", "gpu_count": 1, "memory_mib": 1000}],
+                         "endpoints": {"e": {"model": "m", "memory_mib_per_gpu": 10, "cold_start_s": 1}}})
+    runner = PhaseRunner(r, settings, fleet)
+    ctx = SimpleNamespace(kind="job", job_id="j-HB9", lease_id="HB9")
+    with caplog.at_level(logging.WARNING, logger="makespan.phases"):
+        assert runner.hand_back(ctx, lost.value) is None  # not shutting down: nothing handed back
+    assert "job j-HB9: its lease HB9 was lost while its phase ran" in caplog.text
