@@ -137,15 +137,18 @@ def gpu_worker(fleet: Path = FleetOpt, host: str = typer.Option(..., help="host 
                                                          "pool: the fleet file places the host in its pool)"),
                concurrency: int = typer.Option(0, show_default=False, help="worker slots (default: the host's GPU count)"),
                metrics_port: int = typer.Option(0, envvar="MAKESPAN_METRICS_PORT", help="Prometheus port (0: none)"),
-               workloads: str = typer.Option("", envvar="MAKESPAN_WORKLOADS",
-                                             help="comma-separated modules that define @makespan.workload functions "
-                                                  "(imported at start, as celery -A does)"),
+               workloads_given: list[str] = typer.Option([], "--workloads", envvar="MAKESPAN_WORKLOADS",
+                                                         help="comma-separated modules that define "
+                                                              "@makespan.workload functions (imported at start, as "
+                                                              "celery -A does); repeatable"),
                check_gpus: bool = typer.Option(True, help="refuse to start when NVML shows the fleet file's GPUs "
                                                "missing, at another index or with less memory (hosts with "
                                                "explicit gpus; skipped when NVML finds no GPU)")):
     """Run the Celery GPU worker of one host (consumes queue gpu.HOST)."""
     from makespan.models import load_fleet
 
+    # every --workloads given (a repeated one kept only the last: a user's report)
+    workloads = ",".join(part for given in workloads_given for part in given.split(",") if part.strip())
     loglevel = _log_level("WARNING")
 
     try:

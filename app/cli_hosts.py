@@ -33,7 +33,7 @@ def host_rows(r: Any, keys: Any, fleet: Any) -> list[dict[str, Any]]:
     ``planner_leads`` (a planner of its pool holds the leader lock; without one nothing
     new is scheduled there, and ``reason`` says so). Then a row per host the fleet file no
     longer has that still holds leases or runs a live GPU worker (``state`` ``not in
-    fleet``, ``gpus`` the GPUs its leases hold).
+    fleet``, ``gpus`` None: the fleet file no longer says how many it has).
 
     Raises:
         redis.RedisError: Redis failed."""
@@ -115,7 +115,7 @@ def _hosts_outside(r: Any, keys: Any, fleet_hosts: set[str], seen: dict[str, str
         if host not in held and not live.get(host):
             continue  # gone and idle: nothing to wait for
         leases = held.get(host, [])
-        rows.append({"host": host, "pool": None, "gpus": len({g for _job, gpus in leases for g in gpus}),
+        rows.append({"host": host, "pool": None, "gpus": None,  # its GPUs are in no fleet file the planner reads
                      "leased": len({g for _job, gpus in leases for g in gpus}),
                      "jobs": sorted({job for job, _gpus in leases} - {""}),
                      "worker": "live" if live.get(host) else "down", "cordoned": False, "state": "not in fleet",
@@ -172,7 +172,8 @@ def hosts(fleet: Path | None = typer.Option(None, "--fleet", help=FLEET_HELP),
             leased_by = f"leased by {', '.join(row['jobs'][:3])}" + (" ..." if len(row["jobs"]) > 3 else "")
             reason = f"{reason}; {leased_by}" if reason else leased_by
         reason = reason or "-"
-        typer.echo(f"{row['host']:<{width}} {pool}{row['gpus']:>4} {row['leased']:>6} {row['worker']:<{worker_width}} "
+        gpus = "-" if row["gpus"] is None else row["gpus"]
+        typer.echo(f"{row['host']:<{width}} {pool}{gpus:>4} {row['leased']:>6} {row['worker']:<{worker_width}} "
                    f"{row['state']:<12} {since:<21} {reason}")
 
 

@@ -221,7 +221,9 @@ def load_modules(modules: str | Iterable[str]) -> list[str]:
             if module.endswith(".py") or "/" in module:  # a file path: a module name is asked
                 dotted = module.removesuffix(".py").strip("./").replace("/", ".")
                 hint = f" (--workloads takes a module name, as python -m does: did you mean {dotted!r}?)"
-            raise ValidationError("workloads", module, f"cannot import: {e}{hint}") from e
+            # an import inside the module failed (not the module itself): where, as for other errors
+            inside = _raised_at(e) if isinstance(e, ImportError) and e.name and e.name != module else ""
+            raise ValidationError("workloads", module, f"cannot import: {e}{inside}{hint}") from e
         except MakespanError:
             raise  # a bad decorator option, a name registered twice: its own error says what
         except Exception as e:  # noqa: BLE001 - the module's own code raised (or does not parse)

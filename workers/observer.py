@@ -625,8 +625,8 @@ def warn_if_fleet_differs(r: redis.Redis, keys: Keys, fleet: FleetSpec) -> str |
         return None
     message = (f"observer: its fleet file (version {fleet_version(fleet)}) differs from the fleet the planner "
                f"published (version {published_version})"
-               + (f"; it does not watch hosts {', '.join(unwatched)} (no host_down incident for them)" if unwatched
-                  else "") + ": restart the observer with the planner's fleet file")
+               + (f"; it does not watch host{'s' if len(unwatched) > 1 else ''} {', '.join(unwatched)} (no "
+                  f"host_down incident for {'them' if len(unwatched) > 1 else 'it'})" if unwatched else "") + ": restart the observer with the planner's fleet file")
     log.warning(message)
     return message
 

@@ -88,3 +88,36 @@ def test_a_workloads_module_whose_code_raises_is_one_error_naming_the_file_and_l
     with pytest.raises(ValidationError, match=f"importing it raised {raised}") as e:
         load_modules(name)
     assert f"{name}.py:{line}" in str(e.value), str(e.value)
+
+
+def test_a_failed_import_inside_a_workloads_package_names_the_file_and_line(tmp_path, monkeypatch):
+    """`--workloads pkgx` whose pkgx/inner.py imports a missing module said only "No module
+    named ..." (a verifier's report): the file and line of that import are named."""
+    from makespan.errors import ValidationError
+    from makespan.registry import load_modules
+
+    package = tmp_path / f"pkg_{tmp_path.name.replace('-', '_')}"
+    package.mkdir()
+    (package / "__init__.py").write_text("from . import inner\n")
+    (package / "inner.py").write_text("x = 1\nimport not_installed_zz_module\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ValidationError, match="No module named 'not_installed_zz_module'") as e:
+        load_modules(package.name)
+    assert f"{package.name}/inner.py:2" in str(e.value), str(e.value)
+
+
+def test_a_repeated_workloads_option_loads_every_module(monkeypatch):
+    """`--workloads a --workloads b` kept only b, silently (a verifier's report)."""
+    import makespan.cli as cli
+
+    seen = {}
+
+    def stop_after_loading(workloads):
+        seen["workloads"] = workloads
+        raise SystemExit(0)
+
+    monkeypatch.setattr("makespan.registry.load_modules", stop_after_loading)
+    monkeypatch.delenv("MAKESPAN_WORKLOADS", raising=False)
+    res = CliRunner().invoke(cli.app, ["gpu-worker", "--fleet", "examples/render-pipeline.toml", "--host", "host-a",
+                                       "--no-check-gpus", "--workloads", "mod_a,mod_b", "--workloads", "mod_c"])
+    assert seen.get("workloads") == "mod_a,mod_b,mod_c", (seen, res.output)

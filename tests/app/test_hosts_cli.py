@@ -142,6 +142,7 @@ def test_a_host_removed_from_the_fleet_is_listed_while_its_leases_run(r, keys, s
                                        holder="gone", queue=keys.queue("NORMAL"), info={}) is not None
     row = _rows(env)["gone"]
     assert (row["state"], row["leased"], row["jobs"], row["worker"]) == ("not in fleet", 1, [job], "live"), row
+    assert row["gpus"] is None  # no fleet file says how many it has (it showed the leased count)
     assert "its leases run to their end" in row["reason"]
     assert "not in fleet" in _cli(env, "hosts").output
     r.delete(keys.leases, keys.gpu("GPU-gone-0"))  # its lease ended; its worker still runs

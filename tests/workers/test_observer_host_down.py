@@ -217,5 +217,5 @@ def test_an_observer_on_an_older_fleet_file_says_which_hosts_it_does_not_watch(r
     assert warn_if_fleet_differs(r, keys, FLEET) is None  # the same file
     with caplog.at_level(logging.WARNING, logger="makespan.observer"):
         said = warn_if_fleet_differs(r, keys, ONLY_A)
-    assert said is not None and "it does not watch hosts host-b (no host_down incident for them)" in said
+    assert said is not None and "it does not watch host host-b (no host_down incident for it)" in said
     assert said in caplog.text
