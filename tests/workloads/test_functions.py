@@ -53,6 +53,18 @@ def live(redis_url, tmp_path_factory, marks):
     r.close()
 
 
+def _own_system(settings, tmp_path: Path):
+    """(settings, marks folder, started LiveSystem) of a test that kills or pauses its own
+    GPU worker: the test functions loaded, their marks written under ``tmp_path/marks``."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    s = replace(settings, workload_modules="tests.workloads.fns")
+    system = LiveSystem(FLEET, load_fleet(FLEET), s, tmp_path / "logs", observer=False,
+                        extra_env={"MAKESPAN_TEST_MARK_DIR": str(marks)})
+    system.start()
+    return s, marks, system
+
+
 def _marks(marks: Path, job, what: str) -> list[int]:
     path = marks / f"{job.id}.{what}"
     return [int(x) for x in path.read_text().split()] if path.exists() else []
@@ -358,12 +370,7 @@ def test_a_fleet_that_differs_from_the_published_one_is_refused(live, tmp_path):
 def test_sigkill_mid_run_runs_again_and_stores_one_result(settings, r, keys, tmp_path):
     """SIGKILL of the GPU worker while the function runs: the lease expires, the job runs
     again as attempt 2 on a new worker, and the stored result is attempt 2's."""
-    marks = tmp_path / "marks"
-    marks.mkdir()
-    s = replace(settings, workload_modules="tests.workloads.fns")
-    system = LiveSystem(FLEET, load_fleet(FLEET), s, tmp_path / "logs", observer=False,
-                        extra_env={"MAKESPAN_TEST_MARK_DIR": str(marks)})
-    system.start()
+    s, marks, system = _own_system(settings, tmp_path)
     try:
         client = makespan.connect(s.redis_url, key_prefix=s.key_prefix)
         wait_for(lambda: client.r.exists(client.keys.fn_live("slow_first")), 30, "the functions to be published")
@@ -488,12 +495,7 @@ def test_a_worker_paused_past_its_lease_ttl_skips_the_side_effect_when_it_resume
     ended its work during the pause and checks ``ctx.cancelled`` before its side effect: it
     read False (the heartbeat had not yet asked Redis) and did it a second time (breaker
     check). The lease's local deadline has passed: it reads True, reason ``lease_lost``."""
-    marks = tmp_path / "marks"
-    marks.mkdir()
-    s = replace(settings, workload_modules="tests.workloads.fns")
-    system = LiveSystem(FLEET, load_fleet(FLEET), s, tmp_path / "logs", observer=False,
-                        extra_env={"MAKESPAN_TEST_MARK_DIR": str(marks)})
-    system.start()
+    s, marks, system = _own_system(settings, tmp_path)
     paused = []
     try:
         client = makespan.connect(s.redis_url, key_prefix=s.key_prefix)
