@@ -387,6 +387,18 @@ class Keys:
         queue; the value is that worker's consumer id."""
         return f"{self.prefix}:host:live:{host}"
 
+    def host_fleet(self, host: str) -> str:
+        """Present (PX ttl, renewed with :meth:`host_live`) while a GPU worker consumes
+        ``host``'s queue; the value is the ``fleet_version`` of that worker's fleet file
+        (:mod:`makespan.workers.worker_fleets`)."""
+        return f"{self.prefix}:host:fleet:{host}"
+
+    def fleet_endpoints(self, version: str) -> str:
+        """JSON ``{endpoint: tensor_parallel}`` of the fleet file whose ``fleet_version`` is
+        ``version``, written by the GPU workers that run it (expires a week after the last
+        renewal; :mod:`makespan.workers.worker_fleets`)."""
+        return f"{self.prefix}:fleet:endpoints:{version}"
+
     @property
     def hosts_seen(self) -> str:
         """Hash: host -> consumer id of the last GPU worker that announced itself there

@@ -47,9 +47,11 @@ from makespan.models import Priority
 from makespan.planner.model import PlanJob
 from makespan.registry import function_placement
 from makespan.store import JobStore
+from makespan.workers.host_liveness import hosts_that_fit
 from makespan.workers.pool_rehome import reroute_elsewhere
 from makespan.workers.tick.clock import release_s
 from makespan.workers.tick.context import FormedBatch, TickContext, TickEnv
+from makespan.workers.worker_fleets import WorkerFleets, read_worker_fleets
 
 log = logging.getLogger("makespan.planner")
 
@@ -93,13 +95,14 @@ class FormBatch:
         # (it would be, with every GPU held)
         ctx.batch_formed = (len(ctx.held_gpus) < len(ctx.env.gpus) or may_preempt or bool(snapshot.gated_gpus)
                             or kept.victims_without_eta or kept.lane_victims != kept.lane_victims_planned
-                            or (queued != kept.heads_read or kept.reasons_stale or self._function_back(ctx))
+                            or (queued != kept.heads_read or kept.reasons_stale or kept.fleet_waiting or self._function_back(ctx))
                             and now - kept.heads_read_at >= REASON_REFRESH_S)
         if ctx.batch_formed:
             kept.heads_read, kept.heads_read_at, kept.reasons_stale = queued, now, False
             kept.victims_without_eta, kept.lane_victims_planned = False, ctx.lane_victims_seen
             ctx.formed = form_batch(ctx.env, ctx.token, None if snapshot.workloads_active else heads)
             kept.waiting_functions = frozenset(fn for fn, _hosts in ctx.formed.function_waits.values())
+            kept.fleet_waiting = bool(ctx.formed.fleet_waits)
 
     @staticmethod
     def _function_back(ctx: TickContext) -> bool:
@@ -144,6 +147,9 @@ class _BatchScan:
         self._fn_hosts: dict[str, tuple[str, ...]] = {}  # workload function -> its hosts (fn_hosts), this scan
         self._fn_down: dict[str, tuple[str, ...]] = {}  # function no live worker registers -> its last hosts
         self.fleet_hosts = frozenset(host.name for host in env.fleet.hosts)
+        self._worker_fleets: WorkerFleets | None = None  # read at the first job of this scan
+        # (endpoint, helpers JSON) -> the hosts its jobs may run on (None: any), or a str: why none can
+        self._ep_hosts: dict[tuple[str, str | None], tuple[str, ...] | None | str] = {}
 
     def form(self, heads: Mapping[Priority, Sequence[str]] | None) -> FormedBatch:
         jobs = self.out.jobs
@@ -154,13 +160,14 @@ class _BatchScan:
             advance_workloads(self.r, self.keys)
         for level in Priority:
             offset = 0
-            waits_before = len(self.out.function_waits)
+            waits_before = self.worker_waits()
             # read on past steps whose dependencies are not done, so that they never hide
             # startable jobs behind them (bounded: SCAN_FACTOR batches per level per tick);
             # what a step waits on is known at any depth from the index (makespan.awaited).
-            # Jobs waiting for their function's worker do not count (they may wait for days:
-            # review), up to FUNCTION_WAIT_SCAN_FACTOR batches in all
-            while (room > 0 and offset - (len(self.out.function_waits) - waits_before)
+            # Jobs waiting for their function's worker, or for a worker whose fleet file can run
+            # them, do not count (they may wait for days: review), up to FUNCTION_WAIT_SCAN_FACTOR
+            # batches in all
+            while (room > 0 and offset - (self.worker_waits() - waits_before)
                    < SCAN_FACTOR * self.settings.batch_size
                    and offset < FUNCTION_WAIT_SCAN_FACTOR * self.settings.batch_size):
                 if offset == 0 and heads is not None:
@@ -175,6 +182,11 @@ class _BatchScan:
         self.pull_dependencies(jobs)
         self.out.jobs = self.inherit(jobs)
         return self.out
+
+    def worker_waits(self) -> int:
+        """Jobs this scan left queued for a GPU worker (their function's, or one whose fleet
+        file can run them)."""
+        return len(self.out.function_waits) + len(self.out.fleet_waits)
 
     def inherit(self, jobs: list[PlanJob]) -> list[PlanJob]:
         """``jobs`` with each job raised to the highest level waiting on it (P:awaited)."""
@@ -213,7 +225,8 @@ class _BatchScan:
                     continue
                 if (pool or None) != self.keys.pool:  # another pool's job: its own planner plans it (and
                     continue                          # it inherits the dependant's level there, P:awaited)
-                if not self.runnable(job_id, priority_name, endpoint, helpers) or self.function_waits(job_id, fn):
+                if (not self.runnable(job_id, priority_name, endpoint, helpers) or self.function_waits(job_id, fn)
+                        or self.fleet_waits(job_id, endpoint, helpers, fn)):
                     continue
                 deps_of = tuple(json.loads(deps_json)) if deps_json else ()
                 if deps_of and not all(dep_state == "completed" for dep_state in self.dep_states(deps_of)):
@@ -246,7 +259,7 @@ class _BatchScan:
         self.out.own_level[job_id] = level
         return PlanJob(job_id, endpoint, float(level.weight), release, float(service), int(level), (),
                        submitted_s + float(due) if due else None, int(seq),
-                       tuple(json.loads(helpers)) if helpers else (), self.fn_hosts(fn) if fn else ())
+                       tuple(json.loads(helpers)) if helpers else (), self.job_hosts(endpoint, helpers, fn))
 
     def fn_hosts(self, fn: str) -> tuple[str, ...]:
         """The hosts workload function ``fn``'s jobs run on
@@ -279,6 +292,62 @@ class _BatchScan:
         self.out.function_waits[job_id] = (fn, self._fn_down[fn])
         return True
 
+    def endpoint_hosts(self, endpoint: str, helpers: str | None) -> tuple[str, ...] | None | str:
+        """The hosts a job of ``endpoint`` (``helpers``: its record's JSON list) may run on
+        as the live GPU workers' fleet files go (:mod:`makespan.workers.worker_fleets`):
+        None when every host's worker can run it (the usual case), else the hosts whose
+        worker can and that hold its group (sorted), or a str naming the hosts that cannot
+        when none is left. Read once per scan and shape."""
+        shape = (endpoint, helpers)
+        if shape not in self._ep_hosts:
+            if self._worker_fleets is None:
+                self._worker_fleets = read_worker_fleets(self.r, self.keys, self.env.fleet,
+                                                         self.env.whole_fleet or self.env.fleet)
+            try:
+                names = tuple(json.loads(helpers)) if helpers else ()
+            except ValueError:
+                names = ()
+            fleet = self.env.fleet
+            lacking = self._worker_fleets.hosts_lacking(fleet, endpoint, names)
+            spec = fleet.endpoints.get(endpoint)
+            if not lacking or spec is None:
+                self._ep_hosts[shape] = None
+            else:
+                fits = hosts_that_fit(fleet, set(self.fleet_hosts - set(lacking)), spec.tensor_parallel,
+                                      spec.memory_mib_per_gpu)
+                self._ep_hosts[shape] = tuple(sorted(fits)) or self._worker_fleets.detail(lacking)
+        return self._ep_hosts[shape]
+
+    def job_hosts(self, endpoint: str, helpers: str | None, fn: str | None) -> tuple[str, ...]:
+        """``PlanJob.hosts`` of a job that does not wait (:meth:`fleet_waits`): where its
+        workload function's workers run (:meth:`fn_hosts`) and its endpoint's workers can run
+        it (:meth:`endpoint_hosts`); () for any host."""
+        by_fn = self.fn_hosts(fn) if fn else ()
+        by_endpoint = self.endpoint_hosts(endpoint, helpers)
+        if not isinstance(by_endpoint, tuple):
+            return by_fn
+        return tuple(host for host in by_fn if host in by_endpoint) if by_fn else by_endpoint
+
+    def fleet_waits(self, job_id: str, endpoint: str, helpers: str | None, fn: str | None) -> bool:
+        """Whether queued job ``job_id`` waits for a GPU worker whose fleet file can run it
+        (:meth:`endpoint_hosts`: none of the hosts that hold its group can, or none of those
+        its workload function's workers run on): noted in ``FormedBatch.fleet_waits`` (reason
+        ``host_fleet_differs``) and left out of the batch, rather than leased on a worker
+        that fails it (or preempting work for it)."""
+        allowed = self.endpoint_hosts(endpoint, helpers)
+        if allowed is None:
+            return False
+        if isinstance(allowed, str):
+            self.out.fleet_waits[job_id] = allowed
+            return True
+        by_fn = self.fn_hosts(fn) if fn else ()
+        if by_fn and not set(by_fn) & set(allowed):
+            fleets = self._worker_fleets
+            assert fleets is not None, "endpoint_hosts read them"
+            self.out.fleet_waits[job_id] = fleets.detail([host for host in by_fn if host in fleets.differing])
+            return True
+        return False
+
     def take(self, level: Priority, ids: list[str], jobs: list[PlanJob], room: int, offset: int = 0) -> int:
         pipe = self.r.pipeline(transaction=False)
         for job_id in ids:
@@ -290,7 +359,8 @@ class _BatchScan:
             if endpoint is None or state != "queued":
                 self.removed += drop_stale(self.env, self.token, self.keys.queue(level), job_id)  # cancelled or lost
                 continue
-            if not self.runnable(job_id, level.name, endpoint, helpers) or self.function_waits(job_id, fn):
+            if (not self.runnable(job_id, level.name, endpoint, helpers) or self.function_waits(job_id, fn)
+                    or self.fleet_waits(job_id, endpoint, helpers, fn)):
                 continue
             deps_of = tuple(json.loads(deps_json)) if deps_json else ()
             if room <= 0:  # not in the batch (what it waits on is in the index)

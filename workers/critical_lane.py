@@ -74,7 +74,7 @@ from makespan.registry import function_placement
 from makespan.planner.model import FleetState, PlanJob
 from makespan.planner.preemption import Holder
 from makespan.redis_conn import OutageLog, credentials_refused, is_store_bug
-from makespan.workers import host_liveness
+from makespan.workers import host_liveness, worker_fleets
 from makespan.workers.fleet_view import DOWN_FREE_AFTER_S
 from makespan.workers.leases import expected_end_s, planned_end_s, preempt
 from makespan.workers.phases import instance_value
@@ -101,7 +101,8 @@ class LaneOutcome:
         outcome: ``warm``, ``cold_start`` or ``preempted`` (leased and sent); or why not:
             ``not_queued`` (gone, leased or not CRITICAL), ``deps`` (a dependency has not
             completed), ``no_group`` (no group for it and its helpers now), ``no_function``
-            (no live GPU worker registers its workload function: it waits, left to the tick), ``claimed``
+            (no live GPU worker registers its workload function: it waits, left to the tick),
+            ``no_worker_fleet`` (no live GPU worker whose fleet file can run it: left to the tick), ``claimed``
             (the tick's Preempt step held it past :data:`CLAIM_WAIT_S`), ``lost_race`` (a GPU
             or the job was leased meanwhile). (The thread's event says ``error`` when placing
             raised; the job then stays queued for the tick.)
@@ -233,7 +234,8 @@ class CriticalLane:
         pipe.mget([env.keys.gpu(gpu) for gpu in uuids])
         pipe.mget([env.keys.resident(gpu) for gpu in uuids])
         host_liveness.queue_reads(pipe, env.keys, hosts)
-        record, holders, resident_values, seen, live, cordoned = pipe.execute()
+        worker_fleets.queue_versions(pipe, env.keys, hosts)
+        record, holders, resident_values, seen, live, cordoned, versions = pipe.execute()
         read_ms = (time.monotonic() - started) * 1000.0
         job = _plan_job(job_id, dict(zip(_JOB_FIELDS, record)), self._deps_completed, env.settings.time_scale,
                         env.now_s())
@@ -252,11 +254,17 @@ class CriticalLane:
             groups = fitting_groups(groups, model, job.helpers, endpoints, self._memory_mib)
         fn = record[_JOB_FIELDS.index("fn")]
         if fn:  # only where a live GPU worker registers its function, as the tick's plan places it
-            hosts, live = function_placement(env.r, env.keys, fn)
+            fn_hosts, live = function_placement(env.r, env.keys, fn)
             if not live:  # none does: the tick keeps it queued (waiting_for_function)
                 return LaneOutcome("no_function")
-            on_hosts = [group for group in groups if self._host_of[group[0]] in hosts]
+            on_hosts = [group for group in groups if self._host_of[group[0]] in fn_hosts]
             groups = on_hosts or groups  # none there: as the tick (planner.replay.placeable_hosts)
+        lacking = worker_fleets.worker_fleets(env.r, env.keys, hosts, versions, env.whole_fleet or env.fleet
+                                              ).hosts_lacking(env.fleet, job.endpoint, job.helpers)
+        if lacking:  # not where the live worker's fleet file cannot run it, as the tick's batch leaves it
+            groups = [group for group in groups if self._host_of[group[0]] not in lacking]
+            if not groups:  # the tick keeps it queued (host_fleet_differs)
+                return LaneOutcome("no_worker_fleet")
 
         def is_warm(group: tuple[str, ...]) -> bool:
             want = instance_value(job.endpoint, group)

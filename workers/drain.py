@@ -64,8 +64,9 @@ class SetPointsAndDrain:
     """Step, when the tick formed no batch and a GPU is free: restore set points and
     check the drain once per idle period (module doc). A period ends when work runs or
     is queued again (or a batch is planned), so every batch gets its check; queued jobs
-    that only wait for a GPU worker with their workload function (``waiting_for_function``,
-    all of them read by this tick's scan) do not end it."""
+    that only wait for a GPU worker with their workload function (``waiting_for_function``)
+    or with a fleet file that can run them (``host_fleet_differs``), all of them read by this
+    tick's scan, do not end it."""
 
     name = "set points and drain"
 
@@ -79,7 +80,7 @@ class SetPointsAndDrain:
         # jobs that only wait for a worker with their function (possibly for days) do not keep
         # the fleet off its set points: the tick's scan read every queued job and each waits so
         formed = ctx.formed
-        only_function_waits = (ctx.batch_formed and queued == len(formed.function_waits)
+        only_function_waits = (ctx.batch_formed and queued == len(formed.function_waits) + len(formed.fleet_waits)
                                and not formed.unready and not formed.left_out)
         if working or (queued and not only_function_waits):
             kept.idle_checked = False

@@ -66,14 +66,21 @@ def consumer_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
-def announce(r: redis.Redis, keys: Keys, host: str, consumer: str, ttl_s: float) -> None:
-    """Mark ``host`` as consumed by ``consumer`` for ``ttl_s`` seconds (server clock).
+def announce(r: redis.Redis, keys: Keys, host: str, consumer: str, ttl_s: float,
+             fleet: FleetSpec | None = None) -> None:
+    """Mark ``host`` as consumed by ``consumer`` for ``ttl_s`` seconds (server clock), and
+    with ``fleet`` (the worker's fleet file) the fleet it runs for as long
+    (:mod:`makespan.workers.worker_fleets`).
 
     Raises:
         redis.RedisError: Redis did not take the write."""
     p = r.pipeline(transaction=True)
     p.set(keys.host_live(host), consumer, px=max(1, int(ttl_s * 1000)))
     p.hset(keys.hosts_seen, host, consumer)
+    if fleet is not None:
+        from makespan.workers.worker_fleets import queue_publish
+
+        queue_publish(p, keys, host, fleet, ttl_s)
     p.execute()
 
 
@@ -250,8 +257,9 @@ class HostHeartbeat:
     retries every renewal) and renews every ``ttl_s × RENEW_FRACTION``; ``stop()`` ends
     the thread and withdraws the key (best effort)."""
 
-    def __init__(self, r: redis.Redis, keys: Keys, host: str, ttl_s: float, consumer: str | None = None) -> None:
-        self.r, self.keys, self.host, self.ttl_s = r, keys, host, ttl_s
+    def __init__(self, r: redis.Redis, keys: Keys, host: str, ttl_s: float, consumer: str | None = None,
+                 fleet: FleetSpec | None = None) -> None:
+        self.r, self.keys, self.host, self.ttl_s, self.fleet = r, keys, host, ttl_s, fleet
         self.consumer = consumer or consumer_id()
         self._stop = threading.Event()
         self._failing = False
@@ -263,7 +271,7 @@ class HostHeartbeat:
 
     def _announce(self) -> None:
         try:
-            announce(self.r, self.keys, self.host, self.consumer, self.ttl_s)
+            announce(self.r, self.keys, self.host, self.consumer, self.ttl_s, self.fleet)
         except redis.RedisError as e:  # the key expires: the planner stops leasing here until we are back
             if not self._failing:  # once per outage, not every renewal
                 log.warning("announcing host %s as consumed failed (retrying every %.1f s): %s", self.host,

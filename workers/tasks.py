@@ -259,8 +259,13 @@ def _announce_host(**_kw) -> None:
         return
     from makespan.workers.host_liveness import HostHeartbeat
 
+    try:
+        fleet: FleetSpec | None = _fleet()  # published with the liveness mark (makespan.workers.worker_fleets)
+    except Exception as e:  # no file and none published: the first phase says so; the host is live meanwhile
+        log.warning("the fleet this GPU worker runs is not published with host %s's liveness: %s", host, e)
+        fleet = None
     _heartbeat = HostHeartbeat(connect(settings.redis_url, settings=settings), Keys(settings.key_prefix), host,
-                               settings.worker_liveness_ttl_s)
+                               settings.worker_liveness_ttl_s, fleet=fleet)
     _heartbeat.start()
 
 

@@ -22,7 +22,7 @@ import sys
 import pytest
 
 from makespan.live import LiveSystem
-from makespan.models import load_fleet
+from makespan.models import fleet_version, load_fleet
 from makespan.producer import Producer
 from tests.live import all_events, wait_for
 
@@ -60,6 +60,8 @@ def test_a_dead_hosts_queue_gets_no_lease_until_a_worker_is_back(r, keys, settin
     system.start()
     try:
         wait_for(lambda: all(r.exists(keys.host_live(h)) for h in ("h1", "h2")), 30, "both hosts announced")
+        # each real GPU worker publishes its fleet file's version with its liveness (worker_fleets)
+        assert [r.get(keys.host_fleet(h)) for h in ("h1", "h2")] == [fleet_version(fleet)] * 2
         (worker,) = system.kill("gpu-h1", sig)
         worker.popen.wait(timeout=60)
         # SIGKILL: the key expires (TTL); SIGTERM: the worker withdrew it (the TTL is far longer than this wait)

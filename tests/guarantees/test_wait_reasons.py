@@ -458,6 +458,22 @@ def test_waiting_for_function(r, settings, env):
     assert "'gpu_jobs.render'" in out and "last registered by the GPU workers of h" in out and sent == [], out
 
 
+def test_host_fleet_differs(r, settings, env):
+    """A job of an endpoint the planner's fleet file has and the live GPU worker's does not
+    (a rolling change of the file, makespan.workers.worker_fleets): unplanned, naming the host
+    and its worker's fleet version."""
+    from makespan.models import fleet_version
+    from makespan.workers.host_liveness import announce
+
+    w, prod, sent = _setup(r, settings)
+    older = ONE.model_copy(update={"endpoints": {}})  # the worker's file: without endpoint e
+    announce(r, w.keys, "h", "worker-h", 60.0, older)
+    jid = prod.submit({"endpoint": "e", "service_s": 10, "priority": "NORMAL"}).id
+    w.tick()
+    out = _why(jid, "host_fleet_differs")
+    assert f"h (fleet version {fleet_version(older)})" in out and sent == [], out
+
+
 def test_every_reason_code_was_shown():
     """Runs last in this module: the codes the tests above reached, against the fixed set."""
     assert SEEN == set(REASONS)

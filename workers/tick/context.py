@@ -85,11 +85,15 @@ class FormedBatch:
     requeued: set[str] = field(default_factory=set)  # taken jobs whose record says they were preempted
     # read, not taken: no live GPU worker registers its function -> (function, the hosts that had it last)
     function_waits: dict[str, tuple[str, tuple[str, ...]]] = field(default_factory=dict)
+    # read, not taken: no live GPU worker whose fleet file can run it -> the hosts whose workers cannot
+    # (makespan.workers.worker_fleets; reason host_fleet_differs)
+    fleet_waits: dict[str, str] = field(default_factory=dict)
 
     def read_waiting(self) -> bool:
         """Whether the scan read jobs it did not take whose wait reasons are written anyway
-        (unready steps, jobs left out, jobs waiting for their function's worker)."""
-        return bool(self.unready or self.left_out or self.function_waits)
+        (unready steps, jobs left out, jobs waiting for their function's worker or for a
+        worker whose fleet file can run them)."""
+        return bool(self.unready or self.left_out or self.function_waits or self.fleet_waits)
 
 
 @dataclass(frozen=True)
@@ -170,6 +174,9 @@ class CrossTickState:
     reasons_stale: bool = False  # a tick followed the kept plan since the last batch was formed (follow; batch clears)
     # the workload functions jobs of the last batch's scan waited for (no live worker registered them: batch)
     waiting_functions: frozenset[str] = frozenset()
+    # the last batch's scan left jobs waiting for a GPU worker whose fleet file can run them: re-read at
+    # most every REASON_REFRESH_S even with every GPU held, so their reason follows a worker's restart
+    fleet_waiting: bool = False
     victims_without_eta: bool = False  # the rule's preemption requeued jobs with no ETA (preemption; batch clears)
     lane_victims: int = 0  # victims the critical lane's preemptions requeued so far, no ETA (critical_lane)
     lane_victims_planned: int = 0  # lane_victims before the snapshot of the last tick that formed a batch (batch)

@@ -1,0 +1,120 @@
+"""A rolling change of the fleet file: the planner leases a job only on hosts whose live GPU
+worker's fleet file can run it (makespan.workers.worker_fleets). Before, a job of an endpoint
+the planner's new file added was leased on a worker still running the old file and failed
+there for good (``this GPU worker's fleet ... has no endpoint``), and a CRITICAL one could
+preempt running work for it. In-process planner ticks and the critical lane on a real
+Redis (the real GPU worker's announcement: tests/faults/test_dead_host.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import pytest
+from typer.testing import CliRunner
+
+from makespan.cli import app as cli_app
+from makespan.models import fleet_version, parse_fleet
+from makespan.producer import Producer
+from makespan.workers.critical_lane import CriticalLane
+from makespan.workers.host_liveness import announce
+from makespan.workers.planner_worker import PlannerWorker
+from makespan.workers.tick.clock import ManualClock
+from makespan.workers.worker_fleets import read_worker_fleets
+
+
+def _fleet(with_new: bool, new_tp: int = 1):
+    """Hosts h1 and h2 (2 GPUs each), endpoint ``old``; with ``with_new`` also ``new``."""
+    endpoints = {"old": {"model": "m", "memory_mib_per_gpu": 10000, "cold_start_s": 1}}
+    if with_new:
+        endpoints["new"] = {"model": "n", "memory_mib_per_gpu": 10000, "cold_start_s": 1, "tensor_parallel": new_tp}
+    return parse_fleet({"name": "rolling", "hosts": [{"name": h, "gpu_count": 2, "memory_mib": 81920}
+                                                     for h in ("h1", "h2")], "endpoints": endpoints})
+
+
+NEW, OLD = _fleet(True), _fleet(False)
+
+
+@pytest.fixture
+def env(monkeypatch, settings):
+    monkeypatch.setenv("MAKESPAN_REDIS_URL", settings.redis_url)
+    monkeypatch.setenv("MAKESPAN_KEY_PREFIX", settings.key_prefix)
+
+
+def _planner(r, settings, **changes):
+    s = dataclasses.replace(settings, lease_ttl_s=60.0, **changes)
+    sent: list = []
+    w = PlannerWorker(r, s, NEW, dispatch=lambda ctx, q: sent.append(ctx), clock=ManualClock(time.time()))
+    w.token = ""
+    return w, Producer(r, w.keys, NEW, s), sent
+
+
+def test_the_versions_published_with_liveness_name_the_hosts_that_cannot_run_an_endpoint(r, settings):
+    w, _prod, _sent = _planner(r, settings)
+    announce(r, w.keys, "h1", "worker-h1", 60.0, OLD)
+    announce(r, w.keys, "h2", "worker-h2", 60.0, NEW)
+    assert r.get(w.keys.host_fleet("h1")) == fleet_version(OLD)
+    assert r.pttl(w.keys.host_fleet("h1")) > 0  # expires with the liveness mark
+    fleets = read_worker_fleets(r, w.keys, NEW)
+    assert fleets.hosts_lacking(NEW, "new") == ("h1",)
+    assert fleets.hosts_lacking(NEW, "old") == ()
+    assert fleets.hosts_lacking(NEW, "old", ["new"]) == ("h1",)  # a helper it lacks
+    # another tensor_parallel for the endpoint counts as lacking it
+    announce(r, w.keys, "h2", "worker-h2", 60.0, _fleet(True, new_tp=2))
+    assert read_worker_fleets(r, w.keys, NEW).hosts_lacking(NEW, "new") == ("h1", "h2")
+
+
+def test_a_job_of_a_new_endpoint_runs_only_where_the_worker_has_it_and_waits_while_none_does(r, settings, env):
+    w, prod, sent = _planner(r, settings)
+    announce(r, w.keys, "h1", "worker-h1", 60.0, OLD)  # not restarted yet
+    announce(r, w.keys, "h2", "worker-h2", 60.0, OLD)
+    job = prod.submit({"endpoint": "new", "service_s": 5, "priority": "NORMAL"}).id
+    plain = prod.submit({"endpoint": "old", "service_s": 5, "priority": "NORMAL"}).id
+    w.tick()
+    assert [ctx.job_id for ctx in sent] == [plain]  # the other endpoint's jobs go on
+    assert r.hget(w.keys.job(job), "state") == "queued"
+    res = CliRunner().invoke(cli_app, ["why", job])
+    assert res.exit_code == 0 and "host_fleet_differs, no ETA" in res.output, res.output
+    assert f"h1 (fleet version {fleet_version(OLD)})" in res.output and "h2" in res.output, res.output
+    announce(r, w.keys, "h2", "worker-h2-new", 60.0, NEW)  # h2's worker restarts with the new file
+    w.clock.advance(2.0)  # past the reason refresh
+    w.tick()
+    assert [(ctx.job_id, ctx.host) for ctx in sent if ctx.job_id == job] == [(job, "h2")]
+
+
+@pytest.mark.parametrize("mode", ["rule", "plan"])
+def test_no_preemption_for_a_job_no_live_worker_can_run(r, settings, env, mode):
+    """A HIGH job of ``new`` while LOW work holds every GPU and no worker has ``new``: before,
+    a LOW job was preempted and the HIGH job then failed on the worker. Nothing is preempted;
+    once h2's worker has the file, the preemption is on h2."""
+    w, prod, sent = _planner(r, settings, preemption=mode, critical_lane=False, policy="portfolio")
+    for host in ("h1", "h2"):
+        announce(r, w.keys, host, f"worker-{host}", 60.0, OLD)
+    for n, gpu in enumerate(("GPU-h1-0", "GPU-h1-1", "GPU-h2-0", "GPU-h2-1")):
+        low = prod.submit({"endpoint": "old", "service_s": 3600, "priority": "LOW"}).id
+        assert w.leases.acquire(f"low-{n}", (gpu,), 60.0, job_id=low, kind="job", holder=w.fleet.host_of(gpu),
+                                queue=w.keys.queue("LOW"),
+                                info={"planned_end_s": repr(w.now_s() + 3600), "endpoint": "old",
+                                      "priority": "LOW"}) is not None
+    job = prod.submit({"endpoint": "new", "service_s": 5, "priority": "HIGH"}).id
+    w.tick()
+    assert sent == [] and r.zcard(w.keys.leases) == 4  # nothing preempted
+    announce(r, w.keys, "h2", "worker-h2-new", 60.0, NEW)
+    w.clock.advance(2.0)
+    w.tick()
+    assert [(ctx.job_id, ctx.host) for ctx in sent] == [(job, "h2")]
+
+
+def test_the_critical_lane_skips_hosts_whose_worker_cannot_run_the_job(r, settings):
+    w, prod, sent = _planner(r, settings)
+    lane = CriticalLane(w.env, w.kept, w.token, w.ticking.is_set)
+    for host in ("h1", "h2"):
+        announce(r, w.keys, host, f"worker-{host}", 60.0, OLD)
+    job = prod.submit({"endpoint": "new", "service_s": 5, "priority": "CRITICAL"}).id
+    assert lane.place(r.lpop(w.keys.planner_critical)).outcome == "no_worker_fleet" and not sent
+    assert r.hget(w.keys.job(job), "state") == "queued"
+    announce(r, w.keys, "h2", "worker-h2-new", 60.0, NEW)
+    r.rpush(w.keys.planner_critical, job)
+    out = lane.place(r.lpop(w.keys.planner_critical))
+    assert out.leased and [(ctx.job_id, ctx.host) for ctx in sent] == [(job, "h2")]
+

@@ -1,0 +1,141 @@
+"""Which fleet file each host's live GPU worker runs: jobs are not leased where it cannot run them.
+
+A rolling change of the fleet file (a new endpoint, an endpoint removed, another
+``tensor_parallel``) restarts the planner and the GPU workers one by one, and for a while
+they run different files. A GPU worker checks each lease against its own file
+(:meth:`makespan.workers.phases.PhaseRunner.fleet_problem`) and fails a job its file cannot
+run ("start the planner and the GPU workers with the same fleet file"): before, every job of
+a new endpoint submitted between the planner's restart and the workers' failed there, and
+the planner could preempt running work for it.
+
+Each GPU worker therefore publishes, with its host's liveness mark
+(:class:`makespan.workers.host_liveness.HostHeartbeat`, same PX TTL, renewed with it), the
+``fleet_version`` of its file (``P:host:fleet:{host}``) and, once per version, that file's
+endpoints with their tensor-parallel sizes (``P:fleet:endpoints:{version}``, kept a week
+after the last renewal). The planner reads the versions of its hosts once per batch scan
+(:func:`read_worker_fleets`: one MGET, plus one GET per version other than its own, cached
+for the process: the content of a version never changes) and plans a job only on hosts
+whose live worker runs its endpoint, its helpers and the tensor-parallel size the
+planner's fleet gives them (:meth:`WorkerFleets.hosts_lacking`). A job no host's worker
+can run waits, queued and unplanned, with reason ``host_fleet_differs`` until one restarts
+with the planner's file; the critical lane skips such hosts as the tick does. A host
+without a published version (its worker is down, or predates this mark) is not
+constrained: the host gate (``host_down``) covers a down one.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+import redis
+
+from makespan.keys import Keys
+from makespan.models import FleetSpec, fleet_version
+
+ENDPOINTS_KEPT_S = 7 * 24 * 3600  # P:fleet:endpoints:{version} outlives its last renewal by this
+_ENDPOINTS_CACHE: dict[str, dict[str, int] | None] = {}  # version -> its endpoints (None: not published)
+_CACHE_MAX = 64  # versions kept in the cache (a rolling change brings one or two)
+
+
+def endpoints_of(fleet: FleetSpec) -> dict[str, int]:
+    """``fleet``'s endpoints -> their tensor-parallel sizes (what a lease of each must hold)."""
+    return {name: spec.tensor_parallel for name, spec in fleet.endpoints.items()}
+
+
+def queue_publish(pipe, keys: Keys, host: str, fleet: FleetSpec, ttl_s: float) -> None:
+    """Queue on ``pipe`` this GPU worker's fleet marks for ``host`` (module doc): its
+    version for ``ttl_s`` s (the liveness TTL, Redis server clock) and its endpoints."""
+    version = fleet_version(fleet)
+    pipe.set(keys.host_fleet(host), version, px=max(1, int(ttl_s * 1000)))
+    pipe.set(keys.fleet_endpoints(version), json.dumps(endpoints_of(fleet), sort_keys=True), ex=ENDPOINTS_KEPT_S)
+
+
+@dataclass(frozen=True)
+class WorkerFleets:
+    """The fleets the live GPU workers of a planner's hosts run, where they differ from the
+    planner's own: host -> its worker's endpoints (name -> tensor-parallel size) and
+    version. Hosts whose worker runs the planner's file, or published none, are absent."""
+
+    differing: Mapping[str, dict[str, int]] = field(default_factory=dict)
+    versions: Mapping[str, str] = field(default_factory=dict)
+
+    def hosts_lacking(self, fleet: FleetSpec, endpoint: str, helpers: Iterable[str] = ()) -> tuple[str, ...]:
+        """The hosts (sorted) whose live GPU worker's fleet file cannot run a job of
+        ``endpoint`` (with helper endpoints ``helpers``) as the planner's ``fleet`` plans it:
+        one of them is missing there, or has another tensor-parallel size."""
+        if not self.differing:
+            return ()
+        wanted = {name: fleet.endpoints[name].tensor_parallel for name in (endpoint, *helpers)
+                  if name in fleet.endpoints}
+        return tuple(sorted(host for host, theirs in self.differing.items()
+                            if any(theirs.get(name) != size for name, size in wanted.items())))
+
+    def detail(self, hosts: Iterable[str]) -> str:
+        """``host (fleet version V), ...`` for a wait reason's detail line."""
+        return ", ".join(f"{host} (fleet version {self.versions.get(host, '?')})" for host in hosts)
+
+
+def read_worker_fleets(r: redis.Redis, keys: Keys, fleet: FleetSpec, own_fleet: FleetSpec | None = None) -> WorkerFleets:
+    """The :class:`WorkerFleets` of ``fleet``'s hosts now: one MGET of their versions, and a
+    GET of each version other than the planner's not read before by this process.
+    ``own_fleet``: the planner's whole fleet file when ``fleet`` is its pool's part (the
+    workers run the whole file); ``fleet`` itself by default.
+
+    Raises:
+        redis.RedisError: Redis failed."""
+    hosts = [host.name for host in fleet.hosts]
+    return worker_fleets(r, keys, hosts, r.mget([keys.host_fleet(h) for h in hosts]), own_fleet or fleet)
+
+
+def queue_versions(pipe, keys: Keys, hosts: list[str]) -> None:
+    """Queue on ``pipe`` the MGET of ``hosts``' worker fleet versions (:func:`worker_fleets`
+    reads its result)."""
+    pipe.mget([keys.host_fleet(h) for h in hosts])
+
+
+def worker_fleets(r: redis.Redis, keys: Keys, hosts: list[str], versions: list[str | None],
+                  own_fleet: FleetSpec) -> WorkerFleets:
+    """The :class:`WorkerFleets` of ``hosts`` from their published versions (``versions``,
+    ``hosts`` order, as :func:`queue_versions` read them), against the planner's
+    ``own_fleet`` (a GET per version not read before by this process).
+
+    Raises:
+        redis.RedisError: Redis failed."""
+    own = own_version(own_fleet)
+    differ = {host: version for host, version in zip(hosts, versions) if version and version != own}
+    differing: dict[str, dict[str, int]] = {}
+    for host, version in differ.items():
+        endpoints = _endpoints(r, keys, version)
+        if endpoints is not None:
+            differing[host] = endpoints
+    return WorkerFleets(differing, {host: differ[host] for host in differing})
+
+
+_OWN: list[tuple[FleetSpec, str]] = []  # the last fleet whose version was asked (the planner's own)
+
+
+def own_version(fleet: FleetSpec) -> str:
+    """``fleet_version(fleet)``, remembered for the last fleet asked (a planner asks for its
+    own at every batch scan: a hash of the whole fleet's JSON each time costs milliseconds
+    at a thousand GPUs)."""
+    if not _OWN or _OWN[0][0] is not fleet:
+        _OWN[:] = [(fleet, fleet_version(fleet))]
+    return _OWN[0][1]
+
+
+def _endpoints(r: redis.Redis, keys: Keys, version: str) -> dict[str, int] | None:
+    """Version ``version``'s endpoints (cached; None: not published, not cached)."""
+    if version in _ENDPOINTS_CACHE:
+        return _ENDPOINTS_CACHE[version]
+    raw = r.get(keys.fleet_endpoints(version))
+    try:
+        parsed = {str(name): int(size) for name, size in json.loads(raw).items()} if raw else None
+    except (ValueError, TypeError, AttributeError):
+        parsed = None
+    if parsed is not None:
+        if len(_ENDPOINTS_CACHE) >= _CACHE_MAX:
+            _ENDPOINTS_CACHE.pop(next(iter(_ENDPOINTS_CACHE)))
+        _ENDPOINTS_CACHE[version] = parsed
+    return parsed
