@@ -30,6 +30,7 @@ from makespan.workers.phases import PhaseContext, instance_value
 from makespan.workers.starts import send
 from makespan.workers.tick.clock import starts_now
 from makespan.workers.tick.context import TickContext, TickEnv
+from makespan.workers.worker_fleets import read_worker_fleets
 
 log = logging.getLogger("makespan.planner")
 
@@ -116,12 +117,17 @@ def start_restore(ctx: TickContext, endpoint: str, gpus: tuple[str, ...], busy: 
     displaces (``Assignment.sleep_levels`` of a planned restore: endpoint -> level, 0 = stop;
     None: each endpoint's own). False too, without a lease, while the group's last restore
     failed less than its backoff ago (``P:restore:failed:{first GPU}``, written by the
-    restore phase)."""
+    restore phase), or while the live GPU worker of its host runs a fleet file without
+    ``endpoint`` (a rolling change of the file, :mod:`makespan.workers.worker_fleets`: its
+    restore would fail there)."""
     env, last_tp = ctx.env, ctx.kept.last_traceparent
     if env.r.exists(env.keys.restore_failed(gpus[0])):
         return False  # its last restore failed: backing off (makespan.workers.phases.RESTORE_BACKOFF_S)
-    lease_id = uuid.uuid4().hex
     host = env.fleet.host_of(gpus[0])
+    if host in read_worker_fleets(env.r, env.keys, env.fleet, env.whole_fleet or env.fleet).hosts_lacking(
+            env.fleet, endpoint):
+        return False
+    lease_id = uuid.uuid4().hex
     spec = env.fleet.endpoints[endpoint]
     load_s = spec.wake_s if prewarm and spec.wake_s is not None else spec.cold_start_s
     event = {"kind": "restore_start", "endpoint": endpoint, "host": host, "planned_s": load_s}

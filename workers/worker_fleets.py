@@ -18,7 +18,8 @@ for the process: the content of a version never changes) and plans a job only on
 whose live worker runs its endpoint, its helpers and the tensor-parallel size the
 planner's fleet gives them (:meth:`WorkerFleets.hosts_lacking`). A job no host's worker
 can run waits, queued and unplanned, with reason ``host_fleet_differs`` until one restarts
-with the planner's file; the critical lane skips such hosts as the tick does. A host
+with the planner's file; the critical lane skips such hosts as the tick does, and a set-point
+restore or a prewarm is not leased there (:func:`makespan.workers.drain.start_restore`). A host
 without a published version (its worker is down, or predates this mark) is not
 constrained: the host gate (``host_down``) covers a down one.
 """

@@ -118,3 +118,22 @@ def test_the_critical_lane_skips_hosts_whose_worker_cannot_run_the_job(r, settin
     out = lane.place(r.lpop(w.keys.planner_critical))
     assert out.leased and [(ctx.job_id, ctx.host) for ctx in sent] == [(job, "h2")]
 
+
+
+def test_no_set_point_restore_on_a_host_whose_worker_lacks_the_endpoint(r, settings):
+    """The new file gives ``new`` a set point on h1: the idle fleet's restore there would fail
+    on h1's old worker (and be retried after its backoff, failing again); it waits for it."""
+    raw = NEW.model_dump()
+    raw["endpoints"]["new"]["set_point"] = [{"host": "h1", "gpus": [0]}]
+    fleet = parse_fleet(raw)
+    s = dataclasses.replace(settings, lease_ttl_s=60.0)
+    sent: list = []
+    w = PlannerWorker(r, s, fleet, dispatch=lambda ctx, q: sent.append(ctx), clock=ManualClock(time.time()))
+    w.token = ""
+    announce(r, w.keys, "h1", "worker-h1", 60.0, OLD)
+    w.tick()
+    assert sent == [] and not r.exists(w.keys.gpu("GPU-h1-0"))
+    announce(r, w.keys, "h1", "worker-h1-new", 60.0, fleet)
+    w.clock.advance(1.0)
+    w.tick()
+    assert [(ctx.kind, ctx.endpoint, ctx.gpus) for ctx in sent] == [("restore", "new", ["GPU-h1-0"])]
