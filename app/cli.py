@@ -664,11 +664,20 @@ def _hint_live_names(r, keys, absent: list[str]) -> None:
     the closest one to each absent name), to stderr."""
     if not absent:
         return
+    import redis
+
     from makespan.registry import closest_name, live_names
 
     try:
         alive = live_names(r, keys)
-    except MakespanError:
+        known = set() if alive else set(r.smembers(keys.fns))
+    except (MakespanError, redis.RedisError):
+        return
+    if not alive and known:
+        gone = ", ".join(sorted(name for name in absent if name in known))
+        typer.echo("no GPU worker is live now: the workers that registered functions under key prefix "
+                   f"{keys.prefix!r}{' (' + gone + ' among them)' if gone else ''} stopped, restart or died (start "
+                   "one with `makespan gpu-worker --workloads MODULE`)", err=True)
         return
     if not alive:
         typer.echo(f"no GPU worker has registered any workload function under key prefix {keys.prefix!r} (start "

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -42,7 +43,7 @@ from makespan.keys import Keys
 from makespan.models import FINAL_STATES, FleetSpec, Priority, fleet_version, load_fleet, parse_fleet
 from makespan.producer import CancelOutcome, Producer
 from makespan.redis_conn import AUTH_ERRORS, auth_failed, unreachable
-from makespan.registry import WorkloadDef, check_call, live_definition
+from makespan.registry import WorkloadDef, check_call, submit_definition
 from makespan.results import REFERENCE
 from makespan.settings import Settings, is_sentinel_url
 
@@ -50,6 +51,7 @@ if TYPE_CHECKING:
     from makespan.workloads import Workload, WorkloadSpec
 
 T = TypeVar("T")
+log = logging.getLogger("makespan.client")
 
 _POLL_MIN_S, _POLL_MAX_S = 0.01, 0.25
 
@@ -168,8 +170,10 @@ class Client:
         Returns:
             The :class:`Job`.
         Raises:
-            ValidationError: unknown workload or endpoint, no live worker registered the
-                workload, arguments that do not bind to the function's parameters,
+            ValidationError: unknown workload or endpoint, a workload no GPU worker ever
+                registered (one whose workers all stopped, restart or died is accepted: the
+                job waits with reason ``waiting_for_function``, and a warning is logged on
+                ``makespan.client``), arguments that do not bind to the function's parameters,
                 arguments that are not JSON or too large, a ``depends_on`` id that names
                 no job, ... (nothing written; limits: docs/configuration.md, "Jobs").
             StoreError: Redis failed.
@@ -186,7 +190,7 @@ class Client:
         if endpoint is not None and (not isinstance(endpoint, str) or not is_utf8(endpoint)):
             raise ValidationError("endpoint", endpoint, "must be an endpoint name of the fleet")
         depends_on = _dependencies(depends_on)
-        definition, (version,) = live_definition(self.r, self.keys, name, [self.keys.fleet_version])
+        definition, (version,), last_hosts = submit_definition(self.r, self.keys, name, [self.keys.fleet_version])
         endpoint = endpoint or definition.get("endpoint")
         if not endpoint:
             raise ValidationError("endpoint", None, f"workload {name!r} has no default endpoint: pass endpoint=",
@@ -223,6 +227,10 @@ class Client:
             job["deadline_s"] = deadline_s
         self._producer.fleet = self.fleet(version)
         handle = self._producer.submit(job, extra_fields={"service_estimated": 1} if estimated else None)
+        if last_hosts and handle.created:
+            log.warning("job %s of workload %r waits (waiting_for_function): no live GPU worker registers it now; "
+                        "the GPU workers of %s registered it last (stopped, restarting or dead)", handle.id, name,
+                        ", ".join(last_hosts))
         return Job(self, handle.id, created=handle.created, ignored=handle.ignored)
 
     def submit_job(self, endpoint: str, *, service_s: float, priority: Priority | str | int = "NORMAL",

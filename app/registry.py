@@ -403,14 +403,40 @@ def live_definition(r: redis.Redis, keys: Keys, name: str, also: list[str] = ())
     Raises:
         ValidationError: no live worker registered ``name`` (the message lists the live names,
             and the closest to ``name`` when one is close: a misspelt name; or, when a live
-            worker refused to publish it, why: it names an endpoint the fleet lacks).
+            worker refused to publish it, why: it names an endpoint the fleet lacks; or the
+            hosts whose workers registered it last).
+        StoreError: Redis failed."""
+    definition, extra, last_hosts = submit_definition(r, keys, name, also)
+    if last_hosts:
+        raise ValidationError("workload", name, f"no live GPU worker registers it now: {_gone(last_hosts)}")
+    return definition, extra
+
+
+def submit_definition(r: redis.Redis, keys: Keys, name: str,
+                      also: list[str] = ()) -> tuple[dict[str, Any], list[Any], tuple[str, ...]]:
+    """(definition, the values of the keys ``also``, last hosts) of workload ``name`` for a
+    submit: its published definition when a live GPU worker registers it (last hosts
+    ``()``), or when none does now but the workers of some hosts registered it last
+    (:func:`function_placement`: their marks are kept :data:`HOST_MARKS_KEPT_S`; a rolling
+    restart, a crash): then those hosts, and the job waits, queued, with reason
+    ``waiting_for_function`` until a worker registers it again, as the jobs queued before.
+
+    Raises:
+        ValidationError: ``name`` was never registered (or not within the marks' 7 days):
+            the message lists the live names, and the closest to ``name`` when one is close
+            (a misspelt name); when a live worker refused to publish it, why (it names an
+            endpoint the fleet lacks).
         StoreError: Redis failed."""
     try:
         live, raw, *extra = r.mget([keys.fn_live(name), keys.fn(name), *also])
         if live and raw:
-            return json.loads(raw), extra
-        alive = live_names(r, keys)
+            return json.loads(raw), extra, ()
         refused = r.get(keys.fn_refused(name))
+        hosts, marks_live = function_placement(r, keys, name) if raw and not refused else ((), False)
+        if hosts:  # marks live without the live key: a renewal in between; else the hosts that had it last
+            return json.loads(raw), extra, () if marks_live else hosts
+        alive = live_names(r, keys)
+        known = bool(r.scard(keys.fns))
     except (redis.RedisError, StoreError) as e:
         # the redis-py error as the cause (live_names raises a StoreError made from one; redis-py
         # 8 chains the OS error under its own ConnectionError, so that one's cause is no redis error)
@@ -418,13 +444,23 @@ def live_definition(r: redis.Redis, keys: Keys, name: str, also: list[str] = ())
         raise StoreError(f"reading workload function {name!r}: {e}") from cause
     if refused:
         raise ValidationError("workload", name, f"its GPU worker does not publish it: {refused}")
-    hint = f"live now: {', '.join(alive)}" if alive else (
-        f"no GPU worker has registered any workload function under key prefix {keys.prefix!r} "
-        "(MAKESPAN_KEY_PREFIX: the GPU workers' must be the same)")
+    if alive:
+        hint = f"live now: {', '.join(alive)}"
+    elif known:
+        hint = "no GPU worker is live now: the workers that registered functions under this key prefix stopped"
+    else:
+        hint = (f"no GPU worker has registered any workload function under key prefix {keys.prefix!r} "
+                "(MAKESPAN_KEY_PREFIX: the GPU workers' must be the same)")
     close = closest_name(name, alive)
     guess = f"; did you mean {close!r}?" if close else ""
     raise ValidationError("workload", name, "no live GPU worker registered this workload; start one with "
                                             f"`makespan gpu-worker --workloads MODULE` ({hint}){guess}")
+
+
+def _gone(last_hosts: tuple[str, ...]) -> str:
+    """The words on a function that no live worker registers now, whose ``last_hosts`` had it."""
+    return (f"the GPU workers of {', '.join(last_hosts)} registered it last (stopped, restarting or dead); "
+            "`makespan ready NAME` waits for one")
 
 
 def closest_name(name: str, alive: list[str]) -> str | None:

@@ -414,3 +414,28 @@ def test_nothing_registered_names_the_key_prefix_it_looked_under(r, keys, redis_
     assert f"no GPU worker has registered any workload function under key prefix {prefix!r}" in res.output
     with pytest.raises(ValidationError, match=f"under key prefix {prefix!r}"):
         live_definition(r, keys, "add")
+
+
+def test_functions_whose_workers_stopped_are_not_blamed_on_the_key_prefix(r, keys, redis_url, prefix, monkeypatch):
+    """Every worker that registered functions stopped (a rolling restart): `ready` and a
+    non-accepting lookup said "no GPU worker has registered any workload function under key
+    prefix ..." and sent the user looking for a prefix mismatch (Celery user's check). They
+    name the hosts that had it, and `ready` says the workers stopped."""
+    import json
+
+    from makespan.errors import ValidationError
+    from makespan.registry import live_definition, submit_definition
+
+    monkeypatch.setenv("MAKESPAN_REDIS_URL", redis_url)
+    monkeypatch.setenv("MAKESPAN_KEY_PREFIX", prefix)
+    r.set(keys.fn("gpu_jobs.score"), json.dumps({"name": "gpu_jobs.score", "endpoint": "renderer", "parameters": []}))
+    r.sadd(keys.fns, "gpu_jobs.score")
+    seconds, micros = r.time()
+    r.zadd(keys.fn_hosts("gpu_jobs.score"), {"host-a": seconds * 1000 + micros // 1000 - 1})  # its mark ran out
+    with pytest.raises(ValidationError, match="the GPU workers of host-a registered it last"):
+        live_definition(r, keys, "gpu_jobs.score")
+    assert submit_definition(r, keys, "gpu_jobs.score")[2] == ("host-a",)  # a submit is accepted: it waits
+    res = CliRunner().invoke(cli_app, ["ready", "gpu_jobs.score", "--timeout-s", "0.3"])
+    assert res.exit_code == 1
+    assert "no GPU worker is live now" in res.output and "gpu_jobs.score among them" in res.output, res.output
+    assert "under key prefix" in res.output and "has registered any" not in res.output, res.output

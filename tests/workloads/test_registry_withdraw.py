@@ -1,10 +1,13 @@
 """A GPU worker that stops cleanly withdraws its workload functions (issue 16): while
-another live worker holds a name it stays live; when the last one stops, a submit is
-refused at once instead of being accepted until the 30 s mark runs out. Real GPU worker
-processes on real Redis."""
+another live worker holds a name it stays live; when the last one stops, it is not live at
+once (not after the 30 s mark runs out), and a submit of it is accepted as a job that
+waits for a worker (``waiting_for_function``, a warning naming the hosts that had it: a
+rolling restart does not refuse producers, found by a Celery user's check); a name no
+worker ever registered is still refused. Real GPU worker processes on real Redis."""
 
 from __future__ import annotations
 
+import logging
 import signal
 import uuid
 
@@ -43,7 +46,7 @@ def _stop(system: LiveSystem, name: str) -> None:
     assert proc.popen.returncode == 0, proc.log_path.read_text(errors="replace")[-2000:]
 
 
-def test_the_last_worker_to_stop_withdraws_its_functions(redis_url, tmp_path):
+def test_the_last_worker_to_stop_withdraws_its_functions(redis_url, tmp_path, caplog):
     fleet_path = tmp_path / "fleet.toml"
     fleet_path.write_text(FLEET)
     prefix = f"mst-wd-{uuid.uuid4().hex[:8]}"
@@ -63,8 +66,12 @@ def test_the_last_worker_to_stop_withdraws_its_functions(redis_url, tmp_path):
         _stop(system, "gpu-host-b")
         ttl_ms = client.r.pttl(live)
         assert ttl_ms == -2, f"'add' is still live for {ttl_ms} ms after the last worker stopped"
+        with caplog.at_level(logging.WARNING, logger="makespan.client"):
+            waiting = client.submit("add", 1, 2)
+        assert waiting.status()["state"] == "queued"
+        assert "waits (waiting_for_function)" in caplog.text and "host-a, host-b registered it last" in caplog.text
         with pytest.raises(makespan.ValidationError, match="no live GPU worker registered this workload"):
-            client.submit("add", 1, 2)
+            client.submit("never_registered", 1, 2)
     finally:
         system.stop()
         client.close()
