@@ -510,15 +510,28 @@ class Job:
             raise NotFoundError(f"no job {self.id!r}")
         return state
 
+    def _ago(self, field: str) -> str:
+        """`` at 2026-12-07T03:04:05Z (52 s ago)`` from the job's unix-s ``field`` ('' when unset)."""
+        import datetime
+
+        try:
+            at = float(self._field(field) or "")
+            seconds, micros = self.client.r.time()
+        except (ValueError, redis.RedisError, StoreError):
+            return ""
+        stamp = datetime.datetime.fromtimestamp(at, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return f" at {stamp} ({seconds + micros / 1e6 - at:.0f} s ago)"
+
     def _outcome(self, state: str) -> Any:
         from makespan.results import read
 
         rec = read(self.client.r, self.client.keys, self.id)
         if state == "completed":
             if rec is None and self._field("fn"):  # a function's job whose result expired: not "None"
-                raise ResultExpired(f"job {self.id} completed, but its result is gone: a result is kept "
-                                    f"MAKESPAN_RESULT_TTL_S after the job ends (the GPU workers' setting; "
-                                    f"{self.client.settings.result_ttl_s:g} s here)")
+                raise ResultExpired(f"job {self.id} completed{self._ago('finished_at')}, but its result is gone: a "
+                                    "result is kept MAKESPAN_RESULT_TTL_S after the job ends, as the GPU worker "
+                                    f"that ran it was set ({self.client.settings.result_ttl_s:g} s in this "
+                                    "process's environment; the workers' may differ)")
             if rec is None or not rec.get("ok"):
                 return None  # a job without a workload function
             return rec.get("value")

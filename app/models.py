@@ -21,7 +21,7 @@ import pydantic
 import pydantic_core
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, field_validator, model_validator
 
-from makespan.errors import ValidationError
+from makespan.errors import ValidationError, is_utf8
 from makespan.priorities import Priority  # re-exported: its home is the core module makespan.priorities
 from makespan.job_states import FINAL_STATES as _FINAL_STATES
 
@@ -854,8 +854,9 @@ def json_size(value: Any, field: str) -> int:
 def _first_not_json(value: Any, path: str, depth: int = 0) -> tuple[str, str] | None:
     """(path, type name) of the first value in ``value`` (nested lists, tuples and dicts)
     that JSON cannot carry, e.g. ``("args[1]", "of type set")``, ``("args[0]", "the float nan")``,
-    ``("kwargs", "a mapping with a key of type tuple")``; None when none is found (a lone
-    surrogate: the encoder's own message says so)."""
+    ``("kwargs", "a mapping with a key of type tuple")``, ``("args[0]", "a string with a lone
+    surrogate (not UTF-8)")`` (a mapping key with one: the encoder's own message says so);
+    None when none is found."""
     if depth > 50:
         return None
     if isinstance(value, (list, tuple)):
@@ -874,7 +875,9 @@ def _first_not_json(value: Any, path: str, depth: int = 0) -> tuple[str, str] | 
         return None
     if isinstance(value, float) and not math.isfinite(value):
         return path, f"the float {value!r}"
-    if value is None or isinstance(value, (str, int, float, bool)):
+    if isinstance(value, str):
+        return None if is_utf8(value) else (path, "a string with a lone surrogate (not UTF-8)")
+    if value is None or isinstance(value, (int, float, bool)):
         return None
     return path, f"of type {type(value).__name__}"
 

@@ -23,8 +23,9 @@ def test_an_expired_result_is_an_error_not_none(r, keys, settings, monkeypatch):
     _completed(r, keys, "f1", "add")
     _completed(r, keys, "p1", None)
     client = Client(r, settings)
-    with pytest.raises(ResultExpired, match="completed, but its result is gone.*MAKESPAN_RESULT_TTL_S"):
-        client.job("f1").result(timeout_s=0)
+    with pytest.raises(ResultExpired, match="completed at 1970-01-01T00:00:01Z .* s ago., but its result is gone.*"
+                                            "MAKESPAN_RESULT_TTL_S.*the workers' may differ"):
+        client.job("f1").result(timeout_s=0)  # when it ended: the reader's TTL need not be the workers
     assert isinstance(ResultExpired("x"), NotFoundError)
     assert client.job("p1").result(timeout_s=0) is None  # a plain job: no function, no value
     monkeypatch.setenv("MAKESPAN_REDIS_URL", settings.redis_url)
@@ -45,3 +46,13 @@ def test_an_error_text_over_the_cap_says_it_was_cut():
     assert err["traceback"] == "[… 5 characters cut] " + "t" * ERROR_TEXT_MAX_CHARS
     short = json.loads(encode_error("ValueError", "short", "tb", 1))["error"]
     assert (short["message"], short["traceback"]) == ("short", "tb")
+
+
+def test_a_lone_surrogate_in_an_argument_names_where_it_is():
+    """``submit(..., "\\ud800")`` said ``(got '<list>')`` and no path, unlike the other JSON
+    errors (Celery user's check)."""
+    from makespan.errors import ValidationError
+    from makespan.models import json_size
+
+    with pytest.raises(ValidationError, match=r"job\.args\[1\]\['k'\]: a string with a lone surrogate"):
+        json_size(["ok", {"k": "\ud800"}], "job.args")
