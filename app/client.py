@@ -519,7 +519,7 @@ class Job:
             seconds, micros = self.client.r.time()
         except (ValueError, redis.RedisError, StoreError):
             return ""
-        stamp = datetime.datetime.fromtimestamp(at, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        stamp = datetime.datetime.fromtimestamp(at, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         return f" at {stamp} ({seconds + micros / 1e6 - at:.0f} s ago)"
 
     def _outcome(self, state: str) -> Any:
