@@ -335,9 +335,16 @@ class TransitionPhases:
         extra = extra if extra is not None else {}
         want = instance_value(endpoint, ctx.gpus)
         residents = self._residents(ctx.gpus)
-        if all(v == want for v in residents.values()):
-            return 0.0
         ep = self.fleet.endpoints[endpoint]
+        if all(v == want for v in residents.values()):
+            dead = self._dead_resident(ep, list(ctx.gpus))
+            if dead is None:
+                return 0.0
+            # its process died or was killed (nothing restarted it yet): loaded again here, as
+            # llama-swap reloads a crashed server, instead of failing the job in execute
+            log.warning("endpoint %s is resident on %s but its process is gone (%s): cold start", endpoint,
+                        ",".join(ctx.gpus), dead)
+            extra["dead_resident"] = dead[:500]
         restore = ctx.kind == "restore"
         levels = [(i, level) for i, level in sleepers_on(self.r, self.keys, ctx.gpus) if i.endpoint == endpoint]
         sleepers = [i for i, _level in levels]
@@ -386,6 +393,21 @@ class TransitionPhases:
             self._stop_instance(inst)
             raise StaleFencingToken("lease lost before start committed")
         return planned
+
+    def _dead_resident(self, spec, gpus: list[str]) -> str | None:
+        """Why the resident instance of endpoint ``spec`` on exactly ``gpus`` cannot serve (no
+        running instance of it registered there, or its driver knows its process ended), or
+        None when one can (or its driver spawns no process: nothing to die). One Redis read,
+        only for process endpoints."""
+        if not self._capabilities(spec.launch.driver).spawns_process:
+            return None
+        running = [i for i, state in instances_on(self.r, self.keys, gpus, with_state=True)
+                   if state == "running" and i.endpoint == spec.name and sorted(i.gpus) == sorted(gpus)]
+        if not running:
+            return "no running instance registered on its GPUs"
+        if any(self._driver(i.driver).is_alive(i) for i in running):
+            return None
+        return "process " + ", ".join(str(i.pid) for i in running) + " ended"
 
     def _start_instance(self, spec, gpus: list[str], ctx: PhaseContext, hb: LeaseHeartbeat) -> Instance:
         """Start an instance of endpoint ``spec`` with its driver (modelled waits spent

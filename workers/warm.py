@@ -17,7 +17,8 @@ scripts instead of some thirty round trips.
 Whenever a check of step 1 fails for any reason but a stale token (helper endpoints, a
 redelivery that finds phases claimed, a cancel, an instance that is no longer resident)
 nothing has been written, and the job goes the phase-by-phase way, which handles every
-such case.
+such case; so does a job whose resident process endpoint's process is gone (checked before
+step 1: its start phase loads the endpoint again).
 """
 
 from __future__ import annotations
@@ -62,6 +63,10 @@ def _run_warm(runner: PhaseRunner, ctx: PhaseContext) -> str:
     # a lease this worker's fleet cannot run (it differs from the planner's) fails in the
     # first of its phases, saying why
     if runner.fleet_problem(ctx, ()) is not None:
+        return run_phases(runner, ctx)
+    # a resident process endpoint whose process is gone: the start phase loads it again
+    # (PhaseRunner._load; one Redis read, process endpoints only)
+    if runner._dead_resident(runner.fleet.endpoints[ctx.endpoint], list(ctx.gpus)) is not None:
         return run_phases(runner, ctx)
     # The begin script renews the lease as the job starts, as PhaseRunner.run does (the
     # message may have waited in the queue for most of the TTL); a lease no longer ours

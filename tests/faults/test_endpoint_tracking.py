@@ -162,6 +162,41 @@ def test_an_endpoint_that_dies_during_execute_fails_the_job(r, keys, settings, t
         system.stop()
 
 
+def test_a_resident_endpoint_whose_process_died_is_loaded_again_not_failed(r, keys, settings, tmp_path):
+    """The endpoint's process is killed while idle and resident (a crash, an operator's kill -9;
+    no observer restarted it): the next job of it failed in execute ("no live instance"),
+    warm or not, and so did every later one while its resident marker stood (llama-swap
+    user's check). Now its start phase loads it again (a cold start; ``dead_resident`` in the
+    phase's event), on the warm path and the phase-by-phase one."""
+    import os
+
+    system, fleet, s = _system(tmp_path, settings, cold_start_s=10)
+    gpu = fleet.hosts[0].gpus[0].uuid
+    try:
+        _worker(system, 0)
+        for n, tasks in enumerate([("evict", "start_endpoint", "execute", "clear"), ("warm_job",),
+                                   ("evict", "start_endpoint", "execute", "clear")]):
+            job = Producer(r, keys, fleet, s).submit({"endpoint": "real", "service_s": 1.0, "priority": "HIGH"}).id
+            lease = LeaseStore(r, keys).acquire(f"L{n}", (gpu,), TTL_S, job_id=job, kind="job", holder=HOST,
+                                                queue=keys.queue("HIGH"))
+            assert lease is not None
+            ctx = PhaseContext(f"L{n}", lease.token, [gpu], HOST, "job", "real", job, "HIGH", 1.0)
+            _send(s, keys, ctx, tasks)
+            wait_for(lambda: r.hget(keys.job(job), "state") in TERMINAL, 60, f"job {n} to end")
+            rec = r.hgetall(keys.job(job))
+            assert rec["state"] == "completed", (tasks, rec.get("reason"))
+            [inst] = list_instances(r, keys)
+            assert pid_alive(inst.pid)
+            if n:  # its endpoint was loaded again in its start phase
+                [start] = [e for e in all_events(r, keys) if e["kind"] == "phase_end" and e.get("lease") == f"L{n}"
+                           and e.get("phase") == "start_endpoint"]
+                assert "ended" in start.get("dead_resident", ""), start
+            os.kill(inst.pid, signal.SIGKILL)  # dies idle, still resident
+            wait_for(lambda: not pid_alive(inst.pid), 10, "the endpoint process to end")
+    finally:
+        system.stop()
+
+
 def test_endpoint_spawned_by_a_killed_worker_is_tracked_and_stopped_by_the_next(r, keys, settings, tmp_path):
     # 1500 workload s x 0.01 = a 15 s load: the worker is killed during the health check
     system, fleet, s = _system(tmp_path, settings, cold_start_s=1500)
