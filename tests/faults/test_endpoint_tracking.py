@@ -182,7 +182,7 @@ def test_a_resident_endpoint_whose_process_died_is_loaded_again_not_failed(r, ke
             assert lease is not None
             ctx = PhaseContext(f"L{n}", lease.token, [gpu], HOST, "job", "real", job, "HIGH", 1.0)
             _send(s, keys, ctx, tasks)
-            wait_for(lambda: r.hget(keys.job(job), "state") in TERMINAL, 60, f"job {n} to end")
+            wait_for(lambda job=job: r.hget(keys.job(job), "state") in TERMINAL, 60, f"job {n} to end")
             rec = r.hgetall(keys.job(job))
             assert rec["state"] == "completed", (tasks, rec.get("reason"))
             [inst] = list_instances(r, keys)
@@ -192,7 +192,7 @@ def test_a_resident_endpoint_whose_process_died_is_loaded_again_not_failed(r, ke
                            and e.get("phase") == "start_endpoint"]
                 assert "ended" in start.get("dead_resident", ""), start
             os.kill(inst.pid, signal.SIGKILL)  # dies idle, still resident
-            wait_for(lambda: not pid_alive(inst.pid), 10, "the endpoint process to end")
+            wait_for(lambda pid=inst.pid: not pid_alive(pid), 10, "the endpoint process to end")
     finally:
         system.stop()
 
