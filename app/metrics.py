@@ -447,7 +447,7 @@ class RedisStateCollector:
         drain_raw = next(res) or {}
         drain = Gauge("makespan_drain_leftovers", "What the last drain check found left behind.",
                       labels=["item", *pool_label])
-        for item in ("leases", "agenda_entries", "busy_slots", "awaited_entries"):
+        for item in ("leases", "agenda_entries", "busy_slots", "awaited_entries", "set_points_failed"):
             drain.add_metric([item, *pool], float(drain_raw.get(item, 0) or 0))
         checks = Counter("makespan_drain_checks", "Drain checks run.", labels=pool_label)
         checks.add_metric(pool, float(drain_raw.get("checks", 0) or 0))

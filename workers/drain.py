@@ -26,7 +26,7 @@ from typing import Any
 from makespan import events, telemetry
 from makespan.awaited import leaked
 from makespan.planner.restore import plan_restores
-from makespan.workers.phases import PhaseContext, instance_value
+from makespan.workers.phases import PhaseContext, instance_value, restore_failure
 from makespan.workers.starts import send
 from makespan.workers.tick.clock import starts_now
 from makespan.workers.tick.context import TickContext, TickEnv
@@ -90,9 +90,15 @@ class SetPointsAndDrain:
         busy = set(ctx.held_gpus)
         uuids = [gpu.uuid for gpu in env.gpus]
         residents = dict(zip(uuids, env.r.mget([env.keys.resident(gpu) for gpu in uuids])))
-        for endpoint, gpus in env.set_points:
-            want = instance_value(endpoint, gpus)
-            if all(residents.get(gpu) == want for gpu in gpus):
+        off = [(endpoint, gpus) for endpoint, gpus in env.set_points
+               if not all(residents.get(gpu) == instance_value(endpoint, gpus) for gpu in gpus)]
+        backoffs = env.r.mget([env.keys.restore_failed(gpus[0]) for _endpoint, gpus in off]) if off else []
+        failed: dict[str, str] = {}  # set points whose last restores failed (backing off): endpoint@GPUs -> why
+        for (endpoint, gpus), backoff in zip(off, backoffs):
+            if backoff is not None:  # not retried before its backoff ends: the drain check reports it
+                failure = restore_failure(backoff)
+                failed[instance_value(endpoint, gpus)] = (f"{failure['failures']} failed restore(s), last: "
+                                                          f"{failure['reason'] or 'no reason kept'}")
                 continue
             restoring = True
             if busy.intersection(gpus):
@@ -104,7 +110,7 @@ class SetPointsAndDrain:
         lane_leases = kept.lane_leases  # read once: the lane's thread may lease meanwhile
         if not kept.idle_checked or lane_leases != kept.lane_leases_at_check:
             kept.idle_checked, kept.lane_leases_at_check = True, lane_leases
-            check_drain(env)
+            check_drain(env, failed)
 
 
 def start_restore(ctx: TickContext, endpoint: str, gpus: tuple[str, ...], busy: set[str],
@@ -152,21 +158,29 @@ def start_restore(ctx: TickContext, endpoint: str, gpus: tuple[str, ...], busy: 
     return True
 
 
-def check_drain(env: TickEnv) -> dict[str, Any]:
+def check_drain(env: TickEnv, set_points_failed: dict[str, str] | None = None) -> dict[str, Any]:
     """Count what a drained fleet must not hold: leases, agenda entries, busy slots,
-    leaked reverse-dependency index entries (module doc); written to ``P:drain`` and as
-    a ``drain`` event. Returns the counts by name."""
+    leaked reverse-dependency index entries (module doc), and the set points not in place
+    because their restores fail (``set_points_failed``: endpoint@GPUs -> why, from
+    :class:`SetPointsAndDrain`; their restores back off, so the fleet is idle otherwise);
+    written to ``P:drain`` and as a ``drain`` event (with ``set_points_failed_detail``).
+    Returns the counts by name."""
+    set_points_failed = set_points_failed or {}
     gpu_keys = sum(1 for holder in env.r.mget([env.keys.gpu(gpu.uuid) for gpu in env.gpus]) if holder)
     leases = int(env.r.zcard(env.keys.leases)) + gpu_keys
     agenda = env.agenda.count() if env.agenda is not None else 0
     busy_slots = sum(1 for _ in env.r.scan_iter(env.keys.busy_pattern, count=1000))
     awaited = sum(len(entries) for entries in leaked(env.r, env.keys).values())
-    counts = {"leases": leases, "agenda_entries": agenda, "busy_slots": busy_slots, "awaited_entries": awaited}
+    counts = {"leases": leases, "agenda_entries": agenda, "busy_slots": busy_slots, "awaited_entries": awaited,
+              "set_points_failed": len(set_points_failed)}
     env.r.hset(env.keys.drain, mapping={**counts, "checked_at": repr(env.clock.now())})
     env.r.hincrby(env.keys.drain, "checks", 1)
-    events.record(env.r, env.keys.events, "drain", **counts)
+    detail = "; ".join(f"{where}: {why}" for where, why in sorted(set_points_failed.items()))[:2000]
+    events.record(env.r, env.keys.events, "drain", **counts,
+                  **({"set_points_failed_detail": detail} if detail else {}))
     if any(counts.values()):
-        log.error("drain check: left behind %s (leases %s)", counts, env.leases.active())
+        log.error("drain check: left behind %s (leases %s)%s", counts, env.leases.active(),
+                  f"; set points not restored: {detail}" if detail else "")
     else:
         log.info("drain check: clean")
     return counts

@@ -43,6 +43,22 @@ JOB_PHASES = ("evict", "start_endpoint", "execute", "clear")
 RESTORE_PHASES = ("evict", "restore")
 RESTORE_BACKOFF_S = 60.0  # wall s before a failed set-point restore of a group is tried again; doubles per failure
 RESTORE_BACKOFF_MAX_S = 3600.0  # at most this long
+
+
+def restore_failure(raw: str | None) -> dict:
+    """``P:restore:failed:{gpu}`` (:meth:`PhaseRunner._restore_backoff_ops`) decoded:
+    ``{"failures": int, "endpoint": str, "reason": str}`` (a bare count, as written before
+    the reason was kept, gives empty texts; None: no failure, 0)."""
+    try:
+        value = json.loads(raw) if raw else {}
+    except ValueError:
+        value = {}
+    if isinstance(value, int):
+        value = {"failures": value}
+    if not isinstance(value, dict):
+        value = {}
+    return {"failures": int(value.get("failures") or 0), "endpoint": str(value.get("endpoint") or ""),
+            "reason": str(value.get("reason") or "")}
 # phase outcomes after which no later phase runs ("handed_back": the worker shuts down, the job is requeued)
 STOPS_CHAIN = ("failed", "cancelled", "stale", "retried", "handed_back")
 BEFORE_EXECUTE = ("evict", "start_endpoint")  # a job's phases before its workload runs
@@ -458,28 +474,31 @@ class PhaseRunner(TransitionPhases, ExecutePhase):
         else:
             ops.append(("XADD_E", self.keys.events, self._event("restore_end", ctx, outcome=state, reason=reason or None,
                                                                 **more)))
-            ops.extend(self._restore_backoff_ops(ctx, state))
+            ops.extend(self._restore_backoff_ops(ctx, state, reason))
         # The fenced script checks the GPU keys before deleting them, so order is safe.
         return ops
 
-    def _restore_backoff_ops(self, ctx: PhaseContext, state: str) -> list[tuple]:
+    def _restore_backoff_ops(self, ctx: PhaseContext, state: str, reason: str = "") -> list[tuple]:
         """The ops that record a restore's outcome for the planner's next restores of this
         set-point group (:func:`makespan.workers.drain.start_restore` skips a group while
-        its key lives): a failed restore sets ``P:restore:failed:{first GPU}`` to its count
-        of consecutive failures, expiring after :data:`RESTORE_BACKOFF_S` × 2^(count − 1)
-        s (at most :data:`RESTORE_BACKOFF_MAX_S`), so an endpoint that cannot start (a
-        missing model, a GPU it does not fit) is not retried at every idle tick, each try
-        holding the GPUs for its health timeout; a completed one deletes the key (a
-        cancelled one leaves it as it is)."""
+        its key lives): a failed restore sets ``P:restore:failed:{first GPU}`` to
+        :func:`restore_failure` JSON (its count of consecutive failures, the endpoint, the
+        last reason), expiring after :data:`RESTORE_BACKOFF_S` × 2^(count − 1) s (at most
+        :data:`RESTORE_BACKOFF_MAX_S`), so an endpoint that cannot start (a missing model, a
+        GPU it does not fit) is not retried at every idle tick, each try holding the GPUs for
+        its health timeout (the planner's drain check reports such a set point:
+        ``set_points_failed``); a completed one deletes the key (a cancelled one leaves it as
+        it is)."""
         key = self.keys.restore_failed(ctx.gpus[0])
         if state != "failed":
             return [("DEL", key)] if state == "completed" else []
         try:
-            failures = 1 + int(self.r.get(key) or 0)
-        except (redis.RedisError, ValueError):
+            failures = 1 + restore_failure(self.r.get(key))["failures"]
+        except redis.RedisError:
             failures = 1
         backoff_s = min(RESTORE_BACKOFF_S * 2 ** (failures - 1), RESTORE_BACKOFF_MAX_S)
-        return [("SET", key, str(failures), "PX", str(int(backoff_s * 1000)))]
+        value = json.dumps({"failures": failures, "endpoint": ctx.endpoint, "reason": reason[:500]})
+        return [("SET", key, value, "PX", str(int(backoff_s * 1000)))]
 
     def _finished(self, ctx: PhaseContext, state: str, reason: str, now: float) -> str:
         """After the finish ops committed: metrics, the job's root span (whatever its final

@@ -30,7 +30,8 @@ Shape of :func:`snapshot`::
      "endpoints": [{"name", "slots", "wake_s", "cold_start_s", "set_point", "instances": [{"gpus", "host", "state"}]}],
      "agenda": [{"op_id", "mode", "endpoints", "gpus", "planned_start", "expected_end", "overdue"}],
      "incidents": [{"incident_id", "endpoint", "host", "gpus", "failure_mode", "detected_at", "effect", "recovery"}],
-     "drain": {"checks", "checked_at", "leases", "agenda_entries", "busy_slots", "awaited_entries"} | None,
+     "drain": {"checks", "checked_at", "leases", "agenda_entries", "busy_slots", "awaited_entries",
+               "set_points_failed"} | None,
      "plan": {"at", "policy", "batch"} | None, "counts": {"queued", "delayed", "running", "leases", "listed", "list_limit"},
      "pools": [{"name", "leads", "queued", "drain"}]}  # [] without pools
 

@@ -11,7 +11,7 @@ import json
 import sys
 
 from makespan.models import parse_fleet
-from makespan.workers.phases import RESTORE_BACKOFF_S, PhaseRunner
+from makespan.workers.phases import RESTORE_BACKOFF_S, PhaseRunner, restore_failure
 from makespan.workers.planner_worker import PlannerWorker
 
 
@@ -46,19 +46,29 @@ def test_a_failed_restore_backs_off_and_a_completed_one_clears_it(r, keys, setti
     ends = _restore_ends(r, keys)
     assert ends and ends[-1].get("outcome") == "failed" and "health" in ends[-1].get("reason", "")
     key = keys.restore_failed(gpu)
-    assert r.get(key) == "1" and 0 < r.pttl(key) <= RESTORE_BACKOFF_S * 1000
+    failure = restore_failure(r.get(key))
+    assert failure["failures"] == 1 and failure["endpoint"] == "base" and "health" in failure["reason"]
+    assert 0 < r.pttl(key) <= RESTORE_BACKOFF_S * 1000
     assert not r.get(keys.gpu(gpu))  # the failed restore released the GPU
     for _ in range(3):  # idle ticks within the backoff start no restore
         planner.tick()
     assert len(sent) == 1
+    # the idle fleet's drain check runs meanwhile and reports the set point (it waited for
+    # the restore before and never ran: llama-swap user's check)
+    drain = r.hgetall(keys.drain)
+    assert drain.get("set_points_failed") == "1" and drain.get("checks") == "1", drain
+    [check] = [json.loads(f["e"]) for _, f in r.xrange(keys.events) if json.loads(f["e"])["kind"] == "drain"]
+    assert check["set_points_failed_detail"].startswith(f"base@{gpu}: 1 failed restore(s), last: "), check
     r.pexpire(key, 1)  # the backoff ends (the key's own expiry, shortened)
     r.delete(key)
     planner.tick()
     assert len(sent) == 2 and sent[1].kind == "restore"
     assert runner.run(sent[1], "evict") == "done"
     assert runner.run(sent[1], "restore") == "failed"
-    assert r.get(key) == "1"  # consecutive count restarts after the key expired
-    r.set(key, "3", px=60_000)
-    assert runner._restore_backoff_ops(sent[1], "failed") == [("SET", key, "4", "PX", str(int(RESTORE_BACKOFF_S * 8 * 1000)))]
+    assert restore_failure(r.get(key))["failures"] == 1  # consecutive count restarts after the key expired
+    r.set(key, "3", px=60_000)  # a count written before the reason was kept
+    [(op, at, value, px, backoff_ms)] = runner._restore_backoff_ops(sent[1], "failed", "why")
+    assert (op, at, px, backoff_ms) == ("SET", key, "PX", str(int(RESTORE_BACKOFF_S * 8 * 1000)))
+    assert json.loads(value) == {"failures": 4, "endpoint": "base", "reason": "why"}
     assert runner._restore_backoff_ops(sent[1], "completed") == [("DEL", key)]
     assert runner._restore_backoff_ops(sent[1], "cancelled") == []

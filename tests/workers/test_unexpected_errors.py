@@ -31,7 +31,7 @@ from makespan.producer import Producer
 from makespan.workers.drivers.base import Instance
 from makespan.workers.drivers.registry import list_instances, register_instance
 from makespan.workers.leases import LeaseStore
-from makespan.workers.phases import PhaseContext, PhaseRunner, instance_value
+from makespan.workers.phases import PhaseContext, PhaseRunner, instance_value, restore_failure
 from makespan.workers.planner_worker import PlannerWorker
 from makespan.workers.warm import run_phases, run_warm
 from tests.live import all_events
@@ -151,11 +151,13 @@ evict_s = 1
 """
 
 
-def test_a_gpu_worker_process_with_an_older_fleet_file_fails_the_job_at_once(r, keys, settings, tmp_path):
+def test_a_gpu_worker_process_with_an_older_fleet_file_is_not_given_the_job(r, keys, settings, tmp_path):
     """The same through real processes: a planner with the new fleet file, a ``makespan
     gpu-worker`` with the old one (without ``b``). Before, the job was leased, the phase task
     raised ``KeyError: 'b'``, the lease expired and was reclaimed, max_attempts times, and the
-    job failed with the reclaim's reason; now the worker fails it at its first lease."""
+    job failed with the reclaim's reason; then the worker failed it at its first lease; now
+    the worker publishes its fleet's version and the planner leaves the job queued
+    (``host_fleet_differs``, makespan.workers.worker_fleets) until a worker can run it."""
     from makespan.live import LiveSystem
     from makespan.models import load_fleet
     from tests.live import stop_checked, wait_for
@@ -172,13 +174,11 @@ def test_a_gpu_worker_process_with_an_older_fleet_file_fails_the_job_at_once(r, 
         planner.start_planner()
         wait_for(lambda: r.get(keys.fleet_version) == fleet_version(planner_fleet), 60, "the planner to publish")
         job_id = Producer(r, keys, planner_fleet, settings).submit({"endpoint": "b", "service_s": 1}).id
-        wait_for(lambda: r.hget(keys.job(job_id), "state") == "failed", 60, "the job to fail")
+        wait_for(lambda: r.hget(keys.job(job_id), "wait_reason") == "host_fleet_differs", 60, "the job's reason")
         rec = r.hgetall(keys.job(job_id))
-        assert f"this GPU worker's fleet (version {fleet_version(worker_fleet)}) has no endpoint 'b'" in rec["reason"]
-        assert f"the planner's (version {fleet_version(planner_fleet)})" in rec["reason"]
-        assert int(rec.get("attempts") or 0) == 0, rec  # its one lease ended by the worker, not by an expiry
+        assert rec["state"] == "queued" and f"h1 (fleet version {fleet_version(worker_fleet)})" in rec["wait_detail"]
         kinds = [e["kind"] for e in all_events(r, keys) if e.get("job") == job_id]
-        assert kinds.count("leased") == 1 and "failed" in kinds, kinds
+        assert "leased" not in kinds, kinds
         # and a job the worker's fleet has still runs there
         ok = Producer(r, keys, planner_fleet, settings).submit({"endpoint": "a", "service_s": 1}).id
         wait_for(lambda: r.hget(keys.job(ok), "state") == "completed", 60, "the job of endpoint a to complete")
@@ -333,7 +333,7 @@ def test_an_unexpected_error_in_a_restore_fails_it_and_releases_the_lease(r, key
     [end] = [e for e in all_events(r, keys) if e["kind"] == "restore_end"]
     assert end["outcome"] == "failed" and "RuntimeError: bug in the buggy driver's start" in end["reason"]
     assert "Traceback (most recent call last)" in end["traceback"]
-    assert r.get(keys.restore_failed("GPU-h1-0")) == "1"  # the usual backoff of a failed restore
+    assert restore_failure(r.get(keys.restore_failed("GPU-h1-0")))["failures"] == 1  # the usual backoff
     assert not r.exists(keys.lease("R1")) and r.get(keys.gpu("GPU-h1-0")) is None
 
 

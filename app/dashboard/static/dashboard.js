@@ -215,9 +215,10 @@ function drawEndpoints(state, colour) {
     [el("li", {class: "none", text: "no incident"})]));
   const d = state.drain;
   document.getElementById("drain").replaceChildren(d ? el("div", {class: "drain" + (["leases", "agenda_entries",
-    "busy_slots", "awaited_entries"].some(k => d[k]) ? " bad" : " ok"), "data-checks": d.checks},
+    "busy_slots", "awaited_entries", "set_points_failed"].some(k => d[k]) ? " bad" : " ok"), "data-checks": d.checks},
     `${d.checks} checks · last ${clock(d.checked_at)}: leases ${d.leases ?? 0}, agenda ${d.agenda_entries ?? 0}, ` +
-    `busy slots ${d.busy_slots ?? 0}, awaited ${d.awaited_entries ?? 0}`) :
+    `busy slots ${d.busy_slots ?? 0}, awaited ${d.awaited_entries ?? 0}` +
+    (d.set_points_failed ? `, set points failing ${d.set_points_failed}` : "")) :
     el("div", {class: "none", text: "no drain check yet"}));
   const pools = state.pools || [];  // [] without [[pools]] in the fleet file
   document.getElementById("pools-section").hidden = !pools.length;
