@@ -65,7 +65,14 @@ class ExecutePhase:
                              "the job was planned on (its process was stopped or died after the start phase); "
                              "not running the job without it")
         if spec and spec.get("workload"):
-            self._run_function(ctx, hb, extra, spec, attempt, registered)
+            try:
+                self._run_function(ctx, hb, extra, spec, attempt, registered)
+            except WorkloadFailed as e:  # its requests failed because the endpoint died under it: say so
+                if needs_process and inst is not None and not self._known_alive(inst):
+                    raise WorkloadFailed(e.error_type, f"{e.message} (endpoint {ctx.endpoint!r}'s process, pid "
+                                                       f"{inst.pid}, died during the run)", e.traceback_text,
+                                         e.retryable) from e
+                raise
             return
         if inst is not None and payload.get("requests"):  # request-level execution against the real endpoint
             from makespan.workers.requests import RequestRunner
@@ -231,6 +238,13 @@ class ExecutePhase:
             return False
         fitting = [gpu for gpu in spec.gpus if gpu.memory_mib >= endpoint.memory_mib_per_gpu]
         return len(fitting) >= endpoint.tensor_parallel
+
+    def _known_alive(self, inst: Instance) -> bool:
+        """Whether ``inst``'s driver says its process runs (True when the driver cannot tell)."""
+        try:
+            return bool(self._driver(inst.driver).is_alive(inst))
+        except Exception:  # noqa: BLE001 - a driver's own error: not known dead
+            return True
 
     def _request_target(self, ctx: PhaseContext, registered: Registered = None) -> Instance | None:
         """The running instance of ``ctx.endpoint`` on exactly these GPUs that has a URL

@@ -517,3 +517,30 @@ def test_a_worker_paused_past_its_lease_ttl_skips_the_side_effect_when_it_resume
         if paused:
             system.kill("gpu-", signal.SIGCONT)
         stop_checked(system)
+
+
+def test_an_endpoint_that_dies_under_a_function_says_so_and_the_next_job_loads_it_again(live):
+    """kill -9 of the endpoint process while a function sends it requests: the job failed
+    with ``1 of 1 requests ... failed: ConnectError`` and nothing on the process (llama-swap
+    user's check); the reason names the endpoint's process now, and the next job of the
+    endpoint loads it again (a cold start) instead of failing on the dead resident one."""
+    import os
+    import signal
+
+    from makespan.workers.drivers.registry import list_instances
+
+    _, client = live
+    job = client.submit("prompts", [f"p{i}" for i in range(4000)])  # 4,000 requests of 5 ms, 4 at a time
+    wait_for(lambda: client.r.llen(client.keys.requests(job.id)) > 0 or job.status()["state"] == "running", 90,
+             "the function to run")
+    [inst] = wait_for(lambda: [i for i in list_instances(client.r, client.keys) if i.endpoint == "gen"], 30,
+                      "gen's instance")
+    os.kill(inst.pid, signal.SIGKILL)
+    with pytest.raises(makespan.WorkloadError) as err:
+        job.result(timeout_s=90)
+    assert f"endpoint 'gen''s process, pid {inst.pid}, died during the run" in err.value.message, err.value.message
+    answers = client.submit("prompts", ["again"]).result(timeout_s=90)
+    assert len(answers) == 1 and answers[0].endswith(" from gen"), answers
+    starts = [e for e in all_events(client.r, client.keys) if e["kind"] == "phase_end"
+              and e.get("phase") == "start_endpoint" and e.get("dead_resident")]
+    assert starts, "the next job did not load gen again"
