@@ -103,7 +103,14 @@ def _write(ctx: TickContext, batch: list[PlanJob], plan: Plan) -> None:
         start = ctx.victim_starts.get(job_id)  # the scored decider's plan after the preemptions
         rows += [job_id, "preempted_requeued", "preempted this tick; queued again, restarts from zero",
                  _server_eta(ctx, start, now) if start is not None else ""]
+    down = ctx.snapshot.down_hosts if ctx.snapshot is not None else frozenset()
     for job_id, (fn, last_hosts) in ctx.formed.function_waits.items():
+        if last_hosts and down.issuperset(last_hosts):  # the hosts that had it are down: that is the cause
+            rows += [job_id, "host_down",
+                     f"host{'s' if len(last_hosts) > 1 else ''} {', '.join(last_hosts)}, whose GPU workers registered "
+                     f"its workload function {fn!r} last, ha{'ve' if len(last_hosts) > 1 else 's'} no live GPU "
+                     "worker: it stays queued until one is back (with the function)", ""]
+            continue
         last = f" (last registered by the GPU workers of {', '.join(last_hosts)})" if last_hosts else ""
         rows += [job_id, "waiting_for_function",
                  f"no live GPU worker registers workload function {fn!r}{last}: it stays queued until one "
