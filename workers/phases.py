@@ -207,6 +207,15 @@ class PhaseRunner(TransitionPhases, ExecutePhase):
         except Exception as e:  # noqa: BLE001 - the one catch of errors no phase anticipated
             return self._crashed(ctx, phase, e)
 
+    def _preempted(self, ctx: PhaseContext) -> bool:
+        """Whether ``ctx``'s job lost its lease to a preemption (its record names another
+        lease, or none, and its reason says ``preempted by``); False when Redis cannot say."""
+        try:
+            lease, reason = self.r.hmget(self.keys.job(ctx.job_id), "lease", "reason")
+        except redis.RedisError:
+            return False
+        return lease != ctx.lease_id and (reason or "").startswith("preempted by")
+
     def hand_back(self, ctx: PhaseContext, error: StaleFencingToken | None = None) -> str | None:
         """While the GPU worker shuts down (:data:`makespan.shutdown.SHUTTING_DOWN`), give a
         job's lease back at once instead of leaving it to expire: its GPUs are freed and
@@ -227,10 +236,14 @@ class PhaseRunner(TransitionPhases, ExecutePhase):
             StoreError: Redis failed (the lease then expires and its reclaim requeues the job)."""
         if ctx.kind != "job" or not shutdown.SHUTTING_DOWN.is_set():
             if isinstance(error, LeaseLostDuringPhase):  # said at the default level: it was silent
-                log.warning("job %s: its lease %s was lost while its phase ran (not renewed within the lease TTL: "
-                            "this worker was paused, overloaded or cut off from Redis; or cut by a preemption): "
-                            "this run is given up; the lease's reclaim requeues the job (fails it after "
-                            "max_attempts)", ctx.job_id, ctx.lease_id)
+                if self._preempted(ctx):  # routine under priorities: not a warning (SRE's soak check)
+                    log.info("job %s: preempted while its phase ran (lease %s): this run is given up; the job was "
+                             "requeued by the preemption", ctx.job_id, ctx.lease_id)
+                else:
+                    log.warning("job %s: its lease %s was lost while its phase ran (not renewed within the lease "
+                                "TTL: this worker was paused, overloaded or cut off from Redis): this run is given "
+                                "up; the lease's reclaim requeues the job (fails it after max_attempts)",
+                                ctx.job_id, ctx.lease_id)
             return None
         return self._give_back(ctx, "worker_shutdown", "the GPU worker shuts down")
 

@@ -258,3 +258,10 @@ def test_a_wait_whose_lease_is_lost_ends_and_says_so_at_the_workers_default_leve
     with caplog.at_level(logging.WARNING, logger="makespan.phases"):
         assert runner.hand_back(ctx, lost.value) is None  # not shutting down: nothing handed back
     assert "job j-HB9: its lease HB9 was lost while its phase ran" in caplog.text
+    # a preemption is routine: said at INFO, as what it is (it was the same warning: SRE's soak check)
+    caplog.clear()
+    r.hset(keys.job("j-HB9"), mapping={"state": "queued", "reason": "preempted by job c1 (CRITICAL)", "lease": ""})
+    with caplog.at_level(logging.INFO, logger="makespan.phases"):
+        assert runner.hand_back(ctx, lost.value) is None
+    [record] = [rec for rec in caplog.records if "j-HB9" in rec.getMessage()]
+    assert record.levelno == logging.INFO and "preempted while its phase ran" in record.getMessage()
