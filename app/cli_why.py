@@ -282,15 +282,28 @@ def pool_mismatch(r, keys, endpoint: str, pool: str) -> str | None:
             + (f"its jobs go to {', '.join(repr(name) for name in serving)}" if serving else "no pool serves it"))
 
 
+SCAN_MAX_IDS = 200_000  # ids read per source at most by one listing, past its filters' rejects
+
+
 def list_jobs(r, keys, settings, states: tuple[str, ...] = WAITING, endpoint: str | None = None,
               priority: str | None = None, limit: int = 100, pool: str | None = None) -> list[dict[str, Any]]:
-    """The jobs in ``states`` (queued: every queue, CRITICAL first, FIFO; delayed: by due
-    time; leased: by lease; completed, failed, cancelled: the latest finished first, whether
-    compacted to a summary by retention or not yet, while their records are kept, see
-    docs/operations.md on retention) filtered by endpoint,
-    priority (a level name or 0–3) and pool (a fleet with ``[[pools]]``), at most ``limit``, each as
-    :func:`explain` answers. Reads at most ``limit`` ids per source past the filters'
-    rejects (a bounded scan, ``4 × limit``).
+    """:func:`scan_jobs`'s jobs (without whether the scan was cut short)."""
+    return scan_jobs(r, keys, settings, states, endpoint, priority, limit, pool)[0]
+
+
+def scan_jobs(r, keys, settings, states: tuple[str, ...] = WAITING, endpoint: str | None = None,
+              priority: str | None = None, limit: int = 100,
+              pool: str | None = None) -> tuple[list[dict[str, Any]], int | None]:
+    """(the jobs, None; or the jobs found and how many ids each source was read to, when
+    the scan stopped at :data:`SCAN_MAX_IDS` with more left): the jobs in ``states``
+    (queued: every queue, CRITICAL first, FIFO; delayed: by due time; leased: by lease;
+    completed, failed, cancelled: the latest finished first, whether compacted to a summary
+    by retention or not yet, while their records are kept, see docs/operations.md on
+    retention) filtered by endpoint, priority (a level name or 0–3) and pool (a fleet with
+    ``[[pools]]``), at most ``limit``, each as :func:`explain` answers. Each source is read
+    ``4 × limit`` ids first, four times as many again while fewer than ``limit`` match and a
+    source has more (a filter that matches few jobs behind many others: the listing said
+    "no job" with matching jobs queued, found by an SRE's soak).
 
     Raises:
         ValidationError: an unknown state or priority, an endpoint the published
@@ -308,9 +321,31 @@ def list_jobs(r, keys, settings, states: tuple[str, ...] = WAITING, endpoint: st
                                   if known else "the published fleet declares no pools (or none is published yet)")
     if endpoint:
         _check_endpoint(r, keys, endpoint)
+    states = tuple(dict.fromkeys(states))  # a state given twice is listed once
+    scan, most = 4 * limit, max(4 * limit, SCAN_MAX_IDS)
+    while True:
+        ids, more = _listed_ids(r, keys, states, level, pool, scan)
+        out = _filtered(r, keys, settings, ids, states, endpoint, level, pool, limit)
+        if len(out) >= limit or not more:
+            return out, None
+        if scan >= most:
+            return out, scan
+        scan = min(scan * 4, most)
+
+
+def _listed_ids(r, keys, states: tuple[str, ...], level, pool: str | None, scan: int) -> tuple[list[str], bool]:
+    """(up to ``scan`` ids of each source of ``states``, in listing order; whether a source
+    has more)."""
+    from makespan.models import Priority
+
     ids: list[str] = []
-    scan = 4 * limit
-    states = list(dict.fromkeys(states))  # a state given twice is listed once
+    more = False
+
+    def take(got: list[str]) -> None:
+        nonlocal more
+        ids.extend(got)
+        more = more or len(got) >= scan
+
     for st in states:
         if st == "queued":  # every queue, CRITICAL first: levels before pools
             levels = [level] if level is not None else list(Priority)
@@ -319,40 +354,48 @@ def list_jobs(r, keys, settings, states: tuple[str, ...] = WAITING, endpoint: st
             pools = [pool] if pool else list(dict.fromkeys([*published_pools(r, keys), None]))
             for lvl in levels:
                 for queue_pool in pools:
-                    ids += r.zrange(keys.for_pool(queue_pool).queue(lvl), 0, scan - 1)
+                    take(r.zrange(keys.for_pool(queue_pool).queue(lvl), 0, scan - 1))
         elif st == "delayed":
-            ids += r.zrange(keys.delayed, 0, scan - 1)
+            take(r.zrange(keys.delayed, 0, scan - 1))
         elif st in FINISHED:
             if st == next(s for s in states if s in FINISHED):  # the two indexes hold all three: read them once
-                ids += _finished_ids(r, keys, scan)
+                take(_finished_ids(r, keys, scan))
         elif "leased" not in states or st == "leased":  # P:running holds leased and running jobs: read it once
-            ids += r.zrange(keys.running, 0, scan - 1)
-    ids = list(dict.fromkeys(ids))  # a job that moved between two sources while they were read: once
+            take(r.zrange(keys.running, 0, scan - 1))
+    return list(dict.fromkeys(ids)), more  # a job that moved between two sources while they were read: once
+
+
+def _filtered(r, keys, settings, ids: list[str], states: tuple[str, ...], endpoint: str | None, level,
+              pool: str | None, limit: int) -> list[dict[str, Any]]:
+    """The jobs of ``ids`` in ``states`` that pass the filters, at most ``limit``, each as
+    :func:`explain` answers (records read in chunks, so a wide scan stops reading at ``limit``)."""
     # each pool's context (its last reason write) before the records: see explain()
     leads_by_pool: dict[str | None, tuple[bool, float, float | None]] = {
-        pool: _context(r, keys.for_pool(pool)) for pool in published_pools(r, keys)}
-    p = r.pipeline(transaction=False)
-    for j in ids:
-        p.hgetall(keys.job(j))
-    recs = p.execute()
-    out = []
-    for j, rec, marks, holder in zip(ids, recs, _phase_marks(r, keys, recs), _lease_hosts(r, keys, recs)):
-        if not rec or rec.get("state") not in states and not (rec.get("state") == "running" and "leased" in states):
-            continue
-        if endpoint and rec.get("endpoint") != endpoint or level is not None and rec.get("priority") != level.name:
-            continue
-        job_pool = rec.get("pool")
-        if pool and job_pool != pool:
-            continue
-        if job_pool not in leads_by_pool:  # a pool not in the published fleet: read after its records, so
-            leads, now_s, _written = _context(r, keys.for_pool(job_pool))  # its last write is not compared
-            leads_by_pool[job_pool] = (leads, now_s, None)
-        out.append(_explain_rec(r, keys, settings, j, rec, *leads_by_pool[job_pool], phase_marks=marks,
-                                lease_host=holder))
-        if len(out) >= limit:
-            break
+        name: _context(r, keys.for_pool(name)) for name in published_pools(r, keys)}
+    out: list[dict[str, Any]] = []
+    chunk = max(4 * limit, 1000)
+    for first in range(0, len(ids), chunk):
+        part = ids[first:first + chunk]
+        p = r.pipeline(transaction=False)
+        for j in part:
+            p.hgetall(keys.job(j))
+        recs = p.execute()
+        for j, rec, marks, holder in zip(part, recs, _phase_marks(r, keys, recs), _lease_hosts(r, keys, recs)):
+            if not rec or rec.get("state") not in states and not (rec.get("state") == "running" and "leased" in states):
+                continue
+            if endpoint and rec.get("endpoint") != endpoint or level is not None and rec.get("priority") != level.name:
+                continue
+            job_pool = rec.get("pool")
+            if pool and job_pool != pool:
+                continue
+            if job_pool not in leads_by_pool:  # a pool not in the published fleet: read after its records, so
+                leads, now_s, _written = _context(r, keys.for_pool(job_pool))  # its last write is not compared
+                leads_by_pool[job_pool] = (leads, now_s, None)
+            out.append(_explain_rec(r, keys, settings, j, rec, *leads_by_pool[job_pool], phase_marks=marks,
+                                    lease_host=holder))
+            if len(out) >= limit:
+                return out
     return out
-
 
 
 def register(app: typer.Typer) -> None:
@@ -394,7 +437,7 @@ def register(app: typer.Typer) -> None:
         was leased (or began executing) and its phase now, an ended job's when and why it ended."""
         try:
             s, r, k = _ctx()
-            rows = list_jobs(r, k, s, tuple(state) if state else WAITING, endpoint, priority, limit, pool)
+            rows, cut_at = scan_jobs(r, k, s, tuple(state) if state else WAITING, endpoint, priority, limit, pool)
             unchecked = bool(endpoint) and published_endpoints(r, k) is None
             mismatch = pool_mismatch(r, k, endpoint, pool) if endpoint and pool else None
         except MakespanError as e:
@@ -404,8 +447,11 @@ def register(app: typer.Typer) -> None:
                        "(an unknown endpoint lists nothing)", err=True)
         if mismatch:
             typer.echo(f"warning: {mismatch}", err=True)
+        if cut_at is not None:
+            typer.echo(f"note: read the first {cut_at} jobs of each list ({', '.join(state or WAITING)}) and found "
+                       f"{len(rows)} matching; more may match further on", err=True)
         if not rows and not as_json:
-            typer.echo(f"no job {' or '.join(state or WAITING)}", err=True)
+            typer.echo(f"no job {' or '.join(state or WAITING)}" + (" among those read" if cut_at else ""), err=True)
         pooled = any(x.get("pool") for x in rows)  # a fleet with [[pools]]: which pool each job is routed to
         if rows and not as_json:
             typer.echo(_header(pooled))

@@ -149,3 +149,22 @@ def test_a_host_removed_from_the_fleet_is_listed_while_its_leases_run(r, keys, s
     assert _rows(env)["gone"]["reason"].startswith("not in the fleet file: its GPU worker gets no job")
     r.delete(keys.host_live("gone"))  # and stopped: nothing left to show
     assert "gone" not in _rows(env)
+
+
+def test_jobs_with_a_filter_finds_matches_behind_many_other_jobs(r, keys, settings, monkeypatch):
+    """``makespan jobs --endpoint judge --limit 5`` read 4 × 5 ids per queue and said "no job
+    queued or delayed" with two judge jobs queued behind 30 others (SRE's soak)."""
+    from makespan.models import load_fleet
+    from tests.conftest import FLEET_TOML
+
+    fleet = load_fleet(FLEET_TOML)
+    monkeypatch.setenv("MAKESPAN_REDIS_URL", settings.redis_url)
+    monkeypatch.setenv("MAKESPAN_KEY_PREFIX", settings.key_prefix)
+    r.set(keys.fleet, fleet.model_dump_json())
+    prod = Producer(r, keys, fleet, settings)
+    for _ in range(30):
+        prod.submit({"endpoint": "renderer", "service_s": 1, "priority": "LOW"})
+    wanted = [prod.submit({"endpoint": "embed", "service_s": 1, "priority": "LOW"}).id for _ in range(2)]
+    res = CliRunner().invoke(cli_app, ["jobs", "--endpoint", "embed", "--limit", "5", "--json"])
+    assert res.exit_code == 0, res.output
+    assert [json.loads(line)["id"] for line in res.output.splitlines() if line.startswith("{")] == wanted
