@@ -117,7 +117,12 @@ def test_a_repeated_workloads_option_loads_every_module(monkeypatch):
         raise SystemExit(0)
 
     monkeypatch.setattr("makespan.registry.load_modules", stop_after_loading)
-    monkeypatch.delenv("MAKESPAN_WORKLOADS", raising=False)
+    # the command sets these in this process: recorded here (set, then removed) so they are
+    # restored after the test (a delenv of an unset name records nothing: MAKESPAN_WORKLOADS
+    # leaked into a later test's GPU worker subprocess, which failed to import 'mod_a')
+    for name in ("MAKESPAN_WORKLOADS", "MAKESPAN_FLEET", "MAKESPAN_HOST"):
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     res = CliRunner().invoke(cli.app, ["gpu-worker", "--fleet", "examples/render-pipeline.toml", "--host", "host-a",
                                        "--no-check-gpus", "--workloads", "mod_a,mod_b", "--workloads", "mod_c"])
     assert seen.get("workloads") == "mod_a,mod_b,mod_c", (seen, res.output)
