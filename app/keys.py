@@ -368,6 +368,14 @@ class Keys:
         """Hash: host -> id of its open ``host_down`` incident (:mod:`makespan.workers.observer`)."""
         return f"{self.prefix}:incidents:hosts_down"
 
+    @property
+    def incidents_given_up(self) -> str:
+        """Hash: id of an endpoint incident the observer did not recover (its GPUs were
+        leased, or its restart failed) -> JSON ``{"endpoint", "gpus", "since"}``, until the
+        endpoint runs on those GPUs again and a later ``recovered`` record closes it
+        (:mod:`makespan.workers.observer`)."""
+        return f"{self.prefix}:incidents:given_up"
+
     def instance(self, instance_id: str) -> str:
         return f"{self.prefix}:instance:{instance_id}"
 

@@ -202,6 +202,7 @@ class Observer:
         if raised_for:  # recorded once raised (fresh ops only): the entry's close writes their recovery
             self.r.hset(self.keys.incidents_overruns, mapping={op: ",".join(ids) for op, ids in raised_for.items()})
         raised += self.check_hosts()
+        self._close_given_up()
         self.r.hset(self.keys.observer, mapping={"cycle": self.cycle, "at": repr(time.time())})
         self.r.expire(self.keys.observer, max(int(self.probe_interval_s * 5), 5))
         return raised
@@ -436,7 +437,53 @@ class Observer:
         out["recovered_at"] = repr(time.time())
         out["recovery_s"] = repr(round(time.time() - t0, 3))
         self.r.xadd(self.keys.incidents, out, maxlen=INCIDENTS_MAX_LEN, approximate=True)
+        if out["outcome"] != "recovered" and spec is not None:  # closed later, once the endpoint is back there
+            self.r.hset(self.keys.incidents_given_up, inc["incident_id"],
+                        json.dumps({"endpoint": inst.endpoint, "gpus": sorted(inst.gpus), "since": t0,
+                                    "old_instance_id": inst.id}))
         log.warning("recovery of %s after %s: %s", inst.endpoint, inc["incident_id"], out["outcome"])
+
+    def _close_given_up(self) -> None:
+        """Close the incidents this observer did not recover (``P:incidents:given_up``) whose
+        endpoint runs on the same GPUs again in another instance (loaded by a job's start
+        phase or a set-point restore): a ``recovered`` record after the first (``makespan
+        incidents`` shows the latest), naming the instance. Entries older than
+        :data:`GIVEN_UP_KEPT_S` are dropped. The instances are read now (not the cycle's
+        snapshot, taken before its recoveries)."""
+        given_up = self.r.hgetall(self.keys.incidents_given_up)
+        if not given_up:
+            return
+        old_ids = set()
+        for raw in given_up.values():
+            try:
+                old_ids.add(json.loads(raw).get("old_instance_id"))
+            except (ValueError, AttributeError):
+                pass
+        running = {(i.endpoint, tuple(sorted(i.gpus))): i
+                   for i, state in list_instances(self.r, self.keys, with_state=True)
+                   if state == "running" and i.id not in old_ids}
+        now = time.time()
+        for incident_id, raw in given_up.items():
+            try:
+                entry = json.loads(raw)
+                back = running.get((entry["endpoint"], tuple(entry["gpus"])))
+                since = float(entry["since"])
+            except (ValueError, KeyError, TypeError):
+                self.r.hdel(self.keys.incidents_given_up, incident_id)
+                continue
+            if back is None:
+                if now - since > GIVEN_UP_KEPT_S:
+                    self.r.hdel(self.keys.incidents_given_up, incident_id)
+                continue
+            self.r.xadd(self.keys.incidents, {
+                "kind": "recovery", "incident_id": incident_id, "endpoint": entry["endpoint"],
+                "outcome": "recovered", "new_instance_id": back.id,
+                "detail": "the endpoint runs on its GPUs again (loaded by a job's start phase or a set-point restore)",
+                "recovered_at": repr(now), "recovery_s": repr(round(now - since, 3))},
+                maxlen=INCIDENTS_MAX_LEN, approximate=True)
+            self.r.hdel(self.keys.incidents_given_up, incident_id)
+            log.warning("recovery of %s after %s: recovered (instance %s runs on its GPUs again)", entry["endpoint"],
+                        incident_id, back.id)
 
     def _leased(self, inst: Instance) -> str:
         """The lease holding any of ``inst``'s GPUs ("": none)."""
@@ -570,6 +617,9 @@ def run_observer(settings: Settings, fleet: FleetSpec, probe_interval_s: float =
         if restore_signals is not None:
             restore_signals()
     return raised
+
+
+GIVEN_UP_KEPT_S = 7 * 24 * 3600.0  # an incident not recovered is closed when its endpoint is back within this
 
 
 def list_incidents(r: redis.Redis, keys: Keys, count: int | None = None) -> list[dict]:

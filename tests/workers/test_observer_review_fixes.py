@@ -106,6 +106,29 @@ def test_an_endpoint_on_leased_gpus_is_not_restarted_beside_the_lease(r, keys, t
     assert r.get(keys.resident(GPU)) is None
     recovery = [e for _, e in r.xrange(keys.incidents) if e.get("kind") == "recovery"]
     assert recovery and recovery[-1]["outcome"].startswith("not restarted: its GPUs are leased")
+    # the lease's job loads the endpoint again (its start phase): the incident, left "not
+    # restarted" for good before (llama-swap user's check), is closed as recovered
+    from makespan.workers.observer import list_incidents
+
+    assert list_incidents(r, keys)[-1]["recovery"]["outcome"].startswith("not restarted")
+    r.delete(keys.gpu(GPU))
+    healthy = subprocess.Popen([sys.executable, "-m", "makespan.workers.endpoint_server", "--port", "0", "--model",
+                                "m/coder"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        back = Instance("coder", [GPU], "process", host="h1", time_scale=0.01, url="http://127.0.0.1:9", port=9,
+                        pid=healthy.pid, owner_pid=healthy.pid)
+        register_instance(r, keys, back)
+        observer = Observer(r, keys, _fleet(NEVER_HEALTHY))
+        try:
+            observer._close_given_up()
+        finally:
+            observer.close()
+    finally:
+        healthy.kill()
+        healthy.wait()
+    [closed] = list_incidents(r, keys)[-1:]
+    assert closed["incident_id"] == incident["incident_id"] and closed["recovery"]["outcome"] == "recovered"
+    assert closed["recovery"]["new_instance_id"] == back.id and not r.exists(keys.incidents_given_up)
 
 
 def test_a_down_instance_of_an_endpoint_no_longer_in_the_fleet_is_reported_once(r, keys, tmp_path, monkeypatch):
