@@ -24,6 +24,7 @@ from makespan.workers.heartbeat import LeaseHeartbeat
 from makespan.workers.phase_context import PhaseContext, Registered
 
 log = logging.getLogger("makespan.phases")
+DEATH_CHECK_WALL_S = 0.5  # how often a plain job's execute checks its process endpoint is alive, wall s
 
 
 class ExecutePhase:
@@ -90,7 +91,7 @@ class ExecutePhase:
                 raise PhaseCancelled(f"cancelled while running ({res.sent} of {payload['requests']} requests sent)")
             extra.update(res.summary(), instance=inst.id)
         else:
-            self._sleep(ctx.service_s, hb, ctx)
+            self._sleep_beside(inst, ctx, hb)
             if needs_process and self._request_target(ctx) is None:  # it died while the job ran on it
                 raise PhaseError(f"endpoint {ctx.endpoint!r} on GPUs {', '.join(ctx.gpus)} stopped or died during "
                                  "execute (its process is gone): the job did not run to its end with it")
@@ -238,6 +239,26 @@ class ExecutePhase:
             return False
         fitting = [gpu for gpu in spec.gpus if gpu.memory_mib >= endpoint.memory_mib_per_gpu]
         return len(fitting) >= endpoint.tensor_parallel
+
+    def _sleep_beside(self, inst: Instance | None, ctx: PhaseContext, hb: LeaseHeartbeat) -> None:
+        """Execute's wait of ``service_s`` (:meth:`_sleep`); beside a process endpoint
+        ``inst``, its process is checked every :data:`DEATH_CHECK_WALL_S` wall seconds, and
+        one that ended fails the phase then (it failed only once the whole wait was over).
+
+        Raises:
+            PhaseError: the endpoint's process ended; else as :meth:`_sleep`."""
+        if inst is None:
+            self._sleep(ctx.service_s, hb, ctx)
+            return
+        step_s = DEATH_CHECK_WALL_S / max(self.settings.time_scale, 1e-9)  # workload s per check
+        left_s = ctx.service_s
+        while left_s > 0:
+            self._sleep(min(left_s, step_s), hb, ctx)
+            left_s -= step_s
+            if not self._known_alive(inst):
+                raise PhaseError(f"endpoint {ctx.endpoint!r} on GPUs {', '.join(ctx.gpus)} stopped or died during "
+                                 f"execute (its process, pid {inst.pid}, is gone): the job did not run to its end "
+                                 "with it")
 
     def _known_alive(self, inst: Instance) -> bool:
         """Whether ``inst``'s driver says its process runs (True when the driver cannot tell)."""
