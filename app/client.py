@@ -172,8 +172,9 @@ class Client:
         Raises:
             ValidationError: unknown workload or endpoint, a workload no GPU worker ever
                 registered (one whose workers all stopped, restart or died is accepted: the
-                job waits with reason ``waiting_for_function``, and a warning is logged on
-                ``makespan.client``), arguments that do not bind to the function's parameters,
+                job waits with reason ``waiting_for_function``, or ``host_down`` while those
+                workers' hosts are down, and a warning is logged on ``makespan.client``),
+                arguments that do not bind to the function's parameters,
                 arguments that are not JSON or too large, a ``depends_on`` id that names
                 no job, ... (nothing written; limits: docs/configuration.md, "Jobs").
             StoreError: Redis failed.
@@ -228,9 +229,9 @@ class Client:
         self._producer.fleet = self.fleet(version)
         handle = self._producer.submit(job, extra_fields={"service_estimated": 1} if estimated else None)
         if last_hosts and handle.created:
-            log.warning("job %s of workload %r waits (waiting_for_function): no live GPU worker registers it now; "
-                        "the GPU workers of %s registered it last (stopped, restarting or dead)", handle.id, name,
-                        ", ".join(last_hosts))
+            log.warning("job %s of workload %r waits, queued, until a GPU worker registers the function again: "
+                        "none is live now, the GPU workers of %s registered it last (stopped, restarting or dead); "
+                        "`makespan why %s` says what it waits for", handle.id, name, ", ".join(last_hosts), handle.id)
         return Job(self, handle.id, created=handle.created, ignored=handle.ignored)
 
     def submit_job(self, endpoint: str, *, service_s: float, priority: Priority | str | int = "NORMAL",
@@ -541,7 +542,11 @@ class Job:
             err = rec.get("error") or {}
             raise WorkloadError(self.id, err.get("type", "Error"), err.get("message", ""), err.get("traceback", ""),
                                 int(rec.get("attempt", 1)))
-        raise JobFailed(self.id, state, self._reason())
+        reason = self._reason()
+        if rec is None and self._field("fn") and reason.startswith("execute: "):  # its stored error expired
+            reason += (" (the function's stored error, with its type and traceback, is gone: it is kept "
+                       "MAKESPAN_RESULT_TTL_S after the job ends; this is the reason the job's record keeps)")
+        raise JobFailed(self.id, state, reason)
 
     def _reason(self) -> str:
         return self._field("reason")

@@ -237,9 +237,16 @@ class Keys:
         return f"{self.prefix}:resident:{uuid}"
 
     def restore_failed(self, uuid: str) -> str:
-        """Consecutive failed set-point restores of the group whose first GPU is ``uuid``
-        (PX: the backoff before its next restore)."""
+        """Present while the set-point restore of the group whose first GPU is ``uuid``
+        backs off after a failure (PX: the backoff before its next restore; the value: the
+        consecutive failures)."""
         return f"{self.prefix}:restore:failed:{uuid}"
+
+    def restore_failures(self, uuid: str) -> str:
+        """JSON ``{"failures", "endpoint", "reason"}``: the consecutive failed restores of
+        the group whose first GPU is ``uuid`` and the last one's reason; outlives the
+        backoff (:meth:`restore_failed`) by an hour, so the next failure doubles it."""
+        return f"{self.prefix}:restore:failures:{uuid}"
 
     @property
     def running(self) -> str:

@@ -92,11 +92,12 @@ class SetPointsAndDrain:
         residents = dict(zip(uuids, env.r.mget([env.keys.resident(gpu) for gpu in uuids])))
         off = [(endpoint, gpus) for endpoint, gpus in env.set_points
                if not all(residents.get(gpu) == instance_value(endpoint, gpus) for gpu in gpus)]
-        backoffs = env.r.mget([env.keys.restore_failed(gpus[0]) for _endpoint, gpus in off]) if off else []
+        reads = env.r.mget([key for _endpoint, gpus in off for key in (
+            env.keys.restore_failed(gpus[0]), env.keys.restore_failures(gpus[0]))]) if off else []
         failed: dict[str, str] = {}  # set points whose last restores failed (backing off): endpoint@GPUs -> why
-        for (endpoint, gpus), backoff in zip(off, backoffs):
+        for (endpoint, gpus), backoff, counted in zip(off, reads[::2], reads[1::2]):
             if backoff is not None:  # not retried before its backoff ends: the drain check reports it
-                failure = restore_failure(backoff)
+                failure = restore_failure(counted or backoff)
                 failed[instance_value(endpoint, gpus)] = (f"{failure['failures']} failed restore(s), last: "
                                                           f"{failure['reason'] or 'no reason kept'}")
                 continue

@@ -494,24 +494,29 @@ class PhaseRunner(TransitionPhases, ExecutePhase):
     def _restore_backoff_ops(self, ctx: PhaseContext, state: str, reason: str = "") -> list[tuple]:
         """The ops that record a restore's outcome for the planner's next restores of this
         set-point group (:func:`makespan.workers.drain.start_restore` skips a group while
-        its key lives): a failed restore sets ``P:restore:failed:{first GPU}`` to
-        :func:`restore_failure` JSON (its count of consecutive failures, the endpoint, the
-        last reason), expiring after :data:`RESTORE_BACKOFF_S` × 2^(count − 1) s (at most
-        :data:`RESTORE_BACKOFF_MAX_S`), so an endpoint that cannot start (a missing model, a
+        its key lives): a failed restore sets ``P:restore:failed:{first GPU}`` to its count
+        of consecutive failures, expiring after :data:`RESTORE_BACKOFF_S` × 2^(count − 1) s
+        (at most :data:`RESTORE_BACKOFF_MAX_S`), and ``P:restore:failures:{first GPU}`` to
+        :func:`restore_failure` JSON (the count, the endpoint, the last reason), which
+        outlives the backoff by :data:`RESTORE_BACKOFF_MAX_S` (the count the next failure
+        doubles the backoff from), so an endpoint that cannot start (a missing model, a
         GPU it does not fit) is not retried at every idle tick, each try holding the GPUs for
         its health timeout (the planner's drain check reports such a set point:
-        ``set_points_failed``); a completed one deletes the key (a cancelled one leaves it as
-        it is)."""
-        key = self.keys.restore_failed(ctx.gpus[0])
+        ``set_points_failed``); a completed one deletes both keys (a cancelled one leaves them
+        as they are)."""
+        key, count_key = self.keys.restore_failed(ctx.gpus[0]), self.keys.restore_failures(ctx.gpus[0])
         if state != "failed":
-            return [("DEL", key)] if state == "completed" else []
+            return [("DEL", key), ("DEL", count_key)] if state == "completed" else []
         try:
-            failures = 1 + restore_failure(self.r.get(key))["failures"]
+            failures = 1 + restore_failure(self.r.get(count_key))["failures"]
         except redis.RedisError:
             failures = 1
         backoff_s = min(RESTORE_BACKOFF_S * 2 ** (failures - 1), RESTORE_BACKOFF_MAX_S)
         value = json.dumps({"failures": failures, "endpoint": ctx.endpoint, "reason": reason[:500]})
-        return [("SET", key, value, "PX", str(int(backoff_s * 1000)))]
+        # the count outlives the backoff, so the next failure doubles it (the count went with
+        # the backoff's key before: every retry waited the first 60 s, found by a verifier)
+        return [("SET", key, str(failures), "PX", str(int(backoff_s * 1000))),
+                ("SET", count_key, value, "PX", str(int((backoff_s + RESTORE_BACKOFF_MAX_S) * 1000)))]
 
     def _finished(self, ctx: PhaseContext, state: str, reason: str, now: float) -> str:
         """After the finish ops committed: metrics, the job's root span (whatever its final

@@ -56,3 +56,15 @@ def test_a_lone_surrogate_in_an_argument_names_where_it_is():
 
     with pytest.raises(ValidationError, match=r"job\.args\[1\]\['k'\]: a string with a lone surrogate"):
         json_size(["ok", {"k": "\ud800"}], "job.args")
+
+
+def test_a_failed_functions_expired_error_says_it_is_gone(r, keys, settings):
+    """After the result TTL a function's error came back as JobFailed with the record's
+    reason and nothing saying the stored error (type, traceback) had expired (verifier)."""
+    from makespan.errors import JobFailed
+
+    r.hset(keys.job("f2"), mapping={"id": "f2", "state": "failed", "priority": "NORMAL", "endpoint": "sim",
+                                     "finished_at": "1.0", "fn": "boom", "reason": "execute: RuntimeError: kaboom"})
+    with pytest.raises(JobFailed, match="RuntimeError: kaboom .the function's stored error, with its type and "
+                                        "traceback, is gone"):
+        Client(r, settings).job("f2").result(timeout_s=0)

@@ -45,8 +45,8 @@ def test_a_failed_restore_backs_off_and_a_completed_one_clears_it(r, keys, setti
     assert runner.run(sent[0], "restore") == "failed"  # never healthy within its 1 s health timeout
     ends = _restore_ends(r, keys)
     assert ends and ends[-1].get("outcome") == "failed" and "health" in ends[-1].get("reason", "")
-    key = keys.restore_failed(gpu)
-    failure = restore_failure(r.get(key))
+    key, count_key = keys.restore_failed(gpu), keys.restore_failures(gpu)
+    failure = restore_failure(r.get(count_key))
     assert failure["failures"] == 1 and failure["endpoint"] == "base" and "health" in failure["reason"]
     assert 0 < r.pttl(key) <= RESTORE_BACKOFF_S * 1000
     assert not r.get(keys.gpu(gpu))  # the failed restore released the GPU
@@ -65,10 +65,13 @@ def test_a_failed_restore_backs_off_and_a_completed_one_clears_it(r, keys, setti
     assert len(sent) == 2 and sent[1].kind == "restore"
     assert runner.run(sent[1], "evict") == "done"
     assert runner.run(sent[1], "restore") == "failed"
-    assert restore_failure(r.get(key))["failures"] == 1  # consecutive count restarts after the key expired
-    r.set(key, "3", px=60_000)  # a count written before the reason was kept
-    [(op, at, value, px, backoff_ms)] = runner._restore_backoff_ops(sent[1], "failed", "why")
-    assert (op, at, px, backoff_ms) == ("SET", key, "PX", str(int(RESTORE_BACKOFF_S * 8 * 1000)))
-    assert json.loads(value) == {"failures": 4, "endpoint": "base", "reason": "why"}
-    assert runner._restore_backoff_ops(sent[1], "completed") == [("DEL", key)]
+    # the count outlived the backoff: the second failure doubles it (every retry waited the
+    # first backoff before: a verifier saw a broken set point retried every 60 s)
+    assert restore_failure(r.get(count_key))["failures"] == 2 and r.get(key) == "2"
+    assert RESTORE_BACKOFF_S * 1000 < r.pttl(key) <= 2 * RESTORE_BACKOFF_S * 1000
+    r.set(count_key, "3", px=60_000)  # a count written before the reason was kept
+    [(op, at, count, px, backoff_ms), (_, at_count, value, _, _)] = runner._restore_backoff_ops(sent[1], "failed", "why")
+    assert (op, at, count, px, backoff_ms) == ("SET", key, "4", "PX", str(int(RESTORE_BACKOFF_S * 8 * 1000)))
+    assert at_count == count_key and json.loads(value) == {"failures": 4, "endpoint": "base", "reason": "why"}
+    assert runner._restore_backoff_ops(sent[1], "completed") == [("DEL", key), ("DEL", count_key)]
     assert runner._restore_backoff_ops(sent[1], "cancelled") == []

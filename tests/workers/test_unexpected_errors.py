@@ -333,7 +333,8 @@ def test_an_unexpected_error_in_a_restore_fails_it_and_releases_the_lease(r, key
     [end] = [e for e in all_events(r, keys) if e["kind"] == "restore_end"]
     assert end["outcome"] == "failed" and "RuntimeError: bug in the buggy driver's start" in end["reason"]
     assert "Traceback (most recent call last)" in end["traceback"]
-    assert restore_failure(r.get(keys.restore_failed("GPU-h1-0")))["failures"] == 1  # the usual backoff
+    assert r.get(keys.restore_failed("GPU-h1-0")) == "1"  # the usual backoff of a failed restore
+    assert restore_failure(r.get(keys.restore_failures("GPU-h1-0")))["failures"] == 1
     assert not r.exists(keys.lease("R1")) and r.get(keys.gpu("GPU-h1-0")) is None
 
 

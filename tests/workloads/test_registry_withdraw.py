@@ -69,7 +69,8 @@ def test_the_last_worker_to_stop_withdraws_its_functions(redis_url, tmp_path, ca
         with caplog.at_level(logging.WARNING, logger="makespan.client"):
             waiting = client.submit("add", 1, 2)
         assert waiting.status()["state"] == "queued"
-        assert "waits (waiting_for_function)" in caplog.text and "host-a, host-b registered it last" in caplog.text
+        assert "waits, queued, until a GPU worker registers the function again" in caplog.text
+        assert "host-a, host-b registered it last" in caplog.text
         with pytest.raises(makespan.ValidationError, match="no live GPU worker registered this workload"):
             client.submit("never_registered", 1, 2)
     finally:
