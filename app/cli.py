@@ -227,13 +227,17 @@ def _say_what_starts(host_spec, modules: str, names: list[str], fleet=None) -> N
         typer.echo(f"warning: another GPU worker ({other}) already consumes host {host_spec.name!r}'s queue; both "
                    "will take its phases: give both the same --workloads, or stop the other one", err=True)
     if published_fleet is not None and fleet_version(fleet) != fleet_version(published_fleet):
-        lacks = sorted(set(published_fleet.endpoints) - set(fleet.endpoints))
+        # an endpoint it lacks, or gives another tensor_parallel: its jobs are not planned here
+        # (makespan.workers.worker_fleets)
+        lacks = sorted(name for name, spec in published_fleet.endpoints.items()
+                       if name not in fleet.endpoints or fleet.endpoints[name].tensor_parallel != spec.tensor_parallel)
         unknown_host = host_spec.name not in {h.name for h in published_fleet.hosts}
         typer.echo(f"warning: this GPU worker's fleet file (version {fleet_version(fleet)}) differs from the fleet the "
                    f"planner published (version {published_version})"
                    + (f"; the planner's fleet has no host {host_spec.name!r}: no job will be planned here"
                       if unknown_host else "")
-                   + (f"; it lacks endpoints {', '.join(lacks)}, whose jobs cannot run here" if lacks else "")
+                   + (f"; it lacks endpoints {', '.join(lacks)} (or gives them another tensor_parallel), whose jobs "
+                      "are not planned here" if lacks else "")
                    + ": start the planner and the GPU workers with the same fleet file", err=True)
 
 
@@ -460,6 +464,28 @@ def _warn_if_it_waits(producer: Any, endpoint: str, delayed: bool = False) -> No
         typer.echo(f"warning: no GPU worker runs on {', '.join(fits)} (the hosts that can run endpoint {endpoint!r}): "
                    f"the job waits queued until one starts there (makespan gpu-worker --fleet FLEET --host {fits[0]} --workloads MODULES)",
                    err=True)
+    else:
+        _warn_if_no_worker_file_runs(producer, endpoint, [host for host, up in zip(fits, live) if up])
+
+
+def _warn_if_no_worker_file_runs(producer: Any, endpoint: str, live_hosts: list[str]) -> None:
+    """On stderr: every live GPU worker of ``live_hosts`` runs a fleet file without
+    ``endpoint`` (or with another tensor_parallel): the job waits, reason
+    ``host_fleet_differs`` (:mod:`makespan.workers.worker_fleets`). Best effort."""
+    import redis
+
+    from makespan.workers.worker_fleets import read_worker_fleets
+
+    try:
+        fleets = read_worker_fleets(producer.r, producer.keys, producer.fleet)
+    except redis.RedisError:
+        return
+    lacking = set(fleets.hosts_lacking(producer.fleet, endpoint))
+    if live_hosts and lacking.issuperset(live_hosts):
+        typer.echo(f"warning: the GPU workers of {fleets.detail(live_hosts)} run another fleet file than the "
+                   f"planner's, without endpoint {endpoint!r} (or with another tensor_parallel): the job waits queued, "
+                   "reason host_fleet_differs, until one runs the planner's file (docs/operations.md \"Changing the "
+                   "fleet file\")", err=True)
 
 
 def _warn_ended_dependencies(r: Any, keys: Any, depends_on: list[str], delayed: bool = False) -> None:

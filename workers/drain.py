@@ -94,12 +94,22 @@ class SetPointsAndDrain:
                if not all(residents.get(gpu) == instance_value(endpoint, gpus) for gpu in gpus)]
         reads = env.r.mget([key for _endpoint, gpus in off for key in (
             env.keys.restore_failed(gpus[0]), env.keys.restore_failures(gpus[0]))]) if off else []
-        failed: dict[str, str] = {}  # set points whose last restores failed (backing off): endpoint@GPUs -> why
+        # set points not restored now, endpoint@GPUs -> why: the last restores failed (backing off), or
+        # the host's live GPU worker runs a fleet file without the endpoint (a rolling change): the
+        # drain check runs and reports them (it waited for them before, blind for the whole change)
+        failed: dict[str, str] = {}
+        fleets = read_worker_fleets(env.r, env.keys, env.fleet, env.whole_fleet or env.fleet) if off else None
         for (endpoint, gpus), backoff, counted in zip(off, reads[::2], reads[1::2]):
             if backoff is not None:  # not retried before its backoff ends: the drain check reports it
                 failure = restore_failure(counted or backoff)
                 failed[instance_value(endpoint, gpus)] = (f"{failure['failures']} failed restore(s), last: "
                                                           f"{failure['reason'] or 'no reason kept'}")
+                continue
+            host = env.fleet.host_of(gpus[0])
+            if fleets is not None and host in fleets.hosts_lacking(env.fleet, endpoint):
+                failed[instance_value(endpoint, gpus)] = (
+                    f"not restored: the GPU worker of {fleets.detail([host])} runs another fleet file, without "
+                    f"endpoint {endpoint!r} (or with another tensor_parallel)")
                 continue
             restoring = True
             if busy.intersection(gpus):

@@ -115,11 +115,16 @@ def _write(ctx: TickContext, batch: list[PlanJob], plan: Plan) -> None:
         rows += [job_id, "waiting_for_function",
                  f"no live GPU worker registers workload function {fn!r}{last}: it stays queued until one "
                  f"does (`makespan gpu-worker --workloads MODULE` with it); `makespan cancel {job_id}` otherwise", ""]
+    if ctx.formed.fleet_waits:
+        from makespan.workers.worker_fleets import own_version
+
+        mine = own_version(env.whole_fleet or env.fleet)
     for job_id, hosts in ctx.formed.fleet_waits.items():
         rows += [job_id, "host_fleet_differs",
-                 f"the GPU workers of the hosts it could run on run another fleet file than the planner's, without "
-                 f"its endpoint (or a helper, or with another tensor_parallel): {hosts}; it stays queued until one "
-                 f"restarts with the planner's fleet file; `makespan cancel {job_id}` otherwise", ""]
+                 f"the GPU workers of the hosts it could run on run another fleet file than the planner's (version "
+                 f"{mine}), without its endpoint (or a helper, or with another tensor_parallel): {hosts}; it stays "
+                 "queued until one runs the planner's file (restart the workers with it, or the planner with theirs "
+                 f"if the planner's is the older one); `makespan cancel {job_id}` otherwise", ""]
     for job_id, (level, position) in ctx.formed.left_out.items():
         rows += [job_id, "behind_batch", f"position {position + 1} in the {level.name} queue; the batch holds "
                                       f"{env.settings.batch_size} jobs", ""]

@@ -76,6 +76,7 @@ def test_a_job_of_a_new_endpoint_runs_only_where_the_worker_has_it_and_waits_whi
     res = CliRunner().invoke(cli_app, ["why", job])
     assert res.exit_code == 0 and "host_fleet_differs, no ETA" in res.output, res.output
     assert f"h1 (fleet version {fleet_version(OLD)})" in res.output and "h2" in res.output, res.output
+    assert f"than the planner's (version {fleet_version(NEW)})" in res.output, res.output  # which side is older
     announce(r, w.keys, "h2", "worker-h2-new", 60.0, NEW)  # h2's worker restarts with the new file
     w.clock.advance(2.0)  # past the reason refresh
     w.tick()
@@ -133,7 +134,26 @@ def test_no_set_point_restore_on_a_host_whose_worker_lacks_the_endpoint(r, setti
     announce(r, w.keys, "h1", "worker-h1", 60.0, OLD)
     w.tick()
     assert sent == [] and not r.exists(w.keys.gpu("GPU-h1-0"))
+    # the idle fleet's drain check runs meanwhile and counts the set point (it waited for it:
+    # blind for the whole rolling change, found by a verifier)
+    drain = r.hgetall(w.keys.drain)
+    assert drain.get("set_points_failed") == "1" and drain.get("checks") == "1", drain
     announce(r, w.keys, "h1", "worker-h1-new", 60.0, fleet)
     w.clock.advance(1.0)
     w.tick()
     assert [(ctx.kind, ctx.endpoint, ctx.gpus) for ctx in sent] == [("restore", "new", ["GPU-h1-0"])]
+
+
+def test_a_submit_no_live_workers_file_can_run_warns(r, settings, env):
+    """``makespan submit`` of an endpoint no live worker's file has returned silently; only
+    ``makespan why`` said host_fleet_differs (verifier)."""
+    w, _prod, _sent = _planner(r, settings)
+    r.set(w.keys.fleet, NEW.model_dump_json())
+    r.set(w.keys.fleet_version, fleet_version(NEW))
+    for host in ("h1", "h2"):
+        announce(r, w.keys, host, f"worker-{host}", 60.0, OLD)
+    res = CliRunner().invoke(cli_app, ["submit", "--endpoint", "new", "--service-s", "5"])
+    assert res.exit_code == 0, res.output
+    assert "reason host_fleet_differs" in res.output and f"h1 (fleet version {fleet_version(OLD)})" in res.output
+    res = CliRunner().invoke(cli_app, ["submit", "--endpoint", "old", "--service-s", "5"])
+    assert res.exit_code == 0 and "host_fleet_differs" not in res.output, res.output
