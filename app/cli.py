@@ -601,7 +601,8 @@ def ready(workloads: list[str] = typer.Argument(None, help="workload function na
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            absent = [name for name in workloads or [] if not r.exists(keys.fn_live(name))]
+            absent = [name for name in workloads or [] if not r.exists(keys.fn_live(name))
+                      or _held_only_by_the_dead_here(r, keys, name)]
             leaderless = _pools_without_a_leader(r, keys, [name for name in workloads or [] if name not in absent])
             missing = ([] if r.exists(keys.fleet) else [
                 f"a planner (no fleet published under key prefix {keys.prefix!r} at {redacted_url(s.redis_url)}: "
@@ -626,6 +627,19 @@ def ready(workloads: list[str] = typer.Argument(None, help="workload function na
             _hint_live_names(r, keys, [name for name in workloads or [] if f"workload {name!r}" in missing])
             raise typer.Exit(1)
         time.sleep(0.2)
+
+
+def _held_only_by_the_dead_here(r, keys, name: str) -> bool:
+    """Whether every GPU worker whose live mark holds workload ``name`` (``P:fn:holders``)
+    is a process of this machine that no longer runs (:func:`_dead_here`): a worker killed
+    a moment ago, whose 30 s mark outlives it (``ready`` said ready while ``makespan hosts``
+    already showed the host down: a Celery user's check).
+
+    Raises:
+        redis.RedisError: Redis failed."""
+    seconds, micros = r.time()
+    holders = r.zrangebyscore(keys.fn_holders(name), seconds * 1000 + micros // 1000, "+inf")
+    return bool(holders) and all(_dead_here(holder) for holder in holders)
 
 
 def _published_endpoints(r, keys, workloads: list[str]) -> tuple[Any, dict[str, str]]:

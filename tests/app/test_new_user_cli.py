@@ -439,3 +439,28 @@ def test_functions_whose_workers_stopped_are_not_blamed_on_the_key_prefix(r, key
     assert res.exit_code == 1
     assert "no GPU worker is live now" in res.output and "gpu_jobs.score among them" in res.output, res.output
     assert "under key prefix" in res.output and "has registered any" not in res.output, res.output
+
+
+def test_ready_is_not_fooled_by_the_mark_of_a_worker_killed_on_this_machine(r, keys, redis_url, prefix, monkeypatch):
+    """A GPU worker SIGKILLed here leaves its function's 30 s mark: ``ready`` said ready while
+    ``makespan hosts`` already showed the host down (Celery user's check)."""
+    import json
+    import socket
+
+    monkeypatch.setenv("MAKESPAN_REDIS_URL", redis_url)
+    monkeypatch.setenv("MAKESPAN_KEY_PREFIX", prefix)
+    fleet = load_fleet(FLEET_TOML)
+    r.set(keys.fleet, fleet.model_dump_json())
+    r.set(keys.fn("gpu_jobs.score"), json.dumps({"name": "gpu_jobs.score", "endpoint": "renderer", "parameters": []}))
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    seconds, micros = r.time()
+    r.set(keys.fn_live("gpu_jobs.score"), "1", px=30_000)
+    r.zadd(keys.fn_holders("gpu_jobs.score"),
+           {f"{socket.gethostname()}:{gone.pid}:abcd1234": seconds * 1000 + micros // 1000 + 30_000})
+    r.set(keys.planner_leader, "a-planner", px=30_000)  # everything else is ready
+    res = CliRunner().invoke(cli_app, ["ready", "gpu_jobs.score", "--timeout-s", "0.3"])
+    assert res.exit_code == 1 and "waiting for workload 'gpu_jobs.score'" in res.output, res.output
+    r.zadd(keys.fn_holders("gpu_jobs.score"), {"another-machine:1:abcd": seconds * 1000 + micros // 1000 + 30_000})
+    res = CliRunner().invoke(cli_app, ["ready", "gpu_jobs.score", "--timeout-s", "0.3"])
+    assert res.exit_code == 0 and res.output.strip() == "ready", res.output  # a worker elsewhere holds it
