@@ -114,7 +114,7 @@ class SetPointsAndDrain:
             restoring = True
             if busy.intersection(gpus):
                 continue
-            start_restore(ctx, endpoint, tuple(gpus), busy)
+            start_restore(ctx, endpoint, tuple(gpus), busy, checked=True)
         if restoring or env.r.zcard(env.keys.leases):  # the drain check counts the whole fleet: all idle
             kept.idle_checked = False
             return
@@ -125,7 +125,7 @@ class SetPointsAndDrain:
 
 
 def start_restore(ctx: TickContext, endpoint: str, gpus: tuple[str, ...], busy: set[str],
-                  prewarm: bool = False, sleep_levels: dict[str, int] | None = None) -> bool:
+                  prewarm: bool = False, sleep_levels: dict[str, int] | None = None, checked: bool = False) -> bool:
     """Lease ``gpus`` for the restore of set-point ``ep`` and send its evict → restore
     chain; the GPUs join ``busy``. False if the lease failed (GPUs taken meanwhile).
     ``prewarm``: the same chain wakes a sleeper ahead of demand
@@ -136,14 +136,16 @@ def start_restore(ctx: TickContext, endpoint: str, gpus: tuple[str, ...], busy: 
     failed less than its backoff ago (``P:restore:failed:{first GPU}``, written by the
     restore phase), or while the live GPU worker of its host runs a fleet file without
     ``endpoint`` (a rolling change of the file, :mod:`makespan.workers.worker_fleets`: its
-    restore would fail there)."""
+    restore would fail there); ``checked``: the caller read both just now
+    (:class:`SetPointsAndDrain`), not read again."""
     env, last_tp = ctx.env, ctx.kept.last_traceparent
-    if env.r.exists(env.keys.restore_failed(gpus[0])):
-        return False  # its last restore failed: backing off (makespan.workers.phases.RESTORE_BACKOFF_S)
     host = env.fleet.host_of(gpus[0])
-    if host in read_worker_fleets(env.r, env.keys, env.fleet, env.whole_fleet or env.fleet).hosts_lacking(
-            env.fleet, endpoint):
-        return False
+    if not checked:
+        if env.r.exists(env.keys.restore_failed(gpus[0])):
+            return False  # its last restore failed: backing off (makespan.workers.phases.RESTORE_BACKOFF_S)
+        if host in read_worker_fleets(env.r, env.keys, env.fleet, env.whole_fleet or env.fleet).hosts_lacking(
+                env.fleet, endpoint):
+            return False
     lease_id = uuid.uuid4().hex
     spec = env.fleet.endpoints[endpoint]
     load_s = spec.wake_s if prewarm and spec.wake_s is not None else spec.cold_start_s
@@ -172,8 +174,9 @@ def start_restore(ctx: TickContext, endpoint: str, gpus: tuple[str, ...], busy: 
 def check_drain(env: TickEnv, set_points_failed: dict[str, str] | None = None) -> dict[str, Any]:
     """Count what a drained fleet must not hold: leases, agenda entries, busy slots,
     leaked reverse-dependency index entries (module doc), and the set points not in place
-    because their restores fail (``set_points_failed``: endpoint@GPUs -> why, from
-    :class:`SetPointsAndDrain`; their restores back off, so the fleet is idle otherwise);
+    because their restores fail or their host's GPU worker runs a fleet file without the
+    endpoint (``set_points_failed``: endpoint@GPUs -> why, from :class:`SetPointsAndDrain`;
+    nothing restores them now, so the fleet is idle otherwise);
     written to ``P:drain`` and as a ``drain`` event (with ``set_points_failed_detail``).
     Returns the counts by name."""
     set_points_failed = set_points_failed or {}
