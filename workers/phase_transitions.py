@@ -11,6 +11,8 @@ import logging
 import time
 from collections.abc import Callable
 
+import redis
+
 from makespan import metrics, shutdown, telemetry
 from makespan.errors import PhaseCancelled, PhaseError, StaleFencingToken, StoreError
 from makespan.driver_registry import DRIVERS, DriverCapabilities, DriverContext, no_wait
@@ -272,7 +274,11 @@ class TransitionPhases:
         slept: set[str] = set()
         failed: list[str] = []
         with self._transition("sleep" if sleepy == set(eps) else "evict", ctx, eps, evict_s):
-            running = [i for i in self._instances_on(victim_gpus) if i.endpoint in eps]
+            pairs = instances_on(self.r, self.keys, victim_gpus, with_state=True)
+            running = [i for i in self._instances_on(victim_gpus, pairs) if i.endpoint in eps]
+            for inst in (i for i, state in pairs if state == "running" and i.endpoint in eps):
+                if self._process_gone(inst):  # died before the evict: on record (no observer may have seen it)
+                    self._record_death([inst], ctx, reloaded=False)
             modelled = DeferredWaits()  # the victims' modelled transitions run as one: the longest
             t0 = time.monotonic()
             took: dict[str, float] = {}
@@ -336,15 +342,19 @@ class TransitionPhases:
         want = instance_value(endpoint, ctx.gpus)
         residents = self._residents(ctx.gpus)
         ep = self.fleet.endpoints[endpoint]
+        death: tuple[str, float] | None = None  # (incident id, when) of a dead resident found here
         if all(v == want for v in residents.values()):
             dead = self._dead_resident(ep, list(ctx.gpus))
             if dead is None:
                 return 0.0
             # its process died or was killed (nothing restarted it yet): loaded again here, as
-            # llama-swap reloads a crashed server, instead of failing the job in execute
+            # llama-swap reloads a crashed server, instead of failing the job in execute; the
+            # crash is recorded as an incident (no observer may ever have seen it)
+            why, gone = dead
             log.warning("endpoint %s is resident on %s but its process is gone (%s): cold start", endpoint,
-                        ",".join(ctx.gpus), dead)
-            extra["dead_resident"] = dead[:500]
+                        ",".join(ctx.gpus), why)
+            extra["dead_resident"] = why[:500]
+            death = self._record_death(gone, ctx)
         restore = ctx.kind == "restore"
         levels = [(i, level) for i, level in sleepers_on(self.r, self.keys, ctx.gpus) if i.endpoint == endpoint]
         sleepers = [i for i, _level in levels]
@@ -388,32 +398,63 @@ class TransitionPhases:
                 register_instance(self.r, self.keys, inst)
                 self._timed(ctx, extra, kind, endpoint, planned, time.monotonic() - t0)
                 extra["transition"] = "cold_start"
+                if death is not None:
+                    self._record_reload(death, endpoint, inst)
         ops = [("SET", self.keys.resident(g), want) for g in ctx.gpus]
         if not self.leases.fenced(ctx.lease, ops):
             self._stop_instance(inst)
             raise StaleFencingToken("lease lost before start committed")
         return planned
 
-    def _dead_resident(self, spec, gpus: list[str]) -> str | None:
-        """Why the resident instance of endpoint ``spec`` on exactly ``gpus`` cannot serve (no
-        running instance of it registered there, or its driver knows its process ended), or
-        None when one can (or its driver spawns no process: nothing to die). One Redis read,
-        only for process endpoints."""
+    def _record_death(self, gone: list[Instance], ctx: PhaseContext,
+                      reloaded: bool = True) -> tuple[str, float] | None:
+        """The incident of the first of ``gone`` (:func:`makespan.workers.observer.record_death_found_by_a_phase`;
+        ``reloaded``: this phase loads the endpoint again, else its evict stops it): (its id,
+        when), or None (none to record, or Redis failed: logged, the phase goes on)."""
+        if not gone:
+            return None
+        from makespan.workers.observer import record_death_found_by_a_phase
+
+        phase = "start phase" if reloaded else "evict"
+        found_by = f"job {ctx.job_id}'s {phase}" if ctx.kind == "job" else f"a set-point restore's {phase}"
+        try:
+            return (record_death_found_by_a_phase(self.r, self.keys, gone[0], found_by, reloaded), time.time())
+        except redis.RedisError as e:
+            log.warning("the incident of %s's dead process was not recorded: %s", gone[0].endpoint, e)
+            return None
+
+    def _record_reload(self, death: tuple[str, float], endpoint: str, inst: Instance) -> None:
+        """Close the incident :meth:`_record_death` wrote: the endpoint runs again as ``inst``."""
+        from makespan.workers.observer import record_recovery_by_a_phase
+
+        try:
+            record_recovery_by_a_phase(self.r, self.keys, death[0], endpoint, inst.id, death[1])
+        except redis.RedisError as e:
+            log.warning("the recovery of incident %s was not recorded: %s", death[0], e)
+
+    def _dead_resident(self, spec, gpus: list[str]) -> tuple[str, list[Instance]] | None:
+        """(why, the dead instances) when the resident instance of endpoint ``spec`` on
+        exactly ``gpus`` cannot serve (no running instance of it registered there, or its
+        driver knows its process ended), or None when one can (or its driver spawns no
+        process: nothing to die). One Redis read, only for process endpoints."""
         if not self._capabilities(spec.launch.driver).spawns_process:
             return None
         running = [i for i, state in instances_on(self.r, self.keys, gpus, with_state=True)
                    if state == "running" and i.endpoint == spec.name and sorted(i.gpus) == sorted(gpus)]
         if not running:
-            return "no running instance registered on its GPUs"
-        for inst in running:
-            try:
-                if self._driver(inst.driver).is_alive(inst):
-                    return None
-            except Exception:  # noqa: BLE001 - a driver that cannot tell: not known dead (execute meets it)
-                log.warning("driver %s could not tell whether instance %s is alive", inst.driver, inst.id,
-                            exc_info=True)
-                return None
-        return "process " + ", ".join(str(i.pid) for i in running) + " ended"
+            return "no running instance registered on its GPUs", []
+        if not all(self._process_gone(inst) for inst in running):
+            return None
+        return "process " + ", ".join(str(i.pid) for i in running) + " ended", running
+
+    def _process_gone(self, inst: Instance) -> bool:
+        """Whether ``inst``'s driver spawns a process and knows it ended (False when its
+        driver cannot tell: not known dead, execute meets it)."""
+        try:
+            return self._capabilities(inst.driver).spawns_process and not self._driver(inst.driver).is_alive(inst)
+        except Exception:  # noqa: BLE001 - a driver's own error
+            log.warning("driver %s could not tell whether instance %s is alive", inst.driver, inst.id, exc_info=True)
+            return False
 
     def _start_instance(self, spec, gpus: list[str], ctx: PhaseContext, hb: LeaseHeartbeat) -> Instance:
         """Start an instance of endpoint ``spec`` with its driver (modelled waits spent

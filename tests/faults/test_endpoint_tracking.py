@@ -174,6 +174,7 @@ def test_a_resident_endpoint_whose_process_died_is_loaded_again_not_failed(r, ke
 
     system, fleet, s = _system(tmp_path, settings, cold_start_s=10)
     gpu = fleet.hosts[0].gpus[0].uuid
+    killed = None  # the instance killed after the job before
     try:
         _worker(system, 0)
         for n, tasks in enumerate([("evict", "start_endpoint", "execute", "clear"), ("warm_job",),
@@ -189,10 +190,18 @@ def test_a_resident_endpoint_whose_process_died_is_loaded_again_not_failed(r, ke
             assert rec["state"] == "completed", (tasks, rec.get("reason"))
             [inst] = list_instances(r, keys)
             assert pid_alive(inst.pid)
-            if n:  # its endpoint was loaded again in its start phase
+            if n:  # its endpoint was loaded again in its start phase, and the crash is on record, closed
                 [start] = [e for e in all_events(r, keys) if e["kind"] == "phase_end" and e.get("lease") == f"L{n}"
                            and e.get("phase") == "start_endpoint"]
                 assert "ended" in start.get("dead_resident", ""), start
+                from makespan.workers.observer import list_incidents
+
+                assert killed is not None
+                [incident] = [i for i in list_incidents(r, keys) if i.get("instance_id") == killed.id]
+                assert incident["failure_mode"] == "process_exited" and incident["detected_by"] == "gpu-worker"
+                assert incident["recovery"]["outcome"] == "recovered"
+                assert incident["recovery"]["new_instance_id"] == inst.id
+            killed = inst
             os.kill(inst.pid, signal.SIGKILL)  # dies idle, still resident
             wait_for(lambda pid=inst.pid: not pid_alive(pid), 10, "the endpoint process to end")
     finally:
