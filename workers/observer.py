@@ -87,12 +87,12 @@ from makespan.workers.agenda import AgendaTracker
 from makespan.workers.drivers import capabilities, get_driver
 from makespan.workers.drivers.base import Instance, machine_name
 from makespan.workers.host_liveness import STOPPED, Cordon, down_hosts, queue_reads
+from makespan.workers.incident_records import INCIDENTS_MAX_LEN
 from makespan.workers.drivers.registry import (index_instances, list_instances, register_instance, retire_instance,
                                                unregister_instance)
 
 log = logging.getLogger(__name__)
 
-INCIDENTS_MAX_LEN = 10_000  # P:incidents keeps about this many entries (incidents and recoveries; XADD MAXLEN ~)
 HOST_DOWN_GRACE_S = 30.0  # a host down this long (server clock) is an incident (module doc, "Hosts")
 MIN_OVERRUN_SLACK_S = 2.0  # the least slack past a transition's expected end before it is late, s (module doc)
 
@@ -620,55 +620,6 @@ def run_observer(settings: Settings, fleet: FleetSpec, probe_interval_s: float =
 
 
 GIVEN_UP_KEPT_S = 7 * 24 * 3600.0  # an incident not recovered is closed when its endpoint is back within this
-
-
-def record_death_found_by_a_phase(r: redis.Redis, keys: Keys, inst: Instance, found_by: str,
-                                  reloaded: bool = True) -> str:
-    """Record a ``process_exited`` incident for ``inst``, whose process a GPU worker's phase
-    found gone before an observer reported it (``found_by``: e.g. ``job ID's start phase``),
-    in the incident format of :meth:`Observer._raise` (``detected_by``: ``gpu-worker``), so
-    the crash stays on record although nothing may be left for an observer to see.
-    ``reloaded``: the phase loads the endpoint again
-    (:meth:`makespan.workers.phases.PhaseRunner._load`;
-    :func:`record_recovery_by_a_phase` closes the incident); else (an evict stops what is
-    left of it) the incident waits in ``P:incidents:given_up`` for the endpoint to run on
-    those GPUs again (:meth:`Observer._close_given_up`). Returns the incident id.
-
-    Raises:
-        redis.RedisError: Redis failed."""
-    from makespan import metrics
-
-    then = "loaded again there" if reloaded else "its GPUs went to the next job (evicted)"
-    now = time.time()
-    rec = {"kind": "incident", "endpoint": inst.endpoint, "instance_id": inst.id, "host": inst.host,
-           "gpus": json.dumps(sorted(inst.gpus)), "failure_mode": "process_exited", "detected_at": repr(now),
-           "cycle": "0", "last_ok_cycle": "0", "detected_by": "gpu-worker",
-           "effect": (f"endpoint {inst.endpoint} unavailable on {','.join(sorted(inst.gpus))}: its process "
-                      f"(pid {inst.pid}) was gone when {found_by} needed it; {then}"),
-           "agenda_context": "[]"}
-    incident_id = r.xadd(keys.incidents, rec, maxlen=INCIDENTS_MAX_LEN, approximate=True)
-    if not reloaded:
-        r.hset(keys.incidents_given_up, incident_id,
-               json.dumps({"endpoint": inst.endpoint, "gpus": sorted(inst.gpus), "since": now,
-                           "old_instance_id": inst.id}))
-    metrics.incident(inst.endpoint)
-    log.error("incident %s: %s process_exited (%s)", incident_id, inst.endpoint, rec["effect"])
-    return incident_id
-
-
-def record_recovery_by_a_phase(r: redis.Redis, keys: Keys, incident_id: str, endpoint: str, new_instance_id: str,
-                               since: float) -> None:
-    """The ``recovered`` record of an incident :func:`record_death_found_by_a_phase` wrote,
-    once the phase loaded the endpoint again (``since``: unix s the incident was written).
-
-    Raises:
-        redis.RedisError: Redis failed."""
-    now = time.time()
-    r.xadd(keys.incidents, {"kind": "recovery", "incident_id": incident_id, "endpoint": endpoint,
-                            "outcome": "recovered", "new_instance_id": new_instance_id,
-                            "detail": "loaded again by the phase that found it gone",
-                            "recovered_at": repr(now), "recovery_s": repr(round(now - since, 3))},
-           maxlen=INCIDENTS_MAX_LEN, approximate=True)
 
 
 def list_incidents(r: redis.Redis, keys: Keys, count: int | None = None) -> list[dict]:

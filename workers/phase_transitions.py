@@ -24,6 +24,7 @@ from makespan.workers.drivers.registry import (instances_on, list_sleepers, regi
 from makespan.estimates import prior_s, read_transition_windows, transition_estimate, transition_record_ops, wake_kind
 from makespan.registry import REGISTRY
 from makespan.workers.heartbeat import DeferredWaits, LeaseHeartbeat
+from makespan.workers.incident_records import record_death_found_by_a_phase, record_recovery_by_a_phase
 from makespan.workers.phase_context import PhaseContext, Registered, instance_value, parse_instance
 
 log = logging.getLogger("makespan.phases")
@@ -408,13 +409,11 @@ class TransitionPhases:
 
     def _record_death(self, gone: list[Instance], ctx: PhaseContext,
                       reloaded: bool = True) -> tuple[str, float] | None:
-        """The incident of the first of ``gone`` (:func:`makespan.workers.observer.record_death_found_by_a_phase`;
+        """The incident of the first of ``gone`` (:func:`makespan.workers.incident_records.record_death_found_by_a_phase`;
         ``reloaded``: this phase loads the endpoint again, else its evict stops it): (its id,
         when), or None (none to record, or Redis failed: logged, the phase goes on)."""
         if not gone:
             return None
-        from makespan.workers.observer import record_death_found_by_a_phase
-
         phase = "start phase" if reloaded else "evict"
         found_by = f"job {ctx.job_id}'s {phase}" if ctx.kind == "job" else f"a set-point restore's {phase}"
         try:
@@ -425,8 +424,6 @@ class TransitionPhases:
 
     def _record_reload(self, death: tuple[str, float], endpoint: str, inst: Instance) -> None:
         """Close the incident :meth:`_record_death` wrote: the endpoint runs again as ``inst``."""
-        from makespan.workers.observer import record_recovery_by_a_phase
-
         try:
             record_recovery_by_a_phase(self.r, self.keys, death[0], endpoint, inst.id, death[1])
         except redis.RedisError as e:
