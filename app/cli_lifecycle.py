@@ -21,7 +21,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import httpx
 import typer
 
 from makespan.cli_support import fail
@@ -183,6 +182,8 @@ def run_render_pipeline(settings: Settings, fleet_path: Path = EXAMPLE_FLEET, ho
 
 def _execute_cards(render_url: str, embed_url: str, cards: int, slots: int) -> int:
     """Render each card (completion) then embed it, ``slots`` at a time; returns cards done."""
+    import httpx  # here, not at module level: it costs every CLI command ~0.1-0.3 s of import
+
     with httpx.Client(timeout=30.0) as client:
         def one(i: int) -> bool:
             c = client.post(f"{render_url}/v1/completions", json={"prompt": f"render card {i}", "max_tokens": 64})

@@ -18,8 +18,10 @@ Transition rule (a job holds its group exclusively from ``start_s`` to ``end_s``
       ``sleep_options`` sleeps at the level :func:`makespan.planner.sleepers.choose_level`
       scores best, or is stopped (``FleetState.transition_rule`` ``"stop"``: always
       stopped); its wake then costs that level's ``wake_s`` and, at level 1, its RAM counts
-      against the host's budget. The choice is made where the instance is displaced, so
-      every construction and the evaluator make the same one.
+      against the host's budget. A set-point endpoint displaced from its set-point GPUs
+      counts its certain restore as need (a restore then wakes it instead of a cold start).
+      The choice is made where the instance is displaced, so every construction and the
+      evaluator make the same one.
     * a job with ``helpers`` (:mod:`makespan.planner.helpers`) then pays their cold starts
       as part of its transition (the main endpoint's load kind is unchanged, "warm"
       included) and is placed only on groups where they fit beside it
@@ -35,7 +37,7 @@ from typing import Any
 
 from makespan.planner.helpers import fitting_groups, helpers_start_s, need_mib
 from makespan.planner.model import Assignment, EndpointModel, FleetState, Gpu, PlanJob
-from makespan.planner.sleepers import choose_level, forecast_weight, may_sleep, sleepers_kept
+from makespan.planner.sleepers import SET_POINT_NEED_WEIGHT, choose_level, forecast_weight, may_sleep, sleepers_kept
 
 Group = tuple[str, ...]
 
@@ -155,14 +157,19 @@ class Replay:
                 self.ram_used[h] = self.ram_used.get(h, 0.0) - self._ram_share(endpoint, u)
             self.level.pop((u, endpoint), None)
 
-    def _choose(self, oep: EndpointModel, at_s: float | None, fits: Callable[[int, float], bool]) -> int:
+    def _choose(self, oep: EndpointModel, at_s: float | None, fits: Callable[[int, float], bool],
+                gpus: Sequence[str] = ()) -> int:
         """The level (0: stop) the displaced ``oep`` goes to at ``at_s``: the transition
-        choice (module doc); ``fits(level, ram_mib)``: what it holds fits there."""
+        choice (module doc); ``fits(level, ram_mib)``: what it holds fits there; ``gpus``:
+        the GPUs it leaves (where it is their set point, its restore is certain need:
+        :data:`makespan.planner.sleepers.SET_POINT_NEED_WEIGHT`)."""
         st = self.state
         if st.transition_rule == "stop":
             return 0
         now = st.now_s
         need = forecast_weight(oep.name, now if at_s is None else at_s, now, st.demand, st.upcoming)
+        if any(st.set_point.get(u) == oep.name for u in gpus):
+            need += SET_POINT_NEED_WEIGHT
         return choose_level(oep.sleep_options, oep.cold_start_s, oep.asleep_gpu_mib * oep.tp, need, fits)
 
     def groups(self, ep: EndpointModel) -> list[Group]:
@@ -299,7 +306,7 @@ class Replay:
                         self.asleep[u] = self.asleep[u] | {old}
                     else:
                         if old not in chosen:
-                            chosen[old] = self._choose(oep, at_s, lambda level, ram_mib: True)
+                            chosen[old] = self._choose(oep, at_s, lambda level, ram_mib: True, (u,))
                         if chosen[old]:
                             self.asleep[u] = self.asleep[u] | {old}
                             self.level[(u, old)] = chosen[old]
@@ -346,7 +353,7 @@ class Replay:
                 def fits(_level: int, ram_mib: float, used: float = used, budget: int | None = budget,
                          oep: EndpointModel = oep, width: int = len(us), gpu_room: float = gpu_room) -> bool:
                     return may_sleep(used, budget, ram_mib / oep.tp * width, gpu_room, oep.asleep_gpu_mib)
-                level = chosen[old] = self._choose(oep, at_s, fits)
+                level = chosen[old] = self._choose(oep, at_s, fits, us)
                 if level:
                     for u in us:
                         self.asleep[u] = self.asleep[u] | {old}
