@@ -157,3 +157,14 @@ def test_simulated_driver_sleep_and_wake_are_time_scaled():
     d.stop(inst)
     with pytest.raises(PhaseError, match="stopped"):
         d.wake(inst)
+
+
+def test_the_default_command_passes_wake_flags_only_to_an_endpoint_with_a_sleep_mode():
+    """The bundled server's default command line names ``--wake-s`` only for an endpoint with
+    a ``wake_s`` (it read as a sleep mode in ``ps`` for one without: the cold start stood in)."""
+    d = get_driver("process")
+    with_sleep = d.command(_spec(wake_s=3.0), 8000, 0.5)
+    assert with_sleep[with_sleep.index("--wake-s") + 1] == repr(1.5)
+    without = d.command(_spec(wake_s=None), 8000, 0.5)
+    assert "--wake-s" not in without and "--wake-level2-s" not in without
+    assert without[without.index("--load-time-s") + 1] == repr(10.0)

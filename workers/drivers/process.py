@@ -10,8 +10,8 @@ it in its own session with stdout/stderr appended to a kept log file, and polls
 ``GET url+health_path`` with exponential backoff (``backoff_initial_s`` doubling up
 to ``backoff_max_s``) until 200 or ``launch.health_timeout_s``. An empty command runs
 :mod:`makespan.workers.endpoint_server` with ``--load-time-s = cold_start_s × time_scale``
-(and ``--sleep-s``/``--wake-s``/``--wake-level2-s`` from ``evict_s``/``wake_s``/``wake_level2_s``
-× time_scale: its sleep mode).
+(and ``--sleep-s`` from ``evict_s`` × time_scale; for an endpoint with a ``wake_s``, its sleep
+mode, ``--wake-s``/``--wake-level2-s`` from ``wake_s``/``wake_level2_s`` × time_scale).
 
 **A port taken before the server binds it.** A free port is free only when it is chosen:
 the kernel hands the same ephemeral range to outgoing connections and to other servers, and
@@ -153,8 +153,9 @@ class ProcessDriver:
         """The argv for ``endpoint`` on ``port`` (placeholders substituted)."""
         cmd = list(endpoint.launch.command) or [
             "{python}", "-m", "makespan.workers.endpoint_server", "--port", "{port}", "--model", "{model}",
-            "--load-time-s", "{load_time_s}", "--sleep-s", "{sleep_s}", "--wake-s", "{wake_s}",
-            "--wake-level2-s", "{wake_level2_s}"]
+            "--load-time-s", "{load_time_s}", "--sleep-s", "{sleep_s}"]
+        if not endpoint.launch.command and endpoint.wake_s is not None:  # no sleep mode: no wake flags to read in ps
+            cmd += ["--wake-s", "{wake_s}", "--wake-level2-s", "{wake_level2_s}"]
         wake_s = endpoint.wake_s if endpoint.wake_s is not None else endpoint.cold_start_s
         wake_level2_s = endpoint.wake_level2_s if endpoint.wake_level2_s is not None else wake_s
         subs = {"{port}": str(port), "{model}": endpoint.model, "{tp}": str(endpoint.tensor_parallel),
