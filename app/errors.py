@@ -11,7 +11,26 @@ from typing import Any
 
 
 class MakespanError(Exception):
-    """Root of every makespan error."""
+    """Root of every makespan error.
+
+    Every one pickles and copies with its attributes (``job_id``, ``error_type``, ``url``…):
+    a :class:`WorkloadError` raised in a ``ProcessPoolExecutor`` or multiprocessing worker, a
+    logging queue, or a Celery result backend reaches the caller as itself."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Exception's own reduce calls cls(*self.args): the subclasses whose __init__ takes
+        # other arguments than the message (WorkloadError(job_id, error_type, message…))
+        # could not be rebuilt from it
+        return (_rebuild, (type(self), self.args, dict(self.__dict__)))
+
+
+def _rebuild(cls: type[MakespanError], args: tuple[Any, ...], state: dict[str, Any]) -> MakespanError:
+    """The error ``cls`` with ``args`` and attributes ``state``, without calling its
+    ``__init__`` (:meth:`MakespanError.__reduce__`)."""
+    error = cls.__new__(cls)
+    Exception.__init__(error, *args)
+    error.__dict__.update(state)
+    return error
 
 
 class ValidationError(MakespanError):
