@@ -19,7 +19,12 @@ script of :class:`makespan.producer.Producer`, the layer underneath.
 
 Waiting calls (:meth:`Job.result`, :meth:`Job.wait`) poll the job record with a
 backoff from 10 ms to 250 ms; :meth:`Job.result_async` and :meth:`Job.wait_async` are
-their asyncio twins (redis-py's asyncio client, no thread per waiter).
+their asyncio twins (redis-py's asyncio client, no thread per waiter): the waiters of one
+event loop share one client of at most :data:`ASYNC_MAX_CONNECTIONS` connections
+(:meth:`Client.aclose` closes it), however many wait. A wait rides out a Redis restart or
+failover: connection errors are retried with the poll's backoff for up to
+:data:`WAIT_RECONNECT_S` (never past its ``timeout_s``), then raised as
+:class:`makespan.errors.RedisUnreachable`, as a submit raises them.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import json
 import math
 import logging
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -54,6 +60,8 @@ T = TypeVar("T")
 log = logging.getLogger("makespan.client")
 
 _POLL_MIN_S, _POLL_MAX_S = 0.01, 0.25
+ASYNC_MAX_CONNECTIONS = 8  # connections the asyncio waiters of one client and event loop share
+WAIT_RECONNECT_S = 30.0  # how long a wait retries a lost Redis (a restart, a Sentinel failover) before it raises
 
 
 def connect(url: str | None = None, *, fleet: str | Path | FleetSpec | None = None, key_prefix: str | None = None,
@@ -109,6 +117,9 @@ class Client:
         self._fleet: FleetSpec | None = None
         self._fleet_version: str | None = None
         self._producer = Producer(r, self.keys, None, settings)
+        # event loop -> the asyncio client its waiters share (Job.wait_async; bound to that loop)
+        self._async: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, redis.asyncio.Redis] = \
+            weakref.WeakKeyDictionary()
 
     # -- the fleet ----------------------------------------------------------------------
     def fleet(self, version: str | None = "") -> FleetSpec:
@@ -353,8 +364,36 @@ class Client:
         """A handle on an existing job (its existence is checked by its first call)."""
         return Job(self, job_id)
 
+    def _async_redis(self) -> redis.asyncio.Redis:
+        """The running event loop's shared asyncio client (created on first use): at most
+        :data:`ASYNC_MAX_CONNECTIONS` connections, a waiter beyond them waits for one."""
+        loop = asyncio.get_running_loop()
+        client = self._async.get(loop)
+        if client is None:
+            from urllib.parse import urlparse
+
+            from makespan.redis_conn import TCP_ONLY_OPTIONS, client_options
+
+            options = client_options(self.settings)
+            if urlparse(self.settings.redis_url).scheme == "unix":
+                options = {k: v for k, v in options.items() if k not in TCP_ONLY_OPTIONS}
+            pool = redis.asyncio.BlockingConnectionPool.from_url(
+                self.settings.redis_url, max_connections=ASYNC_MAX_CONNECTIONS, timeout=None,
+                decode_responses=True, **options)
+            client = self._async[loop] = redis.asyncio.Redis(connection_pool=pool)
+        return client
+
+    async def aclose(self) -> None:
+        """Close the running event loop's asyncio connections (those of
+        :meth:`Job.wait_async` / :meth:`Job.result_async`); the next async wait opens new
+        ones. :meth:`close` closes the blocking ones."""
+        client = self._async.pop(asyncio.get_running_loop(), None)
+        if client is not None:
+            await client.aclose()
+            await client.connection_pool.disconnect()
+
     def close(self) -> None:
-        """Close the Redis connections."""
+        """Close the Redis connections (an event loop's asyncio ones: :meth:`aclose`)."""
         self.r.close()
 
     def __enter__(self) -> Client:
@@ -383,6 +422,35 @@ def _dependencies(depends_on: Any) -> list[str | Job]:
     if not isinstance(depends_on, (list, tuple)):
         raise ValidationError("depends_on", repr(depends_on)[:200], "must be a job, a job id, or a list of them")
     return list(depends_on)
+
+
+class _Outage:
+    """A wait's view of a lost Redis (module doc): connection errors and timeouts are
+    retried for up to :data:`WAIT_RECONNECT_S`, never past the wait's deadline; any other
+    error, or one past those, is raised (a lost connection as :class:`RedisUnreachable`)."""
+
+    def __init__(self, url: str):
+        self.url = url
+        self.since: float | None = None  # when the current outage began (the wait's clock), s
+        self.retry_s = _POLL_MIN_S
+
+    def failed(self, error: StoreError, now: float, deadline: float | None) -> None:
+        cause = error.__cause__
+        if isinstance(cause, AUTH_ERRORS):
+            raise auth_failed(self.url, cause) from None
+        if not isinstance(cause, (redis.ConnectionError, redis.TimeoutError)):
+            raise error
+        if self.since is None:
+            self.since, self.retry_s = now, _POLL_MIN_S
+            log.warning("waiting on a job: Redis connection lost (%s); retrying for up to %.0f s", cause,
+                        WAIT_RECONNECT_S)
+        if now - self.since >= WAIT_RECONNECT_S or (deadline is not None and now >= deadline):
+            raise unreachable(self.url, cause) from None
+
+    def pause(self, now: float, deadline: float | None) -> float:
+        """The pause before the next try, s (doubling from 10 ms to 1 s; not past the deadline)."""
+        pause, self.retry_s = self.retry_s, min(self.retry_s * 2, 1.0)
+        return pause if deadline is None else max(0.0, min(pause, deadline - now))
 
 
 def _not_finished(job_id: str, state: str, timeout_s: float) -> ResultTimeout:
@@ -474,8 +542,15 @@ class Job:
         timeout_s = _timeout(timeout_s)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         pause = _POLL_MIN_S
+        outage = _Outage(self.client.settings.redis_url)
         while True:
-            state = self._state()
+            try:
+                state = self._state()
+            except StoreError as e:
+                outage.failed(e, time.monotonic(), deadline)  # raises once the outage is too long
+                time.sleep(outage.pause(time.monotonic(), deadline))
+                continue
+            outage.since = None
             if state in FINAL_STATES:
                 return state
             if deadline is not None and time.monotonic() >= deadline:
@@ -565,28 +640,31 @@ class Job:
         url = self.client.settings.redis_url
         if is_sentinel_url(url):  # redis-py's asyncio Sentinel is not wired here: a thread waits
             return await asyncio.to_thread(self.wait, timeout_s)
-        from makespan.redis_conn import client_options
-
-        aredis = redis.asyncio.Redis.from_url(url, decode_responses=True, **client_options(self.client.settings))
+        if not is_utf8(self.id):
+            raise NotFoundError(f"no job {self.id!r}")
+        aredis = self.client._async_redis()
         loop = asyncio.get_running_loop()
         deadline = None if timeout_s is None else loop.time() + timeout_s
         pause = _POLL_MIN_S
-        try:
-            while True:
-                try:
-                    state = await aredis.hget(self.client.keys.job(self.id), "state")
-                except redis.RedisError as e:
-                    raise StoreError(f"job {self.id}: {e}") from e
-                if state is None:
-                    raise NotFoundError(f"no job {self.id!r}")
-                if state in FINAL_STATES:
-                    return state
-                if deadline is not None and loop.time() >= deadline:
-                    raise _not_finished(self.id, state, timeout_s)
-                await asyncio.sleep(pause)
-                pause = min(pause * 1.5, _POLL_MAX_S)
-        finally:
-            await aredis.aclose()
+        outage = _Outage(url)
+        while True:
+            try:
+                state = await aredis.hget(self.client.keys.job(self.id), "state")
+            except redis.RedisError as e:
+                error = StoreError(f"job {self.id}: {e}")
+                error.__cause__ = e
+                outage.failed(error, loop.time(), deadline)  # raises once the outage is too long
+                await asyncio.sleep(outage.pause(loop.time(), deadline))
+                continue
+            outage.since = None
+            if state is None:
+                raise NotFoundError(f"no job {self.id!r}")
+            if state in FINAL_STATES:
+                return state
+            if deadline is not None and loop.time() >= deadline:
+                raise _not_finished(self.id, state, timeout_s)
+            await asyncio.sleep(pause)
+            pause = min(pause * 1.5, _POLL_MAX_S)
 
     async def result_async(self, timeout_s: float | None = None) -> Any:
         """:meth:`result` for asyncio."""

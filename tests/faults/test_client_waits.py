@@ -1,0 +1,105 @@
+"""A service's waits on jobs (a service developer's findings): the asyncio waiters of a
+client share a bounded set of connections (one each opened 1,002 connections for 1,000
+waiters, and ran Redis out of ``maxclients``), and a wait rides out a Redis restart instead
+of failing at its first poll with a bare StoreError."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from dataclasses import replace
+
+import pytest
+
+from makespan.client import ASYNC_MAX_CONNECTIONS, Client, Job
+from makespan.errors import RedisUnreachable
+from makespan.keys import Keys
+from makespan.live import delete_prefix
+from makespan.redis_conn import connect
+from makespan.settings import Settings
+
+
+def _queued(r, keys: Keys, n: int) -> list[str]:
+    ids = [uuid.uuid4().hex for _ in range(n)]
+    with r.pipeline() as pipe:
+        for job_id in ids:
+            pipe.hset(keys.job(job_id), mapping={"id": job_id, "state": "queued"})
+        pipe.execute()
+    return ids
+
+
+@pytest.fixture
+def own_redis_client(aof_redis):
+    settings = Settings(redis_url=aof_redis.url, key_prefix=f"waits-{uuid.uuid4().hex[:8]}",
+                        redis_socket_timeout_s=2.0, redis_connect_timeout_s=1.0)
+    client = Client(connect(aof_redis.url), settings)
+    yield aof_redis, client
+    client.close()
+
+
+def test_asyncio_waiters_share_a_bounded_pool(own_redis_client):
+    _server, client = own_redis_client
+    r = client.r
+    ids = _queued(r, client.keys, 200)
+
+    async def scenario() -> tuple[list[str], int]:
+        waits = [asyncio.create_task(Job(client, job_id).wait_async(timeout_s=60)) for job_id in ids]
+        await asyncio.sleep(0.3)  # every waiter has polled at least once
+        connected = int(r.info("clients")["connected_clients"])  # this Redis is the test's own
+        for job_id in ids:
+            r.hset(client.keys.job(job_id), "state", "completed")
+        states = await asyncio.gather(*waits)
+        await client.aclose()
+        return states, connected
+
+    states, connected = asyncio.run(scenario())
+    assert states == ["completed"] * 200
+    assert connected <= ASYNC_MAX_CONNECTIONS + 1  # + the blocking client reading it
+
+
+def test_waits_ride_out_a_redis_restart(own_redis_client):
+    server, client = own_redis_client
+    r = client.r
+    sync_id, *async_ids = _queued(r, client.keys, 21)
+    outcome: dict[str, object] = {}
+
+    def sync_wait() -> None:
+        try:
+            outcome["sync"] = Job(client, sync_id).wait(timeout_s=60)
+        except Exception as e:  # noqa: BLE001 - reported below
+            outcome["sync"] = e
+
+    async def scenario() -> list[str]:
+        waits = [asyncio.create_task(Job(client, job_id).wait_async(timeout_s=60)) for job_id in async_ids]
+        await asyncio.sleep(0.3)
+        await asyncio.to_thread(server.restart, 1.0)  # SIGKILL, down 1 s, then the same AOF again
+        with r.pipeline() as pipe:
+            for job_id in [sync_id, *async_ids]:
+                pipe.hset(client.keys.job(job_id), "state", "completed")
+            pipe.execute()
+        states = await asyncio.gather(*waits)
+        await client.aclose()
+        return states
+
+    waiter = threading.Thread(target=sync_wait)
+    waiter.start()
+    assert asyncio.run(scenario()) == ["completed"] * 20
+    waiter.join(60)
+    assert outcome["sync"] == "completed"
+    delete_prefix(r, client.keys)
+
+
+def test_a_wait_on_a_redis_that_stays_down_raises_redis_unreachable(own_redis_client):
+    server, client = own_redis_client
+    (job_id,) = _queued(client.r, client.keys, 1)
+    server.kill()
+    quick = Client(client.r, replace(client.settings))
+    with pytest.raises(RedisUnreachable, match="cannot reach Redis"):
+        Job(quick, job_id).wait(timeout_s=1.5)  # its timeout ends the retries before WAIT_RECONNECT_S
+
+    async def scenario() -> None:
+        await Job(quick, job_id).wait_async(timeout_s=1.5)
+
+    with pytest.raises(RedisUnreachable, match="cannot reach Redis"):
+        asyncio.run(scenario())
