@@ -879,7 +879,11 @@ def _first_not_json(value: Any, path: str, depth: int = 0) -> tuple[str, str] | 
         return None if is_utf8(value) else (path, "a string with a lone surrogate (not UTF-8)")
     if value is None or isinstance(value, (int, float, bool)):
         return None
-    return path, f"of type {type(value).__name__}"
+    kind = type(value)
+    name = kind.__name__ if kind.__module__ in ("builtins", "makespan.client") else f"{kind.__module__}.{kind.__qualname__}"
+    if kind.__module__.split(".")[0] == "numpy":  # np.float32(1.5), np.bool_(True), an ndarray
+        return path, f"of type {name}: convert it with .item() (an array: .tolist())"
+    return path, f"of type {name}"
 
 
 def first_key_not_str(value: Any, path: str = "") -> str | None:

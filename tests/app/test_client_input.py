@@ -203,6 +203,18 @@ def test_a_job_inside_a_container_says_only_a_top_level_job_is_replaced(client, 
     assert _keys_of(r, prefix) == before
 
 
+def test_a_numpy_value_says_how_to_convert_it_and_writes_nothing(client, r, prefix):
+    """A numpy scalar or array is refused with a hint (a service developer's report: the
+    encoder's own message for np.bool_ reads "Object of type bool is not JSON serializable")."""
+    np = pytest.importorskip("numpy")
+    before = _keys_of(r, prefix)
+    with pytest.raises(makespan.ValidationError, match=r"job\.args\[0\]\['ok'\]: of type numpy\.bool.*\.item\(\)"):
+        client.submit("tests.two", {"ok": np.bool_(True)})
+    with pytest.raises(makespan.ValidationError, match=r"of type numpy\.ndarray.*\.tolist\(\)"):
+        client.submit("tests.two", np.arange(3))
+    assert _keys_of(r, prefix) == before
+
+
 def test_a_tuple_argument_arrives_as_a_list(client, r, keys):
     """Documented: arguments are JSON, so a tuple is a JSON array (a list at the function)."""
     job = client.submit("tests.two", (1, 2))
