@@ -136,7 +136,10 @@ def _bars(evs: list[dict[str, Any]], now: float, since: float) -> list[dict[str,
 
 def _incidents(r: redis.Redis, keys: Keys) -> list[dict[str, Any]]:
     rows = r.xrevrange(keys.incidents, count=INCIDENTS_LIMIT * 2)
-    recoveries = {rec.get("incident_id"): rec for _sid, rec in rows if rec.get("kind") == "recovery"}
+    recoveries: dict[str | None, dict] = {}
+    for _sid, rec in rows:  # newest first: an incident's latest recovery record wins (a given-up one is later
+        if rec.get("kind") == "recovery":  # closed by a second, "recovered" record; makespan incidents shows it)
+            recoveries.setdefault(rec.get("incident_id"), rec)
     out = []
     for sid, rec in rows:
         if rec.get("kind") == "recovery":
