@@ -239,8 +239,82 @@ def uncordon(host: str = typer.Argument(..., help="a host of the fleet"),
                                                      f"now: start `makespan gpu-worker --fleet FLEET --host {host} --workloads MODULES`)"))
 
 
+def fleet_summary(spec: Any) -> dict[str, Any]:
+    """What :func:`check_fleet` prints of a fleet: ``name``, ``fleet_version``, ``hosts``,
+    ``gpus``, ``endpoints`` (name -> tensor-parallel size), ``set_point_gpus`` (GPUs with a
+    set point), ``pools`` (names; [] without pools)."""
+    from makespan.models import fleet_version
+    from makespan.workers.worker_fleets import endpoints_of
+
+    return {"name": spec.name, "fleet_version": fleet_version(spec), "hosts": len(spec.hosts),
+            "gpus": sum(len(host.gpus) for host in spec.hosts), "endpoints": endpoints_of(spec),
+            "set_point_gpus": sum(len(group.gpus) for e in spec.endpoints.values() for group in e.set_point),
+            "pools": [pool.name for pool in spec.pools]}
+
+
+def fleet_difference(published: dict[str, int], mine: dict[str, int]) -> list[str]:
+    """Lines naming how the endpoints (name -> tensor-parallel size) of a fleet file differ
+    from the published ones: added, removed, another ``tensor_parallel``."""
+    lines = []
+    if added := sorted(set(mine) - set(published)):
+        lines.append(f"endpoints added: {', '.join(added)}")
+    if removed := sorted(set(published) - set(mine)):
+        lines.append(f"endpoints removed: {', '.join(removed)}")
+    if changed := sorted(e for e in set(mine) & set(published) if mine[e] != published[e]):
+        lines.append("tensor_parallel changed: " + ", ".join(f"{e} {published[e]} -> {mine[e]}" for e in changed))
+    return lines
+
+
+def check_fleet(fleet: Path = typer.Argument(..., help="the TOML fleet file to check"),
+                published: bool = typer.Option(False, "--against-published",
+                                               help="also compare it with the fleet the running planner published "
+                                                    "(reads MAKESPAN_REDIS_URL)"),
+                as_json: bool = typer.Option(False, "--json", help="print the summary as one JSON object")) -> None:
+    """Check a fleet file with this version of makespan, without starting anything: exit 0
+    and a summary (hosts, GPUs, endpoints, set points, pools, fleet_version) when the
+    planner, GPU workers and observer of this version would accept it; exit 2 with the first
+    problem otherwise. Run it with the new version before an upgrade or a rolling change of
+    the fleet file (docs/operations.md, "Upgrades")."""
+    from makespan.models import load_fleet
+
+    try:
+        spec = load_fleet(fleet)
+    except MakespanError as e:
+        fail(e)
+    summary = fleet_summary(spec)
+    differences: list[str] = []
+    if published:
+        from makespan.workers.worker_fleets import endpoints_of
+
+        try:
+            _, r, keys = context()
+            running = published_fleet(r, keys, required=False)
+        except MakespanError as e:
+            fail(e)
+        except redis.RedisError as e:
+            fail(StoreError(f"reading the published fleet: {e}"))
+        if running is None:
+            differences = ["no planner has published a fleet yet"]
+        else:
+            other = fleet_summary(running)
+            if other["fleet_version"] != summary["fleet_version"]:
+                differences = [f"differs from the published fleet (version {other['fleet_version']})",
+                               *fleet_difference(endpoints_of(running), summary["endpoints"])]
+        summary["published"] = differences or ["the same as the published fleet"]
+    if as_json:
+        typer.echo(json.dumps(summary, sort_keys=True))
+        return
+    set_points = f", set points on {summary['set_point_gpus']} GPUs" if summary["set_point_gpus"] else ""
+    pools = f", pools {', '.join(summary['pools'])}" if summary["pools"] else ""
+    typer.echo(f"ok: {fleet}: fleet {summary['name']!r}, {summary['hosts']} hosts, {summary['gpus']} GPUs, "
+               f"{len(summary['endpoints'])} endpoints{set_points}{pools}; fleet_version {summary['fleet_version']}")
+    for line in summary.get("published", []):
+        typer.echo(f"  {line}")
+
+
 def register(app: typer.Typer) -> None:
-    """Add ``hosts``, ``cordon`` and ``uncordon``."""
+    """Add ``hosts``, ``cordon``, ``uncordon`` and ``check-fleet``."""
+    app.command("check-fleet")(check_fleet)
     app.command("hosts")(hosts)
     app.command("cordon")(cordon)
     app.command("uncordon")(uncordon)

@@ -1,0 +1,58 @@
+"""``makespan check-fleet FILE``: a fleet file checked by this version without starting
+anything (an upgrading operator found the new planner refused a file the old one took,
+after the old planner was stopped: no planner at all). Real CLI, real Redis for
+``--against-published``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from makespan.cli import app as cli_app
+from makespan.models import fleet_version, load_fleet
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "render-pipeline.toml"
+
+
+def _env(redis_url: str, prefix: str) -> dict[str, str]:
+    return {"MAKESPAN_REDIS_URL": redis_url, "MAKESPAN_KEY_PREFIX": prefix}
+
+
+def test_a_good_file_prints_its_summary_and_version():
+    res = CliRunner().invoke(cli_app, ["check-fleet", str(EXAMPLE), "--json"])
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.output)
+    fleet = load_fleet(EXAMPLE)
+    assert summary["fleet_version"] == fleet_version(fleet)
+    assert summary["hosts"] == len(fleet.hosts) and summary["gpus"] == len(fleet.gpu_uuids())
+    assert set(summary["endpoints"]) == set(fleet.endpoints)
+    text = CliRunner().invoke(cli_app, ["check-fleet", str(EXAMPLE)])
+    assert text.exit_code == 0 and text.output.startswith("ok: ") and summary["fleet_version"] in text.output
+
+
+def test_a_bad_file_exits_2_naming_the_field(tmp_path):
+    bad = tmp_path / "fleet.toml"
+    bad.write_text(EXAMPLE.read_text().replace("cold_start_s = 45", 'cold_start_s = "45"', 1))
+    assert 'cold_start_s = "45"' in bad.read_text()
+    res = CliRunner().invoke(cli_app, ["check-fleet", str(bad)])
+    assert res.exit_code == 2
+    assert "cold_start_s: must be a number, not text" in res.output, res.output
+
+
+def test_against_the_published_fleet_names_what_differs(r, keys, redis_url, prefix, tmp_path):
+    env = _env(redis_url, prefix)
+    res = CliRunner().invoke(cli_app, ["check-fleet", str(EXAMPLE), "--against-published"], env=env)
+    assert res.exit_code == 0 and "no planner has published a fleet yet" in res.output, res.output
+    fleet = load_fleet(EXAMPLE)
+    r.set(keys.fleet, fleet.model_dump_json())  # as the planner publishes it
+    res = CliRunner().invoke(cli_app, ["check-fleet", str(EXAMPLE), "--against-published"], env=env)
+    assert "the same as the published fleet" in res.output, res.output
+    changed = tmp_path / "fleet.toml"
+    extra = '\n[endpoints.extra]\nmodel = "m"\nmemory_mib_per_gpu = 1000\ncold_start_s = 10\nevict_s = 1\n'
+    changed.write_text(EXAMPLE.read_text() + extra)
+    res = CliRunner().invoke(cli_app, ["check-fleet", str(changed), "--against-published", "--json"], env=env)
+    assert res.exit_code == 0, res.output
+    published = json.loads(res.output)["published"]
+    assert published[0].startswith("differs from the published fleet") and "endpoints added: extra" in published
