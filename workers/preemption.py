@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 
 from makespan.awaited import queue_awaited_running
 from makespan.models import Priority
@@ -168,20 +169,27 @@ def _running(ctx: TickContext, state: FleetState, lease_of: dict[str, str], info
         bounded = _bounded(ctx, cuts, ran_s)
         preemptable = job_id not in awaited and not on_down_host and bounded
         if not bounded:  # the wait reason of a job it holds up says why it is not cut (new-user check)
-            ctx.unpreemptible[job_id] = _unbounded_why(ctx, cuts, ran_s)
+            ctx.unpreemptible[job_id] = _unbounded_why(ctx, cuts, ran_s, server_now_ms / 1000.0)
         running = RunningJob(job, group, start_s, service_start_s, end_s, preemptable)
         out.update({gpu: running for gpu in group})
     return out, {job_id: lease_id for lease_id, job_id in jobs.items()}
 
 
-def _unbounded_why(ctx: TickContext, cuts: str | None, ran_s: float) -> str:
-    """Why a running job that :func:`_bounded` refuses may not be preempted, for a wait reason."""
+def _unbounded_why(ctx: TickContext, cuts: str | None, ran_s: float, server_now_s: float) -> str:
+    """Why a running job that :func:`_bounded` refuses may not be preempted, for a wait
+    reason; under the minimum runtime, also from when it may be (UTC, on the Redis server's
+    clock): the plan's ETA does not count a preemption then (a gang's user saw the ETA 40 s
+    later than the preemption that came when the minimum runtime ended)."""
     settings = ctx.env.settings
-    if 0 <= settings.preemption_budget <= int(cuts or 0):
-        return (f"preempted {int(cuts or 0)} times already, its budget (MAKESPAN_PREEMPTION_BUDGET="
-                f"{settings.preemption_budget})")
+    cuts_n = int(cuts or 0)
+    if 0 <= settings.preemption_budget <= cuts_n:
+        return (f"preempted {cuts_n} time{'s' if cuts_n != 1 else ''} already, its budget "
+                f"(MAKESPAN_PREEMPTION_BUDGET={settings.preemption_budget})")
+    left_wall_s = max(0.0, settings.preemption_min_runtime_s - ran_s) * settings.time_scale
+    from_utc = time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(server_now_s + left_wall_s))
     return (f"held its GPUs {ran_s:.0f} workload s, under the minimum runtime "
-            f"(MAKESPAN_PREEMPTION_MIN_RUNTIME_S={settings.preemption_min_runtime_s:g})")
+            f"(MAKESPAN_PREEMPTION_MIN_RUNTIME_S={settings.preemption_min_runtime_s:g}); preemptible from "
+            f"{from_utc}, when a preemption may start this job before the ETA")
 
 
 def _bounded(ctx: TickContext, cuts: str | None, ran_s: float) -> bool:

@@ -699,3 +699,26 @@ def test_a_holder_the_preemption_budget_protects_is_named_as_not_preemptible(r, 
     out = _why(urgent, "waiting_for_gpus")
     assert f"(not preemptible: preempted {w.settings.preemption_budget} times already, its budget" in out, out
 
+
+
+def test_a_holder_under_the_minimum_runtime_says_from_when_it_is_preemptible(r, settings, env):
+    """The plan's ETA of a HIGH job behind a holder under the minimum runtime is the holder's
+    end; the preemption came when the minimum runtime ended, 40 s earlier (a gang's user):
+    the detail says from when the holder is preemptible (UTC, the Redis server's clock)."""
+    import calendar
+    import re
+    import time as time_module
+
+    w, prod, sent = _setup(r, settings, preemption_min_runtime_s=6000.0)  # 60 wall s at the time scale 0.01
+    holder = _lease(r, w, prod, "GPU-h-0", priority="LOW", service_s=100000.0)
+    urgent = prod.submit({"endpoint": "e", "service_s": 10, "priority": "HIGH"}).id
+    w.tick()
+    assert sent == []
+    out = _why(urgent, "waiting_for_gpus")
+    found = re.search(r"under the minimum runtime \(MAKESPAN_PREEMPTION_MIN_RUNTIME_S=[0-9.]+\); preemptible from "
+                      r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ)", out)
+    assert found, out
+    seconds, micros = r.time()
+    at = calendar.timegm(time_module.strptime(found.group(1), "%Y-%m-%d %H:%M:%SZ"))
+    expected = seconds + micros / 1e6 + w.settings.preemption_min_runtime_s * w.settings.time_scale
+    assert at == pytest.approx(expected, abs=2.0), (holder, out)
