@@ -67,8 +67,9 @@ def report(
 def dashboard(
     port: int = typer.Option(9180, "--port", help="TCP port to serve on"),
     host: str = typer.Option("127.0.0.1", "--host", help="address to bind (0.0.0.0: every interface)"),
-    basic_auth: str = typer.Option("", "--basic-auth", help="user:password[,user2:password2] (as Flower's); "
-                                   "default: no auth"),
+    basic_auth: str = typer.Option("", "--basic-auth", envvar="MAKESPAN_DASHBOARD_BASIC_AUTH",
+                                   help="user:password[,user2:password2] (as Flower's; from the environment, it "
+                                        "stays out of ps); default: no auth"),
     url_prefix: str = typer.Option("", "--url-prefix", help="serve under /PREFIX/ (behind a reverse proxy)"),
     window_min: float = typer.Option(10.0, "--window-min", help="minutes of history in the Gantt"),
     refresh_s: float = typer.Option(1.0, "--refresh-s", help="seconds between live updates (server-sent events)"),
@@ -91,6 +92,10 @@ def dashboard(
                               stale_after_s=stale_after_s(s.lease_ttl_s))  # as `makespan why`
         from makespan.redis_conn import redacted
 
+        if not basic_auth and host not in ("127.0.0.1", "localhost", "::1"):
+            typer.echo(f"warning: the dashboard on {host} has no authentication: anyone who reaches it sees every "
+                       "job's arguments, results and tracebacks (set --basic-auth or MAKESPAN_DASHBOARD_BASIC_AUTH, "
+                       "and put it behind a TLS proxy)", err=True)
         serve(cfg, host, port, announce=lambda url: typer.echo(
             f"makespan dashboard on {url} (Redis {redacted(s.redis_url)}, key prefix {s.key_prefix})", err=True),
             shutdown_grace_s=s.shutdown_grace_s)

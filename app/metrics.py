@@ -537,10 +537,13 @@ def build_registry(client: Any = None, keys: Keys | None = None, multiprocess: b
 
 
 def start_metrics_server(port: int, settings: Any = None, redis_state: bool = True,
-                         multiprocess: bool = True, addr: str = "0.0.0.0",
+                         multiprocess: bool = True, addr: str | None = None,
                          endpoints: Iterable[str] | None = None, pool: str | None = None) -> Any:
     """Serve ``/metrics`` on ``addr:port`` from a daemon thread; return the WSGI server
     (``.server_port`` holds the port bound; ``port=0`` is refused: 0 means no server).
+    ``addr``: the address to bind (default ``MAKESPAN_METRICS_ADDR``, else ``0.0.0.0``,
+    every interface, as Prometheus exporters do; no authentication: bind ``127.0.0.1`` or
+    a private interface where the network is not trusted).
 
     ``settings`` (default :meth:`makespan.settings.Settings.from_env`) gives the Redis URL
     and key prefix of the state collector (``redis_state=False`` leaves it out, e.g.
@@ -573,5 +576,6 @@ def start_metrics_server(port: int, settings: Any = None, redis_state: bool = Tr
         s = settings or Settings.from_env()
         client, keys = connect(s.redis_url, socket_timeout=2.0), Keys(s.key_prefix, pool)
         stale_s = stale_after_s(s.lease_ttl_s)
+    addr = addr if addr is not None else (os.environ.get("MAKESPAN_METRICS_ADDR", "").strip() or "0.0.0.0")
     server, _thread = start_http_server(port, addr=addr, registry=build_registry(client, keys, multiprocess, stale_s))
     return server

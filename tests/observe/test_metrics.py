@@ -180,3 +180,18 @@ def test_labelled_counters_start_at_zero_for_every_known_label(monkeypatch, r, k
     reg = metrics_mod._metrics.registry
     assert reg.get_sample_value("makespan_incidents_total", {"endpoint": "judge"}) == 0
     assert reg.get_sample_value("makespan_incidents_total", {"endpoint": "embed"}) == 0
+
+
+def test_metrics_server_binds_the_address_of_makespan_metrics_addr(monkeypatch):
+    """``MAKESPAN_METRICS_ADDR`` chooses the interface (a security review: the servers
+    listened on every interface with no way to change it)."""
+    from makespan.metrics import start_metrics_server
+    from makespan.redis_conn import free_port
+
+    monkeypatch.setenv("MAKESPAN_METRICS_ADDR", "127.0.0.1")
+    server = start_metrics_server(free_port(), redis_state=False, multiprocess=False, endpoints=())
+    try:
+        assert server.server_address[0] == "127.0.0.1"
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -5,7 +5,12 @@ process (:func:`process_alive`) and of an endpoint's process group (:func:`group
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
+
+INSTANCE_ENV = "MAKESPAN_INSTANCE_ID"
+"""The environment variable a driver sets in every endpoint process it spawns, to the
+instance's id: :func:`is_instance_process` reads it back before a process is signalled."""
 
 
 def process_alive(pid: int) -> bool:
@@ -55,4 +60,26 @@ def group_alive(leader_pid: int) -> bool:
     return process_alive(leader_pid) or bool(group_members(leader_pid))
 
 
-__all__ = ["group_alive", "group_members", "process_alive"]
+def is_instance_process(pid: int, instance_id: str, gpus: Sequence[str]) -> bool:
+    """False when ``pid`` runs a process that is not the endpoint process spawned for the
+    instance ``instance_id`` on ``gpus``: its initial environment (``/proc/PID/environ``)
+    names another instance in :data:`INSTANCE_ENV`, or names none (a spawn by a version
+    before the variable) and its ``CUDA_VISIBLE_DEVICES`` is not ``gpus``; or it belongs to
+    another user (unreadable). An instance record names a pid; after a reboot, or long after
+    the process ended, the pid may be another program's, and a record written into Redis by
+    anyone could name any pid: nothing such is signalled. True when nothing runs under
+    ``pid`` (nothing to mistake) or the platform has no ``/proc`` (no way to tell)."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except PermissionError:
+        return False
+    except OSError:  # no such process, or no /proc
+        return True
+    env = dict(item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+    marker = env.get(INSTANCE_ENV.encode())
+    if marker is not None:
+        return marker.decode("utf-8", "replace") == instance_id
+    return env.get(b"CUDA_VISIBLE_DEVICES", b"").decode("utf-8", "replace") == ",".join(gpus)
+
+
+__all__ = ["INSTANCE_ENV", "group_alive", "group_members", "is_instance_process", "process_alive"]

@@ -62,7 +62,7 @@ from makespan.models import EndpointSpec
 from makespan.redis_conn import free_port
 from makespan.workers.drivers.base import (DriverCapabilities, DriverContext, Instance, NoLaunchOptions, StopReport,
                                           machine_name)
-from makespan.workers.drivers.pids import group_members, process_alive
+from makespan.workers.drivers.pids import INSTANCE_ENV, group_members, is_instance_process, process_alive
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +114,15 @@ def _tail(path: str | None, n_bytes: int = 600, start: int = 0) -> str:
             return f.read().decode(errors="replace").strip()
     except OSError:
         return ""
+
+
+def endpoint_environment() -> dict[str, str]:
+    """The environment an endpoint process starts from: this process's, less makespan's own
+    settings (``MAKESPAN_*``: an endpoint is not a makespan process, and
+    ``MAKESPAN_REDIS_URL`` carries the Redis password, which a model server running model
+    code must not read). The driver adds ``CUDA_VISIBLE_DEVICES``, :data:`INSTANCE_ENV` and
+    its own (:meth:`ProcessDriver.extra_env`)."""
+    return {name: value for name, value in os.environ.items() if not name.startswith("MAKESPAN_")}
 
 
 class ProcessDriver:
@@ -236,8 +245,8 @@ class ProcessDriver:
             Path(inst.log_path).parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise PhaseError(f"endpoint {endpoint.name!r}: cannot create log directory for {inst.log_path}: {e}") from e
-        env = {**os.environ, **self.extra_env(endpoint), "CUDA_VISIBLE_DEVICES": ",".join(gpus),
-               "PYTHONUNBUFFERED": "1"}
+        env = {**endpoint_environment(), **self.extra_env(endpoint), "CUDA_VISIBLE_DEVICES": ",".join(gpus),
+               "PYTHONUNBUFFERED": "1", INSTANCE_ENV: inst.id}
         try:
             with open(inst.log_path, "ab") as log_file, telemetry.child_span("process_spawn", {"argv0": argv[0], "port": port}):
                 log_file.write(f"# {time.strftime('%Y-%m-%dT%H:%M:%S')} argv={argv} gpus={gpus}\n".encode())
@@ -296,14 +305,21 @@ class ProcessDriver:
             return False
         if instance.proc is not None and instance.proc.poll() is not None:
             return False
-        if instance.proc is None and instance.pid and not process_alive(instance.pid):
+        if instance.proc is None and instance.pid and not (process_alive(instance.pid) and self._ours(instance)):
             return False
         return self._probe(instance)[0]
 
     def is_alive(self, instance: Instance) -> bool:
         """False once the instance's process has ended (True while it runs, or when no
-        pid is recorded: nothing known to have ended)."""
-        return instance.pid is None or process_alive(instance.pid)
+        pid is recorded: nothing known to have ended); a pid that now runs another program
+        (:func:`makespan.workers.drivers.pids.is_instance_process`) is ended."""
+        if instance.pid is None:
+            return True
+        return process_alive(instance.pid) and (instance.proc is not None or self._ours(instance))
+
+    @staticmethod
+    def _ours(instance: Instance) -> bool:
+        return instance.pid is not None and is_instance_process(instance.pid, instance.id, instance.gpus)
 
     def stop(self, instance: Instance) -> StopReport:
         """Stop the instance's whole process group: SIGTERM to every member, up to
@@ -314,6 +330,14 @@ class ProcessDriver:
         is logged as a warning, anything left after SIGKILL as an error."""
         pid = instance.pid
         if pid is None or instance.stopped:
+            instance.stopped = True
+            return StopReport(pid)
+        if instance.proc is None and process_alive(pid) and not self._ours(instance):
+            # read from the registry, not spawned here: the pid runs another program (reused
+            # after a reboot, or a record naming any pid): it is not signalled
+            log.warning("endpoint %s (instance %s): pid %d runs another program (%s), not its endpoint process: "
+                        "not signalled; the instance's own process is gone", instance.endpoint, instance.id, pid,
+                        _cmdline(pid)[:120] or "unreadable")
             instance.stopped = True
             return StopReport(pid)
         grace_s = self.stop_grace_s()
