@@ -257,7 +257,9 @@ def redacted_url(url: str) -> str:
     userinfo's, and the value of any query option whose name ends in ``password``
     (``sentinel_password``, ``ssl_password``). A userinfo urlparse cannot find (a ``/``,
     ``?`` or ``#`` in the password that is not percent-encoded ends its netloc before the
-    ``@``; a ``[`` makes it raise) is hidden whole: everything up to the last ``@``."""
+    ``@``; a ``[`` makes it raise) is hidden whole: everything up to the last ``@``; so is a
+    userinfo without a colon (``redis://SECRET@host``: a password written without its
+    leading colon, which redis-py sends as a user name)."""
     from urllib.parse import urlparse
 
     hidden = _SECRET_QUERY_OPTION.sub(lambda m: m.group(1) + "***", url)
@@ -269,7 +271,11 @@ def redacted_url(url: str) -> str:
     scheme, sep, rest = hidden.partition("://")
     if sep and "@" not in netloc and "@" in rest:  # the userinfo ran past what urlparse took as the host
         return f"{scheme}://***@{rest.rpartition('@')[2]}"
-    return hidden.replace(f":{password}@", ":***@") if password else hidden
+    if password:
+        return hidden.replace(f":{password}@", ":***@")
+    if "@" in netloc and ":" not in netloc.rpartition("@")[0]:  # redis://SECRET@host: the password
+        return f"{scheme}://***@{rest.partition('@')[2]}"  # written without its colon (a user name to redis-py)
+    return hidden
 
 
 # Bounds on every Redis connection (redis-py clients and kombu's broker), in seconds.

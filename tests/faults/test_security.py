@@ -73,6 +73,11 @@ def test_redacted_hides_the_password():
     assert redacted("redis://:s3cret@h:6379/0") == "redis://:***@h:6379/0"
     assert redacted("rediss://user:s3cret@h:6380/0") == "rediss://user:***@h:6380/0"
     assert redacted("redis://h:6379/0") == "redis://h:6379/0"
+    # a password written without its leading colon (redis-py sends it as a user name): hidden
+    # too (a security review saw it printed in clear in the refused-credentials error)
+    assert redacted("redis://S3cr3t-PW@127.0.0.1:6413/13") == "redis://***@127.0.0.1:6413/13"
+    assert redacted("redis+sentinel://S3cr3t@s1:26379,s2:26379/mymaster/0") == \
+        "redis+sentinel://***@s1:26379,s2:26379/mymaster/0"
 
 
 @pytest.mark.parametrize("url", ["redis+sentinel://:pa#ss@s1:26379,s2/mymaster/0",
