@@ -252,16 +252,30 @@ def fleet_summary(spec: Any) -> dict[str, Any]:
             "pools": [pool.name for pool in spec.pools]}
 
 
-def fleet_difference(published: dict[str, int], mine: dict[str, int]) -> list[str]:
-    """Lines naming how the endpoints (name -> tensor-parallel size) of a fleet file differ
-    from the published ones: added, removed, another ``tensor_parallel``."""
+def fleet_difference(published: Any, mine: Any) -> list[str]:
+    """Lines naming how fleet ``mine`` differs from ``published`` (both FleetSpecs): hosts
+    added, removed or with another GPU count; endpoints added, removed, or with another
+    ``tensor_parallel`` or ``memory_mib_per_gpu`` (what cancels queued jobs or moves work,
+    docs/operations.md "Changing the fleet file"); any other field: "other settings"."""
     lines = []
-    if added := sorted(set(mine) - set(published)):
-        lines.append(f"endpoints added: {', '.join(added)}")
-    if removed := sorted(set(published) - set(mine)):
-        lines.append(f"endpoints removed: {', '.join(removed)}")
-    if changed := sorted(e for e in set(mine) & set(published) if mine[e] != published[e]):
-        lines.append("tensor_parallel changed: " + ", ".join(f"{e} {published[e]} -> {mine[e]}" for e in changed))
+    old_hosts = {host.name: len(host.gpus) for host in published.hosts}
+    new_hosts = {host.name: len(host.gpus) for host in mine.hosts}
+    for what, old, new in (("hosts", old_hosts, new_hosts), ("endpoints", dict(published.endpoints),
+                                                                 dict(mine.endpoints))):
+        if added := sorted(set(new) - set(old)):
+            lines.append(f"{what} added: {', '.join(added)}")
+        if removed := sorted(set(old) - set(new)):
+            lines.append(f"{what} removed: {', '.join(removed)}")
+    if changed := sorted(h for h in set(new_hosts) & set(old_hosts) if new_hosts[h] != old_hosts[h]):
+        lines.append("GPUs changed: " + ", ".join(f"{h} {old_hosts[h]} -> {new_hosts[h]}" for h in changed))
+    both = sorted(set(mine.endpoints) & set(published.endpoints))
+    for field, label in (("tensor_parallel", "tensor_parallel"), ("memory_mib_per_gpu", "memory_mib_per_gpu")):
+        moved = [e for e in both if getattr(mine.endpoints[e], field) != getattr(published.endpoints[e], field)]
+        if moved:
+            lines.append(f"{label} changed: " + ", ".join(
+                f"{e} {getattr(published.endpoints[e], field)} -> {getattr(mine.endpoints[e], field)}" for e in moved))
+    if not lines:
+        lines.append("other settings changed (cold starts, set points, launch, pools…)")
     return lines
 
 
@@ -284,29 +298,37 @@ def check_fleet(fleet: Path = typer.Argument(..., help="the TOML fleet file to c
     summary = fleet_summary(spec)
     differences: list[str] = []
     if published:
-        from makespan.workers.worker_fleets import endpoints_of
-
         try:
             _, r, keys = context()
-            running = published_fleet(r, keys, required=False)
+            raw = r.get(keys.fleet)
         except MakespanError as e:
             fail(e)
         except redis.RedisError as e:
             fail(StoreError(f"reading the published fleet: {e}"))
-        if running is None:
+        running = None
+        if not raw:
             differences = ["no planner has published a fleet yet"]
         else:
+            from makespan.models import parse_fleet
+
+            try:
+                running = parse_fleet(json.loads(raw))
+            except (ValueError, MakespanError) as e:  # written by another version: this one refuses it
+                differences = [f"the published fleet (the running planner's) does not load with this version: {e}; "
+                               "this file replaces it when the planner restarts with it"]
+        if running is not None:
             other = fleet_summary(running)
             if other["fleet_version"] != summary["fleet_version"]:
                 differences = [f"differs from the published fleet (version {other['fleet_version']})",
-                               *fleet_difference(endpoints_of(running), summary["endpoints"])]
+                               *fleet_difference(running, spec)]
         summary["published"] = differences or ["the same as the published fleet"]
     if as_json:
         typer.echo(json.dumps(summary, sort_keys=True))
         return
     set_points = f", set points on {summary['set_point_gpus']} GPUs" if summary["set_point_gpus"] else ""
     pools = f", pools {', '.join(summary['pools'])}" if summary["pools"] else ""
-    typer.echo(f"ok: {fleet}: fleet {summary['name']!r}, {summary['hosts']} hosts, {summary['gpus']} GPUs, "
+    hosts = f"{summary['hosts']} host{'s' if summary['hosts'] != 1 else ''}"
+    typer.echo(f"ok: {fleet}: fleet {summary['name']!r}, {hosts}, {summary['gpus']} GPUs, "
                f"{len(summary['endpoints'])} endpoints{set_points}{pools}; fleet_version {summary['fleet_version']}")
     for line in summary.get("published", []):
         typer.echo(f"  {line}")

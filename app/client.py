@@ -20,8 +20,9 @@ script of :class:`makespan.producer.Producer`, the layer underneath.
 Waiting calls (:meth:`Job.result`, :meth:`Job.wait`) poll the job record with a
 backoff from 10 ms to 250 ms; :meth:`Job.result_async` and :meth:`Job.wait_async` are
 their asyncio twins (redis-py's asyncio client, no thread per waiter): the waiters of one
-event loop share one client of at most :data:`ASYNC_MAX_CONNECTIONS` connections
-(:meth:`Client.aclose` closes it), however many wait. A wait rides out a Redis restart or
+event loop share one client of at most :data:`ASYNC_MAX_CONNECTIONS` connections, however
+many wait, closed when its last waiter ends (so ``asyncio.run`` called again and again
+leaves none open). A wait rides out a Redis restart or
 failover: connection errors are retried with the poll's backoff for up to
 :data:`WAIT_RECONNECT_S` (never past its ``timeout_s``), then raised as
 :class:`makespan.errors.RedisUnreachable`, as a submit raises them.
@@ -33,8 +34,8 @@ import asyncio
 import json
 import math
 import logging
+import threading
 import time
-import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -117,9 +118,9 @@ class Client:
         self._fleet: FleetSpec | None = None
         self._fleet_version: str | None = None
         self._producer = Producer(r, self.keys, None, settings)
-        # event loop -> the asyncio client its waiters share (Job.wait_async; bound to that loop)
-        self._async: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, redis.asyncio.Redis] = \
-            weakref.WeakKeyDictionary()
+        # event loop -> [the asyncio client its waiters share (bound to that loop), waiters using it]
+        self._async: dict[asyncio.AbstractEventLoop, list[Any]] = {}
+        self._async_lock = threading.Lock()  # loops in several threads share the dict
 
     # -- the fleet ----------------------------------------------------------------------
     def fleet(self, version: str | None = "") -> FleetSpec:
@@ -364,36 +365,46 @@ class Client:
         """A handle on an existing job (its existence is checked by its first call)."""
         return Job(self, job_id)
 
-    def _async_redis(self) -> redis.asyncio.Redis:
-        """The running event loop's shared asyncio client (created on first use): at most
-        :data:`ASYNC_MAX_CONNECTIONS` connections, a waiter beyond them waits for one."""
+    def _async_acquire(self) -> redis.asyncio.Redis:
+        """The running event loop's shared asyncio client, created for its first waiter (at
+        most :data:`ASYNC_MAX_CONNECTIONS` connections; a waiter beyond them waits for one).
+        Pair with :meth:`_async_release`."""
         loop = asyncio.get_running_loop()
-        client = self._async.get(loop)
-        if client is None:
-            from urllib.parse import urlparse
+        with self._async_lock:
+            entry = self._async.get(loop)
+            if entry is None:
+                from urllib.parse import urlparse
 
-            from makespan.redis_conn import TCP_ONLY_OPTIONS, client_options
+                from makespan.redis_conn import TCP_ONLY_OPTIONS, client_options
 
-            options = client_options(self.settings)
-            if urlparse(self.settings.redis_url).scheme == "unix":
-                options = {k: v for k, v in options.items() if k not in TCP_ONLY_OPTIONS}
-            pool = redis.asyncio.BlockingConnectionPool.from_url(
-                self.settings.redis_url, max_connections=ASYNC_MAX_CONNECTIONS, timeout=None,
-                decode_responses=True, **options)
-            client = self._async[loop] = redis.asyncio.Redis(connection_pool=pool)
-        return client
+                options = client_options(self.settings)
+                if urlparse(self.settings.redis_url).scheme == "unix":
+                    options = {k: v for k, v in options.items() if k not in TCP_ONLY_OPTIONS}
+                pool = redis.asyncio.BlockingConnectionPool.from_url(
+                    self.settings.redis_url, max_connections=ASYNC_MAX_CONNECTIONS, timeout=None,
+                    decode_responses=True, **options)
+                entry = self._async[loop] = [redis.asyncio.Redis(connection_pool=pool), 0]
+            entry[1] += 1
+            return entry[0]
 
-    async def aclose(self) -> None:
-        """Close the running event loop's asyncio connections (those of
-        :meth:`Job.wait_async` / :meth:`Job.result_async`); the next async wait opens new
-        ones. :meth:`close` closes the blocking ones."""
-        client = self._async.pop(asyncio.get_running_loop(), None)
-        if client is not None:
-            await client.aclose()
-            await client.connection_pool.disconnect()
+    async def _async_release(self, client: redis.asyncio.Redis) -> None:
+        """One waiter of :meth:`_async_acquire` is done; the last one closes the client
+        (a loop's connections do not outlive its waits: an entry kept per loop held every
+        loop ``asyncio.run`` made, with its connections)."""
+        loop = asyncio.get_running_loop()
+        with self._async_lock:
+            entry = self._async.get(loop)
+            if entry is None or entry[0] is not client:
+                return
+            entry[1] -= 1
+            if entry[1] > 0:
+                return
+            del self._async[loop]
+        await client.aclose()
+        await client.connection_pool.disconnect()
 
     def close(self) -> None:
-        """Close the Redis connections (an event loop's asyncio ones: :meth:`aclose`)."""
+        """Close the Redis connections (the asyncio waiters' close with their last waiter)."""
         self.r.close()
 
     def __enter__(self) -> Client:
@@ -635,36 +646,45 @@ class Job:
 
     # -- asyncio twins ------------------------------------------------------------------
     async def wait_async(self, timeout_s: float | None = None) -> str:
-        """:meth:`wait` for asyncio (redis-py's asyncio client; cancellable)."""
+        """:meth:`wait` for asyncio (redis-py's asyncio client; cancellable). With a Sentinel
+        URL (redis-py's asyncio Sentinel is not wired here) each poll is a short blocking read
+        in a worker thread, the pauses on the loop: no thread is held for the whole wait."""
         timeout_s = _timeout(timeout_s)
-        url = self.client.settings.redis_url
-        if is_sentinel_url(url):  # redis-py's asyncio Sentinel is not wired here: a thread waits
-            return await asyncio.to_thread(self.wait, timeout_s)
         if not is_utf8(self.id):
             raise NotFoundError(f"no job {self.id!r}")
-        aredis = self.client._async_redis()
+        url = self.client.settings.redis_url
+        sentinel = is_sentinel_url(url)
+        aredis = None if sentinel else self.client._async_acquire()
+        key = self.client.keys.job(self.id)
         loop = asyncio.get_running_loop()
         deadline = None if timeout_s is None else loop.time() + timeout_s
         pause = _POLL_MIN_S
         outage = _Outage(url)
-        while True:
-            try:
-                state = await aredis.hget(self.client.keys.job(self.id), "state")
-            except redis.RedisError as e:
-                error = StoreError(f"job {self.id}: {e}")
-                error.__cause__ = e
-                outage.failed(error, loop.time(), deadline)  # raises once the outage is too long
-                await asyncio.sleep(outage.pause(loop.time(), deadline))
-                continue
-            outage.since = None
-            if state is None:
-                raise NotFoundError(f"no job {self.id!r}")
-            if state in FINAL_STATES:
-                return state
-            if deadline is not None and loop.time() >= deadline:
-                raise _not_finished(self.id, state, timeout_s)
-            await asyncio.sleep(pause)
-            pause = min(pause * 1.5, _POLL_MAX_S)
+        try:
+            while True:
+                try:
+                    if aredis is not None:
+                        state = await aredis.hget(key, "state")
+                    else:
+                        state = await asyncio.to_thread(self.client.r.hget, key, "state")
+                except redis.RedisError as e:
+                    error = StoreError(f"job {self.id}: {e}")
+                    error.__cause__ = e
+                    outage.failed(error, loop.time(), deadline)  # raises once the outage is too long
+                    await asyncio.sleep(outage.pause(loop.time(), deadline))
+                    continue
+                outage.since = None
+                if state is None:
+                    raise NotFoundError(f"no job {self.id!r}")
+                if state in FINAL_STATES:
+                    return str(state)
+                if deadline is not None and loop.time() >= deadline:
+                    raise _not_finished(self.id, state, timeout_s)
+                await asyncio.sleep(pause if deadline is None else max(0.0, min(pause, deadline - loop.time())))
+                pause = min(pause * 1.5, _POLL_MAX_S)
+        finally:
+            if aredis is not None:
+                await self.client._async_release(aredis)
 
     async def result_async(self, timeout_s: float | None = None) -> Any:
         """:meth:`result` for asyncio."""

@@ -56,3 +56,52 @@ def test_against_the_published_fleet_names_what_differs(r, keys, redis_url, pref
     assert res.exit_code == 0, res.output
     published = json.loads(res.output)["published"]
     assert published[0].startswith("differs from the published fleet") and "endpoints added: extra" in published
+
+
+def test_a_published_fleet_this_version_refuses_is_named_not_blamed_on_the_file(r, keys, redis_url, prefix, tmp_path):
+    """A verifier: the published fleet of an older planner that this version validates more
+    strictly failed the check of a good file (exit 2, as if the file were wrong)."""
+    env = _env(redis_url, prefix)
+    published = json.loads(load_fleet(EXAMPLE).model_dump_json())
+    published["old_top_level_key"] = 1  # a key this version does not know
+    r.set(keys.fleet, json.dumps(published))
+    res = CliRunner().invoke(cli_app, ["check-fleet", str(EXAMPLE), "--against-published"], env=env)
+    assert res.exit_code == 0, res.output
+    assert "the published fleet (the running planner's) does not load with this version" in res.output, res.output
+    r.set(keys.fleet, "not json")
+    res = CliRunner().invoke(cli_app, ["check-fleet", str(EXAMPLE), "--against-published"], env=env)
+    assert res.exit_code == 0 and "does not load with this version" in res.output, res.output
+
+
+SMALL = """
+name = "small"
+
+[[hosts]]
+name = "a"
+gpu_count = 2
+memory_mib = 81920
+{extra_host}
+[endpoints.chat]
+model = "m"
+memory_mib_per_gpu = {memory}
+cold_start_s = 10
+evict_s = 1
+"""
+HOST_B = """
+[[hosts]]
+name = "b"
+gpu_count = 2
+memory_mib = 81920
+"""
+
+
+def test_a_host_removed_and_another_memory_are_named(r, keys, redis_url, prefix, tmp_path):
+    before, after = tmp_path / "before.toml", tmp_path / "after.toml"
+    before.write_text(SMALL.format(extra_host=HOST_B, memory=1000))
+    after.write_text(SMALL.format(extra_host="", memory=2000))
+    r.set(keys.fleet, load_fleet(before).model_dump_json())
+    res = CliRunner().invoke(cli_app, ["check-fleet", str(after), "--against-published", "--json"],
+                             env=_env(redis_url, prefix))
+    assert res.exit_code == 0, res.output
+    published = json.loads(res.output)["published"]
+    assert "hosts removed: b" in published and "memory_mib_per_gpu changed: chat 1000 -> 2000" in published, published

@@ -50,12 +50,29 @@ def test_asyncio_waiters_share_a_bounded_pool(own_redis_client):
         for job_id in ids:
             r.hset(client.keys.job(job_id), "state", "completed")
         states = await asyncio.gather(*waits)
-        await client.aclose()
         return states, connected
 
     states, connected = asyncio.run(scenario())
     assert states == ["completed"] * 200
     assert connected <= ASYNC_MAX_CONNECTIONS + 1  # + the blocking client reading it
+    assert int(r.info("clients")["connected_clients"]) == 1  # closed with their last waiter
+
+
+def test_asyncio_run_again_and_again_leaves_no_connection_open(own_redis_client):
+    """A sync program that calls asyncio.run for each wait (a verifier: 200 runs kept 202
+    connections and every loop, when the client was kept per loop)."""
+    _server, client = own_redis_client
+    r = client.r
+    ids = _queued(r, client.keys, 3)
+    for job_id in ids:
+        r.hset(client.keys.job(job_id), "state", "completed")
+
+    async def handler(job_id: str) -> list[str]:
+        return await asyncio.gather(*(Job(client, job_id).wait_async(timeout_s=10) for _ in range(5)))
+
+    for round_ in range(30):
+        assert asyncio.run(handler(ids[round_ % 3])) == ["completed"] * 5
+    assert int(r.info("clients")["connected_clients"]) == 1 and client._async == {}
 
 
 def test_waits_ride_out_a_redis_restart(own_redis_client):
@@ -78,9 +95,7 @@ def test_waits_ride_out_a_redis_restart(own_redis_client):
             for job_id in [sync_id, *async_ids]:
                 pipe.hset(client.keys.job(job_id), "state", "completed")
             pipe.execute()
-        states = await asyncio.gather(*waits)
-        await client.aclose()
-        return states
+        return await asyncio.gather(*waits)
 
     waiter = threading.Thread(target=sync_wait)
     waiter.start()
