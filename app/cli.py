@@ -21,6 +21,7 @@ from makespan.errors import MakespanError, RedisAuthFailed, RedisConfigError, Su
 from makespan.planner.policies import DEFAULT_POLICY, POLICY_REGISTRY
 
 app = typer.Typer(cls=CliGroup, add_completion=False, no_args_is_help=True,
+                  pretty_exceptions_show_locals=False,  # a traceback's locals could hold a Redis URL's password
                   help="makespan: schedule multi-step GPU workloads on a fleet of GPU hosts.")
 
 SIM_PROGRESS_EVERY_S = 5.0  # wall seconds between progress lines of `makespan simulate`

@@ -218,8 +218,13 @@ def check_redis_url(url: str, field_name: str = "MAKESPAN_REDIS_URL") -> str:
             ``/service_name/db`` (the passwords are not shown)."""
     from urllib.parse import parse_qsl, urlparse
 
-    u = urlparse(url)
     shown = redacted_url(url)
+    try:
+        u = urlparse(url)
+        if u.scheme not in SENTINEL_SCHEMES:  # (a Sentinel URL's host list is checked by parse_sentinel_url)
+            u.port  # noqa: B018 - parses the host part: a malformed one raises here, not in a client later
+    except ValueError as e:  # e.g. "Invalid IPv6 URL" for an unclosed [ (a traceback before)
+        raise ValidationError(field_name, shown, f"not a valid URL ({e})") from None
     if u.scheme not in REDIS_URL_SCHEMES:
         raise ValidationError(field_name, shown, "scheme must be redis://, rediss://, unix://, redis+sentinel:// "
                                                  "or rediss+sentinel://")

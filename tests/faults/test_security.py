@@ -69,6 +69,16 @@ def test_bad_redis_urls_are_refused(url):
     assert ei.value.field == "redis_url"
 
 
+def test_a_malformed_host_part_is_a_validation_error_without_the_password():
+    """An unclosed IPv6 bracket gave a raw traceback (ValueError: Invalid IPv6 URL), a
+    security review found."""
+    with pytest.raises(ValidationError, match="not a valid URL") as ei:
+        connect("redis://:S3cr3t@[::1:6413/13")
+    assert "S3cr3t" not in str(ei.value)
+    res = CliRunner().invoke(cli_app, ["status", "abc"], env={"MAKESPAN_REDIS_URL": "redis://:S3cr3t@[::1:6413/13"})
+    assert res.exit_code == 2 and "not a valid URL" in res.output and "S3cr3t" not in res.output, res.output
+
+
 def test_redacted_hides_the_password():
     assert redacted("redis://:s3cret@h:6379/0") == "redis://:***@h:6379/0"
     assert redacted("rediss://user:s3cret@h:6380/0") == "rediss://user:***@h:6380/0"
