@@ -24,7 +24,7 @@ event loop share one client of at most :data:`ASYNC_MAX_CONNECTIONS` connections
 many wait, closed when its last waiter ends (so ``asyncio.run`` called again and again
 leaves none open). A wait rides out a Redis restart or
 failover: connection errors are retried with the poll's backoff for up to
-:data:`WAIT_RECONNECT_S` (never past its ``timeout_s``), then raised as
+:data:`WAIT_RECONNECT_S` (not past its ``timeout_s``), then raised as
 :class:`makespan.errors.RedisUnreachable`, as a submit raises them.
 """
 
@@ -437,7 +437,7 @@ def _dependencies(depends_on: Any) -> list[str | Job]:
 
 class _Outage:
     """A wait's view of a lost Redis (module doc): connection errors and timeouts are
-    retried for up to :data:`WAIT_RECONNECT_S`, never past the wait's deadline; any other
+    retried for up to :data:`WAIT_RECONNECT_S`, not past the wait's deadline; any other
     error, or one past those, is raised (a lost connection as :class:`RedisUnreachable`)."""
 
     def __init__(self, url: str):

@@ -75,6 +75,8 @@ def is_instance_process(pid: int, instance_id: str, gpus: Sequence[str]) -> bool
         return False
     except OSError:  # no such process, or no /proc
         return True
+    if not raw:  # a zombie (its group's pid cannot be reused while it is there) or a kernel thread: no
+        return True  # environment to read, and nothing a signal would end
     env = dict(item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
     marker = env.get(INSTANCE_ENV.encode())
     if marker is not None:
