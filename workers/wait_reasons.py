@@ -322,18 +322,26 @@ def _gated_host(ctx: TickContext, gpus: Sequence[str], job: PlanJob) -> tuple[st
     cordoned = ctx.snapshot.cordoned_hosts if ctx.snapshot is not None else {}
     if not gpus or not (down_hosts or cordoned):
         return None
-    host = ctx.env.fleet.host_of(gpus[0])
+    fleet = ctx.env.fleet
+    host = fleet.host_of(gpus[0])
     only = (f" (its workload function is registered on the GPU workers of {', '.join(job.hosts)} only)"
             if job.hosts else "")
+    if host not in cordoned and host not in down_hosts:
+        return None
+    # the other hosts that could run it and take nothing new either: a plan on a gated host means
+    # no open host could start it sooner, and naming one host read as if only it were closed (gang user)
+    tp = len(gpus)
+    others = sorted(h.name for h in fleet.hosts if h.name != host and len(h.gpus) >= tp
+                    and (not job.hosts or h.name in job.hosts) and (h.name in cordoned or h.name in down_hosts))
+    closed = [f"{name} ({'cordoned' if name in cordoned else 'down'})" for name in others]
+    also = f"; also closed: {', '.join(closed)}" if closed else ""
     if host in cordoned:
         cordon = cordoned[host]
         why = f": {cordon.reason}" if cordon.reason else ""
         return "host_cordoned", (f"planned on host {host}, cordoned since {_utc(cordon.since_s)}{why}; nothing new "
-                                 f"is leased there until `makespan uncordon {host}`{only}")
-    if host in down_hosts:
-        return "host_down", (f"planned on host {host}, which no GPU worker consumes now; nothing is leased "
-                             f"there until one starts there{only}")
-    return None
+                                 f"is leased there until `makespan uncordon {host}`{only}{also}")
+    return "host_down", (f"planned on host {host}, which no GPU worker consumes now; nothing is leased "
+                         f"there until one starts there{only}{also}")
 
 
 def _waits_for_memory(state: FleetState, tp: int, memory_mib: int) -> bool:

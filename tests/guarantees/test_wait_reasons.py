@@ -617,6 +617,9 @@ def test_a_reservation_on_a_cordoned_host_says_the_host_is_the_reason(r, setting
     w.tick()
     out = _why(gang, "host_cordoned")
     assert "makespan uncordon" in out and "swap a PSU" in out and "reserved for it there" in out, out
+    # the other host that could run it is named too (a gang user: only one of the two cordoned
+    # hosts was named, as if the other were open)
+    assert "also closed: b (cordoned)" in out, out
 
 
 def _wait_eta(r, w, jid):
