@@ -256,7 +256,8 @@ def fleet_difference(published: Any, mine: Any) -> list[str]:
     """Lines naming how fleet ``mine`` differs from ``published`` (both FleetSpecs): hosts
     added, removed or with another GPU count; endpoints added, removed, or with another
     ``tensor_parallel`` or ``memory_mib_per_gpu`` (what cancels queued jobs or moves work,
-    docs/operations.md "Changing the fleet file"); any other field: "other settings"."""
+    docs/operations.md "Changing the fleet file"); a host's ``memory_mib``; an endpoint's
+    ``launch`` (what runs on the GPUs); any other field: "other settings"."""
     lines = []
     old_hosts = {host.name: len(host.gpus) for host in published.hosts}
     new_hosts = {host.name: len(host.gpus) for host in mine.hosts}
@@ -268,12 +269,19 @@ def fleet_difference(published: Any, mine: Any) -> list[str]:
             lines.append(f"{what} removed: {', '.join(removed)}")
     if changed := sorted(h for h in set(new_hosts) & set(old_hosts) if new_hosts[h] != old_hosts[h]):
         lines.append("GPUs changed: " + ", ".join(f"{h} {old_hosts[h]} -> {new_hosts[h]}" for h in changed))
+    old_memory = {host.name: host.memory_mib for host in published.hosts}
+    new_memory = {host.name: host.memory_mib for host in mine.hosts}
+    if changed := sorted(h for h in set(new_memory) & set(old_memory) if new_memory[h] != old_memory[h]):
+        lines.append("host memory_mib changed: " + ", ".join(f"{h} {old_memory[h]} -> {new_memory[h]}"
+                                                             for h in changed))
     both = sorted(set(mine.endpoints) & set(published.endpoints))
     for field, label in (("tensor_parallel", "tensor_parallel"), ("memory_mib_per_gpu", "memory_mib_per_gpu")):
         moved = [e for e in both if getattr(mine.endpoints[e], field) != getattr(published.endpoints[e], field)]
         if moved:
             lines.append(f"{label} changed: " + ", ".join(
                 f"{e} {getattr(published.endpoints[e], field)} -> {getattr(mine.endpoints[e], field)}" for e in moved))
+    if launched := [e for e in both if mine.endpoints[e].launch != published.endpoints[e].launch]:
+        lines.append(f"launch changed (what runs on the GPUs): {', '.join(launched)}")
     if not lines:
         lines.append("other settings changed (cold starts, set points, launch, pools…)")
     return lines

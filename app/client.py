@@ -660,6 +660,7 @@ class Job:
         deadline = None if timeout_s is None else loop.time() + timeout_s
         pause = _POLL_MIN_S
         outage = _Outage(url)
+        task = asyncio.current_task()
         try:
             while True:
                 try:
@@ -667,6 +668,8 @@ class Job:
                         state = await aredis.hget(key, "state")
                     else:
                         state = await asyncio.to_thread(self.client.r.hget, key, "state")
+                    if task is not None and task.cancelling():  # redis-py can return a read the task's
+                        raise asyncio.CancelledError  # cancellation hit (a verifier: wait_for hung, 3 %)
                 except redis.RedisError as e:
                     error = StoreError(f"job {self.id}: {e}")
                     error.__cause__ = e

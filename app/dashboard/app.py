@@ -75,8 +75,9 @@ class DashboardConfig:
         out = []
         for item in filter(None, (x.strip() for x in self.basic_auth.split(","))):
             user, sep, password = item.partition(":")
-            if not sep or not user or not password:
-                raise ValidationError("--basic-auth", item, "must be user:password (several separated by commas)")
+            if not sep or not user or not password:  # the entry may be a password: not shown
+                raise ValidationError("--basic-auth", None, f"entry {len(out) + 1} must be user:password (several "
+                                      "separated by commas)", show_value=False)
             out.append((user, password))
         return out
 

@@ -105,3 +105,12 @@ def test_a_host_removed_and_another_memory_are_named(r, keys, redis_url, prefix,
     assert res.exit_code == 0, res.output
     published = json.loads(res.output)["published"]
     assert "hosts removed: b" in published and "memory_mib_per_gpu changed: chat 1000 -> 2000" in published, published
+    # a host's memory and an endpoint's launch command are named too (a verifier)
+    third = tmp_path / "third.toml"
+    third.write_text(SMALL.format(extra_host=HOST_B.replace("81920", "98304"), memory=1000)
+                     + 'launch = { driver = "process", command = ["/bin/true"] }\n')
+    res = CliRunner().invoke(cli_app, ["check-fleet", str(third), "--against-published", "--json"],
+                             env=_env(redis_url, prefix))
+    published = json.loads(res.output)["published"]
+    assert "host memory_mib changed: b 81920 -> 98304" in published, published
+    assert "launch changed (what runs on the GPUs): chat" in published, published

@@ -118,3 +118,21 @@ def test_a_wait_on_a_redis_that_stays_down_raises_redis_unreachable(own_redis_cl
 
     with pytest.raises(RedisUnreachable, match="cannot reach Redis"):
         asyncio.run(scenario())
+
+
+def test_cancelled_waiters_end_every_time(own_redis_client):
+    """A verifier: ``asyncio.wait_for(job.result_async(), 0.01)`` in a loop hung within ~60
+    tries: redis-py returned a read whose task had been cancelled, and the poll went on."""
+    _server, client = own_redis_client
+    (job_id,) = _queued(client.r, client.keys, 1)
+
+    async def scenario() -> int:
+        timeouts = 0
+        for i in range(300):
+            try:
+                await asyncio.wait_for(Job(client, job_id).result_async(), 0.01 + (i % 7) * 0.003)
+            except TimeoutError:
+                timeouts += 1
+        return timeouts
+
+    assert asyncio.run(asyncio.wait_for(scenario(), 120)) == 300

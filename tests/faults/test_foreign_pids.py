@@ -95,3 +95,48 @@ def test_an_endpoint_process_gets_its_instance_marker_and_no_makespan_settings(m
         assert driver.is_alive(inst)
     finally:
         driver.stop(inst)
+
+
+@pytest.fixture
+def orphaned_session():
+    """Another program's daemon: its session leader (a process of its own session) forked it
+    and exited, so it runs in a session whose id is the dead leader's pid. Yields (dead
+    leader pid, daemon pid)."""
+    leader = subprocess.Popen([sys.executable, "-c", "import os, sys, time\n"
+                               "child = os.fork()\n"
+                               "if child:\n    print(child, flush=True)\n    os._exit(0)\n"
+                               "time.sleep(600)\n"],
+                              env={k: v for k, v in os.environ.items() if k not in (INSTANCE_ENV, "CUDA_VISIBLE_DEVICES")},
+                              start_new_session=True, stdout=subprocess.PIPE, text=True)
+    daemon = int(leader.stdout.readline())
+    leader.wait()
+    yield leader.pid, daemon
+    try:
+        os.kill(daemon, 9)
+    except ProcessLookupError:
+        pass
+
+
+def test_a_record_naming_the_dead_leader_of_another_session_signals_nothing(r, keys, orphaned_session):
+    """A verifier: a record naming a daemon's dead session leader killed the daemon (the
+    stop signalled the whole session)."""
+    leader, daemon = orphaned_session
+    assert not process_alive(leader) and process_alive(daemon)
+    inst = Instance("chat", ["GPU-h-0"], "process", host="h", pid=leader, id="deadbeef0003")
+    report = get_driver("process").stop(inst)
+    assert process_alive(daemon) and report.killed == () and report.terminated == ()
+    register_instance(r, keys, Instance("chat", ["GPU-h-0"], "process", host="h", pid=leader, id="deadbeef0004",
+                                        owner_pid=999_999_999, url="http://127.0.0.1:1", port=1), "stopping")
+    assert [e.get("action") for e in orphans.sweep(r, keys, "h")] == ["forgotten"]
+    assert process_alive(daemon)
+
+
+def test_a_record_with_no_gpus_names_no_process(r, keys, foreign):
+    """A verifier: with ``gpus: []`` the older spawns' rule (CUDA_VISIBLE_DEVICES equal to the
+    record's GPUs) matched any process without the variable ("" == "")."""
+    assert not is_instance_process(foreign.pid, "any", [])
+    inst = Instance("chat", [], "process", host="h", pid=foreign.pid, id="deadbeef0005", owner_pid=999_999_999,
+                    url="http://127.0.0.1:1", port=1)
+    register_instance(r, keys, inst, "starting")
+    orphans.sweep(r, keys, "h")
+    assert foreign.poll() is None

@@ -178,3 +178,14 @@ def test_a_sentinel_password_in_the_query_is_percent_decoded_and_a_bare_plus_is_
     parsed = parse_sentinel_url("redis+sentinel://:a+b@s1/mymaster?sentinel_password=a%2Bb")
     assert (parsed.password, parsed.sentinel_password) == ("a+b", "a+b")
     assert parse_sentinel_url("redis+sentinel://s1/mymaster?sentinel_password=a+b").sentinel_password == "a b"
+
+
+def test_a_malformed_dashboard_credential_is_not_echoed():
+    """An entry without its colon may be a password: the error names its position only
+    (a verifier saw ``(got 'secretonly')``)."""
+    from makespan.dashboard.app import DashboardConfig
+
+    cfg = DashboardConfig(redis_url="redis://127.0.0.1:6379/0", key_prefix="p", basic_auth="ops:pw,S3cr3tOnly")
+    with pytest.raises(ValidationError, match="entry 2 must be user:password") as ei:
+        cfg.credentials()
+    assert "S3cr3tOnly" not in str(ei.value)

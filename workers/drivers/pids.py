@@ -81,7 +81,21 @@ def is_instance_process(pid: int, instance_id: str, gpus: Sequence[str]) -> bool
     marker = env.get(INSTANCE_ENV.encode())
     if marker is not None:
         return marker.decode("utf-8", "replace") == instance_id
-    return env.get(b"CUDA_VISIBLE_DEVICES", b"").decode("utf-8", "replace") == ",".join(gpus)
+    visible = env.get(b"CUDA_VISIBLE_DEVICES")  # a spawn before the marker: its GPUs must be the record's
+    return bool(gpus) and visible is not None and visible.decode("utf-8", "replace") == ",".join(gpus)
 
 
-__all__ = ["INSTANCE_ENV", "group_alive", "group_members", "is_instance_process", "process_alive"]
+def instance_members(leader_pid: int, instance_id: str, gpus: Sequence[str]) -> list[int]:
+    """The live processes of the endpoint instance ``instance_id`` under ``leader_pid``: the
+    members of its process group or session (:func:`group_members`; the leader alone where
+    there is no ``/proc``) that :func:`is_instance_process` takes for the instance's own. A
+    record naming the dead leader of another program's session (a daemon whose parent
+    exited) names none of that session's processes: they do not carry the instance's id."""
+    members = group_members(leader_pid)
+    if not members and process_alive(leader_pid):
+        members = [leader_pid]
+    return [pid for pid in members if is_instance_process(pid, instance_id, gpus)]
+
+
+__all__ = ["INSTANCE_ENV", "group_alive", "group_members", "instance_members", "is_instance_process",
+           "process_alive"]

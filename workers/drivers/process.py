@@ -62,7 +62,8 @@ from makespan.models import EndpointSpec
 from makespan.redis_conn import free_port
 from makespan.workers.drivers.base import (DriverCapabilities, DriverContext, Instance, NoLaunchOptions, StopReport,
                                           machine_name)
-from makespan.workers.drivers.pids import INSTANCE_ENV, group_members, is_instance_process, process_alive
+from makespan.workers.drivers.pids import (INSTANCE_ENV, group_members, instance_members, is_instance_process,
+                                           process_alive)
 
 log = logging.getLogger(__name__)
 
@@ -321,6 +322,15 @@ class ProcessDriver:
     def _ours(instance: Instance) -> bool:
         return instance.pid is not None and is_instance_process(instance.pid, instance.id, instance.gpus)
 
+    @staticmethod
+    def _members(instance: Instance) -> list[int]:
+        """The live members of the instance's group or session: all of them for a process
+        spawned here, else those that carry its id (:func:`makespan.workers.drivers.pids.instance_members`)."""
+        assert instance.pid is not None
+        if instance.proc is not None:
+            return group_members(instance.pid)
+        return instance_members(instance.pid, instance.id, instance.gpus)
+
     def stop(self, instance: Instance) -> StopReport:
         """Stop the instance's whole process group: SIGTERM to every member, up to
         ``grace_s`` for all of them to end, then SIGKILL to each one left, and a check
@@ -332,23 +342,32 @@ class ProcessDriver:
         if pid is None or instance.stopped:
             instance.stopped = True
             return StopReport(pid)
-        if instance.proc is None and process_alive(pid) and not self._ours(instance):
-            # read from the registry, not spawned here: the pid runs another program (reused
-            # after a reboot, or a record naming any pid): it is not signalled
-            log.warning("endpoint %s (instance %s): pid %d runs another program (%s), not its endpoint process: "
-                        "not signalled; the instance's own process is gone", instance.endpoint, instance.id, pid,
-                        _cmdline(pid)[:120] or "unreadable")
-            instance.stopped = True
-            return StopReport(pid)
+        # read from the registry, not spawned here: only the processes that carry the
+        # instance's id are signalled (module pids): a pid reused by another program after a
+        # reboot, or a record naming any pid, or the dead leader of another program's session
+        leader_ours = True
+        if instance.proc is None:
+            ours = self._members(instance)
+            leader_ours = pid in ours or not process_alive(pid)
+            if not leader_ours or not ours:
+                if not leader_ours:
+                    log.warning("endpoint %s (instance %s): pid %d runs another program (%s), not its endpoint "
+                                "process: not signalled; the instance's own process is gone", instance.endpoint,
+                                instance.id, pid, _cmdline(pid)[:120] or "unreadable")
+                instance.stopped = True
+                return StopReport(pid)
         grace_s = self.stop_grace_s()
-        before = set(group_members(pid)) | {pid}
-        self._signal(pid, signal.SIGTERM)
+        before = set(self._members(instance)) | ({pid} if process_alive(pid) else set())
+        whole_group = instance.proc is not None or pid in before  # a live leader of ours: its group is ours
+        if whole_group:
+            self._signal(pid, signal.SIGTERM)
         for m in before - {pid}:
             self._signal_one(m, signal.SIGTERM)  # members in another group of the session
         remaining = self._wait_group(instance, time.monotonic() + grace_s)
         killed = tuple((m, _cmdline(m)) for m in remaining)
         if remaining:
-            self._signal(pid, signal.SIGKILL)
+            if whole_group:
+                self._signal(pid, signal.SIGKILL)
             for m in remaining:
                 self._signal_one(m, signal.SIGKILL)
             remaining = self._wait_group(instance, time.monotonic() + KILL_WAIT_S)
@@ -379,9 +398,7 @@ class ProcessDriver:
         while True:
             if instance.proc is not None:
                 instance.proc.poll()  # reap the leader: a zombie is not a member
-            members = group_members(instance.pid)
-            if not members and instance.proc is None and process_alive(instance.pid):
-                members = [instance.pid]  # no /proc: the leader alone is known
+            members = self._members(instance)  # (a process spawned elsewhere: instance_members adds a lone leader)
             if not members and instance.proc is not None:
                 try:  # it may have ended between poll() and the scan (a zombie is no member): reap it now
                     instance.proc.wait(timeout=max(0.0, deadline - time.monotonic()) + GROUP_POLL_S)
