@@ -283,7 +283,7 @@ def fleet_difference(published: Any, mine: Any) -> list[str]:
     if launched := [e for e in both if mine.endpoints[e].launch != published.endpoints[e].launch]:
         lines.append(f"launch changed (what runs on the GPUs): {', '.join(launched)}")
     if not lines:
-        lines.append("other settings changed (cold starts, set points, launch, pools…)")
+        lines.append("other settings changed (cold starts, set points, slots, pools…)")
     return lines
 
 

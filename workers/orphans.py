@@ -45,7 +45,7 @@ from makespan.keys import Keys
 from makespan.driver_registry import DRIVERS
 from makespan.workers.drivers import get_driver, process_alive
 from makespan.workers.drivers.base import Instance
-from makespan.workers.drivers.pids import group_alive, instance_members
+from makespan.workers.drivers.pids import instance_members
 from makespan.workers.drivers.registry import list_instances, retire_instance, unregister_instance
 
 log = logging.getLogger("makespan.orphans")
@@ -68,7 +68,7 @@ def _verdict(r: redis.Redis, keys: Keys, inst: Instance, state: str) -> str | No
     """Why ``inst`` is an orphan to handle, or None to keep it."""
     if inst.owner_pid and (inst.owner_pid == os.getpid() or process_alive(inst.owner_pid)):
         return None  # its worker runs (this one, or another on this host)
-    if not inst.pid or not group_alive(inst.pid) or not instance_members(inst.pid, inst.id, inst.gpus):
+    if not inst.pid or not instance_members(inst.pid, inst.id, inst.gpus):  # (none alive: gone too)
         return "process gone"  # (its pid now another program's: after a reboot, or a record naming any pid)
     if state == "starting":
         return "starting, its worker is gone"

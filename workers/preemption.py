@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 
 from makespan.awaited import queue_awaited_running
 from makespan.models import Priority
@@ -57,6 +56,7 @@ from makespan.planner.replay import state_after
 from makespan.workers.leases import held_s, planned_end_s, preempt, server_time_ms
 from makespan.workers.starts import start_job
 from makespan.workers.tick.context import TickContext
+from makespan.workers.wait_reasons import utc_text
 
 log = logging.getLogger("makespan.planner")
 
@@ -186,7 +186,7 @@ def _unbounded_why(ctx: TickContext, cuts: str | None, ran_s: float, server_now_
         return (f"preempted {cuts_n} time{'s' if cuts_n != 1 else ''} already, its budget "
                 f"(MAKESPAN_PREEMPTION_BUDGET={settings.preemption_budget})")
     left_wall_s = max(0.0, settings.preemption_min_runtime_s - ran_s) * settings.time_scale
-    from_utc = time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(server_now_s + left_wall_s))
+    from_utc = utc_text(server_now_s + left_wall_s)
     return (f"held its GPUs {ran_s:.0f} workload s, under the minimum runtime "
             f"(MAKESPAN_PREEMPTION_MIN_RUNTIME_S={settings.preemption_min_runtime_s:g}); preemptible from "
             f"{from_utc}, when a preemption may start this job before the ETA")

@@ -201,13 +201,13 @@ class _Dependencies:
         for dep in deps:
             job_state, not_before, _service, step = self.records.get(dep) or (None, None, None, None)
             end = self.end_of(dep)
-            when = "" if end is None else _utc(_server_time_s(self.ctx, max(self.now, end), self.now))
+            when = "" if end is None else utc_text(_server_time_s(self.ctx, max(self.now, end), self.now))
             if dep in self.running_end or dep in self.ctx.dispatched:
                 what = f"running, expected to end {when}"
             elif dep in self.planned_end:
                 what = f"planned, to end {when}"
             elif job_state == "delayed" and not_before:
-                what = f"delayed until {_utc(float(not_before))}"
+                what = f"delayed until {utc_text(float(not_before))}"
             elif job_state == "queued" and dep in self.unready:
                 what = "waiting on its own dependencies" + (f", expected to end {when}" if when else "")
             else:
@@ -338,7 +338,7 @@ def _gated_host(ctx: TickContext, gpus: Sequence[str], job: PlanJob) -> tuple[st
     if host in cordoned:
         cordon = cordoned[host]
         why = f": {cordon.reason}" if cordon.reason else ""
-        return "host_cordoned", (f"planned on host {host}, cordoned since {_utc(cordon.since_s)}{why}; nothing new "
+        return "host_cordoned", (f"planned on host {host}, cordoned since {utc_text(cordon.since_s)}{why}; nothing new "
                                  f"is leased there until `makespan uncordon {host}`{only}{also}")
     return "host_down", (f"planned on host {host}, which no GPU worker consumes now; nothing is leased "
                          f"there until one starts there{only}{also}")
@@ -373,6 +373,6 @@ def _sharing(plan: Plan, assignment: Assignment, on_gpu: dict[str, list[int]] | 
     return [plan.assignments[position] for position in positions]
 
 
-def _utc(unix_s: float) -> str:
+def utc_text(unix_s: float) -> str:
     """``unix_s`` as ``YYYY-MM-DD HH:MM:SSZ`` (UTC), as the CLI prints times."""
     return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(unix_s))

@@ -1,6 +1,6 @@
 """Process liveness as the drivers, the observer and the orphan sweep read it: of one
-process (:func:`process_alive`) and of an endpoint's process group (:func:`group_members`,
-:func:`group_alive`)."""
+process (:func:`process_alive`), of an endpoint's process group (:func:`group_members`) and
+of the processes that are an instance's own (:func:`is_instance_process`, :func:`instance_members`)."""
 
 from __future__ import annotations
 
@@ -54,12 +54,6 @@ def group_members(leader_pid: int) -> list[int]:
     return sorted(out)
 
 
-def group_alive(leader_pid: int) -> bool:
-    """True while the process ``leader_pid`` runs or any member of its process group or
-    session does (a child that ignored SIGTERM outlives its leader)."""
-    return process_alive(leader_pid) or bool(group_members(leader_pid))
-
-
 def is_instance_process(pid: int, instance_id: str, gpus: Sequence[str]) -> bool:
     """False when ``pid`` runs a process that is not the endpoint process spawned for the
     instance ``instance_id`` on ``gpus``: its initial environment (``/proc/PID/environ``)
@@ -97,5 +91,4 @@ def instance_members(leader_pid: int, instance_id: str, gpus: Sequence[str]) -> 
     return [pid for pid in members if is_instance_process(pid, instance_id, gpus)]
 
 
-__all__ = ["INSTANCE_ENV", "group_alive", "group_members", "instance_members", "is_instance_process",
-           "process_alive"]
+__all__ = ["INSTANCE_ENV", "group_members", "instance_members", "is_instance_process", "process_alive"]

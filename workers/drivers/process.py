@@ -306,7 +306,7 @@ class ProcessDriver:
             return False
         if instance.proc is not None and instance.proc.poll() is not None:
             return False
-        if instance.proc is None and instance.pid and not (process_alive(instance.pid) and self._ours(instance)):
+        if instance.proc is None and not self.is_alive(instance):
             return False
         return self._probe(instance)[0]
 
