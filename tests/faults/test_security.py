@@ -189,3 +189,42 @@ def test_a_malformed_dashboard_credential_is_not_echoed():
     with pytest.raises(ValidationError, match="entry 2 must be user:password") as ei:
         cfg.credentials()
     assert "S3cr3tOnly" not in str(ei.value)
+
+
+def _fresh_tmpdir(monkeypatch, tmp_path: Path) -> None:
+    import tempfile
+
+    monkeypatch.delenv("MAKESPAN_LOG_DIR", raising=False)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+
+
+def test_default_log_dir_is_private(monkeypatch, tmp_path):
+    import os
+
+    from makespan.workers.drivers.process import default_log_dir
+
+    _fresh_tmpdir(monkeypatch, tmp_path)
+    log_dir = default_log_dir()
+    assert log_dir == tmp_path / f"makespan-logs-{os.getuid()}"
+    assert log_dir.stat().st_mode & 0o777 == 0o700
+    assert default_log_dir() == log_dir  # the second call finds its own directory
+
+
+def test_default_log_dir_of_someone_else_is_refused(monkeypatch, tmp_path):
+    import os
+
+    from makespan.workers.drivers.process import default_log_dir
+
+    _fresh_tmpdir(monkeypatch, tmp_path)
+    squatted = tmp_path / f"makespan-logs-{os.getuid()}"
+    squatted.mkdir(mode=0o755)
+    squatted.chmod(0o755)  # readable by others: created before us, by someone else's umask
+    with pytest.raises(PermissionError, match="not a private directory"):
+        default_log_dir()
+    if os.getuid() == 0:  # as root the owner check can be tried too
+        squatted.chmod(0o700)
+        os.chown(squatted, 65534, 65534)
+        with pytest.raises(PermissionError, match="owner uid 65534"):
+            default_log_dir()
+    monkeypatch.setenv("MAKESPAN_LOG_DIR", str(tmp_path / "mine"))
+    assert default_log_dir() == tmp_path / "mine"  # the way out the error names

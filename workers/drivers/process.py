@@ -46,6 +46,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -87,9 +88,24 @@ class PortTaken(PhaseError):
 
 
 def default_log_dir() -> Path:
-    """``MAKESPAN_LOG_DIR`` or ``$TMPDIR/makespan-logs`` (created)."""
-    d = Path(os.environ.get("MAKESPAN_LOG_DIR") or Path(tempfile.gettempdir()) / "makespan-logs")
-    d.mkdir(parents=True, exist_ok=True)
+    """``MAKESPAN_LOG_DIR``, or ``$TMPDIR/makespan-logs-{uid}`` (created).
+
+    The default is per user and created mode 0700 (endpoint logs can hold prompts and
+    tokens; ``$TMPDIR`` is shared on most hosts). Raises PermissionError when the
+    default exists and belongs to another user or is readable by others (someone
+    created it first: its logs would not be private)."""
+    configured = os.environ.get("MAKESPAN_LOG_DIR")
+    if configured:
+        d = Path(configured)
+        d.mkdir(parents=True, exist_ok=True)
+        return d
+    d = Path(tempfile.gettempdir()) / f"makespan-logs-{os.getuid()}"
+    d.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = d.lstat()
+    if info.st_uid != os.getuid() or not stat.S_ISDIR(info.st_mode) or info.st_mode & 0o077:
+        raise PermissionError(f"the endpoint log directory {d} is not a private directory of this user (owner uid "
+                              f"{info.st_uid}, mode {stat.filemode(info.st_mode)}); remove it or set "
+                              f"MAKESPAN_LOG_DIR to a directory of your own")
     return d
 
 
@@ -238,7 +254,11 @@ class ProcessDriver:
         if inst is None:
             inst = Instance(endpoint.name, list(gpus), self.name, host=host, time_scale=time_scale,
                             health_path=endpoint.launch.health_path)
-            inst.log_path = str((self.log_dir or default_log_dir()) / f"{endpoint.name}-{inst.id}.log")
+            try:
+                log_dir = self.log_dir or default_log_dir()
+            except OSError as e:
+                raise PhaseError(f"endpoint {endpoint.name!r}: no log directory: {e}") from e
+            inst.log_path = str(log_dir / f"{endpoint.name}-{inst.id}.log")
         inst.url, inst.port = f"http://127.0.0.1:{port}", port
         inst.pid = inst.proc = None  # an earlier try's process is stopped and reaped: never signalled again
         inst.stopped = True  # until this try's process exists (a failed spawn leaves nothing to stop)
