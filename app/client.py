@@ -115,8 +115,9 @@ class Client:
         self.r, self.settings = r, settings
         self.keys = Keys(settings.key_prefix)
         self._own_fleet = fleet
-        self._fleet: FleetSpec | None = None
-        self._fleet_version: str | None = None
+        # (version, fleet) of the last published fleet read: one attribute, so threads that
+        # re-read it at once never pair one read's version with another's fleet
+        self._published: tuple[str | None, FleetSpec | None] = (None, None)
         self._producer = Producer(r, self.keys, None, settings)
         # event loop -> [the asyncio client its waiters share (bound to that loop), waiters using it]
         self._async: dict[asyncio.AbstractEventLoop, list[Any]] = {}
@@ -135,13 +136,13 @@ class Client:
         try:
             if version == "":
                 version = self.r.get(self.keys.fleet_version)
-            if version is None or version != self._fleet_version:
+            cached_version, published = self._published
+            if version is None or version != cached_version:
                 raw = self.r.get(self.keys.fleet)
-                self._fleet = parse_fleet(json.loads(raw)) if raw else None
-                self._fleet_version = version if raw else None
+                published = parse_fleet(json.loads(raw)) if raw else None
+                self._published = (version if raw else None, published)
         except redis.RedisError as e:
             raise StoreError(f"reading the published fleet: {e}") from e
-        published = self._fleet
         if published is None:
             if self._own_fleet is None:
                 raise ValidationError("fleet", None, "no planner has published a fleet yet: start `makespan planner "
@@ -516,6 +517,11 @@ class Job:
 
     @property
     def state(self) -> str:
+        """The job's state now (one Redis read per access: it blocks; in asyncio code read
+        ``(await job.status_async())["state"]``).
+
+        Raises:
+            NotFoundError: no such job (or it expired after its retention)."""
         return str(self.status()["state"])
 
     def cancel(self) -> str:
