@@ -810,6 +810,9 @@ def cancel(job_ids: list[str] = typer.Argument(None, help="job ids (or none, wit
     count on stderr; exit 0, 2 when an id was unknown (the other ids are still handled), 5 when every job had
     already ended (filters that match no job: "no job", exit 0)."""
     ignored_fleet_option(fleet, "cancel")
+    from makespan import telemetry
+
+    telemetry.setup_tracing("makespan-cli")  # a queued or delayed job cancelled here: its root span ends here
     filtered = bool(state or endpoint or priority or pool)
     if job_ids and filtered:
         _fail(MakespanError("give job ids or filters (--state, --endpoint, --priority, --pool), not both"))

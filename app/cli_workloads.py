@@ -62,8 +62,10 @@ def register(app: typer.Typer) -> None:
         workload had already ended in (completed, failed, cancelled)}. Exit 0: this call cancelled something (on a
         failed workload, its independent steps still going); 5: it had already ended and nothing was cancelled
         (stderr says how and when); 2: an unknown workload, or Redis unreachable."""
+        from makespan import telemetry
         from makespan.workloads import cancel_workload_outcome
 
+        telemetry.setup_tracing("makespan-cli")  # its queued steps' root spans end here
         try:
             s, r, k = _ctx()
             out = cancel_workload_outcome(r, k, workload_id)

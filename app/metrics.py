@@ -15,7 +15,8 @@ Two kinds of metric (full reference: docs/metrics.md):
 
 Labels are low-cardinality: ``priority`` (4 levels), ``phase`` (5), ``kind``
 (transition kinds), ``state`` (busy/transition/idle), ``endpoint`` (fleet
-endpoints), ``queue`` (one per GPU host), ``item`` (4 drain items).
+endpoints), ``queue`` (one per GPU host), ``item`` (5 drain items), ``reason``
+(wait-reason codes), ``host``, ``pool``, ``cause``, ``outcome``, ``workload``.
 
 :func:`start_metrics_server` serves ``/metrics``. By default it switches the process
 to multiprocess mode first (a private ``PROMETHEUS_MULTIPROC_DIR`` below the one
@@ -51,7 +52,7 @@ WAIT_BUCKETS_S = (0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800
 SOLVE_BUCKETS_S = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 ESTIMATE_ERROR_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10)
-WORKLOAD_OUTCOMES = ("ok", "error", "retried", "cancelled")
+WORKLOAD_OUTCOMES = ("ok", "error", "retried", "cancelled", "interrupted")
 RECLAIM_CAUSES = ("lease_expired", "worker_shutdown", "function_missing")  # makespan_leases_reclaimed_total{cause}
 PHASE_BUCKETS_S = (0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 120, 300, 600, 1800)
 
@@ -220,6 +221,16 @@ def phase(name: str, duration_s: float, gpus: int = 1) -> None:
     m.gpu_seconds.labels("busy" if name == "execute" else "transition").inc(d * max(1, int(gpus)))
 
 
+def phase_cut_short(name: str, duration_s: float, gpus: int = 1) -> None:
+    """A phase ended early on ``gpus`` GPUs (preempted, its lease lost or handed back at
+    shutdown, cancelled, failed): its ``duration_s × gpus`` GPU-seconds still go to
+    ``makespan_gpu_seconds_total`` (``busy`` for ``execute``, ``transition`` otherwise; the
+    GPUs were held all along), but not to the ``makespan_phase_seconds`` histogram, which
+    describes phases that ran to their end."""
+    _m().gpu_seconds.labels("busy" if name == "execute" else "transition").inc(
+        max(0.0, float(duration_s)) * max(1, int(gpus)))
+
+
 def transition(kind: str, duration_s: float, planned_s: float | None = None, actual_s: float | None = None) -> None:
     """A transition of ``kind`` (evict, sleep, cold_start, wake, wake_level2: a wake from
     level 2 of a level-1 endpoint, restore, clear) took
@@ -288,7 +299,8 @@ def lease_reclaimed(cause: str = "lease_expired") -> None:
 
 
 def workload_run(workload: str, outcome: str, planned_s: float | None = None, actual_s: float | None = None) -> None:
-    """A workload function's run ended with ``outcome`` (ok, error, retried, cancelled);
+    """A workload function's run ended with ``outcome`` (ok, error, retried, cancelled,
+    interrupted: its lease was lost, it was preempted or its GPU worker shut down);
     with ``planned_s``/``actual_s`` (workload seconds) its estimate error is observed."""
     m = _m()
     m.workload_runs.labels(workload, outcome if outcome in WORKLOAD_OUTCOMES else "error").inc()

@@ -136,6 +136,9 @@ class ExecutePhase:
         except PhaseCancelled:
             metrics.workload_run(name, "cancelled")
             raise
+        except StaleFencingToken:  # preempted, its lease lost, or the worker shuts down
+            metrics.workload_run(name, "interrupted")
+            raise
         actual_s = wall_s / self.settings.time_scale  # workload seconds, as service_s
         metrics.workload_run(name, "ok", ctx.service_s, actual_s)
         extra.update(workload=name, attempt=attempt, execute_s=round(actual_s, 6))

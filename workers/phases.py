@@ -359,12 +359,16 @@ class PhaseRunner(TransitionPhases, ExecutePhase):
                     planned = getattr(self, f"_phase_{phase}")(ctx, hb, extra)
                     span.set_attribute("makespan.planned_s", float(planned))
             except StaleFencingToken as e:
+                self._observe_cut_short(ctx, phase, started)
                 return self.hand_back(ctx, e) or "stale"
             except PhaseCancelled as e:
+                self._observe_cut_short(ctx, phase, started)
                 return self._finish(ctx, "cancelled", f"{phase}: {e}")
             except WorkloadFailed as e:
+                self._observe_cut_short(ctx, phase, started)
                 return self._workload_failed(ctx, e)
             except PhaseError as e:
+                self._observe_cut_short(ctx, phase, started)
                 return self._finish(ctx, "failed", f"{phase}: {e}")
             self._observe(ctx, phase, planned, time.time() - started)
             extra_ops = extra.pop("_ops", [])
@@ -417,6 +421,12 @@ class PhaseRunner(TransitionPhases, ExecutePhase):
         metrics.phase(phase, actual_s, len(ctx.gpus))
         if phase == "clear" and planned_s > 0:
             metrics.transition("clear", actual_s)
+
+    @staticmethod
+    def _observe_cut_short(ctx: PhaseContext, phase: str, started: float) -> None:
+        """Prometheus: the GPU-seconds of a phase that ended early, since ``started`` (unix s)
+        (:func:`makespan.metrics.phase_cut_short`)."""
+        metrics.phase_cut_short(phase, time.time() - started, len(ctx.gpus))
 
     def _phase_clear(self, ctx: PhaseContext, hb: LeaseHeartbeat, extra: dict) -> float:
         # Per-job state on the instance (request leases, caches) is dropped here; the

@@ -102,12 +102,16 @@ def _run_warm(runner: PhaseRunner, ctx: PhaseContext) -> str:
                 runner._workload(ctx, hb, extra, payload, spec, attempt=attempt, registered=registered)
                 span.set_attribute("makespan.planned_s", float(ctx.service_s))
         except StaleFencingToken as e:  # shutting down: handed back (PhaseRunner.hand_back)
+            runner._observe_cut_short(ctx, "execute", started)
             return runner.hand_back(ctx, e) or "stale"
         except PhaseCancelled as e:  # as PhaseRunner.run: a cancel is not a failure
+            runner._observe_cut_short(ctx, "execute", started)
             return runner._finish(ctx, "cancelled", f"execute: {e}")
         except WorkloadFailed as e:
+            runner._observe_cut_short(ctx, "execute", started)
             return runner._workload_failed(ctx, e)
         except PhaseError as e:
+            runner._observe_cut_short(ctx, "execute", started)
             return runner._finish(ctx, "failed", f"execute: {e}")
         actual_s = time.time() - started
         runner._observe(ctx, "execute", ctx.service_s, actual_s)

@@ -318,6 +318,17 @@ def test_dashboard_in_a_real_browser_against_the_live_system(r, keys, settings, 
         dom = browser.dump_dom(dl.page_url(port), budget_ms=3000)
         assert re.search(rf'<li class="incident" data-incident="[^"]+" data-endpoint=""><b>host {host} · host_down</b>',
                          dom), dom[-4000:]
+        # a recovery whose outcome says how ("recovered: a GPU worker consumes its queue again",
+        # as hosts_down.lua writes it) is green, as "recovered" is (it was drawn red), and the
+        # header counts open incidents only
+        r.xadd(keys.incidents, {"kind": "recovery", "incident_id": raised[0]["incident_id"], "recovery_s": "0.5",
+                                "outcome": "recovered: a GPU worker consumes its queue again"})
+        time.sleep(1.0)  # one refresh
+        dom = browser.dump_dom(dl.page_url(port), budget_ms=3000)
+        assert re.search(rf'data-endpoint=""><b>host {host} · host_down</b>(?:(?!</li>).)*'
+                         r'<span class="recovery ok"> → recovered: a GPU worker consumes its queue again in ', dom), \
+            dom[-4000:]
+        assert re.search(r"\d+ open incidents?( |<)", dom), dom[:3000]
 
         shot = browser.screenshot(dl.page_url(port), tmp_path / "dashboard.png", budget_ms=3000)
         assert shot.stat().st_size > 20_000  # a drawn page, not a blank one

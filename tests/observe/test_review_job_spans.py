@@ -212,3 +212,20 @@ def test_a_workload_is_one_trace_its_steps_and_retries_each_with_their_own_root_
     assert all(sp.attributes["makespan.state"] == "cancelled" for sp in roots.values())
     assert {f"{sp.get_span_context().span_id:016x}" for sp in roots.values()} == {retry_tp.split("-")[2],
                                                                                    tps["b"].split("-")[2]}
+
+
+def test_a_delayed_job_cancelled_from_the_cli_ends_its_root_span(traced):
+    """``makespan cancel`` of a delayed job (no GPU worker will end it) exports its root span
+    when its environment asks for tracing (the command set no tracing up: found by an
+    observability review, 2026-12-07)."""
+    system, client, trace_file, _marks, env = traced
+    cli = [sys.executable, "-m", "makespan.cli"]
+    sub = subprocess.run([*cli, "submit", "-q", "add", "--args", "[2, 3]", "--delay-s", "300"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert sub.returncode == 0, sub.stderr
+    job_id = sub.stdout.strip().splitlines()[-1]
+    out = subprocess.run([*cli, "cancel", job_id], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "cancelled", out.stdout + out.stderr
+    roots = [s for s in _spans(trace_file, job_id) if s["name"] == "makespan"]
+    assert len(roots) == 1, "the cancelling command exported the job's root span, once"
+    assert roots[0]["attributes"]["makespan.state"] == "cancelled"

@@ -209,8 +209,10 @@ function drawEndpoints(state, colour) {
     ` at ${clock(i.detected_at)} on ${i.host || "?"} `,
     el("span", {class: "effect", text: i.effect || ""}),
     // as `makespan incidents` says it: recovered (green), not restarted or failed (red), pending
-    i.recovery ? el("span", {class: "recovery " + (i.recovery.outcome === "recovered" ? "ok" : "bad"),
-      text: ` → ${i.recovery.outcome}` + (i.recovery.recovery_s !== null ? ` in ${secs(i.recovery.recovery_s)}` : "")})
+    // (a recovery's outcome is "recovered" or "recovered: <how>"; a time only for a recovery)
+    i.recovery ? el("span", {class: "recovery " + (recovered(i) ? "ok" : "bad"),
+      text: ` → ${i.recovery.outcome}` + (recovered(i) && i.recovery.recovery_s !== null ?
+        ` in ${secs(i.recovery.recovery_s)}` : "")})
       : el("span", {class: "recovery pending", text: " → recovery pending"}))) :
     [el("li", {class: "none", text: "no incident"})]));
   const d = state.drain;
@@ -229,6 +231,15 @@ function drawEndpoints(state, colour) {
     el("td", {text: p.drain ? `${clock(p.drain.checked_at)} · leases ${p.drain.leases ?? 0}` : "none yet"}))));
 }
 
+function recovered(incident) {
+  const outcome = (incident.recovery && incident.recovery.outcome) || "";
+  return outcome === "recovered" || outcome.startsWith("recovered:");
+}
+
+function plural(count, noun) {
+  return `${count} ${noun}${count === 1 ? "" : "s"}`;
+}
+
 function render(state, source) {
   const colour = colours(state);
   document.getElementById("fleet-name").textContent = state.fleet.name ? "· " + state.fleet.name : "";
@@ -236,7 +247,7 @@ function render(state, source) {
   const c = state.counts;
   document.getElementById("counts").textContent =
     `${state.lanes.length} GPUs · ${c.running} running · ${c.queued} queued · ${c.delayed} delayed · ` +
-    `${state.incidents.length} incidents` + (state.plan ? ` · plan ${state.plan.policy} at ${clock(state.plan.at)}` : "");
+    plural(state.incidents.filter(i => !recovered(i)).length, "open incident") + (state.plan ? ` · plan ${state.plan.policy} at ${clock(state.plan.at)}` : "");
   drawGantt(state, colour);
   drawQueue(state);
   drawEndpoints(state, colour);
