@@ -122,7 +122,8 @@ class CliGroup(TyperGroup):
     """The ``makespan`` command group: a command that lets a failure to reach Redis
     escape (a redis-py error outside its own error handling) fails as :func:`fail` does,
     with :class:`RedisUnreachable`'s (or :class:`RedisAuthFailed`'s) message and exit 2,
-    instead of a traceback."""
+    instead of a traceback; so does any other redis-py error that escapes (Redis answered
+    with an error: :func:`makespan.redis_conn.answered_with_error`)."""
 
     def get_command(self, ctx: typer.Context, cmd_name: str) -> Any:
         cmd = super().get_command(ctx, cmd_name)
@@ -136,9 +137,14 @@ class CliGroup(TyperGroup):
                 except (typer.Exit, typer.Abort):
                     raise  # the command's own exit, its error already reported
                 except Exception as e:
-                    if unreachable_redis(e) is None:
-                        raise
-                    fail(e)
+                    if unreachable_redis(e) is not None:
+                        fail(e)
+                    if isinstance(e, redis.RedisError):  # an error answer the command did not expect: a
+                        # database number out of range, WRONGTYPE on a key of another program, not Redis at all
+                        from makespan.redis_conn import answered_with_error
+
+                        fail(answered_with_error(_command_redis_url(), e))
+                    raise
                 finally:
                     _RUNNING.reset(running)
 

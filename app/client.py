@@ -80,8 +80,10 @@ def connect(url: str | None = None, *, fleet: str | Path | FleetSpec | None = No
         RedisUnreachable: no Redis answers at the URL (the message names it and
             ``MAKESPAN_REDIS_URL``).
         RedisAuthFailed: Redis refused the URL's credentials (a wrong or missing password).
+        StoreError: the server answered with an error (a database number it does not
+            have; not a Redis server at that address).
     """
-    from makespan.redis_conn import connect as redis_connect
+    from makespan.redis_conn import answered_with_error, connect as redis_connect
 
     base = settings or Settings.from_env()
     overrides: dict[str, Any] = {}
@@ -103,6 +105,9 @@ def connect(url: str | None = None, *, fleet: str | Path | FleetSpec | None = No
     except (redis.ConnectionError, redis.TimeoutError) as e:  # a Sentinel refusing AUTH too (unreachable())
         r.close()
         raise unreachable(base.redis_url, e) from None
+    except redis.RedisError as e:  # answered with an error: a database number out of range, not Redis
+        r.close()
+        raise answered_with_error(base.redis_url, e) from None
     return Client(r, base, spec)
 
 

@@ -298,9 +298,11 @@ def check_eviction_policy(r: redis.Redis, settings: Settings, process: str = "ma
     loud warning and returned.
 
     Raises:
-        RedisConfigError: the policy evicts and no override is set.
+        RedisConfigError: the policy evicts and no override is set, or the server answers
+            the connection with an error (:func:`answer_refused`).
         redis.RedisError: Redis did not answer (the caller decides whether to wait).
     """
+    answer_refused(r, process)
     try:
         cfg = r.config_get("maxmemory-policy")
         raw = cfg.get("maxmemory-policy", cfg.get(b"maxmemory-policy"))
@@ -322,6 +324,37 @@ def check_eviction_policy(r: redis.Redis, settings: Settings, process: str = "ma
                     "MAKESPAN_ALLOW_EVICTING_REDIS is set: evicted lease keys can lease one GPU twice !!!",
                     process, policy, SAFE_EVICTION_POLICY)
     return policy
+
+
+CONNECTION_HINT = ("check MAKESPAN_REDIS_URL: the host and port of a Redis server, and a database number it has "
+                   "(0-15 on a default Redis)")
+
+
+def answered_with_error(url: str, error: BaseException) -> StoreError:
+    """The :class:`makespan.errors.StoreError` of a command that Redis at ``url`` answered
+    with an error the caller did not expect (``ResponseError``: a database number out of
+    range, ``WRONGTYPE`` on a key of another program; ``InvalidResponse``: not a Redis
+    server at that address): the redacted URL, the error and :data:`CONNECTION_HINT`."""
+    return StoreError(f"Redis at {redacted_url(url)} answered with an error: {type(error).__name__}: "
+                      f"{_short(error)}; {CONNECTION_HINT}, and MAKESPAN_KEY_PREFIX")
+
+
+def answer_refused(r: redis.Redis, process: str = "makespan") -> None:
+    """One ``PING``: a server that answers the connection itself with an error (its
+    ``SELECT`` of a database number out of range, a protocol error from a server that is
+    not Redis) is a refusal, not an outage: waiting cannot fix it.
+
+    Raises:
+        RedisConfigError: the answer was an error (credentials refused are left to the
+            caller: a redis-py ``AuthenticationError``).
+        redis.RedisError: Redis did not answer."""
+    try:
+        r.ping()
+    except AUTH_ERRORS:
+        raise
+    except (redis.ResponseError, redis.exceptions.InvalidResponse) as e:
+        raise RedisConfigError("answer to PING", f"{type(e).__name__}: {_short(e)}",
+                               f"{process} refuses to run: {CONNECTION_HINT}") from e
 
 
 def check_persistence(r: redis.Redis, process: str = "makespan") -> bool:

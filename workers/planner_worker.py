@@ -50,7 +50,7 @@ from makespan.errors import LeaseError, RedisConfigError, StoreError, Validation
 from makespan.keys import WAKE_RELEASE, Keys
 from makespan.models import FleetSpec, Priority, fleet_version
 from makespan.planner.model import FleetState, PlanJob
-from makespan.redis_conn import (OutageLog, check_eviction_policy, check_persistence, credentials_refused,
+from makespan.redis_conn import (OutageLog, answer_refused, check_eviction_policy, check_persistence, credentials_refused,
                                   with_socket_timeout)
 from makespan.settings import Settings, liveness_warning, planner_lock_warning, retention_warning
 from makespan.workers.batch import form_batch
@@ -427,6 +427,11 @@ class PlannerWorker:
             if timing is not None:
                 log.warning("%s: %s", self.name, timing)
         try:
+            try:  # a server that answers the connection with an error (a database number out of range,
+                # not Redis): refused now, as waiting for the lock would never fix it
+                answer_refused(self.r, process=f"planner {self.name}")
+            except redis.RedisError:
+                pass  # not answering yet: the stand-by waits for it
             while not self._stop.is_set():
                 lock = self._lead()
                 if lock is None:
