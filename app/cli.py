@@ -389,16 +389,25 @@ def submit(workload: str | None = typer.Argument(None, help="a workload function
     the job calls that function with --args/--kwargs (see `makespan result ID`). With --delay-s the job waits in
     Redis as 'delayed' and is queued when due (cancel works meanwhile). Exit 75 when Redis took the submit but
     its reply never came: the id is printed all the same (the job may or may not exist: `makespan status ID`)."""
+    if idempotency_key is not None and not idempotency_key.strip():
+        # an unset shell variable ($KEY) must not drop the idempotency the caller asked for
+        _fail(ValidationError("idempotency_key", idempotency_key, "is empty: give a key, or omit --idempotency-key",
+                              show_value=False))
     if workload is not None:
+        if payload != "{}":
+            _fail(MakespanError("--payload is for a plain job; a workload function takes --args and --kwargs"))
         _submit_call(workload, call_args, call_kwargs, fleet, endpoint, service_s, priority, idempotency_key, delay_s,
                      deadline_s, depends_on or [], quiet)
         return
+    if call_args != "[]" or call_kwargs != "{}":
+        _fail(MakespanError("--args and --kwargs are a workload function's: name the WORKLOAD (the first argument), "
+                            "or give a plain job its input with --payload"))
     try:
         if endpoint is None or service_s is None:
             raise MakespanError("a plain job needs --endpoint and --service-s (or name a WORKLOAD function)")
         try:
             data = json.loads(payload)
-        except json.JSONDecodeError as e:
+        except (json.JSONDecodeError, RecursionError) as e:
             raise MakespanError(f"--payload: not JSON: {e}") from e
         job = {"endpoint": endpoint, "service_s": service_s, "priority": priority, "payload": data}
         if idempotency_key:
@@ -537,11 +546,11 @@ def _submit_call(workload: str, call_args: str, call_kwargs: str, fleet: Path | 
     try:
         try:
             args = json.loads(call_args)
-        except json.JSONDecodeError as e:
+        except (json.JSONDecodeError, RecursionError) as e:
             raise MakespanError(f"--args: not JSON: {e} (got {call_args[:80]!r})") from e
         try:
             kwargs = json.loads(call_kwargs)
-        except json.JSONDecodeError as e:
+        except (json.JSONDecodeError, RecursionError) as e:
             raise MakespanError(f"--kwargs: not JSON: {e} (got {call_kwargs[:80]!r})") from e
         if isinstance(args, dict) and call_kwargs.strip() == "{}":
             raise MakespanError(f"--args must be a JSON list of positional arguments (got an object: pass keyword "

@@ -30,12 +30,13 @@ import math
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 import redis
 
 from makespan.errors import MakespanError, StoreError, ValidationError
 from makespan.keys import Keys
+from makespan.models import MAX_SERVICE_S
 from makespan.store.scripts import script as store_script
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:\-]{0,199}$")
@@ -157,24 +158,63 @@ def _seconds(value: Any, field_name: str, allow_none: bool) -> float | None:
     return float(value)
 
 
+def _takes_ctx(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` can be called with the run's context as its first positional argument
+    (a builtin whose signature cannot be read counts as yes)."""
+    try:
+        parameters = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return True
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                  inspect.Parameter.VAR_POSITIONAL)
+    return bool(parameters) and parameters[0].kind in positional
+
+
+@overload
+def workload(endpoint: Callable[..., Any], /) -> WorkloadDef: ...
+
+
+@overload
 def workload(endpoint: str | None = None, *, helpers: Iterable[str] = (), name: str | None = None, retries: int = 0,
              retry_backoff_s: float = 1.0, timeout_s: float | None = None,
-             expected_s: float | None = None) -> Callable[[Callable[..., Any]], WorkloadDef]:
-    """Register a workload function (see the module docstring).
+             expected_s: float | None = None) -> Callable[[Callable[..., Any]], WorkloadDef]: ...
+
+
+def workload(endpoint: str | Callable[..., Any] | None = None, *, helpers: Iterable[str] = (), name: str | None = None,
+             retries: int = 0, retry_backoff_s: float = 1.0, timeout_s: float | None = None,
+             expected_s: float | None = None) -> Callable[[Callable[..., Any]], WorkloadDef] | WorkloadDef:
+    """Register a workload function (see the module docstring). ``@makespan.workload``
+    without parentheses registers it with every option at its default.
 
     An ``async def`` function is run to completion on an event loop of its own (in its
-    run's thread, ``asyncio.run``); a generator function is refused.
+    run's thread, ``asyncio.run``); a generator function is refused. Its first parameter
+    receives the run's :class:`makespan.WorkloadContext` (``ctx``).
 
     Raises:
-        ValidationError: a bad option (negative retries, a non-positive time, a name
-            with characters other than letters, digits and ``_.:-``), a generator function,
-            or a second, different function under a name already registered in this process."""
+        ValidationError: a bad option (negative retries, a non-positive time or an
+            ``expected_s`` over 30 days, an endpoint or helper that is not a non-empty name,
+            ``helpers`` given as one string, a name with characters other than letters,
+            digits and ``_.:-``), a generator function, a function with no first parameter
+            for ``ctx``, or a second, different function under a name already registered
+            in this process."""
+    if callable(endpoint):  # @makespan.workload, no parentheses: the function itself
+        return workload()(endpoint)
+    if endpoint is not None and (not isinstance(endpoint, str) or not endpoint.strip()):
+        raise ValidationError("workload.endpoint", endpoint, "must be an endpoint name of the fleet (a non-empty "
+                                                             "string), or omitted")
     if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= 100:
         raise ValidationError("workload.retries", retries, "must be a whole number from 0 to 100")
     backoff = _seconds(retry_backoff_s, "retry_backoff_s", allow_none=False)
     timeout = _seconds(timeout_s, "timeout_s", allow_none=True)
     expected = _seconds(expected_s, "expected_s", allow_none=True)
+    if expected is not None and expected > MAX_SERVICE_S:  # every submit would refuse it as service_s
+        raise ValidationError("workload.expected_s", expected_s, f"must be at most {MAX_SERVICE_S:.0f} s (30 days)")
+    if isinstance(helpers, str):  # tuple("embed") would be ('e', 'm', 'b', 'e', 'd')
+        raise ValidationError("workload.helpers", helpers, f"must be a list of endpoint names: helpers=[{helpers!r}]")
     helper_names = tuple(helpers)
+    bad_helper = next((h for h in helper_names if not isinstance(h, str) or not h.strip()), None)
+    if helper_names and bad_helper is not None:
+        raise ValidationError("workload.helpers", bad_helper, "must be endpoint names of the fleet (non-empty strings)")
     if endpoint is not None and endpoint in helper_names:
         raise ValidationError("workload.helpers", helper_names, "must not name the main endpoint")
 
@@ -185,6 +225,10 @@ def workload(endpoint: str | None = None, *, helpers: Iterable[str] = (), name: 
             raise ValidationError("workload", getattr(fn, "__qualname__", fn),
                                   "is a generator function: its result would be a generator, which is not JSON; "
                                   "return a list (or report steps with ctx.progress)")
+        if not _takes_ctx(fn):
+            raise ValidationError("workload", getattr(fn, "__qualname__", fn),
+                                  "takes no positional parameter: its first one receives the run's context, "
+                                  "e.g. def run(ctx, *args)")
         wname = name or f"{fn.__module__}.{fn.__qualname__}"
         if not _NAME.match(wname):
             raise ValidationError("workload.name", wname, "use letters, digits and '_.:-' (at most 200)")

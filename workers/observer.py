@@ -688,16 +688,24 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(prog="observer", description="makespan health observer")
     p.add_argument("--fleet", required=True)
-    p.add_argument("--probe-interval-s", type=float, default=1.0)
-    p.add_argument("--overrun-factor", type=float, default=1.5)
+    p.add_argument("--probe-interval-s", type=float, default=1.0, help="seconds between probes of each instance (> 0)")
+    p.add_argument("--overrun-factor", type=float, default=1.5,
+                   help="a transition is late past this multiple of its planned length (>= 1)")
     p.add_argument("--min-overrun-slack-s", type=float, default=MIN_OVERRUN_SLACK_S,
                    help="least slack past a transition's expected end before it is late, s")
     p.add_argument("--host-down-grace-s", type=float, default=HOST_DOWN_GRACE_S,
                    help="how long a host has no live GPU worker before its host_down incident, s (>= 0)")
     p.add_argument("--metrics-port", type=int, default=None, help="Prometheus port (default: MAKESPAN_METRICS_PORT; 0: none)")
     a = p.parse_args(argv)
-    if not 0.0 <= a.host_down_grace_s < float("inf"):
-        p.error(f"--host-down-grace-s must be a finite number >= 0, got {a.host_down_grace_s!r}")
+    # each bound as the CLI's other checks say it (one line, exit 2): an interval of 0 spun a CPU
+    for option, value, low, low_ok in (("--probe-interval-s", a.probe_interval_s, 0.0, False),
+                                       ("--overrun-factor", a.overrun_factor, 1.0, True),
+                                       ("--min-overrun-slack-s", a.min_overrun_slack_s, 0.0, True),
+                                       ("--host-down-grace-s", a.host_down_grace_s, 0.0, True)):
+        if not ((low <= value if low_ok else low < value) and value < float("inf")):
+            print(f"error: {option} must be a finite number {'>=' if low_ok else '>'} {low:g}, got {value!r}",
+                  file=sys.stderr, flush=True)
+            return EXIT_BAD_SETTING
     try:
         level = log_level_from_env("INFO")
         if a.metrics_port is None:

@@ -126,3 +126,31 @@ def test_a_repeated_workloads_option_loads_every_module(monkeypatch):
     res = CliRunner().invoke(cli.app, ["gpu-worker", "--fleet", "examples/render-pipeline.toml", "--host", "host-a",
                                        "--no-check-gpus", "--workloads", "mod_a,mod_b", "--workloads", "mod_c"])
     assert seen.get("workloads") == "mod_a,mod_b,mod_c", (seen, res.output)
+
+
+@pytest.mark.parametrize("args, says", [
+    (["submit", "--endpoint", "embed", "--service-s", "1", "--args", "not json"], "--args and --kwargs are a workload"),
+    (["submit", "--endpoint", "embed", "--service-s", "1", "--kwargs", '{"x": 1}'], "--args and --kwargs are a workload"),
+    (["submit", "some.fn", "--payload", '{"x": 1}'], "--payload is for a plain job"),
+    (["submit", "--endpoint", "embed", "--service-s", "1", "--idempotency-key", ""], "idempotency_key: is empty"),
+    (["submit", "--endpoint", "embed", "--service-s", "1", "--payload", "[" * 100_000], "--payload: not JSON"),
+    (["submit", "some.fn", "--args", "[" * 100_000], "--args: not JSON"),
+])
+def test_submit_input_the_cli_used_to_drop_is_refused(r, keys, redis_url, prefix, args, says):
+    """Input a submit silently ignored (a plain job's --args/--kwargs, a function's --payload,
+    an empty --idempotency-key: an unset $KEY lost the idempotency asked for) or that crashed
+    it (deeply nested JSON: a RecursionError traceback) is refused with one line, and nothing
+    is written (a CLI review, 2026-12-07)."""
+    res = CliRunner().invoke(cli_app, [*args, "--fleet", str(SYNTH.parent / "render-pipeline.toml")],
+                             env=_env(redis_url, prefix))
+    assert res.exit_code == 2, res.output
+    assert says in res.output and "Traceback" not in res.output, res.output
+    assert not list(r.scan_iter(f"{prefix}:*")), "a refused submit writes nothing"
+
+
+def test_observer_bounds_are_checked(tmp_path):
+    from makespan.workers.observer import main as observer_main
+
+    fleet = str(SYNTH.parent / "render-pipeline.toml")
+    for option, value in (("--probe-interval-s", "0"), ("--overrun-factor", "-2"), ("--host-down-grace-s", "nan")):
+        assert observer_main(["--fleet", fleet, option, value]) == 2, option  # an interval of 0 spun a CPU

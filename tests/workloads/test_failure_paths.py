@@ -554,3 +554,36 @@ def test_a_preempted_plain_execute_stops_without_waiting_for_a_heartbeat(r, keys
     assert LeaseStore(r, keys).preempt(ctx1.lease_id, "a-critical-job") == "preempted"
     first.join(20)
     assert not first.is_alive() and out1 == ["stale"]
+
+
+@pytest.mark.parametrize("options, says", [
+    ({"helpers": "embed"}, "must be a list of endpoint names"),  # was ('e', 'm', 'b', 'e', 'd')
+    ({"helpers": [5]}, "must be endpoint names"),
+    ({"endpoint": 5}, "must be an endpoint name"),
+    ({"endpoint": ""}, "must be an endpoint name"),
+    ({"expected_s": 1e12}, "at most 2592000 s"),  # every submit then refused it as service_s
+])
+def test_decorator_options_that_fail_later_are_refused_at_registration(options, says):
+    """Options the decorator took and that failed only at a worker or at every submit (a
+    CLI review, 2026-12-07): refused where they are written, naming the option."""
+    with pytest.raises(makespan.ValidationError, match=says):
+        makespan.workload(**options)
+
+
+def test_a_function_without_a_ctx_parameter_is_refused_at_registration():
+    with pytest.raises(makespan.ValidationError, match="its first one receives the run's context"):
+        @makespan.workload(endpoint="embed", name="tests.noctx")
+        def noctx():
+            return 1
+
+
+@makespan.workload
+def bare_workload(ctx, x):
+    return x
+
+
+def test_the_decorator_without_parentheses_registers_the_function():
+    """``@makespan.workload`` bare replaced the function with the decorator's inner one."""
+    assert isinstance(bare_workload, makespan.registry.WorkloadDef)
+    assert bare_workload.name.endswith("bare_workload") and bare_workload.endpoint is None
+    assert makespan.registry.REGISTRY[bare_workload.name] is bare_workload
