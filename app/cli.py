@@ -22,7 +22,22 @@ from makespan.planner.policies import DEFAULT_POLICY, POLICY_REGISTRY
 
 app = typer.Typer(cls=CliGroup, add_completion=False, no_args_is_help=True,
                   pretty_exceptions_show_locals=False,  # a traceback's locals could hold a Redis URL's password
+                  context_settings={"help_option_names": ["-h", "--help"]},
                   help="makespan: schedule multi-step GPU workloads on a fleet of GPU hosts.")
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from makespan import __version__
+
+        typer.echo(f"makespan {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main_options(version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                               help="print makespan's version and exit")) -> None:
+    """makespan: schedule multi-step GPU workloads on a fleet of GPU hosts."""
 
 SIM_PROGRESS_EVERY_S = 5.0  # wall seconds between progress lines of `makespan simulate`
 FleetOpt = typer.Option(..., "--fleet", help="TOML fleet file (see examples/render-pipeline.toml)")
@@ -136,7 +151,7 @@ CELERY_POOLS = ("threads", "prefork", "solo")  # gpu-worker --pool: the Celery p
 def gpu_worker(fleet: Path = FleetOpt, host: str = typer.Option(..., help="host name in the fleet file"),
                pool: str = typer.Option("threads", help="Celery pool: threads, prefork or solo (not a makespan "
                                                          "pool: the fleet file places the host in its pool)"),
-               concurrency: int = typer.Option(0, show_default=False, help="worker slots (default: the host's GPU count)"),
+               concurrency: int = typer.Option(0, show_default=False, help="worker slots (default, or 0: the host's GPU count)"),
                metrics_port: int = typer.Option(0, envvar="MAKESPAN_METRICS_PORT", help="Prometheus port (0: none)"),
                workloads_given: list[str] = typer.Option([], "--workloads", envvar="MAKESPAN_WORKLOADS",
                                                          help="comma-separated modules that define "
@@ -159,6 +174,8 @@ def gpu_worker(fleet: Path = FleetOpt, host: str = typer.Option(..., help="host 
     hosts = {h.name: h for h in f.hosts}
     if host not in hosts:
         _fail(MakespanError(f"--host {host!r}: not in the fleet ({', '.join(hosts)})"))
+    if concurrency < 0:
+        _fail(ValidationError("concurrency", concurrency, "must be at least 1 (0 or omitted: the host's GPU count)"))
     if pool not in CELERY_POOLS:
         pool_of_host = f.pool_of_host(host) if f.pools else None
         hint = (f"; a GPU worker needs no makespan pool: the fleet file puts host {host} in pool {pool_of_host}"
@@ -600,7 +617,10 @@ def ready(workloads: list[str] = typer.Argument(None, help="workload function na
     WORKLOADS, or every pool), and live GPU workers have registered WORKLOADS, whose endpoints
     the planner's fleet has (for scripts: `makespan ready NAME && python submit.py`). Exits 0 when ready, 1 with what is missing;
     1 at once, with the reason, for a name a live GPU worker refused to publish (it names an endpoint
-    the fleet does not have)."""
+    the fleet does not have). A Redis that does not answer yet is waited for too (exit 1 at the timeout); one that
+    refuses the credentials or answers with an error (a database number it does not have): exit 2 at once."""
+    import redis
+
     from makespan.redis_conn import AUTH_ERRORS, auth_failed
     from makespan.keys import Keys
     from makespan.redis_conn import connect
@@ -623,6 +643,11 @@ def ready(workloads: list[str] = typer.Argument(None, help="workload function na
             refused = {name: why for name in absent if (why := r.get(keys.fn_refused(name)))}
         except AUTH_ERRORS as e:  # Redis answered and refused the credentials: waiting cannot help
             _fail(auth_failed(s.redis_url, e))
+        except (redis.ResponseError, redis.exceptions.InvalidResponse) as e:  # answered with an error (a
+            # database number out of range, not Redis): waiting cannot help either
+            from makespan.redis_conn import answered_with_error
+
+            _fail(answered_with_error(s.redis_url, e))
         except Exception as e:  # noqa: BLE001 - Redis not reachable yet: wait for it too
             missing, refused = [f"Redis ({e})"], {}
         if not missing:

@@ -24,7 +24,7 @@ from typing import Any
 import typer
 
 from makespan.cli_support import fail
-from makespan.errors import MakespanError, PhaseError
+from makespan.errors import MakespanError, PhaseError, ValidationError
 from makespan.keys import Keys
 from makespan.models import FleetSpec, load_fleet
 from makespan.settings import Settings
@@ -90,7 +90,15 @@ def run_render_pipeline(settings: Settings, fleet_path: Path = EXAMPLE_FLEET, ho
     from makespan.workers.observer import list_incidents
 
     fleet = load_fleet(fleet_path)
-    host = host or next(sp.host for sp in fleet.endpoints["coder"].set_point)
+    missing = sorted({"coder", "embed", "renderer"} - set(fleet.endpoints))
+    if missing:
+        raise ValidationError("fleet", str(fleet_path), f"the render pipeline needs endpoints coder, embed and "
+                                                        f"renderer; this fleet lacks {', '.join(missing)}")
+    host = host or next((sp.host for sp in fleet.endpoints["coder"].set_point), None)
+    hosts_with_coder = sorted({sp.host for sp in fleet.endpoints["coder"].set_point})
+    if host not in hosts_with_coder:
+        raise ValidationError("host", host, f"the render pipeline runs on a host where coder is at the set point: "
+                                            f"{', '.join(hosts_with_coder) or 'none in this fleet'}")
     r, keys, ts = connect(settings.redis_url), Keys(settings.key_prefix), settings.time_scale
     drv = get_driver("process", **({"log_dir": log_dir} if log_dir else {}))
     agenda = AgendaTracker(r, keys)
@@ -259,7 +267,7 @@ def observer(fleet: Path = typer.Option(..., "--fleet", help="TOML fleet file"),
                            "--host-down-grace-s", repr(host_down_grace_s), *port]))
 
 
-def endpoint_server(port: int = typer.Option(..., "--port", help="TCP port to serve on (127.0.0.1)"),
+def endpoint_server(port: int = typer.Option(..., "--port", min=0, max=65535, help="TCP port to serve on (127.0.0.1)"),
                     model: str = typer.Option("stub", "--model", help="model name it reports"),
                     load_time_s: float = typer.Option(0.0, "--load-time-s", help="wall s before it answers healthy "
                                                       "(a model load)"),
@@ -271,8 +279,11 @@ def endpoint_server(port: int = typer.Option(..., "--port", help="TCP port to se
     """Run the small real endpoint program (OpenAI-compatible routes, vLLM sleep/wake)."""
     from makespan.workers.endpoint_server import serve
 
-    serve(port, model, load_time_s, latency_ms, hold_gpu_mib=hold_gpu_mib, sleep_s=sleep_s, wake_s=wake_s,
-          sleep_ram_mib=sleep_ram_mib)
+    try:
+        serve(port, model, load_time_s, latency_ms, hold_gpu_mib=hold_gpu_mib, sleep_s=sleep_s, wake_s=wake_s,
+              sleep_ram_mib=sleep_ram_mib)
+    except OSError as e:  # the port taken (errno 98), or not ours to bind
+        fail(MakespanError(f"--port {port}: cannot serve there: {e.strerror or e}"))
 
 
 def render_pipeline(fleet: Path = typer.Option(EXAMPLE_FLEET, "--fleet", help="fleet with coder, embed, renderer"),
@@ -287,6 +298,10 @@ def render_pipeline(fleet: Path = typer.Option(EXAMPLE_FLEET, "--fleet", help="f
                     as_json: bool = typer.Option(False, "--json", help="print the record as JSON")) -> None:
     """Run the render pipeline end to end with real endpoint processes; print phase timings."""
     try:
+        if cards < 1:
+            raise ValidationError("cards", cards, "must be at least 1")
+        if not 0.0 < time_scale < float("inf"):
+            raise ValidationError("time_scale", time_scale, "must be a positive, finite number")
         s = Settings.from_env(time_scale=time_scale)
         out = run_render_pipeline(s, fleet, host, cards, card_latency_ms, with_observer)
     except MakespanError as e:

@@ -337,6 +337,8 @@ def main(argv: list[str] | None = None) -> int:
         a.model = a.served_model
     else:
         a = p.parse_args(args)
+    if not 0 <= a.port <= 65535:
+        p.error(f"--port must be from 0 to 65535, got {a.port}")
     serve(a.port, a.model, a.load_time_s, a.latency_ms, a.host, a.ignore_sigterm, a.hold_gpu_mib,
           a.spawn_child_ignoring_sigterm, a.sleep_s, a.wake_s, a.sleep_ram_mib, a.fail_wake,
           a.wake_level2_s)

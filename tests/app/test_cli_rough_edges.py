@@ -154,3 +154,27 @@ def test_observer_bounds_are_checked(tmp_path):
     fleet = str(SYNTH.parent / "render-pipeline.toml")
     for option, value in (("--probe-interval-s", "0"), ("--overrun-factor", "-2"), ("--host-down-grace-s", "nan")):
         assert observer_main(["--fleet", fleet, option, value]) == 2, option  # an interval of 0 spun a CPU
+
+
+def test_version_and_the_short_help_option():
+    import makespan
+
+    res = CliRunner().invoke(cli_app, ["--version"])
+    assert res.exit_code == 0 and res.output.strip() == f"makespan {makespan.__version__}", res.output
+    for args in (["-h"], ["submit", "-h"]):
+        res = CliRunner().invoke(cli_app, args)
+        assert res.exit_code == 0 and "Usage: " in res.output, (args, res.output)
+
+
+@pytest.mark.parametrize("args, says", [
+    (["render-pipeline", "--host", "host-z"], "host: the render pipeline runs on a host where coder"),  # StopIteration
+    (["render-pipeline", "--cards", "-1"], "cards: must be at least 1"),
+    (["render-pipeline", "--time-scale", "0"], "time_scale: must be a positive"),
+    (["gpu-worker", "--fleet", str(SYNTH.parent / "render-pipeline.toml"), "--host", "host-a", "--concurrency", "-3"],
+     "concurrency: must be at least 1"),  # was Celery's banner, then a traceback
+    (["endpoint-server", "--port", "99999"], "Invalid value for '--port'"),  # was an OverflowError traceback
+])
+def test_out_of_range_options_get_one_line(redis_url, prefix, args, says):
+    res = CliRunner().invoke(cli_app, args, env=_env(redis_url, prefix))
+    assert res.exit_code == 2, res.output
+    assert says in res.output and "Traceback" not in res.output, res.output
