@@ -255,7 +255,7 @@ class _BatchScan:
         :meth:`fn_hosts`, are the job's). Released at :func:`makespan.workers.tick.clock.release_s`."""
         submitted_s = float(submitted) / self.settings.time_scale  # workload clock; service, deadline: workload s
         release = release_s(submitted, not_before, self.settings.time_scale, self.env.now_s())
-        self.out.meta[job_id] = (traceparent or "", float(submitted))
+        self.out.meta[job_id] = (traceparent or "", float(submitted), max(float(submitted), float(not_before or 0.0)))
         self.out.own_level[job_id] = level
         return PlanJob(job_id, endpoint, float(level.weight), release, float(service), int(level), (),
                        submitted_s + float(due) if due else None, int(seq),

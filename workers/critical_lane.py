@@ -274,8 +274,9 @@ class CriticalLane:
         args = (groups, unavailable, is_warm, residents, self.kept.starting_gpus)
         placement = place_critical(*args, {}, now_s, model.cold_start_s, None)
         ctx = TickContext(env, self.kept, self.token)
-        ctx.formed.meta[job.id] = (record[_JOB_FIELDS.index("traceparent")] or "",
-                                   float(record[_JOB_FIELDS.index("submitted_at")]))
+        submitted = float(record[_JOB_FIELDS.index("submitted_at")])
+        ctx.formed.meta[job.id] = (record[_JOB_FIELDS.index("traceparent")] or "", submitted,
+                                   max(submitted, float(record[_JOB_FIELDS.index("not_before")] or 0.0)))
         ctx.formed.own_level[job.id] = Priority.CRITICAL
         victim_jobs: dict[str, str] = {}
         if placement is None:

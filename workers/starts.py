@@ -119,7 +119,7 @@ def start_job(ctx: TickContext, job: PlanJob, gpus: tuple[str, ...], end_s: floa
     """Lease ``gpus`` for ``job`` (planned to end at ``end_s``, workload s) and send its
     phase chain. False if the lease failed (a GPU taken meanwhile, the job gone)."""
     request = _lease_request(ctx, job, gpus, end_s, load)
-    traceparent = ctx.formed.meta.get(job.id, ("", 0.0))[0]
+    traceparent = ctx.formed.meta.get(job.id, ("", 0.0, 0.0))[0]
     attrs = {"job_id": job.id, "priority": own_priority(ctx, job).name, "endpoint": job.endpoint,
              "gpus": list(gpus), "host": request["holder"], "lease_id": request["lease_id"],
              "planned_s": end_s - ctx.env.now_s()}
@@ -133,9 +133,10 @@ def _after_lease(ctx: TickContext, job: PlanJob, gpus: tuple[str, ...], host: st
     """After ``lease`` was published for ``job``: metrics, and send its phase chain
     (``producer``: :func:`publishing`'s, or None)."""
     priority = own_priority(ctx, job)
-    traceparent, submitted = ctx.formed.meta.get(job.id, ("", 0.0))
-    if submitted and lease.first:  # one wait per job: to its first start, not again after a preemption or retry
-        metrics.observe_wait(priority, max(0.0, ctx.env.clock.now() - submitted))
+    traceparent, submitted, waiting_since = ctx.formed.meta.get(job.id, ("", 0.0, 0.0))
+    if submitted and lease.first:  # one wait per job: to its first start, not again after a preemption or retry;
+        # from its due time when it was delayed (a delay the producer asked for is no wait)
+        metrics.observe_wait(priority, max(0.0, ctx.env.clock.now() - waiting_since))
     phase_ctx = PhaseContext(lease.lease_id, lease.token, list(gpus), host, "job", job.endpoint, job.id, priority.name,
                              job.service_s, traceparent=traceparent, submitted_at=submitted,
                              sleep_levels=planned_sleep_levels(ctx, job.id))

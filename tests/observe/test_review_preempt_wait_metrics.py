@@ -103,3 +103,26 @@ def test_a_preempted_job_leased_again_has_one_wait(r, settings, monkeypatch):
     assert [c.job_id for c in jobs()] == [low, low] and jobs()[1].lease_id != first.lease_id
     assert r.hget(w.keys.job(low), "state") == "leased"
     assert _wait_count("LOW") == 1.0, "one job, one wait (from submission to its first start)"
+
+
+def _wait_sum(prio: str) -> float:
+    return next(s.value for s in metrics._m().wait.collect()[0].samples
+                if s.name.endswith("_sum") and s.labels["priority"] == prio)
+
+
+def test_a_delayed_job_waits_from_its_due_time(r, settings, monkeypatch):
+    """A job submitted with ``delay_s`` observed its delay as wait (a 600 s delay landed in the
+    ≤ 300 s+ buckets of the wait panel): its wait counts from its due time (an observability
+    review, 2026-12-07; fails on the code before)."""
+    monkeypatch.setattr(metrics, "_metrics", metrics.Metrics())
+    w, prod, sent = _worker(r, settings)
+    r.set(w.keys.planner_leader, w.name)
+    job = prod.submit({"endpoint": "embed", "service_s": 1, "priority": "NORMAL"}).id
+    seconds, micros = r.time()
+    now = seconds + micros / 1e6
+    # as a job submitted 600 s ago with delay_s = 598 leaves its record once promoted
+    r.hset(w.keys.job(job), mapping={"submitted_at": repr(now - 600.0), "not_before": repr(now - 2.0)})
+    w.tick()
+    assert [c.job_id for c in sent if c.kind == "job"] == [job]
+    assert _wait_count("NORMAL") == 1.0
+    assert 1.0 <= _wait_sum("NORMAL") < 60.0, _wait_sum("NORMAL")

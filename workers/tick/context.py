@@ -76,7 +76,8 @@ class FormedBatch:
     Written once by that function; read-only for the steps after it."""
 
     jobs: list[PlanJob] = field(default_factory=list)
-    meta: dict[str, tuple[str, float]] = field(default_factory=dict)  # job -> (traceparent, submitted unix s)
+    # job -> (traceparent, submitted unix s, waiting since unix s: its due time when it was delayed)
+    meta: dict[str, tuple[str, float, float]] = field(default_factory=dict)
     own_level: dict[str, Priority] = field(default_factory=dict)  # job -> its submitted level (queue, lease)
     awaited: set[str] = field(default_factory=set)  # deps of the unready steps read (never victims)
     unready_level: dict[str, int] = field(default_factory=dict)  # dep -> highest level of a step waiting on it
