@@ -504,11 +504,41 @@ class RedisStateCollector:
 
 # -- serving ----------------------------------------------------------------------------------
 
+def sweep_dead_multiprocess_dirs(base: str) -> list[str]:
+    """Remove the ``makespan-prom-{pid}-*`` directories under ``base`` whose process is gone
+    and that this user owns (a process killed with SIGKILL leaves its directory: its exit
+    hook never ran). Returns the paths removed. A directory whose pid is alive (even a
+    reused pid) is kept."""
+    removed = []
+    try:
+        entries = list(os.scandir(base))
+    except OSError:
+        return removed
+    for entry in entries:
+        name = entry.name
+        if not name.startswith("makespan-prom-"):
+            continue
+        pid_text = name.removeprefix("makespan-prom-").split("-", 1)[0]
+        try:
+            if not pid_text.isdigit() or not entry.is_dir(follow_symlinks=False) or \
+                    entry.stat(follow_symlinks=False).st_uid != os.getuid():
+                continue
+            os.kill(int(pid_text), 0)
+            continue  # alive (or a reused pid): kept
+        except ProcessLookupError:
+            shutil.rmtree(entry.path, ignore_errors=True)
+            removed.append(entry.path)
+        except OSError:  # PermissionError: a live process of another user; a vanished entry
+            continue
+    return removed
+
+
 def enable_multiprocess(base_dir: str | None = None) -> str:
     """Switch this process (and children forked later) to multiprocess mode; return the dir.
 
     Creates a fresh private directory under ``base_dir``, ``$PROMETHEUS_MULTIPROC_DIR``
-    or the temp dir, points ``PROMETHEUS_MULTIPROC_DIR`` at it and removes it at exit.
+    or the temp dir, points ``PROMETHEUS_MULTIPROC_DIR`` at it and removes it at exit
+    (first removing those that killed processes left: :func:`sweep_dead_multiprocess_dirs`).
     Idempotent. Event metrics created before the switch are recreated.
     """
     global _mp_dir, _metrics
@@ -517,6 +547,7 @@ def enable_multiprocess(base_dir: str | None = None) -> str:
             return _mp_dir
         base = base_dir or os.environ.get("PROMETHEUS_MULTIPROC_DIR") or tempfile.gettempdir()
         os.makedirs(base, exist_ok=True)
+        sweep_dead_multiprocess_dirs(base)
         d = tempfile.mkdtemp(prefix=f"makespan-prom-{os.getpid()}-", dir=base)
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = d
         from prometheus_client import values

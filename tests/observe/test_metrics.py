@@ -195,3 +195,25 @@ def test_metrics_server_binds_the_address_of_makespan_metrics_addr(monkeypatch):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_killed_process_metrics_directory_is_swept(tmp_path):
+    """A GPU worker ended by SIGKILL leaves its multiprocess directory (its exit hook never
+    runs); the next process that starts a metrics server there removes those of dead pids
+    and keeps live ones (an observability review, 2026-12-07)."""
+    import os
+    import subprocess
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    gone = tmp_path / f"makespan-prom-{dead.pid}-abc"
+    gone.mkdir()
+    (gone / "counter_1.db").write_bytes(b"x")
+    alive = tmp_path / f"makespan-prom-{os.getpid()}-def"
+    alive.mkdir()
+    other = tmp_path / "makespan-prom-notapid-x"
+    other.mkdir()
+    from makespan import metrics
+
+    assert metrics.sweep_dead_multiprocess_dirs(str(tmp_path)) == [str(gone)]
+    assert not gone.exists() and alive.exists() and other.exists()
