@@ -172,7 +172,11 @@ def published_fleet(r: redis.Redis, keys: Keys, required: bool = True) -> FleetS
         raise StoreError(f"reading the published fleet: {e}") from e
     if not raw:
         if required:
-            raise ValidationError("fleet", None, "no planner has published a fleet yet: give --fleet FILE",
-                                  show_value=False)
+            from makespan.settings import redacted_url
+
+            raise ValidationError("fleet", None, f"no planner has published a fleet yet under key prefix "
+                                                 f"{keys.prefix!r} at {redacted_url(_command_redis_url())}: give "
+                                                 "--fleet FILE, or check MAKESPAN_REDIS_URL and MAKESPAN_KEY_PREFIX "
+                                                 "against the planner's", show_value=False)
         return None
     return parse_fleet(json.loads(raw))

@@ -150,10 +150,14 @@ class Client:
             raise StoreError(f"reading the published fleet: {e}") from e
         if published is None:
             if self._own_fleet is None:
-                raise ValidationError("fleet", None, "no planner has published a fleet yet: start `makespan planner "
-                                                     "--fleet FILE`, or give the fleet yourself (--fleet FILE on the "
-                                                     "command line, makespan.connect(fleet=...) in Python)",
-                                      show_value=False)
+                from makespan.settings import redacted_url
+
+                raise ValidationError("fleet", None, f"no planner has published a fleet yet under key prefix "
+                                                     f"{self.keys.prefix!r} at {redacted_url(self.settings.redis_url)}: "
+                                                     "start `makespan planner --fleet FILE` (with the same "
+                                                     "MAKESPAN_REDIS_URL and MAKESPAN_KEY_PREFIX), or give the fleet "
+                                                     "yourself (--fleet FILE on the command line, "
+                                                     "makespan.connect(fleet=...) in Python)", show_value=False)
             return self._own_fleet
         if self._own_fleet is not None and fleet_version(self._own_fleet) != fleet_version(published):
             raise ValidationError("fleet", self._own_fleet.name,

@@ -317,8 +317,11 @@ class Producer:
             StoreError: Redis failed (nothing or everything was written: the script is atomic).
         """
         if self.fleet is None:
-            raise ValidationError("fleet", None, "submitting needs a fleet: pass --fleet or start a planner first",
-                                  show_value=False)
+            from makespan.settings import redacted_url
+
+            raise ValidationError("fleet", None, f"submitting needs a fleet: pass --fleet or start a planner first "
+                                                 f"(none is published under key prefix {self.keys.prefix!r} at "
+                                                 f"{redacted_url(self.settings.redis_url)})", show_value=False)
         spec = parse_job(job, self.fleet, self.settings.max_payload_bytes, self.settings.max_depends_on)
         self._check_references(spec)
         traceparent = traceparent or telemetry.job_traceparent()

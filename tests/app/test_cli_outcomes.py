@@ -46,9 +46,11 @@ def test_no_fleet_error_says_only_what_to_do(r, redis_url, prefix):
     res = _invoke(["submit-workload", str(SYNTH)], redis_url, prefix)
     assert res.exit_code == 2 and "no planner has published a fleet yet" in res.output, res.output
     assert "(got None)" not in res.output, res.output
+    assert f"under key prefix {prefix!r} at {redis_url}" in res.output, res.output  # where it looked
     res = _invoke(["submit", "--endpoint", "chat", "--service-s", "1"], redis_url, prefix)
     assert res.exit_code == 2 and "submitting needs a fleet" in res.output, res.output
     assert "(got None)" not in res.output, res.output
+    assert f"under key prefix {prefix!r} at {redis_url}" in res.output, res.output
 
 
 def _utc(unix_s: float) -> str:

@@ -16,7 +16,7 @@ from tests.conftest import FLEET_TOML
 def test_transitions_reads_the_published_fleet_or_says_to_give_one(r, keys, redis_url, prefix):
     env = {"MAKESPAN_REDIS_URL": redis_url, "MAKESPAN_KEY_PREFIX": prefix}
     none = CliRunner().invoke(cli_app, ["transitions"], env=env)
-    assert none.exit_code == 2 and "no planner has published a fleet yet: give --fleet FILE" in none.output, none.output
+    assert none.exit_code == 2 and "no planner has published a fleet yet under key prefix" in none.output and "give --fleet FILE" in none.output, none.output
 
     fleet = load_fleet(FLEET_TOML)
     r.set(keys.fleet, fleet.model_dump_json())  # what a leading planner publishes
