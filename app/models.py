@@ -134,6 +134,9 @@ class HostSpec(BaseModel):
             if self.gpu_count is not None:  # given as text or a boolean: _expand took it for no count
                 raise ValueError("gpu_count must be a whole number of GPUs (gpu_count = 4, no quotes)")
             raise ValueError("a host needs gpus or gpu_count")
+        if self.gpu_count is not None and len(self.gpus) != self.gpu_count:
+            raise ValueError(f"gpu_count = {self.gpu_count} but gpus lists {len(self.gpus)}: give one of them "
+                             "(gpus for real GPUs, gpu_count for simulated ones)")
         seen: set[int] = set()
         for g in self.gpus:
             if g.uuid.startswith("MIG-"):
@@ -301,7 +304,7 @@ class FleetSpec(BaseModel):
     ``pools`` (every host in exactly one; none declared: one implicit pool, the whole fleet)."""
 
     model_config = _Strict
-    name: str = "fleet"
+    name: str = Field(default="fleet", min_length=1)
     hosts: tuple[HostSpec, ...] = Field(min_length=1)
     endpoints: dict[str, EndpointSpec] = Field(min_length=1)
     pools: tuple[PoolSpec, ...] = ()

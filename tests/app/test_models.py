@@ -145,3 +145,17 @@ def test_a_priority_index_as_text_is_a_level():
     for bad in ("4", "-1", "1.0", " 1", ""):
         with pytest.raises(ValidationError):
             Priority.parse(bad)
+
+
+def test_gpu_count_beside_a_gpus_list_of_another_length_and_an_empty_fleet_name_are_refused():
+    """A host with gpu_count = 2 and one GPU listed passed as one GPU, gpu_count ignored; a
+    fleet named "" passed (a CLI review, 2026-12-07)."""
+    endpoints = {"e": {"model": "m", "memory_mib_per_gpu": 5, "cold_start_s": 1}}
+    host = {"name": "a", "gpu_count": 2, "gpus": [{"uuid": "GPU-1", "memory_mib": 10, "index": 0}]}
+    with pytest.raises(ValidationError, match="gpu_count = 2 but gpus lists 1"):
+        parse_fleet({"hosts": [host], "endpoints": endpoints})
+    host["gpu_count"] = 1  # agreeing: accepted
+    assert len(parse_fleet({"hosts": [host], "endpoints": endpoints}).hosts[0].gpus) == 1
+    with pytest.raises(ValidationError) as e:
+        parse_fleet({"name": "", "hosts": [host], "endpoints": endpoints})
+    assert e.value.field == "name", e.value
