@@ -158,4 +158,4 @@ def test_gpu_count_beside_a_gpus_list_of_another_length_and_an_empty_fleet_name_
     assert len(parse_fleet({"hosts": [host], "endpoints": endpoints}).hosts[0].gpus) == 1
     with pytest.raises(ValidationError) as e:
         parse_fleet({"name": "", "hosts": [host], "endpoints": endpoints})
-    assert e.value.field == "name", e.value
+    assert e.value.field == "fleet.name", e.value
