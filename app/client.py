@@ -85,6 +85,8 @@ def connect(url: str | None = None, *, fleet: str | Path | FleetSpec | None = No
     """
     from makespan.redis_conn import answered_with_error, connect as redis_connect
 
+    if url is not None and not isinstance(url, str):
+        raise ValidationError("url", url, "must be a Redis URL string, e.g. redis://127.0.0.1:6379/0")
     base = settings or Settings.from_env()
     overrides: dict[str, Any] = {}
     if url:
@@ -372,7 +374,13 @@ class Client:
         return value
 
     def job(self, job_id: str) -> Job:
-        """A handle on an existing job (its existence is checked by its first call)."""
+        """A handle on an existing job (its existence is checked by its first call).
+
+        Raises:
+            ValidationError: ``job_id`` is not a non-empty string (a job id, as a submit
+                returned it)."""
+        if not isinstance(job_id, str) or not job_id.strip():
+            raise ValidationError("job_id", job_id, "must be a job id, the string a submit returned")
         return Job(self, job_id)
 
     def _async_acquire(self) -> redis.asyncio.Redis:

@@ -53,6 +53,7 @@ from types import MappingProxyType
 
 import redis
 
+from makespan.errors import ValidationError
 from makespan.keys import Keys
 from makespan.models import FleetSpec
 
@@ -197,6 +198,9 @@ def read_availability(r: redis.Redis, keys: Keys, hosts: list[str]) -> Availabil
     return availability(hosts, seen, live, cordoned)
 
 
+CORDON_REASON_MAX_CHARS = 500  # a cordon's reason, shown by `makespan hosts` and in waiting jobs' `why`
+
+
 def cordon(r: redis.Redis, keys: Keys, host: str, reason: str, by: str = "") -> tuple[Cordon, Cordon | None]:
     """Cordon ``host``: no new lease on its GPUs from now on (module doc).
     A host already cordoned keeps its ``since`` and gets the new reason (an empty ``reason``
@@ -204,7 +208,12 @@ def cordon(r: redis.Redis, keys: Keys, host: str, reason: str, by: str = "") -> 
     now, the one it replaced or None). The caller checks that ``host`` is in the fleet.
 
     Raises:
+        ValidationError: ``reason`` is longer than :data:`CORDON_REASON_MAX_CHARS` (it is shown
+            in every waiting job's ``why``).
         redis.RedisError: Redis did not take the write."""
+    if len(reason) > CORDON_REASON_MAX_CHARS:
+        raise ValidationError("reason", f"{reason[:40]}…", f"is {len(reason)} characters: at most "
+                                                          f"{CORDON_REASON_MAX_CHARS} (a ticket link, a few words)")
     key = keys.hosts_cordoned
     result: list[Cordon | None] = []
 

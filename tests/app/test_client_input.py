@@ -378,3 +378,17 @@ def test_a_job_without_a_workload_function_from_python(client, r, keys, prefix):
     with pytest.raises(makespan.ValidationError):
         client.submit_job("embed", service_s=-1)
     assert _keys_of(r, prefix) == before
+
+
+def test_a_job_handle_or_a_url_of_the_wrong_type_is_a_validation_error(redis_url):
+    """``client.job(None)`` raised AttributeError at its first call and ``connect(13)`` a
+    TypeError (a CLI review, 2026-12-07)."""
+    with pytest.raises(makespan.ValidationError, match="must be a Redis URL string"):
+        makespan.connect(13)
+    client = makespan.connect(redis_url)
+    try:
+        for bad in (None, 123, "", "  "):
+            with pytest.raises(makespan.ValidationError, match="must be a job id"):
+                client.job(bad)
+    finally:
+        client.close()

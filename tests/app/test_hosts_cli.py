@@ -168,3 +168,12 @@ def test_jobs_with_a_filter_finds_matches_behind_many_other_jobs(r, keys, settin
     res = CliRunner().invoke(cli_app, ["jobs", "--endpoint", "embed", "--limit", "5", "--json"])
     assert res.exit_code == 0, res.output
     assert [json.loads(line)["id"] for line in res.output.splitlines() if line.startswith("{")] == wanted
+
+
+def test_a_cordon_reason_past_its_limit_is_refused_and_nothing_is_written(r, keys, redis_url, prefix):
+    """A 5,000-character reason was taken (it is shown in every waiting job's `why`)."""
+    env = {"MAKESPAN_REDIS_URL": redis_url, "MAKESPAN_KEY_PREFIX": prefix}
+    r.set(keys.fleet, FLEET.model_dump_json())
+    out = _cli(env, "cordon", "a", "--reason", "x" * 5000)
+    assert out.exit_code == 2 and "is 5000 characters: at most 500" in out.output, out.output
+    assert not r.exists(keys.hosts_cordoned)
