@@ -522,6 +522,8 @@ def _warn_ended_dependencies(r: Any, keys: Any, depends_on: list[str], delayed: 
     cancelled once that ends). Best effort: a Redis error here says nothing (the job is written)."""
     import redis
 
+    # as the submit read them: stripped, each once
+    depends_on = list(dict.fromkeys(dep.strip() for dep in depends_on if dep and dep.strip()))
     if not depends_on:
         return
     when = "once its delay ends" if delayed else "at its next tick"
