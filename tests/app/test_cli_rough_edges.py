@@ -178,3 +178,18 @@ def test_out_of_range_options_get_one_line(redis_url, prefix, args, says):
     res = CliRunner().invoke(cli_app, args, env=_env(redis_url, prefix))
     assert res.exit_code == 2, res.output
     assert says in res.output and "Traceback" not in res.output, res.output
+
+
+def test_the_ended_dependency_warning_reads_ids_as_the_submit_does(r, keys, redis_url, prefix):
+    fleet = str(SYNTH.parent / "render-pipeline.toml")
+    env = _env(redis_url, prefix)
+    first = CliRunner().invoke(cli_app, ["submit", "-q", "--endpoint", "embed", "--service-s", "1", "--fleet", fleet],
+                               env=env)
+    dep = first.output.strip().splitlines()[-1]  # the id; warnings (no planner runs here) come before it
+    assert CliRunner().invoke(cli_app, ["cancel", dep], env=env).exit_code == 0
+    for given in ([f"{dep} "], [dep, dep]):  # no warning for the first before, two for the second
+        args = [arg for one in given for arg in ("--depends-on", one)]
+        res = CliRunner().invoke(cli_app, ["submit", "-q", "--endpoint", "embed", "--service-s", "1", "--fleet", fleet,
+                                           *args], env=env)
+        assert res.exit_code == 0, res.output
+        assert res.output.count(f"warning: dependency {dep}") == 1, (given, res.output)
