@@ -380,6 +380,8 @@ def _producer(fleet: Path | None):
     r = connect(s.redis_url)
     keys = Keys(s.key_prefix)
     spec = load_fleet(fleet) if fleet is not None else published_fleet(r, keys, required=False)
+    if fleet is not None:  # nothing read Redis yet: one that never answers is unreachable (exit 2), found
+        r.ping()           # before the submit, whose lost reply would leave its outcome unknown (exit 75)
     return Producer(r, keys, spec, s)
 
 

@@ -152,3 +152,26 @@ def test_makespan_submit_prints_the_id_and_exits_75(private_redis, monkeypatch, 
                                        str(fleet_path)])
     assert res.exit_code == 75, res.output
     assert res.stdout.strip() == "abc123" and "Redis did not answer" in res.stderr
+
+
+def test_a_redis_that_never_answers_is_unreachable_before_the_submit():
+    """A port that accepts TCP and never answers: `makespan submit --fleet F` sent its script
+    and exited 75 ("may or may not be written") though Redis had never answered; it now asks
+    first and says Redis is unreachable (exit 2), as `status` does (a CLI review, 2026-12-07)."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(5)
+        env = {**os.environ, "MAKESPAN_REDIS_URL": f"redis://127.0.0.1:{silent.getsockname()[1]}/0",
+               "MAKESPAN_REDIS_SOCKET_TIMEOUT_S": "1"}
+        out = subprocess.run([sys.executable, "-m", "makespan.cli", "submit", "--endpoint", "embed", "--service-s", "1",
+                              "--fleet", str(root / "examples" / "render-pipeline.toml")], env=env, cwd=root,
+                             capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "cannot reach Redis" in out.stderr, out.stderr
