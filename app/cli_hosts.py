@@ -296,7 +296,8 @@ def check_fleet(fleet: Path = typer.Argument(..., help="the TOML fleet file to c
     and a summary (hosts, GPUs, endpoints, set points, pools, fleet_version) when the
     planner, GPU workers and observer of this version would accept it; exit 2 with the first
     problem otherwise. Run it with the new version before an upgrade or a rolling change of
-    the fleet file (docs/operations.md, "Upgrades")."""
+    the fleet file (docs/operations.md, "Upgrades"). With --against-published, the JSON's
+    "against_published" is "same", "differs" or "none_published" and "published" says how."""
     from makespan.models import load_fleet
 
     try:
@@ -330,6 +331,9 @@ def check_fleet(fleet: Path = typer.Argument(..., help="the TOML fleet file to c
                 differences = [f"differs from the published fleet (version {other['fleet_version']})",
                                *fleet_difference(running, spec)]
         summary["published"] = differences or ["the same as the published fleet"]
+        # for scripts: same (the published fleet's version), differs, or none published yet
+        summary["against_published"] = ("none_published" if not raw else
+                                        "differs" if differences else "same")
     if as_json:
         typer.echo(json.dumps(summary, sort_keys=True))
         return

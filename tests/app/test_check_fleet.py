@@ -56,6 +56,13 @@ def test_against_the_published_fleet_names_what_differs(r, keys, redis_url, pref
     assert res.exit_code == 0, res.output
     published = json.loads(res.output)["published"]
     assert published[0].startswith("differs from the published fleet") and "endpoints added: extra" in published
+    assert json.loads(res.output)["against_published"] == "differs"  # for a script, beside the prose
+    for path, verdict in ((EXAMPLE, "same"),):
+        res = CliRunner().invoke(cli_app, ["check-fleet", str(path), "--against-published", "--json"], env=env)
+        assert json.loads(res.output)["against_published"] == verdict, res.output
+    r.delete(keys.fleet)
+    res = CliRunner().invoke(cli_app, ["check-fleet", str(EXAMPLE), "--against-published", "--json"], env=env)
+    assert json.loads(res.output)["against_published"] == "none_published", res.output
 
 
 def test_a_published_fleet_this_version_refuses_is_named_not_blamed_on_the_file(r, keys, redis_url, prefix, tmp_path):
