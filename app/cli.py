@@ -408,6 +408,7 @@ def submit(workload: str | None = typer.Argument(None, help="a workload function
     the job calls that function with --args/--kwargs (see `makespan result ID`). With --delay-s the job waits in
     Redis as 'delayed' and is queued when due (cancel works meanwhile). Exit 75 when Redis took the submit but
     its reply never came: the id is printed all the same (the job may or may not exist: `makespan status ID`)."""
+    _quiet_producer_warnings_the_cli_prints()
     if idempotency_key is not None and not idempotency_key.strip():
         # an unset shell variable ($KEY) must not drop the idempotency the caller asked for
         _fail(ValidationError("idempotency_key", idempotency_key, "is empty: give a key, or omit --idempotency-key",
@@ -551,10 +552,19 @@ def _warn_ignored(idempotency_key: str | None, job_id: str, ignored: tuple[str, 
     """On stderr: a repeated idempotency key returned job ``job_id``, and this submit's
     ``ignored`` options differ from it (:class:`makespan.producer.JobHandle`)."""
     if ignored:
-        typer.echo(f"warning: idempotency key {idempotency_key!r} already names job {job_id}: this submit's "
-                   f"{', '.join(ignored)} {'differs' if len(ignored) == 1 else 'differ'} from that job's and "
-                   f"{'was' if len(ignored) == 1 else 'were'} not used (a repeated key returns the "
-                   "first job as it was submitted; use a new key for a different job)", err=True)
+        from makespan.producer import ignored_options_text
+
+        typer.echo(f"warning: {ignored_options_text(idempotency_key, job_id, ignored)}", err=True)
+
+
+def _quiet_producer_warnings_the_cli_prints() -> None:
+    """The producer logs a repeated idempotency key's unused options as a warning (for
+    programs); the submit commands print it as their own ``warning:`` line instead."""
+    import logging
+
+    from makespan.producer import CLI_PRINTS_IT
+
+    logging.getLogger("makespan.producer").addFilter(lambda record: not getattr(record, CLI_PRINTS_IT, False))
 
 
 

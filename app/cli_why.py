@@ -9,7 +9,7 @@ from typing import Any
 
 import typer
 
-from makespan.errors import MakespanError, NotFoundError, ValidationError
+from makespan.errors import MakespanError, ValidationError
 from makespan.cli_support import context, fail, published_fleet
 from makespan.cli_support import utc_text as _utc_text
 from makespan.pools import published_pools
@@ -62,7 +62,9 @@ def explain(r, keys, settings, job_id: str) -> dict[str, Any]:
     context = _context(r, keys.for_pool(r.hget(keys.job(job_id), "pool")))
     rec = r.hgetall(keys.job(job_id))
     if not rec:
-        raise NotFoundError(f"no job {job_id!r}")
+        from makespan.producer import job_not_found
+
+        raise job_not_found(job_id, keys, settings)
     (marks,) = _phase_marks(r, keys, [rec])
     (holder,) = _lease_hosts(r, keys, [rec])
     return _explain_rec(r, keys, settings, job_id, rec, *context, phase_marks=marks, lease_host=holder)

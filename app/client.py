@@ -44,11 +44,11 @@ import redis
 import redis.asyncio
 import redis.sentinel
 
-from makespan.errors import (JobCancelled, JobFailed, NotFoundError, ResultExpired, ResultTimeout, StoreError,
+from makespan.errors import (JobCancelled, JobFailed, ResultExpired, ResultTimeout, StoreError,
                              SubmitOutcomeUnknown, ValidationError, WorkloadError, is_utf8)
 from makespan.keys import Keys
 from makespan.models import FINAL_STATES, FleetSpec, Priority, fleet_version, load_fleet, parse_fleet
-from makespan.producer import CancelOutcome, Producer
+from makespan.producer import CancelOutcome, Producer, job_not_found
 from makespan.redis_conn import AUTH_ERRORS, auth_failed, unreachable
 from makespan.registry import WorkloadDef, check_call, submit_definition
 from makespan.results import REFERENCE
@@ -611,13 +611,13 @@ class Job:
 
     def _state(self) -> str:
         if not is_utf8(self.id):
-            raise NotFoundError(f"no job {self.id!r}")
+            raise job_not_found(self.id, self.client.keys, self.client.settings)
         try:
             state = self.client.r.hget(self.client.keys.job(self.id), "state")
         except redis.RedisError as e:
             raise StoreError(f"job {self.id}: {e}") from e
         if state is None:
-            raise NotFoundError(f"no job {self.id!r}")
+            raise job_not_found(self.id, self.client.keys, self.client.settings)
         return state
 
     def _ago(self, field: str) -> str:
@@ -674,7 +674,7 @@ class Job:
         in a worker thread, the pauses on the loop: no thread is held for the whole wait."""
         timeout_s = _timeout(timeout_s)
         if not is_utf8(self.id):
-            raise NotFoundError(f"no job {self.id!r}")
+            raise job_not_found(self.id, self.client.keys, self.client.settings)
         url = self.client.settings.redis_url
         sentinel = is_sentinel_url(url)
         aredis = None if sentinel else self.client._async_acquire()
@@ -684,6 +684,7 @@ class Job:
         pause = _POLL_MIN_S
         outage = _Outage(url)
         task = asyncio.current_task()
+        cancelling = task.cancelling() if task is not None else 0  # cancels the caller swallowed before this wait
         try:
             while True:
                 try:
@@ -691,7 +692,7 @@ class Job:
                         state = await aredis.hget(key, "state")
                     else:
                         state = await asyncio.to_thread(self.client.r.hget, key, "state")
-                    if task is not None and task.cancelling():  # redis-py can return a read the task's
+                    if task is not None and task.cancelling() > cancelling:  # redis-py can return a read the task's
                         raise asyncio.CancelledError  # cancellation hit (a verifier: wait_for hung, 3 %)
                 except redis.RedisError as e:
                     error = StoreError(f"job {self.id}: {e}")
@@ -701,7 +702,7 @@ class Job:
                     continue
                 outage.since = None
                 if state is None:
-                    raise NotFoundError(f"no job {self.id!r}")
+                    raise job_not_found(self.id, self.client.keys, self.client.settings)
                 if state in FINAL_STATES:
                     return str(state)
                 if deadline is not None and loop.time() >= deadline:

@@ -219,8 +219,9 @@ class ResultExpired(NotFoundError):
     value of None: the function may have returned None."""
 
 
-class ResultTimeout(MakespanError):
-    """:meth:`makespan.client.Job.result` / ``wait`` ran out of ``timeout_s`` before the job ended."""
+class ResultTimeout(MakespanError, TimeoutError):
+    """:meth:`makespan.client.Job.result` / ``wait`` ran out of ``timeout_s`` before the job ended
+    (also a :class:`TimeoutError`, so ``except TimeoutError`` and ``asyncio.timeout`` code catch it)."""
 
 
 class RedisConfigError(StoreError):

@@ -842,7 +842,7 @@ def json_size(value: Any, field: str) -> int:
         size = len(json.dumps(value, allow_nan=False, ensure_ascii=False).encode("utf-8"))
     except (TypeError, ValueError, RecursionError, UnicodeEncodeError) as e:
         reason = "nested too deeply" if isinstance(e, RecursionError) else str(e)
-        where = _first_not_json(value, field) if not isinstance(e, RecursionError) else None
+        where = first_not_json(value, field) if not isinstance(e, RecursionError) else None
         hint = ("; a Job is replaced by its result only as a top-level argument: pass it as one") if where and where[1] == "of type Job" else ""
         raise ValidationError(field, f"<{type(value).__name__}>", f"must be JSON (no pickle): {reason}"
                               + (f" ({where[0]}: {where[1]})" if where else "") + hint,
@@ -854,7 +854,7 @@ def json_size(value: Any, field: str) -> int:
     return size
 
 
-def _first_not_json(value: Any, path: str, depth: int = 0) -> tuple[str, str] | None:
+def first_not_json(value: Any, path: str, depth: int = 0) -> tuple[str, str] | None:
     """(path, type name) of the first value in ``value`` (nested lists, tuples and dicts)
     that JSON cannot carry, e.g. ``("args[1]", "of type set")``, ``("args[0]", "the float nan")``,
     ``("kwargs", "a mapping with a key of type tuple")``, ``("args[0]", "a string with a lone
@@ -864,7 +864,7 @@ def _first_not_json(value: Any, path: str, depth: int = 0) -> tuple[str, str] | 
         return None
     if isinstance(value, (list, tuple)):
         for index, item in enumerate(value):
-            found = _first_not_json(item, f"{path}[{index}]", depth + 1)
+            found = first_not_json(item, f"{path}[{index}]", depth + 1)
             if found:
                 return found
         return None
@@ -872,7 +872,7 @@ def _first_not_json(value: Any, path: str, depth: int = 0) -> tuple[str, str] | 
         for key, item in value.items():
             if not isinstance(key, (str, int, float, bool)) and key is not None:
                 return path, f"a mapping with a key of type {type(key).__name__}"
-            found = _first_not_json(item, f"{path}[{key!r}]", depth + 1)
+            found = first_not_json(item, f"{path}[{key!r}]", depth + 1)
             if found:
                 return found
         return None

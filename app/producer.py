@@ -93,13 +93,37 @@ class JobHandle:
     """What :func:`submit` returns. ``created`` is False when an existing job with the
     same idempotency key was returned instead; ``ignored`` then names what this submit
     asked for differently from that job (e.g. ``("priority", "args")``): those were not
-    used (the key returns the first job as it was submitted; logged at INFO, and `makespan
-    submit` warns on stderr)."""
+    used (the key returns the first job as it was submitted; logged as a warning on
+    ``makespan.producer``, which `makespan submit` prints as its own line)."""
 
     id: str
     created: bool
     priority: Priority
     ignored: tuple[str, ...] = ()
+
+
+def job_not_found(job_id: str, keys: Keys, settings: Settings) -> NotFoundError:
+    """The :class:`NotFoundError` of a job id with no record: where it was looked for (the
+    key prefix, the Redis URL with its password hidden) and what else it may be (another
+    deployment's prefix or database, a finished job past its retention)."""
+    from makespan.settings import redacted_url
+
+    return NotFoundError(f"no job {job_id!r} under key prefix {keys.prefix!r} at {redacted_url(settings.redis_url)} "
+                         f"(an id of another deployment's prefix or Redis, or a job that ended more than "
+                         f"MAKESPAN_RETENTION_AGE_S = {settings.retention_age_s:g} s ago)")
+
+
+#: a log record's attribute: ``makespan submit`` prints this warning itself (a line of its own)
+CLI_PRINTS_IT = "makespan_cli_prints_it"
+
+
+def ignored_options_text(idempotency_key: str | None, job_id: str, ignored: tuple[str, ...]) -> str:
+    """What a submit whose repeated ``idempotency_key`` returned job ``job_id`` did not use
+    (``ignored``, :attr:`JobHandle.ignored`), and why, in one line."""
+    verb, was = ("differs", "was") if len(ignored) == 1 else ("differ", "were")
+    return (f"idempotency key {idempotency_key!r} already names job {job_id}: this submit's {', '.join(ignored)} "
+            f"{verb} from that job's and {was} not used (a repeated key returns the first job as it was submitted; "
+            "use a new key for a different job)")
 
 
 # what a repeated idempotency key compares (record field, label); ``spec`` holds payload,
@@ -385,10 +409,9 @@ class Producer:
                 raise StoreError(f"submit: reading existing job {jid}: {e}") from e
             prio = Priority[existing.get("priority") or spec.priority.name]
             ignored = ignored_on_repeat(existing, fields) if existing else ()
-            if ignored:
-                log.info("idempotency key %r already names job %s: this submit's %s differ from that job's and "
-                         "were not used (a repeated key returns the first job as it was submitted; use a new "
-                         "key for a different job)", spec.idempotency_key, jid, ", ".join(ignored))
+            if ignored:  # a warning: a re-run notebook cell with edited arguments gets the old job
+                log.warning("%s", ignored_options_text(spec.idempotency_key, jid, ignored),
+                            extra={CLI_PRINTS_IT: True})
             return JobHandle(jid, False, prio, ignored)
         return JobHandle(jid, True, spec.priority)
 
@@ -477,20 +500,20 @@ class Producer:
             StoreError: Redis failed.
         """
         if not is_utf8(job_id):
-            raise NotFoundError(f"no job {job_id!r}")
+            raise job_not_found(job_id, self.keys, self.settings)
         try:
             rec, lease = self._record_with_lease(job_id)
         except redis.RedisError as e:
             raise StoreError(f"status {job_id}: {e}") from e
         if not rec:
-            raise NotFoundError(f"no job {job_id!r}")
+            raise job_not_found(job_id, self.keys, self.settings)
         if rec.get("state") in ("queued", "delayed"):  # why it waits, as `makespan why` says it
             try:
                 rec = self._queued_reason(job_id, rec)
             except redis.RedisError as e:
                 raise StoreError(f"status {job_id}: {e}") from e
             if not rec:
-                raise NotFoundError(f"no job {job_id!r}")
+                raise job_not_found(job_id, self.keys, self.settings)
         rec.pop("spec", None)
         out = typed_waiting_record(rec)
         if lease is not None:
@@ -566,14 +589,14 @@ class Producer:
 
     def _cancel_job(self, job_id: str) -> CancelOutcome:
         if not is_utf8(job_id):
-            raise NotFoundError(f"no job {job_id!r}")
+            raise job_not_found(job_id, self.keys, self.settings)
         prio, pool = self.r.hmget(self.keys.job(job_id), "priority", "pool")
         if prio is None:
-            raise NotFoundError(f"no job {job_id!r}")
+            raise job_not_found(job_id, self.keys, self.settings)
         ev = json.dumps({"ts": time.time(), "kind": "cancelled", "job": job_id, "priority": prio})
         out = self.jobs.cancel(job_id, self.keys.for_pool(pool).queue(prio), ev, time.time())
         if out == "missing":
-            raise NotFoundError(f"no job {job_id!r}")
+            raise job_not_found(job_id, self.keys, self.settings)
         if out == "cancelled_now":  # no GPU worker will end it: its root span is ended here (one trace per job)
             telemetry.end_cancelled_job_spans(self.r, [(job_id, self.keys.job(job_id))])
         if out in ("cancelled_now", "cancel_requested", "cancel_requested_before"):

@@ -196,7 +196,8 @@ def workload(endpoint: str | Callable[..., Any] | None = None, *, helpers: Itera
             ``helpers`` given as one string, a name with characters other than letters,
             digits and ``_.:-``), a generator function, a function with no first parameter
             for ``ctx``, or a second, different function under a name already registered
-            in this process."""
+            in this process (the same module's function defined again, as a reload or a
+            re-run notebook cell does, replaces it)."""
     if callable(endpoint):  # @makespan.workload, no parentheses: the function itself
         return workload()(endpoint)
     if endpoint is not None and (not isinstance(endpoint, str) or not endpoint.strip()):
@@ -234,7 +235,9 @@ def workload(endpoint: str | Callable[..., Any] | None = None, *, helpers: Itera
             raise ValidationError("workload.name", wname, "use letters, digits and '_.:-' (at most 200)")
         definition = WorkloadDef(wname, fn, endpoint, helper_names, retries, float(backoff or 1.0), timeout, expected)
         old = REGISTRY.get(wname)
-        if old is not None and getattr(old.fn, "__code__", None) is not getattr(fn, "__code__", None):
+        where = lambda f: (getattr(f, "__module__", None), getattr(f, "__qualname__", None))  # noqa: E731
+        redefined = old is not None and where(old.fn) == where(fn)  # its module reloaded, a notebook cell re-run
+        if old is not None and not redefined and getattr(old.fn, "__code__", None) is not getattr(fn, "__code__", None):
             raise ValidationError("workload.name", wname, f"already registered by {old.fn.__module__}")
         REGISTRY[wname] = definition
         return definition

@@ -46,8 +46,12 @@ def encode_value(value: Any, attempt: int, execute_s: float, max_bytes: int) -> 
         body = json.dumps(value, allow_nan=False, ensure_ascii=False)
         size = len(body.encode("utf-8"))
     except (TypeError, ValueError, RecursionError, UnicodeEncodeError) as e:
-        raise ResultNotJson(f"the return value is not JSON ({type(e).__name__}: {e}); return JSON values only "
-                            "(dict, list, str, number, bool, None)") from None
+        from makespan.models import first_not_json
+
+        found = first_not_json(value, "the return value") if not isinstance(e, RecursionError) else None
+        where = f"; {found[0]} is {found[1]}" if found else ""  # e.g. a numpy scalar: the .item() hint
+        raise ResultNotJson(f"the return value is not JSON ({type(e).__name__}: {e}){where}; return JSON values "
+                            "only (dict, list, str, number, bool, None)") from None
     from makespan.models import first_key_not_str
 
     key = first_key_not_str(value)

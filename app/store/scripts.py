@@ -136,6 +136,10 @@ class StoreScript:
         self.text = text(name, events_max_len)
         self._script: Script = client.register_script(self.text)
         self.sha: str = self._script.sha
+        # the cache (_REGISTERED) is keyed weakly by the client: a strong reference from its
+        # value (redis-py's Script keeps its client) kept every client, and its connections, alive
+        self._client = weakref.ref(client)
+        self._script.registered_client = None
 
     def __call__(self, keys: list[str] | tuple[str, ...] = (), args: list[Any] | tuple[Any, ...] = (),
                  client: Any = None) -> Any:
@@ -145,7 +149,7 @@ class StoreScript:
         Raises:
             StoreError: Redis failed or the script raised (also a ``type(redis error)``)."""
         try:
-            return self._script(keys=list(keys), args=list(args), client=client)
+            return self._script(keys=list(keys), args=list(args), client=client if client is not None else self._client())
         except redis.RedisError as e:
             raise store_error(e, f"script {self.name}") from e
 

@@ -135,6 +135,7 @@ def test_cli_submit_of_a_repeated_key_prints_the_jobs_priority(client, redis_url
     assert json.loads(out.stdout) == {"id": first.id, "created": False, "priority": "HIGH"}
     assert b"warning: idempotency key 'once' already names job" in out.stderr  # LOW was not used: say so
     assert b"this submit's priority differs from that job's and was not used" in out.stderr, out.stderr
+    assert out.stderr.count(b"already names job") == 1, out.stderr  # its own line, not also the producer's log
     again = client.submit("tests.two", 2, idempotency_key="once")
     assert not again.created and again.ignored == ("priority", "args")
     same = _cli(redis_url, prefix, "submit", "tests.two", "--args", "[1]", "--priority", "HIGH",
@@ -392,3 +393,29 @@ def test_a_job_handle_or_a_url_of_the_wrong_type_is_a_validation_error(redis_url
                 client.job(bad)
     finally:
         client.close()
+
+
+def test_a_repeated_key_with_other_arguments_is_a_warning_in_python(client, caplog):
+    """A re-run notebook cell with edited arguments and the same idempotency key silently got
+    the old job: the unused options are now a warning on makespan.producer (was INFO)."""
+    import logging
+
+    client.submit("tests.two", 1, idempotency_key="cell-1")
+    with caplog.at_level(logging.WARNING, logger="makespan.producer"):
+        again = client.submit("tests.two", 2, idempotency_key="cell-1")
+    assert not again.created and again.ignored == ("args",)
+    assert any("idempotency key 'cell-1' already names job" in r.getMessage() and r.levelno == logging.WARNING
+               for r in caplog.records), caplog.records
+
+
+def test_an_unknown_job_names_where_it_was_looked_for(client, redis_url, prefix):
+    """After a kernel restart without its %env cell (another prefix) or past the retention,
+    `result()` said only "no job 'X'" (a notebook user, 2026-12-07)."""
+    with pytest.raises(makespan.NotFoundError) as e:
+        client.job("0123abcd").result(timeout_s=1)
+    assert f"under key prefix {prefix!r} at {redis_url}" in str(e.value), e.value
+    assert "MAKESPAN_RETENTION_AGE_S = 3600 s" in str(e.value), e.value
+
+
+def test_result_timeout_is_a_timeout_error():
+    assert issubclass(makespan.ResultTimeout, TimeoutError)  # `except TimeoutError` catches it

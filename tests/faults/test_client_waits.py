@@ -136,3 +136,28 @@ def test_cancelled_waiters_end_every_time(own_redis_client):
         return timeouts
 
     assert asyncio.run(asyncio.wait_for(scenario(), 120)) == 300
+
+
+def test_a_wait_after_a_cancel_the_caller_caught_still_waits(own_redis_client):
+    """A notebook user: Ctrl-C on an awaiting cell cancels its task; the cell catches
+    CancelledError, cancels the job and waits for it to end. That wait raised
+    CancelledError at its first poll (``task.cancelling()`` was still 1), while
+    ``asyncio.sleep`` and the blocking ``wait`` worked."""
+    _server, client = own_redis_client
+    (job_id,) = _queued(client.r, client.keys, 1)
+
+    async def cell() -> str:
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            pass  # caught, not uncancelled
+        client.r.hset(client.keys.job(job_id), "state", "cancelled")
+        return await Job(client, job_id).wait_async(timeout_s=5)
+
+    async def kernel() -> str:
+        task = asyncio.create_task(cell())
+        await asyncio.sleep(0.05)
+        task.cancel()
+        return await task
+
+    assert asyncio.run(kernel()) == "cancelled"

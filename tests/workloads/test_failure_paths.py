@@ -587,3 +587,44 @@ def test_the_decorator_without_parentheses_registers_the_function():
     assert isinstance(bare_workload, makespan.registry.WorkloadDef)
     assert bare_workload.name.endswith("bare_workload") and bare_workload.endpoint is None
     assert makespan.registry.REGISTRY[bare_workload.name] is bare_workload
+
+
+def test_reloading_a_workload_module_redefines_its_functions(tmp_path, monkeypatch):
+    """``importlib.reload`` (a notebook's %autoreload, a re-run cell) of a module of workload
+    functions raised "already registered by" that same module; the new definition now
+    replaces the old. Another module's function under a taken name is still refused (a
+    notebook user, 2026-12-07)."""
+    import importlib
+    import sys
+
+    module = tmp_path / "nb_reload_jobs.py"
+    module.write_text("import makespan\n\n@makespan.workload(name='tests.nb_reload')\ndef shout(ctx, text):\n"
+                      "    return text.upper()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        first = importlib.import_module("nb_reload_jobs")
+        module.write_text(module.read_text().replace("text.upper()", "text.upper() + '!'"))
+        importlib.invalidate_caches()
+        second = importlib.reload(first)
+        assert makespan.registry.REGISTRY["tests.nb_reload"].fn(None, "a") == "A!"
+        assert second.shout is makespan.registry.REGISTRY["tests.nb_reload"]
+        with pytest.raises(makespan.ValidationError, match="already registered by nb_reload_jobs"):
+            @makespan.workload(name="tests.nb_reload")
+            def shout(ctx, text):  # another module's function (this test's) under the same name
+                return text
+    finally:
+        makespan.registry.REGISTRY.pop("tests.nb_reload", None)
+        sys.modules.pop("nb_reload_jobs", None)
+
+
+def test_a_result_with_a_numpy_value_names_it_and_how_to_convert_it():
+    """A function returning np.int64 got only "Object of type int64 is not JSON
+    serializable"; arguments had the .item() hint and the path (a notebook user, 2026-12-07)."""
+    np = pytest.importorskip("numpy")
+    from makespan.results import ResultNotJson, encode_value
+
+    with pytest.raises(ResultNotJson, match=r"the return value\['scores'\]\[1\] is of type numpy.float32: convert it "
+                                             r"with \.item\(\)"):
+        encode_value({"scores": [1.0, np.float32(0.5)]}, 1, 0.1, 1 << 20)
+    with pytest.raises(ResultNotJson, match="the return value is the float nan"):
+        encode_value(float("nan"), 1, 0.1, 1 << 20)
