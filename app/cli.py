@@ -215,7 +215,7 @@ def _say_what_starts(host_spec, modules: str, names: list[str], fleet=None) -> N
     of them loaded fails on the other with UnknownWorkload; and one when ``fleet`` (this
     worker's file) differs from the fleet the planner published (``P:fleet``), naming the
     endpoints this worker lacks: a job of one would fail here. Redis errors skip the checks."""
-    kind = "simulated (gpu_count; no NVML check)" if host_spec.gpu_count is not None else "from the fleet file"
+    kind = "simulated (gpu_count; no NVML check)" if host_spec.simulated else "from the fleet file"
     refused = _refused_names(names, fleet)
     usable = [name for name in names if name not in refused]
     loaded = f"workload functions: {', '.join(usable) or 'none usable'} (from {modules})" if names else \
@@ -331,7 +331,7 @@ def _check_gpus(host_spec) -> None:
     from makespan.workers.discovery import NvmlDiscovery
     from makespan.workers.host_check import check_host
 
-    if host_spec.gpu_count is not None:
+    if host_spec.simulated:
         return  # simulated host: its UUIDs are made up
     d = NvmlDiscovery()
     found = d.discover()
@@ -728,7 +728,8 @@ def _endpoints_unplanned(r, keys, workloads: list[str]) -> list[str]:
         return []
     return [f"the planner's fleet to have endpoint {endpoint!r} of workload {name!r} (the fleet it published, "
             f"{fleet.name!r}, has not: every submit of it is refused; start the planner with the GPU worker's "
-            "fleet file)" for name, endpoint in endpoints.items() if endpoint not in fleet.endpoints]
+            "fleet file)" for name, endpoint in endpoints.items()
+            if endpoint is not None and endpoint not in fleet.endpoints]  # None: each submit names one
 
 
 def _pools_without_a_leader(r, keys, workloads: list[str]) -> list[str | None]:
@@ -742,7 +743,8 @@ def _pools_without_a_leader(r, keys, workloads: list[str]) -> list[str | None]:
     fleet, endpoints = _published_endpoints(r, keys, workloads)
     if fleet is None:
         return []
-    serving = sorted({pool for endpoint in endpoints.values() for pool in fleet.pools_serving(endpoint)})
+    serving = sorted({pool for endpoint in endpoints.values() if endpoint is not None
+                      for pool in fleet.pools_serving(endpoint)})
     pools: list[str | None] = list(serving) or [pool.name for pool in fleet.pools] or [None]
     leaders = r.mget([keys.for_pool(pool).planner_leader for pool in pools])
     return [pool for pool, leader in zip(pools, leaders) if not leader]

@@ -218,7 +218,8 @@ class Client:
         definition, (version,), last_hosts = submit_definition(self.r, self.keys, name, [self.keys.fleet_version])
         endpoint = endpoint or definition.get("endpoint")
         if not endpoint:
-            raise ValidationError("endpoint", None, f"workload {name!r} has no default endpoint: pass endpoint=",
+            raise ValidationError("endpoint", None, f"workload {name!r} has no default endpoint: pass endpoint= "
+                                                    "(--endpoint on the command line), or give the decorator one",
                                   show_value=False)
         deps = [d.id if isinstance(d, Job) else d for d in depends_on]
         call_args = [self._argument(a, deps) for a in args]

@@ -504,21 +504,32 @@ class RedisStateCollector:
 
 # -- serving ----------------------------------------------------------------------------------
 
+def _pid_namespace() -> str:
+    """This process's PID namespace (the inode of ``/proc/self/ns/pid``), '0' where unknown:
+    a pid means a process only within its namespace (containers sharing a volume)."""
+    try:
+        return str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        return "0"
+
+
 def sweep_dead_multiprocess_dirs(base: str) -> list[str]:
-    """Remove the ``makespan-prom-{pid}-*`` directories under ``base`` whose process is gone
-    and that this user owns (a process killed with SIGKILL leaves its directory: its exit
-    hook never ran). Returns the paths removed. A directory whose pid is alive (even a
-    reused pid) is kept."""
+    """Remove the ``makespan-prom-{pid}-ns{namespace}-*`` directories under ``base`` whose
+    process is gone and that this user owns (a process killed with SIGKILL leaves its
+    directory: its exit hook never ran). Returns the paths removed. Kept: a directory whose
+    pid is alive (even a reused pid), and one made in another PID namespace (another
+    container sharing the volume: its pid cannot be checked from here) or unknown namespace."""
     removed = []
     try:
         entries = list(os.scandir(base))
     except OSError:
         return removed
+    namespace = _pid_namespace()
     for entry in entries:
-        name = entry.name
-        if not name.startswith("makespan-prom-"):
+        pid_text, _, rest = entry.name.removeprefix("makespan-prom-").partition("-")
+        if not entry.name.startswith("makespan-prom-") or namespace == "0" or \
+                not rest.startswith(f"ns{namespace}-"):
             continue
-        pid_text = name.removeprefix("makespan-prom-").split("-", 1)[0]
         try:
             if not pid_text.isdigit() or not entry.is_dir(follow_symlinks=False) or \
                     entry.stat(follow_symlinks=False).st_uid != os.getuid():
@@ -548,7 +559,7 @@ def enable_multiprocess(base_dir: str | None = None) -> str:
         base = base_dir or os.environ.get("PROMETHEUS_MULTIPROC_DIR") or tempfile.gettempdir()
         os.makedirs(base, exist_ok=True)
         sweep_dead_multiprocess_dirs(base)
-        d = tempfile.mkdtemp(prefix=f"makespan-prom-{os.getpid()}-", dir=base)
+        d = tempfile.mkdtemp(prefix=f"makespan-prom-{os.getpid()}-ns{_pid_namespace()}-", dir=base)
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = d
         from prometheus_client import values
 

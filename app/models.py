@@ -128,6 +128,14 @@ class HostSpec(BaseModel):
             ]
         return data
 
+    @property
+    def simulated(self) -> bool:
+        """A simulated host: ``gpu_count`` made its GPUs (UUIDs ``GPU-{host}-{i}``, which no
+        NVML reports; a published fleet carries both fields). Real GPUs listed beside an
+        agreeing ``gpu_count`` are not simulated: they are checked against NVML."""
+        return self.gpu_count is not None and all(
+            g.uuid == f"GPU-{self.name}-{i}" for i, g in enumerate(self.gpus))
+
     @model_validator(mode="after")
     def _check(self) -> HostSpec:
         if not self.gpus:
@@ -135,8 +143,8 @@ class HostSpec(BaseModel):
                 raise ValueError("gpu_count must be a whole number of GPUs (gpu_count = 4, no quotes)")
             raise ValueError("a host needs gpus or gpu_count")
         if self.gpu_count is not None and len(self.gpus) != self.gpu_count:
-            raise ValueError(f"gpu_count = {self.gpu_count} but gpus lists {len(self.gpus)}: give one of them "
-                             "(gpus for real GPUs, gpu_count for simulated ones)")
+            raise ValueError(f"gpu_count = {self.gpu_count} but gpus lists {len(self.gpus)}: give gpus for real "
+                             "GPUs, or gpu_count alone for simulated ones")
         seen: set[int] = set()
         for g in self.gpus:
             if g.uuid.startswith("MIG-"):

@@ -335,8 +335,26 @@ def answered_with_error(url: str, error: BaseException) -> StoreError:
     with an error the caller did not expect (``ResponseError``: a database number out of
     range, ``WRONGTYPE`` on a key of another program; ``InvalidResponse``: not a Redis
     server at that address): the redacted URL, the error and :data:`CONNECTION_HINT`."""
+    if "WRONGTYPE" in str(error):  # a key of the prefix holds another program's data
+        hint = ("a key under MAKESPAN_KEY_PREFIX holds data of another kind (another program's key, or "
+                "another makespan version's): give each deployment a prefix of its own")
+    else:
+        hint = f"{CONNECTION_HINT}, and MAKESPAN_KEY_PREFIX"
     return StoreError(f"Redis at {redacted_url(url)} answered with an error: {type(error).__name__}: "
-                      f"{_short(error)}; {CONNECTION_HINT}, and MAKESPAN_KEY_PREFIX")
+                      f"{_short(error)}; {hint}")
+
+
+def answer_is_misconfiguration(error: BaseException) -> BaseException | None:
+    """The redis-py error in ``error``'s cause chain (itself included) that says the URL is
+    wrong, not that Redis is away: a ``SELECT`` of a database number out of range, a reply
+    that is not Redis's protocol (another server at that address). None otherwise."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, redis.exceptions.InvalidResponse) or (
+                isinstance(seen, redis.ResponseError) and "DB index is out of range" in str(seen)):
+            return seen
+        seen = seen.__cause__
+    return None
 
 
 def answer_refused(r: redis.Redis, process: str = "makespan") -> None:

@@ -89,7 +89,8 @@ def describe_parameters(fn: Callable[..., Any]) -> list[dict[str, Any]] | None:
     kind names (``POSITIONAL_OR_KEYWORD``, ``VAR_POSITIONAL``, ...). None when the
     function has no inspectable signature (a builtin): then nothing is checked."""
     try:
-        parameters = list(inspect.signature(fn).parameters.values())
+        # the function as called: a functools.wraps wrapper's own parameters, not its body's
+        parameters = list(inspect.signature(fn, follow_wrapped=False).parameters.values())
     except (TypeError, ValueError):
         return None
     if parameters and parameters[0].kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD):
@@ -199,6 +200,10 @@ def workload(endpoint: str | Callable[..., Any] | None = None, *, helpers: Itera
             in this process (the same module's function defined again, as a reload or a
             re-run notebook cell does, replaces it)."""
     if callable(endpoint):  # @makespan.workload, no parentheses: the function itself
+        if helpers or name is not None or retries or retry_backoff_s != 1.0 or timeout_s is not None \
+                or expected_s is not None:  # makespan.workload(fn, name=...): the options would be dropped
+            raise ValidationError("workload", getattr(endpoint, "__qualname__", endpoint),
+                                  "options go in the decorator's call: @makespan.workload(name=..., retries=...)")
         return workload()(endpoint)
     if endpoint is not None and (not isinstance(endpoint, str) or not endpoint.strip()):
         raise ValidationError("workload.endpoint", endpoint, "must be an endpoint name of the fleet (a non-empty "
@@ -230,6 +235,8 @@ def workload(endpoint: str | Callable[..., Any] | None = None, *, helpers: Itera
             raise ValidationError("workload", getattr(fn, "__qualname__", fn),
                                   "takes no positional parameter: its first one receives the run's context, "
                                   "e.g. def run(ctx, *args)")
+        if name is None and not hasattr(fn, "__qualname__"):  # a functools.partial, a callable object
+            raise ValidationError("workload", fn, "has no __qualname__ to name it by: give name=")
         wname = name or f"{fn.__module__}.{fn.__qualname__}"
         if not _NAME.match(wname):
             raise ValidationError("workload.name", wname, "use letters, digits and '_.:-' (at most 200)")

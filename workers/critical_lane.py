@@ -336,7 +336,7 @@ class CriticalLane:
             # lease ended (its GPUs may be free: the lease below takes them)
         # its helpers start after the main endpoint, in every placement (planner/helpers.py)
         end_s = now_s + (0.0 if placement.load == "warm" else cold_start_s) + held_s(job, self.kept.endpoints)
-        if not start_job(ctx, job, placement.gpus, end_s, placement.load):
+        if not start_job(ctx, job, placement.gpus, end_s, placement.load, after_preemption=bool(placement.victims)):
             return LaneOutcome("lost_race", (), placement.victims)
         outcome = "preempted" if placement.victims else placement.load
         return LaneOutcome(outcome, placement.gpus, placement.victims)

@@ -36,7 +36,7 @@ def check_host(host: HostSpec, found: list[DiscoveredGpu]) -> list[str]:
         one message per mismatch, each naming the GPU (UUID and fleet index), the
         fleet's figure and what NVML reported.
     """
-    if host.gpu_count is not None:
+    if host.simulated:
         return []  # simulated host
     by_uuid = {g.uuid: g for g in found}
     seen = ", ".join(f"{g.uuid} (index {g.index}, "

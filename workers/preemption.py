@@ -273,7 +273,7 @@ def _preempt_scored(ctx: TickContext) -> set[str]:
                          info[lease_id].get("priority"), Priority(job.priority).name, job.id, how, outcome)
         # a victim not preempted (it finished executing meanwhile, or its lease ended): the
         # lease is refused while a GPU of the group is still held, else the job starts there
-        if start_job(ctx, job, tuple(decision.gpus), start.end_s, start.load):
+        if start_job(ctx, job, tuple(decision.gpus), start.end_s, start.load, after_preemption=bool(decision.victims)):
             out.add(job.id)
             ctx.taken.update(decision.gpus)
     if ctx.victims:  # their ETA: the planned start in the plan the preemptions leave (wait_reasons)
@@ -337,7 +337,7 @@ def _preempt_by_rule(ctx: TickContext) -> set[str]:
         # a victim not preempted (it finished executing meanwhile, or its lease ended): the
         # lease below is refused while a GPU of the group is still held, else it starts
         end_s = env.now_s() + model.cold_start_s + job_helpers.held_s(job, ctx.kept.endpoints)  # with its helpers
-        if start_job(ctx, job, group, end_s, "cold_start"):
+        if start_job(ctx, job, group, end_s, "cold_start", after_preemption=bool(victims)):
             started.add(job.id)
             ctx.taken.update(group)
             for gpu in group:

@@ -98,16 +98,22 @@ def own_priority(ctx: TickContext, job: PlanJob) -> Priority:
     return own if own is not None else Priority(job.priority)
 
 
-def _lease_request(ctx: TickContext, job: PlanJob, gpus: tuple[str, ...], end_s: float, load: str) -> dict[str, Any]:
-    """The :meth:`LeaseStore.acquire` arguments of a job lease."""
+def _lease_request(ctx: TickContext, job: PlanJob, gpus: tuple[str, ...], end_s: float, load: str,
+                   after_preemption: bool = False) -> dict[str, Any]:
+    """The :meth:`LeaseStore.acquire` arguments of a job lease. ``after_preemption``: its
+    GPUs were just taken from preempted jobs, whose phase tasks may hold the host's GPU
+    worker slots while they wind down (a function that ignores ``ctx.cancelled`` runs up to
+    ``Settings.cancel_grace_s`` more): the lease's first TTL is that much longer, so it is
+    not reclaimed (an attempt counted) while its first phase waits for a slot."""
     env = ctx.env
+    ttl_s = env.settings.lease_ttl_s + (env.settings.cancel_grace_s if after_preemption else 0.0)
     priority = own_priority(ctx, job)
     host = env.fleet.host_of(gpus[0])
     # planned_s: the planned duration from the grant (workload s); a reader dates it from the
     # lease's granted_ms on the server clock (makespan.workers.leases.planned_end_s), not from
     # planned_end_s, which is on this planner's clock
     planned_s = end_s - env.now_s()
-    return dict(lease_id=uuid.uuid4().hex, gpus=gpus, ttl_s=env.settings.lease_ttl_s, job_id=job.id, kind="job",
+    return dict(lease_id=uuid.uuid4().hex, gpus=gpus, ttl_s=ttl_s, job_id=job.id, kind="job",
                 holder=host, queue=env.keys.queue(priority), planner_token=ctx.token,
                 info={"planned_end_s": repr(end_s), "planned_s": repr(planned_s), "endpoint": job.endpoint,
                       "priority": priority.name},
@@ -115,10 +121,12 @@ def _lease_request(ctx: TickContext, job: PlanJob, gpus: tuple[str, ...], end_s:
                        "planned_s": planned_s}, instance=instance_value(job.endpoint, gpus))
 
 
-def start_job(ctx: TickContext, job: PlanJob, gpus: tuple[str, ...], end_s: float, load: str) -> bool:
+def start_job(ctx: TickContext, job: PlanJob, gpus: tuple[str, ...], end_s: float, load: str,
+              after_preemption: bool = False) -> bool:
     """Lease ``gpus`` for ``job`` (planned to end at ``end_s``, workload s) and send its
-    phase chain. False if the lease failed (a GPU taken meanwhile, the job gone)."""
-    request = _lease_request(ctx, job, gpus, end_s, load)
+    phase chain (``after_preemption``: :func:`_lease_request`'s). False if the lease failed
+    (a GPU taken meanwhile, the job gone)."""
+    request = _lease_request(ctx, job, gpus, end_s, load, after_preemption)
     traceparent = ctx.formed.meta.get(job.id, ("", 0.0, 0.0))[0]
     attrs = {"job_id": job.id, "priority": own_priority(ctx, job).name, "endpoint": job.endpoint,
              "gpus": list(gpus), "host": request["holder"], "lease_id": request["lease_id"],

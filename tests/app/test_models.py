@@ -154,8 +154,11 @@ def test_gpu_count_beside_a_gpus_list_of_another_length_and_an_empty_fleet_name_
     host = {"name": "a", "gpu_count": 2, "gpus": [{"uuid": "GPU-1", "memory_mib": 10, "index": 0}]}
     with pytest.raises(ValidationError, match="gpu_count = 2 but gpus lists 1"):
         parse_fleet({"hosts": [host], "endpoints": endpoints})
-    host["gpu_count"] = 1  # agreeing: accepted
-    assert len(parse_fleet({"hosts": [host], "endpoints": endpoints}).hosts[0].gpus) == 1
+    host["gpu_count"] = 1  # agreeing: accepted, and real GPUs (checked against NVML), not simulated
+    parsed = parse_fleet({"hosts": [host], "endpoints": endpoints}).hosts[0]
+    assert len(parsed.gpus) == 1 and not parsed.simulated
+    simulated = parse_fleet({"hosts": [{"name": "s", "gpu_count": 2, "memory_mib": 10}], "endpoints": endpoints})
+    assert simulated.hosts[0].simulated and parse_fleet(simulated.model_dump()).hosts[0].simulated  # published too
     with pytest.raises(ValidationError) as e:
         parse_fleet({"name": "", "hosts": [host], "endpoints": endpoints})
     assert e.value.field == "fleet.name", e.value

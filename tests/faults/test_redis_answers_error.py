@@ -28,7 +28,7 @@ def _out_of_range_url(redis_url: str) -> str:
     return redis_url.rsplit("/", 1)[0] + "/99"  # a default Redis has databases 0-15
 
 
-@pytest.mark.parametrize("args", [["jobs"], ["why", "0123abcd"], ["workload-status", "w1"], ["cancel", "--endpoint", "embed"], ["ready", "--timeout-s", "5"]])
+@pytest.mark.parametrize("args", [["jobs"], ["why", "0123abcd"], ["workload-status", "w1"], ["cancel", "--endpoint", "embed"], ["ready", "--timeout-s", "5"], ["incidents"], ["hosts"], ["status", "0123abcd"], ["result", "0123abcd"], ["submit", "--endpoint", "embed", "--service-s", "1"], ["submit-workload", "examples/synth.yaml"]])
 def test_a_command_on_a_database_redis_does_not_have_says_so(redis_url, prefix, args):
     url = _out_of_range_url(redis_url)
     res = CliRunner().invoke(cli_app, args, env={"MAKESPAN_REDIS_URL": url, "MAKESPAN_KEY_PREFIX": prefix})

@@ -218,11 +218,15 @@ def test_default_log_dir_of_someone_else_is_refused(monkeypatch, tmp_path):
     _fresh_tmpdir(monkeypatch, tmp_path)
     squatted = tmp_path / f"makespan-logs-{os.getuid()}"
     squatted.mkdir(mode=0o755)
-    squatted.chmod(0o755)  # readable by others: created before us, by someone else's umask
+    squatted.chmod(0o755)  # ours, open to others (an older makespan's, a umask): closed again, not refused
+    assert default_log_dir() == squatted and squatted.stat().st_mode & 0o777 == 0o700
+    squatted.rmdir()
+    squatted.write_text("")  # not a directory
     with pytest.raises(PermissionError, match="not a private directory"):
         default_log_dir()
+    squatted.unlink()
     if os.getuid() == 0:  # as root the owner check can be tried too
-        squatted.chmod(0o700)
+        squatted.mkdir(mode=0o700)
         os.chown(squatted, 65534, 65534)
         with pytest.raises(PermissionError, match="owner uid 65534"):
             default_log_dir()

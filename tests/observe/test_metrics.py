@@ -200,20 +200,27 @@ def test_metrics_server_binds_the_address_of_makespan_metrics_addr(monkeypatch):
 def test_a_killed_process_metrics_directory_is_swept(tmp_path):
     """A GPU worker ended by SIGKILL leaves its multiprocess directory (its exit hook never
     runs); the next process that starts a metrics server there removes those of dead pids
-    and keeps live ones (an observability review, 2026-12-07)."""
+    of its own PID namespace and keeps the others (an observability review and its verifier,
+    2026-12-07)."""
     import os
     import subprocess
 
+    from makespan import metrics
+
+    namespace = metrics._pid_namespace()
     dead = subprocess.Popen(["true"])
     dead.wait()
-    gone = tmp_path / f"makespan-prom-{dead.pid}-abc"
+    gone = tmp_path / f"makespan-prom-{dead.pid}-ns{namespace}-abc"
     gone.mkdir()
     (gone / "counter_1.db").write_bytes(b"x")
-    alive = tmp_path / f"makespan-prom-{os.getpid()}-def"
+    alive = tmp_path / f"makespan-prom-{os.getpid()}-ns{namespace}-def"
     alive.mkdir()
     other = tmp_path / "makespan-prom-notapid-x"
     other.mkdir()
-    from makespan import metrics
-
+    # another PID namespace (a container sharing the volume): its pid means nothing here
+    elsewhere = tmp_path / f"makespan-prom-{dead.pid}-ns1-ghi"
+    elsewhere.mkdir()
+    older = tmp_path / f"makespan-prom-{dead.pid}-jkl"  # named before namespaces were: kept
+    older.mkdir()
     assert metrics.sweep_dead_multiprocess_dirs(str(tmp_path)) == [str(gone)]
-    assert not gone.exists() and alive.exists() and other.exists()
+    assert not gone.exists() and alive.exists() and other.exists() and elsewhere.exists() and older.exists()

@@ -126,3 +126,21 @@ def test_a_delayed_job_waits_from_its_due_time(r, settings, monkeypatch):
     assert [c.job_id for c in sent if c.kind == "job"] == [job]
     assert _wait_count("NORMAL") == 1.0
     assert 1.0 <= _wait_sum("NORMAL") < 60.0, _wait_sum("NORMAL")
+
+
+def test_a_preemptors_first_lease_outlives_the_victims_wind_down(r, settings, monkeypatch):
+    """A CRITICAL job leased by the critical lane after preempting LOW jobs whose functions
+    ignore ctx.cancelled waited for a GPU worker slot while the victims wound down (up to
+    cancel_grace_s, 10 s, the lease TTL): its lease expired before its first phase, was
+    reclaimed and counted an attempt (a verifier, 2026-12-07). Its first TTL is now
+    lease_ttl_s + cancel_grace_s; a lease on free GPUs keeps lease_ttl_s."""
+    monkeypatch.setattr(metrics, "_metrics", metrics.Metrics())
+    w, prod, sent = _worker(r, settings)
+    _hold_every_gpu(r, w, prod)
+    job = prod.submit({"endpoint": "summarizer", "service_s": 5, "priority": "CRITICAL"}).id
+    out = CriticalLane(w.env, w.kept, w.token, w.ticking.is_set).place(r.lpop(w.keys.planner_critical))
+    assert out.outcome == "preempted" and [c.job_id for c in sent] == [job]
+    granted_ms, expires_ms = r.hmget(w.keys.lease(sent[0].lease_id), "granted_ms", "expires_ms")
+    ttl_ms = int(expires_ms) - int(granted_ms)
+    grace_ms = 1000 * w.env.settings.cancel_grace_s
+    assert 1000 * w.env.settings.lease_ttl_s < ttl_ms <= 1000 * w.env.settings.lease_ttl_s + grace_ms, ttl_ms

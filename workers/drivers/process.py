@@ -91,21 +91,27 @@ def default_log_dir() -> Path:
     """``MAKESPAN_LOG_DIR``, or ``$TMPDIR/makespan-logs-{uid}`` (created).
 
     The default is per user and created mode 0700 (endpoint logs can hold prompts and
-    tokens; ``$TMPDIR`` is shared on most hosts). Raises PermissionError when the
-    default exists and belongs to another user or is readable by others (someone
-    created it first: its logs would not be private)."""
+    tokens; ``$TMPDIR`` is shared on most hosts); this user's own one with a wider mode is
+    set back to 0700. Raises PermissionError when the default exists and belongs to
+    another user, or is not a directory (someone created it first: its logs would not be
+    private)."""
     configured = os.environ.get("MAKESPAN_LOG_DIR")
     if configured:
         d = Path(configured)
         d.mkdir(parents=True, exist_ok=True)
         return d
     d = Path(tempfile.gettempdir()) / f"makespan-logs-{os.getuid()}"
-    d.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        d.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except FileExistsError:  # something else than a directory: refused below
+        pass
     info = d.lstat()
-    if info.st_uid != os.getuid() or not stat.S_ISDIR(info.st_mode) or info.st_mode & 0o077:
+    if info.st_uid != os.getuid() or not stat.S_ISDIR(info.st_mode):
         raise PermissionError(f"the endpoint log directory {d} is not a private directory of this user (owner uid "
                               f"{info.st_uid}, mode {stat.filemode(info.st_mode)}); remove it or set "
                               f"MAKESPAN_LOG_DIR to a directory of your own")
+    if info.st_mode & 0o077:  # ours, but open to other users (an older makespan, a umask): closed again
+        d.chmod(0o700)
     return d
 
 

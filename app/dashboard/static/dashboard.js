@@ -210,7 +210,7 @@ function drawEndpoints(state, colour) {
     el("span", {class: "effect", text: i.effect || ""}),
     // as `makespan incidents` says it: recovered (green), not restarted or failed (red), pending
     // (a recovery's outcome is "recovered" or "recovered: <how>"; a time only for a recovery)
-    i.recovery ? el("span", {class: "recovery " + (recovered(i) ? "ok" : "bad"),
+    i.recovery ? el("span", {class: "recovery " + (recovered(i) ? "ok" : closed(i) ? "closed" : "bad"),
       text: ` → ${i.recovery.outcome}` + (recovered(i) && i.recovery.recovery_s !== null ?
         ` in ${secs(i.recovery.recovery_s)}` : "")})
       : el("span", {class: "recovery pending", text: " → recovery pending"}))) :
@@ -236,6 +236,10 @@ function recovered(incident) {
   return outcome === "recovered" || outcome.startsWith("recovered:");
 }
 
+function closed(incident) {  // ended without a recovery ("closed: the host was cordoned ..."): not open
+  return ((incident.recovery && incident.recovery.outcome) || "").startsWith("closed");
+}
+
 function plural(count, noun) {
   return `${count} ${noun}${count === 1 ? "" : "s"}`;
 }
@@ -247,7 +251,7 @@ function render(state, source) {
   const c = state.counts;
   document.getElementById("counts").textContent =
     `${state.lanes.length} GPUs · ${c.running} running · ${c.queued} queued · ${c.delayed} delayed · ` +
-    plural(state.incidents.filter(i => !recovered(i)).length, "open incident") + (state.plan ? ` · plan ${state.plan.policy} at ${clock(state.plan.at)}` : "");
+    plural(state.incidents.filter(i => !recovered(i) && !closed(i)).length, "open incident") + (state.plan ? ` · plan ${state.plan.policy} at ${clock(state.plan.at)}` : "");
   drawGantt(state, colour);
   drawQueue(state);
   drawEndpoints(state, colour);
