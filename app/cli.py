@@ -862,7 +862,7 @@ def cancel(job_ids: list[str] = typer.Argument(None, help="job ids (or none, wit
     ignored_fleet_option(fleet, "cancel")
     from makespan import telemetry
 
-    telemetry.setup_tracing("makespan-cli")  # a queued or delayed job cancelled here: its root span ends here
+    telemetry.setup_cli_tracing()  # a queued or delayed job cancelled here: its root span ends here
     filtered = bool(state or endpoint or priority or pool)
     if job_ids and filtered:
         _fail(MakespanError("give job ids or filters (--state, --endpoint, --priority, --pool), not both"))

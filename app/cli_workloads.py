@@ -65,7 +65,7 @@ def register(app: typer.Typer) -> None:
         from makespan import telemetry
         from makespan.workloads import cancel_workload_outcome
 
-        telemetry.setup_tracing("makespan-cli")  # its queued steps' root spans end here
+        telemetry.setup_cli_tracing()  # its queued steps' root spans end here
         try:
             s, r, k = _ctx()
             out = cancel_workload_outcome(r, k, workload_id)

@@ -223,6 +223,20 @@ def setup_tracing(service_name: str) -> bool:
         return True
 
 
+CLI_EXPORT_TIMEOUT_S = 2.0  # a command's span export at exit gives up after this (an OTLP collector that is down)
+
+
+def setup_cli_tracing() -> bool:
+    """:func:`setup_tracing` for a short-lived ``makespan`` command that exports spans at exit
+    (a cancel ends queued jobs' root spans): unless ``OTEL_EXPORTER_OTLP_TRACES_TIMEOUT`` or
+    ``OTEL_EXPORTER_OTLP_TIMEOUT`` is set, the OTLP export gives up after
+    :data:`CLI_EXPORT_TIMEOUT_S` (its default of 10 s, with retries, held the command's exit
+    that long when the collector was down)."""
+    if not (os.environ.get("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT") or os.environ.get("OTEL_EXPORTER_OTLP_TIMEOUT")):
+        os.environ["OTEL_EXPORTER_OTLP_TRACES_TIMEOUT"] = repr(CLI_EXPORT_TIMEOUT_S)
+    return setup_tracing("makespan-cli")
+
+
 def shutdown_tracing(timeout_ms: int = 5000) -> None:
     """Flush and shut the provider down (worker exit). Tracing is off afterwards."""
     global _provider
