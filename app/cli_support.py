@@ -116,7 +116,10 @@ def fail(e: Exception) -> None:
     e = unreachable_redis(e) or e
     from makespan.redis_conn import answer_is_misconfiguration, answered_with_error
 
-    wrong_url = answer_is_misconfiguration(e) if not isinstance(e, SubmitOutcomeUnknown) else None
+    from makespan.errors import RedisConfigError
+
+    # a refusal (RedisConfigError) and an unknown outcome already say what happened and what to do
+    wrong_url = answer_is_misconfiguration(e) if not isinstance(e, (SubmitOutcomeUnknown, RedisConfigError)) else None
     if wrong_url is not None and "answered with an error" not in str(e):  # "reading X: DB index is out of range":
         e = answered_with_error(_command_redis_url(), wrong_url)            # say which URL, and what to check
     typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)

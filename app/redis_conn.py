@@ -358,19 +358,23 @@ def answer_is_misconfiguration(error: BaseException) -> BaseException | None:
 
 
 def answer_refused(r: redis.Redis, process: str = "makespan") -> None:
-    """One ``PING``: a server that answers the connection itself with an error (its
-    ``SELECT`` of a database number out of range, a protocol error from a server that is
-    not Redis) is a refusal, not an outage: waiting cannot fix it.
+    """One ``PING``: a server that answers the connection itself with an error that says the
+    URL is wrong (:func:`answer_is_misconfiguration`: its ``SELECT`` of a database number
+    out of range, a protocol error from a server that is not Redis) is a refusal, not an
+    outage: waiting cannot fix it.
 
     Raises:
-        RedisConfigError: the answer was an error (credentials refused are left to the
-            caller: a redis-py ``AuthenticationError``).
-        redis.RedisError: Redis did not answer."""
+        RedisConfigError: the answer says the URL is wrong.
+        redis.RedisError: Redis did not answer, refused the credentials (a redis-py
+            ``AuthenticationError``, left to the caller) or answered another error (a
+            replica's ``MASTERDOWN`` during a failover: the caller waits as for an outage)."""
     try:
         r.ping()
     except AUTH_ERRORS:
         raise
     except (redis.ResponseError, redis.exceptions.InvalidResponse) as e:
+        if answer_is_misconfiguration(e) is None:  # e.g. MASTERDOWN from a replica mid-failover: it passes
+            raise
         raise RedisConfigError("answer to PING", f"{type(e).__name__}: {_short(e)}",
                                f"{process} refuses to run: {CONNECTION_HINT}") from e
 
