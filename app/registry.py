@@ -89,8 +89,7 @@ def describe_parameters(fn: Callable[..., Any]) -> list[dict[str, Any]] | None:
     kind names (``POSITIONAL_OR_KEYWORD``, ``VAR_POSITIONAL``, ...). None when the
     function has no inspectable signature (a builtin): then nothing is checked."""
     try:
-        # the function as called: a functools.wraps wrapper's own parameters, not its body's
-        parameters = list(inspect.signature(fn, follow_wrapped=False).parameters.values())
+        parameters = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
         return None
     if parameters and parameters[0].kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD):
@@ -162,8 +161,8 @@ def _seconds(value: Any, field_name: str, allow_none: bool) -> float | None:
 def _takes_ctx(fn: Callable[..., Any]) -> bool:
     """Whether ``fn`` can be called with the run's context as its first positional argument
     (a builtin whose signature cannot be read counts as yes)."""
-    try:
-        parameters = list(inspect.signature(fn).parameters.values())
+    try:  # the function as called: a functools.wraps wrapper's own parameters, not its body's
+        parameters = list(inspect.signature(fn, follow_wrapped=False).parameters.values())
     except (TypeError, ValueError):
         return True
     positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD,

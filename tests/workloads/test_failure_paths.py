@@ -628,3 +628,27 @@ def test_a_result_with_a_numpy_value_names_it_and_how_to_convert_it():
         encode_value({"scores": [1.0, np.float32(0.5)]}, 1, 0.1, 1 << 20)
     with pytest.raises(ResultNotJson, match="the return value is the float nan"):
         encode_value(float("nan"), 1, 0.1, 1 << 20)
+
+
+def test_a_functools_wraps_wrapper_that_takes_ctx_is_accepted():
+    """The ctx check read the wrapped body's signature (inspect follows __wrapped__), so a
+    decorator that takes ctx and calls a body with no parameters was refused (a verifier)."""
+    import functools
+
+    def uses_ctx(fn):
+        @functools.wraps(fn)
+        def wrapper(ctx, *args, **kwargs):
+            return fn(*args, **kwargs)
+        return wrapper
+
+    try:
+        @makespan.workload(endpoint="embed", name="tests.wrapped_ping")
+        @uses_ctx
+        def ping():
+            return "pong"
+
+        assert ping.fn(None) == "pong"
+    finally:
+        makespan.registry.REGISTRY.pop("tests.wrapped_ping", None)
+    with pytest.raises(makespan.ValidationError, match="options go in the decorator's call"):
+        makespan.workload(ping.fn, name="tests.dropped")  # its options would have been dropped
