@@ -25,7 +25,7 @@ from makespan.events import add_utc_times
 from makespan.errors import NotFoundError, StoreError, SubmitOutcomeUnknown, ValidationError, is_utf8
 from makespan.keys import Keys
 from makespan.models import FleetSpec, JobSpec, Priority, parse_job
-from makespan.settings import Settings
+from makespan.settings import Settings, redacted_url
 from makespan.store import JobState, JobStore
 
 _TIME_FIELDS = ("submitted_at", "leased_at", "started_at", "finished_at", "not_before", "progress_at", "wait_eta",
@@ -106,8 +106,6 @@ def job_not_found(job_id: str, keys: Keys, settings: Settings) -> NotFoundError:
     """The :class:`NotFoundError` of a job id with no record: where it was looked for (the
     key prefix, the Redis URL with its password hidden) and what else it may be (another
     deployment's prefix or database, a finished job past its retention)."""
-    from makespan.settings import redacted_url
-
     return NotFoundError(f"no job {job_id!r} under key prefix {keys.prefix!r} at {redacted_url(settings.redis_url)} "
                          f"(an id of another deployment's prefix or Redis, or a job that ended more than "
                          f"MAKESPAN_RETENTION_AGE_S = {settings.retention_age_s:g} s ago)")
@@ -341,8 +339,6 @@ class Producer:
             StoreError: Redis failed (nothing or everything was written: the script is atomic).
         """
         if self.fleet is None:
-            from makespan.settings import redacted_url
-
             raise ValidationError("fleet", None, f"submitting needs a fleet: pass --fleet or start a planner first "
                                                  f"(none is published under key prefix {self.keys.prefix!r} at "
                                                  f"{redacted_url(self.settings.redis_url)})", show_value=False)
