@@ -139,7 +139,7 @@ class StoreScript:
         # the cache (_REGISTERED) is keyed weakly by the client: a strong reference from its
         # value (redis-py's Script keeps its client) kept every client, and its connections, alive
         self._client = weakref.ref(client)
-        self._script.registered_client = None
+        self._script.registered_client = None  # type: ignore[assignment]  # every call passes its client
 
     def __call__(self, keys: list[str] | tuple[str, ...] = (), args: list[Any] | tuple[Any, ...] = (),
                  client: Any = None) -> Any:
