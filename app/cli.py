@@ -562,9 +562,18 @@ def _quiet_producer_warnings_the_cli_prints() -> None:
     programs); the submit commands print it as their own ``warning:`` line instead."""
     import logging
 
+    logger = logging.getLogger("makespan.producer")
+    if _quiet_while_a_submit_runs not in logger.filters:  # once per process, and only while a command runs
+        logger.addFilter(_quiet_while_a_submit_runs)
+
+
+def _quiet_while_a_submit_runs(record) -> bool:
+    """A ``makespan.producer`` log filter: drop the warning a ``makespan submit`` running
+    now prints itself; the same warning of a program's own submit (outside a command) passes."""
+    from makespan.cli_support import _RUNNING
     from makespan.producer import CLI_PRINTS_IT
 
-    logging.getLogger("makespan.producer").addFilter(lambda record: not getattr(record, CLI_PRINTS_IT, False))
+    return not (getattr(record, CLI_PRINTS_IT, False) and _RUNNING.get() is not None)
 
 
 

@@ -187,4 +187,9 @@ def published_fleet(r: redis.Redis, keys: Keys, required: bool = True) -> FleetS
                                                  "--fleet FILE, or check MAKESPAN_REDIS_URL and MAKESPAN_KEY_PREFIX "
                                                  "against the planner's", show_value=False)
         return None
-    return parse_fleet(json.loads(raw))
+    try:
+        return parse_fleet(json.loads(raw))
+    except ValueError as e:  # not JSON (a JSONDecodeError): another program's key under this prefix
+        raise ValidationError("fleet", None, f"the published fleet ({keys.fleet}) is not a fleet: {e}; another "
+                              "program's key under this prefix? give each deployment a MAKESPAN_KEY_PREFIX of "
+                              "its own", show_value=False) from e

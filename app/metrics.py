@@ -517,8 +517,11 @@ def sweep_dead_multiprocess_dirs(base: str) -> list[str]:
     """Remove the ``makespan-prom-{pid}-ns{namespace}-*`` directories under ``base`` whose
     process is gone and that this user owns (a process killed with SIGKILL leaves its
     directory: its exit hook never ran). Returns the paths removed. Kept: a directory whose
-    pid is alive (even a reused pid), and one made in another PID namespace (another
-    container sharing the volume: its pid cannot be checked from here) or unknown namespace."""
+    pid is alive (even a reused pid), one made in another PID namespace (another container
+    on this host sharing the volume: its pid cannot be checked from here; ``ns0`` where the
+    namespace cannot be read, as on macOS), and one named before namespaces were. Hosts
+    sharing one directory over a network volume all see the root namespace's inode: give
+    each host a directory of its own."""
     removed = []
     try:
         entries = list(os.scandir(base))
@@ -527,8 +530,7 @@ def sweep_dead_multiprocess_dirs(base: str) -> list[str]:
     namespace = _pid_namespace()
     for entry in entries:
         pid_text, _, rest = entry.name.removeprefix("makespan-prom-").partition("-")
-        if not entry.name.startswith("makespan-prom-") or namespace == "0" or \
-                not rest.startswith(f"ns{namespace}-"):
+        if not entry.name.startswith("makespan-prom-") or not rest.startswith(f"ns{namespace}-"):
             continue
         try:
             if not pid_text.isdigit() or not entry.is_dir(follow_symlinks=False) or \

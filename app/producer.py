@@ -107,8 +107,8 @@ def job_not_found(job_id: str, keys: Keys, settings: Settings) -> NotFoundError:
     key prefix, the Redis URL with its password hidden) and what else it may be (another
     deployment's prefix or database, a finished job past its retention)."""
     return NotFoundError(f"no job {job_id!r} under key prefix {keys.prefix!r} at {redacted_url(settings.redis_url)} "
-                         f"(an id of another deployment's prefix or Redis, or a job that ended more than "
-                         f"MAKESPAN_RETENTION_AGE_S = {settings.retention_age_s:g} s ago)")
+                         f"(an id of another deployment's prefix or Redis, or a job that ended longer ago than "
+                         f"the planner's MAKESPAN_RETENTION_AGE_S: {settings.retention_age_s:g} s in these settings)")
 
 
 #: a log record's attribute: ``makespan submit`` prints this warning itself (a line of its own)

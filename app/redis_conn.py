@@ -338,6 +338,9 @@ def answered_with_error(url: str, error: BaseException) -> StoreError:
     if "WRONGTYPE" in str(error):  # a key of the prefix holds another program's data
         hint = ("a key under MAKESPAN_KEY_PREFIX holds data of another kind (another program's key, or "
                 "another makespan version's): give each deployment a prefix of its own")
+    elif any(code in str(error) for code in ("MASTERDOWN", "READONLY", "LOADING")):  # a replica, a failover
+        hint = ("this Redis is a replica, or fails over or loads its data now: retry shortly, and point "
+                "MAKESPAN_REDIS_URL at the primary (or at its Sentinels: redis+sentinel://)")
     else:
         hint = f"{CONNECTION_HINT}, and MAKESPAN_KEY_PREFIX"
     return StoreError(f"Redis at {redacted_url(url)} answered with an error: {type(error).__name__}: "
@@ -373,6 +376,10 @@ def answer_refused(r: redis.Redis, process: str = "makespan") -> None:
     except AUTH_ERRORS:
         raise
     except (redis.ResponseError, redis.exceptions.InvalidResponse) as e:
+        if isinstance(e, redis.exceptions.NoPermissionError):  # NOPERM: an ACL user without SELECT or PING
+            raise RedisConfigError("answer to PING", f"{type(e).__name__}: {_short(e)}",
+                                   f"{process} refuses to run: the Redis user of MAKESPAN_REDIS_URL lacks a "
+                                   "permission (its ACL); waiting cannot fix it") from e
         if answer_is_misconfiguration(e) is None:  # e.g. MASTERDOWN from a replica mid-failover: it passes
             raise
         raise RedisConfigError("answer to PING", f"{type(e).__name__}: {_short(e)}",

@@ -79,7 +79,7 @@ from makespan.workers.fleet_view import DOWN_FREE_AFTER_S
 from makespan.workers.leases import expected_end_s, planned_end_s, preempt
 from makespan.workers.phases import instance_value
 from makespan.workers.preemption import lease_holders, within_bounds
-from makespan.workers.starts import start_job
+from makespan.workers.starts import note_preemption, start_job
 from makespan.workers.tick.clock import release_s
 from makespan.workers.tick.context import CrossTickState, TickContext, TickEnv
 
@@ -330,13 +330,14 @@ class CriticalLane:
             if outcome == "preempted":  # requeued with no ETA: the next tick plans it (CrossTickState)
                 self.kept.lane_victims += 1
             if outcome in ("preempted", "cancelled"):
+                note_preemption(ctx, placement.gpus)
                 log.info("critical lane: preempted job %s (lease %s) for CRITICAL job %s: %s",
                          (victim_jobs or {}).get(victim) or "?", victim, job.id, outcome)
             # else it finished executing meanwhile (the lease below is refused while it clears) or its
             # lease ended (its GPUs may be free: the lease below takes them)
         # its helpers start after the main endpoint, in every placement (planner/helpers.py)
         end_s = now_s + (0.0 if placement.load == "warm" else cold_start_s) + held_s(job, self.kept.endpoints)
-        if not start_job(ctx, job, placement.gpus, end_s, placement.load, after_preemption=bool(placement.victims)):
+        if not start_job(ctx, job, placement.gpus, end_s, placement.load):
             return LaneOutcome("lost_race", (), placement.victims)
         outcome = "preempted" if placement.victims else placement.load
         return LaneOutcome(outcome, placement.gpus, placement.victims)

@@ -54,7 +54,7 @@ from makespan.planner import helpers as job_helpers
 from makespan.planner.preemption import Holder, choose_preemption, victim_allowed
 from makespan.planner.replay import state_after
 from makespan.workers.leases import held_s, planned_end_s, preempt, server_time_ms
-from makespan.workers.starts import start_job
+from makespan.workers.starts import note_preemption, start_job
 from makespan.workers.tick.context import TickContext
 from makespan.workers.wait_reasons import utc_text
 
@@ -268,12 +268,13 @@ def _preempt_scored(ctx: TickContext) -> set[str]:
             outcome = preempt(env.r, env.keys, lease_id, job.id, planner_token=ctx.token)
             if outcome in ("preempted", "cancelled"):
                 _note_preempted(ctx, outcome, victim)
+                note_preemption(ctx, decision.gpus)
                 how = "the fast lane's rule" if decision.rule else f"scored, gain {decision.gain:.3g} weight·s"
                 log.info("preempted job %s (lease %s, %s) for %s job %s (%s): %s", victim, lease_id,
                          info[lease_id].get("priority"), Priority(job.priority).name, job.id, how, outcome)
         # a victim not preempted (it finished executing meanwhile, or its lease ended): the
         # lease is refused while a GPU of the group is still held, else the job starts there
-        if start_job(ctx, job, tuple(decision.gpus), start.end_s, start.load, after_preemption=bool(decision.victims)):
+        if start_job(ctx, job, tuple(decision.gpus), start.end_s, start.load):
             out.add(job.id)
             ctx.taken.update(decision.gpus)
     if ctx.victims:  # their ETA: the planned start in the plan the preemptions leave (wait_reasons)
@@ -329,6 +330,7 @@ def _preempt_by_rule(ctx: TickContext) -> set[str]:
             outcome = preempt(env.r, env.keys, victim, job.id, planner_token=ctx.token)
             if outcome in ("preempted", "cancelled"):
                 _note_preempted(ctx, outcome, info[victim].get("job"))
+                note_preemption(ctx, group)
                 log.info("preempted job %s (lease %s, %s) for %s job %s: %s", info[victim].get("job"), victim,
                          info[victim].get("priority"), Priority(job.priority).name, job.id, outcome)
                 for gpu, held_by in list(holder.items()):
@@ -337,7 +339,7 @@ def _preempt_by_rule(ctx: TickContext) -> set[str]:
         # a victim not preempted (it finished executing meanwhile, or its lease ended): the
         # lease below is refused while a GPU of the group is still held, else it starts
         end_s = env.now_s() + model.cold_start_s + job_helpers.held_s(job, ctx.kept.endpoints)  # with its helpers
-        if start_job(ctx, job, group, end_s, "cold_start", after_preemption=bool(victims)):
+        if start_job(ctx, job, group, end_s, "cold_start"):
             started.add(job.id)
             ctx.taken.update(group)
             for gpu in group:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -98,17 +99,24 @@ def own_priority(ctx: TickContext, job: PlanJob) -> Priority:
     return own if own is not None else Priority(job.priority)
 
 
-def _lease_request(ctx: TickContext, job: PlanJob, gpus: tuple[str, ...], end_s: float, load: str,
-                   after_preemption: bool = False) -> dict[str, Any]:
-    """The :meth:`LeaseStore.acquire` arguments of a job lease. ``after_preemption``: its
-    GPUs were just taken from preempted jobs, whose phase tasks may hold the host's GPU
-    worker slots while they wind down (a function that ignores ``ctx.cancelled`` runs up to
-    ``Settings.cancel_grace_s`` more): the lease's first TTL is that much longer, so it is
-    not reclaimed (an attempt counted) while its first phase waits for a slot."""
+def note_preemption(ctx: TickContext, gpus: tuple[str, ...] | list[str]) -> None:
+    """A job on ``gpus`` was just preempted: for ``Settings.cancel_grace_s`` its phase task
+    may hold a slot of that host's GPU worker while it winds down (:func:`_lease_request`)."""
+    if gpus:
+        ctx.kept.preempted_at[ctx.env.fleet.host_of(gpus[0])] = time.monotonic()
+
+
+def _lease_request(ctx: TickContext, job: PlanJob, gpus: tuple[str, ...], end_s: float, load: str) -> dict[str, Any]:
+    """The :meth:`LeaseStore.acquire` arguments of a job lease. On a host with a preemption
+    in the last ``Settings.cancel_grace_s`` (:func:`note_preemption`) the victims' phase
+    tasks may hold its GPU worker's slots while they wind down (a function that ignores
+    ``ctx.cancelled`` runs that much longer): the lease's first TTL is that much longer too,
+    so it is not reclaimed (an attempt counted) while its first phase waits for a slot."""
     env = ctx.env
-    ttl_s = env.settings.lease_ttl_s + (env.settings.cancel_grace_s if after_preemption else 0.0)
-    priority = own_priority(ctx, job)
     host = env.fleet.host_of(gpus[0])
+    winding_down = time.monotonic() - ctx.kept.preempted_at.get(host, float("-inf")) < env.settings.cancel_grace_s
+    ttl_s = env.settings.lease_ttl_s + (env.settings.cancel_grace_s if winding_down else 0.0)
+    priority = own_priority(ctx, job)
     # planned_s: the planned duration from the grant (workload s); a reader dates it from the
     # lease's granted_ms on the server clock (makespan.workers.leases.planned_end_s), not from
     # planned_end_s, which is on this planner's clock
@@ -121,12 +129,10 @@ def _lease_request(ctx: TickContext, job: PlanJob, gpus: tuple[str, ...], end_s:
                        "planned_s": planned_s}, instance=instance_value(job.endpoint, gpus))
 
 
-def start_job(ctx: TickContext, job: PlanJob, gpus: tuple[str, ...], end_s: float, load: str,
-              after_preemption: bool = False) -> bool:
+def start_job(ctx: TickContext, job: PlanJob, gpus: tuple[str, ...], end_s: float, load: str) -> bool:
     """Lease ``gpus`` for ``job`` (planned to end at ``end_s``, workload s) and send its
-    phase chain (``after_preemption``: :func:`_lease_request`'s). False if the lease failed
-    (a GPU taken meanwhile, the job gone)."""
-    request = _lease_request(ctx, job, gpus, end_s, load, after_preemption)
+    phase chain. False if the lease failed (a GPU taken meanwhile, the job gone)."""
+    request = _lease_request(ctx, job, gpus, end_s, load)
     traceparent = ctx.formed.meta.get(job.id, ("", 0.0, 0.0))[0]
     attrs = {"job_id": job.id, "priority": own_priority(ctx, job).name, "endpoint": job.endpoint,
              "gpus": list(gpus), "host": request["holder"], "lease_id": request["lease_id"],

@@ -26,6 +26,7 @@ from typing import Any
 import redis
 from redis.commands.core import Script
 
+from makespan.errors import StoreError
 from makespan.redis_conn import store_error  # re-exported: the store's modules translate with it
 from makespan.settings import Settings
 
@@ -138,7 +139,10 @@ class StoreScript:
         self.sha: str = self._script.sha
         # the cache (_REGISTERED) is keyed weakly by the client: a strong reference from its
         # value (redis-py's Script keeps its client) kept every client, and its connections, alive
-        self._client = weakref.ref(client)
+        try:
+            self._client: Any = weakref.ref(client)
+        except TypeError:  # not weakly referable: script() does not cache it, a strong reference leaks nothing
+            self._client = lambda: client
         self._script.registered_client = None  # type: ignore[assignment]  # every call passes its client
 
     def __call__(self, keys: list[str] | tuple[str, ...] = (), args: list[Any] | tuple[Any, ...] = (),
@@ -148,8 +152,12 @@ class StoreScript:
 
         Raises:
             StoreError: Redis failed or the script raised (also a ``type(redis error)``)."""
+        if client is None:
+            client = self._client()
+            if client is None:  # its client was collected: redis-py would raise AttributeError on None
+                raise StoreError(f"script {self.name}: the client it was registered on is gone; pass client=")
         try:
-            return self._script(keys=list(keys), args=list(args), client=client if client is not None else self._client())
+            return self._script(keys=list(keys), args=list(args), client=client)
         except redis.RedisError as e:
             raise store_error(e, f"script {self.name}") from e
 

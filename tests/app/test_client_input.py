@@ -414,8 +414,26 @@ def test_an_unknown_job_names_where_it_was_looked_for(client, redis_url, prefix)
     with pytest.raises(makespan.NotFoundError) as e:
         client.job("0123abcd").result(timeout_s=1)
     assert f"under key prefix {prefix!r} at {redis_url}" in str(e.value), e.value
-    assert "MAKESPAN_RETENTION_AGE_S = 3600 s" in str(e.value), e.value
+    assert "MAKESPAN_RETENTION_AGE_S: 3600 s in these settings" in str(e.value), e.value
 
 
 def test_result_timeout_is_a_timeout_error():
     assert issubclass(makespan.ResultTimeout, TimeoutError)  # `except TimeoutError` catches it
+
+
+def test_a_cli_submit_in_this_process_leaves_the_python_warning_on(client, redis_url, prefix, caplog):
+    """`makespan submit` run in-process (CliRunner, a program calling the CLI) left a filter on
+    makespan.producer that dropped every later repeated-key warning of the Python API (and made
+    the test above fail after tests/faults/test_redis_answers_error.py in the same worker)."""
+    import logging
+
+    from typer.testing import CliRunner
+
+    from makespan.cli import app as cli_app
+
+    CliRunner().invoke(cli_app, ["submit", "tests.two", "--args", "[1]", "--idempotency-key", "cli-1"],
+                       env={"MAKESPAN_REDIS_URL": redis_url, "MAKESPAN_KEY_PREFIX": prefix})
+    with caplog.at_level(logging.WARNING, logger="makespan.producer"):
+        again = client.submit("tests.two", 2, idempotency_key="cli-1")
+    assert not again.created and again.ignored == ("args",)
+    assert any("idempotency key 'cli-1' already names job" in r.getMessage() for r in caplog.records), caplog.records

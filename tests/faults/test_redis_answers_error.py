@@ -71,3 +71,12 @@ def test_the_processes_refuse_to_start_on_it(redis_url, prefix, command, exit_co
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == exit_code, out.stdout + out.stderr
     assert "refuses to run" in out.stderr and "DB index is out of range" in out.stderr, out.stderr
+
+
+def test_a_published_fleet_key_that_is_not_a_fleet_is_named(redis_url, prefix, r, keys):
+    """`makespan hosts` printed a JSONDecodeError traceback (exit 1) for another program's
+    value at the fleet key (a verifier, 2026-12-07)."""
+    r.set(keys.fleet, "x")
+    res = CliRunner().invoke(cli_app, ["hosts"], env={"MAKESPAN_REDIS_URL": redis_url, "MAKESPAN_KEY_PREFIX": prefix})
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+    assert f"the published fleet ({keys.fleet}) is not a fleet" in res.output, res.output

@@ -144,3 +144,26 @@ def test_a_preemptors_first_lease_outlives_the_victims_wind_down(r, settings, mo
     ttl_ms = int(expires_ms) - int(granted_ms)
     grace_ms = 1000 * w.env.settings.cancel_grace_s
     assert 1000 * w.env.settings.lease_ttl_s < ttl_ms <= 1000 * w.env.settings.lease_ttl_s + grace_ms, ttl_ms
+
+
+def test_any_lease_on_a_host_whose_victims_wind_down_gets_the_longer_first_ttl(r, settings):
+    """The longer first TTL covered only a start in the same call as its preemption; a
+    preemptor started at the next tick (its lease refused at first), or another job placed
+    on that host meanwhile, waited for the same worker slots with the plain TTL (a verifier,
+    2026-12-07). It now follows the host's last preemption, in every path."""
+    from makespan.planner.model import PlanJob
+    from makespan.workers.starts import _lease_request, note_preemption
+    from makespan.workers.tick.context import TickContext
+
+    w, _prod, _sent = _worker(r, settings)
+    ctx = TickContext(w.env, w.kept, w.token)
+    host_a = [g.uuid for g in FLEET.hosts[0].gpus]
+    host_b = [g.uuid for g in FLEET.hosts[1].gpus]
+    job = PlanJob("j1", "embed", 2.0, 0.0, 1.0, 2)
+    plain_s, grace_s = w.env.settings.lease_ttl_s, w.env.settings.cancel_grace_s
+    assert _lease_request(ctx, job, (host_a[3],), 10.0, "warm")["ttl_s"] == plain_s
+    note_preemption(ctx, host_a[:2])  # victims on host-a's first two GPUs
+    assert _lease_request(ctx, job, (host_a[3],), 10.0, "warm")["ttl_s"] == plain_s + grace_s  # same host
+    assert _lease_request(ctx, job, (host_b[0],), 10.0, "warm")["ttl_s"] == plain_s  # another host's slots
+    w.kept.preempted_at[FLEET.hosts[0].name] -= grace_s + 1  # the wind-down is over
+    assert _lease_request(ctx, job, (host_a[3],), 10.0, "warm")["ttl_s"] == plain_s

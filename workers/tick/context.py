@@ -180,6 +180,9 @@ class CrossTickState:
     fleet_waiting: bool = False
     victims_without_eta: bool = False  # the rule's preemption requeued jobs with no ETA (preemption; batch clears)
     lane_victims: int = 0  # victims the critical lane's preemptions requeued so far, no ETA (critical_lane)
+    # host -> clock.monotonic() of its last preemption: its victims may hold its GPU worker's slots for
+    # Settings.cancel_grace_s more (starts.note_preemption; starts._lease_request reads it)
+    preempted_at: dict[str, float] = field(default_factory=dict)
     lane_victims_planned: int = 0  # lane_victims before the snapshot of the last tick that formed a batch (batch)
 
 
