@@ -303,7 +303,10 @@ def _planned_on(ctx: TickContext, job: PlanJob, state: FleetState, plan: Plan, a
             holder = ctx.lease_job[gpu]
             # a CRITICAL or HIGH job waits behind a job the preemption bounds protect: say so
             # (new-user check: it looked like a preemption bug)
-            kept = ctx.unpreemptible.get(holder) if job.priority <= Priority.HIGH else None
+            # only a holder of a lower level than the waiting job: a holder of its level or higher is
+            # no victim of it whatever its bounds, and 'preemptible from T' would promise a preemption
+            level_why = ctx.unpreemptible.get(holder) if job.priority <= Priority.HIGH else None
+            kept = level_why[1] if level_why is not None and level_why[0] > job.priority else None
             holders.append(f"job {holder}{late}" + (f" (not preemptible: {kept})" if kept else ""))
     before = [other for other in _sharing(plan, assignment, on_gpu) if other.job_id != job.id
               and other.end_s <= assignment.start_s + 1e-6]

@@ -725,3 +725,15 @@ def test_a_holder_under_the_minimum_runtime_says_from_when_it_is_preemptible(r, 
     at = calendar.timegm(time_module.strptime(found.group(1), "%Y-%m-%d %H:%M:%SZ"))
     expected = seconds + micros / 1e6 + w.settings.preemption_min_runtime_s * w.settings.time_scale
     assert at == pytest.approx(expected, abs=2.0), (holder, out)
+
+
+def test_a_holder_of_the_same_level_is_not_said_to_become_preemptible(r, settings, env):
+    """A HIGH job behind a CRITICAL holder under the minimum runtime: the holder is no victim
+    of a HIGH job at any time, so the detail must not say it becomes preemptible (h6)."""
+    w, prod, sent = _setup(r, settings, preemption_min_runtime_s=6000.0)
+    _lease(r, w, prod, "GPU-h-0", priority="CRITICAL", service_s=100000.0)
+    urgent = prod.submit({"endpoint": "e", "service_s": 10, "priority": "HIGH"}).id
+    w.tick()
+    assert sent == []
+    out = _why(urgent, "waiting_for_gpus")
+    assert "preemptible from" not in out and "not preemptible" not in out, out

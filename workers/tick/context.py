@@ -218,7 +218,7 @@ class TickContext:
     victims: list[str] = field(default_factory=list)  # Preempt: job ids of those victims
     victim_starts: dict[str, float] = field(default_factory=dict)  # Preempt (scored): victim -> planned start, s
     # Preempt: running job -> why it may not be preempted (its budget spent, under the minimum runtime)
-    unpreemptible: dict[str, str] = field(default_factory=dict)
+    unpreemptible: dict[str, tuple[int, str]] = field(default_factory=dict)  # job -> (its level, why)
 
     @property
     def batch(self) -> list[PlanJob]:
