@@ -53,7 +53,11 @@ def explain(r, keys, settings, job_id: str) -> dict[str, Any]:
     on), ``host_live`` (whether a GPU worker of that host is live now), ``host_stopping``
     (no live worker because its last one is shutting down cleanly: it hands its leases back) and
     ``lease_expires_in_s`` (s until its lease runs out, when that host has no live worker:
-    the planner then reclaims it; else None); other states have them None (False).
+    the planner then reclaims it; else None); other states have them None (False), but a
+    completed, failed or cancelled job keeps ``leased_at`` and ``started_at`` of its last lease
+    (None when it never got that far or only its retained summary is left). Every job has
+    ``preemptions`` (times it was preempted) and ``preemption_budget`` (the planner's
+    ``MAKESPAN_PREEMPTION_BUDGET`` as this process reads it; negative: none).
 
     Raises:
         NotFoundError: no such job."""
@@ -136,7 +140,8 @@ def _explain_rec(r, keys, settings, job_id: str, rec: dict[str, str], leads: boo
                            "eta_in_s": None, "as_of_s": None, "finished_at": None, "leased_at": None,
                            "started_at": None, "since_s": None, "phase": None, "cancel_requested": False,
                            "progress": None, "host": None, "host_live": None, "host_stopping": None,
-                           "lease_expires_in_s": None}
+                           "lease_expires_in_s": None, "preemptions": int(rec.get("preemptions") or 0),
+                           "preemption_budget": getattr(settings, "preemption_budget", None)}
     if rec.get("state") in LEASED:  # when it was leased, the phase it is in (and since when)
         from makespan.producer import phase_now
 
@@ -156,6 +161,9 @@ def _explain_rec(r, keys, settings, job_id: str, rec: dict[str, str], leads: boo
     if rec.get("state") not in WAITING:
         if rec.get("state") in FINISHED and rec.get("finished_at"):
             out["finished_at"] = float(rec["finished_at"])
+        if rec.get("state") in FINISHED:  # when its last lease was granted and its execute phase began (None:
+            # it never got that far, or its record was compacted to a retained summary without them)
+            out.update(leased_at=_float_or_none(rec.get("leased_at")), started_at=_float_or_none(rec.get("started_at")))
         if rec.get("reason") and rec.get("state") in FINISHED:  # the outcome's reason; a leased or running
             out["detail"] = rec["reason"]  # job's record still holds its last requeue's ("preempted by …")
         return out
@@ -220,6 +228,23 @@ def _outcome(x: dict[str, Any]) -> str:
     if x["finished_at"] is None:
         return _activity(x) or _short(x["detail"])
     return f"ended {_utc_text(x['finished_at'])}" + (f": {_short(x['detail'])}" if x["detail"] else "")
+
+
+def preemption_budget_line(x: dict[str, Any]) -> str:
+    """``preempted 1 time of its budget of 2 (MAKESPAN_PREEMPTION_BUDGET): …`` for a job that
+    was preempted and has not ended (issue 19 point 2: how many more preemptions it may take),
+    "" for one never preempted or ended."""
+    count, budget = x.get("preemptions") or 0, x.get("preemption_budget")
+    if not count or x["finished_at"] is not None or x["state"] in FINISHED:
+        return ""
+    times = f"{count} time{'s' if count != 1 else ''}"
+    if budget is None or budget < 0:
+        return f"preempted {times} (no preemption budget is set: it may be preempted again)"
+    if count >= budget:
+        return (f"preempted {times}, its whole budget of {budget} (MAKESPAN_PREEMPTION_BUDGET): "
+                "it is not preempted again")
+    return (f"preempted {times} of its budget of {budget} (MAKESPAN_PREEMPTION_BUDGET): it may be preempted "
+            f"{budget - count} more time{'s' if budget - count != 1 else ''}")
 
 
 def line(x: dict[str, Any]) -> str:
@@ -421,6 +446,9 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"  {x['detail']}" if x["detail"] else "  (no detail)")
             if x["as_of_s"] is not None:
                 typer.echo(f"  as of {x['as_of_s']:.1f} s ago (the planner's last tick that read it)")
+        budget_line = preemption_budget_line(x)
+        if budget_line:
+            typer.echo(f"  {budget_line}")
 
     @app.command("jobs")
     def jobs_cmd(state: list[str] = typer.Option(None, "--state", help="queued, delayed, leased (leased or running), running, "

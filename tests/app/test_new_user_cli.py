@@ -4,6 +4,7 @@ down at submit and connect, ``makespan jobs`` without a header or finished jobs,
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -464,3 +465,30 @@ def test_ready_is_not_fooled_by_the_mark_of_a_worker_killed_on_this_machine(r, k
     r.zadd(keys.fn_holders("gpu_jobs.score"), {"another-machine:1:abcd": seconds * 1000 + micros // 1000 + 30_000})
     res = CliRunner().invoke(cli_app, ["ready", "gpu_jobs.score", "--timeout-s", "0.3"])
     assert res.exit_code == 0 and res.output.strip() == "ready", res.output  # a worker elsewhere holds it
+
+
+def test_jobs_json_keeps_when_a_finished_job_was_leased_and_started(r, keys, settings, redis_url, prefix):
+    """`jobs --state completed --json` and `why --json` of a finished job give when its last
+    lease was granted and its execute phase began (they were None once it ended: a notebook
+    user could not see how long it had waited or run), also after the retention sweep
+    compacted its record to a summary."""
+    from makespan.workers.retention import Retention
+
+    prod = Producer(r, keys, load_fleet(FLEET_TOML), settings)
+    job = prod.submit({"endpoint": "chat", "service_s": 5})
+    # what the GPU worker's fenced commit leaves of a completed job's run
+    now_s = float(r.time()[0])  # recent: the retained summary lives as long as the retention age
+    leased_s, started_s, finished_s = now_s - 9.5, now_s - 7.75, now_s
+    r.hset(keys.job(job.id), mapping={"state": "completed", "leased_at": repr(leased_s), "started_at": repr(started_s),
+                                      "finished_at": repr(finished_s)})
+    r.zadd(keys.finished, {job.id: finished_s})
+    env = _env(redis_url, prefix)
+    for compacted in (False, True):
+        if compacted:
+            assert Retention(r, settings).sweep().compacted == 1
+        res = CliRunner().invoke(cli_app, ["jobs", "--state", "completed", "--json"], env=env)
+        assert res.exit_code == 0, res.output
+        (row,) = [json.loads(text) for text in res.stdout.splitlines()]  # JSON lines
+        assert (row["leased_at"], row["started_at"], row["finished_at"]) == (leased_s, started_s, finished_s), row
+        res = CliRunner().invoke(cli_app, ["why", job.id, "--json"], env=env)
+        assert json.loads(res.stdout)["started_at"] == started_s, res.output

@@ -4,6 +4,7 @@ real Redis) or the job's own record, and ``makespan why`` prints it."""
 
 from __future__ import annotations
 
+import json
 import dataclasses
 import time
 import uuid
@@ -195,6 +196,19 @@ def test_preempted_requeued(r, settings, env):
     # take longer than the 0.11 wall s the ETA lies ahead (CI failed on exactly that)
     assert before_s + 0.11 - 0.3 <= eta_s <= after_s + 0.11 + 0.3
     assert eta_s > before_s
+    # how much of its preemption budget it has used (the CLI's MAKESPAN_PREEMPTION_BUDGET, default 2)
+    assert "preempted 1 time of its budget of 2 (MAKESPAN_PREEMPTION_BUDGET): it may be preempted 1 more time" \
+        in out, out
+    r.hset(w.keys.job(low), "preemptions", 2)
+    out = _why(low, "preempted_requeued")
+    assert "preempted 2 times, its whole budget of 2 (MAKESPAN_PREEMPTION_BUDGET): it is not preempted again" \
+        in out, out
+    res = CliRunner().invoke(cli_app, ["why", crit, "--json"])
+    assert json.loads(res.output)["preemptions"] == 0 and "budget" not in _why_text(crit)
+
+
+def _why_text(jid):
+    return CliRunner().invoke(cli_app, ["why", jid]).output
 
 
 def test_a_victim_of_the_rules_preemption_gets_its_eta_at_the_next_tick(r, settings, env):
