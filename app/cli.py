@@ -184,6 +184,7 @@ def gpu_worker(fleet: Path = FleetOpt, host: str = typer.Option(..., help="host 
                             f"{hint}"))
     if check_gpus:
         _check_gpus(hosts[host])
+    _check_log_dir(f)
     os.environ["MAKESPAN_FLEET"] = str(Path(fleet).resolve())
     os.environ["MAKESPAN_HOST"] = host
     names: list[str] = []
@@ -206,6 +207,27 @@ def gpu_worker(fleet: Path = FleetOpt, host: str = typer.Option(..., help="host 
                                    "--without-gossip", "--without-mingle"])
     if code:
         raise typer.Exit(code)
+
+
+def _check_log_dir(fleet) -> None:
+    """Refuse to start (one line, exit 2) when an endpoint of ``fleet`` starts processes
+    (a driver built on the process driver: ``process``, ``vllm``) and the endpoint log
+    directory cannot be used (``MAKESPAN_LOG_DIR``, or the per-user default another user
+    owns): every start phase would fail on it, one job after another."""
+    from makespan.driver_registry import DRIVERS
+    from makespan.workers.drivers.process import ProcessDriver, default_log_dir
+
+    try:
+        spawns = any(issubclass(DRIVERS.driver_class(spec.launch.driver), ProcessDriver)
+                     for spec in fleet.endpoints.values())
+    except MakespanError:
+        return  # a driver that cannot be loaded fails in its phase, naming itself
+    if not spawns:
+        return
+    try:
+        default_log_dir()
+    except OSError as e:
+        _fail(MakespanError(f"the endpoint log directory cannot be used: {e}"))
 
 
 def _say_what_starts(host_spec, modules: str, names: list[str], fleet=None) -> None:

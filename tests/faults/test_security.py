@@ -232,3 +232,26 @@ def test_default_log_dir_of_someone_else_is_refused(monkeypatch, tmp_path):
             default_log_dir()
     monkeypatch.setenv("MAKESPAN_LOG_DIR", str(tmp_path / "mine"))
     assert default_log_dir() == tmp_path / "mine"  # the way out the error names
+
+
+def test_a_gpu_worker_refuses_to_start_without_a_usable_endpoint_log_dir(tmp_path):
+    """A GPU worker whose fleet starts endpoint processes checks the endpoint log directory
+    at start: one line naming the way out, exit 2, before Celery starts. It started before
+    and failed every start phase on it, one job after another."""
+    import os
+    import subprocess
+    import sys
+
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text('name = "logs"\n[[hosts]]\nname = "h"\ngpu_count = 1\nmemory_mib = 81920\n'
+                     '[endpoints.web]\nmodel = "m"\nmemory_mib_per_gpu = 1000\ncold_start_s = 1\n'
+                     '[endpoints.web.launch]\ndriver = "process"\n'
+                     'command = ["python3", "-m", "http.server", "{port}"]\n')
+    (tmp_path / f"makespan-logs-{os.getuid()}").write_text("")  # squatted: not a directory
+    env = {k: v for k, v in os.environ.items() if k != "MAKESPAN_LOG_DIR"}
+    env.update(TMPDIR=str(tmp_path), MAKESPAN_REDIS_URL="redis://127.0.0.1:1/0")
+    worker = subprocess.run([sys.executable, "-m", "makespan.cli", "gpu-worker", "--fleet", str(fleet), "--host", "h"],
+                            env=env, capture_output=True, text=True, timeout=60)
+    assert worker.returncode == 2, worker.stderr
+    assert "the endpoint log directory cannot be used" in worker.stderr and "MAKESPAN_LOG_DIR" in worker.stderr
+    assert "Traceback" not in worker.stderr
