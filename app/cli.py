@@ -816,17 +816,25 @@ def _hint_live_names(r, keys, absent: list[str]) -> None:
 @app.command()
 def result(job_id: str, timeout_s: float | None = typer.Option(None, help="wait at most this long (default: "
                                                                             "until the job ends)"),
-           no_wait: bool = typer.Option(False, "--no-wait", help="print what is stored now; do not wait")):
+           no_wait: bool = typer.Option(False, "--no-wait", help="print what is stored now; do not wait"),
+           requests: bool = typer.Option(False, "--requests", help="print the job's request records instead (a "
+                                         "request step's: one JSON line per request, with the first 200 "
+                                         "characters of its answer), as stored now")):
     """Print a job's result as JSON (its workload function's return value). Exit codes: 0 the result printed;
     1 a function's error (its type, message and traceback printed) or a cancelled or failed job (its reason);
     2 an unknown job, or Redis unreachable; 4 not finished yet (--no-wait, or --timeout-s passed): ask again
-    later."""
+    later. A job that runs no workload function (a plain job, a workload's step) has no result: `null`, and a
+    note says so; a request step's answers are its request records (--requests)."""
     from makespan.client import Client
     from makespan.errors import JobCancelled, JobFailed, ResultTimeout, WorkloadError
     from makespan.redis_conn import connect
 
     s = _settings()
-    job = Client(connect(s.redis_url), s).job(job_id)
+    client = Client(connect(s.redis_url), s)
+    job = client.job(job_id)
+    if requests:
+        _print_requests(client, job_id)
+        return
     try:
         value = job.result(timeout_s=0 if no_wait else timeout_s)
     except WorkloadError as e:
@@ -844,6 +852,34 @@ def result(job_id: str, timeout_s: float | None = typer.Option(None, help="wait 
     except MakespanError as e:
         _fail(e)
     typer.echo(json.dumps(value, indent=2, ensure_ascii=False))
+    if value is None and not client.r.hget(client.keys.job(job_id), "fn"):
+        count = client.r.llen(client.keys.requests(job_id))
+        answers = (f"; its {count} request record{'s' if count != 1 else ''}: `makespan result {job_id} --requests`"
+                   if count else "")
+        typer.echo(f"note: job {job_id} runs no workload function (a plain job or a workload's step): it has no "
+                   f"result{answers}", err=True)
+
+
+def _print_requests(client, job_id: str) -> None:
+    """``result --requests``: the job's request records (``P:requests:{job}``), one JSON
+    line each, as the GPU worker stored them; exit 2 for an unknown job."""
+    import redis
+
+    from makespan.errors import StoreError
+    from makespan.producer import job_not_found
+
+    try:
+        known = client.r.exists(client.keys.job(job_id))
+        records = client.r.lrange(client.keys.requests(job_id), 0, -1)
+    except redis.RedisError as e:
+        _fail(StoreError(f"job {job_id}: {e}"))
+    if not known:
+        _fail(job_not_found(job_id, client.keys, client.settings))
+    if not records:
+        typer.echo(f"note: job {job_id} has no request records (not a request step, not run yet, or its records "
+                   "expired with it)", err=True)
+    for record in records:
+        typer.echo(record)
 
 
 FLEET_IGNORED_HELP = "deprecated and ignored (a job is read without its fleet); kept so that old invocations work"

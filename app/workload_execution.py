@@ -45,14 +45,23 @@ def cancel_workload(r: redis.Redis, keys: Keys, workload_id: str, reason: str = 
     return {"cancelled": out["cancelled"], "cancel_requested": out["cancel_requested"]}
 
 
+def _ended_at(state: str | None, finished_at: str | None, failed_at: str | None) -> float | None:
+    """When a workload in ``state`` ended, unix s: a failed one's ``failed_at`` (its steps that
+    did not depend on the failed one may have finished later), else its ``finished_at``."""
+    if state not in TERMINAL:
+        return None
+    when = (failed_at if state == "failed" else None) or finished_at or failed_at
+    return float(when) if when else None
+
+
 def cancel_workload_outcome(r: redis.Redis, keys: Keys, workload_id: str,
                             reason: str = "workload cancelled") -> dict[str, Any]:
     """Cancel a workload as :func:`cancel_workload` does, and say what the workload was:
     ``{"cancelled": int, "cancel_requested": int, "already_ended": str | None,
     "ended_at": float | None}``: ``already_ended`` is the state the workload had ended in
     before this call (``completed``, ``failed`` or ``cancelled``; None: it was running and
-    this call cancelled it), ``ended_at`` when (unix s: its ``finished_at``, else a failed
-    one's ``failed_at``; None when it was running). A completed or cancelled workload is
+    this call cancelled it), ``ended_at`` when (unix s: a failed one's ``failed_at``, when
+    its first step failed for good, else its ``finished_at``; None when it was running). A completed or cancelled workload is
     left as it is (zeros); a failed one's independent steps that still go on are cancelled,
     and it stays failed.
 
@@ -62,7 +71,8 @@ def cancel_workload_outcome(r: redis.Redis, keys: Keys, workload_id: str,
                                                   "failed_at")
     prio = prio or "NORMAL"
     ended = {"already_ended": state if state in TERMINAL else None,
-             "ended_at": float(finished_at or failed_at) if state in TERMINAL and (finished_at or failed_at) else None}
+             # a failed workload whose independent steps went on has a later finished_at: it failed at failed_at
+             "ended_at": _ended_at(state, finished_at, failed_at)}
     if state in ("completed", "cancelled"):
         return {"cancelled": 0, "cancel_requested": 0, **ended}
     # a failed workload's independent steps go on (docs/workloads.md): they are cancelled, and

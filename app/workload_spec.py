@@ -249,7 +249,10 @@ def load_workload(path: str | Path, fleet: FleetSpec) -> WorkloadSpec:
         else:
             data = json.loads(text)
     except Exception as e:  # yaml.YAMLError / json.JSONDecodeError / RecursionError
-        raise ValidationError("workload file", str(p), f"not valid {p.suffix.lstrip('.') or 'JSON'}: {e}") from e
+        kind = "YAML" if p.suffix in (".yaml", ".yml") else "JSON"
+        read_as = "" if p.suffix in (".yaml", ".yml", ".json") else (
+            " (a file not named .yaml, .yml or .json is read as JSON)")
+        raise ValidationError("workload file", str(p), f"not valid {kind}{read_as}: {e}") from e
     try:
         return parse_workload(data, fleet)
     except ValidationError as e:

@@ -191,8 +191,14 @@ def test_cancel_workload_of_a_failed_workload_stops_what_still_goes_then_says_it
     assert res.exit_code == 0 and json.loads(res.stdout) == {"cancelled": 1, "cancel_requested": 0,
                                                              "already_ended": "failed"}, res.output
     assert f"workload {wid} had already failed at " in res.stderr and "still going were cancelled" in res.stderr
+    failed_text = _utc(float(r.hget(keys.workload(wid), "failed_at")))
+    assert f"workload {wid} had already failed at {failed_text}" in res.stderr, res.stderr
+    # it finished later (its last step cancelled just now), but both answers give when it failed (a
+    # helper's report: the second named its finish time after "failed at")
+    r.hset(keys.workload(wid), "finished_at", float(r.hget(keys.workload(wid), "failed_at")) + 6.0)
     res = _invoke(["cancel-workload", wid], redis_url, prefix)
-    assert res.exit_code == EXIT_ALREADY_ENDED and "had already ended (failed at " in res.stderr, res.output
+    assert res.exit_code == EXIT_ALREADY_ENDED and f"had already ended (failed at {failed_text})" in res.stderr, \
+        res.output
 
 
 def test_cancel_many_by_ids_or_by_filters(r, keys, settings, redis_url, prefix):
@@ -222,3 +228,23 @@ def test_cancel_many_by_ids_or_by_filters(r, keys, settings, redis_url, prefix):
         res = _invoke(argv, redis_url, prefix)
         assert res.exit_code == 2 and words in res.output, res.output
     assert r.hget(keys.job(other), "state") == "queued"
+
+
+def test_result_of_a_job_without_a_function_says_so_and_lists_its_request_records(r, keys, settings, redis_url,
+                                                                                   prefix):
+    """`makespan result` of a plain job or a workload's request step printed a bare `null`, as a
+    function that returned None does (a helper moving an eval pipeline could not read its
+    judge's answers back): a note says it runs no function, and `--requests` prints its
+    request records as the GPU worker stored them."""
+    job = Producer(r, keys, load_fleet(FLEET_TOML), settings).submit({"endpoint": "chat", "service_s": 5})
+    records = [json.dumps({"t0": 1.0, "t1": 1.5, "ms": 500.0, "ok": True, "answer": f"answer {i}"}) for i in range(2)]
+    r.rpush(keys.requests(job.id), *records)  # what workers/requests.py records for a request step
+    r.hset(keys.job(job.id), mapping={"state": "completed", "finished_at": time.time()})
+    res = _invoke(["result", job.id], redis_url, prefix)
+    assert res.exit_code == 0 and res.stdout.strip() == "null", res.output
+    assert f"note: job {job.id} runs no workload function" in res.stderr
+    assert f"its 2 request records: `makespan result {job.id} --requests`" in res.stderr
+    res = _invoke(["result", job.id, "--requests"], redis_url, prefix)
+    assert res.exit_code == 0 and res.stdout.splitlines() == records, res.output
+    res = _invoke(["result", "no-such-job", "--requests"], redis_url, prefix)
+    assert res.exit_code == 2 and "error:" in res.stderr, res.output

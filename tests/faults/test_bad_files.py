@@ -117,7 +117,12 @@ def test_workload_yaml_syntax_error_is_one_line(r, prefix, redis_url, tmp_path):
     wl.write_text("steps: [\n  {name: a, endpoint: chat\n")
     env = {"MAKESPAN_REDIS_URL": redis_url, "MAKESPAN_KEY_PREFIX": prefix}
     res = CliRunner().invoke(cli_app, ["submit-workload", str(wl), "--fleet", FLEET_TOML], env=env)
-    _one_line_error(res, str(wl), "not valid yaml", "line 3")
+    _one_line_error(res, str(wl), "not valid YAML", "line 3")
+    assert _own_keys(r, prefix) == []
+    txt = tmp_path / "w.txt"  # read as JSON: said "not valid txt" (a helper's report)
+    txt.write_text("steps:\n  - {name: a, endpoint: chat, service_s: 1}\n")
+    res = CliRunner().invoke(cli_app, ["submit-workload", str(txt), "--fleet", FLEET_TOML], env=env)
+    _one_line_error(res, str(txt), "not valid JSON (a file not named .yaml, .yml or .json is read as JSON)")
     assert _own_keys(r, prefix) == []
 
 

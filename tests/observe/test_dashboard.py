@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import importlib.resources
 import json
+import html
 import re
 import threading
 import time
@@ -391,6 +392,10 @@ def test_a_passed_eta_and_the_wait_reason_are_shown_as_why_gives_them(redis_url,
     written = _server_now(r)
     r.hset(keys.job(job), mapping={"wait_reason": "waiting_for_gpus", "wait_detail": "GPU-host-a-0 held by job x",
                                    "wait_eta": repr(written - 40.0), "wait_at": repr(written)})
+    # a step of a DAG of function calls: its function, step and dependencies, and its last progress report
+    # (a DAG user's report: the page showed none of them, `makespan jobs` did)
+    r.hset(keys.job(job), mapping={"fn": "evalfns.shard", "step": "judge", "deps": '["d1", "d2"]', "progress_done": 7,
+                                   "progress_total": 20, "progress_note": "batch 7"})
     browser = Chromium(require_tool("chromium"), tmp_path / "profile")
     with _served(redis_url, keys, r) as c:
         dom = browser.dump_dom(f"{c.base_url}/?updates=1", budget_ms=3000)
@@ -402,6 +407,10 @@ def test_a_passed_eta_and_the_wait_reason_are_shown_as_why_gives_them(redis_url,
     assert "GPU-host-a-0 held by job x" in page
     assert re.search(r'<tr data-field="wait_eta"><th>wait_eta</th><td>[^<]*\(passed 4\d\.\d s ago\)</td></tr>', page), \
         page[-3000:]
+    for field, shown in (("progress", "7/20 (batch 7)"), ("fn", "evalfns.shard"), ("step", "judge"),
+                         ("deps", "d1, d2")):
+        assert f'<tr data-field="{field}"><th>{field}</th><td>{html.escape(shown, quote=False)}</td></tr>' in page, \
+            (field, page[-3000:])
 
 
 def test_an_agenda_operation_is_shown_short_with_the_whole_id_in_its_title(redis_url, keys, r, fleet, tmp_path):

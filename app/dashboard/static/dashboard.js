@@ -308,15 +308,21 @@ function jobPage() {
   document.getElementById("job-id").textContent = id;
   fetch(api("../api/job/" + encodeURIComponent(id)), {cache: "no-store"}).then(r => r.json()).then(doc => {
     if (doc.error) { document.getElementById("status").textContent = doc.error; return; }
-    const rec = doc.record;
+    const rec = {...doc.record};
+    // its function's last ctx.progress report, as `makespan jobs --state leased` shows it
+    if (rec.progress_total !== undefined && rec.progress_total !== null && rec.progress_total !== "") {
+      rec.progress = `${Number(rec.progress_done || 0)}/${Number(rec.progress_total)}` +
+        (rec.progress_note ? ` (${rec.progress_note})` : "");
+    }
     // a waiting job's reason, detail and ETA (makespan why's answer) come first
-    const fields = ["state", "wait_reason", "wait_detail", "wait_eta", "wait_at", "endpoint", "priority", "service_s",
-                    "attempts", "preemptions", "submitted_at", "leased_at", "started_at", "finished_at", "lease",
-                    "workload_id", "reason"];
+    const fields = ["state", "wait_reason", "wait_detail", "wait_eta", "wait_at", "progress", "endpoint", "fn",
+                    "priority", "service_s", "attempts", "preemptions", "submitted_at", "leased_at", "started_at",
+                    "finished_at", "lease", "workload_id", "step", "deps", "reason"];
     const times = new Set(["submitted_at", "leased_at", "started_at", "finished_at", "wait_at"]);
     const shown = f => f === "wait_eta" ? `${clock(Number(rec[f]))} (${etaText(rec[f], doc.now)})`
-      : times.has(f) ? `${clock(Number(rec[f]))} (${rec[f]})` : rec[f];
-    document.querySelector("#record tbody").replaceChildren(...fields.filter(f => rec[f] !== undefined && rec[f] !== null && rec[f] !== "")
+      : times.has(f) ? `${clock(Number(rec[f]))} (${rec[f]})` : Array.isArray(rec[f]) ? rec[f].join(", ") : rec[f];
+    document.querySelector("#record tbody").replaceChildren(...fields.filter(f => rec[f] !== undefined && rec[f] !== null && rec[f] !== ""
+      && !(Array.isArray(rec[f]) && !rec[f].length))
       .map(f => el("tr", {"data-field": f}, el("th", {text: f}), el("td", {text: shown(f)}))));
     document.querySelector("#phases tbody").replaceChildren(...doc.phases.map(p => el("tr", {class: "phase",
       "data-phase": p.phase}, el("td", {text: p.phase}), el("td", {text: p.gpus.join(", ")}),
