@@ -255,6 +255,12 @@ def observer(fleet: Path = typer.Option(..., "--fleet", help="TOML fleet file"),
              host_down_grace_s: float = typer.Option(30.0, "--host-down-grace-s",
                                                      help="how long a host has no live GPU worker before its "
                                                           "host_down incident, s (a rolling restart is shorter)"),
+             failure_threshold: int = typer.Option(3, "--failure-threshold",
+                                                   help="failed probes in a row before a live endpoint instance is an "
+                                                        "incident and restarted (a process found gone: at once)"),
+             probe_timeout_s: float = typer.Option(5.0, "--probe-timeout-s",
+                                                   help="how long one probe waits for a process endpoint's health "
+                                                        "route, s (a loaded server answers late)"),
              metrics_port: int | None = typer.Option(None, "--metrics-port",
                                                      help="Prometheus port (0: none; default: MAKESPAN_METRICS_PORT)")
              ) -> None:
@@ -264,7 +270,8 @@ def observer(fleet: Path = typer.Option(..., "--fleet", help="TOML fleet file"),
     port = [] if metrics_port is None else ["--metrics-port", str(metrics_port)]
     raise typer.Exit(main(["--fleet", str(fleet), "--probe-interval-s", repr(probe_interval_s),
                            "--overrun-factor", repr(overrun_factor), "--min-overrun-slack-s", repr(min_overrun_slack_s),
-                           "--host-down-grace-s", repr(host_down_grace_s), *port]))
+                           "--host-down-grace-s", repr(host_down_grace_s), "--failure-threshold", str(failure_threshold),
+                           "--probe-timeout-s", repr(probe_timeout_s), *port]))
 
 
 def endpoint_server(port: int = typer.Option(..., "--port", min=0, max=65535, help="TCP port to serve on (127.0.0.1)"),

@@ -8,7 +8,10 @@ instance (:mod:`makespan.workers.drivers.registry`) through its driver and reads
 * unhealthy while a ``POSITIVE`` entry covers it (same endpoint, a shared GPU): a
   planned eviction, **no incident**;
 * unhealthy with no covering entry: an incident (``process_exited`` when its pid is
-  gone, else ``health_check_failed``);
+  gone, at once; else ``health_check_failed`` once it failed ``failure_threshold``
+  probes in a row, default :data:`FAILURE_THRESHOLD`, each waiting ``probe_timeout_s``
+  for the health route, default :data:`PROBE_TIMEOUT_S`: a loaded server answers late now
+  and then, and one late probe must not restart a healthy model), then restarted;
 * covered by a ``POSITIVE`` entry that *overruns*, i.e. ``now > expected_end +
   max((overrun_factor − 1) × (expected_end − planned_start), min_overrun_slack_s)``,
   every time on the Redis server's clock (``TIME``; the agenda writes its entries on
@@ -93,6 +96,8 @@ from makespan.workers.drivers.registry import (index_instances, list_instances, 
 
 log = logging.getLogger(__name__)
 
+FAILURE_THRESHOLD = 3  # failed probes in a row before a live instance is an incident (module doc)
+PROBE_TIMEOUT_S = 5.0  # how long the observer's probe waits for a process endpoint's health route, s
 HOST_DOWN_GRACE_S = 30.0  # a host down this long (server clock) is an incident (module doc, "Hosts")
 MIN_OVERRUN_SLACK_S = 2.0  # the least slack past a transition's expected end before it is late, s (module doc)
 
@@ -112,8 +117,11 @@ class Observer:
     lock_ttl_s: float = 10.0
     min_overrun_slack_s: float = MIN_OVERRUN_SLACK_S
     host_down_grace_s: float = HOST_DOWN_GRACE_S
+    failure_threshold: int = FAILURE_THRESHOLD
+    probe_timeout_s: float = PROBE_TIMEOUT_S
     cycle: int = 0
     last_ok_cycle: dict[str, int] = field(default_factory=dict)
+    failed_probes: dict[str, int] = field(default_factory=dict)  # instance id -> failed probes in a row
     _drivers: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -136,7 +144,17 @@ class Observer:
 
     def driver(self, name: str) -> Any:
         if name not in self._drivers:
-            self._drivers[name] = get_driver(name)
+            from makespan.driver_registry import DRIVERS
+            from makespan.workers.drivers.process import ProcessDriver
+
+            # a process endpoint's probe waits probe_timeout_s for /health (a loaded server answers slowly)
+            driver = None
+            if issubclass(DRIVERS.driver_class(name), ProcessDriver):
+                try:
+                    driver = get_driver(name, probe_timeout_s=self.probe_timeout_s)
+                except (MakespanError, TypeError):  # a subclass whose constructor does not take it: its own timeout
+                    driver = None
+            self._drivers[name] = driver if driver is not None else get_driver(name)
         return self._drivers[name]
 
     def probe_once(self) -> list[dict]:
@@ -163,9 +181,20 @@ class Observer:
         raised_for: dict[str, list[str]] = {}  # op id -> the overrun incidents raised for it this cycle
         reported: set[str] = set()
         raised = []
+        probed = {inst.id for inst, _ in pairs}
+        for gone_id in [i for i in self.failed_probes if i not in probed]:  # stopped, moved on: forgotten
+            del self.failed_probes[gone_id]
         for (inst, _), ok in zip(pairs, health):
             if ok:
                 self.last_ok_cycle[inst.id] = self.cycle
+                self.failed_probes.pop(inst.id, None)
+            else:
+                failed = self.failed_probes[inst.id] = self.failed_probes.get(inst.id, 0) + 1
+                # a live process that failed fewer than failure_threshold probes in a row is not judged yet
+                # (a loaded server answers /health late now and then: one slow probe restarted a healthy
+                # set point); one whose process is gone is judged at once
+                if failed < self.failure_threshold and not self._exited(inst):
+                    ok = True
             touching = [e for e in entries if inst.endpoint in e["endpoints"]
                         and (not e["gpus"] or set(e["gpus"]) & set(inst.gpus))]
             if any(e["mode"] == "RESTART_RECOVERY" for e in touching):
@@ -192,6 +221,7 @@ class Observer:
                     if e["op_id"] in fresh:  # an op reported in an earlier cycle keeps that incident
                         raised_for.setdefault(e["op_id"], []).append(inc["incident_id"])
             if not ok:
+                self.failed_probes.pop(inst.id, None)
                 self._recover(inst, inc)
         for e in entries:  # overruns with no registered instance: report, the live holder restores
             if e["op_id"] in fresh and e["op_id"] not in reported:
@@ -542,12 +572,16 @@ def _in_published(published: str | None, host: str) -> bool:
 def run_observer(settings: Settings, fleet: FleetSpec, probe_interval_s: float = 1.0,
                  overrun_factor: float = 1.5, stop: threading.Event | None = None,
                  max_cycles: int | None = None, min_overrun_slack_s: float = MIN_OVERRUN_SLACK_S,
-                 host_down_grace_s: float = HOST_DOWN_GRACE_S) -> int:
+                 host_down_grace_s: float = HOST_DOWN_GRACE_S, failure_threshold: int = 0,
+                 probe_timeout_s: float = 0.0) -> int:
     """Probe until ``stop`` is set, SIGTERM/SIGINT arrives (main thread only) or
     ``max_cycles`` cycles ran; returns the number of incidents raised. Redis errors
     are logged and retried on the next cycle (the observer must outlive a Redis restart).
     ``overrun_factor`` and ``min_overrun_slack_s`` (s) say when a transition is late,
-    ``host_down_grace_s`` (s) when a host without a live GPU worker is an incident (module doc).
+    ``host_down_grace_s`` (s) when a host without a live GPU worker is an incident (module doc),
+    ``failure_threshold`` how many probes in a row a live instance must fail before it is an
+    incident (and restarted) and ``probe_timeout_s`` (s) how long a probe waits for a process
+    endpoint's health route (0: :data:`FAILURE_THRESHOLD`, :data:`PROBE_TIMEOUT_S`).
 
     Raises:
         RedisConfigError: Redis evicts keys (``maxmemory-policy``) and
@@ -580,14 +614,18 @@ def run_observer(settings: Settings, fleet: FleetSpec, probe_interval_s: float =
             restore_signals()
         raise
     obs = Observer(r, Keys(settings.key_prefix), fleet, probe_interval_s, overrun_factor,
-                   min_overrun_slack_s=min_overrun_slack_s, host_down_grace_s=host_down_grace_s)
+                   min_overrun_slack_s=min_overrun_slack_s, host_down_grace_s=host_down_grace_s,
+                   failure_threshold=failure_threshold or FAILURE_THRESHOLD,
+                   probe_timeout_s=probe_timeout_s or PROBE_TIMEOUT_S)
     from makespan import metrics
 
     metrics.declare_hosts(host.name for host in fleet.hosts)  # host_down counters at 0 (a scrape shows them)
     log.info("observer: fleet %r, %d hosts, %d endpoints; probing every registered endpoint instance on this "
              "machine (%s) every %g s; transitions late past %g × their planned length (at least %g s); a host "
-             "without a live GPU worker for %g s is an incident", fleet.name, len(fleet.hosts), len(fleet.endpoints),
-             obs.machine, probe_interval_s, overrun_factor, min_overrun_slack_s, host_down_grace_s)
+             "without a live GPU worker for %g s is an incident; an instance is restarted after %d failed probes in a "
+             "row (each waits %g s)", fleet.name, len(fleet.hosts), len(fleet.endpoints),
+             obs.machine, probe_interval_s, overrun_factor, min_overrun_slack_s, host_down_grace_s,
+             obs.failure_threshold, obs.probe_timeout_s)
     warn_if_fleet_differs(r, Keys(settings.key_prefix), fleet)
     raised = 0
     outage = OutageLog(log, "observer")
@@ -695,13 +733,19 @@ def main(argv: list[str] | None = None) -> int:
                    help="least slack past a transition's expected end before it is late, s")
     p.add_argument("--host-down-grace-s", type=float, default=HOST_DOWN_GRACE_S,
                    help="how long a host has no live GPU worker before its host_down incident, s (>= 0)")
+    p.add_argument("--failure-threshold", type=int, default=FAILURE_THRESHOLD,
+                   help="failed probes in a row before a live instance is an incident and restarted (>= 1)")
+    p.add_argument("--probe-timeout-s", type=float, default=PROBE_TIMEOUT_S,
+                   help="how long one probe waits for a process endpoint's health route, s (> 0)")
     p.add_argument("--metrics-port", type=int, default=None, help="Prometheus port (default: MAKESPAN_METRICS_PORT; 0: none)")
     a = p.parse_args(argv)
     # each bound as the CLI's other checks say it (one line, exit 2): an interval of 0 spun a CPU
     for option, value, low, low_ok in (("--probe-interval-s", a.probe_interval_s, 0.0, False),
                                        ("--overrun-factor", a.overrun_factor, 1.0, True),
                                        ("--min-overrun-slack-s", a.min_overrun_slack_s, 0.0, True),
-                                       ("--host-down-grace-s", a.host_down_grace_s, 0.0, True)):
+                                       ("--host-down-grace-s", a.host_down_grace_s, 0.0, True),
+                                       ("--failure-threshold", a.failure_threshold, 1.0, True),
+                                       ("--probe-timeout-s", a.probe_timeout_s, 0.0, False)):
         if not ((low <= value if low_ok else low < value) and value < float("inf")):
             print(f"error: {option} must be a finite number {'>=' if low_ok else '>'} {low:g}, got {value!r}",
                   file=sys.stderr, flush=True)
@@ -724,7 +768,8 @@ def main(argv: list[str] | None = None) -> int:
         metrics.start_metrics_server(a.metrics_port, redis_state=False, endpoints=sorted(fleet.endpoints))
     try:
         run_observer(Settings.from_env(), fleet, a.probe_interval_s, a.overrun_factor,
-                     min_overrun_slack_s=a.min_overrun_slack_s, host_down_grace_s=a.host_down_grace_s)
+                     min_overrun_slack_s=a.min_overrun_slack_s, host_down_grace_s=a.host_down_grace_s,
+                     failure_threshold=a.failure_threshold, probe_timeout_s=a.probe_timeout_s)
     except (RedisConfigError, RedisAuthFailed) as e:  # printed once (not also logged)
         print(f"makespan observer: {e}", file=sys.stderr, flush=True)
         return EXIT_REFUSED

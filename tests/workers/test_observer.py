@@ -20,7 +20,7 @@ from makespan.models import load_fleet
 from makespan.workers.agenda import AgendaTracker, server_now_s
 from makespan.workers.drivers import get_driver
 from makespan.workers.drivers.registry import list_instances, register_instance, unregister_instance
-from makespan.workers.observer import MIN_OVERRUN_SLACK_S, Observer, list_incidents
+from makespan.workers.observer import FAILURE_THRESHOLD, MIN_OVERRUN_SLACK_S, Observer, list_incidents
 from tests.live import wait_for
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -222,6 +222,8 @@ def test_positive_entry_on_other_gpus_does_not_hide_failure(r, keys, fleet_path,
     register_instance(r, keys, inst)
     obs = Observer(r, keys, fleet)
     with AgendaTracker(r, keys).register("op-other", "POSITIVE", ["coder"], ["GPU-host-a-1"], 30.0):
+        # judged after FAILURE_THRESHOLD failed probes in a row, not at the first
+        assert [obs.probe_once() for _ in range(FAILURE_THRESHOLD - 1)] == [[]] * (FAILURE_THRESHOLD - 1)
         [inc] = obs.probe_once()
     obs.close()
     assert inc["failure_mode"] == "health_check_failed"
@@ -248,3 +250,23 @@ def test_an_overrun_whose_holder_died_is_closed_as_such_not_as_recovered(r, keys
     assert listed["incident_id"] == inc["incident_id"]
     assert listed["recovery"]["outcome"].startswith("closed: the transition did not finish: its holder died"), listed
     assert r.hlen(keys.incidents_overruns) == 0
+
+
+def test_a_probe_that_fails_now_and_then_restarts_nothing(r, keys, fleet_path):
+    """One slow or failed probe of a live instance restarted a healthy set point (a driver
+    author's report: a 1.5 s /health answer, then SIGTERM and a cold start of the model). An
+    instance is judged after FAILURE_THRESHOLD failed probes in a row; a probe that passes
+    in between starts the count again."""
+    fleet = load_fleet(fleet_path)
+    inst = get_driver("simulated").start(fleet.endpoints["coder"], ["GPU-host-a-0"], time_scale=0.0, host="host-a")
+    register_instance(r, keys, inst)
+    obs = Observer(r, keys, fleet, failure_threshold=3)
+    answers = iter([False, False, True, False, False, True, False])
+    obs._healthy = lambda _inst: next(answers)  # the probe's answers, as a loaded server gives them
+    assert [obs.probe_once() for _ in range(7)] == [[]] * 7
+    assert list_incidents(r, keys) == [] and obs.failed_probes == {inst.id: 1}
+    obs._healthy = lambda _inst: False  # down for good: the third failure in a row is the incident
+    assert obs.probe_once() == []
+    [inc] = obs.probe_once()
+    obs.close()
+    assert inc["failure_mode"] == "health_check_failed" and inc["instance_id"] == inst.id

@@ -14,7 +14,7 @@ from makespan.workers.drivers.pids import process_alive
 def get_driver(name: str, context: DriverContext | None = None, **options: Any) -> EndpointDriver:
     """A new driver ``name`` (:meth:`makespan.driver_registry.DriverRegistry.create`);
     ``options`` go to its constructor (process/vllm: ``grace_s``, ``log_dir``,
-    ``health_timeout_s``, backoff bounds; simulated: ``endpoints``, ``slowdown``).
+    ``health_timeout_s``, backoff bounds, ``probe_timeout_s``; simulated: ``endpoints``, ``slowdown``).
 
     Raises:
         ValidationError: unknown driver name (field ``launch.driver``; the reason lists

@@ -156,6 +156,8 @@ class ProcessDriver:
         log_dir: where ``{endpoint}-{instance id}.log`` files are kept.
         health_timeout_s: overrides ``launch.health_timeout_s`` when given.
         backoff_initial_s / backoff_max_s: health-probe backoff bounds.
+        probe_timeout_s: how long one health probe waits for the answer (default
+            :data:`PROBE_TIMEOUT_S`; the observer passes its ``--probe-timeout-s``).
         context: the registry's :class:`DriverContext`: its ``pause`` spends the waits
             between health probes (a cancel, a lost lease or the GPU worker's shutdown
             raised there abandons the start: the process group is stopped) and the wait
@@ -171,8 +173,10 @@ class ProcessDriver:
 
     def __init__(self, grace_s: float = DEFAULT_GRACE_S, log_dir: str | Path | None = None,
                  health_timeout_s: float | None = None, backoff_initial_s: float = 0.05,
-                 backoff_max_s: float = 1.0, context: DriverContext | None = None):
+                 backoff_max_s: float = 1.0, context: DriverContext | None = None,
+                 probe_timeout_s: float = PROBE_TIMEOUT_S):
         self.grace_s = grace_s
+        self.probe_timeout_s = probe_timeout_s
         self.log_dir = Path(log_dir) if log_dir else None
         self.health_timeout_s = health_timeout_s
         self.backoff_initial_s = backoff_initial_s
@@ -321,7 +325,7 @@ class ProcessDriver:
 
     def _probe(self, inst: Instance) -> tuple[bool, str]:
         try:
-            resp = httpx.get(f"{inst.url}{inst.health_path}", timeout=PROBE_TIMEOUT_S)
+            resp = httpx.get(f"{inst.url}{inst.health_path}", timeout=self.probe_timeout_s)
             return resp.status_code == 200, f"HTTP {resp.status_code}"
         except httpx.HTTPError as e:
             return False, type(e).__name__
