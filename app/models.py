@@ -266,6 +266,33 @@ class EndpointSpec(BaseModel):
             return (first, (2, self.wake_level2_s, 0))
         return (first,)
 
+    @model_validator(mode="after")
+    def _sleep_levels_of_driver(self) -> EndpointSpec:
+        """A sleep mode (``wake_s``), its ``sleep_level`` and a level-2 option
+        (``wake_level2_s``) only where the endpoint's driver has those sleep levels
+        (``DriverCapabilities.sleep_levels``): the plan chose level 2 for a driver without it,
+        and its evicts became stops reported as failed sleeps (a driver author's report)."""
+        if self.wake_s is None and self.wake_level2_s is None:
+            return self
+        from makespan.driver_registry import DRIVERS
+        from makespan.errors import MakespanError
+
+        try:
+            levels = DRIVERS.capabilities(self.launch.driver).sleep_levels
+        except MakespanError:
+            return self  # a driver that cannot be loaded is named where it is used
+        driver = self.launch.driver
+        if not levels:
+            raise ValueError(f"driver {driver!r} has no sleep mode (its sleep_levels are empty): remove wake_s "
+                             "and wake_level2_s (an evicted instance is stopped)")
+        if self.wake_s is not None and self.sleep_level not in levels:
+            raise ValueError(f"sleep_level {self.sleep_level}: driver {driver!r} has sleep levels "
+                             f"{', '.join(map(str, levels))} only")
+        if self.wake_level2_s is not None and 2 not in levels:
+            raise ValueError(f"wake_level2_s: driver {driver!r} has no sleep level 2 (sleep levels "
+                             f"{', '.join(map(str, levels))}): remove wake_level2_s")
+        return self
+
     @field_validator("cold_start_s")
     @classmethod
     def _cold(cls, v: float) -> float:

@@ -28,6 +28,7 @@ from makespan.models import EndpointSpec, FleetSpec, LaunchSpec, parse_fleet
 from makespan.producer import Producer
 from makespan.workers.agenda import AgendaTracker
 from makespan.workers.drivers import capabilities, get_driver
+from makespan.workers.drivers.process import ProcessDriver
 from makespan.workers.drivers.base import EndpointDriver
 from makespan.workers.drivers.registry import list_instances
 from makespan.workers.leases import LeaseStore
@@ -216,7 +217,7 @@ def _toy_fleet() -> FleetSpec:
         "name": "toys",
         "hosts": [{"name": "host-a", "gpu_count": 1, "memory_mib": 81920}],
         "endpoints": {
-            "chat": {"model": "m", "memory_mib_per_gpu": 24000, "cold_start_s": 20, "evict_s": 5, "wake_s": 8,
+            "chat": {"model": "m", "memory_mib_per_gpu": 24000, "cold_start_s": 20, "evict_s": 5,
                      "launch": {"driver": "toy", "warmup_s": 2}},
             "embed": {"model": "e", "memory_mib_per_gpu": 6000, "cold_start_s": 10, "evict_s": 3},
         }})
@@ -242,7 +243,8 @@ def _phase_end(r, keys, lease_id: str, phase: str) -> dict:
 
 def test_the_phase_runner_drives_a_plugin_driver_by_its_capabilities(plugin, r, keys, settings):
     """The toy driver starts chat (with its own launch option); having no sleep level, its
-    evicted instance is stopped, not slept, although chat has a wake_s; its transitions'
+    evicted instance is stopped (a fleet file cannot give it a wake_s:
+    test_a_sleep_mode_the_driver_lacks_is_refused_in_the_fleet_file); its transitions'
     agenda entries last at least its min_transition_wall_s."""
     toy = DRIVERS.driver_class("toy")
     toy.calls.clear()
@@ -255,7 +257,7 @@ def test_the_phase_runner_drives_a_plugin_driver_by_its_capabilities(plugin, r, 
     _run_job(r, keys, runner, fleet, settings, "embed", "L2")
     assert toy.calls[1:] == [("stop", "chat")]  # no ("sleep", ...): the driver has no sleep mode
     evict = _phase_end(r, keys, "L2", "evict")
-    assert evict["transition"] == "evict" and "driver 'toy' has no sleep level 1" in evict["sleep_failed"]
+    assert evict["transition"] == "evict" and "sleep_failed" not in evict  # a stop, as asked: no failed sleep
     assert [(i.endpoint, s) for i, s in list_instances(r, keys, with_state=True)] == [("embed", "running")]
     ctx = PhaseContext("L3", 1, [GPU], "host-a", "job", "chat")
     agenda = AgendaTracker(r, keys)
@@ -312,3 +314,43 @@ def test_no_module_outside_the_drivers_compares_a_driver_name(tmp_path):
     bad = tmp_path / "bad.py"  # the check itself finds one
     bad.write_text('def f(inst, spec):\n    return inst.driver != "simulated" or spec.launch.driver in ("vllm",)\n')
     assert _name_checks(bad, tmp_path) == ["bad.py:2", "bad.py:2"]
+
+
+class _LevelOneDriver(ProcessDriver):
+    """A plug-in driver whose runtime sleeps at level 1 only."""
+
+    name = "level-one"
+    capabilities = DriverCapabilities(spawns_process=True, sleep_levels=(1,), reports_alive=True)
+
+
+class _NoSleepDriver(ProcessDriver):
+    """A plug-in driver without a sleep mode."""
+
+    name = "no-sleep"
+    capabilities = DriverCapabilities(spawns_process=True, sleep_levels=(), reports_alive=True)
+
+
+def test_a_sleep_mode_the_driver_lacks_is_refused_in_the_fleet_file():
+    """A driver author's report: with `wake_level2_s` on a driver that sleeps at level 1 only,
+    the plan chose level 2 and the GPU worker stopped the set point instead (`sleep_failed …
+    has no sleep level 2`), restored later by a cold start; with a driver without a sleep mode
+    every evict was a failed sleep. The fleet file is refused, naming the field and the
+    driver's levels."""
+    for name, cls in (("level-one", _LevelOneDriver), ("no-sleep", _NoSleepDriver)):
+        if name not in DRIVERS:
+            DRIVERS.register(name, cls)
+
+    def fleet(driver: str, **endpoint) -> dict:
+        return {"name": "f", "hosts": [{"name": "h", "gpu_count": 1, "memory_mib": 81920}],
+                "endpoints": {"chat": {"model": "m", "memory_mib_per_gpu": 60000, "cold_start_s": 6,
+                                       "launch": {"driver": driver, "command": ["srv", "{port}"]}, **endpoint}}}
+
+    parse_fleet(fleet("level-one", wake_s=1))  # level 1 is its level
+    parse_fleet(fleet("process", wake_s=1, wake_level2_s=3))  # the built-in process driver has both
+    with pytest.raises(ValidationError, match="wake_level2_s: driver 'level-one' has no sleep level 2"):
+        parse_fleet(fleet("level-one", wake_s=1, wake_level2_s=3))
+    with pytest.raises(ValidationError, match="sleep_level 2: driver 'level-one' has sleep levels 1 only"):
+        parse_fleet(fleet("level-one", wake_s=1, sleep_level=2))
+    with pytest.raises(ValidationError, match="driver 'no-sleep' has no sleep mode"):
+        parse_fleet(fleet("no-sleep", wake_s=1))
+    parse_fleet(fleet("no-sleep"))  # no sleep mode asked: its evicts are stops

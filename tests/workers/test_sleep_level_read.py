@@ -122,3 +122,36 @@ def test_the_live_planner_prewarms_a_sleeper_when_prewarm_is_on(r, keys, setting
     assert start["prewarm"] is True and start["planned_s"] == 4  # planned as a wake
     rep = live_report(r, keys, fleet, events, [first.job_id, second.job_id], settings.time_scale, settings.policy)
     assert (rep["transitions"]["prewarm"], rep["transitions"]["restore"]) == (1, 0)
+
+
+def test_an_idle_set_points_restore_that_is_a_wake_is_planned_as_one(r, keys, settings):
+    """A set point asleep under another endpoint is restored by a wake, but its restore lease
+    was planned at ``cold_start_s`` (a driver author's report: ``planned_s`` 6 against a 1 s
+    wake): the free times and ETAs of what waits for those GPUs read it. Planned at the wake
+    of the level it sleeps at: ``wake_s`` from level 1, ``wake_level2_s`` from level 2."""
+    import dataclasses
+
+    from makespan.workers.warm import run_phases
+    from tests.live import all_events
+
+    base = _fleet().model_dump()
+    base["endpoints"]["chat"]["set_point"] = [{"host": "host-a", "gpus": [0]}]
+    fleet = FleetSpec.model_validate(base)
+    for level, wake_s in ((2, 12), (1, 4)):
+        jobs = Jobs(r, keys, settings, fleet)
+        jobs.run("chat")
+        jobs.run("embed", sleep_levels={"chat": level})  # chat sleeps at `level` under embed on its set point
+        assert [(i.endpoint, lvl) for i, lvl in list_sleepers(r, keys)] == [("chat", level)]
+        sent: list = []
+        worker = PlannerWorker(r, dataclasses.replace(settings, prewarm=False), fleet,
+                               dispatch=lambda ctx, queue, sent=sent: sent.append(ctx))
+        worker.token = ""
+        worker.tick()  # nothing queued: the idle tick restores the set point
+        assert [(c.kind, c.endpoint, c.gpus) for c in sent] == [("restore", "chat", [GPU])]
+        [start] = [e for e in all_events(r, keys) if e["kind"] == "restore_start" and e["lease"] == sent[0].lease_id]
+        assert start["planned_s"] == wake_s, start
+        assert float(r.hget(keys.lease(sent[0].lease_id), "planned_s")) == wake_s
+        assert run_phases(jobs.runner, sent[0]) == "completed"  # chat woken on its set point
+        for inst, _state in jobs.instances():  # start the next level from an empty GPU
+            jobs.runner._stop_instance(inst)
+        r.delete(keys.resident(GPU))
