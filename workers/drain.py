@@ -99,6 +99,10 @@ class SetPointsAndDrain:
         # drain check runs and reports them (it waited for them before, blind for the whole change)
         failed: dict[str, str] = {}
         fleets = read_worker_fleets(env.r, env.keys, env.fleet, env.whole_fleet or env.fleet) if off else None
+        # wall s until the earliest delayed job falls due (None: none delayed): a restore that would still run
+        # then is not started (a 3 s wake started in a 1 s retry backoff delayed the retry: a driver author's report)
+        next_due = env.delayed.next_due
+        due_in_s = None if next_due is None else next_due - env.delayed.server_now_s()
         for (endpoint, gpus), backoff, counted in zip(off, reads[::2], reads[1::2]):
             if backoff is not None:  # not retried before its backoff ends: the drain check reports it
                 failure = restore_failure(counted or backoff)
@@ -114,6 +118,9 @@ class SetPointsAndDrain:
             restoring = True
             if busy.intersection(gpus):
                 continue
+            if due_in_s is not None and due_in_s < _restore_load_s(ctx, endpoint, tuple(gpus), False) * \
+                    env.settings.time_scale:
+                continue  # a delayed job (a retry's backoff, a delay_s) falls due before the restore would end
             start_restore(ctx, endpoint, tuple(gpus), busy, checked=True)
         if restoring or env.r.zcard(env.keys.leases):  # the drain check counts the whole fleet: all idle
             kept.idle_checked = False

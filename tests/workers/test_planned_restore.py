@@ -124,3 +124,24 @@ def test_a_restore_planned_later_is_not_started_now(r, keys, settings, time_scal
     w.tick()
     assert sent == [], [(c.kind, c.gpus) for c in sent]
     assert r.get(keys.gpu(L0)) is None and r.hget(keys.job(big), "state") == "queued"
+
+
+def test_an_idle_restore_waits_for_a_delayed_job_due_before_it_would_end(r, keys, settings):
+    """Nothing queued or running, but a job waits out a retry backoff (or a delay_s) that
+    ends before the set point's restore would: the restore waited for nothing and started
+    (a 3 s wake in a 1 s backoff), and the retry was leased only after it (a driver author's
+    report). The idle tick leaves the set point off until that job is queued; a delayed job
+    due after the restore would end does not hold it."""
+    s = dataclasses.replace(settings, policy="portfolio", lease_ttl_s=60.0, time_scale=1.0)
+    sent = []
+    w = PlannerWorker(r, s, FLEET, dispatch=lambda ctx, q: sent.append(ctx))
+    w.token = ""
+    prod = Producer(r, keys, FLEET, s)
+    soon = prod.submit({"endpoint": "other", "service_s": 1, "priority": "NORMAL", "delay_s": 1.0})  # base: 2 s load
+    w.tick()
+    assert [c for c in sent if c.kind == "restore"] == [] and r.get(keys.gpu(G0)) is None
+    assert prod.cancel(soon.id) == "cancelled"
+    prod.submit({"endpoint": "other", "service_s": 1, "priority": "NORMAL", "delay_s": 600.0})  # due long after
+    w.tick()
+    w.tick()
+    assert [(c.endpoint, c.gpus) for c in sent if c.kind == "restore"] == [("base", [G0])]
