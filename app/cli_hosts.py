@@ -138,7 +138,10 @@ def _known_host(fleet: Any, host: str) -> None:
 
 
 def hosts(fleet: Path | None = typer.Option(None, "--fleet", help=FLEET_HELP),
-          as_json: bool = typer.Option(False, "--json", help="one JSON object per host and line")) -> None:
+          as_json: bool = typer.Option(False, "--json", help="one JSON object per host and line"),
+          instances: bool = typer.Option(False, "--instances", help="also list each host's endpoint instances: "
+                                         "endpoint, GPUs, running / asleep (at which sleep level) / waking / "
+                                         "stopping")) -> None:
     """The fleet's hosts: GPUs, how many are leased (and by which jobs), whether a GPU worker
     consumes the host's queue, and whether an operator cordoned it. STATE: schedulable; down
     (its GPU worker stopped: no new lease until one is back); cordoned (no new lease, leases
@@ -147,6 +150,10 @@ def hosts(fleet: Path | None = typer.Option(None, "--fleet", help=FLEET_HELP),
         _, r, keys = context()
         spec = _fleet(r, keys, fleet)
         rows = host_rows(r, keys, spec)
+        if instances:
+            on_host = _instances_by_host(r, keys, spec)
+            for row in rows:
+                row["instances"] = on_host.get(row["host"], [])
         stray = sorted(set(r.hkeys(keys.hosts_cordoned)) - {row["host"] for row in rows})
     except MakespanError as e:
         fail(e)
@@ -175,6 +182,28 @@ def hosts(fleet: Path | None = typer.Option(None, "--fleet", help=FLEET_HELP),
         gpus = "-" if row["gpus"] is None else row["gpus"]
         typer.echo(f"{row['host']:<{width}} {pool}{gpus:>4} {row['leased']:>6} {row['worker']:<{worker_width}} "
                    f"{row['state']:<12} {since:<21} {reason}")
+        for inst in row.get("instances", []):
+            level = f" (sleep level {inst['sleep_level']})" if inst["sleep_level"] else ""
+            typer.echo(f"  {inst['endpoint']:<16} {inst['state']}{level} on {','.join(inst['gpus'])} "
+                       f"[{inst['driver']}, instance {inst['id'][:8]}]")
+        if instances and not row.get("instances"):
+            typer.echo("  (no endpoint instance)")
+
+
+def _instances_by_host(r: Any, keys: Any, spec: Any) -> dict[str, list[dict[str, Any]]]:
+    """Host -> its registered endpoint instances (the instance registry,
+    :func:`makespan.workers.drivers.registry.list_instances`): ``{id, endpoint, gpus, state,
+    sleep_level, driver}``; ``sleep_level`` only for an asleep or waking one. An instance
+    whose host field is empty is placed by its first GPU."""
+    from makespan.workers.drivers.registry import list_instances
+
+    by_gpu = {gpu.uuid: host.name for host in spec.hosts for gpu in host.gpus}
+    out: dict[str, list[dict[str, Any]]] = {}
+    for inst, state in list_instances(r, keys, with_state=True):
+        host = inst.host or next((by_gpu[g] for g in inst.gpus if g in by_gpu), "")
+        out.setdefault(host, []).append({"id": inst.id, "endpoint": inst.endpoint, "gpus": list(inst.gpus),
+                                         "state": state, "sleep_level": inst.sleep_level, "driver": inst.driver})
+    return out
 
 
 def cordon(host: str = typer.Argument(..., help="a host of the fleet"),

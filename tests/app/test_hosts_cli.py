@@ -177,3 +177,29 @@ def test_a_cordon_reason_past_its_limit_is_refused_and_nothing_is_written(r, key
     out = _cli(env, "cordon", "a", "--reason", "x" * 5000)
     assert out.exit_code == 2 and "is 5000 characters: at most 500" in out.output, out.output
     assert not r.exists(keys.hosts_cordoned)
+
+
+def test_hosts_instances_lists_each_hosts_endpoints_and_their_sleep(r, keys, redis_url, prefix):
+    """A vLLM operator had no command that said which endpoint instance is on which GPU and
+    whether it runs or sleeps (and at which level): they read ``P:instance:*`` by hand.
+    `hosts --instances` lists them per host; `--json` carries them as ``instances``."""
+    from makespan.workers.drivers import get_driver
+    from makespan.workers.drivers.registry import register_instance, set_instance_state
+
+    env = {"MAKESPAN_REDIS_URL": redis_url, "MAKESPAN_KEY_PREFIX": prefix}
+    r.set(keys.fleet, FLEET.model_dump_json())
+    driver = get_driver("simulated")
+    running = driver.start(FLEET.endpoints["e"], ["GPU-a-0"], time_scale=0.0, host="a")
+    asleep = driver.start(FLEET.endpoints["e"], ["GPU-a-1"], time_scale=0.0, host="a")
+    register_instance(r, keys, running)
+    register_instance(r, keys, asleep)
+    set_instance_state(r, keys, asleep.id, "asleep", sleep_level=2)
+    rows = {row["host"]: row for row in map(json.loads, _cli(env, "hosts", "--json", "--instances").output.splitlines())}
+    assert sorted((i["gpus"], i["state"], i["sleep_level"]) for i in rows["a"]["instances"]) == \
+        [(["GPU-a-0"], "running", None), (["GPU-a-1"], "asleep", 2)]
+    assert rows["b"]["instances"] == []
+    assert "instances" not in _rows(env)["a"]  # only when asked (it reads every instance)
+    text = _cli(env, "hosts", "--instances").output
+    assert f"  e                asleep (sleep level 2) on GPU-a-1 [simulated, instance {asleep.id[:8]}]" in text, text
+    assert f"  e                running on GPU-a-0 [simulated, instance {running.id[:8]}]" in text, text
+    assert "  (no endpoint instance)" in text
