@@ -93,11 +93,13 @@ class FormBatch:
         # victims the rule's preemption requeued last tick, or the critical lane's since the last
         # batch's snapshot, have no ETA yet: their batch is not held back by REASON_REFRESH_S
         # (it would be, with every GPU held)
-        ctx.batch_formed = (len(ctx.held_gpus) < len(ctx.env.gpus) or may_preempt or bool(snapshot.gated_gpus)
+        ages = ctx.env.now_s() >= kept.next_aging_s  # a job read last reaches the aging bound: its reservation
+        ctx.batch_formed = (len(ctx.held_gpus) < len(ctx.env.gpus) or may_preempt or bool(snapshot.gated_gpus) or ages
                             or kept.victims_without_eta or kept.lane_victims != kept.lane_victims_planned
                             or (queued != kept.heads_read or kept.reasons_stale or kept.fleet_waiting or self._function_back(ctx))
                             and now - kept.heads_read_at >= REASON_REFRESH_S)
         if ctx.batch_formed:
+            kept.next_aging_s = float("inf")  # PlanBatch sets it again from its batch
             kept.heads_read, kept.heads_read_at, kept.reasons_stale = queued, now, False
             kept.victims_without_eta, kept.lane_victims_planned = False, ctx.lane_victims_seen
             ctx.formed = form_batch(ctx.env, ctx.token, None if snapshot.workloads_active else heads)

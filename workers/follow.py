@@ -165,6 +165,9 @@ class FollowKeptPlan:
             return
         if kept_plan.reserved & started:  # the next aged job gets its reservation from a full tick
             ctx.kept.followed = None
+            # ... at once, with every GPU held too: the jobs deferred behind the reservation say
+            # behind_reservation until a batch rewrites them (batch.FormBatch's REASON_REFRESH_S)
+            ctx.kept.heads_read_at = float("-inf")
         ctx.followed = True
         ctx.kept.reasons_stale = True  # the queued jobs' reasons are the kept plan's (batch.FormBatch refreshes them)
         ctx.held_gpus = held

@@ -170,6 +170,9 @@ def _running(ctx: TickContext, state: FleetState, lease_of: dict[str, str], info
         preemptable = job_id not in awaited and not on_down_host and bounded
         if not bounded:  # the wait reason of a job it holds up says why it is not cut (new-user check)
             ctx.unpreemptible[job_id] = (int(prio), _unbounded_why(ctx, cuts, ran_s, server_now_ms / 1000.0))
+            budget = ctx.env.settings.preemption_budget
+            if not 0 <= budget <= int(cuts or 0) and job_id not in awaited and not on_down_host:
+                ctx.preemptible_at[job_id] = state.now_s + max(0.0, ctx.env.settings.preemption_min_runtime_s - ran_s)
         running = RunningJob(job, group, start_s, service_start_s, end_s, preemptable)
         out.update({gpu: running for gpu in group})
     return out, {job_id: lease_id for lease_id, job_id in jobs.items()}

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 
 from makespan.models import Priority
 from makespan.planner.model import Assignment, FleetState, Plan, PlanJob
-from makespan.planner.reservation import Reservation
+from makespan.planner.reservation import Reservation, reservation_for
 from makespan.store import JobStore
 from makespan.workers.tick.context import TickContext
 
@@ -56,6 +56,54 @@ class WriteWaitReasons:
             _clear_reason_counts(ctx)
 
 
+def _preemptible_start(ctx: TickContext, job: PlanJob, state: FleetState, assignment: Assignment) -> float:
+    """When the group of ``assignment`` could be taken by preempting the lower-level holders the
+    minimum runtime protects now (their time held reaches it), or ``assignment.start_s`` when
+    another holder (its budget spent, its level, a job planned there first) keeps it longer."""
+    now, out = state.now_s, state.now_s
+    for gpu in assignment.gpus:
+        free = state.free_at.get(gpu, now)
+        holder = ctx.lease_job.get(gpu)
+        if free <= now + 1e-6:
+            continue
+        level = ctx.unpreemptible.get(holder, (None, ""))[0] if holder else None
+        if holder in ctx.preemptible_at and level is not None and level > job.priority:
+            out = max(out, ctx.preemptible_at[holder])
+        else:
+            return assignment.start_s
+    if any(other.job_id != job.id and other.end_s <= assignment.start_s + 1e-6 and other.start_s < assignment.start_s
+           for other in _sharing_scan(ctx, assignment)):
+        return assignment.start_s  # another job is planned on the group first
+    return out  # the group is taken then (the plan's start is the take; its transition follows)
+
+
+def _sharing_scan(ctx: TickContext, assignment: Assignment) -> list[Assignment]:
+    mine = set(assignment.gpus)
+    plan = ctx.plan
+    return [] if plan is None else [other for other in plan.assignments if mine.intersection(other.gpus)]
+
+
+def _future_reservation(ctx: TickContext, batch: list[PlanJob], state: FleetState,
+                        plan: Plan) -> tuple[str, float, float] | None:
+    """(job id, start, ages at) of the job that will hold the next reservation (none is held now):
+    the first job by level, release, submission whose plan starts it after it reaches the aging
+    bound; start: its earliest group's free time of the running work, from when it ages."""
+    after_s = ctx.env.settings.reservation_after_s
+    if after_s is None or ctx.reservations:
+        return None
+    by_job = plan.by_job()
+    late = [job for job in batch if job.id not in ctx.dispatched and job.id in by_job
+            and by_job[job.id].start_s > job.release_s + after_s]
+    if not late:
+        return None
+    job = min(late, key=lambda j: (j.priority, j.release_s, j.seq))
+    res = reservation_for(job, state)
+    if res is None:
+        return None
+    ages_at = job.release_s + after_s
+    return job.id, max(res.start_s, ages_at), ages_at
+
+
 def _server_time_s(ctx: TickContext, start_s: float, now_s: float) -> float:
     """A plan time (workload s) as unix s on the Redis server's clock (as the delayed-job
     promote measured it)."""
@@ -77,6 +125,7 @@ def _write(ctx: TickContext, batch: list[PlanJob], plan: Plan) -> None:
     rows: list[str] = []
     memory_waits: dict[tuple[int, int], bool] = {}  # (tp, MiB per GPU) -> only a group without the memory is free
     on_gpu = _positions_on_gpu(plan)
+    ahead = _future_reservation(ctx, batch, state, plan)  # (job id, its start once it ages) or None
     for job in batch:
         if job.id in ctx.dispatched:
             continue
@@ -90,8 +139,14 @@ def _write(ctx: TickContext, batch: list[PlanJob], plan: Plan) -> None:
         # code: a preempted job's too): that host's free time is a placeholder
         # (fleet_view.DOWN_FREE_AFTER_S), not a forecast
         gated = ctx.snapshot.gated_gpus if ctx.snapshot is not None else frozenset()
-        eta = (_server_eta(ctx, assignment.start_s, now)
-               if assignment is not None and gated.isdisjoint(assignment.gpus) else "")
+        start = assignment.start_s if assignment is not None else None
+        if start is not None and job.priority <= Priority.HIGH:  # it may preempt from then (module doc)
+            start = min(start, _preemptible_start(ctx, job, state, assignment))
+        if start is not None and ahead is not None and ahead[0] == job.id and ahead[1] < start:
+            start = ahead[1]  # it ages before its planned start: its reservation then starts it
+            detail += f"; ages past the bound at {utc_text(_server_time_s(ctx, ahead[2], now))}, then reserved"
+        eta = (_server_eta(ctx, start, now)
+               if start is not None and gated.isdisjoint(assignment.gpus) else "")
         rows += [job.id, reason, detail, eta]
     dependencies = _Dependencies(ctx, state, plan)
     for job_id, deps in ctx.formed.unready.items():
@@ -250,7 +305,9 @@ def _batch_reason(ctx: TickContext, job: PlanJob, state: FleetState, plan: Plan,
             return gated[0], f"{gated[1]}; its GPUs {','.join(own_reservation.gpus)} are reserved for it there"
         return "reserved", (f"GPUs {','.join(own_reservation.gpus)} reserved for it from the ETA "
                             "(waited past the aging bound)")
-    blocking = [reservation for reservation in reservations.values() if job.id in reservation.deferred]
+    # a reservation whose job this tick leased is gone: its deferred jobs now wait for that job's GPUs
+    blocking = [reservation for reservation in reservations.values()
+                if job.id in reservation.deferred and reservation.job_id not in ctx.dispatched]
     if job.id in ctx.formed.requeued:  # its code until it starts again; the detail says what it waits for now
         reason, detail = _current_wait(ctx, job, state, plan, assignment, blocking, memory_waits, on_gpu)
         return "preempted_requeued", f"preempted; queued again, restarts from zero; now {reason}: {detail}"

@@ -751,3 +751,95 @@ def test_a_holder_of_the_same_level_is_not_said_to_become_preemptible(r, setting
     assert sent == []
     out = _why(urgent, "waiting_for_gpus")
     assert "preemptible from" not in out and "not preemptible" not in out, out
+
+
+def _eta_in_s(r, w, job_id) -> float:
+    """The job's written ETA, workload s from now (the Redis server's clock)."""
+    sec, usec = r.time()
+    return (float(r.hget(w.keys.job(job_id), "wait_eta")) - (sec + usec / 1e6)) / w.settings.time_scale
+
+
+def test_a_gang_that_ages_before_its_planned_start_gets_its_reservations_start_as_eta(r, settings, env):
+    """A Slurm user's check (`squeue --start`): a gang not aged yet, planned behind shorter
+    jobs that keep taking its GPUs, showed the plan's late start as its ETA although it
+    reaches the aging bound first, and its reservation then starts it when its earliest
+    group frees (40–80 s off live). Its ETA is the reservation's start (its earliest group's
+    free time, or its aging time if later), and the detail says when it ages."""
+    w, prod, sent = _setup(r, settings, TWO_BY_FOUR)
+    _lease_all(r, w, prod, {"a": [100.0, 100.0, 100.0, 400.0], "b": [450.0, 500.0, 550.0, 600.0]})
+    fillers = [prod.submit({"endpoint": "e", "service_s": 300, "priority": "NORMAL"}).id for _ in range(12)]
+    gang = prod.submit({"endpoint": "four", "service_s": 600, "priority": "NORMAL"}).id
+    ages_in_s = 50.0  # it reaches the aging bound 50 workload s from now
+    r.hset(w.keys.job(gang), "submitted_at",
+           repr(time.time() - (settings.reservation_after_s - ages_in_s) * settings.time_scale))
+    w.tick()
+    assert sent == [] and fillers
+    out = _why(gang, "waiting_for_gpus")
+    assert "ages past the bound at " in out and ", then reserved" in out, out
+    assert _eta_in_s(r, w, gang) == pytest.approx(400.0, abs=15.0), out  # host a frees at +400: reserved then
+
+
+def test_a_critical_job_behind_a_holder_under_the_minimum_runtime_gets_its_preemption_as_eta(r, settings, env):
+    """The ETA of a CRITICAL or HIGH job behind a lower-level holder that only the minimum
+    runtime protects was the holder's end; it preempted the holder when the minimum runtime
+    ended, 52 s earlier live. The ETA is that time; a holder of its own level keeps the
+    holder's end (no victim of it)."""
+    w, prod, sent = _setup(r, settings, preemption_min_runtime_s=6000.0)  # 60 wall s at the time scale 0.01
+    _lease(r, w, prod, "GPU-h-0", priority="LOW", service_s=100000.0)
+    urgent = prod.submit({"endpoint": "e", "service_s": 10, "priority": "CRITICAL"}).id
+    w.tick()
+    assert sent == []
+    _why(urgent, "waiting_for_gpus")
+    assert _eta_in_s(r, w, urgent) == pytest.approx(6000.0, abs=300.0)  # not +100,000 s
+
+
+def test_a_same_level_holder_under_the_minimum_runtime_keeps_its_end_as_eta(r, settings, env):
+    w, prod, sent = _setup(r, settings, preemption_min_runtime_s=6000.0)
+    _lease(r, w, prod, "GPU-h-0", priority="HIGH", service_s=100000.0)
+    urgent = prod.submit({"endpoint": "e", "service_s": 10, "priority": "HIGH"}).id
+    w.tick()
+    _why(urgent, "waiting_for_gpus")
+    assert _eta_in_s(r, w, urgent) > 90000.0
+
+
+def test_behind_reservation_ends_at_the_tick_after_the_reserved_job_is_leased(r, settings, env):
+    """A job deferred behind a reservation said `behind_reservation` for a whole reason
+    refresh (REASON_REFRESH_S, 1 s) after the reserved job was leased by a tick that only
+    followed the kept plan, every GPU then held: the next tick rewrites the deferred jobs'
+    reasons without that reservation."""
+    w, prod, sent, gang, long_ = _aged_gang_and_long_job(r, settings, [5000.0] * 4)
+    assert gang in _why(long_, "behind_reservation")
+    for lease_id in r.zrange(w.keys.leases, 0, -1):  # host a's holders end (as a GPU worker releases): its group is free
+        info = r.hgetall(w.keys.lease(lease_id))
+        if info.get("holder") == "a":
+            r.delete(*[w.keys.gpu(gpu) for gpu in json.loads(info["gpus"])], w.keys.lease(lease_id))
+            r.zrem(w.keys.leases, lease_id)
+    w.tick()
+    assert [c.job_id for c in sent] == [gang]  # every GPU is held now
+    w.tick()  # the next tick, well within REASON_REFRESH_S
+    assert "behind_reservation" not in _why_text(long_), _why_text(long_)
+
+
+def test_a_job_crossing_the_aging_bound_is_planned_then_with_every_gpu_held(r, settings, env):
+    """With every GPU held nothing planned again until a GPU freed, so a gang that reached
+    the aging bound kept `waiting_for_gpus` (19 s live, "as of 26.9 s ago") and got its
+    reservation only at the next release. The tick after the bound plans it: `reserved`."""
+    clock = ManualClock(time.time())
+    s = dataclasses.replace(settings, lease_ttl_s=600.0, policy="portfolio")
+    sent = []
+    w = PlannerWorker(r, s, TWO_BY_FOUR, dispatch=lambda ctx, q: sent.append(ctx), clock=clock)
+    w.token = ""
+    prod = Producer(r, w.keys, TWO_BY_FOUR, s)
+    _lease_all(r, w, prod, {"a": [300.0, 300.0, 300.0, 400.0], "b": [450.0, 500.0, 550.0, 600.0]})
+    gang = prod.submit({"endpoint": "four", "service_s": 600, "priority": "NORMAL"}).id
+    ages_in_s = 50.0  # workload s until it reaches the bound
+    r.hset(w.keys.job(gang), "submitted_at", repr(clock.now() - (s.reservation_after_s - ages_in_s) * s.time_scale))
+    w.tick()
+    assert sent == [] and "reserved" not in _why_text(gang)
+    clock.advance(0.2 * ages_in_s * s.time_scale)  # not aged yet (and well within REASON_REFRESH_S)
+    w.tick()
+    assert "reserved" not in _why_text(gang).splitlines()[0]
+    clock.advance(ages_in_s * s.time_scale)  # past the bound, every GPU still held, nothing released
+    w.tick()
+    assert sent == []
+    _why(gang, "reserved")

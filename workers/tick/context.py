@@ -183,6 +183,7 @@ class CrossTickState:
     # host -> clock.monotonic() of its last preemption: its victims may hold its GPU worker's slots for
     # Settings.cancel_grace_s more (starts.note_preemption; starts._lease_request reads it)
     preempted_at: dict[str, float] = field(default_factory=dict)
+    next_aging_s: float = float("inf")  # workload s: when the first job the last plan left waits past the aging bound (steps.PlanBatch)
     lane_victims_planned: int = 0  # lane_victims before the snapshot of the last tick that formed a batch (batch)
 
 
@@ -219,6 +220,8 @@ class TickContext:
     victim_starts: dict[str, float] = field(default_factory=dict)  # Preempt (scored): victim -> planned start, s
     # Preempt: running job -> why it may not be preempted (its budget spent, under the minimum runtime)
     unpreemptible: dict[str, tuple[int, str]] = field(default_factory=dict)  # job -> (its level, why)
+    # Preempt: running job under the minimum runtime only -> when it becomes preemptible (workload s, tick clock)
+    preemptible_at: dict[str, float] = field(default_factory=dict)
 
     @property
     def batch(self) -> list[PlanJob]:

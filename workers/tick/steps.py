@@ -195,6 +195,10 @@ class PlanBatch:
             chosen = plan(batch, state, settings.policy, time_limit_s=settings.solve_time_limit_s)
         chosen, reservations = enforce(chosen, batch, state, settings.reservation_after_s, objective)
         ctx.reservations = {reservation.job_id: reservation for reservation in reservations}
+        after_s = settings.reservation_after_s
+        kept.next_aging_s = min((job.release_s + after_s for job in batch if after_s is not None
+                                 and job.id not in ctx.reservations and job.release_s + after_s > state.now_s),
+                                default=float("inf"))
         chosen, _late = fast_lane.enforce(chosen, batch, state, settings.fast_lane_levels, objective=objective,
                                           replan=lane_replan(policy), start_grace_s=settings.fast_lane_start_grace)
         solve_s = env.clock.monotonic() - started_at_s
