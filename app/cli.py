@@ -817,6 +817,8 @@ def _hint_live_names(r, keys, absent: list[str]) -> None:
 def result(job_id: str, timeout_s: float | None = typer.Option(None, help="wait at most this long (default: "
                                                                             "until the job ends)"),
            no_wait: bool = typer.Option(False, "--no-wait", help="print what is stored now; do not wait"),
+           as_json: bool = typer.Option(False, "--json", help="the result is printed as JSON already: accepted, "
+                                        "changes nothing"),
            requests: bool = typer.Option(False, "--requests", help="print the job's request records instead (a "
                                          "request step's: one JSON line per request, with the first 200 "
                                          "characters of its answer), as stored now")):

@@ -13,6 +13,10 @@ from makespan.cli_support import EXIT_ALREADY_ENDED, context, fail, outcome_unkn
 
 
 
+JSON_ALREADY = ("the output is JSON already (as `why --json` and `jobs --json`): accepted, changes nothing "
+                "(a script that adds --json everywhere works)")
+
+
 def register(app: typer.Typer) -> None:
     """Add the workload commands to the ``makespan`` CLI."""
 
@@ -40,7 +44,8 @@ def register(app: typer.Typer) -> None:
         typer.echo(wid)
 
     @app.command("workload-status")
-    def workload_status_cmd(workload_id: str, report: bool = typer.Option(False, help="add the workload report")):
+    def workload_status_cmd(workload_id: str, report: bool = typer.Option(False, help="add the workload report"),
+                            as_json: bool = typer.Option(False, "--json", help=JSON_ALREADY)):
         """A workload's state and its steps (JSON; times in unix s and ISO-8601 UTC, as `makespan status`); with --report its makespan, critical path and time waiting / in transitions / executing."""
         from makespan.workloads import workload_status
 
@@ -56,7 +61,7 @@ def register(app: typer.Typer) -> None:
         typer.echo(json.dumps(out, indent=2))
 
     @app.command("cancel-workload")
-    def cancel_workload_cmd(workload_id: str):
+    def cancel_workload_cmd(workload_id: str, as_json: bool = typer.Option(False, "--json", help=JSON_ALREADY)):
         """Cancel a workload: queued steps now, running steps at their next phase boundary. Prints JSON:
         {"cancelled": n queued steps, "cancel_requested": n running steps, "already_ended": null, or the state the
         workload had already ended in (completed, failed, cancelled)}. Exit 0: this call cancelled something (on a

@@ -472,8 +472,9 @@ class _Outage:
             raise error
         if self.since is None:
             self.since, self.retry_s = now, _POLL_MIN_S
-            log.warning("waiting on a job: Redis connection lost (%s); retrying for up to %.0f s", cause,
-                        WAIT_RECONNECT_S)
+            # the wait's own deadline may come first (--no-wait, --timeout-s 3): say the real limit
+            limit_s = WAIT_RECONNECT_S if deadline is None else max(0.0, min(WAIT_RECONNECT_S, deadline - now))
+            log.warning("waiting on a job: Redis connection lost (%s); retrying for up to %.1f s", cause, limit_s)
         if now - self.since >= WAIT_RECONNECT_S or (deadline is not None and now >= deadline):
             raise unreachable(self.url, cause) from None
 

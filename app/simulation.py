@@ -7,7 +7,6 @@ trace readers (pyproject's ``[tool.importlinter]`` layers).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,7 @@ from typing import Any
 from makespan.errors import ValidationError
 from makespan.models import load_fleet
 from makespan.planner.policies import POLICY_REGISTRY
-from makespan.planner.simulator import simulate, writable_report_path
+from makespan.planner.simulator import simulate, writable_report_path, write_report
 from makespan.traces import read_trace
 
 
@@ -55,5 +54,5 @@ def run_simulation(trace_path: str | Path, fleet_path: str | Path, policy: str, 
                    restore=restore, time_limit_s=time_limit_s, progress=progress, set_point_weight=set_point_weight,
                    prewarm=prewarm)
     if out is not None:
-        out.write_text(json.dumps(rep, indent=2))
+        write_report(out, rep)
     return rep

@@ -26,7 +26,7 @@ import hashlib
 import io
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -142,7 +142,7 @@ def read_trace(path: str | Path, fleet: FleetSpec, seed: int = 0, start: int = 0
         raise ValidationError("limit", limit, "must be >= 1 (rows to read; omit it for all)")
     text = read_user_file(p, "trace")
     try:
-        if p.suffix in (".jsonl", ".ndjson"):
+        if p.suffix in JSON_LINES_SUFFIXES:
             return _read_jsonl(text, fleet, start, limit)
         return _read_csv(text, fleet, seed, start, limit, max_service_s)
     except ValidationError as e:
@@ -214,8 +214,20 @@ def _read_csv(text: str, fleet: FleetSpec, seed: int, start: int, limit: int | N
     return out
 
 
+JSON_LINES_SUFFIXES = (".jsonl", ".ndjson", ".json")  # read as JSON lines (one object per line); others as CSV
+JSON_LINES_FIELDS = ("id", "submit_s", "endpoint", "priority", "service_s", "num_gpu")
+
+
 def _read_jsonl(text: str, fleet: FleetSpec, start: int, limit: int | None) -> list[TraceJob]:
+    """JSON lines: one object per line with :data:`JSON_LINES_FIELDS` (``endpoint`` and
+    ``service_s`` required; ``submit_s`` default 0, ``priority`` NORMAL, ``id`` ``row{N}``,
+    ``num_gpu`` the endpoint's ``tensor_parallel``, which it must equal when given). An
+    unknown field (a typo: ``sumbit_s`` made a job arrive at 0) and an ``id`` given twice (the
+    second job was lost) are errors naming the line. The jobs come back sorted by
+    ``submit_s`` (then id), as CSV rows are, and a window read from ``start`` > 0 starts at
+    its first job (``submit_s`` rebased to it, as CSV rows are)."""
     out = []
+    seen: dict[str, int] = {}
     for i, line in enumerate(text.splitlines()):
         if i < start or not line.strip():
             continue
@@ -228,6 +240,10 @@ def _read_jsonl(text: str, fleet: FleetSpec, start: int, limit: int | None) -> l
             raise ValidationError(where, line[:80], f"not JSON: {e}") from None
         if not isinstance(d, dict):
             raise ValidationError(where, line[:80], "must be a JSON object (endpoint, service_s, submit_s, priority)")
+        unknown = sorted(set(d) - set(JSON_LINES_FIELDS))
+        if unknown:
+            raise ValidationError(f"{where}.{unknown[0]}", d[unknown[0]],
+                                  f"unknown field; a trace line has {', '.join(JSON_LINES_FIELDS)}")
         endpoint = d.get("endpoint")
         if endpoint not in fleet.endpoints:
             raise ValidationError(f"{where}.endpoint", endpoint,
@@ -238,10 +254,23 @@ def _read_jsonl(text: str, fleet: FleetSpec, start: int, limit: int | None) -> l
         submit_s = _number({"submit_s": 0.0, **d}, "submit_s", where)
         if submit_s < 0:
             raise ValidationError(f"{where}.submit_s", d["submit_s"], "must be >= 0 (seconds after the start)")
-        num_gpu = int(_number({"num_gpu": 1, **d}, "num_gpu", where, int))
+        tp = fleet.endpoints[endpoint].tensor_parallel
+        num_gpu = int(_number({"num_gpu": tp, **d}, "num_gpu", where, int))
+        if num_gpu != tp:  # the job runs on its endpoint's group: another count was ignored silently
+            raise ValidationError(f"{where}.num_gpu", d["num_gpu"],
+                                  f"endpoint {endpoint!r} runs on tensor_parallel={tp} GPUs (a job's GPU count is "
+                                  "its endpoint's: leave num_gpu out, or pick the endpoint of that size)")
         try:
             priority = Priority.parse(d.get("priority", "NORMAL"))
         except ValidationError as e:
             raise ValidationError(f"{where}.priority", e.value, e.reason) from None
-        out.append(TraceJob(str(d.get("id", f"row{i}")), submit_s, service_s, endpoint, priority, num_gpu))
+        job_id = str(d.get("id", f"row{i}"))
+        if job_id in seen:
+            raise ValidationError(f"{where}.id", job_id, f"given twice (line {seen[job_id]} too): ids must be unique")
+        seen[job_id] = i + 1
+        out.append(TraceJob(job_id, submit_s, service_s, endpoint, priority, num_gpu))
+    out.sort(key=lambda job: (job.submit_s, job.id))
+    if start > 0 and out:  # a window from row `start`: its first job arrives at 0, as a CSV window's does
+        first = out[0].submit_s
+        out = [replace(job, submit_s=job.submit_s - first) for job in out]
     return out

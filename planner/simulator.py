@@ -60,6 +60,11 @@ application's :func:`makespan.simulation.run_simulation`.
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import json
+import os
+import tempfile
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
@@ -306,8 +311,31 @@ def writable_report_path(report_path: str | Path) -> Path:
         p.parent.mkdir(parents=True, exist_ok=True)
         if p.is_dir():
             raise ValidationError("--report", str(p), "is a folder; give a file path such as runs/report.json")
-        with p.open("a"):
-            pass
+        # checked, not created: a run interrupted before its end must not leave an empty (or, an
+        # earlier run's, a stale-looking) report behind (a capacity planner's SIGINT left 0 bytes)
+        target = p if p.exists() else p.parent
+        if not os.access(target, os.W_OK):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(target))
     except OSError as e:
         raise ValidationError("--report", str(p), f"cannot be written: {e.strerror or e}") from e
     return p
+
+
+def write_report(report_path: str | Path, report: dict[str, Any]) -> None:
+    """Write ``report`` as JSON to ``report_path`` whole or not at all: into a temporary
+    file beside it, then renamed over it (a reader never sees half a report, and an
+    interrupted write leaves the earlier file as it was).
+
+    Raises:
+        OSError: the folder cannot be written."""
+    p = Path(report_path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(report, f, indent=2)
+        os.replace(tmp, p)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

@@ -248,3 +248,18 @@ def test_result_of_a_job_without_a_function_says_so_and_lists_its_request_record
     assert res.exit_code == 0 and res.stdout.splitlines() == records, res.output
     res = _invoke(["result", "no-such-job", "--requests"], redis_url, prefix)
     assert res.exit_code == 2 and "error:" in res.stderr, res.output
+
+
+def test_every_command_that_prints_json_takes_json(r, keys, settings, redis_url, prefix):
+    """A script that adds --json to every command broke on workload-status, cancel-workload
+    and result ("No such option: --json"), which print JSON already; status took it."""
+    fleet = load_fleet(FLEET_TOML)
+    wid = submit_workload(r, keys, fleet, load_workload(SYNTH, fleet), settings)
+    res = _invoke(["workload-status", wid, "--json"], redis_url, prefix)
+    assert res.exit_code == 0 and json.loads(res.stdout)["id"] == wid, res.output
+    res = _invoke(["cancel-workload", wid, "--json"], redis_url, prefix)
+    assert res.exit_code == 0 and json.loads(res.stdout)["already_ended"] is None, res.output
+    job = Producer(r, keys, fleet, settings).submit({"endpoint": "chat", "service_s": 5})
+    r.hset(keys.job(job.id), mapping={"state": "completed", "finished_at": time.time()})
+    res = _invoke(["result", job.id, "--json"], redis_url, prefix)
+    assert res.exit_code == 0 and json.loads(res.stdout) is None, res.output

@@ -492,3 +492,22 @@ def test_jobs_json_keeps_when_a_finished_job_was_leased_and_started(r, keys, set
         assert (row["leased_at"], row["started_at"], row["finished_at"]) == (leased_s, started_s, finished_s), row
         res = CliRunner().invoke(cli_app, ["why", job.id, "--json"], env=env)
         assert json.loads(res.stdout)["started_at"] == started_s, res.output
+
+
+def test_a_waits_lost_redis_warning_gives_the_waits_own_limit(caplog):
+    """`result ID --timeout-s 3` with Redis gone said "retrying for up to 30 s" and gave up at
+    3.4 s (an automation engineer's script): the warning gives the limit the wait really has."""
+    import logging
+
+    import redis
+
+    from makespan.client import WAIT_RECONNECT_S, _Outage
+    from makespan.errors import StoreError
+
+    error = StoreError("job j: gone")
+    error.__cause__ = redis.ConnectionError("Connection refused")
+    with caplog.at_level(logging.WARNING, logger="makespan.client"):
+        _Outage("redis://127.0.0.1:1/0").failed(error, now=100.0, deadline=103.0)
+        _Outage("redis://127.0.0.1:1/0").failed(error, now=100.0, deadline=None)
+    assert "retrying for up to 3.0 s" in caplog.text
+    assert f"retrying for up to {WAIT_RECONNECT_S:.1f} s" in caplog.text

@@ -161,6 +161,12 @@ BAD_TRACES = [  # (file name, content, field the error names)
     ("list.jsonl", '[1, 2]\n', "trace line 1"),                        # AttributeError
     ("priority.jsonl", '{"endpoint": "chat", "service_s": 1}\n{"endpoint": "chat", "service_s": 1, '
                        '"priority": "URGENT"}\n', "trace line 2.priority"),  # named no line
+    # a capacity planner's trace (helper report): each was accepted silently
+    ("typo.jsonl", '{"endpoint": "chat", "service_s": 1, "sumbit_s": 50}\n', "trace line 1.sumbit_s"),  # arrived at 0
+    ("twice.jsonl", '{"id": "j1", "endpoint": "chat", "service_s": 1}\n{"id": "j1", "endpoint": "chat", '
+                    '"service_s": 2}\n', "trace line 2.id"),  # the second job was lost
+    ("gpus.jsonl", '{"endpoint": "chat", "service_s": 1, "num_gpu": 16}\n', "trace line 1.num_gpu"),  # ignored
+    ("array.json", '[{"endpoint": "chat", "service_s": 1}]\n', "trace line 1"),  # read as CSV: "unknown CSV columns"
 ]
 
 
@@ -171,6 +177,20 @@ def test_bad_trace_row_is_named(tmp_path, name, content, field):
     with pytest.raises(ValidationError) as ei:
         read_trace(path, FLEET)
     assert ei.value.field == field and ei.value.source == str(path), str(ei.value)
+
+
+def test_a_json_lines_trace_is_sorted_and_a_window_starts_at_its_first_job(tmp_path):
+    """`simulate` sorted a JSON-lines trace by submit_s but `replay` fed it in file order (a
+    late row went in first); a window read from --start kept its absolute submit_s (a replay
+    from row 100 sat idle until then). Rows come back sorted, a window from row N starts at
+    its first job, as CSV rows do; a `.json` file is JSON lines too."""
+    path = tmp_path / "unsorted.json"
+    rows = [("late", 30.0), ("early", 10.0), ("mid", 20.0), ("last", 40.0)]
+    path.write_text("".join(json.dumps({"id": i, "endpoint": "chat", "service_s": 1, "submit_s": t}) + "\n"
+                            for i, t in rows))
+    assert [(j.id, j.submit_s) for j in read_trace(path, FLEET)] == [("early", 10.0), ("mid", 20.0), ("late", 30.0),
+                                                                     ("last", 40.0)]
+    assert [(j.id, j.submit_s) for j in read_trace(path, FLEET, start=2)] == [("mid", 0.0), ("last", 20.0)]
 
 
 def test_trace_that_is_not_utf8_fails_in_one_line(tmp_path):
@@ -239,3 +259,19 @@ def test_report_on_a_bad_events_file_is_one_line(tmp_path, content, expect):
     run = _run_dir(tmp_path, content)
     res = CliRunner().invoke(cli_app, ["report", str(run)])
     _one_line_error(res, str(run / "events.jsonl"), expect)
+
+
+def test_replay_warns_when_its_speedup_swamps_the_jobs():
+    """A capacity planner's replay at the default --speedup 10,000 reported 5.4× the weighted
+    completion of one at 100×, with no warning: the live path's ~20 ms per job is 200
+    workload s there. `replay` warns when that floor passes 5 % of the median job."""
+    from makespan.demo import speedup_warning
+    from makespan.models import Priority
+    from makespan.traces import TraceJob
+
+    jobs = [TraceJob(f"j{i}", float(i), service_s, "chat", Priority.NORMAL, 1)
+            for i, service_s in enumerate([300.0, 600.0, 900.0])]  # median 600 s
+    warning = speedup_warning(jobs, 10000.0)
+    assert "--speedup 10000 turns the live path's ~20 ms per job into 200 workload s, 33% of the median job's " \
+           "600 s" in warning and "--speedup 1,500 or less" in warning, warning
+    assert speedup_warning(jobs, 1500.0) == "" and speedup_warning([], 10000.0) == ""

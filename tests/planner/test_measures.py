@@ -76,6 +76,11 @@ def test_lower_bounds_hand_computed():
     assert lower_bounds(jobs, EP, 1)["makespan_s"] == 7.0  # cold start 5 + longest 2
     late = jobs + [PlanJob("j3", "e", 1.0, 10.0, 20.0)]
     assert lower_bounds(late, EP, 1, resident={"e"})["makespan_s"] == 30.0
+    # a later job of a cold endpoint may run warm on the instance its first job loaded: the
+    # bound charged it a cold start too (a live replay finished before that "lower bound")
+    two_gpus = [PlanJob("first", "e", 1.0, 0.0, 1.0), PlanJob("later", "e", 1.0, 10.0, 1.0)]
+    assert lower_bounds(two_gpus, EP, 2)["makespan_s"] == 11.0  # 10 + 1, not 10 + 5 + 1
+    # the schedule that reaches it: "first" cold on g0 (0 → 5 → 6), "later" warm on g0 at 10
 
 
 def test_weighted_bound_below_every_single_gpu_order():
