@@ -184,3 +184,30 @@ def test_demo_refuses_a_redis_that_refuses_its_password_instead_of_starting_its_
                 emb.stop()
         srv.terminate()
         srv.wait(timeout=10)
+
+
+def test_a_report_path_is_checked_not_created_and_written_whole(tmp_path):
+    """The report path was opened for append before the run: a simulate interrupted by
+    SIGINT left a 0-byte report (a new path) or the previous run's report looking current.
+    It is checked without being created, and written whole at the end (a temporary file
+    renamed over it)."""
+    import json
+    import os
+
+    import pytest
+
+    from makespan.errors import ValidationError
+    from makespan.planner.simulator import writable_report_path, write_report
+
+    fresh = tmp_path / "runs" / "report.json"
+    assert writable_report_path(fresh) == fresh and not fresh.exists() and fresh.parent.is_dir()
+    write_report(fresh, {"jobs": 1})
+    assert json.loads(fresh.read_text()) == {"jobs": 1} and os.listdir(fresh.parent) == ["report.json"]
+    with pytest.raises(ValidationError, match="is a folder"):
+        writable_report_path(tmp_path)
+    if os.getuid() != 0:  # root may write anywhere
+        locked = tmp_path / "locked"
+        locked.mkdir()
+        locked.chmod(0o500)
+        with pytest.raises(ValidationError, match="cannot be written"):
+            writable_report_path(locked / "report.json")
