@@ -232,7 +232,9 @@ def simulate(trace_jobs: Sequence[TraceRow] | Sequence[PlanJob], fleet: FleetDes
                   "max_batch": max_batch, "time_scale": time_scale, "seed": seed, "preemption": bool(mode),
                   "preemption_mode": mode or "off",
                   "restore": restore, "planned_restore": planned_restore if restore else None,
-                  "time_limit_s": time_limit_s, "set_point_weight": base.set_point_weight, "preempted_gpu_s": sum((b - a) * len(g) for a, b, g in run.lost),
+                  # the limit that applied: the policy's own default when none was given (None: a greedy policy)
+                  "time_limit_s": time_limit_s if time_limit_s is not None else chosen.time_limit_s,
+                  "set_point_weight": base.set_point_weight, "preempted_gpu_s": sum((b - a) * len(g) for a, b, g in run.lost),
                   "preemption_budget": preemption_budget, "preemption_min_runtime_s": preemption_min_runtime_s,
                   "reservation_after_s": reservation_after_s, "reserved_points": run.reserved_points,
                   "lane_levels": {str(k): v for k, v in run.lane_levels.items()}, "lane_points": run.lane_points,
