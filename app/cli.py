@@ -15,7 +15,7 @@ from typing import Any
 import typer
 
 from makespan.cli_support import (EXIT_ALREADY_ENDED, EXIT_NOT_FINISHED, CliGroup, ignored_fleet_option, outcome_unknown,
-                                  utc_text)
+                                  store_error, utc_text)
 from makespan.cli_support import fail as _fail
 from makespan.errors import MakespanError, RedisAuthFailed, RedisConfigError, SubmitOutcomeUnknown, ValidationError
 from makespan.planner.policies import DEFAULT_POLICY, POLICY_REGISTRY
@@ -824,7 +824,7 @@ def result(job_id: str, timeout_s: float | None = typer.Option(None, help="wait 
                                          "characters of its answer), as stored now")):
     """Print a job's result as JSON (its workload function's return value). Exit codes: 0 the result printed;
     1 a function's error (its type, message and traceback printed) or a cancelled or failed job (its reason);
-    2 an unknown job, or Redis unreachable; 4 not finished yet (--no-wait, or --timeout-s passed): ask again
+    2 an unknown job; 69 Redis unreachable (try again); 4 not finished yet (--no-wait, or --timeout-s passed): ask again
     later. A job that runs no workload function (a plain job, a workload's step) has no result: `null`, and a
     note says so; a request step's answers are its request records (--requests)."""
     from makespan.client import Client
@@ -867,14 +867,13 @@ def _print_requests(client, job_id: str) -> None:
     line each, as the GPU worker stored them; exit 2 for an unknown job."""
     import redis
 
-    from makespan.errors import StoreError
     from makespan.producer import job_not_found
 
     try:
         known = client.r.exists(client.keys.job(job_id))
         records = client.r.lrange(client.keys.requests(job_id), 0, -1)
     except redis.RedisError as e:
-        _fail(StoreError(f"job {job_id}: {e}"))
+        _fail(store_error(f"job {job_id}", e))
     if not known:
         _fail(job_not_found(job_id, client.keys, client.settings))
     if not records:

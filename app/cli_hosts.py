@@ -14,8 +14,8 @@ from typing import Any
 import redis
 import typer
 
-from makespan.cli_support import context, fail, published_fleet, utc_text
-from makespan.errors import MakespanError, StoreError, ValidationError
+from makespan.cli_support import context, fail, published_fleet, store_error, utc_text
+from makespan.errors import MakespanError, ValidationError
 
 FLEET_HELP = "TOML fleet file (default: the fleet the planner published)"
 
@@ -158,7 +158,7 @@ def hosts(fleet: Path | None = typer.Option(None, "--fleet", help=FLEET_HELP),
     except MakespanError as e:
         fail(e)
     except redis.RedisError as e:
-        fail(StoreError(f"reading the hosts: {e}"))
+        fail(store_error("reading the hosts", e))
     if stray:  # a cordon outlives its host's removal from the fleet: it applies again if the host comes back
         typer.echo(f"note: cordoned hosts the fleet does not have: {', '.join(stray)} (they stay cordoned if they "
                    f"come back; `makespan uncordon {stray[0]}` lifts one)", err=True)
@@ -225,7 +225,7 @@ def cordon(host: str = typer.Argument(..., help="a host of the fleet"),
     except MakespanError as e:
         fail(e)
     except redis.RedisError as e:
-        fail(StoreError(f"cordoning host {host}: {e}"))
+        fail(store_error(f"cordoning host {host}", e))
     if before is not None:
         kept = " (kept: no --reason given)" if not reason and before.reason else ""
         typer.echo(f"host {host} was already cordoned (since {utc_text(before.since_s)}); reason now: "
@@ -258,7 +258,7 @@ def uncordon(host: str = typer.Argument(..., help="a host of the fleet"),
     except MakespanError as e:
         fail(e)
     except redis.RedisError as e:
-        fail(StoreError(f"uncordoning host {host}: {e}"))
+        fail(store_error(f"uncordoning host {host}", e))
     if removed is None:
         typer.echo(f"host {host} was not cordoned: nothing changed")
     else:
@@ -342,7 +342,7 @@ def check_fleet(fleet: Path = typer.Argument(..., help="the TOML fleet file to c
         except MakespanError as e:
             fail(e)
         except redis.RedisError as e:
-            fail(StoreError(f"reading the published fleet: {e}"))
+            fail(store_error("reading the published fleet", e))
         running = None
         if not raw:
             differences = ["no planner has published a fleet yet"]

@@ -14,7 +14,7 @@ import redis
 import typer
 from typer.core import TyperGroup
 
-from makespan.errors import MakespanError, RedisAuthFailed, RedisUnreachable, SubmitOutcomeUnknown
+from makespan.errors import MakespanError, RedisAuthFailed, RedisUnreachable, StoreError, SubmitOutcomeUnknown
 
 if TYPE_CHECKING:  # pragma: no cover
     from makespan.keys import Keys
@@ -22,14 +22,19 @@ if TYPE_CHECKING:  # pragma: no cover
     from makespan.settings import Settings
 
 #: exit code of ``makespan result`` for a job not finished yet (--no-wait, or --timeout-s
-#: passed): not 1 (the job failed) nor 2 (an unknown job, Redis unreachable), nor 3 (a
+#: passed): not 1 (the job failed) nor 2 (an unknown job), nor 69 (Redis unreachable), nor 3 (a
 #: process that refused to start, makespan.redis_conn.EXIT_REFUSED)
 EXIT_NOT_FINISHED = 4
 
 #: exit code of ``makespan cancel`` and ``makespan cancel-workload`` when the job (or the
 #: workload) had already ended before the call: nothing was cancelled (0: this call
-#: cancelled it or asked it to stop; 2: unknown id, Redis unreachable)
+#: cancelled it or asked it to stop; 2: unknown id; 69: Redis unreachable)
 EXIT_ALREADY_ENDED = 5
+
+#: exit code of a command that could not reach Redis (:class:`makespan.errors.RedisUnreachable`:
+#: refused, timed out, no Sentinel or master): trying again later may work, unlike the
+#: permanent errors of exit 2 (bad input, unknown id, refused credentials); BSD's EX_UNAVAILABLE
+EXIT_REDIS_UNAVAILABLE = 69
 
 #: exit code of ``makespan submit`` and ``makespan submit-workload`` when Redis took the
 #: submit but its reply never came (:class:`makespan.errors.SubmitOutcomeUnknown`): the id is
@@ -110,9 +115,18 @@ def outcome_unknown(e: SubmitOutcomeUnknown, quiet: bool = True) -> None:
     raise typer.Exit(EXIT_OUTCOME_UNKNOWN)
 
 
+def store_error(what: str, error: BaseException) -> StoreError:
+    """``StoreError("{what}: {error}")`` raised from ``error``, so that :func:`fail` still tells
+    an unreachable Redis (exit :data:`EXIT_REDIS_UNAVAILABLE`) from an error answer."""
+    wrapped = StoreError(f"{what}: {error}")
+    wrapped.__cause__ = error
+    return wrapped
+
+
 def fail(e: Exception) -> None:
-    """Print ``error: {e}`` and exit 2 (Redis unreachable or refusing the credentials:
-    :class:`RedisUnreachable`'s or :class:`RedisAuthFailed`'s message)."""
+    """Print ``error: {e}`` and exit 2, or :data:`EXIT_REDIS_UNAVAILABLE` when Redis could not
+    be reached (:class:`RedisUnreachable`'s message; refused credentials:
+    :class:`RedisAuthFailed`'s, exit 2)."""
     e = unreachable_redis(e) or e
     from makespan.redis_conn import answer_is_misconfiguration, answered_with_error
 
@@ -123,7 +137,7 @@ def fail(e: Exception) -> None:
     if wrong_url is not None and "answered with an error" not in str(e):  # "reading X: DB index is out of range":
         e = answered_with_error(_command_redis_url(), wrong_url)            # say which URL, and what to check
     typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
-    raise typer.Exit(2)
+    raise typer.Exit(EXIT_REDIS_UNAVAILABLE if isinstance(e, RedisUnreachable) else 2)
 
 
 class CliGroup(TyperGroup):

@@ -180,7 +180,7 @@ def test_the_cli_and_the_broker_say_no_sentinel_answered_without_a_repr(caplog, 
     url = f"redis+sentinel://:{DATA_PASSWORD}@127.0.0.1:{refused_port}/numaster/0"
     status = CliRunner().invoke(cli_app, ["status", "some-job"],
                                 env={"MAKESPAN_REDIS_URL": url, "MAKESPAN_KEY_PREFIX": PREFIX})
-    assert status.exit_code == 2 and "no Sentinel answered at 127.0.0.1:" in status.output, status.output
+    assert status.exit_code == 69 and "no Sentinel answered at 127.0.0.1:" in status.output, status.output
     _assert_clean(status.output)
     app = create_celery(fault_settings(url, PREFIX))
     with app.connection_for_write() as conn:

@@ -157,7 +157,7 @@ def test_makespan_submit_prints_the_id_and_exits_75(private_redis, monkeypatch, 
 def test_a_redis_that_never_answers_is_unreachable_before_the_submit():
     """A port that accepts TCP and never answers: `makespan submit --fleet F` sent its script
     and exited 75 ("may or may not be written") though Redis had never answered; it now asks
-    first and says Redis is unreachable (exit 2), as `status` does (a CLI review, 2026-12-07)."""
+    first and says Redis is unreachable (exit 69), as `status` does (a CLI review, 2026-12-07)."""
     import os
     import socket
     import subprocess
@@ -173,5 +173,5 @@ def test_a_redis_that_never_answers_is_unreachable_before_the_submit():
         out = subprocess.run([sys.executable, "-m", "makespan.cli", "submit", "--endpoint", "embed", "--service-s", "1",
                               "--fleet", str(root / "examples" / "render-pipeline.toml")], env=env, cwd=root,
                              capture_output=True, text=True, timeout=60)
-    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.returncode == 69, out.stdout + out.stderr  # unreachable: EX_UNAVAILABLE
     assert "cannot reach Redis" in out.stderr, out.stderr
