@@ -224,10 +224,15 @@ def _check_log_dir(fleet) -> None:
         return  # a driver that cannot be loaded fails in its phase, naming itself
     if not spawns:
         return
+    import tempfile
+
     try:
-        default_log_dir()
+        log_dir = default_log_dir()
+        with tempfile.TemporaryFile(dir=log_dir):  # writable, not only there (MAKESPAN_LOG_DIR=/proc was taken)
+            pass
     except OSError as e:
-        _fail(MakespanError(f"the endpoint log directory cannot be used: {e}"))
+        _fail(MakespanError(f"the endpoint log directory cannot be used: {e} (set MAKESPAN_LOG_DIR to a directory "
+                            "this user can write)"))
 
 
 def _say_what_starts(host_spec, modules: str, names: list[str], fleet=None) -> None:

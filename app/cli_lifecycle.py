@@ -258,7 +258,7 @@ def observer(fleet: Path = typer.Option(..., "--fleet", help="TOML fleet file"),
              failure_threshold: int = typer.Option(3, "--failure-threshold",
                                                    help="failed probes in a row before a live endpoint instance is an "
                                                         "incident and restarted (a process found gone: at once)"),
-             probe_timeout_s: float = typer.Option(5.0, "--probe-timeout-s",
+             probe_timeout_s: float = typer.Option(2.0, "--probe-timeout-s",
                                                    help="how long one probe waits for a process endpoint's health "
                                                         "route, s (a loaded server answers late)"),
              metrics_port: int | None = typer.Option(None, "--metrics-port",

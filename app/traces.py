@@ -142,7 +142,7 @@ def read_trace(path: str | Path, fleet: FleetSpec, seed: int = 0, start: int = 0
         raise ValidationError("limit", limit, "must be >= 1 (rows to read; omit it for all)")
     text = read_user_file(p, "trace")
     try:
-        if p.suffix in JSON_LINES_SUFFIXES:
+        if p.suffix.lower() in JSON_LINES_SUFFIXES:
             return _read_jsonl(text, fleet, start, limit)
         return _read_csv(text, fleet, seed, start, limit, max_service_s)
     except ValidationError as e:

@@ -242,15 +242,15 @@ def load_workload(path: str | Path, fleet: FleetSpec) -> WorkloadSpec:
     p = Path(path)
     text = read_user_file(p, "workload file")
     try:
-        if p.suffix in (".yaml", ".yml"):
+        if p.suffix.lower() in (".yaml", ".yml"):
             import yaml
 
             data = yaml.safe_load(text)
         else:
             data = json.loads(text)
     except Exception as e:  # yaml.YAMLError / json.JSONDecodeError / RecursionError
-        kind = "YAML" if p.suffix in (".yaml", ".yml") else "JSON"
-        read_as = "" if p.suffix in (".yaml", ".yml", ".json") else (
+        kind = "YAML" if p.suffix.lower() in (".yaml", ".yml") else "JSON"
+        read_as = "" if p.suffix.lower() in (".yaml", ".yml", ".json") else (
             " (a file not named .yaml, .yml or .json is read as JSON)")
         raise ValidationError("workload file", str(p), f"not valid {kind}{read_as}: {e}") from e
     try:

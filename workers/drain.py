@@ -23,6 +23,8 @@ import logging
 import uuid
 from typing import Any
 
+import redis
+
 from makespan import events, telemetry
 from makespan.awaited import leaked
 from makespan.planner.restore import plan_restores
@@ -99,10 +101,10 @@ class SetPointsAndDrain:
         # drain check runs and reports them (it waited for them before, blind for the whole change)
         failed: dict[str, str] = {}
         fleets = read_worker_fleets(env.r, env.keys, env.fleet, env.whole_fleet or env.fleet) if off else None
-        # wall s until the earliest delayed job falls due (None: none delayed): a restore that would still run
-        # then is not started (a 3 s wake started in a 1 s retry backoff delayed the retry: a driver author's report)
-        next_due = env.delayed.next_due
-        due_in_s = None if next_due is None else next_due - env.delayed.server_now_s()
+        # delayed jobs due soon (a retry's backoff, a delay_s): a restore that would still run when one
+        # of them falls due, on a host it could run on, is not started (a 3 s wake started in a 1 s retry
+        # backoff delayed the retry: a driver author's report)
+        due_soon = _delayed_due_soon(ctx) if off and env.delayed.next_due is not None else []
         for (endpoint, gpus), backoff, counted in zip(off, reads[::2], reads[1::2]):
             if backoff is not None:  # not retried before its backoff ends: the drain check reports it
                 failure = restore_failure(counted or backoff)
@@ -118,9 +120,8 @@ class SetPointsAndDrain:
             restoring = True
             if busy.intersection(gpus):
                 continue
-            if due_in_s is not None and due_in_s < _restore_load_s(ctx, endpoint, tuple(gpus), False) * \
-                    env.settings.time_scale:
-                continue  # a delayed job (a retry's backoff, a delay_s) falls due before the restore would end
+            if due_soon and _restore_delays(ctx, endpoint, tuple(gpus), due_soon):
+                continue  # a delayed job falls due there before the restore would end
             start_restore(ctx, endpoint, tuple(gpus), busy, checked=True)
         if restoring or env.r.zcard(env.keys.leases):  # the drain check counts the whole fleet: all idle
             kept.idle_checked = False
@@ -129,6 +130,48 @@ class SetPointsAndDrain:
         if not kept.idle_checked or lane_leases != kept.lane_leases_at_check:
             kept.idle_checked, kept.lane_leases_at_check = True, lane_leases
             check_drain(env, failed)
+
+
+DUE_SOON_READ = 64  # delayed jobs read per idle tick to judge the restores (the earliest due first)
+
+
+def _delayed_due_soon(ctx: TickContext) -> list[tuple[float, str]]:
+    """(wall s until due, endpoint) of the delayed jobs that fall due within the longest
+    restore the fleet could start (its set points' cold starts), the earliest
+    :data:`DUE_SOON_READ`; [] when Redis fails (restores go on as before)."""
+    env = ctx.env
+    longest_s = max((env.fleet.endpoints[endpoint].cold_start_s for endpoint, _gpus in env.set_points), default=0.0)
+    now_s = env.delayed.server_now_s()
+    try:
+        due = env.r.zrangebyscore(env.keys.delayed, "-inf", now_s + longest_s * env.settings.time_scale,
+                                  start=0, num=DUE_SOON_READ, withscores=True)
+        if not due:
+            return []
+        pipe = env.r.pipeline(transaction=False)
+        for job_id, _score in due:
+            pipe.hget(env.keys.job(job_id), "endpoint")
+        endpoints = pipe.execute()
+    except redis.RedisError:
+        return []
+    return [(score - now_s, endpoint) for (_job, score), endpoint in zip(due, endpoints) if endpoint]
+
+
+def _restore_delays(ctx: TickContext, endpoint: str, gpus: tuple[str, ...], due_soon: list[tuple[float, str]]) -> bool:
+    """Whether restoring ``endpoint`` on ``gpus`` now could delay one of ``due_soon``: a job of
+    another endpoint that fits the host of ``gpus`` and falls due before the restore would
+    end. A job of ``endpoint`` itself is helped by the restore; one that cannot run on that
+    host is not delayed by it."""
+    env = ctx.env
+    load_wall_s = _restore_load_s(ctx, endpoint, gpus, False) * env.settings.time_scale
+    host = next((h for h in env.fleet.hosts if gpus[0] in {gpu.uuid for gpu in h.gpus}), None)
+    for due_in_s, other in due_soon:
+        spec = env.fleet.endpoints.get(other)
+        if other == endpoint or spec is None or due_in_s >= load_wall_s:
+            continue
+        if host is None or (spec.tensor_parallel <= len(host.gpus)
+                            and spec.memory_mib_per_gpu <= max(gpu.memory_mib for gpu in host.gpus)):
+            return True
+    return False
 
 
 def _restore_load_s(ctx: TickContext, endpoint: str, gpus: tuple[str, ...], prewarm: bool) -> float:

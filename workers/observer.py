@@ -97,7 +97,7 @@ from makespan.workers.drivers.registry import (index_instances, list_instances, 
 log = logging.getLogger(__name__)
 
 FAILURE_THRESHOLD = 3  # failed probes in a row before a live instance is an incident (module doc)
-PROBE_TIMEOUT_S = 5.0  # how long the observer's probe waits for a process endpoint's health route, s
+PROBE_TIMEOUT_S = 2.0  # how long the observer's probe waits for a process endpoint's health route, s
 HOST_DOWN_GRACE_S = 30.0  # a host down this long (server clock) is an incident (module doc, "Hosts")
 MIN_OVERRUN_SLACK_S = 2.0  # the least slack past a transition's expected end before it is late, s (module doc)
 

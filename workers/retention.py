@@ -45,7 +45,9 @@ from makespan.settings import Settings
 from makespan.store import JobStore
 
 SUMMARY_FIELDS = ("id", "state", "endpoint", "priority", "service_s", "submitted_at", "leased_at", "started_at",
-                  "finished_at", "reason", "attempts", "workload_id", "idem", "lease", "token", "preemptions", "seq",
+                  "finished_at", "reason", "attempts", "workload_id",
+                  "step",  # a workload step's name: its job page lost it after compaction (a verifier)
+                  "idem", "lease", "token", "preemptions", "seq",
                   "pool",  # a pooled fleet's job: `makespan jobs --pool` lists it after compaction too
                   "deps", "helpers",  # what it waited on and ran beside: status said [] after compaction
                   # workload functions (makespan.registry): name, retries made, the attempt whose result

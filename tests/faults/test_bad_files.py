@@ -124,6 +124,10 @@ def test_workload_yaml_syntax_error_is_one_line(r, prefix, redis_url, tmp_path):
     res = CliRunner().invoke(cli_app, ["submit-workload", str(txt), "--fleet", FLEET_TOML], env=env)
     _one_line_error(res, str(txt), "not valid JSON (a file not named .yaml, .yml or .json is read as JSON)")
     assert _own_keys(r, prefix) == []
+    upper = tmp_path / "W.YAML"  # the suffix in capitals is YAML too (it was read as JSON)
+    upper.write_text("steps: [\n  {name: a, endpoint: chat\n")
+    res = CliRunner().invoke(cli_app, ["submit-workload", str(upper), "--fleet", FLEET_TOML], env=env)
+    _one_line_error(res, str(upper), "not valid YAML", "line 3")
 
 
 def test_workload_of_3000_steps_is_submitted_whole(r, prefix, redis_url, tmp_path):

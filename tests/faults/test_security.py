@@ -255,3 +255,8 @@ def test_a_gpu_worker_refuses_to_start_without_a_usable_endpoint_log_dir(tmp_pat
     assert worker.returncode == 2, worker.stderr
     assert "the endpoint log directory cannot be used" in worker.stderr and "MAKESPAN_LOG_DIR" in worker.stderr
     assert "Traceback" not in worker.stderr
+    # a directory that exists but takes no file (a verifier's MAKESPAN_LOG_DIR=/proc started, then every start failed)
+    env["MAKESPAN_LOG_DIR"] = "/proc"
+    worker = subprocess.run([sys.executable, "-m", "makespan.cli", "gpu-worker", "--fleet", str(fleet), "--host", "h"],
+                            env=env, capture_output=True, text=True, timeout=60)
+    assert worker.returncode == 2 and "the endpoint log directory cannot be used" in worker.stderr, worker.stderr

@@ -843,3 +843,33 @@ def test_a_job_crossing_the_aging_bound_is_planned_then_with_every_gpu_held(r, s
     w.tick()
     assert sent == []
     _why(gang, "reserved")
+
+
+def test_a_coming_reservation_starts_after_what_the_plan_starts_there_before_the_job_ages(r, settings, env):
+    """The coming reservation's ETA took the group's free time now; a job the plan starts on
+    that group before the aging moment still runs then, and the reservation begins when it
+    ends (a verifier saw the ETA early by that job's length)."""
+    w, prod, sent = _setup(r, settings)
+    _lease(r, w, prod, "GPU-h-0", priority="LOW", service_s=100.0)  # h-0 frees at +100
+    aged = prod.submit({"endpoint": "e", "service_s": 500, "priority": "LOW"}).id
+    r.hset(w.keys.job(aged), "submitted_at", repr(time.time() - (settings.reservation_after_s - 150.0)
+                                                  * settings.time_scale))  # ages at +150
+    shorts = [prod.submit({"endpoint": "e", "service_s": 100, "priority": "LOW"}).id for _ in range(3)]
+    w.tick()
+    assert sent == [] and shorts
+    out = _why(aged, "waiting_for_gpus")
+    assert "ages past the bound at " in out, out
+    # the first short job starts on h-0 at +100 and runs past +150: the reservation begins at its end
+    assert _eta_in_s(r, w, aged) == pytest.approx(200.0, abs=15.0), out
+
+
+def test_without_the_fast_lane_a_protected_holder_keeps_its_end_as_eta(r, settings, env):
+    """Without the fast lane no rule preempts the holder when its minimum runtime ends, and the
+    scored decider may not (a verifier saw such an ETA 4 s early): the plan's start stays."""
+    w, prod, sent = _setup(r, settings, preemption_min_runtime_s=6000.0, fast_lane="")
+    assert w.settings.fast_lane_levels == {}
+    _lease(r, w, prod, "GPU-h-0", priority="LOW", service_s=100000.0)
+    urgent = prod.submit({"endpoint": "e", "service_s": 10, "priority": "CRITICAL"}).id
+    w.tick()
+    _why(urgent, "waiting_for_gpus")
+    assert _eta_in_s(r, w, urgent) > 90000.0

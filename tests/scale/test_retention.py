@@ -118,3 +118,17 @@ def test_a_repeated_key_of_a_compacted_job_still_says_what_it_ignored(r, keys, s
     # a summary written before the digest was kept: the function name still compares
     r.hdel(keys.job(jid), "spec_digest")
     assert prod.submit({**first, "workload": "add"}).ignored == ("workload",)
+
+
+def test_a_workload_steps_summary_keeps_its_step_name(r, keys, settings):
+    """A finished workload step's job page lost its step name once the retention sweep
+    compacted the record (a verifier): the summary keeps ``step`` beside ``workload_id``."""
+    from makespan.workloads import cancel_workload, submit_workload
+
+    fleet = load_fleet(FLEET_TOML)
+    wid = submit_workload(r, keys, fleet, {"name": "wl", "steps": [{"name": "gen", "endpoint": "chat",
+                                                                      "service_s": 5}]}, settings)
+    assert cancel_workload(r, keys, wid)["cancelled"] == 1
+    assert Retention(r, settings).sweep().compacted == 1
+    (job_id,) = r.zrange(keys.retained, 0, -1)
+    assert r.hmget(keys.job(job_id), "workload_id", "step") == [wid, "gen"]
