@@ -56,8 +56,9 @@ def explain(r, keys, settings, job_id: str) -> dict[str, Any]:
     the planner then reclaims it; else None); other states have them None (False), but a
     completed, failed or cancelled job keeps ``leased_at`` and ``started_at`` of its last lease
     (None when it never got that far or only its retained summary is left). Every job has
-    ``preemptions`` (times it was preempted) and ``preemption_budget`` (the planner's
-    ``MAKESPAN_PREEMPTION_BUDGET`` as this process reads it; negative: none).
+    ``preemptions`` (times it was preempted) and ``preemption_budget`` (the one its pool's
+    leading planner published, else ``MAKESPAN_PREEMPTION_BUDGET`` as this process reads it;
+    negative: none).
 
     Raises:
         NotFoundError: no such job."""
@@ -71,7 +72,18 @@ def explain(r, keys, settings, job_id: str) -> dict[str, Any]:
         raise job_not_found(job_id, keys, settings)
     (marks,) = _phase_marks(r, keys, [rec])
     (holder,) = _lease_hosts(r, keys, [rec])
-    return _explain_rec(r, keys, settings, job_id, rec, *context, phase_marks=marks, lease_host=holder)
+    return _explain_rec(r, keys, settings, job_id, rec, *context, phase_marks=marks, lease_host=holder,
+                        budget=_published_budget(r, keys.for_pool(rec.get("pool"))))
+
+
+def _published_budget(r, keys) -> int | None:
+    """The preemption budget the leading planner of ``keys``' pool plans with (its
+    ``Keys.planner_config``), or None when none published one (an older planner, none yet)."""
+    try:
+        value = json.loads(r.get(keys.planner_config) or "{}").get("preemption_budget")
+    except ValueError:
+        return None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _phase_marks(r, keys, recs: list[dict[str, str]]) -> list[dict[str, str] | None]:
@@ -132,7 +144,8 @@ def _float_or_none(raw: str | None) -> float | None:
 
 def _explain_rec(r, keys, settings, job_id: str, rec: dict[str, str], leads: bool, now_s: float,
                  written_at_s: float | None = None, phase_marks: dict[str, str] | None = None,
-                 lease_host: tuple[str, float | None, bool, bool] | None = None) -> dict[str, Any]:
+                 lease_host: tuple[str, float | None, bool, bool] | None = None,
+                 budget: int | None = None) -> dict[str, Any]:
     from makespan.wait_reasons import reason_of, stale_after_s
 
     out: dict[str, Any] = {"id": job_id, "state": rec.get("state"), "priority": rec.get("priority"),
@@ -141,7 +154,9 @@ def _explain_rec(r, keys, settings, job_id: str, rec: dict[str, str], leads: boo
                            "started_at": None, "since_s": None, "phase": None, "cancel_requested": False,
                            "progress": None, "host": None, "host_live": None, "host_stopping": None,
                            "lease_expires_in_s": None, "preemptions": int(rec.get("preemptions") or 0),
-                           "preemption_budget": getattr(settings, "preemption_budget", None)}
+                           # the leading planner's, else this process's MAKESPAN_PREEMPTION_BUDGET
+                           "preemption_budget": budget if budget is not None else getattr(settings,
+                                                                                          "preemption_budget", None)}
     if rec.get("state") in LEASED:  # when it was leased, the phase it is in (and since when)
         from makespan.producer import phase_now
 
@@ -400,6 +415,7 @@ def _filtered(r, keys, settings, ids: list[str], states: tuple[str, ...], endpoi
     leads_by_pool: dict[str | None, tuple[bool, float, float | None]] = {
         name: _context(r, keys.for_pool(name)) for name in published_pools(r, keys)}
     out: list[dict[str, Any]] = []
+    budget_by_pool: dict[str | None, int | None] = {}
     chunk = max(4 * limit, 1000)
     for first in range(0, len(ids), chunk):
         part = ids[first:first + chunk]
@@ -418,8 +434,10 @@ def _filtered(r, keys, settings, ids: list[str], states: tuple[str, ...], endpoi
             if job_pool not in leads_by_pool:  # a pool not in the published fleet: read after its records, so
                 leads, now_s, _written = _context(r, keys.for_pool(job_pool))  # its last write is not compared
                 leads_by_pool[job_pool] = (leads, now_s, None)
+            if job_pool not in budget_by_pool:
+                budget_by_pool[job_pool] = _published_budget(r, keys.for_pool(job_pool))
             out.append(_explain_rec(r, keys, settings, j, rec, *leads_by_pool[job_pool], phase_marks=marks,
-                                    lease_host=holder))
+                                    lease_host=holder, budget=budget_by_pool[job_pool]))
             if len(out) >= limit:
                 return out
     return out

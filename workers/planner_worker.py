@@ -251,9 +251,12 @@ class PlannerWorker:
         events.record(self.r, self.keys.events, "redis_state_lost", planner=self.name, previous_token=previous,
                       token=int(self.token))
 
-    def _config(self) -> dict[str, str]:
-        """What this planner plans with, as it publishes it when it leads (``Keys.planner_config``)."""
-        return {"planner": self.name, "policy": self.settings.policy, "fleet_version": fleet_version(self.whole_fleet)}
+    def _config(self) -> dict[str, Any]:
+        """What this planner plans with, as it publishes it when it leads (``Keys.planner_config``):
+        its name, policy, fleet version and preemption budget (``makespan why`` says how much of it a
+        job used)."""
+        return {"planner": self.name, "policy": self.settings.policy, "fleet_version": fleet_version(self.whole_fleet),
+                "preemption_budget": self.settings.preemption_budget}
 
     def _say_standing_by(self) -> None:
         """Log, once per wait for the lock, that this planner is up and stands by, and for

@@ -205,6 +205,14 @@ def test_preempted_requeued(r, settings, env):
         in out, out
     res = CliRunner().invoke(cli_app, ["why", crit, "--json"])
     assert json.loads(res.output)["preemptions"] == 0 and "budget" not in _why_text(crit)
+    # the budget the leading planner plans with, as it published it, not the CLI's own environment
+    # (a verifier: a CLI without the planner's MAKESPAN_PREEMPTION_BUDGET said "not preempted again")
+    assert w._config()["preemption_budget"] == w.settings.preemption_budget  # what it publishes as it leads
+    r.set(w.keys.planner_config, json.dumps({**w._config(), "preemption_budget": 5}))
+    out = _why(low, "preempted_requeued")
+    assert "preempted 2 times of its budget of 5 (MAKESPAN_PREEMPTION_BUDGET): it may be preempted 3 more times" \
+        in out, out
+    assert json.loads(CliRunner().invoke(cli_app, ["jobs", "--json"]).output.splitlines()[0])["preemption_budget"] == 5
 
 
 def _why_text(jid):
