@@ -56,10 +56,12 @@ class WriteWaitReasons:
             _clear_reason_counts(ctx)
 
 
-def _preemptible_start(ctx: TickContext, job: PlanJob, state: FleetState, assignment: Assignment) -> float:
+def _preemptible_start(ctx: TickContext, job: PlanJob, state: FleetState, plan: Plan, assignment: Assignment,
+                       on_gpu: dict[str, list[int]] | None) -> float:
     """When the group of ``assignment`` could be taken by preempting the lower-level holders the
     minimum runtime protects now (their time held reaches it), or ``assignment.start_s`` when
-    another holder (its budget spent, its level, a job planned there first) keeps it longer."""
+    another holder (its budget spent, its level, a job planned there first in ``plan``) keeps it
+    longer (``on_gpu``: :func:`_positions_on_gpu` of ``plan``)."""
     now, out = state.now_s, state.now_s
     for gpu in assignment.gpus:
         free = state.free_at.get(gpu, now)
@@ -72,15 +74,9 @@ def _preemptible_start(ctx: TickContext, job: PlanJob, state: FleetState, assign
         else:
             return assignment.start_s
     if any(other.job_id != job.id and other.end_s <= assignment.start_s + 1e-6 and other.start_s < assignment.start_s
-           for other in _sharing_scan(ctx, assignment)):
+           for other in _sharing(plan, assignment, on_gpu)):
         return assignment.start_s  # another job is planned on the group first
     return out  # the group is taken then (the plan's start is the take; its transition follows)
-
-
-def _sharing_scan(ctx: TickContext, assignment: Assignment) -> list[Assignment]:
-    mine = set(assignment.gpus)
-    plan = ctx.plan
-    return [] if plan is None else [other for other in plan.assignments if mine.intersection(other.gpus)]
 
 
 def _future_reservation(ctx: TickContext, batch: list[PlanJob], state: FleetState,
@@ -147,7 +143,7 @@ def _write(ctx: TickContext, batch: list[PlanJob], plan: Plan) -> None:
         # a level the fast lane covers preempts by its rule once the holders' minimum runtime ends
         # (without the lane the scored decider may not: a verifier saw the ETA 4 s early then)
         if start is not None and int(job.priority) in ctx.env.settings.fast_lane_levels:
-            start = min(start, _preemptible_start(ctx, job, state, assignment))
+            start = min(start, _preemptible_start(ctx, job, state, plan, assignment, on_gpu))
         if start is not None and ahead is not None and ahead[0] == job.id and ahead[1] < start:
             start = ahead[1]  # it ages before its planned start: its reservation then starts it
             detail += f"; ages past the bound at {utc_text(_server_time_s(ctx, ahead[2], now))}, then reserved"
