@@ -34,7 +34,8 @@ REASONS: dict[str, str] = {
     "delayed_until": "submitted with delay_s: queued at the ETA (not_before)",
     "preempted_requeued": "it was preempted and is queued again (it restarts from zero), until it starts again; the "
                           "detail says what it waits for now",
-    "retry_backoff": "its function raised and is retried, or its lease was reclaimed (worker lost); it waits out "
+    "retry_backoff": "its function raised and is retried, its lease was reclaimed (worker lost) or its endpoint "
+                     "failed to start; it waits out "
                      "the retry backoff until the ETA",
     "host_down": "the hosts it could run on have no live GPU worker (stopped or dead): nothing is leased there "
                  "until one is back; the detail names them",
@@ -94,6 +95,9 @@ def reason_of(rec: dict[str, Any], *, planner_leads: bool, server_now_s: float, 
             return "retry_backoff", str(rec.get("reason") or f"attempt {int(rec.get('attempts') or 0) + tries + 1} "
                                                               "after its function raised") + idle, due
         if int(rec.get("attempts") or 0) > 0:
+            written = str(rec.get("reason") or "")
+            if "failed to start" in written:  # reclaim.lua's start_failed requeue: it names the start's error
+                return "retry_backoff", written + idle, due
             return "retry_backoff", f"attempt {int(rec['attempts']) + 1} after a reclaimed lease" + idle, due
         submitted = float(rec.get("submitted_at") or 0.0)
         asked = f" of {round(due - submitted):g} s" if due and submitted and due >= submitted else ""

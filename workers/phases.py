@@ -264,6 +264,33 @@ class PhaseRunner(TransitionPhases, ExecutePhase):
         log.warning("job %s: %s: lease %s handed back, job %s", ctx.job_id, why, ctx.lease_id, outcome)
         return "handed_back"
 
+    def _start_failed(self, ctx: PhaseContext, error: PhaseError) -> str:
+        """The job's start phase failed (its endpoint's start or wake did not pass the health
+        check, its process exited, a helper did not start; the driver stopped what it
+        spawned): stop the helpers started for it, then give the lease back counting an
+        attempt (:meth:`makespan.store.LeaseStore.hand_back`, cause ``start_failed``): the
+        job is requeued, after the retry backoff (``MAKESPAN_RETRY_BACKOFF_S``), with a
+        reason naming the error, and fails after ``max_attempts`` with the last start's
+        error, as a job whose GPU worker died is (a start can fail for a passing reason: a
+        port taken, memory another process still held). Returns "failed" when it failed,
+        "retried" when it was requeued, "stale" when the lease was no longer ours.
+
+        Raises:
+            StoreError: Redis failed (the lease then expires and its reclaim requeues the job)."""
+        self._stop_helpers(ctx)
+        wake = self._wake_key.get(ctx.gpus[0], self.keys.planner_wake) if ctx.gpus else self.keys.planner_wake
+        outcome, _job = self.leases.hand_back(ctx.lease, self.settings.max_attempts, self.settings.retry_backoff_s,
+                                              self.settings.retry_backoff_max_s, wake_key=wake, cause="start_failed",
+                                              error=f"start_endpoint: {error}")
+        if outcome == "stale":
+            log.info("job %s: lease %s no longer ours after its start failed: nothing handed back", ctx.job_id,
+                     ctx.lease_id)
+            return "stale"
+        metrics.lease_reclaimed("start_failed")
+        log.warning("job %s: start_endpoint failed on %s (GPUs %s): %s; lease %s handed back, job %s", ctx.job_id,
+                    ctx.host, ", ".join(ctx.gpus), error, ctx.lease_id, outcome)
+        return "failed" if outcome == "failed" else "retried" if outcome == "requeued" else outcome
+
     def _crashed(self, ctx: PhaseContext, phase: str, error: Exception) -> str:
         """Fail ``ctx``'s job (or restore) after ``error`` escaped ``phase``: see :meth:`guarded`."""
         text = "".join(traceback.format_exception(error))
@@ -345,6 +372,7 @@ class PhaseRunner(TransitionPhases, ExecutePhase):
                 return self._finish(ctx, "cancelled", "cancelled while running")
             started = time.time()
             self.leases.fenced(lease, [("XADD_E", self.keys.events, self._event("phase_start", ctx, phase=phase))])
+            began = False  # the phase's own work began (not refused by the fleet check)
             attrs = {"job_id": ctx.job_id or None, "priority": ctx.priority or None, "endpoint": ctx.endpoint,
                      "gpus": list(ctx.gpus), "host": ctx.host, "lease_id": ctx.lease_id, "kind": ctx.kind}
             try:
@@ -355,6 +383,7 @@ class PhaseRunner(TransitionPhases, ExecutePhase):
                     problem = self.fleet_problem(ctx, self._helpers(ctx, record) if phase == "evict" else ())
                     if problem is not None:  # before any change: nothing of the lease's phases is done
                         raise PhaseError(problem)
+                    began = True
                     extra: dict[str, Any] = {}
                     planned = getattr(self, f"_phase_{phase}")(ctx, hb, extra)
                     span.set_attribute("makespan.planned_s", float(planned))
@@ -369,6 +398,8 @@ class PhaseRunner(TransitionPhases, ExecutePhase):
                 return self._workload_failed(ctx, e)
             except PhaseError as e:
                 self._observe_cut_short(ctx, phase, started)
+                if phase == "start_endpoint" and ctx.kind == "job" and began:
+                    return self._start_failed(ctx, e)
                 return self._finish(ctx, "failed", f"{phase}: {e}")
             self._observe(ctx, phase, planned, time.time() - started)
             extra_ops = extra.pop("_ops", [])

@@ -255,15 +255,18 @@ class LeaseStore:
 
     def hand_back(self, lease: Lease, max_attempts: int, retry_backoff_s: float = 0.0,
                   retry_backoff_max_s: float = 300.0, wake_key: str = "",
-                  cause: str = "worker_shutdown") -> tuple[str, str]:
+                  cause: str = "worker_shutdown", error: str = "") -> tuple[str, str]:
         """Give up ``lease`` while it is still current (``cause``: ``"worker_shutdown"``, its
         GPU worker shuts down; ``"function_missing"``, its GPU worker does not register the
-        job's workload function that a worker of another host does; the ``reclaimed``
-        event's ``cause`` and the requeued job's reason say which): free its
+        job's workload function that a worker of another host does; ``"start_failed"``, the
+        job's start phase failed with ``error`` (at most 2,000 characters are kept); the
+        ``reclaimed`` event's ``cause`` and the requeued job's reason say which): free its
         GPUs, forget it, and requeue its job at once (or cancel or complete it), as
         :meth:`reclaim` does once it expired (``reclaim.lua`` with the lease's fencing
         token) but counting no attempt (a preemption counts none either: rolling restarts
-        must not use up ``max_attempts``, so no retry backoff applies), and push
+        must not use up ``max_attempts``, so no retry backoff applies) — except
+        ``"start_failed"``, which counts one as an expiry does: the job waits out the retry
+        backoff and fails after ``max_attempts`` with the last start's error — and push
         :data:`makespan.keys.WAKE_RELEASE` on ``wake_key`` (the planner wake list of its
         GPUs' pool; "" none). A job it ends goes to :meth:`job_ended`.
 
@@ -276,7 +279,8 @@ class LeaseStore:
                 *([wake_key] if wake_key else [])]
         out = self._reclaim(keys=keys, args=[lease.lease_id, now_ms(), max_attempts, self.keys.script_prefix,
                                              repr(float(retry_backoff_s)), repr(float(retry_backoff_max_s)),
-                                             str(int(lease.token)), WAKE_RELEASE, cause, FN_MISSING_BACKS_MAX])
+                                             str(int(lease.token)), WAKE_RELEASE, cause, FN_MISSING_BACKS_MAX,
+                                             " ".join(error.split())[:2000]])
         outcome, job_id = str(out[1]), str(out[2]) if len(out) > 2 and out[2] else ""
         if outcome in (s.value for s in JobState if s.final) and job_id:
             self.job_ended(job_id, outcome)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -55,10 +56,14 @@ evict_s = 1
 """
 
 
-def test_endpoint_never_healthy_fails_the_job_and_frees_the_gpus(r, keys, settings, tmp_path):
+def test_endpoint_never_healthy_is_retried_then_fails_the_job_and_frees_the_gpus(r, keys, settings, tmp_path):
+    # a failed start counts an attempt and requeues the job (a start can fail for a passing
+    # reason); after max_attempts the job fails with the last start's error. It failed at
+    # its first start before.
     path = tmp_path / "fleet.toml"
     path.write_text(NEVER_HEALTHY.format(python=sys.executable))
     fleet = load_fleet(path)
+    settings = replace(settings, max_attempts=2)
     system = LiveSystem(path, fleet, settings, tmp_path / "logs")
     try:
         system.start()
@@ -67,7 +72,17 @@ def test_endpoint_never_healthy_fails_the_job_and_frees_the_gpus(r, keys, settin
         wait_for(lambda: r.hget(keys.job(bad), "state") in TERMINAL, 60, "the broken job to end", 0.2)
         rec = r.hgetall(keys.job(bad))
         assert rec["state"] == "failed"
-        assert "start_endpoint" in rec["reason"] and "health check" in rec["reason"] and "probes" in rec["reason"]
+        assert rec["reason"].startswith("its endpoint failed to start (2 attempts); last: start_endpoint: ")
+        assert "health check" in rec["reason"] and "probes" in rec["reason"]
+        assert rec["attempts"] == "2"
+        events = [e for e in all_events(r, keys) if e.get("job") == bad]
+        backs = [e for e in events if e["kind"] == "reclaimed"]
+        assert [(e["cause"], e["outcome"], e["attempt_counted"]) for e in backs] == [
+            ("start_failed", "requeued", True), ("start_failed", "failed", True)]
+        assert all("health check" in e["error"] for e in backs)
+        requeued = [e for e in events if e["kind"] == "requeued"]
+        assert len(requeued) == 1 and requeued[0]["reason"].startswith("handed back: its endpoint failed to start: ")
+        assert len([e for e in events if e["kind"] == "leased"]) == 2
         # the GPUs are free again: later jobs run on them
         ok = [prod.submit({"endpoint": "fine", "service_s": 10}).id for _ in range(4)]
         wait_for(lambda: all(s in TERMINAL for s in _states(r, keys, ok)), 60, "later jobs", 0.2)

@@ -881,3 +881,19 @@ def test_without_the_fast_lane_a_protected_holder_keeps_its_end_as_eta(r, settin
     w.tick()
     _why(urgent, "waiting_for_gpus")
     assert _eta_in_s(r, w, urgent) > 90000.0
+
+
+def test_a_job_whose_start_failed_waits_in_retry_backoff_naming_the_start_error():
+    """A failed start phase requeues its job counting an attempt (reclaim.lua's
+    ``start_failed``); with a retry backoff it waits as a delayed job, and `why` names the
+    start's error instead of "after a reclaimed lease"."""
+    from makespan.wait_reasons import reason_of
+
+    written = ("requeued: its endpoint failed to start (attempt 1 of 3): start_endpoint: health check "
+               "http://127.0.0.1:5/health did not pass within 1.5 s after 9 probes; retry after 2 s")
+    rec = {"state": "delayed", "not_before": "1000.5", "attempts": "1", "reason": written}
+    assert reason_of(rec, planner_leads=True, server_now_s=900.0, queue_position=None, stale_after_s=30.0) == (
+        "retry_backoff", written, 1000.5)
+    expired = {**rec, "reason": "requeued: lease expired (holder lost); retry after 2 s"}
+    assert reason_of(expired, planner_leads=True, server_now_s=900.0, queue_position=None,
+                     stale_after_s=30.0)[1] == "attempt 2 after a reclaimed lease"

@@ -22,15 +22,18 @@
 -- ARGV[6]  longest backoff s
 -- ARGV[7]  fencing token of a hand-back ('' or absent = the reclaim of an expired lease)
 -- ARGV[8]  (hand-back only) the value pushed at the head of KEYS[5] (makespan.keys.WAKE_RELEASE)
--- ARGV[9]  (hand-back only) why: 'worker_shutdown' (default) or 'function_missing'
+-- ARGV[9]  (hand-back only) why: 'worker_shutdown' (default), 'function_missing' or
+--          'start_failed' (the job's start phase failed: an endpoint start or wake that did
+--          not pass its health check, a process that exited, a helper that did not start)
 -- ARGV[10] (function_missing only) the hand-backs of that cause after which the job fails
 --          (its record's fn_missing_backs: a function registered only where the job cannot run)
+-- ARGV[11] (start_failed only) the start's error, for the job's reason
 -- Returns {0, 'live'} (not expired on the server clock; a reclaim), {0, 'stale'} (the
 -- token is no longer current on every GPU; a hand-back), or {1, outcome, job id or ''} with
 -- outcome in released (not a job lease, or its job had moved on), requeued, completed,
 -- cancelled, failed.
 -- The job's attempt counts only when a phase of the lease was claimed (P:phase:{lease} not
--- empty) and the lease expired (a hand-back counts none); otherwise it is queued again at
+-- empty) and the lease expired or its start failed (another hand-back counts none); otherwise it is queued again at
 -- once, attempts unchanged. A requeued job waits as
 -- a delayed job (makespan.workers.delayed) when a retry backoff is set; its due time is on
 -- the server clock, as is the expiry check.
@@ -60,7 +63,8 @@ local back_texts = {
                      'handed back at worker shutdown'},
   function_missing = {'requeued: handed back, the GPU worker of its host does not register its workload '
                       .. 'function (a worker of another host does); not an attempt',
-                      'handed back: its workload function is not registered on that host'}}
+                      'handed back: its workload function is not registered on that host'},
+  start_failed = {'requeued: its endpoint failed to start', 'handed back: its endpoint failed to start'}}
 local back_text = back_texts[back_cause] or back_texts.worker_shutdown
 -- what is resident is unknown after a holder died mid-transition, unless the GPU key
 -- expired and a newer lease already holds the GPU: then the marker is the new holder's
@@ -72,8 +76,12 @@ local executed = redis.call('HGET', phases, 'execute') == 'done'
 -- worker) did not try the job and must not burn its attempts
 local tried = redis.call('HLEN', phases) > 0
 -- a hand-back is no attempt either (a preemption is none): the worker was asked to stop, the
--- job did not fail it; rolling restarts of the GPU workers must not use up its attempts
-local counted = tried and not handed_back
+-- job did not fail it; rolling restarts of the GPU workers must not use up its attempts.
+-- A failed start is one: it is retried like a lost holder, max_attempts bounds a start
+-- that can never pass
+local start_failed = handed_back and back_cause == 'start_failed'
+local start_error = start_failed and (ARGV[11] or '') or ''
+local counted = tried and (start_failed or not handed_back)
 drop_lease(prefix, KEYS[1], KEYS[2], ARGV[1])
 local job = L['job']
 local outcome = 'released'
@@ -100,13 +108,25 @@ if job and L['kind'] == 'job' then
                  .. 'run it (handed back ' .. backs .. ' times: their hosts have no room for its endpoint, or are in '
                  .. 'another pool)')
       outcome = 'failed'
+    elseif start_failed and attempts >= tonumber(ARGV[3]) then
+      finish_job(prefix, job, 'failed', now_s,
+                 'its endpoint failed to start (' .. attempts .. ' attempts); last: ' .. start_error)
+      outcome = 'failed'
     elseif counted and attempts >= tonumber(ARGV[3]) then
       finish_job(prefix, job, 'failed', now_s,
                  'lease expired: its GPU worker stopped renewing it (' .. attempts .. ' attempts)')
       outcome = 'failed'
     else
       local backoff = tonumber(ARGV[5] or '0') or 0
-      if handed_back then
+      if start_failed then
+        local why = back_text[1] .. ' (attempt ' .. attempts .. ' of ' .. ARGV[3] .. '): ' .. start_error
+        if backoff > 0 then
+          local wait = math.min(backoff * 2 ^ (attempts - 1), tonumber(ARGV[6]))
+          delay_job(prefix, job, server_now_ms / 1000.0 + wait, why .. '; retry after ' .. wait .. ' s')
+        else
+          requeue_job(prefix, job, why)
+        end
+      elseif handed_back then
         requeue_job(prefix, job, back_text[1])
       elseif not tried then
         requeue_job(prefix, job, 'requeued: lease expired before any phase started (no consumer for its host); not an attempt')
@@ -124,10 +144,12 @@ end
 local ev = {ts = tonumber(ARGV[2]) / 1000.0, kind = 'reclaimed', lease = ARGV[1], job = job, outcome = outcome, gpus = gpus,
             attempt_counted = counted, cause = handed_back and back_cause or 'lease_expired'}
 if not handed_back then ev.expired_at = tonumber(L['expires_ms'] or ARGV[2]) / 1000.0 end
+if start_failed then ev.error = start_error end
 append_event(KEYS[4], cjson.encode(ev))
 if outcome == 'requeued' or outcome == 'failed' or outcome == 'completed' then
   local ev2 = {ts = tonumber(ARGV[2]) / 1000.0, kind = outcome, job = job, lease = ARGV[1],
-               reason = handed_back and back_text[2] or 'lease expired'}
+               reason = start_failed and (back_text[2] .. ': ' .. start_error)
+                        or handed_back and back_text[2] or 'lease expired'}
   append_event(KEYS[4], cjson.encode(ev2))
 end
 if handed_back and KEYS[5] then  -- the worker, not the planner's tick, freed the GPUs: wake it
