@@ -546,33 +546,12 @@ def _warn_if_no_worker_file_runs(producer: Any, endpoint: str, live_hosts: list[
 
 
 def _warn_ended_dependencies(r: Any, keys: Any, depends_on: list[str], delayed: bool = False) -> None:
-    """On stderr: a job of ``depends_on`` has already failed or been cancelled, so the job just
-    submitted never runs (the planner's next tick cancels it, saying which dependency did not
-    complete: docs/configuration.md; ``delayed``: it was submitted with a delay, and is
-    cancelled once that ends). Best effort: a Redis error here says nothing (the job is written)."""
-    import redis
+    """On stderr: :func:`makespan.producer.ended_dependency_warnings` (a dependency that has
+    already failed or been cancelled: the job just submitted never runs)."""
+    from makespan.producer import ended_dependency_warnings
 
-    # as the submit read them: stripped, each once
-    depends_on = list(dict.fromkeys(dep.strip() for dep in depends_on if dep and dep.strip()))
-    if not depends_on:
-        return
-    when = "once its delay ends" if delayed else "at its next tick"
-    try:
-        pipe = r.pipeline(transaction=False)
-        for dep in depends_on:
-            pipe.hmget(keys.job(dep), "state", "workload_id")
-        records = pipe.execute()
-    except redis.RedisError:
-        return
-    for dep, (state, workload_id) in zip(depends_on, records):
-        if state == "failed" and workload_id:  # a workload step: its workload may retry it (review)
-            typer.echo(f"warning: dependency {dep} (a step of workload {workload_id}) has failed: unless its "
-                       "workload retries it, this job never runs (the planner then cancels it: dependency "
-                       f"{dep} did not complete)", err=True)
-        elif state in ("failed", "cancelled"):
-            typer.echo(f"warning: dependency {dep} has already {'failed' if state == 'failed' else 'been cancelled'}: "
-                       f"this job will never run; the planner cancels it {when} (reason: dependency {dep} "
-                       "did not complete)", err=True)
+    for warning in ended_dependency_warnings(r, keys, depends_on, delayed):
+        typer.echo(f"warning: {warning}", err=True)
 
 
 def _warn_ignored(idempotency_key: str | None, job_id: str, ignored: tuple[str, ...]) -> None:

@@ -34,6 +34,7 @@ import asyncio
 import json
 import math
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -48,7 +49,7 @@ from makespan.errors import (JobCancelled, JobFailed, ResultExpired, ResultTimeo
                              SubmitOutcomeUnknown, ValidationError, WorkloadError, is_utf8)
 from makespan.keys import Keys
 from makespan.models import FINAL_STATES, FleetSpec, Priority, fleet_version, load_fleet, parse_fleet
-from makespan.producer import CancelOutcome, Producer, job_not_found
+from makespan.producer import CancelOutcome, Producer, ended_dependency_warnings, job_not_found
 from makespan.redis_conn import AUTH_ERRORS, auth_failed, unreachable
 from makespan.registry import WorkloadDef, check_call, submit_definition
 from makespan.results import REFERENCE
@@ -61,6 +62,7 @@ T = TypeVar("T")
 log = logging.getLogger("makespan.client")
 
 _POLL_MIN_S, _POLL_MAX_S = 0.01, 0.25
+_DEPENDENCY_CANCEL = re.compile(r"dependency (\S+) did not complete")
 ASYNC_MAX_CONNECTIONS = 8  # connections the asyncio waiters of one client and event loop share
 WAIT_RECONNECT_S = 30.0  # how long a wait retries a lost Redis (a restart, a Sentinel failover) before it raises
 
@@ -171,7 +173,7 @@ class Client:
     # -- submit -------------------------------------------------------------------------
     def submit(self, workload: str | WorkloadDef, /, *args: Any, priority: Priority | str | int = "NORMAL",
                endpoint: str | None = None, idempotency_key: str | None = None,
-               depends_on: list[str | Job] | tuple[str | Job, ...] = (), delay_s: float | None = None,
+               depends_on: str | Job | list[str | Job] | tuple[str | Job, ...] | None = (), delay_s: float | None = None,
                service_s: float | None = None, deadline_s: float | None = None, **kwargs: Any) -> Job:
         """Submit a call of ``workload(*args, **kwargs)`` (a registered name, or the
         :class:`~makespan.registry.WorkloadDef` the decorator returned).
@@ -187,10 +189,10 @@ class Client:
             endpoint: the endpoint to run on (default: the workload's own).
             idempotency_key: a repeated key returns the existing job (``job.created`` False).
             depends_on: jobs (or ids) that must complete first: one job or id, or a list of them.
-            delay_s: queue the job only this many seconds from now.
+            delay_s: queue the job only this many wall seconds from now.
             service_s: planning estimate, workload seconds (default: learned, see
                 :mod:`makespan.estimates`).
-            deadline_s: due time, seconds after submission (tardiness policies).
+            deadline_s: due time, workload seconds after submission (tardiness policies).
         Returns:
             The :class:`Job`.
         Raises:
@@ -207,7 +209,7 @@ class Client:
                                                      delay_s, service_s, deadline_s, kwargs))
 
     def _submit(self, workload: str | WorkloadDef, args: tuple[Any, ...], priority: Priority | str | int,
-                endpoint: str | None, idempotency_key: str | None, depends_on: list[str | Job] | tuple[str | Job, ...],
+                endpoint: str | None, idempotency_key: str | None, depends_on: str | Job | list[str | Job] | tuple[str | Job, ...] | None,
                 delay_s: float | None, service_s: float | None, deadline_s: float | None, kwargs: dict[str, Any]) -> Job:
         name = workload.name if isinstance(workload, WorkloadDef) else workload
         if not isinstance(name, str) or not name or not is_utf8(name):
@@ -257,11 +259,14 @@ class Client:
             log.warning("job %s of workload %r waits, queued, until a GPU worker registers the function again: "
                         "none is live now, the GPU workers of %s registered it last (stopped, restarting or dead); "
                         "`makespan why %s` says what it waits for", handle.id, name, ", ".join(last_hosts), handle.id)
+        if deps and handle.created:
+            for warning in ended_dependency_warnings(self.r, self.keys, deps, delayed=bool(delay_s)):
+                log.warning("job %s: %s", handle.id, warning)
         return Job(self, handle.id, created=handle.created, ignored=handle.ignored)
 
     def submit_job(self, endpoint: str, *, service_s: float, priority: Priority | str | int = "NORMAL",
                    payload: dict[str, Any] | None = None, idempotency_key: str | None = None,
-                   depends_on: list[str | Job] | tuple[str | Job, ...] = (), delay_s: float | None = None,
+                   depends_on: str | Job | list[str | Job] | tuple[str | Job, ...] | None = (), delay_s: float | None = None,
                    deadline_s: float | None = None) -> Job:
         """Submit a job that calls no workload function, as ``makespan submit --endpoint E
         --service-s S`` does: its execute holds the endpoint's GPUs for ``service_s``
@@ -287,6 +292,9 @@ class Client:
                 job["depends_on"] = list(dict.fromkeys(deps))
             self._producer.fleet = self.fleet()
             handle = self._producer.submit(job)
+            if deps and handle.created:
+                for warning in ended_dependency_warnings(self.r, self.keys, deps, delayed=bool(delay_s)):
+                    log.warning("job %s: %s", handle.id, warning)
             return Job(self, handle.id, created=handle.created, ignored=handle.ignored)
 
         return self._redis_call(submit)
@@ -487,8 +495,8 @@ class _Outage:
 def _not_finished(job_id: str, state: str, timeout_s: float) -> ResultTimeout:
     """The error of a wait that ended before the job did (``timeout_s`` 0: a look, no wait)."""
     if timeout_s == 0:
-        return ResultTimeout(f"job {job_id} is {state}: not finished yet")
-    return ResultTimeout(f"job {job_id} still {state} after {timeout_s:g} s")
+        return ResultTimeout(f"job {job_id} is {state}: not finished yet", job_id, state)
+    return ResultTimeout(f"job {job_id} still {state} after {timeout_s:g} s", job_id, state)
 
 
 def _timeout(timeout_s: Any) -> float | None:
@@ -523,6 +531,16 @@ class Job:
     def __repr__(self) -> str:
         return f"Job({self.id!r})"
 
+    def __eq__(self, other: object) -> bool:
+        """Two handles are equal when they name the same job on the same Redis and key
+        prefix (``client.job(job.id) == job``), so jobs can go in sets and be dict keys."""
+        if not isinstance(other, Job):
+            return NotImplemented
+        return self.id == other.id and self.client.keys.prefix == other.client.keys.prefix
+
+    def __hash__(self) -> int:
+        return hash((self.id, self.client.keys.prefix))
+
     def status(self) -> dict[str, Any]:
         """The job record: ``state`` (queued, delayed, leased, running, completed, failed,
         cancelled), times (unix s, each with an ISO-8601 UTC ``{field}_utc`` twin), ``attempts``, ``reason``, progress fields; a leased or
@@ -531,8 +549,10 @@ class Job:
         ``phases_done`` (:meth:`makespan.producer.Producer.status`).
 
         Raises:
-            NotFoundError: no such job (or it expired after its retention)."""
-        return self.client._producer.status(self.id)
+            NotFoundError: no such job (or it expired after its retention).
+            RedisUnreachable, RedisAuthFailed: Redis cannot be reached (as every client call).
+            StoreError: another Redis failure."""
+        return self.client._redis_call(lambda: self.client._producer.status(self.id))
 
     @property
     def state(self) -> str:
@@ -540,7 +560,8 @@ class Job:
         ``(await job.status_async())["state"]``).
 
         Raises:
-            NotFoundError: no such job (or it expired after its retention)."""
+            NotFoundError: no such job (or it expired after its retention).
+            RedisUnreachable, RedisAuthFailed, StoreError: as :meth:`status`."""
         return str(self.status()["state"])
 
     def cancel(self) -> str:
@@ -548,8 +569,15 @@ class Job:
         ``ctx.cancelled`` and is stopped after ``Settings.cancel_grace_s``. Returns the
         outcome (``cancelled``, ``cancel_requested``) or the final state; to tell a cancel
         that did something from one that found the job already ended, see
-        :meth:`cancel_outcome`."""
-        return self.client._producer.cancel(self.id)
+        :meth:`cancel_outcome`. A running job's function that returns before it sees the
+        cancel completes: the outcome is then ``cancel_requested`` and the job ends
+        ``completed`` with its result (the cancel acts at the function's next check or the
+        next phase boundary).
+
+        Raises:
+            NotFoundError: no such job.
+            RedisUnreachable, RedisAuthFailed, StoreError: as :meth:`status`."""
+        return self.client._redis_call(lambda: self.client._producer.cancel(self.id))
 
     async def status_async(self) -> dict[str, Any]:
         """:meth:`status` for asyncio (in a worker thread)."""
@@ -566,15 +594,22 @@ class Job:
     def cancel_outcome(self) -> CancelOutcome:
         """Cancel as :meth:`cancel` does; returns what this call did
         (:class:`makespan.producer.CancelOutcome`: ``state``, ``already_ended``,
-        ``requested_before``, ``finished_at``, ``cancelled_now``)."""
-        return self.client._producer.cancel_outcome(self.id)
+        ``requested_before``, ``finished_at``, ``cancelled_now``).
+
+        Raises:
+            NotFoundError: no such job.
+            RedisUnreachable, RedisAuthFailed, StoreError: as :meth:`status`."""
+        return self.client._redis_call(lambda: self.client._producer.cancel_outcome(self.id))
 
     def wait(self, timeout_s: float | None = None) -> str:
         """Block until the job ends; returns its final state.
 
         Raises:
-            ResultTimeout: ``timeout_s`` passed first.
-            NotFoundError: no such job."""
+            ResultTimeout: ``timeout_s`` passed first (``job_id``, ``state``).
+            NotFoundError: no such job.
+            RedisUnreachable: Redis stayed unreachable past the wait's outage limit (a
+                shorter outage is ridden out).
+            ValidationError: ``timeout_s`` is negative or not a number."""
         timeout_s = _timeout(timeout_s)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         pause = _POLL_MIN_S
@@ -602,13 +637,15 @@ class Job:
                 attempt, or its run failed in the GPU worker (``error_type``
                 ``makespan.ResultTooLarge``, ``makespan.ResultNotJson``, ``makespan.WorkloadTimeout``,
                 ``makespan.UnknownWorkload``).
-            JobCancelled: the job was cancelled.
+            JobCancelled: the job was cancelled (``job_id``, ``reason``, and ``dependency``: the
+                dependency whose failure or cancel cancelled it, else None).
             JobFailed: it failed without an error of its function's run (e.g. its lease
                 expired ``max_attempts`` times, a transition failed).
-            ResultTimeout: ``timeout_s`` passed first.
+            ResultTimeout: ``timeout_s`` passed first (``job_id``, ``state``).
             ResultExpired: it completed, but its result is gone (kept ``MAKESPAN_RESULT_TTL_S``
                 after the job ends); a :class:`NotFoundError`.
-            NotFoundError: no such job."""
+            NotFoundError: no such job.
+            RedisUnreachable, ValidationError: as :meth:`wait`."""
         return self._outcome(self.wait(timeout_s))
 
     def _state(self) -> str:
@@ -648,7 +685,9 @@ class Job:
                 return None  # a job without a workload function
             return rec.get("value")
         if state == "cancelled":
-            raise JobCancelled(f"job {self.id} was cancelled: {self._reason()}")
+            reason = self._reason()
+            failed_dependency = _DEPENDENCY_CANCEL.match(reason)  # workers/batch.py's reason for a dependant
+            raise JobCancelled(self.id, reason, failed_dependency.group(1) if failed_dependency else None)
         if rec is not None and not rec.get("ok"):
             err = rec.get("error") or {}
             raise WorkloadError(self.id, err.get("type", "Error"), err.get("message", ""), err.get("traceback", ""),

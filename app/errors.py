@@ -200,7 +200,16 @@ class WorkloadError(MakespanError):
 
 
 class JobCancelled(MakespanError):
-    """:meth:`makespan.client.Job.result` of a job that ended ``cancelled``."""
+    """:meth:`makespan.client.Job.result` of a job that ended ``cancelled``.
+
+    Attributes: ``job_id``; ``reason``, the job record's reason (a user's or a workload's
+    cancel, or ``dependency ID did not complete``); ``dependency``, the id of the dependency
+    whose failure or cancel cancelled this job (its own ``result()`` raises the root
+    error), else None."""
+
+    def __init__(self, job_id: str, reason: str = "", dependency: str | None = None):
+        self.job_id, self.reason, self.dependency = job_id, reason, dependency
+        super().__init__(f"job {job_id} was cancelled: {reason}" if reason else f"job {job_id} was cancelled")
 
 
 class JobFailed(MakespanError):
@@ -221,7 +230,13 @@ class ResultExpired(NotFoundError):
 
 class ResultTimeout(MakespanError, TimeoutError):
     """:meth:`makespan.client.Job.result` / ``wait`` ran out of ``timeout_s`` before the job ended
-    (also a :class:`TimeoutError`, so ``except TimeoutError`` and ``asyncio.timeout`` code catch it)."""
+    (also a :class:`TimeoutError`, so ``except TimeoutError`` and ``asyncio.timeout`` code catch it).
+    Attributes: ``job_id`` and ``state``, the job's state when the wait ended ("" when not
+    given)."""
+
+    def __init__(self, message: str, job_id: str = "", state: str = ""):
+        self.job_id, self.state = job_id, state
+        super().__init__(message)
 
 
 class RedisConfigError(StoreError):

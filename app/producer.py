@@ -636,3 +636,37 @@ def submit(job: JobSpec | dict[str, Any], *, fleet: FleetSpec, settings: Setting
 
     settings = settings or Settings.from_env()
     return Producer(r or connect(settings.redis_url), Keys(settings.key_prefix), fleet, settings).submit(job)
+
+
+def ended_dependency_warnings(r: redis.Redis, keys: Keys, depends_on: list[str], delayed: bool = False) -> list[str]:
+    """Warnings for a job just submitted with ``depends_on``: one per dependency that has
+    already failed or been cancelled, so the job never runs (the planner's next tick cancels
+    it, reason ``dependency ID did not complete``: docs/configuration.md; ``delayed``: it was
+    submitted with a delay and is cancelled once that ends); a failed step of a workload may
+    still be retried by its workload. ``makespan submit`` prints them on stderr and
+    :meth:`makespan.client.Client.submit` logs them on ``makespan.client``. Best effort: a
+    Redis error gives none (the job is written)."""
+    # as the submit read them: stripped, each once
+    depends_on = list(dict.fromkeys(dep.strip() for dep in depends_on if dep and dep.strip()))
+    if not depends_on:
+        return []
+    when = "once its delay ends" if delayed else "at its next tick"
+    try:
+        pipe = r.pipeline(transaction=False)
+        for dep in depends_on:
+            pipe.hmget(keys.job(dep), "state", "workload_id")
+        records = pipe.execute()
+    except redis.RedisError:
+        return []
+    warnings = []
+    for dep, (state, workload_id) in zip(depends_on, records):
+        if state == "failed" and workload_id:  # a workload step: its workload may retry it (review)
+            warnings.append(f"dependency {dep} (a step of workload {workload_id}) has failed: unless its workload "
+                            "retries it, this job never runs (the planner then cancels it: dependency "
+                            f"{dep} did not complete)")
+        elif state in ("failed", "cancelled"):
+            warnings.append(f"dependency {dep} has already {'failed' if state == 'failed' else 'been cancelled'}: "
+                            f"this job will never run; the planner cancels it {when} (reason: dependency {dep} "
+                            "did not complete)")
+    return warnings
+

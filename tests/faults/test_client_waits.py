@@ -118,6 +118,12 @@ def test_a_wait_on_a_redis_that_stays_down_raises_redis_unreachable(own_redis_cl
 
     with pytest.raises(RedisUnreachable, match="cannot reach Redis"):
         asyncio.run(scenario())
+    # the job's other calls raise the same type (a client integrator: they raised a plain
+    # StoreError, which `except makespan.RedisUnreachable` did not catch)
+    for call in (lambda job: job.status(), lambda job: job.state, lambda job: job.cancel(),
+                 lambda job: job.cancel_outcome()):
+        with pytest.raises(RedisUnreachable, match="cannot reach Redis"):
+            call(Job(quick, job_id))
 
 
 def test_cancelled_waiters_end_every_time(own_redis_client):

@@ -652,3 +652,32 @@ def test_a_functools_wraps_wrapper_that_takes_ctx_is_accepted():
         makespan.registry.REGISTRY.pop("tests.wrapped_ping", None)
     with pytest.raises(makespan.ValidationError, match="options go in the decorator's call"):
         makespan.workload(ping.fn, name="tests.dropped")  # its options would have been dropped
+
+
+def test_the_per_job_errors_carry_the_job_and_a_dependency_cancel_names_the_dependency(r, keys, settings, caplog):
+    """A client integrator: ``ResultTimeout`` and ``JobCancelled`` carried no ``job_id``, and a
+    job cancelled because its dependency failed could not be told from a user's cancel without
+    parsing the message; a Python submit of a child of a failed job said nothing (the CLI
+    warned)."""
+    fleet, client = _setup(r, keys, settings, make_list)
+    parent = client.submit("tests.make_list", 3)
+    with pytest.raises(makespan.ResultTimeout) as timed_out:
+        parent.result(timeout_s=0)
+    assert (timed_out.value.job_id, timed_out.value.state) == (parent.id, "queued")
+    r.hset(keys.job(parent.id), mapping={"state": "failed", "reason": "execute: boom"})
+    with caplog.at_level("WARNING", logger="makespan.client"):
+        child = client.submit("tests.make_list", 2, depends_on=parent)
+    assert f"dependency {parent.id} has already failed: this job will never run" in caplog.text
+    assert child.id in caplog.text
+    # the planner's tick cancels it with this reason (workers/batch.py)
+    r.hset(keys.job(child.id), mapping={"state": "cancelled", "reason": f"dependency {parent.id} did not complete"})
+    with pytest.raises(makespan.JobCancelled) as cancelled:
+        child.result(timeout_s=1)
+    assert (cancelled.value.job_id, cancelled.value.dependency) == (child.id, parent.id)
+    assert cancelled.value.reason == f"dependency {parent.id} did not complete"
+    other = client.submit("tests.make_list", 1)
+    other.cancel()
+    with pytest.raises(makespan.JobCancelled) as by_user:
+        other.result(timeout_s=1)
+    assert by_user.value.job_id == other.id and by_user.value.dependency is None
+    assert client.job(child.id) == child and len({child, client.job(child.id), other}) == 2
