@@ -208,13 +208,16 @@ class PhaseRunner(TransitionPhases, ExecutePhase):
             return self._crashed(ctx, phase, e)
 
     def _preempted(self, ctx: PhaseContext) -> bool:
-        """Whether ``ctx``'s job lost its lease to a preemption (its record names another
-        lease, or none, and its reason says ``preempted by``); False when Redis cannot say."""
+        """Whether ``ctx``'s job lost its lease to a preemption: its record names that lease as
+        the one its last preemption cut (``preempted_lease``, written by ``preempt.lua``;
+        read also after the job was leased again and its reason rewritten: a routine
+        preemption was logged as a lost lease), or names another lease, or none, with a
+        reason that says ``preempted by``; False when Redis cannot say."""
         try:
-            lease, reason = self.r.hmget(self.keys.job(ctx.job_id), "lease", "reason")
+            lease, reason, cut = self.r.hmget(self.keys.job(ctx.job_id), "lease", "reason", "preempted_lease")
         except redis.RedisError:
             return False
-        return lease != ctx.lease_id and (reason or "").startswith("preempted by")
+        return cut == ctx.lease_id or (lease != ctx.lease_id and (reason or "").startswith("preempted by"))
 
     def hand_back(self, ctx: PhaseContext, error: StaleFencingToken | None = None) -> str | None:
         """While the GPU worker shuts down (:data:`makespan.shutdown.SHUTTING_DOWN`), give a

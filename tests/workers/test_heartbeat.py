@@ -265,3 +265,33 @@ def test_a_wait_whose_lease_is_lost_ends_and_says_so_at_the_workers_default_leve
         assert runner.hand_back(ctx, lost.value) is None
     [record] = [rec for rec in caplog.records if "j-HB9" in rec.getMessage()]
     assert record.levelno == logging.INFO and "preempted while its phase ran" in record.getMessage()
+
+
+def test_a_preempted_lease_whose_job_was_leased_again_is_said_as_a_preemption(r, keys, settings, caplog):
+    """A new user's demo: the preempted job was leased again (its reason rewritten) before its
+    old GPU worker learned of the loss, which then logged a warning that its lease was lost
+    (paused, overloaded or cut off) instead of the routine preemption (``preempt.lua`` now
+    records the lease it cut as ``preempted_lease``)."""
+    import logging
+    from types import SimpleNamespace
+
+    from makespan.errors import LeaseLostDuringPhase
+    from makespan.models import parse_fleet
+    from makespan.workers.phases import PhaseRunner
+
+    store = LeaseStore(r, keys)
+    lease = _lease(r, keys, "PR1", "g-pr1")
+    r.hset(keys.job("j-PR1"), mapping={"state": "running", "seq": 1})
+    r.hset(keys.job("c-PR1"), mapping={"id": "c-PR1", "state": "queued", "priority": "CRITICAL"})
+    assert store.preempt(lease.lease_id, "c-PR1") == "preempted"
+    again = store.acquire("PR2", ("g-pr2",), 30.0, job_id="j-PR1", queue=keys.queue("NORMAL"))
+    assert again is not None and r.hget(keys.job("j-PR1"), "lease") == "PR2"
+    assert not (r.hget(keys.job("j-PR1"), "reason") or "").startswith("preempted by")
+    fleet = parse_fleet({"hosts": [{"name": "h", "gpu_count": 1, "memory_mib": 1000}],
+                         "endpoints": {"e": {"model": "m", "memory_mib_per_gpu": 10, "cold_start_s": 1}}})
+    runner = PhaseRunner(r, settings, fleet)
+    ctx = SimpleNamespace(kind="job", job_id="j-PR1", lease_id="PR1")
+    with caplog.at_level(logging.INFO, logger="makespan.phases"):
+        assert runner.hand_back(ctx, LeaseLostDuringPhase("lost")) is None
+    [record] = [rec for rec in caplog.records if "j-PR1" in rec.getMessage()]
+    assert record.levelno == logging.INFO and "preempted while its phase ran" in record.getMessage()

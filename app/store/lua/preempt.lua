@@ -60,6 +60,10 @@ else
   requeue_job(prefix, job, 'preempted by ' .. ARGV[4])
   redis.call('HINCRBY', jk, 'preemptions', 1)
 end
+-- the lease this preemption cut: its GPU worker, which learns of the loss later (after the
+-- job may have been leased again and its reason rewritten), tells a preemption from a lost
+-- lease by it (makespan.workers.phases PhaseRunner._preempted)
+redis.call('HSET', jk, 'preempted_lease', ARGV[1])
 local ev = {ts = now_s, kind = 'preempted', lease = ARGV[1], job = job, priority = prio, gpus = gpus,
             by = ARGV[4], outcome = outcome}
 append_event(KEYS[4], cjson.encode(ev))
