@@ -399,7 +399,7 @@ def _producer(fleet: Path | None):
     """A Producer; without ``--fleet`` the fleet comes from Redis (the planner publishes it)."""
     from makespan.keys import Keys
     from makespan.cli_support import published_fleet
-    from makespan.models import load_fleet
+    from makespan.models import fleet_version, load_fleet
     from makespan.producer import Producer
     from makespan.redis_conn import connect
 
@@ -407,8 +407,18 @@ def _producer(fleet: Path | None):
     r = connect(s.redis_url)
     keys = Keys(s.key_prefix)
     spec = load_fleet(fleet) if fleet is not None else published_fleet(r, keys, required=False)
-    if fleet is not None:  # nothing read Redis yet: one that never answers is unreachable (exit 2), found
+    if fleet is not None:  # nothing read Redis yet: one that never answers is unreachable (exit 69), found
         r.ping()           # before the submit, whose lost reply would leave its outcome unknown (exit 75)
+        published = r.get(keys.fleet_version)
+        if published and spec is not None and published != fleet_version(spec):
+            # as the client refuses a call's (Client.fleet): a job checked against one file and planned
+            # on another was accepted, then cancelled as "changed after the job was submitted" (a new user)
+            from makespan.errors import ValidationError
+
+            raise ValidationError("fleet", spec.name, f"differs from the fleet the planner published (version "
+                                                      f"{published}, given {fleet_version(spec)}): use the planner's "
+                                                      "fleet file, or give none (omit --fleet: the job is checked "
+                                                      "against the fleet the planner runs)")
     return Producer(r, keys, spec, s)
 
 
@@ -907,7 +917,7 @@ def cancel(job_ids: list[str] = typer.Argument(None, help="job ids (or none, wit
     cold start or execute is cut short, anything else stops at its next phase). Prints one word: cancelled (this
     call cancelled the queued or delayed job) or cancel_requested (leased or running: it stops at its next phase
     boundary), exit 0; for a job that had already ended, how it ended (cancelled, completed or failed) and, on
-    stderr, when: exit 5, nothing was cancelled. Exit 2: an unknown job, or Redis unreachable. Several JOB_IDS,
+    stderr, when: exit 5, nothing was cancelled. Exit 2: an unknown job; 69: Redis unreachable. Several JOB_IDS,
     or filters (--state, --endpoint, --priority, --pool) instead of ids: one line per job (`ID OUTCOME`) and a
     count on stderr; exit 0, 2 when an id was unknown (the other ids are still handled), 5 when every job had
     already ended (filters that match no job: "no job", exit 0)."""

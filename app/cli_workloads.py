@@ -66,7 +66,7 @@ def register(app: typer.Typer) -> None:
         {"cancelled": n queued steps, "cancel_requested": n running steps, "already_ended": null, or the state the
         workload had already ended in (completed, failed, cancelled)}. Exit 0: this call cancelled something (on a
         failed workload, its independent steps still going); 5: it had already ended and nothing was cancelled
-        (stderr says how and when); 2: an unknown workload, or Redis unreachable."""
+        (stderr says how and when); 2: an unknown workload; 69: Redis unreachable."""
         from makespan import telemetry
         from makespan.workloads import cancel_workload_outcome
 

@@ -257,7 +257,7 @@ class Client:
         handle = self._producer.submit(job, extra_fields={"service_estimated": 1} if estimated else None)
         if last_hosts and handle.created:
             log.warning("job %s of workload %r waits, queued, until a GPU worker registers the function again: "
-                        "none is live now, the GPU workers of %s registered it last (stopped, restarting or dead); "
+                        "none is live now, the GPU workers of %s registered it last (stopped, restarting, dead, or running now without its module in --workloads); "
                         "`makespan why %s` says what it waits for", handle.id, name, ", ".join(last_hosts), handle.id)
         if deps and handle.created:
             for warning in ended_dependency_warnings(self.r, self.keys, deps, delayed=bool(delay_s)):

@@ -512,7 +512,7 @@ def submit_definition(r: redis.Redis, keys: Keys, name: str,
 
 def _gone(last_hosts: tuple[str, ...]) -> str:
     """The words on a function that no live worker registers now, whose ``last_hosts`` had it."""
-    return (f"the GPU workers of {', '.join(last_hosts)} registered it last (stopped, restarting or dead); "
+    return (f"the GPU workers of {', '.join(last_hosts)} registered it last (stopped, restarting, dead, or running now without its module in --workloads); "
             "`makespan ready NAME` waits for one")
 
 

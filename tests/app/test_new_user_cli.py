@@ -514,3 +514,23 @@ def test_a_waits_lost_redis_warning_gives_the_waits_own_limit(caplog):
         _Outage("redis://127.0.0.1:1/0").failed(error, now=100.0, deadline=None)
     assert "retrying for up to 3.0 s" in caplog.text
     assert f"retrying for up to {WAIT_RECONNECT_S:.1f} s" in caplog.text
+
+
+def test_a_plain_submit_with_another_fleet_file_than_the_planners_is_refused(r, keys, redis_url, prefix, tmp_path):
+    """A new user pasted the quickstart's ``submit --fleet examples/render-pipeline.toml``
+    beside a planner of their own fleet: exit 0 with a warning about the workers' fleet,
+    then the planner cancelled the job as "changed after the job was submitted". The fleet
+    given must be the one the planner published (as the client's calls already required)."""
+    from makespan.models import fleet_version, parse_fleet
+
+    own = parse_fleet({"name": "mine", "hosts": [{"name": "h", "gpu_count": 1, "memory_mib": 40000}],
+                       "endpoints": {"echo": {"model": "m", "memory_mib_per_gpu": 1000, "cold_start_s": 1}}})
+    r.mset({keys.fleet: own.model_dump_json(), keys.fleet_version: fleet_version(own)})
+    res = CliRunner().invoke(cli_app, ["submit", "--fleet", FLEET_TOML, "--endpoint", "renderer", "--service-s", "30",
+                                       "-q"], env=_env(redis_url, prefix))
+    assert res.exit_code == 2, res.output
+    assert "differs from the fleet the planner published" in res.output and "omit --fleet" in res.output
+    assert r.zcard(keys.queue("NORMAL")) == 0  # nothing written
+    same = CliRunner().invoke(cli_app, ["submit", "--endpoint", "echo", "--service-s", "3", "-q"],
+                              env=_env(redis_url, prefix))
+    assert same.exit_code == 0, same.output
