@@ -35,6 +35,7 @@ spans and :func:`job_traceparent` returns ``""`` (tracing costs nothing).
 
 from __future__ import annotations
 
+import atexit
 import contextvars
 import json
 import logging
@@ -189,7 +190,9 @@ def build_provider(service_name: str, env: Mapping[str, str] | None = None) -> T
     if not names:
         return None
     resource = Resource.create({"service.name": env.get("OTEL_SERVICE_NAME") or service_name})
-    provider = TracerProvider(resource=resource, id_generator=_ForcedIdGenerator())
+    # its exit-time shutdown is ours (:func:`shutdown_tracing`, bounded): the SDK's own waited on an OTLP
+    # export in flight to a collector that accepts and never answers (10 s and more at exit)
+    provider = TracerProvider(resource=resource, id_generator=_ForcedIdGenerator(), shutdown_on_exit=False)
     for n in names:
         if n == "otlp":
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -220,6 +223,7 @@ def setup_tracing(service_name: str) -> bool:
             return False
         trace.set_tracer_provider(provider)
         _provider, _provider_pid = provider, os.getpid()
+        atexit.register(shutdown_tracing)  # bounded, in place of the SDK's own exit-time shutdown
         return True
 
 
@@ -237,17 +241,36 @@ def setup_cli_tracing() -> bool:
     return setup_tracing("makespan-cli")
 
 
-def shutdown_tracing(timeout_ms: int = 5000) -> None:
-    """Flush and shut the provider down (worker exit). Tracing is off afterwards."""
+SHUTDOWN_EXPORT_S = 2.0  # a process's span flush at exit gives up after this (a hung OTLP collector)
+
+
+def shutdown_tracing(timeout_s: float = SHUTDOWN_EXPORT_S) -> None:
+    """Flush and shut the provider down (a worker's or the planner's exit, and at interpreter
+    exit: registered by :func:`setup_tracing`), waiting at most ``timeout_s``: the flush and
+    the exporter's shutdown run in a daemon thread, and spans still unexported then are
+    dropped, with a warning. An OTLP collector that accepts connections and never answers
+    held a GPU worker's stop past the Procfile's 4 s shutdown grace (its watchdog then
+    exited 1) and the planner's interpreter exit 10 s: the export in flight waits for the
+    exporter's own timeout (``OTEL_EXPORTER_OTLP_TIMEOUT``, 10 s). Tracing is off afterwards."""
     global _provider
     with _lock:
-        if _provider is None:
-            return
+        provider, _provider = _provider, None
+    if provider is None:
+        return
+
+    def flush_and_shut() -> None:
         try:
-            _provider.force_flush(timeout_ms)
-            _provider.shutdown()
-        finally:
-            _provider = None
+            provider.force_flush(int(timeout_s * 1000))
+            provider.shutdown()
+        except Exception as e:  # noqa: BLE001 - an exporter's own error must not fail the exit
+            log.warning("trace export at exit failed: %s: %s", type(e).__name__, e)
+
+    closer = threading.Thread(target=flush_and_shut, name="makespan-trace-shutdown", daemon=True)
+    closer.start()
+    closer.join(timeout_s)
+    if closer.is_alive():
+        log.warning("trace export at exit did not finish within %.1f s (the OTLP collector does not answer?): spans "
+                    "not yet exported are dropped", timeout_s)
 
 
 def tracing_enabled() -> bool:

@@ -127,3 +127,37 @@ def test_one_trace_from_submit_to_restore_across_worker_processes(tmp_path, redi
         assert by_name["execute_workload"]["pid"] != worker.pid, "ran in a forked child"
     else:
         assert by_name["execute_workload"]["pid"] == worker.pid
+
+
+HUNG_COLLECTOR_EXIT = r"""
+import socket, sys, threading, time
+server = socket.socket(); server.bind(("127.0.0.1", 0)); server.listen(16)
+held = []
+threading.Thread(target=lambda: [held.append(server.accept()) for _ in iter(int, 1)], daemon=True).start()
+import os
+os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{server.getsockname()[1]}"
+os.environ["OTEL_BSP_SCHEDULE_DELAY"] = "100"  # ms: the batch is sent soon, in the processor's thread
+from makespan import telemetry
+assert telemetry.setup_tracing("test-hung-collector")
+with telemetry.phase_span("execute", telemetry.job_traceparent(), {"job_id": "j1"}):
+    pass
+time.sleep(0.5)  # the batch's export is now in flight, and never answered
+print("exiting", flush=True)
+"""
+
+
+def test_a_collector_that_never_answers_does_not_hold_the_exit(tmp_path):
+    """An observability engineer: with the OTLP endpoint on a listener that accepts and never
+    answers, a GPU worker's stop ran past the Procfile's 4 s shutdown grace (its watchdog then
+    exited 1) and the planner's interpreter exit took 10 s and more: the SDK's own exit-time
+    shutdown waited for the export in flight. The exit's flush is bounded now
+    (``SHUTDOWN_EXPORT_S``): the process ends, with a warning."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    began = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", HUNG_COLLECTOR_EXIT], env=env, capture_output=True, text=True,
+                          timeout=60)
+    took = time.monotonic() - began
+    assert done.returncode == 0, done.stderr
+    assert "exiting" in done.stdout
+    assert "trace export at exit did not finish within 2.0 s" in done.stderr
+    assert took < 9.0, f"the exit took {took:.1f} s: the exporter's own 10 s timeout held it"
