@@ -153,6 +153,14 @@ class Metrics:
         for name in endpoints:
             self.incidents.labels(str(name))
 
+    def declare_workloads(self, workloads: Iterable[str]) -> None:
+        """Export ``makespan_workload_runs_total{workload, outcome}`` (every outcome) and
+        ``makespan_workload_progress_units_total{workload}`` at 0 for each workload name."""
+        for name in workloads:
+            for outcome in WORKLOAD_OUTCOMES:
+                self.workload_runs.labels(str(name), outcome)
+            self.workload_progress.labels(str(name))
+
 
 def _m() -> Metrics:
     global _metrics
@@ -270,6 +278,14 @@ def declare_endpoints(endpoints: Iterable[str]) -> None:
     """Export the per-endpoint counters at 0 for every endpoint of the fleet (names), so
     a fleet with no incident yet shows 0 rather than no series. Idempotent."""
     _m().declare_endpoints(endpoints)
+
+
+def declare_workloads(workloads: Iterable[str]) -> None:
+    """Export the per-workload counters at 0 for every workload function a GPU worker
+    registers (names; at its start): a series born at its first run made Prometheus's
+    ``increase()`` miss that run (the first error of a function went unseen by an alert on
+    ``increase(makespan_workload_runs_total{outcome="error"}[10m]) > 0``). Idempotent."""
+    _m().declare_workloads(workloads)
 
 
 def fleet_endpoints_from_env() -> list[str]:

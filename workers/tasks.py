@@ -17,7 +17,7 @@ from functools import lru_cache
 
 from celery import signals
 
-from makespan import telemetry
+from makespan import metrics, telemetry
 from makespan.celery_app import create_celery
 from makespan.keys import Keys
 from makespan.models import FleetSpec, load_fleet, parse_fleet
@@ -161,6 +161,7 @@ class RegistryPublisher:
         self.refused = dict(refused or {})
 
     def start(self) -> None:
+        metrics.declare_workloads(name for name in REGISTRY if name not in self.refused)  # their counters at 0
         self._publish()  # before the first task: a submit right after start must pass
         self._thread.start()
 

@@ -170,6 +170,14 @@ def test_labelled_counters_start_at_zero_for_every_known_label(monkeypatch, r, k
     assert m.registry.get_sample_value("makespan_incidents_total", {"endpoint": "chat"}) is None
     m.declare_endpoints(["chat", "coder"])
     assert m.registry.get_sample_value("makespan_incidents_total", {"endpoint": "chat"}) == 0
+    # a GPU worker's workload functions (RegistryPublisher.start): a series born at its first
+    # run made increase() miss that run (an observability engineer's first-error alert)
+    assert m.registry.get_sample_value("makespan_workload_runs_total", {"workload": "judge", "outcome": "error"}) is None
+    m.declare_workloads(["judge"])
+    for outcome in ("ok", "error", "retried", "cancelled", "interrupted"):
+        assert m.registry.get_sample_value("makespan_workload_runs_total",
+                                           {"workload": "judge", "outcome": outcome}) == 0, outcome
+    assert m.registry.get_sample_value("makespan_workload_progress_units_total", {"workload": "judge"}) == 0
 
     # the planner's state collector declares the endpoints of the fleet stored at P:fleet
     import makespan.metrics as metrics_mod
