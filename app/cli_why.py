@@ -149,7 +149,8 @@ def _explain_rec(r, keys, settings, job_id: str, rec: dict[str, str], leads: boo
     from makespan.wait_reasons import reason_of, stale_after_s
 
     out: dict[str, Any] = {"id": job_id, "state": rec.get("state"), "priority": rec.get("priority"),
-                           "endpoint": rec.get("endpoint"), "pool": rec.get("pool"), "reason": None, "detail": "", "eta": None,
+                           "endpoint": rec.get("endpoint"), "pool": rec.get("pool"), "fn": rec.get("fn") or None,
+                           "reason": None, "detail": "", "eta": None,
                            "eta_in_s": None, "as_of_s": None, "finished_at": None, "leased_at": None,
                            "started_at": None, "since_s": None, "phase": None, "cancel_requested": False,
                            "progress": None, "host": None, "host_live": None, "host_stopping": None,
@@ -178,7 +179,8 @@ def _explain_rec(r, keys, settings, job_id: str, rec: dict[str, str], leads: boo
             out["finished_at"] = float(rec["finished_at"])
         if rec.get("state") in FINISHED:  # when its last lease was granted and its execute phase began (None:
             # it never got that far, or its record was compacted to a retained summary without them)
-            out.update(leased_at=_float_or_none(rec.get("leased_at")), started_at=_float_or_none(rec.get("started_at")))
+            out.update(leased_at=_float_or_none(rec.get("leased_at")), started_at=_float_or_none(rec.get("started_at")),
+                       host=rec.get("host") or None)  # where its last lease ran (acquire.lua keeps it on the record)
         if rec.get("reason") and rec.get("state") in FINISHED:  # the outcome's reason; a leased or running
             out["detail"] = rec["reason"]  # job's record still holds its last requeue's ("preempted by …")
         return out
@@ -335,14 +337,14 @@ def list_jobs(r, keys, settings, states: tuple[str, ...] = WAITING, endpoint: st
 
 def scan_jobs(r, keys, settings, states: tuple[str, ...] = WAITING, endpoint: str | None = None,
               priority: str | None = None, limit: int = 100,
-              pool: str | None = None) -> tuple[list[dict[str, Any]], int | None]:
+              pool: str | None = None, fn: str | None = None) -> tuple[list[dict[str, Any]], int | None]:
     """(the jobs, None; or the jobs found and how many ids each source was read to, when
     the scan stopped at :data:`SCAN_MAX_IDS` with more left): the jobs in ``states``
     (queued: every queue, CRITICAL first, FIFO; delayed: by due time; leased: by lease;
     completed, failed, cancelled: the latest finished first, whether compacted to a summary
     by retention or not yet, while their records are kept, see docs/operations.md on
-    retention) filtered by endpoint, priority (a level name or 0–3) and pool (a fleet with
-    ``[[pools]]``), at most ``limit``, each as :func:`explain` answers. Each source is read
+    retention) filtered by endpoint, priority (a level name or 0–3), pool (a fleet with
+    ``[[pools]]``) and workload function name ``fn``, at most ``limit``, each as :func:`explain` answers. Each source is read
     ``4 × limit`` ids first, four times as many again while fewer than ``limit`` match and a
     source has more (a filter that matches few jobs behind many others: the listing said
     "no job" with matching jobs queued, found by an SRE's soak).
@@ -367,7 +369,7 @@ def scan_jobs(r, keys, settings, states: tuple[str, ...] = WAITING, endpoint: st
     scan, most = 4 * limit, max(4 * limit, SCAN_MAX_IDS)
     while True:
         ids, more = _listed_ids(r, keys, states, level, pool, scan)
-        out = _filtered(r, keys, settings, ids, states, endpoint, level, pool, limit)
+        out = _filtered(r, keys, settings, ids, states, endpoint, level, pool, limit, fn)
         if len(out) >= limit or not more:
             return out, None
         if scan >= most:
@@ -408,7 +410,7 @@ def _listed_ids(r, keys, states: tuple[str, ...], level, pool: str | None, scan:
 
 
 def _filtered(r, keys, settings, ids: list[str], states: tuple[str, ...], endpoint: str | None, level,
-              pool: str | None, limit: int) -> list[dict[str, Any]]:
+              pool: str | None, limit: int, fn: str | None = None) -> list[dict[str, Any]]:
     """The jobs of ``ids`` in ``states`` that pass the filters, at most ``limit``, each as
     :func:`explain` answers (records read in chunks, so a wide scan stops reading at ``limit``)."""
     # each pool's context (its last reason write) before the records: see explain()
@@ -427,6 +429,8 @@ def _filtered(r, keys, settings, ids: list[str], states: tuple[str, ...], endpoi
             if not rec or rec.get("state") not in states and not (rec.get("state") == "running" and "leased" in states):
                 continue
             if endpoint and rec.get("endpoint") != endpoint or level is not None and rec.get("priority") != level.name:
+                continue
+            if fn and rec.get("fn") != fn:
                 continue
             job_pool = rec.get("pool")
             if pool and job_pool != pool:
@@ -479,13 +483,15 @@ def register(app: typer.Typer) -> None:
                                               "NORMAL or LOW, or 0–3 (0: CRITICAL, 3: LOW)"),
                  pool: str = typer.Option(None, "--pool", help="only jobs of this pool (a fleet file with "
                                           "\\[\\[pools]]: a pool it does not declare fails, exit 2)"),
+                 fn: str = typer.Option(None, "--fn", help="only calls of this workload function (its registered "
+                                        "name, e.g. mymodule.train)"),
                  limit: int = typer.Option(100, "--limit", min=1, help="list at most this many jobs"),
                  as_json: bool = typer.Option(False, "--json", help="print JSON lines")):
         """Jobs with their state, reason and ETA (one line each); a leased or running job's ETA/OUTCOME says when it
         was leased (or began executing) and its phase now, an ended job's when and why it ended."""
         try:
             s, r, k = _ctx()
-            rows, cut_at = scan_jobs(r, k, s, tuple(state) if state else WAITING, endpoint, priority, limit, pool)
+            rows, cut_at = scan_jobs(r, k, s, tuple(state) if state else WAITING, endpoint, priority, limit, pool, fn)
             unchecked = bool(endpoint) and published_endpoints(r, k) is None
             mismatch = pool_mismatch(r, k, endpoint, pool) if endpoint and pool else None
         except MakespanError as e:
@@ -513,4 +519,4 @@ def register(app: typer.Typer) -> None:
                            f"{x['reason'] or '-':22} {tail}")
         if len(rows) >= limit:  # it stopped at --limit without saying so (new-user check)
             typer.echo(f"listed the first {limit} (--limit {limit}); more may match: raise --limit, or narrow with "
-                       "--state, --endpoint, --priority or --pool", err=True)
+                       "--state, --endpoint, --priority, --pool or --fn", err=True)

@@ -32,7 +32,7 @@ _TIME_FIELDS = ("submitted_at", "leased_at", "started_at", "finished_at", "not_b
                 "wait_at")  # unix s; status() adds each one's ISO-8601 UTC twin (makespan.events.add_utc_times)
 _FLOAT_FIELDS = ("service_s", "deadline_s", "progress_done", "progress_total", *_TIME_FIELDS)
 _INT_FIELDS = ("seq", "attempts", "tp", "preemptions", "token", "tries", "retries", "result_attempt")
-_JSON_LIST_FIELDS = ("deps", "helpers")  # JSON text in the record, lists in status()
+_JSON_LIST_FIELDS = ("deps", "helpers", "gpus")  # JSON text in the record, lists in status()
 _FLAG_FIELDS = ("cancel_requested", "service_estimated")  # "1" in the record, true in status()
 # fields status() gives every job, with their value when the record has none yet
 _STATUS_DEFAULTS: dict[str, Any] = {"tries": 0, "preemptions": 0, "cancel_requested": False, "deps": list,
@@ -226,6 +226,8 @@ def typed_record(rec: dict[str, str]) -> dict[str, Any]:
         if k in rec:
             rec[k] = rec[k] not in ("", "0")  # type: ignore[assignment]
     rec.pop("leased_before", None)  # the store's first-lease bookkeeping (lib.lua forget_lease), not the user's
+    if rec.get("host") == "":  # a lease taken with no holder named (as the lease's own view says it)
+        rec["host"] = None
     if rec.get("state") != "queued":  # the planner's last wait reason, from when it waited: not now
         for field in ("wait_reason", "wait_detail", "wait_eta", "wait_at"):
             rec.pop(field, None)
@@ -475,7 +477,8 @@ class Producer:
         lease holds (list of str); ``host``, the fleet host they are on; ``phase``, the phase running now (``evict``,
         ``start_endpoint``, ``execute``, ``clear``; None between two phases, while the next
         one's task waits for its GPU worker); ``phases_done``, the phases of this lease
-        finished so far, in order.
+        finished so far, in order. An ended job keeps the ``gpus`` and ``host`` of its last
+        lease (where it ran); a queued or delayed one has none.
 
         A ``queued`` or ``delayed`` job has ``wait_reason``, ``wait_detail`` and ``wait_eta``
         (unix s on the Redis server's clock, or None) as ``makespan why`` answers them now

@@ -50,6 +50,7 @@ SUMMARY_FIELDS = ("id", "state", "endpoint", "priority", "service_s", "submitted
                   "idem", "lease", "token", "preemptions", "seq",
                   "pool",  # a pooled fleet's job: `makespan jobs --pool` lists it after compaction too
                   "deps", "helpers",  # what it waited on and ran beside: status said [] after compaction
+                  "gpus", "host",  # where its last lease ran (a new user: status of an ended job dropped them)
                   # workload functions (makespan.registry): name, retries made, the attempt whose result
                   # is stored, planned-by-estimate flag, last progress, last retried error
                   "fn", "tries", "result_attempt", "service_estimated", "progress_done", "progress_total",

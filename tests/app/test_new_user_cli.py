@@ -534,3 +534,35 @@ def test_a_plain_submit_with_another_fleet_file_than_the_planners_is_refused(r, 
     same = CliRunner().invoke(cli_app, ["submit", "--endpoint", "echo", "--service-s", "3", "-q"],
                               env=_env(redis_url, prefix))
     assert same.exit_code == 0, same.output
+
+
+def test_jobs_filters_by_function_and_an_ended_job_says_where_it_ran(r, keys, settings, redis_url, prefix):
+    """A new user: "which of my thumbs.* jobs failed, and where?" had no answer from the CLI:
+    `jobs` had no function column or filter, and an ended job's host was gone."""
+    import uuid
+
+    from tests.workloads import fns  # noqa: F401 - registers 'add', 'boom', ...
+    from makespan.client import Client
+    from makespan.models import fleet_version
+    from makespan.store.leases import finish_job_op
+    from makespan.workers.leases import LeaseStore
+
+    fleet = load_fleet(FLEET_TOML)
+    r.mset({keys.fleet: fleet.model_dump_json(), keys.fleet_version: fleet_version(fleet)})
+    publish(r, keys, [REGISTRY["add"], REGISTRY["boom"]], ttl_s=30, holder="test")
+    client = Client(r, settings)
+    boom, add = client.submit("boom", "x", endpoint="chat"), client.submit("add", 1, 2, endpoint="chat")
+    gpu = fleet.hosts[0].gpus[0].uuid
+    lease = LeaseStore(r, keys).acquire(uuid.uuid4().hex, (gpu,), 30.0, job_id=boom.id, kind="job",
+                                        holder=fleet.hosts[0].name, queue=keys.queue("NORMAL"))
+    assert lease is not None
+    assert LeaseStore(r, keys).fenced(lease, [finish_job_op(keys, boom.id, "failed", 1.0, "execute: x"),
+                                              ("DEL", keys.lease(lease.lease_id))])
+    env = _env(redis_url, prefix)
+    res = CliRunner().invoke(cli_app, ["jobs", "--state", "failed", "--state", "queued", "--fn", "boom", "--json"],
+                             env=env)
+    assert res.exit_code == 0, res.output
+    [row] = [json.loads(line) for line in res.output.splitlines()]
+    assert (row["id"], row["fn"], row["state"], row["host"]) == (boom.id, "boom", "failed", fleet.hosts[0].name)
+    res = CliRunner().invoke(cli_app, ["jobs", "--fn", "add", "--json"], env=env)
+    assert [json.loads(line)["id"] for line in res.output.splitlines()] == [add.id]

@@ -178,6 +178,30 @@ def test_status_of_a_leased_job_before_its_first_phase(prod, r, keys):
     assert (st["gpus"], st["phase"], st["phases_done"]) == (["GPU-host-a-0", "GPU-host-a-1"], None, [])
 
 
+def test_an_ended_job_keeps_where_it_ran_and_a_requeued_one_does_not(prod, r, keys, settings):
+    """A new user: `status` of a completed job dropped the ``host`` and ``gpus`` it showed while
+    the job was leased, so "where did my failed job run?" had no answer from the CLI."""
+    import uuid
+
+    from makespan.workers.leases import LeaseStore
+
+    store = LeaseStore(r, keys)
+    jid = prod.submit({"endpoint": "coder", "service_s": 30}).id
+    first = store.acquire(uuid.uuid4().hex, ("GPU-host-a-0", "GPU-host-a-1"), 30.0, job_id=jid, kind="job",
+                          holder="host-a", queue=keys.queue("NORMAL"))
+    assert first is not None
+    outcome, _job = store.hand_back(first, settings.max_attempts, cause="worker_shutdown")  # requeued
+    assert outcome == "requeued"
+    assert not {"gpus", "host"} & set(prod.status(jid))
+    again = store.acquire(uuid.uuid4().hex, ("GPU-host-b-0", "GPU-host-b-1"), 30.0, job_id=jid, kind="job",
+                          holder="host-b", queue=keys.queue("NORMAL"))
+    assert again is not None
+    assert store.fenced(again, [("HSET", keys.job(jid), "state", "failed", "reason", "execute: boom"),
+                                ("DEL", keys.lease(again.lease_id))])
+    st = prod.status(jid)
+    assert st["state"] == "failed" and (st["gpus"], st["host"]) == (["GPU-host-b-0", "GPU-host-b-1"], "host-b")
+
+
 def test_a_record_written_with_the_whole_spec_compares_as_a_new_one():
     """Records written before the spec left out its record fields and defaults held them
     all: repeating their key with the same request ignores nothing."""

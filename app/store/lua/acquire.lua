@@ -75,8 +75,10 @@ if ARGV[9] == 'queued' then
     first = 1
   end
   redis.call('ZREM', KEYS[5], ARGV[2])
+  -- gpus and host stay on the record after the lease ends (status of an ended job says where
+  -- it ran); a requeue drops them with the lease (lib.lua forget_lease)
   redis.call('HSET', KEYS[4], 'state', 'leased', 'lease', ARGV[1], 'token', tostring(token),
-             'leased_at', tostring(tonumber(ARGV[4]) / 1000.0))
+             'leased_at', tostring(tonumber(ARGV[4]) / 1000.0), 'gpus', fields['gpus'] or '[]', 'host', ARGV[5])
   -- a requeue's or retry's reason described the wait that ends here (its event keeps it), and
   -- an earlier run's progress is not this run's (a preempted or retried function starts over)
   if first == 1 then

@@ -159,10 +159,11 @@ end
 
 -- a job that holds no lease any more (requeued or delayed): drop its lease, token and the
 -- times of the lease it lost (a queued or delayed job shows no leased_at/started_at: they are
--- its current attempt's); `leased_before` keeps that it was leased (acquire.lua's first-lease test)
+-- its current attempt's, as are the gpus and host it ran on); `leased_before` keeps that it was
+-- leased (acquire.lua's first-lease test)
 local function forget_lease(jk)
   if redis.call('HEXISTS', jk, 'leased_at') == 1 then redis.call('HSET', jk, 'leased_before', '1') end
-  redis.call('HDEL', jk, 'lease', 'token', 'leased_at', 'started_at')
+  redis.call('HDEL', jk, 'lease', 'token', 'leased_at', 'started_at', 'gpus', 'host')
 end
 
 -- put a job back in its priority queue (of its pool: the record's `pool`, none for the
