@@ -286,8 +286,9 @@ def _cancel_outcome(outcome: dict[str, Any], stop_tried: bool, still_running: bo
     if outcome.get("stopped"):
         return f"{not_stopped} and was stopped"
     if still_running:
-        return (f"{not_stopped} and was stopped: its thread, blocked outside Python code (a sleep, a read, a C call), "
-                "finishes in the background and its result is discarded")
+        return (f"{not_stopped} and was told to stop, but its thread still runs: it is blocked outside Python code "
+                "(a sleep, a read, a C call) or caught the stop (WorkloadStopped, in an except BaseException or a bare "
+                "except); it is left to run in the GPU worker's process and its result is discarded")
     late = f" ({not_stopped})" if stop_tried else ""
     if "error" in outcome:
         return f"raised {outcome['error'][0]} after ctx.cancelled was set{late}"
@@ -449,8 +450,11 @@ def run_function(definition: WorkloadDef, ctx: WorkloadContext, args: list[Any],
             thread.join(1.0)
             stop_at = None  # one try: a thread stuck in C code is left to finish as a daemon
             if thread.is_alive():
-                log.warning("job %s: workload %s is blocked outside Python code (a sleep, a read, a C call): its "
-                            "thread is left to finish in the background", ctx.job_id, definition.name)
+                log.warning("job %s: workload %s still runs after it was told to stop: it is blocked outside Python "
+                            "code (a sleep, a read, a C call) or caught makespan's WorkloadStopped (an except "
+                            "BaseException or a bare except); its thread is left to run in this process, using its "
+                            "CPU and whatever it holds, until it returns (restart the GPU worker to end it)",
+                            ctx.job_id, definition.name)
                 break
     wall_s = time.monotonic() - started
     flush = getattr(ctx._progress, "flush", None)

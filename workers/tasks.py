@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 from functools import lru_cache
 
@@ -68,6 +69,21 @@ def _reset_after_fork(**_kw) -> None:
 
 
 _in_pool_child = False  # this process is a prefork pool child that watches its parent's shutdown
+
+
+@signals.worker_init.connect
+def _dump_tracebacks_on_a_crash(**_kw) -> None:
+    """A fatal signal (a segmentation fault in a workload function's native code, SIGABRT,
+    SIGBUS) writes every thread's Python traceback to the worker's stderr before the process
+    dies (:func:`faulthandler.enable`; forked pool children keep it): the stack names the
+    function that crashed it. It printed nothing at all (a hostile-code check). An
+    ``os._exit`` or a SIGKILL (the OOM killer) still leaves no trace."""
+    import faulthandler
+
+    try:
+        faulthandler.enable(file=sys.__stderr__, all_threads=True)  # Celery's sys.stderr proxy has no fd
+    except (AttributeError, OSError, RuntimeError, ValueError) as e:
+        log.warning("faulthandler not enabled (no usable stderr): %s", e)
 
 
 @signals.worker_init.connect

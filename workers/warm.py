@@ -60,6 +60,12 @@ def run_warm(runner: PhaseRunner, ctx: PhaseContext) -> str:
 def _run_warm(runner: PhaseRunner, ctx: PhaseContext) -> str:
     """:func:`run_warm` without its catch of unexpected errors."""
     k = runner.keys
+    # shutting down: a job leased to this host meanwhile (its liveness not yet withdrawn) is
+    # handed back before its function starts, as the step-by-step path does: it ran a second
+    # time once (a hostile-code check), after its first run was handed back at the SIGTERM
+    handed = runner.hand_back(ctx)
+    if handed is not None:
+        return handed
     # a lease this worker's fleet cannot run (it differs from the planner's) fails in the
     # first of its phases, saying why
     if runner.fleet_problem(ctx, ()) is not None:

@@ -115,6 +115,21 @@ def test_a_job_whose_execute_has_not_started_is_handed_back_at_shutdown(r, keys,
         [(job.id, "requeued", "worker_shutdown", False)]
 
 
+def test_a_warm_job_leased_during_the_shutdown_is_handed_back_before_its_function_runs(r, keys, settings,
+                                                                                       shutting_down):
+    """A hostile-code check: a job handed back at a GPU worker's SIGTERM was leased straight back
+    to the same host (its liveness was not yet withdrawn), onto the GPU where its endpoint was
+    resident, and the warm path, which had no shutdown check, ran its function a second time."""
+    fleet, client = _setup(r, keys, settings, marks_that_it_ran)
+    job = client.submit("tests.hand_back_marks")
+    ctx, runner = _lease(r, keys, settings, fleet, job.id, warm=True)
+    assert run_warm(runner, ctx) == "handed_back"
+    assert job.id not in RAN
+    record = r.hgetall(keys.job(job.id))
+    assert record["state"] == "queued" and record["attempts"] == "0"
+    assert not r.exists(keys.lease(ctx.lease_id)) and not r.exists(keys.gpu(GPU))
+
+
 def test_a_hand_back_is_counted_in_the_reclaimed_leases_metric(r, keys, settings, shutting_down, monkeypatch):
     """makespan_leases_reclaimed_total counted only the planner's reclaims of expired leases:
     a hand-back (the same reclaim script, at a GPU worker's shutdown) went uncounted. Now
@@ -392,3 +407,28 @@ def test_a_job_handed_back_for_its_function_too_often_fails(r, keys, settings):
     assert outcomes == ["requeued"] * FN_MISSING_BACKS_MAX + ["failed"]
     record = r.hgetall(keys.job(job.id))
     assert record["state"] == "failed" and "registered only on GPU workers that cannot run it" in record["reason"]
+
+
+CRASHING_WORKER = """
+import os, signal
+from celery import signals
+import makespan.workers.tasks  # noqa: F401 - the GPU worker's signal handlers
+signals.worker_init.send(sender=None)
+def my_crashing_workload():
+    os.kill(os.getpid(), signal.SIGSEGV)
+my_crashing_workload()
+"""
+
+
+def test_a_workload_that_crashes_the_gpu_worker_leaves_its_stack_on_stderr(prefix):
+    """A hostile-code check: a function whose native code segfaulted ended the GPU worker with
+    nothing in its log to name it; the worker now enables faulthandler as it starts."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "MAKESPAN_KEY_PREFIX": prefix}
+    done = subprocess.run([sys.executable, "-c", CRASHING_WORKER], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode != 0
+    assert "Segmentation fault" in done.stderr and "in my_crashing_workload" in done.stderr, done.stderr
