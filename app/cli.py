@@ -668,10 +668,13 @@ def ready(workloads: list[str] = typer.Argument(None, help="workload function na
     s = _settings()
     r, keys = connect(s.redis_url), Keys(s.key_prefix)
     deadline = time.monotonic() + timeout_s
+    hinted = False
     while True:
         try:
             absent = [name for name in workloads or [] if not r.exists(keys.fn_live(name))
                       or _held_only_by_the_dead_here(r, keys, name)]
+            if absent and not hinted:  # a misspelt name: say so now, not after the whole timeout (a new user)
+                hinted = _hint_misspelt(r, keys, absent, timeout_s)
             leaderless = _pools_without_a_leader(r, keys, [name for name in workloads or [] if name not in absent])
             missing = ([] if r.exists(keys.fleet) else [
                 f"a planner (no fleet published under key prefix {keys.prefix!r} at {redacted_url(s.redis_url)}: "
@@ -775,6 +778,25 @@ def _pools_without_a_leader(r, keys, workloads: list[str]) -> list[str | None]:
     return [pool for pool, leader in zip(pools, leaders) if not leader]
 
 
+def _hint_misspelt(r, keys, absent: list[str], timeout_s: float) -> bool:
+    """While ``ready`` waits: for each of ``absent`` that no GPU worker ever registered and
+    that is close to a live name, print the likely name on stderr (the wait goes on: a
+    worker may still register it). Returns whether a live name was there to compare with
+    (so it is said once)."""
+    from makespan.registry import closest_name, live_names
+
+    alive = live_names(r, keys)
+    if not alive:
+        return False
+    ever = r.smismember(keys.fns, absent)
+    for name, known in zip(absent, ever):
+        close = None if known else closest_name(name, alive)
+        if close:
+            typer.echo(f"note: no GPU worker has registered workload {name!r}; did you mean {close!r}? (waiting up "
+                       f"to {timeout_s:g} s for it all the same)", err=True)
+    return True
+
+
 def _hint_live_names(r, keys, absent: list[str]) -> None:
     """After ``ready`` timed out on ``absent`` workload names: print the live names (and
     the closest one to each absent name), to stderr."""
@@ -832,6 +854,9 @@ def result(job_id: str, timeout_s: float | None = typer.Option(None, help="wait 
         _print_requests(client, job_id)
         return
     try:
+        # a Redis never reached: exit 69 at once, as every other command (the wait below rides out a
+        # Redis that goes away mid-wait for 30 s: it said "connection lost ... retrying" first; a new user)
+        client._redis_call(client.r.ping)
         value = job.result(timeout_s=0 if no_wait else timeout_s)
     except WorkloadError as e:
         if e.traceback.strip():  # none for an error of the worker's own (a result over the limit, a timeout)

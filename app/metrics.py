@@ -53,7 +53,7 @@ SOLVE_BUCKETS_S = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 ESTIMATE_ERROR_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10)
 WORKLOAD_OUTCOMES = ("ok", "error", "retried", "cancelled", "interrupted")
-RECLAIM_CAUSES = ("lease_expired", "worker_shutdown", "function_missing", "start_failed")  # makespan_leases_reclaimed_total{cause}
+RECLAIM_CAUSES = ("lease_expired", "worker_shutdown", "function_missing", "start_failed", "worker_lost")  # makespan_leases_reclaimed_total{cause}
 PHASE_BUCKETS_S = (0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 120, 300, 600, 1800)
 
 _lock = threading.Lock()
@@ -310,8 +310,9 @@ def lease_reclaimed(cause: str = "lease_expired") -> None:
     :meth:`makespan.workers.phases.PhaseRunner.hand_back`) or ``function_missing`` (a GPU
     worker handed back the lease of a job whose workload function it does not register while
     a worker of another host does) or ``start_failed`` (a job's start phase failed: its lease
-    was handed back and its job requeued or failed, :meth:`makespan.workers.phases.PhaseRunner._start_failed`);
-    another value counts as
+    was handed back and its job requeued or failed, :meth:`makespan.workers.phases.PhaseRunner._start_failed`) or
+    ``worker_lost`` (a prefork GPU worker's pool process died while it ran a job's phase:
+    :meth:`makespan.workers.phases.PhaseRunner.pool_process_lost`); another value counts as
     ``lease_expired`` (the label stays bounded)."""
     _m().reclaimed.labels(cause if cause in RECLAIM_CAUSES else "lease_expired").inc()
 

@@ -267,6 +267,31 @@ class PhaseRunner(TransitionPhases, ExecutePhase):
         log.warning("job %s: %s: lease %s handed back, job %s", ctx.job_id, why, ctx.lease_id, outcome)
         return "handed_back"
 
+    def pool_process_lost(self, ctx: PhaseContext, error: str) -> str:
+        """In a prefork GPU worker's main process: the pool process that ran a phase of
+        ``ctx``'s job died (a workload function's segmentation fault, ``os._exit``, the OOM
+        killer; Celery's ``WorkerLostError``, ``error``). The lease is given back at once,
+        counting an attempt (cause ``worker_lost``; :meth:`makespan.store.LeaseStore.hand_back`):
+        the job is requeued after the retry backoff, or fails after ``max_attempts`` with
+        that error, instead of waiting out the lease TTL and a reason that blamed a GPU
+        worker that "stopped renewing" it. Endpoints the dead process started are left to
+        the next start phase on those GPUs, as after a reclaim. Returns the outcome
+        (``requeued``, ``failed``, ``completed`` when its execute had ended, ...) or
+        ``stale`` (the lease was no longer held: nothing written).
+
+        Raises:
+            StoreError: Redis failed (the lease then expires and its reclaim requeues the job)."""
+        wake = self._wake_key.get(ctx.gpus[0], self.keys.planner_wake) if ctx.gpus else self.keys.planner_wake
+        outcome, _job = self.leases.hand_back(ctx.lease, self.settings.max_attempts, self.settings.retry_backoff_s,
+                                              self.settings.retry_backoff_max_s, wake_key=wake, cause="worker_lost",
+                                              error=f"the GPU worker's pool process running it died: {error}")
+        if outcome != "stale":
+            metrics.lease_reclaimed("worker_lost")
+        log.error("job %s: the pool process running its phase on %s (GPUs %s) died: %s; lease %s %s", ctx.job_id,
+                  ctx.host, ", ".join(ctx.gpus), error, ctx.lease_id,
+                  "no longer ours: nothing handed back" if outcome == "stale" else f"handed back, job {outcome}")
+        return outcome
+
     def _start_failed(self, ctx: PhaseContext, error: PhaseError) -> str:
         """The job's start phase failed (its endpoint's start or wake did not pass the health
         check, its process exited, a helper did not start; the driver stopped what it

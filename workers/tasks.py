@@ -141,6 +141,29 @@ def _make_phase_task(phase: str):
 PHASE_TASKS = {p: _make_phase_task(p) for p in PHASES}
 
 
+@signals.task_failure.connect
+def _pool_process_lost(sender=None, exception=None, args=None, **_kw) -> None:
+    """Prefork: Celery's main process reports a pool process that died while it ran one of
+    our phase tasks (``WorkerLostError``: a workload function's segmentation fault, an
+    ``os._exit``, the OOM killer): give that job's lease back now, counting an attempt
+    (:meth:`makespan.workers.phases.PhaseRunner.pool_process_lost`), instead of leaving it to
+    its TTL. A restore's lease is left to its TTL. Best effort: a Redis error leaves the
+    lease to expire as before."""
+    from billiard.exceptions import WorkerLostError
+
+    if not isinstance(exception, WorkerLostError) or not args or not isinstance(args[0], dict):
+        return
+    if getattr(sender, "name", None) not in (WARM_JOB_TASK, *PHASE_TASK_NAMES.values()):
+        return
+    try:
+        ctx = PhaseContext.from_dict(args[0])
+        if ctx.kind == "job":
+            runner().pool_process_lost(ctx, " ".join(str(exception).split())[:500])
+    except Exception as e:  # noqa: BLE001 - never break Celery's failure handling
+        log.warning("a lost pool process's lease was not handed back (it expires with its TTL): %s: %s",
+                    type(e).__name__, e)
+
+
 @celery.task(name=WARM_JOB_TASK, bind=True, acks_late=True, ignore_result=True, shared=False)
 def warm_job(self, ctx: dict) -> str:
     """Fast path for a warm job: its endpoint instance is already resident on exactly its

@@ -259,14 +259,16 @@ class LeaseStore:
         """Give up ``lease`` while it is still current (``cause``: ``"worker_shutdown"``, its
         GPU worker shuts down; ``"function_missing"``, its GPU worker does not register the
         job's workload function that a worker of another host does; ``"start_failed"``, the
-        job's start phase failed with ``error`` (at most 2,000 characters are kept); the
+        job's start phase failed with ``error`` (at most 2,000 characters are kept);
+        ``"worker_lost"``, the prefork pool process running its phase died (``error``); the
         ``reclaimed`` event's ``cause`` and the requeued job's reason say which): free its
         GPUs, forget it, and requeue its job at once (or cancel or complete it), as
         :meth:`reclaim` does once it expired (``reclaim.lua`` with the lease's fencing
         token) but counting no attempt (a preemption counts none either: rolling restarts
         must not use up ``max_attempts``, so no retry backoff applies) — except
-        ``"start_failed"``, which counts one as an expiry does: the job waits out the retry
-        backoff and fails after ``max_attempts`` with the last start's error — and push
+        ``"start_failed"`` and ``"worker_lost"``, which count one as an expiry does: the job
+        waits out the retry backoff and fails after ``max_attempts`` with the last error —
+        and push
         :data:`makespan.keys.WAKE_RELEASE` on ``wake_key`` (the planner wake list of its
         GPUs' pool; "" none). A job it ends goes to :meth:`job_ended`.
 

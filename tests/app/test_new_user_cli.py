@@ -34,6 +34,9 @@ def test_ready_on_a_misspelt_name_lists_the_live_names_and_fails(r, keys, redis_
     assert res.exit_code == 1, res.output
     assert "waiting for workload 'ad'" in res.output
     assert "live workload functions: add, boom" in res.output and "did you mean 'add' instead of 'ad'?" in res.output
+    # said as the wait begins, not only once the whole timeout passed (a new user waited 60 s for it)
+    early = "note: no GPU worker has registered workload 'ad'; did you mean 'add'?"
+    assert early in res.output and res.output.index(early) < res.output.index("not ready after"), res.output
     assert CliRunner().invoke(cli_app, ["ready", "add", "--timeout-s", "1"], env=_env(redis_url, prefix)).exit_code == 0
 
 
@@ -209,6 +212,7 @@ def test_jobs_lists_finished_jobs_after_the_retention_sweep_compacted_them(r, ke
 
 @pytest.mark.parametrize("argv", [
     ["status", "abc"], ["why", "abc"], ["jobs"], ["cancel", "abc"], ["result", "abc", "--no-wait"],
+    ["result", "abc"],  # a wait: it said "Redis connection lost ... retrying for up to 30 s" first (a new user)
     ["transitions", "--fleet", str(FLEET_TOML)], ["submit", "--endpoint", "chat", "--service-s", "3"],
     ["uncordon", "a"], ["hosts"],  # they wrapped the redis-py error: "error: uncordoning host a: Error 111 …"
     ["incidents", "--redis-url", "URL"],  # the option's URL is named, not MAKESPAN_REDIS_URL's
@@ -228,6 +232,7 @@ def test_every_redis_command_says_redis_is_unreachable(argv, prefix):
     assert "error: cannot reach Redis at " + url.replace(":s3cret@", ":***@") in cli.stderr, cli.stderr
     assert "MAKESPAN_REDIS_URL" in cli.stderr and "s3cret" not in cli.stderr + cli.stdout
     assert cli.stderr.count("error: ") == 1, cli.stderr  # one message, not the command's and then ours
+    assert "retrying" not in cli.stderr, cli.stderr
 
 
 @pytest.fixture

@@ -144,3 +144,15 @@ def side_effect_after_work(ctx, wall_s):
         return None
     _mark(ctx, "side_effect")
     return {"attempt": ctx.attempt}
+
+
+@makespan.workload(endpoint="sim", name="crashes_once")
+def crashes_once(ctx):
+    """Its first run ends its own process (a segmentation fault, as a C extension's would);
+    the next returns."""
+    import signal
+
+    if not os.path.exists(os.path.join(MARK_DIR, f"{ctx.job_id}.crashed")):
+        _mark(ctx, "crashed")
+        os.kill(os.getpid(), signal.SIGSEGV)
+    return {"attempt": ctx.attempt}

@@ -125,8 +125,8 @@ def _stops_when_told(ctx):
 
 
 @pytest.mark.parametrize("fn, says", [
-    (_sleeps, "did not stop within the 0.5 s grace period after ctx.cancelled was set and was stopped: its thread, "
-              "blocked outside Python code"),
+    (_sleeps, "did not stop within the 0.5 s grace period after ctx.cancelled was set and was told to stop, but "
+              "its thread still runs: it is blocked outside Python code"),
     (_stops_when_told, "returned after ctx.cancelled was set")])
 def test_a_timeout_says_how_the_run_ended(r, keys, fn, says):
     """A timed-out run's reason said only 'ran longer than timeout_s' while its thread still

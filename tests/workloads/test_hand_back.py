@@ -140,7 +140,8 @@ def test_a_hand_back_is_counted_in_the_reclaimed_leases_metric(r, keys, settings
     ctx, runner = _lease(r, keys, settings, fleet, job.id)
     assert run_phases(runner, ctx) == "handed_back"
     counted = {cause: metrics._m().reclaimed.labels(cause)._value.get() for cause in metrics.RECLAIM_CAUSES}
-    assert counted == {"lease_expired": 0.0, "worker_shutdown": 1.0, "function_missing": 0.0, "start_failed": 0.0}
+    assert counted == {"lease_expired": 0.0, "worker_shutdown": 1.0, "function_missing": 0.0, "start_failed": 0.0,
+                       "worker_lost": 0.0}
     assert runner.hand_back(ctx) == "stale"  # a stale token handed nothing back: not counted
     assert metrics._m().reclaimed.labels("worker_shutdown")._value.get() == 1.0
 

@@ -154,3 +154,22 @@ def test_a_prefork_child_whose_pool_ignores_sigterm_stays_a_worker_after_a_sigte
         assert second.result(timeout_s=30)["sum"] == 3
         reclaimed = [e for e in all_events(r, keys) if e["kind"] == "reclaimed"]
         assert reclaimed == [], f"jobs handed back by a child that is not shutting down: {reclaimed}"
+
+
+def test_a_function_that_crashes_its_prefork_child_is_requeued_at_once_counting_an_attempt(r, keys, settings,
+                                                                                           tmp_path):
+    """A hostile-code check: a function that segfaulted its prefork pool child left its lease
+    to the TTL (here 60 s) and then a reason that blamed a GPU worker that "stopped renewing
+    it", while the worker, alive, had seen its child die (Celery's WorkerLostError). The worker
+    now hands the lease back at once, an attempt counted, naming the death; the job's next run
+    completes."""
+    with _live_system(r, keys, settings, tmp_path, "prefork") as (system, client, marks):
+        wait_for(lambda: r.exists(keys.fn_live("crashes_once")), 30, "the worker to publish its functions")
+        job = client.submit("crashes_once")
+        assert job.result(timeout_s=LEASE_TTL_S - 10) == {"attempt": 2}  # before the lease's TTL
+        reclaimed = [e for e in all_events(r, keys) if e["kind"] == "reclaimed" and e.get("job") == job.id]
+        assert [(e["outcome"], e.get("cause"), e["attempt_counted"]) for e in reclaimed] == [
+            ("requeued", "worker_lost", True)], reclaimed
+        assert "signal 11" in reclaimed[0]["error"] and "pool process running it died" in reclaimed[0]["error"]
+        (worker,) = [p for p in system.procs if p.name == f"gpu-{HOST}-0"]
+        assert worker.alive()

@@ -22,12 +22,13 @@
 -- ARGV[6]  longest backoff s
 -- ARGV[7]  fencing token of a hand-back ('' or absent = the reclaim of an expired lease)
 -- ARGV[8]  (hand-back only) the value pushed at the head of KEYS[5] (makespan.keys.WAKE_RELEASE)
--- ARGV[9]  (hand-back only) why: 'worker_shutdown' (default), 'function_missing' or
+-- ARGV[9]  (hand-back only) why: 'worker_shutdown' (default), 'function_missing',
 --          'start_failed' (the job's start phase failed: an endpoint start or wake that did
---          not pass its health check, a process that exited, a helper that did not start)
+--          not pass its health check, a process that exited, a helper that did not start) or
+--          'worker_lost' (the GPU worker's pool process running its phase died: prefork)
 -- ARGV[10] (function_missing only) the hand-backs of that cause after which the job fails
 --          (its record's fn_missing_backs: a function registered only where the job cannot run)
--- ARGV[11] (start_failed only) the start's error, for the job's reason
+-- ARGV[11] (start_failed, worker_lost) the error, for the job's reason
 -- Returns {0, 'live'} (not expired on the server clock; a reclaim), {0, 'stale'} (the
 -- token is no longer current on every GPU; a hand-back), or {1, outcome, job id or ''} with
 -- outcome in released (not a job lease, or its job had moved on), requeued, completed,
@@ -64,7 +65,8 @@ local back_texts = {
   function_missing = {'requeued: handed back, the GPU worker of its host does not register its workload '
                       .. 'function (a worker of another host does); not an attempt',
                       'handed back: its workload function is not registered on that host'},
-  start_failed = {'requeued: its endpoint failed to start', 'handed back: its endpoint failed to start'}}
+  start_failed = {'requeued: its endpoint failed to start', 'handed back: its endpoint failed to start'},
+  worker_lost = {'requeued: the GPU worker process running it died', 'handed back: the GPU worker process running it died'}}
 local back_text = back_texts[back_cause] or back_texts.worker_shutdown
 -- what is resident is unknown after a holder died mid-transition, unless the GPU key
 -- expired and a newer lease already holds the GPU: then the marker is the new holder's
@@ -77,9 +79,10 @@ local executed = redis.call('HGET', phases, 'execute') == 'done'
 local tried = redis.call('HLEN', phases) > 0
 -- a hand-back is no attempt either (a preemption is none): the worker was asked to stop, the
 -- job did not fail it; rolling restarts of the GPU workers must not use up its attempts.
--- A failed start is one: it is retried like a lost holder, max_attempts bounds a start
--- that can never pass
-local start_failed = handed_back and back_cause == 'start_failed'
+-- A failed start is one, and so is the death of the pool process that ran it (the lease's
+-- expiry would count it too, a TTL later): each is retried like a lost holder, and
+-- max_attempts bounds a start that can never pass or a job that crashes its process
+local start_failed = handed_back and (back_cause == 'start_failed' or back_cause == 'worker_lost')
 local start_error = start_failed and (ARGV[11] or '') or ''
 local counted = tried and (start_failed or not handed_back)
 drop_lease(prefix, KEYS[1], KEYS[2], ARGV[1])
@@ -109,8 +112,8 @@ if job and L['kind'] == 'job' then
                  .. 'another pool)')
       outcome = 'failed'
     elseif start_failed and attempts >= tonumber(ARGV[3]) then
-      finish_job(prefix, job, 'failed', now_s,
-                 'its endpoint failed to start (' .. attempts .. ' attempts); last: ' .. start_error)
+      local what = back_cause == 'worker_lost' and 'the GPU worker process running it died' or 'its endpoint failed to start'
+      finish_job(prefix, job, 'failed', now_s, what .. ' (' .. attempts .. ' attempts); last: ' .. start_error)
       outcome = 'failed'
     elseif counted and attempts >= tonumber(ARGV[3]) then
       finish_job(prefix, job, 'failed', now_s,
