@@ -54,7 +54,7 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 ESTIMATE_ERROR_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10)
 WORKLOAD_OUTCOMES = ("ok", "error", "retried", "cancelled", "interrupted")
 RECLAIM_CAUSES = ("lease_expired", "worker_shutdown", "function_missing", "start_failed", "worker_lost")  # makespan_leases_reclaimed_total{cause}
-PHASE_BUCKETS_S = (0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 120, 300, 600, 1800)
+PHASE_BUCKETS_S = (0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200, 14400, 28800)  # to 8 h: a real execute runs hours (it fell in +Inf past 30 min)
 
 _lock = threading.Lock()
 _metrics: Metrics | None = None
@@ -103,7 +103,8 @@ class Metrics:
                                 "process died), plans adopted by a tick, hung children killed.", ["outcome"],
                                 **reg)
         self.improver_solve = Histogram("makespan_planner_improver_seconds",
-                                        "Background improver time per batch, wall seconds.", [], **reg)
+                                        "Background improver time per batch, wall seconds.", [],
+                                        buckets=SOLVE_BUCKETS_S, **reg)
         # workload functions (makespan.registry): runs by outcome, progress, estimate error
         self.workload_runs = Counter("makespan_workload_runs_total",
                                      "Workload function runs by outcome: ok, error (raised, timed out, result "
