@@ -66,7 +66,7 @@ class WorkloadFailed(PhaseError):
 
     def __init__(self, error_type: str, message: str, traceback_text: str = "", retryable: bool = True):
         self.error_type, self.message, self.traceback_text, self.retryable = error_type, message, traceback_text, retryable
-        super().__init__(f"{error_type}: {message}")
+        super().__init__(f"{error_type}: {message}" if message else f"{error_type} (no message)")
 
 
 class CancelEvent(threading.Event):

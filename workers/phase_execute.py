@@ -183,7 +183,7 @@ class ExecutePhase:
                                                          "cancel_requested")
         tries_done = int(tries or 0)
         attempt = 1 + int(attempts or 0) + tries_done
-        reason = f"{phase}: {failure.error_type}: {failure.message}"[:2000]  # the phase it failed in
+        reason = f"{phase}: {failure}"[:2000]  # the phase it failed in; "(no message)" for a bare MemoryError()
         if cancel_requested == "1":  # cancelled before the watcher saw it: a cancel, not a retry or a failure
             metrics.workload_run(name or "unknown", "cancelled")
             return self._finish(ctx, "cancelled", f"execute: cancelled while running (workload raised "
