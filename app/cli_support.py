@@ -143,7 +143,7 @@ def fail(e: Exception) -> None:
 class CliGroup(TyperGroup):
     """The ``makespan`` command group: a command that lets a failure to reach Redis
     escape (a redis-py error outside its own error handling) fails as :func:`fail` does,
-    with :class:`RedisUnreachable`'s (or :class:`RedisAuthFailed`'s) message and exit 2,
+    with :class:`RedisUnreachable`'s message and exit 69 (or :class:`RedisAuthFailed`'s and exit 2),
     instead of a traceback; so does any other redis-py error that escapes (Redis answered
     with an error: :func:`makespan.redis_conn.answered_with_error`)."""
 
