@@ -41,6 +41,22 @@ EXIT_REDIS_UNAVAILABLE = 69
 #: printed on stdout all the same, for the caller to look it up (BSD's EX_TEMPFAIL)
 EXIT_OUTCOME_UNKNOWN = 75
 
+#: exit code of a command whose output's reader went away (``makespan jobs | head -2``): 128 +
+#: SIGPIPE, as a shell reports ``yes | head``; quietly (click's own handling exited 1, the code of
+#: an unexpected error)
+EXIT_BROKEN_PIPE = 141
+
+
+def _quiet_stdout() -> None:
+    """Point stdout's file descriptor at /dev/null, so that the interpreter's last flush of
+    what is still buffered does not fail on the closed pipe again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.close(devnull)
+    except OSError:
+        pass
+
 # the click context of the command running now (set by CliGroup): its parameters name
 # the Redis URL of a command with --redis-url
 _RUNNING: ContextVar[Any] = ContextVar("makespan_cli_running_command", default=None)
@@ -158,6 +174,9 @@ class CliGroup(TyperGroup):
                     return inner(sub_ctx)
                 except (typer.Exit, typer.Abort):
                     raise  # the command's own exit, its error already reported
+                except BrokenPipeError:  # the reader of its output went away: end quietly
+                    _quiet_stdout()
+                    raise typer.Exit(EXIT_BROKEN_PIPE) from None
                 except Exception as e:
                     if unreachable_redis(e) is not None:
                         fail(e)

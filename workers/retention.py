@@ -34,6 +34,7 @@ cost is bounded however large the backlog; the backlog drains over successive ti
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 
@@ -80,6 +81,10 @@ def mark_finished(r: redis.Redis | redis.client.Pipeline, keys: Keys, job_id: st
     return r.zadd(finished_key(keys), {job_id: finished_at_s if finished_at_s is not None else time.time()})
 
 
+log = logging.getLogger(__name__)
+COUNT_LIMIT_WARNING_S = 300.0  # at most one warning this often that the count limit deletes young summaries
+
+
 @dataclass
 class SweepResult:
     """Counts of one :func:`sweep` call."""
@@ -102,6 +107,7 @@ class Retention:
         self.jobs = JobStore(r, self.keys, settings.events_max_len)
         self._last_s = 0.0
         self._scan_cursor = 0
+        self._count_warned_at: float | None = None  # monotonic s of the last count-limit warning
 
     def maybe_sweep(self, now_s: float | None = None) -> SweepResult | None:
         """Sweep if ``retention_sweep_s`` has passed since the last sweep (monotonic clock)."""
@@ -143,7 +149,11 @@ class Retention:
         if room > 0:
             over = int(self.r.zcard(ret)) - len(victims) - s.retention_jobs
             if over > 0:
-                victims += self.r.zrange(ret, len(victims), len(victims) + min(over, room) - 1)
+                by_count = self.r.zrange(ret, len(victims), len(victims) + min(over, room) - 1, withscores=True)
+                victims += [jid for jid, _ in by_count]
+                young = [score for _, score in by_count if now - score < s.retention_age_s]
+                if young:
+                    self._warn_count_limit(len(young), now - max(young))
         if victims:
             p = self.r.pipeline(transaction=False)
             for jid in victims:
@@ -160,6 +170,23 @@ class Retention:
         out.orphans = self._orphans()
         out.pending = int(self.r.zcard(fin))
         return out
+
+    def _warn_count_limit(self, deleted: int, youngest_age_s: float) -> None:
+        """Log (at most once per :data:`COUNT_LIMIT_WARNING_S`) that the count limit deleted
+        ``deleted`` finished-job summaries before the age limit would have: their results and
+        idempotency keys are gone sooner than ``MAKESPAN_RETENTION_AGE_S`` says (a backlog of
+        tens of thousands of jobs reaches ``MAKESPAN_RETENTION_JOBS`` in minutes; a
+        large-queue check found keys reused and their work run again)."""
+        now = time.monotonic()
+        if self._count_warned_at is not None and now - self._count_warned_at < COUNT_LIMIT_WARNING_S:
+            return
+        self._count_warned_at = now
+        s = self.settings
+        log.warning("retention: MAKESPAN_RETENTION_JOBS=%d deleted %d finished-job summaries younger than "
+                    "MAKESPAN_RETENTION_AGE_S=%g s (the youngest %.0f s old): their results and idempotency keys are "
+                    "gone (a resubmit with such a key runs the work again); raise MAKESPAN_RETENTION_JOBS to keep "
+                    "them for the age (said at most every %.0f s)", s.retention_jobs, deleted, s.retention_age_s,
+                    max(0.0, youngest_age_s), COUNT_LIMIT_WARNING_S)
 
     def _expire_workloads(self, now: float) -> int:
         s, k = self.settings, self.keys

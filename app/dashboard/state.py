@@ -103,7 +103,10 @@ def _set_point(fleet: dict[str, Any]) -> dict[str, str]:
 
 
 def _events_since(r: redis.Redis, keys: Keys, since: float) -> list[dict[str, Any]]:
-    rows = r.xrange(keys.events, min=f"{max(0, int(since * 1000))}-0", max="+", count=EVENTS_LIMIT)
+    """The events of the window from ``since`` (unix s) on, at most :data:`EVENTS_LIMIT`:
+    the newest ones when the window holds more (read newest first: the oldest 50,000 left
+    out the last ones, so a busy fleet's chart missed "now": a large-queue check)."""
+    rows = r.xrevrange(keys.events, max="+", min=f"{max(0, int(since * 1000))}-0", count=EVENTS_LIMIT)
     out = []
     for _sid, fields in rows:
         try:

@@ -571,3 +571,22 @@ def test_jobs_filters_by_function_and_an_ended_job_says_where_it_ran(r, keys, se
     assert (row["id"], row["fn"], row["state"], row["host"]) == (boom.id, "boom", "failed", fleet.hosts[0].name)
     res = CliRunner().invoke(cli_app, ["jobs", "--fn", "add", "--json"], env=env)
     assert [json.loads(line)["id"] for line in res.output.splitlines()] == [add.id]
+    # a name no worker registered is refused, as an unknown --endpoint is (it said "no job", exit 0)
+    res = CliRunner().invoke(cli_app, ["jobs", "--fn", "ad"], env=env)
+    assert res.exit_code == 2 and "did you mean 'add'?" in res.output, res.output
+
+
+def test_a_listing_whose_reader_goes_away_ends_quietly_with_141(r, keys, settings, redis_url, prefix):
+    """A large-queue check: `makespan jobs | head -2` exited 1 (click's handling of a closed
+    pipe), the code the docs give an unexpected error; it ends quietly with 128 + SIGPIPE."""
+    prod = Producer(r, keys, load_fleet(FLEET_TOML), settings)
+    for _ in range(1200):  # more than a pipe's 64 KiB buffer of rows
+        prod.submit({"endpoint": "chat", "service_s": 5})
+    cli = subprocess.Popen([sys.executable, "-m", "makespan.cli", "jobs", "--limit", "1200"],
+                           env={**os.environ, **_env(redis_url, prefix)}, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    assert cli.stdout.readline().split()[0] == "ID"
+    cli.stdout.close()
+    code = cli.wait(timeout=60)
+    err = cli.stderr.read()
+    assert code == 141 and "Traceback" not in err and "Exception ignored" not in err, (code, err)

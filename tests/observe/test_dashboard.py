@@ -428,3 +428,17 @@ def test_an_agenda_operation_is_shown_short_with_the_whole_id_in_its_title(redis
     row = re.search(rf'<tr class="agenda-entry" data-op="{op.op_id}">.*?</tr>', dom)
     assert row, dom[-3000:]
     assert f'<td title="{op.op_id}">78ec451a:start</td>' in row.group(0), row.group(0)
+
+
+def test_a_window_with_more_events_than_the_read_limit_keeps_the_newest(r, keys, monkeypatch):
+    """A large-queue check: the snapshot read the window's OLDEST events up to its limit, so a
+    busy fleet (or a raised MAKESPAN_EVENTS_MAX_LEN) showed a chart that missed "now"."""
+    from makespan import events
+    from makespan.dashboard import state
+
+    monkeypatch.setattr(state, "EVENTS_LIMIT", 10)
+    now = time.time()
+    for i in range(25):
+        events.record(r, keys.events, "drain", ts=now - 25 + i, seq=i)
+    got = state._events_since(r, keys, now - 3600)
+    assert [e["seq"] for e in got] == list(range(15, 25))

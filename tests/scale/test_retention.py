@@ -17,7 +17,7 @@ def _finish(r, keys, jid: str, at_s: float) -> None:
     mark_finished(r, keys, jid, at_s)
 
 
-def test_compacts_then_expires_by_count_with_idempotency_keys(r, keys, settings):
+def test_compacts_then_expires_by_count_with_idempotency_keys(r, keys, settings, caplog):
     fleet = load_fleet(FLEET_TOML)
     s = replace(settings, retention_jobs=3, retention_age_s=3600.0, retention_batch=100, events_max_len=10)
     prod = Producer(r, keys, fleet, s)
@@ -30,8 +30,12 @@ def test_compacts_then_expires_by_count_with_idempotency_keys(r, keys, settings)
     for i, jid in enumerate(ids):
         _finish(r, keys, jid, now - 10 + i)
     ret = Retention(r, s)
-    out = ret.sweep(now)  # compaction, then the count limit: the two oldest go with their keys
+    with caplog.at_level("WARNING", logger="makespan.workers.retention"):
+        out = ret.sweep(now)  # compaction, then the count limit: the two oldest go with their keys
     assert out.compacted == 5 and out.expired == 2
+    # ... long before the age limit: said (a large-queue check found keys reused, their work run again)
+    [warning] = [rec.getMessage() for rec in caplog.records if "MAKESPAN_RETENTION_JOBS=3" in rec.getMessage()]
+    assert "deleted 2 finished-job summaries younger than MAKESPAN_RETENTION_AGE_S=3600 s" in warning
     rec = r.hgetall(keys.job(ids[-1]))
     assert "spec" not in rec and set(rec) <= set(SUMMARY_FIELDS)
     assert rec["state"] == "completed" and rec["idem"] == "k4" and rec["pool"] == "east"
