@@ -188,6 +188,10 @@ def _explain_rec(r, keys, settings, job_id: str, rec: dict[str, str], leads: boo
     pos = r.zrank(queue, job_id) if rec.get("state") == "queued" else None
     reason, detail, eta = reason_of(rec, planner_leads=leads, server_now_s=now_s, queue_position=pos,
                                     stale_after_s=stale_after_s(settings.lease_ttl_s), written_at_s=written_at_s)
+    if reason == "behind_batch" and detail.startswith("position "):
+        from makespan.producer import higher_levels_ahead
+
+        detail += higher_levels_ahead(r, keys.for_pool(rec.get("pool")), rec.get("priority") or "NORMAL")
     out.update(reason=reason, detail=detail, eta=eta, eta_in_s=None if eta is None else round(eta - now_s, 3))
     if rec.get("wait_at") and reason not in ("no_planner", "delayed_until", "retry_backoff"):
         # clamped: a write stamped a moment after this read's server time is as of 0 s, not -0.0
@@ -455,6 +459,19 @@ def _filtered(r, keys, settings, ids: list[str], states: tuple[str, ...], endpoi
     return out
 
 
+def _queue_depths(r, keys) -> dict[str, int]:
+    """Queued jobs per level, over the published fleet's pools (one round trip)."""
+    from makespan.producer import LEVEL_ORDER
+
+    pools = published_pools(r, keys)
+    p = r.pipeline(transaction=False)
+    for level in LEVEL_ORDER:
+        for name in pools:
+            p.zcard(keys.for_pool(name).queue(level))
+    counts = [int(n) for n in p.execute()]
+    return {level: sum(counts[i * len(pools):(i + 1) * len(pools)]) for i, level in enumerate(LEVEL_ORDER)}
+
+
 def register(app: typer.Typer) -> None:
     """Add ``why`` and ``jobs`` to the ``makespan`` CLI."""
 
@@ -528,3 +545,7 @@ def register(app: typer.Typer) -> None:
         if len(rows) >= limit:  # it stopped at --limit without saying so (new-user check)
             typer.echo(f"listed the first {limit} (--limit {limit}); more may match: raise --limit, or narrow with "
                        "--state, --endpoint, --priority, --pool or --fn", err=True)
+            if "queued" in (state or WAITING):  # how many there are (a large-queue user had no total anywhere)
+                depths = _queue_depths(r, k)
+                typer.echo("queued now: " + ", ".join(f"{level} {n:,}" for level, n in depths.items()) +
+                           f" ({sum(depths.values()):,} in all)", err=True)

@@ -141,6 +141,10 @@ def test_jobs_prints_a_header_and_lists_finished_jobs(r, keys, settings, redis_u
     assert outcome and cell.startswith("ended ") and cell.endswith(f": {outcome}"), cell
     res = CliRunner().invoke(cli_app, ["jobs", "--state", "completed"], env=env)
     assert res.exit_code == 0 and "no job completed" in res.output
+    # cut at --limit: how many are queued in all, per level (a large-queue user had no total anywhere)
+    prod.submit({"endpoint": "chat", "service_s": 5, "priority": "HIGH"})
+    res = CliRunner().invoke(cli_app, ["jobs", "--limit", "1"], env=env)
+    assert "queued now: CRITICAL 0, HIGH 1, NORMAL 1, LOW 0 (2 in all)" in res.output, res.output
 
 
 def test_result_of_a_job_not_finished_yet_has_its_own_exit_code(r, keys, settings, redis_url, prefix):

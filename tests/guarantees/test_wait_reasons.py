@@ -172,6 +172,11 @@ def test_behind_batch_with_its_queue_position(r, settings, env):
     r.set(w.keys.planner_leader, w.name)  # as a leading planner holds it (ticked by hand here)
     w.tick()
     assert "position 2 in the LOW queue" in _why(ids[2], "behind_batch")  # the first one left
+    assert "higher levels" not in _why(ids[2], "behind_batch")
+    # the jobs of higher levels are ahead of it too (a large-queue check: its LOW position alone misled)
+    for level in ("HIGH", "NORMAL", "NORMAL"):
+        prod.submit({"endpoint": "e", "service_s": 100, "priority": level})
+    assert "position 2 in the LOW queue, behind 3 queued jobs of higher levels" in _why(ids[2], "behind_batch")
 
 
 def test_preempted_requeued(r, settings, env):
