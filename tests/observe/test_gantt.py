@@ -165,7 +165,8 @@ def test_gantt_has_a_legend_by_endpoint_with_the_bar_colours(events, gpus):
         colours = endpoint_colours(["judge", "embed", "chat"])
         assert entries == {e: colours[e] for e in ("chat", "embed", "judge")}
         assert len(set(entries.values())) == 3
-        bar_colours = {to_hex(p.get_facecolor()) for p in ax.patches}
+        # the bars are PolyCollections (one per priority hatch and pass: a Rectangle each was slow)
+        bar_colours = {to_hex(c) for coll in ax.collections for c in coll.get_facecolor()}
         assert set(entries.values()) <= bar_colours
         labels = {t.get_text() for t in ax.texts}
         assert {"judge j1/H", "embed j2/L"} <= labels, labels
