@@ -73,6 +73,16 @@ def test_summary_matches_the_known_workload(events, gpus):
     assert s["transition_gpu_s"] == pytest.approx((1 + 2 + 1 + 2) * 2)
     assert s["utilization"] == pytest.approx(15.5 / (3 * 13.0))
     assert s["idle_gpu_s"] == pytest.approx(3 * 13.0 - 15.5 - 12)
+    assert s["completed_unsubmitted"] == 0 and "starts mid-run" not in summarize(events, gpus)
+
+
+def test_a_record_that_starts_mid_run_says_so(events, gpus):
+    """A large-queue user's report, from a capped events stream, printed "submitted 100,
+    completed 10116" and waits over the few it saw, with no word that the record began mid-run."""
+    first_job = next(e["job"] for e in events if e["kind"] == "submitted")
+    cut = [e for e in events if not (e["kind"] == "submitted" and e["job"] == first_job)]
+    assert summary_stats(cut, gpus)["completed_unsubmitted"] == 1
+    assert "note: the record starts mid-run: 1 completed jobs were submitted before its first event" in summarize(cut, gpus)
     text = summarize(events, gpus)
     assert "makespan: 13.000 s" in text and "wait HIGH" in text and "failed 1" in text
 
