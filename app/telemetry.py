@@ -242,6 +242,7 @@ def setup_cli_tracing() -> bool:
 
 
 SHUTDOWN_EXPORT_S = 2.0  # a process's span flush at exit gives up after this (a hung OTLP collector)
+EXIT_MARGIN_S = 0.5  # during a shutdown, the flush ends this long before the watchdog would end the process
 
 
 def shutdown_tracing(timeout_s: float = SHUTDOWN_EXPORT_S) -> None:
@@ -251,12 +252,20 @@ def shutdown_tracing(timeout_s: float = SHUTDOWN_EXPORT_S) -> None:
     dropped, with a warning. An OTLP collector that accepts connections and never answers
     held a GPU worker's stop past the Procfile's 4 s shutdown grace (its watchdog then
     exited 1) and the planner's interpreter exit 10 s: the export in flight waits for the
-    exporter's own timeout (``OTEL_EXPORTER_OTLP_TIMEOUT``, 10 s). Tracing is off afterwards."""
+    exporter's own timeout (``OTEL_EXPORTER_OTLP_TIMEOUT``, 10 s). During a shutdown
+    (:func:`makespan.shutdown.time_left_s`) it waits at most what the watchdog leaves, less
+    :data:`EXIT_MARGIN_S`: a job that stopped late in the grace left the flush too little
+    time, and the watchdog ended the process (exit 1). Tracing is off afterwards."""
     global _provider
     with _lock:
         provider, _provider = _provider, None
     if provider is None:
         return
+    from makespan import shutdown
+
+    left = shutdown.time_left_s()  # a shutdown under way: within what its watchdog leaves, less a margin to exit
+    if left is not None:
+        timeout_s = max(0.0, min(timeout_s, left - EXIT_MARGIN_S))
 
     def flush_and_shut() -> None:
         try:

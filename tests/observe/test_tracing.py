@@ -161,3 +161,17 @@ def test_a_collector_that_never_answers_does_not_hold_the_exit(tmp_path):
     assert "exiting" in done.stdout
     assert "trace export at exit did not finish within 2.0 s" in done.stderr
     assert took < 9.0, f"the exit took {took:.1f} s: the exporter's own 10 s timeout held it"
+
+
+def test_the_exit_flush_during_a_shutdown_stays_within_the_watchdogs_grace(tmp_path):
+    """A verifier: a GPU worker whose job stopped late in its shutdown grace left the bounded
+    flush (2 s) more than the watchdog allowed: exit 1 with a watchdog dump. The flush now
+    waits at most what the watchdog leaves, less a margin."""
+    script = HUNG_COLLECTOR_EXIT.replace('print("exiting", flush=True)',
+                                         'from makespan import shutdown\n'
+                                         'shutdown.arm(1.5, "test")  # the watchdog: exit 1 at 1.5 s\n'
+                                         'print("exiting", flush=True)')
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "trace export at exit did not finish within 1.0 s" in done.stderr, done.stderr
