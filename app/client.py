@@ -532,14 +532,17 @@ class Job:
         return f"Job({self.id!r})"
 
     def __eq__(self, other: object) -> bool:
-        """Two handles are equal when they name the same job on the same Redis and key
+        """Two handles are equal when they name the same job on the same Redis URL and key
         prefix (``client.job(job.id) == job``), so jobs can go in sets and be dict keys."""
         if not isinstance(other, Job):
             return NotImplemented
-        return self.id == other.id and self.client.keys.prefix == other.client.keys.prefix
+        return self._identity() == other._identity()
 
     def __hash__(self) -> int:
-        return hash((self.id, self.client.keys.prefix))
+        return hash(self._identity())
+
+    def _identity(self) -> tuple[str, str, str]:
+        return self.id, self.client.keys.prefix, self.client.settings.redis_url
 
     def status(self) -> dict[str, Any]:
         """The job record: ``state`` (queued, delayed, leased, running, completed, failed,

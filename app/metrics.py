@@ -96,8 +96,10 @@ class Metrics:
                                   "Times the planner found its fencing counter gone back: Redis lost makespan's "
                                   "state (restarted without its data).", [], **reg)
         self.reclaimed = Counter("makespan_leases_reclaimed_total",
-                                 "Job leases reclaimed: expired (the planner's reclaim) or handed back by a GPU "
-                                 "worker that shuts down.", ["cause"], **reg)
+                                 "Job leases reclaimed, by cause: lease_expired (the planner's reclaim), or handed "
+                                 "back by a GPU worker: worker_shutdown, function_missing, start_failed (the job's "
+                                 "start phase failed), worker_lost (the pool process running it died).", ["cause"],
+                                 **reg)
         self.improver = Counter("makespan_planner_improver_total",
                                 "Background CP-SAT improver: batches solved, solves failed (raised, or its child "
                                 "process died), plans adopted by a tick, hung children killed.", ["outcome"],
@@ -108,7 +110,8 @@ class Metrics:
         # workload functions (makespan.registry): runs by outcome, progress, estimate error
         self.workload_runs = Counter("makespan_workload_runs_total",
                                      "Workload function runs by outcome: ok, error (raised, timed out, result "
-                                     "refused), retried (an error with retries left), cancelled.",
+                                     "refused), retried (an error with retries left), cancelled, interrupted (its "
+                                     "lease was lost, it was preempted or its GPU worker shut down).",
                                      ["workload", "outcome"], **reg)
         self.workload_progress = Counter("makespan_workload_progress_units_total",
                                          "Units of work reported done through ctx.progress.", ["workload"], **reg)

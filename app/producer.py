@@ -244,11 +244,17 @@ def typed_record(rec: dict[str, str]) -> dict[str, Any]:
     return out
 
 
+# reasons of a job failed by reclaim.lua, whose last attempt is among the reclaimed ones: a lost
+# holder's, a failed start's, a lost pool process's (a verifier: the last two showed one too many)
+_FAILED_BY_RECLAIM = ("lease expired", "its endpoint failed to start (", "the GPU worker process running it died (")
+
+
 def attempts_made(rec: dict[str, Any]) -> int:
     """Attempts a job made so far, from its record (ints already parsed): the stored
     result's attempt when there is one; else the reclaimed and retried attempts, plus the
     one in progress (leased, running) or that ended it (completed; failed, unless the
-    reclaim of its last lease failed it: that attempt is among the reclaimed ones;
+    reclaim or hand-back of its last lease failed it: a lost holder, a start that failed, a
+    pool process that died; that attempt is among the reclaimed ones;
     cancelled while it held a lease, unless a reclaim of that lease cancelled it, as for
     failed: the record still names the lease, which every way back to a queue deletes).
     So a leased or running job that is cancelled keeps the attempt it showed."""
@@ -259,7 +265,7 @@ def attempts_made(rec: dict[str, Any]) -> int:
     reason = str(rec.get("reason") or "")
     if state in ("leased", "running", "completed"):
         return done + 1
-    if state == "failed" and "lease expired" not in reason:
+    if state == "failed" and not any(marker in reason for marker in _FAILED_BY_RECLAIM):
         return done + 1
     if state == "cancelled" and rec.get("lease") and reason != _CANCELLED_BY_RECLAIM:
         return done + 1

@@ -338,19 +338,23 @@ def _call(definition: WorkloadDef, ctx: WorkloadContext, args: list[Any], kwargs
         outcome["retryable"] = not isinstance(e, NoEndpointServer)
 
 
-def _lost_kind(reason: str | None) -> str:
-    """``"preempted"`` when the job record's ``reason`` says a preemption requeued it
-    (``preempt.lua`` writes "preempted by …" in the step that ends the lease), else
-    ``"lease"`` (expired, reclaimed)."""
+def _lost_kind(reason: str | None, cut: str | None = None, lease_id: str | None = None) -> str:
+    """``"preempted"`` when a preemption ended the run's lease: the job record's
+    ``preempted_lease`` (``cut``) names it (``preempt.lua`` writes it; it outlives a new
+    lease of the job, which rewrites the reason: a verifier), or its ``reason`` says
+    "preempted by …"; else ``"lease"`` (expired, reclaimed)."""
+    if cut is not None and lease_id is not None and cut == lease_id:
+        return "preempted"
     return "preempted" if (reason or "").startswith("preempted") else "lease"
 
 
-def _lost_why(r: redis.Redis, keys: Keys, job_id: str) -> str:
+def _lost_why(r: redis.Redis, keys: Keys, job_id: str, lease_id: str | None = None) -> str:
     """:func:`_lost_kind` of the job's record as read now (``"lease"`` when Redis does not answer)."""
     try:
-        return _lost_kind(r.hget(keys.job(job_id), "reason"))
+        reason, cut = r.hmget(keys.job(job_id), "reason", "preempted_lease")
     except redis.RedisError:
         return "lease"
+    return _lost_kind(reason, cut, lease_id)
 
 
 def _watch_lease_deadline(ctx: WorkloadContext, lease_lost: threading.Event) -> None:
@@ -372,7 +376,8 @@ def _read_stop(r: redis.Redis, keys: Keys, job_id: str, lease_id: str | None, le
     reclaimed meanwhile; ``lease_lost`` is set), else "" (also on a Redis blip: the function
     runs on, the heartbeat watches the lease)."""
     try:  # the reason in the same read: a planner that leases the job again meanwhile rewrites it
-        cancel, holder, reason = r.hmget(keys.job(job_id), "cancel_requested", "lease", "reason")
+        cancel, holder, reason, cut = r.hmget(keys.job(job_id), "cancel_requested", "lease", "reason",
+                                              "preempted_lease")
     except redis.RedisError as e:
         log.warning("job %s: reading its cancel request failed (%r); trying again", job_id, e)
         return ""
@@ -380,7 +385,7 @@ def _read_stop(r: redis.Redis, keys: Keys, job_id: str, lease_id: str | None, le
         return "cancel"
     if lease_id is not None and holder != lease_id:
         lease_lost.set()
-        return _lost_kind(reason)
+        return _lost_kind(reason, cut, lease_id)
     return ""
 
 
@@ -429,7 +434,7 @@ def run_function(definition: WorkloadDef, ctx: WorkloadContext, args: list[Any],
         now = time.monotonic()
         if not why:
             if lease_lost.is_set():
-                why = _lost_why(r, keys, ctx.job_id)
+                why = _lost_why(r, keys, ctx.job_id, lease_id)
             elif shutting_down is not None and shutting_down.is_set():
                 why = "shutdown"
             elif definition.timeout_s is not None and now - started > definition.timeout_s:

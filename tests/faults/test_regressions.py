@@ -75,6 +75,7 @@ def test_endpoint_never_healthy_is_retried_then_fails_the_job_and_frees_the_gpus
         assert rec["reason"].startswith("its endpoint failed to start (2 attempts); last: start_endpoint: ")
         assert "health check" in rec["reason"] and "probes" in rec["reason"]
         assert rec["attempts"] == "2"
+        assert prod.status(bad)["attempts"] == 2  # not one more than it made (a verifier)
         events = [e for e in all_events(r, keys) if e.get("job") == bad]
         backs = [e for e in events if e["kind"] == "reclaimed"]
         assert [(e["cause"], e["outcome"], e["attempt_counted"]) for e in backs] == [

@@ -681,3 +681,15 @@ def test_the_per_job_errors_carry_the_job_and_a_dependency_cancel_names_the_depe
         other.result(timeout_s=1)
     assert by_user.value.job_id == other.id and by_user.value.dependency is None
     assert client.job(child.id) == child and len({child, client.job(child.id), other}) == 2
+
+
+def test_a_preempted_run_is_told_from_a_lost_lease_after_its_job_was_leased_again():
+    """A verifier: a function's watcher read "preempted" off the job's reason, which a quick
+    new lease of the job rewrites; it then logged a lost lease. preempt.lua's
+    ``preempted_lease`` names the lease it cut and outlives the new lease."""
+    from makespan.workers.functions import _lost_kind
+
+    assert _lost_kind("", cut="L1", lease_id="L1") == "preempted"  # leased again: reason rewritten
+    assert _lost_kind("preempted by job c", cut=None, lease_id="L1") == "preempted"
+    assert _lost_kind("", cut="L0", lease_id="L1") == "lease"  # an earlier lease's preemption
+    assert _lost_kind("requeued: lease expired (holder lost)", cut=None, lease_id="L1") == "lease"

@@ -113,11 +113,13 @@ if job and L['kind'] == 'job' then
       outcome = 'failed'
     elseif start_failed and attempts >= tonumber(ARGV[3]) then
       local what = back_cause == 'worker_lost' and 'the GPU worker process running it died' or 'its endpoint failed to start'
-      finish_job(prefix, job, 'failed', now_s, what .. ' (' .. attempts .. ' attempts); last: ' .. start_error)
+      finish_job(prefix, job, 'failed', now_s, what .. ' (' .. attempts .. (attempts == 1 and ' attempt' or ' attempts')
+                 .. '); last: ' .. start_error)
       outcome = 'failed'
     elseif counted and attempts >= tonumber(ARGV[3]) then
       finish_job(prefix, job, 'failed', now_s,
-                 'lease expired: its GPU worker stopped renewing it (' .. attempts .. ' attempts)')
+                 'lease expired: its GPU worker stopped renewing it (' .. attempts
+                 .. (attempts == 1 and ' attempt)' or ' attempts)'))
       outcome = 'failed'
     else
       local backoff = tonumber(ARGV[5] or '0') or 0
