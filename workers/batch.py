@@ -144,6 +144,7 @@ class _BatchScan:
         self.env, self.token = env, token
         self.r, self.keys, self.settings = env.r, env.keys, env.settings
         self.out = FormedBatch()
+        self.read: set[str] = set()  # the ids this scan has read, each taken once
         self.removed = 0  # queue entries removed (stale, cancelled) while the current chunk was read
         self.problems: dict[tuple[str, str | None], str | None] = {}  # (endpoint, helpers JSON) -> why it never runs
         self._fn_hosts: dict[str, tuple[str, ...]] = {}  # workload function -> its hosts (fn_hosts), this scan
@@ -351,6 +352,12 @@ class _BatchScan:
         return False
 
     def take(self, level: Priority, ids: list[str], jobs: list[PlanJob], room: int, offset: int = 0) -> int:
+        # a job read on an earlier page of this scan: a requeue meanwhile (a hand-back, a failed
+        # start, a preemption puts a job back at its submission's place) shifts the queue by one,
+        # and the next page began with the last one again; the batch held it twice, and the
+        # planner died on "placed twice" (a full-suite run under churn)
+        ids = [job_id for job_id in ids if job_id not in self.read]
+        self.read.update(ids)
         pipe = self.r.pipeline(transaction=False)
         for job_id in ids:
             pipe.hmget(self.keys.job(job_id), "endpoint", "service_s", "submitted_at", "seq", "deps", "state",

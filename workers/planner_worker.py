@@ -46,7 +46,7 @@ import redis
 from redis.exceptions import LockError, LockNotOwnedError
 
 from makespan import events, metrics, telemetry
-from makespan.errors import LeaseError, RedisConfigError, StoreError, ValidationError
+from makespan.errors import LeaseError, PlannerError, RedisConfigError, StoreError, ValidationError
 from makespan.keys import WAKE_RELEASE, Keys
 from makespan.models import FleetSpec, Priority, fleet_version
 from makespan.planner.model import FleetState, PlanJob
@@ -501,6 +501,13 @@ class PlannerWorker:
                 break
             except (redis.RedisError, StoreError) as e:  # StoreError: a wrapped Redis error
                 outage.failed(credentials_refused(self.settings.redis_url, e) or e)
+                busy = False
+                time.sleep(0.5)
+            except PlannerError as e:  # a plan the evaluator refused (a bug, or a batch read as it changed):
+                # this tick leases nothing and the next plans afresh; it ended the planner process, and with
+                # no standby every job waited for ever (a full-suite run under worker churn)
+                log.error("%s: planning failed, nothing leased this tick; planning again: %s", self.name, e,
+                          exc_info=True)
                 busy = False
                 time.sleep(0.5)
             if not (busy and self.tick_again):

@@ -133,6 +133,24 @@ def test_critical_behind_1000_low_is_in_next_batch(prod, r, keys, fleet, setting
     assert prod.queue_depths() == {"CRITICAL": 1, "HIGH": 0, "NORMAL": 0, "LOW": 1000}
 
 
+def test_a_job_requeued_while_the_batch_is_read_is_taken_once(prod, r, keys, settings, fleet):
+    """A full-suite run under GPU-worker churn: a job requeued at its submission's place (a
+    hand-back) between the heads' read and the next page's shifted the queue by one; the next
+    page began with a job already read, the batch held it twice, and the planner process died
+    on the evaluator's "placed twice"."""
+    from makespan.models import Priority
+    from makespan.workers.planner_worker import PlannerWorker
+
+    ids = [prod.submit({"endpoint": "embed", "service_s": 1}).id for _ in range(3)]
+    w = PlannerWorker(r, settings, fleet, dispatch=lambda *a: None)
+    heads = {level: list(r.zrange(keys.queue(level), 0, settings.batch_size - 1)) for level in Priority}
+    assert heads[Priority.NORMAL] == ids
+    early = prod.submit({"endpoint": "embed", "service_s": 1}).id
+    r.zadd(keys.queue("NORMAL"), {early: -1})  # back at an earlier place: the queue moved up by one
+    batch = [job.id for job in w.form_batch(heads)]
+    assert sorted(batch) == sorted(ids) and len(batch) == len(set(batch)), batch
+
+
 def test_cli_submit_status_cancel(redis_url, prefix, r):
     """The producer side from a shell: submit (with --fleet), then status and cancel
     without one; bad input exits 2 with the field named and writes nothing."""
@@ -238,3 +256,27 @@ def test_every_accepted_job_is_counted_in_redis_for_the_servers_metrics(prod, r,
     exported = {s.labels["priority"]: s.value for fam in RedisStateCollector(r, keys).collect()
                 for s in fam.samples if s.name == "makespan_jobs_submitted_total"}
     assert exported == {"CRITICAL": 0.0, "HIGH": 1.0, "NORMAL": 2.0, "LOW": 1.0}
+
+
+def test_a_tick_whose_plan_is_refused_does_not_end_the_planner(r, settings, fleet, caplog):
+    """The same run: the evaluator's InfeasiblePlan escaped the tick loop and ended the
+    planner process; with no standby every job then waited for ever. The loop logs it and
+    plans again."""
+    from makespan.planner.evaluator_core import InfeasiblePlan
+    from makespan.workers.planner_worker import PlannerWorker
+
+    w = PlannerWorker(r, settings, fleet, dispatch=lambda *a: None)
+    calls = []
+
+    def tick() -> bool:
+        calls.append(1)
+        if len(calls) == 1:
+            raise InfeasiblePlan("j1", "placed twice")
+        w._stop.set()
+        return False
+
+    w.tick = tick
+    with caplog.at_level("ERROR"):
+        w._tick_until_deposed()
+    assert len(calls) == 2
+    assert "planning failed, nothing leased this tick; planning again: job j1: placed twice" in caplog.text
