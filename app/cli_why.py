@@ -369,14 +369,14 @@ def scan_jobs(r, keys, settings, states: tuple[str, ...] = WAITING, endpoint: st
                                   if known else "the published fleet declares no pools (or none is published yet)")
     if endpoint:
         _check_endpoint(r, keys, endpoint)
-    if fn and not r.sismember(keys.fns, fn):  # as --endpoint: a name no GPU worker registered is refused
-        from makespan.registry import closest_name
+    if fn is not None and (not fn or not r.sismember(keys.fns, fn)):  # as --endpoint: a name no GPU worker
+        from makespan.registry import closest_name                   # registered is refused ("" too)
 
         known = sorted(r.smembers(keys.fns))
-        close = closest_name(fn, known)
+        close = closest_name(fn, known) or next((name for name in known if name.lower() == fn.lower()), None)
         raise ValidationError("fn", fn, (f"no GPU worker has registered this workload function under key prefix "
                                          f"{keys.prefix!r}" + (f"; did you mean {close!r}?" if close else "") +
-                                         (f" known: {', '.join(known[:20])}" if known else "")))
+                                         (f"; known: {', '.join(known[:20])}" if known else "")))
     states = tuple(dict.fromkeys(states))  # a state given twice is listed once
     scan, most = 4 * limit, max(4 * limit, SCAN_MAX_IDS)
     while True:

@@ -339,6 +339,8 @@ def summary_stats(events: list[dict[str, Any]], gpus: list[str] | None = None) -
         # completed jobs whose submission the record does not hold: it starts mid-run (a capped
         # events stream: MAKESPAN_EVENTS_MAX_LEN); their waits and weighted completion are not counted
         "completed_unsubmitted": sum(1 for job in completed if job not in submitted),
+        # phases (jobs' and restores') that end in the record but began before it: a cut record too
+        "ends_unstarted": _ends_unstarted(evs),
         "completed_by_priority": dict(sorted(completed_by_priority.items(), key=lambda kv: _prio_rank(kv[0]))),
         "makespan_s": makespan_s,
         "weighted_completion_s": weighted,
@@ -361,6 +363,16 @@ def summary_stats(events: list[dict[str, Any]], gpus: list[str] | None = None) -
     }
 
 
+def _ends_unstarted(evs: list[dict[str, Any]]) -> int:
+    """``phase_end`` and ``restore_end`` events whose start (``phase_start`` of the same lease
+    and phase, ``restore_start`` of the lease) is not in ``evs``: the record began after it."""
+    started = {(ev.get("lease"), ev.get("phase")) for ev in evs if ev["kind"] == "phase_start"}
+    started |= {(ev.get("lease"), "restore") for ev in evs if ev["kind"] == "restore_start"}
+    return sum(1 for ev in evs
+               if (ev["kind"] == "phase_end" and (ev.get("lease"), ev.get("phase")) not in started)
+               or (ev["kind"] == "restore_end" and (ev.get("lease"), "restore") not in started))
+
+
 def _prio_rank(name: str) -> int:
     return Priority[name].value if name in Priority.__members__ else 99
 
@@ -378,9 +390,11 @@ def summarize(events: list[dict[str, Any]], gpus: list[str] | None = None) -> st
         + (f"  time scale: {s['time_scale']:g} wall s per workload s" if s["time_scale"] else ""),
         f"jobs: submitted {j['submitted']}, completed {j['completed']}, failed {j['failed']}, "
         f"requeued {j['requeued']}, preempted {j['preempted']}, cancelled {j['cancelled']}",
-        *([f"note: the record starts mid-run: {s['completed_unsubmitted']} completed jobs were submitted before its "
-           "first event (the events stream keeps about MAKESPAN_EVENTS_MAX_LEN entries); waits, makespan and weighted "
-           "completion count only the jobs it saw submitted"] if s["completed_unsubmitted"] else []),
+        *([f"note: the record starts mid-run: {s['completed_unsubmitted']} completed jobs were submitted and "
+           f"{s['ends_unstarted']} phases began before its first event (the events stream keeps about "
+           "MAKESPAN_EVENTS_MAX_LEN entries); waits, makespan and weighted completion count only the jobs it saw "
+           "submitted, the phase and transition counts only what it holds"]
+          if s["completed_unsubmitted"] or s["ends_unstarted"] else []),
         f"makespan: {s['makespan_s']:.3f} s   weighted completion: {s['weighted_completion_s']:.3f} s",
         f"utilization: {s['utilization']:.1%} (every execute, preempted ones too: the demo's and replay's count completed jobs')   busy {s['busy_gpu_s']:.3f} GPU-s, "
         f"transition {s['transition_gpu_s']:.3f} GPU-s, idle {s['idle_gpu_s']:.3f} GPU-s",

@@ -108,9 +108,9 @@ def job_not_found(job_id: str, keys: Keys, settings: Settings) -> NotFoundError:
     deployment's prefix or database, a finished job past its retention)."""
     return NotFoundError(f"no job {job_id!r} under key prefix {keys.prefix!r} at {redacted_url(settings.redis_url)} "
                          f"(an id of another deployment's prefix or Redis, or a finished job that retention deleted: "
-                         f"it keeps a finished job MAKESPAN_RETENTION_AGE_S and at most the MAKESPAN_RETENTION_JOBS "
-                         f"latest, whichever ends first, as set where the planner runs; here "
-                         f"{settings.retention_age_s:g} s and {settings.retention_jobs:,} jobs)")
+                         f"it keeps a finished job MAKESPAN_RETENTION_AGE_S (default 3600 s) and at most the "
+                         f"MAKESPAN_RETENTION_JOBS latest (default 10,000), whichever ends first, as set where the "
+                         f"planner runs)")
 
 
 #: a log record's attribute: ``makespan submit`` prints this warning itself (a line of its own)

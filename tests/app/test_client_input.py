@@ -415,8 +415,9 @@ def test_an_unknown_job_names_where_it_was_looked_for(client, redis_url, prefix)
         client.job("0123abcd").result(timeout_s=1)
     assert f"under key prefix {prefix!r} at {redis_url}" in str(e.value), e.value
     # both retention limits (a large-queue check: the count limit deleted it and was not named)
-    assert "MAKESPAN_RETENTION_AGE_S and at most the MAKESPAN_RETENTION_JOBS latest" in str(e.value), e.value
-    assert "here 3600 s and 10,000 jobs" in str(e.value), e.value
+    assert "MAKESPAN_RETENTION_AGE_S (default 3600 s) and at most the MAKESPAN_RETENTION_JOBS latest" in str(e.value)
+    # not this process's values: the planner's may differ (a verifier: it said 10,000 under a limit of 20)
+    assert "as set where the planner runs" in str(e.value) and "; here " not in str(e.value), e.value
 
 
 def test_result_timeout_is_a_timeout_error():

@@ -594,3 +594,15 @@ def test_a_listing_whose_reader_goes_away_ends_quietly_with_141(r, keys, setting
     code = cli.wait(timeout=60)
     err = cli.stderr.read()
     assert code == 141 and "Traceback" not in err and "Exception ignored" not in err, (code, err)
+
+
+def test_jobs_fn_refuses_an_empty_name_and_suggests_across_case(r, keys, redis_url, prefix):
+    """A verifier: `jobs --fn ""` listed every job, and `--fn ADD` offered no suggestion."""
+    from tests.workloads import fns  # noqa: F401 - registers 'add', 'boom', ...
+
+    publish(r, keys, [REGISTRY["add"], REGISTRY["boom"]], ttl_s=30, holder="test")
+    env = _env(redis_url, prefix)
+    empty = CliRunner().invoke(cli_app, ["jobs", "--fn", ""], env=env)
+    assert empty.exit_code == 2, empty.output
+    upper = CliRunner().invoke(cli_app, ["jobs", "--fn", "ADD"], env=env)
+    assert upper.exit_code == 2 and "did you mean 'add'?" in upper.output and "; known: add, boom" in upper.output
