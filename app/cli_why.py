@@ -461,15 +461,15 @@ def _filtered(r, keys, settings, ids: list[str], states: tuple[str, ...], endpoi
 
 def _queue_depths(r, keys) -> dict[str, int]:
     """Queued jobs per level, over the published fleet's pools (one round trip)."""
-    from makespan.producer import LEVEL_ORDER
+    from makespan.models import Priority
 
     pools = published_pools(r, keys)
     p = r.pipeline(transaction=False)
-    for level in LEVEL_ORDER:
+    for level in Priority:  # CRITICAL first
         for name in pools:
             p.zcard(keys.for_pool(name).queue(level))
     counts = [int(n) for n in p.execute()]
-    return {level: sum(counts[i * len(pools):(i + 1) * len(pools)]) for i, level in enumerate(LEVEL_ORDER)}
+    return {level.name: sum(counts[i * len(pools):(i + 1) * len(pools)]) for i, level in enumerate(Priority)}
 
 
 def register(app: typer.Typer) -> None:

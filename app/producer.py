@@ -306,9 +306,6 @@ def waiting_record(r: redis.Redis, keys: Keys, job_id: str, rec: dict[str, str],
     return {**now, "wait_reason": reason, "wait_detail": detail, "wait_eta": "" if eta is None else repr(eta)}
 
 
-LEVEL_ORDER = ("CRITICAL", "HIGH", "NORMAL", "LOW")  # the planner reads the queues in this order
-
-
 def higher_levels_ahead(r: redis.Redis, scoped: Keys, priority: str) -> str:
     """For a ``behind_batch`` job's detail: ``", behind N queued jobs of higher levels"`` (the
     queues of ``scoped``'s pool above ``priority``, read first by the planner), or "" when
@@ -317,7 +314,9 @@ def higher_levels_ahead(r: redis.Redis, scoped: Keys, priority: str) -> str:
 
     Raises:
         redis.RedisError: Redis failed."""
-    above = LEVEL_ORDER[:LEVEL_ORDER.index(priority)] if priority in LEVEL_ORDER else ()
+    if priority not in Priority.__members__:
+        return ""
+    above = [level for level in Priority if level < Priority[priority]]  # strict priority: read first
     if not above:
         return ""
     p = r.pipeline(transaction=False)

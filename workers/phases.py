@@ -257,7 +257,7 @@ class PhaseRunner(TransitionPhases, ExecutePhase):
 
         Raises:
             StoreError: Redis failed (the lease then expires and its reclaim requeues the job)."""
-        wake = self._wake_key.get(ctx.gpus[0], self.keys.planner_wake) if ctx.gpus else self.keys.planner_wake
+        wake = self._wake_of(ctx)
         outcome, _job = self.leases.hand_back(ctx.lease, self.settings.max_attempts, self.settings.retry_backoff_s,
                                               self.settings.retry_backoff_max_s, wake_key=wake, cause=cause)
         if outcome == "stale":
@@ -281,7 +281,7 @@ class PhaseRunner(TransitionPhases, ExecutePhase):
 
         Raises:
             StoreError: Redis failed (the lease then expires and its reclaim requeues the job)."""
-        wake = self._wake_key.get(ctx.gpus[0], self.keys.planner_wake) if ctx.gpus else self.keys.planner_wake
+        wake = self._wake_of(ctx)
         outcome, _job = self.leases.hand_back(ctx.lease, self.settings.max_attempts, self.settings.retry_backoff_s,
                                               self.settings.retry_backoff_max_s, wake_key=wake, cause="worker_lost",
                                               error=f"the GPU worker's pool process running it died: {error}")
@@ -291,6 +291,10 @@ class PhaseRunner(TransitionPhases, ExecutePhase):
                   ctx.host, ", ".join(ctx.gpus), error, ctx.lease_id,
                   "no longer ours: nothing handed back" if outcome == "stale" else f"handed back, job {outcome}")
         return outcome
+
+    def _wake_of(self, ctx: PhaseContext) -> str:
+        """The planner wake list of the pool of ``ctx``'s GPUs (the fleet's one without pools)."""
+        return self._wake_key.get(ctx.gpus[0], self.keys.planner_wake) if ctx.gpus else self.keys.planner_wake
 
     def _start_failed(self, ctx: PhaseContext, error: PhaseError) -> str:
         """The job's start phase failed (its endpoint's start or wake did not pass the health
@@ -306,7 +310,7 @@ class PhaseRunner(TransitionPhases, ExecutePhase):
         Raises:
             StoreError: Redis failed (the lease then expires and its reclaim requeues the job)."""
         self._stop_helpers(ctx)
-        wake = self._wake_key.get(ctx.gpus[0], self.keys.planner_wake) if ctx.gpus else self.keys.planner_wake
+        wake = self._wake_of(ctx)
         outcome, _job = self.leases.hand_back(ctx.lease, self.settings.max_attempts, self.settings.retry_backoff_s,
                                               self.settings.retry_backoff_max_s, wake_key=wake, cause="start_failed",
                                               error=f"start_endpoint: {error}")
@@ -537,7 +541,7 @@ class PhaseRunner(TransitionPhases, ExecutePhase):
     def _release_ops(self, ctx: PhaseContext) -> list[tuple]:
         """Fenced ops that free the lease's GPUs and forget the lease (and wake the planner)."""
         ops: list[tuple] = [("DEL", self.keys.gpu(g)) for g in ctx.gpus]
-        wake = self._wake_key.get(ctx.gpus[0], self.keys.planner_wake) if ctx.gpus else self.keys.planner_wake
+        wake = self._wake_of(ctx)
         # at the head of the wake list, which every push trims to its first 16: a burst of
         # submits behind it never drops a release (the planner then plans at once)
         return ops + [("LPUSH", wake, WAKE_RELEASE), ("LTRIM", wake, 0, 15),
