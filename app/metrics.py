@@ -598,9 +598,12 @@ def enable_multiprocess(base_dir: str | None = None) -> str:
 def build_registry(client: Any = None, keys: Keys | None = None, multiprocess: bool | None = None,
                    stale_after_s: float = 5.0) -> Any:
     """The registry a metrics server exposes: this process's event metrics (or, in
-    multiprocess mode, every process's, through ``MultiProcessCollector``) and, with
-    ``client``, the Redis state (``stale_after_s``: :class:`RedisStateCollector`'s)."""
-    from prometheus_client import CollectorRegistry
+    multiprocess mode, every process's, through ``MultiProcessCollector``), the serving
+    process's own ``process_*`` (CPU seconds, resident memory, open file descriptors,
+    start time; Linux ``/proc``) and ``python_info`` series, as every Prometheus Python
+    exporter has them, and, with ``client``, the Redis state (``stale_after_s``:
+    :class:`RedisStateCollector`'s)."""
+    from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
     from prometheus_client.multiprocess import MultiProcessCollector
 
     mp = _mp_dir is not None if multiprocess is None else multiprocess
@@ -610,6 +613,11 @@ def build_registry(client: Any = None, keys: Keys | None = None, multiprocess: b
         _m()  # create this process's series files so that zero counters appear
     else:
         reg = _m().registry
+    try:
+        ProcessCollector(registry=reg)
+        PlatformCollector(registry=reg)
+    except ValueError:  # this process's registry already has them (a second server)
+        pass
     if client is not None:
         reg.register(RedisStateCollector(client, keys or Keys(), stale_after_s=stale_after_s))
     return reg

@@ -112,6 +112,10 @@ def test_scrape_answers_with_redis_down(tmp_path):
     out = subprocess.run([sys.executable, "-c", code, str(free_port())], cwd=ROOT, capture_output=True, text=True,
                          timeout=60, env={k: v for k, v in os.environ.items() if not k.startswith("PROMETHEUS_")})
     assert "makespan_redis_up 0.0" in out.stdout, out.stderr
+    # the serving process's own series, as every Prometheus Python exporter has them
+    for series in ("process_cpu_seconds_total", "process_resident_memory_bytes", "process_open_fds",
+                   "process_start_time_seconds", "python_info{"):
+        assert f"\n{series}" in out.stdout, series
 
 
 @pytest.mark.parametrize("pool", ["prefork", "threads"])
