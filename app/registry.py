@@ -22,13 +22,15 @@ registered. Arguments and results are JSON only (no pickle).
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import importlib
 import inspect
 import json
 import math
 import re
-from collections.abc import Callable, Iterable
+import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, overload
 
@@ -268,7 +270,8 @@ def load_modules(modules: str | Iterable[str]) -> list[str]:
         sys.path.insert(0, os.getcwd())  # as `celery -A` does: the user's modules sit where the worker starts
     for module in names:
         try:
-            importlib.import_module(module)
+            with _slow_import_warning(module):
+                importlib.import_module(module)
         except (ImportError, TypeError) as e:  # TypeError: a relative name ("./jobs.py") without a package
             hint = ""
             if module.endswith(".py") or "/" in module:  # a file path: a module name is asked
@@ -283,6 +286,39 @@ def load_modules(modules: str | Iterable[str]) -> list[str]:
             raise ValidationError("workloads", module, f"importing it raised {type(e).__name__}: {e}"
                                                        f"{_raised_at(e)}") from e
     return sorted(REGISTRY)
+
+
+SLOW_IMPORT_WARN_S = 30.0  # a workload module still importing after this long is logged with its stack
+
+
+@contextlib.contextmanager
+def _slow_import_warning(module: str) -> Iterator[None]:
+    """Log a WARNING, with the importing thread's stack, if the import of ``module``
+    takes longer than :data:`SLOW_IMPORT_WARN_S` (a module that waits on a network
+    share, a lock or a model download at import time): a GPU worker that hangs there
+    says where, instead of nothing."""
+    import logging
+    import sys
+    import threading
+    import traceback
+
+    importer = threading.get_ident()
+    started = time.monotonic()
+
+    def warn() -> None:
+        frame = sys._current_frames().get(importer)
+        stack = "".join(traceback.format_stack(frame)[-8:]) if frame is not None else "(stack not available)\n"
+        logging.getLogger("makespan.registry").warning(
+            "importing workload module %r has taken %.0f s and goes on; the importing thread is at:\n%s",
+            module, time.monotonic() - started, stack.rstrip())
+
+    timer = threading.Timer(SLOW_IMPORT_WARN_S, warn)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
 
 
 def _raised_at(error: BaseException) -> str:

@@ -90,6 +90,28 @@ def test_a_workloads_module_whose_code_raises_is_one_error_naming_the_file_and_l
     assert f"{name}.py:{line}" in str(e.value), str(e.value)
 
 
+def test_a_workloads_module_slow_to_import_is_logged_with_where_it_waits(tmp_path, monkeypatch, caplog):
+    """A module that blocks at import (a network share, a lock, a download) left the GPU
+    worker silent (a stop-51 left-alone item): past the threshold a WARNING names the
+    module and the line it waits on; a fast import logs nothing."""
+    import logging
+
+    from makespan import registry
+
+    monkeypatch.setattr(registry, "SLOW_IMPORT_WARN_S", 0.3)
+    slow, fast = (f"{kind}_{tmp_path.name.replace('-', '_')}" for kind in ("slow", "fast"))
+    (tmp_path / f"{slow}.py").write_text("import threading\nthreading.Event().wait(1.5)  # the model share\n")
+    (tmp_path / f"{fast}.py").write_text("x = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with caplog.at_level(logging.WARNING, logger="makespan.registry"):
+        registry.load_modules(fast)
+        assert not caplog.records
+        registry.load_modules(slow)
+    (record,) = caplog.records
+    assert f"importing workload module '{slow}' has taken" in record.getMessage()
+    assert f"{slow}.py\", line 2" in record.getMessage() and "the model share" in record.getMessage()
+
+
 def test_a_failed_import_inside_a_workloads_package_names_the_file_and_line(tmp_path, monkeypatch):
     """`--workloads pkgx` whose pkgx/inner.py imports a missing module said only "No module
     named ..." (a verifier's report): the file and line of that import are named."""
