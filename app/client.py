@@ -52,7 +52,7 @@ from makespan.models import FINAL_STATES, FleetSpec, Priority, fleet_version, lo
 from makespan.producer import CancelOutcome, Producer, ended_dependency_warnings, job_not_found
 from makespan.redis_conn import AUTH_ERRORS, auth_failed, unreachable
 from makespan.registry import WorkloadDef, check_call, submit_definition
-from makespan.results import REFERENCE
+from makespan.results import REFERENCE, UNRESOLVED_REFERENCE
 from makespan.settings import Settings, is_sentinel_url
 
 if TYPE_CHECKING:
@@ -696,7 +696,8 @@ class Job:
             raise WorkloadError(self.id, err.get("type", "Error"), err.get("message", ""), err.get("traceback", ""),
                                 int(rec.get("attempt", 1)))
         reason = self._reason()
-        if rec is None and self._field("fn") and reason.startswith("execute: "):  # its stored error expired
+        if (rec is None and self._field("fn") and reason.startswith("execute: ")  # its stored error expired
+                and not reason.startswith(f"execute: {UNRESOLVED_REFERENCE}")):  # (no error: the function never ran)
             reason += (" (the function's stored error, with its type and traceback, is gone: it is kept "
                        "MAKESPAN_RESULT_TTL_S after the job ends; this is the reason the job's record keeps)")
         raise JobFailed(self.id, state, reason)

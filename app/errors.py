@@ -196,7 +196,8 @@ class WorkloadError(MakespanError):
     def __init__(self, job_id: str, error_type: str, message: str, traceback: str = "", attempt: int = 1):
         self.job_id, self.error_type, self.message = job_id, error_type, message
         self.traceback, self.attempt = traceback, attempt
-        super().__init__(f"job {job_id} failed (attempt {attempt}): {error_type}: {message}")
+        said = f"{error_type}: {message}" if message else f"{error_type} (no message)"  # as the worker's log says it
+        super().__init__(f"job {job_id} failed (attempt {attempt}): {said}")
 
 
 class JobCancelled(MakespanError):

@@ -912,7 +912,9 @@ def first_not_json(value: Any, path: str, depth: int = 0) -> tuple[str, str] | N
                 return found
         return None
     if isinstance(value, float) and not math.isfinite(value):
-        return path, f"the float {value!r}"
+        written = (" (a number beyond a float's range in JSON, such as 1e400, reads as inf)"
+                   if math.isinf(value) and path.startswith("job.") else "")  # submitted JSON, not a return value
+        return path, f"the float {value!r}{written}"
     if isinstance(value, str):
         return None if is_utf8(value) else (path, "a string with a lone surrogate (not UTF-8)")
     if value is None or isinstance(value, (int, float, bool)):

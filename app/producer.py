@@ -447,30 +447,45 @@ class Producer:
         """A job passed as an argument (:data:`makespan.results.REFERENCE`) must run a
         workload function: a plain job or a workload step stores no result, and the call
         failed only when the dependant ran (after its wait), saying the result had expired.
+        The reference is reserved for that: one the job does not also depend on (written by
+        hand, e.g. in ``--args``, which would run before that job ends) is refused, as is one
+        to a completed job whose result has expired.
 
         Raises:
             ValidationError: ``job.args[N]`` / ``job.kwargs.NAME`` names a job whose record
-                names no function (nothing is written).
+                names no function, a job this one does not depend on, or a completed job
+                whose result is gone (nothing is written).
             StoreError: Redis failed."""
-        from makespan.results import references
+        from makespan.results import REFERENCE, references
 
         named = [(f"job.args[{index}]", ref) for index, value in enumerate(spec.args)
                  for ref in references([value])]
         named += [(f"job.kwargs.{name}", ref) for name, value in spec.kwargs.items() for ref in references([value])]
         if not named:
             return
+        for field, ref in named:
+            if ref not in spec.depends_on:
+                raise ValidationError(field, {REFERENCE: ref}, f"the key {REFERENCE!r} is reserved for a job passed "
+                                      "as an argument, and this job does not depend on that job: pass the Job handle "
+                                      "(makespan.connect().submit(fn, job)), which adds the dependency, or add "
+                                      f"{ref!r} to depends_on")
         try:
             pipe = self.r.pipeline(transaction=False)
             for _field, ref in named:
                 pipe.hmget(self.keys.job(ref), ("state", "fn"))
+                pipe.exists(self.keys.result(ref))
             found = pipe.execute()
         except redis.RedisError as e:
             raise StoreError(f"submit: reading the jobs its arguments name: {e}") from e
-        for (field, ref), (state, fn) in zip(named, found):
+        for (field, ref), (state, fn), has_result in zip(named, found[::2], found[1::2]):
             if state and not fn:  # no record: refused as a dependency that names no job
                 raise ValidationError(field, ref, f"job {ref} runs no workload function (a plain job or a workload "
                                                   "step): it stores no result to pass; wait for it with depends_on "
                                                   "instead")
+            if state == "completed" and not has_result:
+                raise ValidationError(field, ref, f"job {ref} completed, but its result is gone (a result is kept "
+                                                  "MAKESPAN_RESULT_TTL_S after the job ends): submit that job again "
+                                                  "and pass the new one")
 
     def _submit_replicated(self, job_id: str, fields: dict[str, Any], event_json: str,
                            spec: JobSpec, pool: str | None) -> tuple[bool, str]:

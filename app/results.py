@@ -25,6 +25,10 @@ from makespan.errors import PhaseError, StoreError
 from makespan.keys import Keys
 
 REFERENCE = "__makespan_result__"
+"""The key of a result reference: reserved. A submit refuses it unless the job also
+depends on the job it names (the Python client writes both for a :class:`Job` argument)."""
+UNRESOLVED_REFERENCE = "argument refers to job"
+"""How a run's failure to read a referenced result begins (the function did not run)."""
 
 
 class ResultTooLarge(PhaseError):
@@ -110,7 +114,7 @@ def resolve_references(r: redis.Redis, keys: Keys, args: list[Any], kwargs: dict
             return v
         rec = read(r, keys, v[REFERENCE])
         if not rec or not rec.get("ok"):
-            raise PhaseError(f"argument refers to job {v[REFERENCE]}, which has no result "
+            raise PhaseError(f"{UNRESOLVED_REFERENCE} {v[REFERENCE]}, which has no result "
                              f"({'it failed' if rec else 'not stored or expired'})")
         return rec["value"]
     return [value_of(a) for a in args], {k: value_of(v) for k, v in kwargs.items()}

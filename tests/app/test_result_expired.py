@@ -68,3 +68,25 @@ def test_a_failed_functions_expired_error_says_it_is_gone(r, keys, settings):
     with pytest.raises(JobFailed, match="RuntimeError: kaboom .the function's stored error, with its type and "
                                         "traceback, is gone"):
         Client(r, settings).job("f2").result(timeout_s=0)
+
+
+def test_a_failed_reference_is_not_said_as_an_expired_stored_error(r, keys, settings):
+    """A job whose argument's result was gone failed before its function ran; its
+    JobFailed still said "the function's stored error ... is gone" (workload-author
+    helper): there never was one."""
+    from makespan.errors import JobFailed
+
+    r.hset(keys.job("f3"), mapping={"id": "f3", "state": "failed", "priority": "NORMAL", "endpoint": "sim",
+                                     "finished_at": "1.0", "fn": "boom",
+                                     "reason": "execute: argument refers to job a1, which has no result (not stored "
+                                               "or expired)"})
+    with pytest.raises(JobFailed) as failed:
+        Client(r, settings).job("f3").result(timeout_s=0)
+    assert "argument refers to job a1" in str(failed.value) and "stored error" not in str(failed.value)
+
+
+def test_an_error_without_a_message_reads_no_message():
+    from makespan.errors import WorkloadError
+
+    assert str(WorkloadError("j1", "ValueError", "")).endswith("ValueError (no message)")
+    assert str(WorkloadError("j1", "ValueError", "bad")).endswith("ValueError: bad")

@@ -299,6 +299,33 @@ def test_a_job_without_a_function_passed_as_an_argument_is_refused_at_submit(liv
     assert client.r.get(client.keys.seq) == before  # nothing written
 
 
+def test_a_hand_written_result_reference_and_an_expired_result_are_refused_at_submit(live):
+    """``--args '[{"__makespan_result__": ID}]'`` was taken as job ID's result with no
+    dependency added (it could run before that job ended), and a Job whose result had
+    expired was accepted, then failed at its run (workload-author helper): both are refused
+    at submit, nothing written; a Job handle still passes its result."""
+    _, client = live
+    first = client.submit("add", 1, 2)
+    assert first.result(timeout_s=60)["sum"] == 3
+    before = client.r.get(client.keys.seq)
+    with pytest.raises(makespan.ValidationError, match=r"job\.args\[1\]: .*reserved for a job passed as an argument"):
+        client.submit("concat", "x", {"__makespan_result__": first.id}, "!")
+    with pytest.raises(makespan.ValidationError, match=r"job\.kwargs\.b: .*reserved"):
+        client.submit("add", 1, b={"__makespan_result__": "no-such-job"})
+    assert client.submit("concat", "x", first, "!").result(timeout_s=60).startswith("x{")
+    ttl_ms = client.r.pttl(client.keys.result(first.id))
+    assert ttl_ms > 0
+    saved = client.r.get(client.keys.result(first.id))
+    client.r.delete(client.keys.result(first.id))  # as MAKESPAN_RESULT_TTL_S would
+    try:
+        before = client.r.get(client.keys.seq)
+        with pytest.raises(makespan.ValidationError, match=r"job\.args\[1\]: .*completed, but its result is gone"):
+            client.submit("concat", "x", first, "!")
+        assert client.r.get(client.keys.seq) == before  # nothing written
+    finally:
+        client.r.set(client.keys.result(first.id), saved, px=ttl_ms)
+
+
 def test_requests_and_a_helper_endpoint_started_and_cleared(live):
     _, client = live
     answers = client.submit("prompts", ["a", "b", "c"]).result(timeout_s=90)
