@@ -833,8 +833,10 @@ def _hint_live_names(r, keys, absent: list[str]) -> None:
 def result(job_id: str, timeout_s: float | None = typer.Option(None, help="wait at most this long (default: "
                                                                             "until the job ends)"),
            no_wait: bool = typer.Option(False, "--no-wait", help="print what is stored now; do not wait"),
-           as_json: bool = typer.Option(False, "--json", help="the result is printed as JSON already: accepted, "
-                                        "changes nothing"),
+           as_json: bool = typer.Option(False, "--json", help="the result is printed as JSON already; with --json a "
+                                        "job that failed, was cancelled or has not finished also prints one JSON "
+                                        "object on stdout ({\"job\", \"state\", \"error\": {...}} or "
+                                        "{\"job\", \"state\", \"reason\"}), the exit code as without it"),
            requests: bool = typer.Option(False, "--requests", help="print the job's request records instead (a "
                                          "request step's: one JSON line per request, with the first 200 "
                                          "characters of its answer), as stored now")):
@@ -861,14 +863,23 @@ def result(job_id: str, timeout_s: float | None = typer.Option(None, help="wait 
     except WorkloadError as e:
         if e.traceback.strip():  # none for an error of the worker's own (a result over the limit, a timeout)
             typer.echo(e.traceback.rstrip(), err=True)
-        typer.echo(f"job {job_id} failed (attempt {e.attempt}): {e.error_type}: {e.message}", err=True)
+        typer.echo(str(e), err=True)
+        if as_json:
+            typer.echo(json.dumps({"job": job_id, "state": "failed", "error": {
+                "type": e.error_type, "message": e.message, "traceback": e.traceback, "attempt": e.attempt}},
+                ensure_ascii=False))
         raise typer.Exit(1) from e
     except (JobCancelled, JobFailed) as e:
         typer.echo(str(e), err=True)
+        if as_json:
+            typer.echo(json.dumps({"job": job_id, "state": "cancelled" if isinstance(e, JobCancelled) else e.state,
+                                   "reason": e.reason}, ensure_ascii=False))
         raise typer.Exit(1) from e
     except ResultTimeout as e:
         typer.echo(f"{e} (exit code {EXIT_NOT_FINISHED}: ask again later, or wait with `makespan result {job_id}`)",
                    err=True)
+        if as_json:
+            typer.echo(json.dumps({"job": job_id, "state": e.state, "reason": "not finished"}))
         raise typer.Exit(EXIT_NOT_FINISHED) from e
     except MakespanError as e:
         _fail(e)

@@ -263,3 +263,30 @@ def test_every_command_that_prints_json_takes_json(r, keys, settings, redis_url,
     r.hset(keys.job(job.id), mapping={"state": "completed", "finished_at": time.time()})
     res = _invoke(["result", job.id, "--json"], redis_url, prefix)
     assert res.exit_code == 0 and json.loads(res.stdout) is None, res.output
+
+
+def test_result_json_of_a_failed_cancelled_or_unfinished_job_prints_one_json_object(r, keys, settings, redis_url,
+                                                                                      prefix):
+    """`makespan result ID --json` of a job that failed printed nothing on stdout, only text on
+    stderr (workload-author helper): a script reading stdout got no JSON. Exit codes stay."""
+    from makespan.results import encode_error
+
+    prod = Producer(r, keys, load_fleet(FLEET_TOML), settings)
+    raised, cancelled, waiting = (prod.submit({"endpoint": "chat", "service_s": 5}).id for _ in range(3))
+    r.hset(keys.job(raised), mapping={"state": "failed", "finished_at": time.time(), "fn": "f",
+                                      "reason": "execute: ValueError"})
+    r.set(keys.result(raised), encode_error("ValueError", "", "Traceback ...\nValueError\n", 2))
+    r.hset(keys.job(cancelled), mapping={"state": "cancelled", "finished_at": time.time(), "reason": "by a user"})
+    res = _invoke(["result", raised, "--json"], redis_url, prefix)
+    assert res.exit_code == 1 and json.loads(res.stdout) == {
+        "job": raised, "state": "failed",
+        "error": {"type": "ValueError", "message": "", "traceback": "Traceback ...\nValueError\n", "attempt": 2}}
+    assert "ValueError (no message)" in res.stderr, res.stderr
+    res = _invoke(["result", cancelled, "--json"], redis_url, prefix)
+    assert res.exit_code == 1 and json.loads(res.stdout) == {"job": cancelled, "state": "cancelled",
+                                                             "reason": "by a user"}, res.output
+    res = _invoke(["result", waiting, "--json", "--no-wait"], redis_url, prefix)
+    assert res.exit_code == 4 and json.loads(res.stdout) == {"job": waiting, "state": "queued",
+                                                             "reason": "not finished"}, res.output
+    res = _invoke(["result", waiting, "--no-wait"], redis_url, prefix)
+    assert res.exit_code == 4 and res.stdout == "", res.output
