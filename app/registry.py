@@ -240,13 +240,16 @@ def workload(endpoint: str | Callable[..., Any] | None = None, *, helpers: Itera
             raise ValidationError("workload", fn, "has no __qualname__ to name it by: give name=")
         wname = name or f"{fn.__module__}.{fn.__qualname__}"
         if not _NAME.match(wname):
-            raise ValidationError("workload.name", wname, "use letters, digits and '_.:-' (at most 200)")
+            hint = "; give it one with name=" if name is None else ""  # a lambda, a nested function: '<lambda>'
+            raise ValidationError("workload.name", wname, f"use letters, digits and '_.:-' (at most 200){hint}")
         definition = WorkloadDef(wname, fn, endpoint, helper_names, retries, float(backoff or 1.0), timeout, expected)
         old = REGISTRY.get(wname)
         where = lambda f: (getattr(f, "__module__", None), getattr(f, "__qualname__", None))  # noqa: E731
         redefined = old is not None and where(old.fn) == where(fn)  # its module reloaded, a notebook cell re-run
         if old is not None and not redefined and getattr(old.fn, "__code__", None) is not getattr(fn, "__code__", None):
-            raise ValidationError("workload.name", wname, f"already registered by {old.fn.__module__}")
+            raise ValidationError("workload.name", wname, "already registered by "
+                                  f"{old.fn.__module__}.{getattr(old.fn, '__qualname__', '?')}: give this one another "
+                                  "name=")
         REGISTRY[wname] = definition
         return definition
 

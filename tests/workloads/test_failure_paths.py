@@ -608,7 +608,7 @@ def test_reloading_a_workload_module_redefines_its_functions(tmp_path, monkeypat
         second = importlib.reload(first)
         assert makespan.registry.REGISTRY["tests.nb_reload"].fn(None, "a") == "A!"
         assert second.shout is makespan.registry.REGISTRY["tests.nb_reload"]
-        with pytest.raises(makespan.ValidationError, match="already registered by nb_reload_jobs"):
+        with pytest.raises(makespan.ValidationError, match="already registered by nb_reload_jobs.shout: give"):
             @makespan.workload(name="tests.nb_reload")
             def shout(ctx, text):  # another module's function (this test's) under the same name
                 return text
