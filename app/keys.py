@@ -414,6 +414,11 @@ class Keys:
         renewal; :mod:`makespan.workers.worker_fleets`)."""
         return f"{self.prefix}:fleet:endpoints:{version}"
 
+    def fleet_gpus(self, version: str) -> str:
+        """JSON ``{host: [GPU UUID, ...]}`` of the fleet file whose ``fleet_version`` is
+        ``version``, written with :meth:`fleet_endpoints` by the GPU workers that run it."""
+        return f"{self.prefix}:fleet:gpus:{version}"
+
     @property
     def hosts_seen(self) -> str:
         """Hash: host -> consumer id of the last GPU worker that announced itself there

@@ -46,7 +46,7 @@ REASONS: dict[str, str] = {
                             "detail names the function and the hosts that had it last",
     "host_fleet_differs": "the live GPU workers of the hosts it could run on were started with another fleet file "
                           "than the planner's, one without its endpoint (or a helper, or with another "
-                          "tensor_parallel): it stays queued, unplanned, until one restarts with the planner's file; "
+                          "tensor_parallel, or with other GPUs for the host): it stays queued, unplanned, until one restarts with the planner's file; "
                           "the detail names the hosts and their fleet versions",
     "no_planner": "no planner leads: nothing is planned (nor a delayed job past its ETA queued) until one does",
     "behind_batch": "queued behind the planner's batch (batch_size jobs by priority, FIFO): the detail gives "

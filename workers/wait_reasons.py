@@ -179,7 +179,8 @@ def _write(ctx: TickContext, batch: list[PlanJob], plan: Plan) -> None:
     for job_id, hosts in ctx.formed.fleet_waits.items():
         rows += [job_id, "host_fleet_differs",
                  f"the GPU workers of the hosts it could run on run another fleet file than the planner's (version "
-                 f"{mine}), without its endpoint (or a helper, or with another tensor_parallel): {hosts}; it stays "
+                 f"{mine}), without its endpoint (or a helper, or with another tensor_parallel, or with other GPUs "
+                 f"for the host): {hosts}; it stays "
                  "queued until one runs the planner's file (restart the workers with it, or the planner with theirs "
                  f"if the planner's is the older one); `makespan cancel {job_id}` otherwise", ""]
     for job_id, (level, position) in ctx.formed.left_out.items():

@@ -83,6 +83,38 @@ def test_a_job_of_a_new_endpoint_runs_only_where_the_worker_has_it_and_waits_whi
     assert [(ctx.job_id, ctx.host) for ctx in sent if ctx.job_id == job] == [(job, "h2")]
 
 
+def test_a_gpu_swap_waits_for_the_hosts_worker_to_run_the_new_file(r, settings, env):
+    """h2's GPUs got new UUIDs in the planner's file while h2's worker still ran the old one
+    (the planner restarted first, as docs/operations.md allows): every job leased there
+    failed at its first phase, 31 in 40 s, without retry (fleet-change operator helper). The
+    jobs wait on h2 (host_fleet_differs, naming the GPUs) and run on h1; once h2's worker
+    runs the new file they run there too."""
+    raw = NEW.model_dump()
+    raw["hosts"][1]["gpus"] = [{"index": n, "uuid": f"GPU-swapped-{n}", "memory_mib": 81920} for n in range(2)]
+    raw["hosts"][1].pop("gpu_count", None)
+    swapped = parse_fleet(raw)
+    s = dataclasses.replace(settings, lease_ttl_s=60.0)
+    sent: list = []
+    w = PlannerWorker(r, s, swapped, dispatch=lambda ctx, q: sent.append(ctx), clock=ManualClock(time.time()))
+    w.token = ""
+    prod = Producer(r, w.keys, swapped, s)
+    announce(r, w.keys, "h1", "worker-h1", 60.0, swapped)  # restarted with the new file
+    announce(r, w.keys, "h2", "worker-h2", 60.0, NEW)  # not yet: the old UUIDs
+    fleets = read_worker_fleets(r, w.keys, swapped)
+    assert fleets.hosts_lacking(swapped, "old") == ("h2",) and "other GPUs" in fleets.detail(["h2"])
+    jobs = [prod.submit({"endpoint": "old", "service_s": 5, "priority": "NORMAL"}).id for _ in range(4)]
+    w.tick()
+    assert {ctx.host for ctx in sent} == {"h1"} and len(sent) == 2  # h1's two GPUs; none leased on h2
+    for job in jobs:
+        if job not in {ctx.job_id for ctx in sent}:
+            assert r.hget(w.keys.job(job), "state") == "queued"
+    announce(r, w.keys, "h2", "worker-h2-new", 60.0, swapped)
+    w.clock.advance(2.0)
+    w.tick()
+    assert [ctx.host for ctx in sent[2:]] == ["h2", "h2"]
+    assert {ctx.gpus[0] for ctx in sent[2:]} <= {"GPU-swapped-0", "GPU-swapped-1"}
+
+
 @pytest.mark.parametrize("mode", ["rule", "plan"])
 def test_no_preemption_for_a_job_no_live_worker_can_run(r, settings, env, mode):
     """A HIGH job of ``new`` while LOW work holds every GPU and no worker has ``new``: before,
