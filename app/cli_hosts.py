@@ -283,37 +283,92 @@ def fleet_summary(spec: Any) -> dict[str, Any]:
 
 def fleet_difference(published: Any, mine: Any) -> list[str]:
     """Lines naming how fleet ``mine`` differs from ``published`` (both FleetSpecs): hosts
-    added, removed or with another GPU count; endpoints added, removed, or with another
-    ``tensor_parallel`` or ``memory_mib_per_gpu`` (what cancels queued jobs or moves work,
-    docs/operations.md "Changing the fleet file"); a host's ``memory_mib``; an endpoint's
-    ``launch`` (what runs on the GPUs); any other field: "other settings"."""
+    added, removed, with another GPU count, other GPU UUIDs (a GPU swap) or other GPU memory;
+    endpoints added, removed, or with another ``tensor_parallel`` or ``memory_mib_per_gpu``
+    (what cancels queued jobs or moves work, docs/operations.md "Changing the fleet file"),
+    ``launch`` (what runs on the GPUs), set point or any other field, each named; and any
+    other fleet-wide field (pools, the name): "other settings". Every difference found is
+    listed, not only the first kind."""
     lines = []
-    old_hosts = {host.name: len(host.gpus) for host in published.hosts}
-    new_hosts = {host.name: len(host.gpus) for host in mine.hosts}
+    old_hosts = {host.name: host for host in published.hosts}
+    new_hosts = {host.name: host for host in mine.hosts}
     for what, old, new in (("hosts", old_hosts, new_hosts), ("endpoints", dict(published.endpoints),
                                                                  dict(mine.endpoints))):
         if added := sorted(set(new) - set(old)):
             lines.append(f"{what} added: {', '.join(added)}")
         if removed := sorted(set(old) - set(new)):
             lines.append(f"{what} removed: {', '.join(removed)}")
-    if changed := sorted(h for h in set(new_hosts) & set(old_hosts) if new_hosts[h] != old_hosts[h]):
-        lines.append("GPUs changed: " + ", ".join(f"{h} {old_hosts[h]} -> {new_hosts[h]}" for h in changed))
-    old_memory = {host.name: host.memory_mib for host in published.hosts}
-    new_memory = {host.name: host.memory_mib for host in mine.hosts}
-    if changed := sorted(h for h in set(new_memory) & set(old_memory) if new_memory[h] != old_memory[h]):
-        lines.append("host memory_mib changed: " + ", ".join(f"{h} {old_memory[h]} -> {new_memory[h]}"
-                                                             for h in changed))
+    common = sorted(set(new_hosts) & set(old_hosts))
+    if changed := [h for h in common if len(new_hosts[h].gpus) != len(old_hosts[h].gpus)]:
+        lines.append("GPUs changed: " + ", ".join(f"{h} {len(old_hosts[h].gpus)} -> {len(new_hosts[h].gpus)}"
+                                                  for h in changed))
+    swapped = [h for h in common if h not in changed
+               and [g.uuid for g in new_hosts[h].gpus] != [g.uuid for g in old_hosts[h].gpus]]
+    if swapped:
+        lines.append("GPU UUIDs changed (cordon the host until its GPU worker runs this file): " + ", ".join(
+            f"{h} ({sum(a.uuid != b.uuid for a, b in zip(old_hosts[h].gpus, new_hosts[h].gpus))} of "
+            f"{len(new_hosts[h].gpus)})" for h in swapped))
+    memory = [h for h in common if h not in changed
+              and [g.memory_mib for g in new_hosts[h].gpus] != [g.memory_mib for g in old_hosts[h].gpus]]
+    if memory:
+        shown = lambda host: "/".join(sorted({str(g.memory_mib) for g in host.gpus}))  # noqa: E731
+        lines.append("GPU memory_mib changed: " + ", ".join(f"{h} {shown(old_hosts[h])} -> {shown(new_hosts[h])}"
+                                                            for h in memory))
     both = sorted(set(mine.endpoints) & set(published.endpoints))
-    for field, label in (("tensor_parallel", "tensor_parallel"), ("memory_mib_per_gpu", "memory_mib_per_gpu")):
+    named = ("tensor_parallel", "memory_mib_per_gpu", "launch", "set_point")
+    for field in ("tensor_parallel", "memory_mib_per_gpu"):
         moved = [e for e in both if getattr(mine.endpoints[e], field) != getattr(published.endpoints[e], field)]
         if moved:
-            lines.append(f"{label} changed: " + ", ".join(
+            lines.append(f"{field} changed: " + ", ".join(
                 f"{e} {getattr(published.endpoints[e], field)} -> {getattr(mine.endpoints[e], field)}" for e in moved))
     if launched := [e for e in both if mine.endpoints[e].launch != published.endpoints[e].launch]:
         lines.append(f"launch changed (what runs on the GPUs): {', '.join(launched)}")
-    if not lines:
-        lines.append("other settings changed (cold starts, set points, slots, pools…)")
+    if moved := [e for e in both if mine.endpoints[e].set_point != published.endpoints[e].set_point]:
+        lines.append(f"set point changed: {', '.join(moved)}")
+    other_fields = []
+    for e in both:
+        old_dump = published.endpoints[e].model_dump(exclude=set(named))
+        new_dump = mine.endpoints[e].model_dump(exclude=set(named))
+        other_fields += [f"{e}.{key}" for key in sorted(set(old_dump) | set(new_dump))
+                         if old_dump.get(key) != new_dump.get(key)]
+    for h in common:
+        old_dump = old_hosts[h].model_dump(exclude={"gpus", "gpu_count", "memory_mib"})
+        new_dump = new_hosts[h].model_dump(exclude={"gpus", "gpu_count", "memory_mib"})
+        other_fields += [f"{h}.{key}" for key in sorted(set(old_dump) | set(new_dump))
+                         if old_dump.get(key) != new_dump.get(key)]
+    if other_fields:
+        lines.append(f"other fields changed: {', '.join(other_fields)}")
+    fleet_wide = {"hosts", "endpoints"}
+    if published.model_dump(exclude=fleet_wide) != mine.model_dump(exclude=fleet_wide):
+        lines.append("other settings changed (pools, the fleet's name…)")
+    if not lines and published != mine:
+        lines.append("other settings changed")
     return lines
+
+
+WAITING_COUNT_MAX = 10_000  # jobs counted per removed endpoint at most ("10000+")
+
+
+def _waiting_on_removed(settings: Any, r: redis.Redis, keys: Any, running: Any, mine: Any) -> list[str]:
+    """A line counting the queued and delayed jobs of the endpoints ``mine`` removes from
+    ``running``: the planner cancels them when it runs ``mine`` ("cannot run on the fleet
+    the planner runs now"), so the check says how many before the change, not after."""
+    from makespan.cli_why import scan_jobs
+
+    counts = []
+    for endpoint in sorted(set(running.endpoints) - set(mine.endpoints)):
+        try:
+            found, _cut = scan_jobs(r, keys, settings, ("queued", "delayed"), endpoint=endpoint,
+                                    limit=WAITING_COUNT_MAX)
+        except (MakespanError, redis.RedisError):
+            continue
+        if found:
+            counts.append(f"{endpoint} {len(found)}{'+' if len(found) >= WAITING_COUNT_MAX else ''}")
+    if not counts:
+        return []
+    return [f"queued or delayed jobs of removed endpoints, which the planner cancels when it runs this file: "
+            f"{', '.join(counts)} (`makespan jobs --endpoint E` lists them; let them finish first, or keep the "
+            "endpoint in the file until they have)"]
 
 
 def check_fleet(fleet: Path = typer.Argument(..., help="the TOML fleet file to check"),
@@ -337,7 +392,7 @@ def check_fleet(fleet: Path = typer.Argument(..., help="the TOML fleet file to c
     differences: list[str] = []
     if published:
         try:
-            _, r, keys = context()
+            settings, r, keys = context()
             raw = r.get(keys.fleet)
         except MakespanError as e:
             fail(e)
@@ -358,7 +413,7 @@ def check_fleet(fleet: Path = typer.Argument(..., help="the TOML fleet file to c
             other = fleet_summary(running)
             if other["fleet_version"] != summary["fleet_version"]:
                 differences = [f"differs from the published fleet (version {other['fleet_version']})",
-                               *fleet_difference(running, spec)]
+                               *fleet_difference(running, spec), *_waiting_on_removed(settings, r, keys, running, spec)]
         summary["published"] = differences or ["the same as the published fleet"]
         # for scripts: same (the published fleet's version), differs, or none published yet
         summary["against_published"] = ("none_published" if not raw else

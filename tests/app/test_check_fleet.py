@@ -119,5 +119,50 @@ def test_a_host_removed_and_another_memory_are_named(r, keys, redis_url, prefix,
     res = CliRunner().invoke(cli_app, ["check-fleet", str(third), "--against-published", "--json"],
                              env=_env(redis_url, prefix))
     published = json.loads(res.output)["published"]
-    assert "host memory_mib changed: b 81920 -> 98304" in published, published
+    assert "GPU memory_mib changed: b 81920 -> 98304" in published, published
     assert "launch changed (what runs on the GPUs): chat" in published, published
+
+
+def test_a_gpu_swap_and_changes_of_several_kinds_are_each_named(r, keys, redis_url, prefix, tmp_path):
+    """A fleet-change operator: one swapped GPU UUID printed only "other settings changed",
+    gpu_count turned into its equivalent gpus list printed "host memory_mib changed: b 81920
+    -> None", and a memory change hid a moved set point and a cold start beside it."""
+    before, after = tmp_path / "before.toml", tmp_path / "after.toml"
+    before.write_text(SMALL.format(extra_host=HOST_B, memory=1000))
+    r.set(keys.fleet, load_fleet(before).model_dump_json())
+    listed = HOST_B.replace("gpu_count = 2\nmemory_mib = 81920\n",
+                            "gpus = [{ index = 0, uuid = \"GPU-b-0\", memory_mib = 81920 },"
+                            " { index = 1, uuid = \"GPU-new-1\", memory_mib = 81920 }]\n")
+    after.write_text(SMALL.format(extra_host=listed, memory=2000).replace("cold_start_s = 10", "cold_start_s = 20")
+                     + 'set_point = [{ host = "a", gpus = [0] }]\n')
+    res = CliRunner().invoke(cli_app, ["check-fleet", str(after), "--against-published", "--json"],
+                             env=_env(redis_url, prefix))
+    assert res.exit_code == 0, res.output
+    published = json.loads(res.output)["published"]
+    assert published[1:] == ["GPU UUIDs changed (cordon the host until its GPU worker runs this file): b (1 of 2)",
+                         "memory_mib_per_gpu changed: chat 1000 -> 2000", "set point changed: chat",
+                         "other fields changed: chat.cold_start_s"], published
+
+
+def test_a_removed_endpoints_waiting_jobs_are_counted_before_the_change(r, keys, settings, redis_url, prefix,
+                                                                         tmp_path):
+    """Removing `judge` printed "ok … endpoints removed: judge", and the planner then cancelled
+    its 50 queued jobs (a fleet-change operator): the check counts them first."""
+    from makespan.producer import Producer
+
+    before, after = tmp_path / "before.toml", tmp_path / "after.toml"
+    judge = '\n[endpoints.judge]\nmodel = "j"\nmemory_mib_per_gpu = 1000\ncold_start_s = 10\n'
+    before.write_text(SMALL.format(extra_host="", memory=1000) + judge)
+    after.write_text(SMALL.format(extra_host="", memory=1000))
+    fleet = load_fleet(before)
+    r.set(keys.fleet, fleet.model_dump_json())
+    prod = Producer(r, keys, fleet, settings)
+    for _ in range(2):
+        prod.submit({"endpoint": "judge", "service_s": 5})
+    prod.submit({"endpoint": "judge", "service_s": 5, "delay_s": 600})
+    prod.submit({"endpoint": "chat", "service_s": 5})
+    res = CliRunner().invoke(cli_app, ["check-fleet", str(after), "--against-published"], env=_env(redis_url, prefix))
+    assert res.exit_code == 0, res.output
+    assert "endpoints removed: judge" in res.output
+    assert "queued or delayed jobs of removed endpoints, which the planner cancels when it runs this file: judge 3" \
+        in res.output, res.output
