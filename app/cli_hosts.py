@@ -120,7 +120,9 @@ def _hosts_outside(r: Any, keys: Any, fleet_hosts: set[str], seen: dict[str, str
                      "jobs": sorted({job for job, _gpus in leases} - {""}),
                      "worker": "live" if live.get(host) else "down", "cordoned": False, "state": "not in fleet",
                      "reason": ("not in the fleet file: no new lease; its leases run to their end, then stop its "
-                                "GPU worker" if leases else "not in the fleet file: its GPU worker gets no job; stop it"),
+                                "GPU worker" if leases else "not in the planner's fleet file: its GPU worker gets no "
+                                "job; adding the host? restart the planner with the worker's file; removing it? stop "
+                                "the worker"),
                      "since": None, "since_utc": None, "by": "", "planner_leads": any(leads.values())})
     return rows
 

@@ -254,6 +254,12 @@ class Client:
         if deadline_s is not None:
             job["deadline_s"] = deadline_s
         self._producer.fleet = self.fleet(version)
+        if endpoint not in self._producer.fleet.endpoints and endpoint == definition.get("endpoint"):
+            known = ", ".join(sorted(self._producer.fleet.endpoints))  # the decorator's: the user gave none
+            raise ValidationError("endpoint", endpoint, f"the endpoint of workload {name!r} (its decorator's, as the "
+                                  f"GPU worker registered it) is not in the planner's fleet (known: {known}): "
+                                  "pass endpoint= (--endpoint), or restart the planner with the GPU workers' fleet "
+                                  "file")
         handle = self._producer.submit(job, extra_fields={"service_estimated": 1} if estimated else None)
         if last_hosts and handle.created:
             log.warning("job %s of workload %r waits, queued, until a GPU worker registers the function again: "

@@ -440,3 +440,17 @@ def test_a_cli_submit_in_this_process_leaves_the_python_warning_on(client, redis
         again = client.submit("tests.two", 2, idempotency_key="cli-1")
     assert not again.created and again.ignored == ("args",)
     assert any("idempotency key 'cli-1' already names job" in r.getMessage() for r in caplog.records), caplog.records
+
+
+def test_a_function_whose_endpoint_the_planner_dropped_is_refused_naming_the_function(client, r, keys):
+    """After `chat` left the planner's fleet, a submit of a function whose decorator names
+    `chat` said `job.endpoint: unknown endpoint` (a fleet-change operator): the user gave no
+    endpoint. The refusal names the function and what to do; nothing is written."""
+    publish(r, keys, [WorkloadDef("tests.gone_ep", _two, "gone")], ttl_s=600, holder="test")
+    before = r.get(keys.seq)
+    with pytest.raises(makespan.ValidationError, match=r"the endpoint of workload 'tests.gone_ep' \(its decorator's"
+                                                       r".*not in the planner's fleet.*pass endpoint="):
+        client.submit("tests.gone_ep", 1)
+    with pytest.raises(makespan.ValidationError, match=r"job\.endpoint: unknown endpoint"):
+        client.submit("tests.gone_ep", 1, endpoint="nope")  # one the user gave: said as before
+    assert r.get(keys.seq) == before

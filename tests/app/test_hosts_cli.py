@@ -146,7 +146,7 @@ def test_a_host_removed_from_the_fleet_is_listed_while_its_leases_run(r, keys, s
     assert "its leases run to their end" in row["reason"]
     assert "not in fleet" in _cli(env, "hosts").output
     r.delete(keys.leases, keys.gpu("GPU-gone-0"))  # its lease ended; its worker still runs
-    assert _rows(env)["gone"]["reason"].startswith("not in the fleet file: its GPU worker gets no job")
+    assert _rows(env)["gone"]["reason"].startswith("not in the planner's fleet file: its GPU worker gets no job; adding")
     r.delete(keys.host_live("gone"))  # and stopped: nothing left to show
     assert "gone" not in _rows(env)
 
