@@ -21,6 +21,12 @@ whose owner is gone (not alive, and not this process):
 * it is ``asleep`` (sleep mode, issue 20): kept — the planner counts on waking it, and
   any worker of the host wakes it over HTTP.
 
+Whatever its owner and driver (a simulated one too), an instance on a GPU that this
+worker's fleet file does not give the host (the GPUs were swapped, or given other UUIDs,
+since it started) is stopped if it runs a process and forgotten, with the resident markers
+that name it — ``reason`` ``on GPUs the fleet file no longer gives the host``: nothing
+plans on those GPUs, and ``makespan hosts --instances`` listed such records for good.
+
 A running instance that a live lease still needs (its job's execute runs on this worker
 next), or that its GPUs' resident markers name (a warm endpoint the planner plans on), is
 kept. Each instance handled is logged as a warning and recorded as one ``endpoint_orphan``
@@ -35,6 +41,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterable
 from typing import Any
 
 import redis
@@ -83,23 +90,35 @@ def _verdict(r: redis.Redis, keys: Keys, inst: Instance, state: str) -> str | No
     return "untracked"
 
 
-def sweep(r: redis.Redis, keys: Keys, host: str) -> list[dict[str, Any]]:
-    """Find, stop and forget the orphaned endpoint processes of ``host`` (module doc).
-    Returns the ``endpoint_orphan`` events recorded, one per instance handled.
+GONE_GPUS = "on GPUs the fleet file no longer gives the host"
+
+
+def sweep(r: redis.Redis, keys: Keys, host: str, host_gpus: Iterable[str] | None = None) -> list[dict[str, Any]]:
+    """Find, stop and forget the orphaned endpoint processes of ``host`` (module doc), and
+    with ``host_gpus`` (the GPU UUIDs this worker's fleet file gives ``host``) the instances
+    on other GPUs. Returns the ``endpoint_orphan`` events recorded, one per instance handled.
 
     Raises:
         redis.RedisError / StoreError: Redis did not answer (the caller logs it).
     """
     out = []
+    known = set(host_gpus) if host_gpus is not None else None
     for inst, state in list_instances(r, keys, with_state=True):
-        if inst.host != host or not spawns_process(inst.driver):
+        if inst.host != host:
             continue
-        reason = _verdict(r, keys, inst, state)
+        spawns = spawns_process(inst.driver)
+        if known is not None and not set(inst.gpus) <= known:
+            reason: str | None = GONE_GPUS
+        elif not spawns:
+            continue
+        else:
+            reason = _verdict(r, keys, inst, state)
         if reason is None:
             continue
         killed: list[int] = []
         action = "forgotten"
-        if reason == "process gone":
+        if reason == "process gone" or not spawns or (reason == GONE_GPUS and not (
+                inst.pid and instance_members(inst.pid, inst.id, inst.gpus))):
             unregister_instance(r, keys, inst.id, gpus=inst.gpus)
         else:
             try:

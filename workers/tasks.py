@@ -384,7 +384,9 @@ def _sweep_orphans(**_kw) -> None:
     from makespan.workers.orphans import sweep
 
     try:
-        sweep(connect(settings.redis_url), Keys(settings.key_prefix), host)
+        fleet_hosts = {spec.name: spec for spec in _fleet().hosts}
+        host_gpus = [gpu.uuid for gpu in fleet_hosts[host].gpus] if host in fleet_hosts else None
+        sweep(connect(settings.redis_url), Keys(settings.key_prefix), host, host_gpus)
     except Exception as e:  # noqa: BLE001 - a start must not fail on the sweep
         log.warning("orphan sweep at start skipped: %s", e)
 
