@@ -28,6 +28,7 @@ import redis
 from makespan import events, telemetry
 from makespan.awaited import leaked
 from makespan.planner.restore import plan_restores
+from makespan.store import JobStore
 from makespan.workers.phases import PhaseContext, instance_value, restore_failure
 from makespan.workers.starts import send
 from makespan.workers.tick.clock import starts_now
@@ -129,7 +130,7 @@ class SetPointsAndDrain:
         lane_leases = kept.lane_leases  # read once: the lane's thread may lease meanwhile
         if not kept.idle_checked or lane_leases != kept.lane_leases_at_check:
             kept.idle_checked, kept.lane_leases_at_check = True, lane_leases
-            check_drain(env, failed)
+            check_drain(env, failed, ctx.token)
 
 
 DUE_SOON_READ = 64  # delayed jobs read per idle tick to judge the restores (the earliest due first)
@@ -248,14 +249,15 @@ def start_restore(ctx: TickContext, endpoint: str, gpus: tuple[str, ...], busy: 
     return True
 
 
-def check_drain(env: TickEnv, set_points_failed: dict[str, str] | None = None) -> dict[str, Any]:
+def check_drain(env: TickEnv, set_points_failed: dict[str, str] | None = None, planner_token: str = "") -> dict[str, Any]:
     """Count what a drained fleet must not hold: leases, agenda entries, busy slots,
     leaked reverse-dependency index entries (module doc), and the set points not in place
     because their restores fail or their host's GPU worker runs a fleet file without the
     endpoint (``set_points_failed``: endpoint@GPUs -> why, from :class:`SetPointsAndDrain`;
     nothing restores them now, so the fleet is idle otherwise);
-    written to ``P:drain`` and as a ``drain`` event (with ``set_points_failed_detail``).
-    Returns the counts by name."""
+    written to ``P:drain`` and as a ``drain`` event (with ``set_points_failed_detail``)
+    while ``planner_token`` leads (a planner deposed during its check writes nothing: its
+    counts are of a fleet the new leader already runs). Returns the counts by name."""
     set_points_failed = set_points_failed or {}
     gpu_keys = sum(1 for holder in env.r.mget([env.keys.gpu(gpu.uuid) for gpu in env.gpus]) if holder)
     leases = int(env.r.zcard(env.keys.leases)) + gpu_keys
@@ -264,8 +266,9 @@ def check_drain(env: TickEnv, set_points_failed: dict[str, str] | None = None) -
     awaited = sum(len(entries) for entries in leaked(env.r, env.keys).values())
     counts = {"leases": leases, "agenda_entries": agenda, "busy_slots": busy_slots, "awaited_entries": awaited,
               "set_points_failed": len(set_points_failed)}
-    env.r.hset(env.keys.drain, mapping={**counts, "checked_at": repr(env.clock.now())})
-    env.r.hincrby(env.keys.drain, "checks", 1)
+    if not JobStore(env.r, env.keys).write_drain(planner_token, {**counts, "checked_at": repr(env.clock.now())}):
+        log.warning("drain check not recorded: this planner no longer leads (fenced off)")
+        return counts
     detail = "; ".join(f"{where}: {why}" for where, why in sorted(set_points_failed.items()))[:2000]
     events.record(env.r, env.keys.events, "drain", **counts,
                   **({"set_points_failed_detail": detail} if detail else {}))

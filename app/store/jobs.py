@@ -289,6 +289,12 @@ class JobStore:
                                                     self.keys.wait_reasons_at],
                              [planner_token, self.keys.script_prefix, *rows]))
 
+    def write_drain(self, planner_token: str, fields: dict[str, Any]) -> bool:
+        """Write a drain check's ``fields`` to ``P:drain`` (and count the check) while
+        ``planner_token`` leads. Returns False, nothing written, when fenced off."""
+        flat = [str(part) for name, value in fields.items() for part in (name, value)]
+        return int(self._run("write_drain", [self.keys.planner_fence, self.keys.drain], [planner_token, *flat])) == 1
+
     def queue_awaited_running(self, pipe: Any) -> None:
         """Queue on ``pipe`` (as EVAL) the read of the leased job ids that a queued or
         delayed job waits on; ``pipe.execute()`` answers a list of ids."""

@@ -123,6 +123,17 @@ def test_write_wait_reasons_writes_queued_records_and_counts(jobs, r, keys):
     assert jobs.write_wait_reasons("", []) == 0 and not r.exists(keys.wait_reason_counts)
 
 
+def test_write_drain_is_fenced_by_the_planner_token(jobs, r, keys):
+    """A planner paused inside its drain check and deposed meanwhile overwrote the new
+    leader's clean check with its stale counts (a fencing tester): the write is fenced."""
+    r.set(keys.planner_fence, "tok-2")
+    assert jobs.write_drain("tok-2", {"leases": 0, "busy_slots": 0})
+    assert not jobs.write_drain("tok-1", {"leases": 2, "busy_slots": 1})  # the deposed leader's
+    assert r.hgetall(keys.drain) == {"leases": "0", "busy_slots": "0", "checks": "1"}
+    assert jobs.write_drain("", {"leases": 1})  # unchecked (tests)
+    assert r.hget(keys.drain, "checks") == "2"
+
+
 def test_compact_and_expire_a_finished_job(jobs, r, keys):
     submit(jobs, keys, "j1", spec=json.dumps({"idempotency_key": "k1"}))
     r.set(keys.idem("k1"), "j1")
