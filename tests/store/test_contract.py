@@ -232,6 +232,7 @@ def test_delay_op_puts_the_job_on_the_delayed_set(jobs, leases, r, keys):
 
 def test_reclaim_requeues_an_untried_job_and_fails_a_tried_one(jobs, leases, r, keys):
     submit(jobs, keys, "j1")
+    r.set(keys.resident("g0"), "chat@g0")
     leases.acquire("L1", ("g0",), 30.0, job_id="j1", queue=keys.queue("NORMAL"))
     assert leases.reclaim("L1", max_attempts=1) == "live"
     r.zadd(keys.leases, {"L1": 0})  # expired
@@ -239,10 +240,15 @@ def test_reclaim_requeues_an_untried_job_and_fails_a_tried_one(jobs, leases, r, 
     assert leases.reclaim("L1", max_attempts=1) == "requeued"  # no phase claimed: not an attempt
     assert r.hget(keys.job("j1"), "state") == "queued" and r.hget(keys.job("j1"), "attempts") == "0"
     assert r.get(keys.gpu("g0")) is None and not r.exists(keys.lease("L1"))
+    # no phase ran, so nothing changed on the GPU: its warm endpoint stands (a planner paused
+    # past the TTL between the lease and its phases threw it away for a cold start: a fencing
+    # tester); once a phase ran, what is resident is unknown and the marker goes
+    assert r.get(keys.resident("g0")) == "chat@g0"
     leases.acquire("L2", ("g0",), 30.0, job_id="j1", queue=keys.queue("NORMAL"))
     r.hset(keys.phase("L2"), "evict", "done")
     r.zadd(keys.leases, {"L2": 0})
     assert leases.reclaim_expired(max_attempts=1) == {"failed": 1}
+    assert r.get(keys.resident("g0")) is None
     assert r.hget(keys.job("j1"), "state") == "failed" and r.zscore(keys.finished, "j1") is not None
     kinds = [e["kind"] for e in events(r, keys)]
     assert kinds.count("reclaimed") == 2 and kinds[-1] == "failed"

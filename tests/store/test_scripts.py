@@ -55,9 +55,9 @@ def test_workload_records_are_told_apart_from_job_records():
 def test_every_lua_file_is_a_listed_script_or_the_library():
     on_disk = sorted(p.stem for p in LUA_DIR.glob("*.lua"))
     assert on_disk == sorted([*NAMES, store_scripts.LIBRARY])
-    assert len(NAMES) == 35  # 25 + fail_workload, finish_workload (advance_workloads) + fn_hold, fn_withdraw, fn_host_gone (registrations) + reroute (pools)
+    assert len(NAMES) == 36  # 25 + fail_workload, finish_workload (advance_workloads) + fn_hold, fn_withdraw, fn_host_gone (registrations) + reroute (pools)
     # + index_if_exists (the per-GPU instance index, workers/drivers/registry.py) + claim_phase (workers/phases.py)
-    # + incidents_mark, hosts_down (the observer)
+    # + incidents_mark, hosts_down (the observer) + write_drain (the drain check, fenced)
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -68,15 +68,17 @@ local back_texts = {
   start_failed = {'requeued: its endpoint failed to start', 'handed back: its endpoint failed to start'},
   worker_lost = {'requeued: the GPU worker process running it died', 'handed back: the GPU worker process running it died'}}
 local back_text = back_texts[back_cause] or back_texts.worker_shutdown
--- what is resident is unknown after a holder died mid-transition, unless the GPU key
--- expired and a newer lease already holds the GPU: then the marker is the new holder's
-free_gpus(prefix, want, gpus, true, true)
 local phases = key_phase(prefix, ARGV[1])
 local executed = redis.call('HGET', phases, 'execute') == 'done'
 -- an attempt counts only once a phase of it started (claimed it): a lease that expired
 -- while no consumer was alive for its host (a Redis role change, an outage, a dead
 -- worker) did not try the job and must not burn its attempts
 local tried = redis.call('HLEN', phases) > 0
+-- what is resident is unknown after a holder died mid-transition, unless the GPU key
+-- expired and a newer lease already holds the GPU: then the marker is the new holder's.
+-- A lease none of whose phases started changed nothing on its GPUs: their markers stand
+-- (a warm endpoint is not thrown away for a cold start)
+free_gpus(prefix, want, gpus, tried, tried)
 -- a hand-back is no attempt either (a preemption is none): the worker was asked to stop, the
 -- job did not fail it; rolling restarts of the GPU workers must not use up its attempts.
 -- A failed start is one, and so is the death of the pool process that ran it (the lease's
