@@ -390,8 +390,9 @@ class Observer:
         now = seconds + micros / 1e6
         for op_id, value in closed.items():
             reaped = value.startswith("reaped:")
-            outcome = ("closed: the transition did not finish: its holder died (its agenda entry's lock expired and "
-                       "the entry was reaped)" if reaped else
+            outcome = ("closed: the transition did not finish: its holder stopped renewing its lock (died, or was "
+                       "paused or cut off past the lock's TTL; its agenda entry's lock expired and the entry was "
+                       "reaped)" if reaped else
                        "recovered: the late transition ended (its agenda entry closed)")
             for incident_id in filter(None, value.removeprefix("reaped:").split(",")):
                 took = max(0.0, now - int(incident_id.split("-")[0]) / 1000.0)

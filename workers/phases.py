@@ -242,6 +242,11 @@ class PhaseRunner(TransitionPhases, ExecutePhase):
                 if self._preempted(ctx):  # routine under priorities: not a warning (SRE's soak check)
                     log.info("job %s: preempted while its phase ran (lease %s): this run is given up; the job was "
                              "requeued by the preemption", ctx.job_id, ctx.lease_id)
+                elif ctx.kind != "job":  # a restore or prewarm: no job to requeue; the planner restores again
+                    log.warning("%s of %s on %s: its lease %s was lost while its phase ran (not renewed within the "
+                                "lease TTL: this worker was paused, overloaded or cut off from Redis): this run is "
+                                "given up; the planner plans the set point again", ctx.kind, ctx.endpoint,
+                                ",".join(ctx.gpus), ctx.lease_id)
                 else:
                     log.warning("job %s: its lease %s was lost while its phase ran (not renewed within the lease "
                                 "TTL: this worker was paused, overloaded or cut off from Redis): this run is given "

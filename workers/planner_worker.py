@@ -477,8 +477,8 @@ class PlannerWorker:
             lock.release()
             log.info("%s: released the leader lock (a standby takes over at once)", self.name)
         except (LockError, redis.RedisError):
-            log.info("%s: the leader lock was not released (lost, or Redis did not answer): it runs out within "
-                     "its TTL", self.name)
+            log.info("%s: the leader lock was not released: another planner holds it now, or Redis did not "
+                     "answer (then it runs out within its TTL)", self.name)
 
     def _start_lane(self) -> CriticalLane | None:
         """The critical lane of this leadership (:mod:`makespan.workers.critical_lane`), started;

@@ -254,6 +254,16 @@ def test_reclaim_requeues_an_untried_job_and_fails_a_tried_one(jobs, leases, r, 
     assert kinds.count("reclaimed") == 2 and kinds[-1] == "failed"
 
 
+def test_a_reclaimed_restore_lease_counts_no_attempt(leases, r, keys):
+    """A restore has no job: its reclaimed event said attempt_counted true (a fencing tester)."""
+    leases.acquire("R1", ("g1",), 30.0, kind="restore", holder="h")
+    r.hset(keys.phase("R1"), "restore", "claimed")
+    r.zadd(keys.leases, {"R1": 0})
+    assert leases.reclaim("R1", max_attempts=3) == "released"
+    (reclaimed,) = [e for e in events(r, keys) if e["kind"] == "reclaimed"]
+    assert reclaimed["attempt_counted"] is False and reclaimed["lease"] == "R1"
+
+
 def test_preempt_requeues_and_a_stale_planner_is_refused(jobs, leases, r, keys):
     submit(jobs, keys, "j1")
     leases.acquire("L1", ("g0",), 30.0, job_id="j1", queue=keys.queue("NORMAL"))

@@ -149,7 +149,8 @@ if job and L['kind'] == 'job' then
   end
 end
 local ev = {ts = tonumber(ARGV[2]) / 1000.0, kind = 'reclaimed', lease = ARGV[1], job = job, outcome = outcome, gpus = gpus,
-            attempt_counted = counted, cause = handed_back and back_cause or 'lease_expired'}
+            attempt_counted = counted and L['kind'] == 'job' and job ~= nil,  -- a restore has no attempts
+            cause = handed_back and back_cause or 'lease_expired'}
 if not handed_back then ev.expired_at = tonumber(L['expires_ms'] or ARGV[2]) / 1000.0 end
 if start_failed then ev.error = start_error end
 append_event(KEYS[4], cjson.encode(ev))
