@@ -248,7 +248,7 @@ def test_an_overrun_whose_holder_died_is_closed_as_such_not_as_recovered(r, keys
     obs.close()
     [listed] = list_incidents(r, keys)
     assert listed["incident_id"] == inc["incident_id"]
-    assert listed["recovery"]["outcome"].startswith("closed: the transition did not finish: its holder died"), listed
+    assert listed["recovery"]["outcome"].startswith("closed: the transition did not finish: its holder stopped renewing"), listed
     assert r.hlen(keys.incidents_overruns) == 0
 
 
