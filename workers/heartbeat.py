@@ -26,18 +26,11 @@ from typing import Any
 import redis
 
 from makespan.workers.leases import Lease, LeaseStore
+from makespan.workers.tick.clock import lease_clock  # lease deadlines' clock (CLOCK_BOOTTIME)
 
 log = logging.getLogger("makespan.phases")
 
 RENEW_RETRY_S = 0.5  # a renewal that failed is tried again this soon (at most interval_s)
-_BOOTTIME = getattr(time, "CLOCK_BOOTTIME", None)
-
-
-def lease_clock() -> float:
-    """Seconds on the clock lease deadlines are kept on: ``CLOCK_BOOTTIME`` where the OS has
-    it (Linux: it also counts the time a suspended machine slept, as the Redis server's
-    clock does), else the monotonic clock. Both keep counting while the process is stopped."""
-    return time.clock_gettime(_BOOTTIME) if _BOOTTIME is not None else time.monotonic()
 
 
 class DeferredWaits:

@@ -148,3 +148,17 @@ def test_a_delayed_job_is_due_on_the_server_clock(r, keys, settings, monkeypatch
     with clock(monkeypatch, -SKEW_S):
         assert d.promote() == 1
     assert r.hget(keys.job(late), "state") == "queued" and r.hget(keys.job(early), "state") == "delayed"
+
+
+def test_the_planners_monotonic_clock_counts_a_suspended_machines_sleep(monkeypatch):
+    """The planner kept its leader-lock deadline on time.monotonic, which stops while a Linux
+    machine is suspended: a planner resumed after a VM suspend could act for up to one step
+    on a lock that had run out (a fencing tester). Its clock is CLOCK_BOOTTIME, as the GPU
+    worker's lease deadlines are (the Redis server's clock counts the sleep too)."""
+    from makespan.workers.tick import clock
+
+    if getattr(time, "CLOCK_BOOTTIME", None) is None:
+        pytest.skip("no CLOCK_BOOTTIME on this OS: the monotonic clock is used")
+    real = time.clock_gettime
+    monkeypatch.setattr(time, "clock_gettime", lambda which: 1234.5 if which == time.CLOCK_BOOTTIME else real(which))
+    assert clock.SystemClock().monotonic() == 1234.5

@@ -56,14 +56,25 @@ class Clock(Protocol):
         ...
 
 
+_BOOTTIME = getattr(time, "CLOCK_BOOTTIME", None)
+
+
+def lease_clock() -> float:
+    """Seconds on the clock lease and leader-lock deadlines are kept on: ``CLOCK_BOOTTIME``
+    where the OS has it (Linux: it also counts the time a suspended machine slept, as the
+    Redis server's clock does, so a planner resumed after a VM suspend knows its lock ran
+    out), else the monotonic clock. Both keep counting while the process is stopped."""
+    return time.clock_gettime(_BOOTTIME) if _BOOTTIME is not None else time.monotonic()
+
+
 class SystemClock:
-    """This host's clock: ``time.time`` and ``time.monotonic``."""
+    """This host's clock: ``time.time``, and :func:`lease_clock` as its monotonic time."""
 
     def now(self) -> float:
         return time.time()
 
     def monotonic(self) -> float:
-        return time.monotonic()
+        return lease_clock()
 
 
 class ManualClock:
