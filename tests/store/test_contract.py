@@ -82,6 +82,13 @@ def test_cancel_finishes_a_queued_job_and_asks_a_leased_one(jobs, leases, r, key
     assert jobs.cancel("j2", keys.queue("NORMAL"), "{}", 102.0) == "cancel_requested"
     assert r.hget(keys.job("j2"), "cancel_requested") == "1" and r.hget(keys.job("j2"), "state") == "leased"
     assert jobs.cancel("nope", keys.queue("NORMAL"), "{}", 1.0) == "missing"
+    # its GPU worker lost the lease before the cancel reached it: the reclaim cancels the job, with
+    # its `cancelled` event (it had none: a chaos tester; the report and Gantt saw no end)
+    r.zadd(keys.leases, {"L1": 0})
+    assert leases.reclaim("L1", max_attempts=3) == "cancelled"
+    assert r.hget(keys.job("j2"), "state") == "cancelled"
+    ended = [e for e in events(r, keys) if e.get("job") == "j2" and e["kind"] == "cancelled"]
+    assert [e["reason"] for e in ended] == ["cancelled; lease reclaimed"], ended
 
 
 def test_submit_of_a_job_whose_dependency_has_no_record_writes_nothing(jobs, r, keys):

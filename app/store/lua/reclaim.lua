@@ -154,9 +154,11 @@ local ev = {ts = tonumber(ARGV[2]) / 1000.0, kind = 'reclaimed', lease = ARGV[1]
 if not handed_back then ev.expired_at = tonumber(L['expires_ms'] or ARGV[2]) / 1000.0 end
 if start_failed then ev.error = start_error end
 append_event(KEYS[4], cjson.encode(ev))
-if outcome == 'requeued' or outcome == 'failed' or outcome == 'completed' then
+if outcome == 'requeued' or outcome == 'failed' or outcome == 'completed' or outcome == 'cancelled' then
+  -- every end of the job has its event (a cancel requested while the lease was lost had none)
   local ev2 = {ts = tonumber(ARGV[2]) / 1000.0, kind = outcome, job = job, lease = ARGV[1],
-               reason = start_failed and (back_text[2] .. ': ' .. start_error)
+               reason = outcome == 'cancelled' and 'cancelled; lease reclaimed'
+                        or start_failed and (back_text[2] .. ': ' .. start_error)
                         or handed_back and back_text[2] or 'lease expired'}
   append_event(KEYS[4], cjson.encode(ev2))
 end
