@@ -385,18 +385,18 @@ class FleetSpec(BaseModel):
                     f"endpoints.{e.name}.memory_mib_per_gpu", e.memory_mib_per_gpu,
                     f"no host has an aligned group of tensor_parallel={e.tensor_parallel} GPUs with this much memory "
                     "each (its jobs could never run)")
-            for sp in e.set_point:
+            for position, sp in enumerate(e.set_point):
                 if sp.host not in hosts:
-                    raise _FleetFieldError(f"endpoints.{e.name}.set_point.host", sp.host, "unknown host")
+                    raise _FleetFieldError(f"endpoints.{e.name}.set_point.{position}.host", sp.host, "unknown host")
                 if len(sp.gpus) != e.tensor_parallel:
-                    raise _FleetFieldError(f"endpoints.{e.name}.set_point.gpus", list(sp.gpus),
+                    raise _FleetFieldError(f"endpoints.{e.name}.set_point.{position}.gpus", list(sp.gpus),
                                            f"needs exactly tensor_parallel={e.tensor_parallel} GPUs")
                 idx = {g.index for g in hosts[sp.host].gpus}
                 for i in sp.gpus:
                     if i not in idx:
-                        raise _FleetFieldError(f"endpoints.{e.name}.set_point.gpus", i, f"no such GPU on {sp.host}")
+                        raise _FleetFieldError(f"endpoints.{e.name}.set_point.{position}.gpus", i, f"no such GPU on {sp.host}")
                     if (sp.host, i) in used:
-                        raise _FleetFieldError(f"endpoints.{e.name}.set_point.gpus", i,
+                        raise _FleetFieldError(f"endpoints.{e.name}.set_point.{position}.gpus", i,
                                                f"already in the set point of {used[(sp.host, i)]}")
                     used[(sp.host, i)] = e.name
         self._check_pools(hosts)
@@ -437,9 +437,9 @@ class FleetSpec(BaseModel):
         if unserved:
             raise _FleetFieldError("pools", unserved, f"no pool serves endpoint(s) {', '.join(unserved)}")
         for e in self.endpoints.values():
-            for sp in e.set_point:
+            for position, sp in enumerate(e.set_point):
                 if self.pool_of_host(sp.host) not in self.pools_serving(e.name):
-                    raise _FleetFieldError(f"endpoints.{e.name}.set_point.host", sp.host,
+                    raise _FleetFieldError(f"endpoints.{e.name}.set_point.{position}.host", sp.host,
                                            f"in pool {self.pool_of_host(sp.host)!r}, which does not serve {e.name!r}")
 
     # -- pools -----------------------------------------------------------------------

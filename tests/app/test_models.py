@@ -63,7 +63,7 @@ def _fleet(**endpoint):
     ({"sleep_level": 1.5}, "fleet.endpoints.e.sleep_level", "valid integer"),
     ({"launch": {"sleep_mode": "yes"}}, "fleet.endpoints.e.launch.sleep_mode", "valid boolean"),
     ({"flavour": 1}, "fleet.endpoints.e.flavour", "unknown key"),
-    ({"set_point": [{"host": "x", "gpus": [0]}]}, "endpoints.e.set_point.host", "unknown host"),
+    ({"set_point": [{"host": "x", "gpus": [0]}]}, "endpoints.e.set_point.0.host", "unknown host"),
 ])
 def test_invalid_fleets_name_field_and_value(endpoint, field, fragment):
     with pytest.raises(ValidationError) as e:

@@ -118,7 +118,7 @@ FLEET_BREAKS = [
      "chat.cold_start_s"),
     (("endpoints", "chat", "evict_s"), st.sampled_from([-1, math.nan, math.inf]), "chat.evict_s"),
     (("endpoints", "chat", "slots"), st.sampled_from([0, -3, 5000]), "chat.slots"),
-    (("endpoints", "chat", "set_point", 0, "host"), st.sampled_from(["nope", "h2"]), "chat.set_point.host"),
+    (("endpoints", "chat", "set_point", 0, "host"), st.sampled_from(["nope", "h2"]), "chat.set_point.0.host"),
     (("endpoints", "chat", "set_point", 0, "gpus"), st.sampled_from([[7], [0, 1], []]), "chat.set_point"),
     (("endpoints", "chat", "launch"), st.sampled_from([{"driver": "shell"}, {"cmd": "rm -rf /"},
                                                        {"gpu_memory_utilization": 2}]), "chat.launch"),
