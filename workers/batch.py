@@ -318,7 +318,8 @@ class _BatchScan:
             else:
                 fits = hosts_that_fit(fleet, set(self.fleet_hosts - set(lacking)), spec.tensor_parallel,
                                       spec.memory_mib_per_gpu)
-                self._ep_hosts[shape] = tuple(sorted(fits)) or self._worker_fleets.detail(lacking)
+                self._ep_hosts[shape] = tuple(sorted(fits)) or self._worker_fleets.detail(lacking, fleet,
+                                                                                          (endpoint, *names))
         return self._ep_hosts[shape]
 
     def job_hosts(self, endpoint: str, helpers: str | None, fn: str | None) -> tuple[str, ...]:

@@ -87,11 +87,26 @@ class WorkerFleets:
         return tuple(sorted(host for host, theirs in self.differing.items()
                             if host in self.other_gpus or any(theirs.get(name) != size for name, size in wanted.items())))
 
-    def detail(self, hosts: Iterable[str]) -> str:
+    def detail(self, hosts: Iterable[str], fleet: FleetSpec | None = None, names: Iterable[str] = ()) -> str:
         """``host (fleet version V), ...`` for a wait reason's detail line (``; other GPUs``
-        where the worker's file gives the host other GPUs)."""
-        return ", ".join(f"{host} (fleet version {self.versions.get(host, '?')}"
-                         f"{'; other GPUs for it' if host in self.other_gpus else ''})" for host in hosts)
+        where the worker's file gives the host other GPUs); with the planner's ``fleet`` and
+        endpoint ``names``, also what that file lacks of them (``; no 'talk'``, ``; 'talk'
+        at tensor_parallel 2, not 1``)."""
+        wanted = {name: fleet.endpoints[name].tensor_parallel for name in names
+                  if fleet is not None and name in fleet.endpoints}
+        parts = []
+        for host in hosts:
+            notes = [f"fleet version {self.versions.get(host, '?')}"]
+            theirs = self.differing.get(host, {})
+            for name, size in wanted.items():
+                if name not in theirs:
+                    notes.append(f"no {name!r}")
+                elif theirs[name] != size:
+                    notes.append(f"{name!r} at tensor_parallel {theirs[name]}, not {size}")
+            if host in self.other_gpus:
+                notes.append("other GPUs for it")
+            parts.append(f"{host} ({'; '.join(notes)})")
+        return ", ".join(parts)
 
 
 def read_worker_fleets(r: redis.Redis, keys: Keys, fleet: FleetSpec, own_fleet: FleetSpec | None = None) -> WorkerFleets:

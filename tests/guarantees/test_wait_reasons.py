@@ -498,7 +498,7 @@ def test_host_fleet_differs(r, settings, env):
     jid = prod.submit({"endpoint": "e", "service_s": 10, "priority": "NORMAL"}).id
     w.tick()
     out = _why(jid, "host_fleet_differs")
-    assert f"h (fleet version {fleet_version(older)})" in out and sent == [], out
+    assert f"h (fleet version {fleet_version(older)}; no 'e')" in out and sent == [], out
 
 
 def test_every_reason_code_was_shown():

@@ -75,7 +75,7 @@ def test_a_job_of_a_new_endpoint_runs_only_where_the_worker_has_it_and_waits_whi
     assert r.hget(w.keys.job(job), "state") == "queued"
     res = CliRunner().invoke(cli_app, ["why", job])
     assert res.exit_code == 0 and "host_fleet_differs, no ETA" in res.output, res.output
-    assert f"h1 (fleet version {fleet_version(OLD)})" in res.output and "h2" in res.output, res.output
+    assert f"h1 (fleet version {fleet_version(OLD)}; no 'new')" in res.output and "h2" in res.output, res.output
     assert f"than the planner's (version {fleet_version(NEW)})" in res.output, res.output  # which side is older
     announce(r, w.keys, "h2", "worker-h2-new", 60.0, NEW)  # h2's worker restarts with the new file
     w.clock.advance(2.0)  # past the reason refresh
