@@ -176,7 +176,7 @@ def test_a_gpu_worker_process_with_an_older_fleet_file_is_not_given_the_job(r, k
         job_id = Producer(r, keys, planner_fleet, settings).submit({"endpoint": "b", "service_s": 1}).id
         wait_for(lambda: r.hget(keys.job(job_id), "wait_reason") == "host_fleet_differs", 60, "the job's reason")
         rec = r.hgetall(keys.job(job_id))
-        assert rec["state"] == "queued" and f"h1 (fleet version {fleet_version(worker_fleet)})" in rec["wait_detail"]
+        assert rec["state"] == "queued" and f"h1 (fleet version {fleet_version(worker_fleet)}; no 'b')" in rec["wait_detail"]
         kinds = [e["kind"] for e in all_events(r, keys) if e.get("job") == job_id]
         assert "leased" not in kinds, kinds
         # and a job the worker's fleet has still runs there
