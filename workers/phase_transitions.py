@@ -149,14 +149,16 @@ class TransitionPhases:
         planned = (ctx.sleep_levels or {}).get(endpoint)
         return int(planned) if planned is not None else self.fleet.endpoints[endpoint].sleep_level
 
-    def _may_sleep(self, inst: Instance, ctx: PhaseContext) -> str | None:
-        """None if ``inst`` may sleep by the planner's rule (:mod:`makespan.planner.sleepers`):
-        its host RAM fits the host's ``host_memory_mib`` beside the sleepers registered
-        there and its GPU memory fits beside what loads in its place; else why not."""
+    def _may_sleep(self, inst: Instance, ctx: PhaseContext, level: int | None = None) -> str | None:
+        """None if ``inst`` may sleep at ``level`` (default: the plan's, :meth:`_planned_level`)
+        by the planner's rule (:mod:`makespan.planner.sleepers`): its host RAM fits the
+        host's ``host_memory_mib`` beside the sleepers registered there and its GPU memory
+        fits beside what loads in its place; else why not."""
         eps = self.fleet.endpoints
         spec = eps[inst.endpoint]
+        level = self._planned_level(ctx, inst.endpoint) if level is None else level
         # a level-2 sleeper holds no host RAM (the plan may choose level 2 for a level-1 endpoint)
-        ram_mib = spec.asleep_ram_mib if self._planned_level(ctx, inst.endpoint) == spec.sleep_level else 0
+        ram_mib = spec.asleep_ram_mib if level == spec.sleep_level else 0
         # a sleeper of the endpoint this lease loads, on its GPUs, is woken (or stopped) by the
         # load: it holds neither RAM nor GPU memory beside the evicted instance (the replay drops
         # it first too, Replay._drop_asleep)
@@ -173,6 +175,24 @@ class TransitionPhases:
         if budget is not None and used + ram_mib > budget:
             return f"host RAM for sleepers: {used} + {ram_mib} MiB over {ctx.host}'s {budget} MiB"
         return f"GPU memory: {spec.asleep_gpu_mib} MiB asleep does not fit beside {ctx.endpoint}"
+
+    def _sleep_level(self, inst: Instance, ctx: PhaseContext, extra: dict) -> tuple[int, str | None]:
+        """(the level ``inst`` sleeps at, None) or (its level, why it may not sleep): the
+        plan's level (:meth:`_planned_level`); level 2 instead of a refused level 1 where its
+        endpoint has a level-2 mode (``wake_level2_s``), its driver has level 2 and a level-2
+        sleeper (no host RAM) fits. The plan prices a group's sleeper per GPU, so it chooses
+        level 1 for an instance it displaces only in part whose whole RAM does not fit: a wake
+        from level 2 beats the cold start a stop would cost (noted in
+        ``extra["sleep_level_lowered"]``)."""
+        level = self._planned_level(ctx, inst.endpoint)
+        why = self._may_sleep(inst, ctx, level)
+        spec = self.fleet.endpoints[inst.endpoint]
+        if (why is not None and level == 1 and spec.sleep_level == 1 and spec.wake_level2_s is not None
+                and 2 in self._capabilities(inst.driver).sleep_levels and self._may_sleep(inst, ctx, 2) is None):
+            log.info("%s on %s sleeps at level 2, not 1: %s", inst.endpoint, ",".join(inst.gpus), why)
+            extra.setdefault("sleep_level_lowered", []).append(f"{inst.endpoint}: {why}")
+            return 2, None
+        return level, why
 
     def _stop_unfitting_sleepers(self, ctx: PhaseContext, endpoint: str, extra: dict,
                                  helpers: tuple[str, ...] = ()) -> None:
@@ -281,40 +301,51 @@ class TransitionPhases:
                 if self._process_gone(inst):  # died before the evict: on record (no observer may have seen it)
                     self._record_death([inst], ctx, reloaded=False)
             modelled = DeferredWaits()  # the victims' modelled transitions run as one: the longest
+            own_waits: dict[str, float] = {}  # each endpoint's own modelled wait, wall s (its duration sample)
+
+            def wait_for(endpoint: str) -> Callable[[float], None]:
+                def add(wall_s: float) -> None:
+                    own_waits[endpoint] = max(own_waits.get(endpoint, 0.0), wall_s)
+                    modelled.add(wall_s)
+                return add
+
             t0 = time.monotonic()
             took: dict[str, float] = {}
+            levels: dict[str, int] = {}
             for inst in running:
                 t1 = time.monotonic()
-                why = self._may_sleep(inst, ctx) if inst.endpoint in sleepy else None
+                level, why = self._sleep_level(inst, ctx, extra) if inst.endpoint in sleepy else (0, None)
                 if why is not None:
                     log.info("%s on %s not put to sleep: %s", inst.endpoint, ",".join(inst.gpus), why)
                     sleepy_stopped = extra.setdefault("sleep_skipped", [])
                     sleepy_stopped.append(f"{inst.endpoint}: {why}")
                     kind_of[inst.endpoint] = "evict"
-                    self._stop_instance(inst, modelled.add)
+                    self._stop_instance(inst, wait_for(inst.endpoint))
                     took[inst.endpoint] = max(took.get(inst.endpoint, 0.0), time.monotonic() - t1)
                     continue
-                why = self._put_to_sleep(inst, modelled.add, self._planned_level(ctx, inst.endpoint)) \
-                    if inst.endpoint in sleepy else None
+                why = self._put_to_sleep(inst, wait_for(inst.endpoint), level) if inst.endpoint in sleepy else None
                 if inst.endpoint not in sleepy or why is not None:
                     if why is not None:
                         failed.append(f"{inst.endpoint}: {why}")
                         kind_of[inst.endpoint] = "evict"
-                    self._stop_instance(inst, modelled.add)  # unregister first: the observer must not see a failure
+                    # unregister first: the observer must not see a failure
+                    self._stop_instance(inst, wait_for(inst.endpoint))
                 else:
                     slept.add(inst.endpoint)
+                    levels[inst.endpoint] = level
                 took[inst.endpoint] = max(took.get(inst.endpoint, 0.0), time.monotonic() - t1)
             if not any(self._capabilities(i.driver).spawns_process for i in running):
-                # all modelled: the evict takes the longest (a real stop's own time stands otherwise)
+                # all modelled: the evict takes the longest (a real stop's own time stands otherwise);
+                # each endpoint's sample is its own modelled time, not the longest of them all
                 self._wait_wall(modelled.longest_s, hb)
-                took = {e: time.monotonic() - t0 for e in eps}
+                took = {e: took.get(e, 0.0) + own_waits.get(e, 0.0) for e in eps}
         stopped_here = {inst.endpoint for inst in running}
         for e in eps:  # an instance another lease was already stopping (its marker still here) took no time here:
             if e in stopped_here:  # not a transition of this phase, nor a sample of its duration
                 self._timed(ctx, extra, kind_of[e], e, planned[e], took.get(e, time.monotonic() - t0))
         extra["slept"] = sorted(slept)
         if slept:  # the level each sleeps at (the report counts sleeps per level)
-            extra["slept_levels"] = {e: self._planned_level(ctx, e) for e in sorted(slept)}
+            extra["slept_levels"] = {e: levels.get(e, self._planned_level(ctx, e)) for e in sorted(slept)}
         extra["transition"] = "sleep" if slept == set(eps) else "evict"
         if failed:
             extra["sleep_failed"] = "; ".join(failed)[:1000]
@@ -323,8 +354,9 @@ class TransitionPhases:
             for g in inst_gpus:  # an instance is evicted whole, on every GPU of its group;
                 # on a GPU outside this lease only while it still names that instance
                 ops.append(("DELIFEQ", self.keys.resident(g), v))
-        if "sleep_skipped" in extra:
-            extra["sleep_skipped"] = "; ".join(extra["sleep_skipped"])[:1000]
+        for key in ("sleep_skipped", "sleep_level_lowered"):
+            if key in extra:
+                extra[key] = "; ".join(extra[key])[:1000]
         if not self.leases.fenced(ctx.lease, ops):
             raise StaleFencingToken("lease lost before evict committed")
         return evict_s

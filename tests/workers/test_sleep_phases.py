@@ -53,15 +53,17 @@ class Jobs:
         self.n = 0
         self.gpu = GPU
 
-    def run(self, endpoint: str, sleep_levels: dict[str, int] | None = None, helpers: tuple[str, ...] = ()) -> PhaseContext:
+    def run(self, endpoint: str, sleep_levels: dict[str, int] | None = None, helpers: tuple[str, ...] = (),
+            gpus: tuple[str, ...] | None = None) -> PhaseContext:
         self.n += 1
         spec = {"endpoint": endpoint, "service_s": 1, "priority": "HIGH", **({"helpers": list(helpers)} if helpers else {})}
         jid = self.prod.submit(spec).id
         lid = f"L{self.n}"
-        lease = LeaseStore(self.r, self.keys).acquire(lid, (self.gpu,), 30.0, job_id=jid, kind="job",
+        gpus = gpus or (self.gpu,)
+        lease = LeaseStore(self.r, self.keys).acquire(lid, gpus, 30.0, job_id=jid, kind="job",
                                                       holder="host-a", queue=self.keys.queue("HIGH"))
         assert lease is not None
-        ctx = PhaseContext(lid, lease.token, [self.gpu], "host-a", "job", endpoint, jid, "HIGH", 1.0,
+        ctx = PhaseContext(lid, lease.token, list(gpus), "host-a", "job", endpoint, jid, "HIGH", 1.0,
                            sleep_levels=sleep_levels)
         assert run_phases(self.runner, ctx) == "completed"
         return ctx
@@ -226,6 +228,49 @@ def test_worker_keeps_sleepers_within_the_host_ram_budget(r, keys, settings):
     assert "host RAM for sleepers" in ev["sleep_skipped"]
     assert sorted((i.endpoint, s) for i, s in jobs.instances()) == [("chat", "asleep"), ("embed", "running"),
                                                                     ("embed", "running")]
+
+
+def test_a_level_1_sleeper_over_the_ram_budget_sleeps_at_level_2_where_the_endpoint_has_it(r, keys, settings):
+    """The plan prices a group's sleeper per GPU, so it chose level 1 for a TP-2 instance a
+    TP-1 job displaced in part; the worker found its whole RAM over the budget and stopped
+    it: a 120 s cold start to restore instead of a 40 s wake (a sleep-level operator). With
+    a level-2 mode (``wake_level2_s``) the worker puts it to sleep at level 2 (no RAM)."""
+    raw = _ram_fleet(30000).model_dump()
+    raw["endpoints"]["chat2"]["wake_level2_s"] = 20
+    jobs = Jobs(r, keys, settings, FleetSpec.model_validate(raw))
+    g1 = "GPU-host-a-1"
+    jobs.run("chat")
+    jobs.gpu = g1
+    jobs.run("chat2")
+    jobs.gpu = GPU
+    jobs.run("embed")  # chat sleeps on GPU 0: 24000 of the 30000 MiB
+    jobs.gpu = g1
+    ctx = jobs.run("embed", sleep_levels={"chat2": 1})  # level 1 would take the sleepers to 48000 MiB
+    ev = jobs.phase_end(ctx, "evict")
+    assert ev["slept"] == ["chat2"] and ev["slept_levels"] == {"chat2": 2}, ev
+    assert "chat2: host RAM for sleepers: 24000 + 24000 MiB" in ev["sleep_level_lowered"], ev
+    assert sorted((i.endpoint, s) for i, s in jobs.instances()) == [("chat", "asleep"), ("chat2", "asleep"),
+                                                                    ("embed", "running"), ("embed", "running")]
+
+
+def test_one_evict_of_several_modelled_sleepers_records_each_ones_own_duration(r, keys, settings):
+    """A TP-2 job put a 5 s and a 1 s sleeper to sleep in one evict: both were timed at the
+    longest (5 s), and the learned sleep times drifted up to it (a sleep-level operator)."""
+    raw = _ram_fleet(10**6).model_dump()
+    raw["endpoints"]["chat2"]["evict_s"] = 1
+    raw["endpoints"]["pair"] = {"model": "m/pair", "memory_mib_per_gpu": 24000, "cold_start_s": 30, "evict_s": 3,
+                                "tensor_parallel": 2}
+    jobs = Jobs(r, keys, settings, FleetSpec.model_validate(raw))
+    jobs.run("chat")
+    jobs.gpu = "GPU-host-a-1"
+    jobs.run("chat2")
+    ctx = jobs.run("pair", gpus=(GPU, "GPU-host-a-1"))
+    ev = jobs.phase_end(ctx, "evict")
+    assert sorted(ev["slept"]) == ["chat", "chat2"], ev
+    took = {t["endpoint"]: t["actual_s"] for t in ev["transitions"]}
+    assert took["chat"] >= 5.0 and 1.0 <= took["chat2"] < 2.5, took  # workload s: its own, not the longest
+    sample = float(r.lindex(keys.transition_times("chat2", "host-a", "sleep"), 0))
+    assert sample < 2.5, sample
 
 
 def test_worker_stops_a_sleeper_that_no_longer_fits_beside_the_new_resident(r, keys, settings):
