@@ -94,6 +94,8 @@ def planner(fleet: Path = FleetOpt, policy: str | None = typer.Option(None, help
         w = PlannerWorker(connect(s.redis_url), s, f, pool=pool)
     except MakespanError as e:
         _fail(e)
+    for line in f.sleep_warnings():  # settings that do nothing as written (`makespan check-fleet` says them too)
+        logging.getLogger("makespan.planner").warning("fleet file %s: %s", fleet, line)
     _start_metrics(metrics_port, "planner", pool)
     _gil_switch_interval()
     from makespan import shutdown

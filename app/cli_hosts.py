@@ -391,6 +391,7 @@ def check_fleet(fleet: Path = typer.Argument(..., help="the TOML fleet file to c
     except MakespanError as e:
         fail(e)
     summary = fleet_summary(spec)
+    summary["warnings"] = spec.sleep_warnings()
     differences: list[str] = []
     if published:
         try:
@@ -430,6 +431,8 @@ def check_fleet(fleet: Path = typer.Argument(..., help="the TOML fleet file to c
                f"{len(summary['endpoints'])} endpoints{set_points}{pools}; fleet_version {summary['fleet_version']}")
     for line in summary.get("published", []):
         typer.echo(f"  {line}")
+    for line in summary["warnings"]:
+        typer.echo(f"  warning: {line}")
 
 
 def register(app: typer.Typer) -> None:

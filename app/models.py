@@ -266,6 +266,25 @@ class EndpointSpec(BaseModel):
             return (first, (2, self.wake_level2_s, 0))
         return (first,)
 
+    def sleep_warnings(self) -> list[str]:
+        """Sleep settings of this endpoint that have no effect as written (accepted, as an
+        older file may hold them): each a line naming the key and what to do."""
+        given = self.model_fields_set
+        out = []
+        if self.wake_s is None:
+            inert = sorted(given & {"sleep_level", "wake_level2_s", "sleep_gpu_memory_mib", "sleep_host_memory_mib"})
+            if inert:
+                out.append(f"endpoints.{self.name}: {', '.join(inert)} without wake_s (its sleep mode, the level-"
+                           f"{self.sleep_level} wake time) does nothing: an evicted instance is stopped; set wake_s")
+            return out
+        if self.sleep_level == 2 and self.wake_level2_s is not None:
+            out.append(f"endpoints.{self.name}: wake_level2_s is used with sleep_level = 1 only (the plan's level-2 "
+                       "option); with sleep_level = 2, wake_s is the wake time: remove wake_level2_s")
+        if self.sleep_gpu_memory_mib is not None and self.sleep_gpu_memory_mib > self.memory_mib_per_gpu:
+            out.append(f"endpoints.{self.name}: sleep_gpu_memory_mib {self.sleep_gpu_memory_mib} is above "
+                       f"memory_mib_per_gpu {self.memory_mib_per_gpu}; {self.memory_mib_per_gpu} is used")
+        return out
+
     @model_validator(mode="after")
     def _sleep_levels_of_driver(self) -> EndpointSpec:
         """A sleep mode (``wake_s``), its ``sleep_level`` and a level-2 option
@@ -500,6 +519,25 @@ class FleetSpec(BaseModel):
                 if g.uuid == uuid:
                     return h.name
         raise KeyError(uuid)
+
+    def sleep_warnings(self) -> list[str]:
+        """Lines naming the sleep settings that have no effect as written
+        (:meth:`EndpointSpec.sleep_warnings`), and the endpoints whose level-1 sleeper's host
+        RAM exceeds the ``host_memory_mib`` of every host that gives one (they are stopped
+        there, or sleep at level 2 where ``wake_level2_s`` allows)."""
+        out = [line for spec in self.endpoints.values() for line in spec.sleep_warnings()]
+        budgets = self.host_ram_budgets()
+        if budgets and len(budgets) == len(self.hosts):
+            for spec in self.endpoints.values():
+                ram = spec.asleep_ram_mib
+                if ram and all(ram > budget for budget in budgets.values()):
+                    instead = ("sleeps at level 2 instead (wake_level2_s)" if spec.wake_level2_s is not None
+                               else "is stopped instead")
+                    out.append(f"endpoints.{spec.name}: its level-1 sleeper holds {ram} MiB of host RAM, more than "
+                               f"any host's host_memory_mib (largest {max(budgets.values())}): it never sleeps at level "
+                               f"1 and {instead}; raise host_memory_mib, set sleep_host_memory_mib, or use "
+                               "sleep_level = 2")
+        return out
 
     def host_ram_budgets(self) -> dict[str, int]:
         """Host name -> ``host_memory_mib`` (the RAM sleepers may hold), for hosts that give one."""

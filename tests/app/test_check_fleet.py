@@ -166,3 +166,69 @@ def test_a_removed_endpoints_waiting_jobs_are_counted_before_the_change(r, keys,
     assert "endpoints removed: judge" in res.output
     assert "queued or delayed jobs of removed endpoints, which the planner cancels when it runs this file: judge 3" \
         in res.output, res.output
+
+
+def test_sleep_settings_that_do_nothing_are_warned_about(tmp_path):
+    """`check-fleet` said ok for sleep_level = 2 without wake_s, wake_level2_s with
+    sleep_level = 2, a sleep_gpu_memory_mib above the model's memory and a level-1 sleeper
+    no host's RAM budget can hold: each did nothing, silently (a sleep-level operator)."""
+    fleet = tmp_path / "sleepy.toml"
+    fleet.write_text("""
+name = "sleepy"
+
+[[hosts]]
+name = "a"
+gpu_count = 2
+memory_mib = 81920
+host_memory_mib = 30000
+
+[endpoints.nowake]
+model = "m"
+memory_mib_per_gpu = 1000
+cold_start_s = 10
+sleep_level = 2
+
+[endpoints.both]
+model = "m"
+memory_mib_per_gpu = 1000
+cold_start_s = 10
+wake_s = 2
+sleep_level = 2
+wake_level2_s = 5
+sleep_gpu_memory_mib = 4000
+
+[endpoints.huge]
+model = "m"
+memory_mib_per_gpu = 20000
+tensor_parallel = 2
+cold_start_s = 10
+wake_s = 2
+
+[endpoints.fine]
+model = "m"
+memory_mib_per_gpu = 1000
+cold_start_s = 10
+wake_s = 2
+""")
+    res = CliRunner().invoke(cli_app, ["check-fleet", str(fleet), "--json"])
+    assert res.exit_code == 0, res.output
+    warnings = json.loads(res.output)["warnings"]
+    assert len(warnings) == 4, warnings
+    assert warnings[0].startswith("endpoints.nowake: sleep_level without wake_s") and "set wake_s" in warnings[0]
+    assert warnings[1].startswith("endpoints.both: wake_level2_s is used with sleep_level = 1 only")
+    assert warnings[2].startswith("endpoints.both: sleep_gpu_memory_mib 4000 is above memory_mib_per_gpu 1000")
+    assert warnings[3].startswith("endpoints.huge: its level-1 sleeper holds 40000 MiB of host RAM") and \
+        "raise host_memory_mib" in warnings[3]
+    res = CliRunner().invoke(cli_app, ["check-fleet", str(fleet)])
+    assert res.exit_code == 0 and res.output.count("  warning: endpoints.") == 4, res.output
+    res = CliRunner().invoke(cli_app, ["check-fleet", str(EXAMPLE), "--json"])
+    assert json.loads(res.output)["warnings"] == [], res.output
+
+
+def test_the_sleeping_set_point_example_is_what_its_docs_say():
+    """docs/configuration.md "Sleep levels, by example" describes examples/sleepy-set-point.toml."""
+    fleet = load_fleet(EXAMPLE.parent / "sleepy-set-point.toml")
+    coder = fleet.endpoints["coder"]
+    assert coder.sleep_options == ((1, 8.0, 124000), (2, 40.0, 0)) and fleet.sleep_warnings() == []
+    assert fleet.set_point_by_gpu() == {"GPU-host-a-0": "coder", "GPU-host-a-1": "coder"}
+    assert fleet.host_ram_budgets() == {"host-a": 131072} and fleet.endpoints["chat"].sleep_options == ((1, 5.0, 24000),)
