@@ -22,15 +22,44 @@ from makespan.errors import MakespanError
 
 
 def _gpu_order(run_dir: Path) -> list[str] | None:
-    fleet_file = run_dir / "fleet.toml"
-    if not fleet_file.exists():
-        return None
-    from makespan.models import load_fleet
+    """The GPU lane order of RUN_DIR's fleet.toml, else of its fleet.json (--from-redis)."""
+    from makespan.models import load_fleet, parse_fleet
 
     try:
-        return load_fleet(fleet_file).gpu_uuids()
-    except MakespanError:
+        if (run_dir / "fleet.toml").exists():
+            return load_fleet(run_dir / "fleet.toml").gpu_uuids()
+        if (run_dir / "fleet.json").exists():
+            return parse_fleet(json.loads((run_dir / "fleet.json").read_text())).gpu_uuids()
+    except (MakespanError, ValueError):
         return None
+    return None
+
+
+def _export_events(run_dir: Path) -> None:
+    """Write RUN_DIR/events.jsonl from the deployment's events stream (``P:events``), and
+    RUN_DIR/fleet.json from its published fleet; exit 69 when Redis cannot be reached."""
+    import redis
+
+    from makespan import events
+    from makespan.cli_support import context, store_error
+
+    try:
+        _settings, r, keys = context()
+        rows = list(events.read_all(r, keys.events))
+        fleet_json = r.get(keys.fleet)
+    except MakespanError as e:
+        fail(e)
+    except redis.RedisError as e:
+        fail(store_error("reading the events stream", e))
+    if not rows:
+        typer.echo(f"error: the events stream {keys.events} is empty (no deployment under key prefix "
+                   f"{keys.prefix!r} at this MAKESPAN_REDIS_URL?)", err=True)
+        raise typer.Exit(2)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    events.dump_jsonl(rows, run_dir / "events.jsonl")
+    if fleet_json:
+        (run_dir / "fleet.json").write_text(fleet_json)
+    typer.echo(f"wrote {len(rows)} events to {run_dir / 'events.jsonl'}", err=True)
 
 
 def report(
@@ -38,13 +67,20 @@ def report(
     out: Path = typer.Option(None, "--out", help="PNG path (default RUN_DIR/gantt.png)"),
     title: str = typer.Option("", "--title", help="chart title (default: the run directory name)"),
     as_json: bool = typer.Option(False, "--json", help="print the summary as one JSON object"),
+    from_redis: bool = typer.Option(False, "--from-redis", help="first write RUN_DIR/events.jsonl (and RUN_DIR/"
+                                    "fleet.json) from the running deployment at MAKESPAN_REDIS_URL and "
+                                    "MAKESPAN_KEY_PREFIX: the events its stream still holds"),
 ) -> None:
-    """Draw RUN_DIR/gantt.png (one lane per GPU) and print a summary of the run."""
+    """Draw RUN_DIR/gantt.png (one lane per GPU) and print a summary of the run (a demo's or a
+    replay's run directory, or, with --from-redis, a live deployment's events)."""
     from makespan.gantt import load_events, render_gantt, summarize, summary_stats
 
     events_file = run_dir / "events.jsonl"
+    if from_redis:
+        _export_events(run_dir)
     if not events_file.exists():
-        typer.echo(f"error: {events_file} not found (run `makespan demo` or `makespan replay` first)", err=True)
+        typer.echo(f"error: {events_file} not found (run `makespan demo` or `makespan replay` first, or give "
+                   "--from-redis for a running deployment's events)", err=True)
         raise typer.Exit(2)
     try:
         events = load_events(events_file, on_cut_tail=lambda notice: typer.echo(f"warning: {notice}", err=True))

@@ -287,3 +287,26 @@ def test_a_phase_whose_lease_ended_without_its_end_is_not_still_running(t0):
     text = summarize(evs)
     assert "still running" not in text
     assert "phases ended by their job's failure, cancel or retry: 4" in text
+
+
+def test_report_from_redis_writes_a_run_directory_of_a_live_deployment(tmp_path, events, r, keys, redis_url,
+                                                                       monkeypatch):
+    """`makespan report` read only a demo's or a replay's run directory: a deployment's own
+    events needed Python (events.read_all with decode_responses; a sleep-level operator).
+    --from-redis writes events.jsonl and fleet.json from the deployment first."""
+    from makespan.models import load_fleet
+    from tests.conftest import FLEET_TOML
+
+    monkeypatch.setenv("MAKESPAN_REDIS_URL", redis_url)
+    monkeypatch.setenv("MAKESPAN_KEY_PREFIX", keys.prefix)
+    run = tmp_path / "live"
+    res = CliRunner().invoke(_cli(), ["report", str(run), "--from-redis"])
+    assert res.exit_code == 2 and "is empty" in res.output, res.output
+    for e in events:
+        r.xadd(keys.events, {"e": json.dumps(e)})
+    r.set(keys.fleet, load_fleet(FLEET_TOML).model_dump_json())
+    res = CliRunner().invoke(_cli(), ["report", str(run), "--from-redis", "--json"])
+    assert res.exit_code == 0, res.output
+    assert f"wrote {len(events)} events" in res.stderr
+    assert json.loads(res.stdout)["jobs"]["completed"] == 2
+    assert (run / "events.jsonl").read_text().count("\n") == len(events) and (run / "fleet.json").exists()
