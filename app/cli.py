@@ -836,7 +836,8 @@ def result(job_id: str, timeout_s: float | None = typer.Option(None, help="wait 
                                                                             "until the job ends)"),
            no_wait: bool = typer.Option(False, "--no-wait", help="print what is stored now; do not wait"),
            as_json: bool = typer.Option(False, "--json", help="the result is printed as JSON already; with --json a "
-                                        "job that failed, was cancelled or has not finished also prints one JSON "
+                                        "job that failed, was cancelled or has not finished (or is unknown, its result expired, or Redis "
+                                        "is unreachable) also prints one JSON "
                                         "object on stdout ({\"job\", \"state\", \"error\": {...}} or "
                                         "{\"job\", \"state\", \"reason\"}), the exit code as without it"),
            requests: bool = typer.Option(False, "--requests", help="print the job's request records instead (a "
@@ -884,6 +885,11 @@ def result(job_id: str, timeout_s: float | None = typer.Option(None, help="wait 
             typer.echo(json.dumps({"job": job_id, "state": e.state, "reason": "not finished"}))
         raise typer.Exit(EXIT_NOT_FINISHED) from e
     except MakespanError as e:
+        if as_json:  # an unknown job, an expired result (its job completed), Redis unreachable: exit 2 or 69
+            from makespan.errors import ResultExpired
+
+            typer.echo(json.dumps({"job": job_id, "state": "completed" if isinstance(e, ResultExpired) else None,
+                                   "reason": str(e)}, ensure_ascii=False))
         _fail(e)
     typer.echo(json.dumps(value, indent=2, ensure_ascii=False))
     if value is None and not client.r.hget(client.keys.job(job_id), "fn"):

@@ -304,18 +304,29 @@ def fleet_difference(published: Any, mine: Any) -> list[str]:
     if changed := [h for h in common if len(new_hosts[h].gpus) != len(old_hosts[h].gpus)]:
         lines.append("GPUs changed: " + ", ".join(f"{h} {len(old_hosts[h].gpus)} -> {len(new_hosts[h].gpus)}"
                                                   for h in changed))
-    swapped = [h for h in common if h not in changed
-               and [g.uuid for g in new_hosts[h].gpus] != [g.uuid for g in old_hosts[h].gpus]]
+    uuids = {h: ({g.uuid for g in old_hosts[h].gpus}, {g.uuid for g in new_hosts[h].gpus}) for h in common}
+    swapped = [h for h in common if uuids[h][1] - uuids[h][0]]  # GPUs an old GPU worker's file lacks
     if swapped:
         lines.append("GPU UUIDs changed (cordon the host until its GPU worker runs this file): " + ", ".join(
-            f"{h} ({sum(a.uuid != b.uuid for a, b in zip(old_hosts[h].gpus, new_hosts[h].gpus))} of "
-            f"{len(new_hosts[h].gpus)})" for h in swapped))
-    memory = [h for h in common if h not in changed
-              and [g.memory_mib for g in new_hosts[h].gpus] != [g.memory_mib for g in old_hosts[h].gpus]]
+            f"{h} ({len(uuids[h][1] - uuids[h][0])} new, {len(uuids[h][0] - uuids[h][1])} gone)" for h in swapped))
+    memory_of = lambda host: {g.uuid: g.memory_mib for g in host.gpus}  # noqa: E731
+    memory = [h for h in common if any(memory_of(old_hosts[h])[u] != memory_of(new_hosts[h])[u]
+                                       for u in uuids[h][0] & uuids[h][1])]
     if memory:
         shown = lambda host: "/".join(sorted({str(g.memory_mib) for g in host.gpus}))  # noqa: E731
         lines.append("GPU memory_mib changed: " + ", ".join(f"{h} {shown(old_hosts[h])} -> {shown(new_hosts[h])}"
                                                             for h in memory))
+    reordered = [h for h in common if uuids[h][0] == uuids[h][1]
+                 and [(g.uuid, g.index) for g in old_hosts[h].gpus] != [(g.uuid, g.index) for g in new_hosts[h].gpus]]
+    if reordered:
+        lines.append(f"GPUs listed in another order or with other CUDA indices (same UUIDs): {', '.join(reordered)}")
+    rewritten = [h for h in common if h not in swapped and h not in memory and h not in reordered and h not in changed
+                 and old_hosts[h].model_dump() != new_hosts[h].model_dump()
+                 and old_hosts[h].model_dump(exclude={"gpus", "gpu_count", "memory_mib"})
+                 == new_hosts[h].model_dump(exclude={"gpus", "gpu_count", "memory_mib"})]
+    if rewritten:
+        lines.append(f"hosts written another way, the same GPUs (gpu_count as a gpus list, or back): "
+                     f"{', '.join(rewritten)}")
     both = sorted(set(mine.endpoints) & set(published.endpoints))
     named = ("tensor_parallel", "memory_mib_per_gpu", "launch", "set_point")
     for field in ("tensor_parallel", "memory_mib_per_gpu"):

@@ -463,7 +463,16 @@ class Producer:
         named += [(f"job.kwargs.{name}", ref) for name, value in spec.kwargs.items() for ref in references([value])]
         if not named:
             return
+        if spec.idempotency_key is not None:
+            try:  # a repeated key returns its job, whatever this call's arguments: nothing to check
+                if self.r.exists(self.keys.idem(spec.idempotency_key)):
+                    return
+            except redis.RedisError as e:
+                raise StoreError(f"submit: reading idempotency key {spec.idempotency_key!r}: {e}") from e
         for field, ref in named:
+            if not isinstance(ref, str):
+                raise ValidationError(field, {REFERENCE: ref}, f"the key {REFERENCE!r} is reserved for a job passed "
+                                      "as an argument (its value a job id): pass the Job handle instead")
             if ref not in spec.depends_on:
                 raise ValidationError(field, {REFERENCE: ref}, f"the key {REFERENCE!r} is reserved for a job passed "
                                       "as an argument, and this job does not depend on that job: pass the Job handle "

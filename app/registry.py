@@ -311,9 +311,15 @@ def _slow_import_warning(module: str) -> Iterator[None]:
     def warn() -> None:
         frame = sys._current_frames().get(importer)
         stack = "".join(traceback.format_stack(frame)[-8:]) if frame is not None else "(stack not available)\n"
-        logging.getLogger("makespan.registry").warning(
-            "importing workload module %r has taken %.0f s and goes on; the importing thread is at:\n%s",
-            module, time.monotonic() - started, stack.rstrip())
+        logger = logging.getLogger("makespan.registry")
+        text = (f"importing workload module {module!r} has taken {time.monotonic() - started:.0f} s and goes on; the "
+                f"importing thread is at:\n{stack.rstrip()}")
+        if logger.hasHandlers():
+            logger.warning("%s", text)
+        else:  # a GPU worker imports before Celery sets its logging up: a line of the same shape on stderr
+            stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime())
+            sys.stderr.write(f"[{stamp}: WARNING/makespan.registry] {text}\n")
+            sys.stderr.flush()
 
     timer = threading.Timer(SLOW_IMPORT_WARN_S, warn)
     timer.daemon = True

@@ -135,8 +135,9 @@ def sweep(r: redis.Redis, keys: Keys, host: str, host_gpus: Iterable[str] | None
         fields = {"instance": inst.id, "endpoint": inst.endpoint, "gpus": list(inst.gpus), "host": host,
                   "pid": inst.pid, "reason": reason, "action": action, "killed": killed}
         events.record(r, keys.events, "endpoint_orphan", **fields)
-        log.warning("GPU worker on %s found endpoint %s (instance %s, pid %s, GPUs %s) left by a worker that is "
-                    "gone: %s; %s%s", host, inst.endpoint, inst.id, inst.pid, ",".join(inst.gpus), reason, action,
+        log.warning("GPU worker on %s found endpoint %s (instance %s%s, GPUs %s) %s: %s; %s%s", host, inst.endpoint,
+                    inst.id, f", pid {inst.pid}" if inst.pid else "", ",".join(inst.gpus),
+                    "it cannot run" if reason == GONE_GPUS else "left by a worker that is gone", reason, action,
                     f" (SIGKILLed {killed})" if killed else "")
         out.append({"kind": "endpoint_orphan", **fields})
     return out

@@ -17,8 +17,9 @@ The planner reads the versions of its hosts once per batch scan (:func:`read_wor
 one MGET, plus two GETs per version other than its own, cached for the process: the content
 of a version never changes) and plans a job only on hosts whose live worker runs its
 endpoint, its helpers and the tensor-parallel size the planner's fleet gives them, and
-whose file gives that host the GPUs the planner's does (a GPU swap: a worker whose file
-lacks a GPU fails every job leased on it; :meth:`WorkerFleets.hosts_lacking`). A job no host's worker
+whose file has every GPU the planner's gives that host (a GPU swap: a worker whose file
+lacks a GPU fails every job leased on it; the same GPUs in another order, or more, are
+fine; :meth:`WorkerFleets.hosts_lacking`). A job no host's worker
 can run waits, queued and unplanned, with reason ``host_fleet_differs`` until one restarts
 with the planner's file; the critical lane skips such hosts as the tick does, and a set-point
 restore or a prewarm is not leased there (:func:`makespan.workers.drain.start_restore`). A host
@@ -68,8 +69,8 @@ class WorkerFleets:
     """The fleets the live GPU workers of a planner's hosts run, where they differ from the
     planner's own: host -> its worker's endpoints (name -> tensor-parallel size) and
     version. Hosts whose worker runs the planner's file, or published none, are absent.
-    ``other_gpus``: those of them whose worker's file gives the host other GPUs than the
-    planner's (or does not have the host): no job can run there."""
+    ``other_gpus``: those of them whose worker's file lacks a GPU the planner's gives the
+    host (or lacks the host): no job is leased there."""
 
     differing: Mapping[str, dict[str, int]] = field(default_factory=dict)
     versions: Mapping[str, str] = field(default_factory=dict)
@@ -145,7 +146,9 @@ def worker_fleets(r: redis.Redis, keys: Keys, hosts: list[str], versions: list[s
         if endpoints is not None:
             differing[host] = endpoints
             theirs = _published(r, keys.fleet_gpus(version), _GPUS_CACHE, _parse_gpus)
-            if theirs is not None and theirs.get(host) != planned_gpus.get(host):  # None: an older worker's
+            # a GPU the planner may lease that the worker's file lacks for the host (None: an older
+            # worker's record); the same GPUs in another order, or more of them, run as planned
+            if theirs is not None and not set(planned_gpus.get(host, ())) <= set(theirs.get(host) or ()):
                 other_gpus.add(host)
     return WorkerFleets(differing, {host: differ[host] for host in differing}, frozenset(other_gpus))
 

@@ -139,9 +139,21 @@ def test_a_gpu_swap_and_changes_of_several_kinds_are_each_named(r, keys, redis_u
                              env=_env(redis_url, prefix))
     assert res.exit_code == 0, res.output
     published = json.loads(res.output)["published"]
-    assert published[1:] == ["GPU UUIDs changed (cordon the host until its GPU worker runs this file): b (1 of 2)",
-                         "memory_mib_per_gpu changed: chat 1000 -> 2000", "set point changed: chat",
-                         "other fields changed: chat.cold_start_s"], published
+    assert published[1:] == ["GPU UUIDs changed (cordon the host until its GPU worker runs this file): b (1 new, "
+                             "1 gone)", "memory_mib_per_gpu changed: chat 1000 -> 2000", "set point changed: chat",
+                             "other fields changed: chat.cold_start_s"], published
+    # the same GPUs in another order, and gpu_count written as its gpus list: named as such (a verifier)
+    for gpus, said in (("gpus = [{ index = 1, uuid = \"GPU-b-1\", memory_mib = 81920 },"
+                        " { index = 0, uuid = \"GPU-b-0\", memory_mib = 81920 }]\n",
+                        "GPUs listed in another order or with other CUDA indices (same UUIDs): b"),
+                       ("gpus = [{ index = 0, uuid = \"GPU-b-0\", memory_mib = 81920 },"
+                        " { index = 1, uuid = \"GPU-b-1\", memory_mib = 81920 }]\n",
+                        "hosts written another way, the same GPUs (gpu_count as a gpus list, or back): b")):
+        after.write_text(SMALL.format(extra_host=HOST_B.replace("gpu_count = 2\nmemory_mib = 81920\n", gpus),
+                                      memory=1000))
+        res = CliRunner().invoke(cli_app, ["check-fleet", str(after), "--against-published", "--json"],
+                                 env=_env(redis_url, prefix))
+        assert json.loads(res.output)["published"][1:] == [said], res.output
 
 
 def test_a_removed_endpoints_waiting_jobs_are_counted_before_the_change(r, keys, settings, redis_url, prefix,

@@ -290,3 +290,6 @@ def test_result_json_of_a_failed_cancelled_or_unfinished_job_prints_one_json_obj
                                                              "reason": "not finished"}, res.output
     res = _invoke(["result", waiting, "--no-wait"], redis_url, prefix)
     assert res.exit_code == 4 and res.stdout == "", res.output
+    res = _invoke(["result", "no-such-job", "--json"], redis_url, prefix)
+    assert res.exit_code == 2 and json.loads(res.stdout)["state"] is None, res.output
+    assert "no-such-job" in json.loads(res.stdout)["reason"]

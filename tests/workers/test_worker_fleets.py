@@ -113,6 +113,12 @@ def test_a_gpu_swap_waits_for_the_hosts_worker_to_run_the_new_file(r, settings, 
     w.tick()
     assert [ctx.host for ctx in sent[2:]] == ["h2", "h2"]
     assert {ctx.gpus[0] for ctx in sent[2:]} <= {"GPU-swapped-0", "GPU-swapped-1"}
+    # the same GPUs in another order, or one more, in the worker's file: not gated (a verifier)
+    for gpus in (list(reversed(raw["hosts"][1]["gpus"])),
+                 [*raw["hosts"][1]["gpus"], {"index": 2, "uuid": "GPU-extra", "memory_mib": 81920}]):
+        other = dict(raw, hosts=[raw["hosts"][0], dict(raw["hosts"][1], gpus=gpus)])
+        announce(r, w.keys, "h2", "worker-h2-other", 60.0, parse_fleet(other))
+        assert read_worker_fleets(r, w.keys, swapped).hosts_lacking(swapped, "old") == ()
 
 
 @pytest.mark.parametrize("mode", ["rule", "plan"])

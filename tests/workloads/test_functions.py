@@ -312,7 +312,10 @@ def test_a_hand_written_result_reference_and_an_expired_result_are_refused_at_su
         client.submit("concat", "x", {"__makespan_result__": first.id}, "!")
     with pytest.raises(makespan.ValidationError, match=r"job\.kwargs\.b: .*reserved"):
         client.submit("add", 1, b={"__makespan_result__": "no-such-job"})
-    assert client.submit("concat", "x", first, "!").result(timeout_s=60).startswith("x{")
+    keyed = client.submit("concat", "x", first, "!", idempotency_key=f"ref-{first.id}")
+    assert keyed.result(timeout_s=60).startswith("x{")
+    with pytest.raises(makespan.ValidationError, match=r"job\.args\[0\]: .*its value a job id"):
+        client.submit("concat", {"__makespan_result__": 5})
     ttl_ms = client.r.pttl(client.keys.result(first.id))
     assert ttl_ms > 0
     saved = client.r.get(client.keys.result(first.id))
@@ -322,6 +325,9 @@ def test_a_hand_written_result_reference_and_an_expired_result_are_refused_at_su
         with pytest.raises(makespan.ValidationError, match=r"job\.args\[1\]: .*completed, but its result is gone"):
             client.submit("concat", "x", first, "!")
         assert client.r.get(client.keys.seq) == before  # nothing written
+        # a repeated idempotency key still returns its job (a verifier: it was refused the same way)
+        again = client.submit("concat", "x", first, "!", idempotency_key=f"ref-{first.id}")
+        assert again.id == keyed.id and not again.created
     finally:
         client.r.set(client.keys.result(first.id), saved, px=ttl_ms)
 
