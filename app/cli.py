@@ -101,6 +101,7 @@ def planner(fleet: Path = FleetOpt, policy: str | None = typer.Option(None, help
     from makespan import shutdown
 
     shutdown.on_sigterm(s.shutdown_grace_s, "planner", w.stop)  # the SIGTERM bound
+    shutdown.ignore_sighup("planner")  # a log rotator's HUP killed it
     # Ctrl-C / kill -INT stops it as SIGTERM does, also where the shell that started it in the
     # background set SIGINT to ignored (a script's `makespan planner ... &`): the GPU workers
     # (Celery) and the observer install their own SIGINT handler too
@@ -144,6 +145,8 @@ def _start_metrics(port: int, role: str, pool: str | None = None) -> None:
         metrics.start_metrics_server(port, redis_state=(role == "planner"), pool=pool)
     except (ImportError, AttributeError) as e:  # pragma: no cover - metrics module optional
         logging.getLogger("makespan").warning("metrics not available: %s", e)
+    except MakespanError as e:  # its port taken, its directory not writable: one line, exit 2
+        _fail(e)
 
 
 CELERY_POOLS = ("threads", "prefork", "solo")  # gpu-worker --pool: the Celery pools a GPU worker runs on

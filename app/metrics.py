@@ -642,14 +642,32 @@ def start_metrics_server(port: int, settings: Any = None, redis_state: bool = Tr
     check and wait reasons and labels them ``pool``.
 
     Raises:
-        ValidationError: ``port`` outside 1..65535.
+        ValidationError: ``port`` outside 1..65535, or in use (each process that serves
+            metrics needs its own), or the multiprocess directory cannot be written (one line
+            for the command to print, not an OSError's traceback).
     """
+    import errno
+
     from prometheus_client import start_http_server
 
     from makespan.errors import ValidationError
 
     if not isinstance(port, int) or not 0 < port < 65536:
         raise ValidationError("MAKESPAN_METRICS_PORT", port, "must be a TCP port 1..65535")
+    try:
+        return _serve(port, settings, redis_state, multiprocess, addr, endpoints, pool, start_http_server)
+    except OSError as e:
+        if e.errno == errno.EADDRINUSE:
+            raise ValidationError("MAKESPAN_METRICS_PORT", port, "in use: each process that serves metrics needs "
+                                  "its own port (0: none)") from None
+        raise ValidationError("PROMETHEUS_MULTIPROC_DIR", getattr(e, "filename", None) or os.environ.get(
+            "PROMETHEUS_MULTIPROC_DIR", ""), f"the metrics directory cannot be used: {e.strerror or e}; set "
+            "PROMETHEUS_MULTIPROC_DIR to a directory this user can write") from None
+
+
+def _serve(port: int, settings: Any, redis_state: bool, multiprocess: bool, addr: str | None,
+           endpoints: Iterable[str] | None, pool: str | None, start_http_server: Any) -> Any:
+    """:func:`start_metrics_server` after its port check."""
     if multiprocess:
         enable_multiprocess()
     declare_endpoints(fleet_endpoints_from_env() if endpoints is None else endpoints)

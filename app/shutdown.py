@@ -34,6 +34,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 log = logging.getLogger("makespan.shutdown")
 
@@ -146,6 +147,31 @@ def on_sigterm(grace_s: float, process: str, stop: Callable[[], None]) -> Callab
 
     threading.Thread(target=_watch, name="makespan-sigterm-watch", daemon=True).start()
     return restore
+
+
+SIGHUP_IGNORED = ("SIGHUP ignored: makespan {process} does not reload (its settings are read at start: restart "
+                  "it to change them), and it writes its logs to stdout/stderr or appends to files (rotate them "
+                  "with copytruncate, not a HUP)\n")
+
+
+def sighup_handler(process: str) -> Callable[[int, Any], None]:
+    """A SIGHUP handler that ignores the signal and says so on stderr (a raw write: safe in
+    a signal handler). A log rotator's ``kill -HUP`` or a ``systemctl reload`` killed the
+    planner and the observer (Python's default action) and warm-restarted a Celery GPU
+    worker (Celery's own handler re-executes it, past makespan's shutdown)."""
+    text = SIGHUP_IGNORED.format(process=process).encode()
+
+    def _ignore(_signum: int, _frame: Any) -> None:
+        try:
+            os.write(2, text)
+        except OSError:
+            pass
+    return _ignore
+
+
+def ignore_sighup(process: str) -> None:
+    """In the main thread: SIGHUP is ignored, with a line on stderr (:func:`sighup_handler`)."""
+    signal.signal(signal.SIGHUP, sighup_handler(process))
 
 
 def _begin_without_watchdog(grace_s: float) -> None:

@@ -740,6 +740,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="how long one probe waits for a process endpoint's health route, s (> 0)")
     p.add_argument("--metrics-port", type=int, default=None, help="Prometheus port (default: MAKESPAN_METRICS_PORT; 0: none)")
     a = p.parse_args(argv)
+    from makespan import shutdown
+
+    shutdown.ignore_sighup("observer")  # the observer process's entry: a log rotator's HUP killed it
     # each bound as the CLI's other checks say it (one line, exit 2): an interval of 0 spun a CPU
     for option, value, low, low_ok in (("--probe-interval-s", a.probe_interval_s, 0.0, False),
                                        ("--overrun-factor", a.overrun_factor, 1.0, True),
@@ -766,7 +769,11 @@ def main(argv: list[str] | None = None) -> int:
 
         # the fleet's endpoints at 0 in makespan_incidents_total from the start (this process
         # is the one that counts them: a first incident is then an increase, not a new series)
-        metrics.start_metrics_server(a.metrics_port, redis_state=False, endpoints=sorted(fleet.endpoints))
+        try:
+            metrics.start_metrics_server(a.metrics_port, redis_state=False, endpoints=sorted(fleet.endpoints))
+        except ValidationError as e:  # its port in use, its directory not writable: one line
+            print(f"error: {e}", file=sys.stderr, flush=True)
+            return EXIT_BAD_SETTING
     try:
         run_observer(Settings.from_env(), fleet, a.probe_interval_s, a.overrun_factor,
                      min_overrun_slack_s=a.min_overrun_slack_s, host_down_grace_s=a.host_down_grace_s,

@@ -309,6 +309,23 @@ def _announce_host(**_kw) -> None:
     _heartbeat.start()
 
 
+@signals.worker_ready.connect
+def _ignore_sighup(**_kw) -> None:
+    """Replace Celery's SIGHUP handler (it re-executes a detached worker at once, bypassing
+    makespan's shutdown: the host stayed live while taking no job, and a SIGTERM then
+    started a new worker) with one that ignores the signal and says so
+    (:func:`makespan.shutdown.sighup_handler`). Celery installs its own as the worker
+    starts, so this replaces it once the worker is ready."""
+    import signal
+
+    from celery import platforms
+
+    from makespan import shutdown
+
+    if hasattr(signal, "SIGHUP"):
+        platforms.signals["SIGHUP"] = shutdown.sighup_handler("gpu-worker")
+
+
 @signals.worker_shutting_down.connect
 def _withdraw_host(sig: str | None = None, **_kw) -> None:
     """Shutdown begins (``sig``: Celery's name of the signal, ``"SIGTERM"`` or ``"SIGINT"``):

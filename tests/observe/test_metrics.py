@@ -236,3 +236,27 @@ def test_a_killed_process_metrics_directory_is_swept(tmp_path):
     older.mkdir()
     assert metrics.sweep_dead_multiprocess_dirs(str(tmp_path)) == [str(gone)]
     assert not gone.exists() and alive.exists() and other.exists() and elsewhere.exists() and older.exists()
+
+
+def test_a_metrics_port_in_use_is_one_line_and_exit_2_for_every_process(redis_url, prefix, tmp_path):
+    """A leader and a standby on one host with the same MAKESPAN_METRICS_PORT: the second
+    crashed with exit 1 and a 70-line OSError traceback, which the docs call a bug (a
+    production-deployment helper). It is one line naming the setting, exit 2."""
+    import socket
+
+    from tests.conftest import FLEET_TOML
+
+    taken = socket.socket()
+    taken.bind(("0.0.0.0", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    env = {**_env(redis_url, prefix), "MAKESPAN_METRICS_PORT": str(port)}
+    try:
+        for argv in (["planner", "--fleet", FLEET_TOML], ["observer", "--fleet", FLEET_TOML]):
+            out = subprocess.run([sys.executable, "-m", "makespan.cli", *argv], cwd=ROOT, env=env, capture_output=True,
+                                 text=True, timeout=120)
+            assert out.returncode == 2, (argv, out.returncode, out.stderr[-2000:])
+            assert "MAKESPAN_METRICS_PORT: in use: each process that serves metrics needs its own port" in out.stderr
+            assert "Traceback" not in out.stderr, out.stderr[-2000:]
+    finally:
+        taken.close()
