@@ -52,7 +52,7 @@ from makespan.keys import Keys
 from makespan.driver_registry import DRIVERS
 from makespan.workers.drivers import get_driver, process_alive
 from makespan.workers.drivers.base import Instance
-from makespan.workers.drivers.pids import instance_members
+from makespan.workers.drivers.pids import instance_members, of_another_user
 from makespan.workers.drivers.registry import list_instances, retire_instance, unregister_instance
 
 log = logging.getLogger("makespan.orphans")
@@ -75,6 +75,13 @@ def _verdict(r: redis.Redis, keys: Keys, inst: Instance, state: str) -> str | No
     """Why ``inst`` is an orphan to handle, or None to keep it."""
     if inst.owner_pid and (inst.owner_pid == os.getpid() or process_alive(inst.owner_pid)):
         return None  # its worker runs (this one, or another on this host)
+    if inst.pid and process_alive(inst.pid) and of_another_user(inst.pid):
+        # another Unix user's process: neither signalled nor taken for gone (forgetting it let the next
+        # job start a second copy on its GPUs); kept, and said
+        log.warning("endpoint %s (instance %s, pid %s, GPUs %s): its process belongs to another Unix user; kept, "
+                    "not stopped: run the GPU worker as the user that started it", inst.endpoint, inst.id,
+                    inst.pid, ",".join(inst.gpus))
+        return None
     if not inst.pid or not instance_members(inst.pid, inst.id, inst.gpus):  # (none alive: gone too)
         return "process gone"  # (its pid now another program's: after a reboot, or a record naming any pid)
     if state == "starting":

@@ -27,3 +27,44 @@ def test_the_start_sweep_forgets_instances_on_gpus_the_fleet_no_longer_gives_the
     assert not r.exists(keys.resident("GPU-old-0"), keys.resident("GPU-old-1"), keys.gpu_instances("GPU-old-0"))
     assert r.get(keys.resident("GPU-new-0")) == instance_value("embed", ["GPU-new-0"])
     assert sweep(r, keys, "host-b") == []  # without the fleet's GPUs: simulated instances are not looked at
+
+
+def test_an_endpoint_process_of_another_unix_user_is_kept_not_taken_for_gone(r, keys, monkeypatch, caplog):
+    """A GPU worker restarted as another user (or an observer of another user) could not read
+    the endpoint process's /proc/PID/environ, took the live process for gone, forgot it,
+    and the next job started a second copy on its GPUs (a production-deployment helper).
+    The start sweep keeps the record and the process driver takes the process as running;
+    neither signals it. (Another user's /proc/PID/environ is made unreadable for this test's
+    process, which runs as root here: the kernel's EACCES for another user.)"""
+    import logging
+    import subprocess
+    from pathlib import Path
+
+    from makespan.workers.drivers import pids
+    from makespan.workers.drivers.process import ProcessDriver
+
+    root_process = subprocess.Popen(["sleep", "120"])
+    environ = f"/proc/{root_process.pid}/environ"
+
+    class OtherUsersProc(type(Path())):  # the kernel's answer to another user's reader
+        def read_bytes(self):
+            if str(self) == environ:
+                raise PermissionError(13, "Permission denied", environ)
+            return super().read_bytes()
+
+    monkeypatch.setattr(pids, "Path", OtherUsersProc)
+    try:
+        inst = Instance(endpoint="chat", gpus=["GPU-a-0"], driver="process", host="host-a", pid=root_process.pid,
+                        owner_pid=2**22 + 7)  # its worker is gone
+        register_instance(r, keys, inst)
+        assert pids.of_another_user(root_process.pid) and not pids.is_instance_process(root_process.pid, inst.id, [])
+        with caplog.at_level(logging.WARNING):
+            assert sweep(r, keys, "host-a", ["GPU-a-0"]) == []
+            (listed,) = list_instances(r, keys)
+            assert ProcessDriver().is_alive(listed)
+        assert "belongs to another Unix user" in caplog.text
+        assert root_process.poll() is None  # not signalled
+        assert listed.id == inst.id
+    finally:
+        root_process.kill()
+        root_process.wait()

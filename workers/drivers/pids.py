@@ -79,6 +79,21 @@ def is_instance_process(pid: int, instance_id: str, gpus: Sequence[str]) -> bool
     return bool(gpus) and visible is not None and visible.decode("utf-8", "replace") == ",".join(gpus)
 
 
+def of_another_user(pid: int) -> bool:
+    """True when ``pid`` runs and its environment cannot be read (another Unix user's
+    process): :func:`is_instance_process` cannot tell it from an instance's own. A GPU
+    worker or observer running as another user than the one that spawned an endpoint
+    process must neither signal it nor take it for ended (it would start a second copy on
+    its GPUs)."""
+    try:
+        Path(f"/proc/{pid}/environ").read_bytes()
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
 def instance_members(leader_pid: int, instance_id: str, gpus: Sequence[str]) -> list[int]:
     """The live processes of the endpoint instance ``instance_id`` under ``leader_pid``: the
     members of its process group or session (:func:`group_members`; the leader alone where
@@ -91,4 +106,5 @@ def instance_members(leader_pid: int, instance_id: str, gpus: Sequence[str]) -> 
     return [pid for pid in members if is_instance_process(pid, instance_id, gpus)]
 
 
-__all__ = ["INSTANCE_ENV", "group_members", "instance_members", "is_instance_process", "process_alive"]
+__all__ = ["INSTANCE_ENV", "group_members", "instance_members", "is_instance_process", "of_another_user",
+           "process_alive"]

@@ -64,9 +64,21 @@ from makespan.redis_conn import free_port
 from makespan.workers.drivers.base import (DriverCapabilities, DriverContext, Instance, NoLaunchOptions, StopReport,
                                           machine_name)
 from makespan.workers.drivers.pids import (INSTANCE_ENV, group_members, instance_members, is_instance_process,
-                                           process_alive)
+                                           of_another_user, process_alive)
 
 log = logging.getLogger(__name__)
+_WARNED_OTHER_USER: set[str] = set()  # instance ids already warned about (once each per process)
+
+
+def _warn_other_user(instance: Instance) -> None:
+    """Say once per instance that its process belongs to another Unix user."""
+    if instance.id in _WARNED_OTHER_USER:
+        return
+    _WARNED_OTHER_USER.add(instance.id)
+    log.warning("endpoint %s (instance %s): pid %s belongs to another Unix user, so this process cannot tell it is "
+                "the instance's own nor stop it; it is taken as running. Run the GPU worker and the observer of a "
+                "host as the user that started its endpoint processes (docs/operations.md \"Running under a "
+                "supervisor\")", instance.endpoint, instance.id, instance.pid)
 
 DEFAULT_GRACE_S = 5.0
 KILL_WAIT_S = 5.0  # longest stop() waits for SIGKILLed members to disappear
@@ -346,7 +358,14 @@ class ProcessDriver:
         (:func:`makespan.workers.drivers.pids.is_instance_process`) is ended."""
         if instance.pid is None:
             return True
-        return process_alive(instance.pid) and (instance.proc is not None or self._ours(instance))
+        if not process_alive(instance.pid):
+            return False
+        if instance.proc is not None or self._ours(instance):
+            return True
+        if of_another_user(instance.pid):  # cannot tell: not ended (a restart would start a second copy)
+            _warn_other_user(instance)
+            return True
+        return False
 
     @staticmethod
     def _ours(instance: Instance) -> bool:
