@@ -46,6 +46,8 @@ from makespan.workload_spec import ROUTES
 log = logging.getLogger("makespan.functions")
 WATCH_S = 0.05  # how often the phase thread checks lease, cancel and timeout
 PROGRESS_EVERY_S = 0.2  # most one progress write per this many seconds (the last one always)
+READ_FAILED_EVERY_S = 30.0  # a failing read of a job's cancel request is logged once per this per job
+_READ_FAILED_SAID: dict[str, float] = {}  # job id -> monotonic time its failing read was last logged
 CANCEL_REASONS = {"cancel": "cancel_requested", "timeout": "timeout", "lease": "lease_lost",
                   "preempted": "preempted", "shutdown": "worker_shutdown"}
 """``ctx.cancel_reason`` by what the watcher saw: the job's cancel was requested, the
@@ -378,8 +380,14 @@ def _read_stop(r: redis.Redis, keys: Keys, job_id: str, lease_id: str | None, le
     try:  # the reason in the same read: a planner that leases the job again meanwhile rewrites it
         cancel, holder, reason, cut = r.hmget(keys.job(job_id), "cancel_requested", "lease", "reason",
                                               "preempted_lease")
-    except redis.RedisError as e:
-        log.warning("job %s: reading its cancel request failed (%r); trying again", job_id, e)
+    except redis.RedisError as e:  # said once per READ_FAILED_EVERY_S per job: it is read 10 times a second
+        now = time.monotonic()
+        if now - _READ_FAILED_SAID.get(job_id, float("-inf")) >= READ_FAILED_EVERY_S:
+            if len(_READ_FAILED_SAID) > 4096:
+                _READ_FAILED_SAID.clear()
+            _READ_FAILED_SAID[job_id] = now
+            log.warning("job %s: reading its cancel request failed (%r); trying again (said again after %g s "
+                        "if it goes on)", job_id, e, READ_FAILED_EVERY_S)
         return ""
     if cancel == "1":
         return "cancel"
