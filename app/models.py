@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import tomllib
 import unicodedata
@@ -805,7 +806,8 @@ def read_user_file(path: str | Path, what: str) -> str:
         with p.open("rb") as f:
             raw = f.read()
     except FileNotFoundError as e:
-        raise ValidationError(what, str(p), "no such file") from e
+        where = "" if p.is_absolute() else f" (relative to the working directory {os.getcwd()})"
+        raise ValidationError(what, str(p), f"no such file{where}") from e
     except IsADirectoryError as e:
         raise ValidationError(what, str(p), "cannot read it: not a file but a folder; give the file itself") from e
     except OSError as e:  # no permission, a device that fails

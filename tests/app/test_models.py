@@ -119,9 +119,13 @@ def test_a_quoted_or_fractional_gpu_memory_is_rejected_and_a_whole_float_is_a_co
     assert parse_fleet(fleet({"name": "h", "gpu_count": 2, "memory_mib": 81920.0})).hosts[0].gpus[0].memory_mib == 81920
 
 
-def test_fleet_file_errors(tmp_path):
-    with pytest.raises(ValidationError, match="no such file"):
+def test_fleet_file_errors(tmp_path, monkeypatch):
+    with pytest.raises(ValidationError, match="no such file") as missing:
         load_fleet(tmp_path / "missing.toml")
+    assert "working directory" not in str(missing.value)
+    monkeypatch.chdir(tmp_path)  # a relative path names where it was looked for (a supervisor's WorkingDirectory)
+    with pytest.raises(ValidationError, match=f"no such file \\(relative to the working directory {tmp_path}\\)"):
+        load_fleet("examples/missing.toml")
     bad = tmp_path / "bad.toml"
     bad.write_text("hosts = [")
     with pytest.raises(ValidationError, match="not valid TOML"):
