@@ -108,9 +108,9 @@ def default_log_dir() -> Path:
     another user, or is not a directory (someone created it first: its logs would not be
     private)."""
     configured = os.environ.get("MAKESPAN_LOG_DIR")
-    if configured:
+    if configured:  # one it creates is private too (an existing one keeps the mode its owner gave it)
         d = Path(configured)
-        d.mkdir(parents=True, exist_ok=True)
+        d.mkdir(mode=0o700, parents=True, exist_ok=True)
         return d
     d = Path(tempfile.gettempdir()) / f"makespan-logs-{os.getuid()}"
     try:
