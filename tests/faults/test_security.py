@@ -208,6 +208,9 @@ def test_default_log_dir_is_private(monkeypatch, tmp_path):
     assert log_dir == tmp_path / f"makespan-logs-{os.getuid()}"
     assert log_dir.stat().st_mode & 0o777 == 0o700
     assert default_log_dir() == log_dir  # the second call finds its own directory
+    # a MAKESPAN_LOG_DIR it creates is private too (it was 0755; a production-deployment helper)
+    monkeypatch.setenv("MAKESPAN_LOG_DIR", str(tmp_path / "srv" / "logs"))
+    assert default_log_dir().stat().st_mode & 0o777 == 0o700
 
 
 def test_default_log_dir_of_someone_else_is_refused(monkeypatch, tmp_path):
