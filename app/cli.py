@@ -554,8 +554,8 @@ def _warn_if_no_worker_file_runs(producer: Any, endpoint: str, live_hosts: list[
         return
     lacking = set(fleets.hosts_lacking(producer.fleet, endpoint))
     if live_hosts and lacking.issuperset(live_hosts):
-        typer.echo(f"warning: the GPU workers of {fleets.detail(live_hosts)} run another fleet file than the "
-                   f"planner's, without endpoint {endpoint!r} (or with another tensor_parallel): the job waits queued, "
+        typer.echo(f"warning: the GPU workers of {fleets.detail(live_hosts, producer.fleet, [endpoint])} run another "
+                   "fleet file than the planner's, one that cannot run this job there: the job waits queued, "
                    "reason host_fleet_differs, until one runs the planner's file (docs/operations.md \"Changing the "
                    "fleet file\")", err=True)
 
@@ -851,6 +851,8 @@ def result(job_id: str, timeout_s: float | None = typer.Option(None, help="wait 
     2 an unknown job; 69 Redis unreachable (try again); 4 not finished yet (--no-wait, or --timeout-s passed): ask again
     later. A job that runs no workload function (a plain job, a workload's step) has no result: `null`, and a
     note says so; a request step's answers are its request records (--requests)."""
+    import redis
+
     from makespan.client import Client
     from makespan.errors import JobCancelled, JobFailed, ResultTimeout, WorkloadError
     from makespan.redis_conn import connect
@@ -894,6 +896,11 @@ def result(job_id: str, timeout_s: float | None = typer.Option(None, help="wait 
             typer.echo(json.dumps({"job": job_id, "state": "completed" if isinstance(e, ResultExpired) else None,
                                    "reason": str(e)}, ensure_ascii=False))
         _fail(e)
+    except redis.RedisError as e:  # Redis answering with an error (a database number it does not have): exit 2
+        if as_json:
+            typer.echo(json.dumps({"job": job_id, "state": None, "reason": f"Redis answered with an error: {e}"},
+                                  ensure_ascii=False))
+        raise
     typer.echo(json.dumps(value, indent=2, ensure_ascii=False))
     if value is None and not client.r.hget(client.keys.job(job_id), "fn"):
         count = client.r.llen(client.keys.requests(job_id))

@@ -58,6 +58,9 @@ def host_rows(r: Any, keys: Any, fleet: Any) -> list[dict[str, Any]]:
             pipe.hget(keys.lease(lease_id), "job")
         job_of = {lease_id: job or "" for lease_id, job in zip(lease_ids, pipe.execute())}
     pool_of = {host: pool.name for pool in fleet.pools for host in pool.hosts} if fleet.pools else {}
+    from makespan.workers.worker_fleets import read_worker_fleets
+
+    fleets = read_worker_fleets(r, keys, fleet)  # the GPU workers that run another fleet file than the planner's
     rows, at = [], 0
     for host in hosts:
         held = [holder for holder in holders[at:at + len(uuids[host])] if holder]
@@ -75,6 +78,14 @@ def host_rows(r: Any, keys: Any, fleet: Any) -> list[dict[str, Any]]:
         planner_leads = leads.get(pool_of.get(host), False)
         reason = cordon.reason if cordon else ("no GPU worker ever consumed its queue: a lease there expired "
                                                "unconsumed" if unconsumed else "")
+        if host in fleets.other_gpus:  # the GPU-swap gate: nothing is leased here (makespan.workers.worker_fleets)
+            gated = (f"its GPU worker's fleet file (version {fleets.versions.get(host, '?')}) lacks GPUs the "
+                     "planner's gives this host: nothing is leased here until it restarts with the planner's file")
+            reason = f"{reason}; {gated}" if reason else gated
+        elif host in fleets.differing:
+            differs = (f"its GPU worker runs another fleet file (version {fleets.versions.get(host, '?')}): jobs of "
+                       "endpoints it lacks, or has at another tensor_parallel, are not leased here")
+            reason = f"{reason}; {differs}" if reason else differs
         if not planner_leads:  # said on every host it applies to, beside a cordon's or down host's reason
             leaderless = (f"no planner of pool {pool_of[host]} leads: nothing new is scheduled here until one does"
                           if pool_of.get(host) else "no planner leads: nothing new is scheduled until one does")

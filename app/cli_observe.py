@@ -21,17 +21,19 @@ from makespan.cli_support import fail
 from makespan.errors import MakespanError
 
 
-def _gpu_order(run_dir: Path) -> list[str] | None:
-    """The GPU lane order of RUN_DIR's fleet.toml, else of its fleet.json (--from-redis)."""
+def _gpu_order(run_dir: Path, published_first: bool = False) -> list[str] | None:
+    """The GPU lane order of RUN_DIR's fleet.toml, else of its fleet.json (the published
+    fleet --from-redis wrote: first with ``published_first``, over an older fleet.toml)."""
     from makespan.models import load_fleet, parse_fleet
 
-    try:
-        if (run_dir / "fleet.toml").exists():
-            return load_fleet(run_dir / "fleet.toml").gpu_uuids()
-        if (run_dir / "fleet.json").exists():
-            return parse_fleet(json.loads((run_dir / "fleet.json").read_text())).gpu_uuids()
-    except (MakespanError, ValueError):
-        return None
+    readers = [(run_dir / "fleet.toml", load_fleet),
+               (run_dir / "fleet.json", lambda path: parse_fleet(json.loads(path.read_text())))]
+    for path, read in (readers[::-1] if published_first else readers):
+        try:
+            if path.exists():
+                return read(path).gpu_uuids()
+        except (MakespanError, ValueError, OSError):
+            return None
     return None
 
 
@@ -55,10 +57,14 @@ def _export_events(run_dir: Path) -> None:
         typer.echo(f"error: the events stream {keys.events} is empty (no deployment under key prefix "
                    f"{keys.prefix!r} at this MAKESPAN_REDIS_URL?)", err=True)
         raise typer.Exit(2)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    events.dump_jsonl(rows, run_dir / "events.jsonl")
-    if fleet_json:
-        (run_dir / "fleet.json").write_text(fleet_json)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        events.dump_jsonl(rows, run_dir / "events.jsonl")
+        if fleet_json:
+            (run_dir / "fleet.json").write_text(fleet_json)
+    except OSError as e:  # a file where the directory should be, no permission
+        typer.echo(f"error: cannot write the run directory {run_dir}: {e.strerror or e}", err=True)
+        raise typer.Exit(2) from e
     typer.echo(f"wrote {len(rows)} events to {run_dir / 'events.jsonl'}", err=True)
 
 
@@ -87,7 +93,7 @@ def report(
         if not events:
             typer.echo(f"error: {events_file} holds no events", err=True)
             raise typer.Exit(2)
-        gpus = _gpu_order(run_dir)
+        gpus = _gpu_order(run_dir, published_first=from_redis)
         png = render_gantt(events, str(out or run_dir / "gantt.png"), gpu_order=gpus,
                            title=title or f"makespan run {run_dir.resolve().name}")
     except MakespanError as e:

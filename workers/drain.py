@@ -115,8 +115,8 @@ class SetPointsAndDrain:
             host = env.fleet.host_of(gpus[0])
             if fleets is not None and host in fleets.hosts_lacking(env.fleet, endpoint):
                 failed[instance_value(endpoint, gpus)] = (
-                    f"not restored: the GPU worker of {fleets.detail([host])} runs another fleet file, without "
-                    f"endpoint {endpoint!r} (or with another tensor_parallel)")
+                    f"not restored: the GPU worker of {fleets.detail([host], env.fleet, [endpoint])} runs another "
+                    "fleet file, one that cannot run it there")
                 continue
             restoring = True
             if busy.intersection(gpus):

@@ -388,8 +388,9 @@ def _gated_host(ctx: TickContext, gpus: Sequence[str], job: PlanJob) -> tuple[st
     fleet = ctx.env.fleet
     host = fleet.host_of(gpus[0])
     # job.hosts: where its workload function is registered and whose worker's fleet file can run it
-    only = (f" (only the GPU workers of {', '.join(job.hosts)} can run it now: where its workload function is "
-            "registered and whose fleet file has its endpoint and GPUs)" if job.hosts else "")
+    only = (f" (only the GPU workers of {', '.join(job.hosts)} can run it now: of the hosts that register its "
+            "workload function, where it has one, those whose fleet file has its endpoint and GPUs)"
+            if job.hosts else "")
     if host not in cordoned and host not in down_hosts:
         return None
     # the other hosts that could run it and take nothing new either: a plan on a gated host means

@@ -310,3 +310,7 @@ def test_report_from_redis_writes_a_run_directory_of_a_live_deployment(tmp_path,
     assert f"wrote {len(events)} events" in res.stderr
     assert json.loads(res.stdout)["jobs"]["completed"] == 2
     assert (run / "events.jsonl").read_text().count("\n") == len(events) and (run / "fleet.json").exists()
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    res = CliRunner().invoke(_cli(), ["report", str(a_file), "--from-redis"])
+    assert res.exit_code == 2 and "cannot write the run directory" in res.stderr, res.output  # not a traceback

@@ -8,6 +8,7 @@ Redis (the real GPU worker's announcement: tests/faults/test_dead_host.py)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 
 import pytest
@@ -108,6 +109,10 @@ def test_a_gpu_swap_waits_for_the_hosts_worker_to_run_the_new_file(r, settings, 
     for job in jobs:
         if job not in {ctx.job_id for ctx in sent}:
             assert r.hget(w.keys.job(job), "state") == "queued"
+    r.set(w.keys.fleet, swapped.model_dump_json())
+    res = CliRunner().invoke(cli_app, ["hosts", "--json"])  # the idle host says why it gets nothing (a verifier)
+    reasons = {row["host"]: row["reason"] for row in map(json.loads, res.stdout.splitlines())}
+    assert "lacks GPUs the planner's gives this host" in reasons["h2"] and "lacks" not in reasons["h1"], reasons
     announce(r, w.keys, "h2", "worker-h2-new", 60.0, swapped)
     w.clock.advance(2.0)
     w.tick()
@@ -192,6 +197,6 @@ def test_a_submit_no_live_workers_file_can_run_warns(r, settings, env):
         announce(r, w.keys, host, f"worker-{host}", 60.0, OLD)
     res = CliRunner().invoke(cli_app, ["submit", "--endpoint", "new", "--service-s", "5"])
     assert res.exit_code == 0, res.output
-    assert "reason host_fleet_differs" in res.output and f"h1 (fleet version {fleet_version(OLD)})" in res.output
+    assert "reason host_fleet_differs" in res.output and f"h1 (fleet version {fleet_version(OLD)}; no 'new')" in res.output
     res = CliRunner().invoke(cli_app, ["submit", "--endpoint", "old", "--service-s", "5"])
     assert res.exit_code == 0 and "host_fleet_differs" not in res.output, res.output
