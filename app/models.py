@@ -278,6 +278,9 @@ class EndpointSpec(BaseModel):
                 out.append(f"endpoints.{self.name}: {', '.join(inert)} without wake_s (its sleep mode, the level-"
                            f"{self.sleep_level} wake time) does nothing: an evicted instance is stopped; set wake_s")
             return out
+        if self.sleep_level == 2 and "sleep_host_memory_mib" in given:
+            out.append(f"endpoints.{self.name}: sleep_host_memory_mib is the host RAM of a level-1 sleeper; with "
+                       "sleep_level = 2 a sleeper holds none: remove it")
         if self.sleep_level == 2 and self.wake_level2_s is not None:
             out.append(f"endpoints.{self.name}: wake_level2_s is used with sleep_level = 1 only (the plan's level-2 "
                        "option); with sleep_level = 2, wake_s is the wake time: remove wake_level2_s")

@@ -208,6 +208,7 @@ wake_s = 2
 sleep_level = 2
 wake_level2_s = 5
 sleep_gpu_memory_mib = 4000
+sleep_host_memory_mib = 9000
 
 [endpoints.huge]
 model = "m"
@@ -225,14 +226,15 @@ wake_s = 2
     res = CliRunner().invoke(cli_app, ["check-fleet", str(fleet), "--json"])
     assert res.exit_code == 0, res.output
     warnings = json.loads(res.output)["warnings"]
-    assert len(warnings) == 4, warnings
+    assert len(warnings) == 5, warnings
     assert warnings[0].startswith("endpoints.nowake: sleep_level without wake_s") and "set wake_s" in warnings[0]
-    assert warnings[1].startswith("endpoints.both: wake_level2_s is used with sleep_level = 1 only")
-    assert warnings[2].startswith("endpoints.both: sleep_gpu_memory_mib 4000 is above memory_mib_per_gpu 1000")
-    assert warnings[3].startswith("endpoints.huge: its level-1 sleeper holds 40000 MiB of host RAM") and \
-        "raise host_memory_mib" in warnings[3]
+    assert warnings[1].startswith("endpoints.both: sleep_host_memory_mib is the host RAM of a level-1 sleeper")
+    assert warnings[2].startswith("endpoints.both: wake_level2_s is used with sleep_level = 1 only")
+    assert warnings[3].startswith("endpoints.both: sleep_gpu_memory_mib 4000 is above memory_mib_per_gpu 1000")
+    assert warnings[4].startswith("endpoints.huge: its level-1 sleeper holds 40000 MiB of host RAM") and \
+        "raise host_memory_mib" in warnings[4]
     res = CliRunner().invoke(cli_app, ["check-fleet", str(fleet)])
-    assert res.exit_code == 0 and res.output.count("  warning: endpoints.") == 4, res.output
+    assert res.exit_code == 0 and res.output.count("  warning: endpoints.") == 5, res.output
     res = CliRunner().invoke(cli_app, ["check-fleet", str(EXAMPLE), "--json"])
     assert json.loads(res.output)["warnings"] == [], res.output
 
