@@ -375,6 +375,10 @@ class Producer:
                                                  f"(none is published under key prefix {self.keys.prefix!r} at "
                                                  f"{redacted_url(self.settings.redis_url)})", show_value=False)
         spec = parse_job(job, self.fleet, self.settings.max_payload_bytes, self.settings.max_depends_on)
+        if spec.deadline_s is not None and spec.deadline_s < spec.service_s:
+            log.warning("job deadline_s %g is shorter than its service_s %g (workload s): it cannot be met; it is "
+                        "submitted, and counted late in the report's weighted tardiness (only the tardiness "
+                        "policies plan by deadlines)", spec.deadline_s, spec.service_s)
         self._check_references(spec)
         traceparent = traceparent or telemetry.job_traceparent()
         job_id = uuid.uuid4().hex

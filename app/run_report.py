@@ -175,6 +175,11 @@ def live_report(r: redis.Redis, keys: Keys, fleet: FleetSpec, events: list[dict[
     rep["transitions"]["prewarm"] = prewarms
     rep["transitions"]["wake_failed"] = sum(1 for e in events if e.get("kind") == "phase_end" and e.get("wake_failed"))
     rep["transitions"]["sleep_failed"] = sum(1 for e in events if e.get("kind") == "phase_end" and e.get("sleep_failed"))
+    # deadlines (job.deadline_s: workload s after its submission), as the simulator reports them
+    due = {job_id: x.submit_s + float(jobs[job_id]["deadline_s"]) for x in records
+           if (job_id := x.id) in jobs and jobs[job_id].get("deadline_s")}
+    late = [x.weight * (x.end_s - due[x.id]) for x in records if x.id in due and x.end_s > due[x.id]]
+    rep["weighted_tardiness_s"], rep["tardy_jobs"], rep["jobs_with_deadline"] = sum(late), len(late), len(due)
     return rep
 
 

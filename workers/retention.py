@@ -51,6 +51,7 @@ SUMMARY_FIELDS = ("id", "state", "endpoint", "priority", "service_s", "submitted
                   "idem", "lease", "token", "preemptions", "seq",
                   "pool",  # a pooled fleet's job: `makespan jobs --pool` lists it after compaction too
                   "deps", "helpers",  # what it waited on and ran beside: status said [] after compaction
+                  "deadline_s",  # whether it met its deadline can be told after compaction (an SLA user)
                   "gpus", "host",  # where its last lease ran (a new user: status of an ended job dropped them)
                   # workload functions (makespan.registry): name, retries made, the attempt whose result
                   # is stored, planned-by-estimate flag, last progress, last retried error

@@ -100,3 +100,33 @@ def test_an_evict_that_put_two_endpoints_to_sleep_is_two_sleeps_in_both_reports(
     summary, executed = summary_stats(events), executed_transition_counts(events)
     assert summary["transition_count"] == {"sleep": 2, "wake": 1, "cold_start": 0}, summary["transition_count"]
     assert (executed["sleep"], executed["wake"]) == (2, 1) and summary["sleep_level_count"]["level1"] == 2
+
+
+def test_the_live_report_gives_weighted_tardiness_for_jobs_with_deadlines(r, keys):
+    """docs/planner.md said demo and replay print the weighted tardiness with deadlines; the
+    live report had none, and a missed deadline was reported nowhere (an SLA user). j1
+    (NORMAL, weight 2) completed 53 s after its submission with a 40 s deadline: 13 s late."""
+    r.hset(keys.job("j1"), mapping={"id": "j1", "endpoint": "m3", "priority": "NORMAL", "state": "completed",
+                                    "submitted_at": 1000.0, "finished_at": 1053.0, "service_s": 20.0,
+                                    "lease": "L2", "deadline_s": 40.0})
+    rep = live_report(r, keys, FLEET, _events(), ["j1"], time_scale=1.0, policy="default")
+    assert (rep["weighted_tardiness_s"], rep["tardy_jobs"], rep["jobs_with_deadline"]) == (26.0, 1, 1)
+    r.hset(keys.job("j1"), "deadline_s", 60.0)  # met
+    rep = live_report(r, keys, FLEET, _events(), ["j1"], time_scale=1.0, policy="default")
+    assert (rep["weighted_tardiness_s"], rep["tardy_jobs"], rep["jobs_with_deadline"]) == (0, 0, 1)
+
+
+def test_a_deadline_shorter_than_the_service_time_is_warned_about_at_submit(r, keys, settings, caplog):
+    """`deadline_s < service_s` can never be met and was accepted silently (an SLA user)."""
+    import logging
+
+    from makespan.models import load_fleet
+    from makespan.producer import Producer
+    from tests.conftest import FLEET_TOML
+
+    prod = Producer(r, keys, load_fleet(FLEET_TOML), settings)
+    with caplog.at_level(logging.WARNING, logger="makespan.producer"):
+        prod.submit({"endpoint": "chat", "service_s": 100, "deadline_s": 10})
+        prod.submit({"endpoint": "chat", "service_s": 10, "deadline_s": 100})
+    said = [rec.getMessage() for rec in caplog.records if "cannot be met" in rec.getMessage()]
+    assert len(said) == 1 and "deadline_s 10 is shorter than its service_s 100" in said[0], said
