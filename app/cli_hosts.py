@@ -58,7 +58,7 @@ def host_rows(r: Any, keys: Any, fleet: Any) -> list[dict[str, Any]]:
             pipe.hget(keys.lease(lease_id), "job")
         job_of = {lease_id: job or "" for lease_id, job in zip(lease_ids, pipe.execute())}
     pool_of = {host: pool.name for pool in fleet.pools for host in pool.hosts} if fleet.pools else {}
-    from makespan.workers.worker_fleets import read_worker_fleets
+    from makespan.workers.worker_fleets import endpoints_of, read_worker_fleets
 
     fleets = read_worker_fleets(r, keys, fleet)  # the GPU workers that run another fleet file than the planner's
     rows, at = [], 0
@@ -82,7 +82,7 @@ def host_rows(r: Any, keys: Any, fleet: Any) -> list[dict[str, Any]]:
             gated = (f"its GPU worker's fleet file (version {fleets.versions.get(host, '?')}) lacks GPUs the "
                      "planner's gives this host: nothing is leased here until it restarts with the planner's file")
             reason = f"{reason}; {gated}" if reason else gated
-        elif host in fleets.differing:
+        elif host in fleets.differing and fleets.differing[host] != endpoints_of(fleet):
             differs = (f"its GPU worker runs another fleet file (version {fleets.versions.get(host, '?')}): jobs of "
                        "endpoints it lacks, or has at another tensor_parallel, are not leased here")
             reason = f"{reason}; {differs}" if reason else differs

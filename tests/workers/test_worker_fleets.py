@@ -113,6 +113,11 @@ def test_a_gpu_swap_waits_for_the_hosts_worker_to_run_the_new_file(r, settings, 
     res = CliRunner().invoke(cli_app, ["hosts", "--json"])  # the idle host says why it gets nothing (a verifier)
     reasons = {row["host"]: row["reason"] for row in map(json.loads, res.stdout.splitlines())}
     assert "lacks GPUs the planner's gives this host" in reasons["h2"] and "lacks" not in reasons["h1"], reasons
+    announce(r, w.keys, "h1", "worker-h1", 60.0, NEW)  # another file, but the same endpoints and h1's GPUs
+    res = CliRunner().invoke(cli_app, ["hosts", "--json"])
+    reasons = {row["host"]: row["reason"] for row in map(json.loads, res.stdout.splitlines())}
+    assert "fleet file" not in reasons["h1"] and "lacks GPUs" in reasons["h2"], reasons  # nothing of h1 (a verifier)
+    announce(r, w.keys, "h1", "worker-h1", 60.0, swapped)
     announce(r, w.keys, "h2", "worker-h2-new", 60.0, swapped)
     w.clock.advance(2.0)
     w.tick()
