@@ -294,6 +294,9 @@ def fleet_summary(spec: Any) -> dict[str, Any]:
             "pools": [pool.name for pool in spec.pools]}
 
 
+_GPU_FIELDS = {"gpus", "gpu_count", "memory_mib"}  # a host's fields that say which GPUs it has
+
+
 def fleet_difference(published: Any, mine: Any) -> list[str]:
     """Lines naming how fleet ``mine`` differs from ``published`` (both FleetSpecs): hosts
     added, removed, with another GPU count, other GPU UUIDs (a GPU swap) or other GPU memory;
@@ -320,9 +323,9 @@ def fleet_difference(published: Any, mine: Any) -> list[str]:
     if swapped:
         lines.append("GPU UUIDs changed (cordon the host until its GPU worker runs this file): " + ", ".join(
             f"{h} ({len(uuids[h][1] - uuids[h][0])} new, {len(uuids[h][0] - uuids[h][1])} gone)" for h in swapped))
-    memory_of = lambda host: {g.uuid: g.memory_mib for g in host.gpus}  # noqa: E731
-    memory = [h for h in common if any(memory_of(old_hosts[h])[u] != memory_of(new_hosts[h])[u]
-                                       for u in uuids[h][0] & uuids[h][1])]
+    memory_of = {h: ({g.uuid: g.memory_mib for g in old_hosts[h].gpus}, {g.uuid: g.memory_mib for g in new_hosts[h].gpus})
+                 for h in common}
+    memory = [h for h in common if any(memory_of[h][0][u] != memory_of[h][1][u] for u in uuids[h][0] & uuids[h][1])]
     if memory:
         shown = lambda host: "/".join(sorted({str(g.memory_mib) for g in host.gpus}))  # noqa: E731
         lines.append("GPU memory_mib changed: " + ", ".join(f"{h} {shown(old_hosts[h])} -> {shown(new_hosts[h])}"
@@ -331,10 +334,11 @@ def fleet_difference(published: Any, mine: Any) -> list[str]:
                  and [(g.uuid, g.index) for g in old_hosts[h].gpus] != [(g.uuid, g.index) for g in new_hosts[h].gpus]]
     if reordered:
         lines.append(f"GPUs listed in another order or with other CUDA indices (same UUIDs): {', '.join(reordered)}")
+    # a host's fields beside its GPUs (gpu_count and memory_mib are a way of writing them)
+    rest = {h: (old_hosts[h].model_dump(exclude=_GPU_FIELDS), new_hosts[h].model_dump(exclude=_GPU_FIELDS))
+            for h in common}
     rewritten = [h for h in common if h not in swapped and h not in memory and h not in reordered and h not in changed
-                 and old_hosts[h].model_dump() != new_hosts[h].model_dump()
-                 and old_hosts[h].model_dump(exclude={"gpus", "gpu_count", "memory_mib"})
-                 == new_hosts[h].model_dump(exclude={"gpus", "gpu_count", "memory_mib"})]
+                 and old_hosts[h] != new_hosts[h] and rest[h][0] == rest[h][1]]
     if rewritten:
         lines.append(f"hosts written another way, the same GPUs (gpu_count as a gpus list, or back): "
                      f"{', '.join(rewritten)}")
@@ -356,8 +360,7 @@ def fleet_difference(published: Any, mine: Any) -> list[str]:
         other_fields += [f"{e}.{key}" for key in sorted(set(old_dump) | set(new_dump))
                          if old_dump.get(key) != new_dump.get(key)]
     for h in common:
-        old_dump = old_hosts[h].model_dump(exclude={"gpus", "gpu_count", "memory_mib"})
-        new_dump = new_hosts[h].model_dump(exclude={"gpus", "gpu_count", "memory_mib"})
+        old_dump, new_dump = rest[h]
         other_fields += [f"{h}.{key}" for key in sorted(set(old_dump) | set(new_dump))
                          if old_dump.get(key) != new_dump.get(key)]
     if other_fields:

@@ -648,14 +648,12 @@ def start_metrics_server(port: int, settings: Any = None, redis_state: bool = Tr
     """
     import errno
 
-    from prometheus_client import start_http_server
-
     from makespan.errors import ValidationError
 
     if not isinstance(port, int) or not 0 < port < 65536:
         raise ValidationError("MAKESPAN_METRICS_PORT", port, "must be a TCP port 1..65535")
     try:
-        return _serve(port, settings, redis_state, multiprocess, addr, endpoints, pool, start_http_server)
+        return _serve(port, settings, redis_state, multiprocess, addr, endpoints, pool)
     except OSError as e:
         if e.errno == errno.EADDRINUSE:
             raise ValidationError("MAKESPAN_METRICS_PORT", port, "in use: each process that serves metrics needs "
@@ -666,8 +664,10 @@ def start_metrics_server(port: int, settings: Any = None, redis_state: bool = Tr
 
 
 def _serve(port: int, settings: Any, redis_state: bool, multiprocess: bool, addr: str | None,
-           endpoints: Iterable[str] | None, pool: str | None, start_http_server: Any) -> Any:
+           endpoints: Iterable[str] | None, pool: str | None) -> Any:
     """:func:`start_metrics_server` after its port check."""
+    from prometheus_client import start_http_server
+
     if multiprocess:
         enable_multiprocess()
     declare_endpoints(fleet_endpoints_from_env() if endpoints is None else endpoints)

@@ -21,6 +21,7 @@ import math
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -39,10 +40,19 @@ class DeferredWaits:
 
     def __init__(self) -> None:
         self.longest_s = 0.0
+        self.longest_by_key: dict[str, float] = {}  # each key's own longest wait (:meth:`adder`)
 
     def add(self, wall_s: float) -> None:
         """Note a modelled wait of ``wall_s`` wall seconds (the driver's ``wait``)."""
         self.longest_s = max(self.longest_s, wall_s)
+
+    def adder(self, key: str) -> Callable[[float], None]:
+        """An :meth:`add` that also keeps ``key``'s own longest wait in ``longest_by_key``
+        (an evict of several endpoints: each one's duration sample is its own wait)."""
+        def add(wall_s: float) -> None:
+            self.longest_by_key[key] = max(self.longest_by_key.get(key, 0.0), wall_s)
+            self.add(wall_s)
+        return add
 
 
 class LeaseLost(threading.Event):

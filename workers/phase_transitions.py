@@ -301,14 +301,6 @@ class TransitionPhases:
                 if self._process_gone(inst):  # died before the evict: on record (no observer may have seen it)
                     self._record_death([inst], ctx, reloaded=False)
             modelled = DeferredWaits()  # the victims' modelled transitions run as one: the longest
-            own_waits: dict[str, float] = {}  # each endpoint's own modelled wait, wall s (its duration sample)
-
-            def wait_for(endpoint: str) -> Callable[[float], None]:
-                def add(wall_s: float) -> None:
-                    own_waits[endpoint] = max(own_waits.get(endpoint, 0.0), wall_s)
-                    modelled.add(wall_s)
-                return add
-
             t0 = time.monotonic()
             took: dict[str, float] = {}
             levels: dict[str, int] = {}
@@ -320,16 +312,16 @@ class TransitionPhases:
                     sleepy_stopped = extra.setdefault("sleep_skipped", [])
                     sleepy_stopped.append(f"{inst.endpoint}: {why}")
                     kind_of[inst.endpoint] = "evict"
-                    self._stop_instance(inst, wait_for(inst.endpoint))
+                    self._stop_instance(inst, modelled.adder(inst.endpoint))
                     took[inst.endpoint] = max(took.get(inst.endpoint, 0.0), time.monotonic() - t1)
                     continue
-                why = self._put_to_sleep(inst, wait_for(inst.endpoint), level) if inst.endpoint in sleepy else None
+                why = self._put_to_sleep(inst, modelled.adder(inst.endpoint), level) if inst.endpoint in sleepy else None
                 if inst.endpoint not in sleepy or why is not None:
                     if why is not None:
                         failed.append(f"{inst.endpoint}: {why}")
                         kind_of[inst.endpoint] = "evict"
                     # unregister first: the observer must not see a failure
-                    self._stop_instance(inst, wait_for(inst.endpoint))
+                    self._stop_instance(inst, modelled.adder(inst.endpoint))
                 else:
                     slept.add(inst.endpoint)
                     levels[inst.endpoint] = level
@@ -338,14 +330,14 @@ class TransitionPhases:
                 # all modelled: the evict takes the longest (a real stop's own time stands otherwise);
                 # each endpoint's sample is its own modelled time, not the longest of them all
                 self._wait_wall(modelled.longest_s, hb)
-                took = {e: took.get(e, 0.0) + own_waits.get(e, 0.0) for e in eps}
+                took = {e: took.get(e, 0.0) + modelled.longest_by_key.get(e, 0.0) for e in eps}
         stopped_here = {inst.endpoint for inst in running}
         for e in eps:  # an instance another lease was already stopping (its marker still here) took no time here:
             if e in stopped_here:  # not a transition of this phase, nor a sample of its duration
                 self._timed(ctx, extra, kind_of[e], e, planned[e], took.get(e, time.monotonic() - t0))
         extra["slept"] = sorted(slept)
         if slept:  # the level each sleeps at (the report counts sleeps per level)
-            extra["slept_levels"] = {e: levels.get(e, self._planned_level(ctx, e)) for e in sorted(slept)}
+            extra["slept_levels"] = {e: levels[e] for e in sorted(slept)}
         extra["transition"] = "sleep" if slept == set(eps) else "evict"
         if failed:
             extra["sleep_failed"] = "; ".join(failed)[:1000]
