@@ -20,7 +20,9 @@ submit-while-draining shape), Redis ``used_memory`` after drain (and its growth 
 the empty baseline), peak RSS growth of the planner and of the GPU worker (MiB, over
 their RSS once warm), per-job planner cost (planner CPU ms per job), the drain counts of
 the planner's last drain check, GPU slot utilization (leased GPU-time ÷ GPU-time) and
-idle-while-queued GPU-seconds, both sampled every ``SAMPLE_S``.
+idle-while-queued GPU-seconds, both sampled every ``SAMPLE_S``, and CPU ms per job of each
+process (planner, GPU worker, observer, this bench process with its submitting thread and
+samplers, the Redis server) beside raw Celery's CPU ms per task (worker, bench, Redis).
 """
 
 from __future__ import annotations
@@ -135,6 +137,23 @@ class Sampler:
                 pass
 
 
+def _cpu_by_process(pids: dict[str, int], r: redis.Redis) -> dict[str, float]:
+    """CPU seconds (user + system) so far of each process in ``pids``, of this bench process
+    (``bench``: the submitting thread and the samplers) and of the Redis server when it is
+    this machine's (``redis``, from INFO's used_cpu_sys + used_cpu_user)."""
+    out: dict[str, float] = {}
+    for name, pid in pids.items():
+        try:
+            out[name] = cpu_s(pid)
+        except OSError:
+            out[name] = 0.0
+    times = os.times()
+    out["bench"] = times.user + times.system
+    cpu = r.info("cpu")
+    out["redis"] = float(cpu["used_cpu_sys"]) + float(cpu["used_cpu_user"])
+    return out
+
+
 def _submit_all(prod: Producer, n: int, errors: list, client: Any = None) -> None:
     """``n`` no-op jobs: plain jobs through the Producer, or (``client``) calls of the
     no-op workload function ``bench.noop`` through :class:`makespan.client.Client`."""
@@ -180,6 +199,7 @@ def run_makespan(settings: Settings, gpus: int, n_jobs: int, workdir: Path, time
         base_done = state_size(r, keys)["completed"]
         mem0 = int(r.info("memory")["used_memory"])
         cpu0 = cpu_s(pids["planner"])
+        cpu_by_process0 = _cpu_by_process(pids, r)
         checks0 = int(r.hget(keys.drain, "checks") or 0)
         gpu_ids = [g.uuid for h in fleet.hosts for g in h.gpus]
         samp = Sampler(r, keys, gpu_ids, pids).start()
@@ -196,6 +216,7 @@ def run_makespan(settings: Settings, gpus: int, n_jobs: int, workdir: Path, time
         last = float(r.hget(tally_key(keys), "last_finished_s"))
         samp.stop()
         cpu1 = cpu_s(pids["planner"])
+        cpu_by_process1 = _cpu_by_process(pids, r)
         wait_for(lambda: int(r.hget(keys.drain, "checks") or 0) > checks0, 60, "drain check after the run")
         time.sleep(max(settings.retention_sweep_s, settings.planner_tick_s) * 3)  # a few idle sweeps
         size = state_size(r, keys)
@@ -208,6 +229,7 @@ def run_makespan(settings: Settings, gpus: int, n_jobs: int, workdir: Path, time
             "redis_used_memory_mib": mem1 / 2**20, "redis_growth_mib": (mem1 - mem0) / 2**20,
             "rss_growth_mib": {k: samp.rss_peak[k] - samp.rss0[k] for k in samp.rss0},
             "planner_cpu_ms_per_job": 1000 * (cpu1 - cpu0) / n_jobs,
+            "cpu_ms_per_job": {k: 1000 * (cpu_by_process1[k] - cpu_by_process0[k]) / n_jobs for k in cpu_by_process0},
             "drain": drain, "state": size,
             "utilization": samp.busy_s / samp.total_s if samp.total_s else 0.0,
             "idle_while_queued_gpu_s": samp.idle_queued_gpu_s, "gpu_s": samp.total_s,
@@ -269,13 +291,16 @@ def run_raw_celery(settings: Settings, concurrency: int, n_tasks: int, workdir: 
             app.noop.apply_async(queue=NOOP_QUEUE)
         wait_for(lambda: int(r.get(app.counter) or 0) >= 50, 60, "no-op warm-up")
         r.set(app.counter, 0)
+        cpu0 = _cpu_by_process({"worker": w.pid}, r)
         t0 = time.time()
         for _ in range(n_tasks):
             app.noop.apply_async(queue=NOOP_QUEUE)
         wait_for(lambda: int(r.get(app.counter) or 0) >= n_tasks, 3600, "no-op tasks", poll_s=0.01)
         el = time.time() - t0
+        cpu1 = _cpu_by_process({"worker": w.pid}, r)
         app.close()
-        return {"tasks": n_tasks, "tasks_per_s": n_tasks / el, "elapsed_s": el}
+        return {"tasks": n_tasks, "tasks_per_s": n_tasks / el, "elapsed_s": el,
+                "cpu_ms_per_task": {k: 1000 * (cpu1[k] - cpu0[k]) / n_tasks for k in cpu0}}
     finally:
         for k, v in saved.items():
             if v is None:
@@ -328,6 +353,7 @@ def main(argv: list[str] | None = None) -> int:
                                         function=mode == "function")
                     ours["mode"] = mode
                     ours["raw_celery_tasks_per_s"] = raw["tasks_per_s"]
+                    ours["raw_celery_cpu_ms_per_task"] = raw["cpu_ms_per_task"]
                     ours["raw_transport"] = a.raw_transport
                     ours["ratio_to_raw"] = ours["jobs_per_s"] / raw["tasks_per_s"]
                     rows.append(ours)
@@ -349,6 +375,11 @@ def _print_row(o: dict[str, Any]) -> None:
           f"planner_cpu_ms/job={o['planner_cpu_ms_per_job']:.3f} drain={o['drain']} "
           f"util={o['utilization']:.3f} idle_while_queued_gpu_s={o['idle_while_queued_gpu_s']:.2f}"
           f"/{o['gpu_s']:.1f}", flush=True)
+
+    def ms(d: dict[str, float]) -> str:
+        return " ".join(f"{k}={v:.2f}" for k, v in d.items()) + f" total={sum(d.values()):.2f}"
+    print(f"  cpu ms/job: {ms(o['cpu_ms_per_job'])} | raw Celery cpu ms/task: {ms(o['raw_celery_cpu_ms_per_task'])}",
+          flush=True)
 
 
 if __name__ == "__main__":
