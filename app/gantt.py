@@ -274,7 +274,11 @@ def summary_stats(events: list[dict[str, Any]], gpus: list[str] | None = None) -
     ``transitions.restore`` and ``transitions.prewarm``), ``sleep_level_count``
     ({level1, level2: instances put to sleep at that level, from the evict phases'
     ``slept_levels``}), ``busy_gpu_s``,
-    ``transition_gpu_s``, ``idle_gpu_s``, ``utilization``, ``gpus``, ``incomplete`` (phases
+    ``transition_gpu_s``, ``idle_gpu_s``, ``utilization``, ``weighted_tardiness_s``
+    (Σ w·max(0, C − d) in weight·wall s over the completed jobs whose ``submitted`` event
+    carries ``deadline_s``: d = submission + ``deadline_s`` × the record's time scale, as the
+    tardiness policies plan; docs/planner.md), ``tardy_jobs`` and ``jobs_with_deadline`` (of
+    those completed jobs), ``gpus``, ``incomplete`` (phases
     without their end event), ``cut_short`` (those by why: ``{preempted, reclaimed,
     ended, open_at_end}``, see :attr:`Interval.cut_by`), ``drains``, ``time_scale``. ``gpus`` defaults to every GPU named in the events.
     """
@@ -287,6 +291,7 @@ def summary_stats(events: list[dict[str, Any]], gpus: list[str] | None = None) -
     started: dict[str, float] = {}
     completed: dict[str, float] = {}
     prio: dict[str, str] = {}
+    deadline_s: dict[str, float] = {}  # workload s after submission, from the submitted event
     for ev in evs:
         job = ev.get("job")
         if not job:
@@ -295,6 +300,8 @@ def summary_stats(events: list[dict[str, Any]], gpus: list[str] | None = None) -
             prio.setdefault(job, str(ev["priority"]))
         if ev["kind"] == "submitted":
             submitted.setdefault(job, ev["ts"])
+            if isinstance(ev.get("deadline_s"), (int, float)):
+                deadline_s.setdefault(job, float(ev["deadline_s"]))
         elif ev["kind"] in ("leased", "phase_start") and job not in started:
             started[job] = ev["ts"]
         elif ev["kind"] == "completed":
@@ -334,6 +341,10 @@ def summary_stats(events: list[dict[str, Any]], gpus: list[str] | None = None) -
         p = prio.get(job, "NORMAL")
         completed_by_priority[p] = completed_by_priority.get(p, 0) + 1
     ts = [ev["time_scale"] for ev in evs if isinstance(ev.get("time_scale"), (int, float))]
+    wall_per_workload_s = float(ts[-1]) if ts else 1.0
+    due = {job: submitted[job] + d * wall_per_workload_s for job, d in deadline_s.items()
+           if job in completed and job in submitted}
+    late = [_weight(prio.get(job)) * (completed[job] - d) for job, d in due.items() if completed[job] > d]
     return {
         "jobs": jobs,
         # completed jobs whose submission the record does not hold: it starts mid-run (a capped
@@ -354,6 +365,9 @@ def summary_stats(events: list[dict[str, Any]], gpus: list[str] | None = None) -
         "transition_gpu_s": transition,
         "idle_gpu_s": max(0.0, capacity - busy - transition),
         "utilization": busy / capacity if capacity > 0 else 0.0,
+        "weighted_tardiness_s": sum(late),
+        "tardy_jobs": len(late),
+        "jobs_with_deadline": len(due),
         "gpus": len(gpu_set),
         "incomplete": sum(1 for iv in ivs if not iv.complete),
         "cut_short": {why: sum(1 for iv in ivs if iv.cut_by == why) for why in ("preempted", "reclaimed", "ended",
@@ -396,6 +410,8 @@ def summarize(events: list[dict[str, Any]], gpus: list[str] | None = None) -> st
            "submitted, the phase and transition counts only what it holds"]
           if s["completed_unsubmitted"] or s["ends_unstarted"] else []),
         f"makespan: {s['makespan_s']:.3f} s   weighted completion: {s['weighted_completion_s']:.3f} s",
+        *([f"deadlines: {s['tardy_jobs']} of {s['jobs_with_deadline']} completed jobs with a deadline_s were late; "
+           f"weighted tardiness {s['weighted_tardiness_s']:.3f} s"] if s["jobs_with_deadline"] else []),
         f"utilization: {s['utilization']:.1%} (every execute, preempted ones too: the demo's and replay's count completed jobs')   busy {s['busy_gpu_s']:.3f} GPU-s, "
         f"transition {s['transition_gpu_s']:.3f} GPU-s, idle {s['idle_gpu_s']:.3f} GPU-s",
         "phases: " + ", ".join(f"{p} {s['phase_count'][p]}x/{s['phase_gpu_s'][p]:.3f} GPU-s" for p in PHASES),

@@ -368,7 +368,8 @@ class Producer:
         Raises:
             ValidationError: the job is invalid (nothing was written), including a
                 ``depends_on`` id that names no job (checked atomically with the write).
-            StoreError: Redis failed (nothing or everything was written: the script is atomic).
+            StoreError: Redis failed (an outage writes nothing: the script runs whole or not at
+                all; a StoreBug keeps what it wrote before it, docs/operations.md).
         """
         if self.fleet is None:
             raise ValidationError("fleet", None, f"submitting needs a fleet: pass --fleet or start a planner first "
@@ -408,7 +409,8 @@ class Producer:
         if pool is not None:
             fields["pool"] = pool
         ev = json.dumps({"ts": now, "kind": "submitted", "job": job_id, "endpoint": spec.endpoint,
-                         "priority": spec.priority.name, "planned_s": spec.service_s})
+                         "priority": spec.priority.name, "planned_s": spec.service_s,
+                         **({"deadline_s": spec.deadline_s} if spec.deadline_s is not None else {})})
         # a delayed job is due at the server clock + delay_s; a dependency without a record is
         # refused by the same script (ValidationError, nothing written)
         try:

@@ -68,7 +68,8 @@ def submit_workload(r: redis.Redis, keys: Keys, fleet: FleetSpec, workload: Work
         the workload id (hex).
     Raises:
         ValidationError: invalid workload (nothing was written).
-        StoreError: Redis failed (the script is atomic: nothing or everything written), or
+        StoreError: Redis failed (an outage writes nothing: the script runs whole or not at
+            all; a StoreBug keeps what it wrote before it, docs/operations.md), or
             fewer than ``settings.submit_wait_replicas`` replicas acknowledged the write within
             ``settings.submit_wait_timeout_s`` (written on the primary, not yet known safe; the
             message names the workload).

@@ -68,7 +68,8 @@ class JobStore:
 
         Raises:
             ValidationError: as :meth:`submit` (nothing written).
-            StoreError: Redis failed (the script is atomic: nothing or all of it written)."""
+            StoreError: Redis failed (an outage writes nothing: the script runs whole or not at all;
+                a :class:`StoreBug` keeps what it wrote before it, docs/operations.md)."""
         fields = {**fields, "state": JobState.QUEUED.value}
         keys, args = self._submit_keys_args(job_id, fields, event_json, queue_key, idempotency_key, delay_s,
                                             touch=True)
@@ -82,7 +83,8 @@ class JobStore:
         (the script's reply, replicas that acknowledged).
 
         Raises:
-            StoreError: Redis failed (the script is atomic: nothing or all of it written)."""
+            StoreError: Redis failed (an outage writes nothing: the script runs whole or not at all;
+                a :class:`StoreBug` keeps what it wrote before it, docs/operations.md)."""
         pipe = self.r.pipeline(transaction=False)
         script(self.r, name, self.events_max_len).queue_eval(pipe, list(keys), list(args))
         pipe.execute_command("WAIT", replicas, timeout_ms)

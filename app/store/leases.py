@@ -21,7 +21,7 @@ from typing import Any, Literal, cast
 
 import redis
 
-from makespan.errors import LeaseError, StaleFencingToken, utf8_text
+from makespan.errors import LeaseError, StaleFencingToken, StoreBug, utf8_text
 from makespan.keys import WAKE_RELEASE, Keys
 from makespan.store.scripts import script, store_error
 from makespan.job_states import JobState
@@ -90,6 +90,7 @@ class LeaseStore:
         self._reclaim = script(r, "reclaim", events_max_len)
         self._expired = script(r, "expired", events_max_len)
         self._preempt = script(r, "preempt", events_max_len)
+        self._unreclaimable_logged: dict[str, float] = {}  # lease id -> monotonic s of its last log line
 
     def acquire(self, lease_id: str, gpus: tuple[str, ...], ttl_s: float, *, job_id: str = "", kind: str = "job",
                 holder: str = "", queue: str = "", planner_token: str = "", info: dict[str, Any] | None = None,
@@ -139,7 +140,8 @@ class LeaseStore:
                 out = self._acquire(keys=keys, args=args)
             elif isinstance(out, Exception):
                 # Redis refused this one script (e.g. OOM: refused before it ran, so the
-                # job stays queued for the next tick); the leases around it still count
+                # job stays queued for the next tick; an error raised inside it may have left
+                # a granted lease, which expires and is reclaimed); the leases around it still count
                 log.warning("lease %s for job %s not taken: %s", q["lease_id"], q.get("job_id"), out)
                 leases.append(None)
                 continue
@@ -201,7 +203,8 @@ class LeaseStore:
         written, so no phase hash outlives the lease).
 
         Raises:
-            StoreError: Redis failed (nothing written: the script is atomic)."""
+            StoreError: Redis failed (an outage writes nothing: a script runs whole or not at all; a
+                :class:`StoreBug` keeps what the script wrote before it, docs/operations.md)."""
         keys = [self.keys.lease(lease.lease_id), self.keys.phase(lease.lease_id),
                 *[self.keys.gpu(g) for g in lease.gpus]]
         out = int(self._claim_phase(keys=keys, args=[lease.lease_id, lease.token, phase]))
@@ -217,7 +220,8 @@ class LeaseStore:
         (nothing applied) if stale.
 
         Raises:
-            StoreError: Redis failed (nothing applied: the script is atomic)."""
+            StoreError: Redis failed (an outage applies nothing: a script runs whole or not at all;
+                a :class:`StoreBug` keeps what the script wrote before it, docs/operations.md)."""
         keys = [self.keys.gpu(g) for g in lease.gpus]
         encoded = []
         for op in ops:
@@ -276,7 +280,8 @@ class LeaseStore:
             ``(outcome, job id or "")``: outcome ``"stale"`` (the token is no longer current
             on every GPU: nothing written) or one of :meth:`reclaim_outcome`'s.
         Raises:
-            StoreError: Redis failed (nothing written: the script is atomic)."""
+            StoreError: Redis failed (an outage writes nothing: a script runs whole or not at all; a
+                :class:`StoreBug` keeps what the script wrote before it, docs/operations.md)."""
         keys = [self.keys.lease(lease.lease_id), self.keys.leases, self.keys.running, self.keys.events,
                 *([wake_key] if wake_key else [])]
         out = self._reclaim(keys=keys, args=[lease.lease_id, now_ms(), max_attempts, self.keys.script_prefix,
@@ -321,16 +326,35 @@ class LeaseStore:
         """Reclaim every expired lease (``expired``: their ids, already read; each is
         checked again inside its reclaim script). Returns counts by outcome; ``jobs``, when
         given, receives outcome -> the ids of the jobs that lease held (a log line names them).
+        A lease whose record its script cannot read (a Redis error reply: a record of the wrong
+        type, ``gpus`` that are not JSON; a hand edit or a bug) is counted ``unreclaimable``
+        and logged (ERROR, once a minute per lease) and the others are reclaimed: one such
+        lease, always first among the expired, stopped every planner tick.
 
         Raises:
-            StoreError: Redis failed."""
+            StoreError: Redis failed (not a :class:`StoreBug` of one lease)."""
         counts: dict[str, int] = {}
         for lease_id in (self.expired() or []) if expired is None else expired:
-            outcome, job_id = self._reclaim_one(lease_id, max_attempts, retry_backoff_s, retry_backoff_max_s)
+            try:
+                outcome, job_id = self._reclaim_one(lease_id, max_attempts, retry_backoff_s, retry_backoff_max_s)
+            except StoreBug as e:
+                self._log_unreclaimable(lease_id, e)
+                outcome, job_id = "unreclaimable", ""
             counts[outcome] = counts.get(outcome, 0) + 1
             if jobs is not None and job_id:
                 jobs.setdefault(outcome, []).append(job_id)
         return counts
+
+    def _log_unreclaimable(self, lease_id: str, error: StoreBug) -> None:
+        now = time.monotonic()
+        if now - self._unreclaimable_logged.get(lease_id, -3600.0) < 60.0:
+            return
+        if len(self._unreclaimable_logged) > 1000:
+            self._unreclaimable_logged.clear()
+        self._unreclaimable_logged[lease_id] = now
+        log.error("expired lease %s cannot be reclaimed (%s): its job and GPUs stay as they are until its record "
+                  "(`redis-cli HGETALL %s`) is mended; the other leases are reclaimed", lease_id, error,
+                  self.keys.lease(lease_id))
 
     def preempt(self, lease_id: str, by_job: str, planner_token: str = "") -> str:
         """Preempt the job holding ``lease_id`` in favour of ``by_job`` (see ``preempt.lua``).

@@ -130,3 +130,31 @@ def test_a_deadline_shorter_than_the_service_time_is_warned_about_at_submit(r, k
         prod.submit({"endpoint": "chat", "service_s": 10, "deadline_s": 100})
     said = [rec.getMessage() for rec in caplog.records if "cannot be met" in rec.getMessage()]
     assert len(said) == 1 and "deadline_s 10 is shorter than its service_s 100" in said[0], said
+
+
+def test_makespan_report_of_a_record_gives_weighted_tardiness_from_the_submitted_events(r, keys, settings):
+    """`makespan report DIR` (and --from-redis) summarise events, and the `submitted` event had
+    no `deadline_s`: a record's report had no deadline figures (a verifier). The producer now
+    writes it; the summary counts d = submission + deadline_s × the record's time scale."""
+    import pytest
+
+    from makespan.events import read_all
+    from makespan.gantt import summarize
+    from makespan.models import load_fleet
+    from makespan.producer import Producer
+    from tests.conftest import FLEET_TOML
+
+    prod = Producer(r, keys, load_fleet(FLEET_TOML), settings)
+    late, on_time, none = (prod.submit({"endpoint": "chat", "service_s": 10, "deadline_s": d, "priority": "HIGH"}).id
+                           for d in (20, 200, None))
+    submitted = {e["job"]: e for e in read_all(r, keys.events) if e["kind"] == "submitted"}
+    assert submitted[late]["deadline_s"] == 20 and "deadline_s" not in submitted[none]
+    t0 = submitted[late]["ts"]
+    events = [*submitted.values(), {"ts": t0 + 0.5, "kind": "time_scale_probe", "time_scale": 0.1},
+              *({"ts": t0 + 3.0, "kind": "completed", "job": j, "priority": "HIGH"} for j in (late, on_time, none))]
+    stats = summary_stats(events)
+    # late: due at t0 + 20 × 0.1 = t0 + 2 s, completed at t0 + 3 s (HIGH, weight 4): 4 weight·s
+    assert (stats["tardy_jobs"], stats["jobs_with_deadline"]) == (1, 2)
+    assert stats["weighted_tardiness_s"] == pytest.approx(4 * (3.0 - 2.0))
+    assert "deadlines: 1 of 2 completed jobs with a deadline_s were late" in summarize(events)
+    assert "deadlines:" not in summarize([submitted[none]])

@@ -117,7 +117,8 @@ class ReclaimExpired:
         if unconsumed:
             log.warning("no GPU worker has consumed host(s) %s: a lease there expired unconsumed; no new lease there "
                         "until a worker starts (`makespan gpu-worker --fleet FLEET --host HOST`)", ", ".join(unconsumed))
-        ended = {outcome: n for outcome, n in reclaimed.items() if outcome != "live"}  # live: renewed meanwhile
+        # live: renewed meanwhile; unreclaimable: a record its script cannot read (logged by the store)
+        ended = {outcome: n for outcome, n in reclaimed.items() if outcome not in ("live", "unreclaimable")}
         ctx.reclaimed = sum(ended.values())
         if ended:
             log.warning("reclaimed expired leases: %s%s", ended, _named_jobs(reclaimed_jobs))

@@ -43,6 +43,7 @@ local function key_result(prefix, job_id) return prefix .. ':result:' .. job_id 
 local function key_workloads_active(prefix) return prefix .. ':workloads:active' end
 local function key_instance(prefix, instance_id) return prefix .. ':instance:' .. instance_id end
 local function key_submit_counts(prefix) return prefix .. ':stats:submits' end
+local function key_seq(prefix) return prefix .. ':seq' end
 
 -- HSET every field of the Lua table tbl (field -> value, values written with tostring) on
 -- key, at most HSET_CHUNK fields per call: unpack() of more than about 8000 values fails
@@ -69,9 +70,26 @@ end
 -- idempotency key:
 -- it is lifted (PERSIST) while a job waits on it; the retention sweep, which still holds it in
 -- P:retained, deletes it once nothing waits (expire_retained.lua)
+-- the job ids of a record's `deps` (a JSON list; nil, '' or text that is not a JSON list of
+-- strings: none): a record whose deps could not be decoded made a script raise after its first
+-- writes (Redis keeps a script's writes made before its error), e.g. a cancel that had taken the
+-- job out of its queue and left it `queued`
+local function deps_list(deps_json)
+  if not deps_json or deps_json == '' then return {} end
+  local ok, deps = pcall(cjson.decode, deps_json)
+  if not ok or type(deps) ~= 'table' then
+    redis.log(redis.LOG_WARNING, 'makespan: a job record holds deps that are not a JSON list: ignored')
+    return {}
+  end
+  local out = {}
+  for _, d in ipairs(deps) do
+    if type(d) == 'string' then table.insert(out, d) end
+  end
+  return out
+end
+
 local function awaited_add(prefix, job_id, deps_json)
-  if not deps_json or deps_json == '' then return end
-  for _, d in ipairs(cjson.decode(deps_json)) do
+  for _, d in ipairs(deps_list(deps_json)) do
     redis.call('SADD', key_awaited(prefix, d), job_id)
     redis.call('PERSIST', key_job(prefix, d))
     redis.call('PERSIST', key_requests(prefix, d))
@@ -80,8 +98,7 @@ local function awaited_add(prefix, job_id, deps_json)
   end
 end
 local function awaited_drop(prefix, job_id, deps_json)
-  if not deps_json or deps_json == '' then return end
-  for _, d in ipairs(cjson.decode(deps_json)) do redis.call('SREM', key_awaited(prefix, d), job_id) end
+  for _, d in ipairs(deps_list(deps_json)) do redis.call('SREM', key_awaited(prefix, d), job_id) end
 end
 
 -- whether a job that has not ended waits on job_id (P:awaited:{job_id}): queued or delayed,
@@ -119,8 +136,7 @@ end
 
 -- whether every job of the JSON list deps_json (nil or '' = none) has completed
 local function deps_completed(prefix, deps_json)
-  if not deps_json or deps_json == '' then return true end
-  for _, d in ipairs(cjson.decode(deps_json)) do
+  for _, d in ipairs(deps_list(deps_json)) do
     if redis.call('HGET', key_job(prefix, d), 'state') ~= 'completed' then return false end
   end
   return true
@@ -166,12 +182,43 @@ local function forget_lease(jk)
   redis.call('HDEL', jk, 'lease', 'token', 'leased_at', 'started_at', 'gpus', 'host')
 end
 
+-- make an existing job record safe for a script to move before that script's first write: a
+-- `priority` that is not a level name becomes NORMAL, a `seq` that is not a number a fresh one
+-- (P:seq), a counter the scripts HINCRBY (`attempts`, `preemptions`, `fn_missing_backs`) that is
+-- not an integer 0. A record missing one (a hand edit, a bug)
+-- made reclaim, preempt, promote_delayed and reroute raise after they had freed the lease's
+-- GPUs or taken the job out of its queue: the job was left `queued` in no queue, or with
+-- no lease (Redis keeps a script's writes made before its error). Call it before any write.
+local PRIORITY_NAMES = {CRITICAL = true, HIGH = true, NORMAL = true, LOW = true}
+local function repair_job_record(prefix, jk)
+  if redis.call('EXISTS', jk) == 0 then return end
+  local rec = redis.call('HMGET', jk, 'priority', 'seq')
+  local repaired = false
+  if not PRIORITY_NAMES[rec[1] or ''] then
+    redis.call('HSET', jk, 'priority', 'NORMAL'); repaired = true
+  end
+  if not tonumber(rec[2] or '') then
+    redis.call('HSET', jk, 'seq', tostring(redis.call('INCR', key_seq(prefix)))); repaired = true
+  end
+  for _, counter in ipairs({'attempts', 'preemptions', 'fn_missing_backs'}) do  -- HINCRBY'd
+    local value = redis.call('HGET', jk, counter)
+    local number = tonumber(value or '0')
+    if not number or number ~= math.floor(number) then
+      redis.call('HSET', jk, counter, '0'); repaired = true
+    end
+  end
+  if repaired then
+    redis.log(redis.LOG_WARNING, 'makespan: repaired a job record missing a valid priority, seq or attempts: ' .. jk)
+  end
+end
+
 -- put a job back in its priority queue (of its pool: the record's `pool`, none for the
 -- implicit pool) at its submission seq; it holds no lease any more. A job of a named pool
 -- also wakes that pool's planner (another pool's planner may be the one requeueing it).
 -- reason nil: the reason field is left as it is. Returns the job's priority name.
 local function requeue_job(prefix, job_id, reason)
   local jk = key_job(prefix, job_id)
+  repair_job_record(prefix, jk)
   local rec = redis.call('HMGET', jk, 'priority', 'seq', 'pool')
   forget_lease(jk)
   if reason then

@@ -43,6 +43,7 @@ local helpers = redis.call('HGET', phases, 'helpers')
 local extra = helpers ~= false and helpers ~= '[]'
 local want = ARGV[1] .. ':' .. (L['token'] or '')
 local gpus = cjson.decode(L['gpus'] or '[]')
+repair_job_record(prefix, key_job(prefix, L['job']))  -- before the first write (lib)
 -- mid-transition or beside helpers, what is resident is unknown: forget it (the next start
 -- stops leftovers; a warm dispatch would not)
 free_gpus(prefix, want, gpus, not started or extra, false)

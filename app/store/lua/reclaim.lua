@@ -78,6 +78,7 @@ local tried = redis.call('HLEN', phases) > 0
 -- expired and a newer lease already holds the GPU: then the marker is the new holder's.
 -- A lease none of whose phases started changed nothing on its GPUs: their markers stand
 -- (a warm endpoint is not thrown away for a cold start)
+if L['job'] and L['kind'] == 'job' then repair_job_record(prefix, key_job(prefix, L['job'])) end  -- before any write
 free_gpus(prefix, want, gpus, tried, tried)
 -- a hand-back is no attempt either (a preemption is none): the worker was asked to stop, the
 -- job did not fail it; rolling restarts of the GPU workers must not use up its attempts.

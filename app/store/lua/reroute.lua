@@ -20,6 +20,7 @@
 if redis.call('GET', KEYS[3]) ~= ARGV[2] then return 0 end
 if redis.call('HGET', KEYS[2], 'state') ~= 'queued' then return 0 end
 if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then return 0 end
+repair_job_record(ARGV[3], KEYS[2])  -- before the first move (lib)
 local rec = redis.call('HMGET', KEYS[2], 'priority', 'seq')
 local pool = nil
 if ARGV[4] ~= '' then pool = ARGV[4] end
