@@ -75,7 +75,10 @@ class FormBatch:
     it wrote without an ETA (``CrossTickState.victims_without_eta``: at the next tick, not
     a refresh later), or the critical lane's preemptions did since the last batch's snapshot
     (``CrossTickState.lane_victims``); or a tick since the last batch followed
-    the kept plan (:mod:`makespan.workers.follow`; it wrote no reasons; at most as often). Else the batch stays empty.
+    the kept plan (:mod:`makespan.workers.follow`; it wrote no reasons; at most as often); or the
+    earliest ETA the last batch wrote has passed and nothing started that job (its GPUs' holder
+    overran: ``CrossTickState.next_eta_s``; at most as often: an ETA shown stays at most about
+    :data:`REASON_REFRESH_S` in the past). Else the batch stays empty.
     Writes ``held_gpus``, ``batch_formed`` and ``formed``."""
 
     name = "form batch"
@@ -96,10 +99,12 @@ class FormBatch:
         ages = ctx.env.now_s() >= kept.next_aging_s  # a job read last reaches the aging bound: its reservation
         ctx.batch_formed = (len(ctx.held_gpus) < len(ctx.env.gpus) or may_preempt or bool(snapshot.gated_gpus) or ages
                             or kept.victims_without_eta or kept.lane_victims != kept.lane_victims_planned
-                            or (queued != kept.heads_read or kept.reasons_stale or kept.fleet_waiting or self._function_back(ctx))
+                            or (queued != kept.heads_read or kept.reasons_stale or kept.fleet_waiting
+                                or ctx.env.now_s() >= kept.next_eta_s or self._function_back(ctx))
                             and now - kept.heads_read_at >= REASON_REFRESH_S)
         if ctx.batch_formed:
             kept.next_aging_s = float("inf")  # PlanBatch sets it again from its batch
+            kept.next_eta_s = float("inf")  # WriteWaitReasons sets it again from its rows
             kept.heads_read, kept.heads_read_at, kept.reasons_stale = queued, now, False
             kept.victims_without_eta, kept.lane_victims_planned = False, ctx.lane_victims_seen
             ctx.formed = form_batch(ctx.env, ctx.token, None if snapshot.workloads_active else heads)

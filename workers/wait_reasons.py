@@ -126,6 +126,7 @@ def _write(ctx: TickContext, batch: list[PlanJob], plan: Plan) -> None:
     memory_waits: dict[tuple[int, int], bool] = {}  # (tp, MiB per GPU) -> only a group without the memory is free
     on_gpu = _positions_on_gpu(plan)
     ahead = _future_reservation(ctx, batch, state, plan)  # (job id, its start once it ages) or None
+    earliest_eta = float("inf")  # workload s: once it passes with that job not started, FormBatch re-plans
     for job in batch:
         if job.id in ctx.dispatched:
             continue
@@ -149,7 +150,10 @@ def _write(ctx: TickContext, batch: list[PlanJob], plan: Plan) -> None:
             detail += f"; ages past the bound at {utc_text(_server_time_s(ctx, ahead[2], now))}, then reserved"
         eta = (_server_eta(ctx, start, now)
                if start is not None and gated.isdisjoint(assignment.gpus) else "")
+        if eta:
+            earliest_eta = min(earliest_eta, start)  # type: ignore[type-var]
         rows += [job.id, reason, detail, eta]
+    ctx.kept.next_eta_s = earliest_eta
     dependencies = _Dependencies(ctx, state, plan)
     for job_id, deps in ctx.formed.unready.items():
         ends = [dependencies.end_of(dep) for dep in deps]

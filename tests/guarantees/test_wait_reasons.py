@@ -902,3 +902,30 @@ def test_a_job_whose_start_failed_waits_in_retry_backoff_naming_the_start_error(
     expired = {**rec, "reason": "requeued: lease expired (holder lost); retry after 2 s"}
     assert reason_of(expired, planner_leads=True, server_now_s=900.0, queue_position=None,
                      stale_after_s=30.0)[1] == "attempt 2 after a reclaimed lease"
+
+
+def test_a_passed_eta_with_nothing_started_is_planned_again(r, settings, env):
+    """Every GPU held, nothing submitted, nothing ended: no tick planned, so when the holder
+    overran its estimate the waiting job's ETA lay in the past, with no word of the overrun,
+    until something else made a tick plan (an SLA user watching ``eta_in_s < 0``). Once the
+    earliest ETA written has passed with that job not started, the next tick (at most one per
+    REASON_REFRESH_S) plans again and rewrites it."""
+    clock = ManualClock(time.time())
+    s = dataclasses.replace(settings, lease_ttl_s=60.0, policy="portfolio")
+    sent = []
+    w = PlannerWorker(r, s, ONE, dispatch=lambda ctx, q: sent.append(ctx), clock=clock)
+    prod = Producer(r, w.keys, ONE, s)
+    r.set(w.keys.planner_leader, w.name)
+    holder = _lease(r, w, prod, "GPU-h-0", priority="NORMAL", service_s=1000.0)  # 10 wall s at 0.01
+    waiting = prod.submit({"endpoint": "e", "service_s": 100, "priority": "NORMAL"}).id
+    w.tick()
+    first = r.hgetall(w.keys.job(waiting))
+    assert first["wait_reason"] == "waiting_for_gpus" and "past its planned end" not in first["wait_detail"]
+    clock.advance(REASON_REFRESH_S)  # 100 workload s: the ETA (the holder's end, 1,000 s) still ahead
+    w.tick()
+    assert r.hget(w.keys.job(waiting), "wait_at") == first["wait_at"]  # no batch: nothing changed
+    clock.advance(10.0)  # the holder is 100 workload s past its planned end, and still holds the GPU
+    w.tick()
+    again = r.hgetall(w.keys.job(waiting))
+    assert sent == [] and again["wait_at"] != first["wait_at"]
+    assert f"job {holder} (" in again["wait_detail"] and "s past its planned end" in again["wait_detail"], again

@@ -184,6 +184,7 @@ class CrossTickState:
     # Settings.cancel_grace_s more (starts.note_preemption; starts._lease_request reads it)
     preempted_at: dict[str, float] = field(default_factory=dict)
     next_aging_s: float = float("inf")  # workload s: when the first job the last plan left waits past the aging bound (steps.PlanBatch)
+    next_eta_s: float = float("inf")  # workload s: the earliest ETA the last wait-reason write gave a batch job (wait_reasons; batch re-plans once it passes)
     lane_victims_planned: int = 0  # lane_victims before the snapshot of the last tick that formed a batch (batch)
 
 
