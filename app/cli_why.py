@@ -149,7 +149,7 @@ def _explain_rec(r, keys, settings, job_id: str, rec: dict[str, str], leads: boo
     from makespan.wait_reasons import reason_of, stale_after_s
 
     out: dict[str, Any] = {"id": job_id, "state": rec.get("state"), "priority": rec.get("priority"),
-                           "endpoint": rec.get("endpoint"), "pool": rec.get("pool"), "fn": rec.get("fn") or None,
+                           "planned_priority": None, "endpoint": rec.get("endpoint"), "pool": rec.get("pool"), "fn": rec.get("fn") or None,
                            "reason": None, "detail": "", "eta": None,
                            "eta_in_s": None, "as_of_s": None, "finished_at": None, "leased_at": None,
                            "started_at": None, "since_s": None, "phase": None, "cancel_requested": False,
@@ -193,6 +193,9 @@ def _explain_rec(r, keys, settings, job_id: str, rec: dict[str, str], leads: boo
 
         detail += higher_levels_ahead(r, keys.for_pool(rec.get("pool")), rec.get("priority") or "NORMAL")
     out.update(reason=reason, detail=detail, eta=eta, eta_in_s=None if eta is None else round(eta - now_s, 3))
+    # the level it is planned at: a dependant's it inherits (the planner's entry), else its own
+    inherited = rec.get("planned_priority") if reason not in ("behind_batch", "no_planner") else None
+    out["planned_priority"] = inherited or rec.get("priority")
     if rec.get("wait_at") and reason not in ("no_planner", "delayed_until", "retry_backoff"):
         # clamped: a write stamped a moment after this read's server time is as of 0 s, not -0.0
         out["as_of_s"] = round(max(0.0, now_s - float(rec["wait_at"])), 3)

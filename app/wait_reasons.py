@@ -10,7 +10,9 @@ batch, and of the unready steps it read), in one script (:mod:`makespan.workers.
   dependency, the reservation, the queue position ...);
 * ``wait_eta``: the planned start in the current plan, unix s on the Redis server's clock
   ('' when the plan has none, e.g. a step whose dependency has no planned end);
-* ``wait_at``: when it was written, unix s on the Redis server's clock.
+* ``wait_at``: when it was written, unix s on the Redis server's clock;
+* ``planned_priority``: only while it is planned at a higher level than its own (it inherits
+  the level of a job waiting on it, docs/concepts.md); deleted at a write without one.
 
 Only a job still ``queued`` is written. A delayed job's reason needs no planner: it is
 read from its record (``not_before``; ``attempts`` > 0: a retry backoff). A queued job
@@ -52,7 +54,7 @@ REASONS: dict[str, str] = {
     "behind_batch": "queued behind the planner's batch (batch_size jobs by priority, FIFO): the detail gives "
                     "its queue position",
 }
-FIELDS = ("wait_reason", "wait_detail", "wait_eta", "wait_at")
+FIELDS = ("wait_reason", "wait_detail", "wait_eta", "wait_at", "planned_priority")
 DELAYED_REASONS = ("delayed_until", "retry_backoff")  # a delayed job's codes (read from its record)
 # a queued job's codes: makespan_queued_jobs_by_reason's labels (delayed jobs: makespan_delayed_jobs)
 QUEUED_REASONS = tuple(code for code in REASONS if code not in DELAYED_REASONS)

@@ -127,6 +127,7 @@ def _write(ctx: TickContext, batch: list[PlanJob], plan: Plan) -> None:
     on_gpu = _positions_on_gpu(plan)
     ahead = _future_reservation(ctx, batch, state, plan)  # (job id, its start once it ages) or None
     earliest_eta = float("inf")  # workload s: once it passes with that job not started, FormBatch re-plans
+    planned_levels: dict[str, str] = {}  # job id -> the dependant's level it inherited (planned_priority)
     for job in batch:
         if job.id in ctx.dispatched:
             continue
@@ -134,6 +135,7 @@ def _write(ctx: TickContext, batch: list[PlanJob], plan: Plan) -> None:
         reason, detail = _batch_reason(ctx, job, state, plan, assignment, memory_waits, on_gpu)
         own = ctx.formed.own_level.get(job.id)
         if own is not None and job.priority < own:  # it inherited a dependant's level (batch.inherit)
+            planned_levels[job.id] = Priority(job.priority).name
             detail += (f"; planned at {Priority(job.priority).name}, not its own {own.name}: a "
                        f"{Priority(job.priority).name} job waits on it")
         # a job planned on a host without a GPU worker, or cordoned, has no ETA (whatever its
@@ -192,7 +194,7 @@ def _write(ctx: TickContext, batch: list[PlanJob], plan: Plan) -> None:
                                       f"{env.settings.batch_size} jobs", ""]
     if rows or ctx.kept.reason_counts_written:
         ctx.kept.reason_counts_written = bool(rows)
-        JobStore(env.r, env.keys).write_wait_reasons(ctx.token, rows)
+        JobStore(env.r, env.keys).write_wait_reasons(ctx.token, rows, planned_levels)
 
 
 def _clear_reason_counts(ctx: TickContext) -> None:

@@ -12,7 +12,7 @@ pipeline's ``execute()`` raises instead).
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -284,12 +284,20 @@ class JobStore:
         delayed jobs waiting on it at any depth (at most ``most_walked`` read per job)."""
         return [int(x) for x in self._run("inherited_levels", [], [self.keys.script_prefix, most_walked, *job_ids])]
 
-    def write_wait_reasons(self, planner_token: str, rows: Sequence[str]) -> int:
+    def write_wait_reasons(self, planner_token: str, rows: Sequence[str],
+                           planned_levels: Mapping[str, str] | None = None) -> int:
         """Write ``rows`` (``job id, reason, detail, eta`` repeated) on the records still
-        queued and replace the reason counts. Returns how many were written (-1: fenced off)."""
+        queued and replace the reason counts; ``planned_levels``: job id -> the level name it
+        is planned at when higher than its own (a dependant's it inherits), written as
+        ``planned_priority`` (deleted on the other rows' records). Returns how many were
+        written (-1: fenced off)."""
+        levels = planned_levels or {}
+        argv: list[str] = []
+        for i in range(0, len(rows), 4):
+            argv += [*rows[i:i + 4], levels.get(rows[i], "")]
         return int(self._run("write_wait_reasons", [self.keys.planner_fence, self.keys.wait_reason_counts,
                                                     self.keys.wait_reasons_at],
-                             [planner_token, self.keys.script_prefix, *rows]))
+                             [planner_token, self.keys.script_prefix, *argv]))
 
     def write_drain(self, planner_token: str, fields: dict[str, Any]) -> bool:
         """Write a drain check's ``fields`` to ``P:drain`` (and count the check) while

@@ -95,3 +95,50 @@ def test_the_inherited_level_is_shown_in_the_wait_detail(r, settings):
         assert "planned at CRITICAL, not its own LOW: a CRITICAL job waits on it" in r.hget(w.keys.job(low), "wait_detail")
     finally:
         w.close()
+
+
+def test_the_inherited_level_is_a_field_of_why_jobs_and_status_and_goes_with_the_cancel(r, settings, monkeypatch):
+    """The inherited level was only in the detail's words (an SLA user: tools had to parse
+    English). ``planned_priority`` now carries it in ``why --json``, ``jobs --json`` and
+    ``status``; cancelling the dependant puts it back to the job's own level at the next
+    tick that plans."""
+    import json
+    import time
+
+    from typer.testing import CliRunner
+
+    from makespan.cli import app as cli_app
+    from makespan.workers.batch import REASON_REFRESH_S
+    from makespan.workers.tick.clock import ManualClock
+
+    monkeypatch.setenv("MAKESPAN_REDIS_URL", settings.redis_url)
+    monkeypatch.setenv("MAKESPAN_KEY_PREFIX", settings.key_prefix)
+    clock = ManualClock(time.time())
+    s = dataclasses.replace(settings, lease_ttl_s=60.0, policy="portfolio")
+    sent = []
+    w = PlannerWorker(r, s, ONE_GPU, dispatch=lambda ctx, q: sent.append(ctx), clock=clock)
+    prod = Producer(r, w.keys, ONE_GPU, s)
+    r.set(w.keys.planner_leader, w.name)
+    try:
+        busy = prod.submit({"endpoint": "e", "service_s": 500, "priority": "CRITICAL"}).id
+        w.tick()
+        assert [c.job_id for c in sent] == [busy]
+        low = prod.submit({"endpoint": "e", "service_s": 5, "priority": "LOW"}).id
+        crit = prod.submit({"endpoint": "e", "service_s": 5, "priority": "CRITICAL", "depends_on": [low]}).id
+        clock.advance(REASON_REFRESH_S)
+        w.tick()
+
+        def views() -> tuple[str, str, str]:
+            why = json.loads(CliRunner().invoke(cli_app, ["why", low, "--json"]).output)
+            listed = [json.loads(line) for line in CliRunner().invoke(cli_app, ["jobs", "--json"]).output.splitlines()]
+            return (why["planned_priority"], next(x for x in listed if x["id"] == low)["planned_priority"],
+                    prod.status(low)["planned_priority"])
+
+        assert views() == ("CRITICAL", "CRITICAL", "CRITICAL")
+        prod.cancel(crit)
+        clock.advance(REASON_REFRESH_S)
+        w.tick()
+        assert views() == ("LOW", "LOW", "LOW")
+        assert r.hget(w.keys.job(low), "planned_priority") is None
+    finally:
+        w.close()
