@@ -62,10 +62,72 @@ class StartPlanned:
                 continue
             ctx.taken.update(assignment.gpus)
             starts.append((jobs[assignment.job_id], assignment.gpus, assignment.end_s, assignment.load))
+        starts = _lane_swaps(ctx, starts, now_s)
         # everything here starts now: lease in priority order, then submission order
         starts.sort(key=lambda start: (start[0].priority, start[0].seq))
         ctx.started = start_many(ctx, starts)
         ctx.dispatched |= ctx.started
+
+
+def _lane_swaps(ctx: TickContext, starts: list[Start], now_s: float) -> list[Start]:
+    """``starts`` with each start the fast lane's rule would preempt at once given to the lane
+    job it would preempt it for (the rule's group, planned end and load), the lower-level job
+    left queued (not leased). The rule (:func:`makespan.planner.fast_lane.rule_preemptions`)
+    runs after the tick's starts at the next tick's ``Preempt`` step, where a job this tick
+    leased is a victim like any other: a tick leased NORMAL jobs and the next one preempted
+    them for a waiting HIGH job 10–40 ms later, a run thrown away and a preemption of the
+    victim's budget spent each time (a pools operator). Here, before any lease, only this
+    tick's lower-level starts are candidates: nothing that runs is cut."""
+    settings = ctx.env.settings
+    grace = settings.fast_lane_start_grace
+    state, plan = ctx.fleet_state, ctx.plan
+    if not grace or not starts or state is None or plan is None:
+        return starts
+    starting = {start[0].id for start in starts}
+    waiting = [job for job in ctx.batch if job.id not in starting and job.id not in ctx.dispatched]
+    lane_levels = [job.priority for job in waiting if job.priority in grace and job.priority <= Priority.HIGH]
+    if not lane_levels:
+        return starts
+    top = min(lane_levels)
+    candidates = {start[0].id: start for start in starts if start[0].priority > top}
+    if not candidates:
+        return starts
+    from makespan.planner import fast_lane, preemption_plan
+    from makespan.planner.model import RunningJob
+    from makespan.planner.replay import state_after
+
+    jobs = {job.id: job for job in ctx.batch}
+    running: dict[str, RunningJob] = {}
+    for job, gpus, end_s, _load in candidates.values():
+        held = RunningJob(job, tuple(gpus), now_s, now_s, end_s, preemptable=True)
+        running.update({gpu: held for gpu in gpus})
+    after = state_after(state, jobs, plan.assignments, starting, running=running)
+    forced = fast_lane.rule_preemptions(preemption_plan.Branch(after, waiting, None, [], [], []),
+                                        settings.fast_lane_levels, grace)
+    if not forced.taken:
+        return starts
+    dropped: set[str] = set()
+    added: list[Start] = []
+    for decision, assignment in zip(forced.taken, forced.starts):
+        victim_gpus = {gpu for victim in decision.victims for gpu in candidates[victim][1]} \
+            if set(decision.victims) <= set(candidates) - dropped else set()
+        # only a group its victims' starts hold, and free GPUs nothing else of this tick takes
+        if not victim_gpus or (set(decision.gpus) - victim_gpus) & ctx.taken:
+            continue
+        dropped |= set(decision.victims)
+        ctx.taken.update(decision.gpus)
+        added.append((jobs[decision.job_id], tuple(decision.gpus), assignment.end_s, assignment.load))
+        log.info("started %s job %s instead of %s (the fast lane's rule would preempt %s at once)",
+                 Priority(jobs[decision.job_id].priority).name, decision.job_id, ", ".join(decision.victims),
+                 "it" if len(decision.victims) == 1 else "them")
+    if not added:
+        return starts
+    kept = [start for start in starts if start[0].id not in dropped]
+    now_taken = {gpu for start in added for gpu in start[1]}
+    for start in starts:  # a dropped start's GPUs that no lane job took are free again
+        if start[0].id in dropped:
+            ctx.taken.difference_update(set(start[1]) - now_taken)
+    return kept + added
 
 
 def start_many(ctx: TickContext, starts: list[Start]) -> set[str]:
