@@ -108,6 +108,7 @@ class LaneOutcome:
             raised; the job then stays queued for the tick.)
         gpus: the group leased (empty when none).
         victims: lease ids preempted for it.
+        victim_jobs: the ids of the jobs those leases held (the ``preempted`` events' ``job``).
         read_ms, chosen_ms: milliseconds from the start of :meth:`CriticalLane.place` to the
             state read and to the placement chosen (0: not reached).
     """
@@ -115,6 +116,7 @@ class LaneOutcome:
     outcome: str
     gpus: tuple[str, ...] = ()
     victims: tuple[str, ...] = ()
+    victim_jobs: tuple[str, ...] = ()
     read_ms: float = 0.0
     chosen_ms: float = 0.0
 
@@ -219,7 +221,8 @@ class CriticalLane:
         if out.leased:  # work ran outside the tick: the drain is checked again (workers/drain.py)
             self.kept.lane_leases += 1
         events.record(self.env.r, self.env.keys.events, "critical_lane", job=job_id, outcome=out.outcome,
-                      gpus=list(out.gpus) or None, victims=list(out.victims) or None, took_ms=round(took_ms, 3),
+                      gpus=list(out.gpus) or None, victims=list(out.victims) or None,
+                      victim_jobs=list(out.victim_jobs) or None, took_ms=round(took_ms, 3),
                       read_ms=round(out.read_ms, 3), chosen_ms=round(out.chosen_ms, 3), during_tick=during_tick)
         if out.leased:
             log.info("critical lane: job %s %s on %s in %.1f ms%s", job_id, out.outcome, ",".join(out.gpus), took_ms,
@@ -340,7 +343,8 @@ class CriticalLane:
         if not start_job(ctx, job, placement.gpus, end_s, placement.load):
             return LaneOutcome("lost_race", (), placement.victims)
         outcome = "preempted" if placement.victims else placement.load
-        return LaneOutcome(outcome, placement.gpus, placement.victims)
+        held = tuple((victim_jobs or {}).get(victim) or "" for victim in placement.victims)
+        return LaneOutcome(outcome, placement.gpus, placement.victims, tuple(job for job in held if job))
 
 
 def _plan_job(job_id: str, rec: dict[str, str | None], deps_completed: Callable[[list[str]], bool],

@@ -466,13 +466,16 @@ class PlannerWorker:
                 self._release(lock)
 
     def _release(self, lock) -> None:
-        """Write the queued solve stats and give ``lock`` back (best effort: a lock already
+        """Write the queued solve stats, withdraw the pool's offer (:mod:`makespan.pools`: a
+        submit in the offer's TTL went to this stopped pool) and give ``lock`` back (best effort: a lock already
         lost, or a Redis that did not answer the stats' write, is left to the TTL; a second
         command to a Redis that does not answer would hold the shutdown another socket
         timeout)."""
         try:
             p = self.r.pipeline(transaction=False)
             queue_solve_stats(p, self.keys, self.kept)
+            if self.pool:  # routing skips a pool without an offer: not its stopped planner's for the TTL
+                p.delete(self.keys.pool_offer)
             p.execute()
             lock.release()
             log.info("%s: released the leader lock (a standby takes over at once)", self.name)

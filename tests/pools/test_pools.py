@@ -375,3 +375,20 @@ def test_every_pools_planner_exports_the_queues_of_a_pool_no_planner_leads(r, se
     r.set(keys.for_pool("b").planner_leader, "planner-b")  # b's planner leads: it exports its own
     depth, reasons = exported()
     assert ("HIGH", "b") not in depth and ("no_planner", "b") not in reasons
+
+
+def test_a_pool_planner_that_stops_withdraws_its_offer(r, settings, keys):
+    """A pools operator stopped pool b's only planner (SIGTERM) and at once submitted jobs of
+    an endpoint both pools serve: they went to b, whose offer outlived its planner for the
+    offer's TTL, though pool a had a leader (docs/scaling.md: a pool whose planner stopped
+    leading is skipped). The planner now deletes its pool's offer as it releases the lock."""
+    workers, prod, _sent = _planners(r, settings)
+    for pool in ("a", "b"):
+        workers[pool].tick()
+    stopping = workers["b"]
+    lock = stopping._lead()
+    assert lock is not None and r.exists(keys.for_pool("b").pool_offer)
+    stopping._release(lock)
+    assert not r.exists(keys.for_pool("b").pool_offer)
+    job = prod.submit({"endpoint": "both", "service_s": 5}).id
+    assert r.hget(keys.job(job), "pool") == "a"

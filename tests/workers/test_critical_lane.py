@@ -103,6 +103,10 @@ def test_every_gpu_held_by_low_work_preempts_the_cheapest_group(r, settings, cap
     (victim,) = out.victims
     # the log line names the victim's job, not only its lease
     assert f"preempted job {victims_jobs[victim]} (lease {victim}) for CRITICAL job {job}" in caplog.text
+    # the lane's event names the victims' jobs beside their leases (a pools operator looked a lease id up as a job)
+    assert out.victim_jobs == (victims_jobs[victim],)
+    lane_events = [json.loads(f["e"]) for _i, f in r.xrange(w.keys.events)]
+    assert [e["victim_jobs"] for e in lane_events if e["kind"] == "critical_lane"] == [[victims_jobs[victim]]]
     assert tuple(out.gpus) == tuple(pairs[leases.index(victim)])
     assert [c.job_id for c in sent] == [job] and sent[0].gpus == list(out.gpus)
     assert r.hget(w.keys.job(job), "state") == "leased"
