@@ -302,8 +302,9 @@ def fleet_difference(published: Any, mine: Any) -> list[str]:
     added, removed, with another GPU count, other GPU UUIDs (a GPU swap) or other GPU memory;
     endpoints added, removed, or with another ``tensor_parallel`` or ``memory_mib_per_gpu``
     (what cancels queued jobs or moves work, docs/operations.md "Changing the fleet file"),
-    ``launch`` (what runs on the GPUs), set point or any other field, each named; and any
-    other fleet-wide field (pools, the name): "other settings". Every difference found is
+    ``launch`` (what runs on the GPUs), set point or any other field, each named; pools
+    added, removed, with other hosts, and the pools serving each endpoint; the fleet's name;
+    and any other fleet-wide field: "other fleet-wide settings". Every difference found is
     listed, not only the first kind."""
     lines = []
     old_hosts = {host.name: host for host in published.hosts}
@@ -365,11 +366,48 @@ def fleet_difference(published: Any, mine: Any) -> list[str]:
                          if old_dump.get(key) != new_dump.get(key)]
     if other_fields:
         lines.append(f"other fields changed: {', '.join(other_fields)}")
-    fleet_wide = {"hosts", "endpoints"}
+    lines += _pool_changes(published, mine)
+    if published.name != mine.name:
+        lines.append(f"fleet name changed: {published.name!r} -> {mine.name!r}")
+    fleet_wide = {"hosts", "endpoints", "pools", "name"}
     if published.model_dump(exclude=fleet_wide) != mine.model_dump(exclude=fleet_wide):
-        lines.append("other settings changed (pools, the fleet's name…)")
+        lines.append("other fleet-wide settings changed")
     if not lines and published != mine:
         lines.append("other settings changed")
+    return lines
+
+
+def _pool_changes(published: Any, mine: Any) -> list[str]:
+    """Lines naming each pool added or removed, each pool's hosts moved, and each endpoint
+    served by other pools (queued jobs of an endpoint its pool stops serving move to a pool
+    that serves it, docs/scaling.md "Pools"); [] when the pools are the same."""
+    if published.pools == mine.pools:
+        return []
+    old_pools = {pool.name: pool for pool in published.pools}
+    new_pools = {pool.name: pool for pool in mine.pools}
+    lines = []
+    if added := sorted(set(new_pools) - set(old_pools)):
+        lines.append(f"pools added: {', '.join(added)}")
+    if removed := sorted(set(old_pools) - set(new_pools)):
+        lines.append(f"pools removed: {', '.join(removed)} (their queued jobs move to a pool that serves their "
+                     "endpoint)")
+    for name in sorted(set(old_pools) & set(new_pools)):
+        before, after = set(old_pools[name].hosts), set(new_pools[name].hosts)
+        if before != after:
+            gained, lost = sorted(after - before), sorted(before - after)
+            lines.append(f"pool {name} hosts: " + "; ".join(
+                part for part in (f"+{', '.join(gained)}" if gained else "", f"-{', '.join(lost)}" if lost else "")
+                if part))
+    moved = []
+    for endpoint in sorted(set(published.endpoints) & set(mine.endpoints)):
+        was, now = published.pools_serving(endpoint), mine.pools_serving(endpoint)
+        if was != now:
+            moved.append(f"{endpoint} {','.join(was) or '-'} -> {','.join(now) or '-'}")
+    if moved:
+        lines.append("pools serving an endpoint changed (its queued jobs in a pool that stops serving it move to "
+                     f"one that does): {'; '.join(moved)}")
+    if not lines:
+        lines.append("pools changed (their order or endpoint lists, with the same effect)")
     return lines
 
 

@@ -246,3 +246,30 @@ def test_the_sleeping_set_point_example_is_what_its_docs_say():
     assert coder.sleep_options == ((1, 8.0, 124000), (2, 40.0, 0)) and fleet.sleep_warnings() == []
     assert fleet.set_point_by_gpu() == {"GPU-host-a-0": "coder", "GPU-host-a-1": "coder"}
     assert fleet.host_ram_budgets() == {"host-a": 131072} and fleet.endpoints["chat"].sleep_options == ((1, 5.0, 24000),)
+
+
+def test_pool_changes_are_each_named_not_lumped_with_the_name():
+    """A pools operator moved endpoint ``both`` out of pool a: check-fleet said only "other
+    settings changed (pools, the fleet's name…)", though the name had not changed."""
+    from makespan.cli_hosts import fleet_difference
+    from makespan.models import parse_fleet
+
+    def fleet(pool_a_endpoints, pool_b_hosts=("b1",), name="two-pools"):
+        return parse_fleet({
+            "name": name,
+            "hosts": [{"name": h, "gpu_count": 1, "memory_mib": 80000} for h in ("a1", "b1", "b2")],
+            "endpoints": {e: {"model": f"sim/{e}", "memory_mib_per_gpu": 10000, "cold_start_s": 5}
+                          for e in ("onlya", "onlyb", "both")},
+            "pools": [{"name": "a", "hosts": ["a1", *(h for h in ("b1", "b2") if h not in pool_b_hosts)],
+                       "endpoints": list(pool_a_endpoints)},
+                      {"name": "b", "hosts": list(pool_b_hosts), "endpoints": ["onlyb", "both"]}]})
+
+    before = fleet(["onlya", "both"])
+    lines = fleet_difference(before, fleet(["onlya"]))
+    assert lines == ["pools serving an endpoint changed (its queued jobs in a pool that stops serving it move to one "
+                     "that does): both a,b -> b"], lines
+    lines = fleet_difference(before, fleet(["onlya", "both"], pool_b_hosts=("b1", "b2"), name="renamed"))
+    assert "pool a hosts: -b2" in lines and "pool b hosts: +b2" in lines
+    assert "fleet name changed: 'two-pools' -> 'renamed'" in lines
+    assert not any("other" in line for line in lines), lines
+    assert fleet_difference(before, before) == []
