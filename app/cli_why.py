@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import redis
 import typer
 
 from makespan.errors import MakespanError, ValidationError
@@ -138,6 +139,23 @@ def _context(r, keys) -> tuple[bool, float, float | None]:
     return bool(r.exists(keys.planner_leader)), sec + usec / 1e6, float(written) if written else None
 
 
+def _leader_silent(r, keys, settings) -> str:
+    """A note when the leading planner has missed two renewals of its leader lock (its TTL
+    left is under ``planner_lock_ttl_s`` − 2 × ``planner_lock_renewal_s``, this process's
+    settings): it died or stalled, and until the lock runs out nothing is planned (a pools
+    operator saw only ``behind_batch``, position 1, for the CRITICAL job of a killed leader).
+    '' otherwise, or when the TTL cannot be read."""
+    try:
+        left_ms = int(r.pttl(keys.planner_leader))
+        ttl_s, renewal_s = settings.planner_lock_ttl_s, settings.planner_lock_renewal_s
+    except (AttributeError, TypeError, ValueError, redis.RedisError):
+        return ""
+    if left_ms < 0 or left_ms / 1000.0 >= ttl_s - 2 * renewal_s:
+        return ""
+    return (f"; the leading planner has not renewed its leader lock for {ttl_s - left_ms / 1000.0:.1f} s (it "
+            f"stopped or stalled): a standby takes over within {left_ms / 1000.0:.1f} s, when the lock runs out")
+
+
 def _float_or_none(raw: str | None) -> float | None:
     return float(raw) if raw else None
 
@@ -192,6 +210,8 @@ def _explain_rec(r, keys, settings, job_id: str, rec: dict[str, str], leads: boo
         from makespan.producer import higher_levels_ahead
 
         detail += higher_levels_ahead(r, keys.for_pool(rec.get("pool")), rec.get("priority") or "NORMAL")
+    if reason == "behind_batch":
+        detail += _leader_silent(r, keys.for_pool(rec.get("pool")), settings)
     out.update(reason=reason, detail=detail, eta=eta, eta_in_s=None if eta is None else round(eta - now_s, 3))
     # the level it is planned at: a dependant's it inherits (the planner's entry), else its own
     inherited = rec.get("planned_priority") if reason not in ("behind_batch", "no_planner") else None

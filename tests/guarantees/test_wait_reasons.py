@@ -929,3 +929,20 @@ def test_a_passed_eta_with_nothing_started_is_planned_again(r, settings, env):
     again = r.hgetall(w.keys.job(waiting))
     assert sent == [] and again["wait_at"] != first["wait_at"]
     assert f"job {holder} (" in again["wait_detail"] and "s past its planned end" in again["wait_detail"], again
+
+
+def test_why_says_when_the_leading_planner_stopped_renewing_its_lock(r, settings, env):
+    """A pools operator SIGKILLed a leader and submitted a CRITICAL job: for the lock's
+    remaining TTL `why` said only ``behind_batch``, position 1, as if the planner were busy."""
+    from makespan.keys import Keys
+    from makespan.settings import Settings
+
+    own, keys = Settings.from_env(), Keys(settings.key_prefix)
+    prod = Producer(r, keys, ONE, settings)
+    job = prod.submit({"endpoint": "e", "service_s": 5, "priority": "CRITICAL"}).id
+    leader = keys.planner_leader
+    r.set(leader, "a-dead-planner", px=int(own.planner_lock_ttl_s * 1000))  # just renewed
+    assert "has not renewed its leader lock" not in _why(job, "behind_batch")
+    r.pexpire(leader, int((own.planner_lock_ttl_s - 2.5 * own.planner_lock_renewal_s) * 1000))  # 2.5 renewals missed
+    out = _why(job, "behind_batch")
+    assert "the leading planner has not renewed its leader lock for" in out and "a standby takes over within" in out
