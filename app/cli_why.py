@@ -296,7 +296,7 @@ def line(x: dict[str, Any]) -> str:
     if x["reason"] is None:
         ended = f", ended {_utc_text(x['finished_at'])}" if x["finished_at"] is not None else ""
         activity = _activity(x) if x.get("leased_at") or x.get("phase") else ""
-        if activity.startswith(x["state"]):  # "running since …", "leased 2026-…": the state is its first word
+        if x["state"] and activity.startswith(x["state"]):  # "running since …": the state is its first word
             return f"{x['id']}: {activity}" + (f" ({x['detail']})" if x["detail"] else "")
         doing = f", {activity}" if activity else ""
         return f"{x['id']}: {x['state']}{ended}{doing}" + (f" ({x['detail']})" if x["detail"] else "")

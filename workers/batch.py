@@ -47,6 +47,7 @@ from makespan.models import Priority
 from makespan.planner.model import PlanJob
 from makespan.registry import function_placement
 from makespan.store import JobStore
+from makespan.store.jobs import record_deps, unreadable_field
 from makespan.workers.host_liveness import hosts_that_fit
 from makespan.workers.pool_rehome import reroute_elsewhere
 from makespan.workers.tick.clock import release_s
@@ -233,10 +234,11 @@ class _BatchScan:
                     continue
                 if (pool or None) != self.keys.pool:  # another pool's job: its own planner plans it (and
                     continue                          # it inherits the dependant's level there, P:awaited)
-                if (not self.runnable(job_id, priority_name, endpoint, helpers) or self.function_waits(job_id, fn)
+                if (not self.readable(job_id, priority_name, service, submitted, seq, due, not_before, helpers)
+                        or not self.runnable(job_id, priority_name, endpoint, helpers) or self.function_waits(job_id, fn)
                         or self.fleet_waits(job_id, endpoint, helpers, fn)):
                     continue
-                deps_of = tuple(json.loads(deps_json)) if deps_json else ()
+                deps_of = record_deps(deps_json)
                 if deps_of and not all(dep_state == "completed" for dep_state in self.dep_states(deps_of)):
                     self.out.awaited.update(deps_of)
                     for dep in deps_of:
@@ -374,10 +376,11 @@ class _BatchScan:
             if endpoint is None or state != "queued":
                 self.removed += drop_stale(self.env, self.token, self.keys.queue(level), job_id)  # cancelled or lost
                 continue
-            if (not self.runnable(job_id, level.name, endpoint, helpers) or self.function_waits(job_id, fn)
+            if (not self.readable(job_id, level.name, service, submitted, seq, due, not_before, helpers)
+                    or not self.runnable(job_id, level.name, endpoint, helpers) or self.function_waits(job_id, fn)
                     or self.fleet_waits(job_id, endpoint, helpers, fn)):
                 continue
-            deps_of = tuple(json.loads(deps_json)) if deps_json else ()
+            deps_of = record_deps(deps_json)
             if room <= 0:  # not in the batch (what it waits on is in the index)
                 self.out.left_out[job_id] = (level, offset + position)
                 continue
@@ -420,6 +423,23 @@ class _BatchScan:
             if moved is not None:
                 self.removed += int(moved)
                 return False
+        self._cancel(job_id, priority_name, reason)
+        return False
+
+    def readable(self, job_id: str, priority_name: str, service: str | None, submitted: str | None,
+                 seq: str | None, due: str | None, not_before: str | None, helpers: str | None) -> bool:
+        """Whether the queued job's record can be planned (:func:`makespan.store.jobs.unreadable_field`).
+        One that cannot (a hand edit, a bug) is cancelled with the field named, as one that can
+        never run is: the planner raised on it at every tick and died at every restart (a verifier)."""
+        problem = unreadable_field({"service_s": service, "submitted_at": submitted, "seq": seq, "deadline_s": due,
+                                    "not_before": not_before, "helpers": helpers})
+        if problem is None:
+            return True
+        self._cancel(job_id, priority_name, f"its record cannot be read ({problem}): cancelled, not planned")
+        return False
+
+    def _cancel(self, job_id: str, priority_name: str, reason: str) -> None:
+        """Cancel queued job ``job_id`` (fenced by the planner's token) with ``reason``."""
         now = self.env.clock.now()
         event = json.dumps({"ts": now, "kind": "cancelled", "job": job_id, "priority": priority_name,
                             "reason": reason})
@@ -429,7 +449,6 @@ class _BatchScan:
             log.error("job %s cancelled: %s", job_id, reason)
             telemetry.end_cancelled_job_spans(self.r, [(job_id, self.keys.job(job_id))])
         self.removed += removed
-        return False
 
     def dep_states(self, deps: tuple[str, ...]) -> list[str | None]:
         """The state of each job of ``deps`` (None: no record), in one round trip."""

@@ -74,6 +74,7 @@ from makespan.registry import function_placement
 from makespan.planner.model import FleetState, PlanJob
 from makespan.planner.preemption import Holder
 from makespan.redis_conn import OutageLog, credentials_refused, is_store_bug
+from makespan.store.jobs import record_deps, unreadable_field
 from makespan.workers import host_liveness, worker_fleets
 from makespan.workers.fleet_view import DOWN_FREE_AFTER_S
 from makespan.workers.leases import expected_end_s, planned_end_s, preempt
@@ -354,7 +355,9 @@ def _plan_job(job_id: str, rec: dict[str, str | None], deps_completed: Callable[
     (``deps``: ``deps_completed`` says a job of its record's ``deps`` has not completed)."""
     if rec.get("state") != "queued" or rec.get("priority") != Priority.CRITICAL.name:
         return "not_queued"
-    deps = json.loads(rec.get("deps") or "[]")
+    if unreadable_field(rec) is not None:  # a damaged record: the tick cancels it, naming the field
+        return "not_queued"
+    deps = list(record_deps(rec.get("deps")))
     if deps and not deps_completed(deps):
         return "deps"
     endpoint, service_s, submitted_at = rec.get("endpoint"), rec.get("service_s"), rec.get("submitted_at")

@@ -372,6 +372,54 @@ class WarmStart:
     instances: list[dict[str, str]] | None = None
 
 
+def record_deps(deps_json: str | None) -> tuple[str, ...]:
+    """The job ids of a job record's ``deps`` field (a JSON list of ids), as the scripts read
+    it (``lib.lua`` ``deps_list``): None, '' or text that is not a JSON list count as none, and
+    members that are not strings are skipped. A damaged record must not stop the planner (a
+    queued job whose deps were ``[oops`` killed it at every restart: a verifier)."""
+    if not deps_json:
+        return ()
+    try:
+        deps = json.loads(deps_json)
+    except ValueError:
+        return ()
+    return tuple(dep for dep in deps if isinstance(dep, str)) if isinstance(deps, list) else ()
+
+
+def unreadable_field(record: Mapping[str, Any]) -> str | None:
+    """Why a queued job's record cannot be planned, as ``field='value'`` (a field that is
+    not what the producer writes: ``service_s``, ``submitted_at`` not a finite number,
+    ``seq`` not an integer, ``deadline_s`` or ``not_before`` given but not a number,
+    ``helpers`` not a JSON list); None for a sound record. The planner cancels such a job
+    with this as its reason rather than raising on it at every tick (a hand edit, a bug)."""
+    import math
+
+    def number(value: Any) -> float | None:
+        try:
+            out = float(value)
+        except (TypeError, ValueError):
+            return None
+        return out if math.isfinite(out) else None
+
+    for field, required in (("service_s", True), ("submitted_at", True), ("deadline_s", False),
+                            ("not_before", False)):
+        value = record.get(field)
+        if (required or value not in (None, "")) and number(value) is None:
+            return f"{field}={value!r}"
+    seq = record.get("seq")
+    if not isinstance(seq, (str, int)) or not str(seq).lstrip("-").isdigit():
+        return f"seq={seq!r}"
+    helpers = record.get("helpers")
+    if helpers:
+        try:
+            names = json.loads(helpers)
+        except ValueError:
+            names = None
+        if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
+            return f"helpers={helpers!r}"
+    return None
+
+
 def _submitted(out: Sequence[Any], fields: dict[str, Any]) -> tuple[bool, str]:
     """submit.lua's reply as ``(created, job id)``.
 

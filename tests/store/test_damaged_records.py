@@ -147,3 +147,64 @@ def test_one_unreadable_expired_lease_does_not_stop_the_others_reclaim(r, keys, 
     assert r.hget(keys.job(good_job), "state") == "queued"
     said = [rec.getMessage() for rec in caplog.records if "Lbad" in rec.getMessage()]
     assert len(said) == 1 and "cannot be reclaimed" in said[0], said  # once a minute per lease, not per tick
+
+
+@pytest.mark.parametrize("seq", ["nan", "inf", "1.5"])
+def test_a_promoted_delayed_job_whose_seq_lua_reads_but_zadd_refuses_joins_its_queue(r, keys, stores, seq):
+    """A verifier: ``tonumber('nan')`` passed the repair, and ZADD then refused the score after
+    the job had left P:delayed: ``queued`` in no queue, for good."""
+    jobs, _ = stores
+    job_id = _submit(r, keys, jobs, delay_s=0.01)
+    r.hset(keys.job(job_id), "seq", seq)
+    time.sleep(0.05)
+    jobs.promote_delayed(time.time(), 10, "", 0.0)
+    assert r.hget(keys.job(job_id), "state") == "queued" and _queues_holding(r, keys, job_id) == ["normal"]
+    assert int(r.hget(keys.job(job_id), "seq")) > 0
+
+
+def test_a_counted_reclaim_of_attempts_written_as_a_float_requeues_the_job(r, keys, stores):
+    """``attempts = '1.0'`` passed the repair's integer test, and HINCRBY refused it after the
+    GPUs were freed and the lease dropped: the job was left ``leased`` with no lease (a verifier)."""
+    jobs, leases = stores
+    job_id = _submit(r, keys, jobs)
+    lease = _lease(leases, keys, job_id, "g-float")
+    r.hset(keys.job(job_id), "attempts", "1.0")
+    leases.claim_phase(lease, "evict")
+    _expire(r, keys, lease)
+    assert leases.reclaim(lease.lease_id, max_attempts=3) == "requeued"
+    assert r.hget(keys.job(job_id), "state") == "queued" and _queues_holding(r, keys, job_id) == ["normal"]
+
+
+@pytest.mark.parametrize("field, value", [("deps", "[oops"), ("deps", "5"), ("deps", '{"x": 1}'),
+                                          ("service_s", "abc"), ("seq", "x"), ("submitted_at", "nan")])
+def test_the_planner_cancels_a_queued_job_whose_record_it_cannot_read_and_goes_on(r, settings, field, value):
+    """A queued job whose ``deps`` were ``[oops`` or whose ``service_s`` was ``abc`` made the
+    planner's tick raise: the planner died, and again at every restart (a verifier). The tick
+    now cancels such a job (its reason names the field) and plans the others; deps that are
+    not a JSON list of ids count as none, as in the scripts."""
+    import dataclasses
+
+    from makespan.models import parse_fleet
+    from makespan.producer import Producer
+    from makespan.workers.planner_worker import PlannerWorker
+
+    fleet = parse_fleet({"name": "one", "hosts": [{"name": "h", "gpu_count": 1, "memory_mib": 81920}],
+                         "endpoints": {"e": {"model": "m", "memory_mib_per_gpu": 10000, "cold_start_s": 1}}})
+    s = dataclasses.replace(settings, lease_ttl_s=60.0, policy="portfolio")
+    sent = []
+    w = PlannerWorker(r, s, fleet, dispatch=lambda ctx, q: sent.append(ctx))
+    prod = Producer(r, w.keys, fleet, s)
+    w.token = str(r.incr(w.keys.planner_fence))  # the planner's cancel is fenced: lead
+    try:
+        damaged = prod.submit({"endpoint": "e", "service_s": 5}).id
+        sound = prod.submit({"endpoint": "e", "service_s": 5}).id
+        r.hset(w.keys.job(damaged), field, value)
+        w.tick()
+        record = r.hgetall(w.keys.job(damaged))
+        if field == "deps":  # no dependency: planned as any job
+            assert [ctx.job_id for ctx in sent] == [damaged], record
+        else:
+            assert record["state"] == "cancelled" and f"its record cannot be read ({field}=" in record["reason"]
+            assert [ctx.job_id for ctx in sent] == [sound]
+    finally:
+        w.close()

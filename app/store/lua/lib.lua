@@ -197,13 +197,14 @@ local function repair_job_record(prefix, jk)
   if not PRIORITY_NAMES[rec[1] or ''] then
     redis.call('HSET', jk, 'priority', 'NORMAL'); repaired = true
   end
-  if not tonumber(rec[2] or '') then
+  local seq = tonumber(rec[2] or '')
+  -- ZADD refuses NaN and the planner an infinite seq: a number Lua reads is not enough
+  if not seq or seq ~= seq or seq == math.huge or seq == -math.huge or seq ~= math.floor(seq) then
     redis.call('HSET', jk, 'seq', tostring(redis.call('INCR', key_seq(prefix)))); repaired = true
   end
   for _, counter in ipairs({'attempts', 'preemptions', 'fn_missing_backs'}) do  -- HINCRBY'd
     local value = redis.call('HGET', jk, counter)
-    local number = tonumber(value or '0')
-    if not number or number ~= math.floor(number) then
+    if value and not string.match(value, '^%-?%d+$') then  -- HINCRBY takes an integer's digits only ('1.0' fails)
       redis.call('HSET', jk, counter, '0'); repaired = true
     end
   end
