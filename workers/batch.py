@@ -438,15 +438,17 @@ class _BatchScan:
         self._cancel(job_id, priority_name, f"its record cannot be read ({problem}): cancelled, not planned")
         return False
 
-    def _cancel(self, job_id: str, priority_name: str, reason: str) -> None:
-        """Cancel queued job ``job_id`` (fenced by the planner's token) with ``reason``."""
+    def _cancel(self, job_id: str, priority_name: str, reason: str, level: int = logging.ERROR) -> None:
+        """Cancel queued job ``job_id`` (fenced by the planner's token) with ``reason``, logged at
+        ``level`` (a dependency's failure: INFO, what the user's own jobs did; a job the fleet or
+        its record makes unrunnable: ERROR)."""
         now = self.env.clock.now()
         event = json.dumps({"ts": now, "kind": "cancelled", "job": job_id, "priority": priority_name,
                             "reason": reason})
         removed = JobStore(self.r, self.keys).cancel_dependant(job_id, self.keys.queue(priority_name), self.token,
                                                                now, reason, event)
         if removed:
-            log.error("job %s cancelled: %s", job_id, reason)
+            log.log(level, "job %s (%s) cancelled: %s", job_id, priority_name, reason)
             telemetry.end_cancelled_job_spans(self.r, [(job_id, self.keys.job(job_id))])
         self.removed += removed
 
@@ -469,13 +471,5 @@ class _BatchScan:
             bad = [dep for dep in bad if not retry_pending(self.r, self.keys, dep)]
         if bad:
             priority_name = self.r.hget(self.keys.job(job_id), "priority") or "NORMAL"
-            reason = f"dependency {bad[0]} did not complete"
-            now = self.env.clock.now()
-            event = json.dumps({"ts": now, "kind": "cancelled", "job": job_id, "priority": priority_name,
-                                "reason": reason})
-            removed = JobStore(self.r, self.keys).cancel_dependant(job_id, self.keys.queue(priority_name),
-                                                                   self.token, now, reason, event)
-            if removed:
-                telemetry.end_cancelled_job_spans(self.r, [(job_id, self.keys.job(job_id))])
-            self.removed += removed
+            self._cancel(job_id, priority_name, f"dependency {bad[0]} did not complete", level=logging.INFO)
         return False

@@ -196,6 +196,9 @@ class ExecutePhase:
         if definition is not None and failure.retryable and tries_done < definition.retries:
             metrics.workload_run(name, "retried")
             wait_s = definition.retry_backoff_s * 2 ** tries_done
+            # a retry left no line in any log (an SRE): the error is the operator's first clue
+            log.warning("job %s (workload %s, %s): attempt %d raised: %s; retry %d of %d in %g s", ctx.job_id, name,
+                        ctx.priority, attempt, reason, tries_done + 1, definition.retries, wait_s)
             seconds, micros = self.r.time()  # due on the Redis server's clock, as every delayed job
             due = seconds + micros / 1e6 + wait_s
             self._stop_helpers(ctx)

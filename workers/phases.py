@@ -596,6 +596,15 @@ class PhaseRunner(TransitionPhases, ExecutePhase):
         return [("SET", key, str(failures), "PX", str(int(backoff_s * 1000))),
                 ("SET", count_key, value, "PX", str(int((backoff_s + RESTORE_BACKOFF_MAX_S) * 1000)))]
 
+    def _workload_name(self, ctx: PhaseContext) -> str | None:
+        """The workload function a job calls (its spec's ``workload``), None for a plain job or
+        when its record cannot be read (only for the log line of a job that did not complete)."""
+        try:
+            spec = json.loads(self.r.hget(self.keys.job(ctx.job_id), "spec") or "{}")
+        except (ValueError, redis.RedisError):
+            return None
+        return spec.get("workload") if isinstance(spec, dict) else None
+
     def _finished(self, ctx: PhaseContext, state: str, reason: str, now: float) -> str:
         """After the finish ops committed: metrics, the job's root span (whatever its final
         state: a cancelled job's phase spans name it too; ERROR status for a failure only),
@@ -609,5 +618,8 @@ class PhaseRunner(TransitionPhases, ExecutePhase):
                                    error=(reason or state) if state == "failed" else None)
         if state != "completed":
             what = f"job {ctx.job_id}" if ctx.kind == "job" else f"restore of {ctx.endpoint} on {','.join(ctx.gpus)}"
-            log.warning("%s %s: %s", what, state, reason)
+            workload = self._workload_name(ctx) if ctx.kind == "job" else None
+            named = f" (workload {workload}, {ctx.priority})" if workload else (f" ({ctx.priority})" if ctx.priority else "")
+            # a cancel is what a user asked for: no operator need act on it (an SRE: WARNING paged on cancels)
+            (log.info if state == "cancelled" else log.warning)("%s%s %s: %s", what, named, state, reason)
         return state

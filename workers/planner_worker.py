@@ -211,9 +211,14 @@ class PlannerWorker:
             p = self.r.pipeline(transaction=True)  # a reader sees the fleet and its version change together
             p.get(self.keys.fleet_version)
             p.get(self.keys.fleet)
+            p.get(self.keys.planner_config)  # the last leader's name: this one takes over from it
             p.mset({self.keys.fleet: self.whole_fleet.model_dump_json(), self.keys.fleet_version: version,
                     self.keys.planner_config: json.dumps(self._config())})
-            replaced, replaced_fleet, _ok = p.execute()
+            replaced, replaced_fleet, last_config, _ok = p.execute()
+            try:
+                last_leader = json.loads(last_config or "{}").get("planner")
+            except (ValueError, AttributeError):
+                last_leader = None
             # the pools whose queues may hold jobs (its own, the replaced fleet's): makespan.workers.pool_rehome
             note_pools_seen(self.r, self.keys, self.pool, replaced_fleet)
             events.record(self.r, self.keys.events, "planner_lead", planner=self.name, pid=os.getpid(),
@@ -227,8 +232,9 @@ class PlannerWorker:
                 pass
             raise
         self.kept.idle_gpus_at = None  # another leader counted the idle GPU-seconds while this one stood by
-        log.info("%s leads %s(planner fencing token %s)", self.name, f"pool {self.pool} " if self.pool else "",
-                 self.token)
+        # a failover reads as one (an SRE: a takeover looked like a first start)
+        log.info("%s leads %s(planner fencing token %s)%s", self.name, f"pool {self.pool} " if self.pool else "",
+                 self.token, f", taking over from {last_leader}" if last_leader and last_leader != self.name else "")
         if replaced is not None and replaced != version:
             log.warning("%s replaces the published fleet (version %s) with its own (version %s, policy %s): "
                         "queued jobs this fleet cannot run are cancelled at its first tick", self.name,

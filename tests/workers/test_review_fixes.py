@@ -94,3 +94,28 @@ def test_stale_entry_cleanup_keeps_a_requeued_job(r, keys, prod, fleet, settings
     r.hset(keys.job(jid), "state", "cancelled")
     drop_stale(w.env, w.token, keys.queue(Priority.NORMAL), jid)
     assert r.zscore(keys.queue(Priority.NORMAL), jid) is None
+
+
+def test_a_failover_says_whom_it_takes_over_from(r, settings, caplog):
+    """An SRE: a standby's takeover logged the same line as a first start."""
+    import logging
+
+    from makespan.models import load_fleet
+    from makespan.workers.planner_worker import PlannerWorker
+    from tests.conftest import FLEET_TOML
+
+    first, second = (PlannerWorker(r, settings, load_fleet(FLEET_TOML)) for _ in range(2))
+    try:
+        with caplog.at_level(logging.INFO, logger="makespan.planner"):
+            lock = first._lead()
+            assert lock is not None
+            first._release(lock)
+            lock = second._lead()
+            assert lock is not None
+            second._release(lock)
+        said = [rec.getMessage() for rec in caplog.records if " leads " in rec.getMessage()]
+        assert len(said) == 2 and "taking over" not in said[0], said
+        assert said[1].endswith(f", taking over from {first.name}"), said
+    finally:
+        first.close()
+        second.close()

@@ -217,9 +217,13 @@ def test_a_function_blocked_in_a_sleep_that_ignores_cancel_is_not_said_to_have_r
 
 
 def test_retries_follow_the_definition_with_backoff(live, marks):
-    _, client = live
+    system, client = live
     job = client.submit("flaky", 2)  # retries=2: attempts 1 and 2 fail, 3 succeeds
     assert job.result(timeout_s=60) == {"attempt": 3}
+    # each retry is a WARNING line of the GPU worker (an SRE found none in any log)
+    worker_log = "".join(proc.log_path.read_text() for proc in system.procs if proc.name.startswith("gpu"))
+    assert f"job {job.id} (workload flaky, NORMAL): attempt 1 raised: execute: " in worker_log
+    assert "; retry 2 of 2 in " in worker_log
     assert _marks(marks, job, "ran") == [1, 2, 3]
     evs = [e for e in all_events(client.r, client.keys) if e.get("job") == job.id and e["kind"] == "retry_scheduled"]
     assert [e["attempt"] for e in evs] == [1, 2]
