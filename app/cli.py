@@ -71,9 +71,24 @@ def _log_level(default: str) -> str:
         raise  # unreachable: _fail exits
 
 
+def _log_format() -> str:
+    """:func:`makespan.log_format.log_format_from_env`; a bad value fails the command in one
+    line (exit 2)."""
+    from makespan.log_format import log_format_from_env
+
+    try:
+        return log_format_from_env()
+    except ValidationError as e:
+        _fail(e)
+        raise  # unreachable: _fail exits
+
+
 def _logging(level: str = "INFO") -> None:
-    logging.basicConfig(level=_log_level(level), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per HTTP request (health checks, requests)
+    """Root logging at ``MAKESPAN_LOG_LEVEL`` (default ``level``) in ``MAKESPAN_LOG_FORMAT``
+    (:mod:`makespan.log_format`; httpx at WARNING: not a line per HTTP request)."""
+    from makespan.log_format import configure
+
+    configure(_log_level(level), _log_format())
 
 
 @app.command()
@@ -171,6 +186,7 @@ def gpu_worker(fleet: Path = FleetOpt, host: str = typer.Option(..., help="host 
     # every --workloads given (a repeated one kept only the last: a user's report)
     workloads = ",".join(part for given in workloads_given for part in given.split(",") if part.strip())
     loglevel = _log_level("WARNING")
+    _log_format()  # a bad MAKESPAN_LOG_FORMAT fails here, before Celery starts
 
     try:
         f = load_fleet(fleet)
@@ -204,8 +220,10 @@ def gpu_worker(fleet: Path = FleetOpt, host: str = typer.Option(..., help="host 
     _say_what_starts(hosts[host], workloads, names, f)
     _start_metrics(metrics_port, "gpu-worker")
     _gil_switch_interval()
+    from makespan.log_format import use_for_celery
     from makespan.workers.tasks import celery
 
+    use_for_celery()  # Celery's handlers get MAKESPAN_LOG_FORMAT as it sets them up
     n = concurrency or len(hosts[host].gpus)
     code = _celery_worker(celery, ["worker", "-Q", f"gpu.{host}", "-n", f"gpu-{host}@%h", "-P", pool, "-c", str(n),
                                    "--loglevel", loglevel, "-E",

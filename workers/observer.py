@@ -84,6 +84,8 @@ from makespan.errors import MakespanError, RedisAuthFailed, RedisConfigError, St
 from makespan.keys import Keys
 from makespan.models import FleetSpec
 from makespan.redis_conn import EXIT_REFUSED, OutageLog, check_eviction_policy, connect, credentials_refused
+from makespan.log_format import configure as configure_logging
+from makespan.log_format import log_format_from_env
 from makespan.settings import Settings, log_level_from_env, metrics_port_from_env
 from makespan.store.scripts import script
 from makespan.workers.agenda import AgendaTracker
@@ -756,13 +758,13 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_BAD_SETTING
     try:
         level = log_level_from_env("INFO")
+        log_kind = log_format_from_env()
         if a.metrics_port is None:
             a.metrics_port = metrics_port_from_env()
     except ValidationError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return EXIT_BAD_SETTING
-    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per health probe
+    configure_logging(level, log_kind)  # MAKESPAN_LOG_FORMAT, as every process (httpx at WARNING)
     fleet = load_fleet(a.fleet)
     if a.metrics_port:
         from makespan import metrics

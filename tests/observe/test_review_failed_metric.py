@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import uuid
+from types import SimpleNamespace
 
 from makespan import metrics
 from makespan.models import parse_fleet
@@ -24,7 +25,8 @@ def _failed(prio):
 def test_a_cancelled_job_is_not_counted_failed(monkeypatch):
     monkeypatch.setattr(metrics, "_metrics", metrics.Metrics())
     ctx = PhaseContext("lease1", 1, ["g0"], "h", "job", "e", "job1", "HIGH", 10.0)
-    PhaseRunner._finished(None, ctx, "cancelled", "cancelled by user", time.time())
+    runner = SimpleNamespace(_workload_name=lambda ctx: None)  # only what _finished reads of its runner
+    PhaseRunner._finished(runner, ctx, "cancelled", "cancelled by user", time.time())
     assert _failed("HIGH") == 0.0
 
 
