@@ -389,8 +389,8 @@ def _pool_changes(published: Any, mine: Any) -> list[str]:
     if added := sorted(set(new_pools) - set(old_pools)):
         lines.append(f"pools added: {', '.join(added)}")
     if removed := sorted(set(old_pools) - set(new_pools)):
-        lines.append(f"pools removed: {', '.join(removed)} (their queued jobs move to a pool that serves their "
-                     "endpoint)")
+        where = "a pool that serves their endpoint" if mine.pools else "the whole fleet's one planner (no pools)"
+        lines.append(f"pools removed: {', '.join(removed)} (their queued jobs move to {where})")
     for name in sorted(set(old_pools) & set(new_pools)):
         before, after = set(old_pools[name].hosts), set(new_pools[name].hosts)
         if before != after:
@@ -398,16 +398,29 @@ def _pool_changes(published: Any, mine: Any) -> list[str]:
             lines.append(f"pool {name} hosts: " + "; ".join(
                 part for part in (f"+{', '.join(gained)}" if gained else "", f"-{', '.join(lost)}" if lost else "")
                 if part))
-    moved = []
+    def serving(fleet: Any, endpoint: str) -> str:
+        names = fleet.pools_serving(endpoint)
+        return ",".join(sorted(names)) if fleet.pools else "the whole fleet (no pools)"
+
+    stopped, gained = [], []
     for endpoint in sorted(set(published.endpoints) & set(mine.endpoints)):
-        was, now = published.pools_serving(endpoint), mine.pools_serving(endpoint)
-        if was != now:
-            moved.append(f"{endpoint} {','.join(was) or '-'} -> {','.join(now) or '-'}")
-    if moved:
-        lines.append("pools serving an endpoint changed (its queued jobs in a pool that stops serving it move to "
-                     f"one that does): {'; '.join(moved)}")
+        was, now = set(published.pools_serving(endpoint)), set(mine.pools_serving(endpoint))
+        if published.pools and mine.pools and was == now:
+            continue
+        if not mine.pools or (published.pools and was - now):
+            stopped.append(f"{endpoint} {serving(published, endpoint)} -> {serving(mine, endpoint)}")
+        elif was != now or not published.pools:
+            gained.append(f"{endpoint} {serving(published, endpoint)} -> {serving(mine, endpoint)}")
+    if stopped:
+        lines.append("pools stop serving an endpoint (its queued jobs there move to a pool, or the whole fleet, that "
+                     f"serves it): {'; '.join(stopped)}")
+    if gained:
+        lines.append(f"more pools serve an endpoint: {'; '.join(gained)}")
+    order = [pool.name for pool in published.pools if pool.name in new_pools]
+    if not lines and order != [pool.name for pool in mine.pools if pool.name in old_pools]:
+        lines.append("pool order changed (a job two pools could start equally soon goes to the first)")
     if not lines:
-        lines.append("pools changed (their order or endpoint lists, with the same effect)")
+        lines.append("pools changed (their endpoint lists, with the same effect)")
     return lines
 
 

@@ -139,21 +139,26 @@ def _context(r, keys) -> tuple[bool, float, float | None]:
     return bool(r.exists(keys.planner_leader)), sec + usec / 1e6, float(written) if written else None
 
 
-def _leader_silent(r, keys, settings) -> str:
+def _leader_silent(r, keys) -> str:
     """A note when the leading planner has missed two renewals of its leader lock (its TTL
-    left is under ``planner_lock_ttl_s`` − 2 × ``planner_lock_renewal_s``, this process's
-    settings): it died or stalled, and until the lock runs out nothing is planned (a pools
-    operator saw only ``behind_batch``, position 1, for the CRITICAL job of a killed leader).
-    '' otherwise, or when the TTL cannot be read."""
+    left is under ``lock_ttl_s`` − 2 × ``lock_renewal_s``, as the leader published them in
+    ``Keys.planner_config``): it died or stalled, and until the lock runs out nothing is
+    planned (a pools operator saw only ``behind_batch``, position 1, for the CRITICAL job of a
+    killed leader). '' otherwise, or when either cannot be read (a leader of an older version)."""
     try:
-        left_ms = int(r.pttl(keys.planner_leader))
-        ttl_s, renewal_s = settings.planner_lock_ttl_s, settings.planner_lock_renewal_s
-    except (AttributeError, TypeError, ValueError, redis.RedisError):
+        p = r.pipeline(transaction=False)
+        p.pttl(keys.planner_leader)
+        p.get(keys.planner_config)
+        left_ms, raw = p.execute()
+        config = json.loads(raw or "{}")
+        ttl_s, renewal_s = float(config["lock_ttl_s"]), float(config["lock_renewal_s"])
+    except (KeyError, TypeError, ValueError, AttributeError, redis.RedisError):
         return ""
-    if left_ms < 0 or left_ms / 1000.0 >= ttl_s - 2 * renewal_s:
+    if int(left_ms) < 0 or left_ms / 1000.0 >= ttl_s - 2 * renewal_s:
         return ""
     return (f"; the leading planner has not renewed its leader lock for {ttl_s - left_ms / 1000.0:.1f} s (it "
-            f"stopped or stalled): a standby takes over within {left_ms / 1000.0:.1f} s, when the lock runs out")
+            f"stopped or stalled): a standby, if one runs, takes over within {left_ms / 1000.0:.1f} s, when the "
+            "lock runs out")
 
 
 def _float_or_none(raw: str | None) -> float | None:
@@ -211,7 +216,7 @@ def _explain_rec(r, keys, settings, job_id: str, rec: dict[str, str], leads: boo
 
         detail += higher_levels_ahead(r, keys.for_pool(rec.get("pool")), rec.get("priority") or "NORMAL")
     if reason == "behind_batch":
-        detail += _leader_silent(r, keys.for_pool(rec.get("pool")), settings)
+        detail += _leader_silent(r, keys.for_pool(rec.get("pool")))
     out.update(reason=reason, detail=detail, eta=eta, eta_in_s=None if eta is None else round(eta - now_s, 3))
     # the level it is planned at: a dependant's it inherits (the planner's entry), else its own
     inherited = rec.get("planned_priority") if reason not in ("behind_batch", "no_planner") else None

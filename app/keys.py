@@ -30,7 +30,7 @@ key                                    type    contents
 ``P:retention``                        hash    finished jobs by final state, last_finished_s
 ``P:planner:leader``                   string  planner leader lock (redis-py Lock)
 ``P:planner:fence``                    string  planner fencing counter
-``P:planner:config``                   string  the leading planner's name, policy, fleet version and preemption budget,
+``P:planner:config``                   string  the leading planner's name, policy, fleet version, preemption budget, lock timing,
                                                JSON, written as it comes to lead: a standby with
                                                another one says so (makespan.workers.planner_worker)
 ``P:planner:solve_s``                  list    the planner's latest solve times (fleet_view)
@@ -328,7 +328,7 @@ class Keys:
     @property
     def planner_config(self) -> str:
         """String: the leading planner's ``{"planner", "policy", "fleet_version",
-        "preemption_budget"}`` JSON, written as it comes to lead (:mod:`makespan.workers.planner_worker`)."""
+        "preemption_budget", "lock_ttl_s", "lock_renewal_s"}`` JSON, written as it comes to lead (:mod:`makespan.workers.planner_worker`)."""
         return f"{self._scoped}:planner:config"
 
     @property

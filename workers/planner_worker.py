@@ -260,9 +260,10 @@ class PlannerWorker:
     def _config(self) -> dict[str, Any]:
         """What this planner plans with, as it publishes it when it leads (``Keys.planner_config``):
         its name, policy, fleet version and preemption budget (``makespan why`` says how much of it a
-        job used)."""
+        job used), its leader lock's TTL and renewal interval (``why`` tells a silent leader by them)."""
         return {"planner": self.name, "policy": self.settings.policy, "fleet_version": fleet_version(self.whole_fleet),
-                "preemption_budget": self.settings.preemption_budget}
+                "preemption_budget": self.settings.preemption_budget, "lock_ttl_s": self.lock_ttl_s,
+                "lock_renewal_s": self.settings.planner_lock_renewal_s}
 
     def _say_standing_by(self) -> None:
         """Log, once per wait for the lock, that this planner is up and stands by, and for

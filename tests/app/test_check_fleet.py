@@ -266,8 +266,17 @@ def test_pool_changes_are_each_named_not_lumped_with_the_name():
 
     before = fleet(["onlya", "both"])
     lines = fleet_difference(before, fleet(["onlya"]))
-    assert lines == ["pools serving an endpoint changed (its queued jobs in a pool that stops serving it move to one "
-                     "that does): both a,b -> b"], lines
+    assert lines == ["pools stop serving an endpoint (its queued jobs there move to a pool, or the whole fleet, that "
+                     "serves it): both a,b -> b"], lines
+    assert fleet_difference(fleet(["onlya"]), before) == ["more pools serve an endpoint: both b -> a,b"]
+    reordered = parse_fleet({**before.model_dump(mode="json"), "pools": [p.model_dump(mode="json")
+                                                                         for p in reversed(before.pools)]})
+    assert fleet_difference(before, reordered) == [
+        "pool order changed (a job two pools could start equally soon goes to the first)"]
+    no_pools = parse_fleet({**before.model_dump(mode="json"), "pools": []})
+    lines = fleet_difference(before, no_pools)
+    assert lines[0] == "pools removed: a, b (their queued jobs move to the whole fleet's one planner (no pools))"
+    assert any("both a,b -> the whole fleet (no pools)" in line for line in lines), lines
     lines = fleet_difference(before, fleet(["onlya", "both"], pool_b_hosts=("b1", "b2"), name="renamed"))
     assert "pool a hosts: -b2" in lines and "pool b hosts: +b2" in lines
     assert "fleet name changed: 'two-pools' -> 'renamed'" in lines
