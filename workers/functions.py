@@ -481,7 +481,7 @@ def run_function(definition: WorkloadDef, ctx: WorkloadContext, args: list[Any],
                         "job runs again", ctx.job_id, definition.name)
         raise StaleFencingToken("lease lost while the workload function ran")
     if why == "shutdown":
-        log.warning("job %s: the GPU worker is shutting down: workload %s %s; its result is discarded and its "
+        log.info("job %s: the GPU worker is shutting down: workload %s %s; its result is discarded and its "
                     "lease handed back, which requeues the job", ctx.job_id, definition.name,
                     _cancel_outcome(outcome, stop_tried, thread.is_alive(), grace_s))
         raise StaleFencingToken("the GPU worker is shutting down: the workload function was given up")

@@ -114,7 +114,7 @@ class PhaseRunner(TransitionPhases, ExecutePhase):
         cancel requested meanwhile still ends the job cancelled: the reclaim's script reads
         it). Nothing otherwise."""
         if shutdown.SHUTTING_DOWN.is_set():
-            log.warning("job %s: the GPU worker is shutting down: %s; its lease is handed back, which requeues the "
+            log.info("job %s: the GPU worker is shutting down: %s; its lease is handed back, which requeues the "
                         "job", ctx.job_id, what)
             raise StaleFencingToken(f"the GPU worker is shutting down: {what}")
 
@@ -269,7 +269,9 @@ class PhaseRunner(TransitionPhases, ExecutePhase):
             log.info("job %s: lease %s no longer ours (%s): nothing handed back", ctx.job_id, ctx.lease_id, why)
             return "stale"
         metrics.lease_reclaimed(cause)
-        log.warning("job %s: %s: lease %s handed back, job %s", ctx.job_id, why, ctx.lease_id, outcome)
+        # a shutdown's hand-back is a planned restart's (an SRE: two WARNINGs per job at every rolling restart)
+        (log.info if cause == "worker_shutdown" else log.warning)("job %s: %s: lease %s handed back, job %s",
+                                                                  ctx.job_id, why, ctx.lease_id, outcome)
         return "handed_back"
 
     def pool_process_lost(self, ctx: PhaseContext, error: str) -> str:
