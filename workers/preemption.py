@@ -110,7 +110,7 @@ def lease_holders(ctx: TickContext) -> tuple[dict[str, str], dict[str, dict[str,
     return lease_of, info, executed, ctx.formed.awaited | set(awaited), server_time_ms(server_time)
 
 
-def _running(ctx: TickContext, state: FleetState, lease_of: dict[str, str], info: dict[str, dict[str, str]],
+def running_jobs(ctx: TickContext, state: FleetState, lease_of: dict[str, str], info: dict[str, dict[str, str]],
              executed: dict[str, bool], awaited: set[str]) -> tuple[dict[str, RunningJob], dict[str, str]]:
     """``FleetState.running`` from the job leases (a lease whose workload already ran,
     a restore or a record missing a field is left out: never a victim; a job that a
@@ -243,7 +243,7 @@ def _preempt_scored(ctx: TickContext) -> set[str]:
     env, state, plan, started = ctx.env, ctx.fleet_state, ctx.plan, ctx.started
     assert state is not None and plan is not None, "PlanBatch runs before Preempt"
     lease_of, info, executed, awaited, _server_now_ms = lease_holders(ctx)
-    running, lease_by_job = _running(ctx, state, lease_of, info, executed, awaited)
+    running, lease_by_job = running_jobs(ctx, state, lease_of, info, executed, awaited)
     running = {gpu: job for gpu, job in running.items() if job.id not in started}
     if not running:
         return set()

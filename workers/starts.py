@@ -77,7 +77,9 @@ def _lane_swaps(ctx: TickContext, starts: list[Start], now_s: float) -> list[Sta
     leased is a victim like any other: a tick leased NORMAL jobs and the next one preempted
     them for a waiting HIGH job 10–40 ms later, a run thrown away and a preemption of the
     victim's budget spent each time (a pools operator). Here, before any lease, only this
-    tick's lower-level starts are candidates: nothing that runs is cut."""
+    tick's lower-level starts are swapped: nothing that runs is cut here. When the rule's victims
+    are such a start and jobs already running (a gang's group), the start is left queued and
+    the ``Preempt`` step of the same tick takes the running ones for the lane job."""
     settings = ctx.env.settings
     grace = settings.fast_lane_start_grace
     state, plan = ctx.fleet_state, ctx.plan
@@ -96,8 +98,15 @@ def _lane_swaps(ctx: TickContext, starts: list[Start], now_s: float) -> list[Sta
     from makespan.planner.model import RunningJob
     from makespan.planner.replay import state_after
 
+    from makespan.planner.policies import POLICY_REGISTRY
+    from makespan.workers.preemption import lease_holders, running_jobs
+
+    scored = settings.preemption == "plan" and POLICY_REGISTRY.lookup(settings.policy).floor is not None
+
     jobs = {job.id: job for job in ctx.batch}
-    running: dict[str, RunningJob] = {}
+    # the jobs already running (from earlier ticks) are victims as the Preempt step sees them
+    lease_of, info, executed, awaited, _server_now_ms = lease_holders(ctx)
+    running = dict(running_jobs(ctx, state, lease_of, info, executed, awaited)[0])
     for job, gpus, end_s, _load in candidates.values():
         held = RunningJob(job, tuple(gpus), now_s, now_s, end_s, preemptable=True)
         running.update({gpu: held for gpu in gpus})
@@ -109,10 +118,22 @@ def _lane_swaps(ctx: TickContext, starts: list[Start], now_s: float) -> list[Sta
     dropped: set[str] = set()
     added: list[Start] = []
     for decision, assignment in zip(forced.taken, forced.starts):
-        victim_gpus = {gpu for victim in decision.victims for gpu in candidates[victim][1]} \
-            if set(decision.victims) <= set(candidates) - dropped else set()
+        ours = set(decision.victims) & (set(candidates) - dropped)
+        if not ours:
+            continue  # only running jobs: the Preempt step's rule takes them, this tick
+        if ours != set(decision.victims):
+            # running jobs too (a gang's group part running, part starting now): the start is
+            # not leased; the Preempt step preempts the running ones and starts the lane job,
+            # by this same rule only when it scores preemptions (else its own rule decides)
+            if not scored:
+                continue
+            dropped |= ours
+            log.info("left %s queued: the fast lane's rule preempts for %s job %s on its GPUs",
+                     ", ".join(sorted(ours)), Priority(jobs[decision.job_id].priority).name, decision.job_id)
+            continue
+        victim_gpus = {gpu for victim in decision.victims for gpu in candidates[victim][1]}
         # only a group its victims' starts hold, and free GPUs nothing else of this tick takes
-        if not victim_gpus or (set(decision.gpus) - victim_gpus) & ctx.taken:
+        if (set(decision.gpus) - victim_gpus) & ctx.taken:
             continue
         dropped |= set(decision.victims)
         ctx.taken.update(decision.gpus)
@@ -120,7 +141,7 @@ def _lane_swaps(ctx: TickContext, starts: list[Start], now_s: float) -> list[Sta
         log.info("started %s job %s instead of %s (the fast lane's rule would preempt %s at once)",
                  Priority(jobs[decision.job_id].priority).name, decision.job_id, ", ".join(decision.victims),
                  "it" if len(decision.victims) == 1 else "them")
-    if not added:
+    if not dropped:
         return starts
     kept = [start for start in starts if start[0].id not in dropped]
     now_taken = {gpu for start in added for gpu in start[1]}

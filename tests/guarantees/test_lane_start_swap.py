@@ -55,3 +55,40 @@ def test_no_job_leased_by_one_tick_is_preempted_by_the_next(r, settings, seed):
         assert held == 4  # the GPUs a swap left free are leased again by the next tick
     finally:
         w.close()
+
+
+def test_a_start_on_half_of_a_gangs_group_is_left_queued_and_the_gang_preempts_the_other_half(r, settings):
+    """A verifier: a HIGH TP-2 job's group held one GPU running a NORMAL job from an earlier
+    tick, and the tick started another NORMAL job on the other GPU; the next tick preempted
+    both. Now the start is left queued, and the same tick preempts the running job only."""
+    import uuid
+
+    from makespan.workers.leases import LeaseStore
+
+    fleet = parse_fleet({"name": "pair", "hosts": [{"name": "h", "gpu_count": 2, "memory_mib": 81920}],
+                         "endpoints": {"small": {"model": "m1", "memory_mib_per_gpu": 20000, "cold_start_s": 2},
+                                       "big": {"model": "m2", "memory_mib_per_gpu": 20000, "cold_start_s": 2,
+                                               "tensor_parallel": 2}}})
+    clock = ManualClock(time.time())
+    s = dataclasses.replace(settings, time_scale=0.01, lease_ttl_s=60.0, policy="portfolio")
+    sent = []
+    w = PlannerWorker(r, s, fleet, dispatch=lambda ctx, q: sent.append(ctx), clock=clock)
+    prod = Producer(r, w.keys, fleet, s)
+    try:
+        old = prod.submit({"endpoint": "small", "service_s": 1000, "priority": "NORMAL"}).id
+        lease = LeaseStore(r, w.keys).acquire(uuid.uuid4().hex, ("GPU-h-0",), 60.0, job_id=old, kind="job", holder="h",
+                                              queue=w.keys.queue("NORMAL"),
+                                              info={"planned_end_s": repr(w.now_s() + 1000), "endpoint": "small",
+                                                    "priority": "NORMAL"})
+        assert lease is not None
+        gang = prod.submit({"endpoint": "big", "service_s": 10, "priority": "HIGH"}).id
+        starter = prod.submit({"endpoint": "small", "service_s": 5, "priority": "NORMAL"}).id
+        clock.advance(120.0)  # the gang has waited past its lane bound (30 s grace)
+        w.tick()
+        events = [json.loads(fields["e"]) for _id, fields in r.xrange(w.keys.events)]
+        preempted = [e["job"] for e in events if e["kind"] == "preempted"]
+        assert preempted == [old], preempted
+        assert [ctx.job_id for ctx in sent] == [gang]
+        assert r.hget(w.keys.job(starter), "state") == "queued"
+    finally:
+        w.close()
