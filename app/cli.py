@@ -225,8 +225,13 @@ def gpu_worker(fleet: Path = FleetOpt, host: str = typer.Option(..., help="host 
 
     use_for_celery()  # Celery's handlers get MAKESPAN_LOG_FORMAT as it sets them up
     n = concurrency or len(hosts[host].gpus)
-    code = _celery_worker(celery, ["worker", "-Q", f"gpu.{host}", "-n", f"gpu-{host}@%h", "-P", pool, "-c", str(n),
-                                   "--loglevel", loglevel, "-E",
+    json_logs = _log_format() == "json"
+    if json_logs:  # before Celery starts: a library warning at its start is a JSON line too
+        from makespan.log_format import configure
+
+        configure(loglevel, "json")
+    code = _celery_worker(celery, [*(["--quiet"] if json_logs else []), "worker", "-Q", f"gpu.{host}", "-n",
+                                   f"gpu-{host}@%h", "-P", pool, "-c", str(n), "--loglevel", loglevel, "-E",
                                    "--without-gossip", "--without-mingle"])
     if code:
         raise typer.Exit(code)
@@ -258,6 +263,15 @@ def _check_log_dir(fleet) -> None:
                             "this user can write)"))
 
 
+def _say(text: str, err: bool = True) -> None:
+    """A GPU worker's start-up line to stderr, in ``MAKESPAN_LOG_FORMAT`` (a JSON object with
+    ``json``: :func:`makespan.log_format.as_line`); a ``warning:`` line at WARNING."""
+    from makespan.log_format import as_line
+
+    level = "WARNING" if text.startswith("warning:") else "INFO"
+    typer.echo(as_line(text, level, "makespan.gpu_worker"), err=err)
+
+
 def _say_what_starts(host_spec, modules: str, names: list[str], fleet=None) -> None:
     """One line to stderr before Celery's banner: the host, its GPUs (simulated or checked),
     the workload functions loaded; a warning when another GPU worker already consumes the
@@ -273,7 +287,7 @@ def _say_what_starts(host_spec, modules: str, names: list[str], fleet=None) -> N
     if refused:
         loaded += "; not published (each names an endpoint the fleet does not have): " + ", ".join(
             f"{name} ({endpoint!r})" for name, endpoint in sorted(refused.items()))
-    typer.echo(f"gpu-worker {host_spec.name}: {len(host_spec.gpus)} GPU{'' if len(host_spec.gpus) == 1 else 's'} {kind}; queue gpu.{host_spec.name}; {loaded}",
+    _say(f"gpu-worker {host_spec.name}: {len(host_spec.gpus)} GPU{'' if len(host_spec.gpus) == 1 else 's'} {kind}; queue gpu.{host_spec.name}; {loaded}",
                err=True)
     _say_slowdown(host_spec.name, fleet)
     from makespan.cli_support import context
@@ -288,11 +302,11 @@ def _say_what_starts(host_spec, modules: str, names: list[str], fleet=None) -> N
         logging.getLogger("makespan.cli").debug("start checks against Redis skipped: %s", e)
         return
     if other and _dead_here(other):
-        typer.echo(f"note: the last GPU worker of host {host_spec.name!r} ({other}) ran on this machine and is no "
+        _say(f"note: the last GPU worker of host {host_spec.name!r} ({other}) ran on this machine and is no "
                    f"longer running; its liveness mark runs out within MAKESPAN_WORKER_LIVENESS_TTL_S "
                    f"({_s.worker_liveness_ttl_s:g} s)", err=True)
     elif other:
-        typer.echo(f"warning: another GPU worker ({other}) already consumes host {host_spec.name!r}'s queue; both "
+        _say(f"warning: another GPU worker ({other}) already consumes host {host_spec.name!r}'s queue; both "
                    "will take its phases: give both the same --workloads, or stop the other one", err=True)
     if published_fleet is not None and fleet_version(fleet) != fleet_version(published_fleet):
         # an endpoint it lacks, or gives another tensor_parallel: its jobs are not planned here
@@ -300,7 +314,7 @@ def _say_what_starts(host_spec, modules: str, names: list[str], fleet=None) -> N
         lacks = sorted(name for name, spec in published_fleet.endpoints.items()
                        if name not in fleet.endpoints or fleet.endpoints[name].tensor_parallel != spec.tensor_parallel)
         unknown_host = host_spec.name not in {h.name for h in published_fleet.hosts}
-        typer.echo(f"warning: this GPU worker's fleet file (version {fleet_version(fleet)}) differs from the fleet the "
+        _say(f"warning: this GPU worker's fleet file (version {fleet_version(fleet)}) differs from the fleet the "
                    f"planner published (version {published_version})"
                    + (f"; the planner's fleet has no host {host_spec.name!r}: no job will be planned here"
                       if unknown_host else "")
@@ -353,11 +367,11 @@ def _say_slowdown(host: str, fleet=None) -> None:
     except MakespanError:
         return  # the worker itself refuses the setting
     if host in slowdown:
-        typer.echo(f"gpu-worker {host}: simulated transitions slowed {slowdown[host]:g}x "
+        _say(f"gpu-worker {host}: simulated transitions slowed {slowdown[host]:g}x "
                    "(MAKESPAN_SIMULATED_SLOWDOWN)", err=True)
     unknown = sorted(set(slowdown) - {h.name for h in fleet.hosts}) if fleet is not None else []
     if unknown:
-        typer.echo(f"warning: MAKESPAN_SIMULATED_SLOWDOWN names {', '.join(unknown)}, no host of the fleet "
+        _say(f"warning: MAKESPAN_SIMULATED_SLOWDOWN names {', '.join(unknown)}, no host of the fleet "
                    f"(hosts: {', '.join(h.name for h in fleet.hosts)}): nothing is slowed there", err=True)
 
 
@@ -460,7 +474,7 @@ def submit(workload: str | None = typer.Argument(None, help="a workload function
            payload: str = typer.Option("{}", help="JSON object handed to the execute phase"),
            idempotency_key: str | None = typer.Option(None, help="resubmitting the same key returns the same job"),
            delay_s: float | None = typer.Option(None, help="queue the job only this many seconds after submission (>= 0, at most 30 days; 0: at once); until then it is 'delayed' in Redis, never in a worker"),
-           deadline_s: float | None = typer.Option(None, help="due time, seconds after submission (> 0, at most 365 days); used by the tardiness policies"),
+           deadline_s: float | None = typer.Option(None, help="due time, workload seconds after submission (> 0, at most 365 days); only the tardiness policies plan by it, reports count it under every policy"),
            depends_on: list[str] = typer.Option(None, "--depends-on", help="id of a job that must complete first "
                                                                             "(repeatable); an unknown id is refused"),
            quiet: bool = typer.Option(False, "--quiet", "-q", help="print only the job id (for ID=$(makespan submit ...))")):
@@ -510,8 +524,25 @@ def submit(workload: str | None = typer.Argument(None, help="a workload function
     _warn_ignored(idempotency_key, h.id, h.ignored)
     if h.created:  # a repeated key's job may have run long ago
         _warn_if_it_waits(producer, endpoint, delayed=bool(delay_s))
+        if deadline_s is not None:
+            _note_deadline_policy(producer)
         _warn_ended_dependencies(producer.r, producer.keys, depends_on or [], delayed=bool(delay_s))
     typer.echo(h.id if quiet else json.dumps({"id": h.id, "created": h.created, "priority": h.priority.name}))
+
+
+def _note_deadline_policy(producer: Any) -> None:
+    """On stderr: the leading planner's policy does not plan by deadlines (only the tardiness
+    policies do), so ``--deadline-s`` only counts in reports (a new user expected it to change
+    the plan). Best effort: nothing when no planner published its policy or Redis fails."""
+    import redis
+
+    try:
+        policy = json.loads(producer.r.get(producer.keys.planner_config) or "{}").get("policy")
+    except (ValueError, AttributeError, redis.RedisError):
+        return
+    if policy and not str(policy).startswith("tardiness"):
+        typer.echo(f"note: the planner's policy is {policy!r}: deadline_s does not change the plan (the tardiness "
+                   "policies plan by it, MAKESPAN_POLICY=tardiness); `makespan report` counts late jobs", err=True)
 
 
 def _warn_if_it_waits(producer: Any, endpoint: str, delayed: bool = False) -> None:

@@ -84,7 +84,8 @@ class Interval:
     transition: str | None = None  # sleep, wake, cold_start (or evict) where the phase said so
     #: why an incomplete phase ended: ``preempted`` (its lease was preempted: the planner gave
     #: the GPUs to a more urgent job and queued this one again), ``reclaimed`` (its lease
-    #: expired: a worker stopped renewing it), ``ended`` (its lease ended without the phase's
+    #: expired: a worker stopped renewing it), ``handed_back`` (its GPU worker stopped cleanly,
+    #: SIGTERM, and handed the lease back: the job was requeued, no attempt counted), ``ended`` (its lease ended without the phase's
     #: end: its job failed, was cancelled or scheduled a retry in it) or ``open_at_end`` (still
     #: running when the record ends)
     cut_by: str | None = None
@@ -218,6 +219,8 @@ def intervals(events: Iterable[dict[str, Any]]) -> list[Interval]:
             # scheduled a retry mid-phase: its open phases stop here (drawn as incomplete)
             lost = ev["lease"]
             why = ev["kind"] if ev["kind"] in _LEASE_LOST else "ended"
+            if why == "reclaimed" and ev.get("cause") == "worker_shutdown":  # a clean stop, not a crash
+                why = "handed_back"
             ended[lost] = why
             for key in [k for k in open_ if k[0] == lost]:
                 close(open_.pop(key), min(ev["ts"], ev.get("expired_at") or ev["ts"]), None, cut_by=why)
@@ -280,7 +283,7 @@ def summary_stats(events: list[dict[str, Any]], gpus: list[str] | None = None) -
     tardiness policies plan; docs/planner.md), ``tardy_jobs`` and ``jobs_with_deadline`` (of
     those completed jobs), ``gpus``, ``incomplete`` (phases
     without their end event), ``cut_short`` (those by why: ``{preempted, reclaimed,
-    ended, open_at_end}``, see :attr:`Interval.cut_by`), ``drains``, ``time_scale``. ``gpus`` defaults to every GPU named in the events.
+    handed_back, ended, open_at_end}``, see :attr:`Interval.cut_by`), ``drains``, ``time_scale``. ``gpus`` defaults to every GPU named in the events.
     """
     evs = sorted(events, key=lambda e: e["ts"])
     ivs = intervals(evs)
@@ -370,7 +373,8 @@ def summary_stats(events: list[dict[str, Any]], gpus: list[str] | None = None) -
         "jobs_with_deadline": len(due),
         "gpus": len(gpu_set),
         "incomplete": sum(1 for iv in ivs if not iv.complete),
-        "cut_short": {why: sum(1 for iv in ivs if iv.cut_by == why) for why in ("preempted", "reclaimed", "ended",
+        "cut_short": {why: sum(1 for iv in ivs if iv.cut_by == why) for why in ("preempted", "reclaimed", "handed_back",
+                                                                                   "ended",
                                                                                    "open_at_end")},
         "drains": sum(1 for ev in evs if ev["kind"] == "drain"),
         "time_scale": ts[-1] if ts else None,
@@ -412,7 +416,7 @@ def summarize(events: list[dict[str, Any]], gpus: list[str] | None = None) -> st
         f"makespan: {s['makespan_s']:.3f} s   weighted completion: {s['weighted_completion_s']:.3f} s",
         *([f"deadlines: {s['tardy_jobs']} of {s['jobs_with_deadline']} completed jobs with a deadline_s were late; "
            f"weighted tardiness {s['weighted_tardiness_s']:.3f} s"] if s["jobs_with_deadline"] else []),
-        f"utilization: {s['utilization']:.1%} (every execute, preempted ones too: the demo's and replay's count completed jobs')   busy {s['busy_gpu_s']:.3f} GPU-s, "
+        f"utilization: {s['utilization']:.1%} (executes cut short by a preemption included; the demo's and replay's summaries count completed jobs' executes only)   busy {s['busy_gpu_s']:.3f} GPU-s, "
         f"transition {s['transition_gpu_s']:.3f} GPU-s, idle {s['idle_gpu_s']:.3f} GPU-s",
         "phases: " + ", ".join(f"{p} {s['phase_count'][p]}x/{s['phase_gpu_s'][p]:.3f} GPU-s" for p in PHASES),
         "transitions: " + ", ".join(f"{t} {n}x" for t, n in s["transition_count"].items())
@@ -429,7 +433,10 @@ def summarize(events: list[dict[str, Any]], gpus: list[str] | None = None) -> st
                      "gave their GPUs to more urgent jobs and queued the preempted jobs again)")
     if cut["reclaimed"]:
         lines.append(f"phases cut short by a reclaimed lease: {cut['reclaimed']} (a GPU worker stopped renewing its "
-                     "lease: it died, hung or lost Redis)")
+                     "lease: it died, hung or lost Redis; or handed it back for a failed start or a missing function)")
+    if cut["handed_back"]:
+        lines.append(f"phases cut short by a GPU worker's clean stop: {cut['handed_back']} (SIGTERM: it handed its "
+                     "leases back and their jobs were queued again, no attempt counted)")
     if cut["ended"]:
         lines.append(f"phases ended by their job's failure, cancel or retry: {cut['ended']}")
     if cut["open_at_end"]:

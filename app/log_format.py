@@ -12,7 +12,9 @@
 
 The GPU worker's Celery lines (Celery's own loggers, and makespan's in its pool processes)
 get the same format through Celery's ``after_setup_logger`` / ``after_setup_task_logger``
-signals (:func:`use_for_celery`).
+signals (:func:`use_for_celery`); with ``json`` its start banner is left out (``--quiet``).
+What a process prints outside logging (its start-up summary, a signal's notice) follows the
+format too (:func:`as_line`); Celery's own ``worker: Warm shutdown`` notice is printed as text.
 """
 
 from __future__ import annotations
@@ -70,6 +72,25 @@ def formatter(kind: str) -> logging.Formatter:
     return TextFormatter()
 
 
+def as_line(message: str, level: str = "INFO", logger: str = "makespan") -> str:
+    """``message`` as one line of ``MAKESPAN_LOG_FORMAT``, for what a process prints to stderr
+    outside logging (a signal handler's notice, where logging's locks may deadlock; a start-up
+    summary before logging is set up): ``message`` itself in ``text``, a JSON object with the
+    fields of the ``json`` format in ``json`` (an invalid ``MAKESPAN_LOG_FORMAT`` reads as
+    ``text``: it is refused where the process starts)."""
+    try:
+        kind = log_format_from_env()
+    except ValidationError:
+        kind = "text"
+    if kind != "json":
+        return message
+    import json
+
+    now = time.time()
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now * 1000) % 1000:03d}Z"
+    return json.dumps({"time": stamp, "level": level, "logger": logger, "pid": os.getpid(), "message": message})
+
+
 def configure(level: str, kind: str | None = None) -> None:
     """Root logging at ``level`` to stderr in format ``kind`` (None: :func:`log_format_from_env`),
     replacing handlers an earlier call installed; httpx at WARNING (not a line per health
@@ -80,6 +101,7 @@ def configure(level: str, kind: str | None = None) -> None:
     handler = logging.StreamHandler()
     handler.setFormatter(formatter(kind or log_format_from_env()))
     logging.basicConfig(level=level, handlers=[handler], force=True)
+    logging.captureWarnings(True)  # a library's warnings (Celery's SecurityWarning) in the same format
     logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
@@ -101,5 +123,5 @@ def use_for_celery() -> None:
     after_setup_task_logger.connect(reformat, weak=False)
 
 
-__all__ = ["LOG_FORMATS", "TEXT_FORMAT", "TextFormatter", "configure", "formatter", "log_format_from_env",
+__all__ = ["LOG_FORMATS", "TEXT_FORMAT", "TextFormatter", "as_line", "configure", "formatter", "log_format_from_env",
            "use_for_celery"]

@@ -36,6 +36,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from makespan.log_format import as_line
+
 log = logging.getLogger("makespan.shutdown")
 
 EXIT_SHUTDOWN_TIMEOUT = 1  # exit code of a process whose clean shutdown outlasted its grace period (faulthandler's)
@@ -93,8 +95,9 @@ def arm(grace_s: float, process: str, signal_name: str = "SIGTERM") -> bool:
     # the process's own stderr (fd 2): Celery replaces sys.stderr with a logging proxy that has no fd
     err = sys.__stderr__
     try:
-        print(f"makespan {process}: {signal_name}; ending within {grace_s:g} s (MAKESPAN_SHUTDOWN_GRACE_S), else exit "
-              f"code {EXIT_SHUTDOWN_TIMEOUT} with every thread's traceback below", file=err, flush=True)
+        print(as_line(f"makespan {process}: {signal_name}; ending within {grace_s:g} s (MAKESPAN_SHUTDOWN_GRACE_S), "
+                      f"else exit code {EXIT_SHUTDOWN_TIMEOUT} with every thread's traceback below",
+                      logger="makespan.shutdown"), file=err, flush=True)
         faulthandler.dump_traceback_later(grace_s, repeat=False, file=err, exit=True)
     except (AttributeError, OSError, RuntimeError, ValueError) as e:  # no usable fd 2: a Python timer instead
         log.warning("faulthandler watchdog unavailable (%s); a thread timer ends the process instead", e)

@@ -215,3 +215,20 @@ def test_the_ended_dependency_warning_reads_ids_as_the_submit_does(r, keys, redi
                                            *args], env=env)
         assert res.exit_code == 0, res.output
         assert res.output.count(f"warning: dependency {dep}") == 1, (given, res.output)
+
+
+def test_a_deadline_under_a_policy_that_does_not_plan_by_it_gets_a_note(r, keys, redis_url, prefix):
+    """A new user submitted with --deadline-s under the default policy and nothing said that it
+    would not change the plan; only the report, afterwards, said the job was late."""
+    import json
+
+    fleet = str(SYNTH.parent / "render-pipeline.toml")
+    env = _env(redis_url, prefix)
+    args = ["submit", "-q", "--endpoint", "embed", "--service-s", "1", "--deadline-s", "60", "--fleet", fleet]
+    r.set(keys.planner_config, json.dumps({"planner": "p", "policy": "default"}))
+    res = CliRunner().invoke(cli_app, args, env=env)
+    assert res.exit_code == 0 and "note: the planner's policy is 'default': deadline_s does not change the plan" \
+        in res.output, res.output
+    r.set(keys.planner_config, json.dumps({"planner": "p", "policy": "tardiness"}))
+    res = CliRunner().invoke(cli_app, args, env=env)
+    assert res.exit_code == 0 and "deadline_s does not change the plan" not in res.output, res.output

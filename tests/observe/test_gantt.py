@@ -48,7 +48,7 @@ def test_phases_cut_short_are_told_apart_by_why(t0):
            phase("o2", "phase_start", 4), {"ts": t0 + 5, "kind": "submitted", "job": "late"}]
     s = summary_stats(evs)
     assert s["incomplete"] == 4
-    assert s["cut_short"] == {"preempted": 2, "reclaimed": 1, "ended": 0, "open_at_end": 1}
+    assert s["cut_short"] == {"preempted": 2, "reclaimed": 1, "handed_back": 0, "ended": 0, "open_at_end": 1}
     assert [iv.cut_by for iv in intervals(evs)] == ["preempted", "preempted", "reclaimed", None, "open_at_end"]
     text = summarize(evs)
     assert "phases cut short by a preemption: 2 (planned, not a failure" in text
@@ -279,7 +279,7 @@ def test_a_phase_whose_lease_ended_without_its_end_is_not_still_running(t0):
             "outcome": "failed", "reason": "evict: no"},
            {"ts": t0 + 6, "kind": "submitted", "job": "late"}]
     s = summary_stats(evs)
-    assert s["cut_short"] == {"preempted": 1, "reclaimed": 0, "ended": 4, "open_at_end": 0}
+    assert s["cut_short"] == {"preempted": 1, "reclaimed": 0, "handed_back": 0, "ended": 4, "open_at_end": 0}
     by_lease = {(iv.job, iv.phase): iv for iv in intervals(evs)}
     assert by_lease[("j-f1", "execute")].end_s == pytest.approx(1.0)
     assert by_lease[("j-p1", "execute")].end_s == pytest.approx(3.002)
@@ -314,3 +314,20 @@ def test_report_from_redis_writes_a_run_directory_of_a_live_deployment(tmp_path,
     a_file.write_text("")
     res = CliRunner().invoke(_cli(), ["report", str(a_file), "--from-redis"])
     assert res.exit_code == 2 and "cannot write the run directory" in res.stderr, res.output  # not a traceback
+
+
+def test_a_clean_worker_stop_is_not_reported_as_a_crash(t0):
+    """A new user's report after a SIGTERM of a GPU worker said its phases were cut short by
+    a reclaimed lease, "it died, hung or lost Redis"; the events said worker_shutdown."""
+    def phase(lease, kind, ts):
+        return {"ts": t0 + ts, "kind": kind, "lease": lease, "job": f"j-{lease}", "phase": "execute",
+                "gpus": ["GPU-0"], "priority": "NORMAL"}
+    evs = [phase("s1", "phase_start", 0),
+           {"ts": t0 + 1, "kind": "reclaimed", "lease": "s1", "job": "j-s1", "cause": "worker_shutdown"},
+           phase("x1", "phase_start", 1),
+           {"ts": t0 + 2, "kind": "reclaimed", "lease": "x1", "job": "j-x1", "cause": "lease_expired"}]
+    s = summary_stats(evs)
+    assert s["cut_short"] == {"preempted": 0, "reclaimed": 1, "handed_back": 1, "ended": 0, "open_at_end": 0}
+    text = summarize(evs)
+    assert "phases cut short by a GPU worker's clean stop: 1 (SIGTERM" in text
+    assert "phases cut short by a reclaimed lease: 1 (" in text

@@ -56,9 +56,10 @@ def test_an_unknown_log_format_fails_the_command_in_one_line(command, redis_url,
 
 
 def test_every_process_logs_json_lines(settings, r, keys, tmp_path):
-    """Planner, GPU workers (Celery's own lines and makespan's) and observer, with
-    MAKESPAN_LOG_FORMAT=json: every log line that is not Celery's start banner (stdout) is a
-    JSON object with the five fields."""
+    """Planner, GPU workers (Celery's own lines and makespan's, a library warning, the start-up
+    summary and the SIGTERM notice) and observer, with MAKESPAN_LOG_FORMAT=json: every line is
+    a JSON object with the five fields, but Celery's own ``worker: Warm shutdown`` notice (a
+    new user found the banner, the start-up line and the signal notice in text)."""
     fleet = load_fleet(FLEET)
     system = LiveSystem(FLEET, fleet, settings, tmp_path / "logs",
                         extra_env={"MAKESPAN_LOG_FORMAT": "json", "MAKESPAN_LOG_LEVEL": "INFO"})
@@ -71,7 +72,7 @@ def test_every_process_logs_json_lines(settings, r, keys, tmp_path):
     loggers: dict[str, set[str]] = {}
     for proc in system.procs:
         for line in proc.log_path.read_text().splitlines():
-            if not line.startswith("{"):
+            if not line.strip() or line == "worker: Warm shutdown (MainProcess)":
                 continue
             record = json.loads(line)
             assert {"time", "level", "logger", "pid", "message"} <= set(record), line
@@ -79,3 +80,14 @@ def test_every_process_logs_json_lines(settings, r, keys, tmp_path):
     assert "makespan.planner" in loggers["planner"], loggers
     assert any(name.startswith("celery") for name in loggers["gpu"]), loggers  # Celery's own lines too
     assert any(name.startswith("makespan") for name in loggers["observer"]), loggers
+    assert "makespan.gpu_worker" in loggers["gpu"], loggers  # its start-up summary
+
+
+def test_a_signal_notice_follows_the_log_format(monkeypatch):
+    from makespan.log_format import as_line
+
+    monkeypatch.setenv("MAKESPAN_LOG_FORMAT", "json")
+    record = json.loads(as_line("makespan planner: SIGTERM; ending within 20 s", logger="makespan.shutdown"))
+    assert record["logger"] == "makespan.shutdown" and record["message"].startswith("makespan planner: SIGTERM")
+    monkeypatch.setenv("MAKESPAN_LOG_FORMAT", "text")
+    assert as_line("plain") == "plain"
