@@ -14,6 +14,7 @@ from makespan.errors import MakespanError, ValidationError
 from makespan.cli_support import context, fail, published_fleet
 from makespan.cli_support import utc_text as _utc_text
 from makespan.pools import published_pools
+from makespan.wait_reasons import planned_priority
 
 WAITING = ("queued", "delayed")
 FINISHED = ("completed", "failed", "cancelled")  # listed from P:finished and P:retained, the latest first
@@ -219,8 +220,8 @@ def _explain_rec(r, keys, settings, job_id: str, rec: dict[str, str], leads: boo
         detail += _leader_silent(r, keys.for_pool(rec.get("pool")))
     out.update(reason=reason, detail=detail, eta=eta, eta_in_s=None if eta is None else round(eta - now_s, 3))
     # the level it is planned at: a dependant's it inherits (the planner's entry), else its own
-    inherited = rec.get("planned_priority") if reason not in ("behind_batch", "no_planner") else None
-    out["planned_priority"] = inherited or rec.get("priority")
+    out["planned_priority"] = (planned_priority(rec) if reason not in ("behind_batch", "no_planner") else None) \
+        or rec.get("priority")
     if rec.get("wait_at") and reason not in ("no_planner", "delayed_until", "retry_backoff"):
         # clamped: a write stamped a moment after this read's server time is as of 0 s, not -0.0
         out["as_of_s"] = round(max(0.0, now_s - float(rec["wait_at"])), 3)

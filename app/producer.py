@@ -231,7 +231,9 @@ def typed_record(rec: dict[str, str]) -> dict[str, Any]:
     if rec.get("host") == "":  # a lease taken with no holder named (as the lease's own view says it)
         rec["host"] = None
     if rec.get("state") == "queued":  # the level it is planned at: a dependant's it inherits, else its own
-        rec["planned_priority"] = rec.get("planned_priority") or rec.get("priority", "")
+        from makespan.wait_reasons import planned_priority
+
+        rec["planned_priority"] = planned_priority(rec) or rec.get("priority", "")
     if rec.get("state") != "queued":  # the planner's last wait reason, from when it waited: not now
         for field in ("wait_reason", "wait_detail", "wait_eta", "wait_at", "planned_priority"):
             rec.pop(field, None)

@@ -60,6 +60,15 @@ DELAYED_REASONS = ("delayed_until", "retry_backoff")  # a delayed job's codes (r
 QUEUED_REASONS = tuple(code for code in REASONS if code not in DELAYED_REASONS)
 
 
+def planned_priority(rec: dict[str, Any]) -> str | None:
+    """The level a queued job's record says it inherits (``planned_priority``), only while its
+    wait detail still says so ("planned at LEVEL"): a planner of an older version, leading
+    after a rollback, rewrites the detail but not that field (an upgrade tester saw a stale
+    level); None when it plans the job at its own level."""
+    level = rec.get("planned_priority")
+    return str(level) if level and f"planned at {level}," in str(rec.get("wait_detail") or "") else None
+
+
 def stale_after_s(lease_ttl_s: float) -> float:
     """How old (s) a planner's entry may be while no planner leads before it is not trusted
     (:func:`reason_of`'s ``stale_after_s``): half the lease TTL, at least 1 s (a planner

@@ -82,12 +82,15 @@ HUNG_SLACK_S = 60.0  # room for the child's start and the pickles on a loaded ho
 
 def _child_init(nice: int) -> None:
     """First thing the child process runs: lower its CPU priority by ``nice`` (0: none),
-    ignore SIGINT (a Ctrl-C reaches the whole process group; the planner then ends the
-    child itself) and exit as soon as the parent process is gone (a SIGKILLed planner
+    ignore SIGINT and SIGTERM (a Ctrl-C, or systemd's stop with ``KillMode=control-group``,
+    reaches the whole process group; the planner then ends the child itself: a child that
+    died first logged "its child process died mid-solve" at ERROR on a normal stop, an
+    upgrade tester) and exit as soon as the parent process is gone (a SIGKILLed planner
     cannot end it)."""
     if nice > 0:
         os.nice(nice)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     parent = multiprocessing.parent_process()
     if parent is not None:
         threading.Thread(target=_exit_with, args=(parent.sentinel,), name="makespan-improver-parent",

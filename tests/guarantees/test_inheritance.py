@@ -142,3 +142,17 @@ def test_the_inherited_level_is_a_field_of_why_jobs_and_status_and_goes_with_the
         assert r.hget(w.keys.job(low), "planned_priority") is None
     finally:
         w.close()
+
+
+def test_a_planned_priority_an_older_planner_left_behind_is_not_shown():
+    """An upgrade tester rolled back to a planner that rewrites a queued job's wait detail but
+    not ``planned_priority``: `why` kept saying HIGH for a job planned at its own LOW level.
+    The field counts only while the detail still says "planned at LEVEL"."""
+    from makespan.wait_reasons import planned_priority
+
+    current = {"priority": "LOW", "planned_priority": "HIGH",
+               "wait_detail": "planned on GPUs a; planned at HIGH, not its own LOW: a HIGH job waits on it"}
+    assert planned_priority(current) == "HIGH"
+    rewritten = {**current, "wait_detail": "planned on GPUs a, held by job x"}
+    assert planned_priority(rewritten) is None
+    assert planned_priority({"priority": "LOW", "wait_detail": "planned on GPUs a"}) is None
