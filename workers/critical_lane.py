@@ -79,7 +79,7 @@ from makespan.workers import host_liveness, worker_fleets
 from makespan.workers.fleet_view import DOWN_FREE_AFTER_S
 from makespan.workers.leases import expected_end_s, planned_end_s, preempt
 from makespan.workers.phases import instance_value
-from makespan.workers.preemption import lease_holders, within_bounds
+from makespan.workers.running import lease_holders, within_bounds
 from makespan.workers.starts import note_preemption, start_job
 from makespan.workers.tick.clock import release_s
 from makespan.workers.tick.context import CrossTickState, TickContext, TickEnv

@@ -99,7 +99,7 @@ def _lane_swaps(ctx: TickContext, starts: list[Start], now_s: float) -> list[Sta
     from makespan.planner.replay import state_after
 
     from makespan.planner.policies import POLICY_REGISTRY
-    from makespan.workers.preemption import lease_holders, running_jobs
+    from makespan.workers.running import lease_holders, running_jobs
 
     scored = settings.preemption == "plan" and POLICY_REGISTRY.lookup(settings.policy).floor is not None
 
