@@ -81,12 +81,14 @@ def _lane_swaps(ctx: TickContext, starts: list[Start], now_s: float) -> list[Sta
     are such a start and jobs already running (a gang's group), the start is left queued and
     the ``Preempt`` step of the same tick takes the running ones for the lane job."""
     settings = ctx.env.settings
-    grace = settings.fast_lane_start_grace
     state, plan = ctx.fleet_state, ctx.plan
-    if not grace or not starts or state is None or plan is None:
+    if not starts or state is None or plan is None:
         return starts
     starting = {start[0].id for start in starts}
     waiting = [job for job in ctx.batch if job.id not in starting and job.id not in ctx.dispatched]
+    if not any(job.priority <= Priority.HIGH for job in waiting):  # the common tick: read no setting
+        return starts
+    grace = settings.fast_lane_start_grace
     lane_levels = [job.priority for job in waiting if job.priority in grace and job.priority <= Priority.HIGH]
     if not lane_levels:
         return starts
@@ -96,9 +98,8 @@ def _lane_swaps(ctx: TickContext, starts: list[Start], now_s: float) -> list[Sta
         return starts
     from makespan.planner import fast_lane, preemption_plan
     from makespan.planner.model import RunningJob
-    from makespan.planner.replay import state_after
-
     from makespan.planner.policies import POLICY_REGISTRY
+    from makespan.planner.replay import state_after
     from makespan.workers.running import lease_holders, running_jobs
 
     scored = settings.preemption == "plan" and POLICY_REGISTRY.lookup(settings.policy).floor is not None

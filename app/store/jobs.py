@@ -12,6 +12,7 @@ pipeline's ``execute()`` raises instead).
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -386,25 +387,25 @@ def record_deps(deps_json: str | None) -> tuple[str, ...]:
     return tuple(dep for dep in deps if isinstance(dep, str)) if isinstance(deps, list) else ()
 
 
+def _finite(value: Any) -> float | None:
+    """``value`` as a finite float, or None."""
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return None
+    return out if math.isfinite(out) else None
+
+
 def unreadable_field(record: Mapping[str, Any]) -> str | None:
     """Why a queued job's record cannot be planned, as ``field='value'`` (a field that is
     not what the producer writes: ``service_s``, ``submitted_at`` not a finite number,
     ``seq`` not an integer, ``deadline_s`` or ``not_before`` given but not a number,
     ``helpers`` not a JSON list); None for a sound record. The planner cancels such a job
     with this as its reason rather than raising on it at every tick (a hand edit, a bug)."""
-    import math
-
-    def number(value: Any) -> float | None:
-        try:
-            out = float(value)
-        except (TypeError, ValueError):
-            return None
-        return out if math.isfinite(out) else None
-
     for field, required in (("service_s", True), ("submitted_at", True), ("deadline_s", False),
                             ("not_before", False)):
         value = record.get(field)
-        if (required or value not in (None, "")) and number(value) is None:
+        if (required or value not in (None, "")) and _finite(value) is None:
             return f"{field}={value!r}"
     seq = record.get("seq")
     if not isinstance(seq, (str, int)) or not str(seq).lstrip("-").isdigit():
