@@ -169,7 +169,7 @@ def _float_or_none(raw: str | None) -> float | None:
 def _explain_rec(r, keys, settings, job_id: str, rec: dict[str, str], leads: bool, now_s: float,
                  written_at_s: float | None = None, phase_marks: dict[str, str] | None = None,
                  lease_host: tuple[str, float | None, bool, bool] | None = None,
-                 budget: int | None = None) -> dict[str, Any]:
+                 budget: int | None = None, leader_note: str | None = None) -> dict[str, Any]:
     from makespan.wait_reasons import reason_of, stale_after_s
 
     out: dict[str, Any] = {"id": job_id, "state": rec.get("state"), "priority": rec.get("priority"),
@@ -216,8 +216,8 @@ def _explain_rec(r, keys, settings, job_id: str, rec: dict[str, str], leads: boo
         from makespan.producer import higher_levels_ahead
 
         detail += higher_levels_ahead(r, keys.for_pool(rec.get("pool")), rec.get("priority") or "NORMAL")
-    if reason == "behind_batch":
-        detail += _leader_silent(r, keys.for_pool(rec.get("pool")))
+    if reason == "behind_batch":  # leader_note: the listing's, read once per pool
+        detail += leader_note if leader_note is not None else _leader_silent(r, keys.for_pool(rec.get("pool")))
     out.update(reason=reason, detail=detail, eta=eta, eta_in_s=None if eta is None else round(eta - now_s, 3))
     # the level it is planned at: a dependant's it inherits (the planner's entry), else its own
     out["planned_priority"] = (planned_priority(rec) if reason not in ("behind_batch", "no_planner") else None) \
@@ -459,6 +459,7 @@ def _filtered(r, keys, settings, ids: list[str], states: tuple[str, ...], endpoi
         name: _context(r, keys.for_pool(name)) for name in published_pools(r, keys)}
     out: list[dict[str, Any]] = []
     budget_by_pool: dict[str | None, int | None] = {}
+    silent_by_pool: dict[str | None, str] = {}  # pool -> _leader_silent's note
     chunk = max(4 * limit, 1000)
     for first in range(0, len(ids), chunk):
         part = ids[first:first + chunk]
@@ -481,8 +482,11 @@ def _filtered(r, keys, settings, ids: list[str], states: tuple[str, ...], endpoi
                 leads_by_pool[job_pool] = (leads, now_s, None)
             if job_pool not in budget_by_pool:
                 budget_by_pool[job_pool] = _published_budget(r, keys.for_pool(job_pool))
+            if rec.get("state") == "queued" and job_pool not in silent_by_pool:  # once per pool, not per row
+                silent_by_pool[job_pool] = _leader_silent(r, keys.for_pool(job_pool))
             out.append(_explain_rec(r, keys, settings, j, rec, *leads_by_pool[job_pool], phase_marks=marks,
-                                    lease_host=holder, budget=budget_by_pool[job_pool]))
+                                    lease_host=holder, budget=budget_by_pool[job_pool],
+                                    leader_note=silent_by_pool.get(job_pool)))
             if len(out) >= limit:
                 return out
     return out

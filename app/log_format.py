@@ -43,13 +43,18 @@ def log_format_from_env() -> str:
     return kind
 
 
+def _utc_stamp(unix_s: float) -> str:
+    """``unix_s`` as both formats write a time: UTC, ISO 8601 with milliseconds and ``Z``."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(unix_s)) + f".{int(unix_s * 1000) % 1000:03d}Z"
+
+
 class _UtcTime:
-    """The ``asctime`` of both formats: UTC, ISO 8601 with milliseconds and ``Z``."""
+    """The ``asctime`` of both formats (:func:`_utc_stamp`)."""
 
     converter = time.gmtime
 
     def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802 (logging's name)
-        return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z"
+        return _utc_stamp(record.created)
 
 
 class TextFormatter(_UtcTime, logging.Formatter):
@@ -86,9 +91,7 @@ def as_line(message: str, level: str = "INFO", logger: str = "makespan") -> str:
         return message
     import json
 
-    now = time.time()
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now * 1000) % 1000:03d}Z"
-    return json.dumps({"time": stamp, "level": level, "logger": logger, "pid": os.getpid(), "message": message})
+    return json.dumps({"time": _utc_stamp(time.time()), "level": level, "logger": logger, "pid": os.getpid(), "message": message})
 
 
 def configure(level: str, kind: str | None = None) -> None:
