@@ -168,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         ours["mode"] = "function" if a.function else "plain"  # the row's label (bench.scale's modes)
         ours["raw_celery_tasks_per_s"] = raw["tasks_per_s"]
         ours["ratio_to_raw"] = ours["jobs_per_s"] / raw["tasks_per_s"]
+        ours["raw_celery_cpu_ms_per_task"] = raw["cpu_ms_per_task"]
         scale._print_row(ours)
         b, e = stats["before"], stats["after"]
         per = {k: (e.get(k, 0) - b.get(k, 0)) / a.jobs for k in e}
