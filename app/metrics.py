@@ -66,7 +66,7 @@ class Metrics:
     ``CollectorRegistry`` when None)."""
 
     def __init__(self, registry: Any = None):
-        from prometheus_client import CollectorRegistry, Counter, Histogram
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         self.registry = registry if registry is not None else CollectorRegistry()
         reg = {"registry": self.registry}
@@ -95,6 +95,10 @@ class Metrics:
         self.state_lost = Counter("makespan_redis_state_lost_total",
                                   "Times the planner found its fencing counter gone back: Redis lost makespan's "
                                   "state (restarted without its data).", [], **reg)
+        self.leading = Gauge("makespan_planner_leading",
+                             "1 while this planner process holds its pool's leader lock (it plans), 0 while it "
+                             "stands by; pool '' for the whole fleet's planner.", ["pool"],
+                             multiprocess_mode="livemax", **reg)
         self.reclaimed = Counter("makespan_leases_reclaimed_total",
                                  "Job leases reclaimed, by cause: lease_expired (the planner's reclaim), or handed "
                                  "back by a GPU worker: worker_shutdown, function_missing, start_failed (the job's "
@@ -195,6 +199,12 @@ def job_failed(priority: Any) -> None:
 def redis_state_lost() -> None:
     """The planner found its fencing counter gone back: Redis lost makespan's state (planner)."""
     _m().state_lost.inc()
+
+
+def planner_leading(pool: str, leading: bool) -> None:
+    """This planner process came to lead ``pool`` ('' for the whole fleet) or stopped leading
+    it (stepped down, deposed, stopping); 0 from its start while it stands by (planner)."""
+    _m().leading.labels(pool).set(1 if leading else 0)
 
 
 def job_preempted(priority: Any) -> None:

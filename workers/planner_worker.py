@@ -232,6 +232,7 @@ class PlannerWorker:
                 pass
             raise
         self.kept.idle_gpus_at = None  # another leader counted the idle GPU-seconds while this one stood by
+        metrics.planner_leading(self.pool or "", True)
         # a failover reads as one (an SRE: a takeover looked like a first start)
         log.info("%s leads %s(planner fencing token %s)%s", self.name, f"pool {self.pool} " if self.pool else "",
                  self.token, f", taking over from {last_leader}" if last_leader and last_leader != self.name else "")
@@ -442,6 +443,7 @@ class PlannerWorker:
                 answer_refused(self.r, process=f"planner {self.name}")
             except redis.RedisError:
                 pass  # not answering yet: the stand-by waits for it
+            metrics.planner_leading(self.pool or "", False)  # the series exists while it stands by
             while not self._stop.is_set():
                 lock = self._lead()
                 if lock is None:
@@ -465,6 +467,7 @@ class PlannerWorker:
         finally:
             done.set()  # the keeper extends no more
             self.lock_held_until_s = None
+            metrics.planner_leading(self.pool or "", False)
             try:
                 if self.lane is not None:
                     self.lane.stop(timeout_s=self.settings.redis_socket_timeout_s)

@@ -4,6 +4,7 @@ the counters must match what was submitted and completed."""
 from __future__ import annotations
 
 import random
+import signal
 from pathlib import Path
 
 import httpx
@@ -102,3 +103,31 @@ def test_metrics_ports_skip_ports_already_bound():
         assert got >= base + 2
         with socket.socket() as probe:
             probe.bind(("0.0.0.0", got))  # what it returned is free
+
+
+def _leading(port: int) -> float | None:
+    """``makespan_planner_leading`` of the planner serving ``port`` (None: not answering yet)."""
+    try:
+        return _total(_scrape(port), "makespan_planner_leading", pool="")
+    except httpx.HTTPError:
+        return None
+
+
+def test_planner_leading_gauge_follows_the_leader_lock(r, keys, settings, tmp_path):
+    """A leader exports makespan_planner_leading 1 and a standby 0; when the leader stops,
+    the standby's turns 1 (an SRE alerts on the pool's sum being 0)."""
+    fleet = load_fleet(FLEET)
+    base = random.Random().randrange(*METRICS_PORT_RANGE)
+    system = LiveSystem(FLEET, fleet, settings, tmp_path / "logs", observer=False, metrics_base_port=base)
+    try:
+        system.start_planner(0)
+        leader_port = system.metrics_ports["planner-0"]
+        wait_for(lambda: _leading(leader_port) == 1, 60, "planner-0 to lead")
+        system.start_planner(1)
+        standby_port = system.metrics_ports["planner-1"]
+        wait_for(lambda: _leading(standby_port) is not None, 60, "planner-1 to serve /metrics")
+        assert _leading(standby_port) == 0 and _leading(leader_port) == 1
+        system.kill("planner-0", signal.SIGTERM)
+        wait_for(lambda: _leading(standby_port) == 1, 60, "planner-1 to take over")
+    finally:
+        stop_checked(system)
