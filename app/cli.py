@@ -497,8 +497,9 @@ def submit(workload: str | None = typer.Argument(None, help="a workload function
         _fail(MakespanError("--args and --kwargs are a workload function's: name the WORKLOAD (the first argument), "
                             "or give a plain job its input with --payload"))
     try:
-        if endpoint is None or service_s is None:
-            raise MakespanError("a plain job needs --endpoint and --service-s (or name a WORKLOAD function)")
+        missing = [flag for flag, value in (("--endpoint", endpoint), ("--service-s", service_s)) if value is None]
+        if missing:
+            raise MakespanError(f"a plain job needs {' and '.join(missing)} (or name a WORKLOAD function)")
         try:
             data = json.loads(payload)
         except (json.JSONDecodeError, RecursionError) as e:

@@ -305,7 +305,8 @@ def line(x: dict[str, Any]) -> str:
         if x["state"] and activity.startswith(x["state"]):  # "running since …": the state is its first word
             return f"{x['id']}: {activity}" + (f" ({x['detail']})" if x["detail"] else "")
         doing = f", {activity}" if activity else ""
-        return f"{x['id']}: {x['state']}{ended}{doing}" + (f" ({x['detail']})" if x["detail"] else "")
+        state = x["state"] or "no state (its record has none: a damaged record, `makespan status ID` shows the rest)"
+        return f"{x['id']}: {state}{ended}{doing}" + (f" ({x['detail']})" if x["detail"] else "")
     return f"{x['id']}: {x['state']}, {x['reason']}, {_when(x['eta'], x['eta_in_s'])}"
 
 

@@ -157,6 +157,8 @@ def test_a_repeated_workloads_option_loads_every_module(monkeypatch):
     (["submit", "--endpoint", "embed", "--service-s", "1", "--idempotency-key", ""], "idempotency_key: is empty"),
     (["submit", "--endpoint", "embed", "--service-s", "1", "--payload", "[" * 100_000], "--payload: not JSON"),
     (["submit", "some.fn", "--args", "[" * 100_000], "--args: not JSON"),
+    (["submit", "--endpoint", "embed"], "a plain job needs --service-s (or"),  # it named both, one given
+    (["submit", "--service-s", "1"], "a plain job needs --endpoint (or"),
 ])
 def test_submit_input_the_cli_used_to_drop_is_refused(r, keys, redis_url, prefix, args, says):
     """Input a submit silently ignored (a plain job's --args/--kwargs, a function's --payload,

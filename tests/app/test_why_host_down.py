@@ -48,3 +48,10 @@ def test_a_job_whose_worker_is_shutting_down_says_it_hands_the_lease_back(r, key
     assert (out["host_live"], out["host_stopping"]) == (False, True)
     assert "(its GPU worker is shutting down: it hands the lease back when the job's phase stops, else the lease " \
            "runs out in" in line(out)
+
+
+def test_a_record_without_a_state_says_so_not_none(r, keys, settings):
+    """A damaged record (no ``state`` field) printed ``j2: None`` (a stop-53 helper)."""
+    r.hset(keys.job("j2"), mapping={"id": "j2", "priority": "NORMAL", "endpoint": "sim"})
+    text = line(explain(r, keys, settings, "j2"))
+    assert text.startswith("j2: no state (its record has none") and "None" not in text, text
