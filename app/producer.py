@@ -650,12 +650,27 @@ class Producer:
         except redis.RedisError as e:
             raise StoreError(f"cancel {job_id}: {e}") from e
 
+    def _queued_level(self, job_id: str, pool: str | None) -> str:
+        """The priority level whose queue (of ``pool``) holds ``job_id``, for a record without
+        its ``priority`` field (damaged: the cancel said "no job" of a job that existed);
+        NORMAL when no queue holds it (delayed, leased or ended: the script reads the state)."""
+        scope = self.keys.for_pool(pool)
+        p = self.r.pipeline(transaction=False)
+        for level in Priority:
+            p.zscore(scope.queue(level.name), job_id)
+        for level, score in zip(Priority, p.execute()):
+            if score is not None:
+                return level.name
+        return Priority.NORMAL.name
+
     def _cancel_job(self, job_id: str) -> CancelOutcome:
         if not is_utf8(job_id):
             raise job_not_found(job_id, self.keys, self.settings)
-        prio, pool = self.r.hmget(self.keys.job(job_id), "priority", "pool")
+        prio, pool, state = self.r.hmget(self.keys.job(job_id), "priority", "pool", "state")
         if prio is None:
-            raise job_not_found(job_id, self.keys, self.settings)
+            if state is None:
+                raise job_not_found(job_id, self.keys, self.settings)
+            prio = self._queued_level(job_id, pool)  # a damaged record: cancelled all the same
         ev = json.dumps({"ts": time.time(), "kind": "cancelled", "job": job_id, "priority": prio})
         out = self.jobs.cancel(job_id, self.keys.for_pool(pool).queue(prio), ev, time.time())
         if out == "missing":

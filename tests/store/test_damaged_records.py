@@ -208,3 +208,24 @@ def test_the_planner_cancels_a_queued_job_whose_record_it_cannot_read_and_goes_o
             assert [ctx.job_id for ctx in sent] == [sound]
     finally:
         w.close()
+
+
+def test_a_queued_job_missing_its_priority_can_be_cancelled_by_id(r, settings):
+    """``makespan cancel`` of a queued job whose record had lost ``priority`` said "no job"
+    (the producer read the queue from that field), though the job existed (a stop-53 helper).
+    It now finds the queue that holds it and cancels it."""
+    import dataclasses
+
+    from makespan.keys import Keys
+    from makespan.models import parse_fleet
+    from makespan.producer import Producer
+
+    fleet = parse_fleet({"name": "one", "hosts": [{"name": "h", "gpu_count": 1, "memory_mib": 81920}],
+                         "endpoints": {"e": {"model": "m", "memory_mib_per_gpu": 10000, "cold_start_s": 1}}})
+    s = dataclasses.replace(settings, lease_ttl_s=60.0)
+    keys = Keys(s.key_prefix)
+    prod = Producer(r, keys, fleet, s)
+    job_id = prod.submit({"endpoint": "e", "service_s": 5, "priority": "HIGH"}).id
+    r.hdel(keys.job(job_id), "priority")
+    assert prod.cancel(job_id) == "cancelled"
+    assert r.hget(keys.job(job_id), "state") == "cancelled" and _queues_holding(r, keys, job_id) == []
