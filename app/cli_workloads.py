@@ -22,6 +22,53 @@ def register(app: typer.Typer) -> None:
 
     _ctx, _fail = context, fail
 
+    @app.command("functions")
+    def functions_cmd(as_json: bool = typer.Option(False, "--json", help="print the list as JSON")):
+        """The workload functions GPU workers registered: live or not, the hosts the planner places their jobs
+        on, endpoint, parameters, retries, timeout, and the execute time the planner uses (learned median of
+        the last runs, or the function's expected_s until MAKESPAN_ESTIMATE_MIN_RUNS runs were measured)."""
+        from makespan.estimates import estimate_s
+        from makespan.registry import listing
+
+        try:
+            s, r, k = _ctx()
+            rows = listing(r, k)
+            for row in rows:
+                definition = row["definition"]
+                endpoint = definition.get("endpoint")
+                expected = definition.get("expected_s")
+                if endpoint:
+                    planned_s, runs = estimate_s(r, k, row["name"], endpoint, float(expected or 0.0),
+                                                 s.estimate_min_runs)
+                    row["planned_execute_s"] = planned_s if runs >= s.estimate_min_runs or expected else None
+                    row["measured_runs"] = runs
+                else:  # the submit names the endpoint: estimates are per (function, endpoint)
+                    row["planned_execute_s"], row["measured_runs"] = None, None
+        except MakespanError as e:
+            _fail(e)
+        if as_json:
+            typer.echo(json.dumps(rows, indent=2))
+            return
+        if not rows:
+            typer.echo(f"no GPU worker has registered a workload function under key prefix {k.prefix!r} "
+                       "(`makespan gpu-worker --workloads MODULE` registers its module's functions)", err=True)
+            return
+        for row in rows:
+            definition = row["definition"]
+            state = "live" if row["live"] else ("refused" if row["refused"] else "not live")
+            where = ", ".join(row["hosts"]) or "any host"
+            if row["hosts"] and not row["hosts_live"]:
+                where = f"registered last on {where}"
+            planned = row["planned_execute_s"]
+            runs = row["measured_runs"]
+            estimate = ("" if planned is None else
+                        f", planned execute {planned:.3g} s ({'median of ' + str(runs) + ' runs' if runs and runs >= s.estimate_min_runs else 'expected_s'})")
+            typer.echo(f"{row['name']}({row['signature'] if row['signature'] is not None else '?'}): {state}, "
+                       f"endpoint {definition.get('endpoint') or '(named by each submit)'}, {where}; "
+                       f"retries {definition.get('retries', 0)}, timeout "
+                       f"{str(definition.get('timeout_s')) + ' s' if definition.get('timeout_s') else 'none'}"
+                       f"{estimate}" + (f"; refused: {row['refused']}" if row["refused"] else ""))
+
     @app.command("submit-workload")
     def submit_workload_cmd(file: Path = typer.Argument(..., help="workload file (YAML or JSON)"),
                             fleet: Path | None = typer.Option(None, "--fleet", help="default: the fleet the "

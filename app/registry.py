@@ -473,6 +473,50 @@ def function_placement(r: redis.Redis, keys: Keys, name: str) -> tuple[tuple[str
     return tuple(sorted(host for host, expires_ms in marks if expires_ms >= latest_ms - LIVE_TTL_S * 1000)), False
 
 
+def listing(r: redis.Redis, keys: Keys) -> list[dict[str, Any]]:
+    """Every workload function a GPU worker has registered under ``keys`` (``P:fns``), sorted
+    by name, for ``makespan functions``: ``{"name", "live", "hosts", "hosts_live",
+    "refused", "signature", "definition"}``. ``live``: a live GPU worker registers it now;
+    ``hosts``: where the planner places its jobs (:func:`function_placement`: the live
+    marks, else the hosts that had it last, ``hosts_live`` False); ``refused``: why a live
+    worker does not publish it (it names an endpoint the fleet lacks), else None;
+    ``signature``: its parameters after ``ctx`` as Python writes them (None: not published);
+    ``definition``: the published JSON (:meth:`WorkloadDef.describe`), {} when unreadable.
+    A name whose definition was deleted is left out.
+
+    Raises:
+        StoreError: Redis failed."""
+    try:
+        names = sorted(r.smembers(keys.fns))
+        if not names:
+            return []
+        pipe = r.pipeline(transaction=False)
+        for name in names:
+            pipe.get(keys.fn(name))
+            pipe.exists(keys.fn_live(name))
+            pipe.get(keys.fn_refused(name))
+        answers = pipe.execute()
+        out = []
+        for index, name in enumerate(names):
+            raw, live, refused = answers[3 * index: 3 * index + 3]
+            if raw is None and not refused:
+                continue
+            try:
+                definition = json.loads(raw) if raw else {}
+            except ValueError:
+                definition = {}
+            if not isinstance(definition, dict):
+                definition = {}
+            hosts, hosts_live = function_placement(r, keys, name)
+            parameters = definition.get("parameters")
+            out.append({"name": name, "live": bool(live), "hosts": list(hosts), "hosts_live": hosts_live,
+                        "refused": refused, "definition": definition,
+                        "signature": _signature_text(parameters) if isinstance(parameters, list) else None})
+        return out
+    except redis.RedisError as e:
+        raise StoreError(f"reading the workload functions: {e}") from e
+
+
 def holder_id() -> str:
     """A GPU worker process's holder id: host name, pid and a random suffix."""
     import os

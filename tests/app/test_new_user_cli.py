@@ -17,7 +17,7 @@ import makespan
 from makespan.cli import app as cli_app
 from makespan.models import load_fleet
 from makespan.producer import Producer
-from makespan.registry import REGISTRY, publish
+from makespan.registry import REGISTRY, publish, withdraw
 from tests.conftest import FLEET_TOML
 
 
@@ -606,3 +606,34 @@ def test_jobs_fn_refuses_an_empty_name_and_suggests_across_case(r, keys, redis_u
     assert empty.exit_code == 2, empty.output
     upper = CliRunner().invoke(cli_app, ["jobs", "--fn", "ADD"], env=env)
     assert upper.exit_code == 2 and "did you mean 'add'?" in upper.output and "; known: add, boom" in upper.output
+
+
+def test_functions_lists_what_the_gpu_workers_registered(r, keys, redis_url, prefix):
+    """No command listed the workload functions (a stop-53 new user: "which names can I
+    submit?"). ``makespan functions`` lists each with whether a live GPU worker has it, its
+    hosts, endpoint, parameters, and the execute time the planner plans with."""
+    from tests.workloads import fns  # noqa: F401 - registers 'add', 'boom', ...
+
+    from makespan.estimates import record_ops
+
+    env = _env(redis_url, prefix)
+    empty = CliRunner().invoke(cli_app, ["functions"], env=env)
+    assert empty.exit_code == 0 and "no GPU worker has registered a workload function" in empty.output
+    publish(r, keys, [REGISTRY["add"]], ttl_s=30, holder="w1", host="host-a")
+    publish(r, keys, [REGISTRY["boom"]], ttl_s=30, holder="w2", host="host-b")
+    withdraw(r, keys, ["boom"], holder="w2", host="host-b")  # its only GPU worker stopped
+    endpoint = REGISTRY["add"].endpoint
+    pipe = r.pipeline()
+    for actual_s in (2.0, 4.0, 3.0):
+        for op, *args in record_ops(keys, "add", endpoint, actual_s):
+            pipe.execute_command(op, *args)
+    pipe.execute()
+    res = CliRunner().invoke(cli_app, ["functions"], env=env)
+    assert res.exit_code == 0, res.output
+    lines = res.output.strip().splitlines()
+    assert lines[0].startswith("add(") and ": live, endpoint " in lines[0] and "host-a" in lines[0], lines
+    assert "planned execute 3 s (median of 3 runs)" in lines[0], lines
+    assert lines[1].startswith("boom(") and ": not live" in lines[1] and "host-b" in lines[1], lines
+    rows = json.loads(CliRunner().invoke(cli_app, ["functions", "--json"], env=env).output)
+    assert [row["name"] for row in rows] == ["add", "boom"] and rows[0]["measured_runs"] == 3
+    assert rows[0]["hosts"] == ["host-a"] and rows[0]["live"] and not rows[1]["live"]

@@ -183,6 +183,7 @@ def _exported_names(r, keys: Keys) -> set[str]:
     m.phase.labels("execute"), m.transition.labels("evict"), m.gpu_seconds.labels("busy"), m.incidents.labels("x")
     m.declare_hosts(["host-a"])  # what the observer declares for its fleet's hosts
     m.workload_runs.labels("w", "ok"), m.workload_progress.labels("w"), m.estimate_error.labels("w")  # per function
+    m.leading.labels("")  # what a planner process sets as it starts (standing by)
     r.set(keys.fleet, json.dumps({"hosts": [{"name": "host-a"}]}))
     reg.register(RedisStateCollector(r, keys))
     return {s.name for fam in reg.collect() for s in fam.samples}
