@@ -305,6 +305,18 @@ def _batch_reason(ctx: TickContext, job: PlanJob, state: FleetState, plan: Plan,
     memory check per (tensor-parallel size, MiB per GPU), filled here (one fleet scan per
     endpoint shape per tick, not per job). ``on_gpu``: GPU -> positions in ``plan.assignments``
     of the assignments on it (:func:`_positions_on_gpu`; None: scan the plan)."""
+    reason, detail = _own_wait(ctx, job, state, plan, assignment, memory_waits, on_gpu)
+    if job.id in ctx.formed.requeued:  # its code until it starts again; the detail says what it waits for now
+        # (also once it aged past the bound: a reserved victim showed 'reserved', its preemption unsaid)
+        return "preempted_requeued", f"preempted; queued again, restarts from zero; now {reason}: {detail}"
+    return reason, detail
+
+
+def _own_wait(ctx: TickContext, job: PlanJob, state: FleetState, plan: Plan, assignment: Assignment | None,
+              memory_waits: dict[tuple[int, int], bool] | None,
+              on_gpu: dict[str, list[int]] | None) -> tuple[str, str]:
+    """(reason, detail) of batch job ``job`` but for a preemption: its own reservation, or
+    :func:`_current_wait`."""
     reservations: dict[str, Reservation] = ctx.reservations
     own_reservation = reservations.get(job.id)
     if own_reservation is not None:
@@ -317,10 +329,24 @@ def _batch_reason(ctx: TickContext, job: PlanJob, state: FleetState, plan: Plan,
     # a reservation whose job this tick leased is gone: its deferred jobs now wait for that job's GPUs
     blocking = [reservation for reservation in reservations.values()
                 if job.id in reservation.deferred and reservation.job_id not in ctx.dispatched]
-    if job.id in ctx.formed.requeued:  # its code until it starts again; the detail says what it waits for now
-        reason, detail = _current_wait(ctx, job, state, plan, assignment, blocking, memory_waits, on_gpu)
-        return "preempted_requeued", f"preempted; queued again, restarts from zero; now {reason}: {detail}"
+    if not blocking and assignment is not None:
+        blocking = _reserved_ahead(ctx, state, assignment, reservations)
     return _current_wait(ctx, job, state, plan, assignment, blocking, memory_waits, on_gpu)
+
+
+def _reserved_ahead(ctx: TickContext, state: FleetState, assignment: Assignment,
+                    reservations: dict[str, Reservation]) -> list[Reservation]:
+    """The reservations (of other jobs, not leased yet) that hold a GPU of ``assignment``
+    which is free now, from no later than the assignment's start: the job waits behind them.
+    A job the reservation deferred at its first tick is planned after the reserved job at the
+    next ones, no longer 'deferred': its reason flipped to ``waiting_for_gpus`` while nothing
+    changed (a wait-reason auditor)."""
+    now = state.now_s
+    wanted = set(assignment.gpus)
+    return [reservation for reservation in reservations.values()
+            if reservation.job_id not in ctx.dispatched and reservation.start_s <= assignment.start_s + 1e-6
+            and any(gpu in wanted and gpu not in ctx.lease_job and state.free_at.get(gpu, now) <= now + 1e-6
+                    for gpu in reservation.gpus)]
 
 
 def _current_wait(ctx: TickContext, job: PlanJob, state: FleetState, plan: Plan, assignment: Assignment | None,

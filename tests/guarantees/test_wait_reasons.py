@@ -952,3 +952,47 @@ def test_why_says_when_the_leading_planner_stopped_renewing_its_lock(r, settings
     r.pexpire(leader, int((own.planner_lock_ttl_s - 2.5 * own.planner_lock_renewal_s) * 1000))  # 2.5 renewals missed
     out = _why(job, "behind_batch")
     assert "the leading planner has not renewed its leader lock for" in out and "a standby, if one runs, takes over within" in out
+
+
+def _clocked(r, settings, fleet):
+    clock = ManualClock(time.time())
+    s = dataclasses.replace(settings, lease_ttl_s=600.0, policy="portfolio")
+    sent = []
+    w = PlannerWorker(r, s, fleet, dispatch=lambda ctx, q: sent.append(ctx), clock=clock)
+    w.token = ""
+    return clock, w, Producer(r, w.keys, fleet, s), sent
+
+
+def test_a_job_planned_behind_a_reservation_stays_behind_reservation_at_later_ticks(r, settings, env):
+    """A job the plan itself puts on the reserved, free GPU a-0 after the aged gang (here a LOW
+    5,000 s one, which the plan itself places after the NORMAL gang) was never 'deferred' by the
+    reservation, and said ``waiting_for_gpus``: a wait-reason auditor saw a job flip between
+    the two codes while nothing changed (deferred at one tick, planned behind at the next)."""
+    clock, w, prod, sent = _clocked(r, settings, TWO_BY_FOUR)
+    _lease_all(r, w, prod, {"a": [None, 100.0, 200.0, 400.0], "b": [5000.0] * 4})
+    gang = prod.submit({"endpoint": "four", "service_s": 600, "priority": "NORMAL"}).id
+    r.hset(w.keys.job(gang), "submitted_at",
+           repr(clock.now() - (settings.reservation_after_s + 100.0) * settings.time_scale))
+    long_ = prod.submit({"endpoint": "e", "service_s": 5000, "priority": "LOW"}).id
+    w.tick()
+    assert gang in _why(long_, "behind_reservation")
+    for _ in range(2):
+        clock.advance(REASON_REFRESH_S + 0.1)  # each tick writes the reasons again
+        w.tick()
+        assert sent == [] and gang in _why(long_, "behind_reservation")
+
+
+def test_a_preempted_job_that_aged_says_preempted_requeued_now_reserved(r, settings, env):
+    """A victim that had waited past the aging bound said ``reserved``: its preemption (and
+    its restart from zero) went unsaid until it started (a wait-reason auditor). It says
+    ``preempted_requeued`` until it starts again, the detail ``now reserved: …``."""
+    clock, w, prod, sent = _clocked(r, settings, TWO_BY_FOUR)
+    _lease_all(r, w, prod, {"a": [300.0, 300.0, 300.0, 400.0], "b": [450.0, 500.0, 550.0, 600.0]})
+    gang = prod.submit({"endpoint": "four", "service_s": 600, "priority": "NORMAL"}).id
+    r.hset(w.keys.job(gang), mapping={
+        "submitted_at": repr(clock.now() - (settings.reservation_after_s + 100.0) * settings.time_scale),
+        "reason": "preempted by job x"})  # as the preempt script leaves a victim it requeues
+    w.tick()
+    assert sent == []
+    out = _why(gang, "preempted_requeued")
+    assert "now reserved: GPUs " in out, out
