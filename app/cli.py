@@ -1051,47 +1051,53 @@ def cancel(job_ids: list[str] = typer.Argument(None, help="job ids (or none, wit
         typer.echo(f"job {job_id}: its cancel was already requested; it stops at its next phase boundary", err=True)
 
 
+CANCEL_MANY_MAX = 1_000_000  # jobs one filtered `makespan cancel` takes at most (more: it says so)
+
+
 def _cancel_many(job_ids: list[str], states: tuple[str, ...], endpoint: str | None, priority: str | None,
                  pool: str | None, dry_run: bool) -> None:
     """``makespan cancel`` of several ids, or of the jobs the filters select (as ``makespan
     jobs`` lists them: waiting, leased or running ones only)."""
-    from makespan.cli_why import LEASED, WAITING, list_jobs
-    from makespan.errors import NotFoundError
+    from makespan.cli_why import LEASED, WAITING, scan_jobs
 
     reader = _job_reader()
+    more_note = ""
     if not job_ids:
         bad = [s for s in states if s not in (*WAITING, *LEASED)]
         if bad:
             _fail(ValidationError("state", bad[0], f"cancel takes {', '.join((*WAITING, *LEASED))} (an ended job "
                                                    "has nothing to cancel)"))
         try:
-            rows = list_jobs(reader.r, reader.keys, reader.settings, states or WAITING, endpoint, priority,
-                             limit=1_000_000, pool=pool)
+            rows, cut_at = scan_jobs(reader.r, reader.keys, reader.settings, states or WAITING, endpoint, priority,
+                                     limit=CANCEL_MANY_MAX, pool=pool)
         except MakespanError as e:
             _fail(e)
         job_ids = [row["id"] for row in rows]
+        if len(rows) >= CANCEL_MANY_MAX or cut_at is not None:  # said, not a silent cap
+            more_note = (f"; more jobs may match (one command takes at most {CANCEL_MANY_MAX:,}, reading "
+                         f"{cut_at or 4 * CANCEL_MANY_MAX:,} ids of each list): run it again")
         if dry_run:
             for row in rows:
                 typer.echo(f"{row['id']} {row['state']}")
-            typer.echo(f"{len(rows)} job{'' if len(rows) == 1 else 's'} would be cancelled (--dry-run: nothing cancelled)",
-                       err=True)
+            typer.echo(f"{len(rows)} job{'' if len(rows) == 1 else 's'} would be cancelled (--dry-run: nothing cancelled)"
+                       + more_note, err=True)
             return
     counts: dict[str, int] = {}
     unknown = 0
-    for job_id in job_ids:
-        try:
-            outcome = reader.cancel_outcome(job_id)
-        except NotFoundError:
+    try:
+        outcomes = reader.cancel_outcomes(job_ids)
+    except MakespanError as e:
+        _fail(e)
+    for job_id, outcome in zip(job_ids, outcomes):
+        if outcome is None:
             typer.echo(f"{job_id} unknown", err=True)
             unknown += 1
             continue
-        except MakespanError as e:
-            _fail(e)
         said = f"already {outcome.state}" if outcome.already_ended else outcome.state
         typer.echo(f"{job_id} {said}")
         counts[said] = counts.get(said, 0) + 1
     summary = ", ".join(f"{count} {said}" for said, count in sorted(counts.items())) or "no job"
-    typer.echo(summary + (f", {unknown} unknown" if unknown else ""), err=True)
+    typer.echo(summary + (f", {unknown} unknown" if unknown else "") + more_note, err=True)
     if unknown:
         raise typer.Exit(2)
     if counts and all(said.startswith("already ") for said in counts):  # as one id's: nothing was cancelled

@@ -166,10 +166,19 @@ def _float_or_none(raw: str | None) -> float | None:
     return float(raw) if raw else None
 
 
+_UNREAD: Any = object()  # _explain_rec's queue position when the caller did not read it
+
+
 def _explain_rec(r, keys, settings, job_id: str, rec: dict[str, str], leads: bool, now_s: float,
                  written_at_s: float | None = None, phase_marks: dict[str, str] | None = None,
                  lease_host: tuple[str, float | None, bool, bool] | None = None,
-                 budget: int | None = None, leader_note: str | None = None) -> dict[str, Any]:
+                 budget: int | None = None, leader_note: str | None = None,
+                 queue_position: Any = _UNREAD, ahead_by_level: dict[tuple, str] | None = None) -> dict[str, Any]:
+    """:func:`explain`'s answer for the record ``rec``. A listing passes what it read for many
+    rows at once (one round trip per chunk, not two per queued row: a fleet-scale operator's
+    listing of 19,488 queued jobs took 39 s): ``queue_position`` (its ``ZRANK``, None when not
+    queued) and ``ahead_by_level``, a cache of :func:`makespan.producer.higher_levels_ahead`
+    per (pool, level) filled here."""
     from makespan.wait_reasons import reason_of, stale_after_s
 
     out: dict[str, Any] = {"id": job_id, "state": rec.get("state"), "priority": rec.get("priority"),
@@ -208,14 +217,21 @@ def _explain_rec(r, keys, settings, job_id: str, rec: dict[str, str], leads: boo
         if rec.get("reason") and rec.get("state") in FINISHED:  # the outcome's reason; a leased or running
             out["detail"] = rec["reason"]  # job's record still holds its last requeue's ("preempted by …")
         return out
-    queue = keys.for_pool(rec.get("pool")).queue(rec.get("priority") or "NORMAL")  # its pool's queue
-    pos = r.zrank(queue, job_id) if rec.get("state") == "queued" else None
-    reason, detail, eta = reason_of(rec, planner_leads=leads, server_now_s=now_s, queue_position=pos,
+    if queue_position is _UNREAD:
+        queue = keys.for_pool(rec.get("pool")).queue(rec.get("priority") or "NORMAL")  # its pool's queue
+        queue_position = r.zrank(queue, job_id) if rec.get("state") == "queued" else None
+    reason, detail, eta = reason_of(rec, planner_leads=leads, server_now_s=now_s, queue_position=queue_position,
                                     stale_after_s=stale_after_s(settings.lease_ttl_s), written_at_s=written_at_s)
     if reason == "behind_batch" and detail.startswith("position "):
         from makespan.producer import higher_levels_ahead
 
-        detail += higher_levels_ahead(r, keys.for_pool(rec.get("pool")), rec.get("priority") or "NORMAL")
+        level_key = (rec.get("pool"), rec.get("priority") or "NORMAL")
+        if ahead_by_level is None or level_key not in ahead_by_level:
+            ahead = higher_levels_ahead(r, keys.for_pool(rec.get("pool")), rec.get("priority") or "NORMAL")
+            if ahead_by_level is None:
+                ahead_by_level = {}
+            ahead_by_level[level_key] = ahead
+        detail += ahead_by_level[level_key]
     if reason == "behind_batch":  # leader_note: the listing's, read once per pool
         detail += leader_note if leader_note is not None else _leader_silent(r, keys.for_pool(rec.get("pool")))
     out.update(reason=reason, detail=detail, eta=eta, eta_in_s=None if eta is None else round(eta - now_s, 3))
@@ -461,14 +477,17 @@ def _filtered(r, keys, settings, ids: list[str], states: tuple[str, ...], endpoi
     out: list[dict[str, Any]] = []
     budget_by_pool: dict[str | None, int | None] = {}
     silent_by_pool: dict[str | None, str] = {}  # pool -> _leader_silent's note
-    chunk = max(4 * limit, 1000)
+    ahead_by_level: dict[tuple, str] = {}  # (pool, level) -> higher_levels_ahead, once per listing
+    chunk = min(max(4 * limit, 1000), 5000)
     for first in range(0, len(ids), chunk):
         part = ids[first:first + chunk]
         p = r.pipeline(transaction=False)
         for j in part:
             p.hgetall(keys.job(j))
         recs = p.execute()
-        for j, rec, marks, holder in zip(part, recs, _phase_marks(r, keys, recs), _lease_hosts(r, keys, recs)):
+        positions = _queue_positions(r, keys, part, recs)
+        for j, rec, marks, holder, position in zip(part, recs, _phase_marks(r, keys, recs),
+                                                   _lease_hosts(r, keys, recs), positions):
             if not rec or rec.get("state") not in states and not (rec.get("state") == "running" and "leased" in states):
                 continue
             if endpoint and rec.get("endpoint") != endpoint or level is not None and rec.get("priority") != level.name:
@@ -487,10 +506,25 @@ def _filtered(r, keys, settings, ids: list[str], states: tuple[str, ...], endpoi
                 silent_by_pool[job_pool] = _leader_silent(r, keys.for_pool(job_pool))
             out.append(_explain_rec(r, keys, settings, j, rec, *leads_by_pool[job_pool], phase_marks=marks,
                                     lease_host=holder, budget=budget_by_pool[job_pool],
-                                    leader_note=silent_by_pool.get(job_pool)))
+                                    leader_note=silent_by_pool.get(job_pool), queue_position=position,
+                                    ahead_by_level=ahead_by_level))
             if len(out) >= limit:
                 return out
     return out
+
+
+def _queue_positions(r, keys, ids: list[str], recs: list[dict[str, str]]) -> list[int | None]:
+    """Per record, a queued one's position in its pool's queue of its level (``ZRANK``, in one
+    pipeline); None for the others."""
+    queued = [rec.get("state") == "queued" for rec in recs]
+    if not any(queued):
+        return [None] * len(recs)
+    p = r.pipeline(transaction=False)
+    for job_id, rec, is_queued in zip(ids, recs, queued):
+        if is_queued:
+            p.zrank(keys.for_pool(rec.get("pool")).queue(rec.get("priority") or "NORMAL"), job_id)
+    found = iter(p.execute())
+    return [next(found) if is_queued else None for is_queued in queued]
 
 
 def _queue_depths(r, keys) -> dict[str, int]:

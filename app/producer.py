@@ -15,6 +15,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 import redis
@@ -650,6 +651,72 @@ class Producer:
         except redis.RedisError as e:
             raise StoreError(f"cancel {job_id}: {e}") from e
 
+    def cancel_outcomes(self, job_ids: Sequence[str], chunk: int = 500) -> list[CancelOutcome | None]:
+        """:meth:`cancel_outcome` of each of ``job_ids``, in order (None: no such job), a
+        chunk of ids per three round trips (a bulk ``makespan cancel`` of 15,034 jobs took 52 s
+        at two round trips per job: a fleet-scale operator). Each job's cancel is its own
+        atomic script, as one by one.
+
+        Raises:
+            StoreError: Redis failed (the chunks before were cancelled)."""
+        out: list[CancelOutcome | None] = []
+        try:
+            for first in range(0, len(job_ids), chunk):
+                out.extend(self._cancel_chunk(list(job_ids[first:first + chunk])))
+        except redis.RedisError as e:
+            raise StoreError(f"cancel: {e}") from e
+        return out
+
+    def _cancel_chunk(self, job_ids: list[str]) -> list[CancelOutcome | None]:
+        readable = [job_id if is_utf8(job_id) else None for job_id in job_ids]
+        p = self.r.pipeline(transaction=False)
+        for job_id in readable:
+            if job_id is not None:
+                p.hmget(self.keys.job(job_id), "priority", "pool", "state")
+        heads = iter(p.execute() if any(readable) else [])
+        targets: list[tuple[str, str, str | None] | None] = []
+        for job_id in readable:
+            prio, pool, state = next(heads) if job_id is not None else (None, None, None)
+            if job_id is None or prio is None and state is None:
+                targets.append(None)
+                continue
+            targets.append((job_id, prio or self._queued_level(job_id, pool), pool))
+        p = self.r.pipeline(transaction=False)
+        now_s = time.time()
+        for target in targets:
+            if target is not None:
+                job_id, prio, pool = target
+                ev = json.dumps({"ts": now_s, "kind": "cancelled", "job": job_id, "priority": prio})
+                self.jobs.cancel(job_id, self.keys.for_pool(pool).queue(prio), ev, now_s, client=p)
+        answers = iter(p.execute(raise_on_error=False) if any(targets) else [])
+        said: list[str | None] = []
+        for target in targets:
+            answer = next(answers) if target is not None else None
+            if isinstance(answer, Exception):
+                raise StoreError(f"cancel {target[0] if target else ''}: {answer}") from answer
+            said.append(None if answer is None or answer == "missing" else str(answer))
+        ended = [target[0] for target, out in zip(targets, said) if target is not None and out is not None
+                 and out not in ("cancel_requested", "cancel_requested_before")]
+        p = self.r.pipeline(transaction=False)
+        for job_id in ended:
+            p.hget(self.keys.job(job_id), "finished_at")
+        finished = dict(zip(ended, (float(raw) if raw else None for raw in (p.execute() if ended else []))))
+        telemetry.end_cancelled_job_spans(self.r, [(target[0], self.keys.job(target[0]))
+                                                   for target, out in zip(targets, said)
+                                                   if target is not None and out == "cancelled_now"])
+        outcomes: list[CancelOutcome | None] = []
+        for target, out in zip(targets, said):
+            if target is None or out is None:
+                outcomes.append(None)
+            elif out in ("cancelled_now", "cancel_requested", "cancel_requested_before"):
+                outcomes.append(CancelOutcome(target[0], "cancelled" if out == "cancelled_now" else "cancel_requested",
+                                              already_ended=False, requested_before=out == "cancel_requested_before",
+                                              finished_at=finished.get(target[0]) if out == "cancelled_now" else None))
+            else:
+                outcomes.append(CancelOutcome(target[0], out, already_ended=True, requested_before=False,
+                                              finished_at=finished.get(target[0])))
+        return outcomes
+
     def _queued_level(self, job_id: str, pool: str | None) -> str:
         """The priority level whose queue (of ``pool``) holds ``job_id``, for a record without
         its ``priority`` field (damaged: the cancel said "no job" of a job that existed);
@@ -664,29 +731,10 @@ class Producer:
         return Priority.NORMAL.name
 
     def _cancel_job(self, job_id: str) -> CancelOutcome:
-        if not is_utf8(job_id):
+        (outcome,) = self._cancel_chunk([job_id])
+        if outcome is None:
             raise job_not_found(job_id, self.keys, self.settings)
-        prio, pool, state = self.r.hmget(self.keys.job(job_id), "priority", "pool", "state")
-        if prio is None:
-            if state is None:
-                raise job_not_found(job_id, self.keys, self.settings)
-            prio = self._queued_level(job_id, pool)  # a damaged record: cancelled all the same
-        ev = json.dumps({"ts": time.time(), "kind": "cancelled", "job": job_id, "priority": prio})
-        out = self.jobs.cancel(job_id, self.keys.for_pool(pool).queue(prio), ev, time.time())
-        if out == "missing":
-            raise job_not_found(job_id, self.keys, self.settings)
-        if out == "cancelled_now":  # no GPU worker will end it: its root span is ended here (one trace per job)
-            telemetry.end_cancelled_job_spans(self.r, [(job_id, self.keys.job(job_id))])
-        if out in ("cancelled_now", "cancel_requested", "cancel_requested_before"):
-            return CancelOutcome(job_id, "cancelled" if out == "cancelled_now" else "cancel_requested",
-                                 already_ended=False, requested_before=out == "cancel_requested_before",
-                                 finished_at=self._finished_at(job_id) if out == "cancelled_now" else None)
-        return CancelOutcome(job_id, out, already_ended=True, requested_before=False,
-                             finished_at=self._finished_at(job_id))
-
-    def _finished_at(self, job_id: str) -> float | None:
-        raw = self.r.hget(self.keys.job(job_id), "finished_at")
-        return float(raw) if raw else None
+        return outcome
 
     def queue_depths(self) -> dict[str, int]:
         """Queued jobs per priority level (ZCARD of each queue; summed over the pools)."""

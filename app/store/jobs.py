@@ -107,14 +107,16 @@ class JobStore:
                 self.keys.script_prefix, critical, "1" if touch else "0"]
         return keys, args
 
-    def cancel(self, job_id: str, queue_key: str, event_json: str, now_s: float) -> str:
+    def cancel(self, job_id: str, queue_key: str, event_json: str, now_s: float, client: Any = None) -> Any:
         """Cancel a job: ``"cancelled_now"`` (it was queued or delayed: this call ended it),
         ``"cancel_requested"`` (leased or running: its GPU worker stops it),
         ``"cancel_requested_before"`` (leased or running, and an earlier call had asked
         already), ``"missing"``, or its final state (``"cancelled"`` when something
-        cancelled it before)."""
-        return str(self._run("cancel", [self.keys.job(job_id), queue_key, self.keys.events, self.keys.delayed],
-                             [job_id, event_json, repr(now_s), self.keys.script_prefix]))
+        cancelled it before). With ``client`` a pipeline, the call is queued there and its
+        answer comes from the pipeline's ``execute()``."""
+        out = self._run("cancel", [self.keys.job(job_id), queue_key, self.keys.events, self.keys.delayed],
+                        [job_id, event_json, repr(now_s), self.keys.script_prefix], client=client)
+        return out if client is not None else str(out)
 
     # -- workloads -----------------------------------------------------------------------
     def submit_workload(self, workload_id: str, workload_fields: dict[str, Any], now_s: float,
