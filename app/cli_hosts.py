@@ -246,7 +246,9 @@ def cordon(host: str = typer.Argument(..., help="a host of the fleet"),
     else:
         typer.echo(f"cordoned host {host}: no new lease on its {row['gpus']} GPUs from now on")
     if row["leased"]:
-        typer.echo(f"{row['leased']} of its {row['gpus']} GPUs {'is' if row['leased'] == 1 else 'are'} still leased (jobs {', '.join(row['jobs'])}); "
+        shown = ", ".join(row["jobs"][:3]) + (f" and {len(row['jobs']) - 3} more: `makespan hosts --json`"
+                                              if len(row["jobs"]) > 3 else "")
+        typer.echo(f"{row['leased']} of its {row['gpus']} GPUs {'is' if row['leased'] == 1 else 'are'} still leased (jobs {shown}); "
                    f"it is drained when `makespan hosts` shows 0 leased")
     else:
         typer.echo(f"drained: no lease left; its GPU worker may be stopped (`makespan uncordon {host}` gives it back)")

@@ -217,8 +217,10 @@ def _conn(redis_url: str | None, prefix: str | None):
 
 def incidents(redis_url: str | None = typer.Option(None, "--redis-url", help="default: MAKESPAN_REDIS_URL"),
               prefix: str | None = typer.Option(None, "--prefix", help="default: MAKESPAN_KEY_PREFIX"),
-              as_json: bool = typer.Option(False, "--json", help="one JSON object per line")) -> None:
-    """List incidents raised by the health observer (with their recovery)."""
+              as_json: bool = typer.Option(False, "--json", help="one JSON object per line"),
+              limit: int = typer.Option(100, "--limit", min=0, help="the latest N incidents (oldest of them first); "
+                                        "0: every one the stream holds")) -> None:
+    """List incidents raised by the health observer (with their recovery), the latest --limit of them."""
     from makespan.workers.observer import list_incidents
 
     try:
@@ -226,6 +228,9 @@ def incidents(redis_url: str | None = typer.Option(None, "--redis-url", help="de
         rows = list_incidents(r, keys)
     except MakespanError as e:
         fail(e)  # Redis unreachable: RedisUnreachable's message
+    if limit and len(rows) > limit:  # a big fleet's stream holds up to its cap (10,000): the newest matter
+        typer.echo(f"the latest {limit} of {len(rows)} incidents (--limit 0: all)", err=True)
+        rows = rows[-limit:]
     if as_json:
         for row in rows:
             typer.echo(json.dumps(row, sort_keys=True))

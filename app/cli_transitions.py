@@ -9,7 +9,7 @@ from typing import Any
 
 import typer
 
-from makespan.errors import MakespanError
+from makespan.errors import MakespanError, ValidationError
 from makespan.estimates import TRANSITION_KINDS, prior_s, read_transition_windows, transition_estimate
 from makespan.keys import Keys
 from makespan.models import FleetSpec
@@ -54,11 +54,17 @@ def transitions(fleet: Path | None = typer.Option(None, "--fleet", help="TOML fl
                                                                           "planner published)"),
                 redis_url: str | None = typer.Option(None, "--redis-url", help="default: MAKESPAN_REDIS_URL"),
                 prefix: str | None = typer.Option(None, "--prefix", help="default: MAKESPAN_KEY_PREFIX"),
-                as_json: bool = typer.Option(False, "--json", help="one JSON object per line")) -> None:
+                as_json: bool = typer.Option(False, "--json", help="one JSON object per line"),
+                endpoint: str | None = typer.Option(None, "--endpoint", help="only this endpoint's rows"),
+                host: str | None = typer.Option(None, "--host", help="only this host's rows ('*': the planner's "
+                                                "figures over all hosts)"),
+                every_host: bool = typer.Option(False, "--all", help="also list the rows of hosts with no measurement "
+                                                "of their own (--json always has them)")) -> None:
     """Transition durations per endpoint and kind (evict, sleep, wake, wake_level2, cold_start, restore):
     configured (fleet file) vs learned (what is planned now: the running p90 of measured
     ones once there are enough, MAKESPAN_TRANSITION_MIN_OBSERVATIONS) vs the last measured;
-    host * is the planner's figure over all hosts. Workload seconds."""
+    host * is the planner's figure over all hosts, then each host that measured the kind
+    (--all: every host). Workload seconds."""
     from makespan.models import load_fleet
     from makespan.redis_conn import connect
 
@@ -67,13 +73,22 @@ def transitions(fleet: Path | None = typer.Option(None, "--fleet", help="TOML fl
         r = connect(redis_url or s.redis_url)
         keys = Keys(prefix or s.key_prefix)
         spec = load_fleet(fleet) if fleet is not None else published_fleet(r, keys)
+        if endpoint is not None and endpoint not in spec.endpoints:
+            raise ValidationError("endpoint", endpoint, f"not in the fleet; known: {', '.join(sorted(spec.endpoints))}")
+        if host is not None and host != "*" and host not in {h.name for h in spec.hosts}:
+            raise ValidationError("host", host, f"not in the fleet; known: {', '.join(h.name for h in spec.hosts)}")
         rows = transition_table(r, keys, spec, s)
     except MakespanError as e:
         fail(e)
-    if as_json:
+    rows = [row for row in rows if (endpoint is None or row["endpoint"] == endpoint)
+            and (host is None or row["host"] == host)]
+    if as_json:  # every row (the filters given)
         for row in rows:
             typer.echo(json.dumps(row, sort_keys=True))
         return
+    unmeasured = [row for row in rows if row["host"] != "*" and row["last_s"] is None]
+    if not every_host and host is None:  # a host with no measurement of its own repeats the * row's figure
+        rows = [row for row in rows if row["host"] == "*" or row["last_s"] is not None]
     typer.echo(f"{'endpoint':<14} {'kind':<11} {'host':<12} {'configured_s':>12} {'learned_s':>10} {'source':<8} "
                f"{'n':>4} {'last_s':>8}")
     for x in rows:
@@ -82,7 +97,9 @@ def transitions(fleet: Path | None = typer.Option(None, "--fleet", help="TOML fl
                    f"{x['learned_s']:>10.3f} {x['source']:<8} {x['observations']:>4} {last:>8}")
     typer.echo(f"n: the measurements behind learned_s (cold_start and restore pool each other's; last_s is the kind's "
                f"own); learned once n >= {s.transition_min_observations} (MAKESPAN_TRANSITION_MIN_OBSERVATIONS), "
-               "'others': other hosts' measurements, 'prior': the fleet file's figure", err=True)
+               "'others': other hosts' measurements, 'prior': the fleet file's figure"
+               + (f"; {len(unmeasured)} rows of hosts with no measurement of their own left out (--all shows them)"
+                  if unmeasured and not every_host and host is None else ""), err=True)
 
 
 
