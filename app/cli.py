@@ -1084,11 +1084,15 @@ def _cancel_many(job_ids: list[str], states: tuple[str, ...], endpoint: str | No
             return
     counts: dict[str, int] = {}
     unknown = 0
-    try:
-        outcomes = reader.cancel_outcomes(job_ids)
-    except MakespanError as e:
-        _fail(e)
-    for job_id, outcome in zip(job_ids, outcomes):
+    def outcomes_as_cancelled():  # a chunk's lines are printed before the next chunk is sent: a Redis that
+        for first in range(0, len(job_ids), 500):  # fails midway leaves what was cancelled said
+            part = job_ids[first:first + 500]
+            try:
+                yield from zip(part, reader.cancel_outcomes(part))
+            except MakespanError as e:
+                _fail(e)
+
+    for job_id, outcome in outcomes_as_cancelled():
         if outcome is None:
             typer.echo(f"{job_id} unknown", err=True)
             unknown += 1
