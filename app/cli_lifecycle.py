@@ -245,7 +245,9 @@ def incidents(redis_url: str | None = typer.Option(None, "--redis-url", help="de
         ended = str(rec.get("outcome", "")).startswith(("recovered", "closed"))
         took = f" in {rec['recovery_s']:g} s" if ended and rec.get("recovery_s") is not None else ""
         subject = i["endpoint"] or f"host {i.get('host', '')}"  # host_down: no endpoint
-        typer.echo(f"{i['incident_id']}  {when}  {subject}  {i['failure_mode']}  gpus={','.join(i['gpus'])}  "
+        gpus = (",".join(i["gpus"]) if len(i["gpus"]) <= 4 else  # a host_down of a 32-GPU host: not 32 ids
+                f"{','.join(i['gpus'][:2])},… ({len(i['gpus'])} GPUs: --json lists them)")
+        typer.echo(f"{i['incident_id']}  {when}  {subject}  {i['failure_mode']}  gpus={gpus}  "
                    f"agenda={ctx}  recovery={rec.get('outcome', 'pending')}{took}\n    effect: {i['effect']}")
 
 

@@ -241,12 +241,14 @@ def test_incidents_shows_the_latest_limit_and_says_how_many_there_are(r, keys, r
     newest were at the bottom of thousands of lines (a fleet-scale operator)."""
     for index in range(5):
         r.xadd(keys.incidents, {  # the fields the observer writes (workers/observer.py _incident)
-            "kind": "incident", "endpoint": f"ep{index}", "instance_id": "abc", "host": "host-a", "gpus": "[]",
+            "kind": "incident", "endpoint": f"ep{index}", "instance_id": "abc", "host": "host-a",
+            "gpus": json.dumps([f"GPU-host-a-{gpu}" for gpu in range(8)]),
             "failure_mode": "process_exited", "detected_at": repr(1e9 + index), "cycle": "5", "last_ok_cycle": "4",
             "effect": "endpoint unavailable", "agenda_context": "[]"})
     env = _env(redis_url, prefix)
     res = CliRunner().invoke(cli_app, ["incidents", "--limit", "2"], env=env)
     assert res.exit_code == 0 and "the latest 2 of 5 incidents" in res.stderr, (res.output, res.stderr)
     assert "ep3" in res.stdout and "ep4" in res.stdout and "ep2" not in res.stdout, res.stdout
+    assert "gpus=GPU-host-a-0,GPU-host-a-1,… (8 GPUs: --json lists them)" in res.stdout, res.stdout
     every = CliRunner().invoke(cli_app, ["incidents", "--limit", "0", "--json"], env=env)
     assert len(every.output.strip().splitlines()) == 5
