@@ -14,8 +14,8 @@ from typing import Any
 
 import typer
 
-from makespan.cli_support import (EXIT_ALREADY_ENDED, EXIT_NOT_FINISHED, CliGroup, ignored_fleet_option, outcome_unknown,
-                                  store_error, utc_text)
+from makespan.cli_support import (EXIT_ALREADY_ENDED, EXIT_NOT_FINISHED, CliGroup, dead_here, held_only_by_the_dead_here,
+                                  ignored_fleet_option, outcome_unknown, store_error, utc_text)
 from makespan.cli_support import fail as _fail
 from makespan.errors import MakespanError, RedisAuthFailed, RedisConfigError, SubmitOutcomeUnknown, ValidationError
 from makespan.planner.policies import DEFAULT_POLICY, POLICY_REGISTRY
@@ -301,7 +301,7 @@ def _say_what_starts(host_spec, modules: str, names: list[str], fleet=None) -> N
     except Exception as e:  # a hint only: the worker itself reports an unreachable Redis
         logging.getLogger("makespan.cli").debug("start checks against Redis skipped: %s", e)
         return
-    if other and _dead_here(other):
+    if other and dead_here(other):
         _say(f"note: the last GPU worker of host {host_spec.name!r} ({other}) ran on this machine and is no "
                    f"longer running; its liveness mark runs out within MAKESPAN_WORKER_LIVENESS_TTL_S "
                    f"({_s.worker_liveness_ttl_s:g} s)", err=True)
@@ -338,25 +338,6 @@ def _refused_names(names: list[str], fleet=None) -> dict[str, str]:
             if endpoint is not None and endpoint not in fleet.endpoints:
                 out.setdefault(name, endpoint)
     return out
-
-
-def _dead_here(consumer: str) -> bool:
-    """Whether GPU worker consumer id ``consumer`` (``machine:pid:suffix``,
-    :func:`makespan.registry.holder_id`) names a process of this machine that no longer runs
-    (a worker killed and started again: its liveness mark outlives it by up to its TTL)."""
-    import socket
-
-    machine, _, rest = consumer.partition(":")
-    pid_text = rest.partition(":")[0]
-    if machine != socket.gethostname() or not pid_text.isdigit():
-        return False
-    try:
-        os.kill(int(pid_text), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:  # alive, another user's
-        return False
-    return False
 
 
 def _say_slowdown(host: str, fleet=None) -> None:
@@ -727,7 +708,7 @@ def ready(workloads: list[str] = typer.Argument(None, help="workload function na
     while True:
         try:
             absent = [name for name in workloads or [] if not r.exists(keys.fn_live(name))
-                      or _held_only_by_the_dead_here(r, keys, name)]
+                      or held_only_by_the_dead_here(r, keys, name)]
             if absent and not hinted:  # a misspelt name: say so now, not after the whole timeout (a new user)
                 hinted = _hint_misspelt(r, keys, absent, timeout_s)
             leaderless = _pools_without_a_leader(r, keys, [name for name in workloads or [] if name not in absent])
@@ -759,19 +740,6 @@ def ready(workloads: list[str] = typer.Argument(None, help="workload function na
             _hint_live_names(r, keys, [name for name in workloads or [] if f"workload {name!r}" in missing])
             raise typer.Exit(1)
         time.sleep(0.2)
-
-
-def _held_only_by_the_dead_here(r, keys, name: str) -> bool:
-    """Whether every GPU worker whose live mark holds workload ``name`` (``P:fn:holders``)
-    is a process of this machine that no longer runs (:func:`_dead_here`): a worker killed
-    a moment ago, whose 30 s mark outlives it (``ready`` said ready while ``makespan hosts``
-    already showed the host down: a Celery user's check).
-
-    Raises:
-        redis.RedisError: Redis failed."""
-    seconds, micros = r.time()
-    holders = r.zrangebyscore(keys.fn_holders(name), seconds * 1000 + micros // 1000, "+inf")
-    return bool(holders) and all(_dead_here(holder) for holder in holders)
 
 
 def _published_endpoints(r, keys, workloads: list[str]) -> tuple[Any, dict[str, str]]:
@@ -1062,6 +1030,7 @@ def _cancel_many(job_ids: list[str], states: tuple[str, ...], endpoint: str | No
 
     reader = _job_reader()
     more_note = ""
+    job_ids = list(dict.fromkeys(job_ids))  # an id given twice is cancelled, and counted, once
     if not job_ids:
         bad = [s for s in states if s not in (*WAITING, *LEASED)]
         if bad:
@@ -1100,8 +1069,8 @@ def _cancel_many(job_ids: list[str], states: tuple[str, ...], endpoint: str | No
         said = f"already {outcome.state}" if outcome.already_ended else outcome.state
         typer.echo(f"{job_id} {said}")
         counts[said] = counts.get(said, 0) + 1
-    summary = ", ".join(f"{count} {said}" for said, count in sorted(counts.items())) or "no job"
-    typer.echo(summary + (f", {unknown} unknown" if unknown else "") + more_note, err=True)
+    parts = [f"{count} {said}" for said, count in sorted(counts.items())] + ([f"{unknown} unknown"] if unknown else [])
+    typer.echo((", ".join(parts) or "no job") + more_note, err=True)
     if unknown:
         raise typer.Exit(2)
     if counts and all(said.startswith("already ") for said in counts):  # as one id's: nothing was cancelled

@@ -226,3 +226,35 @@ def published_fleet(r: redis.Redis, keys: Keys, required: bool = True) -> FleetS
         raise ValidationError("fleet", None, f"the published fleet ({keys.fleet}) is not a fleet: {e}; another "
                               "program's key under this prefix? give each deployment a MAKESPAN_KEY_PREFIX of "
                               "its own", show_value=False) from e
+
+
+def dead_here(consumer: str) -> bool:
+    """Whether GPU worker consumer id ``consumer`` (``machine:pid:suffix``,
+    :func:`makespan.registry.holder_id`) names a process of this machine that no longer runs
+    (a worker killed and started again: its liveness mark outlives it by up to its TTL)."""
+    import socket
+
+    machine, _, rest = consumer.partition(":")
+    pid_text = rest.partition(":")[0]
+    if machine != socket.gethostname() or not pid_text.isdigit():
+        return False
+    try:
+        os.kill(int(pid_text), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, another user's
+        return False
+    return False
+
+
+def held_only_by_the_dead_here(r, keys, name: str) -> bool:
+    """Whether every GPU worker whose live mark holds workload ``name`` (``P:fn:holders``)
+    is a process of this machine that no longer runs (:func:`dead_here`): a worker killed
+    a moment ago, whose 30 s mark outlives it (``ready`` said ready while ``makespan hosts``
+    already showed the host down: a Celery user's check).
+
+    Raises:
+        redis.RedisError: Redis failed."""
+    seconds, micros = r.time()
+    holders = r.zrangebyscore(keys.fn_holders(name), seconds * 1000 + micros // 1000, "+inf")
+    return bool(holders) and all(dead_here(holder) for holder in holders)

@@ -27,13 +27,23 @@ def register(app: typer.Typer) -> None:
         """The workload functions GPU workers registered: live or not, the hosts the planner places their jobs
         on, endpoint, parameters, retries, timeout, and the execute time the planner uses (learned median of
         the last runs, or the function's expected_s until MAKESPAN_ESTIMATE_MIN_RUNS runs were measured)."""
+        from makespan.cli_support import held_only_by_the_dead_here, published_fleet
         from makespan.estimates import estimate_s
         from makespan.registry import listing
 
         try:
             s, r, k = _ctx()
             rows = listing(r, k)
+            try:
+                fleet = published_fleet(r, k, required=False)
+            except MakespanError:
+                fleet = None
             for row in rows:
+                if row["live"] and held_only_by_the_dead_here(r, k, row["name"]):
+                    row["live"] = False  # its workers on this machine died; their marks outlive them (as `ready` says)
+                endpoints = [row["definition"].get("endpoint"), *(row["definition"].get("helpers") or [])]
+                row["missing_endpoints"] = ([name for name in endpoints if name and name not in fleet.endpoints]
+                                            if fleet is not None else [])
                 definition = row["definition"]
                 endpoint = definition.get("endpoint")
                 expected = definition.get("expected_s")
@@ -55,7 +65,9 @@ def register(app: typer.Typer) -> None:
             return
         for row in rows:
             definition = row["definition"]
-            state = "live" if row["live"] else ("refused" if row["refused"] else "not live")
+            state = "refused" if row["refused"] else "live" if row["live"] else "not live"
+            if row["missing_endpoints"]:  # submits are refused: the planner's fleet cannot run it
+                state += f" (the planner's fleet has no endpoint {', '.join(row['missing_endpoints'])}: submits are refused)"
             where = ", ".join(row["hosts"]) or "any host"
             if row["hosts"] and not row["hosts_live"]:
                 where = f"registered last on {where}"
@@ -63,6 +75,9 @@ def register(app: typer.Typer) -> None:
             runs = row["measured_runs"]
             estimate = ("" if planned is None else
                         f", planned execute {planned:.3g} s ({'median of ' + str(runs) + ' runs' if runs and runs >= s.estimate_min_runs else 'expected_s'})")
+            if not definition:  # refused before it was ever published: only the refusal is known
+                typer.echo(f"{row['name']}: {state}: {row['refused']}")
+                continue
             typer.echo(f"{row['name']}({row['signature'] if row['signature'] is not None else '?'}): {state}, "
                        f"endpoint {definition.get('endpoint') or '(named by each submit)'}, {where}; "
                        f"retries {definition.get('retries', 0)}, timeout "

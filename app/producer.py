@@ -673,7 +673,7 @@ class Producer:
         for job_id in readable:
             if job_id is not None:
                 p.hmget(self.keys.job(job_id), "priority", "pool", "state")
-        heads = iter(p.execute() if any(readable) else [])
+        heads = iter(p.execute() if any(job_id is not None for job_id in readable) else [])  # "" is an id read
         targets: list[tuple[str, str, str | None] | None] = []
         for job_id in readable:
             prio, pool, state = next(heads) if job_id is not None else (None, None, None)

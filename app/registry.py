@@ -474,8 +474,8 @@ def function_placement(r: redis.Redis, keys: Keys, name: str) -> tuple[tuple[str
 
 
 def listing(r: redis.Redis, keys: Keys) -> list[dict[str, Any]]:
-    """Every workload function a GPU worker has registered under ``keys`` (``P:fns``), sorted
-    by name, for ``makespan functions``: ``{"name", "live", "hosts", "hosts_live",
+    """Every workload function a GPU worker has registered under ``keys`` (``P:fns``), or
+    refuses to publish now (``P:fn:refused:{name}``), sorted by name, for ``makespan functions``: ``{"name", "live", "hosts", "hosts_live",
     "refused", "signature", "definition"}``. ``live``: a live GPU worker registers it now;
     ``hosts``: where the planner places its jobs (:func:`function_placement`: the live
     marks, else the hosts that had it last, ``hosts_live`` False); ``refused``: why a live
@@ -487,7 +487,11 @@ def listing(r: redis.Redis, keys: Keys) -> list[dict[str, Any]]:
     Raises:
         StoreError: Redis failed."""
     try:
-        names = sorted(r.smembers(keys.fns))
+        # a name a live worker refuses to publish (it names an endpoint the worker's fleet lacks)
+        # was never registered: found by its refusal, the listing's most needed line (a verifier)
+        refused_prefix = keys.fn_refused("")
+        refused_names = {key[len(refused_prefix):] for key in r.scan_iter(match=keys.fn_refused("*"), count=1000)}
+        names = sorted(set(r.smembers(keys.fns)) | refused_names)
         if not names:
             return []
         pipe = r.pipeline(transaction=False)

@@ -330,23 +330,34 @@ def _own_wait(ctx: TickContext, job: PlanJob, state: FleetState, plan: Plan, ass
     blocking = [reservation for reservation in reservations.values()
                 if job.id in reservation.deferred and reservation.job_id not in ctx.dispatched]
     if not blocking and assignment is not None:
-        blocking = _reserved_ahead(ctx, state, assignment, reservations)
+        blocking = _reserved_ahead(ctx, job, state, plan, assignment, reservations)
     return _current_wait(ctx, job, state, plan, assignment, blocking, memory_waits, on_gpu)
 
 
-def _reserved_ahead(ctx: TickContext, state: FleetState, assignment: Assignment,
+def _reserved_ahead(ctx: TickContext, job: PlanJob, state: FleetState, plan: Plan, assignment: Assignment,
                     reservations: dict[str, Reservation]) -> list[Reservation]:
-    """The reservations (of other jobs, not leased yet) that hold a GPU of ``assignment``
-    which is free now, from no later than the assignment's start: the job waits behind them.
-    A job the reservation deferred at its first tick is planned after the reserved job at the
-    next ones, no longer 'deferred': its reason flipped to ``waiting_for_gpus`` while nothing
+    """The reservations (of other jobs, not leased yet) that ``job`` waits behind: one holding
+    a GPU of ``assignment`` that is free now, whose job is planned to start there no later
+    than ``job`` and is of ``job``'s level or a more urgent one (a reservation never holds
+    back a more urgent job: :func:`makespan.planner.reservation.enforce`). A job the
+    reservation deferred at its first tick is planned after the reserved job at the next
+    ones, no longer 'deferred': its reason flipped to ``waiting_for_gpus`` while nothing
     changed (a wait-reason auditor)."""
     now = state.now_s
     wanted = set(assignment.gpus)
-    return [reservation for reservation in reservations.values()
-            if reservation.job_id not in ctx.dispatched and reservation.start_s <= assignment.start_s + 1e-6
-            and any(gpu in wanted and gpu not in ctx.lease_job and state.free_at.get(gpu, now) <= now + 1e-6
-                    for gpu in reservation.gpus)]
+    levels = {other.id: other.priority for other in ctx.batch}
+    planned = plan.by_job()
+    out = []
+    for reservation in reservations.values():
+        reserved_job = planned.get(reservation.job_id)
+        if (reservation.job_id in ctx.dispatched or reserved_job is None
+                or reserved_job.start_s > assignment.start_s + 1e-6
+                or levels.get(reservation.job_id, job.priority) > job.priority):
+            continue
+        if any(gpu in wanted and gpu not in ctx.lease_job and state.free_at.get(gpu, now) <= now + 1e-6
+               for gpu in reservation.gpus):
+            out.append(reservation)
+    return out
 
 
 def _current_wait(ctx: TickContext, job: PlanJob, state: FleetState, plan: Plan, assignment: Assignment | None,

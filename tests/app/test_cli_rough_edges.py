@@ -252,3 +252,13 @@ def test_incidents_shows_the_latest_limit_and_says_how_many_there_are(r, keys, r
     assert "gpus=GPU-host-a-0,GPU-host-a-1,… (8 GPUs: --json lists them)" in res.stdout, res.stdout
     every = CliRunner().invoke(cli_app, ["incidents", "--limit", "0", "--json"], env=env)
     assert len(every.output.strip().splitlines()) == 5
+
+
+@pytest.mark.parametrize("ids", [[""], ["", ""], ["aaa", "bbb", "aaa"]])
+def test_cancel_of_empty_or_unknown_ids_is_one_line_per_id_and_exit_2(r, keys, redis_url, prefix, ids):
+    """``makespan cancel ""`` raised StopIteration (a traceback) after the cancels were batched
+    (a verifier); an id given twice is answered once."""
+    res = CliRunner().invoke(cli_app, ["cancel", *ids], env=_env(redis_url, prefix))
+    assert res.exit_code == 2 and "Traceback" not in res.output and "StopIteration" not in res.output, res.output
+    if len(set(ids)) > 1:
+        assert res.output.count("aaa unknown") == 1 and "2 unknown" in res.output and "no job" not in res.output

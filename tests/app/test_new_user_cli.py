@@ -637,3 +637,24 @@ def test_functions_lists_what_the_gpu_workers_registered(r, keys, redis_url, pre
     rows = json.loads(CliRunner().invoke(cli_app, ["functions", "--json"], env=env).output)
     assert [row["name"] for row in rows] == ["add", "boom"] and rows[0]["measured_runs"] == 3
     assert rows[0]["hosts"] == ["host-a"] and rows[0]["live"] and not rows[1]["live"]
+
+
+def test_functions_lists_refused_functions_and_endpoints_the_fleet_lacks(r, keys, redis_url, prefix):
+    """A function its worker refuses to publish (an endpoint the worker's fleet lacks) was
+    missing from ``makespan functions``, and one whose endpoint the planner's fleet lacks read
+    as healthy while ``ready`` and submits refused it (a verifier)."""
+    from tests.workloads import fns  # noqa: F401 - registers 'add', 'boom', ...
+
+    from makespan.models import parse_fleet
+
+    env = _env(redis_url, prefix)
+    publish(r, keys, [REGISTRY["add"]], ttl_s=30, holder="w1", host="host-a",
+            refused={"ghost": "it names endpoint 'nosuch', which the worker's fleet lacks"})
+    fleet = parse_fleet({"name": "one", "hosts": [{"name": "host-a", "gpu_count": 1, "memory_mib": 81920}],
+                         "endpoints": {"other": {"model": "m", "memory_mib_per_gpu": 1000, "cold_start_s": 1}}})
+    r.set(keys.fleet, fleet.model_dump_json())  # the planner's fleet: no endpoint of 'add'
+    res = CliRunner().invoke(cli_app, ["functions"], env=env)
+    assert res.exit_code == 0, res.output
+    lines = res.output.strip().splitlines()
+    assert lines[0].startswith("add(") and "the planner's fleet has no endpoint sim: submits are refused" in lines[0]
+    assert lines[1] == "ghost: refused: it names endpoint 'nosuch', which the worker's fleet lacks", lines

@@ -996,3 +996,22 @@ def test_a_preempted_job_that_aged_says_preempted_requeued_now_reserved(r, setti
     assert sent == []
     out = _why(gang, "preempted_requeued")
     assert "now reserved: GPUs " in out, out
+
+
+def test_a_more_urgent_job_planned_before_the_reserved_one_is_not_behind_it(r, settings, env):
+    """A reservation never holds back a more urgent job: a HIGH gang planned on host a before
+    the aged NORMAL gang's reservation there said ``behind_reservation`` (a verifier's find
+    in this stop's first version of the rule); it waits for the GPUs' holders."""
+    clock, w, prod, sent = _clocked(r, settings, TWO_BY_FOUR)
+    for host, ends in {"a": [None, 100.0, 200.0, 400.0], "b": [5000.0] * 4}.items():
+        for index, end_s in enumerate(ends):  # HIGH holders: the HIGH gang cannot preempt them
+            if end_s is not None:
+                _lease(r, w, prod, f"GPU-{host}-{index}", priority="HIGH", service_s=end_s)
+    gang = prod.submit({"endpoint": "four", "service_s": 600, "priority": "NORMAL"}).id
+    r.hset(w.keys.job(gang), "submitted_at",
+           repr(clock.now() - (settings.reservation_after_s + 100.0) * settings.time_scale))
+    high = prod.submit({"endpoint": "four", "service_s": 300, "priority": "HIGH"}).id
+    w.tick()
+    assert sent == []
+    _why(gang, "reserved")
+    assert "behind_reservation" not in _why_text(high) and ", waiting_for_gpus, " in _why_text(high)
