@@ -19,9 +19,8 @@ from typing import Any
 import redis
 
 from makespan.redis_conn import store_error
-from makespan.settings import Settings
+from makespan.settings import events_max_len_from_env
 
-MAX_EVENTS: int = Settings().events_max_len  # approximate cap of the stream (the setting's default, 50,000)
 
 
 UTC_SUFFIX = "_utc"
@@ -67,7 +66,7 @@ def record(r: redis.Redis, key: str, kind: str, pipe: Any = None, **fields: Any)
         StoreError: Redis failed (without ``pipe``)."""
     body = {"ts": time.time(), "kind": kind}
     body.update({k: v for k, v in fields.items() if v is not None})
-    append(pipe if pipe is not None else r, key, body, MAX_EVENTS)
+    append(pipe if pipe is not None else r, key, body, events_max_len_from_env())
 
 
 def read_all(r: redis.Redis, key: str, batch: int = 10_000) -> Iterator[dict[str, Any]]:

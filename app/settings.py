@@ -71,6 +71,18 @@ def log_level_from_env(default: str) -> str:
     return level
 
 
+def events_max_len_from_env() -> int:
+    """``MAKESPAN_EVENTS_MAX_LEN`` as this process's environment sets it (the events stream's
+    cap, :attr:`Settings.events_max_len`); its default, 50,000, when unset or not a whole
+    number in range (the process's own :meth:`Settings.from_env` refuses such a value
+    loudly). Every writer of the stream trims it to this: one that used the built-in default
+    trimmed every deployment's stream to 50,000 whatever it set (an SRE's check)."""
+    try:
+        return _env_int("MAKESPAN_EVENTS_MAX_LEN", 50_000, 1, COUNT_MAX)
+    except ValidationError:
+        return 50_000
+
+
 def metrics_port_from_env() -> int:
     """``MAKESPAN_METRICS_PORT``: the TCP port of a process's ``/metrics`` server, 0 (the
     default, also when unset or empty) for none.
@@ -653,7 +665,7 @@ class Settings:
             retention_age_s=_env_float("MAKESPAN_RETENTION_AGE_S", 3600.0),
             retention_sweep_s=_env_float("MAKESPAN_RETENTION_SWEEP_S", 0.5),
             retention_batch=_env_int("MAKESPAN_RETENTION_BATCH", 2_000, 1, COUNT_MAX),
-            events_max_len=_env_int("MAKESPAN_EVENTS_MAX_LEN", 50_000, 1, COUNT_MAX),
+            events_max_len=_env_int("MAKESPAN_EVENTS_MAX_LEN", 50_000, 1, COUNT_MAX),  # events_max_len_from_env
             set_point_weight=_env_nonneg("MAKESPAN_SET_POINT_WEIGHT", 0.0),
             workload_modules=env.get("MAKESPAN_WORKLOADS", ""),
             max_payload_bytes=_env_int("MAKESPAN_MAX_PAYLOAD_BYTES", 64 * 1024, 1, MAX_PAYLOAD_BYTES_CAP),

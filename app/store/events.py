@@ -15,7 +15,8 @@ import redis
 
 from makespan.events import append  # re-exported: the stream's entry format has one writer
 from makespan.keys import Keys
-from makespan.store.scripts import DEFAULT_EVENTS_MAX_LEN, store_error
+from makespan.settings import events_max_len_from_env
+from makespan.store.scripts import store_error
 
 
 class EventLog:
@@ -29,7 +30,7 @@ class EventLog:
 
     def __init__(self, r: redis.Redis, keys: Keys, events_max_len: int | None = None):
         self.r, self.keys = r, keys
-        self.max_len = DEFAULT_EVENTS_MAX_LEN if events_max_len is None else events_max_len
+        self.max_len = events_max_len_from_env() if events_max_len is None else events_max_len
 
     def record(self, kind: str, pipe: Any = None, **fields: Any) -> None:
         """Append one event ``{"ts": now (unix s), "kind": kind, **fields}`` (None fields

@@ -28,11 +28,10 @@ from redis.commands.core import Script
 
 from makespan.errors import StoreError
 from makespan.redis_conn import store_error  # re-exported: the store's modules translate with it
-from makespan.settings import Settings
+from makespan.settings import events_max_len_from_env
 
 LIBRARY = "lib"
 _CAP_MARK = "'__EVENTS_MAX_LEN__'"
-DEFAULT_EVENTS_MAX_LEN: int = Settings().events_max_len  # the setting's default (50,000 entries)
 
 
 @dataclass(frozen=True)
@@ -110,12 +109,15 @@ def header(name: str) -> ScriptHeader:
                         tuple(line for line in lines if line.startswith("ARGV")))
 
 
-def text(name: str, events_max_len: int = DEFAULT_EVENTS_MAX_LEN) -> str:
-    """The full text sent to Redis: the library (with the events cap written in) and the
-    script, when its header asks for the library; else the script alone.
+def text(name: str, events_max_len: int | None = None) -> str:
+    """The full text sent to Redis: the library (with the events cap written in: None,
+    ``MAKESPAN_EVENTS_MAX_LEN`` or its default) and the script, when its header asks for the
+    library; else the script alone.
 
     Raises:
         ValueError: ``events_max_len`` is not a positive int."""
+    if events_max_len is None:  # MAKESPAN_EVENTS_MAX_LEN, as every writer of the stream
+        events_max_len = events_max_len_from_env()
     if not isinstance(events_max_len, int) or isinstance(events_max_len, bool) or events_max_len < 1:
         raise ValueError(f"events_max_len must be a positive int, got {events_max_len!r}")
     if not header(name).library:
@@ -197,7 +199,7 @@ def script(client: redis.Redis, name: str, events_max_len: int | None = None) ->
     Raises:
         FileNotFoundError: no such script.
     """
-    cap = DEFAULT_EVENTS_MAX_LEN if events_max_len is None else events_max_len
+    cap = events_max_len_from_env() if events_max_len is None else events_max_len
     try:
         per_client = _REGISTERED.setdefault(client, {})
     except TypeError:  # a client that cannot be weakly referenced: register without the cache

@@ -116,7 +116,7 @@ def test_a_script_is_registered_once_per_client_and_cap(r):
     first = store_scripts.script(r, "acquire")
     assert store_scripts.script(r, "acquire") is first
     assert store_scripts.script(r, "acquire", 10) is not first
-    assert first.sha == store_scripts.script(r, "acquire", store_scripts.DEFAULT_EVENTS_MAX_LEN).sha
+    assert first.sha == store_scripts.script(r, "acquire", 50_000).sha
 
 
 def test_the_library_key_builders_equal_keys(r, keys):
@@ -234,3 +234,18 @@ def test_a_client_that_ran_a_script_is_freed_with_its_connections(redis_url):
         assert store_scripts.script(used, "fn_hold") is store_scripts.script(used, "fn_hold")
     finally:
         used.close()
+
+
+def test_every_writer_trims_the_events_stream_to_the_environments_cap(r, keys, monkeypatch):
+    """``MAKESPAN_EVENTS_MAX_LEN=500000`` was ignored: writers made without the setting (the
+    planner's LeaseStore, ``events.record``, the delayed jobs' store) used the built-in 50,000
+    and trimmed the whole stream to it (an SRE's check). Each now reads the environment."""
+    from makespan import events
+    from makespan.store.events import EventLog
+
+    monkeypatch.setenv("MAKESPAN_EVENTS_MAX_LEN", "300")
+    for index in range(2000):
+        events.record(r, keys.events, "probe", index=index)
+    assert r.xlen(keys.events) <= 600  # approximate trimming (MAXLEN ~) keeps up to a node more
+    assert EventLog(r, keys).max_len == 300
+    assert "'300'" in store_scripts.script(r, "acquire").text and "'300'" not in store_scripts.text("acquire", 50_000)
