@@ -20,7 +20,12 @@ Scenarios (simulator unless said; ``portfolio`` and ``default`` where named):
 5. a steady CRITICAL stream (1 GPU, a 50 s CRITICAL job every 60 s for 2 h) and 5 LOW jobs
    of 300 s at t = 0: how many LOW jobs completed while the stream ran.
 6. per-class p95 wait ÷ ``fifo`` on the bench's trace windows (bench/planner_common.py's
-   rule, 200 jobs, 16 GPUs; ``--windows`` per trace × ``--seeds``), ``portfolio``.
+   rule, 200 jobs, 16 GPUs; ``--windows`` per trace × ``--seeds``), ``portfolio`` (the
+   default policy's table is bench/planner_policies.py's).
+7. a HIGH TP-8 job under a steady stream of 1-GPU LOW jobs (volcano#748): 8 GPUs, LOW jobs
+   of 30 s at 1.5, 3 or 5 a second for 10 min, the HIGH job at t = 120 s. Figures per
+   policy (``fifo``, ``portfolio``, ``default``) and with the fast lane off: the HIGH job's
+   wait, s.
 """
 
 from __future__ import annotations
@@ -152,6 +157,24 @@ def critical_stream():
               f"preemptions {rep['jobs']['preempted']}")
 
 
+def high_gang_under_low_stream(policies=("fifo", "portfolio", "default")):
+    fleet = parse_fleet({"name": "eight", "hosts": [{"name": "h", "gpu_count": 8, "memory_mib": 81920}],
+                         "endpoints": {"one": {"model": "s", "memory_mib_per_gpu": 1000, "cold_start_s": 20},
+                                       "eight": {"model": "b", "tensor_parallel": 8, "memory_mib_per_gpu": 1000,
+                                                 "cold_start_s": 30}}})
+    print("## 7. HIGH TP-8 job under a stream of 1-GPU LOW jobs (the HIGH job's wait, s)")
+    for rate in (1.5, 3.0, 5.0):
+        jobs = [_job(f"l{i}", "one", 3, i / rate, 30.0, i) for i in range(int(600 * rate))]
+        jobs = sorted(jobs + [_job("high", "eight", 1, 120.0, 200.0, 10 ** 6)], key=lambda j: (j.release_s, j.seq))
+        rows = []
+        for pol in policies:
+            rep = simulate(jobs, fleet, pol, restore=False, detail=True, time_limit_s=0.05)
+            rows.append(f"{pol} {_rec(rep, 'high')['start_s'] - 120.0:.0f}")
+        rep = simulate(jobs, fleet, "portfolio", restore=False, detail=True, lane_levels={}, lane_start_grace_s={})
+        rows.append(f"portfolio without the fast lane {_rec(rep, 'high')['start_s'] - 120.0:.0f}")
+        print(f"  {rate} LOW jobs/s: " + ", ".join(rows))
+
+
 def _windows(path, fleet, n, gpus, k):
     """The bench's window rule (bench/planner_common.py ``select_windows``); [] when none passes."""
     from bench.planner_common import select_windows
@@ -196,17 +219,17 @@ def main() -> None:
     ap.add_argument("--skip-traces", action="store_true", help="skip scenario 6 (the trace windows)")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--windows", type=int, default=2, help="windows per trace (4 traces)")
-    ap.add_argument("--only", default="", help="comma list of scenario numbers to run (1-6; default: all)")
+    ap.add_argument("--only", default="", help="comma list of scenario numbers to run (1-7; default: all)")
     args = ap.parse_args()
     scenarios = {1: gang_starved, 2: thrash, 3: half_free_gang, 4: inversion, 5: critical_stream,
-                 6: lambda: class_ratios(args.seeds, args.windows)}
+                 6: lambda: class_ratios(args.seeds, args.windows), 7: high_gang_under_low_stream}
     try:
         chosen = [int(n) for n in args.only.split(",") if n.strip()] or list(scenarios)
     except ValueError:
-        ap.error(f"--only {args.only!r}: scenario numbers 1-6, comma separated")
+        ap.error(f"--only {args.only!r}: scenario numbers 1-7, comma separated")
     unknown = [n for n in chosen if n not in scenarios]
     if unknown:
-        ap.error(f"--only: no scenario {unknown[0]} (1-6)")
+        ap.error(f"--only: no scenario {unknown[0]} (1-7)")
     for number in chosen:
         if number == 6 and args.skip_traces:
             continue

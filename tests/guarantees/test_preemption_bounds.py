@@ -293,3 +293,35 @@ def test_live_an_overrunning_victim_leaves_its_warm_endpoint_to_the_preemptor(r,
     assert [c.job_id for c in sent] == [urgent]
     lease = r.hgetall(w.keys.lease(sent[0].lease_id))
     assert float(lease["planned_end_s"]) - w.now_s() < 50, lease  # warm: its 10 s, not 310 s
+
+
+# -- a HIGH TP-8 job under a steady stream of 1-GPU LOW jobs (volcano#748, ngageoint/scale#172) --
+
+STREAM_FLEET = parse_fleet({"name": "eight-stream", "hosts": [{"name": "h", "gpu_count": 8, "memory_mib": 81920}],
+                            "endpoints": {"one": {"model": "s", "memory_mib_per_gpu": 1000, "cold_start_s": 20},
+                                          "eight": {"model": "b", "tensor_parallel": 8, "memory_mib_per_gpu": 1000,
+                                                    "cold_start_s": 30}}})
+
+
+def _low_stream_and_a_high_gang(rate_per_s: float, stream_s: float = 300.0) -> list[PlanJob]:
+    jobs = [_job(f"l{i}", "one", LOW, i / rate_per_s, 30.0, i) for i in range(int(stream_s * rate_per_s))]
+    jobs.append(_job("high", "eight", HIGH, 120.0, 200.0, 10 ** 6))
+    return sorted(jobs, key=lambda job: (job.release_s, job.seq))
+
+
+@pytest.mark.parametrize("policy", ["portfolio", "default"])
+@pytest.mark.parametrize("rate_per_s", [1.5, 5.0])
+def test_a_high_gang_starts_while_a_low_stream_runs(policy, rate_per_s):
+    """The issue's volcano#748 scenario: 8 GPUs, a steady stream of 1-GPU LOW jobs (1.5 or 5 a
+    second, 30 s each: more than the GPUs serve, so the LOW queue only grows), one HIGH TP-8
+    job at t = 120 s. Before, the per-tick plan pushed the gang back at every tick (+210 s
+    with 3 LOW jobs queued, +610 s with 20) and it started only when the stream ended; strict
+    priority (``fifo``) starts it once the running LOW jobs end. Now it starts while the
+    stream runs, within the fast lane's bound of ``fifo``'s start (HIGH × 1.25)."""
+    jobs = _low_stream_and_a_high_gang(rate_per_s)
+    fifo = simulate(jobs, STREAM_FLEET, "fifo", restore=False, detail=True)
+    ours = simulate(jobs, STREAM_FLEET, policy, restore=False, detail=True, time_limit_s=0.02)
+    fifo_wait = next(x["start_s"] - x["submit_s"] for x in fifo["schedule"]["jobs"] if x["id"] == "high")
+    high = next(x for x in ours["schedule"]["jobs"] if x["id"] == "high")
+    assert high["start_s"] < 300.0, high  # while the stream still runs
+    assert high["start_s"] - high["submit_s"] <= 1.25 * fifo_wait + 1.0, (high, fifo_wait)
