@@ -1059,6 +1059,10 @@ def _cancel_many(job_ids: list[str], states: tuple[str, ...], endpoint: str | No
             try:
                 yield from zip(part, reader.cancel_outcomes(part))
             except MakespanError as e:
+                if first:  # some were cancelled: the exit code's "nothing written" would not hold alone
+                    typer.echo(f"the {first:,} jobs listed above were answered before Redis failed; of the "
+                               f"{len(job_ids) - first:,} left some may be cancelled, none was answered: run the "
+                               "same command again for the rest", err=True)
                 _fail(e)
 
     for job_id, outcome in outcomes_as_cancelled():
