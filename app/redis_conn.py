@@ -411,6 +411,32 @@ def check_persistence(r: redis.Redis, process: str = "makespan") -> bool:
     return False
 
 
+def check_failover_writes(r: redis.Redis, url: str, process: str = "makespan") -> bool:
+    """Warn (log, not refuse) when ``url`` names Sentinels and the primary takes writes with
+    no replica in sync (``min-replicas-to-write 0``, Redis's default). In a Sentinel failover
+    the old primary goes on taking writes until Sentinel turns it into a replica, seconds
+    later (11 s in an SRE's check); the processes still connected to it write there, and
+    those writes are thrown away when it resyncs: cancels a CLI reported, leases, completed
+    jobs, which then run again. With ``min-replicas-to-write 1`` it refuses writes as soon as
+    its replica leaves it. Called as a planner comes to lead. Returns whether the setting
+    guards the failover (True also for a URL without Sentinels, or a ``CONFIG GET`` refused).
+
+    Raises:
+        redis.RedisError: Redis did not answer."""
+    if not is_sentinel_url(url):
+        return True
+    try:
+        cfg = r.config_get("min-replicas-to-write")
+    except redis.ResponseError:  # CONFIG disabled or renamed (managed Redis): nothing to say
+        return True
+    if str(cfg.get("min-replicas-to-write", "0")).strip() not in ("", "0"):
+        return True
+    log.warning("%s: Redis takes writes with no replica in sync (min-replicas-to-write 0): in a Sentinel failover "
+                "the old primary takes writes for seconds before it is demoted, and they are lost; set "
+                "min-replicas-to-write 1 and min-replicas-max-lag 2 on every data node (docs/durability.md)", process)
+    return False
+
+
 def redacted(url: str) -> str:
     """``url`` with any password replaced by ``***`` (for logs and spans;
     :func:`makespan.settings.redacted_url`)."""

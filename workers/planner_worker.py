@@ -50,8 +50,8 @@ from makespan.errors import LeaseError, PlannerError, RedisConfigError, StoreErr
 from makespan.keys import WAKE_RELEASE, Keys
 from makespan.models import FleetSpec, Priority, fleet_version
 from makespan.planner.model import FleetState, PlanJob
-from makespan.redis_conn import (OutageLog, answer_refused, check_eviction_policy, check_persistence, credentials_refused,
-                                  with_socket_timeout)
+from makespan.redis_conn import (OutageLog, answer_refused, check_eviction_policy, check_failover_writes, check_persistence,
+                                  credentials_refused, with_socket_timeout)
 from makespan.settings import Settings, liveness_warning, planner_lock_warning, retention_warning
 from makespan.workers.batch import form_batch
 from makespan.workers.critical_lane import CriticalLane
@@ -316,6 +316,7 @@ class PlannerWorker:
         try:
             check_eviction_policy(self.r, self.settings, process=f"planner {self.name}")
             check_persistence(self.r, process=f"planner {self.name}")
+            check_failover_writes(self.r, self.settings.redis_url, process=f"planner {self.name}")
         except RedisConfigError:
             try:
                 lock.release()
