@@ -424,11 +424,13 @@ class RedisStateCollector:
         None: none) is older than ``stale_after_s``: no planner serves those queues now."""
         return not written_at or server_now_s - float(written_at) > self.stale_after_s
 
-    def _leaderless_pools(self, pools: list[str], server_now_s: float, depth: Any, by_reason: Any) -> None:
+    def _leaderless_pools(self, pools: list[str], server_now_s: float, depth: Any, by_reason: Any,
+                          led: Any) -> None:
         """Add to ``depth`` and ``by_reason`` the queues of each pool of ``pools`` that no
         planner leads (and whose last reason write is stale): its depths, and every queued
-        job ``no_planner``. Each pool's planner exports them, so a pool whose planners all
-        stopped still has its series (the same values from every planner: ``max`` per pool)."""
+        job ``no_planner``; and to ``led`` whether a planner holds each one's leader lock.
+        Each pool's planner exports them, so a pool whose planners all stopped still has its
+        series (the same values from every planner: ``max`` per pool)."""
         if not pools:
             return
         p = self.r.pipeline(transaction=False)
@@ -442,6 +444,7 @@ class RedisStateCollector:
         for name in pools:
             leads, written_at = next(res), next(res)
             depths = [int(next(res) or 0) for _ in PRIORITIES]
+            led.add_metric([name], 1.0 if leads else 0.0)
             if leads or not self._stale(written_at, server_now_s):
                 continue  # its own planner exports it
             for level, level_depth in zip(PRIORITIES, depths):
@@ -519,12 +522,16 @@ class RedisStateCollector:
         # steps), so the servers report them; fleet-wide, the same value from every server
         counts = next(res) or {}
         leads, written_at, delayed_count, (seconds, micros) = next(res), next(res), next(res), next(res)
+        led = Gauge("makespan_pool_led", "1 while a planner holds the pool's leader lock, 0 while none does (read "
+                    "from Redis at the scrape, so a pool whose planners all died still reports 0); pool '' for a "
+                    "fleet without pools.", labels=["pool"])
+        led.add_metric([k.pool or ""], 1.0 if leads else 0.0)
         reasons_stale = self._stale(written_at, seconds + micros / 1e6)
         for code, value in queued_by_reason(by_reason_raw, queued_total, no_planner=not leads and reasons_stale).items():
             by_reason.add_metric([code, *pool], value)
         if k.pool:  # the pools no planner leads: nothing else exports their queues (an alert on them must fire)
             self._leaderless_pools([name for name in fleet_pools if name != k.pool], seconds + micros / 1e6,
-                                   depth, by_reason)
+                                   depth, by_reason, led)
         delayed = Gauge("makespan_delayed_jobs", "Jobs not due yet (delay_s or a retry backoff: wait reasons "
                         "delayed_until and retry_backoff), fleet-wide.")
         delayed.add_metric([], float(delayed_count or 0))
@@ -532,7 +539,7 @@ class RedisStateCollector:
                             "counted), by every producer.", labels=["priority"])
         for level in PRIORITIES:
             submitted.add_metric([level], float(counts.get(level, 0) or 0))
-        return [depth, msgs, leases, agenda, drain, checks, inc, by_reason, delayed, cordoned, submitted]
+        return [depth, msgs, leases, agenda, drain, checks, inc, by_reason, delayed, cordoned, submitted, led]
 
 
 # -- serving ----------------------------------------------------------------------------------

@@ -369,12 +369,18 @@ def test_every_pools_planner_exports_the_queues_of_a_pool_no_planner_leads(r, se
                    for s in families["makespan_queued_jobs_by_reason"].samples}
         return depth, reasons
 
+    def led() -> dict[str, float]:  # makespan_pool_led, per pool, as Redis says (a verifier: no series
+        families = {f.name: f for f in RedisStateCollector(r, keys.for_pool("a")).collect()}  # told of b)
+        return {s.labels["pool"]: s.value for s in families["makespan_pool_led"].samples}
+
     depth, reasons = exported()
     assert depth[("HIGH", "b")] == 2 and depth[("HIGH", "a")] == 0
     assert reasons[("no_planner", "b")] == 2 and reasons[("behind_batch", "b")] == 0
+    assert led() == {"a": 1.0, "b": 0.0}
     r.set(keys.for_pool("b").planner_leader, "planner-b")  # b's planner leads: it exports its own
     depth, reasons = exported()
     assert ("HIGH", "b") not in depth and ("no_planner", "b") not in reasons
+    assert led() == {"a": 1.0, "b": 1.0}
 
 
 def test_a_pool_planner_that_stops_withdraws_its_offer(r, settings, keys):
