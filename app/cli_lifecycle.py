@@ -229,7 +229,9 @@ def incidents(redis_url: str | None = typer.Option(None, "--redis-url", help="de
     except MakespanError as e:
         fail(e)  # Redis unreachable: RedisUnreachable's message
     if limit and len(rows) > limit:  # a big fleet's stream holds up to its cap (10,000): the newest matter
-        typer.echo(f"the latest {limit} of {len(rows)} incidents (--limit 0: all)", err=True)
+        still_open = sum(1 for row in rows[:-limit] if row["recovery"] is None)  # not hidden silently (a verifier)
+        typer.echo(f"the latest {limit} of {len(rows)} incidents (--limit 0: all)"
+                   + (f"; {still_open} older ones have no recovery yet" if still_open else ""), err=True)
         rows = rows[-limit:]
     if as_json:
         for row in rows:

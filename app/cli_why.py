@@ -527,11 +527,11 @@ def _queue_positions(r, keys, ids: list[str], recs: list[dict[str, str]]) -> lis
     return [next(found) if is_queued else None for is_queued in queued]
 
 
-def _queue_depths(r, keys) -> dict[str, int]:
-    """Queued jobs per level, over the published fleet's pools (one round trip)."""
+def _queue_depths(r, keys, pool: str | None = None) -> dict[str, int]:
+    """Queued jobs per level, in ``pool`` or over the published fleet's pools (one round trip)."""
     from makespan.models import Priority
 
-    pools = published_pools(r, keys)
+    pools = [pool] if pool else published_pools(r, keys)
     p = r.pipeline(transaction=False)
     for level in Priority:  # CRITICAL first
         for name in pools:
@@ -608,12 +608,15 @@ def register(app: typer.Typer) -> None:
             else:
                 tail = _when(x["eta"], x["eta_in_s"]) if x["reason"] else _outcome(x)
                 pool_cell = f"{x.get('pool') or '-':{POOL_CHARS}} " if pooled else ""
-                typer.echo(f"{x['id']:32}  {x['priority'] or '-':8} {x['endpoint'] or '-':14} {pool_cell}{x['state']:9} "
+                level = x["priority"] or "-"
+                if x.get("planned_priority") and x["planned_priority"] != x["priority"]:  # inherited from a dependant
+                    level = f"{level}>{x['planned_priority']}"  # (an issue-19 check: only why and --json said it)
+                typer.echo(f"{x['id']:32}  {level:8} {x['endpoint'] or '-':14} {pool_cell}{x['state']:9} "
                            f"{x['reason'] or '-':22} {tail}")
         if len(rows) >= limit:  # it stopped at --limit without saying so (new-user check)
             typer.echo(f"listed the first {limit} (--limit {limit}); more may match: raise --limit, or narrow with "
                        "--state, --endpoint, --priority, --pool or --fn", err=True)
             if "queued" in (state or WAITING):  # how many there are (a large-queue user had no total anywhere)
-                depths = _queue_depths(r, k)
+                depths = _queue_depths(r, k, pool)
                 typer.echo("queued now: " + ", ".join(f"{level} {n:,}" for level, n in depths.items()) +
                            f" ({sum(depths.values()):,} in all)", err=True)

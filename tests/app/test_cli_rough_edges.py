@@ -248,6 +248,7 @@ def test_incidents_shows_the_latest_limit_and_says_how_many_there_are(r, keys, r
     env = _env(redis_url, prefix)
     res = CliRunner().invoke(cli_app, ["incidents", "--limit", "2"], env=env)
     assert res.exit_code == 0 and "the latest 2 of 5 incidents" in res.stderr, (res.output, res.stderr)
+    assert "3 older ones have no recovery yet" in res.stderr, res.stderr
     assert "ep3" in res.stdout and "ep4" in res.stdout and "ep2" not in res.stdout, res.stdout
     assert "gpus=GPU-host-a-0,GPU-host-a-1,… (8 GPUs: --json lists them)" in res.stdout, res.stdout
     every = CliRunner().invoke(cli_app, ["incidents", "--limit", "0", "--json"], env=env)

@@ -135,6 +135,8 @@ def test_the_inherited_level_is_a_field_of_why_jobs_and_status_and_goes_with_the
                     prod.status(low)["planned_priority"])
 
         assert views() == ("CRITICAL", "CRITICAL", "CRITICAL")
+        table = CliRunner().invoke(cli_app, ["jobs"]).output  # the table says it too (an issue-19 check)
+        assert any(line.startswith(low) and " LOW>CRITICAL " in line for line in table.splitlines()), table
         prod.cancel(crit)
         clock.advance(REASON_REFRESH_S)
         w.tick()
