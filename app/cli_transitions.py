@@ -86,9 +86,13 @@ def transitions(fleet: Path | None = typer.Option(None, "--fleet", help="TOML fl
         for row in rows:
             typer.echo(json.dumps(row, sort_keys=True))
         return
-    unmeasured = [row for row in rows if row["host"] != "*" and row["last_s"] is None]
+    def measured_here(row: dict[str, Any]) -> bool:  # this kind, or one pooled with it, measured on the host
+        return row["last_s"] is not None or row["source"] == "learned" or (row["source"] == "prior"
+                                                                            and row["observations"] > 0)
+
+    unmeasured = [row for row in rows if row["host"] != "*" and not measured_here(row)]
     if not every_host and host is None:  # a host with no measurement of its own repeats the * row's figure
-        rows = [row for row in rows if row["host"] == "*" or row["last_s"] is not None]
+        rows = [row for row in rows if row["host"] == "*" or measured_here(row)]
     typer.echo(f"{'endpoint':<14} {'kind':<11} {'host':<12} {'configured_s':>12} {'learned_s':>10} {'source':<8} "
                f"{'n':>4} {'last_s':>8}")
     for x in rows:
