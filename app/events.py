@@ -19,7 +19,7 @@ from typing import Any
 import redis
 
 from makespan.redis_conn import store_error
-from makespan.settings import events_max_len_from_env
+from makespan.settings import EVENTS_WRITE_TRIM_FACTOR, events_max_len_from_env
 
 
 
@@ -47,13 +47,16 @@ def add_utc_times(record: dict[str, Any], fields: tuple[str, ...]) -> dict[str, 
 
 def append(target: Any, stream_key: str, body: dict[str, Any], max_len: int) -> None:
     """XADD ``body`` as compact JSON to ``stream_key`` on ``target`` (a client or a
-    pipeline), trimmed to about ``max_len`` entries. The one writer of the stream's entry
+    pipeline), trimmed only past about :data:`makespan.settings.EVENTS_WRITE_TRIM_FACTOR` ×
+    ``max_len`` entries (the planner's retention sweep trims to its own cap:
+    :func:`makespan.settings.events_max_len_from_env`). The one writer of the stream's entry
     format (:class:`makespan.store.EventLog` and :func:`record` call it).
 
     Raises:
         StoreError: Redis failed (on a client; a pipeline raises at ``execute()``)."""
     try:
-        target.xadd(stream_key, {"e": json.dumps(body, separators=(",", ":"))}, maxlen=max_len, approximate=True)
+        target.xadd(stream_key, {"e": json.dumps(body, separators=(",", ":"))},
+                    maxlen=EVENTS_WRITE_TRIM_FACTOR * max_len, approximate=True)
     except redis.RedisError as e:
         raise store_error(e, f"append event to {stream_key}") from e
 

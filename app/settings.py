@@ -71,12 +71,20 @@ def log_level_from_env(default: str) -> str:
     return level
 
 
+EVENTS_WRITE_TRIM_FACTOR = 10  # a write trims the events stream only past this × its process's cap
+
+
 def events_max_len_from_env() -> int:
     """``MAKESPAN_EVENTS_MAX_LEN`` as this process's environment sets it (the events stream's
     cap, :attr:`Settings.events_max_len`); its default, 50,000, when unset or not a whole
     number in range (the process's own :meth:`Settings.from_env` refuses such a value
-    loudly). Every writer of the stream trims it to this: one that used the built-in default
-    trimmed every deployment's stream to 50,000 whatever it set (an SRE's check)."""
+    loudly).
+
+    The cap is the planner's: its retention sweep trims the stream to it. Every other write
+    trims only past :data:`EVENTS_WRITE_TRIM_FACTOR` × its own process's cap, a bound for
+    when no planner runs: a writer with the built-in default (a submit script, a CLI without
+    the variable) trimmed a deployment's 100,000 to 50,000 (an SRE's check, then a
+    verifier's)."""
     try:
         return _env_int("MAKESPAN_EVENTS_MAX_LEN", 50_000, 1, COUNT_MAX)
     except ValidationError:

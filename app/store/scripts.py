@@ -28,7 +28,7 @@ from redis.commands.core import Script
 
 from makespan.errors import StoreError
 from makespan.redis_conn import store_error  # re-exported: the store's modules translate with it
-from makespan.settings import events_max_len_from_env
+from makespan.settings import EVENTS_WRITE_TRIM_FACTOR, events_max_len_from_env
 
 LIBRARY = "lib"
 _CAP_MARK = "'__EVENTS_MAX_LEN__'"
@@ -122,7 +122,8 @@ def text(name: str, events_max_len: int | None = None) -> str:
         raise ValueError(f"events_max_len must be a positive int, got {events_max_len!r}")
     if not header(name).library:
         return source(name)
-    return source(LIBRARY).replace(_CAP_MARK, f"'{events_max_len}'") + "\n" + source(name)
+    # a script's event trims the stream only past the factor × the cap: the planner's sweep trims to its cap
+    return source(LIBRARY).replace(_CAP_MARK, f"'{EVENTS_WRITE_TRIM_FACTOR * events_max_len}'") + "\n" + source(name)
 
 
 class StoreScript:

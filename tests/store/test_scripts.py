@@ -97,7 +97,7 @@ def test_only_the_library_appends_events_and_its_cap_is_not_hard_coded():
                 assert int(re.search(r"KEYS\[(\d+)\]", line).group(1)) in incidents, f"{name}.lua: {line.strip()}"
     lib = store_scripts.source(store_scripts.LIBRARY)
     assert lib.count("'XADD'") == 1 and "'__EVENTS_MAX_LEN__'" in lib
-    assert "'1234'" in store_scripts.text("submit", 1234) and "__EVENTS_MAX_LEN__" not in store_scripts.text("submit")
+    assert "'12340'" in store_scripts.text("submit", 1234) and "__EVENTS_MAX_LEN__" not in store_scripts.text("submit")  # 10 × the cap
     with pytest.raises(ValueError):
         store_scripts.text("submit", 0)
 
@@ -243,9 +243,21 @@ def test_every_writer_trims_the_events_stream_to_the_environments_cap(r, keys, m
     from makespan import events
     from makespan.store.events import EventLog
 
-    monkeypatch.setenv("MAKESPAN_EVENTS_MAX_LEN", "300")
+    monkeypatch.setenv("MAKESPAN_EVENTS_MAX_LEN", "30")
     for index in range(2000):
         events.record(r, keys.events, "probe", index=index)
-    assert r.xlen(keys.events) <= 600  # approximate trimming (MAXLEN ~) keeps up to a node more
-    assert EventLog(r, keys).max_len == 300
+    assert r.xlen(keys.events) <= 600  # past 10 × 30 (approximate trimming, MAXLEN ~: up to a node more)
+    assert EventLog(r, keys).max_len == 30
     assert "'300'" in store_scripts.script(r, "acquire").text and "'300'" not in store_scripts.text("acquire", 50_000)
+
+
+def test_a_writer_without_the_setting_does_not_cut_a_deployments_longer_stream(r, keys, monkeypatch):
+    """The fix above moved the loss: a submit from a shell without MAKESPAN_EVENTS_MAX_LEN
+    trimmed a stream the deployment keeps at 100,000 to 50,000 (a verifier). A write trims
+    only past 10 × its own cap; the planner's retention sweep trims to the planner's."""
+    from makespan import events
+
+    monkeypatch.setenv("MAKESPAN_EVENTS_MAX_LEN", "100")  # this process: 100 (the deployment keeps more)
+    for index in range(800):
+        events.record(r, keys.events, "probe", index=index)
+    assert r.xlen(keys.events) == 800  # below 10 × 100: nothing trimmed

@@ -5,8 +5,9 @@
 -- Keys: per-id keys (a job, a GPU, a lease's phases, ...) are built here, and only here,
 -- from ONE prefix argument P (makespan.keys.Keys.script_prefix, e.g. "makespan"); each
 -- builder mirrors the Keys method of the same name (a test compares them).
--- Times: *_ms unix milliseconds, *_s unix seconds; the events stream cap EVENTS_MAX_LEN is
--- makespan.settings.Settings.events_max_len, written in by the loader.
+-- Times: *_ms unix milliseconds, *_s unix seconds; EVENTS_MAX_LEN, written in by the loader, is
+-- makespan.settings.EVENTS_WRITE_TRIM_FACTOR x the process's Settings.events_max_len: a write
+-- trims the events stream only past it; the planner's retention sweep trims to its own cap.
 -- Job states written here: finish_job (completed | failed | cancelled), requeue_job (queued),
 -- delay_job (delayed); the allowed transitions are makespan.store.states.TRANSITIONS.
 
@@ -59,7 +60,7 @@ local function hset_table(key, tbl)
   if #flat > 0 then redis.call('HSET', key, unpack(flat)) end
 end
 
--- append one event (its JSON text) to the stream, trimmed to about EVENTS_MAX_LEN entries
+-- append one event (its JSON text) to the stream, trimmed past about EVENTS_MAX_LEN entries
 local function append_event(stream_key, event_json)
   redis.call('XADD', stream_key, 'MAXLEN', '~', EVENTS_MAX_LEN, '*', 'e', event_json)
 end
