@@ -998,6 +998,7 @@ def cancel(job_ids: list[str] = typer.Argument(None, help="job ids (or none, wit
 
     telemetry.setup_cli_tracing()  # a queued or delayed job cancelled here: its root span ends here
     filtered = bool(state or endpoint or priority or pool)
+    job_ids = list(dict.fromkeys(job_ids or []))  # an id given twice is one id (`cancel A A` as `cancel A`)
     if job_ids and filtered:
         _fail(MakespanError("give job ids or filters (--state, --endpoint, --priority, --pool), not both"))
     if not job_ids and not filtered:
@@ -1030,7 +1031,6 @@ def _cancel_many(job_ids: list[str], states: tuple[str, ...], endpoint: str | No
 
     reader = _job_reader()
     more_note = ""
-    job_ids = list(dict.fromkeys(job_ids))  # an id given twice is cancelled, and counted, once
     if not job_ids:
         bad = [s for s in states if s not in (*WAITING, *LEASED)]
         if bad:

@@ -23,11 +23,12 @@ LISTED_STATES = ("queued", "delayed", "leased", "running", *FINISHED)  # running
 POOL_CHARS = 12  # the ``jobs`` listing's POOL column (shown when a listed job is routed to a pool)
 
 
-def _header(pooled: bool) -> str:
+def _header(pooled: bool, level_chars: int = 8) -> str:
     """The ``jobs`` listing's header row, with a POOL column after ENDPOINT when ``pooled``
-    (:data:`HEADER` without)."""
+    (:data:`HEADER` without) and a PRIORITY column ``level_chars`` wide (an inherited level,
+    ``NORMAL>CRITICAL``, is wider than 8)."""
     pool = f"{'POOL':{POOL_CHARS}} " if pooled else ""
-    return f"{'ID':32}  {'PRIORITY':8} {'ENDPOINT':14} {pool}{'STATE':9} {'REASON':22} ETA/OUTCOME"
+    return f"{'ID':32}  {'PRIORITY':{level_chars}} {'ENDPOINT':14} {pool}{'STATE':9} {'REASON':22} ETA/OUTCOME"
 
 
 # a waiting job's ETA; an ended one's outcome: when it ended (UTC) and why (a failure's error, a cancel's cause)
@@ -600,19 +601,24 @@ def register(app: typer.Typer) -> None:
         if not rows and not as_json:
             typer.echo(f"no job {' or '.join(state or WAITING)}" + (" among those read" if cut_at else ""), err=True)
         pooled = any(x.get("pool") for x in rows)  # a fleet with [[pools]]: which pool each job is routed to
+
+        def level_of(x: dict[str, Any]) -> str:  # an inherited level as LOW>CRITICAL (an issue-19 check:
+            level = x["priority"] or "-"        # only why and --json said it)
+            if x.get("planned_priority") and x["planned_priority"] != x["priority"]:
+                level = f"{level}>{x['planned_priority']}"
+            return level
+
+        level_chars = max([8, *(len(level_of(x)) for x in rows)]) if not as_json else 8
         if rows and not as_json:
-            typer.echo(_header(pooled))
+            typer.echo(_header(pooled, level_chars))
         for x in rows:
             if as_json:
                 typer.echo(json.dumps(x))
             else:
                 tail = _when(x["eta"], x["eta_in_s"]) if x["reason"] else _outcome(x)
                 pool_cell = f"{x.get('pool') or '-':{POOL_CHARS}} " if pooled else ""
-                level = x["priority"] or "-"
-                if x.get("planned_priority") and x["planned_priority"] != x["priority"]:  # inherited from a dependant
-                    level = f"{level}>{x['planned_priority']}"  # (an issue-19 check: only why and --json said it)
-                typer.echo(f"{x['id']:32}  {level:8} {x['endpoint'] or '-':14} {pool_cell}{x['state']:9} "
-                           f"{x['reason'] or '-':22} {tail}")
+                typer.echo(f"{x['id']:32}  {level_of(x):{level_chars}} {x['endpoint'] or '-':14} {pool_cell}"
+                           f"{x['state']:9} {x['reason'] or '-':22} {tail}")
         if len(rows) >= limit:  # it stopped at --limit without saying so (new-user check)
             typer.echo(f"listed the first {limit} (--limit {limit}); more may match: raise --limit, or narrow with "
                        "--state, --endpoint, --priority, --pool or --fn", err=True)

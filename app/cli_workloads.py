@@ -67,7 +67,8 @@ def register(app: typer.Typer) -> None:
             definition = row["definition"]
             state = "refused" if row["refused"] else "live" if row["live"] else "not live"
             if row["missing_endpoints"]:  # submits are refused: the planner's fleet cannot run it
-                state += f" (the planner's fleet has no endpoint {', '.join(row['missing_endpoints'])}: submits are refused)"
+                state += (f" (the planner's fleet has no endpoint {', '.join(row['missing_endpoints'])}: a submit that "
+                          "does not name another with --endpoint is refused)")
             where = ", ".join(row["hosts"]) or "any host"
             if row["hosts"] and not row["hosts_live"]:
                 where = f"registered last on {where}"

@@ -411,15 +411,22 @@ def check_persistence(r: redis.Redis, process: str = "makespan") -> bool:
     return False
 
 
+MAX_REPLICA_LAG_S = 2  # the min-replicas-max-lag check_failover_writes advises, s
+
+
 def check_failover_writes(r: redis.Redis, url: str, process: str = "makespan") -> bool:
     """Warn (log, not refuse) when ``url`` names Sentinels and the primary takes writes with
-    no replica in sync (``min-replicas-to-write 0``, Redis's default). In a Sentinel failover
+    no replica in sync (``min-replicas-to-write 0``, Redis's default), or for longer than
+    :data:`MAX_REPLICA_LAG_S` after its replica stopped acknowledging
+    (``min-replicas-max-lag``, default 10). In a Sentinel failover
     the old primary goes on taking writes until Sentinel turns it into a replica, seconds
     later (11 s in an SRE's check); the processes still connected to it write there, and
     those writes are thrown away when it resyncs: cancels a CLI reported, leases, completed
-    jobs, which then run again. With ``min-replicas-to-write 1`` it refuses writes as soon as
-    its replica leaves it. Called as a planner comes to lead. Returns whether the setting
-    guards the failover (True also for a URL without Sentinels, or a ``CONFIG GET`` refused).
+    jobs, which then run again. With ``min-replicas-to-write 1`` and a small
+    ``min-replicas-max-lag`` it refuses writes once no replica has acknowledged for that long
+    (the window shrinks to seconds; it does not close). Called as a planner comes to lead.
+    Returns whether the settings guard the failover (True also for a URL without Sentinels,
+    or a ``CONFIG GET`` refused).
 
     Raises:
         redis.RedisError: Redis did not answer."""
@@ -427,13 +434,20 @@ def check_failover_writes(r: redis.Redis, url: str, process: str = "makespan") -
         return True
     try:
         cfg = r.config_get("min-replicas-to-write")
+        cfg.update(r.config_get("min-replicas-max-lag"))
     except redis.ResponseError:  # CONFIG disabled or renamed (managed Redis): nothing to say
         return True
-    if str(cfg.get("min-replicas-to-write", "0")).strip() not in ("", "0"):
+    try:
+        replicas = int(str(cfg.get("min-replicas-to-write", "0")).strip() or 0)
+        max_lag_s = int(str(cfg.get("min-replicas-max-lag", "10")).strip() or 10)
+    except ValueError:
         return True
-    log.warning("%s: Redis takes writes with no replica in sync (min-replicas-to-write 0): in a Sentinel failover "
-                "the old primary takes writes for seconds before it is demoted, and they are lost; set "
-                "min-replicas-to-write 1 and min-replicas-max-lag 2 on every data node (docs/durability.md)", process)
+    if replicas >= 1 and max_lag_s <= MAX_REPLICA_LAG_S:
+        return True
+    log.warning("%s: Redis has min-replicas-to-write %d, min-replicas-max-lag %d: in a Sentinel failover the old "
+                "primary takes writes %s before it is demoted, and they are lost; set min-replicas-to-write 1 and "
+                "min-replicas-max-lag %d on every data node (docs/durability.md)", process, replicas, max_lag_s,
+                "for seconds" if replicas < 1 else f"for up to {max_lag_s} s", MAX_REPLICA_LAG_S)
     return False
 
 

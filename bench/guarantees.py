@@ -170,7 +170,8 @@ def high_gang_under_low_stream(policies=("fifo", "portfolio", "default")):
         for pol in policies:
             rep = simulate(jobs, fleet, pol, restore=False, detail=True, time_limit_s=0.05)
             rows.append(f"{pol} {_rec(rep, 'high')['start_s'] - 120.0:.0f}")
-        rep = simulate(jobs, fleet, "portfolio", restore=False, detail=True, lane_levels={}, lane_start_grace_s={})
+        rep = simulate(jobs, fleet, "portfolio", restore=False, detail=True, time_limit_s=0.05, lane_levels={},
+                       lane_start_grace_s={})
         rows.append(f"portfolio without the fast lane {_rec(rep, 'high')['start_s'] - 120.0:.0f}")
         print(f"  {rate} LOW jobs/s: " + ", ".join(rows))
 

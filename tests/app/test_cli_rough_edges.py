@@ -263,3 +263,5 @@ def test_cancel_of_empty_or_unknown_ids_is_one_line_per_id_and_exit_2(r, keys, r
     assert res.exit_code == 2 and "Traceback" not in res.output and "StopIteration" not in res.output, res.output
     if len(set(ids)) > 1:
         assert res.output.count("aaa unknown") == 1 and "2 unknown" in res.output and "no job" not in res.output
+    else:  # `cancel "" ""` answers as `cancel ""` (it printed " unknown")
+        assert "error: no job ''" in res.output, res.output

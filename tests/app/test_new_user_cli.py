@@ -656,5 +656,5 @@ def test_functions_lists_refused_functions_and_endpoints_the_fleet_lacks(r, keys
     res = CliRunner().invoke(cli_app, ["functions"], env=env)
     assert res.exit_code == 0, res.output
     lines = res.output.strip().splitlines()
-    assert lines[0].startswith("add(") and "the planner's fleet has no endpoint sim: submits are refused" in lines[0]
+    assert lines[0].startswith("add(") and "the planner's fleet has no endpoint sim: a submit that does not name another" in lines[0]
     assert lines[1] == "ghost: refused: it names endpoint 'nosuch', which the worker's fleet lacks", lines

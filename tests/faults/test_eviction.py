@@ -292,7 +292,12 @@ def test_a_sentinel_primary_taking_writes_without_a_replica_is_warned_of(caplog)
         assert "min-replicas-to-write 1 and min-replicas-max-lag 2" in caplog.text
         caplog.clear()
         assert check_failover_writes(r, emb.url) is True  # no Sentinels: no failover to guard
-        r.config_set("min-replicas-to-write", "1")
+        r.config_set("min-replicas-to-write", "1")  # half the advice: max-lag stays Redis's 10 s (a verifier)
+        with caplog.at_level(logging.WARNING, logger="makespan.redis_conn"):
+            assert check_failover_writes(r, sentinel_url) is False
+        assert "for up to 10 s" in caplog.text
+        caplog.clear()
+        r.config_set("min-replicas-max-lag", "2")
         assert check_failover_writes(r, sentinel_url) is True and not caplog.text
         r.close()
     finally:

@@ -136,7 +136,10 @@ def test_the_inherited_level_is_a_field_of_why_jobs_and_status_and_goes_with_the
 
         assert views() == ("CRITICAL", "CRITICAL", "CRITICAL")
         table = CliRunner().invoke(cli_app, ["jobs"]).output  # the table says it too (an issue-19 check)
-        assert any(line.startswith(low) and " LOW>CRITICAL " in line for line in table.splitlines()), table
+        lines = table.splitlines()
+        assert any(line.startswith(low) and " LOW>CRITICAL " in line for line in lines), table
+        columns = {line.index(" e ") for line in lines[1:] if " e " in line}  # ENDPOINT aligned in every row
+        assert len(columns) == 1 and lines[0].index("ENDPOINT") == columns.pop() + 1, table
         prod.cancel(crit)
         clock.advance(REASON_REFRESH_S)
         w.tick()

@@ -317,11 +317,13 @@ def test_a_high_gang_starts_while_a_low_stream_runs(policy, rate_per_s):
     job at t = 120 s. Before, the per-tick plan pushed the gang back at every tick (+210 s
     with 3 LOW jobs queued, +610 s with 20) and it started only when the stream ended; strict
     priority (``fifo``) starts it once the running LOW jobs end. Now it starts while the
-    stream runs, within the fast lane's bound of ``fifo``'s start (HIGH × 1.25)."""
+    stream runs, within a minute of ``fifo``'s start (the fast lane's start bound for HIGH,
+    ``HIGH:30/x1.4``: 30 s of grace, which its peer floor may stretch; today it starts when
+    ``fifo`` does; without the lane it waited 1,611-3,621 s)."""
     jobs = _low_stream_and_a_high_gang(rate_per_s)
     fifo = simulate(jobs, STREAM_FLEET, "fifo", restore=False, detail=True)
     ours = simulate(jobs, STREAM_FLEET, policy, restore=False, detail=True, time_limit_s=0.02)
     fifo_wait = next(x["start_s"] - x["submit_s"] for x in fifo["schedule"]["jobs"] if x["id"] == "high")
     high = next(x for x in ours["schedule"]["jobs"] if x["id"] == "high")
     assert high["start_s"] < 300.0, high  # while the stream still runs
-    assert high["start_s"] - high["submit_s"] <= 1.25 * fifo_wait + 1.0, (high, fifo_wait)
+    assert high["start_s"] - high["submit_s"] <= fifo_wait + 60.0, (high, fifo_wait)
