@@ -53,37 +53,12 @@ def test_queued_listing_is_critical_first_across_pools(r, settings, monkeypatch)
     assert ids == [crit, lows[0]], ids  # docs: queued jobs are listed CRITICAL first
 
 
-class _RoundTrips:
-    """Counts the round trips a client makes: single commands and pipeline executes."""
-
-    def __init__(self, r, monkeypatch):
-        self.count = 0
-        send, pipeline = r.execute_command, r.pipeline
-
-        def counted_send(*args, **kwargs):
-            self.count += 1
-            return send(*args, **kwargs)
-
-        def counted_pipeline(*args, **kwargs):
-            pipe = pipeline(*args, **kwargs)
-            execute = pipe.execute
-
-            def counted_execute(*a, **k):
-                self.count += 1
-                return execute(*a, **k)
-
-            pipe.execute = counted_execute
-            return pipe
-
-        monkeypatch.setattr(r, "execute_command", counted_send)
-        monkeypatch.setattr(r, "pipeline", counted_pipeline)
-
-
-def test_listing_and_bulk_cancel_take_round_trips_per_chunk_not_per_job(r, settings, monkeypatch):
+def test_listing_and_bulk_cancel_take_round_trips_per_chunk_not_per_job(r, settings):
     """A fleet-scale operator's `makespan jobs --limit 100000` of 19,488 queued jobs took 39 s,
     and `cancel --state queued ...` of 15,034 jobs 52 s: two round trips per queued row (its
     queue position, the higher levels ahead of it) and two per cancel. Now a chunk of rows
     costs a few round trips whatever its size."""
+    from bench.cli_listing import RoundTrips
     from makespan.cli_why import scan_jobs
 
     keys = Keys(settings.key_prefix)
@@ -91,7 +66,7 @@ def test_listing_and_bulk_cancel_take_round_trips_per_chunk_not_per_job(r, setti
     ids = [prod.submit({"endpoint": "e", "service_s": 10, "priority": level}).id
            for level in ("LOW", "NORMAL") for _ in range(150)]
     r.set(keys.planner_leader, "a-planner", px=60_000)  # a planner leads, and has not read them yet: behind_batch
-    trips = _RoundTrips(r, monkeypatch)
+    trips = RoundTrips(r)  # on this test's own client
     rows, cut_at = scan_jobs(r, keys, settings, ("queued",), limit=1000)
     assert len(rows) == 300 and cut_at is None
     low = [row for row in rows if row["priority"] == "LOW"]
