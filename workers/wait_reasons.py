@@ -345,17 +345,15 @@ def _reserved_ahead(ctx: TickContext, job: PlanJob, state: FleetState, plan: Pla
     changed (a wait-reason auditor)."""
     now = state.now_s
     wanted = set(assignment.gpus)
-    levels = {other.id: other.priority for other in ctx.batch}
-    planned = plan.by_job()
     out = []
-    for reservation in reservations.values():
-        reserved_job = planned.get(reservation.job_id)
-        if (reservation.job_id in ctx.dispatched or reserved_job is None
-                or reserved_job.start_s > assignment.start_s + 1e-6
-                or levels.get(reservation.job_id, job.priority) > job.priority):
+    for reservation in reservations.values():  # at most one, usually none: the scans below are rare
+        if reservation.job_id in ctx.dispatched or not any(
+                gpu in wanted and gpu not in ctx.lease_job and state.free_at.get(gpu, now) <= now + 1e-6
+                for gpu in reservation.gpus):
             continue
-        if any(gpu in wanted and gpu not in ctx.lease_job and state.free_at.get(gpu, now) <= now + 1e-6
-               for gpu in reservation.gpus):
+        reserved_start = next((other.start_s for other in plan.assignments if other.job_id == reservation.job_id), None)
+        level = next((other.priority for other in ctx.batch if other.id == reservation.job_id), job.priority)
+        if reserved_start is not None and reserved_start <= assignment.start_s + 1e-6 and level <= job.priority:
             out.append(reservation)
     return out
 
